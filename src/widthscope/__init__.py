@@ -1,0 +1,50 @@
+"""widthscope: why and when width helps.
+
+Public API (thin re-exports of the subpackages, imported lazily so ``import widthscope`` is
+cheap and the command line starts fast):
+
+Alignment certificates (``widthscope.stats``, ``widthscope.probe``)
+    moments, certificate, misalignment, plan, collect, insertion_points
+Interventions and growth (``widthscope.probe``)
+    insert, intervene
+Linearization diagnostics (``widthscope.linear``)
+    linearize, ntk, correlation, train_side_by_side
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .errors import WidthscopeError
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "moments": "widthscope.stats",
+    "certificate": "widthscope.stats",
+    "misalignment": "widthscope.stats",
+    "plan": "widthscope.stats",
+    "collect": "widthscope.probe",
+    "insertion_points": "widthscope.probe",
+    "insert": "widthscope.probe",
+    "intervene": "widthscope.probe",
+    "linearize": "widthscope.linear",
+    "ntk": "widthscope.linear",
+    "correlation": "widthscope.linear",
+    "train_side_by_side": "widthscope.linear",
+}
+
+__all__ = ["WidthscopeError", "__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'widthscope' has no attribute {name!r}")
+    value = getattr(importlib.import_module(mod), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

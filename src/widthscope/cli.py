@@ -1,0 +1,62 @@
+"""The ``widthscope`` command line.
+
+Each subcommand lives next to the code it drives, in a module exposing
+``add_arguments(parser)`` and ``run(args) -> int``; this file only dispatches, importing the
+module of the chosen command so ``widthscope --help`` stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import WidthscopeError
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "certify": ("widthscope.certify", "alignment certificates at insertion points of a trained model"),
+    "sweep": ("widthscope.sweep.cli", "width sweep from a TOML config: train, certify, record (resumable)"),
+    "report": ("widthscope.report", "plots and an HTML report from a results directory"),
+    "demo": ("widthscope.demo", "small end-to-end width sweep on built-in data, then the report"),
+    "grow": ("widthscope.grow", "rank insertion points, insert a block at the best one, train it"),
+    "linearize": ("widthscope.linear.sweep", "linearization width sweep from a TOML config (resumable)"),
+    "activations": ("widthscope.linear.activations", "audit activation derivatives max|phi^(k)|/(k+1)!"),
+}
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    parser = argparse.ArgumentParser(prog="widthscope", description=__doc__.splitlines()[0])
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"widthscope {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = {}
+    for name, (_, help_) in COMMANDS.items():
+        subparsers[name] = sub.add_parser(name, help=help_, description=help_)
+    return parser, subparsers
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, subparsers = build_parser()
+    # Only the chosen command's module is imported (and only it adds its arguments).
+    name = next((a for a in argv if not a.startswith("-")), None)
+    if name in COMMANDS:
+        module = importlib.import_module(COMMANDS[name][0])
+        module.add_arguments(subparsers[name])
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(module.run(args) or 0)
+    except WidthscopeError as exc:
+        print(f"widthscope {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"widthscope {args.command}: interrupted; finished work is kept", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""widthscope.data (see docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""widthscope.linear (see docs/architecture.md)."""

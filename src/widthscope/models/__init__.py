@@ -1,0 +1,1 @@
+"""widthscope.models (see docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""widthscope.probe (see docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""widthscope.report (see docs/architecture.md)."""

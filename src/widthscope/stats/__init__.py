@@ -1,0 +1,1 @@
+"""widthscope.stats (see docs/architecture.md)."""

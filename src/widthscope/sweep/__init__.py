@@ -1,0 +1,1 @@
+"""widthscope.sweep (see docs/architecture.md)."""
