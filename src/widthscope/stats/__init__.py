@@ -1,1 +1,40 @@
-"""widthscope.stats (see docs/architecture.md)."""
+"""Statistics core: unbiased moments, the alignment certificate, planning, resampling.
+
+Pure tensor code with float64 accumulation and no knowledge of models (see
+``docs/statistics.md`` for the maths). Public API:
+
+- :func:`moments`, :class:`PrimalMoments`, :func:`moments_from_gram`, :func:`gram_sums`
+  (one population: ‖μ‖², μᵀΣμ, tr(Σ²))
+- :func:`cross_moments`, :func:`cross_moments_from_gram` (two populations: aᵀb, bᵀΣ_a b,
+  aᵀΣ_b a, tr(Σ_aΣ_b))
+- :func:`certificate` -> :class:`Certificate`, :func:`plan` -> :class:`Plan`
+- :func:`misalignment`, :func:`misalignment_from_gram` -> :class:`Misalignment`,
+  :func:`wilson_interval`
+
+Example::
+
+    >>> import torch, widthscope.stats as ws
+    >>> X = torch.randn(300, 24, dtype=torch.float64) + 0.3
+    >>> ws.certificate(X, M=16, K=16).vacuous
+    False
+"""
+from .bounds import Certificate, Plan, certificate, plan, resolve_moments
+from .resample import Misalignment, misalignment, misalignment_from_gram, wilson_interval
+from .estimators import (
+    CrossMoments,
+    Moments,
+    PrimalMoments,
+    as_matrix,
+    cross_moments,
+    cross_moments_from_gram,
+    gram_sums,
+    moments,
+    moments_from_gram,
+)
+
+__all__ = [
+    "Moments", "CrossMoments", "PrimalMoments", "moments", "moments_from_gram", "gram_sums",
+    "cross_moments", "cross_moments_from_gram", "as_matrix",
+    "Certificate", "certificate", "Plan", "plan", "resolve_moments",
+    "Misalignment", "misalignment", "misalignment_from_gram", "wilson_interval",
+]

@@ -1,0 +1,316 @@
+"""The alignment certificate and the sample-size planner.
+
+For ``A = μ_Mᵀ g_K`` (mean of ``M`` train sample vectors dotted with the mean of ``K``
+independent held-out ones)::
+
+    E[A]   = aᵀb
+    Var(A) = p/M + q/K + t/(MK)      p = bᵀΣ_a b,  q = aᵀΣ_b a,  t = tr(Σ_aΣ_b)
+
+(one population: ``a = b = μ``, ``p = q = μᵀΣμ``, ``t = tr(Σ²)``). Cantelli's inequality gives,
+when ``E[A] > 0``::
+
+    Pr(A ≤ 0) ≤ B_exact = Var(A) / (Var(A) + E[A]²)
+
+and with ``n_eff = MK/(M+K+1)``::
+
+    d_par = E[A]² / max(p, q),   d_2 = E[A]² / t,   d_align = min(d_par, d_2)
+    B_align = 1 / (1 + n_eff · d_align)
+
+**Why ``max(p, q)`` in the two-population ``d_par``.** ``p/M + q/K ≤ max(p, q)(M+K)/(MK)``, so
+``Var(A) ≤ (M+K) E²/(MK d_par) + E²/(MK d_2) ≤ E² (M+K+1)/(MK d_align) = E²/(n_eff d_align)``,
+i.e. ``E²/Var ≥ n_eff d_align`` and ``B_exact ≤ B_align``. The average ``(p+q)/2`` would *not*
+give this (``M = 1``, ``K → ∞``, ``q = 0``: ``Var → p`` but ``(p+q)/2 = p/2``). With one
+population ``max(p, q) = μᵀΣμ``, the usual ``d_par``.
+
+**Vacuous rule.** The bound needs ``E[A] > 0`` and the directional and covariance terms
+``p, q, t > 0`` (they are non-negative in the population; an estimate ``≤ 0`` means the
+sample cannot resolve them). If any estimate is ``≤ 0`` (or a ratio overflows), the
+certificate is *vacuous*: ``b_exact = b_align = 1``, ``d_par = d_2 = d_align = 0``, and
+``reason`` names the estimate. Nothing is ever NaN or infinite.
+
+Example::
+
+    >>> import torch
+    >>> from widthscope.stats import certificate, moments, plan
+    >>> X = torch.randn(400, 32, dtype=torch.float64) + 0.3
+    >>> c = certificate(X, M=16, K=16)
+    >>> c.b_exact <= c.b_align
+    True
+    >>> m = moments(X)                                  # compute once ...
+    >>> grid = [certificate(m, M=k, K=k) for k in (16, 32, 64, 128)]   # ... certify a grid
+    >>> p = plan(m, target=0.05)
+    >>> certificate(m, M=p.equal_exact, K=p.equal_exact).b_exact <= 0.05
+    True
+"""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..errors import WidthscopeError
+from .estimators import CrossMoments, Moments, PrimalMoments, cross_moments, moments
+
+__all__ = ["Certificate", "certificate", "Plan", "plan", "resolve_moments"]
+
+Populations = Literal["auto", "one", "two"]
+Estimator = Literal["unbiased", "plugin"]
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """Certificate for one ``(M, K)``; every field is a finite python number or a string.
+
+    ``e_dir_train`` / ``e_dir_test`` / ``e_cov`` are the raw estimates ``p = bᵀΣ_a b``,
+    ``q = aᵀΣ_b a``, ``t = tr(Σ_aΣ_b)`` (one population: ``μᵀΣμ, μᵀΣμ, tr(Σ²)``).
+    """
+
+    expectation: float
+    variance: float
+    d_par: float
+    d_2: float
+    d_align: float
+    n_eff: float
+    b_exact: float
+    b_align: float
+    vacuous: bool
+    reason: str | None
+    populations: str
+    estimator: str
+    M: int
+    K: int
+    e_dir_train: float
+    e_dir_test: float
+    e_cov: float
+    n_train: int
+    n_test: int
+
+
+def resolve_moments(train: Any, test: Any = None, *, estimator: str = "unbiased",
+                    populations: str = "auto", method: str = "auto") -> Moments | CrossMoments:
+    """Turn the accepted inputs into :class:`Moments` (one population) or :class:`CrossMoments`.
+
+    ``train`` may be an ``(n, d)`` matrix, :class:`PrimalMoments`, or precomputed
+    :class:`Moments`/:class:`CrossMoments`; ``test`` an ``(n, d)`` matrix, :class:`PrimalMoments`
+    or ``None``. ``populations="auto"`` is two-population exactly when held-out data (or
+    CrossMoments) is given; ``"one"`` uses the train samples only.
+    """
+    if populations not in ("auto", "one", "two"):
+        raise WidthscopeError(f"unknown populations {populations!r}; choose auto, one or two")
+    if isinstance(train, (Moments, CrossMoments)):
+        if test is not None:
+            raise WidthscopeError("pass test=None when train is precomputed Moments/CrossMoments "
+                                  "(compute cross_moments(train, test) for the two-population form)")
+        kind = "one" if isinstance(train, Moments) else "two"
+        if populations not in ("auto", kind):
+            raise WidthscopeError(
+                f"populations={populations!r} but a precomputed {type(train).__name__} gives the "
+                f"{kind}-population form; pass {'cross_moments(train, test)' if kind == 'one' else 'moments(train)'} instead")
+        return train
+    if populations == "auto":
+        populations = "two" if test is not None else "one"
+    if populations == "two":
+        if test is None:
+            raise WidthscopeError("populations='two' needs held-out samples: pass test=(n, d) samples")
+        return cross_moments(train, test, estimator, method)
+    if isinstance(train, PrimalMoments):
+        return train.finalize(estimator)
+    return moments(train, estimator, method)
+
+
+def _check_size(v: Any, name: str) -> int:
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise WidthscopeError(f"{name} must be a positive integer sample size, got {v!r}")
+    v = int(v)
+    if v < 1:
+        raise WidthscopeError(f"{name} must be a positive integer sample size, got {v}")
+    return v
+
+
+def _terms(m: Moments | CrossMoments) -> tuple[float, float, float, float, str, int, int]:
+    """(E, p, q, t, populations, n_train, n_test) with names of p, q, t for messages."""
+    if isinstance(m, Moments):
+        return m.mu_sq, m.mu_sigma_mu, m.mu_sigma_mu, m.tr_sigma_sq, "one", m.n, m.n
+    return m.ab, m.b_sigma_a_b, m.a_sigma_b_a, m.tr_sigma_a_sigma_b, "two", m.n_a, m.n_b
+
+
+def _names(pop: str) -> tuple[str, str, str, str]:
+    if pop == "one":
+        return "‖μ‖²", "μᵀΣμ", "μᵀΣμ", "tr(Σ²)"
+    return "aᵀb", "bᵀΣ_a b", "aᵀΣ_b a", "tr(Σ_aΣ_b)"
+
+
+def _vacuous_reason(E: float, p: float, q: float, t: float, pop: str) -> str | None:
+    names = _names(pop)
+    bad = [f"{nm} = {v:.3g} ≤ 0" for nm, v in zip(names, (E, p, q, t)) if not v > 0]
+    if bad:
+        seen: list[str] = []
+        for b in bad:  # one population lists μᵀΣμ once
+            if b not in seen:
+                seen.append(b)
+        return "estimate " + ", ".join(seen) + "; the certificate needs a positive mean alignment " \
+               "and positive variance terms (collect more samples or check the insertion point)"
+    return None
+
+
+def _variance(p: float, q: float, t: float, M: int, K: int) -> float:
+    return p / M + q / K + t / (M * K)
+
+
+def _b_exact(E: float, V: float) -> float:
+    return V / (V + E * E)
+
+
+def certificate(train: Any, test: Any = None, *, M: int, K: int, estimator: Estimator = "unbiased",
+                populations: Populations = "auto", method: str = "auto") -> Certificate:
+    """Alignment certificate for ``M`` train and ``K`` held-out samples.
+
+    ``train``/``test``: ``(n, d)`` sample matrices (numpy or torch), :class:`PrimalMoments`, or
+    (``train`` only) precomputed :class:`Moments` / :class:`CrossMoments`, so a whole ``(M, K)``
+    grid costs one moment computation. ``populations="auto"``: two-population form when
+    ``test`` (or CrossMoments) is given, else one. ``estimator`` (``"unbiased"`` or
+    ``"plugin"``) and ``method`` apply only when the moments are computed here; precomputed
+    moments keep their own (reported in ``Certificate.estimator``). See the module docstring
+    for the maths.
+
+    Example::
+
+        >>> import torch
+        >>> Xa = torch.randn(300, 16, dtype=torch.float64) + 0.4
+        >>> Xb = torch.randn(300, 16, dtype=torch.float64) + 0.4
+        >>> c = certificate(Xa, Xb, M=32, K=32)
+        >>> c.populations, c.vacuous
+        ('two', False)
+    """
+    M = _check_size(M, "M")
+    K = _check_size(K, "K")
+    m = resolve_moments(train, test, estimator=estimator, populations=populations, method=method)
+    E, p, q, t, pop, n_tr, n_te = _terms(m)
+    if not all(math.isfinite(x) for x in (E, p, q, t)):
+        raise WidthscopeError(f"moment estimates are not finite ({', '.join(_names(pop))} = "
+                              f"{E}, {p}, {q}, {t}); the sample vectors overflow float64, rescale them")
+    n_eff = M * K / (M + K + 1)
+    V = _variance(p, q, t, M, K)
+    reason = _vacuous_reason(E, p, q, t, pop)
+    d_par = d_2 = d_align = 0.0
+    b_exact = b_align = 1.0
+    if reason is None:
+        E2 = E * E
+        d_par, d_2 = E2 / max(p, q), E2 / t
+        d_align = min(d_par, d_2)
+        b_exact = _b_exact(E, V)
+        b_align = 1.0 / (1.0 + n_eff * d_align)
+        if not all(math.isfinite(x) for x in (E2, V, d_par, d_2, b_exact, b_align)) or E2 == 0.0:
+            reason = "numerical over/underflow in E[A]²/Var(A); rescale the sample vectors"
+            d_par = d_2 = d_align = 0.0
+            b_exact = b_align = 1.0
+    if not math.isfinite(V):  # p/M + q/K + t/(MK) overflowed: keep the field finite
+        V = sys.float_info.max
+    return Certificate(E, V, d_par, d_2, d_align, n_eff, b_exact, b_align, reason is not None,
+                       reason, pop, m.estimator, M, K, p, q, t, n_tr, n_te)
+
+
+# ----------------------------------------------------------------------------- planner
+@dataclass(frozen=True)
+class Plan:
+    """Smallest sample sizes meeting ``target`` (``None`` when unreachable; see ``notes``).
+
+    ``exact_M`` / ``align_M``: smallest ``M`` with ``B_exact`` / ``B_align ≤ target`` at the
+    given ``K`` (``None`` if ``K`` was not given or the bound cannot get there);
+    ``exact_limit`` / ``align_limit``: the bound as ``M → ∞`` at that ``K``.
+    ``equal_exact`` / ``equal_align``: smallest ``M = K`` meeting the target.
+    """
+
+    target: float
+    K: int | None
+    exact_M: int | None
+    align_M: int | None
+    exact_limit: float | None
+    align_limit: float | None
+    equal_exact: int | None
+    equal_align: int | None
+    populations: str
+    estimator: str
+    d_align: float
+    vacuous: bool
+    notes: str
+
+
+def _smallest(ok, lo_bad: int = 0) -> int:
+    """Smallest integer m > lo_bad with ok(m), for monotone ok that is eventually true."""
+    hi = max(lo_bad + 1, 1)
+    while not ok(hi):
+        lo_bad, hi = hi, hi * 2
+        if hi > 1 << 62:
+            raise WidthscopeError("sample-size search did not converge (bound too flat)")
+    while hi - lo_bad > 1:
+        mid = (lo_bad + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo_bad = mid
+    return hi
+
+
+def plan(train: Any, test: Any = None, *, target: float, K: int | None = None,
+         estimator: Estimator = "unbiased", populations: Populations = "auto",
+         method: str = "auto") -> Plan:
+    """Smallest ``M`` (at a fixed ``K``, and with ``M = K``) so that each bound is ≤ ``target``.
+
+    Inputs as for :func:`certificate`. The search evaluates exactly the certificate's own
+    formulas (doubling then bisection on integers), so ``M − 1`` fails and ``M`` passes.
+    At fixed ``K``, ``B_exact → (q/K)/(q/K + E²)`` and ``B_align → 1/(1 + K d_align)`` as
+    ``M → ∞``; if that limit is above the target the answer is ``None`` and ``notes`` says so.
+
+    Example::
+
+        >>> import torch
+        >>> X = torch.randn(500, 20, dtype=torch.float64) + 0.3
+        >>> p = plan(X, target=0.1, K=64)
+        >>> p.exact_M is None or certificate(X, M=p.exact_M, K=64).b_exact <= 0.1
+        True
+    """
+    try:
+        target = float(target)
+    except (TypeError, ValueError) as exc:
+        raise WidthscopeError(f"target must be a probability in (0, 1), got {target!r}") from exc
+    if not 0.0 < target < 1.0:
+        raise WidthscopeError(f"target must be a probability in (0, 1), got {target}")
+    if K is not None:
+        K = _check_size(K, "K")
+    m = resolve_moments(train, test, estimator=estimator, populations=populations, method=method)
+    E, p, q, t, pop, _, _ = _terms(m)
+    probe = certificate(m, M=1, K=1)
+    if probe.vacuous:
+        return Plan(target, K, None, None, None, None, None, None, pop, m.estimator, 0.0, True,
+                    f"certificate is vacuous ({probe.reason}); no sample size reaches the target")
+    d_align = probe.d_align
+
+    def exact_ok(Mv: int, Kv: int) -> bool:
+        return _b_exact(E, _variance(p, q, t, Mv, Kv)) <= target
+
+    def align_ok(Mv: int, Kv: int) -> bool:
+        return 1.0 / (1.0 + (Mv * Kv / (Mv + Kv + 1)) * d_align) <= target
+
+    notes: list[str] = []
+    equal_exact = _smallest(lambda k: exact_ok(k, k))
+    equal_align = _smallest(lambda k: align_ok(k, k))
+    exact_M = align_M = None
+    exact_limit = align_limit = None
+    if K is not None:
+        exact_limit = (q / K) / (q / K + E * E)
+        align_limit = 1.0 / (1.0 + K * d_align)
+        # Reachable iff some finite M beats the target; test a huge M before searching.
+        if exact_ok(1 << 60, K):
+            exact_M = _smallest(lambda k: exact_ok(k, K))
+        else:
+            notes.append(f"B_exact cannot reach {target:g} at K={K}: even as M→∞ it stays at "
+                         f"{exact_limit:.4g} (held-out noise aᵀΣ_b a/K); increase K")
+        if align_ok(1 << 60, K):
+            align_M = _smallest(lambda k: align_ok(k, K))
+        else:
+            notes.append(f"B_align cannot reach {target:g} at K={K}: as M→∞ it tends to "
+                         f"{align_limit:.4g} = 1/(1+K·d_align); increase K")
+    return Plan(target, K, exact_M, align_M, exact_limit, align_limit, equal_exact, equal_align,
+                pop, m.estimator, d_align, False, "; ".join(notes))
