@@ -1,1 +1,107 @@
-"""widthscope.models (see docs/architecture.md)."""
+"""Width-controlled model families: ``mlp``, ``resnet20``, ``llama``, ``pythia``.
+
+:func:`build` returns an ``nn.Module`` carrying
+
+- ``model.widthscope_config``: a JSON-able dict with ``family``, ``width`` and every option, so
+  ``build(**model.widthscope_config)`` rebuilds the same architecture (fresh weights);
+- ``model.widthscope_points``: the insertion points (module paths of block outputs), each
+  resolvable with ``model.get_submodule(name)``.
+
+Initialisation draws from torch's global RNG, so ``torch.manual_seed(s)`` before ``build``
+makes it deterministic. Build prints nothing. Formulas for the parameter counts are in
+``docs/models-data.md``.
+
+Example::
+
+    >>> import torch
+    >>> from widthscope.models import build, count_parameters, describe
+    >>> _ = torch.manual_seed(0)
+    >>> m = build("mlp", 64, in_dim=40, out_dim=10, depth=2)
+    >>> count_parameters(m)        # (40*64+64) + (64*64+64) + (64*10+10)
+    7434
+    >>> m2 = build(**m.widthscope_config)
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from ..errors import WidthscopeError
+
+FAMILIES = ("mlp", "resnet20", "llama", "pythia")
+
+__all__ = ["FAMILIES", "build", "count_parameters", "describe", "depth_of"]
+
+
+def build(family: str, width: int | float | None = None, **options: Any) -> nn.Module:
+    """Build a model of ``family`` at ``width`` (see each family's module for its options).
+
+    - ``mlp``: ``width`` = hidden units; options ``in_dim``, ``out_dim``, ``depth``, ``activation``,
+      ``parametrization``, ``sigma_w``, ``bias``, ``sigma_b`` (:mod:`widthscope.models.mlp`).
+    - ``resnet20``: ``width`` = channel multiplier k (channels 16k/32k/64k); options
+      ``in_channels``, ``num_classes``, ``norm`` (:mod:`widthscope.models.resnet`).
+    - ``llama`` / ``pythia``: ``width`` = hidden size; options ``depth``, ``vocab_size``,
+      ``max_seq_len``, ``heads``, ... and ``preset`` for pythia (:mod:`widthscope.models.lm`).
+    """
+    if family not in FAMILIES:
+        raise WidthscopeError(f"unknown model family {family!r}; valid: {', '.join(FAMILIES)}")
+    if family == "mlp":
+        if width is None:
+            raise WidthscopeError("mlp needs a width (hidden units), e.g. build('mlp', 128, in_dim=..., out_dim=...)")
+        missing = [k for k in ("in_dim", "out_dim") if k not in options]
+        if missing:
+            raise WidthscopeError(f"mlp needs option(s) {', '.join(missing)} (input features, outputs)")
+        from .mlp import build_mlp as fn
+    elif family == "resnet20":
+        from .resnet import build_resnet20 as fn
+    elif family == "llama":
+        from .lm import build_llama as fn
+    else:
+        from .lm import build_pythia as fn
+    try:
+        model, config, points = fn(width, **options)
+    except TypeError as exc:
+        if "unexpected keyword" not in str(exc):
+            raise
+        raise WidthscopeError(f"bad option for model family {family!r}: {exc}; see help(widthscope.models.build)") from None
+    model.widthscope_config = config
+    model.widthscope_points = points
+    return model
+
+
+def count_parameters(model: nn.Module, *, trainable_only: bool = False) -> int:
+    """Number of distinct parameter entries (tied tensors counted once)."""
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():  # .parameters() already de-duplicates shared Parameters
+        if trainable_only and not p.requires_grad:
+            continue
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    return total
+
+
+def depth_of(model: nn.Module) -> int | None:
+    cfg = getattr(model, "widthscope_config", None) or {}
+    if cfg.get("family") == "resnet20":
+        return 20
+    if "depth" in cfg:
+        return int(cfg["depth"])
+    points = getattr(model, "widthscope_points", None)
+    return len(points) if points else None
+
+
+def describe(model: nn.Module) -> str:
+    """One line: family, width, depth, parameter count, e.g. ``mlp width=64 depth=2 params=7,434``."""
+    cfg = getattr(model, "widthscope_config", None) or {}
+    family = cfg.get("family", type(model).__name__)
+    parts = [str(family), f"width={cfg.get('width', '?')}"]
+    depth = depth_of(model)
+    if depth is not None:
+        parts.append(f"depth={depth}")
+    if cfg.get("parametrization"):
+        parts.append(f"param={cfg['parametrization']}")
+    parts.append(f"params={count_parameters(model):,}")
+    return " ".join(parts)

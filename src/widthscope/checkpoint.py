@@ -1,0 +1,296 @@
+"""Save and load models without executing code from the checkpoint.
+
+Our format is a directory with
+
+- ``model.safetensors``: the state dict (each shared/tied tensor stored once; the aliases are
+  listed in the file's metadata under ``widthscope_aliases``), written with
+  ``safetensors.torch.save_file``;
+- ``config.json``: ``{"widthscope_format": 1, "model": <widthscope_config>, "dtype": ...,
+  "parameters": ..., "extra": {...}}``. The architecture is rebuilt with
+  :func:`widthscope.models.build` — never unpickled.
+
+Both files are written atomically (temporary file + rename; the config last), so a killed save
+leaves either the previous checkpoint or a complete new one.
+
+:func:`load` also accepts
+
+- a Hugging Face directory (``config.json`` with ``model_type`` ``llama`` or ``gpt_neox``,
+  weights in ``model.safetensors`` (or shards with an index), or ``pytorch_model.bin`` read with
+  ``torch.load(weights_only=True)``);
+- a ``.safetensors`` file with a ``config.json`` beside it (ours or HF);
+- a ``.pt`` / ``.pth`` / ``.bin`` state-dict file (``torch.load(weights_only=True)``; a dict
+  holding the state dict under ``state_dict`` or ``model`` is accepted) with a ``config.json``
+  beside it.
+
+Example::
+
+    >>> from widthscope.models import build
+    >>> from widthscope import checkpoint
+    >>> m = build("mlp", 32, in_dim=4, out_dim=2)
+    >>> _ = checkpoint.save(m, "/tmp/ckpt", extra={"dataset": "toy"})
+    >>> m2 = checkpoint.load("/tmp/ckpt")
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._io import atomic_write_json, to_jsonable
+from .errors import WidthscopeError
+
+__all__ = ["save", "load", "read_config"]
+
+FORMAT_VERSION = 1
+HF_TYPES = {"llama": "llama", "gpt_neox": "pythia"}
+HF_PREFIX = {"llama": "model.layers", "pythia": "gpt_neox.layers"}
+HF_RENAMES = {"embed_out.weight": "lm_head.weight"}  # original GPT-NeoX/Pythia name of the read-out
+WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
+
+
+def _dedupe(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Keep one name per shared storage (safetensors refuses aliases); return alias -> kept name."""
+    kept: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    by_key: dict[tuple, str] = {}
+    for name, t in state.items():
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
+               t.dtype) if t.numel() else None
+        if key is not None and key in by_key:
+            aliases[name] = by_key[key]
+            continue
+        if key is not None:
+            by_key[key] = name
+        kept[name] = t.detach().cpu().contiguous()
+    return kept, aliases
+
+
+def _dtype_of(model: nn.Module) -> str:
+    for p in model.parameters():
+        if p.is_floating_point():
+            return str(p.dtype).removeprefix("torch.")
+    return "float32"
+
+
+def save(model: nn.Module, directory: str | os.PathLike, *, extra: dict | None = None) -> Path:
+    """Write ``model`` (built by :func:`widthscope.models.build`) to ``directory``; returns it."""
+    from safetensors.torch import save_file
+
+    config = getattr(model, "widthscope_config", None)
+    if not isinstance(config, dict):
+        raise WidthscopeError("checkpoint.save needs a model built by widthscope.models.build "
+                              "(it carries widthscope_config); for other models use their own save")
+    if str(config.get("activation", "")).startswith("<callable"):
+        raise WidthscopeError(f"cannot save an mlp with a custom activation {config['activation']}: it cannot "
+                              "be rebuilt from JSON; use one of the named activations")
+    try:
+        json.dumps(to_jsonable(config))
+    except TypeError as exc:
+        raise WidthscopeError(f"model config is not JSON-serialisable: {exc}") from None
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors, aliases = _dedupe(model.state_dict())
+    fd, tmp = tempfile.mkstemp(prefix=".model.", suffix=".safetensors.tmp", dir=directory)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata={"format": "pt", "widthscope_aliases": json.dumps(aliases)})
+        os.replace(tmp, directory / "model.safetensors")
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    from .models import count_parameters
+
+    atomic_write_json(directory / "config.json", {
+        "widthscope_format": FORMAT_VERSION, "model": config, "dtype": _dtype_of(model),
+        "parameters": count_parameters(model), "extra": extra or {}})
+    return directory
+
+
+def read_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The ``config.json`` of a checkpoint (directory or weights file with a sidecar)."""
+    path = Path(path)
+    cfg_path = path / "config.json" if path.is_dir() else path.parent / "config.json"
+    if not cfg_path.is_file():
+        raise WidthscopeError(f"no config.json at {cfg_path}: a checkpoint needs a config.json describing the "
+                              "architecture (widthscope.checkpoint.save writes one; HF directories have one)")
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise WidthscopeError(f"{cfg_path} is not valid JSON ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise WidthscopeError(f"{cfg_path} must hold a JSON object")
+    return cfg
+
+
+def _read_safetensors(file: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            meta = f.metadata() or {}
+            state = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as exc:  # safetensors raises its own error types for corrupt files
+        raise WidthscopeError(f"{file} is not a readable safetensors file ({exc}); "
+                              "expected weights written by safetensors") from None
+    try:
+        aliases = json.loads(meta.get("widthscope_aliases", "{}"))
+    except json.JSONDecodeError:
+        aliases = {}
+    return state, aliases
+
+
+def _read_torch(file: Path) -> dict[str, torch.Tensor]:
+    try:
+        obj = torch.load(str(file), map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise WidthscopeError(f"{file} could not be read as a PyTorch state dict with weights_only=True ({exc}); "
+                              "only plain tensors are loaded, never pickled code — re-save it as safetensors") from None
+    if isinstance(obj, dict):
+        for key in ("state_dict", "model", "model_state_dict"):
+            if isinstance(obj.get(key), dict):
+                obj = obj[key]
+                break
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise WidthscopeError(f"{file} does not hold a state dict (a mapping of names to tensors)")
+    return obj
+
+
+def _read_weights(file: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    if file.suffix == ".safetensors":
+        return _read_safetensors(file)
+    return _read_torch(file), {}
+
+
+def _fill(model: nn.Module, state: dict[str, torch.Tensor], aliases: dict[str, str], where: Path) -> None:
+    state = dict(state)
+    for alias, name in aliases.items():
+        if alias not in state and name in state:
+            state[alias] = state[name]
+    own = model.state_dict()
+    # Tied tensors a foreign writer stored once: fill the missing name from its twin.
+    by_ptr: dict[int, list[str]] = {}
+    for k, t in own.items():
+        by_ptr.setdefault(t.data_ptr(), []).append(k)
+    for names in by_ptr.values():
+        present = [n for n in names if n in state]
+        for n in names:
+            if n not in state and present:
+                state[n] = state[present[0]]
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    wrong = sorted(k for k in set(own) & set(state) if tuple(own[k].shape) != tuple(state[k].shape))
+    if missing or unexpected or wrong:
+        def show(xs: list[str]) -> str:
+            return ", ".join(xs[:5]) + (f" (+{len(xs) - 5} more)" if len(xs) > 5 else "")
+        parts = []
+        if missing:
+            parts.append(f"missing {show(missing)}")
+        if unexpected:
+            parts.append(f"unexpected {show(unexpected)}")
+        if wrong:
+            parts.append("shape mismatch " + ", ".join(f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}"
+                                                       for k in wrong[:5]))
+        raise WidthscopeError(f"weights in {where} do not match the architecture in its config.json: "
+                              + "; ".join(parts))
+    model.load_state_dict(state, strict=True)
+
+
+def _find_weights(directory: Path) -> Path:
+    for name in ("model.safetensors", "pytorch_model.bin", "model.pt", "model.pth"):
+        if (directory / name).is_file():
+            return directory / name
+    if (directory / "model.safetensors.index.json").is_file():
+        return directory / "model.safetensors.index.json"
+    raise WidthscopeError(f"no weights in {directory}: expected model.safetensors (or a sharded "
+                          "model.safetensors.index.json, or pytorch_model.bin / model.pt)")
+
+
+def _read_any(file: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    if file.name.endswith(".index.json"):
+        index = json.loads(file.read_text(encoding="utf-8"))
+        state: dict[str, torch.Tensor] = {}
+        for shard in sorted(set(index.get("weight_map", {}).values())):
+            part, _ = _read_safetensors(file.parent / shard)
+            state.update(part)
+        return state, {}
+    return _read_weights(file)
+
+
+def _hf_from_pretrained(directory: Path, family: str, device: str | torch.device) -> nn.Module:
+    from transformers import GPTNeoXForCausalLM, LlamaForCausalLM
+
+    cls = LlamaForCausalLM if family == "llama" else GPTNeoXForCausalLM
+    try:
+        model = cls.from_pretrained(str(directory), local_files_only=True, use_safetensors=True,
+                                    attn_implementation="eager")
+    except Exception as exc:  # transformers/safetensors raise many types for bad files
+        raise WidthscopeError(f"could not load the Hugging Face checkpoint in {directory}: {exc}") from None
+    cfg = model.config
+    model.widthscope_config = {"family": family, "width": cfg.hidden_size, "depth": cfg.num_hidden_layers,
+                               "hf_config": cfg.to_dict()}
+    model.widthscope_points = [f"{HF_PREFIX[family]}.{i}" for i in range(cfg.num_hidden_layers)]
+    model.to(device)
+    model.eval()
+    return model
+
+
+def load(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> nn.Module:
+    """Load a checkpoint (see the module docstring for the accepted layouts) in eval mode.
+
+    The returned model carries ``widthscope_config`` and ``widthscope_points``, and for our own
+    format ``widthscope_extra`` (the ``extra`` dict given to :func:`save`, e.g. the dataset).
+    """
+    from .models import build
+
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise WidthscopeError(f"checkpoint {str(path)!r} does not exist")
+    if path.is_dir():
+        weights = _find_weights(path)
+    elif path.suffix in WEIGHT_SUFFIXES:
+        weights = path
+    else:
+        raise WidthscopeError(f"{path} is not a checkpoint: expected a directory with config.json + "
+                              "model.safetensors, or a .safetensors/.pt/.pth file with a config.json beside it")
+    cfg = read_config(path)
+    if "widthscope_format" in cfg:
+        if not isinstance(cfg.get("model"), dict) or "family" not in cfg["model"]:
+            raise WidthscopeError(f"config.json of {path} has no model description ('model' with a 'family')")
+        model = build(**cfg["model"])
+        model.widthscope_extra = cfg.get("extra") or {}
+        dtype = getattr(torch, str(cfg.get("dtype", "float32")), None)
+        if isinstance(dtype, torch.dtype):
+            model.to(dtype)
+    elif "model_type" in cfg:
+        family = HF_TYPES.get(cfg["model_type"])
+        if family is None:
+            raise WidthscopeError(f"config.json of {path} has model_type {cfg['model_type']!r}; "
+                                  f"supported: {', '.join(HF_TYPES)}")
+        if weights.name in ("model.safetensors", "model.safetensors.index.json"):
+            # transformers knows each architecture's historical weight names (e.g. GPT-NeoX's
+            # embed_out); safetensors only, so nothing is unpickled.
+            return _hf_from_pretrained(weights.parent, family, device)
+        model = build(family, hf_config=cfg)
+        dtype = cfg.get("torch_dtype") or cfg.get("dtype")
+        if isinstance(dtype, str) and isinstance(getattr(torch, dtype, None), torch.dtype):
+            model.to(getattr(torch, dtype))
+        state, aliases = _read_any(weights)
+        state = {HF_RENAMES.get(k, k): v for k, v in state.items()}
+        _fill(model, state, aliases, weights)
+        model.to(device)
+        model.eval()
+        return model
+    else:
+        raise WidthscopeError(f"config.json of {path} is neither a widthscope checkpoint config "
+                              "('widthscope_format') nor a Hugging Face config ('model_type')")
+    state, aliases = _read_any(weights)
+    _fill(model, state, aliases, weights)
+    model.to(device)
+    model.eval()
+    return model

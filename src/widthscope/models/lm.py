@@ -1,0 +1,131 @@
+"""Decoder-only language models from Hugging Face ``transformers`` configs (no hub access).
+
+``llama`` (``LlamaForCausalLM``: RMSNorm, SwiGLU MLP, RoPE, grouped-query attention, untied
+embeddings, no biases) and ``pythia`` (``GPTNeoXForCausalLM``: LayerNorm, parallel residual,
+partial rotary embeddings on 25% of each head, GELU MLP of size 4N, biases, untied
+embeddings). Width ``N`` is the hidden size. Both use ``attn_implementation="eager"`` so
+forward-mode AD (jvp) works through attention.
+
+Derived sizes (every one can be overridden by an option of the same name):
+
+- ``heads``: llama ``max(1, N // 64)`` (head dim 64) for ``N >= 64``, else ``max(1, N // 16)``
+  (head dim 16); ``head_dim = N // heads`` rounded down to an even number (RoPE rotates
+  pairs), so the attention width ``heads·head_dim`` can be slightly below ``N``.
+  pythia: the same rule for ``heads``, lowered until it divides ``N`` (GPT-NeoX needs
+  ``head_dim = N / heads``).
+- ``kv_heads`` (llama): ``heads // 2`` when ``heads`` is even, else ``heads``.
+- ``ffn``: llama the multiple of 32 nearest ``8N/3`` (at least 32); pythia ``4N``.
+
+Pythia presets (``preset="70m"`` ...) fix the published depth, width and heads with a byte
+vocabulary (256) unless ``vocab_size`` is given: 70m 6×512/8, 160m 12×768/12, 410m 24×1024/16,
+1b 16×2048/8, 1.4b 24×2048/16, 2.8b 32×2560/32, 6.9b 32×4096/32, 12b 36×5120/40.
+
+Example::
+
+    >>> import torch
+    >>> from widthscope.models import build
+    >>> m = build("llama", 64, depth=2)
+    >>> m(torch.randint(0, 256, (2, 16))).logits.shape
+    torch.Size([2, 16, 256])
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from ..errors import WidthscopeError
+
+PYTHIA_PRESETS: dict[str, tuple[int, int, int]] = {  # name -> (layers, width, heads)
+    "70m": (6, 512, 8), "160m": (12, 768, 12), "410m": (24, 1024, 16), "1b": (16, 2048, 8),
+    "1.4b": (24, 2048, 16), "2.8b": (32, 2560, 32), "6.9b": (32, 4096, 32), "12b": (36, 5120, 40),
+}
+
+
+def _check_width(family: str, width: Any) -> int:
+    if not isinstance(width, int) or isinstance(width, bool) or width < 2:
+        raise WidthscopeError(f"{family} width (hidden size) must be an integer >= 2, got {width!r}")
+    return width
+
+
+def default_heads(width: int) -> int:
+    return max(1, width // 64) if width >= 64 else max(1, width // 16)
+
+
+def build_llama(width: int | None, *, depth: int = 4, vocab_size: int = 256, max_seq_len: int = 512,
+                heads: int | None = None, kv_heads: int | None = None, head_dim: int | None = None,
+                ffn: int | None = None, rope_theta: float = 10000.0, rms_norm_eps: float = 1e-6,
+                initializer_range: float = 0.02, hf_config: dict | None = None) -> tuple[nn.Module, dict, list[str]]:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if hf_config is not None:  # a model loaded from an HF directory, rebuilt from its own config
+        cfg = LlamaConfig.from_dict(dict(hf_config))
+        cfg._attn_implementation = "eager"
+        model = LlamaForCausalLM(cfg)
+        n, layers = cfg.hidden_size, cfg.num_hidden_layers
+        return model, {"family": "llama", "width": n, "depth": layers, "hf_config": cfg.to_dict()}, \
+            [f"model.layers.{i}" for i in range(layers)]
+    width = _check_width("llama", width)
+    if depth < 1:
+        raise WidthscopeError(f"llama depth (layers) must be >= 1, got {depth}")
+    heads = heads or default_heads(width)
+    head_dim = head_dim or max(2, (width // heads) // 2 * 2)
+    kv_heads = kv_heads or (heads // 2 if heads % 2 == 0 else heads)
+    if heads % kv_heads:
+        raise WidthscopeError(f"llama: heads={heads} must be a multiple of kv_heads={kv_heads}")
+    ffn = ffn or max(32, 32 * round(8 * width / 3 / 32))
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=width, intermediate_size=ffn,
+                      num_hidden_layers=depth, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                      head_dim=head_dim, max_position_embeddings=max_seq_len, rms_norm_eps=rms_norm_eps,
+                      rope_theta=rope_theta, initializer_range=initializer_range, tie_word_embeddings=False,
+                      attention_bias=False, mlp_bias=False, attn_implementation="eager")
+    model = LlamaForCausalLM(cfg)
+    config = dict(family="llama", width=width, depth=depth, vocab_size=vocab_size, max_seq_len=max_seq_len,
+                  heads=heads, kv_heads=kv_heads, head_dim=head_dim, ffn=ffn, rope_theta=rope_theta,
+                  rms_norm_eps=rms_norm_eps, initializer_range=initializer_range)
+    return model, config, [f"model.layers.{i}" for i in range(depth)]
+
+
+def build_pythia(width: int | None, *, depth: int | None = None, preset: str | None = None,
+                 vocab_size: int = 256, max_seq_len: int = 512, heads: int | None = None,
+                 ffn: int | None = None, rotary_pct: float = 0.25, layer_norm_eps: float = 1e-5,
+                 initializer_range: float = 0.02, hf_config: dict | None = None) -> tuple[nn.Module, dict, list[str]]:
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    if hf_config is not None:
+        cfg = GPTNeoXConfig.from_dict(dict(hf_config))
+        cfg._attn_implementation = "eager"
+        model = GPTNeoXForCausalLM(cfg)
+        n, layers = cfg.hidden_size, cfg.num_hidden_layers
+        return model, {"family": "pythia", "width": n, "depth": layers, "hf_config": cfg.to_dict()}, \
+            [f"gpt_neox.layers.{i}" for i in range(layers)]
+    if preset is not None:
+        if preset not in PYTHIA_PRESETS:
+            raise WidthscopeError(f"unknown pythia preset {preset!r}; valid: {', '.join(PYTHIA_PRESETS)}")
+        p_depth, p_width, p_heads = PYTHIA_PRESETS[preset]
+        if width is not None and width != p_width:
+            raise WidthscopeError(f"pythia preset {preset} has width {p_width}; omit width or pass {p_width}")
+        if depth is not None and depth != p_depth:
+            raise WidthscopeError(f"pythia preset {preset} has depth {p_depth}; omit depth or pass {p_depth}")
+        width, depth, heads = p_width, p_depth, heads or p_heads
+    width = _check_width("pythia", width)
+    depth = 4 if depth is None else depth
+    if depth < 1:
+        raise WidthscopeError(f"pythia depth (layers) must be >= 1, got {depth}")
+    if heads is None:
+        heads = default_heads(width)
+        while width % heads:
+            heads -= 1
+    if width % heads:
+        raise WidthscopeError(f"pythia: width {width} must be divisible by heads={heads}")
+    ffn = ffn or 4 * width
+    cfg = GPTNeoXConfig(vocab_size=vocab_size, hidden_size=width, num_hidden_layers=depth,
+                        num_attention_heads=heads, intermediate_size=ffn, rotary_pct=rotary_pct,
+                        max_position_embeddings=max_seq_len, layer_norm_eps=layer_norm_eps,
+                        initializer_range=initializer_range, use_parallel_residual=True,
+                        tie_word_embeddings=False, attn_implementation="eager")
+    model = GPTNeoXForCausalLM(cfg)
+    config = dict(family="pythia", width=width, depth=depth, preset=preset, vocab_size=vocab_size,
+                  max_seq_len=max_seq_len, heads=heads, ffn=ffn, rotary_pct=rotary_pct,
+                  layer_norm_eps=layer_norm_eps, initializer_range=initializer_range)
+    return model, config, [f"gpt_neox.layers.{i}" for i in range(depth)]

@@ -1,0 +1,105 @@
+"""ResNet-20 for 32×32 images (He et al. 2016, CIFAR variant) with a width multiplier.
+
+Stem ``conv3×3(in_channels → c1) → norm → relu``; three stages of three basic blocks with
+``c1, c2, c3`` channels (stride 1, 2, 2); global average pool; linear classifier. A basic
+block is ``relu(norm(conv3×3(relu(norm(conv3×3(x))))) + shortcut(x))``; the shortcut is the
+identity, or ``norm(conv1×1, stride 2)`` (projection, "option B") where the shape changes.
+
+Width multiplier ``k`` (= ``width``, int or float): ``c_s = max(1, round(16·k·2^s))`` for stage
+``s = 0, 1, 2``, so ``k = 1`` is the original 16/32/64 and ``k = 0.5`` gives 8/16/32.
+
+``norm``: ``batch`` (BatchNorm2d), ``group`` (GroupNorm with ``gcd(C, 8)`` groups), ``layer``
+(GroupNorm with one group: normalises over C, H, W), ``none`` (identity; convolutions then get
+biases). Convolutions have no bias when a norm follows them.
+
+Insertion points: the nine block outputs ``layer1.0`` … ``layer3.2``.
+
+Example::
+
+    >>> import torch
+    >>> from widthscope.models import build
+    >>> m = build("resnet20", 1, num_classes=10)
+    >>> m(torch.randn(2, 3, 32, 32)).shape
+    torch.Size([2, 10])
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..errors import WidthscopeError
+
+NORMS = ("batch", "group", "layer", "none")
+
+
+def make_norm(kind: str, channels: int) -> nn.Module:
+    if kind == "batch":
+        return nn.BatchNorm2d(channels)
+    if kind == "group":
+        return nn.GroupNorm(math.gcd(channels, 8), channels)
+    if kind == "layer":
+        return nn.GroupNorm(1, channels)
+    return nn.Identity()
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int, stride: int, norm: str) -> None:
+        super().__init__()
+        bias = norm == "none"
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=bias)
+        self.norm1 = make_norm(norm, c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=bias)
+        self.norm2 = make_norm(norm, c_out)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=bias), make_norm(norm, c_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.norm1(self.conv1(x)))
+        out = self.norm2(self.conv2(out))
+        return torch.relu(out + self.shortcut(x))
+
+
+class ResNet20(nn.Module):
+    def __init__(self, channels: tuple[int, int, int], in_channels: int, num_classes: int, norm: str) -> None:
+        super().__init__()
+        self.in_channels = in_channels
+        c1 = channels[0]
+        self.conv1 = nn.Conv2d(in_channels, c1, 3, 1, 1, bias=norm == "none")
+        self.norm1 = make_norm(norm, c1)
+        c_prev = c1
+        for s, c in enumerate(channels):
+            blocks = [BasicBlock(c_prev if b == 0 else c, c, 2 if (s > 0 and b == 0) else 1, norm) for b in range(3)]
+            setattr(self, f"layer{s + 1}", nn.Sequential(*blocks))
+            c_prev = c
+        self.fc = nn.Linear(channels[2], num_classes)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise WidthscopeError(f"resnet20 expects images (B, {self.in_channels}, H, W), got shape "
+                                  f"{tuple(x.shape)}; build with in_channels=... or load images unflattened")
+        x = torch.relu(self.norm1(self.conv1(x)))
+        x = self.layer3(self.layer2(self.layer1(x)))
+        return self.fc(x.mean(dim=(2, 3)))
+
+
+def channels_for(width: float) -> tuple[int, int, int]:
+    return tuple(max(1, int(round(16 * width * 2 ** s))) for s in range(3))  # type: ignore[return-value]
+
+
+def build_resnet20(width: int | float | None = 1, *, in_channels: int = 3, num_classes: int = 10,
+                   norm: str = "batch") -> tuple[nn.Module, dict, list[str]]:
+    width = 1 if width is None else width
+    if isinstance(width, bool) or not isinstance(width, (int, float)) or not width > 0:
+        raise WidthscopeError(f"resnet20 width (channel multiplier k) must be a positive number, got {width!r}")
+    if norm not in NORMS:
+        raise WidthscopeError(f"unknown norm {norm!r}; valid: {', '.join(NORMS)}")
+    model = ResNet20(channels_for(width), in_channels, num_classes, norm)
+    config = dict(family="resnet20", width=width, in_channels=in_channels, num_classes=num_classes, norm=norm)
+    points = [f"layer{s}.{b}" for s in (1, 2, 3) for b in range(3)]
+    return model, config, points

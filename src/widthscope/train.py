@@ -1,0 +1,247 @@
+"""Training loop shared by every command: AdamW/SGD, linear warm-up + cosine decay, gradient
+clipping, seeded batch order, divergence detection.
+
+The loss definitions live here so every module uses the same ones:
+
+- classification: cross-entropy per example, ``ℓ_i = −log softmax(f(x_i))[y_i]``;
+- causal LM (``x`` a ``(B, T)`` int64 tensor): ``ℓ_i = (1/(T−1)) Σ_{t<T} −log p(x_{i,t+1} | x_{i,≤t})``,
+  the mean over the sequence's predicted tokens;
+- ``loss="mse"`` (classification only): ``ℓ_i = Σ_k (f_k(x_i) − onehot(y_i)_k)²``.
+
+The batch loss is the mean of the per-example losses.
+
+Learning-rate schedule for step ``s = 0..steps−1`` with ``W`` warm-up steps:
+``lr_s = lr·(s+1)/W`` for ``s < W``, then ``lr·½(1 + cos(π (s−W)/(steps−W)))`` (cosine) or ``lr``
+(constant).
+
+Example::
+
+    >>> import torch
+    >>> from widthscope.data import load
+    >>> from widthscope.models import build
+    >>> from widthscope.train import train
+    >>> split = load("digits", n_train=256)
+    >>> _ = torch.manual_seed(0)
+    >>> model = build("mlp", 64, in_dim=64, out_dim=10)
+    >>> result = train(model, split, steps=50, lr=1e-2, progress=False)
+    >>> result["steps"], result["test_accuracy"] > 0.5
+    (50, True)
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from ._io import progress as _progress
+from .data import Split, batches
+from .errors import WidthscopeError
+
+__all__ = ["train", "evaluate", "per_example_loss", "logits_of", "lr_at"]
+
+LOSSES = ("auto", "ce", "mse")
+
+
+def logits_of(output: Any) -> torch.Tensor:
+    """The logits tensor of a model output (plain tensor, HF ``ModelOutput``, or tuple)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = getattr(output, "logits", None)
+    if logits is None and isinstance(output, dict):
+        logits = output.get("logits")
+    if logits is None and isinstance(output, (tuple, list)) and output:
+        logits = output[0]
+    if not isinstance(logits, torch.Tensor):
+        raise WidthscopeError(f"cannot find logits in model output of type {type(output).__name__}")
+    return logits
+
+
+def per_example_loss(output: Any, target: torch.Tensor, task: str, *, loss: str = "ce") -> torch.Tensor:
+    """Per-example losses ``(B,)`` (see the module docstring for the definitions).
+
+    ``task="lm"``: ``target`` is the ``(B, T)`` token tensor (the input itself).
+    """
+    logits = logits_of(output)
+    if task == "lm":
+        if logits.dim() != 3 or target.dim() != 2:
+            raise WidthscopeError(f"lm loss needs logits (B, T, V) and tokens (B, T); got "
+                                  f"{tuple(logits.shape)} and {tuple(target.shape)}")
+        B, T, V = logits.shape
+        if T < 2:
+            raise WidthscopeError("lm loss needs sequences of at least 2 tokens")
+        # half-precision logits are upcast: the log-softmax over V is ill-conditioned in 16 bits
+        lg = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+        tok = nn.functional.cross_entropy(lg[:, :-1].reshape(-1, V), target[:, 1:].reshape(-1), reduction="none")
+        return tok.view(B, T - 1).mean(dim=1)
+    if task != "classification":
+        raise WidthscopeError(f"unknown task {task!r}; valid: classification, lm")
+    if loss == "mse":
+        onehot = nn.functional.one_hot(target, logits.shape[-1]).to(logits.dtype)
+        return ((logits - onehot) ** 2).sum(dim=-1)
+    return nn.functional.cross_entropy(logits, target, reduction="none")
+
+
+def _forward(model: nn.Module, batch: Any, task: str, loss: str, device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(per-example losses, logits) of one batch."""
+    if task == "lm":
+        x = batch.to(device)
+        out = model(x)
+        return per_example_loss(out, x, task), None
+    x, y = batch
+    x, y = x.to(device), y.to(device)
+    out = model(x)
+    return per_example_loss(out, y, task, loss=loss), logits_of(out)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], task: str, batch_size: int = 256,
+             *, loss: str = "ce", device: str | torch.device = "cpu") -> dict[str, float]:
+    """Mean per-example loss (and accuracy for classification) over ``pair``, in eval mode.
+
+    Returns ``{"loss": ..., "accuracy": ...}`` (no accuracy for ``task="lm"``). The model's
+    train/eval mode is restored afterwards.
+    """
+    was_training = model.training
+    model.eval()
+    total, correct, n = 0.0, 0, 0
+    try:
+        for batch in batches(pair, batch_size, lm=(task == "lm")):
+            losses, logits = _forward(model, batch, task, loss, device)
+            total += float(losses.double().sum())
+            n += losses.shape[0]
+            if logits is not None:
+                correct += int((logits.argmax(-1).cpu() == batch[1]).sum())
+    finally:
+        model.train(was_training)
+    if n == 0:
+        raise WidthscopeError("evaluate: the data is empty")
+    result = {"loss": total / n}
+    if task != "lm":
+        result["accuracy"] = correct / n
+    return result
+
+
+def lr_at(step: int, *, steps: int, lr: float, warmup_steps: int, schedule: str) -> float:
+    """Learning rate at 0-based ``step`` (see the module docstring)."""
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    if schedule == "constant":
+        return lr
+    span = max(1, steps - warmup_steps)
+    return lr * 0.5 * (1.0 + math.cos(math.pi * (step - warmup_steps) / span))
+
+
+def _stream(pair: tuple[torch.Tensor, torch.Tensor], batch_size: int, seed: int, lm: bool) -> Iterator[Any]:
+    """Endless batches: epoch e is a fresh permutation seeded by (seed, e)."""
+    if len(pair[0]) == 0:
+        raise WidthscopeError("train: the training data is empty")
+    epoch = 0
+    while True:
+        yield from batches(pair, batch_size, shuffle=True, seed=seed * 1_000_003 + epoch, lm=lm)
+        epoch += 1
+
+
+def train(model: nn.Module, split: Split, *, steps: int, lr: float, optimizer: str = "adamw",
+          batch_size: int = 64, weight_decay: float = 0.0, momentum: float = 0.9,
+          warmup: float = 0.1, schedule: str = "cosine", clip: float | None = 1.0, seed: int = 0,
+          loss: str = "auto", eval_every: int | None = None, eval_batch_size: int = 256,
+          train_eval_examples: int | None = 8192, device: str = "cpu",
+          progress: bool = True) -> dict[str, Any]:
+    """Train ``model`` in place on ``split.train`` for ``steps`` optimizer steps.
+
+    ``warmup`` is a fraction of ``steps`` when < 1, else a number of steps. ``clip`` is the max
+    global gradient norm (None/0: off). ``seed`` fixes the batch order (the model's
+    initialisation is the caller's: ``torch.manual_seed`` before building). ``loss``: ``"auto"``
+    (CE or causal-LM CE), ``"ce"``, ``"mse"`` (one-hot targets, classification only).
+
+    ``train_eval_examples`` caps the final train-loss evaluation at a seeded random subset of
+    that many training examples (None: all); the test loss always uses the whole test part.
+
+    Returns ``{"train_loss", "test_loss", "test_accuracy" (classification), "train_accuracy",
+    "steps", "seconds", "history"}``; losses are full-pass evaluations in eval mode at the end;
+    ``history`` has one dict per logged step (``step``, ``lr``, ``loss`` = batch loss, and
+    ``test_loss``/``test_accuracy`` every ``eval_every`` steps).
+    Raises :class:`WidthscopeError` when the loss becomes non-finite (naming the step).
+    """
+    if not isinstance(steps, int) or steps < 1:
+        raise WidthscopeError(f"steps must be a positive integer, got {steps!r}")
+    if not (lr > 0):
+        raise WidthscopeError(f"lr must be > 0, got {lr!r}")
+    if loss not in LOSSES:
+        raise WidthscopeError(f"unknown loss {loss!r}; valid: {', '.join(LOSSES)}")
+    if schedule not in ("cosine", "constant"):
+        raise WidthscopeError(f"unknown schedule {schedule!r}; valid: cosine, constant")
+    task = split.task
+    if loss == "mse" and task == "lm":
+        raise WidthscopeError("loss='mse' is for classification; language models use 'auto'")
+    loss_kind = "mse" if loss == "mse" else "ce"
+    warmup_steps = int(round(warmup * steps)) if warmup < 1 else int(warmup)
+    warmup_steps = max(0, min(warmup_steps, steps))
+    params = [p for p in model.parameters() if p.requires_grad]
+    if optimizer == "adamw":
+        opt: torch.optim.Optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    elif optimizer == "sgd":
+        opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    else:
+        raise WidthscopeError(f"unknown optimizer {optimizer!r}; valid: adamw, sgd")
+
+    model.to(device)
+    model.train()
+    stream = _stream(split.train, batch_size, seed, task == "lm")
+    history: list[dict[str, Any]] = []
+    log_every = max(1, steps // 100)
+    t0 = time.perf_counter()
+    bar = _progress(range(steps), desc="train", disable=None if progress else True)
+    for step in bar:
+        lr_s = lr_at(step, steps=steps, lr=lr, warmup_steps=warmup_steps, schedule=schedule)
+        for group in opt.param_groups:
+            group["lr"] = lr_s
+        losses, _ = _forward(model, next(stream), task, loss_kind, device)
+        batch_loss = losses.mean()
+        loss_value = batch_loss.item()
+        if not math.isfinite(loss_value):
+            raise WidthscopeError(f"training diverged: loss is {loss_value} at step {step} "
+                                  f"(lr={lr_s:.3g}); lower the learning rate or enable clipping")
+        opt.zero_grad(set_to_none=True)
+        batch_loss.backward()
+        if clip:
+            nn.utils.clip_grad_norm_(params, clip)
+        opt.step()
+        row: dict[str, Any] = {"step": step + 1, "lr": lr_s, "loss": loss_value}
+        if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
+            ev = evaluate(model, split.test, task, eval_batch_size, loss=loss_kind, device=device)
+            row.update({f"test_{k}": v for k, v in ev.items()})
+            model.train()
+        if row.keys() - {"step", "lr", "loss"} or (step + 1) % log_every == 0 or step == 0:
+            history.append(row)
+        if hasattr(bar, "set_postfix") and (step + 1) % log_every == 0:
+            bar.set_postfix(loss=f"{loss_value:.4g}")
+    seconds = time.perf_counter() - t0
+    train_pair = split.train
+    if train_eval_examples is not None and len(train_pair[0]) > train_eval_examples:
+        idx = torch.randperm(len(train_pair[0]), generator=torch.Generator().manual_seed(seed))[:train_eval_examples]
+        idx = idx.sort().values
+        xs = train_pair[0][idx]
+        train_pair = (xs, xs) if task == "lm" else (xs, train_pair[1][idx])
+    ev_train = evaluate(model, train_pair, task, eval_batch_size, loss=loss_kind, device=device)
+    ev_test = evaluate(model, split.test, task, eval_batch_size, loss=loss_kind, device=device)
+    for name, value in (("train", ev_train["loss"]), ("test", ev_test["loss"])):
+        if not math.isfinite(value):
+            raise WidthscopeError(f"training ended with a non-finite {name} loss after step {steps}; "
+                                  "lower the learning rate")
+    history.append({"step": steps, "lr": lr_at(steps - 1, steps=steps, lr=lr, warmup_steps=warmup_steps,
+                                              schedule=schedule),
+                    **{f"train_{k}": v for k, v in ev_train.items()},
+                    **{f"test_{k}": v for k, v in ev_test.items()}})
+    result: dict[str, Any] = {"train_loss": ev_train["loss"], "test_loss": ev_test["loss"],
+                              "steps": steps, "seconds": seconds, "history": history,
+                              "optimizer": optimizer, "lr": lr, "seed": seed, "loss": loss_kind,
+                              "train_eval_examples": len(train_pair[0])}
+    if task != "lm":
+        result["train_accuracy"] = ev_train["accuracy"]
+        result["test_accuracy"] = ev_test["accuracy"]
+    model.eval()
+    return result
