@@ -262,7 +262,14 @@ def load(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> nn.M
     if "widthscope_format" in cfg:
         if not isinstance(cfg.get("model"), dict) or "family" not in cfg["model"]:
             raise WidthscopeError(f"config.json of {path} has no model description ('model' with a 'family')")
-        model = build(**cfg["model"])
+        model_cfg = dict(cfg["model"])
+        insertions = model_cfg.pop("insertions", None) or []
+        model = build(**model_cfg)
+        if insertions:
+            # Grown models: re-create the inserted residual parameters before the weights load.
+            from .probe.intervene import apply_insertions
+
+            apply_insertions(model, insertions)
         model.widthscope_extra = cfg.get("extra") or {}
         dtype = getattr(torch, str(cfg.get("dtype", "float32")), None)
         if isinstance(dtype, torch.dtype):

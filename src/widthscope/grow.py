@@ -1,0 +1,310 @@
+r"""Growth decisions: where should a trained model get a new residual block?
+
+For each candidate insertion point the alignment certificate of a zero-initialised bias
+(alignment.md §6) is computed from ``n_train`` training and ``n_rank`` held-out sample vectors:
+
+* ``expectation`` = ``aᵀb`` (train mean · held-out mean of the activation gradients; the
+  two-population form of ``‖μ‖²``), ``d_align``, ``B_exact``/``B_align`` at the user's ``(M, K)``;
+* ``predicted_gain`` = ``η aᵀb``: the first-order held-out loss decrease of one bias step
+  ``v = −η μ_M`` (``η`` defaults to ``lr``);
+* the planner's ``M = K`` needed for ``B ≤ δ``, ``δ ∈ {0.1, 0.05, 0.01}``, under both bounds.
+
+Points are ranked by ``predicted_gain`` (non-vacuous certificates first). A block
+``z + W_out φ(W_in norm(z))`` (``W_out = 0``) is inserted at the best point and its parameters
+(or, with ``train_all``, all parameters) are trained for ``steps`` AdamW steps. The held-out
+loss (on examples *not* used for ranking) before and after is reported beside the block's own
+first-order prediction ``−lr ⟨G_M, G_K⟩`` for one plain gradient step. ``compare=True`` repeats
+the growth at the worst-ranked point and at a random other point.
+
+Training runs in eval mode, so the trained model's BatchNorm statistics and dropout stay fixed
+while the new block learns (and per-example losses stay independent).
+
+Example::
+
+    >>> from widthscope.grow import grow          # doctest: +SKIP
+    >>> res = grow(model, split, M=32, K=32, steps=200, lr=1e-3, compare=True)
+    >>> res["chosen"], res["growth"][0]["loss_after"]
+
+Command line::
+
+    widthscope grow --model builtin --steps 200 --compare --out grow.json
+    widthscope grow --model runs/llama256 --data text --points model.layers.1,model.layers.3
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import random
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn as nn
+
+from ._io import atomic_write_json, format_table, progress
+from .errors import WidthscopeError
+from .probe.intervene import (_block_of, _w_out_grad, as_examples, insert, mean_loss,
+                              per_example_losses, take, to_batches)
+
+__all__ = ["grow", "rank_points", "grow_at", "add_arguments", "run", "DELTAS"]
+
+DELTAS = (0.1, 0.05, 0.01)
+
+
+def _n(data: Any) -> int:
+    from .probe.intervene import _batch_size
+
+    return _batch_size(data)
+
+
+def _pairs(split: Any) -> tuple[Any, Any]:
+    """(train, test) pooled examples from a Split, a dict, or a (train, test) pair."""
+    if hasattr(split, "train") and hasattr(split, "test"):
+        return tuple(split.train), tuple(split.test)  # type: ignore[return-value]
+    if isinstance(split, dict) and "train" in split and "test" in split:
+        return as_examples(split["train"]), as_examples(split["test"])
+    if isinstance(split, (tuple, list)) and len(split) == 2:
+        return as_examples(split[0]), as_examples(split[1])
+    raise WidthscopeError("data must be a widthscope.data Split (with .train/.test) or a "
+                          "(train_batches, test_batches) pair")
+
+
+def rank_points(model: nn.Module, train: Any, test: Any, *, points: Sequence[str] | str | None = None,
+                M: int = 32, K: int = 32, eta: float = 1e-3, loss_fn: Callable | None = None,
+                batch_size: int = 64, show_progress: bool = True) -> list[dict[str, Any]]:
+    """Certificate, predicted gain and sample-size plan for every candidate point, best first.
+
+    ``train``/``test`` are pooled examples (see :func:`widthscope.probe.intervene.as_examples`).
+    Returns rows ``kind="growth"``, ``role="candidate"`` with ``rank`` (1 = best).
+    """
+    from .probe.collect import collect
+    from .probe.points import resolve_points
+    from .stats import certificate, plan
+
+    names = resolve_points(model, points)
+    S_a = collect(model, to_batches(train, batch_size), points=names, loss_fn=loss_fn,
+                  progress=show_progress)
+    S_b = collect(model, to_batches(test, batch_size), points=names, loss_fn=loss_fn,
+                  progress=show_progress)
+    rows = []
+    for p in names:
+        c = certificate(S_a[p], S_b[p], M=M, K=K)
+        row: dict[str, Any] = {
+            "kind": "growth", "role": "candidate", "point": p, "width": int(S_a[p].shape[1]),
+            "M": M, "K": K, "expectation": c.expectation, "d_align": c.d_align,
+            "b_exact": c.b_exact, "b_align": c.b_align, "vacuous": c.vacuous, "reason": c.reason,
+            "eta": eta, "predicted_gain": eta * c.expectation,
+        }
+        for d in DELTAS:
+            pl = plan(S_a[p], S_b[p], target=d)
+            row[f"MK_exact_{d:g}"] = pl.equal_exact
+            row[f"MK_align_{d:g}"] = pl.equal_align
+        rows.append(row)
+    order = sorted(rows, key=lambda r: (bool(r["vacuous"]), -(r["predicted_gain"]
+                                                                if math.isfinite(r["predicted_gain"]) else -math.inf)))
+    for i, r in enumerate(order, 1):
+        r["rank"] = i
+    return order
+
+
+def _train_new(model: nn.Module, params: list[nn.Parameter], train: Any, *, steps: int, lr: float,
+               batch_size: int, seed: int, loss_fn: Callable | None, show_progress: bool) -> None:
+    """AdamW on ``params`` with mini-batches of ``train`` (eval mode: fixed BN stats, no dropout)."""
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(int(seed))
+    n = _n(train)
+    from .probe.intervene import _EvalMode, _index
+
+    with _EvalMode(model):
+        for step in progress(range(steps), desc="grow: train", disable=None if show_progress else True):
+            idx = torch.randint(0, n, (min(batch_size, n),), generator=gen)
+            loss = per_example_losses(model, _index(train, idx), loss_fn, batch_size=batch_size,
+                                      grad=True).mean()
+            if not torch.isfinite(loss):
+                raise WidthscopeError(f"training the new block diverged at step {step} (loss {float(loss)}); "
+                                      "lower --lr")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+
+def grow_at(model: nn.Module, point: str, train: Any, evaluate: Any, *, probe_train: Any,
+            probe_test: Any, steps: int, lr: float, block_width: int | None, width: int,
+            train_all: bool = False, batch_size: int = 64, seed: int = 0,
+            loss_fn: Callable | None = None, show_progress: bool = True) -> tuple[nn.Module, dict[str, Any]]:
+    """Insert a block at ``point`` of a *copy* of ``model``, train it, measure held-out loss."""
+    grown = copy.deepcopy(model)
+    loss_before = mean_loss(grown, evaluate, loss_fn, batch_size=batch_size)
+    insert(grown, point, "block", width=width, hidden=block_width, seed=seed)
+    block = _block_of(grown, point)
+    G_M = _w_out_grad(grown, point, probe_train, loss_fn, batch_size)
+    G_K = _w_out_grad(grown, point, probe_test, loss_fn, batch_size)
+    new = list(block.parameters())
+    if train_all:
+        params = [p for p in grown.parameters()]
+        for p in params:
+            p.requires_grad_(True)
+    else:
+        ids = {id(p) for p in new}
+        for p in grown.parameters():
+            p.requires_grad_(id(p) in ids)
+        params = new
+    _train_new(grown, params, train, steps=steps, lr=lr, batch_size=batch_size, seed=seed,
+               loss_fn=loss_fn, show_progress=show_progress)
+    for p in grown.parameters():
+        p.requires_grad_(True)
+    loss_after = mean_loss(grown, evaluate, loss_fn, batch_size=batch_size)
+    return grown, {
+        "point": point, "loss_before": loss_before, "loss_after": loss_after,
+        "delta": loss_after - loss_before,
+        "block_alignment": float((G_M * G_K).sum()),
+        "predicted_first_step": -lr * float((G_M * G_K).sum()),
+        "steps": steps, "lr": lr, "train_all": bool(train_all),
+        "block_width": block.hidden, "new_parameters": sum(p.numel() for p in new),
+    }
+
+
+def grow(model: nn.Module, data: Any, *, points: Sequence[str] | str | None = None, M: int = 32,
+         K: int = 32, steps: int = 200, lr: float = 1e-3, eta: float | None = None,
+         block_width: int | None = None, train_all: bool = False, compare: bool = False,
+         n_train: int | None = None, n_rank: int | None = None, batch_size: int = 64,
+         seed: int = 0, loss_fn: Callable | None = None, progress: bool = True) -> dict[str, Any]:
+    r"""Rank insertion points by the certificate, grow a block at the best one, train it.
+
+    Args:
+        model: trained model (not modified; growth happens on copies).
+        data: a :class:`widthscope.data.Split` or ``(train_batches, test_batches)``. The first
+            ``n_rank`` held-out examples rank the points; the rest measure the loss before/after.
+        points: candidate points (default: ``insertion_points(model)``).
+        M, K: sample sizes of the certificate (the user's step: ``M`` train, ``K`` held-out).
+        steps, lr: AdamW steps and learning rate for the new block (``train_all``: everything).
+        eta: step size of the predicted gain ``η aᵀb`` (default ``lr``).
+        block_width: hidden width of the block (default: the point's width).
+        compare: also grow at the worst-ranked point and at a random other point.
+        n_train: training examples used to estimate ``a`` (default: ``max(4M, 256)``, capped).
+        n_rank: held-out examples used to estimate ``b`` (default: half of the held-out set).
+
+    Returns:
+        ``{"candidates": [...], "growth": [...], "chosen": point, "rows": candidates + growth}``;
+        every row has ``kind="growth"`` and ``role`` in ``candidate|best|worst|random``.
+    """
+    for nm, v in (("M", M), ("K", K), ("steps", steps)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise WidthscopeError(f"{nm} must be a positive integer, got {v!r}")
+    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        raise WidthscopeError(f"lr must be a positive number, got {lr!r}")
+    eta = lr if eta is None else eta
+    if not (isinstance(eta, (int, float)) and math.isfinite(eta) and eta > 0):
+        raise WidthscopeError(f"eta must be a positive number, got {eta!r}")
+    train, test = _pairs(data)
+    n_tr, n_te = _n(train), _n(test)
+    if n_te < 8:
+        raise WidthscopeError(f"need at least 8 held-out examples (got {n_te}): half rank the "
+                              "points, half measure the loss")
+    n_rank = n_te // 2 if n_rank is None else int(n_rank)
+    if not 4 <= n_rank <= n_te - 4:
+        raise WidthscopeError(f"n_rank must leave at least 4 held-out examples on each side; got "
+                              f"{n_rank} of {n_te}")
+    n_train = min(n_tr, max(4 * M, 256)) if n_train is None else int(n_train)
+    probe_train = take(train, n_train, what="train examples for ranking (n_train)")
+    from .probe.intervene import _index
+
+    rank_test = _index(test, slice(0, n_rank))
+    evaluate = _index(test, slice(n_rank, n_te))
+    cands = rank_points(model, probe_train, rank_test, points=points, M=M, K=K, eta=eta,
+                        loss_fn=loss_fn, batch_size=batch_size, show_progress=progress)
+    chosen = [("best", cands[0])]
+    if compare and len(cands) > 1:
+        chosen.append(("worst", cands[-1]))
+        others = cands[1:-1]
+        if others:
+            chosen.append(("random", random.Random(seed).choice(others)))
+    growth = []
+    for role, cand in chosen:
+        _, res = grow_at(model, cand["point"], train, evaluate, probe_train=take(probe_train, min(M, n_train)),
+                         probe_test=_index(rank_test, slice(0, min(K, n_rank))), steps=steps, lr=lr,
+                         block_width=block_width, width=cand["width"], train_all=train_all,
+                         batch_size=batch_size, seed=seed, loss_fn=loss_fn, show_progress=progress)
+        growth.append({"kind": "growth", "role": role, "rank": cand["rank"],
+                       "predicted_gain": cand["predicted_gain"], "d_align": cand["d_align"],
+                       "b_exact": cand["b_exact"], "b_align": cand["b_align"], "M": M, "K": K,
+                       "n_eval": n_te - n_rank, **res})
+    return {"chosen": cands[0]["point"], "candidates": cands, "growth": growth,
+            "rows": [*cands, *growth],
+            "settings": {"M": M, "K": K, "steps": steps, "lr": lr, "eta": eta, "train_all": train_all,
+                         "n_train": n_train, "n_rank": n_rank, "n_eval": n_te - n_rank,
+                         "block_width": block_width, "seed": seed}}
+
+
+# ----------------------------------------------------------------------------- CLI
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True,
+                   help="checkpoint path (widthscope.checkpoint.load) or 'builtin' (a small MLP "
+                        "trained on the digits data set, for a quick look)")
+    p.add_argument("--data", default=None, help="data set name for widthscope.data.load "
+                   "(default: digits for builtin, required otherwise)")
+    p.add_argument("--data-root", default=None, help="root directory of the data set files")
+    p.add_argument("--n-train", type=int, default=2048, help="training examples loaded (default 2048)")
+    p.add_argument("--n-test", type=int, default=512, help="held-out examples loaded (default 512)")
+    p.add_argument("--points", default=None, help="comma-separated candidate points (default: all block outputs)")
+    p.add_argument("--M", type=int, default=32, help="train samples of the certificate (default 32)")
+    p.add_argument("--K", type=int, default=32, help="held-out samples of the certificate (default 32)")
+    p.add_argument("--steps", type=int, default=200, help="training steps of the new block (default 200)")
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+    p.add_argument("--eta", type=float, default=None, help="step size of the predicted gain (default --lr)")
+    p.add_argument("--block-width", type=int, default=None, help="hidden width of the block (default: point width)")
+    p.add_argument("--train-all", action="store_true", help="train every parameter, not only the new block")
+    p.add_argument("--compare", action="store_true", help="also grow at the worst-ranked and a random point")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="write the results as JSON (atomically) to this path")
+
+
+def _builtin(seed: int, progress_: bool) -> tuple[nn.Module, Any]:
+    from .data import load
+    from .models import build
+    from .train import train
+
+    split = load("digits", seed=seed)
+    torch.manual_seed(seed)
+    model = build("mlp", 64, in_dim=64, out_dim=10, depth=3, activation="tanh")
+    train(model, split, steps=300, lr=3e-3, seed=seed, progress=progress_)
+    return model.eval(), split
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    show = sys.stderr.isatty()
+    if args.model == "builtin":
+        model, split = _builtin(args.seed, show)
+        if args.data not in (None, "digits"):
+            raise WidthscopeError("--model builtin uses the digits data set; drop --data or pass a checkpoint")
+    else:
+        from .checkpoint import load as load_model
+        from .data import load as load_data
+
+        if args.data is None:
+            raise WidthscopeError("--data is required with a checkpoint (e.g. --data text); "
+                                  "see widthscope.data.available()")
+        model = load_model(args.model)
+        split = load_data(args.data, root=args.data_root, n_train=args.n_train, n_test=args.n_test,
+                          seed=args.seed)
+    res = grow(model, split, points=args.points, M=args.M, K=args.K, steps=args.steps, lr=args.lr,
+               eta=args.eta, block_width=args.block_width, train_all=args.train_all,
+               compare=args.compare, batch_size=args.batch_size, seed=args.seed, progress=show)
+    print(format_table(res["candidates"], ["rank", "point", "d_align", "expectation", "predicted_gain",
+                                           "b_exact", "b_align", "MK_exact_0.1", "MK_align_0.1",
+                                           "MK_exact_0.05", "MK_align_0.05", "MK_exact_0.01",
+                                           "MK_align_0.01"],
+                       title=f"candidate points (certificate at M={args.M}, K={args.K}; MK_* = M=K "
+                             "needed for B <= delta)"))
+    print()
+    print(format_table(res["growth"], ["role", "rank", "point", "loss_before", "loss_after", "delta",
+                                       "predicted_gain", "predicted_first_step", "new_parameters"],
+                       title=f"growth: block trained {args.steps} steps "
+                             f"({'all parameters' if args.train_all else 'new block only'})"))
+    if args.out:
+        atomic_write_json(args.out, res)
+        print(f"\nwrote {args.out}")
+    return 0

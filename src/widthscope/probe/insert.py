@@ -1,0 +1,430 @@
+"""Function-preserving residual insertions at an insertion point.
+
+At the module path ``point`` (e.g. ``"model.layers.3"`` of a HF decoder, ``"blocks.1"`` of an
+MLP) the module's output ``z`` is replaced by
+
+* ``kind="bias"``:  ``z + b``                              with ``b = 0`` at insertion;
+* ``kind="block"``: ``z + W_out φ(W_in norm(z))``           with ``W_out = 0`` at insertion,
+
+so the model computes exactly the same function right after :func:`insert`. The bias is
+broadcast over every position: the *channel* dimension is the last one for MLP activations
+``(B, N)`` and sequences ``(B, T, N)``, and dimension 1 for conv feature maps ``(B, C, H, W)``.
+The block acts on the same channel dimension: MLP-style (a linear map per position; for a
+conv map this is exactly a 1×1 convolution) or ``style="conv3x3"`` (two 3×3 convolutions).
+
+The original submodule is wrapped by :class:`Inserted`, which replaces it in the parent, so
+``model.get_submodule(point)`` still resolves (to the wrapper, whose ``inner`` child is the
+original module) and the new parameters have the stable names
+``<point>.widthscope_insert.*``. Every insertion is recorded in
+``model.widthscope_config["insertions"]`` so :func:`apply_insertions` rebuilds them on a
+freshly built model before its weights are loaded.
+
+Example::
+
+    >>> import torch, torch.nn as nn
+    >>> from widthscope.probe.intervene import insert
+    >>> m = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 2)).eval()
+    >>> x = torch.randn(5, 3); y0 = m(x)
+    >>> m = insert(m, "1", kind="block", hidden=16)
+    >>> torch.allclose(m(x), y0)
+    True
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..errors import WidthscopeError
+
+__all__ = [
+    "insert",
+    "remove_insertion",
+    "apply_insertions",
+    "inserted_state",
+    "inserted_parameters",
+    "insertion_specs",
+    "Inserted",
+    "ResidualBias",
+    "ResidualBlock",
+    "channel_dim",
+]
+
+KINDS = ("bias", "block")
+NORMS = ("rms", "layer", "none")
+STYLES = ("auto", "mlp", "conv1x1", "conv3x3")
+ACTIVATIONS = {
+    "gelu": F.gelu,
+    "relu": F.relu,
+    "tanh": torch.tanh,
+    "silu": F.silu,
+    "identity": lambda x: x,
+}
+
+
+def channel_dim(z: torch.Tensor, style: str = "auto") -> int:
+    """The dimension a residual insertion acts on.
+
+    ``auto``: the last dim for ``(B, N)`` and ``(B, T, N)`` outputs, dim 1 for conv maps
+    ``(B, C, H, W[, D])`` (the same convention as ``widthscope.probe.collect``'s pooling).
+    ``conv1x1`` forces dim 1, ``conv3x3`` needs a 4-D map, ``mlp`` forces the last dim.
+    """
+    if style == "conv3x3" and z.dim() != 4:
+        raise WidthscopeError(
+            f"style='conv3x3' needs a (batch, channels, height, width) output, got shape "
+            f"{tuple(z.shape)}; use style='mlp' or 'auto'")
+    if style in ("conv1x1", "conv3x3"):
+        if z.dim() < 3:
+            raise WidthscopeError(f"style={style!r} needs a conv map (batch, channels, ...), got "
+                                  f"shape {tuple(z.shape)}; use style='mlp' or 'auto'")
+        return 1
+    if style == "mlp":
+        return z.dim() - 1
+    return 1 if z.dim() >= 4 else z.dim() - 1
+
+
+class _ChannelNorm(nn.Module):
+    """RMSNorm / LayerNorm over the channel dimension (which may be dim 1 of a conv map)."""
+
+    def __init__(self, width: int, kind: str, eps: float = 1e-6):
+        super().__init__()
+        self.kind = kind
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(width))
+        if kind == "layer":
+            self.bias = nn.Parameter(torch.zeros(width))
+
+    def forward(self, z: torch.Tensor, dim: int) -> torch.Tensor:
+        zc = z.movedim(dim, -1)
+        if self.kind == "rms":
+            out = zc * torch.rsqrt(zc.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        else:
+            out = F.layer_norm(zc, (zc.shape[-1],), self.weight, self.bias, self.eps)
+        return out.movedim(-1, dim)
+
+
+class ResidualBias(nn.Module):
+    """``z ↦ z + b`` with ``b ∈ R^N`` broadcast over every position (``b = 0`` at insertion)."""
+
+    def __init__(self, width: int, *, style: str = "auto"):
+        super().__init__()
+        self.width = width
+        self.style = style
+        self.bias = nn.Parameter(torch.zeros(width))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        dim = channel_dim(z, self.style)
+        _check_width(z, dim, self.width)
+        shape = [1] * z.dim()
+        shape[dim] = self.width
+        return z + self.bias.view(shape).to(z.dtype)
+
+
+class ResidualBlock(nn.Module):
+    """``z ↦ z + W_out φ(W_in norm(z))`` on the channel dimension, ``W_out = 0`` at insertion.
+
+    ``W_in`` has i.i.d. ``N(0, init_scale²/N)`` entries (per-position fan-in ``N``; ``9N`` for
+    3×3), drawn from a generator seeded by ``seed`` so a recorded insertion is reproducible.
+    The hidden activations ``h = φ(W_in norm(z))`` of the last forward are kept in
+    ``self.last_hidden`` when ``self.keep_hidden`` is set (used by the block probe).
+    """
+
+    def __init__(self, width: int, hidden: int, *, activation: str = "gelu", norm: str = "rms",
+                 style: str = "auto", init_scale: float = 1.0, seed: int = 0):
+        super().__init__()
+        self.width, self.hidden, self.style = width, hidden, style
+        self.activation = activation
+        self.norm = None if norm == "none" else _ChannelNorm(width, norm)
+        k = 3 if style == "conv3x3" else 1
+        gen = torch.Generator().manual_seed(int(seed))
+        w_in = torch.randn(hidden, width, k, k, generator=gen) * (init_scale / math.sqrt(width * k * k))
+        if style == "conv3x3":
+            self.w_in = nn.Parameter(w_in)
+            self.w_out = nn.Parameter(torch.zeros(width, hidden, 3, 3))
+        else:
+            self.w_in = nn.Parameter(w_in[:, :, 0, 0].contiguous())
+            self.w_out = nn.Parameter(torch.zeros(width, hidden))
+        self.keep_hidden = False
+        self.last_hidden: torch.Tensor | None = None
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        dim = channel_dim(z, self.style)
+        _check_width(z, dim, self.width)
+        u = self.norm(z, dim) if self.norm is not None else z
+        act = ACTIVATIONS[self.activation]
+        w_in, w_out = self.w_in.to(z.dtype), self.w_out.to(z.dtype)
+        if self.style == "conv3x3":
+            h = act(F.conv2d(u, w_in, padding=1))
+            if self.keep_hidden:
+                self.last_hidden = h
+            return z + F.conv2d(h, w_out, padding=1)
+        h = act(u.movedim(dim, -1) @ w_in.T)  # (..., hidden), channel last
+        if self.keep_hidden:
+            self.last_hidden = h
+        return z + (h @ w_out.T).movedim(-1, dim)
+
+
+def _check_width(z: torch.Tensor, dim: int, width: int) -> None:
+    if z.shape[dim] != width:
+        raise WidthscopeError(
+            f"the output at this insertion point has {z.shape[dim]} channels (shape "
+            f"{tuple(z.shape)}, channel dim {dim}) but the insertion was built for width={width}; "
+            f"pass width={z.shape[dim]} (or omit width to infer it)")
+
+
+class Inserted(nn.Module):
+    """Wrapper that adds a residual insertion to the output of ``inner``.
+
+    Tensor outputs, and tuple outputs whose first element is the hidden state (older HF
+    decoder layers return ``(hidden, attn, ...)``), are supported; anything else raises.
+    Attribute lookups that fail on the wrapper fall through to ``inner`` so code that reads
+    e.g. ``layer.attention_type`` keeps working.
+    """
+
+    def __init__(self, inner: nn.Module, insertion: nn.Module, spec: Mapping[str, Any]):
+        super().__init__()
+        self.inner = inner
+        self.widthscope_insert = insertion
+        self.widthscope_spec = dict(spec)
+        self.enabled = True
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.inner(*args, **kwargs)
+        if not self.enabled:
+            return out
+        if isinstance(out, torch.Tensor):
+            if not out.is_floating_point():
+                raise WidthscopeError(
+                    f"point {self.widthscope_spec.get('point')!r} outputs a {out.dtype} tensor; "
+                    "insert at a point whose output is a float activation")
+            return self.widthscope_insert(out)
+        if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor):
+            return (self.widthscope_insert(out[0]), *out[1:])
+        raise WidthscopeError(
+            f"point {self.widthscope_spec.get('point')!r} returns {type(out).__name__}, not a "
+            "tensor (or a tuple starting with the hidden state), so it cannot take a residual "
+            "insertion; choose a block-output point (see widthscope.probe.insertion_points)")
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            inner = self._modules.get("inner")
+            if inner is None:
+                raise
+            return getattr(inner, name)
+
+
+def _valid_points(model: nn.Module) -> list[str]:
+    pts = getattr(model, "widthscope_points", None)
+    if pts:
+        return list(pts)
+    try:  # the probe engineer's default points, when available
+        from .points import insertion_points
+
+        return list(insertion_points(model))
+    except Exception:  # noqa: BLE001 - only used to build an error message
+        return [n for n, _ in model.named_modules() if n][:50]
+
+
+def _resolve(model: nn.Module, point: str) -> nn.Module:
+    if not isinstance(point, str) or not point:
+        raise WidthscopeError(f"insertion point must be a non-empty module path, got {point!r}; "
+                              f"valid points: {', '.join(_valid_points(model))}")
+    try:
+        return model.get_submodule(point)
+    except AttributeError:
+        pass
+    try:  # the probe's message lists valid names, closest first
+        from .points import resolve_points
+
+        resolve_points(model, [point])
+    except WidthscopeError:
+        raise
+    except Exception:  # noqa: BLE001
+        pass
+    raise WidthscopeError(
+        f"unknown insertion point {point!r}; valid points: {', '.join(_valid_points(model))}")
+
+
+def _infer_width(module: nn.Module) -> int | None:
+    """Output width of ``module`` from its structure (verified again at the first forward)."""
+    if isinstance(module, Inserted):
+        module = module.inner
+
+    def own(m: nn.Module) -> int | None:
+        for attr in ("out_features", "out_channels", "num_features", "embedding_dim"):
+            v = getattr(m, attr, None)
+            if isinstance(v, int):
+                return v
+        ns = getattr(m, "normalized_shape", None)
+        if isinstance(ns, (tuple, list)) and len(ns) == 1:
+            return int(ns[0])
+        return None
+
+    w = own(module)
+    if w is not None:
+        return w
+    for attr in ("hidden_size", "width", "channels"):
+        v = getattr(module, attr, None)
+        if isinstance(v, int):
+            return v
+    cfg = getattr(module, "config", None)
+    if cfg is not None and isinstance(getattr(cfg, "hidden_size", None), int):
+        return cfg.hidden_size
+    for m in reversed(list(module.modules())[1:]):  # last registered layer usually writes the output
+        w = own(m)
+        if w is not None:
+            return w
+        if type(m).__name__.endswith(("RMSNorm", "LayerNorm")) and getattr(m, "weight", None) is not None:
+            return int(m.weight.shape[0])
+    return None
+
+
+def _has_train_mode_batchnorm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules())
+
+
+def insert(model: nn.Module, point: str, kind: str = "bias", *, width: int | None = None,
+           hidden: int | None = None, activation: str = "gelu", norm: str = "rms",
+           style: str = "auto", init_scale: float = 1.0, seed: int = 0,
+           record: bool = True) -> nn.Module:
+    """Add a zero-initialised residual bias or block to the output of ``model.<point>``.
+
+    The model is modified in place (and returned). Right after insertion its outputs are
+    unchanged, because the bias and ``W_out`` start at zero.
+
+    Args:
+        point: module path of the insertion point (see ``widthscope.probe.insertion_points``).
+        kind: ``"bias"`` (``z + b``) or ``"block"`` (``z + W_out φ(W_in norm(z))``).
+        width: channel width ``N`` of the output at ``point``; inferred from the module if
+            omitted, and checked against the actual output at every forward.
+        hidden: hidden width of the block (default ``N``).
+        activation: ``gelu``, ``relu``, ``tanh``, ``silu`` or ``identity``.
+        norm: ``rms``, ``layer`` or ``none`` (normalisation of ``z`` before ``W_in``).
+        style: ``auto`` (channel dim 1 for 4-D conv maps, else last), ``mlp`` (last dim),
+            ``conv1x1`` (same maps as ``mlp`` on dim 1), ``conv3x3`` (3×3 convolutions).
+        init_scale: ``W_in`` entries have standard deviation ``init_scale/√fan_in``.
+        seed: seed of ``W_in``.
+        record: append the insertion to ``model.widthscope_config["insertions"]``.
+
+    Raises:
+        WidthscopeError: unknown point (valid names listed), an existing insertion at the
+        point, bad options, or a model in training mode with BatchNorm layers.
+    """
+    if kind not in KINDS:
+        raise WidthscopeError(f"kind={kind!r} is not one of {KINDS}")
+    if norm not in NORMS:
+        raise WidthscopeError(f"norm={norm!r} is not one of {NORMS}")
+    if style not in STYLES:
+        raise WidthscopeError(f"style={style!r} is not one of {STYLES}")
+    if activation not in ACTIVATIONS:
+        raise WidthscopeError(f"activation={activation!r} is not one of {sorted(ACTIVATIONS)}")
+    if not isinstance(init_scale, (int, float)) or not math.isfinite(init_scale) or init_scale <= 0:
+        raise WidthscopeError(f"init_scale must be a positive number, got {init_scale!r}")
+    if _has_train_mode_batchnorm(model):
+        raise WidthscopeError(
+            "the model is in training mode and has BatchNorm layers, which couple the examples "
+            "of a batch (per-example gradients and function preservation need fixed statistics); "
+            "call model.eval() before inserting")
+    target = _resolve(model, point)
+    if isinstance(target, Inserted):
+        raise WidthscopeError(
+            f"point {point!r} already has a {target.widthscope_spec['kind']} insertion; remove it "
+            "first with widthscope.probe.intervene.remove_insertion(model, point)")
+    n = int(width) if width is not None else _infer_width(target)
+    if n is None or n <= 0:
+        raise WidthscopeError(
+            f"cannot infer the output width of point {point!r} ({type(target).__name__}); "
+            "pass width=<channels of its output>")
+    if kind == "block":
+        h = int(hidden) if hidden is not None else n
+        if h <= 0:
+            raise WidthscopeError(f"hidden (block width) must be positive, got {hidden!r}")
+        ins: nn.Module = ResidualBlock(n, h, activation=activation, norm=norm, style=style,
+                                       init_scale=float(init_scale), seed=seed)
+    else:
+        h = None
+        if style == "conv3x3":
+            raise WidthscopeError("style='conv3x3' applies to kind='block' only; a bias has no kernel")
+        ins = ResidualBias(n, style=style)
+    ref = next(iter(target.parameters()), None)
+    if ref is None:
+        ref = next(iter(model.parameters()), None)
+    if ref is not None:
+        ins = ins.to(device=ref.device, dtype=ref.dtype if ref.is_floating_point() else None)
+    spec = {"point": point, "kind": kind, "width": n, "hidden": h, "activation": activation,
+            "norm": norm, "style": style, "init_scale": float(init_scale), "seed": int(seed)}
+    wrapper = Inserted(target, ins, spec)
+    wrapper.train(target.training)
+    _set_submodule(model, point, wrapper)
+    if record:
+        cfg = getattr(model, "widthscope_config", None)
+        if not isinstance(cfg, dict):
+            cfg = {}
+            model.widthscope_config = cfg
+        cfg.setdefault("insertions", []).append(dict(spec))
+    return model
+
+
+def _set_submodule(model: nn.Module, path: str, new: nn.Module) -> None:
+    parent_path, _, name = path.rpartition(".")
+    parent = model.get_submodule(parent_path) if parent_path else model
+    if isinstance(parent, (nn.ModuleList, nn.Sequential)) and name.isdigit():
+        parent[int(name)] = new
+    else:
+        setattr(parent, name, new)
+
+
+def remove_insertion(model: nn.Module, point: str) -> nn.Module:
+    """Undo :func:`insert` at ``point``: restore the original module and drop the record."""
+    try:
+        target = model.get_submodule(point)
+    except AttributeError:
+        target = None
+    if not isinstance(target, Inserted):
+        raise WidthscopeError(f"point {point!r} has no insertion to remove")
+    _set_submodule(model, point, target.inner)
+    cfg = getattr(model, "widthscope_config", None)
+    if isinstance(cfg, dict) and cfg.get("insertions"):
+        cfg["insertions"] = [s for s in cfg["insertions"] if s.get("point") != point]
+    return model
+
+
+def insertion_specs(model: nn.Module) -> list[dict[str, Any]]:
+    """The insertions present in ``model`` (as recorded), in module order."""
+    return [dict(m.widthscope_spec) for _, m in model.named_modules() if isinstance(m, Inserted)]
+
+
+def apply_insertions(model: nn.Module, config: Mapping[str, Any] | Iterable[Mapping[str, Any]]
+                     ) -> nn.Module:
+    """Re-create recorded insertions on a freshly built model (call *before* loading weights).
+
+    ``config`` is a model config dict with an ``"insertions"`` list (as saved in
+    ``config.json``) or the list itself. The new parameters start at their insertion values
+    (zero bias / ``W_out``) and take their trained values from the state dict loaded next.
+    """
+    specs = config.get("insertions", []) if isinstance(config, Mapping) else list(config)
+    for spec in specs or []:
+        spec = dict(spec)
+        point = spec.pop("point")
+        kind = spec.pop("kind", "bias")
+        try:
+            insert(model, point, kind, **spec)
+        except TypeError as exc:
+            raise WidthscopeError(f"bad recorded insertion {spec!r} at {point!r}: {exc}") from None
+    return model
+
+
+def inserted_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """Parameters of all insertions (for training only the new parameters)."""
+    return [p for n, p in model.named_parameters() if ".widthscope_insert." in f".{n}"]
+
+
+def inserted_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``{name: tensor}`` of the inserted parameters, with the full ``<point>.widthscope_insert.*`` names."""
+    return {n: t.detach().clone() for n, t in model.state_dict().items()
+            if ".widthscope_insert." in f".{n}"}

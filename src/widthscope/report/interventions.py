@@ -1,0 +1,158 @@
+"""Report section for interventions and growth (rows of kind ``intervention`` / ``growth``).
+
+Figures:
+
+* actual vs predicted held-out loss change ``|ΔL|`` (log-log, identity line; sign
+  disagreements drawn as red crosses), one colour per point;
+* retention ``ΔL_actual/ΔL_pred`` vs ``η`` (log x), with the ideal value 1;
+* held-out loss before and after growing a block, per grown point (best/worst/random).
+
+Example::
+
+    from widthscope.report.interventions import figures
+    figs = figures(rows, "/tmp/report")   # -> [{"title", "png", "caption"}, ...]
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+__all__ = ["figures", "summary"]
+
+
+def _finite(*vals: Any) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in vals)
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _steps(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [r for r in rows if r.get("kind") == "intervention" and r.get("probe") in ("bias", "block")
+            and _finite(r.get("predicted"), r.get("actual"), r.get("eta"))]
+
+
+def _label(r: Mapping[str, Any]) -> str:
+    tag = r.get("model") or r.get("width")
+    return f"{r.get('point')} ({r.get('probe')})" + (f" {tag}" if tag is not None else "")
+
+
+def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[dict[str, str]]:
+    """Write the section's PNGs into ``out_dir``; return ``[{"title", "png", "caption"}]``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    figs: list[dict[str, str]] = []
+    steps = _steps(rows)
+    if steps:
+        plt = _plt()
+        groups: dict[str, list[Mapping[str, Any]]] = {}
+        for r in steps:
+            groups.setdefault(_label(r), []).append(r)
+        fig, ax = plt.subplots(figsize=(5.5, 4.5))
+        lo, hi = math.inf, 0.0
+        n_bad = 0
+        for lab, rs in groups.items():
+            xs = [abs(r["predicted"]) for r in rs if r["predicted"] != 0 and r["actual"] != 0]
+            ys = [abs(r["actual"]) for r in rs if r["predicted"] != 0 and r["actual"] != 0]
+            if not xs:
+                continue
+            ax.loglog(xs, ys, "o-", ms=4, label=lab, alpha=0.8)
+            bad = [(abs(r["predicted"]), abs(r["actual"])) for r in rs
+                   if not r.get("sign_agrees") and r["predicted"] != 0 and r["actual"] != 0]
+            n_bad += len(bad)
+            if bad:
+                ax.loglog(*zip(*bad), "x", color="red", ms=9, mew=2)
+            lo, hi = min(lo, *xs, *ys), max(hi, *xs, *ys)
+        if hi > 0 and math.isfinite(lo):
+            ax.loglog([lo, hi], [lo, hi], "k--", lw=1, label="actual = predicted")
+        ax.set_xlabel("|predicted ΔL| = η |μ_Mᵀ g_K|")
+        ax.set_ylabel("|actual ΔL|")
+        ax.legend(fontsize=7)
+        ax.set_title("Interventions: actual vs first-order prediction")
+        fig.tight_layout()
+        p = out / "interventions_actual_vs_predicted.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        figs.append({"title": "Actual vs predicted held-out loss change", "png": str(p),
+                     "caption": (f"{len(steps)} steps at {len(groups)} point(s). On the dashed line "
+                                 "the first-order prediction is exact; red crosses: the sign was wrong "
+                                 f"({n_bad} of {len(steps)}).")})
+
+        fig, ax = plt.subplots(figsize=(5.5, 4.0))
+        for lab, rs in groups.items():
+            rs = sorted((r for r in rs if _finite(r.get("retention"))), key=lambda r: r["eta"])
+            if rs:
+                ax.semilogx([r["eta"] for r in rs], [r["retention"] for r in rs], "o-", ms=4, label=lab)
+        ax.axhline(1.0, color="k", ls="--", lw=1)
+        ax.set_xlabel("η")
+        ax.set_ylabel("retention = actual ΔL / predicted ΔL")
+        ax.legend(fontsize=7)
+        ax.set_title("Retention of the first-order gain")
+        fig.tight_layout()
+        p = out / "interventions_retention.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        small = [min(rs, key=lambda r: r["eta"]) for rs in groups.values()]
+        rets = [r["retention"] for r in small if _finite(r.get("retention"))]
+        cap = "Retention → 1 as η → 0 when the loss is smooth at the insertion point."
+        if rets:
+            cap += f" At the smallest η: {min(rets):.3f}–{max(rets):.3f}."
+        figs.append({"title": "Retention vs step size", "png": str(p), "caption": cap})
+
+    grown = [r for r in rows if r.get("kind") == "growth" and r.get("role") != "candidate"
+             and _finite(r.get("loss_before"), r.get("loss_after"))]
+    if grown:
+        plt = _plt()
+        fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(grown) + 2), 4.0))
+        xs = range(len(grown))
+        w = 0.38
+        ax.bar([x - w / 2 for x in xs], [r["loss_before"] for r in grown], w, label="before")
+        ax.bar([x + w / 2 for x in xs], [r["loss_after"] for r in grown], w, label="after")
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels([f"{r.get('role')}\n{r.get('point')}" for r in grown], fontsize=7)
+        ax.set_ylabel("held-out loss")
+        ax.legend()
+        ax.set_title("Growing a block")
+        fig.tight_layout()
+        p = out / "growth_before_after.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        best = next((r for r in grown if r.get("role") == "best"), grown[0])
+        figs.append({"title": "Held-out loss before and after growth", "png": str(p),
+                     "caption": (f"Block trained {best.get('steps')} steps at each point; the "
+                                 f"certificate's top-ranked point ({best.get('point')}) went "
+                                 f"{best['loss_before']:.4g} → {best['loss_after']:.4g}.")})
+    return figs
+
+
+def summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Verdict sentences: sign agreement and retention at the smallest η; growth outcome."""
+    out = []
+    steps = _steps(rows)
+    if steps:
+        agree = sum(1 for r in steps if r.get("sign_agrees"))
+        out.append(f"Interventions: the predicted sign of ΔL was right in {agree} of {len(steps)} steps.")
+    signs = [r for r in rows if r.get("probe") == "sign_agreement" and _finite(r.get("agree_rate"))]
+    for r in signs:
+        out.append(f"Sign agreement at {r.get('point')} (M={r.get('M')}, K={r.get('K')}): "
+                   f"{r['agree_rate']:.3f} over {r.get('draws')} draws; empirical misalignment "
+                   f"{r.get('misaligned_rate', float('nan')):.3f} vs B_exact {r.get('b_exact', float('nan')):.3f}.")
+    grown = [r for r in rows if r.get("kind") == "growth" and r.get("role") in ("best", "worst", "random")
+             and _finite(r.get("loss_after"))]
+    best = [r for r in grown if r["role"] == "best"]
+    if best and len(grown) > 1:
+        b = best[0]
+        others = [r for r in grown if r is not b]
+        won = all(b["loss_after"] <= r["loss_after"] for r in others)
+        alts = ", ".join("{} {}: {:.4g}".format(r["role"], r["point"], r["loss_after"]) for r in others)
+        verdict = "beat" if won else "did not beat"
+        out.append(f"Growth: the top-ranked point {b['point']} {verdict} the alternatives ({alts}) "
+                   f"with held-out loss {b['loss_after']:.4g}.")
+    return out

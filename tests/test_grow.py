@@ -1,0 +1,127 @@
+"""Growth decisions: ranking by the certificate, growing a block, the CLI (issue 4)."""
+import json
+import math
+
+import pytest
+import torch
+
+from widthscope.errors import WidthscopeError
+from widthscope.grow import grow, rank_points
+from widthscope.probe.intervene import insert
+
+
+def _teacher_task(n_train=384, n_test=256):
+    """A student MLP that lacks exactly one residual block at ``blocks.2``.
+
+    The teacher is the student plus a random residual block at ``blocks.2``; targets are the
+    teacher's outputs (regression, summed squared error). The linear maps of ``blocks.1`` and
+    ``blocks.2`` are damped, so changes at earlier points reach the output only weakly: a block
+    there cannot fix much, and their activation gradients are small.
+    """
+    from widthscope.models import build
+
+    torch.manual_seed(0)
+    student = build("mlp", 24, in_dim=8, out_dim=4, depth=3, activation="tanh").double().eval()
+    with torch.no_grad():
+        student.get_submodule("blocks.1.linear").weight.mul_(0.3)
+        student.get_submodule("blocks.2.linear").weight.mul_(0.3)
+    teacher = build(**student.widthscope_config).double().eval()
+    teacher.load_state_dict(student.state_dict())
+    insert(teacher, "blocks.2", "block", hidden=16, seed=5)
+    with torch.no_grad():
+        teacher.get_submodule("blocks.2").widthscope_insert.w_out.normal_(0, 0.6)
+    x = torch.randn(n_train + n_test, 8, dtype=torch.float64)
+    with torch.no_grad():
+        y = teacher(x)
+    return student, ((x[:n_train], y[:n_train]), (x[n_train:], y[n_train:]))
+
+
+def test_ranking_picks_the_missing_block_and_loss_falls():
+    student, data = _teacher_task()
+    before = {k: v.clone() for k, v in student.state_dict().items()}
+    res = grow(student, data, M=32, K=32, steps=150, lr=1e-2, compare=True, progress=False)
+    assert res["chosen"] == "blocks.2"
+    cands = res["candidates"]
+    assert [c["rank"] for c in cands] == [1, 2, 3]
+    assert all(c["kind"] == "growth" and c["role"] == "candidate" for c in cands)
+    # the planner columns are monotone in delta and B_exact <= B_align
+    for c in cands:
+        if not c["vacuous"]:
+            assert c["b_exact"] <= c["b_align"] + 1e-12
+            assert c["MK_exact_0.1"] <= c["MK_exact_0.05"] <= c["MK_exact_0.01"]
+            assert c["MK_align_0.1"] <= c["MK_align_0.05"] <= c["MK_align_0.01"]
+            assert c["MK_exact_0.1"] <= c["MK_align_0.1"]
+    roles = {g["role"]: g for g in res["growth"]}
+    assert set(roles) == {"best", "worst", "random"}
+    best = roles["best"]
+    assert best["point"] == "blocks.2" and best["loss_after"] < 0.5 * best["loss_before"]
+    # the first-order prediction has the right sign, and the best point beats the others
+    assert best["predicted_first_step"] < 0
+    assert best["loss_after"] < roles["worst"]["loss_after"]
+    assert best["loss_after"] < roles["random"]["loss_after"]
+    # the input model is untouched
+    assert all(torch.equal(before[k], v) for k, v in student.state_dict().items())
+    assert not any("widthscope_insert" in k for k in student.state_dict())
+
+
+def test_predicted_gain_is_eta_times_cross_mean():
+    from widthscope.probe.collect import collect
+
+    student, (train, test) = _teacher_task(n_train=96, n_test=64)
+    rows = rank_points(student, train, test, M=16, K=16, eta=0.01, show_progress=False)
+    for r in rows:
+        a = collect(student, [train], points=[r["point"]], progress=False)[r["point"]]
+        b = collect(student, [test], points=[r["point"]], progress=False)[r["point"]]
+        # unbiased two-population estimate of aᵀb is the plain product of the means
+        assert math.isclose(r["expectation"], float(a.mean(0) @ b.mean(0)), rel_tol=1e-9)
+        assert math.isclose(r["predicted_gain"], 0.01 * r["expectation"], rel_tol=1e-12)
+
+
+def test_grow_bad_inputs():
+    student, data = _teacher_task(n_train=64, n_test=32)
+    with pytest.raises(WidthscopeError, match="lr"):
+        grow(student, data, lr=-1.0, progress=False)
+    with pytest.raises(WidthscopeError, match="steps"):
+        grow(student, data, steps=0, progress=False)
+    with pytest.raises(WidthscopeError, match="unknown insertion point"):
+        grow(student, data, points="blocks.7", progress=False)
+    with pytest.raises(WidthscopeError, match="Split"):
+        grow(student, 3, progress=False)
+
+
+def test_cli_builtin_writes_json(tmp_path, capsys):
+    from widthscope.cli import main
+
+    out = tmp_path / "g.json"
+    rc = main(["grow", "--model", "builtin", "--steps", "20", "--M", "16", "--K", "16",
+               "--compare", "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "candidate points" in text and "loss_after" in text
+    res = json.loads(out.read_text())
+    assert {g["role"] for g in res["growth"]} >= {"best", "worst"}
+    assert all(r["kind"] == "growth" for r in res["rows"])
+    rc = main(["grow", "--model", str(tmp_path / "missing"), "--data", "digits"])
+    assert rc == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_report_figures_from_intervention_and_growth_rows(tmp_path):
+    from widthscope.probe.intervene import intervene
+    from widthscope.report.interventions import figures, summary
+
+    student, (train, test) = _teacher_task(n_train=64, n_test=48)
+    rows = intervene(student, "blocks.2", [train], [test], n_etas=5, progress=False)
+    rows[-1] = dict(rows[-1], sign_agrees=False)  # one disagreement gets marked
+    res = grow(student, (train, test), M=16, K=16, steps=5, lr=1e-2, compare=True, progress=False)
+    figs = figures(rows + res["rows"], tmp_path)
+    assert [f["title"] for f in figs] == ["Actual vs predicted held-out loss change",
+                                         "Retention vs step size",
+                                         "Held-out loss before and after growth"]
+    for f in figs:
+        data = open(f["png"], "rb").read()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+    assert "1 of 5" in figs[0]["caption"]
+    text = " ".join(summary(rows + res["rows"]))
+    assert "4 of 5" in text and "top-ranked point" in text
+    assert figures([], tmp_path) == []
