@@ -1,0 +1,438 @@
+r"""Alignment certificates at the insertion points of a trained model (function + CLI).
+
+Pipeline, per insertion point (maths in ``docs/certify.md`` and the alignment spec):
+
+1. probe: per-example activation gradients :math:`q = \partial\ell/\partial z`, pooled
+   (:func:`widthscope.probe.collect`) on ``n_train`` fitted examples (population *a*) and
+   ``n_test`` held-out examples (population *b*);
+2. moments: unbiased U-statistics of :math:`\|\mu\|^2, \mu^\top\Sigma\mu, \mathrm{tr}\,\Sigma^2`
+   (train) and the cross-population :math:`a^\top b, b^\top\Sigma_a b, a^\top\Sigma_b a,
+   \mathrm{tr}\,\Sigma_a\Sigma_b`;
+3. for each ``(M, K)``: both certificate forms (``populations="one"``/``"two"``:
+   :math:`\mathbb E A`, :math:`d_\parallel, d_2, d_\mathrm{align}, B_\mathrm{exact}, B_\mathrm{align}`)
+   and the empirical misalignment :math:`\Pr(\mu_M^\top g_K \le 0)` over ``draws`` resamples with a
+   95% Wilson interval;
+4. rank the points by the two-population :math:`d_\mathrm{align}` (largest first).
+
+Under ``torchrun`` each rank probes a deterministic shard of the batches; pooled samples
+are gathered, every rank computes the same statistics, and only rank 0 prints or writes.
+
+Example::
+
+    >>> import torch, torch.nn as nn
+    >>> from widthscope.certify import certify
+    >>> _ = torch.manual_seed(0)
+    >>> net = nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 3))
+    >>> x, y = torch.randn(96, 6), torch.randint(0, 3, (96,))
+    >>> tr = [(x[i:i + 16], y[i:i + 16]) for i in range(0, 64, 16)]
+    >>> te = [(x[64:], y[64:])]
+    >>> res = certify(net, tr, te, M=[8, 16], draws=200, progress=False)
+    >>> [p["point"] for p in res["points"]]
+    ['0', '1', '2', '3']
+    >>> sorted(res["points"][0]["certificates"][0])
+    ['K', 'M', 'misalignment', 'one', 'two']
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+import torch.nn as nn
+
+from . import distributed
+from ._io import atomic_write_json, format_table, to_jsonable
+from .errors import WidthscopeError
+from .probe import collect, resolve_points
+
+__all__ = ["certify", "add_arguments", "run", "DEFAULT_M"]
+
+DEFAULT_M = (16, 32, 64, 128)
+ESTIMATORS = ("unbiased", "plugin")
+
+
+def _sizes(values: Any, name: str) -> list[int]:
+    if isinstance(values, (int,)) and not isinstance(values, bool):
+        values = [values]
+    try:
+        out = [int(v) for v in values]
+        ok = all(float(v) == int(v) for v in values)
+    except (TypeError, ValueError):
+        ok, out = False, []
+    if not ok or not out or any(v < 1 for v in out):
+        raise WidthscopeError(f"{name} must be a non-empty list of positive whole numbers, got {values!r} "
+                              f"(e.g. {name}=[16, 32, 64, 128])")
+    return out
+
+
+def _pairs(M: Any, K: Any) -> list[tuple[int, int]]:
+    """``K=None``: ``K = M`` (paired); a single K applies to every M; else paired lists."""
+    Ms = _sizes(M, "M")
+    if K is None:
+        return [(m, m) for m in Ms]
+    Ks = _sizes(K, "K")
+    if len(Ks) == 1:
+        return [(m, Ks[0]) for m in Ms]
+    if len(Ks) != len(Ms):
+        raise WidthscopeError(f"K has {len(Ks)} values but M has {len(Ms)}: give one K, or one per M "
+                              "(pairs (M[i], K[i])), or none for K = M")
+    return list(zip(Ms, Ks))
+
+
+def _count(batches: Sequence[Any]) -> int:
+    n = 0
+    for b in batches:
+        x = b["input_ids"] if isinstance(b, dict) else (b[0] if isinstance(b, (tuple, list)) else b)
+        if isinstance(x, dict):
+            x = next(iter(x.values()))
+        n += int(x.shape[0])
+    return n
+
+
+def _check_pool(n: int, need: int, what: str, flag: str, pool: str) -> None:
+    unit = "positions" if pool == "token" else "examples"
+    if n < 4:
+        raise WidthscopeError(f"{what} pool has {n} {unit}; the unbiased estimators need at least 4: "
+                              f"raise {flag}")
+    if need > n:
+        raise WidthscopeError(f"{'M' if 'train' in what else 'K'}={need} is larger than the {what} pool of "
+                              f"{n} {unit} (draws pick without replacement): raise {flag} to >= {need} or "
+                              f"lower {'--M' if 'train' in what else '--K'}")
+
+
+def _gather(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if not distributed.is_distributed():
+        return x
+    # nccl gathers CUDA tensors only; gloo is happy with CPU ones.
+    return distributed.all_gather_rows(x.to(device)).to("cpu")
+
+
+def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterable[Any], *,
+            points: str | Sequence[str] | None = None, M: Sequence[int] | int = DEFAULT_M,
+            K: Sequence[int] | int | None = None, draws: int = 1000, seed: int = 0,
+            estimator: str = "unbiased", pool: str = "sum",
+            loss_fn: Callable[[Any, Any], torch.Tensor] | None = None, train_mode: str = "eval",
+            progress: bool = True) -> dict[str, Any]:
+    """Certify every insertion point of ``model``; returns a JSON-able dict.
+
+    Args:
+        model: trained model (any device; it is not moved).
+        train_batches / test_batches: batches as for :func:`widthscope.probe.collect` —
+            ``(x, y)`` pairs, LongTensors of token ids, or dicts with ``input_ids``.
+        points: insertion points (default: :func:`widthscope.probe.insertion_points`).
+        M, K: sample sizes; ``K=None`` pairs ``K = M``.
+        draws, seed: resamples for the empirical misalignment probability.
+        estimator: ``"unbiased"`` (U-statistics, default) or ``"plugin"`` (published scripts).
+        pool: ``"sum"`` | ``"mean"`` | ``"flatten"`` | ``"token"``.
+
+    Returns:
+        ``{"settings", "points": [{point, n_train, n_test, d, moments_train, moments_test,
+        cross_moments, certificates: [{M, K, one, two, misalignment}]}], "ranking", "notes",
+        "timing"}``; every number is a plain float/int (``None`` where undefined).
+    """
+    from . import stats  # imported here: the probe works without the statistics package
+
+    if estimator not in ESTIMATORS:
+        raise WidthscopeError(f"unknown estimator {estimator!r}; choose {' or '.join(ESTIMATORS)}")
+    if not isinstance(draws, int) or isinstance(draws, bool) or draws < 1:
+        raise WidthscopeError(f"draws must be a positive integer, got {draws!r}")
+    pairs = _pairs(M, K)
+    names = resolve_points(model, points)
+    train_list, test_list = list(train_batches), list(test_batches)
+    W = distributed.world_size()
+    for what, lst, flag in (("train", train_list, "n_train"), ("held-out", test_list, "n_test")):
+        if len(lst) < W:
+            raise WidthscopeError(f"{len(lst)} {what} batch(es) for {W} ranks: every rank needs one; "
+                                  f"lower the batch size or raise {flag}")
+    if pool != "token":  # cheap early check, before any probing
+        _check_pool(_count(train_list), max(m for m, _ in pairs), "train", "n_train", pool)
+        _check_pool(_count(test_list), max(k for _, k in pairs), "held-out", "n_test", pool)
+    try:
+        device = next(model.parameters()).device
+    except StopIteration:
+        device = torch.device("cpu")
+
+    t0 = time.perf_counter()
+    common = dict(points=names, loss_fn=loss_fn, pool=pool, train_mode=train_mode, progress=progress)
+    qa = collect(model, distributed.shard(train_list), **common)
+    qb = collect(model, distributed.shard(test_list), **common)
+    probe_s = time.perf_counter() - t0
+    notes = list(dict.fromkeys(qa.notes + qb.notes))
+
+    t0 = time.perf_counter()
+    results: list[dict[str, Any]] = []
+    for name in names:
+        a, b = _gather(qa[name], device), _gather(qb[name], device)
+        _check_pool(a.shape[0], max(m for m, _ in pairs), "train", "n_train", pool)
+        _check_pool(b.shape[0], max(k for _, k in pairs), "held-out", "n_test", pool)
+        mom_a = stats.moments(a, estimator)
+        mom_b = stats.moments(b, estimator)
+        cross = stats.cross_moments(a, b, estimator)
+        gram = a @ b.T  # the cross-Gram, once: a misalignment draw is the mean of an M×K block
+        mis_all = stats.misalignment_from_gram(gram, pairs=pairs, draws=draws, seed=seed)
+        certs = []
+        for (m, k), mis in zip(pairs, mis_all):
+            one = stats.certificate(mom_a, M=m, K=k, estimator=estimator, populations="one")
+            two = stats.certificate(cross, M=m, K=k, estimator=estimator, populations="two")
+            certs.append({"M": m, "K": k, "one": to_jsonable(one), "two": to_jsonable(two),
+                          "misalignment": to_jsonable(mis)})
+        results.append({"point": name, "n_train": int(a.shape[0]), "n_test": int(b.shape[0]),
+                        "d": int(a.shape[1]), "moments_train": to_jsonable(mom_a),
+                        "moments_test": to_jsonable(mom_b), "cross_moments": to_jsonable(cross),
+                        "certificates": certs})
+    stats_s = time.perf_counter() - t0
+
+    def key(r: dict[str, Any]) -> float:
+        two = r["certificates"][0]["two"]
+        return -1.0 if two["vacuous"] else float(two["d_align"])
+
+    ranking = []
+    for i, r in enumerate(sorted(results, key=key, reverse=True)):
+        two, one = r["certificates"][0]["two"], r["certificates"][0]["one"]
+        ranking.append({"rank": i + 1, "point": r["point"], "d": r["d"], "d_align": two["d_align"],
+                        "d_par": two["d_par"], "d_2": two["d_2"], "expectation": two["expectation"],
+                        "vacuous": two["vacuous"], "reason": two["reason"],
+                        "d_align_one": one["d_align"]})
+    return {
+        "settings": {"M": [m for m, _ in pairs], "K": [k for _, k in pairs], "draws": draws, "seed": seed,
+                     "estimator": estimator, "pool": pool, "train_mode": train_mode, "points": names,
+                     "world_size": W},
+        "points": results,
+        "ranking": ranking,
+        "notes": notes,
+        "timing": {"probe_s": probe_s, "stats_s": stats_s},
+    }
+
+
+# ----------------------------------------------------------------------------- presentation
+def tables(result: dict[str, Any]) -> str:
+    """Terminal tables: one per point (two-population rows + a one-population row), then the ranking."""
+    out = []
+    for r in result["points"]:
+        rows = []
+        for c in r["certificates"]:
+            for form in ("two", "one"):
+                cert = c[form]
+                row = {"form": form, "M": c["M"], "K": c["K"], "E[A]": cert["expectation"],
+                       "d_par": cert["d_par"], "d_2": cert["d_2"], "d_align": cert["d_align"],
+                       "B_exact": cert["b_exact"], "B_align": cert["b_align"]}
+                if form == "two":
+                    mis = c["misalignment"]
+                    row.update({"misalign": mis["probability"], "low": mis["low"], "high": mis["high"]})
+                rows.append(row)
+        vac = {f"{f}-population: {str(c[f]['reason']).split(';')[0]}"
+               for c in r["certificates"] for f in ("two", "one") if c[f]["vacuous"]}
+        title = (f"{r['point']}  (d={r['d']}, n_train={r['n_train']}, n_test={r['n_test']}; "
+                 "misalign = empirical Pr(A<=0) [95% Wilson low, high])")
+        table = format_table(rows, ["form", "M", "K", "E[A]", "d_par", "d_2", "d_align", "B_exact",
+                                    "B_align", "misalign", "low", "high"], title=title)
+        if vac:
+            table += "\n  vacuous (bound 1, d = 0): " + "; ".join(sorted(vac, reverse=True))
+        out.append(table)
+    out.append(format_table(result["ranking"], ["rank", "point", "d", "d_align", "d_par", "d_2",
+                                                "expectation", "d_align_one"],
+                            title="ranking by two-population d_align (largest first)"))
+    for n in result["notes"]:
+        out.append(f"note: {n}")
+    return "\n\n".join(out)
+
+
+# ----------------------------------------------------------------------------- CLI
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="builtin",
+                        help="checkpoint: a widthscope directory, a .safetensors file with sidecar config, "
+                             "or an HF-style directory; 'builtin' (default) trains a small MLP on "
+                             "scikit-learn digits for a few seconds")
+    parser.add_argument("--data", default=None,
+                        help="dataset name for widthscope.data.load (digits, mnist1d, fashion-mnist, ...) "
+                             "or a text file/directory for language models; default: the model's recorded dataset")
+    parser.add_argument("--data-root", default=None, help="root folder of the dataset files (image datasets)")
+    parser.add_argument("--seq-len", type=int, default=64, help="sequence length for text data (default 64)")
+    parser.add_argument("--n-train", type=int, default=256, help="fitted examples to probe (default 256)")
+    parser.add_argument("--n-test", type=int, default=256, help="held-out examples to probe (default 256)")
+    parser.add_argument("--batch-size", type=int, default=32, help="probe batch size (default 32)")
+    parser.add_argument("--points", default=None,
+                        help="comma-separated insertion points (default: every block output)")
+    parser.add_argument("--list-points", action="store_true", help="print the insertion points and exit")
+    parser.add_argument("--M", default=",".join(map(str, DEFAULT_M)), help="train sample sizes, comma list")
+    parser.add_argument("--K", default=None, help="held-out sample sizes, comma list (default: K = M)")
+    parser.add_argument("--draws", type=int, default=1000, help="resamples for empirical misalignment")
+    parser.add_argument("--seed", type=int, default=0, help="seed for data subsets and resampling")
+    parser.add_argument("--estimator", choices=ESTIMATORS, default="unbiased")
+    parser.add_argument("--pool", choices=("sum", "mean", "flatten", "token"), default="sum")
+    parser.add_argument("--train-steps", type=int, default=60,
+                        help="optimizer steps for --model builtin (default 60, a few seconds)")
+    parser.add_argument("--out", default="widthscope-results/certify.json", help="JSON output path")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1")
+
+
+def _int_list(text: str | None, flag: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        vals = [int(v) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        raise WidthscopeError(f"{flag} {text!r}: expected comma-separated whole numbers, e.g. 16,32,64") from None
+    if not vals:
+        raise WidthscopeError(f"{flag} is empty; give e.g. 16,32,64")
+    return vals
+
+
+def _builtin(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[nn.Module, str]:
+    from . import data, models
+    from .train import train
+
+    split = data.load("digits", seed=args.seed)
+    torch.manual_seed(args.seed)
+    model = models.build("mlp", 128, in_dim=int(split.input_shape[-1]), out_dim=split.num_classes, depth=3)
+    t0 = time.perf_counter()
+    res = train(model, split, steps=args.train_steps, lr=3e-3, batch_size=64, seed=args.seed,
+                progress=distributed.is_main())
+    acc = res.get("test_accuracy")
+    say(f"builtin: MLP width 128, depth 3 trained on digits for {args.train_steps} steps "
+        f"({time.perf_counter() - t0:.1f}s, held-out accuracy {acc if acc is None else f'{acc:.3f}'})")
+    return model, "digits"
+
+
+def _load_checkpoint(path: str) -> tuple[nn.Module, str | None]:
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise WidthscopeError(f"--model {path!r}: no such file or directory; give a checkpoint directory, a "
+                              ".safetensors file with its config, or 'builtin'")
+    try:
+        from . import checkpoint
+    except ImportError:
+        raise WidthscopeError("checkpoint loading is not available in this installation "
+                              "(widthscope.checkpoint is missing); use --model builtin") from None
+    model = checkpoint.load(str(p))
+    return model, _recorded_dataset(model, p)
+
+
+def _recorded_dataset(model: nn.Module, path: Path) -> str | None:
+    """The dataset a checkpoint says it was trained on, wherever the loader put it."""
+    for attr in ("widthscope_extra", "widthscope_meta", "widthscope_config"):
+        meta = getattr(model, attr, None)
+        if isinstance(meta, dict) and isinstance(meta.get("dataset"), str):
+            return meta["dataset"]
+    import json
+
+    cfg = (path if path.is_dir() else path.parent) / "config.json"
+    try:
+        raw = json.loads(cfg.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for src in (raw, raw.get("extra", {}) if isinstance(raw, dict) else {}):
+        if isinstance(src, dict) and isinstance(src.get("dataset"), str):
+            return src["dataset"]
+    return None
+
+
+def _load_data(name: str, args: argparse.Namespace, model: nn.Module):
+    from . import data
+
+    options: dict[str, Any] = {}
+    root = args.data_root
+    if name not in data.DATASETS:
+        if Path(name).expanduser().exists():  # a text file or directory: byte-level LM data
+            root, name = name, "text"
+        else:
+            raise WidthscopeError(f"--data {name!r}: not a dataset name ({', '.join(data.DATASETS)}) and "
+                                  "not an existing text file or directory")
+    if name == "text":
+        options["seq_len"] = args.seq_len
+    # Load whole parts and subset here: a subset passed to data.load would also change the
+    # input normalisation (computed on the train part) away from what the model was trained on.
+    split = data.load(name, root=root, seed=args.seed, **options)
+    return split
+
+
+def _subset(pair: tuple[torch.Tensor, torch.Tensor], n: int, seed: int, flag: str, what: str
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    X, y = pair
+    if n > len(X):
+        raise WidthscopeError(f"{flag} {n} but the {what} part has only {len(X)} examples: lower {flag}")
+    idx = torch.randperm(len(X), generator=torch.Generator().manual_seed(seed))[:n].sort().values
+    return (X[idx], X[idx]) if y is X else (X[idx], y[idx])
+
+
+def _batches(pair: tuple[torch.Tensor, torch.Tensor], task: str, bs: int) -> list[Any]:
+    X, y = pair
+    if task == "lm":
+        return [X[i:i + bs] for i in range(0, len(X), bs)]
+    return [(X[i:i + bs], y[i:i + bs]) for i in range(0, len(X), bs)]
+
+
+def run(args: argparse.Namespace) -> int:
+    main = distributed.is_main()
+
+    def say(msg: str) -> None:
+        if main:
+            print(msg, flush=True)
+
+    for flag, v in (("--n-train", args.n_train), ("--n-test", args.n_test)):
+        if v < 4:
+            raise WidthscopeError(f"{flag} {v}: the unbiased estimators need at least 4 examples; use >= 4 "
+                                  "(hundreds for useful certificates)")
+    if args.batch_size < 1:
+        raise WidthscopeError(f"--batch-size {args.batch_size}: must be >= 1")
+    Ms, Ks = _int_list(args.M, "--M"), _int_list(args.K, "--K")
+    pairs = _pairs(Ms, Ks)  # validate before the (slow) model loading
+    need_m, need_k = max(m for m, _ in pairs), max(k for _, k in pairs)
+    if args.pool != "token":
+        if need_m > args.n_train:
+            raise WidthscopeError(f"M={need_m} is larger than --n-train {args.n_train}: raise --n-train or lower --M")
+        if need_k > args.n_test:
+            raise WidthscopeError(f"K={need_k} is larger than --n-test {args.n_test}: raise --n-test or lower --K")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise WidthscopeError(f"--device {args.device!r}: not a torch device (e.g. cpu, cuda, cuda:0)") from None
+    if device.type == "cuda" and device.index is None and distributed.is_distributed():
+        import os  # torchrun: one GPU per rank
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", distributed.rank())))
+
+    if args.model == "builtin":
+        if args.list_points:
+            from . import models
+            model, recorded = models.build("mlp", 128, in_dim=64, out_dim=10, depth=3), "digits"
+        else:
+            model, recorded = _builtin(args, say)
+    else:
+        model, recorded = _load_checkpoint(args.model)
+    if args.list_points:
+        from .probe import insertion_points
+        say("\n".join(insertion_points(model)))
+        return 0
+    names = resolve_points(model, args.points)
+    dataset = args.data or recorded
+    if dataset is None:
+        raise WidthscopeError(f"the checkpoint {args.model!r} does not record its dataset: pass --data "
+                              "(a dataset name or a text file/directory)")
+    split = _load_data(dataset, args, model)
+    train_pair = _subset(split.train, args.n_train, args.seed, "--n-train", "training")
+    test_pair = _subset(split.test, args.n_test, args.seed + 1, "--n-test", "held-out")
+    model.to(device)
+    res = certify(model, _batches(train_pair, split.task, args.batch_size),
+                  _batches(test_pair, split.task, args.batch_size), points=names, M=Ms, K=Ks,
+                  draws=args.draws, seed=args.seed, estimator=args.estimator, pool=args.pool,
+                  progress=main)
+    res["settings"].update(model=args.model, data=dataset, n_train_examples=len(split.train[0]),
+                           n_test_examples=len(split.test[0]), n_train=args.n_train, n_test=args.n_test,
+                           batch_size=args.batch_size,
+                           device=str(device))
+    if main:
+        path = atomic_write_json(args.out, res)
+        say(tables(res))
+        say(f"\nprobe {res['timing']['probe_s']:.2f}s, statistics {res['timing']['stats_s']:.2f}s; "
+            f"results written to {path}")
+    distributed.barrier()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from .cli import main as _main
+
+    sys.exit(_main(["certify", *sys.argv[1:]]))

@@ -1,0 +1,408 @@
+r"""Per-example activation gradients at insertion points, from one backward per batch.
+
+For an example with loss :math:`\ell` and the output :math:`z` of an insertion point, the
+probe returns :math:`q = \partial \ell / \partial z`, pooled into a sample vector:
+
+* ``sum`` (default): :math:`s = \sum_t q_t` over every non-feature position (tokens of a
+  sequence, :math:`H\times W` sites of a conv map). This is exactly the gradient with respect
+  to a zero-initialised bias shared by all positions, the simplest function-preserving
+  residual expansion.
+* ``mean``: :math:`s/T` (the same statistics up to scale; every effective dimension is
+  scale-invariant).
+* ``flatten``: all of :math:`q` as one vector (:math:`T\cdot N` or :math:`C\cdot H\cdot W` dims).
+* ``token``: every position its own sample (rows ``(example, position)``; padded positions of
+  a causal LM are dropped).
+
+Why one batched backward is exact: the probe back-propagates :math:`\sum_i \ell_i`. As long as
+example :math:`j` does not influence :math:`\ell_i` for :math:`i\neq j` (true for every layer
+except training-mode BatchNorm, which is why the probe runs such layers in eval mode),
+:math:`\partial(\sum_i \ell_i)/\partial z_j = \partial \ell_j / \partial z_j`, so row :math:`j`
+of the batched activation gradient *is* example :math:`j`'s gradient.
+
+How: a forward hook replaces each hooked output ``z`` with ``z + b`` where ``b`` is a zero
+tensor of the same shape that requires grad, and ``torch.autograd.grad`` is taken with respect
+to those ``b`` only. ``∂/∂b = ∂/∂z``; the model is unchanged (``b = 0``); parameters are
+frozen during the call so no parameter gradient is computed or stored (their ``.grad`` stays
+untouched), and later in-place operations on the output cannot corrupt the result.
+
+Example::
+
+    >>> import torch, torch.nn as nn
+    >>> from widthscope.probe import collect
+    >>> mlp = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+    >>> x, y = torch.randn(10, 4, dtype=torch.float64), torch.randint(0, 3, (10,))
+    >>> q = collect(mlp, [(x, y)], points=["1"], progress=False)
+    >>> q["1"].shape
+    torch.Size([10, 8])
+"""
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .._io import progress as _progress
+from ..errors import WidthscopeError
+from .points import resolve_points
+
+__all__ = ["collect", "ProbeResult", "batched", "causal_lm_loss", "default_loss", "POOLS",
+           "coupling_layers"]
+
+POOLS = ("sum", "mean", "flatten", "token")
+TRAIN_MODES = ("eval", "keep")
+
+# Modules whose *training-mode* output for one example depends on the other examples.
+_COUPLING = (nn.modules.batchnorm._BatchNorm,)
+# 1-D "channels first" layers: for their 3-D outputs (B, C, L) the feature dim is 1, not -1.
+_CHANNELS_FIRST_1D = (nn.Conv1d, nn.ConvTranspose1d, nn.BatchNorm1d, nn.InstanceNorm1d,
+                      nn.MaxPool1d, nn.AvgPool1d, nn.AdaptiveAvgPool1d, nn.AdaptiveMaxPool1d)
+
+
+class ProbeResult(dict):
+    """``{point: Tensor (n, d)}`` plus what the caller should know about the run.
+
+    Attributes: ``notes`` (list of sentences, e.g. that BatchNorm ran in eval mode),
+    ``n_examples`` (examples seen; with ``pool="token"`` rows are positions), ``pool``.
+    """
+
+    def __init__(self, *args: Any, notes: list[str] | None = None, n_examples: int = 0,
+                 pool: str = "sum", **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.notes = list(notes or [])
+        self.n_examples = n_examples
+        self.pool = pool
+
+
+def coupling_layers(model: nn.Module) -> list[str]:
+    """Names of submodules whose training-mode output couples the examples of a batch."""
+    return [n for n, m in model.named_modules() if isinstance(m, _COUPLING)]
+
+
+def batched(x: torch.Tensor, y: torch.Tensor | None = None, *, batch_size: int = 64
+            ) -> list[Any]:
+    """Split full tensors into probe batches: ``(x, y)`` pairs, or LM id tensors if ``y`` is None."""
+    if batch_size < 1:
+        raise WidthscopeError(f"batch_size must be >= 1, got {batch_size}")
+    n = x.shape[0]
+    if y is not None and y.shape[0] != n:
+        raise WidthscopeError(f"x has {n} examples but y has {y.shape[0]}")
+    out = []
+    for i in range(0, n, batch_size):
+        out.append(x[i:i + batch_size] if y is None else (x[i:i + batch_size], y[i:i + batch_size]))
+    return out
+
+
+# ----------------------------------------------------------------------------- losses
+def _logits(output: Any) -> torch.Tensor:
+    if isinstance(output, torch.Tensor):
+        return output
+    if hasattr(output, "logits") and isinstance(output.logits, torch.Tensor):
+        return output.logits
+    if isinstance(output, Mapping) and isinstance(output.get("logits"), torch.Tensor):
+        return output["logits"]
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    raise WidthscopeError(f"cannot find the model output tensor in a {type(output).__name__}; "
+                          "pass loss_fn=... that takes the raw output")
+
+
+def causal_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor,
+                   attention_mask: torch.Tensor | None = None,
+                   labels: torch.Tensor | None = None) -> torch.Tensor:
+    r"""Per-sequence causal-LM loss: mean over its predicted tokens of the shifted cross-entropy.
+
+    :math:`\ell_i = \frac{1}{|P_i|}\sum_{t\in P_i} -\log p(x_{i,t+1}\mid x_{i,\le t})` where
+    :math:`P_i` are the positions whose *target* is a real token (``attention_mask == 1`` and,
+    with ``labels``, ``labels != -100``). Returns shape ``(B,)``.
+    """
+    logits = _logits(logits)
+    if logits.ndim != 3:
+        raise WidthscopeError(f"causal-LM loss expects logits (B, T, V), got shape {tuple(logits.shape)}")
+    targets = (labels if labels is not None else input_ids)[:, 1:]
+    valid = targets != -100
+    if attention_mask is not None:
+        valid = valid & attention_mask[:, 1:].bool()
+    B, T, V = logits.shape
+    ce = F.cross_entropy(logits[:, :-1].reshape(-1, V).float() if logits.dtype in (torch.float16, torch.bfloat16)
+                         else logits[:, :-1].reshape(-1, V),
+                         targets.clamp_min(0).reshape(-1), reduction="none").view(B, T - 1)
+    count = valid.sum(1)
+    if bool((count == 0).any()):
+        i = int((count == 0).nonzero()[0, 0])
+        raise WidthscopeError(f"sequence {i} of the batch has no predicted token (needs >= 2 "
+                              "unmasked tokens); drop empty/one-token sequences")
+    return (ce * valid.to(ce.dtype)).sum(1) / count.to(ce.dtype)
+
+
+def default_loss(output: Any, y: torch.Tensor) -> torch.Tensor:
+    """Per-example loss for ``(x, y)`` batches.
+
+    Integer ``y``: cross-entropy (averaged over any extra target dims per example).
+    Float ``y``: squared error summed over the outputs, :math:`\\sum_k (f_k - y_k)^2`.
+    """
+    out = _logits(output)
+    B = out.shape[0]
+    if y.dtype in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
+        ce = F.cross_entropy(out, y.long(), reduction="none")
+        return ce.reshape(B, -1).mean(1)
+    if y.is_floating_point():
+        if y.shape != out.shape and y.numel() == out.numel():
+            y = y.reshape(out.shape)
+        if y.shape != out.shape:
+            raise WidthscopeError(f"regression targets have shape {tuple(y.shape)} but the model "
+                                  f"output has shape {tuple(out.shape)}; pass loss_fn=...")
+        return (out - y.to(out.dtype)).pow(2).reshape(B, -1).sum(1)
+    raise WidthscopeError(f"targets of dtype {y.dtype} are neither class labels nor floats; pass loss_fn=...")
+
+
+def _accepts(model: nn.Module, kw: str) -> bool:
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return kw in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def _to(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, Mapping):
+        return {k: _to(v, device) for k, v in obj.items()}
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_to(v, device) for v in obj)
+    return obj
+
+
+def _run_batch(model: nn.Module, batch: Any, loss_fn: Callable | None, bi: int
+               ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """Forward one batch; returns (per-example losses (B,), attention mask or None, B)."""
+    mask = None
+    if isinstance(batch, Mapping) or (isinstance(batch, torch.Tensor) and not batch.is_floating_point()):
+        # Causal LM: LongTensor ids, or {"input_ids", optional "attention_mask", "labels"}.
+        if isinstance(batch, Mapping):
+            if "input_ids" not in batch:
+                raise WidthscopeError(f"batch {bi} is a dict without 'input_ids' (keys: {sorted(batch)})")
+            ids = batch["input_ids"]
+            mask = batch.get("attention_mask")
+            labels = batch.get("labels")
+        else:
+            ids, labels = batch, None
+        if ids.ndim != 2:
+            raise WidthscopeError(f"batch {bi}: input_ids must be (B, T), got shape {tuple(ids.shape)}")
+        kwargs = {}
+        if mask is not None:
+            if _accepts(model, "attention_mask"):
+                kwargs["attention_mask"] = mask
+            else:
+                # Without a mask argument only right padding is exact for a causal model.
+                m = mask.bool()
+                if bool((m[:, 1:] & ~m[:, :-1]).any()):
+                    raise WidthscopeError(
+                        f"batch {bi}: {type(model).__name__}.forward takes no attention_mask and the "
+                        "padding is not on the right; pad sequences on the right")
+        output = model(ids, **kwargs)
+        if loss_fn is not None:
+            losses = loss_fn(output, batch)
+        else:
+            losses = causal_lm_loss(_logits(output), ids, mask, labels)
+        return losses, mask, ids.shape[0]
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        x, y = batch
+        output = model(**x) if isinstance(x, Mapping) else model(x)
+        B = (next(iter(x.values())) if isinstance(x, Mapping) else x).shape[0]
+        if loss_fn is not None:
+            losses = loss_fn(output, y)
+        elif (isinstance(x, torch.Tensor) and not x.is_floating_point() and x.ndim == 2
+              and isinstance(y, torch.Tensor) and y.shape == x.shape and torch.equal(x, y)):
+            # (ids, ids) pairs, as widthscope.data.load("text") yields: causal LM.
+            losses = causal_lm_loss(_logits(output), x)
+        else:
+            losses = default_loss(output, y)
+        return losses, None, B
+    raise WidthscopeError(
+        f"batch {bi} is a {type(batch).__name__}: expected (x, y), a LongTensor of token ids, "
+        "or a dict with 'input_ids'. Tip: widthscope.probe.batched(X, y, batch_size=64)")
+
+
+# ----------------------------------------------------------------------------- pooling
+def _feature_dim(module: nn.Module, z: torch.Tensor) -> int:
+    if z.ndim <= 2:
+        return 1
+    if z.ndim == 3 and not isinstance(module, _CHANNELS_FIRST_1D):
+        return 2  # sequences: (B, T, N)
+    return 1  # conv maps: (B, C, ...)
+
+
+def _pool(q: torch.Tensor, fdim: int, pool: str, mask: torch.Tensor | None) -> torch.Tensor:
+    B = q.shape[0]
+    if q.ndim == 1:
+        q = q.unsqueeze(1)
+    if pool == "flatten":
+        return q.reshape(B, -1)
+    q = q.movedim(fdim, -1)  # (B, positions..., d)
+    d = q.shape[-1]
+    q = q.reshape(B, -1, d)
+    if pool == "sum":
+        return q.sum(1)
+    if pool == "mean":
+        return q.mean(1)
+    # token: every position its own sample; drop padded positions of a sequence batch.
+    if mask is not None and q.shape[1] == mask.shape[1] and fdim == q.ndim - 1:
+        return q[mask.bool()]
+    return q.reshape(-1, d)
+
+
+def _split_output(output: Any, name: str) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
+    """The hidden-state tensor of a module output, and a function putting a replacement back."""
+    if isinstance(output, torch.Tensor):
+        return output, lambda z: z
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        rest = list(output[1:])
+        return output[0], (lambda z: (z, *rest)) if isinstance(output, tuple) else (lambda z: [z, *rest])
+    if isinstance(output, Mapping):
+        for key in ("last_hidden_state", "hidden_states"):
+            if isinstance(output.get(key), torch.Tensor):
+                def put(z: torch.Tensor, key: str = key) -> Any:
+                    output[key] = z
+                    return output
+                return output[key], put
+    raise WidthscopeError(f"insertion point {name!r} outputs a {type(output).__name__}, not a tensor "
+                          "or a tuple starting with the hidden states; choose another point")
+
+
+# ----------------------------------------------------------------------------- collect
+def collect(model: nn.Module, batches: Iterable[Any], *, points: str | Sequence[str] | None = None,
+            loss_fn: Callable[[Any, Any], torch.Tensor] | None = None, pool: str = "sum",
+            train_mode: str = "eval", progress: bool = True, dtype: torch.dtype = torch.float64
+            ) -> ProbeResult:
+    """Per-example activation gradients ``q = ∂ℓ/∂z`` at each insertion point, pooled.
+
+    Args:
+        model: any ``nn.Module`` (our models, HF ``LlamaForCausalLM``/``GPTNeoXForCausalLM``, ...).
+        batches: iterable of ``(x, y)`` pairs, LongTensors of token ids ``(B, T)``, or dicts with
+            ``input_ids`` (and optionally ``attention_mask``, ``labels``).
+        points: module names (list or comma string); ``None`` -> :func:`insertion_points`.
+        loss_fn: ``loss_fn(output, y) -> (B,)`` per-example losses (for LM batches ``y`` is the
+            batch). Default: cross-entropy / summed squared error / causal-LM mean token loss.
+        pool: ``"sum"`` | ``"mean"`` | ``"flatten"`` | ``"token"`` (see the module docstring).
+        train_mode: ``"eval"`` runs the whole model in eval mode (BatchNorm uses running
+            statistics, dropout is off) and says so; ``"keep"`` keeps the current modes and
+            refuses BatchNorm in training mode (it couples the examples of a batch).
+        progress: show a progress bar over batches.
+        dtype: dtype of the returned samples (accumulated on the CPU).
+
+    Returns:
+        :class:`ProbeResult`: ``{point: Tensor (n, d)}`` with ``.notes`` and ``.n_examples``.
+        The model's modes and ``requires_grad`` flags are restored; no parameter ``.grad`` is
+        created or changed.
+    """
+    if pool not in POOLS:
+        raise WidthscopeError(f"unknown pool {pool!r}; choose one of {', '.join(POOLS)}")
+    if train_mode not in TRAIN_MODES:
+        raise WidthscopeError(f"unknown train_mode {train_mode!r}; choose 'eval' or 'keep'")
+    names = resolve_points(model, points)
+    modules = dict(model.named_modules())
+    notes: list[str] = []
+
+    coupling = [n for n in coupling_layers(model) if modules[n].training]
+    dropouts = [n for n, m in model.named_modules()
+                if isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0]
+    if train_mode == "keep" and coupling:
+        raise WidthscopeError(
+            f"train_mode='keep' but {', '.join(coupling[:5])} {'is' if len(coupling) == 1 else 'are'} "
+            "BatchNorm in training mode: its output for one example depends on the whole batch, so "
+            "per-example gradients from one batched backward would be wrong. Use train_mode='eval' "
+            "(running statistics) or call model.eval() first")
+    if train_mode == "eval":
+        if coupling:
+            msg = (f"ran {len(coupling)} BatchNorm layer(s) ({', '.join(coupling[:3])}"
+                   f"{', ...' if len(coupling) > 3 else ''}) in eval mode (running statistics): in "
+                   "training mode they couple the examples of a batch")
+            warnings.warn(msg, stacklevel=2)
+            notes.append(msg)
+        if dropouts:
+            notes.append(f"dropout disabled (eval mode) in {len(dropouts)} layer(s)")
+
+    modes = {m: m.training for m in model.modules()}
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        device = next(model.parameters()).device
+    except StopIteration:
+        device = torch.device("cpu")
+
+    state: dict[str, tuple[torch.Tensor, nn.Module]] = {}
+
+    def make_hook(name: str) -> Callable:
+        def hook(module: nn.Module, inputs: Any, output: Any) -> Any:
+            if name in state:
+                raise WidthscopeError(
+                    f"insertion point {name!r} ran twice in one forward pass (a shared module); "
+                    "its per-example gradient is ambiguous: choose a module that runs once")
+            z, put = _split_output(output, name)
+            # Zero bias of z's shape: d(loss)/d(bias) == d(loss)/dz; a leaf, so later in-place
+            # ops on the output cannot alter it, and it lets grads flow with frozen parameters.
+            b = torch.zeros_like(z, requires_grad=True)
+            state[name] = (b, module)
+            return put(z + b)
+        return hook
+
+    out: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+    handles = []
+    n_examples = 0
+    n_batches = 0
+    try:
+        if train_mode == "eval":
+            model.eval()
+        for p, _ in flags:
+            p.requires_grad_(False)
+        for n in names:
+            handles.append(modules[n].register_forward_hook(make_hook(n)))
+        total = len(batches) if hasattr(batches, "__len__") else None  # type: ignore[arg-type]
+        for bi, batch in enumerate(_progress(batches, total=total, desc="probe", disable=None if progress else True)):
+            state.clear()
+            batch = _to(batch, device)
+            with torch.enable_grad():
+                losses, mask, B = _run_batch(model, batch, loss_fn, bi)
+            missing = [n for n in names if n not in state]
+            if missing:
+                raise WidthscopeError(f"insertion point(s) {', '.join(missing)} did not run in the forward "
+                                      f"pass of batch {bi}; choose modules on the path to the loss")
+            if not isinstance(losses, torch.Tensor) or losses.shape != (B,):
+                raise WidthscopeError(
+                    f"loss_fn must return one loss per example, shape ({B},); got "
+                    f"{tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__}")
+            if not losses.requires_grad:
+                raise WidthscopeError(f"the loss of batch {bi} does not depend on the insertion points "
+                                      f"{', '.join(names)}")
+            leaves = [state[n][0] for n in names]
+            grads = torch.autograd.grad(losses.sum(), leaves, allow_unused=True)
+            bad_loss = not bool(torch.isfinite(losses.detach()).all())
+            for n, b, g in zip(names, leaves, grads):
+                if g is None:
+                    g = torch.zeros_like(b)
+                if not bool(torch.isfinite(g).all()):
+                    raise WidthscopeError(
+                        f"non-finite (NaN/Inf) activation gradient at insertion point {n!r} in batch {bi}"
+                        f"{' (the loss itself is not finite)' if bad_loss else ''}; check the inputs "
+                        "and the model (e.g. run in float32/float64 instead of float16)")
+                fdim = _feature_dim(state[n][1], g)
+                out[n].append(_pool(g.detach(), fdim, pool, mask).to("cpu", dtype))
+            n_examples += B
+            n_batches += 1
+            state.clear()
+    finally:
+        for h in handles:
+            h.remove()
+        for p, flag in flags:
+            p.requires_grad_(flag)
+        for m, mode in modes.items():
+            m.training = mode
+        state.clear()
+    if n_examples == 0:
+        raise WidthscopeError("no examples: the batches were empty; check the data (n_train/n_test)")
+    return ProbeResult({n: torch.cat(v, 0) for n, v in out.items()}, notes=notes,
+                       n_examples=n_examples, pool=pool)

@@ -1,0 +1,138 @@
+"""Insertion points: which module outputs the probe differentiates the loss with respect to.
+
+An *insertion point* is the name of a submodule (as in ``model.named_modules()``); the probe
+looks at that module's output ``z``. The default points are the *block outputs* (the
+residual stream after each block), because that is where a function-preserving residual
+expansion (a zero-initialised bias or block) would be inserted.
+
+Rules, in order:
+
+1. ``model.widthscope_points`` if the model declares it (every ``widthscope.models`` model does);
+2. Hugging Face decoders: ``LlamaForCausalLM`` -> ``model.layers.{i}``,
+   ``GPTNeoXForCausalLM`` -> ``gpt_neox.layers.{i}``;
+3. generic: the children of every ``nn.ModuleList``/``nn.Sequential`` whose children are
+   *blocks* of one class (modules that themselves contain layers), outermost containers
+   only, in forward-definition order (a ResNet's ``layer1.0 ... layer3.2``; a transformer's
+   ``blocks.0 ...``);
+4. otherwise the longest ``nn.Sequential``/``nn.ModuleList`` of plain layers (an MLP): every
+   child except the last (the last child's output is the model output, not an interior point).
+
+Example::
+
+    >>> import torch.nn as nn
+    >>> from widthscope.probe import insertion_points
+    >>> mlp = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    >>> insertion_points(mlp)
+    ['0', '1']
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Iterable
+
+import torch.nn as nn
+
+from ..errors import WidthscopeError
+
+__all__ = ["insertion_points", "all_points", "resolve_points"]
+
+# HF class name -> (container path, description)
+_HF_LAYERS = {
+    "LlamaForCausalLM": "model.layers",
+    "LlamaModel": "layers",
+    "GPTNeoXForCausalLM": "gpt_neox.layers",
+    "GPTNeoXModel": "layers",
+}
+
+
+def all_points(model: nn.Module) -> list[str]:
+    """Every named submodule of ``model`` (any of them can be an insertion point)."""
+    return [name for name, _ in model.named_modules() if name]
+
+
+def _children_names(prefix: str, container: nn.Module) -> list[str]:
+    return [f"{prefix}.{c}" if prefix else c for c, _ in container.named_children()]
+
+
+def _is_block(m: nn.Module) -> bool:
+    # A block contains layers of its own (a leaf layer such as Linear is not a block).
+    return any(True for _ in m.children()) and any(True for _ in m.parameters())
+
+
+def _generic_points(model: nn.Module) -> list[str]:
+    containers = [(n, m) for n, m in model.named_modules()
+                  if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2]
+    # Rule 3: homogeneous containers of blocks, outermost only.
+    chosen: list[str] = []
+    for name, m in containers:
+        kids = list(m.children())
+        if not all(_is_block(k) for k in kids) or len({type(k) for k in kids}) != 1:
+            continue
+        if any(name == c or name.startswith(c + ".") or (c == "" and name) for c in chosen):
+            continue  # nested inside a block we already use
+        chosen.append(name)
+    if chosen:
+        return [p for c in chosen for p in _children_names(c, dict(model.named_modules())[c])]
+    # Rule 4: the longest container of layers (an MLP), minus its output layer.
+    if containers:
+        name, m = max(containers, key=lambda nm: len(nm[1]))
+        return _children_names(name, m)[:-1]
+    raise WidthscopeError(
+        f"cannot guess insertion points for {type(model).__name__}: it has no nn.ModuleList or "
+        f"nn.Sequential of blocks. Pass points=[...] (e.g. {all_points(model)[:5]}) or set "
+        "model.widthscope_points = [...]")
+
+
+def insertion_points(model: nn.Module) -> list[str]:
+    """The default insertion points of ``model``: its block outputs (see the module docstring)."""
+    declared = getattr(model, "widthscope_points", None)
+    if declared:
+        return resolve_points(model, list(declared))
+    cls = type(model).__name__
+    if cls in _HF_LAYERS:
+        path = _HF_LAYERS[cls]
+        try:
+            container = model.get_submodule(path)
+        except AttributeError:
+            container = None
+        if container is not None:
+            return _children_names(path, container)
+    return _generic_points(model)
+
+
+def _unknown_message(bad: str, valid: list[str], limit: int = 40) -> str:
+    close = difflib.get_close_matches(bad, valid, n=8, cutoff=0.4)
+    rest = [v for v in valid if v not in close]
+    listed = close + rest
+    shown = ", ".join(listed[:limit])
+    more = f", ... ({len(listed) - limit} more; see widthscope.probe.all_points(model))" \
+        if len(listed) > limit else ""
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return (f"unknown insertion point {bad!r}.{hint} Valid points (closest first): {shown}{more}")
+
+
+def resolve_points(model: nn.Module, points: str | Iterable[str] | None) -> list[str]:
+    """Validate ``points`` (a list, or a comma-separated string; ``None`` -> defaults).
+
+    Raises :class:`WidthscopeError` for an unknown name, listing the valid names with the
+    closest matches first.
+    """
+    if points is None:
+        return insertion_points(model)
+    if isinstance(points, str):
+        points = [p.strip() for p in points.split(",") if p.strip()]
+    names = list(points)
+    if not names:
+        raise WidthscopeError("no insertion points given; pass None for the defaults "
+                              f"({', '.join(insertion_points(model)[:8])}, ...)")
+    valid = all_points(model)
+    valid_set = set(valid)
+    out: list[str] = []
+    for p in names:
+        if not isinstance(p, str):
+            raise WidthscopeError(f"insertion point names must be strings, got {p!r}")
+        if p not in valid_set:
+            raise WidthscopeError(_unknown_message(p, valid))
+        if p not in out:
+            out.append(p)
+    return out
