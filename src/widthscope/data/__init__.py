@@ -143,25 +143,48 @@ def subset(n_total: int, n: int | None, rng: np.random.Generator, what: str) -> 
     return np.sort(rng.choice(n_total, size=n, replace=False))
 
 
-def normalize_images(train: torch.Tensor, test: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """Per-channel zero mean / unit variance for ``(N, C, ...)`` tensors, statistics from train.
+def channel_stats(X: np.ndarray | torch.Tensor, *, weights: torch.Tensor | None = None,
+                  scale: float = 1.0, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and standard deviation of ``(N, C, ...)`` images, in float64.
 
-    Statistics accumulate in float64 (sums of squares of 47M pixels lose digits in float32);
-    the affine map is applied in float32, in place on fresh copies.
+    Streams over ``chunk`` images so a whole training part (e.g. 50k CIFAR images) never
+    exists as one float tensor. ``weights`` (``(C_out, C)``) maps channels first (grayscale);
+    ``scale`` multiplies the raw values (1/255 for bytes).
     """
-    dims = [0] + list(range(2, train.dim()))
-    count = train.numel() // train.shape[1]
-    s1 = train.sum(dim=dims, keepdim=True, dtype=torch.float64)
+    n = X.shape[0]
+    s1 = s2 = None
+    count = 0
+    for i in range(0, n, chunk):
+        x = torch.as_tensor(np.asarray(X[i:i + chunk])).double() * scale
+        if weights is not None:
+            x = torch.einsum("oc,nc...->no...", weights.double(), x)
+        dims = [0] + list(range(2, x.dim()))
+        a, b = x.sum(dim=dims), x.square().sum(dim=dims)
+        s1, s2 = (a, b) if s1 is None else (s1 + a, s2 + b)
+        count += x.numel() // x.shape[1]
     mean = s1 / count
-    s2 = (train.float() - mean.float()).square().sum(dim=dims, keepdim=True, dtype=torch.float64)
-    std = (s2 / (count - 1)).sqrt().clamp_min(1e-12)
-    m32, s32 = mean.float(), std.float()
+    var = (s2 - count * mean.square()) / max(count - 1, 1)
+    return mean, var.clamp_min(0).sqrt().clamp_min(1e-12)
+
+
+def normalize_images(train: torch.Tensor, test: torch.Tensor,
+                     stats: tuple[torch.Tensor, torch.Tensor] | None = None,
+                     computed_on: str = "train") -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Per-channel zero mean / unit variance for ``(N, C, ...)`` tensors.
+
+    ``stats`` = ``(mean, std)`` per channel; by default computed from ``train``. The loaders
+    pass statistics of the *whole* training part, so every subset of one dataset sees the same
+    input map (a model trained on one subset can be probed on another).
+    """
+    mean, std = stats if stats is not None else channel_stats(train)
+    shape = (1, -1) + (1,) * (train.dim() - 2)
+    m32, s32 = mean.float().view(shape), std.float().view(shape)
 
     def f(t: torch.Tensor) -> torch.Tensor:
         return t.float().sub(m32).div_(s32)
 
     return f(train), f(test), {"mean": mean.flatten().tolist(), "std": std.flatten().tolist(),
-                               "computed_on": "train"}
+                               "computed_on": computed_on}
 
 
 def _digits(n_train: int | None, n_test: int | None, seed: int, *, normalize: bool = True,
@@ -177,6 +200,8 @@ def _digits(n_train: int | None, n_test: int | None, seed: int, *, normalize: bo
     perm = rng.permutation(len(X))
     n_hold = int(round(test_fraction * len(X)))
     test_idx, train_idx = np.sort(perm[:n_hold]), np.sort(perm[n_hold:])
+    # Statistics of the whole training part, so that every subset sees the same input map.
+    m, s = X[train_idx].double().mean(), X[train_idx].double().std()
     if n_test is not None:
         test_idx = test_idx[np.sort(_pick(len(test_idx), n_test, rng, "test"))]
     if n_train is not None:
@@ -185,9 +210,8 @@ def _digits(n_train: int | None, n_test: int | None, seed: int, *, normalize: bo
     meta: dict[str, Any] = {"source": "sklearn.datasets.load_digits", "seed": seed,
                             "train_indices": train_idx.tolist(), "test_indices": test_idx.tolist()}
     if normalize:
-        m, s = Xtr.double().mean(), Xtr.double().std()
         Xtr, Xte = ((Xtr - m) / s).float(), ((Xte - m) / s).float()
-        meta["normalization"] = {"mean": float(m), "std": float(s), "computed_on": "train"}
+        meta["normalization"] = {"mean": float(m), "std": float(s), "computed_on": "whole train part"}
     return Split((Xtr, y[train_idx]), (Xte, y[test_idx]), "classification", 10, (64,), "digits", meta)
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..errors import WidthscopeError
-from . import Split, normalize_images, subset
+from . import Split, channel_stats, normalize_images, subset
 
 FASHION_ROOT = "/usr/share/datasets/fashion-mnist"
 IDX_FILES = {"train_images": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",
@@ -64,11 +64,12 @@ def _find_idx(root: Path, name: str, dataset: str) -> dict[str, Path]:
 
 
 def _finish_images(name: str, Xtr: torch.Tensor, ytr: torch.Tensor, Xte: torch.Tensor, yte: torch.Tensor,
-                   num_classes: int, meta: dict[str, Any], *, flatten: bool, normalize: bool) -> Split:
-    """Scale to [0, 1], normalise with train statistics, optionally flatten."""
+                   num_classes: int, meta: dict[str, Any], *, flatten: bool, normalize: bool,
+                   stats: tuple[torch.Tensor, torch.Tensor] | None = None) -> Split:
+    """Scale to [0, 1], normalise with whole-train-part statistics ``stats``, optionally flatten."""
     Xtr, Xte = Xtr.float() / 255.0, Xte.float() / 255.0
     if normalize:
-        Xtr, Xte, meta["normalization"] = normalize_images(Xtr, Xte)
+        Xtr, Xte, meta["normalization"] = normalize_images(Xtr, Xte, stats, computed_on="whole train part")
     shape = tuple(Xtr.shape[1:])
     if flatten:
         Xtr, Xte = Xtr.flatten(1), Xte.flatten(1)
@@ -99,11 +100,12 @@ def load_idx(name: str, root: str | None, n_train: int | None, n_test: int | Non
     rng = np.random.default_rng(seed)
     meta: dict[str, Any] = {"source": {k: str(p) for k, p in files.items()}, "seed": seed,
                             "split_rule": "official split: train-* files for train, t10k-* files for test"}
+    stats = channel_stats(arrays["train_images"][:, None], scale=1 / 255.0) if normalize else None
     Xtr, ytr = _subsample(arrays["train_images"], arrays["train_labels"], n_train, rng, "train", meta, "train_indices")
     Xte, yte = _subsample(arrays["test_images"], arrays["test_labels"], n_test, rng, "test", meta, "test_indices")
     to_t = lambda a: torch.from_numpy(np.array(a))  # noqa: E731  (copy: frombuffer arrays are read-only)
     return _finish_images(name, to_t(Xtr)[:, None], to_t(ytr).long(), to_t(Xte)[:, None], to_t(yte).long(),
-                          10, meta, flatten=flatten, normalize=normalize)
+                          10, meta, flatten=flatten, normalize=normalize, stats=stats)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,13 +195,16 @@ def load_cifar(name: str, root: str | None, n_train: int | None, n_test: int | N
     rng = np.random.default_rng(seed)
     meta: dict[str, Any] = {"source": [str(p) for p in train_files + test_files], "seed": seed,
                             "split_rule": "official split: training batches for train, test batch for test"}
+    luma = torch.tensor([[0.299, 0.587, 0.114]])  # ITU-R BT.601, the usual RGB -> gray conversion
+    stats = (channel_stats(Xtr, weights=luma if grayscale else None, scale=1 / 255.0)
+             if normalize else None)
     Xtr, ytr = _subsample(Xtr, ytr, n_train, rng, "train", meta, "train_indices")
     Xte, yte = _subsample(Xte, yte, n_test, rng, "test", meta, "test_indices")
     Xtr_t, Xte_t = torch.from_numpy(np.array(Xtr)).float(), torch.from_numpy(np.array(Xte)).float()
-    if grayscale:  # ITU-R BT.601 luma, the usual RGB -> gray conversion
-        w = torch.tensor([0.299, 0.587, 0.114]).view(1, 3, 1, 1)
+    if grayscale:
+        w = luma.view(1, 3, 1, 1)
         Xtr_t, Xte_t = (Xtr_t * w).sum(1, keepdim=True), (Xte_t * w).sum(1, keepdim=True)
         meta["grayscale"] = "0.299 R + 0.587 G + 0.114 B"
     num_classes = 10 if name == "cifar10" else (100 if labels == "fine" else 20)
     return _finish_images(name, Xtr_t, torch.from_numpy(ytr), Xte_t, torch.from_numpy(yte), num_classes,
-                          meta, flatten=flatten, normalize=normalize)
+                          meta, flatten=flatten, normalize=normalize, stats=stats)
