@@ -5,6 +5,7 @@ cheap and the command line starts fast):
 
 Alignment certificates (``widthscope.stats``, ``widthscope.probe``)
     moments, certificate, misalignment, plan, collect, insertion_points
+    (the whole pipeline: ``widthscope.certify.certify``)
 Interventions and growth (``widthscope.probe``)
     insert, intervene
 Linearization diagnostics (``widthscope.linear``)
