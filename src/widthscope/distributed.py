@@ -2,22 +2,113 @@
 
 Everything here is a no-op in a single process, so pipelines call these functions
 unconditionally. Under ``torchrun`` (``gloo`` on CPU, ``nccl`` on GPU) each rank handles a
-deterministic shard of the examples and the results are merged exactly.
+deterministic, *contiguous* shard of the examples and the results are merged exactly:
+
+- **Primal moments** (``n, Σx, Σxxᵀ, Σ‖x‖²x, Σ‖x‖², Σ‖x‖⁴``) are sums, so the merge is one
+  ``all_reduce(SUM)`` of :meth:`PrimalMoments.to_tensor` — ``O(d²)`` bytes per rank.
+- **Gram (dual) form**: the rows themselves are gathered (``O(n d)`` bytes) and every rank
+  evaluates the same U-statistics. :func:`gather_or_reduce` picks the cheaper of the two with
+  the single-process rule (dual when ``n ≤ d``).
+- Because shards are contiguous and :func:`all_gather_rows` concatenates in rank order, the
+  gathered rows are in the *original* example order, so order-dependent results (the seeded
+  misalignment draws, the NTK matrix) are identical to a single-process run.
+
+Launch::
+
+    python -m torch.distributed.run --standalone --nproc_per_node=2 -m widthscope certify ...
+
+:func:`init_from_env` joins the process group from the ``torchrun`` environment (it is also
+called lazily by :func:`is_distributed`, so code that only uses these helpers works unchanged).
+:func:`run_rank_guarded` makes a failure on any rank fail the whole job with a message naming
+the rank, and lets rank 0 write results only after every rank succeeded.
+
+Example (single process: every call is the identity)::
+
+    >>> import torch
+    >>> from widthscope import distributed as wd
+    >>> wd.world_size(), wd.shard(list(range(5)))
+    (1, [0, 1, 2, 3, 4])
+    >>> wd.run_rank_guarded(lambda: 42)
+    42
 """
 from __future__ import annotations
 
-from typing import Sequence, TypeVar
+import datetime
+import os
+import sys
+import traceback
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
 
+from .errors import WidthscopeError
+
 T = TypeVar("T")
 
-__all__ = ["is_distributed", "rank", "world_size", "is_main", "shard", "all_gather_rows", "barrier"]
+__all__ = [
+    "is_distributed", "rank", "world_size", "is_main", "shard", "shard_slice", "all_gather_rows",
+    "barrier", "init_from_env", "launched_by_torchrun", "all_reduce_moments", "gather_or_reduce",
+    "merge_cross_gram", "distributed_misalignment", "distributed_ntk", "run_rank_guarded",
+    "rank_guard", "RankFailure", "broadcast_object",
+]
+
+# Seconds a rank waits at the guard for the others (or at a collective) before giving up.
+DEFAULT_TIMEOUT_S = float(os.environ.get("WIDTHSCOPE_DIST_TIMEOUT", "1800"))
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+_guard_calls = 0
+
+
+class RankFailure(WidthscopeError):
+    """Another rank (or this one) failed: the whole distributed job stops, nothing is written."""
+
+
+# ----------------------------------------------------------------------------- process group
+def launched_by_torchrun() -> bool:
+    """True when the ``torchrun`` environment variables of a multi-process job are set."""
+    return all(v in os.environ for v in _TORCHRUN_VARS) and int(os.environ["WORLD_SIZE"]) > 1
+
+
+def init_from_env(backend: str | None = None, *, timeout_s: float | None = None) -> bool:
+    """Join the process group described by the ``torchrun`` environment; returns ``is_distributed()``.
+
+    A no-op (returns False) when the process was not launched by ``torchrun`` with more than one
+    process, and when the group is already initialised. ``backend=None`` picks ``nccl`` when
+    CUDA is available (each rank then uses ``cuda:LOCAL_RANK``) and ``gloo`` otherwise.
+    ``timeout_s`` bounds every collective (default ``$WIDTHSCOPE_DIST_TIMEOUT`` or 1800 s), so a
+    rank stuck waiting for a dead peer eventually fails instead of hanging forever.
+
+    Example::
+
+        >>> init_from_env()   # plain python: nothing to join
+        False
+    """
+    if not dist.is_available() or dist.is_initialized() or not launched_by_torchrun():
+        return is_distributed()
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend not in ("gloo", "nccl", "mpi"):
+        raise WidthscopeError(f"unknown torch.distributed backend {backend!r}; use 'gloo' (CPU) or 'nccl' (GPU)")
+    if backend == "nccl":
+        if not torch.cuda.is_available():
+            raise WidthscopeError("backend 'nccl' needs CUDA; use backend='gloo' on CPU-only machines")
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
+    timeout = datetime.timedelta(seconds=float(timeout_s or DEFAULT_TIMEOUT_S))
+    dist.init_process_group(backend=backend, timeout=timeout)
+    return is_distributed()
 
 
 def is_distributed() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    if not dist.is_available():
+        return False
+    if not dist.is_initialized():
+        # Lazy join: lets `torchrun -m widthscope <command>` work even if the command forgot to
+        # call init_from_env() before its first collective.
+        if not launched_by_torchrun():
+            return False
+        init_from_env()
+    return dist.get_world_size() > 1
 
 
 def rank() -> int:
@@ -32,19 +123,37 @@ def is_main() -> bool:
     return rank() == 0
 
 
+def _comm_device() -> torch.device:
+    """Device collectives need: CUDA for nccl, CPU for gloo."""
+    if is_distributed() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def shard_slice(n: int) -> slice:
+    """This rank's contiguous block of ``range(n)``: sizes differ by at most one, rank order."""
+    W, r = world_size(), rank()
+    return slice(r * n // W, (r + 1) * n // W)
+
+
 def shard(items: Sequence[T]) -> list[T]:
-    """This rank's share of ``items``: positions ``rank, rank + W, ...`` (deterministic)."""
-    return list(items[rank()::world_size()])
+    """This rank's share of ``items``: a contiguous block (deterministic, disjoint, covering).
+
+    Contiguous (not interleaved) so that :func:`all_gather_rows` of per-item results restores
+    the original order exactly.
+    """
+    return list(items[shard_slice(len(items))])
 
 
 def all_gather_rows(x: torch.Tensor) -> torch.Tensor:
-    """Concatenate each rank's ``(n_r, d)`` rows along dim 0, in rank order (sizes may differ).
+    """Concatenate each rank's ``(n_r, ...)`` rows along dim 0, in rank order (sizes may differ).
 
-    Rows are stored rank-interleaved by :func:`shard`, so callers that need the original
-    example order must undo that themselves; every statistic here is permutation-invariant.
+    With :func:`shard`'s contiguous blocks this is the original example order.
     """
     if not is_distributed():
         return x
+    home = x.device
+    x = x.to(_comm_device())
     n = torch.tensor([x.shape[0]], dtype=torch.long, device=x.device)
     sizes = [torch.zeros_like(n) for _ in range(world_size())]
     dist.all_gather(sizes, n)
@@ -53,9 +162,239 @@ def all_gather_rows(x: torch.Tensor) -> torch.Tensor:
     padded[: x.shape[0]] = x
     out = [torch.empty_like(padded) for _ in range(world_size())]
     dist.all_gather(out, padded)
-    return torch.cat([o[: int(s.item())] for o, s in zip(out, sizes)], dim=0)
+    return torch.cat([o[: int(s.item())] for o, s in zip(out, sizes)], dim=0).to(home)
 
 
 def barrier() -> None:
     if is_distributed():
         dist.barrier()
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """``obj`` from rank ``src`` on every rank (pickled; small objects only)."""
+    if not is_distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src, device=_comm_device())
+    return box[0]
+
+
+# ----------------------------------------------------------------------------- statistics
+def all_reduce_moments(pm: Any) -> Any:
+    """Exact merge of every rank's :class:`~widthscope.stats.PrimalMoments` (SUM of all fields).
+
+    Every field is a sum over samples, so ``Σ_r pm_r`` equals the accumulator of all samples;
+    in float64 the only difference from one process is the order of additions (~1e-16
+    relative). Returns a new accumulator, identical on every rank.
+
+    Example::
+
+        >>> import torch
+        >>> from widthscope.stats import PrimalMoments
+        >>> all_reduce_moments(PrimalMoments(3).update(torch.ones(4, 3))).n
+        4
+    """
+    from .stats import PrimalMoments
+
+    if not isinstance(pm, PrimalMoments):
+        raise WidthscopeError(f"all_reduce_moments needs a widthscope.stats.PrimalMoments, got {type(pm).__name__}")
+    if not is_distributed():
+        return pm
+    dims = [None] * world_size()
+    dist.all_gather_object(dims, pm.d)
+    if len(set(dims)) != 1:
+        raise WidthscopeError(f"all_reduce_moments: ranks hold different dimensions {dims}; every rank "
+                              "must probe the same insertion point with the same pooling")
+    home = pm.s.device
+    t = pm.to_tensor().to(_comm_device())
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return PrimalMoments.from_tensor(t.to(home), pm.d)
+
+
+def gather_or_reduce(X: torch.Tensor, estimator: str = "unbiased", method: str = "auto") -> Any:
+    """:class:`~widthscope.stats.Moments` of the rows of ``X`` on *all* ranks together.
+
+    Cost rule as in :func:`widthscope.stats.moments`: with ``n = Σ_r n_r`` total rows, the dual
+    form (gather the rows, ``n·d`` numbers, then ``O(n²d)`` Gram work) when ``n ≤ d``, otherwise
+    the primal form (each rank accumulates ``O(n_r d²)``, then one ``all_reduce`` of ``d² + 2d + 3``
+    numbers). ``method`` forces one. Same result on every rank.
+
+    Example::
+
+        >>> import torch
+        >>> m = gather_or_reduce(torch.randn(40, 6, dtype=torch.float64) + 1)
+        >>> m.n, m.method
+        (40, 'primal')
+    """
+    from .stats import PrimalMoments, as_matrix, moments
+
+    if method not in ("auto", "dual", "primal"):
+        raise WidthscopeError(f"unknown method {method!r}; use 'auto', 'dual' or 'primal'")
+    X = as_matrix(X, "X")
+    if not is_distributed():
+        return moments(X, estimator, method)
+    n_total = int(all_gather_rows(torch.tensor([X.shape[0]])).sum())
+    d = X.shape[1]
+    if method == "auto":
+        method = "dual" if n_total <= d else "primal"
+    if method == "dual":
+        return moments(all_gather_rows(X), estimator, "dual")
+    pm = all_reduce_moments(PrimalMoments(d, device=X.device).update(X))
+    return pm.finalize(estimator)
+
+
+def merge_cross_gram(Xa: torch.Tensor, Xb: torch.Tensor) -> torch.Tensor:
+    """The full cross-Gram ``C_ab = X_a X_bᵀ`` (``(n_a, n_b)``, float64) from row shards.
+
+    Each rank gathers the held-out rows, computes its own block of rows ``X_a^(r) X_bᵀ``, and the
+    blocks are gathered in rank order. Traffic ``n_b d + n_a n_b`` numbers per rank instead of
+    ``(n_a + n_b) d``: cheaper than gathering both when ``d`` is large (wide models).
+
+    Example::
+
+        >>> import torch
+        >>> a, b = torch.randn(5, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
+        >>> bool(torch.allclose(merge_cross_gram(a, b), a @ b.T))
+        True
+    """
+    from .stats import as_matrix
+
+    A, B = as_matrix(Xa, "train"), as_matrix(Xb, "test")
+    if A.shape[1] != B.shape[1]:
+        raise WidthscopeError(f"merge_cross_gram: train has d={A.shape[1]} but test has d={B.shape[1]}")
+    B_all = all_gather_rows(B.to(A.device))
+    return all_gather_rows(A @ B_all.T)
+
+
+def distributed_misalignment(Xa: torch.Tensor, Xb: torch.Tensor, **kwargs: Any) -> Any:
+    """:func:`widthscope.stats.misalignment_from_gram` on the merged cross-Gram, drawn once on rank 0.
+
+    Rows are merged in the original order (contiguous shards), rank 0 draws with the given
+    ``seed`` and broadcasts, so the result equals the single-process one exactly.
+    """
+    from .stats import misalignment_from_gram
+
+    C = merge_cross_gram(Xa, Xb)
+    out = misalignment_from_gram(C, **kwargs) if is_main() else None
+    return broadcast_object(out)
+
+
+def distributed_ntk(model: torch.nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
+                    **kwargs: Any) -> torch.Tensor:
+    """Empirical NTK :func:`widthscope.linear.ntk` with the rows of ``x1`` split across ranks.
+
+    Every rank passes the *full* ``x1`` (and ``x2``); rank ``r`` computes ``Θ(x1[block_r], x2)``
+    and the row blocks are gathered in order, so the result (on every rank) is the
+    single-process kernel. Cost per rank ``≈ 1/W`` of the Jacobians of ``x1`` plus all of ``x2``.
+    Keyword arguments (``trace``, ``method``, ``chunk_size``…) go to ``ntk``.
+
+    Example::
+
+        >>> import torch
+        >>> net = torch.nn.Linear(3, 2)
+        >>> distributed_ntk(net, torch.randn(4, 3), trace=True).shape
+        torch.Size([4, 4])
+    """
+    from .linear import ntk
+
+    if not isinstance(x1, torch.Tensor) or x1.dim() < 1:
+        raise WidthscopeError("distributed_ntk: x1 must be a batched tensor (n1, ...) of inputs")
+    if not is_distributed():
+        return ntk(model, x1, x2, **kwargs)
+    x2_full = x1 if x2 is None else x2
+    local = x1[shard_slice(x1.shape[0])]
+    if local.shape[0] == 0:  # more ranks than rows: contribute an empty block of the right shape
+        probe = ntk(model, x1[:1], x2_full[:1], **kwargs)
+        K = torch.empty((0, x2_full.shape[0], *probe.shape[2:]), dtype=probe.dtype, device=probe.device)
+    else:
+        K = ntk(model, local, x2_full, **kwargs)
+    return all_gather_rows(K)
+
+
+# ----------------------------------------------------------------------------- failure handling
+def _store() -> Any:
+    # The key-value store torchrun's rendezvous created: it outlives any single worker, so a
+    # failing rank can post its status and exit without waiting for the others.
+    return dist.distributed_c10d._get_default_store()
+
+
+@contextmanager
+def rank_guard(what: str = "job", *, timeout_s: float | None = None) -> Iterator[None]:
+    """Run a block on every rank; leave it only if *every* rank finished it without error.
+
+    Protocol (a no-op in one process): on leaving, each rank posts ``ok`` or its error to the
+    rendezvous store and waits for all ``W`` posts. A rank that raised posts first, prints
+    ``rank r failed during <what>: ...`` to stderr and re-raises at once (the launcher then stops
+    the peers, which may be blocked in a collective). Ranks that succeeded but see a failed or
+    silent (killed) peer raise :class:`RankFailure` naming it. So results written *after* the
+    block (by rank 0, atomically) exist only if the whole job succeeded.
+
+    Example::
+
+        >>> with rank_guard("probe"):
+        ...     x = 1 + 1
+    """
+    global _guard_calls
+    if not is_distributed():
+        yield
+        return
+    _guard_calls += 1
+    W, r = world_size(), rank()
+    key = f"widthscope/guard/{_guard_calls}/"
+    store = _store()
+    try:
+        yield
+    except BaseException as exc:
+        msg = f"{type(exc).__name__}: {exc}"
+        try:
+            store.set(key + str(r), "failed: " + msg)
+        except Exception:  # the store itself may be gone; the exit code still tells torchrun
+            pass
+        print(f"widthscope: rank {r} failed during {what}: {msg}", file=sys.stderr, flush=True)
+        traceback.print_exc()
+        raise
+    store.set(key + str(r), "ok")
+    timeout = datetime.timedelta(seconds=float(timeout_s or DEFAULT_TIMEOUT_S))
+    # Wait for every peer's status; a failed peer posts immediately, so we poll with short waits
+    # and stop at the first failure instead of waiting for the slowest rank.
+    deadline = datetime.datetime.now() + timeout
+    pending = [p for p in range(W) if p != r]
+    failures: list[str] = []
+    while pending:
+        still = []
+        for p in pending:
+            try:
+                store.wait([key + str(p)], datetime.timedelta(seconds=0.2))
+            except Exception:  # not posted yet (timeout) - keep waiting
+                still.append(p)
+                continue
+            status = store.get(key + str(p)).decode()
+            if status != "ok":
+                failures.append(f"rank {p} {status}")
+        pending = still
+        if failures:
+            break
+        if pending and datetime.datetime.now() > deadline:
+            failures += [f"rank {p} did not finish {what} within {timeout.total_seconds():.0f} s (killed or hung?)"
+                         for p in pending]
+            break
+    if failures:
+        raise RankFailure(f"distributed {what} failed on {len(failures)} rank(s): " + "; ".join(failures)
+                          + ". Nothing was written; fix the cause and rerun the same command.")
+
+
+def run_rank_guarded(fn: Callable[..., T], *args: Any, what: str | None = None,
+                     timeout_s: float | None = None, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` under :func:`rank_guard`: returns its result only if all ranks succeeded.
+
+    Typical use: ``res = run_rank_guarded(certify, model, ...)``, then
+    ``if is_main(): atomic_write_json(path, res)`` — the file appears only for a complete job.
+
+    Example::
+
+        >>> run_rank_guarded(sum, [1, 2, 3])
+        6
+    """
+    with rank_guard(what or getattr(fn, "__name__", "job"), timeout_s=timeout_s):
+        out = fn(*args, **kwargs)
+    return out

@@ -1,0 +1,330 @@
+"""Memory-bound statistics: a seeded random projection of the sample vectors.
+
+When ``n·d`` (or ``d²`` for the primal form) is too large — flattened sequences, huge widths —
+project every sample vector as it streams, ``y = Rᵀx`` with ``R ∈ R^{d×k}``, and estimate
+from the ``k``-dimensional ``y``. Memory ``O(dk)`` for ``R`` plus ``O(k²)`` for the mergeable
+moments, whatever ``n`` and ``d``.
+
+**Projections.** ``kind="gaussian"``: ``R_ij ~ N(0, 1/k)``. ``kind="sparse"`` (Achlioptas):
+``R_ij = ±√(3/k)`` with probability 1/6 each, 0 with probability 2/3. Both have i.i.d. entries
+with ``E R_ij = 0``, ``E R_ij² = 1/k`` and the Gaussian fourth moment ``E R_ij⁴ = 3/k²``, so
+every formula below is exact for both. ``E[RRᵀ] = I``.
+
+**Effect on each estimator** (expectations over ``R``; ``P = RRᵀ``; the projected population
+has mean ``Rᵀμ`` and covariance ``RᵀΣR``; using ``E[PAP] = A + (A + tr(A)·I)/k`` for symmetric
+``A`` and ``E[tr(AP)tr(BP)] = tr A tr B + 2 tr(AB)/k``)::
+
+    E ‖Rᵀμ‖²             = ‖μ‖²                                   (unbiased)
+    Var ‖Rᵀμ‖²           = 2‖μ‖⁴/k        (‖Rᵀμ‖² = ‖μ‖²·χ²_k/k: relative s.d. √(2/k))
+    E μᵀPΣPμ             = μᵀΣμ·(1 + 1/k) + tr(Σ)‖μ‖²/k
+    E tr((RᵀΣR)²)        = tr(Σ²)·(1 + 1/k) + tr(Σ)²/k
+    E tr(RᵀΣR)           = tr(Σ)
+    E tr(RᵀΣR)‖Rᵀμ‖²     = tr(Σ)‖μ‖² + 2μᵀΣμ/k
+    E tr(RᵀΣR)²          = tr(Σ)² + 2tr(Σ²)/k
+
+So ``‖μ‖²`` needs no correction, while ``μᵀΣμ`` and ``tr(Σ²)`` are inflated (for a spread-out
+spectrum ``tr(Σ)² ≫ tr(Σ²)``, so the raw ``tr(Σ²)`` can be off by ``tr(Σ)²/k``: huge). Solving the
+two pairs of linear equations gives estimators that are **unbiased over R**::
+
+    μᵀΣμ  ≈ (v − t·m/k) / c,     tr(Σ²) ≈ (q − t²/k) / c,     c = (k+2)(k−1)/k²
+
+with ``m, v, q`` the projected ``‖μ‖², μᵀΣμ, tr(Σ²)`` and ``t·m``, ``t²`` unbiased estimates of
+``tr(Σ_y)‖μ_y‖²`` and ``tr(Σ_y)²``. From finite samples every one of these is itself an
+unbiased U-statistic of the ``y_i`` (distinct indices, ``D_i = ‖y_i‖²``, ``G_ij = y_i·y_j``)::
+
+    t·m ≈ Σ_{ijk≠} D_i G_jk / P_3 − Σ_{ijkl≠} G_ij G_kl / P_4
+    t²  ≈ Σ_{i≠j} D_i D_j / P_2 − 2 Σ_{ijk≠} D_i G_jk / P_3 + Σ_{ijkl≠} G_ij G_kl / P_4
+
+so the corrected values are unbiased jointly over ``R`` and the samples (``k ≥ 2``). The price
+is variance: each corrected value carries an ``O(1/√k)`` relative projection error on top of
+the sampling error (``√(2/k)`` exactly for ``‖μ‖²``). Ratios such as ``d_align`` are then
+ratios of unbiased estimates (consistent, not unbiased), as without projection.
+
+Example::
+
+    >>> import torch
+    >>> from widthscope.stats.sketch import Projector, projected_moments
+    >>> X = torch.randn(200, 1000, dtype=torch.float64) + 0.1
+    >>> P = Projector(1000, 64, seed=0)
+    >>> P(X).shape
+    torch.Size([200, 64])
+    >>> pm = projected_moments(X, k=64, seed=0)
+    >>> pm.k, pm.n
+    (64, 200)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+
+from ..errors import WidthscopeError
+from .estimators import Moments, PrimalMoments, as_matrix
+
+__all__ = ["Projector", "ProjectedMoments", "projected_moments", "projected_accumulator",
+           "finalize_projected", "spill_rows", "out_of_core_moments", "KINDS"]
+
+KINDS = ("gaussian", "sparse")
+_ROWS = 4096  # rows of R generated at once (bounded memory for the generator's temporaries)
+
+
+class Projector:
+    """Seeded random projection ``x ↦ Rᵀx``: ``P(X) = X @ R`` for ``X`` of shape ``(b, d)``.
+
+    ``R`` (``d×k``, float64 by default) is generated once from ``seed`` on the CPU and kept;
+    apply it to any number of row blocks as they stream — the result equals projecting all
+    rows at once, and the same ``(d, k, seed, kind)`` gives the same ``R`` on every process.
+
+    Example::
+
+        >>> import torch
+        >>> P = Projector(10, 4, seed=1)
+        >>> X = torch.randn(6, 10, dtype=torch.float64)
+        >>> bool(torch.equal(torch.cat([P(X[:2]), P(X[2:])]), P(X)))
+        True
+    """
+
+    def __init__(self, d: int, k: int, seed: int = 0, *, kind: str = "gaussian",
+                 dtype: torch.dtype = torch.float64, device: torch.device | str | None = None) -> None:
+        for name, v in (("d", d), ("k", k)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise WidthscopeError(f"Projector: {name} must be a positive integer, got {v!r}")
+        if k < 2:
+            raise WidthscopeError(f"Projector: k={k} is too small; the bias corrections need k >= 2 "
+                                  "(use k in the tens to hundreds)")
+        if kind not in KINDS:
+            raise WidthscopeError(f"Projector: unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
+        self.d, self.k, self.seed, self.kind = d, k, int(seed), kind
+        gen = torch.Generator(device="cpu").manual_seed(int(seed))
+        blocks = []
+        for start in range(0, d, _ROWS):
+            rows = min(_ROWS, d - start)
+            if kind == "gaussian":
+                blocks.append(torch.randn(rows, k, generator=gen, dtype=torch.float64) / k ** 0.5)
+            else:
+                u = torch.rand(rows, k, generator=gen, dtype=torch.float64)
+                sign = torch.where(u < 1 / 6, -1.0, torch.where(u < 1 / 3, 1.0, 0.0))
+                blocks.append(sign.to(torch.float64) * (3.0 / k) ** 0.5)
+        self.R = torch.cat(blocks).to(dtype=dtype, device=device)
+
+    def __call__(self, X: Any) -> torch.Tensor:
+        X = torch.as_tensor(X)
+        if X.dim() != 2 or X.shape[1] != self.d:
+            raise WidthscopeError(f"Projector(d={self.d}): expected rows of shape (b, {self.d}), got "
+                                  f"{tuple(X.shape)}; build the projector with the samples' dimension")
+        R = self.R if self.R.device == X.device else self.R.to(X.device)
+        return X.to(R.dtype) @ R
+
+    def __repr__(self) -> str:
+        return f"Projector(d={self.d}, k={self.k}, seed={self.seed}, kind={self.kind!r})"
+
+
+@dataclass(frozen=True)
+class ProjectedMoments:
+    """Estimates from projected samples: ``raw`` (what the projection gives) and corrected.
+
+    ``mu_sq``, ``mu_sigma_mu``, ``tr_sigma_sq`` are unbiased over ``R`` and the samples for the
+    *unprojected* ``‖μ‖², μᵀΣμ, tr(Σ²)``; ``raw`` are the projected-space estimates (biased as
+    in the module docstring). :meth:`as_moments` gives a :class:`Moments` for
+    :func:`widthscope.stats.certificate`.
+    """
+
+    n: int
+    d: int
+    k: int
+    mu_sq: float
+    mu_sigma_mu: float
+    tr_sigma_sq: float
+    tr_sigma: float
+    raw: Moments
+    tm: float        # unbiased tr(Σ_y)·‖μ_y‖²
+    t2: float        # unbiased tr(Σ_y)²
+    seed: int
+    kind: str
+
+    def as_moments(self) -> Moments:
+        return Moments(self.n, self.d, self.mu_sq, self.mu_sigma_mu, self.tr_sigma_sq, "unbiased",
+                       f"projected(k={self.k})", self.tr_sigma)
+
+
+def projected_accumulator(projector: Projector) -> PrimalMoments:
+    """An empty :class:`PrimalMoments` of the projected dimension (update with ``projector(X)``)."""
+    return PrimalMoments(projector.k)
+
+
+def finalize_projected(pm: PrimalMoments, projector: Projector) -> ProjectedMoments:
+    """Corrected estimates from the (possibly merged / all-reduced) moments of projected rows."""
+    if pm.d != projector.k:
+        raise WidthscopeError(f"finalize_projected: moments of dimension {pm.d} do not match the projector's k={projector.k}")
+    n, k = pm.n, projector.k
+    if n < 4:
+        raise WidthscopeError(f"need at least 4 samples, got n={n}; collect more examples")
+    raw = pm.finalize("unbiased")
+    S, A, B, C = pm.sums()
+    q2, q4 = float(pm.q2), float(pm.q4)
+    vs = float(pm.v @ pm.s)
+    p2, p3, p4 = n * (n - 1.0), n * (n - 1.0) * (n - 2.0), n * (n - 1.0) * (n - 2.0) * (n - 3.0)
+    E1 = q2 * S - 2 * (vs - q4)      # Σ_{i,j,k distinct} D_i G_jk
+    E2 = q2 * q2 - q4                # Σ_{i≠j} D_i D_j
+    tm = E1 / p3 - C / p4
+    t2 = E2 / p2 - 2 * E1 / p3 + C / p4
+    c = (k + 2) * (k - 1) / k ** 2
+    return ProjectedMoments(
+        n=n, d=projector.d, k=k, mu_sq=raw.mu_sq,
+        mu_sigma_mu=(raw.mu_sigma_mu - tm / k) / c,
+        tr_sigma_sq=(raw.tr_sigma_sq - t2 / k) / c,
+        tr_sigma=raw.tr_sigma, raw=raw, tm=tm, t2=t2, seed=projector.seed, kind=projector.kind)
+
+
+def projected_moments(X: Any | Iterable[Any], *, k: int, seed: int = 0, kind: str = "gaussian",
+                      d: int | None = None) -> ProjectedMoments:
+    """Bias-corrected ``‖μ‖², μᵀΣμ, tr(Σ²)`` from samples projected to ``k`` dimensions.
+
+    ``X`` is an ``(n, d)`` matrix or an iterable of ``(b, d)`` row blocks (streamed: only one
+    block and the ``O(dk + k²)`` state are in memory). The accumulator is a
+    :class:`PrimalMoments` of dimension ``k``, so shards merge exactly (``+`` or
+    :func:`widthscope.distributed.all_reduce_moments`) before :func:`finalize_projected`.
+
+    Example::
+
+        >>> import torch
+        >>> X = torch.randn(100, 50, dtype=torch.float64) + 0.2
+        >>> blocks = (X[i:i + 16] for i in range(0, 100, 16))
+        >>> a, b = projected_moments(X, k=8, seed=3), projected_moments(blocks, k=8, seed=3, d=50)
+        >>> abs(a.mu_sigma_mu - b.mu_sigma_mu) < 1e-9 * abs(a.mu_sigma_mu)
+        True
+    """
+    if isinstance(X, torch.Tensor) or hasattr(X, "__array__"):
+        X = as_matrix(X, "X")
+        blocks: Iterable[Any] = (X[i:i + _ROWS] for i in range(0, X.shape[0], _ROWS))
+        d = X.shape[1]
+    else:
+        blocks = iter(X)
+        if d is None:
+            first = next(blocks, None)
+            if first is None:
+                raise WidthscopeError("projected_moments: no row blocks given")
+            first = as_matrix(first, "X block")
+            d = first.shape[1]
+            import itertools
+            blocks = itertools.chain([first], blocks)
+    proj = Projector(int(d), k, seed, kind=kind)
+    pm = projected_accumulator(proj)
+    for block in blocks:
+        pm.update(proj(as_matrix(block, "X block")))
+    return finalize_projected(pm, proj)
+
+
+# ----------------------------------------------------------------------------- out-of-core dual form
+def spill_rows(blocks: Iterable[Any], path: Any, *, d: int | None = None) -> "Any":
+    """Write streamed ``(b, d)`` row blocks to a float64 ``.npy`` file and return it memory-mapped.
+
+    For pools whose ``(n, d)`` samples do not fit in memory next to the model: the probe's
+    batches go to disk as they come, then :func:`out_of_core_moments` reads them back in blocks.
+    The file is written under a temporary name and renamed when complete (never a partial file).
+
+    Example::
+
+        >>> import torch, tempfile, os
+        >>> X = torch.randn(10, 3, dtype=torch.float64)
+        >>> f = os.path.join(tempfile.mkdtemp(), "rows.npy")
+        >>> spill_rows([X[:4], X[4:]], f).shape
+        (10, 3)
+    """
+    import os
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        raw = open(tmp, "wb")
+        n = 0
+        with raw:
+            for block in blocks:
+                b = as_matrix(block, "row block", d=d).numpy()
+                d = b.shape[1]
+                raw.write(np.ascontiguousarray(b, dtype="<f8").tobytes())
+                n += b.shape[0]
+        if d is None or n == 0:
+            raise WidthscopeError("spill_rows: no row blocks given")
+        # Prepend the .npy header now that n is known (one sequential copy; n·d stays on disk).
+        header_file = tmp + ".npy"
+        out = np.lib.format.open_memmap(header_file, mode="w+", dtype="<f8", shape=(n, d))
+        src = np.memmap(tmp, dtype="<f8", mode="r", shape=(n, d))
+        step = max(1, (1 << 24) // (8 * d))
+        for i in range(0, n, step):
+            out[i:i + step] = src[i:i + step]
+        out.flush()
+        del out, src
+        os.replace(header_file, path)
+    finally:
+        for f in (tmp, tmp + ".npy"):
+            if os.path.exists(f):
+                os.unlink(f)
+    return np.load(path, mmap_mode="r")
+
+
+def out_of_core_moments(X: Any, *, block: int = 2048) -> Moments:
+    """Unbiased dual-form :class:`Moments` of an ``(n, d)`` array too large for memory.
+
+    ``X`` may be a ``numpy.memmap`` (e.g. from :func:`spill_rows`): it is read ``block`` rows at a
+    time, and the Gram ``G = XXᵀ`` is never held — only ``‖G‖_F²``, the row sums ``G·1`` and the
+    diagonal, from ``(block × block)`` tiles. Memory ``O(block·d + block² + n)``; time
+    ``O(n²d)`` as for the in-memory dual form (each pair of row blocks is read once, ``X`` is
+    read ``n/block`` times). Same numbers as :func:`widthscope.stats.moments` (``method="dual"``).
+
+    Example::
+
+        >>> import numpy as np
+        >>> X = np.random.default_rng(0).normal(size=(30, 5)) + 0.3
+        >>> m = out_of_core_moments(X, block=8)
+        >>> m.n, m.method
+        (30, 'dual-out-of-core')
+    """
+    from .estimators import _falling
+
+    if getattr(X, "ndim", None) != 2:
+        raise WidthscopeError("out_of_core_moments: X must be a 2-D (n, d) array (e.g. a numpy.memmap)")
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise WidthscopeError(f"out_of_core_moments: block must be a positive integer, got {block!r}")
+    n, d = int(X.shape[0]), int(X.shape[1])
+    if n < 4:
+        raise WidthscopeError(f"need at least 4 samples, got n={n}; collect more examples")
+
+    def rows(i: int) -> torch.Tensor:
+        blk = X[i:i + block]
+        if not isinstance(blk, torch.Tensor):  # read-only memmap slice -> an owned in-memory block
+            import numpy as np
+
+            blk = np.array(blk)
+        return as_matrix(blk, "X block")
+
+    fro = 0.0
+    rowsum = torch.zeros(n, dtype=torch.float64)
+    sq = torch.zeros(n, dtype=torch.float64)
+    for i in range(0, n, block):
+        Xi = rows(i)
+        sq[i:i + Xi.shape[0]] = (Xi * Xi).sum(1)
+        for j in range(i, n, block):
+            Xj = Xi if j == i else rows(j)
+            G = Xi @ Xj.T
+            w = 1.0 if j == i else 2.0  # off-diagonal tiles stand for themselves and their transpose
+            fro += w * float((G * G).sum())
+            rowsum[i:i + Xi.shape[0]] += G.sum(1)
+            if j != i:
+                rowsum[j:j + Xj.shape[0]] += G.sum(0)
+    A = fro - float((sq * sq).sum())
+    r = rowsum - sq
+    S = float(r.sum())
+    B = float(r @ r) - A
+    C = S * S - 4 * B - 2 * A
+    p2, p3, p4 = _falling(n, 2), _falling(n, 3), _falling(n, 4)
+    tr_sigma = (float(sq.sum()) - float(rowsum.sum()) / n) / (n - 1)
+    return Moments(n, d, S / p2, B / p3 - C / p4, A / p2 - 2 * B / p3 + C / p4, "unbiased",
+                   "dual-out-of-core", tr_sigma)
