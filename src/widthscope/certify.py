@@ -115,7 +115,8 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
             K: Sequence[int] | int | None = None, draws: int = 1000, seed: int = 0,
             estimator: str = "unbiased", pool: str = "sum",
             loss_fn: Callable[[Any, Any], torch.Tensor] | None = None, train_mode: str = "eval",
-            progress: bool = True) -> dict[str, Any]:
+            progress: bool = True, interventions: str | None = "bias",
+            etas: Sequence[float] | None = None, project: int | None = None) -> dict[str, Any]:
     """Certify every insertion point of ``model``; returns a JSON-able dict.
 
     Args:
@@ -127,6 +128,15 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
         draws, seed: resamples for the empirical misalignment probability.
         estimator: ``"unbiased"`` (U-statistics, default) or ``"plugin"`` (published scripts).
         pool: ``"sum"`` | ``"mean"`` | ``"flatten"`` | ``"token"``.
+        interventions: ``"bias"`` (default), ``"block"`` or ``None``: a direct zero-init residual
+            intervention at every point (:func:`widthscope.probe.intervene`) on the first
+            ``max(M)`` train and ``max(K)`` held-out examples: predicted vs actual held-out loss
+            change per step size ``etas`` (default: a log-spaced grid scaled to the point).
+        project: ``k`` -> project every sample vector to ``k`` dimensions as it streams
+            (seeded Gaussian, :mod:`widthscope.stats.sketch`): memory ``O(n·k)`` instead of
+            ``O(n·d)``. The one-population moments are bias-corrected (unbiased over the
+            projection); the two-population terms and the empirical misalignment are computed
+            in the projected space (uncorrected, relative error ``O(1/√k)``) and a note says so.
 
     Returns:
         ``{"settings", "points": [{point, n_train, n_test, d, moments_train, moments_test,
@@ -155,8 +165,22 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
     except StopIteration:
         device = torch.device("cpu")
 
+    if interventions not in (None, "none", "bias", "block"):
+        raise WidthscopeError(f"interventions must be 'bias', 'block' or None, got {interventions!r}")
+    if project is not None and (not isinstance(project, int) or project < 2):
+        raise WidthscopeError(f"project must be an integer k >= 2 (projected dimension), got {project!r}")
+    projectors: dict[str, Any] = {}
+
+    def _project(name: str, x: torch.Tensor) -> torch.Tensor:
+        from .stats.sketch import Projector
+
+        if name not in projectors:  # same seed on every rank and for train/held-out
+            projectors[name] = Projector(x.shape[1], project, seed=seed)
+        return projectors[name](x)
+
     t0 = time.perf_counter()
-    common = dict(points=names, loss_fn=loss_fn, pool=pool, train_mode=train_mode, progress=progress)
+    common = dict(points=names, loss_fn=loss_fn, pool=pool, train_mode=train_mode, progress=progress,
+                  transform=_project if project else None)
     qa = collect(model, distributed.shard(train_list), **common)
     qb = collect(model, distributed.shard(test_list), **common)
     probe_s = time.perf_counter() - t0
@@ -168,8 +192,15 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
         a, b = _gather(qa[name], device), _gather(qb[name], device)
         _check_pool(a.shape[0], max(m for m, _ in pairs), "train", "n_train", pool)
         _check_pool(b.shape[0], max(k for _, k in pairs), "held-out", "n_test", pool)
-        mom_a = stats.moments(a, estimator)
-        mom_b = stats.moments(b, estimator)
+        if project:
+            from .stats.sketch import finalize_projected
+
+            P = projectors[name]
+            mom_a = finalize_projected(stats.PrimalMoments(P.k).update(a), P).as_moments()
+            mom_b = finalize_projected(stats.PrimalMoments(P.k).update(b), P).as_moments()
+        else:
+            mom_a = stats.moments(a, estimator)
+            mom_b = stats.moments(b, estimator)
         cross = stats.cross_moments(a, b, estimator)
         gram = a @ b.T  # the cross-Gram, once: a misalignment draw is the mean of an M×K block
         mis_all = stats.misalignment_from_gram(gram, pairs=pairs, draws=draws, seed=seed)
@@ -180,10 +211,35 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
             certs.append({"M": m, "K": k, "one": to_jsonable(one), "two": to_jsonable(two),
                           "misalignment": to_jsonable(mis)})
         results.append({"point": name, "n_train": int(a.shape[0]), "n_test": int(b.shape[0]),
-                        "d": int(a.shape[1]), "moments_train": to_jsonable(mom_a),
+                        "d": int(projectors[name].d if project else a.shape[1]),
+                        "moments_train": to_jsonable(mom_a),
                         "moments_test": to_jsonable(mom_b), "cross_moments": to_jsonable(cross),
                         "certificates": certs})
     stats_s = time.perf_counter() - t0
+    if project:
+        notes.append(f"samples randomly projected to k={project} dims (seed {seed}): one-population "
+                     "moments bias-corrected; two-population terms and empirical misalignment are "
+                     "computed in the projected space (uncorrected)")
+
+    t0 = time.perf_counter()
+    if interventions in ("bias", "block"):
+        from .probe.intervene import intervene
+
+        m_max, k_max = max(m for m, _ in pairs), max(k for _, k in pairs)
+        was_training = {m: m.training for m in model.modules()}
+        try:
+            if train_mode == "eval":
+                model.eval()
+            for r in results:
+                # Rank 0 only: every rank holds the full batch lists, the result is identical.
+                r["interventions"] = to_jsonable(
+                    intervene(model, r["point"], train_list, test_list, etas=etas, kind=interventions,
+                              loss_fn=loss_fn, M=m_max, K=k_max, seed=seed, progress=False)
+                ) if distributed.is_main() else []
+        finally:
+            for m, mode in was_training.items():
+                m.training = mode
+    intervene_s = time.perf_counter() - t0
 
     def key(r: dict[str, Any]) -> float:
         two = r["certificates"][0]["two"]
@@ -199,11 +255,11 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
     return {
         "settings": {"M": [m for m, _ in pairs], "K": [k for _, k in pairs], "draws": draws, "seed": seed,
                      "estimator": estimator, "pool": pool, "train_mode": train_mode, "points": names,
-                     "world_size": W},
+                     "world_size": W, "interventions": interventions, "project": project},
         "points": results,
         "ranking": ranking,
         "notes": notes,
-        "timing": {"probe_s": probe_s, "stats_s": stats_s},
+        "timing": {"probe_s": probe_s, "stats_s": stats_s, "intervene_s": intervene_s},
     }
 
 
@@ -231,6 +287,13 @@ def tables(result: dict[str, Any]) -> str:
                                     "B_align", "misalign", "low", "high"], title=title)
         if vac:
             table += "\n  vacuous (bound 1, d = 0): " + "; ".join(sorted(vac, reverse=True))
+        if r.get("interventions"):
+            iv = r["interventions"]
+            table += "\n\n" + format_table(
+                [{"eta": x["eta"], "predicted dL": x["predicted"], "actual dL": x["actual"],
+                  "retention": x["retention"], "sign ok": x["sign_agrees"]} for x in iv],
+                title=f"  {iv[0]['probe']} intervention at {r['point']} (M={iv[0]['M']}, K={iv[0]['K']}): "
+                      "held-out loss change, first-order prediction vs measured")
         out.append(table)
     out.append(format_table(result["ranking"], ["rank", "point", "d", "d_align", "d_par", "d_2",
                                                 "expectation", "d_align_one"],
@@ -265,6 +328,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pool", choices=("sum", "mean", "flatten", "token"), default="sum")
     parser.add_argument("--train-steps", type=int, default=60,
                         help="optimizer steps for --model builtin (default 60, a few seconds)")
+    parser.add_argument("--interventions", choices=("bias", "block", "none"), default="bias",
+                        help="direct zero-init residual intervention at every point: predicted vs "
+                             "actual held-out loss change (default bias)")
+    parser.add_argument("--etas", default=None,
+                        help="intervention step sizes, comma list (default: log grid scaled to the point)")
+    parser.add_argument("--project", type=int, default=None, metavar="K",
+                        help="randomly project sample vectors to K dims while collecting (memory "
+                             "O(n*K) instead of O(n*d)); see docs/performance.md")
     parser.add_argument("--out", default="widthscope-results/certify.json", help="JSON output path")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1")
 
@@ -278,6 +349,18 @@ def _int_list(text: str | None, flag: str) -> list[int] | None:
         raise WidthscopeError(f"{flag} {text!r}: expected comma-separated whole numbers, e.g. 16,32,64") from None
     if not vals:
         raise WidthscopeError(f"{flag} is empty; give e.g. 16,32,64")
+    return vals
+
+
+def _float_list(text: str | None, flag: str) -> list[float] | None:
+    if text is None:
+        return None
+    try:
+        vals = [float(t) for t in str(text).split(",") if t.strip()]
+    except ValueError:
+        raise WidthscopeError(f"{flag} {text!r}: expected a comma-separated list of numbers") from None
+    if not vals or any(not v > 0 for v in vals):
+        raise WidthscopeError(f"{flag} {text!r}: step sizes must be positive numbers")
     return vals
 
 
@@ -380,6 +463,7 @@ def run(args: argparse.Namespace) -> int:
         raise WidthscopeError(f"--batch-size {args.batch_size}: must be >= 1")
     Ms, Ks = _int_list(args.M, "--M"), _int_list(args.K, "--K")
     pairs = _pairs(Ms, Ks)  # validate before the (slow) model loading
+    etas = _float_list(args.etas, "--etas")
     need_m, need_k = max(m for m, _ in pairs), max(k for _, k in pairs)
     if args.pool != "token":
         if need_m > args.n_train:
@@ -415,10 +499,13 @@ def run(args: argparse.Namespace) -> int:
     train_pair = _subset(split.train, args.n_train, args.seed, "--n-train", "training")
     test_pair = _subset(split.test, args.n_test, args.seed + 1, "--n-test", "held-out")
     model.to(device)
-    res = certify(model, _batches(train_pair, split.task, args.batch_size),
-                  _batches(test_pair, split.task, args.batch_size), points=names, M=Ms, K=Ks,
-                  draws=args.draws, seed=args.seed, estimator=args.estimator, pool=args.pool,
-                  progress=main)
+    # Guarded: a failing rank stops every rank, and rank 0 writes only a complete result.
+    res = distributed.run_rank_guarded(
+        certify, model, _batches(train_pair, split.task, args.batch_size),
+        _batches(test_pair, split.task, args.batch_size), points=names, M=Ms, K=Ks,
+        draws=args.draws, seed=args.seed, estimator=args.estimator, pool=args.pool,
+        progress=main, interventions=None if args.interventions == "none" else args.interventions,
+        etas=etas, project=args.project, what="certify")
     res["settings"].update(model=args.model, data=dataset, n_train_examples=len(split.train[0]),
                            n_test_examples=len(split.test[0]), n_train=args.n_train, n_test=args.n_test,
                            batch_size=args.batch_size,

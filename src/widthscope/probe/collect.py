@@ -277,8 +277,8 @@ def _split_output(output: Any, name: str) -> tuple[torch.Tensor, Callable[[torch
 # ----------------------------------------------------------------------------- collect
 def collect(model: nn.Module, batches: Iterable[Any], *, points: str | Sequence[str] | None = None,
             loss_fn: Callable[[Any, Any], torch.Tensor] | None = None, pool: str = "sum",
-            train_mode: str = "eval", progress: bool = True, dtype: torch.dtype = torch.float64
-            ) -> ProbeResult:
+            train_mode: str = "eval", progress: bool = True, dtype: torch.dtype = torch.float64,
+            transform: Callable[[str, torch.Tensor], torch.Tensor] | None = None) -> ProbeResult:
     """Per-example activation gradients ``q = ∂ℓ/∂z`` at each insertion point, pooled.
 
     Args:
@@ -294,6 +294,9 @@ def collect(model: nn.Module, batches: Iterable[Any], *, points: str | Sequence[
             refuses BatchNorm in training mode (it couples the examples of a batch).
         progress: show a progress bar over batches.
         dtype: dtype of the returned samples (accumulated on the CPU).
+        transform: ``transform(point, samples) -> samples`` applied to each batch's pooled
+            ``(B, d)`` samples before they are kept, e.g. a random projection
+            (:class:`widthscope.stats.sketch.Projector`) so memory is ``O(n·k)`` not ``O(n·d)``.
 
     Returns:
         :class:`ProbeResult`: ``{point: Tensor (n, d)}`` with ``.notes`` and ``.n_examples``.
@@ -390,7 +393,8 @@ def collect(model: nn.Module, batches: Iterable[Any], *, points: str | Sequence[
                         f"{' (the loss itself is not finite)' if bad_loss else ''}; check the inputs "
                         "and the model (e.g. run in float32/float64 instead of float16)")
                 fdim = _feature_dim(state[n][1], g)
-                out[n].append(_pool(g.detach(), fdim, pool, mask).to("cpu", dtype))
+                pooled = _pool(g.detach(), fdim, pool, mask).to("cpu", dtype)
+                out[n].append(pooled if transform is None else transform(n, pooled))
             n_examples += B
             n_batches += 1
             state.clear()
