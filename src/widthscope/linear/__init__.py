@@ -1,1 +1,17 @@
-"""widthscope.linear (see docs/architecture.md)."""
+"""Linearization diagnostics: linear models, empirical NTK, derivative correlations, side-by-side
+training, power-law fits and the activation audit (see docs/linearization.md).
+
+Example::
+
+    >>> import torch, widthscope
+    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    >>> lin = widthscope.linearize(net)
+    >>> K = widthscope.ntk(net, torch.randn(4, 3))
+"""
+from .correlation import correlation, correlation_summary
+from .model import LinearizedModel, linearize, ntk
+from .powerlaw import SlopeFit, fit_slope
+from .trainer import function_space_gd, train_side_by_side
+
+__all__ = ["LinearizedModel", "linearize", "ntk", "correlation", "correlation_summary",
+           "train_side_by_side", "function_space_gd", "fit_slope", "SlopeFit"]

@@ -1,0 +1,308 @@
+"""Linearized models and the empirical neural tangent kernel.
+
+The linear (first-order Taylor) model of a network ``F(x; θ)`` around ``θ₀`` is
+
+    F_lin(x; θ) = F(x; θ₀) + J(x; θ₀)·(θ − θ₀),      J = ∂F/∂θ,
+
+evaluated with one forward-mode product (``torch.func.jvp``) per call: the Jacobian is never
+formed. The empirical NTK is ``Θ(x, x') = J(x) J(x')ᵀ`` with all output pairs kept,
+shape ``(n1, n2, out, out)``.
+
+Example::
+
+    >>> import torch, widthscope
+    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    >>> lin = widthscope.linearize(net)
+    >>> x = torch.randn(5, 3)
+    >>> torch.allclose(lin(x), net(x))       # θ = θ₀ at the start
+    True
+    >>> widthscope.ntk(net, x).shape
+    torch.Size([5, 5, 2, 2])
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call, jacrev, jvp, vjp
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ..errors import WidthscopeError
+
+__all__ = ["LinearizedModel", "linearize", "ntk", "model_output", "params_and_buffers",
+           "ATTENTION_FIX"]
+
+ATTENTION_FIX = ('build or load the model with attn_implementation="eager" (e.g. '
+                 'AutoModelForCausalLM.from_config(cfg, attn_implementation="eager"), or '
+                 'model.set_attn_implementation("eager")): fused scaled-dot-product attention '
+                 'kernels have no forward-mode (jvp) derivative')
+
+
+def _safe(name: str) -> str:
+    # nn.Module attribute names may not contain dots.
+    return name.replace(".", "__")
+
+
+def params_and_buffers(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Detached copies-free views: trainable parameters (requires_grad) and everything else."""
+    params = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
+    buffers = {k: v.detach() for k, v in model.named_buffers()}
+    # Frozen parameters are constants of the linearization: pass them like buffers.
+    buffers.update({k: v.detach() for k, v in model.named_parameters() if not v.requires_grad})
+    return params, buffers
+
+
+def model_output(out: Any) -> torch.Tensor:
+    """The tensor a model's call returns: itself, ``.logits`` (HF) or the first element."""
+    if isinstance(out, torch.Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    if isinstance(out, dict) and "logits" in out:
+        return out["logits"]
+    raise WidthscopeError(f"model returned {type(out).__name__}; expected a tensor or an object with "
+                          "a .logits tensor (wrap the model so that it returns its output tensor)")
+
+
+def _is_attention_ad_error(exc: BaseException) -> bool:
+    msg = str(exc).lower()
+    keys = ("scaled_dot_product", "flash", "efficient_attention", "sdpa", "_fused_sdp", "attention")
+    return any(k in msg for k in keys)
+
+
+def _uses_fused_attention(model: nn.Module) -> bool:
+    cfg = getattr(model, "config", None)
+    impl = getattr(cfg, "_attn_implementation", None) if cfg is not None else None
+    return impl is not None and impl != "eager"
+
+
+def _reraise_attention(exc: BaseException, model: nn.Module) -> None:
+    if _is_attention_ad_error(exc) or _uses_fused_attention(model):
+        raise WidthscopeError(f"forward-mode differentiation (jvp) failed inside attention "
+                              f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); fix: "
+                              f"{ATTENTION_FIX}") from exc
+
+
+class LinearizedModel(nn.Module):
+    """``F_lin(x; θ) = F(x; θ₀) + jvp(F(x; ·), θ₀, θ − θ₀)``, trainable like any module.
+
+    Parameters are fresh copies of the model's trainable parameters (initially ``θ₀``),
+    named like the originals with dots replaced by ``__``; ``θ₀`` and the model's buffers are
+    buffers of this module. The wrapped model is *not* a registered submodule, so
+    ``parameters()`` yields exactly the linear model's ``θ``; ``.to()``/``.double()`` still
+    move it. Gradients with respect to ``θ`` flow through the jvp (reverse-over-forward).
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        base = copy.deepcopy(model)
+        for p in base.parameters():
+            # Only the module structure is needed: every call passes θ₀ (or the frozen values)
+            # through functional_call, so the copy's own storage is freed (saves one copy of θ).
+            p.requires_grad_(False)
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        object.__setattr__(self, "_base", base)  # unregistered on purpose (see docstring)
+        params, buffers = params_and_buffers(model)
+        if not params:
+            raise WidthscopeError("linearize: the model has no trainable parameters "
+                                  "(set requires_grad=True on the parameters to linearize in)")
+        self._names = list(params)
+        self._buffer_names = list(buffers)
+        for k, v in params.items():
+            self.register_parameter(_safe(k), nn.Parameter(v.clone()))
+            self.register_buffer("theta0__" + _safe(k), v.clone())
+        for k, v in buffers.items():
+            self.register_buffer("buf__" + _safe(k), v.clone())
+        self.train(model.training)
+
+    # -- plumbing ---------------------------------------------------------------------------
+    @property
+    def base(self) -> nn.Module:
+        return self._base
+
+    def _apply(self, fn, recurse=True):  # keep the unregistered base on the same device/dtype
+        super()._apply(fn, recurse)
+        self._base._apply(fn, recurse)
+        return self
+
+    def train(self, mode: bool = True) -> "LinearizedModel":
+        super().train(mode)
+        self._base.train(mode)
+        return self
+
+    def theta(self) -> dict[str, torch.Tensor]:
+        """Current parameters keyed by the original model's names."""
+        return {k: getattr(self, _safe(k)) for k in self._names}
+
+    def theta0(self) -> dict[str, torch.Tensor]:
+        return {k: getattr(self, "theta0__" + _safe(k)) for k in self._names}
+
+    def model_buffers(self) -> dict[str, torch.Tensor]:
+        return {k: getattr(self, "buf__" + _safe(k)) for k in self._buffer_names}
+
+    # -- the linear model -------------------------------------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        theta, theta0, bufs = self.theta(), self.theta0(), self.model_buffers()
+        delta = {k: theta[k] - theta0[k] for k in self._names}
+
+        spec: list[Any] = []
+
+        def f(p: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+            # jvp accepts only tensor outputs: differentiate the tensor leaves of whatever the
+            # model returns (tensor, tuple, HF ModelOutput) and drop the rest (e.g. KV caches).
+            leaves, treedef = tree_flatten(functional_call(self._base, (p, bufs), args, kwargs))
+            spec[:] = [treedef, [isinstance(v, torch.Tensor) for v in leaves]]
+            return tuple(v for v in leaves if isinstance(v, torch.Tensor))
+
+        try:
+            out, tangent = jvp(f, (theta0,), (delta,))
+        except (RuntimeError, NotImplementedError) as exc:
+            _reraise_attention(exc, self._base)
+            raise
+        summed = iter([a + b for a, b in zip(out, tangent)])
+        treedef, is_tensor = spec
+        return tree_unflatten([next(summed) if t else None for t in is_tensor], treedef)
+
+
+def linearize(model: nn.Module) -> LinearizedModel:
+    """Return the linear model of ``model`` around its current parameters ``θ₀``.
+
+    ``F_lin(x; θ) = F(x; θ₀) + ∇_θF(x; θ₀)·(θ − θ₀)``, computed with ``torch.func.jvp``.
+    ``model`` itself is not modified (a copy is wrapped). Train the result with any torch
+    optimizer over ``lin.parameters()``.
+
+    Example::
+
+        >>> import torch, widthscope
+        >>> net = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+        >>> lin = widthscope.linearize(net)
+        >>> opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+        >>> lin(torch.randn(3, 2)).sum().backward(); opt.step()
+    """
+    if not isinstance(model, nn.Module):
+        raise WidthscopeError(f"linearize: expected a torch.nn.Module, got {type(model).__name__}")
+    return LinearizedModel(model)
+
+
+# ---------------------------------------------------------------------------------------------
+# Empirical NTK
+# ---------------------------------------------------------------------------------------------
+
+def _flat_out(model: nn.Module, params, buffers, x: torch.Tensor) -> torch.Tensor:
+    out = model_output(functional_call(model, (params, buffers), (x,)))
+    return out.reshape(out.shape[0], -1)
+
+
+def _ntk_jacobian(model, params, buffers, x1, x2, chunk, same):
+    """Σ over parameter blocks of J_b(x1) J_b(x2)ᵀ from chunked per-example Jacobians."""
+
+    def jac(x):  # list of (c, out, p_b) blocks, one per parameter tensor
+        j = jacrev(lambda p: _flat_out(model, p, buffers, x))(params)
+        return [v.reshape(v.shape[0], v.shape[1], -1) for v in j.values()]
+
+    def contract(ja, jb):
+        return sum(torch.einsum("iap,jbp->ijab", a, b) for a, b in zip(ja, jb))
+
+    n1, n2 = x1.shape[0], x2.shape[0]
+    # Keep all of x2's Jacobians when they fit in the chunk budget; else recompute per row chunk.
+    j2_all = None if n2 > chunk else (None if same else jac(x2))
+    rows = []
+    for i in range(0, n1, chunk):
+        ja = jac(x1[i:i + chunk])
+        if same and n2 <= chunk:
+            rows.append(contract(ja, ja))
+            continue
+        if j2_all is not None:
+            rows.append(contract(ja, j2_all))
+            continue
+        cols = []
+        for j in range(0, n2, chunk):
+            jb = ja if (same and j == i) else jac(x2[j:j + chunk])
+            cols.append(contract(ja, jb))
+        rows.append(torch.cat(cols, dim=1))
+    return torch.cat(rows, dim=0)
+
+
+def _ntk_products(model, params, buffers, x1, x2):
+    """NTK-vector products: column (j, b) of Θ is jvp at x1 along g = J(x2_j)ᵀ e_b."""
+    n2 = x2.shape[0]
+    out2, pull = vjp(lambda p: _flat_out(model, p, buffers, x2), params)
+    n_out = out2.shape[1]
+    cols = torch.empty(x1.shape[0], n2, n_out, n_out, dtype=out2.dtype, device=out2.device)
+    for j in range(n2):
+        for b in range(n_out):
+            e = torch.zeros_like(out2)
+            e[j, b] = 1.0
+            (g,) = pull(e)
+            _, t = jvp(lambda p: _flat_out(model, p, buffers, x1), (params,), (g,))
+            cols[:, j, :, b] = t
+    return cols
+
+
+def ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *, trace: bool = False,
+        chunk_size: int | None = None, method: str = "auto",
+        memory_budget: float = 2e9) -> torch.Tensor:
+    """Empirical NTK ``Θ(x, x') = J(x) J(x')ᵀ`` with all output pairs, ``(n1, n2, out, out)``.
+
+    ``trace=True`` returns the logit-averaged kernel ``(1/out) Σ_a Θ_aa``, shape ``(n1, n2)``.
+    (The learning rate is not included: the spec's ``η·Θ`` is ``eta * ntk(...)``.)
+
+    Two algorithms (``method``):
+
+    - ``"jacobian"``: per-example Jacobians of ``chunk_size`` inputs at a time (one vmapped
+      reverse pass per output), contracted parameter block by parameter block,
+      ``Σ_b J_b(x1) J_b(x2)ᵀ``. Memory ``≈ 2·chunk·out·P`` numbers, time ``O((n1+n2)·out)``
+      backward passes — fastest when ``out·P`` per example fits.
+    - ``"products"``: NTK-vector products, for each column ``(x2_j, b)`` one vjp gives
+      ``g = J(x2_j)ᵀe_b`` and one jvp at all of ``x1`` gives ``Θ[:, j, :, b]``. Memory ``O(P)``
+      plus activations, but ``n2·out`` jvp passes — for models whose Jacobian rows do not fit.
+
+    ``"auto"`` picks ``"jacobian"`` with the largest chunk whose Jacobians fit in
+    ``memory_budget`` bytes, and ``"products"`` when even one example does not fit.
+    Layers that couple examples (BatchNorm in training mode) must be in eval mode.
+
+    Example::
+
+        >>> import torch, widthscope
+        >>> net = torch.nn.Linear(3, 2)
+        >>> K = widthscope.ntk(net, torch.randn(4, 3), trace=True)   # (4, 4)
+    """
+    if not isinstance(x1, torch.Tensor) or x1.dim() < 1:
+        raise WidthscopeError("ntk: x1 must be a batched tensor (n1, ...) of inputs")
+    if x2 is not None and (not isinstance(x2, torch.Tensor) or x2.shape[1:] != x1.shape[1:]):
+        raise WidthscopeError(f"ntk: x2 must be a tensor shaped like x1 (n2, {tuple(x1.shape[1:])})")
+    if method not in ("auto", "jacobian", "products"):
+        raise WidthscopeError(f"ntk: unknown method {method!r}; use 'auto', 'jacobian' or 'products'")
+    params, buffers = params_and_buffers(model)
+    if not params:
+        raise WidthscopeError("ntk: the model has no trainable parameters")
+    same = x2 is None
+    x2 = x1 if same else x2
+    n_params = sum(p.numel() for p in params.values())
+    with torch.no_grad():
+        n_out = _flat_out(model, params, buffers, x1[:1]).shape[1]
+    itemsize = next(iter(params.values())).element_size()
+    per_example = n_out * n_params * itemsize
+    if method == "auto":
+        method = "jacobian" if 2 * per_example <= memory_budget else "products"
+    try:
+        if method == "jacobian":
+            if chunk_size is None:
+                chunk_size = max(1, int(memory_budget // (2 * per_example)))
+            if chunk_size < 1:
+                raise WidthscopeError(f"ntk: chunk_size must be >= 1 (got {chunk_size})")
+            K = _ntk_jacobian(model, params, buffers, x1, x2, chunk_size, same)
+        else:
+            K = _ntk_products(model, params, buffers, x1, x2)
+    except (RuntimeError, NotImplementedError) as exc:
+        _reraise_attention(exc, model)
+        raise
+    K = K.detach()
+    if trace:
+        return torch.diagonal(K, dim1=2, dim2=3).mean(-1)
+    return K

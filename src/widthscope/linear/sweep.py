@@ -1,0 +1,350 @@
+"""Linearization width sweep: ``widthscope linearize CONFIG.toml [--out DIR] [--shard k/n]``.
+
+For every cell ``width × seed × α`` it builds the MLP (``torch.manual_seed(seed)`` before
+``widthscope.models.build``), trains it and its linear model side by side with learning rate
+``η = η₀·n^α`` (batch order also drawn from ``seed``), and records tidy rows
+``kind="linearization"`` (one per logged step). In the cell with the first listed ``α`` it also
+measures the derivative correlations at ``η = η₀`` (rows ``kind="correlation"``). Cells run
+through :func:`widthscope.sweep.grid.run_grid`: resumable (finished cells are skipped) and
+shardable (``--shard k/n``). When the grid is complete, log-log slopes over width
+(:func:`widthscope.linear.powerlaw.fit_slope`) are printed next to the reference slopes and
+written to ``slopes.json``.
+
+Config (TOML; every key except ``widths`` has a default, see :data:`DEFAULTS`)::
+
+    widths = [64, 128, 256, 512, 1024]     # >= 5, increasing, geometric
+    seeds = [0, 1, 2, 3, 4]
+    [model]   depth = 2, activation = "relu", parametrization = "ntk", sigma_w = 1.0
+    [data]    name = "digits", n_train = 256, n_test = 256, seed = 0, root = (loader default)
+    [data.options] grayscale = true        # extra loader options (cifar10 grayscale)
+    [train]   eta0 = 0.1, alphas = [0.0, -0.5, -1.0], steps = 100, log_steps = [0, 10, 100],
+              batch_size = 0 (0 = full batch), optimizer = "sgd", loss = "mse", probe = 8,
+              dtype = "float32"
+    [correlations] measure = ["C02", "C11"], n_tuples = 16, output = "random"
+    [fit]     steps = [10, 100]            # deviation slopes at these logged steps
+
+Python entry (used by ``widthscope demo``)::
+
+    >>> from widthscope.linear.sweep import run_sweep, DEMO_CONFIG
+    >>> result = run_sweep(DEMO_CONFIG, "runs/linearize-demo")          # doctest: +SKIP
+    >>> result["slopes"][0]["slope"]                                    # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from .._io import atomic_write_json, format_table, to_jsonable
+from ..errors import WidthscopeError
+from ..sweep.grid import cell_id, parse_shard, run_grid
+from .correlation import correlation_summary, parse_correlation_name
+from .powerlaw import fit_slope
+from .trainer import train_side_by_side
+
+__all__ = ["DEFAULTS", "DEMO_CONFIG", "PUBLISHED", "validate_config", "make_cells", "run_cell",
+           "summarize", "cfg_from_rows", "run_sweep", "add_arguments", "run"]
+
+DEFAULTS: dict[str, Any] = {
+    "name": "linearize",
+    "widths": None,
+    "seeds": [0, 1, 2, 3, 4],
+    "model": {"family": "mlp", "depth": 2, "activation": "relu", "parametrization": "ntk",
+              "sigma_w": 1.0},
+    "data": {"name": "digits", "n_train": 256, "n_test": 256, "seed": 0, "root": None,
+             "options": {}},  # options: passed to widthscope.data.load, e.g. {grayscale = true}
+    "train": {"eta0": 0.1, "alphas": [0.0, -0.5, -1.0], "steps": 100, "log_steps": None,
+              "batch_size": 0, "optimizer": "sgd", "loss": "mse", "probe": 8, "dtype": "float32"},
+    "correlations": {"measure": ["C02", "C11"], "n_tuples": 16, "output": "random"},
+    "fit": {"steps": None},
+}
+
+# Small enough for ~1-2 minutes on two CPU cores (digits, 30 cells); same as configs/linearize-demo.toml.
+DEMO_CONFIG: dict[str, Any] = {
+    "name": "linearize-demo",
+    "widths": [32, 64, 128, 256, 512],
+    "seeds": [0, 1, 2],
+    "model": {"depth": 2, "activation": "relu", "parametrization": "ntk"},
+    "data": {"name": "digits", "n_train": 128, "n_test": 128},
+    "train": {"eta0": 0.5, "alphas": [0.0, -1.0], "steps": 60, "log_steps": [0, 10, 30, 60],
+              "dtype": "float64"},
+    "correlations": {"measure": ["C02", "C11"], "n_tuples": 6, "output": "random"},
+    "fit": {"steps": [10, 60]},
+}
+
+# Published slopes of the test MSE between F and F_lin (MNIST, 2-hidden-layer MLP, 100 seeds).
+PUBLISHED: dict[float, float] = {0.0: -1.14, -0.25: -1.14, -0.5: -1.30, -0.75: -1.73, -1.0: -2.72}
+
+
+def _merge(defaults: Mapping[str, Any], user: Mapping[str, Any], where: str) -> dict[str, Any]:
+    out = copy.deepcopy(dict(defaults))
+    for k, v in user.items():
+        if k not in defaults:
+            raise WidthscopeError(f"linearize config: unknown key {where}{k!r}; valid keys here: "
+                                  f"{', '.join(sorted(defaults))}")
+        if isinstance(defaults[k], dict):
+            if not isinstance(v, Mapping):
+                raise WidthscopeError(f"linearize config: [{where}{k}] must be a table")
+            # an empty default table is free-form (e.g. data.options for the loader)
+            out[k] = _merge(defaults[k], v, f"{where}{k}.") if defaults[k] else dict(v)
+        else:
+            out[k] = v
+    return out
+
+
+def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Fill defaults and check the config; raises :class:`WidthscopeError` naming the problem."""
+    cfg = _merge(DEFAULTS, config, "")
+    w = cfg["widths"]
+    if not isinstance(w, list) or len(w) < 5 or not all(isinstance(v, int) and v > 0 for v in w):
+        raise WidthscopeError(f"linearize config: widths must list at least 5 positive integers "
+                              f"(got {w!r}), e.g. widths = [64, 128, 256, 512, 1024]")
+    ratios = [b / a for a, b in zip(w, w[1:])]
+    if any(r <= 1 for r in ratios):
+        raise WidthscopeError(f"linearize config: widths must be strictly increasing (got {w})")
+    if max(ratios) / min(ratios) > 1.5:
+        raise WidthscopeError(f"linearize config: widths must be spaced geometrically (constant "
+                              f"ratio; got ratios {[round(r, 3) for r in ratios]}), e.g. doubling")
+    seeds = cfg["seeds"]
+    if not isinstance(seeds, list) or not seeds or len(set(seeds)) != len(seeds):
+        raise WidthscopeError(f"linearize config: seeds must be a non-empty list of distinct integers (got {seeds!r})")
+    tr = cfg["train"]
+    if not tr["alphas"] or not all(isinstance(a, (int, float)) for a in tr["alphas"]):
+        raise WidthscopeError("linearize config: train.alphas must be a non-empty list of numbers")
+    if not (isinstance(tr["steps"], int) and tr["steps"] >= 1):
+        raise WidthscopeError(f"linearize config: train.steps must be a positive integer (got {tr['steps']!r})")
+    if tr["log_steps"] is None:
+        s = tr["steps"]
+        tr["log_steps"] = sorted({0, *[int(round(s * f)) for f in (0.1, 0.3, 1.0)]})
+    if any((not isinstance(s, int)) or s < 0 or s > tr["steps"] for s in tr["log_steps"]):
+        raise WidthscopeError(f"linearize config: train.log_steps must be integers in 0..steps={tr['steps']}")
+    if tr["dtype"] not in ("float32", "float64"):
+        raise WidthscopeError("linearize config: train.dtype must be 'float32' or 'float64'")
+    if cfg["model"]["family"] != "mlp":
+        raise WidthscopeError("linearize config: model.family must be 'mlp' (the sweep trains fully "
+                              "connected networks; use the Python API for other models)")
+    fit_steps = cfg["fit"]["steps"] or [tr["log_steps"][-1]]
+    bad = [s for s in fit_steps if s not in tr["log_steps"]]
+    if bad:
+        raise WidthscopeError(f"linearize config: fit.steps {bad} are not in train.log_steps {tr['log_steps']}")
+    cfg["fit"]["steps"] = fit_steps
+    for name in cfg["correlations"]["measure"]:
+        parse_correlation_name(name)
+    return cfg
+
+
+def _config_hash(cfg: Mapping[str, Any]) -> str:
+    keep = {k: v for k, v in cfg.items() if k not in ("widths", "seeds", "name")}
+    keep["train"] = {k: v for k, v in keep["train"].items() if k != "alphas"}
+    # keys added later with an empty default must not invalidate finished cells
+    keep["data"] = {k: v for k, v in keep["data"].items() if not (k == "options" and not v)}
+    return hashlib.sha256(json.dumps(to_jsonable(keep), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def make_cells(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Cells ``width × seed × α``; the config hash in each cell keeps stale results apart."""
+    h = _config_hash(cfg)
+    alphas = [float(a) for a in cfg["train"]["alphas"]]
+    return [{"width": int(w), "seed": int(s), "alpha": a, "config": h,
+             "correlations": bool(cfg["correlations"]["measure"]) and a == alphas[0]}
+            for w in cfg["widths"] for s in cfg["seeds"] for a in alphas]
+
+
+_DATA_CACHE: dict[str, Any] = {}
+
+
+def _data(cfg: Mapping[str, Any]):
+    from ..data import load
+
+    d = cfg["data"]
+    key = json.dumps(to_jsonable(d), sort_keys=True) + cfg["train"]["dtype"] + cfg["train"]["loss"]
+    if key not in _DATA_CACHE:
+        opts = {**d["options"], **({"root": d["root"]} if d["root"] else {})}
+        split = load(d["name"], n_train=d["n_train"], n_test=d["n_test"], seed=d["seed"], **opts)
+        if split.task != "classification":
+            raise WidthscopeError(f"linearize: dataset {d['name']!r} is not a classification dataset")
+        dtype = getattr(torch, cfg["train"]["dtype"])
+        k = split.num_classes
+
+        def prep(pair):
+            X, y = pair
+            X = X.reshape(X.shape[0], -1).to(dtype)
+            Y = torch.nn.functional.one_hot(y.long(), k).to(dtype) if cfg["train"]["loss"] == "mse" else y.long()
+            return X, Y
+
+        _DATA_CACHE[key] = (prep(split.train), prep(split.test), k)
+    return _DATA_CACHE[key]
+
+
+def run_cell(cfg: Mapping[str, Any], cell: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Train one ``(width, seed, α)`` cell; rows for every logged step (+ correlation rows)."""
+    from ..models import build
+
+    (X, Y), (Xt, Yt), k = _data(cfg)
+    m, tr = cfg["model"], cfg["train"]
+    width, seed, alpha = cell["width"], cell["seed"], cell["alpha"]
+    torch.manual_seed(seed)
+    model = build("mlp", width, in_dim=X.shape[1], out_dim=k, depth=m["depth"],
+                  activation=m["activation"], parametrization=m["parametrization"],
+                  sigma_w=m["sigma_w"]).to(getattr(torch, tr["dtype"]))
+    lr = tr["eta0"] * width ** alpha
+    rows = train_side_by_side(model, (X, Y), steps=tr["steps"], lr=lr, optimizer=tr["optimizer"],
+                              batch_size=tr["batch_size"] or None, loss=tr["loss"], test=(Xt, Yt),
+                              probe=Xt[: tr["probe"]], log_steps=tr["log_steps"], seed=seed,
+                              on_nonfinite="stop")
+    for r in rows:
+        r["lr"] = lr
+    if cell.get("correlations"):
+        c = cfg["correlations"]
+        for name in c["measure"]:
+            D, d = parse_correlation_name(name)
+            s = correlation_summary(model, X, D=D, d=d, n_tuples=c["n_tuples"], eta=tr["eta0"],
+                                    output=c["output"], seed=seed)
+            rows.append({"kind": "correlation", "name": f"C{D}{d}", **{k2: v for k2, v in s.items()
+                                                                       if k2 != "values"}})
+    return rows
+
+
+def _matrix(rows, widths, seeds, select, value):
+    M = np.full((len(seeds), len(widths)), np.nan)
+    wi = {w: j for j, w in enumerate(widths)}
+    si = {s: i for i, s in enumerate(seeds)}
+    for r in rows:
+        if select(r) and r.get("width") in wi and r.get("seed") in si:
+            v = r.get(value)
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                M[si[r["seed"]], wi[r["width"]]] = v
+    return M
+
+
+def summarize(rows: list[dict[str, Any]], cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Slope rows: metric, α, step, slope with 95% interval, reference and published slopes."""
+    widths, seeds = cfg["widths"], cfg["seeds"]
+    out = []
+
+    def add(metric, alpha, step, M, reference, ref_note, published=None):
+        ok = np.isfinite(M).any(0)
+        if ok.sum() < 2:
+            return
+        w = np.asarray(widths, float)[ok]
+        fit = fit_slope(w, M[:, ok])
+        diverged = int((~np.isfinite(M)).sum())
+        out.append({"kind": "slope", "metric": metric, "alpha": alpha, "step": step,
+                    "slope": fit.slope, "ci_low": fit.ci_low, "ci_high": fit.ci_high,
+                    "intercept": fit.intercept, "reference": reference, "reference_note": ref_note,
+                    "published": published, "n_widths": int(ok.sum()), "n_seeds": len(seeds),
+                    "missing": diverged})
+
+    last = cfg["train"]["log_steps"][-1]
+    for a in [float(x) for x in cfg["train"]["alphas"]]:
+        lin = [r for r in rows if r.get("kind") == "linearization" and r.get("alpha") == a
+               and not r.get("diverged")]
+        for step in cfg["fit"]["steps"]:
+            sel = lambda r, step=step: r["step"] == step  # noqa: E731
+            add("dev_rms", a, step, _matrix(lin, widths, seeds, sel, "dev_rms"), a - 1,
+                "bound O(n^alpha/n) on F - F_lin")
+            add("dev_rel", a, step, _matrix(lin, widths, seeds, sel, "dev_rel"), a - 1,
+                "bound O(n^alpha/n), relative to RMS F")
+            add("dev_mse", a, step, _matrix(lin, widths, seeds, sel, "dev_mse"), 2 * (a - 1),
+                "square of the deviation bound", PUBLISHED.get(a) if step == last else None)
+        sel = lambda r: r["step"] == last  # noqa: E731
+        add("kernel_drift", a, last, _matrix(lin, widths, seeds, sel, "kernel_drift"), a - 0.5,
+            "heuristic: eta * steps / sqrt(n)")
+        add("test_gap", a, last, _matrix(lin, widths, seeds, sel, "test_gap"), a - 1,
+            "loss gap follows the deviation")
+    corr = [r for r in rows if r.get("kind") == "correlation"]
+    for name in sorted({r["name"] for r in corr}):
+        sel = lambda r, name=name: r["name"] == name  # noqa: E731
+        add(name, None, None, _matrix(corr, widths, seeds, sel, "mean"), -0.5,
+            "C_{D,d} = O(1/sqrt(n)) (mean |C| or ||C||)")
+    return out
+
+
+def cfg_from_rows(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The parts of a config :func:`summarize` needs, recovered from result rows."""
+    lin = [r for r in rows if r.get("kind") in ("linearization", "correlation") and "width" in r]
+    if not lin:
+        return None
+    steps = sorted({r["step"] for r in lin if r.get("kind") == "linearization" and not r.get("diverged")})
+    alphas = sorted({r["alpha"] for r in lin if r.get("alpha") is not None}, reverse=True)
+    fit = [s for s in steps if s > 0][:1] + steps[-1:] if steps else []
+    return {"widths": sorted({r["width"] for r in lin}), "seeds": sorted({r["seed"] for r in lin}),
+            "train": {"alphas": alphas, "log_steps": steps or [0]},
+            "fit": {"steps": sorted(set(fit))}}
+
+
+def _print_slopes(slopes, file=None) -> None:
+    file = file or sys.stdout
+    table = [{"metric": s["metric"], "alpha": s["alpha"], "step": s["step"], "slope": s["slope"],
+              "95% CI": f"[{s['ci_low']:.3g}, {s['ci_high']:.3g}]", "reference": s["reference"],
+              "published": s["published"], "widths": s["n_widths"]} for s in slopes]
+    print(format_table(table, floatfmt=".3g", title="log-log slopes over width (seeds averaged "
+                       "in log space; bootstrap over seeds)"), file=file)
+
+
+def run_sweep(config: Mapping[str, Any], out_dir: str | Path, shard: tuple[int, int] = (1, 1),
+              *, quiet: bool = False) -> dict[str, Any]:
+    """Run (or resume) the sweep in ``out_dir``; returns ``{"rows", "slopes", "complete", "out_dir"}``.
+
+    ``slopes`` is empty until every cell of the grid is finished (all shards).
+    """
+    cfg = validate_config(config)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out_dir / "linearize_config.json", cfg)
+    cells = make_cells(cfg)
+    res = run_grid(cells, lambda cell, _dir: run_cell(cfg, cell), out_dir, shard=shard,
+                   desc=f"linearize {cfg['name']}")
+    rows = res.rows
+    done = {r.get("cell_id") for r in rows}
+    complete = all(cell_id(c) in done for c in cells)
+    slopes: list[dict[str, Any]] = []
+    if complete:
+        slopes = summarize([r for r in rows if r.get("config") == cells[0]["config"]], cfg)
+        atomic_write_json(out_dir / "slopes.json", {"config": cfg, "slopes": slopes})
+        if not quiet:
+            _print_slopes(slopes)
+            print(f"wrote {out_dir / 'results.jsonl'} and {out_dir / 'slopes.json'}")
+    elif not quiet:
+        print(f"{len(done)}/{len(cells)} cells finished in {out_dir}; slopes are fitted when all "
+              "shards are done (rerun any shard to finish).")
+    return {"rows": rows, "slopes": slopes, "complete": complete, "out_dir": out_dir}
+
+
+def _load_toml(path: str) -> dict[str, Any]:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore
+    p = Path(path)
+    if not p.is_file():
+        raise WidthscopeError(f"linearize: config file {path!r} not found (see configs/linearize-demo.toml)")
+    try:
+        return tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise WidthscopeError(f"linearize: {path}: invalid TOML ({exc})") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="TOML config (see configs/linearize-demo.toml)")
+    parser.add_argument("--out", default=None, help="results directory (default runs/<config name>)")
+    parser.add_argument("--shard", default=None, help="run shard k of n (k/n); cells are split round-robin")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = _load_toml(args.config)
+    shard = parse_shard(args.shard)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = args.out or str(Path("runs") / str(config.get("name", Path(args.config).stem)))
+    run_sweep(config, out, shard)
+    return 0

@@ -1,0 +1,221 @@
+"""Train a network and its linear model side by side, and the frozen-kernel recursion.
+
+Both start from the same ``θ₀``, use the same optimizer and learning rate and see the same
+mini-batches in the same order, so every difference between them is non-linearity. Logged
+per step ``s`` (``net`` = the network ``F(·; θ_s)``, ``lin`` = ``F_lin(·; θ^lin_s)``):
+
+- ``train_loss``/``train_loss_lin``/``train_gap`` and the same on held-out data;
+- ``dev_rms`` = RMS over held-out inputs and outputs of ``F − F_lin``, ``dev_rel`` = that over
+  the RMS of ``F``, ``dev_mse`` = ``dev_rms²`` (the published experiments report this);
+- ``param_move`` = ``‖θ_s − θ₀‖/‖θ₀‖`` (and ``param_move_lin``);
+- ``kernel_drift`` = ``‖Θ_s − Θ₀‖_F/‖Θ₀‖_F`` of the empirical NTK (all output pairs) on a fixed
+  probe set (the linear model's kernel is ``Θ₀`` at every step by construction).
+
+Losses: ``"mse"`` is ``L = (1/2N) Σ_i ‖F(x_i) − y_i‖²`` (targets one-hot for classes), so
+``∇_F L = (F − Y)/N``; ``"cross_entropy"`` takes class indices.
+
+Example::
+
+    >>> import torch
+    >>> from widthscope.linear import train_side_by_side
+    >>> net = torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.Tanh(), torch.nn.Linear(32, 2))
+    >>> X, Y = torch.randn(16, 4), torch.randn(16, 2)
+    >>> rows = train_side_by_side(net, (X, Y), steps=5, lr=0.1)
+    >>> sorted(rows[-1])[:3]
+    ['dev_mse', 'dev_rel', 'dev_rms']
+"""
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from .._io import progress as _progress
+from ..errors import WidthscopeError
+from .model import linearize, model_output, ntk
+
+__all__ = ["train_side_by_side", "function_space_gd", "loss_value"]
+
+LOSSES = ("mse", "cross_entropy")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+def loss_value(out: torch.Tensor, y: torch.Tensor, loss: str) -> torch.Tensor:
+    """Mean loss of a batch (see module docstring for the exact convention)."""
+    out = out.reshape(out.shape[0], -1)
+    if loss == "mse":
+        return 0.5 * (out - y.reshape(out.shape).to(out.dtype)).pow(2).sum(-1).mean()
+    if loss == "cross_entropy":
+        return torch.nn.functional.cross_entropy(out, y.long())
+    raise WidthscopeError(f"loss {loss!r}: use one of {', '.join(LOSSES)}")
+
+
+def _optimizer(name: str | Callable, params, lr: float) -> torch.optim.Optimizer:
+    if callable(name):
+        return name(params, lr)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    raise WidthscopeError(f"optimizer {name!r}: use one of {', '.join(OPTIMIZERS)} or a callable "
+                          "(params, lr) -> torch.optim.Optimizer")
+
+
+def _flat(ps) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in ps])
+
+
+def _check_pair(data: Any, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if not (isinstance(data, (tuple, list)) and len(data) == 2
+            and all(isinstance(t, torch.Tensor) for t in data)):
+        raise WidthscopeError(f"{what} must be a pair of tensors (X, Y)")
+    X, Y = data
+    if X.shape[0] != Y.shape[0] or X.shape[0] == 0:
+        raise WidthscopeError(f"{what}: X and Y need the same non-zero number of rows "
+                              f"(got {X.shape[0]} and {Y.shape[0]})")
+    return X, Y
+
+
+def train_side_by_side(model: nn.Module, data: tuple[torch.Tensor, torch.Tensor], *, steps: int,
+                       lr: float, optimizer: str | Callable = "sgd", batch_size: int | None = None,
+                       loss: str = "mse", test: tuple[torch.Tensor, torch.Tensor] | None = None,
+                       probe: torch.Tensor | None = None, log_every: int = 1,
+                       log_steps: Sequence[int] | None = None, seed: int = 0,
+                       on_nonfinite: str = "raise", kernel_drift: bool = True,
+                       return_models: bool = False, progress: bool = False) -> Any:
+    """Train ``model`` (a copy) and ``linearize(model)`` in lockstep; one dict per logged step.
+
+    ``data = (X, Y)``; ``batch_size=None`` is full-batch gradient descent, otherwise batches
+    come from a per-epoch permutation drawn from ``seed`` (identical for both models).
+    Logged steps: 0, every ``log_every``-th, and ``steps``; or exactly ``log_steps``.
+    ``test`` (held-out pair) is where the function deviation is measured (``data`` when
+    absent); ``probe`` (inputs) is the kernel-drift probe set, default the first 8 held-out
+    inputs. A non-finite loss at step ``s``: ``on_nonfinite="raise"`` raises
+    :class:`WidthscopeError` naming ``s``; ``"stop"`` appends a row with ``diverged=True`` and
+    ``diverged_at=s`` and stops. ``return_models=True`` returns ``(rows, net, lin)``.
+    """
+    X, Y = _check_pair(data, "train_side_by_side: data")
+    Xt, Yt = _check_pair(test, "train_side_by_side: test") if test is not None else (X, Y)
+    if loss not in LOSSES:
+        raise WidthscopeError(f"train_side_by_side: loss {loss!r}; use one of {', '.join(LOSSES)}")
+    if steps < 0 or log_every < 1:
+        raise WidthscopeError(f"train_side_by_side: need steps >= 0 and log_every >= 1 "
+                              f"(got steps={steps}, log_every={log_every})")
+    if on_nonfinite not in ("raise", "stop"):
+        raise WidthscopeError("train_side_by_side: on_nonfinite must be 'raise' or 'stop'")
+    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        raise WidthscopeError(f"train_side_by_side: lr must be a positive number (got {lr!r})")
+    N = X.shape[0]
+    if batch_size is not None and not (1 <= batch_size <= N):
+        raise WidthscopeError(f"train_side_by_side: batch_size {batch_size} must be in 1..{N} or None")
+    logged = set(log_steps) if log_steps is not None else set(range(0, steps + 1, log_every)) | {steps}
+    logged = {s for s in logged if 0 <= s <= steps}
+
+    net = copy.deepcopy(model)
+    lin = linearize(model)
+    net_params = [p for p in net.parameters() if p.requires_grad]
+    theta0 = _flat(net_params)
+    theta0_norm = float(theta0.norm()) or 1.0
+    opt_net = _optimizer(optimizer, net_params, lr)
+    opt_lin = _optimizer(optimizer, list(lin.parameters()), lr)
+    if probe is None:
+        probe = Xt[: min(8, Xt.shape[0])]
+    K0 = ntk(net, probe) if kernel_drift else None
+    K0_norm = float(K0.norm()) if K0 is not None else float("nan")
+    gen = torch.Generator().manual_seed(int(seed))
+    order: list[int] = []
+
+    def next_batch() -> torch.Tensor | None:
+        nonlocal order
+        if batch_size is None:
+            return None
+        if len(order) < batch_size:
+            order = order + torch.randperm(N, generator=gen).tolist()
+        idx, order = order[:batch_size], order[batch_size:]
+        return torch.tensor(idx)
+
+    def evaluate(step: int) -> dict[str, Any]:
+        with torch.no_grad():
+            f_tr, l_tr = model_output(net(X)), model_output(lin(X))
+            f_te, l_te = model_output(net(Xt)), model_output(lin(Xt))
+        row: dict[str, Any] = {"kind": "linearization", "step": step}
+        row["train_loss"] = float(loss_value(f_tr, Y, loss))
+        row["train_loss_lin"] = float(loss_value(l_tr, Y, loss))
+        row["train_gap"] = abs(row["train_loss"] - row["train_loss_lin"])
+        row["test_loss"] = float(loss_value(f_te, Yt, loss))
+        row["test_loss_lin"] = float(loss_value(l_te, Yt, loss))
+        row["test_gap"] = abs(row["test_loss"] - row["test_loss_lin"])
+        dev = (f_te - l_te).double()
+        row["dev_rms"] = float(dev.pow(2).mean().sqrt())
+        row["dev_mse"] = row["dev_rms"] ** 2
+        f_rms = float(f_te.double().pow(2).mean().sqrt())
+        row["dev_rel"] = row["dev_rms"] / f_rms if f_rms > 0 else float("nan")
+        row["param_move"] = float((_flat(net_params) - theta0).norm()) / theta0_norm
+        row["param_move_lin"] = float((_flat(lin.parameters()) - theta0).norm()) / theta0_norm
+        if K0 is not None:
+            row["kernel_drift"] = float((ntk(net, probe) - K0).norm()) / K0_norm if K0_norm > 0 else float("nan")
+        return row
+
+    rows: list[dict[str, Any]] = []
+    for step in _progress(range(steps + 1), desc="side-by-side", disable=not progress):
+        if step in logged:
+            rows.append(evaluate(step))
+        if step == steps:
+            break
+        idx = next_batch()
+        xb, yb = (X, Y) if idx is None else (X[idx], Y[idx])
+        for which, m, opt in (("network", net, opt_net), ("linear model", lin, opt_lin)):
+            opt.zero_grad(set_to_none=True)
+            L = loss_value(model_output(m(xb)), yb, loss)
+            if not torch.isfinite(L):
+                msg = (f"non-finite training loss ({float(L.detach())}) of the {which} at step {step} "
+                       f"(lr={lr}); lower the learning rate (or its width exponent alpha)")
+                if on_nonfinite == "raise":
+                    raise WidthscopeError(msg)
+                rows.append({"kind": "linearization", "step": step, "diverged": True,
+                             "diverged_at": step, "diverged_model": which, "message": msg})
+                return (rows, net, lin) if return_models else rows
+            L.backward()
+            opt.step()
+    return (rows, net, lin) if return_models else rows
+
+
+def function_space_gd(model: nn.Module, X: torch.Tensor, Y: torch.Tensor, *, steps: int, lr: float,
+                      test: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Frozen-kernel recursion ``F_{s+1} = F_s − η Θ₀ ∇_F L`` for full-batch GD on the MSE loss.
+
+    With ``L = (1/2N) Σ‖F(x_i) − y_i‖²`` the gradient is ``∇_F L = (F − Y)/N``, so on the training
+    inputs ``F_{s+1} = F_s − (η/N) Θ₀(X, X)(F_s − Y)`` and on held-out inputs
+    ``F^t_{s+1} = F^t_s − (η/N) Θ₀(X_t, X)(F_s − Y)``. Equal (up to rounding) to the outputs of the
+    weight-space linear model trained by full-batch GD. Returns ``{"train": (steps+1, N, out)}``
+    and ``"test"`` when ``test`` inputs are given.
+    """
+    N = X.shape[0]
+    with torch.no_grad():
+        F = model_output(model(X)).reshape(N, -1).clone()
+    out = F.shape[1]
+    Y = Y.reshape(N, out).to(F.dtype)
+    K = ntk(model, X).permute(0, 2, 1, 3).reshape(N * out, N * out)
+    traj = [F.clone()]
+    if test is not None:
+        Nt = test.shape[0]
+        with torch.no_grad():
+            Ft = model_output(model(test)).reshape(Nt, out).clone()
+        Kt = ntk(model, test, X).permute(0, 2, 1, 3).reshape(Nt * out, N * out)
+        traj_t = [Ft.clone()]
+    for _ in range(steps):
+        r = ((F - Y) / N).reshape(-1)
+        if test is not None:
+            Ft = Ft - lr * (Kt @ r).reshape(Nt, out)
+            traj_t.append(Ft.clone())
+        F = F - lr * (K @ r).reshape(N, out)
+        traj.append(F.clone())
+    res = {"train": torch.stack(traj)}
+    if test is not None:
+        res["test"] = torch.stack(traj_t)
+    return res

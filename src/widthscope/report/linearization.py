@@ -1,0 +1,234 @@
+"""Report section for linearization sweeps (rows ``kind="linearization"`` / ``"correlation"``).
+
+Figures: deviation ``F − F_lin`` vs width (log-log, fitted line and reference slope), deviation
+vs training step per width, derivative correlations vs width, and fitted slope vs ``α`` next to
+the theory (``α − 1``) and the published slopes. Slopes are refitted from the rows with
+:func:`widthscope.linear.powerlaw.fit_slope` (seeds averaged in log space, bootstrap CI).
+
+Example::
+
+    from widthscope.sweep.grid import load_rows
+    from widthscope.report.linearization import figures
+    figs = figures(load_rows("runs/linearize-demo"), "runs/linearize-demo/report")
+"""
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["figures", "tables", "summary", "slopes_from_rows"]
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def slopes_from_rows(rows: Sequence[dict]) -> list[dict[str, Any]]:
+    """Slope rows (as in ``slopes.json``) refitted from result rows alone."""
+    from ..linear.sweep import cfg_from_rows, summarize
+
+    cfg = cfg_from_rows(rows)
+    if cfg is None:
+        return []
+    return summarize(list(rows), cfg)
+
+
+def _gmean_by_width(rows, metric, widths):
+    """Geometric mean over seeds and the min/max, per width (NaN where missing)."""
+    mean, lo, hi = [], [], []
+    for w in widths:
+        v = np.array([r[metric] for r in rows if r.get("width") == w and isinstance(r.get(metric), (int, float))
+                      and r[metric] is not None and r[metric] > 0 and math.isfinite(r[metric])])
+        if v.size:
+            lv = np.log(v)
+            mean.append(math.exp(lv.mean()))
+            lo.append(v.min())
+            hi.append(v.max())
+        else:
+            mean.append(np.nan)
+            lo.append(np.nan)
+            hi.append(np.nan)
+    return np.array(mean), np.array(lo), np.array(hi)
+
+
+def _ref_line(ax, widths, anchor, slope, **kw):
+    w = np.asarray(widths, float)
+    ax.plot(w, anchor * (w / w[0]) ** slope, "--", lw=1, **kw)
+
+
+def figures(rows: list[dict], out_dir: Path) -> list[dict]:
+    """PNG figures for linearization rows; see the module docstring."""
+    plt = _plt()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lin = [r for r in rows if r.get("kind") == "linearization" and not r.get("diverged")]
+    corr = [r for r in rows if r.get("kind") == "correlation"]
+    figs: list[dict] = []
+    slopes = slopes_from_rows(rows)
+    if lin:
+        widths = sorted({r["width"] for r in lin})
+        alphas = sorted({r["alpha"] for r in lin}, reverse=True)
+        steps = sorted({r["step"] for r in lin if r["step"] > 0})
+        last = steps[-1] if steps else 0
+        colors = plt.cm.viridis(np.linspace(0, 0.9, max(len(alphas), 1)))
+
+        # 1. deviation vs width
+        fig, ax = plt.subplots(figsize=(6.4, 4.4))
+        for a, c in zip(alphas, colors):
+            sel = [r for r in lin if r["alpha"] == a and r["step"] == last]
+            m, lo, hi = _gmean_by_width(sel, "dev_rms", widths)
+            ok = np.isfinite(m)
+            if not ok.any():
+                continue
+            w = np.asarray(widths, float)[ok]
+            s = next((x for x in slopes if x["metric"] == "dev_rms" and x["alpha"] == a and x["step"] == last), None)
+            lab = f"α={a:g}" + (f": slope {s['slope']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]" if s else "")
+            ax.errorbar(w, m[ok], yerr=[m[ok] - lo[ok], hi[ok] - m[ok]], fmt="o", color=c, ms=4, capsize=2, label=lab)
+            if s:
+                ax.plot(w, np.exp(s["intercept"]) * w ** s["slope"], "-", color=c, lw=1.2)
+            _ref_line(ax, w, m[ok][0], a - 1, color=c, alpha=0.6)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("width n")
+        ax.set_ylabel(f"RMS(F − F_lin) on held-out inputs, step {last}")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        p = out_dir / "linearization_deviation_vs_width.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        figs.append({"title": "Deviation from the linear model vs width", "png": str(p),
+                     "caption": "Geometric mean over seeds (bars: min–max) of the held-out RMS of "
+                                "F − F_lin at the last logged step; solid: least-squares fit in log-log; "
+                                "dashed: reference slope α − 1 (bound O(n^α/n)) anchored at the narrowest width."})
+
+        # 2. deviation vs step, per width (first alpha = largest)
+        a0 = alphas[0]
+        fig, ax = plt.subplots(figsize=(6.4, 4.4))
+        wc = plt.cm.plasma(np.linspace(0, 0.85, len(widths)))
+        for w, c in zip(widths, wc):
+            xs, ys = [], []
+            for st in steps:
+                sel = [r for r in lin if r["alpha"] == a0 and r["step"] == st and r["width"] == w]
+                m, _, _ = _gmean_by_width(sel, "dev_rms", [w])
+                if np.isfinite(m[0]):
+                    xs.append(st)
+                    ys.append(m[0])
+            if xs:
+                ax.plot(xs, ys, "o-", color=c, ms=3, label=f"n={w}")
+        ax.set_yscale("log")
+        ax.set_xlabel("training step")
+        ax.set_ylabel("RMS(F − F_lin)")
+        ax.set_title(f"α = {a0:g}")
+        ax.legend(fontsize=8, ncol=2)
+        fig.tight_layout()
+        p = out_dir / "linearization_deviation_vs_step.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        figs.append({"title": "Deviation vs training step, per width", "png": str(p),
+                     "caption": "How F − F_lin accumulates over training (geometric mean over seeds)."})
+
+        # 4. slope vs alpha
+        sl = [x for x in slopes if x["metric"] in ("dev_rms", "dev_mse") and x["step"] == last]
+        if sl:
+            fig, ax = plt.subplots(figsize=(6.4, 4.4))
+            for metric, mk, col in (("dev_rms", "o", "C0"), ("dev_mse", "s", "C1")):
+                pts = sorted((x for x in sl if x["metric"] == metric), key=lambda x: x["alpha"])
+                if not pts:
+                    continue
+                al = np.array([x["alpha"] for x in pts])
+                sv = np.array([x["slope"] for x in pts])
+                err = np.array([[x["slope"] - x["ci_low"] for x in pts], [x["ci_high"] - x["slope"] for x in pts]])
+                ax.errorbar(al, sv, yerr=np.nan_to_num(err), fmt=mk, color=col, capsize=3,
+                            label=f"measured ({'RMS' if metric == 'dev_rms' else 'MSE'} of F − F_lin)")
+            from ..linear.sweep import PUBLISHED
+
+            ag = np.linspace(-1, 0, 11)
+            ax.plot(ag, ag - 1, "--", color="C0", lw=1, label="bound α − 1 (deviation)")
+            ax.plot(ag, 2 * (ag - 1), ":", color="C1", lw=1, label="2(α − 1) (its square)")
+            ax.plot(list(PUBLISHED), list(PUBLISHED.values()), "x", color="k", label="published (test MSE)")
+            ax.set_xlabel("α  (η = η₀ n^α)")
+            ax.set_ylabel("log-log slope over width")
+            ax.legend(fontsize=8)
+            fig.tight_layout()
+            p = out_dir / "linearization_slope_vs_alpha.png"
+            fig.savefig(p, dpi=110)
+            plt.close(fig)
+            figs.append({"title": "Fitted slope vs learning-rate exponent α", "png": str(p),
+                         "caption": "Slopes with bootstrap-over-seeds 95% intervals, beside the bound and the "
+                                    "published MNIST slopes (which are for the test MSE between F and F_lin)."})
+    if corr:
+        widths = sorted({r["width"] for r in corr})
+        names = sorted({r["name"] for r in corr})
+        fig, ax = plt.subplots(figsize=(6.4, 4.4))
+        for name, c in zip(names, plt.cm.tab10(np.arange(len(names)))):
+            m, lo, hi = _gmean_by_width([r for r in corr if r["name"] == name], "mean", widths)
+            ok = np.isfinite(m)
+            if not ok.any():
+                continue
+            w = np.asarray(widths, float)[ok]
+            s = next((x for x in slopes if x["metric"] == name), None)
+            lab = name + (f": slope {s['slope']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]" if s else "")
+            ax.errorbar(w, m[ok], yerr=[m[ok] - lo[ok], hi[ok] - m[ok]], fmt="o-", color=c, ms=4, capsize=2, label=lab)
+            _ref_line(ax, w, m[ok][0], -0.5, color=c, alpha=0.6)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("width n")
+        ax.set_ylabel("mean |C_{D,d}| (‖·‖ for D = 1)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        p = out_dir / "linearization_correlations_vs_width.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        figs.append({"title": "Derivative correlations vs width", "png": str(p),
+                     "caption": "Exact C_{D,d} (nested jvp) averaged over random input tuples; geometric mean "
+                                "over seeds (bars: min–max); dashed: reference slope −1/2."})
+    return figs
+
+
+def tables(rows: list[dict]) -> list[dict]:
+    """The slope table as HTML."""
+    slopes = slopes_from_rows(rows)
+    if not slopes:
+        return []
+    esc = html.escape
+    cols = ["metric", "alpha", "step", "slope", "95% CI", "reference", "published", "widths"]
+
+    def f(v):
+        return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else \
+            (f"{v:.3g}" if isinstance(v, float) else str(v))
+
+    body = []
+    for s in slopes:
+        cells = [s["metric"], f(s["alpha"]), f(s["step"]), f(s["slope"]),
+                 f"[{f(s['ci_low'])}, {f(s['ci_high'])}]", f(s["reference"]), f(s["published"]), f(s["n_widths"])]
+        body.append("<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in cells) + "</tr>")
+    head = "<tr>" + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr>"
+    return [{"title": "Log-log slopes over width", "html": f"<table>{head}{''.join(body)}</table>"}]
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """One sentence per deviation slope: steeper or flatter than the bound."""
+    out = []
+    for s in slopes_from_rows(rows):
+        if s["metric"] != "dev_rms" or s["alpha"] is None:
+            continue
+        lo, hi, ref = s["ci_low"], s["ci_high"], s["reference"]
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            verdict = "no interval (one seed)"
+        elif hi < ref:
+            verdict = "steeper than the bound (faster approach to the linear model)"
+        elif lo > ref:
+            verdict = "flatter than the bound"
+        else:
+            verdict = "consistent with the bound"
+        out.append(f"α={s['alpha']:g}, step {s['step']}: deviation slope {s['slope']:.2f} "
+                   f"[{lo:.2f}, {hi:.2f}] vs reference {ref:.2f}: {verdict}.")
+    return out
