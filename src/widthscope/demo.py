@@ -1,0 +1,202 @@
+"""``widthscope demo [--out DIR] [--quick]``: the main job, end to end, on built-in data.
+
+1. an alignment width sweep of LLaMA-style decoders on byte-level text (the Python standard
+   library's sources: present wherever Python runs), 4 widths x 2 seeds;
+2. the same for ReLU MLPs on Fashion-MNIST (``/usr/share/datasets/fashion-mnist``, Debian package
+   ``dataset-fashion-mnist``), falling back to scikit-learn's digits when it is not installed;
+3. the linearization width sweep of ``widthscope.linear.sweep`` when that module is installed;
+4. the HTML report over all of them.
+
+About 10 minutes on 2 CPU cores; ``--quick`` is a seconds-long smoke version. Everything is
+resumable: rerunning the command skips finished cells. The sweep configs are embedded below
+(:data:`DEMO_LLAMA`, :data:`DEMO_MLP`, identical to ``configs/demo-*.toml``) so the demo works
+from an installed package. Python::
+
+    from widthscope.demo import run_demo
+    page = run_demo("/tmp/demo", quick=True)
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from .errors import WidthscopeError
+
+__all__ = ["DEMO_LLAMA", "DEMO_MLP", "demo_configs", "run_demo", "add_arguments", "run"]
+
+DEMO_LLAMA: dict[str, Any] = {
+    "sweep": {"name": "demo-llama", "out_dir": "widthscope-results/demo/llama", "seeds": [0, 1],
+              "M": [8, 16, 32, 64], "draws": 1000, "estimator": "unbiased", "pool": "sum"},
+    "family": [{
+        "name": "llama", "widths": [32, 64, 128, 256], "dataset": "text",
+        "data_options": {"seq_len": 64, "max_bytes": 1000000}, "n_train": 2048, "n_test": 128,
+        "model_options": {"depth": 4},
+        "train": {"steps": 150, "lr": 3e-3, "batch_size": 16, "warmup": 0.1, "clip": 1.0, "optimizer": "adamw",
+                  "train_eval_examples": 256},
+        "certify": {"n_probe_train": 128, "n_probe_test": 128, "batch_size": 32},
+    }],
+}
+DEMO_MLP: dict[str, Any] = {
+    "sweep": {"name": "demo-mlp", "out_dir": "widthscope-results/demo/mlp", "seeds": [0, 1],
+              "M": [8, 16, 32, 64], "draws": 1000},
+    "family": [{
+        "name": "mlp", "widths": [16, 32, 64, 128, 256], "dataset": "fashion-mnist",
+        "data_options": {"flatten": True}, "n_train": 4096, "n_test": 256,
+        "model_options": {"depth": 3, "activation": "relu"},
+        "train": {"steps": 300, "lr": 1e-3, "batch_size": 64, "warmup": 0.05, "train_eval_examples": 1024},
+        "certify": {"n_probe_train": 256, "n_probe_test": 256, "batch_size": 64},
+    }],
+}
+
+
+def _image_dataset() -> str:
+    """'fashion-mnist' when its files load, else 'digits' (always available via scikit-learn)."""
+    from . import data
+
+    try:
+        data.load("fashion-mnist", n_train=8, n_test=8, flatten=True)
+        return "fashion-mnist"
+    except (WidthscopeError, ImportError, OSError):
+        return "digits"
+
+
+def demo_configs(quick: bool = False, image_dataset: str | None = None) -> list[dict[str, Any]]:
+    """The alignment sweep configs the demo runs (deep copies; ``quick`` shrinks them to seconds)."""
+    llama, mlp = copy.deepcopy(DEMO_LLAMA), copy.deepcopy(DEMO_MLP)
+    ds = image_dataset or _image_dataset()
+    if ds != "fashion-mnist":
+        fam = mlp["family"][0]
+        fam.update(dataset=ds, data_options={}, n_train=1024, n_test=256)
+    if quick:
+        for cfg in (llama, mlp):
+            cfg["sweep"].update(seeds=[0], M=[4, 8], draws=200)
+            cfg["sweep"]["name"] += "-quick"
+            fam = cfg["family"][0]
+            fam["certify"].update(n_probe_train=16, n_probe_test=16, batch_size=16)
+            fam["train"].update(steps=8, batch_size=8)
+            fam["n_test"] = 16
+        llama["family"][0].update(widths=[16, 32], n_train=64, model_options={"depth": 2},
+                                  data_options={"seq_len": 16, "max_bytes": 100000})
+        mlp["family"][0].update(widths=[8, 16], n_train=64, model_options={"depth": 2, "activation": "relu"})
+    return [llama, mlp]
+
+
+def _linear_config(module: Any, quick: bool) -> dict[str, Any]:
+    cfg = copy.deepcopy(module.DEMO_CONFIG)
+    if quick:  # the smallest grid the linearization sweep accepts (>= 5 geometric widths)
+        cfg.update(name=f"{cfg.get('name', 'linearize')}-quick", widths=[4, 8, 16, 32, 64], seeds=[0])
+        cfg["data"] = {**cfg.get("data", {}), "n_train": 32, "n_test": 32}
+        cfg["train"] = {**cfg.get("train", {}), "steps": 4, "log_steps": [0, 4]}
+        cfg["correlations"] = {**cfg.get("correlations", {}), "measure": ["C02"], "n_tuples": 2}
+        cfg["fit"] = {"steps": [4]}
+    return cfg
+
+
+def run_demo(out_dir: str | Path | None = None, *, quick: bool = False, linear: bool = True,
+             show_progress: bool = True, threads: int | None = 1, file=None) -> Path:
+    """Run every demo part into ``out_dir`` (resumable) and write the report; return its path.
+
+    A part that fails is reported and skipped, the others still run; if any failed the
+    function raises :class:`WidthscopeError` after writing the report. ``threads`` sets torch's
+    CPU threads while the demo runs (``None``: leave torch's default).
+    """
+    from .report import report
+    from .report.alignment import summary
+    from .sweep.alignment import load_config, print_summary, run_sweep
+
+    file = file or sys.stdout
+    out = Path(out_dir or ("widthscope-results/demo-quick" if quick else "widthscope-results/demo"))
+    parts: list[Path] = []
+    failed: list[str] = []
+    t_start = time.perf_counter()
+    configs = demo_configs(quick)
+    if threads:
+        for raw in configs:
+            raw["sweep"]["threads"] = threads
+    n_parts = len(configs) + 1
+    for i, raw in enumerate(configs, 1):
+        fam = raw["family"][0]
+        sub = out / fam["name"]
+        print(f"[{i}/{n_parts + 1}] alignment sweep: {fam['name']} on {fam['dataset']}, widths "
+              f"{fam['widths']}, seeds {raw['sweep']['seeds']} -> {sub}", file=file, flush=True)
+        t0 = time.perf_counter()
+        try:
+            res = run_sweep(load_config(raw, out_dir=sub), sub, show_progress=show_progress)
+        except Exception as exc:  # keep going: the other parts and the report are still useful
+            failed.append(f"{fam['name']} sweep: {type(exc).__name__}: {exc}")
+            print(f"  failed: {exc}", file=sys.stderr)
+            if not isinstance(exc, WidthscopeError):
+                traceback.print_exc()
+            continue
+        parts.append(sub)
+        print_summary(res.rows, sub, file=file)
+        print(f"  ({time.perf_counter() - t0:.0f} s)\n", file=file, flush=True)
+
+    print(f"[{n_parts}/{n_parts + 1}] linearization sweep", file=file, flush=True)
+    try:
+        from .linear import sweep as lsweep
+
+        have_linear = linear and hasattr(lsweep, "run_sweep") and hasattr(lsweep, "DEMO_CONFIG")
+    except ImportError:
+        have_linear = False
+    if not linear:
+        print("  skipped (--no-linear)", file=file)
+    elif not have_linear:
+        print("  skipped: widthscope.linear.sweep.run_sweep/DEMO_CONFIG is not installed", file=file)
+    else:
+        sub = out / "linearize"
+        t0 = time.perf_counter()
+        import torch
+
+        n_threads = torch.get_num_threads()
+        try:
+            if threads:
+                torch.set_num_threads(threads)
+            lsweep.run_sweep(_linear_config(lsweep, quick), sub)
+            parts.append(sub)
+            print(f"  ({time.perf_counter() - t0:.0f} s)\n", file=file, flush=True)
+        except Exception as exc:
+            failed.append(f"linearization sweep: {type(exc).__name__}: {exc}")
+            print(f"  failed: {exc}", file=sys.stderr)
+            if not isinstance(exc, WidthscopeError):
+                traceback.print_exc()
+        finally:
+            torch.set_num_threads(n_threads)
+
+    print(f"[{n_parts + 1}/{n_parts + 1}] report", file=file, flush=True)
+    if not parts:
+        raise WidthscopeError("every demo part failed: " + "; ".join(failed))
+    page = report(parts, out / "report", title="widthscope demo" + (" (quick)" if quick else ""))
+    from .report import load_results
+
+    for line in summary([r for r in load_results(parts) if r.get("kind") == "alignment"]):
+        print("  " + line, file=file)
+    print(f"\nreport: {page}\n(open it in a browser; total {time.perf_counter() - t_start:.0f} s)", file=file,
+          flush=True)
+    if failed:
+        raise WidthscopeError("demo finished with failures (report written to " + str(page) + "): " + "; ".join(failed))
+    return page
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default=None,
+                        help="results folder (default widthscope-results/demo, or demo-quick with --quick)")
+    parser.add_argument("--quick", action="store_true", help="seconds-long smoke version")
+    parser.add_argument("--no-linear", action="store_true", help="skip the linearization part")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars inside cells")
+    parser.add_argument("--threads", type=int, default=1, metavar="N",
+                        help="torch CPU threads (default 1: these small models gain little from more, and "
+                             "busy cores make extra threads 10-20x slower)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.threads is not None and args.threads < 1:
+        raise WidthscopeError(f"--threads must be >= 1 (got {args.threads})")
+    run_demo(args.out, quick=args.quick, linear=not args.no_linear, show_progress=not args.no_progress,
+             threads=args.threads)
+    return 0

@@ -1,0 +1,136 @@
+"""Build one self-contained HTML page (inline CSS, PNGs as base64 data URIs) from result rows.
+
+The page is made of *sections*, one per kind of row. A section module exposes
+
+- ``figures(rows, out_dir) -> list[{"title", "png", "caption"}]`` (PNG files it wrote in ``out_dir``),
+- optionally ``tables(rows) -> list[{"title", "html"}]`` (an HTML ``<table>``, already escaped),
+- optionally ``summary(rows) -> list[str]`` (plain-text verdict sentences).
+
+Sections are picked by the rows' ``kind`` (:data:`SECTIONS`); a module is imported only when rows of
+its kinds exist, and a missing module just adds a note, so the report works with whatever parts of
+widthscope are installed. Nothing in the page refers to an outside resource: it can be mailed,
+archived, or opened offline.
+
+Example::
+
+    from widthscope.report.html import build_report
+    page = build_report(rows, "/tmp/report", title="my sweep")   # -> /tmp/report/report.html
+"""
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import html
+import importlib
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from .._io import atomic_write_text
+
+__all__ = ["SECTIONS", "data_uri", "render_page", "build_report", "collect_sections"]
+
+# section title -> (module, kinds of rows it handles)
+SECTIONS: list[tuple[str, str, tuple[str, ...]]] = [
+    ("Alignment width sweep", "widthscope.report.alignment", ("alignment",)),
+    ("Interventions and growth", "widthscope.report.interventions", ("intervention", "growth")),
+    ("Linearization", "widthscope.report.linearization", ("linearization", "correlation")),
+]
+
+CSS = """
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0;color:#1d2327;background:#fff}
+header{background:#1f3b57;color:#fff;padding:18px 28px}
+header h1{margin:0;font-size:24px} header p{margin:4px 0 0;opacity:.85;font-size:13px}
+main{padding:10px 28px 40px;max-width:1150px}
+h2{border-bottom:2px solid #1f3b57;padding-bottom:4px;margin-top:34px}
+h3{margin:22px 0 6px;font-size:17px}
+.verdict{background:#eef5ec;border-left:5px solid #3c8d2f;padding:10px 16px;margin:12px 0}
+.verdict li{margin:3px 0}
+.note{background:#fff6e0;border-left:5px solid #d9a400;padding:8px 14px;margin:10px 0;font-size:14px}
+figure{margin:14px 0 26px} figure img{max-width:100%;border:1px solid #dde;display:block}
+figcaption{font-size:13px;color:#444;margin-top:5px;max-width:900px}
+table{border-collapse:collapse;font-size:12.5px;margin:8px 0 20px}
+th,td{border:1px solid #ccd;padding:3px 7px;text-align:right} th{background:#eef1f5}
+td.l,th.l{text-align:left}
+"""
+
+
+def data_uri(png: str | Path) -> str:
+    """``data:image/png;base64,...`` of a PNG file (so the page needs no other file)."""
+    raw = Path(png).read_bytes()
+    if not raw.startswith(b"\x89PNG\r\n\x1a\n"):
+        raise ValueError(f"{png} is not a PNG file")
+    return "data:image/png;base64," + base64.b64encode(raw).decode("ascii")
+
+
+def collect_sections(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> tuple[list[dict], list[str]]:
+    """Run every section whose kinds occur in ``rows``; return (sections, notes)."""
+    out_dir = Path(out_dir)
+    kinds = sorted({str(r.get("kind")) for r in rows})
+    known = {k for _, _, ks in SECTIONS for k in ks}
+    notes = [f"{sum(1 for r in rows if str(r.get('kind')) == k)} row(s) of kind {k!r} have no report "
+             f"section; they are kept in the results files" for k in kinds if k not in known]
+    sections: list[dict] = []
+    for title, modname, ks in SECTIONS:
+        sel = [dict(r) for r in rows if r.get("kind") in ks]
+        if not sel:
+            continue
+        try:
+            mod = importlib.import_module(modname)
+        except ImportError as exc:
+            notes.append(f"{len(sel)} row(s) of kind {'/'.join(ks)}: report module {modname} is not "
+                         f"available ({exc}); their numbers are in the results files")
+            continue
+        sec = {"title": title, "figures": [], "tables": [], "summary": []}
+        try:
+            sec["summary"] = list(mod.summary(sel)) if hasattr(mod, "summary") else []
+            sec["figures"] = list(mod.figures(sel, out_dir))
+            sec["tables"] = list(mod.tables(sel)) if hasattr(mod, "tables") else []
+        except Exception as exc:  # one broken section must not cost the user the whole report
+            print(f"widthscope report: section {title!r} failed:\n{traceback.format_exc()}", file=sys.stderr)
+            notes.append(f"section {title!r} failed: {type(exc).__name__}: {exc}")
+        sections.append(sec)
+    return sections, notes
+
+
+def render_page(title: str, sections: Sequence[Mapping[str, Any]], *, notes: Sequence[str] = (),
+                subtitle: str = "") -> str:
+    """The HTML text: header, notes, then each section's verdict, figures (embedded) and tables."""
+    esc = html.escape
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             '<meta name="viewport" content="width=device-width, initial-scale=1">',
+             f"<title>{esc(title)}</title><style>{CSS}</style></head><body>",
+             f"<header><h1>{esc(title)}</h1><p>{esc(subtitle)}</p></header><main>"]
+    for n in notes:
+        parts.append(f'<div class="note">{esc(n)}</div>')
+    if not sections:
+        parts.append('<div class="note">No rows with a report section were found.</div>')
+    for sec in sections:
+        parts.append(f"<section><h2>{esc(sec['title'])}</h2>")
+        if sec.get("summary"):
+            parts.append('<div class="verdict"><b>Verdict</b><ul>')
+            parts += [f"<li>{esc(s)}</li>" for s in sec["summary"]]
+            parts.append("</ul></div>")
+        for fig in sec.get("figures", []):
+            parts.append(f"<figure><h3>{esc(fig['title'])}</h3>"
+                         f'<img src="{data_uri(fig["png"])}" alt="{esc(fig["title"])}">'
+                         f"<figcaption>{esc(fig.get('caption', ''))}</figcaption></figure>")
+        for tab in sec.get("tables", []):
+            parts.append(f"<h3>{esc(tab['title'])}</h3>{tab['html']}")
+        parts.append("</section>")
+    parts.append("</main></body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def build_report(rows: Sequence[Mapping[str, Any]], out_dir: str | Path, *, title: str = "widthscope report",
+                 sources: Sequence[str] = ()) -> Path:
+    """Write the PNGs and ``report.html`` into ``out_dir``; return the page's path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sections, notes = collect_sections(rows, out_dir)
+    stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    subtitle = f"{len(rows)} rows from {', '.join(sources) or 'memory'} · generated {stamp}"
+    page = out_dir / "report.html"
+    atomic_write_text(page, render_page(title, sections, notes=notes, subtitle=subtitle))
+    return page

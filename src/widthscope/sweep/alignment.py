@@ -1,0 +1,544 @@
+"""Alignment width sweeps: train a family of models across widths, certify every insertion point.
+
+For each cell ``family x width x seed (x data budget)`` of the grid the sweep
+
+1. builds the model (``widthscope.models.build``, seeded) and trains it (``widthscope.train.train``),
+2. saves the checkpoint (``widthscope.checkpoint.save``: safetensors + config) into the cell folder,
+3. collects per-example activation gradients ``q = dl/dz`` pooled to sample vectors ``s`` at every
+   insertion point on ``n_probe_train`` fitted examples and ``n_probe_test`` held-out examples
+   (``widthscope.probe.collect``),
+4. for every point and every ``(M, K)`` writes one tidy row with both population forms of the
+   certificate (``widthscope.stats.certificate``), e.g. for the two-population form with train
+   mean ``a`` and held-out mean ``b``::
+
+       E[A] = a.b,  Var(A) = b'S_a b/M + a'S_b a/K + tr(S_a S_b)/(MK)
+       d_align = min(d_par, d_2),  B_exact = Var/(Var + E^2) <= B_align = 1/(1 + n_eff d_align)
+
+   and the empirical misalignment probability ``Pr(mu_M . g_K <= 0)`` over ``draws`` resamples with
+   a 95% Wilson interval (``widthscope.stats.misalignment``).
+
+Cells run through :func:`widthscope.sweep.grid.run_grid`, so a sweep is resumable (a killed run
+restarts where it stopped, each cell recorded exactly once) and shardable (``shard=(k, n)``).
+
+Example (a few seconds)::
+
+    from widthscope.sweep.alignment import load_config, run_sweep
+    cfg = load_config({
+        "sweep": {"name": "tiny", "seeds": [0], "M": [8], "draws": 200},
+        "family": [{"name": "mlp", "widths": [16, 32], "dataset": "digits",
+                    "n_train": 256, "n_test": 64, "train": {"steps": 50, "lr": 1e-2},
+                    "certify": {"n_probe_train": 32, "n_probe_test": 32}}],
+    })
+    result = run_sweep(cfg, "/tmp/tiny-sweep")
+    print(len(result.rows))   # 2 widths x 2 points x 1 (M, K)
+"""
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from .._io import atomic_write_json, format_table, to_jsonable
+from ..errors import WidthscopeError
+from .grid import GridResult, run_grid
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+__all__ = [
+    "SweepConfig", "FamilySpec", "load_config", "plan_cells", "run_sweep", "run_cell",
+    "summary_rows", "CERT_FIELDS", "TIMING_COLUMNS",
+]
+
+# Fields of widthscope.stats.Certificate copied into each row, prefixed "one_" / "two_".
+CERT_FIELDS = ("expectation", "variance", "d_par", "d_2", "d_align", "n_eff", "b_exact", "b_align",
+               "vacuous", "reason")
+# Columns that measure time and therefore differ between otherwise identical runs.
+TIMING_COLUMNS = ("train_s", "probe_s", "stats_s", "cell_seconds")
+
+SWEEP_KEYS = {
+    "name": "label of the sweep (default: the config file's stem)",
+    "out_dir": "results directory (default: widthscope-results/<name>)",
+    "seeds": "list of seeds; each seeds model init, batch order and resampling (default [0])",
+    "M": "list of training-sample counts M (default [16, 32])",
+    "K": "list of held-out-sample counts K (default: K = M)",
+    "paired": "true: pairs (M[i], K[i]); false: every M with every K (default true)",
+    "draws": "resamples for the empirical misalignment probability (default 1000)",
+    "estimator": "'unbiased' (default) or 'plugin'",
+    "pool": "pooling of token/spatial gradients: 'sum' (default), 'mean', 'flatten'",
+    "budgets": "optional list of training-set sizes n_train; adds a data-budget axis to the grid",
+    "data_seed": "seed of the train/test split, shared by all cells (default 0)",
+    "device": "torch device (default 'cpu')",
+    "threads": "torch CPU threads while the sweep runs (default: torch's choice); 1 avoids "
+               "oversubscription when other jobs share the cores",
+}
+FAMILY_KEYS = {
+    "name": "label of this family in results (required)",
+    "model": "model family for widthscope.models.build (default: name): mlp, resnet20, llama, pythia",
+    "widths": "positive, strictly increasing list of widths (required)",
+    "model_options": "table of extra options for widthscope.models.build (depth, activation, ...)",
+    "dataset": "dataset name for widthscope.data.load (required), e.g. digits, text, fashion-mnist",
+    "data_options": "table of extra options for widthscope.data.load (root, seq_len, ...)",
+    "n_train": "training examples (required unless [sweep].budgets is given)",
+    "n_test": "held-out examples (default: n_probe_test)",
+    "train": "table: steps, lr, optimizer, batch_size, warmup, clip, weight_decay, schedule, momentum, "
+             "loss, eval_batch_size, train_eval_examples (options of widthscope.train.train)",
+    "certify": "table: n_probe_train, n_probe_test, batch_size, points",
+}
+TRAIN_KEYS = ("steps", "lr", "optimizer", "batch_size", "warmup", "clip", "weight_decay", "schedule",
+              "momentum", "loss", "eval_batch_size", "train_eval_examples")
+CERTIFY_KEYS = ("n_probe_train", "n_probe_test", "batch_size", "points")
+ESTIMATORS = ("unbiased", "plugin")
+POOLS = ("sum", "mean", "flatten")
+
+
+@dataclass
+class FamilySpec:
+    """One ``[[family]]`` entry of a sweep config (validated)."""
+
+    name: str
+    model: str
+    widths: list[float]
+    dataset: str
+    n_train: int | None
+    n_test: int
+    model_options: dict[str, Any] = field(default_factory=dict)
+    data_options: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+    n_probe_train: int = 128
+    n_probe_test: int = 128
+    probe_batch_size: int = 32
+    points: list[str] | None = None
+
+
+@dataclass
+class SweepConfig:
+    """A validated sweep config: the ``[sweep]`` table and its families."""
+
+    name: str
+    out_dir: str
+    families: list[FamilySpec]
+    seeds: list[int] = field(default_factory=lambda: [0])
+    MK: list[tuple[int, int]] = field(default_factory=lambda: [(16, 16), (32, 32)])
+    draws: int = 1000
+    estimator: str = "unbiased"
+    pool: str = "sum"
+    budgets: list[int] | None = None
+    data_seed: int = 0
+    device: str = "cpu"
+    threads: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_jsonable(asdict(self))
+
+    def fingerprint(self) -> str:
+        """Hash of everything that determines results (not where they go)."""
+        d = self.to_dict()
+        d.pop("out_dir", None)
+        d.pop("device", None)
+        d.pop("threads", None)
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+# ----------------------------------------------------------------------------- validation
+def _where(ctx: str) -> str:
+    return f"sweep config {ctx}"
+
+
+def _check_keys(table: Mapping[str, Any], valid: Sequence[str], ctx: str) -> None:
+    unknown = [k for k in table if k not in valid]
+    if unknown:
+        hints = []
+        for k in unknown:
+            close = difflib.get_close_matches(k, list(valid), n=1)
+            hints.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise WidthscopeError(f"{_where(ctx)}: unknown key(s) {', '.join(hints)}; valid keys: "
+                              f"{', '.join(valid)}")
+
+
+def _int(v: Any, what: str, *, minimum: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise WidthscopeError(f"{what} must be a whole number >= {minimum} (got {v!r})")
+    return int(v)
+
+
+def _int_list(v: Any, what: str, *, minimum: int = 1) -> list[int]:
+    if isinstance(v, int) and not isinstance(v, bool):
+        v = [v]
+    if not isinstance(v, list) or not v:
+        raise WidthscopeError(f"{what} must be a non-empty list of whole numbers (got {v!r})")
+    return [_int(x, f"{what} entries", minimum=minimum) for x in v]
+
+
+def _table(v: Any, what: str) -> dict[str, Any]:
+    if v is None:
+        return {}
+    if not isinstance(v, Mapping):
+        raise WidthscopeError(f"{what} must be a table (e.g. {what.split()[-1]} = {{ key = value }}), "
+                              f"got {type(v).__name__}")
+    return dict(v)
+
+
+def _family(raw: Any, index: int, sweep_budgets: list[int] | None) -> FamilySpec:
+    ctx = f"[[family]] #{index + 1}"
+    if not isinstance(raw, Mapping):
+        raise WidthscopeError(f"{_where(ctx)}: each [[family]] must be a table")
+    _check_keys(raw, list(FAMILY_KEYS), ctx)
+    for req in ("name", "widths", "dataset"):
+        if req not in raw:
+            raise WidthscopeError(f"{_where(ctx)}: missing required key {req!r} ({FAMILY_KEYS[req]})")
+    name = raw["name"]
+    if not isinstance(name, str) or not name:
+        raise WidthscopeError(f"{_where(ctx)}: name must be a non-empty string")
+    ctx = f"family {name!r}"
+    widths = raw["widths"]
+    if not isinstance(widths, list) or not widths or any(
+            isinstance(w, bool) or not isinstance(w, (int, float)) for w in widths):
+        raise WidthscopeError(f"{_where(ctx)}: widths must be a non-empty list of numbers, got {widths!r}")
+    if any(w <= 0 for w in widths):
+        raise WidthscopeError(f"{_where(ctx)}: widths must be positive, got {widths!r}")
+    if any(b <= a for a, b in zip(widths, widths[1:])):
+        raise WidthscopeError(f"{_where(ctx)}: widths must be strictly increasing (sort them and drop "
+                              f"duplicates), got {widths!r}")
+    train = _table(raw.get("train"), f"{ctx} train")
+    _check_keys(train, TRAIN_KEYS, f"{ctx} [family.train]")
+    for req in ("steps", "lr"):
+        if req not in train:
+            raise WidthscopeError(f"{_where(ctx)}: train.{req} is required, e.g. "
+                                  f"train = {{ steps = 300, lr = 1e-3 }}")
+    _int(train["steps"], f"{_where(ctx)} train.steps")
+    if "lr" in train and (isinstance(train["lr"], bool) or not isinstance(train["lr"], (int, float))
+                          or not train["lr"] > 0):
+        raise WidthscopeError(f"{_where(ctx)}: train.lr must be a positive number, got {train['lr']!r}")
+    cert = _table(raw.get("certify"), f"{ctx} certify")
+    _check_keys(cert, CERTIFY_KEYS, f"{ctx} [family.certify]")
+    n_pa = _int(cert.get("n_probe_train", 128), f"{_where(ctx)} certify.n_probe_train", minimum=4)
+    n_pb = _int(cert.get("n_probe_test", 128), f"{_where(ctx)} certify.n_probe_test", minimum=4)
+    pbs = _int(cert.get("batch_size", 32), f"{_where(ctx)} certify.batch_size")
+    points = cert.get("points")
+    if points is not None and (not isinstance(points, list) or not all(isinstance(p, str) for p in points)):
+        raise WidthscopeError(f"{_where(ctx)}: certify.points must be a list of insertion-point names")
+    n_train = raw.get("n_train")
+    if n_train is None and not sweep_budgets:
+        raise WidthscopeError(f"{_where(ctx)}: missing n_train (training examples), or give "
+                              f"[sweep].budgets")
+    if n_train is not None:
+        n_train = _int(n_train, f"{_where(ctx)} n_train")
+    for nt in ([n_train] if n_train is not None else []) + list(sweep_budgets or []):
+        if nt < n_pa:
+            raise WidthscopeError(f"{_where(ctx)}: certify.n_probe_train={n_pa} exceeds the training set "
+                                  f"size {nt}: probe samples are drawn from the fitted examples; lower "
+                                  f"n_probe_train or raise n_train/budgets")
+    n_test = _int(raw.get("n_test", n_pb), f"{_where(ctx)} n_test")
+    if n_test < n_pb:
+        raise WidthscopeError(f"{_where(ctx)}: certify.n_probe_test={n_pb} exceeds n_test={n_test}")
+    model = raw.get("model", name)
+    if not isinstance(model, str):
+        raise WidthscopeError(f"{_where(ctx)}: model must be a family name string")
+    if not isinstance(raw["dataset"], str):
+        raise WidthscopeError(f"{_where(ctx)}: dataset must be a dataset name string")
+    return FamilySpec(
+        name=name, model=model, widths=[w if isinstance(w, int) else float(w) for w in widths],
+        dataset=raw["dataset"], n_train=n_train, n_test=n_test,
+        model_options=_table(raw.get("model_options"), f"{ctx} model_options"),
+        data_options=_table(raw.get("data_options"), f"{ctx} data_options"),
+        train=train, n_probe_train=n_pa, n_probe_test=n_pb, probe_batch_size=pbs,
+        points=list(points) if points is not None else None)
+
+
+def load_config(source: str | os.PathLike | Mapping[str, Any], *, out_dir: str | os.PathLike | None = None
+                ) -> SweepConfig:
+    """Parse and validate a sweep config from a TOML file path or an already-parsed dict.
+
+    Raises :class:`WidthscopeError` naming the offending key and the valid choices.
+    """
+    stem = "sweep"
+    if isinstance(source, Mapping):
+        raw = dict(source)
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise WidthscopeError(f"sweep config {str(path)!r} not found: pass a TOML file "
+                                  f"(examples in configs/, reference in docs/sweeps.md)")
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise WidthscopeError(f"sweep config {str(path)!r} is not valid TOML: {exc}") from None
+        stem = path.stem
+    _check_keys(raw, ["sweep", "family"], "top level")
+    sw = _table(raw.get("sweep"), "[sweep]")
+    _check_keys(sw, list(SWEEP_KEYS), "[sweep]")
+    fams_raw = raw.get("family")
+    if isinstance(fams_raw, Mapping):
+        fams_raw = [fams_raw]
+    if not fams_raw:
+        raise WidthscopeError("sweep config: no [[family]] entries; add at least one, e.g.\n"
+                              "[[family]]\nname = \"mlp\"\nwidths = [32, 64]\ndataset = \"digits\"\n"
+                              "n_train = 512")
+    name = sw.get("name", stem)
+    if not isinstance(name, str) or not name:
+        raise WidthscopeError("sweep config [sweep]: name must be a non-empty string")
+    seeds = _int_list(sw.get("seeds", [0]), "[sweep] seeds", minimum=0)
+    if len(set(seeds)) != len(seeds):
+        raise WidthscopeError(f"[sweep] seeds has duplicates: {seeds}")
+    Ms = _int_list(sw.get("M", [16, 32]), "[sweep] M", minimum=2)
+    Ks = _int_list(sw["K"], "[sweep] K", minimum=2) if "K" in sw else list(Ms)
+    paired = sw.get("paired", True)
+    if not isinstance(paired, bool):
+        raise WidthscopeError("[sweep] paired must be true or false")
+    if paired:
+        if len(Ks) != len(Ms):
+            raise WidthscopeError(f"[sweep] paired = true needs M and K of equal length (got {len(Ms)} and "
+                                  f"{len(Ks)}); set paired = false for every M with every K")
+        MK = list(zip(Ms, Ks))
+    else:
+        MK = [(m, k) for m in Ms for k in Ks]
+    draws = _int(sw.get("draws", 1000), "[sweep] draws")
+    estimator = sw.get("estimator", "unbiased")
+    if estimator not in ESTIMATORS:
+        raise WidthscopeError(f"[sweep] estimator {estimator!r} unknown; valid: {', '.join(ESTIMATORS)}")
+    pool = sw.get("pool", "sum")
+    if pool not in POOLS:
+        raise WidthscopeError(f"[sweep] pool {pool!r} unknown; valid: {', '.join(POOLS)}")
+    budgets = _int_list(sw["budgets"], "[sweep] budgets") if "budgets" in sw else None
+    data_seed = _int(sw.get("data_seed", 0), "[sweep] data_seed", minimum=0)
+    device = sw.get("device", "cpu")
+    if not isinstance(device, str):
+        raise WidthscopeError("[sweep] device must be a string such as 'cpu' or 'cuda'")
+    threads = _int(sw["threads"], "[sweep] threads") if "threads" in sw else None
+    families = [_family(f, i, budgets) for i, f in enumerate(fams_raw)]
+    names = [f.name for f in families]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise WidthscopeError(f"sweep config: family names must be unique; repeated: {', '.join(dup)}")
+    for f in families:
+        for m, k in MK:
+            if m > f.n_probe_train or k > f.n_probe_test:
+                raise WidthscopeError(
+                    f"sweep config family {f.name!r}: (M, K) = ({m}, {k}) needs at least {m} train and {k} "
+                    f"held-out probe samples, but certify has n_probe_train={f.n_probe_train}, "
+                    f"n_probe_test={f.n_probe_test}; raise those or lower M/K")
+    out = str(out_dir) if out_dir is not None else sw.get("out_dir", f"widthscope-results/{name}")
+    return SweepConfig(name=name, out_dir=str(out), families=families, seeds=seeds, MK=MK, draws=draws,
+                       estimator=estimator, pool=pool, budgets=budgets, data_seed=data_seed, device=device,
+                       threads=threads)
+
+
+# ----------------------------------------------------------------------------- grid
+def plan_cells(cfg: SweepConfig) -> list[dict[str, Any]]:
+    """The grid, in a fixed order: family, then budget, then width, then seed.
+
+    Each cell carries the config fingerprint, so changing the config never reuses old cells.
+    """
+    fp = cfg.fingerprint()
+    cells = []
+    for fam in cfg.families:
+        budgets = cfg.budgets or [fam.n_train]
+        for budget in budgets:
+            for w in fam.widths:
+                for s in cfg.seeds:
+                    cells.append({"sweep": cfg.name, "family": fam.name, "width": w, "seed": s,
+                                  "budget": budget, "config": fp})
+    return cells
+
+
+_SPLITS: dict[str, Any] = {}
+
+
+def _load_split(fam: FamilySpec, budget: int, cfg: SweepConfig):
+    """Load (and memoise per process) the dataset; every width and seed sees the same split."""
+    from .. import data as wdata
+
+    key = json.dumps([fam.dataset, fam.data_options, budget, fam.n_test, cfg.data_seed], sort_keys=True,
+                     default=str)
+    if key not in _SPLITS:
+        _SPLITS.clear()  # one split at a time keeps memory flat on long multi-family sweeps
+        _SPLITS[key] = wdata.load(fam.dataset, n_train=budget, n_test=fam.n_test, seed=cfg.data_seed,
+                                  **fam.data_options)
+    return _SPLITS[key]
+
+
+def _model_options(fam: FamilySpec, split: Any) -> dict[str, Any]:
+    """Fill the model's data-dependent options (input size, classes, vocabulary) from the split."""
+    opts = dict(fam.model_options)
+    shape = tuple(getattr(split, "input_shape", ()) or ())
+    ncls = getattr(split, "num_classes", None)
+    if fam.model == "mlp":
+        if shape:
+            opts.setdefault("in_dim", int(math.prod(shape)))
+        if ncls:
+            opts.setdefault("out_dim", int(ncls))
+    elif fam.model == "resnet20":
+        if shape:
+            opts.setdefault("in_channels", int(shape[0]))
+        if ncls:
+            opts.setdefault("num_classes", int(ncls))
+    elif fam.model in ("llama", "pythia"):
+        if ncls:
+            opts.setdefault("vocab_size", int(ncls))
+        if shape:
+            opts.setdefault("max_seq_len", int(shape[-1]))
+    return opts
+
+
+def _take(pair: Sequence[Any], n: int) -> tuple[Any, ...]:
+    return tuple(t[:n] for t in pair)
+
+
+def _batches(pair: Sequence[Any], task: str, batch_size: int):
+    from .. import data as wdata
+
+    # Explicit lm flag: slicing breaks the ``y is X`` identity batches() would infer it from.
+    return list(wdata.batches(pair, batch_size, shuffle=False, lm=(task == "lm")))
+
+
+def run_cell(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_progress: bool = True
+             ) -> list[dict[str, Any]]:
+    """Train, save, probe and certify one cell; return its rows (see docs/sweeps.md for columns)."""
+    import torch
+
+    from .. import checkpoint, models, probe, stats
+    from ..train import train
+
+    fam = next(f for f in cfg.families if f.name == cell["family"])
+    seed, width, budget = int(cell["seed"]), cell["width"], int(cell["budget"])
+    split = _load_split(fam, budget, cfg)
+    torch.manual_seed(seed)
+    model = models.build(fam.model, width, **_model_options(fam, split))
+    n_params = int(models.count_parameters(model))
+
+    t0 = time.perf_counter()
+    tr = train(model, split, seed=seed, progress=show_progress, device=cfg.device, **fam.train)
+    train_s = time.perf_counter() - t0
+    checkpoint.save(model, cell_dir, extra={"sweep": cfg.name, "cell": dict(cell), "dataset": fam.dataset,
+                                            "train": {k: v for k, v in tr.items() if k != "history"}})
+
+    t0 = time.perf_counter()
+    points = fam.points or probe.insertion_points(model)
+    pa = _take(split.train, fam.n_probe_train)
+    pb = _take(split.test, fam.n_probe_test)
+    Xa = probe.collect(model, _batches(pa, split.task, fam.probe_batch_size), points=points, pool=cfg.pool,
+                       progress=show_progress)
+    Xb = probe.collect(model, _batches(pb, split.task, fam.probe_batch_size), points=points, pool=cfg.pool,
+                       progress=show_progress)
+    probe_s = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    npts = len(points)
+    for pi, point in enumerate(points):
+        a, b = Xa[point], Xb[point]
+        # Moments and the cross-Gram once per point; every (M, K) reuses them.
+        m_one = stats.moments(a, cfg.estimator)
+        m_two = stats.cross_moments(a, b, cfg.estimator)
+        mis_all = stats.misalignment(a, b, pairs=list(cfg.MK), draws=cfg.draws, seed=seed)
+        for (M, K), mis in zip(cfg.MK, mis_all):
+            one = stats.certificate(m_one, M=M, K=K, populations="one")
+            two = stats.certificate(m_two, M=M, K=K, populations="two")
+            row: dict[str, Any] = {
+                "kind": "alignment", "model": fam.model, "dataset": fam.dataset, "point": point,
+                "point_index": pi, "depth_fraction": (pi + 1) / npts, "n_points": npts,
+                "d": int(a.shape[1]), "n_params": n_params,
+                "train_loss": tr.get("train_loss"), "test_loss": tr.get("test_loss"),
+                "test_accuracy": tr.get("test_accuracy"), "steps": tr.get("steps"),
+                "n_probe_train": int(a.shape[0]), "n_probe_test": int(b.shape[0]),
+                "M": M, "K": K, "estimator": cfg.estimator, "pool": cfg.pool,
+                "probe_notes": "; ".join(getattr(Xa, "notes", [])) or None,
+            }
+            for prefix, cert in (("one_", one), ("two_", two)):
+                for f in CERT_FIELDS:
+                    row[prefix + f] = getattr(cert, f, None)
+            row.update(misalignment=mis.probability, misalignment_low=mis.low,
+                       misalignment_high=mis.high, misalignment_draws=mis.draws)
+            rows.append(row)
+    stats_s = time.perf_counter() - t0
+    for r in rows:
+        r.update(train_s=train_s, probe_s=probe_s, stats_s=stats_s)
+    return rows
+
+
+def _guard_out_dir(cfg: SweepConfig, out_dir: Path) -> None:
+    """Refuse to mix two different sweeps in one results directory (resume needs the same config)."""
+    marker = out_dir / "sweep.json"
+    if marker.exists():
+        try:
+            old = json.loads(marker.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            old = {}
+        if old.get("fingerprint") not in (None, cfg.fingerprint()):
+            raise WidthscopeError(
+                f"results directory {str(out_dir)!r} holds a sweep with a different config "
+                f"(fingerprint {old.get('fingerprint')} vs {cfg.fingerprint()}): resuming would mix results. "
+                f"Use another --out, or delete that directory to start over")
+    atomic_write_json(marker, {"fingerprint": cfg.fingerprint(), "config": cfg.to_dict(), "kind": "alignment"})
+
+
+def run_sweep(config: SweepConfig | Mapping[str, Any] | str | os.PathLike, out_dir: str | os.PathLike | None = None,
+              shard: tuple[int, int] = (1, 1), *, show_progress: bool = True) -> GridResult:
+    """Run (or resume) the sweep's unfinished cells of this shard; return the grid result.
+
+    ``config`` is a :class:`SweepConfig`, a dict as parsed from TOML, or a TOML path.
+    """
+    cfg = config if isinstance(config, SweepConfig) else load_config(config)
+    out = Path(out_dir if out_dir is not None else cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _guard_out_dir(cfg, out)
+    cells = plan_cells(cfg)
+    import torch
+
+    threads = torch.get_num_threads()
+    if cfg.threads:
+        # Small models gain little from more threads, and spinning OpenMP threads on busy cores
+        # can make a step 10-20x slower (measured: docs/sweeps.md), hence the option.
+        torch.set_num_threads(cfg.threads)
+    try:
+        return run_grid(cells, lambda c, d: run_cell(cfg, c, d, show_progress=show_progress), out, shard=shard,
+                        desc=f"sweep {cfg.name}")
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _mean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    return sum(xs) / len(xs) if xs else None
+
+
+def summary_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One line per (family, width, point), averaged over seeds, at the largest (M, K)."""
+    rows = [r for r in rows if r.get("kind") == "alignment"]
+    if not rows:
+        return []
+    out = []
+    keys = sorted({(r["family"], r.get("budget"), r["width"], r["point_index"], r["point"]) for r in rows},
+                  key=lambda k: (k[0], k[1] or 0, k[2], k[3]))
+    for fam, budget, w, pi, point in keys:
+        sel = [r for r in rows if (r["family"], r.get("budget"), r["width"], r["point_index"]) == (fam, budget, w, pi)]
+        mk = max({(r["M"], r["K"]) for r in sel}, key=lambda t: (t[0] * t[1], t))
+        at = [r for r in sel if (r["M"], r["K"]) == mk]
+        out.append({
+            "family": fam, "width": w, "point": point, "seeds": len({r["seed"] for r in at}),
+            "d_align": _mean([r.get("two_d_align") for r in at]),
+            "d_align_1pop": _mean([r.get("one_d_align") for r in at]),
+            "M,K": f"{mk[0]},{mk[1]}", "misalign": _mean([r.get("misalignment") for r in at]),
+            "B_exact": _mean([r.get("two_b_exact") for r in at]),
+            "B_align": _mean([r.get("two_b_align") for r in at]),
+            "test_loss": _mean([r.get("test_loss") for r in at]),
+        })
+    return out
+
+
+def print_summary(rows: Sequence[Mapping[str, Any]], out_dir: Path, file=None) -> None:
+    file = file or sys.stdout
+    table = summary_rows(rows)
+    print(format_table(table, title="alignment sweep (two-population form; mean over seeds)"), file=file)
+    print(f"\nresults: {out_dir / 'results.jsonl'}  (pandas.read_json(path, lines=True))", file=file)
+    print(f"report:  widthscope report {out_dir}", file=file)

@@ -1,0 +1,53 @@
+"""``widthscope sweep CONFIG.toml [--out DIR] [--shard k/n] [--dry-run]``.
+
+Runs (or resumes) an alignment width sweep; see :mod:`widthscope.sweep.alignment` and
+docs/sweeps.md. Example::
+
+    widthscope sweep configs/demo-mlp.toml --out /tmp/mlp-sweep
+    widthscope sweep configs/demo-mlp.toml --out /tmp/mlp-sweep --shard 2/4   # a quarter of the grid
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .._io import format_table
+from ..errors import WidthscopeError
+from .grid import _cell_path, cell_id, parse_shard
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="TOML sweep config (see docs/sweeps.md and configs/)")
+    parser.add_argument("--out", default=None, help="results directory (default: [sweep].out_dir)")
+    parser.add_argument("--shard", default=None, metavar="k/n",
+                        help="run only cells k-1, k-1+n, ... of the grid (for several processes/machines)")
+    parser.add_argument("--dry-run", action="store_true", help="print the grid and what is finished; run nothing")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="torch CPU threads (overrides [sweep].threads); 1 is best on busy machines")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars inside cells")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .alignment import load_config, plan_cells, print_summary, run_sweep
+
+    cfg = load_config(args.config, out_dir=args.out)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise WidthscopeError(f"--threads must be >= 1 (got {args.threads})")
+        cfg.threads = args.threads
+    shard = parse_shard(args.shard)
+    out = Path(cfg.out_dir)
+    cells = plan_cells(cfg)
+    k, n = shard
+    mine = [(i, c) for i, c in enumerate(cells) if i % n == k - 1]
+    if args.dry_run:
+        table = [{"#": i, **{key: c[key] for key in ("family", "width", "seed", "budget")},
+                  "cell_id": cell_id(c), "done": _cell_path(out, cell_id(c)).exists()} for i, c in mine]
+        print(format_table(table, title=f"sweep {cfg.name}: {len(mine)} of {len(cells)} cells in shard {k}/{n}"))
+        print(f"(M, K): {cfg.MK}; results dir: {out}")
+        return 0
+    print(f"sweep {cfg.name}: {len(mine)} of {len(cells)} cells in shard {k}/{n} -> {out}", flush=True)
+    result = run_sweep(cfg, out, shard=shard, show_progress=not args.no_progress)
+    print(f"ran {len(result.done)} cell(s), {len(result.skipped)} already finished", flush=True)
+    print_summary(result.rows, out)
+    return 0

@@ -1,0 +1,59 @@
+"""``widthscope demo --quick`` end to end, and the embedded configs against configs/*.toml."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from widthscope import demo
+from widthscope.cli import main
+from widthscope.sweep.alignment import load_config, plan_cells
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+@pytest.mark.parametrize("name,embedded", [("demo-llama", demo.DEMO_LLAMA), ("demo-mlp", demo.DEMO_MLP)])
+def test_embedded_configs_equal_shipped_toml(name, embedded):
+    path = CONFIGS / f"{name}.toml"
+    if not path.exists():
+        pytest.skip("configs/ not shipped with an installed package")
+    assert tomllib.loads(path.read_text()) == embedded
+    cfg = load_config(embedded)
+    fam = cfg.families[0]
+    # the demo's promise: >= 4 widths, 2 seeds, paired M = K
+    assert len(fam.widths) >= 4 and cfg.seeds == [0, 1] and all(m == k for m, k in cfg.MK)
+
+
+def test_fallback_to_digits_and_quick_grid():
+    llama, mlp = demo.demo_configs(quick=True, image_dataset="digits")
+    assert mlp["family"][0]["dataset"] == "digits" and mlp["family"][0]["data_options"] == {}
+    assert len(plan_cells(load_config(llama))) == 2 and len(plan_cells(load_config(mlp))) == 2
+    full = demo.demo_configs(quick=False, image_dataset="fashion-mnist")
+    assert full[1]["family"][0]["dataset"] == "fashion-mnist" and full[0] == demo.DEMO_LLAMA
+
+
+def test_quick_demo_end_to_end(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "--quick", "--out", str(out), "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    page = out / "report" / "report.html"
+    assert f"report: {page}" in text
+    html = page.read_text()
+    assert "Alignment width sweep" in html and html.count('src="data:image/png;base64,') >= 4
+    assert "llama: d_align (two-population) grows with width at" in html
+    assert "mlp: d_align (two-population) grows with width at" in html
+    for part in ("llama", "mlp"):
+        assert (out / part / "results.jsonl").exists()
+    # resumable: a second run redoes no cell (the cell files are untouched)
+    cells = sorted((out / "llama" / "cells").glob("*.json")) + sorted((out / "mlp" / "cells").glob("*.json"))
+    stamps = [p.stat().st_mtime_ns for p in cells]
+    assert len(cells) == 4
+    assert main(["demo", "--quick", "--out", str(out), "--no-progress", "--no-linear"]) == 0
+    assert [p.stat().st_mtime_ns for p in cells] == stamps
+    assert "skipped (--no-linear)" in capsys.readouterr().out
