@@ -155,7 +155,7 @@ def channel_stats(X: np.ndarray | torch.Tensor, *, weights: torch.Tensor | None 
     s1 = s2 = None
     count = 0
     for i in range(0, n, chunk):
-        x = torch.as_tensor(np.asarray(X[i:i + chunk])).double() * scale
+        x = torch.tensor(np.asarray(X[i:i + chunk]), dtype=torch.float64) * scale  # copy: may be read-only
         if weights is not None:
             x = torch.einsum("oc,nc...->no...", weights.double(), x)
         dims = [0] + list(range(2, x.dim()))
