@@ -82,3 +82,14 @@ def test_run_grid_kill9_then_resume(tmp_path):
     subprocess.run([sys.executable, str(script)], check=True)
     rows = load_rows(tmp_path / "out")
     assert [r["y"] for r in rows] == list(range(6))
+
+
+def test_shard_for_run_uses_torchrun_rank(monkeypatch):
+    from widthscope.sweep.grid import shard_for_run
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert shard_for_run(None) == (1, 1)
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "2")
+    assert shard_for_run(None) == (3, 3)
+    assert shard_for_run("1/2") == (1, 2)  # an explicit --shard wins

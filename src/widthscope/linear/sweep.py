@@ -45,7 +45,7 @@ import torch
 
 from .._io import atomic_write_json, format_table, to_jsonable
 from ..errors import WidthscopeError
-from ..sweep.grid import cell_id, parse_shard, run_grid
+from ..sweep.grid import cell_id, finish_after_ranks, run_grid, shard_for_run
 from .correlation import correlation_summary, parse_correlation_name
 from .powerlaw import fit_slope
 from .trainer import train_side_by_side
@@ -342,9 +342,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = _load_toml(args.config)
-    shard = parse_shard(args.shard)
+    shard = shard_for_run(args.shard)  # under torchrun: one shard per rank
     if args.threads:
         torch.set_num_threads(args.threads)
     out = args.out or str(Path("runs") / str(config.get("name", Path(args.config).stem)))
     run_sweep(config, out, shard)
+    # Under torchrun, rank 0 fits the slopes once every rank's cells are in.
+    finish_after_ranks(args.shard, lambda: run_sweep(config, out, (1, 1)))
     return 0

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .._io import format_table
 from ..errors import WidthscopeError
-from .grid import _cell_path, cell_id, parse_shard
+from .grid import _cell_path, cell_id, finish_after_ranks, shard_for_run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise WidthscopeError(f"--threads must be >= 1 (got {args.threads})")
         cfg.threads = args.threads
-    shard = parse_shard(args.shard)
+    shard = shard_for_run(args.shard)
     out = Path(cfg.out_dir)
     cells = plan_cells(cfg)
     k, n = shard
@@ -49,5 +49,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"sweep {cfg.name}: {len(mine)} of {len(cells)} cells in shard {k}/{n} -> {out}", flush=True)
     result = run_sweep(cfg, out, shard=shard, show_progress=not args.no_progress)
     print(f"ran {len(result.done)} cell(s), {len(result.skipped)} already finished", flush=True)
-    print_summary(result.rows, out)
+
+    def finish() -> None:  # rank 0 under torchrun, once every rank's shard is done
+        print_summary(run_sweep(cfg, out, shard=(1, 1), show_progress=False).rows, out)
+
+    if finish_after_ranks(args.shard, finish):
+        print_summary(result.rows, out)
     return 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 from .._io import atomic_write_json, atomic_write_text, progress, to_jsonable
 from ..errors import WidthscopeError
 
-__all__ = ["cell_id", "parse_shard", "shard_cells", "run_grid", "load_rows", "GridResult"]
+__all__ = ["cell_id", "parse_shard", "shard_for_run", "finish_after_ranks", "shard_cells", "run_grid", "load_rows", "GridResult"]
 
 RESULTS = "results.jsonl"
 
@@ -44,6 +45,33 @@ def parse_shard(text: str | None) -> tuple[int, int]:
     if not (n >= 1 and 1 <= k <= n):
         raise WidthscopeError(f"--shard {text!r}: need 1 <= k <= n (got k={k}, n={n})")
     return (k, n)
+
+
+def shard_for_run(text: str | None) -> tuple[int, int]:
+    """The shard a sweep process runs: ``--shard`` when given; otherwise, under ``torchrun``
+    with ``W`` processes, rank ``r`` runs shard ``r+1/W`` (else the whole grid)."""
+    if text is not None:
+        return parse_shard(text)
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world > 1 and "RANK" in os.environ:
+        return (int(os.environ["RANK"]) + 1, world)
+    return (1, 1)
+
+
+def finish_after_ranks(shard_text: str | None, finish: Callable[[], Any]) -> bool:
+    """Under ``torchrun`` (no explicit ``--shard``): wait for every rank's shard, then call
+    ``finish()`` on rank 0 (e.g. rerun the sweep unsharded: it finds every cell done and writes
+    the summary / fits). Returns True when this process should print the summary itself."""
+    if shard_text is not None or int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        return True
+    from .. import distributed
+
+    distributed.init_from_env(timeout_s=float(os.environ.get("WIDTHSCOPE_DIST_TIMEOUT", 7 * 24 * 3600)))
+    distributed.barrier()
+    if distributed.is_main():
+        finish()
+    distributed.barrier()
+    return False
 
 
 def shard_cells(cells: Sequence[Mapping[str, Any]], k: int, n: int) -> list[Mapping[str, Any]]:
