@@ -36,6 +36,8 @@ train = { steps = 120, lr = 0.01, batch_size = 32 }
 certify = { n_probe_train = 40, n_probe_test = 32, batch_size = 16 }
 """
 N_CELLS, N_POINTS, N_MK = 3 * 2, 2, 2
+N_ETAS = 9  # default intervention grid
+ROWS_PER_CELL = N_POINTS * N_MK + N_POINTS * N_ETAS  # alignment rows + intervention rows
 
 
 def _write(tmp: Path, text: str, name: str = "cfg.toml") -> Path:
@@ -137,11 +139,19 @@ def _per_example_grads(model, X, y, point):
 
 def test_tiny_sweep_rows_match_oracles(tiny):
     cfg_path, out, result = tiny
-    rows = result.rows
+    with open(out / "results.jsonl") as f:  # what a pandas user loads
+        assert [json.loads(line) for line in f] == result.rows
+    rows = [r for r in result.rows if r["kind"] == "alignment"]
+    ivs = [r for r in result.rows if r["kind"] == "intervention"]
     assert len(result.done) == N_CELLS and len(rows) == N_CELLS * N_POINTS * N_MK
     assert {(r["width"], r["seed"]) for r in rows} == {(w, s) for w in (8, 16, 32) for s in (0, 1)}
-    with open(out / "results.jsonl") as f:  # what a pandas user loads
-        assert [json.loads(line) for line in f] == rows
+    # one bias intervention per cell and point (default eta grid of 9), summarised on the rows
+    assert len(ivs) == N_CELLS * N_POINTS * N_ETAS and len(ivs) + len(rows) == len(result.rows)
+    for r in rows:
+        mine = [v for v in ivs if v["cell_id"] == r["cell_id"] and v["point"] == r["point"]]
+        small = min(mine, key=lambda v: v["eta"])
+        assert r["iv_retention"] == small["retention"] == pytest.approx(small["actual"] / small["predicted"])
+        assert r["iv_sign_agrees"] == small["sign_agrees"] and small["M"] == 16 and small["K"] == 16
     for r in rows:
         assert r["kind"] == "alignment" and r["family"] == "mlp" and r["d"] == r["width"]
         assert r["point"] == f"blocks.{r['point_index']}" and r["depth_fraction"] == (r["point_index"] + 1) / 2
@@ -228,7 +238,7 @@ def test_resume_after_sigkill(tiny, tmp_path):
     with open(out / "results.jsonl") as f:
         rows = [json.loads(line) for line in f]
     ids = [(r["cell_id"], r["row_index"]) for r in rows]
-    assert len(ids) == len(set(ids)) == N_CELLS * N_POINTS * N_MK  # every cell exactly once
+    assert len(ids) == len(set(ids)) == N_CELLS * ROWS_PER_CELL  # every cell exactly once
     _same(rows, full.rows)
 
 

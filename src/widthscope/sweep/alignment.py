@@ -63,7 +63,7 @@ __all__ = [
 CERT_FIELDS = ("expectation", "variance", "d_par", "d_2", "d_align", "n_eff", "b_exact", "b_align",
                "vacuous", "reason")
 # Columns that measure time and therefore differ between otherwise identical runs.
-TIMING_COLUMNS = ("train_s", "probe_s", "stats_s", "cell_seconds")
+TIMING_COLUMNS = ("train_s", "probe_s", "stats_s", "intervene_s", "cell_seconds")
 
 SWEEP_KEYS = {
     "name": "label of the sweep (default: the config file's stem)",
@@ -80,6 +80,9 @@ SWEEP_KEYS = {
     "device": "torch device (default 'cpu')",
     "threads": "torch CPU threads while the sweep runs (default: torch's choice); 1 avoids "
                "oversubscription when other jobs share the cores",
+    "interventions": "'bias' (default), 'block' or 'none': a direct zero-init residual intervention "
+                     "at every point (rows of kind 'intervention' + iv_* columns on alignment rows)",
+    "etas": "intervention step sizes (default: a log grid scaled to each point)",
 }
 FAMILY_KEYS = {
     "name": "label of this family in results (required)",
@@ -136,6 +139,8 @@ class SweepConfig:
     data_seed: int = 0
     device: str = "cpu"
     threads: int | None = None
+    interventions: str = "bias"
+    etas: list[float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return to_jsonable(asdict(self))
@@ -315,6 +320,15 @@ def load_config(source: str | os.PathLike | Mapping[str, Any], *, out_dir: str |
     if not isinstance(device, str):
         raise WidthscopeError("[sweep] device must be a string such as 'cpu' or 'cuda'")
     threads = _int(sw["threads"], "[sweep] threads") if "threads" in sw else None
+    interventions = sw.get("interventions", "bias")
+    if interventions not in ("bias", "block", "none"):
+        raise WidthscopeError(f"[sweep] interventions {interventions!r} unknown; valid: bias, block, none")
+    etas = sw.get("etas")
+    if etas is not None:
+        if (not isinstance(etas, list) or not etas
+                or not all(isinstance(e, (int, float)) and not isinstance(e, bool) and e > 0 for e in etas)):
+            raise WidthscopeError(f"[sweep] etas must be a non-empty list of positive numbers, got {etas!r}")
+        etas = [float(e) for e in etas]
     families = [_family(f, i, budgets) for i, f in enumerate(fams_raw)]
     names = [f.name for f in families]
     dup = sorted({n for n in names if names.count(n) > 1})
@@ -330,7 +344,7 @@ def load_config(source: str | os.PathLike | Mapping[str, Any], *, out_dir: str |
     out = str(out_dir) if out_dir is not None else sw.get("out_dir", f"widthscope-results/{name}")
     return SweepConfig(name=name, out_dir=str(out), families=families, seeds=seeds, MK=MK, draws=draws,
                        estimator=estimator, pool=pool, budgets=budgets, data_seed=data_seed, device=device,
-                       threads=threads)
+                       threads=threads, interventions=interventions, etas=etas)
 
 
 # ----------------------------------------------------------------------------- grid
@@ -461,8 +475,31 @@ def run_cell(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_
                        misalignment_high=mis.high, misalignment_draws=mis.draws)
             rows.append(row)
     stats_s = time.perf_counter() - t0
+
+    # Direct interventions (spec §5): the certificate's prediction tested on this model.
+    t0 = time.perf_counter()
+    iv_rows: list[dict[str, Any]] = []
+    if cfg.interventions != "none":
+        from ..probe.intervene import intervene
+
+        m_max, k_max = max(m for m, _ in cfg.MK), max(k for _, k in cfg.MK)
+        for pi, point in enumerate(points):
+            ivs = intervene(model, point, _batches(pa, split.task, fam.probe_batch_size),
+                            _batches(pb, split.task, fam.probe_batch_size), etas=cfg.etas,
+                            kind=cfg.interventions, M=m_max, K=k_max, seed=seed, progress=False)
+            smallest = min(ivs, key=lambda r: r["eta"])
+            for r in rows:
+                if r["point"] == point:
+                    r.update(iv_eta=smallest["eta"], iv_predicted=smallest["predicted"],
+                             iv_actual=smallest["actual"], iv_retention=smallest["retention"],
+                             iv_sign_agrees=smallest["sign_agrees"])
+            for iv in ivs:
+                iv_rows.append({**iv, "model": fam.model, "dataset": fam.dataset, "point_index": pi,
+                                "n_params": n_params})
+    intervene_s = time.perf_counter() - t0
+    rows += iv_rows
     for r in rows:
-        r.update(train_s=train_s, probe_s=probe_s, stats_s=stats_s)
+        r.update(train_s=train_s, probe_s=probe_s, stats_s=stats_s, intervene_s=intervene_s)
     return rows
 
 
