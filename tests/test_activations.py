@@ -82,3 +82,18 @@ def test_cli_table_and_json(tmp_path, capsys):
     assert [r["name"] for r in rows] == ["relu", "tanh"]
     assert main(["activations", "--names", "bogus"]) == 2
     assert "unknown activation" in capsys.readouterr().err
+
+
+def test_non_tensor_functions_and_non_finite_values_are_reported(capsys):
+    # math.sin cannot take a tensor: one error line, exit 2 (was a traceback, exit 1)
+    assert main(["activations", "--names", "math:sin", "--K", "2", "--grid", "11"]) == 2
+    assert "must be a torch function" in capsys.readouterr().err
+    # sqrt is NaN for x < 0: flagged, never reported as "ok"
+    (row,) = audit([torch.sqrt], K=2, lo=-1.0, hi=1.0, grid=21)
+    assert not row["finite"] and row["nonfinite_order"] == 0 and row["nonfinite_at"] == -1.0
+    assert "non-finite" in row["flags"]
+    (row,) = audit([torch.sqrt], K=2, lo=1.0, hi=4.0, grid=31)   # inside its domain: fine
+    assert row["finite"] and "non-finite" not in row["flags"]
+    assert row["ratio_1"] == pytest.approx(0.5 / 2)            # max |(√x)'| = 1/(2√1), / 2!
+    with pytest.raises(WidthscopeError, match="finite lo < hi"):
+        audit(["tanh"], lo=-5.0, hi=math.inf)

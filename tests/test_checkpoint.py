@@ -132,3 +132,13 @@ def test_refusals_and_messages(tmp_path, monkeypatch):
     custom = build("mlp", 8, in_dim=3, out_dim=2, activation=torch.nn.functional.softplus)
     with pytest.raises(WidthscopeError, match="custom activation"):
         checkpoint.save(custom, tmp_path / "y")
+
+
+def test_config_that_does_not_build_names_the_checkpoint(tmp_path):
+    m = build("mlp", 8, in_dim=3, out_dim=2)
+    checkpoint.save(m, tmp_path / "ck")
+    (tmp_path / "ck" / "config.json").write_text(json.dumps({"widthscope_format": 1,
+                                                             "model": {"family": "llama"}}))
+    with pytest.raises(WidthscopeError, match=r"config.json of .*ck does not describe a buildable model: "
+                                              r"llama width"):
+        checkpoint.load(tmp_path / "ck")

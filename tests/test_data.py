@@ -268,3 +268,16 @@ def test_subsets_share_the_whole_train_part_normalisation(tmp_path):
     # digits: the statistics do not depend on the subset either
     d1, d2 = load("digits", n_train=50, seed=0), load("digits", n_train=300, seed=0)
     assert d1.meta["normalization"] == d2.meta["normalization"]
+
+
+def test_text_option_types_are_checked(tmp_path):
+    (tmp_path / "t.txt").write_bytes(bytes(range(256)) * 4)
+    for kw, msg in [(dict(seq_len="64"), "seq_len must be an integer >= 2"),
+                    (dict(seq_len=1), "seq_len must be an integer >= 2"),
+                    (dict(max_bytes=0), "max_bytes must be a positive integer"),
+                    (dict(max_bytes=1.5), "max_bytes must be a positive integer"),
+                    (dict(test_fraction="0.1"), "test_fraction must be a number")]:
+        with pytest.raises(WidthscopeError, match=msg):
+            load("text", root=str(tmp_path), **kw)
+    split = load("text", root=str(tmp_path), seq_len=16, max_bytes=512)
+    assert len(split.train[0]) + len(split.test[0]) == 512 // 16

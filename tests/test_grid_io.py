@@ -28,6 +28,21 @@ def test_atomic_json_nonfinite_is_null(tmp_path):
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
 
 
+
+def test_unwritable_output_paths_raise_widthscope_error(tmp_path):
+    # --out / --json pointing at a directory or below a file used to end in an OSError traceback
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("x")
+    with pytest.raises(WidthscopeError, match="it is a directory"):
+        atomic_write_json(tmp_path, {"a": 1})
+    with pytest.raises(WidthscopeError, match=r"file.txt' is a file, not a directory"):
+        atomic_write_json(blocker / "out.json", {"a": 1})
+    with pytest.raises(WidthscopeError, match="cannot write"):
+        append_jsonl(blocker / "sub" / "rows.jsonl", [{"a": 1}])
+    assert blocker.read_text() == "x" and sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]
+    atomic_write_json(tmp_path / "new" / "ok.json", {"a": 1})          # parents are created
+    assert json.loads((tmp_path / "new" / "ok.json").read_text()) == {"a": 1}
+
 def test_format_table():
     t = format_table([{"x": 1.23456, "name": "a"}, {"x": float("nan"), "name": "bb"}])
     assert "1.235" in t and "-" in t and "bb" in t

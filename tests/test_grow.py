@@ -106,6 +106,33 @@ def test_cli_builtin_writes_json(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+
+def test_cli_checkpoint_uses_recorded_dataset_default_sizes_and_text_files(tmp_path, capsys):
+    # A digits checkpoint with default --n-train/--n-test (2048/512 > what digits has) must work,
+    # --data defaults to the dataset recorded in the checkpoint, and a text file is accepted.
+    from widthscope import checkpoint
+    from widthscope.cli import main
+    from widthscope.models import build
+
+    torch.manual_seed(0)
+    checkpoint.save(build("mlp", 8, in_dim=64, out_dim=10, depth=2), tmp_path / "mlp",
+                    extra={"dataset": "digits"})
+    rc = main(["grow", "--model", str(tmp_path / "mlp"), "--steps", "2", "--M", "8", "--K", "8",
+               "--out", str(tmp_path / "g.json")])
+    assert rc == 0, capsys.readouterr().err
+    res = json.loads((tmp_path / "g.json").read_text())
+    assert res["settings"]["n_rank"] + res["settings"]["n_eval"] == 359   # all of digits' test part
+    checkpoint.save(build("llama", 16, depth=1, max_seq_len=16, vocab_size=256), tmp_path / "lm")
+    rc = main(["grow", "--model", str(tmp_path / "lm"), "--steps", "1"])
+    assert rc == 2 and "does not record its dataset" in capsys.readouterr().err
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(bytes(range(32, 127)) * 40)
+    rc = main(["grow", "--model", str(tmp_path / "lm"), "--data", str(corpus), "--seq-len", "16",
+               "--steps", "1", "--M", "4", "--K", "4"])
+    assert rc == 0, capsys.readouterr().err
+    rc = main(["grow", "--model", str(tmp_path / "lm"), "--data", str(tmp_path / "nope.txt")])
+    assert rc == 2 and "not a dataset name" in capsys.readouterr().err
+
 def test_report_figures_from_intervention_and_growth_rows(tmp_path):
     from widthscope.probe.intervene import intervene
     from widthscope.report.interventions import figures, summary

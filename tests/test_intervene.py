@@ -123,6 +123,24 @@ def test_insert_errors():
     insert(bn, "1", "bias")
 
 
+
+def test_insert_infers_width_at_activation_points_of_a_sequential():
+    # insertion_points of a plain Sequential include its activations ('1' = Tanh): their width
+    # comes from the preceding layer; shape-changing parameter-free modules are not guessed past.
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(3, 8), nn.Dropout(0.1), nn.Tanh(), nn.Linear(8, 2)).double().eval()
+    x = torch.randn(5, 3, dtype=torch.float64)
+    y0 = m(x)
+    insert(m, "2", "block", hidden=16)
+    insert(m, "1", "bias")
+    assert m.get_submodule("2").widthscope_spec["width"] == 8
+    assert torch.equal(m(x), y0)
+    conv = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(36, 2)).eval()
+    insert(conv, "1", "bias")
+    assert conv.get_submodule("1").widthscope_spec["width"] == 4
+    with pytest.raises(WidthscopeError, match="pass width="):
+        insert(conv, "2", "bias")
+
 def _tanh_net(seed=0, width=24):
     torch.manual_seed(seed)
     net = nn.Sequential(nn.Linear(5, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh(),

@@ -267,3 +267,40 @@ def test_nonfinite_loss_names_the_step():
         train_side_by_side(net, (X, Y), steps=2, lr=0.1, batch_size=100)
     with pytest.raises(WidthscopeError, match="pair of tensors"):
         train_side_by_side(net, X, steps=2, lr=0.1)
+
+
+def test_bad_inputs_raise_widthscope_errors_not_torch_errors():
+    net = tiny_mlp()                              # 3 inputs, 2 outputs, float64
+    X, Y = rn(8, 3), rn(8, 2)
+    with pytest.raises(WidthscopeError, match=r"cannot run on inputs of shape \(1, 5\)"):
+        ntk(net, rn(4, 5))
+    with pytest.raises(WidthscopeError, match="no inputs"):
+        ntk(net, rn(0, 3))
+    for eta in (0.0, -0.1, math.nan):             # eta^(D/2+d): a negative eta gives NaN for D=1
+        with pytest.raises(WidthscopeError, match="eta must be a positive"):
+            correlation(net, X[0], X[1:2], D=1, d=1, eta=eta)
+    with pytest.raises(WidthscopeError, match=r"Y has shape \(8, 7\).*2 output"):
+        train_side_by_side(net, (X, rn(8, 7)), steps=1, lr=0.1)
+    with pytest.raises(WidthscopeError, match=r"class indices must lie in 0..1"):
+        train_side_by_side(net, (X, torch.arange(8) % 3), steps=1, lr=0.1, loss="cross_entropy")
+    Xn = X.clone()
+    Xn[5, 1] = math.nan
+    with pytest.raises(WidthscopeError, match=r"data X has NaN/Inf in 1 row\(s\) \(first: \[5\]\)"):
+        train_side_by_side(net, (Xn, Y), steps=1, lr=0.1)
+
+
+def test_float32_data_with_float64_model_and_class_index_targets():
+    # data.load gives float32 inputs and int64 labels; a float64 model must accept them, and
+    # integer labels under MSE are the documented one-hot targets.
+    net = tiny_mlp()
+    X, y = rn(8, 3), torch.tensor([0, 1, 1, 0, 1, 0, 0, 1])
+    onehot = torch.nn.functional.one_hot(y, 2).double()
+    ref = train_side_by_side(net, (X, onehot), steps=3, lr=0.1)
+    got = train_side_by_side(net, (X.float(), y), steps=3, lr=0.1)
+    X32 = X.float().double()                      # the same rounded inputs, in float64
+    ref32 = train_side_by_side(net, (X32, onehot), steps=3, lr=0.1)
+    assert got[-1]["train_loss"] == ref32[-1]["train_loss"]
+    assert math.isclose(got[-1]["train_loss"], ref[-1]["train_loss"], rel_tol=1e-5)
+    assert torch.equal(ntk(net, X.float()), ntk(net, X32))
+    assert torch.equal(correlation(net, X.float()[0], X.float()[1:3], D=0, d=2, eta=0.1),
+                       correlation(net, X32[0], X32[1:3], D=0, d=2, eta=0.1))

@@ -59,6 +59,17 @@ BASE = {"widths": [8, 16, 32, 64, 128]}
     ({"fit": {"steps": [7]}}, "fit.steps"),
     ({"correlations": {"measure": ["C21"]}}, "D=2"),
     ({"model": {"family": "llama"}}, "mlp"),
+    # checked before any cell runs (these used to fail inside the first cell, or not at all)
+    ({"train": {"eta0": 0.0}}, r"train.eta0 must be a positive number"),
+    ({"train": {"eta0": -0.5}}, r"train.eta0 must be a positive number"),
+    ({"train": {"alphas": [0.0, float("nan")]}}, "train.alphas must be finite"),
+    ({"train": {"optimizer": "lbfgs"}}, "train.optimizer 'lbfgs'"),
+    ({"train": {"loss": "l1"}}, "train.loss 'l1'"),
+    ({"train": {"batch_size": -1}}, "train.batch_size"),
+    ({"train": {"probe": 0}}, "train.probe"),
+    ({"data": {"n_train": 0}}, "data.n_train"),
+    ({"correlations": {"n_tuples": 0}}, "correlations.n_tuples"),
+    ({"correlations": {"output": "rand"}}, "correlations.output"),
 ])
 def test_config_errors_name_the_problem(patch, match):
     with pytest.raises(WidthscopeError, match=match):

@@ -237,3 +237,27 @@ def test_lm_config_rebuilds_same_architecture():
         b = build(**a.widthscope_config)
         sa, sb = a.state_dict(), b.state_dict()
         assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_wrong_input_kind_raises_one_clear_error():
+    # image/feature data reaching a language model (or token ids reaching an MLP/ResNet) used to
+    # surface as torch tracebacks from the embedding lookup or matmul
+    torch.manual_seed(0)
+    for family in ("llama", "pythia"):
+        lm = build(family, 32, depth=1, max_seq_len=16, vocab_size=64).eval()
+        ids = torch.randint(0, 64, (2, 8))
+        ref = lm(ids).logits
+        assert torch.equal(lm(input_ids=ids).logits, ref)      # valid ids: unchanged
+        with pytest.raises(WidthscopeError, match="integer token ids"):
+            lm(torch.randn(2, 8))
+        with pytest.raises(WidthscopeError, match=r"token ids must lie in 0..63 \(vocab_size=64\)"):
+            lm(input_ids=torch.full((2, 8), 64))
+        rebuilt = build(**lm.widthscope_config)
+        with pytest.raises(WidthscopeError, match="integer token ids"):
+            rebuilt(torch.randn(2, 8))
+    mlp = build("mlp", 8, in_dim=4, out_dim=2)
+    with pytest.raises(WidthscopeError, match="mlp expects float features, got torch.int64"):
+        mlp(torch.randint(0, 5, (3, 4)))
+    net = build("resnet20", 0.25, num_classes=3)
+    with pytest.raises(WidthscopeError, match="resnet20 expects float images"):
+        net(torch.randint(0, 255, (2, 3, 8, 8), dtype=torch.uint8))

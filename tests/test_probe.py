@@ -368,3 +368,13 @@ def test_dropout_runs_in_eval_mode_with_a_note():
     r2 = collect(net, [(x, y)], points=["1"], progress=False)
     assert torch.equal(r1["1"], r2["1"])  # deterministic: dropout was off
     assert any("dropout disabled" in n for n in r1.notes) and net[1].training
+
+
+def test_empty_point_list_names_the_defaults_without_a_literal_none():
+    from widthscope.probe.points import resolve_points
+
+    net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    for empty in ("", " , ", []):
+        with pytest.raises(WidthscopeError, match=r"no insertion points given .*defaults: 0, 1$"):
+            resolve_points(net, empty)
+    assert resolve_points(net, " 1 , 0,1") == ["1", "0"]

@@ -184,6 +184,22 @@ def test_plan_vacuous_and_bad_target():
             plan(X, target=bad)
 
 
+
+def test_plan_tiny_target_beyond_search_range_is_none_with_note():
+    # used to raise "sample-size search did not converge"; the other bound is still answered
+    X = _data(300, 16, 7, shift=0.15)
+    target = 1e-300
+    p = plan(X, target=target)
+    assert p.equal_align is None and "B_align needs M = K above" in p.notes
+    if p.equal_exact is not None:   # float64 oracle: the returned M passes and M - 1 fails
+        M = p.equal_exact
+        assert certificate(X, M=M, K=M).b_exact <= target < certificate(X, M=M - 1, K=M - 1).b_exact
+    else:
+        assert "B_exact needs M = K above" in p.notes
+    ok = plan(X, target=0.05)
+    assert ok.equal_align is not None and "above" not in ok.notes
+
+
 # ----------------------------------------------------------------------------- misalignment
 def _brute_misalignment(Xa, Xb, I, J, M, K):
     count = 0

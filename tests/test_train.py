@@ -128,3 +128,26 @@ def test_train_bad_arguments():
         args.update(kw)
         with pytest.raises(WidthscopeError, match=msg):
             train(m, split, **args)
+
+
+def test_train_rejects_bad_split_warmup_lr_and_unavailable_device():
+    # these used to be an AttributeError, a silently accepted negative warm-up, and torch's
+    # "Torch not compiled with CUDA enabled" assertion from model.to
+    from widthscope.train import resolve_device
+
+    split = _digits()
+    m = build("mlp", 8, in_dim=64, out_dim=10)
+    before = [p.detach().clone() for p in m.parameters()]
+    bad = [(dict(split=split.train), "widthscope.data.Split"), (dict(warmup=-1), "warmup must be >= 0"),
+           (dict(warmup=math.nan), "warmup"), (dict(lr=math.inf), "lr must be > 0"),
+           (dict(lr="0.1"), "lr must be > 0"), (dict(batch_size=0), "batch_size"),
+           (dict(device="nonsense"), "not a torch device")]
+    if not torch.cuda.is_available():
+        bad.append((dict(device="cuda"), "CUDA is not available"))
+    for kw, msg in bad:
+        args = dict(split=split, steps=1, lr=0.1, progress=False)
+        args.update(kw)
+        with pytest.raises(WidthscopeError, match=msg):
+            train(m, args.pop("split"), **args)
+    assert all(torch.equal(a, b) for a, b in zip(before, m.parameters()))   # nothing trained
+    assert resolve_device("cpu") == torch.device("cpu") and resolve_device(None).type == "cpu"

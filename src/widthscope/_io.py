@@ -45,19 +45,42 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
+def _unwritable(path: Path, exc: OSError) -> Exception:
+    from .errors import WidthscopeError
+
+    reason = exc.strerror or str(exc)
+    if isinstance(exc, (FileExistsError, NotADirectoryError)):
+        blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+        if blocker is not None:
+            reason = f"{str(blocker)!r} is a file, not a directory"
+    return WidthscopeError(f"cannot write {str(path)!r}: {reason}; choose another output path "
+                           "(a file in a writable directory)")
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically; an unwritable path raises WidthscopeError naming it."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if path.is_dir():
+        from .errors import WidthscopeError
+
+        raise WidthscopeError(f"cannot write {str(path)!r}: it is a directory; give a file path "
+                              f"such as {str(path / 'results.json')!r}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise _unwritable(path, exc) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise _unwritable(path, exc) from None
         raise
     return path
 
@@ -69,11 +92,14 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
 def append_jsonl(path: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> None:
     """Append rows durably: all rows of one call go out in a single write, then fsync."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = "".join(json.dumps(to_jsonable(r), sort_keys=True) + "\n" for r in rows)
     if not payload:
         return
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as exc:
+        raise _unwritable(path, exc) from None
     try:
         # A previous kill may have left a partial last line: start ours on a fresh line.
         if os.fstat(fd).st_size > 0:

@@ -264,7 +264,10 @@ def load(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> nn.M
             raise WidthscopeError(f"config.json of {path} has no model description ('model' with a 'family')")
         model_cfg = dict(cfg["model"])
         insertions = model_cfg.pop("insertions", None) or []
-        model = build(**model_cfg)
+        try:
+            model = build(**model_cfg)
+        except WidthscopeError as exc:
+            raise WidthscopeError(f"config.json of {path} does not describe a buildable model: {exc}") from None
         if insertions:
             # Grown models: re-create the inserted residual parameters before the weights load.
             from .probe.intervene import apply_insertions

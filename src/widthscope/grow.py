@@ -21,9 +21,16 @@ while the new block learns (and per-example losses stay independent).
 
 Example::
 
-    >>> from widthscope.grow import grow          # doctest: +SKIP
-    >>> res = grow(model, split, M=32, K=32, steps=200, lr=1e-3, compare=True)
-    >>> res["chosen"], res["growth"][0]["loss_after"]
+    >>> import torch
+    >>> from widthscope.data import load
+    >>> from widthscope.models import build
+    >>> from widthscope.grow import grow
+    >>> split = load("digits", n_train=256, n_test=64)
+    >>> _ = torch.manual_seed(0)
+    >>> model = build("mlp", 16, in_dim=64, out_dim=10, depth=2).eval()
+    >>> res = grow(model, split, M=16, K=16, steps=5, lr=1e-3, compare=True, progress=False)
+    >>> res["chosen"] in model.widthscope_points, [g["role"] for g in res["growth"]]
+    (True, ['best', 'worst'])
 
 Command line::
 
@@ -241,11 +248,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True,
                    help="checkpoint path (widthscope.checkpoint.load) or 'builtin' (a small MLP "
                         "trained on the digits data set, for a quick look)")
-    p.add_argument("--data", default=None, help="data set name for widthscope.data.load "
-                   "(default: digits for builtin, required otherwise)")
+    p.add_argument("--data", default=None, help="data set name for widthscope.data.load, or a text "
+                   "file/directory for language models (default: digits for builtin, else the "
+                   "dataset recorded in the checkpoint)")
     p.add_argument("--data-root", default=None, help="root directory of the data set files")
-    p.add_argument("--n-train", type=int, default=2048, help="training examples loaded (default 2048)")
-    p.add_argument("--n-test", type=int, default=512, help="held-out examples loaded (default 512)")
+    p.add_argument("--seq-len", type=int, default=64, help="sequence length for text data (default 64)")
+    p.add_argument("--n-train", type=int, default=None,
+                   help="training examples loaded (default: 2048, or all if fewer)")
+    p.add_argument("--n-test", type=int, default=None,
+                   help="held-out examples loaded (default: 512, or all if fewer)")
     p.add_argument("--points", default=None, help="comma-separated candidate points (default: all block outputs)")
     p.add_argument("--M", type=int, default=32, help="train samples of the certificate (default 32)")
     p.add_argument("--K", type=int, default=32, help="held-out samples of the certificate (default 32)")
@@ -272,6 +283,39 @@ def _builtin(seed: int, progress_: bool) -> tuple[nn.Module, Any]:
     return model.eval(), split
 
 
+def _load_split(args: argparse.Namespace, model: nn.Module) -> Any:
+    """The data of ``grow --model CKPT``: ``--data`` (a name or a text file/directory) or the
+    dataset recorded in the checkpoint; ``--n-train``/``--n-test`` default to 2048/512 capped at
+    what the dataset has."""
+    from pathlib import Path
+
+    from . import data
+
+    name, root = args.data, args.data_root
+    if name is None:
+        extra = getattr(model, "widthscope_extra", None)
+        name = extra.get("dataset") if isinstance(extra, dict) else None
+        if not isinstance(name, str):
+            raise WidthscopeError(f"the checkpoint {args.model!r} does not record its dataset: pass --data "
+                                  f"(one of {', '.join(data.DATASETS)}, or a text file/directory)")
+    if name not in data.DATASETS:
+        if not Path(name).expanduser().exists():
+            raise WidthscopeError(f"--data {name!r}: not a dataset name ({', '.join(data.DATASETS)}) "
+                                  "and not an existing text file or directory")
+        root, name = name, "text"
+    options = {"seq_len": args.seq_len} if name == "text" else {}
+    for flag, v in (("--n-train", args.n_train), ("--n-test", args.n_test)):
+        if v is not None and v < 1:
+            raise WidthscopeError(f"{flag} {v}: must be a positive number of examples")
+    if args.n_train is not None and args.n_test is not None:
+        return data.load(name, root=root, n_train=args.n_train, n_test=args.n_test, seed=args.seed,
+                         **options)
+    full = data.load(name, root=root, seed=args.seed, **options)
+    n_train = min(2048, len(full.train[0])) if args.n_train is None else args.n_train
+    n_test = min(512, len(full.test[0])) if args.n_test is None else args.n_test
+    return data.load(name, root=root, n_train=n_train, n_test=n_test, seed=args.seed, **options)
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
 
@@ -282,14 +326,9 @@ def run(args: argparse.Namespace) -> int:
             raise WidthscopeError("--model builtin uses the digits data set; drop --data or pass a checkpoint")
     else:
         from .checkpoint import load as load_model
-        from .data import load as load_data
 
-        if args.data is None:
-            raise WidthscopeError("--data is required with a checkpoint (e.g. --data text); "
-                                  "see widthscope.data.available()")
         model = load_model(args.model)
-        split = load_data(args.data, root=args.data_root, n_train=args.n_train, n_test=args.n_test,
-                          seed=args.seed)
+        split = _load_split(args, model)
     res = grow(model, split, points=args.points, M=args.M, K=args.K, steps=args.steps, lr=args.lr,
                eta=args.eta, block_width=args.block_width, train_all=args.train_all,
                compare=args.compare, batch_size=args.batch_size, seed=args.seed, progress=show)

@@ -40,9 +40,35 @@ from ._io import progress as _progress
 from .data import Split, batches
 from .errors import WidthscopeError
 
-__all__ = ["train", "evaluate", "per_example_loss", "logits_of", "lr_at"]
+__all__ = ["train", "evaluate", "per_example_loss", "logits_of", "lr_at", "resolve_device"]
 
 LOSSES = ("auto", "ce", "mse")
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``device`` as a ``torch.device`` that this installation can use, else a WidthscopeError
+    naming it and what is available (instead of torch's assertion deep inside ``model.to``)."""
+    try:
+        dev = torch.device("cpu" if device is None else device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise WidthscopeError(f"device {device!r} is not a torch device ({exc}); use e.g. cpu, cuda, "
+                              "cuda:1, mps") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise WidthscopeError(f"device {str(dev)!r}: CUDA is not available in this installation "
+                                  f"(torch {torch.__version__}); use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise WidthscopeError(f"device {str(dev)!r}: only {torch.cuda.device_count()} CUDA device(s) "
+                                  f"visible (cuda:0..cuda:{torch.cuda.device_count() - 1})")
+    elif dev.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise WidthscopeError(f"device {str(dev)!r}: MPS is not available here; use --device cpu")
+    elif dev.type not in ("cpu", "meta"):
+        backend = getattr(torch, dev.type, None)
+        if backend is None or not getattr(backend, "is_available", lambda: False)():
+            raise WidthscopeError(f"device {str(dev)!r} is not available here; use --device cpu")
+    return dev
 
 
 def logits_of(output: Any) -> torch.Tensor:
@@ -166,10 +192,19 @@ def train(model: nn.Module, split: Split, *, steps: int, lr: float, optimizer: s
     ``test_loss``/``test_accuracy`` every ``eval_every`` steps).
     Raises :class:`WidthscopeError` when the loss becomes non-finite (naming the step).
     """
-    if not isinstance(steps, int) or steps < 1:
+    if not all(hasattr(split, a) for a in ("train", "test", "task")):
+        raise WidthscopeError(f"split must be a widthscope.data.Split (with .train, .test, .task), got "
+                              f"{type(split).__name__}; e.g. widthscope.data.load('digits')")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise WidthscopeError(f"steps must be a positive integer, got {steps!r}")
-    if not (lr > 0):
+    if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0 and math.isfinite(lr)):
         raise WidthscopeError(f"lr must be > 0, got {lr!r}")
+    if not (isinstance(warmup, (int, float)) and math.isfinite(warmup) and warmup >= 0):
+        raise WidthscopeError(f"warmup must be >= 0 (a fraction of steps when < 1, else a number of "
+                              f"steps), got {warmup!r}")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise WidthscopeError(f"batch_size must be >= 1, got {batch_size!r}")
+    device = resolve_device(device)
     if loss not in LOSSES:
         raise WidthscopeError(f"unknown loss {loss!r}; valid: {', '.join(LOSSES)}")
     if schedule not in ("cosine", "constant"):

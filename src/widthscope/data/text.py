@@ -47,8 +47,13 @@ def _files(root: str | None) -> tuple[list[Path], str]:
 
 def load_text(root: str | None, n_train: int | None, n_test: int | None, seed: int, *,
               seq_len: int = 64, max_bytes: int = 2_000_000, test_fraction: float = 0.1) -> Split:
-    if seq_len < 2:
-        raise WidthscopeError(f"text: seq_len must be >= 2 (one input and one predicted token), got {seq_len}")
+    if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 2:
+        raise WidthscopeError(f"text: seq_len must be an integer >= 2 (one input and one predicted token), "
+                              f"got {seq_len!r}")
+    if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1:
+        raise WidthscopeError(f"text: max_bytes must be a positive integer, got {max_bytes!r}")
+    if not isinstance(test_fraction, (int, float)) or isinstance(test_fraction, bool):
+        raise WidthscopeError(f"text: test_fraction must be a number in (0, 1), got {test_fraction!r}")
     if not 0 < test_fraction < 1:
         raise WidthscopeError(f"text: test_fraction must be in (0, 1), got {test_fraction}")
     files, source = _files(root)

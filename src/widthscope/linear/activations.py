@@ -11,6 +11,8 @@ Flags:
   checked with a factor 10 margin). ReLU is caught at ``k = 1``: ``φ'`` jumps from 0 to 1 while
   autograd's ``φ''`` is 0 everywhere — the kink at 0.
 - ``ratio grows``: the ratio still increases at the end of the table (``r_K > r_{K−1}``).
+- ``non-finite``: some ``φ^{(k)}`` is NaN or infinite on the grid (e.g. ``sqrt`` or ``log`` for
+  ``x < 0``); the ratios are then not meaningful: restrict the range to the domain.
 
 Example::
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import math
+import warnings
 from typing import Any, Callable, Sequence
 
 import torch
@@ -75,15 +78,27 @@ def resolve(name: str | Callable) -> tuple[str, Callable[[torch.Tensor], torch.T
 def derivatives(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, K: int) -> list[torch.Tensor]:
     """``[φ(x), φ'(x), …, φ^{(K)}(x)]`` by nested autograd (``fn`` must act elementwise)."""
     x = x.detach().to(torch.float64).requires_grad_(True)
-    y = fn(x)
+    name = getattr(fn, "__name__", repr(fn))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. math.* converting the tensor: the error says it
+            y = fn(x)
+    except Exception as exc:  # noqa: BLE001 - a user function that does not take tensors
+        raise WidthscopeError(f"activation {name!r} failed on a float64 tensor ({type(exc).__name__}: "
+                              f"{exc}); it must be a torch function acting elementwise") from None
     if not isinstance(y, torch.Tensor) or y.shape != x.shape:
-        raise WidthscopeError("activation must map a tensor to a tensor of the same shape (elementwise)")
+        raise WidthscopeError(f"activation {name!r} must map a tensor to a tensor of the same shape "
+                              "(elementwise)")
     outs = [y]
-    for _ in range(K):
+    for k in range(K):
         if not y.requires_grad:  # derivative identically zero from here on (e.g. linear pieces)
             y = torch.zeros_like(x)
         else:
-            (y,) = torch.autograd.grad(y.sum(), x, create_graph=True, allow_unused=True)
+            try:
+                (y,) = torch.autograd.grad(y.sum(), x, create_graph=True, allow_unused=True)
+            except RuntimeError as exc:
+                raise WidthscopeError(f"activation {name!r}: autograd cannot form derivative {k + 1} "
+                                      f"({exc}); it must be differentiable with torch operations") from None
             if y is None:
                 y = torch.zeros_like(x)
         outs.append(y)
@@ -110,8 +125,8 @@ def audit(names: Sequence[str | Callable] | None = None, *, K: int = 6, lo: floa
     """One row per activation: ``ratio_k = max_x |φ^{(k)}| / (k+1)!``, ``max_k``, flags."""
     if K < 1:
         raise WidthscopeError(f"activations: --K must be >= 1 (got {K})")
-    if not (lo < hi) or grid < 3:
-        raise WidthscopeError(f"activations: need lo < hi and grid >= 3 (got range {lo} {hi}, grid {grid})")
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi) or grid < 3:
+        raise WidthscopeError(f"activations: need finite lo < hi and grid >= 3 (got range {lo} {hi}, grid {grid})")
     x = torch.linspace(lo, hi, grid, dtype=torch.float64)
     h = (hi - lo) / (grid - 1)
     rows = []
@@ -126,12 +141,21 @@ def audit(names: Sequence[str | Callable] | None = None, *, K: int = 6, lo: floa
             r = m / math.factorial(k + 1)
             row[f"ratio_{k}"] = r
             ratios.append(r)
+        bad = [(k, d) for k, d in enumerate(ders) if not bool(torch.isfinite(d).all())]
+        row["finite"] = not bad
+        if bad:  # NaN/inf (e.g. sqrt or log at x < 0): the table entries are meaningless there
+            k_bad, d_bad = bad[0]
+            row["nonfinite_order"] = k_bad
+            row["nonfinite_at"] = float(x[(~torch.isfinite(d_bad)).nonzero()[0, 0]]) + 0.0
         kinks = _kinks(ders, h)
         row["smooth"] = not kinks
         row["kink_order"] = kinks[0][0] if kinks else None
         row["kink_at"] = round(float(x[kinks[0][1]]), 9) + 0.0 if kinks else None
         row["ratio_grows"] = bool(K >= 2 and ratios[-1] > ratios[-2] * (1 + 1e-9))
         flags = []
+        if bad:
+            flags.append(f"non-finite: phi^({row['nonfinite_order']}) at x={row['nonfinite_at']:.3g} "
+                         "(restrict --range to the domain)")
         if kinks:
             flags.append(f"non-smooth: phi^({kinks[0][0]}) jumps near x={row['kink_at']:.3g}")
         if row["ratio_grows"]:

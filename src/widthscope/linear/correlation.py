@@ -30,7 +30,7 @@ from torch import nn
 from torch.func import functional_call, grad, jvp
 
 from ..errors import WidthscopeError
-from .model import _reraise_attention, model_output, params_and_buffers
+from .model import _reraise_attention, as_param_dtype, first_output, model_output, params_and_buffers
 
 __all__ = ["correlation", "correlation_summary", "output_direction", "parse_correlation_name"]
 
@@ -97,6 +97,9 @@ def correlation(model: nn.Module, x: torch.Tensor, xs: torch.Tensor, *, D: int, 
     _check_order(D, d)
     if not isinstance(x, torch.Tensor) or not isinstance(xs, torch.Tensor):
         raise WidthscopeError("correlation: x and xs must be tensors")
+    if isinstance(eta, bool) or not isinstance(eta, (int, float)) or not math.isfinite(eta) or eta <= 0:
+        raise WidthscopeError(f"correlation: eta must be a positive learning rate, got {eta!r} "
+                              "(C_{D,d} scales as eta^(D/2+d))")
     if xs.shape[0] != d:
         raise WidthscopeError(f"correlation: xs holds {xs.shape[0]} inputs but d={d}; pass exactly "
                               "d inputs stacked along the first dimension")
@@ -113,8 +116,8 @@ def correlation(model: nn.Module, x: torch.Tensor, xs: torch.Tensor, *, D: int, 
     if not params:
         raise WidthscopeError("correlation: the model has no trainable parameters")
     p0 = next(iter(params.values()))
-    with torch.no_grad():
-        n_out = model_output(functional_call(model, (params, buffers), (x,))).numel()
+    x, xs = as_param_dtype(x, params), as_param_dtype(xs, params)
+    n_out = first_output(model, params, buffers, x, "correlation").numel()
     u, _ = output_direction(n_out, output, seed, dtype=p0.dtype, device=p0.device)
     f = _scalar_fn(model, buffers, u)
     try:

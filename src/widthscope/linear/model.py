@@ -193,6 +193,27 @@ def linearize(model: nn.Module) -> LinearizedModel:
 # Empirical NTK
 # ---------------------------------------------------------------------------------------------
 
+def as_param_dtype(x: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Floating inputs in the parameters' dtype and device (float32 data with a float64 model)."""
+    p0 = next(iter(params.values()), None)
+    if p0 is None or not isinstance(x, torch.Tensor):
+        return x
+    if x.is_floating_point() and p0.is_floating_point():
+        return x.to(device=p0.device, dtype=p0.dtype)
+    return x.to(p0.device)
+
+
+def first_output(model: nn.Module, params, buffers, x: torch.Tensor, who: str) -> torch.Tensor:
+    """The model's (flattened) output on ``x``; a failing forward becomes a WidthscopeError."""
+    try:
+        with torch.no_grad():
+            return _flat_out(model, params, buffers, x)
+    except (RuntimeError, ValueError, IndexError, TypeError) as exc:
+        raise WidthscopeError(f"{who}: the model cannot run on inputs of shape {tuple(x.shape)} "
+                              f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                              "pass inputs shaped like the model's training inputs") from None
+
+
 def _flat_out(model: nn.Module, params, buffers, x: torch.Tensor) -> torch.Tensor:
     out = model_output(functional_call(model, (params, buffers), (x,)))
     return out.reshape(out.shape[0], -1)
@@ -264,7 +285,8 @@ def ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *, t
 
     ``"auto"`` picks ``"jacobian"`` with the largest chunk whose Jacobians fit in
     ``memory_budget`` bytes, and ``"products"`` when even one example does not fit.
-    Layers that couple examples (BatchNorm in training mode) must be in eval mode.
+    Layers that couple examples (BatchNorm in training mode) must be in eval mode. Floating
+    inputs are cast to the parameters' dtype.
 
     Example::
 
@@ -278,14 +300,17 @@ def ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *, t
         raise WidthscopeError(f"ntk: x2 must be a tensor shaped like x1 (n2, {tuple(x1.shape[1:])})")
     if method not in ("auto", "jacobian", "products"):
         raise WidthscopeError(f"ntk: unknown method {method!r}; use 'auto', 'jacobian' or 'products'")
+    if x1.shape[0] == 0 or (x2 is not None and x2.shape[0] == 0):
+        raise WidthscopeError(f"ntk: no inputs (x1 has {x1.shape[0]} rows"
+                              + (f", x2 has {x2.shape[0]}" if x2 is not None else "") + "); pass at least one")
     params, buffers = params_and_buffers(model)
     if not params:
         raise WidthscopeError("ntk: the model has no trainable parameters")
     same = x2 is None
-    x2 = x1 if same else x2
+    x1 = as_param_dtype(x1, params)
+    x2 = x1 if same else as_param_dtype(x2, params)
     n_params = sum(p.numel() for p in params.values())
-    with torch.no_grad():
-        n_out = _flat_out(model, params, buffers, x1[:1]).shape[1]
+    n_out = first_output(model, params, buffers, x1[:1], "ntk").shape[1]
     itemsize = next(iter(params.values())).element_size()
     per_example = n_out * n_params * itemsize
     if method == "auto":

@@ -48,7 +48,7 @@ from ..errors import WidthscopeError
 from ..sweep.grid import cell_id, finish_after_ranks, run_grid, shard_for_run
 from .correlation import correlation_summary, parse_correlation_name
 from .powerlaw import fit_slope
-from .trainer import train_side_by_side
+from .trainer import LOSSES, OPTIMIZERS, train_side_by_side
 
 __all__ = ["DEFAULTS", "DEMO_CONFIG", "PUBLISHED", "validate_config", "make_cells", "run_cell",
            "summarize", "cfg_from_rows", "run_sweep", "add_arguments", "run"]
@@ -119,6 +119,42 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
     tr = cfg["train"]
     if not tr["alphas"] or not all(isinstance(a, (int, float)) for a in tr["alphas"]):
         raise WidthscopeError("linearize config: train.alphas must be a non-empty list of numbers")
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    def count(v: Any, lo: int) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= lo
+
+    if not all(number(a) for a in tr["alphas"]):
+        raise WidthscopeError(f"linearize config: train.alphas must be finite numbers (got {tr['alphas']!r})")
+    if not (number(tr["eta0"]) and tr["eta0"] > 0):
+        raise WidthscopeError(f"linearize config: train.eta0 must be a positive number (the learning "
+                              f"rate is eta0 * width^alpha; got {tr['eta0']!r})")
+    if tr["optimizer"] not in OPTIMIZERS:
+        raise WidthscopeError(f"linearize config: train.optimizer {tr['optimizer']!r}; use one of "
+                              f"{', '.join(OPTIMIZERS)}")
+    if tr["loss"] not in LOSSES:
+        raise WidthscopeError(f"linearize config: train.loss {tr['loss']!r}; use one of {', '.join(LOSSES)}")
+    if not count(tr["batch_size"], 0):
+        raise WidthscopeError(f"linearize config: train.batch_size must be an integer >= 0 (0 = full "
+                              f"batch; got {tr['batch_size']!r})")
+    if not count(tr["probe"], 1):
+        raise WidthscopeError(f"linearize config: train.probe (kernel-drift inputs) must be an integer "
+                              f">= 1 (got {tr['probe']!r})")
+    for key in ("n_train", "n_test"):
+        v = cfg["data"][key]
+        if v is not None and not count(v, 1):
+            raise WidthscopeError(f"linearize config: data.{key} must be a positive integer (got {v!r})")
+    c = cfg["correlations"]
+    if not isinstance(c["measure"], list):
+        raise WidthscopeError(f"linearize config: correlations.measure must be a list such as "
+                              f"[\"C02\", \"C11\"] (got {c['measure']!r})")
+    if not count(c["n_tuples"], 1):
+        raise WidthscopeError(f"linearize config: correlations.n_tuples must be a positive integer "
+                              f"(got {c['n_tuples']!r})")
+    if not (c["output"] == "random" or count(c["output"], 0)):
+        raise WidthscopeError(f"linearize config: correlations.output must be 'random' or a logit "
+                              f"index >= 0 (got {c['output']!r})")
     if not (isinstance(tr["steps"], int) and tr["steps"] >= 1):
         raise WidthscopeError(f"linearize config: train.steps must be a positive integer (got {tr['steps']!r})")
     if tr["log_steps"] is None:
@@ -298,7 +334,11 @@ def run_sweep(config: Mapping[str, Any], out_dir: str | Path, shard: tuple[int, 
     """
     cfg = validate_config(config)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WidthscopeError(f"linearize: cannot create the results directory {str(out_dir)!r} "
+                              f"({exc.strerror or exc}); choose another --out") from None
     atomic_write_json(out_dir / "linearize_config.json", cfg)
     cells = make_cells(cfg)
     res = run_grid(cells, lambda cell, _dir: run_cell(cfg, cell), out_dir, shard=shard,

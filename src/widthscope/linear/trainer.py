@@ -11,8 +11,9 @@ per step ``s`` (``net`` = the network ``F(·; θ_s)``, ``lin`` = ``F_lin(·; θ^
 - ``kernel_drift`` = ``‖Θ_s − Θ₀‖_F/‖Θ₀‖_F`` of the empirical NTK (all output pairs) on a fixed
   probe set (the linear model's kernel is ``Θ₀`` at every step by construction).
 
-Losses: ``"mse"`` is ``L = (1/2N) Σ_i ‖F(x_i) − y_i‖²`` (targets one-hot for classes), so
-``∇_F L = (F − Y)/N``; ``"cross_entropy"`` takes class indices.
+Losses: ``"mse"`` is ``L = (1/2N) Σ_i ‖F(x_i) − y_i‖²`` (targets one-hot for classes: integer
+class indices are one-hot encoded), so ``∇_F L = (F − Y)/N``; ``"cross_entropy"`` takes class
+indices. Floating inputs are cast to the model's parameter dtype.
 
 Example::
 
@@ -35,7 +36,7 @@ from torch import nn
 
 from .._io import progress as _progress
 from ..errors import WidthscopeError
-from .model import linearize, model_output, ntk
+from .model import as_param_dtype, first_output, linearize, model_output, ntk, params_and_buffers
 
 __all__ = ["train_side_by_side", "function_space_gd", "loss_value"]
 
@@ -81,6 +82,30 @@ def _check_pair(data: Any, what: str) -> tuple[torch.Tensor, torch.Tensor]:
     return X, Y
 
 
+def _targets(Y: torch.Tensor, n_out: int, loss: str, dtype: torch.dtype, what: str) -> torch.Tensor:
+    """Targets checked against the model's ``n_out`` outputs; class indices become one-hot for MSE."""
+    N = Y.shape[0]
+    integral = not (Y.is_floating_point() or Y.is_complex())
+    if loss == "cross_entropy":
+        if not integral or Y.dim() != 1:
+            raise WidthscopeError(f"{what}: loss 'cross_entropy' needs class indices of shape ({N},), "
+                                  f"got {Y.dtype} of shape {tuple(Y.shape)}")
+        if N and (int(Y.min()) < 0 or int(Y.max()) >= n_out):
+            raise WidthscopeError(f"{what}: class indices must lie in 0..{n_out - 1} (the model has "
+                                  f"{n_out} outputs), got {int(Y.min())}..{int(Y.max())}")
+        return Y.long()
+    if integral and Y.dim() == 1 and n_out > 1:  # class indices: one-hot targets (see docstring)
+        if N and (int(Y.min()) < 0 or int(Y.max()) >= n_out):
+            raise WidthscopeError(f"{what}: class indices must lie in 0..{n_out - 1} (the model has "
+                                  f"{n_out} outputs), got {int(Y.min())}..{int(Y.max())}")
+        return torch.nn.functional.one_hot(Y.long(), n_out).to(dtype)
+    if Y.numel() != N * n_out:
+        raise WidthscopeError(f"{what}: Y has shape {tuple(Y.shape)} but the model gives {n_out} "
+                              f"output(s) per example; pass Y of shape ({N}, {n_out}) "
+                              "(or class indices)")
+    return Y.reshape(N, n_out).to(dtype)
+
+
 def train_side_by_side(model: nn.Module, data: tuple[torch.Tensor, torch.Tensor], *, steps: int,
                        lr: float, optimizer: str | Callable = "sgd", batch_size: int | None = None,
                        loss: str = "mse", test: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -115,6 +140,22 @@ def train_side_by_side(model: nn.Module, data: tuple[torch.Tensor, torch.Tensor]
         raise WidthscopeError(f"train_side_by_side: batch_size {batch_size} must be in 1..{N} or None")
     logged = set(log_steps) if log_steps is not None else set(range(0, steps + 1, log_every)) | {steps}
     logged = {s for s in logged if 0 <= s <= steps}
+
+    params, buffers = params_and_buffers(model)
+    if not params:
+        raise WidthscopeError("train_side_by_side: the model has no trainable parameters")
+    X, Xt = as_param_dtype(X, params), as_param_dtype(Xt, params)
+    for name, T in (("data X", X), ("data Y", Y), ("test X", Xt), ("test Y", Yt)):
+        if T.is_floating_point() and not bool(torch.isfinite(T).all()):
+            rows_bad = (~torch.isfinite(T.reshape(T.shape[0], -1))).any(1).nonzero().flatten().tolist()
+            raise WidthscopeError(f"train_side_by_side: {name} has NaN/Inf in {len(rows_bad)} row(s) "
+                                  f"(first: {rows_bad[:5]}); drop or fix them")
+    dtype = next(iter(params.values())).dtype
+    n_out = first_output(model, params, buffers, X[:1], "train_side_by_side").shape[1]
+    Y = _targets(Y, n_out, loss, dtype, "train_side_by_side: data")
+    Yt = _targets(Yt, n_out, loss, dtype, "train_side_by_side: test")
+    if probe is not None:
+        probe = as_param_dtype(probe, params)
 
     net = copy.deepcopy(model)
     lin = linearize(model)

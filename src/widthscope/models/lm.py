@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..errors import WidthscopeError
@@ -48,6 +49,30 @@ def _check_width(family: str, width: Any) -> int:
     return width
 
 
+def _check_ids(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Forward pre-hook: token ids must be integers in ``[0, vocab_size)`` (one clear error
+    instead of an embedding-lookup traceback, e.g. when image features reach a language model)."""
+    ids = args[0] if args else kwargs.get("input_ids")
+    if ids is None or not hasattr(ids, "dtype"):
+        return
+    vocab = module.config.vocab_size
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise WidthscopeError(f"this language model takes integer token ids (B, T), got {ids.dtype} of "
+                              f"shape {tuple(ids.shape)}: is the data a text dataset (e.g. --data text)?")
+    try:
+        lo, hi = (int(ids.min()), int(ids.max())) if ids.numel() else (0, 0)
+    except RuntimeError:  # inside torch.vmap & co. the values cannot be read: skip the range check
+        return
+    if lo < 0 or hi >= vocab:
+        raise WidthscopeError(f"token ids must lie in 0..{vocab - 1} (vocab_size={vocab}), got "
+                              f"{lo}..{hi}; build the model with a larger vocab_size")
+
+
+def _with_input_check(model: nn.Module) -> nn.Module:
+    model.register_forward_pre_hook(_check_ids, with_kwargs=True)
+    return model
+
+
 def default_heads(width: int) -> int:
     return max(1, width // 64) if width >= 64 else max(1, width // 16)
 
@@ -61,7 +86,7 @@ def build_llama(width: int | None, *, depth: int = 4, vocab_size: int = 256, max
     if hf_config is not None:  # a model loaded from an HF directory, rebuilt from its own config
         cfg = LlamaConfig.from_dict(dict(hf_config))
         cfg._attn_implementation = "eager"
-        model = LlamaForCausalLM(cfg)
+        model = _with_input_check(LlamaForCausalLM(cfg))
         n, layers = cfg.hidden_size, cfg.num_hidden_layers
         return model, {"family": "llama", "width": n, "depth": layers, "hf_config": cfg.to_dict()}, \
             [f"model.layers.{i}" for i in range(layers)]
@@ -79,7 +104,7 @@ def build_llama(width: int | None, *, depth: int = 4, vocab_size: int = 256, max
                       head_dim=head_dim, max_position_embeddings=max_seq_len, rms_norm_eps=rms_norm_eps,
                       rope_theta=rope_theta, initializer_range=initializer_range, tie_word_embeddings=False,
                       attention_bias=False, mlp_bias=False, attn_implementation="eager")
-    model = LlamaForCausalLM(cfg)
+    model = _with_input_check(LlamaForCausalLM(cfg))
     config = dict(family="llama", width=width, depth=depth, vocab_size=vocab_size, max_seq_len=max_seq_len,
                   heads=heads, kv_heads=kv_heads, head_dim=head_dim, ffn=ffn, rope_theta=rope_theta,
                   rms_norm_eps=rms_norm_eps, initializer_range=initializer_range)
@@ -95,7 +120,7 @@ def build_pythia(width: int | None, *, depth: int | None = None, preset: str | N
     if hf_config is not None:
         cfg = GPTNeoXConfig.from_dict(dict(hf_config))
         cfg._attn_implementation = "eager"
-        model = GPTNeoXForCausalLM(cfg)
+        model = _with_input_check(GPTNeoXForCausalLM(cfg))
         n, layers = cfg.hidden_size, cfg.num_hidden_layers
         return model, {"family": "pythia", "width": n, "depth": layers, "hf_config": cfg.to_dict()}, \
             [f"gpt_neox.layers.{i}" for i in range(layers)]
@@ -124,7 +149,7 @@ def build_pythia(width: int | None, *, depth: int | None = None, preset: str | N
                         max_position_embeddings=max_seq_len, layer_norm_eps=layer_norm_eps,
                         initializer_range=initializer_range, use_parallel_residual=True,
                         tie_word_embeddings=False, attn_implementation="eager")
-    model = GPTNeoXForCausalLM(cfg)
+    model = _with_input_check(GPTNeoXForCausalLM(cfg))
     config = dict(family="pythia", width=width, depth=depth, preset=preset, vocab_size=vocab_size,
                   max_seq_len=max_seq_len, heads=heads, ffn=ffn, rotary_pct=rotary_pct,
                   layer_norm_eps=layer_norm_eps, initializer_range=initializer_range)

@@ -125,6 +125,10 @@ class MLP(nn.Module):
         self.head = ScaledLinear(width, out_dim, init_std=std, multiplier=mult, bias=bias, bias_std=sigma_b)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_floating_point():
+            raise WidthscopeError(f"mlp expects float features, got {x.dtype} of shape {tuple(x.shape)} "
+                                  "(integer token ids belong to a llama/pythia model; convert other "
+                                  "inputs with x.float())")
         if x.dim() != 2:
             x = x.flatten(1)
         if x.shape[1] != self.in_dim:

@@ -80,6 +80,9 @@ class ResNet20(nn.Module):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_floating_point():
+            raise WidthscopeError(f"resnet20 expects float images, got {x.dtype} of shape {tuple(x.shape)}; "
+                                  "convert with x.float() (widthscope.data gives normalised float images)")
         if x.dim() != 4 or x.shape[1] != self.in_channels:
             raise WidthscopeError(f"resnet20 expects images (B, {self.in_channels}, H, W), got shape "
                                   f"{tuple(x.shape)}; build with in_channels=... or load images unflattened")

@@ -284,6 +284,39 @@ def _infer_width(module: nn.Module) -> int | None:
     return None
 
 
+def _keeps_width(m: nn.Module) -> bool:
+    """A parameter-free module that leaves the channel width unchanged (activation, dropout, identity)."""
+    if isinstance(m, Inserted):
+        return True
+    if any(True for _ in m.parameters()):
+        return False
+    return (isinstance(m, (nn.Identity, nn.modules.dropout._DropoutNd))
+            or type(m).__module__ == "torch.nn.modules.activation")
+
+
+def _infer_point_width(model: nn.Module, point: str, target: nn.Module) -> int | None:
+    """Width at ``point``: from the module itself, else (for an activation, dropout or identity
+    inside a ``Sequential``) from the nearest preceding sibling whose output width is known.
+    Checked against the real output at every forward."""
+    w = _infer_width(target)
+    if w is not None:
+        return w
+    inner = target.inner if isinstance(target, Inserted) else target
+    if not _keeps_width(inner):
+        return None
+    parent_path, _, name = point.rpartition(".")
+    parent = model.get_submodule(parent_path) if parent_path else model
+    if not isinstance(parent, nn.Sequential) or not name.isdigit():
+        return None
+    for i in range(int(name) - 1, -1, -1):
+        w = _infer_width(parent[i])
+        if w is not None:
+            return w
+        if not _keeps_width(parent[i]):
+            return None  # a layer of unknown output width (e.g. Flatten): do not guess past it
+    return None
+
+
 def _has_train_mode_batchnorm(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules())
 
@@ -335,7 +368,7 @@ def insert(model: nn.Module, point: str, kind: str = "bias", *, width: int | Non
         raise WidthscopeError(
             f"point {point!r} already has a {target.widthscope_spec['kind']} insertion; remove it "
             "first with widthscope.probe.intervene.remove_insertion(model, point)")
-    n = int(width) if width is not None else _infer_width(target)
+    n = int(width) if width is not None else _infer_point_width(model, point, target)
     if n is None or n <= 0:
         raise WidthscopeError(
             f"cannot infer the output width of point {point!r} ({type(target).__name__}); "

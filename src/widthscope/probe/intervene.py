@@ -21,7 +21,7 @@ Example::
 
     >>> import torch, torch.nn as nn
     >>> from widthscope.probe.intervene import intervene
-    >>> torch.manual_seed(0)
+    >>> _ = torch.manual_seed(0)
     >>> net = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 3)).double()
     >>> x, y = torch.randn(64, 4, dtype=torch.float64), torch.randint(0, 3, (64,))
     >>> rows = intervene(net, "1", [(x[:32], y[:32])], [(x[32:], y[32:])], progress=False)

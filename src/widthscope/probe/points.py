@@ -123,8 +123,10 @@ def resolve_points(model: nn.Module, points: str | Iterable[str] | None) -> list
         points = [p.strip() for p in points.split(",") if p.strip()]
     names = list(points)
     if not names:
-        raise WidthscopeError("no insertion points given; pass None for the defaults "
-                              f"({', '.join(insertion_points(model)[:8])}, ...)")
+        defaults = insertion_points(model)
+        shown = ", ".join(defaults[:8]) + (", ..." if len(defaults) > 8 else "")
+        raise WidthscopeError("no insertion points given (an empty list or --points ''); name some, "
+                              f"or omit them (points=None) for the defaults: {shown}")
     valid = all_points(model)
     valid_set = set(valid)
     out: list[str] = []

@@ -237,13 +237,16 @@ class Plan:
     notes: str
 
 
-def _smallest(ok, lo_bad: int = 0) -> int:
-    """Smallest integer m > lo_bad with ok(m), for monotone ok that is eventually true."""
+_SEARCH_LIMIT = 1 << 62
+
+
+def _smallest(ok, lo_bad: int = 0) -> int | None:
+    """Smallest integer m > lo_bad with ok(m), for monotone ok; ``None`` beyond 2^62."""
     hi = max(lo_bad + 1, 1)
     while not ok(hi):
         lo_bad, hi = hi, hi * 2
-        if hi > 1 << 62:
-            raise WidthscopeError("sample-size search did not converge (bound too flat)")
+        if hi > _SEARCH_LIMIT:
+            return None
     while hi - lo_bad > 1:
         mid = (lo_bad + hi) // 2
         if ok(mid):
@@ -296,18 +299,22 @@ def plan(train: Any, test: Any = None, *, target: float, K: int | None = None,
     notes: list[str] = []
     equal_exact = _smallest(lambda k: exact_ok(k, k))
     equal_align = _smallest(lambda k: align_ok(k, k))
+    for name, v in (("B_exact", equal_exact), ("B_align", equal_align)):
+        if v is None:
+            notes.append(f"{name} needs M = K above {_SEARCH_LIMIT:.3g} to reach {target:g} "
+                         "(too little signal for this target); relax the target")
     exact_M = align_M = None
     exact_limit = align_limit = None
     if K is not None:
         exact_limit = (q / K) / (q / K + E * E)
         align_limit = 1.0 / (1.0 + K * d_align)
         # Reachable iff some finite M beats the target; test a huge M before searching.
-        if exact_ok(1 << 60, K):
+        if exact_ok(_SEARCH_LIMIT, K):
             exact_M = _smallest(lambda k: exact_ok(k, K))
         else:
             notes.append(f"B_exact cannot reach {target:g} at K={K}: even as M→∞ it stays at "
                          f"{exact_limit:.4g} (held-out noise aᵀΣ_b a/K); increase K")
-        if align_ok(1 << 60, K):
+        if align_ok(_SEARCH_LIMIT, K):
             align_M = _smallest(lambda k: align_ok(k, K))
         else:
             notes.append(f"B_align cannot reach {target:g} at K={K}: as M→∞ it tends to "
