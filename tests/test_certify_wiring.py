@@ -55,3 +55,31 @@ def test_cli_rejects_bad_etas(capsys):
     assert main(["certify", "--etas", "0.1,-1", "--n-train", "32", "--n-test", "32", "--M", "8",
                  "--train-steps", "2"]) == 2
     assert "step sizes must be positive" in capsys.readouterr().err
+
+
+def test_checkpoint_probed_with_its_recorded_data_options(tmp_path):
+    """A sweep checkpoint records seq_len/max_bytes and the split seed; certify reuses them."""
+    import json
+
+    from widthscope import checkpoint
+
+    torch.manual_seed(0)
+    model = build("llama", 32, depth=1, max_seq_len=32)
+    checkpoint.save(model, tmp_path / "ck", extra={"dataset": "text", "data_seed": 3,
+                                                   "data_options": {"seq_len": 16, "max_bytes": 20000}})
+    out = tmp_path / "c.json"
+    assert main(["certify", "--model", str(tmp_path / "ck"), "--n-train", "8", "--n-test", "8", "--M", "4",
+                 "--draws", "10", "--interventions", "none", "--out", str(out)]) == 0
+    s = json.loads(out.read_text())["settings"]
+    assert s["n_train_examples"] + s["n_test_examples"] == 20000 // 16
+    # an explicit --seq-len beyond the model's context is refused before probing
+    assert main(["certify", "--model", str(tmp_path / "ck"), "--seq-len", "64", "--n-train", "8",
+                 "--n-test", "8", "--M", "4", "--out", str(out)]) == 2
+
+
+def test_unknown_device_and_data_fail_fast(capsys):
+    assert main(["certify", "--device", "cuda:7", "--M", "8"]) == 2
+    assert "cuda" in capsys.readouterr().err
+    assert main(["certify", "--data", "no-such-data", "--M", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "not a dataset name" in err and "builtin:" not in err  # nothing was trained first

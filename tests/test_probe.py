@@ -325,7 +325,9 @@ def test_unknown_point_lists_valid_names_closest_first():
         collect(model, [torch.randint(0, 37, (2, 4))], points=["model.layer.1"], progress=False)
     msg = str(e.value)
     assert "model.layer.1" in msg and "Did you mean 'model.layers.1'" in msg
-    assert msg.index("model.layers.1") < msg.index("lm_head")
+    # the block outputs come first; the many other modules are counted, not dumped
+    assert "block outputs (the defaults): model.layers.0, model.layers.1" in msg
+    assert "other module(s)" in msg and "lm_head" not in msg
     assert set(all_points(model)) >= set(insertion_points(model))
 
 
@@ -378,3 +380,15 @@ def test_empty_point_list_names_the_defaults_without_a_literal_none():
         with pytest.raises(WidthscopeError, match=r"no insertion points given .*defaults: 0, 1$"):
             resolve_points(net, empty)
     assert resolve_points(net, " 1 , 0,1") == ["1", "0"]
+
+
+def test_model_data_mismatch_names_batch_and_shapes():
+    net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    cases = [([(x, y + 5)], "IndexError"),                        # class index out of range
+             ([(x, y), (torch.randn(4, 7), y[:4])], "batch 1"),   # wrong input size in batch 1
+             ([(x[:4], y[:5])], "(4, 4) float32, (5,) int64")]    # x/y batch mismatch
+    for batches, needle in cases:
+        with pytest.raises(WidthscopeError, match="forward pass or the loss failed") as e:
+            collect(net, batches, points=["0"], progress=False)
+        assert needle in str(e.value)

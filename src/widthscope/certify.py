@@ -313,13 +313,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="dataset name for widthscope.data.load (digits, mnist1d, fashion-mnist, ...) "
                              "or a text file/directory for language models; default: the model's recorded dataset")
     parser.add_argument("--data-root", default=None, help="root folder of the dataset files (image datasets)")
-    parser.add_argument("--seq-len", type=int, default=64, help="sequence length for text data (default 64)")
+    parser.add_argument("--seq-len", type=int, default=None,
+                        help="sequence length for text data (default: the checkpoint's recorded one, else 64)")
     parser.add_argument("--n-train", type=int, default=256, help="fitted examples to probe (default 256)")
     parser.add_argument("--n-test", type=int, default=256, help="held-out examples to probe (default 256)")
     parser.add_argument("--batch-size", type=int, default=32, help="probe batch size (default 32)")
     parser.add_argument("--points", default=None,
                         help="comma-separated insertion points (default: every block output)")
     parser.add_argument("--list-points", action="store_true", help="print the insertion points and exit")
+    parser.add_argument("--all", action="store_true",
+                        help="with --list-points: every module path, not only the block outputs")
     parser.add_argument("--M", default=",".join(map(str, DEFAULT_M)), help="train sample sizes, comma list")
     parser.add_argument("--K", default=None, help="held-out sample sizes, comma list (default: K = M)")
     parser.add_argument("--draws", type=int, default=1000, help="resamples for empirical misalignment")
@@ -413,23 +416,41 @@ def _recorded_dataset(model: nn.Module, path: Path) -> str | None:
     return None
 
 
+def _check_data_name(name: str) -> None:
+    from . import data
+
+    if name not in data.DATASETS and not Path(name).expanduser().exists():
+        raise WidthscopeError(f"--data {name!r}: not a dataset name ({', '.join(data.DATASETS)}) and "
+                              "not an existing text file or directory")
+
+
+def _recorded_data_options(model: nn.Module) -> dict[str, Any]:
+    """Data options a checkpoint recorded (``extra.data_options``), e.g. text ``seq_len``."""
+    extra = getattr(model, "widthscope_extra", None)
+    opts = extra.get("data_options") if isinstance(extra, dict) else None
+    return dict(opts) if isinstance(opts, dict) else {}
+
+
 def _load_data(name: str, args: argparse.Namespace, model: nn.Module):
     from . import data
 
-    options: dict[str, Any] = {}
-    root = args.data_root
-    if name not in data.DATASETS:
-        if Path(name).expanduser().exists():  # a text file or directory: byte-level LM data
-            root, name = name, "text"
-        else:
-            raise WidthscopeError(f"--data {name!r}: not a dataset name ({', '.join(data.DATASETS)}) and "
-                                  "not an existing text file or directory")
+    _check_data_name(name)
+    recorded = _recorded_data_options(model) if args.data is None else {}
+    options: dict[str, Any] = {k: v for k, v in recorded.items() if k != "root"}
+    root = args.data_root or recorded.get("root")
+    if name not in data.DATASETS:  # a text file or directory: byte-level LM data
+        root, name = name, "text"
     if name == "text":
-        options["seq_len"] = args.seq_len
-    # Load whole parts and subset here: a subset passed to data.load would also change the
-    # input normalisation (computed on the train part) away from what the model was trained on.
-    split = data.load(name, root=root, seed=args.seed, **options)
-    return split
+        options["seq_len"] = args.seq_len or options.get("seq_len", 64)
+        max_len = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        if isinstance(max_len, int) and options["seq_len"] > max_len:
+            raise WidthscopeError(f"--seq-len {options['seq_len']} exceeds the model's maximum sequence "
+                                  f"length {max_len}; use --seq-len <= {max_len}")
+    # The split seed the model was trained with (a sweep records it): another seed could put
+    # training chunks of a text corpus into the "held-out" part.
+    extra = getattr(model, "widthscope_extra", None)
+    seed = extra.get("data_seed", args.seed) if isinstance(extra, dict) and args.data is None else args.seed
+    return data.load(name, root=root, seed=int(seed), **options)
 
 
 def _subset(pair: tuple[torch.Tensor, torch.Tensor], n: int, seed: int, flag: str, what: str
@@ -470,10 +491,11 @@ def run(args: argparse.Namespace) -> int:
             raise WidthscopeError(f"M={need_m} is larger than --n-train {args.n_train}: raise --n-train or lower --M")
         if need_k > args.n_test:
             raise WidthscopeError(f"K={need_k} is larger than --n-test {args.n_test}: raise --n-test or lower --K")
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        raise WidthscopeError(f"--device {args.device!r}: not a torch device (e.g. cpu, cuda, cuda:0)") from None
+    from .train import resolve_device
+
+    device = resolve_device(args.device)  # clear error for unknown / unavailable devices
+    if args.data is not None:
+        _check_data_name(args.data)  # before any (slow) model training or loading
     if device.type == "cuda" and device.index is None and distributed.is_distributed():
         import os  # torchrun: one GPU per rank
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", distributed.rank())))
@@ -487,8 +509,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         model, recorded = _load_checkpoint(args.model)
     if args.list_points:
-        from .probe import insertion_points
-        say("\n".join(insertion_points(model)))
+        from .probe import all_points, insertion_points
+        say("\n".join(all_points(model) if args.all else insertion_points(model)))
         return 0
     names = resolve_points(model, args.points)
     dataset = args.data or recorded

@@ -177,9 +177,37 @@ def _to(obj: Any, device: torch.device) -> Any:
     return obj
 
 
+def _shapes(obj: Any) -> str:
+    if isinstance(obj, torch.Tensor):
+        return f"{tuple(obj.shape)} {str(obj.dtype).replace('torch.', '')}"
+    if isinstance(obj, Mapping):
+        return "{" + ", ".join(f"{k}: {_shapes(v)}" for k, v in obj.items()) + "}"
+    if isinstance(obj, (tuple, list)):
+        return "(" + ", ".join(_shapes(v) for v in obj) + ")"
+    return type(obj).__name__
+
+
 def _run_batch(model: nn.Module, batch: Any, loss_fn: Callable | None, bi: int
                ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-    """Forward one batch; returns (per-example losses (B,), attention mask or None, B)."""
+    """Forward one batch; returns (per-example losses (B,), attention mask or None, B).
+
+    A torch error inside the model or the loss (wrong input size, class index out of range,
+    x/y batch mismatch) becomes one WidthscopeError naming the batch and its shapes.
+    """
+    try:
+        return _forward_loss(model, batch, loss_fn, bi)
+    except WidthscopeError:
+        raise
+    except (RuntimeError, IndexError, ValueError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise WidthscopeError(
+            f"batch {bi}: the model's forward pass or the loss failed ({type(exc).__name__}: {first}); "
+            f"batch shapes {_shapes(batch)}. Check that the data matches the model (input size, number "
+            "of classes / targets, equal batch sizes of inputs and targets)") from exc
+
+
+def _forward_loss(model: nn.Module, batch: Any, loss_fn: Callable | None, bi: int
+                  ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
     mask = None
     if isinstance(batch, Mapping) or (isinstance(batch, torch.Tensor) and not batch.is_floating_point()):
         # Causal LM: LongTensor ids, or {"input_ids", optional "attention_mask", "labels"}.

@@ -100,15 +100,21 @@ def insertion_points(model: nn.Module) -> list[str]:
     return _generic_points(model)
 
 
-def _unknown_message(bad: str, valid: list[str], limit: int = 40) -> str:
-    close = difflib.get_close_matches(bad, valid, n=8, cutoff=0.4)
-    rest = [v for v in valid if v not in close]
-    listed = close + rest
-    shown = ", ".join(listed[:limit])
-    more = f", ... ({len(listed) - limit} more; see widthscope.probe.all_points(model))" \
-        if len(listed) > limit else ""
+def _unknown_message(bad: str, valid: list[str], limit: int = 12,
+                     defaults: list[str] | None = None) -> str:
+    close = difflib.get_close_matches(bad, valid, n=5, cutoff=0.4)
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    return (f"unknown insertion point {bad!r}.{hint} Valid points (closest first): {shown}{more}")
+    parts = []
+    if defaults:
+        shown = ", ".join(defaults[:limit]) + (f", ... ({len(defaults) - limit} more)" if len(defaults) > limit else "")
+        parts.append(f"block outputs (the defaults): {shown}")
+    if close:
+        parts.append(f"closest module names: {', '.join(close)}")
+    n_other = len(valid) - len(set(defaults or []) | set(close))
+    if n_other > 0:
+        parts.append(f"{n_other} other module(s): list them with `widthscope certify --list-points --all` "
+                     "or widthscope.probe.all_points(model)")
+    return f"unknown insertion point {bad!r}.{hint} " + "; ".join(parts)
 
 
 def resolve_points(model: nn.Module, points: str | Iterable[str] | None) -> list[str]:
@@ -134,7 +140,12 @@ def resolve_points(model: nn.Module, points: str | Iterable[str] | None) -> list
         if not isinstance(p, str):
             raise WidthscopeError(f"insertion point names must be strings, got {p!r}")
         if p not in valid_set:
-            raise WidthscopeError(_unknown_message(p, valid))
+            declared = getattr(model, "widthscope_points", None)
+            try:  # the declared list itself may hold the bad name: then do not recurse into it
+                defaults = [] if declared is not None and p in declared else insertion_points(model)
+            except WidthscopeError:
+                defaults = []
+            raise WidthscopeError(_unknown_message(p, valid, defaults=defaults))
         if p not in out:
             out.append(p)
     return out

@@ -434,6 +434,8 @@ def run_cell(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_
     tr = train(model, split, seed=seed, progress=show_progress, device=cfg.device, **fam.train)
     train_s = time.perf_counter() - t0
     checkpoint.save(model, cell_dir, extra={"sweep": cfg.name, "cell": dict(cell), "dataset": fam.dataset,
+                                            "data_options": dict(fam.data_options),
+                                            "data_seed": cfg.data_seed,
                                             "train": {k: v for k, v in tr.items() if k != "history"}})
 
     t0 = time.perf_counter()
