@@ -28,6 +28,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_common.py
+from _common import markdown_table, median_time  # noqa: E402
+
 
 def worker(out: str, width: int, n: int, repeats: int) -> None:
     from widthscope import distributed as wd
@@ -91,14 +94,12 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    cols = ["width", "n_examples", "work_1_s", "work_2_s", "speedup", "launch_1_s", "launch_2_s", "cpus"]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        lines.append("| " + " | ".join(f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
-    return "\n".join(lines) + ("\n\n`work` = probe + merge + statistics after the process group exists (median); "
-                               "`launch` = whole torchrun wall time including Python/torch start-up and all "
-                               "repeats. On a machine shared with other jobs the 2-rank speed-up is bounded by "
-                               "the free cores.")
+    return markdown_table(rows, ["width", "n_examples", "work_1_s", "work_2_s", "speedup", "launch_1_s",
+                                 "launch_2_s", "cpus"],
+                          "`work` = probe + merge + statistics after the process group exists (median); "
+                          "`launch` = whole torchrun wall time including Python/torch start-up and all "
+                          "repeats. On a machine shared with other jobs the 2-rank speed-up is bounded by "
+                          "the free cores.")
 
 
 if __name__ == "__main__":

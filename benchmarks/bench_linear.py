@@ -12,22 +12,14 @@ Times are medians of ``repeats`` runs in one process; ratios compare times from 
 """
 from __future__ import annotations
 
-import statistics
 import sys
-import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
-
-def _median(fn, repeats: int) -> float:
-    fn()  # warm-up
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_common.py
+from _common import markdown_table, median_time  # noqa: E402
 
 
 def _net(width: int, in_dim: int = 32, out: int = 10) -> torch.nn.Module:
@@ -69,8 +61,8 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         K = ntk(model, x)
         R = _reference_ntk(model, x)
         err = float((K - R).abs().max() / R.abs().max())
-        t_ours = _median(lambda: ntk(model, x), repeats)
-        t_ref = _median(lambda: _reference_ntk(model, x), repeats)
+        t_ours = median_time(lambda: ntk(model, x), repeats)
+        t_ref = median_time(lambda: _reference_ntk(model, x), repeats)
         rows.append({"bench": "ntk (n×n×out×out)", "width": width, "n": n, "params": P, "ours_s": t_ours,
                      "ref_s": t_ref, "ratio": t_ref / t_ours, "max_rel_err": err})
 
@@ -85,21 +77,18 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
 
         with torch.no_grad():
             err_lin = float((lin(x) - model(x)).abs().max())  # at θ = θ₀ the two agree
-        t_lin = _median(lambda: step(lin, opt_l), repeats)
-        t_plain = _median(lambda: step(model, opt_p), repeats)
+        t_lin = median_time(lambda: step(lin, opt_l), repeats)
+        t_plain = median_time(lambda: step(model, opt_p), repeats)
         rows.append({"bench": "train step: linearized vs plain", "width": width, "n": n, "params": P,
                      "ours_s": t_lin, "ref_s": t_plain, "ratio": t_plain / t_lin, "max_rel_err": err_lin})
     return rows
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    cols = ["bench", "width", "n", "params", "ours_s", "ref_s", "ratio", "max_rel_err"]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        lines.append("| " + " | ".join(f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
-    return "\n".join(lines) + ("\n\n`ratio` = ref_s / ours_s (>1: ours faster). For the train step, `ref` is the "
-                               "plain network's step, so `ratio` < 1 is the linear model's extra cost; its "
-                               "`max_rel_err` column is the absolute output difference at θ₀.")
+    return markdown_table(rows, ["bench", "width", "n", "params", "ours_s", "ref_s", "ratio", "max_rel_err"],
+                          "`ratio` = ref_s / ours_s (>1: ours faster). For the train step, `ref` is the "
+                          "plain network's step, so `ratio` < 1 is the linear model's extra cost; its "
+                          "`max_rel_err` column is the absolute output difference at θ₀.")
 
 
 if __name__ == "__main__":

@@ -20,22 +20,14 @@ of ``repeats`` runs in the same process; every ratio compares times from the sam
 """
 from __future__ import annotations
 
-import statistics
 import sys
-import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
-
-def _median(fn, repeats: int) -> float:
-    fn()  # warm-up
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_common.py
+from _common import markdown_table, median_time  # noqa: E402
 
 
 def _setup(width: int, n: int, in_dim: int = 64, classes: int = 10):
@@ -137,11 +129,11 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         q, fq, ref = q.detach(), fq.detach(), ref.detach()
         scale = ref.abs().max()
         err = max(float((q - ref).abs().max() / scale), float((fq - ref).abs().max() / scale))
-        t_probe = _median(probe, repeats)
-        t_loop = _median(lambda: _loop(model, x, y, point), max(1, repeats // 2))
-        t_func = _median(lambda: _func(model, x, y, point), repeats)
-        t_floor = _median(lambda: _floor(model, x, y, bs, point), repeats)
-        t_step = _median(lambda: _step(model, x, y, bs), repeats)
+        t_probe = median_time(probe, repeats)
+        t_loop = median_time(lambda: _loop(model, x, y, point), max(1, repeats // 2))
+        t_func = median_time(lambda: _func(model, x, y, point), repeats)
+        t_floor = median_time(lambda: _floor(model, x, y, bs, point), repeats)
+        t_step = median_time(lambda: _step(model, x, y, bs), repeats)
         rows.append({"width": width, "n": n, "probe_s": t_probe, "loop_s": t_loop, "func_s": t_func,
                      "floor_s": t_floor, "step_s": t_step, "loop_over_probe": t_loop / t_probe,
                      "func_over_probe": t_func / t_probe,
@@ -150,11 +142,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    cols = list(rows[0].keys()) if rows else []
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        lines.append("| " + " | ".join(f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
-    return "\n".join(lines)
+    return markdown_table(rows)
 
 
 if __name__ == "__main__":

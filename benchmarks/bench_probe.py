@@ -21,12 +21,14 @@ Usage::
 """
 from __future__ import annotations
 
-import statistics
 import sys
-import time
+from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_common.py
+from _common import markdown_table, median_time  # noqa: E402
 
 
 def _llama(width: int, seq_len: int, depth: int = 4):
@@ -40,13 +42,6 @@ def _llama(width: int, seq_len: int, depth: int = 4):
     return LlamaForCausalLM(cfg).eval()
 
 
-def _median(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def _loop(model, ids: torch.Tensor, points: list[str]) -> list[torch.Tensor]:
@@ -104,11 +99,11 @@ def run(quick: bool = False, on_row=None) -> list[dict[str, Any]]:
         ref = torch.stack(_loop(model, ids, points))  # (n, points, d)
         err = max(float((q[p] - ref[:, j].double()).abs().max() / ref[:, j].abs().max())
                   for j, p in enumerate(points))
-        t_probe = _median(lambda: collect(model, batches, progress=False), repeats)
-        t_loop = _median(lambda: _loop(model, ids, points), repeats)
-        t_floor = _median(lambda: _floor(model, batches), repeats)
+        t_probe = median_time(lambda: collect(model, batches, progress=False), repeats)
+        t_loop = median_time(lambda: _loop(model, ids, points), repeats)
+        t_floor = median_time(lambda: _floor(model, batches), repeats)
         a, b = q[points[-1]][: n // 2], q[points[-1]][n // 2:]
-        t_stats = _median(lambda: _stats(a, b), repeats)
+        t_stats = median_time(lambda: _stats(a, b), repeats)
         rows.append({"width": width, "seq_len": T, "n": n, "points": len(points),
                      "probe_ex_s": n / t_probe, "loop_ex_s": n / t_loop, "floor_ex_s": n / t_floor,
                      "speedup_vs_loop": t_loop / t_probe, "probe_s": t_probe, "stats_s": t_stats,
@@ -119,13 +114,8 @@ def run(quick: bool = False, on_row=None) -> list[dict[str, Any]]:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    cols = ["width", "seq_len", "n", "probe_ex_s", "loop_ex_s", "floor_ex_s", "speedup_vs_loop", "probe_s",
-            "stats_s", "max_rel_err"]
-    fmt = {float: lambda v: f"{v:.3g}"}
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        lines.append("| " + " | ".join(fmt.get(type(r[c]), str)(r[c]) for c in cols) + " |")
-    return "\n".join(lines)
+    return markdown_table(rows, ["width", "seq_len", "n", "probe_ex_s", "loop_ex_s", "floor_ex_s",
+                                 "speedup_vs_loop", "probe_s", "stats_s", "max_rel_err"])
 
 
 if __name__ == "__main__":

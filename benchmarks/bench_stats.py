@@ -19,9 +19,10 @@ Usage::
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import argparse
-import statistics
-import time
 from typing import Any, Callable
 
 import torch
@@ -33,6 +34,9 @@ from widthscope.stats.resample import _draw_indices
 # Skip a (method, n, d) whose multiply-adds exceed this (keeps the full run near a minute).
 _MAX_MACS = 4e10
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_common.py
+from _common import markdown_table, median_time  # noqa: E402
+
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -40,15 +44,7 @@ def _sync(device: torch.device) -> None:
 
 
 def _median_time(fn: Callable[[], Any], repeats: int, device: torch.device) -> float:
-    fn()  # warm-up (allocations, kernels)
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return median_time(fn, repeats, sync=lambda: _sync(device))
 
 
 def _naive(X: torch.Tensor) -> tuple[float, float, float]:

@@ -29,6 +29,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "src"))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_common.py
+from _common import markdown_table, median_time  # noqa: E402
+
 
 def machine() -> dict[str, Any]:
     import torch
@@ -56,11 +59,7 @@ def machine() -> dict[str, Any]:
 def _generic_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "(no rows)"
-    cols = list(dict.fromkeys(c for r in rows for c in r))
-    fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else ("" if v is None else str(v))  # noqa: E731
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)
+    return markdown_table(rows, list(dict.fromkeys(c for r in rows for c in r)))
 
 
 def _load(path: Path):
