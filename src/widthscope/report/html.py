@@ -56,6 +56,16 @@ td.l,th.l{text-align:left}
 """
 
 
+def save_figure(fig: Any, path: str | Path, title: str, caption: str, *, dpi: int = 110) -> dict[str, str]:
+    """Lay out, save and close a matplotlib figure; return the section entry the page embeds."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return {"title": title, "png": str(path), "caption": caption}
+
+
 def data_uri(png: str | Path) -> str:
     """``data:image/png;base64,...`` of a PNG file (so the page needs no other file)."""
     raw = Path(png).read_bytes()

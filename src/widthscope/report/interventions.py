@@ -21,6 +21,8 @@ from typing import Any, Mapping, Sequence
 __all__ = ["figures", "summary"]
 
 
+from .html import save_figure
+
 def _finite(*vals: Any) -> bool:
     return all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in vals)
 
@@ -76,14 +78,11 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[dict
         ax.set_ylabel("|actual ΔL|")
         ax.legend(fontsize=7)
         ax.set_title("Interventions: actual vs first-order prediction")
-        fig.tight_layout()
-        p = out / "interventions_actual_vs_predicted.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        figs.append({"title": "Actual vs predicted held-out loss change", "png": str(p),
-                     "caption": (f"{len(steps)} steps at {len(groups)} point(s). On the dashed line "
-                                 "the first-order prediction is exact; red crosses: the sign was wrong "
-                                 f"({n_bad} of {len(steps)}).")})
+        figs.append(save_figure(
+            fig, out / "interventions_actual_vs_predicted.png", "Actual vs predicted held-out loss change",
+            (f"{len(steps)} steps at {len(groups)} point(s). On the dashed line "
+             "the first-order prediction is exact; red crosses: the sign was wrong "
+             f"({n_bad} of {len(steps)}).")))
 
         fig, ax = plt.subplots(figsize=(5.5, 4.0))
         for lab, rs in groups.items():
@@ -95,16 +94,12 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[dict
         ax.set_ylabel("retention = actual ΔL / predicted ΔL")
         ax.legend(fontsize=7)
         ax.set_title("Retention of the first-order gain")
-        fig.tight_layout()
-        p = out / "interventions_retention.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
         small = [min(rs, key=lambda r: r["eta"]) for rs in groups.values()]
         rets = [r["retention"] for r in small if _finite(r.get("retention"))]
         cap = "Retention → 1 as η → 0 when the loss is smooth at the insertion point."
         if rets:
             cap += f" At the smallest η: {min(rets):.3f}–{max(rets):.3f}."
-        figs.append({"title": "Retention vs step size", "png": str(p), "caption": cap})
+        figs.append(save_figure(fig, out / "interventions_retention.png", "Retention vs step size", cap))
 
     grown = [r for r in rows if r.get("kind") == "growth" and r.get("role") != "candidate"
              and _finite(r.get("loss_before"), r.get("loss_after"))]
@@ -120,15 +115,11 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[dict
         ax.set_ylabel("held-out loss")
         ax.legend()
         ax.set_title("Growing a block")
-        fig.tight_layout()
-        p = out / "growth_before_after.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
         best = next((r for r in grown if r.get("role") == "best"), grown[0])
-        figs.append({"title": "Held-out loss before and after growth", "png": str(p),
-                     "caption": (f"Block trained {best.get('steps')} steps at each point; the "
-                                 f"certificate's top-ranked point ({best.get('point')}) went "
-                                 f"{best['loss_before']:.4g} → {best['loss_after']:.4g}.")})
+        figs.append(save_figure(
+            fig, out / "growth_before_after.png", "Held-out loss before and after growth",
+            f"Block trained {best.get('steps')} steps at each point; the certificate's top-ranked point "
+            f"({best.get('point')}) went {best['loss_before']:.4g} → {best['loss_after']:.4g}."))
     return figs
 
 

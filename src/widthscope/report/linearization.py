@@ -23,6 +23,8 @@ import numpy as np
 __all__ = ["figures", "tables", "summary", "slopes_from_rows"]
 
 
+from .html import save_figure
+
 def _plt():
     import matplotlib
 
@@ -100,14 +102,12 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
         ax.set_xlabel("width n")
         ax.set_ylabel(f"RMS(F − F_lin) on held-out inputs, step {last}")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        p = out_dir / "linearization_deviation_vs_width.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        figs.append({"title": "Deviation from the linear model vs width", "png": str(p),
-                     "caption": "Geometric mean over seeds (bars: min–max) of the held-out RMS of "
-                                "F − F_lin at the last logged step; solid: least-squares fit in log-log; "
-                                "dashed: reference slope α − 1 (bound O(n^α/n)) anchored at the narrowest width."})
+        figs.append(save_figure(
+            fig, out_dir / "linearization_deviation_vs_width.png",
+            "Deviation from the linear model vs width",
+            "Geometric mean over seeds (bars: min–max) of the held-out RMS of "
+            "F − F_lin at the last logged step; solid: least-squares fit in log-log; "
+            "dashed: reference slope α − 1 (bound O(n^α/n)) anchored at the narrowest width."))
 
         # 2. deviation vs step, per width (first alpha = largest)
         a0 = alphas[0]
@@ -128,12 +128,10 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
         ax.set_ylabel("RMS(F − F_lin)")
         ax.set_title(f"α = {a0:g}")
         ax.legend(fontsize=8, ncol=2)
-        fig.tight_layout()
-        p = out_dir / "linearization_deviation_vs_step.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        figs.append({"title": "Deviation vs training step, per width", "png": str(p),
-                     "caption": "How F − F_lin accumulates over training (geometric mean over seeds)."})
+        figs.append(save_figure(
+            fig, out_dir / "linearization_deviation_vs_step.png",
+            "Deviation vs training step, per width",
+            "How F − F_lin accumulates over training (geometric mean over seeds)."))
 
         # 4. slope vs alpha
         sl = [x for x in slopes if x["metric"] in ("dev_rms", "dev_mse") and x["step"] == last]
@@ -157,13 +155,11 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
             ax.set_xlabel("α  (η = η₀ n^α)")
             ax.set_ylabel("log-log slope over width")
             ax.legend(fontsize=8)
-            fig.tight_layout()
-            p = out_dir / "linearization_slope_vs_alpha.png"
-            fig.savefig(p, dpi=110)
-            plt.close(fig)
-            figs.append({"title": "Fitted slope vs learning-rate exponent α", "png": str(p),
-                         "caption": "Slopes with bootstrap-over-seeds 95% intervals, beside the bound and the "
-                                    "published MNIST slopes (which are for the test MSE between F and F_lin)."})
+            figs.append(save_figure(
+                fig, out_dir / "linearization_slope_vs_alpha.png",
+                "Fitted slope vs learning-rate exponent α",
+                "Slopes with bootstrap-over-seeds 95% intervals, beside the bound and the "
+                "published MNIST slopes (which are for the test MSE between F and F_lin)."))
     if corr:
         widths = sorted({r["width"] for r in corr})
         names = sorted({r["name"] for r in corr})
@@ -183,13 +179,11 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
         ax.set_xlabel("width n")
         ax.set_ylabel("mean |C_{D,d}| (‖·‖ for D = 1)")
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        p = out_dir / "linearization_correlations_vs_width.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        figs.append({"title": "Derivative correlations vs width", "png": str(p),
-                     "caption": "Exact C_{D,d} (nested jvp) averaged over random input tuples; geometric mean "
-                                "over seeds (bars: min–max); dashed: reference slope −1/2."})
+        figs.append(save_figure(
+            fig, out_dir / "linearization_correlations_vs_width.png",
+            "Derivative correlations vs width",
+            "Exact C_{D,d} (nested jvp) averaged over random input tuples; geometric mean "
+            "over seeds (bars: min–max); dashed: reference slope −1/2."))
     return figs
 
 
