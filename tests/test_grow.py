@@ -152,3 +152,22 @@ def test_report_figures_from_intervention_and_growth_rows(tmp_path):
     text = " ".join(summary(rows + res["rows"]))
     assert "4 of 5" in text and "top-ranked point" in text
     assert figures([], tmp_path) == []
+
+
+def test_checkpoint_data_split_is_the_recorded_one(tmp_path):
+    """grow loads the data the checkpoint recorded (options and split seed), not loader defaults."""
+    import argparse
+
+    from widthscope import checkpoint
+    from widthscope.grow import _load_split
+    from widthscope.models import build
+
+    torch.manual_seed(0)
+    checkpoint.save(build("llama", 32, depth=1, max_seq_len=32), tmp_path / "ck",
+                    extra={"dataset": "text", "data_seed": 3, "data_options": {"seq_len": 16, "max_bytes": 20000}})
+    model = checkpoint.load(tmp_path / "ck")
+    args = argparse.Namespace(data=None, data_root=None, model=str(tmp_path / "ck"), seq_len=None,
+                              n_train=None, n_test=None, seed=0)
+    split = _load_split(args, model)
+    assert split.train[0].shape[1] == 16 and split.meta["seed"] == 3
+    assert len(split.train[0]) + len(split.test[0]) <= 20000 // 16

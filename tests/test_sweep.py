@@ -15,7 +15,7 @@ import torch
 
 from widthscope.cli import main
 from widthscope.errors import WidthscopeError
-from widthscope.sweep.alignment import TIMING_COLUMNS, load_config, plan_cells, run_sweep
+from widthscope.sweep.alignment import TIMING_COLUMNS, _take, load_config, plan_cells, run_sweep
 from widthscope.sweep.grid import cell_id, load_rows
 
 TINY = """
@@ -179,8 +179,10 @@ def test_tiny_sweep_rows_match_oracles(tiny):
     split = data.load("digits", n_train=256, n_test=64, seed=0)
     assert evaluate(model, split.test, "classification")["loss"] == pytest.approx(r0["test_loss"], rel=1e-5)
     for pi in (0, 1):
-        Xa = _per_example_grads(model, split.train[0][:40], split.train[1][:40], f"blocks.{pi}")
-        Xb = _per_example_grads(model, split.test[0][:32], split.test[1][:32], f"blocks.{pi}")
+        # the probe pools: seeded random subsets of each part (data_seed 0), as the sweep takes them
+        (xa, ya), (xb, yb) = _take(split.train, 40, 0), _take(split.test, 32, 1)
+        Xa = _per_example_grads(model, xa, ya, f"blocks.{pi}")
+        Xb = _per_example_grads(model, xb, yb, f"blocks.{pi}")
         sa = Xa.sum(0)
         one_E = (sa @ sa - (Xa * Xa).sum()) / (40 * 39)       # U-statistic of ||mu||^2
         two_E = (Xa @ Xb.T).mean()                              # unbiased a.b

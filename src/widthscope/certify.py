@@ -424,18 +424,14 @@ def _check_data_name(name: str) -> None:
                               "not an existing text file or directory")
 
 
-def _recorded_data_options(model: nn.Module) -> dict[str, Any]:
-    """Data options a checkpoint recorded (``extra.data_options``), e.g. text ``seq_len``."""
-    extra = getattr(model, "widthscope_extra", None)
-    opts = extra.get("data_options") if isinstance(extra, dict) else None
-    return dict(opts) if isinstance(opts, dict) else {}
-
-
 def _load_data(name: str, args: argparse.Namespace, model: nn.Module):
     from . import data
 
     _check_data_name(name)
-    recorded = _recorded_data_options(model) if args.data is None else {}
+    from .checkpoint import recorded_data
+
+    rec = recorded_data(model) if args.data is None else {}
+    recorded = rec.get("options", {})
     options: dict[str, Any] = {k: v for k, v in recorded.items() if k != "root"}
     root = args.data_root or recorded.get("root")
     if name not in data.DATASETS:  # a text file or directory: byte-level LM data
@@ -448,9 +444,7 @@ def _load_data(name: str, args: argparse.Namespace, model: nn.Module):
                                   f"length {max_len}; use --seq-len <= {max_len}")
     # The split seed the model was trained with (a sweep records it): another seed could put
     # training chunks of a text corpus into the "held-out" part.
-    extra = getattr(model, "widthscope_extra", None)
-    seed = extra.get("data_seed", args.seed) if isinstance(extra, dict) and args.data is None else args.seed
-    return data.load(name, root=root, seed=int(seed), **options)
+    return data.load(name, root=root, seed=int(rec.get("seed", args.seed)), **options)
 
 
 def _subset(pair: tuple[torch.Tensor, torch.Tensor], n: int, seed: int, flag: str, what: str

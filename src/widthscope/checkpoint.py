@@ -304,3 +304,24 @@ def load(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> nn.M
     model.to(device)
     model.eval()
     return model
+
+
+def recorded_data(model: nn.Module) -> dict[str, Any]:
+    """What a loaded checkpoint says about its training data (``save(..., extra=...)``).
+
+    Returns ``{"dataset": str, "options": dict, "seed": int}`` with the keys that were recorded
+    (sweeps record all three). ``certify`` and ``grow`` load data with them, so a held-out
+    split is the one the model never trained on.
+    """
+    extra = getattr(model, "widthscope_extra", None)
+    if not isinstance(extra, dict):
+        return {}
+    out: dict[str, Any] = {}
+    if isinstance(extra.get("dataset"), str):
+        out["dataset"] = extra["dataset"]
+    if isinstance(extra.get("data_options"), dict):
+        out["options"] = dict(extra["data_options"])
+    if isinstance(extra.get("data_seed"), int):
+        out["seed"] = extra["data_seed"]
+    return out
+

@@ -50,7 +50,7 @@ import torch.nn as nn
 
 from ._io import atomic_write_json, format_table, progress
 from .errors import WidthscopeError
-from .probe.intervene import (_block_of, _w_out_grad, as_examples, insert, mean_loss,
+from .probe.intervene import (_block_of, _index, _w_out_grad, as_examples, insert, mean_loss,
                               per_example_losses, take, to_batches)
 
 __all__ = ["grow", "rank_points", "grow_at", "add_arguments", "run", "DELTAS"]
@@ -213,11 +213,15 @@ def grow(model: nn.Module, data: Any, *, points: Sequence[str] | str | None = No
         raise WidthscopeError(f"n_rank must leave at least 4 held-out examples on each side; got "
                               f"{n_rank} of {n_te}")
     n_train = min(n_tr, max(4 * M, 256)) if n_train is None else int(n_train)
-    probe_train = take(train, n_train, what="train examples for ranking (n_train)")
-    from .probe.intervene import _index
-
-    rank_test = _index(test, slice(0, n_rank))
-    evaluate = _index(test, slice(n_rank, n_te))
+    if not 1 <= n_train <= n_tr:
+        raise WidthscopeError(f"n_train={n_train}: need between 1 and the {n_tr} training examples given")
+    probe_train = _index(train, torch.randperm(n_tr, generator=torch.Generator().manual_seed(int(seed) + 1))
+                         [:n_train].sort().values)
+    # A seeded permutation, not the first half: datasets such as text chunks are ordered by
+    # position in the corpus, and ranking and evaluation should see the same distribution.
+    perm = torch.randperm(n_te, generator=torch.Generator().manual_seed(int(seed)))
+    rank_test = _index(test, perm[:n_rank].sort().values)
+    evaluate = _index(test, perm[n_rank:].sort().values)
     cands = rank_points(model, probe_train, rank_test, points=points, M=M, K=K, eta=eta,
                         loss_fn=loss_fn, batch_size=batch_size, show_progress=progress)
     chosen = [("best", cands[0])]
@@ -252,7 +256,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "file/directory for language models (default: digits for builtin, else the "
                    "dataset recorded in the checkpoint)")
     p.add_argument("--data-root", default=None, help="root directory of the data set files")
-    p.add_argument("--seq-len", type=int, default=64, help="sequence length for text data (default 64)")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="sequence length for text data (default: the checkpoint's recorded one, else 64)")
     p.add_argument("--n-train", type=int, default=None,
                    help="training examples loaded (default: 2048, or all if fewer)")
     p.add_argument("--n-test", type=int, default=None,
@@ -291,10 +296,12 @@ def _load_split(args: argparse.Namespace, model: nn.Module) -> Any:
 
     from . import data
 
+    from .checkpoint import recorded_data
+
     name, root = args.data, args.data_root
+    rec = recorded_data(model) if args.data is None else {}
     if name is None:
-        extra = getattr(model, "widthscope_extra", None)
-        name = extra.get("dataset") if isinstance(extra, dict) else None
+        name = rec.get("dataset")
         if not isinstance(name, str):
             raise WidthscopeError(f"the checkpoint {args.model!r} does not record its dataset: pass --data "
                                   f"(one of {', '.join(data.DATASETS)}, or a text file/directory)")
@@ -303,17 +310,23 @@ def _load_split(args: argparse.Namespace, model: nn.Module) -> Any:
             raise WidthscopeError(f"--data {name!r}: not a dataset name ({', '.join(data.DATASETS)}) "
                                   "and not an existing text file or directory")
         root, name = name, "text"
-    options = {"seq_len": args.seq_len} if name == "text" else {}
+    # The checkpoint's recorded data options and split seed: another split could put training
+    # examples into the "held-out" part.
+    options = {k: v for k, v in rec.get("options", {}).items() if k != "root"}
+    root = root or rec.get("options", {}).get("root")
+    if name == "text":
+        options["seq_len"] = args.seq_len or options.get("seq_len", 64)
+    seed = int(rec.get("seed", args.seed))
     for flag, v in (("--n-train", args.n_train), ("--n-test", args.n_test)):
         if v is not None and v < 1:
             raise WidthscopeError(f"{flag} {v}: must be a positive number of examples")
     if args.n_train is not None and args.n_test is not None:
-        return data.load(name, root=root, n_train=args.n_train, n_test=args.n_test, seed=args.seed,
+        return data.load(name, root=root, n_train=args.n_train, n_test=args.n_test, seed=seed,
                          **options)
-    full = data.load(name, root=root, seed=args.seed, **options)
+    full = data.load(name, root=root, seed=seed, **options)
     n_train = min(2048, len(full.train[0])) if args.n_train is None else args.n_train
     n_test = min(512, len(full.test[0])) if args.n_test is None else args.n_test
-    return data.load(name, root=root, n_train=n_train, n_test=n_test, seed=args.seed, **options)
+    return data.load(name, root=root, n_train=n_train, n_test=n_test, seed=seed, **options)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -404,8 +404,17 @@ def _model_options(fam: FamilySpec, split: Any) -> dict[str, Any]:
     return opts
 
 
-def _take(pair: Sequence[Any], n: int) -> tuple[Any, ...]:
-    return tuple(t[:n] for t in pair)
+def _take(pair: Sequence[Any], n: int, seed: int) -> tuple[Any, ...]:
+    """A seeded random subset of ``n`` examples, in their original order.
+
+    Not the first ``n``: splits such as text chunks are ordered by position in the corpus, and
+    the probe pools should be samples of the whole part.
+    """
+    import torch
+
+    total = len(pair[0])
+    idx = torch.randperm(total, generator=torch.Generator().manual_seed(int(seed)))[:n].sort().values
+    return tuple(t[idx] for t in pair)
 
 
 def _batches(pair: Sequence[Any], task: str, batch_size: int):
@@ -440,8 +449,8 @@ def run_cell(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_
 
     t0 = time.perf_counter()
     points = fam.points or probe.insertion_points(model)
-    pa = _take(split.train, fam.n_probe_train)
-    pb = _take(split.test, fam.n_probe_test)
+    pa = _take(split.train, fam.n_probe_train, cfg.data_seed)
+    pb = _take(split.test, fam.n_probe_test, cfg.data_seed + 1)
     Xa = probe.collect(model, _batches(pa, split.task, fam.probe_batch_size), points=points, pool=cfg.pool,
                        progress=show_progress)
     Xb = probe.collect(model, _batches(pb, split.task, fam.probe_batch_size), points=points, pool=cfg.pool,
