@@ -426,7 +426,7 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
                     bias.copy_((-eta * mu).to(bias.dtype))
                 after = mean_loss(model, test, loss_fn, batch_size=batch_size)
                 rows.append(_row("bias", point, eta, -eta * align, after - loss_before, M, K,
-                                 float(mu.norm()), align, loss_before, act_rms))
+                                 float(mu.norm()), align, loss_before, act_rms, step_norm))
         finally:
             remove_insertion(model, point)
         return rows
@@ -447,20 +447,24 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
                 block.w_out.copy_((-eta * G_M).to(block.w_out.dtype))
             after = mean_loss(model, test, loss_fn, batch_size=batch_size)
             rows.append(_row("block", point, eta, -eta * align, after - loss_before, M, K,
-                             float(G_M.norm()), align, loss_before, act_rms))
+                             float(G_M.norm()), align, loss_before, act_rms, step_norm))
     finally:
         remove_insertion(model, point)
     return rows
 
 
 def _row(probe: str, point: str, eta: float, predicted: float, actual: float, M: int, K: int,
-         mu_norm: float, align: float, loss_before: float, act_rms: float) -> dict[str, Any]:
+         mu_norm: float, align: float, loss_before: float, act_rms: float,
+         step_norm: float) -> dict[str, Any]:
     retention = actual / predicted if predicted != 0 else float("nan")
+    # Step size relative to the stream: RMS entry of the change over RMS entry of the activation,
+    # comparable across points and widths (raw η is not).
+    rel_step = eta * step_norm / act_rms if act_rms > 0 else float("nan")
     return {"kind": "intervention", "probe": probe, "point": point, "eta": eta,
             "predicted": predicted, "actual": actual, "retention": retention,
             "sign_agrees": bool(predicted != 0 and (actual > 0) == (predicted > 0) and actual != 0),
             "M": M, "K": K, "mu_norm": mu_norm, "alignment": align,
-            "loss_before": loss_before, "act_rms": act_rms}
+            "loss_before": loss_before, "act_rms": act_rms, "rel_step": rel_step}
 
 
 # ----------------------------------------------------------------------------- sign agreement

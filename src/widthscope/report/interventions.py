@@ -42,8 +42,11 @@ def _steps(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 
 def _label(r: Mapping[str, Any]) -> str:
-    tag = r.get("model") or r.get("width")
-    return f"{r.get('point')} ({r.get('probe')})" + (f" {tag}" if tag is not None else "")
+    """One curve per model (family/width/seed) and point: mixing them makes zig-zag lines."""
+    tags = [f"{r.get('family') or r.get('model') or ''}", f"N={r['width']}" if r.get("width") is not None else "",
+            f"s{r['seed']}" if r.get("seed") is not None else ""]
+    tag = " ".join(t for t in tags if t)
+    return f"{r.get('point')} ({r.get('probe')})" + (f" {tag}" if tag else "")
 
 
 def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[dict[str, str]]:
@@ -65,7 +68,7 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[dict
             ys = [abs(r["actual"]) for r in rs if r["predicted"] != 0 and r["actual"] != 0]
             if not xs:
                 continue
-            ax.loglog(xs, ys, "o-", ms=4, label=lab, alpha=0.8)
+            ax.loglog(xs, ys, "o-", ms=3, lw=1, label=lab if len(groups) <= 12 else None, alpha=0.7)
             bad = [(abs(r["predicted"]), abs(r["actual"])) for r in rs
                    if not r.get("sign_agrees") and r["predicted"] != 0 and r["actual"] != 0]
             n_bad += len(bad)
@@ -76,7 +79,7 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[dict
             ax.loglog([lo, hi], [lo, hi], "k--", lw=1, label="actual = predicted")
         ax.set_xlabel("|predicted ΔL| = η |μ_Mᵀ g_K|")
         ax.set_ylabel("|actual ΔL|")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7)  # per-curve labels only when few (many models: identity line only)
         ax.set_title("Interventions: actual vs first-order prediction")
         figs.append(save_figure(
             fig, out / "interventions_actual_vs_predicted.png", "Actual vs predicted held-out loss change",
@@ -85,14 +88,19 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[dict
              f"({n_bad} of {len(steps)}).")))
 
         fig, ax = plt.subplots(figsize=(5.5, 4.0))
+        # x: the step relative to the stream (comparable across points and widths) when recorded.
+        xkey = "rel_step" if all(_finite(r.get("rel_step")) for r in steps) else "eta"
         for lab, rs in groups.items():
-            rs = sorted((r for r in rs if _finite(r.get("retention"))), key=lambda r: r["eta"])
+            rs = sorted((r for r in rs if _finite(r.get("retention"))), key=lambda r: r[xkey])
             if rs:
-                ax.semilogx([r["eta"] for r in rs], [r["retention"] for r in rs], "o-", ms=4, label=lab)
+                ax.semilogx([r[xkey] for r in rs], [r["retention"] for r in rs], "o-", ms=3, lw=1,
+                            alpha=0.7, label=lab if len(groups) <= 12 else None)
         ax.axhline(1.0, color="k", ls="--", lw=1)
-        ax.set_xlabel("η")
-        ax.set_ylabel("retention = actual ΔL / predicted ΔL")
-        ax.legend(fontsize=7)
+        ax.set_ylim(-0.5, 2.0)  # the interesting region is near 1; large steps leave it quickly
+        ax.set_xlabel("step relative to the activation (RMS)" if xkey == "rel_step" else "η")
+        ax.set_ylabel("retention = actual ΔL / predicted ΔL (clipped)")
+        if len(groups) <= 12:
+            ax.legend(fontsize=7)
         ax.set_title("Retention of the first-order gain")
         small = [min(rs, key=lambda r: r["eta"]) for rs in groups.values()]
         rets = [r["retention"] for r in small if _finite(r.get("retention"))]
