@@ -67,7 +67,7 @@ DEFAULTS: dict[str, Any] = {
     "fit": {"steps": None},
 }
 
-# Small enough for ~1-2 minutes on two CPU cores (digits, 30 cells); same as configs/linearize-demo.toml.
+# Small enough for a few minutes on two CPU cores (digits, 30 cells); same as configs/linearize-demo.toml.
 DEMO_CONFIG: dict[str, Any] = {
     "name": "linearize-demo",
     "widths": [32, 64, 128, 256, 512],
