@@ -77,6 +77,17 @@ def default_heads(width: int) -> int:
     return max(1, width // 64) if width >= 64 else max(1, width // 16)
 
 
+def _from_hf(config_cls: Any, model_cls: Any, family: str, layers_path: str,
+             hf_config: dict) -> tuple[nn.Module, dict, list[str]]:
+    """Rebuild a model from its own Hugging Face config dict (eager attention: jvp needs it)."""
+    cfg = config_cls.from_dict(dict(hf_config))
+    cfg._attn_implementation = "eager"
+    model = _with_input_check(model_cls(cfg))
+    n, layers = cfg.hidden_size, cfg.num_hidden_layers
+    return model, {"family": family, "width": n, "depth": layers, "hf_config": cfg.to_dict()}, \
+        [f"{layers_path}.{i}" for i in range(layers)]
+
+
 def build_llama(width: int | None, *, depth: int = 4, vocab_size: int = 256, max_seq_len: int = 512,
                 heads: int | None = None, kv_heads: int | None = None, head_dim: int | None = None,
                 ffn: int | None = None, rope_theta: float = 10000.0, rms_norm_eps: float = 1e-6,
@@ -84,12 +95,7 @@ def build_llama(width: int | None, *, depth: int = 4, vocab_size: int = 256, max
     from transformers import LlamaConfig, LlamaForCausalLM
 
     if hf_config is not None:  # a model loaded from an HF directory, rebuilt from its own config
-        cfg = LlamaConfig.from_dict(dict(hf_config))
-        cfg._attn_implementation = "eager"
-        model = _with_input_check(LlamaForCausalLM(cfg))
-        n, layers = cfg.hidden_size, cfg.num_hidden_layers
-        return model, {"family": "llama", "width": n, "depth": layers, "hf_config": cfg.to_dict()}, \
-            [f"model.layers.{i}" for i in range(layers)]
+        return _from_hf(LlamaConfig, LlamaForCausalLM, "llama", "model.layers", hf_config)
     width = _check_width("llama", width)
     if depth < 1:
         raise WidthscopeError(f"llama depth (layers) must be >= 1, got {depth}")
@@ -118,12 +124,7 @@ def build_pythia(width: int | None, *, depth: int | None = None, preset: str | N
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     if hf_config is not None:
-        cfg = GPTNeoXConfig.from_dict(dict(hf_config))
-        cfg._attn_implementation = "eager"
-        model = _with_input_check(GPTNeoXForCausalLM(cfg))
-        n, layers = cfg.hidden_size, cfg.num_hidden_layers
-        return model, {"family": "pythia", "width": n, "depth": layers, "hf_config": cfg.to_dict()}, \
-            [f"gpt_neox.layers.{i}" for i in range(layers)]
+        return _from_hf(GPTNeoXConfig, GPTNeoXForCausalLM, "pythia", "gpt_neox.layers", hf_config)
     if preset is not None:
         if preset not in PYTHIA_PRESETS:
             raise WidthscopeError(f"unknown pythia preset {preset!r}; valid: {', '.join(PYTHIA_PRESETS)}")
