@@ -177,3 +177,51 @@ def test_out_of_core_dual_form_equals_in_memory(tmp_path):
     with pytest.raises(WidthscopeError, match="no row blocks"):
         spill_rows([], tmp_path / "empty.npy")
     assert not (tmp_path / "empty.npy").exists()
+
+
+def test_two_population_expectations_over_R_and_correction():
+    """Cross terms under projection: the stated expectations over R, and the corrected
+    estimates unbiased jointly over R and the (independent) train / held-out samples."""
+    from widthscope.stats import cross_moments, moments
+    from widthscope.stats.sketch import correct_projected_cross
+
+    d, k = 8, 3
+    a, Sa, _ = population(d, seed=1)
+    b, Sb, _ = population(d, seed=2)
+    truth_bab, truth_aba, truth_tr = float(b @ Sa @ b), float(a @ Sb @ a), float((Sa @ Sb).trace())
+    # population level, N projections at once
+    g = torch.Generator().manual_seed(7)
+    N = 20000
+    R = torch.randn(N, d, k, generator=g, dtype=torch.float64) / k ** 0.5
+    P = R @ R.transpose(1, 2)
+    v = torch.einsum("d,nde,ef,nfg,g->n", b, P, Sa, P, b)
+    q = torch.einsum("nde,ef,nfg,gd->n", P, Sa, P, Sb)
+    ta = torch.einsum("ndk,de,nek->n", R, Sa, R)
+    tb = torch.einsum("ndk,de,nek->n", R, Sb, R)
+    mb = torch.einsum("d,ndk->nk", b, R).square().sum(1)
+    mc_check(v, truth_bab * (1 + 1 / k) + float(Sa.trace()) * float(b @ b) / k)
+    mc_check(ta * mb, float(Sa.trace()) * float(b @ b) + 2 * truth_bab / k)
+    mc_check(q, truth_tr * (1 + 1 / k) + float(Sa.trace()) * float(Sb.trace()) / k)
+    mc_check(ta * tb, float(Sa.trace()) * float(Sb.trace()) + 2 * truth_tr / k)
+    assert abs(q.mean().item() - truth_tr) > 10 * q.std().item() / N ** 0.5  # raw is biased
+
+    # sample level: new samples and a new R per repetition (non-Gaussian: centred exponentials)
+    La, Lb = torch.linalg.cholesky(Sa), torch.linalg.cholesky(Sb)
+    out = {"bab": [], "aba": [], "tr": [], "raw_tr": []}
+    for r in range(2000):
+        za = torch.empty(10, d, dtype=torch.float64).exponential_(generator=g) - 1
+        zb = torch.empty(9, d, dtype=torch.float64).exponential_(generator=g) - 1
+        Xa, Xb = a + za @ La.T, b + zb @ Lb.T
+        Pr = Projector(d, k, seed=5000 + r)
+        Ya, Yb = Pr(Xa), Pr(Xb)
+        raw = cross_moments(Ya, Yb)
+        c = correct_projected_cross(raw, moments(Ya), moments(Yb), k)
+        out["raw_tr"].append(raw.tr_sigma_a_sigma_b)
+        out["bab"].append(c.b_sigma_a_b)
+        out["aba"].append(c.a_sigma_b_a)
+        out["tr"].append(c.tr_sigma_a_sigma_b)
+    mc_check(torch.tensor(out["bab"]), truth_bab)
+    mc_check(torch.tensor(out["aba"]), truth_aba)
+    mc_check(torch.tensor(out["tr"]), truth_tr)
+    raw_tr = torch.tensor(out["raw_tr"])  # without the correction the same check fails by far
+    assert abs(raw_tr.mean().item() - truth_tr) > 10 * raw_tr.std().item() / len(raw_tr) ** 0.5

@@ -60,10 +60,10 @@ from typing import Any, Iterable
 import torch
 
 from ..errors import WidthscopeError
-from .estimators import Moments, PrimalMoments, as_matrix
+from .estimators import CrossMoments, Moments, PrimalMoments, as_matrix
 
 __all__ = ["Projector", "ProjectedMoments", "projected_moments", "projected_accumulator",
-           "finalize_projected", "spill_rows", "out_of_core_moments", "KINDS"]
+           "finalize_projected", "correct_projected_cross", "spill_rows", "out_of_core_moments", "KINDS"]
 
 KINDS = ("gaussian", "sparse")
 _ROWS = 4096  # rows of R generated at once (bounded memory for the generator's temporaries)
@@ -175,6 +175,37 @@ def finalize_projected(pm: PrimalMoments, projector: Projector) -> ProjectedMome
         mu_sigma_mu=(raw.mu_sigma_mu - tm / k) / c,
         tr_sigma_sq=(raw.tr_sigma_sq - t2 / k) / c,
         tr_sigma=raw.tr_sigma, raw=raw, tm=tm, t2=t2, seed=projector.seed, kind=projector.kind)
+
+
+def correct_projected_cross(cross: CrossMoments, raw_a: Moments, raw_b: Moments, k: int) -> CrossMoments:
+    """Two-population estimates for the *unprojected* populations from projected samples.
+
+    With ``P = RRᵀ`` and ``E[PAP] = A + (A + tr(A)·I)/k`` (module docstring), for train mean
+    ``a``, covariance ``Σ_a`` and held-out ``b``, ``Σ_b``::
+
+        E bᵀPΣ_aPb        = bᵀΣ_a b·(1 + 1/k) + tr(Σ_a)‖b‖²/k
+        E tr(RᵀΣ_aR)‖Rᵀb‖² = tr(Σ_a)‖b‖² + 2 bᵀΣ_a b/k
+        E tr(PΣ_aPΣ_b)     = tr(Σ_aΣ_b)·(1 + 1/k) + tr(Σ_a)tr(Σ_b)/k
+        E tr(RᵀΣ_aR)tr(RᵀΣ_bR) = tr(Σ_a)tr(Σ_b) + 2 tr(Σ_aΣ_b)/k
+
+    (``aᵀPb`` is unbiased for ``aᵀb``). Solving each pair, with ``c = (k+2)(k−1)/k²``::
+
+        bᵀΣ_a b ≈ (v_ab − t_a·m_b/k)/c,   aᵀΣ_b a ≈ (v_ba − t_b·m_a/k)/c,
+        tr(Σ_aΣ_b) ≈ (q_ab − t_a·t_b/k)/c
+
+    where ``v, q`` are the projected-space cross estimates in ``cross`` and ``t, m`` the
+    projected ``tr Σ``, ``‖μ‖²`` of each population (``raw_a``, ``raw_b``: unbiased U-statistics
+    of the projected rows). The train and held-out samples are independent, so the products
+    ``t_a·m_b`` are unbiased for their expectations and the results are unbiased jointly over
+    ``R`` and the samples.
+    """
+    c = (k + 2) * (k - 1) / k ** 2
+    return CrossMoments(
+        n_a=cross.n_a, n_b=cross.n_b, d=cross.d, ab=cross.ab,
+        b_sigma_a_b=(cross.b_sigma_a_b - raw_a.tr_sigma * raw_b.mu_sq / k) / c,
+        a_sigma_b_a=(cross.a_sigma_b_a - raw_b.tr_sigma * raw_a.mu_sq / k) / c,
+        tr_sigma_a_sigma_b=(cross.tr_sigma_a_sigma_b - raw_a.tr_sigma * raw_b.tr_sigma / k) / c,
+        estimator=cross.estimator, method=f"projected(k={k})")
 
 
 def projected_moments(X: Any | Iterable[Any], *, k: int, seed: int = 0, kind: str = "gaussian",
