@@ -345,26 +345,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1")
 
 
-def _int_list(text: str | None, flag: str) -> list[int] | None:
+def _num_list(text: str | None, flag: str, cast: Callable[[str], Any]) -> list | None:
+    """``"16,32,64"`` -> ``[16, 32, 64]`` (``None`` stays ``None``), with a clear error."""
     if text is None:
         return None
+    kind = "whole numbers, e.g. 16,32,64" if cast is int else "numbers, e.g. 1e-3,1e-2"
     try:
-        vals = [int(v) for v in str(text).split(",") if v.strip()]
+        vals = [cast(v) for v in str(text).split(",") if v.strip()]
     except ValueError:
-        raise WidthscopeError(f"{flag} {text!r}: expected comma-separated whole numbers, e.g. 16,32,64") from None
+        raise WidthscopeError(f"{flag} {text!r}: expected comma-separated {kind}") from None
     if not vals:
-        raise WidthscopeError(f"{flag} is empty; give e.g. 16,32,64")
+        raise WidthscopeError(f"{flag} is empty; give comma-separated {kind}")
     return vals
 
 
+def _int_list(text: str | None, flag: str) -> list[int] | None:
+    return _num_list(text, flag, int)
+
+
 def _float_list(text: str | None, flag: str) -> list[float] | None:
-    if text is None:
-        return None
-    try:
-        vals = [float(t) for t in str(text).split(",") if t.strip()]
-    except ValueError:
-        raise WidthscopeError(f"{flag} {text!r}: expected a comma-separated list of numbers") from None
-    if not vals or any(not v > 0 for v in vals):
+    vals = _num_list(text, flag, float)
+    if vals is not None and any(not v > 0 for v in vals):
         raise WidthscopeError(f"{flag} {text!r}: step sizes must be positive numbers")
     return vals
 

@@ -421,12 +421,8 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
         insert(model, point, "bias", width=mu.numel(), record=False)
         try:
             bias = model.get_submodule(point).widthscope_insert.bias
-            for eta in _progress(etas, desc=f"intervene {point}", disable=None if progress else True):
-                with torch.no_grad():
-                    bias.copy_((-eta * mu).to(bias.dtype))
-                after = mean_loss(model, test, loss_fn, batch_size=batch_size)
-                rows.append(_row("bias", point, eta, -eta * align, after - loss_before, M, K,
-                                 float(mu.norm()), align, loss_before, act_rms, step_norm))
+            rows = _step_rows("bias", model, point, bias, mu, etas, align, test, loss_fn, batch_size,
+                              M, K, loss_before, act_rms, step_norm, progress)
         finally:
             remove_insertion(model, point)
         return rows
@@ -442,14 +438,26 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
         N, Hd = block.w_out.shape[0], block.w_out.shape[1]
         step_norm = float(G_M.norm()) * h_rms * math.sqrt(Hd) / math.sqrt(N)
         etas = etas or default_etas(step_norm, act_rms, n_etas)
-        for eta in _progress(etas, desc=f"intervene block {point}", disable=None if progress else True):
-            with torch.no_grad():
-                block.w_out.copy_((-eta * G_M).to(block.w_out.dtype))
-            after = mean_loss(model, test, loss_fn, batch_size=batch_size)
-            rows.append(_row("block", point, eta, -eta * align, after - loss_before, M, K,
-                             float(G_M.norm()), align, loss_before, act_rms, step_norm))
+        rows = _step_rows("block", model, point, block.w_out, G_M, etas, align, test, loss_fn,
+                          batch_size, M, K, loss_before, act_rms, step_norm, progress)
     finally:
         remove_insertion(model, point)
+    return rows
+
+
+def _step_rows(probe: str, model: nn.Module, point: str, param: torch.Tensor, direction: torch.Tensor,
+               etas: Sequence[float], align: float, test: Any, loss_fn: Callable | None,
+               batch_size: int, M: int, K: int, loss_before: float, act_rms: float,
+               step_norm: float, progress: bool) -> list[dict[str, Any]]:
+    """Set the inserted parameter to ``−η·direction`` for each ``η`` and measure the held-out
+    loss change against the first-order prediction ``−η·align``."""
+    rows = []
+    for eta in _progress(etas, desc=f"intervene {probe} {point}", disable=None if progress else True):
+        with torch.no_grad():
+            param.copy_((-eta * direction).to(param.dtype))
+        after = mean_loss(model, test, loss_fn, batch_size=batch_size)
+        rows.append(_row(probe, point, eta, -eta * align, after - loss_before, M, K,
+                         float(direction.norm()), align, loss_before, act_rms, step_norm))
     return rows
 
 
