@@ -142,7 +142,7 @@ def test_cli_list_points(capsys):
     (["--n-train", "32", "--n-test", "32", "--M", "64"], "M=64 is larger than --n-train 32"),
     (["--K", "8,9,10", "--M", "8"], "K has 3 values but M has 1"),
     (["--M", "8,x"], "--M '8,x'"),
-    (["--n-train", "5000", "--train-steps", "1"], "--n-train 5000 but the training part has only 1438"),
+    (["--n-train", "5000", "--train-steps", "1"], "--n-train 5000 but the training part of digits gave only 1438"),
 ])
 def test_cli_bad_inputs_exit_2_without_traceback(argv, message, capsys, tmp_path):
     rc = main(["certify", *argv, "--out", str(tmp_path / "c.json")])

@@ -60,7 +60,12 @@ def test_hf_directories_llama_and_gpt_neox(tmp_path):
         assert (d / "model.safetensors").is_file()
         loaded = checkpoint.load(d)
         assert loaded.widthscope_points == [f"{prefix}.0", f"{prefix}.1"]
-        assert loaded.config._attn_implementation == "eager"
+        # The checkpoint's attention implementation is kept (reverse-mode probes do not need eager);
+        # eager_attention switches where forward-mode AD needs it.
+        assert loaded.config._attn_implementation != "eager"
+        from widthscope.models.hf import eager_attention
+
+        assert eager_attention(loaded).config._attn_implementation == "eager"
         _same_outputs(m, loaded, torch.randint(0, 256, (2, 8)))
         rebuilt = build(**loaded.widthscope_config)  # the HF config rebuilds the architecture
         assert rebuilt.state_dict().keys() == loaded.state_dict().keys()
@@ -81,7 +86,7 @@ def test_hf_llama_with_tied_embeddings(tmp_path):
     checkpoint.save(loaded, tmp_path / "ours")
     again = checkpoint.load(tmp_path / "ours")
     assert again.lm_head.weight.data_ptr() == again.model.embed_tokens.weight.data_ptr()
-    _same_outputs(loaded, again, x)
+    _same_outputs(loaded, again, x, exact=False)  # HF default attention (SDPA) vs our eager rebuild
 
 
 def test_sidecar_safetensors_and_pt_files(tmp_path):
@@ -125,7 +130,10 @@ def test_refusals_and_messages(tmp_path, monkeypatch):
     with pytest.raises(WidthscopeError, match=r"shape mismatch .*blocks.0.linear.weight \(9, 3\) vs \(8, 3\)"):
         checkpoint.load(other)
     (other / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    with pytest.raises(WidthscopeError, match="llama, gpt_neox"):
+    with pytest.raises(WidthscopeError, match="names no architecture.*--task"):
+        checkpoint.load(other)
+    (other / "config.json").write_text(json.dumps({"model_type": "no_such_model_type", "architectures": ["X"]}))
+    with pytest.raises(WidthscopeError, match="not known to transformers.*trust_remote_code"):
         checkpoint.load(other)
     with pytest.raises(WidthscopeError, match="widthscope_config"):
         checkpoint.save(torch.nn.Linear(2, 2), tmp_path / "x")

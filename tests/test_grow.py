@@ -103,7 +103,7 @@ def test_cli_builtin_writes_json(tmp_path, capsys):
     assert all(r["kind"] == "growth" for r in res["rows"])
     rc = main(["grow", "--model", str(tmp_path / "missing"), "--data", "digits"])
     assert rc == 2
-    assert "does not exist" in capsys.readouterr().err
+    assert "no such file or directory" in capsys.readouterr().err
 
 
 
@@ -159,15 +159,15 @@ def test_checkpoint_data_split_is_the_recorded_one(tmp_path):
     import argparse
 
     from widthscope import checkpoint
-    from widthscope.grow import _load_split
+    from widthscope.grow import _load_inputs, add_arguments
     from widthscope.models import build
 
     torch.manual_seed(0)
     checkpoint.save(build("llama", 32, depth=1, max_seq_len=32), tmp_path / "ck",
                     extra={"dataset": "text", "data_seed": 3, "data_options": {"seq_len": 16, "max_bytes": 20000}})
-    model = checkpoint.load(tmp_path / "ck")
-    args = argparse.Namespace(data=None, data_root=None, model=str(tmp_path / "ck"), seq_len=None,
-                              n_train=None, n_test=None, seed=0)
-    split = _load_split(args, model)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--model", str(tmp_path / "ck")])
+    split = _load_inputs(args, False).split
     assert split.train[0].shape[1] == 16 and split.meta["seed"] == 3
     assert len(split.train[0]) + len(split.test[0]) <= 20000 // 16

@@ -266,6 +266,11 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
 
 
 # ----------------------------------------------------------------------------- presentation
+def _v(cert: dict[str, Any]) -> float | None:
+    vals = [v for v in (cert.get("e_dir_train"), cert.get("e_dir_test")) if v is not None]
+    return max(vals) if vals else None
+
+
 def tables(result: dict[str, Any]) -> str:
     """Terminal tables: one per point (two-population rows + a one-population row), then the ranking."""
     out = []
@@ -274,7 +279,8 @@ def tables(result: dict[str, Any]) -> str:
         for c in r["certificates"]:
             for form in ("two", "one"):
                 cert = c[form]
-                row = {"form": form, "M": c["M"], "K": c["K"], "E[A]": cert["expectation"],
+                row = {"form": form, "M": c["M"], "K": c["K"], "S": cert["expectation"],
+                       "V": _v(cert), "T": cert.get("e_cov"),
                        "d_par": cert["d_par"], "d_2": cert["d_2"], "d_align": cert["d_align"],
                        "B_exact": cert["b_exact"], "B_align": cert["b_align"]}
                 if form == "two":
@@ -284,8 +290,9 @@ def tables(result: dict[str, Any]) -> str:
         vac = {f"{f}-population: {str(c[f]['reason']).split(';')[0]}"
                for c in r["certificates"] for f in ("two", "one") if c[f]["vacuous"]}
         title = (f"{r['point']}  (d={r['d']}, n_train={r['n_train']}, n_test={r['n_test']}; "
-                 "misalign = empirical Pr(A<=0) [95% Wilson low, high])")
-        table = format_table(rows, ["form", "M", "K", "E[A]", "d_par", "d_2", "d_align", "B_exact",
+                 "S = E[A] (a.b; one: |mu|^2), V = max(b'S_a b, a'S_b a) (one: mu'S mu), "
+                 "T = tr(S_a S_b) (one: tr S^2); misalign = empirical Pr(A<=0) [95% Wilson low, high])")
+        table = format_table(rows, ["form", "M", "K", "S", "V", "T", "d_par", "d_2", "d_align", "B_exact",
                                     "B_align", "misalign", "low", "high"], title=title)
         if vac:
             table += "\n  vacuous (bound 1, d = 0): " + "; ".join(sorted(vac, reverse=True))
@@ -306,34 +313,40 @@ def tables(result: dict[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------------------- CLI
+# The published scripts' protocol: plug-in estimators, the summed (bias-gradient) sample vector,
+# concatenated fixed-length chunks, the first chunks of each source, M = K in {16..128}, R = 1000.
+PROTOCOLS: dict[str, dict[str, Any]] = {
+    "published": {"estimator": "plugin", "pool": "sum", "sequences": "concatenate", "first": True,
+                  "M": "16,32,64,128", "K": None, "draws": 1000, "interventions": "none"},
+    "default": {"estimator": "unbiased", "pool": "sum", "sequences": None, "first": False,
+                "M": ",".join(map(str, DEFAULT_M)), "K": None, "draws": 1000, "interventions": "bias"},
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="builtin",
-                        help="checkpoint: a widthscope directory, a .safetensors file with sidecar config, "
-                             "or an HF-style directory; 'builtin' (default) trains a small MLP on "
-                             "scikit-learn digits for a few seconds")
-    parser.add_argument("--data", default=None,
-                        help="dataset name for widthscope.data.load (digits, mnist1d, fashion-mnist, ...) "
-                             "or a text file/directory for language models; default: the model's recorded dataset")
-    parser.add_argument("--data-root", default=None, help="root folder of the dataset files (image datasets)")
-    parser.add_argument("--seq-len", type=int, default=None,
-                        help="sequence length for text data (default: the checkpoint's recorded one, else 64)")
-    parser.add_argument("--n-train", type=int, default=256, help="fitted examples to probe (default 256)")
-    parser.add_argument("--n-test", type=int, default=256, help="held-out examples to probe (default 256)")
+    from .data.inputs import add_arguments as add_inputs
+
+    add_inputs(parser, model_default="builtin", n_train=256, n_test=256)
+    parser.add_argument("--protocol", choices=tuple(PROTOCOLS), default="default",
+                        help="published: what the published scripts do (plug-in estimator, sum pooling, "
+                             "concatenated chunks, --first, M = K in 16,32,64,128, 1000 draws, no interventions); "
+                             "options you give explicitly override it")
     parser.add_argument("--batch-size", type=int, default=32, help="probe batch size (default 32)")
     parser.add_argument("--points", default=None,
                         help="comma-separated insertion points (default: every block output)")
     parser.add_argument("--list-points", action="store_true", help="print the insertion points and exit")
     parser.add_argument("--all", action="store_true",
                         help="with --list-points: every module path, not only the block outputs")
-    parser.add_argument("--M", default=",".join(map(str, DEFAULT_M)), help="train sample sizes, comma list")
+    parser.add_argument("--M", default=None, help="train sample sizes, comma list (default 16,32,64,128)")
     parser.add_argument("--K", default=None, help="held-out sample sizes, comma list (default: K = M)")
-    parser.add_argument("--draws", type=int, default=1000, help="resamples for empirical misalignment")
+    parser.add_argument("--draws", type=int, default=None, help="resamples for empirical misalignment (default 1000)")
     parser.add_argument("--seed", type=int, default=0, help="seed for data subsets and resampling")
-    parser.add_argument("--estimator", choices=ESTIMATORS, default="unbiased")
-    parser.add_argument("--pool", choices=("sum", "mean", "flatten", "token"), default="sum")
+    parser.add_argument("--estimator", choices=ESTIMATORS, default=None, help="unbiased (default) or plugin")
+    parser.add_argument("--pool", choices=("sum", "mean", "flatten", "token"), default=None,
+                        help="pooling of positions into a sample vector (default sum)")
     parser.add_argument("--train-steps", type=int, default=60,
                         help="optimizer steps for --model builtin (default 60, a few seconds)")
-    parser.add_argument("--interventions", choices=("bias", "block", "none"), default="bias",
+    parser.add_argument("--interventions", choices=("bias", "block", "none"), default=None,
                         help="direct zero-init residual intervention at every point: predicted vs "
                              "actual held-out loss change (default bias)")
     parser.add_argument("--etas", default=None,
@@ -343,6 +356,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "O(n*K) instead of O(n*d)); see docs/performance.md")
     parser.add_argument("--out", default="widthscope-results/certify.json", help="JSON output path")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1")
+
+
+def apply_protocol(args: argparse.Namespace) -> list[str]:
+    """Fill the options the user left unset from ``--protocol``; returns the preset's notes."""
+    preset = PROTOCOLS[args.protocol]
+    for key, value in preset.items():
+        if key == "first":
+            args.first = bool(args.first or value)
+        elif getattr(args, key, None) is None:
+            setattr(args, key, value)
+    if args.protocol == "published":
+        return ["protocol 'published': plug-in estimators, sum pooling, concatenated chunks (documents joined "
+                "with EOS), the first sequences of each source, M = K in 16,32,64,128, 1000 draws"]
+    return []
 
 
 def _num_list(text: str | None, flag: str, cast: Callable[[str], Any]) -> list | None:
@@ -370,7 +397,7 @@ def _float_list(text: str | None, flag: str) -> list[float] | None:
     return vals
 
 
-def _builtin(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[nn.Module, str]:
+def _builtin(args: argparse.Namespace, say: Callable[[str], None]) -> nn.Module:
     from . import data, models
     from .train import train
 
@@ -383,96 +410,22 @@ def _builtin(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[nn.M
     acc = res.get("test_accuracy")
     say(f"builtin: MLP width 128, depth 3 trained on digits for {args.train_steps} steps "
         f"({time.perf_counter() - t0:.1f}s, held-out accuracy {acc if acc is None else f'{acc:.3f}'})")
-    return model, "digits"
-
-
-def _load_checkpoint(path: str) -> tuple[nn.Module, str | None]:
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise WidthscopeError(f"--model {path!r}: no such file or directory; give a checkpoint directory, a "
-                              ".safetensors file with its config, or 'builtin'")
-    try:
-        from . import checkpoint
-    except ImportError:
-        raise WidthscopeError("checkpoint loading is not available in this installation "
-                              "(widthscope.checkpoint is missing); use --model builtin") from None
-    model = checkpoint.load(str(p))
-    return model, _recorded_dataset(model, p)
-
-
-def _recorded_dataset(model: nn.Module, path: Path) -> str | None:
-    """The dataset a checkpoint says it was trained on, wherever the loader put it."""
-    for attr in ("widthscope_extra", "widthscope_meta", "widthscope_config"):
-        meta = getattr(model, attr, None)
-        if isinstance(meta, dict) and isinstance(meta.get("dataset"), str):
-            return meta["dataset"]
-    import json
-
-    cfg = (path if path.is_dir() else path.parent) / "config.json"
-    try:
-        raw = json.loads(cfg.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    for src in (raw, raw.get("extra", {}) if isinstance(raw, dict) else {}):
-        if isinstance(src, dict) and isinstance(src.get("dataset"), str):
-            return src["dataset"]
-    return None
-
-
-def _check_data_name(name: str) -> None:
-    from . import data
-
-    if name not in data.DATASETS and not Path(name).expanduser().exists():
-        raise WidthscopeError(f"--data {name!r}: not a dataset name ({', '.join(data.DATASETS)}) and "
-                              "not an existing text file or directory")
-
-
-def _load_data(name: str, args: argparse.Namespace, model: nn.Module):
-    from . import data
-
-    _check_data_name(name)
-    from .checkpoint import recorded_data
-
-    rec = recorded_data(model) if args.data is None else {}
-    recorded = rec.get("options", {})
-    options: dict[str, Any] = {k: v for k, v in recorded.items() if k != "root"}
-    root = args.data_root or recorded.get("root")
-    if name not in data.DATASETS:  # a text file or directory: byte-level LM data
-        root, name = name, "text"
-    if name == "text":
-        options["seq_len"] = args.seq_len or options.get("seq_len", 64)
-        max_len = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-        if isinstance(max_len, int) and options["seq_len"] > max_len:
-            raise WidthscopeError(f"--seq-len {options['seq_len']} exceeds the model's maximum sequence "
-                                  f"length {max_len}; use --seq-len <= {max_len}")
-    # The split seed the model was trained with (a sweep records it): another seed could put
-    # training chunks of a text corpus into the "held-out" part.
-    return data.load(name, root=root, seed=int(rec.get("seed", args.seed)), **options)
-
-
-def _subset(pair: tuple[torch.Tensor, torch.Tensor], n: int, seed: int, flag: str, what: str
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-    X, y = pair
-    if n > len(X):
-        raise WidthscopeError(f"{flag} {n} but the {what} part has only {len(X)} examples: lower {flag}")
-    idx = torch.randperm(len(X), generator=torch.Generator().manual_seed(seed))[:n].sort().values
-    return (X[idx], X[idx]) if y is X else (X[idx], y[idx])
-
-
-def _batches(pair: tuple[torch.Tensor, torch.Tensor], task: str, bs: int) -> list[Any]:
-    X, y = pair
-    if task == "lm":
-        return [X[i:i + bs] for i in range(0, len(X), bs)]
-    return [(X[i:i + bs], y[i:i + bs]) for i in range(0, len(X), bs)]
+    model.widthscope_extra = {"dataset": "digits"}
+    return model
 
 
 def run(args: argparse.Namespace) -> int:
+    from .data.inputs import load_model, resolve
+    from .models.hf import model_info
+    from .probe.intervene import to_batches
+
     main = distributed.is_main()
 
     def say(msg: str) -> None:
         if main:
             print(msg, flush=True)
 
+    protocol_notes = apply_protocol(args)
     for flag, v in (("--n-train", args.n_train), ("--n-test", args.n_test)):
         if v < 4:
             raise WidthscopeError(f"{flag} {v}: the unbiased estimators need at least 4 examples; use >= 4 "
@@ -491,8 +444,9 @@ def run(args: argparse.Namespace) -> int:
     from .train import resolve_device
 
     device = resolve_device(args.device)  # clear error for unknown / unavailable devices
-    if args.data is not None:
-        _check_data_name(args.data)  # before any (slow) model training or loading
+    from .data.inputs import _check_common
+
+    _check_common(args)  # data paths exist, sizes are sane: before any (slow) training or loading
     if device.type == "cuda" and device.index is None and distributed.is_distributed():
         import os  # torchrun: one GPU per rank
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", distributed.rank())))
@@ -500,35 +454,38 @@ def run(args: argparse.Namespace) -> int:
     if args.model == "builtin":
         if args.list_points:
             from . import models
-            model, recorded = models.build("mlp", 128, in_dim=64, out_dim=10, depth=3), "digits"
+            model = models.build("mlp", 128, in_dim=64, out_dim=10, depth=3)
         else:
-            model, recorded = _builtin(args, say)
+            model = _builtin(args, say)
+            if args.dtype != "auto":
+                model.to(getattr(torch, args.dtype))
     else:
-        model, recorded = _load_checkpoint(args.model)
+        model = load_model(args.model, dtype=args.dtype, task=args.task)
     if args.list_points:
         from .probe import all_points, insertion_points
         say("\n".join(all_points(model) if args.all else insertion_points(model)))
         return 0
     names = resolve_points(model, args.points)
-    dataset = args.data or recorded
-    if dataset is None:
-        raise WidthscopeError(f"the checkpoint {args.model!r} does not record its dataset: pass --data "
-                              "(a dataset name or a text file/directory)")
-    split = _load_data(dataset, args, model)
-    train_pair = _subset(split.train, args.n_train, args.seed, "--n-train", "training")
-    test_pair = _subset(split.test, args.n_test, args.seed + 1, "--n-test", "held-out")
+    inputs = resolve(args, model=model, show_progress=main)
     model.to(device)
     # Guarded: a failing rank stops every rank, and rank 0 writes only a complete result.
     res = distributed.run_rank_guarded(
-        certify, model, _batches(train_pair, split.task, args.batch_size),
-        _batches(test_pair, split.task, args.batch_size), points=names, M=Ms, K=Ks,
-        draws=args.draws, seed=args.seed, estimator=args.estimator, pool=args.pool,
-        progress=main, interventions=None if args.interventions == "none" else args.interventions,
+        certify, model, to_batches(inputs.train, args.batch_size), to_batches(inputs.test, args.batch_size),
+        points=names, M=Ms, K=Ks, draws=args.draws, seed=args.seed, estimator=args.estimator, pool=args.pool,
+        loss_fn=inputs.loss_fn, progress=main,
+        interventions=None if args.interventions == "none" else args.interventions,
         etas=etas, project=args.project, what="certify")
-    res["settings"].update(model=args.model, data=dataset, n_train_examples=len(split.train[0]),
-                           n_test_examples=len(split.test[0]), n_train=args.n_train, n_test=args.n_test,
-                           batch_size=args.batch_size,
-                           device=str(device))
+    info = model_info(model)
+    res["settings"].update(model=args.model, data=inputs.info.get("dataset") or args.data or args.train_data,
+                           train_data=args.train_data, test_data=args.test_data, task=inputs.task,
+                           protocol=args.protocol, n_train=args.n_train, n_test=args.n_test,
+                           batch_size=args.batch_size, device=str(device), inputs=inputs.info,
+                           **{k: info.get(k) for k in ("architecture", "width", "depth", "dtype", "parameters",
+                                                      "attn_implementation")})
+    for k in ("n_train_examples", "n_test_examples"):
+        if k in inputs.info:
+            res["settings"][k] = inputs.info[k]
+    res["notes"] = protocol_notes + inputs.notes + res["notes"]
     if main:
         path = atomic_write_json(args.out, res)
         say(tables(res))

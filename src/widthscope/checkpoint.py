@@ -14,9 +14,10 @@ leaves either the previous checkpoint or a complete new one.
 
 :func:`load` also accepts
 
-- a Hugging Face directory (``config.json`` with ``model_type`` ``llama`` or ``gpt_neox``,
-  weights in ``model.safetensors`` (or shards with an index), or ``pytorch_model.bin`` read with
-  ``torch.load(weights_only=True)``);
+- a Hugging Face directory of any architecture ``transformers`` knows (causal LM, masked LM,
+  sequence or image classifier; :func:`widthscope.models.hf.load_hf`): weights in
+  ``model.safetensors`` (or shards with an index), or ``pytorch_model.bin`` read with
+  ``weights_only=True``;
 - a ``.safetensors`` file with a ``config.json`` beside it (ours or HF);
 - a ``.pt`` / ``.pth`` / ``.bin`` state-dict file (``torch.load(weights_only=True)``; a dict
   holding the state dict under ``state_dict`` or ``model`` is accepted) with a ``config.json``
@@ -48,7 +49,6 @@ __all__ = ["save", "load", "read_config"]
 
 FORMAT_VERSION = 1
 HF_TYPES = {"llama": "llama", "gpt_neox": "pythia"}
-HF_PREFIX = {"llama": "model.layers", "pythia": "gpt_neox.layers"}
 HF_RENAMES = {"embed_out.weight": "lm_head.weight"}  # original GPT-NeoX/Pythia name of the read-out
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 
@@ -222,29 +222,48 @@ def _read_any(file: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     return _read_weights(file)
 
 
-def _hf_from_pretrained(directory: Path, family: str, device: str | torch.device) -> nn.Module:
-    from transformers import GPTNeoXForCausalLM, LlamaForCausalLM
+def _to_dtype(model: nn.Module, option: str, recorded: Any) -> None:
+    """``option`` ``auto``: the checkpoint's recorded dtype; else the named torch dtype."""
+    from .models.hf import DTYPES
 
-    cls = LlamaForCausalLM if family == "llama" else GPTNeoXForCausalLM
-    try:
-        model = cls.from_pretrained(str(directory), local_files_only=True, use_safetensors=True,
-                                    attn_implementation="eager")
-    except Exception as exc:  # transformers/safetensors raise many types for bad files
-        raise WidthscopeError(f"could not load the Hugging Face checkpoint in {directory}: {exc}") from None
-    cfg = model.config
-    model.widthscope_config = {"family": family, "width": cfg.hidden_size, "depth": cfg.num_hidden_layers,
-                               "hf_config": cfg.to_dict()}
-    model.widthscope_points = [f"{HF_PREFIX[family]}.{i}" for i in range(cfg.num_hidden_layers)]
-    model.to(device)
-    model.eval()
+    if option not in DTYPES:
+        raise WidthscopeError(f"--dtype {option!r}: choose one of {', '.join(DTYPES)}")
+    name = str(recorded) if option == "auto" else option
+    dt = getattr(torch, name, None) if name else None
+    if isinstance(dt, torch.dtype):
+        model.to(dt)
+
+
+def _hf_from_file(directory: Path, cfg: dict[str, Any], task: str | None) -> nn.Module:
+    """The architecture of an HF config dict, freshly initialised (weights are filled next)."""
+    from .models import build
+    from .models.hf import _auto_classes, _check_model_type, hf_task, main_stack
+
+    family = HF_TYPES.get(cfg["model_type"])
+    _check_model_type(cfg, directory / "config.json")
+    task = task or hf_task(cfg, str(directory / "config.json"))
+    if family is not None and task == "causal-lm":
+        model = build(family, hf_config=cfg)
+    else:
+        from transformers import AutoConfig
+
+        conf = {k: v for k, v in cfg.items() if k != "model_type"}
+        hf_cfg = AutoConfig.for_model(cfg["model_type"], **conf)
+        model = _auto_classes()[task].from_config(hf_cfg)
+        model.widthscope_points = main_stack(model)
+    model.widthscope_task = task
     return model
 
 
-def load(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> nn.Module:
+def load(path: str | os.PathLike, *, device: str | torch.device = "cpu", dtype: str = "auto",
+         task: str | None = None) -> nn.Module:
     """Load a checkpoint (see the module docstring for the accepted layouts) in eval mode.
 
-    The returned model carries ``widthscope_config`` and ``widthscope_points``, and for our own
-    format ``widthscope_extra`` (the ``extra`` dict given to :func:`save`, e.g. the dataset).
+    The returned model carries ``widthscope_points`` (and ``widthscope_config`` where a
+    widthscope family describes it), for our own format ``widthscope_extra`` (the ``extra`` dict
+    given to :func:`save`, e.g. the dataset), for HF checkpoints ``widthscope_task`` and
+    ``widthscope_hf``. ``dtype``: ``auto`` (the checkpoint's) or a torch dtype name; ``task``
+    overrides the HF task read from ``config.json`` (:mod:`widthscope.models.hf`).
     """
     from .models import build
 
@@ -274,25 +293,19 @@ def load(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> nn.M
 
             apply_insertions(model, insertions)
         model.widthscope_extra = cfg.get("extra") or {}
-        dtype = getattr(torch, str(cfg.get("dtype", "float32")), None)
-        if isinstance(dtype, torch.dtype):
-            model.to(dtype)
+        _to_dtype(model, dtype, cfg.get("dtype", "float32"))
     elif "model_type" in cfg:
-        family = HF_TYPES.get(cfg["model_type"])
-        if family is None:
-            raise WidthscopeError(f"config.json of {path} has model_type {cfg['model_type']!r}; "
-                                  f"supported: {', '.join(HF_TYPES)}")
-        if weights.name in ("model.safetensors", "model.safetensors.index.json"):
-            # transformers knows each architecture's historical weight names (e.g. GPT-NeoX's
-            # embed_out); safetensors only, so nothing is unpickled.
-            return _hf_from_pretrained(weights.parent, family, device)
-        model = build(family, hf_config=cfg)
-        dtype = cfg.get("torch_dtype") or cfg.get("dtype")
-        if isinstance(dtype, str) and isinstance(getattr(torch, dtype, None), torch.dtype):
-            model.to(getattr(torch, dtype))
+        from .models.hf import load_hf
+
+        if path.is_dir():
+            # Any architecture transformers knows, through its Auto class (safetensors preferred,
+            # .bin with weights_only=True); nothing from the checkpoint is executed.
+            return load_hf(path, task=task, dtype=dtype, device=device)
+        model = _hf_from_file(path.parent, cfg, task)
         state, aliases = _read_any(weights)
         state = {HF_RENAMES.get(k, k): v for k, v in state.items()}
         _fill(model, state, aliases, weights)
+        _to_dtype(model, dtype, cfg.get("dtype") or cfg.get("torch_dtype"))
         model.to(device)
         model.eval()
         return model

@@ -36,8 +36,20 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     return parser, subparsers
 
 
+def _quiet_offline() -> None:
+    """Nothing is downloaded at run time, and library chatter (HF loading bars, advisory
+    warnings) stays off the terminal, where one error line must be the whole story."""
+    import os
+
+    for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"),
+                       ("TRANSFORMERS_VERBOSITY", "error"), ("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1"),
+                       ("TOKENIZERS_PARALLELISM", "false")):
+        os.environ.setdefault(key, value)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _quiet_offline()
     parser, subparsers = build_parser()
     # Only the chosen command's module is imported (and only it adds its arguments).
     name = next((a for a in argv if not a.startswith("-")), None)

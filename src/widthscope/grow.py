@@ -249,19 +249,9 @@ def grow(model: nn.Module, data: Any, *, points: Sequence[str] | str | None = No
 
 # ----------------------------------------------------------------------------- CLI
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True,
-                   help="checkpoint path (widthscope.checkpoint.load) or 'builtin' (a small MLP "
-                        "trained on the digits data set, for a quick look)")
-    p.add_argument("--data", default=None, help="data set name for widthscope.data.load, or a text "
-                   "file/directory for language models (default: digits for builtin, else the "
-                   "dataset recorded in the checkpoint)")
-    p.add_argument("--data-root", default=None, help="root directory of the data set files")
-    p.add_argument("--seq-len", type=int, default=None,
-                   help="sequence length for text data (default: the checkpoint's recorded one, else 64)")
-    p.add_argument("--n-train", type=int, default=None,
-                   help="training examples loaded (default: 2048, or all if fewer)")
-    p.add_argument("--n-test", type=int, default=None,
-                   help="held-out examples loaded (default: 512, or all if fewer)")
+    from .data.inputs import add_arguments as add_inputs
+
+    add_inputs(p, model_required=True, n_train=None, n_test=None)
     p.add_argument("--points", default=None, help="comma-separated candidate points (default: all block outputs)")
     p.add_argument("--M", type=int, default=32, help="train samples of the certificate (default 32)")
     p.add_argument("--K", type=int, default=32, help="held-out samples of the certificate (default 32)")
@@ -288,45 +278,15 @@ def _builtin(seed: int, progress_: bool) -> tuple[nn.Module, Any]:
     return model.eval(), split
 
 
-def _load_split(args: argparse.Namespace, model: nn.Module) -> Any:
-    """The data of ``grow --model CKPT``: ``--data`` (a name or a text file/directory) or the
-    dataset recorded in the checkpoint; ``--n-train``/``--n-test`` default to 2048/512 capped at
-    what the dataset has."""
-    from pathlib import Path
+def _load_inputs(args: argparse.Namespace, show: bool) -> Any:
+    """Model and pools through the shared input layer; ``--n-train``/``--n-test`` default to
+    2048/512 capped at what the data has."""
+    from .data.inputs import resolve
 
-    from . import data
-
-    from .checkpoint import recorded_data
-
-    name, root = args.data, args.data_root
-    rec = recorded_data(model) if args.data is None else {}
-    if name is None:
-        name = rec.get("dataset")
-        if not isinstance(name, str):
-            raise WidthscopeError(f"the checkpoint {args.model!r} does not record its dataset: pass --data "
-                                  f"(one of {', '.join(data.DATASETS)}, or a text file/directory)")
-    if name not in data.DATASETS:
-        if not Path(name).expanduser().exists():
-            raise WidthscopeError(f"--data {name!r}: not a dataset name ({', '.join(data.DATASETS)}) "
-                                  "and not an existing text file or directory")
-        root, name = name, "text"
-    # The checkpoint's recorded data options and split seed: another split could put training
-    # examples into the "held-out" part.
-    options = {k: v for k, v in rec.get("options", {}).items() if k != "root"}
-    root = root or rec.get("options", {}).get("root")
-    if name == "text":
-        options["seq_len"] = args.seq_len or options.get("seq_len", 64)
-    seed = int(rec.get("seed", args.seed))
-    for flag, v in (("--n-train", args.n_train), ("--n-test", args.n_test)):
-        if v is not None and v < 1:
-            raise WidthscopeError(f"{flag} {v}: must be a positive number of examples")
-    if args.n_train is not None and args.n_test is not None:
-        return data.load(name, root=root, n_train=args.n_train, n_test=args.n_test, seed=seed,
-                         **options)
-    full = data.load(name, root=root, seed=seed, **options)
-    n_train = min(2048, len(full.train[0])) if args.n_train is None else args.n_train
-    n_test = min(512, len(full.test[0])) if args.n_test is None else args.n_test
-    return data.load(name, root=root, n_train=n_train, n_test=n_test, seed=seed, **options)
+    args.cap_pools = args.n_train is None or args.n_test is None
+    args.n_train = 2048 if args.n_train is None else args.n_train
+    args.n_test = 512 if args.n_test is None else args.n_test
+    return resolve(args, show_progress=show)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -337,14 +297,15 @@ def run(args: argparse.Namespace) -> int:
         model, split = _builtin(args.seed, show)
         if args.data not in (None, "digits"):
             raise WidthscopeError("--model builtin uses the digits data set; drop --data or pass a checkpoint")
+        loss_fn = None
     else:
-        from .checkpoint import load as load_model
-
-        model = load_model(args.model)
-        split = _load_split(args, model)
+        inputs = _load_inputs(args, show)
+        model, split, loss_fn = inputs.model, (inputs.train, inputs.test), inputs.loss_fn
+        for note in inputs.notes:
+            print(f"note: {note}")
     res = grow(model, split, points=args.points, M=args.M, K=args.K, steps=args.steps, lr=args.lr,
                eta=args.eta, block_width=args.block_width, train_all=args.train_all,
-               compare=args.compare, batch_size=args.batch_size, seed=args.seed, progress=show)
+               compare=args.compare, batch_size=args.batch_size, seed=args.seed, loss_fn=loss_fn, progress=show)
     print(format_table(res["candidates"], ["rank", "point", "d_align", "expectation", "predicted_gain",
                                            "b_exact", "b_align", "MK_exact_0.1", "MK_align_0.1",
                                            "MK_exact_0.05", "MK_align_0.05", "MK_exact_0.01",
@@ -356,6 +317,8 @@ def run(args: argparse.Namespace) -> int:
                                        "predicted_gain", "predicted_first_step", "new_parameters"],
                        title=f"growth: block trained {args.steps} steps "
                              f"({'all parameters' if args.train_all else 'new block only'})"))
+    if args.model != "builtin":
+        res["settings"].update(model=args.model, task=inputs.task, inputs=inputs.info, notes=inputs.notes)
     if args.out:
         atomic_write_json(args.out, res)
         print(f"\nwrote {args.out}")

@@ -49,7 +49,7 @@ from .._io import progress as _progress
 from ..errors import WidthscopeError
 from .points import resolve_points
 
-__all__ = ["collect", "ProbeResult", "batched", "causal_lm_loss", "default_loss", "POOLS",
+__all__ = ["collect", "ProbeResult", "batched", "causal_lm_loss", "masked_lm_loss", "default_loss", "POOLS",
            "coupling_layers"]
 
 POOLS = ("sum", "mean", "flatten", "token")
@@ -138,6 +138,31 @@ def causal_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor,
     return (ce * valid.to(ce.dtype)).sum(1) / count.to(ce.dtype)
 
 
+def masked_lm_loss(output: Any, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    r"""Per-sequence masked-LM loss: mean cross-entropy over the masked positions.
+
+    ``batch["labels"]`` holds the original token at each masked position and ``-100`` elsewhere
+    (unshifted, as BERT-style models predict the token in place). Returns shape ``(B,)``.
+    """
+    logits = _logits(output)
+    labels = batch.get("labels") if isinstance(batch, Mapping) else None
+    if labels is None:
+        raise WidthscopeError("masked-LM batches need 'labels' (-100 where nothing is predicted); "
+                              "widthscope's input layer makes them with --task masked-lm")
+    if logits.ndim != 3 or logits.shape[:2] != labels.shape:
+        raise WidthscopeError(f"masked-LM loss expects logits (B, T, V) matching labels {tuple(labels.shape)}, "
+                              f"got {tuple(logits.shape)}")
+    B, T, V = logits.shape
+    valid = labels != -100
+    count = valid.sum(1)
+    if bool((count == 0).any()):
+        i = int((count == 0).nonzero()[0, 0])
+        raise WidthscopeError(f"sequence {i} of the batch has no masked token to predict")
+    x = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    ce = F.cross_entropy(x.reshape(-1, V), labels.clamp_min(0).reshape(-1), reduction="none").view(B, T)
+    return (ce * valid.to(ce.dtype)).sum(1) / count.to(ce.dtype)
+
+
 def default_loss(output: Any, y: torch.Tensor) -> torch.Tensor:
     """Per-example loss for ``(x, y)`` batches.
 
@@ -147,7 +172,8 @@ def default_loss(output: Any, y: torch.Tensor) -> torch.Tensor:
     out = _logits(output)
     B = out.shape[0]
     if y.dtype in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
-        ce = F.cross_entropy(out, y.long(), reduction="none")
+        x = out.float() if out.dtype in (torch.float16, torch.bfloat16) else out
+        ce = F.cross_entropy(x, y.long(), reduction="none")
         return ce.reshape(B, -1).mean(1)
     if y.is_floating_point():
         if y.shape != out.shape and y.numel() == out.numel():

@@ -87,8 +87,9 @@ def _index(data: Any, idx: torch.Tensor | slice) -> Any:
 def as_examples(batches: Iterable[Any] | Any) -> Any:
     """Pool a list of batches (or one batch) into one batch-shaped object of all examples."""
     if isinstance(batches, (torch.Tensor, Mapping)) or (
-            isinstance(batches, tuple) and len(batches) == 2 and isinstance(batches[0], torch.Tensor)):
-        return batches
+            isinstance(batches, tuple) and len(batches) == 2 and isinstance(batches[0], (torch.Tensor, Mapping))
+            and isinstance(batches[1], torch.Tensor)):
+        return batches  # already one batch: (x, y) with x a tensor or a dict of tensors
     parts = list(batches)
     if not parts:
         raise WidthscopeError("no batches given: pass a non-empty list of batches")

@@ -8,8 +8,9 @@ expansion (a zero-initialised bias or block) would be inserted.
 Rules, in order:
 
 1. ``model.widthscope_points`` if the model declares it (every ``widthscope.models`` model does);
-2. Hugging Face decoders: ``LlamaForCausalLM`` -> ``model.layers.{i}``,
-   ``GPTNeoXForCausalLM`` -> ``gpt_neox.layers.{i}``;
+2. Hugging Face models (``transformers.PreTrainedModel``): the blocks of the main stack, found
+   from the module tree (:func:`widthscope.models.hf.main_stack`: the largest ``nn.ModuleList``
+   of same-class blocks, e.g. ``model.layers.{i}``, ``transformer.h.{i}``, ``encoder.layer.{i}``);
 3. generic: the children of every ``nn.ModuleList``/``nn.Sequential`` whose children are
    *blocks* of one class (modules that themselves contain layers), outermost containers
    only, in forward-definition order (a ResNet's ``layer1.0 ... layer3.2``; a transformer's
@@ -35,15 +36,6 @@ import torch.nn as nn
 from ..errors import WidthscopeError
 
 __all__ = ["insertion_points", "all_points", "resolve_points"]
-
-# HF class name -> (container path, description)
-_HF_LAYERS = {
-    "LlamaForCausalLM": "model.layers",
-    "LlamaModel": "layers",
-    "GPTNeoXForCausalLM": "gpt_neox.layers",
-    "GPTNeoXModel": "layers",
-}
-
 
 def all_points(model: nn.Module) -> list[str]:
     """Every named submodule of ``model`` (any of them can be an insertion point)."""
@@ -88,16 +80,19 @@ def insertion_points(model: nn.Module) -> list[str]:
     declared = getattr(model, "widthscope_points", None)
     if declared:
         return resolve_points(model, list(declared))
-    cls = type(model).__name__
-    if cls in _HF_LAYERS:
-        path = _HF_LAYERS[cls]
+    if _is_hf(model):
+        from ..models.hf import main_stack
+
         try:
-            container = model.get_submodule(path)
-        except AttributeError:
-            container = None
-        if container is not None:
-            return _children_names(path, container)
+            return main_stack(model)
+        except WidthscopeError:
+            pass
     return _generic_points(model)
+
+
+def _is_hf(model: nn.Module) -> bool:
+    return any(c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers")
+               for c in type(model).__mro__)
 
 
 def _unknown_message(bad: str, valid: list[str], limit: int = 12,

@@ -3,7 +3,12 @@
 ``widthscope report RESULTS_DIR [RESULTS_DIR ...] [--out DIR] [--open]`` reads each directory's
 ``results.jsonl`` (rebuilding it from ``cells/`` when that exists, see
 :func:`widthscope.sweep.grid.load_rows`), writes PNGs and ``report.html`` into ``--out``
-(default ``RESULTS_DIR/report``) and prints the page's path. Python::
+(default ``RESULTS_DIR/report``) and prints the page's path.
+
+The JSON files of several ``widthscope certify`` runs (e.g. checkpoints of different widths) are
+accepted too, alone or mixed with results directories: they become one width series
+(:mod:`widthscope.report.certify_series`); the default ``--out`` is then ``FIRST_FILE's folder/report``
+and the page's header lists every file with its model, data and width. Python::
 
     from widthscope.report import report
     page = report(["widthscope-results/demo/llama"], out_dir="/tmp/rep")
@@ -23,12 +28,22 @@ __all__ = ["load_results", "report", "add_arguments", "run"]
 
 
 def load_results(dirs: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
-    """Rows of every results directory (or ``.jsonl`` file) given; each row gets ``source``."""
+    """Rows of every results directory, ``.jsonl`` file or certify ``.json`` file given; each row gets ``source``."""
     from ..sweep.grid import load_rows
+    from .certify_series import series_rows
 
     rows: list[dict[str, Any]] = []
-    for d in dirs:
+    # Certify files are read together (at the first one's place): they are checked against each
+    # other as one series.
+    json_done = False
+    is_json = [Path(d).suffix == ".json" and not Path(d).is_dir() for d in dirs]
+    for d, js in zip(dirs, is_json):
         p = Path(d)
+        if js:
+            if not json_done:
+                rows.extend(series_rows([e for e, j in zip(dirs, is_json) if j]))
+                json_done = True
+            continue
         if p.is_file() and p.suffix == ".jsonl":
             got = read_jsonl(p)
         elif p.is_dir():
@@ -38,7 +53,7 @@ def load_results(dirs: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
                                       f"sweep wrote (its --out), e.g. widthscope-results/<name>")
         else:
             raise WidthscopeError(f"results directory {str(p)!r} does not exist: pass the --out folder of a "
-                                  f"sweep (or a results.jsonl file)")
+                                  f"sweep (or a results.jsonl file, or certify .json files)")
         for r in got:
             r.setdefault("source", str(p))
         rows.extend(got)
@@ -48,6 +63,7 @@ def load_results(dirs: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
 def report(results: Sequence[str | os.PathLike] | str | os.PathLike, out_dir: str | os.PathLike | None = None,
            *, title: str | None = None) -> Path:
     """Build the report for one or more results directories; return the path of ``report.html``."""
+    from .certify_series import describe
     from .html import build_report
 
     dirs = [results] if isinstance(results, (str, os.PathLike)) else list(results)
@@ -56,15 +72,20 @@ def report(results: Sequence[str | os.PathLike] | str | os.PathLike, out_dir: st
     rows = load_results(dirs)
     if not rows:
         raise WidthscopeError(f"no finished rows in {', '.join(map(str, dirs))}: run (or resume) the sweep first")
-    out = Path(out_dir) if out_dir is not None else Path(dirs[0]) / "report"
+    first = Path(dirs[0])
+    # A certify file's report goes beside it (a file cannot hold a folder).
+    out = Path(out_dir) if out_dir is not None else (first.parent if first.is_file() else first) / "report"
     if title is None:
         title = "widthscope report: " + ", ".join(Path(d).name for d in dirs)
-    return build_report(rows, out, title=title, sources=[str(d) for d in dirs])
+    named = describe(rows)  # certify files: which model/data/width each one is
+    return build_report(rows, out, title=title, sources=[named.get(str(Path(d)), str(d)) for d in dirs])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("results", nargs="+", help="results directories (a sweep's --out) or results.jsonl files")
-    parser.add_argument("--out", default=None, help="output folder (default: FIRST_RESULTS_DIR/report)")
+    parser.add_argument("results", nargs="+", help="results directories (a sweep's --out), results.jsonl files, or "
+                        "the .json files of several `widthscope certify` runs (a width series)")
+    parser.add_argument("--out", default=None, help="output folder (default: FIRST_RESULTS_DIR/report; for a "
+                        "certify .json first: its folder/report)")
     parser.add_argument("--title", default=None, help="page title")
     parser.add_argument("--open", action="store_true", help="open the page in a browser afterwards")
 

@@ -1,0 +1,393 @@
+r"""Text corpora a researcher already has, read as documents, tokenized, cut into sequences.
+
+**Formats** (:func:`documents`), chosen by what the path is — never by reading a binary file as
+text:
+
+==================================  ===========================================================
+path                                documents
+==================================  ===========================================================
+``.txt`` (or any text file)         the file (read in 64 KiB pieces cut at line ends)
+directory of files                  one per file that is text *by content*, sorted by path;
+                                    binary files are skipped and counted
+``.jsonl`` / ``.json``              one per record, field ``text_field`` (default ``text``)
+``.csv`` / ``.parquet``             one per row, column ``text_field`` (default ``text``)
+``datasets.save_to_disk`` directory one per row of the dataset (a ``DatasetDict``: its
+                                    ``split``, default ``train``)
+==================================  ===========================================================
+
+Tabular formats are read with the ``datasets`` library in streaming mode, so a multi-GB file is
+never loaded whole. A file whose bytes are not text (magic bytes of Parquet, zip, gzip, PDF,
+images, safetensors, ...; NUL bytes; more than 1% invalid UTF-8 in its first 64 KiB) is refused
+when given as text, with the format it looks like.
+
+**Sequences** (:func:`sequences`): ``concatenate`` tokenizes documents without special tokens,
+joins them with the tokenizer's EOS (or SEP) token, cuts the stream into chunks of ``seq_len``
+tokens and drops the tail (the published protocol); ``per-document`` makes one sequence per
+document (special tokens added, truncated to ``seq_len``, right-padded, with an attention mask:
+padded positions carry no loss). Reading stops when ``limit`` sequences exist, so only what
+the pools need is tokenized.
+
+Example::
+
+    >>> import tempfile, pathlib
+    >>> from widthscope.data.corpus import ByteTokenizer, documents, sequences
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "a.txt"
+    >>> _ = p.write_text("hello world, " * 20)
+    >>> docs, source = documents(p)
+    >>> seqs = sequences(docs, ByteTokenizer(), seq_len=16, mode="concatenate", limit=10)
+    >>> seqs.ids.shape, seqs.mask is None
+    (torch.Size([10, 16]), True)
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+
+from ..errors import WidthscopeError
+
+__all__ = ["ByteTokenizer", "documents", "sequences", "Sequences", "sniff", "is_dataset_dir",
+           "TABULAR", "MODES"]
+
+MODES = ("concatenate", "per-document")
+TABULAR = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
+_PIECE = 1 << 16  # characters of a text file tokenized at once (reading stops between pieces)
+_MAGIC: list[tuple[bytes, str, str]] = [  # (prefix, format, fix)
+    (b"PAR1", "Parquet file", "give it a .parquet name (the text column is --text-field)"),
+    (b"PK\x03\x04", "zip archive", "extract it first"),
+    (b"\x1f\x8b", "gzip-compressed file", "decompress it first (gunzip)"),
+    (b"BZh", "bzip2-compressed file", "decompress it first"),
+    (b"\xfd7zXZ\x00", "xz-compressed file", "decompress it first"),
+    (b"(\xb5/\xfd", "zstd-compressed file", "decompress it first"),
+    (b"%PDF", "PDF document", "extract its text first"),
+    (b"\x89PNG", "PNG image", "image data needs an image model"),
+    (b"\xff\xd8\xff", "JPEG image", "image data needs an image model"),
+    (b"GIF8", "GIF image", "image data needs an image model"),
+    (b"ARROW1", "Arrow IPC file", "load it with datasets and save_to_disk, then pass that directory"),
+    (b"\x93NUMPY", "NumPy array file", "it holds arrays, not text"),
+    (b"SQLite format 3", "SQLite database", "export the text column first"),
+    (b"\x7fELF", "executable", "it is not text"),
+    (b"\x80\x02", "pickle", "it is not text (and widthscope never unpickles data)"),
+    (b"\x80\x04", "pickle", "it is not text (and widthscope never unpickles data)"),
+]
+
+
+class ByteTokenizer:
+    """Bytes as tokens (vocabulary 256, no special tokens): widthscope's own byte-level models."""
+
+    name = "bytes"
+    eos_token_id = None
+    sep_token_id = None
+    pad_token_id = None
+    mask_token_id = None
+    all_special_ids: list[int] = []
+
+    def __len__(self) -> int:
+        return 256
+
+    def encode_plain(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+
+def sniff(path: Path) -> str | None:
+    """Why ``path`` is not a text file (magic bytes, NUL bytes, invalid UTF-8), or None if it is."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    for magic, fmt, fix in _MAGIC:
+        if head.startswith(magic):
+            return f"is a {fmt}, not text: {fix}"
+    if head[8:10] == b'{"' and len(head) > 8 and int.from_bytes(head[:8], "little") < (1 << 28):
+        return "is a safetensors file (tensors), not text"
+    if b"\x00" in head:
+        return "contains NUL bytes: it is a binary file, not text"
+    text = head.decode("utf-8", errors="replace")
+    # A cut at the 64 KiB boundary can split one character: allow a few replacement characters.
+    bad = text.count("\ufffd")
+    if head and bad > max(3, 0.01 * len(text)):
+        return f"is not UTF-8 text ({bad} undecodable bytes in its first {len(head)} bytes)"
+    return None
+
+
+def precheck(path: str | Path, what: str) -> None:
+    """The cheap checks of a data path, before any model is loaded: a plain file given as text
+    must be text by content; a ``.parquet`` file must carry Parquet's magic bytes."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        return
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        with open(path, "rb") as f:
+            if f.read(4) != b"PAR1":
+                raise WidthscopeError(f"{what} {path} is named .parquet but is not a Parquet file (no PAR1 magic bytes)")
+        return
+    if suffix in _IMAGE_SUFFIXES:
+        return
+    reason = sniff(path)
+    if reason is not None:
+        raise WidthscopeError(f"{what} {path} {reason}")
+
+
+_IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+def is_dataset_dir(path: Path) -> bool:
+    """A directory written by ``datasets``' ``save_to_disk`` (a Dataset or a DatasetDict)."""
+    return path.is_dir() and ((path / "dataset_dict.json").is_file()
+                              or ((path / "state.json").is_file() and (path / "dataset_info.json").is_file()))
+
+
+def _text_pieces(path: Path) -> Iterator[str]:
+    with open(path, "r", encoding="utf-8", errors="replace") as f:
+        while True:
+            piece = f.read(_PIECE)
+            if not piece:
+                return
+            rest = f.readline()  # finish the line, so pieces end at line ends
+            yield piece + rest
+
+
+def _column(row: dict[str, Any], field: str, where: str, i: int) -> str:
+    if field not in row:
+        raise WidthscopeError(f"{where} has no field/column {field!r} (it has: {', '.join(map(str, row))}); "
+                              "pass --text-field NAME")
+    v = row[field]
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise WidthscopeError(f"{where}: record {i} has a {type(v).__name__} in {field!r}, not text; "
+                              "pass --text-field with the column that holds the text")
+    return v
+
+
+def _rows(path: Path, split: str | None) -> tuple[Iterable[dict[str, Any]], str]:
+    """Rows of a tabular file or a save_to_disk directory, lazily, through ``datasets``."""
+    import os
+
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        import datasets
+    except ImportError:  # pragma: no cover - a dependency
+        raise WidthscopeError("reading .jsonl/.csv/.parquet needs the 'datasets' package: pip install datasets") from None
+    datasets.disable_progress_bars()
+    if path.is_dir():
+        try:
+            ds = datasets.load_from_disk(str(path))
+        except Exception as exc:
+            raise WidthscopeError(f"{path} could not be read as a datasets save_to_disk directory "
+                                  f"({type(exc).__name__}: {str(exc)[:200]})") from None
+        if isinstance(ds, datasets.DatasetDict):
+            name = split or "train"
+            if name not in ds:
+                raise WidthscopeError(f"{path} holds splits {', '.join(ds)}, not {name!r}: choose one with "
+                                      "--train-split/--test-split")
+            return ds[name], f"datasets directory {path} split {name!r}"
+        if split is not None and split != "train":
+            raise WidthscopeError(f"{path} holds one dataset without splits; --*-split {split!r} does not apply")
+        return ds, f"datasets directory {path}"
+    builder = TABULAR[path.suffix.lower()]
+    reason = sniff(path) if builder in ("json", "csv") else None
+    if reason is not None:
+        raise WidthscopeError(f"{path} {reason}")
+    if builder == "parquet":
+        with open(path, "rb") as f:
+            if f.read(4) != b"PAR1":
+                raise WidthscopeError(f"{path} is named .parquet but is not a Parquet file (no PAR1 magic bytes)")
+    try:
+        ds = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True)
+    except Exception as exc:
+        raise WidthscopeError(f"{path} could not be read as {builder} ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+    def rows() -> Iterator[dict[str, Any]]:
+        try:
+            yield from ds
+        except WidthscopeError:
+            raise
+        except Exception as exc:  # parse errors surface while streaming
+            raise WidthscopeError(f"{path} could not be read as {builder} ({type(exc).__name__}: "
+                                  f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from None
+    return rows(), f"{builder} file {path}"
+
+
+def documents(path: str | Path, *, text_field: str = "text", split: str | None = None,
+              label_field: str | None = None, skipped: list[str] | None = None
+              ) -> tuple[Iterator[Any], str]:
+    """Documents of ``path`` (see the module docstring) and a description of the source.
+
+    Each document is an iterator of text pieces (a long file streams in pieces), or with
+    ``label_field`` a ``(pieces, label)`` pair. ``skipped`` collects ``"file: reason"`` for
+    binary files skipped in a directory.
+    """
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise WidthscopeError(f"data path {str(path)!r} does not exist; give a text file, a directory, a "
+                              ".jsonl/.json/.csv/.parquet file or a datasets save_to_disk directory")
+    tabular = is_dataset_dir(path) or (path.is_file() and path.suffix.lower() in TABULAR)
+    if label_field is not None and not tabular:
+        raise WidthscopeError(f"labels (--label-field) need a table: {path} is not a .jsonl/.json/.csv/.parquet "
+                              "file or a datasets directory")
+    if tabular:
+        rows, source = _rows(path, split)
+
+        def gen() -> Iterator[Any]:
+            for i, row in enumerate(rows):
+                text = _column(row, text_field, str(path), i)
+                if label_field is None:
+                    yield iter([text])
+                    continue
+                if label_field not in row:
+                    raise WidthscopeError(f"{path} has no label column {label_field!r} (it has: "
+                                          f"{', '.join(map(str, row))}); pass --label-field NAME")
+                yield iter([text]), row[label_field]
+        return gen(), f"{source}, field {text_field!r}"
+    if split is not None:
+        raise WidthscopeError(f"--*-split applies to datasets directories only, not to {path}")
+    if path.is_file():
+        reason = sniff(path)
+        if reason is not None:
+            raise WidthscopeError(f"{path} {reason}")
+        return iter([_text_pieces(path)]), f"text file {path}"
+    files = sorted((p for p in path.rglob("*") if p.is_file() and not any(
+        part.startswith(".") for part in p.relative_to(path).parts)), key=lambda p: p.relative_to(path).as_posix())
+    good = []
+    for p in files:
+        reason = sniff(p)
+        if reason is None:
+            good.append(p)
+        elif skipped is not None:
+            skipped.append(f"{p.relative_to(path)}: {reason.split(':')[0]}")
+    if not good:
+        raise WidthscopeError(f"{path}: none of its {len(files)} files is text (by content); point --data at "
+                              "a directory of text files, or at a .jsonl/.csv/.parquet file")
+    return (_text_pieces(p) for p in good), f"{len(good)} text files under {path}"
+
+
+@dataclasses.dataclass
+class Sequences:
+    """Token sequences ``ids (n, T)``; ``mask`` (per-document mode) or None; ``labels`` or None."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor | None
+    labels: torch.Tensor | None
+    documents: int
+    tokens: int
+    exhausted: bool
+    separator: int | None
+    dropped_short: int = 0
+    unknown: int = 0
+
+
+def _encode(tok: Any) -> Callable[[str], list[int]]:
+    if isinstance(tok, ByteTokenizer):
+        return tok.encode_plain
+    return lambda text: tok(text, add_special_tokens=False)["input_ids"]
+
+
+def sequences(docs: Iterator[Any], tokenizer: Any, *, seq_len: int, mode: str = "concatenate",
+              limit: int | None = None, max_tokens: int | None = None, labels: bool = False,
+              show_progress: bool = False, desc: str = "tokenize") -> Sequences:
+    """Cut documents into sequences of ``seq_len`` tokens (see the module docstring).
+
+    Stops at ``limit`` sequences or after ``max_tokens`` tokens were read (``None``: no limit).
+    """
+    if mode not in MODES:
+        raise WidthscopeError(f"--sequences {mode!r}: choose {' or '.join(MODES)}")
+    if labels and mode != "per-document":
+        raise WidthscopeError("labelled data (sequence classification) needs --sequences per-document")
+    from .._io import progress
+
+    encode = _encode(tokenizer)
+    sep = getattr(tokenizer, "eos_token_id", None)
+    if sep is None:
+        sep = getattr(tokenizer, "sep_token_id", None)
+    bar = progress(total=limit, desc=desc, disable=None if show_progress else True, unit="seq")
+    rows: list[list[int]] = []
+    masks: list[list[int]] = []
+    ys: list[Any] = []
+    buf: list[int] = []
+    n_docs = n_tokens = short = 0
+    exhausted = True
+    pad = getattr(tokenizer, "pad_token_id", None)
+    pad = 0 if pad is None else int(pad)
+    unk_id = getattr(tokenizer, "unk_token_id", None)
+    if unk_id is not None and unk_id in (sep, getattr(tokenizer, "eos_token_id", None)):
+        unk_id = None  # byte-level BPEs name EOS as "unknown"; they have no unknown token
+    n_unk = empty = nonblank = 0
+    try:
+        for doc in docs:
+            pieces, y = (doc if labels else (doc, None))
+            n_docs += 1
+            if mode == "concatenate":
+                got, has_text = 0, False
+                for piece in pieces:
+                    ids = encode(piece)
+                    n_tokens += len(ids)
+                    got += len(ids)
+                    has_text = has_text or bool(piece.strip())
+                    if unk_id is not None:
+                        n_unk += ids.count(unk_id)
+                    buf.extend(ids)
+                    while len(buf) >= seq_len and (limit is None or len(rows) < limit):
+                        rows.append(buf[:seq_len])
+                        del buf[:seq_len]
+                        bar.update(1)
+                    if (limit is not None and len(rows) >= limit) or (max_tokens is not None
+                                                                      and n_tokens >= max_tokens):
+                        break  # a long document: stop inside it
+                nonblank += has_text
+                empty += has_text and got == 0
+                if sep is not None:
+                    buf.append(int(sep))
+            else:
+                text = "".join(pieces)
+                if isinstance(tokenizer, ByteTokenizer):
+                    ids = tokenizer.encode_plain(text)[:seq_len]
+                else:
+                    ids = tokenizer(text, add_special_tokens=True, truncation=True, max_length=seq_len)["input_ids"]
+                n_tokens += len(ids)
+                if unk_id is not None:
+                    n_unk += ids.count(unk_id)
+                if text.strip():
+                    nonblank += 1
+                    plain = len(_encode(tokenizer)(text[:2000])) if not isinstance(tokenizer, ByteTokenizer) else 1
+                    empty += 1 if plain == 0 else 0
+                if len(ids) < 2 and not labels:
+                    short += 1  # no token to predict
+                    continue
+                if not ids:
+                    short += 1
+                    continue
+                rows.append(ids + [pad] * (seq_len - len(ids)))
+                masks.append([1] * len(ids) + [0] * (seq_len - len(ids)))
+                ys.append(y)
+                bar.update(1)
+            if (limit is not None and len(rows) >= limit) or (max_tokens is not None and n_tokens >= max_tokens):
+                exhausted = False
+                break
+    finally:
+        bar.close()
+    name = getattr(tokenizer, "name_or_path", None) or getattr(tokenizer, "name", "?")
+    if nonblank and empty > 0.5 * nonblank:
+        raise WidthscopeError(f"the tokenizer ({name}) turned {empty} of {nonblank} non-empty documents into no "
+                              "tokens at all: it cannot read this text (wrong tokenizer?); pass the matching one "
+                              "with --tokenizer")
+    if unk_id is not None and n_tokens and n_unk > 0.05 * n_tokens:
+        raise WidthscopeError(f"the tokenizer ({name}) maps {n_unk} of {n_tokens} tokens ({n_unk / n_tokens:.0%}) "
+                              "to its unknown token: it does not cover this text (wrong tokenizer or language?)")
+    ids_t = torch.tensor(rows, dtype=torch.int64) if rows else torch.zeros(0, seq_len, dtype=torch.int64)
+    mask_t = None if mode == "concatenate" else (torch.tensor(masks, dtype=torch.int64) if masks
+                                                 else torch.zeros(0, seq_len, dtype=torch.int64))
+    lab_t = None
+    if labels:
+        bad = [y for y in ys if not isinstance(y, int) or isinstance(y, bool)]
+        if bad:
+            raise WidthscopeError(f"labels must be integer class ids, got {bad[0]!r}: map the label column to "
+                                  "0..num_labels-1 first")
+        lab_t = torch.tensor(ys, dtype=torch.int64)
+    return Sequences(ids_t, mask_t, lab_t, n_docs, n_tokens, exhausted, None if mode != "concatenate" else sep,
+                     short, n_unk)

@@ -1,0 +1,643 @@
+r"""The one place that turns command arguments into (model, tokenizer, probe pools).
+
+``certify`` and ``grow`` call :func:`add_arguments` and :func:`resolve`; every check that can
+fail runs here, *before* the first forward pass: the model loads, the task has a loss, the
+tokenizer's vocabulary fits the model's embedding, every token id is in range, the sequence
+length fits the position embeddings, the pools have the sizes asked for.
+
+What a model gets (``--model``):
+
+- widthscope checkpoints (our families): the dataset recorded in the checkpoint with its
+  recorded options and split seed (so the held-out part really is held out), or ``--data NAME``
+  / a data path; byte-level LMs read text files with byte tokens.
+- Hugging Face directories (:mod:`widthscope.models.hf`): the task from ``config.json``;
+  text through the checkpoint's own tokenizer (``AutoTokenizer`` from the directory, or
+  ``--tokenizer PATH``; ``--tokenizer bytes`` only when asked for), images through its image
+  processor (``AutoImageProcessor``).
+
+Data: ``--data`` (one corpus, split into train / held-out by a seeded permutation of its
+sequences, ``--test-fraction``; a ``DatasetDict`` directory uses its own train and
+validation/test splits) or ``--train-data`` and ``--test-data`` (two sources: the train pool from
+one, the held-out pool from the other, as the published protocol uses WikiText train vs
+validation). Formats: :mod:`widthscope.data.corpus` (text), ImageFolder directories (images).
+
+Pools: seeded random subsets (train: ``seed``, held-out: ``seed + 1``) of the sequences read,
+or with ``--first`` the first ones in corpus order. Only a window of the corpus is tokenized:
+``--max-tokens`` (default ``20 × (n_train + n_test) × seq_len``, recorded in the result), so a
+multi-GB corpus never has to fit in memory.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..errors import WidthscopeError
+
+__all__ = ["Inputs", "add_arguments", "resolve", "load_model", "load_tokenizer", "mask_tokens",
+           "check_ids", "WINDOW"]
+
+WINDOW = 20  # default corpus window: this many times the pool sizes
+LM_TASKS = ("causal-lm", "masked-lm", "lm")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+@dataclasses.dataclass
+class Inputs:
+    """A loaded model and its two probe pools (pooled examples, batch-shaped).
+
+    ``task``: ``causal-lm`` | ``masked-lm`` | ``sequence-classification`` |
+    ``image-classification`` (HF) or ``lm`` / ``classification`` (widthscope families).
+    ``info`` is JSON-able: where the data came from and how it was cut.
+    """
+
+    model: nn.Module
+    task: str
+    train: Any
+    test: Any
+    loss_fn: Callable | None
+    tokenizer: Any
+    info: dict[str, Any]
+    notes: list[str]
+    split: Any = None  # the widthscope Split, for our own datasets
+
+
+# ----------------------------------------------------------------------------- arguments
+def add_arguments(p: argparse.ArgumentParser, *, model_required: bool = False, model_default: str | None = None,
+                  n_train: int | None = 256, n_test: int | None = 256) -> None:
+    """The input options every command shares (model, data, tokenizer, sequences, pools)."""
+    p.add_argument("--model", required=model_required, default=model_default,
+                   help="checkpoint: a widthscope directory, a .safetensors file with a config.json beside it, or "
+                        "a Hugging Face directory (any causal LM, masked LM, sequence or image classifier); "
+                        "'builtin' trains a small MLP on digits")
+    p.add_argument("--task", default=None, choices=("causal-lm", "masked-lm", "sequence-classification",
+                                                    "image-classification"),
+                   help="the HF checkpoint's task when its config.json names no architecture")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16", "float64"),
+                   help="model dtype (auto: the checkpoint's); statistics always accumulate in float64")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer directory (default: the checkpoint's own), or 'bytes' for byte-level ids")
+    p.add_argument("--data", default=None,
+                   help="one corpus split into train/held-out: a dataset name, a text file or directory, "
+                        ".jsonl/.json/.csv/.parquet, a datasets save_to_disk directory, or an ImageFolder "
+                        "directory (default: the checkpoint's recorded dataset)")
+    p.add_argument("--train-data", default=None, help="the train pool's own file/directory (with --test-data)")
+    p.add_argument("--test-data", default=None, help="the held-out pool's own file/directory (with --train-data)")
+    p.add_argument("--train-split", default=None, help="split of a DatasetDict directory for the train pool "
+                   "(default train)")
+    p.add_argument("--test-split", default=None, help="split of a DatasetDict directory for the held-out pool "
+                   "(default validation, else test)")
+    p.add_argument("--data-root", default=None, help="root folder of a named image dataset's files")
+    p.add_argument("--text-field", default="text", help="text field/column of .jsonl/.json/.csv/.parquet/datasets "
+                   "data (default text); --text-column is the same")
+    p.add_argument("--text-column", dest="text_field", help=argparse.SUPPRESS)
+    p.add_argument("--label-field", default="label", help="label column for sequence classification (default label)")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="tokens per sequence (default: the checkpoint's recorded one, else 128 for HF models, 64 "
+                        "for byte models)")
+    p.add_argument("--sequences", default=None, choices=("concatenate", "per-document"),
+                   help="concatenate: documents joined with EOS, cut into --seq-len chunks, tail dropped (default "
+                        "for causal LMs); per-document: one padded sequence per document (default otherwise)")
+    p.add_argument("--first", action="store_true",
+                   help="take the first sequences of each source (the published scripts) instead of seeded random ones")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help=f"tokens read per source for random pools (default {WINDOW} x the pool sizes x --seq-len)")
+    p.add_argument("--test-fraction", type=float, default=0.1,
+                   help="held-out fraction when one --data corpus is split (default 0.1)")
+    p.add_argument("--n-train", type=int, default=n_train, help=f"train pool size (default {n_train})")
+    p.add_argument("--n-test", type=int, default=n_test, help=f"held-out pool size (default {n_test})")
+
+
+# ----------------------------------------------------------------------------- model
+def load_model(path: str, *, dtype: str = "auto", task: str | None = None) -> nn.Module:
+    """A checkpoint (widthscope or Hugging Face) on the CPU in eval mode, with a clear error."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise WidthscopeError(f"--model {path!r}: no such file or directory; give a checkpoint directory, a "
+                              ".safetensors file with its config, or 'builtin'")
+    from .. import checkpoint
+
+    return checkpoint.load(str(p), dtype=dtype, task=task)
+
+
+def model_task(model: nn.Module) -> str:
+    task = getattr(model, "widthscope_task", None)
+    if task:
+        return task
+    fam = (getattr(model, "widthscope_config", None) or {}).get("family")
+    return "lm" if fam in ("llama", "pythia") else "classification"
+
+
+def _model_dir(model: nn.Module) -> Path | None:
+    hf = getattr(model, "widthscope_hf", None) or {}
+    return Path(hf["directory"]) if hf.get("directory") else None
+
+
+# ----------------------------------------------------------------------------- tokenizer
+def load_tokenizer(spec: str | None, model: nn.Module, task: str) -> Any:
+    """``bytes`` -> :class:`ByteTokenizer`; a path -> ``AutoTokenizer``; None -> the model's own."""
+    from .corpus import ByteTokenizer
+
+    if spec == "bytes":
+        return ByteTokenizer()
+    if spec is None:
+        if task == "lm":  # widthscope's own byte-level LMs
+            return ByteTokenizer()
+        where = _model_dir(model)
+        if where is None:
+            raise WidthscopeError("this checkpoint has no tokenizer directory: pass --tokenizer PATH (or "
+                                  "--tokenizer bytes for byte-level ids)")
+    else:
+        where = Path(spec).expanduser()
+        if not where.exists():
+            raise WidthscopeError(f"--tokenizer {spec!r} does not exist: give the directory a tokenizer was "
+                                  "saved to (tokenizer.save_pretrained), or 'bytes'")
+    known = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model",
+             "spiece.model")
+    if where.is_dir() and not any((where / k).is_file() for k in known):
+        raise WidthscopeError(f"no tokenizer in {where} (none of {', '.join(known[:4])}, ...): save the model's "
+                              "tokenizer there (tokenizer.save_pretrained(DIR)), pass --tokenizer PATH, or "
+                              "--tokenizer bytes for byte-level ids")
+    import warnings
+
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return AutoTokenizer.from_pretrained(str(where), local_files_only=True, trust_remote_code=False)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise WidthscopeError(f"could not load the tokenizer in {where} ({type(exc).__name__}: {first[:200]})") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def _tok_name(tok: Any) -> str:
+    return getattr(tok, "name", None) or f"{type(tok).__name__}({getattr(tok, 'name_or_path', '')})"
+
+
+def check_vocabulary(tok: Any, model: nn.Module) -> None:
+    """The tokenizer must not produce ids the model's embedding does not have."""
+    from ..models.hf import vocab_size
+
+    V = vocab_size(model)
+    if V is None:
+        return
+    n = len(tok)
+    if n > V:
+        raise WidthscopeError(f"tokenizer {_tok_name(tok)} has {n} tokens but the model's embedding has {V} rows: "
+                              "this is not the model's tokenizer; pass the matching one with --tokenizer")
+
+
+def check_ids(ids: torch.Tensor, model: nn.Module, what: str) -> None:
+    """Every token id in ``[0, vocab)``, before any forward pass (one line naming both sizes)."""
+    from ..models.hf import vocab_size
+
+    V = vocab_size(model)
+    if V is None or ids.numel() == 0:
+        return
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= V:
+        raise WidthscopeError(f"{what} token ids span {lo}..{hi} but the model's vocabulary has {V} entries "
+                              f"(ids 0..{V - 1}): the tokenizer does not match the model; pass the matching "
+                              "one with --tokenizer")
+
+
+def mask_tokens(ids: torch.Tensor, attention: torch.Tensor, tok: Any, *, rate: float = 0.15,
+                seed: int = 0) -> tuple[dict[str, torch.Tensor], int]:
+    """Masked-LM examples: ``rate`` of each sequence's ordinary tokens (at least one) replaced by
+    the mask token (seeded); ``labels`` hold the originals there and ``-100`` elsewhere.
+
+    Returns the batch dict and the number of sequences dropped for having no ordinary token.
+    """
+    mask_id = getattr(tok, "mask_token_id", None)
+    if mask_id is None:
+        raise WidthscopeError(f"tokenizer {_tok_name(tok)} has no mask token: a masked LM needs one "
+                              "(use the checkpoint's own tokenizer)")
+    special = torch.tensor(sorted(set(getattr(tok, "all_special_ids", []) or [])), dtype=torch.int64)
+    cand = attention.bool() & ~torch.isin(ids, special)
+    keep = cand.any(1)
+    ids, attention, cand = ids[keep], attention[keep], cand[keep]
+    g = torch.Generator().manual_seed(int(seed))
+    score = torch.rand(ids.shape, generator=g).masked_fill(~cand, 2.0)
+    n_mask = (cand.sum(1).float() * rate).round().clamp_min(1).long()
+    order = score.argsort(1)
+    ranks = torch.empty_like(order)
+    ranks.scatter_(1, order, torch.arange(ids.shape[1]).expand_as(order).contiguous())
+    chosen = (ranks < n_mask[:, None]) & cand
+    labels = torch.where(chosen, ids, torch.full_like(ids, -100))
+    masked = torch.where(chosen, torch.full_like(ids, int(mask_id)), ids)
+    return {"input_ids": masked, "attention_mask": attention, "labels": labels}, int((~keep).sum())
+
+
+# ----------------------------------------------------------------------------- pools
+def _pick(n_total: int, n: int, seed: int, first: bool, what: str, flag: str, where: str,
+          cap: bool = False) -> torch.Tensor:
+    if cap:  # a default pool size: take what there is
+        n = min(n, n_total)
+    if n > n_total:
+        raise WidthscopeError(f"{flag} {n} but {where} gave only {n_total} {what}: lower {flag}"
+                              f"{' or --seq-len' if 'sequence' in what else ''}, or give more data"
+                              f"{' (raise --max-tokens)' if 'sequence' in what else ''}")
+    if first:
+        return torch.arange(n)
+    return torch.randperm(n_total, generator=torch.Generator().manual_seed(int(seed)))[:n].sort().values
+
+
+def _cap(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "cap_pools", False))
+
+
+def _index(data: Any, idx: torch.Tensor) -> Any:
+    from ..probe.intervene import _index as index
+
+    return index(data, idx)
+
+
+def _count(data: Any) -> int:
+    from ..probe.intervene import _batch_size
+
+    return _batch_size(data)
+
+
+def _limit(args: argparse.Namespace, n: int, seq_len: int) -> tuple[int | None, int | None]:
+    """(sequence limit, token limit) for reading one source."""
+    if args.first:
+        return n, None
+    max_tokens = args.max_tokens if args.max_tokens is not None else WINDOW * n * seq_len
+    return None, max_tokens
+
+
+# ----------------------------------------------------------------------------- text
+def _text_source(path: str, split: str | None, args: argparse.Namespace, labels: bool,
+                 skipped: list[str]) -> tuple[Any, str]:
+    from .corpus import documents
+
+    return documents(path, text_field=args.text_field, split=split,
+                     label_field=args.label_field if labels else None, skipped=skipped)
+
+
+def _read_text(path: str, split: str | None, tok: Any, args: argparse.Namespace, seq_len: int, mode: str,
+               n: int, labels: bool, desc: str, show: bool) -> tuple[Any, dict[str, Any]]:
+    from .corpus import sequences
+
+    skipped: list[str] = []
+    docs, source = _text_source(path, split, args, labels, skipped)
+    limit, max_tokens = _limit(args, n, seq_len)
+    seqs = sequences(docs, tok, seq_len=seq_len, mode=mode, limit=limit, max_tokens=max_tokens, labels=labels,
+                     show_progress=show, desc=desc)
+    info = {"source": source, "documents_read": seqs.documents, "tokens_read": seqs.tokens,
+            "sequences": int(seqs.ids.shape[0]), "corpus_exhausted": seqs.exhausted,
+            "max_tokens": max_tokens, "skipped_files": len(skipped)}
+    if skipped:
+        info["skipped"] = skipped[:20]
+    if seqs.dropped_short:
+        info["dropped_short_documents"] = seqs.dropped_short
+    return seqs, info
+
+
+def _seq_examples(seqs: Any, idx: torch.Tensor | None, task: str, tok: Any, seed: int) -> tuple[Any, int]:
+    ids = seqs.ids if idx is None else seqs.ids[idx]
+    mask = None if seqs.mask is None else (seqs.mask if idx is None else seqs.mask[idx])
+    if task == "masked-lm":
+        att = torch.ones_like(ids) if mask is None else mask
+        return mask_tokens(ids, att, tok, seed=seed)
+    if task == "sequence-classification":
+        y = seqs.labels if idx is None else seqs.labels[idx]
+        return ({"input_ids": ids, "attention_mask": mask}, y), 0
+    if mask is None:
+        return ids, 0
+    return {"input_ids": ids, "attention_mask": mask}, 0
+
+
+def _split_sources(args: argparse.Namespace) -> tuple[str, str | None, str, str | None, str]:
+    """(train path, train split, test path, test split, how) from --data / --train-data / --test-data."""
+    from .corpus import is_dataset_dir
+
+    if (args.train_data is None) != (args.test_data is None):
+        raise WidthscopeError("give --train-data and --test-data together (the train pool from one, the held-out "
+                              "pool from the other), or one --data corpus to split")
+    if args.train_data is not None:
+        if args.data is not None:
+            raise WidthscopeError("--data and --train-data/--test-data both given: use one corpus (--data) or two "
+                                  "(--train-data and --test-data)")
+        return args.train_data, args.train_split, args.test_data, args.test_split, "two sources"
+    path = Path(args.data).expanduser()
+    if is_dataset_dir(path) and (path / "dataset_dict.json").is_file():
+        import json
+
+        splits = json.loads((path / "dataset_dict.json").read_text(encoding="utf-8")).get("splits", [])
+        test = args.test_split or next((s for s in ("validation", "valid", "test") if s in splits), None)
+        if test is None:
+            raise WidthscopeError(f"{path} has splits {', '.join(splits)} but no validation/test split: name the "
+                                  "held-out one with --test-split")
+        return args.data, args.train_split or "train", args.data, test, "dataset splits"
+    if args.train_split or args.test_split:
+        if is_dataset_dir(path):
+            raise WidthscopeError(f"{path} holds one dataset without splits: drop --train-split/--test-split")
+    return args.data, None, args.data, None, "one corpus"
+
+
+def _text_pools(args: argparse.Namespace, model: nn.Module, task: str, tok: Any, seq_len: int, mode: str,
+                seed: int, show: bool) -> tuple[Any, Any, dict[str, Any], list[str]]:
+    labels = task == "sequence-classification"
+    tr_path, tr_split, te_path, te_split, how = _split_sources(args)
+    n_tr, n_te = args.n_train, args.n_test
+    notes: list[str] = []
+    info: dict[str, Any] = {"split": how}
+    if how == "one corpus":
+        frac = args.test_fraction
+        if not 0 < frac < 1:
+            raise WidthscopeError(f"--test-fraction {frac}: must be between 0 and 1")
+        # Enough sequences that both parts can fill their pools.
+        need = max(int((n_tr + 1) / (1 - frac)) + 1, int((n_te + 1) / frac) + 1)
+        seqs, src = _read_text(tr_path, None, tok, args, seq_len, mode, need, labels, "tokenize", show)
+        info["train"] = info["test"] = src
+        n = int(seqs.ids.shape[0])
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))
+        n_hold = min(max(1, int(round(frac * n))), n - 1) if n > 1 else 0
+        test_ids, train_ids = perm[:n_hold].sort().values, perm[n_hold:].sort().values
+        if args.first:  # contiguous: the first part of the corpus trains, the next is held out
+            cut = n - n_hold
+            train_ids, test_ids = torch.arange(cut), torch.arange(cut, n)
+        info["rule"] = ("sequences of one corpus split by a seeded permutation (seed "
+                        f"{seed}, held-out fraction {frac})" if not args.first else
+                        f"first {1 - frac:.0%} of the sequences train, the rest held out")
+        a = train_ids[_pick(len(train_ids), n_tr, seed, args.first, "train sequences", "--n-train", tr_path, _cap(args))]
+        b = test_ids[_pick(len(test_ids), n_te, seed + 1, args.first, "held-out sequences", "--n-test", te_path, _cap(args))]
+        tr_seqs = te_seqs = seqs
+    else:
+        tr_seqs, info["train"] = _read_text(tr_path, tr_split, tok, args, seq_len, mode, n_tr, labels,
+                                            "tokenize train", show)
+        te_seqs, info["test"] = _read_text(te_path, te_split, tok, args, seq_len, mode, n_te, labels,
+                                           "tokenize held-out", show)
+        if Path(tr_path).resolve() == Path(te_path).resolve() and tr_split == te_split:
+            raise WidthscopeError(f"--train-data and --test-data are the same source ({tr_path}): the held-out "
+                                  "pool must be other text; use --data to split one corpus")
+        a = _pick(int(tr_seqs.ids.shape[0]), n_tr, seed, args.first, "train sequences", "--n-train", tr_path, _cap(args))
+        b = _pick(int(te_seqs.ids.shape[0]), n_te, seed + 1, args.first, "held-out sequences", "--n-test", te_path, _cap(args))
+    check_ids(tr_seqs.ids[a], model, "train")
+    check_ids(te_seqs.ids[b], model, "held-out")
+    train, d1 = _seq_examples(tr_seqs, a, task, tok, seed)
+    test, d2 = _seq_examples(te_seqs, b, task, tok, seed + 1)
+    if d1 or d2:
+        notes.append(f"masked LM: dropped {d1 + d2} sequence(s) with no ordinary token to mask")
+        if _count(train) < 4 or _count(test) < 4:
+            raise WidthscopeError("fewer than 4 sequences left after masking: give longer documents")
+    if labels:
+        from ..models.hf import model_info  # noqa: F401  (keeps the import cheap elsewhere)
+
+        n_labels = getattr(getattr(model, "config", None), "num_labels", None)
+        for what, ex in (("train", train), ("held-out", test)):
+            y = ex[1]
+            if isinstance(n_labels, int) and y.numel() and (int(y.min()) < 0 or int(y.max()) >= n_labels):
+                raise WidthscopeError(f"{what} labels span {int(y.min())}..{int(y.max())} but the model has "
+                                      f"{n_labels} labels: map --label-field to 0..{n_labels - 1}")
+    sep = tr_seqs.separator
+    info.update({"tokenizer": _tok_name(tok), "seq_len": seq_len, "sequences": mode, "first": bool(args.first),
+                 "separator_id": sep, "n_train": _count(train), "n_test": _count(test),
+                 "pool_rule": "first sequences" if args.first else f"seeded random subsets (seeds {seed}, {seed + 1})"})
+    if task == "masked-lm":
+        info["masking"] = "15% of each sequence's ordinary tokens (at least one) replaced by the mask token, seeded"
+    if mode == "concatenate" and sep is None:
+        notes.append(f"tokenizer {_tok_name(tok)} has no EOS/SEP token: documents were joined without a separator")
+    for part in ("train", "test"):
+        src = info.get(part) or {}
+        if src.get("skipped_files"):
+            notes.append(f"{src['skipped_files']} non-text file(s) skipped in {src['source']} "
+                         f"(e.g. {src['skipped'][0]})")
+    return train, test, info, notes
+
+
+# ----------------------------------------------------------------------------- images
+def _image_folder(path: Path) -> list[tuple[Path, str]]:
+    classes = sorted(d for d in path.iterdir() if d.is_dir() and not d.name.startswith("."))
+    items = [(f, c.name) for c in classes for f in sorted(c.rglob("*")) if f.suffix.lower() in IMAGE_SUFFIXES]
+    if not classes or not items:
+        raise WidthscopeError(f"{path} is not an ImageFolder directory: expected one sub-folder per class "
+                              f"holding images ({', '.join(IMAGE_SUFFIXES[:4])}, ...)")
+    return items
+
+
+def _image_pools(args: argparse.Namespace, model: nn.Module, seed: int, show: bool
+                 ) -> tuple[Any, Any, dict[str, Any], list[str]]:
+    from PIL import Image, UnidentifiedImageError
+
+    from .._io import progress
+
+    where = _model_dir(model)
+    if where is None or not (where / "preprocessor_config.json").is_file():
+        raise WidthscopeError(f"no image processor in {where}: image models need the checkpoint's "
+                              "preprocessor_config.json (image_processor.save_pretrained(DIR)) so images are "
+                              "resized and normalised as in training")
+    from transformers import AutoImageProcessor
+
+    try:
+        proc = AutoImageProcessor.from_pretrained(str(where), local_files_only=True, trust_remote_code=False)
+    except Exception as exc:
+        raise WidthscopeError(f"could not load the image processor in {where} ({type(exc).__name__}: "
+                              f"{str(exc)[:200]})") from None
+    if args.train_data is not None or args.test_data is not None:
+        if args.train_data is None or args.test_data is None:
+            raise WidthscopeError("give --train-data and --test-data together, or one --data ImageFolder")
+        tr_items, te_items = _image_folder(Path(args.train_data)), _image_folder(Path(args.test_data))
+        how = "two ImageFolder directories"
+    else:
+        root = Path(args.data).expanduser()
+        subs = {d.name: d for d in root.iterdir() if d.is_dir()}
+        test_dir = next((subs[k] for k in ("val", "validation", "test") if k in subs), None)
+        if "train" in subs and test_dir is not None:
+            tr_items, te_items = _image_folder(subs["train"]), _image_folder(test_dir)
+            how = f"ImageFolder train/ and {test_dir.name}/"
+        else:
+            items = _image_folder(root)
+            perm = torch.randperm(len(items), generator=torch.Generator().manual_seed(int(seed))).tolist()
+            n_hold = max(1, int(round(args.test_fraction * len(items))))
+            te_items = [items[i] for i in sorted(perm[:n_hold])]
+            tr_items = [items[i] for i in sorted(perm[n_hold:])]
+            how = f"one ImageFolder split by a seeded permutation (held-out fraction {args.test_fraction})"
+    cfg = model.config
+    names = sorted({c for _, c in tr_items} | {c for _, c in te_items})
+    id2label = {int(k): v for k, v in (getattr(cfg, "id2label", None) or {}).items()}
+    default_names = all(v == f"LABEL_{k}" for k, v in id2label.items())
+    if not default_names and set(names) <= set(id2label.values()):
+        label_of = {v: k for k, v in id2label.items()}
+        rule = "class folders matched to the model's id2label names"
+    elif not default_names:
+        raise WidthscopeError(f"class folders {', '.join(names[:5])} do not match the model's labels "
+                              f"{', '.join(list(id2label.values())[:5])}: rename the folders to the label names")
+    else:
+        if len(names) > cfg.num_labels:
+            raise WidthscopeError(f"{len(names)} class folders but the model has {cfg.num_labels} labels")
+        label_of = {c: i for i, c in enumerate(names)}
+        rule = "class folders in sorted order = label ids 0.. (the model's labels are unnamed)"
+
+    def load(items: list[tuple[Path, str]], n: int, s: int, flag: str, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = _pick(len(items), n, s, args.first, what, flag, how, _cap(args)).tolist()
+        pix, ys = [], []
+        for i in progress(idx, desc=f"images ({what})", disable=None if show else True):
+            f, c = items[i]
+            try:
+                with Image.open(f) as im:
+                    rgb = im.convert("RGB" if getattr(cfg, "num_channels", 3) == 3 else "L")
+            except (UnidentifiedImageError, OSError) as exc:
+                raise WidthscopeError(f"{f} is not a readable image ({exc})") from None
+            pix.append(proc(images=rgb, return_tensors="pt")["pixel_values"][0])
+            ys.append(label_of[c])
+        return torch.stack(pix), torch.tensor(ys, dtype=torch.int64)
+
+    train = load(tr_items, args.n_train, seed, "--n-train", "train images")
+    test = load(te_items, args.n_test, seed + 1, "--n-test", "held-out images")
+    info = {"split": how, "classes": names, "label_rule": rule, "n_train": len(train[1]), "n_test": len(test[1]),
+            "processor": type(proc).__name__, "first": bool(args.first)}
+    return train, test, info, []
+
+
+# ----------------------------------------------------------------------------- widthscope datasets
+def _named_pools(name: str, args: argparse.Namespace, model: nn.Module, task: str, seed: int
+                 ) -> tuple[Any, Any, dict[str, Any], list[str], Any]:
+    """Our own named datasets (digits, fashion-mnist, text, ...) with the checkpoint's recorded options."""
+    from .. import data
+    from ..checkpoint import recorded_data
+
+    rec = recorded_data(model) if args.data is None else {}
+    options: dict[str, Any] = {k: v for k, v in rec.get("options", {}).items() if k != "root"}
+    root = args.data_root or rec.get("options", {}).get("root")
+    if name == "text":
+        options["seq_len"] = args.seq_len or options.get("seq_len", 64)
+    split_seed = int(rec.get("seed", seed))
+    split = data.load(name, root=root, seed=split_seed, **options)
+    if task in ("causal-lm", "masked-lm", "sequence-classification") and split.task != "lm":
+        raise WidthscopeError(f"--data {name!r} is an image/feature dataset but the model is a {task} model: "
+                              "give text data")
+    if task == "image-classification":
+        X = split.train[0]
+        cfg = model.config
+        want = (getattr(cfg, "num_channels", None), getattr(cfg, "image_size", None))
+        got = tuple(X.shape[1:])
+        if X.dim() != 4 or got[0] != want[0] or got[1] != want[1] or got[2] != want[1]:
+            raise WidthscopeError(f"{name} images have shape {got} but the model expects "
+                                  f"({want[0]}, {want[1]}, {want[1]}): give an ImageFolder directory (resized by the "
+                                  "model's image processor)")
+
+    def sub(pair: Any, n: int, s: int, flag: str, what: str) -> Any:
+        X, y = pair
+        idx = _pick(len(X), n, s, args.first, "examples", flag, f"the {what} part of {name}", _cap(args))
+        return X[idx] if (split.task == "lm") else (X[idx], y[idx])
+
+    train = sub(split.train, args.n_train, seed, "--n-train", "training")
+    test = sub(split.test, args.n_test, seed + 1, "--n-test", "held-out")
+    if split.task == "lm":
+        check_ids(train, model, "train")
+        check_ids(test, model, "held-out")
+    info = {"dataset": name, "options": options, "split_seed": split_seed, "recorded": bool(rec),
+            "n_train_examples": len(split.train[0]), "n_test_examples": len(split.test[0]),
+            "n_train": _count(train), "n_test": _count(test)}
+    if split.task == "lm":
+        info.update(tokenizer="bytes", seq_len=options.get("seq_len"), sequences="chunks of the byte corpus")
+    return train, test, info, [], split
+
+
+# ----------------------------------------------------------------------------- resolve
+def _check_common(args: argparse.Namespace) -> None:
+    for flag, v in (("--n-train", args.n_train), ("--n-test", args.n_test)):
+        if v is not None and v < 4:
+            raise WidthscopeError(f"{flag} {v}: the unbiased estimators need at least 4 examples; use >= 4 "
+                                  "(hundreds for useful certificates)")
+    if args.seq_len is not None and args.seq_len < 2:
+        raise WidthscopeError(f"--seq-len {args.seq_len}: must be >= 2 (one input and one predicted token)")
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise WidthscopeError(f"--max-tokens {args.max_tokens}: must be a positive number of tokens")
+    for flag in ("data", "train_data", "test_data"):
+        v = getattr(args, flag)
+        if v is not None:
+            from . import DATASETS
+
+            if v not in DATASETS and not Path(v).expanduser().exists():
+                raise WidthscopeError(f"--{flag.replace('_', '-')} {v!r}: not a dataset name ({', '.join(DATASETS)}) "
+                                      "and not an existing file or directory")
+            if v not in DATASETS:
+                from .corpus import precheck
+
+                precheck(v, f"--{flag.replace('_', '-')}")
+
+
+def resolve(args: argparse.Namespace, *, model: nn.Module | None = None, show_progress: bool = True) -> Inputs:
+    """Load ``args.model`` (unless ``model`` is given) and build both probe pools; see the module docstring."""
+    from . import DATASETS
+
+    _check_common(args)
+    if model is None:
+        model = load_model(args.model, dtype=args.dtype, task=args.task)
+    task = model_task(model)
+    seed = int(args.seed)
+    notes: list[str] = []
+    name = args.data
+    if name is None and args.train_data is None:
+        from ..checkpoint import recorded_data
+
+        name = recorded_data(model).get("dataset") or _recorded_name(model)
+        if name is None:
+            raise WidthscopeError(f"the checkpoint {args.model!r} does not record its dataset: pass --data (a "
+                                  "dataset name or a file/directory) or --train-data and --test-data")
+    split = None
+    if name is not None and name in DATASETS and args.train_data is None:
+        if name == "text" and task in ("causal-lm", "masked-lm"):
+            # The default text corpus (Python's standard library) through the model's tokenizer.
+            import sysconfig
+
+            args.data = name = str(Path(sysconfig.get_paths()["stdlib"]))
+        else:
+            if args.tokenizer not in (None, "bytes") and task == "lm":
+                raise WidthscopeError("--tokenizer applies to text files given with --data PATH, not to the "
+                                      "recorded byte-level corpus")
+            train, test, info, more, split = _named_pools(name, args, model, task, seed)
+            _check_seq_len(model, info.get("seq_len"))
+            return Inputs(model, task, train, test, None, None, info, more, split)
+    if args.data is None and args.train_data is None:
+        args.data = name
+    if task == "classification":
+        raise WidthscopeError(f"this widthscope model is a classifier: pass a dataset name ({', '.join(DATASETS)}) "
+                              "with --data, not a file")
+    if task == "image-classification":
+        train, test, info, more = _image_pools(args, model, seed, show_progress)
+        return Inputs(model, task, train, test, None, None, info, more)
+    tok = load_tokenizer(args.tokenizer, model, task)
+    check_vocabulary(tok, model)
+    rec_len = (getattr(model, "widthscope_extra", None) or {}).get("data_options", {}).get("seq_len")
+    seq_len = args.seq_len or rec_len or (64 if task == "lm" else 128)
+    _check_seq_len(model, seq_len)
+    mode = args.sequences or ("concatenate" if task in ("causal-lm", "lm") else "per-document")
+    if task == "sequence-classification" and mode != "per-document":
+        raise WidthscopeError("sequence classification needs --sequences per-document (one labelled text each)")
+    train, test, info, more = _text_pools(args, model, "causal-lm" if task == "lm" else task, tok, seq_len,
+                                          mode, seed, show_progress)
+    from ..probe.collect import masked_lm_loss
+
+    loss = masked_lm_loss if task == "masked-lm" else None
+    return Inputs(model, task, train, test, loss, tok, info, notes + more)
+
+
+def _recorded_name(model: nn.Module) -> str | None:
+    for attr in ("widthscope_extra", "widthscope_config"):
+        meta = getattr(model, attr, None)
+        if isinstance(meta, dict) and isinstance(meta.get("dataset"), str):
+            return meta["dataset"]
+    return None
+
+
+def _check_seq_len(model: nn.Module, seq_len: int | None) -> None:
+    from ..models.hf import max_positions
+
+    limit = max_positions(model)
+    if seq_len is not None and limit is not None and seq_len > limit:
+        raise WidthscopeError(f"--seq-len {seq_len} exceeds the model's maximum sequence length {limit}; use "
+                              f"--seq-len <= {limit}")

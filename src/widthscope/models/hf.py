@@ -1,0 +1,297 @@
+"""Any local Hugging Face checkpoint, through the ``transformers`` Auto classes.
+
+:func:`load_hf` reads ``config.json`` of a directory, picks the *task* from the architecture
+it names (``architectures[0]``, or ``task=`` when the config names none) and loads the weights
+with the task's Auto class:
+
+==========================  ==========================================  =============================
+task                        Auto class                                  loss the probe uses
+==========================  ==========================================  =============================
+``causal-lm``               ``AutoModelForCausalLM``                    mean shifted token CE
+``masked-lm``               ``AutoModelForMaskedLM``                    mean CE over masked tokens
+``sequence-classification`` ``AutoModelForSequenceClassification``      CE against the label
+``image-classification``    ``AutoModelForImageClassification``         CE against the label
+==========================  ==========================================  =============================
+
+Safety: always ``local_files_only=True`` and ``trust_remote_code=False`` (an architecture that
+needs code from the checkpoint is refused); safetensors (one file, or shards with an index) is
+preferred, ``pytorch_model.bin`` is read with ``weights_only=True`` (tensors only, no code).
+
+``dtype="auto"`` keeps the checkpoint's dtype (``config.json``'s ``dtype``/``torch_dtype``);
+the statistics accumulate in float64 whatever the model runs in. The attention implementation
+is the checkpoint's (or ``transformers``' default, e.g. SDPA): reverse-mode probes do not need
+eager attention; :func:`eager_attention` switches a model where forward-mode AD (jvp) needs it.
+
+Insertion points (:func:`main_stack`): the outputs of the repeated blocks of the model's main
+stack, found from the module tree — the ``nn.ModuleList`` of same-class blocks with the most
+members (``model.layers``, ``transformer.h``, ``gpt_neox.layers``, ``model.decoder.layers``,
+``bert.encoder.layer``, ``vit.encoder.layer``, ...), no table of names.
+
+Example::
+
+    >>> import tempfile, torch
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
+    >>> from widthscope.models.hf import load_hf
+    >>> d = tempfile.mkdtemp()
+    >>> GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=2, n_head=2, vocab_size=50)).save_pretrained(d)
+    >>> m = load_hf(d)
+    >>> m.widthscope_task, m.widthscope_points
+    ('causal-lm', ['transformer.h.0', 'transformer.h.1'])
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import WidthscopeError
+
+__all__ = ["TASKS", "DTYPES", "load_hf", "hf_task", "main_stack", "eager_attention", "model_info",
+           "vocab_size", "max_positions"]
+
+TASKS = ("causal-lm", "masked-lm", "sequence-classification", "image-classification")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
+_WIDTHSCOPE_FAMILY = {"llama": "llama", "gpt_neox": "pythia"}  # our own LM families are HF classes
+
+
+def _auto_classes() -> dict[str, Any]:
+    import transformers as tf
+
+    return {"causal-lm": tf.AutoModelForCausalLM, "masked-lm": tf.AutoModelForMaskedLM,
+            "sequence-classification": tf.AutoModelForSequenceClassification,
+            "image-classification": tf.AutoModelForImageClassification}
+
+
+def _task_names() -> dict[str, set[str]]:
+    from transformers.models.auto import modeling_auto as ma
+
+    def names(mapping: Any) -> set[str]:
+        out: set[str] = set()
+        for v in mapping.values():
+            out.update(v if isinstance(v, (tuple, list)) else [v])
+        return out
+
+    return {"causal-lm": names(ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
+            "masked-lm": names(ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES),
+            "sequence-classification": names(ma.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES),
+            "image-classification": names(ma.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES)}
+
+
+def hf_task(cfg: dict[str, Any], where: str = "config.json") -> str:
+    """The task of an HF config dict, from the architecture class it names."""
+    archs = cfg.get("architectures") or []
+    if not archs:
+        raise WidthscopeError(f"{where} names no architecture ('architectures' is empty): pass --task "
+                              f"({', '.join(TASKS)}) to say which head the weights belong to")
+    arch = archs[0]
+    for task, names in _task_names().items():
+        if arch in names:
+            return task
+    raise WidthscopeError(f"{where}: architecture {arch!r} is not a causal LM, masked LM, sequence "
+                          f"classifier or image classifier that transformers knows; supported tasks: "
+                          f"{', '.join(TASKS)}")
+
+
+def _read_cfg(directory: Path) -> dict[str, Any]:
+    path = directory / "config.json"
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise WidthscopeError(f"no config.json in {directory}: a Hugging Face checkpoint directory needs one "
+                              "(model.save_pretrained(DIR) writes it)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise WidthscopeError(f"{path} is not valid JSON ({exc})") from None
+    if not isinstance(cfg, dict) or "model_type" not in cfg:
+        raise WidthscopeError(f"{path} has no 'model_type': not a Hugging Face config")
+    return cfg
+
+
+def _check_model_type(cfg: dict[str, Any], where: Path) -> None:
+    from transformers import CONFIG_MAPPING
+    import transformers
+
+    if cfg["model_type"] not in CONFIG_MAPPING:
+        raise WidthscopeError(f"{where}: model_type {cfg['model_type']!r} is not known to transformers "
+                              f"{transformers.__version__} (models that need trust_remote_code are never "
+                              "loaded); upgrade transformers or convert the checkpoint")
+
+
+def _dtype(name: str) -> Any:
+    if name not in DTYPES:
+        raise WidthscopeError(f"--dtype {name!r}: choose one of {', '.join(DTYPES)}")
+    return "auto" if name == "auto" else getattr(torch, name)
+
+
+def _weights(directory: Path) -> tuple[bool, str]:
+    """(use_safetensors, description) for the weights in ``directory``."""
+    if (directory / "model.safetensors").is_file():
+        return True, "model.safetensors"
+    if (directory / "model.safetensors.index.json").is_file():
+        index = json.loads((directory / "model.safetensors.index.json").read_text(encoding="utf-8"))
+        shards = sorted(set((index.get("weight_map") or {}).values()))
+        missing = [s for s in shards if not (directory / s).is_file()]
+        if not shards or missing:
+            raise WidthscopeError(f"{directory}/model.safetensors.index.json lists shards that are missing: "
+                                  f"{', '.join(missing[:5]) or '(no weight_map)'}")
+        return True, f"{len(shards)} safetensors shards"
+    if (directory / "pytorch_model.bin").is_file() or (directory / "pytorch_model.bin.index.json").is_file():
+        return False, "pytorch_model.bin (weights_only=True)"
+    raise WidthscopeError(f"no weights in {directory}: expected model.safetensors, a sharded "
+                          "model.safetensors.index.json, or pytorch_model.bin")
+
+
+def main_stack(model: nn.Module) -> list[str]:
+    """Block outputs of the main stack: the largest ``nn.ModuleList`` of same-class blocks.
+
+    Ties go to the outermost (first in module order). Raises when the model has none.
+    """
+    best: tuple[int, str, nn.Module] | None = None
+    for name, m in model.named_modules():
+        if not isinstance(m, nn.ModuleList) or len(m) < 1:
+            continue
+        kids = list(m.children())
+        if len({type(k) for k in kids}) != 1:
+            continue
+        if not all(any(True for _ in k.children()) and any(True for _ in k.parameters()) for k in kids):
+            continue
+        if best is None or len(kids) > best[0]:
+            best = (len(kids), name, m)
+    if best is None:
+        raise WidthscopeError(f"{type(model).__name__} has no stack of repeated blocks (an nn.ModuleList of "
+                              "same-class blocks); pass --points (list them with --list-points --all)")
+    _, name, m = best
+    return [f"{name}.{c}" if name else c for c, _ in m.named_children()]
+
+
+def vocab_size(model: nn.Module) -> int | None:
+    """Rows of the input embedding (the ids the model can look up), or None."""
+    get = getattr(model, "get_input_embeddings", None)
+    if callable(get):
+        try:
+            emb = get()
+        except (NotImplementedError, AttributeError):
+            emb = None
+        if isinstance(emb, nn.Embedding):
+            return int(emb.num_embeddings)
+    v = getattr(getattr(model, "config", None), "vocab_size", None)
+    return int(v) if isinstance(v, int) else None
+
+
+def max_positions(model: nn.Module) -> int | None:
+    """The longest sequence the model's position embeddings allow, or None (e.g. RoPE without limit)."""
+    cfg = getattr(model, "config", None)
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        v = getattr(cfg, key, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+def model_info(model: nn.Module) -> dict[str, Any]:
+    """Architecture, width (hidden size), depth, dtype, attention implementation, parameters."""
+    from . import count_parameters
+
+    cfg = getattr(model, "config", None)
+    info: dict[str, Any] = {"architecture": type(model).__name__}
+    if cfg is not None:
+        text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        for key, names in (("width", ("hidden_size", "n_embd", "d_model", "dim")),
+                           ("depth", ("num_hidden_layers", "n_layer", "num_layers"))):
+            for n in names:
+                v = getattr(text, n, None)
+                if isinstance(v, int):
+                    info[key] = v
+                    break
+        info["model_type"] = getattr(cfg, "model_type", None)
+        info["attn_implementation"] = getattr(cfg, "_attn_implementation", None)
+    else:
+        wc = getattr(model, "widthscope_config", None) or {}
+        if "width" in wc:
+            info["width"] = wc["width"]
+        if "depth" in wc:
+            info["depth"] = wc["depth"]
+        info["architecture"] = wc.get("family", info["architecture"])
+    try:
+        info["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
+    except StopIteration:
+        pass
+    info["parameters"] = count_parameters(model)
+    return info
+
+
+def eager_attention(model: nn.Module) -> nn.Module:
+    """Switch a transformers model to eager attention (forward-mode AD cannot go through fused
+    kernels); no-op for other modules. Returns the model."""
+    setter = getattr(model, "set_attn_implementation", None)
+    if callable(setter) and getattr(getattr(model, "config", None), "_attn_implementation", "eager") != "eager":
+        setter("eager")
+    return model
+
+
+def load_hf(directory: str | Path, *, task: str | None = None, dtype: str = "auto",
+            device: str | torch.device = "cpu") -> nn.Module:
+    """Load the checkpoint in ``directory`` (eval mode) with the Auto class of its task.
+
+    The model carries ``widthscope_task``, ``widthscope_points`` (:func:`main_stack`) and
+    ``widthscope_hf`` (where it came from: directory, architecture, weights, dtype).
+    """
+    directory = Path(directory).expanduser()
+    cfg = _read_cfg(directory)
+    _check_model_type(cfg, directory / "config.json")
+    if task is not None and task not in TASKS:
+        raise WidthscopeError(f"--task {task!r}: choose one of {', '.join(TASKS)}")
+    task = task or hf_task(cfg, str(directory / "config.json"))
+    torch_dtype = _dtype(dtype)
+    use_safetensors, weights = _weights(directory)
+    auto = _auto_classes()[task]
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # a mismatch becomes our one error line, not a table
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model, loading = auto.from_pretrained(
+                str(directory), local_files_only=True, trust_remote_code=False,
+                use_safetensors=use_safetensors, weights_only=True, dtype=torch_dtype,
+                output_loading_info=True)
+    except WidthscopeError:
+        raise
+    except Exception as exc:  # transformers/safetensors raise many types for bad files
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise WidthscopeError(f"could not load the {task} checkpoint in {directory} ({type(exc).__name__}: "
+                              f"{first[:300]})") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    missing = [k for k in loading.get("missing_keys", []) if k]
+    mismatched = loading.get("mismatched_keys", [])
+    if missing or mismatched:
+        parts = []
+        if missing:
+            parts.append(f"missing {', '.join(sorted(missing)[:5])}" + (f" (+{len(missing) - 5} more)"
+                                                                      if len(missing) > 5 else ""))
+        if mismatched:
+            parts.append("shape mismatch " + ", ".join(str(m[0]) if isinstance(m, (tuple, list)) else str(m)
+                                                       for m in mismatched[:5]))
+        raise WidthscopeError(f"weights in {directory} do not match the {cfg.get('architectures', ['?'])[0]} "
+                              f"architecture of its config.json: {'; '.join(parts)} (freshly initialised "
+                              "weights would give meaningless certificates)")
+    model.eval()
+    model.to(device)
+    model.widthscope_task = task
+    model.widthscope_points = main_stack(model)
+    model.widthscope_hf = {"directory": str(directory), "architecture": type(model).__name__,
+                           "model_type": cfg["model_type"], "weights": weights, "dtype_option": dtype}
+    family = _WIDTHSCOPE_FAMILY.get(cfg["model_type"])
+    if family is not None and task == "causal-lm":
+        # Our llama/pythia families are these HF classes: keep them rebuildable (grow, save).
+        c = model.config
+        model.widthscope_config = {"family": family, "width": c.hidden_size, "depth": c.num_hidden_layers,
+                                   "hf_config": c.to_dict()}
+    return model

@@ -1,0 +1,213 @@
+"""A width series from the JSON files of several ``widthscope certify`` runs.
+
+Each certify JSON (one checkpoint) becomes rows in the schema of a sweep's alignment rows
+(:func:`widthscope.sweep.alignment.run_cell`), so the report's alignment section draws d_align and
+misalignment against width for a family of real checkpoints without a sweep config::
+
+    widthscope certify --model ckpt-256 --out c256.json   # ... one run per checkpoint
+    widthscope report c256.json c512.json c1024.json --out report/
+
+Per file and per point x (M, K): ``kind="alignment"``, ``sweep="certify"``,
+``family = settings["architecture"]`` (else ``"certify"``), ``width = settings["width"]`` (else the
+largest point dimension ``d``), ``seed = settings["seed"]``, ``source`` = the file, the two-population
+certificate as ``two_*`` and the one-population one as ``one_*`` (the columns the report plots), and
+``misalignment``/``misalignment_low``/``misalignment_high``/``misalignment_draws``. Intervention rows
+in the file are passed on as ``kind="intervention"`` rows tagged the same way.
+
+Points are matched across files by *name* (``point_index`` is renumbered per family so the same
+name is one line, and a name only deeper models have gets its own line); ``depth_fraction`` keeps
+each point's relative position in its own model. Files plotted together (same family) must share
+the (M, K) pairs, estimator and pool, and no two may give the same (width, seed): otherwise the
+figures would compare unlike numbers or silently drop one file, so they are refused.
+
+Example::
+
+    from widthscope.report.certify_series import series_rows
+    rows = series_rows(["c16.json", "c32.json", "c64.json"])
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from ..errors import WidthscopeError
+from ..sweep.alignment import CERT_FIELDS
+
+__all__ = ["is_certify_json", "load_certify", "rows_from_certify", "series_rows", "describe"]
+
+_FIX = ("pass the JSON file that `widthscope certify --out FILE` wrote, a sweep results directory, "
+        "or a results.jsonl file")
+
+
+def _read(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise WidthscopeError(f"{str(path)!r} does not exist: {_FIX}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WidthscopeError(f"{str(path)!r} is not readable JSON ({exc}): {_FIX}") from None
+
+
+def _looks_like_certify(obj: Any) -> bool:
+    if not (isinstance(obj, dict) and isinstance(obj.get("settings"), dict) and isinstance(obj.get("points"), list)):
+        return False
+    return bool(obj["points"]) and all(isinstance(p, dict) and "point" in p and isinstance(p.get("certificates"), list)
+                                       for p in obj["points"])
+
+
+def is_certify_json(path: str | os.PathLike) -> bool:
+    """True when ``path`` is a ``.json`` file holding a certify result (settings + certified points)."""
+    p = Path(path)
+    if not (p.is_file() and p.suffix == ".json"):
+        return False
+    try:
+        return _looks_like_certify(json.loads(p.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+
+
+def load_certify(path: str | os.PathLike) -> dict[str, Any]:
+    """The parsed certify result in ``path``; :class:`WidthscopeError` naming the file otherwise."""
+    p = Path(path)
+    obj = _read(p)
+    if not _looks_like_certify(obj):
+        hint = " (a sweep's marker file: pass the folder that holds it)" if p.name == "sweep.json" else ""
+        raise WidthscopeError(f"{str(p)!r} is not a `widthscope certify` result: it lacks 'settings' and "
+                              f"'points' with 'certificates'{hint}; {_FIX}")
+    return obj
+
+
+def _width(settings: Mapping[str, Any], points: Sequence[Mapping[str, Any]]) -> tuple[float, str]:
+    """(width, where it came from); old certify files do not record the width, so fall back to d."""
+    w = settings.get("width")
+    if isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0:
+        return w, "settings"
+    ds = [int(p["d"]) for p in points if isinstance(p.get("d"), (int, float))]
+    if not ds:
+        raise WidthscopeError("certify result records neither settings['width'] nor any point's 'd'")
+    return max(ds), "largest point d"
+
+
+def rows_from_certify(path: str | os.PathLike, result: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Alignment rows (one per point x (M, K)) plus intervention rows of one certify JSON file."""
+    p = Path(path)
+    res = load_certify(p) if result is None else result
+    if not _looks_like_certify(res):
+        raise WidthscopeError(f"{str(p)!r} is not a `widthscope certify` result; {_FIX}")
+    st: Mapping[str, Any] = res["settings"]
+    points = res["points"]
+    try:
+        width, width_from = _width(st, points)
+    except WidthscopeError as exc:
+        raise WidthscopeError(f"{str(p)!r}: {exc}; rerun certify, or add \"width\" to its settings") from None
+    tags = {"sweep": "certify", "family": st.get("architecture") or "certify", "width": width,
+            "seed": st.get("seed"), "source": str(p), "model": st.get("model"), "dataset": st.get("data"),
+            "depth": st.get("depth"), "width_from": width_from}
+    npts = len(points)
+    rows: list[dict[str, Any]] = []
+    for pi, pt in enumerate(points):
+        base = {"kind": "alignment", **tags, "point": pt["point"], "point_index": pi,
+                "depth_fraction": (pi + 1) / npts, "n_points": npts, "d": pt.get("d"),
+                "n_probe_train": pt.get("n_train"), "n_probe_test": pt.get("n_test"),
+                "estimator": st.get("estimator"), "pool": st.get("pool")}
+        ivs = [iv for iv in pt.get("interventions") or [] if isinstance(iv, dict)]
+        steps = [iv for iv in ivs if isinstance(iv.get("eta"), (int, float)) and iv.get("probe") in ("bias", "block")]
+        # Same iv_* columns a sweep row carries: the smallest step, where the linear prediction is meant to hold.
+        iv_cols = {}
+        if steps:
+            s = min(steps, key=lambda r: r["eta"])
+            iv_cols = {"iv_eta": s["eta"], "iv_predicted": s.get("predicted"), "iv_actual": s.get("actual"),
+                       "iv_retention": s.get("retention"), "iv_sign_agrees": s.get("sign_agrees")}
+        for c in pt["certificates"]:
+            row = {**base, "M": int(c["M"]), "K": int(c["K"]), **iv_cols}
+            for prefix in ("one", "two"):
+                cert = c.get(prefix) or {}
+                for f in CERT_FIELDS:
+                    row[f"{prefix}_{f}"] = cert.get(f)
+            mis = c.get("misalignment") or {}
+            row.update(misalignment=mis.get("probability"), misalignment_low=mis.get("low"),
+                       misalignment_high=mis.get("high"), misalignment_draws=mis.get("draws"))
+            rows.append(row)
+        for iv in ivs:
+            rows.append({**iv, "kind": iv.get("kind", "intervention"), **tags, "point_index": pi})
+    return rows
+
+
+def describe(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Certify file -> one line naming it and the settings that produced it (for the report's header)."""
+    out: dict[str, str] = {}
+    for r in rows:
+        if "width_from" not in r or r.get("kind") != "alignment" or r["source"] in out:  # certify rows only
+            continue
+        bits = [f"model {r.get('model') or '?'}", f"data {r.get('dataset') or '?'}",
+                f"width {r['width']:g}" + (" (largest point d)" if r.get("width_from") != "settings" else "")]
+        if r.get("family") != "certify":
+            bits.insert(0, str(r["family"]))
+        if r.get("depth") is not None:
+            bits.append(f"depth {r['depth']}")
+        out[r["source"]] = f"{r['source']} ({', '.join(bits)})"
+    return out
+
+
+def _group_by_value(files: Mapping[str, Any]) -> str:
+    """'v1: f1, f2; v2: f3' — says which files differ."""
+    by: dict[str, list[str]] = {}
+    for f, v in files.items():
+        by.setdefault(str(v), []).append(f)
+    return "; ".join(f"{v}: {', '.join(fs)}" for v, fs in by.items())
+
+
+def _check_series(rows: Sequence[Mapping[str, Any]]) -> None:
+    fams: dict[str, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        if r.get("kind") == "alignment":
+            fams.setdefault(str(r["family"]), []).append(r)
+    for fam, sel in fams.items():
+        per_file: dict[str, dict[str, Any]] = {}
+        for r in sel:
+            d = per_file.setdefault(r["source"], {"mk": set(), "estimator": r.get("estimator"),
+                                                  "pool": r.get("pool"), "key": (r["width"], r.get("seed"))})
+            d["mk"].add((r["M"], r["K"]))
+        checks = (("(M, K) pairs", "mk", "the misalignment panels and table would compare widths at different "
+                   "sample sizes; rerun certify with the same --M/--K"),
+                  ("estimators", "estimator", "their d_align are not comparable; rerun with the same --estimator"),
+                  ("pooling", "pool", "their sample vectors differ; rerun with the same --pool"))
+        for what, key, why in checks:
+            vals = {f: (sorted(d[key]) if key == "mk" else d[key]) for f, d in per_file.items()}
+            if len({str(v) for v in vals.values()}) > 1:
+                raise WidthscopeError(f"certify files of family {fam!r} mix {what} ({_group_by_value(vals)}): "
+                                      f"{why}")
+        seen: dict[tuple, str] = {}
+        for f, d in per_file.items():
+            if d["key"] in seen:
+                w, s = d["key"]
+                raise WidthscopeError(
+                    f"certify files {seen[d['key']]} and {f} both give family {fam!r} width {w:g} with seed {s}: "
+                    f"the report keeps one value per (width, seed), so one file would be dropped; certify one "
+                    f"with another --seed, or set a distinct \"architecture\" in its settings")
+            seen[d["key"]] = f
+
+
+def _renumber_points(rows: list[dict[str, Any]]) -> None:
+    """Same point name -> same point_index within a family (the report draws one line per index)."""
+    order: dict[str, dict[str, tuple[int, int]]] = {}
+    for r in rows:
+        names = order.setdefault(str(r["family"]), {})
+        name = str(r.get("point"))
+        first = names.get(name, (r["point_index"], len(names)))
+        names[name] = (min(first[0], r["point_index"]), first[1])
+    index = {fam: {n: i for i, n in enumerate(sorted(names, key=names.__getitem__))} for fam, names in order.items()}
+    for r in rows:
+        r["point_index"] = index[str(r["family"])][str(r.get("point"))]
+
+
+def series_rows(paths: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
+    """Rows of several certify JSON files, checked to be comparable and with points matched by name."""
+    rows: list[dict[str, Any]] = []
+    for p in dict.fromkeys(str(Path(p)) for p in paths):  # a file named twice counts once
+        rows.extend(rows_from_certify(p))
+    _check_series(rows)
+    _renumber_points(rows)
+    return rows
