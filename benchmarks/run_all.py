@@ -114,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
             "Every time is a median of repeats; every ratio compares times measured in the same run "
             "on this machine:", ""]
     head += [f"- **{k}**: {v}" for k, v in info.items()]
-    text = "\n".join(head) + "\n\n" + "\n".join(sections)
+    import large_memory  # separate, slow runs: their recorded results are listed, not re-run
+
+    text = "\n".join(head) + "\n\n" + "\n".join(sections) + large_memory.section()
     out = Path(args.out)
     atomic_write_text(out, text)
     atomic_write_json(out.with_suffix(".json"), {"machine": info, "quick": args.quick, "total_s": total,

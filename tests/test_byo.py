@@ -477,3 +477,30 @@ def test_published_protocol_matches_an_independent_implementation(zoo, tmp_path,
             se = math.sqrt(max(ours * (1 - ours), 1e-3) * 2 / 1000)
             assert abs(ours - theirs) <= 4 * se + 1e-9, (p["point"], M, ours, theirs)
     assert "S" in out.split("\n")[1] or " S " in out
+
+
+# ----------------------------------------------------------------------------- widthscope byte models
+def test_own_byte_model_reads_a_parquet_column_not_its_bytes(corpora, tmp_path, capsys):
+    from widthscope import checkpoint, data
+    from widthscope.data.inputs import resolve
+    from widthscope.models import build
+
+    torch.manual_seed(0)
+    checkpoint.save(build("llama", 32, depth=2, max_seq_len=64), tmp_path / "ck",
+                    extra={"dataset": "text", "data_options": {"seq_len": 32, "max_bytes": 20000}})
+    argv = ["--model", str(tmp_path / "ck"), "--data", str(corpora["train"]["parquet"]), "--seq-len", "32",
+            "--first", "--n-train", "8", "--n-test", "4"]
+    inp = resolve(_args(argv), show_progress=False)
+    assert inp.info["tokenizer"] == "bytes" and inp.task == "lm"
+    text = "".join(hf_tiny.corpus(160, seed=0)).encode()  # byte models: no separator between documents
+    assert bytes(inp.train[0].tolist()) == text[:32]
+    assert b"PAR1" not in bytes(inp.train.flatten().tolist())
+    rc, _, err = _run(["certify", *argv, "--M", "4", "--K", "4", "--draws", "20", "--interventions", "none",
+                       "--out", str(tmp_path / "c.json")], capsys)
+    assert rc == 0, err
+    with pytest.raises(WidthscopeError, match="table, not raw text"):
+        data.load("text", root=str(corpora["train"]["parquet"]))
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"PAR1" + b"\x00" * 64)
+    with pytest.raises(WidthscopeError, match="Parquet"):
+        data.load("text", root=str(bad))

@@ -65,9 +65,10 @@ def test_mnist1d_matches_package_and_restores_global_rng():
 # ------------------------------------------------------------------------------------- text
 
 def test_text_chunks_are_exact_disjoint_byte_ranges(tmp_path):
-    (tmp_path / "b.txt").write_bytes(bytes(range(256)) * 3)
+    (tmp_path / "b.txt").write_bytes(("ünïcödé bytes " * 48).encode()[:768])
     (tmp_path / "a.md").write_bytes(b"hello world " * 20)
     (tmp_path / "skip.bin").write_bytes(b"\x00" * 1000)
+    (tmp_path / "binary.txt").write_bytes(bytes(range(256)) * 3)  # binary by content: skipped
     corpus = (tmp_path / "a.md").read_bytes() + (tmp_path / "b.txt").read_bytes()  # sorted order
     s = load("text", root=str(tmp_path), seq_len=16, test_fraction=0.25, seed=5)
     assert s.task == "lm" and s.num_classes == 256 and s.input_shape == (16,)
@@ -271,7 +272,7 @@ def test_subsets_share_the_whole_train_part_normalisation(tmp_path):
 
 
 def test_text_option_types_are_checked(tmp_path):
-    (tmp_path / "t.txt").write_bytes(bytes(range(256)) * 4)
+    (tmp_path / "t.txt").write_bytes(("ünïcödé text, " * 80).encode())
     for kw, msg in [(dict(seq_len="64"), "seq_len must be an integer >= 2"),
                     (dict(seq_len=1), "seq_len must be an integer >= 2"),
                     (dict(max_bytes=0), "max_bytes must be a positive integer"),

@@ -89,18 +89,31 @@ def test_linearize_handles_buffers_and_frozen_parameters():
     assert any("running_mean" in k for k, _ in lin.named_buffers())
 
 
-def test_fused_attention_jvp_names_eager_fix():
+def test_fused_attention_is_linearized_through_an_eager_copy():
     transformers = pytest.importorskip("transformers")
     cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
                                    num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
                                    max_position_embeddings=16)
     ids = torch.randint(0, 32, (2, 5))
+    torch.manual_seed(0)
     sdpa = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="sdpa").double()
-    with pytest.raises(WidthscopeError, match="eager"):
-        linearize(sdpa)(ids)
-    eager = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="eager").double()
+    # jvp needs eager attention: linearize switches its private copy, not the caller's model.
+    lin = linearize(sdpa)
+    assert sdpa.config._attn_implementation == "sdpa"
+    out = lin(ids)
+    assert torch.allclose(out.logits, sdpa(ids).logits, atol=1e-10)
+    import copy
+
+    # _from_config writes the implementation into the config object it is given: use a copy.
+    eager = transformers.LlamaForCausalLM._from_config(copy.deepcopy(cfg), attn_implementation="eager").double()
     out = linearize(eager)(ids)  # ModelOutput comes back with logits = F(θ₀)
     assert torch.allclose(out.logits, eager(ids).logits, atol=1e-10)
+    from widthscope.linear import correlation
+
+    c_sdpa = correlation(sdpa, ids[:1], ids[:1], D=0, d=1)
+    assert sdpa.config._attn_implementation == "sdpa"  # restored after the nested jvp
+    eager.load_state_dict(sdpa.state_dict())
+    assert torch.allclose(c_sdpa, correlation(eager, ids[:1], ids[:1], D=0, d=1), atol=1e-10)
 
 
 # ----------------------------------------------------------------------------- ntk

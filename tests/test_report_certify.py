@@ -1,7 +1,6 @@
 """`widthscope report` on the JSON files of several `widthscope certify` runs (a width series)."""
 from __future__ import annotations
 
-import copy
 import json
 import math
 from pathlib import Path

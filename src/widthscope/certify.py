@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import torch

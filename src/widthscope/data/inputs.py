@@ -393,8 +393,6 @@ def _text_pools(args: argparse.Namespace, model: nn.Module, task: str, tok: Any,
         if _count(train) < 4 or _count(test) < 4:
             raise WidthscopeError("fewer than 4 sequences left after masking: give longer documents")
     if labels:
-        from ..models.hf import model_info  # noqa: F401  (keeps the import cheap elsewhere)
-
         n_labels = getattr(getattr(model, "config", None), "num_labels", None)
         for what, ex in (("train", train), ("held-out", test)):
             y = ex[1]

@@ -33,10 +33,20 @@ def _files(root: str | None) -> tuple[list[Path], str]:
         return files, f"python stdlib *.py under {base}"
     path = Path(root).expanduser()
     if path.is_file():
+        from .corpus import TABULAR, sniff
+
+        if path.suffix.lower() in TABULAR:
+            raise WidthscopeError(f"text: {path} is a {path.suffix} table, not raw text; give it to certify/grow "
+                                  "as --data (its text column is read through the datasets library)")
+        reason = sniff(path)
+        if reason is not None:  # never read a binary file's bytes as if they were text
+            raise WidthscopeError(f"text: {path} {reason}")
         return [path], str(path)
     if path.is_dir():
-        files = sorted((p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES),
-                       key=lambda p: p.relative_to(path).as_posix())
+        from .corpus import sniff
+
+        files = sorted((p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES
+                        and sniff(p) is None), key=lambda p: p.relative_to(path).as_posix())
         if not files:
             raise WidthscopeError(f"text: no {'/'.join(TEXT_SUFFIXES)} files under {path}; "
                                   "point root at a text file or a directory containing some")

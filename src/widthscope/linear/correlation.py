@@ -120,17 +120,20 @@ def correlation(model: nn.Module, x: torch.Tensor, xs: torch.Tensor, *, D: int, 
     n_out = first_output(model, params, buffers, x, "correlation").numel()
     u, _ = output_direction(n_out, output, seed, dtype=p0.dtype, device=p0.device)
     f = _scalar_fn(model, buffers, u)
-    try:
-        gs = [grad(f)(params, xs[i:i + 1]) for i in range(d)]
+    from ..models.hf import eager_attention_for
 
-        h = lambda p: f(p, x)  # noqa: E731
-        for g in gs:
-            h = (lambda prev, g: (lambda p: jvp(prev, (p,), (g,))[1]))(h, g)
-        if D == 0:
-            value = h(params).detach()
-        else:
-            gv = grad(h)(params)
-            value = torch.cat([gv[k].reshape(-1) for k in params]).detach()
+    try:
+        with eager_attention_for(model):  # nested jvp: fused attention kernels have no forward mode
+            gs = [grad(f)(params, xs[i:i + 1]) for i in range(d)]
+
+            h = lambda p: f(p, x)  # noqa: E731
+            for g in gs:
+                h = (lambda prev, g: (lambda p: jvp(prev, (p,), (g,))[1]))(h, g)
+            if D == 0:
+                value = h(params).detach()
+            else:
+                gv = grad(h)(params)
+                value = torch.cat([gv[k].reshape(-1) for k in params]).detach()
     except (RuntimeError, NotImplementedError) as exc:
         _reraise_attention(exc, model)
         raise

@@ -100,7 +100,11 @@ class LinearizedModel(nn.Module):
 
     def __init__(self, model: nn.Module):
         super().__init__()
-        base = copy.deepcopy(model)
+        from ..models.hf import eager_attention
+
+        # A private copy, so switching it to eager attention (jvp needs it) leaves the caller's
+        # model and its kernels alone; eager and fused attention are the same function.
+        base = eager_attention(copy.deepcopy(model))
         for p in base.parameters():
             # Only the module structure is needed: every call passes θ₀ (or the frozen values)
             # through functional_call, so the copy's own storage is freed (saves one copy of θ).

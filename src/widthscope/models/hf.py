@@ -49,7 +49,8 @@ from torch import nn
 
 from ..errors import WidthscopeError
 
-__all__ = ["TASKS", "DTYPES", "load_hf", "hf_task", "main_stack", "eager_attention", "model_info",
+__all__ = ["TASKS", "DTYPES", "load_hf", "hf_task", "main_stack", "eager_attention", "eager_attention_for",
+           "model_info",
            "vocab_size", "max_positions"]
 
 TASKS = ("causal-lm", "masked-lm", "sequence-classification", "image-classification")
@@ -229,6 +230,29 @@ def eager_attention(model: nn.Module) -> nn.Module:
     if callable(setter) and getattr(getattr(model, "config", None), "_attn_implementation", "eager") != "eager":
         setter("eager")
     return model
+
+
+class eager_attention_for:  # noqa: N801 - used like a function: ``with eager_attention_for(model):``
+    """Run ``model`` with eager attention inside the block, then restore its implementation.
+
+    Eager and fused attention compute the same function (to rounding); only forward-mode AD
+    needs the eager one, so reverse-mode code keeps the checkpoint's kernels.
+    """
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.before: str | None = None
+
+    def __enter__(self) -> nn.Module:
+        cfg = getattr(self.model, "config", None)
+        self.before = getattr(cfg, "_attn_implementation", None)
+        if self.before not in (None, "eager"):
+            eager_attention(self.model)
+        return self.model
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.before not in (None, "eager"):
+            self.model.set_attn_implementation(self.before)
 
 
 def load_hf(directory: str | Path, *, task: str | None = None, dtype: str = "auto",
