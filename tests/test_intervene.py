@@ -281,3 +281,44 @@ def test_sign_agreement_beside_certificate():
     assert 0 <= res["b_exact"] <= res["b_align"] <= 1
     with pytest.raises(WidthscopeError, match="M must be"):
         sign_agreement(net, "3", train, test, M=500, K=8, progress=False)
+
+
+def test_stacked_bias_steps_equal_inserted_biases_and_reuse_equals_recompute():
+    """All η in one stacked pass (a hook adding −η_e μ_M to copy e) give the same held-out loss as
+    inserting a zero bias and setting it to −η μ_M, η by η; reusing the probe's samples, losses
+    and activation scale gives the same rows as measuring them again."""
+    from widthscope.models import build
+    from widthscope.probe import collect
+    from widthscope.probe.intervene import (_bias_rows_stacked, insert, intervene, mean_loss,
+                                            remove_insertion, to_batches)
+
+    torch.manual_seed(0)
+    lm = build("llama", 32, depth=2, max_seq_len=16).double()
+    ids = torch.randint(0, 256, (24, 12))
+    conv = torch.nn.Sequential(torch.nn.Conv2d(2, 6, 3, padding=1), torch.nn.Tanh(),
+                               torch.nn.Conv2d(6, 6, 3, padding=1), torch.nn.Tanh(),
+                               torch.nn.Flatten(), torch.nn.Linear(6 * 25, 3)).double()
+    x, y = torch.randn(24, 2, 5, 5, dtype=torch.float64), torch.randint(0, 3, (24,))
+    for model, point, tr, te in ((lm, "model.layers.0", ids[:12], ids[12:]),
+                                 (conv, "1", (x[:12], y[:12]), (x[12:], y[12:]))):
+        etas = [1e-3, 1e-2, 1e-1, 1.0]
+        mu = collect(model, to_batches(tr, 5), points=[point], progress=False)[point].mean(0)
+        before = mean_loss(model, te)
+        rows = _bias_rows_stacked(model, point, mu, etas, 0.0, te, None, 7, 12, 12, before, 1.0, 1.0)
+        insert(model, point, "bias", width=mu.numel(), record=False)
+        bias = model.get_submodule(point).widthscope_insert.bias
+        for eta, row in zip(etas, rows):
+            with torch.no_grad():
+                bias.copy_(-eta * mu)
+            assert row["actual"] == pytest.approx(mean_loss(model, te) - before, rel=1e-9, abs=1e-13)
+        remove_insertion(model, point)
+        trb, teb = to_batches(tr, 5), to_batches(te, 5)
+        qa = collect(model, trb, points=[point], progress=False)
+        qb = collect(model, teb, points=[point], progress=False)
+        plain = intervene(model, point, trb, teb, etas=etas, progress=False)
+        reused = intervene(model, point, trb, teb, etas=etas, progress=False,
+                           reuse={"train": qa[point], "test": qb[point], "test_losses": qb.losses,
+                                  "act_rms": qa.act_rms[point]})
+        for a, b in zip(plain, reused):
+            for k in ("predicted", "actual", "alignment", "loss_before", "act_rms"):
+                assert a[k] == pytest.approx(b[k], rel=1e-9, abs=1e-13), k

@@ -307,3 +307,18 @@ def test_top_level_lazy_exports():
 
     assert widthscope.certificate is certificate and widthscope.plan is plan
     assert widthscope.misalignment is misalignment and widthscope.moments is moments
+
+
+def test_vacuous_per_term_keeps_the_defined_dimension():
+    """A failed covariance term does not hide the directional one (and vice versa); the bounds
+    stay vacuous because Var(A) needs every term."""
+    base = Moments(100, 3, 2.0, 0.5, -0.1, "unbiased", "x")  # tr(Σ²) estimate ≤ 0
+    c = certificate(base, M=4, K=4)
+    assert c.vacuous and c.b_exact == 1.0 and c.b_align == 1.0
+    assert c.d_par == pytest.approx(4.0 / 0.5) and c.d_2 == 0.0 and c.d_align == c.d_par
+    assert "tr(Σ²)" in c.reason and "μᵀΣμ" not in c.reason
+    c = certificate(Moments(100, 3, 2.0, -0.5, 0.25, "unbiased", "x"), M=4, K=4)
+    assert c.vacuous and c.d_par == 0.0 and c.d_2 == pytest.approx(16.0) and c.d_align == c.d_2
+    assert "μᵀΣμ" in c.reason and "tr(Σ²)" not in c.reason
+    c = certificate(Moments(100, 3, -2.0, 0.5, 0.25, "unbiased", "x"), M=4, K=4)
+    assert c.vacuous and c.d_par == c.d_2 == c.d_align == 0.0 and "‖μ‖²" in c.reason

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 __all__ = [
+    "check_writable",
     "atomic_write_text",
     "atomic_write_json",
     "append_jsonl",
@@ -75,6 +76,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are shared like any file
         os.replace(tmp, path)
     except BaseException as exc:
         if os.path.exists(tmp):
@@ -83,6 +85,31 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
             raise _unwritable(path, exc) from None
         raise
     return path
+
+
+def check_writable(path: str | os.PathLike) -> Path:
+    """Fail now, before any work, if ``path`` cannot be written (a directory, a read-only or
+    missing parent); leaves nothing behind but the parent folder."""
+    path = Path(path)
+    if path.is_dir():
+        from .errors import WidthscopeError
+
+        raise WidthscopeError(f"cannot write {str(path)!r}: it is a directory; give a file path "
+                              f"such as {str(path / 'results.json')!r}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=path.parent)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        raise _unwritable(path, exc) from None
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:

@@ -12,7 +12,8 @@ Pipeline, per insertion point (maths in ``docs/certify.md`` and the alignment sp
    :math:`\mathbb E A`, :math:`d_\parallel, d_2, d_\mathrm{align}, B_\mathrm{exact}, B_\mathrm{align}`)
    and the empirical misalignment :math:`\Pr(\mu_M^\top g_K \le 0)` over ``draws`` resamples with a
    95% Wilson interval;
-4. rank the points by the two-population :math:`d_\mathrm{align}` (largest first).
+4. rank the points by the two-population :math:`d_\mathrm{align}` (largest first; points
+   whose certificate is vacuous come after the certified ones).
 
 Under ``torchrun`` each rank probes a deterministic shard of the batches; pooled samples
 are gathered, every rank computes the same statistics, and only rank 0 prints or writes.
@@ -109,13 +110,81 @@ def _gather(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     return distributed.all_gather_rows(x.to(device)).to("cpu")
 
 
+def statistics(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], *,
+               pairs: Sequence[tuple[int, int]], draws: int = 1000, seed: int = 0,
+               estimator: str = "unbiased", pool: str = "sum", project: int | None = None,
+               dims: dict[str, int] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """Moments, certificates and misalignment per point from pooled samples (no model needed).
+
+    ``train[point]``, ``test[point]``: ``(n, d)`` sample vectors (projected to ``project``
+    dims when ``project`` is set, with ``dims[point]`` the original ``d``). Returns the
+    ``points`` rows of :func:`certify` and its notes. ``widthscope stats`` reruns exactly this
+    on saved samples.
+    """
+    from . import stats
+
+    results: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for name in train:
+        a, b = train[name], test[name]
+        _check_pool(a.shape[0], max(m for m, _ in pairs), "train", "n_train", pool)
+        _check_pool(b.shape[0], max(k for _, k in pairs), "held-out", "n_test", pool)
+        if project:
+            from .stats.sketch import Projector, correct_projected_cross, finalize_projected
+
+            P = Projector(int((dims or {})[name]), project, seed=seed)
+            pa = finalize_projected(stats.PrimalMoments(P.k).update(a), P)
+            pb = finalize_projected(stats.PrimalMoments(P.k).update(b), P)
+            mom_a, mom_b = pa.as_moments(), pb.as_moments()
+            cross = correct_projected_cross(stats.cross_moments(a, b, "unbiased"), pa.raw, pb.raw, P.k)
+        else:
+            mom_a = stats.moments(a, estimator)
+            mom_b = stats.moments(b, estimator)
+            cross = stats.cross_moments(a, b, estimator)
+        gram = a @ b.T  # the cross-Gram, once: a misalignment draw is the mean of an M×K block
+        mis_all = stats.misalignment_from_gram(gram, pairs=pairs, draws=draws, seed=seed)
+        certs = []
+        for (m, k), mis in zip(pairs, mis_all):
+            one = stats.certificate(mom_a, M=m, K=k, estimator=estimator, populations="one")
+            two = stats.certificate(cross, M=m, K=k, estimator=estimator, populations="two")
+            certs.append({"M": m, "K": k, "one": to_jsonable(one), "two": to_jsonable(two),
+                          "misalignment": to_jsonable(mis)})
+        results.append({"point": name, "n_train": int(a.shape[0]), "n_test": int(b.shape[0]),
+                        "d": int((dims or {}).get(name, a.shape[1])),
+                        "moments_train": to_jsonable(mom_a),
+                        "moments_test": to_jsonable(mom_b), "cross_moments": to_jsonable(cross),
+                        "certificates": certs})
+    if project:
+        notes.append(f"samples randomly projected to k={project} dims (seed {seed}): moments of both "
+                     "populations bias-corrected (unbiased over the projection, unbiased estimator); "
+                     "the empirical misalignment is computed in the projected space")
+    return results, notes
+
+
+def ranking(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Points by two-population ``d_align`` at the first ``(M, K)``: certified first."""
+    def key(r: dict[str, Any]) -> tuple[bool, float]:
+        # Certified points first; a vacuous one still carries its per-term d_align.
+        two = r["certificates"][0]["two"]
+        return (not two["vacuous"], float(two["d_align"]))
+
+    out = []
+    for i, r in enumerate(sorted(results, key=key, reverse=True)):
+        two, one = r["certificates"][0]["two"], r["certificates"][0]["one"]
+        out.append({"rank": i + 1, "point": r["point"], "d": r["d"], "d_align": two["d_align"],
+                    "d_par": two["d_par"], "d_2": two["d_2"], "expectation": two["expectation"],
+                    "vacuous": two["vacuous"], "reason": two["reason"], "d_align_one": one["d_align"]})
+    return out
+
+
 def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterable[Any], *,
             points: str | Sequence[str] | None = None, M: Sequence[int] | int = DEFAULT_M,
             K: Sequence[int] | int | None = None, draws: int = 1000, seed: int = 0,
             estimator: str = "unbiased", pool: str = "sum",
             loss_fn: Callable[[Any, Any], torch.Tensor] | None = None, train_mode: str = "eval",
             progress: bool = True, interventions: str | None = "bias",
-            etas: Sequence[float] | None = None, project: int | None = None) -> dict[str, Any]:
+            etas: Sequence[float] | None = None, project: int | None = None,
+            samples_out: dict[str, Any] | None = None) -> dict[str, Any]:
     """Certify every insertion point of ``model``; returns a JSON-able dict.
 
     Args:
@@ -136,14 +205,14 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
             ``O(n·d)``. The one- and two-population moments are bias-corrected (unbiased over
             the projection, :func:`widthscope.stats.sketch.correct_projected_cross`); the
             empirical misalignment uses the projected rows; a note says so.
+        samples_out: a dict to receive the pooled samples (``train``/``test``: ``{point: (n, d)}``,
+            ``dims``), e.g. for :func:`widthscope.samples.save`.
 
     Returns:
         ``{"settings", "points": [{point, n_train, n_test, d, moments_train, moments_test,
         cross_moments, certificates: [{M, K, one, two, misalignment}]}], "ranking", "notes",
         "timing"}``; every number is a plain float/int (``None`` where undefined).
     """
-    from . import stats  # imported here: the probe works without the statistics package
-
     if estimator not in ESTIMATORS:
         raise WidthscopeError(f"unknown estimator {estimator!r}; choose {' or '.join(ESTIMATORS)}")
     if not isinstance(draws, int) or isinstance(draws, bool) or draws < 1:
@@ -186,41 +255,15 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
     notes = list(dict.fromkeys(qa.notes + qb.notes))
 
     t0 = time.perf_counter()
-    results: list[dict[str, Any]] = []
-    for name in names:
-        a, b = _gather(qa[name], device), _gather(qb[name], device)
-        _check_pool(a.shape[0], max(m for m, _ in pairs), "train", "n_train", pool)
-        _check_pool(b.shape[0], max(k for _, k in pairs), "held-out", "n_test", pool)
-        if project:
-            from .stats.sketch import correct_projected_cross, finalize_projected
-
-            P = projectors[name]
-            pa = finalize_projected(stats.PrimalMoments(P.k).update(a), P)
-            pb = finalize_projected(stats.PrimalMoments(P.k).update(b), P)
-            mom_a, mom_b = pa.as_moments(), pb.as_moments()
-            cross = correct_projected_cross(stats.cross_moments(a, b, "unbiased"), pa.raw, pb.raw, P.k)
-        else:
-            mom_a = stats.moments(a, estimator)
-            mom_b = stats.moments(b, estimator)
-            cross = stats.cross_moments(a, b, estimator)
-        gram = a @ b.T  # the cross-Gram, once: a misalignment draw is the mean of an M×K block
-        mis_all = stats.misalignment_from_gram(gram, pairs=pairs, draws=draws, seed=seed)
-        certs = []
-        for (m, k), mis in zip(pairs, mis_all):
-            one = stats.certificate(mom_a, M=m, K=k, estimator=estimator, populations="one")
-            two = stats.certificate(cross, M=m, K=k, estimator=estimator, populations="two")
-            certs.append({"M": m, "K": k, "one": to_jsonable(one), "two": to_jsonable(two),
-                          "misalignment": to_jsonable(mis)})
-        results.append({"point": name, "n_train": int(a.shape[0]), "n_test": int(b.shape[0]),
-                        "d": int(projectors[name].d if project else a.shape[1]),
-                        "moments_train": to_jsonable(mom_a),
-                        "moments_test": to_jsonable(mom_b), "cross_moments": to_jsonable(cross),
-                        "certificates": certs})
+    gathered_a = {name: _gather(qa[name], device) for name in names}
+    gathered_b = {name: _gather(qb[name], device) for name in names}
+    dims = {name: int(projectors[name].d if project else gathered_a[name].shape[1]) for name in names}
+    results, more = statistics(gathered_a, gathered_b, pairs=pairs, draws=draws, seed=seed,
+                               estimator=estimator, pool=pool, project=project, dims=dims)
+    notes += more
+    if samples_out is not None:
+        samples_out.update(train=gathered_a, test=gathered_b, dims=dims)
     stats_s = time.perf_counter() - t0
-    if project:
-        notes.append(f"samples randomly projected to k={project} dims (seed {seed}): moments of both "
-                     "populations bias-corrected (unbiased over the projection, unbiased estimator); "
-                     "the empirical misalignment is computed in the projected space")
 
     t0 = time.perf_counter()
     if interventions in ("bias", "block"):
@@ -233,32 +276,28 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
                 model.eval()
             for r in results:
                 # Rank 0 only: every rank holds the full batch lists, the result is identical.
+                # The bias probe reuses what the probe already measured (its samples, the
+                # held-out losses, the activation scale): only the loss at each step is new.
+                reuse = None if project else {
+                    "train": gathered_a[r["point"]], "test": gathered_b[r["point"]],
+                    # a rank saw only its shard: losses and scale come from all ranks' passes only
+                    "test_losses": qb.losses if W == 1 else None,
+                    "act_rms": qa.act_rms.get(r["point"]) if W == 1 else None}
                 r["interventions"] = to_jsonable(
                     intervene(model, r["point"], train_list, test_list, etas=etas, kind=interventions,
-                              loss_fn=loss_fn, M=m_max, K=k_max, seed=seed, progress=False)
+                              loss_fn=loss_fn, M=m_max, K=k_max, seed=seed, progress=False, reuse=reuse)
                 ) if distributed.is_main() else []
         finally:
             for m, mode in was_training.items():
                 m.training = mode
     intervene_s = time.perf_counter() - t0
 
-    def key(r: dict[str, Any]) -> float:
-        two = r["certificates"][0]["two"]
-        return -1.0 if two["vacuous"] else float(two["d_align"])
-
-    ranking = []
-    for i, r in enumerate(sorted(results, key=key, reverse=True)):
-        two, one = r["certificates"][0]["two"], r["certificates"][0]["one"]
-        ranking.append({"rank": i + 1, "point": r["point"], "d": r["d"], "d_align": two["d_align"],
-                        "d_par": two["d_par"], "d_2": two["d_2"], "expectation": two["expectation"],
-                        "vacuous": two["vacuous"], "reason": two["reason"],
-                        "d_align_one": one["d_align"]})
     return {
         "settings": {"M": [m for m, _ in pairs], "K": [k for _, k in pairs], "draws": draws, "seed": seed,
                      "estimator": estimator, "pool": pool, "train_mode": train_mode, "points": names,
                      "world_size": W, "interventions": interventions, "project": project},
         "points": results,
-        "ranking": ranking,
+        "ranking": ranking(results),
         "notes": notes,
         "timing": {"probe_s": probe_s, "stats_s": stats_s, "intervene_s": intervene_s},
     }
@@ -294,7 +333,7 @@ def tables(result: dict[str, Any]) -> str:
         table = format_table(rows, ["form", "M", "K", "S", "V", "T", "d_par", "d_2", "d_align", "B_exact",
                                     "B_align", "misalign", "low", "high"], title=title)
         if vac:
-            table += "\n  vacuous (bound 1, d = 0): " + "; ".join(sorted(vac, reverse=True))
+            table += "\n  vacuous (bounds 1; d reported per term, 0 where its own estimate failed): " + "; ".join(sorted(vac, reverse=True))
         if r.get("interventions"):
             iv = r["interventions"]
             table += "\n\n" + format_table(
@@ -354,6 +393,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="randomly project sample vectors to K dims while collecting (memory "
                              "O(n*K) instead of O(n*d)); see docs/performance.md")
     parser.add_argument("--out", default="widthscope-results/certify.json", help="JSON output path")
+    parser.add_argument("--save-samples", default=None, metavar="FILE",
+                        help="also write the pooled samples of every point (safetensors) for `widthscope stats`")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1")
 
 
@@ -446,6 +487,12 @@ def run(args: argparse.Namespace) -> int:
     from .data.inputs import _check_common
 
     _check_common(args)  # data paths exist, sizes are sane: before any (slow) training or loading
+    if main:
+        from ._io import check_writable
+
+        check_writable(args.out)  # before the work, so a result is never computed and then lost
+        if args.save_samples:
+            check_writable(args.save_samples)
     if device.type == "cuda" and device.index is None and distributed.is_distributed():
         import os  # torchrun: one GPU per rank
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", distributed.rank())))
@@ -468,12 +515,13 @@ def run(args: argparse.Namespace) -> int:
     inputs = resolve(args, model=model, show_progress=main)
     model.to(device)
     # Guarded: a failing rank stops every rank, and rank 0 writes only a complete result.
+    samples: dict[str, Any] = {}
     res = distributed.run_rank_guarded(
         certify, model, to_batches(inputs.train, args.batch_size), to_batches(inputs.test, args.batch_size),
         points=names, M=Ms, K=Ks, draws=args.draws, seed=args.seed, estimator=args.estimator, pool=args.pool,
         loss_fn=inputs.loss_fn, progress=main,
         interventions=None if args.interventions == "none" else args.interventions,
-        etas=etas, project=args.project, what="certify")
+        etas=etas, project=args.project, samples_out=samples, what="certify")
     info = model_info(model)
     res["settings"].update(model=args.model, data=inputs.info.get("dataset") or args.data or args.train_data,
                            train_data=args.train_data, test_data=args.test_data, task=inputs.task,
@@ -487,6 +535,14 @@ def run(args: argparse.Namespace) -> int:
     res["notes"] = protocol_notes + inputs.notes + res["notes"]
     if main:
         path = atomic_write_json(args.out, res)
+        if args.save_samples:
+            from .samples import save
+
+            save(args.save_samples, samples["train"], samples["test"],
+                 {"settings": res["settings"], "notes": res["notes"], "dims": samples["dims"],
+                  "interventions": {r["point"]: r.get("interventions", []) for r in res["points"]
+                                    if "interventions" in r}})
+            say(f"samples written to {args.save_samples} (widthscope stats {args.save_samples})")
         say(tables(res))
         say(f"\nprobe {res['timing']['probe_s']:.2f}s, statistics {res['timing']['stats_s']:.2f}s; "
             f"results written to {path}")

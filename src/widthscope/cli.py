@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("widthscope.sweep.cli", "width sweep from a TOML config: train, certify, record (resumable)"),
     "report": ("widthscope.report", "plots and an HTML report from a results directory"),
     "demo": ("widthscope.demo", "small end-to-end width sweep on built-in data, then the report"),
+    "stats": ("widthscope.samples", "certificates, misalignment and tables from saved samples, without a model"),
     "grow": ("widthscope.grow", "rank insertion points, insert a block at the best one, train it"),
     "linearize": ("widthscope.linear.sweep", "linearization width sweep from a TOML config (resumable)"),
     "activations": ("widthscope.linear.activations", "audit activation derivatives max|phi^(k)|/(k+1)!"),
@@ -47,6 +48,18 @@ def _quiet_offline() -> None:
         os.environ.setdefault(key, value)
 
 
+def _threads(args: argparse.Namespace) -> None:
+    """``--threads N`` (every command that computes has it): torch's intra-op threads."""
+    n = getattr(args, "threads", None)
+    if n is None:
+        return
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise WidthscopeError(f"--threads {n!r}: must be a whole number >= 1")
+    import torch
+
+    torch.set_num_threads(n)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _quiet_offline()
@@ -61,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        _threads(args)
         return int(module.run(args) or 0)
     except WidthscopeError as exc:
         print(f"widthscope {args.command}: error: {exc}", file=sys.stderr)

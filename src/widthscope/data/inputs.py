@@ -108,6 +108,8 @@ def add_arguments(p: argparse.ArgumentParser, *, model_required: bool = False, m
                    help=f"tokens read per source for random pools (default {WINDOW} x the pool sizes x --seq-len)")
     p.add_argument("--test-fraction", type=float, default=0.1,
                    help="held-out fraction when one --data corpus is split (default 0.1)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch CPU threads (default: torch's choice; 1 is best on a busy machine)")
     p.add_argument("--n-train", type=int, default=n_train, help=f"train pool size (default {n_train})")
     p.add_argument("--n-test", type=int, default=n_test, help=f"held-out pool size (default {n_test})")
 

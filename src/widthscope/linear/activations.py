@@ -169,6 +169,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--names", default=",".join(BUILTIN),
                         help="comma-separated built-ins (%(default)s) or module:function paths")
     parser.add_argument("--K", type=int, default=6, help="highest derivative order (default 6)")
+    parser.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
     parser.add_argument("--range", type=float, nargs=2, default=(-5.0, 5.0), metavar=("LO", "HI"),
                         help="grid interval (default -5 5)")
     parser.add_argument("--grid", type=int, default=2001, help="grid points (default 2001)")

@@ -66,15 +66,20 @@ class ProbeResult(dict):
     """``{point: Tensor (n, d)}`` plus what the caller should know about the run.
 
     Attributes: ``notes`` (list of sentences, e.g. that BatchNorm ran in eval mode),
-    ``n_examples`` (examples seen; with ``pool="token"`` rows are positions), ``pool``.
+    ``n_examples`` (examples seen; with ``pool="token"`` rows are positions), ``pool``,
+    ``losses`` (per-example losses of the forward pass), ``act_rms`` (point -> RMS entry of its
+    output and its channel width), so interventions need not run those passes again.
     """
 
     def __init__(self, *args: Any, notes: list[str] | None = None, n_examples: int = 0,
-                 pool: str = "sum", **kw: Any) -> None:
+                 pool: str = "sum", losses: torch.Tensor | None = None,
+                 act_rms: dict[str, tuple[float, int]] | None = None, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.notes = list(notes or [])
         self.n_examples = n_examples
         self.pool = pool
+        self.losses = losses  # per-example losses (n,), float64: what the forward pass measured
+        self.act_rms = dict(act_rms or {})  # point -> (RMS entry of its output, channel width)
 
 
 def coupling_layers(model: nn.Module) -> list[str]:
@@ -404,10 +409,19 @@ def collect(model: nn.Module, batches: Iterable[Any], *, points: str | Sequence[
             # ops on the output cannot alter it, and it lets grads flow with frozen parameters.
             b = torch.zeros_like(z, requires_grad=True)
             state[name] = (b, module)
+            zd = z.detach()
+            acc = sumsq.setdefault(name, [0.0, 0, 0])
+            acc[0] += float(zd.double().pow(2).sum())
+            acc[1] += zd.numel()
+            from .insert import channel_dim
+
+            acc[2] = int(zd.shape[channel_dim(zd)]) if zd.ndim > 1 else 1
             return put(z + b)
         return hook
 
     out: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+    sumsq: dict[str, list[Any]] = {}
+    all_losses: list[torch.Tensor] = []
     handles = []
     n_examples = 0
     n_batches = 0
@@ -436,6 +450,7 @@ def collect(model: nn.Module, batches: Iterable[Any], *, points: str | Sequence[
                 raise WidthscopeError(f"the loss of batch {bi} does not depend on the insertion points "
                                       f"{', '.join(names)}")
             leaves = [state[n][0] for n in names]
+            all_losses.append(losses.detach().to("cpu", torch.float64))
             grads = torch.autograd.grad(losses.sum(), leaves, allow_unused=True)
             bad_loss = not bool(torch.isfinite(losses.detach()).all())
             for n, b, g in zip(names, leaves, grads):
@@ -462,5 +477,8 @@ def collect(model: nn.Module, batches: Iterable[Any], *, points: str | Sequence[
         state.clear()
     if n_examples == 0:
         raise WidthscopeError("no examples: the batches were empty; check the data (n_train/n_test)")
+    import math
+
+    rms = {n: (math.sqrt(a[0] / max(a[1], 1)), a[2]) for n, a in sumsq.items()}
     return ProbeResult({n: torch.cat(v, 0) for n, v in out.items()}, notes=notes,
-                       n_examples=n_examples, pool=pool)
+                       n_examples=n_examples, pool=pool, losses=torch.cat(all_losses), act_rms=rms)

@@ -377,7 +377,8 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
               *, etas: Sequence[float] | None = None, kind: str = "bias",
               loss_fn: Callable | None = None, M: int | None = None, K: int | None = None,
               n_etas: int = 9, block_width: int | None = None, seed: int = 0,
-              batch_size: int = 64, progress: bool = True) -> list[dict[str, Any]]:
+              batch_size: int = 64, progress: bool = True,
+              reuse: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     r"""Measure the held-out loss change of one first-order step at ``point`` against its prediction.
 
     Args:
@@ -389,6 +390,11 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
             spans 1e-4…1 times the RMS entry of the activation at ``point``.
         kind: ``"bias"`` (``v = −η μ_M``) or ``"block"`` (``W_out = −η G_M``, block of width
             ``block_width``, ``W_in`` seeded by ``seed``).
+        reuse: what a probe of the same batches already measured (``certify`` passes it):
+            ``train``/``test`` pooled sum samples of this point (their first ``M``/``K`` rows give
+            ``μ_M``, ``g_K``), ``test_losses`` (per-example held-out losses) and ``act_rms``
+            (RMS entry and width of the point's output). The bias probe then runs only the
+            forward passes at each ``η``, all ``η`` of a batch in one stacked pass.
 
     Returns:
         One row per η: ``kind="intervention"``, ``probe`` (bias|block), ``point``, ``eta``,
@@ -406,27 +412,31 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
     train = take(as_examples(train_batches), M, what="train (M)")
     test = take(as_examples(test_batches), K, what="test (K)")
     M, K = _batch_size(train), _batch_size(test)
-    act_rms, width = _activation_rms(model, point, train, loss_fn, batch_size)
-    loss_before = mean_loss(model, test, loss_fn, batch_size=batch_size)
+    reuse = dict(reuse or {})
+    if kind == "bias" and reuse.get("act_rms") is not None:
+        act_rms, width = reuse["act_rms"]
+    else:
+        act_rms, width = _activation_rms(model, point, train, loss_fn, batch_size)
+    if kind == "bias" and reuse.get("test_losses") is not None and len(reuse["test_losses"]) >= K:
+        loss_before = float(reuse["test_losses"][:K].double().mean())
+    else:
+        loss_before = mean_loss(model, test, loss_fn, batch_size=batch_size)
     rows: list[dict[str, Any]] = []
     if kind == "bias":
         from .collect import collect
 
-        mu = collect(model, to_batches(train, batch_size), points=[point], loss_fn=loss_fn,
-                     progress=False)[point].mean(0)
-        g = collect(model, to_batches(test, batch_size), points=[point], loss_fn=loss_fn,
-                    progress=False)[point].mean(0)
+        if reuse.get("train") is not None and reuse.get("test") is not None:
+            mu, g = reuse["train"][:M].mean(0), reuse["test"][:K].mean(0)
+        else:
+            mu = collect(model, to_batches(train, batch_size), points=[point], loss_fn=loss_fn,
+                         progress=False)[point].mean(0)
+            g = collect(model, to_batches(test, batch_size), points=[point], loss_fn=loss_fn,
+                        progress=False)[point].mean(0)
         align = float(mu @ g)
         step_norm = float(mu.norm()) / math.sqrt(mu.numel())
         etas = etas or default_etas(step_norm, act_rms, n_etas)
-        insert(model, point, "bias", width=mu.numel(), record=False)
-        try:
-            bias = model.get_submodule(point).widthscope_insert.bias
-            rows = _step_rows("bias", model, point, bias, mu, etas, align, test, loss_fn, batch_size,
-                              M, K, loss_before, act_rms, step_norm, progress)
-        finally:
-            remove_insertion(model, point)
-        return rows
+        return _bias_rows_stacked(model, point, mu, etas, align, test, loss_fn, batch_size, M, K,
+                                  loss_before, act_rms, step_norm)
     insert(model, point, "block", width=width, hidden=block_width, seed=seed, record=False)
     try:
         block = _block_of(model, point)
@@ -444,6 +454,43 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
     finally:
         remove_insertion(model, point)
     return rows
+
+
+def _bias_rows_stacked(model: nn.Module, point: str, mu: torch.Tensor, etas: Sequence[float], align: float,
+                       test: Any, loss_fn: Callable | None, batch_size: int, M: int, K: int,
+                       loss_before: float, act_rms: float, step_norm: float) -> list[dict[str, Any]]:
+    """Held-out loss after the bias step ``−η μ_M`` for every ``η`` at once: each batch runs as
+    ``E`` stacked copies, copy ``e`` getting ``−η_e μ_M`` added at ``point`` by a forward hook
+    (the same function as an inserted zero bias set to that value, without E model calls)."""
+    from .collect import _run_batch, _split_output, _to
+
+    dev = _device(model)
+    E = len(etas)
+    steps = torch.stack([-float(e) * mu for e in etas])  # (E, N), float64
+    per = max(1, batch_size // E)  # examples per stacked call, so a call holds about batch_size rows
+    totals = torch.zeros(E, dtype=torch.float64)
+
+    def hook(_m: nn.Module, _i: Any, out: Any) -> Any:
+        z, put = _split_output(out, point)
+        c = channel_dim(z)
+        B = z.shape[0] // E
+        shape = [E, 1] + [1] * (z.ndim - 1)
+        shape[c + 1] = z.shape[c]
+        v = steps.to(z.device, z.dtype).view(shape)
+        return put((z.view(E, B, *z.shape[1:]) + v).view(z.shape))
+
+    h = model.get_submodule(point).register_forward_hook(hook)
+    try:
+        with _EvalMode(model), torch.no_grad():
+            for bi, b in enumerate(to_batches(test, per)):
+                stacked = _cat([b] * E)
+                losses, _, n = _run_batch(model, _to(stacked, dev), loss_fn, bi)
+                totals += losses.detach().to("cpu", torch.float64).view(E, -1).sum(1)
+    finally:
+        h.remove()
+    after = totals / K
+    return [_row("bias", point, float(eta), -float(eta) * align, float(after[i]) - loss_before, M, K,
+                 float(mu.norm()), align, loss_before, act_rms, step_norm) for i, eta in enumerate(etas)]
 
 
 def _step_rows(probe: str, model: nn.Module, point: str, param: torch.Tensor, direction: torch.Tensor,

@@ -25,8 +25,10 @@ population ``max(p, q) = μᵀΣμ``, the usual ``d_par``.
 **Vacuous rule.** The bound needs ``E[A] > 0`` and the directional and covariance terms
 ``p, q, t > 0`` (they are non-negative in the population; an estimate ``≤ 0`` means the
 sample cannot resolve them). If any estimate is ``≤ 0`` (or a ratio overflows), the
-certificate is *vacuous*: ``b_exact = b_align = 1``, ``d_par = d_2 = d_align = 0``, and
-``reason`` names the estimate. Nothing is ever NaN or infinite.
+certificate is *vacuous*: ``b_exact = b_align = 1`` and ``reason`` names the estimate(s) that
+failed. The effective dimensions are reported per term: with ``E[A] > 0``, ``d_par`` is given
+when ``p, q > 0`` and ``d_2`` when ``t > 0`` (else 0), and ``d_align`` is the minimum of those
+defined; with ``E[A] ≤ 0`` all three are 0. Nothing is ever NaN or infinite.
 
 Example::
 
@@ -195,10 +197,22 @@ def certificate(train: Any, test: Any = None, *, M: int, K: int, estimator: Esti
     reason = _vacuous_reason(E, p, q, t, pop)
     d_par = d_2 = d_align = 0.0
     b_exact = b_align = 1.0
+    E2 = E * E
+    if E > 0 and E2 > 0 and math.isfinite(E2):
+        # Per term: each effective dimension is reported when its own estimates are positive,
+        # so a failed covariance term does not hide a well-defined directional one.
+        if p > 0 and q > 0:
+            d_par = E2 / max(p, q)
+        if t > 0:
+            d_2 = E2 / t
+        defined = [d for d, ok in ((d_par, p > 0 and q > 0), (d_2, t > 0)) if ok and math.isfinite(d)]
+        d_align = min(defined) if defined else 0.0
+        if not math.isfinite(d_par):
+            d_par = 0.0
+        if not math.isfinite(d_2):
+            d_2 = 0.0
     if reason is None:
-        E2 = E * E
-        d_par, d_2 = E2 / max(p, q), E2 / t
-        d_align = min(d_par, d_2)
+        # The bounds need every term: Var(A) from a negative estimate would understate it.
         b_exact = _b_exact(E, V)
         b_align = 1.0 / (1.0 + n_eff * d_align)
         if not all(math.isfinite(x) for x in (E2, V, d_par, d_2, b_exact, b_align)) or E2 == 0.0:
