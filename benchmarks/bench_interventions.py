@@ -45,7 +45,8 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         t0 = time.perf_counter()
         for p in points:
             intervene(model, p, tr, te, M=M, K=K, progress=False,
-                      reuse={"train": qa[p], "test": qb[p], "test_losses": qb.losses, "act_rms": qa.act_rms[p]})
+                      reuse={"train": qa[p], "test": qb[p], "test_losses": qb.losses, "act_sq": qa.act_sq[p],
+                             "width": qa.widths[p]})
         reuse_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         for p in points:

@@ -318,7 +318,7 @@ def test_stacked_bias_steps_equal_inserted_biases_and_reuse_equals_recompute():
         plain = intervene(model, point, trb, teb, etas=etas, progress=False)
         reused = intervene(model, point, trb, teb, etas=etas, progress=False,
                            reuse={"train": qa[point], "test": qb[point], "test_losses": qb.losses,
-                                  "act_rms": qa.act_rms[point]})
+                                  "act_sq": qa.act_sq[point], "width": qa.widths[point]})
         for a, b in zip(plain, reused):
             for k in ("predicted", "actual", "alignment", "loss_before", "act_rms"):
                 assert a[k] == pytest.approx(b[k], rel=1e-9, abs=1e-13), k

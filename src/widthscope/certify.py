@@ -270,6 +270,7 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
         from .probe.intervene import intervene
 
         m_max, k_max = max(m for m, _ in pairs), max(k for _, k in pairs)
+        test_losses = _gather(qb.losses[:, None], device)[:, 0]  # all ranks' rows, in order
         was_training = {m: m.training for m in model.modules()}
         try:
             if train_mode == "eval":
@@ -278,11 +279,11 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
                 # Rank 0 only: every rank holds the full batch lists, the result is identical.
                 # The bias probe reuses what the probe already measured (its samples, the
                 # held-out losses, the activation scale): only the loss at each step is new.
+                p = r["point"]
                 reuse = None if project else {
-                    "train": gathered_a[r["point"]], "test": gathered_b[r["point"]],
-                    # a rank saw only its shard: losses and scale come from all ranks' passes only
-                    "test_losses": qb.losses if W == 1 else None,
-                    "act_rms": qa.act_rms.get(r["point"]) if W == 1 else None}
+                    "train": gathered_a[p], "test": gathered_b[p], "test_losses": test_losses,
+                    "act_sq": _gather(qa.act_sq[p], device) if p in qa.act_sq else None,
+                    "width": qa.widths.get(p)}
                 r["interventions"] = to_jsonable(
                     intervene(model, r["point"], train_list, test_list, etas=etas, kind=interventions,
                               loss_fn=loss_fn, M=m_max, K=k_max, seed=seed, progress=False, reuse=reuse)

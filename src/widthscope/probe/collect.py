@@ -67,19 +67,33 @@ class ProbeResult(dict):
 
     Attributes: ``notes`` (list of sentences, e.g. that BatchNorm ran in eval mode),
     ``n_examples`` (examples seen; with ``pool="token"`` rows are positions), ``pool``,
-    ``losses`` (per-example losses of the forward pass), ``act_rms`` (point -> RMS entry of its
-    output and its channel width), so interventions need not run those passes again.
+    ``losses`` (per-example losses of the forward pass), ``act_sq`` (point -> per-example sum of
+    squared output entries and their count, for :func:`activation_rms` over any subset) and
+    ``widths``, so interventions need not run those passes again.
     """
 
     def __init__(self, *args: Any, notes: list[str] | None = None, n_examples: int = 0,
                  pool: str = "sum", losses: torch.Tensor | None = None,
-                 act_rms: dict[str, tuple[float, int]] | None = None, **kw: Any) -> None:
+                 act_sq: dict[str, torch.Tensor] | None = None, widths: dict[str, int] | None = None,
+                 **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.notes = list(notes or [])
         self.n_examples = n_examples
         self.pool = pool
         self.losses = losses  # per-example losses (n,), float64: what the forward pass measured
-        self.act_rms = dict(act_rms or {})  # point -> (RMS entry of its output, channel width)
+        self.act_sq = dict(act_sq or {})  # point -> (n, 2): per example Σ z², number of entries
+        self.widths = dict(widths or {})  # point -> channel width of its output
+
+    @property
+    def act_rms(self) -> dict[str, tuple[float, int]]:
+        """point -> (RMS entry of its output over all examples, channel width)."""
+        return {p: (activation_rms(v), self.widths.get(p, 0)) for p, v in self.act_sq.items()}
+
+
+def activation_rms(act_sq: torch.Tensor, n: int | None = None) -> float:
+    """RMS entry of a point's output over its first ``n`` examples (all when None)."""
+    part = act_sq if n is None else act_sq[:n]
+    return float((part[:, 0].sum() / part[:, 1].sum().clamp_min(1)).sqrt())
 
 
 def coupling_layers(model: nn.Module) -> list[str]:
@@ -410,17 +424,18 @@ def collect(model: nn.Module, batches: Iterable[Any], *, points: str | Sequence[
             b = torch.zeros_like(z, requires_grad=True)
             state[name] = (b, module)
             zd = z.detach()
-            acc = sumsq.setdefault(name, [0.0, 0, 0])
-            acc[0] += float(zd.double().pow(2).sum())
-            acc[1] += zd.numel()
             from .insert import channel_dim
 
-            acc[2] = int(zd.shape[channel_dim(zd)]) if zd.ndim > 1 else 1
+            per = zd.double().pow(2).reshape(zd.shape[0], -1)
+            sumsq.setdefault(name, []).append(torch.stack(
+                [per.sum(1), torch.full((zd.shape[0],), per.shape[1], dtype=torch.float64)], 1).cpu())
+            widths[name] = int(zd.shape[channel_dim(zd)]) if zd.ndim > 1 else 1
             return put(z + b)
         return hook
 
     out: dict[str, list[torch.Tensor]] = {n: [] for n in names}
-    sumsq: dict[str, list[Any]] = {}
+    sumsq: dict[str, list[torch.Tensor]] = {}
+    widths: dict[str, int] = {}
     all_losses: list[torch.Tensor] = []
     handles = []
     n_examples = 0
@@ -477,8 +492,6 @@ def collect(model: nn.Module, batches: Iterable[Any], *, points: str | Sequence[
         state.clear()
     if n_examples == 0:
         raise WidthscopeError("no examples: the batches were empty; check the data (n_train/n_test)")
-    import math
-
-    rms = {n: (math.sqrt(a[0] / max(a[1], 1)), a[2]) for n, a in sumsq.items()}
     return ProbeResult({n: torch.cat(v, 0) for n, v in out.items()}, notes=notes,
-                       n_examples=n_examples, pool=pool, losses=torch.cat(all_losses), act_rms=rms)
+                       n_examples=n_examples, pool=pool, losses=torch.cat(all_losses),
+                       act_sq={n: torch.cat(v, 0) for n, v in sumsq.items()}, widths=widths)

@@ -392,8 +392,8 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
             ``block_width``, ``W_in`` seeded by ``seed``).
         reuse: what a probe of the same batches already measured (``certify`` passes it):
             ``train``/``test`` pooled sum samples of this point (their first ``M``/``K`` rows give
-            ``μ_M``, ``g_K``), ``test_losses`` (per-example held-out losses) and ``act_rms``
-            (RMS entry and width of the point's output). The bias probe then runs only the
+            ``μ_M``, ``g_K``), ``test_losses`` (per-example held-out losses), ``act_sq`` (per
+            train example Σz² and count at the point) and ``width`` (its channel width). The bias probe then runs only the
             forward passes at each ``η``, all ``η`` of a batch in one stacked pass.
 
     Returns:
@@ -413,8 +413,10 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
     test = take(as_examples(test_batches), K, what="test (K)")
     M, K = _batch_size(train), _batch_size(test)
     reuse = dict(reuse or {})
-    if kind == "bias" and reuse.get("act_rms") is not None:
-        act_rms, width = reuse["act_rms"]
+    if kind == "bias" and reuse.get("act_sq") is not None and len(reuse["act_sq"]) >= M:
+        from .collect import activation_rms
+
+        act_rms, width = activation_rms(reuse["act_sq"], M), int(reuse["width"])
     else:
         act_rms, width = _activation_rms(model, point, train, loss_fn, batch_size)
     if kind == "bias" and reuse.get("test_losses") is not None and len(reuse["test_losses"]) >= K:
