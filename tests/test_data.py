@@ -94,7 +94,7 @@ def test_text_default_corpus_is_stdlib_and_deterministic():
 def test_text_errors(tmp_path):
     with pytest.raises(WidthscopeError, match="does not exist"):
         load("text", root=str(tmp_path / "nope"))
-    with pytest.raises(WidthscopeError, match="no .txt"):
+    with pytest.raises(WidthscopeError, match="none of the files"):
         load("text", root=str(tmp_path))
     (tmp_path / "t.txt").write_bytes(b"abc")
     with pytest.raises(WidthscopeError, match="at least 2"):

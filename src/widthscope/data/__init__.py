@@ -26,7 +26,7 @@ import torch
 
 from ..errors import WidthscopeError
 
-__all__ = ["Split", "load", "batches", "available", "DATASETS"]
+__all__ = ["Split", "load", "batches", "available", "DATASETS", "record"]
 
 Pair = tuple[torch.Tensor, torch.Tensor]
 
@@ -99,6 +99,25 @@ def load(name: str, *, root: str | None = None, n_train: int | None = None, n_te
         if "unexpected keyword" in str(exc):
             raise WidthscopeError(f"bad option for dataset {name!r}: {exc}") from None
         raise
+
+
+def record(split: Split) -> dict[str, Any]:
+    """What a checkpoint must remember about the data it was fitted on (JSON-able).
+
+    Text: the held-out part and the fitted chunks as *byte ranges* of the corpus, with the
+    corpus' SHA-256 — valid at any later sequence length, so a probe at another length can draw
+    held-out text only from held-out bytes and train text only from fitted bytes. Other
+    datasets: the fitted examples' indices (``None``: the whole train part), split by example.
+    """
+    meta = split.meta
+    if split.name == "text":
+        from .text import spans
+
+        L = int(meta["seq_len"])
+        return {"kind": "text-bytes", "corpus_sha256": meta["sha256"], "corpus_bytes": int(meta["bytes"]),
+                "trained_seq_len": L, "fitted": spans(meta["train_indices"], L),
+                "heldout": spans(meta.get("heldout_part_indices", meta["test_indices"]), L)}
+    return {"kind": "examples", "dataset": split.name, "fitted_indices": meta.get("train_indices")}
 
 
 def batches(pair: Pair, batch_size: int, *, shuffle: bool = False, seed: int = 0,

@@ -64,6 +64,7 @@ class Inputs:
     info: dict[str, Any]
     notes: list[str]
     split: Any = None  # the widthscope Split, for our own datasets
+    offsets: dict[str, Any] | None = None  # byte models with a data record: corpus offsets of each pool row
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -106,6 +107,9 @@ def add_arguments(p: argparse.ArgumentParser, *, model_required: bool = False, m
                    help="take the first sequences of each source (the published scripts) instead of seeded random ones")
     p.add_argument("--max-tokens", type=int, default=None,
                    help=f"tokens read per source for random pools (default {WINDOW} x the pool sizes x --seq-len)")
+    p.add_argument("--train-pool", choices=("fitted", "fresh"), default="fitted",
+                   help="widthscope checkpoints: draw the train pool from the examples the model was fitted on "
+                        "(default, from its data record) or a fresh sample of the train part")
     p.add_argument("--test-fraction", type=float, default=0.1,
                    help="held-out fraction when one --data corpus is split (default 0.1)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
@@ -504,46 +508,140 @@ def _image_pools(args: argparse.Namespace, model: nn.Module, seed: int, show: bo
 # ----------------------------------------------------------------------------- widthscope datasets
 def _named_pools(name: str, args: argparse.Namespace, model: nn.Module, task: str, seed: int
                  ) -> tuple[Any, Any, dict[str, Any], list[str], Any]:
-    """Our own named datasets (digits, fashion-mnist, text, ...) with the checkpoint's recorded options."""
+    """Our own named datasets (digits, fashion-mnist, text, ...) with the checkpoint's recorded
+    options, split seed and — where it has one — its data record: the held-out pool comes only
+    from held-out data and the train pool from the examples the model was fitted on."""
     from .. import data
     from ..checkpoint import recorded_data
 
-    rec = recorded_data(model) if args.data is None else {}
+    rec_all = recorded_data(model)
+    same = args.data is None or (args.data == rec_all.get("dataset") and args.data_root is None)
+    rec = rec_all if same else {}
+    record = (getattr(model, "widthscope_extra", None) or {}).get("data_record") if same else None
     options: dict[str, Any] = {k: v for k, v in rec.get("options", {}).items() if k != "root"}
     root = args.data_root or rec.get("options", {}).get("root")
+    trained_len = options.get("seq_len")
     if name == "text":
         options["seq_len"] = args.seq_len or options.get("seq_len", 64)
     split_seed = int(rec.get("seed", seed))
-    split = data.load(name, root=root, seed=split_seed, **options)
-    if task in ("causal-lm", "masked-lm", "sequence-classification") and split.task != "lm":
+    notes: list[str] = []
+    if task in ("causal-lm", "masked-lm", "sequence-classification") and name != "text":
         raise WidthscopeError(f"--data {name!r} is an image/feature dataset but the model is a {task} model: "
                               "give text data")
+    if name == "text" and isinstance(record, dict) and record.get("kind") == "text-bytes":
+        got = _text_from_record(record, root, options, args, seed)
+        if got is not None:
+            train, test, info, offsets = got
+            check_ids(train, model, "train")
+            check_ids(test, model, "held-out")
+            info.update(dataset=name, options=options, split_seed=split_seed, recorded=True)
+            return train, test, info, notes, offsets
+        integrity = ("unverified: the corpus differs from the one the checkpoint was trained on (SHA-256 "
+                     "mismatch); pools come from re-splitting it, so held-out text may have been trained on")
+    elif name == "text":
+        integrity = ("same chunking as training (recorded seq_len and split seed); the corpus version is not "
+                     "verifiable (no data record)" if rec and options["seq_len"] == trained_len else
+                     "unverified: the checkpoint records no held-out text ranges" +
+                     (f" and --seq-len {options['seq_len']} differs from the trained {trained_len}: the re-cut "
+                      "'held-out' chunks can contain training text" if trained_len and
+                      options["seq_len"] != trained_len else ""))
+    else:
+        integrity = "split by example: held-out = the dataset's held-out part (independent of any chunking)"
+    split = data.load(name, root=root, seed=split_seed, **options)
     if task == "image-classification":
         X = split.train[0]
         cfg = model.config
         want = (getattr(cfg, "num_channels", None), getattr(cfg, "image_size", None))
-        got = tuple(X.shape[1:])
-        if X.dim() != 4 or got[0] != want[0] or got[1] != want[1] or got[2] != want[1]:
-            raise WidthscopeError(f"{name} images have shape {got} but the model expects "
-                                  f"({want[0]}, {want[1]}, {want[1]}): give an ImageFolder directory (resized by the "
-                                  "model's image processor)")
+        got_shape = tuple(X.shape[1:])
+        if X.dim() != 4 or got_shape[0] != want[0] or got_shape[1] != want[1] or got_shape[2] != want[1]:
+            raise WidthscopeError(f"{name} images have shape {got_shape} but the model expects "
+                                  f"({want[0]}, {want[1]}, {want[1]}): give an ImageFolder directory (resized by "
+                                  "the model's image processor)")
+    pool_rule = "a fresh seeded sample of the train part"
+    train_pair = split.train
+    if split.task != "lm" and args.train_pool == "fitted":
+        fitted = _fitted_positions(record, split)
+        if fitted is None:
+            pool_rule += " (the checkpoint records no fitted examples)" if not isinstance(record, dict) else ""
+        else:
+            train_pair = tuple(t[fitted] for t in split.train)
+            pool_rule = f"a seeded sample of the {len(fitted)} examples the model was fitted on"
 
     def sub(pair: Any, n: int, s: int, flag: str, what: str) -> Any:
         X, y = pair
         idx = _pick(len(X), n, s, args.first, "examples", flag, f"the {what} part of {name}", _cap(args))
         return X[idx] if (split.task == "lm") else (X[idx], y[idx])
 
-    train = sub(split.train, args.n_train, seed, "--n-train", "training")
+    train = sub(train_pair, args.n_train, seed, "--n-train", "training")
     test = sub(split.test, args.n_test, seed + 1, "--n-test", "held-out")
     if split.task == "lm":
         check_ids(train, model, "train")
         check_ids(test, model, "held-out")
+    if integrity.startswith("unverified"):
+        notes.append(f"held-out integrity {integrity}")
     info = {"dataset": name, "options": options, "split_seed": split_seed, "recorded": bool(rec),
             "n_train_examples": len(split.train[0]), "n_test_examples": len(split.test[0]),
-            "n_train": _count(train), "n_test": _count(test)}
+            "n_train": _count(train), "n_test": _count(test), "heldout_integrity": integrity,
+            "train_pool": pool_rule}
     if split.task == "lm":
         info.update(tokenizer="bytes", seq_len=options.get("seq_len"), sequences="chunks of the byte corpus")
-    return train, test, info, [], split
+    return train, test, info, notes, split
+
+
+def _fitted_positions(record: Any, split: Any) -> torch.Tensor | None:
+    """Positions in ``split.train`` of the examples a checkpoint was fitted on (None: unknown)."""
+    if not isinstance(record, dict) or record.get("kind") != "examples" or record.get("dataset") != split.name:
+        return None
+    fitted = record.get("fitted_indices")
+    if fitted is None:
+        return torch.arange(len(split.train[0]))
+    full_idx = split.meta.get("train_indices")
+    if full_idx is None:  # indices are positions in the train part
+        pos = torch.as_tensor(fitted, dtype=torch.long)
+        return pos if len(pos) and int(pos.max()) < len(split.train[0]) else None
+    where = {int(v): i for i, v in enumerate(full_idx)}  # indices are dataset indices (digits)
+    if not all(int(v) in where for v in fitted):
+        return None
+    return torch.tensor([where[int(v)] for v in fitted], dtype=torch.long)
+
+
+def _text_from_record(record: dict[str, Any], root: str | None, options: dict[str, Any],
+                      args: argparse.Namespace, seed: int) -> tuple[Any, Any, dict[str, Any], dict] | None:
+    """Byte-model pools at any sequence length from the recorded byte ranges (None: corpus changed)."""
+    import hashlib
+
+    from .text import chunks_within, corpus_chunks, read_corpus
+
+    buf, used, source, _ = read_corpus(root, int(options.get("max_bytes", 2_000_000)))
+    if hashlib.sha256(buf).hexdigest() != record.get("corpus_sha256"):
+        return None
+    L = int(options["seq_len"])
+    heldout = record["heldout"]
+    if args.train_pool == "fitted":
+        train_ranges, rule = record["fitted"], "the fitted byte ranges (the chunks the model trained on)"
+    else:  # the whole train part: everything outside the held-out ranges
+        train_ranges, cur = [], 0
+        for a, b in heldout:
+            if a > cur:
+                train_ranges.append([cur, a])
+            cur = b
+        if cur < len(buf):
+            train_ranges.append([cur, len(buf)])
+        rule = "the train part (every byte outside the held-out ranges), fresh seeded sample"
+    tr_idx = torch.as_tensor(chunks_within(len(buf), L, train_ranges))
+    te_idx = torch.as_tensor(chunks_within(len(buf), L, heldout))
+    a = tr_idx[_pick(len(tr_idx), args.n_train, seed, args.first, "train chunks", "--n-train",
+                     f"the recorded train ranges at --seq-len {L}", _cap(args))]
+    b = te_idx[_pick(len(te_idx), args.n_test, seed + 1, args.first, "held-out chunks", "--n-test",
+                     f"the recorded held-out ranges at --seq-len {L}", _cap(args))]
+    train, test = corpus_chunks(buf, L, a.numpy()), corpus_chunks(buf, L, b.numpy())
+    info = {"n_train": len(train), "n_test": len(test), "n_train_examples": len(tr_idx),
+            "n_test_examples": len(te_idx), "source": source,
+            "heldout_integrity": (f"verified: corpus SHA-256 matches; held-out pool only from the recorded "
+                                  f"held-out byte ranges, train pool only from {rule}, at --seq-len {L} "
+                                  f"(trained at {record.get('trained_seq_len')})"),
+            "train_pool": rule, "tokenizer": "bytes", "seq_len": L, "sequences": "chunks of the byte corpus"}
+    return train, test, info, {"train": a * L, "test": b * L, "seq_len": L}
 
 
 # ----------------------------------------------------------------------------- resolve
@@ -601,7 +699,9 @@ def resolve(args: argparse.Namespace, *, model: nn.Module | None = None, show_pr
                                       "recorded byte-level corpus")
             train, test, info, more, split = _named_pools(name, args, model, task, seed)
             _check_seq_len(model, info.get("seq_len"))
-            return Inputs(model, task, train, test, None, None, info, more, split)
+            offsets = split if isinstance(split, dict) else None
+            return Inputs(model, task, train, test, None, None, info, more,
+                          None if offsets is not None else split, offsets)
     if args.data is None and args.train_data is None:
         args.data = name
     if task == "classification":

@@ -1,10 +1,13 @@
 """Byte-level text: files -> fixed-length sequences of byte tokens (vocabulary 256).
 
-The corpus is the concatenation of the files' bytes (in sorted path order), cut into
+The corpus is the concatenation of the files' bytes (in sorted path order; in a directory every
+file that is text by content, the others skipped and listed in ``meta["skipped_files"]``), cut into
 non-overlapping chunks of ``seq_len`` bytes (the tail shorter than ``seq_len`` is dropped).
 A seeded permutation assigns ``round(test_fraction · chunks)`` chunks to test and the rest to
 train, so the two parts never share a byte position; ``meta`` records both chunk-index lists
-(chunk ``i`` covers corpus bytes ``[i·seq_len, (i+1)·seq_len)``).
+(chunk ``i`` covers corpus bytes ``[i·seq_len, (i+1)·seq_len)``), the whole held-out part and
+the corpus' SHA-256, from which :func:`widthscope.data.record` makes byte ranges that stay
+valid at any later sequence length (:func:`chunks_within`).
 
 Default corpus: the ``.py`` files of Python's standard library
 (``sysconfig.get_paths()["stdlib"]``, excluding site/dist-packages), sorted by relative path,
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import sysconfig
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import torch
@@ -21,38 +25,88 @@ import torch
 from ..errors import WidthscopeError
 from . import Split, subset
 
-TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst")
 
 
-def _files(root: str | None) -> tuple[list[Path], str]:
+def _files(root: str | None) -> tuple[list[Path], str, list[str]]:
+    """Corpus files in sorted order, their description, and the files skipped (with why)."""
     if root is None:
         base = Path(sysconfig.get_paths()["stdlib"])
         files = sorted((p for p in base.rglob("*.py")
                         if "site-packages" not in p.parts and "dist-packages" not in p.parts),
                        key=lambda p: p.relative_to(base).as_posix())
-        return files, f"python stdlib *.py under {base}"
+        return files, f"python stdlib *.py under {base}", []
+    from .corpus import TABULAR, sniff
+
     path = Path(root).expanduser()
     if path.is_file():
-        from .corpus import TABULAR, sniff
-
         if path.suffix.lower() in TABULAR:
             raise WidthscopeError(f"text: {path} is a {path.suffix} table, not raw text; give it to certify/grow "
                                   "as --data (its text column is read through the datasets library)")
         reason = sniff(path)
         if reason is not None:  # never read a binary file's bytes as if they were text
             raise WidthscopeError(f"text: {path} {reason}")
-        return [path], str(path)
+        return [path], str(path), []
     if path.is_dir():
-        from .corpus import sniff
-
-        files = sorted((p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES
-                        and sniff(p) is None), key=lambda p: p.relative_to(path).as_posix())
+        # Text by content, not by suffix: every non-hidden file that reads as UTF-8 text.
+        files, skipped = [], []
+        for p in sorted((p for p in path.rglob("*") if p.is_file() and not any(
+                part.startswith(".") for part in p.relative_to(path).parts)),
+                key=lambda p: p.relative_to(path).as_posix()):
+            reason = sniff(p)
+            if reason is None:
+                files.append(p)
+            else:
+                skipped.append(f"{p.relative_to(path)}: {reason.split(':')[0]}")
         if not files:
-            raise WidthscopeError(f"text: no {'/'.join(TEXT_SUFFIXES)} files under {path}; "
+            raise WidthscopeError(f"text: none of the files under {path} is text (by content); "
                                   "point root at a text file or a directory containing some")
-        return files, f"{'/'.join(TEXT_SUFFIXES)} files under {path}"
+        return files, f"text files under {path}", skipped
     raise WidthscopeError(f"text: root {str(path)!r} does not exist; give a text file or a directory "
-                          "of .txt/.md/.py files (or omit root for the Python standard library)")
+                          "of text files (or omit root for the Python standard library)")
+
+
+def read_corpus(root: str | None, max_bytes: int) -> tuple[bytes, list[str], str, list[str]]:
+    """The corpus bytes (files concatenated in sorted order, up to ``max_bytes``), the files used,
+    a description and the files skipped."""
+    files, source, skipped = _files(root)
+    buf = bytearray()
+    used = []
+    for f in files:
+        if len(buf) >= max_bytes:
+            break
+        buf += f.read_bytes()[: max_bytes - len(buf)]
+        used.append(str(f))
+    return bytes(buf), used, source, skipped
+
+
+def spans(indices: Iterable[int], seq_len: int) -> list[list[int]]:
+    """Chunk indices -> merged byte spans ``[[start, end), ...]`` (chunk i = [i·L, (i+1)·L))."""
+    out: list[list[int]] = []
+    for i in sorted(int(i) for i in indices):
+        a, b = i * seq_len, (i + 1) * seq_len
+        if out and out[-1][1] == a:
+            out[-1][1] = b
+        else:
+            out.append([a, b])
+    return out
+
+
+def chunks_within(n_bytes: int, seq_len: int, ranges: list[list[int]]) -> np.ndarray:
+    """Indices of the chunks of length ``seq_len`` (chunk j = [j·L, (j+1)·L)) lying wholly
+    inside one of the sorted, disjoint byte ``ranges``."""
+    starts = np.arange(n_bytes // seq_len, dtype=np.int64) * seq_len
+    if not ranges or not len(starts):
+        return np.zeros(0, dtype=np.int64)
+    lo = np.array([r[0] for r in ranges], dtype=np.int64)
+    hi = np.array([r[1] for r in ranges], dtype=np.int64)
+    k = np.searchsorted(lo, starts, side="right") - 1
+    ok = (k >= 0) & (starts + seq_len <= hi[np.clip(k, 0, None)])
+    return np.nonzero(ok)[0]
+
+
+def corpus_chunks(buf: bytes, seq_len: int, idx: np.ndarray) -> torch.Tensor:
+    tokens = torch.tensor(np.frombuffer(buf[: (len(buf) // seq_len) * seq_len], dtype=np.uint8).astype(np.int64))
+    return tokens.view(-1, seq_len)[torch.as_tensor(idx, dtype=torch.long)].clone()
 
 
 def load_text(root: str | None, n_train: int | None, n_test: int | None, seed: int, *,
@@ -66,15 +120,7 @@ def load_text(root: str | None, n_train: int | None, n_test: int | None, seed: i
         raise WidthscopeError(f"text: test_fraction must be a number in (0, 1), got {test_fraction!r}")
     if not 0 < test_fraction < 1:
         raise WidthscopeError(f"text: test_fraction must be in (0, 1), got {test_fraction}")
-    files, source = _files(root)
-    buf = bytearray()
-    used = []
-    for f in files:
-        if len(buf) >= max_bytes:
-            break
-        data = f.read_bytes()[: max_bytes - len(buf)]
-        buf += data
-        used.append(str(f))
+    buf, used, source, skipped = read_corpus(root, max_bytes)
     n_chunks = len(buf) // seq_len
     if n_chunks < 2:
         raise WidthscopeError(f"text: {len(buf)} bytes from {source} make {n_chunks} chunk(s) of "
@@ -85,6 +131,7 @@ def load_text(root: str | None, n_train: int | None, n_test: int | None, seed: i
     perm = rng.permutation(n_chunks)
     n_hold = min(max(1, int(round(test_fraction * n_chunks))), n_chunks - 1)
     test_idx, train_idx = np.sort(perm[:n_hold]), np.sort(perm[n_hold:])
+    heldout_part = test_idx
     sub = subset(len(test_idx), n_test, rng, "test")
     if sub is not None:
         test_idx = test_idx[sub]
@@ -92,7 +139,11 @@ def load_text(root: str | None, n_train: int | None, n_test: int | None, seed: i
     if sub is not None:
         train_idx = train_idx[sub]
     Xtr, Xte = chunks[train_idx].clone(), chunks[test_idx].clone()
+    import hashlib
+
     meta = {"source": source, "files": used, "bytes": len(buf), "seq_len": seq_len, "seed": seed,
+            "sha256": hashlib.sha256(buf).hexdigest(), "skipped_files": skipped,
             "split_rule": "chunk i = corpus bytes [i*seq_len, (i+1)*seq_len); disjoint chunk sets",
-            "train_indices": train_idx.tolist(), "test_indices": test_idx.tolist()}
+            "train_indices": train_idx.tolist(), "test_indices": test_idx.tolist(),
+            "heldout_part_indices": heldout_part.tolist()}
     return Split((Xtr, Xtr), (Xte, Xte), "lm", 256, (seq_len,), "text", meta)

@@ -430,6 +430,7 @@ def run_cell(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_
     import torch
 
     from .. import checkpoint, models, probe, stats
+    from .. import data as wdata
     from ..train import train
 
     fam = next(f for f in cfg.families if f.name == cell["family"])
@@ -445,6 +446,9 @@ def run_cell(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_
     checkpoint.save(model, cell_dir, extra={"sweep": cfg.name, "cell": dict(cell), "dataset": fam.dataset,
                                             "data_options": dict(fam.data_options),
                                             "data_seed": cfg.data_seed,
+                                            # held-out byte ranges / fitted examples: any later
+                                            # probe draws its pools from them (no leak)
+                                            "data_record": wdata.record(split),
                                             "train": {k: v for k, v in tr.items() if k != "history"}})
 
     t0 = time.perf_counter()
