@@ -188,6 +188,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="resampling seed (default: saved, else 0)")
     p.add_argument("--estimator", choices=("unbiased", "plugin"), default=None)
     p.add_argument("--out", default=None, help="JSON output path (default: print the tables only)")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -579,6 +579,9 @@ def _named_pools(name: str, args: argparse.Namespace, model: nn.Module, task: st
         check_ids(test, model, "held-out")
     if integrity.startswith("unverified"):
         notes.append(f"held-out integrity {integrity}")
+    skipped = split.meta.get("skipped_files") or []
+    if skipped:
+        notes.append(f"{len(skipped)} non-text file(s) skipped in {split.meta.get('source')} (e.g. {skipped[0]})")
     info = {"dataset": name, "options": options, "split_seed": split_seed, "recorded": bool(rec),
             "n_train_examples": len(split.train[0]), "n_test_examples": len(split.test[0]),
             "n_train": _count(train), "n_test": _count(test), "heldout_integrity": integrity,
