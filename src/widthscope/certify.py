@@ -126,7 +126,9 @@ def statistics(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], *,
     results: list[dict[str, Any]] = []
     notes: list[str] = []
     for name in train:
-        a, b = train[name], test[name]
+        # Fresh contiguous float64 copies: the same memory layout whether the samples come from
+        # the probe or from a file, so the sums (and every digit of the result) agree.
+        a, b = train[name].to(torch.float64).contiguous().clone(), test[name].to(torch.float64).contiguous().clone()
         _check_pool(a.shape[0], max(m for m, _ in pairs), "train", "n_train", pool)
         _check_pool(b.shape[0], max(k for _, k in pairs), "held-out", "n_test", pool)
         if project:

@@ -82,7 +82,8 @@ def load(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, to
     try:
         with safe_open(str(path), framework="pt") as f:
             header = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
+            # clone: torch-allocated (aligned) memory, so BLAS sums in the same order as in certify
+            tensors = {k: f.get_tensor(k).clone() for k in f.keys()}
     except Exception as exc:
         raise WidthscopeError(f"{path} is not a safetensors samples file ({exc}); for .npy/.npz/.pt matrices "
                               "use --train and --test") from None
