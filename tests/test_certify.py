@@ -139,7 +139,7 @@ def test_cli_list_points(capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--points", "blocks.9", "--train-steps", "1", *SMALL], "unknown insertion point 'blocks.9'"),
     (["--n-train", "3"], "--n-train 3"),
-    (["--n-train", "32", "--n-test", "32", "--M", "64"], "M=64 is larger than --n-train 32"),
+    (["--n-train", "32", "--n-test", "32", "--M", "64"], "M=64 is larger than the train pool of 32 examples"),
     (["--K", "8,9,10", "--M", "8"], "K has 3 values but M has 1"),
     (["--M", "8,x"], "--M '8,x'"),
     (["--n-train", "5000", "--train-steps", "1"], "--n-train 5000 but the training part of digits gave only 1438"),

@@ -87,6 +87,28 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return path
 
 
+_KEPT: list[Any] = []
+
+
+def on_interrupt(describe: Any) -> None:
+    """Register ``describe() -> str | None``: what finished work is on disk, for the message the
+    command line prints when a run is interrupted (SIGINT/SIGTERM) or fails writing."""
+    _KEPT.append(describe)
+
+
+def kept_work() -> list[str]:
+    """The registered descriptions of finished work on disk (empty: nothing was kept)."""
+    out = []
+    for fn in _KEPT:
+        try:
+            msg = fn()
+        except Exception:  # a description must never hide the interruption itself
+            msg = None
+        if msg:
+            out.append(msg)
+    return out
+
+
 def check_writable(path: str | os.PathLike) -> Path:
     """Fail now, before any work, if ``path`` cannot be written (a directory, a read-only or
     missing parent); leaves nothing behind but the parent folder."""
@@ -185,16 +207,84 @@ def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | Non
     return "\n".join(out)
 
 
+class LogProgress:
+    """Plain-text progress for logs (stderr not a terminal): a line such as
+    ``sweep demo: 3/8 (38%) 4m10s elapsed, ~6m57s left`` at most every ``interval`` seconds and
+    when a long loop ends; short loops print nothing. Same interface as the tqdm bars we use."""
+
+    def __init__(self, iterable: Iterable | None = None, *, total: int | None = None, desc: str = "",
+                 interval: float | None = None, **_: Any) -> None:
+        import time
+
+        self.iterable = iterable
+        self.total = total if total is not None else (len(iterable) if hasattr(iterable, "__len__") else None)
+        self.desc = desc or "progress"
+        self.n = 0
+        self.interval = float(os.environ.get("WIDTHSCOPE_PROGRESS_INTERVAL", 30)) if interval is None else interval
+        self.t0 = self.last = time.monotonic()
+        self.postfix = ""
+
+    @staticmethod
+    def _fmt(s: float) -> str:
+        s = int(s)
+        return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else (f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
+
+    def _line(self, now: float) -> str:
+        el = now - self.t0
+        if self.total:
+            left = el / self.n * (self.total - self.n) if self.n else None
+            return (f"{self.desc}: {self.n}/{self.total} ({100 * self.n / self.total:.0f}%) {self._fmt(el)} elapsed"
+                    + (f", ~{self._fmt(left)} left" if left is not None else "") + self.postfix)
+        return f"{self.desc}: {self.n} done, {self._fmt(el)} elapsed{self.postfix}"
+
+    def update(self, k: int = 1) -> None:
+        import time
+
+        self.n += k
+        now = time.monotonic()
+        if now - self.last >= self.interval:
+            self.last = now
+            print(self._line(now), file=sys.stderr, flush=True)
+
+    def set_postfix(self, **kw: Any) -> None:
+        self.postfix = " (" + ", ".join(f"{k}={v}" for k, v in kw.items()) + ")" if kw else ""
+
+    def close(self) -> None:
+        import time
+
+        now = time.monotonic()
+        if now - self.t0 >= self.interval and self.last != now:
+            self.last = now
+            print(self._line(now) + " - done", file=sys.stderr, flush=True)
+
+    def __iter__(self) -> Iterator:
+        try:
+            for x in self.iterable:  # type: ignore[union-attr]
+                yield x
+                self.update(1)
+        finally:
+            self.close()
+
+    def __enter__(self) -> "LogProgress":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 def progress(iterable: Iterable | None = None, *, total: int | None = None, desc: str = "",
              disable: bool | None = None, **kw: Any) -> Iterator:
-    """tqdm progress bar on stderr; silent when stderr is not a terminal unless forced.
+    """A tqdm bar on a terminal; plain periodic lines (:class:`LogProgress`) when stderr is a
+    log file, so long work is never silent; nothing when ``disable`` is True.
 
-    ``WIDTHSCOPE_PROGRESS=1`` forces bars on, ``=0`` forces them off.
+    ``WIDTHSCOPE_PROGRESS=1`` forces bars, ``=0`` silences everything;
+    ``WIDTHSCOPE_PROGRESS_INTERVAL`` sets the seconds between log lines (default 30).
     """
     from tqdm.auto import tqdm
 
-    if disable is None:
-        env = os.environ.get("WIDTHSCOPE_PROGRESS")
-        disable = (env == "0") if env is not None else not sys.stderr.isatty()
-    return tqdm(iterable, total=total, desc=desc, disable=disable, dynamic_ncols=True,
-                leave=False, **kw)
+    env = os.environ.get("WIDTHSCOPE_PROGRESS")
+    if env == "0" or disable is True:
+        return tqdm(iterable, total=total, desc=desc, disable=True, **kw)
+    if env == "1" or sys.stderr.isatty():
+        return tqdm(iterable, total=total, desc=desc, disable=False, dynamic_ncols=True, leave=False, **kw)
+    return LogProgress(iterable, total=total, desc=desc)  # type: ignore[return-value]

@@ -478,12 +478,10 @@ def run(args: argparse.Namespace) -> int:
     Ms, Ks = _int_list(args.M, "--M"), _int_list(args.K, "--K")
     pairs = _pairs(Ms, Ks)  # validate before the (slow) model loading
     etas = _float_list(args.etas, "--etas")
-    need_m, need_k = max(m for m, _ in pairs), max(k for _, k in pairs)
     if args.pool != "token":
-        if need_m > args.n_train:
-            raise WidthscopeError(f"M={need_m} is larger than --n-train {args.n_train}: raise --n-train or lower --M")
-        if need_k > args.n_test:
-            raise WidthscopeError(f"K={need_k} is larger than --n-test {args.n_test}: raise --n-test or lower --K")
+        from .validate import check_pools
+
+        check_pools([m for m, _ in pairs], [k for _, k in pairs], args.n_train, args.n_test)
     from .train import resolve_device
 
     device = resolve_device(args.device)  # clear error for unknown / unavailable devices

@@ -92,17 +92,27 @@ def save(model: nn.Module, directory: str | os.PathLike, *, extra: dict | None =
         json.dumps(to_jsonable(config))
     except TypeError as exc:
         raise WidthscopeError(f"model config is not JSON-serialisable: {exc}") from None
+    from ._io import _umask, _unwritable
+
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     tensors, aliases = _dedupe(model.state_dict())
-    fd, tmp = tempfile.mkstemp(prefix=".model.", suffix=".safetensors.tmp", dir=directory)
-    os.close(fd)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".model.", suffix=".safetensors.tmp", dir=directory)
+        os.close(fd)
+    except OSError as exc:
+        raise _unwritable(directory / "model.safetensors", exc) from None
     try:
         save_file(tensors, tmp, metadata={"format": "pt", "widthscope_aliases": json.dumps(aliases)})
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, directory / "model.safetensors")
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError) or type(exc).__name__ == "SafetensorError":
+            # safetensors reports a full disk as its own error type: one line, not a traceback
+            raise WidthscopeError(f"cannot write {str(directory / 'model.safetensors')!r}: {exc} (disk full or "
+                                  "not writable?); free space or choose another output directory") from None
         raise
     from .models import count_parameters
 

@@ -25,12 +25,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one error line (no usage block), exit status 2, like every other error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    parser = argparse.ArgumentParser(prog="widthscope", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="widthscope", description=__doc__.splitlines()[0])
     from . import __version__
 
     parser.add_argument("--version", action="version", version=f"widthscope {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subparsers = {}
     for name, (_, help_) in COMMANDS.items():
         subparsers[name] = sub.add_parser(name, help=help_, description=help_)
@@ -46,6 +53,20 @@ def _quiet_offline() -> None:
                        ("TRANSFORMERS_VERBOSITY", "error"), ("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1"),
                        ("TOKENIZERS_PARALLELISM", "false")):
         os.environ.setdefault(key, value)
+
+
+class _Terminated(BaseException):
+    """SIGTERM, turned into an exception so the run ends like a Ctrl-C: cleanly, with a message."""
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _is_write_failure(exc: Exception) -> bool:
+    return "cannot write" in str(exc) or "disk" in str(exc).lower()
 
 
 def _threads(args: argparse.Namespace) -> None:
@@ -73,15 +94,34 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    import signal
+
+    from ._io import kept_work
+
+    def _terminate(signum: int, _frame: object) -> None:
+        raise _Terminated(signum)
+
+    previous = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
     try:
+        from .validate import check_args
+
+        check_args(args, args.command)  # the shared checks, before the command does any work
         _threads(args)
         return int(module.run(args) or 0)
     except WidthscopeError as exc:
-        print(f"widthscope {args.command}: error: {exc}", file=sys.stderr)
+        kept = kept_work()
+        extra = f"; kept: {'; '.join(kept)}" if kept and _is_write_failure(exc) else ""
+        print(f"widthscope {args.command}: error: {exc}{extra}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"widthscope {args.command}: interrupted; finished work is kept", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, _Terminated) as exc:
+        kept = kept_work()
+        what = "terminated (SIGTERM)" if isinstance(exc, _Terminated) else "interrupted"
+        tail = f"kept: {'; '.join(kept)}" if kept else "no finished results were written"
+        print(f"widthscope {args.command}: {what}; {tail}", file=sys.stderr)
+        return 143 if isinstance(exc, _Terminated) else 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

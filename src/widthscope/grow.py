@@ -215,6 +215,12 @@ def grow(model: nn.Module, data: Any, *, points: Sequence[str] | str | None = No
     n_train = min(n_tr, max(4 * M, 256)) if n_train is None else int(n_train)
     if not 1 <= n_train <= n_tr:
         raise WidthscopeError(f"n_train={n_train}: need between 1 and the {n_tr} training examples given")
+    from .probe.points import resolve_points
+    from .validate import check_pools
+
+    resolve_points(model, points)  # unknown names first: the clearest error
+    # The same rule and message as certify: M/K draw without replacement from their pools.
+    check_pools(M, K, n_train, n_rank, test_pool="held-out ranking pool (half of --n-test)")
     probe_train = _index(train, torch.randperm(n_tr, generator=torch.Generator().manual_seed(int(seed) + 1))
                          [:n_train].sort().values)
     # A seeded permutation, not the first half: datasets such as text chunks are ordered by
@@ -292,11 +298,11 @@ def _load_inputs(args: argparse.Namespace, show: bool) -> Any:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    show = sys.stderr.isatty()
+    show = True  # a bar on a terminal, periodic lines in a log (widthscope._io.progress)
     if args.model == "builtin":
-        model, split = _builtin(args.seed, show)
-        if args.data not in (None, "digits"):
+        if args.data not in (None, "digits") or args.train_data or args.test_data:
             raise WidthscopeError("--model builtin uses the digits data set; drop --data or pass a checkpoint")
+        model, split = _builtin(args.seed, show)
         loss_fn = None
     else:
         inputs = _load_inputs(args, show)

@@ -37,6 +37,9 @@ def run(args: argparse.Namespace) -> int:
         cfg.threads = args.threads
     shard = shard_for_run(args.shard)
     out = Path(cfg.out_dir)
+    from ..validate import check_dir_writable
+
+    check_dir_writable(out)  # before any cell trains: a read-only or file --out is one error line
     cells = plan_cells(cfg)
     k, n = shard
     mine = [(i, c) for i, c in enumerate(cells) if i % n == k - 1]

@@ -124,8 +124,20 @@ def run_grid(cells: Sequence[Mapping[str, Any]],
     Each row gets ``cell_id``, ``cell_index``, ``row_index`` and the cell's parameters
     (row keys win on a clash). ``cell_dir`` is a per-cell scratch folder for checkpoints.
     """
+    from .._io import _unwritable, on_interrupt
+
     out_dir = Path(out_dir)
-    (out_dir / "cells").mkdir(parents=True, exist_ok=True)
+    try:
+        (out_dir / "cells").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _unwritable(out_dir / "cells", exc) from None
+
+    def finished() -> str | None:
+        n_done = len(list((out_dir / "cells").glob("*.json")))
+        return (f"{n_done} finished cell(s) in {out_dir / 'cells'} (rerun the same command to resume)"
+                if n_done else None)
+
+    on_interrupt(finished)
     k, n = shard
     indexed = [(i, c) for i, c in enumerate(cells) if i % n == k - 1]
     result = GridResult(out_dir=out_dir)
@@ -139,7 +151,10 @@ def run_grid(cells: Sequence[Mapping[str, Any]],
     for i, c, cid in progress(todo, desc=desc, total=len(todo)):
         t0 = time.perf_counter()
         cell_dir = out_dir / "artifacts" / cid
-        cell_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            cell_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _unwritable(cell_dir, exc) from None
         rows = fn(c, cell_dir)
         elapsed = time.perf_counter() - t0
         full = []

@@ -1,0 +1,183 @@
+"""One error line and nothing lost: every command with every shared bad value, a full disk, an
+unwritable output, and signals sent to running commands."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from widthscope.cli import main
+
+TINY_SWEEP = """
+[sweep]
+name = "tiny"
+seeds = [0]
+M = [8]
+draws = 50
+interventions = "none"
+
+[[family]]
+name = "mlp"
+widths = [8, 16, 32]
+dataset = "digits"
+n_train = 128
+n_test = 64
+model_options = { depth = 2 }
+train = { steps = 30, lr = 0.01, batch_size = 32 }
+certify = { n_probe_train = 32, n_probe_test = 32, batch_size = 16 }
+"""
+TINY_LIN = """
+name = "lin"
+widths = [16]
+seeds = [0]
+[model]
+depth = 2
+[data]
+name = "digits"
+n_train = 32
+n_test = 32
+[train]
+steps = 4
+log_steps = [0, 4]
+"""
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("faults")
+    (root / "sweep.toml").write_text(TINY_SWEEP)
+    (root / "lin.toml").write_text(TINY_LIN)
+    (root / "a_file").write_text("not a directory")
+    import torch
+
+    from widthscope.samples import save
+
+    g = torch.Generator().manual_seed(0)
+    save(root / "s.safetensors", {"p": torch.randn(16, 4, generator=g, dtype=torch.float64)},
+         {"p": torch.randn(16, 4, generator=g, dtype=torch.float64)}, {"settings": {"M": [4]}})
+    return root
+
+
+def _base(cmd, root):
+    return {"certify": ["certify"], "grow": ["grow", "--model", "builtin"], "stats": ["stats", str(root / "s.safetensors")],
+            "sweep": ["sweep", str(root / "sweep.toml")], "report": ["report", str(root)],
+            "demo": ["demo", "--quick"], "linearize": ["linearize", str(root / "lin.toml")]}[cmd]
+
+
+BAD = [  # (commands, extra argv, what the one line must say)
+    (("certify", "grow", "stats"), ["--seed", "-1"], "--seed -1: must be a whole number in 0.."),
+    (("certify", "grow", "stats", "sweep", "linearize"), ["--threads", "0"], "--threads 0"),
+    (("certify", "grow"), ["--n-train", "2"], "--n-train 2: must be a whole number >= 4"),
+    (("certify", "grow"), ["--batch-size", "0"], "--batch-size 0"),
+    (("certify", "grow"), ["--seq-len", "1"], "--seq-len 1"),
+    (("certify", "grow"), ["--dtype", "float8"], "invalid choice"),
+    (("certify", "stats"), ["--draws", "0"], "--draws 0"),
+    (("certify",), ["--device", "nope:7"], "is not a torch device"),
+    (("certify", "stats"), ["--M", "x"], "expected comma-separated whole numbers"),
+    (("grow",), ["--steps", "0"], "--steps 0"),
+    (("grow",), ["--lr", "-1"], "--lr -1.0: must be a positive finite number"),
+    (("certify", "grow"), ["--data", "/no/such/corpus.txt"], "not a dataset name"),
+    (("certify", "grow", "stats"), ["--out", "{file}/x.json"], "cannot write"),
+    (("sweep", "report", "demo", "linearize"), ["--out", "{file}/dir"], "cannot write"),
+]
+CASES = [(cmd, argv, msg) for cmds, argv, msg in BAD for cmd in cmds]
+
+
+@pytest.mark.parametrize("cmd,argv,msg", CASES, ids=[f"{c}{' '.join(a)}" for c, a, _ in CASES])
+def test_every_command_every_bad_value_is_one_line(cmd, argv, msg, env, capsys, tmp_path):
+    argv = [a.replace("{file}", str(env / "a_file")) for a in argv]
+    out = tmp_path / "out"
+    if "--out" not in argv and cmd in ("certify", "grow", "stats"):
+        argv += ["--out", str(out / "r.json")]
+    elif "--out" not in argv:
+        argv += ["--out", str(out)]
+    before = set(env.rglob("*"))
+    try:
+        rc = main([*_base(cmd, env), *argv])
+    except SystemExit as exc:  # argparse errors exit through SystemExit
+        rc = exc.code
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert rc == 2, err
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert msg in lines[0], lines[0]
+    assert not out.exists() or not any(p.is_file() for p in out.rglob("*"))  # no output left behind
+    assert set(env.rglob("*")) == before
+
+
+def test_disk_full_during_a_sweep_keeps_finished_cells_and_says_so(env, tmp_path, monkeypatch, capsys):
+    import safetensors.torch
+
+    real = safetensors.torch.save_file
+    calls = {"n": 0}
+
+    def full(*a, **k):
+        calls["n"] += 1
+        if calls["n"] >= 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*a, **k)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    rc = main(["sweep", str(env / "sweep.toml"), "--out", str(tmp_path / "s")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert "No space left on device" in err[0] and "kept: 1 finished cell(s)" in err[0]
+    assert len(list((tmp_path / "s" / "cells").glob("*.json"))) == 1
+    monkeypatch.setattr(safetensors.torch, "save_file", real)
+    assert main(["sweep", str(env / "sweep.toml"), "--out", str(tmp_path / "s")]) == 0  # resumes
+    assert len(list((tmp_path / "s" / "cells").glob("*.json"))) == 3
+
+
+def test_disk_full_when_certify_writes_is_one_line(tmp_path, monkeypatch, capsys):
+    import widthscope._io as io
+
+    real = os.replace
+
+    def full(src, dst):
+        if str(dst).endswith("c.json"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(src, dst)
+
+    monkeypatch.setattr(io.os, "replace", full)
+    rc = main(["certify", "--train-steps", "2", "--n-train", "16", "--n-test", "16", "--M", "4", "--draws", "10",
+               "--interventions", "none", "--out", str(tmp_path / "c.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "No space left on device" in err[0]
+    assert not (tmp_path / "c.json").exists() and not list(tmp_path.glob(".c.json*"))  # no partial file
+
+
+def _spawn(args, cwd):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WIDTHSCOPE_PROGRESS": "0"}
+    return subprocess.Popen([sys.executable, "-m", "widthscope", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+def test_signals_end_runs_cleanly_with_an_accurate_message(env, tmp_path):
+    # SIGTERM during a sweep: the finished cells are kept and the message counts them.
+    slow = TINY_SWEEP.replace("steps = 30", "steps = 400")
+    (tmp_path / "slow.toml").write_text(slow)
+    p = _spawn(["sweep", str(tmp_path / "slow.toml"), "--out", str(tmp_path / "s")], tmp_path)
+    cells = tmp_path / "s" / "cells"
+    t0 = time.time()
+    while time.time() - t0 < 120 and not (cells.is_dir() and list(cells.glob("*.json"))):
+        time.sleep(0.2)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    n = len(list(cells.glob("*.json")))
+    assert p.returncode == 143 and "Traceback" not in err, err
+    assert f"terminated (SIGTERM); kept: {n} finished cell(s)" in err and 1 <= n < 3
+    # SIGINT while certify is still training: nothing was written, and it says so.
+    p = _spawn(["certify", "--train-steps", "1000000", "--out", str(tmp_path / "c.json")], tmp_path)
+    time.sleep(6)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "interrupted; no finished results were written" in err, err
+    assert not (tmp_path / "c.json").exists()
