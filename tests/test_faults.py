@@ -181,3 +181,50 @@ def test_signals_end_runs_cleanly_with_an_accurate_message(env, tmp_path):
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130 and "interrupted; no finished results were written" in err, err
     assert not (tmp_path / "c.json").exists()
+
+
+def test_certify_resume_continues_where_an_interrupted_run_stopped(tmp_path, monkeypatch, capsys):
+    import importlib
+
+    iv = importlib.import_module("widthscope.probe.intervene")  # the module (the package binds the function)
+
+    argv = ["certify", "--train-steps", "5", "--n-train", "48", "--n-test", "48", "--M", "8,16", "--draws", "100"]
+    assert main([*argv, "--out", str(tmp_path / "full.json")]) == 0
+    full = json.loads((tmp_path / "full.json").read_text())
+    real, calls = iv.intervene, {"n": 0}
+
+    def stop_at_second(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(iv, "intervene", stop_at_second)
+    out = tmp_path / "c.json"
+    capsys.readouterr()
+    assert main([*argv, "--out", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert f"kept: 1 finished point(s) in {out}.parts (rerun with --resume" in err and not out.exists()
+    monkeypatch.setattr(iv, "intervene", real)
+    assert main([*argv, "--out", str(out), "--resume"]) == 0
+    assert "resume: 1 of 3 point(s) already finished" in capsys.readouterr().out
+    res = json.loads(out.read_text())
+    assert res["settings"]["resumed_points"] == [full["points"][0]["point"]]
+    assert res["points"] == full["points"] and res["ranking"] == full["ranking"]
+    assert not Path(str(out) + ".parts").exists()  # cleared once the whole result is written
+    # other settings never reuse a part
+    assert main([*argv, "--out", str(out), "--seed", "1", "--resume"]) == 0
+    assert "resume:" not in capsys.readouterr().out
+
+
+def test_log_progress_lines_when_not_a_terminal(monkeypatch, capsys):
+    from widthscope._io import progress
+
+    monkeypatch.setenv("WIDTHSCOPE_PROGRESS", "")
+    monkeypatch.setenv("WIDTHSCOPE_PROGRESS_INTERVAL", "0")
+    list(progress(range(3), desc="cells"))
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0].startswith("cells: 1/3 (33%)") and lines[-1].endswith("- done") and "3/3 (100%)" in lines[-1]
+    monkeypatch.setenv("WIDTHSCOPE_PROGRESS", "0")
+    list(progress(range(3), desc="cells"))
+    assert capsys.readouterr().err == ""

@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -186,7 +187,8 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
             loss_fn: Callable[[Any, Any], torch.Tensor] | None = None, train_mode: str = "eval",
             progress: bool = True, interventions: str | None = "bias",
             etas: Sequence[float] | None = None, project: int | None = None,
-            samples_out: dict[str, Any] | None = None) -> dict[str, Any]:
+            samples_out: dict[str, Any] | None = None,
+            on_point: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Certify every insertion point of ``model``; returns a JSON-able dict.
 
     Args:
@@ -209,6 +211,8 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
             empirical misalignment uses the projected rows; a note says so.
         samples_out: a dict to receive the pooled samples (``train``/``test``: ``{point: (n, d)}``,
             ``dims``), e.g. for :func:`widthscope.samples.save`.
+        on_point: called with each point's finished row (statistics and interventions), e.g. to
+            write it to disk at once (``certify --resume``).
 
     Returns:
         ``{"settings", "points": [{point, n_train, n_test, d, moments_train, moments_test,
@@ -290,9 +294,14 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
                     intervene(model, r["point"], train_list, test_list, etas=etas, kind=interventions,
                               loss_fn=loss_fn, M=m_max, K=k_max, seed=seed, progress=False, reuse=reuse)
                 ) if distributed.is_main() else []
+                if on_point is not None:
+                    on_point(r)
         finally:
             for m, mode in was_training.items():
                 m.training = mode
+    elif on_point is not None:
+        for r in results:
+            on_point(r)
     intervene_s = time.perf_counter() - t0
 
     return {
@@ -396,6 +405,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="randomly project sample vectors to K dims while collecting (memory "
                              "O(n*K) instead of O(n*d)); see docs/performance.md")
     parser.add_argument("--out", default="widthscope-results/certify.json", help="JSON output path")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue an interrupted run: points finished by an earlier run with the same settings "
+                             "(kept in OUT.parts/) are not probed again")
     parser.add_argument("--save-samples", default=None, metavar="FILE",
                         help="also write the pooled samples of every point (safetensors) for `widthscope stats`")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1")
@@ -457,10 +469,103 @@ def _builtin(args: argparse.Namespace, say: Callable[[str], None]) -> nn.Module:
     return model
 
 
+class _Parts:
+    """Finished points of a certify run, one atomic JSON file each in ``OUT.parts/``, keyed by
+    a fingerprint of everything that determines them (so ``--resume`` never mixes settings)."""
+
+    def __init__(self, args: argparse.Namespace, names: Sequence[str], inputs_info: dict[str, Any]) -> None:
+        import hashlib
+        import json
+
+        self.dir = Path(str(args.out) + ".parts")
+        keys = ("model", "task", "dtype", "data", "train_data", "test_data", "train_split", "test_split",
+                "text_field", "label_field", "tokenizer", "seq_len", "sequences", "first", "max_tokens",
+                "test_fraction", "train_pool", "n_train", "n_test", "seed", "M", "K", "draws", "estimator",
+                "pool", "interventions", "etas", "project", "batch_size", "train_steps", "protocol")
+        blob = json.dumps({k: getattr(args, k, None) for k in keys} | {"inputs": inputs_info, "points": list(names)},
+                          sort_keys=True, default=str)
+        self.fingerprint = hashlib.sha256(blob.encode()).hexdigest()[:16]
+        self.written = 0
+        from ._io import on_interrupt
+
+        on_interrupt(self.describe)
+
+    def _file(self, point: str) -> Path:
+        return self.dir / f"{point.replace('/', '_')}.json"
+
+    def load(self) -> dict[str, dict[str, Any]]:
+        import json
+
+        done: dict[str, dict[str, Any]] = {}
+        for f in sorted(self.dir.glob("*.json")) if self.dir.is_dir() else []:
+            try:
+                obj = json.loads(f.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue  # a torn file: that point runs again
+            if obj.get("fingerprint") == self.fingerprint:
+                done[obj["row"]["point"]] = obj
+        return done
+
+    def save(self, row: dict[str, Any], notes: list[str]) -> None:
+        atomic_write_json(self._file(row["point"]), {"fingerprint": self.fingerprint, "row": row, "notes": notes})
+        self.written += 1
+
+    def describe(self) -> str | None:
+        n = len(list(self.dir.glob("*.json"))) if self.dir.is_dir() else 0
+        return f"{n} finished point(s) in {self.dir} (rerun with --resume to continue)" if n else None
+
+    def clear(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _certify_rest(model: nn.Module, inputs: Any, args: argparse.Namespace, todo: list[str], Ms: Any, Ks: Any,
+                  etas: Any, samples: dict[str, Any], parts: _Parts, main: bool) -> dict[str, Any]:
+    """certify() on the points still to do, writing each finished point as it completes."""
+    from .probe.intervene import to_batches
+
+    notes_box: list[str] = []
+
+    def keep(row: dict[str, Any]) -> None:
+        if main:
+            parts.save(row, notes_box)
+
+    # Guarded: a failing rank stops every rank, and rank 0 writes only a complete result.
+    return distributed.run_rank_guarded(
+        certify, model, to_batches(inputs.train, args.batch_size), to_batches(inputs.test, args.batch_size),
+        points=todo, M=Ms, K=Ks, draws=args.draws, seed=args.seed, estimator=args.estimator, pool=args.pool,
+        loss_fn=inputs.loss_fn, progress=main,
+        interventions=None if args.interventions == "none" else args.interventions,
+        etas=etas, project=args.project, samples_out=samples, on_point=keep, what="certify")
+
+
+def _merge(res: dict[str, Any] | None, done: dict[str, dict[str, Any]], names: Sequence[str], Ms: Any, Ks: Any,
+           args: argparse.Namespace) -> dict[str, Any]:
+    """This run's points and the resumed ones, in the points' order, with one ranking."""
+    rows = {r["point"]: r for r in (res["points"] if res else [])}
+    rows.update({p: d["row"] for p, d in done.items() if p not in rows})
+    points = [rows[n] for n in names]
+    if res is None:  # every point was already finished
+        pairs = _pairs(Ms, Ks)
+        res = {"settings": {"M": [m for m, _ in pairs], "K": [k for _, k in pairs], "draws": args.draws,
+                            "seed": args.seed, "estimator": args.estimator, "pool": args.pool, "train_mode": "eval",
+                            "points": list(names), "world_size": distributed.world_size(),
+                            "interventions": None if args.interventions == "none" else args.interventions,
+                            "project": args.project},
+               "notes": [], "timing": {"probe_s": 0.0, "stats_s": 0.0, "intervene_s": 0.0}}
+    res["settings"]["points"] = list(names)
+    res["points"] = points
+    res["ranking"] = ranking(points)
+    if done:
+        res["settings"]["resumed_points"] = sorted(done)
+        res["notes"] = list(dict.fromkeys(res["notes"] + [n for d in done.values() for n in d.get("notes", [])]))
+    return res
+
+
 def run(args: argparse.Namespace) -> int:
     from .data.inputs import load_model, resolve
     from .models.hf import model_info
-    from .probe.intervene import to_batches
 
     main = distributed.is_main()
 
@@ -514,15 +619,18 @@ def run(args: argparse.Namespace) -> int:
         return 0
     names = resolve_points(model, args.points)
     inputs = resolve(args, model=model, show_progress=main)
+    parts = _Parts(args, names, inputs.info)
+    done = parts.load() if args.resume else {}
+    if done and args.save_samples:
+        raise WidthscopeError("--save-samples needs every point probed in this run; drop --resume (or --save-samples)")
+    todo = [n for n in names if n not in done]
+    if done:
+        say(f"resume: {len(done)} of {len(names)} point(s) already finished in {parts.dir}; probing {len(todo)}")
     model.to(device)
     # Guarded: a failing rank stops every rank, and rank 0 writes only a complete result.
     samples: dict[str, Any] = {}
-    res = distributed.run_rank_guarded(
-        certify, model, to_batches(inputs.train, args.batch_size), to_batches(inputs.test, args.batch_size),
-        points=names, M=Ms, K=Ks, draws=args.draws, seed=args.seed, estimator=args.estimator, pool=args.pool,
-        loss_fn=inputs.loss_fn, progress=main,
-        interventions=None if args.interventions == "none" else args.interventions,
-        etas=etas, project=args.project, samples_out=samples, what="certify")
+    res = _certify_rest(model, inputs, args, todo, Ms, Ks, etas, samples, parts, main) if todo else None
+    res = _merge(res, done, names, Ms, Ks, args)
     info = model_info(model)
     res["settings"].update(model=args.model, data=inputs.info.get("dataset") or args.data or args.train_data,
                            train_data=args.train_data, test_data=args.test_data, task=inputs.task,
@@ -536,6 +644,7 @@ def run(args: argparse.Namespace) -> int:
     res["notes"] = protocol_notes + inputs.notes + res["notes"]
     if main:
         path = atomic_write_json(args.out, res)
+        parts.clear()  # the complete result is on disk: the per-point parts are no longer needed
         if args.save_samples:
             from .samples import save
 
