@@ -47,6 +47,13 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     html = page.read_text()
     assert "Alignment width sweep" in html and html.count('src="data:image/png;base64,') >= 4
     assert "llama: d_align (two-population) grows with width at" in html
+    # the page says what it measured: data (and a fallback's reason), config, training, versions
+    assert "What was measured" in html and "data: text" in html and "config (" in html
+    assert "final held-out loss" in html and "torch " in html and "transformers " in html
+    import widthscope.demo as demo_mod
+
+    if demo_mod._image_dataset() == "digits":
+        assert "MLP part: digits, because Fashion-MNIST is not installed" in html
     assert "mlp: d_align (two-population) grows with width at" in html
     for part in ("llama", "mlp"):
         assert (out / part / "results.jsonl").exists()

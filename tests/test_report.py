@@ -131,7 +131,10 @@ def test_page_is_self_contained(tmp_path):
     assert "grows with width at 3/4" in text
     assert sorted(p.name for p in tmp_path.glob("*.png")) == [
         "llama-d_align.png", "llama-misalignment-vs-MK.png", "llama-misalignment-vs-width.png"]
-    assert text.count("<tr>") == 1 + len(WIDTHS) * len(POINTS)  # header + one line per (width, point)
+    # the alignment table (header + one line per (width, point)) and what was measured (header + one
+    # line per (family, width))
+    assert text.count("<tr>") == 1 + len(WIDTHS) * len(POINTS) + 1 + len(WIDTHS)
+    assert "What was measured" in text and "widthscope 0.1.0" in text and "torch " in text
 
 
 def test_sections_only_for_present_kinds_and_missing_modules(tmp_path, monkeypatch):
@@ -255,3 +258,23 @@ def test_verdict_weighs_seed_spread_against_the_width_trend():
     assert "holds by the seed means" in text and "weak evidence" in text
     text = "\n".join(alignment.summary(synthetic_rows(seeds=(0,))))
     assert "One seed: the seed-to-seed spread is unknown" in text and "weak evidence" in text
+
+
+def test_many_intervention_curves_get_small_multiples_and_labelled_sign_counts(tmp_path):
+    from widthscope.report import interventions as riv
+
+    rows = []
+    for w in (32, 64, 128, 256):
+        for p in range(4):
+            for s in range(2):
+                for i, eta in enumerate((1e-3, 1e-2, 1e-1, 1.0)):
+                    pred = -eta * (1 + p)
+                    rows.append({"kind": "intervention", "probe": "bias", "family": "llama", "width": w, "seed": s,
+                                 "point": f"layers.{p}", "eta": eta, "rel_step": eta, "predicted": pred,
+                                 "actual": pred * (1 - eta), "retention": 1 - eta, "sign_agrees": i < 3})
+    figs = riv.figures(rows, tmp_path)
+    names = [Path(f["png"]).name for f in figs]
+    assert "interventions_retention_by_width.png" in names  # 32 curves: one panel per width
+    text = " ".join(riv.summary(rows))
+    assert "per step of the η grid" in text and "96 of 128 steps" in text
+    assert "at the smallest step of each curve: sign right in 32 of 32 curves" in text

@@ -171,7 +171,12 @@ def run_demo(out_dir: str | Path | None = None, *, quick: bool = False, linear: 
     print(f"[{n_parts + 1}/{n_parts + 1}] report", file=file, flush=True)
     if not parts:
         raise WidthscopeError("every demo part failed: " + "; ".join(failed))
-    page = report(parts, out / "report", title="widthscope demo" + (" (quick)" if quick else ""))
+    ds = _image_dataset()
+    notes = [] if ds == "fashion-mnist" else [
+        f"MLP part: {ds}, because Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist puts it "
+        "in /usr/share/datasets/fashion-mnist)"]
+    notes += [f"part failed: {f}" for f in failed]
+    page = report(parts, out / "report", title="widthscope demo" + (" (quick)" if quick else ""), notes=notes)
     from .report import load_results
 
     for line in summary([r for r in load_results(parts) if r.get("kind") == "alignment"]):

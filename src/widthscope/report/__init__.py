@@ -61,8 +61,10 @@ def load_results(dirs: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
 
 
 def report(results: Sequence[str | os.PathLike] | str | os.PathLike, out_dir: str | os.PathLike | None = None,
-           *, title: str | None = None) -> Path:
-    """Build the report for one or more results directories; return the path of ``report.html``."""
+           *, title: str | None = None, notes: Sequence[str] = ()) -> Path:
+    """Build the report for one or more results directories; return the path of ``report.html``.
+
+    ``notes`` head the page (e.g. which dataset a fallback chose and why)."""
     from .certify_series import describe
     from .html import build_report
 
@@ -78,7 +80,8 @@ def report(results: Sequence[str | os.PathLike] | str | os.PathLike, out_dir: st
     if title is None:
         title = "widthscope report: " + ", ".join(Path(d).name for d in dirs)
     named = describe(rows)  # certify files: which model/data/width each one is
-    return build_report(rows, out, title=title, sources=[named.get(str(Path(d)), str(d)) for d in dirs])
+    return build_report(rows, out, title=title, sources=[named.get(str(Path(d)), str(d)) for d in dirs],
+                        notes=notes)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -424,4 +424,8 @@ def summary(rows: list[dict]) -> list[str]:
         else:
             verdict = "does not clearly hold at this scale (see the counts above)."
         lines.append(f"Verdict for {label}: the width mechanism " + verdict)
+        if not holds or weak:
+            lines.append(f"What to try next for {label}: more seeds, larger M and K (more probe examples), "
+                         "a shifted probe set (certify --train-data/--test-data from another corpus) and longer "
+                         "probe sequences; vacuous certificates need larger pools.")
     return lines

@@ -104,8 +104,79 @@ def collect_sections(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> 
     return sections, notes
 
 
+def versions() -> dict[str, str]:
+    """widthscope (and its git commit when run from a checkout), Python, torch, transformers."""
+    import platform
+    import subprocess
+
+    from .. import __version__
+
+    out = {"widthscope": __version__, "python": platform.python_version()}
+    try:
+        here = Path(__file__).resolve().parent
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True,
+                                text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=5)
+        if commit.returncode == 0 and commit.stdout.strip():
+            out["git commit"] = commit.stdout.strip() + (" (with local changes)" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    for mod in ("torch", "transformers", "numpy"):
+        try:
+            out[mod] = importlib.import_module(mod).__version__
+        except ImportError:
+            pass
+    return out
+
+
+def provenance(rows: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str:
+    """HTML: what each source measured — its data, config, training steps and final losses."""
+    import json
+    from collections import defaultdict
+
+    esc = html.escape
+    parts = ['<section><h2>What was measured</h2>']
+    parts.append("<p>" + " · ".join(f"{esc(k)} {esc(v)}" for k, v in versions().items()) + "</p>")
+    by_source: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_source[str(r.get("source", ""))].append(r)
+    for src in list(sources) or sorted(by_source):
+        rs = by_source.get(src, [])
+        kinds = sorted({str(r.get("kind")) for r in rs})
+        datasets = sorted({str(r["dataset"]) for r in rs if r.get("dataset")})
+        parts.append(f"<h3>{esc(src)}</h3><p>{len(rs)} rows ({esc(', '.join(kinds))}); data: "
+                     f"{esc(', '.join(datasets) or 'not recorded in the rows')}</p>")
+        groups: dict[tuple, list[Mapping[str, Any]]] = defaultdict(list)
+        for r in rs:
+            if r.get("kind") == "alignment" and r.get("width") is not None:
+                groups[(r.get("family") or r.get("model"), r.get("width"))].append(r)
+        if groups:
+            parts.append("<table><tr><th class=l>family</th><th>width</th><th>seeds</th><th>training steps</th>"
+                         "<th>final train loss</th><th>final held-out loss</th></tr>")
+            for (fam, width), g in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), float(kv[0][1]))):
+                def mean(key: str) -> str:
+                    vals = [float(r[key]) for r in g if isinstance(r.get(key), (int, float))]
+                    return f"{sum(vals) / len(vals):.4g}" if vals else "–"
+                seeds = sorted({r.get("seed") for r in g if r.get("seed") is not None})
+                steps = sorted({r.get("steps") for r in g if r.get("steps") is not None})
+                parts.append(f"<tr><td class=l>{esc(str(fam))}</td><td>{esc(str(width))}</td>"
+                             f"<td>{len(seeds)}</td><td>{esc(', '.join(map(str, steps)) or '–')}</td>"
+                             f"<td>{mean('train_loss')}</td><td>{mean('test_loss')}</td></tr>")
+            parts.append("</table>")
+        cfg = Path(src) / "sweep.json"
+        if cfg.is_file():
+            try:
+                text = json.dumps(json.loads(cfg.read_text(encoding="utf-8")).get("config", {}), indent=1)
+            except (OSError, ValueError):
+                text = "(unreadable sweep.json)"
+            parts.append(f"<details><summary>config ({esc(str(cfg))})</summary><pre>{esc(text)}</pre></details>")
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
 def render_page(title: str, sections: Sequence[Mapping[str, Any]], *, notes: Sequence[str] = (),
-                subtitle: str = "") -> str:
+                subtitle: str = "", measured: str = "") -> str:
     """The HTML text: header, notes, then each section's verdict, figures (embedded) and tables."""
     esc = html.escape
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
@@ -114,6 +185,8 @@ def render_page(title: str, sections: Sequence[Mapping[str, Any]], *, notes: Seq
              f"<header><h1>{esc(title)}</h1><p>{esc(subtitle)}</p></header><main>"]
     for n in notes:
         parts.append(f'<div class="note">{esc(n)}</div>')
+    if measured:
+        parts.append(measured)
     if not sections:
         parts.append('<div class="note">No rows with a report section were found.</div>')
     for sec in sections:
@@ -134,13 +207,19 @@ def render_page(title: str, sections: Sequence[Mapping[str, Any]], *, notes: Seq
 
 
 def build_report(rows: Sequence[Mapping[str, Any]], out_dir: str | Path, *, title: str = "widthscope report",
-                 sources: Sequence[str] = ()) -> Path:
-    """Write the PNGs and ``report.html`` into ``out_dir``; return the page's path."""
+                 sources: Sequence[str] = (), notes: Sequence[str] = ()) -> Path:
+    """Write the PNGs and ``report.html`` into ``out_dir``; return the page's path.
+
+    ``notes`` (e.g. the demo's "digits, because Fashion-MNIST is not installed") head the page,
+    followed by what was measured (versions, data, config, training, final losses per source).
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    sections, notes = collect_sections(rows, out_dir)
+    sections, more = collect_sections(rows, out_dir)
+    notes = list(notes) + more
     stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     subtitle = f"{len(rows)} rows from {', '.join(sources) or 'memory'} · generated {stamp}"
     page = out_dir / "report.html"
-    atomic_write_text(page, render_page(title, sections, notes=notes, subtitle=subtitle))
+    measured = provenance(rows, sorted({str(r.get("source", "")) for r in rows}))
+    atomic_write_text(page, render_page(title, sections, notes=notes, subtitle=subtitle, measured=measured))
     return page
