@@ -96,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import signal
 
-    from ._io import kept_work
+    from ._io import _KEPT, kept_work
+
+    _KEPT.clear()  # what this run keeps, not what an earlier call in this process kept
 
     def _terminate(signum: int, _frame: object) -> None:
         raise _Terminated(signum)
