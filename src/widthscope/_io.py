@@ -146,7 +146,7 @@ def append_jsonl(path: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> 
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)  # the umask decides, as for any file
     except OSError as exc:
         raise _unwritable(path, exc) from None
     try:

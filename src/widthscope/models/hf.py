@@ -284,7 +284,9 @@ def load_hf(directory: str | Path, *, task: str | None = None, dtype: str = "aut
             model, loading = auto.from_pretrained(
                 str(directory), local_files_only=True, trust_remote_code=False,
                 use_safetensors=use_safetensors, weights_only=True, dtype=torch_dtype,
-                output_loading_info=True)
+                # load what fits and report the rest (refused below with the names and shapes),
+                # rather than transformers' table and a hint about an option the user never set
+                ignore_mismatched_sizes=True, output_loading_info=True)
     except WidthscopeError:
         raise
     except Exception as exc:  # transformers/safetensors raise many types for bad files
@@ -294,15 +296,19 @@ def load_hf(directory: str | Path, *, task: str | None = None, dtype: str = "aut
     finally:
         hf_logging.set_verbosity(verbosity)
     missing = [k for k in loading.get("missing_keys", []) if k]
-    mismatched = loading.get("mismatched_keys", [])
+    mismatched = sorted(loading.get("mismatched_keys", []) or [], key=str)
     if missing or mismatched:
         parts = []
         if missing:
             parts.append(f"missing {', '.join(sorted(missing)[:5])}" + (f" (+{len(missing) - 5} more)"
                                                                       if len(missing) > 5 else ""))
         if mismatched:
-            parts.append("shape mismatch " + ", ".join(str(m[0]) if isinstance(m, (tuple, list)) else str(m)
-                                                       for m in mismatched[:5]))
+            def one(m: Any) -> str:
+                if isinstance(m, (tuple, list)) and len(m) == 3:
+                    return f"{m[0]} {tuple(m[1])} in the file vs {tuple(m[2])} in the config"
+                return str(m[0] if isinstance(m, (tuple, list)) else m)
+            parts.append("shape mismatch " + ", ".join(one(m) for m in mismatched[:3])
+                         + (f" (+{len(mismatched) - 3} more)" if len(mismatched) > 3 else ""))
         raise WidthscopeError(f"weights in {directory} do not match the {cfg.get('architectures', ['?'])[0]} "
                               f"architecture of its config.json: {'; '.join(parts)} (freshly initialised "
                               "weights would give meaningless certificates)")
