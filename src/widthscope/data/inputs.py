@@ -287,6 +287,14 @@ def _text_source(path: str, split: str | None, args: argparse.Namespace, labels:
                  skipped: list[str]) -> tuple[Any, str]:
     from .corpus import documents
 
+    if path == "prose":  # Python's own English prose, one document per help topic (and the license)
+        import pydoc_data.topics as topics
+
+        from .text import prose
+
+        docs = [topics.topics[k] for k in sorted(topics.topics)]
+        lic = prose()[0].decode("utf-8")[len("\n\n".join(docs)):].strip()
+        return (iter([d]) for d in docs + ([lic] if lic else [])), "English prose shipped with Python"
     return documents(path, text_field=args.text_field, split=split,
                      label_field=args.label_field if labels else None, skipped=skipped)
 
@@ -521,15 +529,16 @@ def _named_pools(name: str, args: argparse.Namespace, model: nn.Module, task: st
     options: dict[str, Any] = {k: v for k, v in rec.get("options", {}).items() if k != "root"}
     root = args.data_root or rec.get("options", {}).get("root")
     trained_len = options.get("seq_len")
-    if name == "text":
+    text_like = name in ("text", "prose")
+    if text_like:
         options["seq_len"] = args.seq_len or options.get("seq_len", 64)
     split_seed = int(rec.get("seed", seed))
     notes: list[str] = []
-    if task in ("causal-lm", "masked-lm", "sequence-classification") and name != "text":
+    if task in ("causal-lm", "masked-lm", "sequence-classification") and not text_like:
         raise WidthscopeError(f"--data {name!r} is an image/feature dataset but the model is a {task} model: "
                               "give text data")
-    if name == "text" and isinstance(record, dict) and record.get("kind") == "text-bytes":
-        got = _text_from_record(record, root, options, args, seed)
+    if text_like and isinstance(record, dict) and record.get("kind") == "text-bytes":
+        got = _text_from_record(record, root, options, args, seed, corpus=name)
         if got is not None:
             train, test, info, offsets = got
             check_ids(train, model, "train")
@@ -538,7 +547,7 @@ def _named_pools(name: str, args: argparse.Namespace, model: nn.Module, task: st
             return train, test, info, notes, offsets
         integrity = ("unverified: the corpus differs from the one the checkpoint was trained on (SHA-256 "
                      "mismatch); pools come from re-splitting it, so held-out text may have been trained on")
-    elif name == "text":
+    elif text_like:
         integrity = ("same chunking as training (recorded seq_len and split seed); the corpus version is not "
                      "verifiable (no data record)" if rec and options["seq_len"] == trained_len else
                      "unverified: the checkpoint records no held-out text ranges" +
@@ -609,13 +618,14 @@ def _fitted_positions(record: Any, split: Any) -> torch.Tensor | None:
 
 
 def _text_from_record(record: dict[str, Any], root: str | None, options: dict[str, Any],
-                      args: argparse.Namespace, seed: int) -> tuple[Any, Any, dict[str, Any], dict] | None:
+                      args: argparse.Namespace, seed: int, corpus: str = "text"
+                      ) -> tuple[Any, Any, dict[str, Any], dict] | None:
     """Byte-model pools at any sequence length from the recorded byte ranges (None: corpus changed)."""
     import hashlib
 
     from .text import chunks_within, corpus_chunks, read_corpus
 
-    buf, used, source, _ = read_corpus(root, int(options.get("max_bytes", 2_000_000)))
+    buf, used, source, _ = read_corpus(root, int(options.get("max_bytes", 2_000_000)), corpus)
     if hashlib.sha256(buf).hexdigest() != record.get("corpus_sha256"):
         return None
     L = int(options["seq_len"])
@@ -691,11 +701,12 @@ def resolve(args: argparse.Namespace, *, model: nn.Module | None = None, show_pr
                                   "dataset name or a file/directory) or --train-data and --test-data")
     split = None
     if name is not None and name in DATASETS and args.train_data is None:
-        if name == "text" and task in ("causal-lm", "masked-lm"):
-            # The default text corpus (Python's standard library) through the model's tokenizer.
+        if name in ("text", "prose") and task in ("causal-lm", "masked-lm"):
+            # The built-in corpora (Python's standard library, its English prose) through the
+            # model's own tokenizer, never as byte ids.
             import sysconfig
 
-            args.data = name = str(Path(sysconfig.get_paths()["stdlib"]))
+            args.data = name = str(Path(sysconfig.get_paths()["stdlib"])) if name == "text" else "prose"
         else:
             if args.tokenizer not in (None, "bytes") and task == "lm":
                 raise WidthscopeError("--tokenizer applies to text files given with --data PATH, not to the "

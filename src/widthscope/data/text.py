@@ -65,9 +65,26 @@ def _files(root: str | None) -> tuple[list[Path], str, list[str]]:
                           "of text files (or omit root for the Python standard library)")
 
 
-def read_corpus(root: str | None, max_bytes: int) -> tuple[bytes, list[str], str, list[str]]:
+def prose() -> tuple[bytes, list[str]]:
+    """English prose shipped with Python itself: the ``pydoc_data.topics`` help texts (sorted by
+    topic) and the interpreter's LICENSE.txt — a corpus unlike source code, present everywhere."""
+    import pydoc_data.topics as topics
+
+    parts = [topics.topics[k] for k in sorted(topics.topics)]
+    used = ["pydoc_data.topics"]
+    lic = Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt"
+    if lic.is_file():
+        parts.append(lic.read_text(encoding="utf-8", errors="replace"))
+        used.append(str(lic))
+    return "\n\n".join(parts).encode("utf-8"), used
+
+
+def read_corpus(root: str | None, max_bytes: int, corpus: str = "text") -> tuple[bytes, list[str], str, list[str]]:
     """The corpus bytes (files concatenated in sorted order, up to ``max_bytes``), the files used,
-    a description and the files skipped."""
+    a description and the files skipped. ``corpus="prose"``: :func:`prose` instead of files."""
+    if corpus == "prose":
+        buf, used = prose()
+        return buf[:max_bytes], used, "English prose shipped with Python (pydoc_data.topics, LICENSE.txt)", []
     files, source, skipped = _files(root)
     buf = bytearray()
     used = []
@@ -110,7 +127,8 @@ def corpus_chunks(buf: bytes, seq_len: int, idx: np.ndarray) -> torch.Tensor:
 
 
 def load_text(root: str | None, n_train: int | None, n_test: int | None, seed: int, *,
-              seq_len: int = 64, max_bytes: int = 2_000_000, test_fraction: float = 0.1) -> Split:
+              seq_len: int = 64, max_bytes: int = 2_000_000, test_fraction: float = 0.1,
+              corpus: str = "text") -> Split:
     if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 2:
         raise WidthscopeError(f"text: seq_len must be an integer >= 2 (one input and one predicted token), "
                               f"got {seq_len!r}")
@@ -120,7 +138,7 @@ def load_text(root: str | None, n_train: int | None, n_test: int | None, seed: i
         raise WidthscopeError(f"text: test_fraction must be a number in (0, 1), got {test_fraction!r}")
     if not 0 < test_fraction < 1:
         raise WidthscopeError(f"text: test_fraction must be in (0, 1), got {test_fraction}")
-    buf, used, source, skipped = read_corpus(root, max_bytes)
+    buf, used, source, skipped = read_corpus(root, max_bytes, corpus)
     n_chunks = len(buf) // seq_len
     if n_chunks < 2:
         raise WidthscopeError(f"text: {len(buf)} bytes from {source} make {n_chunks} chunk(s) of "
@@ -146,4 +164,4 @@ def load_text(root: str | None, n_train: int | None, n_test: int | None, seed: i
             "split_rule": "chunk i = corpus bytes [i*seq_len, (i+1)*seq_len); disjoint chunk sets",
             "train_indices": train_idx.tolist(), "test_indices": test_idx.tolist(),
             "heldout_part_indices": heldout_part.tolist()}
-    return Split((Xtr, Xtr), (Xte, Xte), "lm", 256, (seq_len,), "text", meta)
+    return Split((Xtr, Xtr), (Xte, Xte), "lm", 256, (seq_len,), corpus, meta)

@@ -96,7 +96,13 @@ FAMILY_KEYS = {
     "train": "table: steps, lr, optimizer, batch_size, warmup, clip, weight_decay, schedule, momentum, "
              "loss, eval_batch_size, train_eval_examples (options of widthscope.train.train)",
     "certify": "table: n_probe_train, n_probe_test, batch_size, points",
+    "probes": "list of probe conditions {name, data, test_data, data_options, shift, seq_len} (default: one "
+              "'in-domain' condition, the training data's own train/held-out parts); each is a results column "
+              "'probe'",
+    "probe_seq_len": "list of probe sequence lengths for text (default: the training length); an axis of the rows",
 }
+PROBE_KEYS = ("name", "data", "test_data", "data_options", "shift", "seq_len")
+SHIFTS = ("noise:SIGMA", "contrast:FACTOR", "blur", "classes:A,B,...")
 TRAIN_KEYS = ("steps", "lr", "optimizer", "batch_size", "warmup", "clip", "weight_decay", "schedule",
               "momentum", "loss", "eval_batch_size", "train_eval_examples")
 CERTIFY_KEYS = ("n_probe_train", "n_probe_test", "batch_size", "points")
@@ -121,6 +127,8 @@ class FamilySpec:
     n_probe_test: int = 128
     probe_batch_size: int = 32
     points: list[str] | None = None
+    probes: list[dict[str, Any]] | None = None
+    probe_seq_len: list[int] | None = None
 
 
 @dataclass
@@ -148,6 +156,10 @@ class SweepConfig:
     def fingerprint(self) -> str:
         """Hash of everything that determines results (not where they go)."""
         d = self.to_dict()
+        for fam in d.get("families", []):  # options at their defaults leave older fingerprints alone
+            for key in ("probes", "probe_seq_len"):
+                if fam.get(key) is None:
+                    fam.pop(key, None)
         d.pop("out_dir", None)
         d.pop("device", None)
         d.pop("threads", None)
@@ -251,13 +263,112 @@ def _family(raw: Any, index: int, sweep_budgets: list[int] | None) -> FamilySpec
         raise WidthscopeError(f"{_where(ctx)}: model must be a family name string")
     if not isinstance(raw["dataset"], str):
         raise WidthscopeError(f"{_where(ctx)}: dataset must be a dataset name string")
+    probes = _probes(raw.get("probes"), raw["dataset"], ctx)
+    lens = raw.get("probe_seq_len")
+    if lens is not None:
+        if not isinstance(lens, list) or not lens or any(isinstance(v, bool) or not isinstance(v, int) or v < 2
+                                                         for v in lens):
+            raise WidthscopeError(f"{_where(ctx)}: probe_seq_len must be a non-empty list of whole numbers >= 2, "
+                                  f"got {lens!r}")
+        lens = list(dict.fromkeys(lens))
     return FamilySpec(
+        probes=probes, probe_seq_len=lens,
         name=name, model=model, widths=[w if isinstance(w, int) else float(w) for w in widths],
         dataset=raw["dataset"], n_train=n_train, n_test=n_test,
         model_options=_table(raw.get("model_options"), f"{ctx} model_options"),
         data_options=_table(raw.get("data_options"), f"{ctx} data_options"),
         train=train, n_probe_train=n_pa, n_probe_test=n_pb, probe_batch_size=pbs,
         points=list(points) if points is not None else None)
+
+
+def _probes(raw: Any, dataset: str, ctx: str) -> list[dict[str, Any]] | None:
+    """Validated probe conditions (None: the default single in-domain condition)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not raw or not all(isinstance(c, Mapping) for c in raw):
+        raise WidthscopeError(f"{_where(ctx)}: probes must be a list of tables, e.g. "
+                              "[{name = 'in-domain'}, {name = 'shifted', data = 'prose'}]")
+    out, names = [], set()
+    from .. import data as wdata
+
+    for c in raw:
+        _check_keys(c, list(PROBE_KEYS), f"{ctx} probes")
+        name = c.get("name")
+        if not isinstance(name, str) or not name or name in names:
+            raise WidthscopeError(f"{_where(ctx)}: every probe condition needs a unique name, got {name!r}")
+        names.add(name)
+        for key in ("data", "test_data"):
+            v = c.get(key)
+            if v is not None and (not isinstance(v, str) or v not in wdata.DATASETS):
+                raise WidthscopeError(f"{_where(ctx)}: probes {name!r} {key} must be a dataset name "
+                                      f"({', '.join(wdata.DATASETS)}), got {v!r}")
+        shift = c.get("shift")
+        if shift is not None:
+            _parse_shift(shift, f"{_where(ctx)}: probes {name!r}")
+        lens = c.get("seq_len")
+        if isinstance(lens, int) and not isinstance(lens, bool):
+            lens = [lens]
+        if lens is not None and (not isinstance(lens, list) or not lens or any(
+                isinstance(v, bool) or not isinstance(v, int) or v < 2 for v in lens)):
+            raise WidthscopeError(f"{_where(ctx)}: probes {name!r} seq_len must be a whole number >= 2 or a list "
+                                  f"of them, got {lens!r}")
+        out.append({"name": name, "data": c.get("data") or dataset, "test_data": c.get("test_data"),
+                    "data_options": _table(c.get("data_options"), f"{ctx} probes {name!r} data_options"),
+                    "shift": shift, "seq_len": lens})
+    return out
+
+
+def _parse_shift(shift: Any, where: str) -> tuple[str, Any]:
+    if not isinstance(shift, str):
+        raise WidthscopeError(f"{where}: shift must be a string: one of {', '.join(SHIFTS)}")
+    kind, _, arg = shift.partition(":")
+    try:
+        if kind == "noise" and float(arg) > 0:
+            return kind, float(arg)
+        if kind == "contrast" and 0 < float(arg):
+            return kind, float(arg)
+        if kind == "blur" and not arg:
+            return kind, None
+        if kind == "classes" and arg:
+            return kind, [int(v) for v in arg.split(",")]
+    except ValueError:
+        pass
+    raise WidthscopeError(f"{where}: unknown shift {shift!r}; choose one of {', '.join(SHIFTS)}")
+
+
+def apply_shift(pair: tuple[Any, Any], shift: str | None, input_shape: tuple[int, ...], seed: int
+                ) -> tuple[Any, Any]:
+    """A fixed, documented corruption of image inputs: ``noise:σ`` adds seeded Gaussian noise of
+    standard deviation σ (inputs are standardised), ``contrast:c`` scales every input about its
+    own mean by ``c``, ``blur`` averages each pixel with its 3×3 neighbourhood, ``classes:a,b``
+    keeps only those classes (a class-subset shift)."""
+    import torch
+    import torch.nn.functional as F
+
+    if shift is None:
+        return pair
+    kind, arg = _parse_shift(shift, "shift")
+    X, y = pair
+    if kind == "classes":
+        keep = torch.isin(y, torch.tensor(arg))
+        return X[keep], y[keep]
+    if not X.is_floating_point():
+        raise WidthscopeError(f"shift {shift!r} applies to image inputs, not token ids")
+    if kind == "noise":
+        g = torch.Generator().manual_seed(int(seed) + 7919)
+        return X + arg * torch.randn(X.shape, generator=g, dtype=X.dtype), y
+    if kind == "contrast":
+        mean = X.reshape(len(X), -1).mean(1).view(-1, *([1] * (X.dim() - 1)))
+        return mean + arg * (X - mean), y
+    shape = X.shape[1:] if X.dim() == 4 else tuple(input_shape)
+    if len(shape) != 3:
+        side = int(round(math.sqrt(X.shape[1])))
+        if X.dim() != 2 or side * side != X.shape[1]:
+            raise WidthscopeError("blur needs images (C, H, W) or square flattened images")
+        shape = (1, side, side)
+    img = X.reshape(len(X), *shape)
+    out = F.avg_pool2d(F.pad(img, (1, 1, 1, 1), mode="replicate"), 3, stride=1)
+    return out.reshape(X.shape), y
 
 
 def load_config(source: str | os.PathLike | Mapping[str, Any], *, out_dir: str | os.PathLike | None = None
@@ -417,6 +528,72 @@ def _take(pair: Sequence[Any], n: int, seed: int) -> tuple[Any, ...]:
     return tuple(t[idx] for t in pair)
 
 
+def desc_len(pair: Sequence[Any], split: Any) -> int | None:
+    """The probe sequence length of a text pool (None for other data)."""
+    X = pair[0]
+    return int(X.shape[1]) if split.task == "lm" and hasattr(X, "shape") and X.dim() == 2 else None
+
+
+def _probe_pools(fam: FamilySpec, cond: Mapping[str, Any], L: int | None, split: Any, cfg: SweepConfig
+                 ) -> tuple[tuple[Any, ...], tuple[Any, ...], str, dict[str, Any] | None]:
+    """(train pool, held-out pool, description, corpus byte offsets of the rows or None) of one
+    probe condition at probe length ``L``.
+
+    In-domain at the training length: seeded subsets of the fitted examples and the held-out part
+    (as always). In-domain at another length: the corpus re-cut at ``L`` inside the recorded
+    fitted / held-out byte ranges (never a held-out chunk that was trained on). Another dataset:
+    its own train part for the train pool and its held-out part (or ``test_data``'s) for the
+    held-out pool. ``shift`` then corrupts both pools (images)."""
+    from .. import data as wdata
+
+    seed = cfg.data_seed
+    offsets = None
+    same = cond["data"] == fam.dataset and cond.get("test_data") is None and not cond.get("data_options")
+    train_len = int(split.input_shape[-1]) if split.task == "lm" else None
+    if same and (L is None or L == train_len):
+        pa, pb = _take(split.train, fam.n_probe_train, seed), _take(split.test, fam.n_probe_test, seed + 1)
+        desc = f"{fam.dataset} (in-domain: fitted examples / held-out part)"
+    elif same:
+        import numpy as np
+        import torch
+
+        from ..data.text import chunks_within, corpus_chunks, read_corpus
+
+        rec = wdata.record(split)
+        opts = dict(fam.data_options)
+        buf, _, _, _ = read_corpus(opts.get("root"), int(opts.get("max_bytes", 2_000_000)), split.name)
+        tr, te = chunks_within(len(buf), L, rec["fitted"]), chunks_within(len(buf), L, rec["heldout"])
+        for what, idx, n in (("fitted", tr, fam.n_probe_train), ("held-out", te, fam.n_probe_test)):
+            if len(idx) < n:
+                raise WidthscopeError(f"family {fam.name!r}: at probe_seq_len {L} only {len(idx)} chunks lie wholly "
+                                      f"inside the {what} text (trained at {train_len}); lower n_probe or the length")
+        g = lambda s_: torch.Generator().manual_seed(int(s_))  # noqa: E731
+        a = np.sort(tr[torch.randperm(len(tr), generator=g(seed))[:fam.n_probe_train].numpy()])
+        b = np.sort(te[torch.randperm(len(te), generator=g(seed + 1))[:fam.n_probe_test].numpy()])
+        A, B = corpus_chunks(buf, L, a), corpus_chunks(buf, L, b)
+        pa, pb = (A, A), (B, B)
+        desc = f"{fam.dataset} (in-domain, re-cut at {L} inside the fitted / held-out byte ranges)"
+        offsets = {"train": a * L, "test": b * L}
+    else:
+        opts = {**({k: v for k, v in fam.data_options.items() if k != "root"} if cond["data"] == fam.dataset
+                   else {}), **cond.get("data_options", {})}
+        if L is not None:
+            opts["seq_len"] = L
+        other = wdata.load(cond["data"], seed=seed, **opts)
+        held = wdata.load(cond["test_data"], seed=seed, **opts) if cond.get("test_data") else other
+        if other.task != split.task or (split.task == "lm" and other.num_classes != split.num_classes):
+            raise WidthscopeError(f"family {fam.name!r}: probe {cond['name']!r} data {cond['data']!r} does not fit "
+                                  f"the model trained on {fam.dataset!r}")
+        pa = _take(other.train, min(fam.n_probe_train, len(other.train[0])), seed)
+        pb = _take(held.test, min(fam.n_probe_test, len(held.test[0])), seed + 1)
+        desc = f"{cond['data']} train part / {cond.get('test_data') or cond['data']} held-out part"
+    if cond.get("shift"):
+        pa = apply_shift(tuple(pa), cond["shift"], tuple(split.input_shape), seed)
+        pb = apply_shift(tuple(pb), cond["shift"], tuple(split.input_shape), seed + 1)
+        desc += f", shift {cond['shift']}"
+    return tuple(pa), tuple(pb), desc, offsets
+
+
 def _batches(pair: Sequence[Any], task: str, batch_size: int):
     from .. import data as wdata
 
@@ -451,67 +628,76 @@ def run_cell(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_
                                             "data_record": wdata.record(split),
                                             "train": {k: v for k, v in tr.items() if k != "history"}})
 
-    t0 = time.perf_counter()
     points = fam.points or probe.insertion_points(model)
-    pa = _take(split.train, fam.n_probe_train, cfg.data_seed)
-    pb = _take(split.test, fam.n_probe_test, cfg.data_seed + 1)
-    Xa = probe.collect(model, _batches(pa, split.task, fam.probe_batch_size), points=points, pool=cfg.pool,
-                       progress=show_progress)
-    Xb = probe.collect(model, _batches(pb, split.task, fam.probe_batch_size), points=points, pool=cfg.pool,
-                       progress=show_progress)
-    probe_s = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
+    conditions = fam.probes or [{"name": "in-domain", "data": fam.dataset, "test_data": None,
+                                 "data_options": {}, "shift": None}]
     rows: list[dict[str, Any]] = []
-    npts = len(points)
-    for pi, point in enumerate(points):
-        a, b = Xa[point], Xb[point]
-        # Moments and the cross-Gram once per point; every (M, K) reuses them.
-        m_one = stats.moments(a, cfg.estimator)
-        m_two = stats.cross_moments(a, b, cfg.estimator)
-        mis_all = stats.misalignment(a, b, pairs=list(cfg.MK), draws=cfg.draws, seed=seed)
-        for (M, K), mis in zip(cfg.MK, mis_all):
-            one = stats.certificate(m_one, M=M, K=K, populations="one")
-            two = stats.certificate(m_two, M=M, K=K, populations="two")
-            row: dict[str, Any] = {
-                "kind": "alignment", "model": fam.model, "dataset": fam.dataset, "point": point,
-                "point_index": pi, "depth_fraction": (pi + 1) / npts, "n_points": npts,
-                "d": int(a.shape[1]), "n_params": n_params,
-                "train_loss": tr.get("train_loss"), "test_loss": tr.get("test_loss"),
-                "test_accuracy": tr.get("test_accuracy"), "steps": tr.get("steps"),
-                "n_probe_train": int(a.shape[0]), "n_probe_test": int(b.shape[0]),
-                "M": M, "K": K, "estimator": cfg.estimator, "pool": cfg.pool,
-                "probe_notes": "; ".join(getattr(Xa, "notes", [])) or None,
-            }
-            for prefix, cert in (("one_", one), ("two_", two)):
-                for f in CERT_FIELDS:
-                    row[prefix + f] = getattr(cert, f, None)
-            row.update(misalignment=mis.probability, misalignment_low=mis.low,
-                       misalignment_high=mis.high, misalignment_draws=mis.draws)
-            rows.append(row)
-    stats_s = time.perf_counter() - t0
-
-    # Direct interventions (spec §5): the certificate's prediction tested on this model.
-    t0 = time.perf_counter()
     iv_rows: list[dict[str, Any]] = []
-    if cfg.interventions != "none":
-        from ..probe.intervene import intervene
+    probe_s = stats_s = intervene_s = 0.0
+    npts = len(points)
+    for ci, cond in enumerate(conditions):
+        for li, L in enumerate(cond.get("seq_len") or fam.probe_seq_len or [None]):
+            t0 = time.perf_counter()
+            pa, pb, desc, _ = _probe_pools(fam, cond, L, split, cfg)
+            Xa = probe.collect(model, _batches(pa, split.task, fam.probe_batch_size), points=points, pool=cfg.pool,
+                               progress=show_progress)
+            Xb = probe.collect(model, _batches(pb, split.task, fam.probe_batch_size), points=points, pool=cfg.pool,
+                               progress=show_progress)
+            probe_s += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            these: list[dict[str, Any]] = []
+            for pi, point in enumerate(points):
+                a, b = Xa[point], Xb[point]
+                # Moments and the cross-Gram once per point; every (M, K) reuses them.
+                m_one = stats.moments(a, cfg.estimator)
+                m_two = stats.cross_moments(a, b, cfg.estimator)
+                mis_all = stats.misalignment(a, b, pairs=list(cfg.MK), draws=cfg.draws, seed=seed)
+                for (M, K), mis in zip(cfg.MK, mis_all):
+                    one = stats.certificate(m_one, M=M, K=K, populations="one")
+                    two = stats.certificate(m_two, M=M, K=K, populations="two")
+                    row: dict[str, Any] = {
+                        "kind": "alignment", "model": fam.model, "dataset": fam.dataset, "point": point,
+                        "point_index": pi, "depth_fraction": (pi + 1) / npts, "n_points": npts,
+                        "d": int(a.shape[1]), "n_params": n_params,
+                        "train_loss": tr.get("train_loss"), "test_loss": tr.get("test_loss"),
+                        "test_accuracy": tr.get("test_accuracy"), "steps": tr.get("steps"),
+                        "n_probe_train": int(a.shape[0]), "n_probe_test": int(b.shape[0]),
+                        "M": M, "K": K, "estimator": cfg.estimator, "pool": cfg.pool,
+                        "probe_notes": "; ".join(getattr(Xa, "notes", [])) or None,
+                    }
+                    if fam.probes is not None or fam.probe_seq_len is not None:
+                        row.update(probe=cond["name"], probe_data=desc, probe_seq_len=desc_len(pa, split))
+                    for prefix, cert in (("one_", one), ("two_", two)):
+                        for f in CERT_FIELDS:
+                            row[prefix + f] = getattr(cert, f, None)
+                    row["two_limit"] = ("d_par" if row["two_d_par"] <= row["two_d_2"] else "d_2") \
+                        if row["two_d_align"] else None
+                    row.update(misalignment=mis.probability, misalignment_low=mis.low,
+                               misalignment_high=mis.high, misalignment_draws=mis.draws)
+                    these.append(row)
+            stats_s += time.perf_counter() - t0
+            # Direct interventions (spec §5), on the first probe condition and length only: they
+            # test the first-order prediction of the model, which the probe condition does not change.
+            t0 = time.perf_counter()
+            if cfg.interventions != "none" and ci == 0 and li == 0:
+                from ..probe.intervene import intervene
 
-        m_max, k_max = max(m for m, _ in cfg.MK), max(k for _, k in cfg.MK)
-        for pi, point in enumerate(points):
-            ivs = intervene(model, point, _batches(pa, split.task, fam.probe_batch_size),
-                            _batches(pb, split.task, fam.probe_batch_size), etas=cfg.etas,
-                            kind=cfg.interventions, M=m_max, K=k_max, seed=seed, progress=False)
-            smallest = min(ivs, key=lambda r: r["eta"])
-            for r in rows:
-                if r["point"] == point:
-                    r.update(iv_eta=smallest["eta"], iv_predicted=smallest["predicted"],
-                             iv_actual=smallest["actual"], iv_retention=smallest["retention"],
-                             iv_sign_agrees=smallest["sign_agrees"])
-            for iv in ivs:
-                iv_rows.append({**iv, "model": fam.model, "dataset": fam.dataset, "point_index": pi,
-                                "n_params": n_params})
-    intervene_s = time.perf_counter() - t0
+                m_max, k_max = max(m for m, _ in cfg.MK), max(k for _, k in cfg.MK)
+                for pi, point in enumerate(points):
+                    ivs = intervene(model, point, _batches(pa, split.task, fam.probe_batch_size),
+                                    _batches(pb, split.task, fam.probe_batch_size), etas=cfg.etas,
+                                    kind=cfg.interventions, M=m_max, K=k_max, seed=seed, progress=False)
+                    smallest = min(ivs, key=lambda r: r["eta"])
+                    for r in these:
+                        if r["point"] == point:
+                            r.update(iv_eta=smallest["eta"], iv_predicted=smallest["predicted"],
+                                     iv_actual=smallest["actual"], iv_retention=smallest["retention"],
+                                     iv_sign_agrees=smallest["sign_agrees"])
+                    for iv in ivs:
+                        iv_rows.append({**iv, "model": fam.model, "dataset": fam.dataset, "point_index": pi,
+                                        "n_params": n_params})
+            intervene_s += time.perf_counter() - t0
+            rows += these
     rows += iv_rows
     for r in rows:
         r.update(train_s=train_s, probe_s=probe_s, stats_s=stats_s, intervene_s=intervene_s)
