@@ -133,7 +133,11 @@ def test_page_is_self_contained(tmp_path):
         "llama-d_align.png", "llama-misalignment-vs-MK.png", "llama-misalignment-vs-width.png"]
     # the alignment table (header + one line per (width, point)) and what was measured (header + one
     # line per (family, width))
-    assert text.count("<tr>") == 1 + len(WIDTHS) * len(POINTS) + 1 + len(WIDTHS)
+    section = text.split("<h2>Alignment width sweep</h2>")[1]
+    assert section.count("<tr>") == 1 + len(WIDTHS) * len(POINTS)
+    measured = text.split("<h2>What was measured</h2>")[1].split("<h2>")[0]
+    assert measured.count("<tr>") == 1 + len(WIDTHS)
+    assert "<h2>Claims</h2>" in text and "d_align grows with width" in text
     assert "What was measured" in text and "widthscope 0.1.0" in text and "torch " in text
 
 
@@ -278,3 +282,27 @@ def test_many_intervention_curves_get_small_multiples_and_labelled_sign_counts(t
     text = " ".join(riv.summary(rows))
     assert "per step of the η grid" in text and "96 of 128 steps" in text
     assert "at the smallest step of each curve: sign right in 32 of 32 curves" in text
+
+
+def test_claims_are_computed_from_the_rows_and_can_fail():
+    from widthscope.report.claims import claims
+
+    def rows(sign):
+        return [{"kind": "alignment", "family": "f", "width": w, "seed": s, "point": p, "M": m, "K": m,
+                 "two_d_align": (0.1 * w) ** sign * (1 + 0.05 * s), "two_d_par": 1.0, "two_d_2": 1.0,
+                 "misalignment": 0.2 * (w / 8) ** (-sign) / m, "misalignment_low": 0.0, "two_b_exact": 0.9,
+                 "two_b_align": 1.0} for w in (8, 16, 32, 64) for s in (0, 1, 2) for p in ("a", "b") for m in (8, 16)]
+
+    up = {c["claim"]: c for c in claims(rows(+1))}
+    down = {c["claim"]: c for c in claims(rows(-1))}
+    key = "f: d_align grows with width"
+    assert up[key]["verdict"] == "holds" and down[key]["verdict"] == "does not"
+    assert up[key]["measured"] == pytest.approx(1.0, abs=1e-6)
+    mk = "f: misalignment falls with width at M=K=8"
+    assert up[mk]["verdict"] == "holds" and down[mk]["verdict"] == "does not"
+    one_seed = [r for r in rows(+1) if r["seed"] == 0]
+    assert {c["claim"]: c["verdict"] for c in claims(one_seed)}[key] == "not resolved"
+    bad = rows(+1)
+    bad[0]["two_b_exact"] = -1.0  # below the empirical rate: the bound claim fails
+    assert {c["claim"]: c["verdict"] for c in claims(bad)}[
+        "f: B_exact >= empirical misalignment and B_align >= B_exact"] == "does not"

@@ -72,22 +72,26 @@ def trend(widths: Sequence[float], values: Sequence[float]) -> str:
 
 
 def groups(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, list[Mapping[str, Any]]]:
-    """Rows split by (sweep, family, budget), in first-seen order."""
+    """Rows split by (sweep, family, budget, probe condition, probe length), in first-seen order:
+    each probe regime gets its own figures, table and verdict."""
     out: dict[tuple, list] = {}
     for r in rows:
         if r.get("kind", "alignment") != "alignment":
             continue
-        out.setdefault((r.get("sweep", ""), r.get("family", "?"), r.get("budget")), []).append(r)
+        out.setdefault((r.get("sweep", ""), r.get("family", "?"), r.get("budget"), r.get("probe"),
+                        r.get("probe_seq_len")), []).append(r)
     return out
 
 
 def _label(key: tuple, all_keys: Sequence[tuple]) -> str:
-    sweep, fam, budget = key
+    sweep, fam, budget, probe, plen = key
     label = str(fam)
     if len({k[0] for k in all_keys if k[1] == fam}) > 1:
         label = f"{sweep}/{fam}"
     if len({k[2] for k in all_keys if k[:2] == key[:2]}) > 1:
         label += f" (n_train={budget})"
+    if probe is not None and len({(k[3], k[4]) for k in all_keys if k[:3] == key[:3]}) > 1:
+        label += f" · probe {probe}" + (f", length {plen}" if plen is not None else "")
     return label
 
 
@@ -292,6 +296,13 @@ def _fmt(v: float, spec: str = ".3g") -> str:
     return "–" if v is None or math.isnan(v) else format(v, spec)
 
 
+def _limit(d_par: float, d_2: float) -> str:
+    """Which effective dimension is the minimum (d_align), from the seed means."""
+    if not (d_par == d_par and d_2 == d_2) or (d_par <= 0 and d_2 <= 0):
+        return "–"
+    return "d_par" if d_par <= d_2 else "d_2"
+
+
 def tables(rows: list[dict]) -> list[dict]:
     """Per group: one line per (width, point) with seed-mean d_align and the largest-(M, K) numbers."""
     out = []
@@ -304,7 +315,7 @@ def tables(rows: list[dict]) -> list[dict]:
         cols = {c: _agg(at, c, by=by) for c in ("two_d_align", "one_d_align", "two_d_par", "two_d_2",
                                                   "misalignment", "misalignment_low", "misalignment_high",
                                                   "two_b_exact", "two_b_align", "test_loss", "n_params")}
-        head = ["width", "point", "seeds", "params", "test loss", "d_align (2-pop)", "d_par", "d_2",
+        head = ["width", "point", "seeds", "params", "test loss", "d_align (2-pop)", "d_par", "d_2", "limit",
                 "d_align (1-pop)", f"misalign M={M},K={K}", "95% Wilson", "B_exact", "B_align"]
         h = ['<table><thead><tr>' + "".join(f'<th class="l">{html.escape(x)}</th>' if x == "point" else
                                            f"<th>{html.escape(x)}</th>" for x in head) + "</tr></thead><tbody>"]
@@ -320,7 +331,8 @@ def tables(rows: list[dict]) -> list[dict]:
                     f"<td>{w:g}</td>", f'<td class="l">{html.escape(pname)}</td>', f"<td>{n}</td>",
                     f"<td>{_fmt(g('n_params'), ',.0f')}</td>", f"<td>{_fmt(g('test_loss'), '.4g')}</td>",
                     f"<td>{_fmt(mean)}{spread}</td>", f"<td>{_fmt(g('two_d_par'))}</td>",
-                    f"<td>{_fmt(g('two_d_2'))}</td>", f"<td>{_fmt(g('one_d_align'))}</td>",
+                    f"<td>{_fmt(g('two_d_2'))}</td>",
+                    f"<td>{_limit(g('two_d_par'), g('two_d_2'))}</td>", f"<td>{_fmt(g('one_d_align'))}</td>",
                     f"<td>{_fmt(g('misalignment'))}</td>",
                     f"<td>[{_fmt(g('misalignment_low'))}, {_fmt(g('misalignment_high'))}]</td>",
                     f"<td>{_fmt(g('two_b_exact'))}</td>", f"<td>{_fmt(g('two_b_align'))}</td>"]) + "</tr>")

@@ -221,5 +221,12 @@ def build_report(rows: Sequence[Mapping[str, Any]], out_dir: str | Path, *, titl
     subtitle = f"{len(rows)} rows from {', '.join(sources) or 'memory'} · generated {stamp}"
     page = out_dir / "report.html"
     measured = provenance(rows, sorted({str(r.get("source", "")) for r in rows}))
+    from .claims import claims, html_table
+
+    found = claims(rows)
+    if found:
+        measured += ("\n<section><h2>Claims</h2><p>One row per published claim, computed from the rows above "
+                     "(never typed in): the measured value, its interval over seeds and a verdict.</p>"
+                     + html_table(found) + "</section>")
     atomic_write_text(page, render_page(title, sections, notes=notes, subtitle=subtitle, measured=measured))
     return page
