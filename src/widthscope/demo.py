@@ -35,10 +35,13 @@ DEMO_LLAMA: dict[str, Any] = {
     "family": [{
         "name": "llama", "widths": [32, 64, 128, 256], "dataset": "text",
         "data_options": {"seq_len": 64, "max_bytes": 1000000}, "n_train": 2048, "n_test": 128,
-        "model_options": {"depth": 4},
+        "model_options": {"depth": 4, "max_seq_len": 256},
         "train": {"steps": 150, "lr": 3e-3, "batch_size": 16, "warmup": 0.1, "clip": 1.0, "optimizer": "adamw",
                   "train_eval_examples": 256},
         "certify": {"n_probe_train": 128, "n_probe_test": 128, "batch_size": 32},
+        # Both regimes: held-out text of the training corpus, and another distribution (English
+        # prose shipped with Python) at a longer probe length, as the published measurements do.
+        "probes": [{"name": "in-domain"}, {"name": "shifted", "data": "prose", "seq_len": [256]}],
     }],
 }
 DEMO_MLP: dict[str, Any] = {
