@@ -58,9 +58,8 @@ def _unwritable(path: Path, exc: OSError) -> Exception:
                            "(a file in a writable directory)")
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` atomically; an unwritable path raises WidthscopeError naming it."""
-    path = Path(path)
+def _sibling(path: Path, suffix: str) -> tuple[int, str]:
+    """A temporary file beside ``path`` (its folder created): (fd, name); one error line if not."""
     if path.is_dir():
         from .errors import WidthscopeError
 
@@ -68,9 +67,15 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
                               f"such as {str(path / 'results.json')!r}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        return tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
     except OSError as exc:
         raise _unwritable(path, exc) from None
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically; an unwritable path raises WidthscopeError naming it."""
+    path = Path(path)
+    fd, tmp = _sibling(path, ".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -113,18 +118,9 @@ def check_writable(path: str | os.PathLike) -> Path:
     """Fail now, before any work, if ``path`` cannot be written (a directory, a read-only or
     missing parent); leaves nothing behind but the parent folder."""
     path = Path(path)
-    if path.is_dir():
-        from .errors import WidthscopeError
-
-        raise WidthscopeError(f"cannot write {str(path)!r}: it is a directory; give a file path "
-                              f"such as {str(path / 'results.json')!r}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=path.parent)
-        os.close(fd)
-        os.unlink(tmp)
-    except OSError as exc:
-        raise _unwritable(path, exc) from None
+    fd, tmp = _sibling(path, ".probe")
+    os.close(fd)
+    os.unlink(tmp)
     return path
 
 
