@@ -105,3 +105,13 @@ def test_bad_probe_configs_name_the_key(tmp_path):
                      ('probe_seq_len = [1]', "probe_seq_len must be")):
         with pytest.raises(WidthscopeError, match=msg):
             _load(tmp_path, BASE + bad + "\n", "bad")
+
+
+def test_probe_data_keys_make_one_probe_condition(tmp_path):
+    cfg = _load(tmp_path, BASE + 'probe_data = "prose"\nprobe_data_options = { max_bytes = 50000 }\n', "single")
+    assert cfg.families[0].probes == [{"name": "probe", "data": "prose", "test_data": None,
+                                       "data_options": {"max_bytes": 50000}, "shift": None, "seq_len": None}]
+    from widthscope.errors import WidthscopeError
+
+    with pytest.raises(WidthscopeError, match="not both"):
+        _load(tmp_path, PROBES + 'probe_data = "prose"\n', "both")

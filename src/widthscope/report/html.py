@@ -145,8 +145,10 @@ def provenance(rows: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str
         rs = by_source.get(src, [])
         kinds = sorted({str(r.get("kind")) for r in rs})
         datasets = sorted({str(r["dataset"]) for r in rs if r.get("dataset")})
+        probes = sorted({f"{r.get('probe')} ({r.get('probe_data')})" for r in rs if r.get("probe") is not None})
         parts.append(f"<h3>{esc(src)}</h3><p>{len(rs)} rows ({esc(', '.join(kinds))}); data: "
-                     f"{esc(', '.join(datasets) or 'not recorded in the rows')}</p>")
+                     f"{esc(', '.join(datasets) or 'not recorded in the rows')}"
+                     + (f"; probe conditions: {esc('; '.join(probes))}" if probes else "") + "</p>")
         groups: dict[tuple, list[Mapping[str, Any]]] = defaultdict(list)
         for r in rs:
             if r.get("kind") == "alignment" and r.get("width") is not None:

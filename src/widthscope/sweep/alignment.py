@@ -100,6 +100,9 @@ FAMILY_KEYS = {
               "'in-domain' condition, the training data's own train/held-out parts); each is a results column "
               "'probe'",
     "probe_seq_len": "list of probe sequence lengths for text (default: the training length); an axis of the rows",
+    "probe_data": "dataset name of the train probe pool (one probe condition named 'probe'; see probes)",
+    "probe_test_data": "dataset name of the held-out probe pool (default: probe_data's held-out part)",
+    "probe_data_options": "table of options for probe_data/probe_test_data (seq_len, max_bytes, ...)",
 }
 PROBE_KEYS = ("name", "data", "test_data", "data_options", "shift", "seq_len")
 SHIFTS = ("noise:SIGMA", "contrast:FACTOR", "blur", "classes:A,B,...")
@@ -263,7 +266,15 @@ def _family(raw: Any, index: int, sweep_budgets: list[int] | None) -> FamilySpec
         raise WidthscopeError(f"{_where(ctx)}: model must be a family name string")
     if not isinstance(raw["dataset"], str):
         raise WidthscopeError(f"{_where(ctx)}: dataset must be a dataset name string")
-    probes = _probes(raw.get("probes"), raw["dataset"], ctx)
+    probes_raw = raw.get("probes")
+    single = {k: raw[k] for k in ("probe_data", "probe_test_data", "probe_data_options") if k in raw}
+    if single:
+        if probes_raw is not None:
+            raise WidthscopeError(f"{_where(ctx)}: give probes = [...] or probe_data/probe_test_data, not both")
+        probes_raw = [{"name": "probe", "data": single.get("probe_data", raw["dataset"]),
+                       **({"test_data": single["probe_test_data"]} if "probe_test_data" in single else {}),
+                       **({"data_options": single["probe_data_options"]} if "probe_data_options" in single else {})}]
+    probes = _probes(probes_raw, raw["dataset"], ctx)
     lens = raw.get("probe_seq_len")
     if lens is not None:
         if not isinstance(lens, list) or not lens or any(isinstance(v, bool) or not isinstance(v, int) or v < 2
