@@ -15,7 +15,8 @@ from widthscope.errors import WidthscopeError
 
 
 def test_available_and_unknown():
-    assert set(available()) == {"fashion-mnist", "mnist", "cifar10", "cifar100", "mnist1d", "digits", "text"}
+    assert set(available()) == {"fashion-mnist", "mnist", "cifar10", "cifar100", "mnist1d", "digits", "text",
+                                "prose"}
     with pytest.raises(WidthscopeError, match="digits"):
         load("imagenet")
     with pytest.raises(WidthscopeError, match="bad option"):
@@ -282,3 +283,15 @@ def test_text_option_types_are_checked(tmp_path):
             load("text", root=str(tmp_path), **kw)
     split = load("text", root=str(tmp_path), seq_len=16, max_bytes=512)
     assert len(split.train[0]) + len(split.test[0]) == 512 // 16
+
+
+def test_prose_is_pythons_own_english_and_splits_like_text():
+    s = load("prose", seq_len=128, seed=1, max_bytes=200_000)
+    assert s.name == "prose" and s.task == "lm" and s.input_shape == (128,)
+    assert "pydoc_data.topics" in s.meta["files"]
+    tr, te = set(s.meta["train_indices"]), set(s.meta["test_indices"])
+    assert not tr & te and len(tr) + len(te) == 200_000 // 128
+    text = b"".join(bytes(r.tolist()) for r in s.train[0][:4]).decode("utf-8", errors="replace")
+    assert sum(c.isalpha() or c.isspace() for c in text) > 0.8 * len(text)  # prose, not code
+    with pytest.raises(WidthscopeError, match="takes no root"):
+        load("prose", root="/tmp")
