@@ -49,12 +49,12 @@ def test_conditions_and_lengths_change_probes_not_training(tmp_path):
     train_a = {key(r): (r["train_loss"], r["test_loss"]) for r in a}
     for r in b:  # the same training, whatever the probe
         assert (r["train_loss"], r["test_loss"]) == train_a[key(r)]
-    assert {(r["probe"], r["probe_seq_len"]) for r in b} == {("in-domain", 16), ("in-domain", 32), ("shifted", 32),
+    assert {(r["probe_set"], r["probe_seq_len"]) for r in b} == {("in-domain", 16), ("in-domain", 32), ("shifted", 32),
                                                               ("shifted", 64)}
     # in-domain at the training length is exactly the plain sweep's probe
-    same = {key(r): r["two_d_align"] for r in b if r["probe"] == "in-domain" and r["probe_seq_len"] == 32}
+    same = {key(r): r["two_d_align"] for r in b if r["probe_set"] == "in-domain" and r["probe_seq_len"] == 32}
     assert same == {key(r): r["two_d_align"] for r in a}
-    shifted = [r for r in b if r["probe"] == "shifted"]
+    shifted = [r for r in b if r["probe_set"] == "shifted"]
     assert all("prose" in r["probe_data"] for r in shifted)
     assert all(r["two_limit"] in ("d_par", "d_2", None) for r in b)
 

@@ -78,7 +78,7 @@ def groups(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, list[Mapping[str, A
     for r in rows:
         if r.get("kind", "alignment") != "alignment":
             continue
-        out.setdefault((r.get("sweep", ""), r.get("family", "?"), r.get("budget"), r.get("probe"),
+        out.setdefault((r.get("sweep", ""), r.get("family", "?"), r.get("budget"), r.get("probe_set"),
                         r.get("probe_seq_len")), []).append(r)
     return out
 

@@ -77,8 +77,8 @@ def _row(claim: str, iv: tuple[float, float, float] | None, verdict: str, basis:
 
 def _regime(r: Mapping[str, Any]) -> str:
     label = str(r.get("family") or r.get("model") or "?")
-    if r.get("probe") is not None:
-        label += f" · {r['probe']}" + (f" L={r['probe_seq_len']}" if r.get("probe_seq_len") is not None else "")
+    if r.get("probe_set") is not None:
+        label += f" · {r['probe_set']}" + (f" L={r['probe_seq_len']}" if r.get("probe_seq_len") is not None else "")
     return label
 
 

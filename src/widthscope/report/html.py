@@ -145,7 +145,8 @@ def provenance(rows: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str
         rs = by_source.get(src, [])
         kinds = sorted({str(r.get("kind")) for r in rs})
         datasets = sorted({str(r["dataset"]) for r in rs if r.get("dataset")})
-        probes = sorted({f"{r.get('probe')} ({r.get('probe_data')})" for r in rs if r.get("probe") is not None})
+        probes = sorted({f"{r.get('probe_set')} ({r.get('probe_data')})" for r in rs
+                         if r.get("probe_set") is not None})
         parts.append(f"<h3>{esc(src)}</h3><p>{len(rs)} rows ({esc(', '.join(kinds))}); data: "
                      f"{esc(', '.join(datasets) or 'not recorded in the rows')}"
                      + (f"; probe conditions: {esc('; '.join(probes))}" if probes else "") + "</p>")

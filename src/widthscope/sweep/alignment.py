@@ -98,7 +98,7 @@ FAMILY_KEYS = {
     "certify": "table: n_probe_train, n_probe_test, batch_size, points",
     "probes": "list of probe conditions {name, data, test_data, data_options, shift, seq_len} (default: one "
               "'in-domain' condition, the training data's own train/held-out parts); each is a results column "
-              "'probe'",
+              "'probe_set'",
     "probe_seq_len": "list of probe sequence lengths for text (default: the training length); an axis of the rows",
     "probe_data": "dataset name of the train probe pool (one probe condition named 'probe'; see probes)",
     "probe_test_data": "dataset name of the held-out probe pool (default: probe_data's held-out part)",
@@ -677,7 +677,7 @@ def run_cell(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_
                         "probe_notes": "; ".join(getattr(Xa, "notes", [])) or None,
                     }
                     if fam.probes is not None or fam.probe_seq_len is not None:
-                        row.update(probe=cond["name"], probe_data=desc, probe_seq_len=desc_len(pa, split))
+                        row.update(probe_set=cond["name"], probe_data=desc, probe_seq_len=desc_len(pa, split))
                     for prefix, cert in (("one_", one), ("two_", two)):
                         for f in CERT_FIELDS:
                             row[prefix + f] = getattr(cert, f, None)
