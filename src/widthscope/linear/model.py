@@ -271,13 +271,18 @@ def _ntk_products(model, params, buffers, x1, x2):
 
 def ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *, trace: bool = False,
         chunk_size: int | None = None, method: str = "auto",
-        memory_budget: float = 2e9) -> torch.Tensor:
+        memory_budget: float = 2e9, info: dict | None = None) -> torch.Tensor:
     """Empirical NTK ``Θ(x, x') = J(x) J(x')ᵀ`` with all output pairs, ``(n1, n2, out, out)``.
 
     ``trace=True`` returns the logit-averaged kernel ``(1/out) Σ_a Θ_aa``, shape ``(n1, n2)``.
     (The learning rate is not included: the spec's ``η·Θ`` is ``eta * ntk(...)``.)
 
-    Two algorithms (``method``):
+    Three algorithms (``method``):
+
+    - ``"structured"``: for models whose trainable parameters are all dense layers
+      (``nn.Linear``, widthscope's ``ScaledLinear``), each layer's contribution from the Grams
+      of its inputs and of the back-propagated output signals (:mod:`widthscope.linear.structured`):
+      ``out`` backward passes and ``O(n² · width)`` products per layer, no Jacobian.
 
     - ``"jacobian"``: per-example Jacobians of ``chunk_size`` inputs at a time (one vmapped
       reverse pass per output), contracted parameter block by parameter block,
@@ -287,8 +292,9 @@ def ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *, t
       ``g = J(x2_j)ᵀe_b`` and one jvp at all of ``x1`` gives ``Θ[:, j, :, b]``. Memory ``O(P)``
       plus activations, but ``n2·out`` jvp passes — for models whose Jacobian rows do not fit.
 
-    ``"auto"`` picks ``"jacobian"`` with the largest chunk whose Jacobians fit in
-    ``memory_budget`` bytes, and ``"products"`` when even one example does not fit.
+    ``"auto"`` picks ``"structured"`` when it covers every parameter, else ``"jacobian"`` with
+    the largest chunk whose Jacobians fit in ``memory_budget`` bytes, and ``"products"`` when
+    even one example does not fit. Pass ``info={}`` to learn which it used (``info["method"]``).
     Layers that couple examples (BatchNorm in training mode) must be in eval mode. Floating
     inputs are cast to the parameters' dtype.
 
@@ -302,8 +308,8 @@ def ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *, t
         raise WidthscopeError("ntk: x1 must be a batched tensor (n1, ...) of inputs")
     if x2 is not None and (not isinstance(x2, torch.Tensor) or x2.shape[1:] != x1.shape[1:]):
         raise WidthscopeError(f"ntk: x2 must be a tensor shaped like x1 (n2, {tuple(x1.shape[1:])})")
-    if method not in ("auto", "jacobian", "products"):
-        raise WidthscopeError(f"ntk: unknown method {method!r}; use 'auto', 'jacobian' or 'products'")
+    if method not in ("auto", "structured", "jacobian", "products"):
+        raise WidthscopeError(f"ntk: unknown method {method!r}; use 'auto', 'structured', 'jacobian' or 'products'")
     if x1.shape[0] == 0 or (x2 is not None and x2.shape[0] == 0):
         raise WidthscopeError(f"ntk: no inputs (x1 has {x1.shape[0]} rows"
                               + (f", x2 has {x2.shape[0]}" if x2 is not None else "") + "); pass at least one")
@@ -317,10 +323,19 @@ def ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *, t
     n_out = first_output(model, params, buffers, x1[:1], "ntk").shape[1]
     itemsize = next(iter(params.values())).element_size()
     per_example = n_out * n_params * itemsize
+    from .structured import structured_ntk, uncovered
+
     if method == "auto":
-        method = "jacobian" if 2 * per_example <= memory_budget else "products"
+        # Grams of layer inputs and back-propagated signals when every parameter is a dense
+        # layer's: no Jacobian at all; else Jacobian blocks, or products when those do not fit.
+        method = ("structured" if not uncovered(model) else
+                  "jacobian" if 2 * per_example <= memory_budget else "products")
+    if info is not None:
+        info["method"] = method
     try:
-        if method == "jacobian":
+        if method == "structured":
+            K = structured_ntk(model, x1, None if same else x2).to(next(iter(params.values())).dtype)
+        elif method == "jacobian":
             if chunk_size is None:
                 chunk_size = max(1, int(memory_budget // (2 * per_example)))
             if chunk_size < 1:
