@@ -76,3 +76,43 @@ def test_auto_falls_back_when_a_parameter_is_not_covered():
     assert info["method"] == "jacobian" and torch.allclose(K, _oracle(model, x, x))
     with pytest.raises(WidthscopeError, match="not weights/biases of dense layers"):
         structured_ntk(model, x)
+
+
+def test_kernel_predictions_equal_the_function_space_recursion():
+    from widthscope.linear import function_space_gd
+    from widthscope.linear.structured import kernel_predict
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 32), nn.Tanh(), nn.Linear(32, 2)).double()
+    X, Xt = torch.randn(12, 3, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
+    Y = torch.randn(12, 2, dtype=torch.float64)
+    lr, steps = 0.5, 40
+    rec = function_space_gd(net, X, Y, steps=steps, lr=lr, test=Xt)
+    with torch.no_grad():
+        f0, g0 = net(X), net(Xt)
+    K, Kt = ntk(net, X), ntk(net, Xt, X)
+    got = kernel_predict(K, Y, lr=lr, steps=steps, K_test=Kt, f0_train=f0, f0_test=g0)
+    assert torch.allclose(got["train"], rec["train"][-1], atol=1e-10)
+    assert torch.allclose(got["test"], rec["test"][-1], atol=1e-10)
+    # many steps: the recursion and the closed form still agree; the limit is the interpolant
+    far = function_space_gd(net, X, Y, steps=3000, lr=lr, test=Xt)
+    at = kernel_predict(K, Y, lr=lr, steps=3000, K_test=Kt, f0_train=f0, f0_test=g0)
+    assert torch.allclose(at["test"], far["test"][-1], atol=1e-8)
+    lim = kernel_predict(K, Y, lr=lr, steps=float("inf"), K_test=Kt, f0_train=f0, f0_test=g0)
+    assert torch.allclose(lim["train"], Y, atol=1e-6)  # 12·2 = 24 outputs, full-rank kernel: interpolates
+    Kf = K.permute(0, 2, 1, 3).reshape(24, 24)
+    Ktf = Kt.permute(0, 2, 1, 3).reshape(10, 24)
+    exact = g0.reshape(-1) - Ktf @ torch.linalg.solve(Kf, (f0 - Y).reshape(-1))
+    assert torch.allclose(lim["test"].reshape(-1), exact, rtol=1e-6, atol=1e-6)
+    # the recursion moves toward the limit as the steps grow
+    assert (at["test"] - lim["test"]).norm() < (got["test"] - lim["test"]).norm()
+    flow = kernel_predict(K, Y, lr=lr, t=1e9, K_test=Kt, f0_train=f0, f0_test=g0)
+    assert torch.allclose(flow["test"], lim["test"], atol=1e-6)
+    ridge = kernel_predict(K, Y, lr=lr, steps=float("inf"), ridge=1e-9, K_test=Kt, f0_train=f0, f0_test=g0)
+    assert torch.allclose(ridge["test"], lim["test"], atol=1e-4)
+    big = kernel_predict(K, Y, lr=lr, steps=float("inf"), ridge=10.0, K_test=Kt, f0_train=f0, f0_test=g0)
+    want = g0.reshape(-1) - Kt.permute(0, 2, 1, 3).reshape(10, 24) @ torch.linalg.solve(
+        Kf + 10.0 * torch.eye(24, dtype=torch.float64), (f0 - Y).reshape(-1))
+    assert torch.allclose(big["test"].reshape(-1), want)
+    with pytest.raises(WidthscopeError, match="exactly one"):
+        kernel_predict(K, Y, lr=lr)

@@ -11,7 +11,9 @@ Example::
 from .correlation import correlation, correlation_summary
 from .model import LinearizedModel, linearize, ntk
 from .powerlaw import SlopeFit, fit_slope
+from .structured import kernel_predict, structured_ntk
 from .trainer import function_space_gd, train_side_by_side
 
 __all__ = ["LinearizedModel", "linearize", "ntk", "correlation", "correlation_summary",
-           "train_side_by_side", "function_space_gd", "fit_slope", "SlopeFit"]
+           "train_side_by_side", "function_space_gd", "fit_slope", "SlopeFit", "structured_ntk",
+           "kernel_predict"]
