@@ -573,13 +573,9 @@ def run(args: argparse.Namespace) -> int:
         if main:
             print(msg, flush=True)
 
+    # Seeds, sizes, devices, data paths and outputs were checked by widthscope.validate
+    # (cli.main), before this command started.
     protocol_notes = apply_protocol(args)
-    for flag, v in (("--n-train", args.n_train), ("--n-test", args.n_test)):
-        if v < 4:
-            raise WidthscopeError(f"{flag} {v}: the unbiased estimators need at least 4 examples; use >= 4 "
-                                  "(hundreds for useful certificates)")
-    if args.batch_size < 1:
-        raise WidthscopeError(f"--batch-size {args.batch_size}: must be >= 1")
     Ms, Ks = _int_list(args.M, "--M"), _int_list(args.K, "--K")
     pairs = _pairs(Ms, Ks)  # validate before the (slow) model loading
     etas = _float_list(args.etas, "--etas")
@@ -589,16 +585,7 @@ def run(args: argparse.Namespace) -> int:
         check_pools([m for m, _ in pairs], [k for _, k in pairs], args.n_train, args.n_test)
     from .train import resolve_device
 
-    device = resolve_device(args.device)  # clear error for unknown / unavailable devices
-    from .data.inputs import _check_common
-
-    _check_common(args)  # data paths exist, sizes are sane: before any (slow) training or loading
-    if main:
-        from ._io import check_writable
-
-        check_writable(args.out)  # before the work, so a result is never computed and then lost
-        if args.save_samples:
-            check_writable(args.save_samples)
+    device = resolve_device(args.device)
     if device.type == "cuda" and device.index is None and distributed.is_distributed():
         import os  # torchrun: one GPU per rank
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", distributed.rank())))

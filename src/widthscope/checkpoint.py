@@ -48,7 +48,6 @@ from .errors import WidthscopeError
 __all__ = ["save", "load", "read_config"]
 
 FORMAT_VERSION = 1
-HF_TYPES = {"llama": "llama", "gpt_neox": "pythia"}
 HF_RENAMES = {"embed_out.weight": "lm_head.weight"}  # original GPT-NeoX/Pythia name of the read-out
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")
 
@@ -249,7 +248,9 @@ def _hf_from_file(directory: Path, cfg: dict[str, Any], task: str | None) -> nn.
     from .models import build
     from .models.hf import _auto_classes, _check_model_type, hf_task, main_stack
 
-    family = HF_TYPES.get(cfg["model_type"])
+    from .models.hf import WIDTHSCOPE_FAMILY
+
+    family = WIDTHSCOPE_FAMILY.get(cfg["model_type"])
     _check_model_type(cfg, directory / "config.json")
     task = task or hf_task(cfg, str(directory / "config.json"))
     if family is not None and task == "causal-lm":

@@ -71,11 +71,9 @@ def _is_write_failure(exc: Exception) -> bool:
 
 def _threads(args: argparse.Namespace) -> None:
     """``--threads N`` (every command that computes has it): torch's intra-op threads."""
-    n = getattr(args, "threads", None)
+    n = getattr(args, "threads", None)  # checked (>= 1) by widthscope.validate.check_args
     if n is None:
         return
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise WidthscopeError(f"--threads {n!r}: must be a whole number >= 1")
     import torch
 
     torch.set_num_threads(n)

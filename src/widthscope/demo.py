@@ -117,7 +117,8 @@ def run_demo(out_dir: str | Path | None = None, *, quick: bool = False, linear: 
     parts: list[Path] = []
     failed: list[str] = []
     t_start = time.perf_counter()
-    configs = demo_configs(quick)
+    image_ds = _image_dataset()  # once: the configs and the report's note both follow it
+    configs = demo_configs(quick, image_dataset=image_ds)
     if threads:
         for raw in configs:
             raw["sweep"]["threads"] = threads
@@ -174,9 +175,8 @@ def run_demo(out_dir: str | Path | None = None, *, quick: bool = False, linear: 
     print(f"[{n_parts + 1}/{n_parts + 1}] report", file=file, flush=True)
     if not parts:
         raise WidthscopeError("every demo part failed: " + "; ".join(failed))
-    ds = _image_dataset()
-    notes = [] if ds == "fashion-mnist" else [
-        f"MLP part: {ds}, because Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist puts it "
+    notes = [] if image_ds == "fashion-mnist" else [
+        f"MLP part: {image_ds}, because Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist puts it "
         "in /usr/share/datasets/fashion-mnist)"]
     notes += [f"part failed: {f}" for f in failed]
     page = report(parts, out / "report", title="widthscope demo" + (" (quick)" if quick else ""), notes=notes)

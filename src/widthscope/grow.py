@@ -296,7 +296,6 @@ def _load_inputs(args: argparse.Namespace, show: bool) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
 
     show = True  # a bar on a terminal, periodic lines in a log (widthscope._io.progress)
     if args.model == "builtin":

@@ -196,13 +196,8 @@ def run(args: argparse.Namespace) -> int:
     from ._io import atomic_write_json
     from .certify import _int_list, tables
 
-    if args.out:
-        from ._io import check_writable
-
-        check_writable(args.out)
+    # --out writable and --draws >= 1: widthscope.validate (cli.main), before this runs
     Ms, Ks = _int_list(args.M, "--M"), _int_list(args.K, "--K")
-    if args.draws is not None and args.draws < 1:
-        raise WidthscopeError(f"--draws {args.draws}: must be >= 1")
     if args.samples is not None:
         if args.train or args.test:
             raise WidthscopeError("give a samples file or --train/--test matrices, not both")

@@ -82,6 +82,10 @@ def check_args(args: argparse.Namespace, command: str) -> None:
             if v not in DATASETS and not Path(v).expanduser().exists():
                 raise WidthscopeError(f"{_flag(name)} {v!r}: not a dataset name ({', '.join(DATASETS)}) and not an "
                                       "existing file or directory")
+            if v not in DATASETS:  # a binary file given as text: refused before any model loads
+                from .data.corpus import precheck
+
+                precheck(v, _flag(name))
     device = getattr(args, "device", None)
     if isinstance(device, str):
         from .train import resolve_device

@@ -125,14 +125,14 @@ def precheck(path: str | Path, what: str) -> None:
             if f.read(4) != b"PAR1":
                 raise WidthscopeError(f"{what} {path} is named .parquet but is not a Parquet file (no PAR1 magic bytes)")
         return
-    if suffix in _IMAGE_SUFFIXES:
+    if suffix in IMAGE_SUFFIXES:
         return
     reason = sniff(path)
     if reason is not None:
         raise WidthscopeError(f"{what} {path} {reason}")
 
 
-_IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
 def is_dataset_dir(path: Path) -> bool:

@@ -43,7 +43,6 @@ __all__ = ["Inputs", "add_arguments", "resolve", "load_model", "load_tokenizer",
 
 WINDOW = 20  # default corpus window: this many times the pool sizes
 LM_TASKS = ("causal-lm", "masked-lm", "lm")
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
 @dataclasses.dataclass
@@ -431,6 +430,8 @@ def _text_pools(args: argparse.Namespace, model: nn.Module, task: str, tok: Any,
 
 # ----------------------------------------------------------------------------- images
 def _image_folder(path: Path) -> list[tuple[Path, str]]:
+    from .corpus import IMAGE_SUFFIXES
+
     classes = sorted(d for d in path.iterdir() if d.is_dir() and not d.name.startswith("."))
     items = [(f, c.name) for c in classes for f in sorted(c.rglob("*")) if f.suffix.lower() in IMAGE_SUFFIXES]
     if not classes or not items:
@@ -623,26 +624,18 @@ def _text_from_record(record: dict[str, Any], root: str | None, options: dict[st
     """Byte-model pools at any sequence length from the recorded byte ranges (None: corpus changed)."""
     import hashlib
 
-    from .text import chunks_within, corpus_chunks, read_corpus
+    from .text import corpus_chunks, read_corpus, recorded_chunks
 
     buf, used, source, _ = read_corpus(root, int(options.get("max_bytes", 2_000_000)), corpus)
     if hashlib.sha256(buf).hexdigest() != record.get("corpus_sha256"):
         return None
     L = int(options["seq_len"])
-    heldout = record["heldout"]
     if args.train_pool == "fitted":
-        train_ranges, rule = record["fitted"], "the fitted byte ranges (the chunks the model trained on)"
-    else:  # the whole train part: everything outside the held-out ranges
-        train_ranges, cur = [], 0
-        for a, b in heldout:
-            if a > cur:
-                train_ranges.append([cur, a])
-            cur = b
-        if cur < len(buf):
-            train_ranges.append([cur, len(buf)])
-        rule = "the train part (every byte outside the held-out ranges), fresh seeded sample"
-    tr_idx = torch.as_tensor(chunks_within(len(buf), L, train_ranges))
-    te_idx = torch.as_tensor(chunks_within(len(buf), L, heldout))
+        part, rule = "fitted", "the fitted byte ranges (the chunks the model trained on)"
+    else:
+        part, rule = "train", "the train part (every byte outside the held-out ranges), fresh seeded sample"
+    tr_idx = torch.as_tensor(recorded_chunks(record, len(buf), L, part))
+    te_idx = torch.as_tensor(recorded_chunks(record, len(buf), L, "heldout"))
     a = tr_idx[_pick(len(tr_idx), args.n_train, seed, args.first, "train chunks", "--n-train",
                      f"the recorded train ranges at --seq-len {L}", _cap(args))]
     b = te_idx[_pick(len(te_idx), args.n_test, seed + 1, args.first, "held-out chunks", "--n-test",
@@ -659,26 +652,11 @@ def _text_from_record(record: dict[str, Any], root: str | None, options: dict[st
 
 # ----------------------------------------------------------------------------- resolve
 def _check_common(args: argparse.Namespace) -> None:
-    for flag, v in (("--n-train", args.n_train), ("--n-test", args.n_test)):
-        if v is not None and v < 4:
-            raise WidthscopeError(f"{flag} {v}: the unbiased estimators need at least 4 examples; use >= 4 "
-                                  "(hundreds for useful certificates)")
-    if args.seq_len is not None and args.seq_len < 2:
-        raise WidthscopeError(f"--seq-len {args.seq_len}: must be >= 2 (one input and one predicted token)")
-    if args.max_tokens is not None and args.max_tokens < 1:
-        raise WidthscopeError(f"--max-tokens {args.max_tokens}: must be a positive number of tokens")
-    for flag in ("data", "train_data", "test_data"):
-        v = getattr(args, flag)
-        if v is not None:
-            from . import DATASETS
+    """The shared option checks (:mod:`widthscope.validate`), for callers that skip the CLI."""
+    from ..validate import check_args
 
-            if v not in DATASETS and not Path(v).expanduser().exists():
-                raise WidthscopeError(f"--{flag.replace('_', '-')} {v!r}: not a dataset name ({', '.join(DATASETS)}) "
-                                      "and not an existing file or directory")
-            if v not in DATASETS:
-                from .corpus import precheck
-
-                precheck(v, f"--{flag.replace('_', '-')}")
+    check_args(argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in ("out", "save_samples")}),
+               "inputs")
 
 
 def resolve(args: argparse.Namespace, *, model: nn.Module | None = None, show_progress: bool = True) -> Inputs:

@@ -121,6 +121,23 @@ def chunks_within(n_bytes: int, seq_len: int, ranges: list[list[int]]) -> np.nda
     return np.nonzero(ok)[0]
 
 
+def recorded_chunks(record: dict, n_bytes: int, seq_len: int, part: str) -> np.ndarray:
+    """Chunks of length ``seq_len`` wholly inside a data record's ``"fitted"`` or ``"heldout"``
+    byte ranges, or (``"train"``) anywhere outside the held-out ones (:func:`widthscope.data.record`)."""
+    if part in ("fitted", "heldout"):
+        return chunks_within(n_bytes, seq_len, record[part])
+    if part != "train":
+        raise ValueError(f"part must be 'fitted', 'heldout' or 'train', got {part!r}")
+    ranges, cur = [], 0
+    for a, b in record["heldout"]:
+        if a > cur:
+            ranges.append([cur, a])
+        cur = b
+    if cur < n_bytes:
+        ranges.append([cur, n_bytes])
+    return chunks_within(n_bytes, seq_len, ranges)
+
+
 def corpus_chunks(buf: bytes, seq_len: int, idx: np.ndarray) -> torch.Tensor:
     tokens = torch.tensor(np.frombuffer(buf[: (len(buf) // seq_len) * seq_len], dtype=np.uint8).astype(np.int64))
     return tokens.view(-1, seq_len)[torch.as_tensor(idx, dtype=torch.long)].clone()

@@ -55,7 +55,7 @@ __all__ = ["TASKS", "DTYPES", "load_hf", "hf_task", "main_stack", "eager_attenti
 
 TASKS = ("causal-lm", "masked-lm", "sequence-classification", "image-classification")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
-_WIDTHSCOPE_FAMILY = {"llama": "llama", "gpt_neox": "pythia"}  # our own LM families are HF classes
+WIDTHSCOPE_FAMILY = {"llama": "llama", "gpt_neox": "pythia"}  # HF model_type -> our LM family (same classes)
 
 
 def _auto_classes() -> dict[str, Any]:
@@ -318,7 +318,7 @@ def load_hf(directory: str | Path, *, task: str | None = None, dtype: str = "aut
     model.widthscope_points = main_stack(model)
     model.widthscope_hf = {"directory": str(directory), "architecture": type(model).__name__,
                            "model_type": cfg["model_type"], "weights": weights, "dtype_option": dtype}
-    family = _WIDTHSCOPE_FAMILY.get(cfg["model_type"])
+    family = WIDTHSCOPE_FAMILY.get(cfg["model_type"])
     if family is not None and task == "causal-lm":
         # Our llama/pythia families are these HF classes: keep them rebuildable (grow, save).
         c = model.config

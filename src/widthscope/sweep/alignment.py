@@ -539,7 +539,7 @@ def _take(pair: Sequence[Any], n: int, seed: int) -> tuple[Any, ...]:
     return tuple(t[idx] for t in pair)
 
 
-def desc_len(pair: Sequence[Any], split: Any) -> int | None:
+def _probe_len(pair: Sequence[Any], split: Any) -> int | None:
     """The probe sequence length of a text pool (None for other data)."""
     X = pair[0]
     return int(X.shape[1]) if split.task == "lm" and hasattr(X, "shape") and X.dim() == 2 else None
@@ -568,12 +568,12 @@ def _probe_pools(fam: FamilySpec, cond: Mapping[str, Any], L: int | None, split:
         import numpy as np
         import torch
 
-        from ..data.text import chunks_within, corpus_chunks, read_corpus
+        from ..data.text import corpus_chunks, read_corpus, recorded_chunks
 
         rec = wdata.record(split)
         opts = dict(fam.data_options)
         buf, _, _, _ = read_corpus(opts.get("root"), int(opts.get("max_bytes", 2_000_000)), split.name)
-        tr, te = chunks_within(len(buf), L, rec["fitted"]), chunks_within(len(buf), L, rec["heldout"])
+        tr, te = (recorded_chunks(rec, len(buf), L, p) for p in ("fitted", "heldout"))
         for what, idx, n in (("fitted", tr, fam.n_probe_train), ("held-out", te, fam.n_probe_test)):
             if len(idx) < n:
                 raise WidthscopeError(f"family {fam.name!r}: at probe_seq_len {L} only {len(idx)} chunks lie wholly "
@@ -677,7 +677,7 @@ def run_cell(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_
                         "probe_notes": "; ".join(getattr(Xa, "notes", [])) or None,
                     }
                     if fam.probes is not None or fam.probe_seq_len is not None:
-                        row.update(probe_set=cond["name"], probe_data=desc, probe_seq_len=desc_len(pa, split))
+                        row.update(probe_set=cond["name"], probe_data=desc, probe_seq_len=_probe_len(pa, split))
                     for prefix, cert in (("one_", one), ("two_", two)):
                         for f in CERT_FIELDS:
                             row[prefix + f] = getattr(cert, f, None)

@@ -12,7 +12,6 @@ import argparse
 from pathlib import Path
 
 from .._io import format_table
-from ..errors import WidthscopeError
 from .grid import _cell_path, cell_id, finish_after_ranks, shard_for_run
 
 
@@ -31,9 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from .alignment import load_config, plan_cells, print_summary, run_sweep
 
     cfg = load_config(args.config, out_dir=args.out)
-    if args.threads is not None:
-        if args.threads < 1:
-            raise WidthscopeError(f"--threads must be >= 1 (got {args.threads})")
+    if args.threads is not None:  # checked by widthscope.validate.check_args
         cfg.threads = args.threads
     shard = shard_for_run(args.shard)
     out = Path(cfg.out_dir)
