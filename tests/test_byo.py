@@ -505,3 +505,29 @@ def test_own_byte_model_reads_a_parquet_column_not_its_bytes(corpora, tmp_path, 
     bad.write_bytes(b"PAR1" + b"\x00" * 64)
     with pytest.raises(WidthscopeError, match="Parquet"):
         data.load("text", root=str(bad))
+
+
+def test_inputs_a_model_cannot_read_are_refused(zoo, corpora, tmp_path, capsys):
+    """Options and data that would be ignored or misread give one error line, never numbers."""
+    txt = str(corpora["train"]["txt"])
+    cases = [
+        (["--model", str(zoo("bert-cls")), "--data", "text"], "has no labels"),
+        (["--model", str(zoo("vit")), "--data", "digits"], "ImageFolder directory"),
+        (["--model", str(zoo("vit")), "--data", txt, "--seq-len", "16"], "applies to text models"),
+        (["--model", str(zoo("gpt2")), "--data", txt, "--label-field", "y"], "--label-field applies"),
+        (["--model", str(zoo("gpt2")), "--data", txt, "--text-field", "body"], "applies to tables"),
+        (["--model", str(zoo("bert")), "--data", txt, "--task", "causal-lm"], "names BertForMaskedLM"),
+        (["--model", "builtin", "--task", "causal-lm"], "--task"),
+    ]
+    from widthscope import checkpoint
+    from widthscope.models import build
+
+    checkpoint.save(build("mlp", 8, in_dim=64, out_dim=10), tmp_path / "own")
+    cases.append((["--model", str(tmp_path / "own"), "--data", "digits", "--task", "causal-lm"],
+                  "applies to Hugging Face checkpoints"))
+    for argv, msg in cases:
+        rc, out, err = _run(["certify", *argv, "--n-train", "8", "--n-test", "8", "--M", "4",
+                             "--out", str(tmp_path / "never.json")], capsys)
+        line = _err_line(rc, err)
+        assert msg in line, (argv, line)
+    assert not (tmp_path / "never.json").exists()

@@ -115,3 +115,24 @@ def test_probe_data_keys_make_one_probe_condition(tmp_path):
 
     with pytest.raises(WidthscopeError, match="not both"):
         _load(tmp_path, PROBES + 'probe_data = "prose"\n', "both")
+
+
+def test_training_data_is_always_read_in_domain_and_shifts_need_images(tmp_path):
+    from widthscope.errors import WidthscopeError
+
+    with pytest.raises(WidthscopeError, match="takes no data_options"):
+        _load(tmp_path, BASE + 'probes = [{ name = "x", data_options = { max_bytes = 1000 } }]\n', "opts")
+    # prose train pool, in-domain held-out pool: the held-out side is still the recorded held-out text
+    cfg = _load(tmp_path, BASE.replace("widths = [16, 32]", "widths = [16]")
+                + 'probes = [{ name = "mixed", data = "prose", test_data = "text", seq_len = [16] }]\n', "mixed")
+    from widthscope.sweep.alignment import _load_split, _probe_pools
+
+    fam = cfg.families[0]
+    split = _load_split(fam, fam.n_train, cfg)
+    rec = data.record(split)
+    pa, pb, desc, offsets = _probe_pools(fam, fam.probes[0], 16, split, cfg)
+    assert desc == "prose train part / held-out part" and set(offsets) == {"test"}
+    for start in offsets["test"].tolist():
+        assert any(s <= start and start + 16 <= e for s, e in rec["heldout"])
+    with pytest.raises(WidthscopeError, match="not to token ids"):
+        apply_shift((pa[0], pa[0]), "classes:1,2", (16,), 0)

@@ -290,6 +290,9 @@ def load(path: str | os.PathLike, *, device: str | torch.device = "cpu", dtype: 
                               "model.safetensors, or a .safetensors/.pt/.pth file with a config.json beside it")
     cfg = read_config(path)
     if "widthscope_format" in cfg:
+        if task is not None:
+            raise WidthscopeError(f"--task applies to Hugging Face checkpoints; {path} is a widthscope checkpoint "
+                                  "whose task is fixed by its family: drop --task")
         if not isinstance(cfg.get("model"), dict) or "family" not in cfg["model"]:
             raise WidthscopeError(f"config.json of {path} has no model description ('model' with a 'family')")
         model_cfg = dict(cfg["model"])

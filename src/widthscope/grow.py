@@ -301,6 +301,9 @@ def run(args: argparse.Namespace) -> int:
     if args.model == "builtin":
         if args.data not in (None, "digits") or args.train_data or args.test_data:
             raise WidthscopeError("--model builtin uses the digits data set; drop --data or pass a checkpoint")
+        from .data.inputs import _check_options_fit
+
+        _check_options_fit(args, "classification")  # e.g. --seq-len or --task mean nothing here
         model, split = _builtin(args.seed, show)
         loss_fn = None
     else:

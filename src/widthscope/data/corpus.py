@@ -228,6 +228,9 @@ def documents(path: str | Path, *, text_field: str = "text", split: str | None =
         raise WidthscopeError(f"data path {str(path)!r} does not exist; give a text file, a directory, a "
                               ".jsonl/.json/.csv/.parquet file or a datasets save_to_disk directory")
     tabular = is_dataset_dir(path) or (path.is_file() and path.suffix.lower() in TABULAR)
+    if text_field != "text" and not tabular:
+        raise WidthscopeError(f"--text-field {text_field!r} applies to tables (.jsonl/.json/.csv/.parquet, datasets "
+                              f"directories); {path} is plain text: drop --text-field")
     if label_field is not None and not tabular:
         raise WidthscopeError(f"labels (--label-field) need a table: {path} is not a .jsonl/.json/.csv/.parquet "
                               "file or a datasets directory")

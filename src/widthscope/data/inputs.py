@@ -667,6 +667,7 @@ def resolve(args: argparse.Namespace, *, model: nn.Module | None = None, show_pr
     if model is None:
         model = load_model(args.model, dtype=args.dtype, task=args.task)
     task = model_task(model)
+    _check_options_fit(args, task)
     seed = int(args.seed)
     notes: list[str] = []
     name = args.data
@@ -679,6 +680,13 @@ def resolve(args: argparse.Namespace, *, model: nn.Module | None = None, show_pr
                                   "dataset name or a file/directory) or --train-data and --test-data")
     split = None
     if name is not None and name in DATASETS and args.train_data is None:
+        if task == "sequence-classification":
+            raise WidthscopeError(f"--data {name!r} has no labels: a sequence classifier needs labelled text, a "
+                                  ".jsonl/.csv/.parquet table or datasets directory with --label-field")
+        if task == "image-classification":
+            raise WidthscopeError(f"--data {name!r}: give this image classifier an ImageFolder directory, so its own "
+                                  "image processor resizes and normalises the images as in training (widthscope's "
+                                  "normalisation would feed it other inputs)")
         if name in ("text", "prose") and task in ("causal-lm", "masked-lm"):
             # The built-in corpora (Python's standard library, its English prose) through the
             # model's own tokenizer, never as byte ids.
@@ -716,6 +724,21 @@ def resolve(args: argparse.Namespace, *, model: nn.Module | None = None, show_pr
 
     loss = masked_lm_loss if task == "masked-lm" else None
     return Inputs(model, task, train, test, loss, tok, info, notes + more)
+
+
+def _check_options_fit(args: argparse.Namespace, task: str) -> None:
+    """Options that mean nothing for this model are refused, never silently ignored."""
+    if args.task is not None and args.task != task:
+        raise WidthscopeError(f"--task {args.task} but this model is a {task} model (its task is fixed by the model): "
+                              "drop --task")
+    text_only = [f for f, v in (("--tokenizer", args.tokenizer), ("--seq-len", args.seq_len),
+                                ("--sequences", args.sequences), ("--max-tokens", args.max_tokens)) if v is not None]
+    if task in ("image-classification", "classification") and text_only:
+        raise WidthscopeError(f"{', '.join(text_only)} {'apply' if len(text_only) > 1 else 'applies'} to text models; "
+                              "this model is an image/feature classifier: drop "
+                              f"{'them' if len(text_only) > 1 else 'it'}")
+    if task != "sequence-classification" and args.label_field != "label":
+        raise WidthscopeError("--label-field applies to sequence classifiers (labelled text); drop it")
 
 
 def _recorded_name(model: nn.Module) -> str | None:

@@ -267,6 +267,11 @@ def load_hf(directory: str | Path, *, task: str | None = None, dtype: str = "aut
     _check_model_type(cfg, directory / "config.json")
     if task is not None and task not in TASKS:
         raise WidthscopeError(f"--task {task!r}: choose one of {', '.join(TASKS)}")
+    if task is not None and cfg.get("architectures"):
+        named = hf_task(cfg, str(directory / "config.json"))
+        if named != task:
+            raise WidthscopeError(f"--task {task} but {directory}/config.json names {cfg['architectures'][0]} "
+                                  f"({named}): its weights belong to that head; drop --task")
     task = task or hf_task(cfg, str(directory / "config.json"))
     torch_dtype = _dtype(dtype)
     use_safetensors, weights = _weights(directory)

@@ -323,6 +323,10 @@ def _probes(raw: Any, dataset: str, ctx: str) -> list[dict[str, Any]] | None:
                 isinstance(v, bool) or not isinstance(v, int) or v < 2 for v in lens)):
             raise WidthscopeError(f"{_where(ctx)}: probes {name!r} seq_len must be a whole number >= 2 or a list "
                                   f"of them, got {lens!r}")
+        if (c.get("data") or dataset) == dataset and c.get("data_options"):
+            raise WidthscopeError(f"{_where(ctx)}: probes {name!r} reads the training dataset {dataset!r}: it takes "
+                                  "no data_options (another cut of the training corpus would put trained-on text in "
+                                  "the held-out pool); use seq_len for other probe lengths")
         out.append({"name": name, "data": c.get("data") or dataset, "test_data": c.get("test_data"),
                     "data_options": _table(c.get("data_options"), f"{ctx} probes {name!r} data_options"),
                     "shift": shift, "seq_len": lens})
@@ -360,11 +364,11 @@ def apply_shift(pair: tuple[Any, Any], shift: str | None, input_shape: tuple[int
         return pair
     kind, arg = _parse_shift(shift, "shift")
     X, y = pair
+    if not X.is_floating_point() or y is X:
+        raise WidthscopeError(f"shift {shift!r} applies to image/feature inputs with labels, not to token ids")
     if kind == "classes":
         keep = torch.isin(y, torch.tensor(arg))
         return X[keep], y[keep]
-    if not X.is_floating_point():
-        raise WidthscopeError(f"shift {shift!r} applies to image inputs, not token ids")
     if kind == "noise":
         g = torch.Generator().manual_seed(int(seed) + 7919)
         return X + arg * torch.randn(X.shape, generator=g, dtype=X.dtype), y
@@ -545,59 +549,86 @@ def _probe_len(pair: Sequence[Any], split: Any) -> int | None:
     return int(X.shape[1]) if split.task == "lm" and hasattr(X, "shape") and X.dim() == 2 else None
 
 
+def _in_domain(fam: FamilySpec, L: int | None, split: Any, cfg: SweepConfig
+               ) -> tuple[tuple[Any, ...], tuple[Any, ...], dict[str, Any] | None, str]:
+    """Both pools from the training data: fitted examples and the held-out part. At a text
+    length other than the training one, the corpus is re-cut at ``L`` inside the recorded fitted /
+    held-out byte ranges, so no held-out probe chunk was trained on."""
+    seed = cfg.data_seed
+    train_len = int(split.input_shape[-1]) if split.task == "lm" else None
+    if L is None or L == train_len:
+        return (_take(split.train, fam.n_probe_train, seed), _take(split.test, fam.n_probe_test, seed + 1), None,
+                f"{fam.dataset} (in-domain: fitted examples / held-out part)")
+    import numpy as np
+    import torch
+
+    from .. import data as wdata
+    from ..data.text import corpus_chunks, read_corpus, recorded_chunks
+
+    rec = wdata.record(split)
+    opts = dict(fam.data_options)
+    buf, _, _, _ = read_corpus(opts.get("root"), int(opts.get("max_bytes", 2_000_000)), split.name)
+    tr, te = (recorded_chunks(rec, len(buf), L, p) for p in ("fitted", "heldout"))
+    for what, idx, n in (("fitted", tr, fam.n_probe_train), ("held-out", te, fam.n_probe_test)):
+        if len(idx) < n:
+            raise WidthscopeError(f"family {fam.name!r}: at probe_seq_len {L} only {len(idx)} chunks lie wholly "
+                                  f"inside the {what} text (trained at {train_len}); lower n_probe or the length")
+    g = lambda s_: torch.Generator().manual_seed(int(s_))  # noqa: E731
+    a = np.sort(tr[torch.randperm(len(tr), generator=g(seed))[:fam.n_probe_train].numpy()])
+    b = np.sort(te[torch.randperm(len(te), generator=g(seed + 1))[:fam.n_probe_test].numpy()])
+    A, B = corpus_chunks(buf, L, a), corpus_chunks(buf, L, b)
+    return ((A, A), (B, B), {"train": a * L, "test": b * L},
+            f"{fam.dataset} (in-domain, re-cut at {L} inside the fitted / held-out byte ranges)")
+
+
 def _probe_pools(fam: FamilySpec, cond: Mapping[str, Any], L: int | None, split: Any, cfg: SweepConfig
                  ) -> tuple[tuple[Any, ...], tuple[Any, ...], str, dict[str, Any] | None]:
     """(train pool, held-out pool, description, corpus byte offsets of the rows or None) of one
     probe condition at probe length ``L``.
 
-    In-domain at the training length: seeded subsets of the fitted examples and the held-out part
-    (as always). In-domain at another length: the corpus re-cut at ``L`` inside the recorded
-    fitted / held-out byte ranges (never a held-out chunk that was trained on). Another dataset:
-    its own train part for the train pool and its held-out part (or ``test_data``'s) for the
-    held-out pool. ``shift`` then corrupts both pools (images)."""
+    The training dataset is always read in-domain (:func:`_in_domain`): its train pool is the
+    fitted examples and its held-out pool the held-out part. Another dataset gives its own train
+    part for the train pool (``data``) and its held-out part for the held-out pool (``test_data``,
+    default ``data``). ``shift`` then corrupts both pools (images)."""
     from .. import data as wdata
 
     seed = cfg.data_seed
+    data, test = cond["data"], cond.get("test_data") or cond["data"]
     offsets = None
-    same = cond["data"] == fam.dataset and cond.get("test_data") is None and not cond.get("data_options")
-    train_len = int(split.input_shape[-1]) if split.task == "lm" else None
-    if same and (L is None or L == train_len):
-        pa, pb = _take(split.train, fam.n_probe_train, seed), _take(split.test, fam.n_probe_test, seed + 1)
-        desc = f"{fam.dataset} (in-domain: fitted examples / held-out part)"
-    elif same:
-        import numpy as np
-        import torch
+    inside = _in_domain(fam, L, split, cfg) if fam.dataset in (data, test) else None
+    loaded: dict[str, Any] = {}
 
-        from ..data.text import corpus_chunks, read_corpus, recorded_chunks
+    def other(name: str) -> Any:
+        if name not in loaded:
+            opts = dict(cond.get("data_options", {}))
+            if L is not None:
+                opts["seq_len"] = L
+            got = wdata.load(name, seed=seed, **opts)
+            if got.task != split.task or (split.task == "lm" and got.num_classes != split.num_classes):
+                raise WidthscopeError(f"family {fam.name!r}: probe {cond['name']!r} data {name!r} does not fit the "
+                                      f"model trained on {fam.dataset!r}")
+            loaded[name] = got
+        return loaded[name]
 
-        rec = wdata.record(split)
-        opts = dict(fam.data_options)
-        buf, _, _, _ = read_corpus(opts.get("root"), int(opts.get("max_bytes", 2_000_000)), split.name)
-        tr, te = (recorded_chunks(rec, len(buf), L, p) for p in ("fitted", "heldout"))
-        for what, idx, n in (("fitted", tr, fam.n_probe_train), ("held-out", te, fam.n_probe_test)):
-            if len(idx) < n:
-                raise WidthscopeError(f"family {fam.name!r}: at probe_seq_len {L} only {len(idx)} chunks lie wholly "
-                                      f"inside the {what} text (trained at {train_len}); lower n_probe or the length")
-        g = lambda s_: torch.Generator().manual_seed(int(s_))  # noqa: E731
-        a = np.sort(tr[torch.randperm(len(tr), generator=g(seed))[:fam.n_probe_train].numpy()])
-        b = np.sort(te[torch.randperm(len(te), generator=g(seed + 1))[:fam.n_probe_test].numpy()])
-        A, B = corpus_chunks(buf, L, a), corpus_chunks(buf, L, b)
-        pa, pb = (A, A), (B, B)
-        desc = f"{fam.dataset} (in-domain, re-cut at {L} inside the fitted / held-out byte ranges)"
-        offsets = {"train": a * L, "test": b * L}
+    if data == fam.dataset:
+        pa, offsets_a, desc_a = inside[0], inside[2], "fitted examples"
     else:
-        opts = {**({k: v for k, v in fam.data_options.items() if k != "root"} if cond["data"] == fam.dataset
-                   else {}), **cond.get("data_options", {})}
-        if L is not None:
-            opts["seq_len"] = L
-        other = wdata.load(cond["data"], seed=seed, **opts)
-        held = wdata.load(cond["test_data"], seed=seed, **opts) if cond.get("test_data") else other
-        if other.task != split.task or (split.task == "lm" and other.num_classes != split.num_classes):
-            raise WidthscopeError(f"family {fam.name!r}: probe {cond['name']!r} data {cond['data']!r} does not fit "
-                                  f"the model trained on {fam.dataset!r}")
-        pa = _take(other.train, min(fam.n_probe_train, len(other.train[0])), seed)
-        pb = _take(held.test, min(fam.n_probe_test, len(held.test[0])), seed + 1)
-        desc = f"{cond['data']} train part / {cond.get('test_data') or cond['data']} held-out part"
+        o = other(data)
+        pa, offsets_a, desc_a = _take(o.train, min(fam.n_probe_train, len(o.train[0])), seed), None, \
+            f"{data} train part"
+    if test == fam.dataset:
+        pb, offsets_b, desc_b = inside[1], inside[2], "held-out part"
+    else:
+        h = other(test)
+        pb, offsets_b, desc_b = _take(h.test, min(fam.n_probe_test, len(h.test[0])), seed + 1), None, \
+            f"{test} held-out part"
+    if data == test == fam.dataset:
+        desc, offsets = inside[3], inside[2]
+    else:
+        desc = f"{desc_a} / {desc_b}"
+        if offsets_a is not None or offsets_b is not None:
+            offsets = {k: v for k, v in (("train", (offsets_a or {}).get("train")),
+                                         ("test", (offsets_b or {}).get("test"))) if v is not None}
     if cond.get("shift"):
         pa = apply_shift(tuple(pa), cond["shift"], tuple(split.input_shape), seed)
         pb = apply_shift(tuple(pb), cond["shift"], tuple(split.input_shape), seed + 1)
