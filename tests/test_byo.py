@@ -531,3 +531,17 @@ def test_inputs_a_model_cannot_read_are_refused(zoo, corpora, tmp_path, capsys):
         line = _err_line(rc, err)
         assert msg in line, (argv, line)
     assert not (tmp_path / "never.json").exists()
+
+
+def test_dtype_applies_to_float_inputs_too(zoo, tmp_path, capsys):
+    """--dtype casts image/feature inputs with the model, so every model dtype runs on the same data."""
+    imgs = hf_tiny.image_folder(tmp_path / "imgs", per_class=6)
+    for argv in (["--model", "builtin", "--train-steps", "2", "--dtype", "float64"],
+                 ["--model", str(zoo("vit")), "--data", str(imgs), "--test-fraction", "0.4", "--dtype", "bfloat16"]):
+        rc, _, err = _run(["certify", *argv, "--n-train", "8", "--n-test", "6", "--M", "4", "--draws", "20",
+                           "--interventions", "bias", "--out", str(tmp_path / "c.json")], capsys)
+        assert rc == 0, err
+        _finite(json.loads((tmp_path / "c.json").read_text()))
+    rc, _, err = _run(["grow", "--model", "builtin", "--dtype", "float64", "--steps", "2", "--M", "4", "--K", "4",
+                       "--out", str(tmp_path / "g.json")], capsys)
+    assert rc == 0, err

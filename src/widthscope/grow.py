@@ -296,7 +296,6 @@ def _load_inputs(args: argparse.Namespace, show: bool) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-
     show = True  # a bar on a terminal, periodic lines in a log (widthscope._io.progress)
     if args.model == "builtin":
         if args.data not in (None, "digits") or args.train_data or args.test_data:
@@ -304,7 +303,16 @@ def run(args: argparse.Namespace) -> int:
         from .data.inputs import _check_options_fit
 
         _check_options_fit(args, "classification")  # e.g. --seq-len or --task mean nothing here
+        unused = [f for f, v in (("--data-root", args.data_root), ("--first", args.first or None),
+                                 ("--train-pool", None if args.train_pool == "fitted" else args.train_pool),
+                                 ("--test-fraction", None if args.test_fraction == 0.1 else args.test_fraction))
+                  if v is not None]
+        if unused:
+            raise WidthscopeError(f"{', '.join(unused)}: the builtin model uses its own digits split; pass a "
+                                  "checkpoint to choose the data")
         model, split = _builtin(args.seed, show)
+        if args.dtype != "auto":
+            model.to(getattr(torch, args.dtype))
         loss_fn = None
     else:
         inputs = _load_inputs(args, show)

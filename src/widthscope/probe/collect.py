@@ -212,13 +212,20 @@ def _accepts(model: nn.Module, kw: str) -> bool:
     return kw in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
-def _to(obj: Any, device: torch.device) -> Any:
+def float_dtype(model: nn.Module) -> torch.dtype | None:
+    """The dtype of the model's floating parameters (inputs are cast to it), or None."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+
+
+def _to(obj: Any, device: torch.device, dtype: torch.dtype | None = None) -> Any:
+    """Move a batch to ``device``; floating tensors (images, features) also to ``dtype``, so a
+    model run in bfloat16 or float64 (``--dtype``) takes the same data. Token ids stay integers."""
     if isinstance(obj, torch.Tensor):
-        return obj.to(device)
+        return obj.to(device, dtype) if dtype is not None and obj.is_floating_point() else obj.to(device)
     if isinstance(obj, Mapping):
-        return {k: _to(v, device) for k, v in obj.items()}
+        return {k: _to(v, device, dtype) for k, v in obj.items()}
     if isinstance(obj, (tuple, list)):
-        return type(obj)(_to(v, device) for v in obj)
+        return type(obj)(_to(v, device, dtype) for v in obj)
     return obj
 
 
@@ -450,7 +457,7 @@ def collect(model: nn.Module, batches: Iterable[Any], *, points: str | Sequence[
         total = len(batches) if hasattr(batches, "__len__") else None  # type: ignore[arg-type]
         for bi, batch in enumerate(_progress(batches, total=total, desc="probe", disable=None if progress else True)):
             state.clear()
-            batch = _to(batch, device)
+            batch = _to(batch, device, float_dtype(model))
             with torch.enable_grad():
                 losses, mask, B = _run_batch(model, batch, loss_fn, bi)
             missing = [n for n in names if n not in state]

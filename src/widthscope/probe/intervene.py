@@ -141,14 +141,14 @@ class _EvalMode:
 def per_example_losses(model: nn.Module, data: Any, loss_fn: Callable | None = None, *,
                        batch_size: int = 64, grad: bool = False) -> torch.Tensor:
     """Per-example losses ``(n,)`` exactly as :func:`widthscope.probe.collect` defines them."""
-    from .collect import _run_batch, _to
+    from .collect import _run_batch, _to, float_dtype
 
     dev = _device(model)
     out = []
     ctx = torch.enable_grad() if grad else torch.no_grad()
     with ctx:
         for bi, b in enumerate(to_batches(data, batch_size)):
-            losses, _, _ = _run_batch(model, _to(b, dev), loss_fn, bi)
+            losses, _, _ = _run_batch(model, _to(b, dev, float_dtype(model)), loss_fn, bi)
             out.append(losses if grad else losses.detach().to("cpu", torch.float64))
     return torch.cat(out)
 
@@ -307,7 +307,7 @@ def block_features(model: nn.Module, point: str, data: Any, loss_fn: Callable | 
     if block.style == "conv3x3":
         raise WidthscopeError("block_features needs an MLP/1x1-style block (its W_out gradient is "
                               "Σ_t q_t h_tᵀ); a 3x3 block has no such form")
-    from .collect import _run_batch, _to
+    from .collect import _run_batch, _to, float_dtype
 
     dev = _device(model)
     state: dict[str, torch.Tensor] = {}
@@ -327,7 +327,7 @@ def block_features(model: nn.Module, point: str, data: Any, loss_fn: Callable | 
             p.requires_grad_(False)
         with _EvalMode(model), torch.enable_grad():
             for bi, b in enumerate(to_batches(data, batch_size)):
-                losses, _, _ = _run_batch(model, _to(b, dev), loss_fn, bi)
+                losses, _, _ = _run_batch(model, _to(b, dev, float_dtype(model)), loss_fn, bi)
                 (g,) = torch.autograd.grad(losses.sum(), [state["b"]])
                 dim = channel_dim(g, block.style)
                 B = g.shape[0]
@@ -361,12 +361,12 @@ def _w_out_grad(model: nn.Module, point: str, data: Any, loss_fn: Callable | Non
     block = _block_of(model, point)
     n = _batch_size(data)
     total = torch.zeros(block.w_out.shape, dtype=torch.float64)
-    from .collect import _run_batch, _to
+    from .collect import _run_batch, _to, float_dtype
 
     dev = _device(model)
     with _EvalMode(model), torch.enable_grad():
         for bi, b in enumerate(to_batches(data, batch_size)):
-            losses, _, _ = _run_batch(model, _to(b, dev), loss_fn, bi)
+            losses, _, _ = _run_batch(model, _to(b, dev, float_dtype(model)), loss_fn, bi)
             (g,) = torch.autograd.grad(losses.sum(), [block.w_out])
             total += g.detach().double().cpu()
     return total / n
@@ -464,7 +464,7 @@ def _bias_rows_stacked(model: nn.Module, point: str, mu: torch.Tensor, etas: Seq
     """Held-out loss after the bias step ``−η μ_M`` for every ``η`` at once: each batch runs as
     ``E`` stacked copies, copy ``e`` getting ``−η_e μ_M`` added at ``point`` by a forward hook
     (the same function as an inserted zero bias set to that value, without E model calls)."""
-    from .collect import _run_batch, _split_output, _to
+    from .collect import _run_batch, _split_output, _to, float_dtype
 
     dev = _device(model)
     E = len(etas)
@@ -486,7 +486,7 @@ def _bias_rows_stacked(model: nn.Module, point: str, mu: torch.Tensor, etas: Seq
         with _EvalMode(model), torch.no_grad():
             for bi, b in enumerate(to_batches(test, per)):
                 stacked = _cat([b] * E)
-                losses, _, n = _run_batch(model, _to(stacked, dev), loss_fn, bi)
+                losses, _, n = _run_batch(model, _to(stacked, dev, float_dtype(model)), loss_fn, bi)
                 totals += losses.detach().to("cpu", torch.float64).view(E, -1).sum(1)
     finally:
         h.remove()
