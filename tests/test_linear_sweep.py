@@ -121,8 +121,18 @@ def test_tiny_sweep_sharded_resumable_slopes_and_figures(tmp_path, capsys):
     from widthscope.report.linearization import figures, summary, tables
 
     figs = figures(rows, tmp_path / "fig")
-    assert len(figs) == 4 and all(Path(f["png"]).read_bytes()[:4] == b"\x89PNG" for f in figs)
+    assert len(figs) == 5 and all(Path(f["png"]).read_bytes()[:4] == b"\x89PNG" for f in figs)
+    assert any(f["png"].endswith("linearization_side_by_side.png") for f in figs)
     assert tables(rows)[0]["html"].startswith("<table>") and summary(rows)
+    # side by side: full-batch GD makes the linear model the kernel prediction (closed form either way)
+    from widthscope.report.linearization import side_by_side
+
+    side = side_by_side(rows)
+    assert len(side) == 5 * 2 and all(r["seeds"] == 2 for r in side)
+    assert all(math.isclose(r["test_loss_lin"], r["test_loss_kernel"], rel_tol=1e-9) for r in side)
+    assert all(r["test_loss_kernel_inf"] != r["test_loss_kernel"] for r in side)
+    assert {r["linear"] for r in lin} == {"kernel"}
+    assert any(t["title"].startswith("Held-out loss") for t in tables(rows))
 
 
 def test_cli_reports_bad_config_without_traceback(tmp_path, capsys):

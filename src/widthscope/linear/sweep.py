@@ -19,7 +19,8 @@ Config (TOML; every key except ``widths`` has a default, see :data:`DEFAULTS`)::
     [data.options] grayscale = true        # extra loader options (cifar10 grayscale)
     [train]   eta0 = 0.1, alphas = [0.0, -0.5, -1.0], steps = 100, log_steps = [0, 10, 100],
               batch_size = 0 (0 = full batch), optimizer = "sgd", loss = "mse", probe = 8,
-              dtype = "float32"
+              dtype = "float32", linear = "auto" (closed-form kernel GD where exact, see
+              train_side_by_side), kernel_prediction = true (MSE: *_loss_kernel(_inf) columns)
     [correlations] measure = ["C02", "C11"], n_tuples = 16, output = "random"
     [fit]     steps = [10, 100]            # deviation slopes at these logged steps
 
@@ -62,7 +63,8 @@ DEFAULTS: dict[str, Any] = {
     "data": {"name": "digits", "n_train": 256, "n_test": 256, "seed": 0, "root": None,
              "options": {}},  # options: passed to widthscope.data.load, e.g. {grayscale = true}
     "train": {"eta0": 0.1, "alphas": [0.0, -0.5, -1.0], "steps": 100, "log_steps": None,
-              "batch_size": 0, "optimizer": "sgd", "loss": "mse", "probe": 8, "dtype": "float32"},
+              "batch_size": 0, "optimizer": "sgd", "loss": "mse", "probe": 8, "dtype": "float32",
+              "linear": "auto", "kernel_prediction": True},
     "correlations": {"measure": ["C02", "C11"], "n_tuples": 16, "output": "random"},
     "fit": {"steps": None},
 }
@@ -162,6 +164,11 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
         tr["log_steps"] = sorted({0, *[int(round(s * f)) for f in (0.1, 0.3, 1.0)]})
     if any((not isinstance(s, int)) or s < 0 or s > tr["steps"] for s in tr["log_steps"]):
         raise WidthscopeError(f"linearize config: train.log_steps must be integers in 0..steps={tr['steps']}")
+    if tr["linear"] not in ("auto", "weights", "kernel"):
+        raise WidthscopeError(f"linearize config: train.linear must be 'auto', 'weights' or 'kernel' "
+                              f"(got {tr['linear']!r})")
+    if not isinstance(tr["kernel_prediction"], bool):
+        raise WidthscopeError("linearize config: train.kernel_prediction must be true or false")
     if tr["dtype"] not in ("float32", "float64"):
         raise WidthscopeError("linearize config: train.dtype must be 'float32' or 'float64'")
     if cfg["model"]["family"] != "mlp":
@@ -179,7 +186,8 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def _config_hash(cfg: Mapping[str, Any]) -> str:
     keep = {k: v for k, v in cfg.items() if k not in ("widths", "seeds", "name")}
-    keep["train"] = {k: v for k, v in keep["train"].items() if k != "alphas"}
+    # linear: both paths give the same numbers; kernel_prediction only adds columns
+    keep["train"] = {k: v for k, v in keep["train"].items() if k not in ("alphas", "linear", "kernel_prediction")}
     # keys added later with an empty default must not invalidate finished cells
     keep["data"] = {k: v for k, v in keep["data"].items() if not (k == "options" and not v)}
     return hashlib.sha256(json.dumps(to_jsonable(keep), sort_keys=True).encode()).hexdigest()[:12]
@@ -235,7 +243,8 @@ def run_cell(cfg: Mapping[str, Any], cell: Mapping[str, Any]) -> list[dict[str, 
     rows = train_side_by_side(model, (X, Y), steps=tr["steps"], lr=lr, optimizer=tr["optimizer"],
                               batch_size=tr["batch_size"] or None, loss=tr["loss"], test=(Xt, Yt),
                               probe=Xt[: tr["probe"]], log_steps=tr["log_steps"], seed=seed,
-                              on_nonfinite="stop")
+                              on_nonfinite="stop", linear=tr["linear"],
+                              kernel_prediction=tr["kernel_prediction"] and tr["loss"] == "mse")
     for r in rows:
         r["lr"] = lr
     if cell.get("correlations"):

@@ -9,7 +9,20 @@ per step ``s`` (``net`` = the network ``F(·; θ_s)``, ``lin`` = ``F_lin(·; θ^
   the RMS of ``F``, ``dev_mse`` = ``dev_rms²`` (the published experiments report this);
 - ``param_move`` = ``‖θ_s − θ₀‖/‖θ₀‖`` (and ``param_move_lin``);
 - ``kernel_drift`` = ``‖Θ_s − Θ₀‖_F/‖Θ₀‖_F`` of the empirical NTK (all output pairs) on a fixed
-  probe set (the linear model's kernel is ``Θ₀`` at every step by construction).
+  probe set (the linear model's kernel is ``Θ₀`` at every step by construction);
+- with ``kernel_prediction=True`` (MSE only): ``train_loss_kernel``/``test_loss_kernel``, the
+  closed-form full-batch GD prediction with the frozen kernel ``Θ₀`` at the same step and learning
+  rate, and ``*_kernel_inf``, its ``t = ∞`` limit (kernel regression, ``ridge`` optional) — the
+  third column beside network and linear model.
+
+How the linear model is trained (``linear``): ``"weights"`` runs the optimizer on
+``F_lin(·; θ)`` (one ``jvp`` per step, any optimizer, batches or loss); ``"kernel"`` uses that
+for full-batch GD on the MSE loss the linear model's outputs are exactly
+``f_s = y + (I − A)^s (f_0 − y)``, ``A = (η/N) Θ₀(X, X)`` (and the test outputs and
+``‖θ_s − θ₀‖`` from the same eigenbasis), so one kernel ``Θ₀(X ∪ X_t, X)`` replaces every linear
+step — at width 8192 that is the difference between hours and minutes. ``"auto"`` picks
+``"kernel"`` when it is exact (full batch, ``"sgd"``, ``"mse"``), the structured NTK covers the
+model and the models are not returned, else ``"weights"``; ``rows[i]["linear"]`` says which.
 
 Losses: ``"mse"`` is ``L = (1/2N) Σ_i ‖F(x_i) − y_i‖²`` (targets one-hot for classes: integer
 class indices are one-hot encoded), so ``∇_F L = (F − Y)/N``; ``"cross_entropy"`` takes class
@@ -112,7 +125,8 @@ def train_side_by_side(model: nn.Module, data: tuple[torch.Tensor, torch.Tensor]
                        probe: torch.Tensor | None = None, log_every: int = 1,
                        log_steps: Sequence[int] | None = None, seed: int = 0,
                        on_nonfinite: str = "raise", kernel_drift: bool = True,
-                       return_models: bool = False, progress: bool = False) -> Any:
+                       return_models: bool = False, progress: bool = False, linear: str = "auto",
+                       kernel_prediction: bool = False, ridge: float = 0.0) -> Any:
     """Train ``model`` (a copy) and ``linearize(model)`` in lockstep; one dict per logged step.
 
     ``data = (X, Y)``; ``batch_size=None`` is full-batch gradient descent, otherwise batches
@@ -123,6 +137,8 @@ def train_side_by_side(model: nn.Module, data: tuple[torch.Tensor, torch.Tensor]
     inputs. A non-finite loss at step ``s``: ``on_nonfinite="raise"`` raises
     :class:`WidthscopeError` naming ``s``; ``"stop"`` appends a row with ``diverged=True`` and
     ``diverged_at=s`` and stops. ``return_models=True`` returns ``(rows, net, lin)``.
+    ``linear`` (``"auto"``, ``"weights"``, ``"kernel"``) and ``kernel_prediction`` (with
+    ``ridge`` for its limit) are described in the module docstring.
     """
     X, Y = _check_pair(data, "train_side_by_side: data")
     Xt, Yt = _check_pair(test, "train_side_by_side: test") if test is not None else (X, Y)
@@ -138,6 +154,20 @@ def train_side_by_side(model: nn.Module, data: tuple[torch.Tensor, torch.Tensor]
     N = X.shape[0]
     if batch_size is not None and not (1 <= batch_size <= N):
         raise WidthscopeError(f"train_side_by_side: batch_size {batch_size} must be in 1..{N} or None")
+    if linear not in ("auto", "weights", "kernel"):
+        raise WidthscopeError(f"train_side_by_side: linear={linear!r}; use 'auto', 'weights' or 'kernel'")
+    exact = batch_size is None and optimizer == "sgd" and loss == "mse"
+    if linear == "kernel" and not exact:
+        raise WidthscopeError("train_side_by_side: linear='kernel' is exact only for full-batch 'sgd' on "
+                              "the 'mse' loss; use linear='weights' for batches, other optimizers or losses")
+    if linear == "kernel" and return_models:
+        raise WidthscopeError("train_side_by_side: linear='kernel' has no weight-space model to return; "
+                              "use linear='weights' with return_models=True")
+    if kernel_prediction and loss != "mse":
+        raise WidthscopeError("train_side_by_side: kernel_prediction needs the 'mse' loss (the closed form "
+                              "is squared-loss gradient descent)")
+    if not (isinstance(ridge, (int, float)) and math.isfinite(ridge) and ridge >= 0):
+        raise WidthscopeError(f"train_side_by_side: ridge must be a number >= 0 (got {ridge!r})")
     logged = set(log_steps) if log_steps is not None else set(range(0, steps + 1, log_every)) | {steps}
     logged = {s for s in logged if 0 <= s <= steps}
 
@@ -157,13 +187,19 @@ def train_side_by_side(model: nn.Module, data: tuple[torch.Tensor, torch.Tensor]
     if probe is not None:
         probe = as_param_dtype(probe, params)
 
+    if linear == "auto":
+        from .structured import uncovered
+
+        linear = "kernel" if exact and not return_models and not uncovered(model) else "weights"
     net = copy.deepcopy(model)
-    lin = linearize(model)
     net_params = [p for p in net.parameters() if p.requires_grad]
     theta0 = _flat(net_params)
     theta0_norm = float(theta0.norm()) or 1.0
     opt_net = _optimizer(optimizer, net_params, lr)
-    opt_lin = _optimizer(optimizer, list(lin.parameters()), lr)
+    closed = (_KernelGD(model, X, Y, Xt, lr, ridge=ridge, limit=kernel_prediction)
+              if linear == "kernel" or kernel_prediction else None)
+    lin = linearize(model) if linear == "weights" else None
+    opt_lin = _optimizer(optimizer, list(lin.parameters()), lr) if lin is not None else None
     if probe is None:
         probe = Xt[: min(8, Xt.shape[0])]
     K0 = ntk(net, probe) if kernel_drift else None
@@ -182,9 +218,13 @@ def train_side_by_side(model: nn.Module, data: tuple[torch.Tensor, torch.Tensor]
 
     def evaluate(step: int) -> dict[str, Any]:
         with torch.no_grad():
-            f_tr, l_tr = model_output(net(X)), model_output(lin(X))
-            f_te, l_te = model_output(net(Xt)), model_output(lin(Xt))
-        row: dict[str, Any] = {"kind": "linearization", "step": step}
+            f_tr, f_te = model_output(net(X)), model_output(net(Xt))
+            if lin is not None:
+                l_tr, l_te = model_output(lin(X)), model_output(lin(Xt))
+        kp = closed.at(step) if closed is not None else None
+        if lin is None:
+            l_tr, l_te, move_lin = kp["train"], kp["test"], kp["move"]
+        row: dict[str, Any] = {"kind": "linearization", "step": step, "linear": linear}
         row["train_loss"] = float(loss_value(f_tr, Y, loss))
         row["train_loss_lin"] = float(loss_value(l_tr, Y, loss))
         row["train_gap"] = abs(row["train_loss"] - row["train_loss_lin"])
@@ -197,7 +237,12 @@ def train_side_by_side(model: nn.Module, data: tuple[torch.Tensor, torch.Tensor]
         f_rms = float(f_te.double().pow(2).mean().sqrt())
         row["dev_rel"] = row["dev_rms"] / f_rms if f_rms > 0 else float("nan")
         row["param_move"] = float((_flat(net_params) - theta0).norm()) / theta0_norm
-        row["param_move_lin"] = float((_flat(lin.parameters()) - theta0).norm()) / theta0_norm
+        row["param_move_lin"] = (float((_flat(lin.parameters()) - theta0).norm()) if lin is not None
+                                 else move_lin) / theta0_norm
+        if kernel_prediction:
+            for part, Yp, key in (("train", Y, "train"), ("test", Yt, "test")):
+                row[f"{part}_loss_kernel"] = float(loss_value(kp[key], Yp, loss))
+                row[f"{part}_loss_kernel_inf"] = float(loss_value(kp[key + "_inf"], Yp, loss))
         if K0 is not None:
             row["kernel_drift"] = float((ntk(net, probe) - K0).norm()) / K0_norm if K0_norm > 0 else float("nan")
         return row
@@ -210,7 +255,16 @@ def train_side_by_side(model: nn.Module, data: tuple[torch.Tensor, torch.Tensor]
             break
         idx = next_batch()
         xb, yb = (X, Y) if idx is None else (X[idx], Y[idx])
-        for which, m, opt in (("network", net, opt_net), ("linear model", lin, opt_lin)):
+        if lin is None and closed.diverge_step is not None and step + 1 >= closed.diverge_step:
+            msg = (f"the linear model diverges (lr·λ_max(Θ₀)/N = {float(closed.a.max()):.3g} > 2; its loss "
+                   f"passes 1e30 at step {step + 1}); lower the learning rate (or its width exponent alpha)")
+            if on_nonfinite == "raise":
+                raise WidthscopeError(msg)
+            rows.append({"kind": "linearization", "step": step, "diverged": True, "diverged_at": step,
+                         "diverged_model": "linear model", "message": msg})
+            return rows
+        pairs = (("network", net, opt_net), ("linear model", lin, opt_lin))
+        for which, m, opt in pairs if lin is not None else pairs[:1]:
             opt.zero_grad(set_to_none=True)
             L = loss_value(model_output(m(xb)), yb, loss)
             if not torch.isfinite(L):
@@ -224,6 +278,61 @@ def train_side_by_side(model: nn.Module, data: tuple[torch.Tensor, torch.Tensor]
             L.backward()
             opt.step()
     return (rows, net, lin) if return_models else rows
+
+
+class _KernelGD:
+    r"""Full-batch GD on ``(1/2N)Σ‖f − y‖²`` with the frozen kernel ``Θ₀``, in closed form.
+
+    ``A = (η/N) Θ₀(X, X) = V diag(a) Vᵀ`` and ``c = Vᵀ(f_0 − y)``: after ``s`` steps the training
+    outputs are ``y + V (1 − a)^s c``, the test outputs ``g_0 − (η/N) Θ₀(X_t, X) V (w_s ⊙ c)`` with
+    ``w_s = (1 − (1 − a)^s)/a`` (``s`` where ``a = 0``), and the linear model's weights moved
+    ``θ_s − θ₀ = −(η/N) J(X)ᵀ V (w_s ⊙ c)``, of squared norm ``(η/N)² Σ λ (w_s c)²`` (``λ`` the
+    eigenvalues of ``Θ₀(X, X)``). One eigendecomposition serves every step (float64 throughout).
+    ``limit=True`` adds the ``t = ∞`` outputs (``*_inf``): gradient flow's limit, the minimum-norm
+    kernel interpolant, or kernel ridge regression with ``ridge > 0``.
+    """
+
+    def __init__(self, model: nn.Module, X: torch.Tensor, Y: torch.Tensor, Xt: torch.Tensor, lr: float,
+                 *, ridge: float = 0.0, limit: bool = False):
+        N, Nt = X.shape[0], Xt.shape[0]
+        with torch.no_grad():
+            self.f0 = model_output(model(X)).reshape(N, -1).double()
+            self.g0 = model_output(model(Xt)).reshape(Nt, -1).double()
+        o = self.f0.shape[1]
+        K = ntk(model, torch.cat([X, Xt]), X).double()  # Θ₀(X ∪ X_t, X): one structured pass
+        K = K.permute(0, 2, 1, 3).reshape((N + Nt) * o, N * o)
+        Ktr, Kte = K[: N * o], K[N * o:]
+        lam, self.V = torch.linalg.eigh((Ktr + Ktr.T) / 2)
+        self.lam = lam.clamp_min(0)
+        self.a = (lr / N) * self.lam
+        self.y = Y.reshape(-1).double()
+        self.c = self.V.T @ (self.f0.reshape(-1) - self.y)
+        self.KteV = Kte @ self.V
+        self.scale, self.shape, self.tshape = lr / N, (N, o), (Nt, o)
+        # GD on the linear model diverges iff some a > 2; its loss passes 1e30 (where the weight-space
+        # run would overflow) at this step, which the training loop reports like a non-finite loss.
+        grow = (1 - self.a).abs().max()
+        c_max = float(self.c.abs().max()) or 1.0
+        self.diverge_step = (math.ceil(math.log(1e15 / c_max) / math.log(float(grow)))
+                             if float(grow) > 1 else None)
+        self.inf: dict[str, torch.Tensor] = {}
+        if limit:
+            from .structured import kernel_predict
+
+            pred = kernel_predict(Ktr, Y.reshape(N, o), lr=lr, t=float("inf"), ridge=ridge, K_test=Kte,
+                                  f0_train=self.f0, f0_test=self.g0)
+            self.inf = {"train_inf": pred["train"], "test_inf": pred["test"]}
+
+    def at(self, s: int) -> dict[str, Any]:
+        if s == 0:  # exactly the network at θ₀
+            return {"train": self.f0, "test": self.g0, "move": 0.0, **self.inf}
+        a = self.a
+        decay = (1 - a) ** s
+        w = torch.where(a > 0, (1 - decay) / a.clamp_min(1e-300), torch.full_like(a, float(s)))
+        train = (self.y + self.V @ (decay * self.c)).reshape(self.shape)
+        test = (self.g0.reshape(-1) - self.scale * (self.KteV @ (w * self.c))).reshape(self.tshape)
+        move = self.scale * float((self.lam * (w * self.c) ** 2).sum().clamp_min(0).sqrt())
+        return {"train": train, "test": test, "move": move, **self.inf}
 
 
 def function_space_gd(model: nn.Module, X: torch.Tensor, Y: torch.Tensor, *, steps: int, lr: float,

@@ -1,8 +1,9 @@
 """Report section for linearization sweeps (rows ``kind="linearization"`` / ``"correlation"``).
 
 Figures: deviation ``F − F_lin`` vs width (log-log, fitted line and reference slope), deviation
-vs training step per width, derivative correlations vs width, and fitted slope vs ``α`` next to
-the theory (``α − 1``) and the published slopes. Slopes are refitted from the rows with
+vs training step per width, the network, its linear model and the kernel-regression prediction
+side by side (held-out loss vs step, and a table), derivative correlations vs width, and fitted
+slope vs ``α`` next to the theory (``α − 1``) and the published slopes. Slopes are refitted from the rows with
 :func:`widthscope.linear.powerlaw.fit_slope` (seeds averaged in log space, bootstrap CI).
 
 Example::
@@ -20,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["figures", "tables", "summary", "slopes_from_rows"]
+__all__ = ["figures", "tables", "summary", "slopes_from_rows", "side_by_side"]
 
 
 from .html import save_figure
@@ -133,6 +134,31 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
             "Deviation vs training step, per width",
             "How F − F_lin accumulates over training (geometric mean over seeds)."))
 
+        # 3. network vs linear model vs kernel prediction (held-out loss over training)
+        side = [r for r in lin if r["alpha"] == a0 and isinstance(r.get("test_loss_kernel"), (int, float))]
+        if side:
+            shown = widths if len(widths) <= 3 else [widths[0], widths[len(widths) // 2], widths[-1]]
+            fig, axes = plt.subplots(1, len(shown), figsize=(3.4 * len(shown), 3.6), sharey=True, squeeze=False)
+            all_steps = sorted({r["step"] for r in side})
+            for ax, w in zip(axes[0], shown):
+                for key, style, lab in (("test_loss", "o-", "network"), ("test_loss_lin", "s--", "linear model"),
+                                        ("test_loss_kernel", "x:", "kernel GD (Θ₀)")):
+                    ys = [_mean(side, w, st, key) for st in all_steps]
+                    ax.plot(all_steps, ys, style, ms=4, lw=1.2, label=lab)
+                inf = _mean(side, w, all_steps[-1], "test_loss_kernel_inf")
+                if math.isfinite(inf):
+                    ax.axhline(inf, color="grey", lw=1, ls="-.", label="kernel regression (t = ∞)")
+                ax.set_title(f"n = {w}, α = {a0:g}", fontsize=9)
+                ax.set_xlabel("training step")
+            axes[0][0].set_ylabel("held-out loss (mean over seeds)")
+            axes[0][0].legend(fontsize=7)
+            figs.append(save_figure(
+                fig, out_dir / "linearization_side_by_side.png",
+                "Network, linear model and kernel prediction side by side",
+                "Held-out MSE of the trained network, its linearized model, and the closed-form "
+                "gradient-descent prediction with the frozen kernel Θ₀ at the same step (equal to the "
+                "linear model for full-batch GD), with the kernel-regression limit t = ∞ (dash-dot)."))
+
         # 4. slope vs alpha
         sl = [x for x in slopes if x["metric"] in ("dev_rms", "dev_mse") and x["step"] == last]
         if sl:
@@ -187,12 +213,48 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
     return figs
 
 
+def _mean(rows, width, step, key) -> float:
+    v = [r[key] for r in rows if r["width"] == width and r["step"] == step
+         and isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    return float(np.mean(v)) if v else float("nan")
+
+
+def side_by_side(rows: list[dict]) -> list[dict[str, Any]]:
+    """Per ``(α, width)`` at the last logged step: held-out loss of the network, the linear model,
+    the kernel GD prediction and the kernel-regression limit (means over seeds)."""
+    lin = [r for r in rows if r.get("kind") == "linearization" and not r.get("diverged")
+           and isinstance(r.get("test_loss_kernel"), (int, float))]
+    if not lin:
+        return []
+    last = max(r["step"] for r in lin)
+    out = []
+    for a in sorted({r["alpha"] for r in lin}, reverse=True):
+        sel = [r for r in lin if r["alpha"] == a]
+        for w in sorted({r["width"] for r in sel}):
+            out.append({"alpha": a, "width": w, "step": last, "seeds": len({r["seed"] for r in sel
+                                                                            if r["width"] == w and r["step"] == last}),
+                        **{k: _mean(sel, w, last, k) for k in ("test_loss", "test_loss_lin", "test_loss_kernel",
+                                                                "test_loss_kernel_inf")}})
+    return out
+
+
 def tables(rows: list[dict]) -> list[dict]:
-    """The slope table as HTML."""
+    """The slope table and the side-by-side loss table as HTML."""
+    esc = html.escape
+    out = []
+    side = side_by_side(rows)
+    if side:
+        cols = ["alpha", "width", "step", "seeds", "network", "linear model", "kernel GD", "kernel t = ∞"]
+        body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in (
+            f"{r['alpha']:g}", str(r["width"]), str(r["step"]), str(r["seeds"]), *(
+                f"{r[k]:.4g}" for k in ("test_loss", "test_loss_lin", "test_loss_kernel", "test_loss_kernel_inf"))))
+            + "</tr>" for r in side)
+        head = "<tr>" + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr>"
+        out.append({"title": "Held-out loss: network, linear model, kernel prediction",
+                    "html": f"<table>{head}{body}</table>"})
     slopes = slopes_from_rows(rows)
     if not slopes:
-        return []
-    esc = html.escape
+        return out
     cols = ["metric", "alpha", "step", "slope", "95% CI", "reference", "published", "widths"]
 
     def f(v):
@@ -205,7 +267,7 @@ def tables(rows: list[dict]) -> list[dict]:
                  f"[{f(s['ci_low'])}, {f(s['ci_high'])}]", f(s["reference"]), f(s["published"]), f(s["n_widths"])]
         body.append("<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in cells) + "</tr>")
     head = "<tr>" + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr>"
-    return [{"title": "Log-log slopes over width", "html": f"<table>{head}{''.join(body)}</table>"}]
+    return [{"title": "Log-log slopes over width", "html": f"<table>{head}{''.join(body)}</table>"}] + out
 
 
 def summary(rows: list[dict]) -> list[str]:
