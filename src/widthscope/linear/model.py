@@ -271,19 +271,40 @@ def _ntk_products(model, params, buffers, x1, x2):
 
 def ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *, trace: bool = False,
         chunk_size: int | None = None, method: str = "auto",
-        memory_budget: float = 2e9, info: dict | None = None) -> torch.Tensor:
-    """Empirical NTK ``Θ(x, x') = J(x) J(x')ᵀ`` with all output pairs, ``(n1, n2, out, out)``.
+        memory_budget: float = 2e9, info: dict | None = None, diagonal: bool = False,
+        batch_size: int | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
+    r"""Empirical NTK ``Θ_{ab}(x, x') = Σ_θ ∂f_a(x)/∂θ · ∂f_b(x')/∂θ`` (``J(x) J(x')ᵀ``), all output pairs.
 
-    ``trace=True`` returns the logit-averaged kernel ``(1/out) Σ_a Θ_aa``, shape ``(n1, n2)``.
-    (The learning rate is not included: the spec's ``η·Θ`` is ``eta * ntk(...)``.)
+    Kernel shapes (outputs flattened to ``out`` components; the learning rate is not included: the
+    spec's ``η·Θ`` is ``eta * ntk(...)``):
 
-    Three algorithms (``method``):
+    - default: ``(n1, n2, out, out)``;
+    - ``trace=True``: ``(n1, n2)``, the logit-averaged kernel ``(1/out) Σ_a Θ_aa``. The structured
+      path forms only the ``a = b`` blocks: ``out``× fewer Gram flops and memory ``n1·n2``;
+    - ``diagonal=True`` (``x2`` must be ``None``): ``(n1, out, out)``, only ``Θ(x_i, x_i)``, computed
+      without any off-diagonal example pair (``n1``× fewer flops; memory ``n1·out²``); with
+      ``trace=True`` too: ``(n1,)``.
 
-    - ``"structured"``: for models whose trainable parameters are all dense layers
-      (``nn.Linear``, widthscope's ``ScaledLinear``), each layer's contribution from the Grams
-      of its inputs and of the back-propagated output signals (:mod:`widthscope.linear.structured`):
-      ``out`` backward passes and ``O(n² · width)`` products per layer, no Jacobian.
+    Memory and precision options:
 
+    - ``batch_size=b``: inputs in blocks of ``b`` examples, so the per-layer signals and Grams held
+      at once are those of two blocks (``O(b·out·width)`` and ``O(b²·out²)``) besides the result;
+      with ``x2=None`` only the ``i ≤ j`` block pairs are computed. ``x2``'s blocks are kept when
+      they fit ``memory_budget`` and recomputed otherwise (one more forward/backward per pair).
+    - ``dtype``: the dtype of the accumulator and the result (default: the parameters'). The Gram
+      products run in the parameters' dtype; ``dtype=torch.float64`` with a float32 model sums the
+      layers' float32 contributions in float64 (to compute the products in float64 too, pass a
+      float64 model).
+
+    Algorithms (``method``):
+
+    - ``"structured"`` (:mod:`widthscope.linear.structured`): each covered layer's contribution from
+      the Grams of its inputs and of the back-propagated output signals — dense layers (``nn.Linear``,
+      ``ScaledLinear``, transformers' ``Conv1D``), ``Conv1d``/``Conv2d``, ``Embedding``, elementwise
+      affine norms (LayerNorm, RMSNorm, GroupNorm, eval BatchNorm). One batched backward pass and
+      ``O(n1·n2·out²·width)`` products per layer, no Jacobian. Parameters it does not cover (other
+      modules, tied/shared weights, layers run twice) are added by the ``"jacobian"`` route
+      restricted to them (a hybrid).
     - ``"jacobian"``: per-example Jacobians of ``chunk_size`` inputs at a time (one vmapped
       reverse pass per output), contracted parameter block by parameter block,
       ``Σ_b J_b(x1) J_b(x2)ᵀ``. Memory ``≈ 2·chunk·out·P`` numbers, time ``O((n1+n2)·out)``
@@ -292,17 +313,22 @@ def ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *, t
       ``g = J(x2_j)ᵀe_b`` and one jvp at all of ``x1`` gives ``Θ[:, j, :, b]``. Memory ``O(P)``
       plus activations, but ``n2·out`` jvp passes — for models whose Jacobian rows do not fit.
 
-    ``"auto"`` picks ``"structured"`` when it covers every parameter, else ``"jacobian"`` with
-    the largest chunk whose Jacobians fit in ``memory_budget`` bytes, and ``"products"`` when
-    even one example does not fit. Pass ``info={}`` to learn which it used (``info["method"]``).
-    Layers that couple examples (BatchNorm in training mode) must be in eval mode. Floating
-    inputs are cast to the parameters' dtype.
+    ``"auto"`` picks ``"structured"`` when it covers at least half of the trainable parameters and
+    both its captured signals (``out · n · Σ_layers width·positions`` numbers; bounded by
+    ``batch_size``) and the remainder's Jacobians fit ``memory_budget``, else ``"jacobian"`` with the largest chunk
+    whose Jacobians fit in ``memory_budget`` bytes, and ``"products"`` when even one example does not
+    fit. Pass ``info={}`` to learn what it did: ``info["method"]``, and for the structured path
+    ``info["covered"]``/``info["uncovered"]`` (parameter counts) and ``info["generic"]`` (names of the
+    parameters on the Jacobian path). Layers that couple examples (BatchNorm in training mode) must
+    be in eval mode. Floating inputs are cast to the parameters' dtype.
 
     Example::
 
         >>> import torch, widthscope
         >>> net = torch.nn.Linear(3, 2)
         >>> K = widthscope.ntk(net, torch.randn(4, 3), trace=True)   # (4, 4)
+        >>> widthscope.ntk(net, torch.randn(4, 3), diagonal=True).shape
+        torch.Size([4, 2, 2])
     """
     if not isinstance(x1, torch.Tensor) or x1.dim() < 1:
         raise WidthscopeError("ntk: x1 must be a batched tensor (n1, ...) of inputs")
@@ -313,9 +339,19 @@ def ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *, t
     if x1.shape[0] == 0 or (x2 is not None and x2.shape[0] == 0):
         raise WidthscopeError(f"ntk: no inputs (x1 has {x1.shape[0]} rows"
                               + (f", x2 has {x2.shape[0]}" if x2 is not None else "") + "); pass at least one")
+    if diagonal and x2 is not None:
+        raise WidthscopeError("ntk: diagonal=True gives Θ(x_i, x_i) of one batch; pass x2=None")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise WidthscopeError(f"ntk: batch_size must be a positive integer or None, got {batch_size!r}")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise WidthscopeError(f"ntk: dtype must be a floating torch.dtype (e.g. torch.float64), got {dtype!r}")
     params, buffers = params_and_buffers(model)
     if not params:
         raise WidthscopeError("ntk: the model has no trainable parameters")
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and (m.training or not m.track_running_stats):
+            raise WidthscopeError(f"ntk: {type(m).__name__} {name!r} uses batch statistics (training mode), "
+                                  "which couple the examples; call model.eval() first")
     same = x2 is None
     x1 = as_param_dtype(x1, params)
     x2 = x1 if same else as_param_dtype(x2, params)
@@ -323,30 +359,60 @@ def ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *, t
     n_out = first_output(model, params, buffers, x1[:1], "ntk").shape[1]
     itemsize = next(iter(params.values())).element_size()
     per_example = n_out * n_params * itemsize
-    from .structured import structured_ntk, uncovered
+    from .structured import plan as structured_plan
+    from .structured import structured_ntk
 
+    P = None
+    if method in ("auto", "structured"):
+        try:
+            P = structured_plan(model, x1 if same else torch.cat([x1[:1], x2[:1]]))
+        except (RuntimeError, NotImplementedError) as exc:
+            _reraise_attention(exc, model)
+            raise
     if method == "auto":
-        # Grams of layer inputs and back-propagated signals when every parameter is a dense
-        # layer's: no Jacobian at all; else Jacobian blocks, or products when those do not fit.
-        method = ("structured" if not uncovered(model) else
+        # Grams of layer inputs and back-propagated signals for the parameters the structured
+        # path covers (the rest by Jacobians), when it covers the bulk; else Jacobian blocks, or
+        # products when those do not fit.
+        rows = min(x1.shape[0] + (0 if same else x2.shape[0]), 2 * (batch_size or x1.shape[0] + x2.shape[0]))
+        fits = (2 * n_out * P.n_generic * itemsize <= memory_budget  # the remainder's Jacobian chunk
+                and n_out * rows * P.signal_numel * itemsize <= memory_budget)  # the captured signals δ
+        method = ("structured" if P.n_covered >= 0.5 * n_params and fits else
                   "jacobian" if 2 * per_example <= memory_budget else "products")
     if info is not None:
         info["method"] = method
+        if method != "structured":  # nothing on the structured path
+            info.update(covered=0, uncovered=n_params, generic=list(params))
     try:
         if method == "structured":
-            K = structured_ntk(model, x1, None if same else x2).to(next(iter(params.values())).dtype)
-        elif method == "jacobian":
-            if chunk_size is None:
-                chunk_size = max(1, int(memory_budget // (2 * per_example)))
-            if chunk_size < 1:
-                raise WidthscopeError(f"ntk: chunk_size must be >= 1 (got {chunk_size})")
-            K = _ntk_jacobian(model, params, buffers, x1, x2, chunk_size, same)
+            K = structured_ntk(model, x1, None if same else x2, trace=trace, diagonal=diagonal,
+                               batch_size=batch_size, dtype=dtype, memory_budget=memory_budget, info=info,
+                               _plan=P)
+            return K.detach()
+        if chunk_size is None:
+            chunk_size = max(1, int(memory_budget // (2 * per_example)))
+        if chunk_size < 1:
+            raise WidthscopeError(f"ntk: chunk_size must be >= 1 (got {chunk_size})")
+
+        def block(a: torch.Tensor, b: torch.Tensor, same_ab: bool) -> torch.Tensor:
+            if method == "jacobian":
+                return _ntk_jacobian(model, params, buffers, a, b, chunk_size, same_ab)
+            return _ntk_products(model, params, buffers, a, b)
+
+        if diagonal:  # Θ(x_i, x_i) from per-chunk blocks: the off-diagonal chunks are never formed
+            step = min(chunk_size, batch_size or chunk_size) if method == "jacobian" else 1
+            K = torch.cat([torch.diagonal(block(x1[i:i + step], x1[i:i + step], True), dim1=0, dim2=1)
+                           .permute(2, 0, 1) for i in range(0, x1.shape[0], step)])
+        elif batch_size is None:
+            K = block(x1, x2, same)
         else:
-            K = _ntk_products(model, params, buffers, x1, x2)
+            b = batch_size
+            K = torch.cat([torch.cat([block(x1[i:i + b], x2[j:j + b], same and i == j)
+                                      for j in range(0, x2.shape[0], b)], dim=1)
+                           for i in range(0, x1.shape[0], b)], dim=0)
     except (RuntimeError, NotImplementedError) as exc:
         _reraise_attention(exc, model)
         raise
     K = K.detach()
     if trace:
-        return torch.diagonal(K, dim1=2, dim2=3).mean(-1)
-    return K
+        K = torch.diagonal(K, dim1=-2, dim2=-1).mean(-1)
+    return K if dtype is None else K.to(dtype)

@@ -1,4 +1,4 @@
-r"""Structured empirical NTK for dense layers: the kernel from Grams, never a Jacobian.
+r"""Structured empirical NTK: the kernel from Grams, never a Jacobian (plus a generic remainder).
 
 For a layer ``z = m · a Wᵀ + b`` (``nn.Linear``: ``m = 1``; widthscope's ``ScaledLinear``: its
 ``multiplier``) applied at positions ``t`` (sequences) or once (an MLP), the parameters'
@@ -7,202 +7,374 @@ contribution to ``Θ_{oo'}(x, x') = Σ_θ ∂f_o(x)/∂θ · ∂f_{o'}(x')/∂θ
 .. math::  m² Σ_{t,s} (δ_{o,t}·δ'_{o',s}) (a_t·a'_s)  +  (Σ_t δ_{o,t})·(Σ_s δ'_{o',s})
 
 with ``δ_o = ∂f_o/∂z`` the back-propagated signal of output component ``o`` and ``a`` the
-layer's input: the second term is the bias. Summing over layers gives the NTK. One backward pass
-per output component gives every ``δ_o`` at every layer for the whole batch (examples do not
-interact in eval mode), so the cost is ``out`` backward passes plus Gram products —
-``O(n² · width)`` per layer instead of ``O(n · out · P)`` for Jacobians. The position sum is
-:func:`widthscope.probe.intervene.block_gram` (the block-probe Gram: the same identity).
+layer's input: the second term is the bias. Convolutions are the same identity over im2col
+patches, embeddings over one-hot ids, elementwise affine (norm) layers have explicit
+per-example gradients ``Σ_t δ_t ⊙ ∂z_t/∂w`` (:mod:`widthscope.linear.rules` lists the covered
+modules). Summing over layers gives the NTK. One batched backward pass over all output
+components (``is_grads_batched``) gives every ``δ_o`` at every layer for the whole batch
+(examples do not interact in eval mode), so the cost is that backward plus Gram products —
+``O(n² · out² · width)`` per dense layer (:mod:`widthscope.linear.gram`) instead of
+``O(n · out · P)`` memory for Jacobians.
 
-Covered parameters: the weights and biases of ``nn.Linear`` and ``ScaledLinear`` layers that run
-once per forward pass. :func:`uncovered` lists what is not; :func:`widthscope.linear.ntk` uses
-this path (``method="structured"``, or ``"auto"`` when everything is covered).
+**Hybrid.** A parameter is covered when its module is covered, runs exactly once per forward
+pass on per-example inputs (leading dimension the batch), and the parameter has exactly one
+use in the autograd graph (so tied/shared weights, layers run twice and parameters used
+outside their module are caught). Everything else — and any trainable parameter of an
+uncovered module — goes through the explicit-Jacobian route of :func:`widthscope.linear.ntk`
+restricted to just those parameters, and the two parts are summed (exact: the NTK is a sum
+over parameters). :func:`plan` says which is which; ``info`` reports it.
 
 Example::
 
     >>> import torch
     >>> from widthscope.linear.structured import structured_ntk
     >>> from widthscope.linear import ntk
-    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)).double()
+    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2)).double()
     >>> x = torch.randn(5, 3, dtype=torch.float64)
     >>> bool(torch.allclose(structured_ntk(net, x), ntk(net, x, method="jacobian")))
     True
 """
 from __future__ import annotations
 
+import warnings
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..errors import WidthscopeError
+from .gram import hadamard, mirror_upper, positions
+from .predict import kernel_predict
+from .rules import elementwise_layout, multiplier, records, rule
 
-__all__ = ["structured_ntk", "uncovered", "dense_layers", "kernel_predict"]
-
-
-def _multiplier(m: nn.Module) -> float | None:
-    if isinstance(m, nn.Linear):
-        return 1.0
-    if type(m).__name__ == "ScaledLinear" and hasattr(m, "multiplier"):
-        return float(m.multiplier)
-    return None
+__all__ = ["structured_ntk", "uncovered", "dense_layers", "kernel_predict", "plan", "Plan"]
 
 
 def dense_layers(model: nn.Module) -> list[tuple[str, nn.Module, float]]:
     """(name, module, multiplier) of the dense layers with a trainable weight or bias."""
     out = []
     for name, m in model.named_modules():
-        mult = _multiplier(m)
+        mult = multiplier(m)
         if mult is None:
             continue
-        w, b = getattr(m, "weight", None), getattr(m, "bias", None)
-        if (isinstance(w, nn.Parameter) and w.requires_grad) or (isinstance(b, nn.Parameter) and b.requires_grad):
+        if any(p.requires_grad for p in m.parameters(recurse=False)):
             out.append((name, m, mult))
     return out
 
 
-def uncovered(model: nn.Module) -> list[str]:
-    """Trainable parameters the structured kernel does not cover (empty: it covers the model)."""
-    covered = set()
-    for _, m, _ in dense_layers(model):
-        for p in (getattr(m, "weight", None), getattr(m, "bias", None)):
-            if isinstance(p, nn.Parameter):
-                covered.add(id(p))
-    return [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in covered]
+@dataclass
+class Plan:
+    """What goes where: ``entries`` (name, module, rule, covered attrs, elementwise layout) on the
+    structured path; ``generic`` parameter names on the Jacobian path; parameter counts."""
+    entries: list[tuple[str, nn.Module, str, set, str | None]] = field(default_factory=list)
+    generic: list[str] = field(default_factory=list)
+    n_covered: int = 0
+    n_generic: int = 0
+    signal_numel: int = 0  # Σ over entries of one example's output numel: δ memory = out·n·this numbers
 
 
-def structured_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None) -> torch.Tensor:
-    """``Θ`` of shape ``(n1, n2, out, out)`` (outputs flattened), float64, for a model whose
-    trainable parameters are all dense layers (:func:`uncovered` is empty)."""
-    missing = uncovered(model)
-    if missing:
-        raise WidthscopeError(f"structured NTK: parameters {', '.join(missing[:4])}"
-                              f"{' ...' if len(missing) > 4 else ''} are not weights/biases of dense layers; "
-                              "use method='jacobian' or 'products'")
-    layers = dense_layers(model)
-    n1 = x1.shape[0]
-    X = x1 if x2 is None else torch.cat([x1, x2])
-    store: dict[str, list[Any]] = {}
+def _first_input(args: tuple, kwargs: dict) -> Any:
+    if args:
+        return args[0]
+    return next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
 
-    def hook(name: str):
-        def f(_m: nn.Module, inputs: Any, out: torch.Tensor) -> None:
-            if name in store:
-                raise WidthscopeError(f"structured NTK: layer {name!r} ran twice in one forward pass (a shared "
-                                      "layer); use method='jacobian'")
-            store[name] = [inputs[0].detach(), out]
+
+def _out_tensor(out: Any) -> torch.Tensor:
+    from .model import model_output
+
+    o = model_output(out)
+    return o.reshape(o.shape[0], -1)
+
+
+def _use_counts(root: torch.Tensor) -> dict[int, int]:
+    """Per parameter (by id), how many graph nodes consume it: 1 for a weight used once."""
+    counts: dict[int, int] = {}
+    seen, stack = set(), [root.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for nxt, _ in node.next_functions:
+            if nxt is None:
+                continue
+            var = getattr(nxt, "variable", None)
+            if var is not None:
+                counts[id(var)] = counts.get(id(var), 0) + 1
+            elif nxt not in seen:
+                stack.append(nxt)
+    return counts
+
+
+def plan(model: nn.Module, x: torch.Tensor) -> Plan:
+    """Split the trainable parameters into the structured and the generic path, from one probe
+    forward pass on (up to two rows of) ``x``."""
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and (m.training or not m.track_running_stats):
+            raise WidthscopeError(f"ntk: {type(m).__name__} {name!r} uses batch statistics (training mode), "
+                                  "which couple the examples; call model.eval() first")
+    cands = [(n, m, r) for n, m in model.named_modules() if (r := rule(m)) is not None
+             and any(p.requires_grad for p in m.parameters(recurse=False))]
+    owners: dict[int, int] = {}
+    for _, m in model.named_modules(remove_duplicate=False):
+        for p in m.parameters(recurse=False):
+            owners[id(p)] = owners.get(id(p), 0) + 1
+    probe = x[:2]
+    seen: dict[str, list] = {}
+
+    def hook(name):
+        def f(_m, args, kwargs, out):
+            seen.setdefault(name, []).append((_first_input(args, kwargs), out))
         return f
 
-    handles = [m.register_forward_hook(hook(name)) for name, m, _ in layers]
+    handles = [m.register_forward_hook(hook(n), with_kwargs=True) for n, m, _ in cands]
     try:
         with torch.enable_grad():
-            out = model(X)
-            out = out if isinstance(out, torch.Tensor) else getattr(out, "logits", out[0])
-            out = out.reshape(out.shape[0], -1)
+            out = _out_tensor(model(probe))
     finally:
         for h in handles:
             h.remove()
-    O = out.shape[1]
-    zs = [store[name][1] for name, _, _ in layers]
-    deltas: list[list[torch.Tensor]] = [[] for _ in layers]  # per layer: O tensors (n, ..., out_l)
-    for o in range(O):
-        grads = torch.autograd.grad(out[:, o].sum(), zs, retain_graph=o < O - 1, allow_unused=True)
-        for li, (g, z) in enumerate(zip(grads, zs)):
-            deltas[li].append(torch.zeros_like(z) if g is None else g.detach())
-    n2 = X.shape[0] - n1 if x2 is not None else n1
-    K = torch.zeros(n1, n2, O, O, dtype=torch.float64, device=X.device)
-    from ..probe.intervene import block_gram
-
-    for (name, m, mult), D in zip(layers, deltas):
-        a = store[name][0].double()
-        d = torch.stack(D).double()  # (O, n, ..., out_l)
-        a = a.reshape(a.shape[0], -1, a.shape[-1])  # (n, T, in): Linear acts on the last dim
-        d = d.reshape(O, d.shape[1], -1, d.shape[-1])  # (O, n, T, out)
-        a1, a2 = a[:n1], (a[n1:] if x2 is not None else a[:n1])
-        d1, d2 = d[:, :n1], (d[:, n1:] if x2 is not None else d[:, :n1])
-        w_on = isinstance(m.weight, nn.Parameter) and m.weight.requires_grad
-        b_on = isinstance(getattr(m, "bias", None), nn.Parameter) and m.bias.requires_grad
-        if b_on:
-            s1, s2 = d1.sum(2), d2.sum(2)  # (O, n, out): Σ_t δ_t, the bias gradient
-            K += torch.einsum("oid,pjd->ijop", s1, s2)
-        if not w_on:
+    uses = _use_counts(out) if out.grad_fn is not None else {}
+    P = Plan()
+    covered_ids: set[int] = set()
+    B = probe.shape[0]
+    for name, m, r in cands:
+        calls = seen.get(name, [])
+        if len(calls) != 1:
             continue
-        if a.shape[1] == 1:  # one position (an MLP): (δδ'ᵀ) ⊙ (aa'ᵀ)
-            ga = a1[:, 0] @ a2[:, 0].T
-            K += (mult ** 2) * torch.einsum("oid,pjd->ijop", d1[:, :, 0], d2[:, :, 0]) * ga[:, :, None, None]
-        else:  # positions: Σ_{t,s} (δ_t·δ'_s)(a_t·a'_s), the block-probe Gram
-            for o in range(O):
-                for p in range(O):
-                    K[:, :, o, p] += (mult ** 2) * block_gram(d1[o], a1, d2[p], a2)
-    return K
-
-
-def kernel_predict(K_train: torch.Tensor, y_train: torch.Tensor, *, lr: float,
-                   steps: int | float | None = None, t: float | None = None, ridge: float = 0.0,
-                   K_test: torch.Tensor | None = None, f0_train: torch.Tensor | None = None,
-                   f0_test: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    r"""Closed-form outputs of squared-loss gradient descent with a fixed kernel.
-
-    With ``L = (1/2N) Σ‖f(x_i) − y_i‖²`` and ``A = (η/N) Θ(X, X)`` (the :func:`function_space_gd`
-    convention), full-batch GD gives ``f_s − y = (I − A)^s (f_0 − y)`` on the training inputs and
-    ``f^t_s = f^t_0 − (η/N) Θ(X_t, X) Σ_{r<s} (I − A)^r (f_0 − y)`` on test inputs. In the
-    eigenbasis ``A = V diag(a) Vᵀ`` the sum is ``V diag((1 − (1 − a)^s)/a) Vᵀ`` (``s`` at ``a = 0``).
-    Gradient flow for time ``t`` replaces ``(1 − a)^s`` by ``exp(−t a)``; ``steps = inf`` or
-    ``t = inf`` is the limit (``f^t_∞ = f^t_0 − Θ_t Θ⁺ (f_0 − y)``, the minimum-norm interpolant);
-    with ``ridge > 0`` the kernel ridge solution ``f^t_0 − Θ_t (Θ + ridge I)^{-1} (f_0 − y)``.
-
-    ``K_train``: ``(N, N, o, o)`` or ``(N·o, N·o)``; ``K_test``: ``(M, N, o, o)`` or ``(M·o, N·o)``;
-    ``y_train``, ``f0_*``: ``(N, o)`` / ``(M, o)`` (``f0`` default 0). Returns ``{"train", "test"}``.
-
-    Example::
-
-        >>> import torch
-        >>> K = torch.eye(3, dtype=torch.float64)[:, :, None, None] * 2.0
-        >>> y = torch.ones(3, 1, dtype=torch.float64)
-        >>> kernel_predict(K, y, lr=0.5, steps=float("inf"))["train"].flatten().tolist()
-        [1.0, 1.0, 1.0]
-    """
-    import math
-
-    if (steps is None) == (t is None):
-        raise WidthscopeError("kernel_predict: give exactly one of steps (discrete GD) or t (gradient flow)")
-    if not (isinstance(lr, (int, float)) and lr > 0):
-        raise WidthscopeError(f"kernel_predict: lr must be positive, got {lr!r}")
-    N = y_train.shape[0]
-    o = y_train.reshape(N, -1).shape[1]
-
-    def flat(K: torch.Tensor, rows: int) -> torch.Tensor:
-        if K.dim() == 4:
-            return K.permute(0, 2, 1, 3).reshape(rows * o, N * o).double()
-        return K.double()
-
-    Kf = flat(K_train, N)
-    y = y_train.reshape(-1).double()
-    f0 = torch.zeros_like(y) if f0_train is None else f0_train.reshape(-1).double()
-    r0 = f0 - y
-    limit = (steps is not None and math.isinf(steps)) or (t is not None and math.isinf(t))
-    if limit and ridge > 0:
-        coef = torch.linalg.solve(Kf + ridge * torch.eye(len(Kf), dtype=Kf.dtype), r0)  # Θ⁻¹-like weights
-        train = f0 - Kf @ coef
-    else:
-        lam, V = torch.linalg.eigh((Kf + Kf.T) / 2)
-        a = (lr / N) * lam.clamp_min(0)
-        if limit:
-            if steps is not None and bool((a >= 2).any()):
-                raise WidthscopeError("kernel_predict: lr is too large for GD to converge (η λ_max / N >= 2)")
-            w = torch.where(a > 1e-12 * a.max().clamp_min(1e-300), 1.0 / a.clamp_min(1e-300), torch.zeros_like(a))
-            decay = torch.where(a > 1e-12 * a.max().clamp_min(1e-300), torch.zeros_like(a), torch.ones_like(a))
-        elif steps is not None:
-            s = int(steps)
-            decay = (1 - a) ** s
-            w = torch.where(a.abs() > 1e-300, (1 - decay) / a.clamp_min(1e-300), torch.full_like(a, float(s)))
+        inp, z = calls[0]
+        if not (isinstance(inp, torch.Tensor) and isinstance(z, torch.Tensor) and inp.dim() >= 1
+                and z.dim() >= 1 and inp.shape[0] == B and z.shape[0] == B):
+            continue
+        layout = None
+        if r == "elementwise":
+            layout = elementwise_layout(m, inp, z)
+            if layout is None:
+                continue
+        if r == "conv" and inp.dim() != (3 if isinstance(m, nn.Conv1d) else 4):
+            continue  # unbatched conv input
+        attrs = set()
+        for k, p in m.named_parameters(recurse=False):
+            if p.requires_grad and uses.get(id(p), 0) == 1 and owners.get(id(p), 0) == 1:
+                attrs.add(k)
+                covered_ids.add(id(p))
+        if attrs:
+            P.entries.append((name, m, r, attrs, layout))
+            P.signal_numel += z[0].numel()
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if id(p) in covered_ids:
+            P.n_covered += p.numel()
         else:
-            decay = torch.exp(-float(t) * a)
-            w = torch.where(a > 1e-300, (1 - decay) / a.clamp_min(1e-300), torch.full_like(a, float(t)))
-        c = V.T @ r0
-        train = y + V @ (decay * c)
-        coef = (lr / N) * (V @ (w * c))  # f_test = f0_test − Θ_t · coef
-    out = {"train": train.reshape(N, o)}
-    if K_test is not None:
-        M = K_test.shape[0] if K_test.dim() == 4 else K_test.shape[0] // o
-        g0 = torch.zeros(M * o, dtype=torch.float64) if f0_test is None else f0_test.reshape(-1).double()
-        out["test"] = (g0 - flat(K_test, M) @ coef).reshape(M, o)
-    return out
+            P.generic.append(name)
+            P.n_generic += p.numel()
+    return P
+
+
+def uncovered(model: nn.Module, x: torch.Tensor | None = None) -> list[str]:
+    """Trainable parameters the structured kernel leaves to the generic path (empty: it covers the
+    model). With ``x`` (example inputs) this is :func:`plan`'s answer; without, a static check:
+    parameters of modules no rule covers, or registered in more than one module."""
+    if x is not None:
+        return plan(model, x).generic
+    owners: dict[int, int] = {}
+    ok: set[int] = set()
+    for _, m in model.named_modules(remove_duplicate=False):
+        r = rule(m)
+        for p in m.parameters(recurse=False):
+            owners[id(p)] = owners.get(id(p), 0) + 1
+            if r is not None:
+                ok.add(id(p))
+    return [n for n, p in model.named_parameters() if p.requires_grad and (id(p) not in ok or owners[id(p)] != 1)]
+
+
+def _capture(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> tuple[list[tuple], int]:
+    """One forward and one (batched) backward pass: every entry's records for the batch ``X``."""
+    store: dict[str, list] = {}
+
+    def hook(name):
+        def f(_m, args, kwargs, out):
+            if name in store:
+                raise WidthscopeError(f"structured NTK: module {name!r} ran twice on these inputs but once on "
+                                      "the probe (input-dependent control flow); use method='jacobian'")
+            store[name] = [_first_input(args, kwargs).detach(), out]
+            return out.clone()  # later in-place ops must not touch the z that δ is taken at
+        return f
+
+    handles = [m.register_forward_hook(hook(n), with_kwargs=True) for n, m, *_ in P.entries]
+    try:
+        with torch.enable_grad():
+            out = _out_tensor(model(X))
+    finally:
+        for h in handles:
+            h.remove()
+    N, O = out.shape
+    names = [e[0] for e in P.entries]
+    for nm in names:
+        if nm not in store or store[nm][1].shape[0] != N or store[nm][0].shape[0] != N:
+            raise WidthscopeError(f"structured NTK: module {nm!r} did not run once on per-example inputs for "
+                                  f"this batch of {N}; use method='jacobian'")
+    zs = [store[nm][1] for nm in names]
+    live = [i for i, z in enumerate(zs) if z.requires_grad]
+    deltas: list[list[torch.Tensor]] = [[] for _ in zs]
+    for o0 in range(0, O, o_chunk):
+        oc = min(o_chunk, O - o0)
+        E = torch.zeros(oc, N, O, dtype=out.dtype, device=out.device)
+        E[torch.arange(oc), :, o0 + torch.arange(oc)] = 1.0
+        last = o0 + oc >= O
+        try:
+            with warnings.catch_warnings():  # ops without a batching rule fall back to a loop: fine
+                warnings.filterwarnings("ignore", message="There is a performance drop")
+                grads = torch.autograd.grad(out, [zs[i] for i in live], grad_outputs=E, is_grads_batched=True,
+                                            retain_graph=not last, allow_unused=True)
+        except RuntimeError:  # an op without a batching rule: one backward per output component
+            cols = [torch.autograd.grad(out, [zs[i] for i in live], grad_outputs=E[k], retain_graph=True,
+                                        allow_unused=True) for k in range(oc)]
+            grads = [None if cols[0][li] is None else torch.stack([c[li] for c in cols]) for li in range(len(live))]
+        for li, g in zip(live, grads):
+            deltas[li].append(torch.zeros((oc,) + tuple(zs[li].shape), dtype=out.dtype, device=out.device)
+                              if g is None else g.detach())
+    recs: list[tuple] = []
+    for (nm, m, r, attrs, layout), D, z in zip(P.entries, deltas, zs):
+        d = (D[0] if len(D) == 1 else torch.cat(D)) if D else torch.zeros((O,) + tuple(z.shape), dtype=z.dtype,
+                                                                         device=z.device)
+        recs.extend(records(r, m, store[nm][0], d, attrs, layout))
+    return recs, O
+
+
+def _combine(acc: torch.Tensor, r1: list[tuple], r2: list[tuple], mode: str, same: bool) -> None:
+    diag = mode.startswith("diag")
+    for a, b in zip(r1, r2):
+        if a[0] == "vector":
+            hadamard(acc, a[1], b[1], None, mode, same=same)
+        elif a[0] == "embed":
+            ids1, d1, ids2, d2 = a[1], a[2], b[1], b[2]
+            uniq, inv = torch.unique(torch.cat([ids1.reshape(-1), ids2.reshape(-1)]), return_inverse=True)
+            oh = nn.functional.one_hot(inv, len(uniq)).to(d1.dtype)
+            A1 = oh[:ids1.numel()].view(ids1.shape[0], ids1.shape[1], -1)
+            A2 = A1 if same else oh[ids1.numel():].view(ids2.shape[0], ids2.shape[1], -1)
+            positions(acc, A1, d1, A2, d2, 1.0, mode, same=same)
+        else:
+            _, a1, d1, s, w_on, b_on = a
+            a2, d2 = b[1], b[2]
+            if d1.shape[2] == 1 and d2.shape[2] == 1:  # one position: weight and bias share δδ'ᵀ
+                if w_on:
+                    W = s * ((a1[:, 0] * a2[:, 0]).sum(-1) if diag else a1[:, 0] @ a2[:, 0].T)
+                    W = W + 1.0 if b_on else W
+                else:
+                    W = None
+                hadamard(acc, d1[:, :, 0], d2[:, :, 0], W, mode, same=same)
+                continue
+            if w_on:
+                positions(acc, a1, d1, a2, d2, s, mode, same=same)
+            if b_on:
+                s1 = d1.sum(2)
+                hadamard(acc, s1, s1 if same else d2.sum(2), None, mode, same=same)
+
+
+def _blocks(n: int, b: int | None) -> list[slice]:
+    b = n if b is None else b
+    return [slice(i, min(i + b, n)) for i in range(0, n, b)]
+
+
+def structured_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *, trace: bool = False,
+                   diagonal: bool = False, batch_size: int | None = None, dtype: torch.dtype | None = None,
+                   memory_budget: float = 2e9, info: dict | None = None, _plan: Plan | None = None) -> torch.Tensor:
+    """``Θ`` of shape ``(n1, n2, out, out)`` (outputs flattened); ``trace`` → ``(n1, n2)``, the mean of
+    ``Θ_oo`` over ``o``; ``diagonal`` → ``(n1, out, out)``, ``Θ(x_i, x_i)`` only (``x2`` must be ``None``);
+    both → ``(n1,)``. Options as in :func:`widthscope.linear.ntk` (``batch_size``: examples per block;
+    ``dtype``: the accumulator's and result's dtype, default the parameters'). Parameters the structured
+    path does not cover are added from explicit Jacobians of just those parameters.
+
+    The same as ``ntk(model, x1, x2, method="structured", ...)``, which checks the inputs and makes the
+    :func:`plan` (``_plan`` is how it passes it back here)."""
+    from .model import as_param_dtype, ntk, params_and_buffers
+
+    if _plan is None:
+        return ntk(model, x1, x2, method="structured", trace=trace, diagonal=diagonal, batch_size=batch_size,
+                   dtype=dtype, memory_budget=memory_budget, info=info)
+    params, buffers = params_and_buffers(model)
+    pdtype = next(iter(params.values())).dtype
+    acc_dtype = dtype or pdtype
+    same = x2 is None
+    x1 = as_param_dtype(x1, params)
+    x2 = x1 if same else as_param_dtype(x2, params)
+    P = _plan
+    if info is not None:
+        info.update(method="structured", covered=P.n_covered, uncovered=P.n_generic, generic=list(P.generic))
+    mode = ("diagtrace" if trace else "diag") if diagonal else ("trace" if trace else "full")
+    n1, n2 = x1.shape[0], x2.shape[0]
+    b1, b2 = _blocks(n1, batch_size), _blocks(n2, batch_size)
+    with torch.no_grad():
+        O = _out_tensor(model(x1[:1])).shape[1]
+    shape = {"full": (n1, n2, O, O), "trace": (n1, n2), "diag": (n1, O, O), "diagtrace": (n1,)}[mode]
+    K = torch.zeros(shape, dtype=acc_dtype, device=x1.device)
+    cache: dict[tuple[int, int], tuple[list[tuple], int]] = {}
+    room = [float(memory_budget)]
+
+    def get(which: int, idx: int, s: slice) -> list[tuple]:
+        """Records of a block; kept for reuse (x2's blocks, or x1's when x2 is None) while they fit."""
+        if (which, idx) in cache:
+            return cache[(which, idx)][0]
+        recs = _capture(model, P, (x1 if which == 1 else x2)[s])[0] if P.entries else []
+        size = sum(t.numel() * t.element_size() for rec in recs for t in rec if isinstance(t, torch.Tensor))
+        reused = (which == 2 and len(b1) > 1) or (which == 1 and same and len(b1) > 1)
+        if reused and size <= room[0]:
+            room[0] -= size
+            cache[(which, idx)] = (recs, size)
+        return recs
+
+    for bi, s1 in enumerate(b1):
+        r1 = get(1, bi, s1)
+        m1 = s1.stop - s1.start
+        if diagonal:
+            acc = torch.zeros((m1, O, O) if mode == "diag" else (m1,), dtype=acc_dtype, device=x1.device)
+            _combine(acc, r1, r1, mode, True)
+            K[s1] = acc
+            continue
+        for bj, s2 in enumerate(b2):
+            if same and bj < bi:
+                continue
+            r2 = r1 if same and bj == bi else get(1 if same else 2, bj, s2)
+            m2 = s2.stop - s2.start
+            acc = torch.zeros((O, m1, O, m2) if mode == "full" else (m1, m2), dtype=acc_dtype, device=x1.device)
+            _combine(acc, r1, r2, mode, same and bj == bi)
+            if mode == "full" and same and bj == bi:
+                mirror_upper(acc)
+            blk = acc.permute(1, 3, 0, 2) if mode == "full" else acc
+            K[s1, s2] = blk
+            if same and bj != bi:
+                K[s2, s1] = blk.permute(1, 0, 3, 2) if mode == "full" else blk.T
+        room[0] += cache.pop((1, bi), ([], 0))[1]  # x1's block bi is not needed again
+    if P.generic:  # the hybrid remainder: explicit Jacobians of just these parameters
+        K = _generic(model, P, params, buffers, x1, x2, same, O, K, diagonal, trace, memory_budget, acc_dtype)
+    if trace:
+        K /= O
+    return K.detach()
+
+
+def _generic(model: nn.Module, P: Plan, params: dict, buffers: dict, x1: torch.Tensor, x2: torch.Tensor, same: bool,
+             O: int, K: torch.Tensor, diagonal: bool, trace: bool, memory_budget: float,
+             acc_dtype: torch.dtype) -> torch.Tensor:
+    """``K +=`` the generic-path parameters' kernel (explicit per-example Jacobians, chunked)."""
+    from .model import _ntk_jacobian
+
+    n1 = x1.shape[0]
+    with warnings.catch_warnings():  # vmapped ops without a batching rule fall back to a loop: fine
+        warnings.filterwarnings("ignore", message="There is a performance drop")
+        gp = {k: params[k] for k in P.generic}
+        gb = dict(buffers)
+        gb.update({k: v for k, v in params.items() if k not in gp})
+        per_example = O * sum(v.numel() for v in gp.values()) * gp[P.generic[0]].element_size()
+        chunk = max(1, int(memory_budget // (2 * per_example)))
+        if diagonal:
+            for s in _blocks(n1, chunk):
+                Kg = _ntk_jacobian(model, gp, gb, x1[s], x1[s], chunk, True)
+                Kg = torch.diagonal(Kg, dim1=0, dim2=1).permute(2, 0, 1)
+                K[s] += (torch.diagonal(Kg, dim1=1, dim2=2).sum(-1) if trace else Kg).to(acc_dtype)
+        else:
+            Kg = _ntk_jacobian(model, gp, gb, x1, x2, chunk, same)
+            K += (torch.diagonal(Kg, dim1=2, dim2=3).sum(-1) if trace else Kg).to(acc_dtype)
+    return K

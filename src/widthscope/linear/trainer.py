@@ -299,7 +299,7 @@ class _KernelGD:
             self.f0 = model_output(model(X)).reshape(N, -1).double()
             self.g0 = model_output(model(Xt)).reshape(Nt, -1).double()
         o = self.f0.shape[1]
-        K = ntk(model, torch.cat([X, Xt]), X).double()  # Θ₀(X ∪ X_t, X): one structured pass
+        K = ntk(model, torch.cat([X, Xt]), X, dtype=torch.float64)  # Θ₀(X ∪ X_t, X), float64 Grams
         K = K.permute(0, 2, 1, 3).reshape((N + Nt) * o, N * o)
         Ktr, Kte = K[: N * o], K[N * o:]
         lam, self.V = torch.linalg.eigh((Ktr + Ktr.T) / 2)

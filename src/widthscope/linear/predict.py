@@ -1,0 +1,82 @@
+"""Closed-form kernel-regression predictions of squared-loss gradient descent with a fixed kernel
+(re-exported by :mod:`widthscope.linear.structured`, where it used to live)."""
+from __future__ import annotations
+
+import torch
+
+from ..errors import WidthscopeError
+
+__all__ = ["kernel_predict"]
+
+
+def kernel_predict(K_train: torch.Tensor, y_train: torch.Tensor, *, lr: float,
+                   steps: int | float | None = None, t: float | None = None, ridge: float = 0.0,
+                   K_test: torch.Tensor | None = None, f0_train: torch.Tensor | None = None,
+                   f0_test: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    r"""Closed-form outputs of squared-loss gradient descent with a fixed kernel.
+
+    With ``L = (1/2N) Σ‖f(x_i) − y_i‖²`` and ``A = (η/N) Θ(X, X)`` (the :func:`function_space_gd`
+    convention), full-batch GD gives ``f_s − y = (I − A)^s (f_0 − y)`` on the training inputs and
+    ``f^t_s = f^t_0 − (η/N) Θ(X_t, X) Σ_{r<s} (I − A)^r (f_0 − y)`` on test inputs. In the
+    eigenbasis ``A = V diag(a) Vᵀ`` the sum is ``V diag((1 − (1 − a)^s)/a) Vᵀ`` (``s`` at ``a = 0``).
+    Gradient flow for time ``t`` replaces ``(1 − a)^s`` by ``exp(−t a)``; ``steps = inf`` or
+    ``t = inf`` is the limit (``f^t_∞ = f^t_0 − Θ_t Θ⁺ (f_0 − y)``, the minimum-norm interpolant);
+    with ``ridge > 0`` the kernel ridge solution ``f^t_0 − Θ_t (Θ + ridge I)^{-1} (f_0 − y)``.
+
+    ``K_train``: ``(N, N, o, o)`` or ``(N·o, N·o)``; ``K_test``: ``(M, N, o, o)`` or ``(M·o, N·o)``;
+    ``y_train``, ``f0_*``: ``(N, o)`` / ``(M, o)`` (``f0`` default 0). Returns ``{"train", "test"}``.
+
+    Example::
+
+        >>> import torch
+        >>> K = torch.eye(3, dtype=torch.float64)[:, :, None, None] * 2.0
+        >>> y = torch.ones(3, 1, dtype=torch.float64)
+        >>> kernel_predict(K, y, lr=0.5, steps=float("inf"))["train"].flatten().tolist()
+        [1.0, 1.0, 1.0]
+    """
+    import math
+
+    if (steps is None) == (t is None):
+        raise WidthscopeError("kernel_predict: give exactly one of steps (discrete GD) or t (gradient flow)")
+    if not (isinstance(lr, (int, float)) and lr > 0):
+        raise WidthscopeError(f"kernel_predict: lr must be positive, got {lr!r}")
+    N = y_train.shape[0]
+    o = y_train.reshape(N, -1).shape[1]
+
+    def flat(K: torch.Tensor, rows: int) -> torch.Tensor:
+        if K.dim() == 4:
+            return K.permute(0, 2, 1, 3).reshape(rows * o, N * o).double()
+        return K.double()
+
+    Kf = flat(K_train, N)
+    y = y_train.reshape(-1).double()
+    f0 = torch.zeros_like(y) if f0_train is None else f0_train.reshape(-1).double()
+    r0 = f0 - y
+    limit = (steps is not None and math.isinf(steps)) or (t is not None and math.isinf(t))
+    if limit and ridge > 0:
+        coef = torch.linalg.solve(Kf + ridge * torch.eye(len(Kf), dtype=Kf.dtype), r0)  # Θ⁻¹-like weights
+        train = f0 - Kf @ coef
+    else:
+        lam, V = torch.linalg.eigh((Kf + Kf.T) / 2)
+        a = (lr / N) * lam.clamp_min(0)
+        if limit:
+            if steps is not None and bool((a >= 2).any()):
+                raise WidthscopeError("kernel_predict: lr is too large for GD to converge (η λ_max / N >= 2)")
+            w = torch.where(a > 1e-12 * a.max().clamp_min(1e-300), 1.0 / a.clamp_min(1e-300), torch.zeros_like(a))
+            decay = torch.where(a > 1e-12 * a.max().clamp_min(1e-300), torch.zeros_like(a), torch.ones_like(a))
+        elif steps is not None:
+            s = int(steps)
+            decay = (1 - a) ** s
+            w = torch.where(a.abs() > 1e-300, (1 - decay) / a.clamp_min(1e-300), torch.full_like(a, float(s)))
+        else:
+            decay = torch.exp(-float(t) * a)
+            w = torch.where(a > 1e-300, (1 - decay) / a.clamp_min(1e-300), torch.full_like(a, float(t)))
+        c = V.T @ r0
+        train = y + V @ (decay * c)
+        coef = (lr / N) * (V @ (w * c))  # f_test = f0_test − Θ_t · coef
+    out = {"train": train.reshape(N, o)}
+    if K_test is not None:
+        M = K_test.shape[0] if K_test.dim() == 4 else K_test.shape[0] // o
+        g0 = torch.zeros(M * o, dtype=torch.float64) if f0_test is None else f0_test.reshape(-1).double()
+        out["test"] = (g0 - flat(K_test, M) @ coef).reshape(M, o)
+    return out

@@ -1,0 +1,182 @@
+r"""Which modules the structured NTK covers, and the per-example gradient features each one gives.
+
+A covered module turns its captured input ``a`` and back-propagated output signals
+``δ_o = ∂f_o/∂z`` (for every output component ``o``) into *records* that
+:mod:`widthscope.linear.gram` contracts into kernel terms:
+
+- ``nn.Linear``, widthscope's ``ScaledLinear`` (``z = m·a Wᵀ + b``) and transformers' ``Conv1D``
+  (GPT-2, ``z = a W + b`` with ``W`` of shape ``(in, out)``): a *dense* record, weight term
+  ``m² Σ_{t,s}(δ_t·δ'_s)(a_t·a'_s)`` over the positions ``t`` (every index but the first and the last)
+  and bias term ``(Σ_t δ_t)·(Σ_s δ'_s)``.
+- ``nn.Conv1d``/``nn.Conv2d`` (any stride, dilation, padding and padding mode, any ``groups``):
+  the weight gradient is ``Σ_l δ_l ⊗ patch_l`` over output locations ``l`` (im2col), so a dense
+  record per group with the unfolded patches as ``a`` and locations as positions; bias as above.
+- ``nn.Embedding``: ``∂z_t/∂W_v = [id_t = v]``, so the weight term is
+  ``Σ_{t,s} [id_t = id'_s] (δ_t·δ'_s)``: a dense record whose ``a_t`` is the one-hot of ``id_t``
+  (built at contraction time over the ids the two batches share); positions holding
+  ``padding_idx`` are dropped (that row gets no gradient). ``max_norm``/``scale_grad_by_freq``
+  embeddings are left to the generic path.
+- elementwise affine modules ``z = c(a) ⊙ w + b`` (``nn.LayerNorm``, ``nn.RMSNorm``, Hugging Face
+  ``*RMSNorm``/``*LayerNorm`` classes, ``nn.GroupNorm``, ``BatchNorm`` in eval mode — any leaf module
+  whose class name contains ``Norm`` and whose only parameters are a ``weight`` and a ``bias`` of
+  the same shape, matching either the trailing dims or dim 1 of the output): the per-example
+  gradients ``Σ_t δ_t ⊙ c_t`` (weight) and ``Σ_t δ_t`` (bias) are formed explicitly (a *vector*
+  record, ``F`` = the parameter count). ``c = ∂z/∂w`` is one forward-mode product of the module
+  alone along ``w = 1`` — computed from the module's input, never as ``(z − b)/w`` — so Gemma's
+  ``(1 + w)`` scale is handled too. Whether a module really is elementwise is *checked* on the probe
+  input: the jvp along a random tangent ``u`` must equal ``c ⊙ u`` (and ``v`` for the bias).
+
+Example::
+
+    >>> import torch
+    >>> rule(torch.nn.Linear(3, 2)), rule(torch.nn.Conv2d(1, 2, 3)), rule(torch.nn.LayerNorm(4))
+    ('dense', 'conv', 'elementwise')
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.func import functional_call, jvp
+
+__all__ = ["rule", "multiplier", "elementwise_layout", "records"]
+
+
+def multiplier(m: nn.Module) -> float | None:
+    """``m`` of a dense layer ``z = m·a Wᵀ + b`` (``None``: not a dense layer)."""
+    if isinstance(m, nn.Linear) and type(m).forward is nn.Linear.forward:
+        return 1.0
+    if type(m).__name__ == "ScaledLinear" and hasattr(m, "multiplier"):
+        return float(m.multiplier)
+    if (type(m).__name__ == "Conv1D" and hasattr(m, "nf") and getattr(m, "weight", None) is not None
+            and m.weight.dim() == 2 and m.weight.shape[1] == m.nf):
+        return 1.0
+    return None
+
+
+def _own_params(m: nn.Module) -> dict[str, nn.Parameter]:
+    return dict(m.named_parameters(recurse=False))
+
+
+def rule(m: nn.Module) -> str | None:
+    """``"dense"``, ``"conv"``, ``"embedding"``, ``"elementwise"`` (to be checked) or ``None``."""
+    if multiplier(m) is not None:
+        return "dense"
+    if type(m) in (nn.Conv1d, nn.Conv2d):
+        return "conv"
+    if type(m) is nn.Embedding:
+        return "embedding" if m.max_norm is None and not m.scale_grad_by_freq else None
+    own = _own_params(m)
+    if ("Norm" in type(m).__name__ and not list(m.children()) and "weight" in own
+            and set(own) <= {"weight", "bias"} and all(p.shape == own["weight"].shape for p in own.values())):
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and (m.training or not m.track_running_stats):
+            return None  # batch statistics couple the examples (the caller reports it)
+        return "elementwise"
+    return None
+
+
+def _affine_fn(m: nn.Module, x: torch.Tensor):
+    names = list(_own_params(m))
+    return names, (lambda *ps: functional_call(m, dict(zip(names, ps)), (x,)))
+
+
+def _expand(v: torch.Tensor, y: torch.Tensor, layout: str) -> torch.Tensor:
+    if layout == "last":
+        return v.reshape((1,) * (y.dim() - v.dim()) + tuple(v.shape))
+    return v.reshape((1, -1) + (1,) * (y.dim() - 2))
+
+
+def elementwise_layout(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> str | None:
+    """``"last"``/``"channel"`` when ``z = c(x) ⊙ w + b`` holds on ``x`` (checked by jvps), else ``None``."""
+    own = {k: v.detach() for k, v in _own_params(m).items()}
+    S = tuple(own["weight"].shape)
+    cands = []
+    if y.dim() >= len(S) + 1 and tuple(y.shape[y.dim() - len(S):]) == S:
+        cands.append("last")
+    if len(S) == 1 and y.dim() >= 2 and y.shape[1] == S[0]:
+        cands.append("channel")
+    names, f = _affine_fn(m, x.detach())
+    prim = tuple(own[k] for k in names)
+    g = torch.Generator().manual_seed(1234)
+    tol = 1e-9 if y.dtype == torch.float64 else 1e-4
+    for layout in cands:
+        ok = True
+        for k in names:
+            u = torch.randn(S, generator=g).to(own[k])
+            ones = torch.ones_like(u)
+            with torch.no_grad():
+                dz_u = jvp(f, prim, tuple(u if n == k else torch.zeros_like(own[n]) for n in names))[1]
+                dz_1 = jvp(f, prim, tuple(ones if n == k else torch.zeros_like(own[n]) for n in names))[1]
+            want = dz_1 * _expand(u, y, layout)
+            if k == "bias":
+                ok = ok and torch.allclose(dz_1, torch.ones_like(dz_1), rtol=tol, atol=tol)
+            scale = float(want.abs().max()) if want.numel() else 0.0
+            ok = ok and dz_u.shape == y.shape and bool(((dz_u - want).abs() <= tol * (1 + scale)).all())
+        if ok:
+            return layout
+    return None
+
+
+def _unfold(m: nn.Conv1d | nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """im2col patches ``(n, L, C_in·K)`` of a Conv1d/Conv2d input, padding as the module pads."""
+    mode = "constant" if m.padding_mode == "zeros" else m.padding_mode
+    x = nn.functional.pad(x, m._reversed_padding_repeated_twice, mode=mode)
+    if isinstance(m, nn.Conv1d):
+        x = x.unsqueeze(2)
+        k, d, s = (1, m.kernel_size[0]), (1, m.dilation[0]), (1, m.stride[0])
+    else:
+        k, d, s = m.kernel_size, m.dilation, m.stride
+    return nn.functional.unfold(x, k, dilation=d, stride=s).transpose(1, 2)
+
+
+def records(kind: str, m: nn.Module, x: Any, delta: torch.Tensor, covered: set[str],
+            layout: str | None) -> list[tuple]:
+    """Records of one module from its input ``x`` (``(n, ...)``) and signals ``delta`` (``(o, n, ...)``).
+
+    ``covered``: which of ``{"weight", "bias"}`` are on the structured path. Records:
+    ``("dense", a (n,T,D_a), δ (o,n,T,D_δ), m², w_on, b_on)``, ``("embed", ids (n,T), δ (o,n,T,D))``,
+    ``("vector", g (o,n,F))``."""
+    O, n = delta.shape[:2]
+    w_on, b_on = "weight" in covered, "bias" in covered
+    if kind == "dense":
+        mult = multiplier(m)
+        a = x.reshape(n, -1, x.shape[-1])
+        d = delta.reshape(O, n, -1, delta.shape[-1])
+        return [("dense", a, d, mult ** 2, w_on, b_on)]
+    if kind == "conv":
+        G = m.groups
+        patches = _unfold(m, x) if w_on else None  # (n, L, C_in·K), channel-major columns
+        d = delta.reshape(O, n, delta.shape[2], -1).transpose(2, 3)  # (o, n, L, C_out)
+        out = []
+        cin, cout = m.in_channels // G, m.out_channels // G
+        K = patches.shape[2] // m.in_channels if patches is not None else 0
+        for gi in range(G):
+            a = patches[:, :, gi * cin * K:(gi + 1) * cin * K] if patches is not None else None
+            out.append(("dense", a, d[..., gi * cout:(gi + 1) * cout], 1.0, w_on, b_on))
+        return out
+    if kind == "embedding":
+        ids = x.reshape(n, -1)
+        d = delta.reshape(O, n, ids.shape[1], -1)
+        if m.padding_idx is not None:
+            d = d * (ids != m.padding_idx).to(d.dtype)[None, :, :, None]
+        return [("embed", ids, d)] if w_on else []
+    # elementwise
+    own = {k: v.detach() for k, v in _own_params(m).items()}
+    names, f = _affine_fn(m, x.detach())
+    prim = tuple(own[k] for k in names)
+    S = own["weight"].numel()
+    gs = []
+    for k in ("weight", "bias"):
+        if k not in covered:
+            continue
+        with torch.no_grad():
+            c = jvp(f, prim, tuple(torch.ones_like(own[q]) if q == k else torch.zeros_like(own[q])
+                                   for q in names))[1]
+        g = delta * c[None]
+        if layout == "last":
+            g = g.reshape(O, n, -1, S).sum(2)
+        else:
+            g = g.reshape(O, n, S, -1).sum(3)
+        gs.append(g)
+    return [("vector", torch.cat(gs, dim=2))] if gs else []
