@@ -53,9 +53,12 @@ from .errors import WidthscopeError
 from .probe.intervene import (_block_of, _index, _w_out_grad, as_examples, insert, mean_loss,
                               per_example_losses, take, to_batches)
 
-__all__ = ["grow", "rank_points", "grow_at", "add_arguments", "run", "DELTAS"]
+__all__ = ["grow", "rank_points", "grow_at", "add_arguments", "run", "DELTAS", "DEFAULT_CRITERION",
+           "certification_note"]
 
 DELTAS = (0.1, 0.05, 0.01)
+# Chosen from the growth benchmark (docs/interventions.md §5, `widthscope grow-bench`).
+DEFAULT_CRITERION = "line_search"
 
 
 def _n(data: Any) -> int:
@@ -78,12 +81,23 @@ def _pairs(split: Any) -> tuple[Any, Any]:
 
 def rank_points(model: nn.Module, train: Any, test: Any, *, points: Sequence[str] | str | None = None,
                 M: int = 32, K: int = 32, eta: float = 1e-3, loss_fn: Callable | None = None,
-                batch_size: int = 64, show_progress: bool = True) -> list[dict[str, Any]]:
+                batch_size: int = 64, show_progress: bool = True, criterion: str = DEFAULT_CRITERION,
+                block_width: int | None = None, block_seed: int = 0) -> list[dict[str, Any]]:
     """Certificate, predicted gain and sample-size plan for every candidate point, best first.
 
     ``train``/``test`` are pooled examples (see :func:`widthscope.probe.intervene.as_examples`).
-    Returns rows ``kind="growth"``, ``role="candidate"`` with ``rank`` (1 = best).
+    ``criterion`` (see :data:`widthscope.probe.growth.CRITERIA`) picks the column ranked on;
+    ``"bias"`` is the old ranking by ``η aᵀb``. Other criteria add the block's columns of
+    :func:`widthscope.probe.growth.point_criteria` (block of width ``block_width``, ``W_in``
+    seeded by ``block_seed``, i.e. the block :func:`grow_at` would insert).
+    Every row has ``score`` (the ranked value), ``p_improve`` (the ranked certificate's
+    ``1 − B_exact``, 0 when vacuous) and ``MK_needed_δ`` (its planner's ``M = K`` for
+    ``B_exact ≤ δ``). Returns rows ``kind="growth"``, ``role="candidate"`` with ``rank`` (1 = best).
     """
+    from .probe.growth import CRITERIA
+
+    if criterion not in CRITERIA:
+        raise WidthscopeError(f"unknown growth criterion {criterion!r}; choose one of {', '.join(CRITERIA)}")
     from .probe.collect import collect
     from .probe.points import resolve_points
     from .stats import certificate, plan
@@ -106,17 +120,54 @@ def rank_points(model: nn.Module, train: Any, test: Any, *, points: Sequence[str
             pl = plan(S_a[p], S_b[p], target=d)
             row[f"MK_exact_{d:g}"] = pl.equal_exact
             row[f"MK_align_{d:g}"] = pl.equal_align
+        row.update(criterion=criterion, score=row["predicted_gain"],
+                   p_improve=0.0 if c.vacuous or not c.expectation > 0 else 1.0 - c.b_exact)
+        for d in DELTAS:
+            row[f"MK_needed_{d:g}"] = row[f"MK_exact_{d:g}"]
+        if criterion != "bias":
+            from .probe.growth import point_criteria
+
+            pc = point_criteria(model, p, train, test, M=M, K=K, eta=eta, hidden=block_width,
+                                block_seed=block_seed, loss_fn=loss_fn, batch_size=batch_size, deltas=DELTAS)
+            row.update({k: v for k, v in pc.items() if k.startswith(("block_", "gradmax", "certified", "ls_"))})
+            row.update(score=pc[CRITERIA[criterion]], p_improve=pc["p_improve"])
+            for d in DELTAS:
+                row[f"MK_needed_{d:g}"] = pc[f"block_MK_exact_{d:g}"]
         rows.append(row)
-    order = sorted(rows, key=lambda r: (bool(r["vacuous"]), -(r["predicted_gain"]
-                                                                if math.isfinite(r["predicted_gain"]) else -math.inf)))
+
+    def key(r: dict[str, Any]) -> tuple[bool, float]:
+        v = r["score"] if r["score"] is not None and not math.isnan(r["score"]) else -math.inf  # NaN last
+        return (bool(r["vacuous"]) if criterion == "bias" else False, -v)
+
+    order = sorted(rows, key=key)
     for i, r in enumerate(order, 1):
         r["rank"] = i
     return order
 
 
+def certification_note(cands: Sequence[dict[str, Any]], M: int, K: int, delta: float = 0.1) -> str:
+    """One plain line: which points the ranked certificate certifies at ``δ`` (``B_exact ≤ δ``),
+    or, when none is, the smallest ``M = K`` at which the planner says one would be."""
+    ok = [c["point"] for c in cands if c.get("p_improve", 0.0) >= 1.0 - delta]
+    mk = f"M = K = {M}" if M == K else f"M = {M}, K = {K}"
+    if ok:
+        return (f"certified at δ = {delta:g} with {mk} (probability of improvement ≥ {1 - delta:g}): "
+                f"{', '.join(ok)}")
+    need = [c.get(f"MK_needed_{delta:g}") for c in cands]
+    need = [n for n in need if isinstance(n, int)]
+    tail = (f"collect M = K ≥ {min(need)} to decide" if need else
+            "the planner finds no M = K either: every certificate is vacuous (estimated gain or a "
+            "variance term ≤ 0); rank on more examples (--n-train, --n-test)")
+    return f"no point is certified at δ = {delta:g} with {mk}; {tail}"
+
+
 def _train_new(model: nn.Module, params: list[nn.Parameter], train: Any, *, steps: int, lr: float,
-               batch_size: int, seed: int, loss_fn: Callable | None, show_progress: bool) -> None:
-    """AdamW on ``params`` with mini-batches of ``train`` (eval mode: fixed BN stats, no dropout)."""
+               batch_size: int, seed: int, loss_fn: Callable | None, show_progress: bool,
+               after_step: Callable[[int], None] | None = None) -> None:
+    """AdamW on ``params`` with mini-batches of ``train`` (eval mode: fixed BN stats, no dropout).
+
+    ``after_step(k)`` is called after the ``k``-th step (1-based), e.g. to evaluate a shorter
+    budget on the way: the same run then gives both budgets."""
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(int(seed))
     n = _n(train)
@@ -133,16 +184,27 @@ def _train_new(model: nn.Module, params: list[nn.Parameter], train: Any, *, step
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            if after_step is not None:
+                after_step(step + 1)
 
 
 def grow_at(model: nn.Module, point: str, train: Any, evaluate: Any, *, probe_train: Any,
             probe_test: Any, steps: int, lr: float, block_width: int | None, width: int,
             train_all: bool = False, batch_size: int = 64, seed: int = 0,
-            loss_fn: Callable | None = None, show_progress: bool = True) -> tuple[nn.Module, dict[str, Any]]:
-    """Insert a block at ``point`` of a *copy* of ``model``, train it, measure held-out loss."""
+            loss_fn: Callable | None = None, show_progress: bool = True,
+            eval_steps: Sequence[int] = (), block_seed: int | None = None,
+            loss_before: float | None = None) -> tuple[nn.Module, dict[str, Any]]:
+    """Insert a block at ``point`` of a *copy* of ``model``, train it, measure held-out loss.
+
+    ``eval_steps``: also measure the held-out loss after these step counts (``loss_at``, keyed by
+    the step as a string). ``block_seed`` seeds ``W_in`` (default ``seed``, which also orders the
+    mini-batches); ``loss_before`` skips re-measuring the ungrown model.
+    """
     grown = copy.deepcopy(model)
-    loss_before = mean_loss(grown, evaluate, loss_fn, batch_size=batch_size)
-    insert(grown, point, "block", width=width, hidden=block_width, seed=seed)
+    if loss_before is None:
+        loss_before = mean_loss(grown, evaluate, loss_fn, batch_size=batch_size)
+    insert(grown, point, "block", width=width, hidden=block_width,
+           seed=seed if block_seed is None else block_seed)
     block = _block_of(grown, point)
     G_M = _w_out_grad(grown, point, probe_train, loss_fn, batch_size)
     G_K = _w_out_grad(grown, point, probe_test, loss_fn, batch_size)
@@ -156,11 +218,19 @@ def grow_at(model: nn.Module, point: str, train: Any, evaluate: Any, *, probe_tr
         for p in grown.parameters():
             p.requires_grad_(id(p) in ids)
         params = new
+    loss_at: dict[str, float] = {}
+    wanted = {int(k) for k in eval_steps if 0 < int(k) < steps}
+
+    def after_step(k: int) -> None:
+        if k in wanted:
+            loss_at[str(k)] = mean_loss(grown, evaluate, loss_fn, batch_size=batch_size)
+
     _train_new(grown, params, train, steps=steps, lr=lr, batch_size=batch_size, seed=seed,
-               loss_fn=loss_fn, show_progress=show_progress)
+               loss_fn=loss_fn, show_progress=show_progress, after_step=after_step)
     for p in grown.parameters():
         p.requires_grad_(True)
     loss_after = mean_loss(grown, evaluate, loss_fn, batch_size=batch_size)
+    loss_at[str(steps)] = loss_after
     return grown, {
         "point": point, "loss_before": loss_before, "loss_after": loss_after,
         "delta": loss_after - loss_before,
@@ -168,6 +238,7 @@ def grow_at(model: nn.Module, point: str, train: Any, evaluate: Any, *, probe_tr
         "predicted_first_step": -lr * float((G_M * G_K).sum()),
         "steps": steps, "lr": lr, "train_all": bool(train_all),
         "block_width": block.hidden, "new_parameters": sum(p.numel() for p in new),
+        "loss_at": loss_at,
     }
 
 
@@ -175,8 +246,9 @@ def grow(model: nn.Module, data: Any, *, points: Sequence[str] | str | None = No
          K: int = 32, steps: int = 200, lr: float = 1e-3, eta: float | None = None,
          block_width: int | None = None, train_all: bool = False, compare: bool = False,
          n_train: int | None = None, n_rank: int | None = None, batch_size: int = 64,
-         seed: int = 0, loss_fn: Callable | None = None, progress: bool = True) -> dict[str, Any]:
-    r"""Rank insertion points by the certificate, grow a block at the best one, train it.
+         seed: int = 0, loss_fn: Callable | None = None, progress: bool = True,
+         criterion: str = DEFAULT_CRITERION) -> dict[str, Any]:
+    r"""Rank insertion points by ``criterion``, grow a block at the best one, train it.
 
     Args:
         model: trained model (not modified; growth happens on copies).
@@ -185,7 +257,9 @@ def grow(model: nn.Module, data: Any, *, points: Sequence[str] | str | None = No
         points: candidate points (default: ``insertion_points(model)``).
         M, K: sample sizes of the certificate (the user's step: ``M`` train, ``K`` held-out).
         steps, lr: AdamW steps and learning rate for the new block (``train_all``: everything).
-        eta: step size of the predicted gain ``η aᵀb`` (default ``lr``).
+        eta: step size of the predicted gains (``η aᵀb``, ``η⟨G_M, G_K⟩``, ...; default ``lr``).
+        criterion: what ranks the points (:data:`widthscope.probe.growth.CRITERIA`; default
+            :data:`DEFAULT_CRITERION`, the benchmark's winner; ``"bias"``: the old ``η aᵀb``).
         block_width: hidden width of the block (default: the point's width).
         compare: also grow at the worst-ranked point and at a random other point.
         n_train: training examples used to estimate ``a`` (default: ``max(4M, 256)``, capped).
@@ -195,6 +269,10 @@ def grow(model: nn.Module, data: Any, *, points: Sequence[str] | str | None = No
         ``{"candidates": [...], "growth": [...], "chosen": point, "rows": candidates + growth}``;
         every row has ``kind="growth"`` and ``role`` in ``candidate|best|worst|random``.
     """
+    from .probe.growth import CRITERIA
+
+    if criterion not in CRITERIA:
+        raise WidthscopeError(f"unknown growth criterion {criterion!r}; choose one of {', '.join(CRITERIA)}")
     for nm, v in (("M", M), ("K", K), ("steps", steps)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise WidthscopeError(f"{nm} must be a positive integer, got {v!r}")
@@ -229,7 +307,8 @@ def grow(model: nn.Module, data: Any, *, points: Sequence[str] | str | None = No
     rank_test = _index(test, perm[:n_rank].sort().values)
     evaluate = _index(test, perm[n_rank:].sort().values)
     cands = rank_points(model, probe_train, rank_test, points=points, M=M, K=K, eta=eta,
-                        loss_fn=loss_fn, batch_size=batch_size, show_progress=progress)
+                        loss_fn=loss_fn, batch_size=batch_size, show_progress=progress,
+                        criterion=criterion, block_width=block_width, block_seed=seed)
     chosen = [("best", cands[0])]
     if compare and len(cands) > 1:
         chosen.append(("worst", cands[-1]))
@@ -244,11 +323,14 @@ def grow(model: nn.Module, data: Any, *, points: Sequence[str] | str | None = No
                          batch_size=batch_size, seed=seed, loss_fn=loss_fn, show_progress=progress)
         growth.append({"kind": "growth", "role": role, "rank": cand["rank"],
                        "predicted_gain": cand["predicted_gain"], "d_align": cand["d_align"],
+                       "criterion": criterion, "score": cand["score"], "p_improve": cand["p_improve"],
                        "b_exact": cand["b_exact"], "b_align": cand["b_align"], "M": M, "K": K,
                        "n_eval": n_te - n_rank, **res})
     return {"chosen": cands[0]["point"], "candidates": cands, "growth": growth,
             "rows": [*cands, *growth],
+            "certification": certification_note(cands, M, K),
             "settings": {"M": M, "K": K, "steps": steps, "lr": lr, "eta": eta, "train_all": train_all,
+                         "criterion": criterion,
                          "n_train": n_train, "n_rank": n_rank, "n_eval": n_te - n_rank,
                          "block_width": block_width, "seed": seed}}
 
@@ -267,6 +349,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-width", type=int, default=None, help="hidden width of the block (default: point width)")
     p.add_argument("--train-all", action="store_true", help="train every parameter, not only the new block")
     p.add_argument("--compare", action="store_true", help="also grow at the worst-ranked and a random point")
+    from .probe.growth import CRITERIA
+
+    p.add_argument("--criterion", choices=list(CRITERIA), default=DEFAULT_CRITERION,
+                   help=f"what ranks the points (default {DEFAULT_CRITERION}, the winner of `widthscope "
+                        "grow-bench`; bias = the old first-order gain of a bias step)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the results as JSON (atomically) to this path")
@@ -321,13 +408,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"note: {note}")
     res = grow(model, split, points=args.points, M=args.M, K=args.K, steps=args.steps, lr=args.lr,
                eta=args.eta, block_width=args.block_width, train_all=args.train_all,
-               compare=args.compare, batch_size=args.batch_size, seed=args.seed, loss_fn=loss_fn, progress=show)
-    print(format_table(res["candidates"], ["rank", "point", "d_align", "expectation", "predicted_gain",
-                                           "b_exact", "b_align", "MK_exact_0.1", "MK_align_0.1",
-                                           "MK_exact_0.05", "MK_align_0.05", "MK_exact_0.01",
-                                           "MK_align_0.01"],
-                       title=f"candidate points (certificate at M={args.M}, K={args.K}; MK_* = M=K "
-                             "needed for B <= delta)"))
+               compare=args.compare, batch_size=args.batch_size, seed=args.seed, loss_fn=loss_fn, progress=show,
+               criterion=args.criterion)
+    cols = ["rank", "point", "score", "p_improve", "MK_needed_0.1", "MK_needed_0.05", "MK_needed_0.01"]
+    cols += (["d_align", "expectation", "b_exact", "b_align"] if args.criterion == "bias" else
+             ["ls_gain", "block_gain", "gradmax", "certified_gain", "block_d_align", "block_b_exact", "predicted_gain"])
+    print(format_table(res["candidates"], cols,
+                       title=f"candidate points ranked by {args.criterion} (certificate at M={args.M}, "
+                             f"K={args.K}; p_improve = 1 - B_exact; MK_needed_* = M=K for B_exact <= delta)"))
+    print(res["certification"])
     print()
     print(format_table(res["growth"], ["role", "rank", "point", "loss_before", "loss_after", "delta",
                                        "predicted_gain", "predicted_first_step", "new_parameters"],

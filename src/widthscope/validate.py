@@ -36,7 +36,7 @@ _COUNTS = (("n_train", 4, "examples; the unbiased estimators need at least 4"),
            ("project", 2, "projected dimensions"), ("n_rank", 4, "examples"))
 _POSITIVE = ("lr", "eta")
 # Which commands write a file (--out FILE) and which a directory (--out DIR).
-OUT_KIND = {"certify": "file", "grow": "file", "stats": "file", "sweep": "dir", "report": "dir",
+OUT_KIND = {"certify": "file", "grow": "file", "grow-bench": "dir", "stats": "file", "sweep": "dir", "report": "dir",
             "demo": "dir", "linearize": "dir"}
 
 

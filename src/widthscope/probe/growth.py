@@ -1,0 +1,213 @@
+r"""Growth criteria: what each candidate point promises *before* a block is grown there.
+
+For a zero-initialised block ``z + W_out φ(W_in norm(z))`` at a point, with ``q`` the per-position
+activation gradient at the point and ``u = norm(z)`` the block input, every criterion is a
+first-order held-out loss decrease estimated from ``n_a`` train and ``n_b`` held-out ranking
+examples (two populations: train means ``a``, held-out means ``b``; products of independent
+means are unbiased):
+
+* ``bias_gain`` = ``η aᵀb`` of a shared bias (sample vector ``s = Σ_t q_t``), with its certificate;
+* ``block_gain`` = ``η ⟨G_a, G_b⟩_F``, ``G`` = mean ``W_out`` gradient ``E[Σ_t q_t h_tᵀ]`` of the
+  block with its random ``W_in`` (``h = φ(W_in u)``), from the cross block Gram, with the block's
+  own two-population certificate (``d_align``, ``B_exact``);
+* ``gradmax`` = ``η λ_max(sym(S_aᵀ S_b))`` with ``S = E[Σ_t q_t u_tᵀ]`` (``N × N``): the best
+  first-order gain over a unit-norm row of ``W_in`` (linear ``φ``), i.e. GradMax's choice of the
+  input map, in train/held-out form (``⟨G_a, G_b⟩ = w S_aᵀS_b wᵀ`` for ``W_in = w``).
+  ``gradmax_k`` sums the top ``k`` eigenvalues (``k`` orthonormal rows). ``S`` is built from the
+  thin factors ``Qᵀ U`` — never an ``N × N`` matrix per example;
+* ``certified_gain`` = ``block_gain · (1 − B_exact)``: expected gain times the certificate's
+  lower bound on the probability that the step's held-out sign is right;
+* ``ls_gain`` = ``s²/(2c)``: the second-order held-out gain of the best step along the block's
+  train gradient (slope ``s = ⟨G_a, ∇L_b⟩``, curvature ``c = G_aᵀ∇²L_b G_a`` by one
+  Hessian-vector product; :func:`line_search_gain`). Scale-free in the downstream Jacobian.
+
+Example::
+
+    >>> import torch, torch.nn as nn
+    >>> from widthscope.probe.growth import point_criteria
+    >>> _ = torch.manual_seed(0)
+    >>> net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+    >>> x, y = torch.randn(64, 4, dtype=torch.float64), torch.randint(0, 3, (64,))
+    >>> c = point_criteria(net, "1", (x[:32], y[:32]), (x[32:], y[32:]), M=8, K=8)
+    >>> sorted(k for k in c if k.endswith("_gain"))
+    ['bias_gain', 'block_gain', 'certified_gain', 'ls_gain']
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+from ..errors import WidthscopeError
+from .insert import ACTIVATIONS, ResidualBlock, insert, remove_insertion
+from .intervene import _block_of, block_features, block_gram
+
+__all__ = ["point_criteria", "gradmax_from_factors", "line_search_gain", "CRITERIA", "block_input_features"]
+
+# criterion name -> (row column ranked on, higher is better); "bias" is the pre-issue-11 ranking.
+CRITERIA: dict[str, str] = {
+    "bias": "bias_gain",
+    "block": "block_gain",
+    "gradmax": "gradmax",
+    "certified": "certified_gain",
+    "d_align": "block_d_align",
+    "line_search": "ls_gain",
+}
+
+
+def block_input_features(model: nn.Module, point: str, data: Any, loss_fn: Callable | None = None, *,
+                         batch_size: int = 64, norm: str = "rms") -> tuple[torch.Tensor, torch.Tensor]:
+    """``q`` (activation gradients at ``point``) and ``u = norm(z)`` (block input), both ``(n, T, N)``.
+
+    Done with :func:`block_features` on a temporary identity block (``W_in = I``, ``φ = id``),
+    whose hidden activations are exactly ``norm(z)``; ``W_out = 0`` so nothing downstream changes.
+    """
+    from .intervene import _activation_rms
+
+    _, width = _activation_rms(model, point, _first(data, 2), loss_fn, batch_size)
+    insert(model, point, "block", width=width, hidden=width, activation="identity", norm=norm,
+           record=False)
+    try:
+        blk = _block_of(model, point)
+        if blk.style == "conv3x3":  # pragma: no cover - auto style never picks 3x3
+            raise WidthscopeError("block_input_features needs a 1x1/MLP-style block")
+        with torch.no_grad():
+            blk.w_in.copy_(torch.eye(width, dtype=blk.w_in.dtype))
+        return block_features(model, point, data, loss_fn, batch_size=batch_size)
+    finally:
+        remove_insertion(model, point)
+
+
+def _first(data: Any, n: int) -> Any:
+    from .intervene import _batch_size, _index
+
+    return _index(data, slice(0, min(n, _batch_size(data))))
+
+
+def gradmax_from_factors(qa: torch.Tensor, ua: torch.Tensor, qb: torch.Tensor, ub: torch.Tensor,
+                         k: int = 1) -> tuple[float, float]:
+    """``(λ_max, Σ top-k λ)`` of ``sym(S_aᵀ S_b)``, ``S = mean_i Σ_t q_{i,t} u_{i,t}ᵀ``.
+
+    ``q*``/``u*``: ``(n, T, N)``/``(n, T, N_in)``. ``S`` comes from one ``(nT × N)ᵀ(nT × N_in)``
+    product (the thin factors), so no per-example matrix is formed.
+    """
+    Sa = torch.einsum("itn,itm->nm", qa.double(), ua.double()) / qa.shape[0]
+    Sb = torch.einsum("itn,itm->nm", qb.double(), ub.double()) / qb.shape[0]
+    X = Sa.T @ Sb
+    ev = torch.linalg.eigvalsh(0.5 * (X + X.T))  # ascending
+    k = max(1, min(int(k), ev.numel()))
+    return float(ev[-1]), float(ev[-k:].sum())
+
+
+def point_criteria(model: nn.Module, point: str, train: Any, test: Any, *, M: int = 32, K: int = 32,
+                   eta: float = 1e-3, hidden: int | None = None, activation: str = "gelu",
+                   norm: str = "rms", block_seed: int = 0, gradmax_k: int = 8,
+                   loss_fn: Callable | None = None, batch_size: int = 64,
+                   deltas: tuple[float, ...] = (0.1,), line_search: bool = True) -> dict[str, Any]:
+    """Every growth criterion at ``point`` from pooled ``train`` / held-out ranking ``test`` examples.
+
+    ``hidden``, ``activation``, ``norm``, ``block_seed`` describe the block that would be grown
+    (``W_in`` is rebuilt from the same seed, so ``block_gain`` is that block's). One batched
+    backward per batch and population; the model is left unchanged.
+    Returns a flat dict (JSON-able floats; certificates' ``b_exact``, ``d_align``, plans).
+    """
+    from ..stats import certificate, cross_moments_from_gram, plan
+
+    if activation not in ACTIVATIONS:
+        raise WidthscopeError(f"activation={activation!r} is not one of {sorted(ACTIVATIONS)}")
+    qa, ua = block_input_features(model, point, train, loss_fn, batch_size=batch_size, norm=norm)
+    qb, ub = block_input_features(model, point, test, loss_fn, batch_size=batch_size, norm=norm)
+    N = qa.shape[2]
+    H = int(hidden) if hidden is not None else N
+    # the block that grow_at inserts: same shape, same seeded W_in, so h is *its* hidden layer
+    w_in = ResidualBlock(N, H, activation=activation, norm=norm, seed=block_seed).w_in.detach().double()
+    if w_in.dim() == 4:
+        w_in = w_in[:, :, 0, 0]
+    act = ACTIVATIONS[activation]
+    ha, hb = act(ua @ w_in.T), act(ub @ w_in.T)
+    row: dict[str, Any] = {"point": point, "width": N, "block_hidden": H, "M": M, "K": K, "eta": eta,
+                           "n_train": int(qa.shape[0]), "n_rank": int(qb.shape[0])}
+    # bias: the sum-pooled sample vector is Σ_t q_t (= probe.collect's default pooling)
+    sa, sb = qa.sum(1), qb.sum(1)
+    cb = certificate(sa, sb, M=M, K=K)
+    row.update(bias_expectation=cb.expectation, bias_gain=eta * cb.expectation, bias_d_align=cb.d_align,
+               bias_b_exact=cb.b_exact, bias_b_align=cb.b_align, bias_vacuous=bool(cb.vacuous))
+    # block: the cross Gram of per-example W_out gradients (Gram products only)
+    cm = cross_moments_from_gram(block_gram(qa, ha, qb, hb))
+    ck = certificate(cm, M=M, K=K)
+    row.update(block_expectation=ck.expectation, block_gain=eta * ck.expectation, block_d_align=ck.d_align,
+               block_b_exact=ck.b_exact, block_b_align=ck.b_align, block_vacuous=bool(ck.vacuous),
+               block_reason=ck.reason)
+    p_right = 1.0 - ck.b_exact if ck.expectation > 0 and math.isfinite(ck.b_exact) else 0.0
+    row["p_improve"] = p_right  # Cantelli lower bound on Pr(the M-sample step's held-out sign is right)
+    row["certified_gain"] = eta * max(ck.expectation, 0.0) * p_right
+    for d in deltas:
+        pl = plan(cm, target=d)
+        row[f"block_MK_exact_{d:g}"] = pl.equal_exact
+        pb = plan(sa, sb, target=d)
+        row[f"bias_MK_exact_{d:g}"] = pb.equal_exact
+    g1, gk = gradmax_from_factors(qa, ua, qb, ub, k=gradmax_k)
+    row.update(gradmax=eta * g1, gradmax_k=eta * gk, gradmax_kk=min(gradmax_k, N))
+    if line_search:  # one more pass with a Hessian-vector product; see line_search_gain
+        row.update(line_search_gain(model, point, train, test, hidden=H, activation=activation, norm=norm,
+                                    block_seed=block_seed, loss_fn=loss_fn, batch_size=batch_size))
+    return row
+
+
+def line_search_gain(model: nn.Module, point: str, train: Any, test: Any, *, hidden: int | None = None,
+                     activation: str = "gelu", norm: str = "rms", block_seed: int = 0,
+                     loss_fn: Callable | None = None, batch_size: int = 64) -> dict[str, float]:
+    r"""Second-order held-out gain of the best step along the block's train gradient.
+
+    With ``G_a`` the mean train ``W_out`` gradient and ``L_b`` the held-out ranking loss, the step
+    ``W_out = −t G_a`` changes ``L_b`` by ``−t s + ½ t² c`` with slope ``s = ⟨∇L_b, G_a⟩`` and
+    curvature ``c = G_aᵀ ∇²L_b G_a`` (one Hessian-vector product, by double backward). The best
+    ``t = s/c`` gains ``s²/(2c)``. Unlike ``η⟨G_a, G_b⟩`` this does not grow with the size of the
+    downstream Jacobian (``s ∝ α², c ∝ α⁴`` for a Jacobian scaled by ``α``): it measures how well
+    the block's features can explain the held-out residual, not how loud the gradient is there.
+    Returns ``{"ls_slope", "ls_curvature", "ls_gain"}`` (``ls_gain = 0`` when ``s ≤ 0``; NaN —
+    ranked last, ``null`` in JSON — when ``s > 0`` and ``c ≤ 0``: the quadratic model then bounds
+    nothing, and an estimate that says "unbounded" should not win a ranking).
+    """
+    from .collect import _run_batch, _to, float_dtype
+    from .intervene import (
+        _activation_rms,
+        _batch_size,
+        _device,
+        _EvalMode,
+        _w_out_grad,
+        to_batches,
+    )
+
+    _, width = _activation_rms(model, point, _first(test, 2), loss_fn, batch_size)
+    insert(model, point, "block", width=width, hidden=hidden, activation=activation, norm=norm,
+           seed=block_seed, record=False)
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        blk = _block_of(model, point)
+        G = _w_out_grad(model, point, train, loss_fn, batch_size).to(blk.w_out.dtype)
+        n = _batch_size(test)
+        dev = _device(model)
+        s = c = 0.0
+        for p, _ in flags:
+            p.requires_grad_(False)
+        blk.w_out.requires_grad_(True)
+        from ..models.hf import eager_attention_for
+
+        # double backward: fused attention kernels may lack it, the eager one has it
+        with _EvalMode(model), torch.enable_grad(), eager_attention_for(model):
+            for bi, b in enumerate(to_batches(test, batch_size)):
+                losses, _, _ = _run_batch(model, _to(b, dev, float_dtype(model)), loss_fn, bi)
+                (g,) = torch.autograd.grad(losses.sum() / n, [blk.w_out], create_graph=True)
+                gv = (g * G).sum()
+                (hv,) = torch.autograd.grad(gv, [blk.w_out])
+                s += float(gv.detach())
+                c += float((hv * G).sum())
+    finally:
+        for p, f in flags:
+            p.requires_grad_(f)
+        remove_insertion(model, point)
+    gain = 0.0 if s <= 0 else (s * s / (2 * c) if c > 0 else math.nan)
+    return {"ls_slope": s, "ls_curvature": c, "ls_gain": gain}
