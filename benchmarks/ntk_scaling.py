@@ -14,11 +14,10 @@ before the call. Methods:
   flattened into one ``(n·o, P)`` matrix product per chunk pair;
 * ``ntk_vp``: NTK-vector products, one ``vjp`` and one ``jvp`` per kernel column
   (widthscope's ``method="products"``);
-* ``floor``: what a structured implementation cannot avoid beyond its backward passes: the
-  per-layer Gram products ``(n·o × N_out)(N_out × n·o)`` and ``(n × N_in)(N_in × n)`` as plain
-  matmuls on the real signals (computed before timing). Their FLOPs are
-  ``Σ_l 2 (n·o)² N_out,l + 2 n² N_in,l`` (``gram_gflop``); ``o`` backward passes of the batch,
-  ``≈ 4·o·n·P`` FLOPs more, come on top.
+* ``floor``: what a structured implementation cannot avoid, on the same shapes: one batched
+  backward pass over all outputs (``is_grads_batched``, ``backward_s``) plus the per-layer Gram
+  products ``(n·o × N_out)(N_out × n·o)`` and ``(n × N_in)(N_in × n)`` as plain matmuls on the real
+  signals (``gram_s``). The Gram FLOPs are ``Σ_l 2 (n·o)² N_out,l + 2 n² N_in,l`` (``gram_gflop``).
 
 References run only where the time predicted from a smaller measured size (``n²`` for the
 contractions, ``n`` for ``ntk_vp`` column count × batch) stays under ``--cap`` seconds; the others
@@ -82,8 +81,8 @@ def _vmap_jacrev(model, x, chunk: int):
 def _floor(model, x):
     """The per-layer Gram products alone, as plain matmuls on the real layer inputs and signals.
 
-    Returns a callable timed by the worker; the back-propagated signals (one batched backward
-    over all outputs) are computed before timing, so this is the FLOP floor of the Grams."""
+    Returns the Gram products as a callable the worker times, and the seconds of the one batched
+    backward over all outputs that produced the signals (the other unavoidable part)."""
     import torch
 
     layers = [m for m in model.modules() if type(m).__name__ in ("Linear", "ScaledLinear")]
@@ -101,14 +100,16 @@ def _floor(model, x):
         h.remove()
     n, o = y.shape
     eye = torch.eye(o)[:, None, :].expand(o, n, o)  # output k: e_k at every example
+    t0 = time.perf_counter()
     deltas = torch.autograd.grad(y, outs, eye, is_grads_batched=True)
+    backward_s = time.perf_counter() - t0
     pairs = [(a.detach(), d.permute(1, 0, 2).reshape(n * o, -1).contiguous()) for a, d in zip(ins, deltas)]
 
     def grams() -> None:
         for a, D in pairs:
             _ = D @ D.T
             _ = a @ a.T
-    return grams
+    return grams, backward_s
 
 
 def _gram_gflop(model, n: int, o: int = 10) -> float:
@@ -138,8 +139,10 @@ def worker(method: str, width: int, n: int) -> dict[str, Any]:
           "jacrev": lambda x: ntk(model, x, method="jacobian", chunk_size=chunk),
           "ntk_vp": lambda x: ntk(model, x, method="products")}[method]
     fn(x[:2])  # one-time costs (dispatch, vmap set-up) are not what is compared
+    backward_s = None
     if method == "floor":
-        fn = (lambda g: (lambda _x: g()))(_floor(model, x))
+        grams, backward_s = _floor(model, x)
+        fn = lambda _x: grams()  # noqa: E731
     rss0 = _status("VmRSS")
     try:
         Path("/proc/self/clear_refs").write_text("5")
@@ -148,12 +151,24 @@ def worker(method: str, width: int, n: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     K = fn(x)
     s = time.perf_counter() - t0
-    row = {"method": method, "width": width, "n": n, "params": P, "seconds": s,
+    if backward_s is not None:  # floor = Gram products + the batched backward, timed apart
+        s, row_extra = s + backward_s, {"gram_s": s, "backward_s": backward_s}
+    else:
+        row_extra = {}
+    row = {"method": method, "width": width, "n": n, "params": P, "seconds": s, **row_extra,
            "peak_MB": (_status("VmHWM") - rss0) / 2 ** 20, "gram_gflop": _gram_gflop(model, n)}
     if K is not None and method != "structured" and n <= 256:
         R = ntk(model, x, method="structured")
         row["max_rel_err_vs_structured"] = float((K - R).abs().max() / R.abs().max())
     return row
+
+
+JACOBIAN_SKIP = ("Jacobian rows need {gb:.0f} GB (n·o·P floats); in 4 GB chunks of 2 examples every chunk "
+                 "pair is recomputed, and a first run had not finished after 14 min")
+
+
+def _params(width: int) -> int:
+    return 64 * width + width + width * width + width + width * 10 + 10
 
 
 def _load() -> dict[str, Any]:
@@ -171,10 +186,15 @@ def _predict(res: dict[str, Any], method: str, width: int, n: int) -> float | No
     """Seconds predicted from the largest measured smaller n at this width (n² or n·n columns)."""
     done = [r for r in res.values() if r.get("method") == method and r["width"] == width
             and "seconds" in r and r["n"] < n]
-    if not done:
-        return None
-    r = max(done, key=lambda r: r["n"])
-    return r["seconds"] * (n / r["n"]) ** 2
+    if done:
+        r = max(done, key=lambda r: r["n"])
+        return r["seconds"] * (n / r["n"]) ** 2
+    narrower = [r for r in res.values() if r.get("method") == method and r["n"] == n and "seconds" in r
+                and r["width"] < width]
+    if narrower:  # same n at a narrower width: time ∝ parameters
+        r = max(narrower, key=lambda r: r["width"])
+        return r["seconds"] * _params(width) / _params(r["width"])
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,8 +218,13 @@ def main(argv: list[str] | None = None) -> int:
             key = f"{method}/{w}/{n}"
             if key in res:
                 continue
+            if method in ("vmap_jacrev", "jacrev") and w >= 4096:
+                res[key] = {"method": method, "width": w, "n": n, "skipped": JACOBIAN_SKIP.format(
+                    gb=n * 10 * _params(w) * 4 / 1e9)}
+                _save(res)
+                continue
             pred = None if method in ("structured", "floor") else _predict(res, method, w, n)
-            if method not in ("structured", "floor") and n > 64 and pred is None:
+            if method not in ("structured", "floor") and pred is None and (n > 64 or w > WIDTHS[0]):
                 res[key] = {"method": method, "width": w, "n": n, "skipped": "no smaller measured size"}
                 _save(res)
                 continue
@@ -233,7 +258,7 @@ def section() -> str:
              "`OMP_NUM_THREADS=1 python benchmarks/ntk_scaling.py` (not part of run_all: the references take "
              "minutes). widthscope `mlp`, 2 hidden layers of width N, 64 inputs, 10 outputs, float32, one thread, "
              "full kernel `(n, n, 10, 10)`; each cell a fresh process, peak = `VmHWM` above `VmRSS` before the "
-             "call. `floor` = the per-layer Gram matmuls alone (backward passes excluded); `vs best ref` = fastest "
+             "call. `floor` = one batched backward over the outputs + the per-layer Gram matmuls, timed alone; `vs best ref` = fastest "
              "measured torch.func reference / structured; `vs floor` = structured / floor.", "",
              "| width | n | params | structured s | peak MB | floor s | Gram GFLOP | vmap_jacrev s | jacrev s | "
              "ntk_vp s | ref peak MB | vs best ref | vs floor |", "|" + "---|" * 13]
@@ -249,7 +274,7 @@ def section() -> str:
                     return f"{r['seconds']:.3g}"
                 if "predicted_s" in r:
                     return f"(~{r['predicted_s']:.0f}, skipped)"
-                return "—"
+                return "(memory, skipped)" if "skipped" in r else "—"
 
             refs = [g[m] for m in ("vmap_jacrev", "jacrev", "ntk_vp") if "seconds" in g[m]]
             best = min(refs, key=lambda r: r["seconds"]) if refs else None
