@@ -20,7 +20,7 @@ How the linear model is trained (``linear``): ``"weights"`` runs the optimizer o
 for full-batch GD on the MSE loss the linear model's outputs are exactly
 ``f_s = y + (I − A)^s (f_0 − y)``, ``A = (η/N) Θ₀(X, X)`` (and the test outputs and
 ``‖θ_s − θ₀‖`` from the same eigenbasis), so one kernel ``Θ₀(X ∪ X_t, X)`` replaces every linear
-step — at width 8192 that is the difference between hours and minutes. ``"auto"`` picks
+step, computed in float64 whatever the model's dtype (no rounding of tiny updates). ``"auto"`` picks
 ``"kernel"`` when it is exact (full batch, ``"sgd"``, ``"mse"``), the structured NTK covers the
 model and the models are not returned, else ``"weights"``; ``rows[i]["linear"]`` says which.
 
