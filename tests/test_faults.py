@@ -68,12 +68,15 @@ def env(tmp_path_factory):
 def _base(cmd, root):
     return {"certify": ["certify"], "grow": ["grow", "--model", "builtin"], "stats": ["stats", str(root / "s.safetensors")],
             "sweep": ["sweep", str(root / "sweep.toml")], "report": ["report", str(root)],
-            "demo": ["demo", "--quick"], "linearize": ["linearize", str(root / "lin.toml")]}[cmd]
+            "demo": ["demo", "--quick"], "linearize": ["linearize", str(root / "lin.toml")],
+            "grow-bench": ["grow-bench", "--quick"]}[cmd]
 
 
 BAD = [  # (commands, extra argv, what the one line must say)
     (("certify", "grow", "stats"), ["--seed", "-1"], "--seed -1: must be a whole number in 0.."),
-    (("certify", "grow", "stats", "sweep", "linearize"), ["--threads", "0"], "--threads 0"),
+    (("certify", "grow", "stats", "sweep", "linearize", "grow-bench"), ["--threads", "0"], "--threads 0"),
+    (("grow-bench",), ["--seeds", "x"], "expected comma-separated whole numbers"),
+    (("grow-bench",), ["--M", "2"], "--M 2: must be >= 4"),
     (("certify", "grow"), ["--n-train", "2"], "--n-train 2: must be a whole number >= 4"),
     (("certify", "grow"), ["--batch-size", "0"], "--batch-size 0"),
     (("certify", "grow"), ["--seq-len", "1"], "--seq-len 1"),
@@ -85,7 +88,7 @@ BAD = [  # (commands, extra argv, what the one line must say)
     (("grow",), ["--lr", "-1"], "--lr -1.0: must be a positive finite number"),
     (("certify", "grow"), ["--data", "/no/such/corpus.txt"], "not a dataset name"),
     (("certify", "grow", "stats"), ["--out", "{file}/x.json"], "cannot write"),
-    (("sweep", "report", "demo", "linearize"), ["--out", "{file}/dir"], "cannot write"),
+    (("sweep", "report", "demo", "linearize", "grow-bench"), ["--out", "{file}/dir"], "cannot write"),
 ]
 CASES = [(cmd, argv, msg) for cmds, argv, msg in BAD for cmd in cmds]
 

@@ -54,8 +54,8 @@ def _unwritable(path: Path, exc: OSError) -> Exception:
         blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
         if blocker is not None:
             reason = f"{str(blocker)!r} is a file, not a directory"
-    return WidthscopeError(f"cannot write {str(path)!r}: {reason}; choose another output path "
-                           "(a file in a writable directory)")
+    return WidthscopeError(f"cannot write {str(path)!r}: {reason}; choose an output path inside a "
+                           "writable directory")
 
 
 def _sibling(path: Path, suffix: str) -> tuple[int, str]:
