@@ -181,6 +181,14 @@ def test_quick_benchmark_end_to_end_resumes_and_teacher_answer(tmp_path, capsys)
     # other options into the same folder would mix two grids: refused before any work
     assert main(["grow-bench", "--quick", "--out", str(out), "--seeds", "7"]) == 2
     assert "of another growth benchmark" in capsys.readouterr().err
+    # two shards into one folder give the unsharded comparison once both are in
+    sh = tmp_path / "sharded"
+    assert main(["grow-bench", "--quick", "--out", str(sh), "--shard", "1/2", "--no-report"]) == 0
+    assert "6/12 cells finished" in capsys.readouterr().out and not (sh / "comparison.jsonl").exists()
+    assert main(["grow-bench", "--quick", "--out", str(sh), "--shard", "2/2", "--no-report"]) == 0
+    a = pd.read_json(out / "comparison.jsonl", lines=True).drop(columns=["seconds"], errors="ignore")
+    b = pd.read_json(sh / "comparison.jsonl", lines=True).drop(columns=["seconds"], errors="ignore")
+    pd.testing.assert_frame_equal(a, b)
 
 
 def test_grow_recommends_the_missing_block_in_every_seed():

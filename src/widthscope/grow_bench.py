@@ -306,8 +306,11 @@ def winner(table: Sequence[Mapping[str, Any]], budget: str = "long") -> str:
 
 
 def benchmark(out_dir: str | Path, *, suite: str = "full", seeds: Sequence[int] | None = None, M: int = 32,
-              K: int = 32, show: bool = True) -> dict[str, Any]:
-    """Run (or resume) the suite into ``out_dir``; write ``comparison.jsonl`` and ``summary.json``."""
+              K: int = 32, show: bool = True, shard: tuple[int, int] = (1, 1)) -> dict[str, Any]:
+    """Run (or resume) the suite into ``out_dir``; write ``comparison.jsonl`` and ``summary.json``.
+
+    ``shard=(k, n)`` runs every ``n``-th cell from the ``k``-th (processes or machines sharing
+    ``out_dir``); the comparison is written once every cell is finished (``complete`` in the result)."""
     import json
 
     from ._io import atomic_write_text
@@ -322,9 +325,14 @@ def benchmark(out_dir: str | Path, *, suite: str = "full", seeds: Sequence[int] 
                               "(suite, seeds, M or K differ); pass a new --out, or the options of that run")
     t0 = time.perf_counter()
     # one progress line per cell (the grid's bar); the per-point bars inside a cell only with show
-    res = run_grid(grid, lambda c, d: run_cell(c, d, show=False), out_dir, desc=f"grow-bench {suite}")
-    table = compare(res.rows)
+    res = run_grid(grid, lambda c, d: run_cell(c, d, show=False), out_dir, desc=f"grow-bench {suite}",
+                   shard=shard)
     out_dir = Path(out_dir)
+    done = {r["cell_id"] for r in res.rows}
+    if not ids <= done:
+        return {"rows": res.rows, "table": [], "summary": {}, "complete": False,
+                "finished": len(done & ids), "cells": len(ids)}
+    table = compare(res.rows)
     atomic_write_text(out_dir / "comparison.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in table))
     summary = {"suite": suite, "M": M, "K": K, "cells": len(grid), "ran": len(res.done), "resumed": len(res.skipped),
                "seconds_this_call": time.perf_counter() - t0,
@@ -332,7 +340,7 @@ def benchmark(out_dir: str | Path, *, suite: str = "full", seeds: Sequence[int] 
                "winner_long": winner(table, "long"), "winner_short": winner(table, "short"),
                "teacher_student": _teacher_picks(res.rows)}
     atomic_write_json(out_dir / "summary.json", summary)
-    return {"rows": res.rows, "table": table, "summary": summary}
+    return {"rows": res.rows, "table": table, "summary": summary, "complete": True}
 
 
 def _teacher_picks(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -357,6 +365,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--K", type=int, default=32, help="held-out samples of the certificates (default 32)")
     p.add_argument("--no-report", action="store_true", help="skip the table/plot (PNG) of the comparison")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--shard", default=None, help="run shard k of n (k/n) into a shared --out; under torchrun "
+                   "one shard per rank. The comparison is written when every cell is finished")
 
 
 def _seeds(text: str | None) -> tuple[int, ...] | None:
@@ -377,8 +387,22 @@ def run(args: argparse.Namespace) -> int:
     for nm in ("M", "K"):
         if getattr(args, nm) < 4:
             raise WidthscopeError(f"--{nm} {getattr(args, nm)}: must be >= 4 (the unbiased estimators need 4)")
+    from .sweep.grid import finish_after_ranks, shard_for_run
+
+    shard = shard_for_run(args.shard)
     out = Path(args.out or f"widthscope-results/growth{'-quick' if args.quick else ''}")
-    res = benchmark(out, suite=suite, seeds=seeds, M=args.M, K=args.K)
+    res = benchmark(out, suite=suite, seeds=seeds, M=args.M, K=args.K, shard=shard)
+    final: dict[str, Any] = {}
+    # under torchrun: wait for every rank's cells, then rank 0 reruns unsharded (all cells done) and reports
+    if not finish_after_ranks(args.shard, lambda: final.update(
+            benchmark(out, suite=suite, seeds=seeds, M=args.M, K=args.K))):
+        if not final:
+            return 0  # not rank 0
+        res = final
+    if not res["complete"]:
+        print(f"{res['finished']}/{res['cells']} cells finished in {out}; the comparison is written when every "
+              "shard is done (rerun any shard, or without --shard, to finish)")
+        return 0
     sel = [r for r in res["table"] if r["model"] == "overall"]
     print(format_table(sel, ["budget", "criterion", "spearman", "spearman_lo", "spearman_hi", "hit", "norm_regret",
                              "norm_regret_lo", "norm_regret_hi", "cost_steps"],
