@@ -41,17 +41,12 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from large_memory import _status  # noqa: E402  (VmRSS / VmHWM of this process)
 RESULTS = ROOT / "benchmarks" / "results"
 OUT = RESULTS / "ntk-scaling-cpu.json"  # --out changes it
 METHODS = ("structured", "floor", "vmap_jacrev", "jacrev", "ntk_vp")
 WIDTHS, NS = (256, 1024, 4096), (64, 256, 1024)
-
-
-def _status(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    return -1
 
 
 def _vmap_jacrev(model, x, chunk: int):

@@ -83,3 +83,15 @@ def test_kernel_path_refuses_what_it_cannot_compute_exactly():
     # where the closed form is not exact, auto keeps the weight-space model
     assert train_side_by_side(net, data, steps=1, lr=0.1, batch_size=4)[0]["linear"] == "weights"
     assert train_side_by_side(net, data, steps=1, lr=0.1, optimizer="adam")[0]["linear"] == "weights"
+
+
+def test_sweep_config_refuses_a_closed_form_it_cannot_compute_before_any_cell():
+    from widthscope.linear.sweep import validate_config
+
+    base = {"widths": [8, 16, 32, 64, 128], "train": {"linear": "kernel"}}
+    assert validate_config(base)["train"]["linear"] == "kernel"
+    for bad in ({"batch_size": 4}, {"optimizer": "adam"}, {"loss": "cross_entropy"}):
+        with pytest.raises(WidthscopeError, match="exact only for full-batch"):
+            validate_config({**base, "train": {"linear": "kernel", **bad}})
+    with pytest.raises(WidthscopeError, match="train.linear must be"):
+        validate_config({**base, "train": {"linear": "closed"}})

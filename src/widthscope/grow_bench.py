@@ -370,13 +370,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _seeds(text: str | None) -> tuple[int, ...] | None:
+    from .certify import _int_list
+
     if text is None:
         return None
-    try:
-        seeds = tuple(int(s) for s in text.split(",") if s.strip())
-    except ValueError:
-        raise WidthscopeError(f"--seeds {text!r}: expected comma-separated whole numbers, e.g. 0,1,2") from None
-    if not seeds or any(s < 0 for s in seeds):
+    seeds = tuple(_int_list(text, "--seeds"))
+    if any(s < 0 for s in seeds):
         raise WidthscopeError(f"--seeds {text!r}: give at least one seed >= 0, e.g. 0,1,2")
     return seeds
 

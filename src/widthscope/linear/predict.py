@@ -6,7 +6,22 @@ import torch
 
 from ..errors import WidthscopeError
 
-__all__ = ["kernel_predict"]
+__all__ = ["kernel_predict", "spectral", "gd_weights"]
+
+
+def spectral(K: torch.Tensor, r0: torch.Tensor, lr: float, N: int):
+    """``Θ = V diag(λ) Vᵀ`` (``λ`` clamped at 0), ``a = (η/N) λ`` and ``c = Vᵀ r0``: the eigenbasis in
+    which GD with the fixed kernel is diagonal. Returns ``(λ, V, a, c)``."""
+    lam, V = torch.linalg.eigh((K + K.T) / 2)
+    lam = lam.clamp_min(0)
+    return lam, V, (lr / N) * lam, V.T @ r0
+
+
+def gd_weights(a: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """After ``s`` GD steps: ``decay = (1 − a)^s`` and ``w = Σ_{r<s} (1 − a)^r = (1 − decay)/a``
+    (``s`` where ``a = 0``)."""
+    decay = (1 - a) ** s
+    return decay, torch.where(a.abs() > 1e-300, (1 - decay) / a.clamp_min(1e-300), torch.full_like(a, float(s)))
 
 
 def kernel_predict(K_train: torch.Tensor, y_train: torch.Tensor, *, lr: float,
@@ -57,21 +72,17 @@ def kernel_predict(K_train: torch.Tensor, y_train: torch.Tensor, *, lr: float,
         coef = torch.linalg.solve(Kf + ridge * torch.eye(len(Kf), dtype=Kf.dtype), r0)  # Θ⁻¹-like weights
         train = f0 - Kf @ coef
     else:
-        lam, V = torch.linalg.eigh((Kf + Kf.T) / 2)
-        a = (lr / N) * lam.clamp_min(0)
+        _, V, a, c = spectral(Kf, r0, lr, N)
         if limit:
             if steps is not None and bool((a >= 2).any()):
                 raise WidthscopeError("kernel_predict: lr is too large for GD to converge (η λ_max / N >= 2)")
             w = torch.where(a > 1e-12 * a.max().clamp_min(1e-300), 1.0 / a.clamp_min(1e-300), torch.zeros_like(a))
             decay = torch.where(a > 1e-12 * a.max().clamp_min(1e-300), torch.zeros_like(a), torch.ones_like(a))
         elif steps is not None:
-            s = int(steps)
-            decay = (1 - a) ** s
-            w = torch.where(a.abs() > 1e-300, (1 - decay) / a.clamp_min(1e-300), torch.full_like(a, float(s)))
+            decay, w = gd_weights(a, int(steps))
         else:
             decay = torch.exp(-float(t) * a)
             w = torch.where(a > 1e-300, (1 - decay) / a.clamp_min(1e-300), torch.full_like(a, float(t)))
-        c = V.T @ r0
         train = y + V @ (decay * c)
         coef = (lr / N) * (V @ (w * c))  # f_test = f0_test − Θ_t · coef
     out = {"train": train.reshape(N, o)}

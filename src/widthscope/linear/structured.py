@@ -107,6 +107,18 @@ def _use_counts(root: torch.Tensor) -> dict[int, int]:
     return counts
 
 
+def _forward_hooked(model: nn.Module, x: torch.Tensor, hooks: list) -> torch.Tensor:
+    """``model(x)`` with grad enabled and forward hooks ``(module, fn(m, args, kwargs, out))`` in place
+    for this one call; the output tensor (``.logits`` etc. unwrapped)."""
+    handles = [m.register_forward_hook(fn, with_kwargs=True) for m, fn in hooks]
+    try:
+        with torch.enable_grad():
+            return _out_tensor(model(x))
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def plan(model: nn.Module, x: torch.Tensor) -> Plan:
     """Split the trainable parameters into the structured and the generic path, from one probe
     forward pass on (up to two rows of) ``x``."""
@@ -128,13 +140,7 @@ def plan(model: nn.Module, x: torch.Tensor) -> Plan:
             seen.setdefault(name, []).append((_first_input(args, kwargs), out))
         return f
 
-    handles = [m.register_forward_hook(hook(n), with_kwargs=True) for n, m, _ in cands]
-    try:
-        with torch.enable_grad():
-            out = _out_tensor(model(probe))
-    finally:
-        for h in handles:
-            h.remove()
+    out = _forward_hooked(model, probe, [(m, hook(n)) for n, m, _ in cands])
     uses = _use_counts(out) if out.grad_fn is not None else {}
     P = Plan()
     covered_ids: set[int] = set()
@@ -203,13 +209,7 @@ def _capture(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> t
             return out.clone()  # later in-place ops must not touch the z that δ is taken at
         return f
 
-    handles = [m.register_forward_hook(hook(n), with_kwargs=True) for n, m, *_ in P.entries]
-    try:
-        with torch.enable_grad():
-            out = _out_tensor(model(X))
-    finally:
-        for h in handles:
-            h.remove()
+    out = _forward_hooked(model, X, [(m, hook(n)) for n, m, *_ in P.entries])
     N, O = out.shape
     names = [e[0] for e in P.entries]
     for nm in names:

@@ -167,6 +167,9 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if tr["linear"] not in ("auto", "weights", "kernel"):
         raise WidthscopeError(f"linearize config: train.linear must be 'auto', 'weights' or 'kernel' "
                               f"(got {tr['linear']!r})")
+    if tr["linear"] == "kernel" and (tr["batch_size"] or tr["optimizer"] != "sgd" or tr["loss"] != "mse"):
+        raise WidthscopeError("linearize config: train.linear = 'kernel' is exact only for full-batch "
+                              "(batch_size = 0) 'sgd' on the 'mse' loss; use 'auto' or 'weights'")
     if not isinstance(tr["kernel_prediction"], bool):
         raise WidthscopeError("linearize config: train.kernel_prediction must be true or false")
     if tr["dtype"] not in ("float32", "float64"):

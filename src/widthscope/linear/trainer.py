@@ -50,6 +50,7 @@ from torch import nn
 from .._io import progress as _progress
 from ..errors import WidthscopeError
 from .model import as_param_dtype, first_output, linearize, model_output, ntk, params_and_buffers
+from .predict import gd_weights, kernel_predict, spectral
 
 __all__ = ["train_side_by_side", "function_space_gd", "loss_value"]
 
@@ -302,11 +303,8 @@ class _KernelGD:
         K = ntk(model, torch.cat([X, Xt]), X, dtype=torch.float64)  # Θ₀(X ∪ X_t, X), float64 Grams
         K = K.permute(0, 2, 1, 3).reshape((N + Nt) * o, N * o)
         Ktr, Kte = K[: N * o], K[N * o:]
-        lam, self.V = torch.linalg.eigh((Ktr + Ktr.T) / 2)
-        self.lam = lam.clamp_min(0)
-        self.a = (lr / N) * self.lam
         self.y = Y.reshape(-1).double()
-        self.c = self.V.T @ (self.f0.reshape(-1) - self.y)
+        self.lam, self.V, self.a, self.c = spectral(Ktr, self.f0.reshape(-1) - self.y, lr, N)
         self.KteV = Kte @ self.V
         self.scale, self.shape, self.tshape = lr / N, (N, o), (Nt, o)
         # GD on the linear model diverges iff some a > 2; its loss passes 1e30 (where the weight-space
@@ -317,8 +315,6 @@ class _KernelGD:
                              if float(grow) > 1 else None)
         self.inf: dict[str, torch.Tensor] = {}
         if limit:
-            from .structured import kernel_predict
-
             pred = kernel_predict(Ktr, Y.reshape(N, o), lr=lr, t=float("inf"), ridge=ridge, K_test=Kte,
                                   f0_train=self.f0, f0_test=self.g0)
             self.inf = {"train_inf": pred["train"], "test_inf": pred["test"]}
@@ -326,9 +322,7 @@ class _KernelGD:
     def at(self, s: int) -> dict[str, Any]:
         if s == 0:  # exactly the network at θ₀
             return {"train": self.f0, "test": self.g0, "move": 0.0, **self.inf}
-        a = self.a
-        decay = (1 - a) ** s
-        w = torch.where(a > 0, (1 - decay) / a.clamp_min(1e-300), torch.full_like(a, float(s)))
+        decay, w = gd_weights(self.a, s)
         train = (self.y + self.V @ (decay * self.c)).reshape(self.shape)
         test = (self.g0.reshape(-1) - self.scale * (self.KteV @ (w * self.c))).reshape(self.tshape)
         move = self.scale * float((self.lam * (w * self.c) ** 2).sum().clamp_min(0).sqrt())
