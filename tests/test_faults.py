@@ -133,6 +133,10 @@ def test_disk_full_during_a_sweep_keeps_finished_cells_and_says_so(env, tmp_path
     assert rc == 2 and len(err) == 1, err
     assert "No space left on device" in err[0] and "kept: 1 finished cell(s)" in err[0]
     assert len(list((tmp_path / "s" / "cells").glob("*.json"))) == 1
+    from test_bad_input_sweep import rows_by_cell  # results.jsonl: a valid view of that cell, without a rerun
+
+    (cell,) = (tmp_path / "s" / "cells").glob("*.json")
+    assert rows_by_cell(tmp_path / "s" / "results.jsonl") == {cell.stem: json.loads(cell.read_text())["rows"]}
     monkeypatch.setattr(safetensors.torch, "save_file", real)
     assert main(["sweep", str(env / "sweep.toml"), "--out", str(tmp_path / "s")]) == 0  # resumes
     assert len(list((tmp_path / "s" / "cells").glob("*.json"))) == 3

@@ -60,8 +60,8 @@ BASE = {"widths": [8, 16, 32, 64, 128]}
     ({"correlations": {"measure": ["C21"]}}, "D=2"),
     ({"model": {"family": "llama"}}, "mlp"),
     # checked before any cell runs (these used to fail inside the first cell, or not at all)
-    ({"train": {"eta0": 0.0}}, r"train.eta0 must be a positive number"),
-    ({"train": {"eta0": -0.5}}, r"train.eta0 must be a positive number"),
+    ({"train": {"eta0": 0.0}}, r"train.eta0 must be a finite number > 0"),
+    ({"train": {"eta0": -0.5}}, r"train.eta0 must be a finite number > 0"),
     ({"train": {"alphas": [0.0, float("nan")]}}, "train.alphas must be finite"),
     ({"train": {"optimizer": "lbfgs"}}, "train.optimizer 'lbfgs'"),
     ({"train": {"loss": "l1"}}, "train.loss 'l1'"),

@@ -22,6 +22,8 @@ __all__ = [
     "append_jsonl",
     "read_jsonl",
     "to_jsonable",
+    "first_nonfinite",
+    "read_toml",
     "format_table",
     "progress",
 ]
@@ -44,6 +46,54 @@ def to_jsonable(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)
     return obj
+
+
+def first_nonfinite(obj: Any, where: str = "") -> str | None:
+    """Dotted name of the first non-finite float (``inf``, ``nan``: valid TOML) in a parsed config,
+    e.g. ``"family[1].train.lr = inf"``; ``None`` when every number is finite."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return f"{where} = {obj}"
+    items = (obj.items() if isinstance(obj, Mapping)
+             else ((f"[{i + 1}]", v) for i, v in enumerate(obj)) if isinstance(obj, (list, tuple)) else ())
+    for k, v in items:
+        name = (f"{where}{k}" if str(k).startswith("[") else f"{where}.{k}" if where else str(k))
+        found = first_nonfinite(v, name)
+        if found:
+            return found
+    return None
+
+
+def read_toml(path: str | os.PathLike, what: str, hint: str) -> dict[str, Any]:
+    """Parse the TOML file ``path``; every way it can fail is one line naming ``what`` (e.g.
+    ``"sweep config"``) and ``hint`` (where a valid one is found): missing, a directory, a binary
+    or non-UTF-8 file, unreadable, invalid TOML."""
+    from .errors import WidthscopeError
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    p = Path(path)
+    if p.is_dir():
+        found = sorted(q.name for q in p.glob("*.toml"))[:3]
+        raise WidthscopeError(f"{what} {str(p)!r} is a directory, not a TOML file: pass the file itself"
+                              + (f" (it holds {', '.join(found)})" if found else "") + f"; {hint}")
+    if not p.exists():
+        raise WidthscopeError(f"{what} {str(p)!r} not found: pass a TOML file; {hint}")
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise WidthscopeError(f"{what} {str(p)!r} is not a text file (not UTF-8; a binary file?): pass a TOML "
+                              f"file; {hint}") from None
+    except OSError as exc:
+        raise WidthscopeError(f"{what} {str(p)!r} cannot be read ({exc.strerror or exc}); {hint}") from None
+    if "\x00" in text:
+        raise WidthscopeError(f"{what} {str(p)!r} is not a text file (it holds NUL bytes; a binary file?): "
+                              f"pass a TOML file; {hint}")
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise WidthscopeError(f"{what} {str(p)!r} is not valid TOML: {' '.join(str(exc).split())}") from None
 
 
 def _unwritable(path: Path, exc: OSError) -> Exception:

@@ -80,12 +80,43 @@ def _threads(args: argparse.Namespace) -> None:
     torch.set_num_threads(n)
 
 
+def _stopped(command: str | None, exc: BaseException) -> int:
+    """The one line for SIGINT/SIGTERM, and the exit status (130 / 143)."""
+    from ._io import kept_work
+
+    kept = kept_work()
+    what = "terminated (SIGTERM)" if isinstance(exc, _Terminated) else "interrupted"
+    tail = f"kept: {'; '.join(kept)}" if kept else "no finished results were written"
+    print(f"widthscope{' ' + command if command else ''}: {what}; {tail}", file=sys.stderr)
+    return 143 if isinstance(exc, _Terminated) else 130
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+
+    def _terminate(signum: int, _frame: object) -> None:
+        raise _Terminated(signum)
+
+    # First thing: a SIGTERM while torch/transformers import (seconds) ends like one during work.
+    previous = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
     argv = list(sys.argv[1:] if argv is None else argv)
+    name = next((a for a in argv if not a.startswith("-")), None)
+    try:
+        return _main(argv, name)
+    except (KeyboardInterrupt, _Terminated) as exc:  # before the command started (imports, parsing)
+        return _stopped(name if name in COMMANDS else None, exc)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str], name: str | None) -> int:
+    from ._io import _KEPT, kept_work
+
+    _KEPT.clear()  # what this run keeps, not what an earlier call in this process kept
     _quiet_offline()
     parser, subparsers = build_parser()
     # Only the chosen command's module is imported (and only it adds its arguments).
-    name = next((a for a in argv if not a.startswith("-")), None)
     if name in COMMANDS:
         module = importlib.import_module(COMMANDS[name][0])
         module.add_arguments(subparsers[name])
@@ -93,16 +124,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    import signal
-
-    from ._io import _KEPT, kept_work
-
-    _KEPT.clear()  # what this run keeps, not what an earlier call in this process kept
-
-    def _terminate(signum: int, _frame: object) -> None:
-        raise _Terminated(signum)
-
-    previous = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
     try:
         from .validate import check_args
 
@@ -115,14 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"widthscope {args.command}: error: {exc}{extra}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, _Terminated) as exc:
-        kept = kept_work()
-        what = "terminated (SIGTERM)" if isinstance(exc, _Terminated) else "interrupted"
-        tail = f"kept: {'; '.join(kept)}" if kept else "no finished results were written"
-        print(f"widthscope {args.command}: {what}; {tail}", file=sys.stderr)
-        return 143 if isinstance(exc, _Terminated) else 130
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        return _stopped(args.command, exc)
 
 
 if __name__ == "__main__":

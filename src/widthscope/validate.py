@@ -45,12 +45,15 @@ def _flag(name: str) -> str:
 
 
 def check_dir_writable(path: str | os.PathLike) -> Path:
-    """``path`` is (or can be made) a directory we can write into; leaves only the directory."""
+    """``path`` is (or can be made) a directory we can write into. Leaves nothing behind: folders
+    it had to create for the probe are removed again, so a run refused later (a bad config) leaves
+    no empty ``--out``; the command creates the folder when it starts writing."""
     from ._io import _unwritable
 
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise WidthscopeError(f"cannot write into {str(p)!r}: it is a file, not a directory; choose another --out")
+    created = [q for q in (p, *p.parents) if not q.exists()]
     try:
         p.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".widthscope-", suffix=".probe", dir=p)
@@ -58,6 +61,12 @@ def check_dir_writable(path: str | os.PathLike) -> Path:
         os.unlink(tmp)
     except OSError as exc:
         raise _unwritable(p / "…", exc) from None
+    finally:
+        for q in created:  # innermost first; only if still empty (another process may have filled it)
+            try:
+                q.rmdir()
+            except OSError:
+                break
     return p
 
 

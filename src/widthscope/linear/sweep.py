@@ -44,9 +44,9 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from .._io import atomic_write_json, format_table, to_jsonable
+from .._io import atomic_write_json, first_nonfinite, format_table, read_toml, to_jsonable
 from ..errors import WidthscopeError
-from ..sweep.grid import cell_id, finish_after_ranks, run_grid, shard_for_run
+from ..sweep.grid import cell_id, finish_after_ranks, lock_out_dir, run_grid, shard_for_run
 from .correlation import correlation_summary, parse_correlation_name
 from .powerlaw import fit_slope
 from .trainer import LOSSES, OPTIMIZERS, train_side_by_side
@@ -116,8 +116,12 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
         raise WidthscopeError(f"linearize config: widths must be spaced geometrically (constant "
                               f"ratio; got ratios {[round(r, 3) for r in ratios]}), e.g. doubling")
     seeds = cfg["seeds"]
-    if not isinstance(seeds, list) or not seeds or len(set(seeds)) != len(seeds):
-        raise WidthscopeError(f"linearize config: seeds must be a non-empty list of distinct integers (got {seeds!r})")
+    if (not isinstance(seeds, list) or not seeds or len(set(seeds)) != len(seeds)
+            or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 32 for v in seeds)):
+        raise WidthscopeError(f"linearize config: seeds must be a non-empty list of distinct whole numbers in "
+                              f"0..{2 ** 32 - 1} (got {seeds!r})")
+    if not isinstance(cfg["name"], str) or not cfg["name"]:
+        raise WidthscopeError(f"linearize config: name must be a non-empty string (got {cfg['name']!r})")
     tr = cfg["train"]
     if not tr["alphas"] or not all(isinstance(a, (int, float)) for a in tr["alphas"]):
         raise WidthscopeError("linearize config: train.alphas must be a non-empty list of numbers")
@@ -130,7 +134,7 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if not all(number(a) for a in tr["alphas"]):
         raise WidthscopeError(f"linearize config: train.alphas must be finite numbers (got {tr['alphas']!r})")
     if not (number(tr["eta0"]) and tr["eta0"] > 0):
-        raise WidthscopeError(f"linearize config: train.eta0 must be a positive number (the learning "
+        raise WidthscopeError(f"linearize config: train.eta0 must be a finite number > 0 (the learning "
                               f"rate is eta0 * width^alpha; got {tr['eta0']!r})")
     if tr["optimizer"] not in OPTIMIZERS:
         raise WidthscopeError(f"linearize config: train.optimizer {tr['optimizer']!r}; use one of "
@@ -157,12 +161,12 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if not (c["output"] == "random" or count(c["output"], 0)):
         raise WidthscopeError(f"linearize config: correlations.output must be 'random' or a logit "
                               f"index >= 0 (got {c['output']!r})")
-    if not (isinstance(tr["steps"], int) and tr["steps"] >= 1):
+    if not count(tr["steps"], 1):
         raise WidthscopeError(f"linearize config: train.steps must be a positive integer (got {tr['steps']!r})")
     if tr["log_steps"] is None:
         s = tr["steps"]
         tr["log_steps"] = sorted({0, *[int(round(s * f)) for f in (0.1, 0.3, 1.0)]})
-    if any((not isinstance(s, int)) or s < 0 or s > tr["steps"] for s in tr["log_steps"]):
+    if not isinstance(tr["log_steps"], list) or any(not count(s, 0) or s > tr["steps"] for s in tr["log_steps"]):
         raise WidthscopeError(f"linearize config: train.log_steps must be integers in 0..steps={tr['steps']}")
     if tr["linear"] not in ("auto", "weights", "kernel"):
         raise WidthscopeError(f"linearize config: train.linear must be 'auto', 'weights' or 'kernel' "
@@ -177,6 +181,7 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
     if cfg["model"]["family"] != "mlp":
         raise WidthscopeError("linearize config: model.family must be 'mlp' (the sweep trains fully "
                               "connected networks; use the Python API for other models)")
+    _check_data_and_model(cfg)
     fit_steps = cfg["fit"]["steps"] or [tr["log_steps"][-1]]
     bad = [s for s in fit_steps if s not in tr["log_steps"]]
     if bad:
@@ -184,7 +189,35 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
     cfg["fit"]["steps"] = fit_steps
     for name in cfg["correlations"]["measure"]:
         parse_correlation_name(name)
+    bad = first_nonfinite(cfg)
+    if bad:
+        raise WidthscopeError(f"linearize config: {bad}: must be a finite number (inf and nan are never meaningful here)")
     return cfg
+
+
+def _check_data_and_model(cfg: Mapping[str, Any]) -> None:
+    """The dataset and the model, before any cell runs or any data loads: the dataset is a
+    classification dataset this package knows, and the MLP builds with the config's options
+    (on the ``meta`` device, so no memory; the input size, known only from the data, is a placeholder)."""
+    from ..data import DATASETS
+    from ..models import build
+
+    d = cfg["data"]
+    if d["name"] not in DATASETS or d["name"] in ("text", "prose"):
+        raise WidthscopeError(f"linearize config: data.name {d['name']!r} is not a classification dataset; use one "
+                              f"of {', '.join(n for n in DATASETS if n not in ('text', 'prose'))}")
+    if isinstance(d["seed"], bool) or not isinstance(d["seed"], int) or not 0 <= d["seed"] < 2 ** 32:
+        raise WidthscopeError(f"linearize config: data.seed must be a whole number in 0..{2 ** 32 - 1} "
+                              f"(got {d['seed']!r})")
+    if d["root"] is not None and not isinstance(d["root"], str):
+        raise WidthscopeError(f"linearize config: data.root must be a folder path string (got {d['root']!r})")
+    m = cfg["model"]
+    try:
+        with torch.device("meta"):
+            build("mlp", cfg["widths"][0], in_dim=4, out_dim=2, depth=m["depth"], activation=m["activation"],
+                  parametrization=m["parametrization"], sigma_w=m["sigma_w"])
+    except WidthscopeError as exc:
+        raise WidthscopeError(f"linearize config: [model] {exc}") from None
 
 
 def _config_hash(cfg: Mapping[str, Any]) -> str:
@@ -351,10 +384,11 @@ def run_sweep(config: Mapping[str, Any], out_dir: str | Path, shard: tuple[int, 
     except OSError as exc:
         raise WidthscopeError(f"linearize: cannot create the results directory {str(out_dir)!r} "
                               f"({exc.strerror or exc}); choose another --out") from None
-    atomic_write_json(out_dir / "linearize_config.json", cfg)
     cells = make_cells(cfg)
-    res = run_grid(cells, lambda cell, _dir: run_cell(cfg, cell), out_dir, shard=shard,
-                   desc=f"linearize {cfg['name']}")
+    with lock_out_dir(out_dir, shard, "linearize run"):
+        atomic_write_json(out_dir / "linearize_config.json", cfg)
+        res = run_grid(cells, lambda cell, _dir: run_cell(cfg, cell), out_dir, shard=shard,
+                       desc=f"linearize {cfg['name']}")
     rows = res.rows
     done = {r.get("cell_id") for r in rows}
     complete = all(cell_id(c) in done for c in cells)
@@ -372,17 +406,11 @@ def run_sweep(config: Mapping[str, Any], out_dir: str | Path, shard: tuple[int, 
 
 
 def _load_toml(path: str) -> dict[str, Any]:
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore
-    p = Path(path)
-    if not p.is_file():
-        raise WidthscopeError(f"linearize: config file {path!r} not found (see configs/linearize-demo.toml)")
-    try:
-        return tomllib.loads(p.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise WidthscopeError(f"linearize: {path}: invalid TOML ({exc})") from None
+    config = read_toml(path, "linearize config", "see configs/linearize-demo.toml")
+    if not config:
+        raise WidthscopeError(f"linearize config {path!r} sets nothing: at least widths = [...] is needed, e.g. "
+                              "widths = [64, 128, 256, 512, 1024] (see configs/linearize-demo.toml)")
+    return config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

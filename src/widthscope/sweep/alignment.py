@@ -45,17 +45,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .._io import atomic_write_json, format_table, to_jsonable
+from .._io import atomic_write_json, first_nonfinite, format_table, read_toml, to_jsonable
 from ..errors import WidthscopeError
-from .grid import GridResult, run_grid
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
+from .grid import GridResult, lock_out_dir, run_grid
 
 __all__ = [
-    "SweepConfig", "FamilySpec", "load_config", "plan_cells", "run_sweep", "run_cell",
+    "SweepConfig", "FamilySpec", "load_config", "check_structure", "plan_cells", "run_sweep", "run_cell",
     "summary_rows", "CERT_FIELDS", "TIMING_COLUMNS",
 ]
 
@@ -109,6 +104,11 @@ SHIFTS = ("noise:SIGMA", "contrast:FACTOR", "blur", "classes:A,B,...")
 TRAIN_KEYS = ("steps", "lr", "optimizer", "batch_size", "warmup", "clip", "weight_decay", "schedule",
               "momentum", "loss", "eval_batch_size", "train_eval_examples")
 CERTIFY_KEYS = ("n_probe_train", "n_probe_test", "batch_size", "points")
+OPTIMIZERS = ("adamw", "sgd")  # widthscope.train.train
+LM_DATASETS = ("text", "prose")  # byte-level language modelling; every other dataset is classification
+SCHEDULES = ("cosine", "constant")
+EXAMPLE_FAMILY = ('[[family]] name = "mlp", widths = [32, 64], dataset = "digits", n_train = 512, '
+                  'train = { steps = 300, lr = 1e-3 }')
 ESTIMATORS = ("unbiased", "plugin")
 POOLS = ("sum", "mean", "flatten")
 
@@ -224,8 +224,8 @@ def _family(raw: Any, index: int, sweep_budgets: list[int] | None) -> FamilySpec
     if not isinstance(widths, list) or not widths or any(
             isinstance(w, bool) or not isinstance(w, (int, float)) for w in widths):
         raise WidthscopeError(f"{_where(ctx)}: widths must be a non-empty list of numbers, got {widths!r}")
-    if any(w <= 0 for w in widths):
-        raise WidthscopeError(f"{_where(ctx)}: widths must be positive, got {widths!r}")
+    if any(not (math.isfinite(w) and w > 0) for w in widths):
+        raise WidthscopeError(f"{_where(ctx)}: widths must be positive finite numbers, got {widths!r}")
     if any(b <= a for a, b in zip(widths, widths[1:])):
         raise WidthscopeError(f"{_where(ctx)}: widths must be strictly increasing (sort them and drop "
                               f"duplicates), got {widths!r}")
@@ -235,10 +235,7 @@ def _family(raw: Any, index: int, sweep_budgets: list[int] | None) -> FamilySpec
         if req not in train:
             raise WidthscopeError(f"{_where(ctx)}: train.{req} is required, e.g. "
                                   f"train = {{ steps = 300, lr = 1e-3 }}")
-    _int(train["steps"], f"{_where(ctx)} train.steps")
-    if "lr" in train and (isinstance(train["lr"], bool) or not isinstance(train["lr"], (int, float))
-                          or not train["lr"] > 0):
-        raise WidthscopeError(f"{_where(ctx)}: train.lr must be a positive number, got {train['lr']!r}")
+    _check_train(train, ctx)
     cert = _table(raw.get("certify"), f"{ctx} certify")
     _check_keys(cert, CERTIFY_KEYS, f"{ctx} [family.certify]")
     n_pa = _int(cert.get("n_probe_train", 128), f"{_where(ctx)} certify.n_probe_train", minimum=4)
@@ -262,10 +259,17 @@ def _family(raw: Any, index: int, sweep_budgets: list[int] | None) -> FamilySpec
     if n_test < n_pb:
         raise WidthscopeError(f"{_where(ctx)}: certify.n_probe_test={n_pb} exceeds n_test={n_test}")
     model = raw.get("model", name)
-    if not isinstance(model, str):
-        raise WidthscopeError(f"{_where(ctx)}: model must be a family name string")
-    if not isinstance(raw["dataset"], str):
-        raise WidthscopeError(f"{_where(ctx)}: dataset must be a dataset name string")
+    from .. import data as wdata
+    from ..models import FAMILIES
+
+    if not isinstance(model, str) or model not in FAMILIES:
+        raise WidthscopeError(f"{_where(ctx)}: model {model!r} is not a model family; valid: {', '.join(FAMILIES)} "
+                              f"(set model = ... when the family's name is not one)")
+    if not isinstance(raw["dataset"], str) or raw["dataset"] not in wdata.DATASETS:
+        raise WidthscopeError(f"{_where(ctx)}: dataset {raw['dataset']!r} unknown; valid: {', '.join(wdata.DATASETS)}")
+    if train.get("loss") == "mse" and raw["dataset"] in LM_DATASETS:
+        raise WidthscopeError(f"{_where(ctx)}: train.loss = 'mse' is for classification; {raw['dataset']!r} is "
+                              "language modelling: use 'auto'")
     probes_raw = raw.get("probes")
     single = {k: raw[k] for k in ("probe_data", "probe_test_data", "probe_data_options") if k in raw}
     if single:
@@ -290,6 +294,34 @@ def _family(raw: Any, index: int, sweep_budgets: list[int] | None) -> FamilySpec
         data_options=_table(raw.get("data_options"), f"{ctx} data_options"),
         train=train, n_probe_train=n_pa, n_probe_test=n_pb, probe_batch_size=pbs,
         points=list(points) if points is not None else None)
+
+
+def _number(train: Mapping[str, Any], key: str, ctx: str, *, low: float, strict: bool, also: str = "") -> None:
+    v = train.get(key)
+    if v is None:
+        return
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (v > low if strict else v >= low)
+    if not ok:
+        raise WidthscopeError(f"{_where(ctx)}: train.{key} must be a finite number {'>' if strict else '>='} {low:g}"
+                              f"{also}, got {v!r}")
+
+
+def _check_train(train: Mapping[str, Any], ctx: str) -> None:
+    """Every option of ``widthscope.train.train`` a sweep passes, checked before any cell runs."""
+    from ..train import LOSSES
+
+    _int(train["steps"], f"{_where(ctx)} train.steps")
+    _number(train, "lr", ctx, low=0, strict=True)
+    _number(train, "warmup", ctx, low=0, strict=False, also=" (a fraction of steps when < 1, else a number of steps)")
+    _number(train, "clip", ctx, low=0, strict=False, also=" (the gradient-norm cap; 0 = off)")
+    _number(train, "weight_decay", ctx, low=0, strict=False)
+    _number(train, "momentum", ctx, low=0, strict=False)
+    for key in ("batch_size", "eval_batch_size", "train_eval_examples"):
+        if key in train:
+            _int(train[key], f"{_where(ctx)} train.{key}")
+    for key, valid in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("loss", LOSSES)):
+        if key in train and train[key] not in valid:
+            raise WidthscopeError(f"{_where(ctx)}: train.{key} {train[key]!r} unknown; valid: {', '.join(valid)}")
 
 
 def _probes(raw: Any, dataset: str, ctx: str) -> list[dict[str, Any]] | None:
@@ -338,9 +370,9 @@ def _parse_shift(shift: Any, where: str) -> tuple[str, Any]:
         raise WidthscopeError(f"{where}: shift must be a string: one of {', '.join(SHIFTS)}")
     kind, _, arg = shift.partition(":")
     try:
-        if kind == "noise" and float(arg) > 0:
+        if kind == "noise" and math.isfinite(float(arg)) and float(arg) > 0:
             return kind, float(arg)
-        if kind == "contrast" and 0 < float(arg):
+        if kind == "contrast" and math.isfinite(float(arg)) and 0 < float(arg):
             return kind, float(arg)
         if kind == "blur" and not arg:
             return kind, None
@@ -392,19 +424,13 @@ def load_config(source: str | os.PathLike | Mapping[str, Any], *, out_dir: str |
 
     Raises :class:`WidthscopeError` naming the offending key and the valid choices.
     """
-    stem = "sweep"
+    stem, what = "sweep", "sweep config"
     if isinstance(source, Mapping):
         raw = dict(source)
     else:
         path = Path(source)
-        if not path.is_file():
-            raise WidthscopeError(f"sweep config {str(path)!r} not found: pass a TOML file "
-                                  f"(examples in configs/, reference in docs/sweeps.md)")
-        try:
-            raw = tomllib.loads(path.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as exc:
-            raise WidthscopeError(f"sweep config {str(path)!r} is not valid TOML: {exc}") from None
-        stem = path.stem
+        raw = read_toml(path, "sweep config", "examples in configs/, reference in docs/sweeps.md")
+        stem, what = path.stem, f"sweep config {str(path)!r}"
     _check_keys(raw, ["sweep", "family"], "top level")
     sw = _table(raw.get("sweep"), "[sweep]")
     _check_keys(sw, list(SWEEP_KEYS), "[sweep]")
@@ -412,9 +438,8 @@ def load_config(source: str | os.PathLike | Mapping[str, Any], *, out_dir: str |
     if isinstance(fams_raw, Mapping):
         fams_raw = [fams_raw]
     if not fams_raw:
-        raise WidthscopeError("sweep config: no [[family]] entries; add at least one, e.g.\n"
-                              "[[family]]\nname = \"mlp\"\nwidths = [32, 64]\ndataset = \"digits\"\n"
-                              "n_train = 512")
+        raise WidthscopeError(f"{what} has no [[family]] entries{' (the file sets nothing)' if not raw else ''}; add at "
+                              f"least one, e.g. {EXAMPLE_FAMILY} (reference: docs/sweeps.md)")
     name = sw.get("name", stem)
     if not isinstance(name, str) or not name:
         raise WidthscopeError("sweep config [sweep]: name must be a non-empty string")
@@ -445,6 +470,15 @@ def load_config(source: str | os.PathLike | Mapping[str, Any], *, out_dir: str |
     device = sw.get("device", "cpu")
     if not isinstance(device, str):
         raise WidthscopeError("[sweep] device must be a string such as 'cpu' or 'cuda'")
+    import torch
+
+    try:
+        meta = torch.device(device).type == "meta"
+    except (RuntimeError, ValueError) as exc:
+        raise WidthscopeError(f"[sweep] device {device!r} is not a torch device ({exc}); use e.g. cpu, cuda, "
+                              "cuda:1, mps") from None
+    if meta:
+        raise WidthscopeError("[sweep] device 'meta' holds no data and cannot train; use e.g. cpu, cuda")
     threads = _int(sw["threads"], "[sweep] threads") if "threads" in sw else None
     interventions = sw.get("interventions", "bias")
     if interventions not in ("bias", "block", "none"):
@@ -452,8 +486,9 @@ def load_config(source: str | os.PathLike | Mapping[str, Any], *, out_dir: str |
     etas = sw.get("etas")
     if etas is not None:
         if (not isinstance(etas, list) or not etas
-                or not all(isinstance(e, (int, float)) and not isinstance(e, bool) and e > 0 for e in etas)):
-            raise WidthscopeError(f"[sweep] etas must be a non-empty list of positive numbers, got {etas!r}")
+                or not all(isinstance(e, (int, float)) and not isinstance(e, bool) and math.isfinite(e) and e > 0
+                           for e in etas)):
+            raise WidthscopeError(f"[sweep] etas must be a non-empty list of positive finite numbers, got {etas!r}")
         etas = [float(e) for e in etas]
     families = [_family(f, i, budgets) for i, f in enumerate(fams_raw)]
     names = [f.name for f in families]
@@ -467,7 +502,12 @@ def load_config(source: str | os.PathLike | Mapping[str, Any], *, out_dir: str |
                     f"sweep config family {f.name!r}: (M, K) = ({m}, {k}) needs at least {m} train and {k} "
                     f"held-out probe samples, but certify has n_probe_train={f.n_probe_train}, "
                     f"n_probe_test={f.n_probe_test}; raise those or lower M/K")
+    bad = first_nonfinite(raw)  # a safety net for free-form tables (model_options, data_options)
+    if bad:
+        raise WidthscopeError(f"sweep config {bad}: must be a finite number (inf and nan are never meaningful here)")
     out = str(out_dir) if out_dir is not None else sw.get("out_dir", f"widthscope-results/{name}")
+    if not isinstance(out, str) or not out:
+        raise WidthscopeError("[sweep] out_dir must be a non-empty path string")
     return SweepConfig(name=name, out_dir=str(out), families=families, seeds=seeds, MK=MK, draws=draws,
                        estimator=estimator, pool=pool, budgets=budgets, data_seed=data_seed, device=device,
                        threads=threads, interventions=interventions, etas=etas)
@@ -489,6 +529,49 @@ def plan_cells(cfg: SweepConfig) -> list[dict[str, Any]]:
                     cells.append({"sweep": cfg.name, "family": fam.name, "width": w, "seed": s,
                                   "budget": budget, "config": fp})
     return cells
+
+
+def check_structure(cfg: SweepConfig, *, device: bool = True) -> dict[str, list[str]]:
+    """What only the model can tell, checked before any cell trains or any data loads: every
+    family builds with its ``model_options`` (on the ``meta`` device, no memory, no data; the
+    data-dependent sizes get placeholders, which change no module names), its ``certify.points``
+    exist in that structure, and (``device``) ``[sweep].device`` is available here.
+
+    Returns ``{family name: insertion points}``.
+    """
+    import types
+
+    import torch
+
+    from .. import models, probe
+
+    if device:
+        from ..train import resolve_device
+
+        try:
+            resolve_device(cfg.device)
+        except WidthscopeError as exc:
+            msg = str(exc).replace("; use --device cpu", "")
+            raise WidthscopeError(f"[sweep] {msg}; set device = 'cpu' (or a device this machine has) in [sweep]") from None
+    out = {}
+    for fam in cfg.families:
+        lm = fam.dataset in LM_DATASETS
+        fake = types.SimpleNamespace(input_shape=(16,) if lm else (3, 8, 8), num_classes=256 if lm else 10)
+        opts = _model_options(fam, fake)
+        where = _where(f"family {fam.name!r}")
+        try:
+            try:
+                with torch.device("meta"):
+                    model = models.build(fam.model, fam.widths[0], **opts)
+            except (RuntimeError, NotImplementedError):  # an init the meta device cannot run: build it for real
+                model = models.build(fam.model, fam.widths[0], **opts)
+        except WidthscopeError as exc:
+            raise WidthscopeError(f"{where}: model {fam.model!r} with model_options {fam.model_options}: {exc}") from None
+        try:
+            out[fam.name] = probe.resolve_points(model, fam.points or None)  # [] means the defaults, as in run_cell
+        except WidthscopeError as exc:
+            raise WidthscopeError(f"{where} certify.points: {exc}") from None
+    return out
 
 
 _SPLITS: dict[str, Any] = {}
@@ -769,9 +852,14 @@ def run_sweep(config: SweepConfig | Mapping[str, Any] | str | os.PathLike, out_d
     ``config`` is a :class:`SweepConfig`, a dict as parsed from TOML, or a TOML path.
     """
     cfg = config if isinstance(config, SweepConfig) else load_config(config)
+    check_structure(cfg)  # before the folder exists: a refused config leaves nothing behind
     out = Path(out_dir if out_dir is not None else cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    _guard_out_dir(cfg, out)
+    from .._io import _unwritable
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _unwritable(out, exc) from None
     cells = plan_cells(cfg)
     import torch
 
@@ -781,8 +869,10 @@ def run_sweep(config: SweepConfig | Mapping[str, Any] | str | os.PathLike, out_d
         # can make a step 10-20x slower (measured: docs/sweeps.md), hence the option.
         torch.set_num_threads(cfg.threads)
     try:
-        return run_grid(cells, lambda c, d: run_cell(cfg, c, d, show_progress=show_progress), out, shard=shard,
-                        desc=f"sweep {cfg.name}")
+        with lock_out_dir(out, shard, "sweep"):
+            _guard_out_dir(cfg, out)
+            return run_grid(cells, lambda c, d: run_cell(cfg, c, d, show_progress=show_progress), out, shard=shard,
+                            desc=f"sweep {cfg.name}")
     finally:
         torch.set_num_threads(threads)
 

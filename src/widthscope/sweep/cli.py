@@ -27,9 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .alignment import load_config, plan_cells, print_summary, run_sweep
+    from .alignment import check_structure, load_config, plan_cells, print_summary, run_sweep
 
     cfg = load_config(args.config, out_dir=args.out)
+    check_structure(cfg, device=not args.dry_run)  # every cell's model and points, before any work
     if args.threads is not None:  # checked by widthscope.validate.check_args
         cfg.threads = args.threads
     shard = shard_for_run(args.shard)

@@ -7,24 +7,29 @@ its rows. A cell is therefore either wholly finished or not at all, whatever mom
 rebuilt atomically from the cell files, so it holds each finished cell exactly once.
 Shards (``k/n``) pick cells by their position in the grid, so several processes or machines
 sharing the results directory (or whose directories are later copied together) cover the
-grid without overlap.
+grid without overlap. While a sweep runs it holds an advisory lock on the results directory
+(:func:`lock_out_dir`), so a second identical run into it is refused instead of redoing every
+cell; the kernel releases the lock when the process ends, however it ends.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from .._io import atomic_write_json, atomic_write_text, progress, to_jsonable
 from ..errors import WidthscopeError
 
-__all__ = ["cell_id", "parse_shard", "shard_for_run", "finish_after_ranks", "shard_cells", "run_grid", "load_rows", "GridResult"]
+__all__ = ["cell_id", "parse_shard", "shard_for_run", "finish_after_ranks", "shard_cells", "run_grid", "load_rows",
+           "lock_out_dir", "GridResult"]
 
 RESULTS = "results.jsonl"
+LOCK = ".widthscope.lock"
 
 
 def cell_id(cell: Mapping[str, Any]) -> str:
@@ -72,6 +77,83 @@ def finish_after_ranks(shard_text: str | None, finish: Callable[[], Any]) -> boo
         finish()
     distributed.barrier()
     return False
+
+
+def _holder(path: Path) -> str:
+    try:
+        pid = path.read_text(encoding="utf-8").strip()
+    except OSError:
+        pid = ""
+    return f"pid {pid}" if pid.isdigit() else "another process"
+
+
+def _held(path: Path) -> bool:
+    """True when some process holds ``path`` locked (we can probe it without waiting)."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def lock_out_dir(out_dir: str | os.PathLike, shard: tuple[int, int] = (1, 1), what: str = "sweep") -> Iterator[None]:
+    """Hold an advisory ``flock`` on ``out_dir`` while a run writes into it.
+
+    An unsharded run locks ``OUT/.widthscope.lock`` exclusively; a shard ``k/n`` locks it shared
+    (other shards may run beside it) and ``OUT/.widthscope.lock.k-of-n`` exclusively. So a second
+    identical run, or an unsharded run beside any shard, is refused with one line naming the
+    holder's pid, while shards of one grid (``--shard``, torchrun ranks) share the folder. The
+    kernel drops the locks when the process dies (even by ``kill -9``): a stale lock file is harmless.
+    """
+    import fcntl
+
+    from .._io import _unwritable
+
+    out_dir = Path(out_dir)
+    k, n = shard
+    main = out_dir / LOCK
+    mine = main if n == 1 else out_dir / f"{LOCK}.{k}-of-{n}"
+    fds: list[int] = []
+
+    def refuse(holder: str) -> WidthscopeError:
+        return WidthscopeError(f"results directory {str(out_dir)!r} is in use by another {what} ({holder}); "
+                               f"wait for it to finish or stop it, or choose another --out")
+
+    def take(path: Path, mode: int) -> int:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:
+            raise _unwritable(path, exc) from None
+        fds.append(fd)
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if path != main or mode == fcntl.LOCK_SH:  # an unsharded run (or this same shard) holds it
+                raise refuse(_holder(path) + ("" if path == main else f", shard {k}/{n}")) from None
+            shards = [p for p in sorted(out_dir.glob(LOCK + ".*-of-*")) if _held(p)]
+            raise refuse(", ".join(f"{_holder(p)}, shard {p.name.rsplit('.', 1)[1].replace('-of-', '/')}"
+                                   for p in shards) or _holder(main)) from None
+        return fd
+
+    try:
+        if n > 1:
+            take(main, fcntl.LOCK_SH)
+        fd = take(mine, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)  # releases the lock
 
 
 def shard_cells(cells: Sequence[Mapping[str, Any]], k: int, n: int) -> list[Mapping[str, Any]]:
@@ -164,6 +246,7 @@ def run_grid(cells: Sequence[Mapping[str, Any]],
             row.setdefault("cell_seconds", elapsed)
             full.append(row)
         atomic_write_json(_cell_path(out_dir, cid), {"cell": c, "cell_id": cid, "rows": full})
+        load_rows(out_dir)  # results.jsonl stays a valid view of the finished cells after any interruption
         result.done.append(cid)
         if on_cell is not None:
             on_cell(c, full)
