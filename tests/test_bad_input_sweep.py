@@ -51,7 +51,12 @@ BAD = [
      "model 'transformer' is not a model family; valid: mlp, resnet20, llama, pythia"),
     ("sweep", _sw('name = "mlp"\n', 'name = "wide-mlp"\n'), "model 'wide-mlp' is not a model family"),
     ("sweep", _sw("model_options = { depth = 2 }", "model_options = { depth = 2, dropout = 0.1 }"),
-     "model 'mlp' with model_options {'depth': 2, 'dropout': 0.1}: bad option for model family 'mlp'"),
+     "model 'mlp' at width 8 with model_options {'depth': 2, 'dropout': 0.1}: bad option for model family 'mlp'"),
+    ("sweep", _sw('name = "mlp"\n', 'name = "lm"\nmodel = "pythia"\n').replace("widths = [8, 16, 32]", "widths = [48, 64]")
+     .replace('dataset = "digits"', 'dataset = "text"\ndata_options = { seq_len = 16 }')
+     .replace("model_options = { depth = 2 }", "model_options = { depth = 1, heads = 3 }"),
+     "family 'lm': model 'pythia' at width 64 with model_options {'depth': 1, 'heads': 3}: pythia: width 64 must be "
+     "divisible by heads=3"),
     ("sweep", _sw("model_options = { depth = 2 }", 'model_options = { activation = "swishy" }'),
      "unknown activation 'swishy'"),
     ("sweep", _sw("model_options = { depth = 2 }", "model_options = { sigma_w = inf }"),
@@ -265,3 +270,15 @@ def test_linearize_holds_the_lock_too(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"is in use by another " in err[0] and f"pid {os.getpid()}" in err[0], err
     assert not (out / "cells").exists()
+
+
+def test_every_shipped_sweep_config_passes_the_structure_check():
+    from widthscope.sweep.alignment import check_structure, load_config
+
+    paths = [p for p in sorted((Path(SRC).parent / "configs").glob("*.toml")) if "[[family]]" in p.read_text()]
+    if not paths:
+        pytest.skip("configs/ not present")
+    for p in paths:
+        cfg = load_config(p)
+        points = check_structure(cfg, device=False)
+        assert set(points) == {f.name for f in cfg.families} and all(points.values()), p

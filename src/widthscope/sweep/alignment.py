@@ -559,18 +559,20 @@ def check_structure(cfg: SweepConfig, *, device: bool = True) -> dict[str, list[
         fake = types.SimpleNamespace(input_shape=(16,) if lm else (3, 8, 8), num_classes=256 if lm else 10)
         opts = _model_options(fam, fake)
         where = _where(f"family {fam.name!r}")
-        try:
+        for width in fam.widths:  # every cell's model: e.g. a width the attention heads do not divide
             try:
-                with torch.device("meta"):
-                    model = models.build(fam.model, fam.widths[0], **opts)
-            except (RuntimeError, NotImplementedError):  # an init the meta device cannot run: build it for real
-                model = models.build(fam.model, fam.widths[0], **opts)
-        except WidthscopeError as exc:
-            raise WidthscopeError(f"{where}: model {fam.model!r} with model_options {fam.model_options}: {exc}") from None
-        try:
-            out[fam.name] = probe.resolve_points(model, fam.points or None)  # [] means the defaults, as in run_cell
-        except WidthscopeError as exc:
-            raise WidthscopeError(f"{where} certify.points: {exc}") from None
+                try:
+                    with torch.device("meta"):
+                        model = models.build(fam.model, width, **opts)
+                except (RuntimeError, NotImplementedError):  # an init the meta device cannot run: build it for real
+                    model = models.build(fam.model, width, **opts)
+            except WidthscopeError as exc:
+                raise WidthscopeError(f"{where}: model {fam.model!r} at width {width} with model_options "
+                                      f"{fam.model_options}: {exc}") from None
+            try:
+                out[fam.name] = probe.resolve_points(model, fam.points or None)  # [] means the defaults, as in run_cell
+            except WidthscopeError as exc:
+                raise WidthscopeError(f"{where} certify.points: {exc}") from None
     return out
 
 
