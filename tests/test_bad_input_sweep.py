@@ -176,10 +176,11 @@ def test_sigterm_while_the_command_imports_is_the_one_line_message(monkeypatch, 
         return real(name)
 
     monkeypatch.setattr(cli, "importlib", types.SimpleNamespace(import_module=import_then_term))
+    before = signal.getsignal(signal.SIGTERM)
     assert main(["sweep", "whatever.toml"]) == 143
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["widthscope sweep: terminated (SIGTERM); no finished results were written"]
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
+    assert signal.getsignal(signal.SIGTERM) is before  # the caller's handler is back
 
 
 def _spawn(args, cwd):
@@ -282,3 +283,17 @@ def test_every_shipped_sweep_config_passes_the_structure_check():
         cfg = load_config(p)
         points = check_structure(cfg, device=False)
         assert set(points) == {f.name for f in cfg.families} and all(points.values()), p
+
+
+def test_a_folder_that_cannot_be_locked_runs_with_a_note(tmp_path, monkeypatch, capsys):
+    import errno
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with lock_out_dir(tmp_path / "nfs", (1, 2)):
+        pass
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot be locked (No locks available)" in err[0]

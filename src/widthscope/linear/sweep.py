@@ -212,12 +212,13 @@ def _check_data_and_model(cfg: Mapping[str, Any]) -> None:
     if d["root"] is not None and not isinstance(d["root"], str):
         raise WidthscopeError(f"linearize config: data.root must be a folder path string (got {d['root']!r})")
     m = cfg["model"]
-    try:
-        with torch.device("meta"):
-            build("mlp", cfg["widths"][0], in_dim=4, out_dim=2, depth=m["depth"], activation=m["activation"],
-                  parametrization=m["parametrization"], sigma_w=m["sigma_w"])
-    except WidthscopeError as exc:
-        raise WidthscopeError(f"linearize config: [model] {exc}") from None
+    for width in cfg["widths"]:
+        try:
+            with torch.device("meta"):
+                build("mlp", width, in_dim=4, out_dim=2, depth=m["depth"], activation=m["activation"],
+                      parametrization=m["parametrization"], sigma_w=m["sigma_w"])
+        except WidthscopeError as exc:
+            raise WidthscopeError(f"linearize config: [model] {exc}") from None
 
 
 def _config_hash(cfg: Mapping[str, Any]) -> str:

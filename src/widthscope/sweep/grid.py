@@ -14,9 +14,11 @@ cell; the kernel releases the lock when the process ends, however it ends.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,8 +130,9 @@ def lock_out_dir(out_dir: str | os.PathLike, shard: tuple[int, int] = (1, 1), wh
         return WidthscopeError(f"results directory {str(out_dir)!r} is in use by another {what} ({holder}); "
                                f"wait for it to finish or stop it, or choose another --out")
 
-    def take(path: Path, mode: int) -> int:
+    def take(path: Path, mode: int) -> int | None:
         try:
+            out_dir.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         except OSError as exc:
             raise _unwritable(path, exc) from None
@@ -142,14 +145,20 @@ def lock_out_dir(out_dir: str | os.PathLike, shard: tuple[int, int] = (1, 1), wh
             shards = [p for p in sorted(out_dir.glob(LOCK + ".*-of-*")) if _held(p)]
             raise refuse(", ".join(f"{_holder(p)}, shard {p.name.rsplit('.', 1)[1].replace('-of-', '/')}"
                                    for p in shards) or _holder(main)) from None
+        except OSError as exc:  # a filesystem without locks (some network mounts): run, but say so
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise
+            print(f"note: {str(out_dir)!r} cannot be locked ({exc.strerror}); do not start a second {what} "
+                  "into it", file=sys.stderr)
+            return None
         return fd
 
     try:
-        if n > 1:
-            take(main, fcntl.LOCK_SH)
-        fd = take(mine, fcntl.LOCK_EX)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        fd = take(main, fcntl.LOCK_SH) if n > 1 else None
+        fd = take(mine, fcntl.LOCK_EX) if n == 1 or fd is not None else None
+        if fd is not None:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
         yield
     finally:
         for fd in reversed(fds):
