@@ -269,7 +269,7 @@ def test_linearize_holds_the_lock_too(tmp_path, capsys):
     with lock_out_dir(out):
         assert main(["linearize", str(tmp_path / "lin.toml"), "--out", str(out)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and f"is in use by another " in err[0] and f"pid {os.getpid()}" in err[0], err
+        assert len(err) == 1 and "is in use by another linearize run" in err[0] and f"pid {os.getpid()}" in err[0], err
     assert not (out / "cells").exists()
 
 
