@@ -53,7 +53,7 @@ def test_certificate_two_population_and_auto():
     assert c.variance == pytest.approx(p / 4 + q / 64 + t / 256)
     assert c.d_par == pytest.approx(E ** 2 / max(p, q))
     assert c.b_exact <= c.b_align
-    # precomputed inputs give the same numbers
+    # precomputed inputs give the same numbers (exact: certificate() makes the very same moments call)
     assert certificate(cm, M=4, K=64) == c
     assert certificate(Xa, Xb, M=4, K=64, populations="one") == certificate(Xa, M=4, K=64)
     assert certificate(moments(Xa), M=4, K=64) == certificate(Xa, M=4, K=64)
