@@ -20,8 +20,10 @@ the ``M_max`` train and ``K_max`` held-out indices with the largest uniform keys
 ``M_max × K_max`` block and a 2-D cumulative sum then give every pair's block sum. Each pair's
 estimate is exactly as valid as if drawn alone; pairs are merely positively correlated, which
 makes their differences less noisy. A pair's ``mean_alignment`` is the ``math.fsum`` of its
-block sums, so it is the same whichever other pairs share the call (unless the many-pairs prefix
-sum is taken), whatever the thread count or SIMD width.
+block sums, so it does not depend on the thread count, the SIMD width or which other pairs share
+the call, as long as the block sums themselves are taken the same way (same ``M_max``, ``K_max``
+and route: row sums, leading sub-blocks or the many-pairs prefix sum); otherwise it agrees to
+rounding.
 
 The count ``k`` of misaligned draws gets the 95% Wilson score interval::
 
@@ -182,12 +184,13 @@ def _row_sums_fn(C: torch.Tensor, plist, m_values: list[int], k_max: int):
 
 
 def _add_exact_sums(sums: torch.Tensor, parts: list[list[float]], slab: int = 1 << 16) -> None:
-    """Append to ``parts[i]`` the correctly rounded (``math.fsum``) sums of column ``i`` of ``sums``.
+    """Append to ``parts[i]`` the correctly rounded (``math.fsum``) sum of each slab of column ``i``.
 
     A tensor ``sum(0)`` over a ``(chunk, pairs)`` matrix reduces in an order that depends on the
     number of columns, the SIMD width and the thread count, so the same pair's ``mean_alignment``
     could differ in the last bit between a ``pairs=`` call and a single ``(M, K)`` call. ``fsum``
-    has no order: a column's total depends only on its entries (slabs bound the list memory).
+    has no order: a slab's sum depends only on its entries (slabs bound the list memory; the
+    chunking is fixed by ``M_max``, ``K_max`` and the route, not by the other pairs).
     """
     cols = sums.detach().to("cpu", torch.float64).T.contiguous().numpy()
     for i, col in enumerate(cols):
