@@ -140,7 +140,8 @@ def test_compare_spearman_hit_regret_and_baselines():
     assert t[("m", "long", "oracle")]["cost_steps"] == 16 and b["cost_steps"] == 4
     assert math.isnan(t[("m", "long", "bias")]["spearman"])
     assert t[("m", "long", "gradmax")]["hit"] == 0.5           # picks p0: wrong in seed 0, right in seed 1
-    assert t[("overall", "long", "block")]["regret"] == b["regret"]
+    # one model: the overall mean aggregates the same numbers another way (rounding only)
+    assert math.isclose(t[("overall", "long", "block")]["regret"], b["regret"], rel_tol=1e-12)
     assert t[("m", "long", "gradmax")]["regret"] == pytest.approx(0.15)
     assert winner(list(t.values())) == "block"                 # 0.10 (tied with certified, same column values)
 

@@ -36,7 +36,8 @@ def test_projector_streams_by_blocks_and_is_seeded():
     X = torch.randn(23, 17, dtype=torch.float64)
     P = Projector(17, 5, seed=4)
     assert torch.equal(P(X), X @ P.R)
-    assert torch.allclose(torch.cat([P(X[:7]), P(X[7:15]), P(X[15:])]), P(X), rtol=0, atol=1e-14)
+    # other block heights may take another matmul kernel: float64 rounding (~1e-15 here), not equality
+    assert torch.allclose(torch.cat([P(X[:7]), P(X[7:15]), P(X[15:])]), P(X), rtol=1e-12, atol=1e-12)
     assert torch.equal(Projector(17, 5, seed=4).R, P.R) and not torch.equal(Projector(17, 5, seed=5).R, P.R)
     S = Projector(17, 6, seed=1, kind="sparse").R
     vals = set((S * (6 / 3) ** 0.5).round().unique().tolist())

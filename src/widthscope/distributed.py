@@ -270,7 +270,9 @@ def distributed_misalignment(Xa: torch.Tensor, Xb: torch.Tensor, **kwargs: Any) 
     """:func:`widthscope.stats.misalignment_from_gram` on the merged cross-Gram, drawn once on rank 0.
 
     Rows are merged in the original order (contiguous shards), rank 0 draws with the given
-    ``seed`` and broadcasts, so the result equals the single-process one exactly.
+    ``seed`` and broadcasts, so the draws are the single-process ones. The row blocks of ``C``
+    may round differently from one product, so ``mean_alignment`` agrees to float rounding and
+    the counts exactly unless a draw's block mean lies within rounding of 0.
     """
     from .stats import misalignment_from_gram
 

@@ -19,7 +19,11 @@ the ``M_max`` train and ``K_max`` held-out indices with the largest uniform keys
 ``M`` (resp. ``K``) are themselves a uniform ``M``-subset. One gather of the
 ``M_max × K_max`` block and a 2-D cumulative sum then give every pair's block sum. Each pair's
 estimate is exactly as valid as if drawn alone; pairs are merely positively correlated, which
-makes their differences less noisy.
+makes their differences less noisy. A pair's ``mean_alignment`` is the ``math.fsum`` of its
+block sums, so it does not depend on the thread count, the SIMD width or which other pairs share
+the call, as long as the block sums themselves are taken the same way (same ``M_max``, ``K_max``
+and route: row sums, leading sub-blocks or the many-pairs prefix sum); otherwise it agrees to
+rounding.
 
 The count ``k`` of misaligned draws gets the 95% Wilson score interval::
 
@@ -164,19 +168,33 @@ def _row_sums_fn(C: torch.Tensor, plist, m_values: list[int], k_max: int):
     import torch.nn.functional as F
 
     C = C.contiguous()
-    pos = {(m, k): i for i, (m, k) in enumerate(plist)}
+    pos = list(enumerate(plist))  # a list, not a dict: a repeated (M, K) must fill every column
 
     def fn(Ic: torch.Tensor, Jc: torch.Tensor) -> torch.Tensor:
         out = torch.empty(Ic.shape[0], len(plist), dtype=torch.float64, device=C.device)
         for m in m_values:
             rows = F.embedding_bag(Ic[:, :m], C, mode="sum")          # (chunk, n_b)
             csum = rows.gather(1, Jc).cumsum(1)                       # (chunk, K_max)
-            for (mm, k), i in pos.items():
+            for i, (mm, k) in pos:
                 if mm == m:
                     out[:, i] = csum[:, k - 1]
         return out
 
     return fn
+
+
+def _add_exact_sums(sums: torch.Tensor, parts: list[list[float]], slab: int = 1 << 16) -> None:
+    """Append to ``parts[i]`` the correctly rounded (``math.fsum``) sum of each slab of column ``i``.
+
+    A tensor ``sum(0)`` over a ``(chunk, pairs)`` matrix reduces in an order that depends on the
+    number of columns, the SIMD width and the thread count, so the same pair's ``mean_alignment``
+    could differ in the last bit between a ``pairs=`` call and a single ``(M, K)`` call. ``fsum``
+    has no order: a slab's sum depends only on its entries (slabs bound the list memory; the
+    chunking is fixed by ``M_max``, ``K_max`` and the route, not by the other pairs).
+    """
+    cols = sums.detach().to("cpu", torch.float64).T.contiguous().numpy()
+    for i, col in enumerate(cols):
+        parts[i].extend(math.fsum(memoryview(col[s:s + slab])) for s in range(0, col.shape[0], slab))
 
 
 def misalignment_from_gram(C_ab: Any, *, M: int | None = None, K: int | None = None,
@@ -216,7 +234,6 @@ def misalignment_from_gram(C_ab: Any, *, M: int | None = None, K: int | None = N
     I = _draw_indices(na, m_max, draws, gen).to(C.device)
     J = _draw_indices(nb, k_max, draws, gen).to(C.device)
     counts = torch.zeros(len(plist), dtype=torch.long, device=C.device)
-    totals = torch.zeros(len(plist), dtype=torch.float64, device=C.device)
     m_values = sorted({m for m, _ in plist})
     # Two exact ways to get the block sums; pick the cheaper. Random gathers of single entries
     # cost ~40x a contiguous row read (measured on CPU), so summing whole rows of C and then
@@ -229,12 +246,13 @@ def misalignment_from_gram(C_ab: Any, *, M: int | None = None, K: int | None = N
     else:
         sums_fn = _block_sums_fn(C, plist, m_max, k_max)
         chunk = max(1, _CHUNK_ELEMS // (m_max * k_max))
+    parts: list[list[float]] = [[] for _ in plist]
     for s in range(0, draws, chunk):
         sums = sums_fn(I[s:s + chunk], J[s:s + chunk])      # (chunk, pairs)
         counts += (sums <= 0).sum(0)
-        totals += sums.sum(0)
+        _add_exact_sums(sums, parts)
     out = []
-    for (m, k), c, tot in zip(plist, counts.tolist(), totals.tolist()):
+    for (m, k), c, tot in zip(plist, counts.tolist(), map(math.fsum, parts)):
         lo, hi = wilson_interval(c, draws, z)
         out.append(Misalignment(c / draws, lo, hi, draws, c, m, k, tot / (draws * m * k), int(seed)))
     return out if many else out[0]
