@@ -80,6 +80,15 @@ def _threads(args: argparse.Namespace) -> None:
     torch.set_num_threads(n)
 
 
+def _remove_created() -> None:
+    """A refused or interrupted command leaves no empty output folder that its checks created."""
+    from ._io import remove_empty
+    from .validate import CREATED
+
+    remove_empty(CREATED)
+    CREATED.clear()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _quiet_offline()
@@ -98,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     from ._io import _KEPT, kept_work
 
     _KEPT.clear()  # what this run keeps, not what an earlier call in this process kept
+    from . import validate
+
+    validate.CREATED.clear()
 
     def _terminate(signum: int, _frame: object) -> None:
         raise _Terminated(signum)
@@ -110,11 +122,13 @@ def main(argv: list[str] | None = None) -> int:
         _threads(args)
         return int(module.run(args) or 0)
     except WidthscopeError as exc:
+        _remove_created()
         kept = kept_work()
         extra = f"; kept: {'; '.join(kept)}" if kept and _is_write_failure(exc) else ""
         print(f"widthscope {args.command}: error: {exc}{extra}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, _Terminated) as exc:
+        _remove_created()
         kept = kept_work()
         what = "terminated (SIGTERM)" if isinstance(exc, _Terminated) else "interrupted"
         tail = f"kept: {'; '.join(kept)}" if kept else "no finished results were written"
