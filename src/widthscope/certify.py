@@ -504,7 +504,8 @@ def _check_space(args: argparse.Namespace, names: Sequence[str], n_pairs: int, d
     check_space(args.out, 2 * (4000 + len(names) * per_point), "the results (JSON and its per-point parts)")
     if args.save_samples:
         d = sum(args.project or v for v in dims.values())
-        check_space(args.save_samples, 8 * rows * (args.n_train + args.n_test) * d + 2000 * (1 + len(names)),
+        # float64 rows, and a header with the settings and each point's intervention rows
+        check_space(args.save_samples, 8 * rows * (args.n_train + args.n_test) * d + 8000 + 6000 * len(names),
                     "the samples")
 
 

@@ -45,13 +45,13 @@ OUT_KIND = {"certify": "file", "grow": "file", "grow-bench": "dir", "stats": "fi
 # The input kinds of `certify` and `grow` (``--model``): the built-in MLP, widthscope checkpoints
 # (a classifier on a named dataset, or a byte-level LM), Hugging Face directories by task.
 KINDS: dict[str, str] = {
-    "builtin": "--model builtin (an MLP trained on its own digits split)",
-    "widthscope-classifier": "widthscope classifier checkpoints (named datasets)",
-    "widthscope-lm": "widthscope byte-level LM checkpoints",
-    "hf-causal-lm": "Hugging Face causal LMs",
-    "hf-masked-lm": "Hugging Face masked LMs",
-    "hf-sequence-classification": "Hugging Face sequence classifiers",
-    "hf-image-classification": "Hugging Face image classifiers",
+    "builtin": "the built-in MLP (trained on its own digits split)",
+    "widthscope-classifier": "a widthscope classifier checkpoint (named datasets)",
+    "widthscope-lm": "a widthscope byte-level LM checkpoint",
+    "hf-causal-lm": "a Hugging Face causal LM",
+    "hf-masked-lm": "a Hugging Face masked LM",
+    "hf-sequence-classification": "a Hugging Face sequence classifier",
+    "hf-image-classification": "a Hugging Face image classifier",
 }
 _SHORT = {"builtin": "--model builtin", "widthscope-classifier": "widthscope classifiers",
           "widthscope-lm": "widthscope byte LMs", "hf-causal-lm": "HF causal LMs", "hf-masked-lm": "HF masked LMs",
@@ -126,10 +126,17 @@ def check_applies(args: argparse.Namespace, command: str, kind: str | None = Non
         return
     for dest, kinds in table.items():
         if kind not in kinds and _given(args, dest):
-            fits = ", ".join(_SHORT[k] for k in KINDS if k in kinds)
-            where = "" if kind == "builtin" else f" ({args.model})"
-            raise WidthscopeError(f"{_flag(dest)} does not apply to {KINDS[kind]}{where}; it applies only to "
-                                  f"{fits}: drop {_flag(dest)}")
+            raise WidthscopeError(f"{_flag(dest)} applies to {_group(kinds)} only; --model {args.model} is "
+                                  f"{KINDS[kind]}: drop {_flag(dest)}")
+
+
+def _group(kinds: frozenset[str]) -> str:
+    names = ", ".join(_SHORT[k] for k in KINDS if k in kinds)
+    for group, word in ((_HF, "Hugging Face checkpoints"), (_TEXT, "text models"), (_CKPT, "checkpoints"),
+                        (_WS, "widthscope checkpoints")):
+        if kinds == group:
+            return f"{word} ({names})"
+    return names
 
 
 def fill_defaults(args: argparse.Namespace) -> None:
