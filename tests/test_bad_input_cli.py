@@ -123,6 +123,8 @@ def files(tmp_path_factory):
     g = torch.Generator().manual_seed(0)
     save(root / "s.safetensors", {"p": torch.randn(16, 4, generator=g, dtype=torch.float64)},
          {"p": torch.randn(16, 4, generator=g, dtype=torch.float64)}, {"settings": {"M": [4]}})
+    (root / "results.jsonl").write_text(json.dumps({"kind": "alignment", "family": "f", "width": 8, "seed": 0,
+                                                    "point": "p", "M": 4, "K": 4}) + "\n")
     return root
 
 
@@ -172,8 +174,10 @@ def test_stats_point_selects_the_point(files, capsys, tmp_path):
 @pytest.mark.parametrize("argv", [["certify", *BUILTIN, "--out", "{out}/c.json"],
                                   ["certify", *BUILTIN, "--out", "{big}/c.json", "--save-samples", "{out}/s.st"],
                                   ["grow", "--model", "builtin", "--steps", "2", "--out", "{out}/g.json"],
-                                  ["stats", "{samples}", "--out", "{out}/r.json"]],
-                         ids=["certify", "certify-samples", "grow", "stats"])
+                                  ["stats", "{samples}", "--out", "{out}/r.json"],
+                                  ["report", "{results}", "--out", "{out}/rep"],
+                                  ["activations", "--json", "{out}/a.json"]],
+                         ids=["certify", "certify-samples", "grow", "stats", "report", "activations"])
 def test_a_full_disk_is_refused_before_any_work(argv, files, tmp_path, monkeypatch, capsys):
     """An empty probe file fits on a full disk; the estimate of what will be written does not."""
     real = shutil.disk_usage
@@ -183,7 +187,8 @@ def test_a_full_disk_is_refused_before_any_work(argv, files, tmp_path, monkeypat
     # the samples' disk is full (1 kB free); the JSON's disk (only in the second case) has room
     monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p) if Path(p) == big else Usage(10 ** 9, 10 ** 9, 1000))
     argv = [a.replace("{out}", str(tmp_path / "new")).replace("{big}", str(big))
-            .replace("{samples}", str(files / "s.safetensors")) for a in argv]
+            .replace("{samples}", str(files / "s.safetensors")).replace("{results}", str(files / "results.jsonl"))
+            for a in argv]
     cap = _one_line(argv, capsys, "only 1.0 KB is free on the disk")
     assert TRAINED not in cap.out and "need about" in cap.err
     assert not (tmp_path / "new").exists() and not list(big.iterdir())
@@ -362,3 +367,12 @@ def test_a_failing_json_write_is_one_line_and_leaves_no_partial_file(tmp_path, m
     monkeypatch.setattr(io.os, "replace", real)
     assert rc == 2 and len(lines) == 1 and "No space left on device" in lines[0]
     assert not list(tmp_path.iterdir())
+
+
+def test_a_protocol_preset_is_not_an_option_the_user_gave(tmp_path, capsys):
+    """--protocol published sets text settings (concatenated chunks); on the built-in model they do not
+    apply, and since the user did not give them the run goes ahead (it was refused after training)."""
+    rc, lines, cap = _run(["certify", "--protocol", "published", "--train-steps", "2", "--n-train", "16",
+                           "--n-test", "16", "--M", "4", "--draws", "10", "--out", str(tmp_path / "c.json")], capsys)
+    assert rc == 0, cap.err
+    assert json.loads((tmp_path / "c.json").read_text())["settings"]["estimator"] == "plugin"

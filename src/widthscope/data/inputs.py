@@ -769,14 +769,15 @@ def _check_options_fit(args: argparse.Namespace, task: str) -> None:
     if args.task is not None and args.task != task:
         raise WidthscopeError(f"--task {args.task} but this model is a {task} model (its task is fixed by the model): "
                               "drop --task")
-    text_only = [f for f, v in (("--tokenizer", args.tokenizer), ("--seq-len", args.seq_len),
-                                ("--sequences", args.sequences), ("--max-tokens", args.max_tokens)) if v is not None]
+    from ..validate import given
+
+    # given by the user (a --protocol preset's text settings simply do not apply to other models)
+    text_only = ["--" + d.replace("_", "-") for d in ("tokenizer", "seq_len", "sequences", "max_tokens")
+                 if given(args, d)]
     if task in ("image-classification", "classification") and text_only:
         raise WidthscopeError(f"{', '.join(text_only)} {'apply' if len(text_only) > 1 else 'applies'} to text models; "
                               "this model is an image/feature classifier: drop "
                               f"{'them' if len(text_only) > 1 else 'it'}")
-    from ..validate import given
-
     if task != "sequence-classification" and given(args, "label_field"):
         raise WidthscopeError(f"--label-field applies to sequence classifiers (labelled text); this is a {task} "
                               "model: drop --label-field")

@@ -123,14 +123,18 @@ def _kinks(ders: Sequence[torch.Tensor], h: float) -> list[tuple[int, float]]:
     return found
 
 
-def audit(names: Sequence[str | Callable] | None = None, *, K: int = 6, lo: float = -5.0,
-          hi: float = 5.0, grid: int = 2001) -> list[dict[str, Any]]:
-    """One row per activation: ``ratio_k = max_x |φ^{(k)}| / (k+1)!``, ``max_k``, flags."""
+def _check_grid(K: int, lo: float, hi: float, grid: int) -> None:
     if not 1 <= K <= MAX_K:
         raise WidthscopeError(f"activations: --K {K}: must be a whole number in 1..{MAX_K} (each order nests one more "
                               f"autograd pass; the graphs grow so fast that order 16 needs over 20 GB)")
     if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi) or grid < 3:
         raise WidthscopeError(f"activations: need finite lo < hi and grid >= 3 (got range {lo} {hi}, grid {grid})")
+
+
+def audit(names: Sequence[str | Callable] | None = None, *, K: int = 6, lo: float = -5.0,
+          hi: float = 5.0, grid: int = 2001) -> list[dict[str, Any]]:
+    """One row per activation: ``ratio_k = max_x |φ^{(k)}| / (k+1)!``, ``max_k``, flags."""
+    _check_grid(K, lo, hi, grid)
     x = torch.linspace(lo, hi, grid, dtype=torch.float64)
     h = (hi - lo) / (grid - 1)
     rows = []
@@ -184,6 +188,11 @@ def run(args: argparse.Namespace) -> int:
     names = [s for s in str(args.names).split(",") if s.strip()]
     if not names:
         raise WidthscopeError("activations: --names is empty; give e.g. --names relu,tanh")
+    _check_grid(args.K, args.range[0], args.range[1], args.grid)
+    if args.json:  # room for the table (about 2 numbers per order and name), before computing it
+        from .._io import check_space
+
+        check_space(args.json, 2000 + len(names) * (2 * args.K + 10) * 80)
     rows = audit(names, K=args.K, lo=args.range[0], hi=args.range[1], grid=args.grid)
     cols = ["name"] + [f"ratio_{k}" for k in range(1, args.K + 1)] + ["flags"]
     print(format_table(rows, cols, floatfmt=".3g",
