@@ -99,6 +99,8 @@ BAD = [  # (argv, what the one line must say); none of them may train the built-
     (["certify", "--points", "no.such.point"], "unknown insertion point 'no.such.point'"),
     (["certify", "--seq-len", "16"], "--seq-len applies to text models"),
     (["certify", "--all"], "--all only changes what --list-points prints"),
+    (["certify", "--etas", "0.1"], "--etas sets the step sizes of the interventions, but none run"),
+    (["certify", "--project", "4", "--estimator", "plugin"], "--project corrects the unbiased estimators only"),
     (["certify", "--text-field", "text"], "--text-field applies to text models"),
     (["certify", "--data", "digits"], "--data applies to checkpoints"),
     (["grow", "--model", "builtin", "--n-train", "100000"], "--n-train 100000 but the train part of digits gave only"),
@@ -376,3 +378,15 @@ def test_a_protocol_preset_is_not_an_option_the_user_gave(tmp_path, capsys):
                            "--n-test", "16", "--M", "4", "--draws", "10", "--out", str(tmp_path / "c.json")], capsys)
     assert rc == 0, cap.err
     assert json.loads((tmp_path / "c.json").read_text())["settings"]["estimator"] == "plugin"
+
+
+@pytest.mark.parametrize("extra,msg", [
+    (["--data", "{root}/a.txt", "--data-root", "{root}"], "--data-root does not apply to data files"),
+    (["--data", "{root}/a.txt", "--train-pool", "fresh"], "--train-pool does not apply to data files"),
+    (["--data", "text", "--sequences", "per-document"], "--sequences does not apply to the named dataset 'text'"),
+    (["--data", "text", "--max-tokens", "1000"], "--max-tokens does not apply to the named dataset 'text'"),
+])
+def test_data_options_the_source_does_not_use_are_refused(extra, msg, kinds, capsys, tmp_path):
+    extra = [e.replace("{root}", str(kinds["root"])) for e in extra]
+    _one_line(["certify", "--model", kinds["widthscope-lm"], *extra, "--seq-len", "16", "--n-train", "8",
+               "--n-test", "8", "--M", "4", "--out", str(tmp_path / "c.json")], capsys, msg)

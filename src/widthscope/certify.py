@@ -243,6 +243,9 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
         raise WidthscopeError(f"interventions must be 'bias', 'block' or None, got {interventions!r}")
     if project is not None and (not isinstance(project, int) or project < 2):
         raise WidthscopeError(f"project must be an integer k >= 2 (projected dimension), got {project!r}")
+    if project is not None and estimator != "unbiased":
+        raise WidthscopeError("project: the projected moments are bias-corrected for the unbiased estimator only; "
+                              "use estimator='unbiased'")
     projectors: dict[str, Any] = {}
 
     def _project(name: str, x: torch.Tensor) -> torch.Tensor:
@@ -635,6 +638,14 @@ def run(args: argparse.Namespace) -> int:
     Ms, Ks = _int_list(args.M, "--M"), _int_list(args.K, "--K")
     pairs = _pairs(Ms, Ks)  # validate before the (slow) model loading
     etas = _float_list(args.etas, "--etas")
+    if etas is not None and args.interventions == "none":
+        raise WidthscopeError("--etas sets the step sizes of the interventions, but none run"
+                              f"{' (--protocol published)' if args.protocol == 'published' else ''}: add "
+                              "--interventions bias (or block), or drop --etas")
+    if args.project is not None and args.estimator != "unbiased":
+        raise WidthscopeError(f"--project corrects the unbiased estimators only, not --estimator {args.estimator}"
+                              f"{' (--protocol published)' if args.protocol == 'published' else ''}: add "
+                              "--estimator unbiased, or drop --project")
     if args.pool != "token":
         from .validate import check_pools
 

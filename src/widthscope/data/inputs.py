@@ -745,6 +745,7 @@ def resolve(args: argparse.Namespace, *, model: nn.Module | None = None, show_pr
     if task == "classification":
         raise WidthscopeError(f"this widthscope model is a classifier: pass a dataset name ({', '.join(DATASETS)}) "
                               "with --data, not a file")
+    _refuse_given(args, ("data_root", "train_pool"), "data files (both are for named datasets and their records)")
     if task == "image-classification":
         train, test, info, more = _image_pools(args, model, seed, show_progress)
         return Inputs(model, task, train, test, None, None, info, more)
