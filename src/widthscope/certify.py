@@ -477,6 +477,24 @@ def _train_builtin(model: nn.Module, split: Any, args: argparse.Namespace, say: 
         f"({time.perf_counter() - t0:.1f}s, held-out accuracy {acc if acc is None else f'{acc:.3f}'})")
 
 
+def _check_combinations(args: argparse.Namespace, pairs: Sequence[tuple[int, int]], etas: Any) -> None:
+    """Options that mean nothing together are refused (after --protocol filled the rest)."""
+    preset = " (--protocol published)" if args.protocol == "published" else ""
+    if etas is not None and args.interventions == "none":
+        raise WidthscopeError(f"--etas sets the step sizes of the interventions, but none run{preset}: add "
+                              "--interventions bias (or block), or drop --etas")
+    if args.project is not None and args.estimator != "unbiased":
+        raise WidthscopeError(f"--project corrects the unbiased estimators only, not --estimator "
+                              f"{args.estimator}{preset}: add --estimator unbiased, or drop --project")
+    if args.all and not args.list_points:
+        raise WidthscopeError("--all only changes what --list-points prints (every module path): add --list-points "
+                              "or drop --all")
+    if args.pool != "token":
+        from .validate import check_pools
+
+        check_pools([m for m, _ in pairs], [k for _, k in pairs], args.n_train, args.n_test)
+
+
 def _point_dims(model: nn.Module, names: Sequence[str], inputs: Any, args: argparse.Namespace
                 ) -> tuple[dict[str, int], int]:
     """Each point's sample dimension and the sample rows per example, from one probed example
@@ -638,18 +656,7 @@ def run(args: argparse.Namespace) -> int:
     Ms, Ks = _int_list(args.M, "--M"), _int_list(args.K, "--K")
     pairs = _pairs(Ms, Ks)  # validate before the (slow) model loading
     etas = _float_list(args.etas, "--etas")
-    if etas is not None and args.interventions == "none":
-        raise WidthscopeError("--etas sets the step sizes of the interventions, but none run"
-                              f"{' (--protocol published)' if args.protocol == 'published' else ''}: add "
-                              "--interventions bias (or block), or drop --etas")
-    if args.project is not None and args.estimator != "unbiased":
-        raise WidthscopeError(f"--project corrects the unbiased estimators only, not --estimator {args.estimator}"
-                              f"{' (--protocol published)' if args.protocol == 'published' else ''}: add "
-                              "--estimator unbiased, or drop --project")
-    if args.pool != "token":
-        from .validate import check_pools
-
-        check_pools([m for m, _ in pairs], [k for _, k in pairs], args.n_train, args.n_test)
+    _check_combinations(args, pairs, etas)
     from .train import resolve_device
 
     device = resolve_device(args.device)
@@ -657,9 +664,6 @@ def run(args: argparse.Namespace) -> int:
         import os  # torchrun: one GPU per rank
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", distributed.rank())))
 
-    if args.all and not args.list_points:
-        raise WidthscopeError("--all only changes what --list-points prints (every module path): add --list-points "
-                              "or drop --all")
     # The model's structure first (the built-in one untrained), so every check that needs it (point
     # names, sequence length, --project, output sizes) runs before training or probing.
     split = None
@@ -680,7 +684,7 @@ def run(args: argparse.Namespace) -> int:
     if done and args.save_samples:
         raise WidthscopeError("--save-samples needs every point probed in this run; drop --resume (or --save-samples)")
     todo = [n for n in names if n not in done]
-    _check_space(args, todo if done else names, len(pairs), dims, rows)
+    _check_space(args, names, len(pairs), dims, rows)
     if split is not None:
         _train_builtin(model, split, args, say)
         if args.dtype != "auto":
