@@ -88,7 +88,7 @@ def _given(args: argparse.Namespace, dest: str) -> bool:
     return v is not None and v is not False
 
 
-def input_kind(model: str | None) -> str | None:
+def input_kind(model: str | None, task: str | None = None) -> str | None:
     """The :data:`KINDS` entry of ``--model`` from its ``config.json`` alone (no weights read);
     None when it cannot tell (the loader then gives its own error)."""
     if model is None:
@@ -112,8 +112,8 @@ def input_kind(model: str | None) -> str | None:
         from .models.hf import hf_task
 
         return f"hf-{hf_task(cfg, str(cfg_path))}"
-    except WidthscopeError:
-        return None  # no architecture named: --task decides, the loader checks it
+    except WidthscopeError:  # no architecture named: --task decides (the loader checks it)
+        return f"hf-{task}" if task else None
 
 
 def check_applies(args: argparse.Namespace, command: str, kind: str | None = None) -> None:
@@ -121,7 +121,7 @@ def check_applies(args: argparse.Namespace, command: str, kind: str | None = Non
     table = APPLIES.get(command)
     if table is None:
         return
-    kind = kind or input_kind(getattr(args, "model", None))
+    kind = kind or input_kind(getattr(args, "model", None), getattr(args, "task", None))
     if kind is None:
         return
     for dest, kinds in table.items():
