@@ -17,6 +17,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 __all__ = [
     "check_writable",
+    "check_space",
     "atomic_write_text",
     "atomic_write_json",
     "append_jsonl",
@@ -164,13 +165,66 @@ def kept_work() -> list[str]:
     return out
 
 
-def check_writable(path: str | os.PathLike) -> Path:
-    """Fail now, before any work, if ``path`` cannot be written (a directory, a read-only or
-    missing parent); leaves nothing behind but the parent folder."""
+def _missing_parents(path: Path) -> list[Path]:
+    """The folders above ``path`` that do not exist yet, deepest first."""
+    out = []
+    for p in path.parents:
+        if p.exists():
+            break
+        out.append(p)
+    return out
+
+
+def remove_empty(folders: Iterable[Path]) -> None:
+    """Remove the given folders (deepest first) where they are still empty."""
+    for p in folders:
+        try:
+            p.rmdir()
+        except OSError:
+            break  # not empty (or gone): the folders above it are kept too
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"  # pragma: no cover
+
+
+def check_space(path: str | os.PathLike, need_bytes: int, what: str = "the results") -> None:
+    """One line if the file system holding ``path`` has less free space than ``need_bytes``
+    (the caller's estimate of what the run will write), before any work starts."""
+    import shutil
+
+    from .errors import WidthscopeError
+
     path = Path(path)
-    fd, tmp = _sibling(path, ".probe")
-    os.close(fd)
-    os.unlink(tmp)
+    where = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        return  # a file system that cannot say: the write itself will tell
+    if need_bytes > free:
+        raise WidthscopeError(f"cannot write {str(path)!r}: {what} need about {_human(need_bytes)} but only "
+                              f"{_human(free)} is free on the disk holding {str(where)!r}; free space or choose "
+                              "an output path on another disk")
+
+
+def check_writable(path: str | os.PathLike, need_bytes: int = 0, what: str = "the results") -> Path:
+    """Fail now, before any work, if ``path`` cannot be written (a directory, a read-only or
+    missing parent, or too little free space for ``need_bytes``); leaves nothing behind (folders
+    it had to create for the probe are removed again; the write creates them)."""
+    path = Path(path)
+    created = _missing_parents(path)
+    try:
+        fd, tmp = _sibling(path, ".probe")
+        os.close(fd)
+        os.unlink(tmp)
+        if need_bytes:
+            check_space(path, need_bytes, what)
+    finally:
+        remove_empty(created)
     return path
 
 

@@ -243,6 +243,9 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
         raise WidthscopeError(f"interventions must be 'bias', 'block' or None, got {interventions!r}")
     if project is not None and (not isinstance(project, int) or project < 2):
         raise WidthscopeError(f"project must be an integer k >= 2 (projected dimension), got {project!r}")
+    if project is not None and estimator != "unbiased":
+        raise WidthscopeError("project: the projected moments are bias-corrected for the unbiased estimator only; "
+                              "use estimator='unbiased'")
     projectors: dict[str, Any] = {}
 
     def _project(name: str, x: torch.Tensor) -> torch.Tensor:
@@ -394,7 +397,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--estimator", choices=ESTIMATORS, default=None, help="unbiased (default) or plugin")
     parser.add_argument("--pool", choices=("sum", "mean", "flatten", "token"), default=None,
                         help="pooling of positions into a sample vector (default sum)")
-    parser.add_argument("--train-steps", type=int, default=60,
+    parser.add_argument("--train-steps", type=int, default=None,
                         help="optimizer steps for --model builtin (default 60, a few seconds)")
     parser.add_argument("--interventions", choices=("bias", "block", "none"), default=None,
                         help="direct zero-init residual intervention at every point: predicted vs "
@@ -452,21 +455,79 @@ def _float_list(text: str | None, flag: str) -> list[float] | None:
     return vals
 
 
-def _builtin(args: argparse.Namespace, say: Callable[[str], None]) -> nn.Module:
+def _builtin_structure(args: argparse.Namespace) -> tuple[nn.Module, Any]:
+    """The built-in MLP, untrained (its points and shapes are checked before it trains), and its split."""
     from . import data, models
-    from .train import train
 
     split = data.load("digits", seed=args.seed)
     torch.manual_seed(args.seed)
     model = models.build("mlp", 128, in_dim=int(split.input_shape[-1]), out_dim=split.num_classes, depth=3)
+    model.widthscope_extra = {"dataset": "digits"}
+    return model, split
+
+
+def _train_builtin(model: nn.Module, split: Any, args: argparse.Namespace, say: Callable[[str], None]) -> None:
+    from .train import train
+
     t0 = time.perf_counter()
     res = train(model, split, steps=args.train_steps, lr=3e-3, batch_size=64, seed=args.seed,
                 progress=distributed.is_main())
     acc = res.get("test_accuracy")
     say(f"builtin: MLP width 128, depth 3 trained on digits for {args.train_steps} steps "
         f"({time.perf_counter() - t0:.1f}s, held-out accuracy {acc if acc is None else f'{acc:.3f}'})")
-    model.widthscope_extra = {"dataset": "digits"}
-    return model
+
+
+def _check_combinations(args: argparse.Namespace, pairs: Sequence[tuple[int, int]], etas: Any) -> None:
+    """Options that mean nothing together are refused (after --protocol filled the rest)."""
+    preset = " (--protocol published)" if args.protocol == "published" else ""
+    if etas is not None and args.interventions == "none":
+        raise WidthscopeError(f"--etas sets the step sizes of the interventions, but none run{preset}: add "
+                              "--interventions bias (or block), or drop --etas")
+    if args.project is not None and args.estimator != "unbiased":
+        raise WidthscopeError(f"--project corrects the unbiased estimators only, not --estimator "
+                              f"{args.estimator}{preset}: add --estimator unbiased, or drop --project")
+    if args.all and not args.list_points:
+        raise WidthscopeError("--all only changes what --list-points prints (every module path): add --list-points "
+                              "or drop --all")
+    if args.pool != "token":
+        from .validate import check_pools
+
+        check_pools([m for m, _ in pairs], [k for _, k in pairs], args.n_train, args.n_test)
+
+
+def _point_dims(model: nn.Module, names: Sequence[str], inputs: Any, args: argparse.Namespace
+                ) -> tuple[dict[str, int], int]:
+    """Each point's sample dimension and the sample rows per example, from one probed example
+    (one forward and backward pass): what --project and the output sizes are checked against."""
+    from .probe.intervene import _index
+
+    one = _index(inputs.train, slice(0, 1))
+    q = collect(model, [one], points=list(names), loss_fn=inputs.loss_fn, pool=args.pool, progress=False)
+    return {n: int(q[n].shape[1]) for n in names}, max(1, max(int(q[n].shape[0]) for n in names))
+
+
+def _check_project(project: int | None, dims: dict[str, int]) -> None:
+    if project is None or not dims:
+        return
+    d_max = max(dims.values())
+    if project >= d_max:
+        raise WidthscopeError(f"--project {project} is not below any point's dimension (the largest is d={d_max}): "
+                              f"a projection saves memory only with K < d; use --project < {d_max} or drop it")
+
+
+def _check_space(args: argparse.Namespace, names: Sequence[str], n_pairs: int, dims: dict[str, int],
+                 rows: int) -> None:
+    """Free space for what this run writes: the JSON (and its per-point parts, on disk at the same
+    time) and the samples file. Over-estimates (about 1.3x the JSON measured on the built-in model)."""
+    from ._io import check_space
+
+    per_point = 2500 + 2500 * n_pairs + (6000 if args.interventions != "none" else 0)
+    check_space(args.out, 2 * (4000 + len(names) * per_point), "the results (JSON and its per-point parts)")
+    if args.save_samples:
+        d = sum(args.project or v for v in dims.values())
+        # float64 rows, and a header with the settings and each point's intervention rows
+        check_space(args.save_samples, 8 * rows * (args.n_train + args.n_test) * d + 8000 + 6000 * len(names),
+                    "the samples")
 
 
 class _Parts:
@@ -482,8 +543,9 @@ class _Parts:
                 "text_field", "label_field", "tokenizer", "seq_len", "sequences", "first", "max_tokens",
                 "test_fraction", "train_pool", "n_train", "n_test", "seed", "M", "K", "draws", "estimator",
                 "pool", "interventions", "etas", "project", "batch_size", "train_steps", "protocol")
-        blob = json.dumps({k: getattr(args, k, None) for k in keys} | {"inputs": inputs_info, "points": list(names)},
-                          sort_keys=True, default=str)
+        self.settings = json.loads(json.dumps({k: getattr(args, k, None) for k in keys}
+                                              | {"inputs": inputs_info, "points": list(names)}, default=str))
+        blob = json.dumps(self.settings, sort_keys=True, default=str)
         self.fingerprint = hashlib.sha256(blob.encode()).hexdigest()[:16]
         self.written = 0
         from ._io import on_interrupt
@@ -497,6 +559,7 @@ class _Parts:
         import json
 
         done: dict[str, dict[str, Any]] = {}
+        other: dict[str, Any] | None = None
         for f in sorted(self.dir.glob("*.json")) if self.dir.is_dir() else []:
             try:
                 obj = json.loads(f.read_text(encoding="utf-8"))
@@ -504,10 +567,24 @@ class _Parts:
                 continue  # a torn file: that point runs again
             if obj.get("fingerprint") == self.fingerprint:
                 done[obj["row"]["point"]] = obj
+            elif other is None:
+                other = obj.get("settings") or {}
+        if other is not None and not done:
+            raise WidthscopeError(self._mismatch(other))
         return done
 
+    def _mismatch(self, other: dict[str, Any]) -> str:
+        """--resume over parts of a run with other settings: name what differs, never start over silently."""
+        diff = [k for k in self.settings if k in other and other[k] != self.settings[k]]
+        shown = ", ".join(f"{'--' + k.replace('_', '-')} {other[k]} (now {self.settings[k]})"
+                          if k not in ("inputs", "points") else f"the {k}" for k in diff[:3])
+        return (f"--resume: {self.dir} holds finished points of a run with other settings "
+                f"({shown or 'recorded by an older version'}): rerun with those settings to continue it, or drop "
+                "--resume to start over (its parts are then replaced)")
+
     def save(self, row: dict[str, Any], notes: list[str]) -> None:
-        atomic_write_json(self._file(row["point"]), {"fingerprint": self.fingerprint, "row": row, "notes": notes})
+        atomic_write_json(self._file(row["point"]), {"fingerprint": self.fingerprint, "settings": self.settings,
+                                                     "row": row, "notes": notes})
         self.written += 1
 
     def describe(self) -> str | None:
@@ -579,10 +656,7 @@ def run(args: argparse.Namespace) -> int:
     Ms, Ks = _int_list(args.M, "--M"), _int_list(args.K, "--K")
     pairs = _pairs(Ms, Ks)  # validate before the (slow) model loading
     etas = _float_list(args.etas, "--etas")
-    if args.pool != "token":
-        from .validate import check_pools
-
-        check_pools([m for m, _ in pairs], [k for _, k in pairs], args.n_train, args.n_test)
+    _check_combinations(args, pairs, etas)
     from .train import resolve_device
 
     device = resolve_device(args.device)
@@ -590,14 +664,11 @@ def run(args: argparse.Namespace) -> int:
         import os  # torchrun: one GPU per rank
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", distributed.rank())))
 
+    # The model's structure first (the built-in one untrained), so every check that needs it (point
+    # names, sequence length, --project, output sizes) runs before training or probing.
+    split = None
     if args.model == "builtin":
-        if args.list_points:
-            from . import models
-            model = models.build("mlp", 128, in_dim=64, out_dim=10, depth=3)
-        else:
-            model = _builtin(args, say)
-            if args.dtype != "auto":
-                model.to(getattr(torch, args.dtype))
+        model, split = _builtin_structure(args)
     else:
         model = load_model(args.model, dtype=args.dtype, task=args.task)
     if args.list_points:
@@ -606,11 +677,18 @@ def run(args: argparse.Namespace) -> int:
         return 0
     names = resolve_points(model, args.points)
     inputs = resolve(args, model=model, show_progress=main)
+    dims, rows = _point_dims(model, names, inputs, args)
+    _check_project(args.project, dims)
     parts = _Parts(args, names, inputs.info)
     done = parts.load() if args.resume else {}
     if done and args.save_samples:
         raise WidthscopeError("--save-samples needs every point probed in this run; drop --resume (or --save-samples)")
     todo = [n for n in names if n not in done]
+    _check_space(args, names, len(pairs), dims, rows)
+    if split is not None:
+        _train_builtin(model, split, args, say)
+        if args.dtype != "auto":
+            model.to(getattr(torch, args.dtype))
     if done:
         say(f"resume: {len(done)} of {len(names)} point(s) already finished in {parts.dir}; probing {len(todo)}")
     model.to(device)

@@ -84,11 +84,21 @@ def _stopped(command: str | None, exc: BaseException) -> int:
     """The one line for SIGINT/SIGTERM, and the exit status (130 / 143)."""
     from ._io import kept_work
 
+    _remove_created()
     kept = kept_work()
     what = "terminated (SIGTERM)" if isinstance(exc, _Terminated) else "interrupted"
     tail = f"kept: {'; '.join(kept)}" if kept else "no finished results were written"
     print(f"widthscope{' ' + command if command else ''}: {what}; {tail}", file=sys.stderr)
     return 143 if isinstance(exc, _Terminated) else 130
+
+
+def _remove_created() -> None:
+    """A refused or interrupted command leaves no empty output folder that its checks created."""
+    from ._io import remove_empty
+    from .validate import CREATED
+
+    remove_empty(CREATED)
+    CREATED.clear()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,6 +134,9 @@ def _main(argv: list[str], name: str | None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    from . import validate
+
+    validate.CREATED.clear()
     try:
         from .validate import check_args
 
@@ -131,6 +144,7 @@ def _main(argv: list[str], name: str | None) -> int:
         _threads(args)
         return int(module.run(args) or 0)
     except WidthscopeError as exc:
+        _remove_created()
         kept = kept_work()
         extra = f"; kept: {'; '.join(kept)}" if kept and _is_write_failure(exc) else ""
         print(f"widthscope {args.command}: error: {exc}{extra}", file=sys.stderr)

@@ -339,7 +339,8 @@ def grow(model: nn.Module, data: Any, *, points: Sequence[str] | str | None = No
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from .data.inputs import add_arguments as add_inputs
 
-    add_inputs(p, model_required=True, n_train=None, n_test=None)
+    add_inputs(p, model_required=True, n_train=None, n_test=None, n_train_help="2048, capped at what the data has",
+               n_test_help="512, capped at what the data has")
     p.add_argument("--points", default=None, help="comma-separated candidate points (default: all block outputs)")
     p.add_argument("--M", type=int, default=32, help="train samples of the certificate (default 32)")
     p.add_argument("--K", type=int, default=32, help="held-out samples of the certificate (default 32)")
@@ -359,51 +360,83 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="write the results as JSON (atomically) to this path")
 
 
-def _builtin(seed: int, progress_: bool) -> tuple[nn.Module, Any]:
+def _builtin(args: argparse.Namespace) -> tuple[nn.Module, Any, Any]:
+    """The built-in MLP *untrained* (checked before it trains), its digits split and the pools
+    grow uses: the whole split, or seeded subsets of ``--n-train`` / ``--n-test`` examples."""
     from .data import load
+    from .data.inputs import _pick
     from .models import build
-    from .train import train
 
-    split = load("digits", seed=seed)
-    torch.manual_seed(seed)
+    split = load("digits", seed=args.seed)
+    torch.manual_seed(args.seed)
     model = build("mlp", 64, in_dim=64, out_dim=10, depth=3, activation="tanh")
-    train(model, split, steps=300, lr=3e-3, seed=seed, progress=progress_)
-    return model.eval(), split
+    pools = []
+    for pair, n, s, flag, what in ((split.train, args.n_train, args.seed, "--n-train", "train"),
+                                   (split.test, args.n_test, args.seed + 1, "--n-test", "held-out")):
+        if n is None:
+            pools.append(tuple(pair))
+            continue
+        idx = _pick(len(pair[0]), n, s, False, "examples", flag, f"the {what} part of digits",
+                    fixes="pass a checkpoint with more data")
+        pools.append(tuple(t[idx] for t in pair))
+    return model, split, tuple(pools)
+
+
+def _check_builtin(model: nn.Module, pools: Any, args: argparse.Namespace) -> None:
+    """grow()'s own checks on the pool sizes and points, before the built-in model trains."""
+    from .probe.points import resolve_points
+    from .validate import check_pools
+
+    resolve_points(model, args.points)
+    n_tr, n_te = _n(pools[0]), _n(pools[1])
+    if n_te < 8:
+        raise WidthscopeError(f"--n-test {n_te}: need at least 8 held-out examples (half rank the points, half "
+                              "measure the loss)")
+    check_pools(args.M, args.K, min(n_tr, max(4 * args.M, 256)), n_te // 2,
+                test_pool="held-out ranking pool (half of --n-test)")
+    _check_out_space(model, args)
+
+
+def _check_out_space(model: nn.Module, args: argparse.Namespace) -> None:
+    """Free space for the --out JSON: candidate and growth rows (about 2 KB each, over-estimated)."""
+    if args.out:
+        from ._io import check_space
+        from .probe.points import resolve_points
+
+        check_space(args.out, 20_000 + 8_000 * len(resolve_points(model, args.points)))
 
 
 def _load_inputs(args: argparse.Namespace, show: bool) -> Any:
     """Model and pools through the shared input layer; ``--n-train``/``--n-test`` default to
     2048/512 capped at what the data has."""
-    from .data.inputs import resolve
+    from .data.inputs import load_model, resolve
+    from .probe.points import resolve_points
 
     args.cap_pools = args.n_train is None or args.n_test is None
     args.n_train = 2048 if args.n_train is None else args.n_train
     args.n_test = 512 if args.n_test is None else args.n_test
-    return resolve(args, show_progress=show)
+    model = load_model(args.model, dtype=args.dtype, task=args.task)
+    resolve_points(model, args.points)  # before the data is read
+    return resolve(args, model=model, show_progress=show)
 
 
 def run(args: argparse.Namespace) -> int:
     show = True  # a bar on a terminal, periodic lines in a log (widthscope._io.progress)
     if args.model == "builtin":
-        if args.data not in (None, "digits") or args.train_data or args.test_data:
-            raise WidthscopeError("--model builtin uses the digits data set; drop --data or pass a checkpoint")
-        from .data.inputs import _check_options_fit
+        # Data options were refused by widthscope.validate.APPLIES (they do not fit the built-in model).
+        from .train import train
 
-        _check_options_fit(args, "classification")  # e.g. --seq-len or --task mean nothing here
-        unused = [f for f, v in (("--data-root", args.data_root), ("--first", args.first or None),
-                                 ("--train-pool", None if args.train_pool == "fitted" else args.train_pool),
-                                 ("--test-fraction", None if args.test_fraction == 0.1 else args.test_fraction))
-                  if v is not None]
-        if unused:
-            raise WidthscopeError(f"{', '.join(unused)}: the builtin model uses its own digits split; pass a "
-                                  "checkpoint to choose the data")
-        model, split = _builtin(args.seed, show)
+        model, full, split = _builtin(args)
+        _check_builtin(model, split, args)
+        train(model, full, steps=300, lr=3e-3, seed=args.seed, progress=show)
+        model.eval()
         if args.dtype != "auto":
             model.to(getattr(torch, args.dtype))
         loss_fn = None
     else:
         inputs = _load_inputs(args, show)
         model, split, loss_fn = inputs.model, (inputs.train, inputs.test), inputs.loss_fn
+        _check_out_space(model, args)
         for note in inputs.notes:
             print(f"note: {note}")
     res = grow(model, split, points=args.points, M=args.M, K=args.K, steps=args.steps, lr=args.lr,

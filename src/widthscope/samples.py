@@ -77,6 +77,9 @@ def load(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, to
     from safetensors import safe_open
 
     path = Path(path)
+    if path.is_dir():
+        raise WidthscopeError(f"samples file {str(path)!r} is a directory: give the file certify --save-samples FILE "
+                              "wrote (or --train/--test matrices)")
     if not path.is_file():
         raise WidthscopeError(f"samples file {str(path)!r} does not exist (certify --save-samples FILE writes one)")
     try:
@@ -95,7 +98,26 @@ def load(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, to
     return ({p: tensors[f"train/{p}"] for p in points}, {p: tensors[f"test/{p}"] for p in points}, meta)
 
 
+def _read_pt(path: Path) -> Any:
+    """``torch.load(weights_only=True)`` with one clear line (and no torch warning) for a pickle."""
+    import pickle
+    import re
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        what = f" (e.g. {found.group(1)})" if found else ""
+        raise WidthscopeError(f"{path} holds pickled Python objects{what}, which are never loaded (no code from a "
+                              "file runs): save plain tensors, torch.save({name: tensor}), or .npy/.npz") from None
+
+
 def _matrix_file(path: Path, point: str | None) -> dict[str, torch.Tensor]:
+    if path.is_dir():
+        raise WidthscopeError(f"{path} is a directory: give a .npy, .npz or .pt file of sample matrices")
     if not path.is_file():
         raise WidthscopeError(f"{path} does not exist")
     suffix = path.suffix.lower()
@@ -106,7 +128,7 @@ def _matrix_file(path: Path, point: str | None) -> dict[str, torch.Tensor]:
             with np.load(path, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
         elif suffix in (".pt", ".pth"):
-            obj = torch.load(str(path), map_location="cpu", weights_only=True)
+            obj = _read_pt(path)
             arrays = {point or path.stem: obj} if isinstance(obj, torch.Tensor) else obj
             if not isinstance(arrays, dict):
                 raise WidthscopeError(f"{path} holds a {type(obj).__name__}: expected a (B, N) tensor or a dict "
@@ -116,7 +138,8 @@ def _matrix_file(path: Path, point: str | None) -> dict[str, torch.Tensor]:
     except WidthscopeError:
         raise
     except Exception as exc:
-        raise WidthscopeError(f"{path} could not be read as sample matrices ({type(exc).__name__}: {exc}); "
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise WidthscopeError(f"{path} could not be read as sample matrices ({type(exc).__name__}: {first}); "
                               "pickled objects are never loaded") from None
     out = {}
     for k, v in arrays.items():
@@ -177,12 +200,29 @@ def recompute(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], met
             "notes": list(meta.get("notes") or []), "timing": {}}
 
 
+def _select(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], meta: dict[str, Any], point: str,
+            source: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
+    """Only the points named by ``--point`` (comma list); an unknown name is refused."""
+    wanted = [p.strip() for p in point.split(",") if p.strip()]
+    for w in wanted:
+        if w not in train:
+            raise WidthscopeError(f"--point {w!r}: {source} holds no such point; it has {', '.join(list(train)[:8])}"
+                                  f"{', ...' if len(train) > 8 else ''}")
+    meta = dict(meta)
+    meta["settings"] = {**(meta.get("settings") or {}), "points": wanted}
+    if meta.get("dims"):
+        meta["dims"] = {w: meta["dims"][w] for w in wanted if w in meta["dims"]}
+    return {w: train[w] for w in wanted}, {w: test[w] for w in wanted}, meta
+
+
 # ----------------------------------------------------------------------------- CLI
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("samples", nargs="?", default=None, help="a samples file written by certify --save-samples")
     p.add_argument("--train", default=None, help="train sample matrices (.npy/.npz/.pt), with --test")
     p.add_argument("--test", default=None, help="held-out sample matrices (.npy/.npz/.pt), with --train")
-    p.add_argument("--point", default=None, help="name of the point of a single .npy/.pt matrix")
+    p.add_argument("--point", default=None,
+                   help="the point(s) to compute, comma list (default: every point of the file); also names the "
+                        "point of a single .npy/.pt matrix")
     p.add_argument("--M", default=None, help="train sample sizes, comma list (default: the saved ones)")
     p.add_argument("--K", default=None, help="held-out sample sizes, comma list (default: K = M)")
     p.add_argument("--draws", type=int, default=None, help="misalignment resamples (default: saved, else 1000)")
@@ -209,8 +249,15 @@ def run(args: argparse.Namespace) -> int:
         train, test = load_matrices(args.train, args.test, args.point)
         meta = {"settings": {"points": list(train)}, "dims": {k: int(v.shape[1]) for k, v in train.items()}}
         source = {"train": args.train, "test": args.test}
+    if args.point is not None:
+        train, test, meta = _select(train, test, meta, args.point, args.samples or args.train)
     if Ms is not None and Ks is None:
         Ks = Ms  # new M without K: pair them, as certify does
+    if args.out:
+        from ._io import check_space
+
+        n_pairs = len(Ms or (meta.get("settings") or {}).get("M") or [0] * 4)
+        check_space(args.out, 4000 + len(train) * (5000 + 5000 * n_pairs))
     res = recompute(train, test, meta, M=Ms, K=Ks, draws=args.draws, seed=args.seed, estimator=args.estimator)
     res["source"] = source
     print(tables(res))

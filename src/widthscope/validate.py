@@ -25,7 +25,8 @@ import tempfile
 from pathlib import Path
 from .errors import WidthscopeError
 
-__all__ = ["check_args", "check_pools", "check_dir_writable", "OUT_KIND"]
+__all__ = ["check_args", "check_pools", "check_dir_writable", "OUT_KIND", "APPLIES", "KINDS", "input_kind",
+           "check_applies", "fill_defaults"]
 
 # (attribute, smallest allowed value, what it counts)
 _COUNTS = (("n_train", 4, "examples; the unbiased estimators need at least 4"),
@@ -38,6 +39,120 @@ _POSITIVE = ("lr", "eta")
 # Which commands write a file (--out FILE) and which a directory (--out DIR).
 OUT_KIND = {"certify": "file", "grow": "file", "grow-bench": "dir", "stats": "file", "sweep": "dir", "report": "dir",
             "demo": "dir", "linearize": "dir"}
+
+
+# ----------------------------------------------------------------------------- which option fits which model
+# The input kinds of `certify` and `grow` (``--model``): the built-in MLP, widthscope checkpoints
+# (a classifier on a named dataset, or a byte-level LM), Hugging Face directories by task.
+KINDS: dict[str, str] = {
+    "builtin": "the built-in MLP (trained on its own digits split)",
+    "widthscope-classifier": "a widthscope classifier checkpoint (named datasets)",
+    "widthscope-lm": "a widthscope byte-level LM checkpoint",
+    "hf-causal-lm": "a Hugging Face causal LM",
+    "hf-masked-lm": "a Hugging Face masked LM",
+    "hf-sequence-classification": "a Hugging Face sequence classifier",
+    "hf-image-classification": "a Hugging Face image classifier",
+}
+_SHORT = {"builtin": "--model builtin", "widthscope-classifier": "widthscope classifiers",
+          "widthscope-lm": "widthscope byte LMs", "hf-causal-lm": "HF causal LMs", "hf-masked-lm": "HF masked LMs",
+          "hf-sequence-classification": "HF sequence classifiers", "hf-image-classification": "HF image classifiers"}
+_ALL = frozenset(KINDS)
+_CKPT = _ALL - {"builtin"}
+_HF = frozenset(k for k in KINDS if k.startswith("hf-"))
+_HF_TEXT = _HF - {"hf-image-classification"}
+_TEXT = _HF_TEXT | {"widthscope-lm"}
+_WS = frozenset({"widthscope-classifier", "widthscope-lm"})
+# option (argparse dest) -> the input kinds where it means something, per command. An option given
+# explicitly for any other kind is refused with one line (never silently ignored); options left
+# out here (--n-train, --seed, --batch-size, ...) apply to every kind. Finer rules that need the
+# data (--text-field needs a table file, --label-field labelled text, --test-fraction one corpus
+# to split) are checked by the input layer, also only when the option was given.
+_INPUTS: dict[str, frozenset[str]] = {
+    "task": _HF, "tokenizer": _TEXT, "data": _CKPT, "train_data": _CKPT - {"widthscope-classifier"},
+    "test_data": _CKPT - {"widthscope-classifier"}, "train_split": _TEXT, "test_split": _TEXT,
+    "data_root": _WS, "text_field": _TEXT, "label_field": frozenset({"hf-sequence-classification"}),
+    "seq_len": _TEXT, "sequences": _TEXT, "max_tokens": _TEXT, "train_pool": _WS,
+    "test_fraction": _TEXT | {"hf-image-classification"}, "first": _CKPT,
+}
+APPLIES: dict[str, dict[str, frozenset[str]]] = {
+    "certify": {**_INPUTS, "first": _ALL, "train_steps": frozenset({"builtin"})},
+    "grow": dict(_INPUTS),
+}
+# Values an option takes when it is not given (argparse's default is None, so "given" is knowable).
+DEFAULTS = {"text_field": "text", "label_field": "label", "train_pool": "fitted",
+            "test_fraction": 0.1, "train_steps": 60}
+
+
+def _given(args: argparse.Namespace, dest: str) -> bool:
+    v = getattr(args, dest, None)
+    return v is not None and v is not False
+
+
+def input_kind(model: str | None, task: str | None = None) -> str | None:
+    """The :data:`KINDS` entry of ``--model`` from its ``config.json`` alone (no weights read);
+    None when it cannot tell (the loader then gives its own error)."""
+    if model is None:
+        return None
+    if model == "builtin":
+        return "builtin"
+    import json
+
+    p = Path(model).expanduser()
+    cfg_path = p / "config.json" if p.is_dir() else p.parent / "config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    if "widthscope_format" in cfg:
+        fam = (cfg.get("model") or {}).get("family")
+        return "widthscope-lm" if fam in ("llama", "pythia") else "widthscope-classifier"
+    try:
+        from .models.hf import hf_task
+
+        return f"hf-{hf_task(cfg, str(cfg_path))}"
+    except WidthscopeError:  # no architecture named: --task decides (the loader checks it)
+        return f"hf-{task}" if task else None
+
+
+def check_applies(args: argparse.Namespace, command: str, kind: str | None = None) -> None:
+    """Refuse (one line) every option of :data:`APPLIES` given for an input kind it does not fit."""
+    table = APPLIES.get(command)
+    if table is None:
+        return
+    kind = kind or input_kind(getattr(args, "model", None), getattr(args, "task", None))
+    if kind is None:
+        return
+    for dest, kinds in table.items():
+        if kind not in kinds and _given(args, dest):
+            raise WidthscopeError(f"{_flag(dest)} applies to {_group(kinds)} only; --model {args.model} is "
+                                  f"{KINDS[kind]}: drop {_flag(dest)}")
+
+
+def _group(kinds: frozenset[str]) -> str:
+    names = ", ".join(_SHORT[k] for k in KINDS if k in kinds)
+    for group, word in ((_HF, "Hugging Face checkpoints"), (_TEXT, "text models"), (_CKPT, "checkpoints"),
+                        (_WS, "widthscope checkpoints")):
+        if kinds == group:
+            return f"{word} ({names})"
+    return names
+
+
+def fill_defaults(args: argparse.Namespace) -> None:
+    """Record which input options were given (``args.given``), then set the defaults of the rest."""
+    if not hasattr(args, "given"):
+        args.given = sorted(d for d in (*_INPUTS, *DEFAULTS) if _given(args, d))
+    for dest, value in DEFAULTS.items():
+        if hasattr(args, dest) and getattr(args, dest) is None:
+            setattr(args, dest, value)
+
+
+def given(args: argparse.Namespace, dest: str) -> bool:
+    """Was ``dest`` given on the command line (before :func:`fill_defaults` set the defaults)?"""
+    if hasattr(args, "given"):
+        return dest in args.given
+    return _given(args, dest) and getattr(args, dest) != DEFAULTS.get(dest, object())
 
 
 def _flag(name: str) -> str:
@@ -100,18 +215,27 @@ def check_args(args: argparse.Namespace, command: str) -> None:
         from .train import resolve_device
 
         resolve_device(device)
+    if command in APPLIES:
+        check_applies(args, command)
+        fill_defaults(args)
+    from ._io import check_writable
+
     out = getattr(args, "out", None)
     if out and OUT_KIND.get(command) == "file":
-        from ._io import check_writable
-
         check_writable(out)
     elif out and OUT_KIND.get(command) == "dir":
-        check_dir_writable(out)
-    extra = getattr(args, "save_samples", None)
-    if extra:
-        from ._io import check_writable
+        from ._io import _missing_parents
 
-        check_writable(extra)
+        made = _missing_parents(Path(out) / "x")  # the folder itself and any missing parents
+        check_dir_writable(out)
+        CREATED.extend(made)  # removed again if the command is refused before it writes anything
+    for extra in (getattr(args, "save_samples", None), getattr(args, "json", None)):
+        if extra:
+            check_writable(extra)
+
+
+# Output folders check_args created; widthscope.cli removes those still empty when a command fails.
+CREATED: list[Path] = []
 
 
 def check_pools(M: int | list[int], K: int | list[int], n_train: int, n_test: int, *,

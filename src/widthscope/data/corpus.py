@@ -214,7 +214,7 @@ def _rows(path: Path, split: str | None) -> tuple[Iterable[dict[str, Any]], str]
     return rows(), f"{builder} file {path}"
 
 
-def documents(path: str | Path, *, text_field: str = "text", split: str | None = None,
+def documents(path: str | Path, *, text_field: str | None = None, split: str | None = None,
               label_field: str | None = None, skipped: list[str] | None = None
               ) -> tuple[Iterator[Any], str]:
     """Documents of ``path`` (see the module docstring) and a description of the source.
@@ -228,18 +228,26 @@ def documents(path: str | Path, *, text_field: str = "text", split: str | None =
         raise WidthscopeError(f"data path {str(path)!r} does not exist; give a text file, a directory, a "
                               ".jsonl/.json/.csv/.parquet file or a datasets save_to_disk directory")
     tabular = is_dataset_dir(path) or (path.is_file() and path.suffix.lower() in TABULAR)
-    if text_field != "text" and not tabular:
+    files = _files(path) if path.is_dir() and not tabular else []
+    tables = _table_files(files, path)
+    if text_field is not None and not (tabular or tables):
         raise WidthscopeError(f"--text-field {text_field!r} applies to tables (.jsonl/.json/.csv/.parquet, datasets "
                               f"directories); {path} is plain text: drop --text-field")
-    if label_field is not None and not tabular:
+    if label_field is not None and not (tabular or tables):
         raise WidthscopeError(f"labels (--label-field) need a table: {path} is not a .jsonl/.json/.csv/.parquet "
                               "file or a datasets directory")
+    field = text_field or "text"
+    if tables:  # a folder of .jsonl/.csv/... files: the records of each, in path order
+        if split is not None:
+            raise WidthscopeError(f"--*-split applies to datasets directories only, not to {path}")
+        return _table_docs(tables, field, label_field), f"{len(tables)} {tables[0].suffix} files under {path}, " \
+                                                       f"field {field!r}"
     if tabular:
         rows, source = _rows(path, split)
 
         def gen() -> Iterator[Any]:
             for i, row in enumerate(rows):
-                text = _column(row, text_field, str(path), i)
+                text = _column(row, field, str(path), i)
                 if label_field is None:
                     yield iter([text])
                     continue
@@ -247,7 +255,7 @@ def documents(path: str | Path, *, text_field: str = "text", split: str | None =
                     raise WidthscopeError(f"{path} has no label column {label_field!r} (it has: "
                                           f"{', '.join(map(str, row))}); pass --label-field NAME")
                 yield iter([text]), row[label_field]
-        return gen(), f"{source}, field {text_field!r}"
+        return gen(), f"{source}, field {field!r}"
     if split is not None:
         raise WidthscopeError(f"--*-split applies to datasets directories only, not to {path}")
     if path.is_file():
@@ -255,8 +263,6 @@ def documents(path: str | Path, *, text_field: str = "text", split: str | None =
         if reason is not None:
             raise WidthscopeError(f"{path} {reason}")
         return iter([_text_pieces(path)]), f"text file {path}"
-    files = sorted((p for p in path.rglob("*") if p.is_file() and not any(
-        part.startswith(".") for part in p.relative_to(path).parts)), key=lambda p: p.relative_to(path).as_posix())
     good = []
     for p in files:
         reason = sniff(p)
@@ -268,6 +274,28 @@ def documents(path: str | Path, *, text_field: str = "text", split: str | None =
         raise WidthscopeError(f"{path}: none of its {len(files)} files is text (by content); point --data at "
                               "a directory of text files, or at a .jsonl/.csv/.parquet file")
     return (_text_pieces(p) for p in good), f"{len(good)} text files under {path}"
+
+
+def _files(path: Path) -> list[Path]:
+    return sorted((p for p in path.rglob("*") if p.is_file() and not any(
+        part.startswith(".") for part in p.relative_to(path).parts)), key=lambda p: p.relative_to(path).as_posix())
+
+
+def _table_files(files: list[Path], path: Path) -> list[Path]:
+    """The files of a folder that holds only tables (.jsonl/.json/.csv/.parquet), read record by
+    record; [] otherwise (a folder with any other file is a text folder: code corpora hold .json)."""
+    if not files or any(p.suffix.lower() not in TABULAR for p in files):
+        return []
+    kinds = {TABULAR[p.suffix.lower()] for p in files}
+    if len(kinds) > 1:
+        raise WidthscopeError(f"{path} mixes table formats ({', '.join(sorted(kinds))}): keep one format per folder")
+    return files
+
+
+def _table_docs(tables: list[Path], field: str, label_field: str | None) -> Iterator[Any]:
+    for t in tables:
+        docs, _ = documents(t, text_field=field, label_field=label_field)
+        yield from docs
 
 
 @dataclasses.dataclass

@@ -68,8 +68,13 @@ class Inputs:
 
 # ----------------------------------------------------------------------------- arguments
 def add_arguments(p: argparse.ArgumentParser, *, model_required: bool = False, model_default: str | None = None,
-                  n_train: int | None = 256, n_test: int | None = 256) -> None:
-    """The input options every command shares (model, data, tokenizer, sequences, pools)."""
+                  n_train: int | None = 256, n_test: int | None = 256, n_train_help: str = "",
+                  n_test_help: str = "") -> None:
+    """The input options every command shares (model, data, tokenizer, sequences, pools).
+
+    Options that fit only some models default to None, so "was it given" is knowable
+    (:data:`widthscope.validate.APPLIES`); :func:`widthscope.validate.fill_defaults` sets the defaults.
+    ``n_*_help`` describe a default computed later (``n_train=None``)."""
     p.add_argument("--model", required=model_required, default=model_default,
                    help="checkpoint: a widthscope directory, a .safetensors file with a config.json beside it, or "
                         "a Hugging Face directory (any causal LM, masked LM, sequence or image classifier); "
@@ -92,10 +97,10 @@ def add_arguments(p: argparse.ArgumentParser, *, model_required: bool = False, m
     p.add_argument("--test-split", default=None, help="split of a DatasetDict directory for the held-out pool "
                    "(default validation, else test)")
     p.add_argument("--data-root", default=None, help="root folder of a named image dataset's files")
-    p.add_argument("--text-field", default="text", help="text field/column of .jsonl/.json/.csv/.parquet/datasets "
+    p.add_argument("--text-field", default=None, help="text field/column of .jsonl/.json/.csv/.parquet/datasets "
                    "data (default text); --text-column is the same")
     p.add_argument("--text-column", dest="text_field", help=argparse.SUPPRESS)
-    p.add_argument("--label-field", default="label", help="label column for sequence classification (default label)")
+    p.add_argument("--label-field", default=None, help="label column for sequence classification (default label)")
     p.add_argument("--seq-len", type=int, default=None,
                    help="tokens per sequence (default: the checkpoint's recorded one, else 128 for HF models, 64 "
                         "for byte models)")
@@ -106,15 +111,17 @@ def add_arguments(p: argparse.ArgumentParser, *, model_required: bool = False, m
                    help="take the first sequences of each source (the published scripts) instead of seeded random ones")
     p.add_argument("--max-tokens", type=int, default=None,
                    help=f"tokens read per source for random pools (default {WINDOW} x the pool sizes x --seq-len)")
-    p.add_argument("--train-pool", choices=("fitted", "fresh"), default="fitted",
+    p.add_argument("--train-pool", choices=("fitted", "fresh"), default=None,
                    help="widthscope checkpoints: draw the train pool from the examples the model was fitted on "
                         "(default, from its data record) or a fresh sample of the train part")
-    p.add_argument("--test-fraction", type=float, default=0.1,
+    p.add_argument("--test-fraction", type=float, default=None,
                    help="held-out fraction when one --data corpus is split (default 0.1)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch CPU threads (default: torch's choice; 1 is best on a busy machine)")
-    p.add_argument("--n-train", type=int, default=n_train, help=f"train pool size (default {n_train})")
-    p.add_argument("--n-test", type=int, default=n_test, help=f"held-out pool size (default {n_test})")
+    p.add_argument("--n-train", type=int, default=n_train,
+                   help=f"train pool size (default {n_train if n_train is not None else n_train_help})")
+    p.add_argument("--n-test", type=int, default=n_test,
+                   help=f"held-out pool size (default {n_test if n_test is not None else n_test_help})")
 
 
 # ----------------------------------------------------------------------------- model
@@ -149,13 +156,18 @@ def load_tokenizer(spec: str | None, model: nn.Module, task: str) -> Any:
 
     if spec == "bytes":
         return ByteTokenizer()
+    from ..models.hf import vocab_size
+
+    V = vocab_size(model)
+    # Byte ids only where the embedding has room for them: never suggest what would be refused.
+    or_bytes = (" (or --tokenizer bytes for byte-level ids)" if V is None or V >= len(ByteTokenizer()) else
+                f" (byte-level ids do not fit its {V}-token vocabulary)")
     if spec is None:
         if task == "lm":  # widthscope's own byte-level LMs
             return ByteTokenizer()
         where = _model_dir(model)
         if where is None:
-            raise WidthscopeError("this checkpoint has no tokenizer directory: pass --tokenizer PATH (or "
-                                  "--tokenizer bytes for byte-level ids)")
+            raise WidthscopeError(f"this checkpoint has no tokenizer directory: pass --tokenizer PATH{or_bytes}")
     else:
         where = Path(spec).expanduser()
         if not where.exists():
@@ -165,8 +177,7 @@ def load_tokenizer(spec: str | None, model: nn.Module, task: str) -> Any:
              "spiece.model")
     if where.is_dir() and not any((where / k).is_file() for k in known):
         raise WidthscopeError(f"no tokenizer in {where} (none of {', '.join(known[:4])}, ...): save the model's "
-                              "tokenizer there (tokenizer.save_pretrained(DIR)), pass --tokenizer PATH, or "
-                              "--tokenizer bytes for byte-level ids")
+                              f"tokenizer there (tokenizer.save_pretrained(DIR)) or pass --tokenizer PATH{or_bytes}")
     import warnings
 
     from transformers import AutoTokenizer
@@ -245,16 +256,27 @@ def mask_tokens(ids: torch.Tensor, attention: torch.Tensor, tok: Any, *, rate: f
 
 # ----------------------------------------------------------------------------- pools
 def _pick(n_total: int, n: int, seed: int, first: bool, what: str, flag: str, where: str,
-          cap: bool = False) -> torch.Tensor:
+          cap: bool = False, fixes: str = "give more data") -> torch.Tensor:
+    """``n`` of ``n_total`` items (seeded, sorted; or the first ``n``); ``fixes``: what else helps."""
     if cap:  # a default pool size: take what there is
         n = min(n, n_total)
     if n > n_total:
-        raise WidthscopeError(f"{flag} {n} but {where} gave only {n_total} {what}: lower {flag}"
-                              f"{' or --seq-len' if 'sequence' in what else ''}, or give more data"
-                              f"{' (raise --max-tokens)' if 'sequence' in what else ''}")
+        unit = what[:-1] if n_total == 1 and what.endswith("s") else what
+        raise WidthscopeError(f"{flag} {n} but {where} gave only {n_total} {unit}: lower {flag}, or {fixes}")
     if first:
         return torch.arange(n)
     return torch.randperm(n_total, generator=torch.Generator().manual_seed(int(seed)))[:n].sort().values
+
+
+def _text_fixes(seqs: Any, mode: str, max_tokens: int | None) -> str:
+    """What gives a text pool more sequences: only the fixes that can help this source."""
+    fixes = ["lower --seq-len (more chunks)"] if mode == "concatenate" else []
+    if seqs.exhausted:
+        fixes.append("give more text (the whole source was read)")
+    else:
+        fixes.append(f"raise --max-tokens (only the first {max_tokens} tokens were read)" if max_tokens
+                     else "give more text")
+    return " or ".join(fixes)
 
 
 def _cap(args: argparse.Namespace) -> bool:
@@ -294,7 +316,9 @@ def _text_source(path: str, split: str | None, args: argparse.Namespace, labels:
         docs = [topics.topics[k] for k in sorted(topics.topics)]
         lic = prose()[0].decode("utf-8")[len("\n\n".join(docs)):].strip()
         return (iter([d]) for d in docs + ([lic] if lic else [])), "English prose shipped with Python"
-    return documents(path, text_field=args.text_field, split=split,
+    from ..validate import given
+
+    return documents(path, text_field=args.text_field if given(args, "text_field") else None, split=split,
                      label_field=args.label_field if labels else None, skipped=skipped)
 
 
@@ -342,6 +366,7 @@ def _split_sources(args: argparse.Namespace) -> tuple[str, str | None, str, str 
         if args.data is not None:
             raise WidthscopeError("--data and --train-data/--test-data both given: use one corpus (--data) or two "
                                   "(--train-data and --test-data)")
+        _refuse_given(args, ("test_fraction",), "--train-data/--test-data (two sources, nothing is split)")
         return args.train_data, args.train_split, args.test_data, args.test_split, "two sources"
     path = Path(args.data).expanduser()
     if is_dataset_dir(path) and (path / "dataset_dict.json").is_file():
@@ -352,6 +377,7 @@ def _split_sources(args: argparse.Namespace) -> tuple[str, str | None, str, str 
         if test is None:
             raise WidthscopeError(f"{path} has splits {', '.join(splits)} but no validation/test split: name the "
                                   "held-out one with --test-split")
+        _refuse_given(args, ("test_fraction",), f"{path} (a DatasetDict: its own splits are used)")
         return args.data, args.train_split or "train", args.data, test, "dataset splits"
     if args.train_split or args.test_split:
         if is_dataset_dir(path):
@@ -384,8 +410,11 @@ def _text_pools(args: argparse.Namespace, model: nn.Module, task: str, tok: Any,
         info["rule"] = ("sequences of one corpus split by a seeded permutation (seed "
                         f"{seed}, held-out fraction {frac})" if not args.first else
                         f"first {1 - frac:.0%} of the sequences train, the rest held out")
-        a = train_ids[_pick(len(train_ids), n_tr, seed, args.first, "train sequences", "--n-train", tr_path, _cap(args))]
-        b = test_ids[_pick(len(test_ids), n_te, seed + 1, args.first, "held-out sequences", "--n-test", te_path, _cap(args))]
+        fixes = _text_fixes(seqs, mode, src["max_tokens"])
+        a = train_ids[_pick(len(train_ids), n_tr, seed, args.first, "train sequences", "--n-train", tr_path,
+                            _cap(args), fixes)]
+        b = test_ids[_pick(len(test_ids), n_te, seed + 1, args.first, "held-out sequences", "--n-test", te_path,
+                           _cap(args), fixes)]
         tr_seqs = te_seqs = seqs
     else:
         tr_seqs, info["train"] = _read_text(tr_path, tr_split, tok, args, seq_len, mode, n_tr, labels,
@@ -395,8 +424,10 @@ def _text_pools(args: argparse.Namespace, model: nn.Module, task: str, tok: Any,
         if Path(tr_path).resolve() == Path(te_path).resolve() and tr_split == te_split:
             raise WidthscopeError(f"--train-data and --test-data are the same source ({tr_path}): the held-out "
                                   "pool must be other text; use --data to split one corpus")
-        a = _pick(int(tr_seqs.ids.shape[0]), n_tr, seed, args.first, "train sequences", "--n-train", tr_path, _cap(args))
-        b = _pick(int(te_seqs.ids.shape[0]), n_te, seed + 1, args.first, "held-out sequences", "--n-test", te_path, _cap(args))
+        a = _pick(int(tr_seqs.ids.shape[0]), n_tr, seed, args.first, "train sequences", "--n-train", tr_path,
+                  _cap(args), _text_fixes(tr_seqs, mode, info["train"]["max_tokens"]))
+        b = _pick(int(te_seqs.ids.shape[0]), n_te, seed + 1, args.first, "held-out sequences", "--n-test", te_path,
+                  _cap(args), _text_fixes(te_seqs, mode, info["test"]["max_tokens"]))
     check_ids(tr_seqs.ids[a], model, "train")
     check_ids(te_seqs.ids[b], model, "held-out")
     train, d1 = _seq_examples(tr_seqs, a, task, tok, seed)
@@ -461,6 +492,7 @@ def _image_pools(args: argparse.Namespace, model: nn.Module, seed: int, show: bo
     if args.train_data is not None or args.test_data is not None:
         if args.train_data is None or args.test_data is None:
             raise WidthscopeError("give --train-data and --test-data together, or one --data ImageFolder")
+        _refuse_given(args, ("test_fraction",), "--train-data/--test-data (two sources, nothing is split)")
         tr_items, te_items = _image_folder(Path(args.train_data)), _image_folder(Path(args.test_data))
         how = "two ImageFolder directories"
     else:
@@ -468,6 +500,7 @@ def _image_pools(args: argparse.Namespace, model: nn.Module, seed: int, show: bo
         subs = {d.name: d for d in root.iterdir() if d.is_dir()}
         test_dir = next((subs[k] for k in ("val", "validation", "test") if k in subs), None)
         if "train" in subs and test_dir is not None:
+            _refuse_given(args, ("test_fraction",), f"{root} (its own train/ and {test_dir.name}/ folders)")
             tr_items, te_items = _image_folder(subs["train"]), _image_folder(test_dir)
             how = f"ImageFolder train/ and {test_dir.name}/"
         else:
@@ -637,9 +670,9 @@ def _text_from_record(record: dict[str, Any], root: str | None, options: dict[st
     tr_idx = torch.as_tensor(recorded_chunks(record, len(buf), L, part))
     te_idx = torch.as_tensor(recorded_chunks(record, len(buf), L, "heldout"))
     a = tr_idx[_pick(len(tr_idx), args.n_train, seed, args.first, "train chunks", "--n-train",
-                     f"the recorded train ranges at --seq-len {L}", _cap(args))]
+                     f"the recorded train ranges at --seq-len {L}", _cap(args), "lower --seq-len (more chunks)")]
     b = te_idx[_pick(len(te_idx), args.n_test, seed + 1, args.first, "held-out chunks", "--n-test",
-                     f"the recorded held-out ranges at --seq-len {L}", _cap(args))]
+                     f"the recorded held-out ranges at --seq-len {L}", _cap(args), "lower --seq-len (more chunks)")]
     train, test = corpus_chunks(buf, L, a.numpy()), corpus_chunks(buf, L, b.numpy())
     info = {"n_train": len(train), "n_test": len(test), "n_train_examples": len(tr_idx),
             "n_test_examples": len(te_idx), "source": source,
@@ -664,6 +697,9 @@ def resolve(args: argparse.Namespace, *, model: nn.Module | None = None, show_pr
     from . import DATASETS
 
     _check_common(args)
+    from ..validate import fill_defaults
+
+    fill_defaults(args)
     if model is None:
         model = load_model(args.model, dtype=args.dtype, task=args.task)
     task = model_task(model)
@@ -697,6 +733,8 @@ def resolve(args: argparse.Namespace, *, model: nn.Module | None = None, show_pr
             if args.tokenizer not in (None, "bytes") and task == "lm":
                 raise WidthscopeError("--tokenizer applies to text files given with --data PATH, not to the "
                                       "recorded byte-level corpus")
+            _refuse_given(args, ("text_field", "label_field", "sequences", "max_tokens", "test_fraction",
+                                 "train_split", "test_split"), f"the named dataset {name!r} (its own recorded split)")
             train, test, info, more, split = _named_pools(name, args, model, task, seed)
             _check_seq_len(model, info.get("seq_len"))
             offsets = split if isinstance(split, dict) else None
@@ -707,6 +745,7 @@ def resolve(args: argparse.Namespace, *, model: nn.Module | None = None, show_pr
     if task == "classification":
         raise WidthscopeError(f"this widthscope model is a classifier: pass a dataset name ({', '.join(DATASETS)}) "
                               "with --data, not a file")
+    _refuse_given(args, ("data_root", "train_pool"), "data files (both are for named datasets and their records)")
     if task == "image-classification":
         train, test, info, more = _image_pools(args, model, seed, show_progress)
         return Inputs(model, task, train, test, None, None, info, more)
@@ -731,14 +770,30 @@ def _check_options_fit(args: argparse.Namespace, task: str) -> None:
     if args.task is not None and args.task != task:
         raise WidthscopeError(f"--task {args.task} but this model is a {task} model (its task is fixed by the model): "
                               "drop --task")
-    text_only = [f for f, v in (("--tokenizer", args.tokenizer), ("--seq-len", args.seq_len),
-                                ("--sequences", args.sequences), ("--max-tokens", args.max_tokens)) if v is not None]
+    from ..validate import given
+
+    # given by the user (a --protocol preset's text settings simply do not apply to other models)
+    text_only = ["--" + d.replace("_", "-") for d in ("tokenizer", "seq_len", "sequences", "max_tokens")
+                 if given(args, d)]
     if task in ("image-classification", "classification") and text_only:
         raise WidthscopeError(f"{', '.join(text_only)} {'apply' if len(text_only) > 1 else 'applies'} to text models; "
                               "this model is an image/feature classifier: drop "
                               f"{'them' if len(text_only) > 1 else 'it'}")
-    if task != "sequence-classification" and args.label_field != "label":
-        raise WidthscopeError("--label-field applies to sequence classifiers (labelled text); drop it")
+    if task != "sequence-classification" and given(args, "label_field"):
+        raise WidthscopeError(f"--label-field applies to sequence classifiers (labelled text); this is a {task} "
+                              "model: drop --label-field")
+    if task not in ("sequence-classification", "causal-lm", "masked-lm", "lm") and given(args, "text_field"):
+        raise WidthscopeError(f"--text-field applies to text models; this is a {task} model: drop --text-field")
+
+
+def _refuse_given(args: argparse.Namespace, dests: tuple[str, ...], what: str) -> None:
+    """One line for the first of ``dests`` given explicitly although ``what`` does not use it."""
+    from ..validate import given
+
+    for d in dests:
+        if given(args, d):
+            flag = "--" + d.replace("_", "-")
+            raise WidthscopeError(f"{flag} does not apply to {what}: drop {flag}")
 
 
 def _recorded_name(model: nn.Module) -> str | None:

@@ -105,6 +105,9 @@ def derivatives(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, K: 
     return [o.detach() for o in outs]
 
 
+MAX_K = 10  # highest derivative order audited: K=10 takes ~9 s and 0.5 GB for the built-ins, K=16 > 20 GB
+
+
 def _kinks(ders: Sequence[torch.Tensor], h: float) -> list[tuple[int, float]]:
     """(order k, location x) of jumps in φ^{(k)} not explained by φ^{(k+1)}."""
     found = []
@@ -120,13 +123,18 @@ def _kinks(ders: Sequence[torch.Tensor], h: float) -> list[tuple[int, float]]:
     return found
 
 
+def _check_grid(K: int, lo: float, hi: float, grid: int) -> None:
+    if not 1 <= K <= MAX_K:
+        raise WidthscopeError(f"activations: --K {K}: must be a whole number in 1..{MAX_K} (each order nests one more "
+                              f"autograd pass; the graphs grow so fast that order 16 needs over 20 GB)")
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi) or grid < 3:
+        raise WidthscopeError(f"activations: need finite lo < hi and grid >= 3 (got range {lo} {hi}, grid {grid})")
+
+
 def audit(names: Sequence[str | Callable] | None = None, *, K: int = 6, lo: float = -5.0,
           hi: float = 5.0, grid: int = 2001) -> list[dict[str, Any]]:
     """One row per activation: ``ratio_k = max_x |φ^{(k)}| / (k+1)!``, ``max_k``, flags."""
-    if K < 1:
-        raise WidthscopeError(f"activations: --K must be >= 1 (got {K})")
-    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi) or grid < 3:
-        raise WidthscopeError(f"activations: need finite lo < hi and grid >= 3 (got range {lo} {hi}, grid {grid})")
+    _check_grid(K, lo, hi, grid)
     x = torch.linspace(lo, hi, grid, dtype=torch.float64)
     h = (hi - lo) / (grid - 1)
     rows = []
@@ -168,7 +176,7 @@ def audit(names: Sequence[str | Callable] | None = None, *, K: int = 6, lo: floa
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--names", default=",".join(BUILTIN),
                         help="comma-separated built-ins (%(default)s) or module:function paths")
-    parser.add_argument("--K", type=int, default=6, help="highest derivative order (default 6)")
+    parser.add_argument("--K", type=int, default=6, help=f"highest derivative order, 1..{MAX_K} (default 6)")
     parser.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
     parser.add_argument("--range", type=float, nargs=2, default=(-5.0, 5.0), metavar=("LO", "HI"),
                         help="grid interval (default -5 5)")
@@ -180,6 +188,11 @@ def run(args: argparse.Namespace) -> int:
     names = [s for s in str(args.names).split(",") if s.strip()]
     if not names:
         raise WidthscopeError("activations: --names is empty; give e.g. --names relu,tanh")
+    _check_grid(args.K, args.range[0], args.range[1], args.grid)
+    if args.json:  # room for the table (about 2 numbers per order and name), before computing it
+        from .._io import check_space
+
+        check_space(args.json, 2000 + len(names) * (2 * args.K + 10) * 80)
     rows = audit(names, K=args.K, lo=args.range[0], hi=args.range[1], grid=args.grid)
     cols = ["name"] + [f"ratio_{k}" for k in range(1, args.K + 1)] + ["flags"]
     print(format_table(rows, cols, floatfmt=".3g",

@@ -27,8 +27,36 @@ from ..errors import WidthscopeError
 __all__ = ["load_results", "report", "add_arguments", "run"]
 
 
-def load_results(dirs: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
-    """Rows of every results directory, ``.jsonl`` file or certify ``.json`` file given; each row gets ``source``."""
+# The row kinds widthscope writes (sweep, linearize, grow-bench, certify series); rows from before
+# kinds were recorded are alignment rows with M and K.
+ROW_KINDS = ("alignment", "intervention", "correlation", "slope", "linearization", "growth", "growth_bench",
+             "growth_compare")
+
+
+def _ours(row: Any) -> bool:
+    if not isinstance(row, dict):
+        return False
+    kind = row.get("kind")
+    return kind in ROW_KINDS if kind is not None else ("M" in row and "K" in row)
+
+
+def _only_ours(got: list[Any], p: Path, notes: list[str] | None) -> list[dict[str, Any]]:
+    """Rows widthscope wrote; a source with none is refused, foreign rows among ours are noted."""
+    ours = [r for r in got if _ours(r)]
+    if got and not ours:
+        kinds = sorted({str(r.get("kind")) for r in got if isinstance(r, dict) and "kind" in r})[:3]
+        raise WidthscopeError(f"{p} holds {len(got)} row(s) but none widthscope wrote (no 'kind' "
+                              f"{'/'.join(ROW_KINDS[:3])}/...{'; it has kind ' + ', '.join(kinds) if kinds else ''}): "
+                              "pass a sweep's --out folder, its results.jsonl, or certify .json files")
+    if len(ours) < len(got) and notes is not None:
+        notes.append(f"{p}: {len(got) - len(ours)} row(s) that widthscope did not write were left out")
+    return ours
+
+
+def load_results(dirs: Sequence[str | os.PathLike], notes: list[str] | None = None) -> list[dict[str, Any]]:
+    """Rows of every results directory, ``.jsonl`` file or certify ``.json`` file given; each row gets ``source``.
+
+    Rows widthscope did not write are refused (a source with none) or left out with a line in ``notes``."""
     from ..sweep.grid import load_rows
     from .certify_series import series_rows
 
@@ -51,9 +79,13 @@ def load_results(dirs: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
             if not got and not (p / "results.jsonl").exists() and not (p / "cells").is_dir():
                 raise WidthscopeError(f"{str(p)!r} has neither results.jsonl nor cells/: pass the directory a "
                                       f"sweep wrote (its --out), e.g. widthscope-results/<name>")
+        elif p.exists():
+            raise WidthscopeError(f"{str(p)!r} is a {p.suffix or 'suffix-less'} file, not results: pass the --out "
+                                  "folder of a sweep, a results.jsonl file, or certify .json files")
         else:
             raise WidthscopeError(f"results directory {str(p)!r} does not exist: pass the --out folder of a "
                                   f"sweep (or a results.jsonl file, or certify .json files)")
+        got = _only_ours(got, p, notes)
         for r in got:
             r.setdefault("source", str(p))
         rows.extend(got)
@@ -71,7 +103,8 @@ def report(results: Sequence[str | os.PathLike] | str | os.PathLike, out_dir: st
     dirs = [results] if isinstance(results, (str, os.PathLike)) else list(results)
     if not dirs:
         raise WidthscopeError("no results directory given: pass at least one sweep --out folder")
-    rows = load_results(dirs)
+    notes = list(notes)
+    rows = load_results(dirs, notes)
     if not rows:
         raise WidthscopeError(f"no finished rows in {', '.join(map(str, dirs))}: run (or resume) the sweep first")
     first = Path(dirs[0])
@@ -79,6 +112,10 @@ def report(results: Sequence[str | os.PathLike] | str | os.PathLike, out_dir: st
     out = Path(out_dir) if out_dir is not None else (first.parent if first.is_file() else first) / "report"
     if title is None:
         title = "widthscope report: " + ", ".join(Path(d).name for d in dirs)
+    from .._io import check_space
+
+    # figures and the self-contained page: 0.7 MB measured for 96 rows of three kinds
+    check_space(out / "report.html", 2_000_000 + 10_000 * len(rows), "the report (figures and page)")
     named = describe(rows)  # certify files: which model/data/width each one is
     return build_report(rows, out, title=title, sources=[named.get(str(Path(d)), str(d)) for d in dirs],
                         notes=notes)
