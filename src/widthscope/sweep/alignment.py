@@ -644,7 +644,8 @@ def _probe_words(cond: Mapping[str, Any], pa: Sequence[Any], pb: Sequence[Any], 
     src = wdata.describe_name(data) + ("" if test == data else f" / held-out pool: {wdata.describe_name(test)}")
     L = _probe_len(pa, split)
     unit = f"{L}-byte chunks" if L is not None else "examples"
-    where = "the training data's fitted / held-out parts" if data == test == split.name else "its train / held-out parts"
+    where = ("the training data's fitted / held-out parts" if data == test == split.name
+             else "its train / held-out parts")
     return (f"{src}; {len(pa[0])} train-pool / {len(pb[0])} held-out-pool {unit} from {where}"
             + (f", shift {cond['shift']}" if cond.get("shift") else ""))
 
