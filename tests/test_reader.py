@@ -171,6 +171,16 @@ def test_sweep_rows_and_report_name_the_data(vacuous_sweep, tmp_path):
     assert "data: " + html.escape(next(iter(words))) in page and "not recorded in the rows" not in page
 
 
+def test_old_rows_without_the_column_name_their_dataset_in_words():
+    rows = [{"kind": "alignment", "dataset": "text"}, {"kind": "intervention", "dataset": "text"}]
+    assert data_descriptions(rows) == [data.describe_name("text")]
+    assert "Python standard library's own source code" in data.describe_name("text")
+    assert "pydoc help topics" in data.describe_name("prose")
+    # new rows: their own words only, once
+    new = [dict(r, data_description="trained on X: 4 train / 2 held-out chunks") for r in rows]
+    assert data_descriptions(new) == ["trained on X: 4 train / 2 held-out chunks"]
+
+
 def test_linearization_rows_and_old_rows_name_their_data(tmp_path):
     from widthscope.linear.sweep import run_sweep as linear_sweep
 

@@ -210,6 +210,10 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
                     ax.fill_between(ws, [agg[(pi, w)][1] for w in ws], [agg[(pi, w)][2] for w in ws],
                                     color=c, alpha=0.18, lw=0)
             _width_axis(ax, widths)
+            ax.set_xlim(min(widths) / 1.2, max(widths) * 1.2)  # every swept width, drawn or vacuous
+            if not ax.lines:  # say why the panel is empty rather than show bare axes
+                ax.text(0.5, 0.5, "no d_align to draw: every certificate\nis vacuous (an estimate <= 0)",
+                        transform=ax.transAxes, ha="center", va="center", fontsize=9, color="#555")
             ax.set_xlabel("width N")
             ax.set_ylabel("d_align")
             ax.set_title(name, fontsize=10)

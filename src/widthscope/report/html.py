@@ -180,8 +180,8 @@ def data_descriptions(rows: Sequence[Mapping[str, Any]], source: str = "") -> li
     from ..data import describe_name
 
     got = list(dict.fromkeys(str(r["data_description"]) for r in rows if r.get("data_description")))
-    named = {str(r["dataset"]) for r in rows if r.get("dataset") and not r.get("data_description")}
-    got += [describe_name(n) for n in sorted(named)]
+    if not got:  # rows written before the column
+        got = [describe_name(n) for n in sorted({str(r["dataset"]) for r in rows if r.get("dataset")})]
     cfg = Path(source) / "linearize_config.json" if source else None
     if not got and cfg is not None and cfg.is_file():
         try:

@@ -757,7 +757,7 @@ def run_cell(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_
                                      iv_sign_agrees=smallest["sign_agrees"])
                     for iv in ivs:
                         iv_rows.append({**iv, "model": fam.model, "dataset": fam.dataset, "point_index": pi,
-                                        "n_params": n_params})
+                                        "n_params": n_params, "data_description": data_words})
             intervene_s += time.perf_counter() - t0
             rows += these
     rows += iv_rows
