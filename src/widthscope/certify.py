@@ -569,6 +569,10 @@ def _merge(res: dict[str, Any] | None, done: dict[str, dict[str, Any]], names: S
     rows = {r["point"]: r for r in (res["points"] if res else [])}
     rows.update({p: d["row"] for p, d in done.items() if p not in rows})
     points = [rows[n] for n in names]
+    from .stats import vacuous_rule
+
+    for cert in (c[f] for pt in points for c in pt["certificates"] for f in ("one", "two")):
+        vacuous_rule(cert)  # parts finished before the rule read as new ones do
     if res is None:  # every point was already finished
         pairs = _pairs(Ms, Ks)
         res = {"settings": {"M": [m for m, _ in pairs], "K": [k for _, k in pairs], "draws": args.draws,
