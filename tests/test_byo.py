@@ -56,8 +56,11 @@ def _finite(res):
     for p in res["points"]:
         for c in p["certificates"]:
             for form in ("one", "two"):
-                for k in ("expectation", "variance", "d_par", "d_2", "d_align", "b_exact", "b_align"):
+                for k in ("expectation", "variance", "b_exact", "b_align"):
                     assert c[form][k] is not None and math.isfinite(c[form][k])
+                for k in ("d_par", "d_2", "d_align"):  # the vacuous rule: a positive number or None
+                    assert c[form][k] is None or (math.isfinite(c[form][k]) and c[form][k] > 0)
+                assert (c[form]["d_align"] is None) == c[form]["vacuous"]
             assert 0 <= c["misalignment"]["probability"] <= 1
 
 

@@ -52,7 +52,14 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     assert "Verdict for llama · probe in-domain, length 16" in html and "Verdict for llama · probe shifted, length 256" in html
     assert "<h2>Claims</h2>" in html and "llama · shifted L=256: d_align grows with width" in html
     # the page says what it measured: data (and a fallback's reason), config, training, versions
-    assert "What was measured" in html and "data: text" in html and "config (" in html
+    assert "What was measured" in html and "config (" in html
+    # ... named in words: the stdlib's source code, the pydoc prose, and the linearization's digits
+    assert "data: trained on the Python standard library&#x27;s own source code" in html
+    assert "English prose shipped with Python (the pydoc help topics" in html
+    assert "not recorded in the rows" not in html
+    # the console keeps the two probe regimes in separate tables
+    assert "alignment sweep, probe in-domain (length 16)" in text
+    assert "alignment sweep, probe shifted (length 256)" in text
     assert "final held-out loss" in html and "torch " in html and "transformers " in html
     import widthscope.demo as demo_mod
 

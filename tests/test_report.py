@@ -245,7 +245,7 @@ def test_points_vacuous_at_most_widths_are_not_called_a_trend():
             r["two_d_align"], r["two_vacuous"] = 0.0, True   # only the widest width certifies
     text = "\n".join(alignment.summary(rows))
     assert "grows with width at 2/4 insertion points (layers.0, layers.2)" in text
-    assert "is vacuous (0) at most widths at 1 (layers.1)" in text
+    assert "is vacuous (d_align missing) at most widths at 1 (layers.1)" in text
     assert "9/48 two-population certificates are vacuous" in text
 
 

@@ -150,8 +150,9 @@ def statistics(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], *,
         for (m, k), mis in zip(pairs, mis_all):
             one = stats.certificate(mom_a, M=m, K=k, estimator=estimator, populations="one")
             two = stats.certificate(cross, M=m, K=k, estimator=estimator, populations="two")
-            certs.append({"M": m, "K": k, "one": to_jsonable(one), "two": to_jsonable(two),
-                          "misalignment": to_jsonable(mis)})
+            # The reporting rule: d_align of a vacuous certificate is missing, never a number.
+            certs.append({"M": m, "K": k, "one": stats.vacuous_rule(to_jsonable(one)),
+                          "two": stats.vacuous_rule(to_jsonable(two)), "misalignment": to_jsonable(mis)})
         results.append({"point": name, "n_train": int(a.shape[0]), "n_test": int(b.shape[0]),
                         "d": int((dims or {}).get(name, a.shape[1])),
                         "moments_train": to_jsonable(mom_a),
@@ -167,9 +168,9 @@ def statistics(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], *,
 def ranking(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Points by two-population ``d_align`` at the first ``(M, K)``: certified first."""
     def key(r: dict[str, Any]) -> tuple[bool, float]:
-        # Certified points first; a vacuous one still carries its per-term d_align.
+        # Certified points first; vacuous ones (d_align missing) keep their order after them.
         two = r["certificates"][0]["two"]
-        return (not two["vacuous"], float(two["d_align"]))
+        return (not two["vacuous"], float(two["d_align"] or 0.0))
 
     out = []
     for i, r in enumerate(sorted(results, key=key, reverse=True)):
@@ -318,6 +319,27 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
     }
 
 
+def data_description(info: dict[str, Any], data: str | None = None) -> str:
+    """The probe pools of a certify run in words (corpus, split rule, sizes) from the inputs' info."""
+    from .data import describe_name
+
+    def src(part: Any) -> str | None:
+        return part.get("source") if isinstance(part, dict) else None
+
+    if info.get("dataset"):
+        words = describe_name(info["dataset"])
+    else:
+        tr, te = src(info.get("train")), src(info.get("test"))
+        words = tr or info.get("split") or str(data or "the given inputs")
+        if te and te != tr:
+            words = f"train pool: {words} / held-out pool: {te}"
+    if info.get("seq_len"):
+        words += f", {info.get('tokenizer', 'token')} sequences of {info['seq_len']}"
+    sizes = f"{info.get('n_train', '?')} train-pool / {info.get('n_test', '?')} held-out-pool examples"
+    rule = info.get("rule") or info.get("train_pool")
+    return f"{words}; {sizes}" + (f" ({rule})" if rule else "")
+
+
 # ----------------------------------------------------------------------------- presentation
 def _v(cert: dict[str, Any]) -> float | None:
     vals = [v for v in (cert.get("e_dir_train"), cert.get("e_dir_test")) if v is not None]
@@ -348,7 +370,8 @@ def tables(result: dict[str, Any]) -> str:
         table = format_table(rows, ["form", "M", "K", "S", "V", "T", "d_par", "d_2", "d_align", "B_exact",
                                     "B_align", "misalign", "low", "high"], title=title)
         if vac:
-            table += "\n  vacuous (bounds 1; d reported per term, 0 where its own estimate failed): " + "; ".join(sorted(vac, reverse=True))
+            table += ("\n  vacuous (bounds 1; d_align missing; d_par, d_2 per term, missing where its own estimate "
+                      "failed): " + "; ".join(sorted(vac, reverse=True)))
         if r.get("interventions"):
             iv = r["interventions"]
             table += "\n\n" + format_table(
@@ -623,6 +646,10 @@ def _merge(res: dict[str, Any] | None, done: dict[str, dict[str, Any]], names: S
     rows = {r["point"]: r for r in (res["points"] if res else [])}
     rows.update({p: d["row"] for p, d in done.items() if p not in rows})
     points = [rows[n] for n in names]
+    from .stats import vacuous_rule
+
+    for cert in (c[f] for pt in points for c in pt["certificates"] for f in ("one", "two")):
+        vacuous_rule(cert)  # parts finished before the rule read as new ones do
     if res is None:  # every point was already finished
         pairs = _pairs(Ms, Ks)
         res = {"settings": {"M": [m for m, _ in pairs], "K": [k for _, k in pairs], "draws": args.draws,
@@ -698,6 +725,7 @@ def run(args: argparse.Namespace) -> int:
     res = _merge(res, done, names, Ms, Ks, args)
     info = model_info(model)
     res["settings"].update(model=args.model, data=inputs.info.get("dataset") or args.data or args.train_data,
+                           data_description=data_description(inputs.info, args.data or args.train_data),
                            train_data=args.train_data, test_data=args.test_data, task=inputs.task,
                            protocol=args.protocol, n_train=args.n_train, n_test=args.n_test,
                            batch_size=args.batch_size, device=str(device), inputs=inputs.info,

@@ -100,7 +100,7 @@ def rank_points(model: nn.Module, train: Any, test: Any, *, points: Sequence[str
         raise WidthscopeError(f"unknown growth criterion {criterion!r}; choose one of {', '.join(CRITERIA)}")
     from .probe.collect import collect
     from .probe.points import resolve_points
-    from .stats import certificate, plan
+    from .stats import certificate, plan, vacuous_rule
 
     names = resolve_points(model, points)
     S_a = collect(model, to_batches(train, batch_size), points=names, loss_fn=loss_fn,
@@ -116,6 +116,7 @@ def rank_points(model: nn.Module, train: Any, test: Any, *, points: Sequence[str
             "b_exact": c.b_exact, "b_align": c.b_align, "vacuous": c.vacuous, "reason": c.reason,
             "eta": eta, "predicted_gain": eta * c.expectation,
         }
+        vacuous_rule(row)  # d_align of a vacuous certificate is missing, as in every row
         for d in DELTAS:
             pl = plan(S_a[p], S_b[p], target=d)
             row[f"MK_exact_{d:g}"] = pl.equal_exact

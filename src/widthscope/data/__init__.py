@@ -26,7 +26,7 @@ import torch
 
 from ..errors import WidthscopeError
 
-__all__ = ["Split", "load", "batches", "available", "DATASETS", "record"]
+__all__ = ["Split", "load", "batches", "available", "DATASETS", "record", "describe", "describe_name"]
 
 Pair = tuple[torch.Tensor, torch.Tensor]
 
@@ -58,6 +58,46 @@ DATASETS: dict[str, str] = {
     "text": "byte-level text from files (default: Python standard library sources)",
     "prose": "byte-level English prose shipped with Python (pydoc_data.topics, LICENSE.txt): a shifted corpus",
 }
+
+
+# What each dataset is, in words a reader of a report needs (corpus, content, classes).
+_WORDS: dict[str, str] = {
+    "fashion-mnist": "Fashion-MNIST (Zalando clothing images, 28x28 grayscale, 10 classes)",
+    "mnist": "MNIST (handwritten digits, 28x28 grayscale, 10 classes)",
+    "cifar10": "CIFAR-10 (32x32 colour photos, 10 classes)",
+    "cifar100": "CIFAR-100 (32x32 colour photos, 100 classes)",
+    "mnist1d": "MNIST-1D (synthetic 1-D digit signals of 40 values, 10 classes)",
+    "digits": "scikit-learn's 8x8 handwritten digits (1,797 images, 10 classes)",
+    "text": "the Python standard library's own source code (its *.py files), read as bytes",
+    "prose": "English prose shipped with Python (the pydoc help topics and Python's LICENSE.txt), read as bytes",
+}
+
+
+def describe_name(name: str) -> str:
+    """A dataset name in words, e.g. ``"prose"`` -> "English prose shipped with Python (...)"."""
+    return _WORDS.get(str(name), str(name))
+
+
+def describe(split: Split) -> str:
+    """What ``split`` is, in words: corpus, how it was cut, the split and its sizes.
+
+    Example: "the Python standard library's own source code (its *.py files), read as bytes:
+    1,000,000 bytes of python stdlib *.py under /usr/lib/python3.12 cut into 64-byte chunks; 2048 train /
+    128 held-out chunks (held-out chunks disjoint from train, split seed 0)".
+    """
+    meta = split.meta or {}
+    n_tr, n_te = len(split.train[0]), len(split.test[0])
+    if split.task == "lm":
+        src = str(meta.get("source", ""))
+        words = describe_name(split.name) if split.name == "prose" or src.startswith("python stdlib") \
+            else f"byte-level text ({src})"
+        cut = f"{int(meta.get('bytes', 0)):,} bytes" + (f" of {src}" if src.startswith("python stdlib") else "") \
+            + f" cut into {int(split.input_shape[-1])}-byte chunks"
+        return (f"{words}: {cut}; {n_tr} train / {n_te} held-out chunks (disjoint chunk sets, split seed "
+                f"{meta.get('seed', '?')})")
+    shape = "x".join(str(int(v)) for v in split.input_shape)
+    return (f"{describe_name(split.name)}: {n_tr} train / {n_te} held-out examples (disjoint parts, split "
+            f"seed {meta.get('seed', '?')}; inputs {shape})")
 
 
 def available() -> list[str]:

@@ -261,7 +261,9 @@ def _data(cfg: Mapping[str, Any]):
             Y = torch.nn.functional.one_hot(y.long(), k).to(dtype) if cfg["train"]["loss"] == "mse" else y.long()
             return X, Y
 
-        _DATA_CACHE[key] = (prep(split.train), prep(split.test), k)
+        from ..data import describe
+
+        _DATA_CACHE[key] = (prep(split.train), prep(split.test), k, describe(split))
     return _DATA_CACHE[key]
 
 
@@ -269,7 +271,7 @@ def run_cell(cfg: Mapping[str, Any], cell: Mapping[str, Any]) -> list[dict[str, 
     """Train one ``(width, seed, α)`` cell; rows for every logged step (+ correlation rows)."""
     from ..models import build
 
-    (X, Y), (Xt, Yt), k = _data(cfg)
+    (X, Y), (Xt, Yt), k, words = _data(cfg)
     m, tr = cfg["model"], cfg["train"]
     width, seed, alpha = cell["width"], cell["seed"], cell["alpha"]
     torch.manual_seed(seed)
@@ -284,14 +286,15 @@ def run_cell(cfg: Mapping[str, Any], cell: Mapping[str, Any]) -> list[dict[str, 
                               kernel_prediction=tr["kernel_prediction"] and tr["loss"] == "mse")
     for r in rows:
         r["lr"] = lr
+        r["data_description"] = words
     if cell.get("correlations"):
         c = cfg["correlations"]
         for name in c["measure"]:
             D, d = parse_correlation_name(name)
             s = correlation_summary(model, X, D=D, d=d, n_tuples=c["n_tuples"], eta=tr["eta0"],
                                     output=c["output"], seed=seed)
-            rows.append({"kind": "correlation", "name": f"C{D}{d}", **{k2: v for k2, v in s.items()
-                                                                       if k2 != "values"}})
+            rows.append({"kind": "correlation", "name": f"C{D}{d}", "data_description": words,
+                         **{k2: v for k2, v in s.items() if k2 != "values"}})
     return rows
 
 

@@ -74,12 +74,15 @@ def trend(widths: Sequence[float], values: Sequence[float]) -> str:
 def groups(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, list[Mapping[str, Any]]]:
     """Rows split by (sweep, family, budget, probe condition, probe length), in first-seen order:
     each probe regime gets its own figures, table and verdict."""
+    from ..stats import vacuous_rule
+
     out: dict[tuple, list] = {}
     for r in rows:
         if r.get("kind", "alignment") != "alignment":
             continue
+        # Copies under the one reporting rule: a vacuous certificate's d_align is missing (NaN here).
         out.setdefault((r.get("sweep", ""), r.get("family", "?"), r.get("budget"), r.get("probe_set"),
-                        r.get("probe_seq_len")), []).append(r)
+                        r.get("probe_seq_len")), []).append(vacuous_rule(vacuous_rule(dict(r), "one_"), "two_"))
     return out
 
 
@@ -146,6 +149,16 @@ def _fig(nrows: int, ncols: int, w: float = 4.2, h: float = 3.2):
     return fig, axes
 
 
+def _save(fig, path: Path, title: str) -> None:
+    """Save with the group's label as the figure title (so a PNG alone says which regime it
+    shows), every title wrapped to fit (panel titles would clip into each other otherwise)."""
+    from .html import fit_titles
+
+    fig.suptitle(title, fontsize=11)
+    fit_titles(fig)
+    fig.savefig(path)
+
+
 def _colors(n: int):
     from matplotlib import colormaps
 
@@ -197,20 +210,25 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
                     ax.fill_between(ws, [agg[(pi, w)][1] for w in ws], [agg[(pi, w)][2] for w in ws],
                                     color=c, alpha=0.18, lw=0)
             _width_axis(ax, widths)
+            ax.set_xlim(min(widths) / 1.2, max(widths) * 1.2)  # every swept width, drawn or vacuous
+            if not ax.lines:  # say why the panel is empty rather than show bare axes
+                ax.text(0.5, 0.5, "no d_align to draw: every certificate\nis vacuous (an estimate <= 0)",
+                        transform=ax.transAxes, ha="center", va="center", fontsize=9, color="#555")
             ax.set_xlabel("width N")
             ax.set_ylabel("d_align")
-            ax.set_title(f"{label}: {name}", fontsize=10)
+            ax.set_title(name, fontsize=10)
             ax.grid(alpha=0.3)
         if axes[0, 0].get_legend_handles_labels()[0]:
             axes[0, 0].legend(fontsize=7, title="insertion point", title_fontsize=7)
         p = out_dir / f"{slug}-d_align.png"
-        fig.savefig(p)
+        _save(fig, p, f"{label}: d_align vs width")
         figs.append({"title": f"{label}: d_align vs width",
                      "png": str(p),
                      "caption": f"Effective alignment dimension d_align = min(d_par, d_2) at each insertion point "
                                 f"(colour: depth), mean over {n_seeds} seed(s); band = min..max over seeds. "
-                                f"The mechanism predicts lines that rise with width. Vacuous certificates "
-                                f"(a U-statistic <= 0) are reported as d = 0 or missing."})
+                                f"The mechanism predicts lines that rise with width. A vacuous certificate "
+                                f"(an estimate <= 0) has no d_align: it is left out of the mean and band, and a "
+                                f"width where every seed is vacuous has no marker."})
 
         # 2. empirical misalignment vs width with B_exact and B_align, per (M, K).
         mks = _pick(_mk(sel), MAX_MK_PANELS)
@@ -250,7 +268,7 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
                     ax.set_ylabel("probability")
         axes[0, 0].legend(fontsize=7)
         p = out_dir / f"{slug}-misalignment-vs-width.png"
-        fig.savefig(p)
+        _save(fig, p, f"{label}: misalignment vs width")
         figs.append({"title": f"{label}: misalignment vs width, with B_exact and B_align",
                      "png": str(p),
                      "caption": f"Empirical misalignment probability (fraction of {draws} resamples with "
@@ -283,7 +301,7 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
             axes[0, 0].set_ylabel("misalignment probability")
             axes[0, 0].legend(fontsize=7)
             p = out_dir / f"{slug}-misalignment-vs-MK.png"
-            fig.savefig(p)
+            _save(fig, p, f"{label}: misalignment vs M = K")
             figs.append({"title": f"{label}: misalignment vs M = K",
                          "png": str(p),
                          "caption": "Empirical misalignment (solid, circles) and B_exact (dashed, same colour) "
@@ -296,11 +314,12 @@ def _fmt(v: float, spec: str = ".3g") -> str:
     return "–" if v is None or math.isnan(v) else format(v, spec)
 
 
-def _limit(d_par: float, d_2: float) -> str:
-    """Which effective dimension is the minimum (d_align), from the seed means."""
-    if not (d_par == d_par and d_2 == d_2) or (d_par <= 0 and d_2 <= 0):
-        return "–"
-    return "d_par" if d_par <= d_2 else "d_2"
+def _limit(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Which effective dimension is d_align's minimum, per seed (rows under the vacuous rule):
+    'd_par', 'd_2', both ('d_par/d_2') when seeds differ, '–' when every certificate is vacuous."""
+    got = {"d_par" if r["two_d_par"] <= r["two_d_2"] else "d_2" for r in rows
+           if r.get("two_d_align") is not None and r.get("two_d_par") is not None and r.get("two_d_2") is not None}
+    return "/".join(sorted(got)) or "–"
 
 
 def tables(rows: list[dict]) -> list[dict]:
@@ -315,8 +334,8 @@ def tables(rows: list[dict]) -> list[dict]:
         cols = {c: _agg(at, c, by=by) for c in ("two_d_align", "one_d_align", "two_d_par", "two_d_2",
                                                   "misalignment", "misalignment_low", "misalignment_high",
                                                   "two_b_exact", "two_b_align", "test_loss", "n_params")}
-        head = ["width", "point", "seeds", "params", "test loss", "d_align (2-pop)", "d_par", "d_2", "limit",
-                "d_align (1-pop)", f"misalign M={M},K={K}", "95% Wilson", "B_exact", "B_align"]
+        head = ["width", "point", "seeds", "vacuous", "params", "test loss", "d_align (2-pop)", "d_par", "d_2",
+                "limit", "d_align (1-pop)", f"misalign M={M},K={K}", "95% Wilson", "B_exact", "B_align"]
         h = ['<table><thead><tr>' + "".join(f'<th class="l">{html.escape(x)}</th>' if x == "point" else
                                            f"<th>{html.escape(x)}</th>" for x in head) + "</tr></thead><tbody>"]
         for w in _widths(at):
@@ -327,19 +346,49 @@ def tables(rows: list[dict]) -> list[dict]:
                 mean, lo, hi, n = cols["two_d_align"][k]
                 spread = f" ({_fmt(lo)}–{_fmt(hi)})" if n > 1 else ""
                 g = lambda c: cols[c].get(k, (math.nan,))[0]  # noqa: E731
+                cell = [r for r in at if (r["width"], r["point_index"]) == k]
+                seeds = len({r.get("seed") for r in cell})
+                n_vac = len({r.get("seed") for r in cell if r.get("two_vacuous") or r.get("two_d_align") is None})
                 h.append("<tr>" + "".join([
-                    f"<td>{w:g}</td>", f'<td class="l">{html.escape(pname)}</td>', f"<td>{n}</td>",
+                    f"<td>{w:g}</td>", f'<td class="l">{html.escape(pname)}</td>', f"<td>{seeds}</td>",
+                    f"<td>{n_vac}/{seeds}</td>",
                     f"<td>{_fmt(g('n_params'), ',.0f')}</td>", f"<td>{_fmt(g('test_loss'), '.4g')}</td>",
                     f"<td>{_fmt(mean)}{spread}</td>", f"<td>{_fmt(g('two_d_par'))}</td>",
                     f"<td>{_fmt(g('two_d_2'))}</td>",
-                    f"<td>{_limit(g('two_d_par'), g('two_d_2'))}</td>", f"<td>{_fmt(g('one_d_align'))}</td>",
+                    f"<td>{_limit(cell)}</td>", f"<td>{_fmt(g('one_d_align'))}</td>",
                     f"<td>{_fmt(g('misalignment'))}</td>",
                     f"<td>[{_fmt(g('misalignment_low'))}, {_fmt(g('misalignment_high'))}]</td>",
                     f"<td>{_fmt(g('two_b_exact'))}</td>", f"<td>{_fmt(g('two_b_align'))}</td>"]) + "</tr>")
         h.append("</tbody></table>")
-        out.append({"title": f"{label}: numbers (mean over seeds; d_align range over seeds in brackets)",
+        out.append({"title": f"{label}: numbers (mean over seeds; d_align range over seeds in brackets; "
+                             f"vacuous seeds, whose d_align is undefined, left out)",
                     "html": "".join(h)})
     return out
+
+
+def _shifted(rows: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a group's probe pools come from another distribution than the training data
+    (``probe_in_domain`` on the rows; older rows: a probe set whose description is not in-domain)."""
+    for r in rows:
+        if r.get("probe_in_domain") is not None:
+            return not r["probe_in_domain"]
+    return any(r.get("probe_set") is not None and "in-domain" not in str(r.get("probe_data") or "") for r in rows)
+
+
+def _advice(label: str, rows: Sequence[Mapping[str, Any]]) -> str:
+    """What to try next, fitting the probe condition: an in-domain probe can add a shifted one; a
+    shifted probe already is one, so its verdict is read beside the in-domain probe's. Longer probe
+    sequences only for sequence models."""
+    seq = any(r.get("probe_seq_len") is not None or r.get("dataset") in ("text", "prose") for r in rows)
+    more = "more seeds, larger M and K (more probe examples)"
+    longer = " and longer probe sequences" if seq else ""
+    if _shifted(rows):
+        return (f"What to try next for {label}: {more}{longer}; this probe is already shifted, so read its "
+                "verdict beside the in-domain probe's (a mechanism that holds in-domain need not hold under "
+                "the shift); vacuous certificates need larger pools.")
+    return (f"What to try next for {label}: {more}, a shifted probe set (a probes entry with another dataset or "
+            f"a shift in the sweep config, or certify --train-data/--test-data from another corpus){longer}; "
+            "vacuous certificates need larger pools.")
 
 
 def summary(rows: list[dict]) -> list[str]:
@@ -356,7 +405,7 @@ def summary(rows: list[dict]) -> list[str]:
         names = dict(pts)
         trends = {}
         for pi, (ws, vals) in _d_align_by_point(sel, "two").items():
-            # A point whose certificate is vacuous (d = 0) at most widths has no trend to judge.
+            # A point whose certificate is vacuous (d_align missing) at most widths has no trend to judge.
             unusable = sum(1 for v in vals if math.isnan(v) or v <= 0)
             trends[pi] = "vacuous" if unusable * 2 > len(vals) else trend(ws, vals)
         up = [names[p] for p, t in trends.items() if t == "up"]
@@ -368,7 +417,7 @@ def summary(rows: list[dict]) -> list[str]:
         if down:
             s += f", falls at {len(down)} ({', '.join(down)})"
         if vac_pts:
-            s += f", is vacuous (0) at most widths at {len(vac_pts)} ({', '.join(vac_pts)})"
+            s += f", is vacuous (d_align missing) at most widths at {len(vac_pts)} ({', '.join(vac_pts)})"
         s += f" over widths {', '.join(f'{w:g}' for w in widths)}."
         lines.append(s)
         # Is the width trend resolved? Compare the seed range with the change across widths.
@@ -437,7 +486,5 @@ def summary(rows: list[dict]) -> list[str]:
             verdict = "does not clearly hold at this scale (see the counts above)."
         lines.append(f"Verdict for {label}: the width mechanism " + verdict)
         if not holds or weak:
-            lines.append(f"What to try next for {label}: more seeds, larger M and K (more probe examples), "
-                         "a shifted probe set (certify --train-data/--test-data from another corpus) and longer "
-                         "probe sequences; vacuous certificates need larger pools.")
+            lines.append(_advice(label, sel))
     return lines

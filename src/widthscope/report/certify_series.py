@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..errors import WidthscopeError
+from ..stats import vacuous_rule
 from ..sweep.alignment import CERT_FIELDS
 
 __all__ = ["is_certify_json", "load_certify", "rows_from_certify", "series_rows", "describe"]
@@ -104,7 +105,7 @@ def rows_from_certify(path: str | os.PathLike, result: Mapping[str, Any] | None 
         raise WidthscopeError(f"{str(p)!r}: {exc}; rerun certify, or add \"width\" to its settings") from None
     tags = {"sweep": "certify", "family": st.get("architecture") or "certify", "width": width,
             "seed": st.get("seed"), "source": str(p), "model": st.get("model"), "dataset": st.get("data"),
-            "depth": st.get("depth"), "width_from": width_from}
+            "depth": st.get("depth"), "width_from": width_from, "data_description": st.get("data_description")}
     npts = len(points)
     rows: list[dict[str, Any]] = []
     for pi, pt in enumerate(points):
@@ -126,6 +127,7 @@ def rows_from_certify(path: str | os.PathLike, result: Mapping[str, Any] | None 
                 cert = c.get(prefix) or {}
                 for f in CERT_FIELDS:
                     row[f"{prefix}_{f}"] = cert.get(f)
+                vacuous_rule(row, f"{prefix}_")  # files written before the rule read the same way
             mis = c.get("misalignment") or {}
             row.update(misalignment=mis.get("probability"), misalignment_low=mis.get("low"),
                        misalignment_high=mis.get("high"), misalignment_draws=mis.get("draws"))

@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 
 from .._io import atomic_write_text
 
-__all__ = ["SECTIONS", "data_uri", "render_page", "build_report", "collect_sections"]
+__all__ = ["SECTIONS", "data_uri", "render_page", "build_report", "collect_sections", "fit_titles"]
 
 # section title -> (module, kinds of rows it handles)
 SECTIONS: list[tuple[str, str, tuple[str, ...]]] = [
@@ -57,10 +57,51 @@ td.l,th.l{text-align:left}
 """
 
 
+def _titles(fig: Any) -> list[tuple[Any, Any]]:
+    """(text, the box it must fit in: its axes, or the figure for a suptitle) of every title."""
+    out = [(t, ax) for ax in fig.axes for t in (ax.title, ax._left_title, ax._right_title) if t.get_text()]
+    if getattr(fig, "_suptitle", None) is not None and fig._suptitle.get_text():
+        out.append((fig._suptitle, fig))
+    return out
+
+
+def fit_titles(fig: Any, *, min_size: float = 6.0) -> None:
+    """Wrap (then shrink) every axes title wider than its axes and a suptitle wider than the figure,
+    so no title is clipped or runs into its neighbour's; the layout then makes room for the lines."""
+    import textwrap
+
+    if not hasattr(fig.canvas, "get_renderer"):
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        FigureCanvasAgg(fig)
+    for _ in range(3):  # wrapping changes the layout, which changes the room: settle in a few passes
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        changed = False
+        for t, box in _titles(fig):
+            room = 0.96 * (box.bbox.width if box is fig else box.get_window_extent(renderer).width)
+            while t.get_window_extent(renderer).width > room:
+                text = t.get_text()
+                longest = max(text.split("\n"), key=len)
+                width = max(8, int(len(longest) * room / t.get_window_extent(renderer).width) - 1)
+                wrapped = textwrap.fill(" ".join(text.split()), width=width, break_long_words=False)
+                if wrapped != text and len(wrapped.split("\n")) <= 3:
+                    t.set_text(wrapped)
+                elif t.get_fontsize() > min_size:
+                    t.set_fontsize(max(min_size, t.get_fontsize() * 0.9))
+                else:
+                    break
+                changed = True
+        if not changed:
+            return
+
+
 def save_figure(fig: Any, path: str | Path, title: str, caption: str, *, dpi: int = 110) -> dict[str, str]:
     """Lay out, save and close a matplotlib figure; return the section entry the page embeds."""
     import matplotlib.pyplot as plt
 
+    fig.tight_layout()
+    fit_titles(fig)
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
@@ -131,6 +172,27 @@ def versions() -> dict[str, str]:
     return out
 
 
+def data_descriptions(rows: Sequence[Mapping[str, Any]], source: str = "") -> list[str]:
+    """What data one source's rows measured, in words: the rows' ``data_description`` values, else
+    (rows written before that column) the dataset names in words, or the linearization config's data."""
+    import json
+
+    from ..data import describe_name
+
+    got = list(dict.fromkeys(str(r["data_description"]) for r in rows if r.get("data_description")))
+    if not got:  # rows written before the column
+        got = [describe_name(n) for n in sorted({str(r["dataset"]) for r in rows if r.get("dataset")})]
+    cfg = Path(source) / "linearize_config.json" if source else None
+    if not got and cfg is not None and cfg.is_file():
+        try:
+            d = json.loads(cfg.read_text(encoding="utf-8")).get("data", {})
+            got.append(f"{describe_name(d.get('name'))}: {d.get('n_train', 'all')} train / "
+                       f"{d.get('n_test', 'all')} held-out examples (split seed {d.get('seed', 0)})")
+        except (OSError, ValueError, AttributeError):
+            pass
+    return got
+
+
 def provenance(rows: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str:
     """HTML: what each source measured — its data, config, training steps and final losses."""
     import json
@@ -145,12 +207,13 @@ def provenance(rows: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str
     for src in list(sources) or sorted(by_source):
         rs = by_source.get(src, [])
         kinds = sorted({str(r.get("kind")) for r in rs})
-        datasets = sorted({str(r["dataset"]) for r in rs if r.get("dataset")})
-        probes = sorted({f"{r.get('probe_set')} ({r.get('probe_data')})" for r in rs
-                         if r.get("probe_set") is not None})
+        probes = list(dict.fromkeys(
+            f"{r['probe_set']}" + (f" (length {r['probe_seq_len']})" if r.get("probe_seq_len") is not None else "")
+            + f": {r.get('probe_description') or r.get('probe_data')}" for r in rs if r.get("probe_set") is not None))
         parts.append(f"<h3>{esc(src)}</h3><p>{len(rs)} rows ({esc(', '.join(kinds))}); data: "
-                     f"{esc(', '.join(datasets) or 'not recorded in the rows')}"
-                     + (f"; probe conditions: {esc('; '.join(probes))}" if probes else "") + "</p>")
+                     f"{esc('; '.join(data_descriptions(rs, src)) or 'not recorded in the rows')}</p>"
+                     + ("<p>probe conditions (each reported separately, never averaged together):</p><ul>"
+                        + "".join(f"<li>{esc(p)}</li>" for p in probes) + "</ul>" if probes else ""))
         groups: dict[tuple, list[Mapping[str, Any]]] = defaultdict(list)
         for r in rs:
             if r.get("kind") == "alignment" and r.get("width") is not None:

@@ -67,6 +67,11 @@ def _ref_line(ax, widths, anchor, slope, **kw):
     ax.plot(w, anchor * (w / w[0]) ** slope, "--", lw=1, **kw)
 
 
+def _yerr(m: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Error-bar lengths, never negative (one seed: lo == m == hi up to rounding; matplotlib refuses < 0)."""
+    return np.nan_to_num(np.vstack([np.clip(m - lo, 0, None), np.clip(hi - m, 0, None)]))
+
+
 def figures(rows: list[dict], out_dir: Path) -> list[dict]:
     """PNG figures for linearization rows; see the module docstring."""
     plt = _plt()
@@ -94,7 +99,7 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
             w = np.asarray(widths, float)[ok]
             s = next((x for x in slopes if x["metric"] == "dev_rms" and x["alpha"] == a and x["step"] == last), None)
             lab = f"α={a:g}" + (f": slope {s['slope']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]" if s else "")
-            ax.errorbar(w, m[ok], yerr=[m[ok] - lo[ok], hi[ok] - m[ok]], fmt="o", color=c, ms=4, capsize=2, label=lab)
+            ax.errorbar(w, m[ok], yerr=_yerr(m[ok], lo[ok], hi[ok]), fmt="o", color=c, ms=4, capsize=2, label=lab)
             if s:
                 ax.plot(w, np.exp(s["intercept"]) * w ** s["slope"], "-", color=c, lw=1.2)
             _ref_line(ax, w, m[ok][0], a - 1, color=c, alpha=0.6)
@@ -198,7 +203,7 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
             w = np.asarray(widths, float)[ok]
             s = next((x for x in slopes if x["metric"] == name), None)
             lab = name + (f": slope {s['slope']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]" if s else "")
-            ax.errorbar(w, m[ok], yerr=[m[ok] - lo[ok], hi[ok] - m[ok]], fmt="o-", color=c, ms=4, capsize=2, label=lab)
+            ax.errorbar(w, m[ok], yerr=_yerr(m[ok], lo[ok], hi[ok]), fmt="o-", color=c, ms=4, capsize=2, label=lab)
             _ref_line(ax, w, m[ok][0], -0.5, color=c, alpha=0.6)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

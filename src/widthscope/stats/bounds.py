@@ -30,6 +30,13 @@ failed. The effective dimensions are reported per term: with ``E[A] > 0``, ``d_p
 when ``p, q > 0`` and ``d_2`` when ``t > 0`` (else 0), and ``d_align`` is the minimum of those
 defined; with ``E[A] ≤ 0`` all three are 0. Nothing is ever NaN or infinite.
 
+**What results report** (:func:`vacuous_rule`, applied wherever rows or JSON are written and
+again by every presenter): ``d_align = min(d_par, d_2)`` is undefined when either term is, so a
+vacuous certificate reports ``d_align = None`` (missing, flagged ``vacuous`` with the reason),
+never a positive number; ``d_par`` / ``d_2`` are kept only where their own estimates are positive
+(else ``None``), and the ``limit`` column is ``None`` with ``d_align``. The :class:`Certificate`
+object itself keeps the per-term numbers above (0 for a failed term) for programmatic use.
+
 Example::
 
     >>> import torch
@@ -54,7 +61,7 @@ from typing import Any, Literal
 from ..errors import WidthscopeError
 from .estimators import CrossMoments, Moments, PrimalMoments, cross_moments, moments
 
-__all__ = ["Certificate", "certificate", "Plan", "plan", "resolve_moments"]
+__all__ = ["Certificate", "certificate", "Plan", "plan", "resolve_moments", "vacuous_rule"]
 
 Populations = Literal["auto", "one", "two"]
 Estimator = Literal["unbiased", "plugin"]
@@ -223,6 +230,46 @@ def certificate(train: Any, test: Any = None, *, M: int, K: int, estimator: Esti
         V = sys.float_info.max
     return Certificate(E, V, d_par, d_2, d_align, n_eff, b_exact, b_align, reason is not None,
                        reason, pop, m.estimator, M, K, p, q, t, n_tr, n_te)
+
+
+def _positive(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) and f > 0 else None
+
+
+def vacuous_rule(fields: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Apply the reporting rule for vacuous certificates to ``fields`` in place; return it.
+
+    ``fields`` holds certificate columns named ``{prefix}d_par``, ``{prefix}d_2``,
+    ``{prefix}d_align``, ``{prefix}vacuous`` (a sweep row with ``prefix="two_"``, or a certify
+    JSON certificate with ``prefix=""``; absent columns are left absent). Afterwards ``d_par`` /
+    ``d_2`` are ``None`` unless positive; ``d_align`` is ``None`` when the certificate is vacuous or a term is ``None``
+    (``d_align = min(d_par, d_2)`` is undefined then), else unchanged; ``{prefix}limit``, when
+    present, names the smaller term or is ``None``. Idempotent, so presenters can apply it to rows
+    written before the rule existed.
+
+    Example::
+
+        >>> vacuous_rule({"d_par": 0.0, "d_2": 1.2, "d_align": 1.2, "vacuous": True})
+        {'d_par': None, 'd_2': 1.2, 'd_align': None, 'vacuous': True}
+    """
+    terms = {}
+    for t in ("d_par", "d_2"):  # a column that is absent stays absent (and voids nothing)
+        if prefix + t in fields:
+            terms[t] = fields[prefix + t] = _positive(fields[prefix + t])
+    if prefix + "d_align" in fields:
+        align = _positive(fields[prefix + "d_align"])
+        if bool(fields.get(prefix + "vacuous")) or any(v is None for v in terms.values()):
+            align = None
+        fields[prefix + "d_align"] = align
+        if prefix + "limit" in fields:
+            par, two = terms.get("d_par"), terms.get("d_2")
+            fields[prefix + "limit"] = None if align is None or par is None or two is None else \
+                ("d_par" if par <= two else "d_2")
+    return fields
 
 
 # ----------------------------------------------------------------------------- planner

@@ -721,6 +721,20 @@ def _probe_pools(fam: FamilySpec, cond: Mapping[str, Any], L: int | None, split:
     return tuple(pa), tuple(pb), desc, offsets
 
 
+def _probe_words(cond: Mapping[str, Any], pa: Sequence[Any], pb: Sequence[Any], split: Any) -> str:
+    """The probe pools of one condition in words: corpus, length, pool sizes (for the report)."""
+    from .. import data as wdata
+
+    data, test = cond["data"], cond.get("test_data") or cond["data"]
+    src = wdata.describe_name(data) + ("" if test == data else f" / held-out pool: {wdata.describe_name(test)}")
+    L = _probe_len(pa, split)
+    unit = f"{L}-byte chunks" if L is not None else "examples"
+    where = ("the training data's fitted / held-out parts" if data == test == split.name
+             else "its train / held-out parts")
+    return (f"{src}; {len(pa[0])} train-pool / {len(pb[0])} held-out-pool {unit} from {where}"
+            + (f", shift {cond['shift']}" if cond.get("shift") else ""))
+
+
 def _batches(pair: Sequence[Any], task: str, batch_size: int):
     from .. import data as wdata
 
@@ -756,6 +770,7 @@ def run_cell(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_
                                             "train": {k: v for k, v in tr.items() if k != "history"}})
 
     points = fam.points or probe.insertion_points(model)
+    data_words = "trained on " + wdata.describe(split)
     conditions = fam.probes or [{"name": "in-domain", "data": fam.dataset, "test_data": None,
                                  "data_options": {}, "shift": None}]
     rows: list[dict[str, Any]] = []
@@ -791,14 +806,19 @@ def run_cell(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_
                         "n_probe_train": int(a.shape[0]), "n_probe_test": int(b.shape[0]),
                         "M": M, "K": K, "estimator": cfg.estimator, "pool": cfg.pool,
                         "probe_notes": "; ".join(getattr(Xa, "notes", [])) or None,
+                        "data_description": data_words,
                     }
                     if fam.probes is not None or fam.probe_seq_len is not None:
-                        row.update(probe_set=cond["name"], probe_data=desc, probe_seq_len=_probe_len(pa, split))
+                        row.update(probe_set=cond["name"], probe_data=desc, probe_seq_len=_probe_len(pa, split),
+                                   probe_description=_probe_words(cond, pa, pb, split),
+                                   probe_in_domain=(cond["data"] == (cond.get("test_data") or cond["data"])
+                                                    == fam.dataset and not cond.get("shift")))
                     for prefix, cert in (("one_", one), ("two_", two)):
                         for f in CERT_FIELDS:
                             row[prefix + f] = getattr(cert, f, None)
-                    row["two_limit"] = ("d_par" if row["two_d_par"] <= row["two_d_2"] else "d_2") \
-                        if row["two_d_align"] else None
+                    row["two_limit"] = None
+                    for prefix in ("one_", "two_"):  # the one reporting rule (None where undefined)
+                        stats.vacuous_rule(row, prefix)
                     row.update(misalignment=mis.probability, misalignment_low=mis.low,
                                misalignment_high=mis.high, misalignment_draws=mis.draws)
                     these.append(row)
@@ -822,7 +842,7 @@ def run_cell(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_
                                      iv_sign_agrees=smallest["sign_agrees"])
                     for iv in ivs:
                         iv_rows.append({**iv, "model": fam.model, "dataset": fam.dataset, "point_index": pi,
-                                        "n_params": n_params})
+                                        "n_params": n_params, "data_description": data_words})
             intervene_s += time.perf_counter() - t0
             rows += these
     rows += iv_rows
@@ -884,21 +904,37 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+def _condition(r: Mapping[str, Any]) -> tuple[Any, Any]:
+    """The probe condition of a row: (probe_set, probe length); (None, None) without probes."""
+    return r.get("probe_set"), r.get("probe_seq_len")
+
+
 def summary_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One line per (family, width, point), averaged over seeds, at the largest (M, K)."""
-    rows = [r for r in rows if r.get("kind") == "alignment"]
+    """One line per (probe condition, family, width, point), averaged over seeds, at the largest (M, K).
+
+    Probe conditions (``probe_set``, ``probe_seq_len``) are never averaged together: each line
+    carries its condition in ``probe_set`` / ``probe_seq_len``. ``d_align`` follows the reporting
+    rule of :func:`widthscope.stats.vacuous_rule`: the mean over the seeds whose certificate is not
+    vacuous (``None`` when none is), and ``vacuous`` counts the others, e.g. ``"1/2"``.
+    """
+    from ..stats import vacuous_rule
+
+    rows = [vacuous_rule(vacuous_rule(dict(r), "one_"), "two_") for r in rows if r.get("kind") == "alignment"]
     if not rows:
         return []
     out = []
-    keys = sorted({(r["family"], r.get("budget"), r["width"], r["point_index"], r["point"]) for r in rows},
-                  key=lambda k: (k[0], k[1] or 0, k[2], k[3]))
-    for fam, budget, w, pi, point in keys:
-        sel = [r for r in rows if (r["family"], r.get("budget"), r["width"], r["point_index"]) == (fam, budget, w, pi)]
+    key = lambda r: (_condition(r), r["family"], r.get("budget"), r["width"], r["point_index"])  # noqa: E731
+    keys = sorted({(*key(r), r["point"]) for r in rows},
+                  key=lambda k: (str(k[0][0]), k[0][1] or 0, k[1], k[2] or 0, k[3], k[4]))
+    for cond, fam, budget, w, pi, point in keys:
+        sel = [r for r in rows if key(r) == (cond, fam, budget, w, pi)]
         mk = max({(r["M"], r["K"]) for r in sel}, key=lambda t: (t[0] * t[1], t))
         at = [r for r in sel if (r["M"], r["K"]) == mk]
+        n_vac = sum(bool(r.get("two_vacuous")) for r in at)
         out.append({
+            "probe_set": cond[0], "probe_seq_len": cond[1],
             "family": fam, "width": w, "point": point, "seeds": len({r["seed"] for r in at}),
-            "d_align": _mean([r.get("two_d_align") for r in at]),
+            "d_align": _mean([r.get("two_d_align") for r in at]), "vacuous": f"{n_vac}/{len(at)}",
             "d_align_1pop": _mean([r.get("one_d_align") for r in at]),
             "M,K": f"{mk[0]},{mk[1]}", "misalign": _mean([r.get("misalignment") for r in at]),
             "B_exact": _mean([r.get("two_b_exact") for r in at]),
@@ -911,6 +947,17 @@ def summary_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def print_summary(rows: Sequence[Mapping[str, Any]], out_dir: Path, file=None) -> None:
     file = file or sys.stdout
     table = summary_rows(rows)
-    print(format_table(table, title="alignment sweep (two-population form; mean over seeds)"), file=file)
+    cols = ["family", "width", "point", "seeds", "d_align", "vacuous", "d_align_1pop", "M,K", "misalign",
+            "B_exact", "B_align", "test_loss"]
+    conds = list(dict.fromkeys((r["probe_set"], r["probe_seq_len"]) for r in table)) or [(None, None)]
+    for i, (name, L) in enumerate(conds):
+        sel = [r for r in table if (r["probe_set"], r["probe_seq_len"]) == (name, L)]
+        where = "" if name is None and L is None else \
+            f", probe {name}" + (f" (length {L})" if L is not None else "")
+        print(("\n" if i else "") + format_table(
+            sel, cols, title=f"alignment sweep{where}: two-population form, mean over seeds"), file=file)
+    if any(not r["vacuous"].startswith("0/") for r in table):
+        print("vacuous: seeds whose certificate is vacuous (an estimate <= 0): their d_align = min(d_par, d_2) is "
+              "undefined and left out of the mean; '-' when every seed is vacuous", file=file)
     print(f"\nresults: {out_dir / 'results.jsonl'}  (pandas.read_json(path, lines=True))", file=file)
     print(f"report:  widthscope report {out_dir}", file=file)
