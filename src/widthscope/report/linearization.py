@@ -69,6 +69,8 @@ def _ref_line(ax, widths, anchor, slope, **kw):
 
 def figures(rows: list[dict], out_dir: Path) -> list[dict]:
     """PNG figures for linearization rows; see the module docstring."""
+    from ..linear.sweep import reference_slope  # the one table of reference slopes
+
     plt = _plt()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -97,7 +99,7 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
             ax.errorbar(w, m[ok], yerr=[m[ok] - lo[ok], hi[ok] - m[ok]], fmt="o", color=c, ms=4, capsize=2, label=lab)
             if s:
                 ax.plot(w, np.exp(s["intercept"]) * w ** s["slope"], "-", color=c, lw=1.2)
-            _ref_line(ax, w, m[ok][0], a - 1, color=c, alpha=0.6)
+            _ref_line(ax, w, m[ok][0], reference_slope("dev_rms", a)[0], color=c, alpha=0.6)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("width n")
@@ -175,8 +177,10 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
             from ..linear.sweep import PUBLISHED
 
             ag = np.linspace(-1, 0, 11)
-            ax.plot(ag, ag - 1, "--", color="C0", lw=1, label="bound α − 1 (deviation)")
-            ax.plot(ag, 2 * (ag - 1), ":", color="C1", lw=1, label="2(α − 1) (its square)")
+            ax.plot(ag, [reference_slope("dev_rms", a)[0] for a in ag], "--", color="C0", lw=1,
+                    label="bound α − 1 (deviation)")
+            ax.plot(ag, [reference_slope("dev_mse", a)[0] for a in ag], ":", color="C1", lw=1,
+                    label="2(α − 1) (its square)")
             ax.plot(list(PUBLISHED), list(PUBLISHED.values()), "x", color="k", label="published (test MSE)")
             ax.set_xlabel("α  (η = η₀ n^α)")
             ax.set_ylabel("log-log slope over width")
@@ -199,7 +203,7 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
             s = next((x for x in slopes if x["metric"] == name), None)
             lab = name + (f": slope {s['slope']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]" if s else "")
             ax.errorbar(w, m[ok], yerr=[m[ok] - lo[ok], hi[ok] - m[ok]], fmt="o-", color=c, ms=4, capsize=2, label=lab)
-            _ref_line(ax, w, m[ok][0], -0.5, color=c, alpha=0.6)
+            _ref_line(ax, w, m[ok][0], reference_slope(name)[0], color=c, alpha=0.6)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("width n")
