@@ -52,6 +52,12 @@ def test_committed_calibration_numbers_agree_with_a_rerun(rerun):
     assert abs(committed["bound_boundary"]["count"] - new["bound_boundary"]["count"]) <= 3
 
 
+def test_docs_quote_the_committed_calibration_table():
+    mod = _bench()
+    committed = json.loads(mod.OUT.read_text(encoding="utf-8"))
+    assert mod.markdown(committed) in (ROOT / "docs" / "sweeps.md").read_text(encoding="utf-8")
+
+
 def test_no_trend_gives_at_most_five_percent_decisions(rerun):
     _, res = rerun
     for noise in ("normal", "heavy"):
