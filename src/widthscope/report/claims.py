@@ -191,14 +191,24 @@ def _regimes(rows: list[Mapping[str, Any]]) -> list[tuple[str, list[Mapping[str,
     return [(_label(k, list(gs)), sel) for k, sel in gs.items()]
 
 
-def _per_seed_width(sel, metric: str, M: int, K: int, log: bool) -> dict[Any, list[tuple[float, float]]]:
-    """Per seed: (log width, median over points of the metric or its log) for one (M, K)."""
+def _per_seed_width(sel, metric: str, M: int, K: int, log: bool) -> tuple[dict[Any, list[tuple[float, float]]], int]:
+    """Per seed: (log width, median over points of the metric, or its log) for one (M, K), and the
+    number of (seed, width) cells left out because that median is <= 0 (log only: vacuous). The
+    median is over *all* points, zeros included, so vacuous points cannot bias the slope."""
     acc: dict[Any, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in sel:
         v = r.get(metric)
-        if (int(r["M"]), int(r["K"])) == (M, K) and _ok(v) and _ok(r.get("width")) and (v > 0 or not log):
-            acc[r.get("seed")][float(r["width"])].append(math.log(v) if log else float(v))
-    return {s: [(math.log(w), _median(v)) for w, v in sorted(ws.items())] for s, ws in acc.items()}
+        if (int(r["M"]), int(r["K"])) == (M, K) and _ok(v) and _ok(r.get("width")):
+            acc[r.get("seed")][float(r["width"])].append(float(v))
+    out: dict[Any, list[tuple[float, float]]] = {}
+    dropped = 0
+    for s, ws in acc.items():
+        pts = [(math.log(w), _median(v)) for w, v in sorted(ws.items())]
+        if log:
+            dropped += sum(m <= 0 for _, m in pts)
+            pts = [(x, math.log(m)) for x, m in pts if m > 0]
+        out[s] = pts
+    return out, dropped
 
 
 def _median(v: Sequence[float]) -> float:
@@ -215,12 +225,13 @@ def _alignment(rows: list[Mapping[str, Any]]) -> list[dict]:
         mks = sorted({(int(r["M"]), int(r["K"])) for r in sel})
         M, K = mks[0]
         for metric, name in (("two_d_align", "d_align"), ("two_d_par", "d_par"), ("two_d_2", "d_2")):
-            slopes = _seed_slopes(_per_seed_width(sel, metric, M, K, True))
+            pts, dropped = _per_seed_width(sel, metric, M, K, True)
             out.append(_claim(f"{label}: {name} grows with width" if name == "d_align" else
-                              f"{label}: {name} grows with width (which limits d_align)", slopes, (0.0, INF),
-                              f"per-seed slope of log {name} (median over points, positive estimates) vs log "
-                              f"width at M={M}, K={K}", "log-log slope", cid=f"{name}_grows", group=label))
-        pts = _per_seed_width(sel, "misalignment", M, K, False)
+                              f"{label}: {name} grows with width (which limits d_align)", _seed_slopes(pts),
+                              (0.0, INF), f"per-seed slope of log {name} (median over points) vs log width at "
+                              f"M={M}, K={K}; {dropped} (seed, width) cell(s) with median <= 0 (vacuous) left out",
+                              "log-log slope", cid=f"{name}_grows", group=label))
+        pts, _ = _per_seed_width(sel, "misalignment", M, K, False)
         slopes = _seed_slopes(pts)
         flat = all(v == 0 for p in pts.values() for _, v in p)
         out.append(_claim(f"{label}: misalignment falls with width at M=K={M}" if M == K else
@@ -442,7 +453,7 @@ def html_table(items: Sequence[Mapping[str, Any]]) -> str:
         return f">{MAX_SEEDS}" if n is None else str(n)
 
     parts = ["<table><tr><th class=l>claim</th><th>measured</th><th>95% interval (t over seeds)</th>"
-             "<th>seeds</th><th>p</th><th>p (Holm)</th><th class=l>verdict (Holm)</th><th>seeds needed</th>"
+             "<th>seeds</th><th>p</th><th>p (Holm)</th><th class=l>verdict (Holm)</th><th>seeds for 80% power</th>"
              "<th class=l>how</th></tr>"]
     for c in items:
         parts.append(f"<tr><td class=l>{esc(c['claim'])}</td><td>{f(c['measured'])}</td>"

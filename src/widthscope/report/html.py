@@ -246,9 +246,10 @@ def build_report(rows: Sequence[Mapping[str, Any]], out_dir: str | Path, *, titl
                      "under any dependence between claims, which share models; Benjamini&ndash;Hochberg would "
                      "control only the expected share of false verdicts). Bounds are tested per row against "
                      "the binomial count of the resampled draws; vacuous rows (bound &ge; 1) and missing values "
-                     "are counted apart, never as support. Seeds needed: how many seeds would give 80% power "
+                     "are counted apart, never as support. Seeds for 80% power: how many seeds would give 80% power "
                      "to resolve the claim at the observed seed spread and effect (level 0.05/m). Without a "
                      "width trend the rule decides in the nominal 5% of simulated pages (2&ndash;10 seeds, "
-                     "normal and heavy-tailed noise; benchmarks/claims_calibration.py).</p>" + html_table(found) + "</section>")
+                     "normal and heavy-tailed noise; benchmarks/claims_calibration.py).</p>"
+                     + html_table(found) + "</section>")
     atomic_write_text(page, render_page(title, sections, notes=notes, subtitle=subtitle, measured=measured))
     return page
