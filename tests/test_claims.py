@@ -241,3 +241,17 @@ def test_holm_can_leave_an_uncorrected_decision_unresolved_and_the_table_shows_i
     assert c["seeds_needed"] and c["seeds_needed"] > 3
     page = html_table(claims(rows))
     assert "p (Holm)" in page and "seeds for 80% power" in page and "95% interval (t over seeds)" in page
+
+
+def test_linearization_verdicts_quote_the_claims_page():
+    from widthscope.report.linearization import summary
+
+    rows = [json.loads(line) for line in
+            (ROOT / "benchmarks" / "results" / "linearize-fashion-wide" / "results.jsonl").read_text().splitlines()]
+    page = {c["id"]: c for c in claims(rows)}
+    c = page["dev_rms_0"]  # 5 seeds, slope about -0.75 against the bound -1: flatter, resolved
+    assert c["reference"] == -1.0 and c["verdict"] == "does not"
+    text = "\n".join(summary(rows, found=list(page.values())))
+    step = c["claim"].rsplit("step ", 1)[1].rstrip(")")
+    assert (f"α=0, step {step}: " in text and f"per-seed t interval [{c['low']:.2f}, {c['high']:.2f}], "
+            f"p = {c['p']:.2g} (claims page, Holm-corrected): flatter than the bound." in text)

@@ -61,8 +61,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from scipy import special as _sp
 
-__all__ = ["claims", "html_table", "seed_test", "holm", "seeds_needed", "ALPHA", "RETENTION_BAND",
-           "SANITY_BAND", "PAPER_REL_STEP", "PUBLISHED_TOLERANCE"]
+__all__ = ["claims", "html_table", "seed_test", "holm", "seeds_needed", "deviation_seed_slopes", "ALPHA",
+           "RETENTION_BAND", "SANITY_BAND", "PAPER_REL_STEP", "PUBLISHED_TOLERANCE"]
 
 ALPHA = 0.05
 RETENTION_BAND = (0.96, 0.99)   # spec §5/§7: "96–99% of the predicted magnitude is retained"
@@ -377,28 +377,44 @@ def _linearization(rows: list[Mapping[str, Any]]) -> list[dict]:
                           [_slope(*zip(*sorted(p))) for p in seeds.values() if len(p) >= 2], (-INF, ref),
                           f"per-seed slope of log RMS {name} vs log width; reference {ref:g} ({note}); holds when "
                           "the interval lies below it", "log-log slope", cid=f"corr_{name}", reference=ref))
-    lin = [r for r in rows if r.get("kind") == "linearization" and _ok(r.get("dev_mse")) and r["dev_mse"] > 0]
+    lin = [r for r in rows if r.get("kind") == "linearization" and _ok(r.get("step"))]
     if not lin:
         return out
     last = max(int(r["step"]) for r in lin)
-    dev: dict[Any, dict[Any, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
-    for r in lin:
-        if int(r["step"]) == last:
-            dev[r.get("alpha")][r.get("seed")].append((math.log(r["width"]), math.log(r["dev_mse"])))
     tol = PUBLISHED_TOLERANCE
-    for alpha, seeds in sorted(dev.items(), key=lambda kv: float(kv[0])):
-        slopes = [_slope(*zip(*sorted(p))) for p in seeds.values() if len(p) >= 2]
-        pub = PUBLISHED.get(float(alpha))
+    for alpha in sorted({float(r["alpha"]) for r in lin if _ok(r.get("alpha"))}):
+        ref, note = reference_slope("dev_rms", alpha)
+        out.append(_claim(f"deviation falls with width at least like n^{ref:g} at α={alpha:g} (dev_rms, step {last})",
+                          deviation_seed_slopes(lin, "dev_rms", alpha, last), (-INF, ref),
+                          f"per-seed slope of log dev_rms at step {last} vs log width; reference {ref:g} ({note}); "
+                          "holds when the interval lies below it", "log-log slope", cid=f"dev_rms_{alpha:g}",
+                          reference=ref))
+        slopes = deviation_seed_slopes(lin, "dev_mse", alpha, last)
+        pub = PUBLISHED.get(alpha)
         if pub is None:
-            out.append(_claim(f"deviation slope at α={float(alpha):g}", slopes, (-INF, INF),
+            out.append(_claim(f"deviation slope at α={alpha:g}", slopes, (-INF, INF),
                               f"slope of log dev_mse at step {last} vs log width", "log-log slope",
-                              cid=f"dev_mse_{float(alpha):g}", gate="no published slope at this α"))
+                              cid=f"dev_mse_{alpha:g}", gate="no published slope at this α"))
             continue
-        out.append(_claim(f"deviation slope at α={float(alpha):g} matches the published {pub} (±{tol:g})", slopes,
+        out.append(_claim(f"deviation slope at α={alpha:g} matches the published {pub} (±{tol:g})", slopes,
                           (pub - tol, pub + tol), f"per-seed slope of log dev_mse at step {last} vs log width; "
                           f"equivalence test: holds when the interval lies inside {pub} ± {tol:g}, does not when "
-                          "it lies outside", "log-log slope", cid=f"dev_mse_{float(alpha):g}", reference=pub))
+                          "it lies outside", "log-log slope", cid=f"dev_mse_{alpha:g}", reference=pub))
     return out
+
+
+def deviation_seed_slopes(rows: Sequence[Mapping[str, Any]], metric: str, alpha: float, step: int) -> list[float]:
+    """Per-seed least-squares slopes of ``log metric`` vs ``log width`` for linearization rows at
+    ``(alpha, step)`` (positive finite values of cells that did not diverge; seeds with fewer than 2
+    widths left out)."""
+    by: dict[Any, list[tuple[float, float]]] = defaultdict(list)
+    for r in rows:
+        v = r.get(metric)
+        if r.get("kind") == "linearization" and not r.get("diverged") and _ok(r.get("alpha")) and \
+                float(r["alpha"]) == alpha and \
+                _ok(r.get("step")) and int(r["step"]) == step and _ok(v) and v > 0 and _ok(r.get("width")):
+            by[r.get("seed")].append((math.log(r["width"]), math.log(v)))
+    return [s for s in (_slope(*zip(*sorted(p))) for p in by.values() if len(p) >= 2) if s is not None]
 
 
 def _decide(found: list[dict]) -> None:

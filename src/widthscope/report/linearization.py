@@ -274,21 +274,34 @@ def tables(rows: list[dict]) -> list[dict]:
     return [{"title": "Log-log slopes over width", "html": f"<table>{head}{''.join(body)}</table>"}] + out
 
 
-def summary(rows: list[dict]) -> list[str]:
-    """One sentence per deviation slope: steeper or flatter than the bound."""
+def summary(rows: list[dict], found: Sequence[dict] | None = None) -> list[str]:
+    """One sentence per deviation slope against the bound ``α − 1``. The verdict is the claims
+    page's (``found``; computed from ``rows`` when not given): at the last step its Holm-corrected
+    verdict, at other fit steps the same per-seed t test, uncorrected (and said so)."""
+    from .claims import ALPHA, claims, deviation_seed_slopes, seed_test
+
+    if found is None:
+        found = claims(rows)
+    page = {c["id"]: c for c in found}
+    words = {"holds": "steeper than the bound (faster approach to the linear model)",
+             "does not": "flatter than the bound", "not resolved": "not resolved against the bound"}
     out = []
     for s in slopes_from_rows(rows):
         if s["metric"] != "dev_rms" or s["alpha"] is None:
             continue
-        lo, hi, ref = s["ci_low"], s["ci_high"], s["reference"]
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            verdict = "no interval (one seed)"
-        elif hi < ref:
-            verdict = "steeper than the bound (faster approach to the linear model)"
-        elif lo > ref:
-            verdict = "flatter than the bound"
+        ref, alpha, step = s["reference"], float(s["alpha"]), int(s["step"])
+        c = page.get(f"dev_rms_{alpha:g}")
+        if c is not None and f"step {step})" in c["claim"]:
+            how = "claims page, Holm-corrected"
         else:
-            verdict = "consistent with the bound"
-        out.append(f"α={s['alpha']:g}, step {s['step']}: deviation slope {s['slope']:.2f} "
-                   f"[{lo:.2f}, {hi:.2f}] vs reference {ref:.2f}: {verdict}.")
+            c = {**seed_test(deviation_seed_slopes(rows, "dev_rms", alpha, step), (-math.inf, ref))}
+            c["verdict"] = c["direction"] if c["p"] is not None and c["p"] <= ALPHA else "not resolved"
+            how = "same test, not corrected across claims"
+        if c.get("low") is None:
+            tested = "no per-seed interval (one seed): not resolved"
+        else:
+            tested = (f"per-seed t interval [{c['low']:.2f}, {c['high']:.2f}], p = {c['p']:.2g} ({how}): "
+                      f"{words[c['verdict']]}")
+        out.append(f"α={alpha:g}, step {step}: deviation slope {s['slope']:.2f} (bootstrap over seeds "
+                   f"[{s['ci_low']:.2f}, {s['ci_high']:.2f}]) vs reference {ref:.2f}; {tested}.")
     return out
