@@ -25,7 +25,8 @@ with width at fixed ``(M, K)`` and with ``M = K``: slope ``< 0``; retention at t
 (relative step ``1e-3``, :data:`PAPER_REL_STEP`) in the published ``[0.96, 0.99]``, and at the
 smallest step within ``[0.95, 1.05]`` of 1 (a Taylor sanity check, not in the Holm family);
 ``C_{D,d}`` (``D + d ≥ 2``) decays at least like the spec's reference ``n^{-1/2}``: slope
-``≤ −1/2``; deviation slope equal to the published one within ``±`` :data:`PUBLISHED_TOLERANCE`
+``≤ −1/2``; ``dev_rms`` at the last step falls at least like the bound: slope ``≤ α − 1`` (references
+from :func:`widthscope.linear.sweep.reference_slope`); ``dev_mse`` slope equal to the published one within ``±`` :data:`PUBLISHED_TOLERANCE`
 (an equivalence test: a wider interval can never make it hold).
 
 Bounds are judged per row against the binomial count behind the empirical misalignment
