@@ -255,3 +255,16 @@ def test_linearization_verdicts_quote_the_claims_page():
     step = c["claim"].rsplit("step ", 1)[1].rstrip(")")
     assert (f"α=0, step {step}: " in text and f"per-seed t interval [{c['low']:.2f}, {c['high']:.2f}], "
             f"p = {c['p']:.2g} (claims page, Holm-corrected): flatter than the bound." in text)
+
+
+def test_a_failing_claims_page_becomes_a_note_not_a_lost_report(tmp_path, monkeypatch):
+    import widthscope.report.claims as rc
+    from widthscope.report.html import build_report
+
+    def boom(rows):
+        raise ValueError("kaputt")
+
+    monkeypatch.setattr(rc, "claims", boom)
+    rows = [_align(w, s, "p", two_d_align=1.0 + s, misalignment=0.1) for w in (32, 64) for s in range(2)]
+    page = build_report(rows, tmp_path).read_text()
+    assert "claims page failed: ValueError: kaputt" in page and "<h2>Claims</h2>" not in page

@@ -26,8 +26,9 @@ with width at fixed ``(M, K)`` and with ``M = K``: slope ``< 0``; retention at t
 smallest step within ``[0.95, 1.05]`` of 1 (a Taylor sanity check, not in the Holm family);
 ``C_{D,d}`` (``D + d ≥ 2``) decays at least like the spec's reference ``n^{-1/2}``: slope
 ``≤ −1/2``; ``dev_rms`` at the last step falls at least like the bound: slope ``≤ α − 1`` (references
-from :func:`widthscope.linear.sweep.reference_slope`); ``dev_mse`` slope equal to the published one within ``±`` :data:`PUBLISHED_TOLERANCE`
-(an equivalence test: a wider interval can never make it hold).
+from :func:`widthscope.linear.sweep.reference_slope`); ``dev_mse`` slope equal to the published
+one within ``±`` :data:`PUBLISHED_TOLERANCE` (an equivalence test: a wider interval can never make
+it hold).
 
 Bounds are judged per row against the binomial count behind the empirical misalignment
 (``misalignment · misalignment_draws`` of ``R`` draws): ``B_exact ≥ Pr(A ≤ 0)`` *holds* when every

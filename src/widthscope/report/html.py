@@ -229,8 +229,12 @@ def build_report(rows: Sequence[Mapping[str, Any]], out_dir: str | Path, *, titl
     out_dir.mkdir(parents=True, exist_ok=True)
     from .claims import ALPHA, claims, html_table
 
-    found = claims(rows)
-    sections, more = collect_sections(rows, out_dir, found)
+    try:
+        found = claims(rows)
+    except Exception as exc:  # like a section: a failed claims page must not cost the user the report
+        print(f"widthscope report: claims page failed:\n{traceback.format_exc()}", file=sys.stderr)
+        found, notes = [], list(notes) + [f"claims page failed: {type(exc).__name__}: {exc}"]
+    sections, more = collect_sections(rows, out_dir, found or None)
     notes = list(notes) + more
     stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     subtitle = f"{len(rows)} rows from {', '.join(sources) or 'memory'} · generated {stamp}"
@@ -246,8 +250,8 @@ def build_report(rows: Sequence[Mapping[str, Any]], out_dir: str | Path, *, titl
                      "under any dependence between claims, which share models; Benjamini&ndash;Hochberg would "
                      "control only the expected share of false verdicts). Bounds are tested per row against "
                      "the binomial count of the resampled draws; vacuous rows (bound &ge; 1) and missing values "
-                     "are counted apart, never as support. Seeds for 80% power: how many seeds would give 80% power "
-                     "to resolve the claim at the observed seed spread and effect (level 0.05/m). Without a "
+                     "are counted apart, never as support. Seeds for 80% power: how many seeds would give "
+                     "80% power to resolve the claim at the observed seed spread and effect (level 0.05/m). Without a "
                      "width trend the rule decides in the nominal 5% of simulated pages (2&ndash;10 seeds, "
                      "normal and heavy-tailed noise; benchmarks/claims_calibration.py).</p>"
                      + html_table(found) + "</section>")
