@@ -50,7 +50,7 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     assert "llama · probe in-domain, length 16: d_align (two-population) grows with width at" in html
     assert "llama · probe shifted, length 256: d_align (two-population) grows with width at" in html
     assert "Verdict for llama · probe in-domain, length 16" in html and "Verdict for llama · probe shifted, length 256" in html
-    assert "<h2>Claims</h2>" in html and "llama · shifted L=256: d_align grows with width" in html
+    assert "<h2>Claims</h2>" in html and "llama · probe shifted, length 256: d_align grows with width" in html
     # the page says what it measured: data (and a fallback's reason), config, training, versions
     assert "What was measured" in html and "config (" in html
     # ... named in words: the stdlib's source code, the pydoc prose, and the linearization's digits

@@ -181,8 +181,10 @@ def run_demo(out_dir: str | Path | None = None, *, quick: bool = False, linear: 
     notes += [f"part failed: {f}" for f in failed]
     page = report(parts, out / "report", title="widthscope demo" + (" (quick)" if quick else ""), notes=notes)
     from .report import load_results
+    from .report.claims import claims
 
-    for line in summary([r for r in load_results(parts) if r.get("kind") == "alignment"]):
+    rows = load_results(parts)  # the page's claims (all rows): the console verdict quotes the page
+    for line in summary([r for r in rows if r.get("kind") == "alignment"], found=claims(rows)):
         print("  " + line, file=file)
     print(f"\nreport: {page}\n(open it in a browser; total {time.perf_counter() - t_start:.0f} s)", file=file,
           flush=True)

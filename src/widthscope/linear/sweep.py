@@ -51,7 +51,7 @@ from .correlation import correlation_summary, parse_correlation_name
 from .powerlaw import fit_slope
 from .trainer import LOSSES, OPTIMIZERS, train_side_by_side
 
-__all__ = ["DEFAULTS", "DEMO_CONFIG", "PUBLISHED", "validate_config", "make_cells", "run_cell",
+__all__ = ["DEFAULTS", "DEMO_CONFIG", "PUBLISHED", "reference_slope", "validate_config", "make_cells", "run_cell",
            "summarize", "cfg_from_rows", "run_sweep", "add_arguments", "run"]
 
 DEFAULTS: dict[str, Any] = {
@@ -84,6 +84,27 @@ DEMO_CONFIG: dict[str, Any] = {
 
 # Published slopes of the test MSE between F and F_lin (MNIST, 2-hidden-layer MLP, 100 seeds).
 PUBLISHED: dict[float, float] = {0.0: -1.14, -0.25: -1.14, -0.5: -1.30, -0.75: -1.73, -1.0: -2.72}
+
+
+def reference_slope(metric: str, alpha: float | None = None) -> tuple[float, str]:
+    """The theory's slope of ``log metric`` vs ``log n`` (linearization spec §3) and what it is.
+
+    The one table of reference slopes: the sweep summary, the report's figures and the claims
+    page all read it. Deviation at ``η = η₀ n^α``: ``α − 1`` (its square ``dev_mse``: ``2(α − 1)``);
+    kernel drift ``α − 1/2`` (a heuristic); correlations ``C_{D,d}``: ``−1/2``.
+    """
+    a = 0.0 if alpha is None else float(alpha)
+    if metric in ("dev_rms", "dev_rel"):
+        return a - 1, "bound O(n^alpha/n) on F - F_lin" + (", relative to RMS F" if metric == "dev_rel" else "")
+    if metric == "dev_mse":
+        return 2 * (a - 1), "square of the deviation bound"
+    if metric == "kernel_drift":
+        return a - 0.5, "heuristic: eta * steps / sqrt(n)"
+    if metric == "test_gap":
+        return a - 1, "loss gap follows the deviation"
+    if metric.startswith("C"):
+        return -0.5, "C_{D,d} = O(1/sqrt(n)) (mean |C| or ||C||)"
+    raise KeyError(f"no reference slope for metric {metric!r}")
 
 
 def _merge(defaults: Mapping[str, Any], user: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -334,22 +355,16 @@ def summarize(rows: list[dict[str, Any]], cfg: Mapping[str, Any]) -> list[dict[s
                and not r.get("diverged")]
         for step in cfg["fit"]["steps"]:
             sel = lambda r, step=step: r["step"] == step  # noqa: E731
-            add("dev_rms", a, step, _matrix(lin, widths, seeds, sel, "dev_rms"), a - 1,
-                "bound O(n^alpha/n) on F - F_lin")
-            add("dev_rel", a, step, _matrix(lin, widths, seeds, sel, "dev_rel"), a - 1,
-                "bound O(n^alpha/n), relative to RMS F")
-            add("dev_mse", a, step, _matrix(lin, widths, seeds, sel, "dev_mse"), 2 * (a - 1),
-                "square of the deviation bound", PUBLISHED.get(a) if step == last else None)
+            for metric in ("dev_rms", "dev_rel", "dev_mse"):
+                add(metric, a, step, _matrix(lin, widths, seeds, sel, metric), *reference_slope(metric, a),
+                    PUBLISHED.get(a) if metric == "dev_mse" and step == last else None)
         sel = lambda r: r["step"] == last  # noqa: E731
-        add("kernel_drift", a, last, _matrix(lin, widths, seeds, sel, "kernel_drift"), a - 0.5,
-            "heuristic: eta * steps / sqrt(n)")
-        add("test_gap", a, last, _matrix(lin, widths, seeds, sel, "test_gap"), a - 1,
-            "loss gap follows the deviation")
+        for metric in ("kernel_drift", "test_gap"):
+            add(metric, a, last, _matrix(lin, widths, seeds, sel, metric), *reference_slope(metric, a))
     corr = [r for r in rows if r.get("kind") == "correlation"]
     for name in sorted({r["name"] for r in corr}):
         sel = lambda r, name=name: r["name"] == name  # noqa: E731
-        add(name, None, None, _matrix(corr, widths, seeds, sel, "mean"), -0.5,
-            "C_{D,d} = O(1/sqrt(n)) (mean |C| or ||C||)")
+        add(name, None, None, _matrix(corr, widths, seeds, sel, "mean"), *reference_slope(name))
     return out
 
 

@@ -6,7 +6,9 @@ The claimed mechanism is ``N up => d_align(N) up => Pr(misalignment)(N) down`` w
 - ``d_align`` vs width per insertion point (log x; mean over seeds, band = min..max over seeds),
 - empirical misalignment vs width with ``B_exact`` and ``B_align`` beside it, for each ``(M, K)``,
 - empirical misalignment vs ``M = K`` for each width,
-- a table of the numbers, and a verdict counting the points where each link holds.
+- a table of the numbers, descriptive counts of the points where each link goes the claimed way,
+  and the verdict and advice quoted from the claims page (``widthscope.report.claims``: the same
+  numbers, the same test, the same Holm correction).
 
 A *trend* over widths ``w_1 < ... < w_n`` of seed-mean values ``v_i`` is "up" when the Spearman
 rank correlation of ``(w_i, v_i)`` is >= 0.5 and ``v_n > v_1``, "down" when <= -0.5 and ``v_n < v_1``,
@@ -375,12 +377,12 @@ def _shifted(rows: Sequence[Mapping[str, Any]]) -> bool:
     return any(r.get("probe_set") is not None and "in-domain" not in str(r.get("probe_data") or "") for r in rows)
 
 
-def _advice(label: str, rows: Sequence[Mapping[str, Any]]) -> str:
+def _advice(label: str, rows: Sequence[Mapping[str, Any]], seeds: str = "more seeds") -> str:
     """What to try next, fitting the probe condition: an in-domain probe can add a shifted one; a
     shifted probe already is one, so its verdict is read beside the in-domain probe's. Longer probe
-    sequences only for sequence models."""
+    sequences only for sequence models. ``seeds``: the claims page's seeds-needed phrase."""
     seq = any(r.get("probe_seq_len") is not None or r.get("dataset") in ("text", "prose") for r in rows)
-    more = "more seeds, larger M and K (more probe examples)"
+    more = f"{seeds}, larger M and K (more probe examples)"
     longer = " and longer probe sequences" if seq else ""
     if _shifted(rows):
         return (f"What to try next for {label}: {more}{longer}; this probe is already shifted, so read its "
@@ -391,8 +393,13 @@ def _advice(label: str, rows: Sequence[Mapping[str, Any]]) -> str:
             "vacuous certificates need larger pools.")
 
 
-def summary(rows: list[dict]) -> list[str]:
-    """Auto-written verdict: at how many points each link of the mechanism holds, per group."""
+def summary(rows: list[dict], found: Sequence[Mapping[str, Any]] | None = None) -> list[str]:
+    """Auto-written verdict per group: descriptive per-point counts, then the verdict and advice
+    quoted from the claims page (``found``: its claims, computed from ``rows`` when not given)."""
+    if found is None:
+        from .claims import claims
+
+        found = claims(rows)
     lines = []
     gs = groups(rows)
     for key, sel in gs.items():
@@ -418,7 +425,8 @@ def summary(rows: list[dict]) -> list[str]:
             s += f", falls at {len(down)} ({', '.join(down)})"
         if vac_pts:
             s += f", is vacuous (d_align missing) at most widths at {len(vac_pts)} ({', '.join(vac_pts)})"
-        s += f" over widths {', '.join(f'{w:g}' for w in widths)}."
+        s += (f" over widths {', '.join(f'{w:g}' for w in widths)} (per point, by the seed means: descriptive, "
+              "not a test; the verdict below is the tested one).")
         lines.append(s)
         # Is the width trend resolved? Compare the seed range with the change across widths.
         n_seeds = len({r.get("seed") for r in sel})
@@ -460,31 +468,50 @@ def summary(rows: list[dict]) -> list[str]:
             s += f"; it is 0 at every width at {zero} (nothing left to fall)"
         lines.append(s + ".")
 
-        ok_exact = ok_align = total = 0
-        for r in sel:
-            lo, be, ba = _num(r.get("misalignment_low")), _num(r.get("two_b_exact")), _num(r.get("two_b_align"))
-            if math.isnan(lo) or math.isnan(be) or math.isnan(ba):
-                continue
-            total += 1
-            ok_exact += lo <= be + 1e-12
-            ok_align += be <= ba + 1e-12
-        if total:
-            lines.append(f"B_exact lies above the empirical misalignment (its Wilson lower end) in "
-                         f"{ok_exact}/{total} rows; B_align >= B_exact in {ok_align}/{total} rows.")
         vac = sum(bool(r.get("two_vacuous")) for r in sel)
         if vac:
             lines.append(f"{vac}/{len(sel)} two-population certificates are vacuous (a U-statistic <= 0 on "
                          f"the finite sample: bound 1).")
-        holds = len(up) > n / 2 and (falls + zero) > n / 2
-        weak = n_seeds == 1 or unresolved > n / 2
-        if holds and not weak:
-            verdict = "holds here (d_align up and misalignment down at most points)."
-        elif holds:
-            verdict = ("holds by the seed means (d_align up and misalignment down at most points), but the "
-                       "seed spread is as large as the trend: weak evidence.")
-        else:
-            verdict = "does not clearly hold at this scale (see the counts above)."
-        lines.append(f"Verdict for {label}: the width mechanism " + verdict)
-        if not holds or weak:
-            lines.append(_advice(label, sel))
+        lines += _claims_lines(label, found, n_seeds, sel)
     return lines
+
+
+def _fmt_claim(c: Mapping[str, Any]) -> str:
+    """'holds (slope +0.41 [0.1, 0.7] per log width, p = 0.01, Holm p = 0.04, 3 seeds)'."""
+    if c.get("measured") is None or c.get("low") is None:
+        return f"{c['verdict']} ({c.get('seeds') or 0} seed(s) with a value: no interval)"
+    pa = c.get("p_adjusted")
+    return (f"{c['verdict']} ({c.get('unit', '')} {c['measured']:+.3g}, 95% interval [{c['low']:.3g}, "
+            f"{c['high']:.3g}], p = {c['p']:.2g}" + (f", Holm p = {pa:.2g}" if pa is not None else "")
+            + f", {c['seeds']} seeds)")
+
+
+def _claims_lines(label: str, found: Sequence[Mapping[str, Any]], n_seeds: int,
+                  sel: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The verdict and the advice for one regime, quoted from the claims page (same numbers)."""
+    mine = {c["id"]: c for c in found if c.get("group") == label}
+    grow, fall = mine.get("d_align_grows"), mine.get("misalignment_falls_width")
+    if grow is None or fall is None:
+        return []
+    lines = []
+    bound, order = mine.get("b_exact_bound"), mine.get("b_align_order")
+    if bound is not None and order is not None:
+        b, o = bound["counts"], order["counts"]
+        lines.append(f"B_exact vs the empirical misalignment (claims page): {bound['verdict']}"
+                     + (f" ({bound['support_note']})" if bound.get("support_note") else "") + "; the rate is above "
+                     f"the bound in {b['point_above_bound']}/{b['tested']} tested rows, significantly (Wilson "
+                     f"lower end above it) in {b['wilson_low_above_bound']}; {b['vacuous']} vacuous, "
+                     f"{b['missing']} missing. B_align >= B_exact: {order['verdict']} "
+                     f"({o['tested'] - o['violations']}/{o['tested']} non-vacuous rows, {o['vacuous']} vacuous, "
+                     f"{o['missing']} missing).")
+    v = {grow["verdict"], fall["verdict"]}
+    mech = ("holds here" if v == {"holds"} else "does not hold here" if "does not" in v else "is not resolved")
+    lines.append(f"Verdict for {label} (the claims page's test: t interval over seeds, Holm over its "
+                 f"{grow.get('family_size', 0)} tested claims): d_align grows with width — {_fmt_claim(grow)}; "
+                 f"{fall['claim'].split(': ', 1)[-1]} — {_fmt_claim(fall)}. The width mechanism {mech}.")
+    if mech != "holds here":
+        need = [f"{name}: about {c['seeds_needed']} seeds at the observed spread" for name, c in
+                (("d_align", grow), ("misalignment", fall)) if c["verdict"] != "holds" and c.get("seeds_needed")]
+        lines.append(_advice(label, sel, "; ".join(need) + f" ({n_seeds} now)" if need else "more seeds"))
+    return lines
+

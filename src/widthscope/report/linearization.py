@@ -74,6 +74,8 @@ def _yerr(m: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 def figures(rows: list[dict], out_dir: Path) -> list[dict]:
     """PNG figures for linearization rows; see the module docstring."""
+    from ..linear.sweep import reference_slope  # the one table of reference slopes
+
     plt = _plt()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -102,7 +104,7 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
             ax.errorbar(w, m[ok], yerr=_yerr(m[ok], lo[ok], hi[ok]), fmt="o", color=c, ms=4, capsize=2, label=lab)
             if s:
                 ax.plot(w, np.exp(s["intercept"]) * w ** s["slope"], "-", color=c, lw=1.2)
-            _ref_line(ax, w, m[ok][0], a - 1, color=c, alpha=0.6)
+            _ref_line(ax, w, m[ok][0], reference_slope("dev_rms", a)[0], color=c, alpha=0.6)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("width n")
@@ -180,8 +182,10 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
             from ..linear.sweep import PUBLISHED
 
             ag = np.linspace(-1, 0, 11)
-            ax.plot(ag, ag - 1, "--", color="C0", lw=1, label="bound α − 1 (deviation)")
-            ax.plot(ag, 2 * (ag - 1), ":", color="C1", lw=1, label="2(α − 1) (its square)")
+            ax.plot(ag, [reference_slope("dev_rms", a)[0] for a in ag], "--", color="C0", lw=1,
+                    label="bound α − 1 (deviation)")
+            ax.plot(ag, [reference_slope("dev_mse", a)[0] for a in ag], ":", color="C1", lw=1,
+                    label="2(α − 1) (its square)")
             ax.plot(list(PUBLISHED), list(PUBLISHED.values()), "x", color="k", label="published (test MSE)")
             ax.set_xlabel("α  (η = η₀ n^α)")
             ax.set_ylabel("log-log slope over width")
@@ -204,7 +208,7 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
             s = next((x for x in slopes if x["metric"] == name), None)
             lab = name + (f": slope {s['slope']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]" if s else "")
             ax.errorbar(w, m[ok], yerr=_yerr(m[ok], lo[ok], hi[ok]), fmt="o-", color=c, ms=4, capsize=2, label=lab)
-            _ref_line(ax, w, m[ok][0], -0.5, color=c, alpha=0.6)
+            _ref_line(ax, w, m[ok][0], reference_slope(name)[0], color=c, alpha=0.6)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("width n")
@@ -275,21 +279,34 @@ def tables(rows: list[dict]) -> list[dict]:
     return [{"title": "Log-log slopes over width", "html": f"<table>{head}{''.join(body)}</table>"}] + out
 
 
-def summary(rows: list[dict]) -> list[str]:
-    """One sentence per deviation slope: steeper or flatter than the bound."""
+def summary(rows: list[dict], found: Sequence[dict] | None = None) -> list[str]:
+    """One sentence per deviation slope against the bound ``α − 1``. The verdict is the claims
+    page's (``found``; computed from ``rows`` when not given): at the last step its Holm-corrected
+    verdict, at other fit steps the same per-seed t test, uncorrected (and said so)."""
+    from .claims import ALPHA, claims, deviation_seed_slopes, seed_test
+
+    if found is None:
+        found = claims(rows)
+    page = {c["id"]: c for c in found}
+    words = {"holds": "steeper than the bound (faster approach to the linear model)",
+             "does not": "flatter than the bound", "not resolved": "not resolved against the bound"}
     out = []
     for s in slopes_from_rows(rows):
         if s["metric"] != "dev_rms" or s["alpha"] is None:
             continue
-        lo, hi, ref = s["ci_low"], s["ci_high"], s["reference"]
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            verdict = "no interval (one seed)"
-        elif hi < ref:
-            verdict = "steeper than the bound (faster approach to the linear model)"
-        elif lo > ref:
-            verdict = "flatter than the bound"
+        ref, alpha, step = s["reference"], float(s["alpha"]), int(s["step"])
+        c = page.get(f"dev_rms_{alpha:g}")
+        if c is not None and f"step {step})" in c["claim"]:
+            how = "claims page, Holm-corrected"
         else:
-            verdict = "consistent with the bound"
-        out.append(f"α={s['alpha']:g}, step {s['step']}: deviation slope {s['slope']:.2f} "
-                   f"[{lo:.2f}, {hi:.2f}] vs reference {ref:.2f}: {verdict}.")
+            c = {**seed_test(deviation_seed_slopes(rows, "dev_rms", alpha, step), (-math.inf, ref))}
+            c["verdict"] = c["direction"] if c["p"] is not None and c["p"] <= ALPHA else "not resolved"
+            how = "same test, not corrected across claims"
+        if c.get("low") is None:
+            tested = "no per-seed interval (one seed): not resolved"
+        else:
+            tested = (f"per-seed t interval [{c['low']:.2f}, {c['high']:.2f}], p = {c['p']:.2g} ({how}): "
+                      f"{words[c['verdict']]}")
+        out.append(f"α={alpha:g}, step {step}: deviation slope {s['slope']:.2f} (bootstrap over seeds "
+                   f"[{s['ci_low']:.2f}, {s['ci_high']:.2f}]) vs reference {ref:.2f}; {tested}.")
     return out
