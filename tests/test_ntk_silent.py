@@ -82,3 +82,273 @@ def test_kernel_predict_refuses_bad_options():
         kernel_predict(K, Y, lr=0.5, t=-1.0)
     with pytest.raises(WidthscopeError, match=r"lr is too large .*ridge"):
         kernel_predict(K, Y, lr=1e4, steps=float("inf"), ridge=1.0)
+
+
+# ----------------------------------------------------------------------------- bad options
+def _mlp(out: int = 2, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(3, 16), nn.Tanh(), nn.Linear(16, out)).double()
+
+
+def _jac_oracle(f, params: dict, x: torch.Tensor) -> torch.Tensor:
+    """Θ = J Jᵀ from one jacrev of the whole batch's outputs, flattened to (n·o, n·o)."""
+    from torch.func import jacrev
+
+    J = jacrev(f)(params)
+    n_out = f(params).numel()
+    Jf = torch.cat([v.reshape(n_out, -1) for v in J.values()], 1)
+    return Jf @ Jf.T
+
+
+def _flat(K: torch.Tensor) -> torch.Tensor:
+    n1, n2, o, _ = K.shape
+    return K.permute(0, 2, 1, 3).reshape(n1 * o, n2 * o)
+
+
+def test_ntk_refuses_bad_memory_budget_and_chunk_size():
+    from widthscope.linear import ntk
+
+    net, x = _mlp(), torch.randn(4, 3, dtype=F64)
+    for b in (0, -1.0, float("nan"), True, "2e9"):
+        with pytest.raises(WidthscopeError, match="ntk: memory_budget must be a positive number of bytes"):
+            ntk(net, x, memory_budget=b)
+    for c in (0, -2, 1.5):
+        with pytest.raises(WidthscopeError, match="ntk: chunk_size must be a positive integer"):
+            ntk(net, x, chunk_size=c, method="jacobian")
+
+
+# ----------------------------------------------------------------------------- random layers
+class _FunctionalDropout(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(3, 16), nn.Linear(16, 2)
+
+    def forward(self, x):
+        return self.b(nn.functional.dropout(torch.tanh(self.a(x)), 0.5, training=True))
+
+
+class _Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp, self.att, self.out = nn.Linear(3, 8), nn.MultiheadAttention(8, 2, dropout=0.2), nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = self.inp(x)[None]
+        return self.out(self.att(h, h, h, need_weights=False)[0][0])
+
+
+@pytest.mark.parametrize("layer,name", [(nn.Dropout(0.1), "Dropout '1'"), (nn.AlphaDropout(0.2), "AlphaDropout '1'"),
+                                        (nn.FeatureAlphaDropout(0.2), "FeatureAlphaDropout '1'"),
+                                        (nn.RReLU(), "RReLU '1'")])
+def test_random_layers_in_training_mode_are_refused_by_name(layer, name):
+    from widthscope.linear import linearize, nngp, ntk
+
+    net = nn.Sequential(nn.Linear(3, 16), layer, nn.Linear(16, 2)).double().train()
+    x = torch.randn(4, 3, dtype=F64)
+    for call in (lambda: ntk(net, x), lambda: ntk(net, x, method="jacobian"), lambda: nngp(net, x)):
+        with pytest.raises(WidthscopeError, match=f"{name}.* training mode .*call model.eval"):
+            call()
+    with pytest.raises(WidthscopeError, match=f"linearize: {name}.*model.eval.*allow_stochastic=True"):
+        linearize(net)
+    net.eval()  # the same model in eval mode is deterministic: no refusal
+    assert ntk(net, x).shape == (4, 4, 2, 2) and nngp(net, x).shape == (4, 4)
+    torch.testing.assert_close(linearize(net)(x), net(x))
+
+
+def test_dropout_without_a_module_and_attention_dropout_are_found():
+    from widthscope.linear import linearize, nngp, ntk
+
+    x = torch.randn(4, 3, dtype=F64)
+    fd = _FunctionalDropout().double()
+    for call in (lambda: ntk(fd, x), lambda: nngp(fd, x)):
+        with pytest.raises(WidthscopeError, match="two calls of the forward pass on the same inputs differ"):
+            call()
+    att = _Attention().double().train()
+    with pytest.raises(WidthscopeError, match=r"MultiheadAttention 'att' \(dropout=0.2\)"):
+        ntk(att, x)
+    with pytest.raises(WidthscopeError, match=r"MultiheadAttention 'att'"):
+        linearize(att)
+    att.eval()
+    assert ntk(att, x, method="jacobian").shape == (4, 4, 2, 2)
+    # p = 0 in training mode draws nothing
+    assert ntk(nn.Sequential(nn.Linear(3, 4), nn.Dropout(0.0), nn.Linear(4, 1)).double().train(), x).shape == (4, 4, 1, 1)
+
+
+def test_linearize_allow_stochastic_and_dropout_switched_on_later():
+    from widthscope.linear import linearize
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 64), nn.Dropout(0.5), nn.Linear(64, 2)).double()
+    x = torch.randn(4, 3, dtype=F64)
+    lin = linearize(net.train(), allow_stochastic=True)
+    assert (lin(x) - lin(x)).abs().max() > 1e-3  # each call is one random draw, as asked
+    lin = linearize(net.eval())
+    torch.testing.assert_close(lin(x), net(x))
+    lin.train()
+    with pytest.raises(WidthscopeError, match="linearized model: Dropout '1'.*allow_stochastic=True"):
+        lin(x)
+
+
+# ----------------------------------------------------------------------------- batch coupling
+class _Centred(nn.Module):
+    """h − h.mean(0): every example's output depends on the whole batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(3, 8), nn.Linear(8, 2)
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        return self.b(h - h.mean(0))
+
+
+def test_batch_coupling_is_refused_for_per_example_kernels_and_exact_for_one_batch():
+    from torch.func import functional_call
+
+    from widthscope.linear import ntk
+
+    torch.manual_seed(0)
+    net, x = _Centred().double(), torch.randn(5, 3, dtype=F64)
+    for m in ("auto", "structured"):
+        with pytest.raises(WidthscopeError, match=f"examples are coupled.*method={m!r}.*own example only"):
+            ntk(net, x, method=m)
+    params = {k: v.detach() for k, v in net.named_parameters()}
+    want = _jac_oracle(lambda p: functional_call(net, p, (x,)), params, x)
+    for m in ("jacobian", "products"):
+        info: dict = {}
+        got = _flat(ntk(net, x, method=m, info=info))
+        assert (got - want).abs().max() < 1e-12 and "examples are coupled" in info["batch_coupled"]
+    for kw, why in ((dict(x2=x), "x2 is given"), (dict(batch_size=2), "batch_size is set"),
+                    (dict(diagonal=True), "diagonal=True")):
+        with pytest.raises(WidthscopeError, match=f"one batch at once, but {why}"):
+            ntk(net, x, method="jacobian", **kw)
+    with pytest.raises(WidthscopeError, match=r"whole batch at once: chunk_size=2 < 5"):
+        ntk(net, x, method="jacobian", chunk_size=2)
+
+
+def test_batchnorm_messages_match_their_cause():
+    from widthscope.linear import nngp, ntk
+
+    x = torch.randn(6, 4, dtype=F64)
+    frozen = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3, track_running_stats=False), nn.Linear(3, 2)).double()
+    with pytest.raises(WidthscopeError, match=r"BatchNorm1d '1' uses batch statistics: it has track_running_stats="
+                                              r"False.*model.eval\(\) does not change this.*track_running_stats=True"
+                                              r".*method='jacobian'"):
+        ntk(frozen.eval(), x)
+    with pytest.raises(WidthscopeError, match=r"BatchNorm1d '1' uses batch statistics \(training mode\).*"
+                                              r"model.eval\(\)"):
+        ntk(nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.Linear(3, 2)).double().train(), x)
+    with pytest.raises(WidthscopeError, match="nngp: BatchNorm1d '1' uses batch statistics") as e:
+        nngp(frozen.eval(), x)
+    assert "method='jacobian'" not in str(e.value)  # nngp has no such route
+
+
+def test_training_mode_batchnorm_kernel_of_one_batch_leaves_the_model_alone():
+    from torch.func import functional_call
+
+    from widthscope.linear import ntk
+
+    torch.manual_seed(1)
+    net = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Tanh(), nn.Linear(6, 2)).double().train()
+    x = torch.randn(7, 4, dtype=F64)
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    got = _flat(ntk(net, x, method="jacobian"))
+    ref = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6, track_running_stats=False), nn.Tanh(),
+                        nn.Linear(6, 2)).double().train()
+    ref.load_state_dict({k: v for k, v in state.items() if "running" not in k and "num_batches" not in k})
+    params = {k: v.detach() for k, v in ref.named_parameters()}
+    want = _jac_oracle(lambda p: functional_call(ref, p, (x,)), params, x)
+    assert (got - want).abs().max() < 1e-12
+    assert all(torch.equal(v, net.state_dict()[k]) for k, v in state.items())  # running stats untouched
+
+
+def test_no_false_coupling_alarm_in_float32():
+    from widthscope.linear import ntk
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(20, 256), nn.ReLU(), nn.LayerNorm(256), nn.Linear(256, 10))
+    info: dict = {}
+    ntk(net, torch.randn(64, 20), trace=True, info=info)
+    assert info["method"] == "structured" and "batch_coupled" not in info
+
+
+# ----------------------------------------------------------------------------- functional API
+def test_functional_call_of_a_module_equals_the_module_api():
+    from torch.func import functional_call
+
+    import widthscope as ws
+
+    net = _mlp(out=3)
+    x, x2 = torch.randn(6, 3, dtype=F64), torch.randn(4, 3, dtype=F64)
+    p = {k: v.detach().clone() for k, v in net.named_parameters()}
+    f = lambda q, z: functional_call(net, q, (z,))  # noqa: E731
+    for kw in ({}, dict(x2=x2), dict(trace=True), dict(diagonal=True), dict(method="products")):
+        a, b = ws.ntk(f, x, params=p, **kw), ws.ntk(net, x, **kw)
+        assert a.shape == b.shape and (a - b).abs().max() < 1e-12, kw
+    assert (ws.nngp(f, x, x2, params=p) - ws.nngp(net, x, x2)).abs().max() < 1e-12
+    with pytest.raises(WidthscopeError, match="nngp: parameter '0.weight' is not a readout applied once"):
+        ws.nngp(f, x, params=p, readout="0.weight")
+    lin, lin_m = ws.linearize(f, params=p), ws.linearize(net)
+    torch.testing.assert_close(lin(x), net(x), rtol=0, atol=1e-14)
+    with torch.no_grad():  # the same step in both: the two linear models agree
+        for (n, a), (m, b) in zip(lin.named_parameters(), lin_m.named_parameters()):
+            assert n == m
+            d = 0.1 * torch.randn_like(a)
+            a.add_(d)
+            b.add_(d)
+    assert (lin(x) - lin_m(x)).abs().max() < 1e-12
+    assert all(torch.equal(p[k], v) for k, v in net.named_parameters())  # θ₀ not moved
+
+
+def test_hand_written_function_with_a_pytree_of_parameters():
+    from torch.func import jacrev, jvp
+
+    from widthscope.linear import linearize, nngp, ntk
+
+    g = torch.Generator().manual_seed(3)
+    params = {"hidden": (torch.randn(5, 3, generator=g, dtype=F64), torch.randn(5, generator=g, dtype=F64)),
+              "out": torch.randn(2, 5, generator=g, dtype=F64), "scale": 1.5}
+
+    def f(p, x):
+        w, b = p["hidden"]
+        return p["scale"] * torch.sin(x @ w.T + b) @ p["out"].T
+
+    x = torch.randn(4, 3, generator=g, dtype=F64)
+    leaves = {"w": params["hidden"][0], "b": params["hidden"][1], "o": params["out"]}
+    as_p = lambda q: {"hidden": (q["w"], q["b"]), "out": q["o"], "scale": 1.5}  # noqa: E731
+    J = jacrev(lambda q: f(as_p(q), x))(leaves)
+    Jf = torch.cat([v.reshape(8, -1) for v in J.values()], 1)
+    assert (_flat(ntk(f, x, params=params)) - Jf @ Jf.T).abs().max() < 1e-12
+    phi = 1.5 * torch.sin(x @ params["hidden"][0].T + params["hidden"][1])
+    assert (nngp(f, x, params=params) - phi @ phi.T).abs().max() < 1e-12  # readout: the 2-row "out"
+    lin = linearize(f, params=params)
+    delta = {n: 0.01 * torch.randn(p.shape, generator=g, dtype=F64) for n, p in lin.named_parameters()}
+    with torch.no_grad():
+        for n, p in lin.named_parameters():
+            p.add_(delta[n])
+    names = dict(zip(["p0", "p1", "p2"], ["w", "b", "o"]))
+    want = f(params, x) + jvp(lambda q: f(as_p(q), x), (leaves,), ({names[n]: d for n, d in delta.items()},))[1]
+    assert (lin(x) - want).abs().max() < 1e-12
+
+
+def test_functional_api_errors():
+    from widthscope.linear import linearize, nngp, ntk
+
+    net, x = _mlp(), torch.randn(3, 3, dtype=F64)
+    for fn, who in ((ntk, "ntk"), (nngp, "nngp"), (linearize, "linearize")):
+        args = () if fn is linearize else (x,)
+        with pytest.raises(WidthscopeError, match=f"{who}: got a function, not an nn.Module: pass its parameters"):
+            fn(lambda p, z: z, *args)
+        with pytest.raises(WidthscopeError, match=f"{who}: params= is for a plain function"):
+            fn(net, *args, params=dict(net.named_parameters()))
+        with pytest.raises(WidthscopeError, match=f"{who}: params must be a dict .* floating tensor"):
+            fn(lambda p, z: z, *args, params={"k": torch.arange(3)})
+        with pytest.raises(WidthscopeError, match=f"{who}: expected an nn.Module or a function"):
+            fn(3, *args)
+
+
+def test_top_level_exports():
+    import widthscope as ws
+    from widthscope import linear
+
+    assert ws.nngp is linear.nngp and ws.kernel_predict is linear.kernel_predict and ws.ntk is linear.ntk
