@@ -68,6 +68,23 @@ def test_ridge_changes_the_finite_time_answer_and_tends_to_kernel_ridge_regressi
         assert (late[k] - inf[k]).abs().max() < 1e-9 and (gd_inf[k] - inf[k]).abs().max() < 1e-12
 
 
+def test_ridge_matches_the_neural_tangents_conventions():
+    """neural-tangents' gradient_descent_mse(K, y, learning_rate, diag_reg) test prediction, written out
+    from its source: eigenbasis of K + diag_reg·tr(K)/dim·I (default relative scale), time
+    learning_rate·t over y.size. The docs' conversion (ridge = diag_reg·tr(K)/(N·o), t = lr_nt·t_nt/(o·η))
+    must give the same numbers."""
+    J, Jt, f0, g0, y, K, Kt, shape = _linear_problem(6)
+    N, M, o = shape
+    Kf, Ktf = J @ J.T, Jt @ J.T
+    diag_reg, lr_nt, t_nt = 0.1, 2.0, 7.0
+    reg = diag_reg * torch.trace(Kf) / Kf.shape[0]
+    ev, V = torch.linalg.eigh(Kf + reg * torch.eye(N * o, dtype=F64))
+    nt_test = g0 + Ktf @ (V @ (torch.expm1(-ev * lr_nt * t_nt / y.numel()) / ev * (V.T @ (f0 - y))))
+    eta = 0.3
+    ours = _predict(K, Kt, y, f0, g0, shape, lr=eta, t=lr_nt * t_nt / (o * eta), ridge=float(reg))
+    assert (ours["test"].reshape(-1) - nt_test).abs().max() < 1e-12
+
+
 def test_kernel_predict_refuses_bad_options():
     J, Jt, f0, g0, y, K, Kt, shape = _linear_problem(5)
     N, M, o = shape
@@ -171,7 +188,8 @@ def test_dropout_without_a_module_and_attention_dropout_are_found():
     att.eval()
     assert ntk(att, x, method="jacobian").shape == (4, 4, 2, 2)
     # p = 0 in training mode draws nothing
-    assert ntk(nn.Sequential(nn.Linear(3, 4), nn.Dropout(0.0), nn.Linear(4, 1)).double().train(), x).shape == (4, 4, 1, 1)
+    off = nn.Sequential(nn.Linear(3, 4), nn.Dropout(0.0), nn.Linear(4, 1)).double().train()
+    assert ntk(off, x).shape == (4, 4, 1, 1)
 
 
 def test_linearize_allow_stochastic_and_dropout_switched_on_later():

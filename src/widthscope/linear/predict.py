@@ -65,7 +65,7 @@ def kernel_predict(K_train: torch.Tensor, y_train: torch.Tensor, *, lr: float,
     (flow: ``(I − B)^s → exp(−t B)``), so ``t = ∞`` is kernel ridge regression
     ``f^t_0 − Θ_t (Θ + λI)^{-1} (f_0 − y)``. The test outputs are neural-tangents'
     ``gradient_descent_mse(K, y, diag_reg=λ, diag_reg_absolute_scale=True)`` (its default scales
-    ``diag_reg`` by ``trace(K)/(N·o)``: pass ``ridge = diag_reg · trace(K)/(N·o)``; its time is
+    ``diag_reg`` by ``trace(K)/(N·o)``: pass ``ridge = diag_reg · trace(K)/(N·o)``; its ``learning_rate·t`` is
     ``o·η·t`` here, its loss being a mean over the ``N·o`` outputs); its train outputs are its
     test formula at ``K_test = K_train``, as its docstring says.
 
