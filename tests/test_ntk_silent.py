@@ -97,6 +97,10 @@ def test_kernel_predict_refuses_bad_options():
             kernel_predict(K, Y, lr=0.5, steps=s)
     with pytest.raises(WidthscopeError, match="kernel_predict: t must be a number >= 0"):
         kernel_predict(K, Y, lr=0.5, t=-1.0)
+    with pytest.raises(WidthscopeError, match=r"K_train has shape \(7, 7, 2, 1\)"):
+        kernel_predict(K[..., :1], Y, lr=0.5, t=1.0)
+    with pytest.raises(WidthscopeError, match=r"K_test has shape \(4, 6, 2, 2\)"):
+        kernel_predict(K, Y, lr=0.5, t=1.0, K_test=Kt[:, :6])
     with pytest.raises(WidthscopeError, match=r"lr is too large .*ridge"):
         kernel_predict(K, Y, lr=1e4, steps=float("inf"), ridge=1.0)
 
@@ -278,6 +282,21 @@ def test_training_mode_batchnorm_kernel_of_one_batch_leaves_the_model_alone():
     want = _jac_oracle(lambda p: functional_call(ref, p, (x,)), params, x)
     assert (got - want).abs().max() < 1e-12
     assert all(torch.equal(v, net.state_dict()[k]) for k, v in state.items())  # running stats untouched
+
+
+def test_linearize_training_mode_batchnorm_is_a_clear_error_not_a_torch_crash():
+    from widthscope.linear import linearize
+
+    x = torch.randn(5, 3, dtype=F64)
+    net = nn.Sequential(nn.Linear(3, 8), nn.BatchNorm1d(8), nn.Linear(8, 2)).double()
+    with pytest.raises(WidthscopeError, match=r"linearize: BatchNorm1d '1' is in training mode .*model.eval\(\)"):
+        linearize(net.train())
+    lin = linearize(net.eval())
+    torch.testing.assert_close(lin(x), net(x))
+    with pytest.raises(WidthscopeError, match=r"linearized model: BatchNorm1d '1' is in training mode"):
+        lin.train()(x)
+    free = nn.Sequential(nn.Linear(3, 8), nn.BatchNorm1d(8, track_running_stats=False), nn.Linear(8, 2)).double()
+    torch.testing.assert_close(linearize(free.train())(x), free(x))  # batch statistics, no updates: fine
 
 
 def test_no_false_coupling_alarm_in_float32():

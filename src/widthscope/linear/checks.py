@@ -37,7 +37,8 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from ..errors import WidthscopeError
 
 __all__ = ["stochastic_modules", "check_stochastic", "batchnorm_coupling", "probe_checks", "FunctionModel",
-           "as_module", "without_running_stats", "COUPLED_FIX"]
+           "as_module", "without_running_stats", "check_running_stats",
+           "COUPLED_FIX"]
 
 COUPLED_FIX = ("method='jacobian' (x2=None, no batch_size) gives the batch-coupled kernel J(X) J(X)ᵀ of "
                "this one batch")
@@ -120,6 +121,18 @@ def without_running_stats(model: nn.Module) -> tuple[nn.Module, set[str]]:
                 setattr(m, b, None)
                 dropped.add(f"{n}.{b}" if n else b)
     return copy_, dropped
+
+
+def check_running_stats(mods: list[tuple[str, nn.Module]], who: str) -> None:
+    """Refuse a training-mode BatchNorm that updates running statistics in place (forward-mode
+    differentiation, the linear model's jvp, cannot run through in-place updates of its buffers)."""
+    for name, m in mods:
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training and m.track_running_stats:
+            raise WidthscopeError(f"{who}: {type(m).__name__} {name!r} is in training mode and updates its running "
+                                  "statistics in place on every call, which the linear model's forward-mode "
+                                  "derivative (jvp) cannot run through; call model.eval() first (running "
+                                  "statistics), or build it with track_running_stats=False (batch statistics, "
+                                  "no updates)")
 
 
 def _tol(t: torch.Tensor) -> float:

@@ -105,10 +105,11 @@ class LinearizedModel(nn.Module):
     def __init__(self, model: nn.Module, *, allow_stochastic: bool = False):
         super().__init__()
         from ..models.hf import eager_attention
-        from .checks import _is_candidate, check_stochastic
+        from .checks import _is_candidate, check_running_stats, check_stochastic
 
         if not allow_stochastic:
             check_stochastic(model, "linearize", _STOCHASTIC_OPT_IN)
+        check_running_stats(list(model.named_modules()), "linearize")
 
         # A private copy, so switching it to eager attention (jvp needs it) leaves the caller's
         # model and its kernels alone; eager and fused attention are the same function.
@@ -121,6 +122,7 @@ class LinearizedModel(nn.Module):
         object.__setattr__(self, "_base", base)  # unregistered on purpose (see docstring)
         self._allow_stochastic = bool(allow_stochastic)
         self._stochastic = [(n, m) for n, m in base.named_modules() if _is_candidate(m)]
+        self._bn = [(n, m) for n, m in base.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
         params, buffers = params_and_buffers(model)
         if not params:
             raise WidthscopeError("linearize: the model has no trainable parameters "
@@ -161,10 +163,12 @@ class LinearizedModel(nn.Module):
 
     # -- the linear model -------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if not self._allow_stochastic and self._stochastic:  # lin.train() may have switched dropout on
-            from .checks import check_stochastic
+        if (self._stochastic and not self._allow_stochastic) or self._bn:  # lin.train() may have switched them on
+            from .checks import check_running_stats, check_stochastic
 
-            check_stochastic(self._base, "linearized model", _STOCHASTIC_OPT_IN, self._stochastic)
+            if not self._allow_stochastic:
+                check_stochastic(self._base, "linearized model", _STOCHASTIC_OPT_IN, self._stochastic)
+            check_running_stats(self._bn, "linearized model")
         theta, theta0, bufs = self.theta(), self.theta0(), self.model_buffers()
         delta = {k: theta[k] - theta0[k] for k in self._names}
 

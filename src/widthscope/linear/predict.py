@@ -93,6 +93,13 @@ def kernel_predict(K_train: torch.Tensor, y_train: torch.Tensor, *, lr: float,
             return K.permute(0, 2, 1, 3).reshape(rows * o, N * o).double()
         return K.double()
 
+    if tuple(K_train.shape) not in ((N, N, o, o), (N * o, N * o)):
+        raise WidthscopeError(f"kernel_predict: K_train has shape {tuple(K_train.shape)}; for y_train of shape "
+                              f"({N}, {o}) it must be ({N}, {N}, {o}, {o}) or ({N * o}, {N * o})")
+    if K_test is not None and not ((K_test.dim() == 4 and tuple(K_test.shape[1:]) == (N, o, o))
+                                   or (K_test.dim() == 2 and K_test.shape[1] == N * o and K_test.shape[0] % o == 0)):
+        raise WidthscopeError(f"kernel_predict: K_test has shape {tuple(K_test.shape)}; it must be (M, {N}, {o}, {o}) "
+                              f"or (M·{o}, {N * o})")
     Kf = flat(K_train, N)
     y = y_train.reshape(-1).double()
     f0 = torch.zeros_like(y) if f0_train is None else f0_train.reshape(-1).double()
