@@ -285,7 +285,7 @@ def test_nonfinite_loss_names_the_step():
 def test_bad_inputs_raise_widthscope_errors_not_torch_errors():
     net = tiny_mlp()                              # 3 inputs, 2 outputs, float64
     X, Y = rn(8, 3), rn(8, 2)
-    with pytest.raises(WidthscopeError, match=r"cannot run on inputs of shape \(1, 5\)"):
+    with pytest.raises(WidthscopeError, match=r"cannot run on inputs of shape \(2, 5\)"):  # the probe rows
         ntk(net, rn(4, 5))
     with pytest.raises(WidthscopeError, match="no inputs"):
         ntk(net, rn(0, 3))

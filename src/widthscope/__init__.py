@@ -9,7 +9,8 @@ Alignment certificates (``widthscope.stats``, ``widthscope.probe``)
 Interventions and growth (``widthscope.probe``)
     insert, intervene
 Linearization diagnostics (``widthscope.linear``)
-    linearize, ntk, correlation, train_side_by_side
+    linearize, ntk, nngp, kernel_predict, correlation, train_side_by_side
+    (``ntk``/``nngp``/``linearize`` take an ``nn.Module`` or a function ``f(params, x)`` with ``params=``)
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ _EXPORTS = {
     "intervene": "widthscope.probe",
     "linearize": "widthscope.linear",
     "ntk": "widthscope.linear",
+    "nngp": "widthscope.linear",
+    "kernel_predict": "widthscope.linear",
     "correlation": "widthscope.linear",
     "train_side_by_side": "widthscope.linear",
 }

@@ -13,6 +13,17 @@ given the features — the empirical NNGP kernel. (For weights of variance ``s²
 model) gives ``(n1, n2, T, T)``: ``m² φ_t(x)·φ_s(x')``. Cost: one forward pass per batch and one
 ``(n1·T, d) @ (d, n2·T)`` product; no backward pass.
 
+A function ``f(params, x)`` (``params=`` a dict or pytree of tensors) has no modules to hook: its
+readout is a *parameter* ``W`` (``readout=`` its key, default the last 2-D floating entry whose first
+dimension is the number of outputs), and the kernel is that parameter's NTK, ``Θ^W_{ab}(x, x') =
+δ_{ab} m² φ(x)·φ(x')`` for ``f = m W φ + …`` — checked: with two or more outputs its off-diagonal
+output pairs must vanish and its diagonal ones agree (else ``WidthscopeError``: ``W`` is not a
+readout applied once).
+
+Random layers in training mode (dropout) and batch-coupled models (BatchNorm with batch statistics,
+``h − h.mean(0)``; :mod:`widthscope.linear.checks`) are refused: ``φ`` would depend on the call or on
+the batch.
+
 Example::
 
     >>> import torch
@@ -26,6 +37,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+
+from typing import Any, Callable
 
 from ..errors import WidthscopeError
 from .rules import multiplier
@@ -69,19 +82,87 @@ def readout(model: nn.Module, x: torch.Tensor) -> str:
     return _features(model, x, None)[0]
 
 
-def nngp(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *, readout: str | None = None,
-         dtype: torch.dtype | None = None) -> torch.Tensor:
+def _check(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None) -> None:
+    from .checks import batchnorm_coupling, check_stochastic, probe_checks
+    from .model import _flat_out, params_and_buffers
+
+    check_stochastic(model, "nngp")
+    coupled = batchnorm_coupling(model, jacobian_fix=False)
+    if coupled is None:
+        p, b = params_and_buffers(model)
+        probe = x1[:2] if x2 is None else torch.cat([x1[:1], x2[:1]])
+        found = probe_checks(lambda x: _flat_out(model, p, b, x), probe, "nngp")
+        coupled = None if found is None else f"the examples are coupled: {found}"
+    if coupled is not None:
+        raise WidthscopeError(f"nngp: {coupled}; the features φ(x) of one example would "
+                              "depend on the rest of its batch (compute them yourself if that is what you want)")
+
+
+def _function_nngp(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None, readout: str | None,
+                   dtype: torch.dtype | None) -> torch.Tensor:
+    """The readout parameter's NTK ``Θ^W`` of a :class:`FunctionModel` (module docstring)."""
+    from .model import ntk
+
+    names = [n for n, _ in model.named_parameters()]
+    with torch.no_grad():
+        o = _out_dim(model, x1)
+    if readout is None:
+        cands = [n for n, p in model.named_parameters() if p.dim() == 2 and p.shape[0] == o]
+        if not cands:
+            raise WidthscopeError(f"nngp: no 2-D parameter with {o} rows (the number of outputs) in params; pass "
+                                  "readout='key' of the readout weight")
+        readout = cands[-1]
+    key = readout.replace(".", "__")
+    if key not in names:
+        raise WidthscopeError(f"nngp: no parameter {readout!r} in params (keys: {', '.join(names[:8])}); pass "
+                              "readout='key' of the readout weight")
+    flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    try:
+        for n, p in model.named_parameters():
+            p.requires_grad_(n == key)
+        K = ntk(model, x1, x2, method="jacobian")
+    finally:
+        for n, p in model.named_parameters():
+            p.requires_grad_(flags[n])
+    diag = torch.diagonal(K, dim1=2, dim2=3)
+    scale = float(diag.abs().max()) or 1.0
+    tol = min(0.05, 1e4 * torch.finfo(K.dtype).eps) * scale
+    off = float((K - torch.diag_embed(diag)).abs().max())
+    spread = float((diag - diag[..., :1]).abs().max())
+    if off > tol or spread > tol:
+        raise WidthscopeError(f"nngp: parameter {readout!r} is not a readout applied once (f = m·W φ(x) + …): its "
+                              f"kernel has output cross terms up to {off:.3g} and diagonal spread {spread:.3g} "
+                              f"(scale {scale:.3g}); pass readout='key' of the readout weight")
+    K = diag[..., 0]
+    return K.contiguous() if dtype is None else K.to(dtype).contiguous()
+
+
+def _out_dim(model: nn.Module, x: torch.Tensor) -> int:
+    from .structured import _out_tensor
+
+    return _out_tensor(model(x[:1])).shape[1]
+
+
+def nngp(model: nn.Module | Callable[..., Any], x1: torch.Tensor, x2: torch.Tensor | None = None, *,
+         readout: str | None = None, dtype: torch.dtype | None = None, params: Any = None) -> torch.Tensor:
     """``m² φ(x1)·φ(x2)`` (module docstring): ``(n1, n2)``, or ``(n1, n2, T, T)`` for a readout applied at
-    ``T`` positions. ``readout``: a dense layer's name (default: the last one run); ``dtype``: of the result
-    (the product runs in the model's dtype)."""
+    ``T`` positions. ``readout``: a dense layer's name (default: the last one run; for a function
+    ``f(params, x)`` with ``params=``, a key of ``params``); ``dtype``: of the result (the product runs
+    in the model's dtype)."""
+    from .checks import FunctionModel, as_module
     from .model import as_param_dtype
 
+    model = as_module(model, params, "nngp")
     if not isinstance(x1, torch.Tensor) or x1.dim() < 1 or x1.shape[0] == 0:
         raise WidthscopeError("nngp: x1 must be a non-empty batched tensor (n1, ...) of inputs")
     if x2 is not None and (not isinstance(x2, torch.Tensor) or x2.shape[1:] != x1.shape[1:] or x2.shape[0] == 0):
         raise WidthscopeError(f"nngp: x2 must be a non-empty tensor shaped like x1 (n2, {tuple(x1.shape[1:])})")
     params = {k: v for k, v in model.named_parameters()}
     x1 = as_param_dtype(x1, params)
+    x2 = None if x2 is None else as_param_dtype(x2, params)
+    _check(model, x1, x2)
+    if isinstance(model, FunctionModel):
+        return _function_nngp(model, x1, x2, readout, dtype)
     name, a1, m = _features(model, x1, readout)
     a2 = a1 if x2 is None else _features(model, as_param_dtype(x2, params), name)[1]
     d = a1.shape[-1]

@@ -22,7 +22,7 @@ Example::
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -38,6 +38,10 @@ ATTENTION_FIX = ('build or load the model with attn_implementation="eager" (e.g.
                  'AutoModelForCausalLM.from_config(cfg, attn_implementation="eager"), or '
                  'model.set_attn_implementation("eager")): fused scaled-dot-product attention '
                  'kernels have no forward-mode (jvp) derivative')
+
+
+_STOCHASTIC_OPT_IN = (", or pass allow_stochastic=True to linearise each call's random draw "
+                      "(primal and tangent share it)")
 
 
 def _safe(name: str) -> str:
@@ -98,9 +102,14 @@ class LinearizedModel(nn.Module):
     move it. Gradients with respect to ``θ`` flow through the jvp (reverse-over-forward).
     """
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, *, allow_stochastic: bool = False):
         super().__init__()
         from ..models.hf import eager_attention
+        from .checks import _is_candidate, check_running_stats, check_stochastic
+
+        if not allow_stochastic:
+            check_stochastic(model, "linearize", _STOCHASTIC_OPT_IN)
+        check_running_stats(list(model.named_modules()), "linearize")
 
         # A private copy, so switching it to eager attention (jvp needs it) leaves the caller's
         # model and its kernels alone; eager and fused attention are the same function.
@@ -111,6 +120,9 @@ class LinearizedModel(nn.Module):
             p.requires_grad_(False)
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
         object.__setattr__(self, "_base", base)  # unregistered on purpose (see docstring)
+        self._allow_stochastic = bool(allow_stochastic)
+        self._stochastic = [(n, m) for n, m in base.named_modules() if _is_candidate(m)]
+        self._bn = [(n, m) for n, m in base.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
         params, buffers = params_and_buffers(model)
         if not params:
             raise WidthscopeError("linearize: the model has no trainable parameters "
@@ -151,6 +163,12 @@ class LinearizedModel(nn.Module):
 
     # -- the linear model -------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if (self._stochastic and not self._allow_stochastic) or self._bn:  # lin.train() may have switched them on
+            from .checks import check_running_stats, check_stochastic
+
+            if not self._allow_stochastic:
+                check_stochastic(self._base, "linearized model", _STOCHASTIC_OPT_IN, self._stochastic)
+            check_running_stats(self._bn, "linearized model")
         theta, theta0, bufs = self.theta(), self.theta0(), self.model_buffers()
         delta = {k: theta[k] - theta0[k] for k in self._names}
 
@@ -173,12 +191,19 @@ class LinearizedModel(nn.Module):
         return tree_unflatten([next(summed) if t else None for t in is_tensor], treedef)
 
 
-def linearize(model: nn.Module) -> LinearizedModel:
+def linearize(model: nn.Module | Callable[..., Any], *, params: Any = None,
+              allow_stochastic: bool = False) -> LinearizedModel:
     """Return the linear model of ``model`` around its current parameters ``θ₀``.
 
     ``F_lin(x; θ) = F(x; θ₀) + ∇_θF(x; θ₀)·(θ − θ₀)``, computed with ``torch.func.jvp``.
     ``model`` itself is not modified (a copy is wrapped). Train the result with any torch
     optimizer over ``lin.parameters()``.
+
+    ``model`` may be a function ``f(params, x)`` with ``params=`` a dict or pytree of tensors
+    (``θ₀``; :class:`widthscope.linear.checks.FunctionModel`); the result is called as ``lin(x)``.
+    A model with dropout (or another random layer) in training mode is refused: each call would
+    linearise a different random network. ``allow_stochastic=True`` accepts it (every call then
+    linearises that call's random draw; the primal and tangent share it).
 
     Example::
 
@@ -188,9 +213,9 @@ def linearize(model: nn.Module) -> LinearizedModel:
         >>> opt = torch.optim.SGD(lin.parameters(), lr=0.1)
         >>> lin(torch.randn(3, 2)).sum().backward(); opt.step()
     """
-    if not isinstance(model, nn.Module):
-        raise WidthscopeError(f"linearize: expected a torch.nn.Module, got {type(model).__name__}")
-    return LinearizedModel(model)
+    from .checks import as_module
+
+    return LinearizedModel(as_module(model, params, "linearize"), allow_stochastic=allow_stochastic)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,6 +241,34 @@ def first_output(model: nn.Module, params, buffers, x: torch.Tensor, who: str) -
         raise WidthscopeError(f"{who}: the model cannot run on inputs of shape {tuple(x.shape)} "
                               f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
                               "pass inputs shaped like the model's training inputs") from None
+
+
+def _check_model(model: nn.Module, params, buffers, x1: torch.Tensor, x2: torch.Tensor,
+                 method: str) -> tuple[str | None, nn.Module, dict]:
+    """Refuse random layers; say why the examples are batch-coupled (``None``: they are not), refusing a
+    coupled model for the per-example ``"auto"``/``"structured"`` routes (:mod:`.checks`). Returns the
+    reason, the model and the buffers to use: for a coupled model a copy without running-statistics
+    updates and copied buffers, so nothing of the caller's model changes."""
+    from .checks import COUPLED_FIX, batchnorm_coupling, check_stochastic, probe_checks, without_running_stats
+
+    check_stochastic(model, "ntk")
+    coupled = batchnorm_coupling(model)
+    if coupled is not None:
+        model, dropped = without_running_stats(model)
+        buffers = {k: v.clone() for k, v in buffers.items() if k not in dropped}
+    probe = x1[:2] if x2 is x1 else torch.cat([x1[:1], x2[:1]])
+    try:
+        found = probe_checks(lambda x: _flat_out(model, params, buffers, x), probe, "ntk", coupling=coupled is None)
+    except (RuntimeError, TypeError, IndexError) as exc:
+        raise WidthscopeError(f"ntk: the model cannot run on inputs of shape {tuple(probe.shape)} "
+                              f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                              "pass inputs shaped like the model's training inputs") from None
+    if found is not None:
+        coupled = f"the examples are coupled: {found}; {COUPLED_FIX}"
+    if coupled is not None and method in ("auto", "structured"):
+        raise WidthscopeError(f"ntk: {coupled}. A per-example kernel (method={method!r}) assumes each output "
+                              "depends on its own example only, which does not hold here")
+    return coupled, model, buffers
 
 
 def _flat_out(model: nn.Module, params, buffers, x: torch.Tensor) -> torch.Tensor:
@@ -269,10 +322,10 @@ def _ntk_products(model, params, buffers, x1, x2):
     return cols
 
 
-def ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *, trace: bool = False,
-        chunk_size: int | None = None, method: str = "auto",
+def ntk(model: nn.Module | Callable[..., Any], x1: torch.Tensor, x2: torch.Tensor | None = None, *,
+        trace: bool = False, chunk_size: int | None = None, method: str = "auto",
         memory_budget: float = 2e9, info: dict | None = None, diagonal: bool = False,
-        batch_size: int | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
+        batch_size: int | None = None, dtype: torch.dtype | None = None, params: Any = None) -> torch.Tensor:
     r"""Empirical NTK ``Θ_{ab}(x, x') = Σ_θ ∂f_a(x)/∂θ · ∂f_b(x')/∂θ`` (``J(x) J(x')ᵀ``), all output pairs.
 
     Kernel shapes (outputs flattened to ``out`` components; the learning rate is not included: the
@@ -319,8 +372,20 @@ def ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *, t
     whose Jacobians fit in ``memory_budget`` bytes, and ``"products"`` when even one example does not
     fit. Pass ``info={}`` to learn what it did: ``info["method"]``, and for the structured path
     ``info["covered"]``/``info["uncovered"]`` (parameter counts) and ``info["generic"]`` (names of the
-    parameters on the Jacobian path). Layers that couple examples (BatchNorm in training mode) must
-    be in eval mode. Floating inputs are cast to the parameters' dtype.
+    parameters on the Jacobian path). Floating inputs are cast to the parameters' dtype.
+
+    Refused before any work (:mod:`widthscope.linear.checks`): ``memory_budget <= 0``; random layers in
+    training mode (dropout: call ``model.eval()``), found by module type and by two forward calls on
+    the probe rows; and, for ``"auto"``/``"structured"``, models whose examples are coupled within a
+    batch (BatchNorm with batch statistics — training mode or ``track_running_stats=False`` — or any
+    op that mixes examples, found by comparing the batched and one-row forward passes of two probe
+    rows): a per-example kernel does not exist there. ``method="jacobian"`` or ``"products"`` with
+    ``x2=None`` (no ``batch_size``, not ``diagonal``) then computes the batch-coupled kernel
+    ``J(X) J(X)ᵀ`` of the batch ``x1`` in one piece, and ``info["batch_coupled"]`` says why.
+
+    Functional API: ``model`` may be a function ``f(params, x)`` with ``params=`` a dict or pytree of
+    tensors (every floating leaf is differentiated), as ``torch.func.functional_call`` users write it;
+    it takes the ``"jacobian"``/``"products"`` routes (no module structure to exploit).
 
     Example::
 
@@ -329,7 +394,17 @@ def ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *, t
         >>> K = widthscope.ntk(net, torch.randn(4, 3), trace=True)   # (4, 4)
         >>> widthscope.ntk(net, torch.randn(4, 3), diagonal=True).shape
         torch.Size([4, 2, 2])
+        >>> from torch.func import functional_call
+        >>> f = lambda p, x: functional_call(net, p, (x,))
+        >>> x = torch.randn(4, 3)
+        >>> bool(torch.allclose(widthscope.ntk(f, x, params=dict(net.named_parameters())), widthscope.ntk(net, x)))
+        True
     """
+    import math
+
+    from .checks import as_module
+
+    model = as_module(model, params, "ntk")
     if not isinstance(x1, torch.Tensor) or x1.dim() < 1:
         raise WidthscopeError("ntk: x1 must be a batched tensor (n1, ...) of inputs")
     if x2 is not None and (not isinstance(x2, torch.Tensor) or x2.shape[1:] != x1.shape[1:]):
@@ -345,20 +420,37 @@ def ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *, t
         raise WidthscopeError(f"ntk: batch_size must be a positive integer or None, got {batch_size!r}")
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise WidthscopeError(f"ntk: dtype must be a floating torch.dtype (e.g. torch.float64), got {dtype!r}")
+    if not (isinstance(memory_budget, (int, float)) and not isinstance(memory_budget, bool)
+            and memory_budget > 0 and not math.isnan(memory_budget)):
+        raise WidthscopeError(f"ntk: memory_budget must be a positive number of bytes (e.g. 2e9), got "
+                              f"{memory_budget!r}; to force a method pass method='jacobian' or 'products'")
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+        raise WidthscopeError(f"ntk: chunk_size must be a positive integer or None, got {chunk_size!r}")
     params, buffers = params_and_buffers(model)
     if not params:
         raise WidthscopeError("ntk: the model has no trainable parameters")
-    for name, m in model.named_modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm) and (m.training or not m.track_running_stats):
-            raise WidthscopeError(f"ntk: {type(m).__name__} {name!r} uses batch statistics (training mode), "
-                                  "which couple the examples; call model.eval() first")
     same = x2 is None
     x1 = as_param_dtype(x1, params)
     x2 = x1 if same else as_param_dtype(x2, params)
+    coupled, model, buffers = _check_model(model, params, buffers, x1, x2, method)
+    if coupled is not None:
+        bad = ("x2 is given" if not same else "batch_size is set" if batch_size is not None else
+               "diagonal=True" if diagonal else "")
+        if bad:
+            raise WidthscopeError(f"ntk: {coupled}; the batch-coupled kernel exists only for one batch at once, "
+                                  f"but {bad}: pass x2=None without batch_size or diagonal (for Θ(x1, x2) pass "
+                                  "torch.cat([x1, x2]) and slice the blocks)")
+        if info is not None:
+            info["batch_coupled"] = coupled
     n_params = sum(p.numel() for p in params.values())
-    n_out = first_output(model, params, buffers, x1[:1], "ntk").shape[1]
+    n_out = first_output(model, params, buffers, x1 if coupled else x1[:1], "ntk").shape[1]
     itemsize = next(iter(params.values())).element_size()
     per_example = n_out * n_params * itemsize
+    if coupled is not None and method == "jacobian":  # one chunk: the whole batch's Jacobian at once
+        if chunk_size is not None and chunk_size < x1.shape[0]:
+            raise WidthscopeError(f"ntk: {coupled}; the batch-coupled kernel needs the Jacobian of the whole batch "
+                                  f"at once: chunk_size={chunk_size} < {x1.shape[0]} rows (pass chunk_size=None)")
+        chunk_size = x1.shape[0]
     from .structured import plan as structured_plan
     from .structured import structured_ntk
 
@@ -389,9 +481,7 @@ def ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *, t
                                _plan=P)
             return K.detach()
         if chunk_size is None:
-            chunk_size = max(1, int(memory_budget // (2 * per_example)))
-        if chunk_size < 1:
-            raise WidthscopeError(f"ntk: chunk_size must be >= 1 (got {chunk_size})")
+            chunk_size = max(1, int(min(memory_budget // (2 * per_example), 2 ** 62)))
 
         def block(a: torch.Tensor, b: torch.Tensor, same_ab: bool) -> torch.Tensor:
             if method == "jacobian":

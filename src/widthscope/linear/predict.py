@@ -24,19 +24,50 @@ def gd_weights(a: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
     return decay, torch.where(a.abs() > 1e-300, (1 - decay) / a.clamp_min(1e-300), torch.full_like(a, float(s)))
 
 
+def _check_args(lr: float, steps, t, ridge: float) -> None:
+    """One-line errors for the scalar options, before any work (``bool`` is no number here)."""
+    import math
+
+    def num(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    if (steps is None) == (t is None):
+        raise WidthscopeError("kernel_predict: give exactly one of steps (discrete GD) or t (gradient flow)")
+    if not (num(lr) and math.isfinite(lr) and lr > 0):
+        raise WidthscopeError(f"kernel_predict: lr must be a positive finite number, got {lr!r}")
+    if not (num(ridge) and math.isfinite(ridge) and ridge >= 0):
+        raise WidthscopeError(f"kernel_predict: ridge must be a finite number >= 0 (an absolute amount added to "
+                              f"the kernel's diagonal), got {ridge!r}; pass ridge=0 for plain gradient descent")
+    if steps is not None and not (num(steps) and steps >= 0 and (math.isinf(steps) or float(steps).is_integer())):
+        raise WidthscopeError(f"kernel_predict: steps must be a whole number >= 0 or float('inf'), got {steps!r}; "
+                              "for a fractional time use t= (gradient flow)")
+    if t is not None and not (num(t) and t >= 0 and not math.isnan(t)):
+        raise WidthscopeError(f"kernel_predict: t must be a number >= 0 or float('inf'), got {t!r}")
+
+
 def kernel_predict(K_train: torch.Tensor, y_train: torch.Tensor, *, lr: float,
                    steps: int | float | None = None, t: float | None = None, ridge: float = 0.0,
                    K_test: torch.Tensor | None = None, f0_train: torch.Tensor | None = None,
                    f0_test: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    r"""Closed-form outputs of squared-loss gradient descent with a fixed kernel.
+    r"""Closed-form outputs of squared-loss gradient descent with a fixed kernel, optionally ridge-regularised.
 
     With ``L = (1/2N) Σ‖f(x_i) − y_i‖²`` and ``A = (η/N) Θ(X, X)`` (the :func:`function_space_gd`
     convention), full-batch GD gives ``f_s − y = (I − A)^s (f_0 − y)`` on the training inputs and
     ``f^t_s = f^t_0 − (η/N) Θ(X_t, X) Σ_{r<s} (I − A)^r (f_0 − y)`` on test inputs. In the
     eigenbasis ``A = V diag(a) Vᵀ`` the sum is ``V diag((1 − (1 − a)^s)/a) Vᵀ`` (``s`` at ``a = 0``).
     Gradient flow for time ``t`` replaces ``(1 − a)^s`` by ``exp(−t a)``; ``steps = inf`` or
-    ``t = inf`` is the limit (``f^t_∞ = f^t_0 − Θ_t Θ⁺ (f_0 − y)``, the minimum-norm interpolant);
-    with ``ridge > 0`` the kernel ridge solution ``f^t_0 − Θ_t (Θ + ridge I)^{-1} (f_0 − y)``.
+    ``t = inf`` is the limit (``f^t_∞ = f^t_0 − Θ_t Θ⁺ (f_0 − y)``, the minimum-norm interpolant).
+
+    **Ridge** (``ridge = λ ≥ 0``, absolute units of the kernel): GD/flow of the linear model on
+    ``L_λ = (1/2N) (Σ‖f(x_i) − y_i‖² + λ‖θ − θ₀‖²)``. Its function-space form has
+    ``B = (η/N)(Θ + λI)``: after ``s`` steps ``f = f_0 − Θ C_s (f_0 − y)`` on the training inputs and
+    ``f^t = f^t_0 − Θ_t C_s (f_0 − y)`` on test inputs, ``C_s = (Θ + λI)^{-1}(I − (I − B)^s)``
+    (flow: ``(I − B)^s → exp(−t B)``), so ``t = ∞`` is kernel ridge regression
+    ``f^t_0 − Θ_t (Θ + λI)^{-1} (f_0 − y)``. The test outputs are neural-tangents'
+    ``gradient_descent_mse(K, y, diag_reg=λ, diag_reg_absolute_scale=True)`` (its default scales
+    ``diag_reg`` by ``trace(K)/(N·o)``: pass ``ridge = diag_reg · trace(K)/(N·o)``; its ``learning_rate·t`` is
+    ``o·η·t`` here, its loss being a mean over the ``N·o`` outputs); its train outputs are its
+    test formula at ``K_test = K_train``, as its docstring says.
 
     ``K_train``: ``(N, N, o, o)`` or ``(N·o, N·o)``; ``K_test``: ``(M, N, o, o)`` or ``(M·o, N·o)``;
     ``y_train``, ``f0_*``: ``(N, o)`` / ``(M, o)`` (``f0`` default 0). Returns ``{"train", "test"}``.
@@ -48,13 +79,12 @@ def kernel_predict(K_train: torch.Tensor, y_train: torch.Tensor, *, lr: float,
         >>> y = torch.ones(3, 1, dtype=torch.float64)
         >>> kernel_predict(K, y, lr=0.5, steps=float("inf"))["train"].flatten().tolist()
         [1.0, 1.0, 1.0]
+        >>> kernel_predict(K, y, lr=0.5, t=float("inf"), ridge=2.0)["train"].flatten().tolist()  # 2/(2+2)
+        [0.5, 0.5, 0.5]
     """
     import math
 
-    if (steps is None) == (t is None):
-        raise WidthscopeError("kernel_predict: give exactly one of steps (discrete GD) or t (gradient flow)")
-    if not (isinstance(lr, (int, float)) and lr > 0):
-        raise WidthscopeError(f"kernel_predict: lr must be positive, got {lr!r}")
+    _check_args(lr, steps, t, ridge)
     N = y_train.shape[0]
     o = y_train.reshape(N, -1).shape[1]
 
@@ -63,27 +93,41 @@ def kernel_predict(K_train: torch.Tensor, y_train: torch.Tensor, *, lr: float,
             return K.permute(0, 2, 1, 3).reshape(rows * o, N * o).double()
         return K.double()
 
+    if tuple(K_train.shape) not in ((N, N, o, o), (N * o, N * o)):
+        raise WidthscopeError(f"kernel_predict: K_train has shape {tuple(K_train.shape)}; for y_train of shape "
+                              f"({N}, {o}) it must be ({N}, {N}, {o}, {o}) or ({N * o}, {N * o})")
+    if K_test is not None and not ((K_test.dim() == 4 and tuple(K_test.shape[1:]) == (N, o, o))
+                                   or (K_test.dim() == 2 and K_test.shape[1] == N * o and K_test.shape[0] % o == 0)):
+        raise WidthscopeError(f"kernel_predict: K_test has shape {tuple(K_test.shape)}; it must be (M, {N}, {o}, {o}) "
+                              f"or (M·{o}, {N * o})")
     Kf = flat(K_train, N)
     y = y_train.reshape(-1).double()
     f0 = torch.zeros_like(y) if f0_train is None else f0_train.reshape(-1).double()
     r0 = f0 - y
     limit = (steps is not None and math.isinf(steps)) or (t is not None and math.isinf(t))
     if limit and ridge > 0:
+        if steps is not None:  # discrete GD on L_λ converges iff (η/N)(λ_max + λ) < 2
+            lam_max = float(torch.linalg.eigvalsh((Kf + Kf.T) / 2).max().clamp_min(0))
+            if lr / N * (lam_max + ridge) >= 2:
+                raise WidthscopeError("kernel_predict: lr is too large for GD to converge "
+                                      "(η (λ_max + ridge) / N >= 2); lower lr or use t= (gradient flow)")
         coef = torch.linalg.solve(Kf + ridge * torch.eye(len(Kf), dtype=Kf.dtype), r0)  # Θ⁻¹-like weights
         train = f0 - Kf @ coef
     else:
         _, V, a, c = spectral(Kf, r0, lr, N)
+        ar = a + (lr / N) * ridge  # the regularised rates: eigenvalues of B = (η/N)(Θ + λI)
         if limit:
             if steps is not None and bool((a >= 2).any()):
                 raise WidthscopeError("kernel_predict: lr is too large for GD to converge (η λ_max / N >= 2)")
             w = torch.where(a > 1e-12 * a.max().clamp_min(1e-300), 1.0 / a.clamp_min(1e-300), torch.zeros_like(a))
             decay = torch.where(a > 1e-12 * a.max().clamp_min(1e-300), torch.zeros_like(a), torch.ones_like(a))
         elif steps is not None:
-            decay, w = gd_weights(a, int(steps))
+            decay, w = gd_weights(ar, int(steps))
         else:
-            decay = torch.exp(-float(t) * a)
-            w = torch.where(a > 1e-300, (1 - decay) / a.clamp_min(1e-300), torch.full_like(a, float(t)))
-        train = y + V @ (decay * c)
+            decay = torch.exp(-float(t) * ar)
+            w = torch.where(ar > 1e-300, (1 - decay) / ar.clamp_min(1e-300), torch.full_like(ar, float(t)))
+        # f − f_0 = −Θ C (f_0 − y); without ridge a·w = 1 − decay, so f = y + V decay c exactly
+        train = y + V @ (decay * c) if ridge == 0 else f0 - V @ (a * w * c)
         coef = (lr / N) * (V @ (w * c))  # f_test = f0_test − Θ_t · coef
     out = {"train": train.reshape(N, o)}
     if K_test is not None:

@@ -122,10 +122,12 @@ def _forward_hooked(model: nn.Module, x: torch.Tensor, hooks: list) -> torch.Ten
 def plan(model: nn.Module, x: torch.Tensor) -> Plan:
     """Split the trainable parameters into the structured and the generic path, from one probe
     forward pass on (up to two rows of) ``x``."""
-    for name, m in model.named_modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm) and (m.training or not m.track_running_stats):
-            raise WidthscopeError(f"ntk: {type(m).__name__} {name!r} uses batch statistics (training mode), "
-                                  "which couple the examples; call model.eval() first")
+    from .checks import batchnorm_coupling
+
+    coupled = batchnorm_coupling(model)
+    if coupled is not None:
+        raise WidthscopeError(f"ntk: {coupled}. The structured kernel assumes each output depends on its own "
+                              "example only, which does not hold")
     cands = [(n, m, r) for n, m in model.named_modules() if (r := rule(m)) is not None
              and any(p.requires_grad for p in m.parameters(recurse=False))]
     owners: dict[int, int] = {}
