@@ -37,7 +37,9 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT / "src"))
 
-MARK = re.compile(r"<!--n:([A-Za-z0-9_.\-/=]+)-->(.*?)<!--/n-->", re.S)
+# Keys start with a lowercase letter (so prose can show the form as ``<!--n:KEY-->``); a body holds no
+# other comment, so an opener without its closer never swallows the text up to a later span.
+MARK = re.compile(r"<!--n:([a-z][A-Za-z0-9_.\-/=]*)-->((?:(?!<!--).)*?)<!--/n-->", re.S)
 PAGES = ("README.md", "docs/*.md")
 
 QUANTITIES: dict[str, Callable[[], str]] = {}
@@ -226,6 +228,7 @@ def write(files: Sequence[Path] | None = None, errors: dict[str, str] | None = N
 SECTIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("README.md", "## What we measured so far"): (
         "at width 1024 and n = 256",
+        "at step 100",
         # TODO(coordinator): the growth bullet belongs to the grow-bench numbers (issue 19, growth part);
         # mark its numbers there and drop this entry.
         "GROWTH-BULLET",
@@ -265,10 +268,26 @@ def unmarked(root: Path = ROOT) -> list[str]:
     out = []
     for (rel, heading), allowed in SECTIONS.items():
         body = strip_exempt(section((root / rel).read_text(), heading), allowed)
-        for m in re.finditer(r"\d+", body):
+        for m in re.finditer(r"(?<![A-Za-z_\d])\d+", body):  # not the digits of a name (float64)
             ctx = body[max(0, m.start() - 30):m.end() + 30].replace("\n", " ")
             out.append(f"{rel} {heading!r}: {m.group()!r} in ...{ctx}...")
     return out
+
+
+def compact(src: Path, dst: Path, drop: Sequence[str] = ("probe_data",)) -> int:
+    """Write the rows of a sweep's ``cells/*.json`` (each cell once, in cell order) to
+    ``dst/results.jsonl`` without the ``drop`` fields, and copy ``sweep.json``; returns the row
+    count. Checkpoints and samples are never copied."""
+    rows = []
+    for cell in sorted(src.glob("cells/*.json")):
+        rows += json.loads(cell.read_text())["rows"]
+    rows.sort(key=lambda r: (r.get("cell_index", 0), r.get("row_index", 0)))
+    dst.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({k: v for k, v in r.items() if k not in drop}, separators=(",", ":")) for r in rows]
+    (dst / "results.jsonl").write_text("\n".join(lines) + "\n")
+    if (src / "sweep.json").exists():
+        (dst / "sweep.json").write_text((src / "sweep.json").read_text())
+    return len(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -278,7 +297,13 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--write", action="store_true", help="rewrite the marked spans from the rows")
     g.add_argument("--unmarked", action="store_true", help="list digits outside markers in checked sections")
     g.add_argument("--show", metavar="KEY", help="print one quantity")
+    g.add_argument("--compact", nargs=2, metavar=("SWEEP_DIR", "DEST"),
+                   help="commit-sized rows of a sweep: DEST/results.jsonl (no probe_data) + sweep.json")
     args = ap.parse_args(argv)
+    if args.compact:
+        n = compact(Path(args.compact[0]), Path(args.compact[1]))
+        print(f"docnumbers: {n} rows -> {Path(args.compact[1]) / 'results.jsonl'}")
+        return 0
     if args.show:
         print(compute([args.show])[args.show])
         return 0
@@ -351,9 +376,76 @@ def _ntk_ref() -> str:
 def _ntk_speedup() -> str:
     return f"{_ntk_best_ref(1024, 256)['seconds'] / _ntk('structured', 1024, 256)['seconds']:.0f}"
 
+
+def _ntk_all() -> dict[str, dict[str, Any]]:
+    return load_json("benchmarks/results/ntk-scaling-cpu.json")
+
+
+@pattern(r"ntk/(structured|floor|vmap_jacrev|jacrev|ntk_vp)/(\d+)/(\d+)/(s2|s0|mb|gb|gflop|need_gb)")
+def _ntk_field(method: str, width: str, n: str, form: str) -> str:
+    """One recorded cell of the NTK scaling benchmark: seconds (2 decimals or whole), peak MB or GB,
+    Gram GFLOP, or the GB of Jacobian rows a skipped reference would need."""
+    r = _ntk(method, int(width), int(n))
+    if form == "need_gb":
+        return re.search(r"need (\d+) GB", r["skipped"]).group(1)
+    if form == "gflop":
+        return f"{r['gram_gflop']:.0f}"
+    if form in ("mb", "gb"):
+        return f"{r['peak_MB']:.0f}" if form == "mb" else f"{r['peak_MB'] / 1000:.1f}"
+    return f"{r['seconds']:.2f}" if form == "s2" else f"{r['seconds']:.0f}"
+
+
+@pattern(r"ntk/speedup/(\d+)/(\d+)")
+def _ntk_speedup_at(width: str, n: str) -> str:
+    return f"{_ntk_best_ref(int(width), int(n))['seconds'] / _ntk('structured', int(width), int(n))['seconds']:.0f}"
+
+
+@pattern(r"ntk/vs_floor/(\d+)/(\d+)")
+def _ntk_floor_at(width: str, n: str) -> str:
+    return f"{_ntk('structured', int(width), int(n))['seconds'] / _ntk('floor', int(width), int(n))['seconds']:.2f}"
+
+
+def _ntk_cells() -> list[tuple[int, int]]:
+    return sorted({(r["width"], r["n"]) for r in _ntk_all().values() if r["method"] == "structured"})
+
+
+@quantity("ntk.speedup_range")
+def _ntk_speedups() -> str:
+    v = [_ntk_best_ref(w, n)["seconds"] / _ntk("structured", w, n)["seconds"] for w, n in _ntk_cells()
+         if _ntk_best_ref(w, n)]
+    return span(min(v), max(v), lambda x: f"{x:.0f}")
+
+
+def _floors(select: Callable[[int, int], bool]) -> list[float]:
+    return [_ntk("structured", w, n)["seconds"] / _ntk("floor", w, n)["seconds"] for w, n in _ntk_cells()
+            if select(w, n) and "seconds" in _ntk("floor", w, n)]
+
+
+@quantity("ntk.vs_floor_wide")
+def _ntk_floor_wide() -> str:
+    v = _floors(lambda w, n: w >= 1024)
+    return span(min(v), max(v), lambda x: f"{x:.2f}")
+
+
+@quantity("ntk.vs_floor_4096_max")
+def _ntk_floor_4096() -> str:
+    return f"{max(_floors(lambda w, n: w == 4096)):.2f}"
+
+
+@quantity("ntk.vs_floor_256")
+def _ntk_floor_256() -> str:
+    v = _floors(lambda w, n: w == 256 and n >= 256)
+    return span(min(v), max(v), lambda x: f"{x:.1f}")
+
+
+@quantity("ntk.jacobian_peak_gb_1024_256")
+def _ntk_jac_peak() -> str:
+    v = [_ntk(m, 1024, 256)["peak_MB"] / 1000 for m in ("vmap_jacrev", "jacrev")]
+    return span(min(v), max(v), lambda x: f"{x:.1f}")
+
 # ---- linearization sweeps: benchmarks/results/<run>/{slopes.json,results.jsonl} (widthscope linearize)
 
-LIN_RUNS = {"fashion": "linearize-fashion", "wide": "linearize-fashion-wide", "wide-f64": "linearize-fashion-wide-f64"}
+LIN_RUNS = {"wide": "linearize-fashion-wide", "wide-f64": "linearize-fashion-wide-f64"}
 
 
 def _lin_rows(run: str) -> tuple[dict[str, Any], ...]:
@@ -503,17 +595,10 @@ def _kinf() -> str:
     return span(min(v), max(v), lambda x: f"{x:.2f}")
 
 
-@pattern(r"lin/(wide|wide-f64|fashion)/train_loss/(-?[\d.]+)/(\d+)")
+@pattern(r"lin/(wide|wide-f64)/train_loss/(-?[\d.]+)/(\d+)")
 def _train_loss(run: str, alpha: str, width: str) -> str:
     v = [r["train_loss"] for r in _lin_rows(run) if r["kind"] == "linearization" and r["alpha"] == float(alpha)
          and r["step"] == 100 and r["width"] == int(width)]
-    return f"{np.mean(v):.2f}"
-
-
-@pattern(r"lin/(wide|wide-f64|fashion)/train_loss0/(-?[\d.]+)/(\d+)")
-def _train_loss0(run: str, alpha: str, width: str) -> str:
-    v = [r["train_loss"] for r in _lin_rows(run) if r["kind"] == "linearization" and r["alpha"] == float(alpha)
-         and r["step"] == 0 and r["width"] == int(width)]
     return f"{np.mean(v):.2f}"
 
 
@@ -526,18 +611,15 @@ def _ref(alpha: float, metric: str) -> str:
 def _wide_table() -> str:
     """The deviation-slope table of the width-8192 section: α = 0 float32, α = −0.5 float64 and float32."""
     head = ("| α | step | `dev_rms` | `dev_rel` | reference `α−1` | `dev_mse` | reference `2(α−1)` | "
-            "published `dev_mse` (MNIST) | 64–1024 sweep `dev_rms` |\n|" + "---|" * 9)
+            "published `dev_mse` (MNIST) |\n|" + "---|" * 8)
     lines = [head]
-    for label, run, alpha, cmp in (("0", "wide", "0.0", True), ("-0.5", "wide-f64", "-0.5", True),
-                                   ("-0.5 (float32)", "wide", "-0.5", False)):
+    for label, run, alpha in (("0", "wide", "0.0"), ("-0.5", "wide-f64", "-0.5"), ("-0.5 (float32)", "wide", "-0.5")):
         for step in ("10", "100"):
             mse = _lin_slope(run, "dev_mse", alpha, step)
             pub = f"{mse['published']:.2f}" if mse.get("published") is not None else "—"
-            old = _slope_q("fashion", "dev_rms", alpha, step, "tv") if cmp else ""
             lines.append(f"| {label} | {step} | {_slope_q(run, 'dev_rms', alpha, step, 't')} | "
                          f"{_slope_q(run, 'dev_rel', alpha, step, 't')} | {_ref(float(alpha), 'dev_rms')} | "
-                         f"{_slope_q(run, 'dev_mse', alpha, step, 't')} | {_ref(float(alpha), 'dev_mse')} | "
-                         f"{pub} | {old} |")
+                         f"{_slope_q(run, 'dev_mse', alpha, step, 't')} | {_ref(float(alpha), 'dev_mse')} | {pub} |")
     return block(lines)
 
 
@@ -551,6 +633,159 @@ def _wide_metric_table() -> str:
              f"| `C02` (α = 0 cells, `η = η₀`) | {_slope_q('wide', 'C02', '_', '_', 't')} | | −1/2 |",
              f"| `C11` | {_slope_q('wide', 'C11', '_', '_', 't')} | | −1/2 |"]
     return block(lines)
+
+
+# ---- alignment sweeps: benchmarks/results/<sweep>/results.jsonl (widthscope sweep CONFIG; rows compacted)
+
+REGIMES = "benchmarks/results/llama-regimes/results.jsonl"
+D_FMT = {"d_align": 3, "d_par": 3, "d_2": 3}
+
+
+def _reg_rows() -> list[dict[str, Any]]:
+    return [r for r in load_rows(REGIMES) if r.get("kind", "alignment") == "alignment"]
+
+
+@functools.lru_cache(maxsize=None)
+def _reg_cells() -> dict[tuple[str, int, int], dict[str, Any]]:
+    """Per (probe set, probe length, width): seed means per point, then the median over points,
+    of ``two_d_align``, ``two_d_par``, ``two_d_2`` at the largest M = K and of the misalignment
+    at every M = K (keys ``mis_<M>``)."""
+    rows = _reg_rows()
+    big = max(int(r["M"]) for r in rows)
+    acc: dict[tuple, dict[str, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for r in rows:
+        key = (r["probe_set"], int(r["probe_seq_len"]), int(r["width"]))
+        if int(r["M"]) == big:
+            for m in ("d_align", "d_par", "d_2"):
+                if ok(r.get(f"two_{m}")):
+                    acc[key][m][r["point"]].append(float(r[f"two_{m}"]))
+        if ok(r.get("misalignment")):
+            acc[key][f"mis_{int(r['M'])}"][r["point"]].append(float(r["misalignment"]))
+    out = {}
+    for key, metrics in acc.items():
+        out[key] = {m: float(np.median([np.mean(v) for v in per_point.values()])) for m, per_point in metrics.items()}
+    return out
+
+
+def _reg_mk() -> list[int]:
+    return sorted({int(r["M"]) for r in _reg_rows()})
+
+
+def _limit(d_par: float, d_2: float) -> str:
+    return "d_par" if d_par <= d_2 else "d_2"
+
+
+@quantity("regimes.table")
+def _reg_table() -> str:
+    """The per-regime table of docs/sweeps.md."""
+    mk = _reg_mk()
+    head = ("| probe | length | width | d_align | d_par | d_2 | limit | "
+            + " | ".join(f"misalignment M=K={m}" for m in (mk[0], mk[-1])) + " |")
+    lines = [head, "|" + "---|" * 9]
+    order = {"in-domain": 0, "shifted": 1}
+    for (ps, L, w), c in sorted(_reg_cells().items(), key=lambda kv: (order.get(kv[0][0], 9), kv[0][1], kv[0][2])):
+        lines.append(f"| {ps} | {L} | {w} | {sig(c['d_align'], 3, '-')} | {sig(c['d_par'], 3, '-')} | "
+                     f"{sig(c['d_2'], 3, '-')} | {_limit(c['d_par'], c['d_2'])} | {c[f'mis_{mk[0]}']:.3f} | "
+                     f"{c[f'mis_{mk[-1]}']:.3f} |")
+    return block(lines)
+
+
+def _reg_select(probe_set: str, length: str) -> dict[tuple[str, int, int], dict[str, Any]]:
+    return {k: v for k, v in _reg_cells().items() if k[0] == probe_set and (length == "all" or k[1] == int(length))}
+
+
+@pattern(r"reg/range/(in-domain|shifted)/(all|\d+)/(d_align|d_par|d_2|mis_\d+)/(\d)")
+def _reg_range(probe_set: str, length: str, metric: str, digits: str) -> str:
+    """Range of a table column over the widths (and lengths) of a probe condition, ``digits``
+    significant digits (misalignment: decimals)."""
+    v = [c[metric] for c in _reg_select(probe_set, length).values()]
+    f = (lambda x: f"{x:.{digits}f}") if metric.startswith("mis_") else (lambda x: sig(x, int(digits)))
+    return span(min(v), max(v), f)
+
+
+@pattern(r"reg/val/(in-domain|shifted)/(\d+)/(\d+)/(d_align|d_par|d_2|mis_\d+)/(\d)")
+def _reg_val(probe_set: str, length: str, width: str, metric: str, digits: str) -> str:
+    v = _reg_cells()[(probe_set, int(length), int(width))][metric]
+    return f"{v:.{digits}f}" if metric.startswith("mis_") else sig(v, int(digits))
+
+
+@pattern(r"reg/peak/(in-domain|shifted)/(all|\d+)/(d_align|d_par|d_2)")
+def _reg_peak(probe_set: str, length: str, metric: str) -> str:
+    """Width(s) where the column peaks, per probe length when ``all`` (distinct values joined)."""
+    peaks = defaultdict(list)
+    for (ps, L, w), c in _reg_select(probe_set, length).items():
+        peaks[L].append((c[metric], w))
+    best = sorted({max(v)[1] for v in peaks.values()})
+    return " and ".join(map(str, best))
+
+
+@pattern(r"reg/(seeds|widths|cells|cell_min|limit_d2|rows)")
+def _reg_setup(what: str) -> str:
+    rows = _reg_rows()
+    if what == "seeds":
+        return str(len({r["seed"] for r in rows}))
+    if what == "widths":
+        ws = sorted({int(r["width"]) for r in rows})
+        return f"{ws[0]}–{ws[-1]}"
+    cells = {r["cell_id"]: r["cell_seconds"] for r in rows}
+    if what == "cells":
+        return str(len(cells))
+    if what == "cell_min":
+        return f"{sum(cells.values()) / 60:.0f}"
+    if what == "rows":
+        return str(len(rows))
+    c = _reg_cells().values()
+    return f"{sum(_limit(x['d_par'], x['d_2']) == 'd_2' for x in c)}/{len(c)}"
+
+
+@functools.lru_cache(maxsize=None)
+def _reg_claims() -> tuple[dict[str, Any], ...]:
+    from widthscope.report.claims import claims
+    return tuple(claims(_reg_rows()))
+
+
+def _claim_cell(c: Mapping[str, Any]) -> str:
+    if c["measured"] is None:
+        return "–"
+    v = sig(c["measured"], 2, "−") if c.get("unit") != "fraction of rows" else f"{c['measured']:.2f}"
+    if c["low"] is None:
+        return v
+    return f"{v} [{sig(c['low'], 2)}, {sig(c['high'], 2)}]"
+
+
+@quantity("regimes.claims_table")
+def _reg_claims_table() -> str:
+    """``widthscope.report.claims.claims`` on the committed rows, one line per claim."""
+    lines = ["| claim | measured [seed mean ± 2 SE] | verdict |", "|---|---|---|"]
+    for c in _reg_claims():
+        lines.append(f"| {c['claim']} | {_claim_cell(c)} | {c['verdict']} |")
+    return block(lines)
+
+
+def _claim(probe_set: str, length: str, what: str) -> dict[str, Any]:
+    label = f" · {probe_set} L={length}: "
+    found = [c for c in _reg_claims() if label in c["claim"] and c["claim"].split(": ", 1)[1].startswith(what)]
+    if len(found) != 1:
+        raise LookupError(f"{len(found)} claims match {label!r} + {what!r}")
+    return found[0]
+
+
+@pattern(r"reg/claim/(in-domain|shifted)/(\d+)/([\w ]+?)/(value|ci|verdict)")
+def _reg_claim(probe_set: str, length: str, what: str, form: str) -> str:
+    """A claim of the claims page for one regime (``what``: the start of the claim after the
+    label, e.g. ``d_align grows``)."""
+    c = _claim(probe_set, length, what)
+    if form == "verdict":
+        return c["verdict"]
+    return _claim_cell(c) if form == "ci" else sig(c["measured"], 2)
+
+
+@quantity("regimes.bounds_rows")
+def _reg_bounds() -> str:
+    rows = [r for r in _reg_rows() if ok(r.get("two_b_exact")) and ok(r.get("misalignment_low"))]
+    above = sum(r["two_b_exact"] >= r["misalignment_low"] for r in rows)
+    order = sum(r.get("two_b_align", 1.0) >= r["two_b_exact"] - 1e-12 for r in rows)
+    return f"{min(above, order)}/{len(rows)}"
 
 
 # ---- activation audit: benchmarks/results/activations-K6.json (widthscope activations --K 6 --json ...)

@@ -69,16 +69,24 @@ def test_lint_refuses_markers_that_change_the_rendering():
     assert "multi-line" in dn.lint("<!--n:t-->\n| a |\n|---|<!--/n-->\n")[0]
 
 
-def test_unmarked_digits_are_found_outside_markers_and_code():
-    text = "## S\n\nfast: <!--n:a-->2–8<!--/n-->× and `M = 64`, width 1024 and n = 256, then 17 more\n## T\n9\n"
-    body = dn.strip_exempt(dn.section(text, "## S"), ("width 1024 and n = 256",))
-    assert [m for m in __import__("re").findall(r"\d+", body)] == ["17"]
+def test_unmarked_digits_are_found_outside_markers_and_code(tmp_path, monkeypatch):
+    page = tmp_path / "README.md"
+    page.write_text("## S\n\nfast: <!--n:a-->2–8<!--/n-->× in float64 and `M = 64`, width 1024 and n = 256, "
+                    "then 17 more\n## T\n9\n")
+    monkeypatch.setattr(dn, "SECTIONS", {("README.md", "## S"): ("width 1024 and n = 256",)})
+    found = dn.unmarked(tmp_path)
+    assert len(found) == 1 and "'17'" in found[0]
+
+
+def test_an_opener_without_closer_swallows_nothing():
+    text = "prose shows `<!--n:KEY-->` and <!--n:a-->1 then <!--n:b-->2<!--/n-->\n"
+    assert dn.spans(text) == [("b", "2")]
 
 
 def test_formatting_helpers():
     assert dn.fixed(-0.004, 2) == "0.00" and dn.fixed(-1.226, 2) == "−1.23" and dn.fixed(-1.2, 1, "-") == "-1.2"
     assert dn.sig(0.003314, 3) == "0.00331" and dn.sig(2.154, 2) == "2.2" and dn.sig(316.2, 2) == "316"  # integer digits are kept
-    assert dn.span(0.1, 2.2, lambda v: dn.sig(v, 2)) == "0.1–2.2" and dn.span(3, 3, str) == "3"
+    assert dn.span(0.1, 2.2, lambda v: dn.sig(v, 2)) == "0.10–2.2" and dn.span(3, 3, str) == "3"
     assert dn.sci(4.311e-5) == "4.3·10⁻⁵" and dn.sci(9.97e-4) == "1.0·10⁻³"
 
 
