@@ -106,11 +106,11 @@ def span(lo: float, hi: float, fmt: Callable[[float], str]) -> str:
 def sci(v: float, n: int = 2) -> str:
     """``v`` as ``m·10⁻ᵏ`` (prose), e.g. 4.3·10⁻⁵."""
     e = math.floor(math.log10(abs(v)))
-    m = v / 10 ** e
-    if round(m, n - 1) >= 10:
-        m, e = m / 10, e + 1
+    m = round(v / 10 ** e, n - 1)
+    if abs(m) >= 10:  # 9.97 rounds to 10.0: carry into the exponent
+        m, e = round(m / 10, n - 1), e + 1
     sup = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
-    return f"{sig(m, n)}·10{str(e).translate(sup)}"
+    return f"{fixed(m, n - 1)}·10{str(e).translate(sup)}"
 
 
 def block(lines: Sequence[str]) -> str:
@@ -249,12 +249,13 @@ def section(text: str, heading: str) -> str:
 
 
 def strip_exempt(text: str, allowed: Sequence[str]) -> str:
-    """``text`` without marked spans, code spans, link targets, comments and allowed phrases."""
+    """``text`` without marked spans, code spans, link targets, comments, section references and
+    allowed phrases."""
     text = MARK.sub(" ", text)
     text = re.sub(r"<!--.*?-->", " ", text, flags=re.S)
     text = re.sub(r"`[^`]*`", " ", text)
     text = re.sub(r"\]\([^)]*\)", "]", text)
-    text = re.sub(r"\[[^\]]*\]\(", "(", text)  # link text that names a section (§5)
+    text = re.sub(r"§\s?\d+", " ", text)  # section references (§5)
     for phrase in allowed:
         if phrase == "GROWTH-BULLET":
             text = re.sub(r"- \*\*Where to grow.*?(?=\n- |\Z)", " ", text, flags=re.S)
@@ -648,22 +649,33 @@ def _reg_rows() -> list[dict[str, Any]]:
 @functools.lru_cache(maxsize=None)
 def _reg_cells() -> dict[tuple[str, int, int], dict[str, Any]]:
     """Per (probe set, probe length, width): seed means per point, then the median over points,
-    of ``two_d_align``, ``two_d_par``, ``two_d_2`` at the largest M = K and of the misalignment
-    at every M = K (keys ``mis_<M>``)."""
+    of ``two_d_align``, ``two_d_par``, ``two_d_2`` at the largest M = K over the non-vacuous
+    certificates (a vacuous one records ``d_par = 0``), the most frequent ``two_limit`` among them,
+    the vacuous count (``vacuous``, ``of``), and the misalignment at every M = K (``mis_<M>``)."""
     rows = _reg_rows()
     big = max(int(r["M"]) for r in rows)
     acc: dict[tuple, dict[str, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    limits: dict[tuple, list[str]] = defaultdict(list)
+    vac: dict[tuple, list[bool]] = defaultdict(list)
     for r in rows:
         key = (r["probe_set"], int(r["probe_seq_len"]), int(r["width"]))
         if int(r["M"]) == big:
-            for m in ("d_align", "d_par", "d_2"):
-                if ok(r.get(f"two_{m}")):
-                    acc[key][m][r["point"]].append(float(r[f"two_{m}"]))
+            vac[key].append(bool(r.get("two_vacuous")))
+            if not r.get("two_vacuous"):
+                limits[key].append(str(r.get("two_limit")))
+                for m in ("d_align", "d_par", "d_2"):
+                    if ok(r.get(f"two_{m}")):
+                        acc[key][m][r["point"]].append(float(r[f"two_{m}"]))
         if ok(r.get("misalignment")):
             acc[key][f"mis_{int(r['M'])}"][r["point"]].append(float(r["misalignment"]))
     out = {}
     for key, metrics in acc.items():
-        out[key] = {m: float(np.median([np.mean(v) for v in per_point.values()])) for m, per_point in metrics.items()}
+        c = {m: float(np.median([np.mean(v) for v in per_point.values()])) for m, per_point in metrics.items()}
+        for m in ("d_align", "d_par", "d_2"):
+            c.setdefault(m, math.nan)
+        c["limit"] = max(set(limits[key]), key=limits[key].count) if limits[key] else "–"
+        c["vacuous"], c["of"] = sum(vac[key]), len(vac[key])
+        out[key] = c
     return out
 
 
@@ -671,22 +683,21 @@ def _reg_mk() -> list[int]:
     return sorted({int(r["M"]) for r in _reg_rows()})
 
 
-def _limit(d_par: float, d_2: float) -> str:
-    return "d_par" if d_par <= d_2 else "d_2"
+def _d(v: float) -> str:
+    return "–" if not math.isfinite(v) else sig(v, 3, "-")
 
 
 @quantity("regimes.table")
 def _reg_table() -> str:
     """The per-regime table of docs/sweeps.md."""
     mk = _reg_mk()
-    head = ("| probe | length | width | d_align | d_par | d_2 | limit | "
+    head = ("| probe | length | width | d_align | d_par | d_2 | limit | vacuous | "
             + " | ".join(f"misalignment M=K={m}" for m in (mk[0], mk[-1])) + " |")
-    lines = [head, "|" + "---|" * 9]
+    lines = [head, "|" + "---|" * 10]
     order = {"in-domain": 0, "shifted": 1}
     for (ps, L, w), c in sorted(_reg_cells().items(), key=lambda kv: (order.get(kv[0][0], 9), kv[0][1], kv[0][2])):
-        lines.append(f"| {ps} | {L} | {w} | {sig(c['d_align'], 3, '-')} | {sig(c['d_par'], 3, '-')} | "
-                     f"{sig(c['d_2'], 3, '-')} | {_limit(c['d_par'], c['d_2'])} | {c[f'mis_{mk[0]}']:.3f} | "
-                     f"{c[f'mis_{mk[-1]}']:.3f} |")
+        lines.append(f"| {ps} | {L} | {w} | {_d(c['d_align'])} | {_d(c['d_par'])} | {_d(c['d_2'])} | {c['limit']} | "
+                     f"{c['vacuous']}/{c['of']} | {c[f'mis_{mk[0]}']:.3f} | {c[f'mis_{mk[-1]}']:.3f} |")
     return block(lines)
 
 
@@ -698,7 +709,7 @@ def _reg_select(probe_set: str, length: str) -> dict[tuple[str, int, int], dict[
 def _reg_range(probe_set: str, length: str, metric: str, digits: str) -> str:
     """Range of a table column over the widths (and lengths) of a probe condition, ``digits``
     significant digits (misalignment: decimals)."""
-    v = [c[metric] for c in _reg_select(probe_set, length).values()]
+    v = [c[metric] for c in _reg_select(probe_set, length).values() if math.isfinite(c[metric])]
     f = (lambda x: f"{x:.{digits}f}") if metric.startswith("mis_") else (lambda x: sig(x, int(digits)))
     return span(min(v), max(v), f)
 
@@ -719,7 +730,7 @@ def _reg_peak(probe_set: str, length: str, metric: str) -> str:
     return " and ".join(map(str, best))
 
 
-@pattern(r"reg/(seeds|widths|cells|cell_min|limit_d2|rows)")
+@pattern(r"reg/(seeds|widths|cells|cell_min|limit_d2|rows|vacuous)")
 def _reg_setup(what: str) -> str:
     rows = _reg_rows()
     if what == "seeds":
@@ -734,8 +745,11 @@ def _reg_setup(what: str) -> str:
         return f"{sum(cells.values()) / 60:.0f}"
     if what == "rows":
         return str(len(rows))
+    if what == "vacuous":
+        c = [x for x in _reg_cells().values()]
+        return f"{sum(x['vacuous'] for x in c)}/{sum(x['of'] for x in c)}"
     c = _reg_cells().values()
-    return f"{sum(_limit(x['d_par'], x['d_2']) == 'd_2' for x in c)}/{len(c)}"
+    return f"{sum(x['limit'] == 'd_2' for x in c)}/{len(c)}"
 
 
 @functools.lru_cache(maxsize=None)
@@ -755,18 +769,27 @@ def _claim_cell(c: Mapping[str, Any]) -> str:
 
 @quantity("regimes.claims_table")
 def _reg_claims_table() -> str:
-    """``widthscope.report.claims.claims`` on the committed rows, one line per claim."""
-    lines = ["| claim | measured [seed mean ± 2 SE] | verdict |", "|---|---|---|"]
-    for c in _reg_claims():
-        lines.append(f"| {c['claim']} | {_claim_cell(c)} | {c['verdict']} |")
+    """``widthscope.report.claims.claims`` on the committed rows, one line per claim (with the
+    Holm-adjusted p where the claims module gives one)."""
+    items = _reg_claims()
+    holm = any("p_adjusted" in c for c in items)
+    lines = ["| claim | measured [interval] |" + (" p (Holm) |" if holm else "") + " verdict |",
+             "|---|---|" + ("---|" if holm else "") + "---|"]
+    for c in items:
+        p = c.get("p_adjusted")
+        cell = (" – |" if p is None else f" {p:.2g} |") if holm else ""
+        lines.append(f"| {c['claim']} | {_claim_cell(c)} |{cell} {c['verdict']} |")
     return block(lines)
 
 
 def _claim(probe_set: str, length: str, what: str) -> dict[str, Any]:
-    label = f" · {probe_set} L={length}: "
-    found = [c for c in _reg_claims() if label in c["claim"] and c["claim"].split(": ", 1)[1].startswith(what)]
+    """The claim for one regime, whichever of the two label forms the claims module writes
+    (``· shifted L=1024`` or ``· probe shifted, length 1024``)."""
+    labels = (f" · {probe_set} L={length}: ", f" · probe {probe_set}, length {length}: ")
+    found = [c for c in _reg_claims() if any(lb in c["claim"] for lb in labels)
+             and c["claim"].split(": ", 1)[1].startswith(what)]
     if len(found) != 1:
-        raise LookupError(f"{len(found)} claims match {label!r} + {what!r}")
+        raise LookupError(f"{len(found)} claims for {probe_set} length {length} start with {what!r}")
     return found[0]
 
 

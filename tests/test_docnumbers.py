@@ -96,6 +96,9 @@ def test_benchmark_page_tables_render_from_the_recorded_json():
     page = (ROOT / "docs" / "benchmarks.md").read_text()
     raw = json.loads((ROOT / "docs" / "benchmarks.json").read_text())
     run_all = _module("run_all")
+    for k, v in raw["machine"].items():
+        assert f"- **{k}**: {v}\n" in page, f"docs/benchmarks.md machine line {k!r} differs"
+    assert f" in {raw['total_s']:.0f} s." in page
     for name, rows in raw["results"].items():
         mod = run_all._load(BENCH / f"bench_{name}.py")
         table = mod.markdown(rows) if hasattr(mod, "markdown") else run_all._generic_table(rows)
