@@ -2,22 +2,27 @@
 
 A number in the Markdown is written inside a marker that names a quantity of this module::
 
-    two-population `d_align` <!--n:regimes.shifted_d_align_range-->0.1–2.2<!--/n-->
+    two-population `d_align` <!--n:reg/range/shifted/all/d_align/2-->0.034–3.9<!--/n--> on prose
 
 (an HTML comment: invisible on the rendered page). Each quantity is a function of files committed
-under ``benchmarks/results/`` or ``docs/`` (result rows, never typed-in values) that returns the
-exact text of the span; a span may hold a whole table. ``tests/test_docnumbers.py`` reruns
-``--check`` so a page whose numbers disagree with the committed rows fails the test suite.
+under ``benchmarks/results/`` or ``docs/`` (result rows, recorded benchmark JSON — never typed-in
+values) that returns the exact text of the span; a span may hold a whole table. Named quantities
+are registered with ``@quantity(key)``, families with ``@pattern(regex)`` (the key's groups are the
+arguments). ``tests/test_docnumbers.py`` reruns ``--check``, so a page whose numbers disagree with
+the committed rows fails the test suite.
 
 Usage::
 
     python benchmarks/docnumbers.py --check      # exit 1 and list every span whose text differs
     python benchmarks/docnumbers.py --write      # rewrite the marked spans from the rows
     python benchmarks/docnumbers.py --unmarked   # digits outside markers in the checked sections
+    python benchmarks/docnumbers.py --show KEY   # one quantity
+    python benchmarks/docnumbers.py --compact SWEEP_DIR benchmarks/results/NAME   # rows to commit
 
 ``--unmarked`` lists digit sequences in the sections named in ``SECTIONS`` that are neither inside
-a marker, nor inside a code span (formulas, symbols, commands: ``α = −1``, ``M = K``), nor one of
-that section's allowed phrases (set-up parameters such as "width 1024 and n = 256").
+a marker, nor inside a code span (formulas, symbols, commands: ``α = −1``, ``M = K``), nor part of
+a name (``float64``), nor one of that section's allowed phrases (set-up such as "at step 100").
+The file is not ``numbers.py``: run from ``benchmarks/`` that would shadow the stdlib ``numbers``.
 """
 from __future__ import annotations
 
@@ -34,7 +39,6 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT / "src"))
 
 # Keys start with a lowercase letter (so prose can show the form as ``<!--n:KEY-->``); a body holds no
@@ -801,6 +805,17 @@ def _reg_claim(probe_set: str, length: str, what: str, form: str) -> str:
     if form == "verdict":
         return c["verdict"]
     return _claim_cell(c) if form == "ci" else sig(c["measured"], 2)
+
+
+@pattern(r"reg/verdicts/([\w ]+)")
+def _reg_verdicts(what: str) -> str:
+    """How the claim starting with ``what`` fares over the regimes, e.g. "not resolved in 5 of 5"."""
+    found = [c for c in _reg_claims() if c["claim"].split(": ", 1)[-1].startswith(what)]
+    if not found:
+        raise LookupError(f"no claim starts with {what!r}")
+    counts = {v: sum(c["verdict"] == v for c in found) for v in ("holds", "does not", "not resolved")}
+    parts = [f"{v} in {n}" for v, n in counts.items() if n]
+    return ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1] + f" of {len(found)}"
 
 
 @quantity("regimes.bounds_rows")

@@ -122,3 +122,22 @@ def test_committed_slopes_refit_from_their_rows(run):
     for a, b in zip(refit, recorded["slopes"]):
         for k in ("slope", "ci_low", "ci_high"):
             assert a[k] == pytest.approx(b[k], abs=1e-9), (run, a["metric"], a["alpha"], a["step"], k)
+
+
+def test_markers_render_invisibly_in_commonmark():
+    """An oracle for ``lint``: a CommonMark parser sees each inline marker as inline HTML (never an
+    HTML block carrying text) and each table span as a table."""
+    markdown_it = pytest.importorskip("markdown_it")
+    import re
+
+    md = markdown_it.MarkdownIt("commonmark").enable("table")
+    for page in dn.pages():
+        text = page.read_text()
+        tokens = md.parse(text)
+        for t in tokens:
+            if t.type == "html_block" and "<!--n:" in t.content:
+                assert not re.sub(r"<!--/?n(:[^>]*)?-->", "", t.content).strip(), (page.name, t.content[:80])
+        tables = sum("\n|" in body for _, body in dn.spans(text))
+        assert sum(t.type == "table_open" for t in tokens) >= tables, page.name
+    bad = md.parse("text\n<!--n:a-->1<!--/n--> more\n")
+    assert any(t.type == "html_block" for t in bad)  # what lint refuses really breaks the paragraph
