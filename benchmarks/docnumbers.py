@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 # Keys start with a lowercase letter (so prose can show the form as ``<!--n:KEY-->``); a body holds no
 # other comment, so an opener without its closer never swallows the text up to a later span.
-MARK = re.compile(r"<!--n:([a-z][A-Za-z0-9_.\-/=]*)-->((?:(?!<!--).)*?)<!--/n-->", re.S)
+MARK = re.compile(r"<!--n:([a-z][A-Za-z0-9_.\-/=+]*)-->((?:(?!<!--).)*?)<!--/n-->", re.S)
 PAGES = ("README.md", "docs/*.md")
 
 QUANTITIES: dict[str, Callable[[], str]] = {}
@@ -654,7 +654,8 @@ def _reg_rows() -> list[dict[str, Any]]:
 def _reg_cells() -> dict[tuple[str, int, int], dict[str, Any]]:
     """Per (probe set, probe length, width): seed means per point, then the median over points,
     of ``two_d_align``, ``two_d_par``, ``two_d_2`` at the largest M = K over the non-vacuous
-    certificates (a vacuous one records ``d_par = 0``), the most frequent ``two_limit`` among them,
+    certificates (a vacuous one records ``d_par = 0``), the most frequent ``two_limit`` among them
+    (both, joined by " = ", on a tie),
     the vacuous count (``vacuous``, ``of``), and the misalignment at every M = K (``mis_<M>``)."""
     rows = _reg_rows()
     big = max(int(r["M"]) for r in rows)
@@ -677,7 +678,9 @@ def _reg_cells() -> dict[tuple[str, int, int], dict[str, Any]]:
         c = {m: float(np.median([np.mean(v) for v in per_point.values()])) for m, per_point in metrics.items()}
         for m in ("d_align", "d_par", "d_2"):
             c.setdefault(m, math.nan)
-        c["limit"] = max(set(limits[key]), key=limits[key].count) if limits[key] else "–"
+        counts = {v: limits[key].count(v) for v in sorted(set(limits[key]))}
+        top = [v for v, n in counts.items() if n == max(counts.values(), default=0)]
+        c["limit"] = " = ".join(top) if top else "–"  # a tie shows both, never an arbitrary one
         c["vacuous"], c["of"] = sum(vac[key]), len(vac[key])
         out[key] = c
     return out
@@ -750,10 +753,16 @@ def _reg_setup(what: str) -> str:
     if what == "rows":
         return str(len(rows))
     if what == "vacuous":
-        c = [x for x in _reg_cells().values()]
-        return f"{sum(x['vacuous'] for x in c)}/{sum(x['of'] for x in c)}"
+        return _reg_vacuous("all")
     c = _reg_cells().values()
     return f"{sum(x['limit'] == 'd_2' for x in c)}/{len(c)}"
+
+
+@pattern(r"reg/vacuous/(in-domain|shifted|all)")
+def _reg_vacuous(probe_set: str) -> str:
+    """Vacuous two-population certificates at the largest M = K: count/total (seed, block, width, length)."""
+    c = [x for k, x in _reg_cells().items() if probe_set in ("all", k[0])]
+    return f"{sum(x['vacuous'] for x in c)}/{sum(x['of'] for x in c)}"
 
 
 @functools.lru_cache(maxsize=None)
@@ -797,19 +806,21 @@ def _claim(probe_set: str, length: str, what: str) -> dict[str, Any]:
     return found[0]
 
 
-@pattern(r"reg/claim/(in-domain|shifted)/(\d+)/([\w ]+?)/(value|ci|verdict)")
+@pattern(r"reg/claim/(in-domain|shifted)/(\d+)/([\w+]+?)/(value|ci|verdict)")
 def _reg_claim(probe_set: str, length: str, what: str, form: str) -> str:
     """A claim of the claims page for one regime (``what``: the start of the claim after the
-    label, e.g. ``d_align grows``)."""
-    c = _claim(probe_set, length, what)
+    label, ``+`` for a space: ``d_align+grows``)."""
+    c = _claim(probe_set, length, what.replace("+", " "))
     if form == "verdict":
         return c["verdict"]
     return _claim_cell(c) if form == "ci" else sig(c["measured"], 2)
 
 
-@pattern(r"reg/verdicts/([\w ]+)")
+@pattern(r"reg/verdicts/([\w+]+)")
 def _reg_verdicts(what: str) -> str:
-    """How the claim starting with ``what`` fares over the regimes, e.g. "not resolved in 5 of 5"."""
+    """How the claim starting with ``what`` (``+`` for a space) fares over the regimes, e.g.
+    "not resolved in 5 of 5"."""
+    what = what.replace("+", " ")
     found = [c for c in _reg_claims() if c["claim"].split(": ", 1)[-1].startswith(what)]
     if not found:
         raise LookupError(f"no claim starts with {what!r}")
