@@ -819,13 +819,13 @@ def _reg_claim(probe_set: str, length: str, what: str, form: str) -> str:
 @pattern(r"reg/verdicts/([\w+]+)")
 def _reg_verdicts(what: str) -> str:
     """How the claim starting with ``what`` (``+`` for a space) fares over the regimes, e.g.
-    "not resolved in 5 of 5"."""
+    "“does not” in 1 and “not resolved” in 4 of 5"."""
     what = what.replace("+", " ")
     found = [c for c in _reg_claims() if c["claim"].split(": ", 1)[-1].startswith(what)]
     if not found:
         raise LookupError(f"no claim starts with {what!r}")
     counts = {v: sum(c["verdict"] == v for c in found) for v in ("holds", "does not", "not resolved")}
-    parts = [f"{v} in {n}" for v, n in counts.items() if n]
+    parts = [f"“{v}” in {n}" for v, n in counts.items() if n]
     return ", ".join(parts[:-1]) + (" and " if len(parts) > 1 else "") + parts[-1] + f" of {len(found)}"
 
 
