@@ -203,13 +203,12 @@ def check(files: Sequence[Path] | None = None) -> list[str]:
     problems = []
     for path in files if files is not None else pages():
         text = path.read_text()
-        problems += [f"{path.name}: {p}" for p in lint(text)]
+        where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        problems += [f"{where}: {p}" for p in lint(text)]
         found = spans(text)
         values = compute(dict.fromkeys(k for k, _ in found))
-        for key, shown in found:
-            if shown != values[key]:
-                problems.append(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}: "
-                                f"{key}: page has {shown!r}, rows give {values[key]!r}")
+        problems += [f"{where}: {key}: page has {shown!r}, rows give {values[key]!r}"
+                     for key, shown in found if shown != values[key]]
     return problems
 
 
