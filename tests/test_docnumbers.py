@@ -141,3 +141,18 @@ def test_markers_render_invisibly_in_commonmark():
         assert sum(t.type == "table_open" for t in tokens) >= tables, page.name
     bad = md.parse("text\n<!--n:a-->1<!--/n--> more\n")
     assert any(t.type == "html_block" for t in bad)  # what lint refuses really breaks the paragraph
+
+
+def test_compact_keeps_every_row_once_in_cell_order_without_probe_data(tmp_path):
+    src, dst = tmp_path / "sweep", tmp_path / "out"
+    (src / "cells").mkdir(parents=True)
+    (src / "artifacts").mkdir()
+    (src / "artifacts" / "model.safetensors").write_bytes(b"x" * 10)
+    for cell in (1, 0):
+        rows = [{"cell_index": cell, "row_index": i, "v": 10 * cell + i, "probe_data": "long text"} for i in (1, 0)]
+        (src / "cells" / f"c{cell}.json").write_text(json.dumps({"rows": rows}))
+    (src / "sweep.json").write_text('{"fingerprint": "f"}')
+    assert dn.compact(src, dst) == 4
+    got = [json.loads(line) for line in (dst / "results.jsonl").read_text().splitlines()]
+    assert [r["v"] for r in got] == [0, 1, 10, 11] and all("probe_data" not in r for r in got)
+    assert sorted(p.name for p in dst.iterdir()) == ["results.jsonl", "sweep.json"]
