@@ -736,6 +736,17 @@ def _reg_peak(probe_set: str, length: str, metric: str) -> str:
     return " and ".join(map(str, best))
 
 
+@pattern(r"reg/length_trend/(in-domain|shifted)/(d_align|d_par|d_2)")
+def _reg_length_trend(probe_set: str, metric: str) -> str:
+    """At how many widths the column increases strictly with the probe length: "3 of 3"."""
+    by_w: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    for (ps, L, w), c in _reg_cells().items():
+        if ps == probe_set:
+            by_w[w].append((L, c[metric]))
+    up = [all(b[1] > a[1] for a, b in zip(v, v[1:])) for v in (sorted(x) for x in by_w.values())]
+    return f"{sum(up)} of {len(up)}"
+
+
 @pattern(r"reg/(seeds|widths|cells|cell_min|limit_d2|rows|vacuous)")
 def _reg_setup(what: str) -> str:
     rows = _reg_rows()
