@@ -78,8 +78,8 @@ def findings(table: list[dict], rows: list[dict], default: str) -> str:
     trained = [r for r in cells.values() if r.get("base_plateau") is not None]
     stopped = sum(1 for r in trained if r["base_plateau"])
     steps = sorted(int(r["base_steps"]) for r in trained)
-    out.append(f"- **Base models**: {stopped} of {len(trained)} stopped by the plateau rule (the rest at the cap); "
-               f"{steps[0]}–{steps[-1]} steps.")
+    out.append(f"- **Base models**: {stopped} of {len(trained)} stopped by the plateau rule, {len(trained) - stopped} "
+               f"at the step cap; {steps[0]}–{steps[-1]} steps.")
     scr = [r for r in cells.values() if r.get("scratch_loss_B") is not None]
     if scr:
         g = [r["loss_before"] - r["scratch_loss_B"] for r in scr]

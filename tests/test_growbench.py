@@ -300,11 +300,12 @@ def test_a_committed_cell_reproduces_at_the_printed_precision():
 
     root = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "growth"
     committed = [json.loads(x) for x in (root / "results.jsonl").read_text().splitlines() if x.strip()]
+    from widthscope.sweep.grid import cell_id
+
     cell = next(c for c in cells("full") if c["model"] == "teacher-last" and c["seed"] == 0)
-    old = sorted([r for r in committed if r["model"] == "teacher-last" and r["seed"] == 0],
-                 key=lambda r: r["point_index"])
-    assert old and all(old[0][k] == v for k, v in cell.items() if not isinstance(v, (list, tuple))), \
-        "the committed rows were made with another configuration"
+    # the cell id hashes the whole configuration: rows of this id were made with exactly this cell
+    old = sorted([r for r in committed if r["cell_id"] == cell_id(cell)], key=lambda r: r["point_index"])
+    assert len(old) == 3, "the committed rows were made with another configuration"
     new = run_cell(cell)
     for a, b in zip(old, new):
         for col in ("loss_before", "gain_long", "gain_long_A", "gain_continue_long", "gain_all_long",
@@ -322,6 +323,11 @@ def test_docs_growth_numbers_are_rendered_from_the_committed_rows():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.check() == [], "run python benchmarks/growth_summary.py --write"
+    # grow's default is the committed benchmark's rule result
+    from widthscope.grow import DEFAULT_CRITERION
+    from widthscope.grow_bench import compare, winner
+
+    assert winner(compare(mod.load_rows()))["grow_name"] == DEFAULT_CRITERION
     # the check can fail: a changed row changes a rendered block
     rows = mod.load_rows()
     assert mod.check([{**r, "gain_continue_long": r["gain_continue_long"] + 1e-3} for r in rows])

@@ -1,24 +1,27 @@
-r"""Growth benchmark: grow a block at *every* candidate point and judge the criteria against it.
+r"""Growth benchmark: grow a block at *every* candidate point, judge the criteria against it, and
+judge growth itself against the equal-compute alternatives a practitioner has.
 
-For each model of a suite and each seed (one resumable cell, :func:`widthscope.sweep.grid.run_grid`):
+For each model of a suite and each seed (one resumable cell, :func:`widthscope.sweep.grid.run_grid`,
+run at one thread with deterministic algorithms, :func:`reproducible`):
 
-1. build and briefly train the model (or, for the teacher–student case, build a student that
-   lacks exactly one block of its teacher);
-2. draw ``n_probe`` train examples and split the held-out part into a *ranking* half and an
-   *evaluation* half (a seeded permutation; the evaluation examples are never used to rank);
-3. compute every criterion of :func:`widthscope.probe.growth.point_criteria` at every point;
-4. grow the same block (hidden width = point width, the same seeded ``W_in``, AdamW, the same
-   learning rate and mini-batch order) at every point for ``long`` steps, recording the held-out
-   loss on the evaluation half after ``short`` steps on the way and after ``long`` steps: the
-   realised gains ``gain_short``/``gain_long`` (loss before − loss after; > 0 is better).
+1. split the held-out pool (seeded permutation) into a *ranking* half and evaluation quarters
+   ``A`` and ``B``; train the model to a plateau on the ranking half (:func:`train_to_plateau`;
+   the planted teacher–student cases use the student as built);
+2. compute every criterion of :func:`widthscope.probe.growth.point_criteria` at every point;
+3. at every point, grow the block with each learning rate of a grid (block seed 0), keep the one
+   with the lowest ranking-half loss, grow block seeds 1, 2 with it, grow the GradMax block (its
+   ``W_in`` = the top eigenvectors it scores), and grow-then-train-all; in the same FLOPs
+   (:func:`widthscope.grow.step_flops`), train the original model whole (continue training,
+   lr grid chosen on the ranking half). Gains (loss before − after, > 0 is better) on ``B``.
 
-:func:`compare` turns the rows into the table of Spearman correlation, top-1 hit rate and regret
-per criterion and baseline (random, last, middle, grow-everywhere), per model and overall, with
-seed-bootstrap intervals (:mod:`widthscope.report.growth` draws it).
+:func:`compare` turns the rows into Spearman, top-1 hit, regret and the gain beside the
+continue-training and train-all gains per criterion and baseline (random, last, middle, oracle
+chosen on ``A`` and scored on ``B``, the block-seed reproducibility ceiling), per model and overall,
+with intervals over model seeds; :func:`winner` picks ``grow``'s default.
 
 Command line::
 
-    widthscope grow-bench --quick --out /tmp/gb         # about a minute on one core
+    widthscope grow-bench --quick --out /tmp/gb         # a few minutes on one core
     widthscope grow-bench --out widthscope-results/growth   # the documented suite (resumable)
 """
 from __future__ import annotations
@@ -607,6 +610,7 @@ def wilson(k: float, n: int, level: float = 0.95) -> tuple[float, float]:
     return max(0.0, c - h), min(1.0, c + h)
 
 
+_RANGE = {"spearman": (-1.0, 1.0), "hit": (0.0, 1.0), "norm_regret": (0.0, 1.0)}
 METRICS = ("spearman", "hit", "regret", "norm_regret", "gain", "continue", "train_all", "advantage",
            "all_vs_continue")
 
@@ -641,7 +645,10 @@ def compare(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                                        and scope != "overall", "n_seeds": sum(len(v) for v in per.values())}
                 for metric in METRICS:
                     groups = [[d.get(metric, math.nan) for d in v] for v in per.values()]
-                    rec[metric], rec[f"{metric}_lo"], rec[f"{metric}_hi"] = pooled_interval(groups)
+                    m_, lo, hi = pooled_interval(groups)
+                    if metric in _RANGE:  # a bound outside the metric's range says nothing more than the range
+                        lo, hi = max(lo, _RANGE[metric][0]), min(hi, _RANGE[metric][1])
+                    rec[metric], rec[f"{metric}_lo"], rec[f"{metric}_hi"] = m_, lo, hi
                 hits = [d["hit"] for v in per.values() for d in v]
                 if all(math.isfinite(h) for h in hits):
                     rec["hit_count"] = float(sum(hits))
@@ -755,7 +762,7 @@ def _teacher_picks(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any
 
 # ----------------------------------------------------------------------------- CLI
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true", help="the small suite (about a minute on one core)")
+    p.add_argument("--quick", action="store_true", help="the small suite (a few minutes on one core)")
     p.add_argument("--out", default=None, help="results directory (default widthscope-results/growth[-quick]); "
                    "finished cells are kept and a rerun resumes")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2)")
