@@ -415,3 +415,50 @@ def _check_line_search(net, train, test):
     assert math.isclose(got["ls_slope"], s, rel_tol=1e-9) and math.isclose(got["ls_curvature"], c, rel_tol=1e-8)
     assert c > 0 and math.isclose(got["ls_gain"], s * s / (2 * c) if s > 0 else 0.0, rel_tol=1e-8)
     return s
+
+
+def test_gradmax_rows_are_the_top_eigenvectors_the_score_sums():
+    """Oracle: the explicit per-example cross-covariance of _oracle; the rows' Rayleigh quotients are
+    its top-k eigenvalues (sum = gradmax_k / η), and the rows are orthonormal."""
+    from widthscope.probe.growth import block_input_features, gradmax_directions
+
+    torch.manual_seed(3)
+    net = nn.Sequential(nn.Linear(5, 6), nn.Tanh(), nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 3)).double().eval()
+    x, y = torch.randn(40, 5, dtype=torch.float64), torch.randint(0, 3, (40,))
+    train, test = (x[:24], y[:24]), (x[24:], y[24:])
+    c = point_criteria(net, "3", train, test, M=8, K=8, eta=0.5, hidden=6, gradmax_k=3, keep_gradmax_rows=True)
+    W = c["gradmax_rows"]
+    A, B = _per_example(net, "3", train, False), _per_example(net, "3", test, False)
+    X = (torch.stack([sum(torch.outer(q[t], _rms(z)[t]) for t in range(q.shape[0])) for q, z in A]).mean(0).T
+         @ torch.stack([sum(torch.outer(q[t], _rms(z)[t]) for t in range(q.shape[0])) for q, z in B]).mean(0))
+    sym = 0.5 * (X + X.T)
+    assert torch.allclose(W @ W.T, torch.eye(3, dtype=W.dtype), atol=1e-10)
+    rq = torch.diag(W @ sym @ W.T)
+    top = torch.linalg.eigvalsh(sym).flip(0)[:3]
+    assert torch.allclose(rq, top, rtol=1e-7, atol=1e-14)
+    assert math.isclose(c["gradmax_k"], 0.5 * float(top.sum()), rel_tol=1e-7, abs_tol=1e-14)
+    qa, ua = block_input_features(net, "3", train)
+    qb, ub = block_input_features(net, "3", test)
+    assert torch.allclose(gradmax_directions(qa, ua, qb, ub, 3).abs(), W.abs(), atol=1e-10)
+
+
+def test_train_to_plateau_stops_by_its_rule_and_keeps_the_best_state():
+    from widthscope.grow_bench import train_to_plateau
+    from widthscope.probe.intervene import mean_loss
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 3))
+    x, y = torch.randn(200, 4), torch.randint(0, 3, (200,))
+    info = train_to_plateau(net, (x[:120], y[:120]), (x[120:], y[120:]), lr=3e-2, batch_size=16, seed=0,
+                            eval_every=10, patience=3, tol=0.01, max_steps=2000)
+    h = info["base_history"]
+    assert info["base_plateau"] and info["base_steps"] == 10 * len(h) < 2000
+    # the rule holds at the stop and at no earlier evaluation
+    rule = [k > 3 and min(h[k - 3:k]) > 0.99 * min(h[:k - 3]) for k in range(1, len(h) + 1)]
+    assert rule[-1] and not any(rule[:-1])
+    # the best evaluated state is the one kept (early stopping)
+    assert math.isclose(mean_loss(net, (x[120:], y[120:])), min(h), rel_tol=1e-6)
+    assert info["base_best_step"] == 10 * (h.index(min(h)) + 1)
+    capped = train_to_plateau(nn.Linear(4, 3), (x, y), (x, y), lr=1e-4, batch_size=16, seed=0, eval_every=10,
+                              patience=3, tol=0.5, max_steps=25)
+    assert capped["base_steps"] == 25 and not capped["base_plateau"]
