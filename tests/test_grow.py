@@ -54,7 +54,11 @@ def test_ranking_picks_the_missing_block_and_loss_falls():
             assert c["MK_align_0.1"] <= c["MK_align_0.05"] <= c["MK_align_0.01"]
             assert c["MK_exact_0.1"] <= c["MK_align_0.1"]
     roles = {g["role"]: g for g in res["growth"]}
-    assert set(roles) == {"best", "worst", "random"}
+    assert set(roles) == {"best", "worst", "random", "continue"}
+    # the practitioner's baseline: the original trained whole for (about) the FLOPs the growth used
+    cont = roles["continue"]
+    assert cont["train_all"] and cont["point"].startswith("(none")
+    assert abs(cont["flops"] - roles["best"]["flops"]) <= cont["flops"] / cont["steps"]
     best = roles["best"]
     assert best["point"] == "blocks.2" and best["loss_after"] < 0.5 * best["loss_before"]
     # the first-order prediction has the right sign, and the best point beats the others
@@ -64,6 +68,22 @@ def test_ranking_picks_the_missing_block_and_loss_falls():
     # the input model is untouched
     assert all(torch.equal(before[k], v) for k, v in student.state_dict().items())
     assert not any("widthscope_insert" in k for k in student.state_dict())
+
+
+def test_step_flops_counts_forward_and_the_backward_of_trainable_parameters_only():
+    """Oracle by hand: a bias-free Linear(a, b) on n examples costs 2nab forward, 2nab for its weight
+    gradient and 2nab for its input gradient (only when something upstream is trainable)."""
+    import torch.nn as nn
+
+    from widthscope.grow import step_flops
+
+    net = nn.Sequential(nn.Linear(5, 6, bias=False), nn.Tanh(), nn.Linear(6, 3, bias=False))
+    x, y = torch.randn(7, 5), torch.randint(0, 3, (7,))
+    n = 7
+    assert step_flops(net, (x, y)) == 2 * n * (30 + 18) + 2 * n * 18 * 2 + 2 * n * 30
+    net[0].weight.requires_grad_(False)
+    assert step_flops(net, (x, y)) == 2 * n * (30 + 18) + 2 * n * 18
+    assert all(p.grad is None for p in net.parameters())
 
 
 def test_predicted_gain_is_eta_times_cross_mean():
@@ -108,7 +128,8 @@ def test_cli_builtin_writes_json(tmp_path, capsys):
     assert "no point is certified at δ = 0.1 with M = K = 16; " in text or "certified at δ = 0.1 with M = K = 16" in text
     res = json.loads(out.read_text())
     assert res["settings"]["criterion"] == DEFAULT_CRITERION and res["certification"] in text
-    assert {g["role"] for g in res["growth"]} >= {"best", "worst"}
+    assert {g["role"] for g in res["growth"]} >= {"best", "worst", "continue"}
+    assert "more steps (same FLOPs): held-out loss" in text and "continue" in text
     assert all(r["kind"] == "growth" for r in res["rows"])
     rc = main(["grow", "--model", str(tmp_path / "missing"), "--data", "digits"])
     assert rc == 2

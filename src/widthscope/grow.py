@@ -54,7 +54,7 @@ from .probe.intervene import (_block_of, _index, _w_out_grad, as_examples, inser
                               per_example_losses, take, to_batches)
 
 __all__ = ["grow", "rank_points", "grow_at", "add_arguments", "run", "DELTAS", "DEFAULT_CRITERION",
-           "certification_note"]
+           "certification_note", "step_flops", "continue_training"]
 
 DELTAS = (0.1, 0.05, 0.01)
 # Chosen from the growth benchmark (docs/interventions.md §5, `widthscope grow-bench`).
@@ -189,6 +189,48 @@ def _train_new(model: nn.Module, params: list[nn.Parameter], train: Any, *, step
                 after_step(step + 1)
 
 
+def step_flops(model: nn.Module, batch: Any, loss_fn: Callable | None = None) -> int:
+    """FLOPs of one training step (forward + backward) on ``batch`` of the parameters that currently
+    have ``requires_grad`` (eval mode), as counted by ``torch.utils.flop_counter.FlopCounterMode``
+    (matrix products, convolutions and attention; element-wise work is not counted). Frozen
+    parameters cost no weight gradient, and nothing upstream of the first trainable one is
+    back-propagated, so growing a block late in a network is cheaper than training it all."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .probe.intervene import _EvalMode
+
+    fc = FlopCounterMode(display=False)
+    with _EvalMode(model), fc:
+        loss = per_example_losses(model, batch, loss_fn, batch_size=_n(batch), grad=True).mean()
+        if loss.requires_grad:
+            loss.backward()
+    for p in model.parameters():
+        p.grad = None
+    return int(fc.get_total_flops())
+
+
+def continue_training(model: nn.Module, train: Any, evaluate: Any, *, flops: float, lr: float,
+                      batch_size: int = 64, seed: int = 0, loss_fn: Callable | None = None,
+                      show_progress: bool = False) -> dict[str, Any]:
+    """The practitioner's baseline of a growth: train *all* parameters of a copy of the original
+    ``model`` (AdamW, the same learning rate and mini-batch order as the block) for as many steps as
+    ``flops`` buys, ``steps = max(1, round(flops / step_flops(original)))``. Returns a row with the
+    held-out loss before/after on ``evaluate``."""
+    cont = copy.deepcopy(model)
+    for p in cont.parameters():
+        p.requires_grad_(True)
+    probe = _index(train, slice(0, min(batch_size, _n(train))))
+    f_step = step_flops(cont, probe, loss_fn)
+    steps = max(1, int(round(flops / max(f_step, 1))))
+    before = mean_loss(cont, evaluate, loss_fn, batch_size=batch_size)
+    _train_new(cont, list(cont.parameters()), train, steps=steps, lr=lr, batch_size=batch_size, seed=seed,
+               loss_fn=loss_fn, show_progress=show_progress)
+    after = mean_loss(cont, evaluate, loss_fn, batch_size=batch_size)
+    return {"point": "(none: train the original longer)", "loss_before": before, "loss_after": after,
+            "delta": after - before, "steps": steps, "lr": lr, "train_all": True, "flops": steps * f_step,
+            "new_parameters": 0}
+
+
 def grow_at(model: nn.Module, point: str, train: Any, evaluate: Any, *, probe_train: Any,
             probe_test: Any, steps: int, lr: float, block_width: int | None, width: int,
             train_all: bool = False, batch_size: int = 64, seed: int = 0,
@@ -219,6 +261,7 @@ def grow_at(model: nn.Module, point: str, train: Any, evaluate: Any, *, probe_tr
         for p in grown.parameters():
             p.requires_grad_(id(p) in ids)
         params = new
+    f_step = step_flops(grown, _index(train, slice(0, min(batch_size, _n(train)))), loss_fn)
     loss_at: dict[str, float] = {}
     wanted = {int(k) for k in eval_steps if 0 < int(k) < steps}
 
@@ -239,7 +282,7 @@ def grow_at(model: nn.Module, point: str, train: Any, evaluate: Any, *, probe_tr
         "predicted_first_step": -lr * float((G_M * G_K).sum()),
         "steps": steps, "lr": lr, "train_all": bool(train_all),
         "block_width": block.hidden, "new_parameters": sum(p.numel() for p in new),
-        "loss_at": loss_at,
+        "loss_at": loss_at, "flops": steps * f_step,
     }
 
 
@@ -262,7 +305,9 @@ def grow(model: nn.Module, data: Any, *, points: Sequence[str] | str | None = No
         criterion: what ranks the points (:data:`widthscope.probe.growth.CRITERIA`; default
             :data:`DEFAULT_CRITERION`, the benchmark's winner; ``"bias"``: the old ``η aᵀb``).
         block_width: hidden width of the block (default: the point's width).
-        compare: also grow at the worst-ranked point and at a random other point.
+        compare: also grow at the worst-ranked point and at a random other point, and train the
+            original model (all parameters, same lr and batches) for the FLOPs the best point's
+            growth used: role ``continue``, the baseline a practitioner compares with.
         n_train: training examples used to estimate ``a`` (default: ``max(4M, 256)``, capped).
         n_rank: held-out examples used to estimate ``b`` (default: half of the held-out set).
 
@@ -327,6 +372,11 @@ def grow(model: nn.Module, data: Any, *, points: Sequence[str] | str | None = No
                        "criterion": criterion, "score": cand["score"], "p_improve": cand["p_improve"],
                        "b_exact": cand["b_exact"], "b_align": cand["b_align"], "M": M, "K": K,
                        "n_eval": n_te - n_rank, **res})
+    if compare:  # is growing better than training the original model for the same compute?
+        res = continue_training(model, train, evaluate, flops=growth[0]["flops"], lr=lr, batch_size=batch_size,
+                                seed=seed, loss_fn=loss_fn, show_progress=progress)
+        growth.append({"kind": "growth", "role": "continue", "rank": None, "predicted_gain": None,
+                       "criterion": criterion, "M": M, "K": K, "n_eval": n_te - n_rank, **res})
     return {"chosen": cands[0]["point"], "candidates": cands, "growth": growth,
             "rows": [*cands, *growth],
             "certification": certification_note(cands, M, K),
@@ -350,7 +400,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eta", type=float, default=None, help="step size of the predicted gain (default --lr)")
     p.add_argument("--block-width", type=int, default=None, help="hidden width of the block (default: point width)")
     p.add_argument("--train-all", action="store_true", help="train every parameter, not only the new block")
-    p.add_argument("--compare", action="store_true", help="also grow at the worst-ranked and a random point")
+    p.add_argument("--compare", action="store_true", help="also grow at the worst-ranked and a random point, and train the original model "
+                   "for the same FLOPs (is growing better than training longer?)")
     from .probe.growth import CRITERIA
 
     p.add_argument("--criterion", choices=list(CRITERIA), default=DEFAULT_CRITERION,
@@ -452,10 +503,18 @@ def run(args: argparse.Namespace) -> int:
                              f"K={args.K}; p_improve = 1 - B_exact; MK_needed_* = M=K for B_exact <= delta)"))
     print(res["certification"])
     print()
-    print(format_table(res["growth"], ["role", "rank", "point", "loss_before", "loss_after", "delta",
-                                       "predicted_gain", "predicted_first_step", "new_parameters"],
+    print(format_table(res["growth"], ["role", "rank", "point", "loss_before", "loss_after", "delta", "steps",
+                                       "flops", "predicted_gain", "predicted_first_step", "new_parameters"],
                        title=f"growth: block trained {args.steps} steps "
-                             f"({'all parameters' if args.train_all else 'new block only'})"))
+                             f"({'all parameters' if args.train_all else 'new block only'})"
+                             + ("; continue = the original model trained for the same FLOPs" if args.compare
+                                else "")))
+    cont = [g for g in res["growth"] if g["role"] == "continue"]
+    if cont:
+        d = res["growth"][0]["delta"] - cont[0]["delta"]
+        print(f"growing at {res['growth'][0]['point']} vs training the original {cont[0]['steps']} more steps "
+              f"(same FLOPs): held-out loss {res['growth'][0]['loss_after']:.4f} vs {cont[0]['loss_after']:.4f} "
+              f"({'growth better' if d < 0 else 'training longer better'} by {abs(d):.4f}; one run, no interval)")
     if args.model != "builtin":
         res["settings"].update(model=args.model, task=inputs.task, inputs=inputs.info, notes=inputs.notes)
     if args.out:

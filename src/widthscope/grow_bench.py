@@ -1,33 +1,40 @@
-r"""Growth benchmark: grow a block at *every* candidate point and judge the criteria against it.
+r"""Growth benchmark: grow a block at *every* candidate point, judge the criteria against it, and
+judge growth itself against the equal-compute alternatives a practitioner has.
 
-For each model of a suite and each seed (one resumable cell, :func:`widthscope.sweep.grid.run_grid`):
+For each model of a suite and each seed (one resumable cell, :func:`widthscope.sweep.grid.run_grid`,
+run at one thread with deterministic algorithms, :func:`reproducible`):
 
-1. build and briefly train the model (or, for the teacher–student case, build a student that
-   lacks exactly one block of its teacher);
-2. draw ``n_probe`` train examples and split the held-out part into a *ranking* half and an
-   *evaluation* half (a seeded permutation; the evaluation examples are never used to rank);
-3. compute every criterion of :func:`widthscope.probe.growth.point_criteria` at every point;
-4. grow the same block (hidden width = point width, the same seeded ``W_in``, AdamW, the same
-   learning rate and mini-batch order) at every point for ``long`` steps, recording the held-out
-   loss on the evaluation half after ``short`` steps on the way and after ``long`` steps: the
-   realised gains ``gain_short``/``gain_long`` (loss before − loss after; > 0 is better).
+1. split the held-out pool (seeded permutation) into a *ranking* half and evaluation quarters
+   ``A`` and ``B``; train the model to a plateau on the ranking half (:func:`train_to_plateau`;
+   the planted teacher–student cases use the student as built);
+2. compute every criterion of :func:`widthscope.probe.growth.point_criteria` at every point;
+3. at every point, grow the block with each learning rate of a grid (block seed 0), keep the one
+   with the lowest ranking-half loss, grow block seeds 1, 2 with it, grow the GradMax block (its
+   ``W_in`` = the top eigenvectors it scores), and grow-then-train-all; in the same FLOPs
+   (:func:`widthscope.grow.step_flops`), train the original model whole (continue training,
+   lr grid chosen on the ranking half). Gains (loss before − after, > 0 is better) on ``B``.
 
-:func:`compare` turns the rows into the table of Spearman correlation, top-1 hit rate and regret
-per criterion and baseline (random, last, middle, grow-everywhere), per model and overall, with
-seed-bootstrap intervals (:mod:`widthscope.report.growth` draws it).
+:func:`compare` turns the rows into Spearman, top-1 hit, regret and the gain beside the
+continue-training and train-all gains per criterion and baseline (random, last, middle, oracle
+chosen on ``A`` and scored on ``B``, the block-seed reproducibility ceiling), per model and overall,
+with intervals over model seeds; :func:`winner` picks ``grow``'s default.
 
 Command line::
 
-    widthscope grow-bench --quick --out /tmp/gb         # about a minute on one core
+    widthscope grow-bench --quick --out /tmp/gb         # a few minutes on one core
     widthscope grow-bench --out widthscope-results/growth   # the documented suite (resumable)
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import time
+import zlib
+from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -37,37 +44,56 @@ from ._io import atomic_write_json, format_table, progress
 from .errors import WidthscopeError
 
 __all__ = ["SUITES", "cells", "run_cell", "compare", "winner", "benchmark", "teacher_student", "add_arguments",
-           "run", "CRITERIA_COLUMNS", "BASELINES"]
+           "run", "CRITERIA_COLUMNS", "BASELINES", "reproducible", "train_to_plateau", "t_interval",
+           "pooled_interval", "wilson"]
 
-# criterion -> row column (higher = grow here); see widthscope.probe.growth
+# criterion -> row column (higher = grow here); see widthscope.probe.growth. "gradmax" ranks by the
+# sum of the top-k eigenvalues and is scored on the block grown with those k eigenvectors as W_in.
 CRITERIA_COLUMNS: dict[str, str] = {
-    "bias": "bias_gain", "block": "block_gain", "gradmax": "gradmax", "certified": "certified_gain",
+    "bias": "bias_gain", "block": "block_gain", "gradmax": "gradmax_k", "certified": "certified_gain",
     "line_search": "ls_gain",
     "block_d_align": "block_d_align", "bias_b_exact": "neg_bias_b_exact", "block_b_exact": "neg_block_b_exact",
 }
-BASELINES = ("random", "last", "middle", "oracle")
+BASELINES = ("random", "last", "middle", "oracle", "ceiling")
+# what each criterion costs beyond the model's backward passes, cheapest first (the default rule)
+COST_ORDER = ("bias", "block", "block_d_align", "certified", "gradmax", "line_search")
+# benchmark name -> `grow --criterion` name
+GROW_NAME = {"bias": "bias", "block": "block", "block_d_align": "d_align", "certified": "certified",
+             "gradmax": "gradmax", "line_search": "line_search"}
 
-_LLAMA = dict(family="llama", data="text", depth=4, seq_len=32, base_steps=120, base_lr=3e-3,
-              batch_size=16, block_lr=3e-3, short=20, long=80, n_train=1024, n_test=512, n_probe=128)
-_MLP = dict(family="mlp", width=64, data="digits", depth=4, base_steps=300, base_lr=3e-3, batch_size=32,
-            block_lr=3e-3, short=40, long=160, n_probe=256)
-_RESNET = dict(family="resnet20", width=0.5, data="digits-images", base_steps=200, base_lr=3e-3,
-               batch_size=32, block_lr=3e-3, short=20, long=80, n_probe=128)
-_TEACHER = dict(family="teacher", width=24, depth=4, missing=2, block_hidden=4, base_steps=0, batch_size=32,
-                block_lr=1e-2, short=40, long=160, n_train=512, n_test=256, n_probe=256)
-# the planted block is the last one, its W_in unknown to the grower, earlier layers damped
-_TEACHER_LAST = {**_TEACHER, "model": "teacher-last", "depth": 3, "missing": 2, "block_hidden": None,
-                 "teacher_hidden": 16, "teacher_seed": 5, "damp": 0.3}
+BLOCK_LRS = (1e-3, 3e-3, 1e-2)       # the block's learning-rate grid (chosen per point on the ranking half)
+CONTINUE_LRS = (3e-4, 1e-3, 3e-3)    # the grid for training all parameters (continue, train-all)
+BLOCK_SEEDS = (0, 1, 2)
+BUDGETS = ("long",)  # block-training budgets scored (the cell's `long` steps)
+# base training: AdamW at base_lr (linear warm-up over the first eval), held-out ranking-half loss every
+# `eval_every` steps; stop when the best of the last `patience` evals improves on the best before them
+# by less than `tol` (relative), or at `max_steps`; the best evaluated state is kept.
+_PLATEAU = dict(eval_every=50, patience=3, tol=0.01)
+_LLAMA = dict(family="llama", data="text", depth=4, seq_len=32, base_lr=3e-3, max_steps=1500,
+              batch_size=16, long=30, n_train=1024, n_test=1024, n_probe=128, scratch=False,
+              block_lrs=(3e-3, 1e-2, 3e-2), continue_lrs=(1e-4, 3e-4, 1e-3))
+_MLP = dict(family="mlp", width=64, data="digits", depth=4, base_lr=3e-3, max_steps=3000, batch_size=32,
+            long=160, n_probe=256, scratch=True, block_lrs=(3e-4, 1e-3, 3e-3))
+_RESNET = dict(family="resnet20", width=0.25, data="digits-images", base_lr=3e-3, max_steps=1000,
+               batch_size=32, long=30, n_probe=128, scratch=False, block_lrs=(3e-4, 1e-3, 3e-3))
+# planted blocks: the grown block (width = point width, W_in seed 0) is never the teacher's block
+# (W_in seed 7, hidden 8 / seed 5, hidden 16), so no criterion is handed the answer
+_TEACHER = dict(family="teacher", width=24, depth=4, missing=2, teacher_hidden=8, teacher_seed=7, max_steps=0,
+                batch_size=32, long=160, n_train=512, n_test=512, n_probe=256, scratch=False,
+                block_lrs=(3e-3, 1e-2, 3e-2), continue_lrs=(1e-3, 3e-3, 1e-2))
+_TEACHER_LAST = {**_TEACHER, "model": "teacher-last", "depth": 3, "missing": 2, "teacher_hidden": 16,
+                 "teacher_seed": 5, "damp": 0.3}
+# cheap cells first: a run cut short still has every planted case and the MLP
 SUITES: dict[str, list[dict[str, Any]]] = {
-    "full": [*({**_LLAMA, "model": f"llama-{w}", "width": w} for w in (32, 64, 128, 256)),
-             {**_MLP, "model": "mlp-64"}, {**_RESNET, "model": "resnet20-0.5"},
-             {**_TEACHER, "model": "teacher-student"}, _TEACHER_LAST],
-    "quick": [{**_LLAMA, "model": "llama-16", "width": 16, "depth": 3, "seq_len": 16, "base_steps": 30,
-               "short": 5, "long": 20, "n_train": 256, "n_test": 128, "n_probe": 64},
-              {**_MLP, "model": "mlp-32", "width": 32, "depth": 3, "base_steps": 100, "short": 10, "long": 40,
+    "full": [{**_TEACHER, "model": "teacher-student"}, _TEACHER_LAST, {**_MLP, "model": "mlp-64"},
+             *({**_LLAMA, "model": f"llama-{w}", "width": w} for w in (16, 32)),
+             {**_RESNET, "model": "resnet20-0.25"}],
+    "quick": [{**_LLAMA, "model": "llama-16", "width": 16, "depth": 3, "seq_len": 16, "max_steps": 100,
+               "long": 10, "n_train": 256, "n_test": 256, "n_probe": 64},
+              {**_MLP, "model": "mlp-32", "width": 32, "depth": 3, "max_steps": 200, "long": 20,
                "n_probe": 128},
-              {**_TEACHER, "model": "teacher-student", "short": 10, "long": 60},
-              {**_TEACHER_LAST, "short": 10, "long": 60}],
+              {**_TEACHER, "model": "teacher-student", "long": 30},
+              {**_TEACHER_LAST, "long": 30}],
 }
 SEEDS = {"full": (0, 1, 2, 3, 4), "quick": (0, 1, 2)}
 
@@ -76,7 +102,37 @@ def cells(suite: str = "full", seeds: Sequence[int] | None = None, *, M: int = 3
     if suite not in SUITES:
         raise WidthscopeError(f"unknown growth suite {suite!r}; choose one of {', '.join(SUITES)}")
     seeds = SEEDS[suite] if seeds is None else tuple(seeds)
-    return [{**spec, "seed": int(s), "M": M, "K": K, "block_seed": 0} for spec in SUITES[suite] for s in seeds]
+    return [{"block_lrs": BLOCK_LRS, "continue_lrs": CONTINUE_LRS, "block_seeds": BLOCK_SEEDS, **_PLATEAU,
+             **spec, "seed": int(s), "M": M, "K": K} for spec in SUITES[suite] for s in seeds]
+
+
+# ----------------------------------------------------------------------------- reproducibility
+@contextmanager
+def reproducible(threads: int = 1) -> Iterator[dict[str, Any]]:
+    """One torch thread and deterministic algorithms inside; the previous settings restored after.
+
+    Yields what else could make a rerun on another machine differ (recorded in every row): the CPU
+    kernel family torch dispatches to (``torch.backends.cpu.get_cpu_capability()``), the versions
+    of torch, numpy, transformers and Python, and the thread count."""
+    import platform
+
+    prev = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.set_num_threads(int(threads))
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        import transformers
+        tv = transformers.__version__
+    except ImportError:  # pragma: no cover - a dependency
+        tv = None
+    env = {"env_cpu_capability": torch.backends.cpu.get_cpu_capability(), "env_torch": torch.__version__,
+           "env_numpy": np.__version__, "env_transformers": tv, "env_python": platform.python_version(),
+           "env_threads": torch.get_num_threads(), "env_deterministic": True}
+    try:
+        yield env
+    finally:
+        torch.set_num_threads(prev[0])
+        torch.use_deterministic_algorithms(prev[1], warn_only=prev[2])
 
 
 # ----------------------------------------------------------------------------- models
@@ -86,17 +142,13 @@ def teacher_student(seed: int, *, width: int = 24, depth: int = 4, missing: int 
                     ) -> tuple[nn.Module, tuple[Any, Any], str]:
     """A student MLP that lacks exactly one residual block (at ``blocks.{missing}``) of its teacher.
 
-    Why growing there is the right answer by construction: the teacher *is* the student plus a
-    block ``z + W* φ(W_in norm(z))`` at that point, whose ``W_in`` is the one the benchmark's grown
-    block gets (same shape, ``block_seed``). Training the grown block's ``W_out`` there can
-    reproduce the teacher exactly (zero loss is reachable), while a block at any other point must
-    imitate the change through the student's tanh layers, which it cannot do exactly. Targets are
-    the teacher's outputs (regression, per-example squared error).
-
-    The second construction (``teacher_seed`` set: the teacher's ``W_in`` is *not* the grown
-    block's; ``damp``: the linear maps of ``blocks.1 … blocks.{missing}`` scaled by it) is the one of
-    ``tests/test_grow.py``: the planted block is the last one and earlier changes reach the output
-    only weakly, so the right answer there is realised by fitting the residual directly.
+    The teacher *is* the student plus a block ``z + W* φ(W_in norm(z))`` at that point (hidden width
+    ``hidden``, ``W_in`` from ``teacher_seed``, default ``block_seed``), so a block grown there can
+    imitate it directly, while a block at any other point must act through the student's tanh
+    layers. Targets are the teacher's outputs (regression, per-example squared error). The
+    benchmark gives the teacher a block that the grown block is *not* (another seed and width).
+    ``damp``: the linear maps of ``blocks.1 … blocks.{missing}`` scaled by it (the construction of
+    ``tests/test_grow.py``: changes before the planted last block reach the output only weakly).
     """
     from .models import build
     from .probe.intervene import insert
@@ -121,188 +173,536 @@ def teacher_student(seed: int, *, width: int = 24, depth: int = 4, missing: int 
     return student, ((x[:n_train], y[:n_train]), (x[n_train:], y[n_train:])), point
 
 
-def _prepare(cell: Mapping[str, Any], show: bool) -> tuple[nn.Module, Any, Any, str | None]:
-    """Trained model, pooled (train, test) examples, and the known answer (teacher–student)."""
-    from .data import Split, load
-    from .models import build
-    from .train import train
+def train_to_plateau(model: nn.Module, train: Any, monitor: Any, *, lr: float, batch_size: int, seed: int,
+                     eval_every: int, patience: int, tol: float, max_steps: int) -> dict[str, Any]:
+    """AdamW (weight decay 0, gradient clipping at norm 1, linear warm-up over the first
+    ``eval_every`` steps, then constant ``lr``) on mini-batches drawn with replacement by a dedicated
+    ``torch.Generator(seed)``; the mean loss on ``monitor`` every ``eval_every`` steps.
 
-    fam, seed = cell["family"], int(cell["seed"])
-    if fam == "teacher":
+    Plateau rule: stop once ``min(last patience evals) > (1 − tol) · min(evals before them)`` (the
+    relative held-out improvement over the last ``patience`` evals is below ``tol``), or at
+    ``max_steps``. The best evaluated state is restored (early stopping), so a model that starts to
+    overfit is kept at its best held-out loss. Train mode (BatchNorm batch statistics) while
+    stepping; the model is left in eval mode."""
+    from .probe.intervene import _batch_size, _index, mean_loss, per_example_losses
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(int(seed))
+    n = _batch_size(train)
+    hist: list[float] = []
+    best, best_state, best_step, step, plateau = math.inf, None, 0, 0, False
+    model.train()
+    while step < max_steps and not plateau:
+        for _ in range(min(eval_every, max_steps - step)):
+            for g in opt.param_groups:
+                g["lr"] = lr * min(1.0, (step + 1) / eval_every)
+            loss = per_example_losses(model, _index(train, torch.randint(0, n, (min(batch_size, n),), generator=gen)),
+                                      batch_size=batch_size, grad=True).mean()
+            if not torch.isfinite(loss):
+                raise WidthscopeError(f"base training diverged at step {step} (loss {float(loss)}); lower base_lr")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            step += 1
+        v = mean_loss(model, monitor, batch_size=64)
+        hist.append(v)
+        if v < best:
+            best, best_step, best_state = v, step, copy.deepcopy(model.state_dict())
+        plateau = len(hist) > patience and min(hist[-patience:]) > (1 - tol) * min(hist[:-patience])
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    model.eval()
+    return {"base_steps": step, "base_best_step": best_step, "base_plateau": plateau, "base_monitor_loss": best,
+            "base_history": hist}
+
+
+def _build(cell: Mapping[str, Any], depth: int) -> nn.Module:
+    from .models import build
+
+    if cell["data"] == "text":
+        return build("llama", cell["width"], depth=depth, max_seq_len=cell["seq_len"])
+    if cell["data"] == "digits-images":
+        return build("resnet20", cell["width"], in_channels=1, num_classes=10)
+    return build("mlp", cell["width"], in_dim=64, out_dim=10, depth=depth, activation="tanh")
+
+
+def _data(cell: Mapping[str, Any]) -> tuple[Any, Any, str | None, nn.Module | None]:
+    """(train, test) pooled examples; for the teacher cases also the answer and the student."""
+    from .data import load
+
+    seed = int(cell["seed"])
+    if cell["family"] == "teacher":
         model, (tr, te), point = teacher_student(seed, width=cell["width"], depth=cell["depth"],
-                                                 missing=cell["missing"], block_seed=cell["block_seed"],
-                                                 hidden=cell.get("teacher_hidden", cell.get("block_hidden")),
-                                                 teacher_seed=cell.get("teacher_seed"), damp=cell.get("damp"),
+                                                 missing=cell["missing"], hidden=cell["teacher_hidden"],
+                                                 teacher_seed=cell["teacher_seed"], damp=cell.get("damp"),
                                                  n_train=cell["n_train"], n_test=cell["n_test"])
-        return model, tr, te, point
+        return tr, te, point, model
     if cell["data"] == "text":
         split = load("text", n_train=cell["n_train"], n_test=cell["n_test"], seed=seed, seq_len=cell["seq_len"],
                      max_bytes=400_000)
-        torch.manual_seed(seed)
-        model = build("llama", cell["width"], depth=cell["depth"], max_seq_len=cell["seq_len"])
-    else:
-        split = load("digits", seed=seed)
-        if cell["data"] == "digits-images":  # 8×8 grey images for the ResNet
-            split = Split((split.train[0].view(-1, 1, 8, 8), split.train[1]),
-                          (split.test[0].view(-1, 1, 8, 8), split.test[1]), split.task, split.num_classes,
-                          (1, 8, 8), split.name, split.meta)
-            torch.manual_seed(seed)
-            model = build("resnet20", cell["width"], in_channels=1, num_classes=10)
-        else:
-            torch.manual_seed(seed)
-            model = build("mlp", cell["width"], in_dim=64, out_dim=10, depth=cell["depth"], activation="tanh")
-    train(model, split, steps=cell["base_steps"], lr=cell["base_lr"], batch_size=cell["batch_size"], seed=seed,
-          train_eval_examples=256, progress=show)
-    model.eval()
-    tr, te = split.train, split.test
-    if split.task == "lm":
-        tr, te = tr[0], te[0]  # token ids: the LM loss predicts the sequence itself
-    return model, tuple(tr) if isinstance(tr, (tuple, list)) else tr, tuple(te) if isinstance(te, (tuple, list)) else te, None
+        return split.train[0], split.test[0], None, None  # token ids: the LM loss predicts the sequence itself
+    split = load("digits", seed=seed)
+    tr, te = tuple(split.train), tuple(split.test)
+    if cell["data"] == "digits-images":  # 8×8 grey images for the ResNet
+        tr, te = (tr[0].view(-1, 1, 8, 8), tr[1]), (te[0].view(-1, 1, 8, 8), te[1])
+    return tr, te, None, None
+
+
+def _splits(cell: Mapping[str, Any], test: Any) -> dict[str, Any]:
+    """The held-out pool split by a seeded permutation: ``rank`` (half: criteria, base-training
+    plateau, learning-rate choice), ``A`` and ``B`` (a quarter each: the oracle chooses on ``A``;
+    every reported gain is measured on ``B``)."""
+    from .probe.intervene import _batch_size, _index
+
+    n = _batch_size(test)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(cell["seed"])))
+    a, b = n // 2, n // 2 + n // 4
+    return {"rank": _index(test, perm[:a].sort().values), "A": _index(test, perm[a:b].sort().values),
+            "B": _index(test, perm[b:].sort().values)}
+
+
+# ----------------------------------------------------------------------------- one cell
+def _trainable(model: nn.Module, params: Sequence[nn.Parameter] | None) -> list[nn.Parameter]:
+    ids = None if params is None else {id(p) for p in params}
+    for p in model.parameters():
+        p.requires_grad_(ids is None or id(p) in ids)
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def _grown(model: nn.Module, point: str, width: int, hidden: int | None, block_seed: int,
+           w_in: torch.Tensor | None = None) -> tuple[nn.Module, list[nn.Parameter]]:
+    """A copy of ``model`` with a zero-``W_out`` block at ``point`` and the block's parameters."""
+    from .probe.intervene import _block_of, insert
+
+    g = copy.deepcopy(model)
+    insert(g, point, "block", width=width, hidden=hidden if w_in is None else int(w_in.shape[0]), seed=block_seed)
+    blk = _block_of(g, point)
+    if w_in is not None:
+        with torch.no_grad():
+            blk.w_in.copy_(w_in.to(blk.w_in.dtype))
+    return g, list(blk.parameters())
+
+
+class _Fit:
+    """A finished training run: the trained copy, its trained parameters, their values after each
+    wanted step count (``None`` after a divergence) and the ranking-half loss there."""
+
+    def __init__(self, model: nn.Module, params: list[nn.Parameter]):
+        self.model, self.params = model, params
+        self.snaps: dict[int, list[torch.Tensor] | None] = {}
+        self.rank: dict[int, float] = {}
+
+    def loss(self, step: int, data: Any) -> float:
+        """Mean loss on ``data`` of the parameters as they were after ``step`` steps (NaN: diverged)."""
+        from .probe.intervene import mean_loss
+
+        snap = self.snaps.get(step)
+        if snap is None:
+            return math.nan
+        with torch.no_grad():
+            for p, v in zip(self.params, snap):
+                p.copy_(v)
+        return mean_loss(self.model, data, batch_size=64)
+
+
+def _fit(model: nn.Module, params: list[nn.Parameter], train: Any, *, steps: int, at: Sequence[int], lr: float,
+         batch_size: int, seed: int, rank: Any = None) -> _Fit:
+    """Train ``params`` (AdamW, eval mode, batches from ``Generator(seed)``) for ``steps``, keeping
+    their values after each step count in ``at`` (and the loss on ``rank`` there, when given). A
+    run that diverges gives NaN losses from then on (the learning-rate choice never picks it; the
+    rows keep the NaN)."""
+    from .grow import _train_new
+    from .probe.intervene import mean_loss
+
+    wanted = sorted({int(k) for k in at if 0 < int(k) <= steps})
+    fit = _Fit(model, params)
+
+    def after(k: int) -> None:
+        if k in wanted:
+            fit.snaps[k] = [p.detach().clone() for p in params]
+            if rank is not None:
+                fit.rank[k] = mean_loss(model, rank, batch_size=64)
+
+    _trainable(model, params)
+    try:
+        _train_new(model, params, train, steps=steps, lr=lr, batch_size=batch_size, seed=seed, loss_fn=None,
+                   show_progress=False, after_step=after)
+    except WidthscopeError:  # diverged
+        for k in wanted:
+            fit.snaps.setdefault(k, None)
+            fit.rank.setdefault(k, math.nan)
+    _trainable(model, None)
+    return fit
+
+
+def _pick_lr(runs: Mapping[float, _Fit], step: int) -> float:
+    """The learning rate with the lowest ranking-half loss at ``step`` (ties: the smaller lr)."""
+    def key(lr: float) -> tuple[float, float]:
+        v = runs[lr].rank[step]
+        return (v if math.isfinite(v) else math.inf, lr)
+
+    return min(runs, key=key)
+
+
+def _base(cell: Mapping[str, Any], train: Any, sp: Mapping[str, Any], student: nn.Module | None
+          ) -> tuple[nn.Module, dict[str, Any]]:
+    """The model growth starts from: the teacher's student as built, or a model trained to plateau."""
+    if student is not None:
+        return student, {"base_steps": 0, "base_plateau": None}
+    torch.manual_seed(int(cell["seed"]))
+    model = _build(cell, cell["depth"]) if cell["family"] != "resnet20" else _build(cell, 0)
+    info = train_to_plateau(model, train, sp["rank"], lr=cell["base_lr"], batch_size=cell["batch_size"],
+                            seed=int(cell["seed"]), eval_every=cell["eval_every"], patience=cell["patience"],
+                            tol=cell["tol"], max_steps=cell["max_steps"])
+    return model, info
+
+
+def _scratch(cell: Mapping[str, Any], train: Any, sp: Mapping[str, Any]) -> dict[str, Any]:
+    """A model of the grown size (one more block) trained from scratch by the same plateau rule."""
+    from .grow import step_flops
+    from .probe.intervene import _index, mean_loss
+
+    torch.manual_seed(int(cell["seed"]) + 7919)
+    m = _build(cell, cell["depth"] + 1)
+    info = train_to_plateau(m, train, sp["rank"], lr=cell["base_lr"], batch_size=cell["batch_size"],
+                            seed=int(cell["seed"]) + 7919, eval_every=cell["eval_every"], patience=cell["patience"],
+                            tol=cell["tol"], max_steps=cell["max_steps"])
+    f = step_flops(m, _index(train, slice(0, cell["batch_size"])))
+    return {"scratch_loss_B": mean_loss(m, sp["B"]), "scratch_loss_A": mean_loss(m, sp["A"]),
+            "scratch_steps": info["base_steps"], "scratch_flops": info["base_steps"] * f,
+            "scratch_plateau": info["base_plateau"]}
 
 
 def run_cell(cell: Mapping[str, Any], _cell_dir: Path | None = None, *, show: bool = False) -> list[dict[str, Any]]:
-    """Criteria and realised gains at every point of one (model, seed). One row per point."""
-    from .grow import grow_at
+    """Criteria and realised gains at every point of one (model, seed), with the equal-compute
+    baselines. One row per point (see docs/interventions.md §5 for every column)."""
+    with reproducible(1) as env:
+        rows = _run_cell(cell, show)
+    for r in rows:
+        r.update(env)
+    return rows
+
+
+def _run_cell(cell: Mapping[str, Any], show: bool) -> list[dict[str, Any]]:
+    from .grow import step_flops
     from .probe.growth import point_criteria
-    from .probe.intervene import _batch_size, _index, mean_loss, take
+    from .probe.intervene import _batch_size, _index, mean_loss
 
     t0 = time.perf_counter()
-    model, train, test, answer = _prepare(cell, show)
-    seed, M, K = int(cell["seed"]), int(cell["M"]), int(cell["K"])
-    n_tr, n_te = _batch_size(train), _batch_size(test)
-    n_probe = min(int(cell["n_probe"]), n_tr)
-    probe = _index(train, torch.randperm(n_tr, generator=torch.Generator().manual_seed(seed + 1))[:n_probe].sort().values)
-    perm = torch.randperm(n_te, generator=torch.Generator().manual_seed(seed))
-    n_rank = n_te // 2
-    rank_test, evaluate = _index(test, perm[:n_rank].sort().values), _index(test, perm[n_rank:].sort().values)
+    seed, M, K, bs = int(cell["seed"]), int(cell["M"]), int(cell["K"]), int(cell["batch_size"])
+    train, test, answer, student = _data(cell)
+    sp = _splits(cell, test)
+    model, base = _base(cell, train, sp, student)
+    n_tr = _batch_size(train)
+    probe = _index(train, torch.randperm(n_tr, generator=torch.Generator().manual_seed(seed + 1))
+                   [:min(int(cell["n_probe"]), n_tr)].sort().values)
+    batch = _index(train, slice(0, min(bs, n_tr)))
     points = list(model.widthscope_points)
-    bs = 64
-    eta = float(cell["block_lr"])
+    lrs, clrs, bseeds = tuple(cell["block_lrs"]), tuple(cell["continue_lrs"]), tuple(cell["block_seeds"])
+    long = int(cell["long"])
+    eta = float(lrs[len(lrs) // 2])
     t_base = time.perf_counter() - t0
-    hidden = cell.get("block_hidden")  # None: the point's width
-    crit = [point_criteria(model, p, probe, rank_test, M=M, K=K, eta=eta, block_seed=cell["block_seed"],
-                           hidden=hidden, batch_size=bs) for p in points]
+    crit = [point_criteria(model, p, probe, sp["rank"], M=M, K=K, eta=eta, block_seed=bseeds[0], hidden=None,
+                           batch_size=64, gradmax_k=8, keep_gradmax_rows=True) for p in points]
     t_crit = time.perf_counter() - t0 - t_base
-    loss0 = mean_loss(model, evaluate, batch_size=bs)
+    before = {k: mean_loss(model, d) for k, d in sp.items()}
+    _trainable(model, None)
+    f_orig = step_flops(model, batch)
+    # FLOPs of one block-training step at each point (what growth costs) and of training the grown model whole
+    f_block, f_all = [], []
+    for p, c in zip(points, crit):
+        g, prm = _grown(model, p, c["width"], None, bseeds[0])
+        _trainable(g, prm)
+        f_block.append(step_flops(g, batch))
+        _trainable(g, None)
+        f_all.append(step_flops(g, batch))
+    # equal compute: steps of the alternatives that cost what `long` block steps cost at each point
+    n_cont = [max(1, round(long * fb / f_orig)) for fb in f_block]
+    n_all = [max(1, round(long * fb / fa)) for fb, fa in zip(f_block, f_all)]
+    cont_runs = {}
+    for lr in clrs:
+        c = copy.deepcopy(model)
+        cont_runs[lr] = _fit(c, list(c.parameters()), train, steps=max(n_cont), at=n_cont, lr=lr, batch_size=bs,
+                             seed=seed, rank=sp["rank"])
     rows = []
     for i, (p, c) in enumerate(progress(list(zip(points, crit)), desc=f"grow-bench {cell['model']} s{seed}",
                                         disable=None if show else True)):
-        _, res = grow_at(model, p, train, evaluate, probe_train=take(probe, min(M, n_probe)),
-                         probe_test=take(rank_test, min(K, n_rank)), steps=int(cell["long"]), lr=eta,
-                         block_width=hidden, width=c["width"], batch_size=int(cell["batch_size"]), seed=seed,
-                         block_seed=int(cell["block_seed"]), eval_steps=[int(cell["short"])], loss_before=loss0)
-        rows.append({**{k: v for k, v in c.items() if k not in ("M", "K", "width")}, "kind": "growth_bench",
-                     "point_width": c["width"],
-                     "point_index": i, "n_points": len(points), "answer": answer,
-                     "neg_bias_b_exact": -c["bias_b_exact"], "neg_block_b_exact": -c["block_b_exact"],
-                     "loss_before": loss0, "loss_short": res["loss_at"][str(cell["short"])],
-                     "loss_long": res["loss_after"], "gain_short": loss0 - res["loss_at"][str(cell["short"])],
-                     "gain_long": loss0 - res["loss_after"], "n_eval": n_te - n_rank,
-                     "new_parameters": res["new_parameters"], "block_alignment": res["block_alignment"]})
+        rows.append(_point_row(cell, model, train, sp, p, c, i, len(points), before=before, lrs=lrs,
+                               bseeds=bseeds, cont_runs=cont_runs, n_cont=n_cont[i], n_all=n_all[i],
+                               flops=(f_orig, f_block[i], f_all[i]), answer=answer))
+    scratch = _scratch(cell, train, sp) if cell.get("scratch") else {}
     for r in rows:
-        r.update(seconds_base=t_base, seconds_criteria=t_crit, seconds_cell=time.perf_counter() - t0)
+        r.update(base, **scratch, base_history=base.get("base_history"), seconds_base=t_base, seconds_criteria=t_crit,
+                 seconds_cell=time.perf_counter() - t0)
     return rows
+
+
+def _point_row(cell: Mapping[str, Any], model: nn.Module, train: Any, sp: Mapping[str, Any], p: str,
+               c: dict[str, Any], i: int, n_points: int, *, before: Mapping[str, float], lrs: Sequence[float],
+               bseeds: Sequence[int], cont_runs: Mapping[float, _Fit], n_cont: int, n_all: int,
+               flops: tuple[int, int, int], answer: str | None) -> dict[str, Any]:
+    """Grow at one point: the lr grid with block seed 0 (chosen on the ranking half), the other block
+    seeds at the chosen lr, the GradMax block, grow-then-train-all, and the continue-training gains
+    for this point's compute."""
+    seed, bs, long = int(cell["seed"]), int(cell["batch_size"]), int(cell["long"])
+    gm_rows = c.pop("gradmax_rows")
+    runs = {}
+    for lr in lrs:
+        g, prm = _grown(model, p, c["width"], None, bseeds[0])
+        runs[lr] = _fit(g, prm, train, steps=long, at=(long,), lr=lr, batch_size=bs, seed=seed, rank=sp["rank"])
+    lr_b = _pick_lr(runs, long)
+    fits = [runs[lr_b]]
+    for s in bseeds[1:]:
+        g, prm = _grown(model, p, c["width"], None, s)
+        fits.append(_fit(g, prm, train, steps=long, at=(long,), lr=lr_b, batch_size=bs, seed=seed))
+    g, gprm = _grown(model, p, c["width"], None, bseeds[0], w_in=gm_rows)
+    gm = _fit(g, gprm, train, steps=long, at=(long,), lr=lr_b, batch_size=bs, seed=seed)
+    lr_c = _pick_lr(cont_runs, n_cont)
+    g, _ = _grown(model, p, c["width"], None, bseeds[0])
+    ta = _fit(g, list(g.parameters()), train, steps=n_all, at=(n_all,), lr=lr_c, batch_size=bs, seed=seed)
+    row = {**{k: v for k, v in c.items() if k not in ("M", "K", "width")}, "kind": "growth_bench",
+           "point_width": c["width"], "point_index": i, "n_points": n_points, "answer": answer,
+           "neg_bias_b_exact": -c["bias_b_exact"], "neg_block_b_exact": -c["block_b_exact"],
+           "lr_block": lr_b, "lr_continue": lr_c, "lr_block_rank_loss": {str(k): v.rank[long] for k, v in runs.items()},
+           "flops_orig_step": flops[0], "flops_block_step": flops[1], "flops_all_step": flops[2],
+           "steps_continue": n_cont, "steps_all": n_all, "gradmax_hidden": int(gm_rows.shape[0]),
+           "new_parameters": sum(q.numel() for q in fits[0].params)}
+    for h in ("A", "B"):
+        tag = "" if h == "B" else "_A"
+        row[f"loss_before{tag}"] = before[h]
+        row[f"gain_long{tag}_seeds"] = [before[h] - f.loss(long, sp[h]) for f in fits]
+        row[f"gain_long{tag}"] = float(np.mean(row[f"gain_long{tag}_seeds"]))
+        row[f"gain_gradmax_long{tag}"] = before[h] - gm.loss(long, sp[h])
+        row[f"gain_continue_long{tag}"] = before[h] - cont_runs[lr_c].loss(n_cont, sp[h])
+        row[f"gain_all_long{tag}"] = before[h] - ta.loss(n_all, sp[h])
+    row["loss_long"] = before["B"] - row["gain_long"]
+    return row
 
 
 # ----------------------------------------------------------------------------- comparison
 def _spearman(x: np.ndarray, y: np.ndarray) -> float:
-    from scipy.stats import spearmanr
+    """Spearman's ρ: Pearson correlation of the average ranks (NaN when either side is constant)."""
+    from scipy.stats import rankdata
 
     if len(x) < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return float("nan")
-    return float(spearmanr(x, y).statistic)
+    return float(np.corrcoef(rankdata(x), rankdata(y))[0, 1])
+
+
+@lru_cache(maxsize=4096)
+def _t_quantile(p: float, df: float) -> float:
+    from scipy.stats import t
+
+    return float(t.ppf(p, df))
+
+
+def _rng(*key: Any) -> np.random.Generator:
+    return np.random.default_rng([zlib.crc32(str(k).encode()) for k in key])
+
+
+def _argmax(v: np.ndarray, rng: np.random.Generator) -> tuple[int, bool]:
+    """Index of the largest value, ties broken uniformly at random by ``rng``; and whether it tied."""
+    top = np.flatnonzero(v == v.max())
+    return int(rng.choice(top)) if len(top) > 1 else int(top[0]), len(top) > 1
+
+
+def _gains(rs: Sequence[Mapping[str, Any]], col: str) -> tuple[np.ndarray, int]:
+    """The realised gains of column ``col`` over the points; NaN (every lr diverged) counts as the
+    worst point of the unit, and how many there were is returned."""
+    g = np.array([float(r[col]) if r.get(col) is not None else math.nan for r in rs])
+    bad = ~np.isfinite(g)
+    if bad.any():
+        g[bad] = np.min(g[~bad]) if (~bad).any() else 0.0
+    return g, int(bad.sum())
 
 
 def _unit_scores(rs: list[Mapping[str, Any]], budget: str) -> dict[str, dict[str, float]]:
-    """Spearman, top-1 hit and regret of every criterion/baseline on one (model, seed)."""
+    """Per criterion and baseline on one (model, seed): Spearman with the realised gain (mean over
+    block seeds, evaluation half B), top-1 hit, regret, regret / (best − worst), the gain at the
+    chosen point beside training the original model (``continue``) and grow-then-train-all
+    (``train_all``) at the same FLOPs, ``advantage`` = gain − continue, and counts of ties/NaN."""
     rs = sorted(rs, key=lambda r: r["point_index"])
-    g = np.array([float(r[f"gain_{budget}"]) for r in rs])
-    P, best = len(g), float(g.max())
+    seed = int(rs[0]["seed"])
+    g, nan_g = _gains(rs, f"gain_{budget}")
+    cont, _ = _gains(rs, f"gain_continue_{budget}")
+    alls, _ = _gains(rs, f"gain_all_{budget}")
+    P = len(g)
     out: dict[str, dict[str, float]] = {}
+
+    def score(j: int, target: np.ndarray) -> dict[str, float]:
+        best, spread = float(target.max()), float(target.max() - target.min())
+        reg = best - float(target[j])
+        return {"hit": float(target[j] == best), "regret": reg, "norm_regret": reg / spread if spread > 0 else 0.0,
+                "gain": float(target[j]), "continue": float(cont[j]), "train_all": float(alls[j]),
+                "advantage": float(target[j] - cont[j]), "all_vs_continue": float(alls[j] - cont[j])}
+
     for name, col in CRITERIA_COLUMNS.items():
-        # missing/NaN ranks last (e.g. a line search that found no positive curvature)
-        v = np.array([float(r[col]) if r.get(col) is not None and not math.isnan(float(r[col])) else -np.inf
-                      for r in rs])
-        j = int(np.argmax(v))  # ties: the earliest point
-        fin = v[np.isfinite(v)]
-        lo, hi = (float(fin.min()), float(fin.max())) if len(fin) else (0.0, 0.0)
-        ranked = np.where(v == np.inf, hi + 1, np.where(v == -np.inf, lo - 1, v))
-        out[name] = {"spearman": _spearman(ranked, g), "hit": float(g[j] == best), "regret": best - float(g[j])}
+        target = _gains(rs, f"gain_gradmax_{budget}")[0] if name == "gradmax" else g
+        raw = np.array([float(r[col]) if r.get(col) is not None else math.nan for r in rs])
+        nan_c = int((~np.isfinite(raw)).sum())
+        fin = raw[np.isfinite(raw)]
+        # NaN criterion values rank last (e.g. a line search that found no positive curvature)
+        v = np.where(np.isfinite(raw), raw, (fin.min() - 1) if len(fin) else 0.0)
+        j, tied = _argmax(v, _rng(seed, name, budget))
+        rho = _spearman(v, target)
+        out[name] = {**score(j, target), "spearman": 0.0 if math.isnan(rho) else rho,
+                     "undefined_spearman": float(math.isnan(rho)), "ties": float(tied), "nan": float(nan_c + nan_g)}
     for name, j in (("last", P - 1), ("middle", (P - 1) // 2)):
-        out[name] = {"spearman": float("nan"), "hit": float(g[j] == best), "regret": best - float(g[j])}
-    out["random"] = {"spearman": 0.0, "hit": float(np.mean(g == best)), "regret": float(np.mean(best - g))}
-    out["oracle"] = {"spearman": 1.0, "hit": 1.0, "regret": 0.0}
-    # regret as a fraction of the spread (best − worst point): 0 = picks the best, 1 = the worst;
-    # comparable across models whose losses differ in scale, and stable when the best gain is ≈ 0
-    spread = best - float(g.min())
-    for v in out.values():
-        v["norm_regret"] = v["regret"] / spread if spread > 0 else 0.0
+        out[name] = {**score(j, g), "spearman": math.nan}
+    per = [score(j, g) for j in range(P)]
+    out["random"] = {k: float(np.mean([d[k] for d in per])) for k in per[0]}
+    out["random"]["spearman"] = 0.0
+    gA, _ = _gains(rs, f"gain_{budget}_A")
+    j, tied = _argmax(gA, _rng(seed, "oracle", budget))
+    out["oracle"] = {**score(j, g), "spearman": _spearman(gA, g), "ties": float(tied)}
+    # the reproducibility ceiling: regrowing with another block seed ranks the points this well
+    S = np.array([r[f"gain_{budget}_seeds"] for r in rs]).T  # (block seeds, points)
+    pairs = [_spearman(S[a], S[b]) for a in range(len(S)) for b in range(a + 1, len(S))]
+    out["ceiling"] = {**{k: math.nan for k in per[0]},
+                      "spearman": float(np.nanmean(pairs)) if pairs and not np.all(np.isnan(pairs)) else math.nan}
     return out
 
 
-def _boot(per_model: Mapping[str, Sequence[float]], draws: int, seed: int) -> tuple[float, float, float]:
-    """Mean over models of the mean over seeds, with a seed-bootstrap 95% interval (seeds resampled
-    within each model; NaN values, e.g. constant criteria, are dropped)."""
-    vals = {m: np.array([v for v in vs if math.isfinite(v)]) for m, vs in per_model.items()}
-    vals = {m: v for m, v in vals.items() if len(v)}
-    if not vals:
-        return (float("nan"),) * 3
-    point = float(np.mean([v.mean() for v in vals.values()]))
-    rng = np.random.default_rng(seed)
-    bs = np.mean([v[rng.integers(0, len(v), (draws, len(v)))].mean(1) for v in vals.values()], axis=0)
-    return point, float(np.quantile(bs, 0.025)), float(np.quantile(bs, 0.975))
+def t_interval(x: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """Mean and Student-t interval over independent model seeds (NaN entries are not silently
+    dropped: any NaN makes the result NaN). Fewer than 2 values: NaN bounds."""
+    a = np.asarray(x, dtype=float)
+    if len(a) == 0 or np.isnan(a).any():
+        return (math.nan,) * 3
+    m = float(a.mean())
+    if len(a) < 2:
+        return m, math.nan, math.nan
+    h = _t_quantile(0.5 + level / 2, len(a) - 1) * float(a.std(ddof=1)) / math.sqrt(len(a))
+    return m, m - h, m + h
 
 
-def compare(rows: Sequence[Mapping[str, Any]], *, draws: int = 2000, seed: int = 0) -> list[dict[str, Any]]:
+def pooled_interval(groups: Sequence[Sequence[float]], level: float = 0.95) -> tuple[float, float, float]:
+    """Mean over groups (models) of the group means, with a Welch–Satterthwaite t interval: the
+    models' seeds are independent, so ``Var = Σ_m s_m²/n_m / G²``."""
+    gs = [np.asarray(g, dtype=float) for g in groups]
+    if not gs or any(len(g) == 0 or np.isnan(g).any() for g in gs):
+        return (math.nan,) * 3
+    if len(gs) == 1:
+        return t_interval(gs[0], level)
+    m = float(np.mean([g.mean() for g in gs]))
+    if any(len(g) < 2 for g in gs):
+        return m, math.nan, math.nan
+    v = np.array([g.var(ddof=1) / len(g) for g in gs])
+    if v.sum() == 0:
+        return m, m, m
+    df = v.sum() ** 2 / np.sum(v ** 2 / np.array([len(g) - 1 for g in gs]))
+    h = _t_quantile(0.5 + level / 2, round(float(df), 6)) * math.sqrt(v.sum()) / len(gs)
+    return m, m - h, m + h
+
+
+def wilson(k: float, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a proportion ``k/n`` (3 hits of 3 is [0.44, 1], not [1, 1])."""
+    from scipy.stats import norm
+
+    if n == 0:
+        return math.nan, math.nan
+    z = float(norm.ppf(0.5 + level / 2))
+    p = k / n
+    c = (p + z * z / (2 * n)) / (1 + z * z / n)
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, c - h), min(1.0, c + h)
+
+
+_RANGE = {"spearman": (-1.0, 1.0), "hit": (0.0, 1.0), "norm_regret": (0.0, 1.0)}
+METRICS = ("spearman", "hit", "regret", "norm_regret", "gain", "continue", "train_all", "advantage",
+           "all_vs_continue")
+
+
+def compare(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Rows ``kind="growth_compare"``: per model (and ``model="overall"``), budget and criterion or
-    baseline: ``spearman``, ``hit``, ``regret``, ``norm_regret`` (regret / (best − worst gain)) — means over seeds,
-    ``*_lo``/``*_hi`` 95% seed-bootstrap — ``n_seeds`` and ``cost_steps`` (block-training steps the
-    decision costs). ``overall`` averages the models with no known answer (the teacher–student case
-    is a correctness check, reported on its own); its ``regret`` mixes loss scales, so compare
-    ``norm_regret`` there."""
+    baseline: the means over model seeds of :func:`_unit_scores`' metrics with 95% intervals
+    (``*_lo``/``*_hi``: Student t over seeds; overall: Welch–Satterthwaite over the models with no
+    planted answer; ``hit``: Wilson over the seeds), ``n_seeds``, ``ties``/``nan``/``undefined_spearman``
+    counts and ``cost_steps`` (block-training steps the decision costs)."""
     units: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
     for r in rows:
         if r.get("kind") == "growth_bench":
             units.setdefault((str(r["model"]), int(r["seed"])), []).append(r)
     if not units:
         raise WidthscopeError("no growth_bench rows to compare; run `widthscope grow-bench` first")
+    first = {}
+    for r in rows:
+        if r.get("kind") == "growth_bench":
+            first.setdefault(str(r["model"]), r)
+    models = sorted(first, key=lambda m: first[m].get("cell_index", 0))
+    natural = [m for m in models if not first[m].get("answer")]
     out: list[dict[str, Any]] = []
-    models = sorted({m for m, _ in units}, key=lambda m: next(r for r in rows if r.get("model") == m).get("cell_index", 0))
-    for budget in ("short", "long"):
+    for budget in BUDGETS:
         scores = {u: _unit_scores(rs, budget) for u, rs in units.items()}
-        steps = {m: int(next(r for r in rows if r.get("model") == m)[budget]) for m in models}
-        npts = {m: int(next(r for r in rows if r.get("model") == m)["n_points"]) for m in models}
         for name in (*CRITERIA_COLUMNS, *BASELINES):
-            natural = [m for m in models if not any(r.get("answer") for r in units[next(u for u in units if u[0] == m)])]
             for scope in (*models, "overall"):
                 ms = (natural or models) if scope == "overall" else [scope]
+                per = {m: [scores[u][name] for u in sorted(units) if u[0] == m] for m in ms}
                 rec: dict[str, Any] = {"kind": "growth_compare", "model": scope, "budget": budget, "criterion": name,
                                        "baseline": name in BASELINES, "known_answer": scope not in natural
-                                       and scope != "overall",
-                                       "n_seeds": sum(1 for (m, _) in units if m in ms)}
-                for metric in ("spearman", "hit", "regret", "norm_regret"):
-                    per = {m: [scores[(m2, s)][name][metric] for (m2, s) in units if m2 == m] for m in ms}
-                    rec[metric], rec[f"{metric}_lo"], rec[f"{metric}_hi"] = _boot(per, draws, seed)
-                cost = [steps[m] * (npts[m] if name == "oracle" else 1) for m in ms]
-                rec["cost_steps"] = float(np.mean(cost))
+                                       and scope != "overall", "n_seeds": sum(len(v) for v in per.values())}
+                for metric in METRICS:
+                    groups = [[d.get(metric, math.nan) for d in v] for v in per.values()]
+                    m_, lo, hi = pooled_interval(groups)
+                    if metric in _RANGE:  # a bound outside the metric's range says nothing more than the range
+                        lo, hi = max(lo, _RANGE[metric][0]), min(hi, _RANGE[metric][1])
+                    rec[metric], rec[f"{metric}_lo"], rec[f"{metric}_hi"] = m_, lo, hi
+                hits = [d["hit"] for v in per.values() for d in v]
+                if all(math.isfinite(h) for h in hits):
+                    rec["hit_count"] = float(sum(hits))
+                    rec["hit_lo"], rec["hit_hi"] = wilson(sum(hits), len(hits))
+                for cnt in ("ties", "nan", "undefined_spearman"):
+                    rec[cnt] = int(sum(d.get(cnt, 0.0) for v in per.values() for d in v))
+                n = {m: int(first[m]["n_points"]) for m in ms}
+                steps = {m: int(first[m][budget]) for m in ms}
+                rec["cost_steps"] = float(np.mean([steps[m] * (n[m] * len(first[m]["gain_long_seeds"])
+                                                               if name in ("oracle", "ceiling") else 1) for m in ms]))
                 out.append(rec)
+        out.extend(_paired(scores, natural, budget))
     return out
 
 
-def winner(table: Sequence[Mapping[str, Any]], budget: str = "long") -> str:
-    """The criterion (not a baseline) that finds the planted block most often (mean top-1 hit over the
-    known-answer cases), then the lowest overall normalised regret on the natural models, then the
-    higher Spearman. Planted blocks come first because on the natural models the criteria are within
-    noise of each other (docs/interventions.md §5), while a planted block has a margin by construction."""
-    cand = [r for r in table if r["model"] == "overall" and r["budget"] == budget and not r["baseline"]]
-    known = [r for r in table if r.get("known_answer") and r["budget"] == budget and not r["baseline"]]
-    hits: dict[str, list[float]] = {}
-    for r in known:
-        hits.setdefault(r["criterion"], []).append(float(r["hit"]))
-    planted = {c: float(np.mean(v)) for c, v in hits.items()}
-    return min(cand, key=lambda r: (-planted.get(r["criterion"], 0.0),
-                                    r["norm_regret"] if math.isfinite(r["norm_regret"]) else math.inf,
-                                    -(r["spearman"] if math.isfinite(r["spearman"]) else -1)))["criterion"]
+def _paired(scores: Mapping[tuple[str, int], Mapping[str, Mapping[str, float]]], natural: Sequence[str],
+            budget: str) -> list[dict[str, Any]]:
+    """``kind="growth_paired"``: per criterion, the overall normalised-regret difference
+    (baseline − criterion, > 0: the criterion is better) against random, last and middle, paired
+    over (model, seed), with the Welch t interval. ``beats`` = the interval's lower end > 0."""
+    out = []
+    for name in CRITERIA_COLUMNS:
+        for base in ("random", "last", "middle"):
+            groups = [[scores[u][base]["norm_regret"] - scores[u][name]["norm_regret"] for u in sorted(scores) if u[0] == m]
+                      for m in natural]
+            d, lo, hi = pooled_interval(groups)
+            out.append({"kind": "growth_paired", "budget": budget, "criterion": name, "versus": base,
+                        "diff": d, "diff_lo": lo, "diff_hi": hi, "beats": bool(lo > 0) if math.isfinite(lo) else False})
+    return out
+
+
+def winner(table: Sequence[Mapping[str, Any]], budget: str = "long") -> dict[str, Any]:
+    """The default criterion and why. A criterion *beats the simple rules* when its overall
+    normalised regret is lower than that of random, last and middle with paired 95% intervals
+    excluding 0; the best such one wins. When none does, the cheapest criterion (:data:`COST_ORDER`)
+    among those finding the most planted blocks wins, and ``beats_simple_rules`` is False."""
+    paired = [r for r in table if r.get("kind") == "growth_paired" and r["budget"] == budget]
+    cand = {r["criterion"]: r for r in table if r.get("kind") == "growth_compare" and r["model"] == "overall"
+            and r["budget"] == budget and r["criterion"] in COST_ORDER}
+    beating = [c for c in cand if all(r["beats"] for r in paired if r["criterion"] == c)]
+    planted: dict[str, float] = {c: 0.0 for c in cand}
+    for r in table:
+        if r.get("kind") == "growth_compare" and r.get("known_answer") and r["budget"] == budget and r["criterion"] in cand:
+            planted[r["criterion"]] += r.get("hit_count", 0.0)
+    if beating:
+        best = min(beating, key=lambda c: cand[c]["norm_regret"])
+        return {"criterion": best, "grow_name": GROW_NAME[best], "beats_simple_rules": True,
+                "planted_hits": planted, "why": "lowest overall normalised regret among the criteria that beat "
+                "random, last and middle (paired 95% intervals)"}
+    top = max(planted.values()) if planted else 0.0
+    best = next(c for c in COST_ORDER if c in cand and planted[c] == top)
+    return {"criterion": best, "grow_name": GROW_NAME[best], "beats_simple_rules": False, "planted_hits": planted,
+            "why": "no criterion beats random, last and middle on the natural models; the cheapest of those "
+            "that find the most planted blocks"}
 
 
 def benchmark(out_dir: str | Path, *, suite: str = "full", seeds: Sequence[int] | None = None, M: int = 32,
@@ -337,27 +737,32 @@ def benchmark(out_dir: str | Path, *, suite: str = "full", seeds: Sequence[int] 
     summary = {"suite": suite, "M": M, "K": K, "cells": len(grid), "ran": len(res.done), "resumed": len(res.skipped),
                "seconds_this_call": time.perf_counter() - t0,
                "seconds_cells_total": sum({r["cell_id"]: r["seconds_cell"] for r in res.rows}.values()),
-               "winner_long": winner(table, "long"), "winner_short": winner(table, "short"),
+               "winner_long": winner(table, "long"),
                "teacher_student": _teacher_picks(res.rows)}
     atomic_write_json(out_dir / "summary.json", summary)
     return {"rows": res.rows, "table": table, "summary": summary, "complete": True}
 
 
 def _teacher_picks(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per teacher–student seed: the missing point, the realised best and each criterion's pick."""
+    """Per planted-block seed: the missing point, the realised best and each criterion's pick
+    (ties broken as in :func:`compare`)."""
     out: dict[str, dict[str, Any]] = {}
     for m, s in sorted({(str(r["model"]), int(r["seed"])) for r in rows if r.get("answer")}):
         rs = sorted([r for r in rows if r.get("answer") and r["model"] == m and int(r["seed"]) == s],
                     key=lambda r: r["point_index"])
-        pick = {n: max(rs, key=lambda r: float(r[c]))["point"] for n, c in CRITERIA_COLUMNS.items()}
-        out[f"{m} seed {s}"] = {"model": m, "seed": s, "answer": rs[0]["answer"], "best_long": max(rs, key=lambda r: r["gain_long"])["point"],
-                       "best_short": max(rs, key=lambda r: r["gain_short"])["point"], **pick}
+        pick = {}
+        for n, c in CRITERIA_COLUMNS.items():
+            raw = np.array([float(r[c]) if r.get(c) is not None else math.nan for r in rs])
+            v = np.where(np.isfinite(raw), raw, -np.inf)
+            pick[n] = rs[_argmax(v, _rng(s, n, "long"))[0]]["point"]
+        out[f"{m} seed {s}"] = {"model": m, "seed": s, "answer": rs[0]["answer"],
+                                "best_long": max(rs, key=lambda r: r["gain_long"])["point"], **pick}
     return out
 
 
 # ----------------------------------------------------------------------------- CLI
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true", help="the small suite (about a minute on one core)")
+    p.add_argument("--quick", action="store_true", help="the small suite (a few minutes on one core)")
     p.add_argument("--out", default=None, help="results directory (default widthscope-results/growth[-quick]); "
                    "finished cells are kept and a rerun resumes")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2)")
@@ -402,16 +807,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"{res['finished']}/{res['cells']} cells finished in {out}; the comparison is written when every "
               "shard is done (rerun any shard, or without --shard, to finish)")
         return 0
-    sel = [r for r in res["table"] if r["model"] == "overall"]
-    print(format_table(sel, ["budget", "criterion", "spearman", "spearman_lo", "spearman_hi", "hit", "norm_regret",
-                             "norm_regret_lo", "norm_regret_hi", "cost_steps"],
-                       title=f"growth benchmark ({suite}): overall, mean over models of the mean over seeds"))
+    sel = [r for r in res["table"] if r.get("kind") == "growth_compare" and r["model"] == "overall"]
+    print(format_table(sel, ["budget", "criterion", "spearman", "hit", "norm_regret", "norm_regret_lo",
+                             "norm_regret_hi", "gain", "continue", "train_all", "advantage", "advantage_lo",
+                             "advantage_hi", "ties", "nan", "cost_steps"],
+                       title=f"growth benchmark ({suite}): overall, mean over models of the mean over seeds "
+                             "(gains in nats on evaluation half B; continue/train_all: same FLOPs)"))
     s = res["summary"]
-    print(f"\nwinner (most planted blocks found, then lowest normalised regret; "
-          f"long budget): {s['winner_long']}; short budget: {s['winner_short']}")
+    w = s["winner_long"]
+    print(f"\ndefault rule: {w['criterion']} (grow --criterion {w['grow_name']}): {w['why']}")
     for key, t in s["teacher_student"].items():
-        print(f"{key}: missing {t['answer']}, realised best {t['best_long']}, {s['winner_long']} picks "
-              f"{t[s['winner_long']]}")
+        print(f"{key}: missing {t['answer']}, realised best {t['best_long']}, {w['criterion']} picks "
+              f"{t[w['criterion']]}")
     if not args.no_report:
         from .report.growth import write_report
 

@@ -44,7 +44,7 @@ from ..errors import WidthscopeError
 from .insert import ACTIVATIONS, ResidualBlock, insert, remove_insertion
 from .intervene import _block_of, block_features, block_gram
 
-__all__ = ["point_criteria", "gradmax_from_factors", "line_search_gain", "CRITERIA", "block_input_features"]
+__all__ = ["point_criteria", "gradmax_from_factors", "gradmax_directions", "line_search_gain", "CRITERIA", "block_input_features"]
 
 # criterion name -> (row column ranked on, higher is better); "bias" is the pre-issue-11 ranking.
 CRITERIA: dict[str, str] = {
@@ -101,17 +101,33 @@ def gradmax_from_factors(qa: torch.Tensor, ua: torch.Tensor, qb: torch.Tensor, u
     return float(ev[-1]), float(ev[-k:].sum())
 
 
+def gradmax_directions(qa: torch.Tensor, ua: torch.Tensor, qb: torch.Tensor, ub: torch.Tensor,
+                       k: int) -> torch.Tensor:
+    """The ``k`` unit rows GradMax would give ``W_in``: the eigenvectors of ``sym(S_aᵀ S_b)`` of the
+    ``k`` largest eigenvalues (``(k, N_in)``, float64, largest first). ``Σ`` of those eigenvalues is
+    ``gradmax_k``: a block grown with these rows is the block that ``gradmax_k`` scores."""
+    Sa = torch.einsum("itn,itm->nm", qa.double(), ua.double()) / qa.shape[0]
+    Sb = torch.einsum("itn,itm->nm", qb.double(), ub.double()) / qb.shape[0]
+    X = Sa.T @ Sb
+    _, vec = torch.linalg.eigh(0.5 * (X + X.T))  # ascending eigenvalues, columns = eigenvectors
+    k = max(1, min(int(k), vec.shape[1]))
+    return vec[:, -k:].flip(1).T.contiguous()
+
+
 def point_criteria(model: nn.Module, point: str, train: Any, test: Any, *, M: int = 32, K: int = 32,
                    eta: float = 1e-3, hidden: int | None = None, activation: str = "gelu",
                    norm: str = "rms", block_seed: int = 0, gradmax_k: int = 8,
                    loss_fn: Callable | None = None, batch_size: int = 64,
-                   deltas: tuple[float, ...] = (0.1,), line_search: bool = True) -> dict[str, Any]:
+                   deltas: tuple[float, ...] = (0.1,), line_search: bool = True,
+                   keep_gradmax_rows: bool = False) -> dict[str, Any]:
     """Every growth criterion at ``point`` from pooled ``train`` / held-out ranking ``test`` examples.
 
     ``hidden``, ``activation``, ``norm``, ``block_seed`` describe the block that would be grown
     (``W_in`` is rebuilt from the same seed, so ``block_gain`` is that block's). One batched
     backward per batch and population; the model is left unchanged.
-    Returns a flat dict (JSON-able floats; certificates' ``b_exact``, ``d_align``, plans).
+    Returns a flat dict (JSON-able floats; certificates' ``b_exact``, ``d_align``, plans);
+    ``keep_gradmax_rows`` adds ``gradmax_rows``, the ``(gradmax_k, N)`` tensor of
+    :func:`gradmax_directions` (not JSON: pop it before writing).
     """
     from ..stats import certificate, cross_moments_from_gram, plan
 
@@ -150,6 +166,8 @@ def point_criteria(model: nn.Module, point: str, train: Any, test: Any, *, M: in
         row[f"bias_MK_exact_{d:g}"] = pb.equal_exact
     g1, gk = gradmax_from_factors(qa, ua, qb, ub, k=gradmax_k)
     row.update(gradmax=eta * g1, gradmax_k=eta * gk, gradmax_kk=min(gradmax_k, N))
+    if keep_gradmax_rows:
+        row["gradmax_rows"] = gradmax_directions(qa, ua, qb, ub, gradmax_k)
     if line_search:  # one more pass with a Hessian-vector product; see line_search_gain
         row.update(line_search_gain(model, point, train, test, hidden=H, activation=activation, norm=norm,
                                     block_seed=block_seed, loss_fn=loss_fn, batch_size=batch_size))

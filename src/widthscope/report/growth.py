@@ -1,10 +1,15 @@
 """Report section for the growth benchmark (rows ``kind="growth_bench"``, :mod:`widthscope.grow_bench`).
 
-* a table per budget: Spearman correlation of each criterion with the realised held-out gain,
-  top-1 hit rate and regret (best realised gain − gain at the chosen point), with seed-bootstrap
-  95% intervals, per model and overall, beside the baselines (random, last, middle, grow everywhere);
-* a figure: regret and Spearman per model and criterion (long budget), intervals as bars;
-* a figure: realised gain against each point's position, one line per (model, seed).
+* the practitioner's table: per model, the held-out gain of training the original model for the
+  same FLOPs (``continue``) beside growing at the last block, at the oracle's point (chosen on
+  evaluation split A, scored on B) and at the default criterion's point, grow-then-train-all, and
+  the reproducibility ceiling (Spearman between block seeds), with 95% intervals over model seeds;
+* the criteria table: Spearman, top-1 hit, normalised regret and the gain beside ``continue`` and
+  ``train_all`` per model and overall, ties and NaN counted;
+* figures: normalised regret and Spearman per model and criterion; realised gain per point.
+
+Every sentence and table the docs quote about the growth benchmark is rendered here from the rows
+(``benchmarks/growth_summary.py`` writes and checks them).
 
 Example::
 
@@ -20,9 +25,11 @@ from typing import Any, Mapping, Sequence
 from .._io import atomic_write_text
 from .html import save_figure
 
-__all__ = ["figures", "tables", "summary", "markdown_table", "compact_table", "write_report"]
+__all__ = ["figures", "tables", "summary", "markdown_table", "compact_table", "practitioner_table",
+           "readme_sentence", "write_report"]
 
-SHOWN = ("bias", "block", "gradmax", "certified", "line_search", "block_d_align", "random", "last", "middle", "oracle")
+SHOWN = ("bias", "block", "gradmax", "certified", "line_search", "block_d_align", "random", "last", "middle", "oracle",
+         "ceiling")
 
 
 def _plt():
@@ -38,6 +45,20 @@ def _f(v: Any, spec: str = ".3f") -> str:
     return "–" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
 
 
+def _iv(r: Mapping[str, Any], m: str, spec: str) -> str:
+    return f"{_f(r.get(m), spec)} [{_f(r.get(m + '_lo'), spec)}, {_f(r.get(m + '_hi'), spec)}]"
+
+
+def _hits(r: Mapping[str, Any]) -> str:
+    if "hit_count" not in r:
+        return "–"
+    return f"{r['hit_count']:.0f}/{r['n_seeds']} [{_f(r['hit_lo'], '.2f')}, {_f(r['hit_hi'], '.2f')}]"
+
+
+def _cmp(table: Sequence[Mapping[str, Any]], budget: str = "long") -> list[Mapping[str, Any]]:
+    return [r for r in table if r.get("kind", "growth_compare") == "growth_compare" and r["budget"] == budget]
+
+
 def _table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     from ..grow_bench import compare
 
@@ -46,77 +67,133 @@ def _table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 def markdown_table(table: Sequence[Mapping[str, Any]], budget: str = "long", *, models: Sequence[str] | None = None,
                    shown: Sequence[str] = SHOWN) -> str:
-    """A markdown table: one row per (model, criterion), ``mean [lo, hi]`` per metric."""
-    sel = [r for r in table if r["budget"] == budget and r["criterion"] in shown
-           and (models is None or r["model"] in models)]
-    lines = ["| model | criterion | Spearman | top-1 hit | regret (loss units) | regret / (best − worst) | cost (block steps) | seeds |",
-             "|---|---|---|---|---|---|---|---|"]
+    """One row per (model, criterion): ``mean [95% interval]`` over model seeds of every metric."""
+    sel = [r for r in _cmp(table, budget) if r["criterion"] in shown and (models is None or r["model"] in models)]
+    lines = ["| model | criterion | Spearman | top-1 hits [Wilson] | regret / (best − worst) | gain at pick (nats) | "
+             "continue, same FLOPs | grow + train all, same FLOPs | gain − continue | seeds | ties / NaN |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sel:
-        iv = {m: f"{_f(r[m], spec)} [{_f(r[m + '_lo'], spec)}, {_f(r[m + '_hi'], spec)}]"
-              for m, spec in (("spearman", ".2f"), ("hit", ".2f"), ("regret", ".4f"), ("norm_regret", ".2f"))}
-        if r["criterion"] in ("random", "last", "middle", "oracle"):
-            iv["spearman"] = "(0)" if r["criterion"] == "random" else ("(1)" if r["criterion"] == "oracle" else "–")
-        if r["model"] == "overall":
-            iv["regret"] = "(mixed units)"
-        lines.append(f"| {r['model']} | {r['criterion']}{' (baseline)' if r['baseline'] else ''} | {iv['spearman']} | "
-                     f"{iv['hit']} | {iv['regret']} | {iv['norm_regret']} | {r['cost_steps']:.0f} | {r['n_seeds']} |")
+        c = r["criterion"]
+        sp = "(0)" if c == "random" else ("–" if c in ("last", "middle") else _iv(r, "spearman", ".2f"))
+        lines.append(f"| {r['model']} | {c}{' (baseline)' if r['baseline'] else ''} | {sp} | {_hits(r)} | "
+                     f"{_iv(r, 'norm_regret', '.2f')} | {_iv(r, 'gain', '.4f')} | {_iv(r, 'continue', '.4f')} | "
+                     f"{_iv(r, 'train_all', '.4f')} | {_iv(r, 'advantage', '.4f')} | {r['n_seeds']} | "
+                     f"{r.get('ties', 0)} / {r.get('nan', 0)} |")
     return "\n".join(lines) + "\n"
 
 
 def compact_table(table: Sequence[Mapping[str, Any]], budget: str = "long", *, shown: Sequence[str] = SHOWN) -> str:
-    """One markdown row per criterion: overall Spearman, hit and regret/spread [95%], then per model
-    ``regret/spread (hits)``: the page-sized view used in docs/interventions.md."""
-    sel = [r for r in table if r["budget"] == budget]
+    """One markdown row per criterion: overall Spearman and normalised regret [95%], whether it beats
+    random/last/middle (paired intervals), then per model ``regret/spread (hits)``."""
+    sel = _cmp(table, budget)
     models = list(dict.fromkeys(r["model"] for r in sel if r["model"] != "overall"))
     by = {(r["model"], r["criterion"]): r for r in sel}
-    head = ["criterion", "Spearman (overall)", "top-1 hit (overall)", "regret/spread (overall)", *models]
+    paired = {(r["criterion"], r["versus"]): r for r in table if r.get("kind") == "growth_paired"
+              and r["budget"] == budget}
+    head = ["criterion", "Spearman (natural models)", "regret/spread (natural)", "beats random / last / middle",
+            *models]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in shown:
         o = by.get(("overall", c))
         if o is None:
             continue
-        sp = ("–" if c in ("last", "middle") else "(0)" if c == "random" else "(1)" if c == "oracle" else
-              f"{_f(o['spearman'], '.2f')} [{_f(o['spearman_lo'], '.2f')}, {_f(o['spearman_hi'], '.2f')}]")
-        cells = [f"**{c}**" if not o["baseline"] else f"{c} (baseline)", sp, f"{_f(o['hit'], '.2f')}",
-                 f"{_f(o['norm_regret'], '.2f')} [{_f(o['norm_regret_lo'], '.2f')}, {_f(o['norm_regret_hi'], '.2f')}]"]
+        sp = ("–" if c in ("last", "middle") else "(0)" if c == "random" else _iv(o, "spearman", ".2f"))
+        beats = " / ".join("yes" if paired[(c, b)]["beats"] else "no" for b in ("random", "last", "middle")) \
+            if (c, "random") in paired else "–"
+        cells = [f"**{c}**" if not o["baseline"] else f"{c} (baseline)", sp,
+                 "–" if c == "ceiling" else _iv(o, "norm_regret", ".2f"), beats]
         for m in models:
             r = by[(m, c)]
-            cells.append(f"{_f(r['norm_regret'], '.2f')} ({r['hit'] * r['n_seeds']:.0f}/{r['n_seeds']})"
-                         if c != "random" else f"{_f(r['norm_regret'], '.2f')} ({r['hit']:.2f})")
+            if c == "ceiling":
+                cells.append(f"ρ {_f(r['spearman'], '.2f')}")
+            elif c == "random":
+                cells.append(f"{_f(r['norm_regret'], '.2f')} ({_f(r['hit'], '.2f')})")
+            else:
+                cells.append(f"{_f(r['norm_regret'], '.2f')} ({r.get('hit_count', 0):.0f}/{r['n_seeds']})")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
+def practitioner_table(table: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]], default: str,
+                       budget: str = "long") -> str:
+    """Per model: is growing better than training longer? Gains (nats, evaluation half B, mean over
+    model seeds [95% t interval]) at the same FLOPs."""
+    by = {(r["model"], r["criterion"]): r for r in _cmp(table, budget)}
+    models = list(dict.fromkeys(r["model"] for r in _cmp(table, budget) if r["model"] != "overall"))
+    lines = ["| model | base held-out loss | continue training (same FLOPs) | grow last block | grow at oracle "
+             "point (A→B) | grow at `" + default + "` pick | grow last + train all | reproducibility ceiling ρ "
+             "(block seeds) | seeds |", "|---|---|---|---|---|---|---|---|---|"]
+    for m in models:
+        base = [r["loss_before"] for r in rows if r.get("kind") == "growth_bench" and r["model"] == m
+                and r["point_index"] == 0]
+        last, orc, dfl, ceil = by[(m, "last")], by[(m, "oracle")], by[(m, default)], by[(m, "ceiling")]
+        lines.append(f"| {m} | {sum(base) / len(base):.4f} | {_iv(last, 'continue', '.4f')} | {_iv(last, 'gain', '.4f')} | "
+                     f"{_iv(orc, 'gain', '.4f')} | {_iv(dfl, 'gain', '.4f')} | {_iv(last, 'train_all', '.4f')} | "
+                     f"{_iv(ceil, 'spearman', '.2f')} | {last['n_seeds']} |")
+    return "\n".join(lines) + "\n"
+
+
+def readme_sentence(table: Sequence[Mapping[str, Any]], default: Mapping[str, Any],
+                    rows: Sequence[Mapping[str, Any]], budget: str = "long") -> str:
+    """The README's growth bullet; every number and every verdict word from ``table``/``rows``
+    (a verdict "better"/"worse" only where the 95% interval over model seeds excludes 0)."""
+    by = {(r["model"], r["criterion"]): r for r in _cmp(table, budget)}
+    models = [m for (m, c) in by if c == "last" and m != "overall"]
+    nat = [m for m in models if not by[(m, "last")]["known_answer"]]
+    planted = [m for m in models if by[(m, "last")]["known_answer"]]
+    o_last, o_orc, ceil = by[("overall", "last")], by[("overall", "oracle")], by[("overall", "ceiling")]
+    adv = {m: by[(m, "oracle")] for m in nat}
+    better = [m for m in nat if adv[m]["advantage_lo"] > 0]
+    worse = [m for m in nat if adv[m]["advantage_hi"] < 0]
+    d = by[("overall", default["criterion"])]
+    seeds = sorted({by[(m, "last")]["n_seeds"] for m in models})
+    bseeds = sorted({len(r["gain_long_seeds"]) for r in rows if r.get("kind") == "growth_bench"})
+    head = (f"growing at the best point beats training the original model longer on {len(better)} of {len(nat)} "
+            f"trained models, and {'a criterion beats' if default['beats_simple_rules'] else 'no criterion beats'} "
+            "the simple rules")
+    parts = [f"- **Where to grow: {head}.** Grown at every point of {', '.join(nat)} (trained to a plateau; "
+             f"{'/'.join(map(str, seeds))} model seeds, {'/'.join(map(str, bseeds))} block seeds, learning rate "
+             "chosen per point on a split that does not score), the best point (the oracle: chosen on one evaluation "
+             f"split, scored on another) gains {_f(min(a['advantage'] for a in adv.values()), '+.4f')} to "
+             f"{_f(max(a['advantage'] for a in adv.values()), '+.4f')} nats more than training the original "
+             f"model for the same FLOPs (better with 95% confidence on {', '.join(better) or 'none'}; worse on "
+             f"{', '.join(worse) or 'none'}); growing the last block gains {_iv(o_last, 'advantage', '+.4f')} "
+             f"more, grow-then-train-all {_iv(o_last, 'all_vs_continue', '+.4f')} (mean over models [95%]).",
+             f"Regrowing with another block seed reproduces the order of the points to Spearman "
+             f"{_iv(ceil, 'spearman', '.2f')}; the oracle's choice on the other split has regret/spread "
+             f"{_iv(o_orc, 'norm_regret', '.2f')}.",
+             f"`grow`'s default `{default['grow_name']}`: regret/spread {_iv(d, 'norm_regret', '.2f')} vs random "
+             f"{_f(by[('overall', 'random')]['norm_regret'], '.2f')} and last block {_iv(o_last, 'norm_regret', '.2f')}"
+             + ("" if default["beats_simple_rules"] else
+                " (no criterion beats random, last and middle, so the default is the cheapest that finds the "
+                "most planted blocks)")
+             + "; planted blocks found: " + ", ".join(f"{m} {by[(m, default['criterion'])].get('hit_count', 0):.0f}/"
+                                                     f"{by[(m, default['criterion'])]['n_seeds']}" for m in planted)
+             + "."]
+    return " ".join(parts) + "\n"
+
+
 def tables(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """``[{"title", "html"}]``: the comparison table per budget (HTML, escaped)."""
+    """``[{"title", "html"}]``: the criteria table (HTML, escaped)."""
     import html
 
     table = _table(rows)
-    out = []
-    for budget in ("long", "short"):
-        md = markdown_table(table, budget).strip().splitlines()
-        head = [c.strip() for c in md[0].strip("|").split("|")]
-        body = [[c.strip() for c in ln.strip("|").split("|")] for ln in md[2:]]
-        h = ["<table><thead><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in head) + "</tr></thead><tbody>"]
-        h += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in body]
-        h.append("</tbody></table>")
-        out.append({"title": f"Growth criteria vs realised gain ({budget} budget; mean [95% seed-bootstrap])",
-                    "html": "".join(h)})
-    return out
+    md = markdown_table(table).strip().splitlines()
+    head = [c.strip() for c in md[0].strip("|").split("|")]
+    body = [[c.strip() for c in ln.strip("|").split("|")] for ln in md[2:]]
+    h = ["<table><thead><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in head) + "</tr></thead><tbody>"]
+    h += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in body]
+    h.append("</tbody></table>")
+    return [{"title": "Growth criteria vs realised gain and the equal-compute baselines (mean [95% over model seeds])",
+             "html": "".join(h)}]
 
 
 def summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     from ..grow_bench import winner
 
     table = _table(rows)
-    out = []
-    for budget in ("long", "short"):
-        w = winner(table, budget)
-        ov = {r["criterion"]: r for r in table if r["model"] == "overall" and r["budget"] == budget}
-        out.append(f"{budget} budget: lowest overall regret/spread gain {w} ({ov[w]['norm_regret']:.2f}; last block "
-                   f"{ov['last']['norm_regret']:.2f}, random {ov['random']['norm_regret']:.2f}, bias "
-                   f"{ov['bias']['norm_regret']:.2f})")
-    return out
+    w = winner(table)
+    return [readme_sentence(table, w, rows).strip().removeprefix("- ")]
 
 
 def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path, table: Sequence[Mapping[str, Any]] | None = None
@@ -126,35 +203,34 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path, table: Seque
     plt = _plt()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    table = list(table) if table is not None else _table(rows)
+    table = _cmp(list(table) if table is not None else _table(rows))
     models = list(dict.fromkeys(r["model"] for r in table if r["model"] != "overall")) + ["overall"]
-    crits = [c for c in SHOWN if c != "oracle"]
+    crits = [c for c in SHOWN if c not in ("oracle", "ceiling")]
     figs = []
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     colors = plt.get_cmap("tab10")
     width = 0.8 / len(crits)
-    for k, (metric, ax) in enumerate(zip(("norm_regret", "spearman"), axes)):
+    for metric, ax in zip(("norm_regret", "spearman"), axes):
         for j, c in enumerate(crits):
             if metric == "spearman" and c in ("random", "last", "middle"):
                 continue
-            rs = {r["model"]: r for r in table if r["budget"] == "long" and r["criterion"] == c}
+            rs = {r["model"]: r for r in table if r["criterion"] == c}
             x = np.arange(len(models)) + (j - len(crits) / 2) * width
             y = np.array([rs[m][metric] for m in models], dtype=float)
             lo = np.array([rs[m][f"{metric}_lo"] for m in models], dtype=float)
             hi = np.array([rs[m][f"{metric}_hi"] for m in models], dtype=float)
-            ax.bar(x, y, width, color=colors(j), label=c, yerr=np.vstack([np.clip(y - lo, 0, None), np.clip(hi - y, 0, None)]),
-                   error_kw={"elinewidth": 0.7})
+            err = np.nan_to_num(np.vstack([np.clip(y - lo, 0, None), np.clip(hi - y, 0, None)]))
+            ax.bar(x, y, width, color=colors(j), label=c, yerr=err, error_kw={"elinewidth": 0.7})
         ax.set_xticks(np.arange(len(models)))
         ax.set_xticklabels(models, rotation=30, ha="right", fontsize=8)
         ax.set_ylabel("regret / (best − worst) (lower is better)" if metric == "norm_regret" else "Spearman with realised gain")
         ax.axhline(0, color="k", lw=0.6)
     axes[0].legend(fontsize=7, ncol=2)
-    fig.tight_layout()
     figs.append(save_figure(fig, out_dir / "growth_regret.png", "Growth criteria: regret and rank correlation",
-                            "Long budget. Regret = best realised held-out gain minus the gain at the point the "
-                            "criterion picks, divided by best minus worst gain (0 = best point, 1 = worst); bars: mean over seeds (overall: mean over "
-                            "the models without a known answer), whiskers: 95% seed-bootstrap interval."))
-    plt.close(fig)
+                            "Regret = best realised held-out gain minus the gain at the point the criterion picks, "
+                            "divided by best minus worst gain (0 = best point, 1 = worst); bars: mean over model "
+                            "seeds (overall: mean over the models without a planted answer), whiskers: 95% t "
+                            "interval over model seeds."))
     units: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
     for r in rows:
         if r.get("kind") == "growth_bench":
@@ -166,24 +242,29 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path, table: Seque
             if m2 != m:
                 continue
             rs = sorted(rs, key=lambda r: r["point_index"])
-            ax.plot([r["point_index"] for r in rs], [r["gain_long"] for r in rs], "o-", ms=3, lw=1, label=f"s{s}")
+            line, = ax.plot([r["point_index"] for r in rs], [r["gain_long"] for r in rs], "o-", ms=3, lw=1, label=f"s{s}")
+            ax.axhline(rs[-1]["gain_continue_long"], color=line.get_color(), ls=":", lw=0.8)
         ax.set_title(m, fontsize=9)
         ax.set_xlabel("point index (last = last block)", fontsize=8)
     axes[0][0].set_ylabel("realised gain (nats)")
     axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
     figs.append(save_figure(fig, out_dir / "growth_gains.png", "Realised gain per point",
-                            "Held-out loss decrease after the long block-training budget, per point and seed."))
-    plt.close(fig)
+                            "Held-out loss decrease after the block-training budget, per point and model seed (mean "
+                            "over 3 block seeds); dotted: training the original model for the FLOPs of growing at the "
+                            "last block."))
     return figs
 
 
 def write_report(rows: Sequence[Mapping[str, Any]], table: Sequence[Mapping[str, Any]], out_dir: str | Path
                  ) -> list[Path]:
-    """``comparison.md`` (both budgets) and the two PNG figures in ``out_dir``."""
+    """``comparison.md`` and the two PNG figures in ``out_dir``."""
+    from ..grow_bench import winner
+
     out_dir = Path(out_dir)
-    text = "".join(f"## {b} budget\n\n{compact_table(table, b)}\n{markdown_table(table, b)}\n"
-                   for b in ("long", "short"))
+    w = winner(table)
+    text = (f"# Growth benchmark\n\n{readme_sentence(table, w, rows)}\n## Growing vs training longer\n\n"
+            f"{practitioner_table(table, rows, w['criterion'])}\n## Criteria\n\n{compact_table(table)}\n"
+            f"{markdown_table(table)}")
     paths = [atomic_write_text(out_dir / "comparison.md", text)]
     paths += [Path(f["png"]) for f in figures(rows, out_dir, table)]
     return paths
