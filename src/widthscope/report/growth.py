@@ -170,7 +170,7 @@ def readme_sentence(table: Sequence[Mapping[str, Any]], default: Mapping[str, An
              + "; planted blocks found: " + ", ".join(f"{m} {by[(m, default['criterion'])].get('hit_count', 0):.0f}/"
                                                      f"{by[(m, default['criterion'])]['n_seeds']}" for m in planted)
              + "."]
-    return " ".join(parts) + "\n"
+    return " ".join(parts) + " ([interventions](docs/interventions.md) §5)\n"
 
 
 def tables(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
