@@ -10,6 +10,9 @@ Interventions and growth (``widthscope.probe``)
     insert, intervene
 Linearization diagnostics (``widthscope.linear``)
     linearize, ntk, correlation, train_side_by_side
+Inputs (``widthscope.data``): a checkpoint, its data and its two probe pools
+    InputSpec, load_inputs (``load_inputs(InputSpec(model=..., data=..., n_train=...))``;
+    the command line builds the same spec from its options)
 """
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ _EXPORTS = {
     "ntk": "widthscope.linear",
     "correlation": "widthscope.linear",
     "train_side_by_side": "widthscope.linear",
+    "InputSpec": "widthscope.data.spec",
+    "load_inputs": "widthscope.data.inputs",
 }
 
 __all__ = ["WidthscopeError", "__version__", *_EXPORTS]
