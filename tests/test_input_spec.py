@@ -230,6 +230,24 @@ def test_load_inputs_is_the_python_entry(cell):
     assert a.spec == ws.InputSpec(model=str(ck), n_train=8, n_test=8)
 
 
+def test_python_certify_on_the_spec_pools_is_the_cli_result(cell, tmp_path):
+    """docs/certify.md: certify() on load_inputs(spec) pools = `widthscope certify` with those options."""
+    from widthscope.certify import certify
+    from widthscope.probe.intervene import to_batches
+
+    _, _, ck = cell
+    out = tmp_path / "c.json"
+    argv = ["--model", str(ck), "--n-train", "32", "--n-test", "16", "--seed", "3", "--M", "8", "--draws", "30",
+            "--interventions", "none"]
+    assert main(["certify", *argv, "--out", str(out)]) == 0
+    inp = ws.load_inputs(ws.InputSpec(model=str(ck), n_train=32, n_test=16, seed=3), show_progress=False)
+    res = certify(inp.model, to_batches(inp.train, 32), to_batches(inp.test, 32), M=[8], seed=3, draws=30,
+                  interventions=None, progress=False)
+    cli = json.loads(out.read_text())
+    # the identical code path on identical pools and batches: equal to the last bit
+    assert [p["certificates"] for p in res["points"]] == [p["certificates"] for p in cli["points"]]
+
+
 def test_pools_of_all(cell):
     _, _, ck = cell
     inp = resolve(InputSpec(model=str(ck), n_train="all", n_test="all"), show_progress=False)

@@ -26,7 +26,8 @@ validation). Formats: :mod:`widthscope.data.corpus` (text), ImageFolder director
 Pools: seeded random subsets (train: ``seed``, held-out: ``seed + 1``) of the sequences read,
 or with ``--first`` the first ones in corpus order. Only a window of the corpus is tokenized:
 ``--max-tokens`` (default ``20 × (n_train + n_test) × seq_len``, recorded in the result), so a
-multi-GB corpus never has to fit in memory.
+multi-GB corpus never has to fit in memory. A pool size of ``"all"`` (spec only) takes every
+sequence/example there is, reading the whole text source unless ``max_tokens`` is set.
 """
 from __future__ import annotations
 
@@ -226,10 +227,6 @@ def _text_fixes(seqs: Any, mode: str, max_tokens: int | None) -> str:
         fixes.append(f"raise --max-tokens (only the first {max_tokens} tokens were read)" if max_tokens
                      else "give more text")
     return " or ".join(fixes)
-
-
-def _cap(spec: InputSpec) -> bool:
-    return bool(getattr(spec, "cap_pools", False))
 
 
 def _index(data: Any, idx: torch.Tensor) -> Any:
