@@ -317,3 +317,13 @@ def test_spec_from_args_does_not_change_the_namespace_and_knows_grow_defaults():
     assert (s.n_train, s.n_test, s.cap_pools, s.given) == (2048, 64, True, ("seq_len",))
     args.n_train = 32
     assert spec_from_args(args, "inputs").cap_pools is False  # only grow's defaults are caps
+
+
+def test_docstring_example_runs_and_the_entry_is_exported():
+    import doctest
+    import importlib
+
+    res = doctest.testmod(importlib.import_module("widthscope.data.spec"), verbose=False)
+    assert res.attempted > 0 and res.failed == 0
+    assert ws.InputSpec is InputSpec and ws.load_inputs is resolve
+    assert {"InputSpec", "load_inputs"} <= set(dir(ws))

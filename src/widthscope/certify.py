@@ -505,6 +505,7 @@ def run(args: argparse.Namespace) -> int:
     pairs = _pairs(Ms, Ks)  # validate before the (slow) model loading
     etas = _float_list(args.etas, "--etas")
     _check_combinations(args, pairs, etas)
+    spec = spec_from_args(args, "certify")  # the inputs, validated before the model loads
     from .train import resolve_device
 
     device = resolve_device(args.device)
@@ -524,7 +525,7 @@ def run(args: argparse.Namespace) -> int:
         say("\n".join(all_points(model) if args.all else insertion_points(model)))
         return 0
     names = resolve_points(model, args.points)
-    inputs = resolve(spec_from_args(args, "certify"), model=model, show_progress=main)
+    inputs = resolve(spec, model=model, show_progress=main)
     dims, rows = _point_dims(model, names, inputs, args)
     _check_project(args.project, dims)
     parts = _Parts(args, names, inputs.info)
