@@ -226,12 +226,12 @@ def test_no_empty_folder_left_by_a_refused_report(tmp_path, capsys):
 def _args(argv):
     import argparse
 
-    from widthscope.data.inputs import add_arguments
+    from widthscope.cli_inputs import add_arguments, spec_from_args
 
     p = argparse.ArgumentParser()
     add_arguments(p)
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    return spec_from_args(p.parse_args(argv), "inputs")
 
 
 @pytest.fixture(scope="module")

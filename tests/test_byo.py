@@ -169,12 +169,12 @@ def test_dtype_option_and_float64_statistics(zoo, corpora, tmp_path, capsys):
 def _args(argv):
     import argparse
 
-    from widthscope.data.inputs import add_arguments
+    from widthscope.cli_inputs import add_arguments, spec_from_args
 
     p = argparse.ArgumentParser()
     add_arguments(p)
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    return spec_from_args(p.parse_args(argv), "inputs")
 
 
 def _reference_chunks(tok, docs, seq_len, n):

@@ -12,7 +12,8 @@ import torch
 import hf_tiny
 from widthscope import checkpoint, data
 from widthscope.cli import main
-from widthscope.data.inputs import add_arguments, resolve
+from widthscope.cli_inputs import add_arguments, spec_from_args
+from widthscope.data.inputs import resolve
 from widthscope.models import build
 from widthscope.train import train
 
@@ -21,7 +22,7 @@ def _args(argv):
     p = argparse.ArgumentParser()
     add_arguments(p)
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    return spec_from_args(p.parse_args(argv), "inputs")
 
 
 def _intervals(starts, length):

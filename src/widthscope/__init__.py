@@ -11,6 +11,9 @@ Interventions and growth (``widthscope.probe``)
 Linearization diagnostics (``widthscope.linear``)
     linearize, ntk, nngp, kernel_predict, correlation, train_side_by_side
     (``ntk``/``nngp``/``linearize`` take an ``nn.Module`` or a function ``f(params, x)`` with ``params=``)
+Inputs (``widthscope.data``): a checkpoint, its data and its two probe pools
+    InputSpec, load_inputs (``load_inputs(InputSpec(model=..., data=..., n_train=...))``;
+    the command line builds the same spec from its options)
 """
 from __future__ import annotations
 
@@ -36,6 +39,8 @@ _EXPORTS = {
     "kernel_predict": "widthscope.linear",
     "correlation": "widthscope.linear",
     "train_side_by_side": "widthscope.linear",
+    "InputSpec": "widthscope.data.spec",
+    "load_inputs": "widthscope.data.inputs",
 }
 
 __all__ = ["WidthscopeError", "__version__", *_EXPORTS]

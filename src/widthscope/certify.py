@@ -45,42 +45,16 @@ import torch
 import torch.nn as nn
 
 from . import distributed
-from ._io import atomic_write_json, format_table, to_jsonable
+from ._io import atomic_write_json, to_jsonable
 from .errors import WidthscopeError
+from .certify_tables import _check_pool, _v, ranking, statistics, tables  # noqa: F401  (re-exported)
 from .probe import collect, resolve_points
+from .validate import _float_list, _int_list, _num_list, _pairs, _sizes  # noqa: F401  (re-exported)
 
 __all__ = ["certify", "add_arguments", "run", "DEFAULT_M"]
 
 DEFAULT_M = (16, 32, 64, 128)
 ESTIMATORS = ("unbiased", "plugin")
-
-
-def _sizes(values: Any, name: str) -> list[int]:
-    if isinstance(values, (int,)) and not isinstance(values, bool):
-        values = [values]
-    try:
-        out = [int(v) for v in values]
-        ok = all(float(v) == int(v) for v in values)
-    except (TypeError, ValueError):
-        ok, out = False, []
-    if not ok or not out or any(v < 1 for v in out):
-        raise WidthscopeError(f"{name} must be a non-empty list of positive whole numbers, got {values!r} "
-                              f"(e.g. {name}=[16, 32, 64, 128])")
-    return out
-
-
-def _pairs(M: Any, K: Any) -> list[tuple[int, int]]:
-    """``K=None``: ``K = M`` (paired); a single K applies to every M; else paired lists."""
-    Ms = _sizes(M, "M")
-    if K is None:
-        return [(m, m) for m in Ms]
-    Ks = _sizes(K, "K")
-    if len(Ks) == 1:
-        return [(m, Ks[0]) for m in Ms]
-    if len(Ks) != len(Ms):
-        raise WidthscopeError(f"K has {len(Ks)} values but M has {len(Ms)}: give one K, or one per M "
-                              "(pairs (M[i], K[i])), or none for K = M")
-    return list(zip(Ms, Ks))
 
 
 def _count(batches: Sequence[Any]) -> int:
@@ -93,92 +67,11 @@ def _count(batches: Sequence[Any]) -> int:
     return n
 
 
-def _check_pool(n: int, need: int, what: str, flag: str, pool: str) -> None:
-    unit = "positions" if pool == "token" else "examples"
-    if n < 4:
-        raise WidthscopeError(f"{what} pool has {n} {unit}; the unbiased estimators need at least 4: "
-                              f"raise {flag}")
-    if need > n:
-        raise WidthscopeError(f"{'M' if 'train' in what else 'K'}={need} is larger than the {what} pool of "
-                              f"{n} {unit} (draws pick without replacement): raise {flag} to >= {need} or "
-                              f"lower {'--M' if 'train' in what else '--K'}")
-
-
 def _gather(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     if not distributed.is_distributed():
         return x
     # nccl gathers CUDA tensors only; gloo is happy with CPU ones.
     return distributed.all_gather_rows(x.to(device)).to("cpu")
-
-
-def statistics(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], *,
-               pairs: Sequence[tuple[int, int]], draws: int = 1000, seed: int = 0,
-               estimator: str = "unbiased", pool: str = "sum", project: int | None = None,
-               dims: dict[str, int] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
-    """Moments, certificates and misalignment per point from pooled samples (no model needed).
-
-    ``train[point]``, ``test[point]``: ``(n, d)`` sample vectors (projected to ``project``
-    dims when ``project`` is set, with ``dims[point]`` the original ``d``). Returns the
-    ``points`` rows of :func:`certify` and its notes. ``widthscope stats`` reruns exactly this
-    on saved samples.
-    """
-    from . import stats
-
-    results: list[dict[str, Any]] = []
-    notes: list[str] = []
-    for name in train:
-        # Fresh contiguous float64 copies: the same memory layout whether the samples come from
-        # the probe or from a file, so the sums (and every digit of the result) agree.
-        a, b = train[name].to(torch.float64).contiguous().clone(), test[name].to(torch.float64).contiguous().clone()
-        _check_pool(a.shape[0], max(m for m, _ in pairs), "train", "n_train", pool)
-        _check_pool(b.shape[0], max(k for _, k in pairs), "held-out", "n_test", pool)
-        if project:
-            from .stats.sketch import Projector, correct_projected_cross, finalize_projected
-
-            P = Projector(int((dims or {})[name]), project, seed=seed)
-            pa = finalize_projected(stats.PrimalMoments(P.k).update(a), P)
-            pb = finalize_projected(stats.PrimalMoments(P.k).update(b), P)
-            mom_a, mom_b = pa.as_moments(), pb.as_moments()
-            cross = correct_projected_cross(stats.cross_moments(a, b, "unbiased"), pa.raw, pb.raw, P.k)
-        else:
-            mom_a = stats.moments(a, estimator)
-            mom_b = stats.moments(b, estimator)
-            cross = stats.cross_moments(a, b, estimator)
-        gram = a @ b.T  # the cross-Gram, once: a misalignment draw is the mean of an M×K block
-        mis_all = stats.misalignment_from_gram(gram, pairs=pairs, draws=draws, seed=seed)
-        certs = []
-        for (m, k), mis in zip(pairs, mis_all):
-            one = stats.certificate(mom_a, M=m, K=k, estimator=estimator, populations="one")
-            two = stats.certificate(cross, M=m, K=k, estimator=estimator, populations="two")
-            # The reporting rule: d_align of a vacuous certificate is missing, never a number.
-            certs.append({"M": m, "K": k, "one": stats.vacuous_rule(to_jsonable(one)),
-                          "two": stats.vacuous_rule(to_jsonable(two)), "misalignment": to_jsonable(mis)})
-        results.append({"point": name, "n_train": int(a.shape[0]), "n_test": int(b.shape[0]),
-                        "d": int((dims or {}).get(name, a.shape[1])),
-                        "moments_train": to_jsonable(mom_a),
-                        "moments_test": to_jsonable(mom_b), "cross_moments": to_jsonable(cross),
-                        "certificates": certs})
-    if project:
-        notes.append(f"samples randomly projected to k={project} dims (seed {seed}): moments of both "
-                     "populations bias-corrected (unbiased over the projection, unbiased estimator); "
-                     "the empirical misalignment is computed in the projected space")
-    return results, notes
-
-
-def ranking(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Points by two-population ``d_align`` at the first ``(M, K)``: certified first."""
-    def key(r: dict[str, Any]) -> tuple[bool, float]:
-        # Certified points first; vacuous ones (d_align missing) keep their order after them.
-        two = r["certificates"][0]["two"]
-        return (not two["vacuous"], float(two["d_align"] or 0.0))
-
-    out = []
-    for i, r in enumerate(sorted(results, key=key, reverse=True)):
-        two, one = r["certificates"][0]["two"], r["certificates"][0]["one"]
-        out.append({"rank": i + 1, "point": r["point"], "d": r["d"], "d_align": two["d_align"],
-                    "d_par": two["d_par"], "d_2": two["d_2"], "expectation": two["expectation"],
-                    "vacuous": two["vacuous"], "reason": two["reason"], "d_align_one": one["d_align"]})
-    return out
 
 
 def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterable[Any], *,
@@ -340,54 +233,6 @@ def data_description(info: dict[str, Any], data: str | None = None) -> str:
     return f"{words}; {sizes}" + (f" ({rule})" if rule else "")
 
 
-# ----------------------------------------------------------------------------- presentation
-def _v(cert: dict[str, Any]) -> float | None:
-    vals = [v for v in (cert.get("e_dir_train"), cert.get("e_dir_test")) if v is not None]
-    return max(vals) if vals else None
-
-
-def tables(result: dict[str, Any]) -> str:
-    """Terminal tables: one per point (two-population rows + a one-population row), then the ranking."""
-    out = []
-    for r in result["points"]:
-        rows = []
-        for c in r["certificates"]:
-            for form in ("two", "one"):
-                cert = c[form]
-                row = {"form": form, "M": c["M"], "K": c["K"], "S": cert["expectation"],
-                       "V": _v(cert), "T": cert.get("e_cov"),
-                       "d_par": cert["d_par"], "d_2": cert["d_2"], "d_align": cert["d_align"],
-                       "B_exact": cert["b_exact"], "B_align": cert["b_align"]}
-                if form == "two":
-                    mis = c["misalignment"]
-                    row.update({"misalign": mis["probability"], "low": mis["low"], "high": mis["high"]})
-                rows.append(row)
-        vac = {f"{f}-population: {str(c[f]['reason']).split(';')[0]}"
-               for c in r["certificates"] for f in ("two", "one") if c[f]["vacuous"]}
-        title = (f"{r['point']}  (d={r['d']}, n_train={r['n_train']}, n_test={r['n_test']}; "
-                 "S = E[A] (a.b; one: |mu|^2), V = max(b'S_a b, a'S_b a) (one: mu'S mu), "
-                 "T = tr(S_a S_b) (one: tr S^2); misalign = empirical Pr(A<=0) [95% Wilson low, high])")
-        table = format_table(rows, ["form", "M", "K", "S", "V", "T", "d_par", "d_2", "d_align", "B_exact",
-                                    "B_align", "misalign", "low", "high"], title=title)
-        if vac:
-            table += ("\n  vacuous (bounds 1; d_align missing; d_par, d_2 per term, missing where its own estimate "
-                      "failed): " + "; ".join(sorted(vac, reverse=True)))
-        if r.get("interventions"):
-            iv = r["interventions"]
-            table += "\n\n" + format_table(
-                [{"eta": x["eta"], "predicted dL": x["predicted"], "actual dL": x["actual"],
-                  "retention": x["retention"], "sign ok": x["sign_agrees"]} for x in iv],
-                title=f"  {iv[0]['probe']} intervention at {r['point']} (M={iv[0]['M']}, K={iv[0]['K']}): "
-                      "held-out loss change, first-order prediction vs measured")
-        out.append(table)
-    out.append(format_table(result["ranking"], ["rank", "point", "d", "d_align", "d_par", "d_2",
-                                                "expectation", "d_align_one"],
-                            title="ranking by two-population d_align (largest first)"))
-    for n in result["notes"]:
-        out.append(f"note: {n}")
-    return "\n\n".join(out)
-
-
 # ----------------------------------------------------------------------------- CLI
 # The published scripts' protocol: plug-in estimators, the summed (bias-gradient) sample vector,
 # concatenated fixed-length chunks, the first chunks of each source, M = K in {16..128}, R = 1000.
@@ -400,7 +245,7 @@ PROTOCOLS: dict[str, dict[str, Any]] = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from .data.inputs import add_arguments as add_inputs
+    from .cli_inputs import add_arguments as add_inputs
 
     add_inputs(parser, model_default="builtin", n_train=256, n_test=256)
     parser.add_argument("--protocol", choices=tuple(PROTOCOLS), default="default",
@@ -451,31 +296,6 @@ def apply_protocol(args: argparse.Namespace) -> list[str]:
         return ["protocol 'published': plug-in estimators, sum pooling, concatenated chunks (documents joined "
                 "with EOS), the first sequences of each source, M = K in 16,32,64,128, 1000 draws"]
     return []
-
-
-def _num_list(text: str | None, flag: str, cast: Callable[[str], Any]) -> list | None:
-    """``"16,32,64"`` -> ``[16, 32, 64]`` (``None`` stays ``None``), with a clear error."""
-    if text is None:
-        return None
-    kind = "whole numbers, e.g. 16,32,64" if cast is int else "numbers, e.g. 1e-3,1e-2"
-    try:
-        vals = [cast(v) for v in str(text).split(",") if v.strip()]
-    except ValueError:
-        raise WidthscopeError(f"{flag} {text!r}: expected comma-separated {kind}") from None
-    if not vals:
-        raise WidthscopeError(f"{flag} is empty; give comma-separated {kind}")
-    return vals
-
-
-def _int_list(text: str | None, flag: str) -> list[int] | None:
-    return _num_list(text, flag, int)
-
-
-def _float_list(text: str | None, flag: str) -> list[float] | None:
-    vals = _num_list(text, flag, float)
-    if vals is not None and any(not v > 0 for v in vals):
-        raise WidthscopeError(f"{flag} {text!r}: step sizes must be positive numbers")
-    return vals
 
 
 def _builtin_structure(args: argparse.Namespace) -> tuple[nn.Module, Any]:
@@ -668,6 +488,7 @@ def _merge(res: dict[str, Any] | None, done: dict[str, dict[str, Any]], names: S
 
 
 def run(args: argparse.Namespace) -> int:
+    from .cli_inputs import spec_from_args
     from .data.inputs import load_model, resolve
     from .models.hf import model_info
 
@@ -684,6 +505,7 @@ def run(args: argparse.Namespace) -> int:
     pairs = _pairs(Ms, Ks)  # validate before the (slow) model loading
     etas = _float_list(args.etas, "--etas")
     _check_combinations(args, pairs, etas)
+    spec = spec_from_args(args, "certify")  # the inputs, validated before the model loads
     from .train import resolve_device
 
     device = resolve_device(args.device)
@@ -703,7 +525,7 @@ def run(args: argparse.Namespace) -> int:
         say("\n".join(all_points(model) if args.all else insertion_points(model)))
         return 0
     names = resolve_points(model, args.points)
-    inputs = resolve(args, model=model, show_progress=main)
+    inputs = resolve(spec, model=model, show_progress=main)
     dims, rows = _point_dims(model, names, inputs, args)
     _check_project(args.project, dims)
     parts = _Parts(args, names, inputs.info)
@@ -724,11 +546,12 @@ def run(args: argparse.Namespace) -> int:
     res = _certify_rest(model, inputs, args, todo, Ms, Ks, etas, samples, parts, main) if todo else None
     res = _merge(res, done, names, Ms, Ks, args)
     info = model_info(model)
-    res["settings"].update(model=args.model, data=inputs.info.get("dataset") or args.data or args.train_data,
-                           data_description=data_description(inputs.info, args.data or args.train_data),
+    res["settings"].update(model=args.model, data=inputs.info.get("dataset") or inputs.data or args.train_data,
+                           data_description=data_description(inputs.info, inputs.data or args.train_data),
                            train_data=args.train_data, test_data=args.test_data, task=inputs.task,
                            protocol=args.protocol, n_train=args.n_train, n_test=args.n_test,
                            batch_size=args.batch_size, device=str(device), inputs=inputs.info,
+                           input_spec=inputs.spec.to_dict(),
                            **{k: info.get(k) for k in ("architecture", "width", "depth", "dtype", "parameters",
                                                       "attn_implementation")})
     for k in ("n_train_examples", "n_test_examples"):

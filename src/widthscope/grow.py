@@ -388,7 +388,7 @@ def grow(model: nn.Module, data: Any, *, points: Sequence[str] | str | None = No
 
 # ----------------------------------------------------------------------------- CLI
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .data.inputs import add_arguments as add_inputs
+    from .cli_inputs import add_arguments as add_inputs
 
     add_inputs(p, model_required=True, n_train=None, n_test=None, n_train_help="2048, capped at what the data has",
                n_test_help="512, capped at what the data has")
@@ -461,15 +461,14 @@ def _check_out_space(model: nn.Module, args: argparse.Namespace) -> None:
 def _load_inputs(args: argparse.Namespace, show: bool) -> Any:
     """Model and pools through the shared input layer; ``--n-train``/``--n-test`` default to
     2048/512 capped at what the data has."""
+    from .cli_inputs import spec_from_args
     from .data.inputs import load_model, resolve
     from .probe.points import resolve_points
 
-    args.cap_pools = args.n_train is None or args.n_test is None
-    args.n_train = 2048 if args.n_train is None else args.n_train
-    args.n_test = 512 if args.n_test is None else args.n_test
-    model = load_model(args.model, dtype=args.dtype, task=args.task)
+    spec = spec_from_args(args, "grow")  # the 2048/512 capped defaults live there
+    model = load_model(spec.model, dtype=spec.dtype, task=spec.task)
     resolve_points(model, args.points)  # before the data is read
-    return resolve(args, model=model, show_progress=show)
+    return resolve(spec, model=model, show_progress=show)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -516,7 +515,8 @@ def run(args: argparse.Namespace) -> int:
               f"(same FLOPs): held-out loss {res['growth'][0]['loss_after']:.4f} vs {cont[0]['loss_after']:.4f} "
               f"({'growth better' if d < 0 else 'training longer better'} by {abs(d):.4f}; one run, no interval)")
     if args.model != "builtin":
-        res["settings"].update(model=args.model, task=inputs.task, inputs=inputs.info, notes=inputs.notes)
+        res["settings"].update(model=args.model, task=inputs.task, inputs=inputs.info, notes=inputs.notes,
+                               input_spec=inputs.spec.to_dict())
     if args.out:
         atomic_write_json(args.out, res)
         print(f"\nwrote {args.out}")

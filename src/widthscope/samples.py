@@ -7,7 +7,7 @@ point, the intervention rows, which need the model and are carried over as recor
 
 ``widthscope stats FILE [--estimator] [--M] [--K] [--draws] [--seed] [--out]`` recomputes the
 moments, certificates, misalignment and ranking from those samples with
-:func:`widthscope.certify.statistics` — the code certify runs — so with the saved settings it
+:func:`widthscope.certify_tables.statistics` — the code certify runs — so with the saved settings it
 reproduces the certify JSON (timings aside), and with other settings it answers "what if"
 without probing again. ``widthscope stats --train A --test B`` does the same for sample
 matrices saved by other scripts: ``.npy`` (one ``(B, N)`` array: one point, named by
@@ -171,7 +171,8 @@ def recompute(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], met
               **overrides: Any) -> dict[str, Any]:
     """The certify result from samples: saved settings, updated by ``overrides`` (M, K, draws,
     seed, estimator); interventions are the recorded rows (they need the model)."""
-    from .certify import _pairs, ranking, statistics
+    from .certify_tables import ranking, statistics
+    from .validate import _pairs
 
     settings = dict(meta.get("settings") or {})
     for k, v in overrides.items():
@@ -234,7 +235,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ._io import atomic_write_json
-    from .certify import _int_list, tables
+    from .certify_tables import tables
+    from .validate import _int_list
 
     # --out writable and --draws >= 1: widthscope.validate (cli.main), before this runs
     Ms, Ks = _int_list(args.M, "--M"), _int_list(args.K, "--K")

@@ -23,6 +23,8 @@ import math
 import os
 import tempfile
 from pathlib import Path
+from typing import Any, Callable
+
 from .errors import WidthscopeError
 
 __all__ = ["check_args", "check_pools", "check_dir_writable", "OUT_KIND", "APPLIES", "KINDS", "input_kind",
@@ -79,8 +81,15 @@ APPLIES: dict[str, dict[str, frozenset[str]]] = {
     "grow": dict(_INPUTS),
 }
 # Values an option takes when it is not given (argparse's default is None, so "given" is knowable).
-DEFAULTS = {"text_field": "text", "label_field": "label", "train_pool": "fitted",
-            "test_fraction": 0.1, "train_steps": 60}
+# The input options' defaults are the input layer's (widthscope.data.spec.INPUT_DEFAULTS), read
+# lazily: importing widthscope.data imports torch, and every command's validation runs this module.
+_OWN_DEFAULTS = {"train_steps": 60}
+
+
+def _defaults() -> dict[str, object]:
+    from .data.spec import INPUT_DEFAULTS
+
+    return {**INPUT_DEFAULTS, **_OWN_DEFAULTS}
 
 
 def _given(args: argparse.Namespace, dest: str) -> bool:
@@ -142,8 +151,8 @@ def _group(kinds: frozenset[str]) -> str:
 def fill_defaults(args: argparse.Namespace) -> None:
     """Record which input options were given (``args.given``), then set the defaults of the rest."""
     if not hasattr(args, "given"):
-        args.given = sorted(d for d in (*_INPUTS, *DEFAULTS) if _given(args, d))
-    for dest, value in DEFAULTS.items():
+        args.given = sorted(d for d in (*_INPUTS, *_defaults()) if _given(args, d))
+    for dest, value in _defaults().items():
         if hasattr(args, dest) and getattr(args, dest) is None:
             setattr(args, dest, value)
 
@@ -152,7 +161,7 @@ def given(args: argparse.Namespace, dest: str) -> bool:
     """Was ``dest`` given on the command line (before :func:`fill_defaults` set the defaults)?"""
     if hasattr(args, "given"):
         return dest in args.given
-    return _given(args, dest) and getattr(args, dest) != DEFAULTS.get(dest, object())
+    return _given(args, dest) and getattr(args, dest) != _defaults().get(dest, object())
 
 
 def _flag(name: str) -> str:
@@ -201,15 +210,9 @@ def check_args(args: argparse.Namespace, command: str) -> None:
     for name in ("data", "train_data", "test_data"):
         v = getattr(args, name, None)
         if isinstance(v, str):
-            from .data import DATASETS
+            from .data.spec import check_source
 
-            if v not in DATASETS and not Path(v).expanduser().exists():
-                raise WidthscopeError(f"{_flag(name)} {v!r}: not a dataset name ({', '.join(DATASETS)}) and not an "
-                                      "existing file or directory")
-            if v not in DATASETS:  # a binary file given as text: refused before any model loads
-                from .data.corpus import precheck
-
-                precheck(v, _flag(name))
+            check_source(_flag(name), v)
     device = getattr(args, "device", None)
     if isinstance(device, str):
         from .train import resolve_device
@@ -249,3 +252,60 @@ def check_pools(M: int | list[int], K: int | list[int], n_train: int, n_test: in
     if k > n_test:
         raise WidthscopeError(f"K={k} is larger than the {test_pool} of {n_test} examples: raise {test_flag} "
                               "or lower --K")
+
+
+# ----------------------------------------------------------------------------- list options
+# Comma lists of the command line (--M 16,32 --K 8) and the (M, K) pairs they make: shared by
+# certify, stats (widthscope.samples) and grow-bench, so the same bad list gets the same line.
+def _num_list(text: str | None, flag: str, cast: Callable[[str], Any]) -> list | None:
+    """``"16,32,64"`` -> ``[16, 32, 64]`` (``None`` stays ``None``), with a clear error."""
+    if text is None:
+        return None
+    kind = "whole numbers, e.g. 16,32,64" if cast is int else "numbers, e.g. 1e-3,1e-2"
+    try:
+        vals = [cast(v) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        raise WidthscopeError(f"{flag} {text!r}: expected comma-separated {kind}") from None
+    if not vals:
+        raise WidthscopeError(f"{flag} is empty; give comma-separated {kind}")
+    return vals
+
+
+def _int_list(text: str | None, flag: str) -> list[int] | None:
+    return _num_list(text, flag, int)
+
+
+def _float_list(text: str | None, flag: str) -> list[float] | None:
+    vals = _num_list(text, flag, float)
+    if vals is not None and any(not v > 0 for v in vals):
+        raise WidthscopeError(f"{flag} {text!r}: step sizes must be positive numbers")
+    return vals
+
+
+def _sizes(values: Any, name: str) -> list[int]:
+    if isinstance(values, (int,)) and not isinstance(values, bool):
+        values = [values]
+    try:
+        out = [int(v) for v in values]
+        ok = all(float(v) == int(v) for v in values)
+    except (TypeError, ValueError):
+        ok, out = False, []
+    if not ok or not out or any(v < 1 for v in out):
+        raise WidthscopeError(f"{name} must be a non-empty list of positive whole numbers, got {values!r} "
+                              f"(e.g. {name}=[16, 32, 64, 128])")
+    return out
+
+
+def _pairs(M: Any, K: Any) -> list[tuple[int, int]]:
+    """``K=None``: ``K = M`` (paired); a single K applies to every M; else paired lists."""
+    Ms = _sizes(M, "M")
+    if K is None:
+        return [(m, m) for m in Ms]
+    Ks = _sizes(K, "K")
+    if len(Ks) == 1:
+        return [(m, Ks[0]) for m in Ms]
+    if len(Ks) != len(Ms):
+        raise WidthscopeError(f"K has {len(Ks)} values but M has {len(Ms)}: give one K, or one per M "
+                              "(pairs (M[i], K[i])), or none for K = M")
+    return list(zip(Ms, Ks))
+

@@ -1,6 +1,8 @@
-r"""The one place that turns command arguments into (model, tokenizer, probe pools).
+r"""The one place that turns an input spec into (model, tokenizer, probe pools).
 
-``certify`` and ``grow`` call :func:`add_arguments` and :func:`resolve`; every check that can
+:func:`resolve` takes an :class:`~widthscope.data.spec.InputSpec` (the command line builds it
+from its options in :func:`widthscope.cli_inputs.spec_from_args`; Python users build it
+directly, ``widthscope.load_inputs(spec)``); every check that can
 fail runs here, *before* the first forward pass: the model loads, the task has a loss, the
 tokenizer's vocabulary fits the model's embedding, every token id is in range, the sequence
 length fits the position embeddings, the pools have the sizes asked for.
@@ -24,11 +26,11 @@ validation). Formats: :mod:`widthscope.data.corpus` (text), ImageFolder director
 Pools: seeded random subsets (train: ``seed``, held-out: ``seed + 1``) of the sequences read,
 or with ``--first`` the first ones in corpus order. Only a window of the corpus is tokenized:
 ``--max-tokens`` (default ``20 × (n_train + n_test) × seq_len``, recorded in the result), so a
-multi-GB corpus never has to fit in memory.
+multi-GB corpus never has to fit in memory. A pool size of ``"all"`` (spec only) takes every
+sequence/example there is, reading the whole text source unless ``max_tokens`` is set.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from pathlib import Path
 from typing import Any, Callable
@@ -37,8 +39,9 @@ import torch
 from torch import nn
 
 from ..errors import WidthscopeError
+from .spec import InputSpec
 
-__all__ = ["Inputs", "add_arguments", "resolve", "load_model", "load_tokenizer", "mask_tokens",
+__all__ = ["Inputs", "InputSpec", "resolve", "load_inputs", "load_model", "load_tokenizer", "mask_tokens",
            "check_ids", "WINDOW"]
 
 WINDOW = 20  # default corpus window: this many times the pool sizes
@@ -64,64 +67,8 @@ class Inputs:
     notes: list[str]
     split: Any = None  # the widthscope Split, for our own datasets
     offsets: dict[str, Any] | None = None  # byte models with a data record: corpus offsets of each pool row
-
-
-# ----------------------------------------------------------------------------- arguments
-def add_arguments(p: argparse.ArgumentParser, *, model_required: bool = False, model_default: str | None = None,
-                  n_train: int | None = 256, n_test: int | None = 256, n_train_help: str = "",
-                  n_test_help: str = "") -> None:
-    """The input options every command shares (model, data, tokenizer, sequences, pools).
-
-    Options that fit only some models default to None, so "was it given" is knowable
-    (:data:`widthscope.validate.APPLIES`); :func:`widthscope.validate.fill_defaults` sets the defaults.
-    ``n_*_help`` describe a default computed later (``n_train=None``)."""
-    p.add_argument("--model", required=model_required, default=model_default,
-                   help="checkpoint: a widthscope directory, a .safetensors file with a config.json beside it, or "
-                        "a Hugging Face directory (any causal LM, masked LM, sequence or image classifier); "
-                        "'builtin' trains a small MLP on digits")
-    p.add_argument("--task", default=None, choices=("causal-lm", "masked-lm", "sequence-classification",
-                                                    "image-classification"),
-                   help="the HF checkpoint's task when its config.json names no architecture")
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16", "float64"),
-                   help="model dtype (auto: the checkpoint's); statistics always accumulate in float64")
-    p.add_argument("--tokenizer", default=None,
-                   help="tokenizer directory (default: the checkpoint's own), or 'bytes' for byte-level ids")
-    p.add_argument("--data", default=None,
-                   help="one corpus split into train/held-out: a dataset name, a text file or directory, "
-                        ".jsonl/.json/.csv/.parquet, a datasets save_to_disk directory, or an ImageFolder "
-                        "directory (default: the checkpoint's recorded dataset)")
-    p.add_argument("--train-data", default=None, help="the train pool's own file/directory (with --test-data)")
-    p.add_argument("--test-data", default=None, help="the held-out pool's own file/directory (with --train-data)")
-    p.add_argument("--train-split", default=None, help="split of a DatasetDict directory for the train pool "
-                   "(default train)")
-    p.add_argument("--test-split", default=None, help="split of a DatasetDict directory for the held-out pool "
-                   "(default validation, else test)")
-    p.add_argument("--data-root", default=None, help="root folder of a named image dataset's files")
-    p.add_argument("--text-field", default=None, help="text field/column of .jsonl/.json/.csv/.parquet/datasets "
-                   "data (default text); --text-column is the same")
-    p.add_argument("--text-column", dest="text_field", help=argparse.SUPPRESS)
-    p.add_argument("--label-field", default=None, help="label column for sequence classification (default label)")
-    p.add_argument("--seq-len", type=int, default=None,
-                   help="tokens per sequence (default: the checkpoint's recorded one, else 128 for HF models, 64 "
-                        "for byte models)")
-    p.add_argument("--sequences", default=None, choices=("concatenate", "per-document"),
-                   help="concatenate: documents joined with EOS, cut into --seq-len chunks, tail dropped (default "
-                        "for causal LMs); per-document: one padded sequence per document (default otherwise)")
-    p.add_argument("--first", action="store_true",
-                   help="take the first sequences of each source (the published scripts) instead of seeded random ones")
-    p.add_argument("--max-tokens", type=int, default=None,
-                   help=f"tokens read per source for random pools (default {WINDOW} x the pool sizes x --seq-len)")
-    p.add_argument("--train-pool", choices=("fitted", "fresh"), default=None,
-                   help="widthscope checkpoints: draw the train pool from the examples the model was fitted on "
-                        "(default, from its data record) or a fresh sample of the train part")
-    p.add_argument("--test-fraction", type=float, default=None,
-                   help="held-out fraction when one --data corpus is split (default 0.1)")
-    p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="torch CPU threads (default: torch's choice; 1 is best on a busy machine)")
-    p.add_argument("--n-train", type=int, default=n_train,
-                   help=f"train pool size (default {n_train if n_train is not None else n_train_help})")
-    p.add_argument("--n-test", type=int, default=n_test,
-                   help=f"held-out pool size (default {n_test if n_test is not None else n_test_help})")
+    spec: InputSpec | None = None  # what was resolved (for the results file: ``spec.to_dict()``)
+    data: str | None = None  # the --data the pools came from (the recorded dataset when none was given)
 
 
 # ----------------------------------------------------------------------------- model
@@ -255,9 +202,12 @@ def mask_tokens(ids: torch.Tensor, attention: torch.Tensor, tok: Any, *, rate: f
 
 
 # ----------------------------------------------------------------------------- pools
-def _pick(n_total: int, n: int, seed: int, first: bool, what: str, flag: str, where: str,
+def _pick(n_total: int, n: int | str, seed: int, first: bool, what: str, flag: str, where: str,
           cap: bool = False, fixes: str = "give more data") -> torch.Tensor:
-    """``n`` of ``n_total`` items (seeded, sorted; or the first ``n``); ``fixes``: what else helps."""
+    """``n`` of ``n_total`` items (seeded, sorted; or the first ``n``); ``fixes``: what else helps.
+    ``n="all"``: every item (in order)."""
+    if n == "all":
+        return torch.arange(n_total)
     if cap:  # a default pool size: take what there is
         n = min(n, n_total)
     if n > n_total:
@@ -279,10 +229,6 @@ def _text_fixes(seqs: Any, mode: str, max_tokens: int | None) -> str:
     return " or ".join(fixes)
 
 
-def _cap(args: argparse.Namespace) -> bool:
-    return bool(getattr(args, "cap_pools", False))
-
-
 def _index(data: Any, idx: torch.Tensor) -> Any:
     from ..probe.intervene import _index as index
 
@@ -295,16 +241,19 @@ def _count(data: Any) -> int:
     return _batch_size(data)
 
 
-def _limit(args: argparse.Namespace, n: int, seq_len: int) -> tuple[int | None, int | None]:
-    """(sequence limit, token limit) for reading one source."""
-    if args.first:
+def _limit(spec: InputSpec, n: int | None, seq_len: int) -> tuple[int | None, int | None]:
+    """(sequence limit, token limit) for reading one source; ``n=None`` (a pool of "all"): the
+    whole source, or ``max_tokens`` of it."""
+    if n is None:
+        return None, spec.max_tokens
+    if spec.first:
         return n, None
-    max_tokens = args.max_tokens if args.max_tokens is not None else WINDOW * n * seq_len
+    max_tokens = spec.max_tokens if spec.max_tokens is not None else WINDOW * n * seq_len
     return None, max_tokens
 
 
 # ----------------------------------------------------------------------------- text
-def _text_source(path: str, split: str | None, args: argparse.Namespace, labels: bool,
+def _text_source(path: str, split: str | None, spec: InputSpec, labels: bool,
                  skipped: list[str]) -> tuple[Any, str]:
     from .corpus import documents
 
@@ -316,19 +265,18 @@ def _text_source(path: str, split: str | None, args: argparse.Namespace, labels:
         docs = [topics.topics[k] for k in sorted(topics.topics)]
         lic = prose()[0].decode("utf-8")[len("\n\n".join(docs)):].strip()
         return (iter([d]) for d in docs + ([lic] if lic else [])), "English prose shipped with Python"
-    from ..validate import given
-
-    return documents(path, text_field=args.text_field if given(args, "text_field") else None, split=split,
-                     label_field=args.label_field if labels else None, skipped=skipped)
+    return documents(path, text_field=spec.text_field if spec.is_given("text_field") else None, split=split,
+                     label_field=spec.label_field if labels else None, skipped=skipped)
 
 
-def _read_text(path: str, split: str | None, tok: Any, args: argparse.Namespace, seq_len: int, mode: str,
-               n: int, labels: bool, desc: str, show: bool) -> tuple[Any, dict[str, Any]]:
+def _read_text(path: str, split: str | None, tok: Any, spec: InputSpec, seq_len: int, mode: str,
+               n: int | str | None, labels: bool, desc: str, show: bool) -> tuple[Any, dict[str, Any]]:
     from .corpus import sequences
 
+    n = None if n == "all" else n
     skipped: list[str] = []
-    docs, source = _text_source(path, split, args, labels, skipped)
-    limit, max_tokens = _limit(args, n, seq_len)
+    docs, source = _text_source(path, split, spec, labels, skipped)
+    limit, max_tokens = _limit(spec, n, seq_len)
     seqs = sequences(docs, tok, seq_len=seq_len, mode=mode, limit=limit, max_tokens=max_tokens, labels=labels,
                      show_progress=show, desc=desc)
     info = {"source": source, "documents_read": seqs.documents, "tokens_read": seqs.tokens,
@@ -355,79 +303,80 @@ def _seq_examples(seqs: Any, idx: torch.Tensor | None, task: str, tok: Any, seed
     return {"input_ids": ids, "attention_mask": mask}, 0
 
 
-def _split_sources(args: argparse.Namespace) -> tuple[str, str | None, str, str | None, str]:
+def _split_sources(spec: InputSpec) -> tuple[str, str | None, str, str | None, str]:
     """(train path, train split, test path, test split, how) from --data / --train-data / --test-data."""
     from .corpus import is_dataset_dir
 
-    if (args.train_data is None) != (args.test_data is None):
+    if (spec.train_data is None) != (spec.test_data is None):
         raise WidthscopeError("give --train-data and --test-data together (the train pool from one, the held-out "
                               "pool from the other), or one --data corpus to split")
-    if args.train_data is not None:
-        if args.data is not None:
+    if spec.train_data is not None:
+        if spec.data is not None:
             raise WidthscopeError("--data and --train-data/--test-data both given: use one corpus (--data) or two "
                                   "(--train-data and --test-data)")
-        _refuse_given(args, ("test_fraction",), "--train-data/--test-data (two sources, nothing is split)")
-        return args.train_data, args.train_split, args.test_data, args.test_split, "two sources"
-    path = Path(args.data).expanduser()
+        _refuse_given(spec, ("test_fraction",), "--train-data/--test-data (two sources, nothing is split)")
+        return spec.train_data, spec.train_split, spec.test_data, spec.test_split, "two sources"
+    path = Path(spec.data).expanduser()
     if is_dataset_dir(path) and (path / "dataset_dict.json").is_file():
         import json
 
         splits = json.loads((path / "dataset_dict.json").read_text(encoding="utf-8")).get("splits", [])
-        test = args.test_split or next((s for s in ("validation", "valid", "test") if s in splits), None)
+        test = spec.test_split or next((s for s in ("validation", "valid", "test") if s in splits), None)
         if test is None:
             raise WidthscopeError(f"{path} has splits {', '.join(splits)} but no validation/test split: name the "
                                   "held-out one with --test-split")
-        _refuse_given(args, ("test_fraction",), f"{path} (a DatasetDict: its own splits are used)")
-        return args.data, args.train_split or "train", args.data, test, "dataset splits"
-    if args.train_split or args.test_split:
+        _refuse_given(spec, ("test_fraction",), f"{path} (a DatasetDict: its own splits are used)")
+        return spec.data, spec.train_split or "train", spec.data, test, "dataset splits"
+    if spec.train_split or spec.test_split:
         if is_dataset_dir(path):
             raise WidthscopeError(f"{path} holds one dataset without splits: drop --train-split/--test-split")
-    return args.data, None, args.data, None, "one corpus"
+    return spec.data, None, spec.data, None, "one corpus"
 
 
-def _text_pools(args: argparse.Namespace, model: nn.Module, task: str, tok: Any, seq_len: int, mode: str,
+def _text_pools(spec: InputSpec, model: nn.Module, task: str, tok: Any, seq_len: int, mode: str,
                 seed: int, show: bool) -> tuple[Any, Any, dict[str, Any], list[str]]:
     labels = task == "sequence-classification"
-    tr_path, tr_split, te_path, te_split, how = _split_sources(args)
-    n_tr, n_te = args.n_train, args.n_test
+    tr_path, tr_split, te_path, te_split, how = _split_sources(spec)
+    n_tr, n_te = spec.n_train, spec.n_test
     notes: list[str] = []
     info: dict[str, Any] = {"split": how}
     if how == "one corpus":
-        frac = args.test_fraction
+        frac = spec.test_fraction
         if not 0 < frac < 1:
             raise WidthscopeError(f"--test-fraction {frac}: must be between 0 and 1")
         # Enough sequences that both parts can fill their pools.
-        need = max(int((n_tr + 1) / (1 - frac)) + 1, int((n_te + 1) / frac) + 1)
-        seqs, src = _read_text(tr_path, None, tok, args, seq_len, mode, need, labels, "tokenize", show)
+        need = (None if "all" in (n_tr, n_te) else
+                max(int((n_tr + 1) / (1 - frac)) + 1, int((n_te + 1) / frac) + 1))
+        seqs, src = _read_text(tr_path, None, tok, spec, seq_len, mode, need, labels, "tokenize", show)
         info["train"] = info["test"] = src
         n = int(seqs.ids.shape[0])
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))
         n_hold = min(max(1, int(round(frac * n))), n - 1) if n > 1 else 0
         test_ids, train_ids = perm[:n_hold].sort().values, perm[n_hold:].sort().values
-        if args.first:  # contiguous: the first part of the corpus trains, the next is held out
+        if spec.first:  # contiguous: the first part of the corpus trains, the next is held out
             cut = n - n_hold
             train_ids, test_ids = torch.arange(cut), torch.arange(cut, n)
         info["rule"] = ("sequences of one corpus split by a seeded permutation (seed "
-                        f"{seed}, held-out fraction {frac})" if not args.first else
+                        f"{seed}, held-out fraction {frac})" if not spec.first else
                         f"first {1 - frac:.0%} of the sequences train, the rest held out")
         fixes = _text_fixes(seqs, mode, src["max_tokens"])
-        a = train_ids[_pick(len(train_ids), n_tr, seed, args.first, "train sequences", "--n-train", tr_path,
-                            _cap(args), fixes)]
-        b = test_ids[_pick(len(test_ids), n_te, seed + 1, args.first, "held-out sequences", "--n-test", te_path,
-                           _cap(args), fixes)]
+        a = train_ids[_pick(len(train_ids), n_tr, seed, spec.first, "train sequences", "--n-train", tr_path,
+                            spec.cap_pools, fixes)]
+        b = test_ids[_pick(len(test_ids), n_te, seed + 1, spec.first, "held-out sequences", "--n-test", te_path,
+                           spec.cap_pools, fixes)]
         tr_seqs = te_seqs = seqs
     else:
-        tr_seqs, info["train"] = _read_text(tr_path, tr_split, tok, args, seq_len, mode, n_tr, labels,
+        tr_seqs, info["train"] = _read_text(tr_path, tr_split, tok, spec, seq_len, mode, n_tr, labels,
                                             "tokenize train", show)
-        te_seqs, info["test"] = _read_text(te_path, te_split, tok, args, seq_len, mode, n_te, labels,
+        te_seqs, info["test"] = _read_text(te_path, te_split, tok, spec, seq_len, mode, n_te, labels,
                                            "tokenize held-out", show)
         if Path(tr_path).resolve() == Path(te_path).resolve() and tr_split == te_split:
             raise WidthscopeError(f"--train-data and --test-data are the same source ({tr_path}): the held-out "
                                   "pool must be other text; use --data to split one corpus")
-        a = _pick(int(tr_seqs.ids.shape[0]), n_tr, seed, args.first, "train sequences", "--n-train", tr_path,
-                  _cap(args), _text_fixes(tr_seqs, mode, info["train"]["max_tokens"]))
-        b = _pick(int(te_seqs.ids.shape[0]), n_te, seed + 1, args.first, "held-out sequences", "--n-test", te_path,
-                  _cap(args), _text_fixes(te_seqs, mode, info["test"]["max_tokens"]))
+        a = _pick(int(tr_seqs.ids.shape[0]), n_tr, seed, spec.first, "train sequences", "--n-train", tr_path,
+                  spec.cap_pools, _text_fixes(tr_seqs, mode, info["train"]["max_tokens"]))
+        b = _pick(int(te_seqs.ids.shape[0]), n_te, seed + 1, spec.first, "held-out sequences", "--n-test", te_path,
+                  spec.cap_pools, _text_fixes(te_seqs, mode, info["test"]["max_tokens"]))
     check_ids(tr_seqs.ids[a], model, "train")
     check_ids(te_seqs.ids[b], model, "held-out")
     train, d1 = _seq_examples(tr_seqs, a, task, tok, seed)
@@ -444,9 +393,9 @@ def _text_pools(args: argparse.Namespace, model: nn.Module, task: str, tok: Any,
                 raise WidthscopeError(f"{what} labels span {int(y.min())}..{int(y.max())} but the model has "
                                       f"{n_labels} labels: map --label-field to 0..{n_labels - 1}")
     sep = tr_seqs.separator
-    info.update({"tokenizer": _tok_name(tok), "seq_len": seq_len, "sequences": mode, "first": bool(args.first),
+    info.update({"tokenizer": _tok_name(tok), "seq_len": seq_len, "sequences": mode, "first": bool(spec.first),
                  "separator_id": sep, "n_train": _count(train), "n_test": _count(test),
-                 "pool_rule": "first sequences" if args.first else f"seeded random subsets (seeds {seed}, {seed + 1})"})
+                 "pool_rule": "first sequences" if spec.first else f"seeded random subsets (seeds {seed}, {seed + 1})"})
     if task == "masked-lm":
         info["masking"] = "15% of each sequence's ordinary tokens (at least one) replaced by the mask token, seeded"
     if mode == "concatenate" and sep is None:
@@ -471,7 +420,7 @@ def _image_folder(path: Path) -> list[tuple[Path, str]]:
     return items
 
 
-def _image_pools(args: argparse.Namespace, model: nn.Module, seed: int, show: bool
+def _image_pools(spec: InputSpec, model: nn.Module, seed: int, show: bool
                  ) -> tuple[Any, Any, dict[str, Any], list[str]]:
     from PIL import Image, UnidentifiedImageError
 
@@ -489,27 +438,27 @@ def _image_pools(args: argparse.Namespace, model: nn.Module, seed: int, show: bo
     except Exception as exc:
         raise WidthscopeError(f"could not load the image processor in {where} ({type(exc).__name__}: "
                               f"{str(exc)[:200]})") from None
-    if args.train_data is not None or args.test_data is not None:
-        if args.train_data is None or args.test_data is None:
+    if spec.train_data is not None or spec.test_data is not None:
+        if spec.train_data is None or spec.test_data is None:
             raise WidthscopeError("give --train-data and --test-data together, or one --data ImageFolder")
-        _refuse_given(args, ("test_fraction",), "--train-data/--test-data (two sources, nothing is split)")
-        tr_items, te_items = _image_folder(Path(args.train_data)), _image_folder(Path(args.test_data))
+        _refuse_given(spec, ("test_fraction",), "--train-data/--test-data (two sources, nothing is split)")
+        tr_items, te_items = _image_folder(Path(spec.train_data)), _image_folder(Path(spec.test_data))
         how = "two ImageFolder directories"
     else:
-        root = Path(args.data).expanduser()
+        root = Path(spec.data).expanduser()
         subs = {d.name: d for d in root.iterdir() if d.is_dir()}
         test_dir = next((subs[k] for k in ("val", "validation", "test") if k in subs), None)
         if "train" in subs and test_dir is not None:
-            _refuse_given(args, ("test_fraction",), f"{root} (its own train/ and {test_dir.name}/ folders)")
+            _refuse_given(spec, ("test_fraction",), f"{root} (its own train/ and {test_dir.name}/ folders)")
             tr_items, te_items = _image_folder(subs["train"]), _image_folder(test_dir)
             how = f"ImageFolder train/ and {test_dir.name}/"
         else:
             items = _image_folder(root)
             perm = torch.randperm(len(items), generator=torch.Generator().manual_seed(int(seed))).tolist()
-            n_hold = max(1, int(round(args.test_fraction * len(items))))
+            n_hold = max(1, int(round(spec.test_fraction * len(items))))
             te_items = [items[i] for i in sorted(perm[:n_hold])]
             tr_items = [items[i] for i in sorted(perm[n_hold:])]
-            how = f"one ImageFolder split by a seeded permutation (held-out fraction {args.test_fraction})"
+            how = f"one ImageFolder split by a seeded permutation (held-out fraction {spec.test_fraction})"
     cfg = model.config
     names = sorted({c for _, c in tr_items} | {c for _, c in te_items})
     id2label = {int(k): v for k, v in (getattr(cfg, "id2label", None) or {}).items()}
@@ -527,7 +476,7 @@ def _image_pools(args: argparse.Namespace, model: nn.Module, seed: int, show: bo
         rule = "class folders in sorted order = label ids 0.. (the model's labels are unnamed)"
 
     def load(items: list[tuple[Path, str]], n: int, s: int, flag: str, what: str) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = _pick(len(items), n, s, args.first, what, flag, how, _cap(args)).tolist()
+        idx = _pick(len(items), n, s, spec.first, what, flag, how, spec.cap_pools).tolist()
         pix, ys = [], []
         for i in progress(idx, desc=f"images ({what})", disable=None if show else True):
             f, c = items[i]
@@ -540,15 +489,15 @@ def _image_pools(args: argparse.Namespace, model: nn.Module, seed: int, show: bo
             ys.append(label_of[c])
         return torch.stack(pix), torch.tensor(ys, dtype=torch.int64)
 
-    train = load(tr_items, args.n_train, seed, "--n-train", "train images")
-    test = load(te_items, args.n_test, seed + 1, "--n-test", "held-out images")
+    train = load(tr_items, spec.n_train, seed, "--n-train", "train images")
+    test = load(te_items, spec.n_test, seed + 1, "--n-test", "held-out images")
     info = {"split": how, "classes": names, "label_rule": rule, "n_train": len(train[1]), "n_test": len(test[1]),
-            "processor": type(proc).__name__, "first": bool(args.first)}
+            "processor": type(proc).__name__, "first": bool(spec.first)}
     return train, test, info, []
 
 
 # ----------------------------------------------------------------------------- widthscope datasets
-def _named_pools(name: str, args: argparse.Namespace, model: nn.Module, task: str, seed: int
+def _named_pools(name: str, spec: InputSpec, model: nn.Module, task: str, seed: int
                  ) -> tuple[Any, Any, dict[str, Any], list[str], Any]:
     """Our own named datasets (digits, fashion-mnist, text, ...) with the checkpoint's recorded
     options, split seed and — where it has one — its data record: the held-out pool comes only
@@ -557,22 +506,22 @@ def _named_pools(name: str, args: argparse.Namespace, model: nn.Module, task: st
     from ..checkpoint import recorded_data
 
     rec_all = recorded_data(model)
-    same = args.data is None or (args.data == rec_all.get("dataset") and args.data_root is None)
+    same = spec.data is None or (spec.data == rec_all.get("dataset") and spec.data_root is None)
     rec = rec_all if same else {}
     record = (getattr(model, "widthscope_extra", None) or {}).get("data_record") if same else None
     options: dict[str, Any] = {k: v for k, v in rec.get("options", {}).items() if k != "root"}
-    root = args.data_root or rec.get("options", {}).get("root")
+    root = spec.data_root or rec.get("options", {}).get("root")
     trained_len = options.get("seq_len")
     text_like = name in ("text", "prose")
     if text_like:
-        options["seq_len"] = args.seq_len or options.get("seq_len", 64)
+        options["seq_len"] = spec.seq_len or options.get("seq_len", 64)
     split_seed = int(rec.get("seed", seed))
     notes: list[str] = []
     if task in ("causal-lm", "masked-lm", "sequence-classification") and not text_like:
         raise WidthscopeError(f"--data {name!r} is an image/feature dataset but the model is a {task} model: "
                               "give text data")
     if text_like and isinstance(record, dict) and record.get("kind") == "text-bytes":
-        got = _text_from_record(record, root, options, args, seed, corpus=name)
+        got = _text_from_record(record, root, options, spec, seed, corpus=name)
         if got is not None:
             train, test, info, offsets = got
             check_ids(train, model, "train")
@@ -602,7 +551,7 @@ def _named_pools(name: str, args: argparse.Namespace, model: nn.Module, task: st
                                   "the model's image processor)")
     pool_rule = "a fresh seeded sample of the train part"
     train_pair = split.train
-    if split.task != "lm" and args.train_pool == "fitted":
+    if split.task != "lm" and spec.train_pool == "fitted":
         fitted = _fitted_positions(record, split)
         if fitted is None:
             pool_rule += " (the checkpoint records no fitted examples)" if not isinstance(record, dict) else ""
@@ -612,11 +561,11 @@ def _named_pools(name: str, args: argparse.Namespace, model: nn.Module, task: st
 
     def sub(pair: Any, n: int, s: int, flag: str, what: str) -> Any:
         X, y = pair
-        idx = _pick(len(X), n, s, args.first, "examples", flag, f"the {what} part of {name}", _cap(args))
+        idx = _pick(len(X), n, s, spec.first, "examples", flag, f"the {what} part of {name}", spec.cap_pools)
         return X[idx] if (split.task == "lm") else (X[idx], y[idx])
 
-    train = sub(train_pair, args.n_train, seed, "--n-train", "training")
-    test = sub(split.test, args.n_test, seed + 1, "--n-test", "held-out")
+    train = sub(train_pair, spec.n_train, seed, "--n-train", "training")
+    test = sub(split.test, spec.n_test, seed + 1, "--n-test", "held-out")
     if split.task == "lm":
         check_ids(train, model, "train")
         check_ids(test, model, "held-out")
@@ -652,7 +601,7 @@ def _fitted_positions(record: Any, split: Any) -> torch.Tensor | None:
 
 
 def _text_from_record(record: dict[str, Any], root: str | None, options: dict[str, Any],
-                      args: argparse.Namespace, seed: int, corpus: str = "text"
+                      spec: InputSpec, seed: int, corpus: str = "text"
                       ) -> tuple[Any, Any, dict[str, Any], dict] | None:
     """Byte-model pools at any sequence length from the recorded byte ranges (None: corpus changed)."""
     import hashlib
@@ -663,16 +612,16 @@ def _text_from_record(record: dict[str, Any], root: str | None, options: dict[st
     if hashlib.sha256(buf).hexdigest() != record.get("corpus_sha256"):
         return None
     L = int(options["seq_len"])
-    if args.train_pool == "fitted":
+    if spec.train_pool == "fitted":
         part, rule = "fitted", "the fitted byte ranges (the chunks the model trained on)"
     else:
         part, rule = "train", "the train part (every byte outside the held-out ranges), fresh seeded sample"
     tr_idx = torch.as_tensor(recorded_chunks(record, len(buf), L, part))
     te_idx = torch.as_tensor(recorded_chunks(record, len(buf), L, "heldout"))
-    a = tr_idx[_pick(len(tr_idx), args.n_train, seed, args.first, "train chunks", "--n-train",
-                     f"the recorded train ranges at --seq-len {L}", _cap(args), "lower --seq-len (more chunks)")]
-    b = te_idx[_pick(len(te_idx), args.n_test, seed + 1, args.first, "held-out chunks", "--n-test",
-                     f"the recorded held-out ranges at --seq-len {L}", _cap(args), "lower --seq-len (more chunks)")]
+    a = tr_idx[_pick(len(tr_idx), spec.n_train, seed, spec.first, "train chunks", "--n-train",
+                     f"the recorded train ranges at --seq-len {L}", spec.cap_pools, "lower --seq-len (more chunks)")]
+    b = te_idx[_pick(len(te_idx), spec.n_test, seed + 1, spec.first, "held-out chunks", "--n-test",
+                     f"the recorded held-out ranges at --seq-len {L}", spec.cap_pools, "lower --seq-len (more chunks)")]
     train, test = corpus_chunks(buf, L, a.numpy()), corpus_chunks(buf, L, b.numpy())
     info = {"n_train": len(train), "n_test": len(test), "n_train_examples": len(tr_idx),
             "n_test_examples": len(te_idx), "source": source,
@@ -684,38 +633,56 @@ def _text_from_record(record: dict[str, Any], root: str | None, options: dict[st
 
 
 # ----------------------------------------------------------------------------- resolve
-def _check_common(args: argparse.Namespace) -> None:
-    """The shared option checks (:mod:`widthscope.validate`), for callers that skip the CLI."""
-    from ..validate import check_args
+def _check_sources(spec: InputSpec) -> None:
+    """The data sources exist (and are text where text is expected), before any model loads."""
+    from .spec import check_source
 
-    check_args(argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in ("out", "save_samples")}),
-               "inputs")
+    for name in ("data", "train_data", "test_data"):
+        v = getattr(spec, name)
+        if v is not None:
+            check_source("--" + name.replace("_", "-"), v)
 
 
-def resolve(args: argparse.Namespace, *, model: nn.Module | None = None, show_progress: bool = True) -> Inputs:
-    """Load ``args.model`` (unless ``model`` is given) and build both probe pools; see the module docstring."""
+def resolve(spec: InputSpec, *, model: nn.Module | None = None, show_progress: bool = True) -> Inputs:
+    """Load ``spec.model`` (unless ``model`` is given) and build both probe pools; see the module docstring.
+
+    ``spec`` is an :class:`~widthscope.data.spec.InputSpec` (validated when made); the result
+    carries it (``Inputs.spec``) for the results file."""
+    if not isinstance(spec, InputSpec):
+        raise WidthscopeError(f"resolve() takes an InputSpec, got {type(spec).__name__}: build one with "
+                              "widthscope.InputSpec(model=..., ...) (the command line: "
+                              "widthscope.cli_inputs.spec_from_args)")
+    _check_sources(spec)
+    if model is None and spec.model == "builtin":
+        raise WidthscopeError("model 'builtin' is built and trained by `widthscope certify`: pass the model "
+                              "(resolve(spec, model=...)) or a checkpoint path")
+    inputs = _resolve(spec.filled(), model, show_progress)
+    inputs.spec = spec
+    return inputs
+
+
+load_inputs = resolve  # the public name (``widthscope.load_inputs``)
+
+
+def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> Inputs:
     from . import DATASETS
 
-    _check_common(args)
-    from ..validate import fill_defaults
-
-    fill_defaults(args)
     if model is None:
-        model = load_model(args.model, dtype=args.dtype, task=args.task)
+        model = load_model(spec.model, dtype=spec.dtype, task=spec.task)
     task = model_task(model)
-    _check_options_fit(args, task)
-    seed = int(args.seed)
+    _check_options_fit(spec, task)
+    seed = int(spec.seed)
     notes: list[str] = []
-    name = args.data
-    if name is None and args.train_data is None:
+    name = spec.data
+    if name is None and spec.train_data is None:
         from ..checkpoint import recorded_data
 
         name = recorded_data(model).get("dataset") or _recorded_name(model)
         if name is None:
-            raise WidthscopeError(f"the checkpoint {args.model!r} does not record its dataset: pass --data (a "
+            raise WidthscopeError(f"the checkpoint {spec.model!r} does not record its dataset: pass --data (a "
                                   "dataset name or a file/directory) or --train-data and --test-data")
     split = None
-    if name is not None and name in DATASETS and args.train_data is None:
+    if name is not None and name in DATASETS and spec.train_data is None:
         if task == "sequence-classification":
             raise WidthscopeError(f"--data {name!r} has no labels: a sequence classifier needs labelled text, a "
                                   ".jsonl/.csv/.parquet table or datasets directory with --label-field")
@@ -728,70 +695,67 @@ def resolve(args: argparse.Namespace, *, model: nn.Module | None = None, show_pr
             # model's own tokenizer, never as byte ids.
             import sysconfig
 
-            args.data = name = str(Path(sysconfig.get_paths()["stdlib"])) if name == "text" else "prose"
+            name = str(Path(sysconfig.get_paths()["stdlib"])) if name == "text" else "prose"
+            spec = dataclasses.replace(spec, data=name)
         else:
-            if args.tokenizer not in (None, "bytes") and task == "lm":
+            if spec.tokenizer not in (None, "bytes") and task == "lm":
                 raise WidthscopeError("--tokenizer applies to text files given with --data PATH, not to the "
                                       "recorded byte-level corpus")
-            _refuse_given(args, ("text_field", "label_field", "sequences", "max_tokens", "test_fraction",
+            _refuse_given(spec, ("text_field", "label_field", "sequences", "max_tokens", "test_fraction",
                                  "train_split", "test_split"), f"the named dataset {name!r} (its own recorded split)")
-            train, test, info, more, split = _named_pools(name, args, model, task, seed)
+            train, test, info, more, split = _named_pools(name, spec, model, task, seed)
             _check_seq_len(model, info.get("seq_len"))
             offsets = split if isinstance(split, dict) else None
             return Inputs(model, task, train, test, None, None, info, more,
-                          None if offsets is not None else split, offsets)
-    if args.data is None and args.train_data is None:
-        args.data = name
+                          None if offsets is not None else split, offsets, data=spec.data or name)
+    if spec.data is None and spec.train_data is None:
+        spec = dataclasses.replace(spec, data=name)
     if task == "classification":
         raise WidthscopeError(f"this widthscope model is a classifier: pass a dataset name ({', '.join(DATASETS)}) "
                               "with --data, not a file")
-    _refuse_given(args, ("data_root", "train_pool"), "data files (both are for named datasets and their records)")
+    _refuse_given(spec, ("data_root", "train_pool"), "data files (both are for named datasets and their records)")
     if task == "image-classification":
-        train, test, info, more = _image_pools(args, model, seed, show_progress)
-        return Inputs(model, task, train, test, None, None, info, more)
-    tok = load_tokenizer(args.tokenizer, model, task)
+        train, test, info, more = _image_pools(spec, model, seed, show_progress)
+        return Inputs(model, task, train, test, None, None, info, more, data=spec.data)
+    tok = load_tokenizer(spec.tokenizer, model, task)
     check_vocabulary(tok, model)
     rec_len = (getattr(model, "widthscope_extra", None) or {}).get("data_options", {}).get("seq_len")
-    seq_len = args.seq_len or rec_len or (64 if task == "lm" else 128)
+    seq_len = spec.seq_len or rec_len or (64 if task == "lm" else 128)
     _check_seq_len(model, seq_len)
-    mode = args.sequences or ("concatenate" if task in ("causal-lm", "lm") else "per-document")
+    mode = spec.sequences or ("concatenate" if task in ("causal-lm", "lm") else "per-document")
     if task == "sequence-classification" and mode != "per-document":
         raise WidthscopeError("sequence classification needs --sequences per-document (one labelled text each)")
-    train, test, info, more = _text_pools(args, model, "causal-lm" if task == "lm" else task, tok, seq_len,
+    train, test, info, more = _text_pools(spec, model, "causal-lm" if task == "lm" else task, tok, seq_len,
                                           mode, seed, show_progress)
     from ..probe.collect import masked_lm_loss
 
     loss = masked_lm_loss if task == "masked-lm" else None
-    return Inputs(model, task, train, test, loss, tok, info, notes + more)
+    return Inputs(model, task, train, test, loss, tok, info, notes + more, data=spec.data)
 
 
-def _check_options_fit(args: argparse.Namespace, task: str) -> None:
+def _check_options_fit(spec: InputSpec, task: str) -> None:
     """Options that mean nothing for this model are refused, never silently ignored."""
-    if args.task is not None and args.task != task:
-        raise WidthscopeError(f"--task {args.task} but this model is a {task} model (its task is fixed by the model): "
+    if spec.task is not None and spec.task != task:
+        raise WidthscopeError(f"--task {spec.task} but this model is a {task} model (its task is fixed by the model): "
                               "drop --task")
-    from ..validate import given
-
     # given by the user (a --protocol preset's text settings simply do not apply to other models)
     text_only = ["--" + d.replace("_", "-") for d in ("tokenizer", "seq_len", "sequences", "max_tokens")
-                 if given(args, d)]
+                 if spec.is_given(d)]
     if task in ("image-classification", "classification") and text_only:
         raise WidthscopeError(f"{', '.join(text_only)} {'apply' if len(text_only) > 1 else 'applies'} to text models; "
                               "this model is an image/feature classifier: drop "
                               f"{'them' if len(text_only) > 1 else 'it'}")
-    if task != "sequence-classification" and given(args, "label_field"):
+    if task != "sequence-classification" and spec.is_given("label_field"):
         raise WidthscopeError(f"--label-field applies to sequence classifiers (labelled text); this is a {task} "
                               "model: drop --label-field")
-    if task not in ("sequence-classification", "causal-lm", "masked-lm", "lm") and given(args, "text_field"):
+    if task not in ("sequence-classification", "causal-lm", "masked-lm", "lm") and spec.is_given("text_field"):
         raise WidthscopeError(f"--text-field applies to text models; this is a {task} model: drop --text-field")
 
 
-def _refuse_given(args: argparse.Namespace, dests: tuple[str, ...], what: str) -> None:
+def _refuse_given(spec: InputSpec, dests: tuple[str, ...], what: str) -> None:
     """One line for the first of ``dests`` given explicitly although ``what`` does not use it."""
-    from ..validate import given
-
     for d in dests:
-        if given(args, d):
+        if spec.is_given(d):
             flag = "--" + d.replace("_", "-")
             raise WidthscopeError(f"{flag} does not apply to {what}: drop {flag}")
 

@@ -51,6 +51,7 @@ from .grid import GridResult, lock_out_dir, run_grid
 
 __all__ = [
     "SweepConfig", "FamilySpec", "load_config", "check_structure", "plan_cells", "run_sweep", "run_cell",
+    "cell_input_spec",
     "summary_rows", "CERT_FIELDS", "TIMING_COLUMNS",
 ]
 
@@ -742,6 +743,21 @@ def _batches(pair: Sequence[Any], task: str, batch_size: int):
     return list(wdata.batches(pair, batch_size, shuffle=False, lm=(task == "lm")))
 
 
+def cell_input_spec(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: str | os.PathLike) -> Any:
+    """The :class:`~widthscope.data.spec.InputSpec` that probes this cell's saved checkpoint with
+    ``widthscope certify`` / :func:`widthscope.load_inputs`: its recorded dataset and data record,
+    ``n_probe_train`` / ``n_probe_test`` examples, seeds ``data_seed`` / ``data_seed + 1``.
+
+    Its train pool is the sweep's in-domain train pool (a seeded sample of the fitted examples,
+    the same rule); its held-out pool is drawn from the dataset's whole held-out part, where the
+    sweep draws from the cell's ``n_test`` subset of it. Written to ``input_spec.json`` beside
+    the cell's checkpoint."""
+    from ..data.spec import InputSpec
+
+    fam = next(f for f in cfg.families if f.name == cell["family"])
+    return InputSpec(model=str(cell_dir), n_train=fam.n_probe_train, n_test=fam.n_probe_test, seed=cfg.data_seed)
+
+
 def run_cell(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_progress: bool = True
              ) -> list[dict[str, Any]]:
     """Train, save, probe and certify one cell; return its rows (see docs/sweeps.md for columns)."""
@@ -768,6 +784,10 @@ def run_cell(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_
                                             # probe draws its pools from them (no leak)
                                             "data_record": wdata.record(split),
                                             "train": {k: v for k, v in tr.items() if k != "history"}})
+    atomic_write_json(Path(cell_dir) / "input_spec.json",
+                      {"input_spec": cell_input_spec(cfg, cell, cell_dir).to_dict(),
+                       "note": "widthscope certify inputs of this checkpoint (InputSpec.from_dict): train pool as "
+                               "the sweep's; held-out pool from the whole held-out part"})
 
     points = fam.points or probe.insertion_points(model)
     data_words = "trained on " + wdata.describe(split)

@@ -1,0 +1,105 @@
+"""The input options of ``certify`` and ``grow`` on the command line, and the one place each
+command turns them into an :class:`~widthscope.data.spec.InputSpec` (:func:`spec_from_args`).
+
+The input layer (:mod:`widthscope.data.inputs`) never sees ``argparse``: it takes the spec.
+Per command, :func:`spec_from_args` applies what the command's options mean for the inputs
+(``grow``: pool sizes 2048 / 512 capped at what the data has when not given), after
+:func:`widthscope.validate.check_args` recorded which options were given.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from .data.inputs import WINDOW
+from .data.spec import INPUT_DEFAULTS, OPTIONAL_FIELDS, InputSpec
+
+__all__ = ["add_arguments", "spec_from_args", "GROW_POOLS"]
+
+GROW_POOLS = (2048, 512)  # grow's default pool sizes (capped at what the data has)
+
+
+def add_arguments(p: argparse.ArgumentParser, *, model_required: bool = False, model_default: str | None = None,
+                  n_train: int | None = 256, n_test: int | None = 256, n_train_help: str = "",
+                  n_test_help: str = "") -> None:
+    """The input options every command shares (model, data, tokenizer, sequences, pools).
+
+    Options that fit only some models default to None, so "was it given" is knowable
+    (:data:`widthscope.validate.APPLIES`); :func:`widthscope.validate.fill_defaults` sets the defaults.
+    ``n_*_help`` describe a default computed later (``n_train=None``)."""
+    p.add_argument("--model", required=model_required, default=model_default,
+                   help="checkpoint: a widthscope directory, a .safetensors file with a config.json beside it, or "
+                        "a Hugging Face directory (any causal LM, masked LM, sequence or image classifier); "
+                        "'builtin' trains a small MLP on digits")
+    p.add_argument("--task", default=None, choices=("causal-lm", "masked-lm", "sequence-classification",
+                                                    "image-classification"),
+                   help="the HF checkpoint's task when its config.json names no architecture")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16", "float64"),
+                   help="model dtype (auto: the checkpoint's); statistics always accumulate in float64")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer directory (default: the checkpoint's own), or 'bytes' for byte-level ids")
+    p.add_argument("--data", default=None,
+                   help="one corpus split into train/held-out: a dataset name, a text file or directory, "
+                        ".jsonl/.json/.csv/.parquet, a datasets save_to_disk directory, or an ImageFolder "
+                        "directory (default: the checkpoint's recorded dataset)")
+    p.add_argument("--train-data", default=None, help="the train pool's own file/directory (with --test-data)")
+    p.add_argument("--test-data", default=None, help="the held-out pool's own file/directory (with --train-data)")
+    p.add_argument("--train-split", default=None, help="split of a DatasetDict directory for the train pool "
+                   "(default train)")
+    p.add_argument("--test-split", default=None, help="split of a DatasetDict directory for the held-out pool "
+                   "(default validation, else test)")
+    p.add_argument("--data-root", default=None, help="root folder of a named image dataset's files")
+    p.add_argument("--text-field", default=None, help="text field/column of .jsonl/.json/.csv/.parquet/datasets "
+                   "data (default text); --text-column is the same")
+    p.add_argument("--text-column", dest="text_field", help=argparse.SUPPRESS)
+    p.add_argument("--label-field", default=None, help="label column for sequence classification (default label)")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="tokens per sequence (default: the checkpoint's recorded one, else 128 for HF models, 64 "
+                        "for byte models)")
+    p.add_argument("--sequences", default=None, choices=("concatenate", "per-document"),
+                   help="concatenate: documents joined with EOS, cut into --seq-len chunks, tail dropped (default "
+                        "for causal LMs); per-document: one padded sequence per document (default otherwise)")
+    p.add_argument("--first", action="store_true",
+                   help="take the first sequences of each source (the published scripts) instead of seeded random ones")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help=f"tokens read per source for random pools (default {WINDOW} x the pool sizes x --seq-len)")
+    p.add_argument("--train-pool", choices=("fitted", "fresh"), default=None,
+                   help="widthscope checkpoints: draw the train pool from the examples the model was fitted on "
+                        "(default, from its data record) or a fresh sample of the train part")
+    p.add_argument("--test-fraction", type=float, default=None,
+                   help="held-out fraction when one --data corpus is split (default 0.1)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch CPU threads (default: torch's choice; 1 is best on a busy machine)")
+    p.add_argument("--n-train", type=int, default=n_train,
+                   help=f"train pool size (default {n_train if n_train is not None else n_train_help})")
+    p.add_argument("--n-test", type=int, default=n_test,
+                   help=f"held-out pool size (default {n_test if n_test is not None else n_test_help})")
+
+
+def spec_from_args(args: argparse.Namespace, command: str) -> InputSpec:
+    """The input spec of ``command`` (``certify``, ``grow``, or ``inputs`` for the bare input
+    options) from its parsed options; ``args`` is not changed.
+
+    ``args.given`` (set by :func:`widthscope.validate.fill_defaults`) says which options the user
+    gave; without it, an option counts as given when set to other than its default."""
+    from .validate import given
+
+    fields = {f.name for f in dataclasses.fields(InputSpec)} - {"given", "cap_pools"}
+    values: dict[str, Any] = {k: getattr(args, k) for k in fields if hasattr(args, k)}
+    values["first"] = bool(values.get("first", False))
+    if values.get("model") is None:
+        from .errors import WidthscopeError
+
+        raise WidthscopeError(f"{command}: --model is required (a checkpoint directory, a .safetensors file with "
+                              "its config, or 'builtin')")
+    if command == "grow":
+        n_tr, n_te = values.get("n_train"), values.get("n_test")
+        values["cap_pools"] = n_tr is None or n_te is None
+        values["n_train"] = GROW_POOLS[0] if n_tr is None else n_tr
+        values["n_test"] = GROW_POOLS[1] if n_te is None else n_te
+    values["given"] = tuple(sorted(d for d in OPTIONAL_FIELDS if given(args, d)))
+    for k in INPUT_DEFAULTS:  # validate.fill_defaults set them; the spec keeps "not given" as None
+        if k not in values["given"]:
+            values[k] = None
+    return InputSpec(**values)

@@ -1,0 +1,186 @@
+r"""The typed input spec: everything the input layer needs to build (model, tokenizer, probe pools).
+
+:class:`InputSpec` is what :func:`widthscope.data.inputs.resolve` takes. The command line builds
+one per command (:func:`widthscope.cli_inputs.spec_from_args`), sweeps build one per cell
+(:func:`widthscope.sweep.alignment.cell_input_spec`), and a Python user builds one directly; the
+spec is validated when it is made (one line naming the field and the fix) and recorded in every
+results file (``spec.to_dict()``; :meth:`InputSpec.from_dict` reads it back), so a run can be
+repeated from its JSON.
+
+Field values mean what the command-line options of the same name mean (``docs/byo.md``);
+``None`` is "not given": the model's recorded value, or the default. ``n_train`` / ``n_test``
+also take ``"all"`` (every sequence/example the source gives; with no ``max_tokens`` the whole
+text source is read) — the command line does not offer that yet. ``cap_pools``: the pool sizes
+are upper bounds (take what the data has, as ``grow``'s default sizes do). ``given``: the fields
+set explicitly (an option that does not fit the model is refused only when given); left out,
+every optional field that is not ``None``/``False`` (the command line records what the user typed:
+a ``--protocol`` preset's values are not "given").
+
+Example (a tiny widthscope classifier checkpoint, probed on its recorded digits split)::
+
+    >>> import tempfile, widthscope as ws
+    >>> from widthscope import checkpoint, models
+    >>> net = models.build("mlp", 16, in_dim=64, out_dim=10, depth=2)
+    >>> ck = checkpoint.save(net, tempfile.mkdtemp() + "/ck", extra={"dataset": "digits"})
+    >>> spec = ws.InputSpec(model=str(ck), n_train=32, n_test=16, seed=3)
+    >>> inputs = ws.load_inputs(spec)
+    >>> inputs.task, inputs.train[0].shape, inputs.test[0].shape
+    ('classification', torch.Size([32, 64]), torch.Size([16, 64]))
+    >>> ws.InputSpec.from_dict(spec.to_dict()) == spec
+    True
+    >>> ws.InputSpec(model=str(ck), n_test=2)
+    Traceback (most recent call last):
+    ...
+    widthscope.errors.WidthscopeError: --n-test 2 (input spec field n_test): must be a whole number >= 4 (the unbiased estimators need at least 4 examples) or 'all'
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Mapping, Union
+
+from ..errors import WidthscopeError
+
+__all__ = ["InputSpec", "PoolSize", "INPUT_DEFAULTS", "DTYPES", "TASKS", "SEQUENCES", "TRAIN_POOLS",
+           "check_source", "OPTIONAL_FIELDS"]
+
+PoolSize = Union[int, str]  # a whole number >= 4, or "all"
+DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
+TASKS = ("causal-lm", "masked-lm", "sequence-classification", "image-classification")
+SEQUENCES = ("concatenate", "per-document")
+TRAIN_POOLS = ("fitted", "fresh")
+# Values of the options that are None when not given (so "was it given" is knowable).
+INPUT_DEFAULTS: dict[str, Any] = {"text_field": "text", "label_field": "label", "train_pool": "fitted",
+                                  "test_fraction": 0.1}
+_PATHS = ("model", "tokenizer", "data", "train_data", "test_data", "train_split", "test_split", "data_root",
+          "text_field", "label_field")
+# The optional input fields: None (False) = not given (``given`` derived from them).
+OPTIONAL_FIELDS = ("task", "tokenizer", "data", "train_data", "test_data", "train_split", "test_split", "data_root",
+             "text_field", "label_field", "seq_len", "sequences", "max_tokens", "train_pool", "test_fraction", "first")
+_CHOICES = (("dtype", DTYPES), ("task", TASKS), ("sequences", SEQUENCES), ("train_pool", TRAIN_POOLS))
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _bad(name: str, value: Any, fix: str) -> WidthscopeError:
+    return WidthscopeError(f"{_flag(name)} {value!r} (input spec field {name}): {fix}"
+                           if isinstance(value, str) else f"{_flag(name)} {value} (input spec field {name}): {fix}")
+
+
+def _whole(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    """Everything :func:`widthscope.data.inputs.resolve` needs; see the module docstring."""
+
+    model: str
+    task: str | None = None
+    dtype: str = "auto"
+    tokenizer: str | None = None
+    data: str | None = None
+    train_data: str | None = None
+    test_data: str | None = None
+    train_split: str | None = None
+    test_split: str | None = None
+    data_root: str | None = None
+    text_field: str | None = None
+    label_field: str | None = None
+    seq_len: int | None = None
+    sequences: str | None = None
+    first: bool = False
+    max_tokens: int | None = None
+    train_pool: str | None = None
+    test_fraction: float | None = None
+    n_train: PoolSize = 256
+    n_test: PoolSize = 256
+    seed: int = 0
+    cap_pools: bool = False
+    given: tuple[str, ...] | None = None  # made a sorted tuple when the spec is made
+
+    def __post_init__(self) -> None:
+        for name in _PATHS:
+            v = getattr(self, name)
+            if (v is not None or name == "model") and (not isinstance(v, str) or not v):
+                raise _bad(name, v, "must be a non-empty string (a path or name)" if name != "model" else
+                           "give a checkpoint directory, a .safetensors file with its config, or 'builtin'")
+        for name, choices in _CHOICES:
+            v = getattr(self, name)
+            if v is not None and v not in choices:
+                raise _bad(name, v, f"choose one of {', '.join(choices)}")
+        for name in ("first", "cap_pools"):
+            if not isinstance(getattr(self, name), bool):
+                raise _bad(name, getattr(self, name), "must be True or False")
+        for name in ("n_train", "n_test"):
+            v = getattr(self, name)
+            if v != "all" and (not _whole(v) or v < 4):
+                raise _bad(name, v, "must be a whole number >= 4 (the unbiased estimators need at least 4 "
+                                    "examples) or 'all'")
+        if not _whole(self.seed) or not 0 <= self.seed < 2 ** 32:
+            raise _bad("seed", self.seed, f"must be a whole number in 0..{2 ** 32 - 1}")
+        for name, lo, what in (("seq_len", 2, "tokens (one input and one predicted token)"),
+                               ("max_tokens", 1, "tokens")):
+            v = getattr(self, name)
+            if v is not None and (not _whole(v) or v < lo):
+                raise _bad(name, v, f"must be a whole number >= {lo} ({what})")
+        f = self.test_fraction
+        if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < 1):
+            raise _bad("test_fraction", f, "must be between 0 and 1 (the held-out fraction)")
+        if self.given is None:  # every optional field set
+            object.__setattr__(self, "given", tuple(n for n in OPTIONAL_FIELDS
+                                                    if getattr(self, n) is not None and getattr(self, n) is not False))
+        elif isinstance(self.given, (list, tuple)) and all(isinstance(g, str) for g in self.given):
+            object.__setattr__(self, "given", tuple(sorted(set(self.given))))
+        else:
+            raise _bad("given", self.given, "must be a list of field names")
+        unknown = [g for g in self.given if g not in OPTIONAL_FIELDS]
+        if unknown:
+            raise _bad("given", unknown[0], f"name optional fields of the spec ({', '.join(OPTIONAL_FIELDS[:5])}, ...)")
+
+    # ------------------------------------------------------------------------- given / defaults
+    def is_given(self, name: str) -> bool:
+        """Was ``name`` set explicitly (so a refusal for a model it does not fit is right)?"""
+        return name in self.given
+
+    def filled(self) -> InputSpec:
+        """This spec with :data:`INPUT_DEFAULTS` in the fields left unset (``given`` unchanged)."""
+        return dataclasses.replace(self, **{k: v for k, v in INPUT_DEFAULTS.items() if getattr(self, k) is None})
+
+    # ------------------------------------------------------------------------- JSON
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able (``dataclasses.asdict``; ``given`` as a list)."""
+        d = dataclasses.asdict(self)
+        d["given"] = list(d["given"])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> InputSpec:
+        """The spec recorded by :meth:`to_dict` (e.g. a certify result's ``settings.input_spec``)."""
+        if not isinstance(d, Mapping):
+            raise WidthscopeError(f"an input spec must be a JSON object (a dict), got {type(d).__name__}")
+        fields = {fl.name for fl in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - fields)
+        if unknown:
+            raise WidthscopeError(f"input spec has unknown field {unknown[0]!r}: the fields are "
+                                  f"{', '.join(sorted(fields))}")
+        if "model" not in d:
+            raise WidthscopeError("input spec has no 'model': name the checkpoint")
+        return cls(**dict(d))
+
+
+def check_source(flag: str, value: str) -> None:
+    """A data source is a dataset name or an existing path; a binary file given as text is
+    refused here, before any model loads."""
+    from . import DATASETS
+
+    if value in DATASETS:
+        return
+    if not Path(value).expanduser().exists():
+        raise WidthscopeError(f"{flag} {value!r}: not a dataset name ({', '.join(DATASETS)}) and not an "
+                              "existing file or directory")
+    from .corpus import precheck
+
+    precheck(value, flag)
