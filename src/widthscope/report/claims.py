@@ -187,7 +187,7 @@ def _claim(claim: str, values: Sequence[float | None], region: tuple[float, floa
 
 def _regimes(rows: list[Mapping[str, Any]]) -> list[tuple[str, list[Mapping[str, Any]]]]:
     """(label, rows) per probe regime, exactly the grouping and labels of the alignment section."""
-    from .alignment import _label, groups
+    from ._groups import _label, groups
 
     gs = groups(rows)
     return [(_label(k, list(gs)), sel) for k, sel in gs.items()]

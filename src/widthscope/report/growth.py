@@ -60,7 +60,7 @@ def _cmp(table: Sequence[Mapping[str, Any]], budget: str = "long") -> list[Mappi
 
 
 def _table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    from ..grow_bench import compare
+    from ..grow_compare import compare
 
     return compare(rows)
 
@@ -189,7 +189,7 @@ def tables(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    from ..grow_bench import winner
+    from ..grow_compare import winner
 
     table = _table(rows)
     w = winner(table)
@@ -258,7 +258,7 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path, table: Seque
 def write_report(rows: Sequence[Mapping[str, Any]], table: Sequence[Mapping[str, Any]], out_dir: str | Path
                  ) -> list[Path]:
     """``comparison.md`` and the two PNG figures in ``out_dir``."""
-    from ..grow_bench import winner
+    from ..grow_compare import winner
 
     out_dir = Path(out_dir)
     w = winner(table)
