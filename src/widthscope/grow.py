@@ -30,7 +30,7 @@ Example::
     >>> model = build("mlp", 16, in_dim=64, out_dim=10, depth=2).eval()
     >>> res = grow(model, split, M=16, K=16, steps=5, lr=1e-3, compare=True, progress=False)
     >>> res["chosen"] in model.widthscope_points, [g["role"] for g in res["growth"]]
-    (True, ['best', 'worst'])
+    (True, ['best', 'worst', 'continue'])
 
 Command line::
 
