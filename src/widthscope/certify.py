@@ -393,19 +393,23 @@ def tables(result: dict[str, Any]) -> str:
 # concatenated fixed-length chunks, the first chunks of each source, M = K in {16..128}, R = 1000.
 PROTOCOLS: dict[str, dict[str, Any]] = {
     "published": {"estimator": "plugin", "pool": "sum", "sequences": "concatenate", "first": True,
-                  "M": "16,32,64,128", "K": None, "draws": 1000, "interventions": "none"},
+                  "M": "16,32,64,128", "K": None, "draws": 1000, "interventions": "none", "n_test": "all",
+                  "empty_docs": "skip"},
     "default": {"estimator": "unbiased", "pool": "sum", "sequences": None, "first": False,
-                "M": ",".join(map(str, DEFAULT_M)), "K": None, "draws": 1000, "interventions": "bias"},
+                "M": ",".join(map(str, DEFAULT_M)), "K": None, "draws": 1000, "interventions": "bias",
+                "n_test": 256},
 }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from .data.inputs import add_arguments as add_inputs
 
-    add_inputs(parser, model_default="builtin", n_train=256, n_test=256)
+    add_inputs(parser, model_default="builtin", n_train=256, n_test=None,
+               n_test_help="256; all with --protocol published")
     parser.add_argument("--protocol", choices=tuple(PROTOCOLS), default="default",
                         help="published: what the published scripts do (plug-in estimator, sum pooling, "
-                             "concatenated chunks, --first, M = K in 16,32,64,128, 1000 draws, no interventions); "
+                             "concatenated chunks, empty documents skipped, --first, every held-out chunk "
+                             "(--n-test all), M = K in 16,32,64,128, 1000 draws, no interventions); "
                              "options you give explicitly override it")
     parser.add_argument("--batch-size", type=int, default=32, help="probe batch size (default 32)")
     parser.add_argument("--points", default=None,
@@ -448,8 +452,10 @@ def apply_protocol(args: argparse.Namespace) -> list[str]:
         elif getattr(args, key, None) is None:
             setattr(args, key, value)
     if args.protocol == "published":
-        return ["protocol 'published': plug-in estimators, sum pooling, concatenated chunks (documents joined "
-                "with EOS), the first sequences of each source, M = K in 16,32,64,128, 1000 draws"]
+        return ["protocol 'published': plug-in estimators, sum pooling, concatenated chunks (non-empty documents "
+                "joined with EOS), the first sequences of each source, every held-out chunk unless --n-test is "
+                "given, M = K in 16,32,64,128, 1000 draws; probed in eval mode (the alignment script probes in "
+                "train mode: see docs/certify.md)"]
     return []
 
 
@@ -515,7 +521,12 @@ def _check_combinations(args: argparse.Namespace, pairs: Sequence[tuple[int, int
     if args.pool != "token":
         from .validate import check_pools
 
-        check_pools([m for m, _ in pairs], [k for _, k in pairs], args.n_train, args.n_test)
+        from .data.published import is_all
+
+        Ms, Ks = [m for m, _ in pairs], [k for _, k in pairs]
+        # "all": the pool's size is known once the source is read (certify checks it then)
+        check_pools(Ms, Ks, max(Ms) if is_all(args.n_train) else args.n_train,
+                    max(Ks) if is_all(args.n_test) else args.n_test)
 
 
 def _point_dims(model: nn.Module, names: Sequence[str], inputs: Any, args: argparse.Namespace
@@ -704,6 +715,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     names = resolve_points(model, args.points)
     inputs = resolve(args, model=model, show_progress=main)
+    from .data.published import settle_all
+    from .probe.intervene import _batch_size
+
+    settle_all(args, _batch_size(inputs.train), _batch_size(inputs.test))
     dims, rows = _point_dims(model, names, inputs, args)
     _check_project(args.project, dims)
     parts = _Parts(args, names, inputs.info)

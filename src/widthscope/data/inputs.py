@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from ..errors import WidthscopeError
+from .published import EMPTY_DOCS, empty_note, is_all, pool_size
 
 __all__ = ["Inputs", "add_arguments", "resolve", "load_model", "load_tokenizer", "mask_tokens",
            "check_ids", "WINDOW"]
@@ -104,9 +105,14 @@ def add_arguments(p: argparse.ArgumentParser, *, model_required: bool = False, m
     p.add_argument("--seq-len", type=int, default=None,
                    help="tokens per sequence (default: the checkpoint's recorded one, else 128 for HF models, 64 "
                         "for byte models)")
-    p.add_argument("--sequences", default=None, choices=("concatenate", "per-document"),
+    p.add_argument("--sequences", default=None, choices=("concatenate", "per-document", "truncate"),
                    help="concatenate: documents joined with EOS, cut into --seq-len chunks, tail dropped (default "
-                        "for causal LMs); per-document: one padded sequence per document (default otherwise)")
+                        "for causal LMs); per-document: one padded sequence per document (default otherwise); "
+                        "truncate: each document with at least --seq-len tokens, cut to --seq-len (shorter ones "
+                        "skipped: the alignment script without --concatenate)")
+    p.add_argument("--empty-docs", default=None, choices=EMPTY_DOCS,
+                   help="empty or whitespace-only documents: skip them before tokenizing (default; the published "
+                        "scripts' rule) or eos (kept: each adds its EOS separator to concatenated chunks)")
     p.add_argument("--first", action="store_true",
                    help="take the first sequences of each source (the published scripts) instead of seeded random ones")
     p.add_argument("--max-tokens", type=int, default=None,
@@ -118,10 +124,12 @@ def add_arguments(p: argparse.ArgumentParser, *, model_required: bool = False, m
                    help="held-out fraction when one --data corpus is split (default 0.1)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch CPU threads (default: torch's choice; 1 is best on a busy machine)")
-    p.add_argument("--n-train", type=int, default=n_train,
-                   help=f"train pool size (default {n_train if n_train is not None else n_train_help})")
-    p.add_argument("--n-test", type=int, default=n_test,
-                   help=f"held-out pool size (default {n_test if n_test is not None else n_test_help})")
+    p.add_argument("--n-train", type=pool_size, default=n_train,
+                   help=f"train pool size, or all: every sequence (default "
+                        f"{n_train if n_train is not None else n_train_help})")
+    p.add_argument("--n-test", type=pool_size, default=n_test,
+                   help=f"held-out pool size, or all: every sequence (default "
+                        f"{n_test if n_test is not None else n_test_help})")
 
 
 # ----------------------------------------------------------------------------- model
@@ -258,11 +266,12 @@ def mask_tokens(ids: torch.Tensor, attention: torch.Tensor, tok: Any, *, rate: f
 def _pick(n_total: int, n: int, seed: int, first: bool, what: str, flag: str, where: str,
           cap: bool = False, fixes: str = "give more data") -> torch.Tensor:
     """``n`` of ``n_total`` items (seeded, sorted; or the first ``n``); ``fixes``: what else helps."""
-    if cap:  # a default pool size: take what there is
-        n = min(n, n_total)
+    if cap or is_all(n):  # a default pool size, or all: take what there is
+        n = n_total if is_all(n) else min(n, n_total)
     if n > n_total:
         unit = what[:-1] if n_total == 1 and what.endswith("s") else what
-        raise WidthscopeError(f"{flag} {n} but {where} gave only {n_total} {unit}: lower {flag}, or {fixes}")
+        raise WidthscopeError(f"{flag} {n} but {where} gave only {n_total} {unit}: lower {flag} (or {flag} all), "
+                              f"or {fixes}")
     if first:
         return torch.arange(n)
     return torch.randperm(n_total, generator=torch.Generator().manual_seed(int(seed)))[:n].sort().values
@@ -270,12 +279,12 @@ def _pick(n_total: int, n: int, seed: int, first: bool, what: str, flag: str, wh
 
 def _text_fixes(seqs: Any, mode: str, max_tokens: int | None) -> str:
     """What gives a text pool more sequences: only the fixes that can help this source."""
-    fixes = ["lower --seq-len (more chunks)"] if mode == "concatenate" else []
-    if seqs.exhausted:
+    fixes = {"concatenate": ["lower --seq-len (more chunks)"],
+             "truncate": ["lower --seq-len (more documents are long enough)"]}.get(mode, [])
+    if seqs.exhausted or not max_tokens:
         fixes.append("give more text (the whole source was read)")
     else:
-        fixes.append(f"raise --max-tokens (only the first {max_tokens} tokens were read)" if max_tokens
-                     else "give more text")
+        fixes.append(f"raise --max-tokens (only the first {max_tokens} tokens were read)")
     return " or ".join(fixes)
 
 
@@ -297,6 +306,8 @@ def _count(data: Any) -> int:
 
 def _limit(args: argparse.Namespace, n: int, seq_len: int) -> tuple[int | None, int | None]:
     """(sequence limit, token limit) for reading one source."""
+    if is_all(n):  # every sequence: the whole source
+        return None, None
     if args.first:
         return n, None
     max_tokens = args.max_tokens if args.max_tokens is not None else WINDOW * n * seq_len
@@ -329,11 +340,13 @@ def _read_text(path: str, split: str | None, tok: Any, args: argparse.Namespace,
     skipped: list[str] = []
     docs, source = _text_source(path, split, args, labels, skipped)
     limit, max_tokens = _limit(args, n, seq_len)
+    empty = getattr(args, "empty_docs", None) or "skip"
     seqs = sequences(docs, tok, seq_len=seq_len, mode=mode, limit=limit, max_tokens=max_tokens, labels=labels,
-                     show_progress=show, desc=desc)
+                     show_progress=show, desc=desc, empty=empty)
     info = {"source": source, "documents_read": seqs.documents, "tokens_read": seqs.tokens,
             "sequences": int(seqs.ids.shape[0]), "corpus_exhausted": seqs.exhausted,
-            "max_tokens": max_tokens, "skipped_files": len(skipped)}
+            "max_tokens": max_tokens, "skipped_files": len(skipped), "empty_documents": seqs.empty_docs,
+            "empty_rule": empty}
     if skipped:
         info["skipped"] = skipped[:20]
     if seqs.dropped_short:
@@ -397,7 +410,8 @@ def _text_pools(args: argparse.Namespace, model: nn.Module, task: str, tok: Any,
         if not 0 < frac < 1:
             raise WidthscopeError(f"--test-fraction {frac}: must be between 0 and 1")
         # Enough sequences that both parts can fill their pools.
-        need = max(int((n_tr + 1) / (1 - frac)) + 1, int((n_te + 1) / frac) + 1)
+        need = ("all" if is_all(n_tr) or is_all(n_te) else
+                max(int((n_tr + 1) / (1 - frac)) + 1, int((n_te + 1) / frac) + 1))
         seqs, src = _read_text(tr_path, None, tok, args, seq_len, mode, need, labels, "tokenize", show)
         info["train"] = info["test"] = src
         n = int(seqs.ids.shape[0])
@@ -430,6 +444,11 @@ def _text_pools(args: argparse.Namespace, model: nn.Module, task: str, tok: Any,
                   _cap(args), _text_fixes(te_seqs, mode, info["test"]["max_tokens"]))
     check_ids(tr_seqs.ids[a], model, "train")
     check_ids(te_seqs.ids[b], model, "held-out")
+    for what, src in ({"corpus": info["train"]} if how == "one corpus" else
+                      {"train source": info["train"], "held-out source": info["test"]}).items():
+        line = empty_note(src, what)
+        if line:
+            notes.append(line)
     train, d1 = _seq_examples(tr_seqs, a, task, tok, seed)
     test, d2 = _seq_examples(te_seqs, b, task, tok, seed + 1)
     if d1 or d2:
