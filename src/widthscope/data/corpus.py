@@ -204,8 +204,9 @@ def _rows(path: Path, split: str | None) -> tuple[Iterable[dict[str, Any]], str]
             if f.read(4) != b"PAR1":
                 raise WidthscopeError(f"{path} is named .parquet but is not a Parquet file (no PAR1 magic bytes)")
     try:
-        # CSV: no NA conversion, so a text cell "NA", "null", "None" or "NaN" stays that text (as in .jsonl)
-        na = {"keep_default_na": False, "na_filter": False} if builder == "csv" else {}
+        # CSV: no NA conversion, so a text cell "NA", "null", "None" or "NaN" stays that text (as in .jsonl),
+        # and blank lines stay rows (empty documents, counted and skipped like empty rows of a .parquet)
+        na = {"keep_default_na": False, "na_filter": False, "skip_blank_lines": False} if builder == "csv" else {}
         ds = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True, **na)
     except Exception as exc:
         raise WidthscopeError(f"{path} could not be read as {builder} ({type(exc).__name__}: {str(exc)[:200]})") from None
@@ -387,6 +388,10 @@ def sequences(docs: Iterator[Any], tokenizer: Any, *, seq_len: int, mode: str = 
                 blank_docs += not has_text
                 if sep is not None and (has_text or not skip):
                     buf.append(int(sep))
+                    if len(buf) >= seq_len and (limit is None or len(rows) < limit):
+                        rows.append(buf[:seq_len])  # the separator completed a chunk
+                        del buf[:seq_len]
+                        bar.update(1)
             elif mode == "truncate":
                 text = "".join(pieces)
                 if not text.strip():
