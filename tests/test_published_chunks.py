@@ -193,6 +193,7 @@ def test_d_align_is_the_same_with_and_without_the_empty_rows(wiki, tmp_path, cap
     clean = _certify(wiki, tmp_path, "train_clean", "val_clean", "clean", capsys, extra)
     n_all = len((_ref_concat if mode == "concatenate" else _ref_records)(wiki["tok"], wiki["val_rows"], None))
     assert full["settings"]["inputs"]["n_test"] == n_all  # the preset's default: every held-out chunk
+    assert full["settings"]["draw_scheme"] == "per-pair"
     for a, b in zip(full["points"], clean["points"], strict=True):
         assert a["n_test"] == b["n_test"] == n_all
         for ca, cb in zip(a["certificates"], b["certificates"], strict=True):
@@ -212,3 +213,78 @@ def test_n_test_all_is_refused_where_it_does_not_apply():
     with pytest.raises(WidthscopeError, match="--n-test all applies to certify"):
         check_args(argparse.Namespace(n_test="all"), "grow")
     check_args(argparse.Namespace(n_test="all", n_train="all"), "inputs")  # accepted
+
+
+def test_the_preset_reads_every_held_out_chunk_only_from_a_held_out_source(tmp_path):
+    import argparse
+
+    import datasets
+
+    from widthscope.certify import PROTOCOLS, apply_protocol
+
+    def preset(**given):
+        args = argparse.Namespace(**{k: None for k in PROTOCOLS["published"]}, protocol="published",
+                                  data=None, test_data=None)
+        args.first = False
+        for k, v in given.items():
+            setattr(args, k, v)
+        apply_protocol(args)
+        return args
+
+    assert preset(test_data="validation.parquet").n_test == "all"
+    assert preset(data="corpus.jsonl").n_test == 256  # one corpus to split: never read whole by default
+    dd = tmp_path / "dd"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["a"]}),
+                          "validation": datasets.Dataset.from_dict({"text": ["b"]})}).save_to_disk(str(dd))
+    assert preset(data=str(dd)).n_test == "all"
+    assert preset(test_data="v.parquet", n_test=64).n_test == 64  # given explicitly: it wins
+    assert preset(test_data="v.parquet").empty_docs == "skip"
+
+
+@pytest.mark.parametrize("mode", [None, "truncate"])
+def test_the_preset_pools_equal_the_reference_in_both_modes(wiki, mode):
+    """The pools --protocol published builds (its own defaults: concatenated, first, empty rows
+    skipped, every held-out chunk), and with --sequences truncate the per-record rule."""
+    import argparse
+
+    from widthscope.certify import add_arguments, apply_protocol
+    from widthscope.data.inputs import resolve
+    from widthscope.validate import fill_defaults
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["--model", str(wiki["model"]), "--protocol", "published", "--train-data",
+                         str(wiki["train"]["parquet"]), "--test-data", str(wiki["val"]["parquet"]), "--seq-len", str(L),
+                         "--n-train", "8", *(["--sequences", mode] if mode else [])])
+    fill_defaults(args)
+    apply_protocol(args)
+    inp = resolve(args, show_progress=False)
+    ref = _ref_concat if mode is None else _ref_records
+    assert torch.equal(inp.train, ref(wiki["tok"], wiki["train_rows"], 8))
+    assert torch.equal(inp.test, ref(wiki["tok"], wiki["val_rows"], None))
+
+
+def test_per_pair_draws_replay_the_flip_script():
+    """The flip script's draws, written out here: one generator seeded once; per (M, K) pair in
+    order, R rows of uniform keys over each pool, argsorted, the first M (K) indices; a flip is
+    mean(train rows) . mean(held-out rows) <= 0."""
+    from widthscope.stats import misalignment_from_gram
+
+    g = torch.Generator().manual_seed(3)
+    Xa = torch.randn(40, 6, generator=g, dtype=torch.float64) + 0.15
+    Xb = torch.randn(30, 6, generator=g, dtype=torch.float64) + 0.15
+    pairs, R, seed = [(4, 4), (8, 16), (2, 3)], 300, 42
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    inner = {}
+    for m, k in pairs:
+        ti = torch.rand((R, Xa.shape[0]), generator=gen).argsort(dim=1)[:, :m]
+        vi = torch.rand((R, Xb.shape[0]), generator=gen).argsort(dim=1)[:, :k]
+        inner[(m, k)] = (Xa[ti].mean(dim=1) * Xb[vi].mean(dim=1)).sum(dim=1)
+    got = misalignment_from_gram(Xa @ Xb.T, pairs=pairs, draws=R, seed=seed, scheme="per-pair")
+    for r in got:
+        x = inner[(r.M, r.K)]
+        assert float(x.abs().min()) > 1e-9  # no near-tie whose sign rounding could decide
+        assert r.count == int((x <= 0).sum()) and 0 < r.count < R
+        assert r.mean_alignment == pytest.approx(float(x.mean()), rel=1e-9)
+    shared = misalignment_from_gram(Xa @ Xb.T, pairs=pairs, draws=R, seed=seed)
+    assert [r.count for r in shared] != [r.count for r in got]  # the default draws are other draws

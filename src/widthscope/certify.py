@@ -114,7 +114,8 @@ def _gather(x: torch.Tensor, device: torch.device) -> torch.Tensor:
 def statistics(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], *,
                pairs: Sequence[tuple[int, int]], draws: int = 1000, seed: int = 0,
                estimator: str = "unbiased", pool: str = "sum", project: int | None = None,
-               dims: dict[str, int] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+               dims: dict[str, int] | None = None, draw_scheme: str = "shared"
+               ) -> tuple[list[dict[str, Any]], list[str]]:
     """Moments, certificates and misalignment per point from pooled samples (no model needed).
 
     ``train[point]``, ``test[point]``: ``(n, d)`` sample vectors (projected to ``project``
@@ -145,7 +146,7 @@ def statistics(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], *,
             mom_b = stats.moments(b, estimator)
             cross = stats.cross_moments(a, b, estimator)
         gram = a @ b.T  # the cross-Gram, once: a misalignment draw is the mean of an M×K block
-        mis_all = stats.misalignment_from_gram(gram, pairs=pairs, draws=draws, seed=seed)
+        mis_all = stats.misalignment_from_gram(gram, pairs=pairs, draws=draws, seed=seed, scheme=draw_scheme)
         certs = []
         for (m, k), mis in zip(pairs, mis_all):
             one = stats.certificate(mom_a, M=m, K=k, estimator=estimator, populations="one")
@@ -189,7 +190,7 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
             progress: bool = True, interventions: str | None = "bias",
             etas: Sequence[float] | None = None, project: int | None = None,
             samples_out: dict[str, Any] | None = None,
-            on_point: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+            on_point: Callable[[dict[str, Any]], None] | None = None, draw_scheme: str = "shared") -> dict[str, Any]:
     """Certify every insertion point of ``model``; returns a JSON-able dict.
 
     Args:
@@ -269,7 +270,7 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
     gathered_b = {name: _gather(qb[name], device) for name in names}
     dims = {name: int(projectors[name].d if project else gathered_a[name].shape[1]) for name in names}
     results, more = statistics(gathered_a, gathered_b, pairs=pairs, draws=draws, seed=seed,
-                               estimator=estimator, pool=pool, project=project, dims=dims)
+                               estimator=estimator, pool=pool, project=project, dims=dims, draw_scheme=draw_scheme)
     notes += more
     if samples_out is not None:
         samples_out.update(train=gathered_a, test=gathered_b, dims=dims)
@@ -311,7 +312,8 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
     return {
         "settings": {"M": [m for m, _ in pairs], "K": [k for _, k in pairs], "draws": draws, "seed": seed,
                      "estimator": estimator, "pool": pool, "train_mode": train_mode, "points": names,
-                     "world_size": W, "interventions": interventions, "project": project},
+                     "world_size": W, "interventions": interventions, "project": project,
+                     "draw_scheme": draw_scheme},
         "points": results,
         "ranking": ranking(results),
         "notes": notes,
@@ -394,10 +396,10 @@ def tables(result: dict[str, Any]) -> str:
 PROTOCOLS: dict[str, dict[str, Any]] = {
     "published": {"estimator": "plugin", "pool": "sum", "sequences": "concatenate", "first": True,
                   "M": "16,32,64,128", "K": None, "draws": 1000, "interventions": "none", "n_test": "all",
-                  "empty_docs": "skip"},
+                  "empty_docs": "skip", "draw_scheme": "per-pair"},
     "default": {"estimator": "unbiased", "pool": "sum", "sequences": None, "first": False,
                 "M": ",".join(map(str, DEFAULT_M)), "K": None, "draws": 1000, "interventions": "bias",
-                "n_test": 256},
+                "n_test": 256, "draw_scheme": "shared"},
 }
 
 
@@ -421,6 +423,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--K", default=None, help="held-out sample sizes, comma list (default: K = M)")
     parser.add_argument("--draws", type=int, default=None, help="resamples for empirical misalignment (default 1000)")
     parser.add_argument("--seed", type=int, default=0, help="seed for data subsets and resampling")
+    parser.add_argument("--draw-scheme", choices=("shared", "per-pair"), default=None,
+                        help="misalignment draws: shared (one subset per draw for every (M, K); default) or per-pair "
+                             "(the published flip script's draws: the same --seed gives its subsets)")
     parser.add_argument("--estimator", choices=ESTIMATORS, default=None, help="unbiased (default) or plugin")
     parser.add_argument("--pool", choices=("sum", "mean", "flatten", "token"), default=None,
                         help="pooling of positions into a sample vector (default sum)")
@@ -447,16 +452,26 @@ def apply_protocol(args: argparse.Namespace) -> list[str]:
     """Fill the options the user left unset from ``--protocol``; returns the preset's notes."""
     preset = PROTOCOLS[args.protocol]
     for key, value in preset.items():
+        if key == "n_test" and value == "all" and not _two_sources(args):
+            value = PROTOCOLS["default"]["n_test"]  # one corpus to split: never read all of it by default
         if key == "first":
             args.first = bool(args.first or value)
         elif getattr(args, key, None) is None:
             setattr(args, key, value)
     if args.protocol == "published":
         return ["protocol 'published': plug-in estimators, sum pooling, concatenated chunks (non-empty documents "
-                "joined with EOS), the first sequences of each source, every held-out chunk unless --n-test is "
-                "given, M = K in 16,32,64,128, 1000 draws; probed in eval mode (the alignment script probes in "
+                "joined with EOS), the first sequences of each source, every chunk of a held-out source unless "
+                "--n-test is given, M = K in 16,32,64,128, 1000 draws; probed in eval mode (the alignment script probes in "
                 "train mode: see docs/certify.md)"]
     return []
+
+
+def _two_sources(args: argparse.Namespace) -> bool:
+    """A held-out source of its own (--test-data, or a DatasetDict's validation split)."""
+    if getattr(args, "test_data", None) is not None:
+        return True
+    data = getattr(args, "data", None)
+    return isinstance(data, str) and (Path(data).expanduser() / "dataset_dict.json").is_file()
 
 
 def _num_list(text: str | None, flag: str, cast: Callable[[str], Any]) -> list | None:
@@ -576,7 +591,7 @@ class _Parts:
         keys = ("model", "task", "dtype", "data", "train_data", "test_data", "train_split", "test_split",
                 "text_field", "label_field", "tokenizer", "seq_len", "sequences", "first", "max_tokens",
                 "test_fraction", "train_pool", "n_train", "n_test", "seed", "M", "K", "draws", "estimator",
-                "pool", "interventions", "etas", "project", "batch_size", "train_steps", "protocol")
+                "pool", "interventions", "etas", "project", "batch_size", "train_steps", "protocol", "draw_scheme")
         self.settings = json.loads(json.dumps({k: getattr(args, k, None) for k in keys}
                                               | {"inputs": inputs_info, "points": list(names)}, default=str))
         blob = json.dumps(self.settings, sort_keys=True, default=str)
@@ -648,7 +663,8 @@ def _certify_rest(model: nn.Module, inputs: Any, args: argparse.Namespace, todo:
         points=todo, M=Ms, K=Ks, draws=args.draws, seed=args.seed, estimator=args.estimator, pool=args.pool,
         loss_fn=inputs.loss_fn, progress=main,
         interventions=None if args.interventions == "none" else args.interventions,
-        etas=etas, project=args.project, samples_out=samples, on_point=keep, what="certify")
+        etas=etas, project=args.project, samples_out=samples, on_point=keep, what="certify",
+        draw_scheme=args.draw_scheme)
 
 
 def _merge(res: dict[str, Any] | None, done: dict[str, dict[str, Any]], names: Sequence[str], Ms: Any, Ks: Any,
@@ -667,7 +683,7 @@ def _merge(res: dict[str, Any] | None, done: dict[str, dict[str, Any]], names: S
                             "seed": args.seed, "estimator": args.estimator, "pool": args.pool, "train_mode": "eval",
                             "points": list(names), "world_size": distributed.world_size(),
                             "interventions": None if args.interventions == "none" else args.interventions,
-                            "project": args.project},
+                            "project": args.project, "draw_scheme": args.draw_scheme},
                "notes": [], "timing": {"probe_s": 0.0, "stats_s": 0.0, "intervene_s": 0.0}}
     res["settings"]["points"] = list(names)
     res["points"] = points
