@@ -194,6 +194,8 @@ def test_d_align_is_the_same_with_and_without_the_empty_rows(wiki, tmp_path, cap
     n_all = len((_ref_concat if mode == "concatenate" else _ref_records)(wiki["tok"], wiki["val_rows"], None))
     assert full["settings"]["inputs"]["n_test"] == n_all  # the preset's default: every held-out chunk
     assert full["settings"]["draw_scheme"] == "per-pair"
+    assert any("documents read were empty or whitespace-only: skipped" in n for n in full["notes"])
+    assert not any("were empty" in n for n in clean["notes"])
     for a, b in zip(full["points"], clean["points"], strict=True):
         assert a["n_test"] == b["n_test"] == n_all
         for ca, cb in zip(a["certificates"], b["certificates"], strict=True):
