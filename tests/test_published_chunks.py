@@ -189,7 +189,12 @@ def _certify(wiki, tmp_path, train, val, name, capsys, extra=()):
 @pytest.mark.parametrize("mode", ["concatenate", "truncate"])
 def test_d_align_is_the_same_with_and_without_the_empty_rows(wiki, tmp_path, capsys, mode):
     extra = ["--sequences", mode]
-    full = _certify(wiki, tmp_path, "train", "val", "full", capsys, extra)
+    full = _certify(wiki, tmp_path, "train", "val", "full", capsys, extra + ["--save-samples", str(tmp_path / "s.st")])
+    # `widthscope stats` on the saved samples redraws with the recorded scheme: the same flip counts
+    assert main(["stats", str(tmp_path / "s.st"), "--out", str(tmp_path / "re.json")]) == 0
+    again = json.loads((tmp_path / "re.json").read_text())
+    assert [c["misalignment"]["count"] for p in again["points"] for c in p["certificates"]] == \
+        [c["misalignment"]["count"] for p in full["points"] for c in p["certificates"]]
     clean = _certify(wiki, tmp_path, "train_clean", "val_clean", "clean", capsys, extra)
     n_all = len((_ref_concat if mode == "concatenate" else _ref_records)(wiki["tok"], wiki["val_rows"], None))
     assert full["settings"]["inputs"]["n_test"] == n_all  # the preset's default: every held-out chunk
