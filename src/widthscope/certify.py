@@ -461,8 +461,8 @@ def apply_protocol(args: argparse.Namespace) -> list[str]:
     if args.protocol == "published":
         return ["protocol 'published': plug-in estimators, sum pooling, concatenated chunks (non-empty documents "
                 "joined with EOS), the first sequences of each source, every chunk of a held-out source unless "
-                "--n-test is given, M = K in 16,32,64,128, 1000 draws; probed in eval mode (the alignment script probes in "
-                "train mode: see docs/certify.md)"]
+                "--n-test is given, M = K in 16,32,64,128, 1000 draws drawn as the flip script draws them; probed "
+                "in eval mode (the alignment script probes in train mode: see docs/certify.md)"]
     return []
 
 
