@@ -459,8 +459,9 @@ def apply_protocol(args: argparse.Namespace) -> list[str]:
         elif getattr(args, key, None) is None:
             setattr(args, key, value)
     if args.protocol == "published":
-        return ["protocol 'published': plug-in estimators, sum pooling, concatenated chunks (non-empty documents "
-                "joined with EOS), the first sequences of each source, every chunk of a held-out source unless "
+        seqs = ("concatenated chunks (non-empty documents joined with EOS)" if args.sequences == "concatenate" else
+                f"--sequences {args.sequences}")
+        return [f"protocol 'published': plug-in estimators, sum pooling, {seqs}, the first sequences of each source, every chunk of a held-out source unless "
                 "--n-test is given, M = K in 16,32,64,128, 1000 draws drawn as the flip script draws them; probed "
                 "in eval mode (the alignment script probes in train mode: see docs/certify.md)"]
     return []
