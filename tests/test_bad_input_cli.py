@@ -46,7 +46,8 @@ def kinds(tmp_path_factory):
 VALUES = {"task": ["causal-lm"], "tokenizer": ["bytes"], "data": ["digits"], "train_data": ["{root}/a.txt"],
           "test_data": ["{root}/a.txt"], "train_split": ["train"], "test_split": ["validation"],
           "data_root": ["{root}"], "text_field": ["text"], "label_field": ["label"], "seq_len": ["16"],
-          "sequences": ["per-document"], "max_tokens": ["100"], "train_pool": ["fresh"], "test_fraction": ["0.2"],
+          "sequences": ["per-document"], "empty_docs": ["eos"], "max_tokens": ["100"], "train_pool": ["fresh"],
+          "test_fraction": ["0.2"],
           "first": [], "train_steps": ["5"]}
 Case = namedtuple("Case", "command dest kind")
 TABLE = [Case(c, d, k) for c, table in APPLIES.items() for d, fits in table.items() for k in KINDS if k not in fits]

@@ -178,10 +178,12 @@ def _args(argv):
 
 
 def _reference_chunks(tok, docs, seq_len, n):
-    """The published construction, written independently: documents tokenized without special
-    tokens, each followed by EOS, concatenated, cut into seq_len chunks, tail dropped; first n."""
+    """The published construction, written independently: non-empty documents tokenized without
+    special tokens, each followed by EOS, concatenated, cut into seq_len chunks, tail dropped; first n."""
     stream = []
     for d in docs:
+        if not d.strip():
+            continue  # the scripts skip empty and whitespace-only records
         stream += tok(d, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     chunks = [stream[i:i + seq_len] for i in range(0, len(stream) - seq_len + 1, seq_len)]
     return torch.tensor(chunks[:n])

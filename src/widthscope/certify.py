@@ -82,7 +82,7 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
             progress: bool = True, interventions: str | None = "bias",
             etas: Sequence[float] | None = None, project: int | None = None,
             samples_out: dict[str, Any] | None = None,
-            on_point: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+            on_point: Callable[[dict[str, Any]], None] | None = None, draw_scheme: str = "shared") -> dict[str, Any]:
     """Certify every insertion point of ``model``; returns a JSON-able dict.
 
     Args:
@@ -162,7 +162,7 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
     gathered_b = {name: _gather(qb[name], device) for name in names}
     dims = {name: int(projectors[name].d if project else gathered_a[name].shape[1]) for name in names}
     results, more = statistics(gathered_a, gathered_b, pairs=pairs, draws=draws, seed=seed,
-                               estimator=estimator, pool=pool, project=project, dims=dims)
+                               estimator=estimator, pool=pool, project=project, dims=dims, draw_scheme=draw_scheme)
     notes += more
     if samples_out is not None:
         samples_out.update(train=gathered_a, test=gathered_b, dims=dims)
@@ -204,7 +204,8 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
     return {
         "settings": {"M": [m for m, _ in pairs], "K": [k for _, k in pairs], "draws": draws, "seed": seed,
                      "estimator": estimator, "pool": pool, "train_mode": train_mode, "points": names,
-                     "world_size": W, "interventions": interventions, "project": project},
+                     "world_size": W, "interventions": interventions, "project": project,
+                     "draw_scheme": draw_scheme},
         "points": results,
         "ranking": ranking(results),
         "notes": notes,
@@ -238,19 +239,23 @@ def data_description(info: dict[str, Any], data: str | None = None) -> str:
 # concatenated fixed-length chunks, the first chunks of each source, M = K in {16..128}, R = 1000.
 PROTOCOLS: dict[str, dict[str, Any]] = {
     "published": {"estimator": "plugin", "pool": "sum", "sequences": "concatenate", "first": True,
-                  "M": "16,32,64,128", "K": None, "draws": 1000, "interventions": "none"},
+                  "M": "16,32,64,128", "K": None, "draws": 1000, "interventions": "none", "n_test": "all",
+                  "empty_docs": "skip", "draw_scheme": "per-pair"},
     "default": {"estimator": "unbiased", "pool": "sum", "sequences": None, "first": False,
-                "M": ",".join(map(str, DEFAULT_M)), "K": None, "draws": 1000, "interventions": "bias"},
+                "M": ",".join(map(str, DEFAULT_M)), "K": None, "draws": 1000, "interventions": "bias",
+                "n_test": 256, "draw_scheme": "shared"},
 }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from .cli_inputs import add_arguments as add_inputs
 
-    add_inputs(parser, model_default="builtin", n_train=256, n_test=256)
+    add_inputs(parser, model_default="builtin", n_train=256, n_test=None,
+               n_test_help="256; all with --protocol published")
     parser.add_argument("--protocol", choices=tuple(PROTOCOLS), default="default",
                         help="published: what the published scripts do (plug-in estimator, sum pooling, "
-                             "concatenated chunks, --first, M = K in 16,32,64,128, 1000 draws, no interventions); "
+                             "concatenated chunks, empty documents skipped, --first, every held-out chunk "
+                             "(--n-test all), M = K in 16,32,64,128, 1000 draws, no interventions); "
                              "options you give explicitly override it")
     parser.add_argument("--batch-size", type=int, default=32, help="probe batch size (default 32)")
     parser.add_argument("--points", default=None,
@@ -262,6 +267,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--K", default=None, help="held-out sample sizes, comma list (default: K = M)")
     parser.add_argument("--draws", type=int, default=None, help="resamples for empirical misalignment (default 1000)")
     parser.add_argument("--seed", type=int, default=0, help="seed for data subsets and resampling")
+    parser.add_argument("--draw-scheme", choices=("shared", "per-pair"), default=None,
+                        help="misalignment draws: shared (one subset per draw for every (M, K); default) or per-pair "
+                             "(the published flip script's draws: the same --seed gives its subsets)")
     parser.add_argument("--estimator", choices=ESTIMATORS, default=None, help="unbiased (default) or plugin")
     parser.add_argument("--pool", choices=("sum", "mean", "flatten", "token"), default=None,
                         help="pooling of positions into a sample vector (default sum)")
@@ -288,14 +296,27 @@ def apply_protocol(args: argparse.Namespace) -> list[str]:
     """Fill the options the user left unset from ``--protocol``; returns the preset's notes."""
     preset = PROTOCOLS[args.protocol]
     for key, value in preset.items():
+        if key == "n_test" and value == "all" and not _two_sources(args):
+            value = PROTOCOLS["default"]["n_test"]  # one corpus to split: never read all of it by default
         if key == "first":
             args.first = bool(args.first or value)
         elif getattr(args, key, None) is None:
             setattr(args, key, value)
     if args.protocol == "published":
-        return ["protocol 'published': plug-in estimators, sum pooling, concatenated chunks (documents joined "
-                "with EOS), the first sequences of each source, M = K in 16,32,64,128, 1000 draws"]
+        seqs = ("concatenated chunks (non-empty documents joined with EOS)" if args.sequences == "concatenate" else
+                f"--sequences {args.sequences}")
+        return [f"protocol 'published': plug-in estimators, sum pooling, {seqs}, the first sequences of each source, every chunk of a held-out source unless "
+                "--n-test is given, M = K in 16,32,64,128, 1000 draws drawn as the flip script draws them; probed "
+                "in eval mode (the alignment script probes in train mode: see docs/certify.md)"]
     return []
+
+
+def _two_sources(args: argparse.Namespace) -> bool:
+    """A held-out source of its own (--test-data, or a DatasetDict's validation split)."""
+    if getattr(args, "test_data", None) is not None:
+        return True
+    data = getattr(args, "data", None)
+    return isinstance(data, str) and (Path(data).expanduser() / "dataset_dict.json").is_file()
 
 
 def _builtin_structure(args: argparse.Namespace) -> tuple[nn.Module, Any]:
@@ -335,7 +356,12 @@ def _check_combinations(args: argparse.Namespace, pairs: Sequence[tuple[int, int
     if args.pool != "token":
         from .validate import check_pools
 
-        check_pools([m for m, _ in pairs], [k for _, k in pairs], args.n_train, args.n_test)
+        from .data.published import is_all
+
+        Ms, Ks = [m for m, _ in pairs], [k for _, k in pairs]
+        # "all": the pool's size is known once the source is read (certify checks it then)
+        check_pools(Ms, Ks, max(Ms) if is_all(args.n_train) else args.n_train,
+                    max(Ks) if is_all(args.n_test) else args.n_test)
 
 
 def _point_dims(model: nn.Module, names: Sequence[str], inputs: Any, args: argparse.Namespace
@@ -385,7 +411,7 @@ class _Parts:
         keys = ("model", "task", "dtype", "data", "train_data", "test_data", "train_split", "test_split",
                 "text_field", "label_field", "tokenizer", "seq_len", "sequences", "first", "max_tokens",
                 "test_fraction", "train_pool", "n_train", "n_test", "seed", "M", "K", "draws", "estimator",
-                "pool", "interventions", "etas", "project", "batch_size", "train_steps", "protocol")
+                "pool", "interventions", "etas", "project", "batch_size", "train_steps", "protocol", "draw_scheme")
         self.settings = json.loads(json.dumps({k: getattr(args, k, None) for k in keys}
                                               | {"inputs": inputs_info, "points": list(names)}, default=str))
         blob = json.dumps(self.settings, sort_keys=True, default=str)
@@ -457,7 +483,8 @@ def _certify_rest(model: nn.Module, inputs: Any, args: argparse.Namespace, todo:
         points=todo, M=Ms, K=Ks, draws=args.draws, seed=args.seed, estimator=args.estimator, pool=args.pool,
         loss_fn=inputs.loss_fn, progress=main,
         interventions=None if args.interventions == "none" else args.interventions,
-        etas=etas, project=args.project, samples_out=samples, on_point=keep, what="certify")
+        etas=etas, project=args.project, samples_out=samples, on_point=keep, what="certify",
+        draw_scheme=args.draw_scheme)
 
 
 def _merge(res: dict[str, Any] | None, done: dict[str, dict[str, Any]], names: Sequence[str], Ms: Any, Ks: Any,
@@ -476,7 +503,7 @@ def _merge(res: dict[str, Any] | None, done: dict[str, dict[str, Any]], names: S
                             "seed": args.seed, "estimator": args.estimator, "pool": args.pool, "train_mode": "eval",
                             "points": list(names), "world_size": distributed.world_size(),
                             "interventions": None if args.interventions == "none" else args.interventions,
-                            "project": args.project},
+                            "project": args.project, "draw_scheme": args.draw_scheme},
                "notes": [], "timing": {"probe_s": 0.0, "stats_s": 0.0, "intervene_s": 0.0}}
     res["settings"]["points"] = list(names)
     res["points"] = points
@@ -526,6 +553,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     names = resolve_points(model, args.points)
     inputs = resolve(spec, model=model, show_progress=main)
+    from .cli_inputs import settle_all
+    from .probe.intervene import _batch_size
+
+    settle_all(args, _batch_size(inputs.train), _batch_size(inputs.test))
     dims, rows = _point_dims(model, names, inputs, args)
     _check_project(args.project, dims)
     parts = _Parts(args, names, inputs.info)

@@ -30,7 +30,8 @@ def _check_pool(n: int, need: int, what: str, flag: str, pool: str) -> None:
 def statistics(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], *,
                pairs: Sequence[tuple[int, int]], draws: int = 1000, seed: int = 0,
                estimator: str = "unbiased", pool: str = "sum", project: int | None = None,
-               dims: dict[str, int] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+               dims: dict[str, int] | None = None, draw_scheme: str = "shared"
+               ) -> tuple[list[dict[str, Any]], list[str]]:
     """Moments, certificates and misalignment per point from pooled samples (no model needed).
 
     ``train[point]``, ``test[point]``: ``(n, d)`` sample vectors (projected to ``project``
@@ -61,7 +62,7 @@ def statistics(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], *,
             mom_b = stats.moments(b, estimator)
             cross = stats.cross_moments(a, b, estimator)
         gram = a @ b.T  # the cross-Gram, once: a misalignment draw is the mean of an M×K block
-        mis_all = stats.misalignment_from_gram(gram, pairs=pairs, draws=draws, seed=seed)
+        mis_all = stats.misalignment_from_gram(gram, pairs=pairs, draws=draws, seed=seed, scheme=draw_scheme)
         certs = []
         for (m, k), mis in zip(pairs, mis_all):
             one = stats.certificate(mom_a, M=m, K=k, estimator=estimator, populations="one")

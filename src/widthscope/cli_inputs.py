@@ -13,7 +13,8 @@ import dataclasses
 from typing import Any
 
 from .data.inputs import WINDOW
-from .data.spec import INPUT_DEFAULTS, OPTIONAL_FIELDS, InputSpec
+from .data.published import ALL, is_all
+from .data.spec import EMPTY_DOCS, INPUT_DEFAULTS, OPTIONAL_FIELDS, SEQUENCES, InputSpec
 
 __all__ = ["add_arguments", "spec_from_args", "GROW_POOLS"]
 
@@ -57,9 +58,14 @@ def add_arguments(p: argparse.ArgumentParser, *, model_required: bool = False, m
     p.add_argument("--seq-len", type=int, default=None,
                    help="tokens per sequence (default: the checkpoint's recorded one, else 128 for HF models, 64 "
                         "for byte models)")
-    p.add_argument("--sequences", default=None, choices=("concatenate", "per-document"),
+    p.add_argument("--sequences", default=None, choices=SEQUENCES,
                    help="concatenate: documents joined with EOS, cut into --seq-len chunks, tail dropped (default "
-                        "for causal LMs); per-document: one padded sequence per document (default otherwise)")
+                        "for causal LMs); per-document: one padded sequence per document (default otherwise); "
+                        "truncate: each document with at least --seq-len tokens, cut to --seq-len (shorter ones "
+                        "skipped: the alignment script without --concatenate)")
+    p.add_argument("--empty-docs", default=None, choices=EMPTY_DOCS,
+                   help="empty or whitespace-only documents: skip them before tokenizing (default; the published "
+                        "scripts' rule) or eos (kept: each adds its EOS separator to concatenated chunks)")
     p.add_argument("--first", action="store_true",
                    help="take the first sequences of each source (the published scripts) instead of seeded random ones")
     p.add_argument("--max-tokens", type=int, default=None,
@@ -71,10 +77,12 @@ def add_arguments(p: argparse.ArgumentParser, *, model_required: bool = False, m
                    help="held-out fraction when one --data corpus is split (default 0.1)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch CPU threads (default: torch's choice; 1 is best on a busy machine)")
-    p.add_argument("--n-train", type=int, default=n_train,
-                   help=f"train pool size (default {n_train if n_train is not None else n_train_help})")
-    p.add_argument("--n-test", type=int, default=n_test,
-                   help=f"held-out pool size (default {n_test if n_test is not None else n_test_help})")
+    p.add_argument("--n-train", type=pool_size, default=n_train,
+                   help=f"train pool size, or all: every sequence (default "
+                        f"{n_train if n_train is not None else n_train_help})")
+    p.add_argument("--n-test", type=pool_size, default=n_test,
+                   help=f"held-out pool size, or all: every sequence (default "
+                        f"{n_test if n_test is not None else n_test_help})")
 
 
 def spec_from_args(args: argparse.Namespace, command: str) -> InputSpec:
@@ -103,3 +111,22 @@ def spec_from_args(args: argparse.Namespace, command: str) -> InputSpec:
         if k not in values["given"]:
             values[k] = None
     return InputSpec(**values)
+
+
+def pool_size(text: str) -> int | str:
+    """``argparse`` type of ``--n-train`` / ``--n-test``: an integer or ``"all"``."""
+    if str(text).strip().lower() == ALL:
+        return ALL
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number or 'all' (every sequence there is)") from None
+
+
+def settle_all(args: argparse.Namespace, n_train: int, n_test: int) -> None:
+    """After the pools are built, ``all`` becomes the number of sequences taken (so the sizes a
+    run records, checks and fingerprints are numbers)."""
+    if is_all(args.n_train):
+        args.n_train = int(n_train)
+    if is_all(args.n_test):
+        args.n_test = int(n_test)

@@ -182,6 +182,7 @@ def recompute(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], met
     settings.setdefault("seed", 0)
     settings.setdefault("estimator", "unbiased")
     settings.setdefault("pool", "sum")
+    settings.setdefault("draw_scheme", "shared")
     if settings["estimator"] not in ("unbiased", "plugin"):
         raise WidthscopeError(f"--estimator {settings['estimator']!r}: choose unbiased or plugin")
     Ks = settings.get("K")
@@ -192,7 +193,7 @@ def recompute(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], met
         raise WidthscopeError("projected samples support the unbiased estimator only")
     results, _ = statistics(train, test, pairs=pairs, draws=int(settings["draws"]), seed=int(settings["seed"]),
                             estimator=settings["estimator"], pool=settings["pool"], project=project,
-                            dims=meta.get("dims"))
+                            dims=meta.get("dims"), draw_scheme=settings["draw_scheme"])
     recorded = meta.get("interventions") or {}
     for r in results:
         if r["point"] in recorded:

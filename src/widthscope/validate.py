@@ -73,7 +73,7 @@ _INPUTS: dict[str, frozenset[str]] = {
     "task": _HF, "tokenizer": _TEXT, "data": _CKPT, "train_data": _CKPT - {"widthscope-classifier"},
     "test_data": _CKPT - {"widthscope-classifier"}, "train_split": _TEXT, "test_split": _TEXT,
     "data_root": _WS, "text_field": _TEXT, "label_field": frozenset({"hf-sequence-classification"}),
-    "seq_len": _TEXT, "sequences": _TEXT, "max_tokens": _TEXT, "train_pool": _WS,
+    "seq_len": _TEXT, "sequences": _TEXT, "max_tokens": _TEXT, "train_pool": _WS, "empty_docs": _TEXT,
     "test_fraction": _TEXT | {"hf-image-classification"}, "first": _CKPT,
 }
 APPLIES: dict[str, dict[str, frozenset[str]]] = {
@@ -201,6 +201,10 @@ def check_args(args: argparse.Namespace, command: str) -> None:
         raise WidthscopeError(f"--seed {seed}: must be a whole number in 0..{2 ** 32 - 1}")
     for name, lo, what in _COUNTS:
         v = getattr(args, name, None)
+        if name in ("n_train", "n_test") and v == "all":  # every sequence of the source (data.published)
+            if command not in ("certify", "inputs"):
+                raise WidthscopeError(f"{_flag(name)} all applies to certify; give {command} a number")
+            continue
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
             raise WidthscopeError(f"{_flag(name)} {v}: must be a whole number >= {lo} ({what})")
     for name in _POSITIVE:

@@ -10,7 +10,8 @@ path                                documents
 directory of files                  one per file that is text *by content*, sorted by path;
                                     binary files are skipped and counted
 ``.jsonl`` / ``.json``              one per record, field ``text_field`` (default ``text``)
-``.csv`` / ``.parquet``             one per row, column ``text_field`` (default ``text``)
+``.csv`` / ``.parquet``             one per row, column ``text_field`` (default ``text``); CSV
+                                    cells are read verbatim (``NA``, ``null`` stay text)
 ``datasets.save_to_disk`` directory one per row of the dataset (a ``DatasetDict``: its
                                     ``split``, default ``train``)
 ==================================  ===========================================================
@@ -24,8 +25,12 @@ when given as text, with the format it looks like.
 joins them with the tokenizer's EOS (or SEP) token, cuts the stream into chunks of ``seq_len``
 tokens and drops the tail (the published protocol); ``per-document`` makes one sequence per
 document (special tokens added, truncated to ``seq_len``, right-padded, with an attention mask:
-padded positions carry no loss). Reading stops when ``limit`` sequences exist, so only what
-the pools need is tokenized.
+padded positions carry no loss); ``truncate`` keeps each document whose tokens (special tokens
+added) number at least ``seq_len``, cut to ``seq_len`` (the alignment script's default without
+``--concatenate``: the first B records with at least L tokens). Empty and whitespace-only
+documents are skipped before tokenizing (``empty="skip"``, the published rule) or kept
+(``empty="eos"``: in concatenated chunks each adds its separator). Reading stops when ``limit``
+sequences exist, so only what the pools need is tokenized.
 
 Example::
 
@@ -51,7 +56,7 @@ from ..errors import WidthscopeError
 __all__ = ["ByteTokenizer", "documents", "sequences", "Sequences", "sniff", "is_dataset_dir",
            "TABULAR", "MODES"]
 
-MODES = ("concatenate", "per-document")
+MODES = ("concatenate", "per-document", "truncate")
 TABULAR = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 _PIECE = 1 << 16  # characters of a text file tokenized at once (reading stops between pieces)
 _MAGIC: list[tuple[bytes, str, str]] = [  # (prefix, format, fix)
@@ -199,7 +204,10 @@ def _rows(path: Path, split: str | None) -> tuple[Iterable[dict[str, Any]], str]
             if f.read(4) != b"PAR1":
                 raise WidthscopeError(f"{path} is named .parquet but is not a Parquet file (no PAR1 magic bytes)")
     try:
-        ds = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True)
+        # CSV: no NA conversion, so a text cell "NA", "null", "None" or "NaN" stays that text (as in .jsonl),
+        # and blank lines stay rows (empty documents, counted and skipped like empty rows of a .parquet)
+        na = {"keep_default_na": False, "na_filter": False, "skip_blank_lines": False} if builder == "csv" else {}
+        ds = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True, **na)
     except Exception as exc:
         raise WidthscopeError(f"{path} could not be read as {builder} ({type(exc).__name__}: {str(exc)[:200]})") from None
 
@@ -311,6 +319,7 @@ class Sequences:
     separator: int | None
     dropped_short: int = 0
     unknown: int = 0
+    empty_docs: int = 0  # empty or whitespace-only documents read (skipped or kept: see ``empty``)
 
 
 def _encode(tok: Any) -> Callable[[str], list[int]]:
@@ -321,13 +330,16 @@ def _encode(tok: Any) -> Callable[[str], list[int]]:
 
 def sequences(docs: Iterator[Any], tokenizer: Any, *, seq_len: int, mode: str = "concatenate",
               limit: int | None = None, max_tokens: int | None = None, labels: bool = False,
-              show_progress: bool = False, desc: str = "tokenize") -> Sequences:
+              show_progress: bool = False, desc: str = "tokenize", empty: str = "skip") -> Sequences:
     """Cut documents into sequences of ``seq_len`` tokens (see the module docstring).
 
     Stops at ``limit`` sequences or after ``max_tokens`` tokens were read (``None``: no limit).
+    ``empty``: ``"skip"`` empty / whitespace-only documents, or ``"eos"`` keep them.
     """
     if mode not in MODES:
-        raise WidthscopeError(f"--sequences {mode!r}: choose {' or '.join(MODES)}")
+        raise WidthscopeError(f"--sequences {mode!r}: choose {', '.join(MODES)}")
+    if empty not in ("skip", "eos"):
+        raise WidthscopeError(f"--empty-docs {empty!r}: choose skip or eos")
     if labels and mode != "per-document":
         raise WidthscopeError("labelled data (sequence classification) needs --sequences per-document")
     from .._io import progress
@@ -348,14 +360,15 @@ def sequences(docs: Iterator[Any], tokenizer: Any, *, seq_len: int, mode: str = 
     unk_id = getattr(tokenizer, "unk_token_id", None)
     if unk_id is not None and unk_id in (sep, getattr(tokenizer, "eos_token_id", None)):
         unk_id = None  # byte-level BPEs name EOS as "unknown"; they have no unknown token
-    n_unk = empty = nonblank = 0
+    skip = empty == "skip"
+    n_unk = empty = nonblank = blank_docs = 0  # empty from here: non-blank documents that gave no tokens
     try:
         for doc in docs:
             pieces, y = (doc if labels else (doc, None))
             n_docs += 1
             if mode == "concatenate":
                 got, has_text = 0, False
-                for piece in pieces:
+                for piece in _nonblank_first(pieces) if skip else pieces:
                     ids = encode(piece)
                     n_tokens += len(ids)
                     got += len(ids)
@@ -372,10 +385,41 @@ def sequences(docs: Iterator[Any], tokenizer: Any, *, seq_len: int, mode: str = 
                         break  # a long document: stop inside it
                 nonblank += has_text
                 empty += has_text and got == 0
-                if sep is not None:
+                blank_docs += not has_text
+                if sep is not None and (has_text or not skip):
                     buf.append(int(sep))
+                    if len(buf) >= seq_len and (limit is None or len(rows) < limit):
+                        rows.append(buf[:seq_len])  # the separator completed a chunk
+                        del buf[:seq_len]
+                        bar.update(1)
+            elif mode == "truncate":
+                text = "".join(pieces)
+                if not text.strip():
+                    blank_docs += 1
+                    continue  # (kept, it would be shorter than seq_len anyway)
+                if isinstance(tokenizer, ByteTokenizer):
+                    ids = tokenizer.encode_plain(text)
+                else:
+                    ids = tokenizer(text, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
+                n_tokens += len(ids)
+                nonblank += 1
+                if not isinstance(tokenizer, ByteTokenizer):
+                    empty += 1 if not encode(text[:2000]) else 0
+                if len(ids) < seq_len:
+                    short += 1  # fewer than seq_len tokens: not taken (the published rule)
+                    if unk_id is not None:
+                        n_unk += ids.count(unk_id)
+                    continue
+                if unk_id is not None:
+                    n_unk += ids.count(unk_id)
+                rows.append(ids[:seq_len])
+                bar.update(1)
             else:
                 text = "".join(pieces)
+                if not text.strip():
+                    blank_docs += 1
+                    if skip:
+                        continue
                 if isinstance(tokenizer, ByteTokenizer):
                     ids = tokenizer.encode_plain(text)[:seq_len]
                 else:
@@ -411,7 +455,7 @@ def sequences(docs: Iterator[Any], tokenizer: Any, *, seq_len: int, mode: str = 
         raise WidthscopeError(f"the tokenizer ({name}) maps {n_unk} of {n_tokens} tokens ({n_unk / n_tokens:.0%}) "
                               "to its unknown token: it does not cover this text (wrong tokenizer or language?)")
     ids_t = torch.tensor(rows, dtype=torch.int64) if rows else torch.zeros(0, seq_len, dtype=torch.int64)
-    mask_t = None if mode == "concatenate" else (torch.tensor(masks, dtype=torch.int64) if masks
+    mask_t = None if mode != "per-document" else (torch.tensor(masks, dtype=torch.int64) if masks
                                                  else torch.zeros(0, seq_len, dtype=torch.int64))
     lab_t = None
     if labels:
@@ -421,4 +465,19 @@ def sequences(docs: Iterator[Any], tokenizer: Any, *, seq_len: int, mode: str = 
                                   "0..num_labels-1 first")
         lab_t = torch.tensor(ys, dtype=torch.int64)
     return Sequences(ids_t, mask_t, lab_t, n_docs, n_tokens, exhausted, None if mode != "concatenate" else sep,
-                     short, n_unk)
+                     short, n_unk, blank_docs)
+
+
+def _nonblank_first(pieces: Iterable[str]) -> Iterator[str]:
+    """The pieces of a document, holding back leading whitespace-only pieces until text follows
+    (a document that is whitespace throughout yields nothing: it is skipped whole)."""
+    seen, pending = False, []
+    for piece in pieces:
+        if not seen and not piece.strip():
+            pending.append(piece)
+            continue
+        if not seen:
+            yield from pending
+            pending.clear()
+            seen = True
+        yield piece

@@ -40,6 +40,7 @@ from torch import nn
 
 from ..errors import WidthscopeError
 from .spec import InputSpec
+from .published import empty_note
 
 __all__ = ["Inputs", "InputSpec", "resolve", "load_inputs", "load_model", "load_tokenizer", "mask_tokens",
            "check_ids", "WINDOW"]
@@ -212,7 +213,8 @@ def _pick(n_total: int, n: int | str, seed: int, first: bool, what: str, flag: s
         n = min(n, n_total)
     if n > n_total:
         unit = what[:-1] if n_total == 1 and what.endswith("s") else what
-        raise WidthscopeError(f"{flag} {n} but {where} gave only {n_total} {unit}: lower {flag}, or {fixes}")
+        raise WidthscopeError(f"{flag} {n} but {where} gave only {n_total} {unit}: lower {flag} (or {flag} all), "
+                              f"or {fixes}")
     if first:
         return torch.arange(n)
     return torch.randperm(n_total, generator=torch.Generator().manual_seed(int(seed)))[:n].sort().values
@@ -220,12 +222,12 @@ def _pick(n_total: int, n: int | str, seed: int, first: bool, what: str, flag: s
 
 def _text_fixes(seqs: Any, mode: str, max_tokens: int | None) -> str:
     """What gives a text pool more sequences: only the fixes that can help this source."""
-    fixes = ["lower --seq-len (more chunks)"] if mode == "concatenate" else []
-    if seqs.exhausted:
+    fixes = {"concatenate": ["lower --seq-len (more chunks)"],
+             "truncate": ["lower --seq-len (more documents are long enough)"]}.get(mode, [])
+    if seqs.exhausted or not max_tokens:
         fixes.append("give more text (the whole source was read)")
     else:
-        fixes.append(f"raise --max-tokens (only the first {max_tokens} tokens were read)" if max_tokens
-                     else "give more text")
+        fixes.append(f"raise --max-tokens (only the first {max_tokens} tokens were read)")
     return " or ".join(fixes)
 
 
@@ -277,11 +279,13 @@ def _read_text(path: str, split: str | None, tok: Any, spec: InputSpec, seq_len:
     skipped: list[str] = []
     docs, source = _text_source(path, split, spec, labels, skipped)
     limit, max_tokens = _limit(spec, n, seq_len)
+    empty = spec.empty_docs or "skip"
     seqs = sequences(docs, tok, seq_len=seq_len, mode=mode, limit=limit, max_tokens=max_tokens, labels=labels,
-                     show_progress=show, desc=desc)
+                     show_progress=show, desc=desc, empty=empty)
     info = {"source": source, "documents_read": seqs.documents, "tokens_read": seqs.tokens,
             "sequences": int(seqs.ids.shape[0]), "corpus_exhausted": seqs.exhausted,
-            "max_tokens": max_tokens, "skipped_files": len(skipped)}
+            "max_tokens": max_tokens, "skipped_files": len(skipped), "empty_documents": seqs.empty_docs,
+            "empty_rule": empty}
     if skipped:
         info["skipped"] = skipped[:20]
     if seqs.dropped_short:
@@ -379,6 +383,11 @@ def _text_pools(spec: InputSpec, model: nn.Module, task: str, tok: Any, seq_len:
                   spec.cap_pools, _text_fixes(te_seqs, mode, info["test"]["max_tokens"]))
     check_ids(tr_seqs.ids[a], model, "train")
     check_ids(te_seqs.ids[b], model, "held-out")
+    for what, src in ({"corpus": info["train"]} if how == "one corpus" else
+                      {"train source": info["train"], "held-out source": info["test"]}).items():
+        line = empty_note(src, what)
+        if line:
+            notes.append(line)
     train, d1 = _seq_examples(tr_seqs, a, task, tok, seed)
     test, d2 = _seq_examples(te_seqs, b, task, tok, seed + 1)
     if d1 or d2:

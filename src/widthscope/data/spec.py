@@ -47,17 +47,20 @@ __all__ = ["InputSpec", "PoolSize", "INPUT_DEFAULTS", "DTYPES", "TASKS", "SEQUEN
 PoolSize = Union[int, str]  # a whole number >= 4, or "all"
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 TASKS = ("causal-lm", "masked-lm", "sequence-classification", "image-classification")
-SEQUENCES = ("concatenate", "per-document")
+SEQUENCES = ("concatenate", "per-document", "truncate")
+EMPTY_DOCS = ("skip", "eos")  # empty/whitespace-only documents: skipped (the published scripts) or an EOS each
 TRAIN_POOLS = ("fitted", "fresh")
 # Values of the options that are None when not given (so "was it given" is knowable).
 INPUT_DEFAULTS: dict[str, Any] = {"text_field": "text", "label_field": "label", "train_pool": "fitted",
-                                  "test_fraction": 0.1}
+                                  "test_fraction": 0.1, "empty_docs": "skip"}
 _PATHS = ("model", "tokenizer", "data", "train_data", "test_data", "train_split", "test_split", "data_root",
           "text_field", "label_field")
 # The optional input fields: None (False) = not given (``given`` derived from them).
 OPTIONAL_FIELDS = ("task", "tokenizer", "data", "train_data", "test_data", "train_split", "test_split", "data_root",
-             "text_field", "label_field", "seq_len", "sequences", "max_tokens", "train_pool", "test_fraction", "first")
-_CHOICES = (("dtype", DTYPES), ("task", TASKS), ("sequences", SEQUENCES), ("train_pool", TRAIN_POOLS))
+             "text_field", "label_field", "seq_len", "sequences", "max_tokens", "train_pool", "test_fraction", "first",
+             "empty_docs")
+_CHOICES = (("dtype", DTYPES), ("task", TASKS), ("sequences", SEQUENCES), ("train_pool", TRAIN_POOLS),
+            ("empty_docs", EMPTY_DOCS))
 
 
 def _flag(name: str) -> str:
@@ -91,6 +94,7 @@ class InputSpec:
     label_field: str | None = None
     seq_len: int | None = None
     sequences: str | None = None
+    empty_docs: str | None = None  # "skip" (default) or "eos"
     first: bool = False
     max_tokens: int | None = None
     train_pool: str | None = None

@@ -25,6 +25,11 @@ the call, as long as the block sums themselves are taken the same way (same ``M_
 and route: row sums, leading sub-blocks or the many-pairs prefix sum); otherwise it agrees to
 rounding.
 
+``scheme="per-pair"`` replays the published flip script's draws instead: one CPU generator
+seeded with ``seed``; for each pair in order, ``R`` rows of float32 uniform keys over the train
+pool, ``argsort``-ed, first ``M``; then the same over the held-out pool, first ``K`` (the same
+``--seed`` gives the same subsets, so flip counts agree draw for draw up to near-ties).
+
 The count ``k`` of misaligned draws gets the 95% Wilson score interval::
 
     centre = (p̂ + z²/2R)/(1 + z²/R),   half = z/(1 + z²/R) · sqrt(p̂(1−p̂)/R + z²/4R²)
@@ -53,7 +58,9 @@ import torch
 from ..errors import WidthscopeError
 from .estimators import as_matrix
 
-__all__ = ["Misalignment", "misalignment", "misalignment_from_gram", "wilson_interval"]
+__all__ = ["Misalignment", "misalignment", "misalignment_from_gram", "wilson_interval", "DRAW_SCHEMES"]
+
+DRAW_SCHEMES = ("shared", "per-pair")
 
 # Elements gathered at once (float64): bounds the memory of a chunk of draws to ~32 MiB.
 _CHUNK_ELEMS = 1 << 22
@@ -197,15 +204,37 @@ def _add_exact_sums(sums: torch.Tensor, parts: list[list[float]], slab: int = 1 
         parts[i].extend(math.fsum(memoryview(col[s:s + slab])) for s in range(0, col.shape[0], slab))
 
 
+def _per_pair_sums(C: torch.Tensor, plist: list[tuple[int, int]], draws: int, seed: int) -> list[torch.Tensor]:
+    """Block sums ``Σ_{I×J} C`` of the published script's draws (module docstring), one per pair."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    na, nb = C.shape
+    out = []
+    for m, k in plist:
+        I = torch.rand((draws, na), generator=gen).argsort(dim=1)[:, :m]  # float32 keys, as the script
+        J = torch.rand((draws, nb), generator=gen).argsort(dim=1)[:, :k]
+        step = max(1, _CHUNK_ELEMS // (m * k))
+        sums = [C[I[s:s + step, :, None].to(C.device), J[s:s + step, None, :].to(C.device)].sum((1, 2))
+                for s in range(0, draws, step)]
+        out.append(torch.cat(sums).to("cpu", torch.float64))
+    return out
+
+
+def _misalignment_of(sums: torch.Tensor, m: int, k: int, draws: int, z: float, seed: int) -> Misalignment:
+    c = int((sums <= 0).sum())
+    lo, hi = wilson_interval(c, draws, z)
+    return Misalignment(c / draws, lo, hi, draws, c, m, k, math.fsum(sums.tolist()) / (draws * m * k), seed)
+
+
 def misalignment_from_gram(C_ab: Any, *, M: int | None = None, K: int | None = None,
                            draws: int = 1000, seed: int = 0,
                            pairs: Sequence[tuple[int, int]] | None = None,
-                           z: float = 1.96) -> Misalignment | list[Misalignment]:
+                           z: float = 1.96, scheme: str = "shared") -> Misalignment | list[Misalignment]:
     """Misalignment probability from a precomputed cross-Gram ``C_ab[i, j] = x_i·y_j``.
 
     Give ``M`` and ``K`` (returns one :class:`Misalignment`) or ``pairs=[(M, K), ...]``
     (returns a list, sharing the random subsets). Seeded with a private ``torch.Generator``:
-    the same ``seed`` gives the same draws and results.
+    the same ``seed`` gives the same draws and results. ``scheme="per-pair"``: fresh subsets per
+    pair, drawn as the published flip script draws them (module docstring).
 
     Example::
 
@@ -229,6 +258,12 @@ def misalignment_from_gram(C_ab: Any, *, M: int | None = None, K: int | None = N
     if k_max > nb:
         raise WidthscopeError(f"K={k_max} is larger than the held-out pool of {nb} sample vectors; "
                               f"use K ≤ {nb} or collect more held-out examples")
+    if scheme not in DRAW_SCHEMES:
+        raise WidthscopeError(f"draw scheme {scheme!r}: choose {' or '.join(DRAW_SCHEMES)}")
+    if scheme == "per-pair":
+        out = [_misalignment_of(sums, m, k, draws, z, int(seed))
+               for (m, k), sums in zip(plist, _per_pair_sums(C, plist, draws, int(seed)))]
+        return out if many else out[0]
     gen = torch.Generator(device="cpu")
     gen.manual_seed(int(seed))
     I = _draw_indices(na, m_max, draws, gen).to(C.device)
@@ -260,7 +295,7 @@ def misalignment_from_gram(C_ab: Any, *, M: int | None = None, K: int | None = N
 
 def misalignment(train: Any, test: Any, *, M: int | None = None, K: int | None = None,
                  draws: int = 1000, seed: int = 0, pairs: Sequence[tuple[int, int]] | None = None,
-                 z: float = 1.96) -> Misalignment | list[Misalignment]:
+                 z: float = 1.96, scheme: str = "shared") -> Misalignment | list[Misalignment]:
     """Misalignment probability from train ``(n_a, d)`` and held-out ``(n_b, d)`` sample vectors.
 
     Forms the cross-Gram once in float64, then calls :func:`misalignment_from_gram`.
@@ -278,4 +313,4 @@ def misalignment(train: Any, test: Any, *, M: int | None = None, K: int | None =
         raise WidthscopeError(f"train has dimension d={A.shape[1]} but test has d={B.shape[1]}; both "
                               "must come from the same insertion point/pooling")
     return misalignment_from_gram(A @ B.to(A.device).T, M=M, K=K, draws=draws, seed=seed,
-                                  pairs=pairs, z=z)
+                                  pairs=pairs, z=z, scheme=scheme)
