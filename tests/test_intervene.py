@@ -432,7 +432,7 @@ class _Branchy(nn.Module):
 @pytest.mark.parametrize("net,point,reason", [
     (_SharedBeforeAndAfter, "act", "more than once"),
     (_Stateful, "act", "differ from the full forward"),
-    # 3 steps: the check stacks 3 x 3 = 9 rows, the run captures 12 and stacks 36
+    # 3 steps: the check stacks 3 examples x 2 steps = 6 rows, the run captures 12 and stacks 36
     (lambda: _Branchy(10), "act", "did not run before 'act' in this batch"),
     (lambda: _Branchy(20), "act", "did not call the replaced forward")])
 def test_cached_prefix_falls_back_with_the_reason(net, point, reason):

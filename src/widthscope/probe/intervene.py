@@ -398,12 +398,12 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
         prefix: how the bias probe evaluates the ``E`` steps. ``"auto"`` (default): the network
             before ``point`` runs once per chunk of held-out examples and only the modules after
             it run ``E`` times (:mod:`widthscope.probe.prefix`), after a check on the first 3
-            examples that this gives the full forward's losses at every ``η``; if the check or the
-            model's structure rules it out, the full path runs and the rows say why. Cost: one
-            prefix + ``E`` suffixes instead of ``E`` full forwards, plus the check (about 3·E full
-            forwards and two short prefix passes); memory: the kept outputs of the modules before
-            the point, for one chunk. ``"full"``: the whole network ``E`` times (no check, no
-            kept outputs; for models where the check is not trusted).
+            examples that this gives the full forward's losses at the smallest and largest ``η``;
+            if the check or the model's structure rules it out, the full path runs and the rows
+            say why. Cost: one prefix + ``E`` suffixes per chunk instead of ``E`` full forwards,
+            plus the check (6 full forwards, 5 short prefixes); memory: the outputs of the modules
+            before the point, kept for one chunk. ``"full"``: the whole network ``E`` times (no
+            check, nothing kept; for a model whose modules keep state the check cannot see).
 
     Returns:
         One row per η: ``kind="intervention"``, ``probe`` (bias|block), ``point``, ``eta``,

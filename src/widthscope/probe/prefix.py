@@ -20,7 +20,8 @@ after ``point`` (detected: a second call falls back), one that changes its input
 leaves state for later modules, an output whose first dimension only looks like the batch —
 is what :func:`plan` and the check are for: a module is kept only if its output follows the
 batch size on 2 and 3 examples, and ``auto`` compares both paths on the first 3 examples at
-every step before trusting ``cached`` (falling back to ``full``, with the reason, otherwise).
+the smallest and the largest step before trusting ``cached`` (falling back to ``full``, with
+the reason, otherwise).
 """
 from __future__ import annotations
 
@@ -303,7 +304,8 @@ def stacked_totals(model: nn.Module, point: str, steps: torch.Tensor, data: Any,
     and how: ``"cached"`` or ``"full: <reason>"``. ``per`` examples are stacked per pass.
 
     ``auto`` plans on the first 2 and 3 examples, then requires the cached path's per-row losses
-    on the first 3 to equal the full path's within :func:`check_tolerance`; any failure of the
+    on the first 3 at the smallest and the largest step to equal the full path's within
+    :func:`check_tolerance`; any failure of the
     cached path (its check, a replaced module misbehaving, a model error under replacement)
     reruns everything on the full path, whose own errors are the model's and propagate."""
     from ..errors import WidthscopeError
@@ -315,12 +317,13 @@ def stacked_totals(model: nn.Module, point: str, steps: torch.Tensor, data: Any,
     if _batch_size(data) < 3:
         return _full_totals(model, point, steps, data, loss_fn, per, to_dev), "full: fewer than 3 examples"
     three = take(data, 3)
-    old = _full_rows(model, point, steps, three, loss_fn, to_dev)  # also the model's own errors, first
+    ends = steps[[0, -1]] if steps.shape[0] > 1 else steps  # smallest and largest step
+    old = _full_rows(model, point, ends, three, loss_fn, to_dev)  # also the model's own errors, first
     try:
         p = plan(model, point, to_dev(take(data, 2)), to_dev(three), loss_fn)
         if not p.cached and not p.point_cached:
             raise Unsupported("no module before the point can be kept")
-        new = _cached_losses(model, point, p, steps, three, loss_fn, to_dev, 0)
+        new = _cached_losses(model, point, p, ends, three, loss_fn, to_dev, 0)
         tol = check_tolerance(float_dtype(model))
         if not torch.allclose(new, old, rtol=tol, atol=tol):
             raise Unsupported(f"the cached path's losses differ from the full forward's by "
