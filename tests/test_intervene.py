@@ -457,3 +457,19 @@ def test_prefix_option_checked_before_work():
         intervene(net, "1", train, test, prefix="skip", progress=False)
     rows = intervene(net, "1", train, (test[0][0][:2], test[0][1][:2]), etas=[1e-3], progress=False)
     assert rows[0]["prefix"] == "full: fewer than 3 examples"
+
+
+def test_interventions_benchmark_page_renders_its_committed_rows():
+    """docs/benchmarks.md's interventions table and note are the benchmark's markdown() of the
+    rows kept in docs/benchmarks.json (the numbers are not typed by hand)."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_interventions", root / "benchmarks" / "bench_interventions.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = json.loads((root / "docs" / "benchmarks.json").read_text())["results"]["interventions"]
+    assert rows and all(r["path"] == "cached" and r["max_diff"] <= 1e-5 for r in rows)
+    assert mod.markdown(rows) in (root / "docs" / "benchmarks.md").read_text()
