@@ -353,7 +353,7 @@ def _prefix_cases(dtype):
     xs, ys = torch.randn(20, 2, 5, 5, dtype=dtype), torch.randint(0, 3, (20,))
     d = {"input_ids": ids, "attention_mask": mask}
     return [("mlp", mlp, ["blocks.0", "blocks.2"], (x[:12], y[:12]), (x[12:], y[12:])),
-            ("resnet20", res, ["layer1.0", "layer2.1", "layer3.2"], (xi[:10], yi[:10]), (xi[10:], yi[10:])),
+            ("resnet20", res, ["layer2.0", "layer3.2"], (xi[:10], yi[:10]), (xi[10:], yi[10:])),
             ("llama", lm, ["model.layers.0", "model.layers.2"], ids[:12], ids[12:]),
             ("llama-mask", lm, ["model.layers.1"], {k: v[:12] for k, v in d.items()}, {k: v[12:] for k, v in d.items()}),
             ("neox", neox, ["gpt_neox.layers.1"], ids2[:10], ids2[10:]),
