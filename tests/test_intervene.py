@@ -370,7 +370,7 @@ def test_cached_prefix_equals_full_forward(dtype, rtol):
     for name, model, points, tr, te in _prefix_cases(dtype):
         state = {k: v.clone() for k, v in model.state_dict().items()}
         for point in points:
-            kw = dict(progress=False, batch_size=20)
+            kw = dict(progress=False, batch_size=20, n_etas=5)
             full = intervene(model, point, to_batches(tr, 5), to_batches(te, 4), prefix="full", **kw)
             auto = intervene(model, point, to_batches(tr, 5), to_batches(te, 4), **kw)
             assert [r["prefix"] for r in auto] == ["cached"] * len(auto), (name, point, auto[0]["prefix"])
