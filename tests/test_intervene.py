@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from widthscope.errors import WidthscopeError
 from widthscope.probe.intervene import (apply_insertions, block_certificate, block_features,
@@ -322,3 +323,153 @@ def test_stacked_bias_steps_equal_inserted_biases_and_reuse_equals_recompute():
         for a, b in zip(plain, reused):
             for k in ("predicted", "actual", "alignment", "loss_before", "act_rms"):
                 assert a[k] == pytest.approx(b[k], rel=1e-9, abs=1e-13), k
+
+
+# ----------------------------------------------------------------------------- cached prefix (issue 22)
+def _prefix_cases(dtype):
+    """(name, model, point list, train, test) on the families the cached path must handle:
+    our MLP, ResNet-20 (eval BatchNorm), HF LLaMA (ids and a right-padded dict batch with an
+    attention mask), HF GPT-NeoX, and a Sequential whose in-place ReLU overwrites the BatchNorm
+    output it follows."""
+    from widthscope.models import build
+
+    torch.manual_seed(0)
+    mlp = build("mlp", 16, in_dim=6, out_dim=3, depth=3, activation="tanh").to(dtype).eval()
+    x, y = torch.randn(24, 6, dtype=dtype), torch.randint(0, 3, (24,))
+    res = build("resnet20", 1, num_classes=10).to(dtype).eval()
+    xi, yi = torch.randn(20, 3, 12, 12, dtype=dtype), torch.randint(0, 10, (20,))
+    lm = build("llama", 32, depth=3, max_seq_len=16).to(dtype).eval()
+    ids = torch.randint(0, 256, (24, 12))
+    mask = torch.ones_like(ids)
+    mask[::3, 9:] = 0  # right padding on every third sequence
+    neox = build("pythia", 32, depth=2, vocab_size=64, max_seq_len=16, heads=4).to(dtype).eval()
+    ids2 = torch.randint(0, 64, (20, 10))
+    seq = nn.Sequential(nn.Conv2d(2, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU(inplace=True),
+                        nn.Conv2d(6, 6, 3, padding=1), nn.ReLU(inplace=True), nn.Flatten(),
+                        nn.Linear(6 * 25, 3)).to(dtype).eval()
+    with torch.no_grad():
+        seq[1].running_mean.normal_()
+        seq[1].running_var.uniform_(0.5, 2)
+    xs, ys = torch.randn(20, 2, 5, 5, dtype=dtype), torch.randint(0, 3, (20,))
+    d = {"input_ids": ids, "attention_mask": mask}
+    return [("mlp", mlp, ["blocks.0", "blocks.2"], (x[:12], y[:12]), (x[12:], y[12:])),
+            ("resnet20", res, ["layer2.0", "layer3.2"], (xi[:10], yi[:10]), (xi[10:], yi[10:])),
+            ("llama", lm, ["model.layers.0", "model.layers.2"], ids[:12], ids[12:]),
+            ("llama-mask", lm, ["model.layers.1"], {k: v[:12] for k, v in d.items()}, {k: v[12:] for k, v in d.items()}),
+            ("neox", neox, ["gpt_neox.layers.1"], ids2[:10], ids2[10:]),
+            ("seq-inplace", seq, ["1", "3"], (xs[:10], ys[:10]), (xs[10:], ys[10:]))]
+
+
+@pytest.mark.parametrize("dtype,rtol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+def test_cached_prefix_equals_full_forward(dtype, rtol):
+    """prefix='auto' (network before the point run once, only the rest per η) gives the held-out
+    loss after every step of the full path (whole network per η) to float rounding, stated
+    relative to the loss: |ΔL_auto − ΔL_full| ≤ rtol·|L|; predicted ΔL is the same number."""
+    from widthscope.probe.intervene import to_batches
+
+    for name, model, points, tr, te in _prefix_cases(dtype):
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        for point in points:
+            kw = dict(progress=False, batch_size=20, n_etas=5)
+            full = intervene(model, point, to_batches(tr, 5), to_batches(te, 4), prefix="full", **kw)
+            auto = intervene(model, point, to_batches(tr, 5), to_batches(te, 4), **kw)
+            assert [r["prefix"] for r in auto] == ["cached"] * len(auto), (name, point, auto[0]["prefix"])
+            assert full[0]["prefix"] == "full: requested"
+            for a, b in zip(full, auto):
+                assert a["eta"] == b["eta"] and a["predicted"] == b["predicted"]
+                assert abs(a["actual"] - b["actual"]) <= rtol * abs(a["loss_before"]), (name, point, a, b)
+            # the steps are not negligible: the largest changes the loss far beyond the tolerance
+            assert abs(full[-1]["actual"]) > 10 * rtol * abs(full[-1]["loss_before"]), (name, point)
+        # nothing left behind: parameters, and no replaced forward on any module
+        assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+        assert not any("forward" in m.__dict__ for m in model.modules()), name
+
+
+class _SharedBeforeAndAfter(nn.Module):
+    """``lin`` runs before and again after the point: its kept output would be wrong the second time."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.act, self.out = nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.out(self.lin(self.act(self.lin(x))))
+
+
+class _Counting(nn.Linear):
+    """Leaves the batch size it saw on itself, for a later module to read (state, not output)."""
+
+    def forward(self, x):
+        self.seen = x.shape[0]
+        return super().forward(x)
+
+
+class _Stateful(nn.Module):
+    """The head reads ``a.seen`` after the point: a kept ``a`` (not rerun on the stacked batch)
+    leaves the capture's batch size behind, so the cached losses differ."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.act, self.out = _Counting(4, 4), nn.Tanh(), nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.out(self.act(self.a(x))) * (1 + 1e-2 * self.a.seen)
+
+
+class _Branchy(nn.Module):
+    """Calls ``a`` only for batches of at most ``small`` rows (the same map otherwise)."""
+
+    def __init__(self, small):
+        super().__init__()
+        self.small = small
+        self.a, self.act, self.out = nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = self.a(x) if x.shape[0] <= self.small else F.linear(x, self.a.weight, self.a.bias)
+        return self.out(self.act(h))
+
+
+@pytest.mark.parametrize("net,point,reason", [
+    (_SharedBeforeAndAfter, "act", "more than once"),
+    (_Stateful, "act", "differ from the full forward"),
+    # 3 steps: the check stacks 3 examples x 2 steps = 6 rows, the run captures 12 and stacks 36
+    (lambda: _Branchy(10), "act", "did not run before 'act' in this batch"),
+    (lambda: _Branchy(20), "act", "did not call the replaced forward")])
+def test_cached_prefix_falls_back_with_the_reason(net, point, reason):
+    """Where keeping the modules before the point would be wrong (or is not what happened), 'auto'
+    runs the full path (same numbers as prefix='full') and the rows say why — also when it is
+    found only after the check, in a later chunk."""
+    torch.manual_seed(0)
+    m = net().double().eval()
+    x, y = torch.randn(24, 4, dtype=torch.float64), torch.randint(0, 3, (24,))
+    etas = [1e-3, 1e-1, 1.0]
+    full = intervene(m, point, [(x[:12], y[:12])], [(x[12:], y[12:])], etas=etas, prefix="full", progress=False)
+    auto = intervene(m, point, [(x[:12], y[:12])], [(x[12:], y[12:])], etas=etas, progress=False)
+    assert auto[0]["prefix"].startswith("full: ") and reason in auto[0]["prefix"], auto[0]["prefix"]
+    for a, b in zip(full, auto):
+        assert a["actual"] == pytest.approx(b["actual"], rel=1e-12, abs=1e-15)
+    assert not any("forward" in mod.__dict__ for mod in m.modules())
+
+
+def test_prefix_option_checked_before_work():
+    net, train, test = _tanh_net()
+    with pytest.raises(WidthscopeError, match="prefix must be 'auto' or 'full'"):
+        intervene(net, "1", train, test, prefix="skip", progress=False)
+    rows = intervene(net, "1", train, (test[0][0][:2], test[0][1][:2]), etas=[1e-3], progress=False)
+    assert rows[0]["prefix"] == "full: fewer than 3 examples"
+
+
+def test_interventions_benchmark_page_renders_its_committed_rows():
+    """docs/benchmarks.md's interventions table and note are the benchmark's markdown() of the
+    rows kept in docs/benchmarks.json (the numbers are not typed by hand)."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_interventions", root / "benchmarks" / "bench_interventions.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = json.loads((root / "docs" / "benchmarks.json").read_text())["results"]["interventions"]
+    assert rows and all(r["path"] == "cached" and r["max_diff"] <= 1e-5 for r in rows)
+    assert mod.markdown(rows) in (root / "docs" / "benchmarks.md").read_text()

@@ -378,7 +378,7 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
               loss_fn: Callable | None = None, M: int | None = None, K: int | None = None,
               n_etas: int = 9, block_width: int | None = None, seed: int = 0,
               batch_size: int = 64, progress: bool = True,
-              reuse: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+              reuse: Mapping[str, Any] | None = None, prefix: str = "auto") -> list[dict[str, Any]]:
     r"""Measure the held-out loss change of one first-order step at ``point`` against its prediction.
 
     Args:
@@ -395,15 +395,27 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
             ``μ_M``, ``g_K``), ``test_losses`` (per-example held-out losses), ``act_sq`` (per
             train example Σz² and count at the point) and ``width`` (its channel width). The bias probe then runs only the
             forward passes at each ``η``, all ``η`` of a batch in one stacked pass.
+        prefix: how the bias probe evaluates the ``E`` steps. ``"auto"`` (default): the network
+            before ``point`` runs once per chunk of held-out examples and only the modules after
+            it run ``E`` times (:mod:`widthscope.probe.prefix`), after a check on the first 3
+            examples that this gives the full forward's losses at the smallest and largest ``η``;
+            if the check or the model's structure rules it out, the full path runs and the rows
+            say why. Cost: one prefix + ``E`` suffixes per chunk instead of ``E`` full forwards,
+            plus the check (6 full forwards, 5 short prefixes); memory: the outputs of the modules
+            before the point, kept for one chunk. ``"full"``: the whole network ``E`` times (no
+            check, nothing kept; for a model whose modules keep state the check cannot see).
 
     Returns:
         One row per η: ``kind="intervention"``, ``probe`` (bias|block), ``point``, ``eta``,
         ``predicted`` (``−η μ_Mᵀ g_K`` or ``−η⟨G_M, G_K⟩``), ``actual`` (``L_K(step) − L_K``),
         ``retention`` (actual/predicted), ``sign_agrees``, ``M``, ``K``, ``mu_norm``
-        (``‖μ_M‖`` or ``‖G_M‖_F``), ``alignment`` (``μ_Mᵀ g_K``), ``loss_before``, ``act_rms``.
+        (``‖μ_M‖`` or ``‖G_M‖_F``), ``alignment`` (``μ_Mᵀ g_K``), ``loss_before``, ``act_rms``;
+        bias rows also ``prefix`` (``"cached"``, or ``"full: <reason>"``).
     """
     if kind not in ("bias", "block"):
         raise WidthscopeError(f"kind must be 'bias' or 'block', got {kind!r}")
+    if prefix not in ("auto", "full"):
+        raise WidthscopeError(f"prefix must be 'auto' or 'full', got {prefix!r}")
     if etas is not None:
         etas = _check_etas(etas)
     if isinstance(_resolve(model, point), Inserted):
@@ -438,7 +450,7 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
         step_norm = float(mu.norm()) / math.sqrt(mu.numel())
         etas = etas or default_etas(step_norm, act_rms, n_etas)
         return _bias_rows_stacked(model, point, mu, etas, align, test, loss_fn, batch_size, M, K,
-                                  loss_before, act_rms, step_norm)
+                                  loss_before, act_rms, step_norm, prefix)
     insert(model, point, "block", width=width, hidden=block_width, seed=seed, record=False)
     try:
         block = _block_of(model, point)
@@ -460,39 +472,29 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
 
 def _bias_rows_stacked(model: nn.Module, point: str, mu: torch.Tensor, etas: Sequence[float], align: float,
                        test: Any, loss_fn: Callable | None, batch_size: int, M: int, K: int,
-                       loss_before: float, act_rms: float, step_norm: float) -> list[dict[str, Any]]:
-    """Held-out loss after the bias step ``−η μ_M`` for every ``η`` at once: each batch runs as
-    ``E`` stacked copies, copy ``e`` getting ``−η_e μ_M`` added at ``point`` by a forward hook
-    (the same function as an inserted zero bias set to that value, without E model calls)."""
-    from .collect import _run_batch, _split_output, _to, float_dtype
+                       loss_before: float, act_rms: float, step_norm: float,
+                       prefix: str = "auto") -> list[dict[str, Any]]:
+    """Held-out loss after the bias step ``−η μ_M`` for every ``η`` at once: each chunk runs as
+    ``E`` stacked copies, copy ``e`` getting ``−η_e μ_M`` added at ``point`` (the same function as
+    an inserted zero bias set to that value, without E model calls). ``prefix="auto"`` runs the
+    network before ``point`` once per chunk and only the rest ``E`` times
+    (:mod:`widthscope.probe.prefix`), ``"full"`` the whole network ``E`` times."""
+    from .collect import _to, float_dtype
+    from .prefix import stacked_totals
 
-    dev = _device(model)
+    dev, dt = _device(model), float_dtype(model)
     E = len(etas)
     steps = torch.stack([-float(e) * mu for e in etas])  # (E, N), float64
     per = max(1, batch_size // E)  # examples per stacked call, so a call holds about batch_size rows
-    totals = torch.zeros(E, dtype=torch.float64)
-
-    def hook(_m: nn.Module, _i: Any, out: Any) -> Any:
-        z, put = _split_output(out, point)
-        c = channel_dim(z)
-        B = z.shape[0] // E
-        shape = [E, 1] + [1] * (z.ndim - 1)
-        shape[c + 1] = z.shape[c]
-        v = steps.to(z.device, z.dtype).view(shape)
-        return put((z.view(E, B, *z.shape[1:]) + v).view(z.shape))
-
-    h = model.get_submodule(point).register_forward_hook(hook)
-    try:
-        with _EvalMode(model), torch.no_grad():
-            for bi, b in enumerate(to_batches(test, per)):
-                stacked = _cat([b] * E)
-                losses, _, n = _run_batch(model, _to(stacked, dev, float_dtype(model)), loss_fn, bi)
-                totals += losses.detach().to("cpu", torch.float64).view(E, -1).sum(1)
-    finally:
-        h.remove()
+    with _EvalMode(model), torch.no_grad():
+        totals, how = stacked_totals(model, point, steps, test, loss_fn, per, lambda b: _to(b, dev, dt),
+                                     mode=prefix)
     after = totals / K
-    return [_row("bias", point, float(eta), -float(eta) * align, float(after[i]) - loss_before, M, K,
+    rows = [_row("bias", point, float(eta), -float(eta) * align, float(after[i]) - loss_before, M, K,
                  float(mu.norm()), align, loss_before, act_rms, step_norm) for i, eta in enumerate(etas)]
+    for r in rows:
+        r["prefix"] = how
+    return rows
 
 
 def _step_rows(probe: str, model: nn.Module, point: str, param: torch.Tensor, direction: torch.Tensor,

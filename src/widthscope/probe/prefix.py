@@ -1,0 +1,357 @@
+r"""Held-out losses after ``E`` bias steps at a point, running the network before it once.
+
+The bias intervention changes the output ``z`` of ``point`` to ``z + v_e`` (step ``e``) and
+nothing that runs before ``point``, so that part is the same for all ``E`` steps.
+:func:`stacked_totals` computes ``Σ_i ℓ_i(z + v_e)`` for every ``e`` in one of two ways:
+
+* ``full``: each chunk of examples runs stacked ``E`` times through the whole network, a forward
+  hook adding ``v_e`` to copy ``e`` at ``point`` (the old path; cost ``E ×`` a full forward);
+* ``cached``: a *capture* forward of the chunk stops when ``point`` has finished and keeps the
+  outputs of the outermost modules that finished before ``point`` started (and ``point``'s own);
+  the stacked pass then replaces those modules' ``forward`` by "return the kept output repeated
+  ``E`` times along the batch" (``point``: "… plus ``v_e`` in copy ``e``"), so only the modules
+  after ``point`` and the glue code between modules compute (cost: one prefix + ``E`` suffixes).
+
+Why ``cached`` is exact: examples are independent (eval mode, as the probe requires), so a module
+that finished before ``point`` started cannot depend on ``point``'s output; its output in the
+stacked pass is its captured output repeated — to float rounding, as ``B`` and ``E·B`` rows may
+be summed in different orders. What that argument does not cover — a kept module called again
+after ``point`` (detected: a second call falls back), one that changes its input in place or
+leaves state for later modules, an output whose first dimension only looks like the batch —
+is what :func:`plan` and the check are for: a module is kept only if its output follows the
+batch size on 2 and 3 examples, and ``auto`` compares both paths on the first 3 examples at
+the smallest and the largest step before trusting ``cached`` (falling back to ``full``, with
+the reason, otherwise).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.nn as nn
+
+from .insert import channel_dim
+
+PREFIX_MODES = ("auto", "full")
+
+
+class _Stop(Exception):
+    """The capture forward reached the end of the point (skips the rest of the network)."""
+
+
+class Unsupported(Exception):
+    """The cached path cannot be used for this model and point; the message says why."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Which modules the stacked pass takes from the capture (``cached``), outermost first in
+    module order, and whether ``point``'s own forward is skipped too (``point_cached``)."""
+
+    cached: tuple[str, ...]
+    point_cached: bool
+
+
+# ----------------------------------------------------------------------------- module outputs
+def _signature(out: Any) -> tuple | None:
+    """Shapes of a tensor / tuple-of-tensors output (None entries kept), or None if unsupported."""
+    if isinstance(out, torch.Tensor):
+        return (tuple(out.shape),) if out.ndim >= 1 else None
+    if isinstance(out, (tuple, list)) and out:
+        parts = []
+        for o in out:
+            if o is None:
+                parts.append(None)
+            elif isinstance(o, torch.Tensor) and o.ndim >= 1:
+                parts.append(tuple(o.shape))
+            else:
+                return None
+        return tuple(parts) if any(p is not None for p in parts) else None
+    return None
+
+
+def _batch_major(s2: tuple | None, s3: tuple | None) -> bool:
+    """Output signatures on 2 and 3 examples: every tensor's first dim is the batch, the rest fixed."""
+    if s2 is None or s3 is None or len(s2) != len(s3):
+        return False
+    for a, b in zip(s2, s3):
+        if (a is None) != (b is None):
+            return False
+        if a is not None and not (a[0] == 2 and b[0] == 3 and a[1:] == b[1:]):
+            return False
+    return True
+
+
+def _map(out: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    if isinstance(out, torch.Tensor):
+        return fn(out)
+    parts = [None if o is None else fn(o) for o in out]
+    return tuple(parts) if isinstance(out, tuple) else parts
+
+
+def _repeat(out: Any, E: int) -> Any:
+    return _map(out, lambda t: t.repeat(E, *([1] * (t.ndim - 1))))
+
+
+def add_steps(z: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """``z`` holds ``E = len(steps)`` stacked copies of a batch; add ``steps[e]`` (a channel
+    vector, broadcast over positions) to copy ``e``."""
+    E = steps.shape[0]
+    c = channel_dim(z)
+    shape = [E, 1] + [1] * (z.ndim - 1)
+    shape[c + 1] = z.shape[c]
+    v = steps.to(z.device, z.dtype).view(shape)
+    return (z.view(E, z.shape[0] // E, *z.shape[1:]) + v).view(z.shape)
+
+
+# ----------------------------------------------------------------------------- plan / capture
+def _forward(model: nn.Module, batch: Any, loss_fn: Callable | None) -> torch.Tensor | None:
+    """Per-example losses of one batch; None when a capture hook stopped the forward."""
+    from .collect import _run_batch
+
+    try:
+        return _run_batch(model, batch, loss_fn, 0)[0]
+    except _Stop:
+        return None
+
+
+def _until_point(model: nn.Module, point: str, batch: Any, loss_fn: Callable | None, handles: list) -> None:
+    """Forward ``batch`` with the hooks ``handles`` (one stops the pass at the end of ``point``), then remove them."""
+    try:
+        if _forward(model, batch, loss_fn) is not None:
+            raise Unsupported(f"{point!r} did not run in the forward pass")
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _record(model: nn.Module, point: str, batch: Any, loss_fn: Callable | None
+            ) -> tuple[dict[str, tuple[int, tuple | None]], tuple | None]:
+    """Forward ``batch`` up to the end of ``point``: name -> (calls, output signature) of every
+    module that finished before ``point`` started, and ``point``'s output signature."""
+    modules = dict(model.named_modules())
+    started = [False]
+    ended: dict[str, tuple[int, tuple | None]] = {}
+    out_point: list[tuple | None] = [None]
+
+    def pre(_m: nn.Module, _a: Any) -> None:
+        started[0] = True
+
+    def make(name: str) -> Callable:
+        def hook(_m: nn.Module, _a: Any, out: Any) -> None:
+            if name == point:
+                out_point[0] = _signature(out)
+                raise _Stop
+            if not started[0]:
+                calls = ended.get(name, (0, None))[0] + 1
+                ended[name] = (calls, _signature(out))
+        return hook
+
+    handles = [modules[point].register_forward_pre_hook(pre)]
+    handles += [m.register_forward_hook(make(n)) for n, m in modules.items()]
+    _until_point(model, point, batch, loss_fn, handles)
+    return ended, out_point[0]
+
+
+def plan(model: nn.Module, point: str, batch2: Any, batch3: Any, loss_fn: Callable | None) -> Plan:
+    """Outermost modules that finish before ``point`` starts, run once and return batch-major
+    tensors (checked on 2 and 3 examples); descends into those that finish before but do not."""
+    e2, p2 = _record(model, point, batch2, loss_fn)
+    e3, p3 = _record(model, point, batch3, loss_fn)
+    ok = {n for n in e2 if n in e3 and e2[n][0] == 1 and e3[n][0] == 1 and _batch_major(e2[n][1], e3[n][1])}
+    cached: list[str] = []
+
+    def walk(prefix: str, module: nn.Module) -> None:
+        for child, sub in module.named_children():
+            name = f"{prefix}.{child}" if prefix else child
+            if name == point:
+                continue
+            if name in ok:
+                cached.append(name)
+            elif name in e2 or point.startswith(name + "."):
+                walk(name, sub)  # finished before but not keepable, or an ancestor of the point
+
+    walk("", model)
+    return Plan(tuple(cached), _batch_major(p2, p3))
+
+
+def _capture(model: nn.Module, point: str, p: Plan, batch: Any, loss_fn: Callable | None) -> dict[str, Any]:
+    """Outputs (cloned: later in-place ops must not change them) of the planned modules and the point."""
+    modules = dict(model.named_modules())
+    keep: dict[str, Any] = {}
+
+    def make(name: str) -> Callable:
+        def hook(_m: nn.Module, _a: Any, out: Any) -> None:
+            if name in keep:
+                raise Unsupported(f"{name!r} ran twice before {point!r}")
+            keep[name] = _map(out, lambda t: t.detach().clone())
+            if name == point:
+                raise _Stop
+        return hook
+
+    names = list(p.cached) + [point]
+    handles = [modules[n].register_forward_hook(make(n)) for n in names]
+    _until_point(model, point, batch, loss_fn, handles)
+    missing = [n for n in names if n not in keep]
+    if missing:
+        raise Unsupported(f"{', '.join(missing)} did not run before {point!r} in this batch")
+    return keep
+
+
+class _Replaced:
+    """Within the block: each planned module's ``forward`` returns its kept output repeated
+    ``E`` times, the point's adds the steps; restored on exit. :meth:`verify` then checks that
+    each ran exactly once (a shared module, or a class that bypasses ``forward``, is caught)."""
+
+    def __init__(self, model: nn.Module, point: str, p: Plan, keep: dict[str, Any],
+                 steps: torch.Tensor, put_steps: Callable[[Any], Any]):
+        E = steps.shape[0]
+        self.modules = dict(model.named_modules())
+        self.calls = dict.fromkeys(list(p.cached) + ([point] if p.point_cached else []), 0)
+        self.values: dict[str, Callable[[], Any]] = {n: (lambda n=n: _repeat(keep[n], E)) for n in p.cached}
+        if p.point_cached:
+            self.values[point] = lambda: put_steps(_repeat(keep[point], E))
+        self.point = point
+        self.saved: list[tuple[nn.Module, bool, Any]] = []
+
+    def _stub(self, name: str) -> Callable:
+        def forward(*_a: Any, **_k: Any) -> Any:
+            self.calls[name] += 1
+            if self.calls[name] > 1:
+                raise Unsupported(f"{name!r} runs more than once in a forward pass (a shared module)")
+            return self.values[name]()
+        return forward
+
+    def __enter__(self) -> "_Replaced":
+        for name in self.calls:
+            m = self.modules[name]
+            self.saved.append((m, "forward" in m.__dict__, m.__dict__.get("forward")))
+            m.forward = self._stub(name)  # instance attribute: nn.Module.__call__ calls it, hooks still run
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for m, had, old in self.saved:
+            if had:
+                m.forward = old
+            else:
+                del m.forward
+        self.saved.clear()
+
+    def verify(self) -> None:
+        skipped = [n for n, c in self.calls.items() if c != 1]
+        if skipped:
+            raise Unsupported(f"{', '.join(skipped)} did not call the replaced forward")
+
+
+# ----------------------------------------------------------------------------- stacked losses
+def _chunks(data: Any, per: int) -> Iterator[Any]:
+    from .intervene import to_batches
+
+    yield from to_batches(data, per)
+
+
+def _full_totals(model: nn.Module, point: str, steps: torch.Tensor, data: Any, loss_fn: Callable | None,
+                 per: int, to_dev: Callable[[Any], Any]) -> torch.Tensor:
+    """``full`` path: Σ over examples of the loss in each of the ``E`` stacked copies, float64."""
+    E = steps.shape[0]
+    totals = torch.zeros(E, dtype=torch.float64)
+    for bi, b in enumerate(_chunks(data, per)):
+        totals += _full_rows(model, point, steps, b, loss_fn, to_dev, bi).view(E, -1).sum(1)
+    return totals
+
+
+def _cached_losses(model: nn.Module, point: str, p: Plan, steps: torch.Tensor, batch: Any,
+                   loss_fn: Callable | None, to_dev: Callable[[Any], Any], bi: int) -> torch.Tensor:
+    """``cached`` path for one chunk: per-row losses ``(E·B,)`` of the stacked pass."""
+    from .collect import _run_batch, _split_output
+    from .intervene import _cat
+
+    E = steps.shape[0]
+    b = to_dev(batch)
+    keep = _capture(model, point, p, b, loss_fn)
+
+    def put_steps(out: Any) -> Any:
+        z, put = _split_output(out, point)
+        return put(add_steps(z, steps))
+
+    def hook(_m: nn.Module, _i: Any, out: Any) -> Any:
+        return put_steps(out)
+
+    h = None if p.point_cached else model.get_submodule(point).register_forward_hook(hook)
+    try:
+        with _Replaced(model, point, p, keep, steps, put_steps) as rep:
+            losses, _, _ = _run_batch(model, _cat([b] * E), loss_fn, bi)
+        rep.verify()
+    finally:
+        if h is not None:
+            h.remove()
+    return losses.detach().to("cpu", torch.float64)
+
+
+def check_tolerance(dtype: torch.dtype | None) -> float:
+    """Tolerance of the ``auto`` check on per-row losses (relative and absolute):
+    ``min(64·eps, 1e-3)`` of the model's float dtype (float64 1.4e-14, float32 7.6e-6; half
+    precisions 1e-3). The two paths differ only in how rows are batched, which on the CPUs we
+    tried changes no bit; a wrongly kept module moves the largest step's loss by far more."""
+    dt = dtype if dtype is not None and dtype.is_floating_point else torch.float32
+    return min(64 * torch.finfo(dt).eps, 1e-3)
+
+
+def stacked_totals(model: nn.Module, point: str, steps: torch.Tensor, data: Any, loss_fn: Callable | None,
+                   per: int, to_dev: Callable[[Any], Any], *, mode: str = "auto") -> tuple[torch.Tensor, str]:
+    """``Σ_i ℓ_i`` over ``data`` with ``steps[e]`` added at ``point``, for every ``e`` (float64 ``(E,)``),
+    and how: ``"cached"`` or ``"full: <reason>"``. ``per`` examples are stacked per pass.
+
+    ``auto`` plans on the first 2 and 3 examples, then requires the cached path's per-row losses
+    on the first 3 at the smallest and the largest step to equal the full path's within
+    :func:`check_tolerance`; any failure of the
+    cached path (its check, a replaced module misbehaving, a model error under replacement)
+    reruns everything on the full path, whose own errors are the model's and propagate."""
+    from ..errors import WidthscopeError
+    from .collect import float_dtype
+    from .intervene import _batch_size, take
+
+    if mode == "full":
+        return _full_totals(model, point, steps, data, loss_fn, per, to_dev), "full: requested"
+    if _batch_size(data) < 3:
+        return _full_totals(model, point, steps, data, loss_fn, per, to_dev), "full: fewer than 3 examples"
+    three = take(data, 3)
+    ends = steps[[0, -1]] if steps.shape[0] > 1 else steps  # smallest and largest step
+    old = _full_rows(model, point, ends, three, loss_fn, to_dev)  # also the model's own errors, first
+    try:
+        p = plan(model, point, to_dev(take(data, 2)), to_dev(three), loss_fn)
+        if not p.cached and not p.point_cached:
+            raise Unsupported("no module before the point can be kept")
+        new = _cached_losses(model, point, p, ends, three, loss_fn, to_dev, 0)
+        tol = check_tolerance(float_dtype(model))
+        if not torch.allclose(new, old, rtol=tol, atol=tol):
+            raise Unsupported(f"the cached path's losses differ from the full forward's by "
+                              f"{float((new - old).abs().max()):.3g} (tolerance {tol:.2g}) on the first 3 examples")
+        E = steps.shape[0]
+        totals = torch.zeros(E, dtype=torch.float64)
+        for bi, b in enumerate(_chunks(data, per)):
+            totals += _cached_losses(model, point, p, steps, b, loss_fn, to_dev, bi).view(E, -1).sum(1)
+        return totals, "cached"
+    except (Unsupported, WidthscopeError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return _full_totals(model, point, steps, data, loss_fn, per, to_dev), f"full: {reason}"
+
+
+def _full_rows(model: nn.Module, point: str, steps: torch.Tensor, batch: Any, loss_fn: Callable | None,
+               to_dev: Callable[[Any], Any], bi: int = 0) -> torch.Tensor:
+    """Per-row losses ``(E·B,)`` of the ``full`` path for one chunk: the batch stacked ``E``
+    times, a forward hook adding ``steps[e]`` to copy ``e`` at ``point``."""
+    from .collect import _run_batch, _split_output
+    from .intervene import _cat
+
+    def hook(_m: nn.Module, _i: Any, out: Any) -> Any:
+        z, put = _split_output(out, point)
+        return put(add_steps(z, steps))
+
+    h = model.get_submodule(point).register_forward_hook(hook)
+    try:
+        losses, _, _ = _run_batch(model, to_dev(_cat([batch] * steps.shape[0])), loss_fn, bi)
+    finally:
+        h.remove()
+    return losses.detach().to("cpu", torch.float64)
