@@ -1,0 +1,302 @@
+"""The alignment monitor (issue 23): exact restore, rows equal certify's, schedule, events, adapters."""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from widthscope.certify import certify
+from widthscope.errors import WidthscopeError
+from widthscope.monitor import AlignmentMonitor, TrainingState, log_steps
+from widthscope.stats import CrossMoments, certificate
+
+POINTS = ["2", "5"]
+REL = 1e-12  # same code path on the same float64 tensors: agreement to rounding
+
+
+def make_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.Tanh(), nn.Dropout(0.2),
+                         nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 3)).double()
+
+
+def make_data(n: int = 384, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, 6, generator=g, dtype=torch.float64)
+    W = torch.randn(6, 3, generator=g, dtype=torch.float64)
+    return X, (X @ W).argmax(1)
+
+
+def pools() -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    X, Y = make_data()
+    return (X[:192], Y[:192]), (X[192:], Y[192:])
+
+
+def train(model: nn.Module, steps: int, monitor: AlignmentMonitor | None = None, extra_draw_at: int | None = None,
+          on_step=None) -> None:
+    """A loop that uses every global RNG: torch (shuffling, dropout), numpy and python noise."""
+    X, Y = make_data(512, seed=2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    torch.manual_seed(10)
+    np.random.seed(11)
+    random.seed(12)
+    model.train()
+    for step in range(1, steps + 1):
+        idx = torch.randperm(512)[:64]
+        noise = torch.from_numpy(np.random.normal(0, 0.01, (64, 6))) * random.random()
+        opt.zero_grad(set_to_none=False)
+        loss = nn.functional.cross_entropy(model(X[idx] + noise), Y[idx])
+        loss.backward()
+        opt.step()
+        if extra_draw_at == step:
+            torch.rand(1)
+        if monitor is not None:
+            monitor.step(model, step)
+        if on_step is not None:
+            on_step(model, step)
+
+
+def monitor_for(model: nn.Module, **kw) -> AlignmentMonitor:
+    tr, te = pools()
+    kw.setdefault("draws", 200)
+    kw.setdefault("points", POINTS)
+    return AlignmentMonitor(model, tr, te, M=kw.pop("M", 32), **kw)
+
+
+# ----------------------------------------------------------------------------- exactness
+def test_training_with_monitor_is_bit_identical():
+    plain, watched, disturbed = make_model(), make_model(), make_model()
+    train(plain, 12)
+    mon = monitor_for(watched, every=3)
+    train(watched, 12, monitor=mon)
+    assert [r["step"] for r in mon.rows] == [3, 3, 6, 6, 9, 9, 12, 12]
+    for (k, a), b in zip(plain.state_dict().items(), watched.state_dict().values()):
+        assert torch.equal(a, b), k
+    # The comparison is sensitive: one extra RNG draw mid-training changes the weights.
+    train(disturbed, 12, extra_draw_at=3)
+    assert not all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), disturbed.state_dict().values()))
+
+
+def test_rows_equal_certify_on_a_copy_at_that_step():
+    model = make_model()
+    copies = {}
+    mon = monitor_for(model, at=[4, 9], seed=3)
+    train(model, 9, monitor=mon, on_step=lambda m, s: copies.__setitem__(s, copy.deepcopy(m)) if s in (4, 9) else None)
+    tr, te = pools()
+    from widthscope.probe import batched
+
+    for step in (4, 9):
+        res = certify(copies[step], batched(*tr, batch_size=64), batched(*te, batch_size=64), points=POINTS,
+                      M=[32], draws=200, seed=3, interventions=None, progress=False)
+        for pt in res["points"]:
+            row = next(r for r in mon.rows if r["step"] == step and r["point"] == pt["point"])
+            c = pt["certificates"][0]
+            for col, ref in (("d_par", c["two"]["d_par"]), ("d_2", c["two"]["d_2"]),
+                             ("d_align", c["two"]["d_align"]), ("b_exact", c["two"]["b_exact"]),
+                             ("b_align", c["two"]["b_align"]), ("d_align_one", c["one"]["d_align"]),
+                             ("misalignment", c["misalignment"]["probability"])):
+                if ref is None:
+                    assert row[col] is None, (step, col)
+                else:
+                    assert math.isclose(row[col], ref, rel_tol=REL, abs_tol=1e-300), (step, col, row[col], ref)
+            # The planner's M = K is the smallest size reaching delta.
+            cross = CrossMoments(**pt["cross_moments"])
+            m = row["plan_M_exact"]
+            if m is not None:
+                assert certificate(cross, M=m, K=m).b_exact <= row["delta"]
+                assert m == 1 or certificate(cross, M=m - 1, K=m - 1).b_exact > row["delta"]
+    assert any(not r["vacuous"] for r in mon.rows)  # the comparison covered defined certificates
+
+
+def test_restore_state_rng_modes_grads():
+    model = make_model()
+    mon = monitor_for(model, every=1)
+    model.train()
+    model[3].eval()  # mixed modes must come back as they were
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    grads = [(p.grad, p.grad.clone()) for p in model.parameters()]
+    model[4].weight.grad = None
+    torch.manual_seed(5), np.random.seed(6), random.seed(7)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(8)
+    state = TrainingState(model)
+    expect = (torch.rand(3), np.random.rand(3), random.random())
+    state.restore()
+    modes = [m.training for m in model.modules()]
+    rows = mon.probe(model, 1)
+    assert len(rows) == len(POINTS)
+    assert [m.training for m in model.modules()] == modes
+    assert model[4].weight.grad is None
+    for p, (g, v) in zip(model.parameters(), grads):
+        if p is not model[4].weight:
+            assert p.grad is g and torch.equal(p.grad, v)
+        assert p.requires_grad
+    got = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(got[0], expect[0]) and np.array_equal(got[1], expect[1]) and got[2] == expect[2]
+
+
+# ----------------------------------------------------------------------------- schedule, events, files
+def test_schedules():
+    assert log_steps(40) == [0, 1, 2, 3, 4, 6, 8, 11, 16, 23, 32]
+    model = make_model()
+    log = monitor_for(model)
+    assert [s for s in range(40) if log.should_probe(s)] == log_steps(39)
+    at = monitor_for(model, at=[5, 2, 5])
+    assert [s for s in range(10) if at.should_probe(s)] == [2, 5]
+    every = monitor_for(model, every=4)
+    assert [s for s in range(13) if every.should_probe(s)] == [0, 4, 8, 12]
+    assert every.step(model, 3) == []
+
+
+def test_certified_event_first_time_only():
+    model = make_model()
+    mon = monitor_for(model, every=1, delta=0.5, M=64)
+    train(model, 6, monitor=mon)
+    for pt in POINTS:
+        ok = [r["step"] for r in mon.rows if r["point"] == pt and not r["vacuous"] and r["b_exact"] <= 0.5]
+        ev = [e for e in mon.events if e["point"] == pt]
+        assert len(ev) == (1 if ok else 0)
+        if ok:
+            assert ev[0]["step"] == min(ok) and ev[0]["kind"] == "certified"
+    assert mon.events, "the setting was chosen so that some point certifies at delta=0.5"
+
+
+def test_jsonl_rows_and_resume(tmp_path):
+    out = tmp_path / "mon.jsonl"
+    model = make_model()
+    mon = monitor_for(model, every=2, out=out)
+    train(model, 4, monitor=mon)
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert lines[0]["kind"] == "settings"
+    assert [x for x in lines if x["kind"] == "row"] == json.loads(json.dumps(mon.rows))
+    assert [x for x in lines if x["kind"] == "certified"] == json.loads(json.dumps(mon.events))
+    again = monitor_for(model, every=2, out=out)  # a resumed run keeps rows, skips recorded steps
+    assert len(again.rows) == len(mon.rows) and not again.should_probe(2) and again.should_probe(6)
+    with pytest.raises(WidthscopeError, match="other settings"):
+        monitor_for(model, every=3, out=out)
+
+
+# ----------------------------------------------------------------------------- bad input
+class Counting(nn.Module):
+    """Updates a buffer in every forward, eval mode included: a probe would change it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 3).double()
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls += 1
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(points=["nope"]), "nope"),
+    (dict(M=500), "larger than the train pool"),
+    (dict(every=0), "every"),
+    (dict(every=2, at=[3]), "either every"),
+    (dict(at=[]), "at is empty"),
+    (dict(delta=1.5), "delta"),
+    (dict(pool="bogus"), "pool"),
+])
+def test_bad_input_at_construction(kw, match):
+    with pytest.raises(WidthscopeError, match=match) as exc:
+        monitor_for(make_model(), **kw)
+    assert "\n" not in str(exc.value)
+
+
+def test_model_that_cannot_be_restored_is_refused():
+    model = Counting()
+    tr, te = pools()
+    with pytest.raises(WidthscopeError, match="cannot restore this model exactly.*calls"):
+        AlignmentMonitor(model, tr, te, points=["lin"], M=16)
+    assert float(model.calls) == 0  # put back before refusing
+
+
+# ----------------------------------------------------------------------------- adapters
+def test_hf_callback_logs_through_the_trainer():
+    pytest.importorskip("transformers")
+    from transformers import TrainerControl, TrainerState
+
+    from widthscope.monitor.hf import AlignmentCallback
+
+    class FakeTrainer:  # stands for Trainer.log: the entry point of every logging integration
+        def __init__(self) -> None:
+            self.logged = []
+
+        def log(self, logs):
+            self.logged.append(dict(logs))
+
+    model = make_model()
+    trainer = FakeTrainer()
+    cb = AlignmentCallback(monitor_for(model, every=2), trainer=trainer)
+    state, control = TrainerState(), TrainerControl()
+    for step in range(1, 5):
+        state.global_step = step
+        assert cb.on_step_end(None, state, control, model=model) is control
+    assert [len(x) > 0 for x in trainer.logged] == [True, True]
+    assert "align/2/b_exact" in trainer.logged[0]
+    row = next(r for r in cb.monitor.rows if r["step"] == 2 and r["point"] == "2")
+    assert trainer.logged[0]["align/2/b_exact"] == row["b_exact"]
+    bare = AlignmentCallback(monitor_for(model, every=2))
+    state.global_step = 2
+    with pytest.warns(UserWarning, match="no trainer"):
+        bare.on_step_end(None, state, control, model=model)
+    assert state.log_history[-1]["step"] == 2
+
+
+def test_hf_trainer_tiny_run(tmp_path):
+    pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate (extra widthscope[hf])")
+    from transformers import Trainer, TrainingArguments
+
+    from widthscope.models import build
+    from widthscope.monitor.hf import attach
+
+    model = build("llama", 32, depth=2, vocab_size=64, max_seq_len=16)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 64, (48, 16), generator=g)
+    ds = [{"input_ids": x, "labels": x} for x in ids[:32]]
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=8,
+                             logging_steps=1, report_to=[], use_cpu=True, save_strategy="no")
+    trainer = Trainer(model=model, args=args, train_dataset=ds)
+    mon = AlignmentMonitor(model, ids[:16], ids[16:32], points=["model.layers.1"], M=8, every=2, draws=50)
+    attach(trainer, mon)
+    trainer.train()
+    assert sorted({r["step"] for r in mon.rows}) == [0, 2, 4]
+    assert any("align/model.layers.1/b_exact" in h for h in trainer.state.log_history)
+
+
+def test_lightning_callback():
+    pl = pytest.importorskip("lightning")
+    from widthscope.monitor.lightning import AlignmentCallback
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = make_model()
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, i):
+            return nn.functional.cross_entropy(self(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    lm = Module()
+    tr, te = pools()
+    mon = AlignmentMonitor(lm, tr, te, points=["net.2"], M=16, every=2, draws=50)
+    X, Y = make_data(128, seed=4)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=32)
+    trainer = pl.Trainer(max_steps=4, callbacks=[AlignmentCallback(mon)], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, accelerator="cpu")
+    trainer.fit(lm, loader)
+    assert sorted({r["step"] for r in mon.rows}) == [0, 2, 4]
