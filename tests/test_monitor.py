@@ -252,25 +252,40 @@ def test_hf_callback_logs_through_the_trainer():
     assert state.log_history[-1]["step"] == 2
 
 
-def test_hf_trainer_tiny_run(tmp_path):
-    pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate (extra widthscope[hf])")
+def _hf_run(tmp_path, with_monitor: bool):
     from transformers import Trainer, TrainingArguments
 
     from widthscope.models import build
     from widthscope.monitor.hf import attach
 
+    torch.manual_seed(0)
     model = build("llama", 32, depth=2, vocab_size=64, max_seq_len=16)
+    for layer in model.model.layers:  # dropout in training: the run consumes the torch RNG
+        layer.self_attn.attention_dropout = 0.2
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 64, (48, 16), generator=g)
     ds = [{"input_ids": x, "labels": x} for x in ids[:32]]
     args = TrainingArguments(output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=8,
                              logging_steps=1, report_to=[], use_cpu=True, save_strategy="no")
     trainer = Trainer(model=model, args=args, train_dataset=ds)
-    mon = AlignmentMonitor(model, ids[:16], ids[16:32], points=["model.layers.1"], M=8, every=2, draws=50)
-    attach(trainer, mon)
+    mon = None
+    if with_monitor:
+        mon = AlignmentMonitor(model, ids[:16], ids[16:32], points=["model.layers.1"], M=8, every=2, draws=50)
+        attach(trainer, mon)
     trainer.train()
+    return model, trainer, mon
+
+
+def test_hf_trainer_tiny_run(tmp_path):
+    pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate (extra widthscope[hf])")
+    model, trainer, mon = _hf_run(tmp_path / "a", True)
     assert sorted({r["step"] for r in mon.rows}) == [0, 2, 4]
-    assert any("align/model.layers.1/b_exact" in h for h in trainer.state.log_history)
+    logged = [h for h in trainer.state.log_history if "align/model.layers.1/b_exact" in h]
+    assert [h["step"] for h in logged] == [0, 2, 4]
+    assert "loss" in str(trainer.state.log_history)  # the Trainer's own logging goes on as before
+    plain, _, _ = _hf_run(tmp_path / "b", False)
+    for (k, a), b in zip(plain.state_dict().items(), model.state_dict().values()):
+        assert torch.equal(a, b), k
 
 
 def test_lightning_callback():
@@ -300,3 +315,19 @@ def test_lightning_callback():
                          enable_progress_bar=False, accelerator="cpu")
     trainer.fit(lm, loader)
     assert sorted({r["step"] for r in mon.rows}) == [0, 2, 4]
+
+
+def test_docs_example_runs_and_shows_what_the_page_says(tmp_path, monkeypatch, capsys):
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "monitor.md").read_text()
+    code = re.findall(r"```python\n(.*?)```", page, re.S)[0]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/monitor.md", "exec"), {})
+    lines = [ln.split() for ln in capsys.readouterr().out.splitlines()]
+    first = [ln for ln in lines if ln[0] == "row" and ln[1] == "0"]
+    assert len(first) == 2 and all(float(ln[4]) < 0.05 and 1.5 < float(ln[3]) < 2.0 for ln in first)
+    assert sum(ln[0] == "certified" for ln in lines) == 2
+    assert all(ln[3] == "None" for ln in lines if ln[0] == "row" and ln[1] == "100")
+    assert (tmp_path / "align.jsonl").exists()
