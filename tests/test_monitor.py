@@ -288,14 +288,15 @@ def test_hf_trainer_tiny_run(tmp_path):
         assert torch.equal(a, b), k
 
 
-def test_lightning_callback():
-    pl = pytest.importorskip("lightning")
+def _lightning_run(pl, tmp_path, with_monitor: bool):
+    from lightning.pytorch.loggers import CSVLogger
+
     from widthscope.monitor.lightning import AlignmentCallback
 
     class Module(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.net = make_model()
+            self.net = make_model()  # dropout: the run consumes the torch RNG
 
         def forward(self, x):
             return self.net(x)
@@ -306,15 +307,29 @@ def test_lightning_callback():
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
+    pl.seed_everything(0, verbose=False)
     lm = Module()
     tr, te = pools()
-    mon = AlignmentMonitor(lm, tr, te, points=["net.2"], M=16, every=2, draws=50)
+    mon = AlignmentMonitor(lm, tr, te, points=["net.2"], M=16, every=2, draws=50) if with_monitor else None
     X, Y = make_data(128, seed=4)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=32)
-    trainer = pl.Trainer(max_steps=4, callbacks=[AlignmentCallback(mon)], logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, accelerator="cpu")
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=32, shuffle=True)
+    trainer = pl.Trainer(max_steps=4, callbacks=[AlignmentCallback(mon)] if mon else [], enable_checkpointing=False,
+                         logger=CSVLogger(str(tmp_path)), log_every_n_steps=1, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu")
     trainer.fit(lm, loader)
+    return lm, trainer, mon
+
+
+def test_lightning_callback(tmp_path):
+    pl = pytest.importorskip("lightning", reason="the Lightning adapter needs lightning (extra widthscope[lightning])")
+    lm, trainer, mon = _lightning_run(pl, tmp_path / "a", True)
     assert sorted({r["step"] for r in mon.rows}) == [0, 2, 4]
+    trainer.logger.save()
+    csv = next((tmp_path / "a").rglob("metrics.csv")).read_text()
+    assert "align/net.2/b_exact" in csv.splitlines()[0]  # the logger received the values
+    plain, _, _ = _lightning_run(pl, tmp_path / "b", False)
+    for (k, a), b in zip(plain.state_dict().items(), lm.state_dict().values()):
+        assert torch.equal(a, b), k
 
 
 def test_docs_example_runs_and_shows_what_the_page_says(tmp_path, monkeypatch, capsys):

@@ -150,7 +150,8 @@ class AlignmentMonitor:
         delta: target for the planner and the ``certified`` event (``b_exact ≤ delta``).
         draws, seed, estimator, pool, loss_fn: as for :func:`widthscope.certify.certify`.
         out: a JSONL file; rows are appended (one write per probe) and, when it already exists
-            with the same settings, read back so a resumed run skips the steps it has.
+            with the same settings, read back so a resumed run skips the steps it has. Under
+            ``torch.distributed`` every rank probes the whole pools and rank 0 alone writes.
         batch_size: batch size when the pools are given as full tensors.
         progress: show the probe's progress bar.
 
@@ -203,6 +204,13 @@ class AlignmentMonitor:
         if self.out is not None:
             self._open(self.out)
 
+    @property
+    def _writes(self) -> bool:
+        # Under torch.distributed every rank computes the same rows; rank 0 alone writes them.
+        from .. import distributed
+
+        return self.out is not None and distributed.is_main()
+
     # ------------------------------------------------------------------ settings / resume
     def settings(self) -> dict[str, Any]:
         return {"kind": "settings", "points": list(self.points), "M": self.M, "K": self.K,
@@ -214,7 +222,8 @@ class AlignmentMonitor:
         old = read_jsonl(path)
         mine = to_jsonable(self.settings())
         if not old:
-            append_jsonl(path, [mine])
+            if self._writes:
+                append_jsonl(path, [mine])
             return
         head = old[0]
         if head.get("kind") != "settings" or head != mine:
@@ -302,7 +311,7 @@ class AlignmentMonitor:
         new = rows + self._events(rows)
         self.rows.extend(rows)
         self._done.add(step)
-        if self.out is not None:
+        if self._writes:
             append_jsonl(self.out, new)
         return new
 
