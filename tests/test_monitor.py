@@ -346,3 +346,50 @@ def test_docs_example_runs_and_shows_what_the_page_says(tmp_path, monkeypatch, c
     assert sum(ln[0] == "certified" for ln in lines) == 2
     assert all(ln[3] == "None" for ln in lines if ln[0] == "row" and ln[1] == "100")
     assert (tmp_path / "align.jsonl").exists()
+
+
+# ----------------------------------------------------------------------------- two ranks (gloo)
+def _distributed_run(out) -> AlignmentMonitor:
+    model = make_model()
+    mon = monitor_for(model, at=[0, 3], out=out, batch_size=32)
+    mon.step(model, 0)
+    train(model, 3, monitor=mon)
+    return mon
+
+
+@pytest.mark.slow
+def test_two_ranks_equal_one_process(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1", WIDTHSCOPE_PROGRESS="0", PYTHONPATH=str(root / "src"),
+               WIDTHSCOPE_DIST_TIMEOUT="120")
+    two = tmp_path / "two.jsonl"
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                        __file__, str(two)], env=env, cwd=root, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    one = _distributed_run(tmp_path / "one.jsonl")
+    rows = [json.loads(x) for x in two.read_text().splitlines()]
+    assert sum(x["kind"] == "settings" for x in rows) == 1  # rank 0 alone wrote
+    got = [x for x in rows if x["kind"] == "row"]
+    assert len(got) == len(one.rows) == 2 * len(POINTS)
+    for a, b in zip(got, one.rows):
+        assert (a["step"], a["point"]) == (b["step"], b["point"])
+        for col in ("d_par", "d_2", "d_align", "b_exact", "b_align", "misalignment", "plan_M_exact", "expectation"):
+            if b[col] is None:
+                assert a[col] is None, col
+            else:
+                assert math.isclose(a[col], b[col], rel_tol=REL), (col, a[col], b[col])
+
+
+if __name__ == "__main__":  # the worker of test_two_ranks_equal_one_process, under torchrun
+    import sys
+
+    from widthscope import distributed
+
+    distributed.init_from_env("gloo")
+    _distributed_run(sys.argv[1])
+    distributed.barrier()

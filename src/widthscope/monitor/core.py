@@ -151,7 +151,9 @@ class AlignmentMonitor:
         draws, seed, estimator, pool, loss_fn: as for :func:`widthscope.certify.certify`.
         out: a JSONL file; rows are appended (one write per probe) and, when it already exists
             with the same settings, read back so a resumed run skips the steps it has. Under
-            ``torch.distributed`` every rank probes the whole pools and rank 0 alone writes.
+            ``torch.distributed`` every rank must call :meth:`step` at the same steps: each probes
+            its share of the pool batches, the samples are gathered (same rows on every rank, equal
+            to one process's), and rank 0 alone writes.
         batch_size: batch size when the pools are given as full tensors.
         progress: show the probe's progress bar.
 
@@ -192,6 +194,14 @@ class AlignmentMonitor:
         if pool != "token":
             _check_pool(_count(self.train), self.M, "train", "the train pool size", pool)
             _check_pool(_count(self.test), self.K, "held-out", "the held-out pool size", pool)
+        from .. import distributed
+
+        W = distributed.world_size()
+        for what, lst in (("train", self.train), ("held-out", self.test)):
+            if len(lst) < W:
+                raise WidthscopeError(f"the {what} pool has {len(lst)} batch(es) for {W} ranks: every rank "
+                                      "probes its share; give smaller batches (batch_size=) or a larger pool")
+        model = _unwrap(model)
         self.points = resolve_points(model, points)
         self.model = model
         self.rows: list[dict[str, Any]] = []
@@ -287,8 +297,10 @@ class AlignmentMonitor:
     # ------------------------------------------------------------------ the probe
     def probe(self, model: nn.Module, step: int) -> list[dict[str, Any]]:
         """Probe now (whatever the schedule), record and return the rows of ``step``."""
-        from ..certify import statistics
+        from .. import distributed
+        from ..certify import _gather, statistics
 
+        model = _unwrap(model)
         state = TrainingState(model)
         try:
             t0 = time.perf_counter()
@@ -296,11 +308,13 @@ class AlignmentMonitor:
                           progress=self.progress)
             with warnings.catch_warnings():  # said once, by the dry probe at construction
                 warnings.simplefilter("ignore", UserWarning)
-                qa = collect(model, self.train, **common)
-                qb = collect(model, self.test, **common)
+                qa = collect(model, distributed.shard(self.train), **common)
+                qb = collect(model, distributed.shard(self.test), **common)
+            # Each rank probed its contiguous share; the gathered rows are in pool order.
+            qa, qb = ({n: _gather(q[n], _device(model)) for n in self.points} for q in (qa, qb))
             probe_s = time.perf_counter() - t0
             t0 = time.perf_counter()
-            results, _ = statistics(dict(qa), dict(qb), pairs=[(self.M, self.K)], draws=self.draws,
+            results, _ = statistics(qa, qb, pairs=[(self.M, self.K)], draws=self.draws,
                                     seed=self.seed, estimator=self.estimator, pool=self.pool)
             rows = [self._row(r, step) for r in results]
             stats_s = time.perf_counter() - t0
@@ -371,6 +385,20 @@ def lazy_class(module: str, name: str, make: Callable[[], type]) -> Callable[[st
         raise AttributeError(f"module {module!r} has no attribute {attr!r}")
 
     return getattr_
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The module inside DistributedDataParallel / DataParallel (the probe needs no wrapper)."""
+    if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        return model.module
+    return model
+
+
+def _device(model: nn.Module) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except StopIteration:
+        return torch.device("cpu")
 
 
 def _count_safe(batches: list[Any]) -> int | None:

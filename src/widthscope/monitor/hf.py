@@ -18,7 +18,8 @@ holds the trainer (:func:`attach` sets it) and, in ``on_step_end`` at a monitore
 ``on_log``, integrations included, exactly as the Trainer's own loss logging does. Without a
 trainer (a callback built by hand) the metrics are appended to ``state.log_history`` only,
 with a warning. The step is ``state.global_step`` (optimizer steps done), so with gradient
-accumulation the monitor probes after the optimizer step, never between micro-batches.
+accumulation the monitor probes after the optimizer step, never between micro-batches. Under
+several processes every rank probes its share of the pools and the main process logs.
 """
 from __future__ import annotations
 
@@ -58,11 +59,9 @@ def _make_class() -> type:
             return self._probe(state, control, model)
 
         def _probe(self, state: Any, control: Any, model: Any) -> Any:
-            if not getattr(state, "is_world_process_zero", True):
-                return control
-            model = getattr(model, "module", model)  # DDP / DataParallel wrappers
+            # Every rank probes (its share of the pools; the samples are gathered), one logs.
             rows = self.monitor.step(model if model is not None else self.monitor.model, int(state.global_step))
-            if rows:
+            if rows and getattr(state, "is_world_process_zero", True):
                 metrics = AlignmentMonitor.metrics(rows, self.prefix)
                 if self.trainer is not None:
                     self.trainer.log(metrics)

@@ -45,17 +45,14 @@ def _make_class() -> type:
             self.monitor, self.prefix = monitor, prefix
 
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-            if trainer.is_global_zero:
-                self.monitor.step(pl_module, int(trainer.global_step))
+            self.monitor.step(pl_module, int(trainer.global_step))
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                                batch_idx: int) -> None:
-            if not trainer.is_global_zero:
-                return
+            # Every rank probes its share of the pools; the gathered rows are equal on all ranks.
             rows = self.monitor.step(pl_module, int(trainer.global_step))
             if rows:
-                pl_module.log_dict(AlignmentMonitor.metrics(rows, self.prefix), on_step=True, on_epoch=False,
-                                   rank_zero_only=True)
+                pl_module.log_dict(AlignmentMonitor.metrics(rows, self.prefix), on_step=True, on_epoch=False)
 
     return AlignmentCallback
 
