@@ -14,6 +14,7 @@ import torch.nn as nn
 from widthscope.certify import certify
 from widthscope.errors import WidthscopeError
 from widthscope.monitor import AlignmentMonitor, TrainingState, log_steps
+from widthscope.monitor.core import _as_batches
 from widthscope.stats import CrossMoments, certificate
 
 POINTS = ["2", "5"]
@@ -181,6 +182,27 @@ def test_jsonl_rows_and_resume(tmp_path):
     assert len(again.rows) == len(mon.rows) and not again.should_probe(2) and again.should_probe(6)
     with pytest.raises(WidthscopeError, match="other settings"):
         monitor_for(model, every=3, out=out)
+
+
+def test_pool_forms_give_the_same_rows():
+    model = make_model()
+    (X, Y), te = pools()
+    ref = monitor_for(model, every=1).probe(model, 1)
+    g = torch.Generator().manual_seed(0)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=48)
+    before = torch.get_rng_state()
+    for form in ([(X[i:i + 40], Y[i:i + 40]) for i in range(0, 192, 40)], loader):
+        mon = AlignmentMonitor(model, form, te, points=POINTS, M=32, every=1, draws=200)
+        for a, b in zip(mon.probe(model, 1), ref):
+            assert math.isclose(a["b_exact"], b["b_exact"], rel_tol=1e-9) and a["n_train"] == 192
+    shuffled = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=48, shuffle=True)
+    AlignmentMonitor(model, shuffled, te, points=POINTS, M=32)  # drawing it used the torch RNG ...
+    assert torch.equal(torch.get_rng_state(), before)  # ... and the monitor put the state back
+    small = AlignmentMonitor(model, (X[:40], Y[:40]), te, points=POINTS, M=32)  # one batch, not two
+    assert len(small.train) == 1 and small.train[0][0].shape == (40, 6)
+    ids = torch.randint(0, 10, (20, 5), generator=g)
+    batches = _as_batches({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, "train", 8)
+    assert [b["input_ids"].shape[0] for b in batches] == [8, 8, 4]
 
 
 # ----------------------------------------------------------------------------- bad input

@@ -29,7 +29,7 @@ import random
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -116,10 +116,16 @@ def _as_batches(pool: Any, what: str, batch_size: int) -> list[Any]:
             raise WidthscopeError(f"the {what} pool is a float tensor without targets: give (X, Y), "
                                   "token ids (n, T) or a list of batches")
         return batched(pool, batch_size=batch_size)
-    if (isinstance(pool, tuple) and len(pool) == 2 and all(isinstance(t, torch.Tensor) for t in pool)
-            and pool[0].ndim >= 1 and pool[1].ndim >= 1 and pool[0].shape[0] == pool[1].shape[0]
-            and pool[0].shape[0] > batch_size):
+    if isinstance(pool, tuple) and len(pool) == 2 and all(isinstance(t, torch.Tensor) for t in pool):
+        # A tuple of two tensors is the whole pool (X, Y); a list is batches.
+        if pool[0].ndim < 1 or pool[1].ndim < 1 or pool[0].shape[0] != pool[1].shape[0]:
+            raise WidthscopeError(f"the {what} pool (X, Y) has {tuple(pool[0].shape)} inputs but "
+                                  f"{tuple(pool[1].shape)} targets: give one target per example")
         return batched(pool[0], pool[1], batch_size=batch_size)
+    if isinstance(pool, Mapping) and isinstance(pool.get("input_ids"), torch.Tensor):
+        # {"input_ids": (n, T), "attention_mask": ..., "labels": ...}: the whole pool, split along dim 0.
+        n = pool["input_ids"].shape[0]
+        return [{k: v[i:i + batch_size] for k, v in pool.items()} for i in range(0, n, batch_size)]
     try:
         batches = list(pool)  # a DataLoader is drawn once here: the pool stays fixed
     except TypeError as exc:
@@ -141,8 +147,10 @@ class AlignmentMonitor:
 
     Args:
         model: the model being trained (used at construction for the checks and the dry probe).
-        train, test: the fixed pools — ``(X, Y)`` tensors, LongTensor token ids ``(n, T)``, or an
-            iterable of probe batches (as for :func:`widthscope.probe.collect`), drawn once.
+        train, test: the fixed pools — a tuple ``(X, Y)`` of tensors, LongTensor token ids ``(n, T)``,
+            a dict with ``input_ids`` ``(n, T)`` (and ``attention_mask``/``labels``), or an iterable of
+            probe batches (a list, a DataLoader: as for :func:`widthscope.probe.collect`), drawn once
+            at construction with the RNG states restored afterwards.
         points: insertion points (default: :func:`widthscope.probe.insertion_points`).
         M, K: the sample sizes of the certificate and the misalignment draws (``K=None``: ``K = M``).
         every: probe when ``step % every == 0``; ``at``: probe exactly at these steps; neither:
@@ -189,8 +197,12 @@ class AlignmentMonitor:
             raise WidthscopeError(f"unknown pool {pool!r}; choose one of {', '.join(POOLS)}")
         self.estimator, self.pool, self.loss_fn, self.progress = estimator, pool, loss_fn, progress
         batch_size = _check_int(batch_size, "batch_size", 1)
-        self.train = _as_batches(train, "train", batch_size)
-        self.test = _as_batches(test, "held-out", batch_size)
+        state = TrainingState(model)  # drawing a shuffling DataLoader uses the torch RNG: undo it
+        try:
+            self.train = _as_batches(train, "train", batch_size)
+            self.test = _as_batches(test, "held-out", batch_size)
+        finally:
+            state.restore()
         if pool != "token":
             _check_pool(_count(self.train), self.M, "train", "the train pool size", pool)
             _check_pool(_count(self.test), self.K, "held-out", "the held-out pool size", pool)
