@@ -115,6 +115,38 @@ def test_rows_equal_certify_on_a_copy_at_that_step():
     assert any(not r["vacuous"] for r in mon.rows)  # the comparison covered defined certificates
 
 
+def test_rows_equal_certify_on_a_checkpoint_saved_at_that_step(tmp_path):
+    from widthscope import checkpoint
+    from widthscope.models import build
+    from widthscope.probe import batched, insertion_points
+
+    torch.manual_seed(0)
+    model = build("mlp", 32, in_dim=6, out_dim=3, depth=2, activation="tanh").double()
+    points = insertion_points(model)
+    tr, te = pools()
+    mon = AlignmentMonitor(model, tr, te, points=points, M=32, at=[5], draws=200, seed=1)
+    X, Y = make_data(512, seed=2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)
+    for step in range(1, 8):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(X[:64 * step][-64:]), Y[:64 * step][-64:]).backward()
+        opt.step()
+        if mon.step(model, step):
+            checkpoint.save(model, tmp_path / "ckpt")
+    loaded = checkpoint.load(tmp_path / "ckpt")
+    res = certify(loaded, batched(*tr, batch_size=64), batched(*te, batch_size=64), points=points, M=[32],
+                  draws=200, seed=1, interventions=None, progress=False)
+    assert len(mon.rows) == len(points) == len(res["points"])
+    assert any(not r["vacuous"] for r in mon.rows), "a defined certificate is compared"
+    for row, pt in zip(mon.rows, res["points"]):
+        two = pt["certificates"][0]["two"]
+        assert row["point"] == pt["point"] and row["vacuous"] == two["vacuous"]
+        for col in ("d_par", "d_2", "d_align", "b_exact", "b_align"):
+            assert (row[col] is None) == (two[col] is None), col
+            if two[col] is not None:
+                assert math.isclose(row[col], two[col], rel_tol=1e-9), (col, row[col], two[col])
+
+
 def test_restore_state_rng_modes_grads():
     model = make_model()
     mon = monitor_for(model, every=1)
