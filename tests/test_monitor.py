@@ -237,6 +237,24 @@ def test_pool_forms_give_the_same_rows():
     assert [b["input_ids"].shape[0] for b in batches] == [8, 8, 4]
 
 
+def test_plot_over_training(tmp_path):
+    from widthscope.monitor.plot import plot, series
+
+    model = make_model()
+    mon = monitor_for(model, every=2, out=tmp_path / "m.jsonl")
+    train(model, 4, monitor=mon)
+    s = series(mon.rows)
+    assert sorted(s) == sorted(POINTS)
+    for pt in POINTS:
+        mine = [r for r in mon.rows if r["point"] == pt]
+        assert s[pt]["step"] == [float(r["step"]) for r in mine]
+        assert all((v != v) if r["d_align"] is None else v == r["d_align"] for v, r in zip(s[pt]["d_align"], mine))
+    png = plot(tmp_path / "m.jsonl", tmp_path / "m.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(WidthscopeError, match="no monitor rows"):
+        plot([], tmp_path / "x.png")
+
+
 # ----------------------------------------------------------------------------- bad input
 class Counting(nn.Module):
     """Updates a buffer in every forward, eval mode included: a probe would change it."""
