@@ -284,6 +284,14 @@ def test_bad_input_at_construction(kw, match):
     assert "\n" not in str(exc.value)
 
 
+def test_token_pool_too_small_is_refused_at_construction():
+    ids = torch.randint(0, 16, (6, 4), generator=torch.Generator().manual_seed(0))
+    model = nn.Sequential(nn.Embedding(16, 8), nn.Linear(8, 16))
+    with pytest.raises(WidthscopeError, match="larger than the train pool of 24 positions"):
+        AlignmentMonitor(model, ids, ids, points=["0"], M=30, pool="token")
+    assert AlignmentMonitor(model, ids, ids, points=["0"], M=24, pool="token").probe(model, 0)[0]["n_train"] == 24
+
+
 def test_model_that_cannot_be_restored_is_refused():
     model = Counting()
     tr, te = pools()

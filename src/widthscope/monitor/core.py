@@ -262,14 +262,21 @@ class AlignmentMonitor:
 
     def _dry_check(self, model: nn.Module) -> None:
         """One probe of one batch per pool: bad data/points fail now, and a model whose probe
-        changes a parameter or buffer (which the monitor could not undo) is refused."""
+        changes a parameter or buffer (which the monitor could not undo) is refused. With
+        ``pool="token"`` the sample count is known only after probing, so the whole pools are
+        probed once here and checked against ``M`` / ``K``."""
+        from ..certify import _check_pool
+
         before = _tensors(model)
         state = TrainingState(model)
+        whole = self.pool == "token"
         try:
-            for batches in (self.train[:1], self.test[:1]):
-                q = collect(model, batches, points=self.points, loss_fn=self.loss_fn, pool=self.pool,
-                            train_mode="eval", progress=False)
+            for batches, need, what in ((self.train, self.M, "train"), (self.test, self.K, "held-out")):
+                q = collect(model, batches if whole else batches[:1], points=self.points, loss_fn=self.loss_fn,
+                            pool=self.pool, train_mode="eval", progress=False)
                 self.notes = list(dict.fromkeys(self.notes + q.notes))
+                if whole:
+                    _check_pool(q[self.points[0]].shape[0], need, what, f"the {what} pool size", self.pool)
         finally:
             state.restore()
         after = _tensors(model)
