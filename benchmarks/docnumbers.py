@@ -852,5 +852,32 @@ def _tanh_ratios() -> str:
 
 
 
+# ---- benchmarks/results/monitor-cpu.json (python benchmarks/bench_monitor.py --out ...)
+
+def _monitor() -> dict[str, Any]:
+    return load_json("benchmarks/results/monitor-cpu.json")
+
+
+@quantity("bench.monitor_table")
+def _monitor_table() -> str:
+    cols = ("width", "step_s", "probe_s", "probe_in_steps", "every", "overhead", "wall_ratio", "identical_weights")
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in _monitor()["rows"]:
+        lines.append("| " + " | ".join(f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+    return block(lines)
+
+
+@quantity("bench.monitor_probe_in_steps")
+def _monitor_probe_in_steps() -> str:
+    v = [r["probe_in_steps"] for r in _monitor()["rows"]]
+    return span(min(v), max(v), lambda x: sig(x, 2))
+
+
+@quantity("bench.monitor_load")
+def _monitor_load() -> str:
+    m = _monitor()["machine"]
+    return f"{m['cpus']} cores, load average {m['load_average']}, {m['threads']} torch thread"
+
+
 if __name__ == "__main__":
     sys.exit(main())

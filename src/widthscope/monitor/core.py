@@ -1,0 +1,429 @@
+r"""The alignment monitor: certify fixed pools at chosen optimizer steps, leaving training untouched.
+
+At a monitored step the monitor runs :func:`widthscope.probe.collect` on a *fixed* train pool
+and a *fixed* held-out pool (materialised once, at construction) with the model in eval mode,
+and turns the samples into statistics with exactly the code of ``certify``
+(:func:`widthscope.certify.statistics`): for the configured ``(M, K)`` one row per point with
+the two-population certificate
+
+    d_par = (aᵀb)² / max(bᵀΣ_a b, aᵀΣ_b a),   d_2 = (aᵀb)² / tr(Σ_aΣ_b),   d_align = min(d_par, d_2)
+    b_exact = Var(A) / (Var(A) + (aᵀb)²),      b_align = 1 / (1 + n_eff d_align)
+
+(``n_eff = MK/(M+K+1)``), the empirical misalignment ``Pr(μ_Mᵀg_K ≤ 0)`` over ``draws``
+resamples with its Wilson interval, and the planner's smallest ``M = K`` reaching ``delta``
+(:func:`widthscope.stats.plan`). Rows follow :func:`widthscope.stats.vacuous_rule`.
+
+**Restore guarantee.** Around every probe the monitor saves and restores: the torch CPU RNG
+state, every CUDA device's RNG state (when CUDA is initialised), python's ``random`` and
+numpy's global RNG, the train/eval flag of every module, ``requires_grad`` of every parameter
+and the ``.grad`` of every parameter (same tensor object, same values). The probe never
+creates parameter gradients (parameters are frozen during it) and never touches an
+optimizer. So a training loop gives bit-identical weights with and without the monitor.
+At construction one dry probe checks that parameters and buffers are unchanged by a probe
+(a model that updates a buffer in eval-mode forward cannot be restored and is refused).
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from .._io import append_jsonl, read_jsonl, to_jsonable
+from ..errors import WidthscopeError
+from ..probe import batched, collect, resolve_points
+from ..probe.collect import POOLS
+
+__all__ = ["AlignmentMonitor", "TrainingState", "log_steps"]
+
+#: Columns of a ``kind="row"`` row whose values are numbers (what the logging adapters send).
+METRIC_COLUMNS = ("d_par", "d_2", "d_align", "b_exact", "b_align", "expectation", "misalignment",
+                  "misalignment_low", "misalignment_high", "plan_M_exact", "plan_M_align", "d_align_one",
+                  "probe_s", "stats_s")
+
+
+def log_steps(limit: int, per_octave: int = 2) -> list[int]:
+    """Log-spaced optimizer steps ``0 ≤ s ≤ limit``: 0 and ``round(2^(k/per_octave))``, k ≥ 0.
+
+    Example::
+
+        >>> log_steps(40)
+        [0, 1, 2, 3, 4, 6, 8, 11, 16, 23, 32]
+    """
+    out, k = {0}, 0
+    while True:
+        s = round(2 ** (k / per_octave))
+        if s > limit:
+            return sorted(out)
+        out.add(s)
+        k += 1
+
+
+def _is_log_step(step: int, per_octave: int = 2) -> bool:
+    return step in log_steps(step, per_octave)
+
+
+class TrainingState:
+    """Everything a probe could disturb, captured once and put back exactly by :meth:`restore`.
+
+    RNG states (torch CPU, every CUDA device when CUDA is initialised, python ``random``, numpy),
+    the ``training`` flag of every module, and per parameter its ``requires_grad`` flag and its
+    ``.grad`` (the tensor object and a copy of its values).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.torch_rng = torch.get_rng_state()
+        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and \
+            torch.cuda.is_initialized() else None
+        self.py_rng = random.getstate()
+        self.np_rng = np.random.get_state()
+        self.modes = [(m, m.training) for m in model.modules()]
+        self.params = [(p, p.requires_grad, p.grad, None if p.grad is None else p.grad.detach().clone())
+                       for p in model.parameters()]
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.torch_rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+        random.setstate(self.py_rng)
+        np.random.set_state(self.np_rng)
+        for m, mode in self.modes:
+            m.training = mode
+        with torch.no_grad():
+            for p, flag, grad, values in self.params:
+                p.requires_grad_(flag)
+                p.grad = grad
+                if grad is not None and not torch.equal(grad, values):
+                    grad.copy_(values)
+
+
+def _tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    out = {f"parameter {n}": p.detach().clone() for n, p in model.named_parameters()}
+    out.update({f"buffer {n}": b.detach().clone() for n, b in model.named_buffers()})
+    return out
+
+
+def _as_batches(pool: Any, what: str, batch_size: int) -> list[Any]:
+    """A fixed list of probe batches from full tensors ``(X, Y)`` / ids ``(n, T)`` or batches."""
+    if isinstance(pool, torch.Tensor):
+        if pool.is_floating_point():
+            raise WidthscopeError(f"the {what} pool is a float tensor without targets: give (X, Y), "
+                                  "token ids (n, T) or a list of batches")
+        return batched(pool, batch_size=batch_size)
+    if isinstance(pool, tuple) and len(pool) == 2 and all(isinstance(t, torch.Tensor) for t in pool):
+        # A tuple of two tensors is the whole pool (X, Y); a list is batches.
+        if pool[0].ndim < 1 or pool[1].ndim < 1 or pool[0].shape[0] != pool[1].shape[0]:
+            raise WidthscopeError(f"the {what} pool (X, Y) has {tuple(pool[0].shape)} inputs but "
+                                  f"{tuple(pool[1].shape)} targets: give one target per example")
+        return batched(pool[0], pool[1], batch_size=batch_size)
+    if isinstance(pool, Mapping) and isinstance(pool.get("input_ids"), torch.Tensor):
+        # {"input_ids": (n, T), "attention_mask": ..., "labels": ...}: the whole pool, split along dim 0.
+        n = pool["input_ids"].shape[0]
+        return [{k: v[i:i + batch_size] for k, v in pool.items()} for i in range(0, n, batch_size)]
+    try:
+        batches = list(pool)  # a DataLoader is drawn once here: the pool stays fixed
+    except TypeError as exc:
+        raise WidthscopeError(f"the {what} pool is a {type(pool).__name__}: give (X, Y) tensors, token "
+                              "ids (n, T) or an iterable of batches") from exc
+    if not batches:
+        raise WidthscopeError(f"the {what} pool is empty: give it at least 4 examples")
+    return batches
+
+
+def _check_int(v: Any, name: str, low: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) < low:
+        raise WidthscopeError(f"{name} must be an integer >= {low}, got {v!r}")
+    return int(v)
+
+
+class AlignmentMonitor:
+    """Certificates at fixed pools during training; see the module docstring for the maths.
+
+    Args:
+        model: the model being trained (used at construction for the checks and the dry probe).
+        train, test: the fixed pools — a tuple ``(X, Y)`` of tensors, LongTensor token ids ``(n, T)``,
+            a dict with ``input_ids`` ``(n, T)`` (and ``attention_mask``/``labels``), or an iterable of
+            probe batches (a list, a DataLoader: as for :func:`widthscope.probe.collect`), drawn once
+            at construction with the RNG states restored afterwards.
+        points: insertion points (default: :func:`widthscope.probe.insertion_points`).
+        M, K: the sample sizes of the certificate and the misalignment draws (``K=None``: ``K = M``).
+        every: probe when ``step % every == 0``; ``at``: probe exactly at these steps; neither:
+            log-spaced steps (:func:`log_steps`).
+        delta: target for the planner and the ``certified`` event (``b_exact ≤ delta``).
+        draws, seed, estimator, pool, loss_fn: as for :func:`widthscope.certify.certify`.
+        out: a JSONL file; rows are appended (one write per probe) and, when it already exists
+            with the same settings, read back so a resumed run skips the steps it has. Under
+            ``torch.distributed`` every rank must call :meth:`step` at the same steps: each probes
+            its share of the pool batches, the samples are gathered (same rows on every rank, equal
+            to one process's), and rank 0 alone writes.
+        batch_size: batch size when the pools are given as full tensors.
+        progress: show the probe's progress bar.
+
+    Rows (``kind="row"``): ``step, point, M, K, n_train, n_test, d, populations, d_par, d_2,
+    d_align, d_align_one, b_exact, b_align, expectation, vacuous, reason, misalignment
+    (+ _low, _high), draws, delta, plan_M_exact, plan_M_align, probe_s, stats_s``; an event
+    row (``kind="certified"``) when a point first has ``b_exact ≤ delta``.
+    """
+
+    def __init__(self, model: nn.Module, train: Any, test: Any, *, points: str | Sequence[str] | None = None,
+                 M: int = 16, K: int | None = None, every: int | None = None, at: Iterable[int] | None = None,
+                 delta: float = 0.05, draws: int = 1000, seed: int = 0, estimator: str = "unbiased",
+                 pool: str = "sum", loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+                 out: str | Path | None = None, batch_size: int = 64, progress: bool = False) -> None:
+        from ..certify import ESTIMATORS, _check_pool, _count
+
+        if every is not None and at is not None:
+            raise WidthscopeError("give either every=N or at=[steps], not both")
+        self.every = None if every is None else _check_int(every, "every (probe interval in optimizer steps)", 1)
+        self.at = None if at is None else sorted({_check_int(s, "each step of at", 0) for s in at})
+        if self.at is not None and not self.at:
+            raise WidthscopeError("at is empty: give the optimizer steps to probe, e.g. at=[0, 100, 1000]")
+        self.M = _check_int(M, "M", 1)
+        self.K = self.M if K is None else _check_int(K, "K", 1)
+        self.draws = _check_int(draws, "draws", 1)
+        self.seed = _check_int(seed, "seed", 0)
+        if not (isinstance(delta, (int, float)) and 0.0 < float(delta) < 1.0):
+            raise WidthscopeError(f"delta must be a probability in (0, 1), got {delta!r}")
+        self.delta = float(delta)
+        if estimator not in ESTIMATORS:
+            raise WidthscopeError(f"unknown estimator {estimator!r}; choose {' or '.join(ESTIMATORS)}")
+        if pool not in POOLS:
+            raise WidthscopeError(f"unknown pool {pool!r}; choose one of {', '.join(POOLS)}")
+        self.estimator, self.pool, self.loss_fn, self.progress = estimator, pool, loss_fn, progress
+        batch_size = _check_int(batch_size, "batch_size", 1)
+        state = TrainingState(model)  # drawing a shuffling DataLoader uses the torch RNG: undo it
+        try:
+            self.train = _as_batches(train, "train", batch_size)
+            self.test = _as_batches(test, "held-out", batch_size)
+        finally:
+            state.restore()
+        if pool != "token":
+            _check_pool(_count(self.train), self.M, "train", "the train pool size", pool)
+            _check_pool(_count(self.test), self.K, "held-out", "the held-out pool size", pool)
+        from .. import distributed
+
+        W = distributed.world_size()
+        for what, lst in (("train", self.train), ("held-out", self.test)):
+            if len(lst) < W:
+                raise WidthscopeError(f"the {what} pool has {len(lst)} batch(es) for {W} ranks: every rank "
+                                      "probes its share; give smaller batches (batch_size=) or a larger pool")
+        model = _unwrap(model)
+        self.points = resolve_points(model, points)
+        self.model = model
+        self.rows: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self._certified: set[str] = set()
+        self._done: set[int] = set()
+        self.out = None if out is None else Path(out)
+        self.notes: list[str] = []  # what the probe said once (e.g. BatchNorm ran in eval mode)
+        self._dry_check(model)
+        if self.out is not None:
+            self._open(self.out)
+
+    @property
+    def _writes(self) -> bool:
+        # Under torch.distributed every rank computes the same rows; rank 0 alone writes them.
+        from .. import distributed
+
+        return self.out is not None and distributed.is_main()
+
+    # ------------------------------------------------------------------ settings / resume
+    def settings(self) -> dict[str, Any]:
+        return {"kind": "settings", "points": list(self.points), "M": self.M, "K": self.K,
+                "every": self.every, "at": self.at, "delta": self.delta, "draws": self.draws,
+                "seed": self.seed, "estimator": self.estimator, "pool": self.pool,
+                "n_train": _count_safe(self.train), "n_test": _count_safe(self.test)}
+
+    def _open(self, path: Path) -> None:
+        old = read_jsonl(path)
+        mine = to_jsonable(self.settings())
+        if not old:
+            if self._writes:
+                append_jsonl(path, [mine])
+            return
+        head = old[0]
+        if head.get("kind") != "settings" or head != mine:
+            diff = sorted(k for k in set(head) | set(mine) if head.get(k) != mine.get(k))
+            raise WidthscopeError(f"{path} holds monitor rows with other settings ({', '.join(diff) or 'no header'}); "
+                                  "give another out= file or the same settings to resume")
+        for r in old[1:]:
+            if r.get("kind") == "row":
+                self.rows.append(r)
+                self._done.add(int(r["step"]))
+            elif r.get("kind") == "certified":
+                self.events.append(r)
+                self._certified.add(r["point"])
+
+    def _dry_check(self, model: nn.Module) -> None:
+        """One probe of one batch per pool: bad data/points fail now, and a model whose probe
+        changes a parameter or buffer (which the monitor could not undo) is refused. With
+        ``pool="token"`` the sample count is known only after probing, so the whole pools are
+        probed once here and checked against ``M`` / ``K``."""
+        from ..certify import _check_pool
+
+        before = _tensors(model)
+        state = TrainingState(model)
+        whole = self.pool == "token"
+        try:
+            for batches, need, what in ((self.train, self.M, "train"), (self.test, self.K, "held-out")):
+                q = collect(model, batches if whole else batches[:1], points=self.points, loss_fn=self.loss_fn,
+                            pool=self.pool, train_mode="eval", progress=False)
+                self.notes = list(dict.fromkeys(self.notes + q.notes))
+                if whole:
+                    _check_pool(q[self.points[0]].shape[0], need, what, f"the {what} pool size", self.pool)
+        finally:
+            state.restore()
+        after = _tensors(model)
+        changed = [k for k in before if not torch.equal(before[k], after[k])]
+        if changed:
+            with torch.no_grad():  # put the model back before refusing it
+                for k in changed:
+                    kind, name = k.split(" ", 1)
+                    src = before[k]
+                    (model.get_parameter(name) if kind == "parameter" else model.get_buffer(name)).copy_(src)
+            raise WidthscopeError(
+                f"the monitor cannot restore this model exactly: an eval-mode forward pass changes "
+                f"{', '.join(changed[:3])}{' ...' if len(changed) > 3 else ''}; make that update happen "
+                "only in training mode (or probe a copy of the model with widthscope.certify.certify)")
+
+    # ------------------------------------------------------------------ scheduling
+    def should_probe(self, step: int) -> bool:
+        """Whether ``step`` (optimizer steps done) is a monitored step not yet recorded."""
+        if step in self._done:
+            return False
+        if self.at is not None:
+            return step in self.at
+        if self.every is not None:
+            return step % self.every == 0
+        return _is_log_step(step)
+
+    def step(self, model: nn.Module | None = None, step: int = 0) -> list[dict[str, Any]]:
+        """Plain-loop adapter: call after each optimizer step with the number of steps done.
+
+        Probes when :meth:`should_probe` says so and returns that step's rows (else ``[]``).
+        """
+        step = _check_int(step, "step", 0)
+        if not self.should_probe(step):
+            return []
+        return self.probe(self.model if model is None else model, step)
+
+    # ------------------------------------------------------------------ the probe
+    def probe(self, model: nn.Module, step: int) -> list[dict[str, Any]]:
+        """Probe now (whatever the schedule), record and return the rows of ``step``."""
+        from .. import distributed
+        from ..certify import _gather, statistics
+
+        model = _unwrap(model)
+        state = TrainingState(model)
+        try:
+            t0 = time.perf_counter()
+            common = dict(points=self.points, loss_fn=self.loss_fn, pool=self.pool, train_mode="eval",
+                          progress=self.progress)
+            with warnings.catch_warnings():  # said once, by the dry probe at construction
+                warnings.simplefilter("ignore", UserWarning)
+                qa = collect(model, distributed.shard(self.train), **common)
+                qb = collect(model, distributed.shard(self.test), **common)
+            # Each rank probed its contiguous share; the gathered rows are in pool order.
+            qa, qb = ({n: _gather(q[n], _device(model)) for n in self.points} for q in (qa, qb))
+            probe_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            results, _ = statistics(qa, qb, pairs=[(self.M, self.K)], draws=self.draws,
+                                    seed=self.seed, estimator=self.estimator, pool=self.pool)
+            rows = [self._row(r, step) for r in results]
+            stats_s = time.perf_counter() - t0
+        finally:
+            state.restore()
+        for r in rows:
+            r["probe_s"], r["stats_s"] = probe_s, stats_s
+        new = rows + self._events(rows)
+        self.rows.extend(rows)
+        self._done.add(step)
+        if self._writes:
+            append_jsonl(self.out, new)
+        return new
+
+    def _row(self, r: dict[str, Any], step: int) -> dict[str, Any]:
+        from ..stats import CrossMoments, plan, vacuous_rule
+
+        c = r["certificates"][0]
+        two, one, mis = c["two"], c["one"], c["misalignment"]
+        p = plan(CrossMoments(**r["cross_moments"]), target=self.delta)
+        row = {"kind": "row", "step": step, "point": r["point"], "M": self.M, "K": self.K,
+               "n_train": r["n_train"], "n_test": r["n_test"], "d": r["d"], "populations": two["populations"],
+               "d_par": two["d_par"], "d_2": two["d_2"], "d_align": two["d_align"], "vacuous": two["vacuous"],
+               "reason": two["reason"], "b_exact": two["b_exact"], "b_align": two["b_align"],
+               "expectation": two["expectation"], "d_align_one": one["d_align"],
+               "misalignment": mis["probability"], "misalignment_low": mis["low"],
+               "misalignment_high": mis["high"], "draws": mis["draws"], "delta": self.delta,
+               "plan_M_exact": p.equal_exact, "plan_M_align": p.equal_align}
+        return vacuous_rule(row)
+
+    def _events(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for r in rows:
+            if r["point"] not in self._certified and not r["vacuous"] and r["b_exact"] <= self.delta:
+                self._certified.add(r["point"])
+                out.append({"kind": "certified", "step": r["step"], "point": r["point"], "delta": self.delta,
+                            "b_exact": r["b_exact"], "M": self.M, "K": self.K})
+        self.events.extend(out)
+        return out
+
+    # ------------------------------------------------------------------ for loggers
+    @staticmethod
+    def metrics(rows: Iterable[dict[str, Any]], prefix: str = "align") -> dict[str, float]:
+        """Flat ``{"align/<point>/<column>": number}`` of the rows (``None`` values left out)."""
+        out: dict[str, float] = {}
+        for r in rows:
+            if r.get("kind") == "certified":
+                out[f"{prefix}/{r['point']}/certified_step"] = float(r["step"])
+                continue
+            for col in METRIC_COLUMNS:
+                v = r.get(col)
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                    out[f"{prefix}/{r['point']}/{col}"] = float(v)
+        return out
+
+
+def lazy_class(module: str, name: str, make: Callable[[], type]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` that builds class ``name`` with ``make()`` on first use, so the
+    framework it subclasses is imported only then (importing the module, e.g. for doctests,
+    never needs the framework)."""
+    cache: dict[str, type] = {}
+
+    def getattr_(attr: str) -> Any:
+        if attr == name:
+            if name not in cache:
+                cache[name] = make()
+            return cache[name]
+        raise AttributeError(f"module {module!r} has no attribute {attr!r}")
+
+    return getattr_
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The module inside DistributedDataParallel / DataParallel (the probe needs no wrapper)."""
+    if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        return model.module
+    return model
+
+
+def _device(model: nn.Module) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except StopIteration:
+        return torch.device("cpu")
+
+
+def _count_safe(batches: list[Any]) -> int | None:
+    from ..certify import _count
+
+    try:
+        return _count(batches)
+    except (AttributeError, TypeError, IndexError, KeyError):
+        return None

@@ -1,0 +1,60 @@
+"""Lightning adapter: the monitor as a ``Callback`` logging through ``pl_module.log_dict``.
+
+Usage::
+
+    from widthscope.monitor.lightning import AlignmentCallback
+    trainer = lightning.Trainer(callbacks=[AlignmentCallback(monitor)], ...)
+
+``on_train_batch_end`` calls ``monitor.step(pl_module, trainer.global_step)``
+(``global_step`` counts optimizer steps, so gradient accumulation is respected) and logs the
+rows with ``pl_module.log_dict(..., on_step=True, on_epoch=False)``, so every Lightning logger
+(TensorBoard, W&B, MLflow, CSV) receives them. Step 0 is probed in ``on_train_start``, where
+Lightning allows no logging: its rows are kept in ``monitor.rows`` (and ``out=``) only.
+Lightning (``lightning`` or ``pytorch_lightning``) is imported on first use of the class.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .core import AlignmentMonitor, lazy_class
+
+__all__ = ["AlignmentCallback"]
+
+
+
+def _base() -> type:
+    try:
+        from lightning.pytorch.callbacks import Callback
+    except ImportError:  # the older package name
+        try:
+            from pytorch_lightning.callbacks import Callback
+        except ImportError as exc:
+            from ..errors import WidthscopeError
+
+            raise WidthscopeError("widthscope.monitor.lightning needs Lightning: pip install "
+                                  "'widthscope[lightning]'") from exc
+    return Callback
+
+
+def _make_class() -> type:
+    class AlignmentCallback(_base()):  # type: ignore[misc]
+        """Probe after each optimizer step chosen by the monitor's schedule; log through ``pl_module``."""
+
+        def __init__(self, monitor: AlignmentMonitor, prefix: str = "align") -> None:
+            super().__init__()
+            self.monitor, self.prefix = monitor, prefix
+
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            self.monitor.step(pl_module, int(trainer.global_step))
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                               batch_idx: int) -> None:
+            # Every rank probes its share of the pools; the gathered rows are equal on all ranks.
+            rows = self.monitor.step(pl_module, int(trainer.global_step))
+            if rows:
+                pl_module.log_dict(AlignmentMonitor.metrics(rows, self.prefix), on_step=True, on_epoch=False)
+
+    return AlignmentCallback
+
+
+__getattr__ = lazy_class(__name__, "AlignmentCallback", _make_class)
