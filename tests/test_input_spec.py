@@ -105,7 +105,7 @@ KNOWN_CYCLES = {
 }
 MATHS = ("widthscope.stats", "widthscope.probe", "widthscope.linear")
 PIPELINES = ("widthscope.certify", "widthscope.certify_tables", "widthscope.grow", "widthscope.grow_bench",
-             "widthscope.grow_compare",
+             "widthscope.grow_compare", "widthscope.monitor",
              "widthscope.samples", "widthscope.sweep", "widthscope.demo", "widthscope.train")
 PRESENTATION = ("widthscope.report", "widthscope.cli", "widthscope.cli_inputs", "widthscope.validate")
 # issue 20: being removed — linear/sweep.py is a pipeline (a sweep command) living in linear/; the

@@ -246,7 +246,7 @@ class _Replaced:
 
 # ----------------------------------------------------------------------------- stacked losses
 def _chunks(data: Any, per: int) -> Iterator[Any]:
-    from .intervene import to_batches
+    from .batches import to_batches
 
     yield from to_batches(data, per)
 
@@ -265,7 +265,7 @@ def _cached_losses(model: nn.Module, point: str, p: Plan, steps: torch.Tensor, b
                    loss_fn: Callable | None, to_dev: Callable[[Any], Any], bi: int) -> torch.Tensor:
     """``cached`` path for one chunk: per-row losses ``(E·B,)`` of the stacked pass."""
     from .collect import _run_batch, _split_output
-    from .intervene import _cat
+    from .batches import _cat
 
     E = steps.shape[0]
     b = to_dev(batch)
@@ -310,7 +310,7 @@ def stacked_totals(model: nn.Module, point: str, steps: torch.Tensor, data: Any,
     reruns everything on the full path, whose own errors are the model's and propagate."""
     from ..errors import WidthscopeError
     from .collect import float_dtype
-    from .intervene import _batch_size, take
+    from .batches import _batch_size, take
 
     if mode == "full":
         return _full_totals(model, point, steps, data, loss_fn, per, to_dev), "full: requested"
@@ -343,7 +343,7 @@ def _full_rows(model: nn.Module, point: str, steps: torch.Tensor, batch: Any, lo
     """Per-row losses ``(E·B,)`` of the ``full`` path for one chunk: the batch stacked ``E``
     times, a forward hook adding ``steps[e]`` to copy ``e`` at ``point``."""
     from .collect import _run_batch, _split_output
-    from .intervene import _cat
+    from .batches import _cat
 
     def hook(_m: nn.Module, _i: Any, out: Any) -> Any:
         z, put = _split_output(out, point)
