@@ -57,7 +57,7 @@ def env(tmp_path_factory):
     (root / "a_file").write_text("not a directory")
     import torch
 
-    from widthscope.samples import save
+    from widthscope.certify.samples import save
 
     g = torch.Generator().manual_seed(0)
     save(root / "s.safetensors", {"p": torch.randn(16, 4, generator=g, dtype=torch.float64)},

@@ -18,9 +18,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("widthscope.sweep.cli", "width sweep from a TOML config: train, certify, record (resumable)"),
     "report": ("widthscope.report", "plots and an HTML report from a results directory"),
     "demo": ("widthscope.demo", "small end-to-end width sweep on built-in data, then the report"),
-    "stats": ("widthscope.samples", "certificates, misalignment and tables from saved samples, without a model"),
+    "stats": ("widthscope.certify.samples", "certificates, misalignment and tables from saved samples, without a model"),
     "grow": ("widthscope.grow", "rank insertion points, insert a block at the best one, train it"),
-    "grow-bench": ("widthscope.grow_bench", "grow a block at every point of a model suite; compare growth criteria"),
+    "grow-bench": ("widthscope.grow.bench", "grow a block at every point of a model suite; compare growth criteria"),
     "linearize": ("widthscope.linear.sweep", "linearization width sweep from a TOML config (resumable)"),
     "activations": ("widthscope.linear.activations", "audit activation derivatives max|phi^(k)|/(k+1)!"),
 }

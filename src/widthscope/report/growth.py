@@ -1,4 +1,4 @@
-"""Report section for the growth benchmark (rows ``kind="growth_bench"``, :mod:`widthscope.grow_bench`).
+"""Report section for the growth benchmark (rows ``kind="growth_bench"``, :mod:`widthscope.grow.bench`).
 
 * the practitioner's table: per model, the held-out gain of training the original model for the
   same FLOPs (``continue``) beside growing at the last block, at the oracle's point (chosen on
@@ -60,7 +60,7 @@ def _cmp(table: Sequence[Mapping[str, Any]], budget: str = "long") -> list[Mappi
 
 
 def _table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    from ..grow_compare import compare
+    from ..grow.compare import compare
 
     return compare(rows)
 
@@ -189,7 +189,7 @@ def tables(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    from ..grow_compare import winner
+    from ..grow.compare import winner
 
     table = _table(rows)
     w = winner(table)
@@ -258,7 +258,7 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path, table: Seque
 def write_report(rows: Sequence[Mapping[str, Any]], table: Sequence[Mapping[str, Any]], out_dir: str | Path
                  ) -> list[Path]:
     """``comparison.md`` and the two PNG figures in ``out_dir``."""
-    from ..grow_compare import winner
+    from ..grow.compare import winner
 
     out_dir = Path(out_dir)
     w = winner(table)

@@ -48,9 +48,9 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn as nn
 
-from ._io import atomic_write_json, format_table, progress
-from .errors import WidthscopeError
-from .probe.intervene import (_block_of, _index, _w_out_grad, as_examples, insert, mean_loss,
+from .._io import atomic_write_json, format_table, progress
+from ..errors import WidthscopeError
+from ..probe.intervene import (_block_of, _index, _w_out_grad, as_examples, insert, mean_loss,
                               per_example_losses, take, to_batches)
 
 __all__ = ["grow", "rank_points", "grow_at", "add_arguments", "run", "DELTAS", "DEFAULT_CRITERION",
@@ -62,7 +62,7 @@ DEFAULT_CRITERION = "line_search"
 
 
 def _n(data: Any) -> int:
-    from .probe.intervene import _batch_size
+    from ..probe.intervene import _batch_size
 
     return _batch_size(data)
 
@@ -94,13 +94,13 @@ def rank_points(model: nn.Module, train: Any, test: Any, *, points: Sequence[str
     ``1 − B_exact``, 0 when vacuous) and ``MK_needed_δ`` (its planner's ``M = K`` for
     ``B_exact ≤ δ``). Returns rows ``kind="growth"``, ``role="candidate"`` with ``rank`` (1 = best).
     """
-    from .probe.growth import CRITERIA
+    from ..probe.growth import CRITERIA
 
     if criterion not in CRITERIA:
         raise WidthscopeError(f"unknown growth criterion {criterion!r}; choose one of {', '.join(CRITERIA)}")
-    from .probe.collect import collect
-    from .probe.points import resolve_points
-    from .stats import certificate, plan, vacuous_rule
+    from ..probe.collect import collect
+    from ..probe.points import resolve_points
+    from ..stats import certificate, plan, vacuous_rule
 
     names = resolve_points(model, points)
     S_a = collect(model, to_batches(train, batch_size), points=names, loss_fn=loss_fn,
@@ -126,7 +126,7 @@ def rank_points(model: nn.Module, train: Any, test: Any, *, points: Sequence[str
         for d in DELTAS:
             row[f"MK_needed_{d:g}"] = row[f"MK_exact_{d:g}"]
         if criterion != "bias":
-            from .probe.growth import point_criteria
+            from ..probe.growth import point_criteria
 
             pc = point_criteria(model, p, train, test, M=M, K=K, eta=eta, hidden=block_width,
                                 block_seed=block_seed, loss_fn=loss_fn, batch_size=batch_size, deltas=DELTAS)
@@ -172,7 +172,7 @@ def _train_new(model: nn.Module, params: list[nn.Parameter], train: Any, *, step
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(int(seed))
     n = _n(train)
-    from .probe.intervene import _EvalMode, _index
+    from ..probe.intervene import _EvalMode, _index
 
     with _EvalMode(model):
         for step in progress(range(steps), desc="grow: train", disable=None if show_progress else True):
@@ -197,7 +197,7 @@ def step_flops(model: nn.Module, batch: Any, loss_fn: Callable | None = None) ->
     back-propagated, so growing a block late in a network is cheaper than training it all."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from .probe.intervene import _EvalMode
+    from ..probe.intervene import _EvalMode
 
     fc = FlopCounterMode(display=False)
     with _EvalMode(model), fc:
@@ -315,7 +315,7 @@ def grow(model: nn.Module, data: Any, *, points: Sequence[str] | str | None = No
         ``{"candidates": [...], "growth": [...], "chosen": point, "rows": candidates + growth}``;
         every row has ``kind="growth"`` and ``role`` in ``candidate|best|worst|random``.
     """
-    from .probe.growth import CRITERIA
+    from ..probe.growth import CRITERIA
 
     if criterion not in CRITERIA:
         raise WidthscopeError(f"unknown growth criterion {criterion!r}; choose one of {', '.join(CRITERIA)}")
@@ -339,8 +339,8 @@ def grow(model: nn.Module, data: Any, *, points: Sequence[str] | str | None = No
     n_train = min(n_tr, max(4 * M, 256)) if n_train is None else int(n_train)
     if not 1 <= n_train <= n_tr:
         raise WidthscopeError(f"n_train={n_train}: need between 1 and the {n_tr} training examples given")
-    from .probe.points import resolve_points
-    from .validate import check_pools
+    from ..probe.points import resolve_points
+    from ..validate import check_pools
 
     resolve_points(model, points)  # unknown names first: the clearest error
     # The same rule and message as certify: M/K draw without replacement from their pools.
@@ -388,7 +388,7 @@ def grow(model: nn.Module, data: Any, *, points: Sequence[str] | str | None = No
 
 # ----------------------------------------------------------------------------- CLI
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .cli_inputs import add_arguments as add_inputs
+    from ..cli_inputs import add_arguments as add_inputs
 
     add_inputs(p, model_required=True, n_train=None, n_test=None, n_train_help="2048, capped at what the data has",
                n_test_help="512, capped at what the data has")
@@ -402,7 +402,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-all", action="store_true", help="train every parameter, not only the new block")
     p.add_argument("--compare", action="store_true", help="also grow at the worst-ranked and a random point, and train the original model "
                    "for the same FLOPs (is growing better than training longer?)")
-    from .probe.growth import CRITERIA
+    from ..probe.growth import CRITERIA
 
     p.add_argument("--criterion", choices=list(CRITERIA), default=DEFAULT_CRITERION,
                    help=f"what ranks the points (default {DEFAULT_CRITERION}, the winner of `widthscope "
@@ -415,9 +415,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _builtin(args: argparse.Namespace) -> tuple[nn.Module, Any, Any]:
     """The built-in MLP *untrained* (checked before it trains), its digits split and the pools
     grow uses: the whole split, or seeded subsets of ``--n-train`` / ``--n-test`` examples."""
-    from .data import load
-    from .data.inputs import _pick
-    from .models import build
+    from ..data import load
+    from ..data.inputs import _pick
+    from ..models import build
 
     split = load("digits", seed=args.seed)
     torch.manual_seed(args.seed)
@@ -436,8 +436,8 @@ def _builtin(args: argparse.Namespace) -> tuple[nn.Module, Any, Any]:
 
 def _check_builtin(model: nn.Module, pools: Any, args: argparse.Namespace) -> None:
     """grow()'s own checks on the pool sizes and points, before the built-in model trains."""
-    from .probe.points import resolve_points
-    from .validate import check_pools
+    from ..probe.points import resolve_points
+    from ..validate import check_pools
 
     resolve_points(model, args.points)
     n_tr, n_te = _n(pools[0]), _n(pools[1])
@@ -452,8 +452,8 @@ def _check_builtin(model: nn.Module, pools: Any, args: argparse.Namespace) -> No
 def _check_out_space(model: nn.Module, args: argparse.Namespace) -> None:
     """Free space for the --out JSON: candidate and growth rows (about 2 KB each, over-estimated)."""
     if args.out:
-        from ._io import check_space
-        from .probe.points import resolve_points
+        from .._io import check_space
+        from ..probe.points import resolve_points
 
         check_space(args.out, 20_000 + 8_000 * len(resolve_points(model, args.points)))
 
@@ -461,9 +461,9 @@ def _check_out_space(model: nn.Module, args: argparse.Namespace) -> None:
 def _load_inputs(args: argparse.Namespace, show: bool) -> Any:
     """Model and pools through the shared input layer; ``--n-train``/``--n-test`` default to
     2048/512 capped at what the data has."""
-    from .cli_inputs import spec_from_args
-    from .data.inputs import load_model, resolve
-    from .probe.points import resolve_points
+    from ..cli_inputs import spec_from_args
+    from ..data.inputs import load_model, resolve
+    from ..probe.points import resolve_points
 
     spec = spec_from_args(args, "grow")  # the 2048/512 capped defaults live there
     model = load_model(spec.model, dtype=spec.dtype, task=spec.task)
@@ -475,7 +475,7 @@ def run(args: argparse.Namespace) -> int:
     show = True  # a bar on a terminal, periodic lines in a log (widthscope._io.progress)
     if args.model == "builtin":
         # Data options were refused by widthscope.validate.APPLIES (they do not fit the built-in model).
-        from .train import train
+        from ..train import train
 
         model, full, split = _builtin(args)
         _check_builtin(model, split, args)

@@ -44,12 +44,12 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 import torch.nn as nn
 
-from . import distributed
-from ._io import atomic_write_json, to_jsonable
-from .errors import WidthscopeError
-from .certify_tables import _check_pool, _v, ranking, statistics, tables  # noqa: F401  (re-exported)
-from .probe import collect, resolve_points
-from .validate import _float_list, _int_list, _num_list, _pairs, _sizes  # noqa: F401  (re-exported)
+from .. import distributed
+from .._io import atomic_write_json, to_jsonable
+from ..errors import WidthscopeError
+from .per_point import _check_pool, _v, ranking, statistics, tables  # noqa: F401  (re-exported)
+from ..probe import collect, resolve_points
+from ..validate import _float_list, _int_list, _num_list, _pairs, _sizes  # noqa: F401  (re-exported)
 
 __all__ = ["certify", "add_arguments", "run", "DEFAULT_M"]
 
@@ -143,7 +143,7 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
     projectors: dict[str, Any] = {}
 
     def _project(name: str, x: torch.Tensor) -> torch.Tensor:
-        from .stats.sketch import Projector
+        from ..stats.sketch import Projector
 
         if name not in projectors:  # same seed on every rank and for train/held-out
             projectors[name] = Projector(x.shape[1], project, seed=seed)
@@ -170,7 +170,7 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
 
     t0 = time.perf_counter()
     if interventions in ("bias", "block"):
-        from .probe.intervene import intervene
+        from ..probe.intervene import intervene
 
         m_max, k_max = max(m for m, _ in pairs), max(k for _, k in pairs)
         test_losses = _gather(qb.losses[:, None], device)[:, 0]  # all ranks' rows, in order
@@ -215,7 +215,7 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
 
 def data_description(info: dict[str, Any], data: str | None = None) -> str:
     """The probe pools of a certify run in words (corpus, split rule, sizes) from the inputs' info."""
-    from .data import describe_name
+    from ..data import describe_name
 
     def src(part: Any) -> str | None:
         return part.get("source") if isinstance(part, dict) else None
@@ -248,7 +248,7 @@ PROTOCOLS: dict[str, dict[str, Any]] = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from .cli_inputs import add_arguments as add_inputs
+    from ..cli_inputs import add_arguments as add_inputs
 
     add_inputs(parser, model_default="builtin", n_train=256, n_test=None,
                n_test_help="256; all with --protocol published")
@@ -321,7 +321,7 @@ def _two_sources(args: argparse.Namespace) -> bool:
 
 def _builtin_structure(args: argparse.Namespace) -> tuple[nn.Module, Any]:
     """The built-in MLP, untrained (its points and shapes are checked before it trains), and its split."""
-    from . import data, models
+    from .. import data, models
 
     split = data.load("digits", seed=args.seed)
     torch.manual_seed(args.seed)
@@ -331,7 +331,7 @@ def _builtin_structure(args: argparse.Namespace) -> tuple[nn.Module, Any]:
 
 
 def _train_builtin(model: nn.Module, split: Any, args: argparse.Namespace, say: Callable[[str], None]) -> None:
-    from .train import train
+    from ..train import train
 
     t0 = time.perf_counter()
     res = train(model, split, steps=args.train_steps, lr=3e-3, batch_size=64, seed=args.seed,
@@ -354,9 +354,9 @@ def _check_combinations(args: argparse.Namespace, pairs: Sequence[tuple[int, int
         raise WidthscopeError("--all only changes what --list-points prints (every module path): add --list-points "
                               "or drop --all")
     if args.pool != "token":
-        from .validate import check_pools
+        from ..validate import check_pools
 
-        from .data.published import is_all
+        from ..data.published import is_all
 
         Ms, Ks = [m for m, _ in pairs], [k for _, k in pairs]
         # "all": the pool's size is known once the source is read (certify checks it then)
@@ -368,7 +368,7 @@ def _point_dims(model: nn.Module, names: Sequence[str], inputs: Any, args: argpa
                 ) -> tuple[dict[str, int], int]:
     """Each point's sample dimension and the sample rows per example, from one probed example
     (one forward and backward pass): what --project and the output sizes are checked against."""
-    from .probe.intervene import _index
+    from ..probe.intervene import _index
 
     one = _index(inputs.train, slice(0, 1))
     q = collect(model, [one], points=list(names), loss_fn=inputs.loss_fn, pool=args.pool, progress=False)
@@ -388,7 +388,7 @@ def _check_space(args: argparse.Namespace, names: Sequence[str], n_pairs: int, d
                  rows: int) -> None:
     """Free space for what this run writes: the JSON (and its per-point parts, on disk at the same
     time) and the samples file. Over-estimates (about 1.3x the JSON measured on the built-in model)."""
-    from ._io import check_space
+    from .._io import check_space
 
     per_point = 2500 + 2500 * n_pairs + (6000 if args.interventions != "none" else 0)
     check_space(args.out, 2 * (4000 + len(names) * per_point), "the results (JSON and its per-point parts)")
@@ -417,7 +417,7 @@ class _Parts:
         blob = json.dumps(self.settings, sort_keys=True, default=str)
         self.fingerprint = hashlib.sha256(blob.encode()).hexdigest()[:16]
         self.written = 0
-        from ._io import on_interrupt
+        from .._io import on_interrupt
 
         on_interrupt(self.describe)
 
@@ -469,7 +469,7 @@ class _Parts:
 def _certify_rest(model: nn.Module, inputs: Any, args: argparse.Namespace, todo: list[str], Ms: Any, Ks: Any,
                   etas: Any, samples: dict[str, Any], parts: _Parts, main: bool) -> dict[str, Any]:
     """certify() on the points still to do, writing each finished point as it completes."""
-    from .probe.intervene import to_batches
+    from ..probe.intervene import to_batches
 
     notes_box: list[str] = []
 
@@ -493,7 +493,7 @@ def _merge(res: dict[str, Any] | None, done: dict[str, dict[str, Any]], names: S
     rows = {r["point"]: r for r in (res["points"] if res else [])}
     rows.update({p: d["row"] for p, d in done.items() if p not in rows})
     points = [rows[n] for n in names]
-    from .stats import vacuous_rule
+    from ..stats import vacuous_rule
 
     for cert in (c[f] for pt in points for c in pt["certificates"] for f in ("one", "two")):
         vacuous_rule(cert)  # parts finished before the rule read as new ones do
@@ -515,9 +515,9 @@ def _merge(res: dict[str, Any] | None, done: dict[str, dict[str, Any]], names: S
 
 
 def run(args: argparse.Namespace) -> int:
-    from .cli_inputs import spec_from_args
-    from .data.inputs import load_model, resolve
-    from .models.hf import model_info
+    from ..cli_inputs import spec_from_args
+    from ..data.inputs import load_model, resolve
+    from ..models.hf import model_info
 
     main = distributed.is_main()
 
@@ -533,7 +533,7 @@ def run(args: argparse.Namespace) -> int:
     etas = _float_list(args.etas, "--etas")
     _check_combinations(args, pairs, etas)
     spec = spec_from_args(args, "certify")  # the inputs, validated before the model loads
-    from .train import resolve_device
+    from ..train import resolve_device
 
     device = resolve_device(args.device)
     if device.type == "cuda" and device.index is None and distributed.is_distributed():
@@ -548,13 +548,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         model = load_model(args.model, dtype=args.dtype, task=args.task)
     if args.list_points:
-        from .probe import all_points, insertion_points
+        from ..probe import all_points, insertion_points
         say("\n".join(all_points(model) if args.all else insertion_points(model)))
         return 0
     names = resolve_points(model, args.points)
     inputs = resolve(spec, model=model, show_progress=main)
-    from .cli_inputs import settle_all
-    from .probe.intervene import _batch_size
+    from ..cli_inputs import settle_all
+    from ..probe.intervene import _batch_size
 
     settle_all(args, _batch_size(inputs.train), _batch_size(inputs.test))
     dims, rows = _point_dims(model, names, inputs, args)
@@ -608,6 +608,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    from .cli import main as _main
+    from ..cli import main as _main
 
     sys.exit(_main(["certify", *sys.argv[1:]]))

@@ -1,0 +1,269 @@
+"""Pooled samples as an artifact, and ``widthscope stats``: certificates without a model.
+
+``widthscope certify --save-samples FILE`` writes the pooled sample vectors of every point
+(safetensors: tensors ``train/<point>`` and ``test/<point>``, float64) with everything that
+produced them in the metadata (the certify settings, notes, the original dimension of each
+point, the intervention rows, which need the model and are carried over as recorded).
+
+``widthscope stats FILE [--estimator] [--M] [--K] [--draws] [--seed] [--out]`` recomputes the
+moments, certificates, misalignment and ranking from those samples with
+:func:`widthscope.certify_tables.statistics` — the code certify runs — so with the saved settings it
+reproduces the certify JSON (timings aside), and with other settings it answers "what if"
+without probing again. ``widthscope stats --train A --test B`` does the same for sample
+matrices saved by other scripts: ``.npy`` (one ``(B, N)`` array: one point, named by
+``--point`` or the file stem), ``.npz`` (one array per point) or ``.pt`` (a tensor or a dict
+of tensors, read with ``weights_only=True``).
+
+Example::
+
+    >>> import tempfile, torch
+    >>> from widthscope.samples import save, load
+    >>> d = tempfile.mkdtemp()
+    >>> a, b = {"p": torch.randn(8, 3, dtype=torch.float64)}, {"p": torch.randn(8, 3, dtype=torch.float64)}
+    >>> _ = save(f"{d}/s.safetensors", a, b, {"settings": {"M": [4]}})
+    >>> tr, te, meta = load(f"{d}/s.safetensors")
+    >>> bool(torch.equal(tr["p"], a["p"])), meta["settings"]
+    (True, {'M': [4]})
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import WidthscopeError
+
+__all__ = ["save", "load", "load_matrices", "recompute", "add_arguments", "run"]
+
+FORMAT = "widthscope-samples-1"
+
+
+def save(path: str | os.PathLike, train: dict[str, torch.Tensor], test: dict[str, torch.Tensor],
+         meta: dict[str, Any]) -> Path:
+    """Write samples and their metadata atomically (temporary file + rename)."""
+    from safetensors.torch import save_file
+
+    from .._io import _umask, _unwritable, to_jsonable
+
+    path = Path(path)
+    tensors = {f"train/{k}": v.detach().to("cpu", torch.float64).contiguous() for k, v in train.items()}
+    tensors.update({f"test/{k}": v.detach().to("cpu", torch.float64).contiguous() for k, v in test.items()})
+    header = {"format": FORMAT, "points": json.dumps(list(train)),
+              **{k: json.dumps(to_jsonable(v)) for k, v in meta.items()}}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        os.close(fd)
+        try:
+            save_file(tensors, tmp, metadata=header)
+            os.chmod(tmp, 0o666 & ~_umask())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except OSError as exc:
+        raise _unwritable(path, exc) from None
+    return path
+
+
+def load(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
+    """(train, test, meta) of a file written by :func:`save`."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if path.is_dir():
+        raise WidthscopeError(f"samples file {str(path)!r} is a directory: give the file certify --save-samples FILE "
+                              "wrote (or --train/--test matrices)")
+    if not path.is_file():
+        raise WidthscopeError(f"samples file {str(path)!r} does not exist (certify --save-samples FILE writes one)")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            header = f.metadata() or {}
+            # clone: torch-allocated (aligned) memory, so BLAS sums in the same order as in certify
+            tensors = {k: f.get_tensor(k).clone() for k in f.keys()}
+    except Exception as exc:
+        raise WidthscopeError(f"{path} is not a safetensors samples file ({exc}); for .npy/.npz/.pt matrices "
+                              "use --train and --test") from None
+    if header.get("format") != FORMAT:
+        raise WidthscopeError(f"{path} is a safetensors file but not widthscope samples (no format "
+                              f"{FORMAT!r} in its metadata): write one with certify --save-samples")
+    points = json.loads(header["points"])
+    meta = {k: json.loads(v) for k, v in header.items() if k not in ("format", "points")}
+    return ({p: tensors[f"train/{p}"] for p in points}, {p: tensors[f"test/{p}"] for p in points}, meta)
+
+
+def _read_pt(path: Path) -> Any:
+    """``torch.load(weights_only=True)`` with one clear line (and no torch warning) for a pickle."""
+    import pickle
+    import re
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        what = f" (e.g. {found.group(1)})" if found else ""
+        raise WidthscopeError(f"{path} holds pickled Python objects{what}, which are never loaded (no code from a "
+                              "file runs): save plain tensors, torch.save({name: tensor}), or .npy/.npz") from None
+
+
+def _matrix_file(path: Path, point: str | None) -> dict[str, torch.Tensor]:
+    if path.is_dir():
+        raise WidthscopeError(f"{path} is a directory: give a .npy, .npz or .pt file of sample matrices")
+    if not path.is_file():
+        raise WidthscopeError(f"{path} does not exist")
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".npy":
+            arrays = {point or path.stem: np.load(path, allow_pickle=False)}
+        elif suffix == ".npz":
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+        elif suffix in (".pt", ".pth"):
+            obj = _read_pt(path)
+            arrays = {point or path.stem: obj} if isinstance(obj, torch.Tensor) else obj
+            if not isinstance(arrays, dict):
+                raise WidthscopeError(f"{path} holds a {type(obj).__name__}: expected a (B, N) tensor or a dict "
+                                      "of them")
+        else:
+            raise WidthscopeError(f"{path}: expected .npy, .npz or .pt sample matrices")
+    except WidthscopeError:
+        raise
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise WidthscopeError(f"{path} could not be read as sample matrices ({type(exc).__name__}: {first}); "
+                              "pickled objects are never loaded") from None
+    out = {}
+    for k, v in arrays.items():
+        t = torch.as_tensor(np.asarray(v) if not isinstance(v, torch.Tensor) else v)
+        if t.ndim != 2 or not (t.is_floating_point()):
+            raise WidthscopeError(f"{path}: {k!r} has shape {tuple(t.shape)} {t.dtype}; sample matrices are "
+                                  "(B, N) float arrays, one row per example")
+        out[str(k)] = t.to(torch.float64)
+    return out
+
+
+def load_matrices(train: str, test: str, point: str | None = None
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Train/held-out sample matrices from ``.npy``/``.npz``/``.pt`` files, matched by point name."""
+    a, b = _matrix_file(Path(train), point), _matrix_file(Path(test), point)
+    if len(a) == 1 and len(b) == 1 and set(a) != set(b):
+        b = {next(iter(a)): next(iter(b.values()))}  # one matrix each: the same point
+    missing = sorted(set(a) ^ set(b))
+    if missing:
+        raise WidthscopeError(f"train and held-out files hold different points ({', '.join(missing[:5])}): "
+                              "give matrices for the same layers")
+    for k in a:
+        if a[k].shape[1] != b[k].shape[1]:
+            raise WidthscopeError(f"point {k!r}: train has {a[k].shape[1]} columns, held-out {b[k].shape[1]}")
+    return a, b
+
+
+def recompute(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], meta: dict[str, Any],
+              **overrides: Any) -> dict[str, Any]:
+    """The certify result from samples: saved settings, updated by ``overrides`` (M, K, draws,
+    seed, estimator); interventions are the recorded rows (they need the model)."""
+    from .per_point import ranking, statistics
+    from ..validate import _pairs
+
+    settings = dict(meta.get("settings") or {})
+    for k, v in overrides.items():
+        if v is not None:
+            settings[k] = v
+    settings.setdefault("draws", 1000)
+    settings.setdefault("seed", 0)
+    settings.setdefault("estimator", "unbiased")
+    settings.setdefault("pool", "sum")
+    settings.setdefault("draw_scheme", "shared")
+    if settings["estimator"] not in ("unbiased", "plugin"):
+        raise WidthscopeError(f"--estimator {settings['estimator']!r}: choose unbiased or plugin")
+    Ks = settings.get("K")
+    pairs = _pairs(settings.get("M") or [16, 32, 64, 128], Ks)
+    settings["M"], settings["K"] = [m for m, _ in pairs], [k for _, k in pairs]
+    project = settings.get("project")
+    if project and (overrides.get("estimator") or "unbiased") != "unbiased":
+        raise WidthscopeError("projected samples support the unbiased estimator only")
+    results, _ = statistics(train, test, pairs=pairs, draws=int(settings["draws"]), seed=int(settings["seed"]),
+                            estimator=settings["estimator"], pool=settings["pool"], project=project,
+                            dims=meta.get("dims"), draw_scheme=settings["draw_scheme"])
+    recorded = meta.get("interventions") or {}
+    for r in results:
+        if r["point"] in recorded:
+            r["interventions"] = recorded[r["point"]]
+    return {"settings": settings, "points": results, "ranking": ranking(results),
+            "notes": list(meta.get("notes") or []), "timing": {}}
+
+
+def _select(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], meta: dict[str, Any], point: str,
+            source: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
+    """Only the points named by ``--point`` (comma list); an unknown name is refused."""
+    wanted = [p.strip() for p in point.split(",") if p.strip()]
+    for w in wanted:
+        if w not in train:
+            raise WidthscopeError(f"--point {w!r}: {source} holds no such point; it has {', '.join(list(train)[:8])}"
+                                  f"{', ...' if len(train) > 8 else ''}")
+    meta = dict(meta)
+    meta["settings"] = {**(meta.get("settings") or {}), "points": wanted}
+    if meta.get("dims"):
+        meta["dims"] = {w: meta["dims"][w] for w in wanted if w in meta["dims"]}
+    return {w: train[w] for w in wanted}, {w: test[w] for w in wanted}, meta
+
+
+# ----------------------------------------------------------------------------- CLI
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("samples", nargs="?", default=None, help="a samples file written by certify --save-samples")
+    p.add_argument("--train", default=None, help="train sample matrices (.npy/.npz/.pt), with --test")
+    p.add_argument("--test", default=None, help="held-out sample matrices (.npy/.npz/.pt), with --train")
+    p.add_argument("--point", default=None,
+                   help="the point(s) to compute, comma list (default: every point of the file); also names the "
+                        "point of a single .npy/.pt matrix")
+    p.add_argument("--M", default=None, help="train sample sizes, comma list (default: the saved ones)")
+    p.add_argument("--K", default=None, help="held-out sample sizes, comma list (default: K = M)")
+    p.add_argument("--draws", type=int, default=None, help="misalignment resamples (default: saved, else 1000)")
+    p.add_argument("--seed", type=int, default=None, help="resampling seed (default: saved, else 0)")
+    p.add_argument("--estimator", choices=("unbiased", "plugin"), default=None)
+    p.add_argument("--out", default=None, help="JSON output path (default: print the tables only)")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
+
+
+def run(args: argparse.Namespace) -> int:
+    from .._io import atomic_write_json
+    from .per_point import tables
+    from ..validate import _int_list
+
+    # --out writable and --draws >= 1: widthscope.validate (cli.main), before this runs
+    Ms, Ks = _int_list(args.M, "--M"), _int_list(args.K, "--K")
+    if args.samples is not None:
+        if args.train or args.test:
+            raise WidthscopeError("give a samples file or --train/--test matrices, not both")
+        train, test, meta = load(args.samples)
+        source = {"samples": str(args.samples)}
+    else:
+        if not (args.train and args.test):
+            raise WidthscopeError("give a samples file (certify --save-samples) or --train and --test matrices")
+        train, test = load_matrices(args.train, args.test, args.point)
+        meta = {"settings": {"points": list(train)}, "dims": {k: int(v.shape[1]) for k, v in train.items()}}
+        source = {"train": args.train, "test": args.test}
+    if args.point is not None:
+        train, test, meta = _select(train, test, meta, args.point, args.samples or args.train)
+    if Ms is not None and Ks is None:
+        Ks = Ms  # new M without K: pair them, as certify does
+    if args.out:
+        from .._io import check_space
+
+        n_pairs = len(Ms or (meta.get("settings") or {}).get("M") or [0] * 4)
+        check_space(args.out, 4000 + len(train) * (5000 + 5000 * n_pairs))
+    res = recompute(train, test, meta, M=Ms, K=Ks, draws=args.draws, seed=args.seed, estimator=args.estimator)
+    res["source"] = source
+    print(tables(res))
+    if args.out:
+        print(f"\nwrote {atomic_write_json(args.out, res)}")
+    return 0
