@@ -100,20 +100,13 @@ def reproducible(threads: int = 1) -> Iterator[dict[str, Any]]:
     Yields what else could make a rerun on another machine differ (recorded in every row): the CPU
     kernel family torch dispatches to (``torch.backends.cpu.get_cpu_capability()``), the versions
     of torch, numpy, transformers and Python, and the thread count."""
-    import platform
+    from .._env import environment
 
     prev = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
             torch.is_deterministic_algorithms_warn_only_enabled())
     torch.set_num_threads(int(threads))
     torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        import transformers
-        tv = transformers.__version__
-    except ImportError:  # pragma: no cover - a dependency
-        tv = None
-    env = {"env_cpu_capability": torch.backends.cpu.get_cpu_capability(), "env_torch": torch.__version__,
-           "env_numpy": np.__version__, "env_transformers": tv, "env_python": platform.python_version(),
-           "env_threads": torch.get_num_threads(), "env_deterministic": True}
+    env = environment()
     try:
         yield env
     finally:

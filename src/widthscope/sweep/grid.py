@@ -212,9 +212,10 @@ def run_grid(cells: Sequence[Mapping[str, Any]],
              ) -> GridResult:
     """Run ``fn(cell, cell_dir) -> rows`` for every unfinished cell of this shard.
 
-    Each row gets ``cell_id``, ``cell_index``, ``row_index`` and the cell's parameters
-    (row keys win on a clash). ``cell_dir`` is a per-cell scratch folder for checkpoints.
+    Each row gets ``cell_id``, ``cell_index``, ``row_index``, the cell's parameters and the
+    ``env_*`` fields of :func:`widthscope._env.environment` (row keys win on a clash). ``cell_dir`` is a per-cell scratch folder for checkpoints.
     """
+    from .._env import environment
     from .._io import _unwritable, on_interrupt
 
     out_dir = Path(out_dir)
@@ -248,9 +249,10 @@ def run_grid(cells: Sequence[Mapping[str, Any]],
             raise _unwritable(cell_dir, exc) from None
         rows = fn(c, cell_dir)
         elapsed = time.perf_counter() - t0
+        env = environment()  # what else could differ on another machine (a cell's own env_* win)
         full = []
         for j, r in enumerate(rows):
-            row = {**to_jsonable(dict(c)), **to_jsonable(r)}
+            row = {**env, **to_jsonable(dict(c)), **to_jsonable(r)}
             row.update(cell_id=cid, cell_index=i, row_index=j)
             row.setdefault("cell_seconds", elapsed)
             full.append(row)

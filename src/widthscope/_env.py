@@ -1,0 +1,24 @@
+"""What else, beyond a cell's own settings and seeds, could make a rerun on another machine differ:
+recorded in every sweep and benchmark row (``env_*`` columns), so a mismatch can be traced."""
+from __future__ import annotations
+
+import platform
+from typing import Any
+
+__all__ = ["environment"]
+
+
+def environment() -> dict[str, Any]:
+    """``env_*`` fields: the CPU kernel family torch dispatches to (reduction order, hence the last
+    bits, depends on it), library versions, the thread count and deterministic-algorithms mode."""
+    import numpy as np
+    import torch
+
+    try:
+        import transformers
+        tv = transformers.__version__
+    except ImportError:  # pragma: no cover - a dependency
+        tv = None
+    return {"env_cpu_capability": torch.backends.cpu.get_cpu_capability(), "env_torch": torch.__version__,
+            "env_numpy": np.__version__, "env_transformers": tv, "env_python": platform.python_version(),
+            "env_threads": torch.get_num_threads(), "env_deterministic": torch.are_deterministic_algorithms_enabled()}
