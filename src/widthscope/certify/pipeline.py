@@ -113,6 +113,49 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
         cross_moments, certificates: [{M, K, one, two, misalignment}]}], "ranking", "notes",
         "timing"}``; every number is a plain float/int (``None`` where undefined).
     """
+    pairs, names, train_list, test_list, W, device = _resolve(
+        model, train_batches, test_batches, points=points, M=M, K=K, draws=draws, estimator=estimator,
+        pool=pool, interventions=interventions, project=project)
+
+    t0 = time.perf_counter()
+    qa, qb, projectors = _probe_pools(model, names, train_list, test_list, loss_fn=loss_fn, pool=pool,
+                                      train_mode=train_mode, progress=progress, project=project, seed=seed)
+    probe_s = time.perf_counter() - t0
+    notes = list(dict.fromkeys(qa.notes + qb.notes))
+
+    t0 = time.perf_counter()
+    gathered_a, gathered_b, dims = _gather_pools(qa, qb, names, device, projectors, project)
+    results, more = statistics(gathered_a, gathered_b, pairs=pairs, draws=draws, seed=seed,
+                               estimator=estimator, pool=pool, project=project, dims=dims, draw_scheme=draw_scheme)
+    notes += more
+    if samples_out is not None:
+        samples_out.update(train=gathered_a, test=gathered_b, dims=dims)
+    stats_s = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    _interventions(model, results, qa, qb, gathered_a, gathered_b, train_list, test_list, pairs, device,
+                   interventions=interventions, etas=etas, loss_fn=loss_fn, seed=seed, project=project,
+                   train_mode=train_mode, on_point=on_point)
+    intervene_s = time.perf_counter() - t0
+
+    return {
+        "settings": {"M": [m for m, _ in pairs], "K": [k for _, k in pairs], "draws": draws, "seed": seed,
+                     "estimator": estimator, "pool": pool, "train_mode": train_mode, "points": names,
+                     "world_size": W, "interventions": interventions, "project": project,
+                     "draw_scheme": draw_scheme},
+        "points": results,
+        "ranking": ranking(results),
+        "notes": notes,
+        "timing": {"probe_s": probe_s, "stats_s": stats_s, "intervene_s": intervene_s},
+    }
+
+
+def _resolve(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterable[Any], *,
+             points: str | Sequence[str] | None, M: Sequence[int] | int, K: Sequence[int] | int | None,
+             draws: int, estimator: str, pool: str, interventions: str | None, project: int | None
+             ) -> tuple[list[tuple[int, int]], list[str], list[Any], list[Any], int, torch.device]:
+    """Check the arguments and resolve the ``(M, K)`` pairs, the points, the batch lists, the
+    world size and the model's device — all before any probing."""
     if estimator not in ESTIMATORS:
         raise WidthscopeError(f"unknown estimator {estimator!r}; choose {' or '.join(ESTIMATORS)}")
     if not isinstance(draws, int) or isinstance(draws, bool) or draws < 1:
@@ -140,6 +183,14 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
     if project is not None and estimator != "unbiased":
         raise WidthscopeError("project: the projected moments are bias-corrected for the unbiased estimator only; "
                               "use estimator='unbiased'")
+    return pairs, names, train_list, test_list, W, device
+
+
+def _probe_pools(model: nn.Module, names: list[str], train_list: list[Any], test_list: list[Any], *,
+                 loss_fn: Callable[[Any, Any], torch.Tensor] | None, pool: str, train_mode: str,
+                 progress: bool, project: int | None, seed: int) -> tuple[Any, Any, dict[str, Any]]:
+    """Probe this rank's shard of the train (*a*) and held-out (*b*) batches; with ``project``,
+    each point's samples are projected as they stream (one projector per point)."""
     projectors: dict[str, Any] = {}
 
     def _project(name: str, x: torch.Tensor) -> torch.Tensor:
@@ -149,26 +200,30 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
             projectors[name] = Projector(x.shape[1], project, seed=seed)
         return projectors[name](x)
 
-    t0 = time.perf_counter()
     common = dict(points=names, loss_fn=loss_fn, pool=pool, train_mode=train_mode, progress=progress,
                   transform=_project if project else None)
     qa = collect(model, distributed.shard(train_list), **common)
     qb = collect(model, distributed.shard(test_list), **common)
-    probe_s = time.perf_counter() - t0
-    notes = list(dict.fromkeys(qa.notes + qb.notes))
+    return qa, qb, projectors
 
-    t0 = time.perf_counter()
+
+def _gather_pools(qa: Any, qb: Any, names: list[str], device: torch.device, projectors: dict[str, Any],
+                  project: int | None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, int]]:
+    """All ranks' samples per point, and each point's (unprojected) dimension ``d``."""
     gathered_a = {name: _gather(qa[name], device) for name in names}
     gathered_b = {name: _gather(qb[name], device) for name in names}
     dims = {name: int(projectors[name].d if project else gathered_a[name].shape[1]) for name in names}
-    results, more = statistics(gathered_a, gathered_b, pairs=pairs, draws=draws, seed=seed,
-                               estimator=estimator, pool=pool, project=project, dims=dims, draw_scheme=draw_scheme)
-    notes += more
-    if samples_out is not None:
-        samples_out.update(train=gathered_a, test=gathered_b, dims=dims)
-    stats_s = time.perf_counter() - t0
+    return gathered_a, gathered_b, dims
 
-    t0 = time.perf_counter()
+
+def _interventions(model: nn.Module, results: list[dict[str, Any]], qa: Any, qb: Any,
+                   gathered_a: dict[str, torch.Tensor], gathered_b: dict[str, torch.Tensor],
+                   train_list: list[Any], test_list: list[Any], pairs: list[tuple[int, int]],
+                   device: torch.device, *, interventions: str | None, etas: Sequence[float] | None,
+                   loss_fn: Callable[[Any, Any], torch.Tensor] | None, seed: int, project: int | None,
+                   train_mode: str, on_point: Callable[[dict[str, Any]], None] | None) -> None:
+    """Add each point's ``interventions`` to its row (in place), handing each finished row to
+    ``on_point``; the model's modes are restored."""
     if interventions in ("bias", "block"):
         from ..probe.intervene import intervene
 
@@ -199,18 +254,6 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
     elif on_point is not None:
         for r in results:
             on_point(r)
-    intervene_s = time.perf_counter() - t0
-
-    return {
-        "settings": {"M": [m for m, _ in pairs], "K": [k for _, k in pairs], "draws": draws, "seed": seed,
-                     "estimator": estimator, "pool": pool, "train_mode": train_mode, "points": names,
-                     "world_size": W, "interventions": interventions, "project": project,
-                     "draw_scheme": draw_scheme},
-        "points": results,
-        "ranking": ranking(results),
-        "notes": notes,
-        "timing": {"probe_s": probe_s, "stats_s": stats_s, "intervene_s": intervene_s},
-    }
 
 
 def data_description(info: dict[str, Any], data: str | None = None) -> str:

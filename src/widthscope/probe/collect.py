@@ -389,26 +389,7 @@ def collect(model: nn.Module, batches: Iterable[Any], *, points: str | Sequence[
         raise WidthscopeError(f"unknown train_mode {train_mode!r}; choose 'eval' or 'keep'")
     names = resolve_points(model, points)
     modules = dict(model.named_modules())
-    notes: list[str] = []
-
-    coupling = [n for n in coupling_layers(model) if modules[n].training]
-    dropouts = [n for n, m in model.named_modules()
-                if isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0]
-    if train_mode == "keep" and coupling:
-        raise WidthscopeError(
-            f"train_mode='keep' but {', '.join(coupling[:5])} {'is' if len(coupling) == 1 else 'are'} "
-            "BatchNorm in training mode: its output for one example depends on the whole batch, so "
-            "per-example gradients from one batched backward would be wrong. Use train_mode='eval' "
-            "(running statistics) or call model.eval() first")
-    if train_mode == "eval":
-        if coupling:
-            msg = (f"ran {len(coupling)} BatchNorm layer(s) ({', '.join(coupling[:3])}"
-                   f"{', ...' if len(coupling) > 3 else ''}) in eval mode (running statistics): in "
-                   "training mode they couple the examples of a batch")
-            warnings.warn(msg, stacklevel=2)
-            notes.append(msg)
-        if dropouts:
-            notes.append(f"dropout disabled (eval mode) in {len(dropouts)} layer(s)")
+    notes = _mode_notes(model, modules, train_mode)
 
     modes = {m: m.training for m in model.modules()}
     flags = [(p, p.requires_grad) for p in model.parameters()]
@@ -418,28 +399,6 @@ def collect(model: nn.Module, batches: Iterable[Any], *, points: str | Sequence[
         device = torch.device("cpu")
 
     state: dict[str, tuple[torch.Tensor, nn.Module]] = {}
-
-    def make_hook(name: str) -> Callable:
-        def hook(module: nn.Module, inputs: Any, output: Any) -> Any:
-            if name in state:
-                raise WidthscopeError(
-                    f"insertion point {name!r} ran twice in one forward pass (a shared module); "
-                    "its per-example gradient is ambiguous: choose a module that runs once")
-            z, put = _split_output(output, name)
-            # Zero bias of z's shape: d(loss)/d(bias) == d(loss)/dz; a leaf, so later in-place
-            # ops on the output cannot alter it, and it lets grads flow with frozen parameters.
-            b = torch.zeros_like(z, requires_grad=True)
-            state[name] = (b, module)
-            zd = z.detach()
-            from .insert import channel_dim
-
-            per = zd.double().pow(2).reshape(zd.shape[0], -1)
-            sumsq.setdefault(name, []).append(torch.stack(
-                [per.sum(1), torch.full((zd.shape[0],), per.shape[1], dtype=torch.float64)], 1).cpu())
-            widths[name] = int(zd.shape[channel_dim(zd)]) if zd.ndim > 1 else 1
-            return put(z + b)
-        return hook
-
     out: dict[str, list[torch.Tensor]] = {n: [] for n in names}
     sumsq: dict[str, list[torch.Tensor]] = {}
     widths: dict[str, int] = {}
@@ -453,40 +412,11 @@ def collect(model: nn.Module, batches: Iterable[Any], *, points: str | Sequence[
         for p, _ in flags:
             p.requires_grad_(False)
         for n in names:
-            handles.append(modules[n].register_forward_hook(make_hook(n)))
+            handles.append(modules[n].register_forward_hook(_make_hook(n, state, sumsq, widths)))
         total = len(batches) if hasattr(batches, "__len__") else None  # type: ignore[arg-type]
         for bi, batch in enumerate(_progress(batches, total=total, desc="probe", disable=None if progress else True)):
-            state.clear()
-            batch = _to(batch, device, float_dtype(model))
-            with torch.enable_grad():
-                losses, mask, B = _run_batch(model, batch, loss_fn, bi)
-            missing = [n for n in names if n not in state]
-            if missing:
-                raise WidthscopeError(f"insertion point(s) {', '.join(missing)} did not run in the forward "
-                                      f"pass of batch {bi}; choose modules on the path to the loss")
-            if not isinstance(losses, torch.Tensor) or losses.shape != (B,):
-                raise WidthscopeError(
-                    f"loss_fn must return one loss per example, shape ({B},); got "
-                    f"{tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__}")
-            if not losses.requires_grad:
-                raise WidthscopeError(f"the loss of batch {bi} does not depend on the insertion points "
-                                      f"{', '.join(names)}")
-            leaves = [state[n][0] for n in names]
-            all_losses.append(losses.detach().to("cpu", torch.float64))
-            grads = torch.autograd.grad(losses.sum(), leaves, allow_unused=True)
-            bad_loss = not bool(torch.isfinite(losses.detach()).all())
-            for n, b, g in zip(names, leaves, grads):
-                if g is None:
-                    g = torch.zeros_like(b)
-                if not bool(torch.isfinite(g).all()):
-                    raise WidthscopeError(
-                        f"non-finite (NaN/Inf) activation gradient at insertion point {n!r} in batch {bi}"
-                        f"{' (the loss itself is not finite)' if bad_loss else ''}; check the inputs "
-                        "and the model (e.g. run in float32/float64 instead of float16)")
-                fdim = _feature_dim(state[n][1], g)
-                pooled = _pool(g.detach(), fdim, pool, mask).to("cpu", dtype)
-                out[n].append(pooled if transform is None else transform(n, pooled))
-            n_examples += B
+            n_examples += _probe_batch(model, batch, bi, names, state, device, loss_fn=loss_fn, pool=pool,
+                                       dtype=dtype, transform=transform, out=out, all_losses=all_losses)
             n_batches += 1
             state.clear()
     finally:
@@ -502,3 +432,93 @@ def collect(model: nn.Module, batches: Iterable[Any], *, points: str | Sequence[
     return ProbeResult({n: torch.cat(v, 0) for n, v in out.items()}, notes=notes,
                        n_examples=n_examples, pool=pool, losses=torch.cat(all_losses),
                        act_sq={n: torch.cat(v, 0) for n, v in sumsq.items()}, widths=widths)
+
+
+def _mode_notes(model: nn.Module, modules: dict[str, nn.Module], train_mode: str) -> list[str]:
+    """Refuse batch-coupling layers under ``train_mode='keep'``; under ``'eval'`` the notes
+    (and a warning) saying which BatchNorm / dropout layers run in eval mode."""
+    notes: list[str] = []
+    coupling = [n for n in coupling_layers(model) if modules[n].training]
+    dropouts = [n for n, m in model.named_modules()
+                if isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0]
+    if train_mode == "keep" and coupling:
+        raise WidthscopeError(
+            f"train_mode='keep' but {', '.join(coupling[:5])} {'is' if len(coupling) == 1 else 'are'} "
+            "BatchNorm in training mode: its output for one example depends on the whole batch, so "
+            "per-example gradients from one batched backward would be wrong. Use train_mode='eval' "
+            "(running statistics) or call model.eval() first")
+    if train_mode == "eval":
+        if coupling:
+            msg = (f"ran {len(coupling)} BatchNorm layer(s) ({', '.join(coupling[:3])}"
+                   f"{', ...' if len(coupling) > 3 else ''}) in eval mode (running statistics): in "
+                   "training mode they couple the examples of a batch")
+            warnings.warn(msg, stacklevel=3)  # at collect()'s caller
+            notes.append(msg)
+        if dropouts:
+            notes.append(f"dropout disabled (eval mode) in {len(dropouts)} layer(s)")
+    return notes
+
+
+def _make_hook(name: str, state: dict[str, tuple[torch.Tensor, nn.Module]],
+               sumsq: dict[str, list[torch.Tensor]], widths: dict[str, int]) -> Callable:
+    """Forward hook at point ``name``: adds a zero leaf ``b`` to its output (kept in ``state``)
+    and records the activations' per-example sum of squares and the point's width."""
+    def hook(module: nn.Module, inputs: Any, output: Any) -> Any:
+        if name in state:
+            raise WidthscopeError(
+                f"insertion point {name!r} ran twice in one forward pass (a shared module); "
+                "its per-example gradient is ambiguous: choose a module that runs once")
+        z, put = _split_output(output, name)
+        # Zero bias of z's shape: d(loss)/d(bias) == d(loss)/dz; a leaf, so later in-place
+        # ops on the output cannot alter it, and it lets grads flow with frozen parameters.
+        b = torch.zeros_like(z, requires_grad=True)
+        state[name] = (b, module)
+        zd = z.detach()
+        from .insert import channel_dim
+
+        per = zd.double().pow(2).reshape(zd.shape[0], -1)
+        sumsq.setdefault(name, []).append(torch.stack(
+            [per.sum(1), torch.full((zd.shape[0],), per.shape[1], dtype=torch.float64)], 1).cpu())
+        widths[name] = int(zd.shape[channel_dim(zd)]) if zd.ndim > 1 else 1
+        return put(z + b)
+    return hook
+
+
+def _probe_batch(model: nn.Module, batch: Any, bi: int, names: list[str],
+                 state: dict[str, tuple[torch.Tensor, nn.Module]], device: torch.device, *,
+                 loss_fn: Callable | None, pool: str, dtype: torch.dtype,
+                 transform: Callable[[str, torch.Tensor], torch.Tensor] | None,
+                 out: dict[str, list[torch.Tensor]], all_losses: list[torch.Tensor]) -> int:
+    """One batch: forward, per-example losses, one backward to the leaves, pooled gradients
+    appended to ``out`` and the losses to ``all_losses``; returns the batch size."""
+    state.clear()
+    batch = _to(batch, device, float_dtype(model))
+    with torch.enable_grad():
+        losses, mask, B = _run_batch(model, batch, loss_fn, bi)
+    missing = [n for n in names if n not in state]
+    if missing:
+        raise WidthscopeError(f"insertion point(s) {', '.join(missing)} did not run in the forward "
+                              f"pass of batch {bi}; choose modules on the path to the loss")
+    if not isinstance(losses, torch.Tensor) or losses.shape != (B,):
+        raise WidthscopeError(
+            f"loss_fn must return one loss per example, shape ({B},); got "
+            f"{tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__}")
+    if not losses.requires_grad:
+        raise WidthscopeError(f"the loss of batch {bi} does not depend on the insertion points "
+                              f"{', '.join(names)}")
+    leaves = [state[n][0] for n in names]
+    all_losses.append(losses.detach().to("cpu", torch.float64))
+    grads = torch.autograd.grad(losses.sum(), leaves, allow_unused=True)
+    bad_loss = not bool(torch.isfinite(losses.detach()).all())
+    for n, b, g in zip(names, leaves, grads):
+        if g is None:
+            g = torch.zeros_like(b)
+        if not bool(torch.isfinite(g).all()):
+            raise WidthscopeError(
+                f"non-finite (NaN/Inf) activation gradient at insertion point {n!r} in batch {bi}"
+                f"{' (the loss itself is not finite)' if bad_loss else ''}; check the inputs "
+                "and the model (e.g. run in float32/float64 instead of float16)")
+        fdim = _feature_dim(state[n][1], g)
+        pooled = _pool(g.detach(), fdim, pool, mask).to("cpu", dtype)
+        out[n].append(pooled if transform is None else transform(n, pooled))
+    return B
