@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -141,6 +142,43 @@ def train_side_by_side(model: nn.Module, data: tuple[torch.Tensor, torch.Tensor]
     ``linear`` (``"auto"``, ``"weights"``, ``"kernel"``) and ``kernel_prediction`` (with
     ``ridge`` for its limit) are described in the module docstring.
     """
+    X, Y, Xt, Yt, exact, logged = _checked_args(
+        data, test, steps=steps, lr=lr, optimizer=optimizer, batch_size=batch_size, loss=loss,
+        log_every=log_every, log_steps=log_steps, on_nonfinite=on_nonfinite, return_models=return_models,
+        linear=linear, kernel_prediction=kernel_prediction, ridge=ridge)
+    X, Y, Xt, Yt, probe = _model_tensors(model, X, Y, Xt, Yt, probe, loss)
+    if linear == "auto":
+        from .structured import uncovered
+
+        linear = "kernel" if exact and not return_models and not uncovered(model) else "weights"
+    run = _start(model, X, Y, Xt, optimizer=optimizer, lr=lr, ridge=ridge, linear=linear,
+                 kernel_prediction=kernel_prediction, probe=probe, kernel_drift=kernel_drift)
+    next_batch = _batches(X.shape[0], batch_size, seed)
+    rows: list[dict[str, Any]] = []
+    for step in _progress(range(steps + 1), desc="side-by-side", disable=not progress):
+        if step in logged:
+            rows.append(_row(run, step, X, Y, Xt, Yt, loss, kernel_prediction))
+        if step == steps:
+            break
+        idx = next_batch()
+        xb, yb = (X, Y) if idx is None else (X[idx], Y[idx])
+        if run.lin is None:
+            stop = _kernel_divergence(run.closed, step, on_nonfinite)
+            if stop is not None:
+                rows.append(stop)
+                return rows
+        stop = _train_step(run, xb, yb, step, loss=loss, lr=lr, on_nonfinite=on_nonfinite)
+        if stop is not None:
+            rows.append(stop)
+            return (rows, run.net, run.lin) if return_models else rows
+    return (rows, run.net, run.lin) if return_models else rows
+
+
+def _checked_args(data, test, *, steps: int, lr: float, optimizer: str | Callable, batch_size: int | None,
+                  loss: str, log_every: int, log_steps: Sequence[int] | None, on_nonfinite: str,
+                  return_models: bool, linear: str, kernel_prediction: bool, ridge: float):
+    """Set-up, part 1: every argument checked before any work; ``(X, Y, Xt, Yt, exact, logged)``
+    where ``exact`` says the kernel path is exact (full-batch ``sgd`` on ``mse``)."""
     X, Y = _check_pair(data, "train_side_by_side: data")
     Xt, Yt = _check_pair(test, "train_side_by_side: test") if test is not None else (X, Y)
     if loss not in LOSSES:
@@ -171,7 +209,12 @@ def train_side_by_side(model: nn.Module, data: tuple[torch.Tensor, torch.Tensor]
         raise WidthscopeError(f"train_side_by_side: ridge must be a number >= 0 (got {ridge!r})")
     logged = set(log_steps) if log_steps is not None else set(range(0, steps + 1, log_every)) | {steps}
     logged = {s for s in logged if 0 <= s <= steps}
+    return X, Y, Xt, Yt, exact, logged
 
+
+def _model_tensors(model: nn.Module, X, Y, Xt, Yt, probe, loss: str):
+    """Set-up, part 2: inputs in the parameters' dtype, checked finite; targets shaped for the
+    model's output width and ``loss``; ``(X, Y, Xt, Yt, probe)``."""
     params, buffers = params_and_buffers(model)
     if not params:
         raise WidthscopeError("train_side_by_side: the model has no trainable parameters")
@@ -187,11 +230,32 @@ def train_side_by_side(model: nn.Module, data: tuple[torch.Tensor, torch.Tensor]
     Yt = _targets(Yt, n_out, loss, dtype, "train_side_by_side: test")
     if probe is not None:
         probe = as_param_dtype(probe, params)
+    return X, Y, Xt, Yt, probe
 
-    if linear == "auto":
-        from .structured import uncovered
 
-        linear = "kernel" if exact and not return_models and not uncovered(model) else "weights"
+@dataclass
+class _Lockstep:
+    """What :func:`train_side_by_side` trains and measures: the network copy, its linear model
+    (``lin`` in weight space, or ``closed``, the closed-form kernel path), the start ``θ₀`` and
+    the kernel-drift reference ``K0`` on ``probe``."""
+    linear: str
+    net: nn.Module
+    net_params: list
+    theta0: torch.Tensor
+    theta0_norm: float
+    opt_net: torch.optim.Optimizer
+    closed: Any
+    lin: nn.Module | None
+    opt_lin: torch.optim.Optimizer | None
+    probe: torch.Tensor
+    K0: torch.Tensor | None
+    K0_norm: float
+
+
+def _start(model: nn.Module, X, Y, Xt, *, optimizer: str | Callable, lr: float, ridge: float, linear: str,
+           kernel_prediction: bool, probe, kernel_drift: bool) -> _Lockstep:
+    """Set-up, part 3: the network copy and its optimizer, the weight-space linear model (``linear
+    == "weights"``) or the closed-form kernel path, and the kernel at the start on the probe."""
     net = copy.deepcopy(model)
     net_params = [p for p in net.parameters() if p.requires_grad]
     theta0 = _flat(net_params)
@@ -205,6 +269,13 @@ def train_side_by_side(model: nn.Module, data: tuple[torch.Tensor, torch.Tensor]
         probe = Xt[: min(8, Xt.shape[0])]
     K0 = ntk(net, probe) if kernel_drift else None
     K0_norm = float(K0.norm()) if K0 is not None else float("nan")
+    return _Lockstep(linear, net, net_params, theta0, theta0_norm, opt_net, closed, lin, opt_lin, probe,
+                     K0, K0_norm)
+
+
+def _batches(N: int, batch_size: int | None, seed: int) -> Callable[[], torch.Tensor | None]:
+    """The batch indices of each step (``None``: full batch), from a per-epoch permutation of
+    ``range(N)`` drawn from ``seed``."""
     gen = torch.Generator().manual_seed(int(seed))
     order: list[int] = []
 
@@ -217,68 +288,76 @@ def train_side_by_side(model: nn.Module, data: tuple[torch.Tensor, torch.Tensor]
         idx, order = order[:batch_size], order[batch_size:]
         return torch.tensor(idx)
 
-    def evaluate(step: int) -> dict[str, Any]:
-        with torch.no_grad():
-            f_tr, f_te = model_output(net(X)), model_output(net(Xt))
-            if lin is not None:
-                l_tr, l_te = model_output(lin(X)), model_output(lin(Xt))
-        kp = closed.at(step) if closed is not None else None
-        if lin is None:
-            l_tr, l_te, move_lin = kp["train"], kp["test"], kp["move"]
-        row: dict[str, Any] = {"kind": "linearization", "step": step, "linear": linear}
-        row["train_loss"] = float(loss_value(f_tr, Y, loss))
-        row["train_loss_lin"] = float(loss_value(l_tr, Y, loss))
-        row["train_gap"] = abs(row["train_loss"] - row["train_loss_lin"])
-        row["test_loss"] = float(loss_value(f_te, Yt, loss))
-        row["test_loss_lin"] = float(loss_value(l_te, Yt, loss))
-        row["test_gap"] = abs(row["test_loss"] - row["test_loss_lin"])
-        dev = (f_te - l_te).double()
-        row["dev_rms"] = float(dev.pow(2).mean().sqrt())
-        row["dev_mse"] = row["dev_rms"] ** 2
-        f_rms = float(f_te.double().pow(2).mean().sqrt())
-        row["dev_rel"] = row["dev_rms"] / f_rms if f_rms > 0 else float("nan")
-        row["param_move"] = float((_flat(net_params) - theta0).norm()) / theta0_norm
-        row["param_move_lin"] = (float((_flat(lin.parameters()) - theta0).norm()) if lin is not None
-                                 else move_lin) / theta0_norm
-        if kernel_prediction:
-            for part, Yp, key in (("train", Y, "train"), ("test", Yt, "test")):
-                row[f"{part}_loss_kernel"] = float(loss_value(kp[key], Yp, loss))
-                row[f"{part}_loss_kernel_inf"] = float(loss_value(kp[key + "_inf"], Yp, loss))
-        if K0 is not None:
-            row["kernel_drift"] = float((ntk(net, probe) - K0).norm()) / K0_norm if K0_norm > 0 else float("nan")
-        return row
+    return next_batch
 
-    rows: list[dict[str, Any]] = []
-    for step in _progress(range(steps + 1), desc="side-by-side", disable=not progress):
-        if step in logged:
-            rows.append(evaluate(step))
-        if step == steps:
-            break
-        idx = next_batch()
-        xb, yb = (X, Y) if idx is None else (X[idx], Y[idx])
-        if lin is None and closed.diverge_step is not None and step + 1 >= closed.diverge_step:
-            msg = (f"the linear model diverges (lr·λ_max(Θ₀)/N = {float(closed.a.max()):.3g} > 2; its loss "
-                   f"passes 1e30 at step {step + 1}); lower the learning rate (or its width exponent alpha)")
+
+def _row(run: _Lockstep, step: int, X, Y, Xt, Yt, loss: str, kernel_prediction: bool) -> dict[str, Any]:
+    """The logged row of ``step``: losses of both models, their gap, the held-out deviation
+    ``F − F_lin``, parameter movement and kernel drift."""
+    net, lin, closed = run.net, run.lin, run.closed
+    with torch.no_grad():
+        f_tr, f_te = model_output(net(X)), model_output(net(Xt))
+        if lin is not None:
+            l_tr, l_te = model_output(lin(X)), model_output(lin(Xt))
+    kp = closed.at(step) if closed is not None else None
+    if lin is None:
+        l_tr, l_te, move_lin = kp["train"], kp["test"], kp["move"]
+    row: dict[str, Any] = {"kind": "linearization", "step": step, "linear": run.linear}
+    row["train_loss"] = float(loss_value(f_tr, Y, loss))
+    row["train_loss_lin"] = float(loss_value(l_tr, Y, loss))
+    row["train_gap"] = abs(row["train_loss"] - row["train_loss_lin"])
+    row["test_loss"] = float(loss_value(f_te, Yt, loss))
+    row["test_loss_lin"] = float(loss_value(l_te, Yt, loss))
+    row["test_gap"] = abs(row["test_loss"] - row["test_loss_lin"])
+    dev = (f_te - l_te).double()
+    row["dev_rms"] = float(dev.pow(2).mean().sqrt())
+    row["dev_mse"] = row["dev_rms"] ** 2
+    f_rms = float(f_te.double().pow(2).mean().sqrt())
+    row["dev_rel"] = row["dev_rms"] / f_rms if f_rms > 0 else float("nan")
+    row["param_move"] = float((_flat(run.net_params) - run.theta0).norm()) / run.theta0_norm
+    row["param_move_lin"] = (float((_flat(lin.parameters()) - run.theta0).norm()) if lin is not None
+                             else move_lin) / run.theta0_norm
+    if kernel_prediction:
+        for part, Yp, key in (("train", Y, "train"), ("test", Yt, "test")):
+            row[f"{part}_loss_kernel"] = float(loss_value(kp[key], Yp, loss))
+            row[f"{part}_loss_kernel_inf"] = float(loss_value(kp[key + "_inf"], Yp, loss))
+    if run.K0 is not None:
+        row["kernel_drift"] = (float((ntk(net, run.probe) - run.K0).norm()) / run.K0_norm if run.K0_norm > 0
+                               else float("nan"))
+    return row
+
+
+def _kernel_divergence(closed: _KernelGD, step: int, on_nonfinite: str) -> dict[str, Any] | None:
+    """The divergence check of the closed-form path before step ``step + 1``: raise, or the
+    ``diverged`` row (``on_nonfinite="stop"``); ``None`` while it stays finite."""
+    if closed.diverge_step is None or step + 1 < closed.diverge_step:
+        return None
+    msg = (f"the linear model diverges (lr·λ_max(Θ₀)/N = {float(closed.a.max()):.3g} > 2; its loss "
+           f"passes 1e30 at step {step + 1}); lower the learning rate (or its width exponent alpha)")
+    if on_nonfinite == "raise":
+        raise WidthscopeError(msg)
+    return {"kind": "linearization", "step": step, "diverged": True, "diverged_at": step,
+            "diverged_model": "linear model", "message": msg}
+
+
+def _train_step(run: _Lockstep, xb, yb, step: int, *, loss: str, lr: float,
+                on_nonfinite: str) -> dict[str, Any] | None:
+    """One optimizer step of the network, then of the weight-space linear model (if any), on the
+    batch ``(xb, yb)``; a non-finite loss raises, or returns the ``diverged`` row."""
+    pairs = (("network", run.net, run.opt_net), ("linear model", run.lin, run.opt_lin))
+    for which, m, opt in pairs if run.lin is not None else pairs[:1]:
+        opt.zero_grad(set_to_none=True)
+        L = loss_value(model_output(m(xb)), yb, loss)
+        if not torch.isfinite(L):
+            msg = (f"non-finite training loss ({float(L.detach())}) of the {which} at step {step} "
+                   f"(lr={lr}); lower the learning rate (or its width exponent alpha)")
             if on_nonfinite == "raise":
                 raise WidthscopeError(msg)
-            rows.append({"kind": "linearization", "step": step, "diverged": True, "diverged_at": step,
-                         "diverged_model": "linear model", "message": msg})
-            return rows
-        pairs = (("network", net, opt_net), ("linear model", lin, opt_lin))
-        for which, m, opt in pairs if lin is not None else pairs[:1]:
-            opt.zero_grad(set_to_none=True)
-            L = loss_value(model_output(m(xb)), yb, loss)
-            if not torch.isfinite(L):
-                msg = (f"non-finite training loss ({float(L.detach())}) of the {which} at step {step} "
-                       f"(lr={lr}); lower the learning rate (or its width exponent alpha)")
-                if on_nonfinite == "raise":
-                    raise WidthscopeError(msg)
-                rows.append({"kind": "linearization", "step": step, "diverged": True,
-                             "diverged_at": step, "diverged_model": which, "message": msg})
-                return (rows, net, lin) if return_models else rows
-            L.backward()
-            opt.step()
-    return (rows, net, lin) if return_models else rows
+            return {"kind": "linearization", "step": step, "diverged": True,
+                    "diverged_at": step, "diverged_model": which, "message": msg}
+        L.backward()
+        opt.step()
+    return None
 
 
 class _KernelGD:

@@ -74,8 +74,6 @@ def _yerr(m: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 def figures(rows: list[dict], out_dir: Path) -> list[dict]:
     """PNG figures for linearization rows; see the module docstring."""
-    from ..linear.sweep import reference_slope  # the one table of reference slopes
-
     plt = _plt()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -88,138 +86,161 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
         alphas = sorted({r["alpha"] for r in lin}, reverse=True)
         steps = sorted({r["step"] for r in lin if r["step"] > 0})
         last = steps[-1] if steps else 0
-        colors = plt.cm.viridis(np.linspace(0, 0.9, max(len(alphas), 1)))
-
-        # 1. deviation vs width
-        fig, ax = plt.subplots(figsize=(6.4, 4.4))
-        for a, c in zip(alphas, colors):
-            sel = [r for r in lin if r["alpha"] == a and r["step"] == last]
-            m, lo, hi = _gmean_by_width(sel, "dev_rms", widths)
-            ok = np.isfinite(m)
-            if not ok.any():
-                continue
-            w = np.asarray(widths, float)[ok]
-            s = next((x for x in slopes if x["metric"] == "dev_rms" and x["alpha"] == a and x["step"] == last), None)
-            lab = f"α={a:g}" + (f": slope {s['slope']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]" if s else "")
-            ax.errorbar(w, m[ok], yerr=_yerr(m[ok], lo[ok], hi[ok]), fmt="o", color=c, ms=4, capsize=2, label=lab)
-            if s:
-                ax.plot(w, np.exp(s["intercept"]) * w ** s["slope"], "-", color=c, lw=1.2)
-            _ref_line(ax, w, m[ok][0], reference_slope("dev_rms", a)[0], color=c, alpha=0.6)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("width n")
-        ax.set_ylabel(f"RMS(F − F_lin) on held-out inputs, step {last}")
-        ax.legend(fontsize=8)
-        figs.append(save_figure(
-            fig, out_dir / "linearization_deviation_vs_width.png",
-            "Deviation from the linear model vs width",
-            "Geometric mean over seeds (bars: min–max) of the held-out RMS of "
-            "F − F_lin at the last logged step; solid: least-squares fit in log-log; "
-            "dashed: reference slope α − 1 (bound O(n^α/n)) anchored at the narrowest width."))
-
-        # 2. deviation vs step, per width (first alpha = largest)
-        a0 = alphas[0]
-        fig, ax = plt.subplots(figsize=(6.4, 4.4))
-        wc = plt.cm.plasma(np.linspace(0, 0.85, len(widths)))
-        for w, c in zip(widths, wc):
-            xs, ys = [], []
-            for st in steps:
-                sel = [r for r in lin if r["alpha"] == a0 and r["step"] == st and r["width"] == w]
-                m, _, _ = _gmean_by_width(sel, "dev_rms", [w])
-                if np.isfinite(m[0]):
-                    xs.append(st)
-                    ys.append(m[0])
-            if xs:
-                ax.plot(xs, ys, "o-", color=c, ms=3, label=f"n={w}")
-        ax.set_yscale("log")
-        ax.set_xlabel("training step")
-        ax.set_ylabel("RMS(F − F_lin)")
-        ax.set_title(f"α = {a0:g}")
-        ax.legend(fontsize=8, ncol=2)
-        figs.append(save_figure(
-            fig, out_dir / "linearization_deviation_vs_step.png",
-            "Deviation vs training step, per width",
-            "How F − F_lin accumulates over training (geometric mean over seeds)."))
-
-        # 3. network vs linear model vs kernel prediction (held-out loss over training)
-        side = [r for r in lin if r["alpha"] == a0 and isinstance(r.get("test_loss_kernel"), (int, float))]
-        if side:
-            shown = widths if len(widths) <= 3 else [widths[0], widths[len(widths) // 2], widths[-1]]
-            fig, axes = plt.subplots(1, len(shown), figsize=(3.4 * len(shown), 3.6), sharey=True, squeeze=False)
-            all_steps = sorted({r["step"] for r in side})
-            for ax, w in zip(axes[0], shown):
-                for key, style, lab in (("test_loss", "o-", "network"), ("test_loss_lin", "s--", "linear model"),
-                                        ("test_loss_kernel", "x:", "kernel GD (Θ₀)")):
-                    ys = [_mean(side, w, st, key) for st in all_steps]
-                    ax.plot(all_steps, ys, style, ms=4, lw=1.2, label=lab)
-                inf = _mean(side, w, all_steps[-1], "test_loss_kernel_inf")
-                if math.isfinite(inf):
-                    ax.axhline(inf, color="grey", lw=1, ls="-.", label="kernel regression (t = ∞)")
-                ax.set_title(f"n = {w}, α = {a0:g}", fontsize=9)
-                ax.set_xlabel("training step")
-            axes[0][0].set_ylabel("held-out loss (mean over seeds)")
-            axes[0][0].legend(fontsize=7)
-            figs.append(save_figure(
-                fig, out_dir / "linearization_side_by_side.png",
-                "Network, linear model and kernel prediction side by side",
-                "Held-out MSE of the trained network, its linearized model, and the closed-form "
-                "gradient-descent prediction with the frozen kernel Θ₀ at the same step (equal to the "
-                "linear model for full-batch GD), with the kernel-regression limit t = ∞ (dash-dot)."))
-
-        # 4. slope vs alpha
-        sl = [x for x in slopes if x["metric"] in ("dev_rms", "dev_mse") and x["step"] == last]
-        if sl:
-            fig, ax = plt.subplots(figsize=(6.4, 4.4))
-            for metric, mk, col in (("dev_rms", "o", "C0"), ("dev_mse", "s", "C1")):
-                pts = sorted((x for x in sl if x["metric"] == metric), key=lambda x: x["alpha"])
-                if not pts:
-                    continue
-                al = np.array([x["alpha"] for x in pts])
-                sv = np.array([x["slope"] for x in pts])
-                err = np.array([[x["slope"] - x["ci_low"] for x in pts], [x["ci_high"] - x["slope"] for x in pts]])
-                ax.errorbar(al, sv, yerr=np.nan_to_num(err), fmt=mk, color=col, capsize=3,
-                            label=f"measured ({'RMS' if metric == 'dev_rms' else 'MSE'} of F − F_lin)")
-            from ..linear.sweep import PUBLISHED
-
-            ag = np.linspace(-1, 0, 11)
-            ax.plot(ag, [reference_slope("dev_rms", a)[0] for a in ag], "--", color="C0", lw=1,
-                    label="bound α − 1 (deviation)")
-            ax.plot(ag, [reference_slope("dev_mse", a)[0] for a in ag], ":", color="C1", lw=1,
-                    label="2(α − 1) (its square)")
-            ax.plot(list(PUBLISHED), list(PUBLISHED.values()), "x", color="k", label="published (test MSE)")
-            ax.set_xlabel("α  (η = η₀ n^α)")
-            ax.set_ylabel("log-log slope over width")
-            ax.legend(fontsize=8)
-            figs.append(save_figure(
-                fig, out_dir / "linearization_slope_vs_alpha.png",
-                "Fitted slope vs learning-rate exponent α",
-                "Slopes with bootstrap-over-seeds 95% intervals, beside the bound and the "
-                "published MNIST slopes (which are for the test MSE between F and F_lin)."))
+        figs.append(_fig_deviation_vs_width(plt, lin, slopes, widths, alphas, last, out_dir))
+        figs.append(_fig_deviation_vs_step(plt, lin, widths, alphas[0], steps, out_dir))
+        figs += _fig_side_by_side(plt, lin, widths, alphas[0], out_dir)
+        figs += _fig_slope_vs_alpha(plt, slopes, last, out_dir)
     if corr:
-        widths = sorted({r["width"] for r in corr})
-        names = sorted({r["name"] for r in corr})
-        fig, ax = plt.subplots(figsize=(6.4, 4.4))
-        for name, c in zip(names, plt.cm.tab10(np.arange(len(names)))):
-            m, lo, hi = _gmean_by_width([r for r in corr if r["name"] == name], "mean", widths)
-            ok = np.isfinite(m)
-            if not ok.any():
-                continue
-            w = np.asarray(widths, float)[ok]
-            s = next((x for x in slopes if x["metric"] == name), None)
-            lab = name + (f": slope {s['slope']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]" if s else "")
-            ax.errorbar(w, m[ok], yerr=_yerr(m[ok], lo[ok], hi[ok]), fmt="o-", color=c, ms=4, capsize=2, label=lab)
-            _ref_line(ax, w, m[ok][0], reference_slope(name)[0], color=c, alpha=0.6)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("width n")
-        ax.set_ylabel("mean |C_{D,d}| (‖·‖ for D = 1)")
-        ax.legend(fontsize=8)
-        figs.append(save_figure(
-            fig, out_dir / "linearization_correlations_vs_width.png",
-            "Derivative correlations vs width",
-            "Exact C_{D,d} (nested jvp) averaged over random input tuples; geometric mean "
-            "over seeds (bars: min–max); dashed: reference slope −1/2."))
+        figs.append(_fig_correlations_vs_width(plt, corr, slopes, out_dir))
     return figs
+
+
+def _fig_deviation_vs_width(plt, lin, slopes, widths, alphas, last, out_dir: Path) -> dict:
+    """1. Deviation vs width at the last logged step, one series per ``α``."""
+    from ..linear.sweep import reference_slope  # the one table of reference slopes
+
+    colors = plt.cm.viridis(np.linspace(0, 0.9, max(len(alphas), 1)))
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for a, c in zip(alphas, colors):
+        sel = [r for r in lin if r["alpha"] == a and r["step"] == last]
+        m, lo, hi = _gmean_by_width(sel, "dev_rms", widths)
+        ok = np.isfinite(m)
+        if not ok.any():
+            continue
+        w = np.asarray(widths, float)[ok]
+        s = next((x for x in slopes if x["metric"] == "dev_rms" and x["alpha"] == a and x["step"] == last), None)
+        lab = f"α={a:g}" + (f": slope {s['slope']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]" if s else "")
+        ax.errorbar(w, m[ok], yerr=_yerr(m[ok], lo[ok], hi[ok]), fmt="o", color=c, ms=4, capsize=2, label=lab)
+        if s:
+            ax.plot(w, np.exp(s["intercept"]) * w ** s["slope"], "-", color=c, lw=1.2)
+        _ref_line(ax, w, m[ok][0], reference_slope("dev_rms", a)[0], color=c, alpha=0.6)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("width n")
+    ax.set_ylabel(f"RMS(F − F_lin) on held-out inputs, step {last}")
+    ax.legend(fontsize=8)
+    return save_figure(
+        fig, out_dir / "linearization_deviation_vs_width.png",
+        "Deviation from the linear model vs width",
+        "Geometric mean over seeds (bars: min–max) of the held-out RMS of "
+        "F − F_lin at the last logged step; solid: least-squares fit in log-log; "
+        "dashed: reference slope α − 1 (bound O(n^α/n)) anchored at the narrowest width.")
+
+
+def _fig_deviation_vs_step(plt, lin, widths, a0, steps, out_dir: Path) -> dict:
+    """2. Deviation vs training step, one line per width, at ``α = a0`` (the largest)."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    wc = plt.cm.plasma(np.linspace(0, 0.85, len(widths)))
+    for w, c in zip(widths, wc):
+        xs, ys = [], []
+        for st in steps:
+            sel = [r for r in lin if r["alpha"] == a0 and r["step"] == st and r["width"] == w]
+            m, _, _ = _gmean_by_width(sel, "dev_rms", [w])
+            if np.isfinite(m[0]):
+                xs.append(st)
+                ys.append(m[0])
+        if xs:
+            ax.plot(xs, ys, "o-", color=c, ms=3, label=f"n={w}")
+    ax.set_yscale("log")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("RMS(F − F_lin)")
+    ax.set_title(f"α = {a0:g}")
+    ax.legend(fontsize=8, ncol=2)
+    return save_figure(
+        fig, out_dir / "linearization_deviation_vs_step.png",
+        "Deviation vs training step, per width",
+        "How F − F_lin accumulates over training (geometric mean over seeds).")
+
+
+def _fig_side_by_side(plt, lin, widths, a0, out_dir: Path) -> list[dict]:
+    """3. Network vs linear model vs kernel prediction (held-out loss over training), at ``α = a0``;
+    no figure (``[]``) when no row has the kernel prediction."""
+    side = [r for r in lin if r["alpha"] == a0 and isinstance(r.get("test_loss_kernel"), (int, float))]
+    if not side:
+        return []
+    shown = widths if len(widths) <= 3 else [widths[0], widths[len(widths) // 2], widths[-1]]
+    fig, axes = plt.subplots(1, len(shown), figsize=(3.4 * len(shown), 3.6), sharey=True, squeeze=False)
+    all_steps = sorted({r["step"] for r in side})
+    for ax, w in zip(axes[0], shown):
+        for key, style, lab in (("test_loss", "o-", "network"), ("test_loss_lin", "s--", "linear model"),
+                                ("test_loss_kernel", "x:", "kernel GD (Θ₀)")):
+            ys = [_mean(side, w, st, key) for st in all_steps]
+            ax.plot(all_steps, ys, style, ms=4, lw=1.2, label=lab)
+        inf = _mean(side, w, all_steps[-1], "test_loss_kernel_inf")
+        if math.isfinite(inf):
+            ax.axhline(inf, color="grey", lw=1, ls="-.", label="kernel regression (t = ∞)")
+        ax.set_title(f"n = {w}, α = {a0:g}", fontsize=9)
+        ax.set_xlabel("training step")
+    axes[0][0].set_ylabel("held-out loss (mean over seeds)")
+    axes[0][0].legend(fontsize=7)
+    return [save_figure(
+        fig, out_dir / "linearization_side_by_side.png",
+        "Network, linear model and kernel prediction side by side",
+        "Held-out MSE of the trained network, its linearized model, and the closed-form "
+        "gradient-descent prediction with the frozen kernel Θ₀ at the same step (equal to the "
+        "linear model for full-batch GD), with the kernel-regression limit t = ∞ (dash-dot).")]
+
+
+def _fig_slope_vs_alpha(plt, slopes, last, out_dir: Path) -> list[dict]:
+    """4. Fitted slope vs ``α`` beside the bound and the published slopes; ``[]`` without slopes."""
+    from ..linear.sweep import PUBLISHED, reference_slope
+
+    sl = [x for x in slopes if x["metric"] in ("dev_rms", "dev_mse") and x["step"] == last]
+    if not sl:
+        return []
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for metric, mk, col in (("dev_rms", "o", "C0"), ("dev_mse", "s", "C1")):
+        pts = sorted((x for x in sl if x["metric"] == metric), key=lambda x: x["alpha"])
+        if not pts:
+            continue
+        al = np.array([x["alpha"] for x in pts])
+        sv = np.array([x["slope"] for x in pts])
+        err = np.array([[x["slope"] - x["ci_low"] for x in pts], [x["ci_high"] - x["slope"] for x in pts]])
+        ax.errorbar(al, sv, yerr=np.nan_to_num(err), fmt=mk, color=col, capsize=3,
+                    label=f"measured ({'RMS' if metric == 'dev_rms' else 'MSE'} of F − F_lin)")
+    ag = np.linspace(-1, 0, 11)
+    ax.plot(ag, [reference_slope("dev_rms", a)[0] for a in ag], "--", color="C0", lw=1,
+            label="bound α − 1 (deviation)")
+    ax.plot(ag, [reference_slope("dev_mse", a)[0] for a in ag], ":", color="C1", lw=1,
+            label="2(α − 1) (its square)")
+    ax.plot(list(PUBLISHED), list(PUBLISHED.values()), "x", color="k", label="published (test MSE)")
+    ax.set_xlabel("α  (η = η₀ n^α)")
+    ax.set_ylabel("log-log slope over width")
+    ax.legend(fontsize=8)
+    return [save_figure(
+        fig, out_dir / "linearization_slope_vs_alpha.png",
+        "Fitted slope vs learning-rate exponent α",
+        "Slopes with bootstrap-over-seeds 95% intervals, beside the bound and the "
+        "published MNIST slopes (which are for the test MSE between F and F_lin).")]
+
+
+def _fig_correlations_vs_width(plt, corr, slopes, out_dir: Path) -> dict:
+    """5. Derivative correlations ``C_{D,d}`` vs width, one series per name."""
+    from ..linear.sweep import reference_slope
+
+    widths = sorted({r["width"] for r in corr})
+    names = sorted({r["name"] for r in corr})
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for name, c in zip(names, plt.cm.tab10(np.arange(len(names)))):
+        m, lo, hi = _gmean_by_width([r for r in corr if r["name"] == name], "mean", widths)
+        ok = np.isfinite(m)
+        if not ok.any():
+            continue
+        w = np.asarray(widths, float)[ok]
+        s = next((x for x in slopes if x["metric"] == name), None)
+        lab = name + (f": slope {s['slope']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]" if s else "")
+        ax.errorbar(w, m[ok], yerr=_yerr(m[ok], lo[ok], hi[ok]), fmt="o-", color=c, ms=4, capsize=2, label=lab)
+        _ref_line(ax, w, m[ok][0], reference_slope(name)[0], color=c, alpha=0.6)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("width n")
+    ax.set_ylabel("mean |C_{D,d}| (‖·‖ for D = 1)")
+    ax.legend(fontsize=8)
+    return save_figure(
+        fig, out_dir / "linearization_correlations_vs_width.png",
+        "Derivative correlations vs width",
+        "Exact C_{D,d} (nested jvp) averaged over random input tuples; geometric mean "
+        "over seeds (bars: min–max); dashed: reference slope −1/2.")
 
 
 def _mean(rows, width, step, key) -> float:
