@@ -39,6 +39,8 @@ import torch
 GEMM_S = 4.2e-11
 PASS_S = 1.3e-10
 CALL_S = 7e-4
+JVP_SLOWER = 2.5
+SAFETY = 0.85  # plan for this share of memory_budget: allocator slack, temporaries the model does not count
 JAC_COPIES = 4  # row chunk, column chunk, and the transient copy jacrev makes of each (measured peak 1.8×)
 
 
@@ -117,11 +119,14 @@ def _structured(plan, shapes, P: int, O: int, n1: int, n2: int, same: bool, pr: 
     sig = plan.signal_numel
     inp = sum(da * t for _, t, da, _ in shapes)
 
-    def need(b: int) -> float:  # two blocks' records + the batched backward's gradients + the accumulator
-        blocks = 2 * b * (O * sig + inp) * item
+    def need(b: int) -> float:
+        # two blocks' records, each also held once more while captured; the batched backward's gradients;
+        # the block accumulator with the Gram product, its weighted copy and the transposed write
+        # (the factors 2 and 5: measured peaks of an MLP at blocks of 32 and 64, benchmarks/ntk_auto.py)
+        blocks = 2 * 2 * b * (O * sig + inp) * item
         grads = b * min(O, 64) * pr.saved + b * pr.saved
         acc = (b * b * O * O if mode == "full" else b * b) * item
-        return blocks + grads + 2 * acc
+        return blocks + grads + 5 * acc
 
     b = n
     while b > 1 and need(b) > budget - result:
@@ -154,7 +159,8 @@ def _products(P: int, O: int, n1: int, n2: int, pr: Probe, item: int, budget: fl
         c = (c + 1) // 2
     cols = n2 * O
     chunks = math.ceil(n1 / c)
-    t = cols * (2 * pr.flops + 3 * n1 * pr.flops) * PASS_S + cols * (1 + chunks) * CALL_S
+    # forward-mode passes ran JVP_SLOWER× the reverse passes' rate per FLOP (MLP and LLaMA rows of ntk_auto)
+    t = cols * (2 * pr.flops + 3 * n1 * pr.flops) * PASS_S * JVP_SLOWER + cols * (1 + chunks) * CALL_S
     return {"fits": need(c) <= budget - result, "bytes": result + need(c), "seconds": t, "chunk": c,
             "flops": cols * (2 + 3 * n1) * pr.flops}
 
@@ -169,16 +175,19 @@ def estimates(*, pr: Probe, plan, n_params: int, n_out: int, n1: int, n2: int, s
     """Estimated seconds, peak bytes and chunking of each method in ``methods`` (``fits``: within
     ``budget`` bytes, the returned kernel of ``mode`` included)."""
     O = n_out
+    budget = SAFETY * budget
     res_n = {"full": n1 * n2 * O * O, "trace": n1 * n2 * O, "diag": n1 * O * O, "diagtrace": n1 * O}[mode]
-    result = 2.0 * res_n * item  # the kernel and the copy the final reshaping/cast makes
+    result = float(res_n * item)  # the returned kernel
+    # the Jacobian and product routes form the full (n1, n2, o, o) blocks first, then reduce (trace)
+    full = result + (0.0 if mode in ("full", "diag") else float(n1 * n2 * O * O * item))
     out: dict[str, dict[str, Any]] = {}
     for m in methods:
         if m == "jacobian":
-            out[m] = _jacobian(n_params, O, n1, n2, same, pr, item, budget, result)
+            out[m] = _jacobian(n_params, O, n1, n2, same, pr, item, budget, full)
         elif m == "structured" and plan is not None:
             out[m] = _structured(plan, layer_shapes(plan), n_params, O, n1, n2, same, pr, item, budget, result, mode)
         elif m == "products":
-            out[m] = _products(n_params, O, n1, n2, pr, item, budget, result)
+            out[m] = _products(n_params, O, n1, n2, pr, item, budget, full)
     return out
 
 

@@ -334,6 +334,15 @@ def _ntk_products(model, params, buffers, x1, x2, chunk=None, coupled=False):
     return cols
 
 
+def _forward_ad_ok(model, params, buffers, x: torch.Tensor) -> bool:
+    """Whether one jvp (the ``"products"`` route) runs on this model."""
+    try:
+        jvp(lambda p: _flat_out(model, p, buffers, x), (params,), ({k: torch.zeros_like(v) for k, v in params.items()},))
+        return True
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
 def _plan_costs(model, params, buffers, x1, x2, same, P, method, n_params, n_out, itemsize, budget, trace,
                 diagonal, batch_size, coupled) -> dict[str, Any]:
     """Estimate every method's time and memory (:mod:`.cost`); pick the cheapest that fits for ``"auto"``,
@@ -349,6 +358,8 @@ def _plan_costs(model, params, buffers, x1, x2, same, P, method, n_params, n_out
     if diagonal and method != "structured":
         n2 = 1  # per-chunk diagonal blocks
     cands = ("structured", "jacobian", "products") if method == "auto" else (method,)
+    if method == "auto" and not _forward_ad_ok(model, params, buffers, x1[:1]):
+        cands = ("structured", "jacobian")  # e.g. a fused TransformerEncoder kernel: no forward-mode AD
     if coupled is not None:  # one batch at once: the Jacobian of the whole batch
         cands = tuple(m for m in cands if m != "structured")
     costs = estimates(pr=pr, plan=P, n_params=n_params, n_out=n_out, n1=n1, n2=n2, same=same, item=itemsize,

@@ -331,7 +331,9 @@ def structured_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None =
     shape = {"full": (n1, n2, O, O), "trace": (n1, n2), "diag": (n1, O, O), "diagtrace": (n1,)}[mode]
     K = torch.zeros(shape, dtype=acc_dtype, device=x1.device)
     cache: dict[tuple[int, int], tuple[list[tuple], int]] = {}
-    room = [max(0.0, float(memory_budget) - _reserved)]  # what the cost model left for keeping blocks
+    from .cost import SAFETY
+
+    room = [max(0.0, SAFETY * float(memory_budget) - _reserved)]  # what the cost model left for keeping blocks
 
     def get(which: int, idx: int, s: slice) -> list[tuple]:
         """Records of a block; kept for reuse (x2's blocks, or x1's when x2 is None) while they fit."""
