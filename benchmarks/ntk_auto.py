@@ -6,7 +6,7 @@ Per model the full kernel ``Θ(x, x)`` is timed for each method ``ntk`` offers (
 method; ``auto_choice`` and ``reason`` are what auto said (``info``). A method whose own estimate is
 over ``--skip-factor`` × the best estimate is not run (recorded as skipped with its estimate), nor one
 that fails (e.g. forward-mode AD through ``TransformerEncoder``'s fused kernel). Results go to
-``benchmarks/results/ntk-auto-cpu.json`` (resumable per row).
+``benchmarks/results/ntk-auto-cpu.json`` (resumable per row); :func:`ratios` reads the per-round times.
 
 ``--calibrate`` prints the cost-model constants measured on this machine (see
 :mod:`widthscope.linear.cost`): seconds per FLOP of a 512² matmul, of vmapped reverse passes, and
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -123,8 +124,21 @@ def row(name: str, reps: int, skip_factor: float) -> dict[str, Any]:
             times[k].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
     best = min((k for k in med if k != "auto"), key=med.get)
-    out.update(seconds=med, all_seconds=times, fastest=best, ratio=med["auto"] / med[best])
+    out.update(seconds=med, all_seconds=times, fastest=best, **ratios(out | {"all_seconds": times}))
     return out
+
+
+def ratios(r: dict[str, Any]) -> dict[str, float]:
+    """Per round (same load), the time of auto's choice and of auto itself over the fastest method of that
+    round; the medians over rounds. ``choice_ratio`` judges the choice, ``auto_ratio`` adds auto's overhead
+    and the round-to-round noise of timing the same method twice."""
+    t = r["all_seconds"]
+    methods = [m for m in t if m != "auto"]
+    rounds = range(len(t["auto"]))
+    best = [min(t[m][i] for m in methods) for i in rounds]
+    choice = r["auto_choice"]
+    return {"choice_ratio": statistics.median(t[choice][i] / best[i] for i in rounds) if choice in t else math.nan,
+            "auto_ratio": statistics.median(t["auto"][i] / best[i] for i in rounds)}
 
 
 def calibrate() -> dict[str, float]:
@@ -180,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, res)
         r = res[name]
-        print(f"{name}: auto={r['auto_choice']} ratio={r['ratio']:.2f} {r['seconds']}", file=sys.stderr, flush=True)
+        print(f"{name}: auto={r['auto_choice']} {ratios(r)} {r['seconds']}", file=sys.stderr, flush=True)
     print(section(path))
     return 0
 
@@ -194,13 +208,17 @@ def section(path: Path = OUT) -> str:
              "`OMP_NUM_THREADS=1 python benchmarks/ntk_auto.py`: full kernel `Θ(x, x)`, float32, one thread, each "
              "method and `auto` timed back to back in interleaved rounds (median of the rounds; the machine is "
              "shared and loaded, so only the ratios within a row mean much). `ratio` = auto / fastest measured "
-             "method. Skipped: a method whose estimate is over 20× the best estimate, or that fails.", "",
-             "| model | params | auto picks | structured s | jacobian s | products s | auto s | fastest | ratio |",
-             "|" + "---|" * 9]
+             "method in the same round, median over rounds: `choice` = the method auto picked, `auto` = the auto "
+             "call itself (its probe and estimates, plus the noise of timing the same method twice on a loaded "
+             "machine). Skipped: a method whose estimate is over 20× the best estimate, or that fails.", "",
+             "| model | params | auto picks | structured s | jacobian s | products s | auto s | fastest | choice ratio "
+             "| auto ratio |", "|" + "---|" * 10]
     for name, r in res.items():
         cell = lambda m: f"{r['seconds'][m]:.3g}" if m in r["seconds"] else "skipped"  # noqa: E731
+        q = ratios(r)
         lines.append(f"| {name} | {r['params']} | {r['auto_choice']} | {cell('structured')} | {cell('jacobian')} | "
-                     f"{cell('products')} | {r['seconds']['auto']:.3g} | {r['fastest']} | {r['ratio']:.2f} |")
+                     f"{cell('products')} | {r['seconds']['auto']:.3g} | {r['fastest']} | {q['choice_ratio']:.2f} | "
+                     f"{q['auto_ratio']:.2f} |")
     lines.append("")
     return "\n".join(lines)
 

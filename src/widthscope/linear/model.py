@@ -427,13 +427,19 @@ def ntk(model: nn.Module | Callable[..., Any], x1: torch.Tensor, x2: torch.Tenso
       ``g = J(x2_j)ᵀe_b`` and one jvp at all of ``x1`` gives ``Θ[:, j, :, b]``. Memory ``O(P)``
       plus activations, but ``n2·out`` jvp passes — for models whose Jacobian rows do not fit.
 
-    ``"auto"`` picks ``"structured"`` when it covers at least half of the trainable parameters and
-    both its captured signals (``out · n · Σ_layers width·positions`` numbers; bounded by
-    ``batch_size``) and the remainder's Jacobians fit ``memory_budget``, else ``"jacobian"`` with the largest chunk
-    whose Jacobians fit in ``memory_budget`` bytes, and ``"products"`` when even one example does not
-    fit. Pass ``info={}`` to learn what it did: ``info["method"]``, and for the structured path
-    ``info["covered"]``/``info["uncovered"]`` (parameter counts) and ``info["generic"]`` (names of the
-    parameters on the Jacobian path). Floating inputs are cast to the parameters' dtype.
+    ``"auto"`` picks by a cost model (:mod:`widthscope.linear.cost`): from one probe forward pass
+    (FLOPs ``F`` and saved bytes ``S`` of one example), ``P``, ``out``, the example counts and the
+    structured plan's layer shapes it estimates each method's seconds and peak bytes and takes the
+    fastest that fits ``memory_budget`` (``"products"`` only where a jvp runs). ``memory_budget`` bounds
+    every method: what ``ntk`` allocates, the returned kernel included, is planned within 85% of it
+    by chunks of examples and of outputs (Jacobians), blocks of examples (structured, when
+    ``batch_size`` is not given) or chunks of ``x1`` (products); a forced method that cannot fit is
+    refused before any work, and an explicit ``chunk_size``/``batch_size`` is not resized. Pass
+    ``info={}`` to learn what it did: ``info["method"]``, ``info["reason"]`` (the choice and every
+    estimate; ``verbose=True`` prints it), ``info["costs"]`` (per method ``seconds``, ``bytes``,
+    ``fits`` and chunking), ``info["covered"]``/``info["uncovered"]`` (parameter counts) and
+    ``info["generic"]`` (names of the parameters on the Jacobian path). Floating inputs are cast to
+    the parameters' dtype.
 
     Refused before any work (:mod:`widthscope.linear.checks`): ``memory_budget <= 0``; random layers in
     training mode (dropout: call ``model.eval()``), found by module type and by two forward calls on
