@@ -26,7 +26,11 @@ on the project machine (one thread, float32; ``benchmarks/ntk_auto.py --calibrat
 ``GEMM_S`` = seconds per FLOP of a 512×512 matmul (24 GFLOP/s), ``PASS_S`` = per FLOP of the
 vmapped reverse/forward passes (memory-bound elementwise work around the matmuls: about 3×
 ``GEMM_S``), ``CALL_S`` ≈ one vjp call on a small MLP (0.7 ms). Only ratios between methods matter
-for the choice; ``seconds`` in ``info["costs"]`` is an estimate, not a promise.
+for the choice; ``seconds`` in ``info["costs"]`` is an estimate, not a promise. Forward-mode passes
+(``products``) are counted ``JVP_SLOWER``× the reverse rate (measured: the MLP and LLaMA rows of
+``benchmarks/ntk_auto.py`` ran 1.6–2.4× their reverse-rate estimate). Every method is planned within
+``SAFETY`` of ``memory_budget``: the peaks measured by ``tests/test_ntk_memory.py`` (``VmHWM``) include
+allocator slack the byte counts do not see.
 """
 from __future__ import annotations
 
