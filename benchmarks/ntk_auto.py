@@ -207,8 +207,8 @@ def section(path: Path = OUT) -> str:
     lines = ["## NTK `auto` against every method (separate run)", "",
              "`OMP_NUM_THREADS=1 python benchmarks/ntk_auto.py`: full kernel `Θ(x, x)`, float32, one thread, each "
              "method and `auto` timed back to back in interleaved rounds (median of the rounds; the machine is "
-             "shared and loaded, so only the ratios within a row mean much). `ratio` = auto / fastest measured "
-             "method in the same round, median over rounds: `choice` = the method auto picked, `auto` = the auto "
+             "shared and loaded, so only the ratios within a row mean much). Ratios: a time over the fastest "
+             "method's time in the same round, median over rounds; `choice` = the method auto picked, `auto` = the auto "
              "call itself (its probe and estimates, plus the noise of timing the same method twice on a loaded "
              "machine). Skipped: a method whose estimate is over 20× the best estimate, or that fails.", "",
              "| model | params | auto picks | structured s | jacobian s | products s | auto s | fastest | choice ratio "

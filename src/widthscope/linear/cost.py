@@ -44,6 +44,7 @@ GEMM_S = 4.2e-11
 PASS_S = 1.3e-10
 CALL_S = 7e-4
 JVP_SLOWER = 2.5
+CONTRACT_SLOWER = 1.6  # the per-tensor einsum contraction vs one 512² matmul (llama-128 row of ntk_auto: 1.6×)
 SAFETY = 0.85  # plan for this share of memory_budget: allocator slack, temporaries the model does not count
 JAC_COPIES = 4  # row chunk, column chunk, and the transient copy jacrev makes of each (measured peak 1.8×)
 
@@ -109,9 +110,10 @@ def _jacobian(P: float, O: int, n1: int, n2: int, same: bool, pr: Probe, item: i
     row_chunks, col_chunks = math.ceil(n1 / c) * math.ceil(O / oc), math.ceil(n2 / c) * math.ceil(O / oc)
     recompute = 0 if (same or col_chunks == 1) else row_chunks * n2 * O  # x2's Jacobian rows again
     passes = rows * O + recompute
-    pairs = row_chunks * col_chunks / (2 if same else 1)
+    pairs = row_chunks * (row_chunks + 1) / 2 if same else row_chunks * col_chunks  # x2=None: upper pairs
+    share = pairs / (row_chunks * col_chunks)
     t = (passes * 2 * pr.flops * PASS_S + passes * P * PASS_S  # backward passes and the Jacobian writes
-         + (2.0 * n1 * n2 * O * O * P / (2 if same and row_chunks > 1 else 1)) * GEMM_S
+         + 2.0 * n1 * n2 * O * O * P * share * GEMM_S * CONTRACT_SLOWER
          + (row_chunks + (0 if same else col_chunks) + pairs) * CALL_S)
     return {"fits": True, "bytes": fixed + need(c, oc), "seconds": t, "chunk": c, "out_chunk": oc,
             "flops": passes * 2 * pr.flops + 2.0 * n1 * n2 * O * O * P, "per_example_jacobian": per}
