@@ -115,9 +115,11 @@ def main(argv: list[str] | None = None) -> int:
             "on this machine:", ""]
     head += [f"- **{k}**: {v}" for k, v in info.items()]
     import large_memory  # separate, slow runs: their recorded results are listed, not re-run
+    import ntk_auto
     import ntk_scaling
 
-    text = "\n".join(head) + "\n\n" + "\n".join(sections) + large_memory.section() + ntk_scaling.section()
+    text = ("\n".join(head) + "\n\n" + "\n".join(sections) + large_memory.section() + ntk_scaling.section()
+            + ntk_auto.section())
     out = Path(args.out)
     atomic_write_text(out, text)
     atomic_write_json(out.with_suffix(".json"), {"machine": info, "quick": args.quick, "total_s": total,

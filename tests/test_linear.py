@@ -131,12 +131,23 @@ def test_ntk_equals_JJt(method, chunk):
     assert torch.allclose(Kt, torch.einsum("iap,jap->ij", J1, J2) / 2, atol=1e-10)
 
 
-def test_ntk_auto_falls_back_to_products_when_memory_is_short():
+def test_ntk_auto_falls_back_to_what_fits_when_memory_is_short():
     net = tiny_mlp()
     X = rn(4, 3)
-    a = ntk(net, X, memory_budget=1)  # nothing fits: products path
+    info: dict = {}
     b = ntk(net, X, method="jacobian")
-    assert torch.allclose(a, b, atol=1e-12)
+    ntk(net, X, info=info)  # auto: every method's estimate
+    need = {m: c["bytes"] for m, c in info["costs"].items()}
+    from widthscope.linear.cost import SAFETY
+
+    small = min(need.values()) / SAFETY  # at most the leanest method fits (others may fit in smaller chunks)
+    info = {}
+    a = ntk(net, X, memory_budget=small, info=info)
+    fits = {m: c for m, c in info["costs"].items() if c["fits"]}
+    assert all(c["bytes"] <= SAFETY * small for c in fits.values())
+    assert info["method"] == min(fits, key=lambda m: fits[m]["seconds"]) and torch.allclose(a, b, atol=1e-12)
+    with pytest.raises(WidthscopeError, match="no method fits memory_budget"):
+        ntk(net, X, memory_budget=1)
     with pytest.raises(WidthscopeError, match="method"):
         ntk(net, X, method="nope")
 

@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import sys
 from typing import Any, Callable
 
 import torch
@@ -276,56 +277,116 @@ def _flat_out(model: nn.Module, params, buffers, x: torch.Tensor) -> torch.Tenso
     return out.reshape(out.shape[0], -1)
 
 
-def _ntk_jacobian(model, params, buffers, x1, x2, chunk, same):
-    """Σ over parameter blocks of J_b(x1) J_b(x2)ᵀ from chunked per-example Jacobians."""
+def _ntk_jacobian(model, params, buffers, x1, x2, chunk, same, out_chunk=None):
+    """Σ over parameter blocks of J_b(x1) J_b(x2)ᵀ from Jacobians of ``chunk`` examples × ``out_chunk``
+    outputs at a time; with ``x2 = x1`` only the upper block pairs (mirrored)."""
 
-    def jac(x):  # list of (c, out, p_b) blocks, one per parameter tensor
-        j = jacrev(lambda p: _flat_out(model, p, buffers, x))(params)
+    def jac(x, o):  # list of (c, oc, p_b) blocks, one per parameter tensor
+        j = jacrev(lambda p: _flat_out(model, p, buffers, x)[:, o])(params)
         return [v.reshape(v.shape[0], v.shape[1], -1) for v in j.values()]
 
     def contract(ja, jb):
         return sum(torch.einsum("iap,jbp->ijab", a, b) for a, b in zip(ja, jb))
 
     n1, n2 = x1.shape[0], x2.shape[0]
-    # Keep all of x2's Jacobians when they fit in the chunk budget; else recompute per row chunk.
-    j2_all = None if n2 > chunk else (None if same else jac(x2))
-    rows = []
-    for i in range(0, n1, chunk):
-        ja = jac(x1[i:i + chunk])
-        if same and n2 <= chunk:
-            rows.append(contract(ja, ja))
-            continue
-        if j2_all is not None:
-            rows.append(contract(ja, j2_all))
-            continue
-        cols = []
-        for j in range(0, n2, chunk):
-            jb = ja if (same and j == i) else jac(x2[j:j + chunk])
-            cols.append(contract(ja, jb))
-        rows.append(torch.cat(cols, dim=1))
-    return torch.cat(rows, dim=0)
+    O = _flat_out(model, params, buffers, x1[:1]).shape[1] if out_chunk else None
+    outs = [slice(a, a + out_chunk) for a in range(0, O, out_chunk)] if out_chunk else [slice(None)]
+    b1 = [(slice(i, min(i + chunk, n1)), o) for i in range(0, n1, chunk) for o in outs]
+    b2 = b1 if same else [(slice(j, min(j + chunk, n2)), o) for j in range(0, n2, chunk) for o in outs]
+    kept = None if same or len(b2) > 1 else jac(x2[b2[0][0]], b2[0][1])  # x2's one block, kept
+    K = None
+    for bi, (si, oi) in enumerate(b1):
+        ja = jac(x1[si], oi)
+        for bj, (sj, oj) in enumerate(b2):
+            if same and bj < bi:
+                continue
+            jb = ja if same and bj == bi else kept if kept is not None else jac((x1 if same else x2)[sj], oj)
+            blk = contract(ja, jb)
+            if K is None:
+                O = O or blk.shape[2]
+                K = torch.empty(n1, n2, O, O, dtype=blk.dtype, device=blk.device)
+            K[si, sj, oi, oj] = blk
+            if same and bj != bi:
+                K[sj, si, oj, oi] = blk.permute(1, 0, 3, 2)
+    return K
 
 
-def _ntk_products(model, params, buffers, x1, x2):
-    """NTK-vector products: column (j, b) of Θ is jvp at x1 along g = J(x2_j)ᵀ e_b."""
-    n2 = x2.shape[0]
-    out2, pull = vjp(lambda p: _flat_out(model, p, buffers, x2), params)
-    n_out = out2.shape[1]
-    cols = torch.empty(x1.shape[0], n2, n_out, n_out, dtype=out2.dtype, device=out2.device)
+def _ntk_products(model, params, buffers, x1, x2, chunk=None, coupled=False):
+    """NTK-vector products: column (j, b) of Θ is jvp at x1 along g = J(x2_j)ᵀ e_b; the jvp over ``chunk``
+    rows of x1 at a time, the vjp on row j alone (on all of x2 when the examples are ``coupled``)."""
+    n1, n2 = x1.shape[0], x2.shape[0]
+    chunk = chunk or n1
+    cols = None
     for j in range(n2):
+        xj = x2 if coupled else x2[j:j + 1]
+        out2, pull = vjp(lambda p: _flat_out(model, p, buffers, xj), params)
+        n_out = out2.shape[1]
+        if cols is None:
+            cols = torch.empty(n1, n2, n_out, n_out, dtype=out2.dtype, device=out2.device)
         for b in range(n_out):
             e = torch.zeros_like(out2)
-            e[j, b] = 1.0
+            e[j if coupled else 0, b] = 1.0
             (g,) = pull(e)
-            _, t = jvp(lambda p: _flat_out(model, p, buffers, x1), (params,), (g,))
-            cols[:, j, :, b] = t
+            for i in range(0, n1, chunk):
+                xi = x1[i:i + chunk]
+                _, t = jvp(lambda p: _flat_out(model, p, buffers, xi), (params,), (g,))
+                cols[i:i + chunk, j, :, b] = t
     return cols
+
+
+def _forward_ad_ok(model, params, buffers, x: torch.Tensor) -> bool:
+    """Whether one jvp (the ``"products"`` route) runs on this model."""
+    try:
+        jvp(lambda p: _flat_out(model, p, buffers, x), (params,), ({k: torch.zeros_like(v) for k, v in params.items()},))
+        return True
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+def _plan_costs(model, params, buffers, x1, x2, same, P, method, n_params, n_out, itemsize, budget, trace,
+                diagonal, batch_size, coupled) -> dict[str, Any]:
+    """Estimate every method's time and memory (:mod:`.cost`); pick the cheapest that fits for ``"auto"``,
+    else check that the forced method fits ``budget``. One clear error when nothing fits."""
+    from .cost import choose, estimates, measure
+
+    pr = measure(lambda x: _flat_out(model, params, buffers, x), x1 if coupled else x1[:1], params)
+    n1 = x1.shape[0]
+    n2 = n1 if same else x2.shape[0]
+    if batch_size is not None:  # blocks of batch_size examples, one pair at a time
+        n1, n2 = min(n1, batch_size), min(n2, batch_size)
+    mode = ("diagtrace" if trace else "diag") if diagonal else ("trace" if trace else "full")
+    if diagonal and method != "structured":
+        n2 = 1  # per-chunk diagonal blocks
+    cands = ("structured", "jacobian", "products") if method == "auto" else (method,)
+    if method == "auto" and not _forward_ad_ok(model, params, buffers, x1[:1]):
+        cands = ("structured", "jacobian")  # e.g. a fused TransformerEncoder kernel: no forward-mode AD
+    if coupled is not None:  # one batch at once: the Jacobian of the whole batch
+        cands = tuple(m for m in cands if m != "structured")
+    costs = estimates(pr=pr, plan=P, n_params=n_params, n_out=n_out, n1=n1, n2=n2, same=same, item=itemsize,
+                      budget=budget, mode=mode, methods=cands)
+    if P is not None and "structured" in costs and P.n_covered == 0:
+        costs.pop("structured")  # nothing covered: it is the Jacobian route with extra steps
+    if coupled is not None and "jacobian" in costs:  # forced whole-batch chunk
+        costs["jacobian"].update(chunk=x1.shape[0], out_chunk=n_out)
+    if method == "auto":
+        best, reason = choose(costs, budget)
+        if best is None:
+            raise WidthscopeError(f"ntk: {reason}; raise memory_budget, or pass trace=True, diagonal=True or "
+                                  "batch_size to need less")
+        return {"method": best, "reason": reason, "costs": costs}
+    c = costs.get(method)
+    if c is not None and not c["fits"]:
+        raise WidthscopeError(f"ntk: method={method!r} needs about {c['bytes'] / 1e6:.4g} MB at its smallest chunks, "
+                              f"more than memory_budget={budget / 1e6:.4g} MB; raise memory_budget or let "
+                              "method='auto' pick one that fits")
+    return {"method": method, "reason": f"{method}: asked for", "costs": costs}
 
 
 def ntk(model: nn.Module | Callable[..., Any], x1: torch.Tensor, x2: torch.Tensor | None = None, *,
         trace: bool = False, chunk_size: int | None = None, method: str = "auto",
         memory_budget: float = 2e9, info: dict | None = None, diagonal: bool = False,
-        batch_size: int | None = None, dtype: torch.dtype | None = None, params: Any = None) -> torch.Tensor:
+        batch_size: int | None = None, dtype: torch.dtype | None = None, params: Any = None,
+        verbose: bool = False) -> torch.Tensor:
     r"""Empirical NTK ``Θ_{ab}(x, x') = Σ_θ ∂f_a(x)/∂θ · ∂f_b(x')/∂θ`` (``J(x) J(x')ᵀ``), all output pairs.
 
     Kernel shapes (outputs flattened to ``out`` components; the learning rate is not included: the
@@ -366,13 +427,19 @@ def ntk(model: nn.Module | Callable[..., Any], x1: torch.Tensor, x2: torch.Tenso
       ``g = J(x2_j)ᵀe_b`` and one jvp at all of ``x1`` gives ``Θ[:, j, :, b]``. Memory ``O(P)``
       plus activations, but ``n2·out`` jvp passes — for models whose Jacobian rows do not fit.
 
-    ``"auto"`` picks ``"structured"`` when it covers at least half of the trainable parameters and
-    both its captured signals (``out · n · Σ_layers width·positions`` numbers; bounded by
-    ``batch_size``) and the remainder's Jacobians fit ``memory_budget``, else ``"jacobian"`` with the largest chunk
-    whose Jacobians fit in ``memory_budget`` bytes, and ``"products"`` when even one example does not
-    fit. Pass ``info={}`` to learn what it did: ``info["method"]``, and for the structured path
-    ``info["covered"]``/``info["uncovered"]`` (parameter counts) and ``info["generic"]`` (names of the
-    parameters on the Jacobian path). Floating inputs are cast to the parameters' dtype.
+    ``"auto"`` picks by a cost model (:mod:`widthscope.linear.cost`): from one probe forward pass
+    (FLOPs ``F`` and saved bytes ``S`` of one example), ``P``, ``out``, the example counts and the
+    structured plan's layer shapes it estimates each method's seconds and peak bytes and takes the
+    fastest that fits ``memory_budget`` (``"products"`` only where a jvp runs). ``memory_budget`` bounds
+    every method: what ``ntk`` allocates, the returned kernel included, is planned within 85% of it
+    by chunks of examples and of outputs (Jacobians), blocks of examples (structured, when
+    ``batch_size`` is not given) or chunks of ``x1`` (products); a forced method that cannot fit is
+    refused before any work, and an explicit ``chunk_size``/``batch_size`` is not resized. Pass
+    ``info={}`` to learn what it did: ``info["method"]``, ``info["reason"]`` (the choice and every
+    estimate; ``verbose=True`` prints it), ``info["costs"]`` (per method ``seconds``, ``bytes``,
+    ``fits`` and chunking), ``info["covered"]``/``info["uncovered"]`` (parameter counts) and
+    ``info["generic"]`` (names of the parameters on the Jacobian path). Floating inputs are cast to
+    the parameters' dtype.
 
     Refused before any work (:mod:`widthscope.linear.checks`): ``memory_budget <= 0``; random layers in
     training mode (dropout: call ``model.eval()``), found by module type and by two forward calls on
@@ -445,7 +512,6 @@ def ntk(model: nn.Module | Callable[..., Any], x1: torch.Tensor, x2: torch.Tenso
     n_params = sum(p.numel() for p in params.values())
     n_out = first_output(model, params, buffers, x1 if coupled else x1[:1], "ntk").shape[1]
     itemsize = next(iter(params.values())).element_size()
-    per_example = n_out * n_params * itemsize
     if coupled is not None and method == "jacobian":  # one chunk: the whole batch's Jacobian at once
         if chunk_size is not None and chunk_size < x1.shape[0]:
             raise WidthscopeError(f"ntk: {coupled}; the batch-coupled kernel needs the Jacobian of the whole batch "
@@ -461,32 +527,32 @@ def ntk(model: nn.Module | Callable[..., Any], x1: torch.Tensor, x2: torch.Tenso
         except (RuntimeError, NotImplementedError) as exc:
             _reraise_attention(exc, model)
             raise
-    if method == "auto":
-        # Grams of layer inputs and back-propagated signals for the parameters the structured
-        # path covers (the rest by Jacobians), when it covers the bulk; else Jacobian blocks, or
-        # products when those do not fit.
-        rows = min(x1.shape[0] + (0 if same else x2.shape[0]), 2 * (batch_size or x1.shape[0] + x2.shape[0]))
-        fits = (2 * n_out * P.n_generic * itemsize <= memory_budget  # the remainder's Jacobian chunk
-                and n_out * rows * P.signal_numel * itemsize <= memory_budget)  # the captured signals δ
-        method = ("structured" if P.n_covered >= 0.5 * n_params and fits else
-                  "jacobian" if 2 * per_example <= memory_budget else "products")
+    plan_ = _plan_costs(model, params, buffers, x1, x2, same, P, method, n_params, n_out, itemsize, memory_budget,
+                        trace, diagonal, batch_size, coupled)
+    method, costs = plan_["method"], plan_["costs"]
     if info is not None:
-        info["method"] = method
+        info.update(method=method, reason=plan_["reason"], costs=costs)
         if method != "structured":  # nothing on the structured path
             info.update(covered=0, uncovered=n_params, generic=list(params))
+    if verbose:
+        print(f"ntk: method={method!r} ({plan_['reason']})", file=sys.stderr)
+    c = costs.get(method, {})
     try:
         if method == "structured":
             K = structured_ntk(model, x1, None if same else x2, trace=trace, diagonal=diagonal,
-                               batch_size=batch_size, dtype=dtype, memory_budget=memory_budget, info=info,
-                               _plan=P)
+                               batch_size=batch_size or c.get("batch_size"), dtype=dtype, memory_budget=memory_budget,
+                               info=info, _plan=P, _generic_chunks=(c.get("generic_chunk"), c.get("generic_out_chunk")),
+                               _reserved=c.get("bytes", 0.0))
             return K.detach()
+        out_chunk = None
         if chunk_size is None:
-            chunk_size = max(1, int(min(memory_budget // (2 * per_example), 2 ** 62)))
+            chunk_size = c.get("chunk", 1)
+            out_chunk = c.get("out_chunk") if c.get("out_chunk", n_out) < n_out else None
 
         def block(a: torch.Tensor, b: torch.Tensor, same_ab: bool) -> torch.Tensor:
             if method == "jacobian":
-                return _ntk_jacobian(model, params, buffers, a, b, chunk_size, same_ab)
-            return _ntk_products(model, params, buffers, a, b)
+                return _ntk_jacobian(model, params, buffers, a, b, chunk_size, same_ab, out_chunk)
+            return _ntk_products(model, params, buffers, a, b, None if coupled else c.get("chunk"), coupled is not None)
 
         if diagonal:  # Θ(x_i, x_i) from per-chunk blocks: the off-diagonal chunks are never formed
             step = min(chunk_size, batch_size or chunk_size) if method == "jacobian" else 1

@@ -36,6 +36,7 @@ Example::
 """
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +73,7 @@ class Plan:
     n_covered: int = 0
     n_generic: int = 0
     signal_numel: int = 0  # Σ over entries of one example's output numel: δ memory = out·n·this numbers
+    shapes: list[tuple[str, int, int, int]] = field(default_factory=list)  # (rule, T, D_a, D_δ) for the cost model
 
 
 def _first_input(args: tuple, kwargs: dict) -> Any:
@@ -170,6 +172,7 @@ def plan(model: nn.Module, x: torch.Tensor) -> Plan:
         if attrs:
             P.entries.append((name, m, r, attrs, layout))
             P.signal_numel += z[0].numel()
+            P.shapes.append(_entry_shape(r, m, inp, z))
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
@@ -179,6 +182,19 @@ def plan(model: nn.Module, x: torch.Tensor) -> Plan:
             P.generic.append(name)
             P.n_generic += p.numel()
     return P
+
+
+def _entry_shape(r: str, m: nn.Module, inp: torch.Tensor, z: torch.Tensor) -> tuple[str, int, int, int]:
+    """(rule, positions T, input width D_a, signal width D_δ) of one example, for :mod:`.cost`."""
+    if r == "conv":
+        k = math.prod(m.kernel_size) * m.in_channels // m.groups
+        return r, z[0].numel() // m.out_channels, k, m.out_channels
+    if r == "embedding":
+        return r, inp[0].numel(), min(m.num_embeddings, 2 * inp[0].numel()), m.embedding_dim
+    if r == "elementwise":
+        return r, 1, 0, sum(p.numel() for p in m.parameters(recurse=False))
+    da = inp.shape[-1] if inp.dim() > 1 else 1
+    return r, max(1, inp[0].numel() // max(1, da)), da, z.shape[-1] if z.dim() > 1 else 1
 
 
 def uncovered(model: nn.Module, x: torch.Tensor | None = None) -> list[str]:
@@ -283,7 +299,8 @@ def _blocks(n: int, b: int | None) -> list[slice]:
 
 def structured_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *, trace: bool = False,
                    diagonal: bool = False, batch_size: int | None = None, dtype: torch.dtype | None = None,
-                   memory_budget: float = 2e9, info: dict | None = None, _plan: Plan | None = None) -> torch.Tensor:
+                   memory_budget: float = 2e9, info: dict | None = None, _plan: Plan | None = None,
+                   _generic_chunks: tuple[int | None, int | None] = (None, None), _reserved: float = 0.0) -> torch.Tensor:
     """``Θ`` of shape ``(n1, n2, out, out)`` (outputs flattened); ``trace`` → ``(n1, n2)``, the mean of
     ``Θ_oo`` over ``o``; ``diagonal`` → ``(n1, out, out)``, ``Θ(x_i, x_i)`` only (``x2`` must be ``None``);
     both → ``(n1,)``. Options as in :func:`widthscope.linear.ntk` (``batch_size``: examples per block;
@@ -314,7 +331,9 @@ def structured_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None =
     shape = {"full": (n1, n2, O, O), "trace": (n1, n2), "diag": (n1, O, O), "diagtrace": (n1,)}[mode]
     K = torch.zeros(shape, dtype=acc_dtype, device=x1.device)
     cache: dict[tuple[int, int], tuple[list[tuple], int]] = {}
-    room = [float(memory_budget)]
+    from .cost import SAFETY
+
+    room = [max(0.0, SAFETY * float(memory_budget) - _reserved)]  # what the cost model left for keeping blocks
 
     def get(which: int, idx: int, s: slice) -> list[tuple]:
         """Records of a block; kept for reuse (x2's blocks, or x1's when x2 is None) while they fit."""
@@ -351,7 +370,8 @@ def structured_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None =
                 K[s2, s1] = blk.permute(1, 0, 3, 2) if mode == "full" else blk.T
         room[0] += cache.pop((1, bi), ([], 0))[1]  # x1's block bi is not needed again
     if P.generic:  # the hybrid remainder: explicit Jacobians of just these parameters
-        K = _generic(model, P, params, buffers, x1, x2, same, O, K, diagonal, trace, memory_budget, acc_dtype)
+        K = _generic(model, P, params, buffers, x1, x2, same, O, K, diagonal, trace, memory_budget, acc_dtype,
+                     _generic_chunks)
     if trace:
         K /= O
     return K.detach()
@@ -359,8 +379,9 @@ def structured_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None =
 
 def _generic(model: nn.Module, P: Plan, params: dict, buffers: dict, x1: torch.Tensor, x2: torch.Tensor, same: bool,
              O: int, K: torch.Tensor, diagonal: bool, trace: bool, memory_budget: float,
-             acc_dtype: torch.dtype) -> torch.Tensor:
-    """``K +=`` the generic-path parameters' kernel (explicit per-example Jacobians, chunked)."""
+             acc_dtype: torch.dtype, chunks: tuple[int | None, int | None] = (None, None)) -> torch.Tensor:
+    """``K +=`` the generic-path parameters' kernel (explicit per-example Jacobians, ``chunks`` = (examples,
+    outputs) per Jacobian block as :mod:`.cost` sized them to ``memory_budget``)."""
     from .model import _ntk_jacobian
 
     n1 = x1.shape[0]
@@ -370,13 +391,14 @@ def _generic(model: nn.Module, P: Plan, params: dict, buffers: dict, x1: torch.T
         gb = dict(buffers)
         gb.update({k: v for k, v in params.items() if k not in gp})
         per_example = O * sum(v.numel() for v in gp.values()) * gp[P.generic[0]].element_size()
-        chunk = max(1, int(memory_budget // (2 * per_example)))
+        chunk = chunks[0] or max(1, int(memory_budget // (2 * per_example)))
+        oc = chunks[1] if chunks[1] and chunks[1] < O else None
         if diagonal:
             for s in _blocks(n1, chunk):
-                Kg = _ntk_jacobian(model, gp, gb, x1[s], x1[s], chunk, True)
+                Kg = _ntk_jacobian(model, gp, gb, x1[s], x1[s], chunk, True, oc)
                 Kg = torch.diagonal(Kg, dim1=0, dim2=1).permute(2, 0, 1)
                 K[s] += (torch.diagonal(Kg, dim1=1, dim2=2).sum(-1) if trace else Kg).to(acc_dtype)
         else:
-            Kg = _ntk_jacobian(model, gp, gb, x1, x2, chunk, same)
+            Kg = _ntk_jacobian(model, gp, gb, x1, x2, chunk, same, oc)
             K += (torch.diagonal(Kg, dim1=2, dim2=3).sum(-1) if trace else Kg).to(acc_dtype)
     return K

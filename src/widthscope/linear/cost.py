@@ -1,0 +1,209 @@
+r"""Cost model of the NTK methods: FLOPs, time and peak memory from one probe forward pass.
+
+:func:`measure` runs the model once on one example with ``torch.utils.flop_counter.FlopCounterMode``
+(``F``: matmul/conv/attention FLOPs of one forward pass) and a saved-tensor hook (``S``: bytes the
+autograd graph keeps for the backward pass, per example; the parameters themselves excluded).
+:func:`estimates` turns them, with the parameter count ``P``, the output size ``o``, the example
+counts and the structured :class:`~widthscope.linear.structured.Plan`, into seconds and bytes:
+
+- ``jacobian`` (chunks of ``c`` examples, ``r = n1 + n2`` rows, or ``n1`` with ``x2=None``):
+  ``r·o`` reverse passes of ``2F`` plus the contraction ``2·n1·n2·o²·P`` (halved with ``x2=None``:
+  only the upper block pairs); when ``x2``'s Jacobians do not fit they are recomputed once per row
+  chunk. Memory: the kernel, ``JAC_COPIES`` Jacobian chunks of ``c·o·P`` numbers (row chunk, column
+  chunk, the copy jacrev makes), the chunk's activations and their vmapped gradients ``c²·o·S``.
+  When one example's ``o·P`` does not fit, chunks of outputs.
+- ``structured``: one forward and ``o`` batched backward passes over the ``n`` examples
+  (``n·(1 + 2o)·F``), the Gram products of each covered layer (the cheaper of the two forms
+  :func:`widthscope.linear.gram.positions` chooses between), plus the ``jacobian`` cost of the
+  uncovered remainder (its reverse passes run through the whole model). Memory per block of
+  ``b`` examples: the signals ``o·b·Σ widths`` and inputs of two blocks, the batched backward's
+  gradients and the accumulator.
+- ``products``: ``n2·o`` columns, each one vjp (``2F``) and one jvp over ``x1`` (``3·n1·F``).
+  Memory: ``P`` numbers per tangent plus the activations of a chunk of ``x1``.
+
+Each pass costs ``CALL_S`` seconds of dispatch besides its FLOPs. The constants were measured
+on the project machine (one thread, float32; ``benchmarks/ntk_auto.py --calibrate`` reruns it):
+``GEMM_S`` = seconds per FLOP of a 512×512 matmul (24 GFLOP/s), ``PASS_S`` = per FLOP of the
+vmapped reverse/forward passes (memory-bound elementwise work around the matmuls: about 3×
+``GEMM_S``), ``CALL_S`` ≈ one vjp call on a small MLP (0.7 ms). Only ratios between methods matter
+for the choice; ``seconds`` in ``info["costs"]`` is an estimate, not a promise. Forward-mode passes
+(``products``) are counted ``JVP_SLOWER``× the reverse rate (measured: the MLP and LLaMA rows of
+``benchmarks/ntk_auto.py`` ran 1.6–2.4× their reverse-rate estimate). Every method is planned within
+``SAFETY`` of ``memory_budget``: the peaks measured by ``tests/test_ntk_memory.py`` (``VmHWM``) include
+allocator slack the byte counts do not see.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+GEMM_S = 4.2e-11
+PASS_S = 1.3e-10
+CALL_S = 7e-4
+JVP_SLOWER = 2.5
+CONTRACT_SLOWER = 1.6  # the per-tensor einsum contraction vs one 512² matmul (llama-128 row of ntk_auto: 1.6×)
+SAFETY = 0.85  # plan for this share of memory_budget: allocator slack, temporaries the model does not count
+JAC_COPIES = 4  # row chunk, column chunk, and the transient copy jacrev makes of each (measured peak 1.8×)
+
+
+@dataclass
+class Probe:
+    """What one forward pass on one example says: FLOPs ``flops``, saved-for-backward bytes ``saved``."""
+    flops: float
+    saved: float
+
+
+def measure(fn, x: torch.Tensor, params: dict[str, torch.Tensor]) -> Probe:
+    """FLOPs and saved activation bytes of ``fn(x)`` per row of ``x`` (grad enabled, as the kernels run it)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    own = {p.untyped_storage().data_ptr() for p in params.values()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        try:
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in own:
+                seen[ptr] = max(seen.get(ptr, 0), t.untyped_storage().nbytes())
+        except (RuntimeError, NotImplementedError):
+            pass
+        return t
+
+    counter = FlopCounterMode(display=False)
+    with torch.enable_grad(), counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(x)
+    n = x.shape[0]
+    return Probe(flops=float(max(counter.get_total_flops(), 1)) / n, saved=float(sum(seen.values())) / n)
+
+
+def _positions_flops(rule: str, n: int, O: int, T: int, Da: int, Dd: int, mode: str, same: bool) -> float:
+    """The Gram flops of one covered layer, as :func:`~widthscope.linear.gram.positions` would pick."""
+    f = O if mode == "full" else 1
+    if T == 1:
+        return 2.0 * (O * n) ** 2 * Dd / (O if mode != "full" else 1) + 2.0 * n * n * Da
+    explicit = O * n * T * Dd * Da + (O * n) ** 2 * Dd * Da / (O // f if mode != "full" else 1) / (2 if same else 1)
+    gram = (O * n * T) ** 2 * (Dd + 32) / (O // f if mode != "full" else 1) + (n * T) ** 2 * Da
+    return 2.0 * min(explicit, gram)
+
+
+def _jacobian(P: float, O: int, n1: int, n2: int, same: bool, pr: Probe, item: int, budget: float,
+              fixed: float) -> dict[str, Any]:
+    """Seconds and bytes of the Jacobian route for ``P`` parameters (``fixed``: bytes already spent)."""
+    per = O * P * item  # one example's Jacobian
+    room = budget - fixed
+
+    def need(c: int, oc: int) -> float:
+        return JAC_COPIES * c * oc * P * item + c * pr.saved * (1 + c * oc)
+
+    c = 1
+    while c < max(n1, n2) and need(2 * c, O) <= room:
+        c *= 2
+    oc = O
+    while oc > 1 and need(1, oc) > room:
+        oc = (oc + 1) // 2
+    if need(c, oc) > room:
+        return {"fits": False, "bytes": fixed + need(1, 1), "seconds": math.inf, "chunk": 1, "out_chunk": 1}
+    rows = n1 if same else n1 + n2
+    row_chunks, col_chunks = math.ceil(n1 / c) * math.ceil(O / oc), math.ceil(n2 / c) * math.ceil(O / oc)
+    recompute = 0 if (same or col_chunks == 1) else row_chunks * n2 * O  # x2's Jacobian rows again
+    passes = rows * O + recompute
+    pairs = row_chunks * (row_chunks + 1) / 2 if same else row_chunks * col_chunks  # x2=None: upper pairs
+    share = pairs / (row_chunks * col_chunks)
+    t = (passes * 2 * pr.flops * PASS_S + passes * P * PASS_S  # backward passes and the Jacobian writes
+         + 2.0 * n1 * n2 * O * O * P * share * GEMM_S * CONTRACT_SLOWER
+         + (row_chunks + (0 if same else col_chunks) + pairs) * CALL_S)
+    return {"fits": True, "bytes": fixed + need(c, oc), "seconds": t, "chunk": c, "out_chunk": oc,
+            "flops": passes * 2 * pr.flops + 2.0 * n1 * n2 * O * O * P, "per_example_jacobian": per}
+
+
+def _structured(plan, shapes, P: int, O: int, n1: int, n2: int, same: bool, pr: Probe, item: int,
+                budget: float, result: float, mode: str) -> dict[str, Any]:
+    n = n1 if same else max(n1, n2)
+    sig = plan.signal_numel
+    inp = sum(da * t for _, t, da, _ in shapes)
+
+    def need(b: int) -> float:
+        # two blocks' records, each also held once more while captured; the batched backward's gradients;
+        # the block accumulator with the Gram product, its weighted copy and the transposed write
+        # (the factors 2 and 5: measured peaks of an MLP at blocks of 32 and 64, benchmarks/ntk_auto.py)
+        blocks = 2 * 2 * b * (O * sig + inp) * item
+        grads = b * min(O, 64) * pr.saved + b * pr.saved
+        acc = (b * b * O * O if mode == "full" else b * b) * item
+        return blocks + grads + 5 * acc
+
+    b = n
+    while b > 1 and need(b) > budget - result:
+        b = (b + 1) // 2
+    gen = None
+    if plan.n_generic:
+        gen = _jacobian(plan.n_generic, O, n1, n2, same, pr, item, budget, result + need(b))
+    fits = need(b) <= budget - result and (gen is None or gen["fits"])
+    rows = n1 if same else n1 + n2
+    blocks = math.ceil(n / b)
+    recapture = 1 if blocks == 1 else blocks / 2 + 1  # x2's blocks recomputed when they are not kept
+    gram = sum(_positions_flops(r, n, O, t, da, dd, mode, same) for r, t, da, dd in shapes)
+    gram *= (n1 * n2) / (n * n)
+    passes = rows * (1 + 2 * O) * pr.flops * recapture
+    t = passes * PASS_S + gram * GEMM_S + blocks * blocks * CALL_S * max(1, len(shapes)) / 4 + O * CALL_S
+    out = {"fits": fits, "bytes": result + need(b) + (gen["bytes"] - result - need(b) if gen else 0),
+           "seconds": t + (gen["seconds"] if gen else 0.0), "batch_size": None if b >= n else b,
+           "flops": passes + gram + (gen["flops"] if gen and gen["fits"] else 0.0)}
+    if gen is not None:
+        out.update(generic_chunk=gen["chunk"], generic_out_chunk=gen["out_chunk"])
+    return out
+
+
+def _products(P: int, O: int, n1: int, n2: int, pr: Probe, item: int, budget: float, result: float) -> dict:
+    def need(c: int) -> float:
+        return 3 * P * item + 3 * c * pr.saved + pr.saved
+
+    c = n1
+    while c > 1 and need(c) > budget - result:
+        c = (c + 1) // 2
+    cols = n2 * O
+    chunks = math.ceil(n1 / c)
+    # forward-mode passes ran JVP_SLOWER× the reverse passes' rate per FLOP (MLP and LLaMA rows of ntk_auto)
+    t = cols * (2 * pr.flops + 3 * n1 * pr.flops) * PASS_S * JVP_SLOWER + cols * (1 + chunks) * CALL_S
+    return {"fits": need(c) <= budget - result, "bytes": result + need(c), "seconds": t, "chunk": c,
+            "flops": cols * (2 + 3 * n1) * pr.flops}
+
+
+def layer_shapes(plan) -> list[tuple[str, int, int, int]]:
+    """(rule, positions T, input width D_a, signal width D_δ) of each covered entry."""
+    return list(getattr(plan, "shapes", []))
+
+
+def estimates(*, pr: Probe, plan, n_params: int, n_out: int, n1: int, n2: int, same: bool, item: int,
+              budget: float, mode: str, methods: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """Estimated seconds, peak bytes and chunking of each method in ``methods`` (``fits``: within
+    ``budget`` bytes, the returned kernel of ``mode`` included)."""
+    O = n_out
+    budget = SAFETY * budget
+    res_n = {"full": n1 * n2 * O * O, "trace": n1 * n2 * O, "diag": n1 * O * O, "diagtrace": n1 * O}[mode]
+    result = float(res_n * item)  # the returned kernel
+    # the Jacobian and product routes form the full (n1, n2, o, o) blocks first, then reduce (trace)
+    full = result + (0.0 if mode in ("full", "diag") else float(n1 * n2 * O * O * item))
+    out: dict[str, dict[str, Any]] = {}
+    for m in methods:
+        if m == "jacobian":
+            out[m] = _jacobian(n_params, O, n1, n2, same, pr, item, budget, full)
+        elif m == "structured" and plan is not None:
+            out[m] = _structured(plan, layer_shapes(plan), n_params, O, n1, n2, same, pr, item, budget, result, mode)
+        elif m == "products":
+            out[m] = _products(n_params, O, n1, n2, pr, item, budget, full)
+    return out
+
+
+def choose(costs: dict[str, dict[str, Any]], budget: float) -> tuple[str | None, str]:
+    """The fastest method that fits, and a one-line reason naming the alternatives."""
+    fit = {m: c for m, c in costs.items() if c["fits"]}
+    summary = ", ".join(f"{m} ~{c['seconds']:.3g} s / {c['bytes'] / 1e6:.4g} MB"
+                        + ("" if c["fits"] else " (over budget)") for m, c in costs.items())
+    if not fit:
+        return None, f"no method fits memory_budget={budget:.4g} bytes ({summary})"
+    best = min(fit, key=lambda m: fit[m]["seconds"])
+    return best, f"{best}: cheapest estimate within memory_budget={budget:.4g} bytes ({summary})"
+

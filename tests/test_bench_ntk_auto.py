@@ -1,0 +1,42 @@
+"""The auto benchmark's per-round ratios and its table (the committed rows re-render)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _mod():
+    spec = importlib.util.spec_from_file_location("ntk_auto", ROOT / "benchmarks" / "ntk_auto.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_ratios_are_per_round_and_the_section_renders(tmp_path):
+    mod = _mod()
+    # round 2 is loaded (everything 3× slower): per-round ratios are not fooled by it
+    r = {"auto_choice": "structured", "params": 10, "fastest": "jacobian",
+         "seconds": {"auto": 1.1, "structured": 1.0, "jacobian": 0.9},
+         "all_seconds": {"auto": [1.1, 3.3, 1.0], "structured": [1.0, 3.0, 1.0], "jacobian": [0.8, 2.7, 1.0]}}
+    q = mod.ratios(r)
+    assert q["choice_ratio"] == pytest.approx(1.0 / 0.9)  # rounds: 1.25, 1.111, 1.0
+    assert q["auto_ratio"] == pytest.approx(1.2222222, rel=1e-6)  # rounds: 1.375, 1.222, 1.0
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps({"m": r}))
+    text = mod.section(p)
+    assert "| m | 10 | structured | 1 | 0.9 | skipped | 1.1 | jacobian | 1.11 | 1.22 |" in text
+
+
+def test_benchmark_models_build_and_run():
+    mod = _mod()
+    for name, (build, inputs, _) in mod.models().items():
+        torch.manual_seed(0)
+        model = build().eval()
+        out = model(inputs()[:2])
+        assert out.shape[0] == 2 and out.dim() == 2, name

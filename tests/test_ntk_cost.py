@@ -1,0 +1,46 @@
+"""The NTK cost model: its probe counts what it says, and auto reports which method and why."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from widthscope.errors import WidthscopeError
+from widthscope.linear import ntk
+from widthscope.linear.cost import choose, measure
+
+
+def test_probe_counts_matmul_flops_and_saved_activations():
+    net = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3))
+    params = dict(net.named_parameters())
+    pr = measure(lambda x: torch.func.functional_call(net, params, (x,)), torch.randn(4, 5), params)
+    assert pr.flops == pytest.approx(2 * (5 * 7 + 7 * 3))  # per example
+    # saved for backward: the two matmuls' inputs (5 and tanh's output, 7, which tanh saves too: one storage),
+    # never a parameter; a little room for what a torch version saves besides
+    assert 4 * (5 + 7) <= pr.saved <= 4 * (5 + 7 + 7 + 3) + 64
+
+
+def test_auto_says_which_and_why(capsys):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    x = torch.randn(32, 6)
+    info: dict = {}
+    K = ntk(net, x, info=info, verbose=True)
+    assert set(info["costs"]) == {"structured", "jacobian", "products"}
+    fits = {m: c for m, c in info["costs"].items() if c["fits"]}
+    assert info["method"] == min(fits, key=lambda m: fits[m]["seconds"])
+    assert info["reason"].startswith(info["method"] + ": cheapest estimate")
+    assert f"ntk: method={info['method']!r}" in capsys.readouterr().err
+    # the contraction 2·n²·out²·P of the Jacobian route dwarfs the Grams here
+    assert info["costs"]["jacobian"]["flops"] > 10 * info["costs"]["structured"]["flops"]
+    assert torch.allclose(K, ntk(net, x, method="jacobian"), rtol=1e-4, atol=1e-5)
+
+
+def test_choose_takes_the_fastest_that_fits_and_says_when_none_does():
+    costs = {"a": {"fits": True, "seconds": 2.0, "bytes": 1e6}, "b": {"fits": False, "seconds": 1.0, "bytes": 9e9},
+             "c": {"fits": True, "seconds": 3.0, "bytes": 1e3}}
+    best, why = choose(costs, 2e9)
+    assert best == "a" and "b ~1 s / 9000 MB (over budget)" in why
+    assert choose({"b": costs["b"]}, 2e9)[0] is None
+    with pytest.raises(WidthscopeError, match="no method fits memory_budget"):
+        ntk(nn.Linear(3, 2), torch.randn(4, 3), memory_budget=100)
