@@ -387,7 +387,7 @@ def _print_slopes(slopes, file=None) -> None:
               "95% CI": f"[{s['ci_low']:.3g}, {s['ci_high']:.3g}]", "reference": s["reference"],
               "published": s["published"], "widths": s["n_widths"]} for s in slopes]
     print(format_table(table, floatfmt=".3g", title="log-log slopes over width (seeds averaged "
-                       "in log space; bootstrap over seeds)"), file=file)
+                       "in log space; 95% t interval over the seeds' slopes)"), file=file)
 
 
 def run_sweep(config: Mapping[str, Any], out_dir: str | Path, shard: tuple[int, int] = (1, 1),

@@ -4,7 +4,7 @@ Figures: deviation ``F − F_lin`` vs width (log-log, fitted line and reference 
 vs training step per width, the network, its linear model and the kernel-regression prediction
 side by side (held-out loss vs step, and a table), derivative correlations vs width, and fitted
 slope vs ``α`` next to the theory (``α − 1``) and the published slopes. Slopes are refitted from the rows with
-:func:`widthscope.linear.powerlaw.fit_slope` (seeds averaged in log space, bootstrap CI).
+:func:`widthscope.linear.powerlaw.fit_slope` (seeds averaged in log space, t interval over the seeds' slopes).
 
 Example::
 
@@ -210,7 +210,7 @@ def _fig_slope_vs_alpha(plt, slopes, last, out_dir: Path) -> list[dict]:
     return [save_figure(
         fig, out_dir / "linearization_slope_vs_alpha.png",
         "Fitted slope vs learning-rate exponent α",
-        "Slopes with bootstrap-over-seeds 95% intervals, beside the bound and the "
+        "Slopes with 95% t intervals over seeds, beside the bound and the "
         "published MNIST slopes (which are for the test MSE between F and F_lin).")]
 
 
@@ -328,6 +328,6 @@ def summary(rows: list[dict], found: Sequence[dict] | None = None) -> list[str]:
         else:
             tested = (f"per-seed t interval [{c['low']:.2f}, {c['high']:.2f}], p = {c['p']:.2g} ({how}): "
                       f"{words[c['verdict']]}")
-        out.append(f"α={alpha:g}, step {step}: deviation slope {s['slope']:.2f} (bootstrap over seeds "
+        out.append(f"α={alpha:g}, step {step}: deviation slope {s['slope']:.2f} (t interval over seeds "
                    f"[{s['ci_low']:.2f}, {s['ci_high']:.2f}]) vs reference {ref:.2f}; {tested}.")
     return out
