@@ -99,10 +99,8 @@ def _cycles(edges: dict[str, set[str]]) -> list[frozenset[str]]:
     return out
 
 
-# issue 20: being removed (owned by other work; drop an entry when its cycle is gone).
-KNOWN_CYCLES = {
-    frozenset({"widthscope.linear.model", "widthscope.linear.structured"}),
-}
+# Allowed cycles (none now; issue 20 removed linear.model <-> linear.structured). Add one only with an issue.
+KNOWN_CYCLES: set[frozenset[str]] = set()
 MATHS = ("widthscope.stats", "widthscope.probe", "widthscope.linear")
 PIPELINES = ("widthscope.certify", "widthscope.certify.per_point", "widthscope.grow", "widthscope.grow.bench",
              "widthscope.grow.compare", "widthscope.monitor",

@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from widthscope.errors import WidthscopeError
-from widthscope.linear import nngp, ntk
-from widthscope.linear.structured import plan, structured_ntk, uncovered
+from widthscope.linear import nngp, ntk, structured_ntk
+from widthscope.linear.structured import plan, uncovered
 from widthscope.models import build
 
 TOL = {"rtol": 1e-10, "atol": 1e-12}

@@ -10,9 +10,9 @@ Example::
 """
 from .correlation import correlation, correlation_summary
 from .kernels import nngp
-from .model import LinearizedModel, linearize, ntk
+from .model import LinearizedModel, linearize, ntk, structured_ntk
 from .powerlaw import SlopeFit, fit_slope
-from .structured import kernel_predict, structured_ntk
+from .structured import kernel_predict
 from .trainer import function_space_gd, train_side_by_side
 
 __all__ = ["LinearizedModel", "linearize", "ntk", "nngp", "correlation", "correlation_summary",

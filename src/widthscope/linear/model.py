@@ -27,13 +27,15 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch.func import functional_call, jacrev, jvp, vjp
+from torch.func import functional_call, jvp
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..errors import WidthscopeError
+from ._core import (_flat_out, _forward_ad_ok, _ntk_jacobian, _ntk_products,  # noqa: F401  (re-exported)
+                    as_param_dtype, first_output, model_output, params_and_buffers)
 
-__all__ = ["LinearizedModel", "linearize", "ntk", "model_output", "params_and_buffers",
-           "ATTENTION_FIX"]
+__all__ = ["LinearizedModel", "linearize", "ntk", "structured_ntk", "model_output", "params_and_buffers",
+           "as_param_dtype", "first_output", "ATTENTION_FIX"]
 
 ATTENTION_FIX = ('build or load the model with attn_implementation="eager" (e.g. '
                  'AutoModelForCausalLM.from_config(cfg, attn_implementation="eager"), or '
@@ -48,30 +50,6 @@ _STOCHASTIC_OPT_IN = (", or pass allow_stochastic=True to linearise each call's 
 def _safe(name: str) -> str:
     # nn.Module attribute names may not contain dots.
     return name.replace(".", "__")
-
-
-def params_and_buffers(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Detached copies-free views: trainable parameters (requires_grad) and everything else."""
-    params = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
-    buffers = {k: v.detach() for k, v in model.named_buffers()}
-    # Frozen parameters are constants of the linearization: pass them like buffers.
-    buffers.update({k: v.detach() for k, v in model.named_parameters() if not v.requires_grad})
-    return params, buffers
-
-
-def model_output(out: Any) -> torch.Tensor:
-    """The tensor a model's call returns: itself, ``.logits`` (HF) or the first element."""
-    if isinstance(out, torch.Tensor):
-        return out
-    logits = getattr(out, "logits", None)
-    if isinstance(logits, torch.Tensor):
-        return logits
-    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
-        return out[0]
-    if isinstance(out, dict) and "logits" in out:
-        return out["logits"]
-    raise WidthscopeError(f"model returned {type(out).__name__}; expected a tensor or an object with "
-                          "a .logits tensor (wrap the model so that it returns its output tensor)")
 
 
 def _is_attention_ad_error(exc: BaseException) -> bool:
@@ -223,27 +201,6 @@ def linearize(model: nn.Module | Callable[..., Any], *, params: Any = None,
 # Empirical NTK
 # ---------------------------------------------------------------------------------------------
 
-def as_param_dtype(x: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Floating inputs in the parameters' dtype and device (float32 data with a float64 model)."""
-    p0 = next(iter(params.values()), None)
-    if p0 is None or not isinstance(x, torch.Tensor):
-        return x
-    if x.is_floating_point() and p0.is_floating_point():
-        return x.to(device=p0.device, dtype=p0.dtype)
-    return x.to(p0.device)
-
-
-def first_output(model: nn.Module, params, buffers, x: torch.Tensor, who: str) -> torch.Tensor:
-    """The model's (flattened) output on ``x``; a failing forward becomes a WidthscopeError."""
-    try:
-        with torch.no_grad():
-            return _flat_out(model, params, buffers, x)
-    except (RuntimeError, ValueError, IndexError, TypeError) as exc:
-        raise WidthscopeError(f"{who}: the model cannot run on inputs of shape {tuple(x.shape)} "
-                              f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-                              "pass inputs shaped like the model's training inputs") from None
-
-
 def _check_model(model: nn.Module, params, buffers, x1: torch.Tensor, x2: torch.Tensor,
                  method: str) -> tuple[str | None, nn.Module, dict]:
     """Refuse random layers; say why the examples are batch-coupled (``None``: they are not), refusing a
@@ -270,77 +227,6 @@ def _check_model(model: nn.Module, params, buffers, x1: torch.Tensor, x2: torch.
         raise WidthscopeError(f"ntk: {coupled}. A per-example kernel (method={method!r}) assumes each output "
                               "depends on its own example only, which does not hold here")
     return coupled, model, buffers
-
-
-def _flat_out(model: nn.Module, params, buffers, x: torch.Tensor) -> torch.Tensor:
-    out = model_output(functional_call(model, (params, buffers), (x,)))
-    return out.reshape(out.shape[0], -1)
-
-
-def _ntk_jacobian(model, params, buffers, x1, x2, chunk, same, out_chunk=None):
-    """Σ over parameter blocks of J_b(x1) J_b(x2)ᵀ from Jacobians of ``chunk`` examples × ``out_chunk``
-    outputs at a time; with ``x2 = x1`` only the upper block pairs (mirrored)."""
-
-    def jac(x, o):  # list of (c, oc, p_b) blocks, one per parameter tensor
-        j = jacrev(lambda p: _flat_out(model, p, buffers, x)[:, o])(params)
-        return [v.reshape(v.shape[0], v.shape[1], -1) for v in j.values()]
-
-    def contract(ja, jb):
-        return sum(torch.einsum("iap,jbp->ijab", a, b) for a, b in zip(ja, jb))
-
-    n1, n2 = x1.shape[0], x2.shape[0]
-    O = _flat_out(model, params, buffers, x1[:1]).shape[1] if out_chunk else None
-    outs = [slice(a, a + out_chunk) for a in range(0, O, out_chunk)] if out_chunk else [slice(None)]
-    b1 = [(slice(i, min(i + chunk, n1)), o) for i in range(0, n1, chunk) for o in outs]
-    b2 = b1 if same else [(slice(j, min(j + chunk, n2)), o) for j in range(0, n2, chunk) for o in outs]
-    kept = None if same or len(b2) > 1 else jac(x2[b2[0][0]], b2[0][1])  # x2's one block, kept
-    K = None
-    for bi, (si, oi) in enumerate(b1):
-        ja = jac(x1[si], oi)
-        for bj, (sj, oj) in enumerate(b2):
-            if same and bj < bi:
-                continue
-            jb = ja if same and bj == bi else kept if kept is not None else jac((x1 if same else x2)[sj], oj)
-            blk = contract(ja, jb)
-            if K is None:
-                O = O or blk.shape[2]
-                K = torch.empty(n1, n2, O, O, dtype=blk.dtype, device=blk.device)
-            K[si, sj, oi, oj] = blk
-            if same and bj != bi:
-                K[sj, si, oj, oi] = blk.permute(1, 0, 3, 2)
-    return K
-
-
-def _ntk_products(model, params, buffers, x1, x2, chunk=None, coupled=False):
-    """NTK-vector products: column (j, b) of Θ is jvp at x1 along g = J(x2_j)ᵀ e_b; the jvp over ``chunk``
-    rows of x1 at a time, the vjp on row j alone (on all of x2 when the examples are ``coupled``)."""
-    n1, n2 = x1.shape[0], x2.shape[0]
-    chunk = chunk or n1
-    cols = None
-    for j in range(n2):
-        xj = x2 if coupled else x2[j:j + 1]
-        out2, pull = vjp(lambda p: _flat_out(model, p, buffers, xj), params)
-        n_out = out2.shape[1]
-        if cols is None:
-            cols = torch.empty(n1, n2, n_out, n_out, dtype=out2.dtype, device=out2.device)
-        for b in range(n_out):
-            e = torch.zeros_like(out2)
-            e[j if coupled else 0, b] = 1.0
-            (g,) = pull(e)
-            for i in range(0, n1, chunk):
-                xi = x1[i:i + chunk]
-                _, t = jvp(lambda p: _flat_out(model, p, buffers, xi), (params,), (g,))
-                cols[i:i + chunk, j, :, b] = t
-    return cols
-
-
-def _forward_ad_ok(model, params, buffers, x: torch.Tensor) -> bool:
-    """Whether one jvp (the ``"products"`` route) runs on this model."""
-    try:
-        jvp(lambda p: _flat_out(model, p, buffers, x), (params,), ({k: torch.zeros_like(v) for k, v in params.items()},))
-        return True
-    except (RuntimeError, NotImplementedError):
-        return False
 
 
 def _plan_costs(model, params, buffers, x1, x2, same, P, method, n_params, n_out, itemsize, budget, trace,
@@ -467,11 +353,78 @@ def ntk(model: nn.Module | Callable[..., Any], x1: torch.Tensor, x2: torch.Tenso
         >>> bool(torch.allclose(widthscope.ntk(f, x, params=dict(net.named_parameters())), widthscope.ntk(net, x)))
         True
     """
-    import math
-
     from .checks import as_module
 
     model = as_module(model, params, "ntk")
+    _check_ntk_args(x1, x2, method, diagonal, batch_size, dtype, memory_budget, chunk_size)
+    params, buffers = params_and_buffers(model)
+    if not params:
+        raise WidthscopeError("ntk: the model has no trainable parameters")
+    same = x2 is None
+    x1 = as_param_dtype(x1, params)
+    x2 = x1 if same else as_param_dtype(x2, params)
+    coupled, model, buffers = _check_model(model, params, buffers, x1, x2, method)
+    _check_coupled(coupled, same, batch_size, diagonal, info)
+    n_params = sum(p.numel() for p in params.values())
+    n_out = first_output(model, params, buffers, x1 if coupled else x1[:1], "ntk").shape[1]
+    itemsize = next(iter(params.values())).element_size()
+    chunk_size = _coupled_chunk(coupled, method, chunk_size, x1.shape[0])
+    method, costs, P = _choose_method(model, params, buffers, x1, x2, same, method, n_params, n_out, itemsize,
+                                      memory_budget, trace, diagonal, batch_size, coupled, info, verbose)
+    c = costs.get(method, {})
+    try:
+        if method == "structured":
+            from .structured import _structured_kernel
+
+            K = _structured_kernel(model, x1, None if same else x2, plan=P, trace=trace, diagonal=diagonal,
+                                   batch_size=batch_size or c.get("batch_size"), dtype=dtype,
+                                   memory_budget=memory_budget, info=info,
+                                   generic_chunks=(c.get("generic_chunk"), c.get("generic_out_chunk")),
+                                   reserved=c.get("bytes", 0.0))
+            return K.detach()
+        K = _explicit_kernel(model, params, buffers, x1, x2, same, method, c, chunk_size, n_out, coupled, diagonal,
+                             batch_size)
+    except (RuntimeError, NotImplementedError) as exc:
+        _reraise_attention(exc, model)
+        raise
+    K = K.detach()
+    if trace:
+        K = torch.diagonal(K, dim1=-2, dim2=-1).mean(-1)
+    return K if dtype is None else K.to(dtype)
+
+
+def structured_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *, trace: bool = False,
+                   diagonal: bool = False, batch_size: int | None = None, dtype: torch.dtype | None = None,
+                   memory_budget: float = 2e9, info: dict | None = None) -> torch.Tensor:
+    """``Θ`` of shape ``(n1, n2, out, out)`` (outputs flattened) by the structured path
+    (:mod:`widthscope.linear.structured`); ``trace`` → ``(n1, n2)``, the mean of ``Θ_oo`` over ``o``;
+    ``diagonal`` → ``(n1, out, out)``, ``Θ(x_i, x_i)`` only (``x2`` must be ``None``); both → ``(n1,)``.
+    Options as in :func:`ntk` (``batch_size``: examples per block; ``dtype``: the accumulator's and
+    result's dtype, default the parameters'). Parameters the structured path does not cover are added
+    from explicit Jacobians of just those parameters.
+
+    The same as ``ntk(model, x1, x2, method="structured", ...)``, which checks the inputs and makes the
+    :func:`~widthscope.linear.structured.plan`.
+
+    Example::
+
+        >>> import torch
+        >>> from widthscope.linear import structured_ntk
+        >>> info = {}
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+        >>> structured_ntk(net, torch.randn(5, 3), trace=True, info=info).shape
+        torch.Size([5, 5])
+        >>> info["method"], info["uncovered"]
+        ('structured', 0)
+    """
+    return ntk(model, x1, x2, method="structured", trace=trace, diagonal=diagonal, batch_size=batch_size,
+               dtype=dtype, memory_budget=memory_budget, info=info)
+
+
+def _check_ntk_args(x1, x2, method: str, diagonal: bool, batch_size, dtype, memory_budget, chunk_size) -> None:
+    """:func:`ntk`'s argument checks, one clear error each, before any model call."""
+    import math
+
     if not isinstance(x1, torch.Tensor) or x1.dim() < 1:
         raise WidthscopeError("ntk: x1 must be a batched tensor (n1, ...) of inputs")
     if x2 is not None and (not isinstance(x2, torch.Tensor) or x2.shape[1:] != x1.shape[1:]):
@@ -493,32 +446,38 @@ def ntk(model: nn.Module | Callable[..., Any], x1: torch.Tensor, x2: torch.Tenso
                               f"{memory_budget!r}; to force a method pass method='jacobian' or 'products'")
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise WidthscopeError(f"ntk: chunk_size must be a positive integer or None, got {chunk_size!r}")
-    params, buffers = params_and_buffers(model)
-    if not params:
-        raise WidthscopeError("ntk: the model has no trainable parameters")
-    same = x2 is None
-    x1 = as_param_dtype(x1, params)
-    x2 = x1 if same else as_param_dtype(x2, params)
-    coupled, model, buffers = _check_model(model, params, buffers, x1, x2, method)
-    if coupled is not None:
-        bad = ("x2 is given" if not same else "batch_size is set" if batch_size is not None else
-               "diagonal=True" if diagonal else "")
-        if bad:
-            raise WidthscopeError(f"ntk: {coupled}; the batch-coupled kernel exists only for one batch at once, "
-                                  f"but {bad}: pass x2=None without batch_size or diagonal (for Θ(x1, x2) pass "
-                                  "torch.cat([x1, x2]) and slice the blocks)")
-        if info is not None:
-            info["batch_coupled"] = coupled
-    n_params = sum(p.numel() for p in params.values())
-    n_out = first_output(model, params, buffers, x1 if coupled else x1[:1], "ntk").shape[1]
-    itemsize = next(iter(params.values())).element_size()
-    if coupled is not None and method == "jacobian":  # one chunk: the whole batch's Jacobian at once
-        if chunk_size is not None and chunk_size < x1.shape[0]:
+
+
+def _check_coupled(coupled: str | None, same: bool, batch_size, diagonal: bool, info: dict | None) -> None:
+    """A batch-coupled model (``coupled``: why) has one kernel, of the whole batch ``x1``: refuse the options
+    that need per-example blocks; record the reason in ``info["batch_coupled"]``."""
+    if coupled is None:
+        return
+    bad = ("x2 is given" if not same else "batch_size is set" if batch_size is not None else
+           "diagonal=True" if diagonal else "")
+    if bad:
+        raise WidthscopeError(f"ntk: {coupled}; the batch-coupled kernel exists only for one batch at once, "
+                              f"but {bad}: pass x2=None without batch_size or diagonal (for Θ(x1, x2) pass "
+                              "torch.cat([x1, x2]) and slice the blocks)")
+    if info is not None:
+        info["batch_coupled"] = coupled
+
+
+def _coupled_chunk(coupled: str | None, method: str, chunk_size: int | None, n: int) -> int | None:
+    """The Jacobian route on a batch-coupled model takes the whole batch of ``n`` rows as one chunk."""
+    if coupled is not None and method == "jacobian":
+        if chunk_size is not None and chunk_size < n:
             raise WidthscopeError(f"ntk: {coupled}; the batch-coupled kernel needs the Jacobian of the whole batch "
-                                  f"at once: chunk_size={chunk_size} < {x1.shape[0]} rows (pass chunk_size=None)")
-        chunk_size = x1.shape[0]
+                                  f"at once: chunk_size={chunk_size} < {n} rows (pass chunk_size=None)")
+        return n
+    return chunk_size
+
+
+def _choose_method(model, params, buffers, x1, x2, same, method, n_params, n_out, itemsize, budget, trace,
+                   diagonal, batch_size, coupled, info, verbose) -> tuple[str, dict, Any]:
+    """The structured plan (for ``"auto"``/``"structured"``), the cost estimates and the method they pick;
+    reported in ``info`` and, with ``verbose``, on stderr. Returns (method, costs, plan or None)."""
     from .structured import plan as structured_plan
-    from .structured import structured_ntk
 
     P = None
     if method in ("auto", "structured"):
@@ -527,7 +486,7 @@ def ntk(model: nn.Module | Callable[..., Any], x1: torch.Tensor, x2: torch.Tenso
         except (RuntimeError, NotImplementedError) as exc:
             _reraise_attention(exc, model)
             raise
-    plan_ = _plan_costs(model, params, buffers, x1, x2, same, P, method, n_params, n_out, itemsize, memory_budget,
+    plan_ = _plan_costs(model, params, buffers, x1, x2, same, P, method, n_params, n_out, itemsize, budget,
                         trace, diagonal, batch_size, coupled)
     method, costs = plan_["method"], plan_["costs"]
     if info is not None:
@@ -536,39 +495,31 @@ def ntk(model: nn.Module | Callable[..., Any], x1: torch.Tensor, x2: torch.Tenso
             info.update(covered=0, uncovered=n_params, generic=list(params))
     if verbose:
         print(f"ntk: method={method!r} ({plan_['reason']})", file=sys.stderr)
-    c = costs.get(method, {})
-    try:
-        if method == "structured":
-            K = structured_ntk(model, x1, None if same else x2, trace=trace, diagonal=diagonal,
-                               batch_size=batch_size or c.get("batch_size"), dtype=dtype, memory_budget=memory_budget,
-                               info=info, _plan=P, _generic_chunks=(c.get("generic_chunk"), c.get("generic_out_chunk")),
-                               _reserved=c.get("bytes", 0.0))
-            return K.detach()
-        out_chunk = None
-        if chunk_size is None:
-            chunk_size = c.get("chunk", 1)
-            out_chunk = c.get("out_chunk") if c.get("out_chunk", n_out) < n_out else None
+    return method, costs, P
 
-        def block(a: torch.Tensor, b: torch.Tensor, same_ab: bool) -> torch.Tensor:
-            if method == "jacobian":
-                return _ntk_jacobian(model, params, buffers, a, b, chunk_size, same_ab, out_chunk)
-            return _ntk_products(model, params, buffers, a, b, None if coupled else c.get("chunk"), coupled is not None)
 
-        if diagonal:  # Θ(x_i, x_i) from per-chunk blocks: the off-diagonal chunks are never formed
-            step = min(chunk_size, batch_size or chunk_size) if method == "jacobian" else 1
-            K = torch.cat([torch.diagonal(block(x1[i:i + step], x1[i:i + step], True), dim1=0, dim2=1)
-                           .permute(2, 0, 1) for i in range(0, x1.shape[0], step)])
-        elif batch_size is None:
-            K = block(x1, x2, same)
-        else:
-            b = batch_size
-            K = torch.cat([torch.cat([block(x1[i:i + b], x2[j:j + b], same and i == j)
-                                      for j in range(0, x2.shape[0], b)], dim=1)
-                           for i in range(0, x1.shape[0], b)], dim=0)
-    except (RuntimeError, NotImplementedError) as exc:
-        _reraise_attention(exc, model)
-        raise
-    K = K.detach()
-    if trace:
-        K = torch.diagonal(K, dim1=-2, dim2=-1).mean(-1)
-    return K if dtype is None else K.to(dtype)
+def _explicit_kernel(model, params, buffers, x1, x2, same, method, c, chunk_size, n_out, coupled, diagonal,
+                     batch_size) -> torch.Tensor:
+    """The ``"jacobian"``/``"products"`` kernel ``(n1, n2, out, out)`` (``diagonal``: ``(n1, out, out)``), in
+    blocks of ``batch_size`` examples when given, with the chunks the cost model chose (``c``) unless
+    ``chunk_size`` is set."""
+    out_chunk = None
+    if chunk_size is None:
+        chunk_size = c.get("chunk", 1)
+        out_chunk = c.get("out_chunk") if c.get("out_chunk", n_out) < n_out else None
+
+    def block(a: torch.Tensor, b: torch.Tensor, same_ab: bool) -> torch.Tensor:
+        if method == "jacobian":
+            return _ntk_jacobian(model, params, buffers, a, b, chunk_size, same_ab, out_chunk)
+        return _ntk_products(model, params, buffers, a, b, None if coupled else c.get("chunk"), coupled is not None)
+
+    if diagonal:  # Θ(x_i, x_i) from per-chunk blocks: the off-diagonal chunks are never formed
+        step = min(chunk_size, batch_size or chunk_size) if method == "jacobian" else 1
+        return torch.cat([torch.diagonal(block(x1[i:i + step], x1[i:i + step], True), dim1=0, dim2=1)
+                          .permute(2, 0, 1) for i in range(0, x1.shape[0], step)])
+    if batch_size is None:
+        return block(x1, x2, same)
+    b = batch_size
+    return torch.cat([torch.cat([block(x1[i:i + b], x2[j:j + b], same and i == j)
+                                 for j in range(0, x2.shape[0], b)], dim=1)
+                      for i in range(0, x1.shape[0], b)], dim=0)

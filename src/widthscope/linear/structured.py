@@ -27,8 +27,7 @@ over parameters). :func:`plan` says which is which; ``info`` reports it.
 Example::
 
     >>> import torch
-    >>> from widthscope.linear.structured import structured_ntk
-    >>> from widthscope.linear import ntk
+    >>> from widthscope.linear import ntk, structured_ntk
     >>> net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2)).double()
     >>> x = torch.randn(5, 3, dtype=torch.float64)
     >>> bool(torch.allclose(structured_ntk(net, x), ntk(net, x, method="jacobian")))
@@ -45,11 +44,12 @@ import torch
 from torch import nn
 
 from ..errors import WidthscopeError
+from ._core import _ntk_jacobian, as_param_dtype, model_output, params_and_buffers
 from .gram import hadamard, mirror_upper, positions
 from .predict import kernel_predict
 from .rules import elementwise_layout, multiplier, records, rule
 
-__all__ = ["structured_ntk", "uncovered", "dense_layers", "kernel_predict", "plan", "Plan"]
+__all__ = ["uncovered", "dense_layers", "kernel_predict", "plan", "Plan"]
 
 
 def dense_layers(model: nn.Module) -> list[tuple[str, nn.Module, float]]:
@@ -83,8 +83,6 @@ def _first_input(args: tuple, kwargs: dict) -> Any:
 
 
 def _out_tensor(out: Any) -> torch.Tensor:
-    from .model import model_output
-
     o = model_output(out)
     return o.reshape(o.shape[0], -1)
 
@@ -297,30 +295,22 @@ def _blocks(n: int, b: int | None) -> list[slice]:
     return [slice(i, min(i + b, n)) for i in range(0, n, b)]
 
 
-def structured_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *, trace: bool = False,
-                   diagonal: bool = False, batch_size: int | None = None, dtype: torch.dtype | None = None,
-                   memory_budget: float = 2e9, info: dict | None = None, _plan: Plan | None = None,
-                   _generic_chunks: tuple[int | None, int | None] = (None, None), _reserved: float = 0.0) -> torch.Tensor:
-    """``Θ`` of shape ``(n1, n2, out, out)`` (outputs flattened); ``trace`` → ``(n1, n2)``, the mean of
-    ``Θ_oo`` over ``o``; ``diagonal`` → ``(n1, out, out)``, ``Θ(x_i, x_i)`` only (``x2`` must be ``None``);
-    both → ``(n1,)``. Options as in :func:`widthscope.linear.ntk` (``batch_size``: examples per block;
-    ``dtype``: the accumulator's and result's dtype, default the parameters'). Parameters the structured
-    path does not cover are added from explicit Jacobians of just those parameters.
-
-    The same as ``ntk(model, x1, x2, method="structured", ...)``, which checks the inputs and makes the
-    :func:`plan` (``_plan`` is how it passes it back here)."""
-    from .model import as_param_dtype, ntk, params_and_buffers
-
-    if _plan is None:
-        return ntk(model, x1, x2, method="structured", trace=trace, diagonal=diagonal, batch_size=batch_size,
-                   dtype=dtype, memory_budget=memory_budget, info=info)
+def _structured_kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None, *, plan: Plan,
+                       trace: bool = False, diagonal: bool = False, batch_size: int | None = None,
+                       dtype: torch.dtype | None = None, memory_budget: float = 2e9, info: dict | None = None,
+                       generic_chunks: tuple[int | None, int | None] = (None, None),
+                       reserved: float = 0.0) -> torch.Tensor:
+    """The structured kernel of :func:`widthscope.linear.structured_ntk` (shapes and options there) for the
+    :func:`plan` ``plan`` that :func:`widthscope.linear.ntk` made after checking the inputs; ``generic_chunks``
+    (examples, outputs) size the generic remainder's Jacobian blocks and ``reserved`` is the bytes the cost
+    model already counted, so blocks are kept for reuse only in the rest of ``memory_budget``."""
     params, buffers = params_and_buffers(model)
     pdtype = next(iter(params.values())).dtype
     acc_dtype = dtype or pdtype
     same = x2 is None
     x1 = as_param_dtype(x1, params)
     x2 = x1 if same else as_param_dtype(x2, params)
-    P = _plan
+    P = plan
     if info is not None:
         info.update(method="structured", covered=P.n_covered, uncovered=P.n_generic, generic=list(P.generic))
     mode = ("diagtrace" if trace else "diag") if diagonal else ("trace" if trace else "full")
@@ -333,7 +323,7 @@ def structured_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None =
     cache: dict[tuple[int, int], tuple[list[tuple], int]] = {}
     from .cost import SAFETY
 
-    room = [max(0.0, SAFETY * float(memory_budget) - _reserved)]  # what the cost model left for keeping blocks
+    room = [max(0.0, SAFETY * float(memory_budget) - reserved)]  # what the cost model left for keeping blocks
 
     def get(which: int, idx: int, s: slice) -> list[tuple]:
         """Records of a block; kept for reuse (x2's blocks, or x1's when x2 is None) while they fit."""
@@ -371,7 +361,7 @@ def structured_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None =
         room[0] += cache.pop((1, bi), ([], 0))[1]  # x1's block bi is not needed again
     if P.generic:  # the hybrid remainder: explicit Jacobians of just these parameters
         K = _generic(model, P, params, buffers, x1, x2, same, O, K, diagonal, trace, memory_budget, acc_dtype,
-                     _generic_chunks)
+                     generic_chunks)
     if trace:
         K /= O
     return K.detach()
@@ -382,8 +372,6 @@ def _generic(model: nn.Module, P: Plan, params: dict, buffers: dict, x1: torch.T
              acc_dtype: torch.dtype, chunks: tuple[int | None, int | None] = (None, None)) -> torch.Tensor:
     """``K +=`` the generic-path parameters' kernel (explicit per-example Jacobians, ``chunks`` = (examples,
     outputs) per Jacobian block as :mod:`.cost` sized them to ``memory_budget``)."""
-    from .model import _ntk_jacobian
-
     n1 = x1.shape[0]
     with warnings.catch_warnings():  # vmapped ops without a batching rule fall back to a loop: fine
         warnings.filterwarnings("ignore", message="There is a performance drop")
