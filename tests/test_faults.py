@@ -235,3 +235,19 @@ def test_log_progress_lines_when_not_a_terminal(monkeypatch, capsys):
     monkeypatch.setenv("WIDTHSCOPE_PROGRESS", "0")
     list(progress(range(3), desc="cells"))
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code, delay", [(signal.SIGINT, 130, 0.3), (signal.SIGINT, 130, 1.5),
+                                              (signal.SIGTERM, 143, 0.3)])
+def test_a_signal_while_modules_import_still_stops_the_run(tmp_path, sig, code, delay):
+    # Raised inside an import, a KeyboardInterrupt can be swallowed by a library's import fallback
+    # and the run went on (or died of the signal after the message): signals that arrive while
+    # modules import are recorded and acted on once the imports are done.
+    p = _spawn(["certify", "--train-steps", "1000000", "--out", str(tmp_path / "c.json")], tmp_path)
+    time.sleep(delay)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=120)
+    what = "interrupted" if sig == signal.SIGINT else "terminated (SIGTERM)"
+    assert p.returncode == code and f"widthscope certify: {what}; no finished results were written" in err, err
+    assert "Traceback" not in err and not (tmp_path / "c.json").exists()

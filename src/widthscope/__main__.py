@@ -1,17 +1,14 @@
 import signal
 import sys
 
+# Before anything imports: a SIGINT/SIGTERM now is only recorded, and widthscope.cli.main acts on it
+# once its imports are done (one line, 130/143). Raised inside an import, a KeyboardInterrupt can be
+# swallowed by a library's import fallback, and the run would go on.
+_early: list[int] = []
+signal.signal(signal.SIGTERM, lambda signum, frame: _early.append(signum))
+signal.signal(signal.SIGINT, lambda signum, frame: _early.append(signum))
 
-def _terminated_early(signum: int, frame: object) -> None:
-    # SIGTERM before widthscope.cli.main installs its own handler (which replaces this one): the same line.
-    name = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
-    print(f"widthscope{' ' + name if name else ''}: terminated (SIGTERM); no finished results were written",
-          file=sys.stderr)
-    sys.exit(143)
+from . import cli  # noqa: E402  (after the handlers: the import is the window they cover)
 
-
-signal.signal(signal.SIGTERM, _terminated_early)
-
-from .cli import main  # noqa: E402  (after the handler: the import is the window it covers)
-
-sys.exit(main())
+cli._PENDING.extend(_early)
+sys.exit(cli.main())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import Callable
 
 from .errors import WidthscopeError
 
@@ -101,26 +102,52 @@ def _remove_created() -> None:
     CREATED.clear()
 
 
+# Signals that arrived while modules were importing: only recorded then, and acted on once the
+# imports are done. Raised inside an import, a KeyboardInterrupt can be swallowed by a library's
+# `try: import x / except: ...` fallback, and the run would go on as if nothing happened.
+_PENDING: list[int] = []
+
+
+def _defer(signum: int, _frame: object) -> None:
+    _PENDING.append(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     import signal
 
     def _terminate(signum: int, _frame: object) -> None:
         raise _Terminated(signum)
 
-    # First thing: a SIGTERM while torch/transformers import (seconds) ends like one during work.
-    previous = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
+    on_main = _main_thread()
+    previous = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) if on_main else None
+    if on_main:  # first thing: a signal while torch/transformers import (seconds) ends like one during work
+        signal.signal(signal.SIGTERM, _defer)
+        signal.signal(signal.SIGINT, _defer)
     argv = list(sys.argv[1:] if argv is None else argv)
     name = next((a for a in argv if not a.startswith("-")), None)
     try:
-        return _main(argv, name)
+        return _main(argv, name, _terminate if on_main else None)
     except (KeyboardInterrupt, _Terminated) as exc:  # before the command started (imports, parsing)
         return _stopped(name if name in COMMANDS else None, exc)
     finally:
+        _PENDING.clear()
         if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGTERM, previous[0])
+            signal.signal(signal.SIGINT, previous[1])
 
 
-def _main(argv: list[str], name: str | None) -> int:
+def _imports_done(terminate: Callable[[int, object], None] | None) -> None:
+    """Act on a signal that came while importing; from now on SIGINT/SIGTERM raise at once."""
+    import signal
+
+    if _PENDING:
+        raise _Terminated(signal.SIGTERM) if signal.SIGTERM in _PENDING else KeyboardInterrupt()
+    if terminate is not None:
+        signal.signal(signal.SIGTERM, terminate)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _main(argv: list[str], name: str | None, terminate: Callable[[int, object], None] | None = None) -> int:
     from ._io import _KEPT, kept_work
 
     _KEPT.clear()  # what this run keeps, not what an earlier call in this process kept
@@ -130,6 +157,7 @@ def _main(argv: list[str], name: str | None) -> int:
     if name in COMMANDS:
         module = importlib.import_module(COMMANDS[name][0])
         module.add_arguments(subparsers[name])
+    _imports_done(terminate)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
