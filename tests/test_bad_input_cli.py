@@ -329,23 +329,12 @@ def test_grow_builtin_honours_the_pool_sizes(tmp_path):
     assert (s["n_train"], s["n_rank"], s["n_eval"]) == (64, 16, 16)
 
 
-def test_resume_with_other_settings_is_refused(tmp_path, monkeypatch, capsys):
-    import importlib
-
-    iv = importlib.import_module("widthscope.probe.intervene")
-    real, calls = iv.intervene, {"n": 0}
-
-    def stop_at_second(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(iv, "intervene", stop_at_second)
+def test_resume_with_other_settings_is_refused(tmp_path, stop_second_intervention, capsys):
+    stop_second_intervention.on()
     argv = ["certify", "--train-steps", "3", "--n-train", "16", "--n-test", "16", "--M", "4", "--draws", "10",
             "--out", str(tmp_path / "c.json")]
     assert main(argv) == 130
-    monkeypatch.setattr(iv, "intervene", real)
+    stop_second_intervention.off()
     capsys.readouterr()
     cap = _one_line([*argv, "--seed", "1", "--resume"], capsys, "--seed 0 (now 1)")
     assert "drop --resume to start over" in cap.err and TRAINED not in cap.out

@@ -190,29 +190,17 @@ def test_signals_end_runs_cleanly_with_an_accurate_message(env, tmp_path):
     assert not (tmp_path / "c.json").exists()
 
 
-def test_certify_resume_continues_where_an_interrupted_run_stopped(tmp_path, monkeypatch, capsys):
-    import importlib
-
-    iv = importlib.import_module("widthscope.probe.intervene")  # the module (the package binds the function)
-
+def test_certify_resume_continues_where_an_interrupted_run_stopped(tmp_path, stop_second_intervention, capsys):
     argv = ["certify", "--train-steps", "5", "--n-train", "48", "--n-test", "48", "--M", "8,16", "--draws", "100"]
     assert main([*argv, "--out", str(tmp_path / "full.json")]) == 0
     full = json.loads((tmp_path / "full.json").read_text())
-    real, calls = iv.intervene, {"n": 0}
-
-    def stop_at_second(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(iv, "intervene", stop_at_second)
+    stop_second_intervention.on()
     out = tmp_path / "c.json"
     capsys.readouterr()
     assert main([*argv, "--out", str(out)]) == 130
     err = capsys.readouterr().err
     assert f"kept: 1 finished point(s) in {out}.parts (rerun with --resume" in err and not out.exists()
-    monkeypatch.setattr(iv, "intervene", real)
+    stop_second_intervention.off()
     assert main([*argv, "--out", str(out), "--resume"]) == 0
     assert "resume: 1 of 3 point(s) already finished" in capsys.readouterr().out
     res = json.loads(out.read_text())
