@@ -513,7 +513,8 @@ def run(args: argparse.Namespace) -> int:
         d = res["growth"][0]["delta"] - cont[0]["delta"]
         print(f"growing at {res['growth'][0]['point']} vs training the original {cont[0]['steps']} more steps "
               f"(same FLOPs): held-out loss {res['growth'][0]['loss_after']:.4f} vs {cont[0]['loss_after']:.4f} "
-              f"({'growth better' if d < 0 else 'training longer better'} by {abs(d):.4f}; one run, no interval)")
+              f"({'lower after growing' if d < 0 else 'lower after training longer'} by {abs(d):.4f}; one run, "
+              "so not a test: the seed intervals are grow-bench's, docs/interventions.md §5)")
     if args.model != "builtin":
         res["settings"].update(model=args.model, task=inputs.task, inputs=inputs.info, notes=inputs.notes,
                                input_spec=inputs.spec.to_dict())
