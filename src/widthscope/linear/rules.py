@@ -34,13 +34,14 @@ Example::
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from torch import nn
 from torch.func import functional_call, jvp
 
-__all__ = ["rule", "multiplier", "elementwise_layout", "records"]
+__all__ = ["rule", "multiplier", "elementwise_layout", "records", "bag_input", "bag_gram"]
 
 
 def multiplier(m: nn.Module) -> float | None:
@@ -60,13 +61,23 @@ def _own_params(m: nn.Module) -> dict[str, nn.Parameter]:
 
 
 def rule(m: nn.Module) -> str | None:
-    """``"dense"``, ``"conv"``, ``"embedding"``, ``"elementwise"`` (to be checked) or ``None``."""
+    """``"dense"``, ``"conv"``, ``"conv_transpose"``, ``"embedding"``, ``"embedding_bag"``, ``"prelu"``,
+    ``"elementwise"`` (to be checked) or ``None``."""
     if multiplier(m) is not None:
         return "dense"
     if type(m) in (nn.Conv1d, nn.Conv2d):
         return "conv"
     if type(m) is nn.Embedding:
         return "embedding" if m.max_norm is None and not m.scale_grad_by_freq else None
+    if type(m) is nn.Conv3d:
+        return "conv"
+    if type(m) in (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d):
+        return "conv_transpose"
+    if type(m) is nn.EmbeddingBag:  # max: the gradient picks one row per coordinate, not linear in a closed form
+        ok = m.mode in ("sum", "mean") and m.max_norm is None and not m.scale_grad_by_freq
+        return "embedding_bag" if ok else None
+    if type(m) is nn.PReLU:
+        return "prelu"
     own = _own_params(m)
     if ("Norm" in type(m).__name__ and not list(m.children()) and "weight" in own
             and set(own) <= {"weight", "bias"} and all(p.shape == own["weight"].shape for p in own.values())):
@@ -118,10 +129,24 @@ def elementwise_layout(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> str | 
     return None
 
 
-def _unfold(m: nn.Conv1d | nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
-    """im2col patches ``(n, L, C_in·K)`` of a Conv1d/Conv2d input, padding as the module pads."""
+def _windows(x: torch.Tensor, kernel: tuple, dilation: tuple, stride: tuple,
+             lengths: tuple | None = None) -> torch.Tensor:
+    """Sliding windows of an (already padded) ``(B, C, S_1..S_d)`` tensor: ``(B, C, L_1..L_d, K_1..K_d)``
+    with ``[..., l, k] = x[..., l·stride + k·dilation]``; ``lengths`` keeps the first ``L_i`` windows."""
+    for i, (k, d, st) in enumerate(zip(kernel, dilation, stride)):
+        x = x.unfold(2 + i, d * (k - 1) + 1, st)[..., ::d]  # the new window dim goes last
+        if lengths is not None:
+            x = x.narrow(2 + i, 0, lengths[i])
+    return x
+
+
+def _unfold(m: nn.Conv1d | nn.Conv2d | nn.Conv3d, x: torch.Tensor) -> torch.Tensor:
+    """im2col patches ``(n, L, C_in·K)`` of a Conv1d/2d/3d input, padding as the module pads."""
     mode = "constant" if m.padding_mode == "zeros" else m.padding_mode
     x = nn.functional.pad(x, m._reversed_padding_repeated_twice, mode=mode)
+    if isinstance(m, nn.Conv3d):  # no unfold for 5-D tensors: windows along each spatial dim
+        p = _windows(x, m.kernel_size, m.dilation, m.stride)  # (n, C, L1, L2, L3, K1, K2, K3)
+        return p.permute(0, 2, 3, 4, 1, 5, 6, 7).reshape(x.shape[0], -1, x.shape[1] * math.prod(m.kernel_size))
     if isinstance(m, nn.Conv1d):
         x = x.unsqueeze(2)
         k, d, s = (1, m.kernel_size[0]), (1, m.dilation[0]), (1, m.stride[0])
@@ -136,7 +161,7 @@ def records(kind: str, m: nn.Module, x: Any, delta: torch.Tensor, covered: set[s
 
     ``covered``: which of ``{"weight", "bias"}`` are on the structured path. Records:
     ``("dense", a (n,T,D_a), δ (o,n,T,D_δ), m², w_on, b_on)``, ``("embed", ids (n,T), δ (o,n,T,D))``,
-    ``("vector", g (o,n,F))``."""
+    ``("vector", g (o,n,F))``, ``("bag", ids (n,T), c (n,T), δ (o,n,D))`` (:func:`bag_gram`)."""
     O, n = delta.shape[:2]
     w_on, b_on = "weight" in covered, "bias" in covered
     if kind == "dense":
@@ -161,6 +186,15 @@ def records(kind: str, m: nn.Module, x: Any, delta: torch.Tensor, covered: set[s
         if m.padding_idx is not None:
             d = d * (ids != m.padding_idx).to(d.dtype)[None, :, :, None]
         return [("embed", ids, d)] if w_on else []
+    if kind == "conv_transpose":
+        return _conv_transpose_records(m, x, delta, w_on, b_on)
+    if kind == "embedding_bag":
+        ids, coef = x
+        return [("bag", ids, coef.to(delta.dtype), delta.reshape(O, n, -1))] if w_on else []
+    if kind == "prelu":  # z = max(a, 0) + w·min(a, 0): ∂z/∂w_c = min(a, 0) on channel c (all of a for one w)
+        g = delta * x.clamp(max=0)[None].to(delta.dtype)
+        g = g.reshape(O, n, -1).sum(2, keepdim=True) if m.num_parameters == 1 else g.reshape(O, n, x.shape[1], -1).sum(3)
+        return [("vector", g)] if w_on else []
     # elementwise
     own = {k: v.detach() for k, v in _own_params(m).items()}
     names, f = _affine_fn(m, x.detach())
@@ -180,3 +214,79 @@ def records(kind: str, m: nn.Module, x: Any, delta: torch.Tensor, covered: set[s
             g = g.reshape(O, n, S, -1).sum(3)
         gs.append(g)
     return [("vector", torch.cat(gs, dim=2))] if gs else []
+
+
+def _conv_transpose_records(m: nn.Module, x: torch.Tensor, delta: torch.Tensor, w_on: bool,
+                            b_on: bool) -> list[tuple]:
+    """ConvTranspose records: ``z[y] = Σ_{l,k: y = l·s − p + k·d} x[l] W[k]`` (the adjoint of the conv), so
+    ``∂f/∂W[c_i, c_o, k] = Σ_l x[c_i, l] δ[c_o, l·s − p + k·d]``: a dense record per group over *input*
+    locations ``l`` with ``a_l = x[:, l]`` and the signal's windows ``δ̃_l = δ[:, l·s − p + k·d]`` (zero
+    outside the output) in place of ``δ``; the bias ``Σ_y δ[:, y]`` as a vector record."""
+    O, n = delta.shape[:2]
+    G, nd = m.groups, delta.dim() - 3
+    cin, cout = m.in_channels // G, m.out_channels // G
+    out = []
+    if w_on:
+        lin = tuple(x.shape[2:])
+        pads = [q for p in reversed(m.padding) for q in (p, p)]
+        d = nn.functional.pad(delta.reshape((O * n,) + tuple(delta.shape[2:])), pads)
+        # output_padding / output_size only lengthen the output at the end: the first len(x) windows
+        w = _windows(d, m.kernel_size, m.dilation, m.stride, lin)  # (o·n, C_out, L..., K...)
+        w = w.reshape(O, n, m.out_channels, math.prod(lin), math.prod(m.kernel_size))
+        a = x.reshape(n, m.in_channels, -1).transpose(1, 2)  # (n, L, C_in)
+        for gi in range(G):
+            dg = w[:, :, gi * cout:(gi + 1) * cout].permute(0, 1, 3, 2, 4).reshape(O, n, -1, cout * w.shape[-1])
+            out.append(("dense", a[:, :, gi * cin:(gi + 1) * cin], dg, 1.0, True, False))
+    if b_on:
+        out.append(("vector", delta.reshape(O, n, m.out_channels, -1).sum(3)))
+    return out
+
+
+def bag_input(m: nn.EmbeddingBag, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
+    r"""An ``nn.EmbeddingBag`` call as padded bags: ``(ids (B, T), c (B, T))`` with ``z_b = Σ_t c_{b,t} W[ids_{b,t}]``.
+
+    ``c`` is the per-sample weight (mode ``sum``; 1 without) or ``1/|bag|`` (mode ``mean``; the bag's
+    size without ``padding_idx`` entries), 0 on ``padding_idx`` and on the padding of short bags. Bags
+    are the rows of a 2-D input, or the ``offsets`` slices of a 1-D one (``include_last_offset`` as the
+    module reads it). ``None`` when the call is not of these forms."""
+    names = ("input", "offsets", "per_sample_weights")
+    got = {k: (args[i] if i < len(args) else kwargs.get(k)) for i, k in enumerate(names)}
+    inp, offsets, psw = got["input"], got["offsets"], got["per_sample_weights"]
+    if not isinstance(inp, torch.Tensor) or inp.dim() not in (1, 2):
+        return None
+    inp = inp.detach()
+    psw = None if psw is None else psw.detach()
+    if inp.dim() == 2:
+        ids, valid = inp, torch.ones(inp.shape, dtype=torch.bool, device=inp.device)
+    else:
+        if not isinstance(offsets, torch.Tensor):
+            return None
+        N, offsets = inp.shape[0], offsets.detach().long()
+        starts = offsets[:-1] if m.include_last_offset else offsets
+        ends = offsets[1:] if m.include_last_offset else torch.cat([offsets[1:], offsets.new_tensor([N])])
+        T = max(1, int((ends - starts).max())) if starts.numel() else 1
+        pos = starts[:, None] + torch.arange(T, device=inp.device)[None]
+        valid = pos < ends[:, None]
+        pos = pos.clamp(max=max(N - 1, 0))
+        ids = inp[pos] if N else torch.zeros(pos.shape, dtype=inp.dtype, device=inp.device)
+        psw = None if psw is None else psw[pos] * valid
+        ids = ids * valid  # padding slots hold id 0 with c = 0
+    mask = valid if m.padding_idx is None else valid & (ids != m.padding_idx)
+    dt = m.weight.dtype
+    if m.mode == "mean":
+        c = mask.to(dt) / mask.sum(1, keepdim=True).clamp(min=1).to(dt)
+    else:
+        c = mask.to(dt) if psw is None else psw.to(dt) * mask
+    return ids.long(), c
+
+
+def bag_gram(r1: tuple, r2: tuple, diag: bool) -> torch.Tensor:
+    r"""The example-pair weights ``W_{ij} = Σ_{t,s} [id_{it} = id'_{js}] c_{it} c'_{js} = h_i·h'_j`` of two bag
+    records (``h_i``: bag ``i``'s histogram of ``c`` over the ids the two batches share); the weight term of
+    an EmbeddingBag is then ``W_{ij} (δ_i·δ'_j)`` (``W_{ii}`` only when ``diag``)."""
+    ids1, c1, ids2, c2 = r1[1], r1[2], r2[1], r2[2]
+    inv = torch.unique(torch.cat([ids1.reshape(-1), ids2.reshape(-1)]), return_inverse=True)[1]
+    U = int(inv.max()) + 1 if inv.numel() else 1
+    h1 = c1.new_zeros(ids1.shape[0], U).scatter_add_(1, inv[:ids1.numel()].view(ids1.shape), c1)
+    h2 = h1 if r1 is r2 else c2.new_zeros(ids2.shape[0], U).scatter_add_(1, inv[ids1.numel():].view(ids2.shape), c2)
+    return (h1 * h2).sum(1) if diag else h1 @ h2.T

@@ -47,7 +47,7 @@ from ..errors import WidthscopeError
 from ._core import _ntk_jacobian, as_param_dtype, model_output, params_and_buffers
 from .gram import hadamard, mirror_upper, positions
 from .predict import kernel_predict
-from .rules import elementwise_layout, multiplier, records, rule
+from .rules import bag_gram, bag_input, elementwise_layout, multiplier, records, rule
 
 __all__ = ["uncovered", "dense_layers", "kernel_predict", "plan", "Plan"]
 
@@ -80,6 +80,21 @@ def _first_input(args: tuple, kwargs: dict) -> Any:
     if args:
         return args[0]
     return next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
+
+
+def _entry_input(r: str, m: nn.Module, args: tuple, kwargs: dict) -> Any:
+    """What :func:`~widthscope.linear.rules.records` reads of a call: the first input tensor (detached), or
+    an EmbeddingBag's padded ``(ids, coefficients)`` (:func:`~widthscope.linear.rules.bag_input`)."""
+    if r == "embedding_bag":
+        return bag_input(m, args, kwargs)
+    x = _first_input(args, kwargs)
+    return x.detach() if isinstance(x, torch.Tensor) else x
+
+
+def _rows(inp: Any) -> int | None:
+    """Leading (batch) size of a captured input, ``None`` when it has none."""
+    t = inp[0] if isinstance(inp, tuple) else inp
+    return t.shape[0] if isinstance(t, torch.Tensor) and t.dim() >= 1 else None
 
 
 def _out_tensor(out: Any) -> torch.Tensor:
@@ -137,12 +152,12 @@ def plan(model: nn.Module, x: torch.Tensor) -> Plan:
     probe = x[:2]
     seen: dict[str, list] = {}
 
-    def hook(name):
+    def hook(name, r):
         def f(_m, args, kwargs, out):
-            seen.setdefault(name, []).append((_first_input(args, kwargs), out))
+            seen.setdefault(name, []).append((_entry_input(r, _m, args, kwargs), out))
         return f
 
-    out = _forward_hooked(model, probe, [(m, hook(n)) for n, m, _ in cands])
+    out = _forward_hooked(model, probe, [(m, hook(n, r)) for n, m, r in cands])
     uses = _use_counts(out) if out.grad_fn is not None else {}
     P = Plan()
     covered_ids: set[int] = set()
@@ -152,15 +167,14 @@ def plan(model: nn.Module, x: torch.Tensor) -> Plan:
         if len(calls) != 1:
             continue
         inp, z = calls[0]
-        if not (isinstance(inp, torch.Tensor) and isinstance(z, torch.Tensor) and inp.dim() >= 1
-                and z.dim() >= 1 and inp.shape[0] == B and z.shape[0] == B):
+        if not (_rows(inp) == B and isinstance(z, torch.Tensor) and z.dim() >= 1 and z.shape[0] == B):
             continue
         layout = None
         if r == "elementwise":
             layout = elementwise_layout(m, inp, z)
             if layout is None:
                 continue
-        if r == "conv" and inp.dim() != (3 if isinstance(m, nn.Conv1d) else 4):
+        if r in ("conv", "conv_transpose") and inp.dim() != m.weight.dim():
             continue  # unbatched conv input
         attrs = set()
         for k, p in m.named_parameters(recurse=False):
@@ -169,8 +183,9 @@ def plan(model: nn.Module, x: torch.Tensor) -> Plan:
                 covered_ids.add(id(p))
         if attrs:
             P.entries.append((name, m, r, attrs, layout))
-            P.signal_numel += z[0].numel()
             P.shapes.append(_entry_shape(r, m, inp, z))
+            # a transposed conv's records hold the signal's windows (T·D_δ per example), not δ itself
+            P.signal_numel += z[0].numel() + (math.prod(P.shapes[-1][1::2]) if r == "conv_transpose" else 0)
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
@@ -189,6 +204,12 @@ def _entry_shape(r: str, m: nn.Module, inp: torch.Tensor, z: torch.Tensor) -> tu
         return r, z[0].numel() // m.out_channels, k, m.out_channels
     if r == "embedding":
         return r, inp[0].numel(), min(m.num_embeddings, 2 * inp[0].numel()), m.embedding_dim
+    if r == "conv_transpose":  # positions: input locations; D_δ: the signal window C_out/groups · K, all groups
+        return r, inp[0, 0].numel(), m.in_channels // m.groups, m.out_channels * math.prod(m.kernel_size)
+    if r == "embedding_bag":  # one position; D_a: the bag histograms over the ids both batches share
+        return r, 1, min(m.num_embeddings, 2 * inp[0].shape[1]), m.embedding_dim
+    if r == "prelu":
+        return r, 1, 0, m.num_parameters
     if r == "elementwise":
         return r, 1, 0, sum(p.numel() for p in m.parameters(recurse=False))
     da = inp.shape[-1] if inp.dim() > 1 else 1
@@ -216,20 +237,20 @@ def _capture(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> t
     """One forward and one (batched) backward pass: every entry's records for the batch ``X``."""
     store: dict[str, list] = {}
 
-    def hook(name):
+    def hook(name, r):
         def f(_m, args, kwargs, out):
             if name in store:
                 raise WidthscopeError(f"structured NTK: module {name!r} ran twice on these inputs but once on "
                                       "the probe (input-dependent control flow); use method='jacobian'")
-            store[name] = [_first_input(args, kwargs).detach(), out]
+            store[name] = [_entry_input(r, _m, args, kwargs), out]
             return out.clone()  # later in-place ops must not touch the z that δ is taken at
         return f
 
-    out = _forward_hooked(model, X, [(m, hook(n)) for n, m, *_ in P.entries])
+    out = _forward_hooked(model, X, [(m, hook(n, r)) for n, m, r, *_ in P.entries])
     N, O = out.shape
     names = [e[0] for e in P.entries]
     for nm in names:
-        if nm not in store or store[nm][1].shape[0] != N or store[nm][0].shape[0] != N:
+        if nm not in store or store[nm][1].shape[0] != N or _rows(store[nm][0]) != N:
             raise WidthscopeError(f"structured NTK: module {nm!r} did not run once on per-example inputs for "
                                   f"this batch of {N}; use method='jacobian'")
     zs = [store[nm][1] for nm in names]
@@ -265,6 +286,8 @@ def _combine(acc: torch.Tensor, r1: list[tuple], r2: list[tuple], mode: str, sam
     for a, b in zip(r1, r2):
         if a[0] == "vector":
             hadamard(acc, a[1], b[1], None, mode, same=same)
+        elif a[0] == "bag":
+            hadamard(acc, a[3], b[3], bag_gram(a, b, diag), mode, same=same)
         elif a[0] == "embed":
             ids1, d1, ids2, d2 = a[1], a[2], b[1], b[2]
             uniq, inv = torch.unique(torch.cat([ids1.reshape(-1), ids2.reshape(-1)]), return_inverse=True)

@@ -1,0 +1,180 @@
+"""Structured rules for Conv3d, ConvTranspose1d/2d/3d, EmbeddingBag and PReLU equal the jacrev oracle in
+float64 (full, trace, diagonal kernels), across their options; what has no rule stays exact by Jacobians."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from test_structured_ntk import TOL, _oracle, _seeded
+from widthscope.linear import ntk
+from widthscope.linear.rules import rule
+from widthscope.linear.structured import plan, uncovered
+
+pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop")  # the oracle's vmapped backward
+
+
+def _check_all_modes(model, x1, x2, generic=()):
+    """Full (x1, x2) and (x1, x1), trace, diagonal and diagonal trace of the structured path against the
+    oracle; ``generic``: the parameter names expected on the Jacobian path."""
+    assert sorted(uncovered(model, x1)) == sorted(generic)
+    want, want11 = _oracle(model, x1, x2), _oracle(model, x1, x1)
+    info = {}
+    got = ntk(model, x1, x2, method="structured", info=info)
+    assert info["method"] == "structured" and sorted(info["generic"]) == sorted(generic)
+    assert got.shape == want.shape and torch.allclose(got, want, **TOL), (got - want).abs().max()
+    assert torch.allclose(ntk(model, x1, method="structured"), want11, **TOL)
+    assert torch.allclose(ntk(model, x1, method="structured", batch_size=2), want11, **TOL)  # blocks
+    tr = torch.diagonal(want, dim1=2, dim2=3).mean(-1)
+    assert torch.allclose(ntk(model, x1, x2, trace=True, method="structured"), tr, **TOL)
+    dg = torch.diagonal(want11, dim1=0, dim2=1).permute(2, 0, 1)  # (n, o, o): Θ(x_i, x_i)
+    assert torch.allclose(ntk(model, x1, diagonal=True, method="structured"), dg, **TOL)
+    assert torch.allclose(ntk(model, x1, diagonal=True, trace=True, method="structured"),
+                          torch.diagonal(dg, dim1=1, dim2=2).mean(-1), **TOL)
+
+
+class Head(nn.Module):
+    """``head(tanh(layer(pre(x))))`` pooled over locations: ``pre`` makes the layer's input depend on
+    parameters, ``tanh`` makes its signal vary over locations."""
+
+    def __init__(self, layer, channels, pre=None, call=None):
+        super().__init__()
+        self.pre, self.layer, self.head, self.call = pre, layer, nn.Linear(channels, 2), call
+
+    def forward(self, x):
+        h = x if self.pre is None else torch.tanh(self.pre(x))
+        h = self.layer(h) if self.call is None else self.call(self.layer, h)
+        return self.head(torch.tanh(h).flatten(2).mean(-1))
+
+
+CONV3D = [
+    dict(kernel_size=3, padding=1),
+    dict(kernel_size=(2, 3, 2), stride=(2, 1, 2), padding=(1, 0, 1), dilation=(1, 2, 1), bias=False),
+    dict(kernel_size=3, padding="same", dilation=(2, 1, 1), groups=2, padding_mode="reflect"),
+    dict(kernel_size=2, stride=2, padding=1, groups=2, padding_mode="circular"),
+    dict(kernel_size=3, padding=(0, 1, 1), padding_mode="replicate", stride=(1, 1, 2)),
+]
+
+
+@pytest.mark.parametrize("kw", CONV3D, ids=range(len(CONV3D)))
+def test_conv3d_equals_oracle(kw):
+    conv = nn.Conv3d(2, 4, **kw)
+    assert rule(conv) == "conv"
+    model = _seeded(Head(conv, 4).double())
+    g = torch.Generator().manual_seed(1)
+    x1, x2 = (torch.randn(n, 2, 5, 6, 5, generator=g, dtype=torch.float64) for n in (3, 2))
+    assert uncovered(model) == []
+    _check_all_modes(model, x1, x2)
+
+
+def _output_size(layer, h):
+    """``layer(h, output_size=...)``: one more than the smallest output along every dim of stride > 1."""
+    lo = [(L - 1) * s - 2 * p + d * (k - 1) + 1 for L, s, p, d, k in
+          zip(h.shape[2:], layer.stride, layer.padding, layer.dilation, layer.kernel_size)]
+    return layer(h, output_size=[v + (s > 1) for v, s in zip(lo, layer.stride)])
+
+
+TRANSPOSED = [  # (dims, options, call with output_size)
+    (1, dict(kernel_size=3), False),
+    (1, dict(kernel_size=3, stride=2, padding=1, output_padding=1), False),
+    (1, dict(kernel_size=2, stride=3, dilation=2, output_padding=2, groups=2, bias=False), False),
+    (1, dict(kernel_size=4, stride=2, padding=3), True),
+    (2, dict(kernel_size=3, stride=(2, 1), padding=(1, 0), dilation=(1, 2), output_padding=(1, 0)), False),
+    (2, dict(kernel_size=(2, 3), stride=2, padding=1, groups=2), True),
+    (2, dict(kernel_size=2, stride=1, dilation=3, padding=2, bias=False), False),
+    (3, dict(kernel_size=2, stride=2, output_padding=(1, 0, 1)), False),
+    (3, dict(kernel_size=(3, 2, 2), stride=(1, 2, 1), padding=(1, 0, 1), dilation=(2, 1, 1), groups=2), True),
+]
+
+
+@pytest.mark.parametrize("dims,kw,sized", TRANSPOSED, ids=range(len(TRANSPOSED)))
+def test_conv_transpose_equals_oracle(dims, kw, sized):
+    conv_t = getattr(nn, f"ConvTranspose{dims}d")(4, 6, **kw)
+    pre = getattr(nn, f"Conv{dims}d")(2, 4, 1)
+    assert rule(conv_t) == "conv_transpose"
+    model = _seeded(Head(conv_t, 6, pre, _output_size if sized else None).double())
+    g = torch.Generator().manual_seed(2)
+    size = {1: (5,), 2: (4, 3), 3: (3, 4, 3)}[dims]
+    x1, x2 = (torch.randn((n, 2) + size, generator=g, dtype=torch.float64) for n in (3, 2))
+    assert uncovered(model) == []
+    _check_all_modes(model, x1, x2)
+
+
+class BagNet(nn.Module):
+    """An EmbeddingBag over the ids of each example (``-1``: no id; the offsets forms make bags of
+    unequal length, an empty one included), optional per-sample weights from a trainable gate."""
+
+    def __init__(self, mode, form, weighted, padding_idx):
+        super().__init__()
+        self.form = form
+        self.bag = nn.EmbeddingBag(9, 5, mode=mode, padding_idx=padding_idx, include_last_offset=form == "last")
+        self.gate = nn.Embedding(9, 1) if weighted else None
+        self.head = nn.Linear(5, 3)
+
+    def forward(self, ids):
+        w = None if self.gate is None else torch.sigmoid(self.gate(ids.clamp(min=0))[..., 0])
+        if self.form == "2d":
+            z = self.bag(ids, per_sample_weights=w)
+        else:
+            keep = ids >= 0
+            ends = keep.sum(1).cumsum(0)
+            offsets = torch.cat([ends.new_zeros(1), ends if self.form == "last" else ends[:-1]])
+            z = self.bag(ids[keep], offsets, per_sample_weights=None if w is None else w[keep])
+        return self.head(torch.tanh(z))
+
+
+BAGS = [("sum", "2d", False, None), ("mean", "2d", False, 0), ("sum", "2d", True, 0), ("sum", "offsets", True, None),
+        ("mean", "offsets", False, 2), ("sum", "last", False, 3), ("mean", "last", False, None)]
+
+
+@pytest.mark.parametrize("mode,form,weighted,padding_idx", BAGS)
+def test_embedding_bag_equals_oracle(mode, form, weighted, padding_idx):
+    model = _seeded(BagNet(mode, form, weighted, padding_idx).double())
+    assert rule(model.bag) == "embedding_bag"
+    if form == "2d":  # repeated ids within a bag, ids shared between the batches, padding ids
+        x1 = torch.tensor([[1, 2, 0, 2, 5], [3, 3, 4, 0, 0], [5, 6, 1, 1, 8], [0, 0, 0, 0, 0]])
+        x2 = torch.tensor([[2, 0, 0, 6, 7], [4, 1, 5, 2, 2]])
+    else:  # an empty bag (row 2 of x1), bags of 1 to 5 ids
+        x1 = torch.tensor([[1, 2, 2, -1, -1], [3, 3, 4, 0, 8], [-1, -1, -1, -1, -1], [5, -1, -1, -1, -1]])
+        x2 = torch.tensor([[2, 0, 6, 7, -1], [3, 1, 5, 2, 2]])
+    assert uncovered(model) == []
+    _check_all_modes(model, x1, x2)
+
+
+@pytest.mark.parametrize("channels,conv", [(1, False), (6, False), (1, True), (3, True)])
+def test_prelu_equals_oracle(channels, conv):
+    if conv:  # channel dim 1 of an (n, C, L) input
+        act = nn.PReLU(channels)
+        model = Head(nn.Sequential(nn.Conv1d(2, 3, 2), act), 3)
+        x1, x2 = torch.randn(4, 2, 6, dtype=torch.float64), torch.randn(3, 2, 6, dtype=torch.float64)
+    else:
+        act = nn.PReLU(channels)
+        model = nn.Sequential(nn.Linear(4, 6), act, nn.Linear(6, 2))
+        x1, x2 = torch.randn(4, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
+    model = _seeded(model.double())
+    assert rule(act) == "prelu" and uncovered(model) == []
+    _check_all_modes(model, x1, x2)
+
+
+class NoRule(nn.Module):
+    """Max-mode EmbeddingBag and an LSTM: no structured rule; the hybrid adds them by Jacobians."""
+
+    def __init__(self):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(7, 4, mode="max")
+        self.lstm = nn.LSTM(4, 3, batch_first=True)
+        self.head = nn.Linear(3, 2)
+
+    def forward(self, ids):
+        h = self.bag(ids)[:, None].expand(-1, 3, -1)
+        return self.head(self.lstm(h)[0].mean(1))
+
+
+def test_modules_without_a_closed_form_stay_exact_on_the_generic_path():
+    model = _seeded(NoRule().double())
+    assert rule(model.bag) is None and rule(model.lstm) is None
+    generic = ["bag.weight"] + [n for n, _ in model.named_parameters() if n.startswith("lstm.")]
+    assert sorted(uncovered(model)) == sorted(generic)
+    x1, x2 = torch.tensor([[1, 2, 2], [3, 0, 6], [5, 5, 1]]), torch.tensor([[2, 4, 4], [6, 1, 0]])
+    assert plan(model, x1).n_covered == 3 * 2 + 2
+    _check_all_modes(model, x1, x2, generic)
