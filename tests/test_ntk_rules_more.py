@@ -178,3 +178,85 @@ def test_modules_without_a_closed_form_stay_exact_on_the_generic_path():
     x1, x2 = torch.tensor([[1, 2, 2], [3, 0, 6], [5, 5, 1]]), torch.tensor([[2, 4, 4], [6, 1, 0]])
     assert plan(model, x1).n_covered == 3 * 2 + 2
     _check_all_modes(model, x1, x2, generic)
+
+
+class LayerScale(nn.Module):
+    """timm-style ``x · γ`` (optionally in place: then its captured input is its output → generic)."""
+
+    def __init__(self, d, inplace=False):
+        super().__init__()
+        self.gamma, self.inplace = nn.Parameter(torch.full((d,), 0.3)), inplace
+
+    def forward(self, x):
+        return x.mul_(self.gamma) if self.inplace else x * self.gamma
+
+
+class Temperature(nn.Module):
+    """A learned scalar scale and shift: ``x·t + s`` with two 0-d parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.t, self.s = nn.Parameter(torch.tensor(1.5)), nn.Parameter(torch.tensor(0.2))
+
+    def forward(self, x):
+        return torch.tanh(x) * self.t + self.s
+
+
+class ChannelAffine(nn.Module):
+    """Per-channel ``α ⊙ softplus(x) + β`` on (n, C, L): the channel layout, names not weight/bias."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.alpha, self.beta = nn.Parameter(torch.randn(c)), nn.Parameter(torch.randn(c))
+
+    def forward(self, x):
+        return self.alpha[:, None] * nn.functional.softplus(x) + self.beta[:, None]
+
+
+class Mix(nn.Module):
+    """A (d, d) parameter applied as a matrix (same-shape params, but not elementwise) → generic."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.m = nn.Parameter(torch.randn(d, d) * 0.3)
+
+    def forward(self, x):
+        return x @ self.m
+
+
+class Masked(nn.Module):
+    """Elementwise in its parameter but reads a second argument: recomputing from x alone differs → generic."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(d))
+
+    def forward(self, x, gate=None):
+        return x * self.w * (1.0 if gate is None else gate)
+
+
+class Owned(nn.Module):
+    """Custom modules owning their parameters, and a container-owned position parameter used in forward."""
+
+    def __init__(self, d=4):
+        super().__init__()
+        self.inp, self.ls, self.temp = nn.Linear(3, d), LayerScale(d), Temperature()
+        self.ls_inplace, self.mix, self.masked = LayerScale(d, inplace=True), Mix(d), Masked(d)
+        self.conv, self.chan = nn.Conv1d(d, 3, 1), ChannelAffine(3)
+        self.pos = nn.Parameter(torch.randn(5, d) * 0.1)  # container-owned: no hook reaches its use
+        self.head = nn.Linear(3, 2)
+
+    def forward(self, x):  # (n, 5, 3)
+        h = self.ls(torch.tanh(self.inp(x) + self.pos))
+        h = self.masked(self.mix(self.ls_inplace(self.temp(h))), gate=torch.sigmoid(h))
+        h = self.chan(self.conv(h.transpose(1, 2)))
+        return self.head(torch.tanh(h).mean(-1))
+
+
+def test_module_owned_elementwise_parameters_are_covered_and_the_rest_exact():
+    model = _seeded(Owned().double())
+    assert rule(model.ls) == rule(model.temp) == rule(model.chan) == "elementwise"
+    x1, x2 = torch.randn(3, 5, 3, dtype=torch.float64), torch.randn(2, 5, 3, dtype=torch.float64)
+    generic = ["pos", "ls_inplace.gamma", "mix.m", "masked.w"]
+    assert sorted(uncovered(model)) == sorted(["pos"])  # the static check cannot run the jvp checks
+    _check_all_modes(model, x1, x2, generic)

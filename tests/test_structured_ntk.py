@@ -26,7 +26,7 @@ def _oracle(model, x1, x2):
 
     def jac(x):  # {name: (n, out, P_name)}, one example at a time
         rows = [jacrev(lambda p, xi=xi: _flat_out(functional_call(model, p, (xi[None],))))(params) for xi in x]
-        return {k: torch.stack([r[k].flatten(1) for r in rows]) for k in params}
+        return {k: torch.stack([r[k].reshape(r[k].shape[0], -1) for r in rows]) for k in params}  # 0-d params too
 
     J1, J2 = jac(x1), jac(x2)
     return sum(torch.einsum("iap,jbp->ijab", J1[k], J2[k]) for k in params)

@@ -84,12 +84,15 @@ def rule(m: nn.Module) -> str | None:
         if isinstance(m, nn.modules.batchnorm._BatchNorm) and (m.training or not m.track_running_stats):
             return None  # batch statistics couple the examples (the caller reports it)
         return "elementwise"
+    if (own and not list(m.children()) and type(m).__module__.split(".")[0] != "torch"
+            and len({tuple(p.shape) for p in own.values()}) == 1):
+        return "elementwise"  # a user's leaf module owning same-shape parameters (LayerScale γ, ...): checked
     return None
 
 
 def _affine_fn(m: nn.Module, x: torch.Tensor):
     names = list(_own_params(m))
-    return names, (lambda *ps: functional_call(m, dict(zip(names, ps)), (x,)))
+    return names, (lambda *ps: functional_call(m, dict(zip(names, ps)), (x.clone(),)))  # in-place safe
 
 
 def _expand(v: torch.Tensor, y: torch.Tensor, layout: str) -> torch.Tensor:
@@ -98,19 +101,38 @@ def _expand(v: torch.Tensor, y: torch.Tensor, layout: str) -> torch.Tensor:
     return v.reshape((1, -1) + (1,) * (y.dim() - 2))
 
 
+def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
+    scale = float(b.abs().max()) if b.numel() else 0.0
+    return a.shape == b.shape and bool(((a - b).abs() <= tol * (1 + scale)).all())
+
+
 def elementwise_layout(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> str | None:
-    """``"last"``/``"channel"`` when ``z = c(x) ⊙ w + b`` holds on ``x`` (checked by jvps), else ``None``."""
-    own = {k: v.detach() for k, v in _own_params(m).items()}
-    S = tuple(own["weight"].shape)
+    """``"last"``/``"channel"`` when ``z = c(x) ⊙ w + b`` holds on ``x`` (checked by jvps), else ``None``.
+
+    Also ``None`` when the module alone on ``x`` does not reproduce its output ``y`` (it read other
+    arguments, or overwrote ``x`` in place, so the captured ``x`` is not its input) or cannot be
+    differentiated forward."""
+    names, f = _affine_fn(m, x.detach())
+    prim = tuple(v.detach() for v in _own_params(m).values())
+    tol = 1e-9 if y.dtype == torch.float64 else 1e-4
+    try:
+        with torch.no_grad():
+            if not _close(f(*prim), y.detach(), tol):
+                return None
+        return _layout_by_jvp(f, names, prim, y, tol)
+    except (RuntimeError, TypeError, NotImplementedError, ValueError):
+        return None
+
+
+def _layout_by_jvp(f, names: list[str], prim: tuple, y: torch.Tensor, tol: float) -> str | None:
+    own = dict(zip(names, prim))
+    S = tuple(prim[0].shape)
     cands = []
-    if y.dim() >= len(S) + 1 and tuple(y.shape[y.dim() - len(S):]) == S:
+    if (y.dim() >= len(S) + 1 and tuple(y.shape[y.dim() - len(S):]) == S) or (prim[0].numel() == 1 and y.dim() >= 1):
         cands.append("last")
     if len(S) == 1 and y.dim() >= 2 and y.shape[1] == S[0]:
         cands.append("channel")
-    names, f = _affine_fn(m, x.detach())
-    prim = tuple(own[k] for k in names)
     g = torch.Generator().manual_seed(1234)
-    tol = 1e-9 if y.dtype == torch.float64 else 1e-4
     for layout in cands:
         ok = True
         for k in names:
@@ -122,8 +144,7 @@ def elementwise_layout(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> str | 
             want = dz_1 * _expand(u, y, layout)
             if k == "bias":
                 ok = ok and torch.allclose(dz_1, torch.ones_like(dz_1), rtol=tol, atol=tol)
-            scale = float(want.abs().max()) if want.numel() else 0.0
-            ok = ok and dz_u.shape == y.shape and bool(((dz_u - want).abs() <= tol * (1 + scale)).all())
+            ok = ok and dz_u.shape == y.shape and _close(dz_u, want, tol)
         if ok:
             return layout
     return None
@@ -199,9 +220,9 @@ def records(kind: str, m: nn.Module, x: Any, delta: torch.Tensor, covered: set[s
     own = {k: v.detach() for k, v in _own_params(m).items()}
     names, f = _affine_fn(m, x.detach())
     prim = tuple(own[k] for k in names)
-    S = own["weight"].numel()
+    S = own[names[0]].numel()
     gs = []
-    for k in ("weight", "bias"):
+    for k in names:
         if k not in covered:
             continue
         with torch.no_grad():

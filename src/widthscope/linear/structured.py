@@ -154,7 +154,8 @@ def plan(model: nn.Module, x: torch.Tensor) -> Plan:
 
     def hook(name, r):
         def f(_m, args, kwargs, out):
-            seen.setdefault(name, []).append((_entry_input(r, _m, args, kwargs), out))
+            z = out.detach().clone() if isinstance(out, torch.Tensor) else out  # before later in-place ops
+            seen.setdefault(name, []).append((_entry_input(r, _m, args, kwargs), z))
         return f
 
     out = _forward_hooked(model, probe, [(m, hook(n, r)) for n, m, r in cands])
