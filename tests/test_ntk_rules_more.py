@@ -260,3 +260,38 @@ def test_module_owned_elementwise_parameters_are_covered_and_the_rest_exact():
     generic = ["pos", "ls_inplace.gamma", "mix.m", "masked.w"]
     assert sorted(uncovered(model)) == sorted(["pos"])  # the static check cannot run the jvp checks
     _check_all_modes(model, x1, x2, generic)
+
+
+def test_a_norm_that_needs_a_second_argument_goes_generic_instead_of_crashing():
+    """widthscope's inserted ResidualBlock calls its _ChannelNorm as norm(z, dim): the recompute from z
+    alone raised TypeError inside plan (before: the structured kernel crashed); ResidualBias is covered."""
+    from widthscope.probe.insert import ResidualBias, ResidualBlock
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.rb, self.bias, self.h = nn.Linear(3, 4), ResidualBlock(4, 4, norm="rms"), ResidualBias(4), nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.h(self.bias(self.rb(torch.tanh(self.a(x)))))
+
+    model = _seeded(M().double())
+    x1, x2 = torch.randn(4, 3, dtype=torch.float64), torch.randn(3, 3, dtype=torch.float64)
+    assert rule(model.bias) == "elementwise"
+    _check_all_modes(model, x1, x2, ["rb.w_in", "rb.w_out", "rb.norm.weight"])
+
+
+def test_plan_shapes_of_the_new_rules_feed_the_cost_model():
+    """(rule, positions T, D_a, D_δ) per covered entry, as gram.positions will see them (D_δ over all groups)."""
+    model = nn.Sequential(nn.Conv3d(2, 4, 3, stride=2, groups=2), nn.Flatten(2), nn.PReLU(4),
+                          nn.Unflatten(2, (2, 4)), nn.ConvTranspose2d(4, 6, (2, 3), stride=2, groups=2))
+    x = torch.randn(2, 2, 5, 5, 5)
+    P = plan(model, x)
+    assert [e[2] for e in P.entries] == ["conv", "prelu", "conv_transpose"]
+    # the transposed conv: input (2, 4) → output (4, 9); T = 8 input locations, D_δ = 6 · 2·3
+    assert P.shapes == [("conv", 8, 27, 4), ("prelu", 1, 0, 4), ("conv_transpose", 8, 2, 36)]
+    # signals: z per example, plus the transposed conv's windows T·D_δ that its records hold
+    assert P.signal_numel == 4 * 8 + 4 * 8 + 6 * 36 + 8 * 36
+    bag = BagNet("mean", "offsets", False, None)
+    Pb = plan(bag, torch.tensor([[1, 2, 2, -1, -1], [3, 3, 4, 0, 8]]))
+    assert ("embedding_bag", 1, 9, 5) in Pb.shapes

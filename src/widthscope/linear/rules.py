@@ -165,7 +165,7 @@ def elementwise_layout(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> str | 
             if not _close(f(*prim), y.detach(), tol):
                 return None
         return _layout_by_jvp(f, names, prim, y, tol)
-    except (RuntimeError, TypeError, NotImplementedError, ValueError):
+    except Exception:  # noqa: BLE001 — whatever stops the recompute (a missing argument, no jvp rule): not covered
         return None
 
 
