@@ -295,3 +295,23 @@ def test_plan_shapes_of_the_new_rules_feed_the_cost_model():
     bag = BagNet("mean", "offsets", False, None)
     Pb = plan(bag, torch.tensor([[1, 2, 2, -1, -1], [3, 3, 4, 0, 8]]))
     assert ("embedding_bag", 1, 9, 5) in Pb.shapes
+
+
+def test_an_input_overwritten_after_the_module_ran_does_not_change_its_records():
+    """Temperature keeps tanh(u), not u, for its backward, so autograd lets u be scaled in place after it
+    ran; the records recompute ∂z/∂t = tanh(u) from a copy of u taken at the call."""
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.t, self.h = nn.Linear(3, 4), Temperature(), nn.Linear(4, 2)
+
+        def forward(self, x):
+            u = self.a(x)
+            y = self.t(u)
+            u.mul_(2.0)
+            return self.h(torch.tanh(y + u))
+
+    model = _seeded(M().double())
+    x1, x2 = torch.randn(4, 3, dtype=torch.float64), torch.randn(3, 3, dtype=torch.float64)
+    _check_all_modes(model, x1, x2)

@@ -83,12 +83,17 @@ def _first_input(args: tuple, kwargs: dict) -> Any:
 
 
 def _entry_input(r: str, m: nn.Module, args: tuple, kwargs: dict) -> Any:
-    """What :func:`~widthscope.linear.rules.records` reads of a call: the first input tensor (detached), or
-    an EmbeddingBag's padded ``(ids, coefficients)`` (:func:`~widthscope.linear.rules.bag_input`)."""
+    """What :func:`~widthscope.linear.rules.records` reads of a call: the first input tensor (detached; a
+    copy for elementwise modules), or an EmbeddingBag's padded ``(ids, coefficients)``
+    (:func:`~widthscope.linear.rules.bag_input`)."""
     if r == "embedding_bag":
         return bag_input(m, args, kwargs)
     x = _first_input(args, kwargs)
-    return x.detach() if isinstance(x, torch.Tensor) else x
+    if not isinstance(x, torch.Tensor):
+        return x
+    # elementwise records recompute the module from x: a copy, as autograd need not keep x (tanh(x)·t keeps
+    # tanh(x)) and so would not catch a later in-place write to it; the other rules' ops keep x themselves
+    return x.detach().clone() if r == "elementwise" else x.detach()
 
 
 def _rows(inp: Any) -> int | None:
