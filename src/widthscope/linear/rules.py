@@ -67,6 +67,7 @@ Left to the generic (Jacobian) path, with the reason:
   usually a small share of the parameters.
 - ``nn.MultiheadAttention``, tied/shared weights, layers run twice, EmbeddingBag ``max``, embeddings
   with ``max_norm``/``scale_grad_by_freq``, training-mode BatchNorm (refused upstream).
+
 Example::
 
     >>> import torch
