@@ -82,6 +82,7 @@ TRANSPOSED = [  # (dims, options, call with output_size)
     (2, dict(kernel_size=3, stride=(2, 1), padding=(1, 0), dilation=(1, 2), output_padding=(1, 0)), False),
     (2, dict(kernel_size=(2, 3), stride=2, padding=1, groups=2), True),
     (2, dict(kernel_size=2, stride=1, dilation=3, padding=2, bias=False), False),
+    (2, dict(kernel_size=2, stride=(2, 1), dilation=(3, 4), output_padding=(2, 3), padding=(3, 0)), False),  # op ≥ s
     (3, dict(kernel_size=2, stride=2, output_padding=(1, 0, 1)), False),
     (3, dict(kernel_size=(3, 2, 2), stride=(1, 2, 1), padding=(1, 0, 1), dilation=(2, 1, 1), groups=2), True),
 ]
