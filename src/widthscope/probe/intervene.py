@@ -333,16 +333,20 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
             ``train``/``test`` pooled sum samples of this point (their first ``M``/``K`` rows give
             ``μ_M``, ``g_K``), ``test_losses`` (per-example held-out losses), ``act_sq`` (per
             train example Σz² and count at the point) and ``width`` (its channel width). The bias probe then runs only the
-            forward passes at each ``η``, all ``η`` of a batch in one stacked pass.
+            forward passes at each ``η``, all ``η`` of a batch in one stacked pass. ``prefix``: a
+            :class:`~widthscope.probe.prefix.KeptPrefix` recorded during the probe's held-out
+            forward (:func:`~widthscope.probe.prefix.keep_prefix`), so the network before the
+            point does not run again at all.
         prefix: how the bias probe evaluates the ``E`` steps. ``"auto"`` (default): the network
-            before ``point`` runs once per chunk of held-out examples and only the modules after
-            it run ``E`` times (:mod:`widthscope.probe.prefix`), after a check on the first 3
-            examples that this gives the full forward's losses at the smallest and largest ``η``;
-            if the check or the model's structure rules it out, the full path runs and the rows
-            say why. Cost: one prefix + ``E`` suffixes per chunk instead of ``E`` full forwards,
-            plus the check (6 full forwards, 5 short prefixes); memory: the outputs of the modules
-            before the point, kept for one chunk. ``"full"``: the whole network ``E`` times (no
-            check, nothing kept; for a model whose modules keep state the check cannot see).
+            before ``point`` runs once per chunk of held-out examples (or not at all, with
+            ``reuse["prefix"]``) and only the modules after it run ``E`` times
+            (:mod:`widthscope.probe.prefix`); the cached losses of the first 3 examples at the
+            largest ``η`` must equal a full forward's, and if this check or the model's structure
+            rules the cached path out, the full path runs and the rows say why. Cost: one prefix
+            + ``E`` suffixes per chunk instead of ``E`` full forwards, plus the check (3 full
+            forwards, 5 short prefixes); memory: the outputs of the modules before the point,
+            kept for one chunk. ``"full"``: the whole network ``E`` times (no check, nothing kept;
+            for a model whose modules keep state the check cannot see).
 
     Returns:
         One row per η: ``kind="intervention"``, ``probe`` (bias|block), ``point``, ``eta``,
@@ -389,7 +393,7 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
         step_norm = float(mu.norm()) / math.sqrt(mu.numel())
         etas = etas or default_etas(step_norm, act_rms, n_etas)
         return _bias_rows_stacked(model, point, mu, etas, align, test, loss_fn, batch_size, M, K,
-                                  loss_before, act_rms, step_norm, prefix)
+                                  loss_before, act_rms, step_norm, prefix, reuse.get("prefix"))
     insert(model, point, "block", width=width, hidden=block_width, seed=seed, record=False)
     try:
         block = _block_of(model, point)
@@ -412,7 +416,7 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
 def _bias_rows_stacked(model: nn.Module, point: str, mu: torch.Tensor, etas: Sequence[float], align: float,
                        test: Any, loss_fn: Callable | None, batch_size: int, M: int, K: int,
                        loss_before: float, act_rms: float, step_norm: float,
-                       prefix: str = "auto") -> list[dict[str, Any]]:
+                       prefix: str = "auto", kept: Any = None) -> list[dict[str, Any]]:
     """Held-out loss after the bias step ``−η μ_M`` for every ``η`` at once: each chunk runs as
     ``E`` stacked copies, copy ``e`` getting ``−η_e μ_M`` added at ``point`` (the same function as
     an inserted zero bias set to that value, without E model calls). ``prefix="auto"`` runs the
@@ -427,7 +431,7 @@ def _bias_rows_stacked(model: nn.Module, point: str, mu: torch.Tensor, etas: Seq
     per = max(1, batch_size // E)  # examples per stacked call, so a call holds about batch_size rows
     with _EvalMode(model), torch.no_grad():
         totals, how = stacked_totals(model, point, steps, test, loss_fn, per, lambda b: _to(b, dev, dt),
-                                     mode=prefix)
+                                     mode=prefix, kept=kept)
     after = totals / K
     rows = [_row("bias", point, float(eta), -float(eta) * align, float(after[i]) - loss_before, M, K,
                  float(mu.norm()), align, loss_before, act_rms, step_norm) for i, eta in enumerate(etas)]
