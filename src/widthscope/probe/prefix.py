@@ -131,39 +131,53 @@ def _until_point(model: nn.Module, point: str, batch: Any, loss_fn: Callable | N
             h.remove()
 
 
-def _record(model: nn.Module, point: str, batch: Any, loss_fn: Callable | None
-            ) -> tuple[dict[str, tuple[int, tuple | None]], tuple | None]:
-    """Forward ``batch`` up to the end of ``point``: name -> (calls, output signature) of every
-    module that finished before ``point`` started, and ``point``'s output signature."""
+def _record_all(model: nn.Module, points: Sequence[str], batch: Any, loss_fn: Callable | None
+                ) -> dict[str, tuple[dict[str, tuple[int, tuple | None]], tuple | None]]:
+    """Forward ``batch`` until every point of ``points`` has finished once: for each point that
+    ran, name -> (calls, output signature) of every module that finished before it started,
+    and its own output signature. One pass serves all points."""
     modules = dict(model.named_modules())
-    started = [False]
+    want = set(points)
     ended: dict[str, tuple[int, tuple | None]] = {}
-    out_point: list[tuple | None] = [None]
+    before: dict[str, dict[str, tuple[int, tuple | None]]] = {}
+    out_point: dict[str, tuple | None] = {}
 
-    def pre(_m: nn.Module, _a: Any) -> None:
-        started[0] = True
+    def pre(name: str) -> Callable:
+        def hook(_m: nn.Module, _a: Any) -> None:
+            before.setdefault(name, dict(ended))
+        return hook
 
     def make(name: str) -> Callable:
         def hook(_m: nn.Module, _a: Any, out: Any) -> None:
-            if name == point:
-                out_point[0] = _signature(out)
-                raise _Stop
-            if not started[0]:
-                calls = ended.get(name, (0, None))[0] + 1
-                ended[name] = (calls, _signature(out))
+            if name in want and name in before and name not in out_point:
+                out_point[name] = _signature(out)
+                if len(out_point) == len(want):
+                    raise _Stop
+            ended[name] = (ended.get(name, (0, None))[0] + 1, _signature(out))
         return hook
 
-    handles = [modules[point].register_forward_pre_hook(pre)]
+    handles = [modules[p].register_forward_pre_hook(pre(p)) for p in want]
     handles += [m.register_forward_hook(make(n)) for n, m in modules.items()]
-    _until_point(model, point, batch, loss_fn, handles)
-    return ended, out_point[0]
+    try:
+        _forward(model, batch, loss_fn)
+    finally:
+        for h in handles:
+            h.remove()
+    return {p: (before[p], out_point[p]) for p in points if p in out_point}
 
 
-def plan(model: nn.Module, point: str, batch2: Any, batch3: Any, loss_fn: Callable | None) -> Plan:
-    """Outermost modules that finish before ``point`` starts, run once and return batch-major
-    tensors (checked on 2 and 3 examples); descends into those that finish before but do not."""
-    e2, p2 = _record(model, point, batch2, loss_fn)
-    e3, p3 = _record(model, point, batch3, loss_fn)
+def _record(model: nn.Module, point: str, batch: Any, loss_fn: Callable | None
+            ) -> tuple[dict[str, tuple[int, tuple | None]], tuple | None]:
+    """:func:`_record_all` of one point (which must run)."""
+    got = _record_all(model, [point], batch, loss_fn)
+    if point not in got:
+        raise Unsupported(f"{point!r} did not run in the forward pass")
+    return got[point]
+
+
+def _plan_from(model: nn.Module, point: str, r2: tuple, r3: tuple) -> Plan:
+    """The plan of ``point`` from its records on 2 and 3 examples."""
+    (e2, p2), (e3, p3) = r2, r3
     ok = {n for n in e2 if n in e3 and e2[n][0] == 1 and e3[n][0] == 1 and _batch_major(e2[n][1], e3[n][1])}
     cached: list[str] = []
 
@@ -179,6 +193,19 @@ def plan(model: nn.Module, point: str, batch2: Any, batch3: Any, loss_fn: Callab
 
     walk("", model)
     return Plan(tuple(cached), _batch_major(p2, p3))
+
+
+def plan(model: nn.Module, point: str, batch2: Any, batch3: Any, loss_fn: Callable | None) -> Plan:
+    """Outermost modules that finish before ``point`` starts, run once and return batch-major
+    tensors (checked on 2 and 3 examples); descends into those that finish before but do not."""
+    return _plan_from(model, point, _record(model, point, batch2, loss_fn), _record(model, point, batch3, loss_fn))
+
+
+def plans(model: nn.Module, points: Sequence[str], batch2: Any, batch3: Any, loss_fn: Callable | None
+          ) -> dict[str, Plan]:
+    """:func:`plan` of every point that runs, from two forward passes in all (2 and 3 examples)."""
+    r2, r3 = _record_all(model, points, batch2, loss_fn), _record_all(model, points, batch3, loss_fn)
+    return {p: _plan_from(model, p, r2[p], r3[p]) for p in points if p in r2 and p in r3}
 
 
 def _capture(model: nn.Module, point: str, p: Plan, batch: Any, loss_fn: Callable | None) -> dict[str, Any]:
@@ -442,8 +469,8 @@ def keep_prefix(model: nn.Module, points: Sequence[str], data: Any, n: int, loss
     """Record, during the forward passes run inside the block, what the cached path of every
     point in ``points`` would capture for the first ``n`` examples of ``data`` (which those passes
     must run first and in order: certify wraps its held-out probe in it). Plans each point on the
-    first 2 and 3 examples of ``data`` in eval mode before; a point that cannot be planned is
-    left out (its interventions plan and capture themselves). Memory: the outputs of the modules
+    first 2 and 3 examples of ``data`` in eval mode before (two passes for all points); a point
+    that does not run there is left out (its interventions plan and capture themselves). Memory: the outputs of the modules
     before the last point for ``n`` examples, at most ``max_bytes`` (beyond it nothing is kept).
     Hand the result to :func:`stacked_totals` (``kept=``) after the block."""
     from ..errors import WidthscopeError
@@ -458,12 +485,10 @@ def keep_prefix(model: nn.Module, points: Sequence[str], data: Any, n: int, loss
     try:
         model.eval()
         with torch.no_grad():
-            two, three = to_dev(take(data, 2)), to_dev(take(data, 3))
-            for point in points:
-                try:
-                    kept.plans[point] = plan(model, point, two, three, loss_fn)
-                except (Unsupported, WidthscopeError):
-                    continue
+            try:
+                kept.plans = plans(model, points, to_dev(take(data, 2)), to_dev(take(data, 3)), loss_fn)
+            except WidthscopeError as exc:  # the model's own error: the interventions meet it themselves
+                kept.reason = str(exc).splitlines()[0]
     finally:
         for m, mode in modes.items():
             m.training = mode
