@@ -574,3 +574,34 @@ def test_certify_default_interventions_decade_grid_equal_full_path():
     assert len(nine["points"][0]["interventions"]) == 9
     with pytest.raises(WidthscopeError, match="n_etas must be"):
         certify(model, trb, teb, M=[8], draws=20, progress=False, n_etas=0)
+
+
+def test_block_probe_stacked_equals_inserted_block_per_step(monkeypatch):
+    """The block probe's steps stacked (copy e of the point's output gets −η_e G_M φ(W_in norm(z)),
+    the network before the point kept, from the probe's record or captured) give the rows of the
+    inserted block with W_out = −η G_M, one whole forward per η (prefix="full"), at the first and
+    the last point: float64, |ΔL − ΔL_full| ≤ 1e-12·|L|."""
+    from widthscope.probe import collect, prefix
+    from widthscope.probe.intervene import as_examples, to_batches
+    from widthscope.probe.prefix import keep_prefix
+
+    for name, model, points, tr, te in _kept_cases():
+        trb, teb = to_batches(tr, 5), to_batches(te, 4)
+        with keep_prefix(model, points, as_examples(teb), 14) as kept:
+            collect(model, teb, points=points, progress=False)
+        for point in (points[0], points[-1]):
+            kw = dict(kind="block", block_width=8, n_etas=4, batch_size=16, progress=False)
+            full = intervene(model, point, trb, teb, prefix="full", **kw)
+            with monkeypatch.context() as mp:
+                mp.setattr(prefix, "_capture", lambda *a: pytest.fail("captured although kept"))
+                ours = [intervene(model, point, trb, teb, reuse={"prefix": kept}, **kw)]
+            if point == points[0]:
+                ours.append(intervene(model, point, trb, teb, **kw))  # captured per chunk
+            assert {r["prefix"] for rows in ours for r in rows} == {"cached"}, (name, point)
+            assert {r["prefix"] for r in full} == {"full: requested"}
+            for rows in ours:
+                for a, x in zip(full, rows):
+                    assert a["eta"] == x["eta"] and a["predicted"] == x["predicted"]
+                    assert abs(x["actual"] - a["actual"]) <= 1e-12 * abs(a["loss_before"]), (name, point, a, x)
+            assert abs(full[-1]["actual"]) > 1e-6, (name, point)
+            assert not any("forward" in m.__dict__ for m in model.modules())

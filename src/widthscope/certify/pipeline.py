@@ -131,7 +131,7 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
         raise WidthscopeError(f"n_etas must be a whole number >= 1 (steps of the default grid), got {n_etas!r}")
     t0 = time.perf_counter()
     keep = _keep_prefix(model, names, test_list, max(k for _, k in pairs), loss_fn=loss_fn,
-                        device=device, wanted=interventions == "bias" and project is None and W == 1
+                        device=device, wanted=interventions in ("bias", "block") and project is None and W == 1
                         and train_mode == "eval")
     qa, qb, projectors = _probe_pools(model, names, train_list, test_list, loss_fn=loss_fn, pool=pool,
                                       train_mode=train_mode, progress=progress, project=project, seed=seed,

@@ -406,11 +406,23 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
         N, Hd = block.w_out.shape[0], block.w_out.shape[1]
         step_norm = float(G_M.norm()) * h_rms * math.sqrt(Hd) / math.sqrt(N)
         etas = etas or default_etas(step_norm, act_rms, n_etas)
-        rows = _step_rows("block", model, point, block.w_out, G_M, etas, align, test, loss_fn,
-                          batch_size, M, K, loss_before, act_rms, step_norm, progress)
+        if prefix == "full":
+            rows = _step_rows("block", model, point, block.w_out, G_M, etas, align, test, loss_fn,
+                              batch_size, M, K, loss_before, act_rms, step_norm, progress)
+            for r in rows:
+                r["prefix"] = "full: requested"
     finally:
         remove_insertion(model, point)
-    return rows
+    if prefix == "full":
+        return rows
+    # The same steps on the model without the insertion: copy e of the point's output z gets
+    # −η_e·G_M φ(W_in norm(z)), the inserted block's output at W_out = −η_e G_M (linear in W_out).
+    from .prefix import FnSteps
+
+    steps = FnSteps(torch.tensor([-float(e) for e in etas], dtype=torch.float64),
+                    lambda z: block.delta(z, G_M.to(z.device)))
+    return _stacked_rows("block", model, point, steps, etas, align, test, loss_fn, batch_size, M, K,
+                         loss_before, act_rms, step_norm, float(G_M.norm()), prefix, reuse.get("prefix"))
 
 
 def _bias_rows_stacked(model: nn.Module, point: str, mu: torch.Tensor, etas: Sequence[float], align: float,
@@ -422,19 +434,26 @@ def _bias_rows_stacked(model: nn.Module, point: str, mu: torch.Tensor, etas: Seq
     an inserted zero bias set to that value, without E model calls). ``prefix="auto"`` runs the
     network before ``point`` once per chunk and only the rest ``E`` times
     (:mod:`widthscope.probe.prefix`), ``"full"`` the whole network ``E`` times."""
+    steps = torch.stack([-float(e) * mu for e in etas])  # (E, N), float64
+    return _stacked_rows("bias", model, point, steps, etas, align, test, loss_fn, batch_size, M, K,
+                         loss_before, act_rms, step_norm, float(mu.norm()), prefix, kept)
+
+
+def _stacked_rows(probe: str, model: nn.Module, point: str, steps: Any, etas: Sequence[float], align: float,
+                  test: Any, loss_fn: Callable | None, batch_size: int, M: int, K: int, loss_before: float,
+                  act_rms: float, step_norm: float, mu_norm: float, prefix: str, kept: Any) -> list[dict[str, Any]]:
+    """Rows of ``E`` steps evaluated by :func:`widthscope.probe.prefix.stacked_totals`."""
     from .collect import _to, float_dtype
     from .prefix import stacked_totals
 
     dev, dt = _device(model), float_dtype(model)
-    E = len(etas)
-    steps = torch.stack([-float(e) * mu for e in etas])  # (E, N), float64
-    per = max(1, batch_size // E)  # examples per stacked call, so a call holds about batch_size rows
+    per = max(1, batch_size // len(etas))  # examples per stacked call, so a call holds about batch_size rows
     with _EvalMode(model), torch.no_grad():
         totals, how = stacked_totals(model, point, steps, test, loss_fn, per, lambda b: _to(b, dev, dt),
                                      mode=prefix, kept=kept)
     after = totals / K
-    rows = [_row("bias", point, float(eta), -float(eta) * align, float(after[i]) - loss_before, M, K,
-                 float(mu.norm()), align, loss_before, act_rms, step_norm) for i, eta in enumerate(etas)]
+    rows = [_row(probe, point, float(eta), -float(eta) * align, float(after[i]) - loss_before, M, K,
+                 mu_norm, align, loss_before, act_rms, step_norm) for i, eta in enumerate(etas)]
     for r in rows:
         r["prefix"] = how
     return rows

@@ -99,9 +99,31 @@ def _repeat(out: Any, E: int) -> Any:
     return _map(out, lambda t: t.repeat(E, *([1] * (t.ndim - 1))))
 
 
-def add_steps(z: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+class FnSteps:
+    """``E`` steps along a function of the point's output: copy ``e`` of ``z`` becomes
+    ``z + coef[e] · fn(z)`` (the block probe: ``fn(z) = G_M φ(W_in norm(z))``, ``coef = −η``).
+    ``fn`` runs once, on the first copy: the copies are equal before the step. Sliced like the
+    ``(E, N)`` tensor of bias steps (``steps[-1:]``, ``steps.shape[0]``)."""
+
+    def __init__(self, coef: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]):
+        self.coef, self.fn = coef, fn
+        self.shape = tuple(coef.shape)
+
+    def __getitem__(self, idx: Any) -> "FnSteps":
+        return FnSteps(self.coef[idx], self.fn)
+
+    def add(self, z: torch.Tensor) -> torch.Tensor:
+        E = self.coef.shape[0]
+        zz = z.view(E, z.shape[0] // E, *z.shape[1:])
+        c = self.coef.to(z.device, z.dtype).view(E, *([1] * z.ndim))
+        return (zz + c * self.fn(zz[0])).view(z.shape)
+
+
+def add_steps(z: torch.Tensor, steps: "torch.Tensor | FnSteps") -> torch.Tensor:
     """``z`` holds ``E = len(steps)`` stacked copies of a batch; add ``steps[e]`` (a channel
-    vector, broadcast over positions) to copy ``e``."""
+    vector, broadcast over positions) to copy ``e`` (or what :class:`FnSteps` says)."""
+    if isinstance(steps, FnSteps):
+        return steps.add(z)
     E = steps.shape[0]
     c = channel_dim(z)
     shape = [E, 1] + [1] * (z.ndim - 1)
