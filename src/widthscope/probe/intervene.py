@@ -337,7 +337,9 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
             :class:`~widthscope.probe.prefix.KeptPrefix` recorded during the probe's held-out
             forward (:func:`~widthscope.probe.prefix.keep_prefix`), so the network before the
             point does not run again at all.
-        prefix: how the bias probe evaluates the ``E`` steps. ``"auto"`` (default): the network
+        prefix: how the ``E`` steps are evaluated (the block probe's step at ``point`` is
+            ``−η G_M φ(W_in norm(z))``, its inserted block's output at ``W_out = −η G_M``; the
+            same path as the bias probe's). ``"auto"`` (default): the network
             before ``point`` runs once per chunk of held-out examples (or not at all, with
             ``reuse["prefix"]``) and only the modules after it run ``E`` times
             (:mod:`widthscope.probe.prefix`); the cached losses of the first 3 examples at the
@@ -352,8 +354,8 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
         One row per η: ``kind="intervention"``, ``probe`` (bias|block), ``point``, ``eta``,
         ``predicted`` (``−η μ_Mᵀ g_K`` or ``−η⟨G_M, G_K⟩``), ``actual`` (``L_K(step) − L_K``),
         ``retention`` (actual/predicted), ``sign_agrees``, ``M``, ``K``, ``mu_norm``
-        (``‖μ_M‖`` or ``‖G_M‖_F``), ``alignment`` (``μ_Mᵀ g_K``), ``loss_before``, ``act_rms``;
-        bias rows also ``prefix`` (``"cached"``, or ``"full: <reason>"``).
+        (``‖μ_M‖`` or ``‖G_M‖_F``), ``alignment`` (``μ_Mᵀ g_K``), ``loss_before``, ``act_rms``,
+        ``prefix`` (``"cached"``, or ``"full: <reason>"``).
     """
     if kind not in ("bias", "block"):
         raise WidthscopeError(f"kind must be 'bias' or 'block', got {kind!r}")
