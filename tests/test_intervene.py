@@ -572,6 +572,9 @@ def test_certify_default_interventions_decade_grid_equal_full_path():
             assert abs(a["actual"] - b["actual"]) <= 1e-12 * abs(b["loss_before"]), r["point"]
     nine = certify(model, trb, teb, M=[8], draws=20, progress=False, points=points[:1], n_etas=9)
     assert len(nine["points"][0]["interventions"]) == 9
+    for a, b in zip(nine["points"][0]["interventions"][::2], res["points"][0]["interventions"]):
+        assert a["eta"] == b["eta"]  # the decades are the same steps on both grids
+        assert abs(a["actual"] - b["actual"]) <= 1e-12 * abs(b["loss_before"])
     with pytest.raises(WidthscopeError, match="n_etas must be"):
         certify(model, trb, teb, M=[8], draws=20, progress=False, n_etas=0)
 
