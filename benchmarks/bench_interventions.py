@@ -101,7 +101,7 @@ def run(quick: bool = False, widths: tuple[int, ...] | None = None) -> list[dict
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     def rng(v: list[float]) -> str:
-        lo, hi = f"{min(v):.2g}", f"{max(v):.2g}"
+        lo, hi = f"{min(v):.2f}", f"{max(v):.2f}"  # two decimals: 1.02 is not "1"
         return lo if lo == hi else f"{lo}–{hi}"
 
     def span(key: str) -> str:

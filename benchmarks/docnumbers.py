@@ -354,7 +354,7 @@ def _stats_share() -> str:
 def _interventions_ratio(a: str, b: str) -> str:
     """A ratio column of the interventions benchmark over its widths, e.g. ``cached/probe``."""
     v = [r[f"{a}/{b}"] for r in _bench("interventions")]
-    return span(min(v), max(v), lambda x: sig(x, 2))
+    return span(min(v), max(v), lambda x: f"{x:.2f}")  # two decimals: 1.02 is not "1.0"
 
 
 @quantity("bench.interventions_load")
