@@ -220,8 +220,12 @@ class _keep_prefix:
 
             model, names, test_list, K, loss_fn, device = self.args
             dt = float_dtype(model)
-            self._cm = keep_prefix(model, names, as_examples(test_list[:3]), K, loss_fn,
-                                   lambda b: _to(b, device, dt))
+            try:
+                first = as_examples(test_list[:3])
+            except WidthscopeError:  # batches that do not pool: the interventions say so themselves
+                self.args = None
+                return self
+            self._cm = keep_prefix(model, names, first, K, loss_fn, lambda b: _to(b, device, dt))
             self.kept = self._cm.__enter__()
         return self
 
