@@ -550,10 +550,11 @@ def test_kept_prefix_over_budget_or_short_falls_back_to_capture():
             assert a["actual"] == pytest.approx(b["actual"], rel=1e-12, abs=1e-15)
 
 
-def test_certify_default_interventions_decade_grid_equal_full_path():
+def test_certify_default_interventions_decade_grid_equal_full_path(monkeypatch):
     """certify's default interventions: 5 steps a decade apart (step RMS 1e-4..1 of the
-    activation's, so 1e-3 and the smallest are on the grid), on the probe's record, equal to the
-    whole network per step at every point (float64, 1e-12·|L|); n_etas=9 gives the half-decades."""
+    activation's, so 1e-3 and the smallest are on the grid), on the held-out probe's record (no
+    capture forward), equal to the whole network per step at every point (float64, 1e-12·|L|);
+    n_etas=9 gives the half-decades, the decades being the same steps and rows."""
     from widthscope.certify import certify
     from widthscope.certify.pipeline import DEFAULT_N_ETAS
     from widthscope.probe.intervene import to_batches
@@ -561,7 +562,11 @@ def test_certify_default_interventions_decade_grid_equal_full_path():
     assert DEFAULT_N_ETAS == 5
     name, model, points, tr, te = _kept_cases()[0]
     trb, teb = to_batches(tr, 7), to_batches(te, 7)
-    res = certify(model, trb, teb, M=[8], draws=20, progress=False)
+    from widthscope.probe import prefix
+
+    with monkeypatch.context() as mp:  # certify's held-out probe recorded every point's prefix
+        mp.setattr(prefix, "_capture", lambda *a: pytest.fail("captured although the probe kept it"))
+        res = certify(model, trb, teb, M=[8], draws=20, progress=False)
     for r in res["points"]:
         rows = r["interventions"]
         assert [x["rel_step"] for x in rows] == pytest.approx([1e-4, 1e-3, 1e-2, 1e-1, 1.0], rel=1e-9)
