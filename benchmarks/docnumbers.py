@@ -350,6 +350,19 @@ def _stats_share() -> str:
     return span(min(v), max(v), lambda x: sig(x, 1))
 
 
+@pattern(r"bench\.interventions\.([a-z0-9_]+)/([a-z0-9_]+)")
+def _interventions_ratio(a: str, b: str) -> str:
+    """A ratio column of the interventions benchmark over its widths, e.g. ``cached/probe``."""
+    v = [r[f"{a}/{b}"] for r in _bench("interventions")]
+    return span(min(v), max(v), lambda x: f"{x:.2f}")  # two decimals: 1.02 is not "1.0"
+
+
+@quantity("bench.interventions_load")
+def _interventions_load() -> str:
+    v = [x for r in _bench("interventions") for x in (r["load"], r.get("load_end", r["load"]))]
+    return span(min(v), max(v), lambda x: sig(x, 2))
+
+
 # ---- benchmarks/results/ntk-scaling-cpu.json (python benchmarks/ntk_scaling.py)
 
 def _ntk(method: str, width: int, n: int) -> dict[str, Any]:

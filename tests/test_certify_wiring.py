@@ -83,3 +83,16 @@ def test_unknown_device_and_data_fail_fast(capsys):
     assert main(["certify", "--data", "no-such-data", "--M", "8"]) == 2
     err = capsys.readouterr().err
     assert "not a dataset name" in err and "builtin:" not in err  # nothing was trained first
+
+
+def test_cli_n_etas_sets_the_default_grid(tmp_path):
+    """Default: 5 intervention steps a decade apart at every point; --n-etas 3 gives 3 (1e-4, 1e-2, 1)."""
+    import json
+
+    common = ["certify", "--n-train", "32", "--n-test", "32", "--M", "8", "--draws", "10", "--train-steps", "2"]
+    assert main([*common, "--out", str(tmp_path / "a.json")]) == 0
+    assert main([*common, "--n-etas", "3", "--out", str(tmp_path / "b.json")]) == 0
+    for f, want in (("a.json", [1e-4, 1e-3, 1e-2, 1e-1, 1.0]), ("b.json", [1e-4, 1e-2, 1.0])):
+        pts = json.loads((tmp_path / f).read_text())["points"]
+        for p in pts:
+            assert [r["rel_step"] for r in p["interventions"]] == pytest.approx(want, rel=1e-9), (f, p["point"])

@@ -473,3 +473,143 @@ def test_interventions_benchmark_page_renders_its_committed_rows():
     rows = json.loads((root / "docs" / "benchmarks.json").read_text())["results"]["interventions"]
     assert rows and all(r["path"] == "cached" and r["max_diff"] <= 1e-5 for r in rows)
     assert mod.markdown(rows) in (root / "docs" / "benchmarks.md").read_text()
+
+
+# ----------------------------------------------------------------------------- outputs kept from the probe
+def _kept_cases():
+    """(name, float64 model, every insertion point (first to last), train ids/pairs, held-out)."""
+    from widthscope.models import build
+    from widthscope.probe import insertion_points
+
+    torch.manual_seed(1)
+    lm = build("llama", 32, depth=3, max_seq_len=16).double().eval()
+    ids = torch.randint(0, 256, (28, 12))
+    mlp = build("mlp", 16, in_dim=6, out_dim=3, depth=3, activation="tanh").double().eval()
+    x, y = torch.randn(28, 6, dtype=torch.float64), torch.randint(0, 3, (28,))
+    return [("llama", lm, insertion_points(lm), ids[:14], ids[14:]),
+            ("mlp", mlp, insertion_points(mlp), (x[:14], y[:14]), (x[14:], y[14:]))]
+
+
+def test_outputs_kept_from_the_probe_equal_capture_and_full_forward(monkeypatch):
+    """The held-out probe recording every point's prefix outputs (keep_prefix, one pass shared by
+    all points) gives the rows of the per-chunk capture and of the whole network per step, at
+    every point from the first to the last: float64, |ΔL_kept − ΔL_other| ≤ 1e-12·|L|."""
+    from widthscope.probe import collect
+    from widthscope.probe.intervene import as_examples, to_batches
+    from widthscope.probe import prefix
+    from widthscope.probe.prefix import keep_prefix
+
+    for name, model, points, tr, te in _kept_cases():
+        trb, teb = to_batches(tr, 5), to_batches(te, 4)
+        K = 11  # fewer than the pool: the record stops at the first K examples
+        qa = collect(model, trb, points=points, progress=False)
+        with keep_prefix(model, points, as_examples(teb), K) as kept:
+            qb = collect(model, teb, points=points, progress=False)
+        assert kept.reason is None and all(kept.covers(p, K) for p in points), (name, kept.reason)
+        assert all(t.shape[0] == K for v in kept.outputs.values()
+                   for t in ((v,) if isinstance(v, torch.Tensor) else v) if t is not None)
+        for point in points:
+            reuse = {"train": qa[point], "test": qb[point], "test_losses": qb.losses,
+                     "act_sq": qa.act_sq[point], "width": qa.widths[point]}
+            kw = dict(M=12, K=K, n_etas=5, batch_size=20, progress=False)
+            with monkeypatch.context() as mp:  # the record replaces every capture forward
+                mp.setattr(prefix, "_capture", lambda *a: pytest.fail("captured although kept"))
+                with_kept = intervene(model, point, trb, teb, reuse={**reuse, "prefix": kept}, **kw)
+            captured = intervene(model, point, trb, teb, reuse=reuse, **kw)
+            full = intervene(model, point, trb, teb, reuse=reuse, prefix="full", **kw)
+            assert [r["prefix"] for r in with_kept + captured] == ["cached"] * 10, (name, point)
+            for a, b, c in zip(with_kept, captured, full):
+                assert a["eta"] == b["eta"] == c["eta"]
+                for other in (b, c):
+                    assert abs(a["actual"] - other["actual"]) <= 1e-12 * abs(a["loss_before"]), (name, point)
+            assert abs(full[-1]["actual"]) > 1e-6, (name, point)  # the steps move the loss
+
+
+def test_kept_prefix_over_budget_or_short_falls_back_to_capture():
+    """Past max_bytes nothing is kept (and the reason says so); a record of fewer rows than K is
+    not used; either way the interventions capture per chunk and give the same rows."""
+    from widthscope.probe import collect
+    from widthscope.probe.intervene import as_examples, to_batches
+    from widthscope.probe.prefix import keep_prefix
+
+    name, model, points, tr, te = _kept_cases()[0]
+    teb = to_batches(te, 4)
+    with keep_prefix(model, points, as_examples(teb), 14, max_bytes=1000) as small:
+        collect(model, teb, points=points, progress=False)
+    assert "exceed" in small.reason and not small.outputs
+    with keep_prefix(model, points, as_examples(teb), 8) as short:
+        collect(model, teb, points=points, progress=False)
+    assert short.covers(points[0], 8) and not short.covers(points[0], 9)
+    point = points[1]
+    kw = dict(M=10, K=14, etas=[1e-3, 1e-1], progress=False)
+    base = intervene(model, point, to_batches(tr, 5), teb, **kw)
+    for kept in (small, short):
+        rows = intervene(model, point, to_batches(tr, 5), teb, reuse={"prefix": kept}, **kw)
+        assert [r["prefix"] for r in rows] == ["cached", "cached"]
+        for a, b in zip(base, rows):
+            assert a["actual"] == pytest.approx(b["actual"], rel=1e-12, abs=1e-15)
+
+
+def test_certify_default_interventions_decade_grid_equal_full_path(monkeypatch):
+    """certify's default interventions: 5 steps a decade apart (step RMS 1e-4..1 of the
+    activation's, so 1e-3 and the smallest are on the grid), on the held-out probe's record (no
+    capture forward), equal to the whole network per step at every point (float64, 1e-12·|L|);
+    n_etas=9 gives the half-decades, the decades being the same steps and rows."""
+    from widthscope.certify import certify
+    from widthscope.certify.pipeline import DEFAULT_N_ETAS
+    from widthscope.probe.intervene import to_batches
+
+    assert DEFAULT_N_ETAS == 5
+    name, model, points, tr, te = _kept_cases()[0]
+    trb, teb = to_batches(tr, 7), to_batches(te, 7)
+    from widthscope.probe import prefix
+
+    with monkeypatch.context() as mp:  # certify's held-out probe recorded every point's prefix
+        mp.setattr(prefix, "_capture", lambda *a: pytest.fail("captured although the probe kept it"))
+        res = certify(model, trb, teb, M=[8], draws=20, progress=False)
+    for r in res["points"]:
+        rows = r["interventions"]
+        assert [x["rel_step"] for x in rows] == pytest.approx([1e-4, 1e-3, 1e-2, 1e-1, 1.0], rel=1e-9)
+        assert {x["prefix"] for x in rows} == {"cached"}
+        full = intervene(model, r["point"], trb, teb, M=8, K=8, etas=[x["eta"] for x in rows],
+                         prefix="full", progress=False)
+        for a, b in zip(rows, full):
+            assert abs(a["actual"] - b["actual"]) <= 1e-12 * abs(b["loss_before"]), r["point"]
+    nine = certify(model, trb, teb, M=[8], draws=20, progress=False, points=points[:1], n_etas=9)
+    assert len(nine["points"][0]["interventions"]) == 9
+    for a, b in zip(nine["points"][0]["interventions"][::2], res["points"][0]["interventions"]):
+        assert a["eta"] == b["eta"]  # the decades are the same steps on both grids
+        assert abs(a["actual"] - b["actual"]) <= 1e-12 * abs(b["loss_before"])
+    with pytest.raises(WidthscopeError, match="n_etas must be"):
+        certify(model, trb, teb, M=[8], draws=20, progress=False, n_etas=0)
+
+
+def test_block_probe_stacked_equals_inserted_block_per_step(monkeypatch):
+    """The block probe's steps stacked (copy e of the point's output gets −η_e G_M φ(W_in norm(z)),
+    the network before the point kept, from the probe's record or captured) give the rows of the
+    inserted block with W_out = −η G_M, one whole forward per η (prefix="full"), at the first and
+    the last point: float64, |ΔL − ΔL_full| ≤ 1e-12·|L|."""
+    from widthscope.probe import collect, prefix
+    from widthscope.probe.intervene import as_examples, to_batches
+    from widthscope.probe.prefix import keep_prefix
+
+    for name, model, points, tr, te in _kept_cases():
+        trb, teb = to_batches(tr, 5), to_batches(te, 4)
+        with keep_prefix(model, points, as_examples(teb), 14) as kept:
+            collect(model, teb, points=points, progress=False)
+        for point in (points[0], points[-1]):
+            kw = dict(kind="block", block_width=8, n_etas=4, batch_size=16, progress=False)
+            full = intervene(model, point, trb, teb, prefix="full", **kw)
+            with monkeypatch.context() as mp:
+                mp.setattr(prefix, "_capture", lambda *a: pytest.fail("captured although kept"))
+                ours = [intervene(model, point, trb, teb, reuse={"prefix": kept}, **kw)]
+            if point == points[0]:
+                ours.append(intervene(model, point, trb, teb, **kw))  # captured per chunk
+            assert {r["prefix"] for rows in ours for r in rows} == {"cached"}, (name, point)
+            assert {r["prefix"] for r in full} == {"full: requested"}
+            for rows in ours:
+                for a, x in zip(full, rows):
+                    assert a["eta"] == x["eta"] and a["predicted"] == x["predicted"]
+                    assert abs(x["actual"] - a["actual"]) <= 1e-12 * abs(a["loss_before"]), (name, point, a, x)
+            assert abs(full[-1]["actual"]) > 1e-6, (name, point)
+            assert not any("forward" in m.__dict__ for m in model.modules())

@@ -36,7 +36,7 @@ _COUNTS = (("n_train", 4, "examples; the unbiased estimators need at least 4"),
            ("batch_size", 1, "examples per batch"), ("draws", 1, "resamples"), ("steps", 1, "steps"),
            ("train_steps", 1, "steps"), ("seq_len", 2, "tokens (one input and one predicted token)"),
            ("max_tokens", 1, "tokens"), ("threads", 1, "threads"), ("block_width", 1, "hidden units"),
-           ("project", 2, "projected dimensions"), ("n_rank", 4, "examples"))
+           ("project", 2, "projected dimensions"), ("n_rank", 4, "examples"), ("n_etas", 1, "step sizes"))
 _POSITIVE = ("lr", "eta")
 # Which commands write a file (--out FILE) and which a directory (--out DIR).
 OUT_KIND = {"certify": "file", "grow": "file", "grow-bench": "dir", "stats": "file", "sweep": "dir", "report": "dir",

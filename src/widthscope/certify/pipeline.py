@@ -51,9 +51,13 @@ from .per_point import _check_pool, _v, ranking, statistics, tables  # noqa: F40
 from ..probe import collect, resolve_points
 from ..validate import _float_list, _int_list, _num_list, _pairs, _sizes  # noqa: F401  (re-exported)
 
-__all__ = ["certify", "add_arguments", "run", "DEFAULT_M"]
+__all__ = ["certify", "add_arguments", "run", "DEFAULT_M", "DEFAULT_N_ETAS"]
 
 DEFAULT_M = (16, 32, 64, 128)
+# Default intervention grid of a certify run: 5 steps a decade apart (step RMS 1e-4, 1e-3, 1e-2,
+# 0.1, 1 of the activation's), keeping the range and the relative steps the claims read (1e-3 and
+# the smallest) at 5/9 of the cost of intervene()'s 9 half-decade steps; n_etas=9 restores those.
+DEFAULT_N_ETAS = 5
 ESTIMATORS = ("unbiased", "plugin")
 
 
@@ -80,7 +84,7 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
             estimator: str = "unbiased", pool: str = "sum",
             loss_fn: Callable[[Any, Any], torch.Tensor] | None = None, train_mode: str = "eval",
             progress: bool = True, interventions: str | None = "bias",
-            etas: Sequence[float] | None = None, project: int | None = None,
+            etas: Sequence[float] | None = None, n_etas: int = DEFAULT_N_ETAS, project: int | None = None,
             samples_out: dict[str, Any] | None = None,
             on_point: Callable[[dict[str, Any]], None] | None = None, draw_scheme: str = "shared") -> dict[str, Any]:
     """Certify every insertion point of ``model``; returns a JSON-able dict.
@@ -97,7 +101,13 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
         interventions: ``"bias"`` (default), ``"block"`` or ``None``: a direct zero-init residual
             intervention at every point (:func:`widthscope.probe.intervene`) on the first
             ``max(M)`` train and ``max(K)`` held-out examples: predicted vs actual held-out loss
-            change per step size ``etas`` (default: a log-spaced grid scaled to the point).
+            change per step size ``etas`` (default: ``n_etas`` log-spaced steps scaled to the point,
+            their RMS entry 1e-4…1 of the activation's; the default 5 are a decade apart, which
+            keeps the steps the claims read, 1e-3 and the smallest, at 5/9 the cost of the 9
+            half-decade steps of :func:`~widthscope.probe.intervene`; ``n_etas=9`` gives those).
+            The held-out probe records what the bias steps' cached prefix needs
+            (:func:`widthscope.probe.prefix.keep_prefix`), so they rerun only the network after
+            each point.
         project: ``k`` -> project every sample vector to ``k`` dimensions as it streams
             (seeded Gaussian, :mod:`widthscope.stats.sketch`): memory ``O(n·k)`` instead of
             ``O(n·d)``. The one- and two-population moments are bias-corrected (unbiased over
@@ -117,9 +127,15 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
         model, train_batches, test_batches, points=points, M=M, K=K, draws=draws, estimator=estimator,
         pool=pool, interventions=interventions, project=project)
 
+    if isinstance(n_etas, bool) or not isinstance(n_etas, int) or n_etas < 1:
+        raise WidthscopeError(f"n_etas must be a whole number >= 1 (steps of the default grid), got {n_etas!r}")
     t0 = time.perf_counter()
+    keep = _keep_prefix(model, names, test_list, max(k for _, k in pairs), loss_fn=loss_fn,
+                        device=device, wanted=interventions in ("bias", "block") and project is None and W == 1
+                        and train_mode == "eval")
     qa, qb, projectors = _probe_pools(model, names, train_list, test_list, loss_fn=loss_fn, pool=pool,
-                                      train_mode=train_mode, progress=progress, project=project, seed=seed)
+                                      train_mode=train_mode, progress=progress, project=project, seed=seed,
+                                      keep=keep)
     probe_s = time.perf_counter() - t0
     notes = list(dict.fromkeys(qa.notes + qb.notes))
 
@@ -134,8 +150,8 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
 
     t0 = time.perf_counter()
     _interventions(model, results, qa, qb, gathered_a, gathered_b, train_list, test_list, pairs, device,
-                   interventions=interventions, etas=etas, loss_fn=loss_fn, seed=seed, project=project,
-                   train_mode=train_mode, on_point=on_point)
+                   interventions=interventions, etas=etas, n_etas=n_etas, loss_fn=loss_fn, seed=seed,
+                   project=project, train_mode=train_mode, on_point=on_point, kept=getattr(keep, "kept", None))
     intervene_s = time.perf_counter() - t0
 
     return {
@@ -186,11 +202,45 @@ def _resolve(model: nn.Module, train_batches: Iterable[Any], test_batches: Itera
     return pairs, names, train_list, test_list, W, device
 
 
+class _keep_prefix:
+    """Around the held-out probe: :func:`widthscope.probe.prefix.keep_prefix` on the first ``K``
+    held-out examples when the bias interventions will use it (``wanted``), else nothing;
+    ``.kept`` is the record afterwards (or ``None``)."""
+
+    def __init__(self, model: nn.Module, names: list[str], test_list: list[Any], K: int, *,
+                 loss_fn: Callable | None, device: torch.device, wanted: bool):
+        self.args = (model, names, test_list, K, loss_fn, device) if wanted else None
+        self.kept: Any = None
+
+    def __enter__(self) -> "_keep_prefix":
+        if self.args is not None:
+            from ..probe.collect import _to, float_dtype
+            from ..probe.intervene import as_examples
+            from ..probe.prefix import keep_prefix
+
+            model, names, test_list, K, loss_fn, device = self.args
+            dt = float_dtype(model)
+            try:
+                first = as_examples(test_list[:3])
+            except WidthscopeError:  # batches that do not pool: the interventions say so themselves
+                self.args = None
+                return self
+            self._cm = keep_prefix(model, names, first, K, loss_fn, lambda b: _to(b, device, dt))
+            self.kept = self._cm.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.args is not None:
+            self._cm.__exit__(*exc)
+
+
 def _probe_pools(model: nn.Module, names: list[str], train_list: list[Any], test_list: list[Any], *,
                  loss_fn: Callable[[Any, Any], torch.Tensor] | None, pool: str, train_mode: str,
-                 progress: bool, project: int | None, seed: int) -> tuple[Any, Any, dict[str, Any]]:
+                 progress: bool, project: int | None, seed: int,
+                 keep: Any = None) -> tuple[Any, Any, dict[str, Any]]:
     """Probe this rank's shard of the train (*a*) and held-out (*b*) batches; with ``project``,
-    each point's samples are projected as they stream (one projector per point)."""
+    each point's samples are projected as they stream (one projector per point); ``keep``: a
+    context manager around the held-out probe (:class:`_keep_prefix`)."""
     projectors: dict[str, Any] = {}
 
     def _project(name: str, x: torch.Tensor) -> torch.Tensor:
@@ -203,7 +253,10 @@ def _probe_pools(model: nn.Module, names: list[str], train_list: list[Any], test
     common = dict(points=names, loss_fn=loss_fn, pool=pool, train_mode=train_mode, progress=progress,
                   transform=_project if project else None)
     qa = collect(model, distributed.shard(train_list), **common)
-    qb = collect(model, distributed.shard(test_list), **common)
+    from contextlib import nullcontext
+
+    with keep if keep is not None else nullcontext():
+        qb = collect(model, distributed.shard(test_list), **common)
     return qa, qb, projectors
 
 
@@ -220,10 +273,12 @@ def _interventions(model: nn.Module, results: list[dict[str, Any]], qa: Any, qb:
                    gathered_a: dict[str, torch.Tensor], gathered_b: dict[str, torch.Tensor],
                    train_list: list[Any], test_list: list[Any], pairs: list[tuple[int, int]],
                    device: torch.device, *, interventions: str | None, etas: Sequence[float] | None,
-                   loss_fn: Callable[[Any, Any], torch.Tensor] | None, seed: int, project: int | None,
-                   train_mode: str, on_point: Callable[[dict[str, Any]], None] | None) -> None:
+                   n_etas: int, loss_fn: Callable[[Any, Any], torch.Tensor] | None, seed: int,
+                   project: int | None, train_mode: str, on_point: Callable[[dict[str, Any]], None] | None,
+                   kept: Any = None) -> None:
     """Add each point's ``interventions`` to its row (in place), handing each finished row to
-    ``on_point``; the model's modes are restored."""
+    ``on_point``; the model's modes are restored. ``kept``: the held-out probe's record of the
+    outputs before each point (the bias steps then run only the network after it)."""
     if interventions in ("bias", "block"):
         from ..probe.intervene import intervene
 
@@ -241,10 +296,11 @@ def _interventions(model: nn.Module, results: list[dict[str, Any]], qa: Any, qb:
                 reuse = None if project else {
                     "train": gathered_a[p], "test": gathered_b[p], "test_losses": test_losses,
                     "act_sq": _gather(qa.act_sq[p], device) if p in qa.act_sq else None,
-                    "width": qa.widths.get(p)}
+                    "width": qa.widths.get(p), "prefix": kept}
                 r["interventions"] = to_jsonable(
-                    intervene(model, r["point"], train_list, test_list, etas=etas, kind=interventions,
-                              loss_fn=loss_fn, M=m_max, K=k_max, seed=seed, progress=False, reuse=reuse)
+                    intervene(model, r["point"], train_list, test_list, etas=etas, n_etas=n_etas,
+                              kind=interventions, loss_fn=loss_fn, M=m_max, K=k_max, seed=seed,
+                              progress=False, reuse=reuse)
                 ) if distributed.is_main() else []
                 if on_point is not None:
                     on_point(r)
@@ -322,7 +378,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="direct zero-init residual intervention at every point: predicted vs "
                              "actual held-out loss change (default bias)")
     parser.add_argument("--etas", default=None,
-                        help="intervention step sizes, comma list (default: log grid scaled to the point)")
+                        help="intervention step sizes, comma list (default: --n-etas steps scaled to the point)")
+    parser.add_argument("--n-etas", type=int, default=None, metavar="E",
+                        help=f"steps of the default intervention grid: step RMS 1e-4..1 of the activation's, "
+                             f"log-spaced (default {DEFAULT_N_ETAS}: a decade apart, keeping 1e-3 and the smallest "
+                             "step that the claims read; 9 gives half-decades at 9/5 the cost)")
     parser.add_argument("--project", type=int, default=None, metavar="K",
                         help="randomly project sample vectors to K dims while collecting (memory "
                              "O(n*K) instead of O(n*d)); see docs/performance.md")
@@ -387,9 +447,16 @@ def _train_builtin(model: nn.Module, split: Any, args: argparse.Namespace, say: 
 def _check_combinations(args: argparse.Namespace, pairs: Sequence[tuple[int, int]], etas: Any) -> None:
     """Options that mean nothing together are refused (after --protocol filled the rest)."""
     preset = " (--protocol published)" if args.protocol == "published" else ""
+    n_etas = getattr(args, "n_etas", None)
+    if n_etas is not None and etas is not None:
+        raise WidthscopeError("--n-etas sets the size of the default step grid, --etas replaces that grid: "
+                              "drop one of them")
     if etas is not None and args.interventions == "none":
         raise WidthscopeError(f"--etas sets the step sizes of the interventions, but none run{preset}: add "
                               "--interventions bias (or block), or drop --etas")
+    if n_etas is not None and args.interventions == "none":
+        raise WidthscopeError(f"--n-etas sets the number of intervention steps, but none run{preset}: add "
+                              "--interventions bias (or block), or drop --n-etas")
     if args.project is not None and args.estimator != "unbiased":
         raise WidthscopeError(f"--project corrects the unbiased estimators only, not --estimator "
                               f"{args.estimator}{preset}: add --estimator unbiased, or drop --project")
@@ -454,7 +521,7 @@ class _Parts:
         keys = ("model", "task", "dtype", "data", "train_data", "test_data", "train_split", "test_split",
                 "text_field", "label_field", "tokenizer", "seq_len", "sequences", "first", "max_tokens",
                 "test_fraction", "train_pool", "n_train", "n_test", "seed", "M", "K", "draws", "estimator",
-                "pool", "interventions", "etas", "project", "batch_size", "train_steps", "protocol", "draw_scheme")
+                "pool", "interventions", "etas", "n_etas", "project", "batch_size", "train_steps", "protocol", "draw_scheme")
         self.settings = json.loads(json.dumps({k: getattr(args, k, None) for k in keys}
                                               | {"inputs": inputs_info, "points": list(names)}, default=str))
         blob = json.dumps(self.settings, sort_keys=True, default=str)
@@ -526,7 +593,8 @@ def _certify_rest(model: nn.Module, inputs: Any, args: argparse.Namespace, todo:
         points=todo, M=Ms, K=Ks, draws=args.draws, seed=args.seed, estimator=args.estimator, pool=args.pool,
         loss_fn=inputs.loss_fn, progress=main,
         interventions=None if args.interventions == "none" else args.interventions,
-        etas=etas, project=args.project, samples_out=samples, on_point=keep, what="certify",
+        etas=etas, n_etas=DEFAULT_N_ETAS if getattr(args, "n_etas", None) is None else args.n_etas,
+        project=args.project, samples_out=samples, on_point=keep, what="certify",
         draw_scheme=args.draw_scheme)
 
 

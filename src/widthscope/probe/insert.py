@@ -151,20 +151,25 @@ class ResidualBlock(nn.Module):
         self.last_hidden: torch.Tensor | None = None
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return z + self.delta(z)
+
+    def delta(self, z: torch.Tensor, w_out: torch.Tensor | None = None) -> torch.Tensor:
+        """The block's addition ``W_out φ(W_in norm(z))`` to ``z`` (with ``w_out`` in place of
+        ``self.w_out`` if given: the block probe evaluates its step direction with it)."""
         dim = channel_dim(z, self.style)
         _check_width(z, dim, self.width)
         u = self.norm(z, dim) if self.norm is not None else z
         act = ACTIVATIONS[self.activation]
-        w_in, w_out = self.w_in.to(z.dtype), self.w_out.to(z.dtype)
+        w_in, w_out = self.w_in.to(z.dtype), (self.w_out if w_out is None else w_out).to(z.dtype)
         if self.style == "conv3x3":
             h = act(F.conv2d(u, w_in, padding=1))
             if self.keep_hidden:
                 self.last_hidden = h
-            return z + F.conv2d(h, w_out, padding=1)
+            return F.conv2d(h, w_out, padding=1)
         h = act(u.movedim(dim, -1) @ w_in.T)  # (..., hidden), channel last
         if self.keep_hidden:
             self.last_hidden = h
-        return z + (h @ w_out.T).movedim(-1, dim)
+        return (h @ w_out.T).movedim(-1, dim)
 
 
 def _check_width(z: torch.Tensor, dim: int, width: int) -> None:

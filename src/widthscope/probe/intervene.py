@@ -333,23 +333,29 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
             ``train``/``test`` pooled sum samples of this point (their first ``M``/``K`` rows give
             ``μ_M``, ``g_K``), ``test_losses`` (per-example held-out losses), ``act_sq`` (per
             train example Σz² and count at the point) and ``width`` (its channel width). The bias probe then runs only the
-            forward passes at each ``η``, all ``η`` of a batch in one stacked pass.
-        prefix: how the bias probe evaluates the ``E`` steps. ``"auto"`` (default): the network
-            before ``point`` runs once per chunk of held-out examples and only the modules after
-            it run ``E`` times (:mod:`widthscope.probe.prefix`), after a check on the first 3
-            examples that this gives the full forward's losses at the smallest and largest ``η``;
-            if the check or the model's structure rules it out, the full path runs and the rows
-            say why. Cost: one prefix + ``E`` suffixes per chunk instead of ``E`` full forwards,
-            plus the check (6 full forwards, 5 short prefixes); memory: the outputs of the modules
-            before the point, kept for one chunk. ``"full"``: the whole network ``E`` times (no
-            check, nothing kept; for a model whose modules keep state the check cannot see).
+            forward passes at each ``η``, all ``η`` of a batch in one stacked pass. ``prefix``: a
+            :class:`~widthscope.probe.prefix.KeptPrefix` recorded during the probe's held-out
+            forward (:func:`~widthscope.probe.prefix.keep_prefix`), so the network before the
+            point does not run again at all.
+        prefix: how the ``E`` steps are evaluated (the block probe's step at ``point`` is
+            ``−η G_M φ(W_in norm(z))``, its inserted block's output at ``W_out = −η G_M``; the
+            same path as the bias probe's). ``"auto"`` (default): the network
+            before ``point`` runs once per chunk of held-out examples (or not at all, with
+            ``reuse["prefix"]``) and only the modules after it run ``E`` times
+            (:mod:`widthscope.probe.prefix`); the cached losses of the first 3 examples at the
+            largest ``η`` must equal a full forward's, and if this check or the model's structure
+            rules the cached path out, the full path runs and the rows say why. Cost: one prefix
+            + ``E`` suffixes per chunk instead of ``E`` full forwards, plus the check (3 full
+            forwards, 5 short prefixes); memory: the outputs of the modules before the point,
+            kept for one chunk. ``"full"``: the whole network ``E`` times (no check, nothing kept;
+            for a model whose modules keep state the check cannot see).
 
     Returns:
         One row per η: ``kind="intervention"``, ``probe`` (bias|block), ``point``, ``eta``,
         ``predicted`` (``−η μ_Mᵀ g_K`` or ``−η⟨G_M, G_K⟩``), ``actual`` (``L_K(step) − L_K``),
         ``retention`` (actual/predicted), ``sign_agrees``, ``M``, ``K``, ``mu_norm``
-        (``‖μ_M‖`` or ``‖G_M‖_F``), ``alignment`` (``μ_Mᵀ g_K``), ``loss_before``, ``act_rms``;
-        bias rows also ``prefix`` (``"cached"``, or ``"full: <reason>"``).
+        (``‖μ_M‖`` or ``‖G_M‖_F``), ``alignment`` (``μ_Mᵀ g_K``), ``loss_before``, ``act_rms``,
+        ``prefix`` (``"cached"``, or ``"full: <reason>"``).
     """
     if kind not in ("bias", "block"):
         raise WidthscopeError(f"kind must be 'bias' or 'block', got {kind!r}")
@@ -389,7 +395,7 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
         step_norm = float(mu.norm()) / math.sqrt(mu.numel())
         etas = etas or default_etas(step_norm, act_rms, n_etas)
         return _bias_rows_stacked(model, point, mu, etas, align, test, loss_fn, batch_size, M, K,
-                                  loss_before, act_rms, step_norm, prefix)
+                                  loss_before, act_rms, step_norm, prefix, reuse.get("prefix"))
     insert(model, point, "block", width=width, hidden=block_width, seed=seed, record=False)
     try:
         block = _block_of(model, point)
@@ -402,35 +408,54 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
         N, Hd = block.w_out.shape[0], block.w_out.shape[1]
         step_norm = float(G_M.norm()) * h_rms * math.sqrt(Hd) / math.sqrt(N)
         etas = etas or default_etas(step_norm, act_rms, n_etas)
-        rows = _step_rows("block", model, point, block.w_out, G_M, etas, align, test, loss_fn,
-                          batch_size, M, K, loss_before, act_rms, step_norm, progress)
+        if prefix == "full":
+            rows = _step_rows("block", model, point, block.w_out, G_M, etas, align, test, loss_fn,
+                              batch_size, M, K, loss_before, act_rms, step_norm, progress)
+            for r in rows:
+                r["prefix"] = "full: requested"
     finally:
         remove_insertion(model, point)
-    return rows
+    if prefix == "full":
+        return rows
+    # The same steps on the model without the insertion: copy e of the point's output z gets
+    # −η_e·G_M φ(W_in norm(z)), the inserted block's output at W_out = −η_e G_M (linear in W_out).
+    from .prefix import FnSteps
+
+    steps = FnSteps(torch.tensor([-float(e) for e in etas], dtype=torch.float64),
+                    lambda z: block.delta(z, G_M.to(z.device)))
+    return _stacked_rows("block", model, point, steps, etas, align, test, loss_fn, batch_size, M, K,
+                         loss_before, act_rms, step_norm, float(G_M.norm()), prefix, reuse.get("prefix"))
 
 
 def _bias_rows_stacked(model: nn.Module, point: str, mu: torch.Tensor, etas: Sequence[float], align: float,
                        test: Any, loss_fn: Callable | None, batch_size: int, M: int, K: int,
                        loss_before: float, act_rms: float, step_norm: float,
-                       prefix: str = "auto") -> list[dict[str, Any]]:
+                       prefix: str = "auto", kept: Any = None) -> list[dict[str, Any]]:
     """Held-out loss after the bias step ``−η μ_M`` for every ``η`` at once: each chunk runs as
     ``E`` stacked copies, copy ``e`` getting ``−η_e μ_M`` added at ``point`` (the same function as
     an inserted zero bias set to that value, without E model calls). ``prefix="auto"`` runs the
     network before ``point`` once per chunk and only the rest ``E`` times
     (:mod:`widthscope.probe.prefix`), ``"full"`` the whole network ``E`` times."""
+    steps = torch.stack([-float(e) * mu for e in etas])  # (E, N), float64
+    return _stacked_rows("bias", model, point, steps, etas, align, test, loss_fn, batch_size, M, K,
+                         loss_before, act_rms, step_norm, float(mu.norm()), prefix, kept)
+
+
+def _stacked_rows(probe: str, model: nn.Module, point: str, steps: Any, etas: Sequence[float], align: float,
+                  test: Any, loss_fn: Callable | None, batch_size: int, M: int, K: int, loss_before: float,
+                  act_rms: float, step_norm: float, mu_norm: float, prefix: str, kept: Any) -> list[dict[str, Any]]:
+    """Rows of ``E`` steps evaluated by :func:`widthscope.probe.prefix.stacked_totals`."""
     from .collect import _to, float_dtype
     from .prefix import stacked_totals
 
     dev, dt = _device(model), float_dtype(model)
-    E = len(etas)
-    steps = torch.stack([-float(e) * mu for e in etas])  # (E, N), float64
-    per = max(1, batch_size // E)  # examples per stacked call, so a call holds about batch_size rows
+    per = max(1, batch_size // len(etas))  # examples per stacked call, so a call holds about batch_size rows
     with _EvalMode(model), torch.no_grad():
         totals, how = stacked_totals(model, point, steps, test, loss_fn, per, lambda b: _to(b, dev, dt),
-                                     mode=prefix)
+                                     mode=prefix, kept=kept)
     after = totals / K
-    rows = [_row("bias", point, float(eta), -float(eta) * align, float(after[i]) - loss_before, M, K,
-                 float(mu.norm()), align, loss_before, act_rms, step_norm) for i, eta in enumerate(etas)]
+    rows = [_row(probe, point, float(eta), -float(eta) * align, float(after[i]) - loss_before, M, K,
+                 mu_norm, align, loss_before, act_rms, step_norm) for i, eta in enumerate(etas)]
     for r in rows:
         r["prefix"] = how
     return rows

@@ -19,14 +19,19 @@ be summed in different orders. What that argument does not cover — a kept modu
 after ``point`` (detected: a second call falls back), one that changes its input in place or
 leaves state for later modules, an output whose first dimension only looks like the batch —
 is what :func:`plan` and the check are for: a module is kept only if its output follows the
-batch size on 2 and 3 examples, and ``auto`` compares both paths on the first 3 examples at
-the smallest and the largest step before trusting ``cached`` (falling back to ``full``, with
-the reason, otherwise).
+batch size on 2 and 3 examples, and ``auto`` compares the cached rows of the first 3 examples at
+the largest step with a full forward of them before trusting ``cached`` (falling back to
+``full``, with the reason, otherwise).
+
+:func:`keep_prefix` records those outputs for every point during a forward pass the caller runs
+anyway (certify's held-out probe), so that ``cached`` needs no capture forward at all: the
+capture of a chunk becomes a slice of the recorded rows.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.nn as nn
@@ -94,9 +99,31 @@ def _repeat(out: Any, E: int) -> Any:
     return _map(out, lambda t: t.repeat(E, *([1] * (t.ndim - 1))))
 
 
-def add_steps(z: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+class FnSteps:
+    """``E`` steps along a function of the point's output: copy ``e`` of ``z`` becomes
+    ``z + coef[e] · fn(z)`` (the block probe: ``fn(z) = G_M φ(W_in norm(z))``, ``coef = −η``).
+    ``fn`` runs once, on the first copy: the copies are equal before the step. Sliced like the
+    ``(E, N)`` tensor of bias steps (``steps[-1:]``, ``steps.shape[0]``)."""
+
+    def __init__(self, coef: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]):
+        self.coef, self.fn = coef, fn
+        self.shape = tuple(coef.shape)
+
+    def __getitem__(self, idx: Any) -> "FnSteps":
+        return FnSteps(self.coef[idx], self.fn)
+
+    def add(self, z: torch.Tensor) -> torch.Tensor:
+        E = self.coef.shape[0]
+        zz = z.view(E, z.shape[0] // E, *z.shape[1:])
+        c = self.coef.to(z.device, z.dtype).view(E, *([1] * z.ndim))
+        return (zz + c * self.fn(zz[0])).view(z.shape)
+
+
+def add_steps(z: torch.Tensor, steps: "torch.Tensor | FnSteps") -> torch.Tensor:
     """``z`` holds ``E = len(steps)`` stacked copies of a batch; add ``steps[e]`` (a channel
-    vector, broadcast over positions) to copy ``e``."""
+    vector, broadcast over positions) to copy ``e`` (or what :class:`FnSteps` says)."""
+    if isinstance(steps, FnSteps):
+        return steps.add(z)
     E = steps.shape[0]
     c = channel_dim(z)
     shape = [E, 1] + [1] * (z.ndim - 1)
@@ -126,39 +153,53 @@ def _until_point(model: nn.Module, point: str, batch: Any, loss_fn: Callable | N
             h.remove()
 
 
-def _record(model: nn.Module, point: str, batch: Any, loss_fn: Callable | None
-            ) -> tuple[dict[str, tuple[int, tuple | None]], tuple | None]:
-    """Forward ``batch`` up to the end of ``point``: name -> (calls, output signature) of every
-    module that finished before ``point`` started, and ``point``'s output signature."""
+def _record_all(model: nn.Module, points: Sequence[str], batch: Any, loss_fn: Callable | None
+                ) -> dict[str, tuple[dict[str, tuple[int, tuple | None]], tuple | None]]:
+    """Forward ``batch`` until every point of ``points`` has finished once: for each point that
+    ran, name -> (calls, output signature) of every module that finished before it started,
+    and its own output signature. One pass serves all points."""
     modules = dict(model.named_modules())
-    started = [False]
+    want = set(points)
     ended: dict[str, tuple[int, tuple | None]] = {}
-    out_point: list[tuple | None] = [None]
+    before: dict[str, dict[str, tuple[int, tuple | None]]] = {}
+    out_point: dict[str, tuple | None] = {}
 
-    def pre(_m: nn.Module, _a: Any) -> None:
-        started[0] = True
+    def pre(name: str) -> Callable:
+        def hook(_m: nn.Module, _a: Any) -> None:
+            before.setdefault(name, dict(ended))
+        return hook
 
     def make(name: str) -> Callable:
         def hook(_m: nn.Module, _a: Any, out: Any) -> None:
-            if name == point:
-                out_point[0] = _signature(out)
-                raise _Stop
-            if not started[0]:
-                calls = ended.get(name, (0, None))[0] + 1
-                ended[name] = (calls, _signature(out))
+            if name in want and name in before and name not in out_point:
+                out_point[name] = _signature(out)
+                if len(out_point) == len(want):
+                    raise _Stop
+            ended[name] = (ended.get(name, (0, None))[0] + 1, _signature(out))
         return hook
 
-    handles = [modules[point].register_forward_pre_hook(pre)]
+    handles = [modules[p].register_forward_pre_hook(pre(p)) for p in want]
     handles += [m.register_forward_hook(make(n)) for n, m in modules.items()]
-    _until_point(model, point, batch, loss_fn, handles)
-    return ended, out_point[0]
+    try:
+        _forward(model, batch, loss_fn)
+    finally:
+        for h in handles:
+            h.remove()
+    return {p: (before[p], out_point[p]) for p in points if p in out_point}
 
 
-def plan(model: nn.Module, point: str, batch2: Any, batch3: Any, loss_fn: Callable | None) -> Plan:
-    """Outermost modules that finish before ``point`` starts, run once and return batch-major
-    tensors (checked on 2 and 3 examples); descends into those that finish before but do not."""
-    e2, p2 = _record(model, point, batch2, loss_fn)
-    e3, p3 = _record(model, point, batch3, loss_fn)
+def _record(model: nn.Module, point: str, batch: Any, loss_fn: Callable | None
+            ) -> tuple[dict[str, tuple[int, tuple | None]], tuple | None]:
+    """:func:`_record_all` of one point (which must run)."""
+    got = _record_all(model, [point], batch, loss_fn)
+    if point not in got:
+        raise Unsupported(f"{point!r} did not run in the forward pass")
+    return got[point]
+
+
+def _plan_from(model: nn.Module, point: str, r2: tuple, r3: tuple) -> Plan:
+    """The plan of ``point`` from its records on 2 and 3 examples."""
+    (e2, p2), (e3, p3) = r2, r3
     ok = {n for n in e2 if n in e3 and e2[n][0] == 1 and e3[n][0] == 1 and _batch_major(e2[n][1], e3[n][1])}
     cached: list[str] = []
 
@@ -174,6 +215,19 @@ def plan(model: nn.Module, point: str, batch2: Any, batch3: Any, loss_fn: Callab
 
     walk("", model)
     return Plan(tuple(cached), _batch_major(p2, p3))
+
+
+def plan(model: nn.Module, point: str, batch2: Any, batch3: Any, loss_fn: Callable | None) -> Plan:
+    """Outermost modules that finish before ``point`` starts, run once and return batch-major
+    tensors (checked on 2 and 3 examples); descends into those that finish before but do not."""
+    return _plan_from(model, point, _record(model, point, batch2, loss_fn), _record(model, point, batch3, loss_fn))
+
+
+def plans(model: nn.Module, points: Sequence[str], batch2: Any, batch3: Any, loss_fn: Callable | None
+          ) -> dict[str, Plan]:
+    """:func:`plan` of every point that runs, from two forward passes in all (2 and 3 examples)."""
+    r2, r3 = _record_all(model, points, batch2, loss_fn), _record_all(model, points, batch3, loss_fn)
+    return {p: _plan_from(model, p, r2[p], r3[p]) for p in points if p in r2 and p in r3}
 
 
 def _capture(model: nn.Module, point: str, p: Plan, batch: Any, loss_fn: Callable | None) -> dict[str, Any]:
@@ -262,14 +316,17 @@ def _full_totals(model: nn.Module, point: str, steps: torch.Tensor, data: Any, l
 
 
 def _cached_losses(model: nn.Module, point: str, p: Plan, steps: torch.Tensor, batch: Any,
-                   loss_fn: Callable | None, to_dev: Callable[[Any], Any], bi: int) -> torch.Tensor:
-    """``cached`` path for one chunk: per-row losses ``(E·B,)`` of the stacked pass."""
+                   loss_fn: Callable | None, to_dev: Callable[[Any], Any], bi: int,
+                   keep: dict[str, Any] | None = None) -> torch.Tensor:
+    """``cached`` path for one chunk: per-row losses ``(E·B,)`` of the stacked pass; ``keep``:
+    the planned outputs of this chunk's rows recorded earlier (:class:`KeptPrefix`), else captured."""
     from .collect import _run_batch, _split_output
     from .batches import _cat
 
     E = steps.shape[0]
     b = to_dev(batch)
-    keep = _capture(model, point, p, b, loss_fn)
+    if keep is None:
+        keep = _capture(model, point, p, b, loss_fn)
 
     def put_steps(out: Any) -> Any:
         z, put = _split_output(out, point)
@@ -299,14 +356,16 @@ def check_tolerance(dtype: torch.dtype | None) -> float:
 
 
 def stacked_totals(model: nn.Module, point: str, steps: torch.Tensor, data: Any, loss_fn: Callable | None,
-                   per: int, to_dev: Callable[[Any], Any], *, mode: str = "auto") -> tuple[torch.Tensor, str]:
+                   per: int, to_dev: Callable[[Any], Any], *, mode: str = "auto",
+                   kept: "KeptPrefix | None" = None) -> tuple[torch.Tensor, str]:
     """``Σ_i ℓ_i`` over ``data`` with ``steps[e]`` added at ``point``, for every ``e`` (float64 ``(E,)``),
     and how: ``"cached"`` or ``"full: <reason>"``. ``per`` examples are stacked per pass.
 
-    ``auto`` plans on the first 2 and 3 examples, then requires the cached path's per-row losses
-    on the first 3 at the smallest and the largest step to equal the full path's within
-    :func:`check_tolerance`; any failure of the
-    cached path (its check, a replaced module misbehaving, a model error under replacement)
+    ``auto`` plans on the first 2 and 3 examples (or takes the plan and the outputs from ``kept``,
+    recorded over the first rows of ``data`` by :func:`keep_prefix`), then requires the cached
+    path's per-row losses of the first 3 examples at the largest step (part of the first chunk's
+    stacked pass) to equal a full forward of them within :func:`check_tolerance`; any failure of
+    the cached path (its check, a replaced module misbehaving, a model error under replacement)
     reruns everything on the full path, whose own errors are the model's and propagate."""
     from ..errors import WidthscopeError
     from .collect import float_dtype
@@ -316,26 +375,153 @@ def stacked_totals(model: nn.Module, point: str, steps: torch.Tensor, data: Any,
         return _full_totals(model, point, steps, data, loss_fn, per, to_dev), "full: requested"
     if _batch_size(data) < 3:
         return _full_totals(model, point, steps, data, loss_fn, per, to_dev), "full: fewer than 3 examples"
-    three = take(data, 3)
-    ends = steps[[0, -1]] if steps.shape[0] > 1 else steps  # smallest and largest step
-    old = _full_rows(model, point, ends, three, loss_fn, to_dev)  # also the model's own errors, first
+    old = _full_rows(model, point, steps[-1:], take(data, 3), loss_fn, to_dev)  # the model's own errors, first
     try:
-        p = plan(model, point, to_dev(take(data, 2)), to_dev(three), loss_fn)
+        src = kept if kept is not None and kept.covers(point, _batch_size(data)) else None
+        p = src.plans[point] if src is not None else plan(
+            model, point, to_dev(take(data, 2)), to_dev(take(data, 3)), loss_fn)
         if not p.cached and not p.point_cached:
             raise Unsupported("no module before the point can be kept")
-        new = _cached_losses(model, point, p, ends, three, loss_fn, to_dev, 0)
         tol = check_tolerance(float_dtype(model))
-        if not torch.allclose(new, old, rtol=tol, atol=tol):
-            raise Unsupported(f"the cached path's losses differ from the full forward's by "
-                              f"{float((new - old).abs().max()):.3g} (tolerance {tol:.2g}) on the first 3 examples")
         E = steps.shape[0]
         totals = torch.zeros(E, dtype=torch.float64)
+        new = torch.zeros(0, dtype=torch.float64)
+        start = 0
         for bi, b in enumerate(_chunks(data, per)):
-            totals += _cached_losses(model, point, p, steps, b, loss_fn, to_dev, bi).view(E, -1).sum(1)
+            B = _batch_size(b)
+            keep = src.rows(point, start, start + B) if src is not None else None
+            rows = _cached_losses(model, point, p, steps, b, loss_fn, to_dev, bi, keep).view(E, -1)
+            if new.numel() < 3:  # the check: the first 3 examples at the largest step
+                new = torch.cat([new, rows[-1, :3 - new.numel()]])
+                if new.numel() == 3 and not torch.allclose(new, old, rtol=tol, atol=tol):
+                    raise Unsupported(f"the cached path's losses differ from the full forward's by "
+                                      f"{float((new - old).abs().max()):.3g} (tolerance {tol:.2g}) on the first 3 "
+                                      "examples")
+            totals += rows.sum(1)
+            start += B
         return totals, "cached"
     except (Unsupported, WidthscopeError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return _full_totals(model, point, steps, data, loss_fn, per, to_dev), f"full: {reason}"
+
+
+# ----------------------------------------------------------------------------- outputs kept from the probe
+class KeptPrefix:
+    """The planned outputs of every point's cached path over the first ``n`` examples, recorded
+    by forward hooks during passes the caller runs anyway (:func:`keep_prefix`).
+
+    ``plans``: point -> :class:`Plan`; ``outputs``: module -> its output over the ``n`` rows
+    (batch-major, as the plan checked); ``reason``: why nothing is usable (``None`` if usable).
+    Recording stops (and frees what it held) once it would exceed ``max_bytes``."""
+
+    def __init__(self, n: int, max_bytes: float):
+        self.n, self.max_bytes = int(n), float(max_bytes)
+        self.plans: dict[str, Plan] = {}
+        self.parts: dict[str, list[Any]] = {}
+        self.count: dict[str, int] = {}
+        self.outputs: dict[str, Any] = {}
+        self.bytes = 0
+        self.reason: str | None = None
+        self.done = False
+
+    def names(self) -> list[str]:
+        """Modules whose outputs some plan takes (a point's own only where its output is batch-major)."""
+        out: dict[str, None] = {}
+        for point, p in self.plans.items():
+            out.update(dict.fromkeys(p.cached + ((point,) if p.point_cached else ())))
+        return list(out)
+
+    def _fail(self, reason: str) -> None:
+        self.reason = self.reason or reason
+        self.parts.clear()
+        self.outputs.clear()
+
+    def hook(self, name: str) -> Callable:
+        def record(_m: nn.Module, _a: Any, out: Any) -> None:
+            got = self.count.get(name, 0)
+            if self.reason is not None or got >= self.n:
+                return
+            sig = _signature(out)
+            if sig is None:
+                return self._fail(f"{name!r} returned no batch-major tensors")
+            part = _map(out, lambda t: t.detach()[: self.n - got].clone())
+            rows = next(s for s in _signature(part) if s is not None)[0]
+            self.bytes += sum(t.numel() * t.element_size()
+                              for t in ((part,) if isinstance(part, torch.Tensor) else part) if t is not None)
+            if self.bytes > self.max_bytes:
+                return self._fail(f"the kept outputs would exceed {self.max_bytes:.3g} bytes")
+            self.parts.setdefault(name, []).append(part)
+            self.count[name] = got + rows
+        return record
+
+    def finish(self) -> None:
+        """Concatenate each module's parts; a module short of ``n`` rows (or ragged) makes it unusable."""
+        self.done = True
+        if self.reason is not None:
+            return
+        for name in self.names():
+            parts = self.parts.get(name, [])
+            if self.count.get(name, 0) != self.n:
+                return self._fail(f"{name!r} ran on {self.count.get(name, 0)} of {self.n} examples")
+            try:
+                if isinstance(parts[0], torch.Tensor):
+                    self.outputs[name] = torch.cat(parts)
+                else:
+                    cols = list(zip(*parts))
+                    joined = [None if c[0] is None else torch.cat(c) for c in cols]
+                    self.outputs[name] = tuple(joined) if isinstance(parts[0], tuple) else joined
+            except (RuntimeError, TypeError, ValueError) as exc:
+                return self._fail(f"{name!r}'s outputs differ in shape across batches ({type(exc).__name__})")
+        self.parts.clear()
+
+    def covers(self, point: str, n: int) -> bool:
+        """Recorded, usable, planned for ``point`` and at least ``n`` rows."""
+        return self.done and self.reason is None and point in self.plans and n <= self.n
+
+    def rows(self, point: str, start: int, stop: int) -> dict[str, Any]:
+        """The kept outputs of ``point``'s plan for rows ``start:stop`` (as :func:`_capture` returns them)."""
+        p = self.plans[point]
+        names = p.cached + ((point,) if p.point_cached else ())
+        return {n: _map(self.outputs[n], lambda t: t[start:stop]) for n in names}
+
+
+@contextmanager
+def keep_prefix(model: nn.Module, points: Sequence[str], data: Any, n: int, loss_fn: Callable | None = None,
+                to_dev: Callable[[Any], Any] = lambda b: b, *, max_bytes: float = 2 ** 30) -> Iterator[KeptPrefix]:
+    """Record, during the forward passes run inside the block, what the cached path of every
+    point in ``points`` would capture for the first ``n`` examples of ``data`` (which those passes
+    must run first and in order: certify wraps its held-out probe in it). Plans each point on the
+    first 2 and 3 examples of ``data`` in eval mode before (two passes for all points); a point
+    that does not run there is left out (its interventions plan and capture themselves). Memory: the outputs of the modules
+    before the last point for ``n`` examples, at most ``max_bytes`` (beyond it nothing is kept).
+    Hand the result to :func:`stacked_totals` (``kept=``) after the block."""
+    from ..errors import WidthscopeError
+    from .batches import _batch_size, take
+
+    kept = KeptPrefix(n, max_bytes)
+    if _batch_size(data) < 3:
+        kept.reason = "fewer than 3 examples"
+        yield kept
+        return
+    modes = {m: m.training for m in model.modules()}
+    try:
+        model.eval()
+        with torch.no_grad():
+            try:
+                kept.plans = plans(model, points, to_dev(take(data, 2)), to_dev(take(data, 3)), loss_fn)
+            except WidthscopeError as exc:  # the model's own error: the interventions meet it themselves
+                kept.reason = str(exc).splitlines()[0]
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+    modules = dict(model.named_modules())
+    handles = [modules[name].register_forward_hook(kept.hook(name)) for name in kept.names()]
+    try:
+        yield kept
+    finally:
+        for h in handles:
+            h.remove()
+        kept.finish()
 
 
 def _full_rows(model: nn.Module, point: str, steps: torch.Tensor, batch: Any, loss_fn: Callable | None,
