@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from widthscope._io import read_jsonl
-from widthscope.sweep.alignment import (MONITOR_SUMMARY, TIMING_COLUMNS, load_config, monitor_steps, plan_cells,
-                                        run_sweep)
+from widthscope.sweep.alignment import (MONITOR_SUMMARY, MONITOR_TIMING_COLUMNS, TIMING_COLUMNS, load_config,
+                                        monitor_steps, plan_cells, run_sweep)
 from widthscope.sweep.grid import cell_id
 
 TINY = {
@@ -78,7 +78,7 @@ def swept(tmp_path_factory):
 
 
 def _strip(rows, drop=()):
-    return [{k: v for k, v in r.items() if k not in TIMING_COLUMNS + ("probe_s", "stats_s") + tuple(drop)}
+    return [{k: v for k, v in r.items() if k not in TIMING_COLUMNS + MONITOR_TIMING_COLUMNS + tuple(drop)}
             for r in rows]
 
 

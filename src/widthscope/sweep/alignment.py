@@ -52,15 +52,15 @@ from .grid import GridResult, lock_out_dir, run_grid
 __all__ = [
     "SweepConfig", "FamilySpec", "load_config", "check_structure", "plan_cells", "run_sweep", "run_cell",
     "cell_input_spec",
-    "summary_rows", "CERT_FIELDS", "TIMING_COLUMNS", "monitor_steps", "MONITOR_SUMMARY",
+    "summary_rows", "CERT_FIELDS", "TIMING_COLUMNS", "monitor_steps", "MONITOR_SUMMARY", "MONITOR_TIMING_COLUMNS",
 ]
 
 # Fields of widthscope.stats.Certificate copied into each row, prefixed "one_" / "two_".
 CERT_FIELDS = ("expectation", "variance", "d_par", "d_2", "d_align", "n_eff", "b_exact", "b_align",
                "vacuous", "reason")
 # Columns that measure time and therefore differ between otherwise identical runs.
-TIMING_COLUMNS = ("train_s", "probe_s", "stats_s", "intervene_s", "cell_seconds", "monitor_s", "monitor_probe_s",
-                  "monitor_stats_s")
+TIMING_COLUMNS = ("train_s", "probe_s", "stats_s", "intervene_s", "cell_seconds")
+MONITOR_TIMING_COLUMNS = ("monitor_s", "monitor_probe_s", "monitor_stats_s")  # of monitored cells only
 # Columns a monitored cell adds to its alignment rows (per point; docs/monitor.md §8).
 MONITOR_SUMMARY = ("monitor_point", "monitor_first_cert_step", "monitor_first_cert_b_exact", "monitor_delta",
                    "monitor_M", "monitor_K", "monitor_steps_total", "monitor_steps", "monitor_n_train",
