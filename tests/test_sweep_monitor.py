@@ -39,6 +39,18 @@ def _cfg(widths=(8, 16), **monitor):
     return raw
 
 
+def test_certified_steps_first_and_from():
+    from widthscope.sweep.alignment import certified_steps
+
+    rows = lambda *bs: [{"step": s, "vacuous": b is None, "b_exact": 1.0 if b is None else b}  # noqa: E731
+                        for s, b in zip((0, 3, 7, 20), bs)]
+    assert certified_steps(rows(0.5, 0.04, 0.2, 0.01), 0.05) == (3, 20)
+    assert certified_steps(rows(0.01, 0.02, 0.03, 0.04), 0.05) == (0, 0)
+    assert certified_steps(rows(0.01, None, 0.01, 0.2), 0.05) == (0, None)  # a vacuous row never certifies
+    assert certified_steps(rows(0.5, 0.5, 0.05, 0.05), 0.05) == (7, 7)   # <= delta
+    assert certified_steps(list(reversed(rows(0.5, 0.04, 0.2, 0.01))), 0.05) == (3, 20)  # any order
+
+
 def test_schedules_and_defaults():
     assert monitor_steps(150, "log", 6) == [0, 1, 3, 12, 43, 150]
     assert monitor_steps(12, 4) == [0, 4, 8, 12] and monitor_steps(10, 4) == [0, 4, 8, 10]  # the trained model too
@@ -112,6 +124,10 @@ def test_end_to_end_rows_file_and_summary(swept):
             assert all(set(MONITOR_SUMMARY) <= set(r) for r in rows_here)
             assert all((r["monitor_delta"], r["monitor_M"], r["monitor_steps_total"], r["monitor_probe"])
                        == (0.9, 8, 12, "in-domain") for r in rows_here)
+            ok_all = [(r["step"], not r["vacuous"] and r["b_exact"] <= 0.9)
+                      for r in sorted(file_rows, key=lambda r: r["step"]) if r["point"] == point]
+            since = next((s for i, (s, _) in enumerate(ok_all) if all(o for _, o in ok_all[i:])), None)
+            assert all(r["monitor_cert_from_step"] == since for r in rows_here)
             firsts = [r for r in mine if r["point"] == point and r["first_certified"]]
             assert [r["step"] for r in firsts] == ([expect] if expect is not None else [])
     assert any(r["monitor_first_cert_step"] is not None for r in al), "no event: the oracle check tested nothing"
@@ -130,7 +146,7 @@ def test_report_draws_alignment_over_training(swept, tmp_path):
     # the caption says what produced it: steps, pools, data, (M, K), delta
     assert "at optimizer steps 0, 4, 8, 12 of 12" in text and "(M, K) = (8, 8)" in text
     assert "16 train-pool / 16 held-out-pool examples" in text and "delta = 0.9" in text
-    assert "first probed step with B_exact &lt;= delta = 0.9" in text
+    assert "first probed step with B_exact &lt;= delta = 0.9, and the step from which" in text
     assert "have no report section" not in text
 
 

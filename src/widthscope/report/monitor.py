@@ -8,7 +8,8 @@ certified level ``delta`` dotted), against the optimizer step (symmetric-log x, 
 Each seed is a thin line; the thick line is the mean over seeds (``d_align``: over the seeds whose
 certificate is not vacuous, the reporting rule of :func:`widthscope.stats.vacuous_rule`); a star
 marks the step at which a seed's point is first certified (``B_exact ≤ delta``). The table gives
-those first certified steps per width, point and seed ("never" when no probed step was).
+those steps per width, point and seed, the step from which a point stays certified, and the last
+step's values ("never" when no probed step qualifies).
 
 This section describes; it draws no verdict (a claim over these rows belongs on the claims page).
 
@@ -30,7 +31,7 @@ import numpy as np
 from ._groups import _label
 from .alignment import _num, _save, _slug
 
-__all__ = ["figures", "tables", "groups", "first_certified"]
+__all__ = ["figures", "tables", "groups", "certified"]
 
 
 def groups(rows: Sequence[Mapping[str, Any]]) -> dict[tuple, list[Mapping[str, Any]]]:
@@ -73,16 +74,16 @@ def _mean(series: Mapping[Any, tuple[list[float], list[float]]]) -> tuple[list[f
     return steps, means
 
 
-def first_certified(rows: Sequence[Mapping[str, Any]]) -> dict[tuple, int | None]:
-    """``(width, point, seed) -> first step with a non-vacuous B_exact ≤ delta`` (None: never)."""
-    out: dict[tuple, int | None] = {}
-    for r in sorted(rows, key=lambda r: float(r["step"])):
-        key = (r.get("width"), str(r["point"]), r.get("seed"))
-        out.setdefault(key, None)
-        delta = _num(r.get("delta"))
-        if out[key] is None and not r.get("vacuous") and _num(r.get("b_exact")) <= delta:
-            out[key] = int(r["step"])
-    return out
+def certified(rows: Sequence[Mapping[str, Any]]) -> dict[tuple, tuple[int | None, int | None]]:
+    """``(width, point, seed) -> (first, from)``: the first probed step with a non-vacuous
+    ``B_exact ≤ delta`` and the step from which it stays so (None: never;
+    :func:`widthscope.sweep.alignment.certified_steps`)."""
+    from ..sweep.alignment import certified_steps
+
+    per: dict[tuple, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in rows:
+        per[(r.get("width"), str(r["point"]), r.get("seed"))].append(r)
+    return {k: certified_steps(v, _num(v[0].get("delta"))) for k, v in per.items()}
 
 
 def _caption(sel: Sequence[Mapping[str, Any]]) -> str:
@@ -119,7 +120,7 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
         pts = _points(sel)
         fig = Figure(figsize=(max(6.0, 3.1 * len(widths)), 5.4), dpi=90, layout="constrained")
         axes = fig.subplots(2, len(widths), squeeze=False, sharex=True, sharey="row")
-        first = first_certified(sel)
+        first = {k: v[0] for k, v in certified(sel).items()}
         any_d = False
         for j, w in enumerate(widths):
             for i, pname in enumerate(pts):
@@ -165,12 +166,13 @@ def tables(rows: list[dict]) -> list[dict]:
     labels = _labels(gs)
     out = []
     for key, sel in gs.items():
-        first = first_certified(sel)
+        cert = certified(sel)
         seeds = sorted({r.get("seed") for r in sel}, key=str)
         last = max(int(r["step"]) for r in sel)
         delta = sel[0].get("delta")
         head = ("<table><tr><th>width</th><th class=l>point</th>"
-                + "".join(f"<th>first certified step, seed {esc(str(s))}</th>" for s in seeds)
+                + f"<th>first certified step (seed {', '.join(esc(str(s)) for s in seeds)})</th>"
+                + f"<th>certified from step on (seed {', '.join(esc(str(s)) for s in seeds)})</th>"
                 + f"<th>d_align at step {last} (seed mean)</th><th>B_exact at step {last} (seed mean)</th></tr>")
         body = []
         for w in sorted({r["width"] for r in sel}):
@@ -179,12 +181,13 @@ def tables(rows: list[dict]) -> list[dict]:
                 d = [_num(r.get("d_align")) for r in at_last]
                 d = [v for v in d if not math.isnan(v)]
                 b = [_num(r.get("b_exact")) for r in at_last]
-                cells = "".join(f"<td>{'never' if first.get((w, pname, s)) is None else first[(w, pname, s)]}</td>"
-                                for s in seeds)
+                cells = "".join("<td>" + ", ".join(
+                    "never" if cert.get((w, pname, s), (None, None))[i] is None else str(cert[(w, pname, s)][i])
+                    for s in seeds) + "</td>" for i in (0, 1))
                 body.append(f"<tr><td>{w:g}</td><td class=l>{esc(pname)}</td>{cells}"
                             f"<td>{f'{np.mean(d):.3g}' if d else '– (vacuous)'}</td>"
                             f"<td>{f'{np.mean(b):.3g}' if b else '–'}</td></tr>")
-        out.append({"title": f"{labels[key]}: first probed step with B_exact <= delta = {delta} "
-                             f"('never': not within the probed steps)",
+        out.append({"title": f"{labels[key]}: first probed step with B_exact <= delta = {delta}, and the step "
+                             f"from which every later probed step is ('never': no probed step)",
                     "html": head + "".join(body) + "</table>"})
     return out

@@ -53,6 +53,7 @@ __all__ = [
     "SweepConfig", "FamilySpec", "load_config", "check_structure", "plan_cells", "run_sweep", "run_cell",
     "cell_input_spec",
     "summary_rows", "CERT_FIELDS", "TIMING_COLUMNS", "monitor_steps", "MONITOR_SUMMARY", "MONITOR_TIMING_COLUMNS",
+    "certified_steps",
 ]
 
 # Fields of widthscope.stats.Certificate copied into each row, prefixed "one_" / "two_".
@@ -62,7 +63,8 @@ CERT_FIELDS = ("expectation", "variance", "d_par", "d_2", "d_align", "n_eff", "b
 TIMING_COLUMNS = ("train_s", "probe_s", "stats_s", "intervene_s", "cell_seconds")
 MONITOR_TIMING_COLUMNS = ("monitor_s", "monitor_probe_s", "monitor_stats_s")  # of monitored cells only
 # Columns a monitored cell adds to its alignment rows (per point; docs/monitor.md §8).
-MONITOR_SUMMARY = ("monitor_point", "monitor_first_cert_step", "monitor_first_cert_b_exact", "monitor_delta",
+MONITOR_SUMMARY = ("monitor_point", "monitor_first_cert_step", "monitor_first_cert_b_exact", "monitor_cert_from_step",
+                   "monitor_delta",
                    "monitor_M", "monitor_K", "monitor_steps_total", "monitor_steps", "monitor_n_train",
                    "monitor_n_test", "monitor_probe", "monitor_probe_seq_len")
 
@@ -1031,6 +1033,27 @@ def _cell_monitor(cfg: SweepConfig, fam: FamilySpec, split: Any, model: Any, see
                  "monitor_probe_description": _probe_words(cond, pa, pb, split)}
 
 
+def certified_steps(rows: Sequence[Mapping[str, Any]], delta: float) -> tuple[int | None, int | None]:
+    """``(first, from)`` over one point's monitor rows (any order): ``first`` = the first probed step
+    whose certificate is non-vacuous with ``b_exact <= delta``; ``from`` = the earliest probed step from
+    which every later probed step is so certified. None: no such step (``from``: the last is not).
+
+    Example::
+
+        >>> rows = [{"step": s, "vacuous": False, "b_exact": b} for s, b in ((0, .01), (5, .5), (9, .02))]
+        >>> certified_steps(rows, 0.05)
+        (0, 9)
+    """
+    first = since = None
+    for r in sorted(rows, key=lambda r: int(r["step"])):
+        b = r.get("b_exact")
+        ok = not r.get("vacuous") and b is not None and math.isfinite(float(b)) and float(b) <= delta
+        if ok and first is None:
+            first = int(r["step"])
+        since = (int(r["step"]) if since is None else since) if ok else None
+    return first, since
+
+
 def _monitor_condition(fam: FamilySpec) -> tuple[dict[str, Any], int | None]:
     """(probe condition, probe length) of the family's monitor (None length: the training length)."""
     m = fam.monitor
@@ -1047,18 +1070,20 @@ def _monitor_rows(mon: Any, info: Mapping[str, Any], fam: FamilySpec, rows: list
     timings renamed ``monitor_probe_s``/``monitor_stats_s``, ``first_certified`` on the row of a point's
     certified event); and, on every alignment row, the :data:`MONITOR_SUMMARY` columns of its point
     (``monitor_first_cert_step`` None: never certified at ``delta`` within the probed steps, or
-    ``monitor_point`` False: not monitored)."""
+    ``monitor_point`` False: not monitored; ``monitor_cert_from_step``: see :func:`certified_steps`)."""
     m = fam.monitor
     first = {e["point"]: e for e in mon.events}
     common = {"monitor_probe": info["monitor_probe"], "monitor_probe_seq_len": info["monitor_probe_seq_len"],"monitor_delta": m["delta"], "monitor_M": m["M"], "monitor_K": m["K"],
               "monitor_steps_total": int(fam.train["steps"]), "monitor_steps": list(m["steps"]),
               "monitor_n_train": m["n_train"], "monitor_n_test": m["n_test"]}
+    since = {p: certified_steps([r for r in mon.rows if r["point"] == p], m["delta"])[1] for p in mon.points}
     for r in rows:
         if r.get("kind") == "alignment":
             e = first.get(r["point"])
             r.update(common, monitor_point=r["point"] in mon.points,
                      monitor_first_cert_step=None if e is None else int(e["step"]),
-                     monitor_first_cert_b_exact=None if e is None else e["b_exact"])
+                     monitor_first_cert_b_exact=None if e is None else e["b_exact"],
+                     monitor_cert_from_step=since.get(r["point"]))
     out = []
     for r in mon.rows:
         row = {k: v for k, v in r.items() if k not in ("probe_s", "stats_s")}
