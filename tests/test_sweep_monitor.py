@@ -229,3 +229,14 @@ def test_training_with_the_monitor_equals_training_without(tmp_path, monkeypatch
     run_sweep(on_cfg, tmp_path / "broken", show_progress=False)
     broken = _weights(tmp_path / "broken", on_cfg)
     assert any(not torch.equal(x[k], y[k]) for x, y in zip(broken, _weights(tmp_path / "off", off_cfg)) for k in x)
+
+
+def test_demo_config_monitors_the_llama_family_and_dry_run_shows_it(tmp_path, capsys):
+    from widthscope.cli import main
+
+    cfg = Path(__file__).resolve().parents[1] / "configs" / "demo-llama.toml"
+    if not cfg.exists():
+        pytest.skip("configs/ not shipped with an installed package")
+    assert main(["sweep", str(cfg), "--dry-run", "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert "monitor (llama): steps [0, 1, 3, 12, 43, 150], (M, K) = (32, 32), pools 48 + 48, delta 0.1" in out
