@@ -94,7 +94,7 @@ def _caption(sel: Sequence[Mapping[str, Any]]) -> str:
     data = r0.get("data_description") or f"dataset {r0.get('dataset')}"
     return (f"Alignment over training, recorded by the sweep's monitor (widthscope.monitor): at optimizer steps "
             f"{', '.join(map(str, steps))}" + (f" of {total}" if total is not None else "")
-            + f" (0 = at initialisation), fixed pools, the same at every step: "
+            + " (0 = at initialisation), fixed pools, the same at every step: "
             + (f"probe {r0['monitor_probe']}: {r0.get('monitor_probe_description')}" if r0.get("monitor_probe")
                else f"{r0.get('n_train')} train / {r0.get('n_test')} held-out examples")
             + f"; model {data}. Two-population "
