@@ -35,6 +35,13 @@ _sw, _lin = functools.partial(_sub, TINY_SWEEP), functools.partial(_sub, LIN5)
 
 
 FAM = "train = { steps = 30, lr = 0.01, batch_size = 32 }"
+CERT = "certify = { n_probe_train = 32, n_probe_test = 32, batch_size = 16 }"
+
+
+def _mon(keys: str) -> str:
+    return _sw(CERT, CERT + f"\nmonitor = {{ {keys} }}")
+
+
 # (command, config: TOML text, b"bytes" for a binary file, or None for a directory, what the line must say)
 BAD = [
     ("sweep", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe", "is not a text file (not UTF-8; a binary file?)"),
@@ -89,6 +96,26 @@ BAD = [
     ("sweep", _sw('dataset = "digits"', 'dataset = "text"\ndata_options = { seq_len = 16 }')
      .replace(FAM, 'train = { steps = 30, lr = 0.01, loss = "mse" }'),
      "train.loss = 'mse' is for classification; 'text' is language modelling"),
+    # monitor = {...}: alignment over training (docs/monitor.md §8)
+    ("sweep", _mon("evry = 5"), "[family.monitor]: unknown key(s) 'evry' (did you mean 'every'?)"),
+    ("sweep", _mon("every = 0"), "monitor.every must be a whole number of optimizer steps >= 1 or \"log\""),
+    ("sweep", _mon("every = -3"), "monitor.every must be a whole number of optimizer steps >= 1"),
+    ("sweep", _mon('every = "linear"'), "monitor.every must be a whole number of optimizer steps >= 1 or \"log\""),
+    ("sweep", _mon("every = 5, count = 4"), "monitor.count sets the number of log-spaced probes"),
+    ("sweep", _mon("count = 1"), "monitor.count (the number of log-spaced probes) must be a whole number >= 2"),
+    ("sweep", _mon("every = 5, at = [0, 30]"), "monitor: give at = [steps] or every/count, not both"),
+    ("sweep", _mon("at = [0, 31]"), "monitor.at must be a non-empty list of optimizer steps 0..30 (train.steps)"),
+    ("sweep", _mon('points = ["blocks.9"]'), "family 'mlp' monitor.points: unknown insertion point 'blocks.9'"),
+    ("sweep", _mon("n_train = 200"), "monitor.n_train=200 exceeds the training set size 128"),
+    ("sweep", _mon("n_test = 65"), "monitor.n_test=65 exceeds n_test=64"),
+    ("sweep", _mon("n_train = 2"), "monitor.n_train (train-pool size) must be a whole number >= 4 (got 2)"),
+    ("sweep", _mon("n_train = 6, n_test = 6"), "monitor: the pools (6 train, 6 held-out) are smaller than every (M, K) "
+     "of the sweep [(8, 8)]; raise monitor.n_train/n_test or set monitor.M"),
+    ("sweep", _mon("n_train = 16, M = 20"), "monitor: (M, K) = (20, 20) needs at least 20 train and 20 held-out"),
+    ("sweep", _mon("delta = 1.5"), "monitor.delta must be a probability in (0, 1)"),
+    ("sweep", _mon('probe = "shifted"'), "monitor.probe 'shifted' is not one of the family's probes (it has none"),
+    ("sweep", _mon("seq_len = 32"), "monitor.seq_len is a text probe length; 'digits' is not text: omit it"),
+    ("sweep", _sw(CERT, CERT + "\nmonitor = 5"), "family 'mlp' monitor must be a table"),
     ("linearize", b"\xff\xfe\x00\x01binary", "linearize config"),
     ("linearize", None, "is a directory, not a TOML file"),
     ("linearize", "", "sets nothing: at least widths = [...] is needed, e.g. widths = [64, 128, 256, 512, 1024]"),

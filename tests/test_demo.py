@@ -66,6 +66,10 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     if demo_mod._image_dataset() == "digits":
         assert "MLP part: digits, because Fashion-MNIST is not installed" in html
     assert "mlp: d_align (two-population) grows with width at" in html
+    # the LLaMA family records alignment over training, and the report draws it
+    assert "<h2>Alignment over training</h2>" in html and "llama: alignment over training" in html
+    assert "probe shifted: English prose shipped with Python" in html
+    assert (out / "report" / "llama-monitor.png").is_file()
     for part in ("llama", "mlp"):
         assert (out / part / "results.jsonl").exists()
     # resumable: a second run redoes no cell (the cell files are untouched)

@@ -42,6 +42,9 @@ DEMO_LLAMA: dict[str, Any] = {
         # Both regimes: held-out text of the training corpus, and another distribution (English
         # prose shipped with Python) at a longer probe length, as the published measurements do.
         "probes": [{"name": "in-domain"}, {"name": "shifted", "data": "prose", "seq_len": [256]}],
+        # Alignment over training: the shifted pools at the training length, 6 log-spaced steps.
+        "monitor": {"probe": "shifted", "seq_len": 64, "points": ["model.layers.1", "model.layers.3"],
+                    "n_train": 48, "n_test": 48, "M": 32, "delta": 0.1},
     }],
 }
 DEMO_MLP: dict[str, Any] = {
@@ -85,6 +88,8 @@ def demo_configs(quick: bool = False, image_dataset: str | None = None) -> list[
             fam["n_test"] = 16
         llama["family"][0].update(widths=[16, 32], n_train=64, model_options={"depth": 2},
                                   data_options={"seq_len": 16, "max_bytes": 100000})
+        llama["family"][0]["monitor"].update(n_train=16, n_test=16, M=8, seq_len=16,
+                                             points=["model.layers.0", "model.layers.1"])
         mlp["family"][0].update(widths=[8, 16], n_train=64, model_options={"depth": 2, "activation": "relu"})
     return [llama, mlp]
 

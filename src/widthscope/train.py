@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
@@ -175,13 +175,17 @@ def train(model: nn.Module, split: Split, *, steps: int, lr: float, optimizer: s
           warmup: float = 0.1, schedule: str = "cosine", clip: float | None = 1.0, seed: int = 0,
           loss: str = "auto", eval_every: int | None = None, eval_batch_size: int = 256,
           train_eval_examples: int | None = 8192, device: str = "cpu",
-          progress: bool = True) -> dict[str, Any]:
+          progress: bool = True, on_step: Callable[[nn.Module, int], Any] | None = None) -> dict[str, Any]:
     """Train ``model`` in place on ``split.train`` for ``steps`` optimizer steps.
 
     ``warmup`` is a fraction of ``steps`` when < 1, else a number of steps. ``clip`` is the max
     global gradient norm (None/0: off). ``seed`` fixes the batch order (the model's
     initialisation is the caller's: ``torch.manual_seed`` before building). ``loss``: ``"auto"``
     (CE or causal-LM CE), ``"ce"``, ``"mse"`` (one-hot targets, classification only).
+
+    ``on_step(model, s)`` is called with the number of optimizer steps done: ``s = 0`` before the
+    first step, then after every step (e.g. :meth:`widthscope.monitor.AlignmentMonitor.step`). It
+    must leave the training state as it found it (RNG, modes, gradients); its time counts in ``seconds``.
 
     ``train_eval_examples`` caps the final train-loss evaluation at a seeded random subset of
     that many training examples (None: all); the test loss always uses the whole test part.
@@ -230,6 +234,8 @@ def train(model: nn.Module, split: Split, *, steps: int, lr: float, optimizer: s
     log_every = max(1, steps // 100)
     t0 = time.perf_counter()
     bar = _progress(range(steps), desc="train", disable=None if progress else True)
+    if on_step is not None:
+        on_step(model, 0)
     for step in bar:
         lr_s = lr_at(step, steps=steps, lr=lr, warmup_steps=warmup_steps, schedule=schedule)
         for group in opt.param_groups:
@@ -245,6 +251,8 @@ def train(model: nn.Module, split: Split, *, steps: int, lr: float, optimizer: s
         if clip:
             nn.utils.clip_grad_norm_(params, clip)
         opt.step()
+        if on_step is not None:
+            on_step(model, step + 1)
         row: dict[str, Any] = {"step": step + 1, "lr": lr_s, "loss": loss_value}
         if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
             ev = evaluate(model, split.test, task, eval_batch_size, loss=loss_kind, device=device)

@@ -30,7 +30,7 @@ __all__ = ["load_results", "report", "add_arguments", "run"]
 # The row kinds widthscope writes (sweep, linearize, grow-bench, certify series); rows from before
 # kinds were recorded are alignment rows with M and K.
 ROW_KINDS = ("alignment", "intervention", "correlation", "slope", "linearization", "growth", "growth_bench",
-             "growth_compare")
+             "growth_compare", "monitor")
 
 
 def _ours(row: Any) -> bool:

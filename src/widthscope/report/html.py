@@ -35,6 +35,7 @@ __all__ = ["SECTIONS", "data_uri", "render_page", "build_report", "collect_secti
 # section title -> (module, kinds of rows it handles)
 SECTIONS: list[tuple[str, str, tuple[str, ...]]] = [
     ("Alignment width sweep", "widthscope.report.alignment", ("alignment",)),
+    ("Alignment over training", "widthscope.report.monitor", ("monitor",)),
     ("Interventions and growth", "widthscope.report.interventions", ("intervention", "growth")),
     ("Growth benchmark", "widthscope.report.growth", ("growth_bench",)),
     ("Linearization", "widthscope.report.linearization", ("linearization", "correlation")),

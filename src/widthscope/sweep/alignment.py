@@ -52,7 +52,8 @@ from .grid import GridResult, lock_out_dir, run_grid
 __all__ = [
     "SweepConfig", "FamilySpec", "load_config", "check_structure", "plan_cells", "run_sweep", "run_cell",
     "cell_input_spec",
-    "summary_rows", "CERT_FIELDS", "TIMING_COLUMNS",
+    "summary_rows", "CERT_FIELDS", "TIMING_COLUMNS", "monitor_steps", "MONITOR_SUMMARY", "MONITOR_TIMING_COLUMNS",
+    "certified_steps",
 ]
 
 # Fields of widthscope.stats.Certificate copied into each row, prefixed "one_" / "two_".
@@ -60,6 +61,12 @@ CERT_FIELDS = ("expectation", "variance", "d_par", "d_2", "d_align", "n_eff", "b
                "vacuous", "reason")
 # Columns that measure time and therefore differ between otherwise identical runs.
 TIMING_COLUMNS = ("train_s", "probe_s", "stats_s", "intervene_s", "cell_seconds")
+MONITOR_TIMING_COLUMNS = ("monitor_s", "monitor_probe_s", "monitor_stats_s")  # of monitored cells only
+# Columns a monitored cell adds to its alignment rows (per point; docs/monitor.md §8).
+MONITOR_SUMMARY = ("monitor_point", "monitor_first_cert_step", "monitor_first_cert_b_exact", "monitor_cert_from_step",
+                   "monitor_delta",
+                   "monitor_M", "monitor_K", "monitor_steps_total", "monitor_steps", "monitor_n_train",
+                   "monitor_n_test", "monitor_probe", "monitor_probe_seq_len")
 
 SWEEP_KEYS = {
     "name": "label of the sweep (default: the config file's stem)",
@@ -92,6 +99,8 @@ FAMILY_KEYS = {
     "train": "table: steps, lr, optimizer, batch_size, warmup, clip, weight_decay, schedule, momentum, "
              "loss, eval_batch_size, train_eval_examples (options of widthscope.train.train)",
     "certify": "table: n_probe_train, n_probe_test, batch_size, points",
+    "monitor": "table: every, count, at, points, n_train, n_test, M, K, delta, probe, seq_len: alignment over "
+               "training (widthscope.monitor at the listed optimizer steps; docs/monitor.md)",
     "probes": "list of probe conditions {name, data, test_data, data_options, shift, seq_len} (default: one "
               "'in-domain' condition, the training data's own train/held-out parts); each is a results column "
               "'probe_set'",
@@ -105,6 +114,7 @@ SHIFTS = ("noise:SIGMA", "contrast:FACTOR", "blur", "classes:A,B,...")
 TRAIN_KEYS = ("steps", "lr", "optimizer", "batch_size", "warmup", "clip", "weight_decay", "schedule",
               "momentum", "loss", "eval_batch_size", "train_eval_examples")
 CERTIFY_KEYS = ("n_probe_train", "n_probe_test", "batch_size", "points")
+MONITOR_KEYS = ("every", "count", "at", "points", "n_train", "n_test", "M", "K", "delta", "probe", "seq_len")
 OPTIMIZERS = ("adamw", "sgd")  # widthscope.train.train
 LM_DATASETS = ("text", "prose")  # byte-level language modelling; every other dataset is classification
 SCHEDULES = ("cosine", "constant")
@@ -133,6 +143,7 @@ class FamilySpec:
     points: list[str] | None = None
     probes: list[dict[str, Any]] | None = None
     probe_seq_len: list[int] | None = None
+    monitor: dict[str, Any] | None = None
 
 
 @dataclass
@@ -161,7 +172,7 @@ class SweepConfig:
         """Hash of everything that determines results (not where they go)."""
         d = self.to_dict()
         for fam in d.get("families", []):  # options at their defaults leave older fingerprints alone
-            for key in ("probes", "probe_seq_len"):
+            for key in ("probes", "probe_seq_len", "monitor"):
                 if fam.get(key) is None:
                     fam.pop(key, None)
         d.pop("out_dir", None)
@@ -323,6 +334,102 @@ def _check_train(train: Mapping[str, Any], ctx: str) -> None:
     for key, valid in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("loss", LOSSES)):
         if key in train and train[key] not in valid:
             raise WidthscopeError(f"{_where(ctx)}: train.{key} {train[key]!r} unknown; valid: {', '.join(valid)}")
+
+
+def monitor_steps(steps: int, every: int | str = "log", count: int = 6, at: Sequence[int] | None = None) -> list[int]:
+    """The optimizer steps a sweep's monitor probes (0 = before the first step; ``steps`` = the trained model).
+
+    ``at``: exactly those. ``every = N``: ``0, N, 2N, ...`` and ``steps``. ``every = "log"``: ``0`` and
+    ``count - 1`` log-spaced steps ``round(steps^(k/(count-2)))``, ``k = 0..count-2`` (so ``1`` and
+    ``steps`` included; repeats merged, so at most ``count`` steps).
+
+    Example::
+
+        >>> monitor_steps(150, "log", 6), monitor_steps(150, 50)
+        ([0, 1, 3, 12, 43, 150], [0, 50, 100, 150])
+    """
+    if at is not None:
+        return sorted(set(int(s) for s in at))
+    if every == "log":
+        if count <= 2:
+            return sorted({0, steps})
+        return sorted({0} | {int(round(steps ** (k / (count - 2)))) for k in range(count - 1)})
+    return sorted(set(range(0, steps + 1, int(every))) | {steps})
+
+
+def _monitor(raw: Any, fam: FamilySpec, MK: Sequence[tuple[int, int]], budgets: Sequence[int] | None
+             ) -> dict[str, Any] | None:
+    """The validated ``monitor`` table of one family (None: no monitor), with every default filled in:
+    ``steps`` (the probed optimizer steps), ``points`` (None: the family's certify points), pool sizes
+    ``n_train``/``n_test`` (default: certify's), ``M``/``K`` (default: the largest sweep pair that fits the
+    pools), ``delta``, ``probe`` (None: the training data in-domain; else the name of one of the family's
+    ``probes``) and ``seq_len`` (None: the condition's first probe length, else the training length);
+    the keys as given are kept under ``every``/``count``/``at``."""
+    if raw is None:
+        return None
+    ctx = f"family {fam.name!r}"
+    where = f"{_where(ctx)}: monitor"
+    mon = _table(raw, f"{ctx} monitor")
+    _check_keys(mon, MONITOR_KEYS, f"{ctx} [family.monitor]")
+    steps = int(fam.train["steps"])
+    every = mon.get("every", "log")
+    if "at" in mon and ("every" in mon or "count" in mon):
+        raise WidthscopeError(f"{where}: give at = [steps] or every/count, not both")
+    if every != "log" and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        raise WidthscopeError(f"{where}.every must be a whole number of optimizer steps >= 1 or \"log\" "
+                              f"(log-spaced), got {every!r}")
+    count = _int(mon.get("count", 6), f"{where}.count (the number of log-spaced probes)", minimum=2)
+    if "count" in mon and every != "log":
+        raise WidthscopeError(f"{where}.count sets the number of log-spaced probes: it goes with every = \"log\", "
+                              f"not every = {every!r}")
+    at = mon.get("at")
+    if at is not None:
+        if (not isinstance(at, list) or not at or any(isinstance(v, bool) or not isinstance(v, int)
+                                                      or not 0 <= v <= steps for v in at)):
+            raise WidthscopeError(f"{where}.at must be a non-empty list of optimizer steps 0..{steps} "
+                                  f"(train.steps), got {at!r}")
+    points = mon.get("points")
+    if points is not None and (not isinstance(points, list) or not all(isinstance(p, str) for p in points)):
+        raise WidthscopeError(f"{where}.points must be a list of insertion-point names, got {points!r}")
+    n_tr = _int(mon.get("n_train", fam.n_probe_train), f"{where}.n_train (train-pool size)", minimum=4)
+    n_te = _int(mon.get("n_test", fam.n_probe_test), f"{where}.n_test (held-out-pool size)", minimum=4)
+    for nt in list(budgets) if budgets else [fam.n_train]:  # the training-set sizes of the cells
+        if n_tr > nt:
+            raise WidthscopeError(f"{where}.n_train={n_tr} exceeds the training set size {nt}: the pool is drawn "
+                                  "from the fitted examples; lower monitor.n_train")
+    if n_te > fam.n_test:
+        raise WidthscopeError(f"{where}.n_test={n_te} exceeds n_test={fam.n_test}: lower monitor.n_test")
+    if "M" in mon or "K" in mon:
+        M = _int(mon.get("M", mon.get("K")), f"{where}.M", minimum=2)
+        K = _int(mon.get("K", M), f"{where}.K", minimum=2)
+    else:
+        fits = [(m, k) for m, k in MK if m <= n_tr and k <= n_te]
+        if not fits:
+            raise WidthscopeError(f"{where}: the pools ({n_tr} train, {n_te} held-out) are smaller than every "
+                                  f"(M, K) of the sweep {list(MK)}; raise monitor.n_train/n_test or set monitor.M")
+        M, K = max(fits, key=lambda t: (t[0] * t[1], t))
+    if M > n_tr or K > n_te:
+        raise WidthscopeError(f"{where}: (M, K) = ({M}, {K}) needs at least {M} train and {K} held-out examples, "
+                              f"but the pools have n_train={n_tr}, n_test={n_te}; raise those or lower monitor.M/K")
+    cond = mon.get("probe")
+    names = [c["name"] for c in fam.probes or []]
+    if cond is not None and cond not in names:
+        raise WidthscopeError(f"{where}.probe {cond!r} is not one of the family's probes "
+                              f"({', '.join(map(repr, names)) or 'it has none: give probes = [...] or omit probe'})")
+    seq_len = mon.get("seq_len")
+    if seq_len is not None:
+        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
+            raise WidthscopeError(f"{where}.seq_len must be a whole number >= 2 (a probe length in tokens), "
+                                  f"got {seq_len!r}")
+        if fam.dataset not in LM_DATASETS:
+            raise WidthscopeError(f"{where}.seq_len is a text probe length; {fam.dataset!r} is not text: omit it")
+    delta = mon.get("delta", 0.05)
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 < float(delta) < 1.0:
+        raise WidthscopeError(f"{where}.delta must be a probability in (0, 1) (the certified level of B_exact), "
+                              f"got {delta!r}")
+    return {"every": None if at is not None else every, "count": count if every == "log" and at is None else None,
+            "at": at, "steps": monitor_steps(steps, every, count, at), "points": list(points) if points else None,
+            "n_train": n_tr, "n_test": n_te, "M": M, "K": K, "delta": float(delta), "probe": cond, "seq_len": seq_len}
 
 
 def _probes(raw: Any, dataset: str, ctx: str) -> list[dict[str, Any]] | None:
@@ -492,6 +599,8 @@ def load_config(source: str | os.PathLike | Mapping[str, Any], *, out_dir: str |
             raise WidthscopeError(f"[sweep] etas must be a non-empty list of positive finite numbers, got {etas!r}")
         etas = [float(e) for e in etas]
     families = [_family(f, i, budgets) for i, f in enumerate(fams_raw)]
+    for f, f_raw in zip(families, fams_raw):
+        f.monitor = _monitor(f_raw.get("monitor"), f, MK, budgets)
     names = [f.name for f in families]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -574,6 +683,11 @@ def check_structure(cfg: SweepConfig, *, device: bool = True) -> dict[str, list[
                 out[fam.name] = probe.resolve_points(model, fam.points or None)  # [] means the defaults, as in run_cell
             except WidthscopeError as exc:
                 raise WidthscopeError(f"{where} certify.points: {exc}") from None
+            if fam.monitor is not None and fam.monitor["points"]:
+                try:
+                    probe.resolve_points(model, fam.monitor["points"])
+                except WidthscopeError as exc:
+                    raise WidthscopeError(f"{where} monitor.points: {exc}") from None
     return out
 
 
@@ -774,9 +888,20 @@ def run_cell(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_
     model = models.build(fam.model, width, **_model_options(fam, split))
     n_params = int(models.count_parameters(model))
 
+    mon, mon_info = _cell_monitor(cfg, fam, split, model, seed, Path(cell_dir)) if fam.monitor is not None \
+        else (None, {})
+    monitor_s = 0.0
+
+    def on_step(m: Any, step: int) -> None:
+        nonlocal monitor_s
+        t = time.perf_counter()
+        mon.step(m, step)
+        monitor_s += time.perf_counter() - t
+
     t0 = time.perf_counter()
-    tr = train(model, split, seed=seed, progress=show_progress, device=cfg.device, **fam.train)
-    train_s = time.perf_counter() - t0
+    tr = train(model, split, seed=seed, progress=show_progress, device=cfg.device,
+               on_step=on_step if mon is not None else None, **fam.train)
+    train_s = time.perf_counter() - t0 - monitor_s  # the training alone; the probes are monitor_s
     checkpoint.save(model, cell_dir, extra={"sweep": cfg.name, "cell": dict(cell), "dataset": fam.dataset,
                                             "data_options": dict(fam.data_options),
                                             "data_seed": cfg.data_seed,
@@ -866,9 +991,109 @@ def run_cell(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_
             intervene_s += time.perf_counter() - t0
             rows += these
     rows += iv_rows
+    if mon is not None:
+        rows += _monitor_rows(mon, mon_info, fam, rows, n_params, data_words)
     for r in rows:
         r.update(train_s=train_s, probe_s=probe_s, stats_s=stats_s, intervene_s=intervene_s)
+        if mon is not None:
+            r["monitor_s"] = monitor_s
     return rows
+
+
+MONITOR_FILE = "monitor.jsonl"
+
+
+def _cell_monitor(cfg: SweepConfig, fam: FamilySpec, split: Any, model: Any, seed: int, cell_dir: Path
+                  ) -> tuple[Any, dict[str, Any]]:
+    """The cell's :class:`~widthscope.monitor.AlignmentMonitor` and its probe condition in words
+    (``monitor_probe``, ``monitor_probe_seq_len``, ``monitor_probe_description``): pools of
+    ``monitor.n_train`` / ``monitor.n_test`` examples of the condition drawn by the certify rules
+    (in-domain: the same seeded draws, so a monitor pool no larger than certify's is a subset of
+    it), appending to ``cell_dir/monitor.jsonl``.
+
+    The cell is being (re)trained from step 0, so rows a killed earlier attempt left there are
+    removed first: the file then holds this training run's rows only, each step once."""
+    from ..monitor import AlignmentMonitor
+
+    import dataclasses
+
+    m = fam.monitor
+    path = cell_dir / MONITOR_FILE
+    path.unlink(missing_ok=True)
+    cond, L = _monitor_condition(fam)
+    # The pools of that probe condition, drawn by the certify rules at the monitor's sizes.
+    sized = dataclasses.replace(fam, n_probe_train=m["n_train"], n_probe_test=m["n_test"])
+    pa, pb, _, _ = _probe_pools(sized, cond, L, split, cfg)
+    model.to(cfg.device)  # train() would move it anyway; the monitor's dry probe runs where training will
+    mon = AlignmentMonitor(model, _batches(pa, split.task, fam.probe_batch_size),
+                           _batches(pb, split.task, fam.probe_batch_size), points=m["points"] or fam.points or None,
+                           M=m["M"], K=m["K"], at=m["steps"], delta=m["delta"], draws=cfg.draws, seed=seed,
+                           estimator=cfg.estimator, pool=cfg.pool, out=path, progress=False)
+    return mon, {"monitor_probe": cond["name"], "monitor_probe_seq_len": _probe_len(pa, split),
+                 "monitor_probe_description": _probe_words(cond, pa, pb, split)}
+
+
+def certified_steps(rows: Sequence[Mapping[str, Any]], delta: float) -> tuple[int | None, int | None]:
+    """``(first, from)`` over one point's monitor rows (any order): ``first`` = the first probed step
+    whose certificate is non-vacuous with ``b_exact <= delta``; ``from`` = the earliest probed step from
+    which every later probed step is so certified. None: no such step (``from``: the last is not).
+
+    Example::
+
+        >>> rows = [{"step": s, "vacuous": False, "b_exact": b} for s, b in ((0, .01), (5, .5), (9, .02))]
+        >>> certified_steps(rows, 0.05)
+        (0, 9)
+    """
+    first = since = None
+    for r in sorted(rows, key=lambda r: int(r["step"])):
+        b = r.get("b_exact")
+        ok = not r.get("vacuous") and b is not None and math.isfinite(float(b)) and float(b) <= delta
+        if ok and first is None:
+            first = int(r["step"])
+        since = (int(r["step"]) if since is None else since) if ok else None
+    return first, since
+
+
+def _monitor_condition(fam: FamilySpec) -> tuple[dict[str, Any], int | None]:
+    """(probe condition, probe length) of the family's monitor (None length: the training length)."""
+    m = fam.monitor
+    if m["probe"] is None:
+        return {"name": "in-domain", "data": fam.dataset, "test_data": None, "data_options": {}, "shift": None}, \
+            m["seq_len"]
+    cond = next(c for c in fam.probes if c["name"] == m["probe"])
+    return cond, m["seq_len"] or (cond.get("seq_len") or fam.probe_seq_len or [None])[0]
+
+
+def _monitor_rows(mon: Any, info: Mapping[str, Any], fam: FamilySpec, rows: list[dict[str, Any]], n_params: int, data_words: str
+                  ) -> list[dict[str, Any]]:
+    """The cell's ``kind="monitor"`` rows (one per probed step and point: the monitor's rows, their
+    timings renamed ``monitor_probe_s``/``monitor_stats_s``, ``first_certified`` on the row of a point's
+    certified event); and, on every alignment row, the :data:`MONITOR_SUMMARY` columns of its point
+    (``monitor_first_cert_step`` None: never certified at ``delta`` within the probed steps, or
+    ``monitor_point`` False: not monitored; ``monitor_cert_from_step``: see :func:`certified_steps`)."""
+    m = fam.monitor
+    first = {e["point"]: e for e in mon.events}
+    common = {"monitor_probe": info["monitor_probe"], "monitor_probe_seq_len": info["monitor_probe_seq_len"],"monitor_delta": m["delta"], "monitor_M": m["M"], "monitor_K": m["K"],
+              "monitor_steps_total": int(fam.train["steps"]), "monitor_steps": list(m["steps"]),
+              "monitor_n_train": m["n_train"], "monitor_n_test": m["n_test"]}
+    since = {p: certified_steps([r for r in mon.rows if r["point"] == p], m["delta"])[1] for p in mon.points}
+    for r in rows:
+        if r.get("kind") == "alignment":
+            e = first.get(r["point"])
+            r.update(common, monitor_point=r["point"] in mon.points,
+                     monitor_first_cert_step=None if e is None else int(e["step"]),
+                     monitor_first_cert_b_exact=None if e is None else e["b_exact"],
+                     monitor_cert_from_step=since.get(r["point"]))
+    out = []
+    for r in mon.rows:
+        row = {k: v for k, v in r.items() if k not in ("probe_s", "stats_s")}
+        e = first.get(r["point"])
+        row.update(kind="monitor", model=fam.model, dataset=fam.dataset, n_params=n_params,
+                   data_description=data_words, monitor_probe_s=r["probe_s"], monitor_stats_s=r["stats_s"],
+                   first_certified=e is not None and int(e["step"]) == int(r["step"]),
+                   steps_total=int(fam.train["steps"]), estimator=mon.estimator, pool=mon.pool, **info)
+        out.append(row)
+    return out
 
 
 def _guard_out_dir(cfg: SweepConfig, out_dir: Path) -> None:

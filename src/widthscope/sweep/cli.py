@@ -46,6 +46,11 @@ def run(args: argparse.Namespace) -> int:
                   "cell_id": cell_id(c), "done": _cell_path(out, cell_id(c)).exists()} for i, c in mine]
         print(format_table(table, title=f"sweep {cfg.name}: {len(mine)} of {len(cells)} cells in shard {k}/{n}"))
         print(f"(M, K): {cfg.MK}; results dir: {out}")
+        for fam in cfg.families:
+            if fam.monitor is not None:
+                m = fam.monitor
+                print(f"monitor ({fam.name}): steps {m['steps']}, (M, K) = ({m['M']}, {m['K']}), pools "
+                      f"{m['n_train']} + {m['n_test']}, delta {m['delta']}")
         return 0
     print(f"sweep {cfg.name}: {len(mine)} of {len(cells)} cells in shard {k}/{n} -> {out}", flush=True)
     result = run_sweep(cfg, out, shard=shard, show_progress=not args.no_progress)

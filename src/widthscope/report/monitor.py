@@ -1,0 +1,193 @@
+"""Report section for ``kind="monitor"`` rows: alignment over training in a width sweep.
+
+A sweep family with ``monitor = {...}`` (docs/monitor.md §8) records, at chosen optimizer steps
+``s``, the two-population certificate of fixed in-domain pools at chosen points. Per (sweep,
+family, budget) this section draws **small multiples**: one column per width, a row for
+``d_align`` (log y; a gap where the certificate is vacuous) and a row for ``B_exact`` (with the
+certified level ``delta`` dotted), against the optimizer step (symmetric-log x, so step 0 shows).
+Each seed is a thin line; the thick line is the mean over seeds (``d_align``: over the seeds whose
+certificate is not vacuous, the reporting rule of :func:`widthscope.stats.vacuous_rule`); a star
+marks the step at which a seed's point is first certified (``B_exact ≤ delta``). The table gives
+those steps per width, point and seed, the step from which a point stays certified, and the last
+step's values ("never" when no probed step qualifies).
+
+This section describes; it draws no verdict (a claim over these rows belongs on the claims page).
+
+Example::
+
+    from widthscope.report import monitor
+    monitor.figures(rows, "/tmp/report")   # [{"title", "png", "caption"}]
+"""
+from __future__ import annotations
+
+import html
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ._groups import _label
+from .alignment import _num, _save, _slug
+
+__all__ = ["figures", "tables", "groups", "certified"]
+
+
+def groups(rows: Sequence[Mapping[str, Any]]) -> dict[tuple, list[Mapping[str, Any]]]:
+    """Monitor rows by (sweep, family, budget), in first-seen order."""
+    out: dict[tuple, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        if r.get("kind") == "monitor":
+            out.setdefault((r.get("sweep", ""), r.get("family", "?"), r.get("budget")), []).append(r)
+    return out
+
+
+def _labels(gs: Mapping[tuple, Any]) -> dict[tuple, str]:
+    keys = [(*k, None, None) for k in gs]
+    return {k: _label((*k, None, None), keys) for k in gs}
+
+
+def _points(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    return list(dict.fromkeys(str(r["point"]) for r in rows))
+
+
+def _series(rows: Sequence[Mapping[str, Any]], col: str) -> dict[Any, tuple[list[float], list[float]]]:
+    """seed -> (steps, values) sorted by step; a missing value (vacuous d_align) is NaN: a gap."""
+    per: dict[Any, dict[float, float]] = defaultdict(dict)
+    for r in rows:
+        per[r.get("seed")][float(r["step"])] = _num(r.get(col))
+    return {s: (sorted(d), [d[k] for k in sorted(d)]) for s, d in per.items()}
+
+
+def _mean(series: Mapping[Any, tuple[list[float], list[float]]]) -> tuple[list[float], list[float]]:
+    """Mean over seeds at each step, of the seeds with a value there (NaN where none has one)."""
+    at: dict[float, list[float]] = defaultdict(list)
+    for steps, vals in series.values():
+        for s, v in zip(steps, vals):
+            at[s].append(v)
+    steps = sorted(at)
+    means = []
+    for s in steps:
+        vals = [v for v in at[s] if not math.isnan(v)]
+        means.append(float(np.mean(vals)) if vals else math.nan)
+    return steps, means
+
+
+def certified(rows: Sequence[Mapping[str, Any]]) -> dict[tuple, tuple[int | None, int | None]]:
+    """``(width, point, seed) -> (first, from)``: the first probed step with a non-vacuous
+    ``B_exact ≤ delta`` and the step from which it stays so (None: never;
+    :func:`widthscope.sweep.alignment.certified_steps`)."""
+    from ..sweep.alignment import certified_steps
+
+    per: dict[tuple, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in rows:
+        per[(r.get("width"), str(r["point"]), r.get("seed"))].append(r)
+    return {k: certified_steps(v, _num(v[0].get("delta"))) for k, v in per.items()}
+
+
+def _caption(sel: Sequence[Mapping[str, Any]]) -> str:
+    r0 = sel[0]
+    steps = sorted({int(r["step"]) for r in sel})
+    total = r0.get("steps_total")
+    n_seeds = len({r.get("seed") for r in sel})
+    data = r0.get("data_description") or f"dataset {r0.get('dataset')}"
+    return (f"Alignment over training, recorded by the sweep's monitor (widthscope.monitor): at optimizer steps "
+            f"{', '.join(map(str, steps))}" + (f" of {total}" if total is not None else "")
+            + " (0 = at initialisation), fixed pools, the same at every step: "
+            + (f"probe {r0['monitor_probe']}: {r0.get('monitor_probe_description')}" if r0.get("monitor_probe")
+               else f"{r0.get('n_train')} train / {r0.get('n_test')} held-out examples")
+            + f"; model {data}. Two-population "
+            f"certificate at (M, K) = ({r0.get('M')}, {r0.get('K')}), estimator {r0.get('estimator', '?')}, "
+            f"pool {r0.get('pool', '?')}, model in eval mode, training state restored after each probe. "
+            f"Columns: widths; colour: insertion point; thin lines: each of {n_seeds} seed(s); thick line: "
+            f"mean over seeds (d_align over the seeds whose certificate is not vacuous; a gap where every seed "
+            f"is vacuous, i.e. an estimate <= 0). Dotted: delta = {r0.get('delta')}; a star marks the first "
+            f"probed step at which a seed's point is certified (B_exact <= delta).")
+
+
+def figures(rows: list[dict], out_dir: Path) -> list[dict]:
+    """One small-multiples PNG per (sweep, family, budget); see the module docstring."""
+    from matplotlib.figure import Figure  # Agg canvas, no pyplot global state
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gs = groups(rows)
+    labels = _labels(gs)
+    figs = []
+    for key, sel in gs.items():
+        widths = sorted({r["width"] for r in sel})
+        pts = _points(sel)
+        fig = Figure(figsize=(max(6.0, 3.1 * len(widths)), 5.4), dpi=90, layout="constrained")
+        axes = fig.subplots(2, len(widths), squeeze=False, sharex=True, sharey="row")
+        first = {k: v[0] for k, v in certified(sel).items()}
+        any_d = False
+        for j, w in enumerate(widths):
+            for i, pname in enumerate(pts):
+                color = f"C{i % 10}"
+                these = [r for r in sel if r["width"] == w and str(r["point"]) == pname]
+                for row_i, col in enumerate(("d_align", "b_exact")):
+                    ax = axes[row_i, j]
+                    ser = _series(these, col)
+                    for seed, (xs, ys) in ser.items():
+                        ax.plot(xs, ys, ".-", color=color, lw=0.8, ms=2.5, alpha=0.45)  # dots: lone values
+                        fc = first.get((w, pname, seed))
+                        if col == "b_exact" and fc is not None:
+                            ax.plot([fc], [ys[xs.index(float(fc))]], "*", color=color, ms=9, mec="k", mew=0.4)
+                    xs, ys = _mean(ser)
+                    ax.plot(xs, ys, "o-", color=color, lw=2, ms=3.5, label=pname if j == 0 and row_i == 0 else None)
+                    any_d |= col == "d_align" and any(not math.isnan(y) for y in ys)
+            axes[0, j].set_title(f"width {w:g}", fontsize=10)
+            delta = _num(sel[0].get("delta"))
+            if not math.isnan(delta):
+                axes[1, j].axhline(delta, color="grey", ls=":", lw=1)
+            for ax in axes[:, j]:
+                ax.set_xscale("symlog", linthresh=1.0)
+                ax.grid(alpha=0.3)
+            axes[1, j].set_xlabel("optimizer step")
+        if any_d:
+            axes[0, 0].set_yscale("log")
+        axes[1, 0].set_ylim(0, 1.03)
+        axes[0, 0].set_ylabel("d_align (two-population)")
+        axes[1, 0].set_ylabel("B_exact")
+        if axes[0, 0].get_legend_handles_labels()[0]:
+            axes[0, 0].legend(fontsize=7, title="insertion point", title_fontsize=7)
+        title = f"{labels[key]}: alignment over training"
+        p = out_dir / f"{_slug(labels[key])}-monitor.png"
+        _save(fig, p, title)
+        figs.append({"title": title, "png": str(p), "caption": _caption(sel)})
+    return figs
+
+
+def tables(rows: list[dict]) -> list[dict]:
+    """Per group: width × point, the first certified step of each seed and the last step's values."""
+    esc = html.escape
+    gs = groups(rows)
+    labels = _labels(gs)
+    out = []
+    for key, sel in gs.items():
+        cert = certified(sel)
+        seeds = sorted({r.get("seed") for r in sel}, key=str)
+        last = max(int(r["step"]) for r in sel)
+        delta = sel[0].get("delta")
+        head = ("<table><tr><th>width</th><th class=l>point</th>"
+                + f"<th>first certified step (seed {', '.join(esc(str(s)) for s in seeds)})</th>"
+                + f"<th>certified from step on (seed {', '.join(esc(str(s)) for s in seeds)})</th>"
+                + f"<th>d_align at step {last} (seed mean)</th><th>B_exact at step {last} (seed mean)</th></tr>")
+        body = []
+        for w in sorted({r["width"] for r in sel}):
+            for pname in _points(sel):
+                at_last = [r for r in sel if r["width"] == w and str(r["point"]) == pname and int(r["step"]) == last]
+                d = [_num(r.get("d_align")) for r in at_last]
+                d = [v for v in d if not math.isnan(v)]
+                b = [_num(r.get("b_exact")) for r in at_last]
+                cells = "".join("<td>" + ", ".join(
+                    "never" if cert.get((w, pname, s), (None, None))[i] is None else str(cert[(w, pname, s)][i])
+                    for s in seeds) + "</td>" for i in (0, 1))
+                body.append(f"<tr><td>{w:g}</td><td class=l>{esc(pname)}</td>{cells}"
+                            f"<td>{f'{np.mean(d):.3g}' if d else '– (vacuous)'}</td>"
+                            f"<td>{f'{np.mean(b):.3g}' if b else '–'}</td></tr>")
+        out.append({"title": f"{labels[key]}: first probed step with B_exact <= delta = {delta}, and the step "
+                             f"from which every later probed step is ('never': no probed step)",
+                    "html": head + "".join(body) + "</table>"})
+    return out
