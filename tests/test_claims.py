@@ -351,6 +351,8 @@ def test_summary_columns_give_the_same_claim_as_the_monitor_rows():
                   SUMMARY["steps_total"]: 100, SUMMARY["delta"]: 0.05,
                   SUMMARY["first_cert"]: float("nan") if firsts[(w, s, p)] is None else firsts[(w, s, p)]}
                  for w in (32, 64, 128) for s in range(4) for p in ("a", "b")]
+    unmonitored = [{**r, "point": "z", SUMMARY["first_cert"]: None, SUMMARY["monitored"]: False} for r in per_point]
+    per_point = per_point + unmonitored  # alignment rows of points the monitor did not probe: not censored ones
     ref = _earlier(rows)
     for other in (as_dict, per_point):
         c = _earlier(other)

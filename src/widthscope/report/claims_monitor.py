@@ -38,7 +38,9 @@ __all__ = ["ROW_KINDS", "SUMMARY", "cells_from_rows", "seed_slopes", "certify_ea
 ROW_KINDS = ("row", "monitor")
 #: The sweep's summary columns: first certification step (per point: a ``{point: step}`` dict, or a
 #: number on a row with ``point``; ``None``/NaN/negative = never certified), training length, δ.
-SUMMARY = {"first_cert": "monitor_first_cert_step", "steps_total": "monitor_steps_total", "delta": "monitor_delta"}
+#: ``monitored`` False marks an alignment row of a point the monitor did not probe.
+SUMMARY = {"first_cert": "monitor_first_cert_step", "steps_total": "monitor_steps_total", "delta": "monitor_delta",
+           "monitored": "monitor_point"}
 CELL = ("family", "width", "seed")
 
 
@@ -94,7 +96,7 @@ def cells_from_rows(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, Cell]:
         key = tuple(r[k] for k in CELL)
         if r.get("kind") in ROW_KINDS and _num(r.get("step")) and r.get("point") is not None:
             _add_row(by_rows[key], r)
-        elif SUMMARY["first_cert"] in r:
+        elif SUMMARY["first_cert"] in r and r.get(SUMMARY["monitored"]) is not False:
             _add_summary(by_summary[key], r)
     return {**{k: v for k, v in by_summary.items() if k not in by_rows}, **by_rows}
 
@@ -103,9 +105,12 @@ def seed_slopes(cells: Mapping[tuple, Cell]) -> dict[str, dict[str, Any]]:
     """Per family: per-seed slopes of median log(1 + first certification step) on log width
     (censored at the seed's common horizon) and the counts the claim's basis reports."""
     fams: dict[Any, dict[Any, dict[float, Cell]]] = defaultdict(lambda: defaultdict(dict))
+    no_horizon: dict[Any, int] = defaultdict(int)
     for (fam, width, seed), c in cells.items():
         if c.points and c.horizon is not None:
             fams[fam][seed][float(width)] = c
+        elif c.points:  # summary columns without the training length: cannot be censored, left out
+            no_horizon[fam] += 1
     out: dict[str, dict[str, Any]] = {}
     for fam, seeds in fams.items():
         slopes, ys, deltas = [], [], set()
@@ -121,7 +126,8 @@ def seed_slopes(cells: Mapping[tuple, Cell]) -> dict[str, dict[str, Any]]:
                 deltas |= c.deltas
                 t = []
                 for p in sorted(c.points):
-                    hit = [s for s in c.certified.get(p, ()) if s <= horizon and (grid is None or s in grid)]
+                    hit = [s for s in c.certified.get(p, ())
+                           if s <= horizon and (grid is None or c.steps is None or s in grid)]
                     n_pts += 1
                     n_cens += not hit
                     t.append(math.log1p(min(hit) if hit else horizon))
@@ -129,7 +135,8 @@ def seed_slopes(cells: Mapping[tuple, Cell]) -> dict[str, dict[str, Any]]:
             mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
             slopes.append(sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts))
             ys.extend(y for _, y in pts)
-        out[str(fam)] = {"slopes": slopes, "y": ys, "points": n_pts, "censored": n_cens, "deltas": sorted(deltas)}
+        out[str(fam)] = {"slopes": slopes, "y": ys, "points": n_pts, "censored": n_cens, "deltas": sorted(deltas),
+                         "no_horizon": no_horizon.get(fam, 0)}
     return out
 
 
@@ -154,6 +161,7 @@ def certify_earlier(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             f"{fam}: wider models certify earlier (first step with B_exact <= {dtext})", s["slopes"], (-INF, 0.0),
             f"per-seed slope of log(1 + first certification step) (median over points, on the steps monitored in "
             f"every cell of the seed) vs log width; {s['censored']} of {s['points']} (cell, point) never certified, "
-            "censored at the seed's last common step (biases toward no effect); holds when the interval lies below 0",
+            "censored at the seed's last common step (biases toward no effect); holds when the interval lies below 0"
+            + (f"; {s['no_horizon']} cell(s) without a training length left out" if s["no_horizon"] else ""),
             "per log width", cid="certify_earlier", group=str(fam), gate=gate))
     return out
