@@ -23,7 +23,7 @@ At construction one dry probe checks that parameters and buffers are unchanged b
 (a model that updates a buffer in eval-mode forward cannot be restored and is refused).
 
 **Cost cap.** With a ``budget`` ``b`` a scheduled probe is made only when the monitor's total
-time, this probe included (predicted from the last probe, or from the dry probe before the first),
+time, this probe included (predicted as the slowest probe so far, or from the dry probe before the first),
 stays ``≤ b ×`` the training time so far (wall time since the first :meth:`AlignmentMonitor.step`
 call minus the monitor's own); other scheduled steps are skipped (``monitor.skipped``). The
 default log-spaced schedule runs under ``b = 0.05`` (:data:`DEFAULT_BUDGET`), so the
@@ -285,6 +285,7 @@ class AlignmentMonitor:
         self.spent_s = 0.0  # seconds in probes (for the budget)
         self._t_first: float | None = None
         self._predict_s = 0.0
+        self._probed = False
         self._clock = clock
         self._dry_check(model)
         if self.out is not None:
@@ -432,8 +433,11 @@ class AlignmentMonitor:
         self._done.add(step)
         if self._writes:
             append_jsonl(self.out, new)
-        self._predict_s = self._clock() - t_start  # the next probe is predicted to cost the same
-        self.spent_s += self._predict_s
+        cost = self._clock() - t_start
+        # The next probe is predicted to cost the most any probe has (the dry probe's guess is dropped).
+        self._predict_s = cost if not self._probed else max(self._predict_s, cost)
+        self._probed = True
+        self.spent_s += cost
         return new
 
     def _row(self, r: dict[str, Any], step: int) -> dict[str, Any]:
