@@ -348,7 +348,7 @@ def test_summary_columns_give_the_same_claim_as_the_monitor_rows():
                 SUMMARY["first_cert"]: {p: firsts[(w, s, p)] for p in ("a", "b")}}
                for w in (32, 64, 128) for s in range(4)]
     per_point = [{"kind": "alignment", "family": "f", "width": w, "seed": s, "point": p,
-                  SUMMARY["steps_total"]: 100, SUMMARY["delta"]: 0.05,
+                  SUMMARY["steps_total"]: 105, SUMMARY["steps"]: list(range(0, 101, 10)), SUMMARY["delta"]: 0.05,
                   SUMMARY["first_cert"]: float("nan") if firsts[(w, s, p)] is None else firsts[(w, s, p)]}
                  for w in (32, 64, 128) for s in range(4) for p in ("a", "b")]
     unmonitored = [{**r, "point": "z", SUMMARY["first_cert"]: None, SUMMARY["monitored"]: False} for r in per_point]

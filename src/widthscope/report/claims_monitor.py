@@ -38,9 +38,10 @@ __all__ = ["ROW_KINDS", "SUMMARY", "cells_from_rows", "seed_slopes", "certify_ea
 ROW_KINDS = ("row", "monitor")
 #: The sweep's summary columns: first certification step (per point: a ``{point: step}`` dict, or a
 #: number on a row with ``point``; ``None``/NaN/negative = never certified), training length, δ.
-#: ``monitored`` False marks an alignment row of a point the monitor did not probe.
+#: ``monitored`` False marks an alignment row of a point the monitor did not probe; ``steps``, the
+#: probed steps when given, are the grid and their last one the horizon (as the rows would give).
 SUMMARY = {"first_cert": "monitor_first_cert_step", "steps_total": "monitor_steps_total", "delta": "monitor_delta",
-           "monitored": "monitor_point"}
+           "monitored": "monitor_point", "steps": "monitor_steps"}
 CELL = ("family", "width", "seed")
 
 
@@ -57,6 +58,7 @@ class Cell:
         self.steps: set[int] | None = set()  # None: summary columns only (no grid known)
         self.horizon: int | None = None
         self.deltas: set[float] = set()
+        self.first_only = False  # summary columns: only the first certified step is known
 
 
 def _add_row(c: Cell, r: Mapping[str, Any]) -> None:
@@ -74,12 +76,15 @@ def _add_row(c: Cell, r: Mapping[str, Any]) -> None:
 def _add_summary(c: Cell, r: Mapping[str, Any]) -> None:
     v = r[SUMMARY["first_cert"]]
     per = v if isinstance(v, Mapping) else ({str(r["point"]): v} if r.get("point") is not None else {})
-    c.steps = None
+    c.steps, c.first_only = None, True  # no grid known unless the probed steps are given (below)
     for p, s in per.items():
         c.points.add(str(p))
         if _num(s) and s >= 0:
             c.certified[str(p)].add(int(s))
-    if _num(r.get(SUMMARY["steps_total"])):
+    steps = r.get(SUMMARY["steps"])
+    if isinstance(steps, (list, tuple)) and steps and all(_num(x) for x in steps):
+        c.steps, c.horizon = {int(x) for x in steps}, int(max(steps))
+    elif _num(r.get(SUMMARY["steps_total"])):
         c.horizon = int(r[SUMMARY["steps_total"]])
     if _num(r.get(SUMMARY["delta"])):
         c.deltas.add(float(r[SUMMARY["delta"]]))
@@ -126,8 +131,12 @@ def seed_slopes(cells: Mapping[tuple, Cell]) -> dict[str, dict[str, Any]]:
                 deltas |= c.deltas
                 t = []
                 for p in sorted(c.points):
-                    hit = [s for s in c.certified.get(p, ())
-                           if s <= horizon and (grid is None or c.steps is None or s in grid)]
+                    hit = [s for s in c.certified.get(p, ()) if s <= horizon]
+                    if grid is not None and c.first_only:  # seen at the next common step (if still certified)
+                        hit = [min(g for g in grid if g >= s) for s in hit if any(g >= s for g in grid)]
+                    elif grid is not None:
+                        hit = [s for s in hit if s in grid]
+                    hit = [s for s in hit if s <= horizon]
                     n_pts += 1
                     n_cens += not hit
                     t.append(math.log1p(min(hit) if hit else horizon))
