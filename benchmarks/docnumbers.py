@@ -873,23 +873,56 @@ def _monitor() -> dict[str, Any]:
 
 @quantity("bench.monitor_table")
 def _monitor_table() -> str:
-    cols = ("width", "step_s", "probe_s", "probe_in_steps", "every", "overhead", "wall_ratio", "identical_weights")
+    cols = ("width", "schedule", "probes", "step_s", "probe_s", "probe_in_steps", "overhead", "every_5pct",
+            "block_ratio", "identical_weights")
+
+    def cell(v: Any) -> str:
+        return "–" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v))
+
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in _monitor()["rows"]:
-        lines.append("| " + " | ".join(f"{r[c]:.3g}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+        lines.append("| " + " | ".join(cell(r[c]) for c in cols) + " |")
     return block(lines)
+
+
+def _monitor_rows(schedule: str, col: str) -> list[float]:
+    return [r[col] for r in _monitor()["rows"] if r["schedule"] == schedule and ok(r[col])]
+
+
+def _pct_span(v: Sequence[float]) -> str:
+    return span(100 * min(v), 100 * max(v), lambda x: sig(x, 2)) + "%"
 
 
 @quantity("bench.monitor_probe_in_steps")
 def _monitor_probe_in_steps() -> str:
-    v = [r["probe_in_steps"] for r in _monitor()["rows"]]
+    v = _monitor_rows("log", "probe_in_steps")  # the uncapped schedule: the most probes per width
     return span(min(v), max(v), lambda x: sig(x, 2))
+
+
+@quantity("bench.monitor_log_overhead")
+def _monitor_log_overhead() -> str:
+    return _pct_span(_monitor_rows("log", "overhead"))
+
+
+@quantity("bench.monitor_default_overhead")
+def _monitor_default_overhead() -> str:
+    v = _monitor_rows("default", "overhead")
+    n = [r["probes"] for r in _monitor()["rows"] if r["schedule"] == "default"]
+    return f"{_pct_span(v)} ({span(min(n), max(n), str)} probe{'s' if max(n) != 1 else ''} per run)"
+
+
+@quantity("bench.monitor_every_5pct")
+def _monitor_every_5pct() -> str:
+    v = _monitor_rows("log", "every_5pct")
+    return span(min(v), max(v), lambda x: str(int(x)))
 
 
 @quantity("bench.monitor_load")
 def _monitor_load() -> str:
     m = _monitor()["machine"]
-    return f"{m['cpus']} cores, load average {m['load_average']}, {m['threads']} torch thread"
+    start = f" at the start, {m['load_average']} at the end" if m.get("load_average_start") else ""
+    return (f"{m['cpus']} cores, load average {m.get('load_average_start', m['load_average'])}{start}, "
+            f"{m['threads']} torch thread")
 
 
 if __name__ == "__main__":

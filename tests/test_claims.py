@@ -44,7 +44,8 @@ def _tol(n: int, rate: float = ALPHA) -> float:
 def test_committed_calibration_numbers_agree_with_a_rerun(rerun):
     committed, new = rerun
     assert committed["settings"] == new["settings"]
-    for part in ("null", "power", "equivalence_boundary", "band_boundary"):
+    for part in ("null", "power", "equivalence_boundary", "band_boundary", "monitor_null", "monitor_censored_null",
+                 "monitor_power"):
         assert committed[part].keys() == new[part].keys()
         for key, v in committed[part].items():
             # same seed, same code: equal counts up to a rare last-bit tie across CPUs (<= 1% of pages)
@@ -56,6 +57,7 @@ def test_docs_quote_the_committed_calibration_table():
     mod = _bench()
     committed = json.loads(mod.OUT.read_text(encoding="utf-8"))
     assert mod.markdown(committed) in (ROOT / "docs" / "sweeps.md").read_text(encoding="utf-8")
+    assert mod.markdown_monitor(committed) in (ROOT / "docs" / "sweeps.md").read_text(encoding="utf-8")
 
 
 def test_no_trend_gives_at_most_five_percent_decisions(rerun):
@@ -268,3 +270,129 @@ def test_a_failing_claims_page_becomes_a_note_not_a_lost_report(tmp_path, monkey
     rows = [_align(w, s, "p", two_d_align=1.0 + s, misalignment=0.1) for w in (32, 64) for s in range(2)]
     page = build_report(rows, tmp_path).read_text()
     assert "claims page failed: ValueError: kaputt" in page and "<h2>Claims</h2>" not in page
+
+
+# ----------------------------------------------------------------------------- wider models certify earlier
+def _mon(width, seed, point, step, b_exact, delta=0.05, vacuous=False, family="f"):
+    return {"kind": "row", "family": family, "width": width, "seed": seed, "point": point, "step": step,
+            "b_exact": b_exact, "vacuous": vacuous, "delta": delta, "M": 16, "K": 16}
+
+
+def _cell(width, seed, first, steps=range(0, 101, 10), points=("a", "b"), **kw):
+    """Monitor rows of one cell whose points certify from step ``first[p]`` on (None: never)."""
+    first = first if isinstance(first, dict) else {p: first for p in points}
+    return [_mon(width, seed, p, s, 0.01 if first[p] is not None and s >= first[p] else 0.5, **kw)
+            for s in steps for p in points]
+
+
+def _earlier(rows):
+    return next(c for c in claims(rows) if c["id"] == "certify_earlier")
+
+
+def test_certify_earlier_holds_does_not_and_its_value_by_hand():
+    ws = (32, 64, 128, 256)
+    first = {32: 80, 64: 40, 128: 20, 256: 10}
+    jit = {0: 0, 1: 10, 2: -10}  # the width-64 cell of seed 1 certifies one grid step later, of seed 2 earlier
+    rows = [r for s in range(3) for w in ws for r in _cell(w, s, first[w] + (jit[s] if w == 64 else 0))]
+    c = _earlier(rows)
+    x = np.log(ws)
+    by_hand = [np.polyfit(x, np.log1p([first[w] + (jit[s] if w == 64 else 0) for w in ws]), 1)[0] for s in range(3)]
+    assert c["measured"] == pytest.approx(np.mean(by_hand), rel=1e-12) and c["seeds"] == 3
+    assert c["verdict"] == "holds" and c["high"] < 0 and c["region"] == [-INF, 0.0]
+    later = {32: 10, 64: 20, 128: 40, 256: 80}
+    rows = [r for s in range(3) for w in ws for r in _cell(w, s, later[w] + (jit[s] if w == 128 else 0))]
+    assert _earlier(rows)["verdict"] == "does not"
+
+
+def test_censored_points_are_set_to_the_common_horizon():
+    # width 32 never certifies within 100 steps: censored at 100, not dropped (dropping would lose the effect)
+    rows = [r for s in range(3) for w, f in ((32, None), (64, 30 + 10 * s), (128, 20)) for r in _cell(w, s, f)]
+    c = _earlier(rows)
+    assert "6 of 18 (cell, point) never certified" in c["basis"]
+    ys = [np.polyfit(np.log([32, 64, 128]), np.log1p([100, 30 + 10 * s, 20]), 1)[0] for s in range(3)]
+    assert c["measured"] == pytest.approx(np.mean(ys), rel=1e-12)
+    # a cell that trained longer is cut at the seed's common horizon: certifying at 150 there counts as censored
+    longer = [r for s in range(3) for w, f in ((32, 150), (64, 30 + 10 * s), (128, 20))
+              for r in _cell(w, s, f, steps=range(0, 201 if w == 32 else 101, 10))]
+    assert _earlier(longer)["measured"] == pytest.approx(c["measured"], rel=1e-12)
+
+
+def test_a_denser_schedule_in_one_width_cannot_make_it_look_earlier():
+    # every cell certifies at step 15; the wide cell is probed every step, the narrow ones every 10
+    rows = [r for s in range(3) for w in (32, 64, 128) for r in
+            _cell(w, s, 15, steps=range(0, 101, 1 if w == 128 else 10))]
+    c = _earlier(rows)  # on the common grid all certify at 20: nothing to come earlier
+    assert c["measured"] == 0 and c["verdict"] == "not resolved" and "same first certification" in c["basis"]
+
+
+def test_vacuous_rows_and_missing_bounds_never_count_as_certified():
+    rows = []
+    for s in range(3):
+        for w in (32, 64, 128):
+            rows += _cell(w, s, 50)
+            rows += [_mon(w, s, "a", 0, 0.0, vacuous=True), _mon(w, s, "b", 0, None)]  # step 0 rows
+    rows = [r for r in rows if not (r["step"] == 0 and r["b_exact"] == 0.5)]
+    c = _earlier(rows)
+    assert c["measured"] == 0 and "0 of 18" in c["basis"] and c["verdict"] == "not resolved"
+
+
+def test_summary_columns_give_the_same_claim_as_the_monitor_rows():
+    from widthscope.report.claims_monitor import SUMMARY
+
+    rng = np.random.default_rng(4)
+    firsts = {(w, s, p): (int(rng.integers(0, 11)) * 10 if rng.random() > 0.2 else None)
+              for w in (32, 64, 128) for s in range(4) for p in ("a", "b")}
+    rows = [r for w in (32, 64, 128) for s in range(4)
+            for r in _cell(w, s, {p: firsts[(w, s, p)] for p in ("a", "b")})]
+    as_dict = [{"family": "f", "width": w, "seed": s, SUMMARY["steps_total"]: 100, SUMMARY["delta"]: 0.05,
+                SUMMARY["first_cert"]: {p: firsts[(w, s, p)] for p in ("a", "b")}}
+               for w in (32, 64, 128) for s in range(4)]
+    per_point = [{"kind": "alignment", "family": "f", "width": w, "seed": s, "point": p,
+                  SUMMARY["steps_total"]: 105, SUMMARY["steps"]: list(range(0, 101, 10)), SUMMARY["delta"]: 0.05,
+                  SUMMARY["first_cert"]: float("nan") if firsts[(w, s, p)] is None else firsts[(w, s, p)]}
+                 for w in (32, 64, 128) for s in range(4) for p in ("a", "b")]
+    unmonitored = [{**r, "point": "z", SUMMARY["first_cert"]: None, SUMMARY["monitored"]: False} for r in per_point]
+    per_point = per_point + unmonitored  # alignment rows of points the monitor did not probe: not censored ones
+    ref = _earlier(rows)
+    for other in (as_dict, per_point):
+        c = _earlier(other)
+        assert c["measured"] == pytest.approx(ref["measured"], rel=1e-12, abs=1e-15) and c["verdict"] == ref["verdict"]
+        assert c["basis"] == ref["basis"]
+    assert _earlier(rows + as_dict)["measured"] == pytest.approx(ref["measured"], rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda s, w: _cell(w, s, None), "no point certified"),
+    (lambda s, w: _cell(w, s, 30, delta=0.05 if w == 32 else 0.1), "different δ"),
+    (lambda s, w: _cell(w, s, {32: 60, 64: 30, 128: 20}[w]), "every seed gives the same slope"),
+])
+def test_certify_earlier_gates(make, reason):
+    c = _earlier([r for s in range(3) for w in (32, 64, 128) for r in make(s, w)])
+    assert c["verdict"] == "not resolved" and reason in c["basis"] and c["p"] is None
+
+
+def test_certify_earlier_joins_the_holm_family():
+    rows = [_align(w, s, "p", two_d_align=math.exp(0.3 * math.log(w) + s), misalignment=0.3)
+            for w in (32, 64) for s in range(3)]
+    alone = _by_id(rows)["d_align_grows"]["family_size"]
+    mon = [r for s in range(3) for w, f in ((32, 80), (64, 40 + 10 * s)) for r in _cell(w, s, f)]
+    c = _by_id(rows + mon)
+    assert c["certify_earlier"]["family"] and c["d_align_grows"]["family_size"] == alone + 1
+
+
+def test_certify_earlier_calibration(rerun):
+    _, res = rerun
+    for part in ("monitor_null", "monitor_censored_null"):
+        for key, v in res[part].items():
+            assert v["rate"] <= ALPHA + _tol(v["pages"]), (part, key, v)
+    assert res["monitor_null_pooled"]["rate"] <= ALPHA + _tol(res["monitor_null_pooled"]["pages"])
+    holds = sum(v["holds"]["count"] for v in res["monitor_null"].values())  # the error to avoid: a false "holds"
+    n = res["monitor_null_pooled"]["pages"]
+    assert holds / n <= ALPHA / 2 + _tol(n, ALPHA / 2)
+    assert 0.05 < min(v["censored"] for v in res["monitor_null"].values())  # censoring is really exercised
+    assert min(v["censored"] for v in res["monitor_censored_null"].values()) > 0.35
+    for noise in ("normal", "heavy"):
+        p = [res["monitor_power"][f"{noise}/{ns}"]["rate"] for ns in (2, 3, 5, 10)]
+        assert p[0] < p[2] <= p[3] + 0.02 and p[2] >= 0.6 and p[3] >= 0.9
+    rf = res["monitor_row_form"]
+    assert rf["pages"] >= 40 and rf["agree"] == rf["pages"]

@@ -5,6 +5,7 @@ import copy
 import json
 import math
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -188,6 +189,54 @@ def test_schedules():
     assert every.step(model, 3) == []
 
 
+class _Clock:
+    """Fake seconds: each forward of the model costs ``forward_s``; the loop adds ``rest_s`` per step."""
+
+    def __init__(self, model, forward_s):
+        self.t = 0.0
+        model.register_forward_hook(lambda *a: setattr(self, "t", self.t + forward_s))
+
+    def __call__(self):
+        return self.t
+
+
+def test_budget_keeps_the_monitor_share_under_the_cap():
+    model = make_model()
+    clock = _Clock(model, forward_s=0.013)  # a probe = 3 + 3 pool batches = 0.078 s, a training step 0.513 s
+    mon = monitor_for(model, every=1, budget=0.05, clock=clock)
+    assert mon.budget == 0.05 and mon._predict_s == pytest.approx(6 * 0.013)  # one batch x 3, per pool
+    X, Y = make_data(512, seed=2)
+    spent = train_s = 0.0
+    expect = []
+    assert mon.step(model, 0) == []  # before training: no training time to spend a share of
+    for step in range(1, 41):
+        model.train()
+        nn.functional.cross_entropy(model(X[:64]), Y[:64])  # one forward: 0.013 s
+        clock.t += 0.5
+        train_s += 0.513
+        if spent + 0.078 <= 0.05 * train_s:  # the rule, by hand: monitor time incl. this probe <= 5%
+            expect.append(step)
+            spent += 0.078
+        mon.step(model, step)
+        assert mon.spent_s <= 0.05 * (train_s + 1e-9)
+    got = sorted({r["step"] for r in mon.rows})
+    assert got == expect and len(got) >= 10 and mon.skipped == [s for s in range(41) if s not in expect]
+    assert mon.spent_s == pytest.approx(spent)
+
+
+def test_budget_defaults():
+    import math
+
+    model = make_model()
+    assert monitor_for(model).budget == 0.05                         # the log-spaced default is capped
+    assert monitor_for(model, every=3).budget is None                # an explicit schedule is followed
+    assert monitor_for(model, at=[1], budget=0.2).budget == 0.2
+    free = monitor_for(model, budget=math.inf)                       # the default schedule, uncapped
+    assert all(free.step(model, s) for s in (0, 1, 2)) and not free.skipped
+    capped = monitor_for(model)                                      # step 0: no training time yet
+    assert capped.step(model, 0) == [] and capped.skipped == [0]
+
+
 def test_certified_event_first_time_only():
     model = make_model()
     mon = monitor_for(model, every=1, delta=0.5, M=64)
@@ -277,6 +326,9 @@ class Counting(nn.Module):
     (dict(at=[]), "at is empty"),
     (dict(delta=1.5), "delta"),
     (dict(pool="bogus"), "pool"),
+    (dict(budget=0), "budget must be"),
+    (dict(budget=-0.1), "budget must be"),
+    (dict(budget="5%"), "budget must be"),
 ])
 def test_bad_input_at_construction(kw, match):
     with pytest.raises(WidthscopeError, match=match) as exc:
@@ -298,6 +350,86 @@ def test_model_that_cannot_be_restored_is_refused():
     with pytest.raises(WidthscopeError, match="cannot restore this model exactly.*calls"):
         AlignmentMonitor(model, tr, te, points=["lin"], M=16)
     assert float(model.calls) == 0  # put back before refusing
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A real 1-rank gloo process group (a file store: no port), destroyed afterwards."""
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("needs torch.distributed and no process group already running")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield dist
+    finally:
+        dist.destroy_process_group()
+
+
+def _fsdp_models():
+    from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+
+    two = make_model()
+    fully_shard(two[4])  # FSDP2: the class of the sharded module becomes an FSDPModule subclass
+    fully_shard(two)
+    with warnings.catch_warnings():  # one rank: FSDP1 says it switches to NO_SHARD
+        warnings.simplefilter("ignore", UserWarning)
+        one = FullyShardedDataParallel(make_model(), device_id=torch.device("cpu"))
+    return {"FSDP2": two, "FSDP1": one}
+
+
+class _Forwards:
+    """Counts forward calls of every submodule: a refusal must come before any probe."""
+
+    def __init__(self, model):
+        self.n = 0
+        for m in model.modules():
+            m.register_forward_hook(lambda *a: setattr(self, "n", self.n + 1))
+
+
+def test_fsdp_models_are_refused_before_any_probe(one_rank_group):
+    tr, te = pools()
+    for kind, model in _fsdp_models().items():
+        seen = _Forwards(model)
+        with pytest.raises(WidthscopeError, match=f"FSDP-sharded model.*{kind}.*DDP") as exc:
+            AlignmentMonitor(model, tr, te, points=POINTS, M=32, draws=50)
+        assert "\n" not in str(exc.value) and seen.n == 0, kind
+        plain = make_model()  # built on an unsharded model, then handed a sharded one at a step
+        mon = AlignmentMonitor(plain, tr, te, points=POINTS, M=32, draws=50, every=1)
+        with pytest.raises(WidthscopeError, match="FSDP-sharded"):
+            mon.step(model, 1)
+        assert not mon.rows
+
+
+def test_hf_callback_refuses_fsdp_at_train_begin(one_rank_group):
+    pytest.importorskip("transformers")
+    from types import SimpleNamespace
+
+    from transformers import TrainerControl, TrainerState
+
+    from widthscope.monitor.hf import AlignmentCallback
+
+    cb = AlignmentCallback(monitor_for(make_model(), every=2))
+    state, control = TrainerState(), TrainerControl()
+    with pytest.raises(WidthscopeError, match="TrainingArguments.fsdp='full_shard'"):
+        cb.on_train_begin(SimpleNamespace(fsdp="full_shard"), state, control, model=make_model())
+    with pytest.raises(WidthscopeError, match="FSDP-sharded model.*FSDP2"):
+        cb.on_train_begin(SimpleNamespace(fsdp=""), state, control, model=_fsdp_models()["FSDP2"])
+    assert not cb.monitor.rows
+
+
+def test_lightning_callback_refuses_fsdp_strategies(one_rank_group):
+    pytest.importorskip("lightning")
+    from types import SimpleNamespace
+
+    from widthscope.monitor.lightning import AlignmentCallback
+
+    cb = AlignmentCallback(monitor_for(make_model(), every=2))
+    FSDPStrategy = type("FSDPStrategy", (), {})  # the strategy's class name is what is checked
+    with pytest.raises(WidthscopeError, match="Lightning's FSDPStrategy"):
+        cb.setup(SimpleNamespace(strategy=FSDPStrategy()), None, "fit")
+    with pytest.raises(WidthscopeError, match="FSDP-sharded model"):
+        cb.on_train_start(SimpleNamespace(strategy=object(), global_step=0), _fsdp_models()["FSDP1"])
+    assert not cb.monitor.rows
 
 
 # ----------------------------------------------------------------------------- adapters

@@ -21,6 +21,18 @@ creates parameter gradients (parameters are frozen during it) and never touches 
 optimizer. So a training loop gives bit-identical weights with and without the monitor.
 At construction one dry probe checks that parameters and buffers are unchanged by a probe
 (a model that updates a buffer in eval-mode forward cannot be restored and is refused).
+
+**Cost cap.** With a ``budget`` ``b`` a scheduled probe is made only when the monitor's total
+time, this probe included (predicted as the slowest probe so far, or from the dry probe before the first),
+stays ``≤ b ×`` the training time so far (wall time since the first :meth:`AlignmentMonitor.step`
+call minus the monitor's own); other scheduled steps are skipped (``monitor.skipped``). The
+default log-spaced schedule runs under ``b = 0.05`` (:data:`DEFAULT_BUDGET`), so the
+default costs at most ~5% of training; ``every=`` / ``at=`` schedules are followed exactly
+unless a budget is given. Under ``torch.distributed`` rank 0's decision is broadcast.
+
+**FSDP.** A model sharded by FSDP (``FullyShardedDataParallel`` or ``fully_shard``) is refused
+at construction and at every probe: the probe's forward hooks and per-example gradients need
+whole parameters, which a sharded model has on no rank outside its own forward.
 """
 from __future__ import annotations
 
@@ -40,7 +52,10 @@ from ..errors import WidthscopeError
 from ..probe import batched, collect, resolve_points
 from ..probe.collect import POOLS
 
-__all__ = ["AlignmentMonitor", "TrainingState", "log_steps"]
+__all__ = ["AlignmentMonitor", "TrainingState", "log_steps", "check_not_fsdp", "DEFAULT_BUDGET"]
+
+#: Time-share cap of the default log-spaced schedule (monitor time / training time).
+DEFAULT_BUDGET = 0.05
 
 #: Columns of a ``kind="row"`` row whose values are numbers (what the logging adapters send).
 METRIC_COLUMNS = ("d_par", "d_2", "d_align", "b_exact", "b_align", "expectation", "misalignment",
@@ -103,6 +118,33 @@ class TrainingState:
                     grad.copy_(values)
 
 
+def _fsdp_classes() -> tuple[type, ...]:
+    try:
+        import torch.distributed.fsdp as fsdp
+    except ImportError:  # a torch build without distributed: nothing can be sharded
+        return ()
+    return tuple(c for c in (getattr(fsdp, "FullyShardedDataParallel", None), getattr(fsdp, "FSDPModule", None))
+                 if isinstance(c, type))
+
+
+FSDP_FIX = ("probe it unsharded: monitor a DDP (or single-process) run, or save a full state dict at the steps "
+            "you want and run widthscope certify on those checkpoints")
+
+
+def check_not_fsdp(model: Any, where: str = "the monitor") -> None:
+    """Refuse (one line) a model with any FSDP-sharded module: FSDP1 ``FullyShardedDataParallel``
+    or FSDP2 ``fully_shard`` (the ``FSDPModule`` mixin)."""
+    classes = _fsdp_classes()
+    if not classes or not isinstance(model, nn.Module):
+        return
+    for name, m in model.named_modules():
+        if isinstance(m, classes):
+            kind = "fully_shard (FSDP2)" if type(m).__name__ != "FullyShardedDataParallel" else \
+                "FullyShardedDataParallel (FSDP1)"
+            raise WidthscopeError(f"{where} cannot probe an FSDP-sharded model ({name or 'the model'} is wrapped by "
+                                  f"{kind}: its parameters are split across ranks); {FSDP_FIX}")
+
+
 def _tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     out = {f"parameter {n}": p.detach().clone() for n, p in model.named_parameters()}
     out.update({f"buffer {n}": b.detach().clone() for n, b in model.named_buffers()})
@@ -136,6 +178,15 @@ def _as_batches(pool: Any, what: str, batch_size: int) -> list[Any]:
     return batches
 
 
+def _check_budget(v: Any, default: bool) -> float | None:
+    """The cap in force: ``None`` (no cap), a share ``> 0`` or ``inf``."""
+    if v is None:
+        return DEFAULT_BUDGET if default else None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v) or v <= 0:
+        raise WidthscopeError(f"budget must be a share of training time > 0 (e.g. 0.05 for 5%), got {v!r}")
+    return float(v)
+
+
 def _check_int(v: Any, name: str, low: int) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) < low:
         raise WidthscopeError(f"{name} must be an integer >= {low}, got {v!r}")
@@ -164,6 +215,11 @@ class AlignmentMonitor:
             to one process's), and rank 0 alone writes.
         batch_size: batch size when the pools are given as full tensors.
         progress: show the probe's progress bar.
+        budget: cap on the monitor's share of training time (see the module docstring);
+            ``None``: :data:`DEFAULT_BUDGET` with the default log-spaced schedule, no cap with
+            ``every`` / ``at``; ``math.inf``: no cap.
+        clock: the budget's time source in seconds (a benchmark that interleaves several trainings,
+            or a test, passes one that runs only while this training does).
 
     Rows (``kind="row"``): ``step, point, M, K, n_train, n_test, d, populations, d_par, d_2,
     d_align, d_align_one, b_exact, b_align, expectation, vacuous, reason, misalignment
@@ -175,15 +231,18 @@ class AlignmentMonitor:
                  M: int = 16, K: int | None = None, every: int | None = None, at: Iterable[int] | None = None,
                  delta: float = 0.05, draws: int = 1000, seed: int = 0, estimator: str = "unbiased",
                  pool: str = "sum", loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
-                 out: str | Path | None = None, batch_size: int = 64, progress: bool = False) -> None:
+                 out: str | Path | None = None, batch_size: int = 64, progress: bool = False,
+                 budget: float | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         from ..certify import ESTIMATORS, _check_pool, _count
 
+        check_not_fsdp(model)
         if every is not None and at is not None:
             raise WidthscopeError("give either every=N or at=[steps], not both")
         self.every = None if every is None else _check_int(every, "every (probe interval in optimizer steps)", 1)
         self.at = None if at is None else sorted({_check_int(s, "each step of at", 0) for s in at})
         if self.at is not None and not self.at:
             raise WidthscopeError("at is empty: give the optimizer steps to probe, e.g. at=[0, 100, 1000]")
+        self.budget = _check_budget(budget, default=self.every is None and self.at is None)
         self.M = _check_int(M, "M", 1)
         self.K = self.M if K is None else _check_int(K, "K", 1)
         self.draws = _check_int(draws, "draws", 1)
@@ -222,6 +281,12 @@ class AlignmentMonitor:
         self._done: set[int] = set()
         self.out = None if out is None else Path(out)
         self.notes: list[str] = []  # what the probe said once (e.g. BatchNorm ran in eval mode)
+        self.skipped: list[int] = []  # scheduled steps left out to keep within the budget
+        self.spent_s = 0.0  # seconds in probes (for the budget)
+        self._t_first: float | None = None
+        self._predict_s = 0.0
+        self._probed = False
+        self._clock = clock
         self._dry_check(model)
         if self.out is not None:
             self._open(self.out)
@@ -238,6 +303,7 @@ class AlignmentMonitor:
         return {"kind": "settings", "points": list(self.points), "M": self.M, "K": self.K,
                 "every": self.every, "at": self.at, "delta": self.delta, "draws": self.draws,
                 "seed": self.seed, "estimator": self.estimator, "pool": self.pool,
+                "budget": None if self.budget is None or math.isinf(self.budget) else self.budget,
                 "n_train": _count_safe(self.train), "n_test": _count_safe(self.test)}
 
     def _open(self, path: Path) -> None:
@@ -272,9 +338,12 @@ class AlignmentMonitor:
         whole = self.pool == "token"
         try:
             for batches, need, what in ((self.train, self.M, "train"), (self.test, self.K, "held-out")):
+                t1 = self._clock()
                 q = collect(model, batches if whole else batches[:1], points=self.points, loss_fn=self.loss_fn,
                             pool=self.pool, train_mode="eval", progress=False)
                 self.notes = list(dict.fromkeys(self.notes + q.notes))
+                # the budget's first prediction: one batch's time times the pool's batches
+                self._predict_s += (self._clock() - t1) * (1 if whole else len(batches))
                 if whole:
                     _check_pool(q[self.points[0]].shape[0], need, what, f"the {what} pool size", self.pool)
         finally:
@@ -309,9 +378,25 @@ class AlignmentMonitor:
         Probes when :meth:`should_probe` says so and returns that step's rows (else ``[]``).
         """
         step = _check_int(step, "step", 0)
+        now = self._clock()
+        if self._t_first is None:
+            self._t_first = now
         if not self.should_probe(step):
             return []
+        if not self._within_budget(now):
+            self.skipped.append(step)
+            return []
         return self.probe(self.model if model is None else model, step)
+
+    def _within_budget(self, now: float) -> bool:
+        """Whether a probe now keeps monitor time ``≤ budget ×`` training time (rank 0 decides)."""
+        if self.budget is None or math.isinf(self.budget):
+            return True
+        from .. import distributed
+
+        train_s = now - (self._t_first if self._t_first is not None else now) - self.spent_s
+        ok = self.spent_s + self._predict_s <= self.budget * train_s
+        return bool(distributed.broadcast_object(ok)) if distributed.is_distributed() else ok
 
     # ------------------------------------------------------------------ the probe
     def probe(self, model: nn.Module, step: int) -> list[dict[str, Any]]:
@@ -319,8 +404,10 @@ class AlignmentMonitor:
         from .. import distributed
         from ..certify import _gather, statistics
 
+        check_not_fsdp(model)
         model = _unwrap(model)
         state = TrainingState(model)
+        t_start = self._clock()
         try:
             t0 = time.perf_counter()
             common = dict(points=self.points, loss_fn=self.loss_fn, pool=self.pool, train_mode="eval",
@@ -346,6 +433,11 @@ class AlignmentMonitor:
         self._done.add(step)
         if self._writes:
             append_jsonl(self.out, new)
+        cost = self._clock() - t_start
+        # The next probe is predicted to cost the most any probe has (the dry probe's guess is dropped).
+        self._predict_s = cost if not self._probed else max(self._predict_s, cost)
+        self._probed = True
+        self.spent_s += cost
         return new
 
     def _row(self, r: dict[str, Any], step: int) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from .core import AlignmentMonitor, lazy_class
+from .core import FSDP_FIX, AlignmentMonitor, check_not_fsdp, lazy_class
 
 __all__ = ["AlignmentCallback", "attach"]
 
@@ -52,6 +52,8 @@ def _make_class() -> type:
             self._warned = False
 
         def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> Any:
+            # The first hook that sees the prepared model: refuse FSDP before the first update.
+            _check_trainer(args, self.trainer, model)
             # Step 0 (before any update) is a monitored step of the default log schedule.
             return self._probe(state, control, model)
 
@@ -78,6 +80,17 @@ def _make_class() -> type:
 
 
 __getattr__ = lazy_class(__name__, "AlignmentCallback", _make_class)
+
+
+def _check_trainer(args: Any, trainer: Any, model: Any) -> None:
+    """Refuse a Trainer configured for FSDP (``args.fsdp`` / accelerate's FSDP plugin) or an FSDP model."""
+    from ..errors import WidthscopeError
+
+    fsdp = getattr(args, "fsdp", None)
+    if fsdp or getattr(trainer, "is_fsdp_enabled", False) is True:
+        raise WidthscopeError(f"the alignment monitor cannot probe a Trainer that shards the model with FSDP "
+                              f"(TrainingArguments.fsdp={fsdp!r}); {FSDP_FIX}")
+    check_not_fsdp(model, "the alignment monitor")
 
 
 def attach(trainer: Any, monitor: AlignmentMonitor, prefix: str = "align") -> Any:

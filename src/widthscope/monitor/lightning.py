@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .core import AlignmentMonitor, lazy_class
+from .core import FSDP_FIX, AlignmentMonitor, check_not_fsdp, lazy_class
 
 __all__ = ["AlignmentCallback"]
 
@@ -44,7 +44,13 @@ def _make_class() -> type:
             super().__init__()
             self.monitor, self.prefix = monitor, prefix
 
+        def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+            # Before the strategy wraps the module: refuse FSDP before any training.
+            _check_strategy(trainer)
+
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            _check_strategy(trainer)
+            check_not_fsdp(pl_module, "the alignment monitor")
             self.monitor.step(pl_module, int(trainer.global_step))
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
@@ -58,3 +64,12 @@ def _make_class() -> type:
 
 
 __getattr__ = lazy_class(__name__, "AlignmentCallback", _make_class)
+
+
+def _check_strategy(trainer: Any) -> None:
+    """Refuse Lightning's FSDP strategies (``FSDPStrategy``, ``ModelParallelStrategy`` shards with FSDP2)."""
+    from ..errors import WidthscopeError
+
+    name = type(getattr(trainer, "strategy", None)).__name__
+    if "FSDP" in name or name == "ModelParallelStrategy":
+        raise WidthscopeError(f"the alignment monitor cannot probe a model sharded by Lightning's {name}; {FSDP_FIX}")

@@ -28,7 +28,9 @@ smallest step within ``[0.95, 1.05]`` of 1 (a Taylor sanity check, not in the Ho
 ``≤ −1/2``; ``dev_rms`` at the last step falls at least like the bound: slope ``≤ α − 1`` (references
 from :func:`widthscope.linear.sweep.reference_slope`); ``dev_mse`` slope equal to the published
 one within ``±`` :data:`PUBLISHED_TOLERANCE` (an equivalence test: a wider interval can never make
-it hold).
+it hold). "Wider models certify earlier" (monitor rows over training): slope of log(1 + first
+certification step) vs log width ``< 0``, censored points at the training length
+(:mod:`widthscope.report.claims_monitor`).
 
 Bounds are judged per row against the binomial count behind the empirical misalignment
 (``misalignment · misalignment_draws`` of ``R`` draws): ``B_exact ≥ Pr(A ≤ 0)`` *holds* when every
@@ -419,6 +421,13 @@ def deviation_seed_slopes(rows: Sequence[Mapping[str, Any]], metric: str, alpha:
     return [s for s in (_slope(*zip(*sorted(p))) for p in by.values() if len(p) >= 2) if s is not None]
 
 
+def certify_earlier(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
+    """"Wider models certify earlier", from monitor rows (:mod:`widthscope.report.claims_monitor`)."""
+    from .claims_monitor import certify_earlier as claim
+
+    return claim(rows)
+
+
 def _decide(found: list[dict]) -> None:
     """Holm over the tested claims of the family; verdicts, adjusted p and seeds needed in place."""
     fam = [c for c in found if c["family"] and c["p"] is not None]
@@ -451,7 +460,8 @@ def claims(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     and, for bound claims, ``counts``. See the module docstring for the rules."""
     rows = list(rows)
     found = (_alignment([r for r in rows if r.get("kind", "alignment") == "alignment" and r.get("M") is not None])
-             + _interventions([r for r in rows if r.get("kind") == "intervention"]) + _linearization(rows))
+             + _interventions([r for r in rows if r.get("kind") == "intervention"]) + _linearization(rows)
+             + certify_earlier(rows))
     _decide(found)
     return found
 
