@@ -308,7 +308,7 @@ def test_censored_points_are_set_to_the_common_horizon():
     # width 32 never certifies within 100 steps: censored at 100, not dropped (dropping would lose the effect)
     rows = [r for s in range(3) for w, f in ((32, None), (64, 30 + 10 * s), (128, 20)) for r in _cell(w, s, f)]
     c = _earlier(rows)
-    assert "6 of 18 (cell, point) never certified" in c["basis"]
+    assert "6 of 18 (cell, point) not certified at the last common step" in c["basis"]
     ys = [np.polyfit(np.log([32, 64, 128]), np.log1p([100, 30 + 10 * s, 20]), 1)[0] for s in range(3)]
     assert c["measured"] == pytest.approx(np.mean(ys), rel=1e-12)
     # a cell that trained longer is cut at the seed's common horizon: certifying at 150 there counts as censored
@@ -322,7 +322,28 @@ def test_a_denser_schedule_in_one_width_cannot_make_it_look_earlier():
     rows = [r for s in range(3) for w in (32, 64, 128) for r in
             _cell(w, s, 15, steps=range(0, 101, 1 if w == 128 else 10))]
     c = _earlier(rows)  # on the common grid all certify at 20: nothing to come earlier
-    assert c["measured"] == 0 and c["verdict"] == "not resolved" and "same first certification" in c["basis"]
+    assert c["measured"] == 0 and c["verdict"] == "not resolved" and "same certification step" in c["basis"]
+
+
+def test_the_step_is_where_certification_stays_not_the_first_hit():
+    # certified at initialisation, lost, regained: the claim reads the regained step (first hit 0 everywhere)
+    def cell(w, s, back):
+        return [_mon(w, s, p, g, 0.01 if g == 0 or g >= back else 0.5) for g in range(0, 101, 10) for p in ("a", "b")]
+    back = {32: 80, 64: 40, 128: 20}
+    rows = [r for s in range(3) for w in (32, 64, 128) for r in cell(w, s, back[w] + (10 if s == 1 and w == 64 else 0))]
+    c = _earlier(rows)
+    ys = [np.polyfit(np.log([32, 64, 128]), np.log1p([80, 40 + (10 if s == 1 else 0), 20]), 1)[0] for s in range(3)]
+    assert c["measured"] == pytest.approx(np.mean(ys), rel=1e-12) and c["verdict"] == "holds"
+    # the sweep's summary column monitor_cert_from_step gives the same claim
+    from widthscope.report.claims_monitor import SUMMARY
+    summ = [{"family": "f", "width": w, "seed": s, SUMMARY["steps"]: list(range(0, 101, 10)), SUMMARY["delta"]: 0.05,
+             SUMMARY["first_cert"]: {"a": 0, "b": 0},
+             SUMMARY["cert_from"]: {p: back[w] + (10 if s == 1 and w == 64 else 0) for p in ("a", "b")}}
+            for s in range(3) for w in (32, 64, 128)]
+    assert _earlier(summ)["measured"] == pytest.approx(c["measured"], rel=1e-12)
+    # lost again at the last step: censored at the horizon, not counted as certified
+    lost = [r if not (r["step"] == 100 and r["width"] == 128) else {**r, "b_exact": 0.5} for r in rows]
+    assert "6 of 18" in _earlier(lost)["basis"]
 
 
 def test_vacuous_rows_and_missing_bounds_never_count_as_certified():

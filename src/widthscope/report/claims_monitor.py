@@ -5,11 +5,17 @@ Input: per sweep cell ``(family, width, seed)`` either the monitor's per-``(step
 ``family, width, seed``, or the sweep's summary columns (first certification step per point, the
 training length, ``δ``). Column names live in :data:`ROW_KINDS` and :data:`SUMMARY` only.
 
-**First certification.** For a seed, the steps monitored in *every* cell of that seed form a
+**Certification step.** For a seed, the steps monitored in *every* cell of that seed form a
 common grid (a denser schedule in one width cannot make it look earlier), ending at the common
 horizon ``C`` (the smallest last monitored step, or training length, over the seed's cells). A
-point's first certification step ``T`` is the first grid step with a non-vacuous ``B_exact ≤ δ``.
-A point never certified by ``C`` is **right-censored** and set to ``C``: the same value for every
+point's certification step ``T`` is the earliest grid step from which every grid step up to ``C``
+has a non-vacuous ``B_exact ≤ δ`` (it *stays* certified). Not the first such step: on the demo's
+shifted pools every point is certified at initialisation, loses it early in training and regains
+it later, so the first step is 0 everywhere and says nothing about training; a user who stops to
+grow acts on a certificate that holds from then on. When certification is monotone the two agree
+(the calibration's latent times are). Summary columns: ``monitor_cert_from_step`` when present,
+else the first certified step.
+A point not certified at ``C`` is **right-censored** and set to ``C``: the same value for every
 width, so censoring only pulls the widths together (a bias toward "no effect", never toward an
 effect), and under no width effect ``min(T, C)`` has the same distribution at every width.
 
@@ -41,7 +47,7 @@ ROW_KINDS = ("row", "monitor")
 #: ``monitored`` False marks an alignment row of a point the monitor did not probe; ``steps``, the
 #: probed steps when given, are the grid and their last one the horizon (as the rows would give).
 SUMMARY = {"first_cert": "monitor_first_cert_step", "steps_total": "monitor_steps_total", "delta": "monitor_delta",
-           "monitored": "monitor_point", "steps": "monitor_steps"}
+           "monitored": "monitor_point", "steps": "monitor_steps", "cert_from": "monitor_cert_from_step"}
 CELL = ("family", "width", "seed")
 
 
@@ -74,7 +80,7 @@ def _add_row(c: Cell, r: Mapping[str, Any]) -> None:
 
 
 def _add_summary(c: Cell, r: Mapping[str, Any]) -> None:
-    v = r[SUMMARY["first_cert"]]
+    v = r[SUMMARY["cert_from"]] if SUMMARY["cert_from"] in r else r[SUMMARY["first_cert"]]
     per = v if isinstance(v, Mapping) else ({str(r["point"]): v} if r.get("point") is not None else {})
     c.steps, c.first_only = None, True  # no grid known unless the probed steps are given (below)
     for p, s in per.items():
@@ -101,7 +107,7 @@ def cells_from_rows(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, Cell]:
         key = tuple(r[k] for k in CELL)
         if r.get("kind") in ROW_KINDS and _num(r.get("step")) and r.get("point") is not None:
             _add_row(by_rows[key], r)
-        elif SUMMARY["first_cert"] in r and r.get(SUMMARY["monitored"]) is not False:
+        elif (SUMMARY["first_cert"] in r or SUMMARY["cert_from"] in r) and r.get(SUMMARY["monitored"]) is not False:
             _add_summary(by_summary[key], r)
     return {**{k: v for k, v in by_summary.items() if k not in by_rows}, **by_rows}
 
@@ -132,10 +138,14 @@ def seed_slopes(cells: Mapping[tuple, Cell]) -> dict[str, dict[str, Any]]:
                 t = []
                 for p in sorted(c.points):
                     hit = [s for s in c.certified.get(p, ()) if s <= horizon]
-                    if grid is not None and c.first_only:  # seen at the next common step (if still certified)
-                        hit = [min(g for g in grid if g >= s) for s in hit if any(g >= s for g in grid)]
-                    elif grid is not None:
-                        hit = [s for s in hit if s in grid]
+                    if c.first_only:  # summary: seen at the next common step (if the grid is known)
+                        if grid is not None:
+                            hit = [min(g for g in grid if g >= s) for s in hit if any(g >= s for g in grid)]
+                    else:  # the rows: the earliest step from which it stays certified up to the horizon
+                        seen = sorted(s for s in (grid if grid is not None else c.steps) if s <= horizon)
+                        cert = set(hit)
+                        stay = [g for i, g in enumerate(seen) if cert.issuperset(seen[i:])]
+                        hit = stay[:1]
                     hit = [s for s in hit if s <= horizon]
                     n_pts += 1
                     n_cens += not hit
@@ -163,13 +173,14 @@ def certify_earlier(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         elif s["points"] and s["censored"] == s["points"]:
             gate = "no point certified within training in any cell (all censored)"
         elif s["y"] and max(s["y"]) - min(s["y"]) == 0:
-            gate = "the same first certification step in every cell (nothing to come earlier)"
+            gate = "the same certification step in every cell (nothing to come earlier)"
         elif len(s["slopes"]) >= 2 and max(s["slopes"]) - min(s["slopes"]) == 0:
             gate = "every seed gives the same slope (discrete steps: no spread for a t interval)"
         out.append(_claim(
-            f"{fam}: wider models certify earlier (first step with B_exact <= {dtext})", s["slopes"], (-INF, 0.0),
-            f"per-seed slope of log(1 + first certification step) (median over points, on the steps monitored in "
-            f"every cell of the seed) vs log width; {s['censored']} of {s['points']} (cell, point) never certified, "
+            f"{fam}: wider models certify earlier (step from which B_exact <= {dtext} holds)", s["slopes"], (-INF, 0.0),
+            f"per-seed slope of log(1 + step from which the point stays certified) (median over points, on the steps "
+            f"monitored in every cell of the seed) vs log width; {s['censored']} of {s['points']} (cell, point) not "
+            "certified at the last common step, "
             "censored at the seed's last common step (biases toward no effect); holds when the interval lies below 0"
             + (f"; {s['no_horizon']} cell(s) without a training length left out" if s["no_horizon"] else ""),
             "per log width", cid="certify_earlier", group=str(fam), gate=gate))
