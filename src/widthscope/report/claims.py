@@ -423,9 +423,10 @@ def deviation_seed_slopes(rows: Sequence[Mapping[str, Any]], metric: str, alpha:
 
 def certify_earlier(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
     """"Wider models certify earlier", from monitor rows (:mod:`widthscope.report.claims_monitor`)."""
-    from .claims_monitor import certify_earlier as claim
+    from .claims_monitor import certify_earlier as inputs
 
-    return claim(rows)
+    return [_claim(c["name"], c["slopes"], (-INF, 0.0), c["basis"], "per log width", cid="certify_earlier",
+                   group=c["group"], gate=c["gate"]) for c in inputs(rows)]
 
 
 def _decide(found: list[dict]) -> None:

@@ -160,9 +160,9 @@ def seed_slopes(cells: Mapping[tuple, Cell]) -> dict[str, dict[str, Any]]:
 
 
 def certify_earlier(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The claim rows (one per family with monitor records), for :func:`widthscope.report.claims.claims`."""
-    from .claims import INF, _claim
-
+    """Per family with monitor records, what the claim is judged on: ``name``, the per-seed ``slopes``,
+    ``basis`` and ``gate`` (the reason it is not tested, or None); :func:`widthscope.report.claims.claims`
+    turns them into claim rows with the page's rule."""
     out = []
     for fam, s in sorted(seed_slopes(cells_from_rows(rows)).items()):
         d = s["deltas"]
@@ -176,12 +176,13 @@ def certify_earlier(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             gate = "the same certification step in every cell (nothing to come earlier)"
         elif len(s["slopes"]) >= 2 and max(s["slopes"]) - min(s["slopes"]) == 0:
             gate = "every seed gives the same slope (discrete steps: no spread for a t interval)"
-        out.append(_claim(
-            f"{fam}: wider models certify earlier (step from which B_exact <= {dtext} holds)", s["slopes"], (-INF, 0.0),
-            f"per-seed slope of log(1 + step from which the point stays certified) (median over points, on the steps "
-            f"monitored in every cell of the seed) vs log width; {s['censored']} of {s['points']} (cell, point) not "
-            "certified at the last common step, "
-            "censored at the seed's last common step (biases toward no effect); holds when the interval lies below 0"
-            + (f"; {s['no_horizon']} cell(s) without a training length left out" if s["no_horizon"] else ""),
-            "per log width", cid="certify_earlier", group=str(fam), gate=gate))
+        out.append({
+            "name": f"{fam}: wider models certify earlier (step from which B_exact <= {dtext} holds)",
+            "slopes": s["slopes"], "group": str(fam), "gate": gate,
+            "basis": (f"per-seed slope of log(1 + step from which the point stays certified) (median over points, "
+                      f"on the steps monitored in every cell of the seed) vs log width; {s['censored']} of "
+                      f"{s['points']} (cell, point) not certified at the last common step, censored there "
+                      "(biases toward no effect); holds when the interval lies below 0"
+                      + (f"; {s['no_horizon']} cell(s) without a training length left out" if s["no_horizon"]
+                         else ""))})
     return out
