@@ -16,7 +16,8 @@ so the two libraries compute the same kernel ``Θ(x, x)`` of shape ``(n, n, out,
   2d-wide tanh-GELU MLP, LayerNorms), 8 input features, 16 sequences × 16 positions, mean-pooled, 10 outputs.
 
 Per row, in one process, the methods are timed back to back in ``--reps`` interleaved rounds (the
-order rotated each round; medians; float32; one thread: ``torch.set_num_threads(1)`` and XLA's
+order rotated each round; a call shorter than 0.5 s repeated to fill 0.5 s and averaged; medians;
+float32; one thread: ``torch.set_num_threads(1)`` and XLA's
 single-threaded Eigen). ``nt/ws`` = neural-tangents impl 3 over widthscope structured per round, median
 over rounds. The JAX functions are ``jax.jit``-compiled for the full shape before timing (the
 compile time is recorded apart, as widthscope's one-time costs are excluded by a 2-example call).
@@ -58,8 +59,9 @@ OUT = ROOT / "benchmarks" / "results" / "ntk-vs-nt-cpu.json"
 NOT_INSTALLED = "neural-tangents not installed: column skipped"
 WS_METHODS = ("ws_structured", "ws_auto")
 NT_METHODS = ("nt_structured", "nt_jacobian")
-JAC_FLOP_CAP = 2e11  # impl 1 contracts (n·out × P) Jacobians: run it only below this many flops
+JAC_FLOP_CAP = 2e10  # impl 1 contracts (n·out × P) Jacobians: run it only below this many flops
 JAC_BYTE_CAP = 1e9
+INNER_S, INNER_CAP = 0.5, 50  # a timing repeats a short call to last >= 0.5 s (at most 50 calls): less timer noise
 
 SPECS: dict[str, dict[str, Any]] = {
     **{f"mlp-{w}-{n}": {"kind": "mlp", "width": w, "n": n} for w in (256, 1024) for n in (64, 256)},
@@ -227,9 +229,11 @@ def method_fn(method: str, spec: dict[str, Any], model, x) -> tuple[Callable[[],
         from widthscope.linear import ntk
 
         m = "structured" if method == "ws_structured" else "auto"
+        ntk(model, x[:2], method=m)  # one-time costs (dispatch, vmap set-up) are not compared
         info: dict[str, Any] = {}
-        ntk(model, x[:2], method=m, info=info)  # one-time costs (dispatch, vmap set-up) are not compared
-        return (lambda: ntk(model, x, method=m)), {"choice": info.get("method")}
+        if m == "auto":  # what auto picks for the full x (it may differ from the 2-example call's)
+            ntk(model, x, method=m, info=info)
+        return (lambda: ntk(model, x, method=m)), {"choice": info.get("method", m)}
     import jax
 
     fn = nt_kernel_fn(spec, 3 if method == "nt_structured" else 1)
@@ -311,7 +315,7 @@ def _subprocess(args: list[str], timeout: float = 900) -> dict[str, Any]:
 # --------------------------------------------------------------------------- a row
 
 def row(name: str, spec: dict[str, Any], reps: int = 3, memory: bool = True, agree: bool = True,
-        nt_available: bool | None = None) -> dict[str, Any]:
+        nt_available: bool | None = None, inner_s: float = INNER_S) -> dict[str, Any]:
     """Time every method on ``spec`` back to back in interleaved rounds; peak memory and float64
     agreement in fresh subprocesses. The neural-tangents columns are skipped (and say so) when it is
     not installed (``nt_available=False`` forces that)."""
@@ -337,15 +341,20 @@ def row(name: str, spec: dict[str, Any], reps: int = 3, memory: bool = True, agr
             methods.append("nt_jacobian")
     run: dict[str, Callable[[], Any]] = {}
     kernels: dict[str, Any] = {}
+    inner: dict[str, int] = {}
     for m in methods:
         run[m], out["setup"][m] = method_fn(m, spec, model, x)
+        t0 = time.perf_counter()
         kernels[m] = run[m]()
+        inner[m] = max(1, min(INNER_CAP, math.ceil(inner_s / max(time.perf_counter() - t0, 1e-9))))
+    out["inner"] = inner
     times: dict[str, list[float]] = {m: [] for m in run}
     for r in range(reps):  # interleaved rounds, order rotated: load changes hit every method alike
         for m in methods[r % len(methods):] + methods[:r % len(methods)]:
             t0 = time.perf_counter()
-            run[m]()
-            times[m].append(time.perf_counter() - t0)
+            for _ in range(inner[m]):
+                run[m]()
+            times[m].append((time.perf_counter() - t0) / inner[m])
     out["seconds"] = {m: statistics.median(v) for m, v in times.items()}
     out["all_seconds"] = times
     out.update(ratios(times))
@@ -399,7 +408,8 @@ def table_lines(res: dict[str, Any]) -> list[str]:
     """The Markdown table of the recorded rows."""
     lines = ["| model | params | ws structured s | ws auto s (picks) | nt impl 3 s | nt impl 1 s | nt/ws | nt/ws auto "
              "| max rel diff f64 | peak MB ws / auto / nt3 / nt1 | nt compile s | load |", "|" + "---|" * 12]
-    for name, r in res["rows"].items():
+    order = {k: i for i, k in enumerate(SPECS)}
+    for name, r in sorted(res["rows"].items(), key=lambda kv: order.get(kv[0], len(order))):
         ag = r["agreement"].get("ws_structured_vs_nt_structured")
         pk = " / ".join(_fmt_mb(r, m) for m in (*WS_METHODS, *NT_METHODS))
         comp = r["setup"].get("nt_structured", {}).get("compile_s")
@@ -411,6 +421,72 @@ def table_lines(res: dict[str, Any]) -> list[str]:
             + ("–" if ag is None else f"{ag:.1e}") + f" | {pk} | " + ("–" if comp is None else f"{comp:.2g}")
             + f" | {r['load_average_before'][0]:.1f} |")
     return lines
+
+
+def _kind_rows(res: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    """Rows of one model kind with neural-tangents measured (the torch-layout MLP row apart)."""
+    return [r for r in res["rows"].values() if r["spec"]["kind"] == kind and "nt_over_ws_structured" in r
+            and r["spec"].get("layout") != "torch"]
+
+
+def quantity(res: dict[str, Any], what: str) -> str:
+    """The text of the ``ntk_nt/...`` numbers in docs/benchmarks.md (benchmarks/docnumbers.py):
+    ``ratio/<kind>`` (nt impl 3 / ws structured, range over rows), ``ratio/<row>``, ``agree``
+    (largest float64 difference over rows), ``s/<row>/<method>``, ``peak/<row>/<method>``, ``load``."""
+    from docnumbers import sci, sig, span
+
+    part = what.split("/")
+    rows = res["rows"]
+    if part[0] == "ratio" and part[1] in ("mlp", "conv", "transformer"):
+        v = [r["nt_over_ws_structured"] for r in _kind_rows(res, part[1])]
+        return span(min(v), max(v), lambda x: sig(x, 2))
+    if part[0] == "ratio":
+        return sig(rows[part[1]]["nt_over_ws_structured"], 2)
+    if part[0] == "agree":
+        return sci(max(r["agreement"]["ws_structured_vs_nt_structured"] for r in rows.values()
+                       if "ws_structured_vs_nt_structured" in r["agreement"]))
+    if part[0] == "s":
+        return sig(rows[part[1]]["seconds"][part[2]], 2)
+    if part[0] == "peak":
+        return f"{rows[part[1]]['peak'][part[2]]['peak_MB']:.0f}"
+    if part[0] == "load":
+        v = [x for r in rows.values() for x in (r["load_average_before"][0], r["load_average_after"][0])]
+        return span(min(v), max(v), lambda x: f"{x:.1f}")
+    raise KeyError(f"unknown ntk_nt quantity {what!r}")
+
+
+def section(path: Path = OUT) -> str:
+    """Markdown for ``docs/benchmarks.md`` from the recorded rows (run_all adds it; the marked spans are
+    checked by benchmarks/docnumbers.py)."""
+    if not path.exists():
+        return ""
+    res = json.loads(path.read_text())
+    n = lambda key: f"<!--n:ntk_nt/{key}-->{quantity(res, key)}<!--/n-->"  # noqa: E731
+    m = res.get("machine", {})
+    lines = ["## NTK against neural-tangents (JAX; separate run)", "",
+             "`make bench-nt` (`OMP_NUM_THREADS=1 nice python benchmarks/ntk_vs_nt.py` in `.venv-nt`, which "
+             f"holds jax {m.get('jax', '?')} and neural-tangents {m.get('neural_tangents', '?')}; without them "
+             "the neural-tangents columns are recorded as skipped). Each model is written in PyTorch and in plain "
+             "JAX with the same weights; full kernel `Θ(x, x)`, `(n, n, out, out)`, float32, one thread "
+             "(torch and XLA), all methods timed back to back in one process in interleaved rounds (median of "
+             "the rounds). `nt impl 3` = `empirical_ntk_fn(..., implementation=STRUCTURED_DERIVATIVES)` "
+             "jit-compiled (its compile time apart), `nt impl 1` = Jacobian contraction (only where it needs "
+             f"under {JAC_FLOP_CAP / 1e9:.0f} GFLOP and {JAC_BYTE_CAP / 1e9:.0f} GB); a call under "
+             f"{INNER_S} s is repeated to fill {INNER_S} s; `nt/ws` = impl 3 time over widthscope `structured` per round, median "
+             "(> 1: widthscope faster). Max rel diff: `max|Θ_ws − Θ_nt| / max|Θ_nt|` in float64. Peak MB: "
+             "`VmHWM` above `VmRSS` in a fresh process per method. The machine was shared (load "
+             f"{n('load')} on {m.get('cores', '?')} cores), so read the ratios, not the seconds.",
+             f"<!--n:ntk_nt.table-->\n\n" + "\n".join(table_lines(res)) + "\n\n<!--/n-->"]
+    if all(k in res["rows"] for k in SPECS) and all("nt_over_ws_structured" in r for r in res["rows"].values()):
+        lines += [f"Reading: `nt/ws` is {n('ratio/mlp')} on the MLPs, {n('ratio/conv')} on the conv net and "
+                  f"{n('ratio/transformer')} on the transformers; the two libraries' kernels agree to {n('agree')} "
+                  "(float64) on every row. A literal port of `nn.Linear` to JAX (weights `(out, in)`, transposed "
+                  "inside `f`) hides the dense structure from implementation 3: `nt/ws` "
+                  f"{n('ratio/mlp-256-64-torch-layout')} against {n('ratio/mlp-256-64')} for the same MLP with "
+                  "stax's `(in, out)` layout.", ""]
+    else:
+        lines.append("")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

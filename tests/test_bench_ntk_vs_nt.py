@@ -21,12 +21,14 @@ def _mod():
 
 def test_without_neural_tangents_the_columns_are_skipped_and_widthscope_is_measured(capsys):
     mod = _mod()
-    r = mod.row("tiny", {"kind": "mlp", "width": 8, "n": 4}, reps=2, memory=False, nt_available=False)
+    r = mod.row("tiny", {"kind": "mlp", "width": 8, "n": 4}, reps=2, memory=False, nt_available=False,
+                inner_s=0.0)  # one call per timing
     assert mod.NOT_INSTALLED in capsys.readouterr().err
     assert r["skipped"] == {m: mod.NOT_INSTALLED for m in mod.NT_METHODS}
     assert set(r["seconds"]) == set(mod.WS_METHODS) and all(len(v) == 2 for v in r["all_seconds"].values())
     assert all(s > 0 for s in r["seconds"].values())
     assert "nt_over_ws_structured" not in r and "ws_structured_vs_nt_structured" not in r["agreement"]
+    assert r["inner"] == {m: 1 for m in mod.WS_METHODS}
     assert r["agreement"]["f32_ws_auto_vs_ws_structured"] < 1e-5  # auto computes the same kernel
     assert r["peak"] == {}  # memory=False: the subprocess workers are not started (test_memory_worker)
     assert r["params"] == 64 * 8 + 8 + 8 * 8 + 8 + 8 * 10 + 10 and r["n"] == 4
