@@ -416,7 +416,7 @@ def table_lines(res: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {name} | {r['params']} | {_fmt_s(r, 'ws_structured')} | {_fmt_s(r, 'ws_auto')} "
             f"({r['setup']['ws_auto']['choice']}) | {_fmt_s(r, 'nt_structured')} | {_fmt_s(r, 'nt_jacobian')} | "
-            + (f"{r['nt_over_ws_structured']:.2f} | {r['nt_over_ws_auto']:.2f} | " if "nt_over_ws_structured" in r
+            + (f"{r['nt_over_ws_structured']:.3g} | {r['nt_over_ws_auto']:.3g} | " if "nt_over_ws_structured" in r
                else "skipped | skipped | ")
             + ("–" if ag is None else f"{ag:.1e}") + f" | {pk} | " + ("–" if comp is None else f"{comp:.2g}")
             + f" | {r['load_average_before'][0]:.1f} |")
@@ -449,6 +449,9 @@ def quantity(res: dict[str, Any], what: str) -> str:
         return sig(rows[part[1]]["seconds"][part[2]], 2)
     if part[0] == "peak":
         return f"{rows[part[1]]['peak'][part[2]]['peak_MB']:.0f}"
+    if part[0] == "nt_faster":  # rows where impl 3 beat widthscope structured
+        return ", ".join(f"`{r['model']}`" for k in ("mlp", "conv", "transformer") for r in _kind_rows(res, k)
+                         if r["nt_over_ws_structured"] < 1) or "none"
     if part[0] == "load":
         v = [x for r in rows.values() for x in (r["load_average_before"][0], r["load_average_after"][0])]
         return span(min(v), max(v), lambda x: f"{x:.1f}")
@@ -463,10 +466,12 @@ def section(path: Path = OUT) -> str:
     res = json.loads(path.read_text())
     n = lambda key: f"<!--n:ntk_nt/{key}-->{quantity(res, key)}<!--/n-->"  # noqa: E731
     m = res.get("machine", {})
-    lines = ["## NTK against neural-tangents (JAX; separate run)", "",
-             "`make bench-nt` (`OMP_NUM_THREADS=1 nice python benchmarks/ntk_vs_nt.py` in `.venv-nt`, which "
-             f"holds jax {m.get('jax', '?')} and neural-tangents {m.get('neural_tangents', '?')}; without them "
-             "the neural-tangents columns are recorded as skipped). Each model is written in PyTorch and in plain "
+    lines = ["", "## NTK against neural-tangents (JAX; separate run)", "",
+             "`make bench-nt` (`OMP_NUM_THREADS=1 nice python benchmarks/ntk_vs_nt.py` in its own `.venv-nt`: "
+             f"the `nt` extra, jax {m.get('jax', '?')}, neural-tangents {m.get('neural_tangents', '?')}, tf2jax and "
+             "numpy < 2, pinned in `constraints-nt.txt`; `make test` never installs JAX, and without it the "
+             "neural-tangents columns are recorded as skipped; `make test-nt` runs the float64 agreement tests "
+             "there, which skip elsewhere). Each model is written in PyTorch and in plain "
              "JAX with the same weights; full kernel `Θ(x, x)`, `(n, n, out, out)`, float32, one thread "
              "(torch and XLA), all methods timed back to back in one process in interleaved rounds (median of "
              "the rounds). `nt impl 3` = `empirical_ntk_fn(..., implementation=STRUCTURED_DERIVATIVES)` "
@@ -480,10 +485,12 @@ def section(path: Path = OUT) -> str:
     if all(k in res["rows"] for k in SPECS) and all("nt_over_ws_structured" in r for r in res["rows"].values()):
         lines += [f"Reading: `nt/ws` is {n('ratio/mlp')} on the MLPs, {n('ratio/conv')} on the conv net and "
                   f"{n('ratio/transformer')} on the transformers; the two libraries' kernels agree to {n('agree')} "
-                  "(float64) on every row. A literal port of `nn.Linear` to JAX (weights `(out, in)`, transposed "
-                  "inside `f`) hides the dense structure from implementation 3: `nt/ws` "
-                  f"{n('ratio/mlp-256-64-torch-layout')} against {n('ratio/mlp-256-64')} for the same MLP with "
-                  "stax's `(in, out)` layout.", ""]
+                  f"(float64) on every row. Below 1 (neural-tangents faster): {n('nt_faster')}. Peak memory at "
+                  f"width 1024, n = 256: {n('peak/mlp-1024-256/ws_structured')} MB (widthscope structured) against "
+                  f"{n('peak/mlp-1024-256/nt_structured')} MB (impl 3). A literal port of `nn.Linear` to JAX "
+                  "(weights `(out, in)`, transposed inside `f`) hides the dense structure from implementation 3: "
+                  f"`nt/ws` {n('ratio/mlp-256-64-torch-layout')} against {n('ratio/mlp-256-64')} for the same MLP "
+                  "with stax's `(in, out)` layout.", ""]
     else:
         lines.append("")
     return "\n".join(lines)

@@ -89,3 +89,21 @@ def test_ws_ntk_matches_neural_tangents_in_float64(spec):
     np.testing.assert_allclose(y, model(x).detach().numpy(), rtol=1e-12, atol=1e-12)
     for key in ("ws_structured_vs_nt_structured", "ws_auto_vs_nt_structured", "ws_structured_vs_nt_jacobian"):
         assert res[key] < 1e-12, (key, res[key])
+
+
+def test_doc_quantities_come_from_the_rows():
+    mod = _mod()
+
+    def r(name, kind, ratio, **spec):
+        return {"model": name, "spec": {"kind": kind, **spec}, "nt_over_ws_structured": ratio,
+                "agreement": {"ws_structured_vs_nt_structured": 1e-15 * ratio},
+                "load_average_before": [ratio, 0, 0], "load_average_after": [2 * ratio, 0, 0]}
+
+    res = {"rows": {"a": r("a", "mlp", 0.5), "b": r("b", "mlp", 2.0), "t": r("t", "mlp", 100.0, layout="torch"),
+                    "c": r("c", "conv", 1.25)}}
+    assert mod.quantity(res, "ratio/mlp") == "0.50–2.0"  # the torch-layout row is not an MLP of the range
+    assert mod.quantity(res, "ratio/t") == "100" and mod.quantity(res, "ratio/conv") == "1.2"
+    assert mod.quantity(res, "nt_faster") == "`a`" and mod.quantity(res, "agree") == "1.0·10⁻¹³"
+    assert mod.quantity(res, "load") == "0.5–200.0"
+    with pytest.raises(KeyError):
+        mod.quantity(res, "nope")
