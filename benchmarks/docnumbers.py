@@ -896,7 +896,7 @@ def _ntk_nt_table() -> str:
     return block(_ntk_vs_nt().table_lines(load_json(NTK_NT)))
 
 
-@pattern(r"ntk_nt/((?:ratio|s|peak)/[\w/-]+|agree|load|nt_faster)")
+@pattern(r"ntk_nt/((?:ratio|s|peak|prev|loadof)/[\w/-]+|agree|load|nt_faster)")
 def _ntk_nt(what: str) -> str:
     """``ntk_vs_nt.quantity``: nt/ws ratios, seconds, peaks, the float64 agreement, the load."""
     return _ntk_vs_nt().quantity(load_json(NTK_NT), what)

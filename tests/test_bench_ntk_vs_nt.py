@@ -105,5 +105,8 @@ def test_doc_quantities_come_from_the_rows():
     assert mod.quantity(res, "ratio/t") == "100" and mod.quantity(res, "ratio/conv") == "1.2"
     assert mod.quantity(res, "nt_faster") == "`a`" and mod.quantity(res, "agree") == "1.0·10⁻¹³"
     assert mod.quantity(res, "load") == "0.5–200.0"
+    res["rows"]["a"]["previous_runs"] = [{"nt_over_ws_structured": 0.25, "load_average_before": [9.26, 0, 0]}]
+    assert mod.quantity(res, "prev/a") == "0.25 at load 9.3" and mod.quantity(res, "loadof/a") == "0.5"
+    assert mod.quantity(res, "prev/b") == ""
     with pytest.raises(KeyError):
         mod.quantity(res, "nope")
