@@ -34,7 +34,9 @@ resumable (a row recorded without neural-tangents is redone when it is installed
 
 Usage::
 
-    OMP_NUM_THREADS=1 nice python benchmarks/ntk_vs_nt.py [--reps 3] [--rows mlp-256-64,conv]
+    OMP_NUM_THREADS=1 nice python benchmarks/ntk_vs_nt.py [--reps 3] [--rows mlp-256-64,conv] [--redo]
+
+``--redo`` measures the named rows again and keeps the old ratios and loads in ``previous_runs``.
 """
 from __future__ import annotations
 
