@@ -925,5 +925,28 @@ def _monitor_load() -> str:
             f"{m['threads']} torch thread")
 
 
+# ---- benchmarks/results/ntk-vs-nt-cpu.json (make bench-nt: benchmarks/ntk_vs_nt.py, its own quantities)
+
+NTK_NT = "benchmarks/results/ntk-vs-nt-cpu.json"
+
+
+def _ntk_vs_nt() -> Any:
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    import ntk_vs_nt
+    return ntk_vs_nt
+
+
+@quantity("ntk_nt.table")
+def _ntk_nt_table() -> str:
+    return block(_ntk_vs_nt().table_lines(load_json(NTK_NT)))
+
+
+@pattern(r"ntk_nt/((?:ratio|s|peak|prev|loadof)/[\w/-]+|agree|load|nt_faster)")
+def _ntk_nt(what: str) -> str:
+    """``ntk_vs_nt.quantity``: nt/ws ratios, seconds, peaks, the float64 agreement, the load."""
+    return _ntk_vs_nt().quantity(load_json(NTK_NT), what)
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -125,9 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     import large_memory  # separate, slow runs: their recorded results are listed, not re-run
     import ntk_auto
     import ntk_scaling
+    import ntk_vs_nt
 
     text = ("\n".join(head) + "\n\n" + "\n".join(sections) + large_memory.section() + ntk_scaling.section()
-            + ntk_auto.section())
+            + ntk_auto.section() + ntk_vs_nt.section())
     out = Path(args.out)
     atomic_write_text(out, text)
     atomic_write_json(out.with_suffix(".json"), {"machine": info, "quick": args.quick, "total_s": total,

@@ -103,7 +103,7 @@ def test_benchmark_page_tables_render_from_the_recorded_json():
         mod = run_all._load(BENCH / f"bench_{name}.py")
         table = mod.markdown(rows) if hasattr(mod, "markdown") else run_all._generic_table(rows)
         assert table in page, f"docs/benchmarks.md section {name!r} differs from docs/benchmarks.json"
-    for extra in ("large_memory", "ntk_scaling", "ntk_auto"):
+    for extra in ("large_memory", "ntk_scaling", "ntk_auto", "ntk_vs_nt"):
         assert _module(extra).section().strip() in page, f"docs/benchmarks.md: {extra} section differs"
 
 
