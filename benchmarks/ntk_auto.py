@@ -85,6 +85,35 @@ def models() -> dict[str, Any]:
     }
 
 
+def vmap_jacrev(model: nn.Module, x: torch.Tensor, budget: float = 8e9) -> torch.Tensor:
+    """The plain ``torch.func`` reference: per-example Jacobians ``vmap(jacrev(f))`` and one einsum per
+    parameter, ``Θ = Σ_p J_p(x) J_p(x)ᵀ`` (no symmetry exploited). All Jacobians at once when their
+    ``n·o·P`` numbers fit ``budget`` bytes; else chunks of examples, a chunk pair's Jacobians recomputed."""
+    from torch.func import functional_call, jacrev, vmap
+
+    params = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
+
+    def f(p, xi):
+        return functional_call(model, p, (xi[None],)).reshape(-1)
+
+    def jac(xs):
+        return vmap(jacrev(f), (None, 0))(params, xs)
+
+    n, o = x.shape[0], model(x[:1]).shape[1]
+    per = o * sum(v.numel() for v in params.values()) * next(iter(params.values())).element_size()
+    c = max(1, min(n, int(budget // (2 * per))))
+    K = torch.zeros(n, n, o, o, dtype=next(iter(params.values())).dtype)
+    for i in range(0, n, c):
+        Ji = jac(x[i:i + c])
+        for j in range(i, n, c):
+            Jj = Ji if j == i else jac(x[j:j + c])
+            blk = sum(torch.einsum("iap,jbp->ijab", Ji[k].flatten(2), Jj[k].flatten(2)) for k in params)
+            K[i:i + c, j:j + c] = blk
+            if j != i:
+                K[j:j + c, i:i + c] = blk.permute(1, 0, 3, 2)
+    return K
+
+
 def row(name: str, reps: int, skip_factor: float) -> dict[str, Any]:
     from widthscope.linear import ntk
 

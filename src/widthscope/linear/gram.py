@@ -56,11 +56,7 @@ def hadamard(acc: torch.Tensor, g1: torch.Tensor, g2: torch.Tensor, W: torch.Ten
         if same and O > 1:  # upper blocks o <= p only: the caller mirrors once (mirror_upper)
             flat = g1.reshape(O * n1, F)
             Wb = None if W is None else W.to(g1.dtype)[None, :, None, :]
-            step = max(1, -(-256 // n1))  # rows of outputs per product: >= 256 rows keeps the GEMM efficient
-            for o in range(0, O, step):  # blocks (o..o+step, >= o); the few p < o ones are mirrored over
-                oc = min(step, O - o)
-                blk = (flat[o * n1:(o + oc) * n1] @ flat[o * n1:].T).view(oc, n1, O - o, n2)
-                acc[o:o + oc, :, o:] += blk if Wb is None else blk.mul_(Wb)
+            _upper(acc, flat, n1, Wb, 0, O)
             return
         G = (g1.reshape(O * n1, F) @ g2.reshape(O * n2, F).T).view(O, n1, O, n2)
         if W is not None:
@@ -77,10 +73,65 @@ def hadamard(acc: torch.Tensor, g1: torch.Tensor, g2: torch.Tensor, W: torch.Ten
         acc.add_(G if W is None else G * W.to(G.dtype))
 
 
+SYM_ROWS = 128  # diagonal blocks of at most this many rows are formed whole (measured: 0.56× the full product)
+
+
+def _upper(acc: torch.Tensor, flat: torch.Tensor, n: int, Wb: torch.Tensor | None, lo: int, hi: int) -> None:
+    """``acc[o, :, p] += W ⊙ g_o g_pᵀ`` for ``lo ≤ o ≤ p < hi`` (and some ``p < o`` inside small diagonal
+    blocks), by halving: the two diagonal halves recursively and the off-diagonal one as one square GEMM.
+    Stepping over row blocks against all later rows ran no faster than the full product at 1 thread;
+    halving does ~0.56× of it."""
+    if hi - lo == 1 or (hi - lo) * n <= SYM_ROWS:
+        rows = flat[lo * n:hi * n]
+        blk = (rows @ rows.T).view(hi - lo, n, hi - lo, n)
+        acc[lo:hi, :, lo:hi] += blk if Wb is None else blk.mul_(Wb)
+        return
+    mid = (lo + hi) // 2
+    _upper(acc, flat, n, Wb, lo, mid)
+    _upper(acc, flat, n, Wb, mid, hi)
+    blk = (flat[lo * n:mid * n] @ flat[mid * n:hi * n].T).view(mid - lo, n, hi - mid, n)
+    acc[lo:mid, :, mid:hi] += blk if Wb is None else blk.mul_(Wb)
+
+
 def mirror_upper(acc: torch.Tensor) -> None:
     """Fill the ``o > p`` blocks of a symmetric full accumulator ``(o, n, o, n)`` from the ``o < p`` ones."""
     for o in range(1, acc.shape[0]):
         acc[o, :, :o] = acc[:o, :, o].permute(2, 0, 1)
+
+
+def explicit_flops(O: int, n1: int, n2: int, T: int, Da: int, Dd: int, mode: str, same: bool) -> float:
+    """Multiply-adds of the explicit form: the per-example gradients ``P`` and their products (the
+    symmetric full product by halving costs ~0.56× the full one, :func:`_upper`)."""
+    form = O * (n1 + (0 if same else n2)) * T * Dd * Da
+    if mode.startswith("diag"):
+        return form + O * O * n1 * Dd * Da / (O if mode == "diagtrace" else 1)
+    prod = (O * n1) * (O * n2) * Dd * Da / (O if mode == "trace" else 1)
+    return form + prod * (0.56 if same and mode == "full" and O > 1 else 1.0)
+
+
+def gram_flops(O: int, n1: int, n2: int, T: int, Da: int, Dd: int, mode: str) -> float:
+    """Multiply-adds of the position-Gram form; the ``(o·n·T)²`` Grams are written, weighted and summed
+    (memory-bound), counted as 32 multiply-adds a number besides the ``D_δ`` of the product."""
+    f = 1 if mode == "full" else O
+    return (O * n1 * T) * (O * n2 * T) * (Dd + 32) / f + (n1 * T) * (n2 * T) * Da
+
+
+def _explicit(acc: torch.Tensor, a1: torch.Tensor, d1: torch.Tensor, a2: torch.Tensor, d2: torch.Tensor,
+              scale: float, mode: str, same: bool, max_numbers: int) -> None:
+    """The explicit form in chunks of ``D_δ`` (``P_{o,i}[d, :]`` rows): at most ``max_numbers`` gradient
+    numbers per batch at once, and the products add up over the chunks (``Σ_F`` splits)."""
+    O, n1, _, Dd = d1.shape
+    Da = a1.shape[2]
+    step = max(1, min(Dd, max_numbers // max(1, O * max(n1, d2.shape[1]) * Da)))
+    sym = same and scale >= 0  # scale·P Pᵀ = (√scale P)(√scale P)ᵀ: the symmetric product
+    for c in range(0, Dd, step):
+        p1 = torch.einsum("oitd,ita->oida", d1[..., c:c + step], a1).reshape(O, n1, -1)
+        if sym:
+            p1 = p1 * scale ** 0.5 if scale != 1.0 else p1
+            hadamard(acc, p1, p1, None, mode, same=True)
+            continue
+        p2 = torch.einsum("oitd,ita->oida", d2[..., c:c + step], a2).reshape(O, d2.shape[1], -1)
+        hadamard(acc, p1 * scale if scale != 1.0 else p1, p2, None, mode, same=False)
 
 
 def positions(acc: torch.Tensor, a1: torch.Tensor, d1: torch.Tensor, a2: torch.Tensor, d2: torch.Tensor,
@@ -88,9 +139,10 @@ def positions(acc: torch.Tensor, a1: torch.Tensor, d1: torch.Tensor, a2: torch.T
               max_floats: int = 2 ** 24) -> None:
     """``acc += scale · Σ_{t,s} (δ_t·δ'_s)(a_t·a'_s)``; ``a``: ``(n, T, D_a)``, ``d``: ``(o, n, T, D_δ)``.
 
-    ``method``: ``"gram"``, ``"explicit"`` or ``"auto"`` (fewer flops, explicit only while the
-    ``o·n·D_δ·D_a`` gradients fit ``4·max_floats`` numbers; the diag modes always use ``"explicit"``);
-    ``max_floats`` bounds the position-Gram chunk of the full mode."""
+    ``method``: ``"gram"``, ``"explicit"`` or ``"auto"`` (fewer multiply-adds, :func:`explicit_flops` against
+    :func:`gram_flops`; the diag modes always use ``"explicit"``). ``max_floats`` bounds the numbers held at
+    once: the position-Gram chunk of the full mode, and the explicit gradients (formed in chunks of
+    ``D_δ``, so the symmetric product is kept at any size)."""
     O, n1, T1, Dd = d1.shape
     n2, T2, Da = d2.shape[1], d2.shape[2], a2.shape[2]
     diag = mode.startswith("diag")
@@ -101,25 +153,10 @@ def positions(acc: torch.Tensor, a1: torch.Tensor, d1: torch.Tensor, a2: torch.T
             W = scale * (a1[:, 0] @ a2[:, 0].T)
         hadamard(acc, d1[:, :, 0], d2[:, :, 0], W, mode, same=same)
         return
-    n = max(n1, n2)
-    explicit_cost = O * n * max(T1, T2) * Dd * Da + (O * n) ** 2 * Dd * Da / (O if mode != "full" else 1)
-    # the position Grams are (o·n·T)² numbers that are written, weighted and summed: memory-bound
-    # work, counted as 32 flops a number besides the D_δ of the product
-    gram_cost = (O * n * max(T1, T2)) ** 2 * (Dd + 32) / (O if mode != "full" else 1) + (n * max(T1, T2)) ** 2 * Da
-    if same and mode == "full":
-        explicit_cost /= 2  # the symmetric product forms half the blocks
-    if diag:
-        gram_cost /= n
-        explicit_cost = O * n * max(T1, T2) * Dd * Da + O * O * n * Dd * Da
-    fits = O * n * Dd * Da <= 4 * max_floats  # the per-example gradients P, held at once
-    if method == "explicit" or diag or (method == "auto" and explicit_cost <= gram_cost and fits):
-        p1 = torch.einsum("oitd,ita->oida", d1, a1).reshape(O, n1, Dd * Da)
-        if same and scale >= 0:  # scale·P Pᵀ = (√scale P)(√scale P)ᵀ: the symmetric product
-            p1 = p1 * scale ** 0.5 if scale != 1.0 else p1
-            hadamard(acc, p1, p1, None, mode, same=True)
-            return
-        p2 = torch.einsum("oitd,ita->oida", d2, a2).reshape(O, n2, Dd * Da)
-        hadamard(acc, p1 * scale if scale != 1.0 else p1, p2, None, mode, same=False)
+    if method == "explicit" or diag or (method == "auto" and
+                                        explicit_flops(O, n1, n2, max(T1, T2), Da, Dd, mode, same)
+                                        <= gram_flops(O, n1, n2, max(T1, T2), Da, Dd, mode)):
+        _explicit(acc, a1, d1, a2, d2, scale, mode, same, max_floats)
         return
     GA = (a1.reshape(n1 * T1, Da) @ a2.reshape(n2 * T2, Da).T).view(n1, T1, n2, T2) * scale
     D2 = d2.reshape(O * n2 * T2, Dd)

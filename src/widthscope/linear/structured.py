@@ -47,7 +47,7 @@ from ..errors import WidthscopeError
 from ._core import _ntk_jacobian, as_param_dtype, model_output, params_and_buffers
 from .gram import hadamard, mirror_upper, positions
 from .predict import kernel_predict
-from .rules import elementwise_layout, multiplier, records, rule
+from .rules import LinearTaps, elementwise_layout, mha_records, mha_taps, multiplier, records, rule
 
 __all__ = ["uncovered", "dense_layers", "kernel_predict", "plan", "Plan"]
 
@@ -107,16 +107,32 @@ def _use_counts(root: torch.Tensor) -> dict[int, int]:
     return counts
 
 
-def _forward_hooked(model: nn.Module, x: torch.Tensor, hooks: list) -> torch.Tensor:
+def _forward_hooked(model: nn.Module, x: torch.Tensor, hooks: list, taps: dict | None = None) -> torch.Tensor:
     """``model(x)`` with grad enabled and forward hooks ``(module, fn(m, args, kwargs, out))`` in place
-    for this one call; the output tensor (``.logits`` etc. unwrapped)."""
+    for this one call; the output tensor (``.logits`` etc. unwrapped). ``taps``: module → list that collects
+    its ``F.linear`` calls (:class:`~widthscope.linear.rules.LinearTaps` around that module's forward)."""
     handles = [m.register_forward_hook(fn, with_kwargs=True) for m, fn in hooks]
+    wrapped = []
+    for m, calls in (taps or {}).items():
+        wrapped.append((m, m.__dict__.get("forward")))
+        m.forward = _tapped(m.forward, calls)
     try:
         with torch.enable_grad():
             return _out_tensor(model(x))
     finally:
         for h in handles:
             h.remove()
+        for m, prev in wrapped:
+            del m.forward
+            if prev is not None:
+                m.forward = prev
+
+
+def _tapped(forward, calls: list):
+    def run(*args, **kwargs):
+        with LinearTaps(calls):
+            return forward(*args, **kwargs)
+    return run
 
 
 def plan(model: nn.Module, x: torch.Tensor) -> Plan:
@@ -142,7 +158,9 @@ def plan(model: nn.Module, x: torch.Tensor) -> Plan:
             seen.setdefault(name, []).append((_first_input(args, kwargs), out))
         return f
 
-    out = _forward_hooked(model, probe, [(m, hook(n)) for n, m, _ in cands])
+    mha = {n: [] for n, _, r in cands if r == "mha"}
+    out = _forward_hooked(model, probe, [(m, hook(n)) for n, m, _ in cands],
+                          {m: mha[n] for n, m, r in cands if r == "mha"})
     uses = _use_counts(out) if out.grad_fn is not None else {}
     P = Plan()
     covered_ids: set[int] = set()
@@ -150,6 +168,9 @@ def plan(model: nn.Module, x: torch.Tensor) -> Plan:
     for name, m, r in cands:
         calls = seen.get(name, [])
         if len(calls) != 1:
+            continue
+        if r == "mha":
+            _plan_mha(P, name, m, mha_taps(m, mha[name], B), uses, owners, covered_ids)
             continue
         inp, z = calls[0]
         if not (isinstance(inp, torch.Tensor) and isinstance(z, torch.Tensor) and inp.dim() >= 1
@@ -180,6 +201,24 @@ def plan(model: nn.Module, x: torch.Tensor) -> Plan:
             P.generic.append(name)
             P.n_generic += p.numel()
     return P
+
+
+def _plan_mha(P: Plan, name: str, m: nn.Module, taps: list | None, uses: dict, owners: dict, covered: set) -> None:
+    """An ``nn.MultiheadAttention`` entry: its own and its ``out_proj``'s parameters that the probe's
+    ``F.linear`` calls use exactly once each (``taps``: :func:`~widthscope.linear.rules.mha_taps`)."""
+    if not taps:
+        return
+    params = dict(m.named_parameters())
+    tapped = {k for kw, kb, _, _ in taps for k in (kw, kb) if k is not None}
+    attrs = {k for k in tapped if params[k].requires_grad and uses.get(id(params[k]), 0) == 1
+             and owners.get(id(params[k]), 0) == 1}
+    if not attrs:
+        return
+    covered.update(id(params[k]) for k in attrs)
+    P.entries.append((name, m, "mha", attrs, None))
+    for _, _, a, z in taps:
+        P.signal_numel += z.numel() // a.shape[0]
+        P.shapes.append(("dense", a.shape[1], a.shape[2], z.shape[-1]))
 
 
 def _entry_shape(r: str, m: nn.Module, inp: torch.Tensor, z: torch.Tensor) -> tuple[str, int, int, int]:
@@ -225,14 +264,30 @@ def _capture(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> t
             return out.clone()  # later in-place ops must not touch the z that δ is taken at
         return f
 
-    out = _forward_hooked(model, X, [(m, hook(n)) for n, m, *_ in P.entries])
+    def ran(name):  # an attention module: its F.linear calls are the taps
+        def f(_m, args, kwargs, out):
+            if name in store:
+                raise WidthscopeError(f"structured NTK: module {name!r} ran twice on these inputs but once on "
+                                      "the probe (input-dependent control flow); use method='jacobian'")
+            store[name] = None
+        return f
+
+    mha = {e[0]: [] for e in P.entries if e[2] == "mha"}
+    out = _forward_hooked(model, X, [(m, (ran if r == "mha" else hook)(n)) for n, m, r, *_ in P.entries],
+                          {e[1]: mha[e[0]] for e in P.entries if e[2] == "mha"})
     N, O = out.shape
-    names = [e[0] for e in P.entries]
-    for nm in names:
-        if nm not in store or store[nm][1].shape[0] != N or store[nm][0].shape[0] != N:
+    taps = {e[0]: mha_taps(e[1], mha[e[0]], N) for e in P.entries if e[2] == "mha"}
+    for nm, m, r, *_ in P.entries:
+        bad = nm not in store or (taps[nm] is None if r == "mha" else
+                                  store[nm][1].shape[0] != N or store[nm][0].shape[0] != N)
+        if bad:
             raise WidthscopeError(f"structured NTK: module {nm!r} did not run once on per-example inputs for "
                                   f"this batch of {N}; use method='jacobian'")
-    zs = [store[nm][1] for nm in names]
+    zs, owner = [], []  # every tensor δ is taken at, and its entry's index
+    for i, (nm, m, r, *_) in enumerate(P.entries):
+        for z in ([t[3] for t in taps[nm]] if r == "mha" else [store[nm][1]]):
+            zs.append(z)
+            owner.append(i)
     live = [i for i, z in enumerate(zs) if z.requires_grad]
     deltas: list[list[torch.Tensor]] = [[] for _ in zs]
     for o0 in range(0, O, o_chunk):
@@ -252,11 +307,12 @@ def _capture(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> t
         for li, g in zip(live, grads):
             deltas[li].append(torch.zeros((oc,) + tuple(zs[li].shape), dtype=out.dtype, device=out.device)
                               if g is None else g.detach())
+    ds = [(D[0] if len(D) == 1 else torch.cat(D)) if D else torch.zeros((O,) + tuple(z.shape), dtype=z.dtype,
+                                                                       device=z.device) for D, z in zip(deltas, zs)]
     recs: list[tuple] = []
-    for (nm, m, r, attrs, layout), D, z in zip(P.entries, deltas, zs):
-        d = (D[0] if len(D) == 1 else torch.cat(D)) if D else torch.zeros((O,) + tuple(z.shape), dtype=z.dtype,
-                                                                         device=z.device)
-        recs.extend(records(r, m, store[nm][0], d, attrs, layout))
+    for i, (nm, m, r, attrs, layout) in enumerate(P.entries):
+        d = [dk for dk, k in zip(ds, owner) if k == i]
+        recs.extend(mha_records(taps[nm], d, attrs) if r == "mha" else records(r, m, store[nm][0], d[0], attrs, layout))
     return recs, O
 
 
