@@ -81,14 +81,15 @@ def measure(fn, x: torch.Tensor, params: dict[str, torch.Tensor]) -> Probe:
 
 def _positions_flops(rule: str, n: int, O: int, T: int, Da: int, Dd: int, mode: str, same: bool) -> float:
     """The Gram flops of one covered layer, as :func:`~widthscope.linear.gram.positions` would pick."""
-    from .gram import explicit_flops, gram_flops
+    from .gram import explicit_flops, gram_flops, pairs_flops
 
     if T == 1:
         return 2.0 * (O * n) ** 2 * Dd / (O if mode != "full" else 1) * (0.56 if same and mode == "full" else 1) \
             + 2.0 * n * n * Da
-    if mode.startswith("diag"):
-        return 2.0 * explicit_flops(O, n, n, T, Da, Dd, mode, same)
-    return 2.0 * min(explicit_flops(O, n, n, T, Da, Dd, mode, same), gram_flops(O, n, n, T, Da, Dd, mode))
+    forms = [explicit_flops(O, n, n, T, Da, Dd, mode, same), pairs_flops(O, n, n, T, Da, Dd, mode, same)]
+    if not mode.startswith("diag"):
+        forms.append(gram_flops(O, n, n, T, Da, Dd, mode))
+    return 2.0 * min(forms)
 
 
 def _jacobian(P: float, O: int, n1: int, n2: int, same: bool, pr: Probe, item: int, budget: float,

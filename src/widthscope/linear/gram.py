@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["hadamard", "positions", "mirror_upper", "MODES"]
+__all__ = ["hadamard", "positions", "mirror_upper", "tied_gradients", "MODES"]
 
 MODES = ("full", "trace", "diag", "diagtrace")
 
@@ -116,6 +116,50 @@ def gram_flops(O: int, n1: int, n2: int, T: int, Da: int, Dd: int, mode: str) ->
     return (O * n1 * T) * (O * n2 * T) * (Dd + 32) / f + (n1 * T) * (n2 * T) * Da
 
 
+def pairs_flops(O: int, n1: int, n2: int, T: int, Da: int, Dd: int, mode: str, same: bool) -> float:
+    """Multiply-adds of the pair form (:func:`_pairs`): the input Grams ``M_ij``, ``Y = M_ij δ'_j`` and the
+    contraction with ``δ_i`` over positions and features (the ``j ≥ i`` half with ``x2=None``)."""
+    if mode.startswith("diag"):
+        return n1 * T * T * Da + n1 * O * T * T * Dd + n1 * O * O * T * Dd / (O if mode == "diagtrace" else 1)
+    half = 0.5 if same else 1.0
+    main = (O * n1) * (O * n2) * T * Dd / (O if mode == "trace" else 1)
+    return n1 * n2 * T * T * Da + half * (n1 * n2 * O * T * T * Dd + main)
+
+
+def _pairs(acc: torch.Tensor, a1: torch.Tensor, d1: torch.Tensor, a2: torch.Tensor, d2: torch.Tensor,
+           scale: float, mode: str, same: bool) -> None:
+    """``Θ_{oi,pj} = Σ_t δ_{o,i,t} · Y_{ij,p,t}`` with ``Y_{ij,p,t} = Σ_s M_{ij,ts} δ'_{p,j,s}`` and
+    ``M_{ij,ts} = scale·(a_{i,t}·a'_{j,s})``: the position sums taken through the ``T×T`` input Gram of each
+    example pair, so no ``(o·n·T)²`` Gram and no ``D_δ×D_a`` gradient is formed. With ``same`` only
+    ``j ≥ i`` is computed and the ``j > i`` blocks are also added transposed (this term is then complete)."""
+    O, n1, T1, Dd = d1.shape
+    n2, T2 = d2.shape[1], d2.shape[2]
+    M = (a1.reshape(n1 * T1, -1) @ a2.reshape(n2 * T2, -1).T).view(n1, T1, n2, T2).permute(0, 2, 1, 3) * scale
+    D2 = d2.permute(1, 2, 0, 3).reshape(n2, T2, O * Dd)  # (j, s, p·d)
+    for i in range(n1):
+        j0 = i if (same or mode.startswith("diag")) else 0
+        j1 = i + 1 if mode.startswith("diag") else n2
+        Y = torch.bmm(M[i, j0:j1].contiguous(), D2[j0:j1]).view(j1 - j0, T1, O, Dd)  # (j, t, p, d)
+        Di = d1[:, i].reshape(O, T1 * Dd)
+        if mode == "trace":
+            G = torch.einsum("otd,jtod->j", d1[:, i], Y)
+            acc[i, j0:] += G
+            if same:
+                acc[j0 + 1:, i] += G[1:]
+            continue
+        if mode == "diagtrace":
+            acc[i] += torch.einsum("otd,tod->", d1[:, i], Y[0])
+            continue
+        G = Di @ Y.permute(0, 2, 1, 3).reshape((j1 - j0) * O, T1 * Dd).T  # (o, j·p)
+        if mode == "diag":
+            acc[i] += G
+            continue
+        G = G.view(O, j1 - j0, O).permute(0, 2, 1)  # (o, p, j)
+        acc[:, i, :, j0:j1] += G
+        if same and j1 > j0 + 1:  # Θ_{pj,oi} = Θ_{oi,pj}
+            acc[:, j0 + 1:j1, :, i] += G[:, :, 1:].permute(1, 2, 0)
+
+
 def _explicit(acc: torch.Tensor, a1: torch.Tensor, d1: torch.Tensor, a2: torch.Tensor, d2: torch.Tensor,
               scale: float, mode: str, same: bool, max_numbers: int) -> None:
     """The explicit form in chunks of ``D_δ`` (``P_{o,i}[d, :]`` rows): at most ``max_numbers`` gradient
@@ -153,9 +197,17 @@ def positions(acc: torch.Tensor, a1: torch.Tensor, d1: torch.Tensor, a2: torch.T
             W = scale * (a1[:, 0] @ a2[:, 0].T)
         hadamard(acc, d1[:, :, 0], d2[:, :, 0], W, mode, same=same)
         return
-    if method == "explicit" or diag or (method == "auto" and
-                                        explicit_flops(O, n1, n2, max(T1, T2), Da, Dd, mode, same)
-                                        <= gram_flops(O, n1, n2, max(T1, T2), Da, Dd, mode)):
+    T = max(T1, T2)
+    if method == "auto":
+        costs = {"explicit": explicit_flops(O, n1, n2, T, Da, Dd, mode, same),
+                 "pairs": pairs_flops(O, n1, n2, T, Da, Dd, mode, same)}
+        if not diag:
+            costs["gram"] = gram_flops(O, n1, n2, T, Da, Dd, mode)
+        method = min(costs, key=costs.get)
+    if method == "pairs":
+        _pairs(acc, a1, d1, a2, d2, scale, mode, same)
+        return
+    if method == "explicit" or diag:
         _explicit(acc, a1, d1, a2, d2, scale, mode, same, max_floats)
         return
     GA = (a1.reshape(n1 * T1, Da) @ a2.reshape(n2 * T2, Da).T).view(n1, T1, n2, T2) * scale
@@ -170,3 +222,29 @@ def positions(acc: torch.Tensor, a1: torch.Tensor, d1: torch.Tensor, a2: torch.T
         for o in range(O):
             GD = (d1[o].reshape(n1 * T1, Dd) @ d2[o].reshape(n2 * T2, Dd).T).view(n1, T1, n2, T2)
             acc += (GD * GA).sum((1, 3))
+
+
+def tied_gradients(uses: list[tuple], shape: tuple[int, ...], step: int):
+    """The per-example gradients ``(o, n, rows·C)`` of one weight of ``shape`` (``rows`` first) shared by
+    several modules, in chunks of ``step`` rows: the sum over its ``uses``
+    (:func:`widthscope.linear.rules.tied_use`), so the kernel gets ``⟨Σ_u g_u, Σ_u g'_u⟩`` — the cross
+    terms between the uses included."""
+    R = shape[0]
+    for r0 in range(0, R, step):
+        r1 = min(R, r0 + step)
+        G = None
+        for kind, a, d, mult in uses:
+            O, n = d.shape[:2]
+            if kind == "linear":
+                g = torch.einsum("oitd,ita->oida", d[..., r0:r1], a) * mult
+            elif kind == "conv1d":
+                g = torch.einsum("ita,oitd->oiad", a[..., r0:r1], d)
+            else:  # embed: ids (n, T) → rows of this chunk
+                g = torch.zeros(O, n * (r1 - r0), d.shape[-1], dtype=d.dtype, device=d.device)
+                ids = a.reshape(n, -1)
+                keep = (ids >= r0) & (ids < r1)
+                rows = (torch.arange(n, device=ids.device)[:, None] * (r1 - r0) + ids - r0)[keep]
+                g.index_add_(1, rows, d[:, keep])
+                g = g.view(O, n, r1 - r0, -1)
+            G = g if G is None else G + g
+        yield G.reshape(G.shape[0], G.shape[1], -1)

@@ -42,7 +42,7 @@ from torch import nn
 from torch.func import functional_call, jvp
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["rule", "multiplier", "elementwise_layout", "records", "LinearTaps", "mha_taps", "mha_records"]
+__all__ = ["rule", "multiplier", "elementwise_layout", "records", "LinearTaps", "mha_taps", "mha_records", "tied_use"]
 
 
 def multiplier(m: nn.Module) -> float | None:
@@ -263,7 +263,7 @@ def mha_taps(m: nn.MultiheadAttention, calls: list, n: int) -> list[tuple] | Non
             used.setdefault(kb, []).append(b)
         if x.dim() == 3 and x.shape[1] == n:
             a = x.detach().transpose(0, 1)
-        elif x.dim() == 2 and x.shape[0] % n == 0 and n > 1:
+        elif x.dim() == 2 and x.shape[0] % n == 0:
             a = x.detach().reshape(-1, n, x.shape[1]).transpose(0, 1)
         else:
             return None
@@ -285,3 +285,17 @@ def mha_records(taps: list[tuple], deltas: list[torch.Tensor], covered: set[str]
         if w_on or b_on:
             recs.append(("dense", a, d, 1.0, w_on, b_on))
     return recs
+
+
+def tied_use(kind: str, m: nn.Module, x: Any, delta: torch.Tensor) -> tuple:
+    """One use of a weight that several modules share (a tied input embedding and LM head), as what its
+    per-example gradient is built from (:func:`widthscope.linear.gram.tied_gradients`):
+    ``("linear", a, δ, m)`` (``z = m·a Wᵀ``: ``∂f/∂W = m Σ_t δ_t a_tᵀ``), ``("conv1d", a, δ, 1)``
+    (transformers' ``Conv1D``, ``W`` is ``(in, out)``: ``Σ_t a_t δ_tᵀ``) or ``("embed", ids, δ, 1)``
+    (``∂f/∂W_v = Σ_t [id_t = v] δ_t``, ``padding_idx`` positions dropped)."""
+    O, n = delta.shape[:2]
+    if kind == "embedding":
+        rec = records(kind, m, x, delta, {"weight"}, None)[0]
+        return ("embed", rec[1], rec[2], 1.0)
+    a, d = x.reshape(n, -1, x.shape[-1]), delta.reshape(O, n, -1, delta.shape[-1])
+    return ("conv1d", a, d, 1.0) if type(m).__name__ == "Conv1D" else ("linear", a, d, multiplier(m))

@@ -45,9 +45,9 @@ from torch import nn
 
 from ..errors import WidthscopeError
 from ._core import _ntk_jacobian, as_param_dtype, model_output, params_and_buffers
-from .gram import hadamard, mirror_upper, positions
+from .gram import hadamard, mirror_upper, positions, tied_gradients
 from .predict import kernel_predict
-from .rules import LinearTaps, elementwise_layout, mha_records, mha_taps, multiplier, records, rule
+from .rules import LinearTaps, elementwise_layout, mha_records, mha_taps, multiplier, records, rule, tied_use
 
 __all__ = ["uncovered", "dense_layers", "kernel_predict", "plan", "Plan"]
 
@@ -67,13 +67,15 @@ def dense_layers(model: nn.Module) -> list[tuple[str, nn.Module, float]]:
 @dataclass
 class Plan:
     """What goes where: ``entries`` (name, module, rule, covered attrs, elementwise layout) on the
-    structured path; ``generic`` parameter names on the Jacobian path; parameter counts."""
+    structured path; ``tied``: per weight shared by several covered modules (``"weight"`` of each), the
+    indices of those entries; ``generic`` parameter names on the Jacobian path; parameter counts."""
     entries: list[tuple[str, nn.Module, str, set, str | None]] = field(default_factory=list)
     generic: list[str] = field(default_factory=list)
     n_covered: int = 0
     n_generic: int = 0
     signal_numel: int = 0  # Σ over entries of one example's output numel: δ memory = out·n·this numbers
     shapes: list[tuple[str, int, int, int]] = field(default_factory=list)  # (rule, T, D_a, D_δ) for the cost model
+    tied: list[list[int]] = field(default_factory=list)  # per tied weight, the entries (indices) that use it
 
 
 def _first_input(args: tuple, kwargs: dict) -> Any:
@@ -162,8 +164,10 @@ def plan(model: nn.Module, x: torch.Tensor) -> Plan:
     out = _forward_hooked(model, probe, [(m, hook(n)) for n, m, _ in cands],
                           {m: mha[n] for n, m, r in cands if r == "mha"})
     uses = _use_counts(out) if out.grad_fn is not None else {}
+    bcast = _broadcast_embeddings(model, probe, out, cands, seen)
     P = Plan()
     covered_ids: set[int] = set()
+    tied_uses: dict[int, tuple[nn.Parameter, list[int]]] = {}
     B = probe.shape[0]
     for name, m, r in cands:
         calls = seen.get(name, [])
@@ -173,25 +177,39 @@ def plan(model: nn.Module, x: torch.Tensor) -> Plan:
             _plan_mha(P, name, m, mha_taps(m, mha[name], B), uses, owners, covered_ids)
             continue
         inp, z = calls[0]
+        layout = None
+        if name in bcast:  # one lookup for the whole batch (GPT-2's position ids): per example from here
+            inp, z, layout = inp.expand(B, *inp.shape[1:]), z.expand(B, *z.shape[1:]), "broadcast"
         if not (isinstance(inp, torch.Tensor) and isinstance(z, torch.Tensor) and inp.dim() >= 1
                 and z.dim() >= 1 and inp.shape[0] == B and z.shape[0] == B):
             continue
-        layout = None
         if r == "elementwise":
             layout = elementwise_layout(m, inp, z)
             if layout is None:
                 continue
         if r == "conv" and inp.dim() != (3 if isinstance(m, nn.Conv1d) else 4):
             continue  # unbatched conv input
-        attrs = set()
+        attrs, tied = set(), []
         for k, p in m.named_parameters(recurse=False):
-            if p.requires_grad and uses.get(id(p), 0) == 1 and owners.get(id(p), 0) == 1:
+            if not p.requires_grad:
+                continue
+            if uses.get(id(p), 0) == 1 and owners.get(id(p), 0) == 1:
                 attrs.add(k)
                 covered_ids.add(id(p))
-        if attrs:
+            elif k == "weight" and r in ("dense", "embedding") and uses.get(id(p), 0) == owners.get(id(p), 0) > 1:
+                tied.append(p)  # one use per owning module: covered if every owner is an entry (below)
+        if attrs or tied:
+            for p in tied:
+                tied_uses.setdefault(id(p), (p, []))[1].append(len(P.entries))
             P.entries.append((name, m, r, attrs, layout))
             P.signal_numel += z[0].numel()
-            P.shapes.append(_entry_shape(r, m, inp, z))
+            if attrs:
+                P.shapes.append(_entry_shape(r, m, inp, z))
+    for p, idx in tied_uses.values():
+        if len(idx) == owners[id(p)]:  # every use is a covered module's, run once on per-example inputs
+            P.tied.append(idx)
+            covered_ids.add(id(p))
+            P.shapes.append(("tied", 1, 0, p.numel()))
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
@@ -201,6 +219,30 @@ def plan(model: nn.Module, x: torch.Tensor) -> Plan:
             P.generic.append(name)
             P.n_generic += p.numel()
     return P
+
+
+def _broadcast_embeddings(model: nn.Module, probe: torch.Tensor, out: torch.Tensor, cands: list,
+                          seen: dict) -> set[str]:
+    """Embeddings looked up once for the whole batch (ids of leading size 1, GPT-2's positions) whose output,
+    expanded to one copy per example, gives the same model output: their names. With one copy per example
+    the back-propagated signal is per example, and the layer is an ordinary embedding of the expanded ids."""
+    B = probe.shape[0]
+    names = {n: m for n, m, r in cands if r == "embedding" and len(seen.get(n, [])) == 1 and B > 1
+             and all(isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == 1 for t in seen[n][0])}
+    if not names:
+        return set()
+
+    def expand(_m, args, kwargs, z):
+        return z.expand(B, *z.shape[1:]).clone()
+
+    try:
+        again = _forward_hooked(model, probe, [(m, expand) for m in names.values()])
+    except (RuntimeError, ValueError, IndexError):
+        return set()
+    tol = 1e-12 if out.dtype == torch.float64 else 1e-5
+    again, out = again.detach(), out.detach()
+    same = again.shape == out.shape and bool(torch.allclose(again, out, rtol=tol, atol=tol * float(out.abs().max())))
+    return set(names) if same else set()
 
 
 def _plan_mha(P: Plan, name: str, m: nn.Module, taps: list | None, uses: dict, owners: dict, covered: set) -> None:
@@ -260,9 +302,15 @@ def _capture(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> t
             if name in store:
                 raise WidthscopeError(f"structured NTK: module {name!r} ran twice on these inputs but once on "
                                       "the probe (input-dependent control flow); use method='jacobian'")
-            store[name] = [_first_input(args, kwargs).detach(), out]
+            x = _first_input(args, kwargs).detach()
+            if layouts[name] == "broadcast":
+                x, out = x.expand(N, *x.shape[1:]), out.expand(N, *out.shape[1:]).clone()
+            store[name] = [x, out]
             return out.clone()  # later in-place ops must not touch the z that δ is taken at
         return f
+
+    N = X.shape[0]
+    layouts = {e[0]: e[4] for e in P.entries}
 
     def ran(name):  # an attention module: its F.linear calls are the taps
         def f(_m, args, kwargs, out):
@@ -310,15 +358,29 @@ def _capture(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> t
     ds = [(D[0] if len(D) == 1 else torch.cat(D)) if D else torch.zeros((O,) + tuple(z.shape), dtype=z.dtype,
                                                                        device=z.device) for D, z in zip(deltas, zs)]
     recs: list[tuple] = []
+    uses: dict[int, tuple] = {}
     for i, (nm, m, r, attrs, layout) in enumerate(P.entries):
         d = [dk for dk, k in zip(ds, owner) if k == i]
         recs.extend(mha_records(taps[nm], d, attrs) if r == "mha" else records(r, m, store[nm][0], d[0], attrs, layout))
+        if any(i in idx for idx in P.tied):
+            uses[i] = tied_use(r, m, store[nm][0], d[0])
+    recs.extend(("tied", [uses[i] for i in idx], P.entries[idx[0]][1].weight.shape) for idx in P.tied)
     return recs, O
 
 
 def _combine(acc: torch.Tensor, r1: list[tuple], r2: list[tuple], mode: str, same: bool) -> None:
     diag = mode.startswith("diag")
     for a, b in zip(r1, r2):
+        if a[0] == "tied":  # Σ of every use's per-example gradient, then the product (in row chunks)
+            O, n = a[1][0][2].shape[:2]
+            step = max(1, 2 ** 24 // max(1, O * max(n, b[1][0][2].shape[1]) * math.prod(a[2][1:])))
+            if same:
+                for g in tied_gradients(a[1], a[2], step):
+                    hadamard(acc, g, g, None, mode, same=True)
+            else:
+                for g1, g2 in zip(tied_gradients(a[1], a[2], step), tied_gradients(b[1], b[2], step)):
+                    hadamard(acc, g1, g2, None, mode)
+            continue
         if a[0] == "vector":
             hadamard(acc, a[1], b[1], None, mode, same=same)
         elif a[0] == "embed":
