@@ -193,7 +193,9 @@ def plan(model: nn.Module, x: torch.Tensor) -> Plan:
         for k, p in m.named_parameters(recurse=False):
             if not p.requires_grad:
                 continue
-            if uses.get(id(p), 0) == 1 and owners.get(id(p), 0) == 1:
+            # a dense layer or embedding always uses its parameters: the one use is this module's even when
+            # a container registers the parameter too (BERT's cls.predictions.bias is its decoder's bias)
+            if uses.get(id(p), 0) == 1 and (owners.get(id(p), 0) == 1 or r in ("dense", "embedding")):
                 attrs.add(k)
                 covered_ids.add(id(p))
             elif k == "weight" and r in ("dense", "embedding") and uses.get(id(p), 0) == owners.get(id(p), 0) > 1:
@@ -279,18 +281,23 @@ def _entry_shape(r: str, m: nn.Module, inp: torch.Tensor, z: torch.Tensor) -> tu
 def uncovered(model: nn.Module, x: torch.Tensor | None = None) -> list[str]:
     """Trainable parameters the structured kernel leaves to the generic path (empty: it covers the
     model). With ``x`` (example inputs) this is :func:`plan`'s answer; without, a static check:
-    parameters of modules no rule covers, or registered in more than one module."""
+    parameters of modules no rule covers, or registered in more than one module none of which is a dense
+    layer or an embedding (those are tied weights the plan covers when each owner runs once)."""
     if x is not None:
         return plan(model, x).generic
     owners: dict[int, int] = {}
     ok: set[int] = set()
+    shared_ok: set[int] = set()  # a dense layer or embedding among several owners (tied weights)
     for _, m in model.named_modules(remove_duplicate=False):
         r = rule(m)
         for p in m.parameters(recurse=False):
             owners[id(p)] = owners.get(id(p), 0) + 1
             if r is not None:
                 ok.add(id(p))
-    return [n for n, p in model.named_parameters() if p.requires_grad and (id(p) not in ok or owners[id(p)] != 1)]
+            if r in ("dense", "embedding"):
+                shared_ok.add(id(p))
+    return [n for n, p in model.named_parameters() if p.requires_grad
+            and not ((id(p) in ok and owners[id(p)] == 1) or id(p) in shared_ok)]
 
 
 def _capture(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> tuple[list[tuple], int]:
