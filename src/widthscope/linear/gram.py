@@ -10,9 +10,11 @@ Every covered parameter contributes a term of one of two forms (``o, p`` output 
   ``W = 1``.
 - **positions**: ``Θ_{op}(x_i, x'_j) += m² Σ_{t,s} (δ_{o,i,t}·δ'_{p,j,s}) (a_{i,t}·a'_{j,s})`` for a
   layer applied at positions ``t`` (sequences, conv patches, embedding lookups with one-hot ``a``).
-  It is computed either from position Grams (``"gram"``: ``O((o n T)² (D_δ + 1) + (n T)² D_a)``) or
-  by forming the per-example weight gradients ``P_{o,i} = Σ_t δ_{o,i,t} a_{i,t}ᵀ`` (``"explicit"``:
-  ``O(o n T D_δ D_a + (o n)² D_δ D_a)``, memory ``o n D_δ D_a``), whichever costs fewer flops.
+  It is computed from position Grams (``"gram"``: ``O((o n T)² (D_δ + 1) + (n T)² D_a)``), by forming
+  the per-example weight gradients ``P_{o,i} = Σ_t δ_{o,i,t} a_{i,t}ᵀ`` (``"explicit"``:
+  ``O(o n T D_δ D_a + (o n)² D_δ D_a)``, in chunks of ``D_δ``), or through the ``T×T`` input Gram of
+  each example pair (``"pairs"``: ``O(n² T² D_a + n² o T² D_δ + (o n)² T D_δ)``), whichever costs
+  fewer flops.
   With one output this is :func:`widthscope.probe.intervene.block_gram`.
 
 Shapes of the accumulator (``mode``): ``"full"`` ``(o, n1, o, n2)`` (permuted to ``(n1, n2, o, o)``

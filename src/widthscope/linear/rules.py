@@ -26,6 +26,12 @@ A covered module turns its captured input ``a`` and back-propagated output signa
   ``(1 + w)`` scale is handled too. Whether a module really is elementwise is *checked* on the probe
   input: the jvp along a random tangent ``u`` must equal ``c ⊙ u`` (and ``v`` for the bias).
 
+- ``nn.MultiheadAttention``: torch's own ``F.multi_head_attention_forward`` runs with its ``F.linear``
+  calls recorded (:class:`LinearTaps`); each in-projection (the packed one or its slices, which must
+  tile the parameter) and the out-projection is a dense record (:func:`mha_records`).
+- a weight tied between dense layers/embeddings: each use's per-example gradient (:func:`tied_use`),
+  summed before the product.
+
 Example::
 
     >>> import torch

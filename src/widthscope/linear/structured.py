@@ -17,9 +17,12 @@ components (``is_grads_batched``) gives every ``δ_o`` at every layer for the wh
 ``O(n · out · P)`` memory for Jacobians.
 
 **Hybrid.** A parameter is covered when its module is covered, runs exactly once per forward
-pass on per-example inputs (leading dimension the batch), and the parameter has exactly one
-use in the autograd graph (so tied/shared weights, layers run twice and parameters used
-outside their module are caught). Everything else — and any trainable parameter of an
+pass on per-example inputs (leading dimension the batch; an embedding looked up once for the whole
+batch is expanded per example), and the parameter has exactly one use in the autograd graph (so
+layers run twice and parameters used outside their module are caught) — or it is a weight tied
+between covered dense layers/embeddings with one use per owner (its per-example gradient is the
+sum of the uses'). ``nn.MultiheadAttention`` is covered through the ``F.linear`` calls of its
+projections (:class:`~widthscope.linear.rules.LinearTaps`). Everything else — and any trainable parameter of an
 uncovered module — goes through the explicit-Jacobian route of :func:`widthscope.linear.ntk`
 restricted to just those parameters, and the two parts are summed (exact: the NTK is a sum
 over parameters). :func:`plan` says which is which; ``info`` reports it.
