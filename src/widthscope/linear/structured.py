@@ -312,6 +312,9 @@ def _capture(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> t
             if name in store:
                 raise WidthscopeError(f"structured NTK: module {name!r} ran twice on these inputs but once on "
                                       "the probe (input-dependent control flow); use method='jacobian'")
+            if layouts[name] == "mha":  # an attention module: its F.linear calls are the taps
+                store[name] = None
+                return None
             x = _first_input(args, kwargs).detach()
             if layouts[name] == "broadcast":
                 x, out = x.expand(N, *x.shape[1:]), out.expand(N, *out.shape[1:]).clone()
@@ -320,18 +323,9 @@ def _capture(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> t
         return f
 
     N = X.shape[0]
-    layouts = {e[0]: e[4] for e in P.entries}
-
-    def ran(name):  # an attention module: its F.linear calls are the taps
-        def f(_m, args, kwargs, out):
-            if name in store:
-                raise WidthscopeError(f"structured NTK: module {name!r} ran twice on these inputs but once on "
-                                      "the probe (input-dependent control flow); use method='jacobian'")
-            store[name] = None
-        return f
-
+    layouts = {e[0]: "mha" if e[2] == "mha" else e[4] for e in P.entries}
     mha = {e[0]: [] for e in P.entries if e[2] == "mha"}
-    out = _forward_hooked(model, X, [(m, (ran if r == "mha" else hook)(n)) for n, m, r, *_ in P.entries],
+    out = _forward_hooked(model, X, [(m, hook(n)) for n, m, *_ in P.entries],
                           {e[1]: mha[e[0]] for e in P.entries if e[2] == "mha"})
     N, O = out.shape
     taps = {e[0]: mha_taps(e[1], mha[e[0]], N) for e in P.entries if e[2] == "mha"}
@@ -346,6 +340,22 @@ def _capture(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> t
         for z in ([t[3] for t in taps[nm]] if r == "mha" else [store[nm][1]]):
             zs.append(z)
             owner.append(i)
+    ds = _signals(out, zs, o_chunk)
+    recs: list[tuple] = []
+    uses: dict[int, tuple] = {}
+    for i, (nm, m, r, attrs, layout) in enumerate(P.entries):
+        d = [dk for dk, k in zip(ds, owner) if k == i]
+        recs.extend(mha_records(taps[nm], d, attrs) if r == "mha" else records(r, m, store[nm][0], d[0], attrs, layout))
+        if any(i in idx for idx in P.tied):
+            uses[i] = tied_use(r, m, store[nm][0], d[0])
+    recs.extend(("tied", [uses[i] for i in idx], P.entries[idx[0]][1].weight.shape) for idx in P.tied)
+    return recs, O
+
+
+def _signals(out: torch.Tensor, zs: list[torch.Tensor], o_chunk: int) -> list[torch.Tensor]:
+    """``δ = ∂out_o/∂z`` ``(o, *z.shape)`` for every ``z`` in ``zs``: batched backward passes over chunks of
+    ``o_chunk`` output components (zeros where ``z`` does not reach the output)."""
+    N, O = out.shape
     live = [i for i, z in enumerate(zs) if z.requires_grad]
     deltas: list[list[torch.Tensor]] = [[] for _ in zs]
     for o0 in range(0, O, o_chunk):
@@ -365,17 +375,8 @@ def _capture(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> t
         for li, g in zip(live, grads):
             deltas[li].append(torch.zeros((oc,) + tuple(zs[li].shape), dtype=out.dtype, device=out.device)
                               if g is None else g.detach())
-    ds = [(D[0] if len(D) == 1 else torch.cat(D)) if D else torch.zeros((O,) + tuple(z.shape), dtype=z.dtype,
-                                                                       device=z.device) for D, z in zip(deltas, zs)]
-    recs: list[tuple] = []
-    uses: dict[int, tuple] = {}
-    for i, (nm, m, r, attrs, layout) in enumerate(P.entries):
-        d = [dk for dk, k in zip(ds, owner) if k == i]
-        recs.extend(mha_records(taps[nm], d, attrs) if r == "mha" else records(r, m, store[nm][0], d[0], attrs, layout))
-        if any(i in idx for idx in P.tied):
-            uses[i] = tied_use(r, m, store[nm][0], d[0])
-    recs.extend(("tied", [uses[i] for i in idx], P.entries[idx[0]][1].weight.shape) for idx in P.tied)
-    return recs, O
+    return [(D[0] if len(D) == 1 else torch.cat(D)) if D else torch.zeros((O,) + tuple(z.shape), dtype=z.dtype,
+                                                                         device=z.device) for D, z in zip(deltas, zs)]
 
 
 def _combine(acc: torch.Tensor, r1: list[tuple], r2: list[tuple], mode: str, same: bool) -> None:
