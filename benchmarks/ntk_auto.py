@@ -1,4 +1,4 @@
-"""NTK ``method="auto"`` against every method, on an MLP, a conv net, widthscope's LLaMA, GPT-2 and a TransformerEncoder.
+"""NTK ``method="auto"`` against every method: an MLP, a conv net, LLaMA, GPT-2 and a TransformerEncoder.
 
 Per model the full kernel ``Θ(x, x)`` is timed for each method ``ntk`` offers (``structured``,
 ``jacobian``, ``products``) and for ``auto``, back to back and interleaved (the machine is shared:
