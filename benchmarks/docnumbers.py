@@ -363,6 +363,31 @@ def _interventions_load() -> str:
     return span(min(v), max(v), lambda x: sig(x, 2))
 
 
+# ---- benchmarks/results/ntk-auto-cpu.json (python benchmarks/ntk_auto.py)
+
+def _ntk_auto_ratios(row: str) -> dict[str, float]:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ntk_auto", ROOT / "benchmarks" / "ntk_auto.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.ratios(load_json("benchmarks/results/ntk-auto-cpu.json")[row])
+
+
+@pattern(r"ntkauto/([a-z0-9\-]+)/(speedup|choice)")
+def _ntk_auto_field(row: str, form: str) -> str:
+    """One row of the NTK ``auto`` benchmark: the plain torch.func reference's time over structured's
+    (per-round median), or the time of auto's choice over the fastest method's."""
+    q = _ntk_auto_ratios(row)
+    return f"{q['vmap_jacrev_over_structured' if form == 'speedup' else 'choice_ratio']:.2f}"
+
+
+@quantity("ntkauto.choice_max")
+def _ntk_auto_choice_max() -> str:
+    rows = load_json("benchmarks/results/ntk-auto-cpu.json")
+    return f"{max(_ntk_auto_ratios(r)['choice_ratio'] for r in rows):.2f}"
+
+
 # ---- benchmarks/results/ntk-scaling-cpu.json (python benchmarks/ntk_scaling.py)
 
 def _ntk(method: str, width: int, n: int) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""NTK ``method="auto"`` against every method, on an MLP, a conv net, widthscope's LLaMA and a TransformerEncoder.
+"""NTK ``method="auto"`` against every method: an MLP, a conv net, LLaMA, GPT-2 and a TransformerEncoder.
 
 Per model the full kernel ``Θ(x, x)`` is timed for each method ``ntk`` offers (``structured``,
 ``jacobian``, ``products``) and for ``auto``, back to back and interleaved (the machine is shared:
@@ -7,6 +7,8 @@ method; ``auto_choice`` and ``reason`` are what auto said (``info``). A method w
 over ``--skip-factor`` × the best estimate is not run (recorded as skipped with its estimate), nor one
 that fails (e.g. forward-mode AD through ``TransformerEncoder``'s fused kernel). Results go to
 ``benchmarks/results/ntk-auto-cpu.json`` (resumable per row); :func:`ratios` reads the per-round times.
+Each row also times :func:`vmap_jacrev`, the plain ``torch.func`` reference, in the same rounds, and
+records the load average at its start and end.
 
 ``--calibrate`` prints the cost-model constants measured on this machine (see
 :mod:`widthscope.linear.cost`): seconds per FLOP of a 512² matmul, of vmapped reverse passes, and
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -82,7 +85,51 @@ def models() -> dict[str, Any]:
                      "widthscope llama width 64, 2 layers, vocab 64, 16 seqs × 16 tokens, mean-pooled logits"),
         "llama-128": (lambda: Pooled(build("llama", 128, depth=2, vocab_size=64)),
                       lambda: torch.randint(0, 64, (16, 16)), "as llama-64 at width 128"),
+        "encoder-256": (lambda: Encoder(256), lambda: torch.randn(16, 16, 8), "as encoder-64 at d=256"),
+        "llama-256": (lambda: Pooled(build("llama", 256, depth=2, vocab_size=64)),
+                      lambda: torch.randint(0, 64, (16, 16)), "as llama-64 at width 256"),
+        "gpt2-256": (_gpt2, lambda: torch.randint(0, 64, (16, 16)),
+                     "transformers GPT-2 width 256, 2 layers, 4 heads, vocab 64, tied input embedding and LM head, "
+                     "16 seqs × 16 tokens, mean-pooled logits"),
     }
+
+
+def _gpt2() -> nn.Module:
+    import transformers
+
+    cfg = transformers.GPT2Config(vocab_size=64, n_embd=256, n_layer=2, n_head=4, n_positions=16, resid_pdrop=0.0,
+                                  bos_token_id=1, eos_token_id=1,
+                                  embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager")
+    return Pooled(transformers.GPT2LMHeadModel(cfg))
+
+
+def vmap_jacrev(model: nn.Module, x: torch.Tensor, budget: float = 8e9) -> torch.Tensor:
+    """The plain ``torch.func`` reference: per-example Jacobians ``vmap(jacrev(f))`` and one einsum per
+    parameter, ``Θ = Σ_p J_p(x) J_p(x)ᵀ`` (no symmetry exploited). All Jacobians at once when their
+    ``n·o·P`` numbers fit ``budget`` bytes; else chunks of examples, a chunk pair's Jacobians recomputed."""
+    from torch.func import functional_call, jacrev, vmap
+
+    params = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
+
+    def f(p, xi):
+        return functional_call(model, p, (xi[None],)).reshape(-1)
+
+    def jac(xs):
+        return vmap(jacrev(f), (None, 0))(params, xs)
+
+    n, o = x.shape[0], model(x[:1]).shape[1]
+    per = o * sum(v.numel() for v in params.values()) * next(iter(params.values())).element_size()
+    c = max(1, min(n, int(budget // (2 * per))))
+    K = torch.zeros(n, n, o, o, dtype=next(iter(params.values())).dtype)
+    for i in range(0, n, c):
+        Ji = jac(x[i:i + c])
+        for j in range(i, n, c):
+            Jj = Ji if j == i else jac(x[j:j + c])
+            blk = sum(torch.einsum("iap,jbp->ijab", Ji[k].flatten(2), Jj[k].flatten(2)) for k in params)
+            K[i:i + c, j:j + c] = blk
+            if j != i:
+                K[j:j + c, i:i + c] = blk.permute(1, 0, 3, 2)
+    return K
 
 
 def row(name: str, reps: int, skip_factor: float) -> dict[str, Any]:
@@ -97,9 +144,10 @@ def row(name: str, reps: int, skip_factor: float) -> dict[str, Any]:
     K_auto = ntk(model, x, info=info)
     est = {m: c["seconds"] for m, c in info["costs"].items() if c["fits"]}
     best_est = min(est.values())
-    run = {"auto": lambda: ntk(model, x)}
+    run = {"auto": lambda: ntk(model, x), "vmap_jacrev": lambda: vmap_jacrev(model, x)}
+    vmap_jacrev(model, x[:2])  # warm-up; its kernel on x is compared with auto's in the first round
     out: dict[str, Any] = {"model": name, "description": desc, "params": sum(p.numel() for p in model.parameters()),
-                           "auto_choice": info["method"], "reason": info["reason"],
+                           "loadavg_start": os.getloadavg(), "auto_choice": info["method"], "reason": info["reason"],
                            "estimated_s": est, "skipped": {}}
     for m in METHODS:
         if m not in est:
@@ -120,11 +168,14 @@ def row(name: str, reps: int, skip_factor: float) -> dict[str, Any]:
         for k in order[r % len(order):] + order[:r % len(order)]:
             fn = run[k]
             t0 = time.perf_counter()
-            fn()
+            K = fn()
             times[k].append(time.perf_counter() - t0)
+            if k == "vmap_jacrev" and r == 0:
+                out["max_rel_diff_vmap_jacrev_vs_auto"] = float((K - K_auto).abs().max() / K_auto.abs().max())
     med = {k: statistics.median(v) for k, v in times.items()}
-    best = min((k for k in med if k != "auto"), key=med.get)
-    out.update(seconds=med, all_seconds=times, fastest=best, **ratios(out | {"all_seconds": times}))
+    best = min((k for k in med if k in METHODS), key=med.get)
+    out.update(seconds=med, all_seconds=times, fastest=best, loadavg_end=os.getloadavg(),
+               **ratios(out | {"all_seconds": times}))
     return out
 
 
@@ -133,12 +184,15 @@ def ratios(r: dict[str, Any]) -> dict[str, float]:
     round; the medians over rounds. ``choice_ratio`` judges the choice, ``auto_ratio`` adds auto's overhead
     and the round-to-round noise of timing the same method twice."""
     t = r["all_seconds"]
-    methods = [m for m in t if m != "auto"]
+    methods = [m for m in t if m in METHODS]
     rounds = range(len(t["auto"]))
     best = [min(t[m][i] for m in methods) for i in rounds]
     choice = r["auto_choice"]
-    return {"choice_ratio": statistics.median(t[choice][i] / best[i] for i in rounds) if choice in t else math.nan,
-            "auto_ratio": statistics.median(t["auto"][i] / best[i] for i in rounds)}
+    out = {"choice_ratio": statistics.median(t[choice][i] / best[i] for i in rounds) if choice in t else math.nan,
+           "auto_ratio": statistics.median(t["auto"][i] / best[i] for i in rounds)}
+    if "vmap_jacrev" in t and "structured" in t:  # the plain torch.func reference over structured, per round
+        out["vmap_jacrev_over_structured"] = statistics.median(t["vmap_jacrev"][i] / t["structured"][i] for i in rounds)
+    return out
 
 
 def calibrate() -> dict[str, float]:
@@ -210,15 +264,21 @@ def section(path: Path = OUT) -> str:
              "shared and loaded, so only the ratios within a row mean much). Ratios: a time over the fastest "
              "method's time in the same round, median over rounds; `choice` = the method auto picked, `auto` = the auto "
              "call itself (its probe and estimates, plus the noise of timing the same method twice on a loaded "
-             "machine). Skipped: a method whose estimate is over 20× the best estimate, or that fails.", "",
+             "machine). Skipped: a method whose estimate is over 20× the best estimate, or that fails. "
+             "`vmap_jacrev` is the plain `torch.func` reference timed in the same rounds (per-example "
+             "`vmap(jacrev(f))` Jacobians and one einsum per parameter; not an `ntk` method, so not a candidate "
+             "for fastest); `speed-up` = its time over structured's, per round, median. Load: the 1-minute "
+             "load average at the row's start and end (2 cores, shared).", "",
              "| model | params | auto picks | structured s | jacobian s | products s | auto s | fastest | choice ratio "
-             "| auto ratio |", "|" + "---|" * 10]
+             "| auto ratio | vmap_jacrev s | speed-up | load |", "|" + "---|" * 13]
     for name, r in res.items():
         cell = lambda m: f"{r['seconds'][m]:.3g}" if m in r["seconds"] else "skipped"  # noqa: E731
         q = ratios(r)
+        sp = f"{q['vmap_jacrev_over_structured']:.2f}" if "vmap_jacrev_over_structured" in q else "–"
+        load = (f"{r['loadavg_start'][0]:.1f}–{r['loadavg_end'][0]:.1f}" if "loadavg_start" in r else "–")
         lines.append(f"| {name} | {r['params']} | {r['auto_choice']} | {cell('structured')} | {cell('jacobian')} | "
                      f"{cell('products')} | {r['seconds']['auto']:.3g} | {r['fastest']} | {q['choice_ratio']:.2f} | "
-                     f"{q['auto_ratio']:.2f} |")
+                     f"{q['auto_ratio']:.2f} | {cell('vmap_jacrev')} | {sp} | {load} |")
     lines.append("")
     return "\n".join(lines)
 

@@ -30,7 +30,27 @@ def test_ratios_are_per_round_and_the_section_renders(tmp_path):
     p = tmp_path / "r.json"
     p.write_text(json.dumps({"m": r}))
     text = mod.section(p)
-    assert "| m | 10 | structured | 1 | 0.9 | skipped | 1.1 | jacobian | 1.11 | 1.22 |" in text
+    assert "| m | 10 | structured | 1 | 0.9 | skipped | 1.1 | jacobian | 1.11 | 1.22 | skipped | – | – |" in text
+    # the torch.func reference is timed in the same rounds but is never the "fastest method"
+    r["all_seconds"]["vmap_jacrev"], r["seconds"]["vmap_jacrev"] = [0.1, 0.3, 0.1], 0.1
+    r["loadavg_start"], r["loadavg_end"] = [3.0, 2, 1], [4.25, 2, 1]
+    q = mod.ratios(r)
+    assert q["choice_ratio"] == pytest.approx(1.0 / 0.9) and q["vmap_jacrev_over_structured"] == pytest.approx(0.1)
+    p.write_text(json.dumps({"m": r}))
+    assert "| 1.11 | 1.22 | 0.1 | 0.10 | 3.0–4.2 |" in mod.section(p)
+
+
+def test_vmap_jacrev_reference_is_the_kernel():
+    mod = _mod()
+    from widthscope.linear import ntk
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2)).double()
+    x = torch.randn(5, 3, dtype=torch.float64)
+    want = ntk(net, x, method="jacobian")
+    assert torch.allclose(mod.vmap_jacrev(net, x), want, rtol=1e-10, atol=1e-12)
+    per = 2 * sum(p.numel() for p in net.parameters()) * 8  # bytes of one example's Jacobian
+    assert torch.allclose(mod.vmap_jacrev(net, x, budget=2 * 2 * per), want, rtol=1e-10, atol=1e-12)  # chunks of 2
 
 
 def test_benchmark_models_build_and_run():

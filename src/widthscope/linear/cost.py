@@ -81,12 +81,15 @@ def measure(fn, x: torch.Tensor, params: dict[str, torch.Tensor]) -> Probe:
 
 def _positions_flops(rule: str, n: int, O: int, T: int, Da: int, Dd: int, mode: str, same: bool) -> float:
     """The Gram flops of one covered layer, as :func:`~widthscope.linear.gram.positions` would pick."""
-    f = O if mode == "full" else 1
+    from .gram import explicit_flops, gram_flops, pairs_flops
+
     if T == 1:
-        return 2.0 * (O * n) ** 2 * Dd / (O if mode != "full" else 1) + 2.0 * n * n * Da
-    explicit = O * n * T * Dd * Da + (O * n) ** 2 * Dd * Da / (O // f if mode != "full" else 1) / (2 if same else 1)
-    gram = (O * n * T) ** 2 * (Dd + 32) / (O // f if mode != "full" else 1) + (n * T) ** 2 * Da
-    return 2.0 * min(explicit, gram)
+        return 2.0 * (O * n) ** 2 * Dd / (O if mode != "full" else 1) * (0.56 if same and mode == "full" else 1) \
+            + 2.0 * n * n * Da
+    forms = [explicit_flops(O, n, n, T, Da, Dd, mode, same), pairs_flops(O, n, n, T, Da, Dd, mode, same)]
+    if not mode.startswith("diag"):
+        forms.append(gram_flops(O, n, n, T, Da, Dd, mode))
+    return 2.0 * min(forms)
 
 
 def _jacobian(P: float, O: int, n1: int, n2: int, same: bool, pr: Probe, item: int, budget: float,
@@ -132,7 +135,9 @@ def _structured(plan, shapes, P: int, O: int, n1: int, n2: int, same: bool, pr: 
         blocks = 2 * 2 * b * (O * sig + inp) * item
         grads = b * min(O, 64) * pr.saved + b * pr.saved
         acc = (b * b * O * O if mode == "full" else b * b) * item
-        return blocks + grads + 5 * acc
+        # one chunk of explicit per-example gradients and its scaled copy (gram.positions, max_floats)
+        chunk = 2 * min(2 ** 24, O * b * max((dd * da for _, t, da, dd in shapes if t > 1), default=0)) * item
+        return blocks + grads + 5 * acc + chunk
 
     b = n
     while b > 1 and need(b) > budget - result:

@@ -10,9 +10,11 @@ Every covered parameter contributes a term of one of two forms (``o, p`` output 
   ``W = 1``.
 - **positions**: ``Θ_{op}(x_i, x'_j) += m² Σ_{t,s} (δ_{o,i,t}·δ'_{p,j,s}) (a_{i,t}·a'_{j,s})`` for a
   layer applied at positions ``t`` (sequences, conv patches, embedding lookups with one-hot ``a``).
-  It is computed either from position Grams (``"gram"``: ``O((o n T)² (D_δ + 1) + (n T)² D_a)``) or
-  by forming the per-example weight gradients ``P_{o,i} = Σ_t δ_{o,i,t} a_{i,t}ᵀ`` (``"explicit"``:
-  ``O(o n T D_δ D_a + (o n)² D_δ D_a)``, memory ``o n D_δ D_a``), whichever costs fewer flops.
+  It is computed from position Grams (``"gram"``: ``O((o n T)² (D_δ + 1) + (n T)² D_a)``), by forming
+  the per-example weight gradients ``P_{o,i} = Σ_t δ_{o,i,t} a_{i,t}ᵀ`` (``"explicit"``:
+  ``O(o n T D_δ D_a + (o n)² D_δ D_a)``, in chunks of ``D_δ``), or through the ``T×T`` input Gram of
+  each example pair (``"pairs"``: ``O(n² T² D_a + n² o T² D_δ + (o n)² T D_δ)``), whichever costs
+  fewer flops.
   With one output this is :func:`widthscope.probe.intervene.block_gram`.
 
 Shapes of the accumulator (``mode``): ``"full"`` ``(o, n1, o, n2)`` (permuted to ``(n1, n2, o, o)``
@@ -39,7 +41,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["hadamard", "positions", "mirror_upper", "MODES"]
+__all__ = ["hadamard", "positions", "mirror_upper", "tied_gradients", "MODES"]
 
 MODES = ("full", "trace", "diag", "diagtrace")
 
@@ -56,11 +58,7 @@ def hadamard(acc: torch.Tensor, g1: torch.Tensor, g2: torch.Tensor, W: torch.Ten
         if same and O > 1:  # upper blocks o <= p only: the caller mirrors once (mirror_upper)
             flat = g1.reshape(O * n1, F)
             Wb = None if W is None else W.to(g1.dtype)[None, :, None, :]
-            step = max(1, -(-256 // n1))  # rows of outputs per product: >= 256 rows keeps the GEMM efficient
-            for o in range(0, O, step):  # blocks (o..o+step, >= o); the few p < o ones are mirrored over
-                oc = min(step, O - o)
-                blk = (flat[o * n1:(o + oc) * n1] @ flat[o * n1:].T).view(oc, n1, O - o, n2)
-                acc[o:o + oc, :, o:] += blk if Wb is None else blk.mul_(Wb)
+            _upper(acc, flat, n1, Wb, 0, O)
             return
         G = (g1.reshape(O * n1, F) @ g2.reshape(O * n2, F).T).view(O, n1, O, n2)
         if W is not None:
@@ -77,10 +75,109 @@ def hadamard(acc: torch.Tensor, g1: torch.Tensor, g2: torch.Tensor, W: torch.Ten
         acc.add_(G if W is None else G * W.to(G.dtype))
 
 
+SYM_ROWS = 128  # diagonal blocks of at most this many rows are formed whole (measured: 0.56× the full product)
+
+
+def _upper(acc: torch.Tensor, flat: torch.Tensor, n: int, Wb: torch.Tensor | None, lo: int, hi: int) -> None:
+    """``acc[o, :, p] += W ⊙ g_o g_pᵀ`` for ``lo ≤ o ≤ p < hi`` (and some ``p < o`` inside small diagonal
+    blocks), by halving: the two diagonal halves recursively and the off-diagonal one as one square GEMM.
+    Stepping over row blocks against all later rows ran no faster than the full product at 1 thread;
+    halving does ~0.56× of it."""
+    if hi - lo == 1 or (hi - lo) * n <= SYM_ROWS:
+        rows = flat[lo * n:hi * n]
+        blk = (rows @ rows.T).view(hi - lo, n, hi - lo, n)
+        acc[lo:hi, :, lo:hi] += blk if Wb is None else blk.mul_(Wb)
+        return
+    mid = (lo + hi) // 2
+    _upper(acc, flat, n, Wb, lo, mid)
+    _upper(acc, flat, n, Wb, mid, hi)
+    blk = (flat[lo * n:mid * n] @ flat[mid * n:hi * n].T).view(mid - lo, n, hi - mid, n)
+    acc[lo:mid, :, mid:hi] += blk if Wb is None else blk.mul_(Wb)
+
+
 def mirror_upper(acc: torch.Tensor) -> None:
     """Fill the ``o > p`` blocks of a symmetric full accumulator ``(o, n, o, n)`` from the ``o < p`` ones."""
     for o in range(1, acc.shape[0]):
         acc[o, :, :o] = acc[:o, :, o].permute(2, 0, 1)
+
+
+def explicit_flops(O: int, n1: int, n2: int, T: int, Da: int, Dd: int, mode: str, same: bool) -> float:
+    """Multiply-adds of the explicit form: the per-example gradients ``P`` and their products (the
+    symmetric full product by halving costs ~0.56× the full one, :func:`_upper`)."""
+    form = O * (n1 + (0 if same else n2)) * T * Dd * Da
+    if mode.startswith("diag"):
+        return form + O * O * n1 * Dd * Da / (O if mode == "diagtrace" else 1)
+    prod = (O * n1) * (O * n2) * Dd * Da / (O if mode == "trace" else 1)
+    return form + prod * (0.56 if same and mode == "full" and O > 1 else 1.0)
+
+
+def gram_flops(O: int, n1: int, n2: int, T: int, Da: int, Dd: int, mode: str) -> float:
+    """Multiply-adds of the position-Gram form; the ``(o·n·T)²`` Grams are written, weighted and summed
+    (memory-bound), counted as 32 multiply-adds a number besides the ``D_δ`` of the product."""
+    f = 1 if mode == "full" else O
+    return (O * n1 * T) * (O * n2 * T) * (Dd + 32) / f + (n1 * T) * (n2 * T) * Da
+
+
+def pairs_flops(O: int, n1: int, n2: int, T: int, Da: int, Dd: int, mode: str, same: bool) -> float:
+    """Multiply-adds of the pair form (:func:`_pairs`): the input Grams ``M_ij``, ``Y = M_ij δ'_j`` and the
+    contraction with ``δ_i`` over positions and features (the ``j ≥ i`` half with ``x2=None``)."""
+    if mode.startswith("diag"):
+        return n1 * T * T * Da + n1 * O * T * T * Dd + n1 * O * O * T * Dd / (O if mode == "diagtrace" else 1)
+    half = 0.5 if same else 1.0
+    main = (O * n1) * (O * n2) * T * Dd / (O if mode == "trace" else 1)
+    return n1 * n2 * T * T * Da + half * (n1 * n2 * O * T * T * Dd + main)
+
+
+def _pairs(acc: torch.Tensor, a1: torch.Tensor, d1: torch.Tensor, a2: torch.Tensor, d2: torch.Tensor,
+           scale: float, mode: str, same: bool) -> None:
+    """``Θ_{oi,pj} = Σ_t δ_{o,i,t} · Y_{ij,p,t}`` with ``Y_{ij,p,t} = Σ_s M_{ij,ts} δ'_{p,j,s}`` and
+    ``M_{ij,ts} = scale·(a_{i,t}·a'_{j,s})``: the position sums taken through the ``T×T`` input Gram of each
+    example pair, so no ``(o·n·T)²`` Gram and no ``D_δ×D_a`` gradient is formed. With ``same`` only
+    ``j ≥ i`` is computed and the ``j > i`` blocks are also added transposed (this term is then complete)."""
+    O, n1, T1, Dd = d1.shape
+    n2, T2 = d2.shape[1], d2.shape[2]
+    M = (a1.reshape(n1 * T1, -1) @ a2.reshape(n2 * T2, -1).T).view(n1, T1, n2, T2).permute(0, 2, 1, 3) * scale
+    D2 = d2.permute(1, 2, 0, 3).reshape(n2, T2, O * Dd)  # (j, s, p·d)
+    for i in range(n1):
+        j0 = i if (same or mode.startswith("diag")) else 0
+        j1 = i + 1 if mode.startswith("diag") else n2
+        Y = torch.bmm(M[i, j0:j1].contiguous(), D2[j0:j1]).view(j1 - j0, T1, O, Dd)  # (j, t, p, d)
+        Di = d1[:, i].reshape(O, T1 * Dd)
+        if mode == "trace":
+            G = torch.einsum("otd,jtod->j", d1[:, i], Y)
+            acc[i, j0:] += G
+            if same:
+                acc[j0 + 1:, i] += G[1:]
+            continue
+        if mode == "diagtrace":
+            acc[i] += torch.einsum("otd,tod->", d1[:, i], Y[0])
+            continue
+        G = Di @ Y.permute(0, 2, 1, 3).reshape((j1 - j0) * O, T1 * Dd).T  # (o, j·p)
+        if mode == "diag":
+            acc[i] += G
+            continue
+        G = G.view(O, j1 - j0, O).permute(0, 2, 1)  # (o, p, j)
+        acc[:, i, :, j0:j1] += G
+        if same and j1 > j0 + 1:  # Θ_{pj,oi} = Θ_{oi,pj}
+            acc[:, j0 + 1:j1, :, i] += G[:, :, 1:].permute(1, 2, 0)
+
+
+def _explicit(acc: torch.Tensor, a1: torch.Tensor, d1: torch.Tensor, a2: torch.Tensor, d2: torch.Tensor,
+              scale: float, mode: str, same: bool, max_numbers: int) -> None:
+    """The explicit form in chunks of ``D_δ`` (``P_{o,i}[d, :]`` rows): at most ``max_numbers`` gradient
+    numbers per batch at once, and the products add up over the chunks (``Σ_F`` splits)."""
+    O, n1, _, Dd = d1.shape
+    Da = a1.shape[2]
+    step = max(1, min(Dd, max_numbers // max(1, O * max(n1, d2.shape[1]) * Da)))
+    sym = same and scale >= 0  # scale·P Pᵀ = (√scale P)(√scale P)ᵀ: the symmetric product
+    for c in range(0, Dd, step):
+        p1 = torch.einsum("oitd,ita->oida", d1[..., c:c + step], a1).reshape(O, n1, -1)
+        if sym:
+            p1 = p1 * scale ** 0.5 if scale != 1.0 else p1
+            hadamard(acc, p1, p1, None, mode, same=True)
+            continue
+        p2 = torch.einsum("oitd,ita->oida", d2[..., c:c + step], a2).reshape(O, d2.shape[1], -1)
+        hadamard(acc, p1 * scale if scale != 1.0 else p1, p2, None, mode, same=False)
 
 
 def positions(acc: torch.Tensor, a1: torch.Tensor, d1: torch.Tensor, a2: torch.Tensor, d2: torch.Tensor,
@@ -88,9 +185,10 @@ def positions(acc: torch.Tensor, a1: torch.Tensor, d1: torch.Tensor, a2: torch.T
               max_floats: int = 2 ** 24) -> None:
     """``acc += scale · Σ_{t,s} (δ_t·δ'_s)(a_t·a'_s)``; ``a``: ``(n, T, D_a)``, ``d``: ``(o, n, T, D_δ)``.
 
-    ``method``: ``"gram"``, ``"explicit"`` or ``"auto"`` (fewer flops, explicit only while the
-    ``o·n·D_δ·D_a`` gradients fit ``4·max_floats`` numbers; the diag modes always use ``"explicit"``);
-    ``max_floats`` bounds the position-Gram chunk of the full mode."""
+    ``method``: ``"gram"``, ``"explicit"`` or ``"auto"`` (fewer multiply-adds, :func:`explicit_flops` against
+    :func:`gram_flops`; the diag modes always use ``"explicit"``). ``max_floats`` bounds the numbers held at
+    once: the position-Gram chunk of the full mode, and the explicit gradients (formed in chunks of
+    ``D_δ``, so the symmetric product is kept at any size)."""
     O, n1, T1, Dd = d1.shape
     n2, T2, Da = d2.shape[1], d2.shape[2], a2.shape[2]
     diag = mode.startswith("diag")
@@ -101,25 +199,18 @@ def positions(acc: torch.Tensor, a1: torch.Tensor, d1: torch.Tensor, a2: torch.T
             W = scale * (a1[:, 0] @ a2[:, 0].T)
         hadamard(acc, d1[:, :, 0], d2[:, :, 0], W, mode, same=same)
         return
-    n = max(n1, n2)
-    explicit_cost = O * n * max(T1, T2) * Dd * Da + (O * n) ** 2 * Dd * Da / (O if mode != "full" else 1)
-    # the position Grams are (o·n·T)² numbers that are written, weighted and summed: memory-bound
-    # work, counted as 32 flops a number besides the D_δ of the product
-    gram_cost = (O * n * max(T1, T2)) ** 2 * (Dd + 32) / (O if mode != "full" else 1) + (n * max(T1, T2)) ** 2 * Da
-    if same and mode == "full":
-        explicit_cost /= 2  # the symmetric product forms half the blocks
-    if diag:
-        gram_cost /= n
-        explicit_cost = O * n * max(T1, T2) * Dd * Da + O * O * n * Dd * Da
-    fits = O * n * Dd * Da <= 4 * max_floats  # the per-example gradients P, held at once
-    if method == "explicit" or diag or (method == "auto" and explicit_cost <= gram_cost and fits):
-        p1 = torch.einsum("oitd,ita->oida", d1, a1).reshape(O, n1, Dd * Da)
-        if same and scale >= 0:  # scale·P Pᵀ = (√scale P)(√scale P)ᵀ: the symmetric product
-            p1 = p1 * scale ** 0.5 if scale != 1.0 else p1
-            hadamard(acc, p1, p1, None, mode, same=True)
-            return
-        p2 = torch.einsum("oitd,ita->oida", d2, a2).reshape(O, n2, Dd * Da)
-        hadamard(acc, p1 * scale if scale != 1.0 else p1, p2, None, mode, same=False)
+    T = max(T1, T2)
+    if method == "auto":
+        costs = {"explicit": explicit_flops(O, n1, n2, T, Da, Dd, mode, same),
+                 "pairs": pairs_flops(O, n1, n2, T, Da, Dd, mode, same)}
+        if not diag:
+            costs["gram"] = gram_flops(O, n1, n2, T, Da, Dd, mode)
+        method = min(costs, key=costs.get)
+    if method == "pairs":
+        _pairs(acc, a1, d1, a2, d2, scale, mode, same)
+        return
+    if method == "explicit" or diag:
+        _explicit(acc, a1, d1, a2, d2, scale, mode, same, max_floats)
         return
     GA = (a1.reshape(n1 * T1, Da) @ a2.reshape(n2 * T2, Da).T).view(n1, T1, n2, T2) * scale
     D2 = d2.reshape(O * n2 * T2, Dd)
@@ -133,3 +224,29 @@ def positions(acc: torch.Tensor, a1: torch.Tensor, d1: torch.Tensor, a2: torch.T
         for o in range(O):
             GD = (d1[o].reshape(n1 * T1, Dd) @ d2[o].reshape(n2 * T2, Dd).T).view(n1, T1, n2, T2)
             acc += (GD * GA).sum((1, 3))
+
+
+def tied_gradients(uses: list[tuple], shape: tuple[int, ...], step: int):
+    """The per-example gradients ``(o, n, rows·C)`` of one weight of ``shape`` (``rows`` first) shared by
+    several modules, in chunks of ``step`` rows: the sum over its ``uses``
+    (:func:`widthscope.linear.rules.tied_use`), so the kernel gets ``⟨Σ_u g_u, Σ_u g'_u⟩`` — the cross
+    terms between the uses included."""
+    R = shape[0]
+    for r0 in range(0, R, step):
+        r1 = min(R, r0 + step)
+        G = None
+        for kind, a, d, mult in uses:
+            O, n = d.shape[:2]
+            if kind == "linear":
+                g = torch.einsum("oitd,ita->oida", d[..., r0:r1], a) * mult
+            elif kind == "conv1d":
+                g = torch.einsum("ita,oitd->oiad", a[..., r0:r1], d)
+            else:  # embed: ids (n, T) → rows of this chunk
+                g = torch.zeros(O, n * (r1 - r0), d.shape[-1], dtype=d.dtype, device=d.device)
+                ids = a.reshape(n, -1)
+                keep = (ids >= r0) & (ids < r1)
+                rows = (torch.arange(n, device=ids.device)[:, None] * (r1 - r0) + ids - r0)[keep]
+                g.index_add_(1, rows, d[:, keep])
+                g = g.view(O, n, r1 - r0, -1)
+            G = g if G is None else G + g
+        yield G.reshape(G.shape[0], G.shape[1], -1)

@@ -68,6 +68,12 @@ Left to the generic (Jacobian) path, with the reason:
 - ``nn.MultiheadAttention``, tied/shared weights, layers run twice, EmbeddingBag ``max``, embeddings
   with ``max_norm``/``scale_grad_by_freq``, training-mode BatchNorm (refused upstream).
 
+- ``nn.MultiheadAttention``: torch's own ``F.multi_head_attention_forward`` runs with its ``F.linear``
+  calls recorded (:class:`LinearTaps`); each in-projection (the packed one or its slices, which must
+  tile the parameter) and the out-projection is a dense record (:func:`mha_records`).
+- a weight tied between dense layers/embeddings: each use's per-example gradient (:func:`tied_use`),
+  summed before the product.
+
 Example::
 
     >>> import torch
@@ -81,13 +87,16 @@ Example::
 from __future__ import annotations
 
 import math
+import types
 from typing import Any
 
 import torch
 from torch import nn
 from torch.func import functional_call, jvp
+from torch.overrides import TorchFunctionMode
 
-__all__ = ["rule", "multiplier", "elementwise_layout", "records", "bag_input", "bag_gram"]
+__all__ = ["rule", "multiplier", "elementwise_layout", "records", "bag_input", "bag_gram", "LinearTaps",
+           "mha_taps", "mha_records", "tied_use"]
 
 
 def multiplier(m: nn.Module) -> float | None:
@@ -108,7 +117,9 @@ def _own_params(m: nn.Module) -> dict[str, nn.Parameter]:
 
 def rule(m: nn.Module) -> str | None:
     """``"dense"``, ``"conv"``, ``"conv_transpose"``, ``"embedding"``, ``"embedding_bag"``, ``"prelu"``,
-    ``"elementwise"`` (to be checked) or ``None``."""
+    ``"elementwise"`` (to be checked), ``"mha"`` or ``None``."""
+    if isinstance(m, nn.MultiheadAttention):
+        return "mha"
     if multiplier(m) is not None:
         return "dense"
     if type(m) in (nn.Conv1d, nn.Conv2d):
@@ -357,3 +368,118 @@ def bag_gram(r1: tuple, r2: tuple, diag: bool) -> torch.Tensor:
     h1 = c1.new_zeros(ids1.shape[0], U).scatter_add_(1, inv[:ids1.numel()].view(ids1.shape), c1)
     h2 = h1 if r1 is r2 else c2.new_zeros(ids2.shape[0], U).scatter_add_(1, inv[ids1.numel():].view(ids2.shape), c2)
     return (h1 * h2).sum(1) if diag else h1 @ h2.T
+
+
+def _with_globals(fn, g: dict):
+    f = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
+    f.__kwdefaults__ = fn.__kwdefaults__
+    return f
+
+
+def _tapped_mha(calls: list):
+    """``F.multi_head_attention_forward`` — torch's own code, unchanged — with its ``linear`` (and that of the
+    in-projection helpers it calls) recording ``(input, weight, bias, output)`` in ``calls``."""
+    F = nn.functional
+    g = dict(vars(F))
+
+    def linear(input, weight, bias=None):
+        out = F.linear(input, weight, bias)
+        calls.append((input, weight, bias, out))
+        return out
+
+    g["linear"] = linear
+    g["has_torch_function"] = lambda *_: False  # this copy is what the dispatch below already chose
+    for name in ("_in_projection_packed", "_in_projection"):
+        g[name] = _with_globals(getattr(F, name), g)
+    return _with_globals(F.multi_head_attention_forward, g)
+
+
+class LinearTaps(TorchFunctionMode):
+    """While active, ``F.multi_head_attention_forward`` (what ``nn.MultiheadAttention`` runs off its fused fast
+    path, which autograd-enabled calls never take) runs with its in- and out-projection ``F.linear`` calls
+    recorded in ``calls`` as ``(input, weight, bias, output)``: the signals are taken at those outputs."""
+
+    def __init__(self, calls: list):
+        super().__init__()
+        self.calls = calls
+
+    def __torch_function__(self, func, types=(), args=(), kwargs=None):
+        if func is nn.functional.multi_head_attention_forward:
+            return _tapped_mha(self.calls)(*args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+def _slice_of(t: torch.Tensor | None, params: dict[str, torch.Tensor]) -> str | None:
+    """The parameter ``t`` is, or is a view of (a packed projection's row slice)."""
+    if t is None:
+        return None
+    base = t if t._base is None else t._base
+    return next((k for k, p in params.items() if base is p), None)
+
+
+def _partitions(parts: list[torch.Tensor], p: torch.Tensor) -> bool:
+    """The contiguous slices ``parts`` tile ``p`` exactly (each number used by exactly one slice)."""
+    if not all(q.is_contiguous() for q in parts):
+        return False
+    pos = p.storage_offset()
+    for q in sorted(parts, key=lambda q: q.storage_offset()):
+        if q.storage_offset() != pos:
+            return False
+        pos += q.numel()
+    return pos == p.storage_offset() + p.numel()
+
+
+def mha_taps(m: nn.MultiheadAttention, calls: list, n: int) -> list[tuple] | None:
+    """``(weight name, bias name, a (n, L, D_a), z)`` per ``F.linear`` call of one ``nn.MultiheadAttention``
+    forward on ``n`` examples, or ``None`` when a call does not fit (a weight that is not the module's, a
+    packed parameter whose slices do not tile it, an input that is not batched). ``F.multi_head_attention_forward``
+    works sequence-first: the in-projections see ``(L, n, E)``, the out-projection ``(L·n, E)`` rows in
+    ``(position, example)`` order (for ``batch_first`` too: the module transposes first)."""
+    params = dict(m.named_parameters())
+    used: dict[str, list[torch.Tensor]] = {}
+    out = []
+    for x, w, b, z in calls:
+        kw, kb = _slice_of(w, params), _slice_of(b, params)
+        if kw is None or (b is not None and kb is None) or not isinstance(x, torch.Tensor):
+            return None
+        used.setdefault(kw, []).append(w)
+        if kb is not None:
+            used.setdefault(kb, []).append(b)
+        if x.dim() == 3 and x.shape[1] == n:
+            a = x.detach().transpose(0, 1)
+        elif x.dim() == 2 and x.shape[0] % n == 0:
+            a = x.detach().reshape(-1, n, x.shape[1]).transpose(0, 1)
+        else:
+            return None
+        out.append((kw, kb, a, z))
+    if not all(_partitions(v, params[k]) for k, v in used.items()):
+        return None
+    return out
+
+
+def mha_records(taps: list[tuple], deltas: list[torch.Tensor], covered: set[str]) -> list[tuple]:
+    """Dense records of the projections of one ``nn.MultiheadAttention`` (``taps`` from :func:`mha_taps`,
+    ``deltas[k]``: ``(o, *z_k.shape)``): each projection (or slice of the packed one) is ``z = a Wᵀ + b``
+    at the positions, and disjoint slices of a parameter add up to its kernel term."""
+    recs = []
+    for (kw, kb, a, z), d in zip(taps, deltas):
+        n, L = a.shape[:2]
+        d = d.reshape(d.shape[0], L, n, d.shape[-1]).transpose(1, 2)
+        w_on, b_on = kw in covered, kb is not None and kb in covered
+        if w_on or b_on:
+            recs.append(("dense", a, d, 1.0, w_on, b_on))
+    return recs
+
+
+def tied_use(kind: str, m: nn.Module, x: Any, delta: torch.Tensor) -> tuple:
+    """One use of a weight that several modules share (a tied input embedding and LM head), as what its
+    per-example gradient is built from (:func:`widthscope.linear.gram.tied_gradients`):
+    ``("linear", a, δ, m)`` (``z = m·a Wᵀ``: ``∂f/∂W = m Σ_t δ_t a_tᵀ``), ``("conv1d", a, δ, 1)``
+    (transformers' ``Conv1D``, ``W`` is ``(in, out)``: ``Σ_t a_t δ_tᵀ``) or ``("embed", ids, δ, 1)``
+    (``∂f/∂W_v = Σ_t [id_t = v] δ_t``, ``padding_idx`` positions dropped)."""
+    O, n = delta.shape[:2]
+    if kind == "embedding":
+        rec = records(kind, m, x, delta, {"weight"}, None)[0]
+        return ("embed", rec[1], rec[2], 1.0)
+    a, d = x.reshape(n, -1, x.shape[-1]), delta.reshape(O, n, -1, delta.shape[-1])
+    return ("conv1d", a, d, 1.0) if type(m).__name__ == "Conv1D" else ("linear", a, d, multiplier(m))

@@ -17,9 +17,12 @@ components (``is_grads_batched``) gives every ``δ_o`` at every layer for the wh
 ``O(n · out · P)`` memory for Jacobians.
 
 **Hybrid.** A parameter is covered when its module is covered, runs exactly once per forward
-pass on per-example inputs (leading dimension the batch), and the parameter has exactly one
-use in the autograd graph (so tied/shared weights, layers run twice and parameters used
-outside their module are caught). Everything else — and any trainable parameter of an
+pass on per-example inputs (leading dimension the batch; an embedding looked up once for the whole
+batch is expanded per example), and the parameter has exactly one use in the autograd graph (so
+layers run twice and parameters used outside their module are caught) — or it is a weight tied
+between covered dense layers/embeddings with one use per owner (its per-example gradient is the
+sum of the uses'). ``nn.MultiheadAttention`` is covered through the ``F.linear`` calls of its
+projections (:class:`~widthscope.linear.rules.LinearTaps`). Everything else — and any trainable parameter of an
 uncovered module — goes through the explicit-Jacobian route of :func:`widthscope.linear.ntk`
 restricted to just those parameters, and the two parts are summed (exact: the NTK is a sum
 over parameters). :func:`plan` says which is which; ``info`` reports it.
@@ -45,9 +48,10 @@ from torch import nn
 
 from ..errors import WidthscopeError
 from ._core import _ntk_jacobian, as_param_dtype, model_output, params_and_buffers
-from .gram import hadamard, mirror_upper, positions
+from .gram import hadamard, mirror_upper, positions, tied_gradients
 from .predict import kernel_predict
-from .rules import bag_gram, bag_input, elementwise_layout, multiplier, records, rule
+from .rules import (LinearTaps, bag_gram, bag_input, elementwise_layout, mha_records, mha_taps, multiplier, records,
+                    rule, tied_use)
 
 __all__ = ["uncovered", "dense_layers", "kernel_predict", "plan", "Plan"]
 
@@ -67,13 +71,15 @@ def dense_layers(model: nn.Module) -> list[tuple[str, nn.Module, float]]:
 @dataclass
 class Plan:
     """What goes where: ``entries`` (name, module, rule, covered attrs, elementwise layout) on the
-    structured path; ``generic`` parameter names on the Jacobian path; parameter counts."""
+    structured path; ``tied``: per weight shared by several covered modules (``"weight"`` of each), the
+    indices of those entries; ``generic`` parameter names on the Jacobian path; parameter counts."""
     entries: list[tuple[str, nn.Module, str, set, str | None]] = field(default_factory=list)
     generic: list[str] = field(default_factory=list)
     n_covered: int = 0
     n_generic: int = 0
     signal_numel: int = 0  # Σ over entries of one example's output numel: δ memory = out·n·this numbers
     shapes: list[tuple[str, int, int, int]] = field(default_factory=list)  # (rule, T, D_a, D_δ) for the cost model
+    tied: list[list[int]] = field(default_factory=list)  # per tied weight, the entries (indices) that use it
 
 
 def _first_input(args: tuple, kwargs: dict) -> Any:
@@ -127,16 +133,32 @@ def _use_counts(root: torch.Tensor) -> dict[int, int]:
     return counts
 
 
-def _forward_hooked(model: nn.Module, x: torch.Tensor, hooks: list) -> torch.Tensor:
+def _forward_hooked(model: nn.Module, x: torch.Tensor, hooks: list, taps: dict | None = None) -> torch.Tensor:
     """``model(x)`` with grad enabled and forward hooks ``(module, fn(m, args, kwargs, out))`` in place
-    for this one call; the output tensor (``.logits`` etc. unwrapped)."""
+    for this one call; the output tensor (``.logits`` etc. unwrapped). ``taps``: module → list that collects
+    its ``F.linear`` calls (:class:`~widthscope.linear.rules.LinearTaps` around that module's forward)."""
     handles = [m.register_forward_hook(fn, with_kwargs=True) for m, fn in hooks]
+    wrapped = []
+    for m, calls in (taps or {}).items():
+        wrapped.append((m, m.__dict__.get("forward")))
+        m.forward = _tapped(m.forward, calls)
     try:
         with torch.enable_grad():
             return _out_tensor(model(x))
     finally:
         for h in handles:
             h.remove()
+        for m, prev in wrapped:
+            del m.forward
+            if prev is not None:
+                m.forward = prev
+
+
+def _tapped(forward, calls: list):
+    def run(*args, **kwargs):
+        with LinearTaps(calls):
+            return forward(*args, **kwargs)
+    return run
 
 
 def plan(model: nn.Module, x: torch.Tensor) -> Plan:
@@ -163,35 +185,59 @@ def plan(model: nn.Module, x: torch.Tensor) -> Plan:
             seen.setdefault(name, []).append((_entry_input(r, _m, args, kwargs), z))
         return f
 
-    out = _forward_hooked(model, probe, [(m, hook(n, r)) for n, m, r in cands])
+    mha = {n: [] for n, _, r in cands if r == "mha"}
+    out = _forward_hooked(model, probe, [(m, hook(n, r)) for n, m, r in cands],
+                          {m: mha[n] for n, m, r in cands if r == "mha"})
     uses = _use_counts(out) if out.grad_fn is not None else {}
+    bcast = _broadcast_embeddings(model, probe, out, cands, seen)
     P = Plan()
     covered_ids: set[int] = set()
+    tied_uses: dict[int, tuple[nn.Parameter, list[int]]] = {}
     B = probe.shape[0]
     for name, m, r in cands:
         calls = seen.get(name, [])
         if len(calls) != 1:
             continue
+        if r == "mha":
+            _plan_mha(P, name, m, mha_taps(m, mha[name], B), uses, owners, covered_ids)
+            continue
         inp, z = calls[0]
+        layout = None
+        if name in bcast:  # one lookup for the whole batch (GPT-2's position ids): per example from here
+            inp, z, layout = inp.expand(B, *inp.shape[1:]), z.expand(B, *z.shape[1:]), "broadcast"
         if not (_rows(inp) == B and isinstance(z, torch.Tensor) and z.dim() >= 1 and z.shape[0] == B):
             continue
-        layout = None
         if r == "elementwise":
             layout = elementwise_layout(m, inp, z)
             if layout is None:
                 continue
         if r in ("conv", "conv_transpose") and inp.dim() != m.weight.dim():
             continue  # unbatched conv input
-        attrs = set()
+        attrs, tied = set(), []
         for k, p in m.named_parameters(recurse=False):
-            if p.requires_grad and uses.get(id(p), 0) == 1 and owners.get(id(p), 0) == 1:
+            if not p.requires_grad:
+                continue
+            # a dense layer or embedding always uses its parameters: the one use is this module's even when
+            # a container registers the parameter too (BERT's cls.predictions.bias is its decoder's bias)
+            if uses.get(id(p), 0) == 1 and (owners.get(id(p), 0) == 1 or r in ("dense", "embedding")):
                 attrs.add(k)
                 covered_ids.add(id(p))
-        if attrs:
+            elif k == "weight" and r in ("dense", "embedding") and uses.get(id(p), 0) == owners.get(id(p), 0) > 1:
+                tied.append(p)  # one use per owning module: covered if every owner is an entry (below)
+        if attrs or tied:
+            for p in tied:
+                tied_uses.setdefault(id(p), (p, []))[1].append(len(P.entries))
             P.entries.append((name, m, r, attrs, layout))
-            P.shapes.append(_entry_shape(r, m, inp, z))
-            # a transposed conv's records hold the signal's windows (T·D_δ per example), not δ itself
-            P.signal_numel += z[0].numel() + (math.prod(P.shapes[-1][1::2]) if r == "conv_transpose" else 0)
+            P.signal_numel += z[0].numel()
+            if attrs:
+                P.shapes.append(_entry_shape(r, m, inp, z))
+                if r == "conv_transpose":  # its records hold the signal's windows (T·D_δ per example), not δ
+                    P.signal_numel += math.prod(P.shapes[-1][1::2])
+    for p, idx in tied_uses.values():
+        if len(idx) == owners[id(p)]:  # every use is a covered module's, run once on per-example inputs
+            P.tied.append(idx)
+            covered_ids.add(id(p))
+            P.shapes.append(("tied", 1, 0, p.numel()))
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
@@ -201,6 +247,48 @@ def plan(model: nn.Module, x: torch.Tensor) -> Plan:
             P.generic.append(name)
             P.n_generic += p.numel()
     return P
+
+
+def _broadcast_embeddings(model: nn.Module, probe: torch.Tensor, out: torch.Tensor, cands: list,
+                          seen: dict) -> set[str]:
+    """Embeddings looked up once for the whole batch (ids of leading size 1, GPT-2's positions) whose output,
+    expanded to one copy per example, gives the same model output: their names. With one copy per example
+    the back-propagated signal is per example, and the layer is an ordinary embedding of the expanded ids."""
+    B = probe.shape[0]
+    names = {n: m for n, m, r in cands if r == "embedding" and len(seen.get(n, [])) == 1 and B > 1
+             and all(isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == 1 for t in seen[n][0])}
+    if not names:
+        return set()
+
+    def expand(_m, args, kwargs, z):
+        return z.expand(B, *z.shape[1:]).clone()
+
+    try:
+        again = _forward_hooked(model, probe, [(m, expand) for m in names.values()])
+    except (RuntimeError, ValueError, IndexError):
+        return set()
+    tol = 1e-12 if out.dtype == torch.float64 else 1e-5
+    again, out = again.detach(), out.detach()
+    same = again.shape == out.shape and bool(torch.allclose(again, out, rtol=tol, atol=tol * float(out.abs().max())))
+    return set(names) if same else set()
+
+
+def _plan_mha(P: Plan, name: str, m: nn.Module, taps: list | None, uses: dict, owners: dict, covered: set) -> None:
+    """An ``nn.MultiheadAttention`` entry: its own and its ``out_proj``'s parameters that the probe's
+    ``F.linear`` calls use exactly once each (``taps``: :func:`~widthscope.linear.rules.mha_taps`)."""
+    if not taps:
+        return
+    params = dict(m.named_parameters())
+    tapped = {k for kw, kb, _, _ in taps for k in (kw, kb) if k is not None}
+    attrs = {k for k in tapped if params[k].requires_grad and uses.get(id(params[k]), 0) == 1
+             and owners.get(id(params[k]), 0) == 1}
+    if not attrs:
+        return
+    covered.update(id(params[k]) for k in attrs)
+    P.entries.append((name, m, "mha", attrs, None))
+    for _, _, a, z in taps:
+        P.signal_numel += z.numel() // a.shape[0]
+        P.shapes.append(("dense", a.shape[1], a.shape[2], z.shape[-1]))
 
 
 def _entry_shape(r: str, m: nn.Module, inp: torch.Tensor, z: torch.Tensor) -> tuple[str, int, int, int]:
@@ -225,18 +313,23 @@ def _entry_shape(r: str, m: nn.Module, inp: torch.Tensor, z: torch.Tensor) -> tu
 def uncovered(model: nn.Module, x: torch.Tensor | None = None) -> list[str]:
     """Trainable parameters the structured kernel leaves to the generic path (empty: it covers the
     model). With ``x`` (example inputs) this is :func:`plan`'s answer; without, a static check:
-    parameters of modules no rule covers, or registered in more than one module."""
+    parameters of modules no rule covers, or registered in more than one module none of which is a dense
+    layer or an embedding (those are tied weights the plan covers when each owner runs once)."""
     if x is not None:
         return plan(model, x).generic
     owners: dict[int, int] = {}
     ok: set[int] = set()
+    shared_ok: set[int] = set()  # a dense layer or embedding among several owners (tied weights)
     for _, m in model.named_modules(remove_duplicate=False):
         r = rule(m)
         for p in m.parameters(recurse=False):
             owners[id(p)] = owners.get(id(p), 0) + 1
             if r is not None:
                 ok.add(id(p))
-    return [n for n, p in model.named_parameters() if p.requires_grad and (id(p) not in ok or owners[id(p)] != 1)]
+            if r in ("dense", "embedding"):
+                shared_ok.add(id(p))
+    return [n for n, p in model.named_parameters() if p.requires_grad
+            and not ((id(p) in ok and owners[id(p)] == 1) or id(p) in shared_ok)]
 
 
 def _capture(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> tuple[list[tuple], int]:
@@ -248,18 +341,50 @@ def _capture(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> t
             if name in store:
                 raise WidthscopeError(f"structured NTK: module {name!r} ran twice on these inputs but once on "
                                       "the probe (input-dependent control flow); use method='jacobian'")
-            store[name] = [_entry_input(r, _m, args, kwargs), out]
+            if layouts[name] == "mha":  # an attention module: its F.linear calls are the taps
+                store[name] = None
+                return None
+            x = _entry_input(r, _m, args, kwargs)
+            if layouts[name] == "broadcast":
+                x, out = x.expand(N, *x.shape[1:]), out.expand(N, *out.shape[1:]).clone()
+            store[name] = [x, out]
             return out.clone()  # later in-place ops must not touch the z that δ is taken at
         return f
 
-    out = _forward_hooked(model, X, [(m, hook(n, r)) for n, m, r, *_ in P.entries])
+    N = X.shape[0]
+    layouts = {e[0]: "mha" if e[2] == "mha" else e[4] for e in P.entries}
+    mha = {e[0]: [] for e in P.entries if e[2] == "mha"}
+    out = _forward_hooked(model, X, [(m, hook(n, r)) for n, m, r, *_ in P.entries],
+                          {e[1]: mha[e[0]] for e in P.entries if e[2] == "mha"})
     N, O = out.shape
-    names = [e[0] for e in P.entries]
-    for nm in names:
-        if nm not in store or store[nm][1].shape[0] != N or _rows(store[nm][0]) != N:
+    taps = {e[0]: mha_taps(e[1], mha[e[0]], N) for e in P.entries if e[2] == "mha"}
+    for nm, m, r, *_ in P.entries:
+        bad = nm not in store or (taps[nm] is None if r == "mha" else
+                                  store[nm][1].shape[0] != N or _rows(store[nm][0]) != N)
+        if bad:
             raise WidthscopeError(f"structured NTK: module {nm!r} did not run once on per-example inputs for "
                                   f"this batch of {N}; use method='jacobian'")
-    zs = [store[nm][1] for nm in names]
+    zs, owner = [], []  # every tensor δ is taken at, and its entry's index
+    for i, (nm, m, r, *_) in enumerate(P.entries):
+        for z in ([t[3] for t in taps[nm]] if r == "mha" else [store[nm][1]]):
+            zs.append(z)
+            owner.append(i)
+    ds = _signals(out, zs, o_chunk)
+    recs: list[tuple] = []
+    uses: dict[int, tuple] = {}
+    for i, (nm, m, r, attrs, layout) in enumerate(P.entries):
+        d = [dk for dk, k in zip(ds, owner) if k == i]
+        recs.extend(mha_records(taps[nm], d, attrs) if r == "mha" else records(r, m, store[nm][0], d[0], attrs, layout))
+        if any(i in idx for idx in P.tied):
+            uses[i] = tied_use(r, m, store[nm][0], d[0])
+    recs.extend(("tied", [uses[i] for i in idx], P.entries[idx[0]][1].weight.shape) for idx in P.tied)
+    return recs, O
+
+
+def _signals(out: torch.Tensor, zs: list[torch.Tensor], o_chunk: int) -> list[torch.Tensor]:
+    """``δ = ∂out_o/∂z`` ``(o, *z.shape)`` for every ``z`` in ``zs``: batched backward passes over chunks of
+    ``o_chunk`` output components (zeros where ``z`` does not reach the output)."""
+    N, O = out.shape
     live = [i for i, z in enumerate(zs) if z.requires_grad]
     deltas: list[list[torch.Tensor]] = [[] for _ in zs]
     for o0 in range(0, O, o_chunk):
@@ -279,17 +404,23 @@ def _capture(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> t
         for li, g in zip(live, grads):
             deltas[li].append(torch.zeros((oc,) + tuple(zs[li].shape), dtype=out.dtype, device=out.device)
                               if g is None else g.detach())
-    recs: list[tuple] = []
-    for (nm, m, r, attrs, layout), D, z in zip(P.entries, deltas, zs):
-        d = (D[0] if len(D) == 1 else torch.cat(D)) if D else torch.zeros((O,) + tuple(z.shape), dtype=z.dtype,
-                                                                         device=z.device)
-        recs.extend(records(r, m, store[nm][0], d, attrs, layout))
-    return recs, O
+    return [(D[0] if len(D) == 1 else torch.cat(D)) if D else torch.zeros((O,) + tuple(z.shape), dtype=z.dtype,
+                                                                         device=z.device) for D, z in zip(deltas, zs)]
 
 
 def _combine(acc: torch.Tensor, r1: list[tuple], r2: list[tuple], mode: str, same: bool) -> None:
     diag = mode.startswith("diag")
     for a, b in zip(r1, r2):
+        if a[0] == "tied":  # Σ of every use's per-example gradient, then the product (in row chunks)
+            O, n = a[1][0][2].shape[:2]
+            step = max(1, 2 ** 24 // max(1, O * max(n, b[1][0][2].shape[1]) * math.prod(a[2][1:])))
+            if same:
+                for g in tied_gradients(a[1], a[2], step):
+                    hadamard(acc, g, g, None, mode, same=True)
+            else:
+                for g1, g2 in zip(tied_gradients(a[1], a[2], step), tied_gradients(b[1], b[2], step)):
+                    hadamard(acc, g1, g2, None, mode)
+            continue
         if a[0] == "vector":
             hadamard(acc, a[1], b[1], None, mode, same=same)
         elif a[0] == "bag":
