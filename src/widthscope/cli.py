@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Callable
 
@@ -81,6 +82,9 @@ def _threads(args: argparse.Namespace) -> None:
     torch.set_num_threads(n)
 
 
+STOPPED: list[int] = []  # the exit status of a run a signal stopped (read by widthscope.__main__)
+
+
 def _stopped(command: str | None, exc: BaseException) -> int:
     """The one line for SIGINT/SIGTERM, and the exit status (130 / 143)."""
     from ._io import kept_work
@@ -90,7 +94,8 @@ def _stopped(command: str | None, exc: BaseException) -> int:
     what = "terminated (SIGTERM)" if isinstance(exc, _Terminated) else "interrupted"
     tail = f"kept: {'; '.join(kept)}" if kept else "no finished results were written"
     print(f"widthscope{' ' + command if command else ''}: {what}; {tail}", file=sys.stderr)
-    return 143 if isinstance(exc, _Terminated) else 130
+    STOPPED.append(143 if isinstance(exc, _Terminated) else 130)
+    return STOPPED[-1]
 
 
 def _remove_created() -> None:
@@ -118,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     def _terminate(signum: int, _frame: object) -> None:
         raise _Terminated(signum)
 
+    STOPPED.clear()
     on_main = _main_thread()
     previous = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) if on_main else None
     if on_main:  # first thing: a signal while torch/transformers import (seconds) ends like one during work
@@ -181,5 +187,19 @@ def _main(argv: list[str], name: str | None, terminate: Callable[[int, object], 
         return _stopped(args.command, exc)
 
 
+def console() -> None:
+    """The ``widthscope`` command (and ``python -m widthscope``): :func:`main`, then exit with its status."""
+    code = main()
+    if STOPPED:
+        # A KeyboardInterrupt raised inside code that C ran through PyRun_* (pybind11's exec in torch) sets
+        # CPython's "unhandled KeyboardInterrupt" flag even though it was caught here, and the interpreter
+        # then kills itself with SIGINT at exit (status -2 after the one line). The line is written and
+        # the cleanup done: leave with the status it names.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()
