@@ -67,7 +67,9 @@ def kernel_predict(K_train: torch.Tensor, y_train: torch.Tensor, *, lr: float,
     ``gradient_descent_mse(K, y, diag_reg=λ, diag_reg_absolute_scale=True)`` (its default scales
     ``diag_reg`` by ``trace(K)/(N·o)``: pass ``ridge = diag_reg · trace(K)/(N·o)``; its ``learning_rate·t`` is
     ``o·η·t`` here, its loss being a mean over the ``N·o`` outputs); its train outputs are its
-    test formula at ``K_test = K_train``, as its docstring says.
+    test formula at ``K_test = K_train``, as its docstring says. For its default ``trace_axes=(-1,)``
+    (an ``(N, N)`` per-output kernel ``k``) pass ``K = k ⊗ I_o``; ``diag_reg`` then scales by ``trace(k)/N``.
+    Checked against neural-tangents 0.6.5 to 1e-10 relative (``tests/test_bench_ntk_vs_nt.py``).
 
     ``K_train``: ``(N, N, o, o)`` or ``(N·o, N·o)``; ``K_test``: ``(M, N, o, o)`` or ``(M·o, N·o)``;
     ``y_train``, ``f0_*``: ``(N, o)`` / ``(M, o)`` (``f0`` default 0). Returns ``{"train", "test"}``.
