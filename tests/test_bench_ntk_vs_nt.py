@@ -237,8 +237,8 @@ def test_kernel_predict_is_the_nt_ensemble_mean(get, absolute, diag_reg):
             tau = float("inf") if t_nt is None else _LR_NT * t_nt / (o * _ETA)
             ours = kernel_predict(K, p["y"], lr=_ETA, t=tau, ridge=ridge, K_test=Kt)
             worst = max(worst, _rel(ours["test"].numpy(), pred(t_nt, xte, get)))
-            if ridge > 0:  # nt's regularised train mean: x_test = x_train
-                worst = max(worst, _rel(ours["train"].numpy(), pred(t_nt, xtr, get)))
+            # nt's (regularised) train mean: x_test = x_train
+            worst = max(worst, _rel(ours["train"].numpy(), pred(t_nt, xtr, get)))
     finally:
         jax.config.update("jax_enable_x64", prev)
     print(f"max relative difference ({get}, diag_reg={diag_reg}, absolute={absolute}): {worst:.2e}")
