@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_structured_ntk import _oracle, _seeded
+from test_structured_ntk import _oracle, _seeded, _tiny_hf
 from torch import nn
 
 from widthscope.linear import ntk
@@ -166,24 +166,10 @@ def test_tied_gradients_in_row_chunks_equal_the_brute_force_sum():
 
 
 def _hf(arch):
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
+    model = _tiny_hf(arch, tie_llama=True)
     if arch == "gpt2":
-        cfg = transformers.GPT2Config(vocab_size=19, n_embd=8, n_layer=2, n_head=2, n_positions=8,
-                                      bos_token_id=1, eos_token_id=1, attn_implementation="eager")
-        model = transformers.GPT2LMHeadModel(cfg)
         assert model.lm_head.weight is model.transformer.wte.weight  # tied
-    elif arch == "bert":
-        cfg = transformers.BertConfig(vocab_size=19, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
-                                      intermediate_size=16, max_position_embeddings=8, hidden_dropout_prob=0.0,
-                                      attention_probs_dropout_prob=0.0, attn_implementation="eager")
-        model = transformers.BertForMaskedLM(cfg)
-    else:
-        cfg = transformers.LlamaConfig(vocab_size=19, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
-                                       num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=8,
-                                       pad_token_id=0, attn_implementation="eager", tie_word_embeddings=True)
-        model = transformers.LlamaForCausalLM(cfg)
-    return _seeded(model.double()).eval()
+    return model
 
 
 class Pooled(nn.Module):

@@ -222,17 +222,23 @@ def test_auto_falls_back_when_the_bulk_is_not_covered():
     assert info["generic"] == ["b.weight", "b.bias"] and info["covered"] == 14
 
 
-def _tiny_hf(arch):
+def _tiny_hf(arch, tie_llama=False):
+    """A tiny float64 Hugging Face model: ``"gpt2"`` (tied embeddings), ``"bert"`` (masked LM) or ``"llama"``."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     if arch == "gpt2":
         cfg = transformers.GPT2Config(vocab_size=19, n_embd=8, n_layer=2, n_head=2, n_positions=8,
                                       bos_token_id=1, eos_token_id=1, attn_implementation="eager")
         model = transformers.GPT2LMHeadModel(cfg)
+    elif arch == "bert":
+        cfg = transformers.BertConfig(vocab_size=19, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+                                      intermediate_size=16, max_position_embeddings=8, hidden_dropout_prob=0.0,
+                                      attention_probs_dropout_prob=0.0, attn_implementation="eager")
+        model = transformers.BertForMaskedLM(cfg)
     else:
         cfg = transformers.LlamaConfig(vocab_size=19, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
                                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=8,
-                                       pad_token_id=0, attn_implementation="eager")
+                                       pad_token_id=0, attn_implementation="eager", tie_word_embeddings=tie_llama)
         model = transformers.LlamaForCausalLM(cfg)
     return _seeded(model.double()).eval()
 
