@@ -51,6 +51,7 @@ from .._io import append_jsonl, read_jsonl, to_jsonable
 from ..errors import WidthscopeError
 from ..probe import batched, collect, resolve_points
 from ..probe.collect import POOLS
+from ..stats import certified
 
 __all__ = ["AlignmentMonitor", "TrainingState", "log_steps", "check_not_fsdp", "DEFAULT_BUDGET"]
 
@@ -459,7 +460,7 @@ class AlignmentMonitor:
     def _events(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out = []
         for r in rows:
-            if r["point"] not in self._certified and not r["vacuous"] and r["b_exact"] <= self.delta:
+            if r["point"] not in self._certified and certified(r["b_exact"], r["vacuous"], self.delta):
                 self._certified.add(r["point"])
                 out.append({"kind": "certified", "step": r["step"], "point": r["point"], "delta": self.delta,
                             "b_exact": r["b_exact"], "M": self.M, "K": self.K})

@@ -38,6 +38,8 @@ from collections import defaultdict
 from statistics import median
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..stats import certified, certified_steps
+
 __all__ = ["ROW_KINDS", "SUMMARY", "cells_from_rows", "seed_slopes", "certify_earlier"]
 
 #: ``kind`` of the monitor's per-(step, point) rows (core.py writes "row"; a sweep may retag them).
@@ -75,7 +77,7 @@ def _add_row(c: Cell, r: Mapping[str, Any]) -> None:
     if _num(r.get("delta")):
         c.deltas.add(float(r["delta"]))
     b = r.get("b_exact")
-    if not r.get("vacuous") and _num(b) and _num(r.get("delta")) and b <= r["delta"]:
+    if certified(b, r.get("vacuous"), r.get("delta")):
         c.certified[point].add(step)
 
 
@@ -142,10 +144,10 @@ def seed_slopes(cells: Mapping[tuple, Cell]) -> dict[str, dict[str, Any]]:
                         if grid is not None:
                             hit = [min(g for g in grid if g >= s) for s in hit if any(g >= s for g in grid)]
                     else:  # the rows: the earliest step from which it stays certified up to the horizon
-                        seen = sorted(s for s in (grid if grid is not None else c.steps) if s <= horizon)
+                        seen = [s for s in (grid if grid is not None else c.steps) if s <= horizon]
                         cert = set(hit)
-                        stay = [g for i, g in enumerate(seen) if cert.issuperset(seen[i:])]
-                        hit = stay[:1]
+                        since = certified_steps((g, g in cert) for g in seen)[1]
+                        hit = [] if since is None else [since]
                     hit = [s for s in hit if s <= horizon]
                     n_pts += 1
                     n_cens += not hit

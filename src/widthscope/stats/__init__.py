@@ -18,7 +18,7 @@ Example::
     >>> ws.certificate(X, M=16, K=16).vacuous
     False
 """
-from .bounds import Certificate, Plan, certificate, plan, resolve_moments, vacuous_rule
+from .bounds import Certificate, Plan, certificate, certified, certified_steps, plan, resolve_moments, vacuous_rule
 from .resample import Misalignment, misalignment, misalignment_from_gram, wilson_interval
 from .estimators import (
     CrossMoments,
@@ -35,6 +35,7 @@ from .estimators import (
 __all__ = [
     "Moments", "CrossMoments", "PrimalMoments", "moments", "moments_from_gram", "gram_sums",
     "cross_moments", "cross_moments_from_gram", "as_matrix",
-    "Certificate", "certificate", "Plan", "plan", "resolve_moments", "vacuous_rule",
+    "Certificate", "certificate", "Plan", "plan", "resolve_moments", "vacuous_rule", "certified",
+    "certified_steps",
     "Misalignment", "misalignment", "misalignment_from_gram", "wilson_interval",
 ]

@@ -61,7 +61,8 @@ from typing import Any, Literal
 from ..errors import WidthscopeError
 from .estimators import CrossMoments, Moments, PrimalMoments, cross_moments, moments
 
-__all__ = ["Certificate", "certificate", "Plan", "plan", "resolve_moments", "vacuous_rule"]
+__all__ = ["Certificate", "certificate", "Plan", "plan", "resolve_moments", "vacuous_rule", "certified",
+           "certified_steps"]
 
 Populations = Literal["auto", "one", "two"]
 Estimator = Literal["unbiased", "plugin"]
@@ -382,3 +383,35 @@ def plan(train: Any, test: Any = None, *, target: float, K: int | None = None,
                          f"{align_limit:.4g} = 1/(1+K·d_align); increase K")
     return Plan(target, K, exact_M, align_M, exact_limit, align_limit, equal_exact, equal_align,
                 pop, m.estimator, d_align, False, "; ".join(notes))
+
+
+def certified(b_exact: Any, vacuous: Any, delta: Any) -> bool:
+    """A point is *certified at* ``delta`` when its certificate is not vacuous and ``B_exact ≤ delta``
+    (a missing or non-finite bound or level never certifies): the rule of the monitor's ``certified``
+    event, the sweep's summary columns and the claims page."""
+    def num(v: Any) -> float:
+        try:
+            return math.nan if isinstance(v, bool) else float(v)
+        except (TypeError, ValueError):
+            return math.nan
+
+    b, d = num(b_exact), num(delta)
+    return not vacuous and math.isfinite(b) and math.isfinite(d) and b <= d
+
+
+def certified_steps(flags: Any) -> tuple[int | None, int | None]:
+    """``(first, since)`` over ``(step, certified)`` pairs (any order): ``first`` = the first certified
+    step; ``since`` = the earliest step from which every later step is certified. None: no such step
+    (``since``: the last step is not certified).
+
+    Example::
+
+        >>> certified_steps([(0, True), (5, False), (9, True)])
+        (0, 9)
+    """
+    first = since = None
+    for step, ok in sorted(flags, key=lambda f: int(f[0])):
+        if ok and first is None:
+            first = int(step)
+        since = (int(step) if since is None else since) if ok else None
+    return first, since

@@ -1034,9 +1034,8 @@ def _cell_monitor(cfg: SweepConfig, fam: FamilySpec, split: Any, model: Any, see
 
 
 def certified_steps(rows: Sequence[Mapping[str, Any]], delta: float) -> tuple[int | None, int | None]:
-    """``(first, from)`` over one point's monitor rows (any order): ``first`` = the first probed step
-    whose certificate is non-vacuous with ``b_exact <= delta``; ``from`` = the earliest probed step from
-    which every later probed step is so certified. None: no such step (``from``: the last is not).
+    """``(first, from)`` over one point's monitor rows (any order), by
+    :func:`widthscope.stats.certified_steps` with :func:`widthscope.stats.certified` at ``delta``.
 
     Example::
 
@@ -1044,14 +1043,9 @@ def certified_steps(rows: Sequence[Mapping[str, Any]], delta: float) -> tuple[in
         >>> certified_steps(rows, 0.05)
         (0, 9)
     """
-    first = since = None
-    for r in sorted(rows, key=lambda r: int(r["step"])):
-        b = r.get("b_exact")
-        ok = not r.get("vacuous") and b is not None and math.isfinite(float(b)) and float(b) <= delta
-        if ok and first is None:
-            first = int(r["step"])
-        since = (int(r["step"]) if since is None else since) if ok else None
-    return first, since
+    from ..stats import certified, certified_steps as steps
+
+    return steps((int(r["step"]), certified(r.get("b_exact"), r.get("vacuous"), delta)) for r in rows)
 
 
 def _monitor_condition(fam: FamilySpec) -> tuple[dict[str, Any], int | None]:
