@@ -1,8 +1,8 @@
 """Cost of certify's default bias interventions relative to the probe: the full path vs the cached prefix.
 
 4-layer LLaMA-style model (widthscope ``llama`` family, byte vocabulary), ``n`` train and ``n``
-held-out sequences, ``M = K`` up to 128, certify's default step sizes (``steps``: 5, a decade
-apart) at every block output, with ``μ_M``, ``g_K``, the held-out loss and the activation scale
+held-out sequences, ``M = K`` up to 128, certify's default step sizes (``steps``: 4, the decades
+of step RMS 1e-4…0.1 of the activation's) at every block output, with ``μ_M``, ``g_K``, the held-out loss and the activation scale
 reused from the probe (as certify runs them). Per repetition, back to back in one process:
 
 * ``probe_s``: :func:`widthscope.probe.collect` of both pools (what certify measures anyway),
@@ -12,8 +12,8 @@ reused from the probe (as certify runs them). Per repetition, back to back in on
   once per step through the whole network (the path before the cached prefix);
 * ``cached_s``: the default ``prefix="auto"`` with the probe's record — only the modules after
   the point run, once per step (plus the check: 3 full forwards per point);
-* ``cached9_s``: the same with the 9 half-decade steps of ``intervene``'s own default (the grid
-  certify used before), for the cost of the finer grid.
+* ``cached9_s``: the same with the 9 half-decade steps up to 1 of ``intervene``'s own default (the
+  grid certify used before), for the cost of the finer grid.
 
 Times are medians over the repetitions, ratios medians of the per-repetition ratios (lower is
 better); ``max_diff`` is the largest ``|ΔL_cached − ΔL_full| / L`` over all points and steps;
@@ -34,11 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import markdown_table  # noqa: E402
 
 
-def _interventions(model, points, tr, te, qa, qb, M, K, prefix, kept, n_etas):
+def _interventions(model, points, tr, te, qa, qb, M, K, prefix, kept, n_etas, top):
     from widthscope.probe.intervene import intervene
 
     t0 = time.perf_counter()
-    rows = {p: intervene(model, p, tr, te, M=M, K=K, progress=False, prefix=prefix, n_etas=n_etas,
+    rows = {p: intervene(model, p, tr, te, M=M, K=K, progress=False, prefix=prefix, n_etas=n_etas, max_rel_step=top,
                          reuse={"train": qa[p], "test": qb[p], "test_losses": qb.losses,
                                 "act_sq": qa.act_sq[p], "width": qa.widths[p], "prefix": kept})
             for p in points}
@@ -46,7 +46,7 @@ def _interventions(model, points, tr, te, qa, qb, M, K, prefix, kept, n_etas):
 
 
 def run(quick: bool = False, widths: tuple[int, ...] | None = None) -> list[dict[str, Any]]:
-    from widthscope.certify.pipeline import DEFAULT_N_ETAS
+    from widthscope.certify.pipeline import DEFAULT_MAX_REL_STEP, DEFAULT_N_ETAS
     from widthscope.models import build
     from widthscope.probe import collect, insertion_points
     from widthscope.probe.intervene import as_examples, to_batches
@@ -73,10 +73,12 @@ def run(quick: bool = False, widths: tuple[int, ...] | None = None) -> list[dict
                 qb = collect(model, te, points=points, progress=False)
             t["probe"].append(time.perf_counter() - t0)
             capture.add("probe" if all(kept.covers(p, K) for p in points) else f"per chunk ({kept.reason})")
-            runs = [("full", "full", DEFAULT_N_ETAS), ("cached", "auto", DEFAULT_N_ETAS), ("cached9", "auto", 9)]
+            top = DEFAULT_MAX_REL_STEP
+            runs = [("full", "full", DEFAULT_N_ETAS, top), ("cached", "auto", DEFAULT_N_ETAS, top),
+                    ("cached9", "auto", 9, 1.0)]
             got = {}
-            for name, prefix, E in (runs if rep % 2 == 0 else runs[::-1]):  # alternate against drift
-                s, got[name] = _interventions(model, points, tr, te, qa, qb, M, K, prefix, kept, E)
+            for name, prefix, E, hi in (runs if rep % 2 == 0 else runs[::-1]):  # alternate against drift
+                s, got[name] = _interventions(model, points, tr, te, qa, qb, M, K, prefix, kept, E, hi)
                 t[name].append(s)
             for p in points:
                 for a, b in zip(got["full"][p], got["cached"][p]):
@@ -115,7 +117,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         f"`cached` runs only the modules after each point, once per step, on the outputs before it "
         f"that the held-out probe recorded (`capture`): {span('cached/full')}× the full path's time "
         f"here, the same ΔL (`max_diff`), and **{span('cached/probe')}× the probe** with certify's "
-        f"default {E} steps a decade apart ({span('cached9/probe')}× with the 9 half-decade steps). "
+        f"default {E} steps (the decades of step RMS 1e-4…0.1 of the activation's; "
+        f"{span('cached9/probe')}× with the 9 half-decade steps up to 1, the grid before). "
         f"The floor is the measurement itself: over the L = {L} points the blocks after the point are "
         f"(L − 1)/(2L) = {share:.3g} of the full path's block passes ({E * K * L * (L - 1) // 2} of "
         f"{E * K * L * L} at K = {K}), i.e. {share:.3g} × full/probe = "

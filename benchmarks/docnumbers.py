@@ -955,22 +955,32 @@ def _monitor_load() -> str:
 NTK_NT = "benchmarks/results/ntk-vs-nt-cpu.json"
 
 
-def _ntk_vs_nt() -> Any:
+def _bench_module(name: str) -> Any:
+    """A script of ``benchmarks/`` as a module (its own table and quantity functions)."""
+    import importlib
+
     if str(ROOT / "benchmarks") not in sys.path:
         sys.path.insert(0, str(ROOT / "benchmarks"))
-    import ntk_vs_nt
-    return ntk_vs_nt
+    return importlib.import_module(name)
 
 
-@quantity("ntk_nt.table")
-def _ntk_nt_table() -> str:
-    return block(_ntk_vs_nt().table_lines(load_json(NTK_NT)))
+def _script_quantities(module: str, rows: str, table_key: str, regex: str) -> None:
+    """Register a benchmark script's own ``table_lines(data)`` as ``table_key`` and its
+    ``quantity(data, what)`` for the keys matching ``regex``, both over the committed ``rows``."""
+    quantity(table_key)(lambda: block(_bench_module(module).table_lines(load_json(rows))))
+    pattern(regex)(lambda what: _bench_module(module).quantity(load_json(rows), what))
 
 
-@pattern(r"ntk_nt/((?:ratio|s|peak|prev|loadof)/[\w/-]+|agree|load|nt_faster)")
-def _ntk_nt(what: str) -> str:
-    """``ntk_vs_nt.quantity``: nt/ws ratios, seconds, peaks, the float64 agreement, the load."""
-    return _ntk_vs_nt().quantity(load_json(NTK_NT), what)
+# ntk_nt/...: nt/ws ratios, seconds, peaks, the float64 agreement, the load.
+_script_quantities("ntk_vs_nt", NTK_NT, "ntk_nt.table",
+                   r"ntk_nt/((?:ratio|s|peak|prev|loadof)/[\w/-]+|agree|load|nt_faster)")
+
+
+# ---- benchmarks/results/retention-grid.json (benchmarks/retention_grid.py: what each step of the grid says)
+
+# retgrid/...: loss rise and retention at one relative step, over all curves.
+_script_quantities("retention_grid", "benchmarks/results/retention-grid.json", "retgrid.table",
+                   r"retgrid/((?:rise|up|ret|off)/[0-9.e-]+|curves|widths)")
 
 
 if __name__ == "__main__":

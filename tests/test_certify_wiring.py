@@ -86,13 +86,18 @@ def test_unknown_device_and_data_fail_fast(capsys):
 
 
 def test_cli_n_etas_sets_the_default_grid(tmp_path):
-    """Default: 5 intervention steps a decade apart at every point; --n-etas 3 gives 3 (1e-4, 1e-2, 1)."""
+    """Default: 4 intervention steps, the decades 1e-4..0.1, at every point; --n-etas 3 gives
+    3 (1e-4, 1e-2.5, 0.1); with --max-rel-step 1, 3 give 1e-4, 1e-2, 1; the settings record the grid."""
     import json
 
     common = ["certify", "--n-train", "32", "--n-test", "32", "--M", "8", "--draws", "10", "--train-steps", "2"]
     assert main([*common, "--out", str(tmp_path / "a.json")]) == 0
     assert main([*common, "--n-etas", "3", "--out", str(tmp_path / "b.json")]) == 0
-    for f, want in (("a.json", [1e-4, 1e-3, 1e-2, 1e-1, 1.0]), ("b.json", [1e-4, 1e-2, 1.0])):
+    assert main([*common, "--n-etas", "3", "--max-rel-step", "1", "--out", str(tmp_path / "c.json")]) == 0
+    settings = json.loads((tmp_path / "c.json").read_text())["settings"]
+    assert (settings["n_etas"], settings["max_rel_step"], settings["etas"]) == (3, 1.0, None)
+    for f, want in (("a.json", [1e-4, 1e-3, 1e-2, 1e-1]), ("b.json", [1e-4, 10 ** -2.5, 0.1]),
+                    ("c.json", [1e-4, 1e-2, 1.0])):
         pts = json.loads((tmp_path / f).read_text())["points"]
         for p in pts:
             assert [r["rel_step"] for r in p["interventions"]] == pytest.approx(want, rel=1e-9), (f, p["point"])

@@ -551,15 +551,16 @@ def test_kept_prefix_over_budget_or_short_falls_back_to_capture():
 
 
 def test_certify_default_interventions_decade_grid_equal_full_path(monkeypatch):
-    """certify's default interventions: 5 steps a decade apart (step RMS 1e-4..1 of the
-    activation's, so 1e-3 and the smallest are on the grid), on the held-out probe's record (no
+    """certify's default interventions: 4 steps, the decades of step RMS 1e-4..0.1 of the
+    activation's (so 1e-3 and the smallest are on the grid), on the held-out probe's record (no
     capture forward), equal to the whole network per step at every point (float64, 1e-12·|L|);
-    n_etas=9 gives the half-decades, the decades being the same steps and rows."""
+    n_etas=9, max_rel_step=1 gives the half-decades up to 1, its decades being the same steps
+    (the same floats) and rows."""
     from widthscope.certify import certify
-    from widthscope.certify.pipeline import DEFAULT_N_ETAS
+    from widthscope.certify.pipeline import DEFAULT_MAX_REL_STEP, DEFAULT_N_ETAS
     from widthscope.probe.intervene import to_batches
 
-    assert DEFAULT_N_ETAS == 5
+    assert (DEFAULT_N_ETAS, DEFAULT_MAX_REL_STEP) == (4, 0.1)
     name, model, points, tr, te = _kept_cases()[0]
     trb, teb = to_batches(tr, 7), to_batches(te, 7)
     from widthscope.probe import prefix
@@ -569,19 +570,25 @@ def test_certify_default_interventions_decade_grid_equal_full_path(monkeypatch):
         res = certify(model, trb, teb, M=[8], draws=20, progress=False)
     for r in res["points"]:
         rows = r["interventions"]
-        assert [x["rel_step"] for x in rows] == pytest.approx([1e-4, 1e-3, 1e-2, 1e-1, 1.0], rel=1e-9)
+        assert [x["rel_step"] for x in rows] == pytest.approx([1e-4, 1e-3, 1e-2, 1e-1], rel=1e-9)
         assert {x["prefix"] for x in rows} == {"cached"}
         full = intervene(model, r["point"], trb, teb, M=8, K=8, etas=[x["eta"] for x in rows],
                          prefix="full", progress=False)
         for a, b in zip(rows, full):
             assert abs(a["actual"] - b["actual"]) <= 1e-12 * abs(b["loss_before"]), r["point"]
-    nine = certify(model, trb, teb, M=[8], draws=20, progress=False, points=points[:1], n_etas=9)
+    nine = certify(model, trb, teb, M=[8], draws=20, progress=False, points=points[:1], n_etas=9,
+                   max_rel_step=1.0)
     assert len(nine["points"][0]["interventions"]) == 9
-    for a, b in zip(nine["points"][0]["interventions"][::2], res["points"][0]["interventions"]):
+    decades = nine["points"][0]["interventions"][::2]
+    assert len(decades) == 5
+    for a, b in zip(decades, res["points"][0]["interventions"]):
         assert a["eta"] == b["eta"]  # the decades are the same steps on both grids
         assert abs(a["actual"] - b["actual"]) <= 1e-12 * abs(b["loss_before"])
     with pytest.raises(WidthscopeError, match="n_etas must be"):
         certify(model, trb, teb, M=[8], draws=20, progress=False, n_etas=0)
+    for bad in (1e-4, 0.0, -1.0, float("nan"), float("inf"), "x", True):
+        with pytest.raises(WidthscopeError, match="max_rel_step must be a finite number above"):
+            certify(model, trb, teb, M=[8], draws=20, progress=False, max_rel_step=bad)
 
 
 def test_block_probe_stacked_equals_inserted_block_per_step(monkeypatch):
@@ -613,3 +620,49 @@ def test_block_probe_stacked_equals_inserted_block_per_step(monkeypatch):
                     assert abs(x["actual"] - a["actual"]) <= 1e-12 * abs(a["loss_before"]), (name, point, a, x)
             assert abs(full[-1]["actual"]) > 1e-6, (name, point)
             assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+# ----------------------------------------------------------------------------- the evidence for certify's grid
+def _retention_grid_module():
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("retention_grid", root / "benchmarks" / "retention_grid.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return root, mod
+
+
+def test_committed_retention_grid_supports_certify_stopping_at_0_1():
+    """certify's default grid stops at rel_step 0.1 because on the committed trained models the
+    loss has already risen there at every point (the first-order step has broken down), which the
+    step of 1 only repeats: the rows must show that, on the 9 half-decades up to 1."""
+    import json
+
+    from widthscope.certify.pipeline import DEFAULT_MAX_REL_STEP
+
+    root, mod = _retention_grid_module()
+    data = json.loads((root / "benchmarks" / "results" / "retention-grid.json").read_text())
+    curves = {(r["width"], r["point"]) for r in data["rows"]}
+    assert len(curves) >= 8
+    for c in curves:
+        rel = sorted(r["rel_step"] for r in data["rows"] if (r["width"], r["point"]) == c)
+        assert rel == pytest.approx(list(mod.GRID), rel=1e-9)
+    for top in (DEFAULT_MAX_REL_STEP, 1.0):
+        at = mod._at(data["rows"], top)
+        assert len(at) == len(curves) and all(r["actual"] > 0 for r in at), top
+    small = mod._at(data["rows"], 1e-4)
+    assert all(0.9 < r["retention"] < 1.5 for r in small)  # first order holds at the smallest step
+
+
+def test_retention_grid_script_runs_and_renders():
+    """A tiny run of the benchmark (width 16, 3 steps) gives the table and every doc quantity."""
+    _, mod = _retention_grid_module()
+    data = mod.run((16,), steps=3, n=8)
+    assert {r["width"] for r in data["rows"]} == {16} and len(data["rows"]) == 9 * 4
+    lines = mod.table_lines(data)
+    assert len(lines) == 2 + 4 and all(line.startswith("| 16 | model.layers.") for line in lines[2:])
+    for what in ("rise/0.1", "up/1.0", "ret/0.0001", "off/0.1", "curves", "widths"):
+        assert mod.quantity(data, what)
+    assert mod.quantity(data, "curves") == "4"

@@ -51,13 +51,16 @@ from .per_point import _check_pool, _v, ranking, statistics, tables  # noqa: F40
 from ..probe import collect, resolve_points
 from ..validate import _float_list, _int_list, _num_list, _pairs, _sizes  # noqa: F401  (re-exported)
 
-__all__ = ["certify", "add_arguments", "run", "DEFAULT_M", "DEFAULT_N_ETAS"]
+__all__ = ["certify", "add_arguments", "run", "DEFAULT_M", "DEFAULT_N_ETAS", "DEFAULT_MAX_REL_STEP"]
 
 DEFAULT_M = (16, 32, 64, 128)
-# Default intervention grid of a certify run: 5 steps a decade apart (step RMS 1e-4, 1e-3, 1e-2,
-# 0.1, 1 of the activation's), keeping the range and the relative steps the claims read (1e-3 and
-# the smallest) at 5/9 of the cost of intervene()'s 9 half-decade steps; n_etas=9 restores those.
-DEFAULT_N_ETAS = 5
+# Default intervention grid of a certify run: 4 steps a decade apart (step RMS 1e-4, 1e-3, 1e-2,
+# 0.1 of the activation's): the steps the claims read (1e-3 and the smallest) and the onset of the
+# breakdown, at 4/9 of the cost of intervene()'s 9 half-decades up to 1. The step as large as the
+# stream itself is left out: on trained models its row only repeats 0.1's "the loss rises" (see
+# docs/interventions.md, benchmarks/retention_grid.py). n_etas=9, max_rel_step=1 restores that grid.
+DEFAULT_N_ETAS = 4
+DEFAULT_MAX_REL_STEP = 0.1
 ESTIMATORS = ("unbiased", "plugin")
 
 
@@ -84,7 +87,8 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
             estimator: str = "unbiased", pool: str = "sum",
             loss_fn: Callable[[Any, Any], torch.Tensor] | None = None, train_mode: str = "eval",
             progress: bool = True, interventions: str | None = "bias",
-            etas: Sequence[float] | None = None, n_etas: int = DEFAULT_N_ETAS, project: int | None = None,
+            etas: Sequence[float] | None = None, n_etas: int = DEFAULT_N_ETAS,
+            max_rel_step: float = DEFAULT_MAX_REL_STEP, project: int | None = None,
             samples_out: dict[str, Any] | None = None,
             on_point: Callable[[dict[str, Any]], None] | None = None, draw_scheme: str = "shared") -> dict[str, Any]:
     """Certify every insertion point of ``model``; returns a JSON-able dict.
@@ -102,9 +106,10 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
             intervention at every point (:func:`widthscope.probe.intervene`) on the first
             ``max(M)`` train and ``max(K)`` held-out examples: predicted vs actual held-out loss
             change per step size ``etas`` (default: ``n_etas`` log-spaced steps scaled to the point,
-            their RMS entry 1e-4…1 of the activation's; the default 5 are a decade apart, which
-            keeps the steps the claims read, 1e-3 and the smallest, at 5/9 the cost of the 9
-            half-decade steps of :func:`~widthscope.probe.intervene`; ``n_etas=9`` gives those).
+            their RMS entry 1e-4…``max_rel_step`` of the activation's; the default 4 are the
+            decades 1e-4…0.1: the steps the claims read, 1e-3 and the smallest, and the onset of
+            the breakdown, at 4/9 the cost of :func:`~widthscope.probe.intervene`'s 9
+            half-decades up to 1; ``n_etas=9, max_rel_step=1`` gives those).
             The held-out probe records what the bias steps' cached prefix needs
             (:func:`widthscope.probe.prefix.keep_prefix`), so they rerun only the network after
             each point.
@@ -129,6 +134,9 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
 
     if isinstance(n_etas, bool) or not isinstance(n_etas, int) or n_etas < 1:
         raise WidthscopeError(f"n_etas must be a whole number >= 1 (steps of the default grid), got {n_etas!r}")
+    from ..probe.intervene import check_rel_step
+
+    max_rel_step = check_rel_step(max_rel_step)
     t0 = time.perf_counter()
     keep = _keep_prefix(model, names, test_list, max(k for _, k in pairs), loss_fn=loss_fn,
                         device=device, wanted=interventions in ("bias", "block") and project is None and W == 1
@@ -150,7 +158,8 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
 
     t0 = time.perf_counter()
     _interventions(model, results, qa, qb, gathered_a, gathered_b, train_list, test_list, pairs, device,
-                   interventions=interventions, etas=etas, n_etas=n_etas, loss_fn=loss_fn, seed=seed,
+                   interventions=interventions, etas=etas, n_etas=n_etas, max_rel_step=max_rel_step,
+                   loss_fn=loss_fn, seed=seed,
                    project=project, train_mode=train_mode, on_point=on_point, kept=getattr(keep, "kept", None))
     intervene_s = time.perf_counter() - t0
 
@@ -158,7 +167,9 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
         "settings": {"M": [m for m, _ in pairs], "K": [k for _, k in pairs], "draws": draws, "seed": seed,
                      "estimator": estimator, "pool": pool, "train_mode": train_mode, "points": names,
                      "world_size": W, "interventions": interventions, "project": project,
-                     "draw_scheme": draw_scheme},
+                     "draw_scheme": draw_scheme, "etas": None if etas is None else [float(e) for e in etas],
+                     "n_etas": None if etas is not None else n_etas,
+                     "max_rel_step": None if etas is not None else max_rel_step},
         "points": results,
         "ranking": ranking(results),
         "notes": notes,
@@ -273,7 +284,7 @@ def _interventions(model: nn.Module, results: list[dict[str, Any]], qa: Any, qb:
                    gathered_a: dict[str, torch.Tensor], gathered_b: dict[str, torch.Tensor],
                    train_list: list[Any], test_list: list[Any], pairs: list[tuple[int, int]],
                    device: torch.device, *, interventions: str | None, etas: Sequence[float] | None,
-                   n_etas: int, loss_fn: Callable[[Any, Any], torch.Tensor] | None, seed: int,
+                   n_etas: int, max_rel_step: float, loss_fn: Callable[[Any, Any], torch.Tensor] | None, seed: int,
                    project: int | None, train_mode: str, on_point: Callable[[dict[str, Any]], None] | None,
                    kept: Any = None) -> None:
     """Add each point's ``interventions`` to its row (in place), handing each finished row to
@@ -299,7 +310,7 @@ def _interventions(model: nn.Module, results: list[dict[str, Any]], qa: Any, qb:
                     "width": qa.widths.get(p), "prefix": kept}
                 r["interventions"] = to_jsonable(
                     intervene(model, r["point"], train_list, test_list, etas=etas, n_etas=n_etas,
-                              kind=interventions, loss_fn=loss_fn, M=m_max, K=k_max, seed=seed,
+                              max_rel_step=max_rel_step, kind=interventions, loss_fn=loss_fn, M=m_max, K=k_max, seed=seed,
                               progress=False, reuse=reuse)
                 ) if distributed.is_main() else []
                 if on_point is not None:
@@ -380,9 +391,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--etas", default=None,
                         help="intervention step sizes, comma list (default: --n-etas steps scaled to the point)")
     parser.add_argument("--n-etas", type=int, default=None, metavar="E",
-                        help=f"steps of the default intervention grid: step RMS 1e-4..1 of the activation's, "
-                             f"log-spaced (default {DEFAULT_N_ETAS}: a decade apart, keeping 1e-3 and the smallest "
-                             "step that the claims read; 9 gives half-decades at 9/5 the cost)")
+                        help=f"steps of the default intervention grid: step RMS 1e-4..--max-rel-step of the "
+                             f"activation's, log-spaced (default {DEFAULT_N_ETAS}: the decades up to "
+                             f"{DEFAULT_MAX_REL_STEP:g}; --n-etas 9 --max-rel-step 1 gives the half-decades up to 1, "
+                             "9/4 the cost)")
+    parser.add_argument("--max-rel-step", type=float, default=None, metavar="R",
+                        help=f"largest step of the default grid, its RMS entry over the activation's "
+                             f"(default {DEFAULT_MAX_REL_STEP:g}; 1 moves the stream by its own size)")
     parser.add_argument("--project", type=int, default=None, metavar="K",
                         help="randomly project sample vectors to K dims while collecting (memory "
                              "O(n*K) instead of O(n*d)); see docs/performance.md")
@@ -451,6 +466,21 @@ def _check_combinations(args: argparse.Namespace, pairs: Sequence[tuple[int, int
     if n_etas is not None and etas is not None:
         raise WidthscopeError("--n-etas sets the size of the default step grid, --etas replaces that grid: "
                               "drop one of them")
+    top = getattr(args, "max_rel_step", None)
+    if top is not None:
+        from ..probe.intervene import check_rel_step
+
+        try:
+            check_rel_step(top)
+        except WidthscopeError:
+            raise WidthscopeError(f"--max-rel-step {top:g}: must be a finite number above the smallest step 1e-4 "
+                                  "(e.g. 0.1, or 1 for a step as large as the activation)") from None
+        if etas is not None:
+            raise WidthscopeError("--max-rel-step sets the largest step of the default grid, --etas replaces that "
+                                  "grid: drop one of them")
+        if args.interventions == "none":
+            raise WidthscopeError(f"--max-rel-step sets the largest intervention step, but none run{preset}: add "
+                                  "--interventions bias (or block), or drop --max-rel-step")
     if etas is not None and args.interventions == "none":
         raise WidthscopeError(f"--etas sets the step sizes of the interventions, but none run{preset}: add "
                               "--interventions bias (or block), or drop --etas")
@@ -521,7 +551,7 @@ class _Parts:
         keys = ("model", "task", "dtype", "data", "train_data", "test_data", "train_split", "test_split",
                 "text_field", "label_field", "tokenizer", "seq_len", "sequences", "first", "max_tokens",
                 "test_fraction", "train_pool", "n_train", "n_test", "seed", "M", "K", "draws", "estimator",
-                "pool", "interventions", "etas", "n_etas", "project", "batch_size", "train_steps", "protocol", "draw_scheme")
+                "pool", "interventions", "etas", "n_etas", "max_rel_step", "project", "batch_size", "train_steps", "protocol", "draw_scheme")
         self.settings = json.loads(json.dumps({k: getattr(args, k, None) for k in keys}
                                               | {"inputs": inputs_info, "points": list(names)}, default=str))
         blob = json.dumps(self.settings, sort_keys=True, default=str)
@@ -594,6 +624,7 @@ def _certify_rest(model: nn.Module, inputs: Any, args: argparse.Namespace, todo:
         loss_fn=inputs.loss_fn, progress=main,
         interventions=None if args.interventions == "none" else args.interventions,
         etas=etas, n_etas=DEFAULT_N_ETAS if getattr(args, "n_etas", None) is None else args.n_etas,
+        max_rel_step=(DEFAULT_MAX_REL_STEP if getattr(args, "max_rel_step", None) is None else args.max_rel_step),
         project=args.project, samples_out=samples, on_point=keep, what="certify",
         draw_scheme=args.draw_scheme)
 

@@ -127,16 +127,33 @@ def default_etas(step_norm: float, target_norm: float, n_etas: int = 9, *,
 
     For the bias probe ``step_norm = ‖μ_M‖/√N`` (RMS entry of the step direction) and
     ``target_norm`` = RMS entry of the activation at the point, so the smallest step moves the
-    stream by 1e-4 of its typical size and the largest by its whole size.
+    stream by 1e-4 of its typical size and the largest by ``high`` of it. The relative steps are
+    ``10^(log10 low + i·(log10 high − log10 low)/(n − 1))``: a decade is the same float on every
+    grid that contains it (``1e-3`` on the 9 half-decades up to 1 and on the 4 decades up to 0.1).
     """
     if not (step_norm > 0 and math.isfinite(step_norm)):
         raise WidthscopeError("the step direction is zero (all sample gradients vanish), so no η "
                               "grid can be chosen; pass etas=[...] or check the loss")
     if n_etas < 1:
         raise WidthscopeError(f"n_etas must be >= 1, got {n_etas}")
+    check_rel_step(high, low)
     target = target_norm if target_norm > 0 else step_norm
-    ratios = [low] if n_etas == 1 else [low * (high / low) ** (i / (n_etas - 1)) for i in range(n_etas)]
+    a, b = math.log10(low), math.log10(high)
+    ratios = [low] if n_etas == 1 else [10.0 ** (a + i * (b - a) / (n_etas - 1)) for i in range(n_etas)]
     return [r * target / step_norm for r in ratios]
+
+
+def check_rel_step(high: Any, low: float = 1e-4) -> float:
+    """``high`` (the largest step of the default grid, relative to the activation) as a float, or
+    one error naming it: a finite number above the smallest step ``low``."""
+    try:
+        h = float(high)
+    except (TypeError, ValueError):
+        h = float("nan")
+    if isinstance(high, bool) or not (math.isfinite(h) and h > low):
+        raise WidthscopeError(f"max_rel_step must be a finite number above the smallest step {low:g} (the largest "
+                              f"step's RMS entry over the activation's), got {high!r}")
+    return h
 
 
 def _check_etas(etas: Sequence[float]) -> list[float]:
@@ -315,7 +332,7 @@ def _w_out_grad(model: nn.Module, point: str, data: Any, loss_fn: Callable | Non
 def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_batches: Iterable[Any],
               *, etas: Sequence[float] | None = None, kind: str = "bias",
               loss_fn: Callable | None = None, M: int | None = None, K: int | None = None,
-              n_etas: int = 9, block_width: int | None = None, seed: int = 0,
+              n_etas: int = 9, max_rel_step: float = 1.0, block_width: int | None = None, seed: int = 0,
               batch_size: int = 64, progress: bool = True,
               reuse: Mapping[str, Any] | None = None, prefix: str = "auto") -> list[dict[str, Any]]:
     r"""Measure the held-out loss change of one first-order step at ``point`` against its prediction.
@@ -326,7 +343,8 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
         train_batches, test_batches: batches as for :func:`widthscope.probe.collect`; the first
             ``M`` / ``K`` examples are used (default: all).
         etas: step sizes (> 0). Default: ``n_etas`` log-spaced values so the step's RMS entry
-            spans 1e-4…1 times the RMS entry of the activation at ``point``.
+            spans 1e-4…``max_rel_step`` (default 1) times the RMS entry of the activation at
+            ``point`` (:func:`default_etas`; the rows' ``rel_step``).
         kind: ``"bias"`` (``v = −η μ_M``) or ``"block"`` (``W_out = −η G_M``, block of width
             ``block_width``, ``W_in`` seeded by ``seed``).
         reuse: what a probe of the same batches already measured (``certify`` passes it):
@@ -363,6 +381,7 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
         raise WidthscopeError(f"prefix must be 'auto' or 'full', got {prefix!r}")
     if etas is not None:
         etas = _check_etas(etas)
+    max_rel_step = check_rel_step(max_rel_step)
     if isinstance(_resolve(model, point), Inserted):
         raise WidthscopeError(f"point {point!r} already has an insertion; intervene on the model "
                               "without it (or on another point)")
@@ -393,7 +412,7 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
                         progress=False)[point].mean(0)
         align = float(mu @ g)
         step_norm = float(mu.norm()) / math.sqrt(mu.numel())
-        etas = etas or default_etas(step_norm, act_rms, n_etas)
+        etas = etas or default_etas(step_norm, act_rms, n_etas, high=max_rel_step)
         return _bias_rows_stacked(model, point, mu, etas, align, test, loss_fn, batch_size, M, K,
                                   loss_before, act_rms, step_norm, prefix, reuse.get("prefix"))
     insert(model, point, "block", width=width, hidden=block_width, seed=seed, record=False)
@@ -407,7 +426,7 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
         h_rms = float(h.pow(2).mean().sqrt())
         N, Hd = block.w_out.shape[0], block.w_out.shape[1]
         step_norm = float(G_M.norm()) * h_rms * math.sqrt(Hd) / math.sqrt(N)
-        etas = etas or default_etas(step_norm, act_rms, n_etas)
+        etas = etas or default_etas(step_norm, act_rms, n_etas, high=max_rel_step)
         if prefix == "full":
             rows = _step_rows("block", model, point, block.w_out, G_M, etas, align, test, loss_fn,
                               batch_size, M, K, loss_before, act_rms, step_norm, progress)
