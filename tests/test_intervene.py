@@ -666,3 +666,35 @@ def test_retention_grid_script_runs_and_renders():
     for what in ("rise/0.1", "up/1.0", "ret/0.0001", "off/0.1", "curves", "widths"):
         assert mod.quantity(data, what)
     assert mod.quantity(data, "curves") == "4"
+
+
+def test_grid_note_when_the_largest_step_is_still_first_order():
+    """certify notes the points whose largest default step still gave >= half the predicted
+    decrease (the breakdown lies beyond the grid), and only those: hand-made rows, then a smooth
+    float64 MLP where 0.1 is still first order (note) and the same with explicit etas (no note)."""
+    from widthscope.certify import certify
+    from widthscope.certify.pipeline import STILL_FIRST_ORDER, grid_notes
+    from widthscope.probe.intervene import to_batches
+
+    def pt(name, pred, act):
+        return {"point": name, "interventions": [{"eta": 1e-3, "predicted": pred / 100, "actual": pred / 100},
+                                                 {"eta": 0.1, "predicted": pred, "actual": act}]}
+
+    rows = [pt("a", -1.0, -0.6), pt("b", -1.0, -0.4), pt("c", 1.0, 2.0), pt("d", -1.0, 0.3),
+            pt("e", -1.0, -STILL_FIRST_ORDER)]
+    (note,) = grid_notes(rows, 0.1)
+    assert note.startswith("interventions: at a, e the largest step of the grid (rel_step 0.1) still gave 0.50-0.60")
+    assert "--max-rel-step 1" in note
+    assert "--max-rel-step" not in grid_notes(rows, 1.0)[0]
+    assert grid_notes([pt("b", -1.0, -0.4), {"point": "z", "interventions": []}], 0.1) == []
+
+    _, mlp, points, tr, te = _kept_cases()[1]
+    res = certify(mlp, to_batches(tr, 7), to_batches(te, 7), M=[8], draws=20, progress=False)
+    tops = {r["point"]: r["interventions"][-1] for r in res["points"]}
+    held = [p for p, x in tops.items() if x["predicted"] < 0 and x["actual"] <= STILL_FIRST_ORDER * x["predicted"]]
+    assert held  # this smooth model is still first order at 0.1
+    (note,) = [n for n in res["notes"] if n.startswith("interventions: at ")]
+    assert note.startswith(f"interventions: at {', '.join(held)} the largest step")
+    explicit = certify(mlp, to_batches(tr, 7), to_batches(te, 7), M=[8], draws=20, progress=False,
+                       etas=[x["eta"] for x in res["points"][0]["interventions"]])
+    assert not [n for n in explicit["notes"] if n.startswith("interventions: at ")]

@@ -162,6 +162,8 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
                    loss_fn=loss_fn, seed=seed,
                    project=project, train_mode=train_mode, on_point=on_point, kept=getattr(keep, "kept", None))
     intervene_s = time.perf_counter() - t0
+    if etas is None:
+        notes += grid_notes(results, max_rel_step)
 
     return {
         "settings": {"M": [m for m, _ in pairs], "K": [k for _, k in pairs], "draws": draws, "seed": seed,
@@ -278,6 +280,32 @@ def _gather_pools(qa: Any, qb: Any, names: list[str], device: torch.device, proj
     gathered_b = {name: _gather(qb[name], device) for name in names}
     dims = {name: int(projectors[name].d if project else gathered_a[name].shape[1]) for name in names}
     return gathered_a, gathered_b, dims
+
+
+# The largest default step "still first order": it gave at least this share of the predicted decrease.
+STILL_FIRST_ORDER = 0.5
+
+
+def grid_notes(results: Sequence[dict[str, Any]], max_rel_step: float) -> list[str]:
+    """One note naming the points where the default grid's largest step still gave at least
+    :data:`STILL_FIRST_ORDER` of the predicted loss decrease: there the breakdown of the
+    first-order step lies beyond the grid, which then does not show where it ends."""
+    held: dict[str, float] = {}
+    for r in results:
+        rows = [x for x in r.get("interventions") or [] if isinstance(x, dict) and x.get("eta") is not None]
+        if rows:
+            top = max(rows, key=lambda x: x["eta"])
+            pred, act = top.get("predicted"), top.get("actual")
+            if pred is not None and act is not None and pred < 0 and act <= STILL_FIRST_ORDER * pred:
+                held[r["point"]] = act / pred
+    if not held:
+        return []
+    lo, hi = f"{min(held.values()):.2f}", f"{max(held.values()):.2f}"
+    more = ("; --max-rel-step 1 (certify(max_rel_step=1)) extends it to a step as large as the activation"
+            if max_rel_step < 1 else "")
+    return [f"interventions: at {', '.join(held)} the largest step of the grid (rel_step {max_rel_step:g}) still "
+            f"gave {lo if lo == hi else f'{lo}-{hi}'} of the predicted loss decrease, so the first-order step has "
+            f"not broken down within the grid{more}"]
 
 
 def _interventions(model: nn.Module, results: list[dict[str, Any]], qa: Any, qb: Any,
