@@ -232,6 +232,19 @@ SECTIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("README.md", "## What we measured so far"): (
         "at width 1024 and n = 256",
         "at step 100",
+        "widths 32–256, 2 seeds",
+    ),
+    # set-up (the config, the protocol), not measurements
+    ("docs/interventions.md", "### LLaMA-style width series (issue 4)"): (
+        "widths 32, 64, 128, 256", "depth 4, seeds 0 and 1", "64-byte chunks, 2048 train / 256 held-out",
+        "400 AdamW steps of\nbatch 16 at lr 3e-3", "float32", "the 4 block outputs",
+        "(128 train, 128 held-out examples)", "the first 64 of each", "9 half-decades up to 1",
+        "256 training chunks\ndrawn at random (seed 123) from the 2048, held-out pool = all 256",
+        "1e-3 of the activation RMS", "Width 256: seed 0 only, 100 draws", "2-core machine",
+        "at widths 32, 64, 128, 256", "per width 4 points × 2 seeds", "loss near 2", "above 1 where",
+        "10^-1.5 rel.", "at 0.1", '"96–99% retained"', "at 1e-3", "at 1e-2",
+        "(M, K) = (32, 32)", "η = 1e-3 rel.", "fresh `M = 32`", "at `M = K = 32`", "of §5",
+        "5 seeds", "[−0.5, 2]",
     ),
 }
 
@@ -982,6 +995,24 @@ _script_quantities("ntk_vs_nt", NTK_NT, "ntk_nt.table",
 _script_quantities("retention_grid", "benchmarks/results/retention-grid.json", "retgrid.table",
                    r"retgrid/((?:rise|up|ret|off)/[0-9.e-]+|curves|widths)")
 
+
+# ---- benchmarks/results/llama-interventions/ (widthscope sweep configs/llama-interventions.toml, compacted;
+# sign.jsonl: benchmarks/sign_agreement.py on its checkpoints; tables and numbers: benchmarks/iv_series.py)
+
+IV = "benchmarks/results/llama-interventions"
+
+
+def _iv(fn: str, *args: Any) -> Any:
+    mod = _bench_module("iv_series")
+    rows, sign = load_rows(f"{IV}/results.jsonl"), load_rows(f"{IV}/sign.jsonl")
+    if fn == "quantity":
+        return mod.quantity(rows, sign, *args)
+    return block(getattr(mod, fn)(sign if fn == "sign_table" else rows))
+
+
+quantity("iv.retention_table")(lambda: _iv("retention_table"))
+quantity("iv.sign_table")(lambda: _iv("sign_table"))
+pattern(r"iv/([a-z_]+(?:/[0-9.e-]+)?)")(lambda what: _iv("quantity", what))
 
 if __name__ == "__main__":
     sys.exit(main())
