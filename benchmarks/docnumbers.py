@@ -246,6 +246,14 @@ SECTIONS: dict[tuple[str, str], tuple[str, ...]] = {
         "(M, K) = (32, 32)", "η = 1e-3 rel.", "fresh `M = 32`", "at `M = K = 32`", "of §5",
         "5 seeds", "[−0.5, 2]",
     ),
+    ("docs/linearization.md", "## Measured slopes on digits (ReLU and tanh, widths 64–1024)"): (
+        "widths 64–1024", "n_train = n_test = 256", "64 features, 10\nclasses", "2-hidden-layer",
+        "for 100 steps", "η = 0.3·n^α", "α ∈ {0, −0.5, −1}", "at step 100", "step 10", "α = −0.5", "α = −1",
+        "α = 0", "`2α − 1`", "`α − 1`", "`1/n`", "`n^{−1/2}`", "784 features", "η = 0.1·n^α",
+        "α ∈ {0,\n−0.5, −1}", "10 seeds", "width-8192", "α ∈ {0, −0.5}", "float64", "C02", "C12", "C11",
+        "fashion-mnist", "Fashion-MNIST", "95% interval", "α < 0", "grid 2001 on [−5, 5]", "k = 1..6",
+        "x = 0 (order 1)",
+    ),
 }
 
 
@@ -496,7 +504,8 @@ def _ntk_jac_peak() -> str:
 
 # ---- linearization sweeps: benchmarks/results/<run>/{slopes.json,results.jsonl} (widthscope linearize)
 
-LIN_RUNS = {"wide": "linearize-fashion-wide", "wide-f64": "linearize-fashion-wide-f64"}
+LIN_RUNS = {"wide": "linearize-fashion-wide", "wide-f64": "linearize-fashion-wide-f64",
+            "digits": "linearize-digits", "digits-tanh": "linearize-digits-tanh"}
 
 
 def _lin_rows(run: str) -> tuple[dict[str, Any], ...]:
@@ -541,6 +550,32 @@ def _local_slopes(run: str, metric: str, alpha: float, step: int) -> list[float]
 def _local_q(run: str, metric: str, alpha: str, step: str) -> str:
     """Slopes between neighbouring widths of the seed-geometric-mean metric, comma separated."""
     return ", ".join(fixed(v) for v in _local_slopes(run, metric, float(alpha), int(step)))
+
+
+@pattern(r"lin/([\w-]+)/slopes_table")
+def _lin_slopes_table(run: str) -> str:
+    """Every fitted slope of a run (its ``slopes.json``): metric, α, step, slope [95% CI], the
+    reference rate, the published slope where there is one, widths × seeds fitted."""
+    head = "| metric | α | step | slope [95% CI] | reference | published | widths × seeds |\n|" + "---|" * 7
+    lines = [head]
+    for r in load_json(f"benchmarks/results/{LIN_RUNS[run]}/slopes.json")["slopes"]:
+        alpha = "–" if r["alpha"] is None else fixed(r["alpha"], 1, "-")
+        step = "–" if r["step"] is None else str(r["step"])
+        ref = "–" if r.get("reference") is None else f"{r['reference']:g}"
+        pub = "–" if r.get("published") is None else f"{r['published']:.2f}"
+        lines.append(f"| `{r['metric']}` | {alpha} | {step} | {ci(r)} | {ref} | {pub} | "
+                     f"{r['n_widths']} × {r['n_seeds']} |")
+    return block(lines)
+
+
+@pattern(r"lin/([\w-]+)/versus/(\w+)/(-?[\d.]+|_)/(\d+|_)/(-?[\d.]+)")
+def _lin_versus(run: str, metric: str, alpha: str, step: str, rate: str) -> str:
+    """In words, where a slope's 95% interval lies against ``rate``: "contains", or "steeper
+    than" / "flatter than" (the whole interval below / above it)."""
+    s = _lin_slope(run, metric, alpha, step)
+    r = float(rate)
+    word = "contains" if s["ci_low"] <= r <= s["ci_high"] else ("steeper than" if s["ci_high"] < r else "flatter than")
+    return f"{word} {fixed(r, 2 if r != round(r, 1) else 1)}"
 
 
 @pattern(r"lin/([\w-]+)/(widths|nwidths|minwidth|maxwidth|seeds|cells|cell_min)")

@@ -156,3 +156,23 @@ def test_compact_keeps_every_row_once_in_cell_order_without_probe_data(tmp_path)
     got = [json.loads(line) for line in (dst / "results.jsonl").read_text().splitlines()]
     assert [r["v"] for r in got] == [0, 1, 10, 11] and all("probe_data" not in r for r in got)
     assert sorted(p.name for p in dst.iterdir()) == ["results.jsonl", "sweep.json"]
+
+
+def test_digits_section_words_follow_from_the_slopes():
+    """docs/linearization.md, digits: "the smooth activation follows 1/n, the non-smooth one decays
+    more slowly" is what the committed intervals say (the interval words themselves are computed)."""
+    assert dn.resolve("lin/digits-tanh/versus/dev_rms/0.0/100/-1")() == "contains −1.0"
+    assert dn.resolve("lin/digits/versus/dev_rms/0.0/100/-1")() == "flatter than −1.0"
+    assert dn.resolve("lin/digits/versus/dev_rms/0.0/100/-0.3")() == "steeper than −0.3"  # and still decays
+    page = (ROOT / "docs" / "linearization.md").read_text()
+    assert "the smooth activation follows `1/n`, the non-smooth one\n  decays more slowly" in page
+
+
+def test_versus_words_are_where_the_interval_lies():
+    s = {"slope": -1.0, "ci_low": -1.2, "ci_high": -0.8}
+    import unittest.mock as um
+
+    with um.patch.object(dn, "_lin_slope", lambda *a: s):
+        assert dn.resolve("lin/digits/versus/dev_rms/0.0/100/-1")() == "contains −1.0"
+        assert dn.resolve("lin/digits/versus/dev_rms/0.0/100/-0.5")() == "steeper than −0.5"
+        assert dn.resolve("lin/digits/versus/dev_rms/0.0/100/-2")() == "flatter than −2.0"
