@@ -246,7 +246,7 @@ SECTIONS: dict[tuple[str, str], tuple[str, ...]] = {
         "(M, K) = (32, 32)", "η = 1e-3 rel.", "fresh `M = 32`", "at `M = K = 32`", "of §5",
         "5 seeds", "[−0.5, 2]",
     ),
-    ("docs/linearization.md", "## Measured slopes on digits (ReLU and tanh, widths 64–1024)"): (
+    ("docs/linearization.md", "## Measured slopes to width 1024 (digits: ReLU and tanh; Fashion-MNIST)"): (
         "widths 64–1024", "n_train = n_test = 256", "64 features, 10\nclasses", "2-hidden-layer",
         "for 100 steps", "η = 0.3·n^α", "α ∈ {0, −0.5, −1}", "at step 100", "step 10", "α = −0.5", "α = −1",
         "α = 0", "`2α − 1`", "`α − 1`", "`1/n`", "`n^{−1/2}`", "784 features", "η = 0.1·n^α",
@@ -505,7 +505,7 @@ def _ntk_jac_peak() -> str:
 # ---- linearization sweeps: benchmarks/results/<run>/{slopes.json,results.jsonl} (widthscope linearize)
 
 LIN_RUNS = {"wide": "linearize-fashion-wide", "wide-f64": "linearize-fashion-wide-f64",
-            "digits": "linearize-digits", "digits-tanh": "linearize-digits-tanh"}
+            "digits": "linearize-digits", "digits-tanh": "linearize-digits-tanh", "fashion": "linearize-fashion"}
 
 
 def _lin_rows(run: str) -> tuple[dict[str, Any], ...]:
