@@ -1,6 +1,7 @@
-"""Timing and table helpers shared by the benchmark modules (not a benchmark itself)."""
+"""Timing, table and number-formatting helpers shared by the benchmark modules (not a benchmark itself)."""
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import Any, Callable, Iterable, Sequence
@@ -35,3 +36,25 @@ def markdown_table(rows: Iterable[dict[str, Any]], cols: Sequence[str] | None = 
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(lines) + (f"\n\n{note}" if note else "")
+
+
+# ----------------------------------------------------------------------------- numbers in prose
+MINUS = "−"  # prose uses the typographic minus; tables of slopes keep "-" (pass minus="-")
+
+
+def fixed(v: float, digits: int = 2, minus: str = MINUS) -> str:
+    """``v`` with ``digits`` decimals; negative zero printed as 0."""
+    s = f"{v:.{digits}f}"
+    if float(s) == 0:
+        s = s.lstrip("-")
+    return s.replace("-", minus)
+
+
+def sci(v: float, n: int = 2) -> str:
+    """``v`` as ``m·10⁻ᵏ`` (prose), e.g. 4.3·10⁻⁵."""
+    e = math.floor(math.log10(abs(v)))
+    m = round(v / 10 ** e, n - 1)
+    if abs(m) >= 10:  # 9.97 rounds to 10.0: carry into the exponent
+        m, e = round(m / 10, n - 1), e + 1
+    sup = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+    return f"{fixed(m, n - 1)}·10{str(e).translate(sup)}"

@@ -40,6 +40,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _common import MINUS, fixed, sci  # noqa: E402  (number formatting, shared with iv_series)
 
 # Keys start with a lowercase letter (so prose can show the form as ``<!--n:KEY-->``); a body holds no
 # other comment, so an opener without its closer never swallows the text up to a later span.
@@ -82,17 +84,6 @@ def quantity(key: str) -> Callable[[Callable[[], str]], Callable[[], str]]:
 
 # --------------------------------------------------------------------------- formatting
 
-MINUS = "−"  # prose uses the typographic minus; tables of slopes keep "-" (pass minus="-")
-
-
-def fixed(v: float, digits: int = 2, minus: str = MINUS) -> str:
-    """``v`` with ``digits`` decimals; negative zero printed as 0."""
-    s = f"{v:.{digits}f}"
-    if float(s) == 0:
-        s = s.lstrip("-")
-    return s.replace("-", minus)
-
-
 def sig(v: float, n: int = 2, minus: str = MINUS) -> str:
     """``v`` to ``n`` significant digits, never in exponent form; integer digits are kept (0.00331, 2.2, 316)."""
     if v == 0 or not math.isfinite(v):
@@ -105,16 +96,6 @@ def span(lo: float, hi: float, fmt: Callable[[float], str]) -> str:
     """``lo–hi`` (en dash), or one value when both print the same."""
     a, b = fmt(lo), fmt(hi)
     return a if a == b else f"{a}–{b}"
-
-
-def sci(v: float, n: int = 2) -> str:
-    """``v`` as ``m·10⁻ᵏ`` (prose), e.g. 4.3·10⁻⁵."""
-    e = math.floor(math.log10(abs(v)))
-    m = round(v / 10 ** e, n - 1)
-    if abs(m) >= 10:  # 9.97 rounds to 10.0: carry into the exponent
-        m, e = round(m / 10, n - 1), e + 1
-    sup = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
-    return f"{fixed(m, n - 1)}·10{str(e).translate(sup)}"
 
 
 def block(lines: Sequence[str]) -> str:

@@ -9,12 +9,16 @@ on the sweep's checkpoints). ``docnumbers.py`` renders the marked spans with the
 from __future__ import annotations
 
 import math
+import sys
 from collections import defaultdict
+from pathlib import Path
 from statistics import mean
 from typing import Any, Callable, Sequence
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import MINUS, fixed, sci  # noqa: E402
+
 Rows = Sequence[dict[str, Any]]
-MINUS = "−"
 
 
 def _near(a: float, b: float) -> bool:
@@ -30,27 +34,13 @@ def widths(rows: Rows) -> list[int]:
     return sorted({int(r["width"]) for r in rows})
 
 
-def _f(v: float, d: int) -> str:
-    s = f"{v:.{d}f}"
-    return (s.lstrip("-") if float(s) == 0 else s).replace("-", MINUS)
-
-
 def _mean_range(v: Sequence[float], d: int) -> str:
-    return f"{_f(mean(v), d)} [{_f(min(v), d)}, {_f(max(v), d)}]"
+    return f"{fixed(mean(v), d)} [{fixed(min(v), d)}, {fixed(max(v), d)}]"
 
 
 def _span(lo: str, hi: str) -> str:
     """``lo–hi``; ``lo to hi`` when ``lo`` is negative (a dash after a minus reads as a sign)."""
     return lo if lo == hi else (f"{lo} to {hi}" if lo.startswith(MINUS) else f"{lo}–{hi}")
-
-
-def _sci(v: float) -> str:
-    """``v`` as ``m·10⁻ᵏ`` with one decimal."""
-    e = math.floor(math.log10(abs(v)))
-    m = round(v / 10 ** e, 1)
-    if abs(m) >= 10:
-        m, e = m / 10, e + 1
-    return f"{m:.1f}·10{str(e).translate(str.maketrans('-0123456789', '⁻⁰¹²³⁴⁵⁶⁷⁸⁹'))}"
 
 
 def _count(rs: Rows, pred: Callable[[dict[str, Any]], bool]) -> str:
@@ -92,9 +82,9 @@ def sign_table(sign: Rows) -> list[str]:
         seeds = ", ".join(str(s) for s in sorted({int(r["seed"]) for r in rs}))
         draws = _span(str(min(r["draws"] for r in rs)), str(max(r["draws"] for r in rs)))
         cells = [_mean_range([r[k] for r in rs], d) for k, d in (("agree_rate", 3), ("misaligned_rate", 2))]
-        cells.append(_f(mean(r["improved_rate"] for r in rs), 2))
+        cells.append(fixed(mean(r["improved_rate"] for r in rs), 2))
         cells.append(_mean_range([r["b_exact"] for r in rs], 2))
-        cells.append(_f(mean(r["b_align"] for r in rs), 2))
+        cells.append(fixed(mean(r["b_align"] for r in rs), 2))
         cells.append(_count(rs, lambda r: r["b_exact"] >= 1 - 1e-12))
         lines.append(f"| {w} | {seeds} | {draws} | " + " | ".join(cells) + " |")
     return lines
@@ -112,13 +102,13 @@ def quantity(rows: Rows, sign: Rows, what: str) -> str:
         if kind == "sign":
             return _count(at, lambda r: r["sign_agrees"])
         if kind == "ret_range":
-            return f"[{_f(min(r['retention'] for r in at), 3)}, {_f(max(r['retention'] for r in at), 3)}]"
+            return f"[{fixed(min(r['retention'] for r in at), 3)}, {fixed(max(r['retention'] for r in at), 3)}]"
         means = [mean(r["retention"] for r in rs) for rs in _by_width(at).values()]
         d = 3 if float(arg) < 1e-2 else 2
-        return _span(_f(min(means), d), _f(max(means), d))
+        return _span(fixed(min(means), d), fixed(max(means), d))
     if kind == "pred_range":
         v = [abs(r["predicted"]) for r in steps(rows, float(arg))]
-        return _span(_sci(min(v)), _sci(max(v)))
+        return _span(sci(min(v)), sci(max(v)))
     if kind == "curves":
         return str(len(steps(rows, 1e-4)))
     if kind == "params":
@@ -136,12 +126,12 @@ def quantity(rows: Rows, sign: Rows, what: str) -> str:
         v = [100 * mean(r["improved_rate"] for r in rs) for rs in _by_width(sign).values()]
         return _span(f"{min(v):.0f}", f"{max(v):.0f}") + "%"
     if kind == "b_exact_min":
-        return _f(min(r["b_exact"] for r in sign), 2)
+        return fixed(min(r["b_exact"] for r in sign), 2)
     if kind == "b_align_min":
-        return _f(min(r["b_align"] for r in sign), 3)
+        return fixed(min(r["b_align"] for r in sign), 3)
     if kind == "d_align_max":
         v = [r["d_align"] for r in sign if r.get("d_align") is not None]
-        return _sci(max(v)) if v else "none"
+        return sci(max(v)) if v else "none"
     if kind in ("seconds", "intervene_s"):
         col = "cell_seconds" if kind == "seconds" else "intervene_s"
         cells = {r["cell_id"]: r for r in rows if int(r["width"]) == int(arg)}
