@@ -235,7 +235,7 @@ def test_no_empty_folder_left_by_a_refused_report(tmp_path, capsys):
 def _args(argv):
     import argparse
 
-    from widthscope.cli_inputs import add_arguments, spec_from_args
+    from widthscope.cli.inputs import add_arguments, spec_from_args
 
     p = argparse.ArgumentParser()
     add_arguments(p)

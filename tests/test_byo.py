@@ -169,7 +169,7 @@ def test_dtype_option_and_float64_statistics(zoo, corpora, tmp_path, capsys):
 def _args(argv):
     import argparse
 
-    from widthscope.cli_inputs import add_arguments, spec_from_args
+    from widthscope.cli.inputs import add_arguments, spec_from_args
 
     p = argparse.ArgumentParser()
     add_arguments(p)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -200,6 +201,31 @@ def _numbers(obj, prefix=""):
         yield prefix, float(obj)
 
 
+# The statistics are float64 sums of the same per-example gradients: equal to float64 rounding. The
+# interventions evaluate a float32 model's held-out loss, summed over ranks in another order; MKL's
+# kernels then round differently (with MKL_ENABLE_INSTRUCTIONS=AVX2 `actual` moved by 9.3e-9 on a
+# loss near 5): allow a few float32 ulps of the loss, carried through to what is derived from it.
+F32 = 2.0 ** -23
+F32_ULPS = 16
+
+
+def _tolerance(key, result):
+    """Relative tolerance (times max(1, |value|)) for one flattened key of a certify result."""
+    if "/interventions[" not in key:
+        return 1e-10
+    point, row = (int(i) for i in re.findall(r"\[(\d+)\]", key)[:2])
+    iv = result["points"][point]["interventions"][row]
+    loss_ulps = F32_ULPS * F32 * abs(iv["loss_before"])
+    field = key.rsplit("/", 1)[1]
+    if field in ("actual", "loss_before"):
+        return loss_ulps
+    if field == "retention":  # actual / predicted
+        return loss_ulps / max(abs(iv["predicted"]), 1e-30)
+    if field in ("K", "M"):
+        return 0.0
+    return F32_ULPS * F32 * 64  # float32 reductions over at most a few hundred terms (rms, norms, steps)
+
+
 def test_certify_cli_under_torchrun_equals_single_process(tmp_path):
     one, two = tmp_path / "one.json", tmp_path / "two.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", WIDTHSCOPE_PROGRESS="0", PYTHONPATH=str(ROOT / "src"))
@@ -213,7 +239,7 @@ def test_certify_cli_under_torchrun_equals_single_process(tmp_path):
     na, nb = dict(_numbers(a)), dict(_numbers(b))
     assert na.keys() == nb.keys() and len(na) > 50
     for k in na:
-        assert abs(na[k] - nb[k]) <= 1e-10 * max(1.0, abs(na[k])), (k, na[k], nb[k])
+        assert abs(na[k] - nb[k]) <= _tolerance(k, a) * max(1.0, abs(na[k])), (k, na[k], nb[k])
     # the seeded misalignment draws are the same draws: counts are equal exactly (a draw would have to
     # lie within float64 rounding of 0 to flip; the in-process worker test checks that margin)
     counts = [k for k in na if k.endswith("/count")]

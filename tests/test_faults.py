@@ -206,10 +206,47 @@ def test_certify_resume_continues_where_an_interrupted_run_stopped(tmp_path, sto
     res = json.loads(out.read_text())
     assert res["settings"]["resumed_points"] == [full["points"][0]["point"]]
     assert res["points"] == full["points"] and res["ranking"] == full["ranking"]
+    _same_settings(res, full)
     assert not Path(str(out) + ".parts").exists()  # cleared once the whole result is written
     # other settings never reuse a part
     assert main([*argv, "--out", str(out), "--seed", "1", "--resume"]) == 0
     assert "resume:" not in capsys.readouterr().out
+
+
+def _same_settings(resumed, full):
+    """Key for key the uninterrupted run's settings; ``resumed_points`` records the resume itself."""
+    a = {k: v for k, v in resumed["settings"].items() if k != "resumed_points"}
+    assert a == full["settings"], sorted(set(a.items()) ^ set(full["settings"].items()), key=str)
+
+
+def test_certify_resume_after_the_last_part_records_the_same_settings(tmp_path, monkeypatch, capsys):
+    """Killed after every point was finished, before the JSON was written: the result is assembled
+    from the parts alone, and still says how its interventions were run."""
+    import widthscope.certify.run as pl
+
+    argv = ["certify", "--train-steps", "5", "--n-train", "48", "--n-test", "48", "--M", "8,16", "--draws", "100",
+            "--n-etas", "3", "--max-rel-step", "0.01"]
+    assert main([*argv, "--out", str(tmp_path / "full.json")]) == 0
+    full = json.loads((tmp_path / "full.json").read_text())
+    out = tmp_path / "c.json"
+    real = pl.atomic_write_json
+
+    def stop_at_the_result(path, obj):
+        if Path(path) == out:
+            raise KeyboardInterrupt
+        return real(path, obj)
+
+    monkeypatch.setattr(pl, "atomic_write_json", stop_at_the_result)
+    assert main([*argv, "--out", str(out)]) == 130
+    monkeypatch.setattr(pl, "atomic_write_json", real)
+    assert len(list(Path(str(out) + ".parts").glob("*.json"))) == 3 and not out.exists()
+    capsys.readouterr()
+    assert main([*argv, "--out", str(out), "--resume"]) == 0
+    assert "resume: 3 of 3 point(s) already finished" in capsys.readouterr().out
+    res = json.loads(out.read_text())
+    assert res["settings"]["n_etas"] == 3 and res["settings"]["max_rel_step"] == 0.01
+    assert res["points"] == full["points"] and res["ranking"] == full["ranking"]
+    _same_settings(res, full)
 
 
 def test_log_progress_lines_when_not_a_terminal(monkeypatch, capsys):

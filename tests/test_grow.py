@@ -189,7 +189,7 @@ def test_checkpoint_data_split_is_the_recorded_one(tmp_path):
     import argparse
 
     from widthscope import checkpoint
-    from widthscope.grow import _load_inputs, add_arguments
+    from widthscope.grow.pipeline import _load_inputs, add_arguments
     from widthscope.models import build
 
     torch.manual_seed(0)

@@ -12,7 +12,7 @@ import torch
 import hf_tiny
 from widthscope import checkpoint, data
 from widthscope.cli import main
-from widthscope.cli_inputs import add_arguments, spec_from_args
+from widthscope.cli.inputs import add_arguments, spec_from_args
 from widthscope.data.inputs import resolve
 from widthscope.models import build
 from widthscope.train import train

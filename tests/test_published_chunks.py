@@ -100,7 +100,7 @@ def wiki(tmp_path_factory):
 def _args(argv):
     import argparse
 
-    from widthscope.cli_inputs import add_arguments
+    from widthscope.cli.inputs import add_arguments
 
     p = argparse.ArgumentParser()
     add_arguments(p)
@@ -109,7 +109,7 @@ def _args(argv):
 
 
 def _resolve(wiki, extra, fmt="parquet", train="train", val="val"):
-    from widthscope.cli_inputs import spec_from_args
+    from widthscope.cli.inputs import spec_from_args
     from widthscope.data.inputs import resolve
 
     args = _args(["--model", str(wiki["model"]), "--train-data", str(wiki[train][fmt]), "--test-data",
@@ -229,10 +229,11 @@ def test_the_preset_reads_every_held_out_chunk_only_from_a_held_out_source(tmp_p
 
     import datasets
 
-    from widthscope.certify import PROTOCOLS, apply_protocol
+    from widthscope.cli.certify import INPUT_PRESETS
+    from widthscope.cli.certify import _apply_input_preset as apply_protocol
 
     def preset(**given):
-        args = argparse.Namespace(**{k: None for k in PROTOCOLS["published"]}, protocol="published",
+        args = argparse.Namespace(**{k: None for k in INPUT_PRESETS["published"]}, protocol="published",
                                   data=None, test_data=None)
         args.first = False
         for k, v in given.items():
@@ -256,7 +257,8 @@ def test_the_preset_pools_equal_the_reference_in_both_modes(wiki, mode):
     skipped, every held-out chunk), and with --sequences truncate the per-record rule."""
     import argparse
 
-    from widthscope.certify import add_arguments, apply_protocol
+    from widthscope.cli.certify import _apply_input_preset as apply_protocol
+    from widthscope.cli.certify import add_arguments
     from widthscope.data.inputs import resolve
     from widthscope.validate import fill_defaults
 
@@ -267,7 +269,8 @@ def test_the_preset_pools_equal_the_reference_in_both_modes(wiki, mode):
                          "--n-train", "8", *(["--sequences", mode] if mode else [])])
     fill_defaults(args)
     apply_protocol(args)
-    from widthscope.cli_inputs import spec_from_args
+    args.seed = 0  # the command takes it from its options
+    from widthscope.cli.inputs import spec_from_args
 
     inp = resolve(spec_from_args(args, "certify"), show_progress=False)
     ref = _ref_concat if mode is None else _ref_records

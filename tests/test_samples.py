@@ -14,7 +14,8 @@ from widthscope.cli import main
 
 
 def _drop(res):
-    return {k: v for k, v in res.items() if k not in ("timing", "source")}
+    # "options": how certify was run (certify --config repeats it); stats records its source instead
+    return {k: v for k, v in res.items() if k not in ("timing", "source", "options")}
 
 
 @pytest.mark.parametrize("extra", [[], ["--project", "8", "--interventions", "none"],

@@ -11,6 +11,9 @@ Interventions and growth (``widthscope.probe``)
 Linearization diagnostics (``widthscope.linear``)
     linearize, ntk, nngp, kernel_predict, correlation, train_side_by_side
     (``ntk``/``nngp``/``linearize`` take an ``nn.Module`` or a function ``f(params, x)`` with ``params=``)
+The whole certify pipeline: ``certify(model, data, M=...)`` -> :class:`CertifyResult`
+    (``data``: train and held-out batches, a pair of them, or an :class:`InputSpec`), with
+    :class:`CertifyOptions`; ``grow(model, data)``; ``AlignmentMonitor`` (during training)
 Inputs (``widthscope.data``): a checkpoint, its data and its two probe pools
     InputSpec, load_inputs (``load_inputs(InputSpec(model=..., data=..., n_train=...))``;
     the command line builds the same spec from its options)
@@ -41,12 +44,22 @@ _EXPORTS = {
     "train_side_by_side": "widthscope.linear",
     "InputSpec": "widthscope.data.spec",
     "load_inputs": "widthscope.data.inputs",
+    "AlignmentMonitor": "widthscope.monitor",
+    "CertifyOptions": "widthscope.options",
+    "InterventionOptions": "widthscope.options",
+    "CertifyResult": "widthscope.certify.result",
+    "PointCertificate": "widthscope.certify.result",
 }
+# Names that are packages users call: ``ws.certify(model, data, M=...)`` (a callable package, so the
+# function and the subpackage imported from are one object).
+_CALLABLE_PACKAGES = {"certify": "widthscope.certify", "grow": "widthscope.grow"}
 
-__all__ = ["WidthscopeError", "__version__", *_EXPORTS]
+__all__ = ["WidthscopeError", "__version__", *_CALLABLE_PACKAGES, *_EXPORTS]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _CALLABLE_PACKAGES:
+        return importlib.import_module(_CALLABLE_PACKAGES[name])
     mod = _EXPORTS.get(name)
     if mod is None:
         raise AttributeError(f"module 'widthscope' has no attribute {name!r}")

@@ -1,5 +1,4 @@
 import signal
-import sys
 
 # Before anything imports: a SIGINT/SIGTERM now is only recorded, and widthscope.cli.main acts on it
 # once its imports are done (one line, 130/143). Raised inside an import, a KeyboardInterrupt can be

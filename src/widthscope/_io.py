@@ -3,7 +3,7 @@
 Why these exist: long runs must never lose finished work. Files are written to a temporary
 sibling and renamed into place (atomic on POSIX), and JSONL rows are appended with one
 ``write`` + ``fsync`` each, so a ``kill -9`` can at worst leave a truncated *last* line,
-which :func:`read_jsonl` drops.
+which :func:`read_jsonl` skips and names (every skipped line is reported, never dropped silently).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Protocol, Sequence, Sized
 
 __all__ = [
     "check_writable",
@@ -22,6 +22,11 @@ __all__ = [
     "atomic_write_json",
     "append_jsonl",
     "read_jsonl",
+    "Skipped",
+    "skip_lines",
+    "warn_skips",
+    "refuse_skips",
+    "cut_off",
     "to_jsonable",
     "first_nonfinite",
     "read_toml",
@@ -82,8 +87,12 @@ def read_toml(path: str | os.PathLike, what: str, hint: str) -> dict[str, Any]:
     if not p.exists():
         raise WidthscopeError(f"{what} {str(p)!r} not found: pass a TOML file; {hint}")
     try:
-        text = p.read_bytes().decode("utf-8")
+        raw = p.read_bytes()
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
+        if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
+            raise WidthscopeError(f"{what} {str(p)!r} is UTF-16 or UTF-32 text (it starts with a byte-order mark): "
+                                  f"save it as UTF-8 (e.g. iconv -t UTF-8); {hint}") from None
         raise WidthscopeError(f"{what} {str(p)!r} is not a text file (not UTF-8; a binary file?): pass a TOML "
                               f"file; {hint}") from None
     except OSError as exc:
@@ -181,7 +190,9 @@ def remove_empty(folders: Iterable[Path]) -> None:
         try:
             p.rmdir()
         except OSError:
-            break  # not empty (or gone): the folders above it are kept too
+            # not empty (or gone); go on: a path through ".." lists a folder before the one inside it,
+            # and rmdir never removes a folder that holds anything
+            continue
 
 
 def _human(n: float) -> str:
@@ -262,21 +273,106 @@ def append_jsonl(path: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> 
         os.close(fd)
 
 
-def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Read rows, skipping blank lines and a torn line left by an interrupted append."""
+class Skipped(NamedTuple):
+    """One line or file a reader left out: where (``line`` is 1-based, ``None`` for a whole file)
+    and why. ``str()`` is the sentence logs and report pages show."""
+
+    path: str
+    line: int | None
+    why: str
+
+    def __str__(self) -> str:
+        where = f"{self.path} line {self.line}" if self.line is not None else self.path
+        return f"{where}: {self.why}, skipped"
+
+
+def skip_lines(problems: Sequence[Skipped], limit: int = 5) -> list[str]:
+    """The first ``limit`` skips, one sentence each, then one line counting the rest."""
+    out = [str(p) for p in problems[:limit]]
+    if len(problems) > limit:
+        out.append(f"... and {len(problems) - limit} more damaged line(s)/file(s) skipped ({len(problems)} in all)")
+    return out
+
+
+def warn_skips(problems: Sequence[Skipped], prefix: str = "widthscope", limit: int = 5) -> None:
+    """Log skips to stderr: damaged input is never dropped without a word."""
+    for line in skip_lines(problems, limit):
+        print(f"{prefix}: note: {line}", file=sys.stderr)
+
+
+def refuse_skips(problems: Sequence[Skipped], fix: str) -> Exception:
+    """The one error line of ``--strict``: the first skip, how many in all, and ``fix``."""
+    from .errors import WidthscopeError
+
+    first = problems[0]
+    where = f"{first.path} line {first.line}" if first.line is not None else first.path
+    more = f" (and {len(problems) - 1} more damaged line(s)/file(s))" if len(problems) > 1 else ""
+    return WidthscopeError(f"{where}: {first.why}{more}; --strict refuses damaged input: {fix}")
+
+
+def _record(found: list[Skipped], problems: list[Skipped] | None) -> None:
+    # No list to collect into: say it on stderr rather than nothing.
+    if problems is None:
+        warn_skips(found)
+    else:
+        problems.extend(found)
+
+
+def cut_off(text: str, exc: json.JSONDecodeError) -> bool:
+    """True when ``text`` reads as valid JSON stopped early (an interrupted write or copy): the
+    parser ran off its end, or into the end inside a string."""
+    return exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
+
+
+def _why_not_json(line: str, exc: json.JSONDecodeError, last_unterminated: bool) -> str:
+    if "\x00" in line:
+        return "not JSON (NUL bytes: the zero fill a crash can leave)"
+    if cut_off(line, exc):
+        return "not JSON (torn line: " + ("the last line, cut off by an interrupted write)" if last_unterminated
+                                         else "it ends mid-row)")
+    return f"not JSON ({exc.msg}, column {exc.colno})"
+
+
+_JSON_TYPE = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+
+def read_jsonl(path: str | os.PathLike, problems: list[Skipped] | None = None) -> list[dict[str, Any]]:
+    """Rows of a JSONL file; a missing file has none.
+
+    Blank lines are fine. A damaged line (torn by an interrupted append, not JSON, not UTF-8, not a
+    JSON object) is skipped and named with its line number and why: appended to ``problems`` when
+    given, else logged on stderr. An unreadable file raises WidthscopeError naming it."""
     path = Path(path)
     if not path.exists():
         return []
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        from .errors import WidthscopeError
+
+        raise WidthscopeError(f"cannot read {str(path)!r} ({exc.strerror or exc}): pass a readable JSONL "
+                              "file") from None
     rows: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    found: list[Skipped] = []
+    lines = raw.split(b"\n")
+    for i, blob in enumerate(lines, 1):
+        try:
+            line = blob.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            found.append(Skipped(str(path), i, "not UTF-8 text"))
+            continue
+        if not line:
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            found.append(Skipped(str(path), i, _why_not_json(line, exc, i == len(lines))))
+            continue
+        if not isinstance(row, dict):
+            found.append(Skipped(str(path), i, f"a JSON {_JSON_TYPE.get(type(row), 'value')}, not a row object"))
+            continue
+        rows.append(row)
+    _record(found, problems)
     return rows
 
 
@@ -317,7 +413,7 @@ class LogProgress:
         import time
 
         self.iterable = iterable
-        self.total = total if total is not None else (len(iterable) if hasattr(iterable, "__len__") else None)
+        self.total = total if total is not None else (len(iterable) if isinstance(iterable, Sized) else None)
         self.desc = desc or "progress"
         self.n = 0
         self.interval = float(os.environ.get("WIDTHSCOPE_PROGRESS_INTERVAL", 30)) if interval is None else interval
@@ -327,7 +423,9 @@ class LogProgress:
     @staticmethod
     def _fmt(s: float) -> str:
         s = int(s)
-        return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else (f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
+        if s >= 3600:
+            return f"{s // 3600}h{s % 3600 // 60:02d}m"
+        return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
     def _line(self, now: float) -> str:
         el = now - self.t0
@@ -365,15 +463,28 @@ class LogProgress:
         finally:
             self.close()
 
-    def __enter__(self) -> "LogProgress":
+    def __enter__(self) -> LogProgress:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
 
+class ProgressBar(Protocol):
+    """What :func:`progress` returns (a tqdm bar or a :class:`LogProgress`): iterated over, or
+    driven by hand with ``update``/``set_postfix``/``close``."""
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def update(self, n: int = 1, /) -> object: ...
+
+    def set_postfix(self, **kw: Any) -> object: ...
+
+    def close(self) -> object: ...
+
+
 def progress(iterable: Iterable | None = None, *, total: int | None = None, desc: str = "",
-             disable: bool | None = None, **kw: Any) -> Iterator:
+             disable: bool | None = None, **kw: Any) -> ProgressBar:
     """A tqdm bar on a terminal; plain periodic lines (:class:`LogProgress`) when stderr is a
     log file, so long work is never silent; nothing when ``disable`` is True.
 
@@ -387,4 +498,4 @@ def progress(iterable: Iterable | None = None, *, total: int | None = None, desc
         return tqdm(iterable, total=total, desc=desc, disable=True, **kw)
     if env == "1" or sys.stderr.isatty():
         return tqdm(iterable, total=total, desc=desc, disable=False, dynamic_ncols=True, leave=False, **kw)
-    return LogProgress(iterable, total=total, desc=desc)  # type: ignore[return-value]
+    return LogProgress(iterable, total=total, desc=desc)

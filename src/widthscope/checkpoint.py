@@ -246,9 +246,7 @@ def _to_dtype(model: nn.Module, option: str, recorded: Any) -> None:
 def _hf_from_file(directory: Path, cfg: dict[str, Any], task: str | None) -> nn.Module:
     """The architecture of an HF config dict, freshly initialised (weights are filled next)."""
     from .models import build
-    from .models.hf import _auto_classes, _check_model_type, hf_task, main_stack
-
-    from .models.hf import WIDTHSCOPE_FAMILY
+    from .models.hf import WIDTHSCOPE_FAMILY, _auto_classes, _check_model_type, hf_task, main_stack
 
     family = WIDTHSCOPE_FAMILY.get(cfg["model_type"])
     _check_model_type(cfg, directory / "config.json")
@@ -262,7 +260,8 @@ def _hf_from_file(directory: Path, cfg: dict[str, Any], task: str | None) -> nn.
         hf_cfg = AutoConfig.for_model(cfg["model_type"], **conf)
         model = _auto_classes()[task].from_config(hf_cfg)
         model.widthscope_points = main_stack(model)
-    model.widthscope_task = task
+    # torch types Module.__setattr__ for tensors and modules only; a plain attribute is fine at runtime
+    model.widthscope_task = task  # type: ignore[assignment]
     return model
 
 
@@ -306,7 +305,7 @@ def load(path: str | os.PathLike, *, device: str | torch.device = "cpu", dtype: 
             from .probe.intervene import apply_insertions
 
             apply_insertions(model, insertions)
-        model.widthscope_extra = cfg.get("extra") or {}
+        model.widthscope_extra = cfg.get("extra") or {}  # type: ignore[assignment]  # plain attribute (cf. _hf_from_file)
         _to_dtype(model, dtype, cfg.get("dtype", "float32"))
     elif "model_type" in cfg:
         from .models.hf import load_hf

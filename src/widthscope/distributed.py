@@ -38,12 +38,15 @@ import os
 import sys
 import traceback
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from .errors import WidthscopeError
+
+if TYPE_CHECKING:
+    from .stats.estimators import Estimator, Method
 
 T = TypeVar("T")
 
@@ -211,7 +214,7 @@ def all_reduce_moments(pm: Any) -> Any:
     return PrimalMoments.from_tensor(t.to(home), pm.d)
 
 
-def gather_or_reduce(X: torch.Tensor, estimator: str = "unbiased", method: str = "auto") -> Any:
+def gather_or_reduce(X: torch.Tensor, estimator: Estimator = "unbiased", method: Method = "auto") -> Any:
     """:class:`~widthscope.stats.Moments` of the rows of ``X`` on *all* ranks together.
 
     Cost rule as in :func:`widthscope.stats.moments`: with ``n = Σ_r n_r`` total rows, the dual
@@ -397,6 +400,7 @@ def run_rank_guarded(fn: Callable[..., T], *args: Any, what: str | None = None,
         >>> run_rank_guarded(sum, [1, 2, 3])
         6
     """
-    with rank_guard(what or getattr(fn, "__name__", "job"), timeout_s=timeout_s):
+    name: str = getattr(fn, "__name__", "job")
+    with rank_guard(what or name, timeout_s=timeout_s):
         out = fn(*args, **kwargs)
     return out

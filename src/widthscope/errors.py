@@ -8,3 +8,8 @@ from __future__ import annotations
 
 class WidthscopeError(ValueError):
     """Bad input or an unrecoverable condition, with a message meant for the user."""
+
+
+class WidthscopeTypeError(WidthscopeError, TypeError):
+    """An argument of the wrong type to a public function. Also a :class:`WidthscopeError`, so the
+    command line reports it the same way, and a ``TypeError``, so ``except TypeError`` catches it."""

@@ -110,7 +110,8 @@ def per_example_loss(output: Any, target: torch.Tensor, task: str, *, loss: str 
     return nn.functional.cross_entropy(logits, target, reduction="none")
 
 
-def _forward(model: nn.Module, batch: Any, task: str, loss: str, device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _forward(model: nn.Module, batch: Any, task: str, loss: str,
+             device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(per-example losses, logits) of one batch."""
     if task == "lm":
         x = batch.to(device)
@@ -174,7 +175,7 @@ def train(model: nn.Module, split: Split, *, steps: int, lr: float, optimizer: s
           batch_size: int = 64, weight_decay: float = 0.0, momentum: float = 0.9,
           warmup: float = 0.1, schedule: str = "cosine", clip: float | None = 1.0, seed: int = 0,
           loss: str = "auto", eval_every: int | None = None, eval_batch_size: int = 256,
-          train_eval_examples: int | None = 8192, device: str = "cpu",
+          train_eval_examples: int | None = 8192, device: str | torch.device = "cpu",
           progress: bool = True, on_step: Callable[[nn.Module, int], Any] | None = None) -> dict[str, Any]:
     """Train ``model`` in place on ``split.train`` for ``steps`` optimizer steps.
 

@@ -28,15 +28,23 @@ from typing import Any, Callable
 from .errors import WidthscopeError
 
 __all__ = ["check_args", "check_pools", "check_dir_writable", "OUT_KIND", "APPLIES", "KINDS", "input_kind",
-           "check_applies", "fill_defaults"]
+           "check_applies", "fill_defaults", "check_outputs", "check_path_length"]
 
-# (attribute, smallest allowed value, what it counts)
-_COUNTS = (("n_train", 4, "examples; the unbiased estimators need at least 4"),
-           ("n_test", 4, "examples; the unbiased estimators need at least 4"),
-           ("batch_size", 1, "examples per batch"), ("draws", 1, "resamples"), ("steps", 1, "steps"),
-           ("train_steps", 1, "steps"), ("seq_len", 2, "tokens (one input and one predicted token)"),
-           ("max_tokens", 1, "tokens"), ("threads", 1, "threads"), ("block_width", 1, "hidden units"),
-           ("project", 2, "projected dimensions"), ("n_rank", 4, "examples"), ("n_etas", 1, "step sizes"))
+# The one table of whole-number options: (attribute, smallest, largest, what it counts). The upper
+# bounds sit where memory or time explodes long before a result (each intervention step evaluates the
+# whole held-out pool at every point; each misalignment draw is an (M, K) Gram slice; a projection is
+# a d x project matrix per point), far above any setting a study needs. None: bounded by the model
+# (--project must be below a point's dimension; certify checks it before any training).
+RANGES: tuple[tuple[str, int, int | None, str], ...] = (
+    ("n_train", 4, 10 ** 7, "examples; the unbiased estimators need at least 4"),
+    ("n_test", 4, 10 ** 7, "examples; the unbiased estimators need at least 4"),
+    ("batch_size", 1, 10 ** 6, "examples per batch"), ("draws", 1, 10 ** 6, "resamples"),
+    ("steps", 1, 10 ** 8, "steps"), ("train_steps", 1, 10 ** 8, "steps"),
+    ("seq_len", 2, 10 ** 6, "tokens (one input and one predicted token)"), ("max_tokens", 1, 10 ** 12, "tokens"),
+    ("threads", 1, 4096, "threads"), ("block_width", 1, 10 ** 6, "hidden units"),
+    ("project", 2, None, "projected dimensions"), ("n_rank", 4, 10 ** 7, "examples"),
+    ("n_etas", 1, 100, "step sizes"))
+_RANGE = {name: (lo, hi) for name, lo, hi, _ in RANGES}
 _POSITIVE = ("lr", "eta")
 # Which commands write a file (--out FILE) and which a directory (--out DIR).
 OUT_KIND = {"certify": "file", "grow": "file", "grow-bench": "dir", "stats": "file", "sweep": "dir", "report": "dir",
@@ -152,9 +160,12 @@ def fill_defaults(args: argparse.Namespace) -> None:
     """Record which input options were given (``args.given``), then set the defaults of the rest."""
     if not hasattr(args, "given"):
         args.given = sorted(d for d in (*_INPUTS, *_defaults()) if _given(args, d))
+    filled = []
     for dest, value in _defaults().items():
         if hasattr(args, dest) and getattr(args, dest) is None:
             setattr(args, dest, value)
+            filled.append(dest)
+    args.filled = sorted(set(getattr(args, "filled", ())) | set(filled))  # defaults, not the user's
 
 
 def given(args: argparse.Namespace, dest: str) -> bool:
@@ -190,16 +201,83 @@ def check_dir_writable(path: str | os.PathLike) -> Path:
             try:
                 q.rmdir()
             except OSError:
-                break
+                continue  # not empty; rmdir never removes a folder that holds anything
     return p
+
+
+# ----------------------------------------------------------------------------- paths: length, collisions
+# The options that name files a command reads, and those it writes (argparse dests). A path option
+# not given, or an input that is a name rather than a path ("builtin", "digits"), is skipped.
+_INPUT_PATHS = ("model", "tokenizer", "data", "train_data", "test_data", "data_root", "samples", "train", "test",
+                "config", "results")
+_OUTPUT_PATHS = ("out", "save_samples", "json")
+_NAME_MAX, _PATH_MAX = 255, 4096  # Linux's limits: bytes per path component, bytes per path
+
+
+def _flag_of(dest: str) -> str:
+    return dest if dest in ("samples", "config", "results") else _flag(dest)
+
+
+def check_path_length(flag: str, value: str | os.PathLike) -> None:
+    """A path the OS would refuse (``File name too long``) is one line, before any work."""
+    raw = os.fsencode(value)
+    longest = max((len(part) for part in raw.split(b"/")), default=0)
+    if len(raw) >= _PATH_MAX or longest > _NAME_MAX:
+        short = os.fsdecode(raw[:40]) + "…"
+        raise WidthscopeError(f"{flag} {short!r} is too long ({len(raw)} bytes, longest part {longest}): a path may "
+                              f"have at most {_PATH_MAX - 1} bytes and each part of it {_NAME_MAX}; choose a shorter path")
+
+
+def _paths(args: argparse.Namespace, dests: tuple[str, ...]) -> list[tuple[str, str]]:
+    out = []
+    for dest in dests:
+        v = getattr(args, dest, None)
+        for item in (v if isinstance(v, (list, tuple)) else [v]):
+            if isinstance(item, (str, os.PathLike)) and str(item):
+                out.append((_flag_of(dest), str(item)))
+    return out
+
+
+def _real(path: str) -> Path:
+    return Path(os.path.realpath(os.path.expanduser(path)))
+
+
+def _inside(child: Path, parent: Path) -> bool:
+    return child == parent or parent in child.parents
+
+
+def check_outputs(args: argparse.Namespace, command: str) -> None:
+    """Outputs never collide and inputs are never written: refuse, before any work, two outputs
+    that resolve to the same file (after ``realpath``), an output that is one of the inputs, and an
+    output inside an input folder (a model directory, a results folder)."""
+    inputs = [(f, p, _real(p)) for f, p in _paths(args, _INPUT_PATHS) if os.path.exists(os.path.expanduser(p))]
+    outputs = [(f, p, _real(p)) for f, p in _paths(args, _OUTPUT_PATHS)]
+    if command == "certify" and getattr(args, "out", None):  # certify keeps its finished parts beside --out
+        outputs.append(("--out's parts folder", str(args.out) + ".parts", _real(str(args.out) + ".parts")))
+    for i, (fa, pa, ra) in enumerate(outputs):
+        for fb, pb, rb in outputs[i + 1:]:
+            if ra == rb:
+                change = fa if fb.endswith("parts folder") else fb
+                raise WidthscopeError(f"{fa} {pa!r} and {fb} {pb!r} are the same file: one would overwrite the "
+                                      f"other; give {change} another path")
+    for fo, po, ro in outputs:
+        for fi, pi, ri in inputs:
+            if ro == ri:
+                raise WidthscopeError(f"{fo} {po!r} is the input {fi} {pi!r}: widthscope never writes into its "
+                                      f"inputs; give {fo} another path")
+            if ri.is_dir() and _inside(ro, ri) and not (command == "report" and ro == ri / "report"):
+                raise WidthscopeError(f"{fo} {po!r} lies inside the input {fi} {pi!r}: widthscope never writes "
+                                      f"into its inputs; give {fo} a path outside it")
 
 
 def check_args(args: argparse.Namespace, command: str) -> None:
     """The shared checks; raises :class:`WidthscopeError` with one line naming the option."""
+    for flag, path in _paths(args, _INPUT_PATHS + _OUTPUT_PATHS):
+        check_path_length(flag, path)
     seed = getattr(args, "seed", None)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 32):
         raise WidthscopeError(f"--seed {seed}: must be a whole number in 0..{2 ** 32 - 1}")
-    for name, lo, what in _COUNTS:
+    for name, lo, hi, what in RANGES:
         v = getattr(args, name, None)
         if name in ("n_train", "n_test") and v == "all":  # every sequence of the source (data.published)
             if command not in ("certify", "inputs"):
@@ -207,6 +285,8 @@ def check_args(args: argparse.Namespace, command: str) -> None:
             continue
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
             raise WidthscopeError(f"{_flag(name)} {v}: must be a whole number >= {lo} ({what})")
+        if v is not None and hi is not None and v > hi:
+            raise WidthscopeError(f"{_flag(name)} {v}: must be a whole number in {lo}..{hi} ({what})")
     for name in _POSITIVE:
         v = getattr(args, name, None)
         if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
@@ -239,6 +319,7 @@ def check_args(args: argparse.Namespace, command: str) -> None:
     for extra in (getattr(args, "save_samples", None), getattr(args, "json", None)):
         if extra:
             check_writable(extra)
+    check_outputs(args, command)
 
 
 # Output folders check_args created; widthscope.cli removes those still empty when a command fails.
@@ -281,8 +362,11 @@ def _int_list(text: str | None, flag: str) -> list[int] | None:
 
 def _float_list(text: str | None, flag: str) -> list[float] | None:
     vals = _num_list(text, flag, float)
-    if vals is not None and any(not v > 0 for v in vals):
-        raise WidthscopeError(f"{flag} {text!r}: step sizes must be positive numbers")
+    if vals is not None and any(not (v > 0 and math.isfinite(v)) for v in vals):
+        raise WidthscopeError(f"{flag} {text!r}: step sizes must be positive finite numbers")
+    if vals is not None and len(vals) > _RANGE["n_etas"][1]:
+        raise WidthscopeError(f"{flag}: {len(vals)} step sizes; at most {_RANGE['n_etas'][1]} (each one evaluates "
+                              "the held-out pool at every point)")
     return vals
 
 
@@ -297,6 +381,9 @@ def _sizes(values: Any, name: str) -> list[int]:
     if not ok or not out or any(v < 1 for v in out):
         raise WidthscopeError(f"{name} must be a non-empty list of positive whole numbers, got {values!r} "
                               f"(e.g. {name}=[16, 32, 64, 128])")
+    if max(out) > _RANGE["n_train"][1]:
+        raise WidthscopeError(f"{name}={max(out)}: at most {_RANGE['n_train'][1]} (a draw cannot be larger than its "
+                              "pool)")
     return out
 
 

@@ -35,11 +35,9 @@ Example::
 """
 from __future__ import annotations
 
-import argparse
-import sys
+import dataclasses
 import time
-from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 import torch.nn as nn
@@ -47,51 +45,68 @@ import torch.nn as nn
 from .. import distributed
 from .._io import atomic_write_json, to_jsonable
 from ..errors import WidthscopeError
-from .per_point import _check_pool, _v, ranking, statistics, tables  # noqa: F401  (re-exported)
+from .per_point import check_pool, _v, precision_notes, ranking, statistics, tables  # noqa: F401  (re-exported)
 from ..probe import collect, resolve_points
+from ..options import DEFAULT_M, DEFAULT_MAX_REL_STEP, DEFAULT_N_ETAS, ESTIMATORS, CertifyOptions
 from ..validate import _float_list, _int_list, _num_list, _pairs, _sizes  # noqa: F401  (re-exported)
 
-__all__ = ["certify", "add_arguments", "run", "DEFAULT_M", "DEFAULT_N_ETAS", "DEFAULT_MAX_REL_STEP"]
-
-DEFAULT_M = (16, 32, 64, 128)
-# Default intervention grid of a certify run: 4 steps a decade apart (step RMS 1e-4, 1e-3, 1e-2,
-# 0.1 of the activation's): the steps the claims read (1e-3 and the smallest) and the onset of the
-# breakdown, at 4/9 of the cost of intervene()'s 9 half-decades up to 1. The step as large as the
-# stream itself is left out: on trained models its row only repeats 0.1's "the loss rises" (see
-# docs/interventions.md, benchmarks/retention_grid.py). n_etas=9, max_rel_step=1 restores that grid.
-DEFAULT_N_ETAS = 4
-DEFAULT_MAX_REL_STEP = 0.1
-ESTIMATORS = ("unbiased", "plugin")
+__all__ = ["certify", "settings_block", "data_description", "grid_notes", "count_examples", "gather_rows",
+           "DEFAULT_M", "DEFAULT_N_ETAS", "DEFAULT_MAX_REL_STEP", "ESTIMATORS"]
 
 
-def _count(batches: Sequence[Any]) -> int:
+
+def _low_precision(model: nn.Module) -> torch.dtype | None:
+    """bfloat16/float16 when the model computes in it (its samples and losses round there), else None."""
+    from ..probe.collect import float_dtype
+
+    dtype = float_dtype(model)
+    return dtype if dtype in (torch.bfloat16, torch.float16) else None
+
+
+def count_examples(batches: Sequence[Any]) -> int:
     n = 0
     for b in batches:
-        x = b["input_ids"] if isinstance(b, dict) else (b[0] if isinstance(b, (tuple, list)) else b)
-        if isinstance(x, dict):
+        # any Mapping: a tokenizer's BatchEncoding is a UserDict, not a dict
+        x = (b["input_ids"] if "input_ids" in b else next(iter(b.values()))) if isinstance(b, Mapping) else (
+            b[0] if isinstance(b, (tuple, list)) else b)
+        if isinstance(x, Mapping):
             x = next(iter(x.values()))
         n += int(x.shape[0])
     return n
 
 
-def _gather(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+def gather_rows(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     if not distributed.is_distributed():
         return x
     # nccl gathers CUDA tensors only; gloo is happy with CPU ones.
     return distributed.all_gather_rows(x.to(device)).to("cpu")
 
 
+class _Default:
+    """The keyword conveniences of :func:`certify` left out: the value comes from ``options``."""
+
+    def __repr__(self) -> str:
+        return "<from options>"
+
+
+_D: Any = _Default()
+
+
 def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterable[Any], *,
-            points: str | Sequence[str] | None = None, M: Sequence[int] | int = DEFAULT_M,
-            K: Sequence[int] | int | None = None, draws: int = 1000, seed: int = 0,
-            estimator: str = "unbiased", pool: str = "sum",
-            loss_fn: Callable[[Any, Any], torch.Tensor] | None = None, train_mode: str = "eval",
-            progress: bool = True, interventions: str | None = "bias",
-            etas: Sequence[float] | None = None, n_etas: int = DEFAULT_N_ETAS,
-            max_rel_step: float = DEFAULT_MAX_REL_STEP, project: int | None = None,
+            options: CertifyOptions | None = None,
+            points: str | Sequence[str] | None = _D, M: Sequence[int] | int = _D,
+            K: Sequence[int] | int | None = _D, draws: int = _D, seed: int = _D,
+            estimator: str = _D, pool: str = _D,
+            loss_fn: Callable[[Any, Any], torch.Tensor] | None = None, train_mode: str = _D,
+            progress: bool = True, interventions: str | None = _D,
+            etas: Sequence[float] | None = _D, n_etas: int = _D,
+            max_rel_step: float = _D, project: int | None = _D,
             samples_out: dict[str, Any] | None = None,
-            on_point: Callable[[dict[str, Any]], None] | None = None, draw_scheme: str = "shared") -> dict[str, Any]:
+            on_point: Callable[[dict[str, Any]], None] | None = None, draw_scheme: str = _D) -> dict[str, Any]:
     """Certify every insertion point of ``model``; returns a JSON-able dict.
+
+    The settings are a :class:`~widthscope.options.CertifyOptions` (``options``; default
+    ``CertifyOptions()``); the keywords below are conveniences that override its fields.
 
     Args:
         model: trained model (any device; it is not moved).
@@ -128,12 +143,55 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
         cross_moments, certificates: [{M, K, one, two, misalignment}]}], "ranking", "notes",
         "timing"}``; every number is a plain float/int (``None`` where undefined).
     """
+    from .. import _args
+    from ..probe import POOLS
+
+    fn = "certify"  # the types, before any work (values: the options dataclass and _resolve)
+    if options is not None and not isinstance(options, CertifyOptions):
+        raise _args.WidthscopeTypeError(f"certify(options=...): options must be a CertifyOptions, got "
+                                        f"{_args.describe(options)}")
+    given = {k: v for k, v in dict(points=points, M=M, K=K, draws=draws, seed=seed, estimator=estimator, pool=pool,
+                                    train_mode=train_mode, interventions=interventions, etas=etas, n_etas=n_etas,
+                                    max_rel_step=max_rel_step, project=project, draw_scheme=draw_scheme).items()
+             if v is not _D}
+    _args.module(fn, "model", model)
+    _args.batches(fn, "train_batches", train_batches)
+    _args.batches(fn, "test_batches", test_batches)
+    checks: dict[str, Callable[[Any], Any]] = {
+        "points": lambda v: _args.points(fn, "points", v),
+        "M": lambda v: (_args.sizes(fn, "M", v), _sizes(v, "M")),
+        "K": lambda v: (_args.sizes(fn, "K", v, optional=True), v is None or _sizes(v, "K")),
+        "draws": lambda v: _args.integer(fn, "draws", v, lo=1),
+        "seed": lambda v: _args.integer(fn, "seed", v),
+        "estimator": lambda v: _args.choice(fn, "estimator", v, ESTIMATORS),
+        "pool": lambda v: _args.choice(fn, "pool", v, POOLS),
+        "train_mode": lambda v: _args.choice(fn, "train_mode", v, ("eval", "keep")),
+        "interventions": lambda v: _args.choice(fn, "interventions", v, (None, "none", "bias", "block")),
+        "etas": lambda v: _args.numbers_list(fn, "etas", v, accepts="a list of positive step sizes or None"),
+        "n_etas": lambda v: _args.integer(fn, "n_etas", v, lo=1),
+        "max_rel_step": lambda v: _args.number(
+            fn, "max_rel_step", v, 1e-4, lo_open=True,
+            accepts="a finite number above the smallest step 1e-4 (the largest step's RMS entry over the activation's)"),
+        "project": lambda v: _args.integer(fn, "project", v, lo=2, optional=True,
+                                           accepts="an integer k >= 2 (projected dimension) or None"),
+        "draw_scheme": lambda v: _args.choice(fn, "draw_scheme", v, ("shared", "per-pair")),
+    }
+    for key, value in given.items():
+        checks[key](value)
+    _args.function(fn, "loss_fn", loss_fn)
+    _args.boolean(fn, "progress", progress)
+    _args.mapping(fn, "samples_out", samples_out, mutable=True)
+    _args.function(fn, "on_point", on_point)
+    opts = _options(options, given)
+    points, M, K, draws, seed = opts.points, list(opts.M), opts.K, opts.draws, opts.seed
+    estimator, pool, train_mode, interventions = opts.estimator, opts.pool, opts.train_mode, opts.kind
+    etas, n_etas, max_rel_step = opts.etas, opts.n_etas, opts.max_rel_step
+    project, draw_scheme = opts.project, opts.draw_scheme
     pairs, names, train_list, test_list, W, device = _resolve(
-        model, train_batches, test_batches, points=points, M=M, K=K, draws=draws, estimator=estimator,
+        model, train_batches, test_batches, points=list(points) if points else None, M=M,
+        K=list(K) if K is not None else None, draws=draws, estimator=estimator,
         pool=pool, interventions=interventions, project=project)
 
-    if isinstance(n_etas, bool) or not isinstance(n_etas, int) or n_etas < 1:
-        raise WidthscopeError(f"n_etas must be a whole number >= 1 (steps of the default grid), got {n_etas!r}")
     from ..probe.intervene import check_rel_step
 
     max_rel_step = check_rel_step(max_rel_step)
@@ -149,8 +207,16 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
 
     t0 = time.perf_counter()
     gathered_a, gathered_b, dims = _gather_pools(qa, qb, names, device, projectors, project)
+    low = _low_precision(model)
+    errors = None
+    if low is not None and project is None and W == 1:  # measured rounding of the samples (4 small probes a point)
+        from ..probe.intervene import sample_errors
+
+        errors = {p: e for p in names
+                  if (e := sample_errors(model, p, train_list, test_list, loss_fn)) is not None}
     results, more = statistics(gathered_a, gathered_b, pairs=pairs, draws=draws, seed=seed,
-                               estimator=estimator, pool=pool, project=project, dims=dims, draw_scheme=draw_scheme)
+                               estimator=estimator, pool=pool, project=project, dims=dims, draw_scheme=draw_scheme,
+                               sample_dtype=low, sample_errors=errors or None)
     notes += more
     if samples_out is not None:
         samples_out.update(train=gathered_a, test=gathered_b, dims=dims)
@@ -164,19 +230,41 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
     intervene_s = time.perf_counter() - t0
     if etas is None:
         notes += grid_notes(results, max_rel_step)
+    notes += precision_notes(results)
 
     return {
-        "settings": {"M": [m for m, _ in pairs], "K": [k for _, k in pairs], "draws": draws, "seed": seed,
-                     "estimator": estimator, "pool": pool, "train_mode": train_mode, "points": names,
-                     "world_size": W, "interventions": interventions, "project": project,
-                     "draw_scheme": draw_scheme, "etas": None if etas is None else [float(e) for e in etas],
-                     "n_etas": None if etas is not None else n_etas,
-                     "max_rel_step": None if etas is not None else max_rel_step},
+        "settings": settings_block(opts, names, world_size=W),
         "points": results,
         "ranking": ranking(results),
         "notes": notes,
         "timing": {"probe_s": probe_s, "stats_s": stats_s, "intervene_s": intervene_s},
+        "options": {"certify": opts.to_dict()},  # what made it: CertifyOptions.from_dict repeats it
     }
+
+
+def _options(options: CertifyOptions | None, given: dict[str, Any]) -> CertifyOptions:
+    """``options`` (default ``CertifyOptions()``) with the keywords given to :func:`certify`."""
+    if "interventions" in given and given["interventions"] is None:
+        given["interventions"] = "none"
+    for key in ("M", "K"):
+        if isinstance(given.get(key), int) and not isinstance(given[key], bool):
+            given[key] = (given[key],)
+    if isinstance(given.get("points"), str):
+        given["points"] = (given["points"],)
+    base = options or CertifyOptions()
+    return dataclasses.replace(base, **given) if given else base
+
+
+def settings_block(opts: CertifyOptions, names: Sequence[str], *, world_size: int) -> dict[str, Any]:
+    """The ``settings`` of a certify result: written once, here, so a result assembled from resumed
+    parts records exactly what an uninterrupted run records."""
+    pairs = opts.pairs
+    return {"M": [m for m, _ in pairs], "K": [k for _, k in pairs], "draws": opts.draws, "seed": opts.seed,
+            "estimator": opts.estimator, "pool": opts.pool, "train_mode": opts.train_mode, "points": list(names),
+            "world_size": world_size, "interventions": opts.kind, "project": opts.project,
+            "draw_scheme": opts.draw_scheme, "etas": None if opts.etas is None else [float(e) for e in opts.etas],
+            "n_etas": None if opts.etas is not None else opts.n_etas,
+            "max_rel_step": None if opts.etas is not None else opts.max_rel_step}
 
 
 def _resolve(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterable[Any], *,
@@ -198,8 +286,8 @@ def _resolve(model: nn.Module, train_batches: Iterable[Any], test_batches: Itera
             raise WidthscopeError(f"{len(lst)} {what} batch(es) for {W} ranks: every rank needs one; "
                                   f"lower the batch size or raise {flag}")
     if pool != "token":  # cheap early check, before any probing
-        _check_pool(_count(train_list), max(m for m, _ in pairs), "train", "n_train", pool)
-        _check_pool(_count(test_list), max(k for _, k in pairs), "held-out", "n_test", pool)
+        check_pool(count_examples(train_list), max(m for m, _ in pairs), "train", "n_train", pool)
+        check_pool(count_examples(test_list), max(k for _, k in pairs), "held-out", "n_test", pool)
     try:
         device = next(model.parameters()).device
     except StopIteration:
@@ -276,8 +364,8 @@ def _probe_pools(model: nn.Module, names: list[str], train_list: list[Any], test
 def _gather_pools(qa: Any, qb: Any, names: list[str], device: torch.device, projectors: dict[str, Any],
                   project: int | None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, int]]:
     """All ranks' samples per point, and each point's (unprojected) dimension ``d``."""
-    gathered_a = {name: _gather(qa[name], device) for name in names}
-    gathered_b = {name: _gather(qb[name], device) for name in names}
+    gathered_a = {name: gather_rows(qa[name], device) for name in names}
+    gathered_b = {name: gather_rows(qb[name], device) for name in names}
     dims = {name: int(projectors[name].d if project else gathered_a[name].shape[1]) for name in names}
     return gathered_a, gathered_b, dims
 
@@ -322,7 +410,7 @@ def _interventions(model: nn.Module, results: list[dict[str, Any]], qa: Any, qb:
         from ..probe.intervene import intervene
 
         m_max, k_max = max(m for m, _ in pairs), max(k for _, k in pairs)
-        test_losses = _gather(qb.losses[:, None], device)[:, 0]  # all ranks' rows, in order
+        test_losses = gather_rows(qb.losses[:, None], device)[:, 0]  # all ranks' rows, in order
         was_training = {m: m.training for m in model.modules()}
         try:
             if train_mode == "eval":
@@ -334,7 +422,7 @@ def _interventions(model: nn.Module, results: list[dict[str, Any]], qa: Any, qb:
                 p = r["point"]
                 reuse = None if project else {
                     "train": gathered_a[p], "test": gathered_b[p], "test_losses": test_losses,
-                    "act_sq": _gather(qa.act_sq[p], device) if p in qa.act_sq else None,
+                    "act_sq": gather_rows(qa.act_sq[p], device) if p in qa.act_sq else None,
                     "width": qa.widths.get(p), "prefix": kept}
                 r["interventions"] = to_jsonable(
                     intervene(model, r["point"], train_list, test_list, etas=etas, n_etas=n_etas,
@@ -370,414 +458,3 @@ def data_description(info: dict[str, Any], data: str | None = None) -> str:
     sizes = f"{info.get('n_train', '?')} train-pool / {info.get('n_test', '?')} held-out-pool examples"
     rule = info.get("rule") or info.get("train_pool")
     return f"{words}; {sizes}" + (f" ({rule})" if rule else "")
-
-
-# ----------------------------------------------------------------------------- CLI
-# The published scripts' protocol: plug-in estimators, the summed (bias-gradient) sample vector,
-# concatenated fixed-length chunks, the first chunks of each source, M = K in {16..128}, R = 1000.
-PROTOCOLS: dict[str, dict[str, Any]] = {
-    "published": {"estimator": "plugin", "pool": "sum", "sequences": "concatenate", "first": True,
-                  "M": "16,32,64,128", "K": None, "draws": 1000, "interventions": "none", "n_test": "all",
-                  "empty_docs": "skip", "draw_scheme": "per-pair"},
-    "default": {"estimator": "unbiased", "pool": "sum", "sequences": None, "first": False,
-                "M": ",".join(map(str, DEFAULT_M)), "K": None, "draws": 1000, "interventions": "bias",
-                "n_test": 256, "draw_scheme": "shared"},
-}
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..cli_inputs import add_arguments as add_inputs
-
-    add_inputs(parser, model_default="builtin", n_train=256, n_test=None,
-               n_test_help="256; all with --protocol published")
-    parser.add_argument("--protocol", choices=tuple(PROTOCOLS), default="default",
-                        help="published: what the published scripts do (plug-in estimator, sum pooling, "
-                             "concatenated chunks, empty documents skipped, --first, every held-out chunk "
-                             "(--n-test all), M = K in 16,32,64,128, 1000 draws, no interventions); "
-                             "options you give explicitly override it")
-    parser.add_argument("--batch-size", type=int, default=32, help="probe batch size (default 32)")
-    parser.add_argument("--points", default=None,
-                        help="comma-separated insertion points (default: every block output)")
-    parser.add_argument("--list-points", action="store_true", help="print the insertion points and exit")
-    parser.add_argument("--all", action="store_true",
-                        help="with --list-points: every module path, not only the block outputs")
-    parser.add_argument("--M", default=None, help="train sample sizes, comma list (default 16,32,64,128)")
-    parser.add_argument("--K", default=None, help="held-out sample sizes, comma list (default: K = M)")
-    parser.add_argument("--draws", type=int, default=None, help="resamples for empirical misalignment (default 1000)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for data subsets and resampling")
-    parser.add_argument("--draw-scheme", choices=("shared", "per-pair"), default=None,
-                        help="misalignment draws: shared (one subset per draw for every (M, K); default) or per-pair "
-                             "(the published flip script's draws: the same --seed gives its subsets)")
-    parser.add_argument("--estimator", choices=ESTIMATORS, default=None, help="unbiased (default) or plugin")
-    parser.add_argument("--pool", choices=("sum", "mean", "flatten", "token"), default=None,
-                        help="pooling of positions into a sample vector (default sum)")
-    parser.add_argument("--train-steps", type=int, default=None,
-                        help="optimizer steps for --model builtin (default 60, a few seconds)")
-    parser.add_argument("--interventions", choices=("bias", "block", "none"), default=None,
-                        help="direct zero-init residual intervention at every point: predicted vs "
-                             "actual held-out loss change (default bias)")
-    parser.add_argument("--etas", default=None,
-                        help="intervention step sizes, comma list (default: --n-etas steps scaled to the point)")
-    parser.add_argument("--n-etas", type=int, default=None, metavar="E",
-                        help=f"steps of the default intervention grid: step RMS 1e-4..--max-rel-step of the "
-                             f"activation's, log-spaced (default {DEFAULT_N_ETAS}: the decades up to "
-                             f"{DEFAULT_MAX_REL_STEP:g}; --n-etas 9 --max-rel-step 1 gives the half-decades up to 1, "
-                             "9/4 the cost)")
-    parser.add_argument("--max-rel-step", type=float, default=None, metavar="R",
-                        help=f"largest step of the default grid, its RMS entry over the activation's "
-                             f"(default {DEFAULT_MAX_REL_STEP:g}; 1 moves the stream by its own size)")
-    parser.add_argument("--project", type=int, default=None, metavar="K",
-                        help="randomly project sample vectors to K dims while collecting (memory "
-                             "O(n*K) instead of O(n*d)); see docs/performance.md")
-    parser.add_argument("--out", default="widthscope-results/certify.json", help="JSON output path")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue an interrupted run: points finished by an earlier run with the same settings "
-                             "(kept in OUT.parts/) are not probed again")
-    parser.add_argument("--save-samples", default=None, metavar="FILE",
-                        help="also write the pooled samples of every point (safetensors) for `widthscope stats`")
-    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1")
-
-
-def apply_protocol(args: argparse.Namespace) -> list[str]:
-    """Fill the options the user left unset from ``--protocol``; returns the preset's notes."""
-    preset = PROTOCOLS[args.protocol]
-    for key, value in preset.items():
-        if key == "n_test" and value == "all" and not _two_sources(args):
-            value = PROTOCOLS["default"]["n_test"]  # one corpus to split: never read all of it by default
-        if key == "first":
-            args.first = bool(args.first or value)
-        elif getattr(args, key, None) is None:
-            setattr(args, key, value)
-    if args.protocol == "published":
-        seqs = ("concatenated chunks (non-empty documents joined with EOS)" if args.sequences == "concatenate" else
-                f"--sequences {args.sequences}")
-        return [f"protocol 'published': plug-in estimators, sum pooling, {seqs}, the first sequences of each source, every chunk of a held-out source unless "
-                "--n-test is given, M = K in 16,32,64,128, 1000 draws drawn as the flip script draws them; probed "
-                "in eval mode (the alignment script probes in train mode: see docs/certify.md)"]
-    return []
-
-
-def _two_sources(args: argparse.Namespace) -> bool:
-    """A held-out source of its own (--test-data, or a DatasetDict's validation split)."""
-    if getattr(args, "test_data", None) is not None:
-        return True
-    data = getattr(args, "data", None)
-    return isinstance(data, str) and (Path(data).expanduser() / "dataset_dict.json").is_file()
-
-
-def _builtin_structure(args: argparse.Namespace) -> tuple[nn.Module, Any]:
-    """The built-in MLP, untrained (its points and shapes are checked before it trains), and its split."""
-    from .. import data, models
-
-    split = data.load("digits", seed=args.seed)
-    torch.manual_seed(args.seed)
-    model = models.build("mlp", 128, in_dim=int(split.input_shape[-1]), out_dim=split.num_classes, depth=3)
-    model.widthscope_extra = {"dataset": "digits"}
-    return model, split
-
-
-def _train_builtin(model: nn.Module, split: Any, args: argparse.Namespace, say: Callable[[str], None]) -> None:
-    from ..train import train
-
-    t0 = time.perf_counter()
-    res = train(model, split, steps=args.train_steps, lr=3e-3, batch_size=64, seed=args.seed,
-                progress=distributed.is_main())
-    acc = res.get("test_accuracy")
-    say(f"builtin: MLP width 128, depth 3 trained on digits for {args.train_steps} steps "
-        f"({time.perf_counter() - t0:.1f}s, held-out accuracy {acc if acc is None else f'{acc:.3f}'})")
-
-
-def _check_combinations(args: argparse.Namespace, pairs: Sequence[tuple[int, int]], etas: Any) -> None:
-    """Options that mean nothing together are refused (after --protocol filled the rest)."""
-    preset = " (--protocol published)" if args.protocol == "published" else ""
-    n_etas = getattr(args, "n_etas", None)
-    if n_etas is not None and etas is not None:
-        raise WidthscopeError("--n-etas sets the size of the default step grid, --etas replaces that grid: "
-                              "drop one of them")
-    top = getattr(args, "max_rel_step", None)
-    if top is not None:
-        from ..probe.intervene import check_rel_step
-
-        try:
-            check_rel_step(top)
-        except WidthscopeError:
-            raise WidthscopeError(f"--max-rel-step {top:g}: must be a finite number above the smallest step 1e-4 "
-                                  "(e.g. 0.1, or 1 for a step as large as the activation)") from None
-        if etas is not None:
-            raise WidthscopeError("--max-rel-step sets the largest step of the default grid, --etas replaces that "
-                                  "grid: drop one of them")
-        if args.interventions == "none":
-            raise WidthscopeError(f"--max-rel-step sets the largest intervention step, but none run{preset}: add "
-                                  "--interventions bias (or block), or drop --max-rel-step")
-    if etas is not None and args.interventions == "none":
-        raise WidthscopeError(f"--etas sets the step sizes of the interventions, but none run{preset}: add "
-                              "--interventions bias (or block), or drop --etas")
-    if n_etas is not None and args.interventions == "none":
-        raise WidthscopeError(f"--n-etas sets the number of intervention steps, but none run{preset}: add "
-                              "--interventions bias (or block), or drop --n-etas")
-    if args.project is not None and args.estimator != "unbiased":
-        raise WidthscopeError(f"--project corrects the unbiased estimators only, not --estimator "
-                              f"{args.estimator}{preset}: add --estimator unbiased, or drop --project")
-    if args.all and not args.list_points:
-        raise WidthscopeError("--all only changes what --list-points prints (every module path): add --list-points "
-                              "or drop --all")
-    if args.pool != "token":
-        from ..validate import check_pools
-
-        from ..data.published import is_all
-
-        Ms, Ks = [m for m, _ in pairs], [k for _, k in pairs]
-        # "all": the pool's size is known once the source is read (certify checks it then)
-        check_pools(Ms, Ks, max(Ms) if is_all(args.n_train) else args.n_train,
-                    max(Ks) if is_all(args.n_test) else args.n_test)
-
-
-def _point_dims(model: nn.Module, names: Sequence[str], inputs: Any, args: argparse.Namespace
-                ) -> tuple[dict[str, int], int]:
-    """Each point's sample dimension and the sample rows per example, from one probed example
-    (one forward and backward pass): what --project and the output sizes are checked against."""
-    from ..probe.intervene import _index
-
-    one = _index(inputs.train, slice(0, 1))
-    q = collect(model, [one], points=list(names), loss_fn=inputs.loss_fn, pool=args.pool, progress=False)
-    return {n: int(q[n].shape[1]) for n in names}, max(1, max(int(q[n].shape[0]) for n in names))
-
-
-def _check_project(project: int | None, dims: dict[str, int]) -> None:
-    if project is None or not dims:
-        return
-    d_max = max(dims.values())
-    if project >= d_max:
-        raise WidthscopeError(f"--project {project} is not below any point's dimension (the largest is d={d_max}): "
-                              f"a projection saves memory only with K < d; use --project < {d_max} or drop it")
-
-
-def _check_space(args: argparse.Namespace, names: Sequence[str], n_pairs: int, dims: dict[str, int],
-                 rows: int) -> None:
-    """Free space for what this run writes: the JSON (and its per-point parts, on disk at the same
-    time) and the samples file. Over-estimates (about 1.3x the JSON measured on the built-in model)."""
-    from .._io import check_space
-
-    per_point = 2500 + 2500 * n_pairs + (6000 if args.interventions != "none" else 0)
-    check_space(args.out, 2 * (4000 + len(names) * per_point), "the results (JSON and its per-point parts)")
-    if args.save_samples:
-        d = sum(args.project or v for v in dims.values())
-        # float64 rows, and a header with the settings and each point's intervention rows
-        check_space(args.save_samples, 8 * rows * (args.n_train + args.n_test) * d + 8000 + 6000 * len(names),
-                    "the samples")
-
-
-class _Parts:
-    """Finished points of a certify run, one atomic JSON file each in ``OUT.parts/``, keyed by
-    a fingerprint of everything that determines them (so ``--resume`` never mixes settings)."""
-
-    def __init__(self, args: argparse.Namespace, names: Sequence[str], inputs_info: dict[str, Any]) -> None:
-        import hashlib
-        import json
-
-        self.dir = Path(str(args.out) + ".parts")
-        keys = ("model", "task", "dtype", "data", "train_data", "test_data", "train_split", "test_split",
-                "text_field", "label_field", "tokenizer", "seq_len", "sequences", "first", "max_tokens",
-                "test_fraction", "train_pool", "n_train", "n_test", "seed", "M", "K", "draws", "estimator",
-                "pool", "interventions", "etas", "n_etas", "max_rel_step", "project", "batch_size", "train_steps", "protocol", "draw_scheme")
-        self.settings = json.loads(json.dumps({k: getattr(args, k, None) for k in keys}
-                                              | {"inputs": inputs_info, "points": list(names)}, default=str))
-        blob = json.dumps(self.settings, sort_keys=True, default=str)
-        self.fingerprint = hashlib.sha256(blob.encode()).hexdigest()[:16]
-        self.written = 0
-        from .._io import on_interrupt
-
-        on_interrupt(self.describe)
-
-    def _file(self, point: str) -> Path:
-        return self.dir / f"{point.replace('/', '_')}.json"
-
-    def load(self) -> dict[str, dict[str, Any]]:
-        import json
-
-        done: dict[str, dict[str, Any]] = {}
-        other: dict[str, Any] | None = None
-        for f in sorted(self.dir.glob("*.json")) if self.dir.is_dir() else []:
-            try:
-                obj = json.loads(f.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                continue  # a torn file: that point runs again
-            if obj.get("fingerprint") == self.fingerprint:
-                done[obj["row"]["point"]] = obj
-            elif other is None:
-                other = obj.get("settings") or {}
-        if other is not None and not done:
-            raise WidthscopeError(self._mismatch(other))
-        return done
-
-    def _mismatch(self, other: dict[str, Any]) -> str:
-        """--resume over parts of a run with other settings: name what differs, never start over silently."""
-        diff = [k for k in self.settings if k in other and other[k] != self.settings[k]]
-        shown = ", ".join(f"{'--' + k.replace('_', '-')} {other[k]} (now {self.settings[k]})"
-                          if k not in ("inputs", "points") else f"the {k}" for k in diff[:3])
-        return (f"--resume: {self.dir} holds finished points of a run with other settings "
-                f"({shown or 'recorded by an older version'}): rerun with those settings to continue it, or drop "
-                "--resume to start over (its parts are then replaced)")
-
-    def save(self, row: dict[str, Any], notes: list[str]) -> None:
-        atomic_write_json(self._file(row["point"]), {"fingerprint": self.fingerprint, "settings": self.settings,
-                                                     "row": row, "notes": notes})
-        self.written += 1
-
-    def describe(self) -> str | None:
-        n = len(list(self.dir.glob("*.json"))) if self.dir.is_dir() else 0
-        return f"{n} finished point(s) in {self.dir} (rerun with --resume to continue)" if n else None
-
-    def clear(self) -> None:
-        import shutil
-
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def _certify_rest(model: nn.Module, inputs: Any, args: argparse.Namespace, todo: list[str], Ms: Any, Ks: Any,
-                  etas: Any, samples: dict[str, Any], parts: _Parts, main: bool) -> dict[str, Any]:
-    """certify() on the points still to do, writing each finished point as it completes."""
-    from ..probe.intervene import to_batches
-
-    notes_box: list[str] = []
-
-    def keep(row: dict[str, Any]) -> None:
-        if main:
-            parts.save(row, notes_box)
-
-    # Guarded: a failing rank stops every rank, and rank 0 writes only a complete result.
-    return distributed.run_rank_guarded(
-        certify, model, to_batches(inputs.train, args.batch_size), to_batches(inputs.test, args.batch_size),
-        points=todo, M=Ms, K=Ks, draws=args.draws, seed=args.seed, estimator=args.estimator, pool=args.pool,
-        loss_fn=inputs.loss_fn, progress=main,
-        interventions=None if args.interventions == "none" else args.interventions,
-        etas=etas, n_etas=DEFAULT_N_ETAS if getattr(args, "n_etas", None) is None else args.n_etas,
-        max_rel_step=(DEFAULT_MAX_REL_STEP if getattr(args, "max_rel_step", None) is None else args.max_rel_step),
-        project=args.project, samples_out=samples, on_point=keep, what="certify",
-        draw_scheme=args.draw_scheme)
-
-
-def _merge(res: dict[str, Any] | None, done: dict[str, dict[str, Any]], names: Sequence[str], Ms: Any, Ks: Any,
-           args: argparse.Namespace) -> dict[str, Any]:
-    """This run's points and the resumed ones, in the points' order, with one ranking."""
-    rows = {r["point"]: r for r in (res["points"] if res else [])}
-    rows.update({p: d["row"] for p, d in done.items() if p not in rows})
-    points = [rows[n] for n in names]
-    from ..stats import vacuous_rule
-
-    for cert in (c[f] for pt in points for c in pt["certificates"] for f in ("one", "two")):
-        vacuous_rule(cert)  # parts finished before the rule read as new ones do
-    if res is None:  # every point was already finished
-        pairs = _pairs(Ms, Ks)
-        res = {"settings": {"M": [m for m, _ in pairs], "K": [k for _, k in pairs], "draws": args.draws,
-                            "seed": args.seed, "estimator": args.estimator, "pool": args.pool, "train_mode": "eval",
-                            "points": list(names), "world_size": distributed.world_size(),
-                            "interventions": None if args.interventions == "none" else args.interventions,
-                            "project": args.project, "draw_scheme": args.draw_scheme},
-               "notes": [], "timing": {"probe_s": 0.0, "stats_s": 0.0, "intervene_s": 0.0}}
-    res["settings"]["points"] = list(names)
-    res["points"] = points
-    res["ranking"] = ranking(points)
-    if done:
-        res["settings"]["resumed_points"] = sorted(done)
-        res["notes"] = list(dict.fromkeys(res["notes"] + [n for d in done.values() for n in d.get("notes", [])]))
-    return res
-
-
-def run(args: argparse.Namespace) -> int:
-    from ..cli_inputs import spec_from_args
-    from ..data.inputs import load_model, resolve
-    from ..models.hf import model_info
-
-    main = distributed.is_main()
-
-    def say(msg: str) -> None:
-        if main:
-            print(msg, flush=True)
-
-    # Seeds, sizes, devices, data paths and outputs were checked by widthscope.validate
-    # (cli.main), before this command started.
-    protocol_notes = apply_protocol(args)
-    Ms, Ks = _int_list(args.M, "--M"), _int_list(args.K, "--K")
-    pairs = _pairs(Ms, Ks)  # validate before the (slow) model loading
-    etas = _float_list(args.etas, "--etas")
-    _check_combinations(args, pairs, etas)
-    spec = spec_from_args(args, "certify")  # the inputs, validated before the model loads
-    from ..train import resolve_device
-
-    device = resolve_device(args.device)
-    if device.type == "cuda" and device.index is None and distributed.is_distributed():
-        import os  # torchrun: one GPU per rank
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", distributed.rank())))
-
-    # The model's structure first (the built-in one untrained), so every check that needs it (point
-    # names, sequence length, --project, output sizes) runs before training or probing.
-    split = None
-    if args.model == "builtin":
-        model, split = _builtin_structure(args)
-    else:
-        model = load_model(args.model, dtype=args.dtype, task=args.task)
-    if args.list_points:
-        from ..probe import all_points, insertion_points
-        say("\n".join(all_points(model) if args.all else insertion_points(model)))
-        return 0
-    names = resolve_points(model, args.points)
-    inputs = resolve(spec, model=model, show_progress=main)
-    from ..cli_inputs import settle_all
-    from ..probe.intervene import _batch_size
-
-    settle_all(args, _batch_size(inputs.train), _batch_size(inputs.test))
-    dims, rows = _point_dims(model, names, inputs, args)
-    _check_project(args.project, dims)
-    parts = _Parts(args, names, inputs.info)
-    done = parts.load() if args.resume else {}
-    if done and args.save_samples:
-        raise WidthscopeError("--save-samples needs every point probed in this run; drop --resume (or --save-samples)")
-    todo = [n for n in names if n not in done]
-    _check_space(args, names, len(pairs), dims, rows)
-    if split is not None:
-        _train_builtin(model, split, args, say)
-        if args.dtype != "auto":
-            model.to(getattr(torch, args.dtype))
-    if done:
-        say(f"resume: {len(done)} of {len(names)} point(s) already finished in {parts.dir}; probing {len(todo)}")
-    model.to(device)
-    # Guarded: a failing rank stops every rank, and rank 0 writes only a complete result.
-    samples: dict[str, Any] = {}
-    res = _certify_rest(model, inputs, args, todo, Ms, Ks, etas, samples, parts, main) if todo else None
-    res = _merge(res, done, names, Ms, Ks, args)
-    info = model_info(model)
-    res["settings"].update(model=args.model, data=inputs.info.get("dataset") or inputs.data or args.train_data,
-                           data_description=data_description(inputs.info, inputs.data or args.train_data),
-                           train_data=args.train_data, test_data=args.test_data, task=inputs.task,
-                           protocol=args.protocol, n_train=args.n_train, n_test=args.n_test,
-                           batch_size=args.batch_size, device=str(device), inputs=inputs.info,
-                           input_spec=inputs.spec.to_dict(),
-                           **{k: info.get(k) for k in ("architecture", "width", "depth", "dtype", "parameters",
-                                                      "attn_implementation")})
-    for k in ("n_train_examples", "n_test_examples"):
-        if k in inputs.info:
-            res["settings"][k] = inputs.info[k]
-    res["notes"] = protocol_notes + inputs.notes + res["notes"]
-    if main:
-        path = atomic_write_json(args.out, res)
-        parts.clear()  # the complete result is on disk: the per-point parts are no longer needed
-        if args.save_samples:
-            from .samples import save
-
-            save(args.save_samples, samples["train"], samples["test"],
-                 {"settings": res["settings"], "notes": res["notes"], "dims": samples["dims"],
-                  "interventions": {r["point"]: r.get("interventions", []) for r in res["points"]
-                                    if "interventions" in r}})
-            say(f"samples written to {args.save_samples} (widthscope stats {args.save_samples})")
-        say(tables(res))
-        say(f"\nprobe {res['timing']['probe_s']:.2f}s, statistics {res['timing']['stats_s']:.2f}s; "
-            f"results written to {path}")
-    distributed.barrier()
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    from ..cli import main as _main
-
-    sys.exit(_main(["certify", *sys.argv[1:]]))

@@ -17,7 +17,7 @@ of tensors, read with ``weights_only=True``).
 Example::
 
     >>> import tempfile, torch
-    >>> from widthscope.samples import save, load
+    >>> from widthscope.certify.samples import save, load
     >>> d = tempfile.mkdtemp()
     >>> a, b = {"p": torch.randn(8, 3, dtype=torch.float64)}, {"p": torch.randn(8, 3, dtype=torch.float64)}
     >>> _ = save(f"{d}/s.safetensors", a, b, {"settings": {"M": [4]}})
@@ -72,9 +72,23 @@ def save(path: str | os.PathLike, train: dict[str, torch.Tensor], test: dict[str
     return path
 
 
-def load(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
-    """(train, test, meta) of a file written by :func:`save`."""
+# Metadata that decides the numbers: damaged, the file cannot be used. Any other key (notes,
+# recorded interventions) is skipped with a note when damaged (refused under --strict).
+_ESSENTIAL = ("points", "settings", "dims")
+_REWRITE = "write it again with certify --save-samples"
+
+
+def load(path: str | os.PathLike, problems: list | None = None
+         ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
+    """(train, test, meta) of a file written by :func:`save`.
+
+    A damaged file (not safetensors, metadata ``points``/``settings``/``dims`` not JSON, a point's
+    tensor missing) raises WidthscopeError naming the file and the problem. Other metadata that is
+    not JSON is skipped: appended to ``problems`` (a list of :class:`widthscope._io.Skipped`) when
+    given, else logged on stderr."""
     from safetensors import safe_open
+
+    from .._io import Skipped, _record
 
     path = Path(path)
     if path.is_dir():
@@ -93,8 +107,35 @@ def load(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, to
     if header.get("format") != FORMAT:
         raise WidthscopeError(f"{path} is a safetensors file but not widthscope samples (no format "
                               f"{FORMAT!r} in its metadata): write one with certify --save-samples")
-    points = json.loads(header["points"])
-    meta = {k: json.loads(v) for k, v in header.items() if k not in ("format", "points")}
+    if "points" not in header:
+        raise WidthscopeError(f"samples file {path}: its metadata has no 'points' (which points the tensors "
+                              f"are); the file is damaged: {_REWRITE}")
+    meta: dict[str, Any] = {}
+    found = []
+    for k, v in header.items():
+        if k == "format":
+            continue
+        try:
+            meta[k] = json.loads(v)
+        except json.JSONDecodeError as exc:
+            why = f"metadata {k!r} is not JSON ({exc.msg} at char {exc.pos})"
+            if k in _ESSENTIAL:
+                raise WidthscopeError(f"samples file {path}: {why}; the file is damaged: {_REWRITE}") from None
+            found.append(Skipped(str(path), None, why))
+    points = meta.pop("points")
+    if not (isinstance(points, list) and points and all(isinstance(p, str) for p in points)):
+        raise WidthscopeError(f"samples file {path}: metadata 'points' is not a list of point names "
+                              f"(got {str(points)[:60]}); the file is damaged: {_REWRITE}")
+    for p in points:
+        for split in ("train", "test"):
+            t = tensors.get(f"{split}/{p}")
+            if t is None:
+                raise WidthscopeError(f"samples file {path}: point {p!r} has no {split!r} tensor "
+                                      f"('{split}/{p}' is missing); the file is damaged: {_REWRITE}")
+            if t.ndim != 2 or not t.is_floating_point():
+                raise WidthscopeError(f"samples file {path}: tensor '{split}/{p}' has shape {tuple(t.shape)} "
+                                      f"{t.dtype}, not a (B, N) float matrix; the file is damaged: {_REWRITE}")
+    _record(found, problems)
     return ({p: tensors[f"train/{p}"] for p in points}, {p: tensors[f"test/{p}"] for p in points}, meta)
 
 
@@ -232,6 +273,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--estimator", choices=("unbiased", "plugin"), default=None)
     p.add_argument("--out", default=None, help="JSON output path (default: print the tables only)")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
+    p.add_argument("--strict", action="store_true", help="refuse a samples file with damaged optional metadata "
+                   "(notes, recorded interventions) instead of skipping it with a note")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -244,7 +287,13 @@ def run(args: argparse.Namespace) -> int:
     if args.samples is not None:
         if args.train or args.test:
             raise WidthscopeError("give a samples file or --train/--test matrices, not both")
-        train, test, meta = load(args.samples)
+        from .._io import refuse_skips, warn_skips
+
+        skipped: list = []
+        train, test, meta = load(args.samples, skipped)
+        if skipped and getattr(args, "strict", False):
+            raise refuse_skips(skipped, f"{_REWRITE}, or drop --strict to skip the damaged metadata")
+        warn_skips(skipped, "widthscope stats")
         source = {"samples": str(args.samples)}
     else:
         if not (args.train and args.test):

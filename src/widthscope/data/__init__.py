@@ -217,7 +217,11 @@ def channel_stats(X: np.ndarray | torch.Tensor, *, weights: torch.Tensor | None 
     ``scale`` multiplies the raw values (1/255 for bytes).
     """
     n = X.shape[0]
-    s1 = s2 = None
+    if n == 0:
+        raise WidthscopeError(f"per-channel statistics need at least one image; got an empty array of shape "
+                              f"{tuple(X.shape)}")
+    s1: torch.Tensor | None = None
+    s2: torch.Tensor | None = None
     count = 0
     for i in range(0, n, chunk):
         x = torch.tensor(np.asarray(X[i:i + chunk]), dtype=torch.float64) * scale  # copy: may be read-only
@@ -225,8 +229,9 @@ def channel_stats(X: np.ndarray | torch.Tensor, *, weights: torch.Tensor | None 
             x = torch.einsum("oc,nc...->no...", weights.double(), x)
         dims = [0] + list(range(2, x.dim()))
         a, b = x.sum(dim=dims), x.square().sum(dim=dims)
-        s1, s2 = (a, b) if s1 is None else (s1 + a, s2 + b)
+        s1, s2 = (a, b) if s1 is None or s2 is None else (s1 + a, s2 + b)
         count += x.numel() // x.shape[1]
+    assert s1 is not None and s2 is not None  # n > 0: the loop ran at least once
     mean = s1 / count
     var = (s2 - count * mean.square()) / max(count - 1, 1)
     return mean, var.clamp_min(0).sqrt().clamp_min(1e-12)

@@ -96,6 +96,16 @@ class ByteTokenizer:
         return list(text.encode("utf-8"))
 
 
+# Byte-order marks of the encodings other than UTF-8 (UTF-32 first: its LE mark starts with UTF-16's).
+_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32LE"), (b"\x00\x00\xfe\xff", "UTF-32BE"), (b"\xff\xfe", "UTF-16LE"),
+         (b"\xfe\xff", "UTF-16BE"))
+
+
+def unicode_bom(head: bytes) -> str | None:
+    """The encoding a UTF-16/UTF-32 byte-order mark at the start of ``head`` names, else None."""
+    return next((name for mark, name in _BOMS if head.startswith(mark)), None)
+
+
 def sniff(path: Path) -> str | None:
     """Why ``path`` is not a text file (magic bytes, NUL bytes, invalid UTF-8), or None if it is."""
     try:
@@ -108,6 +118,10 @@ def sniff(path: Path) -> str | None:
             return f"is a {fmt}, not text: {fix}"
     if head[8:10] == b'{"' and len(head) > 8 and int.from_bytes(head[:8], "little") < (1 << 28):
         return "is a safetensors file (tensors), not text"
+    bom = unicode_bom(head)
+    if bom is not None:
+        return (f"is {bom} text (it starts with a {bom} byte-order mark), and widthscope reads UTF-8: convert it, "
+                f"e.g. iconv -f {bom[:6]} -t UTF-8 {path} > {path.stem}-utf8{path.suffix}")
     if b"\x00" in head:
         return "contains NUL bytes: it is a binary file, not text"
     text = head.decode("utf-8", errors="replace")
@@ -128,7 +142,8 @@ def precheck(path: str | Path, what: str) -> None:
     if suffix == ".parquet":
         with open(path, "rb") as f:
             if f.read(4) != b"PAR1":
-                raise WidthscopeError(f"{what} {path} is named .parquet but is not a Parquet file (no PAR1 magic bytes)")
+                raise WidthscopeError(
+                    f"{what} {path} is named .parquet but is not a Parquet file (no PAR1 magic bytes)")
         return
     if suffix in IMAGE_SUFFIXES:
         return
@@ -147,7 +162,7 @@ def is_dataset_dir(path: Path) -> bool:
 
 
 def _text_pieces(path: Path) -> Iterator[str]:
-    with open(path, "r", encoding="utf-8", errors="replace") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         while True:
             piece = f.read(_PIECE)
             if not piece:
@@ -178,7 +193,8 @@ def _rows(path: Path, split: str | None) -> tuple[Iterable[dict[str, Any]], str]
     try:
         import datasets
     except ImportError:  # pragma: no cover - a dependency
-        raise WidthscopeError("reading .jsonl/.csv/.parquet needs the 'datasets' package: pip install datasets") from None
+        raise WidthscopeError(
+            "reading .jsonl/.csv/.parquet needs the 'datasets' package: pip install datasets") from None
     datasets.disable_progress_bars()
     if path.is_dir():
         try:
@@ -209,7 +225,8 @@ def _rows(path: Path, split: str | None) -> tuple[Iterable[dict[str, Any]], str]
         na = {"keep_default_na": False, "na_filter": False, "skip_blank_lines": False} if builder == "csv" else {}
         ds = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True, **na)
     except Exception as exc:
-        raise WidthscopeError(f"{path} could not be read as {builder} ({type(exc).__name__}: {str(exc)[:200]})") from None
+        raise WidthscopeError(
+            f"{path} could not be read as {builder} ({type(exc).__name__}: {str(exc)[:200]})") from None
 
     def rows() -> Iterator[dict[str, Any]]:
         try:

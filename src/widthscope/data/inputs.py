@@ -1,7 +1,7 @@
 r"""The one place that turns an input spec into (model, tokenizer, probe pools).
 
 :func:`resolve` takes an :class:`~widthscope.data.spec.InputSpec` (the command line builds it
-from its options in :func:`widthscope.cli_inputs.spec_from_args`; Python users build it
+from its options in :func:`widthscope.cli.inputs.spec_from_args`; Python users build it
 directly, ``widthscope.load_inputs(spec)``); every check that can
 fail runs here, *before* the first forward pass: the model loads, the task has a loss, the
 tokenizer's vocabulary fits the model's embedding, every token id is in range, the sequence
@@ -38,9 +38,10 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..errors import WidthscopeError
-from .spec import InputSpec
+from .. import _args
+from ..errors import WidthscopeError, WidthscopeTypeError
 from .published import empty_note
+from .spec import InputSpec, PoolSize
 
 __all__ = ["Inputs", "InputSpec", "resolve", "load_inputs", "load_model", "load_tokenizer", "mask_tokens",
            "check_ids", "WINDOW"]
@@ -139,7 +140,8 @@ def load_tokenizer(spec: str | None, model: nn.Module, task: str) -> Any:
             return AutoTokenizer.from_pretrained(str(where), local_files_only=True, trust_remote_code=False)
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise WidthscopeError(f"could not load the tokenizer in {where} ({type(exc).__name__}: {first[:200]})") from None
+        raise WidthscopeError(
+            f"could not load the tokenizer in {where} ({type(exc).__name__}: {first[:200]})") from None
     finally:
         hf_logging.set_verbosity(verbosity)
 
@@ -203,21 +205,20 @@ def mask_tokens(ids: torch.Tensor, attention: torch.Tensor, tok: Any, *, rate: f
 
 
 # ----------------------------------------------------------------------------- pools
-def _pick(n_total: int, n: int | str, seed: int, first: bool, what: str, flag: str, where: str,
+def _pick(n_total: int, n: PoolSize, seed: int, first: bool, what: str, flag: str, where: str,
           cap: bool = False, fixes: str = "give more data") -> torch.Tensor:
     """``n`` of ``n_total`` items (seeded, sorted; or the first ``n``); ``fixes``: what else helps.
     ``n="all"``: every item (in order)."""
     if n == "all":
         return torch.arange(n_total)
-    if cap:  # a default pool size: take what there is
-        n = min(n, n_total)
-    if n > n_total:
+    k = min(n, n_total) if cap else n  # cap (a default pool size): take what there is
+    if k > n_total:
         unit = what[:-1] if n_total == 1 and what.endswith("s") else what
-        raise WidthscopeError(f"{flag} {n} but {where} gave only {n_total} {unit}: lower {flag} (or {flag} all), "
+        raise WidthscopeError(f"{flag} {k} but {where} gave only {n_total} {unit}: lower {flag} (or {flag} all), "
                               f"or {fixes}")
     if first:
-        return torch.arange(n)
-    return torch.randperm(n_total, generator=torch.Generator().manual_seed(int(seed)))[:n].sort().values
+        return torch.arange(k)
+    return torch.randperm(n_total, generator=torch.Generator().manual_seed(int(seed)))[:k].sort().values
 
 
 def _text_fixes(seqs: Any, mode: str, max_tokens: int | None) -> str:
@@ -272,13 +273,13 @@ def _text_source(path: str, split: str | None, spec: InputSpec, labels: bool,
 
 
 def _read_text(path: str, split: str | None, tok: Any, spec: InputSpec, seq_len: int, mode: str,
-               n: int | str | None, labels: bool, desc: str, show: bool) -> tuple[Any, dict[str, Any]]:
+               n: PoolSize | None, labels: bool, desc: str, show: bool) -> tuple[Any, dict[str, Any]]:
     from .corpus import sequences
 
-    n = None if n == "all" else n
+    count = None if n == "all" else n
     skipped: list[str] = []
     docs, source = _text_source(path, split, spec, labels, skipped)
-    limit, max_tokens = _limit(spec, n, seq_len)
+    limit, max_tokens = _limit(spec, count, seq_len)
     empty = spec.empty_docs or "skip"
     seqs = sequences(docs, tok, seq_len=seq_len, mode=mode, limit=limit, max_tokens=max_tokens, labels=labels,
                      show_progress=show, desc=desc, empty=empty)
@@ -314,12 +315,13 @@ def _split_sources(spec: InputSpec) -> tuple[str, str | None, str, str | None, s
     if (spec.train_data is None) != (spec.test_data is None):
         raise WidthscopeError("give --train-data and --test-data together (the train pool from one, the held-out "
                               "pool from the other), or one --data corpus to split")
-    if spec.train_data is not None:
+    if spec.train_data is not None and spec.test_data is not None:  # (both or neither, checked above)
         if spec.data is not None:
             raise WidthscopeError("--data and --train-data/--test-data both given: use one corpus (--data) or two "
                                   "(--train-data and --test-data)")
         _refuse_given(spec, ("test_fraction",), "--train-data/--test-data (two sources, nothing is split)")
         return spec.train_data, spec.train_split, spec.test_data, spec.test_split, "two sources"
+    assert spec.data is not None  # _resolve sets --data when no --train-data/--test-data are given
     path = Path(spec.data).expanduser()
     if is_dataset_dir(path) and (path / "dataset_dict.json").is_file():
         import json
@@ -346,11 +348,15 @@ def _text_pools(spec: InputSpec, model: nn.Module, task: str, tok: Any, seq_len:
     info: dict[str, Any] = {"split": how}
     if how == "one corpus":
         frac = spec.test_fraction
+        assert frac is not None  # a filled spec (InputSpec.filled) has a test fraction
         if not 0 < frac < 1:
             raise WidthscopeError(f"--test-fraction {frac}: must be between 0 and 1")
         # Enough sequences that both parts can fill their pools.
-        need = (None if "all" in (n_tr, n_te) else
-                max(int((n_tr + 1) / (1 - frac)) + 1, int((n_te + 1) / frac) + 1))
+        need: int | None
+        if n_tr == "all" or n_te == "all":
+            need = None
+        else:
+            need = max(int((n_tr + 1) / (1 - frac)) + 1, int((n_te + 1) / frac) + 1)
         seqs, src = _read_text(tr_path, None, tok, spec, seq_len, mode, need, labels, "tokenize", show)
         info["train"] = info["test"] = src
         n = int(seqs.ids.shape[0])
@@ -454,6 +460,7 @@ def _image_pools(spec: InputSpec, model: nn.Module, seed: int, show: bool
         tr_items, te_items = _image_folder(Path(spec.train_data)), _image_folder(Path(spec.test_data))
         how = "two ImageFolder directories"
     else:
+        assert spec.data is not None  # _resolve sets --data when no --train-data/--test-data are given
         root = Path(spec.data).expanduser()
         subs = {d.name: d for d in root.iterdir() if d.is_dir()}
         test_dir = next((subs[k] for k in ("val", "validation", "test") if k in subs), None)
@@ -464,11 +471,12 @@ def _image_pools(spec: InputSpec, model: nn.Module, seed: int, show: bool
         else:
             items = _image_folder(root)
             perm = torch.randperm(len(items), generator=torch.Generator().manual_seed(int(seed))).tolist()
+            assert spec.test_fraction is not None  # a filled spec (InputSpec.filled) has a test fraction
             n_hold = max(1, int(round(spec.test_fraction * len(items))))
             te_items = [items[i] for i in sorted(perm[:n_hold])]
             tr_items = [items[i] for i in sorted(perm[n_hold:])]
             how = f"one ImageFolder split by a seeded permutation (held-out fraction {spec.test_fraction})"
-    cfg = model.config
+    cfg: Any = model.config  # a transformers config
     names = sorted({c for _, c in tr_items} | {c for _, c in te_items})
     id2label = {int(k): v for k, v in (getattr(cfg, "id2label", None) or {}).items()}
     default_names = all(v == f"LABEL_{k}" for k, v in id2label.items())
@@ -484,7 +492,8 @@ def _image_pools(spec: InputSpec, model: nn.Module, seed: int, show: bool
         label_of = {c: i for i, c in enumerate(names)}
         rule = "class folders in sorted order = label ids 0.. (the model's labels are unnamed)"
 
-    def load(items: list[tuple[Path, str]], n: int, s: int, flag: str, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def load(items: list[tuple[Path, str]], n: PoolSize, s: int, flag: str,
+             what: str) -> tuple[torch.Tensor, torch.Tensor]:
         idx = _pick(len(items), n, s, spec.first, what, flag, how, spec.cap_pools).tolist()
         pix, ys = [], []
         for i in progress(idx, desc=f"images ({what})", disable=None if show else True):
@@ -559,7 +568,7 @@ def _named_pools(name: str, spec: InputSpec, model: nn.Module, task: str, seed: 
                                   f"({want[0]}, {want[1]}, {want[1]}): give an ImageFolder directory (resized by "
                                   "the model's image processor)")
     pool_rule = "a fresh seeded sample of the train part"
-    train_pair = split.train
+    train_pair: tuple[torch.Tensor, ...] = split.train
     if split.task != "lm" and spec.train_pool == "fitted":
         fitted = _fitted_positions(record, split)
         if fitted is None:
@@ -568,7 +577,7 @@ def _named_pools(name: str, spec: InputSpec, model: nn.Module, task: str, seed: 
             train_pair = tuple(t[fitted] for t in split.train)
             pool_rule = f"a seeded sample of the {len(fitted)} examples the model was fitted on"
 
-    def sub(pair: Any, n: int, s: int, flag: str, what: str) -> Any:
+    def sub(pair: Any, n: PoolSize, s: int, flag: str, what: str) -> Any:
         X, y = pair
         idx = _pick(len(X), n, s, spec.first, "examples", flag, f"the {what} part of {name}", spec.cap_pools)
         return X[idx] if (split.task == "lm") else (X[idx], y[idx])
@@ -658,9 +667,12 @@ def resolve(spec: InputSpec, *, model: nn.Module | None = None, show_progress: b
     ``spec`` is an :class:`~widthscope.data.spec.InputSpec` (validated when made); the result
     carries it (``Inputs.spec``) for the results file."""
     if not isinstance(spec, InputSpec):
-        raise WidthscopeError(f"resolve() takes an InputSpec, got {type(spec).__name__}: build one with "
-                              "widthscope.InputSpec(model=..., ...) (the command line: "
-                              "widthscope.cli_inputs.spec_from_args)")
+        raise WidthscopeTypeError(f"load_inputs(spec=...) (resolve) takes an InputSpec, got {_args.describe(spec)}: "
+                                  "build one with widthscope.InputSpec(model=..., ...) (the command line: "
+                                  "widthscope.cli.inputs.spec_from_args)")
+    if model is not None:
+        _args.module("load_inputs", "model", model, accepts=f"{_args.MODULE} or None (load spec.model)")
+    _args.boolean("load_inputs", "show_progress", show_progress)
     _check_sources(spec)
     if model is None and spec.model == "builtin":
         raise WidthscopeError("model 'builtin' is built and trained by `widthscope certify`: pass the model "

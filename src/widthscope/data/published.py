@@ -4,7 +4,7 @@ The alignment authors' scripts (``compute_alignment_dimension.py``, ``compute_fl
 skip every record whose text is empty or whitespace-only (``not text.strip()``) before they
 tokenize, and take *every* chunk when asked for ``0`` samples. Here:
 
-- a pool size ``all`` (``--n-train all``, parsed by :func:`widthscope.cli_inputs.pool_size`) takes
+- a pool size ``all`` (``--n-train all``, parsed by :func:`widthscope.cli.inputs.pool_size`) takes
   every sequence the source gives (the whole source is read);
 - ``--empty-docs skip`` (the default, and the published rule) drops empty / whitespace-only
   documents before tokenizing; ``eos`` keeps them as documents (in concatenated chunks each adds

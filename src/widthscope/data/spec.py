@@ -1,7 +1,7 @@
 r"""The typed input spec: everything the input layer needs to build (model, tokenizer, probe pools).
 
 :class:`InputSpec` is what :func:`widthscope.data.inputs.resolve` takes. The command line builds
-one per command (:func:`widthscope.cli_inputs.spec_from_args`), sweeps build one per cell
+one per command (:func:`widthscope.cli.inputs.spec_from_args`), sweeps build one per cell
 (:func:`widthscope.sweep.alignment.cell_input_spec`), and a Python user builds one directly; the
 spec is validated when it is made (one line naming the field and the fix) and recorded in every
 results file (``spec.to_dict()``; :meth:`InputSpec.from_dict` reads it back), so a run can be
@@ -28,23 +28,23 @@ Example (a tiny widthscope classifier checkpoint, probed on its recorded digits 
     ('classification', torch.Size([32, 64]), torch.Size([16, 64]))
     >>> ws.InputSpec.from_dict(spec.to_dict()) == spec
     True
-    >>> ws.InputSpec(model=str(ck), n_test=2)
+    >>> ws.InputSpec(model=str(ck), n_test=2)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    widthscope.errors.WidthscopeError: --n-test 2 (input spec field n_test): must be a whole number >= 4 (the unbiased estimators need at least 4 examples) or 'all'
+    widthscope.errors.WidthscopeError: --n-test 2 (input spec field n_test): must be a whole number >= 4 ... or 'all'
 """
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Mapping, Union
+from typing import Any, Literal, Mapping
 
-from ..errors import WidthscopeError
+from ..errors import WidthscopeError, WidthscopeTypeError
 
 __all__ = ["InputSpec", "PoolSize", "INPUT_DEFAULTS", "DTYPES", "TASKS", "SEQUENCES", "TRAIN_POOLS",
            "check_source", "OPTIONAL_FIELDS"]
 
-PoolSize = Union[int, str]  # a whole number >= 4, or "all"
+PoolSize = int | Literal["all"]  # a whole number >= 4, or "all"
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 TASKS = ("causal-lm", "masked-lm", "sequence-classification", "image-classification")
 SEQUENCES = ("concatenate", "per-document", "truncate")
@@ -70,6 +70,14 @@ def _flag(name: str) -> str:
 def _bad(name: str, value: Any, fix: str) -> WidthscopeError:
     return WidthscopeError(f"{_flag(name)} {value!r} (input spec field {name}): {fix}"
                            if isinstance(value, str) else f"{_flag(name)} {value} (input spec field {name}): {fix}")
+
+
+def _bad_type(name: str, value: Any, fix: str) -> WidthscopeTypeError:
+    """:func:`_bad` for a value of the wrong type: a TypeError too, saying the type it got."""
+    from .._args import describe
+
+    return WidthscopeTypeError(f"{_flag(name)} {value!r} (input spec field {name}): {fix}; got "
+                               f"{describe(value)} (InputSpec({name}=...))")
 
 
 def _whole(v: Any) -> bool:
@@ -106,47 +114,53 @@ class InputSpec:
     given: tuple[str, ...] | None = None  # made a sorted tuple when the spec is made
 
     def __post_init__(self) -> None:
+        # Each check: a wrong type raises _bad_type (a TypeError too), a bad value _bad.
         for name in _PATHS:
             v = getattr(self, name)
             if (v is not None or name == "model") and (not isinstance(v, str) or not v):
-                raise _bad(name, v, "must be a non-empty string (a path or name)" if name != "model" else
-                           "give a checkpoint directory, a .safetensors file with its config, or 'builtin'")
+                fix = ("must be a non-empty string (a path or name)" if name != "model" else
+                       "give a checkpoint directory, a .safetensors file with its config, or 'builtin'")
+                raise (_bad if isinstance(v, str) else _bad_type)(name, v, fix)
         for name, choices in _CHOICES:
             v = getattr(self, name)
-            if v is not None and v not in choices:
-                raise _bad(name, v, f"choose one of {', '.join(choices)}")
+            if v is not None and (not isinstance(v, str) or v not in choices):
+                raise (_bad if isinstance(v, str) else _bad_type)(name, v, f"choose one of {', '.join(choices)}")
         for name in ("first", "cap_pools"):
             if not isinstance(getattr(self, name), bool):
-                raise _bad(name, getattr(self, name), "must be True or False")
+                raise _bad_type(name, getattr(self, name), "must be True or False")
         for name in ("n_train", "n_test"):
             v = getattr(self, name)
             if v != "all" and (not _whole(v) or v < 4):
-                raise _bad(name, v, "must be a whole number >= 4 (the unbiased estimators need at least 4 "
-                                    "examples) or 'all'")
+                raise (_bad if _whole(v) or isinstance(v, str) else _bad_type)(
+                    name, v, "must be a whole number >= 4 (the unbiased estimators need at least 4 examples) or 'all'")
         if not _whole(self.seed) or not 0 <= self.seed < 2 ** 32:
-            raise _bad("seed", self.seed, f"must be a whole number in 0..{2 ** 32 - 1}")
+            raise (_bad if _whole(self.seed) else _bad_type)("seed", self.seed,
+                                                             f"must be a whole number in 0..{2 ** 32 - 1}")
         for name, lo, what in (("seq_len", 2, "tokens (one input and one predicted token)"),
                                ("max_tokens", 1, "tokens")):
             v = getattr(self, name)
             if v is not None and (not _whole(v) or v < lo):
-                raise _bad(name, v, f"must be a whole number >= {lo} ({what})")
+                raise (_bad if _whole(v) else _bad_type)(name, v, f"must be a whole number >= {lo} ({what})")
         f = self.test_fraction
         if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < 1):
-            raise _bad("test_fraction", f, "must be between 0 and 1 (the held-out fraction)")
-        if self.given is None:  # every optional field set
-            object.__setattr__(self, "given", tuple(n for n in OPTIONAL_FIELDS
-                                                    if getattr(self, n) is not None and getattr(self, n) is not False))
-        elif isinstance(self.given, (list, tuple)) and all(isinstance(g, str) for g in self.given):
-            object.__setattr__(self, "given", tuple(sorted(set(self.given))))
+            number = isinstance(f, (int, float)) and not isinstance(f, bool)
+            raise (_bad if number else _bad_type)("test_fraction", f, "must be between 0 and 1 (the held-out fraction)")
+        given = self.given
+        if given is None:  # every optional field set
+            given = tuple(n for n in OPTIONAL_FIELDS if getattr(self, n) is not None and getattr(self, n) is not False)
+        elif isinstance(given, (list, tuple)) and all(isinstance(g, str) for g in given):
+            given = tuple(sorted(set(given)))
         else:
-            raise _bad("given", self.given, "must be a list of field names")
-        unknown = [g for g in self.given if g not in OPTIONAL_FIELDS]
+            raise _bad_type("given", given, "must be a list of field names")
+        object.__setattr__(self, "given", given)
+        unknown = [g for g in given if g not in OPTIONAL_FIELDS]
         if unknown:
             raise _bad("given", unknown[0], f"name optional fields of the spec ({', '.join(OPTIONAL_FIELDS[:5])}, ...)")
 
     # ------------------------------------------------------------------------- given / defaults
     def is_given(self, name: str) -> bool:
         """Was ``name`` set explicitly (so a refusal for a model it does not fit is right)?"""
+        assert self.given is not None  # __post_init__ made it a tuple
         return name in self.given
 
     def filled(self) -> InputSpec:

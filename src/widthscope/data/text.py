@@ -26,7 +26,6 @@ from ..errors import WidthscopeError
 from . import Split, subset
 
 
-
 def _files(root: str | None) -> tuple[list[Path], str, list[str]]:
     """Corpus files in sorted order, their description, and the files skipped (with why)."""
     if root is None:
@@ -86,14 +85,14 @@ def read_corpus(root: str | None, max_bytes: int, corpus: str = "text") -> tuple
         buf, used = prose()
         return buf[:max_bytes], used, "English prose shipped with Python (pydoc_data.topics, LICENSE.txt)", []
     files, source, skipped = _files(root)
-    buf = bytearray()
+    acc = bytearray()
     used = []
     for f in files:
-        if len(buf) >= max_bytes:
+        if len(acc) >= max_bytes:
             break
-        buf += f.read_bytes()[: max_bytes - len(buf)]
+        acc += f.read_bytes()[: max_bytes - len(acc)]
         used.append(str(f))
-    return bytes(buf), used, source, skipped
+    return bytes(acc), used, source, skipped
 
 
 def spans(indices: Iterable[int], seq_len: int) -> list[list[int]]:

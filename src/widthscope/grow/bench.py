@@ -40,9 +40,23 @@ import torch.nn as nn
 
 from .._io import atomic_write_json, format_table, progress
 from ..errors import WidthscopeError
+
 # the judgement of the rows lives in grow_compare (the report reads it too); re-exported here
-from .compare import (BASELINES, BUDGETS, COST_ORDER, CRITERIA_COLUMNS, GROW_NAME, METRICS,  # noqa: F401
-                           _argmax, _rng, compare, pooled_interval, t_interval, wilson, winner)
+from .compare import (  # noqa: F401
+    BASELINES,
+    BUDGETS,
+    COST_ORDER,
+    CRITERIA_COLUMNS,
+    GROW_NAME,
+    METRICS,
+    _argmax,
+    _rng,
+    compare,
+    pooled_interval,
+    t_interval,
+    wilson,
+    winner,
+)
 
 __all__ = ["SUITES", "cells", "run_cell", "compare", "winner", "benchmark", "teacher_student", "add_arguments",
            "run", "CRITERIA_COLUMNS", "BASELINES", "reproducible", "train_to_plateau", "t_interval",
@@ -130,7 +144,7 @@ def teacher_student(seed: int, *, width: int = 24, depth: int = 4, missing: int 
     ``tests/test_grow.py``: changes before the planted last block reach the output only weakly).
     """
     from ..models import build
-    from ..probe.intervene import insert
+    from ..probe.intervene import _block_of, insert
 
     gen = torch.Generator().manual_seed(1000 + int(seed))
     torch.manual_seed(1000 + int(seed))
@@ -138,13 +152,14 @@ def teacher_student(seed: int, *, width: int = 24, depth: int = 4, missing: int 
     if damp is not None:
         with torch.no_grad():
             for i in range(1, missing + 1):
-                student.get_submodule(f"blocks.{i}.linear").weight.mul_(damp)
-    teacher = build(**student.widthscope_config).double().eval()
+                student.get_parameter(f"blocks.{i}.linear.weight").mul_(damp)
+    # widthscope_config/_points: plain attributes build() sets; nn.Module.__getattr__ is typed Tensor | Module
+    teacher = build(**student.widthscope_config).double().eval()  # type: ignore[arg-type]
     teacher.load_state_dict(student.state_dict())
     point = f"blocks.{missing}"
     insert(teacher, point, "block", hidden=hidden or width, seed=block_seed if teacher_seed is None else teacher_seed)
     with torch.no_grad():
-        w = teacher.get_submodule(point).widthscope_insert.w_out
+        w = _block_of(teacher, point).w_out
         w.copy_(torch.randn(w.shape, generator=gen, dtype=w.dtype) * 0.6)
     x = torch.randn(n_train + n_test, in_dim, generator=gen, dtype=torch.float64)
     with torch.no_grad():
@@ -292,8 +307,8 @@ def _fit(model: nn.Module, params: list[nn.Parameter], train: Any, *, steps: int
     their values after each step count in ``at`` (and the loss on ``rank`` there, when given). A
     run that diverges gives NaN losses from then on (the learning-rate choice never picks it; the
     rows keep the NaN)."""
-    from .pipeline import _train_new
     from ..probe.intervene import mean_loss
+    from .pipeline import _train_new
 
     wanted = sorted({int(k) for k in at if 0 < int(k) <= steps})
     fit = _Fit(model, params)
@@ -340,8 +355,8 @@ def _base(cell: Mapping[str, Any], train: Any, sp: Mapping[str, Any], student: n
 
 def _scratch(cell: Mapping[str, Any], train: Any, sp: Mapping[str, Any]) -> dict[str, Any]:
     """A model of the grown size (one more block) trained from scratch by the same plateau rule."""
-    from .pipeline import step_flops
     from ..probe.intervene import _index, mean_loss
+    from .pipeline import step_flops
 
     torch.manual_seed(int(cell["seed"]) + 7919)
     m = _build(cell, cell["depth"] + 1)
@@ -365,9 +380,9 @@ def run_cell(cell: Mapping[str, Any], _cell_dir: Path | None = None, *, show: bo
 
 
 def _run_cell(cell: Mapping[str, Any], show: bool) -> list[dict[str, Any]]:
-    from .pipeline import step_flops
     from ..probe.growth import point_criteria
     from ..probe.intervene import _batch_size, _index, mean_loss
+    from .pipeline import step_flops
 
     t0 = time.perf_counter()
     seed, M, K, bs = int(cell["seed"]), int(cell["M"]), int(cell["K"]), int(cell["batch_size"])
@@ -378,7 +393,7 @@ def _run_cell(cell: Mapping[str, Any], show: bool) -> list[dict[str, Any]]:
     probe = _index(train, torch.randperm(n_tr, generator=torch.Generator().manual_seed(seed + 1))
                    [:min(int(cell["n_probe"]), n_tr)].sort().values)
     batch = _index(train, slice(0, min(bs, n_tr)))
-    points = list(model.widthscope_points)
+    points = list(model.widthscope_points)  # type: ignore[arg-type]  # a plain attribute (see teacher_student)
     lrs, clrs, bseeds = tuple(cell["block_lrs"]), tuple(cell["continue_lrs"]), tuple(cell["block_seeds"])
     long = int(cell["long"])
     eta = float(lrs[len(lrs) // 2])
@@ -402,8 +417,8 @@ def _run_cell(cell: Mapping[str, Any], show: bool) -> list[dict[str, Any]]:
     n_all = [max(1, round(long * fb / fa)) for fb, fa in zip(f_block, f_all)]
     cont_runs = {}
     for lr in clrs:
-        c = copy.deepcopy(model)
-        cont_runs[lr] = _fit(c, list(c.parameters()), train, steps=max(n_cont), at=n_cont, lr=lr, batch_size=bs,
+        cont = copy.deepcopy(model)
+        cont_runs[lr] = _fit(cont, list(cont.parameters()), train, steps=max(n_cont), at=n_cont, lr=lr, batch_size=bs,
                              seed=seed, rank=sp["rank"])
     rows = []
     for i, (p, c) in enumerate(progress(list(zip(points, crit)), desc=f"grow-bench {cell['model']} s{seed}",
@@ -530,11 +545,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _seeds(text: str | None) -> tuple[int, ...] | None:
-    from ..certify.pipeline import _int_list
+    from ..validate import _int_list
 
     if text is None:
         return None
-    seeds = tuple(_int_list(text, "--seeds"))
+    seeds = tuple(_int_list(text, "--seeds") or ())  # a list: text is not None
     if any(s < 0 for s in seeds):
         raise WidthscopeError(f"--seeds {text!r}: give at least one seed >= 0, e.g. 0,1,2")
     return seeds

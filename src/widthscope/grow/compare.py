@@ -118,7 +118,7 @@ def _unit_scores(rs: list[Mapping[str, Any]], budget: str) -> dict[str, dict[str
     return out
 
 
-def t_interval(x: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+def t_interval(x: Sequence[float] | np.ndarray, level: float = 0.95) -> tuple[float, float, float]:
     """Mean and Student-t interval over independent model seeds (NaN entries are not silently
     dropped: any NaN makes the result NaN). Fewer than 2 values: NaN bounds."""
     a = np.asarray(x, dtype=float)
@@ -180,7 +180,7 @@ def compare(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             units.setdefault((str(r["model"]), int(r["seed"])), []).append(r)
     if not units:
         raise WidthscopeError("no growth_bench rows to compare; run `widthscope grow-bench` first")
-    first = {}
+    first: dict[str, Mapping[str, Any]] = {}
     for r in rows:
         if r.get("kind") == "growth_bench":
             first.setdefault(str(r["model"]), r)
@@ -225,7 +225,8 @@ def _paired(scores: Mapping[tuple[str, int], Mapping[str, Mapping[str, float]]],
     out = []
     for name in CRITERIA_COLUMNS:
         for base in ("random", "last", "middle"):
-            groups = [[scores[u][base]["norm_regret"] - scores[u][name]["norm_regret"] for u in sorted(scores) if u[0] == m]
+            groups = [[scores[u][base]["norm_regret"] - scores[u][name]["norm_regret"]
+                       for u in sorted(scores) if u[0] == m]
                       for m in natural]
             d, lo, hi = pooled_interval(groups)
             out.append({"kind": "growth_paired", "budget": budget, "criterion": name, "versus": base,
@@ -244,7 +245,8 @@ def winner(table: Sequence[Mapping[str, Any]], budget: str = "long") -> dict[str
     beating = [c for c in cand if all(r["beats"] for r in paired if r["criterion"] == c)]
     planted: dict[str, float] = {c: 0.0 for c in cand}
     for r in table:
-        if r.get("kind") == "growth_compare" and r.get("known_answer") and r["budget"] == budget and r["criterion"] in cand:
+        if (r.get("kind") == "growth_compare" and r.get("known_answer") and r["budget"] == budget
+                and r["criterion"] in cand):
             planted[r["criterion"]] += r.get("hit_count", 0.0)
     if beating:
         best = min(beating, key=lambda c: cand[c]["norm_regret"])

@@ -50,8 +50,17 @@ import torch.nn as nn
 
 from .._io import atomic_write_json, format_table, progress
 from ..errors import WidthscopeError
-from ..probe.intervene import (_block_of, _index, _w_out_grad, as_examples, insert, mean_loss,
-                              per_example_losses, take, to_batches)
+from ..probe.intervene import (
+    _block_of,
+    _index,
+    _w_out_grad,
+    as_examples,
+    insert,
+    mean_loss,
+    per_example_losses,
+    take,
+    to_batches,
+)
 
 __all__ = ["grow", "rank_points", "grow_at", "add_arguments", "run", "DELTAS", "DEFAULT_CRITERION",
            "certification_note", "step_flops", "continue_training"]
@@ -154,8 +163,8 @@ def certification_note(cands: Sequence[dict[str, Any]], M: int, K: int, delta: f
     if ok:
         return (f"certified at δ = {delta:g} with {mk} (probability of improvement ≥ {1 - delta:g}): "
                 f"{', '.join(ok)}")
-    need = [c.get(f"MK_needed_{delta:g}") for c in cands]
-    need = [n for n in need if isinstance(n, int)]
+    asked = [c.get(f"MK_needed_{delta:g}") for c in cands]
+    need = [n for n in asked if isinstance(n, int)]
     tail = (f"collect M = K ≥ {min(need)} to decide" if need else
             "the planner finds no M = K either: every certificate is vacuous (estimated gain or a "
             "variance term ≤ 0); rank on more examples (--n-train, --n-test)")
@@ -315,10 +324,39 @@ def grow(model: nn.Module, data: Any, *, points: Sequence[str] | str | None = No
         ``{"candidates": [...], "growth": [...], "chosen": point, "rows": candidates + growth}``;
         every row has ``kind="growth"`` and ``role`` in ``candidate|best|worst|random``.
     """
+    from .. import _args
     from ..probe.growth import CRITERIA
 
+    fn = "grow"  # the types, before any work
+    _args.module(fn, "model", model)
+    parts: tuple[tuple[str, Any], ...]
+    if isinstance(data, dict) and "train" in data and "test" in data:
+        parts = (("data['train']", data["train"]), ("data['test']", data["test"]))
+    elif isinstance(data, (tuple, list)) and len(data) == 2:
+        parts = (("data[0]", data[0]), ("data[1]", data[1]))
+    elif hasattr(data, "train") and hasattr(data, "test"):
+        parts = ()  # a Split: its pools are tensors already
+    else:
+        raise _args.wrong_type(
+            fn, "data", "a widthscope.data Split (with .train/.test), a (train_batches, test_batches) pair or a "
+            "dict with 'train' and 'test'", data)
+    for name, pool in parts:
+        _args.batches(fn, name, pool, single=True)
+    _args.points(fn, "points", points)
+    for name, v in (("M", M), ("K", K), ("steps", steps), ("batch_size", batch_size)):
+        _args.integer(fn, name, v, lo=1)
+    _args.number(fn, "lr", lr, 0.0, lo_open=True, accepts="a positive number")
+    _args.number(fn, "eta", eta, 0.0, lo_open=True, optional=True, accepts="a positive number or None (lr)")
+    for name, opt in (("block_width", block_width), ("n_train", n_train), ("n_rank", n_rank)):
+        _args.integer(fn, name, opt, lo=1, optional=True)
+    for name, v in (("train_all", train_all), ("compare", compare), ("progress", progress)):
+        _args.boolean(fn, name, v)
+    _args.integer(fn, "seed", seed)
+    _args.function(fn, "loss_fn", loss_fn)
+    _args.choice(fn, "criterion", criterion, CRITERIA, values=False)  # the type; the next line words the value
     if criterion not in CRITERIA:
-        raise WidthscopeError(f"unknown growth criterion {criterion!r}; choose one of {', '.join(CRITERIA)}")
+        raise WidthscopeError(f"grow(criterion=...): unknown growth criterion {criterion!r}; choose one of "
+                              f"{', '.join(CRITERIA)}")
     for nm, v in (("M", M), ("K", K), ("steps", steps)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise WidthscopeError(f"{nm} must be a positive integer, got {v!r}")
@@ -388,7 +426,7 @@ def grow(model: nn.Module, data: Any, *, points: Sequence[str] | str | None = No
 
 # ----------------------------------------------------------------------------- CLI
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..cli_inputs import add_arguments as add_inputs
+    from ..cli.inputs import add_arguments as add_inputs
 
     add_inputs(p, model_required=True, n_train=None, n_test=None, n_train_help="2048, capped at what the data has",
                n_test_help="512, capped at what the data has")
@@ -400,8 +438,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eta", type=float, default=None, help="step size of the predicted gain (default --lr)")
     p.add_argument("--block-width", type=int, default=None, help="hidden width of the block (default: point width)")
     p.add_argument("--train-all", action="store_true", help="train every parameter, not only the new block")
-    p.add_argument("--compare", action="store_true", help="also grow at the worst-ranked and a random point, and train the original model "
-                   "for the same FLOPs (is growing better than training longer?)")
+    p.add_argument("--compare", action="store_true", help="also grow at the worst-ranked and a random point, and train "
+                   "the original model for the same FLOPs (is growing better than training longer?)")
     from ..probe.growth import CRITERIA
 
     p.add_argument("--criterion", choices=list(CRITERIA), default=DEFAULT_CRITERION,
@@ -461,7 +499,7 @@ def _check_out_space(model: nn.Module, args: argparse.Namespace) -> None:
 def _load_inputs(args: argparse.Namespace, show: bool) -> Any:
     """Model and pools through the shared input layer; ``--n-train``/``--n-test`` default to
     2048/512 capped at what the data has."""
-    from ..cli_inputs import spec_from_args
+    from ..cli.inputs import spec_from_args
     from ..data.inputs import load_model, resolve
     from ..probe.points import resolve_points
 

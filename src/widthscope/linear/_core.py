@@ -104,7 +104,7 @@ def _ntk_products(model, params, buffers, x1, x2, chunk=None, coupled=False):
     cols = None
     for j in range(n2):
         xj = x2 if coupled else x2[j:j + 1]
-        out2, pull = vjp(lambda p: _flat_out(model, p, buffers, xj), params)
+        out2, pull = vjp(lambda p, xj=xj: _flat_out(model, p, buffers, xj), params)
         n_out = out2.shape[1]
         if cols is None:
             cols = torch.empty(n1, n2, n_out, n_out, dtype=out2.dtype, device=out2.device)
@@ -114,7 +114,7 @@ def _ntk_products(model, params, buffers, x1, x2, chunk=None, coupled=False):
             (g,) = pull(e)
             for i in range(0, n1, chunk):
                 xi = x1[i:i + chunk]
-                _, t = jvp(lambda p: _flat_out(model, p, buffers, xi), (params,), (g,))
+                _, t = jvp(lambda p, xi=xi: _flat_out(model, p, buffers, xi), (params,), (g,))
                 cols[i:i + chunk, j, :, b] = t
     return cols
 
@@ -122,7 +122,8 @@ def _ntk_products(model, params, buffers, x1, x2, chunk=None, coupled=False):
 def _forward_ad_ok(model, params, buffers, x: torch.Tensor) -> bool:
     """Whether one jvp (the ``"products"`` route) runs on this model."""
     try:
-        jvp(lambda p: _flat_out(model, p, buffers, x), (params,), ({k: torch.zeros_like(v) for k, v in params.items()},))
+        zeros = {k: torch.zeros_like(v) for k, v in params.items()}
+        jvp(lambda p: _flat_out(model, p, buffers, x), (params,), (zeros,))
         return True
     except (RuntimeError, NotImplementedError):
         return False

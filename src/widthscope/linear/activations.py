@@ -108,8 +108,8 @@ def derivatives(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, K: 
 MAX_K = 10  # highest derivative order audited: K=10 takes ~9 s and 0.5 GB for the built-ins, K=16 > 20 GB
 
 
-def _kinks(ders: Sequence[torch.Tensor], h: float) -> list[tuple[int, float]]:
-    """(order k, location x) of jumps in φ^{(k)} not explained by φ^{(k+1)}."""
+def _kinks(ders: Sequence[torch.Tensor], h: float) -> list[tuple[int, int]]:
+    """(order k, grid index i of the location x[i]) of jumps in φ^{(k)} not explained by φ^{(k+1)}."""
     found = []
     for k in range(len(ders) - 1):
         f, g = ders[k], ders[k + 1].abs()

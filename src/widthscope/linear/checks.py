@@ -115,6 +115,7 @@ def without_running_stats(model: nn.Module) -> tuple[nn.Module, set[str]]:
     dropped = set()
     for n, _ in bns:
         m = copy_.get_submodule(n)
+        assert isinstance(m, nn.modules.batchnorm._BatchNorm)  # the copy of the BatchNorm named n
         m.track_running_stats = False
         for b in ("running_mean", "running_var", "num_batches_tracked"):
             if getattr(m, b, None) is not None:
@@ -179,7 +180,7 @@ class _Shared:
     def __init__(self, f: Callable[..., Any], spec: Any):
         self.f, self.spec = f, spec
 
-    def __deepcopy__(self, memo: dict) -> "_Shared":
+    def __deepcopy__(self, memo: dict) -> _Shared:
         return self
 
 

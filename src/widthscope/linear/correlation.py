@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, jvp
 
+from .. import _args
 from ..errors import WidthscopeError
 from .model import _reraise_attention, as_param_dtype, first_output, model_output, params_and_buffers
 
@@ -94,6 +95,16 @@ def correlation(model: nn.Module, x: torch.Tensor, xs: torch.Tensor, *, D: int, 
     (for ``d = 0`` pass an empty ``(0, *S)`` tensor). Returns a 0-dim tensor for ``D = 0``
     and a flattened ``(P,)`` vector (parameters in ``named_parameters`` order) for ``D = 1``.
     """
+    fn = "correlation"
+    _args.module(fn, "model", model)
+    _args.tensor(fn, "x", x, accepts="a tensor (one input, shape S or (1, *S))")
+    _args.tensor(fn, "xs", xs, min_ndim=1, accepts="a tensor (d, *S) of the d inputs stacked")
+    _args.integer(fn, "D", D, accepts="0 or 1 (an integer)")  # the ranges: _check_order's wording
+    _args.integer(fn, "d", d, accepts="an integer >= 0")
+    _args.number(fn, "eta", eta, 0.0, lo_open=True, accepts="a positive learning rate")
+    if output != "random":
+        _args.integer(fn, "output", output, lo=0, accepts="a logit index (an integer >= 0) or 'random'")
+    _args.integer(fn, "seed", seed)
     _check_order(D, d)
     if not isinstance(x, torch.Tensor) or not isinstance(xs, torch.Tensor):
         raise WidthscopeError("correlation: x and xs must be tensors")
@@ -126,9 +137,12 @@ def correlation(model: nn.Module, x: torch.Tensor, xs: torch.Tensor, *, D: int, 
         with eager_attention_for(model):  # nested jvp: fused attention kernels have no forward mode
             gs = [grad(f)(params, xs[i:i + 1]) for i in range(d)]
 
+            def along(prev, g):  # the derivative of prev along g, as a function of the parameters
+                return lambda p: jvp(prev, (p,), (g,))[1]
+
             h = lambda p: f(p, x)  # noqa: E731
             for g in gs:
-                h = (lambda prev, g: (lambda p: jvp(prev, (p,), (g,))[1]))(h, g)
+                h = along(h, g)
             if D == 0:
                 value = h(params).detach()
             else:

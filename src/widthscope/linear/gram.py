@@ -205,7 +205,7 @@ def positions(acc: torch.Tensor, a1: torch.Tensor, d1: torch.Tensor, a2: torch.T
                  "pairs": pairs_flops(O, n1, n2, T, Da, Dd, mode, same)}
         if not diag:
             costs["gram"] = gram_flops(O, n1, n2, T, Da, Dd, mode)
-        method = min(costs, key=costs.get)
+        method = min(costs, key=costs.__getitem__)
     if method == "pairs":
         _pairs(acc, a1, d1, a2, d2, scale, mode, same)
         return
@@ -249,4 +249,5 @@ def tied_gradients(uses: list[tuple], shape: tuple[int, ...], step: int):
                 g.index_add_(1, rows, d[:, keep])
                 g = g.view(O, n, r1 - r0, -1)
             G = g if G is None else G + g
+        assert G is not None  # a tied weight has at least two uses
         yield G.reshape(G.shape[0], G.shape[1], -1)

@@ -35,11 +35,12 @@ Example::
 """
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 from torch import nn
 
-from typing import Any, Callable
-
+from .. import _args
 from ..errors import WidthscopeError
 from .rules import multiplier
 
@@ -74,7 +75,9 @@ def _features(model: nn.Module, x: torch.Tensor, name: str | None) -> tuple[str,
     if sum(1 for r in runs if r[0] == n) != 1:
         raise WidthscopeError(f"nngp: the readout {n!r} ran more than once in one forward pass; "
                               "pass readout='name' of a layer that runs once")
-    return n, a, multiplier(model.get_submodule(n))
+    mult = multiplier(model.get_submodule(n))
+    assert mult is not None  # mods holds dense layers only
+    return n, a, mult
 
 
 def readout(model: nn.Module, x: torch.Tensor) -> str:
@@ -152,6 +155,13 @@ def nngp(model: nn.Module | Callable[..., Any], x1: torch.Tensor, x2: torch.Tens
     from .checks import FunctionModel, as_module
     from .model import as_param_dtype
 
+    fn = "nngp"
+    _args.model_or_function(fn, model)
+    _args.tensor(fn, "x1", x1, min_ndim=1, accepts="a non-empty batched tensor (n1, ...) of inputs")
+    _args.tensor(fn, "x2", x2, min_ndim=1, optional=True,
+                 accepts="a non-empty batched tensor (n2, ...) shaped like x1, or None")
+    _args.string(fn, "readout", readout, optional=True, accepts="a dense layer's name (str) or None")
+    _args.dtype(fn, "dtype", dtype)
     model = as_module(model, params, "nngp")
     if not isinstance(x1, torch.Tensor) or x1.dim() < 1 or x1.shape[0] == 0:
         raise WidthscopeError("nngp: x1 must be a non-empty batched tensor (n1, ...) of inputs")

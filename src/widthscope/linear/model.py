@@ -30,9 +30,18 @@ from torch import nn
 from torch.func import functional_call, jvp
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ..errors import WidthscopeError
-from ._core import (_flat_out, _forward_ad_ok, _ntk_jacobian, _ntk_products,  # noqa: F401  (re-exported)
-                    as_param_dtype, first_output, model_output, params_and_buffers)
+from .. import _args
+from ..errors import WidthscopeError, WidthscopeTypeError
+from ._core import (  # noqa: F401  (re-exported)
+    _flat_out,
+    _forward_ad_ok,
+    _ntk_jacobian,
+    _ntk_products,
+    as_param_dtype,
+    first_output,
+    model_output,
+    params_and_buffers,
+)
 
 __all__ = ["LinearizedModel", "linearize", "ntk", "structured_ntk", "model_output", "params_and_buffers",
            "as_param_dtype", "first_output", "ATTENTION_FIX"]
@@ -81,6 +90,8 @@ class LinearizedModel(nn.Module):
     move it. Gradients with respect to ``θ`` flow through the jvp (reverse-over-forward).
     """
 
+    _base: nn.Module  # the wrapped model, set with object.__setattr__ (unregistered)
+
     def __init__(self, model: nn.Module, *, allow_stochastic: bool = False):
         super().__init__()
         from ..models.hf import eager_attention
@@ -101,7 +112,8 @@ class LinearizedModel(nn.Module):
         object.__setattr__(self, "_base", base)  # unregistered on purpose (see docstring)
         self._allow_stochastic = bool(allow_stochastic)
         self._stochastic = [(n, m) for n, m in base.named_modules() if _is_candidate(m)]
-        self._bn = [(n, m) for n, m in base.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        self._bn: list[tuple[str, nn.Module]] = [(n, m) for n, m in base.named_modules()
+                                                 if isinstance(m, nn.modules.batchnorm._BatchNorm)]
         params, buffers = params_and_buffers(model)
         if not params:
             raise WidthscopeError("linearize: the model has no trainable parameters "
@@ -125,7 +137,7 @@ class LinearizedModel(nn.Module):
         self._base._apply(fn, recurse)
         return self
 
-    def train(self, mode: bool = True) -> "LinearizedModel":
+    def train(self, mode: bool = True) -> LinearizedModel:
         super().train(mode)
         self._base.train(mode)
         return self
@@ -161,7 +173,8 @@ class LinearizedModel(nn.Module):
             return tuple(v for v in leaves if isinstance(v, torch.Tensor))
 
         try:
-            out, tangent = jvp(f, (theta0,), (delta,))
+            # torch.func.jvp is typed as a 2- or 3-tuple whatever has_aux: here (no aux) it is 2
+            out, tangent = jvp(f, (theta0,), (delta,))  # type: ignore[misc]
         except (RuntimeError, NotImplementedError) as exc:
             _reraise_attention(exc, self._base)
             raise
@@ -194,6 +207,8 @@ def linearize(model: nn.Module | Callable[..., Any], *, params: Any = None,
     """
     from .checks import as_module
 
+    _args.model_or_function("linearize", model)
+    _args.boolean("linearize", "allow_stochastic", allow_stochastic)
     return LinearizedModel(as_module(model, params, "linearize"), allow_stochastic=allow_stochastic)
 
 
@@ -243,7 +258,7 @@ def _plan_costs(model, params, buffers, x1, x2, same, P, method, n_params, n_out
     mode = ("diagtrace" if trace else "diag") if diagonal else ("trace" if trace else "full")
     if diagonal and method != "structured":
         n2 = 1  # per-chunk diagonal blocks
-    cands = ("structured", "jacobian", "products") if method == "auto" else (method,)
+    cands: tuple[str, ...] = ("structured", "jacobian", "products") if method == "auto" else (method,)
     if method == "auto" and not _forward_ad_ok(model, params, buffers, x1[:1]):
         cands = ("structured", "jacobian")  # e.g. a fused TransformerEncoder kernel: no forward-mode AD
     if coupled is not None:  # one batch at once: the Jacobian of the whole batch
@@ -355,6 +370,16 @@ def ntk(model: nn.Module | Callable[..., Any], x1: torch.Tensor, x2: torch.Tenso
     """
     from .checks import as_module
 
+    fn = "ntk"
+    _args.model_or_function(fn, model)
+    _args.tensor(fn, "x1", x1, min_ndim=1, accepts="a batched tensor (n1, ...) of inputs")
+    _args.tensor(fn, "x2", x2, min_ndim=1, optional=True, accepts="a batched tensor (n2, ...) shaped like x1, or None")
+    for name, flag in (("trace", trace), ("diagonal", diagonal), ("verbose", verbose)):
+        _args.boolean(fn, name, flag)
+    _args.choice(fn, "method", method, ("auto", "structured", "jacobian", "products"))
+    _args.mapping(fn, "info", info, mutable=True, accepts="a dict to fill, or None")
+    _args.integer(fn, "batch_size", batch_size, lo=1, optional=True)
+    _args.dtype(fn, "dtype", dtype)
     model = as_module(model, params, "ntk")
     _check_ntk_args(x1, x2, method, diagonal, batch_size, dtype, memory_budget, chunk_size)
     params, buffers = params_and_buffers(model)
@@ -362,7 +387,7 @@ def ntk(model: nn.Module | Callable[..., Any], x1: torch.Tensor, x2: torch.Tenso
         raise WidthscopeError("ntk: the model has no trainable parameters")
     same = x2 is None
     x1 = as_param_dtype(x1, params)
-    x2 = x1 if same else as_param_dtype(x2, params)
+    x2 = x1 if x2 is None else as_param_dtype(x2, params)
     coupled, model, buffers = _check_model(model, params, buffers, x1, x2, method)
     _check_coupled(coupled, same, batch_size, diagonal, info)
     n_params = sum(p.numel() for p in params.values())
@@ -440,12 +465,16 @@ def _check_ntk_args(x1, x2, method: str, diagonal: bool, batch_size, dtype, memo
         raise WidthscopeError(f"ntk: batch_size must be a positive integer or None, got {batch_size!r}")
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise WidthscopeError(f"ntk: dtype must be a floating torch.dtype (e.g. torch.float64), got {dtype!r}")
-    if not (isinstance(memory_budget, (int, float)) and not isinstance(memory_budget, bool)
-            and memory_budget > 0 and not math.isnan(memory_budget)):
-        raise WidthscopeError(f"ntk: memory_budget must be a positive number of bytes (e.g. 2e9), got "
-                              f"{memory_budget!r}; to force a method pass method='jacobian' or 'products'")
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
-        raise WidthscopeError(f"ntk: chunk_size must be a positive integer or None, got {chunk_size!r}")
+    # Wrong types raise the TypeError subclass; the wording (matched by tests) stays.
+    bad_type = isinstance(memory_budget, bool) or not isinstance(memory_budget, (int, float))
+    if bad_type or not (memory_budget > 0 and not math.isnan(memory_budget)):
+        raise (WidthscopeTypeError if bad_type else WidthscopeError)(
+            f"ntk: memory_budget must be a positive number of bytes (e.g. 2e9), got {_args.describe(memory_budget)}; "
+            "to force a method pass method='jacobian' or 'products'")
+    bad_type = chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int))
+    if bad_type or (chunk_size is not None and chunk_size < 1):
+        raise (WidthscopeTypeError if bad_type else WidthscopeError)(
+            f"ntk: chunk_size must be a positive integer or None, got {_args.describe(chunk_size)}")
 
 
 def _check_coupled(coupled: str | None, same: bool, batch_size, diagonal: bool, info: dict | None) -> None:

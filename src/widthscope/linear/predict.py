@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import WidthscopeError
+from .. import _args
+from ..errors import WidthscopeError, WidthscopeTypeError
 
 __all__ = ["kernel_predict", "spectral", "gd_weights"]
 
@@ -31,18 +32,21 @@ def _check_args(lr: float, steps, t, ridge: float) -> None:
     def num(v) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool)
 
+    def error(v, text: str) -> WidthscopeError:  # a wrong type is also a TypeError; the wording stays
+        return (WidthscopeError if num(v) else WidthscopeTypeError)(f"kernel_predict: {text}, got {_args.describe(v)}")
+
     if (steps is None) == (t is None):
         raise WidthscopeError("kernel_predict: give exactly one of steps (discrete GD) or t (gradient flow)")
     if not (num(lr) and math.isfinite(lr) and lr > 0):
-        raise WidthscopeError(f"kernel_predict: lr must be a positive finite number, got {lr!r}")
+        raise error(lr, "lr must be a positive finite number")
     if not (num(ridge) and math.isfinite(ridge) and ridge >= 0):
-        raise WidthscopeError(f"kernel_predict: ridge must be a finite number >= 0 (an absolute amount added to "
-                              f"the kernel's diagonal), got {ridge!r}; pass ridge=0 for plain gradient descent")
+        raise error(ridge, "ridge must be a finite number >= 0 (an absolute amount added to the kernel's diagonal); "
+                           "pass ridge=0 for plain gradient descent")
     if steps is not None and not (num(steps) and steps >= 0 and (math.isinf(steps) or float(steps).is_integer())):
-        raise WidthscopeError(f"kernel_predict: steps must be a whole number >= 0 or float('inf'), got {steps!r}; "
-                              "for a fractional time use t= (gradient flow)")
+        raise error(steps, "steps must be a whole number >= 0 or float('inf') (for a fractional time use t=, "
+                           "gradient flow)")
     if t is not None and not (num(t) and t >= 0 and not math.isnan(t)):
-        raise WidthscopeError(f"kernel_predict: t must be a number >= 0 or float('inf'), got {t!r}")
+        raise error(t, "t must be a number >= 0 or float('inf')")
 
 
 def kernel_predict(K_train: torch.Tensor, y_train: torch.Tensor, *, lr: float,
@@ -86,6 +90,13 @@ def kernel_predict(K_train: torch.Tensor, y_train: torch.Tensor, *, lr: float,
     """
     import math
 
+    fn = "kernel_predict"
+    _args.tensor(fn, "K_train", K_train, ndim=(2, 4), accepts="an (N, N, o, o) or (N·o, N·o) kernel tensor")
+    _args.tensor(fn, "y_train", y_train, min_ndim=1, accepts="an (N, o) tensor of targets")
+    _args.tensor(fn, "K_test", K_test, ndim=(2, 4), optional=True,
+                 accepts="an (M, N, o, o) or (M·o, N·o) kernel tensor or None")
+    _args.tensor(fn, "f0_train", f0_train, optional=True, accepts="an (N, o) tensor of initial outputs or None")
+    _args.tensor(fn, "f0_test", f0_test, optional=True, accepts="an (M, o) tensor of initial outputs or None")
     _check_args(lr, steps, t, ridge)
     N = y_train.shape[0]
     o = y_train.reshape(N, -1).shape[1]
@@ -126,6 +137,7 @@ def kernel_predict(K_train: torch.Tensor, y_train: torch.Tensor, *, lr: float,
         elif steps is not None:
             decay, w = gd_weights(ar, int(steps))
         else:
+            assert t is not None  # _check_args: exactly one of steps and t
             decay = torch.exp(-float(t) * ar)
             w = torch.where(ar > 1e-300, (1 - decay) / ar.clamp_min(1e-300), torch.full_like(ar, float(t)))
         # f − f_0 = −Θ C (f_0 − y); without ridge a·w = 1 − decay, so f = y + V decay c exactly

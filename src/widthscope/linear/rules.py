@@ -88,7 +88,7 @@ from __future__ import annotations
 
 import math
 import types
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from torch import nn
@@ -104,10 +104,12 @@ def multiplier(m: nn.Module) -> float | None:
     if isinstance(m, nn.Linear) and type(m).forward is nn.Linear.forward:
         return 1.0
     if type(m).__name__ == "ScaledLinear" and hasattr(m, "multiplier"):
-        return float(m.multiplier)
-    if (type(m).__name__ == "Conv1D" and hasattr(m, "nf") and getattr(m, "weight", None) is not None
-            and m.weight.dim() == 2 and m.weight.shape[1] == m.nf):
-        return 1.0
+        scaled: Any = m  # widthscope.models.mlp.ScaledLinear, matched by name: a plain float attribute
+        return float(scaled.multiplier)
+    if type(m).__name__ == "Conv1D" and hasattr(m, "nf"):  # transformers' GPT-2 Conv1D, matched by name
+        w = getattr(m, "weight", None)
+        if w is not None and w.dim() == 2 and w.shape[1] == m.nf:
+            return 1.0
     return None
 
 
@@ -225,6 +227,9 @@ def _unfold(m: nn.Conv1d | nn.Conv2d | nn.Conv3d, x: torch.Tensor) -> torch.Tens
     if isinstance(m, nn.Conv3d):  # no unfold for 5-D tensors: windows along each spatial dim
         p = _windows(x, m.kernel_size, m.dilation, m.stride)  # (n, C, L1, L2, L3, K1, K2, K3)
         return p.permute(0, 2, 3, 4, 1, 5, 6, 7).reshape(x.shape[0], -1, x.shape[1] * math.prod(m.kernel_size))
+    k: tuple[int, ...]
+    d: tuple[int, ...]
+    s: tuple[int, ...]
     if isinstance(m, nn.Conv1d):
         x = x.unsqueeze(2)
         k, d, s = (1, m.kernel_size[0]), (1, m.dilation[0]), (1, m.stride[0])
@@ -244,10 +249,12 @@ def records(kind: str, m: nn.Module, x: Any, delta: torch.Tensor, covered: set[s
     w_on, b_on = "weight" in covered, "bias" in covered
     if kind == "dense":
         mult = multiplier(m)
+        assert mult is not None  # rule() calls exactly the layers with a multiplier dense
         a = x.reshape(n, -1, x.shape[-1])
         d = delta.reshape(O, n, -1, delta.shape[-1])
         return [("dense", a, d, mult ** 2, w_on, b_on)]
     if kind == "conv":
+        assert isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d))  # rule(): exactly these types
         G = m.groups
         patches = _unfold(m, x) if w_on else None  # (n, L, C_in·K), channel-major columns
         d = delta.reshape(O, n, delta.shape[2], -1).transpose(2, 3)  # (o, n, L, C_out)
@@ -265,13 +272,15 @@ def records(kind: str, m: nn.Module, x: Any, delta: torch.Tensor, covered: set[s
             d = d * (ids != m.padding_idx).to(d.dtype)[None, :, :, None]
         return [("embed", ids, d)] if w_on else []
     if kind == "conv_transpose":
+        assert isinstance(m, nn.modules.conv._ConvTransposeNd)  # rule(): ConvTranspose1d/2d/3d
         return _conv_transpose_records(m, x, delta, w_on, b_on)
     if kind == "embedding_bag":
         ids, coef = x
         return [("bag", ids, coef.to(delta.dtype), delta.reshape(O, n, -1))] if w_on else []
     if kind == "prelu":  # z = max(a, 0) + w·min(a, 0): ∂z/∂w_c = min(a, 0) on channel c (all of a for one w)
         g = delta * x.clamp(max=0)[None].to(delta.dtype)
-        g = g.reshape(O, n, -1).sum(2, keepdim=True) if m.num_parameters == 1 else g.reshape(O, n, x.shape[1], -1).sum(3)
+        g = (g.reshape(O, n, -1).sum(2, keepdim=True) if m.num_parameters == 1
+             else g.reshape(O, n, x.shape[1], -1).sum(3))
         return [("vector", g)] if w_on else []
     # elementwise
     own = {k: v.detach() for k, v in _own_params(m).items()}
@@ -294,18 +303,19 @@ def records(kind: str, m: nn.Module, x: Any, delta: torch.Tensor, covered: set[s
     return [("vector", torch.cat(gs, dim=2))] if gs else []
 
 
-def _conv_transpose_records(m: nn.Module, x: torch.Tensor, delta: torch.Tensor, w_on: bool,
+def _conv_transpose_records(m: nn.modules.conv._ConvTransposeNd, x: torch.Tensor, delta: torch.Tensor, w_on: bool,
                             b_on: bool) -> list[tuple]:
     """ConvTranspose records: ``z[y] = Σ_{l,k: y = l·s − p + k·d} x[l] W[k]`` (the adjoint of the conv), so
     ``∂f/∂W[c_i, c_o, k] = Σ_l x[c_i, l] δ[c_o, l·s − p + k·d]``: a dense record per group over *input*
     locations ``l`` with ``a_l = x[:, l]`` and the signal's windows ``δ̃_l = δ[:, l·s − p + k·d]`` (zero
     outside the output) in place of ``δ``; the bias ``Σ_y δ[:, y]`` as a vector record."""
     O, n = delta.shape[:2]
-    G, nd = m.groups, delta.dim() - 3
+    G = m.groups
     cin, cout = m.in_channels // G, m.out_channels // G
-    out = []
+    out: list[tuple] = []
     if w_on:
         lin = tuple(x.shape[2:])
+        assert not isinstance(m.padding, str)  # typed on _ConvNd; transposed convs take numbers only
         pads = [q for p in reversed(m.padding) for q in (p, p)]
         d = nn.functional.pad(delta.reshape((O * n,) + tuple(delta.shape[2:])), pads)
         # output_padding / output_size only lengthen the output at the end: the first len(x) windows
@@ -409,7 +419,7 @@ class LinearTaps(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _slice_of(t: torch.Tensor | None, params: dict[str, torch.Tensor]) -> str | None:
+def _slice_of(t: torch.Tensor | None, params: Mapping[str, torch.Tensor]) -> str | None:
     """The parameter ``t`` is, or is a view of (a packed projection's row slice)."""
     if t is None:
         return None
@@ -462,7 +472,7 @@ def mha_records(taps: list[tuple], deltas: list[torch.Tensor], covered: set[str]
     ``deltas[k]``: ``(o, *z_k.shape)``): each projection (or slice of the packed one) is ``z = a Wᵀ + b``
     at the positions, and disjoint slices of a parameter add up to its kernel term."""
     recs = []
-    for (kw, kb, a, z), d in zip(taps, deltas):
+    for (kw, kb, a, _z), d in zip(taps, deltas):
         n, L = a.shape[:2]
         d = d.reshape(d.shape[0], L, n, d.shape[-1]).transpose(1, 2)
         w_on, b_on = kw in covered, kb is not None and kb in covered

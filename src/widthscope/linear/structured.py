@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -50,8 +50,18 @@ from ..errors import WidthscopeError
 from ._core import _ntk_jacobian, as_param_dtype, model_output, params_and_buffers
 from .gram import hadamard, mirror_upper, positions, tied_gradients
 from .predict import kernel_predict
-from .rules import (LinearTaps, bag_gram, bag_input, elementwise_layout, mha_records, mha_taps, multiplier, records,
-                    rule, tied_use)
+from .rules import (
+    LinearTaps,
+    bag_gram,
+    bag_input,
+    elementwise_layout,
+    mha_records,
+    mha_taps,
+    multiplier,
+    records,
+    rule,
+    tied_use,
+)
 
 __all__ = ["uncovered", "dense_layers", "kernel_predict", "plan", "Plan"]
 
@@ -93,6 +103,7 @@ def _entry_input(r: str, m: nn.Module, args: tuple, kwargs: dict) -> Any:
     copy for elementwise modules), or an EmbeddingBag's padded ``(ids, coefficients)``
     (:func:`~widthscope.linear.rules.bag_input`)."""
     if r == "embedding_bag":
+        assert isinstance(m, nn.EmbeddingBag)  # rule(): exactly this type
         return bag_input(m, args, kwargs)
     x = _first_input(args, kwargs)
     if not isinstance(x, torch.Tensor):
@@ -185,7 +196,7 @@ def plan(model: nn.Module, x: torch.Tensor) -> Plan:
             seen.setdefault(name, []).append((_entry_input(r, _m, args, kwargs), z))
         return f
 
-    mha = {n: [] for n, _, r in cands if r == "mha"}
+    mha: dict[str, list] = {n: [] for n, _, r in cands if r == "mha"}
     out = _forward_hooked(model, probe, [(m, hook(n, r)) for n, m, r in cands],
                           {m: mha[n] for n, m, r in cands if r == "mha"})
     uses = _use_counts(out) if out.grad_fn is not None else {}
@@ -293,16 +304,22 @@ def _plan_mha(P: Plan, name: str, m: nn.Module, taps: list | None, uses: dict, o
 
 def _entry_shape(r: str, m: nn.Module, inp: torch.Tensor, z: torch.Tensor) -> tuple[str, int, int, int]:
     """(rule, positions T, input width D_a, signal width D_δ) of one example, for :mod:`.cost`."""
+    # the module types are rule()'s for each rule
     if r == "conv":
+        assert isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d))
         k = math.prod(m.kernel_size) * m.in_channels // m.groups
         return r, z[0].numel() // m.out_channels, k, m.out_channels
     if r == "embedding":
+        assert isinstance(m, nn.Embedding)
         return r, inp[0].numel(), min(m.num_embeddings, 2 * inp[0].numel()), m.embedding_dim
     if r == "conv_transpose":  # positions: input locations; D_δ: the signal window C_out/groups · K, all groups
+        assert isinstance(m, nn.modules.conv._ConvTransposeNd)
         return r, inp[0, 0].numel(), m.in_channels // m.groups, m.out_channels * math.prod(m.kernel_size)
     if r == "embedding_bag":  # one position; D_a: the bag histograms over the ids both batches share
+        assert isinstance(m, nn.EmbeddingBag)
         return r, 1, min(m.num_embeddings, 2 * inp[0].shape[1]), m.embedding_dim
     if r == "prelu":
+        assert isinstance(m, nn.PReLU)
         return r, 1, 0, m.num_parameters
     if r == "elementwise":
         return r, 1, 0, sum(p.numel() for p in m.parameters(recurse=False))
@@ -353,20 +370,25 @@ def _capture(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> t
 
     N = X.shape[0]
     layouts = {e[0]: "mha" if e[2] == "mha" else e[4] for e in P.entries}
-    mha = {e[0]: [] for e in P.entries if e[2] == "mha"}
+    mha: dict[str, list] = {e[0]: [] for e in P.entries if e[2] == "mha"}
     out = _forward_hooked(model, X, [(m, hook(n, r)) for n, m, r, *_ in P.entries],
                           {e[1]: mha[e[0]] for e in P.entries if e[2] == "mha"})
     N, O = out.shape
-    taps = {e[0]: mha_taps(e[1], mha[e[0]], N) for e in P.entries if e[2] == "mha"}
+    taps: dict[str, list[tuple] | None] = {}
     for nm, m, r, *_ in P.entries:
+        if r == "mha":
+            assert isinstance(m, nn.MultiheadAttention)  # rule(): exactly this type
+            taps[nm] = mha_taps(m, mha[nm], N)
+    for nm, _m, r, *_ in P.entries:
         bad = nm not in store or (taps[nm] is None if r == "mha" else
                                   store[nm][1].shape[0] != N or _rows(store[nm][0]) != N)
         if bad:
             raise WidthscopeError(f"structured NTK: module {nm!r} did not run once on per-example inputs for "
                                   f"this batch of {N}; use method='jacobian'")
+    mha_in = {nm: t for nm, t in taps.items() if t is not None}  # every entry's, checked just above
     zs, owner = [], []  # every tensor δ is taken at, and its entry's index
-    for i, (nm, m, r, *_) in enumerate(P.entries):
-        for z in ([t[3] for t in taps[nm]] if r == "mha" else [store[nm][1]]):
+    for i, (nm, _m, r, *_) in enumerate(P.entries):
+        for z in ([t[3] for t in mha_in[nm]] if r == "mha" else [store[nm][1]]):
             zs.append(z)
             owner.append(i)
     ds = _signals(out, zs, o_chunk)
@@ -374,7 +396,8 @@ def _capture(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> t
     uses: dict[int, tuple] = {}
     for i, (nm, m, r, attrs, layout) in enumerate(P.entries):
         d = [dk for dk, k in zip(ds, owner) if k == i]
-        recs.extend(mha_records(taps[nm], d, attrs) if r == "mha" else records(r, m, store[nm][0], d[0], attrs, layout))
+        recs.extend(mha_records(mha_in[nm], d, attrs) if r == "mha"
+                    else records(r, m, store[nm][0], d[0], attrs, layout))
         if any(i in idx for idx in P.tied):
             uses[i] = tied_use(r, m, store[nm][0], d[0])
     recs.extend(("tied", [uses[i] for i in idx], P.entries[idx[0]][1].weight.shape) for idx in P.tied)
@@ -392,6 +415,7 @@ def _signals(out: torch.Tensor, zs: list[torch.Tensor], o_chunk: int) -> list[to
         E = torch.zeros(oc, N, O, dtype=out.dtype, device=out.device)
         E[torch.arange(oc), :, o0 + torch.arange(oc)] = 1.0
         last = o0 + oc >= O
+        grads: Sequence[torch.Tensor | None]  # None where z does not reach the output (allow_unused)
         try:
             with warnings.catch_warnings():  # ops without a batching rule fall back to a loop: fine
                 warnings.filterwarnings("ignore", message="There is a performance drop")
@@ -469,7 +493,7 @@ def _structured_kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | No
     acc_dtype = dtype or pdtype
     same = x2 is None
     x1 = as_param_dtype(x1, params)
-    x2 = x1 if same else as_param_dtype(x2, params)
+    x2 = x1 if x2 is None else as_param_dtype(x2, params)
     P = plan
     if info is not None:
         info.update(method="structured", covered=P.n_covered, uncovered=P.n_generic, generic=list(P.generic))

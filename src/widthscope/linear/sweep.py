@@ -39,7 +39,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -210,9 +210,10 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
     cfg["fit"]["steps"] = fit_steps
     for name in cfg["correlations"]["measure"]:
         parse_correlation_name(name)
-    bad = first_nonfinite(cfg)
-    if bad:
-        raise WidthscopeError(f"linearize config: {bad}: must be a finite number (inf and nan are never meaningful here)")
+    nonfinite = first_nonfinite(cfg)
+    if nonfinite:
+        raise WidthscopeError(f"linearize config: {nonfinite}: must be a finite number "
+                              "(inf and nan are never meaningful here)")
     return cfg
 
 
@@ -319,6 +320,11 @@ def run_cell(cfg: Mapping[str, Any], cell: Mapping[str, Any]) -> list[dict[str, 
     return rows
 
 
+def _where(key: str, value: Any) -> Callable[[dict[str, Any]], bool]:
+    """The row selector ``r[key] == value``."""
+    return lambda r: r[key] == value
+
+
 def _matrix(rows, widths, seeds, select, value):
     M = np.full((len(seeds), len(widths)), np.nan)
     wi = {w: j for j, w in enumerate(widths)}
@@ -354,16 +360,16 @@ def summarize(rows: list[dict[str, Any]], cfg: Mapping[str, Any]) -> list[dict[s
         lin = [r for r in rows if r.get("kind") == "linearization" and r.get("alpha") == a
                and not r.get("diverged")]
         for step in cfg["fit"]["steps"]:
-            sel = lambda r, step=step: r["step"] == step  # noqa: E731
+            sel = _where("step", step)
             for metric in ("dev_rms", "dev_rel", "dev_mse"):
                 add(metric, a, step, _matrix(lin, widths, seeds, sel, metric), *reference_slope(metric, a),
                     PUBLISHED.get(a) if metric == "dev_mse" and step == last else None)
-        sel = lambda r: r["step"] == last  # noqa: E731
+        sel = _where("step", last)
         for metric in ("kernel_drift", "test_gap"):
             add(metric, a, last, _matrix(lin, widths, seeds, sel, metric), *reference_slope(metric, a))
     corr = [r for r in rows if r.get("kind") == "correlation"]
     for name in sorted({r["name"] for r in corr}):
-        sel = lambda r, name=name: r["name"] == name  # noqa: E731
+        sel = _where("name", name)
         add(name, None, None, _matrix(corr, widths, seeds, sel, "mean"), *reference_slope(name))
     return out
 

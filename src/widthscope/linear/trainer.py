@@ -48,6 +48,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from .. import _args
 from .._io import progress as _progress
 from ..errors import WidthscopeError
 from .model import as_param_dtype, first_output, linearize, model_output, ntk, params_and_buffers
@@ -142,6 +143,26 @@ def train_side_by_side(model: nn.Module, data: tuple[torch.Tensor, torch.Tensor]
     ``linear`` (``"auto"``, ``"weights"``, ``"kernel"``) and ``kernel_prediction`` (with
     ``ridge`` for its limit) are described in the module docstring.
     """
+    fn = "train_side_by_side"
+    _args.module(fn, "model", model)
+    _args.tensor_pair(fn, "data", data)
+    _args.integer(fn, "steps", steps, lo=0)
+    _args.number(fn, "lr", lr, 0.0, lo_open=True, accepts="a positive number")
+    if not callable(optimizer):
+        _args.choice(fn, "optimizer", optimizer, OPTIMIZERS)
+    _args.integer(fn, "batch_size", batch_size, lo=1, optional=True)
+    _args.choice(fn, "loss", loss, LOSSES)
+    _args.tensor_pair(fn, "test", test, optional=True)
+    _args.tensor(fn, "probe", probe, min_ndim=1, optional=True, accepts="a batched tensor of inputs or None")
+    _args.integer(fn, "log_every", log_every, lo=1)
+    _args.int_list(fn, "log_steps", log_steps)
+    _args.integer(fn, "seed", seed)
+    _args.choice(fn, "on_nonfinite", on_nonfinite, ("raise", "stop"))
+    for name, flag in (("kernel_drift", kernel_drift), ("return_models", return_models), ("progress", progress),
+                       ("kernel_prediction", kernel_prediction)):
+        _args.boolean(fn, name, flag)
+    _args.choice(fn, "linear", linear, ("auto", "weights", "kernel"))
+    _args.number(fn, "ridge", ridge, 0.0)
     X, Y, Xt, Yt, exact, logged = _checked_args(
         data, test, steps=steps, lr=lr, optimizer=optimizer, batch_size=batch_size, loss=loss,
         log_every=log_every, log_steps=log_steps, on_nonfinite=on_nonfinite, return_models=return_models,
@@ -301,6 +322,7 @@ def _row(run: _Lockstep, step: int, X, Y, Xt, Yt, loss: str, kernel_prediction: 
             l_tr, l_te = model_output(lin(X)), model_output(lin(Xt))
     kp = closed.at(step) if closed is not None else None
     if lin is None:
+        assert kp is not None  # no weight-space model: the closed form is the linear model
         l_tr, l_te, move_lin = kp["train"], kp["test"], kp["move"]
     row: dict[str, Any] = {"kind": "linearization", "step": step, "linear": run.linear}
     row["train_loss"] = float(loss_value(f_tr, Y, loss))
@@ -318,6 +340,7 @@ def _row(run: _Lockstep, step: int, X, Y, Xt, Yt, loss: str, kernel_prediction: 
     row["param_move_lin"] = (float((_flat(lin.parameters()) - run.theta0).norm()) if lin is not None
                              else move_lin) / run.theta0_norm
     if kernel_prediction:
+        assert kp is not None  # kernel_prediction runs the closed form
         for part, Yp, key in (("train", Y, "train"), ("test", Yt, "test")):
             row[f"{part}_loss_kernel"] = float(loss_value(kp[key], Yp, loss))
             row[f"{part}_loss_kernel_inf"] = float(loss_value(kp[key + "_inf"], Yp, loss))
@@ -344,8 +367,11 @@ def _train_step(run: _Lockstep, xb, yb, step: int, *, loss: str, lr: float,
                 on_nonfinite: str) -> dict[str, Any] | None:
     """One optimizer step of the network, then of the weight-space linear model (if any), on the
     batch ``(xb, yb)``; a non-finite loss raises, or returns the ``diverged`` row."""
-    pairs = (("network", run.net, run.opt_net), ("linear model", run.lin, run.opt_lin))
-    for which, m, opt in pairs if run.lin is not None else pairs[:1]:
+    pairs: list[tuple[str, nn.Module, torch.optim.Optimizer]] = [("network", run.net, run.opt_net)]
+    if run.lin is not None:
+        assert run.opt_lin is not None  # made with lin
+        pairs.append(("linear model", run.lin, run.opt_lin))
+    for which, m, opt in pairs:
         opt.zero_grad(set_to_none=True)
         L = loss_value(model_output(m(xb)), yb, loss)
         if not torch.isfinite(L):

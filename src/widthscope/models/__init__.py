@@ -23,7 +23,7 @@ Example::
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from torch import nn
 
@@ -46,6 +46,7 @@ def build(family: str, width: int | float | None = None, **options: Any) -> nn.M
     """
     if family not in FAMILIES:
         raise WidthscopeError(f"unknown model family {family!r}; valid: {', '.join(FAMILIES)}")
+    fn: Callable[..., tuple[nn.Module, dict, list[str]]]  # the family's builder; each checks its width
     if family == "mlp":
         if width is None:
             raise WidthscopeError("mlp needs a width (hidden units), e.g. build('mlp', 128, in_dim=..., out_dim=...)")
@@ -64,9 +65,11 @@ def build(family: str, width: int | float | None = None, **options: Any) -> nn.M
     except TypeError as exc:
         if "unexpected keyword" not in str(exc):
             raise
-        raise WidthscopeError(f"bad option for model family {family!r}: {exc}; see help(widthscope.models.build)") from None
-    model.widthscope_config = config
-    model.widthscope_points = points
+        raise WidthscopeError(f"bad option for model family {family!r}: {exc}; "
+                              "see help(widthscope.models.build)") from None
+    # plain attributes: nn.Module.__setattr__ is typed for Tensor | Module values only
+    model.widthscope_config = config  # type: ignore[assignment]
+    model.widthscope_points = points  # type: ignore[assignment]
     return model
 
 

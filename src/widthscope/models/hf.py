@@ -111,8 +111,8 @@ def _read_cfg(directory: Path) -> dict[str, Any]:
 
 
 def _check_model_type(cfg: dict[str, Any], where: Path) -> None:
-    from transformers import CONFIG_MAPPING
     import transformers
+    from transformers import CONFIG_MAPPING
 
     if cfg["model_type"] not in CONFIG_MAPPING:
         raise WidthscopeError(f"{where}: model_type {cfg['model_type']!r} is not known to transformers "
@@ -251,8 +251,9 @@ class eager_attention_for:  # noqa: N801 - used like a function: ``with eager_at
         return self.model
 
     def __exit__(self, *exc: Any) -> None:
-        if self.before not in (None, "eager"):
-            self.model.set_attn_implementation(self.before)
+        setter = getattr(self.model, "set_attn_implementation", None)
+        if self.before not in (None, "eager") and callable(setter):  # eager_attention switched only then
+            setter(self.before)
 
 
 def load_hf(directory: str | Path, *, task: str | None = None, dtype: str = "auto",

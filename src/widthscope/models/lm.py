@@ -55,7 +55,8 @@ def _check_ids(module: nn.Module, args: tuple, kwargs: dict) -> None:
     ids = args[0] if args else kwargs.get("input_ids")
     if ids is None or not hasattr(ids, "dtype"):
         return
-    vocab = module.config.vocab_size
+    config: Any = module.config  # a transformers config (fields per model type)
+    vocab = config.vocab_size
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
         raise WidthscopeError(f"this language model takes integer token ids (B, T), got {ids.dtype} of "
                               f"shape {tuple(ids.shape)}: is the data a text dataset (e.g. --data text)?")
@@ -105,8 +106,11 @@ def build_llama(width: int | None, *, depth: int = 4, vocab_size: int = 256, max
     if heads % kv_heads:
         raise WidthscopeError(f"llama: heads={heads} must be a multiple of kv_heads={kv_heads}")
     ffn = ffn or max(32, 32 * round(8 * width / 3 / 32))
-    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=width, intermediate_size=ffn,
-                      num_hidden_layers=depth, num_attention_heads=heads, num_key_value_heads=kv_heads,
+    # rope_theta and attn_implementation: keywords of transformers 4.x configs that 5.x still takes
+    # (into rope_parameters / the attention setting) but no longer lists in its signature
+    cfg = LlamaConfig(vocab_size=vocab_size,  # type: ignore[call-arg]
+                      hidden_size=width, intermediate_size=ffn, num_hidden_layers=depth,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads,
                       head_dim=head_dim, max_position_embeddings=max_seq_len, rms_norm_eps=rms_norm_eps,
                       rope_theta=rope_theta, initializer_range=initializer_range, tie_word_embeddings=False,
                       attention_bias=False, mlp_bias=False, attn_implementation="eager")
@@ -145,7 +149,9 @@ def build_pythia(width: int | None, *, depth: int | None = None, preset: str | N
     if width % heads:
         raise WidthscopeError(f"pythia: width {width} must be divisible by heads={heads}")
     ffn = ffn or 4 * width
-    cfg = GPTNeoXConfig(vocab_size=vocab_size, hidden_size=width, num_hidden_layers=depth,
+    # rotary_pct and attn_implementation: see build_llama's rope_theta
+    cfg = GPTNeoXConfig(vocab_size=vocab_size,  # type: ignore[call-arg]
+                        hidden_size=width, num_hidden_layers=depth,
                         num_attention_heads=heads, intermediate_size=ffn, rotary_pct=rotary_pct,
                         max_position_embeddings=max_seq_len, layer_norm_eps=layer_norm_eps,
                         initializer_range=initializer_range, use_parallel_residual=True,

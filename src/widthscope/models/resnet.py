@@ -63,6 +63,10 @@ class BasicBlock(nn.Module):
 
 
 class ResNet20(nn.Module):
+    layer1: nn.Sequential  # the three stages, set with setattr in __init__
+    layer2: nn.Sequential
+    layer3: nn.Sequential
+
     def __init__(self, channels: tuple[int, int, int], in_channels: int, num_classes: int, norm: str) -> None:
         super().__init__()
         self.in_channels = in_channels

@@ -115,7 +115,7 @@ class TrainingState:
             for p, flag, grad, values in self.params:
                 p.requires_grad_(flag)
                 p.grad = grad
-                if grad is not None and not torch.equal(grad, values):
+                if grad is not None and values is not None and not torch.equal(grad, values):
                     grad.copy_(values)
 
 
@@ -234,8 +234,32 @@ class AlignmentMonitor:
                  pool: str = "sum", loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
                  out: str | Path | None = None, batch_size: int = 64, progress: bool = False,
                  budget: float | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
-        from ..certify import ESTIMATORS, _check_pool, _count
+        import os
 
+        from .. import _args
+        from ..certify import ESTIMATORS, check_pool, count_examples
+
+        fn = "AlignmentMonitor"  # the types, before any work (values: the checks below)
+        _args.module(fn, "model", model)
+        _args.batches(fn, "train", train, single=True)
+        _args.batches(fn, "test", test, single=True)
+        _args.points(fn, "points", points)
+        _args.integer(fn, "M", M, lo=1)
+        for name, v in (("K", K), ("every", every)):
+            _args.integer(fn, name, v, lo=1, optional=True)
+        _args.int_list(fn, "at", at, accepts="a list of optimizer steps (integers >= 0) or None")
+        _args.number(fn, "delta", delta, 0.0, 1.0, lo_open=True, hi_open=True, accepts="a probability in (0, 1)")
+        _args.integer(fn, "draws", draws, lo=1)
+        _args.integer(fn, "seed", seed, lo=0)
+        _args.choice(fn, "estimator", estimator, ESTIMATORS)
+        _args.choice(fn, "pool", pool, POOLS)
+        _args.function(fn, "loss_fn", loss_fn)
+        _args.instance(fn, "out", out, (str, os.PathLike), "a path (str or pathlib.Path)", optional=True)
+        _args.integer(fn, "batch_size", batch_size, lo=1)
+        _args.boolean(fn, "progress", progress)
+        _args.number(fn, "budget", budget, 0.0, lo_open=True, finite=False, optional=True,
+                     accepts="a share of training time > 0 (e.g. 0.05 for 5%), math.inf or None")
+        _args.function(fn, "clock", clock, optional=False, accepts="a function returning seconds")
         check_not_fsdp(model)
         if every is not None and at is not None:
             raise WidthscopeError("give either every=N or at=[steps], not both")
@@ -264,8 +288,8 @@ class AlignmentMonitor:
         finally:
             state.restore()
         if pool != "token":
-            _check_pool(_count(self.train), self.M, "train", "the train pool size", pool)
-            _check_pool(_count(self.test), self.K, "held-out", "the held-out pool size", pool)
+            check_pool(count_examples(self.train), self.M, "train", "the train pool size", pool)
+            check_pool(count_examples(self.test), self.K, "held-out", "the held-out pool size", pool)
         from .. import distributed
 
         W = distributed.world_size()
@@ -332,7 +356,7 @@ class AlignmentMonitor:
         changes a parameter or buffer (which the monitor could not undo) is refused. With
         ``pool="token"`` the sample count is known only after probing, so the whole pools are
         probed once here and checked against ``M`` / ``K``."""
-        from ..certify import _check_pool
+        from ..certify import check_pool
 
         before = _tensors(model)
         state = TrainingState(model)
@@ -346,7 +370,7 @@ class AlignmentMonitor:
                 # the budget's first prediction: one batch's time times the pool's batches
                 self._predict_s += (self._clock() - t1) * (1 if whole else len(batches))
                 if whole:
-                    _check_pool(q[self.points[0]].shape[0], need, what, f"the {what} pool size", self.pool)
+                    check_pool(q[self.points[0]].shape[0], need, what, f"the {what} pool size", self.pool)
         finally:
             state.restore()
         after = _tensors(model)
@@ -403,7 +427,7 @@ class AlignmentMonitor:
     def probe(self, model: nn.Module, step: int) -> list[dict[str, Any]]:
         """Probe now (whatever the schedule), record and return the rows of ``step``."""
         from .. import distributed
-        from ..certify import _gather, statistics
+        from ..certify import gather_rows, statistics
 
         check_not_fsdp(model)
         model = _unwrap(model)
@@ -411,17 +435,17 @@ class AlignmentMonitor:
         t_start = self._clock()
         try:
             t0 = time.perf_counter()
-            common = dict(points=self.points, loss_fn=self.loss_fn, pool=self.pool, train_mode="eval",
-                          progress=self.progress)
+            common: dict[str, Any] = dict(points=self.points, loss_fn=self.loss_fn, pool=self.pool,
+                                          train_mode="eval", progress=self.progress)
             with warnings.catch_warnings():  # said once, by the dry probe at construction
                 warnings.simplefilter("ignore", UserWarning)
                 qa = collect(model, distributed.shard(self.train), **common)
                 qb = collect(model, distributed.shard(self.test), **common)
             # Each rank probed its contiguous share; the gathered rows are in pool order.
-            qa, qb = ({n: _gather(q[n], _device(model)) for n in self.points} for q in (qa, qb))
+            ga, gb = ({n: gather_rows(q[n], _device(model)) for n in self.points} for q in (qa, qb))
             probe_s = time.perf_counter() - t0
             t0 = time.perf_counter()
-            results, _ = statistics(qa, qb, pairs=[(self.M, self.K)], draws=self.draws,
+            results, _ = statistics(ga, gb, pairs=[(self.M, self.K)], draws=self.draws,
                                     seed=self.seed, estimator=self.estimator, pool=self.pool)
             rows = [self._row(r, step) for r in results]
             stats_s = time.perf_counter() - t0
@@ -433,6 +457,7 @@ class AlignmentMonitor:
         self.rows.extend(rows)
         self._done.add(step)
         if self._writes:
+            assert self.out is not None  # (_writes: there is an out= file)
             append_jsonl(self.out, new)
         cost = self._clock() - t_start
         # The next probe is predicted to cost the most any probe has (the dry probe's guess is dropped).
@@ -514,9 +539,9 @@ def _device(model: nn.Module) -> torch.device:
 
 
 def _count_safe(batches: list[Any]) -> int | None:
-    from ..certify import _count
+    from ..certify import count_examples
 
     try:
-        return _count(batches)
+        return count_examples(batches)
     except (AttributeError, TypeError, IndexError, KeyError):
         return None

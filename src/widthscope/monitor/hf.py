@@ -24,11 +24,14 @@ several processes every rank probes its share of the pools and the main process 
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .core import FSDP_FIX, AlignmentMonitor, check_not_fsdp, lazy_class
 
 __all__ = ["AlignmentCallback", "attach"]
+
+if TYPE_CHECKING:  # built on first use by the module __getattr__ below
+    AlignmentCallback: type
 
 
 def _base() -> type:

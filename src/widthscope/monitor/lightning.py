@@ -14,12 +14,14 @@ Lightning (``lightning`` or ``pytorch_lightning``) is imported on first use of t
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .core import FSDP_FIX, AlignmentMonitor, check_not_fsdp, lazy_class
 
 __all__ = ["AlignmentCallback"]
 
+if TYPE_CHECKING:  # built on first use by the module __getattr__ below
+    AlignmentCallback: type
 
 
 def _base() -> type:
@@ -27,12 +29,13 @@ def _base() -> type:
         from lightning.pytorch.callbacks import Callback
     except ImportError:  # the older package name
         try:
-            from pytorch_lightning.callbacks import Callback
+            from pytorch_lightning.callbacks import Callback as LegacyCallback
         except ImportError as exc:
             from ..errors import WidthscopeError
 
             raise WidthscopeError("widthscope.monitor.lightning needs Lightning: pip install "
                                   "'widthscope[lightning]'") from exc
+        return LegacyCallback
     return Callback
 
 

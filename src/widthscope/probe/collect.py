@@ -39,12 +39,13 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, MutableMapping, Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .. import _args
 from .._io import progress as _progress
 from ..errors import WidthscopeError
 from .points import resolve_points
@@ -343,7 +344,7 @@ def _split_output(output: Any, name: str) -> tuple[torch.Tensor, Callable[[torch
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
         rest = list(output[1:])
         return output[0], (lambda z: (z, *rest)) if isinstance(output, tuple) else (lambda z: [z, *rest])
-    if isinstance(output, Mapping):
+    if isinstance(output, MutableMapping):  # put writes the replacement back (dict, HF ModelOutput)
         for key in ("last_hidden_state", "hidden_states"):
             if isinstance(output.get(key), torch.Tensor):
                 def put(z: torch.Tensor, key: str = key) -> Any:
@@ -383,6 +384,16 @@ def collect(model: nn.Module, batches: Iterable[Any], *, points: str | Sequence[
         The model's modes and ``requires_grad`` flags are restored; no parameter ``.grad`` is
         created or changed.
     """
+    fn = "collect"
+    _args.module(fn, "model", model)
+    _args.batches(fn, "batches", batches)
+    _args.points(fn, "points", points)
+    _args.function(fn, "loss_fn", loss_fn, accepts="a function loss_fn(output, y) -> (B,) losses or None")
+    _args.choice(fn, "pool", pool, POOLS)
+    _args.choice(fn, "train_mode", train_mode, TRAIN_MODES)
+    _args.boolean(fn, "progress", progress)
+    _args.dtype(fn, "dtype", dtype, optional=False)
+    _args.function(fn, "transform", transform, accepts="a function transform(point, samples) -> samples or None")
     if pool not in POOLS:
         raise WidthscopeError(f"unknown pool {pool!r}; choose one of {', '.join(POOLS)}")
     if train_mode not in TRAIN_MODES:

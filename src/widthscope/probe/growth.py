@@ -44,7 +44,8 @@ from ..errors import WidthscopeError
 from .insert import ACTIVATIONS, ResidualBlock, insert, remove_insertion
 from .intervene import _block_of, block_features, block_gram
 
-__all__ = ["point_criteria", "gradmax_from_factors", "gradmax_directions", "line_search_gain", "CRITERIA", "block_input_features"]
+__all__ = ["point_criteria", "gradmax_from_factors", "gradmax_directions", "line_search_gain", "CRITERIA",
+           "block_input_features"]
 
 # criterion name -> (row column ranked on, higher is better); "bias" is the pre-issue-11 ranking.
 CRITERIA: dict[str, str] = {

@@ -32,12 +32,13 @@ Example::
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .. import _args
 from ..errors import WidthscopeError
 
 __all__ = [
@@ -56,7 +57,7 @@ __all__ = [
 KINDS = ("bias", "block")
 NORMS = ("rms", "layer", "none")
 STYLES = ("auto", "mlp", "conv1x1", "conv3x3")
-ACTIVATIONS = {
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,
     "relu": F.relu,
     "tanh": torch.tanh,
@@ -284,8 +285,9 @@ def _infer_width(module: nn.Module) -> int | None:
         w = own(m)
         if w is not None:
             return w
-        if type(m).__name__.endswith(("RMSNorm", "LayerNorm")) and getattr(m, "weight", None) is not None:
-            return int(m.weight.shape[0])
+        weight = getattr(m, "weight", None)
+        if type(m).__name__.endswith(("RMSNorm", "LayerNorm")) and weight is not None:
+            return int(weight.shape[0])
     return None
 
 
@@ -353,6 +355,18 @@ def insert(model: nn.Module, point: str, kind: str = "bias", *, width: int | Non
         WidthscopeError: unknown point (valid names listed), an existing insertion at the
         point, bad options, or a model in training mode with BatchNorm layers.
     """
+    fn = "insert"
+    _args.module(fn, "model", model)
+    _args.string(fn, "point", point, empty=True, accepts="a module path (str)")  # "": _resolve lists the points
+    _args.choice(fn, "kind", kind, KINDS)
+    _args.integer(fn, "width", width, lo=1, optional=True)
+    _args.integer(fn, "hidden", hidden, lo=1, optional=True)
+    _args.choice(fn, "activation", activation, sorted(ACTIVATIONS))
+    _args.choice(fn, "norm", norm, NORMS)
+    _args.choice(fn, "style", style, STYLES)
+    _args.number(fn, "init_scale", init_scale, 0.0, lo_open=True)
+    _args.integer(fn, "seed", seed)
+    _args.boolean(fn, "record", record)
     if kind not in KINDS:
         raise WidthscopeError(f"kind={kind!r} is not one of {KINDS}")
     if norm not in NORMS:
@@ -403,9 +417,35 @@ def insert(model: nn.Module, point: str, kind: str = "bias", *, width: int | Non
         cfg = getattr(model, "widthscope_config", None)
         if not isinstance(cfg, dict):
             cfg = {}
-            model.widthscope_config = cfg
+            # a plain attribute: nn.Module.__setattr__ is typed for Tensor | Module values only
+            model.widthscope_config = cfg  # type: ignore[assignment]
         cfg.setdefault("insertions", []).append(dict(spec))
     return model
+
+
+def check_intervene_args(a: Mapping[str, Any]) -> None:
+    """:func:`widthscope.probe.intervene.intervene`'s argument types, from its ``locals()`` at entry
+    (that function's own checks word the bad values of ``kind``/``prefix``/``precision``/``etas``)."""
+    fn = "intervene"
+    _args.module(fn, "model", a["model"])
+    _args.string(fn, "point", a["point"], empty=True, accepts="a module path (str)")
+    _args.batches(fn, "train_batches", a["train_batches"], single=True)
+    _args.batches(fn, "test_batches", a["test_batches"], single=True)
+    _args.numbers_list(fn, "etas", a["etas"], accepts="a list of positive step sizes or None")
+    _args.choice(fn, "kind", a["kind"], KINDS, values=False)
+    _args.function(fn, "loss_fn", a["loss_fn"])
+    _args.integer(fn, "M", a["M"], lo=1, optional=True)
+    _args.integer(fn, "K", a["K"], lo=1, optional=True)
+    _args.integer(fn, "n_etas", a["n_etas"], lo=1)
+    _args.number(fn, "max_rel_step", a["max_rel_step"], 1e-4, lo_open=True,
+                 accepts="a finite number above 1e-4 (the largest step's RMS entry over the activation's)")
+    _args.integer(fn, "block_width", a["block_width"], lo=1, optional=True)
+    _args.integer(fn, "seed", a["seed"])
+    _args.integer(fn, "batch_size", a["batch_size"], lo=1)
+    _args.boolean(fn, "progress", a["progress"])
+    _args.mapping(fn, "reuse", a["reuse"])
+    _args.choice(fn, "prefix", a["prefix"], ("auto", "full"), values=False)
+    _args.choice(fn, "precision", a["precision"], ("mark", "float32"), values=False)
 
 
 def _set_submodule(model: nn.Module, path: str, new: nn.Module) -> None:

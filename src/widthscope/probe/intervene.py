@@ -31,17 +31,32 @@ Example::
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 import torch.nn as nn
 
 from .._io import progress as _progress
 from ..errors import WidthscopeError
-from .insert import (Inserted, ResidualBlock, _resolve, apply_insertions, channel_dim, insert,
-                     inserted_parameters, inserted_state, insertion_specs, remove_insertion)
+
 # batch helpers live in .batches (the prefix cache uses them too); re-exported here
 from .batches import _batch_size, _cat, _index, as_examples, take, to_batches  # noqa: F401
+from .insert import (
+    Inserted,
+    ResidualBias,
+    ResidualBlock,
+    _resolve,
+    apply_insertions,
+    channel_dim,
+    insert,
+    inserted_parameters,
+    inserted_state,
+    insertion_specs,
+    remove_insertion,
+)
+
+if TYPE_CHECKING:
+    from ..stats.estimators import Estimator
 
 __all__ = [
     # insertion (re-exported from widthscope.probe.insert)
@@ -50,6 +65,9 @@ __all__ = [
     # interventions
     "intervene", "sign_agreement", "default_etas", "block_gram", "block_features",
     "block_certificate", "mean_loss", "per_example_losses", "as_examples", "take", "to_batches",
+    # precision of the measured loss change (low-precision models)
+    "loss_rounding", "sample_rounding", "sample_errors", "projected_rounding", "upcast", "resolved",
+    "precision_note", "RESOLUTION_FACTOR", "LOW_PRECISION",
 ]
 
 
@@ -172,6 +190,173 @@ def _check_etas(etas: Sequence[float]) -> list[float]:
     return sorted(out)
 
 
+# ----------------------------------------------------------------------------- precision
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+# A step is resolved when its predicted change is at least this many rounding scales r (below):
+# the measured ΔL was off by < 3r on all 468 steps we calibrated against float64 (docs/
+# interventions.md), so an unflagged step's retention carries a rounding error < 3/8 (measured ≤ 0.15).
+RESOLUTION_FACTOR = 8.0
+
+
+def _dtype_name(dt: torch.dtype | None) -> str | None:
+    return None if dt is None else str(dt).replace("torch.", "")
+
+
+class upcast:
+    """Context: the model's bfloat16/float16 parameters and buffers cast to float32 in place, and
+    back on exit. ``low → float32 → low`` is exact, so the model is restored bit for bit; memory
+    is that of a float32 copy of those tensors (no second model is kept)."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.saved: list[tuple[torch.Tensor, torch.dtype]] = []
+
+    def __enter__(self) -> nn.Module:
+        seen: set[int] = set()
+        for t in [*self.model.parameters(), *self.model.buffers()]:
+            if id(t) not in seen and t.dtype in LOW_PRECISION:
+                seen.add(id(t))
+                self.saved.append((t, t.dtype))
+                t.data = t.data.float()
+        return self.model
+
+    def __exit__(self, *exc: Any) -> None:
+        for t, dt in self.saved:
+            t.data = t.data.to(dt)
+        self.saved = []
+
+
+def loss_rounding(model: nn.Module, data: Any, loss_fn: Callable | None = None, *,
+                  batch_size: int = 64, losses: torch.Tensor | None = None
+                  ) -> tuple[float | None, torch.Tensor | None]:
+    r"""Rounding-error scale of the mean loss over ``data`` in the model's low-precision dtype.
+
+    .. math::  r = \sqrt{\textstyle\sum_i e_i^2}\,/\,K,\qquad e_i = ℓ_i^{\rm dtype} − ℓ_i^{\rm float32}
+
+    with ``ℓ_i^{dtype}`` the per-example losses as the model runs (``losses`` if already measured)
+    and ``ℓ_i^{float32}`` those of the same weights evaluated in float32 (:class:`upcast`). ``r`` is
+    the standard error the rounding adds to a mean of ``K`` such losses when the examples' errors
+    are independent; a measured change ``ΔL = L(step) − L`` carries about that much (measured:
+    under 3r, see :data:`RESOLUTION_FACTOR`). Returns ``(r, float32 per-example losses)``, or
+    ``(None, None)`` for a float32/float64 model (the reference precision: not measured).
+    Cost: one float32 forward over ``data`` (and one in the dtype when ``losses`` is None).
+    """
+    from .collect import float_dtype
+
+    if float_dtype(model) not in LOW_PRECISION:
+        return None, None
+    with _EvalMode(model):
+        low = losses.double().cpu() if losses is not None else per_example_losses(model, data, loss_fn,
+                                                                                 batch_size=batch_size)
+        with upcast(model):
+            ref = per_example_losses(model, data, loss_fn, batch_size=batch_size)
+    return float((low - ref).pow(2).sum().sqrt()) / max(len(ref), 1), ref
+
+
+def _sample_errors(model: nn.Module, point: str, data: Any, loss_fn: Callable | None, n: int,
+                   batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pooled samples of the first ``n`` examples as the model runs, and their rounding errors
+    (minus the same weights' samples in float32, :class:`upcast`)."""
+    from .collect import collect
+
+    data = as_examples(data)
+    sub = take(data, min(n, _batch_size(data)))
+    low = collect(model, to_batches(sub, batch_size), points=[point], loss_fn=loss_fn, progress=False)[point]
+    with upcast(model):
+        ref = collect(model, to_batches(sub, batch_size), points=[point], loss_fn=loss_fn, progress=False)[point]
+    return ref, low - ref
+
+
+def sample_rounding(model: nn.Module, point: str, data: Any, loss_fn: Callable | None = None, *,
+                    n: int = 8, batch_size: int = 64) -> float | None:
+    """Largest relative error ``‖s_i − s_i^{float32}‖/‖s_i^{float32}‖`` of the pooled sample vectors
+    of the first ``n`` examples of ``data`` at ``point``, the model as it is against the same
+    weights in float32 (:class:`upcast`); None for a float32/float64 model. It is not a small
+    multiple of ``u`` everywhere: a confidently fitted classifier's gradients cancel (measured
+    32u in bfloat16 on a trained MLP, ≤ 3.5u on the tiny Llamas), so it is measured, not assumed
+    (``sample_rel_error`` of :func:`widthscope.certify.per_point.statistics`, worst-case mode)."""
+    from .collect import float_dtype
+
+    if float_dtype(model) not in LOW_PRECISION:
+        return None
+    ref, err = _sample_errors(model, point, data, loss_fn, n, batch_size)
+    return float((err.norm(dim=1) / ref.norm(dim=1).clamp_min(torch.finfo(torch.float64).tiny)).max())
+
+
+def sample_errors(model: nn.Module, point: str, train: Any, test: Any, loss_fn: Callable | None = None, *,
+                  n: int = 16, batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Measured rounding errors ``(n, d)`` of the pooled samples of the first ``n`` train and ``n``
+    held-out examples at ``point`` (the model as it is minus the same weights in float32,
+    :class:`upcast`); None for a float32/float64 model. Cost: 4 probes of ``n`` examples."""
+    from .collect import float_dtype
+
+    if float_dtype(model) not in LOW_PRECISION:
+        return None
+    return (_sample_errors(model, point, train, loss_fn, n, batch_size)[1],
+            _sample_errors(model, point, test, loss_fn, n, batch_size)[1])
+
+
+def projected_rounding(err: torch.Tensor, direction: torch.Tensor) -> float:
+    r"""Estimated rounding error of a sample mean along ``direction``: the samples' rounding errors
+    ``δs_i`` (measured on ``n`` of them, :func:`sample_errors`) give ``t_i = δs_i·direction`` and
+    the estimate ``|mean t| + 3·sd(t)/√n`` — the systematic part plus a generous allowance for the
+    random part (it only shrinks from ``n`` to the full sample). For ``A = ā·b̄``:
+    ``δA ≈ projected_rounding(δa, b̄) + projected_rounding(δb, ā)``; for ``‖μ‖²`` twice the one of
+    ``δs`` along ``μ``. A worst-case bound (every error along ``direction``) was 40-150x the actual
+    error on the Llamas we tried and flagged alignments bfloat16 had to 3 %: this measures what
+    rounding does."""
+    t = err.double() @ direction.double().to(err.device)
+    if len(t) < 2:
+        return float(t.abs().max()) if len(t) else 0.0
+    return abs(float(t.mean())) + 3 * float(t.std()) / math.sqrt(len(t))
+
+
+def resolved(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The rows a retention or sign summary may use: not ``below_resolution`` and not from an
+    alignment whose sign the samples' rounding leaves open (``alignment_within_rounding``)."""
+    return [r for r in rows if not r.get("below_resolution") and not r.get("alignment_within_rounding")]
+
+
+def precision_note(rows: Iterable[Mapping[str, Any]], where: str = "") -> str | None:
+    """One line naming the steps below the model dtype's resolution (or re-measured in float32),
+    or None when there are none. ``where`` names the point(s) when the rows do not."""
+    rows = [r for r in rows if r.get("kind") == "intervention" and r.get("probe") in ("bias", "block")]
+    low = [r for r in rows if r.get("below_resolution")]
+    redo = [r for r in rows if r.get("evaluated_in") and r.get("dtype") and r["evaluated_in"] != r["dtype"]]
+    zero = list(dict.fromkeys(str(r.get("point", where)) for r in rows if r.get("alignment_within_rounding")))
+    if not low and not redo and not zero:
+        return None
+    dt = next(r.get("dtype") for r in rows if r.get("dtype"))
+
+    def steps(rs: list[Mapping[str, Any]]) -> str:
+        by: dict[str, list[str]] = {}
+        for r in rs:
+            by.setdefault(str(r.get("point", where)), []).append(f"{r.get('rel_step', r.get('eta')):.2g}")
+        return "; ".join(f"{p} at rel_step {', '.join(v)}" for p, v in by.items())
+
+    parts = []
+    if low:
+        parts.append(f"{len(low)} of {len(rows)} intervention steps are below {dt} resolution (|predicted dL| < "
+                     f"{RESOLUTION_FACTOR:g} x the rounding error of the held-out loss in {dt}) and are left out of "
+                     f"the retention and sign summaries: {steps(low)}")
+    if redo:
+        parts.append(f"{len(redo)} steps below {dt} resolution were measured in float32 instead (the model "
+                     f"upcast; the {dt} value kept as actual_in_dtype): {steps(redo)}")
+    if zero:
+        parts.append(f"at {', '.join(zero)} the alignment mu_M.g_K is within rounding of zero of the {dt} samples "
+                     "(not even the predicted sign is resolved): all its steps are left out of the summaries")
+    return "interventions: " + "; ".join(parts)
+
+
+def _mark_precision(rows: list[dict[str, Any]], dtype: torch.dtype | None, r: float | None) -> None:
+    """Add ``dtype``, ``evaluated_in``, ``resolution`` and ``below_resolution`` to each row."""
+    res = None if r is None else RESOLUTION_FACTOR * r
+    for row in rows:
+        row.update(dtype=_dtype_name(dtype), evaluated_in=_dtype_name(dtype), resolution=res,
+                   below_resolution=bool(res is not None and abs(row["predicted"]) < res),
+                   alignment_bound=None, alignment_within_rounding=False)
+
+
 # ----------------------------------------------------------------------------- block probe maths
 def _positions(x: torch.Tensor, name: str) -> torch.Tensor:
     """``(n, N)`` -> ``(n, 1, N)``; ``(n, T, N)`` kept; ``(n, C, H, W)`` -> ``(n, H·W, C)``."""
@@ -289,6 +474,7 @@ def block_features(model: nn.Module, point: str, data: Any, loss_fn: Callable | 
                 B = g.shape[0]
                 qs.append(g.movedim(dim, -1).reshape(B, -1, g.shape[dim]).detach().double().cpu())
                 h = block.last_hidden
+                assert h is not None  # keep_hidden: this forward set it
                 hs.append(h.reshape(B, -1, h.shape[-1]).detach().double().cpu())
     finally:
         handle.remove()
@@ -301,7 +487,7 @@ def block_features(model: nn.Module, point: str, data: Any, loss_fn: Callable | 
 
 def block_certificate(model: nn.Module, point: str, train: Any, test: Any, *, M: int, K: int,
                       loss_fn: Callable | None = None, batch_size: int = 64,
-                      estimator: str = "unbiased") -> Any:
+                      estimator: Estimator = "unbiased") -> Any:
     """Two-population certificate of an inserted block's ``W_out`` step, from Gram products only."""
     from ..stats import certificate, cross_moments_from_gram
 
@@ -334,7 +520,8 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
               loss_fn: Callable | None = None, M: int | None = None, K: int | None = None,
               n_etas: int = 9, max_rel_step: float = 1.0, block_width: int | None = None, seed: int = 0,
               batch_size: int = 64, progress: bool = True,
-              reuse: Mapping[str, Any] | None = None, prefix: str = "auto") -> list[dict[str, Any]]:
+              reuse: Mapping[str, Any] | None = None, prefix: str = "auto",
+              precision: str = "mark") -> list[dict[str, Any]]:
     r"""Measure the held-out loss change of one first-order step at ``point`` against its prediction.
 
     Args:
@@ -350,8 +537,8 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
         reuse: what a probe of the same batches already measured (``certify`` passes it):
             ``train``/``test`` pooled sum samples of this point (their first ``M``/``K`` rows give
             ``μ_M``, ``g_K``), ``test_losses`` (per-example held-out losses), ``act_sq`` (per
-            train example Σz² and count at the point) and ``width`` (its channel width). The bias probe then runs only the
-            forward passes at each ``η``, all ``η`` of a batch in one stacked pass. ``prefix``: a
+            train example Σz² and count at the point) and ``width`` (its channel width). The bias probe then runs
+            only the forward passes at each ``η``, all ``η`` of a batch in one stacked pass. ``prefix``: a
             :class:`~widthscope.probe.prefix.KeptPrefix` recorded during the probe's held-out
             forward (:func:`~widthscope.probe.prefix.keep_prefix`), so the network before the
             point does not run again at all.
@@ -367,18 +554,41 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
             forwards, 5 short prefixes); memory: the outputs of the modules before the point,
             kept for one chunk. ``"full"``: the whole network ``E`` times (no check, nothing kept;
             for a model whose modules keep state the check cannot see).
+        precision: what to do, for a bfloat16/float16 model, with a step whose predicted change
+            is below the dtype's resolution: ``|predicted| < RESOLUTION_FACTOR · r``, ``r`` the
+            rounding-error scale of the held-out mean loss in that dtype (:func:`loss_rounding`:
+            per-example losses in the dtype against the same weights in float32; one extra
+            float32 forward over the ``K`` held-out examples). ``"mark"`` (default): the row gets
+            ``below_resolution=True`` and summaries leave it out (:func:`resolved`);
+            ``"float32"``: such steps are measured again with the model upcast to float32
+            (:class:`upcast`, exact round trip; ``actual``/``retention``/``sign_agrees`` then
+            come from float32, ``evaluated_in="float32"``, the dtype's value kept as
+            ``actual_in_dtype``). float32/float64 models are the reference: nothing is measured.
 
     Returns:
         One row per η: ``kind="intervention"``, ``probe`` (bias|block), ``point``, ``eta``,
         ``predicted`` (``−η μ_Mᵀ g_K`` or ``−η⟨G_M, G_K⟩``), ``actual`` (``L_K(step) − L_K``),
         ``retention`` (actual/predicted), ``sign_agrees``, ``M``, ``K``, ``mu_norm``
         (``‖μ_M‖`` or ``‖G_M‖_F``), ``alignment`` (``μ_Mᵀ g_K``), ``loss_before``, ``act_rms``,
-        ``prefix`` (``"cached"``, or ``"full: <reason>"``).
+        ``prefix`` (``"cached"``, or ``"full: <reason>"``), ``dtype`` (the model's),
+        ``evaluated_in`` (the dtype ``actual`` was measured in), ``resolution`` (the smallest
+        ``|predicted|`` the dtype resolves, ``RESOLUTION_FACTOR · r``; None for float32/float64
+        models) and ``below_resolution`` (the row's ``actual`` cannot be trusted; always False
+        for float32/float64 models); ``alignment_bound`` and ``alignment_within_rounding``: the
+        estimated rounding error of ``μ_Mᵀ g_K`` from the samples' rounding (bias probe of a
+        bfloat16/float16 model, measured on 16 + 16 examples in float32: :func:`projected_rounding`;
+        None/False otherwise) and whether ``|μ_Mᵀ g_K|`` is within it (then not even the
+        predicted sign is resolved). :func:`resolved` drops both
+        kinds; :func:`precision_note` words them in one line.
     """
+    from .insert import check_intervene_args
+    check_intervene_args(locals())  # types, before any work
     if kind not in ("bias", "block"):
         raise WidthscopeError(f"kind must be 'bias' or 'block', got {kind!r}")
     if prefix not in ("auto", "full"):
         raise WidthscopeError(f"prefix must be 'auto' or 'full', got {prefix!r}")
+    if precision not in ("mark", "float32"):
+        raise WidthscopeError(f"precision must be 'mark' or 'float32', got {precision!r}")
     if etas is not None:
         etas = _check_etas(etas)
     max_rel_step = check_rel_step(max_rel_step)
@@ -396,25 +606,37 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
     else:
         act_rms, width = _activation_rms(model, point, train, loss_fn, batch_size)
     if kind == "bias" and reuse.get("test_losses") is not None and len(reuse["test_losses"]) >= K:
-        loss_before = float(reuse["test_losses"][:K].double().mean())
-    else:
-        loss_before = mean_loss(model, test, loss_fn, batch_size=batch_size)
+        test_losses = reuse["test_losses"][:K].double().cpu()
+    else:  # = mean_loss, keeping the per-example losses for the precision check
+        with _EvalMode(model):
+            test_losses = per_example_losses(model, test, loss_fn, batch_size=batch_size)
+    loss_before = float(test_losses.mean())
     rows: list[dict[str, Any]] = []
     if kind == "bias":
         from .collect import collect
 
         if reuse.get("train") is not None and reuse.get("test") is not None:
-            mu, g = reuse["train"][:M].mean(0), reuse["test"][:K].mean(0)
+            Sa, Sb = reuse["train"][:M], reuse["test"][:K]
         else:
-            mu = collect(model, to_batches(train, batch_size), points=[point], loss_fn=loss_fn,
-                         progress=False)[point].mean(0)
-            g = collect(model, to_batches(test, batch_size), points=[point], loss_fn=loss_fn,
-                        progress=False)[point].mean(0)
+            Sa = collect(model, to_batches(train, batch_size), points=[point], loss_fn=loss_fn,
+                         progress=False)[point]
+            Sb = collect(model, to_batches(test, batch_size), points=[point], loss_fn=loss_fn,
+                         progress=False)[point]
+        mu, g = Sa.mean(0), Sb.mean(0)
         align = float(mu @ g)
         step_norm = float(mu.norm()) / math.sqrt(mu.numel())
-        etas = etas or default_etas(step_norm, act_rms, n_etas, high=max_rel_step)
-        return _bias_rows_stacked(model, point, mu, etas, align, test, loss_fn, batch_size, M, K,
+        bias_etas = etas or default_etas(step_norm, act_rms, n_etas, high=max_rel_step)
+        rows = _bias_rows_stacked(model, point, mu, bias_etas, align, test, loss_fn, batch_size, M, K,
                                   loss_before, act_rms, step_norm, prefix, reuse.get("prefix"))
+        rows = _precision(rows, model, point, lambda: torch.stack([-float(e) * mu for e in bias_etas]), test,
+                          loss_fn, batch_size, K, test_losses, precision)
+        errs = sample_errors(model, point, train, test, loss_fn, batch_size=batch_size)
+        if errs is not None:  # a bfloat16/float16 model (None for float32/float64)
+            ea, eb = errs
+            bound = projected_rounding(ea, g) + projected_rounding(eb, mu)
+            for r in rows:
+                r.update(alignment_bound=bound, alignment_within_rounding=abs(align) <= bound)
+        return rows
     insert(model, point, "block", width=width, hidden=block_width, seed=seed, record=False)
     try:
         block = _block_of(model, point)
@@ -435,15 +657,51 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
     finally:
         remove_insertion(model, point)
     if prefix == "full":
-        return rows
+        return _precision(rows, model, point, lambda: _block_steps(block, G_M, etas), test, loss_fn,
+                          batch_size, K, test_losses, precision)
     # The same steps on the model without the insertion: copy e of the point's output z gets
     # −η_e·G_M φ(W_in norm(z)), the inserted block's output at W_out = −η_e G_M (linear in W_out).
+    rows = _stacked_rows("block", model, point, _block_steps(block, G_M, etas), etas, align, test, loss_fn,
+                         batch_size, M, K, loss_before, act_rms, step_norm, float(G_M.norm()), prefix,
+                         reuse.get("prefix"))
+    return _precision(rows, model, point, lambda: _block_steps(block, G_M, etas), test, loss_fn, batch_size,
+                      K, test_losses, precision)
+
+
+def _block_steps(block: ResidualBlock, G_M: torch.Tensor, etas: Sequence[float]) -> Any:
     from .prefix import FnSteps
 
-    steps = FnSteps(torch.tensor([-float(e) for e in etas], dtype=torch.float64),
-                    lambda z: block.delta(z, G_M.to(z.device)))
-    return _stacked_rows("block", model, point, steps, etas, align, test, loss_fn, batch_size, M, K,
-                         loss_before, act_rms, step_norm, float(G_M.norm()), prefix, reuse.get("prefix"))
+    return FnSteps(torch.tensor([-float(e) for e in etas], dtype=torch.float64),
+                   lambda z: block.delta(z, G_M.to(z.device)))
+
+
+def _precision(rows: list[dict[str, Any]], model: nn.Module, point: str, steps: Callable[[], Any], test: Any,
+               loss_fn: Callable | None, batch_size: int, K: int, test_losses: torch.Tensor,
+               precision: str) -> list[dict[str, Any]]:
+    """Flag the rows below the model dtype's resolution; with ``precision="float32"`` measure those
+    steps again with the model upcast (the network's full path: kept prefixes are in the dtype)."""
+    from .collect import _to, float_dtype
+    from .prefix import stacked_totals
+
+    dt = float_dtype(model)
+    r, ref = loss_rounding(model, test, loss_fn, batch_size=batch_size, losses=test_losses)
+    _mark_precision(rows, dt, r)
+    idx = [i for i, row in enumerate(rows) if row["below_resolution"]]
+    if precision != "float32" or not idx:
+        return rows
+    dev = _device(model)
+    sub = steps()[torch.tensor(idx)]
+    with upcast(model), _EvalMode(model), torch.no_grad():
+        totals, _ = stacked_totals(model, point, sub, test, loss_fn, max(1, batch_size // len(idx)),
+                                   lambda b: _to(b, dev, torch.float32), mode="full")
+    assert ref is not None  # rows fall below resolution only for a low-precision model, which has ref
+    base = float(ref.mean())
+    for j, i in enumerate(idx):
+        old = rows[i]
+        actual = float(totals[j]) / K - base
+        old.update(actual_in_dtype=old["actual"], actual=actual, **_compare(old["predicted"], actual),
+                   evaluated_in="float32", below_resolution=False)
+    return rows
 
 
 def _bias_rows_stacked(model: nn.Module, point: str, mu: torch.Tensor, etas: Sequence[float], align: float,
@@ -496,16 +754,19 @@ def _step_rows(probe: str, model: nn.Module, point: str, param: torch.Tensor, di
     return rows
 
 
+def _compare(predicted: float, actual: float) -> dict[str, Any]:
+    return {"retention": actual / predicted if predicted != 0 else float("nan"),
+            "sign_agrees": bool(predicted != 0 and (actual > 0) == (predicted > 0) and actual != 0)}
+
+
 def _row(probe: str, point: str, eta: float, predicted: float, actual: float, M: int, K: int,
          mu_norm: float, align: float, loss_before: float, act_rms: float,
          step_norm: float) -> dict[str, Any]:
-    retention = actual / predicted if predicted != 0 else float("nan")
     # Step size relative to the stream: RMS entry of the change over RMS entry of the activation,
     # comparable across points and widths (raw η is not).
     rel_step = eta * step_norm / act_rms if act_rms > 0 else float("nan")
     return {"kind": "intervention", "probe": probe, "point": point, "eta": eta,
-            "predicted": predicted, "actual": actual, "retention": retention,
-            "sign_agrees": bool(predicted != 0 and (actual > 0) == (predicted > 0) and actual != 0),
+            "predicted": predicted, "actual": actual, **_compare(predicted, actual),
             "M": M, "K": K, "mu_norm": mu_norm, "alignment": align,
             "loss_before": loss_before, "act_rms": act_rms, "rel_step": rel_step}
 
@@ -529,10 +790,14 @@ def sign_agreement(model: nn.Module, point: str, train_batches: Iterable[Any],
 
     Returns a dict (``kind="intervention"``, ``probe="sign_agreement"``) with ``agree_rate`` (+95% Wilson ``agree_low``,
     ``agree_high``), ``misaligned_rate``, ``improved_rate`` (actual ``ΔL < 0``), ``b_exact``,
-    ``b_align``, ``d_align``, ``expectation``, ``draws``, ``M``, ``K``, ``eta``.
+    ``b_align``, ``d_align``, ``expectation``, ``draws``, ``M``, ``K``, ``eta``, ``dtype`` and
+    ``draws_below_resolution`` (draws whose ``|η μ_Mᵀ g_K|`` is below the model dtype's resolution on
+    their ``K`` examples, as in :func:`intervene`; always 0 for float32/float64 models).
+    ``agree_rate``, its interval and ``improved_rate`` count only the other draws (None if none
+    is left); ``misaligned_rate`` needs no loss and counts all.
     """
     from ..stats import certificate, wilson_interval
-    from .collect import collect
+    from .collect import collect, float_dtype
 
     if eta is not None:
         eta = _check_etas([eta])[0]
@@ -552,30 +817,40 @@ def sign_agreement(model: nn.Module, point: str, train_batches: Iterable[Any],
         eta = default_etas(float(mu.norm()) / math.sqrt(mu.numel()), act_rms, 1, low=1e-3)[0]
     with _EvalMode(model):
         base = per_example_losses(model, test, loss_fn, batch_size=batch_size)
+    _, ref = loss_rounding(model, test, loss_fn, batch_size=batch_size, losses=base)
+    err_sq = None if ref is None else (base - ref).pow(2)
     gen = torch.Generator().manual_seed(int(seed))
-    agree = mis = improved = 0
+    agree = mis = improved = low = 0
     insert(model, point, "bias", width=Sa.shape[1], record=False)
     try:
-        bias = model.get_submodule(point).widthscope_insert.bias
+        wrapper = model.get_submodule(point)
+        assert isinstance(wrapper, Inserted) and isinstance(wrapper.widthscope_insert, ResidualBias)  # just inserted
+        bias = wrapper.widthscope_insert.bias
         for _ in _progress(range(draws), desc=f"sign agreement {point}", disable=None if progress else True):
             I = torch.randperm(na, generator=gen)[:M]
             J = torch.randperm(nb, generator=gen)[:K]
             mu_M, g_K = Sa[I].mean(0), Sb[J].mean(0)
             A = float(mu_M @ g_K)
+            mis += A <= 0
+            if err_sq is not None and eta * abs(A) < RESOLUTION_FACTOR * float(err_sq[J].sum().sqrt()) / K:
+                low += 1  # the rounding of this draw's loss could carry its whole change
+                continue
             with torch.no_grad():
                 bias.copy_((-eta * mu_M).to(bias.dtype))
             with _EvalMode(model):
                 after = per_example_losses(model, _index(test, J), loss_fn, batch_size=batch_size)
             dL = float((after - base[J]).mean())
-            mis += A <= 0
             improved += dL < 0
             agree += (dL < 0) == (A > 0) and dL != 0
     finally:
         remove_insertion(model, point)
     cert = certificate(Sa, Sb, M=M, K=K)
-    lo, hi = wilson_interval(agree, draws)
-    return {"kind": "intervention", "probe": "sign_agreement", "point": point, "M": M, "K": K, "eta": eta, "draws": draws,
-            "agree_rate": agree / draws, "agree_low": lo, "agree_high": hi,
-            "misaligned_rate": mis / draws, "improved_rate": improved / draws,
+    n = draws - low
+    lo, hi = wilson_interval(agree, n) if n else (None, None)
+    return {"kind": "intervention", "probe": "sign_agreement", "point": point, "M": M, "K": K, "eta": eta,
+            "draws": draws,
+            "agree_rate": agree / n if n else None, "agree_low": lo, "agree_high": hi,
+            "misaligned_rate": mis / draws, "improved_rate": improved / n if n else None,
+            "dtype": _dtype_name(float_dtype(model)), "draws_below_resolution": low,
             "b_exact": cert.b_exact, "b_align": cert.b_align, "d_align": cert.d_align,
             "expectation": cert.expectation, "n_train": na, "n_test": nb}

@@ -33,6 +33,7 @@ from typing import Iterable
 
 import torch.nn as nn
 
+from .. import _args
 from ..errors import WidthscopeError
 
 __all__ = ["insertion_points", "all_points", "resolve_points"]
@@ -77,6 +78,7 @@ def _generic_points(model: nn.Module) -> list[str]:
 
 def insertion_points(model: nn.Module) -> list[str]:
     """The default insertion points of ``model``: its block outputs (see the module docstring)."""
+    _args.module("insertion_points", "model", model)
     declared = getattr(model, "widthscope_points", None)
     if declared:
         return resolve_points(model, list(declared))

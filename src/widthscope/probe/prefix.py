@@ -64,7 +64,7 @@ def _signature(out: Any) -> tuple | None:
     if isinstance(out, torch.Tensor):
         return (tuple(out.shape),) if out.ndim >= 1 else None
     if isinstance(out, (tuple, list)) and out:
-        parts = []
+        parts: list[tuple[int, ...] | None] = []
         for o in out:
             if o is None:
                 parts.append(None)
@@ -109,7 +109,7 @@ class FnSteps:
         self.coef, self.fn = coef, fn
         self.shape = tuple(coef.shape)
 
-    def __getitem__(self, idx: Any) -> "FnSteps":
+    def __getitem__(self, idx: Any) -> FnSteps:
         return FnSteps(self.coef[idx], self.fn)
 
     def add(self, z: torch.Tensor) -> torch.Tensor:
@@ -119,7 +119,7 @@ class FnSteps:
         return (zz + c * self.fn(zz[0])).view(z.shape)
 
 
-def add_steps(z: torch.Tensor, steps: "torch.Tensor | FnSteps") -> torch.Tensor:
+def add_steps(z: torch.Tensor, steps: torch.Tensor | FnSteps) -> torch.Tensor:
     """``z`` holds ``E = len(steps)`` stacked copies of a batch; add ``steps[e]`` (a channel
     vector, broadcast over positions) to copy ``e`` (or what :class:`FnSteps` says)."""
     if isinstance(steps, FnSteps):
@@ -263,7 +263,10 @@ class _Replaced:
         E = steps.shape[0]
         self.modules = dict(model.named_modules())
         self.calls = dict.fromkeys(list(p.cached) + ([point] if p.point_cached else []), 0)
-        self.values: dict[str, Callable[[], Any]] = {n: (lambda n=n: _repeat(keep[n], E)) for n in p.cached}
+        def value(n: str) -> Callable[[], Any]:
+            return lambda: _repeat(keep[n], E)
+
+        self.values: dict[str, Callable[[], Any]] = {n: value(n) for n in p.cached}
         if p.point_cached:
             self.values[point] = lambda: put_steps(_repeat(keep[point], E))
         self.point = point
@@ -277,7 +280,7 @@ class _Replaced:
             return self.values[name]()
         return forward
 
-    def __enter__(self) -> "_Replaced":
+    def __enter__(self) -> _Replaced:
         for name in self.calls:
             m = self.modules[name]
             self.saved.append((m, "forward" in m.__dict__, m.__dict__.get("forward")))
@@ -320,8 +323,8 @@ def _cached_losses(model: nn.Module, point: str, p: Plan, steps: torch.Tensor, b
                    keep: dict[str, Any] | None = None) -> torch.Tensor:
     """``cached`` path for one chunk: per-row losses ``(E·B,)`` of the stacked pass; ``keep``:
     the planned outputs of this chunk's rows recorded earlier (:class:`KeptPrefix`), else captured."""
-    from .collect import _run_batch, _split_output
     from .batches import _cat
+    from .collect import _run_batch, _split_output
 
     E = steps.shape[0]
     b = to_dev(batch)
@@ -357,7 +360,7 @@ def check_tolerance(dtype: torch.dtype | None) -> float:
 
 def stacked_totals(model: nn.Module, point: str, steps: torch.Tensor, data: Any, loss_fn: Callable | None,
                    per: int, to_dev: Callable[[Any], Any], *, mode: str = "auto",
-                   kept: "KeptPrefix | None" = None) -> tuple[torch.Tensor, str]:
+                   kept: KeptPrefix | None = None) -> tuple[torch.Tensor, str]:
     """``Σ_i ℓ_i`` over ``data`` with ``steps[e]`` added at ``point``, for every ``e`` (float64 ``(E,)``),
     and how: ``"cached"`` or ``"full: <reason>"``. ``per`` examples are stacked per pass.
 
@@ -368,8 +371,8 @@ def stacked_totals(model: nn.Module, point: str, steps: torch.Tensor, data: Any,
     the cached path (its check, a replaced module misbehaving, a model error under replacement)
     reruns everything on the full path, whose own errors are the model's and propagate."""
     from ..errors import WidthscopeError
-    from .collect import float_dtype
     from .batches import _batch_size, take
+    from .collect import float_dtype
 
     if mode == "full":
         return _full_totals(model, point, steps, data, loss_fn, per, to_dev), "full: requested"
@@ -445,7 +448,9 @@ class KeptPrefix:
             if sig is None:
                 return self._fail(f"{name!r} returned no batch-major tensors")
             part = _map(out, lambda t: t.detach()[: self.n - got].clone())
-            rows = next(s for s in _signature(part) if s is not None)[0]
+            part_sig = _signature(part)
+            assert part_sig is not None  # rows of out, which has one
+            rows = next(s for s in part_sig if s is not None)[0]
             self.bytes += sum(t.numel() * t.element_size()
                               for t in ((part,) if isinstance(part, torch.Tensor) else part) if t is not None)
             if self.bytes > self.max_bytes:
@@ -492,8 +497,8 @@ def keep_prefix(model: nn.Module, points: Sequence[str], data: Any, n: int, loss
     point in ``points`` would capture for the first ``n`` examples of ``data`` (which those passes
     must run first and in order: certify wraps its held-out probe in it). Plans each point on the
     first 2 and 3 examples of ``data`` in eval mode before (two passes for all points); a point
-    that does not run there is left out (its interventions plan and capture themselves). Memory: the outputs of the modules
-    before the last point for ``n`` examples, at most ``max_bytes`` (beyond it nothing is kept).
+    that does not run there is left out (its interventions plan and capture themselves). Memory: the outputs of the
+    modules before the last point for ``n`` examples, at most ``max_bytes`` (beyond it nothing is kept).
     Hand the result to :func:`stacked_totals` (``kept=``) after the block."""
     from ..errors import WidthscopeError
     from .batches import _batch_size, take
@@ -528,8 +533,8 @@ def _full_rows(model: nn.Module, point: str, steps: torch.Tensor, batch: Any, lo
                to_dev: Callable[[Any], Any], bi: int = 0) -> torch.Tensor:
     """Per-row losses ``(E·B,)`` of the ``full`` path for one chunk: the batch stacked ``E``
     times, a forward hook adding ``steps[e]`` to copy ``e`` at ``point``."""
-    from .collect import _run_batch, _split_output
     from .batches import _cat
+    from .collect import _run_batch, _split_output
 
     def hook(_m: nn.Module, _i: Any, out: Any) -> Any:
         z, put = _split_output(out, point)

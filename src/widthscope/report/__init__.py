@@ -1,9 +1,11 @@
 """Plots and a self-contained HTML report from results directories (CLI ``widthscope report``).
 
-``widthscope report RESULTS_DIR [RESULTS_DIR ...] [--out DIR] [--open]`` reads each directory's
-``results.jsonl`` (rebuilding it from ``cells/`` when that exists, see
-:func:`widthscope.sweep.grid.load_rows`), writes PNGs and ``report.html`` into ``--out``
-(default ``RESULTS_DIR/report``) and prints the page's path.
+``widthscope report RESULTS_DIR [RESULTS_DIR ...] [--out DIR] [--open] [--strict]`` reads each
+directory's rows (from its ``cells/`` when that exists, else its ``results.jsonl``), writes PNGs and
+``report.html`` into ``--out`` (default ``RESULTS_DIR/report``) and prints the page's path. Its inputs
+are read-only: nothing is written anywhere but ``--out`` (``widthscope repair`` is the command that
+rewrites a results folder). A damaged line or cell file is skipped and named on stderr and on the
+page; ``--strict`` refuses it instead (one error line, exit 2).
 
 The JSON files of several ``widthscope certify`` runs (e.g. checkpoints of different widths) are
 accepted too, alone or mixed with results directories: they become one width series
@@ -21,7 +23,7 @@ import webbrowser
 from pathlib import Path
 from typing import Any, Sequence
 
-from .._io import read_jsonl
+from .._io import Skipped, _record, read_jsonl, refuse_skips, skip_lines, warn_skips
 from ..errors import WidthscopeError
 
 __all__ = ["load_results", "report", "add_arguments", "run"]
@@ -53,10 +55,26 @@ def _only_ours(got: list[Any], p: Path, notes: list[str] | None) -> list[dict[st
     return ours
 
 
-def load_results(dirs: Sequence[str | os.PathLike], notes: list[str] | None = None) -> list[dict[str, Any]]:
+def _held_by_damaged(p: Path, found: Sequence[Skipped]) -> str | None:
+    """A note when ``p/results.jsonl`` still holds rows of cell files found damaged: they are not lost."""
+    ids = {Path(s.path).stem for s in found}
+    res = p / "results.jsonl"
+    if not ids or not res.is_file():
+        return None
+    held = sum(1 for r in read_jsonl(res, problems=[]) if r.get("cell_id") in ids)
+    if not held:
+        return None
+    return (f"{res} still holds {held} row(s) of the {len(ids)} damaged cell file(s) (not used here: the report "
+            f"reads cells/); `widthscope repair {p}` keeps them in its backup, rerunning the sweep computes them again")
+
+
+def load_results(dirs: Sequence[str | os.PathLike], notes: list[str] | None = None,
+                 problems: list[Skipped] | None = None) -> list[dict[str, Any]]:
     """Rows of every results directory, ``.jsonl`` file or certify ``.json`` file given; each row gets ``source``.
 
-    Rows widthscope did not write are refused (a source with none) or left out with a line in ``notes``."""
+    Rows widthscope did not write are refused (a source with none) or left out with a line in ``notes``.
+    Nothing is written: a damaged line or cell file is skipped and appended to ``problems`` (when
+    given, else logged on stderr); a damaged certify file is refused."""
     from ..sweep.grid import load_rows
     from .certify_series import series_rows
 
@@ -73,9 +91,17 @@ def load_results(dirs: Sequence[str | os.PathLike], notes: list[str] | None = No
                 json_done = True
             continue
         if p.is_file() and p.suffix == ".jsonl":
-            got = read_jsonl(p)
+            got = read_jsonl(p, problems)
         elif p.is_dir():
-            got = load_rows(p) if (p / "cells").is_dir() else read_jsonl(p / "results.jsonl")
+            if (p / "cells").is_dir():
+                found: list[Skipped] = []
+                got = load_rows(p, rebuild=False, problems=found)  # never rewrite an input
+                held = _held_by_damaged(p, found)
+                if held and notes is not None:
+                    notes.append(held)
+                _record(found, problems)
+            else:
+                got = read_jsonl(p / "results.jsonl", problems)
             if not got and not (p / "results.jsonl").exists() and not (p / "cells").is_dir():
                 raise WidthscopeError(f"{str(p)!r} has neither results.jsonl nor cells/: pass the directory a "
                                       f"sweep wrote (its --out), e.g. widthscope-results/<name>")
@@ -97,11 +123,19 @@ def load_results(dirs: Sequence[str | os.PathLike], notes: list[str] | None = No
     return rows
 
 
+# How many skipped lines/files the page lists one by one (stderr: the first few, then a count).
+PAGE_SKIPS = 50
+_STRICT_FIX = ("rebuild a results folder with `widthscope repair DIR` (it keeps a backup), or drop --strict "
+               "to skip the damaged part with a note")
+
+
 def report(results: Sequence[str | os.PathLike] | str | os.PathLike, out_dir: str | os.PathLike | None = None,
-           *, title: str | None = None, notes: Sequence[str] = ()) -> Path:
+           *, title: str | None = None, notes: Sequence[str] = (), strict: bool = False) -> Path:
     """Build the report for one or more results directories; return the path of ``report.html``.
 
-    ``notes`` head the page (e.g. which dataset a fallback chose and why)."""
+    ``notes`` head the page (e.g. which dataset a fallback chose and why). Inputs are only read.
+    Damaged lines and cell files are skipped, logged on stderr and listed on the page; with
+    ``strict`` they are refused (WidthscopeError naming the first)."""
     from .certify_series import describe
     from .html import build_report
 
@@ -109,7 +143,19 @@ def report(results: Sequence[str | os.PathLike] | str | os.PathLike, out_dir: st
     if not dirs:
         raise WidthscopeError("no results directory given: pass at least one sweep --out folder")
     notes = list(notes)
-    rows = load_results(dirs, notes)
+    problems: list[Skipped] = []
+    rows = load_results(dirs, notes, problems)
+    if problems:
+        if strict:
+            raise refuse_skips(problems, _STRICT_FIX)
+        if not rows:
+            raise WidthscopeError(f"no readable rows in {', '.join(map(str, dirs))}: {len(problems)} damaged "
+                                  f"line(s)/file(s), first {problems[0]}; rerun the sweep, or restore the "
+                                  "results from a copy")
+        warn_skips(problems, "widthscope report")
+        notes[:0] = [f"damaged input: {len(problems)} line(s)/file(s) were skipped, each named below; "
+                     "`widthscope report --strict` refuses such input, `widthscope repair DIR` rebuilds a "
+                     "results folder keeping a backup"] + skip_lines(problems, PAGE_SKIPS)
     if not rows:
         raise WidthscopeError(f"no finished rows in {', '.join(map(str, dirs))}: run (or resume) the sweep first")
     first = Path(dirs[0])
@@ -133,10 +179,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "certify .json first: its folder/report)")
     parser.add_argument("--title", default=None, help="page title")
     parser.add_argument("--open", action="store_true", help="open the page in a browser afterwards")
+    parser.add_argument("--strict", action="store_true", help="refuse damaged input (a torn or non-JSON line, "
+                        "a damaged cell file) with one error line, exit 2, instead of skipping it with a note")
 
 
 def run(args: argparse.Namespace) -> int:
-    page = report(args.results, args.out, title=args.title)
+    page = report(args.results, args.out, title=args.title, strict=args.strict)
     print(f"report: {page}")
     print(f"figures: {page.parent}/*.png")
     if args.open:

@@ -47,12 +47,12 @@ def _num(v: Any) -> float:
 
 
 def _ranks(x: Sequence[float]) -> np.ndarray:
-    x = np.asarray(x, dtype=float)
-    order = np.argsort(x, kind="mergesort")
-    ranks = np.empty(len(x))
-    ranks[order] = np.arange(len(x), dtype=float)
-    for v in np.unique(x):  # average ranks of ties
-        m = x == v
+    a = np.asarray(x, dtype=float)
+    order = np.argsort(a, kind="mergesort")
+    ranks = np.empty(len(a))
+    ranks[order] = np.arange(len(a), dtype=float)
+    for v in np.unique(a):  # average ranks of ties
+        m = a == v
         ranks[m] = ranks[m].mean()
     return ranks
 
@@ -95,7 +95,8 @@ def _widths(rows: Sequence[Mapping[str, Any]]) -> list[float]:
     return sorted({r["width"] for r in rows})
 
 
-def _agg(rows: Sequence[Mapping[str, Any]], col: str, *, by: tuple[str, ...]) -> dict[tuple, tuple[float, float, float, int]]:
+def _agg(rows: Sequence[Mapping[str, Any]], col: str, *, by: tuple[str, ...]
+         ) -> dict[tuple, tuple[float, float, float, int]]:
     """(mean, min, max, n) over seeds of ``col`` for each value of ``by`` (one value per seed)."""
     per: dict[tuple, dict[Any, float]] = defaultdict(dict)
     for r in rows:
@@ -332,20 +333,20 @@ def tables(rows: list[dict]) -> list[dict]:
                     continue
                 mean, lo, hi, n = cols["two_d_align"][k]
                 spread = f" ({_fmt(lo)}–{_fmt(hi)})" if n > 1 else ""
-                g = lambda c: cols[c].get(k, (math.nan,))[0]  # noqa: E731
+                g = {c: v.get(k, (math.nan,))[0] for c, v in cols.items()}  # this row's seed means
                 cell = [r for r in at if (r["width"], r["point_index"]) == k]
                 seeds = len({r.get("seed") for r in cell})
                 n_vac = len({r.get("seed") for r in cell if r.get("two_vacuous") or r.get("two_d_align") is None})
                 h.append("<tr>" + "".join([
                     f"<td>{w:g}</td>", f'<td class="l">{html.escape(pname)}</td>', f"<td>{seeds}</td>",
                     f"<td>{n_vac}/{seeds}</td>",
-                    f"<td>{_fmt(g('n_params'), ',.0f')}</td>", f"<td>{_fmt(g('test_loss'), '.4g')}</td>",
-                    f"<td>{_fmt(mean)}{spread}</td>", f"<td>{_fmt(g('two_d_par'))}</td>",
-                    f"<td>{_fmt(g('two_d_2'))}</td>",
-                    f"<td>{_limit(cell)}</td>", f"<td>{_fmt(g('one_d_align'))}</td>",
-                    f"<td>{_fmt(g('misalignment'))}</td>",
-                    f"<td>[{_fmt(g('misalignment_low'))}, {_fmt(g('misalignment_high'))}]</td>",
-                    f"<td>{_fmt(g('two_b_exact'))}</td>", f"<td>{_fmt(g('two_b_align'))}</td>"]) + "</tr>")
+                    f"<td>{_fmt(g['n_params'], ',.0f')}</td>", f"<td>{_fmt(g['test_loss'], '.4g')}</td>",
+                    f"<td>{_fmt(mean)}{spread}</td>", f"<td>{_fmt(g['two_d_par'])}</td>",
+                    f"<td>{_fmt(g['two_d_2'])}</td>",
+                    f"<td>{_limit(cell)}</td>", f"<td>{_fmt(g['one_d_align'])}</td>",
+                    f"<td>{_fmt(g['misalignment'])}</td>",
+                    f"<td>[{_fmt(g['misalignment_low'])}, {_fmt(g['misalignment_high'])}]</td>",
+                    f"<td>{_fmt(g['two_b_exact'])}</td>", f"<td>{_fmt(g['two_b_align'])}</td>"]) + "</tr>")
         h.append("</tbody></table>")
         out.append({"title": f"{label}: numbers (mean over seeds; d_align range over seeds in brackets; "
                              f"vacuous seeds, whose d_align is undefined, left out)",

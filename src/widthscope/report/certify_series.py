@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..errors import WidthscopeError
+from ..probe.intervene import resolved
 from ..stats import vacuous_rule
 from ..sweep.alignment import CERT_FIELDS
 
@@ -43,11 +44,26 @@ _FIX = ("pass the JSON file that `widthscope certify --out FILE` wrote, a sweep 
 
 
 def _read(path: Path) -> Any:
+    """The parsed file; damage is refused, never skipped: the user named this file, and a series
+    missing one width would still plot as if whole."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
         raise WidthscopeError(f"{str(path)!r} does not exist: {_FIX}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except UnicodeDecodeError:
+        raise WidthscopeError(f"{str(path)!r} is not UTF-8 text (a binary or damaged file?): {_FIX}") from None
+    except OSError as exc:
+        raise WidthscopeError(f"{str(path)!r} cannot be read ({exc.strerror or exc}): {_FIX}") from None
+    if not text.strip():
+        raise WidthscopeError(f"{str(path)!r} is empty (an interrupted write?): rerun certify, or {_FIX}")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        from .._io import cut_off
+
+        if cut_off(text, exc):
+            raise WidthscopeError(f"{str(path)!r} is truncated: its JSON stops after {len(text.rstrip())} "
+                                  f"characters (an interrupted copy or write?); rerun certify, or {_FIX}") from None
         raise WidthscopeError(f"{str(path)!r} is not readable JSON ({exc}): {_FIX}") from None
 
 
@@ -114,7 +130,8 @@ def rows_from_certify(path: str | os.PathLike, result: Mapping[str, Any] | None 
                 "n_probe_train": pt.get("n_train"), "n_probe_test": pt.get("n_test"),
                 "estimator": st.get("estimator"), "pool": st.get("pool")}
         ivs = [iv for iv in pt.get("interventions") or [] if isinstance(iv, dict)]
-        steps = [iv for iv in ivs if isinstance(iv.get("eta"), (int, float)) and iv.get("probe") in ("bias", "block")]
+        steps = [iv for iv in resolved(ivs)  # steps below the dtype's resolution are not measurements
+                 if isinstance(iv.get("eta"), (int, float)) and iv.get("probe") in ("bias", "block")]
         # Same iv_* columns a sweep row carries: the smallest step, where the linear prediction is meant to hold.
         iv_cols = {}
         if steps:

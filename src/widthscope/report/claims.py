@@ -60,7 +60,7 @@ from __future__ import annotations
 import html
 import math
 from collections import defaultdict
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, TypeGuard
 
 import numpy as np
 from scipy import special as _sp
@@ -81,7 +81,7 @@ MAX_SEEDS = 10_000
 INF = math.inf
 
 
-def _ok(v: Any) -> bool:
+def _ok(v: Any) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -334,7 +334,9 @@ def _pick_paper_step(rs: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | Non
 def _interventions(rows: list[Mapping[str, Any]]) -> list[dict]:
     curves: dict[tuple, list[Mapping[str, Any]]] = defaultdict(list)
     for r in rows:
-        if r.get("probe") in ("bias", "block") and _ok(r.get("retention")) and _ok(r.get("eta")):
+        # steps below the model dtype's resolution are not measurements (probe.intervene.resolved)
+        if (r.get("probe") in ("bias", "block") and _ok(r.get("retention")) and _ok(r.get("eta"))
+                and not r.get("below_resolution") and not r.get("alignment_within_rounding")):
             curves[(r.get("family"), r.get("width"), r.get("seed"), r.get("point"), r.get("probe"))].append(r)
     if not curves:
         return []

@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from statistics import median
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence, TypeGuard
 
 from ..stats import certified, certified_steps
 
@@ -53,7 +53,7 @@ SUMMARY = {"first_cert": "monitor_first_cert_step", "steps_total": "monitor_step
 CELL = ("family", "width", "seed")
 
 
-def _num(v: Any) -> bool:
+def _num(v: Any) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -126,12 +126,14 @@ def seed_slopes(cells: Mapping[tuple, Cell]) -> dict[str, dict[str, Any]]:
             no_horizon[fam] += 1
     out: dict[str, dict[str, Any]] = {}
     for fam, seeds in fams.items():
-        slopes, ys, deltas = [], [], set()
+        slopes: list[float] = []
+        ys: list[float] = []
+        deltas: set[float] = set()
         n_pts = n_cens = 0
         for ws in seeds.values():
             if len(ws) < 2:
                 continue
-            horizon = min(c.horizon for c in ws.values())
+            horizon = min(c.horizon for c in ws.values() if c.horizon is not None)  # set in every cell of fams
             grids = [c.steps for c in ws.values() if c.steps is not None]
             grid = set.intersection(*grids) if grids else None
             pts = []
@@ -144,7 +146,8 @@ def seed_slopes(cells: Mapping[tuple, Cell]) -> dict[str, dict[str, Any]]:
                         if grid is not None:
                             hit = [min(g for g in grid if g >= s) for s in hit if any(g >= s for g in grid)]
                     else:  # the rows: the earliest step from which it stays certified up to the horizon
-                        seen = [s for s in (grid if grid is not None else c.steps) if s <= horizon]
+                        steps = grid if grid is not None else c.steps or set()  # rows: c.steps is a set
+                        seen = [s for s in steps if s <= horizon]
                         cert = set(hit)
                         since = certified_steps((g, g in cert) for g in seen)[1]
                         hit = [] if since is None else [since]

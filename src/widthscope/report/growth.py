@@ -127,9 +127,9 @@ def practitioner_table(table: Sequence[Mapping[str, Any]], rows: Sequence[Mappin
         base = [r["loss_before"] for r in rows if r.get("kind") == "growth_bench" and r["model"] == m
                 and r["point_index"] == 0]
         last, orc, dfl, ceil = by[(m, "last")], by[(m, "oracle")], by[(m, default)], by[(m, "ceiling")]
-        lines.append(f"| {m} | {sum(base) / len(base):.4f} | {_iv(last, 'continue', '.4f')} | {_iv(last, 'gain', '.4f')} | "
-                     f"{_iv(orc, 'gain', '.4f')} | {_iv(dfl, 'gain', '.4f')} | {_iv(last, 'train_all', '.4f')} | "
-                     f"{_iv(ceil, 'spearman', '.2f')} | {last['n_seeds']} |")
+        lines.append(f"| {m} | {sum(base) / len(base):.4f} | {_iv(last, 'continue', '.4f')} | "
+                     f"{_iv(last, 'gain', '.4f')} | {_iv(orc, 'gain', '.4f')} | {_iv(dfl, 'gain', '.4f')} | "
+                     f"{_iv(last, 'train_all', '.4f')} | {_iv(ceil, 'spearman', '.2f')} | {last['n_seeds']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -223,7 +223,8 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path, table: Seque
             ax.bar(x, y, width, color=colors(j), label=c, yerr=err, error_kw={"elinewidth": 0.7})
         ax.set_xticks(np.arange(len(models)))
         ax.set_xticklabels(models, rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel("regret / (best − worst) (lower is better)" if metric == "norm_regret" else "Spearman with realised gain")
+        ax.set_ylabel("regret / (best − worst) (lower is better)" if metric == "norm_regret"
+                      else "Spearman with realised gain")
         ax.axhline(0, color="k", lw=0.6)
     axes[0].legend(fontsize=7, ncol=2)
     figs.append(save_figure(fig, out_dir / "growth_regret.png", "Growth criteria: regret and rank correlation",
@@ -238,12 +239,13 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path, table: Seque
     names = list(dict.fromkeys(m for m, _ in units))
     fig, axes = plt.subplots(1, len(names), figsize=(2.6 * len(names), 3), squeeze=False)
     for ax, m in zip(axes[0], names):
-        for (m2, s), rs in units.items():
+        for (m2, s), unit in units.items():
             if m2 != m:
                 continue
-            rs = sorted(rs, key=lambda r: r["point_index"])
-            line, = ax.plot([r["point_index"] for r in rs], [r["gain_long"] for r in rs], "o-", ms=3, lw=1, label=f"s{s}")
-            ax.axhline(rs[-1]["gain_continue_long"], color=line.get_color(), ls=":", lw=0.8)
+            seq = sorted(unit, key=lambda r: r["point_index"])
+            line, = ax.plot([r["point_index"] for r in seq], [r["gain_long"] for r in seq], "o-", ms=3, lw=1,
+                            label=f"s{s}")
+            ax.axhline(seq[-1]["gain_continue_long"], color=line.get_color(), ls=":", lw=0.8)
         ax.set_title(m, fontsize=9)
         ax.set_xlabel("point index (last = last block)", fontsize=8)
     axes[0][0].set_ylabel("realised gain (nats)")

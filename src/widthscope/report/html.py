@@ -230,15 +230,16 @@ def provenance(rows: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str
         if groups:
             parts.append("<table><tr><th class=l>family</th><th>width</th><th>seeds</th><th>training steps</th>"
                          "<th>final train loss</th><th>final held-out loss</th></tr>")
+            def mean(g: Sequence[Mapping[str, Any]], key: str) -> str:
+                vals = [float(r[key]) for r in g if isinstance(r.get(key), (int, float))]
+                return f"{sum(vals) / len(vals):.4g}" if vals else "–"
+
             for (fam, width), g in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), float(kv[0][1]))):
-                def mean(key: str) -> str:
-                    vals = [float(r[key]) for r in g if isinstance(r.get(key), (int, float))]
-                    return f"{sum(vals) / len(vals):.4g}" if vals else "–"
-                seeds = sorted({r.get("seed") for r in g if r.get("seed") is not None})
-                steps = sorted({r.get("steps") for r in g if r.get("steps") is not None})
+                seeds = sorted({r["seed"] for r in g if r.get("seed") is not None})
+                steps = sorted({r["steps"] for r in g if r.get("steps") is not None})
                 parts.append(f"<tr><td class=l>{esc(str(fam))}</td><td>{esc(str(width))}</td>"
                              f"<td>{len(seeds)}</td><td>{esc(', '.join(map(str, steps)) or '–')}</td>"
-                             f"<td>{mean('train_loss')}</td><td>{mean('test_loss')}</td></tr>")
+                             f"<td>{mean(g, 'train_loss')}</td><td>{mean(g, 'test_loss')}</td></tr>")
             parts.append("</table>")
         cfg = Path(src) / "sweep.json"
         if cfg.is_file():

@@ -5,6 +5,9 @@ Figures:
 * actual vs predicted held-out loss change ``|ΔL|`` (log-log, identity line; sign
   disagreements drawn as red crosses), one colour per point;
 * retention ``ΔL_actual/ΔL_pred`` vs ``η`` (log x), with the ideal value 1;
+* steps whose predicted change is below the model dtype's resolution (``below_resolution``,
+  :func:`widthscope.probe.intervene.intervene`) are drawn grey in the first figure and left out
+  of the retention figures and of every summary sentence, which says how many were left out;
 * held-out loss before and after growing a block, per grown point (best/worst/random).
 
 Example::
@@ -23,6 +26,7 @@ __all__ = ["figures", "summary"]
 
 from .html import save_figure
 
+
 def _finite(*vals: Any) -> bool:
     return all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in vals)
 
@@ -39,6 +43,34 @@ def _plt():
 def _steps(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [r for r in rows if r.get("kind") == "intervention" and r.get("probe") in ("bias", "block")
             and _finite(r.get("predicted"), r.get("actual"), r.get("eta"))]
+
+
+def _resolved(steps: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    # a step the model's dtype cannot resolve measured rounding, not the loss change
+    return [r for r in steps if not r.get("below_resolution") and not r.get("alignment_within_rounding")]
+
+
+def _precision_words(steps: Sequence[Mapping[str, Any]]) -> str | None:
+    """One sentence on the steps left out (below resolution) or re-measured in float32."""
+    low = [r for r in steps if r.get("below_resolution")]
+    redo = [r for r in steps if r.get("evaluated_in") and r.get("dtype") and r["evaluated_in"] != r["dtype"]]
+    zero = [r for r in steps if r.get("alignment_within_rounding") and not r.get("below_resolution")]
+    if not low and not redo and not zero:
+        return None
+    dts = sorted({str(r.get("dtype")) for r in low + redo + zero})
+    out = []
+    if low:
+        rel: list[float] = [r["rel_step"] for r in low if _finite(r.get("rel_step"))]
+        span = f" (rel_step {min(rel):.2g}–{max(rel):.2g})" if rel else ""
+        out.append(f"{len(low)} of {len(steps)} steps{span} had a predicted change below the resolution of the model's "
+                   f"dtype ({', '.join(dts)}: within a few rounding errors of its held-out loss) and are left out of "
+                   "the retention and sign figures and sentences")
+    if redo:
+        out.append(f"{len(redo)} steps below {', '.join(dts)} resolution were measured in float32 (model upcast)")
+    if zero:
+        out.append(f"{len(zero)} more steps are left out because their alignment μ_Mᵀg_K is within rounding of zero "
+                   "of the samples (not even the predicted sign is resolved)")
+    return "Precision: " + "; ".join(out) + "."
 
 
 def _label(r: Mapping[str, Any]) -> str:
@@ -89,7 +121,10 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[dict
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     figs: list[dict[str, str]] = []
-    steps = _steps(rows)
+    every = _steps(rows)
+    steps = _resolved(every)
+    kept = {id(r) for r in steps}
+    below = [r for r in every if id(r) not in kept and r["predicted"] != 0 and r["actual"] != 0]
     if steps:
         plt = _plt()
         groups: dict[str, list[Mapping[str, Any]]] = {}
@@ -110,6 +145,10 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[dict
             if bad:
                 ax.loglog(*zip(*bad), "x", color="red", ms=9, mew=2)
             lo, hi = min(lo, *xs, *ys), max(hi, *xs, *ys)
+        if below:
+            ax.loglog([abs(r["predicted"]) for r in below], [abs(r["actual"]) for r in below], "o", mfc="none",
+                      color="0.6", ms=4, label="below the dtype's resolution (left out)")
+            lo = min(lo, *(abs(r[k]) for r in below for k in ("predicted", "actual")))
         if hi > 0 and math.isfinite(lo):
             ax.loglog([lo, hi], [lo, hi], "k--", lw=1, label="actual = predicted")
         ax.set_xlabel("|predicted ΔL| = η |μ_Mᵀ g_K|")
@@ -120,7 +159,9 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[dict
             fig, out / "interventions_actual_vs_predicted.png", "Actual vs predicted held-out loss change",
             (f"{len(steps)} steps at {len(groups)} point(s). On the dashed line "
              "the first-order prediction is exact; red crosses: the sign was wrong "
-             f"({n_bad} of {len(steps)}).")))
+             f"({n_bad} of {len(steps)})." + (f" Grey circles: {len(every) - len(steps)} steps the model's dtype "
+                                              "does not resolve, left out of the counts."
+                                              if len(every) > len(steps) else ""))))
 
         # x: the step relative to the stream (comparable across points and widths) when recorded.
         xkey = "rel_step" if all(_finite(r.get("rel_step")) for r in steps) else "eta"
@@ -144,6 +185,9 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[dict
         cap = "Retention → 1 as η → 0 when the loss is smooth at the insertion point."
         if rets:
             cap += f" At the smallest η: {min(rets):.3f}–{max(rets):.3f}."
+        if len(every) > len(steps):
+            cap += (f" {len(every) - len(steps)} steps the model's dtype does not resolve are not drawn "
+                    "(the smallest η above is the smallest resolved one).")
         figs.append(save_figure(fig, out / "interventions_retention.png", "Retention vs step size", cap))
 
     grown = [r for r in rows if r.get("kind") == "growth" and r.get("role") != "candidate"
@@ -151,11 +195,11 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[dict
     if grown:
         plt = _plt()
         fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(grown) + 2), 4.0))
-        xs = range(len(grown))
+        pos = range(len(grown))
         w = 0.38
-        ax.bar([x - w / 2 for x in xs], [r["loss_before"] for r in grown], w, label="before")
-        ax.bar([x + w / 2 for x in xs], [r["loss_after"] for r in grown], w, label="after")
-        ax.set_xticks(list(xs))
+        ax.bar([x - w / 2 for x in pos], [r["loss_before"] for r in grown], w, label="before")
+        ax.bar([x + w / 2 for x in pos], [r["loss_after"] for r in grown], w, label="after")
+        ax.set_xticks(list(pos))
         ax.set_xticklabels([f"{r.get('role')}\n{r.get('point')}" for r in grown], fontsize=7)
         ax.set_ylabel("held-out loss")
         ax.legend()
@@ -171,7 +215,11 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[dict
 def summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """Verdict sentences: sign agreement and retention at the smallest η; growth outcome."""
     out = []
-    steps = _steps(rows)
+    every = _steps(rows)
+    steps = _resolved(every)
+    words = _precision_words(every)
+    if words:
+        out.append(words)
     if steps:
         agree = sum(1 for r in steps if r.get("sign_agrees"))
         out.append(f"Interventions, per step of the η grid: the sign of the measured held-out ΔL matched the "
@@ -183,11 +231,17 @@ def summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         smallest = [min(rs, key=lambda r: r["eta"]) for rs in curves.values()]
         ok = sum(1 for r in smallest if r.get("sign_agrees"))
         out.append(f"Interventions, at the smallest step of each curve: sign right in {ok} of {len(smallest)} "
-                   "curves (one curve = one model and point).")
+                   "curves (one curve = one model and point" + ("; the smallest step the model's dtype resolves"
+                                                             if len(every) > len(steps) else "") + ").")
+    for r in rows:
+        if r.get("probe") == "sign_agreement" and r.get("draws_below_resolution"):
+            out.append(f"Sign agreement at {r.get('point')}: {r['draws_below_resolution']} of {r.get('draws')} draws "
+                       f"had a predicted change below {r.get('dtype')} resolution and are left out of the rates.")
     signs = [r for r in rows if r.get("probe") == "sign_agreement" and _finite(r.get("agree_rate"))]
     for r in signs:
+        n = (r.get("draws") or 0) - (r.get("draws_below_resolution") or 0)
         out.append(f"Sign agreement over resampled (M, K) subsets at {r.get('point')} (M={r.get('M')}, "
-                   f"K={r.get('K')}): the fraction of {r.get('draws')} draws whose measured ΔL had the predicted "
+                   f"K={r.get('K')}): the fraction of {n} draws whose measured ΔL had the predicted "
                    f"sign was {r['agree_rate']:.3f}; empirical misalignment "
                    f"{r.get('misaligned_rate', float('nan')):.3f} vs B_exact {r.get('b_exact', float('nan')):.3f}.")
     grown = [r for r in rows if r.get("kind") == "growth" and r.get("role") in ("best", "worst", "random")

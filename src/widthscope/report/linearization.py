@@ -10,7 +10,7 @@ Example::
 
     from widthscope.sweep.grid import load_rows
     from widthscope.report.linearization import figures
-    figs = figures(load_rows("runs/linearize-demo"), "runs/linearize-demo/report")
+    figs = figures(load_rows("runs/linearize-demo", rebuild=False), "runs/linearize-demo/report")
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ __all__ = ["figures", "tables", "summary", "slopes_from_rows", "side_by_side"]
 
 from .html import save_figure
 
+
 def _plt():
     import matplotlib
 
@@ -38,10 +39,11 @@ def slopes_from_rows(rows: Sequence[dict]) -> list[dict[str, Any]]:
     """Slope rows (as in ``slopes.json``) refitted from result rows alone."""
     from ..linear.sweep import cfg_from_rows, summarize
 
-    cfg = cfg_from_rows(rows)
+    fresh = list(rows)  # a list of their own, as summarize has always been given
+    cfg = cfg_from_rows(fresh)
     if cfg is None:
         return []
-    return summarize(list(rows), cfg)
+    return summarize(fresh, cfg)
 
 
 def _gmean_by_width(rows, metric, widths):
@@ -291,13 +293,13 @@ def tables(rows: list[dict]) -> list[dict]:
         return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else \
             (f"{v:.3g}" if isinstance(v, float) else str(v))
 
-    body = []
+    trs = []
     for s in slopes:
         cells = [s["metric"], f(s["alpha"]), f(s["step"]), f(s["slope"]),
                  f"[{f(s['ci_low'])}, {f(s['ci_high'])}]", f(s["reference"]), f(s["published"]), f(s["n_widths"])]
-        body.append("<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in cells) + "</tr>")
+        trs.append("<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in cells) + "</tr>")
     head = "<tr>" + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr>"
-    return [{"title": "Log-log slopes over width", "html": f"<table>{head}{''.join(body)}</table>"}] + out
+    return [{"title": "Log-log slopes over width", "html": f"<table>{head}{''.join(trs)}</table>"}] + out
 
 
 def summary(rows: list[dict], found: Sequence[dict] | None = None) -> list[str]:

@@ -19,7 +19,6 @@ Example::
     False
 """
 from .bounds import Certificate, Plan, certificate, certified, certified_steps, plan, resolve_moments, vacuous_rule
-from .resample import Misalignment, misalignment, misalignment_from_gram, wilson_interval
 from .estimators import (
     CrossMoments,
     Moments,
@@ -31,6 +30,7 @@ from .estimators import (
     moments,
     moments_from_gram,
 )
+from .resample import Misalignment, misalignment, misalignment_from_gram, wilson_interval
 
 __all__ = [
     "Moments", "CrossMoments", "PrimalMoments", "moments", "moments_from_gram", "gram_sums",

@@ -58,8 +58,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .. import _args
 from ..errors import WidthscopeError
-from .estimators import CrossMoments, Moments, PrimalMoments, cross_moments, moments
+from .estimators import CrossMoments, Method, Moments, PrimalMoments, cross_moments, moments
 
 __all__ = ["Certificate", "certificate", "Plan", "plan", "resolve_moments", "vacuous_rule", "certified",
            "certified_steps"]
@@ -97,8 +98,8 @@ class Certificate:
     n_test: int
 
 
-def resolve_moments(train: Any, test: Any = None, *, estimator: str = "unbiased",
-                    populations: str = "auto", method: str = "auto") -> Moments | CrossMoments:
+def resolve_moments(train: Any, test: Any = None, *, estimator: Estimator = "unbiased",
+                    populations: Populations = "auto", method: Method = "auto") -> Moments | CrossMoments:
     """Turn the accepted inputs into :class:`Moments` (one population) or :class:`CrossMoments`.
 
     ``train`` may be an ``(n, d)`` matrix, :class:`PrimalMoments`, or precomputed
@@ -116,7 +117,8 @@ def resolve_moments(train: Any, test: Any = None, *, estimator: str = "unbiased"
         if populations not in ("auto", kind):
             raise WidthscopeError(
                 f"populations={populations!r} but a precomputed {type(train).__name__} gives the "
-                f"{kind}-population form; pass {'cross_moments(train, test)' if kind == 'one' else 'moments(train)'} instead")
+                f"{kind}-population form; pass "
+                f"{'cross_moments(train, test)' if kind == 'one' else 'moments(train)'} instead")
         return train
     if populations == "auto":
         populations = "two" if test is not None else "one"
@@ -129,13 +131,24 @@ def resolve_moments(train: Any, test: Any = None, *, estimator: str = "unbiased"
     return moments(train, estimator, method)
 
 
-def _check_size(v: Any, name: str) -> int:
-    if isinstance(v, bool) or not hasattr(v, "__index__"):
-        raise WidthscopeError(f"{name} must be a positive integer sample size, got {v!r}")
-    v = int(v)
-    if v < 1:
-        raise WidthscopeError(f"{name} must be a positive integer sample size, got {v}")
-    return v
+def _check_inputs(fn: str, train: Any, test: Any, estimator: Any, populations: Any, method: Any) -> None:
+    """The types :func:`certificate` and :func:`plan` take, before any moment is computed."""
+    if not isinstance(train, (Moments, CrossMoments, PrimalMoments)):
+        _args.tensor(fn, "train", train, ndim=2, arrays=True,
+                     accepts="a 2-D (n, d) tensor or array of samples, PrimalMoments, Moments or CrossMoments")
+    if not isinstance(test, PrimalMoments):
+        _args.tensor(fn, "test", test, ndim=2, arrays=True, optional=True,
+                     accepts="a 2-D (n, d) tensor or array of held-out samples, PrimalMoments or None")
+    _args.choice(fn, "estimator", estimator, ("unbiased", "plugin"))
+    _args.choice(fn, "populations", populations, ("auto", "one", "two"))
+    _args.choice(fn, "method", method, ("auto", "dual", "primal"))
+
+
+def _size(fn: str, name: str, v: Any) -> int:
+    """A sample size ``M``/``K`` of ``fn``: a positive integer."""
+    n = _args.integer(fn, name, v, lo=1, accepts="a positive integer sample size")
+    assert n is not None  # not optional
+    return n
 
 
 def _terms(m: Moments | CrossMoments) -> tuple[float, float, float, float, str, int, int]:
@@ -173,7 +186,7 @@ def _b_exact(E: float, V: float) -> float:
 
 
 def certificate(train: Any, test: Any = None, *, M: int, K: int, estimator: Estimator = "unbiased",
-                populations: Populations = "auto", method: str = "auto") -> Certificate:
+                populations: Populations = "auto", method: Method = "auto") -> Certificate:
     """Alignment certificate for ``M`` train and ``K`` held-out samples.
 
     ``train``/``test``: ``(n, d)`` sample matrices (numpy or torch), :class:`PrimalMoments`, or
@@ -193,8 +206,9 @@ def certificate(train: Any, test: Any = None, *, M: int, K: int, estimator: Esti
         >>> c.populations, c.vacuous
         ('two', False)
     """
-    M = _check_size(M, "M")
-    K = _check_size(K, "K")
+    _check_inputs("certificate", train, test, estimator, populations, method)
+    M = _size("certificate", "M", M)
+    K = _size("certificate", "K", K)
     m = resolve_moments(train, test, estimator=estimator, populations=populations, method=method)
     E, p, q, t, pop, n_tr, n_te = _terms(m)
     if not all(math.isfinite(x) for x in (E, p, q, t)):
@@ -320,7 +334,7 @@ def _smallest(ok, lo_bad: int = 0) -> int | None:
 
 def plan(train: Any, test: Any = None, *, target: float, K: int | None = None,
          estimator: Estimator = "unbiased", populations: Populations = "auto",
-         method: str = "auto") -> Plan:
+         method: Method = "auto") -> Plan:
     """Smallest ``M`` (at a fixed ``K``, and with ``M = K``) so that each bound is ≤ ``target``.
 
     Inputs as for :func:`certificate`. The search evaluates exactly the certificate's own
@@ -336,14 +350,12 @@ def plan(train: Any, test: Any = None, *, target: float, K: int | None = None,
         >>> p.exact_M is None or certificate(X, M=p.exact_M, K=64).b_exact <= 0.1
         True
     """
-    try:
-        target = float(target)
-    except (TypeError, ValueError) as exc:
-        raise WidthscopeError(f"target must be a probability in (0, 1), got {target!r}") from exc
-    if not 0.0 < target < 1.0:
-        raise WidthscopeError(f"target must be a probability in (0, 1), got {target}")
-    if K is not None:
-        K = _check_size(K, "K")
+    _check_inputs("plan", train, test, estimator, populations, method)
+    checked = _args.number("plan", "target", target, 0.0, 1.0, lo_open=True, hi_open=True,
+                           accepts="a probability in (0, 1)")
+    assert checked is not None  # not optional
+    target = checked
+    K = _args.integer("plan", "K", K, lo=1, optional=True, accepts="a positive integer sample size or None")
     m = resolve_moments(train, test, estimator=estimator, populations=populations, method=method)
     E, p, q, t, pop, _, _ = _terms(m)
     probe = certificate(m, M=1, K=1)

@@ -79,6 +79,7 @@ from typing import Any, Literal
 
 import torch
 
+from .. import _args
 from ..errors import WidthscopeError
 
 __all__ = [
@@ -215,7 +216,7 @@ def gram_sums(G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     return S, A, B, C
 
 
-def _unbiased_from_sums(n: int, S, A, B, C):
+def _unbiased_from_sums(n: int, S: float, A: float, B: float, C: float) -> tuple[float, float, float]:
     p2, p3, p4 = _falling(n, 2), _falling(n, 3), _falling(n, 4)
     mu_sq = S / p2
     mu_sigma_mu = B / p3 - C / p4
@@ -223,7 +224,8 @@ def _unbiased_from_sums(n: int, S, A, B, C):
     return mu_sq, mu_sigma_mu, tr_sigma_sq
 
 
-def _cross_unbiased_from_sums(na: int, nb: int, T, Q, R, Rp):
+def _cross_unbiased_from_sums(na: int, nb: int, T: float, Q: float, R: float,
+                              Rp: float) -> tuple[float, float, float, float]:
     U = T * T - R - Rp + Q
     pa, pb = _falling(na, 2), _falling(nb, 2)
     row = (R - Q) / (na * pb)     # mean of C_ij C_ij'  (same train sample)
@@ -259,7 +261,7 @@ class PrimalMoments:
         if not isinstance(d, int) or d < 1:
             raise WidthscopeError(f"PrimalMoments needs a positive integer dimension d, got {d!r}")
         self.d = d
-        kw = dict(dtype=torch.float64, device=device)
+        kw: dict[str, Any] = dict(dtype=torch.float64, device=device)
         self.n = 0
         self.s = torch.zeros(d, **kw)         # Σx
         self.M = torch.zeros(d, d, **kw)      # Σxxᵀ
@@ -267,11 +269,11 @@ class PrimalMoments:
         self.q2 = torch.zeros((), **kw)       # Σ‖x‖²
         self.q4 = torch.zeros((), **kw)       # Σ‖x‖⁴
 
-    def update(self, X: Any) -> "PrimalMoments":
+    def update(self, X: Any) -> PrimalMoments:
         """Add the rows of ``X`` (``(b, d)``, any float dtype); returns ``self``."""
         return self._add(as_matrix(X, "X", d=self.d).to(self.s.device))
 
-    def _add(self, X: torch.Tensor) -> "PrimalMoments":
+    def _add(self, X: torch.Tensor) -> PrimalMoments:
         # X already validated, float64, on this accumulator's device.
         sq = (X * X).sum(1)
         self.n += X.shape[0]
@@ -282,7 +284,7 @@ class PrimalMoments:
         self.q4 += (sq * sq).sum()
         return self
 
-    def merge(self, other: "PrimalMoments") -> "PrimalMoments":
+    def merge(self, other: PrimalMoments) -> PrimalMoments:
         """A new accumulator holding both (exact: every field is a sum)."""
         if not isinstance(other, PrimalMoments):
             raise WidthscopeError(f"can only merge PrimalMoments, got {type(other).__name__}")
@@ -306,7 +308,7 @@ class PrimalMoments:
         return torch.cat([n, self.q2.reshape(1), self.q4.reshape(1), self.s, self.v, self.M.reshape(-1)])
 
     @classmethod
-    def from_tensor(cls, t: torch.Tensor, d: int) -> "PrimalMoments":
+    def from_tensor(cls, t: torch.Tensor, d: int) -> PrimalMoments:
         """Inverse of :meth:`to_tensor` (e.g. after ``dist.all_reduce(t, SUM)``)."""
         t = torch.as_tensor(t)
         want = 3 + 2 * d + d * d
@@ -364,9 +366,9 @@ def _dual_moments(X: torch.Tensor, estimator: str) -> Moments:
         mean = X.mean(0)
         Xc = X - mean
         # x̄ᵀΣ̂x̄ = ‖Xc x̄‖²/(n−1),  tr(Σ̂²) = ‖Xc Xcᵀ‖_F²/(n−1)²
-        fro = sum(_f(((Xc[i:i + _BLOCK] @ Xc.T) ** 2).sum()) for i in range(0, n, _BLOCK))
+        fro_c = sum(_f(((Xc[i:i + _BLOCK] @ Xc.T) ** 2).sum()) for i in range(0, n, _BLOCK))
         proj = Xc @ mean
-        return Moments(n, d, _f(mean @ mean), _f(proj @ proj) / (n - 1), fro / (n - 1) ** 2,
+        return Moments(n, d, _f(mean @ mean), _f(proj @ proj) / (n - 1), fro_c / (n - 1) ** 2,
                        estimator, "dual", tr_sigma)
     # Gram in row blocks: only ‖G‖_F² and the row sums are needed.
     fro = torch.zeros((), dtype=torch.float64, device=X.device)
@@ -396,6 +398,9 @@ def moments(X: Any, estimator: Estimator = "unbiased", method: Method = "auto") 
         >>> m.n, m.d, m.method
         (50, 8, 'primal')
     """
+    _args.tensor("moments", "X", X, ndim=2, arrays=True, accepts="a 2-D (n samples, d dims) tensor or array")
+    _args.choice("moments", "estimator", estimator, _ESTIMATORS)
+    _args.choice("moments", "method", method, _METHODS)
     _check_estimator(estimator)
     _check_method(method)
     X = as_matrix(X, "X")

@@ -55,6 +55,7 @@ from typing import Any, Sequence
 
 import torch
 
+from .. import _args
 from ..errors import WidthscopeError
 from .estimators import as_matrix
 
@@ -307,6 +308,16 @@ def misalignment(train: Any, test: Any, *, M: int | None = None, K: int | None =
         >>> r.probability <= r.high
         True
     """
+    fn = "misalignment"
+    _args.tensor(fn, "train", train, ndim=2, arrays=True, accepts="a 2-D (n_a, d) tensor or array of samples")
+    _args.tensor(fn, "test", test, ndim=2, arrays=True, accepts="a 2-D (n_b, d) tensor or array of held-out samples")
+    _args.integer(fn, "M", M, lo=1, optional=True)
+    _args.integer(fn, "K", K, lo=1, optional=True)
+    _args.integer(fn, "draws", draws, lo=1)
+    _args.integer(fn, "seed", seed)
+    _args.instance(fn, "pairs", pairs, (list, tuple), "a list of (M, K) integer pairs", optional=True)
+    _args.number(fn, "z", z, 0.0, lo_open=True, accepts="a positive finite quantile (e.g. 1.96)")
+    _args.choice(fn, "scheme", scheme, DRAW_SCHEMES)
     A = as_matrix(train, "train")
     B = as_matrix(test, "test")
     if A.shape[1] != B.shape[1]:

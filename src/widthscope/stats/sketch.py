@@ -157,7 +157,8 @@ def projected_accumulator(projector: Projector) -> PrimalMoments:
 def finalize_projected(pm: PrimalMoments, projector: Projector) -> ProjectedMoments:
     """Corrected estimates from the (possibly merged / all-reduced) moments of projected rows."""
     if pm.d != projector.k:
-        raise WidthscopeError(f"finalize_projected: moments of dimension {pm.d} do not match the projector's k={projector.k}")
+        raise WidthscopeError(f"finalize_projected: moments of dimension {pm.d} do not match "
+                              f"the projector's k={projector.k}")
     n, k = pm.n, projector.k
     if n < 4:
         raise WidthscopeError(f"need at least 4 samples, got n={n}; collect more examples")
@@ -249,7 +250,7 @@ def projected_moments(X: Any | Iterable[Any], *, k: int, seed: int = 0, kind: st
 
 
 # ----------------------------------------------------------------------------- out-of-core dual form
-def spill_rows(blocks: Iterable[Any], path: Any, *, d: int | None = None) -> "Any":
+def spill_rows(blocks: Iterable[Any], path: Any, *, d: int | None = None) -> Any:
     """Write streamed ``(b, d)`` row blocks to a float64 ``.npy`` file and return it memory-mapped.
 
     For pools whose ``(n, d)`` samples do not fit in memory next to the model: the probe's

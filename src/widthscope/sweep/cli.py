@@ -42,8 +42,17 @@ def run(args: argparse.Namespace) -> int:
     k, n = shard
     mine = [(i, c) for i, c in enumerate(cells) if i % n == k - 1]
     if args.dry_run:
+        from .grid import read_cell
+
+        def state(c: dict) -> str | bool:
+            path = _cell_path(out, cell_id(c))
+            if not path.exists():
+                return False
+            why = read_cell(path)[1]  # a damaged cell file is not a finished cell: the run sets it aside
+            return "damaged: runs again" if why else True
+
         table = [{"#": i, **{key: c[key] for key in ("family", "width", "seed", "budget")},
-                  "cell_id": cell_id(c), "done": _cell_path(out, cell_id(c)).exists()} for i, c in mine]
+                  "cell_id": cell_id(c), "done": state(c)} for i, c in mine]
         print(format_table(table, title=f"sweep {cfg.name}: {len(mine)} of {len(cells)} cells in shard {k}/{n}"))
         print(f"(M, K): {cfg.MK}; results dir: {out}")
         for fam in cfg.families:

@@ -24,14 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from .._io import atomic_write_json, atomic_write_text, progress, to_jsonable
+from .._io import Skipped, _record, atomic_write_json, atomic_write_text, cut_off, progress, to_jsonable, warn_skips
 from ..errors import WidthscopeError
 
 __all__ = ["cell_id", "parse_shard", "shard_for_run", "finish_after_ranks", "shard_cells", "run_grid", "load_rows",
-           "lock_out_dir", "GridResult"]
+           "lock_out_dir", "GridResult", "read_cell", "new_backup_dir", "set_aside"]
 
 RESULTS = "results.jsonl"
 LOCK = ".widthscope.lock"
+BACKUP = "backup"  # damaged files set aside and replaced results live here, never deleted
 
 
 def cell_id(cell: Mapping[str, Any]) -> str:
@@ -176,6 +177,8 @@ class GridResult:
     done: list[str] = field(default_factory=list)      # ran in this call
     skipped: list[str] = field(default_factory=list)   # already finished before this call
     rows: list[dict[str, Any]] = field(default_factory=list)  # every finished row in out_dir
+    damaged: list[str] = field(default_factory=list)   # damaged cell files of this shard, set aside (new paths)
+    problems: list[Skipped] = field(default_factory=list)  # damaged cell files left out of ``rows``
 
     @property
     def results_path(self) -> Path:
@@ -186,20 +189,79 @@ def _cell_path(out_dir: Path, cid: str) -> Path:
     return out_dir / "cells" / f"{cid}.json"
 
 
-def load_rows(out_dir: str | Path, *, rebuild: bool = True) -> list[dict[str, Any]]:
+def read_cell(path: str | Path) -> tuple[dict[str, Any] | None, str | None]:
+    """``(record, None)`` for a readable cell file, ``(None, why)`` for a damaged one."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        return None, "not UTF-8 text"
+    except OSError as exc:
+        return None, f"unreadable ({exc.strerror or exc})"
+    if not text.strip():
+        return None, "empty (a write the file system lost?)"
+    try:
+        rec = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if "\x00" in text:
+            return None, "not JSON (NUL bytes: the zero fill a crash can leave)"
+        if cut_off(text, exc):
+            return None, "not JSON (truncated: it ends mid-record)"
+        return None, f"not JSON ({exc.msg}, line {exc.lineno} column {exc.colno})"
+    if not isinstance(rec, dict) or not isinstance(rec.get("rows"), list):
+        return None, "not a cell record (no 'rows' list)"
+    if not all(isinstance(r, dict) for r in rec["rows"]):
+        return None, "not a cell record (its rows are not all JSON objects)"
+    return rec, None
+
+
+def new_backup_dir(out_dir: str | Path) -> Path:
+    """A fresh ``OUT/backup/<date-time>`` path (not created yet) for files set aside now."""
+    base = Path(out_dir) / BACKUP / time.strftime("%Y%m%d-%H%M%S")
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def set_aside(out_dir: str | Path, paths: Sequence[Path], backup: Path) -> list[Path]:
+    """Move ``paths`` (inside ``out_dir``) to the same place under ``backup``; return the new paths.
+    A rename on the same file system: nothing is copied, nothing deleted."""
+    from .._io import _unwritable
+
+    out_dir = Path(out_dir)
+    moved = []
+    for p in paths:
+        dest = backup / Path(p).relative_to(out_dir)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(p, dest)
+        except OSError as exc:
+            raise _unwritable(dest, exc) from None
+        moved.append(dest)
+    return moved
+
+
+def load_rows(out_dir: str | Path, *, rebuild: bool = True, problems: list[Skipped] | None = None
+              ) -> list[dict[str, Any]]:
     """All rows of all finished cells in ``out_dir``, in a stable order.
 
-    With ``rebuild`` (default) also rewrites ``results.jsonl`` atomically from the cells.
+    With ``rebuild`` (default; what a sweep does) also rewrites ``results.jsonl`` atomically from
+    the cells; readers such as ``widthscope report`` pass ``rebuild=False`` and write nothing. A
+    damaged cell file is skipped and named: appended to ``problems`` when given, else logged on
+    stderr (``widthscope repair`` sets such files aside with a backup).
     """
     out_dir = Path(out_dir)
     rows: list[dict[str, Any]] = []
+    found: list[Skipped] = []
     for p in sorted((out_dir / "cells").glob("*.json")):
-        try:
-            rec = json.loads(p.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, OSError):
-            continue  # cannot happen with atomic writes, but never let one file kill a report
-        rows.extend(rec.get("rows", []))
+        rec, why = read_cell(p)
+        if rec is None:
+            found.append(Skipped(str(p), None, str(why)))
+            continue
+        rows.extend(rec["rows"])
     rows.sort(key=lambda r: (r.get("cell_index", 0), r.get("row_index", 0)))
+    _record(found, problems)
     if rebuild and (out_dir / "cells").exists():
         atomic_write_text(out_dir / RESULTS, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
     return rows
@@ -213,7 +275,8 @@ def run_grid(cells: Sequence[Mapping[str, Any]],
     """Run ``fn(cell, cell_dir) -> rows`` for every unfinished cell of this shard.
 
     Each row gets ``cell_id``, ``cell_index``, ``row_index``, the cell's parameters and the
-    ``env_*`` fields of :func:`widthscope._env.environment` (row keys win on a clash). ``cell_dir`` is a per-cell scratch folder for checkpoints.
+    ``env_*`` fields of :func:`widthscope._env.environment` (row keys win on a clash). ``cell_dir`` is a
+    per-cell scratch folder for checkpoints.
     """
     from .._env import environment
     from .._io import _unwritable, on_interrupt
@@ -234,12 +297,23 @@ def run_grid(cells: Sequence[Mapping[str, Any]],
     indexed = [(i, c) for i, c in enumerate(cells) if i % n == k - 1]
     result = GridResult(out_dir=out_dir)
     todo = []
+    damaged: list[tuple[Path, str]] = []
     for i, c in indexed:
         cid = cell_id(c)
-        if _cell_path(out_dir, cid).exists():
-            result.skipped.append(cid)
-        else:
-            todo.append((i, c, cid))
+        path = _cell_path(out_dir, cid)
+        if path.exists():
+            why = read_cell(path)[1]
+            if why is None:
+                result.skipped.append(cid)
+                continue
+            damaged.append((path, why))
+        todo.append((i, c, cid))
+    if damaged:  # its rows are lost: keep the file for inspection and compute the cell again
+        moved = set_aside(out_dir, [p for p, _ in damaged], new_backup_dir(out_dir))
+        for (path, why), dest in zip(damaged, moved):
+            print(f"widthscope: note: damaged cell file {path}: {why}; moved to {dest}, the cell runs again",
+                  file=sys.stderr)
+            result.damaged.append(str(dest))
     for i, c, cid in progress(todo, desc=desc, total=len(todo)):
         t0 = time.perf_counter()
         cell_dir = out_dir / "artifacts" / cid
@@ -257,9 +331,15 @@ def run_grid(cells: Sequence[Mapping[str, Any]],
             row.setdefault("cell_seconds", elapsed)
             full.append(row)
         atomic_write_json(_cell_path(out_dir, cid), {"cell": c, "cell_id": cid, "rows": full})
-        load_rows(out_dir)  # results.jsonl stays a valid view of the finished cells after any interruption
+        # results.jsonl stays a valid view of the finished cells after any interruption (damage: said below)
+        load_rows(out_dir, problems=[])
         result.done.append(cid)
         if on_cell is not None:
             on_cell(c, full)
-    result.rows = load_rows(out_dir)
+    result.rows = load_rows(out_dir, problems=result.problems)
+    if result.problems:  # cells outside this run's shard or grid: their own run sets them aside
+        warn_skips(result.problems)
+        print(f"widthscope: note: {RESULTS} leaves out the {len(result.problems)} damaged cell file(s) above; "
+              "rerun the sweep that owns them to compute them again, or `widthscope repair "
+              f"{out_dir}` to set them aside with a backup", file=sys.stderr)
     return result

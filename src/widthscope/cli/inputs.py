@@ -12,9 +12,9 @@ import argparse
 import dataclasses
 from typing import Any
 
-from .data.inputs import WINDOW
-from .data.published import ALL, is_all
-from .data.spec import EMPTY_DOCS, INPUT_DEFAULTS, OPTIONAL_FIELDS, SEQUENCES, InputSpec
+from ..data.inputs import WINDOW
+from ..data.published import ALL, is_all
+from ..data.spec import EMPTY_DOCS, INPUT_DEFAULTS, OPTIONAL_FIELDS, SEQUENCES, InputSpec
 
 __all__ = ["add_arguments", "spec_from_args", "GROW_POOLS"]
 
@@ -91,13 +91,13 @@ def spec_from_args(args: argparse.Namespace, command: str) -> InputSpec:
 
     ``args.given`` (set by :func:`widthscope.validate.fill_defaults`) says which options the user
     gave; without it, an option counts as given when set to other than its default."""
-    from .validate import given
+    from ..validate import given
 
     fields = {f.name for f in dataclasses.fields(InputSpec)} - {"given", "cap_pools"}
     values: dict[str, Any] = {k: getattr(args, k) for k in fields if hasattr(args, k)}
     values["first"] = bool(values.get("first", False))
     if values.get("model") is None:
-        from .errors import WidthscopeError
+        from ..errors import WidthscopeError
 
         raise WidthscopeError(f"{command}: --model is required (a checkpoint directory, a .safetensors file with "
                               "its config, or 'builtin')")

@@ -12,11 +12,11 @@ import os
 import sys
 from typing import Callable
 
-from .errors import WidthscopeError
+from ..errors import WidthscopeError
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "certify": ("widthscope.certify", "alignment certificates at insertion points of a trained model"),
+    "certify": ("widthscope.cli.certify", "alignment certificates at insertion points of a trained model"),
     "sweep": ("widthscope.sweep.cli", "width sweep from a TOML config: train, certify, record (resumable)"),
     "report": ("widthscope.report", "plots and an HTML report from a results directory"),
     "demo": ("widthscope.demo", "small end-to-end width sweep on built-in data, then the report"),
@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "grow-bench": ("widthscope.grow.bench", "grow a block at every point of a model suite; compare growth criteria"),
     "linearize": ("widthscope.linear.sweep", "linearization width sweep from a TOML config (resumable)"),
     "activations": ("widthscope.linear.activations", "audit activation derivatives max|phi^(k)|/(k+1)!"),
+    "repair": ("widthscope.repair", "rebuild results.jsonl of a results folder from its readable cells, with a backup"),
 }
 
 
@@ -37,7 +38,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = _Parser(prog="widthscope", description=__doc__.splitlines()[0])
-    from . import __version__
+    from .. import __version__
 
     parser.add_argument("--version", action="version", version=f"widthscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -87,7 +88,7 @@ STOPPED: list[int] = []  # the exit status of a run a signal stopped (read by wi
 
 def _stopped(command: str | None, exc: BaseException) -> int:
     """The one line for SIGINT/SIGTERM, and the exit status (130 / 143)."""
-    from ._io import kept_work
+    from .._io import kept_work
 
     _remove_created()
     kept = kept_work()
@@ -100,8 +101,8 @@ def _stopped(command: str | None, exc: BaseException) -> int:
 
 def _remove_created() -> None:
     """A refused or interrupted command leaves no empty output folder that its checks created."""
-    from ._io import remove_empty
-    from .validate import CREATED
+    from .._io import remove_empty
+    from ..validate import CREATED
 
     remove_empty(CREATED)
     CREATED.clear()
@@ -154,7 +155,7 @@ def _imports_done(terminate: Callable[[int, object], None] | None) -> None:
 
 
 def _main(argv: list[str], name: str | None, terminate: Callable[[int, object], None] | None = None) -> int:
-    from ._io import _KEPT, kept_work
+    from .._io import _KEPT, kept_work
 
     _KEPT.clear()  # what this run keeps, not what an earlier call in this process kept
     _quiet_offline()
@@ -168,11 +169,11 @@ def _main(argv: list[str], name: str | None, terminate: Callable[[int, object], 
     if args.command is None:
         parser.print_help()
         return 2
-    from . import validate
+    from .. import validate
 
     validate.CREATED.clear()
     try:
-        from .validate import check_args
+        from ..validate import check_args
 
         check_args(args, args.command)  # the shared checks, before the command does any work
         _threads(args)

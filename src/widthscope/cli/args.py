@@ -1,0 +1,88 @@
+"""The command line generated from the options dataclasses (:mod:`widthscope.options`).
+
+:func:`add_options` adds one ``argparse`` argument per field (flag, type, choices, help and
+metavar from the field; the default shown in the help is the field's). Every generated argument
+defaults to ``None``, so which options the user *gave* is knowable (presets fill only the rest);
+:func:`options_from_args` builds the dataclass from the given ones over a base instance (a
+preset, or a results file's recorded options with ``--config``), and the dataclass validates it.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..errors import WidthscopeError
+from ..options import Options
+
+__all__ = ["add_options", "options_from_args", "given_fields", "load_config"]
+
+T = TypeVar("T", bound=Options)
+
+
+def _default_text(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def add_options(parser: argparse.ArgumentParser, cls: type[Options], *, skip: Iterable[str] = ()) -> None:
+    """One argument per command-line field of ``cls`` (not those in ``skip``)."""
+    skip = set(skip)
+    for f in dataclasses.fields(cls):
+        meta = f.metadata
+        if "kind" not in meta or not meta.get("cli", True) or f.name in skip:
+            continue
+        kind, help_ = meta["kind"], meta["help"]
+        if "default" not in help_ and f.default is not None and kind != "bool":
+            help_ += f" (default {_default_text(f.default)})"
+        kw: dict[str, Any] = {"dest": f.name, "default": None, "help": help_}
+        if kind == "bool":
+            kw["action"] = "store_true"
+        else:
+            kw["type"] = {"int": int, "float": float}.get(kind, str)
+            if meta["choices"] is not None:
+                kw["choices"] = meta["choices"]
+            if meta.get("metavar"):
+                kw["metavar"] = meta["metavar"]
+        parser.add_argument(cls.flag(f.name), **kw)
+
+
+def given_fields(cls: type[Options], args: argparse.Namespace) -> set[str]:
+    """The fields of ``cls`` the user gave on the command line (``args.given``, recorded by
+    :func:`widthscope.validate.fill_defaults` before it filled defaults in, has the last word)."""
+    names = {f.name for f in dataclasses.fields(cls)
+             if getattr(args, f.name, None) is not None and getattr(args, f.name) is not False}
+    recorded = getattr(args, "given", None)
+    filled = set(getattr(args, "filled", ()))
+    return {n for n in names if n not in filled or (recorded is not None and n in recorded)}
+
+
+def options_from_args(cls: type[T], args: argparse.Namespace, base: T | None = None) -> T:
+    """``base`` (default: ``cls()``) with every option the user gave; validated by the dataclass."""
+    values = {name: getattr(args, name) for name in given_fields(cls, args)}
+    if base is None:
+        return cls(**values)
+    return dataclasses.replace(base, **values)
+
+
+def load_config(path: str, section: str = "options") -> dict[str, Any]:
+    """The recorded options of a results file (``certify --out`` JSON: its ``options`` block) or a
+    JSON file of options, for ``--config FILE``: one error line for anything else."""
+    p = Path(path).expanduser()
+    try:
+        obj = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise WidthscopeError(f"--config {path!r} not found: pass a results JSON written by this command") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise WidthscopeError(f"--config {path!r} is not a JSON file ({type(exc).__name__}): pass a results JSON "
+                              "written by this command") from None
+    if not isinstance(obj, dict):
+        raise WidthscopeError(f"--config {path!r} holds no options: pass a results JSON written by this command")
+    block = obj.get(section, obj)
+    if not isinstance(block, dict):
+        raise WidthscopeError(f"--config {path!r}: its {section!r} is not a mapping of settings")
+    return block

@@ -1,0 +1,182 @@
+"""``widthscope certify``: the command line of :func:`widthscope.certify.run.run_certify`.
+
+A thin adapter: the statistics options are generated from :class:`~widthscope.options.CertifyOptions`
+and :class:`~widthscope.options.CertifyRunOptions` (:mod:`widthscope.cli.args`), the input options
+from :mod:`widthscope.cli.inputs`. ``run`` checks the combinations only the command line can judge
+(which options were *given*), builds the typed job and calls the pipeline.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from ..certify.run import CertifyJob, list_points, run_certify
+from ..data.published import is_all
+from ..data.spec import InputSpec
+from ..errors import WidthscopeError
+from ..options import PROTOCOLS, CertifyOptions, CertifyRunOptions
+from ..validate import _float_list, _int_list, _pairs, check_pools
+from .args import add_options, given_fields, load_config, options_from_args
+from .inputs import add_arguments as add_inputs
+from .inputs import spec_from_args
+
+__all__ = ["add_arguments", "run", "INPUT_PRESETS"]
+
+# The input side of each --protocol (the statistics side is options.PROTOCOLS / CertifyOptions.published):
+# the published scripts read concatenated chunks, the first ones of each source, every held-out chunk.
+INPUT_PRESETS: dict[str, dict[str, Any]] = {
+    "published": {"sequences": "concatenate", "first": True, "n_test": "all", "empty_docs": "skip"},
+    "default": {"n_test": 256},
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_inputs(parser, model_default="builtin", n_train=256, n_test=None,
+               n_test_help="256; all with --protocol published")
+    parser.add_argument("--protocol", choices=tuple(PROTOCOLS), default="default",
+                        help="published: what the published scripts do (plug-in estimator, sum pooling, "
+                             "concatenated chunks, empty documents skipped, --first, every held-out chunk "
+                             "(--n-test all), M = K in 16,32,64,128, 1000 draws, no interventions); "
+                             "options you give explicitly override it")
+    parser.add_argument("--config", default=None, metavar="RESULTS_JSON",
+                        help="repeat a run: the options recorded in a certify results JSON (its 'options'); "
+                             "options given here override them")
+    add_options(parser, CertifyRunOptions, skip=("train_steps",))
+    parser.add_argument("--points", default=None,
+                        help="comma-separated insertion points (default: every block output)")
+    parser.add_argument("--list-points", action="store_true", help="print the insertion points and exit")
+    parser.add_argument("--all", action="store_true",
+                        help="with --list-points: every module path, not only the block outputs")
+    add_options(parser, CertifyOptions)
+    # validate.check_args reads --train-steps' "given" (it applies to the built-in model only)
+    add_options(parser, CertifyRunOptions, skip=("batch_size", "device"))
+    parser.add_argument("--out", default="widthscope-results/certify.json", help="JSON output path")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue an interrupted run: points finished by an earlier run with the same settings "
+                             "(kept in OUT.parts/) are not probed again")
+    parser.add_argument("--save-samples", default=None, metavar="FILE",
+                        help="also write the pooled samples of every point (safetensors) for `widthscope stats`")
+
+
+# ----------------------------------------------------------------------------- presets and combinations
+def _two_sources(args: argparse.Namespace) -> bool:
+    """A held-out source of its own (--test-data, or a DatasetDict's validation split)."""
+    if getattr(args, "test_data", None) is not None:
+        return True
+    data = getattr(args, "data", None)
+    return isinstance(data, str) and (Path(data).expanduser() / "dataset_dict.json").is_file()
+
+
+def _apply_input_preset(args: argparse.Namespace) -> list[str]:
+    """Fill the input options the user left unset from ``--protocol``; returns the preset's notes."""
+    for key, value in INPUT_PRESETS[args.protocol].items():
+        if key == "n_test" and value == "all" and not _two_sources(args):
+            value = INPUT_PRESETS["default"]["n_test"]  # one corpus to split: never read all of it by default
+        if key == "first":
+            args.first = bool(args.first or value)
+        elif getattr(args, key, None) is None:
+            setattr(args, key, value)
+    if args.protocol != "published":
+        return []
+    seqs = ("concatenated chunks (non-empty documents joined with EOS)" if args.sequences == "concatenate" else
+            f"--sequences {args.sequences}")
+    return [f"protocol 'published': plug-in estimators, sum pooling, {seqs}, the first sequences of each source, "
+            "every chunk of a held-out source unless --n-test is given, M = K in 16,32,64,128, 1000 draws drawn as "
+            "the flip script draws them; probed in eval mode (the alignment script probes in train mode: see "
+            "docs/certify.md)"]
+
+
+def _check_combinations(args: argparse.Namespace, opts: CertifyOptions, given: set[str]) -> None:
+    """Options that mean nothing together are refused (the user's, after --protocol filled the rest)."""
+    preset = " (--protocol published)" if args.protocol == "published" else ""
+    none_run = opts.interventions == "none"
+    if "n_etas" in given and "etas" in given:
+        raise WidthscopeError("--n-etas sets the size of the default step grid, --etas replaces that grid: "
+                              "drop one of them")
+    if "max_rel_step" in given:
+        if "etas" in given:
+            raise WidthscopeError("--max-rel-step sets the largest step of the default grid, --etas replaces that "
+                                  "grid: drop one of them")
+        if none_run:
+            raise WidthscopeError(f"--max-rel-step sets the largest intervention step, but none run{preset}: add "
+                                  "--interventions bias (or block), or drop --max-rel-step")
+    if "etas" in given and none_run:
+        raise WidthscopeError(f"--etas sets the step sizes of the interventions, but none run{preset}: add "
+                              "--interventions bias (or block), or drop --etas")
+    if "n_etas" in given and none_run:
+        raise WidthscopeError(f"--n-etas sets the number of intervention steps, but none run{preset}: add "
+                              "--interventions bias (or block), or drop --n-etas")
+    if opts.project is not None and opts.estimator != "unbiased":
+        raise WidthscopeError(f"--project corrects the unbiased estimators only, not --estimator "
+                              f"{opts.estimator}{preset}: add --estimator unbiased, or drop --project")
+    if args.all and not args.list_points:
+        raise WidthscopeError("--all only changes what --list-points prints (every module path): add --list-points "
+                              "or drop --all")
+    if opts.pool != "token":
+        Ms, Ks = [m for m, _ in opts.pairs], [k for _, k in opts.pairs]
+        # "all": the pool's size is known once the source is read (the run checks it then)
+        check_pools(Ms, Ks, max(Ms) if is_all(args.n_train) else args.n_train,
+                    max(Ks) if is_all(args.n_test) else args.n_test)
+
+
+def _check_max_rel_step(args: argparse.Namespace) -> None:
+    top = getattr(args, "max_rel_step", None)
+    if top is not None and not (top == top and 1e-4 < top < float("inf")):
+        raise WidthscopeError(f"--max-rel-step {top:g}: must be a finite number above the smallest step 1e-4 "
+                              "(e.g. 0.1, or 1 for a step as large as the activation)")
+
+
+# ----------------------------------------------------------------------------- the command
+def _bases(args: argparse.Namespace) -> tuple[CertifyOptions, CertifyRunOptions, InputSpec | None]:
+    """The options every field not given on the command line takes: ``--config``'s recorded ones,
+    else the ``--protocol`` preset's."""
+    if args.config is None:
+        base = CertifyOptions.published() if args.protocol == "published" else CertifyOptions()
+        return base, CertifyRunOptions(), None
+    block = load_config(args.config)
+    try:
+        opts = CertifyOptions.from_dict(block["certify"])
+        run = CertifyRunOptions.from_dict(block.get("run") or {})
+        spec = InputSpec.from_dict(block["inputs"]) if block.get("inputs") else None
+    except (KeyError, TypeError):
+        raise WidthscopeError(f"--config {args.config!r} records no certify options: pass a results JSON written by "
+                              "widthscope certify") from None
+    return opts, run, spec
+
+
+def _spec(args: argparse.Namespace, recorded: InputSpec | None) -> InputSpec:
+    spec = spec_from_args(args, "certify")  # the inputs, validated before the model loads
+    if recorded is None:
+        return spec
+    mine = set(spec.given or ())  # options given now win over the recorded run's
+    changes = {k: getattr(spec, k) for k in mine} | {"given": tuple(sorted(mine | set(recorded.given or ())))}
+    # --model defaults to builtin: left at that, the recorded run's model is meant
+    changes["model"] = recorded.model if args.model == "builtin" else args.model
+    return dataclasses.replace(recorded, **changes)
+
+
+def run(args: argparse.Namespace) -> int:
+    # Seeds, sizes, devices, data paths and outputs were checked by validate.check_args (cli.main).
+    notes = _apply_input_preset(args)
+    _check_max_rel_step(args)
+    # the command line's list messages (the dataclass checks the same values again)
+    _pairs(_int_list(args.M, "--M") or [1], _int_list(args.K, "--K"))
+    _float_list(args.etas, "--etas")
+    base, run_base, recorded = _bases(args)
+    given = given_fields(CertifyOptions, args)
+    opts = options_from_args(CertifyOptions, args, base)
+    if args.points is not None:
+        opts = opts.replace(points=tuple(p.strip() for p in args.points.split(",") if p.strip()))
+    _check_combinations(args, opts, given)
+    run_opts = options_from_args(CertifyRunOptions, args, run_base)
+    args.seed = opts.seed  # the inputs' seed (data subsets) is the run's
+    spec = _spec(args, recorded)
+    if args.list_points:
+        print("\n".join(list_points(spec, every_module=args.all)), flush=True)
+        return 0
+    job = CertifyJob(spec=spec, options=opts, run=run_opts, out=args.out, save_samples=args.save_samples,
+                     resume=bool(args.resume), protocol=args.protocol)
+    run_certify(job, notes=notes)
+    return 0

@@ -1,0 +1,304 @@
+"""Options as data: one frozen, typed dataclass per command's settings.
+
+Each setting is declared once, as a dataclass field made by :func:`option`, carrying its default,
+its help text, its unit, its range or choices and its command-line flag. Everything else is
+derived from that one declaration:
+
+- validation (:meth:`Options.__post_init__`), run when an instance is made, before any work, with
+  the same one-line message the command line prints (``--draws 0: must be a whole number in
+  1..1000000 (resamples)``);
+- the command line (:func:`widthscope.cli.args.add_options` builds the ``argparse`` arguments
+  from the fields: help, types, choices and defaults cannot drift);
+- the record a results file keeps (:meth:`Options.to_dict`) and the way it is read back
+  (:meth:`Options.from_dict`, ``widthscope certify --config results.json``).
+
+Presets are instances (``CertifyOptions.published()``), not edits of a namespace.
+
+Example::
+
+    >>> from widthscope.options import CertifyOptions
+    >>> opts = CertifyOptions(M=(16, 32), draws=200)
+    >>> opts.pairs
+    [(16, 16), (32, 32)]
+    >>> CertifyOptions(draws=0)
+    Traceback (most recent call last):
+    ...
+    widthscope.errors.WidthscopeError: --draws 0: must be a whole number in 1..1000000 (resamples)
+    >>> CertifyOptions.from_dict(opts.to_dict()) == opts
+    True
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, TypeVar
+
+from .errors import WidthscopeError, WidthscopeTypeError
+
+__all__ = ["option", "Options", "InterventionOptions", "CertifyOptions", "CertifyRunOptions", "DEFAULT_M", "DEFAULT_N_ETAS",
+           "DEFAULT_MAX_REL_STEP", "ESTIMATORS", "POOLS", "INTERVENTIONS", "DRAW_SCHEMES", "PROTOCOLS"]
+
+T = TypeVar("T", bound="Options")
+
+DEFAULT_M = (16, 32, 64, 128)
+DEFAULT_N_ETAS = 4            # the decades 1e-4 .. 1e-1 of the activation's RMS (docs/interventions.md §2)
+DEFAULT_MAX_REL_STEP = 0.1
+ESTIMATORS = ("unbiased", "plugin")
+POOLS = ("sum", "mean", "flatten", "token")
+INTERVENTIONS = ("bias", "block", "none")
+DRAW_SCHEMES = ("shared", "per-pair")
+MAX_ETAS = 100                # each step evaluates the held-out pool at every point
+MAX_POOL = 10 ** 7
+
+
+def option(default: Any = None, *, help: str, flag: str | None = None, choices: Sequence[Any] | None = None,
+           lo: float | None = None, hi: float | None = None, unit: str = "", kind: str | None = None,
+           metavar: str | None = None, cli: bool = True) -> Any:
+    """A dataclass field with everything the command line, validation and the docs need.
+
+    ``kind``: how the value is read from the command line and checked: ``int``, ``float``,
+    ``bool`` (a switch), ``str``, ``ints`` / ``floats`` (comma lists, kept as tuples), or None for
+    the default's own type. ``lo``/``hi``: the allowed range (inclusive; for lists, of every entry).
+    ``cli=False``: a setting of the Python API only."""
+    if kind is None:
+        kind = {bool: "bool", int: "int", float: "float", tuple: "ints"}.get(type(default), "str")
+    meta = {"help": help, "flag": flag, "choices": tuple(choices) if choices is not None else None, "lo": lo,
+            "hi": hi, "unit": unit, "kind": kind, "metavar": metavar, "cli": cli}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float) and v.is_integer() and abs(v) >= 1e6:
+        return str(int(v))
+    return str(v)
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Base of every options class: validation from the fields' metadata, dict round trip."""
+
+    # The fields' flags default to ``--name-with-dashes``.
+    FLAGS: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def flag(cls, name: str) -> str:
+        f = {f.name: f for f in dataclasses.fields(cls)}[name]
+        return f.metadata.get("flag") or "--" + name.replace("_", "-")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            meta = f.metadata
+            if "kind" not in meta:
+                continue
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            norm = self._normalise(f.name, meta, value)
+            if norm is not value:
+                object.__setattr__(self, f.name, norm)
+        self.check()
+
+    def _normalise(self, name: str, meta: Mapping[str, Any], value: Any) -> Any:
+        """Type and range of one field; lists become tuples (hashable, frozen)."""
+        flag, kind, lo, hi, what = self.flag(name), meta["kind"], meta["lo"], meta["hi"], meta["unit"]
+        tail = f" ({what})" if what else ""
+        if kind == "bool":
+            if not isinstance(value, bool):
+                raise WidthscopeTypeError(f"{flag} {value!r}: must be true or false")
+            return value
+        if kind == "strs":
+            items = value.split(",") if isinstance(value, str) else value
+            if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) for v in items):
+                raise WidthscopeTypeError(f"{flag} {value!r}: expected a list of names (or one comma-separated "
+                                          "string)")
+            return tuple(v.strip() for v in items if v.strip())
+        if kind in ("ints", "floats"):
+            items = [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+            if isinstance(items, str):
+                cast = int if kind == "ints" else float
+                words = "whole numbers, e.g. 16,32,64" if kind == "ints" else "numbers, e.g. 1e-3,1e-2"
+                try:
+                    items = [cast(v) for v in items.split(",") if v.strip()]
+                except ValueError:
+                    raise WidthscopeTypeError(f"{flag} {value!r}: expected comma-separated {words}") from None
+            try:
+                seq = list(items)
+            except TypeError:
+                raise WidthscopeTypeError(f"{flag} {value!r}: expected a list of numbers") from None
+            if not seq:
+                raise WidthscopeError(f"{flag} is empty; give comma-separated numbers")
+            out = tuple(self._number(flag, "int" if kind == "ints" else "float", v, lo, hi, tail, listed=True)
+                        for v in seq)
+            return out
+        if kind in ("int", "float"):
+            return self._number(flag, kind, value, lo, hi, tail)
+        if kind == "str" and not isinstance(value, str):
+            raise WidthscopeTypeError(f"{flag} {value!r}: must be a string")
+        if meta["choices"] is not None and value not in meta["choices"]:
+            raise WidthscopeError(f"{flag} {value!r}: choose one of {', '.join(map(str, meta['choices']))}")
+        return value
+
+    @staticmethod
+    def _number(flag: str, kind: str, v: Any, lo: float | None, hi: float | None, tail: str,
+                listed: bool = False) -> Any:
+        if isinstance(v, str) and listed:  # an entry of a list given as text (a config file)
+            try:
+                v = int(v) if kind == "int" else float(v)
+            except ValueError:
+                raise WidthscopeTypeError(f"{flag} {v!r}: expected {'whole numbers' if kind == 'int' else 'numbers'}") \
+                    from None
+        whole = "a whole number" if kind == "int" else "a finite number"
+        ok_type = (isinstance(v, int) and not isinstance(v, bool)) if kind == "int" else (
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+        rng = (f" in {_fmt(lo)}..{_fmt(hi)}" if lo is not None and hi is not None
+               else f" >= {_fmt(lo)}" if lo is not None else f" <= {_fmt(hi)}" if hi is not None else "")
+        what = "every entry " if listed else ""
+        if not ok_type and not (kind == "float" and isinstance(v, float)):  # nan/inf: a float, a bad value
+            raise WidthscopeTypeError(f"{flag} {v!r}: {what}must be {whole}{rng}{tail}, not {type(v).__name__}")
+        if not ok_type or (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise WidthscopeError(f"{flag} {v}: {what}must be {whole}{rng}{tail}")
+        return float(v) if kind == "float" else v
+
+    def check(self) -> None:
+        """Relations between fields (overridden by the classes that have some)."""
+
+    # ------------------------------------------------------------------ records
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, JSON-ready (tuples as lists)."""
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v)
+                for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls: type[T], data: Mapping[str, Any], *, strict: bool = True) -> T:
+        """The options a :meth:`to_dict` (or a results file's ``options`` block) recorded; unknown
+        keys are refused (``strict``) so a misspelt setting never silently falls back to a default."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown and strict:
+            raise WidthscopeError(f"{cls.__name__}: unknown setting(s) {', '.join(unknown)}; known: "
+                                  f"{', '.join(sorted(names))}")
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def replace(self: T, **changes: Any) -> T:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def fields_help(cls) -> list[tuple[str, str, Any, str]]:
+        """(flag, kind, default, help) of every command-line field: the reference table of the docs."""
+        return [(cls.flag(f.name), f.metadata["kind"], f.default, f.metadata["help"])
+                for f in dataclasses.fields(cls) if f.metadata.get("cli", True) and "kind" in f.metadata]
+
+
+@dataclasses.dataclass(frozen=True)
+class InterventionOptions(Options):
+    """Direct zero-init residual interventions at every point: predicted vs actual held-out loss
+    change over a grid of steps (docs/interventions.md)."""
+
+    interventions: str = option("bias", choices=INTERVENTIONS,
+                                help="direct zero-init residual intervention at every point: predicted vs actual "
+                                     "held-out loss change (none: skip)")
+    etas: tuple[float, ...] | None = option(None, kind="floats", lo=0.0, metavar="E1,E2,...",
+                                            help="intervention step sizes, comma list (default: --n-etas steps "
+                                                 "scaled to the point)")
+    n_etas: int = option(DEFAULT_N_ETAS, lo=1, hi=MAX_ETAS, unit="step sizes", metavar="E",
+                         help=f"steps of the default intervention grid: step RMS 1e-4..--max-rel-step of the "
+                              f"activation's, log-spaced (default {DEFAULT_N_ETAS}: the decades up to "
+                              f"{DEFAULT_MAX_REL_STEP:g}; --n-etas 9 --max-rel-step 1 gives the half-decades up to "
+                              "1, 9/4 the cost)")
+    max_rel_step: float = option(DEFAULT_MAX_REL_STEP, lo=0.0, metavar="R",
+                                 help=f"largest step of the default grid, its RMS entry over the activation's "
+                                      f"(default {DEFAULT_MAX_REL_STEP:g}; 1 moves the stream by its own size)")
+
+    def check(self) -> None:
+        if self.etas is not None:
+            if any(e <= 0 for e in self.etas):
+                raise WidthscopeError(f"--etas {','.join(map(str, self.etas))!r}: step sizes must be positive "
+                                      "finite numbers")
+            if len(self.etas) > MAX_ETAS:
+                raise WidthscopeError(f"--etas: {len(self.etas)} step sizes; at most {MAX_ETAS} (each one evaluates "
+                                      "the held-out pool at every point)")
+        if not self.max_rel_step > 1e-4:
+            raise WidthscopeError(f"--max-rel-step {self.max_rel_step:g}: must be a finite number above the smallest "
+                                  "step (1e-4)")
+
+    @property
+    def kind(self) -> str | None:
+        """The intervention run (``None`` for none), as :func:`widthscope.probe.intervene` takes it."""
+        return None if self.interventions == "none" else self.interventions
+
+
+@dataclasses.dataclass(frozen=True)
+class CertifyOptions(InterventionOptions):
+    """The settings of a certify run (the inputs are an :class:`~widthscope.data.spec.InputSpec`).
+
+    ``M``/``K``: sample sizes of the certificates (``K=None``: ``K = M``; one ``K`` for every
+    ``M``; or one per ``M``), drawn without replacement from the train / held-out pools."""
+
+    M: tuple[int, ...] = option(DEFAULT_M, kind="ints", lo=1, hi=MAX_POOL, metavar="M1,M2,...",
+                                help="train sample sizes, comma list (default 16,32,64,128)")
+    K: tuple[int, ...] | None = option(None, kind="ints", lo=1, hi=MAX_POOL, metavar="K1,K2,...",
+                                       help="held-out sample sizes, comma list (default: K = M)")
+    draws: int = option(1000, lo=1, hi=10 ** 6, unit="resamples",
+                        help="resamples for empirical misalignment (default 1000)")
+    seed: int = option(0, lo=0, hi=2 ** 32 - 1, help="seed for data subsets and resampling")
+    estimator: str = option("unbiased", choices=ESTIMATORS, help="unbiased (default) or plugin")
+    pool: str = option("sum", choices=POOLS, help="pooling of positions into a sample vector (default sum)")
+    draw_scheme: str = option("shared", choices=DRAW_SCHEMES,
+                              help="misalignment draws: shared (one subset per draw for every (M, K); default) or "
+                                   "per-pair (the published flip script's draws: the same --seed gives its subsets)")
+    project: int | None = option(None, kind="int", lo=2, metavar="K", unit="projected dimensions",
+                                 help="randomly project sample vectors to K dims while collecting (memory O(n*K) "
+                                      "instead of O(n*d)); see docs/performance.md")
+    points: tuple[str, ...] | None = option(None, kind="strs", cli=False,
+                                            help="insertion points (default: every block output)")
+    train_mode: str = option("eval", choices=("eval", "keep"), cli=False,
+                             help="the mode the model is probed in (eval: dropout off, BatchNorm running "
+                                  "stats; keep: the model's own mode)")
+
+    def check(self) -> None:
+        super().check()
+        if self.K is not None and len(self.K) not in (1, len(self.M)):
+            raise WidthscopeError(f"K has {len(self.K)} values but M has {len(self.M)}: give one K, or one per M "
+                                  "(pairs (M[i], K[i])), or none for K = M")
+        if self.project is not None and self.estimator != "unbiased":
+            raise WidthscopeError(f"--project corrects the unbiased estimators only, not --estimator "
+                                  f"{self.estimator}: add --estimator unbiased, or drop --project")
+        if isinstance(self.points, str):
+            object.__setattr__(self, "points", tuple(p.strip() for p in self.points.split(",") if p.strip()))
+
+    @property
+    def pairs(self) -> list[tuple[int, int]]:
+        """The ``(M, K)`` pairs the certificates are computed at."""
+        if self.K is None:
+            return [(m, m) for m in self.M]
+        if len(self.K) == 1:
+            return [(m, self.K[0]) for m in self.M]
+        return list(zip(self.M, self.K))
+
+    @classmethod
+    def published(cls, **changes: Any) -> "CertifyOptions":
+        """The published scripts' protocol: plug-in estimators, the summed (bias-gradient) sample
+        vector, M = K in {16..128}, R = 1000 draws with the flip script's per-pair subsets, no
+        interventions (the input side: concatenated chunks, first chunks, every held-out chunk)."""
+        return cls(**{**PROTOCOLS["published"], **changes})
+
+
+@dataclasses.dataclass(frozen=True)
+class CertifyRunOptions(Options):
+    """How a certify run executes (not what it measures): probe batches, device, the built-in
+    model's training."""
+
+    batch_size: int = option(32, lo=1, hi=10 ** 6, unit="examples per batch", help="probe batch size")
+    device: str = option("cpu", help="torch device, e.g. cpu, cuda, cuda:1")
+    train_steps: int = option(60, lo=1, hi=10 ** 8, unit="steps",
+                              help="optimizer steps for --model builtin (default 60, a few seconds)")
+
+
+# The certify settings of each --protocol (the input settings of the published protocol live with
+# the inputs: data.spec). Options the user gives explicitly override a preset.
+PROTOCOLS: dict[str, dict[str, Any]] = {
+    "published": {"estimator": "plugin", "pool": "sum", "M": DEFAULT_M, "K": None, "draws": 1000,
+                  "interventions": "none", "draw_scheme": "per-pair"},
+    "default": {},
+}

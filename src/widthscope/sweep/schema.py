@@ -1,0 +1,148 @@
+"""The shape of an alignment sweep: its config keys, the validated config, and its row columns.
+
+:class:`SweepConfig` and :class:`FamilySpec` hold a config after :func:`widthscope.sweep.config.load_config`
+has checked it; the ``*_KEYS`` tables name (and describe) every key a sweep TOML may set, and the
+column tuples name the row fields other code reads (:data:`CERT_FIELDS`, :data:`TIMING_COLUMNS`,
+:data:`MONITOR_SUMMARY`). Nothing here imports torch.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .._io import to_jsonable
+
+if TYPE_CHECKING:
+    from ..stats.estimators import Estimator
+
+__all__ = [
+    "CERT_FIELDS", "TIMING_COLUMNS", "MONITOR_TIMING_COLUMNS", "MONITOR_SUMMARY", "SWEEP_KEYS", "FAMILY_KEYS",
+    "PROBE_KEYS", "SHIFTS", "TRAIN_KEYS", "CERTIFY_KEYS", "MONITOR_KEYS", "OPTIMIZERS", "LM_DATASETS",
+    "SCHEDULES", "EXAMPLE_FAMILY", "ESTIMATORS", "POOLS", "FamilySpec", "SweepConfig",
+]
+
+# Fields of widthscope.stats.Certificate copied into each row, prefixed "one_" / "two_".
+CERT_FIELDS = ("expectation", "variance", "d_par", "d_2", "d_align", "n_eff", "b_exact", "b_align",
+               "vacuous", "reason")
+# Columns that measure time and therefore differ between otherwise identical runs.
+TIMING_COLUMNS = ("train_s", "probe_s", "stats_s", "intervene_s", "cell_seconds")
+MONITOR_TIMING_COLUMNS = ("monitor_s", "monitor_probe_s", "monitor_stats_s")  # of monitored cells only
+# Columns a monitored cell adds to its alignment rows (per point; docs/monitor.md §8).
+MONITOR_SUMMARY = ("monitor_point", "monitor_first_cert_step", "monitor_first_cert_b_exact", "monitor_cert_from_step",
+                   "monitor_delta",
+                   "monitor_M", "monitor_K", "monitor_steps_total", "monitor_steps", "monitor_n_train",
+                   "monitor_n_test", "monitor_probe", "monitor_probe_seq_len")
+
+SWEEP_KEYS = {
+    "name": "label of the sweep (default: the config file's stem)",
+    "out_dir": "results directory (default: widthscope-results/<name>)",
+    "seeds": "list of seeds; each seeds model init, batch order and resampling (default [0])",
+    "M": "list of training-sample counts M (default [16, 32])",
+    "K": "list of held-out-sample counts K (default: K = M)",
+    "paired": "true: pairs (M[i], K[i]); false: every M with every K (default true)",
+    "draws": "resamples for the empirical misalignment probability (default 1000)",
+    "estimator": "'unbiased' (default) or 'plugin'",
+    "pool": "pooling of token/spatial gradients: 'sum' (default), 'mean', 'flatten'",
+    "budgets": "optional list of training-set sizes n_train; adds a data-budget axis to the grid",
+    "data_seed": "seed of the train/test split, shared by all cells (default 0)",
+    "device": "torch device (default 'cpu')",
+    "threads": "torch CPU threads while the sweep runs (default: torch's choice); 1 avoids "
+               "oversubscription when other jobs share the cores",
+    "interventions": "'bias' (default), 'block' or 'none': a direct zero-init residual intervention "
+                     "at every point (rows of kind 'intervention' + iv_* columns on alignment rows)",
+    "etas": "intervention step sizes (default: a log grid scaled to each point)",
+}
+FAMILY_KEYS = {
+    "name": "label of this family in results (required)",
+    "model": "model family for widthscope.models.build (default: name): mlp, resnet20, llama, pythia",
+    "widths": "positive, strictly increasing list of widths (required)",
+    "model_options": "table of extra options for widthscope.models.build (depth, activation, ...)",
+    "dataset": "dataset name for widthscope.data.load (required), e.g. digits, text, fashion-mnist",
+    "data_options": "table of extra options for widthscope.data.load (root, seq_len, ...)",
+    "n_train": "training examples (required unless [sweep].budgets is given)",
+    "n_test": "held-out examples (default: n_probe_test)",
+    "train": "table: steps, lr, optimizer, batch_size, warmup, clip, weight_decay, schedule, momentum, "
+             "loss, eval_batch_size, train_eval_examples (options of widthscope.train.train)",
+    "certify": "table: n_probe_train, n_probe_test, batch_size, points",
+    "monitor": "table: every, count, at, points, n_train, n_test, M, K, delta, probe, seq_len: alignment over "
+               "training (widthscope.monitor at the listed optimizer steps; docs/monitor.md)",
+    "probes": "list of probe conditions {name, data, test_data, data_options, shift, seq_len} (default: one "
+              "'in-domain' condition, the training data's own train/held-out parts); each is a results column "
+              "'probe_set'",
+    "probe_seq_len": "list of probe sequence lengths for text (default: the training length); an axis of the rows",
+    "probe_data": "dataset name of the train probe pool (one probe condition named 'probe'; see probes)",
+    "probe_test_data": "dataset name of the held-out probe pool (default: probe_data's held-out part)",
+    "probe_data_options": "table of options for probe_data/probe_test_data (seq_len, max_bytes, ...)",
+}
+PROBE_KEYS = ("name", "data", "test_data", "data_options", "shift", "seq_len")
+SHIFTS = ("noise:SIGMA", "contrast:FACTOR", "blur", "classes:A,B,...")
+TRAIN_KEYS = ("steps", "lr", "optimizer", "batch_size", "warmup", "clip", "weight_decay", "schedule",
+              "momentum", "loss", "eval_batch_size", "train_eval_examples")
+CERTIFY_KEYS = ("n_probe_train", "n_probe_test", "batch_size", "points")
+MONITOR_KEYS = ("every", "count", "at", "points", "n_train", "n_test", "M", "K", "delta", "probe", "seq_len")
+OPTIMIZERS = ("adamw", "sgd")  # widthscope.train.train
+LM_DATASETS = ("text", "prose")  # byte-level language modelling; every other dataset is classification
+SCHEDULES = ("cosine", "constant")
+EXAMPLE_FAMILY = ('[[family]] name = "mlp", widths = [32, 64], dataset = "digits", n_train = 512, '
+                  'train = { steps = 300, lr = 1e-3 }')
+ESTIMATORS = ("unbiased", "plugin")
+POOLS = ("sum", "mean", "flatten")
+
+
+@dataclass
+class FamilySpec:
+    """One ``[[family]]`` entry of a sweep config (validated)."""
+
+    name: str
+    model: str
+    widths: list[float]
+    dataset: str
+    n_train: int | None
+    n_test: int
+    model_options: dict[str, Any] = field(default_factory=dict)
+    data_options: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+    n_probe_train: int = 128
+    n_probe_test: int = 128
+    probe_batch_size: int = 32
+    points: list[str] | None = None
+    probes: list[dict[str, Any]] | None = None
+    probe_seq_len: list[int] | None = None
+    monitor: dict[str, Any] | None = None
+
+
+@dataclass
+class SweepConfig:
+    """A validated sweep config: the ``[sweep]`` table and its families."""
+
+    name: str
+    out_dir: str
+    families: list[FamilySpec]
+    seeds: list[int] = field(default_factory=lambda: [0])
+    MK: list[tuple[int, int]] = field(default_factory=lambda: [(16, 16), (32, 32)])
+    draws: int = 1000
+    estimator: Estimator = "unbiased"
+    pool: str = "sum"
+    budgets: list[int] | None = None
+    data_seed: int = 0
+    device: str = "cpu"
+    threads: int | None = None
+    interventions: str = "bias"
+    etas: list[float] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_jsonable(asdict(self))
+
+    def fingerprint(self) -> str:
+        """Hash of everything that determines results (not where they go)."""
+        d = self.to_dict()
+        for fam in d.get("families", []):  # options at their defaults leave older fingerprints alone
+            for key in ("probes", "probe_seq_len", "monitor"):
+                if fam.get(key) is None:
+                    fam.pop(key, None)
+        d.pop("out_dir", None)
+        d.pop("device", None)
+        d.pop("threads", None)
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
