@@ -1,6 +1,7 @@
 # Two entry points, each self-contained on a fresh machine:
 #   make demo   -- the main job on the embedded default
 #   make test   -- the whole test suite
+#   make lint   -- ruff check, ruff format --check, mypy src (CI runs it too)
 #   make bench-nt -- the NTK benchmark against neural-tangents (JAX) in its own .venv-nt; make test never installs JAX
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,7 +12,7 @@ VENV_NT ?= .venv-nt
 PY_NT := $(VENV_NT)/bin/python
 STAMP_NT := $(VENV_NT)/.installed
 
-.PHONY: venv demo test bench bench-nt test-nt clean
+.PHONY: venv demo test lint bench bench-nt test-nt clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +27,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile
+
+# the house rules as tools (configuration in pyproject.toml); .ci/run runs it before the tests
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src
+	$(VENV)/bin/ruff format --check src
+	$(VENV)/bin/mypy
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

@@ -19,10 +19,23 @@ interval ``every_5pct = ⌈probe_in_steps / 0.05⌉`` that keeps an ``every=N`` 
 in few blocks, so it shows the training itself is not slowed); ``identical_weights`` (final
 weights bit-identical to the plain model's).
 
+**Under the frameworks** (``--trainers``): the same model (width 64, ``steps = 60``) trained by a
+real ``transformers.Trainer`` (``logging_steps=10``) and a real Lightning ``Trainer`` (a module
+without ``forward()``, the monitor on its network), each with and without the monitor's callback
+(``every=20``: steps 0, 20, 40, 60), ``reps`` times alternately. Reported per framework:
+``probes``; ``step_s`` (plain run time / steps, median over reps); ``per_probe_s`` (the monitor's
+own time per probe, ``monitor.spent_s / probes``: collecting both pools, the statistics, the file;
+median over reps); ``per_probe_in_steps``; ``added_per_probe_s`` ((monitored − plain) run time /
+probes, median over reps: what a probe adds end to end, callback and logging included; noisy on a
+loaded machine); ``identical_log_history`` (HF: the Trainer's own entries equal, float for float)
+and ``identical_weights``. Written under the key ``trainers`` of the ``--out`` file, leaving its
+other rows as they are.
+
 Usage::
 
     OMP_NUM_THREADS=1 nice python benchmarks/bench_monitor.py --out benchmarks/results/monitor-cpu.json
-    python benchmarks/bench_monitor.py --quick      # seconds
+    OMP_NUM_THREADS=1 nice python benchmarks/bench_monitor.py --trainers --out benchmarks/results/monitor-cpu.json
+    python benchmarks/bench_monitor.py --quick      # seconds (with --trainers: the framework runs, small)
 """
 from __future__ import annotations
 
@@ -154,20 +167,160 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         "training time; `every_5pct`: the interval keeping an every=N schedule at <= 5%."))
 
 
+TIMING = ("train_runtime", "train_samples_per_second", "train_steps_per_second")
+
+
+def _hf_trainer_run(width: int, steps: int, n_pool: int, seq_len: int, batch: int, every: int | None,
+                    tmp: str) -> dict[str, Any]:
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from widthscope.models import build
+    from widthscope.monitor import AlignmentMonitor
+    from widthscope.monitor.hf import attach
+
+    g = torch.Generator().manual_seed(1)
+    data = torch.randint(0, 256, (steps * batch, seq_len), generator=g)
+    pools = torch.randint(0, 256, (2 * n_pool, seq_len), generator=g)
+    torch.manual_seed(0)
+    model = build("llama", width, depth=4, vocab_size=256, max_seq_len=seq_len)
+    args = TrainingArguments(output_dir=tmp, max_steps=steps, per_device_train_batch_size=batch, logging_steps=10,
+                             report_to=[], use_cpu=True, save_strategy="no", seed=0, disable_tqdm=True,
+                             learning_rate=1e-3, dataloader_num_workers=0)
+    clock: dict[str, float] = {}
+
+    class Timer(TrainerCallback):  # registered before the monitor's: its step-0 probe is inside
+        def on_train_begin(self, *a: Any, **k: Any) -> None:
+            clock["begin"] = time.perf_counter()
+
+        def on_train_end(self, *a: Any, **k: Any) -> None:
+            clock["end"] = time.perf_counter()
+
+    trainer = Trainer(model=model, args=args, train_dataset=[{"input_ids": x, "labels": x} for x in data],
+                      callbacks=[Timer()])
+    mon = None
+    if every is not None:
+        mon = AlignmentMonitor(model, pools[:n_pool], pools[n_pool:], M=16, draws=1000, batch_size=32, every=every)
+        attach(trainer, mon)
+    trainer.train()
+    wall = clock["end"] - clock["begin"]
+    own = [{k: v for k, v in h.items() if k not in TIMING} for h in trainer.state.log_history
+           if not any(k.startswith("align/") for k in h)]
+    return {"wall_s": wall, "mon": mon, "log": own, "weights": {k: v.clone() for k, v in model.state_dict().items()}}
+
+
+def _lightning_run(width: int, steps: int, n_pool: int, seq_len: int, batch: int, every: int | None,
+                   tmp: str) -> dict[str, Any]:
+    import lightning as pl
+
+    from widthscope.models import build
+    from widthscope.monitor import AlignmentMonitor
+    from widthscope.monitor.lightning import AlignmentCallback
+    from widthscope.probe import causal_lm_loss
+
+    class LM(pl.LightningModule):  # no forward(): the monitor probes self.net
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = build("llama", width, depth=4, vocab_size=256, max_seq_len=seq_len)
+
+        def training_step(self, ids, i):
+            return causal_lm_loss(self.net(ids).logits, ids).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    g = torch.Generator().manual_seed(1)
+    data = torch.randint(0, 256, (steps * batch, seq_len), generator=g)
+    pools = torch.randint(0, 256, (2 * n_pool, seq_len), generator=g)
+    pl.seed_everything(0, verbose=False)
+    lm = LM()
+    mon = None
+    if every is not None:
+        mon = AlignmentMonitor(lm.net, pools[:n_pool], pools[n_pool:], M=16, draws=1000, batch_size=32, every=every)
+    clock: dict[str, float] = {}
+
+    class Timer(pl.Callback):  # before the monitor's callback: its step-0 probe is inside
+        def on_train_start(self, *a: Any) -> None:
+            clock["begin"] = time.perf_counter()
+
+        def on_train_end(self, *a: Any) -> None:
+            clock["end"] = time.perf_counter()
+
+    trainer = pl.Trainer(max_steps=steps, callbacks=[Timer()] + ([AlignmentCallback(mon)] if mon else []), logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         accelerator="cpu", default_root_dir=tmp)
+    loader = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True)
+    trainer.fit(lm, loader)
+    wall = clock["end"] - clock["begin"]
+    return {"wall_s": wall, "mon": mon, "log": None, "weights": {k: v.clone() for k, v in lm.state_dict().items()}}
+
+
+def run_trainers(quick: bool = False, reps: int = 2) -> list[dict[str, Any]]:
+    """Per-probe cost of the callbacks under a real HF Trainer and a real Lightning Trainer."""
+    import tempfile
+    import warnings
+
+    width, steps, every = (32, 8, 4) if quick else (64, 60, 20)
+    n_pool, seq_len, batch = (32, 32, 8) if quick else (64, 64, 16)
+    rows = []
+    for name, fn in (("transformers.Trainer", _hf_trainer_run), ("lightning.Trainer", _lightning_run)):
+        plain, mon = [], []
+        with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in range(1 if quick else reps):  # alternately, so load changes hit both alike
+                plain.append(fn(width, steps, n_pool, seq_len, batch, None, tmp))
+                mon.append(fn(width, steps, n_pool, seq_len, batch, every, tmp))
+        probes = len({r["step"] for r in mon[0]["mon"].rows})
+        step_s = statistics.median(r["wall_s"] for r in plain) / steps
+        per_probe = statistics.median(r["mon"].spent_s / probes for r in mon)
+        rows.append({
+            "framework": name, "width": width, "steps": steps, "every": every, "n_pool": n_pool, "reps": len(mon),
+            "probed_steps": sorted({int(r["step"]) for r in mon[0]["mon"].rows}), "probes": probes,
+            "step_s": step_s, "per_probe_s": per_probe, "per_probe_in_steps": per_probe / step_s,
+            "added_per_probe_s": statistics.median((m["wall_s"] - p["wall_s"]) / probes for m, p in zip(mon, plain)),
+            "overhead": statistics.median(m["mon"].spent_s for m in mon) / (step_s * steps),
+            "identical_log_history": None if plain[0]["log"] is None else
+            all(m["log"] == plain[0]["log"] for m in mon + plain),
+            "identical_weights": all(torch.equal(v, m["weights"][k]) for m in mon + plain[1:]
+                                     for k, v in plain[0]["weights"].items())})
+    return rows
+
+
+def markdown_trainers(rows: list[dict[str, Any]]) -> str:
+    cols = ("framework", "probes", "step_s", "per_probe_s", "per_probe_in_steps", "added_per_probe_s", "overhead",
+            "identical_log_history", "identical_weights")
+    r = rows[0]
+    return markdown_table([{c: r[c] for c in cols} for r in rows], note=(
+        f"LLaMA-style width {r['width']}, depth 4, {r['steps']} steps, every={r['every']} (probes of "
+        f"{r['n_pool']} + {r['n_pool']} sequences at the 4 block outputs, steps {r['probed_steps']}); run time = "
+        "from train start to train end; per_probe_s: the monitor's time per probe; added_per_probe_s: "
+        "(monitored - plain) run time per probe; overhead: monitor time / plain run time."))
+
+
 if __name__ == "__main__":
     import json
 
     ev = int(sys.argv[sys.argv.index("--every") + 1]) if "--every" in sys.argv else None
     load0 = os.getloadavg()
     t0 = time.perf_counter()
-    rows = run(quick="--quick" in sys.argv, every=ev)
-    print(markdown(rows))
+    trainers = "--trainers" in sys.argv
+    rows = run_trainers(quick="--quick" in sys.argv) if trainers else run(quick="--quick" in sys.argv, every=ev)
+    print(markdown_trainers(rows) if trainers else markdown(rows))
     if "--out" in sys.argv:  # the committed rows docs/benchmarks.md quotes
         path = Path(sys.argv[sys.argv.index("--out") + 1])
         meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
                 "load_average_start": " ".join(f"{v:.2f}" for v in load0),
                 "load_average": " ".join(f"{v:.2f}" for v in os.getloadavg()),
                 "wall_s": time.perf_counter() - t0}
+        if trainers:  # beside the lockstep rows, which stay as they are
+            import lightning
+            import transformers
+
+            meta.update(transformers=transformers.__version__, lightning=lightning.__version__)
+            data = json.loads(path.read_text()) if path.exists() else {}
+            data["trainers"] = {"machine": meta, "rows": rows}
+        else:
+            old = json.loads(path.read_text()) if path.exists() else {}
+            data = {"machine": meta, "rows": rows, **({"trainers": old["trainers"]} if "trainers" in old else {})}
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps({"machine": meta, "rows": rows}, indent=1) + "\n")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
         tmp.replace(path)

@@ -305,11 +305,11 @@ def test_too_few_sequences_names_only_fixes_that_help(corpora, kinds):
 
 
 def test_one_sequence_is_singular():
-    from widthscope.data.inputs import _pick
+    from widthscope.data.inputs import pick_pool
     from widthscope.errors import WidthscopeError
 
     with pytest.raises(WidthscopeError, match=r"gave only 1 train sequence: lower"):
-        _pick(1, 4, 0, False, "train sequences", "--n-train", "x.txt")
+        pick_pool(1, 4, 0, False, "train sequences", "--n-train", "x.txt")
 
 
 def test_no_tokenizer_never_suggests_bytes_that_do_not_fit(tmp_path, capsys):

@@ -125,7 +125,8 @@ def test_cli_builtin_writes_json(tmp_path, capsys):
     from widthscope.grow import DEFAULT_CRITERION
 
     assert f"ranked by {DEFAULT_CRITERION}" in text and "p_improve" in text
-    assert "no point is certified at δ = 0.1 with M = K = 16; " in text or "certified at δ = 0.1 with M = K = 16" in text
+    assert ("no point is certified at δ = 0.1 with M = K = 16; " in text
+            or "certified at δ = 0.1 with M = K = 16" in text)
     res = json.loads(out.read_text())
     assert res["settings"]["criterion"] == DEFAULT_CRITERION and res["certification"] in text
     assert {g["role"] for g in res["growth"]} >= {"best", "worst", "continue"}
@@ -189,7 +190,9 @@ def test_checkpoint_data_split_is_the_recorded_one(tmp_path):
     import argparse
 
     from widthscope import checkpoint
-    from widthscope.grow.pipeline import _load_inputs, add_arguments
+    from widthscope.cli.grow import add_arguments
+    from widthscope.cli.inputs import spec_from_args
+    from widthscope.grow.pipeline import _load_inputs
     from widthscope.models import build
 
     torch.manual_seed(0)
@@ -198,7 +201,7 @@ def test_checkpoint_data_split_is_the_recorded_one(tmp_path):
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(["--model", str(tmp_path / "ck")])
-    split = _load_inputs(args, False).split
+    split = _load_inputs(spec_from_args(args, "grow"), show=False).split
     assert split.train[0].shape[1] == 16 and split.meta["seed"] == 3
     assert len(split.train[0]) + len(split.test[0]) <= 20000 // 16
 

@@ -439,12 +439,18 @@ def test_hf_callback_logs_through_the_trainer():
 
     from widthscope.monitor.hf import AlignmentCallback
 
-    class FakeTrainer:  # stands for Trainer.log: the entry point of every logging integration
+    class FakeHandler:  # stands for Trainer.callback_handler.on_log: what every logging integration receives
         def __init__(self) -> None:
-            self.logged = []
+            self.logged: list[dict] = []
 
-        def log(self, logs):
+        def on_log(self, args, state, control, logs):
+            control.should_log = False  # as the real handler does
             self.logged.append(dict(logs))
+            return control
+
+    class FakeTrainer:
+        def __init__(self) -> None:
+            self.callback_handler = FakeHandler()
 
     model = make_model()
     trainer = FakeTrainer()
@@ -452,11 +458,15 @@ def test_hf_callback_logs_through_the_trainer():
     state, control = TrainerState(), TrainerControl()
     for step in range(1, 5):
         state.global_step = step
+        control.should_log = True  # the Trainer's own log is due at this step: the callback must keep it so
         assert cb.on_step_end(None, state, control, model=model) is control
-    assert [len(x) > 0 for x in trainer.logged] == [True, True]
-    assert "align/2/b_exact" in trainer.logged[0]
+        assert control.should_log
+    logged = trainer.callback_handler.logged
+    assert [len(x) > 0 for x in logged] == [True, True]
+    assert "align/2/b_exact" in logged[0] and "loss" not in logged[0]
     row = next(r for r in cb.monitor.rows if r["step"] == 2 and r["point"] == "2")
-    assert trainer.logged[0]["align/2/b_exact"] == row["b_exact"]
+    assert logged[0]["align/2/b_exact"] == row["b_exact"]
+    assert [h["step"] for h in state.log_history] == [2, 4]  # the monitor's own entries
     bare = AlignmentCallback(monitor_for(model, every=2))
     state.global_step = 2
     with pytest.warns(UserWarning, match="no trainer"):

@@ -148,3 +148,15 @@ def test_exports_match_the_docs():
     import widthscope.grow.bench  # noqa: F401  (importing a subpackage must not hide the function)
 
     assert callable(ws.grow) and callable(ws.certify)
+
+
+def test_the_readme_quick_start_runs(capsys):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    code = re.findall(r"```python\n(.*?)```", readme, re.S)[0]
+    assert "ws.certify(net" in code
+    torch.manual_seed(0)
+    exec(compile(code, "README.md", "exec"), {})
+    assert "d_align" in capsys.readouterr().out

@@ -25,7 +25,7 @@ from typing import Any
 
 from .errors import WidthscopeError
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 _EXPORTS = {
     "moments": "widthscope.stats",

@@ -106,7 +106,7 @@ def read_toml(path: str | os.PathLike, what: str, hint: str) -> dict[str, Any]:
         raise WidthscopeError(f"{what} {str(p)!r} is not valid TOML: {' '.join(str(exc).split())}") from None
 
 
-def _unwritable(path: Path, exc: OSError) -> Exception:
+def unwritable(path: Path, exc: OSError) -> Exception:
     from .errors import WidthscopeError
 
     reason = exc.strerror or str(exc)
@@ -129,7 +129,7 @@ def _sibling(path: Path, suffix: str) -> tuple[int, str]:
         path.parent.mkdir(parents=True, exist_ok=True)
         return tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
     except OSError as exc:
-        raise _unwritable(path, exc) from None
+        raise unwritable(path, exc) from None
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
@@ -141,30 +141,30 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; results are shared like any file
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; results are shared like any file
         os.replace(tmp, path)
     except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
         if isinstance(exc, OSError):
-            raise _unwritable(path, exc) from None
+            raise unwritable(path, exc) from None
         raise
     return path
 
 
-_KEPT: list[Any] = []
+KEPT_WORK: list[Any] = []
 
 
 def on_interrupt(describe: Any) -> None:
     """Register ``describe() -> str | None``: what finished work is on disk, for the message the
     command line prints when a run is interrupted (SIGINT/SIGTERM) or fails writing."""
-    _KEPT.append(describe)
+    KEPT_WORK.append(describe)
 
 
 def kept_work() -> list[str]:
     """The registered descriptions of finished work on disk (empty: nothing was kept)."""
     out = []
-    for fn in _KEPT:
+    for fn in KEPT_WORK:
         try:
             msg = fn()
         except Exception:  # a description must never hide the interruption itself
@@ -174,7 +174,7 @@ def kept_work() -> list[str]:
     return out
 
 
-def _missing_parents(path: Path) -> list[Path]:
+def missing_parents(path: Path) -> list[Path]:
     """The folders above ``path`` that do not exist yet, deepest first."""
     out = []
     for p in path.parents:
@@ -195,7 +195,7 @@ def remove_empty(folders: Iterable[Path]) -> None:
             continue
 
 
-def _human(n: float) -> str:
+def human_size(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if n < 1000 or unit == "TB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -217,8 +217,8 @@ def check_space(path: str | os.PathLike, need_bytes: int, what: str = "the resul
     except OSError:
         return  # a file system that cannot say: the write itself will tell
     if need_bytes > free:
-        raise WidthscopeError(f"cannot write {str(path)!r}: {what} need about {_human(need_bytes)} but only "
-                              f"{_human(free)} is free on the disk holding {str(where)!r}; free space or choose "
+        raise WidthscopeError(f"cannot write {str(path)!r}: {what} need about {human_size(need_bytes)} but only "
+                              f"{human_size(free)} is free on the disk holding {str(where)!r}; free space or choose "
                               "an output path on another disk")
 
 
@@ -227,7 +227,7 @@ def check_writable(path: str | os.PathLike, need_bytes: int = 0, what: str = "th
     missing parent, or too little free space for ``need_bytes``); leaves nothing behind (folders
     it had to create for the probe are removed again; the write creates them)."""
     path = Path(path)
-    created = _missing_parents(path)
+    created = missing_parents(path)
     try:
         fd, tmp = _sibling(path, ".probe")
         os.close(fd)
@@ -239,7 +239,7 @@ def check_writable(path: str | os.PathLike, need_bytes: int = 0, what: str = "th
     return path
 
 
-def _umask() -> int:
+def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -259,7 +259,7 @@ def append_jsonl(path: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> 
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)  # the umask decides, as for any file
     except OSError as exc:
-        raise _unwritable(path, exc) from None
+        raise unwritable(path, exc) from None
     try:
         # A previous kill may have left a partial last line: start ours on a fresh line.
         if os.fstat(fd).st_size > 0:
@@ -310,7 +310,7 @@ def refuse_skips(problems: Sequence[Skipped], fix: str) -> Exception:
     return WidthscopeError(f"{where}: {first.why}{more}; --strict refuses damaged input: {fix}")
 
 
-def _record(found: list[Skipped], problems: list[Skipped] | None) -> None:
+def record_skips(found: list[Skipped], problems: list[Skipped] | None) -> None:
     # No list to collect into: say it on stderr rather than nothing.
     if problems is None:
         warn_skips(found)
@@ -372,7 +372,7 @@ def read_jsonl(path: str | os.PathLike, problems: list[Skipped] | None = None) -
             found.append(Skipped(str(path), i, f"a JSON {_JSON_TYPE.get(type(row), 'value')}, not a row object"))
             continue
         rows.append(row)
-    _record(found, problems)
+    record_skips(found, problems)
     return rows
 
 

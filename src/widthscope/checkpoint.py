@@ -14,6 +14,8 @@ leaves either the previous checkpoint or a complete new one.
 
 :func:`load` also accepts
 
+- a Hugging Face hub id ``org/name`` (``revision=``: branch, tag or commit) or hub cache folder
+  ``models--org--name``, resolved to its local snapshot directory (:mod:`widthscope.hub`);
 - a Hugging Face directory of any architecture ``transformers`` knows (causal LM, masked LM,
   sequence or image classifier; :func:`widthscope.models.hf.load_hf`): weights in
   ``model.safetensors`` (or shards with an index), or ``pytorch_model.bin`` read with
@@ -91,7 +93,7 @@ def save(model: nn.Module, directory: str | os.PathLike, *, extra: dict | None =
         json.dumps(to_jsonable(config))
     except TypeError as exc:
         raise WidthscopeError(f"model config is not JSON-serialisable: {exc}") from None
-    from ._io import _umask, _unwritable
+    from ._io import current_umask, unwritable
 
     directory = Path(directory)
     tensors, aliases = _dedupe(model.state_dict())
@@ -100,10 +102,10 @@ def save(model: nn.Module, directory: str | os.PathLike, *, extra: dict | None =
         fd, tmp = tempfile.mkstemp(prefix=".model.", suffix=".safetensors.tmp", dir=directory)
         os.close(fd)
     except OSError as exc:
-        raise _unwritable(directory / "model.safetensors", exc) from None
+        raise unwritable(directory / "model.safetensors", exc) from None
     try:
         save_file(tensors, tmp, metadata={"format": "pt", "widthscope_aliases": json.dumps(aliases)})
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, directory / "model.safetensors")
     except BaseException as exc:
         if os.path.exists(tmp):
@@ -246,10 +248,10 @@ def _to_dtype(model: nn.Module, option: str, recorded: Any) -> None:
 def _hf_from_file(directory: Path, cfg: dict[str, Any], task: str | None) -> nn.Module:
     """The architecture of an HF config dict, freshly initialised (weights are filled next)."""
     from .models import build
-    from .models.hf import WIDTHSCOPE_FAMILY, _auto_classes, _check_model_type, hf_task, main_stack
+    from .models.hf import WIDTHSCOPE_FAMILY, auto_classes, check_model_type, hf_task, main_stack
 
     family = WIDTHSCOPE_FAMILY.get(cfg["model_type"])
-    _check_model_type(cfg, directory / "config.json")
+    check_model_type(cfg, directory / "config.json")
     task = task or hf_task(cfg, str(directory / "config.json"))
     if family is not None and task == "causal-lm":
         model = build(family, hf_config=cfg)
@@ -258,7 +260,7 @@ def _hf_from_file(directory: Path, cfg: dict[str, Any], task: str | None) -> nn.
 
         conf = {k: v for k, v in cfg.items() if k != "model_type"}
         hf_cfg = AutoConfig.for_model(cfg["model_type"], **conf)
-        model = _auto_classes()[task].from_config(hf_cfg)
+        model = auto_classes()[task].from_config(hf_cfg)
         model.widthscope_points = main_stack(model)
     # torch types Module.__setattr__ for tensors and modules only; a plain attribute is fine at runtime
     model.widthscope_task = task  # type: ignore[assignment]
@@ -266,7 +268,7 @@ def _hf_from_file(directory: Path, cfg: dict[str, Any], task: str | None) -> nn.
 
 
 def load(path: str | os.PathLike, *, device: str | torch.device = "cpu", dtype: str = "auto",
-         task: str | None = None) -> nn.Module:
+         task: str | None = None, revision: str | None = None) -> nn.Module:
     """Load a checkpoint (see the module docstring for the accepted layouts) in eval mode.
 
     The returned model carries ``widthscope_points`` (and ``widthscope_config`` where a
@@ -274,12 +276,23 @@ def load(path: str | os.PathLike, *, device: str | torch.device = "cpu", dtype: 
     given to :func:`save`, e.g. the dataset), for HF checkpoints ``widthscope_task`` and
     ``widthscope_hf``. ``dtype``: ``auto`` (the checkpoint's) or a torch dtype name; ``task``
     overrides the HF task read from ``config.json`` (:mod:`widthscope.models.hf`).
-    """
-    from .models import build
 
-    path = Path(path).expanduser()
+    ``path`` may also be a Hugging Face hub id ``org/name`` at ``revision`` (branch, tag or
+    commit; default ``main``) or a hub cache folder ``models--org--name``: resolved to its local
+    snapshot first (:func:`widthscope.hub.resolve_model`); the model then carries
+    ``widthscope_hub`` (id, revision, commit).
+    """
+    from .hub import attach, resolve_model
+
+    path, hub = resolve_model(str(Path(path)), revision, flag="checkpoint")
     if not path.exists():
         raise WidthscopeError(f"checkpoint {str(path)!r} does not exist")
+    return attach(_load_local(path, device=device, dtype=dtype, task=task), hub)
+
+
+def _load_local(path: Path, *, device: str | torch.device, dtype: str, task: str | None) -> nn.Module:
+    from .models import build
+
     if path.is_dir():
         weights = _find_weights(path)
     elif path.suffix in WEIGHT_SUFFIXES:

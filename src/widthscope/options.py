@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from .errors import WidthscopeError, WidthscopeTypeError
 
@@ -40,6 +40,7 @@ __all__ = ["option", "Options", "InterventionOptions", "CertifyOptions", "Certif
            "DEFAULT_MAX_REL_STEP", "ESTIMATORS", "POOLS", "INTERVENTIONS", "DRAW_SCHEMES", "PROTOCOLS"]
 
 T = TypeVar("T", bound="Options")
+Estimator = Literal["unbiased", "plugin"]  # the same as widthscope.stats.Estimator (options import no torch)
 
 DEFAULT_M = (16, 32, 64, 128)
 DEFAULT_N_ETAS = 4            # the decades 1e-4 .. 1e-1 of the activation's RMS (docs/interventions.md §2)
@@ -242,7 +243,7 @@ class CertifyOptions(InterventionOptions):
     draws: int = option(1000, lo=1, hi=10 ** 6, unit="resamples",
                         help="resamples for empirical misalignment (default 1000)")
     seed: int = option(0, lo=0, hi=2 ** 32 - 1, help="seed for data subsets and resampling")
-    estimator: str = option("unbiased", choices=ESTIMATORS, help="unbiased (default) or plugin")
+    estimator: Estimator = option("unbiased", choices=ESTIMATORS, help="unbiased (default) or plugin")
     pool: str = option("sum", choices=POOLS, help="pooling of positions into a sample vector (default sum)")
     draw_scheme: str = option("shared", choices=DRAW_SCHEMES,
                               help="misalignment draws: shared (one subset per draw for every (M, K); default) or "

@@ -120,9 +120,9 @@ def repair(out_dir: str | os.PathLike, *, dry_run: bool = False) -> list[str]:
                         backup.mkdir(parents=True, exist_ok=True)
                         shutil.copy2(plan["res"], backup / "results.jsonl")
                     except OSError as exc:
-                        from ._io import _unwritable
+                        from ._io import unwritable
 
-                        raise _unwritable(backup / "results.jsonl", exc) from None
+                        raise unwritable(backup / "results.jsonl", exc) from None
                 set_aside(d, [Path(s.path) for s in plan["cell_problems"]], backup)
                 atomic_write_text(plan["res"], plan["text"])
             lines = _describe(d, plan, backup, dry_run)

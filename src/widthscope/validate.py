@@ -35,16 +35,33 @@ __all__ = ["check_args", "check_pools", "check_dir_writable", "OUT_KIND", "APPLI
 # whole held-out pool at every point; each misalignment draw is an (M, K) Gram slice; a projection is
 # a d x project matrix per point), far above any setting a study needs. None: bounded by the model
 # (--project must be below a point's dimension; certify checks it before any training).
+# Options that are fields of the options dataclasses (draws, n_etas, batch_size, train_steps,
+# project) take their range from the field (widthscope.options): one source per option.
+def _from_fields() -> dict[str, tuple[int, int | None, str]]:
+    import dataclasses
+
+    from .options import CertifyOptions, CertifyRunOptions
+
+    out = {}
+    for cls in (CertifyOptions, CertifyRunOptions):
+        for f in dataclasses.fields(cls):
+            meta = f.metadata
+            if meta.get("kind") == "int" and meta.get("lo") is not None and f.name != "seed":
+                hi = meta.get("hi")
+                out[f.name] = (int(meta["lo"]), None if hi is None else int(hi), meta.get("unit") or "")
+    return out
+
+
+_FIELDS = _from_fields()
 RANGES: tuple[tuple[str, int, int | None, str], ...] = (
     ("n_train", 4, 10 ** 7, "examples; the unbiased estimators need at least 4"),
     ("n_test", 4, 10 ** 7, "examples; the unbiased estimators need at least 4"),
-    ("batch_size", 1, 10 ** 6, "examples per batch"), ("draws", 1, 10 ** 6, "resamples"),
-    ("steps", 1, 10 ** 8, "steps"), ("train_steps", 1, 10 ** 8, "steps"),
+    ("steps", 1, 10 ** 8, "steps"),
     ("seq_len", 2, 10 ** 6, "tokens (one input and one predicted token)"), ("max_tokens", 1, 10 ** 12, "tokens"),
     ("threads", 1, 4096, "threads"), ("block_width", 1, 10 ** 6, "hidden units"),
-    ("project", 2, None, "projected dimensions"), ("n_rank", 4, 10 ** 7, "examples"),
-    ("n_etas", 1, 100, "step sizes"))
-_RANGE = {name: (lo, hi) for name, lo, hi, _ in RANGES}
+    ("n_rank", 4, 10 ** 7, "examples"),
+    *((name, lo, hi, unit) for name, (lo, hi, unit) in _FIELDS.items()))
+_RANGE = {name: (lo, hi) for name, lo, hi, _ in RANGES if hi is not None}
 _POSITIVE = ("lr", "eta")
 # Which commands write a file (--out FILE) and which a directory (--out DIR).
 OUT_KIND = {"certify": "file", "grow": "file", "grow-bench": "dir", "stats": "file", "sweep": "dir", "report": "dir",
@@ -105,16 +122,22 @@ def _given(args: argparse.Namespace, dest: str) -> bool:
     return v is not None and v is not False
 
 
-def input_kind(model: str | None, task: str | None = None) -> str | None:
+def input_kind(model: str | None, task: str | None = None, revision: str | None = None) -> str | None:
     """The :data:`KINDS` entry of ``--model`` from its ``config.json`` alone (no weights read);
-    None when it cannot tell (the loader then gives its own error)."""
+    None when it cannot tell (the loader then gives its own error). A hub id ``org/name`` (at
+    ``revision``, default main) or hub cache folder is read from its cached snapshot, never
+    downloaded (not cached: None)."""
     if model is None:
         return None
     if model == "builtin":
         return "builtin"
     import json
 
-    p = Path(model).expanduser()
+    from .hub import local_directory
+
+    p = local_directory(model, revision)
+    if p is None:
+        return None
     cfg_path = p / "config.json" if p.is_dir() else p.parent / "config.json"
     try:
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
@@ -138,7 +161,8 @@ def check_applies(args: argparse.Namespace, command: str, kind: str | None = Non
     table = APPLIES.get(command)
     if table is None:
         return
-    kind = kind or input_kind(getattr(args, "model", None), getattr(args, "task", None))
+    kind = kind or input_kind(getattr(args, "model", None), getattr(args, "task", None),
+                              revision=getattr(args, "revision", None))
     if kind is None:
         return
     for dest, kinds in table.items():
@@ -183,7 +207,7 @@ def check_dir_writable(path: str | os.PathLike) -> Path:
     """``path`` is (or can be made) a directory we can write into. Leaves nothing behind: folders
     it had to create for the probe are removed again, so a run refused later (a bad config) leaves
     no empty ``--out``; the command creates the folder when it starts writing."""
-    from ._io import _unwritable
+    from ._io import unwritable
 
     p = Path(path)
     if p.exists() and not p.is_dir():
@@ -195,7 +219,7 @@ def check_dir_writable(path: str | os.PathLike) -> Path:
         os.close(fd)
         os.unlink(tmp)
     except OSError as exc:
-        raise _unwritable(p / "…", exc) from None
+        raise unwritable(p / "…", exc) from None
     finally:
         for q in created:  # innermost first; only if still empty (another process may have filled it)
             try:
@@ -311,9 +335,9 @@ def check_args(args: argparse.Namespace, command: str) -> None:
     if out and OUT_KIND.get(command) == "file":
         check_writable(out)
     elif out and OUT_KIND.get(command) == "dir":
-        from ._io import _missing_parents
+        from ._io import missing_parents
 
-        made = _missing_parents(Path(out) / "x")  # the folder itself and any missing parents
+        made = missing_parents(Path(out) / "x")  # the folder itself and any missing parents
         check_dir_writable(out)
         CREATED.extend(made)  # removed again if the command is refused before it writes anything
     for extra in (getattr(args, "save_samples", None), getattr(args, "json", None)):
@@ -342,7 +366,7 @@ def check_pools(M: int | list[int], K: int | list[int], n_train: int, n_test: in
 # ----------------------------------------------------------------------------- list options
 # Comma lists of the command line (--M 16,32 --K 8) and the (M, K) pairs they make: shared by
 # certify, stats (widthscope.certify.samples) and grow-bench, so the same bad list gets the same line.
-def _num_list(text: str | None, flag: str, cast: Callable[[str], Any]) -> list | None:
+def num_list(text: str | None, flag: str, cast: Callable[[str], Any]) -> list | None:
     """``"16,32,64"`` -> ``[16, 32, 64]`` (``None`` stays ``None``), with a clear error."""
     if text is None:
         return None
@@ -356,12 +380,12 @@ def _num_list(text: str | None, flag: str, cast: Callable[[str], Any]) -> list |
     return vals
 
 
-def _int_list(text: str | None, flag: str) -> list[int] | None:
-    return _num_list(text, flag, int)
+def int_list(text: str | None, flag: str) -> list[int] | None:
+    return num_list(text, flag, int)
 
 
-def _float_list(text: str | None, flag: str) -> list[float] | None:
-    vals = _num_list(text, flag, float)
+def float_list(text: str | None, flag: str) -> list[float] | None:
+    vals = num_list(text, flag, float)
     if vals is not None and any(not (v > 0 and math.isfinite(v)) for v in vals):
         raise WidthscopeError(f"{flag} {text!r}: step sizes must be positive finite numbers")
     if vals is not None and len(vals) > _RANGE["n_etas"][1]:
@@ -370,7 +394,7 @@ def _float_list(text: str | None, flag: str) -> list[float] | None:
     return vals
 
 
-def _sizes(values: Any, name: str) -> list[int]:
+def sizes_list(values: Any, name: str) -> list[int]:
     if isinstance(values, (int,)) and not isinstance(values, bool):
         values = [values]
     try:
@@ -387,12 +411,12 @@ def _sizes(values: Any, name: str) -> list[int]:
     return out
 
 
-def _pairs(M: Any, K: Any) -> list[tuple[int, int]]:
+def pairs_of(M: Any, K: Any) -> list[tuple[int, int]]:
     """``K=None``: ``K = M`` (paired); a single K applies to every M; else paired lists."""
-    Ms = _sizes(M, "M")
+    Ms = sizes_list(M, "M")
     if K is None:
         return [(m, m) for m in Ms]
-    Ks = _sizes(K, "K")
+    Ks = sizes_list(K, "K")
     if len(Ks) == 1:
         return [(m, Ks[0]) for m in Ms]
     if len(Ks) != len(Ms):

@@ -12,6 +12,7 @@ import torch
 
 from .._io import format_table, to_jsonable
 from ..errors import WidthscopeError
+from ..stats.estimators import Estimator
 
 __all__ = ["statistics", "ranking", "tables", "rounding_bounds", "precision_notes", "SAMPLE_REL_ERROR"]
 
@@ -61,9 +62,9 @@ def rounding_bounds(a: torch.Tensor, b: torch.Tensor, dtype: Any, estimator: str
         from ..probe.intervene import projected_rounding
 
         ea, eb = errors
-        ma, mb = a.mean(0), b.mean(0)
-        bounds = {"mu_sq_train": 2 * projected_rounding(ea, ma), "mu_sq_test": 2 * projected_rounding(eb, mb),
-                  "ab": projected_rounding(ea, mb) + projected_rounding(eb, ma)}
+        avg_a, avg_b = a.mean(0), b.mean(0)
+        bounds = {"mu_sq_train": 2 * projected_rounding(ea, avg_a), "mu_sq_test": 2 * projected_rounding(eb, avg_b),
+                  "ab": projected_rounding(ea, avg_b) + projected_rounding(eb, avg_a)}
         return {"dtype": str(dt).replace("torch.", ""), "method": f"measured on {len(ea)}+{len(eb)} samples",
                 "rho": None, "bounds": bounds, "within_rounding": []}
     rho = SAMPLE_REL_ERROR * torch.finfo(dt).eps / 2 if rho is None else float(rho)
@@ -99,7 +100,7 @@ def check_pool(n: int, need: int, what: str, flag: str, pool: str) -> None:
 
 def statistics(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], *,
                pairs: Sequence[tuple[int, int]], draws: int = 1000, seed: int = 0,
-               estimator: str = "unbiased", pool: str = "sum", project: int | None = None,
+               estimator: Estimator = "unbiased", pool: str = "sum", project: int | None = None,
                dims: dict[str, int] | None = None, draw_scheme: str = "shared",
                sample_dtype: Any = None, sample_rel_error: float | dict[str, float] | None = None,
                sample_errors: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
@@ -151,6 +152,7 @@ def statistics(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], *,
                              "its sign, and the certificate's, is not resolved by the model's dtype")
         gram = a @ b.T  # the cross-Gram, once: a misalignment draw is the mean of an M×K block
         mis_all = stats.misalignment_from_gram(gram, pairs=pairs, draws=draws, seed=seed, scheme=draw_scheme)
+        assert isinstance(mis_all, list)  # pairs given: one result per pair
         certs = []
         for (m, k), mis in zip(pairs, mis_all):
             one = stats.certificate(mom_a, M=m, K=k, estimator=estimator, populations="one")

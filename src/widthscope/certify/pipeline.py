@@ -48,7 +48,7 @@ from ..errors import WidthscopeError
 from .per_point import check_pool, _v, precision_notes, ranking, statistics, tables  # noqa: F401  (re-exported)
 from ..probe import collect, resolve_points
 from ..options import DEFAULT_M, DEFAULT_MAX_REL_STEP, DEFAULT_N_ETAS, ESTIMATORS, CertifyOptions
-from ..validate import _float_list, _int_list, _num_list, _pairs, _sizes  # noqa: F401  (re-exported)
+from ..validate import float_list, int_list, num_list, pairs_of, sizes_list  # noqa: F401  (re-exported)
 
 __all__ = ["certify", "settings_block", "data_description", "grid_notes", "count_examples", "gather_rows",
            "DEFAULT_M", "DEFAULT_N_ETAS", "DEFAULT_MAX_REL_STEP", "ESTIMATORS"]
@@ -159,8 +159,8 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
     _args.batches(fn, "test_batches", test_batches)
     checks: dict[str, Callable[[Any], Any]] = {
         "points": lambda v: _args.points(fn, "points", v),
-        "M": lambda v: (_args.sizes(fn, "M", v), _sizes(v, "M")),
-        "K": lambda v: (_args.sizes(fn, "K", v, optional=True), v is None or _sizes(v, "K")),
+        "M": lambda v: (_args.sizes(fn, "M", v), sizes_list(v, "M")),
+        "K": lambda v: (_args.sizes(fn, "K", v, optional=True), v is None or sizes_list(v, "K")),
         "draws": lambda v: _args.integer(fn, "draws", v, lo=1),
         "seed": lambda v: _args.integer(fn, "seed", v),
         "estimator": lambda v: _args.choice(fn, "estimator", v, ESTIMATORS),
@@ -277,7 +277,7 @@ def _resolve(model: nn.Module, train_batches: Iterable[Any], test_batches: Itera
         raise WidthscopeError(f"unknown estimator {estimator!r}; choose {' or '.join(ESTIMATORS)}")
     if not isinstance(draws, int) or isinstance(draws, bool) or draws < 1:
         raise WidthscopeError(f"draws must be a positive integer, got {draws!r}")
-    pairs = _pairs(M, K)
+    pairs = pairs_of(M, K)
     names = resolve_points(model, points)
     train_list, test_list = list(train_batches), list(test_batches)
     W = distributed.world_size()
@@ -315,7 +315,7 @@ class _keep_prefix:
 
     def __enter__(self) -> "_keep_prefix":
         if self.args is not None:
-            from ..probe.collect import _to, float_dtype
+            from ..probe.collect import to_device, float_dtype
             from ..probe.intervene import as_examples
             from ..probe.prefix import keep_prefix
 
@@ -326,7 +326,7 @@ class _keep_prefix:
             except WidthscopeError:  # batches that do not pool: the interventions say so themselves
                 self.args = None
                 return self
-            self._cm = keep_prefix(model, names, first, K, loss_fn, lambda b: _to(b, device, dt))
+            self._cm = keep_prefix(model, names, first, K, loss_fn, lambda b: to_device(b, device, dt))
             self.kept = self._cm.__enter__()
         return self
 
@@ -347,17 +347,20 @@ def _probe_pools(model: nn.Module, names: list[str], train_list: list[Any], test
     def _project(name: str, x: torch.Tensor) -> torch.Tensor:
         from ..stats.sketch import Projector
 
+        assert project is not None  # only installed with a projection
         if name not in projectors:  # same seed on every rank and for train/held-out
             projectors[name] = Projector(x.shape[1], project, seed=seed)
         return projectors[name](x)
 
-    common = dict(points=names, loss_fn=loss_fn, pool=pool, train_mode=train_mode, progress=progress,
-                  transform=_project if project else None)
-    qa = collect(model, distributed.shard(train_list), **common)
+    def probe(batches: list[Any]) -> Any:
+        return collect(model, distributed.shard(batches), points=names, loss_fn=loss_fn, pool=pool,
+                       train_mode=train_mode, progress=progress, transform=_project if project else None)
+
+    qa = probe(train_list)
     from contextlib import nullcontext
 
     with keep if keep is not None else nullcontext():
-        qb = collect(model, distributed.shard(test_list), **common)
+        qb = probe(test_list)
     return qa, qb, projectors
 
 

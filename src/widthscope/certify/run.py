@@ -23,7 +23,7 @@ import torch.nn as nn
 
 from .. import distributed
 from .. import _io
-from .._io import _human, atomic_write_json, on_interrupt
+from .._io import human_size, atomic_write_json, on_interrupt
 from ..data.published import is_all
 from ..data.spec import InputSpec
 from ..errors import WidthscopeError
@@ -81,7 +81,7 @@ def _load(spec: InputSpec, seed: int) -> tuple[nn.Module, Any]:
 
     if spec.model == "builtin":
         return _builtin_structure(seed)
-    return load_model(spec.model, dtype=spec.dtype, task=spec.task), None
+    return load_model(spec.model, dtype=spec.dtype, task=spec.task, revision=spec.revision), None
 
 
 def list_points(spec: InputSpec, *, every_module: bool = False) -> list[str]:
@@ -95,9 +95,9 @@ def list_points(spec: InputSpec, *, every_module: bool = False) -> list[str]:
 def _point_dims(model: nn.Module, names: Sequence[str], inputs: Any, pool: str) -> tuple[dict[str, int], int]:
     """Each point's sample dimension and the sample rows per example, from one probed example
     (one forward and backward pass): what --project and the output sizes are checked against."""
-    from ..probe.intervene import _index
+    from ..probe.intervene import index_batch
 
-    one = _index(inputs.train, slice(0, 1))
+    one = index_batch(inputs.train, slice(0, 1))
     q = collect(model, [one], points=list(names), loss_fn=inputs.loss_fn, pool=pool, progress=False)
     return {n: int(q[n].shape[1]) for n in names}, max(1, max(int(q[n].shape[0]) for n in names))
 
@@ -142,9 +142,9 @@ def _check_memory(project: int | None, dims: dict[str, int], rows: int, n_train:
     need = 8 * rows * (n_train + n_test) * d
     free = _available_memory()
     if free is not None and need > free:
-        raise WidthscopeError(f"the samples need about {_human(need)} of memory ({n_train} + {n_test} "
+        raise WidthscopeError(f"the samples need about {human_size(need)} of memory ({n_train} + {n_test} "
                               f"examples x {rows} row(s) x {d} dimensions over {len(dims)} point(s), float64) but "
-                              f"only {_human(free)} is available: lower --n-train/--n-test, choose fewer --points, "
+                              f"only {human_size(free)} is available: lower --n-train/--n-test, choose fewer --points, "
                               "or add --project")
 
 
@@ -277,7 +277,7 @@ def run_certify(job: CertifyJob, *, notes: Sequence[str] = (), say: Callable[[st
     output sizes, memory) runs before the built-in model trains or anything is probed."""
     from ..data.inputs import resolve
     from ..models.hf import model_info
-    from ..probe.intervene import _batch_size
+    from ..probe.intervene import batch_size_of
 
     main = distributed.is_main()
     say = say or (lambda msg: print(msg, flush=True) if main else None)
@@ -286,7 +286,7 @@ def run_certify(job: CertifyJob, *, notes: Sequence[str] = (), say: Callable[[st
     model, split = _load(spec, opts.seed)
     names = resolve_points(model, list(opts.points) if opts.points else None)
     inputs = resolve(spec, model=model, show_progress=main)
-    n_train, n_test = _batch_size(inputs.train), _batch_size(inputs.test)
+    n_train, n_test = batch_size_of(inputs.train), batch_size_of(inputs.test)
     if not is_all(spec.n_train):
         n_train = int(spec.n_train)
     if not is_all(spec.n_test):
@@ -317,7 +317,7 @@ def run_certify(job: CertifyJob, *, notes: Sequence[str] = (), say: Callable[[st
                            train_data=spec.train_data, test_data=spec.test_data, task=inputs.task,
                            protocol=job.protocol, n_train=n_train, n_test=n_test,
                            batch_size=job.run.batch_size, device=str(device), inputs=inputs.info,
-                           input_spec=inputs.spec.to_dict(),
+                           input_spec=(inputs.spec or spec).to_dict(),
                            **{k: info.get(k) for k in ("architecture", "width", "depth", "dtype", "parameters",
                                                       "attn_implementation")})
     for k in ("n_train_examples", "n_test_examples"):

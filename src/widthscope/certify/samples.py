@@ -27,19 +27,18 @@ Example::
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from ..errors import WidthscopeError
 
-__all__ = ["save", "load", "load_matrices", "recompute", "add_arguments", "run"]
+__all__ = ["save", "load", "load_matrices", "recompute", "run_stats"]
 
 FORMAT = "widthscope-samples-1"
 
@@ -49,7 +48,7 @@ def save(path: str | os.PathLike, train: dict[str, torch.Tensor], test: dict[str
     """Write samples and their metadata atomically (temporary file + rename)."""
     from safetensors.torch import save_file
 
-    from .._io import _umask, _unwritable, to_jsonable
+    from .._io import current_umask, unwritable, to_jsonable
 
     path = Path(path)
     tensors = {f"train/{k}": v.detach().to("cpu", torch.float64).contiguous() for k, v in train.items()}
@@ -62,13 +61,13 @@ def save(path: str | os.PathLike, train: dict[str, torch.Tensor], test: dict[str
         os.close(fd)
         try:
             save_file(tensors, tmp, metadata=header)
-            os.chmod(tmp, 0o666 & ~_umask())
+            os.chmod(tmp, 0o666 & ~current_umask())
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
     except OSError as exc:
-        raise _unwritable(path, exc) from None
+        raise unwritable(path, exc) from None
     return path
 
 
@@ -88,7 +87,7 @@ def load(path: str | os.PathLike, problems: list | None = None
     given, else logged on stderr."""
     from safetensors import safe_open
 
-    from .._io import Skipped, _record
+    from .._io import Skipped, record_skips
 
     path = Path(path)
     if path.is_dir():
@@ -135,7 +134,7 @@ def load(path: str | os.PathLike, problems: list | None = None
             if t.ndim != 2 or not t.is_floating_point():
                 raise WidthscopeError(f"samples file {path}: tensor '{split}/{p}' has shape {tuple(t.shape)} "
                                       f"{t.dtype}, not a (B, N) float matrix; the file is damaged: {_REWRITE}")
-    _record(found, problems)
+    record_skips(found, problems)
     return ({p: tensors[f"train/{p}"] for p in points}, {p: tensors[f"test/{p}"] for p in points}, meta)
 
 
@@ -212,8 +211,8 @@ def recompute(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], met
               **overrides: Any) -> dict[str, Any]:
     """The certify result from samples: saved settings, updated by ``overrides`` (M, K, draws,
     seed, estimator); interventions are the recorded rows (they need the model)."""
+    from ..validate import pairs_of
     from .per_point import ranking, statistics
-    from ..validate import _pairs
 
     settings = dict(meta.get("settings") or {})
     for k, v in overrides.items():
@@ -227,7 +226,7 @@ def recompute(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], met
     if settings["estimator"] not in ("unbiased", "plugin"):
         raise WidthscopeError(f"--estimator {settings['estimator']!r}: choose unbiased or plugin")
     Ks = settings.get("K")
-    pairs = _pairs(settings.get("M") or [16, 32, 64, 128], Ks)
+    pairs = pairs_of(settings.get("M") or [16, 32, 64, 128], Ks)
     settings["M"], settings["K"] = [m for m, _ in pairs], [k for _, k in pairs]
     project = settings.get("project")
     if project and (overrides.get("estimator") or "unbiased") != "unbiased":
@@ -258,61 +257,52 @@ def _select(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], meta:
     return {w: train[w] for w in wanted}, {w: test[w] for w in wanted}, meta
 
 
-# ----------------------------------------------------------------------------- CLI
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("samples", nargs="?", default=None, help="a samples file written by certify --save-samples")
-    p.add_argument("--train", default=None, help="train sample matrices (.npy/.npz/.pt), with --test")
-    p.add_argument("--test", default=None, help="held-out sample matrices (.npy/.npz/.pt), with --train")
-    p.add_argument("--point", default=None,
-                   help="the point(s) to compute, comma list (default: every point of the file); also names the "
-                        "point of a single .npy/.pt matrix")
-    p.add_argument("--M", default=None, help="train sample sizes, comma list (default: the saved ones)")
-    p.add_argument("--K", default=None, help="held-out sample sizes, comma list (default: K = M)")
-    p.add_argument("--draws", type=int, default=None, help="misalignment resamples (default: saved, else 1000)")
-    p.add_argument("--seed", type=int, default=None, help="resampling seed (default: saved, else 0)")
-    p.add_argument("--estimator", choices=("unbiased", "plugin"), default=None)
-    p.add_argument("--out", default=None, help="JSON output path (default: print the tables only)")
-    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
-    p.add_argument("--strict", action="store_true", help="refuse a samples file with damaged optional metadata "
-                   "(notes, recorded interventions) instead of skipping it with a note")
+# ----------------------------------------------------------------------------- a whole run
+def run_stats(samples: str | os.PathLike | None = None, *, train: str | None = None, test: str | None = None,
+              point: str | None = None, M: list[int] | None = None, K: list[int] | None = None,
+              draws: int | None = None, seed: int | None = None, estimator: str | None = None,
+              out: str | None = None, strict: bool = False,
+              report: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """What ``widthscope stats`` does, from explicit settings: the certify result recomputed from a
+    ``samples`` file (certify --save-samples) or from ``train``/``test`` sample matrices, for the
+    points named by ``point`` (comma list; default every point), written to ``out`` (JSON).
 
-
-def run(args: argparse.Namespace) -> int:
+    ``M``/``K``/``draws``/``seed``/``estimator``: ``None`` keeps the saved settings (a new ``M``
+    without ``K`` pairs ``K = M``, as certify does). ``strict``: refuse a samples file with damaged
+    optional metadata instead of skipping it with a note. ``report`` is called with the result
+    before it is written (the command line prints its tables there)."""
     from .._io import atomic_write_json
-    from .per_point import tables
-    from ..validate import _int_list
 
-    # --out writable and --draws >= 1: widthscope.validate (cli.main), before this runs
-    Ms, Ks = _int_list(args.M, "--M"), _int_list(args.K, "--K")
-    if args.samples is not None:
-        if args.train or args.test:
+    if samples is not None:
+        if train or test:
             raise WidthscopeError("give a samples file or --train/--test matrices, not both")
         from .._io import refuse_skips, warn_skips
 
         skipped: list = []
-        train, test, meta = load(args.samples, skipped)
-        if skipped and getattr(args, "strict", False):
+        a, b, meta = load(samples, skipped)
+        if skipped and strict:
             raise refuse_skips(skipped, f"{_REWRITE}, or drop --strict to skip the damaged metadata")
         warn_skips(skipped, "widthscope stats")
-        source = {"samples": str(args.samples)}
+        source = {"samples": str(samples)}
     else:
-        if not (args.train and args.test):
+        if not (train and test):
             raise WidthscopeError("give a samples file (certify --save-samples) or --train and --test matrices")
-        train, test = load_matrices(args.train, args.test, args.point)
-        meta = {"settings": {"points": list(train)}, "dims": {k: int(v.shape[1]) for k, v in train.items()}}
-        source = {"train": args.train, "test": args.test}
-    if args.point is not None:
-        train, test, meta = _select(train, test, meta, args.point, args.samples or args.train)
-    if Ms is not None and Ks is None:
-        Ks = Ms  # new M without K: pair them, as certify does
-    if args.out:
+        a, b = load_matrices(train, test, point)
+        meta = {"settings": {"points": list(a)}, "dims": {k: int(v.shape[1]) for k, v in a.items()}}
+        source = {"train": train, "test": test}
+    if point is not None:
+        a, b, meta = _select(a, b, meta, point, str(samples or train))
+    if M is not None and K is None:
+        K = M  # new M without K: pair them, as certify does
+    if out:
         from .._io import check_space
 
-        n_pairs = len(Ms or (meta.get("settings") or {}).get("M") or [0] * 4)
-        check_space(args.out, 4000 + len(train) * (5000 + 5000 * n_pairs))
-    res = recompute(train, test, meta, M=Ms, K=Ks, draws=args.draws, seed=args.seed, estimator=args.estimator)
+        n_pairs = len(M or (meta.get("settings") or {}).get("M") or [0] * 4)
+        check_space(out, 4000 + len(a) * (5000 + 5000 * n_pairs))
+    res = recompute(a, b, meta, M=M, K=K, draws=draws, seed=seed, estimator=estimator)
     res["source"] = source
-    print(tables(res))
-    if args.out:
-        print(f"\nwrote {atomic_write_json(args.out, res)}")
-    return 0
+    if report is not None:
+        report(res)
+    if out:
+        atomic_write_json(out, res)
+    return res

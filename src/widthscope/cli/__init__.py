@@ -1,8 +1,11 @@
 """The ``widthscope`` command line.
 
-Each subcommand lives next to the code it drives, in a module exposing
-``add_arguments(parser)`` and ``run(args) -> int``; this file only dispatches, importing the
-module of the chosen command so ``widthscope --help`` stays fast.
+The only package that sees ``argparse``. Each subcommand is a module exposing
+``add_arguments(parser)`` and ``run(args) -> int`` — in this package (``cli.certify``,
+``cli.grow``, ``cli.stats``, ``cli.activations``, ``cli.linearize``: thin adapters that build typed
+settings and call a namespace-free pipeline) or, not yet moved, beside its code (COMMANDS says
+where); this file only dispatches, importing the module of the chosen command so ``widthscope
+--help`` stays fast, and turns every user error into one line with exit status 2.
 """
 from __future__ import annotations
 
@@ -20,11 +23,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("widthscope.sweep.cli", "width sweep from a TOML config: train, certify, record (resumable)"),
     "report": ("widthscope.report", "plots and an HTML report from a results directory"),
     "demo": ("widthscope.demo", "small end-to-end width sweep on built-in data, then the report"),
-    "stats": ("widthscope.certify.samples", "certificates, misalignment and tables from saved samples, without a model"),
-    "grow": ("widthscope.grow", "rank insertion points, insert a block at the best one, train it"),
+    "stats": ("widthscope.cli.stats", "certificates, misalignment and tables from saved samples, without a model"),
+    "grow": ("widthscope.cli.grow", "rank insertion points, insert a block at the best one, train it"),
     "grow-bench": ("widthscope.grow.bench", "grow a block at every point of a model suite; compare growth criteria"),
-    "linearize": ("widthscope.linear.sweep", "linearization width sweep from a TOML config (resumable)"),
-    "activations": ("widthscope.linear.activations", "audit activation derivatives max|phi^(k)|/(k+1)!"),
+    "linearize": ("widthscope.cli.linearize", "linearization width sweep from a TOML config (resumable)"),
+    "activations": ("widthscope.cli.activations", "audit activation derivatives max|phi^(k)|/(k+1)!"),
     "repair": ("widthscope.repair", "rebuild results.jsonl of a results folder from its readable cells, with a backup"),
 }
 
@@ -37,24 +40,25 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    parser = _Parser(prog="widthscope", description=__doc__.splitlines()[0])
-    from .. import __version__
+    parser: argparse.ArgumentParser = _Parser(prog="widthscope", description=__doc__.splitlines()[0])
+    from .._version import __version__
 
     parser.add_argument("--version", action="version", version=f"widthscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    subparsers = {}
+    subparsers: dict[str, argparse.ArgumentParser] = {}
     for name, (_, help_) in COMMANDS.items():
         subparsers[name] = sub.add_parser(name, help=help_, description=help_)
     return parser, subparsers
 
 
 def _quiet_offline() -> None:
-    """Nothing is downloaded at run time, and library chatter (HF loading bars, advisory
-    warnings) stays off the terminal, where one error line must be the whole story."""
+    """Library chatter (HF advisory warnings, tokenizer fork warnings) stays off the terminal, where
+    one error line must be the whole story. Whether the hub may be reached is the user's choice:
+    ``HF_HUB_OFFLINE`` (and the datasets/transformers equivalents) are never set here
+    (:mod:`widthscope.hub`)."""
     import os
 
-    for key, value in (("HF_HUB_OFFLINE", "1"), ("HF_DATASETS_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"),
-                       ("TRANSFORMERS_VERBOSITY", "error"), ("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1"),
+    for key, value in (("TRANSFORMERS_VERBOSITY", "error"), ("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1"),
                        ("TOKENIZERS_PARALLELISM", "false")):
         os.environ.setdefault(key, value)
 
@@ -155,9 +159,9 @@ def _imports_done(terminate: Callable[[int, object], None] | None) -> None:
 
 
 def _main(argv: list[str], name: str | None, terminate: Callable[[int, object], None] | None = None) -> int:
-    from .._io import _KEPT, kept_work
+    from .._io import KEPT_WORK, kept_work
 
-    _KEPT.clear()  # what this run keeps, not what an earlier call in this process kept
+    KEPT_WORK.clear()  # what this run keeps, not what an earlier call in this process kept
     _quiet_offline()
     parser, subparsers = build_parser()
     # Only the chosen command's module is imported (and only it adds its arguments).

@@ -17,7 +17,7 @@ from ..data.published import is_all
 from ..data.spec import InputSpec
 from ..errors import WidthscopeError
 from ..options import PROTOCOLS, CertifyOptions, CertifyRunOptions
-from ..validate import _float_list, _int_list, _pairs, check_pools
+from ..validate import float_list, int_list, pairs_of, check_pools
 from .args import add_options, given_fields, load_config, options_from_args
 from .inputs import add_arguments as add_inputs
 from .inputs import spec_from_args
@@ -62,11 +62,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # ----------------------------------------------------------------------------- presets and combinations
 def _two_sources(args: argparse.Namespace) -> bool:
-    """A held-out source of its own (--test-data, or a DatasetDict's validation split)."""
+    """A held-out source of its own (--test-data, or a dataset's own validation/test split)."""
     if getattr(args, "test_data", None) is not None:
         return True
     data = getattr(args, "data", None)
-    return isinstance(data, str) and (Path(data).expanduser() / "dataset_dict.json").is_file()
+    if not isinstance(data, str) or not Path(data).expanduser().is_dir():
+        return False
+    from ..data.corpus import dataset_splits
+
+    return len(dataset_splits(data) or []) >= 2  # a DatasetDict or a folder of split files
 
 
 def _apply_input_preset(args: argparse.Namespace) -> list[str]:
@@ -162,8 +166,8 @@ def run(args: argparse.Namespace) -> int:
     notes = _apply_input_preset(args)
     _check_max_rel_step(args)
     # the command line's list messages (the dataclass checks the same values again)
-    _pairs(_int_list(args.M, "--M") or [1], _int_list(args.K, "--K"))
-    _float_list(args.etas, "--etas")
+    pairs_of(int_list(args.M, "--M") or [1], int_list(args.K, "--K"))
+    float_list(args.etas, "--etas")
     base, run_base, recorded = _bases(args)
     given = given_fields(CertifyOptions, args)
     opts = options_from_args(CertifyOptions, args, base)

@@ -31,8 +31,12 @@ def add_arguments(p: argparse.ArgumentParser, *, model_required: bool = False, m
     ``n_*_help`` describe a default computed later (``n_train=None``)."""
     p.add_argument("--model", required=model_required, default=model_default,
                    help="checkpoint: a widthscope directory, a .safetensors file with a config.json beside it, or "
-                        "a Hugging Face directory (any causal LM, masked LM, sequence or image classifier); "
-                        "'builtin' trains a small MLP on digits")
+                        "a Hugging Face directory (any causal LM, masked LM, sequence or image classifier), a "
+                        "Hugging Face hub id org/name or hub cache folder models--org--name (read from the hub "
+                        "cache; downloaded unless HF_HUB_OFFLINE=1); 'builtin' trains a small MLP on digits")
+    p.add_argument("--revision", default=None, metavar="REV",
+                   help="branch, tag or commit of a hub --model (default main); the tokenizer comes from the same "
+                        "revision; results record the id, this revision and the commit it resolved to")
     p.add_argument("--task", default=None, choices=("causal-lm", "masked-lm", "sequence-classification",
                                                     "image-classification"),
                    help="the HF checkpoint's task when its config.json names no architecture")
@@ -46,10 +50,12 @@ def add_arguments(p: argparse.ArgumentParser, *, model_required: bool = False, m
                         "directory (default: the checkpoint's recorded dataset)")
     p.add_argument("--train-data", default=None, help="the train pool's own file/directory (with --test-data)")
     p.add_argument("--test-data", default=None, help="the held-out pool's own file/directory (with --train-data)")
-    p.add_argument("--train-split", default=None, help="split of a DatasetDict directory for the train pool "
-                   "(default train)")
-    p.add_argument("--test-split", default=None, help="split of a DatasetDict directory for the held-out pool "
-                   "(default validation, else test)")
+    p.add_argument("--train-split", default=None,
+                   help="split of a dataset with splits (a DatasetDict directory or a folder of split files) for "
+                        "the train pool (default train)")
+    p.add_argument("--test-split", default=None,
+                   help="split of a dataset with splits (a DatasetDict directory or a folder of split files) for "
+                        "the held-out pool (default validation, else test)")
     p.add_argument("--data-root", default=None, help="root folder of a named image dataset's files")
     p.add_argument("--text-field", default=None, help="text field/column of .jsonl/.json/.csv/.parquet/datasets "
                    "data (default text); --text-column is the same")

@@ -12,7 +12,9 @@ What a model gets (``--model``):
 - widthscope checkpoints (our families): the dataset recorded in the checkpoint with its
   recorded options and split seed (so the held-out part really is held out), or ``--data NAME``
   / a data path; byte-level LMs read text files with byte tokens.
-- Hugging Face directories (:mod:`widthscope.models.hf`): the task from ``config.json``;
+- Hugging Face directories (:mod:`widthscope.models.hf`), hub ids ``org/name`` at
+  ``spec.revision`` and hub cache folders (:mod:`widthscope.hub`: resolved to the local
+  snapshot first; the tokenizer defaults to the same snapshot): the task from ``config.json``;
   text through the checkpoint's own tokenizer (``AutoTokenizer`` from the directory, or
   ``--tokenizer PATH``; ``--tokenizer bytes`` only when asked for), images through its image
   processor (``AutoImageProcessor``).
@@ -74,15 +76,22 @@ class Inputs:
 
 
 # ----------------------------------------------------------------------------- model
-def load_model(path: str, *, dtype: str = "auto", task: str | None = None) -> nn.Module:
-    """A checkpoint (widthscope or Hugging Face) on the CPU in eval mode, with a clear error."""
-    p = Path(path).expanduser()
+def load_model(path: str, *, dtype: str = "auto", task: str | None = None, revision: str | None = None) -> nn.Module:
+    """A checkpoint (widthscope or Hugging Face) on the CPU in eval mode, with a clear error.
+
+    ``path``: a local checkpoint, a Hugging Face hub id ``org/name`` at ``revision`` (branch, tag or
+    commit; default ``main``), or a hub cache folder ``models--org--name`` (:mod:`widthscope.hub`:
+    resolved to the local snapshot; the cache only when ``HF_HUB_OFFLINE=1``). A hub model carries
+    ``widthscope_hub`` (id, revision, commit), which :func:`resolve` records in ``Inputs.info``."""
+    from ..hub import attach, resolve_model
+
+    p, hub = resolve_model(path, revision)
     if not p.exists():
         raise WidthscopeError(f"--model {path!r}: no such file or directory; give a checkpoint directory, a "
-                              ".safetensors file with its config, or 'builtin'")
+                              ".safetensors file with its config, a Hugging Face hub id (org/name), or 'builtin'")
     from .. import checkpoint
 
-    return checkpoint.load(str(p), dtype=dtype, task=task)
+    return attach(checkpoint.load(str(p), dtype=dtype, task=task), hub)
 
 
 def model_task(model: nn.Module) -> str:
@@ -118,10 +127,10 @@ def load_tokenizer(spec: str | None, model: nn.Module, task: str) -> Any:
         if where is None:
             raise WidthscopeError(f"this checkpoint has no tokenizer directory: pass --tokenizer PATH{or_bytes}")
     else:
-        where = Path(spec).expanduser()
+        where = _tokenizer_dir(spec, model)
         if not where.exists():
             raise WidthscopeError(f"--tokenizer {spec!r} does not exist: give the directory a tokenizer was "
-                                  "saved to (tokenizer.save_pretrained), or 'bytes'")
+                                  "saved to (tokenizer.save_pretrained), a Hugging Face hub id (org/name), or 'bytes'")
     known = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model",
              "spiece.model")
     if where.is_dir() and not any((where / k).is_file() for k in known):
@@ -144,6 +153,16 @@ def load_tokenizer(spec: str | None, model: nn.Module, task: str) -> Any:
             f"could not load the tokenizer in {where} ({type(exc).__name__}: {first[:200]})") from None
     finally:
         hf_logging.set_verbosity(verbosity)
+
+
+def _tokenizer_dir(spec: str, model: nn.Module) -> Path:
+    """``--tokenizer``'s directory: a local path, or a hub id (or cache folder) resolved like
+    ``--model``: at the model's commit when it is the model's own repository, else at ``main``."""
+    from ..hub import hub_record, resolve_model
+
+    rec = hub_record(model) or {}
+    same = rec.get("repo_id") == spec and not Path(spec).expanduser().exists()
+    return resolve_model(spec, rec.get("commit") if same else None, flag="--tokenizer")[0]
 
 
 def _tok_name(tok: Any) -> str:
@@ -205,7 +224,7 @@ def mask_tokens(ids: torch.Tensor, attention: torch.Tensor, tok: Any, *, rate: f
 
 
 # ----------------------------------------------------------------------------- pools
-def _pick(n_total: int, n: PoolSize, seed: int, first: bool, what: str, flag: str, where: str,
+def pick_pool(n_total: int, n: PoolSize, seed: int, first: bool, what: str, flag: str, where: str,
           cap: bool = False, fixes: str = "give more data") -> torch.Tensor:
     """``n`` of ``n_total`` items (seeded, sorted; or the first ``n``); ``fixes``: what else helps.
     ``n="all"``: every item (in order)."""
@@ -233,15 +252,15 @@ def _text_fixes(seqs: Any, mode: str, max_tokens: int | None) -> str:
 
 
 def _index(data: Any, idx: torch.Tensor) -> Any:
-    from ..probe.intervene import _index as index
+    from ..probe.intervene import index_batch as index
 
     return index(data, idx)
 
 
 def _count(data: Any) -> int:
-    from ..probe.intervene import _batch_size
+    from ..probe.intervene import batch_size_of
 
-    return _batch_size(data)
+    return batch_size_of(data)
 
 
 def _limit(spec: InputSpec, n: int | None, seq_len: int) -> tuple[int | None, int | None]:
@@ -308,9 +327,12 @@ def _seq_examples(seqs: Any, idx: torch.Tensor | None, task: str, tok: Any, seed
     return {"input_ids": ids, "attention_mask": mask}, 0
 
 
-def _split_sources(spec: InputSpec) -> tuple[str, str | None, str, str | None, str]:
-    """(train path, train split, test path, test split, how) from --data / --train-data / --test-data."""
-    from .corpus import is_dataset_dir
+def _split_sources(spec: InputSpec) -> tuple[str, str | None, str, str | None, str, Any]:
+    """(train path, train split, test path, test split, how, the SplitChoice of a --data folder with
+    its own splits or None) from --data / --train-data / --test-data. A folder with splits
+    (DatasetDict, split files: :func:`widthscope.data.corpus.choose_splits`) gives each pool its own
+    split, never pooled and re-split; ``--test-fraction`` given explicitly re-splits one split."""
+    from .corpus import choose_splits, default_split, is_dataset_dir
 
     if (spec.train_data is None) != (spec.test_data is None):
         raise WidthscopeError("give --train-data and --test-data together (the train pool from one, the held-out "
@@ -320,33 +342,30 @@ def _split_sources(spec: InputSpec) -> tuple[str, str | None, str, str | None, s
             raise WidthscopeError("--data and --train-data/--test-data both given: use one corpus (--data) or two "
                                   "(--train-data and --test-data)")
         _refuse_given(spec, ("test_fraction",), "--train-data/--test-data (two sources, nothing is split)")
-        return spec.train_data, spec.train_split, spec.test_data, spec.test_split, "two sources"
+        # a source with splits given without --*-split: its train split trains, its validation/test split is held out
+        return (spec.train_data, spec.train_split or default_split(spec.train_data, "train"), spec.test_data,
+                spec.test_split or default_split(spec.test_data, "test"), "two sources", None)
     assert spec.data is not None  # _resolve sets --data when no --train-data/--test-data are given
     path = Path(spec.data).expanduser()
-    if is_dataset_dir(path) and (path / "dataset_dict.json").is_file():
-        import json
-
-        splits = json.loads((path / "dataset_dict.json").read_text(encoding="utf-8")).get("splits", [])
-        test = spec.test_split or next((s for s in ("validation", "valid", "test") if s in splits), None)
-        if test is None:
-            raise WidthscopeError(f"{path} has splits {', '.join(splits)} but no validation/test split: name the "
-                                  "held-out one with --test-split")
-        _refuse_given(spec, ("test_fraction",), f"{path} (a DatasetDict: its own splits are used)")
-        return spec.data, spec.train_split or "train", spec.data, test, "dataset splits"
+    choice = choose_splits(path, spec.train_split, spec.test_split,
+                           spec.test_fraction if spec.is_given("test_fraction") else None)
+    if choice is not None:
+        return spec.data, choice.train, spec.data, choice.test, choice.how, choice
     if spec.train_split or spec.test_split:
         if is_dataset_dir(path):
             raise WidthscopeError(f"{path} holds one dataset without splits: drop --train-split/--test-split")
-    return spec.data, None, spec.data, None, "one corpus"
+    return spec.data, None, spec.data, None, "one corpus", None
 
 
 def _text_pools(spec: InputSpec, model: nn.Module, task: str, tok: Any, seq_len: int, mode: str,
                 seed: int, show: bool) -> tuple[Any, Any, dict[str, Any], list[str]]:
     labels = task == "sequence-classification"
-    tr_path, tr_split, te_path, te_split, how = _split_sources(spec)
+    tr_path, tr_split, te_path, te_split, how, choice = _split_sources(spec)
     n_tr, n_te = spec.n_train, spec.n_test
-    notes: list[str] = []
+    notes: list[str] = list(choice.notes) if choice is not None else []
     info: dict[str, Any] = {"split": how}
-    if how == "one corpus":
+    one = how in ("one corpus", "one split", "re-split on request")  # one corpus cut into both pools
+    if one:
         frac = spec.test_fraction
         assert frac is not None  # a filled spec (InputSpec.filled) has a test fraction
         if not 0 < frac < 1:
@@ -357,7 +376,7 @@ def _text_pools(spec: InputSpec, model: nn.Module, task: str, tok: Any, seq_len:
             need = None
         else:
             need = max(int((n_tr + 1) / (1 - frac)) + 1, int((n_te + 1) / frac) + 1)
-        seqs, src = _read_text(tr_path, None, tok, spec, seq_len, mode, need, labels, "tokenize", show)
+        seqs, src = _read_text(tr_path, tr_split, tok, spec, seq_len, mode, need, labels, "tokenize", show)
         info["train"] = info["test"] = src
         n = int(seqs.ids.shape[0])
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))
@@ -370,9 +389,9 @@ def _text_pools(spec: InputSpec, model: nn.Module, task: str, tok: Any, seq_len:
                         f"{seed}, held-out fraction {frac})" if not spec.first else
                         f"first {1 - frac:.0%} of the sequences train, the rest held out")
         fixes = _text_fixes(seqs, mode, src["max_tokens"])
-        a = train_ids[_pick(len(train_ids), n_tr, seed, spec.first, "train sequences", "--n-train", tr_path,
+        a = train_ids[pick_pool(len(train_ids), n_tr, seed, spec.first, "train sequences", "--n-train", tr_path,
                             spec.cap_pools, fixes)]
-        b = test_ids[_pick(len(test_ids), n_te, seed + 1, spec.first, "held-out sequences", "--n-test", te_path,
+        b = test_ids[pick_pool(len(test_ids), n_te, seed + 1, spec.first, "held-out sequences", "--n-test", te_path,
                            spec.cap_pools, fixes)]
         tr_seqs = te_seqs = seqs
     else:
@@ -383,13 +402,21 @@ def _text_pools(spec: InputSpec, model: nn.Module, task: str, tok: Any, seq_len:
         if Path(tr_path).resolve() == Path(te_path).resolve() and tr_split == te_split:
             raise WidthscopeError(f"--train-data and --test-data are the same source ({tr_path}): the held-out "
                                   "pool must be other text; use --data to split one corpus")
-        a = _pick(int(tr_seqs.ids.shape[0]), n_tr, seed, spec.first, "train sequences", "--n-train", tr_path,
+        a = pick_pool(int(tr_seqs.ids.shape[0]), n_tr, seed, spec.first, "train sequences", "--n-train", tr_path,
                   spec.cap_pools, _text_fixes(tr_seqs, mode, info["train"]["max_tokens"]))
-        b = _pick(int(te_seqs.ids.shape[0]), n_te, seed + 1, spec.first, "held-out sequences", "--n-test", te_path,
+        b = pick_pool(int(te_seqs.ids.shape[0]), n_te, seed + 1, spec.first, "held-out sequences", "--n-test", te_path,
                   spec.cap_pools, _text_fixes(te_seqs, mode, info["test"]["max_tokens"]))
     check_ids(tr_seqs.ids[a], model, "train")
     check_ids(te_seqs.ids[b], model, "held-out")
-    for what, src in ({"corpus": info["train"]} if how == "one corpus" else
+    if choice is not None:
+        info["heldout_integrity"] = choice.integrity
+    elif one:
+        info["heldout_integrity"] = (f"one corpus, split here ({info['rule']}): the pools share no sequence; "
+                                     "held-out only if the model never trained on this corpus")
+    else:
+        info["heldout_integrity"] = (f"two sources: held-out pool only from {info['test']['source']}; held-out "
+                                     "only if the model never trained on it")
+    for what, src in ({"corpus": info["train"]} if one else
                       {"train source": info["train"], "held-out source": info["test"]}).items():
         line = empty_note(src, what)
         if line:
@@ -494,7 +521,7 @@ def _image_pools(spec: InputSpec, model: nn.Module, seed: int, show: bool
 
     def load(items: list[tuple[Path, str]], n: PoolSize, s: int, flag: str,
              what: str) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = _pick(len(items), n, s, spec.first, what, flag, how, spec.cap_pools).tolist()
+        idx = pick_pool(len(items), n, s, spec.first, what, flag, how, spec.cap_pools).tolist()
         pix, ys = [], []
         for i in progress(idx, desc=f"images ({what})", disable=None if show else True):
             f, c = items[i]
@@ -579,7 +606,7 @@ def _named_pools(name: str, spec: InputSpec, model: nn.Module, task: str, seed: 
 
     def sub(pair: Any, n: PoolSize, s: int, flag: str, what: str) -> Any:
         X, y = pair
-        idx = _pick(len(X), n, s, spec.first, "examples", flag, f"the {what} part of {name}", spec.cap_pools)
+        idx = pick_pool(len(X), n, s, spec.first, "examples", flag, f"the {what} part of {name}", spec.cap_pools)
         return X[idx] if (split.task == "lm") else (X[idx], y[idx])
 
     train = sub(train_pair, spec.n_train, seed, "--n-train", "training")
@@ -636,9 +663,9 @@ def _text_from_record(record: dict[str, Any], root: str | None, options: dict[st
         part, rule = "train", "the train part (every byte outside the held-out ranges), fresh seeded sample"
     tr_idx = torch.as_tensor(recorded_chunks(record, len(buf), L, part))
     te_idx = torch.as_tensor(recorded_chunks(record, len(buf), L, "heldout"))
-    a = tr_idx[_pick(len(tr_idx), spec.n_train, seed, spec.first, "train chunks", "--n-train",
+    a = tr_idx[pick_pool(len(tr_idx), spec.n_train, seed, spec.first, "train chunks", "--n-train",
                      f"the recorded train ranges at --seq-len {L}", spec.cap_pools, "lower --seq-len (more chunks)")]
-    b = te_idx[_pick(len(te_idx), spec.n_test, seed + 1, spec.first, "held-out chunks", "--n-test",
+    b = te_idx[pick_pool(len(te_idx), spec.n_test, seed + 1, spec.first, "held-out chunks", "--n-test",
                      f"the recorded held-out ranges at --seq-len {L}", spec.cap_pools, "lower --seq-len (more chunks)")]
     train, test = corpus_chunks(buf, L, a.numpy()), corpus_chunks(buf, L, b.numpy())
     info = {"n_train": len(train), "n_test": len(test), "n_train_examples": len(tr_idx),
@@ -677,19 +704,51 @@ def resolve(spec: InputSpec, *, model: nn.Module | None = None, show_progress: b
     if model is None and spec.model == "builtin":
         raise WidthscopeError("model 'builtin' is built and trained by `widthscope certify`: pass the model "
                               "(resolve(spec, model=...)) or a checkpoint path")
+    if model is not None:
+        _check_revision_of(model, spec)
     inputs = _resolve(spec.filled(), model, show_progress)
     inputs.spec = spec
+    _record_hub(inputs)
     return inputs
 
 
 load_inputs = resolve  # the public name (``widthscope.load_inputs``)
 
 
+def _check_revision_of(model: nn.Module, spec: InputSpec) -> None:
+    """A model loaded beforehand from the spec's hub id must be the revision the spec asks for
+    (one line naming both, never probing other weights than the results record)."""
+    from ..hub import DEFAULT_REVISION, hub_record
+
+    rec = hub_record(model)
+    repo = rec.get("repo_id") if rec else None
+    if rec is None or (repo != spec.model and Path(spec.model).name != "models--" + str(repo).replace("/", "--")):
+        if spec.revision is not None and rec is None:
+            raise WidthscopeError(f"the spec asks for revision {spec.revision!r} of {spec.model!r} but the model "
+                                  "passed was not loaded from the Hugging Face hub: load it with "
+                                  "widthscope.data.inputs.load_model(spec.model, revision=spec.revision)")
+        return
+    want = spec.revision or DEFAULT_REVISION
+    if rec.get("revision") is not None and want not in (rec.get("revision"), rec.get("commit")):
+        raise WidthscopeError(f"the spec asks for revision {want!r} of {spec.model} but the model passed was loaded at "
+                              f"revision {rec.get('revision')!r} (commit {rec.get('commit')}): load it with "
+                              "widthscope.data.inputs.load_model(spec.model, revision=spec.revision)")
+
+
+def _record_hub(inputs: Inputs) -> None:
+    """A hub model's id, the revision asked for and the commit it resolved to, in ``info["hub"]``."""
+    from ..hub import hub_record
+
+    rec = hub_record(inputs.model)
+    if rec is not None:
+        inputs.info["hub"] = dict(rec)
+
+
 def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> Inputs:
     from . import DATASETS
 
     if model is None:
-        model = load_model(spec.model, dtype=spec.dtype, task=spec.task)
+        model = load_model(spec.model, dtype=spec.dtype, task=spec.task, revision=spec.revision)
     task = model_task(model)
     _check_options_fit(spec, task)
     seed = int(spec.seed)

@@ -8,6 +8,8 @@ results file (``spec.to_dict()``; :meth:`InputSpec.from_dict` reads it back), so
 repeated from its JSON.
 
 Field values mean what the command-line options of the same name mean (``docs/byo.md``);
+``model`` is a local checkpoint, a Hugging Face hub id ``org/name`` or a hub cache folder, and
+``revision`` the hub branch, tag or commit to load (None: ``main``; ``docs/huggingface.md``);
 ``None`` is "not given": the model's recorded value, or the default. ``n_train`` / ``n_test``
 also take ``"all"`` (every sequence/example the source gives; with no ``max_tokens`` the whole
 text source is read) — the command line does not offer that yet. ``cap_pools``: the pool sizes
@@ -89,6 +91,7 @@ class InputSpec:
     """Everything :func:`widthscope.data.inputs.resolve` needs; see the module docstring."""
 
     model: str
+    revision: str | None = None  # hub ids (and hub cache folders): branch, tag or commit; None = main
     task: str | None = None
     dtype: str = "auto"
     tokenizer: str | None = None
@@ -119,8 +122,16 @@ class InputSpec:
             v = getattr(self, name)
             if (v is not None or name == "model") and (not isinstance(v, str) or not v):
                 fix = ("must be a non-empty string (a path or name)" if name != "model" else
-                       "give a checkpoint directory, a .safetensors file with its config, or 'builtin'")
+                       "give a checkpoint directory, a .safetensors file with its config, a Hugging Face hub id "
+                       "(org/name), or 'builtin'")
                 raise (_bad if isinstance(v, str) else _bad_type)(name, v, fix)
+        if self.revision is not None:
+            if not isinstance(self.revision, str) or not self.revision.strip():
+                raise (_bad if isinstance(self.revision, str) else _bad_type)(
+                    "revision", self.revision, "must be a non-empty string (a branch, tag or commit hash)")
+            if self.model == "builtin":
+                raise _bad("revision", self.revision, "applies to Hugging Face hub ids (org/name) and hub cache "
+                           "folders, not to --model builtin: drop it")
         for name, choices in _CHOICES:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or v not in choices):

@@ -144,7 +144,7 @@ def teacher_student(seed: int, *, width: int = 24, depth: int = 4, missing: int 
     ``tests/test_grow.py``: changes before the planted last block reach the output only weakly).
     """
     from ..models import build
-    from ..probe.intervene import _block_of, insert
+    from ..probe.intervene import block_of, insert
 
     gen = torch.Generator().manual_seed(1000 + int(seed))
     torch.manual_seed(1000 + int(seed))
@@ -159,7 +159,7 @@ def teacher_student(seed: int, *, width: int = 24, depth: int = 4, missing: int 
     point = f"blocks.{missing}"
     insert(teacher, point, "block", hidden=hidden or width, seed=block_seed if teacher_seed is None else teacher_seed)
     with torch.no_grad():
-        w = _block_of(teacher, point).w_out
+        w = block_of(teacher, point).w_out
         w.copy_(torch.randn(w.shape, generator=gen, dtype=w.dtype) * 0.6)
     x = torch.randn(n_train + n_test, in_dim, generator=gen, dtype=torch.float64)
     with torch.no_grad():
@@ -178,12 +178,12 @@ def train_to_plateau(model: nn.Module, train: Any, monitor: Any, *, lr: float, b
     ``max_steps``. The best evaluated state is restored (early stopping), so a model that starts to
     overfit is kept at its best held-out loss. Train mode (BatchNorm batch statistics) while
     stepping; the model is left in eval mode."""
-    from ..probe.intervene import _batch_size, _index, mean_loss, per_example_losses
+    from ..probe.intervene import batch_size_of, index_batch, mean_loss, per_example_losses
 
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(int(seed))
-    n = _batch_size(train)
+    n = batch_size_of(train)
     hist: list[float] = []
     best, best_state, best_step, step, plateau = math.inf, None, 0, 0, False
     model.train()
@@ -191,7 +191,7 @@ def train_to_plateau(model: nn.Module, train: Any, monitor: Any, *, lr: float, b
         for _ in range(min(eval_every, max_steps - step)):
             for g in opt.param_groups:
                 g["lr"] = lr * min(1.0, (step + 1) / eval_every)
-            loss = per_example_losses(model, _index(train, torch.randint(0, n, (min(batch_size, n),), generator=gen)),
+            loss = per_example_losses(model, index_batch(train, torch.randint(0, n, (min(batch_size, n),), generator=gen)),
                                       batch_size=batch_size, grad=True).mean()
             if not torch.isfinite(loss):
                 raise WidthscopeError(f"base training diverged at step {step} (loss {float(loss)}); lower base_lr")
@@ -248,13 +248,13 @@ def _splits(cell: Mapping[str, Any], test: Any) -> dict[str, Any]:
     """The held-out pool split by a seeded permutation: ``rank`` (half: criteria, base-training
     plateau, learning-rate choice), ``A`` and ``B`` (a quarter each: the oracle chooses on ``A``;
     every reported gain is measured on ``B``)."""
-    from ..probe.intervene import _batch_size, _index
+    from ..probe.intervene import batch_size_of, index_batch
 
-    n = _batch_size(test)
+    n = batch_size_of(test)
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(cell["seed"])))
     a, b = n // 2, n // 2 + n // 4
-    return {"rank": _index(test, perm[:a].sort().values), "A": _index(test, perm[a:b].sort().values),
-            "B": _index(test, perm[b:].sort().values)}
+    return {"rank": index_batch(test, perm[:a].sort().values), "A": index_batch(test, perm[a:b].sort().values),
+            "B": index_batch(test, perm[b:].sort().values)}
 
 
 # ----------------------------------------------------------------------------- one cell
@@ -268,11 +268,11 @@ def _trainable(model: nn.Module, params: Sequence[nn.Parameter] | None) -> list[
 def _grown(model: nn.Module, point: str, width: int, hidden: int | None, block_seed: int,
            w_in: torch.Tensor | None = None) -> tuple[nn.Module, list[nn.Parameter]]:
     """A copy of ``model`` with a zero-``W_out`` block at ``point`` and the block's parameters."""
-    from ..probe.intervene import _block_of, insert
+    from ..probe.intervene import block_of, insert
 
     g = copy.deepcopy(model)
     insert(g, point, "block", width=width, hidden=hidden if w_in is None else int(w_in.shape[0]), seed=block_seed)
-    blk = _block_of(g, point)
+    blk = block_of(g, point)
     if w_in is not None:
         with torch.no_grad():
             blk.w_in.copy_(w_in.to(blk.w_in.dtype))
@@ -355,7 +355,7 @@ def _base(cell: Mapping[str, Any], train: Any, sp: Mapping[str, Any], student: n
 
 def _scratch(cell: Mapping[str, Any], train: Any, sp: Mapping[str, Any]) -> dict[str, Any]:
     """A model of the grown size (one more block) trained from scratch by the same plateau rule."""
-    from ..probe.intervene import _index, mean_loss
+    from ..probe.intervene import index_batch, mean_loss
     from .pipeline import step_flops
 
     torch.manual_seed(int(cell["seed"]) + 7919)
@@ -363,7 +363,7 @@ def _scratch(cell: Mapping[str, Any], train: Any, sp: Mapping[str, Any]) -> dict
     info = train_to_plateau(m, train, sp["rank"], lr=cell["base_lr"], batch_size=cell["batch_size"],
                             seed=int(cell["seed"]) + 7919, eval_every=cell["eval_every"], patience=cell["patience"],
                             tol=cell["tol"], max_steps=cell["max_steps"])
-    f = step_flops(m, _index(train, slice(0, cell["batch_size"])))
+    f = step_flops(m, index_batch(train, slice(0, cell["batch_size"])))
     return {"scratch_loss_B": mean_loss(m, sp["B"]), "scratch_loss_A": mean_loss(m, sp["A"]),
             "scratch_steps": info["base_steps"], "scratch_flops": info["base_steps"] * f,
             "scratch_plateau": info["base_plateau"]}
@@ -381,7 +381,7 @@ def run_cell(cell: Mapping[str, Any], _cell_dir: Path | None = None, *, show: bo
 
 def _run_cell(cell: Mapping[str, Any], show: bool) -> list[dict[str, Any]]:
     from ..probe.growth import point_criteria
-    from ..probe.intervene import _batch_size, _index, mean_loss
+    from ..probe.intervene import batch_size_of, index_batch, mean_loss
     from .pipeline import step_flops
 
     t0 = time.perf_counter()
@@ -389,10 +389,10 @@ def _run_cell(cell: Mapping[str, Any], show: bool) -> list[dict[str, Any]]:
     train, test, answer, student = _data(cell)
     sp = _splits(cell, test)
     model, base = _base(cell, train, sp, student)
-    n_tr = _batch_size(train)
-    probe = _index(train, torch.randperm(n_tr, generator=torch.Generator().manual_seed(seed + 1))
+    n_tr = batch_size_of(train)
+    probe = index_batch(train, torch.randperm(n_tr, generator=torch.Generator().manual_seed(seed + 1))
                    [:min(int(cell["n_probe"]), n_tr)].sort().values)
-    batch = _index(train, slice(0, min(bs, n_tr)))
+    batch = index_batch(train, slice(0, min(bs, n_tr)))
     points = list(model.widthscope_points)  # type: ignore[arg-type]  # a plain attribute (see teacher_student)
     lrs, clrs, bseeds = tuple(cell["block_lrs"]), tuple(cell["continue_lrs"]), tuple(cell["block_seeds"])
     long = int(cell["long"])
@@ -545,11 +545,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _seeds(text: str | None) -> tuple[int, ...] | None:
-    from ..validate import _int_list
+    from ..validate import int_list
 
     if text is None:
         return None
-    seeds = tuple(_int_list(text, "--seeds") or ())  # a list: text is not None
+    seeds = tuple(int_list(text, "--seeds") or ())  # a list: text is not None
     if any(s < 0 for s in seeds):
         raise WidthscopeError(f"--seeds {text!r}: give at least one seed >= 0, e.g. 0,1,2")
     return seeds

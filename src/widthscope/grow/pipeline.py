@@ -39,7 +39,6 @@ Command line::
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import math
 import random
@@ -48,12 +47,13 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn as nn
 
-from .._io import atomic_write_json, format_table, progress
+from .._io import atomic_write_json, progress
+from ..data.spec import InputSpec, PoolSize
 from ..errors import WidthscopeError
 from ..probe.intervene import (
-    _block_of,
-    _index,
-    _w_out_grad,
+    block_of,
+    index_batch,
+    w_out_grad,
     as_examples,
     insert,
     mean_loss,
@@ -62,7 +62,7 @@ from ..probe.intervene import (
     to_batches,
 )
 
-__all__ = ["grow", "rank_points", "grow_at", "add_arguments", "run", "DELTAS", "DEFAULT_CRITERION",
+__all__ = ["grow", "rank_points", "grow_at", "run_grow", "builtin_inputs", "DELTAS", "DEFAULT_CRITERION",
            "certification_note", "step_flops", "continue_training"]
 
 DELTAS = (0.1, 0.05, 0.01)
@@ -71,9 +71,9 @@ DEFAULT_CRITERION = "line_search"
 
 
 def _n(data: Any) -> int:
-    from ..probe.intervene import _batch_size
+    from ..probe.intervene import batch_size_of
 
-    return _batch_size(data)
+    return batch_size_of(data)
 
 
 def _pairs(split: Any) -> tuple[Any, Any]:
@@ -181,12 +181,12 @@ def _train_new(model: nn.Module, params: list[nn.Parameter], train: Any, *, step
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(int(seed))
     n = _n(train)
-    from ..probe.intervene import _EvalMode, _index
+    from ..probe.intervene import EvalMode, index_batch
 
-    with _EvalMode(model):
+    with EvalMode(model):
         for step in progress(range(steps), desc="grow: train", disable=None if show_progress else True):
             idx = torch.randint(0, n, (min(batch_size, n),), generator=gen)
-            loss = per_example_losses(model, _index(train, idx), loss_fn, batch_size=batch_size,
+            loss = per_example_losses(model, index_batch(train, idx), loss_fn, batch_size=batch_size,
                                       grad=True).mean()
             if not torch.isfinite(loss):
                 raise WidthscopeError(f"training the new block diverged at step {step} (loss {float(loss)}); "
@@ -206,10 +206,10 @@ def step_flops(model: nn.Module, batch: Any, loss_fn: Callable | None = None) ->
     back-propagated, so growing a block late in a network is cheaper than training it all."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from ..probe.intervene import _EvalMode
+    from ..probe.intervene import EvalMode
 
     fc = FlopCounterMode(display=False)
-    with _EvalMode(model), fc:
+    with EvalMode(model), fc:
         loss = per_example_losses(model, batch, loss_fn, batch_size=_n(batch), grad=True).mean()
         if loss.requires_grad:
             loss.backward()
@@ -228,7 +228,7 @@ def continue_training(model: nn.Module, train: Any, evaluate: Any, *, flops: flo
     cont = copy.deepcopy(model)
     for p in cont.parameters():
         p.requires_grad_(True)
-    probe = _index(train, slice(0, min(batch_size, _n(train))))
+    probe = index_batch(train, slice(0, min(batch_size, _n(train))))
     f_step = step_flops(cont, probe, loss_fn)
     steps = max(1, int(round(flops / max(f_step, 1))))
     before = mean_loss(cont, evaluate, loss_fn, batch_size=batch_size)
@@ -257,9 +257,9 @@ def grow_at(model: nn.Module, point: str, train: Any, evaluate: Any, *, probe_tr
         loss_before = mean_loss(grown, evaluate, loss_fn, batch_size=batch_size)
     insert(grown, point, "block", width=width, hidden=block_width,
            seed=seed if block_seed is None else block_seed)
-    block = _block_of(grown, point)
-    G_M = _w_out_grad(grown, point, probe_train, loss_fn, batch_size)
-    G_K = _w_out_grad(grown, point, probe_test, loss_fn, batch_size)
+    block = block_of(grown, point)
+    G_M = w_out_grad(grown, point, probe_train, loss_fn, batch_size)
+    G_K = w_out_grad(grown, point, probe_test, loss_fn, batch_size)
     new = list(block.parameters())
     if train_all:
         params = [p for p in grown.parameters()]
@@ -270,7 +270,7 @@ def grow_at(model: nn.Module, point: str, train: Any, evaluate: Any, *, probe_tr
         for p in grown.parameters():
             p.requires_grad_(id(p) in ids)
         params = new
-    f_step = step_flops(grown, _index(train, slice(0, min(batch_size, _n(train)))), loss_fn)
+    f_step = step_flops(grown, index_batch(train, slice(0, min(batch_size, _n(train)))), loss_fn)
     loss_at: dict[str, float] = {}
     wanted = {int(k) for k in eval_steps if 0 < int(k) < steps}
 
@@ -383,13 +383,13 @@ def grow(model: nn.Module, data: Any, *, points: Sequence[str] | str | None = No
     resolve_points(model, points)  # unknown names first: the clearest error
     # The same rule and message as certify: M/K draw without replacement from their pools.
     check_pools(M, K, n_train, n_rank, test_pool="held-out ranking pool (half of --n-test)")
-    probe_train = _index(train, torch.randperm(n_tr, generator=torch.Generator().manual_seed(int(seed) + 1))
+    probe_train = index_batch(train, torch.randperm(n_tr, generator=torch.Generator().manual_seed(int(seed) + 1))
                          [:n_train].sort().values)
     # A seeded permutation, not the first half: datasets such as text chunks are ordered by
     # position in the corpus, and ranking and evaluation should see the same distribution.
     perm = torch.randperm(n_te, generator=torch.Generator().manual_seed(int(seed)))
-    rank_test = _index(test, perm[:n_rank].sort().values)
-    evaluate = _index(test, perm[n_rank:].sort().values)
+    rank_test = index_batch(test, perm[:n_rank].sort().values)
+    evaluate = index_batch(test, perm[n_rank:].sort().values)
     cands = rank_points(model, probe_train, rank_test, points=points, M=M, K=K, eta=eta,
                         loss_fn=loss_fn, batch_size=batch_size, show_progress=progress,
                         criterion=criterion, block_width=block_width, block_seed=seed)
@@ -402,7 +402,7 @@ def grow(model: nn.Module, data: Any, *, points: Sequence[str] | str | None = No
     growth = []
     for role, cand in chosen:
         _, res = grow_at(model, cand["point"], train, evaluate, probe_train=take(probe_train, min(M, n_train)),
-                         probe_test=_index(rank_test, slice(0, min(K, n_rank))), steps=steps, lr=lr,
+                         probe_test=index_batch(rank_test, slice(0, min(K, n_rank))), steps=steps, lr=lr,
                          block_width=block_width, width=cand["width"], train_all=train_all,
                          batch_size=batch_size, seed=seed, loss_fn=loss_fn, show_progress=progress)
         growth.append({"kind": "growth", "role": role, "rank": cand["rank"],
@@ -424,139 +424,107 @@ def grow(model: nn.Module, data: Any, *, points: Sequence[str] | str | None = No
                          "block_width": block_width, "seed": seed}}
 
 
-# ----------------------------------------------------------------------------- CLI
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..cli.inputs import add_arguments as add_inputs
-
-    add_inputs(p, model_required=True, n_train=None, n_test=None, n_train_help="2048, capped at what the data has",
-               n_test_help="512, capped at what the data has")
-    p.add_argument("--points", default=None, help="comma-separated candidate points (default: all block outputs)")
-    p.add_argument("--M", type=int, default=32, help="train samples of the certificate (default 32)")
-    p.add_argument("--K", type=int, default=32, help="held-out samples of the certificate (default 32)")
-    p.add_argument("--steps", type=int, default=200, help="training steps of the new block (default 200)")
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
-    p.add_argument("--eta", type=float, default=None, help="step size of the predicted gain (default --lr)")
-    p.add_argument("--block-width", type=int, default=None, help="hidden width of the block (default: point width)")
-    p.add_argument("--train-all", action="store_true", help="train every parameter, not only the new block")
-    p.add_argument("--compare", action="store_true", help="also grow at the worst-ranked and a random point, and train "
-                   "the original model for the same FLOPs (is growing better than training longer?)")
-    from ..probe.growth import CRITERIA
-
-    p.add_argument("--criterion", choices=list(CRITERIA), default=DEFAULT_CRITERION,
-                   help=f"what ranks the points (default {DEFAULT_CRITERION}, the winner of `widthscope "
-                        "grow-bench`; bias = the old first-order gain of a bias step)")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="write the results as JSON (atomically) to this path")
-
-
-def _builtin(args: argparse.Namespace) -> tuple[nn.Module, Any, Any]:
+# ----------------------------------------------------------------------------- a whole run
+def builtin_inputs(seed: int = 0, n_train: PoolSize | None = None, n_test: PoolSize | None = None
+                   ) -> tuple[nn.Module, Any, Any]:
     """The built-in MLP *untrained* (checked before it trains), its digits split and the pools
-    grow uses: the whole split, or seeded subsets of ``--n-train`` / ``--n-test`` examples."""
+    grow uses: the whole split, or seeded subsets of ``n_train`` / ``n_test`` examples."""
     from ..data import load
-    from ..data.inputs import _pick
+    from ..data.inputs import pick_pool
     from ..models import build
 
-    split = load("digits", seed=args.seed)
-    torch.manual_seed(args.seed)
+    split = load("digits", seed=seed)
+    torch.manual_seed(seed)
     model = build("mlp", 64, in_dim=64, out_dim=10, depth=3, activation="tanh")
     pools = []
-    for pair, n, s, flag, what in ((split.train, args.n_train, args.seed, "--n-train", "train"),
-                                   (split.test, args.n_test, args.seed + 1, "--n-test", "held-out")):
+    for pair, n, s, flag, what in ((split.train, n_train, seed, "--n-train", "train"),
+                                   (split.test, n_test, seed + 1, "--n-test", "held-out")):
         if n is None:
             pools.append(tuple(pair))
             continue
-        idx = _pick(len(pair[0]), n, s, False, "examples", flag, f"the {what} part of digits",
+        idx = pick_pool(len(pair[0]), n, s, False, "examples", flag, f"the {what} part of digits",
                     fixes="pass a checkpoint with more data")
         pools.append(tuple(t[idx] for t in pair))
     return model, split, tuple(pools)
 
 
-def _check_builtin(model: nn.Module, pools: Any, args: argparse.Namespace) -> None:
+def _check_builtin(model: nn.Module, pools: Any, *, points: Sequence[str] | str | None, M: int, K: int,
+                   out: str | None) -> None:
     """grow()'s own checks on the pool sizes and points, before the built-in model trains."""
     from ..probe.points import resolve_points
     from ..validate import check_pools
 
-    resolve_points(model, args.points)
+    resolve_points(model, points)
     n_tr, n_te = _n(pools[0]), _n(pools[1])
     if n_te < 8:
         raise WidthscopeError(f"--n-test {n_te}: need at least 8 held-out examples (half rank the points, half "
                               "measure the loss)")
-    check_pools(args.M, args.K, min(n_tr, max(4 * args.M, 256)), n_te // 2,
-                test_pool="held-out ranking pool (half of --n-test)")
-    _check_out_space(model, args)
+    check_pools(M, K, min(n_tr, max(4 * M, 256)), n_te // 2, test_pool="held-out ranking pool (half of --n-test)")
+    _check_out_space(model, points, out)
 
 
-def _check_out_space(model: nn.Module, args: argparse.Namespace) -> None:
-    """Free space for the --out JSON: candidate and growth rows (about 2 KB each, over-estimated)."""
-    if args.out:
+def _check_out_space(model: nn.Module, points: Sequence[str] | str | None, out: str | None) -> None:
+    """Free space for the ``out`` JSON: candidate and growth rows (about 2 KB each, over-estimated)."""
+    if out:
         from .._io import check_space
         from ..probe.points import resolve_points
 
-        check_space(args.out, 20_000 + 8_000 * len(resolve_points(model, args.points)))
+        check_space(out, 20_000 + 8_000 * len(resolve_points(model, points)))
 
 
-def _load_inputs(args: argparse.Namespace, show: bool) -> Any:
-    """Model and pools through the shared input layer; ``--n-train``/``--n-test`` default to
-    2048/512 capped at what the data has."""
-    from ..cli.inputs import spec_from_args
+def _load_inputs(spec: InputSpec, points: Sequence[str] | str | None = None, show: bool = True) -> Any:
+    """Model and pools of ``spec`` through the shared input layer; the points are checked before
+    the data is read."""
     from ..data.inputs import load_model, resolve
     from ..probe.points import resolve_points
 
-    spec = spec_from_args(args, "grow")  # the 2048/512 capped defaults live there
-    model = load_model(spec.model, dtype=spec.dtype, task=spec.task)
-    resolve_points(model, args.points)  # before the data is read
+    model = load_model(spec.model, dtype=spec.dtype, task=spec.task, revision=spec.revision)
+    resolve_points(model, points)  # before the data is read
     return resolve(spec, model=model, show_progress=show)
 
 
-def run(args: argparse.Namespace) -> int:
-    show = True  # a bar on a terminal, periodic lines in a log (widthscope._io.progress)
-    if args.model == "builtin":
-        # Data options were refused by widthscope.validate.APPLIES (they do not fit the built-in model).
+def run_grow(spec: InputSpec | None = None, *, n_train: PoolSize | None = None, n_test: PoolSize | None = None,
+             dtype: str = "auto", points: Sequence[str] | str | None = None, M: int = 32, K: int = 32,
+             steps: int = 200, lr: float = 1e-3, eta: float | None = None, block_width: int | None = None,
+             train_all: bool = False, compare: bool = False, batch_size: int = 64, seed: int = 0,
+             criterion: str = DEFAULT_CRITERION, out: str | None = None, show: bool = True,
+             say: Callable[[str], None] = print,
+             report: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """What ``widthscope grow`` does, from explicit settings: load the model and its pools, check
+    them before any training, :func:`grow`, record the inputs, write ``out`` (JSON, atomically).
+
+    ``spec``: the checkpoint and its data (pool sizes as :class:`~widthscope.data.spec.InputSpec`
+    says). ``None``: the built-in MLP, trained 300 steps on digits, with seeded subsets of
+    ``n_train`` / ``n_test`` examples (default: the whole split), cast to ``dtype``.
+    ``say`` gets the input layer's notes; ``report`` is called with the result before it is
+    written (the command line prints its tables there)."""
+    inputs = None
+    if spec is None:
         from ..train import train
 
-        model, full, split = _builtin(args)
-        _check_builtin(model, split, args)
-        train(model, full, steps=300, lr=3e-3, seed=args.seed, progress=show)
+        model, full, split = builtin_inputs(seed, n_train, n_test)
+        _check_builtin(model, split, points=points, M=M, K=K, out=out)
+        train(model, full, steps=300, lr=3e-3, seed=seed, progress=show)
         model.eval()
-        if args.dtype != "auto":
-            model.to(getattr(torch, args.dtype))
+        if dtype != "auto":
+            model.to(getattr(torch, dtype))
         loss_fn = None
     else:
-        inputs = _load_inputs(args, show)
+        if spec.model == "builtin":
+            raise WidthscopeError("run_grow: the built-in model is spec=None (with n_train, n_test, dtype)")
+        inputs = _load_inputs(spec, points, show)
         model, split, loss_fn = inputs.model, (inputs.train, inputs.test), inputs.loss_fn
-        _check_out_space(model, args)
+        _check_out_space(model, points, out)
         for note in inputs.notes:
-            print(f"note: {note}")
-    res = grow(model, split, points=args.points, M=args.M, K=args.K, steps=args.steps, lr=args.lr,
-               eta=args.eta, block_width=args.block_width, train_all=args.train_all,
-               compare=args.compare, batch_size=args.batch_size, seed=args.seed, loss_fn=loss_fn, progress=show,
-               criterion=args.criterion)
-    cols = ["rank", "point", "score", "p_improve", "MK_needed_0.1", "MK_needed_0.05", "MK_needed_0.01"]
-    cols += (["d_align", "expectation", "b_exact", "b_align"] if args.criterion == "bias" else
-             ["ls_gain", "block_gain", "gradmax", "certified_gain", "block_d_align", "block_b_exact", "predicted_gain"])
-    print(format_table(res["candidates"], cols,
-                       title=f"candidate points ranked by {args.criterion} (certificate at M={args.M}, "
-                             f"K={args.K}; p_improve = 1 - B_exact; MK_needed_* = M=K for B_exact <= delta)"))
-    print(res["certification"])
-    print()
-    print(format_table(res["growth"], ["role", "rank", "point", "loss_before", "loss_after", "delta", "steps",
-                                       "flops", "predicted_gain", "predicted_first_step", "new_parameters"],
-                       title=f"growth: block trained {args.steps} steps "
-                             f"({'all parameters' if args.train_all else 'new block only'})"
-                             + ("; continue = the original model trained for the same FLOPs" if args.compare
-                                else "")))
-    cont = [g for g in res["growth"] if g["role"] == "continue"]
-    if cont:
-        d = res["growth"][0]["delta"] - cont[0]["delta"]
-        print(f"growing at {res['growth'][0]['point']} vs training the original {cont[0]['steps']} more steps "
-              f"(same FLOPs): held-out loss {res['growth'][0]['loss_after']:.4f} vs {cont[0]['loss_after']:.4f} "
-              f"({'lower after growing' if d < 0 else 'lower after training longer'} by {abs(d):.4f}; one run, "
-              "so not a test: the seed intervals are grow-bench's, docs/interventions.md §5)")
-    if args.model != "builtin":
-        res["settings"].update(model=args.model, task=inputs.task, inputs=inputs.info, notes=inputs.notes,
+            say(f"note: {note}")
+    res = grow(model, split, points=points, M=M, K=K, steps=steps, lr=lr, eta=eta, block_width=block_width,
+               train_all=train_all, compare=compare, batch_size=batch_size, seed=seed, loss_fn=loss_fn,
+               progress=show, criterion=criterion)
+    if spec is not None and inputs is not None:
+        res["settings"].update(model=spec.model, task=inputs.task, inputs=inputs.info, notes=inputs.notes,
                                input_spec=inputs.spec.to_dict())
-    if args.out:
-        atomic_write_json(args.out, res)
-        print(f"\nwrote {args.out}")
-    return 0
+    if report is not None:
+        report(res)
+    if out:
+        atomic_write_json(out, res)
+    return res

@@ -21,11 +21,11 @@ Example::
     >>> [r["smooth"] for r in rows]
     [True, False]
 
-Command line: ``widthscope activations --names relu,tanh,mypkg.acts:swish --K 6 --json out.json``.
+Command line (:mod:`widthscope.cli.activations`):
+``widthscope activations --names relu,tanh,mypkg.acts:swish --K 6 --json out.json``.
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import math
 import warnings
@@ -33,10 +33,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .._io import atomic_write_json, format_table
 from ..errors import WidthscopeError
 
-__all__ = ["BUILTIN", "resolve", "derivatives", "audit", "add_arguments", "run"]
+__all__ = ["BUILTIN", "MAX_K", "resolve", "derivatives", "check_grid", "audit"]
 
 BUILTIN: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": torch.relu,
@@ -123,7 +122,8 @@ def _kinks(ders: Sequence[torch.Tensor], h: float) -> list[tuple[int, int]]:
     return found
 
 
-def _check_grid(K: int, lo: float, hi: float, grid: int) -> None:
+def check_grid(K: int, lo: float, hi: float, grid: int) -> None:
+    """The derivative order and the grid :func:`audit` takes, checked before any work."""
     if not 1 <= K <= MAX_K:
         raise WidthscopeError(f"activations: --K {K}: must be a whole number in 1..{MAX_K} (each order nests one more "
                               f"autograd pass; the graphs grow so fast that order 16 needs over 20 GB)")
@@ -134,7 +134,7 @@ def _check_grid(K: int, lo: float, hi: float, grid: int) -> None:
 def audit(names: Sequence[str | Callable] | None = None, *, K: int = 6, lo: float = -5.0,
           hi: float = 5.0, grid: int = 2001) -> list[dict[str, Any]]:
     """One row per activation: ``ratio_k = max_x |φ^{(k)}| / (k+1)!``, ``max_k``, flags."""
-    _check_grid(K, lo, hi, grid)
+    check_grid(K, lo, hi, grid)
     x = torch.linspace(lo, hi, grid, dtype=torch.float64)
     h = (hi - lo) / (grid - 1)
     rows = []
@@ -171,34 +171,3 @@ def audit(names: Sequence[str | Callable] | None = None, *, K: int = 6, lo: floa
         row["flags"] = "; ".join(flags) or "ok"
         rows.append(row)
     return rows
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--names", default=",".join(BUILTIN),
-                        help="comma-separated built-ins (%(default)s) or module:function paths")
-    parser.add_argument("--K", type=int, default=6, help=f"highest derivative order, 1..{MAX_K} (default 6)")
-    parser.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
-    parser.add_argument("--range", type=float, nargs=2, default=(-5.0, 5.0), metavar=("LO", "HI"),
-                        help="grid interval (default -5 5)")
-    parser.add_argument("--grid", type=int, default=2001, help="grid points (default 2001)")
-    parser.add_argument("--json", default=None, metavar="PATH", help="also write the table as JSON")
-
-
-def run(args: argparse.Namespace) -> int:
-    names = [s for s in str(args.names).split(",") if s.strip()]
-    if not names:
-        raise WidthscopeError("activations: --names is empty; give e.g. --names relu,tanh")
-    _check_grid(args.K, args.range[0], args.range[1], args.grid)
-    if args.json:  # room for the table (about 2 numbers per order and name), before computing it
-        from .._io import check_space
-
-        check_space(args.json, 2000 + len(names) * (2 * args.K + 10) * 80)
-    rows = audit(names, K=args.K, lo=args.range[0], hi=args.range[1], grid=args.grid)
-    cols = ["name"] + [f"ratio_{k}" for k in range(1, args.K + 1)] + ["flags"]
-    print(format_table(rows, cols, floatfmt=".3g",
-                       title=f"max|phi^(k)| / (k+1)! on [{args.range[0]}, {args.range[1]}], {args.grid} points"))
-    if args.json:
-        atomic_write_json(args.json, {"K": args.K, "range": list(args.range), "grid": args.grid,
-                                      "rows": rows})
-        print(f"wrote {args.json}")
-    return 0

@@ -1,4 +1,4 @@
-"""Linearization width sweep: ``widthscope linearize CONFIG.toml [--out DIR] [--shard k/n]``.
+"""Linearization width sweep: ``widthscope linearize CONFIG.toml [--out DIR] [--shard k/n]`` (:func:`run_file`).
 
 For every cell ``width × seed × α`` it builds the MLP (``torch.manual_seed(seed)`` before
 ``widthscope.models.build``), trains it and its linear model side by side with learning rate
@@ -32,7 +32,6 @@ Python entry (used by ``widthscope demo``)::
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import hashlib
 import json
@@ -52,7 +51,7 @@ from .powerlaw import fit_slope
 from .trainer import LOSSES, OPTIMIZERS, train_side_by_side
 
 __all__ = ["DEFAULTS", "DEMO_CONFIG", "PUBLISHED", "reference_slope", "validate_config", "make_cells", "run_cell",
-           "summarize", "cfg_from_rows", "run_sweep", "add_arguments", "run"]
+           "summarize", "cfg_from_rows", "run_sweep", "run_file"]
 
 DEFAULTS: dict[str, Any] = {
     "name": "linearize",
@@ -438,20 +437,14 @@ def _load_toml(path: str) -> dict[str, Any]:
     return config
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", help="TOML config (see configs/linearize-demo.toml)")
-    parser.add_argument("--out", default=None, help="results directory (default runs/<config name>)")
-    parser.add_argument("--shard", default=None, help="run shard k of n (k/n); cells are split round-robin")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
-
-
-def run(args: argparse.Namespace) -> int:
-    config = _load_toml(args.config)
-    shard = shard_for_run(args.shard)  # under torchrun: one shard per rank
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    out = args.out or str(Path("runs") / str(config.get("name", Path(args.config).stem)))
-    run_sweep(config, out, shard)
-    # Under torchrun, rank 0 fits the slopes once every rank's cells are in.
-    finish_after_ranks(args.shard, lambda: run_sweep(config, out, (1, 1)))
-    return 0
+def run_file(config_path: str, *, out: str | None = None, shard: str | None = None) -> dict[str, Any]:
+    """What ``widthscope linearize`` does: the sweep of a TOML config, in ``out`` (default
+    ``runs/<config name>``), shard ``shard`` (``"k/n"``; default: one shard per ``torchrun`` rank,
+    else the whole grid). Under ``torchrun``, rank 0 fits the slopes once every rank's cells are
+    in. Returns :func:`run_sweep`'s result for this process's shard."""
+    config = _load_toml(config_path)
+    which = shard_for_run(shard)  # under torchrun: one shard per rank
+    out_dir = out or str(Path("runs") / str(config.get("name", Path(config_path).stem)))
+    res = run_sweep(config, out_dir, which)
+    finish_after_ranks(shard, lambda: run_sweep(config, out_dir, (1, 1)))
+    return res

@@ -13,6 +13,9 @@ task                        Auto class                                  loss the
 ``image-classification``    ``AutoModelForImageClassification``         CE against the label
 ==========================  ==========================================  =============================
 
+A hub id ``org/name`` (with a revision) or a hub cache folder is first resolved to its local
+snapshot directory (:mod:`widthscope.hub`); the weights are then read from that directory.
+
 Safety: always ``local_files_only=True`` and ``trust_remote_code=False`` (an architecture that
 needs code from the checkpoint is refused); safetensors (one file, or shards with an index) is
 preferred, ``pytorch_model.bin`` is read with ``weights_only=True`` (tensors only, no code).
@@ -58,7 +61,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 WIDTHSCOPE_FAMILY = {"llama": "llama", "gpt_neox": "pythia"}  # HF model_type -> our LM family (same classes)
 
 
-def _auto_classes() -> dict[str, Any]:
+def auto_classes() -> dict[str, Any]:
     import transformers as tf
 
     return {"causal-lm": tf.AutoModelForCausalLM, "masked-lm": tf.AutoModelForMaskedLM,
@@ -110,7 +113,7 @@ def _read_cfg(directory: Path) -> dict[str, Any]:
     return cfg
 
 
-def _check_model_type(cfg: dict[str, Any], where: Path) -> None:
+def check_model_type(cfg: dict[str, Any], where: Path) -> None:
     import transformers
     from transformers import CONFIG_MAPPING
 
@@ -257,15 +260,22 @@ class eager_attention_for:  # noqa: N801 - used like a function: ``with eager_at
 
 
 def load_hf(directory: str | Path, *, task: str | None = None, dtype: str = "auto",
-            device: str | torch.device = "cpu") -> nn.Module:
+            device: str | torch.device = "cpu", revision: str | None = None) -> nn.Module:
     """Load the checkpoint in ``directory`` (eval mode) with the Auto class of its task.
 
-    The model carries ``widthscope_task``, ``widthscope_points`` (:func:`main_stack`) and
-    ``widthscope_hf`` (where it came from: directory, architecture, weights, dtype).
+    ``directory`` may also be a hub id ``org/name`` (at ``revision``: branch, tag or commit;
+    default ``main``) or a hub cache folder ``models--org--name``, resolved to the local snapshot
+    by :func:`widthscope.hub.resolve_model` (the cache only when ``HF_HUB_OFFLINE=1``).
+
+    The model carries ``widthscope_task``, ``widthscope_points`` (:func:`main_stack`),
+    ``widthscope_hf`` (where it came from: directory, architecture, weights, dtype) and, for a hub
+    model, ``widthscope_hub`` (id, revision, commit; also ``widthscope_hf["hub"]``).
     """
-    directory = Path(directory).expanduser()
+    from ..hub import attach, resolve_model
+
+    directory, hub = resolve_model(str(directory), revision)
     cfg = _read_cfg(directory)
-    _check_model_type(cfg, directory / "config.json")
+    check_model_type(cfg, directory / "config.json")
     if task is not None and task not in TASKS:
         raise WidthscopeError(f"--task {task!r}: choose one of {', '.join(TASKS)}")
     if task is not None and cfg.get("architectures"):
@@ -276,7 +286,7 @@ def load_hf(directory: str | Path, *, task: str | None = None, dtype: str = "aut
     task = task or hf_task(cfg, str(directory / "config.json"))
     torch_dtype = _dtype(dtype)
     use_safetensors, weights = _weights(directory)
-    auto = _auto_classes()[task]
+    auto = auto_classes()[task]
     import warnings
 
     from transformers.utils import logging as hf_logging
@@ -330,4 +340,4 @@ def load_hf(directory: str | Path, *, task: str | None = None, dtype: str = "aut
         c = model.config
         model.widthscope_config = {"family": family, "width": c.hidden_size, "depth": c.num_hidden_layers,
                                    "hf_config": c.to_dict()}
-    return model
+    return attach(model, hub)

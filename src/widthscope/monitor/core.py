@@ -25,10 +25,16 @@ At construction one dry probe checks that parameters and buffers are unchanged b
 **Cost cap.** With a ``budget`` ``b`` a scheduled probe is made only when the monitor's total
 time, this probe included (predicted as the slowest probe so far, or from the dry probe before the first),
 stays ``≤ b ×`` the training time so far (wall time since the first :meth:`AlignmentMonitor.step`
-call minus the monitor's own); other scheduled steps are skipped (``monitor.skipped``). The
-default log-spaced schedule runs under ``b = 0.05`` (:data:`DEFAULT_BUDGET`), so the
-default costs at most ~5% of training; ``every=`` / ``at=`` schedules are followed exactly
-unless a budget is given. Under ``torch.distributed`` rank 0's decision is broadcast.
+call minus the monitor's own); other scheduled steps are skipped (``monitor.skipped``), each one said
+in the log (logger ``widthscope.monitor``, WARNING) and in the ``out=`` file (a ``kind="skipped"``
+line). The default log-spaced schedule runs under ``b = 0.05`` (:data:`DEFAULT_BUDGET`), so the
+default costs at most ~5% of training plus the first and last probes; ``every=`` / ``at=`` schedules
+are followed exactly unless a budget is given. Under ``torch.distributed`` rank 0's decision is broadcast.
+
+**First and last step.** :meth:`AlignmentMonitor.bounds` tells the monitor the run's first and
+last optimizer steps (the Trainer and Lightning callbacks do it at train start); both are then
+probed whatever the schedule and the budget, and ``step(..., final=True)`` probes a run that
+stops early (early stopping) at the step it stops.
 
 **FSDP.** A model sharded by FSDP (``FullyShardedDataParallel`` or ``fully_shard``) is refused
 at construction and at every probe: the probe's forward hooks and per-example gradients need
@@ -36,6 +42,7 @@ whole parameters, which a sharded model has on no rank outside its own forward.
 """
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
@@ -52,11 +59,14 @@ from ..errors import WidthscopeError
 from ..probe import batched, collect, resolve_points
 from ..probe.collect import POOLS
 from ..stats import certified
+from ..stats.estimators import Estimator
 
 __all__ = ["AlignmentMonitor", "TrainingState", "log_steps", "check_not_fsdp", "DEFAULT_BUDGET"]
 
 #: Time-share cap of the default log-spaced schedule (monitor time / training time).
 DEFAULT_BUDGET = 0.05
+
+_log = logging.getLogger("widthscope.monitor")
 
 #: Columns of a ``kind="row"`` row whose values are numbers (what the logging adapters send).
 METRIC_COLUMNS = ("d_par", "d_2", "d_align", "b_exact", "b_align", "expectation", "misalignment",
@@ -230,7 +240,7 @@ class AlignmentMonitor:
 
     def __init__(self, model: nn.Module, train: Any, test: Any, *, points: str | Sequence[str] | None = None,
                  M: int = 16, K: int | None = None, every: int | None = None, at: Iterable[int] | None = None,
-                 delta: float = 0.05, draws: int = 1000, seed: int = 0, estimator: str = "unbiased",
+                 delta: float = 0.05, draws: int = 1000, seed: int = 0, estimator: Estimator = "unbiased",
                  pool: str = "sum", loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
                  out: str | Path | None = None, batch_size: int = 64, progress: bool = False,
                  budget: float | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
@@ -307,6 +317,7 @@ class AlignmentMonitor:
         self.out = None if out is None else Path(out)
         self.notes: list[str] = []  # what the probe said once (e.g. BatchNorm ran in eval mode)
         self.skipped: list[int] = []  # scheduled steps left out to keep within the budget
+        self.forced: set[int] = set()  # the run's first and last steps (bounds): probed whatever the schedule
         self.spent_s = 0.0  # seconds in probes (for the budget)
         self._t_first: float | None = None
         self._predict_s = 0.0
@@ -364,8 +375,18 @@ class AlignmentMonitor:
         try:
             for batches, need, what in ((self.train, self.M, "train"), (self.test, self.K, "held-out")):
                 t1 = self._clock()
-                q = collect(model, batches if whole else batches[:1], points=self.points, loss_fn=self.loss_fn,
-                            pool=self.pool, train_mode="eval", progress=False)
+                try:
+                    q = collect(model, batches if whole else batches[:1], points=self.points, loss_fn=self.loss_fn,
+                                pool=self.pool, train_mode="eval", progress=False)
+                except (NotImplementedError, WidthscopeError) as exc:  # e.g. a LightningModule without forward()
+                    cause = exc if isinstance(exc, NotImplementedError) else exc.__cause__
+                    # torch: 'Module [X] is missing the required "forward" function'
+                    if not isinstance(cause, NotImplementedError) or '"forward"' not in str(cause):
+                        raise
+                    raise WidthscopeError(
+                        f"the monitor calls the model on the pools, but {type(model).__name__} has no forward() "
+                        f"({cause}); build the monitor on the network it wraps, e.g. AlignmentMonitor(module.net, "
+                        "...) with points named inside it (the Lightning callback probes that network)") from exc
                 self.notes = list(dict.fromkeys(self.notes + q.notes))
                 # the budget's first prediction: one batch's time times the pool's batches
                 self._predict_s += (self._clock() - t1) * (1 if whole else len(batches))
@@ -387,31 +408,77 @@ class AlignmentMonitor:
                 "only in training mode (or probe a copy of the model with widthscope.certify.certify)")
 
     # ------------------------------------------------------------------ scheduling
+    def bounds(self, first: int, last: int | None) -> None:
+        """The run's first and last optimizer steps (``last=None``: not known): both are probed
+        whatever the schedule (``every=``, ``at=`` or the default) and the budget. The Trainer and
+        Lightning callbacks call it at train start; a plain loop may call it before training."""
+        first = _check_int(first, "first", 0)
+        self.forced = {first} if last is None else {first, _check_int(last, "last", first)}
+
     def should_probe(self, step: int) -> bool:
         """Whether ``step`` (optimizer steps done) is a monitored step not yet recorded."""
         if step in self._done:
             return False
+        if step in self.forced:
+            return True
         if self.at is not None:
             return step in self.at
         if self.every is not None:
             return step % self.every == 0
         return _is_log_step(step)
 
-    def step(self, model: nn.Module | None = None, step: int = 0) -> list[dict[str, Any]]:
+    def step(self, model: nn.Module | None = None, step: int = 0, *, final: bool = False) -> list[dict[str, Any]]:
         """Plain-loop adapter: call after each optimizer step with the number of steps done.
 
         Probes when :meth:`should_probe` says so and returns that step's rows (else ``[]``).
+        ``final=True``: the run ends at this step (e.g. stopped early), so it is probed (once)
+        whatever the schedule and the budget, as the last step given to :meth:`bounds` is.
+        A planned probe the budget skips is listed in :attr:`skipped` and said in the log.
         """
         step = _check_int(step, "step", 0)
         now = self._clock()
         if self._t_first is None:
             self._t_first = now
-        if not self.should_probe(step):
+        forced = step not in self._done and (final or step in self.forced)
+        if not forced and not self.should_probe(step):
             return []
-        if not self._within_budget(now):
-            self.skipped.append(step)
+        if not forced and not self._within_budget(now):
+            self._skip(step, now)
             return []
         return self.probe(self.model if model is None else model, step)
+
+    def _skip(self, step: int, now: float) -> None:
+        """Record, log and (``out=``) write that the budget skipped the probe planned at ``step``."""
+        from .. import distributed
+
+        if self.skipped and self.skipped[-1] == step:  # called again at the same step: said once
+            return
+        self.skipped.append(step)
+        if not distributed.is_main():
+            return
+        assert self.budget is not None  # (only a budget skips)
+        train_s = max(0.0, now - (self._t_first if self._t_first is not None else now) - self.spent_s)
+        _log.warning("alignment monitor: skipped the probe planned at step %d: the monitor would exceed its "
+                     "budget of %.3g%% of training time (monitor %.3g s + next probe ~%.3g s > %.3g%% of %.3g s "
+                     "of training)%s", step, 100 * self.budget, self.spent_s, self._predict_s,
+                     100 * self.budget, train_s, "" if len(self.skipped) > 1 else
+                     "; pass budget=math.inf, or every=/at= without a budget, to probe every planned step")
+        if self._writes:
+            assert self.out is not None
+            append_jsonl(self.out, [{"kind": "skipped", "step": step, "reason": "budget", "budget": self.budget,
+                                     "monitor_s": self.spent_s, "train_s": train_s}])
+
+    def summary(self) -> str:
+        """One line: the probed steps and the planned steps the budget skipped."""
+        probed = sorted({int(r["step"]) for r in self.rows})
+
+        def steps(xs: Sequence[int]) -> str:
+            return ", ".join(map(str, xs)) if len(xs) <= 12 else \
+                f"{', '.join(map(str, xs[:6]))}, ..., {', '.join(map(str, xs[-3:]))} ({len(xs)} steps)"
+
+        budget = "" if self.budget is None or math.isinf(self.budget) else f" (budget {100 * self.budget:.3g}%)"
+        return (f"alignment monitor: probed step(s) {steps(probed) or 'none'}; skipped planned step(s) "
+                f"{steps(sorted(self.skipped)) or 'none'}{budget}; {self.spent_s:.3g} s in probes")
 
     def _within_budget(self, now: float) -> bool:
         """Whether a probe now keeps monitor time ``≤ budget ×`` training time (rank 0 decides)."""

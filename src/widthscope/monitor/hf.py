@@ -9,26 +9,45 @@ Usage::
     attach(trainer, monitor)          # adds the callback and hands it the trainer
     trainer.train()
 
+**The Trainer's own logs are left alone.** The monitor's values are *extra* entries of
+``state.log_history`` — ``{"align/<point>/<column>": ..., "epoch": ..., "step": ...}`` — never keys
+added to, or averaged into, the Trainer's loss entries, and logging them does not touch the
+Trainer's loss accounting: the loss, ``grad_norm``, ``learning_rate`` entries are the same, to the
+bit, with and without the callback (tested). ``Trainer.log`` is *not* used: the handler's
+``on_log`` that it runs clears ``control.should_log``, which silently dropped the Trainer's own
+loss entry at that step (its loss then averaged into the next entry), and subclasses such as TRL's
+flush their accumulated training metrics in ``log``.
+
 **How the values reach TensorBoard / W&B / MLflow.** A ``TrainerCallback`` receives ``args``,
 ``state``, ``control`` and ``model`` but not the trainer, and the integrations are themselves
 callbacks that act in ``on_log``, registered *before* any user callback, so a callback that
 edits the ``logs`` dict in its own ``on_log`` comes too late for them. The callback therefore
-holds the trainer (:func:`attach` sets it) and, in ``on_step_end`` at a monitored step, calls
-``trainer.log(metrics)``: that appends to ``state.log_history`` and runs every callback's
-``on_log``, integrations included, exactly as the Trainer's own loss logging does. Without a
-trainer (a callback built by hand) the metrics are appended to ``state.log_history`` only,
-with a warning. The step is ``state.global_step`` (optimizer steps done), so with gradient
+holds the trainer (:func:`attach` sets it) and, at a probed step, appends its entry to
+``state.log_history`` and runs ``trainer.callback_handler.on_log`` with it (every callback's
+``on_log``, integrations included, as for the Trainer's own entries), putting ``control.should_log``
+back afterwards. Without a trainer (a callback built by hand) the entry goes to
+``state.log_history`` only, with a warning.
+
+**Schedule.** ``on_train_begin`` gives the monitor the run's first and last steps
+(``state.global_step``, ``state.max_steps``: :meth:`AlignmentMonitor.bounds`), so both are probed
+whatever the schedule and budget; a run that stops early (``control.should_training_stop``, e.g.
+early stopping) is probed at the step it stops. A planned probe the budget skips is said in the
+log (logger ``widthscope.monitor``), and ``on_train_end`` logs one line with the probed and
+skipped steps. The step is ``state.global_step`` (optimizer steps done), so with gradient
 accumulation the monitor probes after the optimizer step, never between micro-batches. Under
 several processes every rank probes its share of the pools and the main process logs.
 """
 from __future__ import annotations
 
+import logging
 import warnings
 from typing import TYPE_CHECKING, Any
 
 from .core import FSDP_FIX, AlignmentMonitor, check_not_fsdp, lazy_class
 
 __all__ = ["AlignmentCallback", "attach"]
+
+_log = logging.getLogger("widthscope.monitor")
 
 if TYPE_CHECKING:  # built on first use by the module __getattr__ below
     AlignmentCallback: type
@@ -48,7 +67,7 @@ def _make_class() -> type:
     base = _base()
 
     class AlignmentCallback(base):  # type: ignore[misc, valid-type]
-        """Runs ``monitor.step(model, state.global_step)`` after each optimizer step and logs the rows."""
+        """Probes ``monitor.step(model, state.global_step)`` after optimizer steps; logs the rows as extra entries."""
 
         def __init__(self, monitor: AlignmentMonitor, trainer: Any = None, prefix: str = "align") -> None:
             self.monitor, self.trainer, self.prefix = monitor, trainer, prefix
@@ -57,26 +76,52 @@ def _make_class() -> type:
         def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> Any:
             # The first hook that sees the prepared model: refuse FSDP before the first update.
             _check_trainer(args, self.trainer, model)
-            # Step 0 (before any update) is a monitored step of the default log schedule.
-            return self._probe(state, control, model)
+            step, last = int(state.global_step), int(getattr(state, "max_steps", 0) or 0)
+            self.monitor.bounds(step, last if last >= step and last > 0 else None)
+            return self._probe(args, state, control, model)  # the first step: before any update
 
         def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> Any:
-            return self._probe(state, control, model)
+            # The last step (max_steps) is in the monitor's bounds; a run stopped before it ends here.
+            return self._probe(args, state, control, model, final=bool(control.should_training_stop))
 
-        def _probe(self, state: Any, control: Any, model: Any) -> Any:
+        def on_epoch_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> Any:
+            # A stop decided after on_step_end (e.g. EarlyStoppingCallback in on_evaluate) ends the run here.
+            if control.should_training_stop:
+                return self._probe(args, state, control, model, final=True)
+            return control
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
+            if getattr(state, "is_world_process_zero", True):
+                (_log.warning if self.monitor.skipped else _log.info)(self.monitor.summary())
+            return control
+
+        def _probe(self, args: Any, state: Any, control: Any, model: Any, final: bool = False) -> Any:
             # Every rank probes (its share of the pools; the samples are gathered), one logs.
-            rows = self.monitor.step(model if model is not None else self.monitor.model, int(state.global_step))
+            rows = self.monitor.step(model if model is not None else self.monitor.model, int(state.global_step),
+                                     final=final)
             if rows and getattr(state, "is_world_process_zero", True):
-                metrics = AlignmentMonitor.metrics(rows, self.prefix)
-                if self.trainer is not None:
-                    self.trainer.log(metrics)
-                else:
-                    if not self._warned:
-                        warnings.warn("AlignmentCallback has no trainer: its values go to state.log_history only, "
-                                      "not to the logging integrations; use widthscope.monitor.hf.attach(trainer, "
-                                      "monitor)", stacklevel=2)
-                        self._warned = True
-                    state.log_history.append({**metrics, "step": int(state.global_step)})
+                return self._log_entry(args, state, control, AlignmentMonitor.metrics(rows, self.prefix))
+            return control
+
+        def _log_entry(self, args: Any, state: Any, control: Any, metrics: dict[str, float]) -> Any:
+            """Append the monitor's own entry and hand it to every callback's ``on_log``, leaving the
+            Trainer's pending log (``control.should_log``) and its loss accounting as they were."""
+            logs: dict[str, Any] = dict(metrics)
+            if state.epoch is not None:
+                logs["epoch"] = state.epoch
+            state.log_history.append({**logs, "step": int(state.global_step)})
+            handler = getattr(self.trainer, "callback_handler", None)
+            if handler is None:
+                if not self._warned:
+                    warnings.warn("AlignmentCallback has no trainer: its values go to state.log_history only, "
+                                  "not to the logging integrations; use widthscope.monitor.hf.attach(trainer, "
+                                  "monitor)", stacklevel=3)
+                    self._warned = True
+                return control
+            should_log = control.should_log
+            out = handler.on_log(args, state, control, logs=logs)  # (it sets control.should_log = False)
+            control = out if out is not None else control
+            control.should_log = should_log
             return control
 
     return AlignmentCallback

@@ -1,24 +1,41 @@
-"""Lightning adapter: the monitor as a ``Callback`` logging through ``pl_module.log_dict``.
+"""Lightning adapter: the monitor as a ``Callback`` writing to the trainer's loggers at probed steps only.
 
 Usage::
 
+    from widthscope.monitor import AlignmentMonitor
     from widthscope.monitor.lightning import AlignmentCallback
+    monitor = AlignmentMonitor(lit.net, train_pool, test_pool, points=["2"], every=50)  # the network
     trainer = lightning.Trainer(callbacks=[AlignmentCallback(monitor)], ...)
 
-``on_train_batch_end`` calls ``monitor.step(pl_module, trainer.global_step)``
-(``global_step`` counts optimizer steps, so gradient accumulation is respected) and logs the
-rows with ``pl_module.log_dict(..., on_step=True, on_epoch=False)``, so every Lightning logger
-(TensorBoard, W&B, MLflow, CSV) receives them. Step 0 is probed in ``on_train_start``, where
-Lightning allows no logging: its rows are kept in ``monitor.rows`` (and ``out=``) only.
+**What is probed.** The module the monitor was built on: the ``LightningModule`` itself when it
+has a ``forward()``, or (no ``forward()`` needed) the network it holds, e.g. ``lit.net``, with
+points named inside that network. The callback checks, at train start, that this module is the
+``LightningModule`` or one of its submodules (the object being trained, not a copy).
+
+**When and where it logs.** ``on_train_start`` gives the monitor the run's first and last steps
+(``trainer.global_step`` and ``trainer.estimated_stepping_batches``, which accounts for
+``max_steps`` / ``max_epochs``: :meth:`AlignmentMonitor.bounds`) and probes the first;
+``on_train_batch_end`` calls ``monitor.step(network, trainer.global_step)`` once per optimizer step
+(``global_step`` counts optimizer steps, so gradient accumulation is respected); ``on_train_end``
+probes the step a run stopped early at. The rows are written with ``logger.log_metrics(metrics,
+step=global_step)`` to every logger of the trainer (TensorBoard, W&B, MLflow, CSV) at **probed
+steps only**, step 0 included (``pl_module.log_dict`` is not used: Lightning re-sends a value logged
+from a callback hook at every later step until the epoch ends, so the CSV repeated stale values).
+The values are therefore not in ``trainer.callback_metrics``. A planned probe the budget skips is
+said in the log (logger ``widthscope.monitor``), and ``on_train_end`` logs a one-line summary.
 Lightning (``lightning`` or ``pytorch_lightning``) is imported on first use of the class.
 """
 from __future__ import annotations
 
+import logging
+import math
 from typing import TYPE_CHECKING, Any
 
 from .core import FSDP_FIX, AlignmentMonitor, check_not_fsdp, lazy_class
 
 __all__ = ["AlignmentCallback"]
+
+_log = logging.getLogger("widthscope.monitor")
 
 if TYPE_CHECKING:  # built on first use by the module __getattr__ below
     AlignmentCallback: type
@@ -41,11 +58,12 @@ def _base() -> type:
 
 def _make_class() -> type:
     class AlignmentCallback(_base()):  # type: ignore[misc]
-        """Probe after each optimizer step chosen by the monitor's schedule; log through ``pl_module``."""
+        """Probe after the optimizer steps the monitor's schedule picks; write the rows to the loggers."""
 
         def __init__(self, monitor: AlignmentMonitor, prefix: str = "align") -> None:
             super().__init__()
             self.monitor, self.prefix = monitor, prefix
+            self._seen: int | None = None  # the last global_step handled (micro-batches repeat it)
 
         def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
             # Before the strategy wraps the module: refuse FSDP before any training.
@@ -54,14 +72,32 @@ def _make_class() -> type:
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
             _check_strategy(trainer)
             check_not_fsdp(pl_module, "the alignment monitor")
-            self.monitor.step(pl_module, int(trainer.global_step))
+            _network(self.monitor, pl_module)
+            step = int(trainer.global_step)
+            self.monitor.bounds(step, _last_step(trainer, step))
+            self._step(trainer, pl_module, step)
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                                batch_idx: int) -> None:
+            step = int(trainer.global_step)
+            if step != self._seen:  # once per optimizer step
+                self._step(trainer, pl_module, step)
+
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+            # The step the run ended at (stopped early: EarlyStopping, trainer.should_stop) is probed too.
+            self._step(trainer, pl_module, int(trainer.global_step), final=True)
+            if trainer.is_global_zero:
+                (_log.warning if self.monitor.skipped else _log.info)(self.monitor.summary())
+
+        def _step(self, trainer: Any, pl_module: Any, step: int, final: bool = False) -> None:
             # Every rank probes its share of the pools; the gathered rows are equal on all ranks.
-            rows = self.monitor.step(pl_module, int(trainer.global_step))
-            if rows:
-                pl_module.log_dict(AlignmentMonitor.metrics(rows, self.prefix), on_step=True, on_epoch=False)
+            self._seen = step
+            rows = self.monitor.step(_network(self.monitor, pl_module), step, final=final)
+            if rows and trainer.is_global_zero:
+                metrics = AlignmentMonitor.metrics(rows, self.prefix)
+                for logger in trainer.loggers:
+                    logger.log_metrics(metrics, step=step)
+                    logger.save()
 
     return AlignmentCallback
 
@@ -76,3 +112,27 @@ def _check_strategy(trainer: Any) -> None:
     name = type(getattr(trainer, "strategy", None)).__name__
     if "FSDP" in name or name == "ModelParallelStrategy":
         raise WidthscopeError(f"the alignment monitor cannot probe a model sharded by Lightning's {name}; {FSDP_FIX}")
+
+
+def _network(monitor: AlignmentMonitor, pl_module: Any) -> Any:
+    """The module the monitor probes: the one it was built on, when it is ``pl_module`` or part of it."""
+    net = monitor.model
+    if net is pl_module or any(m is net for m in pl_module.modules()):
+        return net
+    from ..errors import WidthscopeError
+
+    raise WidthscopeError(f"the alignment monitor was built on a {type(net).__name__} that is not part of the "
+                          f"{type(pl_module).__name__} being trained; build it on the module being trained or on "
+                          "the network it holds (e.g. AlignmentMonitor(lit.net, ...)), not on a copy")
+
+
+def _last_step(trainer: Any, first: int) -> int | None:
+    """The run's last optimizer step, when Lightning knows it (``max_steps`` / ``max_epochs``)."""
+    try:
+        last = float(trainer.estimated_stepping_batches)
+    except Exception:  # noqa: BLE001 - e.g. an iterable dataset without a length and no max_steps
+        last = math.inf
+    if math.isfinite(last) and int(last) >= first:
+        return int(last)
+    max_steps = int(getattr(trainer, "max_steps", -1) or -1)
+    return max_steps if max_steps >= first else None

@@ -11,13 +11,13 @@ from ..errors import WidthscopeError
 __all__ = ["as_examples", "take", "to_batches"]
 
 
-def _batch_size(batch: Any) -> int:
+def batch_size_of(batch: Any) -> int:
     if isinstance(batch, torch.Tensor):
         return batch.shape[0]
     if isinstance(batch, Mapping):
         return next(iter(batch.values())).shape[0]
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
-        return _batch_size(batch[0])
+        return batch_size_of(batch[0])
     raise WidthscopeError(f"a batch must be (x, y), a LongTensor of token ids or a dict with "
                           f"'input_ids'; got {type(batch).__name__}")
 
@@ -35,12 +35,12 @@ def _cat(parts: list[Any]) -> Any:
                               "sequences of one length (pad on the right)") from None
 
 
-def _index(data: Any, idx: torch.Tensor | slice) -> Any:
+def index_batch(data: Any, idx: torch.Tensor | slice) -> Any:
     if isinstance(data, torch.Tensor):
         return data[idx]
     if isinstance(data, Mapping):
         return {k: v[idx] for k, v in data.items()}
-    return tuple(_index(d, idx) for d in data)
+    return tuple(index_batch(d, idx) for d in data)
 
 
 def as_examples(batches: Iterable[Any] | Any) -> Any:
@@ -57,7 +57,7 @@ def as_examples(batches: Iterable[Any] | Any) -> Any:
 
 def take(data: Any, n: int | None, *, what: str = "examples") -> Any:
     """The first ``n`` examples of pooled ``data`` (all when ``n`` is None)."""
-    total = _batch_size(data)
+    total = batch_size_of(data)
     if n is None:
         return data
     if not isinstance(n, int) or n < 1:
@@ -65,9 +65,9 @@ def take(data: Any, n: int | None, *, what: str = "examples") -> Any:
     if n > total:
         raise WidthscopeError(f"{what}: asked for {n} examples but only {total} were given; pass "
                               f"more batches or a smaller value")
-    return _index(data, slice(0, n))
+    return index_batch(data, slice(0, n))
 
 
 def to_batches(data: Any, batch_size: int = 64) -> list[Any]:
-    n = _batch_size(data)
-    return [_index(data, slice(i, i + batch_size)) for i in range(0, n, batch_size)]
+    n = batch_size_of(data)
+    return [index_batch(data, slice(i, i + batch_size)) for i in range(0, n, batch_size)]

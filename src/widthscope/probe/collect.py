@@ -218,15 +218,15 @@ def float_dtype(model: nn.Module) -> torch.dtype | None:
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
 
 
-def _to(obj: Any, device: torch.device, dtype: torch.dtype | None = None) -> Any:
+def to_device(obj: Any, device: torch.device, dtype: torch.dtype | None = None) -> Any:
     """Move a batch to ``device``; floating tensors (images, features) also to ``dtype``, so a
     model run in bfloat16 or float64 (``--dtype``) takes the same data. Token ids stay integers."""
     if isinstance(obj, torch.Tensor):
         return obj.to(device, dtype) if dtype is not None and obj.is_floating_point() else obj.to(device)
     if isinstance(obj, Mapping):
-        return {k: _to(v, device, dtype) for k, v in obj.items()}
+        return {k: to_device(v, device, dtype) for k, v in obj.items()}
     if isinstance(obj, (tuple, list)):
-        return type(obj)(_to(v, device, dtype) for v in obj)
+        return type(obj)(to_device(v, device, dtype) for v in obj)
     return obj
 
 
@@ -503,7 +503,7 @@ def _probe_batch(model: nn.Module, batch: Any, bi: int, names: list[str],
     """One batch: forward, per-example losses, one backward to the leaves, pooled gradients
     appended to ``out`` and the losses to ``all_losses``; returns the batch size."""
     state.clear()
-    batch = _to(batch, device, float_dtype(model))
+    batch = to_device(batch, device, float_dtype(model))
     with torch.enable_grad():
         losses, mask, B = _run_batch(model, batch, loss_fn, bi)
     missing = [n for n in names if n not in state]

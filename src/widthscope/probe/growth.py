@@ -42,7 +42,7 @@ import torch.nn as nn
 
 from ..errors import WidthscopeError
 from .insert import ACTIVATIONS, ResidualBlock, insert, remove_insertion
-from .intervene import _block_of, block_features, block_gram
+from .intervene import block_of, block_features, block_gram
 
 __all__ = ["point_criteria", "gradmax_from_factors", "gradmax_directions", "line_search_gain", "CRITERIA",
            "block_input_features"]
@@ -71,7 +71,7 @@ def block_input_features(model: nn.Module, point: str, data: Any, loss_fn: Calla
     insert(model, point, "block", width=width, hidden=width, activation="identity", norm=norm,
            record=False)
     try:
-        blk = _block_of(model, point)
+        blk = block_of(model, point)
         if blk.style == "conv3x3":  # pragma: no cover - auto style never picks 3x3
             raise WidthscopeError("block_input_features needs a 1x1/MLP-style block")
         with torch.no_grad():
@@ -82,9 +82,9 @@ def block_input_features(model: nn.Module, point: str, data: Any, loss_fn: Calla
 
 
 def _first(data: Any, n: int) -> Any:
-    from .intervene import _batch_size, _index
+    from .intervene import batch_size_of, index_batch
 
-    return _index(data, slice(0, min(n, _batch_size(data))))
+    return index_batch(data, slice(0, min(n, batch_size_of(data))))
 
 
 def gradmax_from_factors(qa: torch.Tensor, ua: torch.Tensor, qb: torch.Tensor, ub: torch.Tensor,
@@ -190,13 +190,13 @@ def line_search_gain(model: nn.Module, point: str, train: Any, test: Any, *, hid
     ranked last, ``null`` in JSON — when ``s > 0`` and ``c ≤ 0``: the quadratic model then bounds
     nothing, and an estimate that says "unbounded" should not win a ranking).
     """
-    from .collect import _run_batch, _to, float_dtype
+    from .collect import _run_batch, to_device, float_dtype
     from .intervene import (
         _activation_rms,
-        _batch_size,
+        batch_size_of,
         _device,
-        _EvalMode,
-        _w_out_grad,
+        EvalMode,
+        w_out_grad,
         to_batches,
     )
 
@@ -205,9 +205,9 @@ def line_search_gain(model: nn.Module, point: str, train: Any, test: Any, *, hid
            seed=block_seed, record=False)
     flags = [(p, p.requires_grad) for p in model.parameters()]
     try:
-        blk = _block_of(model, point)
-        G = _w_out_grad(model, point, train, loss_fn, batch_size).to(blk.w_out.dtype)
-        n = _batch_size(test)
+        blk = block_of(model, point)
+        G = w_out_grad(model, point, train, loss_fn, batch_size).to(blk.w_out.dtype)
+        n = batch_size_of(test)
         dev = _device(model)
         s = c = 0.0
         for p, _ in flags:
@@ -216,9 +216,9 @@ def line_search_gain(model: nn.Module, point: str, train: Any, test: Any, *, hid
         from ..models.hf import eager_attention_for
 
         # double backward: fused attention kernels may lack it, the eager one has it
-        with _EvalMode(model), torch.enable_grad(), eager_attention_for(model):
+        with EvalMode(model), torch.enable_grad(), eager_attention_for(model):
             for bi, b in enumerate(to_batches(test, batch_size)):
-                losses, _, _ = _run_batch(model, _to(b, dev, float_dtype(model)), loss_fn, bi)
+                losses, _, _ = _run_batch(model, to_device(b, dev, float_dtype(model)), loss_fn, bi)
                 (g,) = torch.autograd.grad(losses.sum() / n, [blk.w_out], create_graph=True)
                 gv = (g * G).sum()
                 (hv,) = torch.autograd.grad(gv, [blk.w_out])

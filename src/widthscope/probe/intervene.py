@@ -40,7 +40,7 @@ from .._io import progress as _progress
 from ..errors import WidthscopeError
 
 # batch helpers live in .batches (the prefix cache uses them too); re-exported here
-from .batches import _batch_size, _cat, _index, as_examples, take, to_batches  # noqa: F401
+from .batches import batch_size_of, _cat, index_batch, as_examples, take, to_batches  # noqa: F401
 from .insert import (
     Inserted,
     ResidualBias,
@@ -79,7 +79,7 @@ def _device(model: nn.Module) -> torch.device:
         return torch.device("cpu")
 
 
-class _EvalMode:
+class EvalMode:
     """Run the model in eval mode (BatchNorm running statistics, no dropout), then restore."""
 
     def __init__(self, model: nn.Module):
@@ -98,14 +98,14 @@ class _EvalMode:
 def per_example_losses(model: nn.Module, data: Any, loss_fn: Callable | None = None, *,
                        batch_size: int = 64, grad: bool = False) -> torch.Tensor:
     """Per-example losses ``(n,)`` exactly as :func:`widthscope.probe.collect` defines them."""
-    from .collect import _run_batch, _to, float_dtype
+    from .collect import _run_batch, to_device, float_dtype
 
     dev = _device(model)
     out = []
     ctx = torch.enable_grad() if grad else torch.no_grad()
     with ctx:
         for bi, b in enumerate(to_batches(data, batch_size)):
-            losses, _, _ = _run_batch(model, _to(b, dev, float_dtype(model)), loss_fn, bi)
+            losses, _, _ = _run_batch(model, to_device(b, dev, float_dtype(model)), loss_fn, bi)
             out.append(losses if grad else losses.detach().to("cpu", torch.float64))
     return torch.cat(out)
 
@@ -113,7 +113,7 @@ def per_example_losses(model: nn.Module, data: Any, loss_fn: Callable | None = N
 def mean_loss(model: nn.Module, data: Any, loss_fn: Callable | None = None, *,
               batch_size: int = 64) -> float:
     """Mean per-example loss over ``data`` (eval mode, float64 accumulation)."""
-    with _EvalMode(model):
+    with EvalMode(model):
         return float(per_example_losses(model, data, loss_fn, batch_size=batch_size).mean())
 
 
@@ -132,7 +132,7 @@ def _activation_rms(model: nn.Module, point: str, data: Any, loss_fn: Callable |
 
     h = model.get_submodule(point).register_forward_hook(hook)
     try:
-        with _EvalMode(model):
+        with EvalMode(model):
             per_example_losses(model, data, loss_fn, batch_size=batch_size)
     finally:
         h.remove()
@@ -245,7 +245,7 @@ def loss_rounding(model: nn.Module, data: Any, loss_fn: Callable | None = None, 
 
     if float_dtype(model) not in LOW_PRECISION:
         return None, None
-    with _EvalMode(model):
+    with EvalMode(model):
         low = losses.double().cpu() if losses is not None else per_example_losses(model, data, loss_fn,
                                                                                  batch_size=batch_size)
         with upcast(model):
@@ -260,7 +260,7 @@ def _sample_errors(model: nn.Module, point: str, data: Any, loss_fn: Callable | 
     from .collect import collect
 
     data = as_examples(data)
-    sub = take(data, min(n, _batch_size(data)))
+    sub = take(data, min(n, batch_size_of(data)))
     low = collect(model, to_batches(sub, batch_size), points=[point], loss_fn=loss_fn, progress=False)[point]
     with upcast(model):
         ref = collect(model, to_batches(sub, batch_size), points=[point], loss_fn=loss_fn, progress=False)[point]
@@ -428,7 +428,7 @@ def block_gram(q: Any, h: Any, q2: Any = None, h2: Any = None, *, method: str = 
     return out
 
 
-def _block_of(model: nn.Module, point: str) -> ResidualBlock:
+def block_of(model: nn.Module, point: str) -> ResidualBlock:
     w = model.get_submodule(point)
     if not isinstance(w, Inserted) or not isinstance(w.widthscope_insert, ResidualBlock):
         raise WidthscopeError(f"point {point!r} has no inserted block; call insert(model, {point!r}, "
@@ -444,11 +444,11 @@ def block_features(model: nn.Module, point: str, data: Any, loss_fn: Callable | 
     batched backward of the summed per-example losses per batch (exact, see ``collect``).
     """
     wrapper = model.get_submodule(point)
-    block = _block_of(model, point)
+    block = block_of(model, point)
     if block.style == "conv3x3":
         raise WidthscopeError("block_features needs an MLP/1x1-style block (its W_out gradient is "
                               "Σ_t q_t h_tᵀ); a 3x3 block has no such form")
-    from .collect import _run_batch, _to, float_dtype
+    from .collect import _run_batch, to_device, float_dtype
 
     dev = _device(model)
     state: dict[str, torch.Tensor] = {}
@@ -466,9 +466,9 @@ def block_features(model: nn.Module, point: str, data: Any, loss_fn: Callable | 
     try:
         for p, _ in flags:
             p.requires_grad_(False)
-        with _EvalMode(model), torch.enable_grad():
+        with EvalMode(model), torch.enable_grad():
             for bi, b in enumerate(to_batches(data, batch_size)):
-                losses, _, _ = _run_batch(model, _to(b, dev, float_dtype(model)), loss_fn, bi)
+                losses, _, _ = _run_batch(model, to_device(b, dev, float_dtype(model)), loss_fn, bi)
                 (g,) = torch.autograd.grad(losses.sum(), [state["b"]])
                 dim = channel_dim(g, block.style)
                 B = g.shape[0]
@@ -497,18 +497,18 @@ def block_certificate(model: nn.Module, point: str, train: Any, test: Any, *, M:
     return certificate(cross_moments_from_gram(C, estimator), M=M, K=K, estimator=estimator)
 
 
-def _w_out_grad(model: nn.Module, point: str, data: Any, loss_fn: Callable | None,
+def w_out_grad(model: nn.Module, point: str, data: Any, loss_fn: Callable | None,
                 batch_size: int) -> torch.Tensor:
     """Mean per-example gradient of ``W_out`` (= gradient of the mean loss), float64."""
-    block = _block_of(model, point)
-    n = _batch_size(data)
+    block = block_of(model, point)
+    n = batch_size_of(data)
     total = torch.zeros(block.w_out.shape, dtype=torch.float64)
-    from .collect import _run_batch, _to, float_dtype
+    from .collect import _run_batch, to_device, float_dtype
 
     dev = _device(model)
-    with _EvalMode(model), torch.enable_grad():
+    with EvalMode(model), torch.enable_grad():
         for bi, b in enumerate(to_batches(data, batch_size)):
-            losses, _, _ = _run_batch(model, _to(b, dev, float_dtype(model)), loss_fn, bi)
+            losses, _, _ = _run_batch(model, to_device(b, dev, float_dtype(model)), loss_fn, bi)
             (g,) = torch.autograd.grad(losses.sum(), [block.w_out])
             total += g.detach().double().cpu()
     return total / n
@@ -597,7 +597,7 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
                               "without it (or on another point)")
     train = take(as_examples(train_batches), M, what="train (M)")
     test = take(as_examples(test_batches), K, what="test (K)")
-    M, K = _batch_size(train), _batch_size(test)
+    M, K = batch_size_of(train), batch_size_of(test)
     reuse = dict(reuse or {})
     if kind == "bias" and reuse.get("act_sq") is not None and len(reuse["act_sq"]) >= M:
         from .collect import activation_rms
@@ -608,7 +608,7 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
     if kind == "bias" and reuse.get("test_losses") is not None and len(reuse["test_losses"]) >= K:
         test_losses = reuse["test_losses"][:K].double().cpu()
     else:  # = mean_loss, keeping the per-example losses for the precision check
-        with _EvalMode(model):
+        with EvalMode(model):
             test_losses = per_example_losses(model, test, loss_fn, batch_size=batch_size)
     loss_before = float(test_losses.mean())
     rows: list[dict[str, Any]] = []
@@ -639,9 +639,9 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
         return rows
     insert(model, point, "block", width=width, hidden=block_width, seed=seed, record=False)
     try:
-        block = _block_of(model, point)
-        G_M = _w_out_grad(model, point, train, loss_fn, batch_size)
-        G_K = _w_out_grad(model, point, test, loss_fn, batch_size)
+        block = block_of(model, point)
+        G_M = w_out_grad(model, point, train, loss_fn, batch_size)
+        G_K = w_out_grad(model, point, test, loss_fn, batch_size)
         align = float((G_M * G_K).sum())
         # RMS entry of the block output change per unit η: ‖G_M h‖ ≈ ‖G_M‖_F · rms(h) · √N_h / √N.
         q, h = block_features(model, point, take(train, min(M, 64)), loss_fn, batch_size=batch_size)
@@ -680,7 +680,7 @@ def _precision(rows: list[dict[str, Any]], model: nn.Module, point: str, steps: 
                precision: str) -> list[dict[str, Any]]:
     """Flag the rows below the model dtype's resolution; with ``precision="float32"`` measure those
     steps again with the model upcast (the network's full path: kept prefixes are in the dtype)."""
-    from .collect import _to, float_dtype
+    from .collect import to_device, float_dtype
     from .prefix import stacked_totals
 
     dt = float_dtype(model)
@@ -691,9 +691,9 @@ def _precision(rows: list[dict[str, Any]], model: nn.Module, point: str, steps: 
         return rows
     dev = _device(model)
     sub = steps()[torch.tensor(idx)]
-    with upcast(model), _EvalMode(model), torch.no_grad():
+    with upcast(model), EvalMode(model), torch.no_grad():
         totals, _ = stacked_totals(model, point, sub, test, loss_fn, max(1, batch_size // len(idx)),
-                                   lambda b: _to(b, dev, torch.float32), mode="full")
+                                   lambda b: to_device(b, dev, torch.float32), mode="full")
     assert ref is not None  # rows fall below resolution only for a low-precision model, which has ref
     base = float(ref.mean())
     for j, i in enumerate(idx):
@@ -722,13 +722,13 @@ def _stacked_rows(probe: str, model: nn.Module, point: str, steps: Any, etas: Se
                   test: Any, loss_fn: Callable | None, batch_size: int, M: int, K: int, loss_before: float,
                   act_rms: float, step_norm: float, mu_norm: float, prefix: str, kept: Any) -> list[dict[str, Any]]:
     """Rows of ``E`` steps evaluated by :func:`widthscope.probe.prefix.stacked_totals`."""
-    from .collect import _to, float_dtype
+    from .collect import to_device, float_dtype
     from .prefix import stacked_totals
 
     dev, dt = _device(model), float_dtype(model)
     per = max(1, batch_size // len(etas))  # examples per stacked call, so a call holds about batch_size rows
-    with _EvalMode(model), torch.no_grad():
-        totals, how = stacked_totals(model, point, steps, test, loss_fn, per, lambda b: _to(b, dev, dt),
+    with EvalMode(model), torch.no_grad():
+        totals, how = stacked_totals(model, point, steps, test, loss_fn, per, lambda b: to_device(b, dev, dt),
                                      mode=prefix, kept=kept)
     after = totals / K
     rows = [_row(probe, point, float(eta), -float(eta) * align, float(after[i]) - loss_before, M, K,
@@ -803,7 +803,7 @@ def sign_agreement(model: nn.Module, point: str, train_batches: Iterable[Any],
         eta = _check_etas([eta])[0]
     train = as_examples(train_batches)
     test = as_examples(test_batches)
-    na, nb = _batch_size(train), _batch_size(test)
+    na, nb = batch_size_of(train), batch_size_of(test)
     for nm, v, pool in (("M", M, na), ("K", K, nb)):
         if not isinstance(v, int) or v < 1 or v > pool:
             raise WidthscopeError(f"{nm} must be an integer in 1..{pool} (the pool size), got {v!r}")
@@ -815,7 +815,7 @@ def sign_agreement(model: nn.Module, point: str, train_batches: Iterable[Any],
     if eta is None:
         mu = Sa.mean(0)
         eta = default_etas(float(mu.norm()) / math.sqrt(mu.numel()), act_rms, 1, low=1e-3)[0]
-    with _EvalMode(model):
+    with EvalMode(model):
         base = per_example_losses(model, test, loss_fn, batch_size=batch_size)
     _, ref = loss_rounding(model, test, loss_fn, batch_size=batch_size, losses=base)
     err_sq = None if ref is None else (base - ref).pow(2)
@@ -837,8 +837,8 @@ def sign_agreement(model: nn.Module, point: str, train_batches: Iterable[Any],
                 continue
             with torch.no_grad():
                 bias.copy_((-eta * mu_M).to(bias.dtype))
-            with _EvalMode(model):
-                after = per_example_losses(model, _index(test, J), loss_fn, batch_size=batch_size)
+            with EvalMode(model):
+                after = per_example_losses(model, index_batch(test, J), loss_fn, batch_size=batch_size)
             dL = float((after - base[J]).mean())
             improved += dL < 0
             agree += (dL < 0) == (A > 0) and dL != 0

@@ -371,16 +371,16 @@ def stacked_totals(model: nn.Module, point: str, steps: torch.Tensor, data: Any,
     the cached path (its check, a replaced module misbehaving, a model error under replacement)
     reruns everything on the full path, whose own errors are the model's and propagate."""
     from ..errors import WidthscopeError
-    from .batches import _batch_size, take
+    from .batches import batch_size_of, take
     from .collect import float_dtype
 
     if mode == "full":
         return _full_totals(model, point, steps, data, loss_fn, per, to_dev), "full: requested"
-    if _batch_size(data) < 3:
+    if batch_size_of(data) < 3:
         return _full_totals(model, point, steps, data, loss_fn, per, to_dev), "full: fewer than 3 examples"
     old = _full_rows(model, point, steps[-1:], take(data, 3), loss_fn, to_dev)  # the model's own errors, first
     try:
-        src = kept if kept is not None and kept.covers(point, _batch_size(data)) else None
+        src = kept if kept is not None and kept.covers(point, batch_size_of(data)) else None
         p = src.plans[point] if src is not None else plan(
             model, point, to_dev(take(data, 2)), to_dev(take(data, 3)), loss_fn)
         if not p.cached and not p.point_cached:
@@ -391,7 +391,7 @@ def stacked_totals(model: nn.Module, point: str, steps: torch.Tensor, data: Any,
         new = torch.zeros(0, dtype=torch.float64)
         start = 0
         for bi, b in enumerate(_chunks(data, per)):
-            B = _batch_size(b)
+            B = batch_size_of(b)
             keep = src.rows(point, start, start + B) if src is not None else None
             rows = _cached_losses(model, point, p, steps, b, loss_fn, to_dev, bi, keep).view(E, -1)
             if new.numel() < 3:  # the check: the first 3 examples at the largest step
@@ -501,10 +501,10 @@ def keep_prefix(model: nn.Module, points: Sequence[str], data: Any, n: int, loss
     modules before the last point for ``n`` examples, at most ``max_bytes`` (beyond it nothing is kept).
     Hand the result to :func:`stacked_totals` (``kept=``) after the block."""
     from ..errors import WidthscopeError
-    from .batches import _batch_size, take
+    from .batches import batch_size_of, take
 
     kept = KeptPrefix(n, max_bytes)
-    if _batch_size(data) < 3:
+    if batch_size_of(data) < 3:
         kept.reason = "fewer than 3 examples"
         yield kept
         return

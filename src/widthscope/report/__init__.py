@@ -23,7 +23,7 @@ import webbrowser
 from pathlib import Path
 from typing import Any, Sequence
 
-from .._io import Skipped, _record, read_jsonl, refuse_skips, skip_lines, warn_skips
+from .._io import Skipped, record_skips, read_jsonl, refuse_skips, skip_lines, warn_skips
 from ..errors import WidthscopeError
 
 __all__ = ["load_results", "report", "add_arguments", "run"]
@@ -99,7 +99,7 @@ def load_results(dirs: Sequence[str | os.PathLike], notes: list[str] | None = No
                 held = _held_by_damaged(p, found)
                 if held and notes is not None:
                     notes.append(held)
-                _record(found, problems)
+                record_skips(found, problems)
             else:
                 got = read_jsonl(p / "results.jsonl", problems)
             if not got and not (p / "results.jsonl").exists() and not (p / "cells").is_dir():

@@ -160,7 +160,7 @@ def versions() -> dict[str, str]:
     import platform
     import subprocess
 
-    from .. import __version__
+    from .._version import __version__
 
     out = {"widthscope": __version__, "python": platform.python_version()}
     try:

@@ -184,12 +184,12 @@ def run_sweep(config: SweepConfig | Mapping[str, Any] | str | os.PathLike, out_d
     cfg = config if isinstance(config, SweepConfig) else load_config(config)
     check_structure(cfg)  # before the folder exists: a refused config leaves nothing behind
     out = Path(out_dir if out_dir is not None else cfg.out_dir)
-    from .._io import _unwritable
+    from .._io import unwritable
 
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise _unwritable(out, exc) from None
+        raise unwritable(out, exc) from None
     cells = plan_cells(cfg)
     import torch
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from .._io import Skipped, _record, atomic_write_json, atomic_write_text, cut_off, progress, to_jsonable, warn_skips
+from .._io import Skipped, record_skips, atomic_write_json, atomic_write_text, cut_off, progress, to_jsonable, warn_skips
 from ..errors import WidthscopeError
 
 __all__ = ["cell_id", "parse_shard", "shard_for_run", "finish_after_ranks", "shard_cells", "run_grid", "load_rows",
@@ -119,7 +119,7 @@ def lock_out_dir(out_dir: str | os.PathLike, shard: tuple[int, int] = (1, 1), wh
     """
     import fcntl
 
-    from .._io import _unwritable
+    from .._io import unwritable
 
     out_dir = Path(out_dir)
     k, n = shard
@@ -136,7 +136,7 @@ def lock_out_dir(out_dir: str | os.PathLike, shard: tuple[int, int] = (1, 1), wh
             out_dir.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         except OSError as exc:
-            raise _unwritable(path, exc) from None
+            raise unwritable(path, exc) from None
         fds.append(fd)
         try:
             fcntl.flock(fd, mode | fcntl.LOCK_NB)
@@ -227,7 +227,7 @@ def new_backup_dir(out_dir: str | Path) -> Path:
 def set_aside(out_dir: str | Path, paths: Sequence[Path], backup: Path) -> list[Path]:
     """Move ``paths`` (inside ``out_dir``) to the same place under ``backup``; return the new paths.
     A rename on the same file system: nothing is copied, nothing deleted."""
-    from .._io import _unwritable
+    from .._io import unwritable
 
     out_dir = Path(out_dir)
     moved = []
@@ -237,7 +237,7 @@ def set_aside(out_dir: str | Path, paths: Sequence[Path], backup: Path) -> list[
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.replace(p, dest)
         except OSError as exc:
-            raise _unwritable(dest, exc) from None
+            raise unwritable(dest, exc) from None
         moved.append(dest)
     return moved
 
@@ -261,7 +261,7 @@ def load_rows(out_dir: str | Path, *, rebuild: bool = True, problems: list[Skipp
             continue
         rows.extend(rec["rows"])
     rows.sort(key=lambda r: (r.get("cell_index", 0), r.get("row_index", 0)))
-    _record(found, problems)
+    record_skips(found, problems)
     if rebuild and (out_dir / "cells").exists():
         atomic_write_text(out_dir / RESULTS, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
     return rows
@@ -279,13 +279,13 @@ def run_grid(cells: Sequence[Mapping[str, Any]],
     per-cell scratch folder for checkpoints.
     """
     from .._env import environment
-    from .._io import _unwritable, on_interrupt
+    from .._io import unwritable, on_interrupt
 
     out_dir = Path(out_dir)
     try:
         (out_dir / "cells").mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise _unwritable(out_dir / "cells", exc) from None
+        raise unwritable(out_dir / "cells", exc) from None
 
     def finished() -> str | None:
         n_done = len(list((out_dir / "cells").glob("*.json")))
@@ -320,7 +320,7 @@ def run_grid(cells: Sequence[Mapping[str, Any]],
         try:
             cell_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise _unwritable(cell_dir, exc) from None
+            raise unwritable(cell_dir, exc) from None
         rows = fn(c, cell_dir)
         elapsed = time.perf_counter() - t0
         env = environment()  # what else could differ on another machine (a cell's own env_* win)
