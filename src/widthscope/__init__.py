@@ -18,14 +18,14 @@ Inputs (``widthscope.data``): a checkpoint, its data and its two probe pools
     InputSpec, load_inputs (``load_inputs(InputSpec(model=..., data=..., n_train=...))``;
     the command line builds the same spec from its options)
 """
+
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-from .errors import WidthscopeError
-
 from ._version import __version__
+from .errors import WidthscopeError
 
 _EXPORTS = {
     "moments": "widthscope.stats",

@@ -13,6 +13,7 @@ Example::
     ...
     widthscope.errors.WidthscopeTypeError: certify(draws=...): draws must be a positive integer, got float 2.5
 """
+
 from __future__ import annotations
 
 import math
@@ -26,9 +27,32 @@ from torch import nn
 
 from .errors import WidthscopeError, WidthscopeTypeError
 
-__all__ = ["describe", "message", "wrong_type", "module", "model_or_function", "tensor", "integer", "number",
-           "boolean", "choice", "string", "function", "mapping", "instance", "dtype", "points", "sizes",
-           "numbers_list", "tensor_pair", "int_list", "batches", "is_batch", "MODULE", "BATCH"]
+__all__ = [
+    "describe",
+    "message",
+    "wrong_type",
+    "module",
+    "model_or_function",
+    "tensor",
+    "integer",
+    "number",
+    "boolean",
+    "choice",
+    "string",
+    "function",
+    "mapping",
+    "instance",
+    "dtype",
+    "points",
+    "sizes",
+    "numbers_list",
+    "tensor_pair",
+    "int_list",
+    "batches",
+    "is_batch",
+    "MODULE",
+    "BATCH",
+]
 
 MODULE = "a torch.nn.Module (e.g. a transformers PreTrainedModel)"
 # Worded as the probe's own error for a bad batch ("expected (x, y), ..."), which tests match.
@@ -38,7 +62,7 @@ _REPR = 40  # characters of a value's repr shown in a message
 
 def _short(text: str) -> str:
     text = " ".join(text.split())  # one line, whatever the repr
-    return text if len(text) <= _REPR else text[:_REPR - 3] + "..."
+    return text if len(text) <= _REPR else text[: _REPR - 3] + "..."
 
 
 def describe(value: Any, _depth: int = 0) -> str:
@@ -101,8 +125,10 @@ def model_or_function(fn: str, value: Any) -> Any:
     """An ``nn.Module`` or a function ``f(params, x)`` (the kernel tools). Worded as their older
     message (``"ntk: expected an nn.Module or a function"``), which tests match."""
     if not isinstance(value, nn.Module) and not callable(value):
-        raise WidthscopeTypeError(f"{fn}: expected an nn.Module or a function f(params, x) with params= as "
-                                  f"{fn}(model=...), got {describe(value)}")
+        raise WidthscopeTypeError(
+            f"{fn}: expected an nn.Module or a function f(params, x) with params= as "
+            f"{fn}(model=...), got {describe(value)}"
+        )
     return value
 
 
@@ -117,18 +143,32 @@ def _ndim_text(ndim: int | tuple[int, ...] | None, min_ndim: int | None) -> str:
     return ""
 
 
-def tensor(fn: str, name: str, value: Any, *, ndim: int | tuple[int, ...] | None = None,
-           min_ndim: int | None = None, floating: bool = False, arrays: bool = False,
-           optional: bool = False, accepts: str | None = None) -> Any:
+def tensor(
+    fn: str,
+    name: str,
+    value: Any,
+    *,
+    ndim: int | tuple[int, ...] | None = None,
+    min_ndim: int | None = None,
+    floating: bool = False,
+    arrays: bool = False,
+    optional: bool = False,
+    accepts: str | None = None,
+) -> Any:
     """A ``torch.Tensor`` (``arrays``: or a numpy array / nested list, converted by the caller) of
     ``ndim`` dimensions (an int or a tuple of allowed ones) or at least ``min_ndim``; ``floating``:
     a floating dtype."""
     if value is None and optional:
         return None
-    what = accepts or _or_none(f"a {_ndim_text(ndim, min_ndim)}{'floating ' if floating else ''}tensor"
-                               + (" or array" if arrays else ""), optional)
-    array_like = arrays and not isinstance(value, (str, bytes)) and (
-        isinstance(value, (list, tuple)) or (hasattr(value, "__array__") and hasattr(value, "shape")))
+    what = accepts or _or_none(
+        f"a {_ndim_text(ndim, min_ndim)}{'floating ' if floating else ''}tensor" + (" or array" if arrays else ""),
+        optional,
+    )
+    array_like = (
+        arrays
+        and not isinstance(value, (str, bytes))
+        and (isinstance(value, (list, tuple)) or (hasattr(value, "__array__") and hasattr(value, "shape")))
+    )
     if not isinstance(value, torch.Tensor) and not array_like:
         raise wrong_type(fn, name, what, value)
     if floating and isinstance(value, torch.Tensor) and not value.is_floating_point():
@@ -165,14 +205,21 @@ def _is_int(v: Any) -> bool:
     return True
 
 
-def integer(fn: str, name: str, value: Any, lo: int | None = None, hi: int | None = None, *,
-            optional: bool = False, accepts: str | None = None) -> int | None:
+def integer(
+    fn: str,
+    name: str,
+    value: Any,
+    lo: int | None = None,
+    hi: int | None = None,
+    *,
+    optional: bool = False,
+    accepts: str | None = None,
+) -> int | None:
     """A whole number (``int``, numpy integer; not ``bool``, not ``2.0``) in ``lo..hi``."""
     if value is None and optional:
         return None
     if accepts is None:
-        accepts = "a positive integer" if lo == 1 and hi is None else \
-            f"an integer {_range_text(lo, hi)}".rstrip()
+        accepts = "a positive integer" if lo == 1 and hi is None else f"an integer {_range_text(lo, hi)}".rstrip()
         accepts = _or_none(accepts, optional)
     if not _is_int(value):
         raise wrong_type(fn, name, accepts, value)
@@ -182,22 +229,36 @@ def integer(fn: str, name: str, value: Any, lo: int | None = None, hi: int | Non
     return v
 
 
-def number(fn: str, name: str, value: Any, lo: float | None = None, hi: float | None = None, *,
-           lo_open: bool = False, hi_open: bool = False, finite: bool = True, optional: bool = False,
-           accepts: str | None = None) -> float | None:
+def number(
+    fn: str,
+    name: str,
+    value: Any,
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    lo_open: bool = False,
+    hi_open: bool = False,
+    finite: bool = True,
+    optional: bool = False,
+    accepts: str | None = None,
+) -> float | None:
     """A real number (``int``, ``float``, numpy scalar; not ``bool``, not a string), not NaN, finite
     unless ``finite=False``, in the range (``lo_open``/``hi_open``: strict bounds)."""
     if value is None and optional:
         return None
     if accepts is None:
-        accepts = _or_none(f"a {'finite ' if finite else ''}number {_range_text(lo, hi, lo_open, hi_open)}"
-                           .rstrip(), optional)
+        accepts = _or_none(
+            f"a {'finite ' if finite else ''}number {_range_text(lo, hi, lo_open, hi_open)}".rstrip(), optional
+        )
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise wrong_type(fn, name, accepts, value)
     v = float(value)
-    bad = (math.isnan(v) or (finite and math.isinf(v))
-           or (lo is not None and (v <= lo if lo_open else v < lo))
-           or (hi is not None and (v >= hi if hi_open else v > hi)))
+    bad = (
+        math.isnan(v)
+        or (finite and math.isinf(v))
+        or (lo is not None and (v <= lo if lo_open else v < lo))
+        or (hi is not None and (v >= hi if hi_open else v > hi))
+    )
     if bad:
         raise _value(fn, name, accepts, value)
     return v
@@ -226,8 +287,9 @@ def choice(fn: str, name: str, value: Any, choices: Iterable[Any], *, values: bo
     return value
 
 
-def string(fn: str, name: str, value: Any, *, optional: bool = False, empty: bool = False,
-           accepts: str | None = None) -> str | None:
+def string(
+    fn: str, name: str, value: Any, *, optional: bool = False, empty: bool = False, accepts: str | None = None
+) -> str | None:
     """A ``str`` (non-empty unless ``empty``)."""
     if value is None and optional:
         return None
@@ -248,8 +310,9 @@ def function(fn: str, name: str, value: Any, *, optional: bool = True, accepts: 
     return value
 
 
-def mapping(fn: str, name: str, value: Any, *, optional: bool = True, mutable: bool = False,
-            accepts: str | None = None) -> Any:
+def mapping(
+    fn: str, name: str, value: Any, *, optional: bool = True, mutable: bool = False, accepts: str | None = None
+) -> Any:
     """A ``dict`` / ``Mapping`` (``mutable``: one the function writes into)."""
     if value is None and optional:
         return None
@@ -271,8 +334,9 @@ def dtype(fn: str, name: str, value: Any, *, floating: bool = True, optional: bo
     return value
 
 
-def instance(fn: str, name: str, value: Any, types: type | tuple[type, ...], accepts: str, *,
-             optional: bool = False) -> Any:
+def instance(
+    fn: str, name: str, value: Any, types: type | tuple[type, ...], accepts: str, *, optional: bool = False
+) -> Any:
     """Any value of ``types`` (``accepts`` says what that is, for the message)."""
     if value is None and optional:
         return None
@@ -283,9 +347,12 @@ def instance(fn: str, name: str, value: Any, types: type | tuple[type, ...], acc
 
 
 # ----------------------------------------------------------------------------- collections
-def _not_a_collection(value: Any) -> bool:
-    return (value is None or isinstance(value, (str, bytes, numbers.Number, nn.Module, torch.Tensor))
-            or not (hasattr(value, "__iter__") or hasattr(value, "__getitem__")))
+def not_a_collection(value: Any) -> bool:
+    return (
+        value is None
+        or isinstance(value, (str, bytes, numbers.Number, nn.Module, torch.Tensor))
+        or not (hasattr(value, "__iter__") or hasattr(value, "__getitem__"))
+    )
 
 
 def points(fn: str, name: str, value: Any) -> Any:
@@ -294,7 +361,7 @@ def points(fn: str, name: str, value: Any) -> Any:
     accepts = "None (the default points), a module name, a comma-separated string or a list of module names"
     if value is None or isinstance(value, str):
         return value
-    if _not_a_collection(value) or isinstance(value, Mapping):
+    if not_a_collection(value) or isinstance(value, Mapping):
         raise wrong_type(fn, name, accepts, value)
     if isinstance(value, (list, tuple)):
         for i, p in enumerate(value):
@@ -311,13 +378,14 @@ def sizes(fn: str, name: str, value: Any, *, optional: bool = False) -> Any:
     accepts = _or_none("a positive integer or a list of them (e.g. [16, 32, 64])", optional)
     if _is_int(value):
         return value
-    if _not_a_collection(value) and not (isinstance(value, torch.Tensor) and value.ndim == 1):
+    if not_a_collection(value) and not (isinstance(value, torch.Tensor) and value.ndim == 1):
         raise wrong_type(fn, name, accepts, value)
     if isinstance(value, Mapping):
         raise wrong_type(fn, name, accepts, value)
     # Items of containers only: a generator is not spent here.
-    if (isinstance(value, (list, tuple, range, torch.Tensor)) or hasattr(value, "__array__")) \
-            and not all(_is_int(v) for v in value):
+    if (isinstance(value, (list, tuple, range, torch.Tensor)) or hasattr(value, "__array__")) and not all(
+        _is_int(v) for v in value
+    ):
         raise wrong_type(fn, name, accepts, value)
     return value
 
@@ -337,7 +405,7 @@ def int_list(fn: str, name: str, value: Any, *, optional: bool = True, accepts: 
     if value is None and optional:
         return None
     accepts = accepts or _or_none("a list of integers", optional)
-    if _not_a_collection(value) or isinstance(value, Mapping):
+    if not_a_collection(value) or isinstance(value, Mapping):
         raise wrong_type(fn, name, accepts, value)
     if isinstance(value, (list, tuple, range, set, frozenset)):
         for v in value:
@@ -351,8 +419,9 @@ def numbers_list(fn: str, name: str, value: Any, *, optional: bool = True, accep
     if value is None and optional:
         return None
     accepts = accepts or _or_none("a list of numbers", optional)
-    if (_not_a_collection(value) and not (isinstance(value, torch.Tensor) and value.ndim == 1)) \
-            or isinstance(value, Mapping):
+    if (not_a_collection(value) and not (isinstance(value, torch.Tensor) and value.ndim == 1)) or isinstance(
+        value, Mapping
+    ):
         raise wrong_type(fn, name, accepts, value)
     if isinstance(value, (list, tuple)):  # (arrays and tensors hold numbers)
         for i, v in enumerate(value):
@@ -377,9 +446,16 @@ def is_batch(b: Any) -> bool:
 
 def _one_batch(value: Any) -> bool:
     # As widthscope.probe.batches.as_examples takes a single batch.
-    return (isinstance(value, Mapping) or (isinstance(value, torch.Tensor) and not value.is_floating_point())
-            or (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], (torch.Tensor, Mapping))
-                and isinstance(value[1], torch.Tensor)))
+    return (
+        isinstance(value, Mapping)
+        or (isinstance(value, torch.Tensor) and not value.is_floating_point())
+        or (
+            isinstance(value, tuple)
+            and len(value) == 2
+            and isinstance(value[0], (torch.Tensor, Mapping))
+            and isinstance(value[1], torch.Tensor)
+        )
+    )
 
 
 def batches(fn: str, name: str, value: Any, *, single: bool = False) -> Any:
@@ -393,16 +469,22 @@ def batches(fn: str, name: str, value: Any, *, single: bool = False) -> Any:
     if isinstance(value, torch.Tensor):
         if not single and value.ndim >= 3 and not value.is_floating_point():
             return value  # iterated: one (B, T) batch of ids per row
-        hint = ("a float tensor has no targets: pass (X, y)" if value.is_floating_point() else
-                "one tensor: pass a list of batches, e.g. [ids] or widthscope.probe.batched(ids)")
+        hint = (
+            "a float tensor has no targets: pass (X, y)"
+            if value.is_floating_point()
+            else "one tensor: pass a list of batches, e.g. [ids] or widthscope.probe.batched(ids)"
+        )
         raise WidthscopeTypeError(f"{message(fn, name, accepts, value)} ({hint})")
-    if _not_a_collection(value) or (isinstance(value, Mapping) and not single):
+    if not_a_collection(value) or (isinstance(value, Mapping) and not single):
         hint = " (one batch: wrap it in a list, [batch])" if isinstance(value, Mapping) else ""
         raise WidthscopeTypeError(message(fn, name, accepts, value) + hint)
     if isinstance(value, (list, tuple)):
         for i, b in enumerate(value):
             if not is_batch(b):
-                hint = ("; one (x, y) batch goes in a list: [(x, y)]"
-                        if isinstance(value, tuple) and len(value) == 2 else "")
+                hint = (
+                    "; one (x, y) batch goes in a list: [(x, y)]"
+                    if isinstance(value, tuple) and len(value) == 2
+                    else ""
+                )
                 raise WidthscopeTypeError(f"{fn}({name}=...): batch {i} is {describe(b)}: expected {BATCH}{hint}")
     return value

@@ -1,5 +1,6 @@
 """What else, beyond a cell's own settings and seeds, could make a rerun on another machine differ:
 recorded in every sweep and benchmark row (``env_*`` columns), so a mismatch can be traced."""
+
 from __future__ import annotations
 
 import platform
@@ -16,9 +17,16 @@ def environment() -> dict[str, Any]:
 
     try:
         import transformers
+
         tv = transformers.__version__
     except ImportError:  # pragma: no cover - a dependency
         tv = None
-    return {"env_cpu_capability": torch.backends.cpu.get_cpu_capability(), "env_torch": torch.__version__,
-            "env_numpy": np.__version__, "env_transformers": tv, "env_python": platform.python_version(),
-            "env_threads": torch.get_num_threads(), "env_deterministic": torch.are_deterministic_algorithms_enabled()}
+    return {
+        "env_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "env_torch": torch.__version__,
+        "env_numpy": np.__version__,
+        "env_transformers": tv,
+        "env_python": platform.python_version(),
+        "env_threads": torch.get_num_threads(),
+        "env_deterministic": torch.are_deterministic_algorithms_enabled(),
+    }

@@ -5,6 +5,7 @@ sibling and renamed into place (atomic on POSIX), and JSONL rows are appended wi
 ``write`` + ``fsync`` each, so a ``kill -9`` can at worst leave a truncated *last* line,
 which :func:`read_jsonl` skips and names (every skipped line is reported, never dropped silently).
 """
+
 from __future__ import annotations
 
 import json
@@ -59,10 +60,15 @@ def first_nonfinite(obj: Any, where: str = "") -> str | None:
     e.g. ``"family[1].train.lr = inf"``; ``None`` when every number is finite."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return f"{where} = {obj}"
-    items = (obj.items() if isinstance(obj, Mapping)
-             else ((f"[{i + 1}]", v) for i, v in enumerate(obj)) if isinstance(obj, (list, tuple)) else ())
+    items = (
+        obj.items()
+        if isinstance(obj, Mapping)
+        else ((f"[{i + 1}]", v) for i, v in enumerate(obj))
+        if isinstance(obj, (list, tuple))
+        else ()
+    )
     for k, v in items:
-        name = (f"{where}{k}" if str(k).startswith("[") else f"{where}.{k}" if where else str(k))
+        name = f"{where}{k}" if str(k).startswith("[") else f"{where}.{k}" if where else str(k)
         found = first_nonfinite(v, name)
         if found:
             return found
@@ -82,8 +88,11 @@ def read_toml(path: str | os.PathLike, what: str, hint: str) -> dict[str, Any]:
     p = Path(path)
     if p.is_dir():
         found = sorted(q.name for q in p.glob("*.toml"))[:3]
-        raise WidthscopeError(f"{what} {str(p)!r} is a directory, not a TOML file: pass the file itself"
-                              + (f" (it holds {', '.join(found)})" if found else "") + f"; {hint}")
+        raise WidthscopeError(
+            f"{what} {str(p)!r} is a directory, not a TOML file: pass the file itself"
+            + (f" (it holds {', '.join(found)})" if found else "")
+            + f"; {hint}"
+        )
     if not p.exists():
         raise WidthscopeError(f"{what} {str(p)!r} not found: pass a TOML file; {hint}")
     try:
@@ -91,15 +100,19 @@ def read_toml(path: str | os.PathLike, what: str, hint: str) -> dict[str, Any]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
-            raise WidthscopeError(f"{what} {str(p)!r} is UTF-16 or UTF-32 text (it starts with a byte-order mark): "
-                                  f"save it as UTF-8 (e.g. iconv -t UTF-8); {hint}") from None
-        raise WidthscopeError(f"{what} {str(p)!r} is not a text file (not UTF-8; a binary file?): pass a TOML "
-                              f"file; {hint}") from None
+            raise WidthscopeError(
+                f"{what} {str(p)!r} is UTF-16 or UTF-32 text (it starts with a byte-order mark): "
+                f"save it as UTF-8 (e.g. iconv -t UTF-8); {hint}"
+            ) from None
+        raise WidthscopeError(
+            f"{what} {str(p)!r} is not a text file (not UTF-8; a binary file?): pass a TOML file; {hint}"
+        ) from None
     except OSError as exc:
         raise WidthscopeError(f"{what} {str(p)!r} cannot be read ({exc.strerror or exc}); {hint}") from None
     if "\x00" in text:
-        raise WidthscopeError(f"{what} {str(p)!r} is not a text file (it holds NUL bytes; a binary file?): "
-                              f"pass a TOML file; {hint}")
+        raise WidthscopeError(
+            f"{what} {str(p)!r} is not a text file (it holds NUL bytes; a binary file?): pass a TOML file; {hint}"
+        )
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -114,8 +127,7 @@ def unwritable(path: Path, exc: OSError) -> Exception:
         blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
         if blocker is not None:
             reason = f"{str(blocker)!r} is a file, not a directory"
-    return WidthscopeError(f"cannot write {str(path)!r}: {reason}; choose an output path inside a "
-                           "writable directory")
+    return WidthscopeError(f"cannot write {str(path)!r}: {reason}; choose an output path inside a writable directory")
 
 
 def _sibling(path: Path, suffix: str) -> tuple[int, str]:
@@ -123,8 +135,9 @@ def _sibling(path: Path, suffix: str) -> tuple[int, str]:
     if path.is_dir():
         from .errors import WidthscopeError
 
-        raise WidthscopeError(f"cannot write {str(path)!r}: it is a directory; give a file path "
-                              f"such as {str(path / 'results.json')!r}")
+        raise WidthscopeError(
+            f"cannot write {str(path)!r}: it is a directory; give a file path such as {str(path / 'results.json')!r}"
+        )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         return tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
@@ -217,9 +230,11 @@ def check_space(path: str | os.PathLike, need_bytes: int, what: str = "the resul
     except OSError:
         return  # a file system that cannot say: the write itself will tell
     if need_bytes > free:
-        raise WidthscopeError(f"cannot write {str(path)!r}: {what} need about {human_size(need_bytes)} but only "
-                              f"{human_size(free)} is free on the disk holding {str(where)!r}; free space or choose "
-                              "an output path on another disk")
+        raise WidthscopeError(
+            f"cannot write {str(path)!r}: {what} need about {human_size(need_bytes)} but only "
+            f"{human_size(free)} is free on the disk holding {str(where)!r}; free space or choose "
+            "an output path on another disk"
+        )
 
 
 def check_writable(path: str | os.PathLike, need_bytes: int = 0, what: str = "the results") -> Path:
@@ -328,8 +343,9 @@ def _why_not_json(line: str, exc: json.JSONDecodeError, last_unterminated: bool)
     if "\x00" in line:
         return "not JSON (NUL bytes: the zero fill a crash can leave)"
     if cut_off(line, exc):
-        return "not JSON (torn line: " + ("the last line, cut off by an interrupted write)" if last_unterminated
-                                         else "it ends mid-row)")
+        return "not JSON (torn line: " + (
+            "the last line, cut off by an interrupted write)" if last_unterminated else "it ends mid-row)"
+        )
     return f"not JSON ({exc.msg}, column {exc.colno})"
 
 
@@ -350,8 +366,9 @@ def read_jsonl(path: str | os.PathLike, problems: list[Skipped] | None = None) -
     except OSError as exc:
         from .errors import WidthscopeError
 
-        raise WidthscopeError(f"cannot read {str(path)!r} ({exc.strerror or exc}): pass a readable JSONL "
-                              "file") from None
+        raise WidthscopeError(
+            f"cannot read {str(path)!r} ({exc.strerror or exc}): pass a readable JSONL file"
+        ) from None
     rows: list[dict[str, Any]] = []
     found: list[Skipped] = []
     lines = raw.split(b"\n")
@@ -388,8 +405,13 @@ def _fmt(v: Any, floatfmt: str) -> str:
     return str(v)
 
 
-def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None,
-                 *, floatfmt: str = ".4g", title: str | None = None) -> str:
+def format_table(
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[str] | None = None,
+    *,
+    floatfmt: str = ".4g",
+    title: str | None = None,
+) -> str:
     """Plain-text table for the terminal (no dependency beyond the standard library)."""
     if not rows:
         return (title + "\n" if title else "") + "(no rows)"
@@ -408,8 +430,15 @@ class LogProgress:
     ``sweep demo: 3/8 (38%) 4m10s elapsed, ~6m57s left`` at most every ``interval`` seconds and
     when a long loop ends; short loops print nothing. Same interface as the tqdm bars we use."""
 
-    def __init__(self, iterable: Iterable | None = None, *, total: int | None = None, desc: str = "",
-                 interval: float | None = None, **_: Any) -> None:
+    def __init__(
+        self,
+        iterable: Iterable | None = None,
+        *,
+        total: int | None = None,
+        desc: str = "",
+        interval: float | None = None,
+        **_: Any,
+    ) -> None:
         import time
 
         self.iterable = iterable
@@ -431,8 +460,11 @@ class LogProgress:
         el = now - self.t0
         if self.total:
             left = el / self.n * (self.total - self.n) if self.n else None
-            return (f"{self.desc}: {self.n}/{self.total} ({100 * self.n / self.total:.0f}%) {self._fmt(el)} elapsed"
-                    + (f", ~{self._fmt(left)} left" if left is not None else "") + self.postfix)
+            return (
+                f"{self.desc}: {self.n}/{self.total} ({100 * self.n / self.total:.0f}%) {self._fmt(el)} elapsed"
+                + (f", ~{self._fmt(left)} left" if left is not None else "")
+                + self.postfix
+            )
         return f"{self.desc}: {self.n} done, {self._fmt(el)} elapsed{self.postfix}"
 
     def update(self, k: int = 1) -> None:
@@ -483,8 +515,14 @@ class ProgressBar(Protocol):
     def close(self) -> object: ...
 
 
-def progress(iterable: Iterable | None = None, *, total: int | None = None, desc: str = "",
-             disable: bool | None = None, **kw: Any) -> ProgressBar:
+def progress(
+    iterable: Iterable | None = None,
+    *,
+    total: int | None = None,
+    desc: str = "",
+    disable: bool | None = None,
+    **kw: Any,
+) -> ProgressBar:
     """A tqdm bar on a terminal; plain periodic lines (:class:`LogProgress`) when stderr is a
     log file, so long work is never silent; nothing when ``disable`` is True.
 

@@ -33,6 +33,7 @@ Example::
     >>> _ = checkpoint.save(m, "/tmp/ckpt", extra={"dataset": "toy"})
     >>> m2 = checkpoint.load("/tmp/ckpt")
 """
+
 from __future__ import annotations
 
 import json
@@ -60,8 +61,11 @@ def _dedupe(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], di
     aliases: dict[str, str] = {}
     by_key: dict[tuple, str] = {}
     for name, t in state.items():
-        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
-               t.dtype) if t.numel() else None
+        key = (
+            (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+            if t.numel()
+            else None
+        )
         if key is not None and key in by_key:
             aliases[name] = by_key[key]
             continue
@@ -84,11 +88,15 @@ def save(model: nn.Module, directory: str | os.PathLike, *, extra: dict | None =
 
     config = getattr(model, "widthscope_config", None)
     if not isinstance(config, dict):
-        raise WidthscopeError("checkpoint.save needs a model built by widthscope.models.build "
-                              "(it carries widthscope_config); for other models use their own save")
+        raise WidthscopeError(
+            "checkpoint.save needs a model built by widthscope.models.build "
+            "(it carries widthscope_config); for other models use their own save"
+        )
     if str(config.get("activation", "")).startswith("<callable"):
-        raise WidthscopeError(f"cannot save an mlp with a custom activation {config['activation']}: it cannot "
-                              "be rebuilt from JSON; use one of the named activations")
+        raise WidthscopeError(
+            f"cannot save an mlp with a custom activation {config['activation']}: it cannot "
+            "be rebuilt from JSON; use one of the named activations"
+        )
     try:
         json.dumps(to_jsonable(config))
     except TypeError as exc:
@@ -112,14 +120,23 @@ def save(model: nn.Module, directory: str | os.PathLike, *, extra: dict | None =
             os.unlink(tmp)
         if isinstance(exc, OSError) or type(exc).__name__ == "SafetensorError":
             # safetensors reports a full disk as its own error type: one line, not a traceback
-            raise WidthscopeError(f"cannot write {str(directory / 'model.safetensors')!r}: {exc} (disk full or "
-                                  "not writable?); free space or choose another output directory") from None
+            raise WidthscopeError(
+                f"cannot write {str(directory / 'model.safetensors')!r}: {exc} (disk full or "
+                "not writable?); free space or choose another output directory"
+            ) from None
         raise
     from .models import count_parameters
 
-    atomic_write_json(directory / "config.json", {
-        "widthscope_format": FORMAT_VERSION, "model": config, "dtype": _dtype_of(model),
-        "parameters": count_parameters(model), "extra": extra or {}})
+    atomic_write_json(
+        directory / "config.json",
+        {
+            "widthscope_format": FORMAT_VERSION,
+            "model": config,
+            "dtype": _dtype_of(model),
+            "parameters": count_parameters(model),
+            "extra": extra or {},
+        },
+    )
     return directory
 
 
@@ -128,8 +145,10 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     cfg_path = path / "config.json" if path.is_dir() else path.parent / "config.json"
     if not cfg_path.is_file():
-        raise WidthscopeError(f"no config.json at {cfg_path}: a checkpoint needs a config.json describing the "
-                              "architecture (widthscope.checkpoint.save writes one; HF directories have one)")
+        raise WidthscopeError(
+            f"no config.json at {cfg_path}: a checkpoint needs a config.json describing the "
+            "architecture (widthscope.checkpoint.save writes one; HF directories have one)"
+        )
     try:
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -147,8 +166,9 @@ def _read_safetensors(file: Path) -> tuple[dict[str, torch.Tensor], dict[str, st
             meta = f.metadata() or {}
             state = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as exc:  # safetensors raises its own error types for corrupt files
-        raise WidthscopeError(f"{file} is not a readable safetensors file ({exc}); "
-                              "expected weights written by safetensors") from None
+        raise WidthscopeError(
+            f"{file} is not a readable safetensors file ({exc}); expected weights written by safetensors"
+        ) from None
     try:
         aliases = json.loads(meta.get("widthscope_aliases", "{}"))
     except json.JSONDecodeError:
@@ -160,8 +180,10 @@ def _read_torch(file: Path) -> dict[str, torch.Tensor]:
     try:
         obj = torch.load(str(file), map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise WidthscopeError(f"{file} could not be read as a PyTorch state dict with weights_only=True ({exc}); "
-                              "only plain tensors are loaded, never pickled code — re-save it as safetensors") from None
+        raise WidthscopeError(
+            f"{file} could not be read as a PyTorch state dict with weights_only=True ({exc}); "
+            "only plain tensors are loaded, never pickled code — re-save it as safetensors"
+        ) from None
     if isinstance(obj, dict):
         for key in ("state_dict", "model", "model_state_dict"):
             if isinstance(obj.get(key), dict):
@@ -197,18 +219,23 @@ def _fill(model: nn.Module, state: dict[str, torch.Tensor], aliases: dict[str, s
     unexpected = sorted(set(state) - set(own))
     wrong = sorted(k for k in set(own) & set(state) if tuple(own[k].shape) != tuple(state[k].shape))
     if missing or unexpected or wrong:
+
         def show(xs: list[str]) -> str:
             return ", ".join(xs[:5]) + (f" (+{len(xs) - 5} more)" if len(xs) > 5 else "")
+
         parts = []
         if missing:
             parts.append(f"missing {show(missing)}")
         if unexpected:
             parts.append(f"unexpected {show(unexpected)}")
         if wrong:
-            parts.append("shape mismatch " + ", ".join(f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}"
-                                                       for k in wrong[:5]))
-        raise WidthscopeError(f"weights in {where} do not match the architecture in its config.json: "
-                              + "; ".join(parts))
+            parts.append(
+                "shape mismatch "
+                + ", ".join(f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in wrong[:5])
+            )
+        raise WidthscopeError(
+            f"weights in {where} do not match the architecture in its config.json: " + "; ".join(parts)
+        )
     model.load_state_dict(state, strict=True)
 
 
@@ -218,8 +245,10 @@ def _find_weights(directory: Path) -> Path:
             return directory / name
     if (directory / "model.safetensors.index.json").is_file():
         return directory / "model.safetensors.index.json"
-    raise WidthscopeError(f"no weights in {directory}: expected model.safetensors (or a sharded "
-                          "model.safetensors.index.json, or pytorch_model.bin / model.pt)")
+    raise WidthscopeError(
+        f"no weights in {directory}: expected model.safetensors (or a sharded "
+        "model.safetensors.index.json, or pytorch_model.bin / model.pt)"
+    )
 
 
 def _read_any(file: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -267,8 +296,14 @@ def _hf_from_file(directory: Path, cfg: dict[str, Any], task: str | None) -> nn.
     return model
 
 
-def load(path: str | os.PathLike, *, device: str | torch.device = "cpu", dtype: str = "auto",
-         task: str | None = None, revision: str | None = None) -> nn.Module:
+def load(
+    path: str | os.PathLike,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: str = "auto",
+    task: str | None = None,
+    revision: str | None = None,
+) -> nn.Module:
     """Load a checkpoint (see the module docstring for the accepted layouts) in eval mode.
 
     The returned model carries ``widthscope_points`` (and ``widthscope_config`` where a
@@ -298,13 +333,17 @@ def _load_local(path: Path, *, device: str | torch.device, dtype: str, task: str
     elif path.suffix in WEIGHT_SUFFIXES:
         weights = path
     else:
-        raise WidthscopeError(f"{path} is not a checkpoint: expected a directory with config.json + "
-                              "model.safetensors, or a .safetensors/.pt/.pth file with a config.json beside it")
+        raise WidthscopeError(
+            f"{path} is not a checkpoint: expected a directory with config.json + "
+            "model.safetensors, or a .safetensors/.pt/.pth file with a config.json beside it"
+        )
     cfg = read_config(path)
     if "widthscope_format" in cfg:
         if task is not None:
-            raise WidthscopeError(f"--task applies to Hugging Face checkpoints; {path} is a widthscope checkpoint "
-                                  "whose task is fixed by its family: drop --task")
+            raise WidthscopeError(
+                f"--task applies to Hugging Face checkpoints; {path} is a widthscope checkpoint "
+                "whose task is fixed by its family: drop --task"
+            )
         if not isinstance(cfg.get("model"), dict) or "family" not in cfg["model"]:
             raise WidthscopeError(f"config.json of {path} has no model description ('model' with a 'family')")
         model_cfg = dict(cfg["model"])
@@ -336,8 +375,10 @@ def _load_local(path: Path, *, device: str | torch.device, dtype: str, task: str
         model.eval()
         return model
     else:
-        raise WidthscopeError(f"config.json of {path} is neither a widthscope checkpoint config "
-                              "('widthscope_format') nor a Hugging Face config ('model_type')")
+        raise WidthscopeError(
+            f"config.json of {path} is neither a widthscope checkpoint config "
+            "('widthscope_format') nor a Hugging Face config ('model_type')"
+        )
     state, aliases = _read_any(weights)
     _fill(model, state, aliases, weights)
     model.to(device)
@@ -363,4 +404,3 @@ def recorded_data(model: nn.Module) -> dict[str, Any]:
     if isinstance(extra.get("data_seed"), int):
         out["seed"] = extra["data_seed"]
     return out
-

@@ -15,6 +15,7 @@ from an installed package. Python::
     from widthscope.demo import run_demo
     page = run_demo("/tmp/demo", quick=True)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,33 +31,71 @@ from .errors import WidthscopeError
 __all__ = ["DEMO_LLAMA", "DEMO_MLP", "demo_configs", "run_demo", "add_arguments", "run"]
 
 DEMO_LLAMA: dict[str, Any] = {
-    "sweep": {"name": "demo-llama", "out_dir": "widthscope-results/demo/llama", "seeds": [0, 1],
-              "M": [8, 16, 32, 64], "draws": 1000, "estimator": "unbiased", "pool": "sum"},
-    "family": [{
-        "name": "llama", "widths": [32, 64, 128, 256], "dataset": "text",
-        "data_options": {"seq_len": 64, "max_bytes": 1000000}, "n_train": 2048, "n_test": 128,
-        "model_options": {"depth": 4, "max_seq_len": 256},
-        "train": {"steps": 150, "lr": 3e-3, "batch_size": 16, "warmup": 0.1, "clip": 1.0, "optimizer": "adamw",
-                  "train_eval_examples": 256},
-        "certify": {"n_probe_train": 128, "n_probe_test": 128, "batch_size": 32},
-        # Both regimes: held-out text of the training corpus, and another distribution (English
-        # prose shipped with Python) at a longer probe length, as the published measurements do.
-        "probes": [{"name": "in-domain"}, {"name": "shifted", "data": "prose", "seq_len": [256]}],
-        # Alignment over training: the shifted pools at the training length, 6 log-spaced steps.
-        "monitor": {"probe": "shifted", "seq_len": 64, "points": ["model.layers.1", "model.layers.3"],
-                    "n_train": 48, "n_test": 48, "M": 32, "delta": 0.1},
-    }],
+    "sweep": {
+        "name": "demo-llama",
+        "out_dir": "widthscope-results/demo/llama",
+        "seeds": [0, 1],
+        "M": [8, 16, 32, 64],
+        "draws": 1000,
+        "estimator": "unbiased",
+        "pool": "sum",
+    },
+    "family": [
+        {
+            "name": "llama",
+            "widths": [32, 64, 128, 256],
+            "dataset": "text",
+            "data_options": {"seq_len": 64, "max_bytes": 1000000},
+            "n_train": 2048,
+            "n_test": 128,
+            "model_options": {"depth": 4, "max_seq_len": 256},
+            "train": {
+                "steps": 150,
+                "lr": 3e-3,
+                "batch_size": 16,
+                "warmup": 0.1,
+                "clip": 1.0,
+                "optimizer": "adamw",
+                "train_eval_examples": 256,
+            },
+            "certify": {"n_probe_train": 128, "n_probe_test": 128, "batch_size": 32},
+            # Both regimes: held-out text of the training corpus, and another distribution (English
+            # prose shipped with Python) at a longer probe length, as the published measurements do.
+            "probes": [{"name": "in-domain"}, {"name": "shifted", "data": "prose", "seq_len": [256]}],
+            # Alignment over training: the shifted pools at the training length, 6 log-spaced steps.
+            "monitor": {
+                "probe": "shifted",
+                "seq_len": 64,
+                "points": ["model.layers.1", "model.layers.3"],
+                "n_train": 48,
+                "n_test": 48,
+                "M": 32,
+                "delta": 0.1,
+            },
+        }
+    ],
 }
 DEMO_MLP: dict[str, Any] = {
-    "sweep": {"name": "demo-mlp", "out_dir": "widthscope-results/demo/mlp", "seeds": [0, 1],
-              "M": [8, 16, 32, 64], "draws": 1000},
-    "family": [{
-        "name": "mlp", "widths": [16, 32, 64, 128, 256], "dataset": "fashion-mnist",
-        "data_options": {"flatten": True}, "n_train": 4096, "n_test": 256,
-        "model_options": {"depth": 3, "activation": "relu"},
-        "train": {"steps": 300, "lr": 1e-3, "batch_size": 64, "warmup": 0.05, "train_eval_examples": 1024},
-        "certify": {"n_probe_train": 256, "n_probe_test": 256, "batch_size": 64},
-    }],
+    "sweep": {
+        "name": "demo-mlp",
+        "out_dir": "widthscope-results/demo/mlp",
+        "seeds": [0, 1],
+        "M": [8, 16, 32, 64],
+        "draws": 1000,
+    },
+    "family": [
+        {
+            "name": "mlp",
+            "widths": [16, 32, 64, 128, 256],
+            "dataset": "fashion-mnist",
+            "data_options": {"flatten": True},
+            "n_train": 4096,
+            "n_test": 256,
+            "model_options": {"depth": 3, "activation": "relu"},
+            "train": {"steps": 300, "lr": 1e-3, "batch_size": 64, "warmup": 0.05, "train_eval_examples": 1024},
+            "certify": {"n_probe_train": 256, "n_probe_test": 256, "batch_size": 64},
+        }
+    ],
 }
 
 
@@ -86,10 +125,12 @@ def demo_configs(quick: bool = False, image_dataset: str | None = None) -> list[
             fam["certify"].update(n_probe_train=16, n_probe_test=16, batch_size=16)
             fam["train"].update(steps=8, batch_size=8)
             fam["n_test"] = 16
-        llama["family"][0].update(widths=[16, 32], n_train=64, model_options={"depth": 2},
-                                  data_options={"seq_len": 16, "max_bytes": 100000})
-        llama["family"][0]["monitor"].update(n_train=16, n_test=16, M=8, seq_len=16,
-                                             points=["model.layers.0", "model.layers.1"])
+        llama["family"][0].update(
+            widths=[16, 32], n_train=64, model_options={"depth": 2}, data_options={"seq_len": 16, "max_bytes": 100000}
+        )
+        llama["family"][0]["monitor"].update(
+            n_train=16, n_test=16, M=8, seq_len=16, points=["model.layers.0", "model.layers.1"]
+        )
         mlp["family"][0].update(widths=[8, 16], n_train=64, model_options={"depth": 2, "activation": "relu"})
     return [llama, mlp]
 
@@ -105,8 +146,15 @@ def _linear_config(module: Any, quick: bool) -> dict[str, Any]:
     return cfg
 
 
-def run_demo(out_dir: str | Path | None = None, *, quick: bool = False, linear: bool = True,
-             show_progress: bool = True, threads: int | None = 1, file=None) -> Path:
+def run_demo(
+    out_dir: str | Path | None = None,
+    *,
+    quick: bool = False,
+    linear: bool = True,
+    show_progress: bool = True,
+    threads: int | None = 1,
+    file=None,
+) -> Path:
     """Run every demo part into ``out_dir`` (resumable) and write the report; return its path.
 
     A part that fails is reported and skipped, the others still run; if any failed the
@@ -131,8 +179,12 @@ def run_demo(out_dir: str | Path | None = None, *, quick: bool = False, linear: 
     for i, raw in enumerate(configs, 1):
         fam = raw["family"][0]
         sub = out / fam["name"]
-        print(f"[{i}/{n_parts + 1}] alignment sweep: {fam['name']} on {fam['dataset']}, widths "
-              f"{fam['widths']}, seeds {raw['sweep']['seeds']} -> {sub}", file=file, flush=True)
+        print(
+            f"[{i}/{n_parts + 1}] alignment sweep: {fam['name']} on {fam['dataset']}, widths "
+            f"{fam['widths']}, seeds {raw['sweep']['seeds']} -> {sub}",
+            file=file,
+            flush=True,
+        )
         t0 = time.perf_counter()
         try:
             res = run_sweep(load_config(raw, out_dir=sub), sub, show_progress=show_progress)
@@ -180,9 +232,14 @@ def run_demo(out_dir: str | Path | None = None, *, quick: bool = False, linear: 
     print(f"[{n_parts + 1}/{n_parts + 1}] report", file=file, flush=True)
     if not parts:
         raise WidthscopeError("every demo part failed: " + "; ".join(failed))
-    notes = [] if image_ds == "fashion-mnist" else [
-        f"MLP part: {image_ds}, because Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist puts it "
-        "in /usr/share/datasets/fashion-mnist)"]
+    notes = (
+        []
+        if image_ds == "fashion-mnist"
+        else [
+            f"MLP part: {image_ds}, because Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist "
+            "puts it in /usr/share/datasets/fashion-mnist)"
+        ]
+    )
     notes += [f"part failed: {f}" for f in failed]
     page = report(parts, out / "report", title="widthscope demo" + (" (quick)" if quick else ""), notes=notes)
     from .report import load_results
@@ -191,27 +248,35 @@ def run_demo(out_dir: str | Path | None = None, *, quick: bool = False, linear: 
     rows = load_results(parts)  # the page's claims (all rows): the console verdict quotes the page
     for line in summary([r for r in rows if r.get("kind") == "alignment"], found=claims(rows)):
         print("  " + line, file=file)
-    print(f"\nreport: {page}\n(open it in a browser; total {time.perf_counter() - t_start:.0f} s)", file=file,
-          flush=True)
+    print(
+        f"\nreport: {page}\n(open it in a browser; total {time.perf_counter() - t_start:.0f} s)", file=file, flush=True
+    )
     if failed:
         raise WidthscopeError("demo finished with failures (report written to " + str(page) + "): " + "; ".join(failed))
     return page
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default=None,
-                        help="results folder (default widthscope-results/demo, or demo-quick with --quick)")
+    parser.add_argument(
+        "--out", default=None, help="results folder (default widthscope-results/demo, or demo-quick with --quick)"
+    )
     parser.add_argument("--quick", action="store_true", help="seconds-long smoke version")
     parser.add_argument("--no-linear", action="store_true", help="skip the linearization part")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars inside cells")
-    parser.add_argument("--threads", type=int, default=1, metavar="N",
-                        help="torch CPU threads (default 1: these small models gain little from more, and "
-                             "busy cores make extra threads 10-20x slower)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        metavar="N",
+        help="torch CPU threads (default 1: these small models gain little from more, and "
+        "busy cores make extra threads 10-20x slower)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
         raise WidthscopeError(f"--threads must be >= 1 (got {args.threads})")
-    run_demo(args.out, quick=args.quick, linear=not args.no_linear, show_progress=not args.no_progress,
-             threads=args.threads)
+    run_demo(
+        args.out, quick=args.quick, linear=not args.no_linear, show_progress=not args.no_progress, threads=args.threads
+    )
     return 0

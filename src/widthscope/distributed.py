@@ -31,6 +31,7 @@ Example (single process: every call is the identity)::
     >>> wd.run_rank_guarded(lambda: 42)
     42
 """
+
 from __future__ import annotations
 
 import datetime
@@ -51,10 +52,25 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 __all__ = [
-    "is_distributed", "rank", "world_size", "is_main", "shard", "shard_slice", "all_gather_rows",
-    "barrier", "init_from_env", "launched_by_torchrun", "all_reduce_moments", "gather_or_reduce",
-    "merge_cross_gram", "distributed_misalignment", "distributed_ntk", "run_rank_guarded",
-    "rank_guard", "RankFailure", "broadcast_object",
+    "is_distributed",
+    "rank",
+    "world_size",
+    "is_main",
+    "shard",
+    "shard_slice",
+    "all_gather_rows",
+    "barrier",
+    "init_from_env",
+    "launched_by_torchrun",
+    "all_reduce_moments",
+    "gather_or_reduce",
+    "merge_cross_gram",
+    "distributed_misalignment",
+    "distributed_ntk",
+    "run_rank_guarded",
+    "rank_guard",
+    "RankFailure",
+    "broadcast_object",
 ]
 
 # Seconds a rank waits at the guard for the others (or at a collective) before giving up.
@@ -206,8 +222,10 @@ def all_reduce_moments(pm: Any) -> Any:
     dims = [None] * world_size()
     dist.all_gather_object(dims, pm.d)
     if len(set(dims)) != 1:
-        raise WidthscopeError(f"all_reduce_moments: ranks hold different dimensions {dims}; every rank "
-                              "must probe the same insertion point with the same pooling")
+        raise WidthscopeError(
+            f"all_reduce_moments: ranks hold different dimensions {dims}; every rank "
+            "must probe the same insertion point with the same pooling"
+        )
     home = pm.s.device
     t = pm.to_tensor().to(_comm_device())
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
@@ -284,8 +302,9 @@ def distributed_misalignment(Xa: torch.Tensor, Xb: torch.Tensor, **kwargs: Any) 
     return broadcast_object(out)
 
 
-def distributed_ntk(model: torch.nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None,
-                    **kwargs: Any) -> torch.Tensor:
+def distributed_ntk(
+    model: torch.nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, **kwargs: Any
+) -> torch.Tensor:
     """Empirical NTK :func:`widthscope.linear.ntk` with the rows of ``x1`` split across ranks.
 
     Every rank passes the *full* ``x1`` (and ``x2``); rank ``r`` computes ``Θ(x1[block_r], x2)``
@@ -380,16 +399,22 @@ def rank_guard(what: str = "job", *, timeout_s: float | None = None) -> Iterator
         if failures:
             break
         if pending and datetime.datetime.now() > deadline:
-            failures += [f"rank {p} did not finish {what} within {timeout.total_seconds():.0f} s (killed or hung?)"
-                         for p in pending]
+            failures += [
+                f"rank {p} did not finish {what} within {timeout.total_seconds():.0f} s (killed or hung?)"
+                for p in pending
+            ]
             break
     if failures:
-        raise RankFailure(f"distributed {what} failed on {len(failures)} rank(s): " + "; ".join(failures)
-                          + ". Nothing was written; fix the cause and rerun the same command.")
+        raise RankFailure(
+            f"distributed {what} failed on {len(failures)} rank(s): "
+            + "; ".join(failures)
+            + ". Nothing was written; fix the cause and rerun the same command."
+        )
 
 
-def run_rank_guarded(fn: Callable[..., T], *args: Any, what: str | None = None,
-                     timeout_s: float | None = None, **kwargs: Any) -> T:
+def run_rank_guarded(
+    fn: Callable[..., T], *args: Any, what: str | None = None, timeout_s: float | None = None, **kwargs: Any
+) -> T:
     """``fn(*args, **kwargs)`` under :func:`rank_guard`: returns its result only if all ranks succeeded.
 
     Typical use: ``res = run_rank_guarded(certify, model, ...)``, then

@@ -3,6 +3,7 @@
 The command line prints its message (no traceback) and exits with status 2, so every
 message must name the offending thing and say how to fix it.
 """
+
 from __future__ import annotations
 
 

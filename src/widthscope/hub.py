@@ -41,6 +41,7 @@ Example (a genuine cache layout, built by hand, read offline)::
     True
     >>> os.environ.clear(); os.environ.update(saved)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -50,8 +51,18 @@ from typing import Any
 
 from .errors import WidthscopeError
 
-__all__ = ["HubModel", "DEFAULT_REVISION", "resolve_model", "local_directory", "is_hub_id", "cache_dir",
-           "offline", "fetch_command", "attach", "hub_record"]
+__all__ = [
+    "HubModel",
+    "DEFAULT_REVISION",
+    "resolve_model",
+    "local_directory",
+    "is_hub_id",
+    "cache_dir",
+    "offline",
+    "fetch_command",
+    "attach",
+    "hub_record",
+]
 
 DEFAULT_REVISION = "main"
 # What a checkpoint needs: configs and tokenizer files (small), and the weights, safetensors
@@ -75,8 +86,12 @@ class HubModel:
 
     def record(self) -> dict[str, Any]:
         """JSON-able: what a results file records (``settings.inputs.hub``)."""
-        return {"repo_id": self.repo_id, "revision": self.revision, "commit": self.commit,
-                "snapshot": str(self.directory)}
+        return {
+            "repo_id": self.repo_id,
+            "revision": self.revision,
+            "commit": self.commit,
+            "snapshot": str(self.directory),
+        }
 
 
 def offline() -> bool:
@@ -91,8 +106,7 @@ def cache_dir() -> Path:
     environment now (so a change after ``huggingface_hub`` was imported counts too)."""
     hub = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
     if not hub:
-        home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache",
-                                                         "huggingface")
+        home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
         hub = os.path.join(home, "hub")
     return Path(os.path.expandvars(os.path.expanduser(hub)))
 
@@ -151,8 +165,9 @@ def _refs(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(refs)) for p in refs.rglob("*") if p.is_file()) if refs.is_dir() else []
 
 
-def _snapshot(repo_id: str, revision: str | None, *, cache: Path, local_only: bool, flag: str,
-              folder: Path | None = None) -> Path:
+def _snapshot(
+    repo_id: str, revision: str | None, *, cache: Path, local_only: bool, flag: str, folder: Path | None = None
+) -> Path:
     """``snapshot_download`` with one error line for every way it can fail."""
     import huggingface_hub
     from huggingface_hub import errors
@@ -164,50 +179,68 @@ def _snapshot(repo_id: str, revision: str | None, *, cache: Path, local_only: bo
     verbosity = hub_logging.get_verbosity()
     hub_logging.set_verbosity_error()  # "no files matched" and retry chatter: the error below says it all
     try:
-        path = Path(huggingface_hub.snapshot_download(repo_id, revision=rev, cache_dir=str(cache),
-                                                      local_files_only=local_only, allow_patterns=ALLOW))
+        path = Path(
+            huggingface_hub.snapshot_download(
+                repo_id, revision=rev, cache_dir=str(cache), local_files_only=local_only, allow_patterns=ALLOW
+            )
+        )
         if not local_only and not _has_safetensors(path):
-            path = Path(huggingface_hub.snapshot_download(repo_id, revision=rev, cache_dir=str(cache),
-                                                          allow_patterns=ALLOW_BIN))
+            path = Path(
+                huggingface_hub.snapshot_download(repo_id, revision=rev, cache_dir=str(cache), allow_patterns=ALLOW_BIN)
+            )
     except errors.LocalEntryNotFoundError as exc:
         partial = getattr(exc, "snapshot_path", None)
         if partial and Path(partial).is_dir():  # IncompleteSnapshotError: the loaders name the file they miss
             return Path(partial)
         if folder is not None:
             refs = _refs(folder)
-            raise WidthscopeError(f"{flag} {str(folder)!r}: this hub cache folder has no snapshot for revision "
-                                  f"{rev!r} (its refs: {', '.join(refs) or 'none'}; or give a commit hash "
-                                  f"listed in {folder / 'snapshots'}); fetch it with `{fetch}`") from None
+            raise WidthscopeError(
+                f"{flag} {str(folder)!r}: this hub cache folder has no snapshot for revision "
+                f"{rev!r} (its refs: {', '.join(refs) or 'none'}; or give a commit hash "
+                f"listed in {folder / 'snapshots'}); fetch it with `{fetch}`"
+            ) from None
         cause = exc.__cause__
         if local_only or isinstance(cause, errors.OfflineModeIsEnabled):
             why = "HF_HUB_OFFLINE is set, so nothing is downloaded"
-            fix = (f"fetch it with `{fetch}` (older huggingface_hub: `huggingface-cli download ...`), or unset "
-                   "HF_HUB_OFFLINE")
+            fix = (
+                f"fetch it with `{fetch}` (older huggingface_hub: `huggingface-cli download ...`), or unset "
+                "HF_HUB_OFFLINE"
+            )
         else:
             why = f"the Hub could not be reached ({type(cause).__name__ if cause else 'no connection'})"
             fix = f"check the connection, or fetch it where there is one with `{fetch}` into the same cache"
-        raise WidthscopeError(f"{flag} {repo_id!r}: no such local file or directory, and {asked} is not in the hub "
-                              f"cache {cache} ({why}): {fix}") from None
+        raise WidthscopeError(
+            f"{flag} {repo_id!r}: no such local file or directory, and {asked} is not in the hub "
+            f"cache {cache} ({why}): {fix}"
+        ) from None
     except errors.GatedRepoError:
-        raise WidthscopeError(f"{flag} {repo_id!r} is a gated model: accept its terms on "
-                              f"https://huggingface.co/{repo_id} and log in (`hf auth login`), then retry") from None
+        raise WidthscopeError(
+            f"{flag} {repo_id!r} is a gated model: accept its terms on "
+            f"https://huggingface.co/{repo_id} and log in (`hf auth login`), then retry"
+        ) from None
     except errors.RepositoryNotFoundError:
-        raise WidthscopeError(f"{flag} {repo_id!r}: no such local file or directory, and no such model on the "
-                              "Hugging Face Hub (a private one needs `hf auth login`)") from None
+        raise WidthscopeError(
+            f"{flag} {repo_id!r}: no such local file or directory, and no such model on the "
+            "Hugging Face Hub (a private one needs `hf auth login`)"
+        ) from None
     except errors.RevisionNotFoundError:
-        raise WidthscopeError(f"--revision {rev!r}: no such branch, tag or commit in the Hugging Face model "
-                              f"{repo_id}; list them on https://huggingface.co/{repo_id}") from None
+        raise WidthscopeError(
+            f"--revision {rev!r}: no such branch, tag or commit in the Hugging Face model "
+            f"{repo_id}; list them on https://huggingface.co/{repo_id}"
+        ) from None
     except (OSError, ValueError) as exc:  # a cache that is not writable, a bad id or revision, the network
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise WidthscopeError(f"{flag} {repo_id!r} ({asked}): could not be resolved ({type(exc).__name__}: "
-                              f"{first[:200]})") from None
+        raise WidthscopeError(
+            f"{flag} {repo_id!r} ({asked}): could not be resolved ({type(exc).__name__}: {first[:200]})"
+        ) from None
     finally:
         hub_logging.set_verbosity(verbosity)
     return path
 
 
-def resolve_model(model: str, revision: str | None = None, *, flag: str = "--model",
-                  local_only: bool | None = None) -> tuple[Path, HubModel | None]:
+def resolve_model(
+    model: str, revision: str | None = None, *, flag: str = "--model", local_only: bool | None = None
+) -> tuple[Path, HubModel | None]:
     """The local directory (or file) ``model`` names, and where it came from on the hub.
 
     An existing path wins: a hub cache folder (``models--org--name``) resolves to the snapshot of
@@ -224,9 +257,11 @@ def resolve_model(model: str, revision: str | None = None, *, flag: str = "--mod
             where = _snapshot(repo, revision, cache=path.parent, local_only=True, flag=flag, folder=path)
             return where, HubModel(repo, revision or DEFAULT_REVISION, where.name, where)
         if revision is not None:
-            raise WidthscopeError(f"--revision applies to Hugging Face hub ids (org/name) and hub cache folders "
-                                  f"(models--org--name); {flag} {model!r} is a local "
-                                  f"{'directory' if path.is_dir() else 'file'}: drop --revision")
+            raise WidthscopeError(
+                f"--revision applies to Hugging Face hub ids (org/name) and hub cache folders "
+                f"(models--org--name); {flag} {model!r} is a local "
+                f"{'directory' if path.is_dir() else 'file'}: drop --revision"
+            )
         return path, (_snapshot_of(path) if path.is_dir() else None)
     if not is_hub_id(model):
         return path, None

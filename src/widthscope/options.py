@@ -27,6 +27,7 @@ Example::
     >>> CertifyOptions.from_dict(opts.to_dict()) == opts
     True
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,26 +37,49 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from .errors import WidthscopeError, WidthscopeTypeError
 
-__all__ = ["option", "Options", "InterventionOptions", "CertifyOptions", "CertifyRunOptions", "DEFAULT_M", "DEFAULT_N_ETAS",
-           "DEFAULT_MAX_REL_STEP", "ESTIMATORS", "POOLS", "INTERVENTIONS", "DRAW_SCHEMES", "PROTOCOLS"]
+__all__ = [
+    "option",
+    "Options",
+    "InterventionOptions",
+    "CertifyOptions",
+    "CertifyRunOptions",
+    "DEFAULT_M",
+    "DEFAULT_N_ETAS",
+    "DEFAULT_MAX_REL_STEP",
+    "ESTIMATORS",
+    "POOLS",
+    "INTERVENTIONS",
+    "DRAW_SCHEMES",
+    "PROTOCOLS",
+]
 
 T = TypeVar("T", bound="Options")
 Estimator = Literal["unbiased", "plugin"]  # the same as widthscope.stats.Estimator (options import no torch)
 
 DEFAULT_M = (16, 32, 64, 128)
-DEFAULT_N_ETAS = 4            # the decades 1e-4 .. 1e-1 of the activation's RMS (docs/interventions.md §2)
+DEFAULT_N_ETAS = 4  # the decades 1e-4 .. 1e-1 of the activation's RMS (docs/interventions.md §2)
 DEFAULT_MAX_REL_STEP = 0.1
 ESTIMATORS = ("unbiased", "plugin")
 POOLS = ("sum", "mean", "flatten", "token")
 INTERVENTIONS = ("bias", "block", "none")
 DRAW_SCHEMES = ("shared", "per-pair")
-MAX_ETAS = 100                # each step evaluates the held-out pool at every point
-MAX_POOL = 10 ** 7
+MAX_ETAS = 100  # each step evaluates the held-out pool at every point
+MAX_POOL = 10**7
 
 
-def option(default: Any = None, *, help: str, flag: str | None = None, choices: Sequence[Any] | None = None,
-           lo: float | None = None, hi: float | None = None, unit: str = "", kind: str | None = None,
-           metavar: str | None = None, cli: bool = True) -> Any:
+def option(
+    default: Any = None,
+    *,
+    help: str,
+    flag: str | None = None,
+    choices: Sequence[Any] | None = None,
+    lo: float | None = None,
+    hi: float | None = None,
+    unit: str = "",
+    kind: str | None = None,
+    metavar: str | None = None,
+    cli: bool = True,
+) -> Any:
     """A dataclass field with everything the command line, validation and the docs need.
 
     ``kind``: how the value is read from the command line and checked: ``int``, ``float``,
@@ -64,8 +88,17 @@ def option(default: Any = None, *, help: str, flag: str | None = None, choices: 
     ``cli=False``: a setting of the Python API only."""
     if kind is None:
         kind = {bool: "bool", int: "int", float: "float", tuple: "ints"}.get(type(default), "str")
-    meta = {"help": help, "flag": flag, "choices": tuple(choices) if choices is not None else None, "lo": lo,
-            "hi": hi, "unit": unit, "kind": kind, "metavar": metavar, "cli": cli}
+    meta = {
+        "help": help,
+        "flag": flag,
+        "choices": tuple(choices) if choices is not None else None,
+        "lo": lo,
+        "hi": hi,
+        "unit": unit,
+        "kind": kind,
+        "metavar": metavar,
+        "cli": cli,
+    }
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -111,8 +144,7 @@ class Options:
         if kind == "strs":
             items = value.split(",") if isinstance(value, str) else value
             if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) for v in items):
-                raise WidthscopeTypeError(f"{flag} {value!r}: expected a list of names (or one comma-separated "
-                                          "string)")
+                raise WidthscopeTypeError(f"{flag} {value!r}: expected a list of names (or one comma-separated string)")
             return tuple(v.strip() for v in items if v.strip())
         if kind in ("ints", "floats"):
             items = [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else value
@@ -129,8 +161,9 @@ class Options:
                 raise WidthscopeTypeError(f"{flag} {value!r}: expected a list of numbers") from None
             if not seq:
                 raise WidthscopeError(f"{flag} is empty; give comma-separated numbers")
-            out = tuple(self._number(flag, "int" if kind == "ints" else "float", v, lo, hi, tail, listed=True)
-                        for v in seq)
+            out = tuple(
+                self._number(flag, "int" if kind == "ints" else "float", v, lo, hi, tail, listed=True) for v in seq
+            )
             return out
         if kind in ("int", "float"):
             return self._number(flag, kind, value, lo, hi, tail)
@@ -141,19 +174,31 @@ class Options:
         return value
 
     @staticmethod
-    def _number(flag: str, kind: str, v: Any, lo: float | None, hi: float | None, tail: str,
-                listed: bool = False) -> Any:
+    def _number(
+        flag: str, kind: str, v: Any, lo: float | None, hi: float | None, tail: str, listed: bool = False
+    ) -> Any:
         if isinstance(v, str) and listed:  # an entry of a list given as text (a config file)
             try:
                 v = int(v) if kind == "int" else float(v)
             except ValueError:
-                raise WidthscopeTypeError(f"{flag} {v!r}: expected {'whole numbers' if kind == 'int' else 'numbers'}") \
-                    from None
+                raise WidthscopeTypeError(
+                    f"{flag} {v!r}: expected {'whole numbers' if kind == 'int' else 'numbers'}"
+                ) from None
         whole = "a whole number" if kind == "int" else "a finite number"
-        ok_type = (isinstance(v, int) and not isinstance(v, bool)) if kind == "int" else (
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
-        rng = (f" in {_fmt(lo)}..{_fmt(hi)}" if lo is not None and hi is not None
-               else f" >= {_fmt(lo)}" if lo is not None else f" <= {_fmt(hi)}" if hi is not None else "")
+        ok_type = (
+            (isinstance(v, int) and not isinstance(v, bool))
+            if kind == "int"
+            else (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+        )
+        rng = (
+            f" in {_fmt(lo)}..{_fmt(hi)}"
+            if lo is not None and hi is not None
+            else f" >= {_fmt(lo)}"
+            if lo is not None
+            else f" <= {_fmt(hi)}"
+            if hi is not None
+            else ""
+        )
         what = "every entry " if listed else ""
         if not ok_type and not (kind == "float" and isinstance(v, float)):  # nan/inf: a float, a bad value
             raise WidthscopeTypeError(f"{flag} {v!r}: {what}must be {whole}{rng}{tail}, not {type(v).__name__}")
@@ -167,8 +212,9 @@ class Options:
     # ------------------------------------------------------------------ records
     def to_dict(self) -> dict[str, Any]:
         """Every field, JSON-ready (tuples as lists)."""
-        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v)
-                for f in dataclasses.fields(self)}
+        return {
+            f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v) for f in dataclasses.fields(self)
+        }
 
     @classmethod
     def from_dict(cls: type[T], data: Mapping[str, Any], *, strict: bool = True) -> T:
@@ -177,8 +223,9 @@ class Options:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown and strict:
-            raise WidthscopeError(f"{cls.__name__}: unknown setting(s) {', '.join(unknown)}; known: "
-                                  f"{', '.join(sorted(names))}")
+            raise WidthscopeError(
+                f"{cls.__name__}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}"
+            )
         return cls(**{k: v for k, v in data.items() if k in names})
 
     def replace(self: T, **changes: Any) -> T:
@@ -187,8 +234,11 @@ class Options:
     @classmethod
     def fields_help(cls) -> list[tuple[str, str, Any, str]]:
         """(flag, kind, default, help) of every command-line field: the reference table of the docs."""
-        return [(cls.flag(f.name), f.metadata["kind"], f.default, f.metadata["help"])
-                for f in dataclasses.fields(cls) if f.metadata.get("cli", True) and "kind" in f.metadata]
+        return [
+            (cls.flag(f.name), f.metadata["kind"], f.default, f.metadata["help"])
+            for f in dataclasses.fields(cls)
+            if f.metadata.get("cli", True) and "kind" in f.metadata
+        ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,32 +246,53 @@ class InterventionOptions(Options):
     """Direct zero-init residual interventions at every point: predicted vs actual held-out loss
     change over a grid of steps (docs/interventions.md)."""
 
-    interventions: str = option("bias", choices=INTERVENTIONS,
-                                help="direct zero-init residual intervention at every point: predicted vs actual "
-                                     "held-out loss change (none: skip)")
-    etas: tuple[float, ...] | None = option(None, kind="floats", lo=0.0, metavar="E1,E2,...",
-                                            help="intervention step sizes, comma list (default: --n-etas steps "
-                                                 "scaled to the point)")
-    n_etas: int = option(DEFAULT_N_ETAS, lo=1, hi=MAX_ETAS, unit="step sizes", metavar="E",
-                         help=f"steps of the default intervention grid: step RMS 1e-4..--max-rel-step of the "
-                              f"activation's, log-spaced (default {DEFAULT_N_ETAS}: the decades up to "
-                              f"{DEFAULT_MAX_REL_STEP:g}; --n-etas 9 --max-rel-step 1 gives the half-decades up to "
-                              "1, 9/4 the cost)")
-    max_rel_step: float = option(DEFAULT_MAX_REL_STEP, lo=0.0, metavar="R",
-                                 help=f"largest step of the default grid, its RMS entry over the activation's "
-                                      f"(default {DEFAULT_MAX_REL_STEP:g}; 1 moves the stream by its own size)")
+    interventions: str = option(
+        "bias",
+        choices=INTERVENTIONS,
+        help="direct zero-init residual intervention at every point: predicted vs actual "
+        "held-out loss change (none: skip)",
+    )
+    etas: tuple[float, ...] | None = option(
+        None,
+        kind="floats",
+        lo=0.0,
+        metavar="E1,E2,...",
+        help="intervention step sizes, comma list (default: --n-etas steps scaled to the point)",
+    )
+    n_etas: int = option(
+        DEFAULT_N_ETAS,
+        lo=1,
+        hi=MAX_ETAS,
+        unit="step sizes",
+        metavar="E",
+        help=f"steps of the default intervention grid: step RMS 1e-4..--max-rel-step of the "
+        f"activation's, log-spaced (default {DEFAULT_N_ETAS}: the decades up to "
+        f"{DEFAULT_MAX_REL_STEP:g}; --n-etas 9 --max-rel-step 1 gives the half-decades up to "
+        "1, 9/4 the cost)",
+    )
+    max_rel_step: float = option(
+        DEFAULT_MAX_REL_STEP,
+        lo=0.0,
+        metavar="R",
+        help=f"largest step of the default grid, its RMS entry over the activation's "
+        f"(default {DEFAULT_MAX_REL_STEP:g}; 1 moves the stream by its own size)",
+    )
 
     def check(self) -> None:
         if self.etas is not None:
             if any(e <= 0 for e in self.etas):
-                raise WidthscopeError(f"--etas {','.join(map(str, self.etas))!r}: step sizes must be positive "
-                                      "finite numbers")
+                raise WidthscopeError(
+                    f"--etas {','.join(map(str, self.etas))!r}: step sizes must be positive finite numbers"
+                )
             if len(self.etas) > MAX_ETAS:
-                raise WidthscopeError(f"--etas: {len(self.etas)} step sizes; at most {MAX_ETAS} (each one evaluates "
-                                      "the held-out pool at every point)")
+                raise WidthscopeError(
+                    f"--etas: {len(self.etas)} step sizes; at most {MAX_ETAS} (each one evaluates "
+                    "the held-out pool at every point)"
+                )
         if not self.max_rel_step > 1e-4:
-            raise WidthscopeError(f"--max-rel-step {self.max_rel_step:g}: must be a finite number above the smallest "
-                                  "step (1e-4)")
+            raise WidthscopeError(
+                f"--max-rel-step {self.max_rel_step:g}: must be a finite number above the smallest step (1e-4)"
+            )
 
     @property
     def kind(self) -> str | None:
@@ -236,35 +307,65 @@ class CertifyOptions(InterventionOptions):
     ``M``/``K``: sample sizes of the certificates (``K=None``: ``K = M``; one ``K`` for every
     ``M``; or one per ``M``), drawn without replacement from the train / held-out pools."""
 
-    M: tuple[int, ...] = option(DEFAULT_M, kind="ints", lo=1, hi=MAX_POOL, metavar="M1,M2,...",
-                                help="train sample sizes, comma list (default 16,32,64,128)")
-    K: tuple[int, ...] | None = option(None, kind="ints", lo=1, hi=MAX_POOL, metavar="K1,K2,...",
-                                       help="held-out sample sizes, comma list (default: K = M)")
-    draws: int = option(1000, lo=1, hi=10 ** 6, unit="resamples",
-                        help="resamples for empirical misalignment (default 1000)")
-    seed: int = option(0, lo=0, hi=2 ** 32 - 1, help="seed for data subsets and resampling")
+    M: tuple[int, ...] = option(
+        DEFAULT_M,
+        kind="ints",
+        lo=1,
+        hi=MAX_POOL,
+        metavar="M1,M2,...",
+        help="train sample sizes, comma list (default 16,32,64,128)",
+    )
+    K: tuple[int, ...] | None = option(
+        None,
+        kind="ints",
+        lo=1,
+        hi=MAX_POOL,
+        metavar="K1,K2,...",
+        help="held-out sample sizes, comma list (default: K = M)",
+    )
+    draws: int = option(
+        1000, lo=1, hi=10**6, unit="resamples", help="resamples for empirical misalignment (default 1000)"
+    )
+    seed: int = option(0, lo=0, hi=2**32 - 1, help="seed for data subsets and resampling")
     estimator: Estimator = option("unbiased", choices=ESTIMATORS, help="unbiased (default) or plugin")
     pool: str = option("sum", choices=POOLS, help="pooling of positions into a sample vector (default sum)")
-    draw_scheme: str = option("shared", choices=DRAW_SCHEMES,
-                              help="misalignment draws: shared (one subset per draw for every (M, K); default) or "
-                                   "per-pair (the published flip script's draws: the same --seed gives its subsets)")
-    project: int | None = option(None, kind="int", lo=2, metavar="K", unit="projected dimensions",
-                                 help="randomly project sample vectors to K dims while collecting (memory O(n*K) "
-                                      "instead of O(n*d)); see docs/performance.md")
-    points: tuple[str, ...] | None = option(None, kind="strs", cli=False,
-                                            help="insertion points (default: every block output)")
-    train_mode: str = option("eval", choices=("eval", "keep"), cli=False,
-                             help="the mode the model is probed in (eval: dropout off, BatchNorm running "
-                                  "stats; keep: the model's own mode)")
+    draw_scheme: str = option(
+        "shared",
+        choices=DRAW_SCHEMES,
+        help="misalignment draws: shared (one subset per draw for every (M, K); default) or "
+        "per-pair (the published flip script's draws: the same --seed gives its subsets)",
+    )
+    project: int | None = option(
+        None,
+        kind="int",
+        lo=2,
+        metavar="K",
+        unit="projected dimensions",
+        help="randomly project sample vectors to K dims while collecting (memory O(n*K) "
+        "instead of O(n*d)); see docs/performance.md",
+    )
+    points: tuple[str, ...] | None = option(
+        None, kind="strs", cli=False, help="insertion points (default: every block output)"
+    )
+    train_mode: str = option(
+        "eval",
+        choices=("eval", "keep"),
+        cli=False,
+        help="the mode the model is probed in (eval: dropout off, BatchNorm running stats; keep: the model's own mode)",
+    )
 
     def check(self) -> None:
         super().check()
         if self.K is not None and len(self.K) not in (1, len(self.M)):
-            raise WidthscopeError(f"K has {len(self.K)} values but M has {len(self.M)}: give one K, or one per M "
-                                  "(pairs (M[i], K[i])), or none for K = M")
+            raise WidthscopeError(
+                f"K has {len(self.K)} values but M has {len(self.M)}: give one K, or one per M "
+                "(pairs (M[i], K[i])), or none for K = M"
+            )
         if self.project is not None and self.estimator != "unbiased":
-            raise WidthscopeError(f"--project corrects the unbiased estimators only, not --estimator "
-                                  f"{self.estimator}: add --estimator unbiased, or drop --project")
+            raise WidthscopeError(
+                f"--project corrects the unbiased estimators only, not --estimator "
+                f"{self.estimator}: add --estimator unbiased, or drop --project"
+            )
         if isinstance(self.points, str):
             object.__setattr__(self, "points", tuple(p.strip() for p in self.points.split(",") if p.strip()))
 
@@ -278,7 +379,7 @@ class CertifyOptions(InterventionOptions):
         return list(zip(self.M, self.K))
 
     @classmethod
-    def published(cls, **changes: Any) -> "CertifyOptions":
+    def published(cls, **changes: Any) -> CertifyOptions:
         """The published scripts' protocol: plug-in estimators, the summed (bias-gradient) sample
         vector, M = K in {16..128}, R = 1000 draws with the flip script's per-pair subsets, no
         interventions (the input side: concatenated chunks, first chunks, every held-out chunk)."""
@@ -290,16 +391,24 @@ class CertifyRunOptions(Options):
     """How a certify run executes (not what it measures): probe batches, device, the built-in
     model's training."""
 
-    batch_size: int = option(32, lo=1, hi=10 ** 6, unit="examples per batch", help="probe batch size")
+    batch_size: int = option(32, lo=1, hi=10**6, unit="examples per batch", help="probe batch size")
     device: str = option("cpu", help="torch device, e.g. cpu, cuda, cuda:1")
-    train_steps: int = option(60, lo=1, hi=10 ** 8, unit="steps",
-                              help="optimizer steps for --model builtin (default 60, a few seconds)")
+    train_steps: int = option(
+        60, lo=1, hi=10**8, unit="steps", help="optimizer steps for --model builtin (default 60, a few seconds)"
+    )
 
 
 # The certify settings of each --protocol (the input settings of the published protocol live with
 # the inputs: data.spec). Options the user gives explicitly override a preset.
 PROTOCOLS: dict[str, dict[str, Any]] = {
-    "published": {"estimator": "plugin", "pool": "sum", "M": DEFAULT_M, "K": None, "draws": 1000,
-                  "interventions": "none", "draw_scheme": "per-pair"},
+    "published": {
+        "estimator": "plugin",
+        "pool": "sum",
+        "M": DEFAULT_M,
+        "K": None,
+        "draws": 1000,
+        "interventions": "none",
+        "draw_scheme": "per-pair",
+    },
     "default": {},
 }

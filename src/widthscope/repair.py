@@ -15,6 +15,7 @@ Example::
     widthscope repair widthscope-results/demo/llama --dry-run
     widthscope repair widthscope-results/demo/llama
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,16 @@ def _plan(d: Path) -> dict[str, Any]:
         rows, n_cells = old, None  # no cells to rebuild from: keep the readable lines
     text = _text(rows)
     current = res.read_bytes() if res.is_file() else None
-    return {"res": res, "old": old, "old_problems": old_problems, "cell_problems": cell_problems, "rows": rows,
-            "n_cells": n_cells, "text": text, "changed": current != text.encode("utf-8")}
+    return {
+        "res": res,
+        "old": old,
+        "old_problems": old_problems,
+        "cell_problems": cell_problems,
+        "rows": rows,
+        "n_cells": n_cells,
+        "text": text,
+        "changed": current != text.encode("utf-8"),
+    }
 
 
 def _describe(d: Path, plan: dict[str, Any], backup: Path, dry_run: bool) -> list[str]:
@@ -67,14 +76,18 @@ def _describe(d: Path, plan: dict[str, Any], backup: Path, dry_run: bool) -> lis
     if cp:
         lines.append(f"{head} {move} {len(cp)} damaged cell file(s) to {backup / 'cells'}")
     if plan["res"].is_file():
-        lines.append(f"{head} {keep} the old results.jsonl ({len(plan['old'])} row(s), {len(op)} damaged "
-                     f"line(s)) as {backup / 'results.jsonl'}")
+        lines.append(
+            f"{head} {keep} the old results.jsonl ({len(plan['old'])} row(s), {len(op)} damaged "
+            f"line(s)) as {backup / 'results.jsonl'}"
+        )
     lines.append(f"{head} {rebuild} results.jsonl from {src}: {len(plan['rows'])} row(s)")
     if cp:
         ids = {Path(s.path).stem for s in cp}
         held = sum(1 for r in plan["old"] if r.get("cell_id") in ids)
-        lines.append(f"{head} the old results.jsonl held {held} row(s) of the {len(cp)} damaged cell(s); rerun the "
-                     "sweep (same command) to compute those cell(s) again")
+        lines.append(
+            f"{head} the old results.jsonl held {held} row(s) of the {len(cp)} damaged cell(s); rerun the "
+            "sweep (same command) to compute those cell(s) again"
+        )
     if dry_run:
         lines.append(f"{head} dry run: nothing was written")
     return lines
@@ -104,14 +117,17 @@ def repair(out_dir: str | os.PathLike, *, dry_run: bool = False) -> list[str]:
         hint = f" (its folder is {str(d.parent)!r})" if d.suffix in (".jsonl", ".json") else ""
         raise WidthscopeError(f"{str(d)!r} is a file: pass the results folder that a sweep wrote{hint}")
     if not (d / "cells").is_dir() and not (d / "results.jsonl").is_file():
-        raise WidthscopeError(f"{str(d)!r} has neither results.jsonl nor cells/: nothing to repair; pass the "
-                              "--out folder of a sweep")
+        raise WidthscopeError(
+            f"{str(d)!r} has neither results.jsonl nor cells/: nothing to repair; pass the --out folder of a sweep"
+        )
     with contextlib.nullcontext() if dry_run else _locked(d):
         plan = _plan(d)
         if not plan["cell_problems"] and not plan["changed"]:
             src = f"{plan['n_cells']} readable cell file(s)" if plan["n_cells"] is not None else "its lines"
-            lines = [f"repair {d}: nothing to repair: results.jsonl holds the {len(plan['rows'])} row(s) of {src}, "
-                     "no damaged file or line"]
+            lines = [
+                f"repair {d}: nothing to repair: results.jsonl holds the {len(plan['rows'])} row(s) of {src}, "
+                "no damaged file or line"
+            ]
         else:
             backup = new_backup_dir(d)
             if not dry_run:

@@ -27,6 +27,7 @@ Example::
     >>> result["steps"], result["test_accuracy"] > 0.5
     (50, True)
 """
+
 from __future__ import annotations
 
 import math
@@ -51,15 +52,20 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     try:
         dev = torch.device("cpu" if device is None else device)
     except (RuntimeError, TypeError, ValueError) as exc:
-        raise WidthscopeError(f"device {device!r} is not a torch device ({exc}); use e.g. cpu, cuda, "
-                              "cuda:1, mps") from None
+        raise WidthscopeError(
+            f"device {device!r} is not a torch device ({exc}); use e.g. cpu, cuda, cuda:1, mps"
+        ) from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise WidthscopeError(f"device {str(dev)!r}: CUDA is not available in this installation "
-                                  f"(torch {torch.__version__}); use --device cpu")
+            raise WidthscopeError(
+                f"device {str(dev)!r}: CUDA is not available in this installation "
+                f"(torch {torch.__version__}); use --device cpu"
+            )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise WidthscopeError(f"device {str(dev)!r}: only {torch.cuda.device_count()} CUDA device(s) "
-                                  f"visible (cuda:0..cuda:{torch.cuda.device_count() - 1})")
+            raise WidthscopeError(
+                f"device {str(dev)!r}: only {torch.cuda.device_count()} CUDA device(s) "
+                f"visible (cuda:0..cuda:{torch.cuda.device_count() - 1})"
+            )
     elif dev.type == "mps":
         mps = getattr(torch.backends, "mps", None)
         if mps is None or not mps.is_available():
@@ -93,8 +99,9 @@ def per_example_loss(output: Any, target: torch.Tensor, task: str, *, loss: str 
     logits = logits_of(output)
     if task == "lm":
         if logits.dim() != 3 or target.dim() != 2:
-            raise WidthscopeError(f"lm loss needs logits (B, T, V) and tokens (B, T); got "
-                                  f"{tuple(logits.shape)} and {tuple(target.shape)}")
+            raise WidthscopeError(
+                f"lm loss needs logits (B, T, V) and tokens (B, T); got {tuple(logits.shape)} and {tuple(target.shape)}"
+            )
         B, T, V = logits.shape
         if T < 2:
             raise WidthscopeError("lm loss needs sequences of at least 2 tokens")
@@ -110,8 +117,9 @@ def per_example_loss(output: Any, target: torch.Tensor, task: str, *, loss: str 
     return nn.functional.cross_entropy(logits, target, reduction="none")
 
 
-def _forward(model: nn.Module, batch: Any, task: str, loss: str,
-             device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _forward(
+    model: nn.Module, batch: Any, task: str, loss: str, device: str | torch.device
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(per-example losses, logits) of one batch."""
     if task == "lm":
         x = batch.to(device)
@@ -124,8 +132,15 @@ def _forward(model: nn.Module, batch: Any, task: str, loss: str,
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, pair: tuple[torch.Tensor, torch.Tensor], task: str, batch_size: int = 256,
-             *, loss: str = "ce", device: str | torch.device = "cpu") -> dict[str, float]:
+def evaluate(
+    model: nn.Module,
+    pair: tuple[torch.Tensor, torch.Tensor],
+    task: str,
+    batch_size: int = 256,
+    *,
+    loss: str = "ce",
+    device: str | torch.device = "cpu",
+) -> dict[str, float]:
     """Mean per-example loss (and accuracy for classification) over ``pair``, in eval mode.
 
     Returns ``{"loss": ..., "accuracy": ...}`` (no accuracy for ``task="lm"``). The model's
@@ -171,12 +186,28 @@ def _stream(pair: tuple[torch.Tensor, torch.Tensor], batch_size: int, seed: int,
         epoch += 1
 
 
-def train(model: nn.Module, split: Split, *, steps: int, lr: float, optimizer: str = "adamw",
-          batch_size: int = 64, weight_decay: float = 0.0, momentum: float = 0.9,
-          warmup: float = 0.1, schedule: str = "cosine", clip: float | None = 1.0, seed: int = 0,
-          loss: str = "auto", eval_every: int | None = None, eval_batch_size: int = 256,
-          train_eval_examples: int | None = 8192, device: str | torch.device = "cpu",
-          progress: bool = True, on_step: Callable[[nn.Module, int], Any] | None = None) -> dict[str, Any]:
+def train(
+    model: nn.Module,
+    split: Split,
+    *,
+    steps: int,
+    lr: float,
+    optimizer: str = "adamw",
+    batch_size: int = 64,
+    weight_decay: float = 0.0,
+    momentum: float = 0.9,
+    warmup: float = 0.1,
+    schedule: str = "cosine",
+    clip: float | None = 1.0,
+    seed: int = 0,
+    loss: str = "auto",
+    eval_every: int | None = None,
+    eval_batch_size: int = 256,
+    train_eval_examples: int | None = 8192,
+    device: str | torch.device = "cpu",
+    progress: bool = True,
+    on_step: Callable[[nn.Module, int], Any] | None = None,
+) -> dict[str, Any]:
     """Train ``model`` in place on ``split.train`` for ``steps`` optimizer steps.
 
     ``warmup`` is a fraction of ``steps`` when < 1, else a number of steps. ``clip`` is the max
@@ -198,15 +229,18 @@ def train(model: nn.Module, split: Split, *, steps: int, lr: float, optimizer: s
     Raises :class:`WidthscopeError` when the loss becomes non-finite (naming the step).
     """
     if not all(hasattr(split, a) for a in ("train", "test", "task")):
-        raise WidthscopeError(f"split must be a widthscope.data.Split (with .train, .test, .task), got "
-                              f"{type(split).__name__}; e.g. widthscope.data.load('digits')")
+        raise WidthscopeError(
+            f"split must be a widthscope.data.Split (with .train, .test, .task), got "
+            f"{type(split).__name__}; e.g. widthscope.data.load('digits')"
+        )
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise WidthscopeError(f"steps must be a positive integer, got {steps!r}")
     if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0 and math.isfinite(lr)):
         raise WidthscopeError(f"lr must be > 0, got {lr!r}")
     if not (isinstance(warmup, (int, float)) and math.isfinite(warmup) and warmup >= 0):
-        raise WidthscopeError(f"warmup must be >= 0 (a fraction of steps when < 1, else a number of "
-                              f"steps), got {warmup!r}")
+        raise WidthscopeError(
+            f"warmup must be >= 0 (a fraction of steps when < 1, else a number of steps), got {warmup!r}"
+        )
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise WidthscopeError(f"batch_size must be >= 1, got {batch_size!r}")
     device = resolve_device(device)
@@ -245,8 +279,10 @@ def train(model: nn.Module, split: Split, *, steps: int, lr: float, optimizer: s
         batch_loss = losses.mean()
         loss_value = batch_loss.item()
         if not math.isfinite(loss_value):
-            raise WidthscopeError(f"training diverged: loss is {loss_value} at step {step} "
-                                  f"(lr={lr_s:.3g}); lower the learning rate or enable clipping")
+            raise WidthscopeError(
+                f"training diverged: loss is {loss_value} at step {step} "
+                f"(lr={lr_s:.3g}); lower the learning rate or enable clipping"
+            )
         opt.zero_grad(set_to_none=True)
         batch_loss.backward()
         if clip:
@@ -274,16 +310,29 @@ def train(model: nn.Module, split: Split, *, steps: int, lr: float, optimizer: s
     ev_test = evaluate(model, split.test, task, eval_batch_size, loss=loss_kind, device=device)
     for name, value in (("train", ev_train["loss"]), ("test", ev_test["loss"])):
         if not math.isfinite(value):
-            raise WidthscopeError(f"training ended with a non-finite {name} loss after step {steps}; "
-                                  "lower the learning rate")
-    history.append({"step": steps, "lr": lr_at(steps - 1, steps=steps, lr=lr, warmup_steps=warmup_steps,
-                                              schedule=schedule),
-                    **{f"train_{k}": v for k, v in ev_train.items()},
-                    **{f"test_{k}": v for k, v in ev_test.items()}})
-    result: dict[str, Any] = {"train_loss": ev_train["loss"], "test_loss": ev_test["loss"],
-                              "steps": steps, "seconds": seconds, "history": history,
-                              "optimizer": optimizer, "lr": lr, "seed": seed, "loss": loss_kind,
-                              "train_eval_examples": len(train_pair[0])}
+            raise WidthscopeError(
+                f"training ended with a non-finite {name} loss after step {steps}; lower the learning rate"
+            )
+    history.append(
+        {
+            "step": steps,
+            "lr": lr_at(steps - 1, steps=steps, lr=lr, warmup_steps=warmup_steps, schedule=schedule),
+            **{f"train_{k}": v for k, v in ev_train.items()},
+            **{f"test_{k}": v for k, v in ev_test.items()},
+        }
+    )
+    result: dict[str, Any] = {
+        "train_loss": ev_train["loss"],
+        "test_loss": ev_test["loss"],
+        "steps": steps,
+        "seconds": seconds,
+        "history": history,
+        "optimizer": optimizer,
+        "lr": lr,
+        "seed": seed,
+        "loss": loss_kind,
+        "train_eval_examples": len(train_pair[0]),
+    }
     if task != "lm":
         result["train_accuracy"] = ev_train["accuracy"]
         result["test_accuracy"] = ev_test["accuracy"]

@@ -16,6 +16,7 @@ Example::
     ...
     widthscope.errors.WidthscopeError: --seed -1: must be a whole number in 0..4294967295
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,20 @@ from typing import Any, Callable
 
 from .errors import WidthscopeError
 
-__all__ = ["check_args", "check_pools", "check_dir_writable", "OUT_KIND", "APPLIES", "KINDS", "input_kind",
-           "check_applies", "fill_defaults", "check_outputs", "check_path_length"]
+__all__ = [
+    "check_args",
+    "check_pools",
+    "check_dir_writable",
+    "OUT_KIND",
+    "APPLIES",
+    "KINDS",
+    "input_kind",
+    "check_applies",
+    "fill_defaults",
+    "check_outputs",
+    "check_path_length",
+]
+
 
 # The one table of whole-number options: (attribute, smallest, largest, what it counts). The upper
 # bounds sit where memory or time explodes long before a result (each intervention step evaluates the
@@ -54,18 +67,29 @@ def _from_fields() -> dict[str, tuple[int, int | None, str]]:
 
 _FIELDS = _from_fields()
 RANGES: tuple[tuple[str, int, int | None, str], ...] = (
-    ("n_train", 4, 10 ** 7, "examples; the unbiased estimators need at least 4"),
-    ("n_test", 4, 10 ** 7, "examples; the unbiased estimators need at least 4"),
-    ("steps", 1, 10 ** 8, "steps"),
-    ("seq_len", 2, 10 ** 6, "tokens (one input and one predicted token)"), ("max_tokens", 1, 10 ** 12, "tokens"),
-    ("threads", 1, 4096, "threads"), ("block_width", 1, 10 ** 6, "hidden units"),
-    ("n_rank", 4, 10 ** 7, "examples"),
-    *((name, lo, hi, unit) for name, (lo, hi, unit) in _FIELDS.items()))
+    ("n_train", 4, 10**7, "examples; the unbiased estimators need at least 4"),
+    ("n_test", 4, 10**7, "examples; the unbiased estimators need at least 4"),
+    ("steps", 1, 10**8, "steps"),
+    ("seq_len", 2, 10**6, "tokens (one input and one predicted token)"),
+    ("max_tokens", 1, 10**12, "tokens"),
+    ("threads", 1, 4096, "threads"),
+    ("block_width", 1, 10**6, "hidden units"),
+    ("n_rank", 4, 10**7, "examples"),
+    *((name, lo, hi, unit) for name, (lo, hi, unit) in _FIELDS.items()),
+)
 _RANGE = {name: (lo, hi) for name, lo, hi, _ in RANGES if hi is not None}
 _POSITIVE = ("lr", "eta")
 # Which commands write a file (--out FILE) and which a directory (--out DIR).
-OUT_KIND = {"certify": "file", "grow": "file", "grow-bench": "dir", "stats": "file", "sweep": "dir", "report": "dir",
-            "demo": "dir", "linearize": "dir"}
+OUT_KIND = {
+    "certify": "file",
+    "grow": "file",
+    "grow-bench": "dir",
+    "stats": "file",
+    "sweep": "dir",
+    "report": "dir",
+    "demo": "dir",
+    "linearize": "dir",
+}
 
 
 # ----------------------------------------------------------------------------- which option fits which model
@@ -80,9 +104,15 @@ KINDS: dict[str, str] = {
     "hf-sequence-classification": "a Hugging Face sequence classifier",
     "hf-image-classification": "a Hugging Face image classifier",
 }
-_SHORT = {"builtin": "--model builtin", "widthscope-classifier": "widthscope classifiers",
-          "widthscope-lm": "widthscope byte LMs", "hf-causal-lm": "HF causal LMs", "hf-masked-lm": "HF masked LMs",
-          "hf-sequence-classification": "HF sequence classifiers", "hf-image-classification": "HF image classifiers"}
+_SHORT = {
+    "builtin": "--model builtin",
+    "widthscope-classifier": "widthscope classifiers",
+    "widthscope-lm": "widthscope byte LMs",
+    "hf-causal-lm": "HF causal LMs",
+    "hf-masked-lm": "HF masked LMs",
+    "hf-sequence-classification": "HF sequence classifiers",
+    "hf-image-classification": "HF image classifiers",
+}
 _ALL = frozenset(KINDS)
 _CKPT = _ALL - {"builtin"}
 _HF = frozenset(k for k in KINDS if k.startswith("hf-"))
@@ -95,11 +125,23 @@ _WS = frozenset({"widthscope-classifier", "widthscope-lm"})
 # data (--text-field needs a table file, --label-field labelled text, --test-fraction one corpus
 # to split) are checked by the input layer, also only when the option was given.
 _INPUTS: dict[str, frozenset[str]] = {
-    "task": _HF, "tokenizer": _TEXT, "data": _CKPT, "train_data": _CKPT - {"widthscope-classifier"},
-    "test_data": _CKPT - {"widthscope-classifier"}, "train_split": _TEXT, "test_split": _TEXT,
-    "data_root": _WS, "text_field": _TEXT, "label_field": frozenset({"hf-sequence-classification"}),
-    "seq_len": _TEXT, "sequences": _TEXT, "max_tokens": _TEXT, "train_pool": _WS, "empty_docs": _TEXT,
-    "test_fraction": _TEXT | {"hf-image-classification"}, "first": _CKPT,
+    "task": _HF,
+    "tokenizer": _TEXT,
+    "data": _CKPT,
+    "train_data": _CKPT - {"widthscope-classifier"},
+    "test_data": _CKPT - {"widthscope-classifier"},
+    "train_split": _TEXT,
+    "test_split": _TEXT,
+    "data_root": _WS,
+    "text_field": _TEXT,
+    "label_field": frozenset({"hf-sequence-classification"}),
+    "seq_len": _TEXT,
+    "sequences": _TEXT,
+    "max_tokens": _TEXT,
+    "train_pool": _WS,
+    "empty_docs": _TEXT,
+    "test_fraction": _TEXT | {"hf-image-classification"},
+    "first": _CKPT,
 }
 APPLIES: dict[str, dict[str, frozenset[str]]] = {
     "certify": {**_INPUTS, "first": _ALL, "train_steps": frozenset({"builtin"})},
@@ -161,20 +203,27 @@ def check_applies(args: argparse.Namespace, command: str, kind: str | None = Non
     table = APPLIES.get(command)
     if table is None:
         return
-    kind = kind or input_kind(getattr(args, "model", None), getattr(args, "task", None),
-                              revision=getattr(args, "revision", None))
+    kind = kind or input_kind(
+        getattr(args, "model", None), getattr(args, "task", None), revision=getattr(args, "revision", None)
+    )
     if kind is None:
         return
     for dest, kinds in table.items():
         if kind not in kinds and _given(args, dest):
-            raise WidthscopeError(f"{_flag(dest)} applies to {_group(kinds)} only; --model {args.model} is "
-                                  f"{KINDS[kind]}: drop {_flag(dest)}")
+            raise WidthscopeError(
+                f"{_flag(dest)} applies to {_group(kinds)} only; --model {args.model} is "
+                f"{KINDS[kind]}: drop {_flag(dest)}"
+            )
 
 
 def _group(kinds: frozenset[str]) -> str:
     names = ", ".join(_SHORT[k] for k in KINDS if k in kinds)
-    for group, word in ((_HF, "Hugging Face checkpoints"), (_TEXT, "text models"), (_CKPT, "checkpoints"),
-                        (_WS, "widthscope checkpoints")):
+    for group, word in (
+        (_HF, "Hugging Face checkpoints"),
+        (_TEXT, "text models"),
+        (_CKPT, "checkpoints"),
+        (_WS, "widthscope checkpoints"),
+    ):
         if kinds == group:
             return f"{word} ({names})"
     return names
@@ -232,8 +281,19 @@ def check_dir_writable(path: str | os.PathLike) -> Path:
 # ----------------------------------------------------------------------------- paths: length, collisions
 # The options that name files a command reads, and those it writes (argparse dests). A path option
 # not given, or an input that is a name rather than a path ("builtin", "digits"), is skipped.
-_INPUT_PATHS = ("model", "tokenizer", "data", "train_data", "test_data", "data_root", "samples", "train", "test",
-                "config", "results")
+_INPUT_PATHS = (
+    "model",
+    "tokenizer",
+    "data",
+    "train_data",
+    "test_data",
+    "data_root",
+    "samples",
+    "train",
+    "test",
+    "config",
+    "results",
+)
 _OUTPUT_PATHS = ("out", "save_samples", "json")
 _NAME_MAX, _PATH_MAX = 255, 4096  # Linux's limits: bytes per path component, bytes per path
 
@@ -248,15 +308,17 @@ def check_path_length(flag: str, value: str | os.PathLike) -> None:
     longest = max((len(part) for part in raw.split(b"/")), default=0)
     if len(raw) >= _PATH_MAX or longest > _NAME_MAX:
         short = os.fsdecode(raw[:40]) + "…"
-        raise WidthscopeError(f"{flag} {short!r} is too long ({len(raw)} bytes, longest part {longest}): a path may "
-                              f"have at most {_PATH_MAX - 1} bytes and each part of it {_NAME_MAX}; choose a shorter path")
+        raise WidthscopeError(
+            f"{flag} {short!r} is too long ({len(raw)} bytes, longest part {longest}): a path may "
+            f"have at most {_PATH_MAX - 1} bytes and each part of it {_NAME_MAX}; choose a shorter path"
+        )
 
 
 def _paths(args: argparse.Namespace, dests: tuple[str, ...]) -> list[tuple[str, str]]:
     out = []
     for dest in dests:
         v = getattr(args, dest, None)
-        for item in (v if isinstance(v, (list, tuple)) else [v]):
+        for item in v if isinstance(v, (list, tuple)) else [v]:
             if isinstance(item, (str, os.PathLike)) and str(item):
                 out.append((_flag_of(dest), str(item)))
     return out
@@ -279,19 +341,25 @@ def check_outputs(args: argparse.Namespace, command: str) -> None:
     if command == "certify" and getattr(args, "out", None):  # certify keeps its finished parts beside --out
         outputs.append(("--out's parts folder", str(args.out) + ".parts", _real(str(args.out) + ".parts")))
     for i, (fa, pa, ra) in enumerate(outputs):
-        for fb, pb, rb in outputs[i + 1:]:
+        for fb, pb, rb in outputs[i + 1 :]:
             if ra == rb:
                 change = fa if fb.endswith("parts folder") else fb
-                raise WidthscopeError(f"{fa} {pa!r} and {fb} {pb!r} are the same file: one would overwrite the "
-                                      f"other; give {change} another path")
+                raise WidthscopeError(
+                    f"{fa} {pa!r} and {fb} {pb!r} are the same file: one would overwrite the "
+                    f"other; give {change} another path"
+                )
     for fo, po, ro in outputs:
         for fi, pi, ri in inputs:
             if ro == ri:
-                raise WidthscopeError(f"{fo} {po!r} is the input {fi} {pi!r}: widthscope never writes into its "
-                                      f"inputs; give {fo} another path")
+                raise WidthscopeError(
+                    f"{fo} {po!r} is the input {fi} {pi!r}: widthscope never writes into its "
+                    f"inputs; give {fo} another path"
+                )
             if ri.is_dir() and _inside(ro, ri) and not (command == "report" and ro == ri / "report"):
-                raise WidthscopeError(f"{fo} {po!r} lies inside the input {fi} {pi!r}: widthscope never writes "
-                                      f"into its inputs; give {fo} a path outside it")
+                raise WidthscopeError(
+                    f"{fo} {po!r} lies inside the input {fi} {pi!r}: widthscope never writes "
+                    f"into its inputs; give {fo} a path outside it"
+                )
 
 
 def check_args(args: argparse.Namespace, command: str) -> None:
@@ -299,8 +367,8 @@ def check_args(args: argparse.Namespace, command: str) -> None:
     for flag, path in _paths(args, _INPUT_PATHS + _OUTPUT_PATHS):
         check_path_length(flag, path)
     seed = getattr(args, "seed", None)
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 32):
-        raise WidthscopeError(f"--seed {seed}: must be a whole number in 0..{2 ** 32 - 1}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32):
+        raise WidthscopeError(f"--seed {seed}: must be a whole number in 0..{2**32 - 1}")
     for name, lo, hi, what in RANGES:
         v = getattr(args, name, None)
         if name in ("n_train", "n_test") and v == "all":  # every sequence of the source (data.published)
@@ -350,17 +418,27 @@ def check_args(args: argparse.Namespace, command: str) -> None:
 CREATED: list[Path] = []
 
 
-def check_pools(M: int | list[int], K: int | list[int], n_train: int, n_test: int, *,
-                train_flag: str = "--n-train", test_flag: str = "--n-test", test_pool: str = "held-out pool") -> None:
+def check_pools(
+    M: int | list[int],
+    K: int | list[int],
+    n_train: int,
+    n_test: int,
+    *,
+    train_flag: str = "--n-train",
+    test_flag: str = "--n-test",
+    test_pool: str = "held-out pool",
+) -> None:
     """``M``/``K`` (draws without replacement) must fit the train/held-out pools."""
     m = max(M) if isinstance(M, (list, tuple)) else M
     k = max(K) if isinstance(K, (list, tuple)) else K
     if m > n_train:
-        raise WidthscopeError(f"M={m} is larger than the train pool of {n_train} examples: raise {train_flag} "
-                              "or lower --M")
+        raise WidthscopeError(
+            f"M={m} is larger than the train pool of {n_train} examples: raise {train_flag} or lower --M"
+        )
     if k > n_test:
-        raise WidthscopeError(f"K={k} is larger than the {test_pool} of {n_test} examples: raise {test_flag} "
-                              "or lower --K")
+        raise WidthscopeError(
+            f"K={k} is larger than the {test_pool} of {n_test} examples: raise {test_flag} or lower --K"
+        )
 
 
 # ----------------------------------------------------------------------------- list options
@@ -389,8 +467,10 @@ def float_list(text: str | None, flag: str) -> list[float] | None:
     if vals is not None and any(not (v > 0 and math.isfinite(v)) for v in vals):
         raise WidthscopeError(f"{flag} {text!r}: step sizes must be positive finite numbers")
     if vals is not None and len(vals) > _RANGE["n_etas"][1]:
-        raise WidthscopeError(f"{flag}: {len(vals)} step sizes; at most {_RANGE['n_etas'][1]} (each one evaluates "
-                              "the held-out pool at every point)")
+        raise WidthscopeError(
+            f"{flag}: {len(vals)} step sizes; at most {_RANGE['n_etas'][1]} (each one evaluates "
+            "the held-out pool at every point)"
+        )
     return vals
 
 
@@ -403,11 +483,13 @@ def sizes_list(values: Any, name: str) -> list[int]:
     except (TypeError, ValueError):
         ok, out = False, []
     if not ok or not out or any(v < 1 for v in out):
-        raise WidthscopeError(f"{name} must be a non-empty list of positive whole numbers, got {values!r} "
-                              f"(e.g. {name}=[16, 32, 64, 128])")
+        raise WidthscopeError(
+            f"{name} must be a non-empty list of positive whole numbers, got {values!r} (e.g. {name}=[16, 32, 64, 128])"
+        )
     if max(out) > _RANGE["n_train"][1]:
-        raise WidthscopeError(f"{name}={max(out)}: at most {_RANGE['n_train'][1]} (a draw cannot be larger than its "
-                              "pool)")
+        raise WidthscopeError(
+            f"{name}={max(out)}: at most {_RANGE['n_train'][1]} (a draw cannot be larger than its pool)"
+        )
     return out
 
 
@@ -420,7 +502,8 @@ def pairs_of(M: Any, K: Any) -> list[tuple[int, int]]:
     if len(Ks) == 1:
         return [(m, Ks[0]) for m in Ms]
     if len(Ks) != len(Ms):
-        raise WidthscopeError(f"K has {len(Ks)} values but M has {len(Ms)}: give one K, or one per M "
-                              "(pairs (M[i], K[i])), or none for K = M")
+        raise WidthscopeError(
+            f"K has {len(Ks)} values but M has {len(Ms)}: give one K, or one per M "
+            "(pairs (M[i], K[i])), or none for K = M"
+        )
     return list(zip(Ms, Ks))
-

@@ -10,19 +10,33 @@ call and the subpackage they import from are one object).
 - ``per_point``: per-point statistics, ranking and the terminal tables;
 - ``samples``: pooled samples as a safetensors artifact (``widthscope stats``: certificates without a model).
 """
+
 import sys as _sys
 import types as _types
 from typing import Any
 
+from .api import certify_model
 from .per_point import check_pool, precision_notes, ranking, statistics, tables
 from .pipeline import *  # noqa: F403  (the public API of the pipeline)
 from .pipeline import __all__ as _main_all
-from .api import certify_model
 from .result import Certificate, CertifyResult, PointCertificate
 from .run import CertifyJob, list_points, run_certify
 
-__all__ = [*_main_all, "check_pool", "precision_notes", "ranking", "statistics", "tables", "CertifyJob",
-           "list_points", "run_certify", "certify_model", "CertifyResult", "PointCertificate", "Certificate"]
+__all__ = [
+    *_main_all,
+    "check_pool",
+    "precision_notes",
+    "ranking",
+    "statistics",
+    "tables",
+    "CertifyJob",
+    "list_points",
+    "run_certify",
+    "certify_model",
+    "CertifyResult",
+    "PointCertificate",
+    "Certificate",
+]
 
 
 class _Callable(_types.ModuleType):

@@ -4,6 +4,7 @@ Calling the package (``import widthscope as ws; ws.certify(model, data, M=...)``
 :func:`certify_model`; :func:`widthscope.certify.certify` is the same pipeline returning the JSON
 dict a results file holds.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
@@ -21,35 +22,92 @@ from .result import CertifyResult
 __all__ = ["certify_model"]
 
 
-def certify_model(model: nn.Module, data: Any, test: Iterable[Any] | None = None, *,
-                  options: CertifyOptions | None = None, batch_size: int = 32,
-                  loss_fn: Callable[[Any, Any], torch.Tensor] | None = None, progress: bool = True,
-                  **keywords: Any) -> CertifyResult:
+def certify_model(
+    model: nn.Module,
+    data: Any,
+    test: Iterable[Any] | Any | None = None,
+    *,
+    options: CertifyOptions | None = None,
+    batch_size: int = 32,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    progress: bool = True,
+    tokenizer: Any = None,
+    seq_len: int | None = None,
+    text_column: str | None = None,
+    **keywords: Any,
+) -> CertifyResult:
     """Certify every insertion point of ``model`` on ``data``; returns a :class:`CertifyResult`.
 
-    ``data``: the train batches with ``test`` the held-out ones; or a pair ``(train_batches,
-    test_batches)``; or an :class:`~widthscope.data.spec.InputSpec` (its pools are built for
-    ``model`` by :func:`widthscope.load_inputs` and cut into batches of ``batch_size``, with the
-    loss of the model's task). ``options`` (a :class:`~widthscope.options.CertifyOptions`) and the
-    keywords (``M=``, ``K=``, ``draws=``, ... as :func:`widthscope.certify.certify` takes them)
-    set the statistics; the keywords override the options' fields.
+    ``model``: any ``nn.Module``; a ``transformers.PreTrainedModel``'s task (and so its loss)
+    comes from its class or config, as the command line's does. ``data``: the train pool with
+    ``test`` the held-out one, each as the user holds it (:mod:`widthscope.data.objects`): a list
+    of texts (with ``tokenizer``, truncated to ``seq_len``), a ``BatchEncoding`` or mapping of
+    tensors (cut into batches of ``batch_size``), a ``datasets.Dataset`` (its ``text_column``,
+    default ``"text"``, or tokenized columns), a ``DataLoader``, or a list of batches; or a pair
+    ``(train, test)`` of those; or a ``datasets.DatasetDict`` (its ``train`` split trains, its
+    ``validation`` split, else ``test``, is held out; never re-split); or an
+    :class:`~widthscope.data.spec.InputSpec` (its pools are built for ``model`` by
+    :func:`widthscope.load_inputs` and cut into batches of ``batch_size``, with the loss of the
+    model's task). ``options`` (a :class:`~widthscope.options.CertifyOptions`) and the keywords
+    (``M=``, ``K=``, ``draws=``, ... as :func:`widthscope.certify.certify` takes them) set the
+    statistics; the keywords override the options' fields.
     """
+    from .. import _args
+    from ..data.objects import check_tokenizer, is_dataset_dict, pools_from
+
+    _args.module("certify", "model", model)
+    check_tokenizer(tokenizer, "certify")
+    _args.integer("certify", "batch_size", batch_size, lo=1)
+    _args.integer("certify", "seq_len", seq_len, lo=2, optional=True)
+    if text_column is not None and not isinstance(text_column, str):
+        raise _args.wrong_type("certify", "text_column", "a column name (str) or None", text_column)
+    info: dict[str, str] | None = None
     if isinstance(data, InputSpec):
         if test is not None:
             raise WidthscopeTypeError("certify(test=...): an InputSpec builds both pools; drop test")
+        if tokenizer is not None or seq_len is not None or text_column is not None:
+            raise WidthscopeTypeError(
+                "certify(tokenizer=/seq_len=/text_column=...): an InputSpec names its own "
+                "(InputSpec(tokenizer=..., seq_len=..., text_field=...)); drop them"
+            )
         from ..data.inputs import load_inputs
         from ..probe.intervene import to_batches
 
         inputs = load_inputs(data, model=model, show_progress=progress)
         train, test = to_batches(inputs.train, batch_size), to_batches(inputs.test, batch_size)
         loss_fn = loss_fn or inputs.loss_fn
-    elif test is None:
-        if not (isinstance(data, (tuple, list)) and len(data) == 2 and not isinstance(data[0], torch.Tensor)):
-            raise WidthscopeTypeError("certify(data=...): give train and held-out batches (certify(model, train, "
-                                      "test)), a pair (train_batches, test_batches), or an InputSpec; got "
-                                      f"{type(data).__name__}")
-        train, test = data
     else:
-        train = data
+        if test is None and not is_dataset_dict(data):
+            if not (
+                isinstance(data, (tuple, list))
+                and len(data) == 2
+                and not isinstance(data[0], (torch.Tensor, str))
+                and not isinstance(data[1], str)
+            ):
+                from ..data.objects import DATA_ACCEPTS
+
+                raise WidthscopeTypeError(
+                    "certify(data=...): give the train and held-out pools (certify(model, train, "
+                    "test)), a pair (train, test), a datasets.DatasetDict with train and "
+                    f"validation/test splits, or an InputSpec; each pool may be {DATA_ACCEPTS}; got "
+                    f"{_args.describe(data)}"
+                )
+            data, test = data
+        seed = int(getattr(options, "seed", 0) or 0) if options is not None else 0
+        seed = int(keywords.get("seed", seed))
+        train, test, task_loss, info = pools_from(
+            data,
+            test,
+            model=model,
+            tokenizer=tokenizer,
+            seq_len=seq_len,
+            batch_size=batch_size,
+            text_column=text_column,
+            seed=seed,
+            fn="certify",
+        )
+        loss_fn = loss_fn or task_loss
     res = certify(model, train, test, options=options, loss_fn=loss_fn, progress=progress, **keywords)
+    if info is not None and isinstance(res.get("settings"), dict):
+        res["settings"]["data_objects"] = info
     return CertifyResult.from_dict(res)

@@ -4,6 +4,7 @@ Shared by :mod:`widthscope.certify` (which probes a model) and :mod:`widthscope.
 (``widthscope stats``, which recomputes from saved samples): both import this module, neither
 imports the other's statistics (no import cycle). ``widthscope.certify`` re-exports the names.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -30,9 +31,14 @@ def _as_dtype(dtype: Any) -> torch.dtype | None:
     return getattr(torch, str(dtype).replace("torch.", ""), None)
 
 
-def rounding_bounds(a: torch.Tensor, b: torch.Tensor, dtype: Any, estimator: str = "unbiased",
-                    rho: float | None = None, errors: tuple[torch.Tensor, torch.Tensor] | None = None
-                    ) -> dict[str, Any] | None:
+def rounding_bounds(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    dtype: Any,
+    estimator: str = "unbiased",
+    rho: float | None = None,
+    errors: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> dict[str, Any] | None:
     r"""How far rounding the samples moves the first-order statistics, for samples from a
     bfloat16/float16 model (None for any other dtype: the statistics are accumulated in float64
     from upcast samples, so only the samples' own rounding matters).
@@ -43,8 +49,9 @@ def rounding_bounds(a: torch.Tensor, b: torch.Tensor, dtype: Any, estimator: str
     :func:`~widthscope.probe.intervene.projected_rounding` (systematic part + 3 standard errors).
     This is what certify should use: it flags only what the rounding actually reaches.
 
-    **Worst case** (no ``errors``): with every sample off by at most ``ρ`` of its norm (``rho``; default ``SAMPLE_REL_ERROR · u``,
-    ``u`` the dtype's unit roundoff), ``N1 = Σ‖s_i‖``, ``N2 = Σ‖s_i‖²``, ``P2 = n(n−1)``:
+    **Worst case** (no ``errors``): with every sample off by at most ``ρ`` of its norm (``rho``;
+    default ``SAMPLE_REL_ERROR · u``, ``u`` the dtype's unit roundoff), ``N1 = Σ‖s_i‖``,
+    ``N2 = Σ‖s_i‖²``, ``P2 = n(n−1)``:
 
     * ``‖μ‖²`` (unbiased, ``S/P2`` with ``S = ‖Σs‖² − N2``) moves by at most
       ``(2ρ‖Σs‖N1 + ρ²N1² + (2ρ + ρ²)N2) / P2``; plug-in ``‖s̄‖²`` by ``2ρ‖s̄‖m + ρ²m²``, ``m = N1/n``;
@@ -63,10 +70,18 @@ def rounding_bounds(a: torch.Tensor, b: torch.Tensor, dtype: Any, estimator: str
 
         ea, eb = errors
         avg_a, avg_b = a.mean(0), b.mean(0)
-        bounds = {"mu_sq_train": 2 * projected_rounding(ea, avg_a), "mu_sq_test": 2 * projected_rounding(eb, avg_b),
-                  "ab": projected_rounding(ea, avg_b) + projected_rounding(eb, avg_a)}
-        return {"dtype": str(dt).replace("torch.", ""), "method": f"measured on {len(ea)}+{len(eb)} samples",
-                "rho": None, "bounds": bounds, "within_rounding": []}
+        bounds = {
+            "mu_sq_train": 2 * projected_rounding(ea, avg_a),
+            "mu_sq_test": 2 * projected_rounding(eb, avg_b),
+            "ab": projected_rounding(ea, avg_b) + projected_rounding(eb, avg_a),
+        }
+        return {
+            "dtype": str(dt).replace("torch.", ""),
+            "method": f"measured on {len(ea)}+{len(eb)} samples",
+            "rho": None,
+            "bounds": bounds,
+            "within_rounding": [],
+        }
     rho = SAMPLE_REL_ERROR * torch.finfo(dt).eps / 2 if rho is None else float(rho)
 
     def mu_sq(X: torch.Tensor) -> tuple[float, float]:
@@ -76,35 +91,50 @@ def rounding_bounds(a: torch.Tensor, b: torch.Tensor, dtype: Any, estimator: str
         tot = float(X.sum(0).norm()) + rho * N1
         if estimator == "plugin":
             m = N1 / n
-            return 2 * rho * (tot / n) * m + rho ** 2 * m ** 2, N1 / n
-        return (2 * rho * tot * N1 + rho ** 2 * N1 ** 2 + (2 * rho + rho ** 2) * N2) / (n * (n - 1)), N1 / n
+            return 2 * rho * (tot / n) * m + rho**2 * m**2, N1 / n
+        return (2 * rho * tot * N1 + rho**2 * N1**2 + (2 * rho + rho**2) * N2) / (n * (n - 1)), N1 / n
 
     (ba, ma), (bb, mb) = mu_sq(a), mu_sq(b)
     mean_a = float(a.mean(0).norm()) + rho * ma
     mean_b = float(b.mean(0).norm()) + rho * mb
-    bounds = {"mu_sq_train": ba, "mu_sq_test": bb, "ab": rho * (ma * mean_b + mb * mean_a) + rho ** 2 * ma * mb}
-    return {"dtype": str(dt).replace("torch.", ""), "method": "worst case", "rho": rho, "bounds": bounds,
-            "within_rounding": []}
+    bounds = {"mu_sq_train": ba, "mu_sq_test": bb, "ab": rho * (ma * mean_b + mb * mean_a) + rho**2 * ma * mb}
+    return {
+        "dtype": str(dt).replace("torch.", ""),
+        "method": "worst case",
+        "rho": rho,
+        "bounds": bounds,
+        "within_rounding": [],
+    }
 
 
 def check_pool(n: int, need: int, what: str, flag: str, pool: str) -> None:
     unit = "positions" if pool == "token" else "examples"
     if n < 4:
-        raise WidthscopeError(f"{what} pool has {n} {unit}; the unbiased estimators need at least 4: "
-                              f"raise {flag}")
+        raise WidthscopeError(f"{what} pool has {n} {unit}; the unbiased estimators need at least 4: raise {flag}")
     if need > n:
-        raise WidthscopeError(f"{'M' if 'train' in what else 'K'}={need} is larger than the {what} pool of "
-                              f"{n} {unit} (draws pick without replacement): raise {flag} to >= {need} or "
-                              f"lower {'--M' if 'train' in what else '--K'}")
+        raise WidthscopeError(
+            f"{'M' if 'train' in what else 'K'}={need} is larger than the {what} pool of "
+            f"{n} {unit} (draws pick without replacement): raise {flag} to >= {need} or "
+            f"lower {'--M' if 'train' in what else '--K'}"
+        )
 
 
-def statistics(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], *,
-               pairs: Sequence[tuple[int, int]], draws: int = 1000, seed: int = 0,
-               estimator: Estimator = "unbiased", pool: str = "sum", project: int | None = None,
-               dims: dict[str, int] | None = None, draw_scheme: str = "shared",
-               sample_dtype: Any = None, sample_rel_error: float | dict[str, float] | None = None,
-               sample_errors: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
-               ) -> tuple[list[dict[str, Any]], list[str]]:
+def statistics(
+    train: dict[str, torch.Tensor],
+    test: dict[str, torch.Tensor],
+    *,
+    pairs: Sequence[tuple[int, int]],
+    draws: int = 1000,
+    seed: int = 0,
+    estimator: Estimator = "unbiased",
+    pool: str = "sum",
+    project: int | None = None,
+    dims: dict[str, int] | None = None,
+    draw_scheme: str = "shared",
+    sample_dtype: Any = None,
+    sample_rel_error: float | dict[str, float] | None = None,
+    sample_errors: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+) -> tuple[list[dict[str, Any]], list[str]]:
     """Moments, certificates and misalignment per point from pooled samples (no model needed).
 
     ``train[point]``, ``test[point]``: ``(n, d)`` sample vectors (projected to ``project``
@@ -145,11 +175,16 @@ def statistics(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], *,
             est = {"mu_sq_train": mom_a.mu_sq, "mu_sq_test": mom_b.mu_sq, "ab": cross.ab}
             rounding["within_rounding"] = [k for k, v in est.items() if abs(v) <= rounding["bounds"][k]]
             if rounding["within_rounding"]:
-                how = (f"samples each off by {rounding['rho']:.2g} of their norm, worst case" if rounding["rho"]
-                       else f"rounding {rounding['method']}")
-                notes.append(f"{name}: {', '.join(rounding['within_rounding'])} within rounding of zero of "
-                             f"{rounding['dtype']} samples (|estimate| <= the error the rounding could make, {how}): "
-                             "its sign, and the certificate's, is not resolved by the model's dtype")
+                how = (
+                    f"samples each off by {rounding['rho']:.2g} of their norm, worst case"
+                    if rounding["rho"]
+                    else f"rounding {rounding['method']}"
+                )
+                notes.append(
+                    f"{name}: {', '.join(rounding['within_rounding'])} within rounding of zero of "
+                    f"{rounding['dtype']} samples (|estimate| <= the error the rounding could make, {how}): "
+                    "its sign, and the certificate's, is not resolved by the model's dtype"
+                )
         gram = a @ b.T  # the cross-Gram, once: a misalignment draw is the mean of an M×K block
         mis_all = stats.misalignment_from_gram(gram, pairs=pairs, draws=draws, seed=seed, scheme=draw_scheme)
         assert isinstance(mis_all, list)  # pairs given: one result per pair
@@ -158,22 +193,40 @@ def statistics(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], *,
             one = stats.certificate(mom_a, M=m, K=k, estimator=estimator, populations="one")
             two = stats.certificate(cross, M=m, K=k, estimator=estimator, populations="two")
             # The reporting rule: d_align of a vacuous certificate is missing, never a number.
-            certs.append({"M": m, "K": k, "one": stats.vacuous_rule(to_jsonable(one)),
-                          "two": stats.vacuous_rule(to_jsonable(two)), "misalignment": to_jsonable(mis)})
-        results.append({"point": name, "n_train": int(a.shape[0]), "n_test": int(b.shape[0]),
-                        "d": int((dims or {}).get(name, a.shape[1])),
-                        "moments_train": to_jsonable(mom_a),
-                        "moments_test": to_jsonable(mom_b), "cross_moments": to_jsonable(cross),
-                        "certificates": certs, **({"rounding": rounding} if rounding is not None else {})})
+            certs.append(
+                {
+                    "M": m,
+                    "K": k,
+                    "one": stats.vacuous_rule(to_jsonable(one)),
+                    "two": stats.vacuous_rule(to_jsonable(two)),
+                    "misalignment": to_jsonable(mis),
+                }
+            )
+        results.append(
+            {
+                "point": name,
+                "n_train": int(a.shape[0]),
+                "n_test": int(b.shape[0]),
+                "d": int((dims or {}).get(name, a.shape[1])),
+                "moments_train": to_jsonable(mom_a),
+                "moments_test": to_jsonable(mom_b),
+                "cross_moments": to_jsonable(cross),
+                "certificates": certs,
+                **({"rounding": rounding} if rounding is not None else {}),
+            }
+        )
     if project:
-        notes.append(f"samples randomly projected to k={project} dims (seed {seed}): moments of both "
-                     "populations bias-corrected (unbiased over the projection, unbiased estimator); "
-                     "the empirical misalignment is computed in the projected space")
+        notes.append(
+            f"samples randomly projected to k={project} dims (seed {seed}): moments of both "
+            "populations bias-corrected (unbiased over the projection, unbiased estimator); "
+            "the empirical misalignment is computed in the projected space"
+        )
     return results, notes
 
 
 def ranking(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Points by two-population ``d_align`` at the first ``(M, K)``: certified first."""
+
     def key(r: dict[str, Any]) -> tuple[bool, float]:
         # Certified points first; vacuous ones (d_align missing) keep their order after them.
         two = r["certificates"][0]["two"]
@@ -182,9 +235,20 @@ def ranking(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for i, r in enumerate(sorted(results, key=key, reverse=True)):
         two, one = r["certificates"][0]["two"], r["certificates"][0]["one"]
-        out.append({"rank": i + 1, "point": r["point"], "d": r["d"], "d_align": two["d_align"],
-                    "d_par": two["d_par"], "d_2": two["d_2"], "expectation": two["expectation"],
-                    "vacuous": two["vacuous"], "reason": two["reason"], "d_align_one": one["d_align"]})
+        out.append(
+            {
+                "rank": i + 1,
+                "point": r["point"],
+                "d": r["d"],
+                "d_align": two["d_align"],
+                "d_par": two["d_par"],
+                "d_2": two["d_2"],
+                "expectation": two["expectation"],
+                "vacuous": two["vacuous"],
+                "reason": two["reason"],
+                "d_align_one": one["d_align"],
+            }
+        )
     return out
 
 
@@ -201,43 +265,93 @@ def tables(result: dict[str, Any]) -> str:
         for c in r["certificates"]:
             for form in ("two", "one"):
                 cert = c[form]
-                row = {"form": form, "M": c["M"], "K": c["K"], "S": cert["expectation"],
-                       "V": _v(cert), "T": cert.get("e_cov"),
-                       "d_par": cert["d_par"], "d_2": cert["d_2"], "d_align": cert["d_align"],
-                       "B_exact": cert["b_exact"], "B_align": cert["b_align"]}
+                row = {
+                    "form": form,
+                    "M": c["M"],
+                    "K": c["K"],
+                    "S": cert["expectation"],
+                    "V": _v(cert),
+                    "T": cert.get("e_cov"),
+                    "d_par": cert["d_par"],
+                    "d_2": cert["d_2"],
+                    "d_align": cert["d_align"],
+                    "B_exact": cert["b_exact"],
+                    "B_align": cert["b_align"],
+                }
                 if form == "two":
                     mis = c["misalignment"]
                     row.update({"misalign": mis["probability"], "low": mis["low"], "high": mis["high"]})
                 rows.append(row)
-        vac = {f"{f}-population: {str(c[f]['reason']).split(';')[0]}"
-               for c in r["certificates"] for f in ("two", "one") if c[f]["vacuous"]}
-        title = (f"{r['point']}  (d={r['d']}, n_train={r['n_train']}, n_test={r['n_test']}; "
-                 "S = E[A] (a.b; one: |mu|^2), V = max(b'S_a b, a'S_b a) (one: mu'S mu), "
-                 "T = tr(S_a S_b) (one: tr S^2); misalign = empirical Pr(A<=0) [95% Wilson low, high])")
-        table = format_table(rows, ["form", "M", "K", "S", "V", "T", "d_par", "d_2", "d_align", "B_exact",
-                                    "B_align", "misalign", "low", "high"], title=title)
+        vac = {
+            f"{f}-population: {str(c[f]['reason']).split(';')[0]}"
+            for c in r["certificates"]
+            for f in ("two", "one")
+            if c[f]["vacuous"]
+        }
+        title = (
+            f"{r['point']}  (d={r['d']}, n_train={r['n_train']}, n_test={r['n_test']}; "
+            "S = E[A] (a.b; one: |mu|^2), V = max(b'S_a b, a'S_b a) (one: mu'S mu), "
+            "T = tr(S_a S_b) (one: tr S^2); misalign = empirical Pr(A<=0) [95% Wilson low, high])"
+        )
+        table = format_table(
+            rows,
+            [
+                "form",
+                "M",
+                "K",
+                "S",
+                "V",
+                "T",
+                "d_par",
+                "d_2",
+                "d_align",
+                "B_exact",
+                "B_align",
+                "misalign",
+                "low",
+                "high",
+            ],
+            title=title,
+        )
         if vac:
-            table += ("\n  vacuous (bounds 1; d_align missing; d_par, d_2 per term, missing where its own estimate "
-                      "failed): " + "; ".join(sorted(vac, reverse=True)))
+            table += (
+                "\n  vacuous (bounds 1; d_align missing; d_par, d_2 per term, missing where its own estimate "
+                "failed): " + "; ".join(sorted(vac, reverse=True))
+            )
         if (r.get("rounding") or {}).get("within_rounding"):
             rd = r["rounding"]
-            table += (f"\n  within rounding of zero in {rd['dtype']} (sign not resolved): "
-                      + ", ".join(f"{k} (bound {rd['bounds'][k]:.3g})" for k in rd["within_rounding"]))
+            table += f"\n  within rounding of zero in {rd['dtype']} (sign not resolved): " + ", ".join(
+                f"{k} (bound {rd['bounds'][k]:.3g})" for k in rd["within_rounding"]
+            )
         if r.get("interventions"):
             iv = r["interventions"]
             # the precision column only where the dtype left a step unresolved or float32 re-measured it
-            flagged = any(x.get("below_resolution") or x.get("evaluated_in", x.get("dtype")) != x.get("dtype")
-                          for x in iv)
+            flagged = any(
+                x.get("below_resolution") or x.get("evaluated_in", x.get("dtype")) != x.get("dtype") for x in iv
+            )
             table += "\n\n" + format_table(
-                [{"eta": x["eta"], "predicted dL": x["predicted"], "actual dL": x["actual"],
-                  "retention": x["retention"], "sign ok": x["sign_agrees"],
-                  **({"precision": _precision_cell(x)} if flagged else {})} for x in iv],
+                [
+                    {
+                        "eta": x["eta"],
+                        "predicted dL": x["predicted"],
+                        "actual dL": x["actual"],
+                        "retention": x["retention"],
+                        "sign ok": x["sign_agrees"],
+                        **({"precision": _precision_cell(x)} if flagged else {}),
+                    }
+                    for x in iv
+                ],
                 title=f"  {iv[0]['probe']} intervention at {r['point']} (M={iv[0]['M']}, K={iv[0]['K']}): "
-                      "held-out loss change, first-order prediction vs measured")
+                "held-out loss change, first-order prediction vs measured",
+            )
         out.append(table)
-    out.append(format_table(result["ranking"], ["rank", "point", "d", "d_align", "d_par", "d_2",
-                                                "expectation", "d_align_one"],
-                            title="ranking by two-population d_align (largest first)"))
+    out.append(
+        format_table(
+            result["ranking"],
+            ["rank", "point", "d", "d_align", "d_par", "d_2", "expectation", "d_align_one"],
+            title="ranking by two-population d_align (largest first)",
+        )
+    )
     notes = list(result["notes"])
     notes += [n for n in precision_notes(result["points"]) if n not in notes]
     for n in notes:

@@ -33,6 +33,7 @@ Example::
     >>> sorted(res["points"][0]["certificates"][0])
     ['K', 'M', 'misalignment', 'one', 'two']
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,16 +44,25 @@ import torch
 import torch.nn as nn
 
 from .. import distributed
-from .._io import atomic_write_json, to_jsonable
+from .._io import to_jsonable
 from ..errors import WidthscopeError
-from .per_point import check_pool, _v, precision_notes, ranking, statistics, tables  # noqa: F401  (re-exported)
-from ..probe import collect, resolve_points
 from ..options import DEFAULT_M, DEFAULT_MAX_REL_STEP, DEFAULT_N_ETAS, ESTIMATORS, CertifyOptions
+from ..probe import collect, resolve_points
 from ..validate import float_list, int_list, num_list, pairs_of, sizes_list  # noqa: F401  (re-exported)
+from .per_point import _v, check_pool, precision_notes, ranking, statistics, tables  # noqa: F401  (re-exported)
 
-__all__ = ["certify", "settings_block", "data_description", "grid_notes", "count_examples", "gather_rows",
-           "DEFAULT_M", "DEFAULT_N_ETAS", "DEFAULT_MAX_REL_STEP", "ESTIMATORS"]
-
+__all__ = [
+    "certify",
+    "settings_block",
+    "data_description",
+    "grid_notes",
+    "count_examples",
+    "gather_rows",
+    "DEFAULT_M",
+    "DEFAULT_N_ETAS",
+    "DEFAULT_MAX_REL_STEP",
+    "ESTIMATORS",
+]
 
 
 def _low_precision(model: nn.Module) -> torch.dtype | None:
@@ -67,8 +77,11 @@ def count_examples(batches: Sequence[Any]) -> int:
     n = 0
     for b in batches:
         # any Mapping: a tokenizer's BatchEncoding is a UserDict, not a dict
-        x = (b["input_ids"] if "input_ids" in b else next(iter(b.values()))) if isinstance(b, Mapping) else (
-            b[0] if isinstance(b, (tuple, list)) else b)
+        x = (
+            (b["input_ids"] if "input_ids" in b else next(iter(b.values())))
+            if isinstance(b, Mapping)
+            else (b[0] if isinstance(b, (tuple, list)) else b)
+        )
         if isinstance(x, Mapping):
             x = next(iter(x.values()))
         n += int(x.shape[0])
@@ -92,17 +105,31 @@ class _Default:
 _D: Any = _Default()
 
 
-def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterable[Any], *,
-            options: CertifyOptions | None = None,
-            points: str | Sequence[str] | None = _D, M: Sequence[int] | int = _D,
-            K: Sequence[int] | int | None = _D, draws: int = _D, seed: int = _D,
-            estimator: str = _D, pool: str = _D,
-            loss_fn: Callable[[Any, Any], torch.Tensor] | None = None, train_mode: str = _D,
-            progress: bool = True, interventions: str | None = _D,
-            etas: Sequence[float] | None = _D, n_etas: int = _D,
-            max_rel_step: float = _D, project: int | None = _D,
-            samples_out: dict[str, Any] | None = None,
-            on_point: Callable[[dict[str, Any]], None] | None = None, draw_scheme: str = _D) -> dict[str, Any]:
+def certify(
+    model: nn.Module,
+    train_batches: Iterable[Any],
+    test_batches: Iterable[Any],
+    *,
+    options: CertifyOptions | None = None,
+    points: str | Sequence[str] | None = _D,
+    M: Sequence[int] | int = _D,
+    K: Sequence[int] | int | None = _D,
+    draws: int = _D,
+    seed: int = _D,
+    estimator: str = _D,
+    pool: str = _D,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    train_mode: str = _D,
+    progress: bool = True,
+    interventions: str | None = _D,
+    etas: Sequence[float] | None = _D,
+    n_etas: int = _D,
+    max_rel_step: float = _D,
+    project: int | None = _D,
+    samples_out: dict[str, Any] | None = None,
+    on_point: Callable[[dict[str, Any]], None] | None = None,
+    draw_scheme: str = _D,
+) -> dict[str, Any]:
     """Certify every insertion point of ``model``; returns a JSON-able dict.
 
     The settings are a :class:`~widthscope.options.CertifyOptions` (``options``; default
@@ -148,12 +175,29 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
 
     fn = "certify"  # the types, before any work (values: the options dataclass and _resolve)
     if options is not None and not isinstance(options, CertifyOptions):
-        raise _args.WidthscopeTypeError(f"certify(options=...): options must be a CertifyOptions, got "
-                                        f"{_args.describe(options)}")
-    given = {k: v for k, v in dict(points=points, M=M, K=K, draws=draws, seed=seed, estimator=estimator, pool=pool,
-                                    train_mode=train_mode, interventions=interventions, etas=etas, n_etas=n_etas,
-                                    max_rel_step=max_rel_step, project=project, draw_scheme=draw_scheme).items()
-             if v is not _D}
+        raise _args.WidthscopeTypeError(
+            f"certify(options=...): options must be a CertifyOptions, got {_args.describe(options)}"
+        )
+    given = {
+        k: v
+        for k, v in dict(
+            points=points,
+            M=M,
+            K=K,
+            draws=draws,
+            seed=seed,
+            estimator=estimator,
+            pool=pool,
+            train_mode=train_mode,
+            interventions=interventions,
+            etas=etas,
+            n_etas=n_etas,
+            max_rel_step=max_rel_step,
+            project=project,
+            draw_scheme=draw_scheme,
+        ).items()
+        if v is not _D
+    }
     _args.module(fn, "model", model)
     _args.batches(fn, "train_batches", train_batches)
     _args.batches(fn, "test_batches", test_batches)
@@ -170,10 +214,16 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
         "etas": lambda v: _args.numbers_list(fn, "etas", v, accepts="a list of positive step sizes or None"),
         "n_etas": lambda v: _args.integer(fn, "n_etas", v, lo=1),
         "max_rel_step": lambda v: _args.number(
-            fn, "max_rel_step", v, 1e-4, lo_open=True,
-            accepts="a finite number above the smallest step 1e-4 (the largest step's RMS entry over the activation's)"),
-        "project": lambda v: _args.integer(fn, "project", v, lo=2, optional=True,
-                                           accepts="an integer k >= 2 (projected dimension) or None"),
+            fn,
+            "max_rel_step",
+            v,
+            1e-4,
+            lo_open=True,
+            accepts="a finite number above the smallest step 1e-4 (the largest step's RMS entry over the activation's)",
+        ),
+        "project": lambda v: _args.integer(
+            fn, "project", v, lo=2, optional=True, accepts="an integer k >= 2 (projected dimension) or None"
+        ),
         "draw_scheme": lambda v: _args.choice(fn, "draw_scheme", v, ("shared", "per-pair")),
     }
     for key, value in given.items():
@@ -188,20 +238,45 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
     etas, n_etas, max_rel_step = opts.etas, opts.n_etas, opts.max_rel_step
     project, draw_scheme = opts.project, opts.draw_scheme
     pairs, names, train_list, test_list, W, device = _resolve(
-        model, train_batches, test_batches, points=list(points) if points else None, M=M,
-        K=list(K) if K is not None else None, draws=draws, estimator=estimator,
-        pool=pool, interventions=interventions, project=project)
+        model,
+        train_batches,
+        test_batches,
+        points=list(points) if points else None,
+        M=M,
+        K=list(K) if K is not None else None,
+        draws=draws,
+        estimator=estimator,
+        pool=pool,
+        interventions=interventions,
+        project=project,
+    )
 
     from ..probe.intervene import check_rel_step
 
     max_rel_step = check_rel_step(max_rel_step)
     t0 = time.perf_counter()
-    keep = _keep_prefix(model, names, test_list, max(k for _, k in pairs), loss_fn=loss_fn,
-                        device=device, wanted=interventions in ("bias", "block") and project is None and W == 1
-                        and train_mode == "eval")
-    qa, qb, projectors = _probe_pools(model, names, train_list, test_list, loss_fn=loss_fn, pool=pool,
-                                      train_mode=train_mode, progress=progress, project=project, seed=seed,
-                                      keep=keep)
+    keep = _keep_prefix(
+        model,
+        names,
+        test_list,
+        max(k for _, k in pairs),
+        loss_fn=loss_fn,
+        device=device,
+        wanted=interventions in ("bias", "block") and project is None and W == 1 and train_mode == "eval",
+    )
+    qa, qb, projectors = _probe_pools(
+        model,
+        names,
+        train_list,
+        test_list,
+        loss_fn=loss_fn,
+        pool=pool,
+        train_mode=train_mode,
+        progress=progress,
+        project=project,
+        seed=seed,
+        keep=keep,
+    )
     probe_s = time.perf_counter() - t0
     notes = list(dict.fromkeys(qa.notes + qb.notes))
 
@@ -212,21 +287,49 @@ def certify(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterab
     if low is not None and project is None and W == 1:  # measured rounding of the samples (4 small probes a point)
         from ..probe.intervene import sample_errors
 
-        errors = {p: e for p in names
-                  if (e := sample_errors(model, p, train_list, test_list, loss_fn)) is not None}
-    results, more = statistics(gathered_a, gathered_b, pairs=pairs, draws=draws, seed=seed,
-                               estimator=estimator, pool=pool, project=project, dims=dims, draw_scheme=draw_scheme,
-                               sample_dtype=low, sample_errors=errors or None)
+        errors = {p: e for p in names if (e := sample_errors(model, p, train_list, test_list, loss_fn)) is not None}
+    results, more = statistics(
+        gathered_a,
+        gathered_b,
+        pairs=pairs,
+        draws=draws,
+        seed=seed,
+        estimator=estimator,
+        pool=pool,
+        project=project,
+        dims=dims,
+        draw_scheme=draw_scheme,
+        sample_dtype=low,
+        sample_errors=errors or None,
+    )
     notes += more
     if samples_out is not None:
         samples_out.update(train=gathered_a, test=gathered_b, dims=dims)
     stats_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    _interventions(model, results, qa, qb, gathered_a, gathered_b, train_list, test_list, pairs, device,
-                   interventions=interventions, etas=etas, n_etas=n_etas, max_rel_step=max_rel_step,
-                   loss_fn=loss_fn, seed=seed,
-                   project=project, train_mode=train_mode, on_point=on_point, kept=getattr(keep, "kept", None))
+    _interventions(
+        model,
+        results,
+        qa,
+        qb,
+        gathered_a,
+        gathered_b,
+        train_list,
+        test_list,
+        pairs,
+        device,
+        interventions=interventions,
+        etas=etas,
+        n_etas=n_etas,
+        max_rel_step=max_rel_step,
+        loss_fn=loss_fn,
+        seed=seed,
+        project=project,
+        train_mode=train_mode,
+        on_point=on_point,
+        kept=getattr(keep, "kept", None),
+    )
     intervene_s = time.perf_counter() - t0
     if etas is None:
         notes += grid_notes(results, max_rel_step)
@@ -259,18 +362,39 @@ def settings_block(opts: CertifyOptions, names: Sequence[str], *, world_size: in
     """The ``settings`` of a certify result: written once, here, so a result assembled from resumed
     parts records exactly what an uninterrupted run records."""
     pairs = opts.pairs
-    return {"M": [m for m, _ in pairs], "K": [k for _, k in pairs], "draws": opts.draws, "seed": opts.seed,
-            "estimator": opts.estimator, "pool": opts.pool, "train_mode": opts.train_mode, "points": list(names),
-            "world_size": world_size, "interventions": opts.kind, "project": opts.project,
-            "draw_scheme": opts.draw_scheme, "etas": None if opts.etas is None else [float(e) for e in opts.etas],
-            "n_etas": None if opts.etas is not None else opts.n_etas,
-            "max_rel_step": None if opts.etas is not None else opts.max_rel_step}
+    return {
+        "M": [m for m, _ in pairs],
+        "K": [k for _, k in pairs],
+        "draws": opts.draws,
+        "seed": opts.seed,
+        "estimator": opts.estimator,
+        "pool": opts.pool,
+        "train_mode": opts.train_mode,
+        "points": list(names),
+        "world_size": world_size,
+        "interventions": opts.kind,
+        "project": opts.project,
+        "draw_scheme": opts.draw_scheme,
+        "etas": None if opts.etas is None else [float(e) for e in opts.etas],
+        "n_etas": None if opts.etas is not None else opts.n_etas,
+        "max_rel_step": None if opts.etas is not None else opts.max_rel_step,
+    }
 
 
-def _resolve(model: nn.Module, train_batches: Iterable[Any], test_batches: Iterable[Any], *,
-             points: str | Sequence[str] | None, M: Sequence[int] | int, K: Sequence[int] | int | None,
-             draws: int, estimator: str, pool: str, interventions: str | None, project: int | None
-             ) -> tuple[list[tuple[int, int]], list[str], list[Any], list[Any], int, torch.device]:
+def _resolve(
+    model: nn.Module,
+    train_batches: Iterable[Any],
+    test_batches: Iterable[Any],
+    *,
+    points: str | Sequence[str] | None,
+    M: Sequence[int] | int,
+    K: Sequence[int] | int | None,
+    draws: int,
+    estimator: str,
+    pool: str,
+    interventions: str | None,
+    project: int | None,
+) -> tuple[list[tuple[int, int]], list[str], list[Any], list[Any], int, torch.device]:
     """Check the arguments and resolve the ``(M, K)`` pairs, the points, the batch lists, the
     world size and the model's device — all before any probing."""
     if estimator not in ESTIMATORS:
@@ -283,8 +407,9 @@ def _resolve(model: nn.Module, train_batches: Iterable[Any], test_batches: Itera
     W = distributed.world_size()
     for what, lst, flag in (("train", train_list, "n_train"), ("held-out", test_list, "n_test")):
         if len(lst) < W:
-            raise WidthscopeError(f"{len(lst)} {what} batch(es) for {W} ranks: every rank needs one; "
-                                  f"lower the batch size or raise {flag}")
+            raise WidthscopeError(
+                f"{len(lst)} {what} batch(es) for {W} ranks: every rank needs one; lower the batch size or raise {flag}"
+            )
     if pool != "token":  # cheap early check, before any probing
         check_pool(count_examples(train_list), max(m for m, _ in pairs), "train", "n_train", pool)
         check_pool(count_examples(test_list), max(k for _, k in pairs), "held-out", "n_test", pool)
@@ -298,8 +423,10 @@ def _resolve(model: nn.Module, train_batches: Iterable[Any], test_batches: Itera
     if project is not None and (not isinstance(project, int) or project < 2):
         raise WidthscopeError(f"project must be an integer k >= 2 (projected dimension), got {project!r}")
     if project is not None and estimator != "unbiased":
-        raise WidthscopeError("project: the projected moments are bias-corrected for the unbiased estimator only; "
-                              "use estimator='unbiased'")
+        raise WidthscopeError(
+            "project: the projected moments are bias-corrected for the unbiased estimator only; "
+            "use estimator='unbiased'"
+        )
     return pairs, names, train_list, test_list, W, device
 
 
@@ -308,14 +435,23 @@ class _keep_prefix:
     held-out examples when the bias interventions will use it (``wanted``), else nothing;
     ``.kept`` is the record afterwards (or ``None``)."""
 
-    def __init__(self, model: nn.Module, names: list[str], test_list: list[Any], K: int, *,
-                 loss_fn: Callable | None, device: torch.device, wanted: bool):
+    def __init__(
+        self,
+        model: nn.Module,
+        names: list[str],
+        test_list: list[Any],
+        K: int,
+        *,
+        loss_fn: Callable | None,
+        device: torch.device,
+        wanted: bool,
+    ):
         self.args = (model, names, test_list, K, loss_fn, device) if wanted else None
         self.kept: Any = None
 
-    def __enter__(self) -> "_keep_prefix":
+    def __enter__(self) -> _keep_prefix:
         if self.args is not None:
-            from ..probe.collect import to_device, float_dtype
+            from ..probe.collect import float_dtype, to_device
             from ..probe.intervene import as_examples
             from ..probe.prefix import keep_prefix
 
@@ -335,10 +471,20 @@ class _keep_prefix:
             self._cm.__exit__(*exc)
 
 
-def _probe_pools(model: nn.Module, names: list[str], train_list: list[Any], test_list: list[Any], *,
-                 loss_fn: Callable[[Any, Any], torch.Tensor] | None, pool: str, train_mode: str,
-                 progress: bool, project: int | None, seed: int,
-                 keep: Any = None) -> tuple[Any, Any, dict[str, Any]]:
+def _probe_pools(
+    model: nn.Module,
+    names: list[str],
+    train_list: list[Any],
+    test_list: list[Any],
+    *,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None,
+    pool: str,
+    train_mode: str,
+    progress: bool,
+    project: int | None,
+    seed: int,
+    keep: Any = None,
+) -> tuple[Any, Any, dict[str, Any]]:
     """Probe this rank's shard of the train (*a*) and held-out (*b*) batches; with ``project``,
     each point's samples are projected as they stream (one projector per point); ``keep``: a
     context manager around the held-out probe (:class:`_keep_prefix`)."""
@@ -353,8 +499,16 @@ def _probe_pools(model: nn.Module, names: list[str], train_list: list[Any], test
         return projectors[name](x)
 
     def probe(batches: list[Any]) -> Any:
-        return collect(model, distributed.shard(batches), points=names, loss_fn=loss_fn, pool=pool,
-                       train_mode=train_mode, progress=progress, transform=_project if project else None)
+        return collect(
+            model,
+            distributed.shard(batches),
+            points=names,
+            loss_fn=loss_fn,
+            pool=pool,
+            train_mode=train_mode,
+            progress=progress,
+            transform=_project if project else None,
+        )
 
     qa = probe(train_list)
     from contextlib import nullcontext
@@ -364,8 +518,9 @@ def _probe_pools(model: nn.Module, names: list[str], train_list: list[Any], test
     return qa, qb, projectors
 
 
-def _gather_pools(qa: Any, qb: Any, names: list[str], device: torch.device, projectors: dict[str, Any],
-                  project: int | None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, int]]:
+def _gather_pools(
+    qa: Any, qb: Any, names: list[str], device: torch.device, projectors: dict[str, Any], project: int | None
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, int]]:
     """All ranks' samples per point, and each point's (unprojected) dimension ``d``."""
     gathered_a = {name: gather_rows(qa[name], device) for name in names}
     gathered_b = {name: gather_rows(qb[name], device) for name in names}
@@ -392,20 +547,41 @@ def grid_notes(results: Sequence[dict[str, Any]], max_rel_step: float) -> list[s
     if not held:
         return []
     lo, hi = f"{min(held.values()):.2f}", f"{max(held.values()):.2f}"
-    more = ("; --max-rel-step 1 (certify(max_rel_step=1)) extends it to a step as large as the activation"
-            if max_rel_step < 1 else "")
-    return [f"interventions: at {', '.join(held)} the largest step of the grid (rel_step {max_rel_step:g}) still "
-            f"gave {lo if lo == hi else f'{lo}-{hi}'} of the predicted loss decrease, so the first-order step has "
-            f"not broken down within the grid{more}"]
+    more = (
+        "; --max-rel-step 1 (certify(max_rel_step=1)) extends it to a step as large as the activation"
+        if max_rel_step < 1
+        else ""
+    )
+    return [
+        f"interventions: at {', '.join(held)} the largest step of the grid (rel_step {max_rel_step:g}) still "
+        f"gave {lo if lo == hi else f'{lo}-{hi}'} of the predicted loss decrease, so the first-order step has "
+        f"not broken down within the grid{more}"
+    ]
 
 
-def _interventions(model: nn.Module, results: list[dict[str, Any]], qa: Any, qb: Any,
-                   gathered_a: dict[str, torch.Tensor], gathered_b: dict[str, torch.Tensor],
-                   train_list: list[Any], test_list: list[Any], pairs: list[tuple[int, int]],
-                   device: torch.device, *, interventions: str | None, etas: Sequence[float] | None,
-                   n_etas: int, max_rel_step: float, loss_fn: Callable[[Any, Any], torch.Tensor] | None, seed: int,
-                   project: int | None, train_mode: str, on_point: Callable[[dict[str, Any]], None] | None,
-                   kept: Any = None) -> None:
+def _interventions(
+    model: nn.Module,
+    results: list[dict[str, Any]],
+    qa: Any,
+    qb: Any,
+    gathered_a: dict[str, torch.Tensor],
+    gathered_b: dict[str, torch.Tensor],
+    train_list: list[Any],
+    test_list: list[Any],
+    pairs: list[tuple[int, int]],
+    device: torch.device,
+    *,
+    interventions: str | None,
+    etas: Sequence[float] | None,
+    n_etas: int,
+    max_rel_step: float,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None,
+    seed: int,
+    project: int | None,
+    train_mode: str,
+    on_point: Callable[[dict[str, Any]], None] | None,
+    kept: Any = None,
+) -> None:
     """Add each point's ``interventions`` to its row (in place), handing each finished row to
     ``on_point``; the model's modes are restored. ``kept``: the held-out probe's record of the
     outputs before each point (the bias steps then run only the network after it)."""
@@ -423,15 +599,40 @@ def _interventions(model: nn.Module, results: list[dict[str, Any]], qa: Any, qb:
                 # The bias probe reuses what the probe already measured (its samples, the
                 # held-out losses, the activation scale): only the loss at each step is new.
                 p = r["point"]
-                reuse = None if project else {
-                    "train": gathered_a[p], "test": gathered_b[p], "test_losses": test_losses,
-                    "act_sq": gather_rows(qa.act_sq[p], device) if p in qa.act_sq else None,
-                    "width": qa.widths.get(p), "prefix": kept}
-                r["interventions"] = to_jsonable(
-                    intervene(model, r["point"], train_list, test_list, etas=etas, n_etas=n_etas,
-                              max_rel_step=max_rel_step, kind=interventions, loss_fn=loss_fn, M=m_max, K=k_max, seed=seed,
-                              progress=False, reuse=reuse)
-                ) if distributed.is_main() else []
+                reuse = (
+                    None
+                    if project
+                    else {
+                        "train": gathered_a[p],
+                        "test": gathered_b[p],
+                        "test_losses": test_losses,
+                        "act_sq": gather_rows(qa.act_sq[p], device) if p in qa.act_sq else None,
+                        "width": qa.widths.get(p),
+                        "prefix": kept,
+                    }
+                )
+                r["interventions"] = (
+                    to_jsonable(
+                        intervene(
+                            model,
+                            r["point"],
+                            train_list,
+                            test_list,
+                            etas=etas,
+                            n_etas=n_etas,
+                            max_rel_step=max_rel_step,
+                            kind=interventions,
+                            loss_fn=loss_fn,
+                            M=m_max,
+                            K=k_max,
+                            seed=seed,
+                            progress=False,
+                            reuse=reuse,
+                        )
+                    )
+                    if distributed.is_main()
+                    else []
+                )
                 if on_point is not None:
                     on_point(r)
         finally:

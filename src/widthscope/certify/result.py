@@ -21,6 +21,7 @@ Example::
     >>> list(res.to_pandas().columns[:4])
     ['point', 'M', 'K', 'd']
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,9 +55,17 @@ class Certificate:
     def from_dict(cls, c: Mapping[str, Any]) -> Certificate:
         two = c.get("two") or {}
         mis = c.get("misalignment") or {}
-        return cls(M=int(c["M"]), K=int(c["K"]), d_par=two.get("d_par"), d_2=two.get("d_2"),
-                   d_align=two.get("d_align"), b_exact=two.get("b_exact"), b_align=two.get("b_align"),
-                   misalignment=mis.get("probability"), raw=c)
+        return cls(
+            M=int(c["M"]),
+            K=int(c["K"]),
+            d_par=two.get("d_par"),
+            d_2=two.get("d_2"),
+            d_align=two.get("d_align"),
+            b_exact=two.get("b_exact"),
+            b_align=two.get("b_align"),
+            misalignment=mis.get("probability"),
+            raw=c,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,13 +87,22 @@ class PointCertificate:
     @classmethod
     def from_dict(cls, p: Mapping[str, Any]) -> PointCertificate:
         if not isinstance(p, Mapping) or "point" not in p:
-            raise WidthscopeTypeError(f"PointCertificate.from_dict(p=...): p must be one 'points' entry of a certify "
-                                      f"result (a mapping with 'point'), got {type(p).__name__}")
-        return cls(point=str(p["point"]), d=int(p.get("d") or 0), n_train=int(p.get("n_train") or 0),
-                   n_test=int(p.get("n_test") or 0), moments_train=p.get("moments_train") or {},
-                   moments_test=p.get("moments_test") or {}, cross_moments=p.get("cross_moments") or {},
-                   certificates=tuple(Certificate.from_dict(c) for c in p.get("certificates") or []),
-                   interventions=tuple(p.get("interventions") or []), raw=p)
+            raise WidthscopeTypeError(
+                f"PointCertificate.from_dict(p=...): p must be one 'points' entry of a certify "
+                f"result (a mapping with 'point'), got {type(p).__name__}"
+            )
+        return cls(
+            point=str(p["point"]),
+            d=int(p.get("d") or 0),
+            n_train=int(p.get("n_train") or 0),
+            n_test=int(p.get("n_test") or 0),
+            moments_train=p.get("moments_train") or {},
+            moments_test=p.get("moments_test") or {},
+            cross_moments=p.get("cross_moments") or {},
+            certificates=tuple(Certificate.from_dict(c) for c in p.get("certificates") or []),
+            interventions=tuple(p.get("interventions") or []),
+            raw=p,
+        )
 
     def certificate(self, M: int, K: int | None = None) -> Certificate:
         """The certificate at ``(M, K)`` (``K`` defaults to the first one recorded for ``M``)."""
@@ -92,8 +110,9 @@ class PointCertificate:
             if c.M == M and (K is None or c.K == K):
                 return c
         have = ", ".join(f"({c.M}, {c.K})" for c in self.certificates)
-        raise WidthscopeError(f"point {self.point!r} has no certificate at M={M}" + (f", K={K}" if K else "")
-                              + f"; it has {have}")
+        raise WidthscopeError(
+            f"point {self.point!r} has no certificate at M={M}" + (f", K={K}" if K else "") + f"; it has {have}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,16 +132,26 @@ class CertifyResult:
     def from_dict(cls, res: Mapping[str, Any]) -> CertifyResult:
         """From the dict :func:`widthscope.certify.certify` returns or a certify results JSON."""
         if not isinstance(res, Mapping):
-            raise WidthscopeTypeError(f"CertifyResult.from_dict(res=...): res must be a mapping (the JSON widthscope "
-                                      f"certify writes), got {type(res).__name__}")
+            raise WidthscopeTypeError(
+                f"CertifyResult.from_dict(res=...): res must be a mapping (the JSON widthscope "
+                f"certify writes), got {type(res).__name__}"
+            )
         if not isinstance(res.get("points"), list):
-            raise WidthscopeError("CertifyResult.from_dict(res=...): a certify result has a 'points' list (the JSON "
-                                  "widthscope certify writes)")
+            raise WidthscopeError(
+                "CertifyResult.from_dict(res=...): a certify result has a 'points' list (the JSON "
+                "widthscope certify writes)"
+            )
         recorded = (res.get("options") or {}).get("certify")
         opts = CertifyOptions.from_dict(recorded) if recorded else _options_from_settings(res.get("settings") or {})
-        return cls(settings=res.get("settings") or {}, points=tuple(PointCertificate.from_dict(p) for p in res["points"]),
-                   ranking=tuple(res.get("ranking") or []), notes=tuple(res.get("notes") or []),
-                   timing=res.get("timing") or {}, options=opts, raw=res)
+        return cls(
+            settings=res.get("settings") or {},
+            points=tuple(PointCertificate.from_dict(p) for p in res["points"]),
+            ranking=tuple(res.get("ranking") or []),
+            notes=tuple(res.get("notes") or []),
+            timing=res.get("timing") or {},
+            options=opts,
+            raw=res,
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> CertifyResult:
@@ -140,24 +169,54 @@ class CertifyResult:
         for p in self.points:
             if p.point == name:
                 return p
-        raise WidthscopeError(f"no point {name!r} in this result; its points: {', '.join(p.point for p in self.points)}")
+        raise WidthscopeError(
+            f"no point {name!r} in this result; its points: {', '.join(p.point for p in self.points)}"
+        )
 
     def rows(self) -> list[dict[str, Any]]:
         """One flat row per point and ``(M, K)``: the headline numbers (two-population form)."""
         out = []
         for p in self.points:
             for c in p.certificates:
-                out.append({"point": p.point, "M": c.M, "K": c.K, "d": p.d, "n_train": p.n_train,
-                            "n_test": p.n_test, "d_par": c.d_par, "d_2": c.d_2, "d_align": c.d_align,
-                            "b_exact": c.b_exact, "b_align": c.b_align, "misalignment": c.misalignment})
+                out.append(
+                    {
+                        "point": p.point,
+                        "M": c.M,
+                        "K": c.K,
+                        "d": p.d,
+                        "n_train": p.n_train,
+                        "n_test": p.n_test,
+                        "d_par": c.d_par,
+                        "d_2": c.d_2,
+                        "d_align": c.d_align,
+                        "b_exact": c.b_exact,
+                        "b_align": c.b_align,
+                        "misalignment": c.misalignment,
+                    }
+                )
         return out
 
     def to_pandas(self) -> Any:
         """:meth:`rows` as a ``pandas.DataFrame`` (pandas is imported here: an optional dependency)."""
         import pandas as pd
 
-        return pd.DataFrame(self.rows(), columns=["point", "M", "K", "d", "n_train", "n_test", "d_par", "d_2",
-                                                  "d_align", "b_exact", "b_align", "misalignment"])
+        return pd.DataFrame(
+            self.rows(),
+            columns=[
+                "point",
+                "M",
+                "K",
+                "d",
+                "n_train",
+                "n_test",
+                "d_par",
+                "d_2",
+                "d_align",
+                "b_exact",
+                "b_align",
+                "misalignment",
+            ],
+        )
 
 
 def _options_from_settings(s: Mapping[str, Any]) -> CertifyOptions:

@@ -6,6 +6,7 @@ structure, train the built-in one, probe (resumably, point by point), write the 
 the statistics (:class:`~widthscope.options.CertifyOptions`) and how this run executes
 (:class:`~widthscope.options.CertifyRunOptions`, outputs, ``resume``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,9 +22,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .. import distributed
-from .. import _io
-from .._io import human_size, atomic_write_json, on_interrupt
+from .. import _io, distributed
+from .._io import atomic_write_json, human_size, on_interrupt
 from ..data.published import is_all
 from ..data.spec import InputSpec
 from ..errors import WidthscopeError
@@ -50,8 +50,12 @@ class CertifyJob:
 
     def record(self) -> dict[str, Any]:
         """The ``options`` block of the results file: what ``certify --config FILE`` reads back."""
-        return {"certify": self.options.to_dict(), "run": self.run.to_dict(), "inputs": self.spec.to_dict(),
-                "protocol": self.protocol}
+        return {
+            "certify": self.options.to_dict(),
+            "run": self.run.to_dict(),
+            "inputs": self.spec.to_dict(),
+            "protocol": self.protocol,
+        }
 
 
 # ----------------------------------------------------------------------------- the model, before any work
@@ -72,8 +76,10 @@ def _train_builtin(model: nn.Module, split: Any, steps: int, seed: int, say: Cal
     t0 = time.perf_counter()
     res = train(model, split, steps=steps, lr=3e-3, batch_size=64, seed=seed, progress=distributed.is_main())
     acc = res.get("test_accuracy")
-    say(f"builtin: MLP width 128, depth 3 trained on digits for {steps} steps "
-        f"({time.perf_counter() - t0:.1f}s, held-out accuracy {acc if acc is None else f'{acc:.3f}'})")
+    say(
+        f"builtin: MLP width 128, depth 3 trained on digits for {steps} steps "
+        f"({time.perf_counter() - t0:.1f}s, held-out accuracy {acc if acc is None else f'{acc:.3f}'})"
+    )
 
 
 def _load(spec: InputSpec, seed: int) -> tuple[nn.Module, Any]:
@@ -107,8 +113,10 @@ def _check_project(project: int | None, dims: dict[str, int]) -> None:
         return
     d_max = max(dims.values())
     if project >= d_max:
-        raise WidthscopeError(f"--project {project} is not below any point's dimension (the largest is d={d_max}): "
-                              f"a projection saves memory only with K < d; use --project < {d_max} or drop it")
+        raise WidthscopeError(
+            f"--project {project} is not below any point's dimension (the largest is d={d_max}): "
+            f"a projection saves memory only with K < d; use --project < {d_max} or drop it"
+        )
 
 
 def _check_space(job: CertifyJob, names: Sequence[str], dims: dict[str, int], rows: int, n: int) -> None:
@@ -142,21 +150,27 @@ def _check_memory(project: int | None, dims: dict[str, int], rows: int, n_train:
     need = 8 * rows * (n_train + n_test) * d
     free = _available_memory()
     if free is not None and need > free:
-        raise WidthscopeError(f"the samples need about {human_size(need)} of memory ({n_train} + {n_test} "
-                              f"examples x {rows} row(s) x {d} dimensions over {len(dims)} point(s), float64) but "
-                              f"only {human_size(free)} is available: lower --n-train/--n-test, choose fewer --points, "
-                              "or add --project")
+        raise WidthscopeError(
+            f"the samples need about {human_size(need)} of memory ({n_train} + {n_test} "
+            f"examples x {rows} row(s) x {d} dimensions over {len(dims)} point(s), float64) but "
+            f"only {human_size(free)} is available: lower --n-train/--n-test, choose fewer --points, "
+            "or add --project"
+        )
 
 
 def _check_all_pools(opts: CertifyOptions, spec: InputSpec, n_train: int, n_test: int) -> None:
     """With ``--n-train all`` / ``--n-test all`` the pools' sizes are known once the source is read:
     check M/K against them then, before any training."""
-    needs = (("n_train", "M", max(m for m, _ in opts.pairs), "train", n_train),
-             ("n_test", "K", max(k for _, k in opts.pairs), "held-out", n_test))
+    needs = (
+        ("n_train", "M", max(m for m, _ in opts.pairs), "train", n_train),
+        ("n_test", "K", max(k for _, k in opts.pairs), "held-out", n_test),
+    )
     for flag, letter, need, pool, size in needs:
         if is_all(getattr(spec, flag)) and opts.pool != "token" and need > size:
-            raise WidthscopeError(f"{letter}={need} is larger than the {pool} pool of {size} examples "
-                                  f"(--{flag.replace('_', '-')} all took every one): lower --{letter}")
+            raise WidthscopeError(
+                f"{letter}={need} is larger than the {pool} pool of {size} examples "
+                f"(--{flag.replace('_', '-')} all took every one): lower --{letter}"
+            )
 
 
 # ----------------------------------------------------------------------------- resumable parts
@@ -167,9 +181,17 @@ class _Parts:
     def __init__(self, job: CertifyJob, names: Sequence[str], n: tuple[int, int], inputs_info: dict[str, Any]):
         self.dir = Path(str(job.out) + ".parts")
         spec = {k: v for k, v in job.spec.to_dict().items() if k not in ("given", "cap_pools")}
-        settings = {**spec, **job.options.to_dict(), "batch_size": job.run.batch_size,
-                    "train_steps": job.run.train_steps, "protocol": job.protocol, "n_train": n[0], "n_test": n[1],
-                    "inputs": inputs_info, "points": list(names)}
+        settings = {
+            **spec,
+            **job.options.to_dict(),
+            "batch_size": job.run.batch_size,
+            "train_steps": job.run.train_steps,
+            "protocol": job.protocol,
+            "n_train": n[0],
+            "n_test": n[1],
+            "inputs": inputs_info,
+            "points": list(names),
+        }
         self.settings = json.loads(json.dumps(settings, default=str))
         blob = json.dumps(self.settings, sort_keys=True, default=str)
         self.fingerprint = hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -198,15 +220,23 @@ class _Parts:
     def _mismatch(self, other: dict[str, Any]) -> str:
         """--resume over parts of a run with other settings: name what differs, never start over silently."""
         diff = [k for k in self.settings if k in other and other[k] != self.settings[k]]
-        shown = ", ".join(f"{'--' + k.replace('_', '-')} {other[k]} (now {self.settings[k]})"
-                          if k not in ("inputs", "points") else f"the {k}" for k in diff[:3])
-        return (f"--resume: {self.dir} holds finished points of a run with other settings "
-                f"({shown or 'recorded by an older version'}): rerun with those settings to continue it, or drop "
-                "--resume to start over (its parts are then replaced)")
+        shown = ", ".join(
+            f"{'--' + k.replace('_', '-')} {other[k]} (now {self.settings[k]})"
+            if k not in ("inputs", "points")
+            else f"the {k}"
+            for k in diff[:3]
+        )
+        return (
+            f"--resume: {self.dir} holds finished points of a run with other settings "
+            f"({shown or 'recorded by an older version'}): rerun with those settings to continue it, or drop "
+            "--resume to start over (its parts are then replaced)"
+        )
 
     def save(self, row: dict[str, Any], notes: list[str]) -> None:
-        atomic_write_json(self._file(row["point"]), {"fingerprint": self.fingerprint, "settings": self.settings,
-                                                     "row": row, "notes": notes})
+        atomic_write_json(
+            self._file(row["point"]),
+            {"fingerprint": self.fingerprint, "settings": self.settings, "row": row, "notes": notes},
+        )
         self.written += 1
 
     def describe(self) -> str | None:
@@ -217,8 +247,9 @@ class _Parts:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _certify_rest(model: nn.Module, inputs: Any, job: CertifyJob, todo: list[str], samples: dict[str, Any],
-                  parts: _Parts, main: bool) -> dict[str, Any]:
+def _certify_rest(
+    model: nn.Module, inputs: Any, job: CertifyJob, todo: list[str], samples: dict[str, Any], parts: _Parts, main: bool
+) -> dict[str, Any]:
     """certify() on the points still to do, writing each finished point as it completes."""
     from ..probe.intervene import to_batches
 
@@ -231,13 +262,22 @@ def _certify_rest(model: nn.Module, inputs: Any, job: CertifyJob, todo: list[str
     bs = job.run.batch_size
     # Guarded: a failing rank stops every rank, and rank 0 writes only a complete result.
     return distributed.run_rank_guarded(
-        certify, model, to_batches(inputs.train, bs), to_batches(inputs.test, bs),
-        options=job.options.replace(points=tuple(todo)), loss_fn=inputs.loss_fn, progress=main,
-        samples_out=samples, on_point=keep, what="certify")
+        certify,
+        model,
+        to_batches(inputs.train, bs),
+        to_batches(inputs.test, bs),
+        options=job.options.replace(points=tuple(todo)),
+        loss_fn=inputs.loss_fn,
+        progress=main,
+        samples_out=samples,
+        on_point=keep,
+        what="certify",
+    )
 
 
-def _merge(res: dict[str, Any] | None, done: dict[str, dict[str, Any]], names: Sequence[str],
-           opts: CertifyOptions) -> dict[str, Any]:
+def _merge(
+    res: dict[str, Any] | None, done: dict[str, dict[str, Any]], names: Sequence[str], opts: CertifyOptions
+) -> dict[str, Any]:
     """This run's points and the resumed ones, in the points' order, with one ranking."""
     rows = {r["point"]: r for r in (res["points"] if res else [])}
     rows.update({p: d["row"] for p, d in done.items() if p not in rows})
@@ -245,8 +285,11 @@ def _merge(res: dict[str, Any] | None, done: dict[str, dict[str, Any]], names: S
     for cert in (c[f] for pt in points for c in pt["certificates"] for f in ("one", "two")):
         vacuous_rule(cert)  # parts finished before the rule read as new ones do
     if res is None:  # every point was already finished
-        res = {"settings": settings_block(opts, names, world_size=distributed.world_size()),
-               "notes": [], "timing": {"probe_s": 0.0, "stats_s": 0.0, "intervene_s": 0.0}}
+        res = {
+            "settings": settings_block(opts, names, world_size=distributed.world_size()),
+            "notes": [],
+            "timing": {"probe_s": 0.0, "stats_s": 0.0, "intervene_s": 0.0},
+        }
     res["settings"]["points"] = list(names)
     res["points"] = points
     res["ranking"] = ranking(points)
@@ -269,8 +312,9 @@ def _device() -> Callable[[str], torch.device]:
     return pick
 
 
-def run_certify(job: CertifyJob, *, notes: Sequence[str] = (), say: Callable[[str], None] | None = None
-                ) -> dict[str, Any]:
+def run_certify(
+    job: CertifyJob, *, notes: Sequence[str] = (), say: Callable[[str], None] | None = None
+) -> dict[str, Any]:
     """Run ``job``; writes ``job.out`` (and ``job.save_samples``) on rank 0 and returns the result.
 
     Every check that needs the model's structure (point names, sequence length, ``project``,
@@ -312,14 +356,22 @@ def run_certify(job: CertifyJob, *, notes: Sequence[str] = (), say: Callable[[st
     res = _certify_rest(model, inputs, job, todo, samples, parts, main) if todo else None
     res = _merge(res, done, names, opts)
     info = model_info(model)
-    res["settings"].update(model=spec.model, data=inputs.info.get("dataset") or inputs.data or spec.train_data,
-                           data_description=data_description(inputs.info, inputs.data or spec.train_data),
-                           train_data=spec.train_data, test_data=spec.test_data, task=inputs.task,
-                           protocol=job.protocol, n_train=n_train, n_test=n_test,
-                           batch_size=job.run.batch_size, device=str(device), inputs=inputs.info,
-                           input_spec=(inputs.spec or spec).to_dict(),
-                           **{k: info.get(k) for k in ("architecture", "width", "depth", "dtype", "parameters",
-                                                      "attn_implementation")})
+    res["settings"].update(
+        model=spec.model,
+        data=inputs.info.get("dataset") or inputs.data or spec.train_data,
+        data_description=data_description(inputs.info, inputs.data or spec.train_data),
+        train_data=spec.train_data,
+        test_data=spec.test_data,
+        task=inputs.task,
+        protocol=job.protocol,
+        n_train=n_train,
+        n_test=n_test,
+        batch_size=job.run.batch_size,
+        device=str(device),
+        inputs=inputs.info,
+        input_spec=(inputs.spec or spec).to_dict(),
+        **{k: info.get(k) for k in ("architecture", "width", "depth", "dtype", "parameters", "attn_implementation")},
+    )
     for k in ("n_train_examples", "n_test_examples"):
         if k in inputs.info:
             res["settings"][k] = inputs.info[k]
@@ -331,13 +383,24 @@ def run_certify(job: CertifyJob, *, notes: Sequence[str] = (), say: Callable[[st
         if job.save_samples:
             from .samples import save
 
-            save(job.save_samples, samples["train"], samples["test"],
-                 {"settings": res["settings"], "notes": res["notes"], "dims": samples["dims"],
-                  "interventions": {r["point"]: r.get("interventions", []) for r in res["points"]
-                                    if "interventions" in r}})
+            save(
+                job.save_samples,
+                samples["train"],
+                samples["test"],
+                {
+                    "settings": res["settings"],
+                    "notes": res["notes"],
+                    "dims": samples["dims"],
+                    "interventions": {
+                        r["point"]: r.get("interventions", []) for r in res["points"] if "interventions" in r
+                    },
+                },
+            )
             say(f"samples written to {job.save_samples} (widthscope stats {job.save_samples})")
         say(tables(res))
-        say(f"\nprobe {res['timing']['probe_s']:.2f}s, statistics {res['timing']['stats_s']:.2f}s; "
-            f"results written to {path}")
+        say(
+            f"\nprobe {res['timing']['probe_s']:.2f}s, statistics {res['timing']['stats_s']:.2f}s; "
+            f"results written to {path}"
+        )
     distributed.barrier()
     return res

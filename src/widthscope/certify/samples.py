@@ -25,6 +25,7 @@ Example::
     >>> bool(torch.equal(tr["p"], a["p"])), meta["settings"]
     (True, {'M': [4]})
 """
+
 from __future__ import annotations
 
 import json
@@ -43,18 +44,22 @@ __all__ = ["save", "load", "load_matrices", "recompute", "run_stats"]
 FORMAT = "widthscope-samples-1"
 
 
-def save(path: str | os.PathLike, train: dict[str, torch.Tensor], test: dict[str, torch.Tensor],
-         meta: dict[str, Any]) -> Path:
+def save(
+    path: str | os.PathLike, train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], meta: dict[str, Any]
+) -> Path:
     """Write samples and their metadata atomically (temporary file + rename)."""
     from safetensors.torch import save_file
 
-    from .._io import current_umask, unwritable, to_jsonable
+    from .._io import current_umask, to_jsonable, unwritable
 
     path = Path(path)
     tensors = {f"train/{k}": v.detach().to("cpu", torch.float64).contiguous() for k, v in train.items()}
     tensors.update({f"test/{k}": v.detach().to("cpu", torch.float64).contiguous() for k, v in test.items()})
-    header = {"format": FORMAT, "points": json.dumps(list(train)),
-              **{k: json.dumps(to_jsonable(v)) for k, v in meta.items()}}
+    header = {
+        "format": FORMAT,
+        "points": json.dumps(list(train)),
+        **{k: json.dumps(to_jsonable(v)) for k, v in meta.items()},
+    }
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -77,8 +82,9 @@ _ESSENTIAL = ("points", "settings", "dims")
 _REWRITE = "write it again with certify --save-samples"
 
 
-def load(path: str | os.PathLike, problems: list | None = None
-         ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
+def load(
+    path: str | os.PathLike, problems: list | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
     """(train, test, meta) of a file written by :func:`save`.
 
     A damaged file (not safetensors, metadata ``points``/``settings``/``dims`` not JSON, a point's
@@ -91,8 +97,10 @@ def load(path: str | os.PathLike, problems: list | None = None
 
     path = Path(path)
     if path.is_dir():
-        raise WidthscopeError(f"samples file {str(path)!r} is a directory: give the file certify --save-samples FILE "
-                              "wrote (or --train/--test matrices)")
+        raise WidthscopeError(
+            f"samples file {str(path)!r} is a directory: give the file certify --save-samples FILE "
+            "wrote (or --train/--test matrices)"
+        )
     if not path.is_file():
         raise WidthscopeError(f"samples file {str(path)!r} does not exist (certify --save-samples FILE writes one)")
     try:
@@ -101,14 +109,19 @@ def load(path: str | os.PathLike, problems: list | None = None
             # clone: torch-allocated (aligned) memory, so BLAS sums in the same order as in certify
             tensors = {k: f.get_tensor(k).clone() for k in f.keys()}
     except Exception as exc:
-        raise WidthscopeError(f"{path} is not a safetensors samples file ({exc}); for .npy/.npz/.pt matrices "
-                              "use --train and --test") from None
+        raise WidthscopeError(
+            f"{path} is not a safetensors samples file ({exc}); for .npy/.npz/.pt matrices use --train and --test"
+        ) from None
     if header.get("format") != FORMAT:
-        raise WidthscopeError(f"{path} is a safetensors file but not widthscope samples (no format "
-                              f"{FORMAT!r} in its metadata): write one with certify --save-samples")
+        raise WidthscopeError(
+            f"{path} is a safetensors file but not widthscope samples (no format "
+            f"{FORMAT!r} in its metadata): write one with certify --save-samples"
+        )
     if "points" not in header:
-        raise WidthscopeError(f"samples file {path}: its metadata has no 'points' (which points the tensors "
-                              f"are); the file is damaged: {_REWRITE}")
+        raise WidthscopeError(
+            f"samples file {path}: its metadata has no 'points' (which points the tensors "
+            f"are); the file is damaged: {_REWRITE}"
+        )
     meta: dict[str, Any] = {}
     found = []
     for k, v in header.items():
@@ -123,17 +136,23 @@ def load(path: str | os.PathLike, problems: list | None = None
             found.append(Skipped(str(path), None, why))
     points = meta.pop("points")
     if not (isinstance(points, list) and points and all(isinstance(p, str) for p in points)):
-        raise WidthscopeError(f"samples file {path}: metadata 'points' is not a list of point names "
-                              f"(got {str(points)[:60]}); the file is damaged: {_REWRITE}")
+        raise WidthscopeError(
+            f"samples file {path}: metadata 'points' is not a list of point names "
+            f"(got {str(points)[:60]}); the file is damaged: {_REWRITE}"
+        )
     for p in points:
         for split in ("train", "test"):
             t = tensors.get(f"{split}/{p}")
             if t is None:
-                raise WidthscopeError(f"samples file {path}: point {p!r} has no {split!r} tensor "
-                                      f"('{split}/{p}' is missing); the file is damaged: {_REWRITE}")
+                raise WidthscopeError(
+                    f"samples file {path}: point {p!r} has no {split!r} tensor "
+                    f"('{split}/{p}' is missing); the file is damaged: {_REWRITE}"
+                )
             if t.ndim != 2 or not t.is_floating_point():
-                raise WidthscopeError(f"samples file {path}: tensor '{split}/{p}' has shape {tuple(t.shape)} "
-                                      f"{t.dtype}, not a (B, N) float matrix; the file is damaged: {_REWRITE}")
+                raise WidthscopeError(
+                    f"samples file {path}: tensor '{split}/{p}' has shape {tuple(t.shape)} "
+                    f"{t.dtype}, not a (B, N) float matrix; the file is damaged: {_REWRITE}"
+                )
     record_skips(found, problems)
     return ({p: tensors[f"train/{p}"] for p in points}, {p: tensors[f"test/{p}"] for p in points}, meta)
 
@@ -151,8 +170,10 @@ def _read_pt(path: Path) -> Any:
     except pickle.UnpicklingError as exc:
         found = re.search(r"GLOBAL ([\w.]+)", str(exc))
         what = f" (e.g. {found.group(1)})" if found else ""
-        raise WidthscopeError(f"{path} holds pickled Python objects{what}, which are never loaded (no code from a "
-                              "file runs): save plain tensors, torch.save({name: tensor}), or .npy/.npz") from None
+        raise WidthscopeError(
+            f"{path} holds pickled Python objects{what}, which are never loaded (no code from a "
+            "file runs): save plain tensors, torch.save({name: tensor}), or .npy/.npz"
+        ) from None
 
 
 def _matrix_file(path: Path, point: str | None) -> dict[str, torch.Tensor]:
@@ -171,44 +192,53 @@ def _matrix_file(path: Path, point: str | None) -> dict[str, torch.Tensor]:
             obj = _read_pt(path)
             arrays = {point or path.stem: obj} if isinstance(obj, torch.Tensor) else obj
             if not isinstance(arrays, dict):
-                raise WidthscopeError(f"{path} holds a {type(obj).__name__}: expected a (B, N) tensor or a dict "
-                                      "of them")
+                raise WidthscopeError(
+                    f"{path} holds a {type(obj).__name__}: expected a (B, N) tensor or a dict of them"
+                )
         else:
             raise WidthscopeError(f"{path}: expected .npy, .npz or .pt sample matrices")
     except WidthscopeError:
         raise
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0][:200]
-        raise WidthscopeError(f"{path} could not be read as sample matrices ({type(exc).__name__}: {first}); "
-                              "pickled objects are never loaded") from None
+        raise WidthscopeError(
+            f"{path} could not be read as sample matrices ({type(exc).__name__}: {first}); "
+            "pickled objects are never loaded"
+        ) from None
     out = {}
     for k, v in arrays.items():
         t = torch.as_tensor(np.asarray(v) if not isinstance(v, torch.Tensor) else v)
         if t.ndim != 2 or not (t.is_floating_point()):
-            raise WidthscopeError(f"{path}: {k!r} has shape {tuple(t.shape)} {t.dtype}; sample matrices are "
-                                  "(B, N) float arrays, one row per example")
+            raise WidthscopeError(
+                f"{path}: {k!r} has shape {tuple(t.shape)} {t.dtype}; sample matrices are "
+                "(B, N) float arrays, one row per example"
+            )
         out[str(k)] = t.to(torch.float64)
     return out
 
 
-def load_matrices(train: str, test: str, point: str | None = None
-                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def load_matrices(
+    train: str, test: str, point: str | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Train/held-out sample matrices from ``.npy``/``.npz``/``.pt`` files, matched by point name."""
     a, b = _matrix_file(Path(train), point), _matrix_file(Path(test), point)
     if len(a) == 1 and len(b) == 1 and set(a) != set(b):
         b = {next(iter(a)): next(iter(b.values()))}  # one matrix each: the same point
     missing = sorted(set(a) ^ set(b))
     if missing:
-        raise WidthscopeError(f"train and held-out files hold different points ({', '.join(missing[:5])}): "
-                              "give matrices for the same layers")
+        raise WidthscopeError(
+            f"train and held-out files hold different points ({', '.join(missing[:5])}): "
+            "give matrices for the same layers"
+        )
     for k in a:
         if a[k].shape[1] != b[k].shape[1]:
             raise WidthscopeError(f"point {k!r}: train has {a[k].shape[1]} columns, held-out {b[k].shape[1]}")
     return a, b
 
 
-def recompute(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], meta: dict[str, Any],
-              **overrides: Any) -> dict[str, Any]:
+def recompute(
+    train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], meta: dict[str, Any], **overrides: Any
+) -> dict[str, Any]:
     """The certify result from samples: saved settings, updated by ``overrides`` (M, K, draws,
     seed, estimator); interventions are the recorded rows (they need the model)."""
     from ..validate import pairs_of
@@ -231,25 +261,42 @@ def recompute(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], met
     project = settings.get("project")
     if project and (overrides.get("estimator") or "unbiased") != "unbiased":
         raise WidthscopeError("projected samples support the unbiased estimator only")
-    results, _ = statistics(train, test, pairs=pairs, draws=int(settings["draws"]), seed=int(settings["seed"]),
-                            estimator=settings["estimator"], pool=settings["pool"], project=project,
-                            dims=meta.get("dims"), draw_scheme=settings["draw_scheme"])
+    results, _ = statistics(
+        train,
+        test,
+        pairs=pairs,
+        draws=int(settings["draws"]),
+        seed=int(settings["seed"]),
+        estimator=settings["estimator"],
+        pool=settings["pool"],
+        project=project,
+        dims=meta.get("dims"),
+        draw_scheme=settings["draw_scheme"],
+    )
     recorded = meta.get("interventions") or {}
     for r in results:
         if r["point"] in recorded:
             r["interventions"] = recorded[r["point"]]
-    return {"settings": settings, "points": results, "ranking": ranking(results),
-            "notes": list(meta.get("notes") or []), "timing": {}}
+    return {
+        "settings": settings,
+        "points": results,
+        "ranking": ranking(results),
+        "notes": list(meta.get("notes") or []),
+        "timing": {},
+    }
 
 
-def _select(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], meta: dict[str, Any], point: str,
-            source: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
+def _select(
+    train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], meta: dict[str, Any], point: str, source: str
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
     """Only the points named by ``--point`` (comma list); an unknown name is refused."""
     wanted = [p.strip() for p in point.split(",") if p.strip()]
     for w in wanted:
         if w not in train:
-            raise WidthscopeError(f"--point {w!r}: {source} holds no such point; it has {', '.join(list(train)[:8])}"
-                                  f"{', ...' if len(train) > 8 else ''}")
+            raise WidthscopeError(
+                f"--point {w!r}: {source} holds no such point; it has {', '.join(list(train)[:8])}"
+                f"{', ...' if len(train) > 8 else ''}"
+            )
     meta = dict(meta)
     meta["settings"] = {**(meta.get("settings") or {}), "points": wanted}
     if meta.get("dims"):
@@ -258,11 +305,21 @@ def _select(train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], meta:
 
 
 # ----------------------------------------------------------------------------- a whole run
-def run_stats(samples: str | os.PathLike | None = None, *, train: str | None = None, test: str | None = None,
-              point: str | None = None, M: list[int] | None = None, K: list[int] | None = None,
-              draws: int | None = None, seed: int | None = None, estimator: str | None = None,
-              out: str | None = None, strict: bool = False,
-              report: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def run_stats(
+    samples: str | os.PathLike | None = None,
+    *,
+    train: str | None = None,
+    test: str | None = None,
+    point: str | None = None,
+    M: list[int] | None = None,
+    K: list[int] | None = None,
+    draws: int | None = None,
+    seed: int | None = None,
+    estimator: str | None = None,
+    out: str | None = None,
+    strict: bool = False,
+    report: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """What ``widthscope stats`` does, from explicit settings: the certify result recomputed from a
     ``samples`` file (certify --save-samples) or from ``train``/``test`` sample matrices, for the
     points named by ``point`` (comma list; default every point), written to ``out`` (JSON).

@@ -7,6 +7,7 @@ settings and call a namespace-free pipeline) or, not yet moved, beside its code 
 where); this file only dispatches, importing the module of the chosen command so ``widthscope
 --help`` stays fast, and turns every user error into one line with exit status 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,11 @@ def _quiet_offline() -> None:
     (:mod:`widthscope.hub`)."""
     import os
 
-    for key, value in (("TRANSFORMERS_VERBOSITY", "error"), ("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1"),
-                       ("TOKENIZERS_PARALLELISM", "false")):
+    for key, value in (
+        ("TRANSFORMERS_VERBOSITY", "error"),
+        ("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1"),
+        ("TOKENIZERS_PARALLELISM", "false"),
+    ):
         os.environ.setdefault(key, value)
 
 

@@ -3,6 +3,7 @@
 A thin adapter: it checks the names and the grid, and the room for ``--json``, before the audit
 runs, then prints the table and writes the JSON.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,12 +15,14 @@ __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--names", default=",".join(BUILTIN),
-                        help="comma-separated built-ins (%(default)s) or module:function paths")
+    parser.add_argument(
+        "--names", default=",".join(BUILTIN), help="comma-separated built-ins (%(default)s) or module:function paths"
+    )
     parser.add_argument("--K", type=int, default=6, help=f"highest derivative order, 1..{MAX_K} (default 6)")
     parser.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
-    parser.add_argument("--range", type=float, nargs=2, default=(-5.0, 5.0), metavar=("LO", "HI"),
-                        help="grid interval (default -5 5)")
+    parser.add_argument(
+        "--range", type=float, nargs=2, default=(-5.0, 5.0), metavar=("LO", "HI"), help="grid interval (default -5 5)"
+    )
     parser.add_argument("--grid", type=int, default=2001, help="grid points (default 2001)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the table as JSON")
 

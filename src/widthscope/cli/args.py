@@ -6,6 +6,7 @@ defaults to ``None``, so which options the user *gave* is knowable (presets fill
 :func:`options_from_args` builds the dataclass from the given ones over a base instance (a
 preset, or a results file's recorded options with ``--config``), and the dataclass validates it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,11 @@ def add_options(parser: argparse.ArgumentParser, cls: type[Options], *, skip: It
 def given_fields(cls: type[Options], args: argparse.Namespace) -> set[str]:
     """The fields of ``cls`` the user gave on the command line (``args.given``, recorded by
     :func:`widthscope.validate.fill_defaults` before it filled defaults in, has the last word)."""
-    names = {f.name for f in dataclasses.fields(cls)
-             if getattr(args, f.name, None) is not None and getattr(args, f.name) is not False}
+    names = {
+        f.name
+        for f in dataclasses.fields(cls)
+        if getattr(args, f.name, None) is not None and getattr(args, f.name) is not False
+    }
     recorded = getattr(args, "given", None)
     filled = set(getattr(args, "filled", ()))
     return {n for n in names if n not in filled or (recorded is not None and n in recorded)}
@@ -78,8 +82,9 @@ def load_config(path: str, section: str = "options") -> dict[str, Any]:
     except FileNotFoundError:
         raise WidthscopeError(f"--config {path!r} not found: pass a results JSON written by this command") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise WidthscopeError(f"--config {path!r} is not a JSON file ({type(exc).__name__}): pass a results JSON "
-                              "written by this command") from None
+        raise WidthscopeError(
+            f"--config {path!r} is not a JSON file ({type(exc).__name__}): pass a results JSON written by this command"
+        ) from None
     if not isinstance(obj, dict):
         raise WidthscopeError(f"--config {path!r} holds no options: pass a results JSON written by this command")
     block = obj.get(section, obj)

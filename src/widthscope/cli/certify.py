@@ -5,6 +5,7 @@ and :class:`~widthscope.options.CertifyRunOptions` (:mod:`widthscope.cli.args`),
 from :mod:`widthscope.cli.inputs`. ``run`` checks the combinations only the command line can judge
 (which options were *given*), builds the typed job and calls the pipeline.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,7 +18,7 @@ from ..data.published import is_all
 from ..data.spec import InputSpec
 from ..errors import WidthscopeError
 from ..options import PROTOCOLS, CertifyOptions, CertifyRunOptions
-from ..validate import float_list, int_list, pairs_of, check_pools
+from ..validate import check_pools, float_list, int_list, pairs_of
 from .args import add_options, given_fields, load_config, options_from_args
 from .inputs import add_arguments as add_inputs
 from .inputs import spec_from_args
@@ -33,31 +34,47 @@ INPUT_PRESETS: dict[str, dict[str, Any]] = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_inputs(parser, model_default="builtin", n_train=256, n_test=None,
-               n_test_help="256; all with --protocol published")
-    parser.add_argument("--protocol", choices=tuple(PROTOCOLS), default="default",
-                        help="published: what the published scripts do (plug-in estimator, sum pooling, "
-                             "concatenated chunks, empty documents skipped, --first, every held-out chunk "
-                             "(--n-test all), M = K in 16,32,64,128, 1000 draws, no interventions); "
-                             "options you give explicitly override it")
-    parser.add_argument("--config", default=None, metavar="RESULTS_JSON",
-                        help="repeat a run: the options recorded in a certify results JSON (its 'options'); "
-                             "options given here override them")
+    add_inputs(
+        parser, model_default="builtin", n_train=256, n_test=None, n_test_help="256; all with --protocol published"
+    )
+    parser.add_argument(
+        "--protocol",
+        choices=tuple(PROTOCOLS),
+        default="default",
+        help="published: what the published scripts do (plug-in estimator, sum pooling, "
+        "concatenated chunks, empty documents skipped, --first, every held-out chunk "
+        "(--n-test all), M = K in 16,32,64,128, 1000 draws, no interventions); "
+        "options you give explicitly override it",
+    )
+    parser.add_argument(
+        "--config",
+        default=None,
+        metavar="RESULTS_JSON",
+        help="repeat a run: the options recorded in a certify results JSON (its 'options'); "
+        "options given here override them",
+    )
     add_options(parser, CertifyRunOptions, skip=("train_steps",))
-    parser.add_argument("--points", default=None,
-                        help="comma-separated insertion points (default: every block output)")
+    parser.add_argument("--points", default=None, help="comma-separated insertion points (default: every block output)")
     parser.add_argument("--list-points", action="store_true", help="print the insertion points and exit")
-    parser.add_argument("--all", action="store_true",
-                        help="with --list-points: every module path, not only the block outputs")
+    parser.add_argument(
+        "--all", action="store_true", help="with --list-points: every module path, not only the block outputs"
+    )
     add_options(parser, CertifyOptions)
     # validate.check_args reads --train-steps' "given" (it applies to the built-in model only)
     add_options(parser, CertifyRunOptions, skip=("batch_size", "device"))
     parser.add_argument("--out", default="widthscope-results/certify.json", help="JSON output path")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue an interrupted run: points finished by an earlier run with the same settings "
-                             "(kept in OUT.parts/) are not probed again")
-    parser.add_argument("--save-samples", default=None, metavar="FILE",
-                        help="also write the pooled samples of every point (safetensors) for `widthscope stats`")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted run: points finished by an earlier run with the same settings "
+        "(kept in OUT.parts/) are not probed again",
+    )
+    parser.add_argument(
+        "--save-samples",
+        default=None,
+        metavar="FILE",
+        help="also write the pooled samples of every point (safetensors) for `widthscope stats`",
+    )
 
 
 # ----------------------------------------------------------------------------- presets and combinations
@@ -84,12 +101,17 @@ def _apply_input_preset(args: argparse.Namespace) -> list[str]:
             setattr(args, key, value)
     if args.protocol != "published":
         return []
-    seqs = ("concatenated chunks (non-empty documents joined with EOS)" if args.sequences == "concatenate" else
-            f"--sequences {args.sequences}")
-    return [f"protocol 'published': plug-in estimators, sum pooling, {seqs}, the first sequences of each source, "
-            "every chunk of a held-out source unless --n-test is given, M = K in 16,32,64,128, 1000 draws drawn as "
-            "the flip script draws them; probed in eval mode (the alignment script probes in train mode: see "
-            "docs/certify.md)"]
+    seqs = (
+        "concatenated chunks (non-empty documents joined with EOS)"
+        if args.sequences == "concatenate"
+        else f"--sequences {args.sequences}"
+    )
+    return [
+        f"protocol 'published': plug-in estimators, sum pooling, {seqs}, the first sequences of each source, "
+        "every chunk of a held-out source unless --n-test is given, M = K in 16,32,64,128, 1000 draws drawn as "
+        "the flip script draws them; probed in eval mode (the alignment script probes in train mode: see "
+        "docs/certify.md)"
+    ]
 
 
 def _check_combinations(args: argparse.Namespace, opts: CertifyOptions, given: set[str]) -> None:
@@ -97,39 +119,53 @@ def _check_combinations(args: argparse.Namespace, opts: CertifyOptions, given: s
     preset = " (--protocol published)" if args.protocol == "published" else ""
     none_run = opts.interventions == "none"
     if "n_etas" in given and "etas" in given:
-        raise WidthscopeError("--n-etas sets the size of the default step grid, --etas replaces that grid: "
-                              "drop one of them")
+        raise WidthscopeError(
+            "--n-etas sets the size of the default step grid, --etas replaces that grid: drop one of them"
+        )
     if "max_rel_step" in given:
         if "etas" in given:
-            raise WidthscopeError("--max-rel-step sets the largest step of the default grid, --etas replaces that "
-                                  "grid: drop one of them")
+            raise WidthscopeError(
+                "--max-rel-step sets the largest step of the default grid, --etas replaces that grid: drop one of them"
+            )
         if none_run:
-            raise WidthscopeError(f"--max-rel-step sets the largest intervention step, but none run{preset}: add "
-                                  "--interventions bias (or block), or drop --max-rel-step")
+            raise WidthscopeError(
+                f"--max-rel-step sets the largest intervention step, but none run{preset}: add "
+                "--interventions bias (or block), or drop --max-rel-step"
+            )
     if "etas" in given and none_run:
-        raise WidthscopeError(f"--etas sets the step sizes of the interventions, but none run{preset}: add "
-                              "--interventions bias (or block), or drop --etas")
+        raise WidthscopeError(
+            f"--etas sets the step sizes of the interventions, but none run{preset}: add "
+            "--interventions bias (or block), or drop --etas"
+        )
     if "n_etas" in given and none_run:
-        raise WidthscopeError(f"--n-etas sets the number of intervention steps, but none run{preset}: add "
-                              "--interventions bias (or block), or drop --n-etas")
+        raise WidthscopeError(
+            f"--n-etas sets the number of intervention steps, but none run{preset}: add "
+            "--interventions bias (or block), or drop --n-etas"
+        )
     if opts.project is not None and opts.estimator != "unbiased":
-        raise WidthscopeError(f"--project corrects the unbiased estimators only, not --estimator "
-                              f"{opts.estimator}{preset}: add --estimator unbiased, or drop --project")
+        raise WidthscopeError(
+            f"--project corrects the unbiased estimators only, not --estimator "
+            f"{opts.estimator}{preset}: add --estimator unbiased, or drop --project"
+        )
     if args.all and not args.list_points:
-        raise WidthscopeError("--all only changes what --list-points prints (every module path): add --list-points "
-                              "or drop --all")
+        raise WidthscopeError(
+            "--all only changes what --list-points prints (every module path): add --list-points or drop --all"
+        )
     if opts.pool != "token":
         Ms, Ks = [m for m, _ in opts.pairs], [k for _, k in opts.pairs]
         # "all": the pool's size is known once the source is read (the run checks it then)
-        check_pools(Ms, Ks, max(Ms) if is_all(args.n_train) else args.n_train,
-                    max(Ks) if is_all(args.n_test) else args.n_test)
+        check_pools(
+            Ms, Ks, max(Ms) if is_all(args.n_train) else args.n_train, max(Ks) if is_all(args.n_test) else args.n_test
+        )
 
 
 def _check_max_rel_step(args: argparse.Namespace) -> None:
     top = getattr(args, "max_rel_step", None)
     if top is not None and not (top == top and 1e-4 < top < float("inf")):
-        raise WidthscopeError(f"--max-rel-step {top:g}: must be a finite number above the smallest step 1e-4 "
-                              "(e.g. 0.1, or 1 for a step as large as the activation)")
+        raise WidthscopeError(
+            f"--max-rel-step {top:g}: must be a finite number above the smallest step 1e-4 "
+            "(e.g. 0.1, or 1 for a step as large as the activation)"
+        )
 
 
 # ----------------------------------------------------------------------------- the command
@@ -145,8 +181,9 @@ def _bases(args: argparse.Namespace) -> tuple[CertifyOptions, CertifyRunOptions,
         run = CertifyRunOptions.from_dict(block.get("run") or {})
         spec = InputSpec.from_dict(block["inputs"]) if block.get("inputs") else None
     except (KeyError, TypeError):
-        raise WidthscopeError(f"--config {args.config!r} records no certify options: pass a results JSON written by "
-                              "widthscope certify") from None
+        raise WidthscopeError(
+            f"--config {args.config!r} records no certify options: pass a results JSON written by widthscope certify"
+        ) from None
     return opts, run, spec
 
 
@@ -180,7 +217,14 @@ def run(args: argparse.Namespace) -> int:
     if args.list_points:
         print("\n".join(list_points(spec, every_module=args.all)), flush=True)
         return 0
-    job = CertifyJob(spec=spec, options=opts, run=run_opts, out=args.out, save_samples=args.save_samples,
-                     resume=bool(args.resume), protocol=args.protocol)
+    job = CertifyJob(
+        spec=spec,
+        options=opts,
+        run=run_opts,
+        out=args.out,
+        save_samples=args.save_samples,
+        resume=bool(args.resume),
+        protocol=args.protocol,
+    )
     run_certify(job, notes=notes)
     return 0

@@ -6,6 +6,7 @@ Per command, :func:`spec_from_args` applies what the command's options mean for 
 (``grow``: pool sizes 2048 / 512 capped at what the data has when not given), after
 :func:`widthscope.validate.check_args` recorded which options were given.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,74 +22,148 @@ __all__ = ["add_arguments", "spec_from_args", "GROW_POOLS"]
 GROW_POOLS = (2048, 512)  # grow's default pool sizes (capped at what the data has)
 
 
-def add_arguments(p: argparse.ArgumentParser, *, model_required: bool = False, model_default: str | None = None,
-                  n_train: int | None = 256, n_test: int | None = 256, n_train_help: str = "",
-                  n_test_help: str = "") -> None:
+def add_arguments(
+    p: argparse.ArgumentParser,
+    *,
+    model_required: bool = False,
+    model_default: str | None = None,
+    n_train: int | None = 256,
+    n_test: int | None = 256,
+    n_train_help: str = "",
+    n_test_help: str = "",
+) -> None:
     """The input options every command shares (model, data, tokenizer, sequences, pools).
 
     Options that fit only some models default to None, so "was it given" is knowable
     (:data:`widthscope.validate.APPLIES`); :func:`widthscope.validate.fill_defaults` sets the defaults.
     ``n_*_help`` describe a default computed later (``n_train=None``)."""
-    p.add_argument("--model", required=model_required, default=model_default,
-                   help="checkpoint: a widthscope directory, a .safetensors file with a config.json beside it, or "
-                        "a Hugging Face directory (any causal LM, masked LM, sequence or image classifier), a "
-                        "Hugging Face hub id org/name or hub cache folder models--org--name (read from the hub "
-                        "cache; downloaded unless HF_HUB_OFFLINE=1); 'builtin' trains a small MLP on digits")
-    p.add_argument("--revision", default=None, metavar="REV",
-                   help="branch, tag or commit of a hub --model (default main); the tokenizer comes from the same "
-                        "revision; results record the id, this revision and the commit it resolved to")
-    p.add_argument("--task", default=None, choices=("causal-lm", "masked-lm", "sequence-classification",
-                                                    "image-classification"),
-                   help="the HF checkpoint's task when its config.json names no architecture")
-    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16", "float64"),
-                   help="model dtype (auto: the checkpoint's); statistics always accumulate in float64")
-    p.add_argument("--tokenizer", default=None,
-                   help="tokenizer directory (default: the checkpoint's own), or 'bytes' for byte-level ids")
-    p.add_argument("--data", default=None,
-                   help="one corpus split into train/held-out: a dataset name, a text file or directory, "
-                        ".jsonl/.json/.csv/.parquet, a datasets save_to_disk directory, or an ImageFolder "
-                        "directory (default: the checkpoint's recorded dataset)")
+    p.add_argument(
+        "--model",
+        required=model_required,
+        default=model_default,
+        help="checkpoint: a widthscope directory, a .safetensors file with a config.json beside it, or "
+        "a Hugging Face directory (any causal LM, masked LM, sequence or image classifier), a "
+        "Hugging Face hub id org/name or hub cache folder models--org--name (read from the hub "
+        "cache; downloaded unless HF_HUB_OFFLINE=1); 'builtin' trains a small MLP on digits",
+    )
+    p.add_argument(
+        "--revision",
+        default=None,
+        metavar="REV",
+        help="branch, tag or commit of a hub --model (default main); the tokenizer comes from the same "
+        "revision; results record the id, this revision and the commit it resolved to",
+    )
+    p.add_argument(
+        "--task",
+        default=None,
+        choices=("causal-lm", "masked-lm", "sequence-classification", "image-classification"),
+        help="the HF checkpoint's task when its config.json names no architecture",
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16", "float16", "float64"),
+        help="model dtype (auto: the checkpoint's); statistics always accumulate in float64",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer directory (default: the checkpoint's own), or 'bytes' for byte-level ids",
+    )
+    p.add_argument(
+        "--data",
+        default=None,
+        help="one corpus split into train/held-out: a dataset name, a text file or directory, "
+        ".jsonl/.json/.csv/.parquet, a datasets save_to_disk directory, or an ImageFolder "
+        "directory (default: the checkpoint's recorded dataset)",
+    )
     p.add_argument("--train-data", default=None, help="the train pool's own file/directory (with --test-data)")
     p.add_argument("--test-data", default=None, help="the held-out pool's own file/directory (with --train-data)")
-    p.add_argument("--train-split", default=None,
-                   help="split of a dataset with splits (a DatasetDict directory or a folder of split files) for "
-                        "the train pool (default train)")
-    p.add_argument("--test-split", default=None,
-                   help="split of a dataset with splits (a DatasetDict directory or a folder of split files) for "
-                        "the held-out pool (default validation, else test)")
+    p.add_argument(
+        "--train-split",
+        default=None,
+        help="split of a dataset with splits (a DatasetDict directory or a folder of split files) for "
+        "the train pool (default train)",
+    )
+    p.add_argument(
+        "--test-split",
+        default=None,
+        help="split of a dataset with splits (a DatasetDict directory or a folder of split files) for "
+        "the held-out pool (default validation, else test)",
+    )
     p.add_argument("--data-root", default=None, help="root folder of a named image dataset's files")
-    p.add_argument("--text-field", default=None, help="text field/column of .jsonl/.json/.csv/.parquet/datasets "
-                   "data (default text); --text-column is the same")
+    p.add_argument(
+        "--text-field",
+        default=None,
+        help="text field/column of .jsonl/.json/.csv/.parquet/datasets data (default text); --text-column is the same",
+    )
     p.add_argument("--text-column", dest="text_field", help=argparse.SUPPRESS)
     p.add_argument("--label-field", default=None, help="label column for sequence classification (default label)")
-    p.add_argument("--seq-len", type=int, default=None,
-                   help="tokens per sequence (default: the checkpoint's recorded one, else 128 for HF models, 64 "
-                        "for byte models)")
-    p.add_argument("--sequences", default=None, choices=SEQUENCES,
-                   help="concatenate: documents joined with EOS, cut into --seq-len chunks, tail dropped (default "
-                        "for causal LMs); per-document: one padded sequence per document (default otherwise); "
-                        "truncate: each document with at least --seq-len tokens, cut to --seq-len (shorter ones "
-                        "skipped: the alignment script without --concatenate)")
-    p.add_argument("--empty-docs", default=None, choices=EMPTY_DOCS,
-                   help="empty or whitespace-only documents: skip them before tokenizing (default; the published "
-                        "scripts' rule) or eos (kept: each adds its EOS separator to concatenated chunks)")
-    p.add_argument("--first", action="store_true",
-                   help="take the first sequences of each source (the published scripts) instead of seeded random ones")
-    p.add_argument("--max-tokens", type=int, default=None,
-                   help=f"tokens read per source for random pools (default {WINDOW} x the pool sizes x --seq-len)")
-    p.add_argument("--train-pool", choices=("fitted", "fresh"), default=None,
-                   help="widthscope checkpoints: draw the train pool from the examples the model was fitted on "
-                        "(default, from its data record) or a fresh sample of the train part")
-    p.add_argument("--test-fraction", type=float, default=None,
-                   help="held-out fraction when one --data corpus is split (default 0.1)")
-    p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="torch CPU threads (default: torch's choice; 1 is best on a busy machine)")
-    p.add_argument("--n-train", type=pool_size, default=n_train,
-                   help=f"train pool size, or all: every sequence (default "
-                        f"{n_train if n_train is not None else n_train_help})")
-    p.add_argument("--n-test", type=pool_size, default=n_test,
-                   help=f"held-out pool size, or all: every sequence (default "
-                        f"{n_test if n_test is not None else n_test_help})")
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        default=None,
+        help="tokens per sequence (default: the checkpoint's recorded one, else 128 for HF models, 64 for byte models)",
+    )
+    p.add_argument(
+        "--sequences",
+        default=None,
+        choices=SEQUENCES,
+        help="concatenate: documents joined with EOS, cut into --seq-len chunks, tail dropped (default "
+        "for causal LMs); per-document: one padded sequence per document (default otherwise); "
+        "truncate: each document with at least --seq-len tokens, cut to --seq-len (shorter ones "
+        "skipped: the alignment script without --concatenate)",
+    )
+    p.add_argument(
+        "--empty-docs",
+        default=None,
+        choices=EMPTY_DOCS,
+        help="empty or whitespace-only documents: skip them before tokenizing (default; the published "
+        "scripts' rule) or eos (kept: each adds its EOS separator to concatenated chunks)",
+    )
+    p.add_argument(
+        "--first",
+        action="store_true",
+        help="take the first sequences of each source (the published scripts) instead of seeded random ones",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help=f"tokens read per source for random pools (default {WINDOW} x the pool sizes x --seq-len)",
+    )
+    p.add_argument(
+        "--train-pool",
+        choices=("fitted", "fresh"),
+        default=None,
+        help="widthscope checkpoints: draw the train pool from the examples the model was fitted on "
+        "(default, from its data record) or a fresh sample of the train part",
+    )
+    p.add_argument(
+        "--test-fraction",
+        type=float,
+        default=None,
+        help="held-out fraction when one --data corpus is split (default 0.1)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="torch CPU threads (default: torch's choice; 1 is best on a busy machine)",
+    )
+    p.add_argument(
+        "--n-train",
+        type=pool_size,
+        default=n_train,
+        help=f"train pool size, or all: every sequence (default {n_train if n_train is not None else n_train_help})",
+    )
+    p.add_argument(
+        "--n-test",
+        type=pool_size,
+        default=n_test,
+        help=f"held-out pool size, or all: every sequence (default {n_test if n_test is not None else n_test_help})",
+    )
 
 
 def spec_from_args(args: argparse.Namespace, command: str) -> InputSpec:
@@ -105,8 +180,10 @@ def spec_from_args(args: argparse.Namespace, command: str) -> InputSpec:
     if values.get("model") is None:
         from ..errors import WidthscopeError
 
-        raise WidthscopeError(f"{command}: --model is required (a checkpoint directory, a .safetensors file with "
-                              "its config, or 'builtin')")
+        raise WidthscopeError(
+            f"{command}: --model is required (a checkpoint directory, a .safetensors file with "
+            "its config, or 'builtin')"
+        )
     if command == "grow":
         n_tr, n_te = values.get("n_train"), values.get("n_test")
         values["cap_pools"] = n_tr is None or n_te is None

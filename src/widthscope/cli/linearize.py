@@ -2,6 +2,7 @@
 
 A thin adapter: the config path, ``--out`` and ``--shard`` go to the sweep as arguments.
 """
+
 from __future__ import annotations
 
 import argparse

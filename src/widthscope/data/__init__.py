@@ -16,6 +16,7 @@ Example::
     >>> for x, y in batches(split.train, 128, shuffle=True, seed=1):
     ...     pass
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,8 +45,10 @@ class Split:
     meta: dict[str, Any]
 
     def __repr__(self) -> str:
-        return (f"Split(name={self.name!r}, task={self.task!r}, train={len(self.train[0])}, "
-                f"test={len(self.test[0])}, num_classes={self.num_classes}, input_shape={self.input_shape})")
+        return (
+            f"Split(name={self.name!r}, task={self.task!r}, train={len(self.train[0])}, "
+            f"test={len(self.test[0])}, num_classes={self.num_classes}, input_shape={self.input_shape})"
+        )
 
 
 DATASETS: dict[str, str] = {
@@ -89,15 +92,25 @@ def describe(split: Split) -> str:
     n_tr, n_te = len(split.train[0]), len(split.test[0])
     if split.task == "lm":
         src = str(meta.get("source", ""))
-        words = describe_name(split.name) if split.name == "prose" or src.startswith("python stdlib") \
+        words = (
+            describe_name(split.name)
+            if split.name == "prose" or src.startswith("python stdlib")
             else f"byte-level text ({src})"
-        cut = f"{int(meta.get('bytes', 0)):,} bytes" + (f" of {src}" if src.startswith("python stdlib") else "") \
+        )
+        cut = (
+            f"{int(meta.get('bytes', 0)):,} bytes"
+            + (f" of {src}" if src.startswith("python stdlib") else "")
             + f" cut into {int(split.input_shape[-1])}-byte chunks"
-        return (f"{words}: {cut}; {n_tr} train / {n_te} held-out chunks (disjoint chunk sets, split seed "
-                f"{meta.get('seed', '?')})")
+        )
+        return (
+            f"{words}: {cut}; {n_tr} train / {n_te} held-out chunks (disjoint chunk sets, split seed "
+            f"{meta.get('seed', '?')})"
+        )
     shape = "x".join(str(int(v)) for v in split.input_shape)
-    return (f"{describe_name(split.name)}: {n_tr} train / {n_te} held-out examples (disjoint parts, split "
-            f"seed {meta.get('seed', '?')}; inputs {shape})")
+    return (
+        f"{describe_name(split.name)}: {n_tr} train / {n_te} held-out examples (disjoint parts, split "
+        f"seed {meta.get('seed', '?')}; inputs {shape})"
+    )
 
 
 def available() -> list[str]:
@@ -105,8 +118,15 @@ def available() -> list[str]:
     return list(DATASETS)
 
 
-def load(name: str, *, root: str | None = None, n_train: int | None = None, n_test: int | None = None,
-         seed: int = 0, **options: Any) -> Split:
+def load(
+    name: str,
+    *,
+    root: str | None = None,
+    n_train: int | None = None,
+    n_test: int | None = None,
+    seed: int = 0,
+    **options: Any,
+) -> Split:
     """Load dataset ``name`` from local files.
 
     ``n_train`` / ``n_test`` take a seeded random subset (``seed``) of the respective part;
@@ -133,10 +153,12 @@ def load(name: str, *, root: str | None = None, n_train: int | None = None, n_te
             return _mnist1d(n_train, n_test, seed, **options)
         if name in ("text", "prose"):
             from .text import load_text
+
             if name == "prose" and root is not None:
                 raise WidthscopeError("prose is Python's own English prose: it takes no root (use 'text' for files)")
             return load_text(root, n_train, n_test, seed, corpus=name, **options)
         from .files import load_cifar, load_idx
+
         if name in ("fashion-mnist", "mnist"):
             return load_idx(name, root, n_train, n_test, seed, **options)
         return load_cifar(name, root, n_train, n_test, seed, **options)
@@ -159,15 +181,21 @@ def record(split: Split) -> dict[str, Any]:
         from .text import spans
 
         L = int(meta["seq_len"])
-        return {"kind": "text-bytes", "corpus": split.name, "corpus_sha256": meta["sha256"],
-                "corpus_bytes": int(meta["bytes"]),
-                "trained_seq_len": L, "fitted": spans(meta["train_indices"], L),
-                "heldout": spans(meta.get("heldout_part_indices", meta["test_indices"]), L)}
+        return {
+            "kind": "text-bytes",
+            "corpus": split.name,
+            "corpus_sha256": meta["sha256"],
+            "corpus_bytes": int(meta["bytes"]),
+            "trained_seq_len": L,
+            "fitted": spans(meta["train_indices"], L),
+            "heldout": spans(meta.get("heldout_part_indices", meta["test_indices"]), L),
+        }
     return {"kind": "examples", "dataset": split.name, "fitted_indices": meta.get("train_indices")}
 
 
-def batches(pair: Pair, batch_size: int, *, shuffle: bool = False, seed: int = 0,
-            lm: bool | None = None) -> Iterator[Any]:
+def batches(
+    pair: Pair, batch_size: int, *, shuffle: bool = False, seed: int = 0, lm: bool | None = None
+) -> Iterator[Any]:
     """Iterate over one pass of ``pair = (X, y)`` in batches of ``batch_size`` (last may be short).
 
     Yields ``(x, y)`` for classification and the ``(B, T)`` int64 tensor alone for language
@@ -181,35 +209,39 @@ def batches(pair: Pair, batch_size: int, *, shuffle: bool = False, seed: int = 0
     if len(X) != len(y):
         raise WidthscopeError(f"inputs and targets differ in length ({len(X)} vs {len(y)})")
     if lm is None:  # the same tensor (or views of it, e.g. after slicing both) means tokens
-        lm = y is X or (not X.is_floating_point() and X.dim() == 2 and y.shape == X.shape
-                        and y.data_ptr() == X.data_ptr())
+        lm = y is X or (
+            not X.is_floating_point() and X.dim() == 2 and y.shape == X.shape and y.data_ptr() == X.data_ptr()
+        )
     n = len(X)
     if shuffle:
         order = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))
     for start in range(0, n, batch_size):
         if shuffle:
-            idx = order[start:start + batch_size]
+            idx = order[start : start + batch_size]
             xb, yb = X[idx], (None if lm else y[idx])
         else:
-            xb, yb = X[start:start + batch_size], (None if lm else y[start:start + batch_size])
+            xb, yb = X[start : start + batch_size], (None if lm else y[start : start + batch_size])
         yield xb if lm else (xb, yb)
 
 
 # ---------------------------------------------------------------------------------------------
 # helpers shared by the loaders
 
+
 def subset(n_total: int, n: int | None, rng: np.random.Generator, what: str) -> np.ndarray | None:
     """Sorted random subset of ``range(n_total)`` of size ``n`` (None: all, returned as None)."""
     if n is None or n >= n_total:
         if n is not None and n > n_total:
-            raise WidthscopeError(f"asked for {n} {what} examples but only {n_total} exist; "
-                                  f"use a value <= {n_total} or None")
+            raise WidthscopeError(
+                f"asked for {n} {what} examples but only {n_total} exist; use a value <= {n_total} or None"
+            )
         return None
     return np.sort(rng.choice(n_total, size=n, replace=False))
 
 
-def channel_stats(X: np.ndarray | torch.Tensor, *, weights: torch.Tensor | None = None,
-                  scale: float = 1.0, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+def channel_stats(
+    X: np.ndarray | torch.Tensor, *, weights: torch.Tensor | None = None, scale: float = 1.0, chunk: int = 4096
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel mean and standard deviation of ``(N, C, ...)`` images, in float64.
 
     Streams over ``chunk`` images so a whole training part (e.g. 50k CIFAR images) never
@@ -218,13 +250,14 @@ def channel_stats(X: np.ndarray | torch.Tensor, *, weights: torch.Tensor | None 
     """
     n = X.shape[0]
     if n == 0:
-        raise WidthscopeError(f"per-channel statistics need at least one image; got an empty array of shape "
-                              f"{tuple(X.shape)}")
+        raise WidthscopeError(
+            f"per-channel statistics need at least one image; got an empty array of shape {tuple(X.shape)}"
+        )
     s1: torch.Tensor | None = None
     s2: torch.Tensor | None = None
     count = 0
     for i in range(0, n, chunk):
-        x = torch.tensor(np.asarray(X[i:i + chunk]), dtype=torch.float64) * scale  # copy: may be read-only
+        x = torch.tensor(np.asarray(X[i : i + chunk]), dtype=torch.float64) * scale  # copy: may be read-only
         if weights is not None:
             x = torch.einsum("oc,nc...->no...", weights.double(), x)
         dims = [0] + list(range(2, x.dim()))
@@ -237,9 +270,12 @@ def channel_stats(X: np.ndarray | torch.Tensor, *, weights: torch.Tensor | None 
     return mean, var.clamp_min(0).sqrt().clamp_min(1e-12)
 
 
-def normalize_images(train: torch.Tensor, test: torch.Tensor,
-                     stats: tuple[torch.Tensor, torch.Tensor] | None = None,
-                     computed_on: str = "train") -> tuple[torch.Tensor, torch.Tensor, dict]:
+def normalize_images(
+    train: torch.Tensor,
+    test: torch.Tensor,
+    stats: tuple[torch.Tensor, torch.Tensor] | None = None,
+    computed_on: str = "train",
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Per-channel zero mean / unit variance for ``(N, C, ...)`` tensors.
 
     ``stats`` = ``(mean, std)`` per channel; by default computed from ``train``. The loaders
@@ -253,12 +289,16 @@ def normalize_images(train: torch.Tensor, test: torch.Tensor,
     def f(t: torch.Tensor) -> torch.Tensor:
         return t.float().sub(m32).div_(s32)
 
-    return f(train), f(test), {"mean": mean.flatten().tolist(), "std": std.flatten().tolist(),
-                               "computed_on": computed_on}
+    return (
+        f(train),
+        f(test),
+        {"mean": mean.flatten().tolist(), "std": std.flatten().tolist(), "computed_on": computed_on},
+    )
 
 
-def _digits(n_train: int | None, n_test: int | None, seed: int, *, normalize: bool = True,
-            test_fraction: float = 0.2) -> Split:
+def _digits(
+    n_train: int | None, n_test: int | None, seed: int, *, normalize: bool = True, test_fraction: float = 0.2
+) -> Split:
     from sklearn.datasets import load_digits
 
     d = load_digits()
@@ -277,8 +317,12 @@ def _digits(n_train: int | None, n_test: int | None, seed: int, *, normalize: bo
     if n_train is not None:
         train_idx = train_idx[np.sort(_pick(len(train_idx), n_train, rng, "train"))]
     Xtr, Xte = X[train_idx], X[test_idx]
-    meta: dict[str, Any] = {"source": "sklearn.datasets.load_digits", "seed": seed,
-                            "train_indices": train_idx.tolist(), "test_indices": test_idx.tolist()}
+    meta: dict[str, Any] = {
+        "source": "sklearn.datasets.load_digits",
+        "seed": seed,
+        "train_indices": train_idx.tolist(),
+        "test_indices": test_idx.tolist(),
+    }
     if normalize:
         Xtr, Xte = ((Xtr - m) / s).float(), ((Xte - m) / s).float()
         meta["normalization"] = {"mean": float(m), "std": float(s), "computed_on": "whole train part"}
@@ -316,8 +360,11 @@ def _mnist1d(n_train: int | None, n_test: int | None, seed: int) -> Split:
         Xtr, ytr = Xtr[tr], ytr[tr]
     if te is not None:
         Xte, yte = Xte[te], yte[te]
-    meta = {"source": "mnist1d.data.make_dataset(get_dataset_args()) (generator seed 42)", "seed": seed,
-            "split_rule": "the package's split: first 4000 generated examples train, last 1000 test",
-            "train_indices": None if tr is None else tr.tolist(),
-            "test_indices": None if te is None else te.tolist()}
+    meta = {
+        "source": "mnist1d.data.make_dataset(get_dataset_args()) (generator seed 42)",
+        "seed": seed,
+        "split_rule": "the package's split: first 4000 generated examples train, last 1000 test",
+        "train_indices": None if tr is None else tr.tolist(),
+        "test_indices": None if te is None else te.tolist(),
+    }
     return Split((Xtr, ytr), (Xte, yte), "classification", 10, (40,), "mnist1d", meta)

@@ -51,6 +51,7 @@ Example::
     >>> seqs.ids.shape, seqs.mask is None
     (torch.Size([10, 16]), True)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -63,9 +64,23 @@ import torch
 
 from ..errors import WidthscopeError
 
-__all__ = ["ByteTokenizer", "documents", "sequences", "Sequences", "sniff", "is_dataset_dir",
-           "TABULAR", "MODES", "SPLIT_KEYWORDS", "FileSplits", "split_files", "SplitChoice", "choose_splits",
-           "dataset_splits", "default_split"]
+__all__ = [
+    "ByteTokenizer",
+    "documents",
+    "sequences",
+    "Sequences",
+    "sniff",
+    "is_dataset_dir",
+    "TABULAR",
+    "MODES",
+    "SPLIT_KEYWORDS",
+    "FileSplits",
+    "split_files",
+    "SplitChoice",
+    "choose_splits",
+    "dataset_splits",
+    "default_split",
+]
 
 MODES = ("concatenate", "per-document", "truncate")
 TABULAR = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -108,8 +123,12 @@ class ByteTokenizer:
 
 
 # Byte-order marks of the encodings other than UTF-8 (UTF-32 first: its LE mark starts with UTF-16's).
-_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32LE"), (b"\x00\x00\xfe\xff", "UTF-32BE"), (b"\xff\xfe", "UTF-16LE"),
-         (b"\xfe\xff", "UTF-16BE"))
+_BOMS = (
+    (b"\xff\xfe\x00\x00", "UTF-32LE"),
+    (b"\x00\x00\xfe\xff", "UTF-32BE"),
+    (b"\xff\xfe", "UTF-16LE"),
+    (b"\xfe\xff", "UTF-16BE"),
+)
 
 
 def unicode_bom(head: bytes) -> str | None:
@@ -131,8 +150,10 @@ def sniff(path: Path) -> str | None:
         return "is a safetensors file (tensors), not text"
     bom = unicode_bom(head)
     if bom is not None:
-        return (f"is {bom} text (it starts with a {bom} byte-order mark), and widthscope reads UTF-8: convert it, "
-                f"e.g. iconv -f {bom[:6]} -t UTF-8 {path} > {path.stem}-utf8{path.suffix}")
+        return (
+            f"is {bom} text (it starts with a {bom} byte-order mark), and widthscope reads UTF-8: convert it, "
+            f"e.g. iconv -f {bom[:6]} -t UTF-8 {path} > {path.stem}-utf8{path.suffix}"
+        )
     if b"\x00" in head:
         return "contains NUL bytes: it is a binary file, not text"
     text = head.decode("utf-8", errors="replace")
@@ -154,7 +175,8 @@ def precheck(path: str | Path, what: str) -> None:
         with open(path, "rb") as f:
             if f.read(4) != b"PAR1":
                 raise WidthscopeError(
-                    f"{what} {path} is named .parquet but is not a Parquet file (no PAR1 magic bytes)")
+                    f"{what} {path} is named .parquet but is not a Parquet file (no PAR1 magic bytes)"
+                )
         return
     if suffix in IMAGE_SUFFIXES:
         return
@@ -168,22 +190,27 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".ti
 
 def is_dataset_dir(path: Path) -> bool:
     """A directory written by ``datasets``' ``save_to_disk`` (a Dataset or a DatasetDict)."""
-    return path.is_dir() and ((path / "dataset_dict.json").is_file()
-                              or ((path / "state.json").is_file() and (path / "dataset_info.json").is_file()))
+    return path.is_dir() and (
+        (path / "dataset_dict.json").is_file()
+        or ((path / "state.json").is_file() and (path / "dataset_info.json").is_file())
+    )
 
 
 # ----------------------------------------------------------------------------- splits
 # The Hub's split names (``datasets.data_files.SPLIT_KEYWORDS``): a word of a file or folder name.
-SPLIT_KEYWORDS: dict[str, tuple[str, ...]] = {"train": ("train", "training"),
-                                              "validation": ("validation", "valid", "dev", "val"),
-                                              "test": ("test", "testing", "eval", "evaluation")}
+SPLIT_KEYWORDS: dict[str, tuple[str, ...]] = {
+    "train": ("train", "training"),
+    "validation": ("validation", "valid", "dev", "val"),
+    "test": ("test", "testing", "eval", "evaluation"),
+}
 HELD_OUT = ("validation", "valid", "val", "dev", "test", "eval")  # the held-out split, in this order of preference
 # The Hub's parquet-converted shards: ``{split}-00000-of-00003*.ext`` (``data/`` in a Hub repository).
 _SHARD = re.compile(r"(?P<split>\w+(?:\.\w+)*)-\d{5}-of-\d{5}(?![0-9])")
 _WORD_SEP = re.compile(r"[-._ 0-9]+")
 # Files of a Hub dataset repository that are not data (``datasets.data_files.FILES_TO_IGNORE``).
-_METADATA = frozenset({"readme.md", "config.json", "dataset_info.json", "dataset_infos.json", "dataset_dict.json",
-                       "dummy_data.zip"})
+_METADATA = frozenset(
+    {"readme.md", "config.json", "dataset_info.json", "dataset_infos.json", "dataset_dict.json", "dummy_data.zip"}
+)
 TEXT_SPLIT_SUFFIXES = (".txt", ".raw", ".tokens")  # plain-text split files: ptb.train.txt, wiki.valid.raw
 
 
@@ -202,8 +229,10 @@ class FileSplits:
     @property
     def files(self) -> list[Path]:
         """Every data file (all splits and the unassigned ones), in path order."""
-        return sorted([p for ps in self.splits.values() for p in ps] + self.unassigned,
-                      key=lambda p: p.relative_to(self.root).as_posix())
+        return sorted(
+            [p for ps in self.splits.values() for p in ps] + self.unassigned,
+            key=lambda p: p.relative_to(self.root).as_posix(),
+        )
 
     def names(self, files: list[Path], most: int = 3) -> str:
         rel = [p.relative_to(self.root).as_posix() for p in files]
@@ -213,8 +242,11 @@ class FileSplits:
         """The source in words: the split read (None: the whole folder) and its files."""
         files = self.files if split is None else self.splits[split]
         kind = (f"{files[0].suffix} " if self.kind == "table" else "text ") + ("file" if len(files) == 1 else "files")
-        what = (f"{len(files)} {kind} under {self.root}" if split is None else
-                f"split {split!r} of {self.root} ({len(files)} {kind}: {self.names(files)})")
+        what = (
+            f"{len(files)} {kind} under {self.root}"
+            if split is None
+            else f"split {split!r} of {self.root} ({len(files)} {kind}: {self.names(files)})"
+        )
         return what + (f"; not read: {self.names(self.ignored)}" if self.ignored else "")
 
 
@@ -234,7 +266,7 @@ def _assign(root: Path, files: list[Path]) -> tuple[dict[Path, str], list[str]]:
         twice: list[str] = []
         for p in files:
             rel = p.relative_to(root)
-            parts = rel.parts[:-1] if in_dirs else (p.name[:len(p.name) - len(p.suffix)],)
+            parts = rel.parts[:-1] if in_dirs else (p.name[: len(p.name) - len(p.suffix)],)
             words = set().union(*(_words(x) for x in parts)) if parts else set()
             hits = [s for s, keys in SPLIT_KEYWORDS.items() if words & set(keys)]
             if len(hits) > 1:
@@ -281,8 +313,10 @@ def split_files(path: str | Path) -> FileSplits | None:
     ignored.sort(key=order)
     assigned, twice = _assign(root, data)
     if twice and kind == "table":
-        raise WidthscopeError(f"{root}: {twice[0]} is named for two splits: rename it, so each file belongs to one "
-                              "split (the held-out pool must never read a train file)")
+        raise WidthscopeError(
+            f"{root}: {twice[0]} is named for two splits: rename it, so each file belongs to one "
+            "split (the held-out pool must never read a train file)"
+        )
     names = [s for s in SPLIT_KEYWORDS if s in assigned.values()] + sorted(set(assigned.values()) - set(SPLIT_KEYWORDS))
     splits = {s: [p for p in data if assigned.get(p) == s] for s in names}
     unassigned = [p for p in data if p not in assigned]
@@ -346,8 +380,9 @@ class SplitChoice:
     notes: tuple[str, ...] = ()
 
 
-def choose_splits(path: str | Path, train_split: str | None = None, test_split: str | None = None,
-                  test_fraction: float | None = None) -> SplitChoice | None:
+def choose_splits(
+    path: str | Path, train_split: str | None = None, test_split: str | None = None, test_fraction: float | None = None
+) -> SplitChoice | None:
     """The splits the pools read from ``--data path`` when it has its own splits; None when it
     has none (one corpus, split by ``--test-fraction``).
 
@@ -369,46 +404,70 @@ def choose_splits(path: str | Path, train_split: str | None = None, test_split: 
     files = (lambda s: f" ({fs.names(fs.splits[s])})") if fs is not None else (lambda s: "")
     if len(names) == 1 and tr is None and te is None:  # one corpus: the folder, as before splits were known
         only = names[0]
-        more = (f" and {len(fs.unassigned)} file(s) named for no split ({fs.names(fs.unassigned)})"
-                if fs is not None and fs.unassigned else "")
-        note = (f"{root} holds one split only ({only!r}{files(only)}){more}: read as one corpus and split into "
-                "train and held-out pools by --test-fraction (a seeded permutation of its sequences)")
-        integrity = (f"one split only ({only!r}): both pools are disjoint sequences of it (seeded permutation); "
-                     f"held-out only if the model never trained on split {only!r}")
+        more = (
+            f" and {len(fs.unassigned)} file(s) named for no split ({fs.names(fs.unassigned)})"
+            if fs is not None and fs.unassigned
+            else ""
+        )
+        note = (
+            f"{root} holds one split only ({only!r}{files(only)}){more}: read as one corpus and split into "
+            "train and held-out pools by --test-fraction (a seeded permutation of its sequences)"
+        )
+        integrity = (
+            f"one split only ({only!r}): both pools are disjoint sequences of it (seeded permutation); "
+            f"held-out only if the model never trained on split {only!r}"
+        )
         return SplitChoice(only if fs is None else None, None, "one split", integrity, (note,))
     notes = []
     if fs is not None and fs.unassigned:
-        notes.append(f"{root}: {len(fs.unassigned)} file(s) named for no split not read "
-                     f"({fs.names(fs.unassigned)}); the splits are {', '.join(names)}")
+        notes.append(
+            f"{root}: {len(fs.unassigned)} file(s) named for no split not read "
+            f"({fs.names(fs.unassigned)}); the splits are {', '.join(names)}"
+        )
     if test_fraction is not None:  # re-split on request: one split cut into both pools
         if te is not None:
-            raise WidthscopeError(f"--test-fraction re-splits one split of {root} into both pools; --test-split "
-                                  "names a held-out split of its own: drop one of them")
+            raise WidthscopeError(
+                f"--test-fraction re-splits one split of {root} into both pools; --test-split "
+                "names a held-out split of its own: drop one of them"
+            )
         tr = tr or ("train" if "train" in names else None)
         if tr is None:
-            raise WidthscopeError(f"{root} has splits {', '.join(names)} but none named train: name the split to "
-                                  "re-split with --train-split")
+            raise WidthscopeError(
+                f"{root} has splits {', '.join(names)} but none named train: name the split to "
+                "re-split with --train-split"
+            )
         unused = [n for n in names if n != tr]
         skip = f"; split{'s' if len(unused) > 1 else ''} {', '.join(unused)} not read" if unused else ""
-        notes.append(f"{root}: split {tr!r}{files(tr)} re-split into the train and held-out pools on request "
-                     f"(--test-fraction {test_fraction}){skip}; held-out text is text of the same split the model "
-                     "may have trained on")
-        integrity = (f"re-split on request (--test-fraction {test_fraction}): both pools are disjoint sequences of "
-                     f"split {tr!r}{skip}; held-out only if the model never trained on split {tr!r}")
+        notes.append(
+            f"{root}: split {tr!r}{files(tr)} re-split into the train and held-out pools on request "
+            f"(--test-fraction {test_fraction}){skip}; held-out text is text of the same split the model "
+            "may have trained on"
+        )
+        integrity = (
+            f"re-split on request (--test-fraction {test_fraction}): both pools are disjoint sequences of "
+            f"split {tr!r}{skip}; held-out only if the model never trained on split {tr!r}"
+        )
         return SplitChoice(tr, None, "re-split on request", integrity, tuple(notes))
     tr = tr or "train"
     if tr not in names:
-        raise WidthscopeError(f"{root} has splits {', '.join(names)} but none named train: name the train pool's "
-                              "split with --train-split")
+        raise WidthscopeError(
+            f"{root} has splits {', '.join(names)} but none named train: name the train pool's split with --train-split"
+        )
     te = te or next((n for n in HELD_OUT if n in names and n != tr), None)
     if te is None:
-        raise WidthscopeError(f"{root} has splits {', '.join(names)} but no validation/test split: name the "
-                              f"held-out one with --test-split, or re-split {tr!r} with --test-fraction F")
+        raise WidthscopeError(
+            f"{root} has splits {', '.join(names)} but no validation/test split: name the "
+            f"held-out one with --test-split, or re-split {tr!r} with --test-fraction F"
+        )
     if te == tr:
-        raise WidthscopeError(f"--train-split and --test-split are both {tr!r}: the held-out pool must be another "
-                              f"split of {root} (or re-split {tr!r} with --test-fraction F)")
-    integrity = (f"the dataset's own splits: train pool only from split {tr!r}, held-out pool only from split "
-                 f"{te!r} (never pooled or re-split)")
+        raise WidthscopeError(
+            f"--train-split and --test-split are both {tr!r}: the held-out pool must be another "
+            f"split of {root} (or re-split {tr!r} with --test-fraction F)"
+        )
+    integrity = (
+        f"the dataset's own splits: train pool only from split {tr!r}, held-out pool only from split "
+        f"{te!r} (never pooled or re-split)"
+    )
     return SplitChoice(tr, te, "dataset splits", integrity, tuple(notes))
 
 
@@ -424,14 +483,17 @@ def _text_pieces(path: Path) -> Iterator[str]:
 
 def _column(row: dict[str, Any], field: str, where: str, i: int) -> str:
     if field not in row:
-        raise WidthscopeError(f"{where} has no field/column {field!r} (it has: {', '.join(map(str, row))}); "
-                              "pass --text-field NAME")
+        raise WidthscopeError(
+            f"{where} has no field/column {field!r} (it has: {', '.join(map(str, row))}); pass --text-field NAME"
+        )
     v = row[field]
     if v is None:
         return ""
     if not isinstance(v, str):
-        raise WidthscopeError(f"{where}: record {i} has a {type(v).__name__} in {field!r}, not text; "
-                              "pass --text-field with the column that holds the text")
+        raise WidthscopeError(
+            f"{where}: record {i} has a {type(v).__name__} in {field!r}, not text; "
+            "pass --text-field with the column that holds the text"
+        )
     return v
 
 
@@ -442,19 +504,23 @@ def _rows(path: Path, split: str | None) -> tuple[Iterable[dict[str, Any]], str]
         import datasets
     except ImportError:  # pragma: no cover - a dependency
         raise WidthscopeError(
-            "reading .jsonl/.csv/.parquet needs the 'datasets' package: pip install datasets") from None
+            "reading .jsonl/.csv/.parquet needs the 'datasets' package: pip install datasets"
+        ) from None
     datasets.disable_progress_bars()
     if path.is_dir():
         try:
             ds = datasets.load_from_disk(str(path))
         except Exception as exc:
-            raise WidthscopeError(f"{path} could not be read as a datasets save_to_disk directory "
-                                  f"({type(exc).__name__}: {str(exc)[:200]})") from None
+            raise WidthscopeError(
+                f"{path} could not be read as a datasets save_to_disk directory "
+                f"({type(exc).__name__}: {str(exc)[:200]})"
+            ) from None
         if isinstance(ds, datasets.DatasetDict):
             name = split or "train"
             if name not in ds:
-                raise WidthscopeError(f"{path} holds splits {', '.join(ds)}, not {name!r}: choose one with "
-                                      "--train-split/--test-split")
+                raise WidthscopeError(
+                    f"{path} holds splits {', '.join(ds)}, not {name!r}: choose one with --train-split/--test-split"
+                )
             return ds[name], f"datasets directory {path} split {name!r}"
         if split is not None and split != "train":
             raise WidthscopeError(f"{path} holds one dataset without splits; --*-split {split!r} does not apply")
@@ -474,7 +540,8 @@ def _rows(path: Path, split: str | None) -> tuple[Iterable[dict[str, Any]], str]
         ds = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True, **na)
     except Exception as exc:
         raise WidthscopeError(
-            f"{path} could not be read as {builder} ({type(exc).__name__}: {str(exc)[:200]})") from None
+            f"{path} could not be read as {builder} ({type(exc).__name__}: {str(exc)[:200]})"
+        ) from None
 
     def rows() -> Iterator[dict[str, Any]]:
         try:
@@ -482,14 +549,22 @@ def _rows(path: Path, split: str | None) -> tuple[Iterable[dict[str, Any]], str]
         except WidthscopeError:
             raise
         except Exception as exc:  # parse errors surface while streaming
-            raise WidthscopeError(f"{path} could not be read as {builder} ({type(exc).__name__}: "
-                                  f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from None
+            raise WidthscopeError(
+                f"{path} could not be read as {builder} ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:200] if str(exc) else ''})"
+            ) from None
+
     return rows(), f"{builder} file {path}"
 
 
-def documents(path: str | Path, *, text_field: str | None = None, split: str | None = None,
-              label_field: str | None = None, skipped: list[str] | None = None
-              ) -> tuple[Iterator[Any], str]:
+def documents(
+    path: str | Path,
+    *,
+    text_field: str | None = None,
+    split: str | None = None,
+    label_field: str | None = None,
+    skipped: list[str] | None = None,
+) -> tuple[Iterator[Any], str]:
     """Documents of ``path`` (see the module docstring) and a description of the source.
 
     Each document is an iterator of text pieces (a long file streams in pieces), or with
@@ -498,28 +573,37 @@ def documents(path: str | Path, *, text_field: str | None = None, split: str | N
     """
     path = Path(path).expanduser()
     if not path.exists():
-        raise WidthscopeError(f"data path {str(path)!r} does not exist; give a text file, a directory, a "
-                              ".jsonl/.json/.csv/.parquet file or a datasets save_to_disk directory")
+        raise WidthscopeError(
+            f"data path {str(path)!r} does not exist; give a text file, a directory, a "
+            ".jsonl/.json/.csv/.parquet file or a datasets save_to_disk directory"
+        )
     tabular = is_dataset_dir(path) or (path.is_file() and path.suffix.lower() in TABULAR)
     fs = split_files(path) if path.is_dir() and not tabular else None
     if split is not None and fs is None and not is_dataset_dir(path):
-        raise WidthscopeError(f"--*-split applies to datasets directories and folders of split files "
-                              f"(train-*.parquet, validation.jsonl, ...), not to {path}")
+        raise WidthscopeError(
+            f"--*-split applies to datasets directories and folders of split files "
+            f"(train-*.parquet, validation.jsonl, ...), not to {path}"
+        )
     where = None
     if fs is not None:  # a folder of split files: the files of ``split`` (None: every data file)
         if split is not None and split not in fs.splits:
-            raise WidthscopeError(f"{path} holds splits {', '.join(fs.splits)}, not {split!r}: choose one with "
-                                  "--train-split/--test-split")
+            raise WidthscopeError(
+                f"{path} holds splits {', '.join(fs.splits)}, not {split!r}: choose one with --train-split/--test-split"
+            )
         files, where = (fs.files if split is None else fs.splits[split]), fs.describe(split)
     else:
         files = _files(path) if path.is_dir() and not tabular else []
     tables = _table_files(files, path)
     if text_field is not None and not (tabular or tables):
-        raise WidthscopeError(f"--text-field {text_field!r} applies to tables (.jsonl/.json/.csv/.parquet, datasets "
-                              f"directories); {path} is plain text: drop --text-field")
+        raise WidthscopeError(
+            f"--text-field {text_field!r} applies to tables (.jsonl/.json/.csv/.parquet, datasets "
+            f"directories); {path} is plain text: drop --text-field"
+        )
     if label_field is not None and not (tabular or tables):
-        raise WidthscopeError(f"labels (--label-field) need a table: {path} is not a .jsonl/.json/.csv/.parquet "
-                              "file or a datasets directory")
+        raise WidthscopeError(
+            f"labels (--label-field) need a table: {path} is not a .jsonl/.json/.csv/.parquet "
+            "file or a datasets directory"
+        )
     field = text_field or "text"
     if tables:  # a folder of .jsonl/.csv/... files: the records of each, in path order
         src = where or f"{len(tables)} {tables[0].suffix} files under {path}"
@@ -534,9 +618,12 @@ def documents(path: str | Path, *, text_field: str | None = None, split: str | N
                     yield iter([text])
                     continue
                 if label_field not in row:
-                    raise WidthscopeError(f"{path} has no label column {label_field!r} (it has: "
-                                          f"{', '.join(map(str, row))}); pass --label-field NAME")
+                    raise WidthscopeError(
+                        f"{path} has no label column {label_field!r} (it has: "
+                        f"{', '.join(map(str, row))}); pass --label-field NAME"
+                    )
                 yield iter([text]), row[label_field]
+
         return gen(), f"{source}, field {field!r}"
     if path.is_file():
         reason = sniff(path)
@@ -551,14 +638,22 @@ def documents(path: str | Path, *, text_field: str | None = None, split: str | N
         elif skipped is not None:
             skipped.append(f"{p.relative_to(path)}: {reason.split(':')[0]}")
     if not good:
-        raise WidthscopeError(f"{path}: none of its {len(files)} files is text (by content); point --data at "
-                              "a directory of text files, or at a .jsonl/.csv/.parquet file")
+        raise WidthscopeError(
+            f"{path}: none of its {len(files)} files is text (by content); point --data at "
+            "a directory of text files, or at a .jsonl/.csv/.parquet file"
+        )
     return (_text_pieces(p) for p in good), where or f"{len(good)} text files under {path}"
 
 
 def _files(path: Path) -> list[Path]:
-    return sorted((p for p in path.rglob("*") if p.is_file() and not any(
-        part.startswith(".") for part in p.relative_to(path).parts)), key=lambda p: p.relative_to(path).as_posix())
+    return sorted(
+        (
+            p
+            for p in path.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        ),
+        key=lambda p: p.relative_to(path).as_posix(),
+    )
 
 
 def _table_files(files: list[Path], path: Path) -> list[Path]:
@@ -600,9 +695,19 @@ def _encode(tok: Any) -> Callable[[str], list[int]]:
     return lambda text: tok(text, add_special_tokens=False)["input_ids"]
 
 
-def sequences(docs: Iterator[Any], tokenizer: Any, *, seq_len: int, mode: str = "concatenate",
-              limit: int | None = None, max_tokens: int | None = None, labels: bool = False,
-              show_progress: bool = False, desc: str = "tokenize", empty: str = "skip") -> Sequences:
+def sequences(
+    docs: Iterator[Any],
+    tokenizer: Any,
+    *,
+    seq_len: int,
+    mode: str = "concatenate",
+    limit: int | None = None,
+    max_tokens: int | None = None,
+    labels: bool = False,
+    show_progress: bool = False,
+    desc: str = "tokenize",
+    empty: str = "skip",
+) -> Sequences:
     """Cut documents into sequences of ``seq_len`` tokens (see the module docstring).
 
     Stops at ``limit`` sequences or after ``max_tokens`` tokens were read (``None``: no limit).
@@ -627,12 +732,23 @@ def sequences(docs: Iterator[Any], tokenizer: Any, *, seq_len: int, mode: str = 
     unk_id = getattr(tokenizer, "unk_token_id", None)
     if unk_id is not None and unk_id in (sep, getattr(tokenizer, "eos_token_id", None)):
         unk_id = None  # byte-level BPEs name EOS as "unknown"; they have no unknown token
-    cut = _Cut(tokenizer, encode, seq_len=seq_len, limit=limit, max_tokens=max_tokens, labels=labels,
-               sep=sep, pad=pad, unk_id=unk_id, skip=empty == "skip", bar=bar)
+    cut = _Cut(
+        tokenizer,
+        encode,
+        seq_len=seq_len,
+        limit=limit,
+        max_tokens=max_tokens,
+        labels=labels,
+        sep=sep,
+        pad=pad,
+        unk_id=unk_id,
+        skip=empty == "skip",
+        bar=bar,
+    )
     step = {"concatenate": _cut_concatenate, "truncate": _cut_truncate}.get(mode, _cut_per_document)
     try:
         for doc in docs:
-            pieces, y = (doc if labels else (doc, None))
+            pieces, y = doc if labels else (doc, None)
             cut.n_docs += 1
             if not step(cut, pieces, y):
                 continue  # a document not taken: the limits are checked after the next one
@@ -674,8 +790,9 @@ class _Cut:
 
     def full(self) -> bool:
         """``limit`` sequences cut, or ``max_tokens`` tokens read."""
-        return ((self.limit is not None and len(self.rows) >= self.limit)
-                or (self.max_tokens is not None and self.n_tokens >= self.max_tokens))
+        return (self.limit is not None and len(self.rows) >= self.limit) or (
+            self.max_tokens is not None and self.n_tokens >= self.max_tokens
+        )
 
 
 def _cut_concatenate(c: _Cut, pieces: Iterable[str], y: Any) -> bool:
@@ -690,8 +807,8 @@ def _cut_concatenate(c: _Cut, pieces: Iterable[str], y: Any) -> bool:
             c.n_unk += ids.count(c.unk_id)
         c.buf.extend(ids)
         while len(c.buf) >= c.seq_len and (c.limit is None or len(c.rows) < c.limit):
-            c.rows.append(c.buf[:c.seq_len])
-            del c.buf[:c.seq_len]
+            c.rows.append(c.buf[: c.seq_len])
+            del c.buf[: c.seq_len]
             c.bar.update(1)
         if c.full():
             break  # a long document: stop inside it
@@ -701,8 +818,8 @@ def _cut_concatenate(c: _Cut, pieces: Iterable[str], y: Any) -> bool:
     if c.sep is not None and (has_text or not c.skip):
         c.buf.append(int(c.sep))
         if len(c.buf) >= c.seq_len and (c.limit is None or len(c.rows) < c.limit):
-            c.rows.append(c.buf[:c.seq_len])  # the separator completed a chunk
-            del c.buf[:c.seq_len]
+            c.rows.append(c.buf[: c.seq_len])  # the separator completed a chunk
+            del c.buf[: c.seq_len]
             c.bar.update(1)
     return True
 
@@ -729,7 +846,7 @@ def _cut_truncate(c: _Cut, pieces: Iterable[str], y: Any) -> bool:
         return False
     if c.unk_id is not None:
         c.n_unk += ids.count(c.unk_id)
-    c.rows.append(ids[:c.seq_len])
+    c.rows.append(ids[: c.seq_len])
     c.bar.update(1)
     return True
 
@@ -772,29 +889,47 @@ def _check_tokenizer(c: _Cut) -> None:
     tokenizer, empty, nonblank, n_unk, n_tokens = c.tokenizer, c.empty, c.nonblank, c.n_unk, c.n_tokens
     name = getattr(tokenizer, "name_or_path", None) or getattr(tokenizer, "name", "?")
     if nonblank and empty > 0.5 * nonblank:
-        raise WidthscopeError(f"the tokenizer ({name}) turned {empty} of {nonblank} non-empty documents into no "
-                              "tokens at all: it cannot read this text (wrong tokenizer?); pass the matching one "
-                              "with --tokenizer")
+        raise WidthscopeError(
+            f"the tokenizer ({name}) turned {empty} of {nonblank} non-empty documents into no "
+            "tokens at all: it cannot read this text (wrong tokenizer?); pass the matching one "
+            "with --tokenizer"
+        )
     if c.unk_id is not None and n_tokens and n_unk > 0.05 * n_tokens:
-        raise WidthscopeError(f"the tokenizer ({name}) maps {n_unk} of {n_tokens} tokens ({n_unk / n_tokens:.0%}) "
-                              "to its unknown token: it does not cover this text (wrong tokenizer or language?)")
+        raise WidthscopeError(
+            f"the tokenizer ({name}) maps {n_unk} of {n_tokens} tokens ({n_unk / n_tokens:.0%}) "
+            "to its unknown token: it does not cover this text (wrong tokenizer or language?)"
+        )
 
 
 def _assemble(c: _Cut, mode: str, exhausted: bool) -> Sequences:
     """The rows (and masks, labels) as tensors."""
     seq_len = c.seq_len
     ids_t = torch.tensor(c.rows, dtype=torch.int64) if c.rows else torch.zeros(0, seq_len, dtype=torch.int64)
-    mask_t = None if mode != "per-document" else (torch.tensor(c.masks, dtype=torch.int64) if c.masks
-                                                 else torch.zeros(0, seq_len, dtype=torch.int64))
+    mask_t = (
+        None
+        if mode != "per-document"
+        else (torch.tensor(c.masks, dtype=torch.int64) if c.masks else torch.zeros(0, seq_len, dtype=torch.int64))
+    )
     lab_t = None
     if c.labels:
         bad = [y for y in c.ys if not isinstance(y, int) or isinstance(y, bool)]
         if bad:
-            raise WidthscopeError(f"labels must be integer class ids, got {bad[0]!r}: map the label column to "
-                                  "0..num_labels-1 first")
+            raise WidthscopeError(
+                f"labels must be integer class ids, got {bad[0]!r}: map the label column to 0..num_labels-1 first"
+            )
         lab_t = torch.tensor(c.ys, dtype=torch.int64)
-    return Sequences(ids_t, mask_t, lab_t, c.n_docs, c.n_tokens, exhausted, None if mode != "concatenate" else c.sep,
-                     c.short, c.n_unk, c.blank_docs)
+    return Sequences(
+        ids_t,
+        mask_t,
+        lab_t,
+        c.n_docs,
+        c.n_tokens,
+        exhausted,
+        None if mode != "concatenate" else c.sep,
+        c.short,
+        c.n_unk,
+        c.blank_docs,
+    )
 
 
 def _nonblank_first(pieces: Iterable[str]) -> Iterator[str]:

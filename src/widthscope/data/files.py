@@ -2,6 +2,7 @@
 CIFAR python-pickle batches (read with a restricted unpickler that can only rebuild numpy
 arrays, so a tampered file cannot run code).
 """
+
 from __future__ import annotations
 
 import gzip
@@ -17,10 +18,20 @@ from ..errors import WidthscopeError
 from . import Split, channel_stats, normalize_images, subset
 
 FASHION_ROOT = "/usr/share/datasets/fashion-mnist"
-IDX_FILES = {"train_images": "train-images-idx3-ubyte", "train_labels": "train-labels-idx1-ubyte",
-             "test_images": "t10k-images-idx3-ubyte", "test_labels": "t10k-labels-idx1-ubyte"}
-IDX_DTYPES: dict[int, type[np.generic] | str] = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4",
-                                                 0x0D: ">f4", 0x0E: ">f8"}
+IDX_FILES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+IDX_DTYPES: dict[int, type[np.generic] | str] = {
+    0x08: np.uint8,
+    0x09: np.int8,
+    0x0B: ">i2",
+    0x0C: ">i4",
+    0x0D: ">f4",
+    0x0E: ">f8",
+}
 
 
 def read_idx(path: str | Path) -> np.ndarray:
@@ -37,12 +48,14 @@ def read_idx(path: str | Path) -> np.ndarray:
         raise WidthscopeError(f"{path} is not an IDX file (bad magic number {raw[:4].hex()})")
     ndim = raw[3]
     header = 4 + 4 * ndim
-    dims = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    dims = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     dtype = np.dtype(IDX_DTYPES[raw[2]])
     expected = int(np.prod(dims)) * dtype.itemsize
     if len(raw) - header != expected:
-        raise WidthscopeError(f"{path}: header says shape {dims} ({expected} bytes of data) but the file has "
-                              f"{len(raw) - header}; the file is truncated or corrupt")
+        raise WidthscopeError(
+            f"{path}: header says shape {dims} ({expected} bytes of data) but the file has "
+            f"{len(raw) - header}; the file is truncated or corrupt"
+        )
     return np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims)
 
 
@@ -56,17 +69,32 @@ def _find_idx(root: Path, name: str, dataset: str) -> dict[str, Path]:
         else:
             missing.append(stem)
     if missing:
-        how = ("install the Debian/Ubuntu package: apt-get install dataset-fashion-mnist (files go to "
-               f"{FASHION_ROOT}), or pass root= a directory holding them" if dataset == "fashion-mnist"
-               else "download the four MNIST IDX files and pass root= their directory")
-        raise WidthscopeError(f"{dataset}: missing {', '.join(m + '(.gz)' for m in missing)} in {root}; "
-                              f"expected {', '.join(s + '(.gz)' for s in IDX_FILES.values())}; {how}")
+        how = (
+            "install the Debian/Ubuntu package: apt-get install dataset-fashion-mnist (files go to "
+            f"{FASHION_ROOT}), or pass root= a directory holding them"
+            if dataset == "fashion-mnist"
+            else "download the four MNIST IDX files and pass root= their directory"
+        )
+        raise WidthscopeError(
+            f"{dataset}: missing {', '.join(m + '(.gz)' for m in missing)} in {root}; "
+            f"expected {', '.join(s + '(.gz)' for s in IDX_FILES.values())}; {how}"
+        )
     return found
 
 
-def _finish_images(name: str, Xtr: torch.Tensor, ytr: torch.Tensor, Xte: torch.Tensor, yte: torch.Tensor,
-                   num_classes: int, meta: dict[str, Any], *, flatten: bool, normalize: bool,
-                   stats: tuple[torch.Tensor, torch.Tensor] | None = None) -> Split:
+def _finish_images(
+    name: str,
+    Xtr: torch.Tensor,
+    ytr: torch.Tensor,
+    Xte: torch.Tensor,
+    yte: torch.Tensor,
+    num_classes: int,
+    meta: dict[str, Any],
+    *,
+    flatten: bool,
+    normalize: bool,
+    stats: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> Split:
     """Scale to [0, 1], normalise with whole-train-part statistics ``stats``, optionally flatten."""
     Xtr, Xte = Xtr.float() / 255.0, Xte.float() / 255.0
     if normalize:
@@ -78,15 +106,25 @@ def _finish_images(name: str, Xtr: torch.Tensor, ytr: torch.Tensor, Xte: torch.T
     return Split((Xtr, ytr), (Xte, yte), "classification", num_classes, shape, name, meta)
 
 
-def _subsample(X: np.ndarray, y: np.ndarray, n: int | None, rng: np.random.Generator, what: str,
-               meta: dict, key: str) -> tuple[np.ndarray, np.ndarray]:
+def _subsample(
+    X: np.ndarray, y: np.ndarray, n: int | None, rng: np.random.Generator, what: str, meta: dict, key: str
+) -> tuple[np.ndarray, np.ndarray]:
     idx = subset(len(y), n, rng, what)
     meta[key] = None if idx is None else idx.tolist()
     return (X, y) if idx is None else (X[idx], y[idx])
 
 
-def load_idx(name: str, root: str | None, n_train: int | None, n_test: int | None, seed: int, *,
-             flatten: bool = False, grayscale: bool = True, normalize: bool = True) -> Split:
+def load_idx(
+    name: str,
+    root: str | None,
+    n_train: int | None,
+    n_test: int | None,
+    seed: int,
+    *,
+    flatten: bool = False,
+    grayscale: bool = True,
+    normalize: bool = True,
+) -> Split:
     """MNIST / Fashion-MNIST. ``grayscale`` is accepted for symmetry (the images are grayscale)."""
     if root is None:
         if name != "fashion-mnist":
@@ -96,17 +134,32 @@ def load_idx(name: str, root: str | None, n_train: int | None, n_test: int | Non
     arrays = {k: read_idx(p) for k, p in files.items()}
     for part in ("train", "test"):
         if arrays[f"{part}_images"].ndim != 3 or len(arrays[f"{part}_images"]) != len(arrays[f"{part}_labels"]):
-            raise WidthscopeError(f"{name}: {part} images {arrays[f'{part}_images'].shape} and labels "
-                                  f"{arrays[f'{part}_labels'].shape} do not match (expected (n, H, W) and (n,))")
+            raise WidthscopeError(
+                f"{name}: {part} images {arrays[f'{part}_images'].shape} and labels "
+                f"{arrays[f'{part}_labels'].shape} do not match (expected (n, H, W) and (n,))"
+            )
     rng = np.random.default_rng(seed)
-    meta: dict[str, Any] = {"source": {k: str(p) for k, p in files.items()}, "seed": seed,
-                            "split_rule": "official split: train-* files for train, t10k-* files for test"}
+    meta: dict[str, Any] = {
+        "source": {k: str(p) for k, p in files.items()},
+        "seed": seed,
+        "split_rule": "official split: train-* files for train, t10k-* files for test",
+    }
     stats = channel_stats(arrays["train_images"][:, None], scale=1 / 255.0) if normalize else None
     Xtr, ytr = _subsample(arrays["train_images"], arrays["train_labels"], n_train, rng, "train", meta, "train_indices")
     Xte, yte = _subsample(arrays["test_images"], arrays["test_labels"], n_test, rng, "test", meta, "test_indices")
     to_t = lambda a: torch.from_numpy(np.array(a))  # noqa: E731  (copy: frombuffer arrays are read-only)
-    return _finish_images(name, to_t(Xtr)[:, None], to_t(ytr).long(), to_t(Xte)[:, None], to_t(yte).long(),
-                          10, meta, flatten=flatten, normalize=normalize, stats=stats)
+    return _finish_images(
+        name,
+        to_t(Xtr)[:, None],
+        to_t(ytr).long(),
+        to_t(Xte)[:, None],
+        to_t(yte).long(),
+        10,
+        meta,
+        flatten=flatten,
+        normalize=normalize,
+        stats=stats,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -114,9 +167,12 @@ def load_idx(name: str, root: str | None, n_train: int | None, n_test: int | Non
 
 # Everything a CIFAR batch pickle legitimately references: numpy array reconstruction.
 _ALLOWED = {
-    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy", "ndarray"), ("numpy", "dtype"),
-    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+    ("numpy.core.numeric", "_frombuffer"),
+    ("numpy._core.numeric", "_frombuffer"),
 }
 
 
@@ -135,8 +191,7 @@ class SafeUnpickler(pickle.Unpickler):
             return super().find_class(module, name)
         if (module, name) == ("_codecs", "encode"):
             return _latin1_encode
-        raise pickle.UnpicklingError(
-            f"refusing to load {module}.{name}: CIFAR pickles may only contain numpy arrays")
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: CIFAR pickles may only contain numpy arrays")
 
 
 def safe_pickle_load(path: Path) -> Any:
@@ -144,8 +199,9 @@ def safe_pickle_load(path: Path) -> Any:
         with open(path, "rb") as f:
             return SafeUnpickler(io.BufferedReader(f), encoding="bytes").load()
     except pickle.UnpicklingError as exc:
-        raise WidthscopeError(f"{path}: unsafe or invalid pickle ({exc}); use the original CIFAR "
-                              "python-version files") from None
+        raise WidthscopeError(
+            f"{path}: unsafe or invalid pickle ({exc}); use the original CIFAR python-version files"
+        ) from None
     except (EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError) as exc:
         raise WidthscopeError(f"{path} is not a readable CIFAR batch pickle ({type(exc).__name__}: {exc})") from None
 
@@ -160,9 +216,11 @@ def _cifar_files(name: str, root: Path) -> tuple[list[Path], list[Path], Path]:
         train, test = [base / "train"], [base / "test"]
     missing = [p.name for p in train + test if not p.is_file()]
     if missing:
-        raise WidthscopeError(f"{name}: missing {', '.join(missing)} in {base}; expected the python version "
-                              f"({sub}/{', '.join(p.name for p in train + test)}), e.g. extracted from "
-                              f"{'cifar-10-python.tar.gz' if name == 'cifar10' else 'cifar-100-python.tar.gz'}")
+        raise WidthscopeError(
+            f"{name}: missing {', '.join(missing)} in {base}; expected the python version "
+            f"({sub}/{', '.join(p.name for p in train + test)}), e.g. extracted from "
+            f"{'cifar-10-python.tar.gz' if name == 'cifar10' else 'cifar-100-python.tar.gz'}"
+        )
     return train, test, base
 
 
@@ -180,13 +238,24 @@ def _read_cifar(paths: list[Path], label_key: bytes) -> tuple[np.ndarray, np.nda
     return np.concatenate(xs), np.concatenate(ys)
 
 
-def load_cifar(name: str, root: str | None, n_train: int | None, n_test: int | None, seed: int, *,
-               flatten: bool = False, grayscale: bool = False, normalize: bool = True,
-               labels: str = "fine") -> Split:
+def load_cifar(
+    name: str,
+    root: str | None,
+    n_train: int | None,
+    n_test: int | None,
+    seed: int,
+    *,
+    flatten: bool = False,
+    grayscale: bool = False,
+    normalize: bool = True,
+    labels: str = "fine",
+) -> Split:
     """CIFAR-10 / CIFAR-100 from the python-pickle batches (``labels`` fine|coarse for CIFAR-100)."""
     if root is None:
-        raise WidthscopeError(f"{name} needs root= the directory holding "
-                              f"{'cifar-10-batches-py' if name == 'cifar10' else 'cifar-100-python'}")
+        raise WidthscopeError(
+            f"{name} needs root= the directory holding "
+            f"{'cifar-10-batches-py' if name == 'cifar10' else 'cifar-100-python'}"
+        )
     if labels not in ("fine", "coarse"):
         raise WidthscopeError(f"labels must be 'fine' or 'coarse', got {labels!r}")
     train_files, test_files, base = _cifar_files(name, Path(root).expanduser())
@@ -194,11 +263,13 @@ def load_cifar(name: str, root: str | None, n_train: int | None, n_test: int | N
     Xtr, ytr = _read_cifar(train_files, key)
     Xte, yte = _read_cifar(test_files, key)
     rng = np.random.default_rng(seed)
-    meta: dict[str, Any] = {"source": [str(p) for p in train_files + test_files], "seed": seed,
-                            "split_rule": "official split: training batches for train, test batch for test"}
+    meta: dict[str, Any] = {
+        "source": [str(p) for p in train_files + test_files],
+        "seed": seed,
+        "split_rule": "official split: training batches for train, test batch for test",
+    }
     luma = torch.tensor([[0.299, 0.587, 0.114]])  # ITU-R BT.601, the usual RGB -> gray conversion
-    stats = (channel_stats(Xtr, weights=luma if grayscale else None, scale=1 / 255.0)
-             if normalize else None)
+    stats = channel_stats(Xtr, weights=luma if grayscale else None, scale=1 / 255.0) if normalize else None
     Xtr, ytr = _subsample(Xtr, ytr, n_train, rng, "train", meta, "train_indices")
     Xte, yte = _subsample(Xte, yte, n_test, rng, "test", meta, "test_indices")
     Xtr_t, Xte_t = torch.from_numpy(np.array(Xtr)).float(), torch.from_numpy(np.array(Xte)).float()
@@ -207,5 +278,15 @@ def load_cifar(name: str, root: str | None, n_train: int | None, n_test: int | N
         Xtr_t, Xte_t = (Xtr_t * w).sum(1, keepdim=True), (Xte_t * w).sum(1, keepdim=True)
         meta["grayscale"] = "0.299 R + 0.587 G + 0.114 B"
     num_classes = 10 if name == "cifar10" else (100 if labels == "fine" else 20)
-    return _finish_images(name, Xtr_t, torch.from_numpy(ytr), Xte_t, torch.from_numpy(yte), num_classes,
-                          meta, flatten=flatten, normalize=normalize, stats=stats)
+    return _finish_images(
+        name,
+        Xtr_t,
+        torch.from_numpy(ytr),
+        Xte_t,
+        torch.from_numpy(yte),
+        num_classes,
+        meta,
+        flatten=flatten,
+        normalize=normalize,
+        stats=stats,
+    )

@@ -10,6 +10,7 @@ tokenize, and take *every* chunk when asked for ``0`` samples. Here:
   documents before tokenizing; ``eos`` keeps them as documents (in concatenated chunks each adds
   its EOS separator), widthscope's earlier rule; :func:`empty_note` says how many there were.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -31,6 +32,9 @@ def empty_note(info: dict[str, Any], what: str) -> str | None:
     if not n:
         return None
     rule = info.get("empty_rule")
-    fate = ("skipped before tokenizing (--empty-docs skip, the published scripts' rule)" if rule == "skip" else
-            "kept as documents (--empty-docs eos: each adds its EOS separator in concatenated chunks)")
+    fate = (
+        "skipped before tokenizing (--empty-docs skip, the published scripts' rule)"
+        if rule == "skip"
+        else "kept as documents (--empty-docs eos: each adds its EOS separator in concatenated chunks)"
+    )
     return f"{what}: {n} of {info.get('documents_read')} documents read were empty or whitespace-only: {fate}"

@@ -35,6 +35,7 @@ Example (a tiny widthscope classifier checkpoint, probed on its recorded digits 
     ...
     widthscope.errors.WidthscopeError: --n-test 2 (input spec field n_test): must be a whole number >= 4 ... or 'all'
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,8 +44,17 @@ from typing import Any, Literal, Mapping
 
 from ..errors import WidthscopeError, WidthscopeTypeError
 
-__all__ = ["InputSpec", "PoolSize", "INPUT_DEFAULTS", "DTYPES", "TASKS", "SEQUENCES", "TRAIN_POOLS",
-           "check_source", "OPTIONAL_FIELDS"]
+__all__ = [
+    "InputSpec",
+    "PoolSize",
+    "INPUT_DEFAULTS",
+    "DTYPES",
+    "TASKS",
+    "SEQUENCES",
+    "TRAIN_POOLS",
+    "check_source",
+    "OPTIONAL_FIELDS",
+]
 
 PoolSize = int | Literal["all"]  # a whole number >= 4, or "all"
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
@@ -53,16 +63,52 @@ SEQUENCES = ("concatenate", "per-document", "truncate")
 EMPTY_DOCS = ("skip", "eos")  # empty/whitespace-only documents: skipped (the published scripts) or an EOS each
 TRAIN_POOLS = ("fitted", "fresh")
 # Values of the options that are None when not given (so "was it given" is knowable).
-INPUT_DEFAULTS: dict[str, Any] = {"text_field": "text", "label_field": "label", "train_pool": "fitted",
-                                  "test_fraction": 0.1, "empty_docs": "skip"}
-_PATHS = ("model", "tokenizer", "data", "train_data", "test_data", "train_split", "test_split", "data_root",
-          "text_field", "label_field")
+INPUT_DEFAULTS: dict[str, Any] = {
+    "text_field": "text",
+    "label_field": "label",
+    "train_pool": "fitted",
+    "test_fraction": 0.1,
+    "empty_docs": "skip",
+}
+_PATHS = (
+    "model",
+    "tokenizer",
+    "data",
+    "train_data",
+    "test_data",
+    "train_split",
+    "test_split",
+    "data_root",
+    "text_field",
+    "label_field",
+)
 # The optional input fields: None (False) = not given (``given`` derived from them).
-OPTIONAL_FIELDS = ("task", "tokenizer", "data", "train_data", "test_data", "train_split", "test_split", "data_root",
-             "text_field", "label_field", "seq_len", "sequences", "max_tokens", "train_pool", "test_fraction", "first",
-             "empty_docs")
-_CHOICES = (("dtype", DTYPES), ("task", TASKS), ("sequences", SEQUENCES), ("train_pool", TRAIN_POOLS),
-            ("empty_docs", EMPTY_DOCS))
+OPTIONAL_FIELDS = (
+    "task",
+    "tokenizer",
+    "data",
+    "train_data",
+    "test_data",
+    "train_split",
+    "test_split",
+    "data_root",
+    "text_field",
+    "label_field",
+    "seq_len",
+    "sequences",
+    "max_tokens",
+    "train_pool",
+    "test_fraction",
+    "first",
+    "empty_docs",
+)
+_CHOICES = (
+    ("dtype", DTYPES),
+    ("task", TASKS),
+    ("sequences", SEQUENCES),
+    ("train_pool", TRAIN_POOLS),
+    ("empty_docs", EMPTY_DOCS),
+)
 
 
 def _flag(name: str) -> str:
@@ -70,16 +116,20 @@ def _flag(name: str) -> str:
 
 
 def _bad(name: str, value: Any, fix: str) -> WidthscopeError:
-    return WidthscopeError(f"{_flag(name)} {value!r} (input spec field {name}): {fix}"
-                           if isinstance(value, str) else f"{_flag(name)} {value} (input spec field {name}): {fix}")
+    return WidthscopeError(
+        f"{_flag(name)} {value!r} (input spec field {name}): {fix}"
+        if isinstance(value, str)
+        else f"{_flag(name)} {value} (input spec field {name}): {fix}"
+    )
 
 
 def _bad_type(name: str, value: Any, fix: str) -> WidthscopeTypeError:
     """:func:`_bad` for a value of the wrong type: a TypeError too, saying the type it got."""
     from .._args import describe
 
-    return WidthscopeTypeError(f"{_flag(name)} {value!r} (input spec field {name}): {fix}; got "
-                               f"{describe(value)} (InputSpec({name}=...))")
+    return WidthscopeTypeError(
+        f"{_flag(name)} {value!r} (input spec field {name}): {fix}; got {describe(value)} (InputSpec({name}=...))"
+    )
 
 
 def _whole(v: Any) -> bool:
@@ -121,17 +171,24 @@ class InputSpec:
         for name in _PATHS:
             v = getattr(self, name)
             if (v is not None or name == "model") and (not isinstance(v, str) or not v):
-                fix = ("must be a non-empty string (a path or name)" if name != "model" else
-                       "give a checkpoint directory, a .safetensors file with its config, a Hugging Face hub id "
-                       "(org/name), or 'builtin'")
+                fix = (
+                    "must be a non-empty string (a path or name)"
+                    if name != "model"
+                    else "give a checkpoint directory, a .safetensors file with its config, a Hugging Face hub id "
+                    "(org/name), or 'builtin'"
+                )
                 raise (_bad if isinstance(v, str) else _bad_type)(name, v, fix)
         if self.revision is not None:
             if not isinstance(self.revision, str) or not self.revision.strip():
                 raise (_bad if isinstance(self.revision, str) else _bad_type)(
-                    "revision", self.revision, "must be a non-empty string (a branch, tag or commit hash)")
+                    "revision", self.revision, "must be a non-empty string (a branch, tag or commit hash)"
+                )
             if self.model == "builtin":
-                raise _bad("revision", self.revision, "applies to Hugging Face hub ids (org/name) and hub cache "
-                           "folders, not to --model builtin: drop it")
+                raise _bad(
+                    "revision",
+                    self.revision,
+                    "applies to Hugging Face hub ids (org/name) and hub cache folders, not to --model builtin: drop it",
+                )
         for name, choices in _CHOICES:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or v not in choices):
@@ -143,12 +200,16 @@ class InputSpec:
             v = getattr(self, name)
             if v != "all" and (not _whole(v) or v < 4):
                 raise (_bad if _whole(v) or isinstance(v, str) else _bad_type)(
-                    name, v, "must be a whole number >= 4 (the unbiased estimators need at least 4 examples) or 'all'")
-        if not _whole(self.seed) or not 0 <= self.seed < 2 ** 32:
-            raise (_bad if _whole(self.seed) else _bad_type)("seed", self.seed,
-                                                             f"must be a whole number in 0..{2 ** 32 - 1}")
-        for name, lo, what in (("seq_len", 2, "tokens (one input and one predicted token)"),
-                               ("max_tokens", 1, "tokens")):
+                    name, v, "must be a whole number >= 4 (the unbiased estimators need at least 4 examples) or 'all'"
+                )
+        if not _whole(self.seed) or not 0 <= self.seed < 2**32:
+            raise (_bad if _whole(self.seed) else _bad_type)(
+                "seed", self.seed, f"must be a whole number in 0..{2**32 - 1}"
+            )
+        for name, lo, what in (
+            ("seq_len", 2, "tokens (one input and one predicted token)"),
+            ("max_tokens", 1, "tokens"),
+        ):
             v = getattr(self, name)
             if v is not None and (not _whole(v) or v < lo):
                 raise (_bad if _whole(v) else _bad_type)(name, v, f"must be a whole number >= {lo} ({what})")
@@ -193,8 +254,9 @@ class InputSpec:
         fields = {fl.name for fl in dataclasses.fields(cls)}
         unknown = sorted(set(d) - fields)
         if unknown:
-            raise WidthscopeError(f"input spec has unknown field {unknown[0]!r}: the fields are "
-                                  f"{', '.join(sorted(fields))}")
+            raise WidthscopeError(
+                f"input spec has unknown field {unknown[0]!r}: the fields are {', '.join(sorted(fields))}"
+            )
         if "model" not in d:
             raise WidthscopeError("input spec has no 'model': name the checkpoint")
         return cls(**dict(d))
@@ -208,8 +270,9 @@ def check_source(flag: str, value: str) -> None:
     if value in DATASETS:
         return
     if not Path(value).expanduser().exists():
-        raise WidthscopeError(f"{flag} {value!r}: not a dataset name ({', '.join(DATASETS)}) and not an "
-                              "existing file or directory")
+        raise WidthscopeError(
+            f"{flag} {value!r}: not a dataset name ({', '.join(DATASETS)}) and not an existing file or directory"
+        )
     from .corpus import precheck
 
     precheck(value, flag)

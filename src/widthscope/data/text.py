@@ -13,6 +13,7 @@ Default corpus: the ``.py`` files of Python's standard library
 (``sysconfig.get_paths()["stdlib"]``, excluding site/dist-packages), sorted by relative path,
 read until ``max_bytes`` — it exists wherever Python runs, so the default needs no download.
 """
+
 from __future__ import annotations
 
 import sysconfig
@@ -30,17 +31,20 @@ def _files(root: str | None) -> tuple[list[Path], str, list[str]]:
     """Corpus files in sorted order, their description, and the files skipped (with why)."""
     if root is None:
         base = Path(sysconfig.get_paths()["stdlib"])
-        files = sorted((p for p in base.rglob("*.py")
-                        if "site-packages" not in p.parts and "dist-packages" not in p.parts),
-                       key=lambda p: p.relative_to(base).as_posix())
+        files = sorted(
+            (p for p in base.rglob("*.py") if "site-packages" not in p.parts and "dist-packages" not in p.parts),
+            key=lambda p: p.relative_to(base).as_posix(),
+        )
         return files, f"python stdlib *.py under {base}", []
     from .corpus import TABULAR, sniff
 
     path = Path(root).expanduser()
     if path.is_file():
         if path.suffix.lower() in TABULAR:
-            raise WidthscopeError(f"text: {path} is a {path.suffix} table, not raw text; give it to certify/grow "
-                                  "as --data (its text column is read through the datasets library)")
+            raise WidthscopeError(
+                f"text: {path} is a {path.suffix} table, not raw text; give it to certify/grow "
+                "as --data (its text column is read through the datasets library)"
+            )
         reason = sniff(path)
         if reason is not None:  # never read a binary file's bytes as if they were text
             raise WidthscopeError(f"text: {path} {reason}")
@@ -48,20 +52,29 @@ def _files(root: str | None) -> tuple[list[Path], str, list[str]]:
     if path.is_dir():
         # Text by content, not by suffix: every non-hidden file that reads as UTF-8 text.
         files, skipped = [], []
-        for p in sorted((p for p in path.rglob("*") if p.is_file() and not any(
-                part.startswith(".") for part in p.relative_to(path).parts)),
-                key=lambda p: p.relative_to(path).as_posix()):
+        for p in sorted(
+            (
+                p
+                for p in path.rglob("*")
+                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
+            ),
+            key=lambda p: p.relative_to(path).as_posix(),
+        ):
             reason = sniff(p)
             if reason is None:
                 files.append(p)
             else:
                 skipped.append(f"{p.relative_to(path)}: {reason.split(':')[0]}")
         if not files:
-            raise WidthscopeError(f"text: none of the files under {path} is text (by content); "
-                                  "point root at a text file or a directory containing some")
+            raise WidthscopeError(
+                f"text: none of the files under {path} is text (by content); "
+                "point root at a text file or a directory containing some"
+            )
         return files, f"text files under {path}", skipped
-    raise WidthscopeError(f"text: root {str(path)!r} does not exist; give a text file or a directory "
-                          "of text files (or omit root for the Python standard library)")
+    raise WidthscopeError(
+        f"text: root {str(path)!r} does not exist; give a text file or a directory "
+        "of text files (or omit root for the Python standard library)"
+    )
 
 
 def prose() -> tuple[bytes, list[str]]:
@@ -142,12 +155,21 @@ def corpus_chunks(buf: bytes, seq_len: int, idx: np.ndarray) -> torch.Tensor:
     return tokens.view(-1, seq_len)[torch.as_tensor(idx, dtype=torch.long)].clone()
 
 
-def load_text(root: str | None, n_train: int | None, n_test: int | None, seed: int, *,
-              seq_len: int = 64, max_bytes: int = 2_000_000, test_fraction: float = 0.1,
-              corpus: str = "text") -> Split:
+def load_text(
+    root: str | None,
+    n_train: int | None,
+    n_test: int | None,
+    seed: int,
+    *,
+    seq_len: int = 64,
+    max_bytes: int = 2_000_000,
+    test_fraction: float = 0.1,
+    corpus: str = "text",
+) -> Split:
     if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 2:
-        raise WidthscopeError(f"text: seq_len must be an integer >= 2 (one input and one predicted token), "
-                              f"got {seq_len!r}")
+        raise WidthscopeError(
+            f"text: seq_len must be an integer >= 2 (one input and one predicted token), got {seq_len!r}"
+        )
     if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1:
         raise WidthscopeError(f"text: max_bytes must be a positive integer, got {max_bytes!r}")
     if not isinstance(test_fraction, (int, float)) or isinstance(test_fraction, bool):
@@ -157,8 +179,10 @@ def load_text(root: str | None, n_train: int | None, n_test: int | None, seed: i
     buf, used, source, skipped = read_corpus(root, max_bytes, corpus)
     n_chunks = len(buf) // seq_len
     if n_chunks < 2:
-        raise WidthscopeError(f"text: {len(buf)} bytes from {source} make {n_chunks} chunk(s) of "
-                              f"seq_len={seq_len}; need at least 2 (more text or a smaller seq_len)")
+        raise WidthscopeError(
+            f"text: {len(buf)} bytes from {source} make {n_chunks} chunk(s) of "
+            f"seq_len={seq_len}; need at least 2 (more text or a smaller seq_len)"
+        )
     tokens = torch.tensor(np.frombuffer(bytes(buf[: n_chunks * seq_len]), dtype=np.uint8).astype(np.int64))
     chunks = tokens.view(n_chunks, seq_len)
     rng = np.random.default_rng(seed)
@@ -175,9 +199,17 @@ def load_text(root: str | None, n_train: int | None, n_test: int | None, seed: i
     Xtr, Xte = chunks[train_idx].clone(), chunks[test_idx].clone()
     import hashlib
 
-    meta = {"source": source, "files": used, "bytes": len(buf), "seq_len": seq_len, "seed": seed,
-            "sha256": hashlib.sha256(buf).hexdigest(), "skipped_files": skipped,
-            "split_rule": "chunk i = corpus bytes [i*seq_len, (i+1)*seq_len); disjoint chunk sets",
-            "train_indices": train_idx.tolist(), "test_indices": test_idx.tolist(),
-            "heldout_part_indices": heldout_part.tolist()}
+    meta = {
+        "source": source,
+        "files": used,
+        "bytes": len(buf),
+        "seq_len": seq_len,
+        "seed": seed,
+        "sha256": hashlib.sha256(buf).hexdigest(),
+        "skipped_files": skipped,
+        "split_rule": "chunk i = corpus bytes [i*seq_len, (i+1)*seq_len); disjoint chunk sets",
+        "train_indices": train_idx.tolist(),
+        "test_indices": test_idx.tolist(),
+        "heldout_part_indices": heldout_part.tolist(),
+    }
     return Split((Xtr, Xtr), (Xte, Xte), "lm", 256, (seq_len,), corpus, meta)

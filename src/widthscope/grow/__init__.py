@@ -7,6 +7,7 @@
 ``widthscope.grow`` is also the function: ``ws.grow(model, data)`` calls :func:`grow` (the package
 is callable, so the name users call and the subpackage they import from are one object).
 """
+
 import sys as _sys
 import types as _types
 from typing import Any

@@ -24,6 +24,7 @@ Command line::
     widthscope grow-bench --quick --out /tmp/gb         # a few minutes on one core
     widthscope grow-bench --out widthscope-results/growth   # the documented suite (resumable)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,42 +59,127 @@ from .compare import (  # noqa: F401
     winner,
 )
 
-__all__ = ["SUITES", "cells", "run_cell", "compare", "winner", "benchmark", "teacher_student", "add_arguments",
-           "run", "CRITERIA_COLUMNS", "BASELINES", "reproducible", "train_to_plateau", "t_interval",
-           "pooled_interval", "wilson"]
+__all__ = [
+    "SUITES",
+    "cells",
+    "run_cell",
+    "compare",
+    "winner",
+    "benchmark",
+    "teacher_student",
+    "add_arguments",
+    "run",
+    "CRITERIA_COLUMNS",
+    "BASELINES",
+    "reproducible",
+    "train_to_plateau",
+    "t_interval",
+    "pooled_interval",
+    "wilson",
+]
 
-BLOCK_LRS = (1e-3, 3e-3, 1e-2)       # the block's learning-rate grid (chosen per point on the ranking half)
-CONTINUE_LRS = (3e-4, 1e-3, 3e-3)    # the grid for training all parameters (continue, train-all)
+BLOCK_LRS = (1e-3, 3e-3, 1e-2)  # the block's learning-rate grid (chosen per point on the ranking half)
+CONTINUE_LRS = (3e-4, 1e-3, 3e-3)  # the grid for training all parameters (continue, train-all)
 BLOCK_SEEDS = (0, 1, 2)
 # base training: AdamW at base_lr (linear warm-up over the first eval), held-out ranking-half loss every
 # `eval_every` steps; stop when the best of the last `patience` evals improves on the best before them
 # by less than `tol` (relative), or at `max_steps`; the best evaluated state is kept.
 _PLATEAU = dict(eval_every=50, patience=3, tol=0.01)
-_LLAMA = dict(family="llama", data="text", depth=4, seq_len=32, base_lr=3e-3, max_steps=1500,
-              batch_size=16, long=30, n_train=1024, n_test=1024, n_probe=128, scratch=False,
-              block_lrs=(3e-3, 1e-2, 3e-2), continue_lrs=(1e-4, 3e-4, 1e-3))
-_MLP = dict(family="mlp", width=64, data="digits", depth=4, base_lr=3e-3, max_steps=3000, batch_size=32,
-            long=160, n_probe=256, scratch=True, block_lrs=(3e-4, 1e-3, 3e-3))
-_RESNET = dict(family="resnet20", width=0.25, data="digits-images", base_lr=3e-3, max_steps=1000,
-               batch_size=32, long=30, n_probe=128, scratch=False, block_lrs=(3e-4, 1e-3, 3e-3))
+_LLAMA = dict(
+    family="llama",
+    data="text",
+    depth=4,
+    seq_len=32,
+    base_lr=3e-3,
+    max_steps=1500,
+    batch_size=16,
+    long=30,
+    n_train=1024,
+    n_test=1024,
+    n_probe=128,
+    scratch=False,
+    block_lrs=(3e-3, 1e-2, 3e-2),
+    continue_lrs=(1e-4, 3e-4, 1e-3),
+)
+_MLP = dict(
+    family="mlp",
+    width=64,
+    data="digits",
+    depth=4,
+    base_lr=3e-3,
+    max_steps=3000,
+    batch_size=32,
+    long=160,
+    n_probe=256,
+    scratch=True,
+    block_lrs=(3e-4, 1e-3, 3e-3),
+)
+_RESNET = dict(
+    family="resnet20",
+    width=0.25,
+    data="digits-images",
+    base_lr=3e-3,
+    max_steps=1000,
+    batch_size=32,
+    long=30,
+    n_probe=128,
+    scratch=False,
+    block_lrs=(3e-4, 1e-3, 3e-3),
+)
 # planted blocks: the grown block (width = point width, W_in seed 0) is never the teacher's block
 # (W_in seed 7, hidden 8 / seed 5, hidden 16), so no criterion is handed the answer
-_TEACHER = dict(family="teacher", width=24, depth=4, missing=2, teacher_hidden=8, teacher_seed=7, max_steps=0,
-                batch_size=32, long=160, n_train=512, n_test=512, n_probe=256, scratch=False,
-                block_lrs=(3e-3, 1e-2, 3e-2), continue_lrs=(1e-3, 3e-3, 1e-2))
-_TEACHER_LAST = {**_TEACHER, "model": "teacher-last", "depth": 3, "missing": 2, "teacher_hidden": 16,
-                 "teacher_seed": 5, "damp": 0.3}
+_TEACHER = dict(
+    family="teacher",
+    width=24,
+    depth=4,
+    missing=2,
+    teacher_hidden=8,
+    teacher_seed=7,
+    max_steps=0,
+    batch_size=32,
+    long=160,
+    n_train=512,
+    n_test=512,
+    n_probe=256,
+    scratch=False,
+    block_lrs=(3e-3, 1e-2, 3e-2),
+    continue_lrs=(1e-3, 3e-3, 1e-2),
+)
+_TEACHER_LAST = {
+    **_TEACHER,
+    "model": "teacher-last",
+    "depth": 3,
+    "missing": 2,
+    "teacher_hidden": 16,
+    "teacher_seed": 5,
+    "damp": 0.3,
+}
 # cheap cells first: a run cut short still has every planted case and the MLP
 SUITES: dict[str, list[dict[str, Any]]] = {
-    "full": [{**_TEACHER, "model": "teacher-student"}, _TEACHER_LAST, {**_MLP, "model": "mlp-64"},
-             *({**_LLAMA, "model": f"llama-{w}", "width": w} for w in (16, 32)),
-             {**_RESNET, "model": "resnet20-0.25"}],
-    "quick": [{**_LLAMA, "model": "llama-16", "width": 16, "depth": 3, "seq_len": 16, "max_steps": 100,
-               "long": 10, "n_train": 256, "n_test": 256, "n_probe": 64},
-              {**_MLP, "model": "mlp-32", "width": 32, "depth": 3, "max_steps": 200, "long": 20,
-               "n_probe": 128},
-              {**_TEACHER, "model": "teacher-student", "long": 30},
-              {**_TEACHER_LAST, "long": 30}],
+    "full": [
+        {**_TEACHER, "model": "teacher-student"},
+        _TEACHER_LAST,
+        {**_MLP, "model": "mlp-64"},
+        *({**_LLAMA, "model": f"llama-{w}", "width": w} for w in (16, 32)),
+        {**_RESNET, "model": "resnet20-0.25"},
+    ],
+    "quick": [
+        {
+            **_LLAMA,
+            "model": "llama-16",
+            "width": 16,
+            "depth": 3,
+            "seq_len": 16,
+            "max_steps": 100,
+            "long": 10,
+            "n_train": 256,
+            "n_test": 256,
+            "n_probe": 64,
+        },
+        {**_MLP, "model": "mlp-32", "width": 32, "depth": 3, "max_steps": 200, "long": 20, "n_probe": 128},
+        {**_TEACHER, "model": "teacher-student", "long": 30},
+        {**_TEACHER_LAST, "long": 30},
+    ],
 }
 SEEDS = {"full": (0, 1, 2, 3, 4), "quick": (0, 1, 2)}
 
@@ -102,8 +188,20 @@ def cells(suite: str = "full", seeds: Sequence[int] | None = None, *, M: int = 3
     if suite not in SUITES:
         raise WidthscopeError(f"unknown growth suite {suite!r}; choose one of {', '.join(SUITES)}")
     seeds = SEEDS[suite] if seeds is None else tuple(seeds)
-    return [{"block_lrs": BLOCK_LRS, "continue_lrs": CONTINUE_LRS, "block_seeds": BLOCK_SEEDS, **_PLATEAU,
-             **spec, "seed": int(s), "M": M, "K": K} for spec in SUITES[suite] for s in seeds]
+    return [
+        {
+            "block_lrs": BLOCK_LRS,
+            "continue_lrs": CONTINUE_LRS,
+            "block_seeds": BLOCK_SEEDS,
+            **_PLATEAU,
+            **spec,
+            "seed": int(s),
+            "M": M,
+            "K": K,
+        }
+        for spec in SUITES[suite]
+        for s in seeds
+    ]
 
 
 # ----------------------------------------------------------------------------- reproducibility
@@ -116,8 +214,11 @@ def reproducible(threads: int = 1) -> Iterator[dict[str, Any]]:
     of torch, numpy, transformers and Python, and the thread count."""
     from .._env import environment
 
-    prev = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
-            torch.is_deterministic_algorithms_warn_only_enabled())
+    prev = (
+        torch.get_num_threads(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
     torch.set_num_threads(int(threads))
     torch.use_deterministic_algorithms(True, warn_only=True)
     env = environment()
@@ -129,10 +230,21 @@ def reproducible(threads: int = 1) -> Iterator[dict[str, Any]]:
 
 
 # ----------------------------------------------------------------------------- models
-def teacher_student(seed: int, *, width: int = 24, depth: int = 4, missing: int = 2, hidden: int | None = None,
-                    block_seed: int = 0, n_train: int = 512, n_test: int = 256, in_dim: int = 8,
-                    out_dim: int = 4, teacher_seed: int | None = None, damp: float | None = None
-                    ) -> tuple[nn.Module, tuple[Any, Any], str]:
+def teacher_student(
+    seed: int,
+    *,
+    width: int = 24,
+    depth: int = 4,
+    missing: int = 2,
+    hidden: int | None = None,
+    block_seed: int = 0,
+    n_train: int = 512,
+    n_test: int = 256,
+    in_dim: int = 8,
+    out_dim: int = 4,
+    teacher_seed: int | None = None,
+    damp: float | None = None,
+) -> tuple[nn.Module, tuple[Any, Any], str]:
     """A student MLP that lacks exactly one residual block (at ``blocks.{missing}``) of its teacher.
 
     The teacher *is* the student plus a block ``z + W* φ(W_in norm(z))`` at that point (hidden width
@@ -167,8 +279,19 @@ def teacher_student(seed: int, *, width: int = 24, depth: int = 4, missing: int 
     return student, ((x[:n_train], y[:n_train]), (x[n_train:], y[n_train:])), point
 
 
-def train_to_plateau(model: nn.Module, train: Any, monitor: Any, *, lr: float, batch_size: int, seed: int,
-                     eval_every: int, patience: int, tol: float, max_steps: int) -> dict[str, Any]:
+def train_to_plateau(
+    model: nn.Module,
+    train: Any,
+    monitor: Any,
+    *,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    eval_every: int,
+    patience: int,
+    tol: float,
+    max_steps: int,
+) -> dict[str, Any]:
     """AdamW (weight decay 0, gradient clipping at norm 1, linear warm-up over the first
     ``eval_every`` steps, then constant ``lr``) on mini-batches drawn with replacement by a dedicated
     ``torch.Generator(seed)``; the mean loss on ``monitor`` every ``eval_every`` steps.
@@ -191,8 +314,12 @@ def train_to_plateau(model: nn.Module, train: Any, monitor: Any, *, lr: float, b
         for _ in range(min(eval_every, max_steps - step)):
             for g in opt.param_groups:
                 g["lr"] = lr * min(1.0, (step + 1) / eval_every)
-            loss = per_example_losses(model, index_batch(train, torch.randint(0, n, (min(batch_size, n),), generator=gen)),
-                                      batch_size=batch_size, grad=True).mean()
+            loss = per_example_losses(
+                model,
+                index_batch(train, torch.randint(0, n, (min(batch_size, n),), generator=gen)),
+                batch_size=batch_size,
+                grad=True,
+            ).mean()
             if not torch.isfinite(loss):
                 raise WidthscopeError(f"base training diverged at step {step} (loss {float(loss)}); lower base_lr")
             opt.zero_grad(set_to_none=True)
@@ -208,8 +335,13 @@ def train_to_plateau(model: nn.Module, train: Any, monitor: Any, *, lr: float, b
     if best_state is not None:
         model.load_state_dict(best_state)
     model.eval()
-    return {"base_steps": step, "base_best_step": best_step, "base_plateau": plateau, "base_monitor_loss": best,
-            "base_history": hist}
+    return {
+        "base_steps": step,
+        "base_best_step": best_step,
+        "base_plateau": plateau,
+        "base_monitor_loss": best,
+        "base_history": hist,
+    }
 
 
 def _build(cell: Mapping[str, Any], depth: int) -> nn.Module:
@@ -228,14 +360,27 @@ def _data(cell: Mapping[str, Any]) -> tuple[Any, Any, str | None, nn.Module | No
 
     seed = int(cell["seed"])
     if cell["family"] == "teacher":
-        model, (tr, te), point = teacher_student(seed, width=cell["width"], depth=cell["depth"],
-                                                 missing=cell["missing"], hidden=cell["teacher_hidden"],
-                                                 teacher_seed=cell["teacher_seed"], damp=cell.get("damp"),
-                                                 n_train=cell["n_train"], n_test=cell["n_test"])
+        model, (tr, te), point = teacher_student(
+            seed,
+            width=cell["width"],
+            depth=cell["depth"],
+            missing=cell["missing"],
+            hidden=cell["teacher_hidden"],
+            teacher_seed=cell["teacher_seed"],
+            damp=cell.get("damp"),
+            n_train=cell["n_train"],
+            n_test=cell["n_test"],
+        )
         return tr, te, point, model
     if cell["data"] == "text":
-        split = load("text", n_train=cell["n_train"], n_test=cell["n_test"], seed=seed, seq_len=cell["seq_len"],
-                     max_bytes=400_000)
+        split = load(
+            "text",
+            n_train=cell["n_train"],
+            n_test=cell["n_test"],
+            seed=seed,
+            seq_len=cell["seq_len"],
+            max_bytes=400_000,
+        )
         return split.train[0], split.test[0], None, None  # token ids: the LM loss predicts the sequence itself
     split = load("digits", seed=seed)
     tr, te = tuple(split.train), tuple(split.test)
@@ -253,8 +398,11 @@ def _splits(cell: Mapping[str, Any], test: Any) -> dict[str, Any]:
     n = batch_size_of(test)
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(cell["seed"])))
     a, b = n // 2, n // 2 + n // 4
-    return {"rank": index_batch(test, perm[:a].sort().values), "A": index_batch(test, perm[a:b].sort().values),
-            "B": index_batch(test, perm[b:].sort().values)}
+    return {
+        "rank": index_batch(test, perm[:a].sort().values),
+        "A": index_batch(test, perm[a:b].sort().values),
+        "B": index_batch(test, perm[b:].sort().values),
+    }
 
 
 # ----------------------------------------------------------------------------- one cell
@@ -265,8 +413,9 @@ def _trainable(model: nn.Module, params: Sequence[nn.Parameter] | None) -> list[
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def _grown(model: nn.Module, point: str, width: int, hidden: int | None, block_seed: int,
-           w_in: torch.Tensor | None = None) -> tuple[nn.Module, list[nn.Parameter]]:
+def _grown(
+    model: nn.Module, point: str, width: int, hidden: int | None, block_seed: int, w_in: torch.Tensor | None = None
+) -> tuple[nn.Module, list[nn.Parameter]]:
     """A copy of ``model`` with a zero-``W_out`` block at ``point`` and the block's parameters."""
     from ..probe.intervene import block_of, insert
 
@@ -301,8 +450,18 @@ class _Fit:
         return mean_loss(self.model, data, batch_size=64)
 
 
-def _fit(model: nn.Module, params: list[nn.Parameter], train: Any, *, steps: int, at: Sequence[int], lr: float,
-         batch_size: int, seed: int, rank: Any = None) -> _Fit:
+def _fit(
+    model: nn.Module,
+    params: list[nn.Parameter],
+    train: Any,
+    *,
+    steps: int,
+    at: Sequence[int],
+    lr: float,
+    batch_size: int,
+    seed: int,
+    rank: Any = None,
+) -> _Fit:
     """Train ``params`` (AdamW, eval mode, batches from ``Generator(seed)``) for ``steps``, keeping
     their values after each step count in ``at`` (and the loss on ``rank`` there, when given). A
     run that diverges gives NaN losses from then on (the learning-rate choice never picks it; the
@@ -321,8 +480,18 @@ def _fit(model: nn.Module, params: list[nn.Parameter], train: Any, *, steps: int
 
     _trainable(model, params)
     try:
-        _train_new(model, params, train, steps=steps, lr=lr, batch_size=batch_size, seed=seed, loss_fn=None,
-                   show_progress=False, after_step=after)
+        _train_new(
+            model,
+            params,
+            train,
+            steps=steps,
+            lr=lr,
+            batch_size=batch_size,
+            seed=seed,
+            loss_fn=None,
+            show_progress=False,
+            after_step=after,
+        )
     except WidthscopeError:  # diverged
         for k in wanted:
             fit.snaps.setdefault(k, None)
@@ -333,6 +502,7 @@ def _fit(model: nn.Module, params: list[nn.Parameter], train: Any, *, steps: int
 
 def _pick_lr(runs: Mapping[float, _Fit], step: int) -> float:
     """The learning rate with the lowest ranking-half loss at ``step`` (ties: the smaller lr)."""
+
     def key(lr: float) -> tuple[float, float]:
         v = runs[lr].rank[step]
         return (v if math.isfinite(v) else math.inf, lr)
@@ -340,16 +510,26 @@ def _pick_lr(runs: Mapping[float, _Fit], step: int) -> float:
     return min(runs, key=key)
 
 
-def _base(cell: Mapping[str, Any], train: Any, sp: Mapping[str, Any], student: nn.Module | None
-          ) -> tuple[nn.Module, dict[str, Any]]:
+def _base(
+    cell: Mapping[str, Any], train: Any, sp: Mapping[str, Any], student: nn.Module | None
+) -> tuple[nn.Module, dict[str, Any]]:
     """The model growth starts from: the teacher's student as built, or a model trained to plateau."""
     if student is not None:
         return student, {"base_steps": 0, "base_plateau": None}
     torch.manual_seed(int(cell["seed"]))
     model = _build(cell, cell["depth"]) if cell["family"] != "resnet20" else _build(cell, 0)
-    info = train_to_plateau(model, train, sp["rank"], lr=cell["base_lr"], batch_size=cell["batch_size"],
-                            seed=int(cell["seed"]), eval_every=cell["eval_every"], patience=cell["patience"],
-                            tol=cell["tol"], max_steps=cell["max_steps"])
+    info = train_to_plateau(
+        model,
+        train,
+        sp["rank"],
+        lr=cell["base_lr"],
+        batch_size=cell["batch_size"],
+        seed=int(cell["seed"]),
+        eval_every=cell["eval_every"],
+        patience=cell["patience"],
+        tol=cell["tol"],
+        max_steps=cell["max_steps"],
+    )
     return model, info
 
 
@@ -360,13 +540,26 @@ def _scratch(cell: Mapping[str, Any], train: Any, sp: Mapping[str, Any]) -> dict
 
     torch.manual_seed(int(cell["seed"]) + 7919)
     m = _build(cell, cell["depth"] + 1)
-    info = train_to_plateau(m, train, sp["rank"], lr=cell["base_lr"], batch_size=cell["batch_size"],
-                            seed=int(cell["seed"]) + 7919, eval_every=cell["eval_every"], patience=cell["patience"],
-                            tol=cell["tol"], max_steps=cell["max_steps"])
+    info = train_to_plateau(
+        m,
+        train,
+        sp["rank"],
+        lr=cell["base_lr"],
+        batch_size=cell["batch_size"],
+        seed=int(cell["seed"]) + 7919,
+        eval_every=cell["eval_every"],
+        patience=cell["patience"],
+        tol=cell["tol"],
+        max_steps=cell["max_steps"],
+    )
     f = step_flops(m, index_batch(train, slice(0, cell["batch_size"])))
-    return {"scratch_loss_B": mean_loss(m, sp["B"]), "scratch_loss_A": mean_loss(m, sp["A"]),
-            "scratch_steps": info["base_steps"], "scratch_flops": info["base_steps"] * f,
-            "scratch_plateau": info["base_plateau"]}
+    return {
+        "scratch_loss_B": mean_loss(m, sp["B"]),
+        "scratch_loss_A": mean_loss(m, sp["A"]),
+        "scratch_steps": info["base_steps"],
+        "scratch_flops": info["base_steps"] * f,
+        "scratch_plateau": info["base_plateau"],
+    }
 
 
 def run_cell(cell: Mapping[str, Any], _cell_dir: Path | None = None, *, show: bool = False) -> list[dict[str, Any]]:
@@ -390,16 +583,35 @@ def _run_cell(cell: Mapping[str, Any], show: bool) -> list[dict[str, Any]]:
     sp = _splits(cell, test)
     model, base = _base(cell, train, sp, student)
     n_tr = batch_size_of(train)
-    probe = index_batch(train, torch.randperm(n_tr, generator=torch.Generator().manual_seed(seed + 1))
-                   [:min(int(cell["n_probe"]), n_tr)].sort().values)
+    probe = index_batch(
+        train,
+        torch.randperm(n_tr, generator=torch.Generator().manual_seed(seed + 1))[: min(int(cell["n_probe"]), n_tr)]
+        .sort()
+        .values,
+    )
     batch = index_batch(train, slice(0, min(bs, n_tr)))
     points = list(model.widthscope_points)  # type: ignore[arg-type]  # a plain attribute (see teacher_student)
     lrs, clrs, bseeds = tuple(cell["block_lrs"]), tuple(cell["continue_lrs"]), tuple(cell["block_seeds"])
     long = int(cell["long"])
     eta = float(lrs[len(lrs) // 2])
     t_base = time.perf_counter() - t0
-    crit = [point_criteria(model, p, probe, sp["rank"], M=M, K=K, eta=eta, block_seed=bseeds[0], hidden=None,
-                           batch_size=64, gradmax_k=8, keep_gradmax_rows=True) for p in points]
+    crit = [
+        point_criteria(
+            model,
+            p,
+            probe,
+            sp["rank"],
+            M=M,
+            K=K,
+            eta=eta,
+            block_seed=bseeds[0],
+            hidden=None,
+            batch_size=64,
+            gradmax_k=8,
+            keep_gradmax_rows=True,
+        )
+        for p in points
+    ]
     t_crit = time.perf_counter() - t0 - t_base
     before = {k: mean_loss(model, d) for k, d in sp.items()}
     _trainable(model, None)
@@ -418,25 +630,73 @@ def _run_cell(cell: Mapping[str, Any], show: bool) -> list[dict[str, Any]]:
     cont_runs = {}
     for lr in clrs:
         cont = copy.deepcopy(model)
-        cont_runs[lr] = _fit(cont, list(cont.parameters()), train, steps=max(n_cont), at=n_cont, lr=lr, batch_size=bs,
-                             seed=seed, rank=sp["rank"])
+        cont_runs[lr] = _fit(
+            cont,
+            list(cont.parameters()),
+            train,
+            steps=max(n_cont),
+            at=n_cont,
+            lr=lr,
+            batch_size=bs,
+            seed=seed,
+            rank=sp["rank"],
+        )
     rows = []
-    for i, (p, c) in enumerate(progress(list(zip(points, crit)), desc=f"grow-bench {cell['model']} s{seed}",
-                                        disable=None if show else True)):
-        rows.append(_point_row(cell, model, train, sp, p, c, i, len(points), before=before, lrs=lrs,
-                               bseeds=bseeds, cont_runs=cont_runs, n_cont=n_cont[i], n_all=n_all[i],
-                               flops=(f_orig, f_block[i], f_all[i]), answer=answer))
+    for i, (p, c) in enumerate(
+        progress(list(zip(points, crit)), desc=f"grow-bench {cell['model']} s{seed}", disable=None if show else True)
+    ):
+        rows.append(
+            _point_row(
+                cell,
+                model,
+                train,
+                sp,
+                p,
+                c,
+                i,
+                len(points),
+                before=before,
+                lrs=lrs,
+                bseeds=bseeds,
+                cont_runs=cont_runs,
+                n_cont=n_cont[i],
+                n_all=n_all[i],
+                flops=(f_orig, f_block[i], f_all[i]),
+                answer=answer,
+            )
+        )
     scratch = _scratch(cell, train, sp) if cell.get("scratch") else {}
     for r in rows:
-        r.update(base, **scratch, base_history=base.get("base_history"), seconds_base=t_base, seconds_criteria=t_crit,
-                 seconds_cell=time.perf_counter() - t0)
+        r.update(
+            base,
+            **scratch,
+            base_history=base.get("base_history"),
+            seconds_base=t_base,
+            seconds_criteria=t_crit,
+            seconds_cell=time.perf_counter() - t0,
+        )
     return rows
 
 
-def _point_row(cell: Mapping[str, Any], model: nn.Module, train: Any, sp: Mapping[str, Any], p: str,
-               c: dict[str, Any], i: int, n_points: int, *, before: Mapping[str, float], lrs: Sequence[float],
-               bseeds: Sequence[int], cont_runs: Mapping[float, _Fit], n_cont: int, n_all: int,
-               flops: tuple[int, int, int], answer: str | None) -> dict[str, Any]:
+def _point_row(
+    cell: Mapping[str, Any],
+    model: nn.Module,
+    train: Any,
+    sp: Mapping[str, Any],
+    p: str,
+    c: dict[str, Any],
+    i: int,
+    n_points: int,
+    *,
+    before: Mapping[str, float],
+    lrs: Sequence[float],
+    bseeds: Sequence[int],
+    cont_runs: Mapping[float, _Fit],
+    n_cont: int,
+    n_all: int,
+    flops: tuple[int, int, int],
+    answer: str | None,
+) -> dict[str, Any]:
     """Grow at one point: the lr grid with block seed 0 (chosen on the ranking half), the other block
     seeds at the chosen lr, the GradMax block, grow-then-train-all, and the continue-training gains
     for this point's compute."""
@@ -456,13 +716,26 @@ def _point_row(cell: Mapping[str, Any], model: nn.Module, train: Any, sp: Mappin
     lr_c = _pick_lr(cont_runs, n_cont)
     g, _ = _grown(model, p, c["width"], None, bseeds[0])
     ta = _fit(g, list(g.parameters()), train, steps=n_all, at=(n_all,), lr=lr_c, batch_size=bs, seed=seed)
-    row = {**{k: v for k, v in c.items() if k not in ("M", "K", "width")}, "kind": "growth_bench",
-           "point_width": c["width"], "point_index": i, "n_points": n_points, "answer": answer,
-           "neg_bias_b_exact": -c["bias_b_exact"], "neg_block_b_exact": -c["block_b_exact"],
-           "lr_block": lr_b, "lr_continue": lr_c, "lr_block_rank_loss": {str(k): v.rank[long] for k, v in runs.items()},
-           "flops_orig_step": flops[0], "flops_block_step": flops[1], "flops_all_step": flops[2],
-           "steps_continue": n_cont, "steps_all": n_all, "gradmax_hidden": int(gm_rows.shape[0]),
-           "new_parameters": sum(q.numel() for q in fits[0].params)}
+    row = {
+        **{k: v for k, v in c.items() if k not in ("M", "K", "width")},
+        "kind": "growth_bench",
+        "point_width": c["width"],
+        "point_index": i,
+        "n_points": n_points,
+        "answer": answer,
+        "neg_bias_b_exact": -c["bias_b_exact"],
+        "neg_block_b_exact": -c["block_b_exact"],
+        "lr_block": lr_b,
+        "lr_continue": lr_c,
+        "lr_block_rank_loss": {str(k): v.rank[long] for k, v in runs.items()},
+        "flops_orig_step": flops[0],
+        "flops_block_step": flops[1],
+        "flops_all_step": flops[2],
+        "steps_continue": n_cont,
+        "steps_all": n_all,
+        "gradmax_hidden": int(gm_rows.shape[0]),
+        "new_parameters": sum(q.numel() for q in fits[0].params),
+    }
     for h in ("A", "B"):
         tag = "" if h == "B" else "_A"
         row[f"loss_before{tag}"] = before[h]
@@ -475,8 +748,16 @@ def _point_row(cell: Mapping[str, Any], model: nn.Module, train: Any, sp: Mappin
     return row
 
 
-def benchmark(out_dir: str | Path, *, suite: str = "full", seeds: Sequence[int] | None = None, M: int = 32,
-              K: int = 32, show: bool = True, shard: tuple[int, int] = (1, 1)) -> dict[str, Any]:
+def benchmark(
+    out_dir: str | Path,
+    *,
+    suite: str = "full",
+    seeds: Sequence[int] | None = None,
+    M: int = 32,
+    K: int = 32,
+    show: bool = True,
+    shard: tuple[int, int] = (1, 1),
+) -> dict[str, Any]:
     """Run (or resume) the suite into ``out_dir``; write ``comparison.jsonl`` and ``summary.json``.
 
     ``shard=(k, n)`` runs every ``n``-th cell from the ``k``-th (processes or machines sharing
@@ -491,24 +772,38 @@ def benchmark(out_dir: str | Path, *, suite: str = "full", seeds: Sequence[int] 
     ids = {cell_id(c) for c in grid}
     foreign = [p.stem for p in (Path(out_dir) / "cells").glob("*.json") if p.stem not in ids]
     if foreign:
-        raise WidthscopeError(f"{out_dir} holds {len(foreign)} finished cell(s) of another growth benchmark "
-                              "(suite, seeds, M or K differ); pass a new --out, or the options of that run")
+        raise WidthscopeError(
+            f"{out_dir} holds {len(foreign)} finished cell(s) of another growth benchmark "
+            "(suite, seeds, M or K differ); pass a new --out, or the options of that run"
+        )
     t0 = time.perf_counter()
     # one progress line per cell (the grid's bar); the per-point bars inside a cell only with show
-    res = run_grid(grid, lambda c, d: run_cell(c, d, show=False), out_dir, desc=f"grow-bench {suite}",
-                   shard=shard)
+    res = run_grid(grid, lambda c, d: run_cell(c, d, show=False), out_dir, desc=f"grow-bench {suite}", shard=shard)
     out_dir = Path(out_dir)
     done = {r["cell_id"] for r in res.rows}
     if not ids <= done:
-        return {"rows": res.rows, "table": [], "summary": {}, "complete": False,
-                "finished": len(done & ids), "cells": len(ids)}
+        return {
+            "rows": res.rows,
+            "table": [],
+            "summary": {},
+            "complete": False,
+            "finished": len(done & ids),
+            "cells": len(ids),
+        }
     table = compare(res.rows)
     atomic_write_text(out_dir / "comparison.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in table))
-    summary = {"suite": suite, "M": M, "K": K, "cells": len(grid), "ran": len(res.done), "resumed": len(res.skipped),
-               "seconds_this_call": time.perf_counter() - t0,
-               "seconds_cells_total": sum({r["cell_id"]: r["seconds_cell"] for r in res.rows}.values()),
-               "winner_long": winner(table, "long"),
-               "teacher_student": _teacher_picks(res.rows)}
+    summary = {
+        "suite": suite,
+        "M": M,
+        "K": K,
+        "cells": len(grid),
+        "ran": len(res.done),
+        "resumed": len(res.skipped),
+        "seconds_this_call": time.perf_counter() - t0,
+        "seconds_cells_total": sum({r["cell_id"]: r["seconds_cell"] for r in res.rows}.values()),
+        "winner_long": winner(table, "long"),
+        "teacher_student": _teacher_picks(res.rows),
+    }
     atomic_write_json(out_dir / "summary.json", summary)
     return {"rows": res.rows, "table": table, "summary": summary, "complete": True}
 
@@ -518,30 +813,45 @@ def _teacher_picks(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any
     (ties broken as in :func:`compare`)."""
     out: dict[str, dict[str, Any]] = {}
     for m, s in sorted({(str(r["model"]), int(r["seed"])) for r in rows if r.get("answer")}):
-        rs = sorted([r for r in rows if r.get("answer") and r["model"] == m and int(r["seed"]) == s],
-                    key=lambda r: r["point_index"])
+        rs = sorted(
+            [r for r in rows if r.get("answer") and r["model"] == m and int(r["seed"]) == s],
+            key=lambda r: r["point_index"],
+        )
         pick = {}
         for n, c in CRITERIA_COLUMNS.items():
             raw = np.array([float(r[c]) if r.get(c) is not None else math.nan for r in rs])
             v = np.where(np.isfinite(raw), raw, -np.inf)
             pick[n] = rs[_argmax(v, _rng(s, n, "long"))[0]]["point"]
-        out[f"{m} seed {s}"] = {"model": m, "seed": s, "answer": rs[0]["answer"],
-                                "best_long": max(rs, key=lambda r: r["gain_long"])["point"], **pick}
+        out[f"{m} seed {s}"] = {
+            "model": m,
+            "seed": s,
+            "answer": rs[0]["answer"],
+            "best_long": max(rs, key=lambda r: r["gain_long"])["point"],
+            **pick,
+        }
     return out
 
 
 # ----------------------------------------------------------------------------- CLI
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="the small suite (a few minutes on one core)")
-    p.add_argument("--out", default=None, help="results directory (default widthscope-results/growth[-quick]); "
-                   "finished cells are kept and a rerun resumes")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="results directory (default widthscope-results/growth[-quick]); "
+        "finished cells are kept and a rerun resumes",
+    )
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2)")
     p.add_argument("--M", type=int, default=32, help="train samples of the certificates (default 32)")
     p.add_argument("--K", type=int, default=32, help="held-out samples of the certificates (default 32)")
     p.add_argument("--no-report", action="store_true", help="skip the table/plot (PNG) of the comparison")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--shard", default=None, help="run shard k of n (k/n) into a shared --out; under torchrun "
-                   "one shard per rank. The comparison is written when every cell is finished")
+    p.add_argument(
+        "--shard",
+        default=None,
+        help="run shard k of n (k/n) into a shared --out; under torchrun "
+        "one shard per rank. The comparison is written when every cell is finished",
+    )
 
 
 def _seeds(text: str | None) -> tuple[int, ...] | None:
@@ -568,27 +878,51 @@ def run(args: argparse.Namespace) -> int:
     res = benchmark(out, suite=suite, seeds=seeds, M=args.M, K=args.K, shard=shard)
     final: dict[str, Any] = {}
     # under torchrun: wait for every rank's cells, then rank 0 reruns unsharded (all cells done) and reports
-    if not finish_after_ranks(args.shard, lambda: final.update(
-            benchmark(out, suite=suite, seeds=seeds, M=args.M, K=args.K))):
+    if not finish_after_ranks(
+        args.shard, lambda: final.update(benchmark(out, suite=suite, seeds=seeds, M=args.M, K=args.K))
+    ):
         if not final:
             return 0  # not rank 0
         res = final
     if not res["complete"]:
-        print(f"{res['finished']}/{res['cells']} cells finished in {out}; the comparison is written when every "
-              "shard is done (rerun any shard, or without --shard, to finish)")
+        print(
+            f"{res['finished']}/{res['cells']} cells finished in {out}; the comparison is written when every "
+            "shard is done (rerun any shard, or without --shard, to finish)"
+        )
         return 0
     sel = [r for r in res["table"] if r.get("kind") == "growth_compare" and r["model"] == "overall"]
-    print(format_table(sel, ["budget", "criterion", "spearman", "hit", "norm_regret", "norm_regret_lo",
-                             "norm_regret_hi", "gain", "continue", "train_all", "advantage", "advantage_lo",
-                             "advantage_hi", "ties", "nan", "cost_steps"],
-                       title=f"growth benchmark ({suite}): overall, mean over models of the mean over seeds "
-                             "(gains in nats on evaluation half B; continue/train_all: same FLOPs)"))
+    print(
+        format_table(
+            sel,
+            [
+                "budget",
+                "criterion",
+                "spearman",
+                "hit",
+                "norm_regret",
+                "norm_regret_lo",
+                "norm_regret_hi",
+                "gain",
+                "continue",
+                "train_all",
+                "advantage",
+                "advantage_lo",
+                "advantage_hi",
+                "ties",
+                "nan",
+                "cost_steps",
+            ],
+            title=f"growth benchmark ({suite}): overall, mean over models of the mean over seeds "
+            "(gains in nats on evaluation half B; continue/train_all: same FLOPs)",
+        )
+    )
     s = res["summary"]
     w = s["winner_long"]
     print(f"\ndefault rule: {w['criterion']} (grow --criterion {w['grow_name']}): {w['why']}")
     for key, t in s["teacher_student"].items():
-        print(f"{key}: missing {t['answer']}, realised best {t['best_long']}, {w['criterion']} picks "
-              f"{t[w['criterion']]}")
+        print(
+            f"{key}: missing {t['answer']}, realised best {t['best_long']}, {w['criterion']} picks {t[w['criterion']]}"
+        )
     if not args.no_report:
         from ..report.growth import write_report
 

@@ -3,6 +3,7 @@ point), Spearman, top-1 hit, regret and the realised gain beside the equal-compu
 criterion and baseline, with intervals over model seeds (:func:`compare`), and ``grow``'s default
 (:func:`winner`). Pure functions of the rows: the benchmark writes them, the report reads them.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,22 +15,44 @@ import numpy as np
 
 from ..errors import WidthscopeError
 
-__all__ = ["compare", "winner", "t_interval", "pooled_interval", "wilson", "CRITERIA_COLUMNS", "BASELINES",
-           "COST_ORDER", "GROW_NAME", "BUDGETS", "METRICS"]
+__all__ = [
+    "compare",
+    "winner",
+    "t_interval",
+    "pooled_interval",
+    "wilson",
+    "CRITERIA_COLUMNS",
+    "BASELINES",
+    "COST_ORDER",
+    "GROW_NAME",
+    "BUDGETS",
+    "METRICS",
+]
 
 # criterion -> row column (higher = grow here); see widthscope.probe.growth. "gradmax" ranks by the
 # sum of the top-k eigenvalues and is scored on the block grown with those k eigenvectors as W_in.
 CRITERIA_COLUMNS: dict[str, str] = {
-    "bias": "bias_gain", "block": "block_gain", "gradmax": "gradmax_k", "certified": "certified_gain",
+    "bias": "bias_gain",
+    "block": "block_gain",
+    "gradmax": "gradmax_k",
+    "certified": "certified_gain",
     "line_search": "ls_gain",
-    "block_d_align": "block_d_align", "bias_b_exact": "neg_bias_b_exact", "block_b_exact": "neg_block_b_exact",
+    "block_d_align": "block_d_align",
+    "bias_b_exact": "neg_bias_b_exact",
+    "block_b_exact": "neg_block_b_exact",
 }
 BASELINES = ("random", "last", "middle", "oracle", "ceiling")
 # what each criterion costs beyond the model's backward passes, cheapest first (the default rule)
 COST_ORDER = ("bias", "block", "block_d_align", "certified", "gradmax", "line_search")
 # benchmark name -> `grow --criterion` name
-GROW_NAME = {"bias": "bias", "block": "block", "block_d_align": "d_align", "certified": "certified",
-             "gradmax": "gradmax", "line_search": "line_search"}
+GROW_NAME = {
+    "bias": "bias",
+    "block": "block",
+    "block_d_align": "d_align",
+    "certified": "certified",
+    "gradmax": "gradmax",
+    "line_search": "line_search",
+}
 
 BUDGETS = ("long",)  # block-training budgets scored (the cell's `long` steps)
 
@@ -87,9 +110,16 @@ def _unit_scores(rs: list[Mapping[str, Any]], budget: str) -> dict[str, dict[str
     def score(j: int, target: np.ndarray) -> dict[str, float]:
         best, spread = float(target.max()), float(target.max() - target.min())
         reg = best - float(target[j])
-        return {"hit": float(target[j] == best), "regret": reg, "norm_regret": reg / spread if spread > 0 else 0.0,
-                "gain": float(target[j]), "continue": float(cont[j]), "train_all": float(alls[j]),
-                "advantage": float(target[j] - cont[j]), "all_vs_continue": float(alls[j] - cont[j])}
+        return {
+            "hit": float(target[j] == best),
+            "regret": reg,
+            "norm_regret": reg / spread if spread > 0 else 0.0,
+            "gain": float(target[j]),
+            "continue": float(cont[j]),
+            "train_all": float(alls[j]),
+            "advantage": float(target[j] - cont[j]),
+            "all_vs_continue": float(alls[j] - cont[j]),
+        }
 
     for name, col in CRITERIA_COLUMNS.items():
         target = _gains(rs, f"gain_gradmax_{budget}")[0] if name == "gradmax" else g
@@ -100,8 +130,13 @@ def _unit_scores(rs: list[Mapping[str, Any]], budget: str) -> dict[str, dict[str
         v = np.where(np.isfinite(raw), raw, (fin.min() - 1) if len(fin) else 0.0)
         j, tied = _argmax(v, _rng(seed, name, budget))
         rho = _spearman(v, target)
-        out[name] = {**score(j, target), "spearman": 0.0 if math.isnan(rho) else rho,
-                     "undefined_spearman": float(math.isnan(rho)), "ties": float(tied), "nan": float(nan_c + nan_g)}
+        out[name] = {
+            **score(j, target),
+            "spearman": 0.0 if math.isnan(rho) else rho,
+            "undefined_spearman": float(math.isnan(rho)),
+            "ties": float(tied),
+            "nan": float(nan_c + nan_g),
+        }
     for name, j in (("last", P - 1), ("middle", (P - 1) // 2)):
         out[name] = {**score(j, g), "spearman": math.nan}
     per = [score(j, g) for j in range(P)]
@@ -113,8 +148,10 @@ def _unit_scores(rs: list[Mapping[str, Any]], budget: str) -> dict[str, dict[str
     # the reproducibility ceiling: regrowing with another block seed ranks the points this well
     S = np.array([r[f"gain_{budget}_seeds"] for r in rs]).T  # (block seeds, points)
     pairs = [_spearman(S[a], S[b]) for a in range(len(S)) for b in range(a + 1, len(S))]
-    out["ceiling"] = {**{k: math.nan for k in per[0]},
-                      "spearman": float(np.nanmean(pairs)) if pairs and not np.all(np.isnan(pairs)) else math.nan}
+    out["ceiling"] = {
+        **{k: math.nan for k in per[0]},
+        "spearman": float(np.nanmean(pairs)) if pairs and not np.all(np.isnan(pairs)) else math.nan,
+    }
     return out
 
 
@@ -145,7 +182,7 @@ def pooled_interval(groups: Sequence[Sequence[float]], level: float = 0.95) -> t
     v = np.array([g.var(ddof=1) / len(g) for g in gs])
     if v.sum() == 0:
         return m, m, m
-    df = v.sum() ** 2 / np.sum(v ** 2 / np.array([len(g) - 1 for g in gs]))
+    df = v.sum() ** 2 / np.sum(v**2 / np.array([len(g) - 1 for g in gs]))
     h = _t_quantile(0.5 + level / 2, round(float(df), 6)) * math.sqrt(v.sum()) / len(gs)
     return m, m - h, m + h
 
@@ -164,8 +201,7 @@ def wilson(k: float, n: int, level: float = 0.95) -> tuple[float, float]:
 
 
 _RANGE = {"spearman": (-1.0, 1.0), "hit": (0.0, 1.0), "norm_regret": (0.0, 1.0)}
-METRICS = ("spearman", "hit", "regret", "norm_regret", "gain", "continue", "train_all", "advantage",
-           "all_vs_continue")
+METRICS = ("spearman", "hit", "regret", "norm_regret", "gain", "continue", "train_all", "advantage", "all_vs_continue")
 
 
 def compare(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -193,9 +229,15 @@ def compare(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             for scope in (*models, "overall"):
                 ms = (natural or models) if scope == "overall" else [scope]
                 per = {m: [scores[u][name] for u in sorted(units) if u[0] == m] for m in ms}
-                rec: dict[str, Any] = {"kind": "growth_compare", "model": scope, "budget": budget, "criterion": name,
-                                       "baseline": name in BASELINES, "known_answer": scope not in natural
-                                       and scope != "overall", "n_seeds": sum(len(v) for v in per.values())}
+                rec: dict[str, Any] = {
+                    "kind": "growth_compare",
+                    "model": scope,
+                    "budget": budget,
+                    "criterion": name,
+                    "baseline": name in BASELINES,
+                    "known_answer": scope not in natural and scope != "overall",
+                    "n_seeds": sum(len(v) for v in per.values()),
+                }
                 for metric in METRICS:
                     groups = [[d.get(metric, math.nan) for d in v] for v in per.values()]
                     m_, lo, hi = pooled_interval(groups)
@@ -210,27 +252,45 @@ def compare(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                     rec[cnt] = int(sum(d.get(cnt, 0.0) for v in per.values() for d in v))
                 n = {m: int(first[m]["n_points"]) for m in ms}
                 steps = {m: int(first[m][budget]) for m in ms}
-                rec["cost_steps"] = float(np.mean([steps[m] * (n[m] * len(first[m]["gain_long_seeds"])
-                                                               if name in ("oracle", "ceiling") else 1) for m in ms]))
+                rec["cost_steps"] = float(
+                    np.mean(
+                        [
+                            steps[m] * (n[m] * len(first[m]["gain_long_seeds"]) if name in ("oracle", "ceiling") else 1)
+                            for m in ms
+                        ]
+                    )
+                )
                 out.append(rec)
         out.extend(_paired(scores, natural, budget))
     return out
 
 
-def _paired(scores: Mapping[tuple[str, int], Mapping[str, Mapping[str, float]]], natural: Sequence[str],
-            budget: str) -> list[dict[str, Any]]:
+def _paired(
+    scores: Mapping[tuple[str, int], Mapping[str, Mapping[str, float]]], natural: Sequence[str], budget: str
+) -> list[dict[str, Any]]:
     """``kind="growth_paired"``: per criterion, the overall normalised-regret difference
     (baseline − criterion, > 0: the criterion is better) against random, last and middle, paired
     over (model, seed), with the Welch t interval. ``beats`` = the interval's lower end > 0."""
     out = []
     for name in CRITERIA_COLUMNS:
         for base in ("random", "last", "middle"):
-            groups = [[scores[u][base]["norm_regret"] - scores[u][name]["norm_regret"]
-                       for u in sorted(scores) if u[0] == m]
-                      for m in natural]
+            groups = [
+                [scores[u][base]["norm_regret"] - scores[u][name]["norm_regret"] for u in sorted(scores) if u[0] == m]
+                for m in natural
+            ]
             d, lo, hi = pooled_interval(groups)
-            out.append({"kind": "growth_paired", "budget": budget, "criterion": name, "versus": base,
-                        "diff": d, "diff_lo": lo, "diff_hi": hi, "beats": bool(lo > 0) if math.isfinite(lo) else False})
+            out.append(
+                {
+                    "kind": "growth_paired",
+                    "budget": budget,
+                    "criterion": name,
+                    "versus": base,
+                    "diff": d,
+                    "diff_lo": lo,
+                    "diff_hi": hi,
+                    "beats": bool(lo > 0) if math.isfinite(lo) else False,
+                }
+            )
     return out
 
 
@@ -240,21 +300,41 @@ def winner(table: Sequence[Mapping[str, Any]], budget: str = "long") -> dict[str
     excluding 0; the best such one wins. When none does, the cheapest criterion (:data:`COST_ORDER`)
     among those finding the most planted blocks wins, and ``beats_simple_rules`` is False."""
     paired = [r for r in table if r.get("kind") == "growth_paired" and r["budget"] == budget]
-    cand = {r["criterion"]: r for r in table if r.get("kind") == "growth_compare" and r["model"] == "overall"
-            and r["budget"] == budget and r["criterion"] in COST_ORDER}
+    cand = {
+        r["criterion"]: r
+        for r in table
+        if r.get("kind") == "growth_compare"
+        and r["model"] == "overall"
+        and r["budget"] == budget
+        and r["criterion"] in COST_ORDER
+    }
     beating = [c for c in cand if all(r["beats"] for r in paired if r["criterion"] == c)]
     planted: dict[str, float] = {c: 0.0 for c in cand}
     for r in table:
-        if (r.get("kind") == "growth_compare" and r.get("known_answer") and r["budget"] == budget
-                and r["criterion"] in cand):
+        if (
+            r.get("kind") == "growth_compare"
+            and r.get("known_answer")
+            and r["budget"] == budget
+            and r["criterion"] in cand
+        ):
             planted[r["criterion"]] += r.get("hit_count", 0.0)
     if beating:
         best = min(beating, key=lambda c: cand[c]["norm_regret"])
-        return {"criterion": best, "grow_name": GROW_NAME[best], "beats_simple_rules": True,
-                "planted_hits": planted, "why": "lowest overall normalised regret among the criteria that beat "
-                "random, last and middle (paired 95% intervals)"}
+        return {
+            "criterion": best,
+            "grow_name": GROW_NAME[best],
+            "beats_simple_rules": True,
+            "planted_hits": planted,
+            "why": "lowest overall normalised regret among the criteria that beat "
+            "random, last and middle (paired 95% intervals)",
+        }
     top = max(planted.values()) if planted else 0.0
     best = next(c for c in COST_ORDER if c in cand and planted[c] == top)
-    return {"criterion": best, "grow_name": GROW_NAME[best], "beats_simple_rules": False, "planted_hits": planted,
-            "why": "no criterion beats random, last and middle on the natural models; the cheapest of those "
-            "that find the most planted blocks"}
+    return {
+        "criterion": best,
+        "grow_name": GROW_NAME[best],
+        "beats_simple_rules": False,
+        "planted_hits": planted,
+        "why": "no criterion beats random, last and middle on the natural models; the cheapest of those "
+        "that find the most planted blocks",
+    }

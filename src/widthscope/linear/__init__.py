@@ -8,6 +8,7 @@ Example::
     >>> lin = widthscope.linearize(net)
     >>> K = widthscope.ntk(net, torch.randn(4, 3))
 """
+
 from .correlation import correlation, correlation_summary
 from .kernels import nngp
 from .model import LinearizedModel, linearize, ntk, structured_ntk
@@ -15,6 +16,17 @@ from .powerlaw import SlopeFit, fit_slope
 from .structured import kernel_predict
 from .trainer import function_space_gd, train_side_by_side
 
-__all__ = ["LinearizedModel", "linearize", "ntk", "nngp", "correlation", "correlation_summary",
-           "train_side_by_side", "function_space_gd", "fit_slope", "SlopeFit", "structured_ntk",
-           "kernel_predict"]
+__all__ = [
+    "LinearizedModel",
+    "linearize",
+    "ntk",
+    "nngp",
+    "correlation",
+    "correlation_summary",
+    "train_side_by_side",
+    "function_space_gd",
+    "fit_slope",
+    "SlopeFit",
+    "structured_ntk",
+    "kernel_predict",
+]

@@ -1,6 +1,7 @@
 """The core that :mod:`.model` and :mod:`.structured` share: parameters as dicts, a model's output
 tensor, and the explicit-Jacobian and NTK-vector-product kernels (its own module so that neither
 imports the other)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -32,8 +33,10 @@ def model_output(out: Any) -> torch.Tensor:
         return out[0]
     if isinstance(out, dict) and "logits" in out:
         return out["logits"]
-    raise WidthscopeError(f"model returned {type(out).__name__}; expected a tensor or an object with "
-                          "a .logits tensor (wrap the model so that it returns its output tensor)")
+    raise WidthscopeError(
+        f"model returned {type(out).__name__}; expected a tensor or an object with "
+        "a .logits tensor (wrap the model so that it returns its output tensor)"
+    )
 
 
 def as_param_dtype(x: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -52,9 +55,11 @@ def first_output(model: nn.Module, params, buffers, x: torch.Tensor, who: str) -
         with torch.no_grad():
             return _flat_out(model, params, buffers, x)
     except (RuntimeError, ValueError, IndexError, TypeError) as exc:
-        raise WidthscopeError(f"{who}: the model cannot run on inputs of shape {tuple(x.shape)} "
-                              f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-                              "pass inputs shaped like the model's training inputs") from None
+        raise WidthscopeError(
+            f"{who}: the model cannot run on inputs of shape {tuple(x.shape)} "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+            "pass inputs shaped like the model's training inputs"
+        ) from None
 
 
 def _flat_out(model: nn.Module, params, buffers, x: torch.Tensor) -> torch.Tensor:
@@ -103,7 +108,7 @@ def _ntk_products(model, params, buffers, x1, x2, chunk=None, coupled=False):
     chunk = chunk or n1
     cols = None
     for j in range(n2):
-        xj = x2 if coupled else x2[j:j + 1]
+        xj = x2 if coupled else x2[j : j + 1]
         out2, pull = vjp(lambda p, xj=xj: _flat_out(model, p, buffers, xj), params)
         n_out = out2.shape[1]
         if cols is None:
@@ -113,9 +118,9 @@ def _ntk_products(model, params, buffers, x1, x2, chunk=None, coupled=False):
             e[j if coupled else 0, b] = 1.0
             (g,) = pull(e)
             for i in range(0, n1, chunk):
-                xi = x1[i:i + chunk]
+                xi = x1[i : i + chunk]
                 _, t = jvp(lambda p, xi=xi: _flat_out(model, p, buffers, xi), (params,), (g,))
-                cols[i:i + chunk, j, :, b] = t
+                cols[i : i + chunk, j, :, b] = t
     return cols
 
 

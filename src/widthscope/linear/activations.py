@@ -24,6 +24,7 @@ Example::
 Command line (:mod:`widthscope.cli.activations`):
 ``widthscope activations --names relu,tanh,mypkg.acts:swish --K 6 --json out.json``.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -60,18 +61,20 @@ def resolve(name: str | Callable) -> tuple[str, Callable[[torch.Tensor], torch.T
         try:
             obj: Any = importlib.import_module(mod_name)
         except ImportError as exc:
-            raise WidthscopeError(f"activation {name!r}: cannot import module {mod_name!r} ({exc}); "
-                                  "check it is on PYTHONPATH") from None
+            raise WidthscopeError(
+                f"activation {name!r}: cannot import module {mod_name!r} ({exc}); check it is on PYTHONPATH"
+            ) from None
         for part in attr.split("."):
             if not part.isidentifier() or not hasattr(obj, part):
-                raise WidthscopeError(f"activation {name!r}: module {mod_name!r} has no attribute "
-                                      f"{attr!r}")
+                raise WidthscopeError(f"activation {name!r}: module {mod_name!r} has no attribute {attr!r}")
             obj = getattr(obj, part)
         if not callable(obj):
             raise WidthscopeError(f"activation {name!r} is not callable")
         return name, obj
-    raise WidthscopeError(f"unknown activation {name!r}; built-ins: {', '.join(BUILTIN)}; or give "
-                          "a user function as module:function (e.g. mypkg.acts:swish)")
+    raise WidthscopeError(
+        f"unknown activation {name!r}; built-ins: {', '.join(BUILTIN)}; or give "
+        "a user function as module:function (e.g. mypkg.acts:swish)"
+    )
 
 
 def derivatives(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, K: int) -> list[torch.Tensor]:
@@ -83,11 +86,12 @@ def derivatives(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, K: 
             warnings.simplefilter("ignore")  # e.g. math.* converting the tensor: the error says it
             y = fn(x)
     except Exception as exc:  # noqa: BLE001 - a user function that does not take tensors
-        raise WidthscopeError(f"activation {name!r} failed on a float64 tensor ({type(exc).__name__}: "
-                              f"{exc}); it must be a torch function acting elementwise") from None
+        raise WidthscopeError(
+            f"activation {name!r} failed on a float64 tensor ({type(exc).__name__}: "
+            f"{exc}); it must be a torch function acting elementwise"
+        ) from None
     if not isinstance(y, torch.Tensor) or y.shape != x.shape:
-        raise WidthscopeError(f"activation {name!r} must map a tensor to a tensor of the same shape "
-                              "(elementwise)")
+        raise WidthscopeError(f"activation {name!r} must map a tensor to a tensor of the same shape (elementwise)")
     outs = [y]
     for k in range(K):
         if not y.requires_grad:  # derivative identically zero from here on (e.g. linear pieces)
@@ -96,8 +100,10 @@ def derivatives(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, K: 
             try:
                 (y,) = torch.autograd.grad(y.sum(), x, create_graph=True, allow_unused=True)
             except RuntimeError as exc:
-                raise WidthscopeError(f"activation {name!r}: autograd cannot form derivative {k + 1} "
-                                      f"({exc}); it must be differentiable with torch operations") from None
+                raise WidthscopeError(
+                    f"activation {name!r}: autograd cannot form derivative {k + 1} "
+                    f"({exc}); it must be differentiable with torch operations"
+                ) from None
             if y is None:
                 y = torch.zeros_like(x)
         outs.append(y)
@@ -125,20 +131,23 @@ def _kinks(ders: Sequence[torch.Tensor], h: float) -> list[tuple[int, int]]:
 def check_grid(K: int, lo: float, hi: float, grid: int) -> None:
     """The derivative order and the grid :func:`audit` takes, checked before any work."""
     if not 1 <= K <= MAX_K:
-        raise WidthscopeError(f"activations: --K {K}: must be a whole number in 1..{MAX_K} (each order nests one more "
-                              f"autograd pass; the graphs grow so fast that order 16 needs over 20 GB)")
+        raise WidthscopeError(
+            f"activations: --K {K}: must be a whole number in 1..{MAX_K} (each order nests one more "
+            f"autograd pass; the graphs grow so fast that order 16 needs over 20 GB)"
+        )
     if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi) or grid < 3:
         raise WidthscopeError(f"activations: need finite lo < hi and grid >= 3 (got range {lo} {hi}, grid {grid})")
 
 
-def audit(names: Sequence[str | Callable] | None = None, *, K: int = 6, lo: float = -5.0,
-          hi: float = 5.0, grid: int = 2001) -> list[dict[str, Any]]:
+def audit(
+    names: Sequence[str | Callable] | None = None, *, K: int = 6, lo: float = -5.0, hi: float = 5.0, grid: int = 2001
+) -> list[dict[str, Any]]:
     """One row per activation: ``ratio_k = max_x |φ^{(k)}| / (k+1)!``, ``max_k``, flags."""
     check_grid(K, lo, hi, grid)
     x = torch.linspace(lo, hi, grid, dtype=torch.float64)
     h = (hi - lo) / (grid - 1)
     rows = []
-    for n in (names if names is not None else list(BUILTIN)):
+    for n in names if names is not None else list(BUILTIN):
         name, fn = resolve(n)
         ders = derivatives(fn, x, K)
         row: dict[str, Any] = {"name": name}
@@ -162,8 +171,10 @@ def audit(names: Sequence[str | Callable] | None = None, *, K: int = 6, lo: floa
         row["ratio_grows"] = bool(K >= 2 and ratios[-1] > ratios[-2] * (1 + 1e-9))
         flags = []
         if bad:
-            flags.append(f"non-finite: phi^({row['nonfinite_order']}) at x={row['nonfinite_at']:.3g} "
-                         "(restrict --range to the domain)")
+            flags.append(
+                f"non-finite: phi^({row['nonfinite_order']}) at x={row['nonfinite_at']:.3g} "
+                "(restrict --range to the domain)"
+            )
         if kinks:
             flags.append(f"non-smooth: phi^({kinks[0][0]}) jumps near x={row['kink_at']:.3g}")
         if row["ratio_grows"]:

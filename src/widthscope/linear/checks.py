@@ -25,6 +25,7 @@ Example::
     >>> stochastic_modules(net.eval())
     []
 """
+
 from __future__ import annotations
 
 import copy
@@ -36,22 +37,32 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..errors import WidthscopeError
 
-__all__ = ["stochastic_modules", "check_stochastic", "batchnorm_coupling", "probe_checks", "FunctionModel",
-           "as_module", "without_running_stats", "check_running_stats",
-           "COUPLED_FIX"]
+__all__ = [
+    "stochastic_modules",
+    "check_stochastic",
+    "batchnorm_coupling",
+    "probe_checks",
+    "FunctionModel",
+    "as_module",
+    "without_running_stats",
+    "check_running_stats",
+    "COUPLED_FIX",
+]
 
-COUPLED_FIX = ("method='jacobian' (x2=None, no batch_size) gives the batch-coupled kernel J(X) J(X)ᵀ of "
-               "this one batch")
+COUPLED_FIX = "method='jacobian' (x2=None, no batch_size) gives the batch-coupled kernel J(X) J(X)ᵀ of this one batch"
 
 
 def _dropout_attrs(m: nn.Module) -> list[tuple[str, float]]:
-    return [(k, float(v)) for k, v in vars(m).items()
-            if "dropout" in k.lower() and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0]
+    return [
+        (k, float(v))
+        for k, v in vars(m).items()
+        if "dropout" in k.lower() and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+    ]
 
 
 def _is_candidate(m: nn.Module) -> bool:
     """Could ``m`` draw random numbers in training mode (whatever its mode now)?"""
-    return (isinstance(m, (nn.modules.dropout._DropoutNd, nn.RReLU)) or bool(_dropout_attrs(m)))
+    return isinstance(m, (nn.modules.dropout._DropoutNd, nn.RReLU)) or bool(_dropout_attrs(m))
 
 
 def _active(name: str, m: nn.Module) -> str | None:
@@ -71,15 +82,17 @@ def stochastic_modules(model: nn.Module, candidates: list[tuple[str, nn.Module]]
     return [d for n, m in mods if (d := _active(n, m)) is not None]
 
 
-def check_stochastic(model: nn.Module, who: str, opt_in: str = "",
-                     candidates: list[tuple[str, nn.Module]] | None = None) -> None:
+def check_stochastic(
+    model: nn.Module, who: str, opt_in: str = "", candidates: list[tuple[str, nn.Module]] | None = None
+) -> None:
     """Raise when a module of ``model`` would draw random numbers (module docstring)."""
     found = stochastic_modules(model, candidates)
     if found:
         more = f" and {len(found) - 1} more" if len(found) > 1 else ""
-        raise WidthscopeError(f"{who}: {found[0]}{more} is in training mode and draws new random numbers on every "
-                              "call, so the result would change from call to call; call model.eval() first"
-                              + opt_in)
+        raise WidthscopeError(
+            f"{who}: {found[0]}{more} is in training mode and draws new random numbers on every "
+            "call, so the result would change from call to call; call model.eval() first" + opt_in
+        )
 
 
 def batchnorm_coupling(model: nn.Module, jacobian_fix: bool = True) -> str | None:
@@ -91,14 +104,18 @@ def batchnorm_coupling(model: nn.Module, jacobian_fix: bool = True) -> str | Non
             continue
         kind = type(m).__name__
         if not m.track_running_stats:
-            return (f"{kind} {name!r} uses batch statistics: it has track_running_stats=False, so it normalises "
-                    "with the batch's mean and variance even in eval mode (model.eval() does not change this) "
-                    "and each example's output depends on the whole batch; build it with "
-                    "track_running_stats=True (running statistics in eval mode) or use a norm that does not "
-                    f"couple examples (LayerNorm, GroupNorm){alt}")
+            return (
+                f"{kind} {name!r} uses batch statistics: it has track_running_stats=False, so it normalises "
+                "with the batch's mean and variance even in eval mode (model.eval() does not change this) "
+                "and each example's output depends on the whole batch; build it with "
+                "track_running_stats=True (running statistics in eval mode) or use a norm that does not "
+                f"couple examples (LayerNorm, GroupNorm){alt}"
+            )
         if m.training:
-            return (f"{kind} {name!r} uses batch statistics (training mode), which couple the examples (each "
-                    f"example's output depends on the whole batch); call model.eval() first (running statistics){alt}")
+            return (
+                f"{kind} {name!r} uses batch statistics (training mode), which couple the examples (each "
+                f"example's output depends on the whole batch); call model.eval() first (running statistics){alt}"
+            )
     return None
 
 
@@ -106,8 +123,11 @@ def without_running_stats(model: nn.Module) -> tuple[nn.Module, set[str]]:
     """A copy of ``model`` (parameters shared, not copied) whose training-mode BatchNorms keep no running
     statistics: the same function (batch statistics either way) without the in-place buffer updates
     that ``torch.func`` transforms refuse. Returns the copy and the names of the dropped buffers."""
-    bns = [(n, m) for n, m in model.named_modules()
-           if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training and m.track_running_stats]
+    bns = [
+        (n, m)
+        for n, m in model.named_modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training and m.track_running_stats
+    ]
     if not bns:
         return model, set()
     memo = {id(p): p for p in model.parameters()}
@@ -129,11 +149,13 @@ def check_running_stats(mods: list[tuple[str, nn.Module]], who: str) -> None:
     differentiation, the linear model's jvp, cannot run through in-place updates of its buffers)."""
     for name, m in mods:
         if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training and m.track_running_stats:
-            raise WidthscopeError(f"{who}: {type(m).__name__} {name!r} is in training mode and updates its running "
-                                  "statistics in place on every call, which the linear model's forward-mode "
-                                  "derivative (jvp) cannot run through; call model.eval() first (running "
-                                  "statistics), or build it with track_running_stats=False (batch statistics, "
-                                  "no updates)")
+            raise WidthscopeError(
+                f"{who}: {type(m).__name__} {name!r} is in training mode and updates its running "
+                "statistics in place on every call, which the linear model's forward-mode "
+                "derivative (jvp) cannot run through; call model.eval() first (running "
+                "statistics), or build it with track_running_stats=False (batch statistics, "
+                "no updates)"
+            )
 
 
 def _tol(t: torch.Tensor) -> float:
@@ -149,22 +171,28 @@ def probe_checks(run: Callable[[Any], torch.Tensor], probe: Any, who: str, *, co
         scale = float(a.abs().max()) if a.numel() else 0.0
         tol = _tol(a) * max(scale, 1e-30)
         if a.shape != b.shape or bool(((a - b).abs() > tol).any()):
-            raise WidthscopeError(f"{who}: two calls of the forward pass on the same inputs differ (by up to "
-                                  f"{float((a - b).abs().max()):.3g}): the model draws random numbers (e.g. "
-                                  "functional dropout in training mode); call model.eval() first, or make the "
-                                  "forward pass deterministic")
+            raise WidthscopeError(
+                f"{who}: two calls of the forward pass on the same inputs differ (by up to "
+                f"{float((a - b).abs().max()):.3g}): the model draws random numbers (e.g. "
+                "functional dropout in training mode); call model.eval() first, or make the "
+                "forward pass deterministic"
+            )
         if not coupling or probe.shape[0] < 2:
             return None
         try:
-            one = torch.cat([run(probe[i:i + 1]) for i in range(probe.shape[0])])
+            one = torch.cat([run(probe[i : i + 1]) for i in range(probe.shape[0])])
         except (RuntimeError, ValueError) as exc:
-            return (f"the model fails on a single example ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}), "
-                    "so its outputs depend on the batch")
+            return (
+                f"the model fails on a single example ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}), "
+                "so its outputs depend on the batch"
+            )
         dev = float((one - a).abs().max())
         if dev > tol:
-            return (f"an example's output changes when other examples share its batch (by up to {dev:.3g}, "
-                    f"outputs up to {scale:.3g}): some operation mixes examples (batch statistics, "
-                    "x - x.mean(0), attention across the batch dimension)")
+            return (
+                f"an example's output changes when other examples share its batch (by up to {dev:.3g}, "
+                f"outputs up to {scale:.3g}): some operation mixes examples (batch statistics, "
+                "x - x.mean(0), attention across the batch dimension)"
+            )
     return None
 
 
@@ -194,8 +222,10 @@ class FunctionModel(nn.Module):
         super().__init__()
         leaves, spec = tree_flatten(params)
         if not any(isinstance(v, torch.Tensor) and v.is_floating_point() for v in leaves):
-            raise WidthscopeError("params must be a dict (or pytree) holding at least one floating tensor, "
-                                  f"got {type(params).__name__}; pass e.g. dict(model.named_parameters())")
+            raise WidthscopeError(
+                "params must be a dict (or pytree) holding at least one floating tensor, "
+                f"got {type(params).__name__}; pass e.g. dict(model.named_parameters())"
+            )
         self._fn = _Shared(f, spec)
         self._slots: list[tuple[str, Any]] = []
         for name, v in zip(_leaf_names(params, leaves), leaves):
@@ -220,13 +250,17 @@ def as_module(model: Any, params: Any, who: str) -> nn.Module:
     """``model`` itself (an ``nn.Module``, ``params`` must be ``None``) or ``FunctionModel(model, params)``."""
     if isinstance(model, nn.Module):
         if params is not None:
-            raise WidthscopeError(f"{who}: params= is for a plain function f(params, x); an nn.Module carries its "
-                                  "own parameters: drop params= (or pass the function instead of the module)")
+            raise WidthscopeError(
+                f"{who}: params= is for a plain function f(params, x); an nn.Module carries its "
+                "own parameters: drop params= (or pass the function instead of the module)"
+            )
         return model
     if callable(model):
         if params is None:
-            raise WidthscopeError(f"{who}: got a function, not an nn.Module: pass its parameters as params= (a dict "
-                                  "or pytree of tensors; it is called as f(params, x)), or pass an nn.Module")
+            raise WidthscopeError(
+                f"{who}: got a function, not an nn.Module: pass its parameters as params= (a dict "
+                "or pytree of tensors; it is called as f(params, x)), or pass an nn.Module"
+            )
         try:
             return FunctionModel(model, params)
         except WidthscopeError as exc:

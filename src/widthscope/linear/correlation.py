@@ -20,6 +20,7 @@ Example::
     >>> c02 = widthscope.correlation(net, X[0], X[1:3], D=0, d=2)          # scalar tensor
     >>> c11 = widthscope.correlation(net, X[0], X[1:2], D=1, d=1)          # (P,) vector
 """
+
 from __future__ import annotations
 
 import math
@@ -50,22 +51,26 @@ def parse_correlation_name(name: str) -> tuple[int, int]:
         else:
             raise ValueError
     except ValueError:
-        raise WidthscopeError(f"correlation name {name!r}: use the form C02, C11, C12 "
-                              "(C<D><d>, free slots D, contracted inputs d)") from None
+        raise WidthscopeError(
+            f"correlation name {name!r}: use the form C02, C11, C12 (C<D><d>, free slots D, contracted inputs d)"
+        ) from None
     _check_order(D, d)
     return D, d
 
 
 def _check_order(D: int, d: int) -> None:
     if D not in (0, 1):
-        raise WidthscopeError(f"correlation: D={D} is not supported (D=0 gives a scalar, D=1 a "
-                              "parameter vector; D=2 would be a P×P matrix)")
+        raise WidthscopeError(
+            f"correlation: D={D} is not supported (D=0 gives a scalar, D=1 a "
+            "parameter vector; D=2 would be a P×P matrix)"
+        )
     if d < 0 or D + d > MAX_ORDER:
         raise WidthscopeError(f"correlation: need d >= 0 and D + d <= {MAX_ORDER} (got D={D}, d={d})")
 
 
-def output_direction(n_out: int, output: int | str, seed: int, *, dtype=torch.float64,
-                     device=None) -> tuple[torch.Tensor, str]:
+def output_direction(
+    n_out: int, output: int | str, seed: int, *, dtype=torch.float64, device=None
+) -> tuple[torch.Tensor, str]:
     """Unit vector ``u`` selecting the scalar ``uᵀF``, and a description for results."""
     if output == "random":
         gen = torch.Generator().manual_seed(int(seed))
@@ -73,8 +78,7 @@ def output_direction(n_out: int, output: int | str, seed: int, *, dtype=torch.fl
         u = u / u.norm()
         return u.to(dtype=dtype, device=device), f"random unit combination (seed {seed})"
     if isinstance(output, bool) or not isinstance(output, int) or not (0 <= output < n_out):
-        raise WidthscopeError(f"correlation: output={output!r}; use a logit index 0..{n_out - 1} "
-                              "or 'random'")
+        raise WidthscopeError(f"correlation: output={output!r}; use a logit index 0..{n_out - 1} or 'random'")
     u = torch.zeros(n_out, dtype=dtype, device=device)
     u[output] = 1.0
     return u, f"logit {output}"
@@ -84,11 +88,21 @@ def _scalar_fn(model: nn.Module, buffers, u: torch.Tensor):
     def f(params, x):  # x: one example with a batch dim of 1
         out = model_output(functional_call(model, (params, buffers), (x,)))
         return (out.reshape(-1) * u).sum()
+
     return f
 
 
-def correlation(model: nn.Module, x: torch.Tensor, xs: torch.Tensor, *, D: int, d: int,
-                eta: float = 1.0, output: int | str = 0, seed: int = 0) -> torch.Tensor:
+def correlation(
+    model: nn.Module,
+    x: torch.Tensor,
+    xs: torch.Tensor,
+    *,
+    D: int,
+    d: int,
+    eta: float = 1.0,
+    output: int | str = 0,
+    seed: int = 0,
+) -> torch.Tensor:
     """Exact ``C_{D,d}(x; x_1..x_d)`` at the model's current parameters ``θ₀``.
 
     ``x``: one input, shape ``S`` or ``(1, *S)``; ``xs``: the ``d`` inputs stacked, ``(d, *S)``
@@ -109,20 +123,23 @@ def correlation(model: nn.Module, x: torch.Tensor, xs: torch.Tensor, *, D: int, 
     if not isinstance(x, torch.Tensor) or not isinstance(xs, torch.Tensor):
         raise WidthscopeError("correlation: x and xs must be tensors")
     if isinstance(eta, bool) or not isinstance(eta, (int, float)) or not math.isfinite(eta) or eta <= 0:
-        raise WidthscopeError(f"correlation: eta must be a positive learning rate, got {eta!r} "
-                              "(C_{D,d} scales as eta^(D/2+d))")
+        raise WidthscopeError(
+            f"correlation: eta must be a positive learning rate, got {eta!r} (C_{{D,d}} scales as eta^(D/2+d))"
+        )
     if xs.shape[0] != d:
-        raise WidthscopeError(f"correlation: xs holds {xs.shape[0]} inputs but d={d}; pass exactly "
-                              "d inputs stacked along the first dimension")
+        raise WidthscopeError(
+            f"correlation: xs holds {xs.shape[0]} inputs but d={d}; pass exactly "
+            "d inputs stacked along the first dimension"
+        )
     if x.dim() == xs.dim():
         if x.shape[0] != 1:
-            raise WidthscopeError(f"correlation: x must be one input (shape {tuple(xs.shape[1:])} or "
-                                  f"(1, ...)), got {tuple(x.shape)}")
+            raise WidthscopeError(
+                f"correlation: x must be one input (shape {tuple(xs.shape[1:])} or (1, ...)), got {tuple(x.shape)}"
+            )
     elif x.dim() == xs.dim() - 1:
         x = x.unsqueeze(0)
     else:
-        raise WidthscopeError(f"correlation: x shape {tuple(x.shape)} does not match the inputs xs "
-                              f"{tuple(xs.shape)}")
+        raise WidthscopeError(f"correlation: x shape {tuple(x.shape)} does not match the inputs xs {tuple(xs.shape)}")
     params, buffers = params_and_buffers(model)
     if not params:
         raise WidthscopeError("correlation: the model has no trainable parameters")
@@ -135,7 +152,7 @@ def correlation(model: nn.Module, x: torch.Tensor, xs: torch.Tensor, *, D: int, 
 
     try:
         with eager_attention_for(model):  # nested jvp: fused attention kernels have no forward mode
-            gs = [grad(f)(params, xs[i:i + 1]) for i in range(d)]
+            gs = [grad(f)(params, xs[i : i + 1]) for i in range(d)]
 
             def along(prev, g):  # the derivative of prev along g, as a function of the parameters
                 return lambda p: jvp(prev, (p,), (g,))[1]
@@ -155,9 +172,18 @@ def correlation(model: nn.Module, x: torch.Tensor, xs: torch.Tensor, *, D: int, 
     return value * scale
 
 
-def correlation_summary(model: nn.Module, data: Any, *, D: int, d: int, n_tuples: int = 32,
-                        eta: float = 1.0, output: int | str = 0, seed: int = 0,
-                        progress: bool = False) -> dict[str, Any]:
+def correlation_summary(
+    model: nn.Module,
+    data: Any,
+    *,
+    D: int,
+    d: int,
+    n_tuples: int = 32,
+    eta: float = 1.0,
+    output: int | str = 0,
+    seed: int = 0,
+    progress: bool = False,
+) -> dict[str, Any]:
     """Size of ``C_{D,d}`` over ``n_tuples`` random input tuples ``(x, x_1..x_d)`` from ``data``.
 
     ``data`` is a tensor ``(n, ...)`` of inputs or an ``(X, Y)`` pair. Tuple indices are drawn
@@ -183,8 +209,13 @@ def correlation_summary(model: nn.Module, data: Any, *, D: int, d: int, n_tuples
     v = torch.tensor(vals, dtype=torch.float64)
     desc = f"random unit combination (seed {seed})" if output == "random" else f"logit {output}"
     return {
-        "D": D, "d": d, "eta": eta, "output": desc, "n_tuples": n_tuples,
-        "mean": float(v.mean()), "rms": float(v.pow(2).mean().sqrt()),
+        "D": D,
+        "d": d,
+        "eta": eta,
+        "output": desc,
+        "n_tuples": n_tuples,
+        "mean": float(v.mean()),
+        "rms": float(v.pow(2).mean().sqrt()),
         "sem": float(v.std(unbiased=True) / math.sqrt(len(v))) if len(v) > 1 else float("nan"),
         "values": vals,
     }

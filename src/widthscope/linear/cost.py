@@ -32,6 +32,7 @@ for the choice; ``seconds`` in ``info["costs"]`` is an estimate, not a promise. 
 ``SAFETY`` of ``memory_budget``: the peaks measured by ``tests/test_ntk_memory.py`` (``VmHWM``) include
 allocator slack the byte counts do not see.
 """
+
 from __future__ import annotations
 
 import math
@@ -52,6 +53,7 @@ JAC_COPIES = 4  # row chunk, column chunk, and the transient copy jacrev makes o
 @dataclass
 class Probe:
     """What one forward pass on one example says: FLOPs ``flops``, saved-for-backward bytes ``saved``."""
+
     flops: float
     saved: float
 
@@ -84,16 +86,19 @@ def _positions_flops(rule: str, n: int, O: int, T: int, Da: int, Dd: int, mode: 
     from .gram import explicit_flops, gram_flops, pairs_flops
 
     if T == 1:
-        return 2.0 * (O * n) ** 2 * Dd / (O if mode != "full" else 1) * (0.56 if same and mode == "full" else 1) \
+        return (
+            2.0 * (O * n) ** 2 * Dd / (O if mode != "full" else 1) * (0.56 if same and mode == "full" else 1)
             + 2.0 * n * n * Da
+        )
     forms = [explicit_flops(O, n, n, T, Da, Dd, mode, same), pairs_flops(O, n, n, T, Da, Dd, mode, same)]
     if not mode.startswith("diag"):
         forms.append(gram_flops(O, n, n, T, Da, Dd, mode))
     return 2.0 * min(forms)
 
 
-def _jacobian(P: float, O: int, n1: int, n2: int, same: bool, pr: Probe, item: int, budget: float,
-              fixed: float) -> dict[str, Any]:
+def _jacobian(
+    P: float, O: int, n1: int, n2: int, same: bool, pr: Probe, item: int, budget: float, fixed: float
+) -> dict[str, Any]:
     """Seconds and bytes of the Jacobian route for ``P`` parameters (``fixed``: bytes already spent)."""
     per = O * P * item  # one example's Jacobian
     room = budget - fixed
@@ -115,15 +120,37 @@ def _jacobian(P: float, O: int, n1: int, n2: int, same: bool, pr: Probe, item: i
     passes = rows * O + recompute
     pairs = row_chunks * (row_chunks + 1) / 2 if same else row_chunks * col_chunks  # x2=None: upper pairs
     share = pairs / (row_chunks * col_chunks)
-    t = (passes * 2 * pr.flops * PASS_S + passes * P * PASS_S  # backward passes and the Jacobian writes
-         + 2.0 * n1 * n2 * O * O * P * share * GEMM_S * CONTRACT_SLOWER
-         + (row_chunks + (0 if same else col_chunks) + pairs) * CALL_S)
-    return {"fits": True, "bytes": fixed + need(c, oc), "seconds": t, "chunk": c, "out_chunk": oc,
-            "flops": passes * 2 * pr.flops + 2.0 * n1 * n2 * O * O * P, "per_example_jacobian": per}
+    t = (
+        passes * 2 * pr.flops * PASS_S
+        + passes * P * PASS_S  # backward passes and the Jacobian writes
+        + 2.0 * n1 * n2 * O * O * P * share * GEMM_S * CONTRACT_SLOWER
+        + (row_chunks + (0 if same else col_chunks) + pairs) * CALL_S
+    )
+    return {
+        "fits": True,
+        "bytes": fixed + need(c, oc),
+        "seconds": t,
+        "chunk": c,
+        "out_chunk": oc,
+        "flops": passes * 2 * pr.flops + 2.0 * n1 * n2 * O * O * P,
+        "per_example_jacobian": per,
+    }
 
 
-def _structured(plan, shapes, P: int, O: int, n1: int, n2: int, same: bool, pr: Probe, item: int,
-                budget: float, result: float, mode: str) -> dict[str, Any]:
+def _structured(
+    plan,
+    shapes,
+    P: int,
+    O: int,
+    n1: int,
+    n2: int,
+    same: bool,
+    pr: Probe,
+    item: int,
+    budget: float,
+    result: float,
+    mode: str,
+) -> dict[str, Any]:
     n = n1 if same else max(n1, n2)
     sig = plan.signal_numel
     inp = sum(da * t for _, t, da, _ in shapes)
@@ -136,7 +163,7 @@ def _structured(plan, shapes, P: int, O: int, n1: int, n2: int, same: bool, pr: 
         grads = b * min(O, 64) * pr.saved + b * pr.saved
         acc = (b * b * O * O if mode == "full" else b * b) * item
         # one chunk of explicit per-example gradients and its scaled copy (gram.positions, max_floats)
-        chunk = 2 * min(2 ** 24, O * b * max((dd * da for _, t, da, dd in shapes if t > 1), default=0)) * item
+        chunk = 2 * min(2**24, O * b * max((dd * da for _, t, da, dd in shapes if t > 1), default=0)) * item
         return blocks + grads + 5 * acc + chunk
 
     b = n
@@ -153,9 +180,13 @@ def _structured(plan, shapes, P: int, O: int, n1: int, n2: int, same: bool, pr: 
     gram *= (n1 * n2) / (n * n)
     passes = rows * (1 + 2 * O) * pr.flops * recapture
     t = passes * PASS_S + gram * GEMM_S + blocks * blocks * CALL_S * max(1, len(shapes)) / 4 + O * CALL_S
-    out = {"fits": fits, "bytes": result + need(b) + (gen["bytes"] - result - need(b) if gen else 0),
-           "seconds": t + (gen["seconds"] if gen else 0.0), "batch_size": None if b >= n else b,
-           "flops": passes + gram + (gen["flops"] if gen and gen["fits"] else 0.0)}
+    out = {
+        "fits": fits,
+        "bytes": result + need(b) + (gen["bytes"] - result - need(b) if gen else 0),
+        "seconds": t + (gen["seconds"] if gen else 0.0),
+        "batch_size": None if b >= n else b,
+        "flops": passes + gram + (gen["flops"] if gen and gen["fits"] else 0.0),
+    }
     if gen is not None:
         out.update(generic_chunk=gen["chunk"], generic_out_chunk=gen["out_chunk"])
     return out
@@ -172,8 +203,13 @@ def _products(P: int, O: int, n1: int, n2: int, pr: Probe, item: int, budget: fl
     chunks = math.ceil(n1 / c)
     # forward-mode passes ran JVP_SLOWER× the reverse passes' rate per FLOP (MLP and LLaMA rows of ntk_auto)
     t = cols * (2 * pr.flops + 3 * n1 * pr.flops) * PASS_S * JVP_SLOWER + cols * (1 + chunks) * CALL_S
-    return {"fits": need(c) <= budget - result, "bytes": result + need(c), "seconds": t, "chunk": c,
-            "flops": cols * (2 + 3 * n1) * pr.flops}
+    return {
+        "fits": need(c) <= budget - result,
+        "bytes": result + need(c),
+        "seconds": t,
+        "chunk": c,
+        "flops": cols * (2 + 3 * n1) * pr.flops,
+    }
 
 
 def layer_shapes(plan) -> list[tuple[str, int, int, int]]:
@@ -181,8 +217,20 @@ def layer_shapes(plan) -> list[tuple[str, int, int, int]]:
     return list(getattr(plan, "shapes", []))
 
 
-def estimates(*, pr: Probe, plan, n_params: int, n_out: int, n1: int, n2: int, same: bool, item: int,
-              budget: float, mode: str, methods: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+def estimates(
+    *,
+    pr: Probe,
+    plan,
+    n_params: int,
+    n_out: int,
+    n1: int,
+    n2: int,
+    same: bool,
+    item: int,
+    budget: float,
+    mode: str,
+    methods: tuple[str, ...],
+) -> dict[str, dict[str, Any]]:
     """Estimated seconds, peak bytes and chunking of each method in ``methods`` (``fits``: within
     ``budget`` bytes, the returned kernel of ``mode`` included)."""
     O = n_out
@@ -205,10 +253,11 @@ def estimates(*, pr: Probe, plan, n_params: int, n_out: int, n1: int, n2: int, s
 def choose(costs: dict[str, dict[str, Any]], budget: float) -> tuple[str | None, str]:
     """The fastest method that fits, and a one-line reason naming the alternatives."""
     fit = {m: c for m, c in costs.items() if c["fits"]}
-    summary = ", ".join(f"{m} ~{c['seconds']:.3g} s / {c['bytes'] / 1e6:.4g} MB"
-                        + ("" if c["fits"] else " (over budget)") for m, c in costs.items())
+    summary = ", ".join(
+        f"{m} ~{c['seconds']:.3g} s / {c['bytes'] / 1e6:.4g} MB" + ("" if c["fits"] else " (over budget)")
+        for m, c in costs.items()
+    )
     if not fit:
         return None, f"no method fits memory_budget={budget:.4g} bytes ({summary})"
     best = min(fit, key=lambda m: fit[m]["seconds"])
     return best, f"{best}: cheapest estimate within memory_budget={budget:.4g} bytes ({summary})"
-

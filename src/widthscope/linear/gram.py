@@ -37,6 +37,7 @@ Example::
     >>> bool(torch.allclose(sym.permute(1, 3, 0, 2), torch.einsum("oiF,pjF->ijop", g1, g1)))
     True
 """
+
 from __future__ import annotations
 
 import torch
@@ -46,8 +47,9 @@ __all__ = ["hadamard", "positions", "mirror_upper", "tied_gradients", "MODES"]
 MODES = ("full", "trace", "diag", "diagtrace")
 
 
-def hadamard(acc: torch.Tensor, g1: torch.Tensor, g2: torch.Tensor, W: torch.Tensor | None, mode: str,
-             *, same: bool = False) -> None:
+def hadamard(
+    acc: torch.Tensor, g1: torch.Tensor, g2: torch.Tensor, W: torch.Tensor | None, mode: str, *, same: bool = False
+) -> None:
     """``acc += W ⊙ Σ_F g1 g2ᵀ`` in ``mode`` (module docstring); ``g``: ``(o, n, F)``; ``W``: ``(n1, n2)``
     (``(n,)`` in the diag modes) or ``None`` (all ones). ``same``: ``g1 is g2`` and ``W`` symmetric,
     so the full mode forms and adds only the ``o ≤ p`` blocks (half the flops); the caller must then
@@ -84,14 +86,14 @@ def _upper(acc: torch.Tensor, flat: torch.Tensor, n: int, Wb: torch.Tensor | Non
     Stepping over row blocks against all later rows ran no faster than the full product at 1 thread;
     halving does ~0.56× of it."""
     if hi - lo == 1 or (hi - lo) * n <= SYM_ROWS:
-        rows = flat[lo * n:hi * n]
+        rows = flat[lo * n : hi * n]
         blk = (rows @ rows.T).view(hi - lo, n, hi - lo, n)
         acc[lo:hi, :, lo:hi] += blk if Wb is None else blk.mul_(Wb)
         return
     mid = (lo + hi) // 2
     _upper(acc, flat, n, Wb, lo, mid)
     _upper(acc, flat, n, Wb, mid, hi)
-    blk = (flat[lo * n:mid * n] @ flat[mid * n:hi * n].T).view(mid - lo, n, hi - mid, n)
+    blk = (flat[lo * n : mid * n] @ flat[mid * n : hi * n].T).view(mid - lo, n, hi - mid, n)
     acc[lo:mid, :, mid:hi] += blk if Wb is None else blk.mul_(Wb)
 
 
@@ -128,8 +130,16 @@ def pairs_flops(O: int, n1: int, n2: int, T: int, Da: int, Dd: int, mode: str, s
     return n1 * n2 * T * T * Da + half * (n1 * n2 * O * T * T * Dd + main)
 
 
-def _pairs(acc: torch.Tensor, a1: torch.Tensor, d1: torch.Tensor, a2: torch.Tensor, d2: torch.Tensor,
-           scale: float, mode: str, same: bool) -> None:
+def _pairs(
+    acc: torch.Tensor,
+    a1: torch.Tensor,
+    d1: torch.Tensor,
+    a2: torch.Tensor,
+    d2: torch.Tensor,
+    scale: float,
+    mode: str,
+    same: bool,
+) -> None:
     """``Θ_{oi,pj} = Σ_t δ_{o,i,t} · Y_{ij,p,t}`` with ``Y_{ij,p,t} = Σ_s M_{ij,ts} δ'_{p,j,s}`` and
     ``M_{ij,ts} = scale·(a_{i,t}·a'_{j,s})``: the position sums taken through the ``T×T`` input Gram of each
     example pair, so no ``(o·n·T)²`` Gram and no ``D_δ×D_a`` gradient is formed. With ``same`` only
@@ -147,7 +157,7 @@ def _pairs(acc: torch.Tensor, a1: torch.Tensor, d1: torch.Tensor, a2: torch.Tens
             G = torch.einsum("otd,jtod->j", d1[:, i], Y)
             acc[i, j0:] += G
             if same:
-                acc[j0 + 1:, i] += G[1:]
+                acc[j0 + 1 :, i] += G[1:]
             continue
         if mode == "diagtrace":
             acc[i] += torch.einsum("otd,tod->", d1[:, i], Y[0])
@@ -159,11 +169,20 @@ def _pairs(acc: torch.Tensor, a1: torch.Tensor, d1: torch.Tensor, a2: torch.Tens
         G = G.view(O, j1 - j0, O).permute(0, 2, 1)  # (o, p, j)
         acc[:, i, :, j0:j1] += G
         if same and j1 > j0 + 1:  # Θ_{pj,oi} = Θ_{oi,pj}
-            acc[:, j0 + 1:j1, :, i] += G[:, :, 1:].permute(1, 2, 0)
+            acc[:, j0 + 1 : j1, :, i] += G[:, :, 1:].permute(1, 2, 0)
 
 
-def _explicit(acc: torch.Tensor, a1: torch.Tensor, d1: torch.Tensor, a2: torch.Tensor, d2: torch.Tensor,
-              scale: float, mode: str, same: bool, max_numbers: int) -> None:
+def _explicit(
+    acc: torch.Tensor,
+    a1: torch.Tensor,
+    d1: torch.Tensor,
+    a2: torch.Tensor,
+    d2: torch.Tensor,
+    scale: float,
+    mode: str,
+    same: bool,
+    max_numbers: int,
+) -> None:
     """The explicit form in chunks of ``D_δ`` (``P_{o,i}[d, :]`` rows): at most ``max_numbers`` gradient
     numbers per batch at once, and the products add up over the chunks (``Σ_F`` splits)."""
     O, n1, _, Dd = d1.shape
@@ -171,18 +190,28 @@ def _explicit(acc: torch.Tensor, a1: torch.Tensor, d1: torch.Tensor, a2: torch.T
     step = max(1, min(Dd, max_numbers // max(1, O * max(n1, d2.shape[1]) * Da)))
     sym = same and scale >= 0  # scale·P Pᵀ = (√scale P)(√scale P)ᵀ: the symmetric product
     for c in range(0, Dd, step):
-        p1 = torch.einsum("oitd,ita->oida", d1[..., c:c + step], a1).reshape(O, n1, -1)
+        p1 = torch.einsum("oitd,ita->oida", d1[..., c : c + step], a1).reshape(O, n1, -1)
         if sym:
-            p1 = p1 * scale ** 0.5 if scale != 1.0 else p1
+            p1 = p1 * scale**0.5 if scale != 1.0 else p1
             hadamard(acc, p1, p1, None, mode, same=True)
             continue
-        p2 = torch.einsum("oitd,ita->oida", d2[..., c:c + step], a2).reshape(O, d2.shape[1], -1)
+        p2 = torch.einsum("oitd,ita->oida", d2[..., c : c + step], a2).reshape(O, d2.shape[1], -1)
         hadamard(acc, p1 * scale if scale != 1.0 else p1, p2, None, mode, same=False)
 
 
-def positions(acc: torch.Tensor, a1: torch.Tensor, d1: torch.Tensor, a2: torch.Tensor, d2: torch.Tensor,
-              scale: float, mode: str, *, same: bool = False, method: str = "auto",
-              max_floats: int = 2 ** 24) -> None:
+def positions(
+    acc: torch.Tensor,
+    a1: torch.Tensor,
+    d1: torch.Tensor,
+    a2: torch.Tensor,
+    d2: torch.Tensor,
+    scale: float,
+    mode: str,
+    *,
+    same: bool = False,
+    method: str = "auto",
+    max_floats: int = 2**24,
+) -> None:
     """``acc += scale · Σ_{t,s} (δ_t·δ'_s)(a_t·a'_s)``; ``a``: ``(n, T, D_a)``, ``d``: ``(o, n, T, D_δ)``.
 
     ``method``: ``"gram"``, ``"explicit"`` or ``"auto"`` (fewer multiply-adds, :func:`explicit_flops` against
@@ -201,8 +230,10 @@ def positions(acc: torch.Tensor, a1: torch.Tensor, d1: torch.Tensor, a2: torch.T
         return
     T = max(T1, T2)
     if method == "auto":
-        costs = {"explicit": explicit_flops(O, n1, n2, T, Da, Dd, mode, same),
-                 "pairs": pairs_flops(O, n1, n2, T, Da, Dd, mode, same)}
+        costs = {
+            "explicit": explicit_flops(O, n1, n2, T, Da, Dd, mode, same),
+            "pairs": pairs_flops(O, n1, n2, T, Da, Dd, mode, same),
+        }
         if not diag:
             costs["gram"] = gram_flops(O, n1, n2, T, Da, Dd, mode)
         method = min(costs, key=costs.__getitem__)
@@ -218,8 +249,8 @@ def positions(acc: torch.Tensor, a1: torch.Tensor, d1: torch.Tensor, a2: torch.T
         step = max(1, max_floats // max(1, n1 * T1 * O * n2 * T2))
         for o in range(0, O, step):
             oc = min(step, O - o)
-            GD = (d1[o:o + oc].reshape(oc * n1 * T1, Dd) @ D2.T).view(oc, n1, T1, O, n2, T2)
-            acc[o:o + oc] += torch.einsum("oitpjs,itjs->oipj", GD, GA)
+            GD = (d1[o : o + oc].reshape(oc * n1 * T1, Dd) @ D2.T).view(oc, n1, T1, O, n2, T2)
+            acc[o : o + oc] += torch.einsum("oitpjs,itjs->oipj", GD, GA)
     else:  # trace
         for o in range(O):
             GD = (d1[o].reshape(n1 * T1, Dd) @ d2[o].reshape(n2 * T2, Dd).T).view(n1, T1, n2, T2)

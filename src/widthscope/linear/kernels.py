@@ -33,6 +33,7 @@ Example::
     >>> bool(torch.allclose(nngp(net, x), phi @ phi.T))
     True
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -53,12 +54,15 @@ def _features(model: nn.Module, x: torch.Tensor, name: str | None) -> tuple[str,
     runs: list[tuple[str, torch.Tensor]] = []
     mods = [(n, m) for n, m in model.named_modules() if multiplier(m) is not None and (name is None or n == name)]
     if name is not None and not mods:
-        raise WidthscopeError(f"nngp: no dense layer (nn.Linear, ScaledLinear, Conv1D) named {name!r} in the "
-                              "model; pass readout=None to use the last one that runs, or a dense layer's name")
+        raise WidthscopeError(
+            f"nngp: no dense layer (nn.Linear, ScaledLinear, Conv1D) named {name!r} in the "
+            "model; pass readout=None to use the last one that runs, or a dense layer's name"
+        )
 
     def hook(n):
         def f(_m, args, kwargs, out):
             runs.append((n, _first_input(args, kwargs).detach()))
+
         return f
 
     handles = [m.register_forward_hook(hook(n), with_kwargs=True) for n, m in mods]
@@ -69,12 +73,16 @@ def _features(model: nn.Module, x: torch.Tensor, name: str | None) -> tuple[str,
         for h in handles:
             h.remove()
     if not runs:
-        raise WidthscopeError("nngp: no dense layer (nn.Linear, ScaledLinear, Conv1D) ran in the forward pass; "
-                              "the NNGP kernel needs a dense readout (pass readout='name' of one)")
+        raise WidthscopeError(
+            "nngp: no dense layer (nn.Linear, ScaledLinear, Conv1D) ran in the forward pass; "
+            "the NNGP kernel needs a dense readout (pass readout='name' of one)"
+        )
     n, a = runs[-1]
     if sum(1 for r in runs if r[0] == n) != 1:
-        raise WidthscopeError(f"nngp: the readout {n!r} ran more than once in one forward pass; "
-                              "pass readout='name' of a layer that runs once")
+        raise WidthscopeError(
+            f"nngp: the readout {n!r} ran more than once in one forward pass; "
+            "pass readout='name' of a layer that runs once"
+        )
     mult = multiplier(model.get_submodule(n))
     assert mult is not None  # mods holds dense layers only
     return n, a, mult
@@ -97,12 +105,15 @@ def _check(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None) -> None:
         found = probe_checks(lambda x: _flat_out(model, p, b, x), probe, "nngp")
         coupled = None if found is None else f"the examples are coupled: {found}"
     if coupled is not None:
-        raise WidthscopeError(f"nngp: {coupled}; the features φ(x) of one example would "
-                              "depend on the rest of its batch (compute them yourself if that is what you want)")
+        raise WidthscopeError(
+            f"nngp: {coupled}; the features φ(x) of one example would "
+            "depend on the rest of its batch (compute them yourself if that is what you want)"
+        )
 
 
-def _function_nngp(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None, readout: str | None,
-                   dtype: torch.dtype | None) -> torch.Tensor:
+def _function_nngp(
+    model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None, readout: str | None, dtype: torch.dtype | None
+) -> torch.Tensor:
     """The readout parameter's NTK ``Θ^W`` of a :class:`FunctionModel` (module docstring)."""
     from .model import ntk
 
@@ -112,13 +123,17 @@ def _function_nngp(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None, 
     if readout is None:
         cands = [n for n, p in model.named_parameters() if p.dim() == 2 and p.shape[0] == o]
         if not cands:
-            raise WidthscopeError(f"nngp: no 2-D parameter with {o} rows (the number of outputs) in params; pass "
-                                  "readout='key' of the readout weight")
+            raise WidthscopeError(
+                f"nngp: no 2-D parameter with {o} rows (the number of outputs) in params; pass "
+                "readout='key' of the readout weight"
+            )
         readout = cands[-1]
     key = readout.replace(".", "__")
     if key not in names:
-        raise WidthscopeError(f"nngp: no parameter {readout!r} in params (keys: {', '.join(names[:8])}); pass "
-                              "readout='key' of the readout weight")
+        raise WidthscopeError(
+            f"nngp: no parameter {readout!r} in params (keys: {', '.join(names[:8])}); pass "
+            "readout='key' of the readout weight"
+        )
     flags = {n: p.requires_grad for n, p in model.named_parameters()}
     try:
         for n, p in model.named_parameters():
@@ -133,9 +148,11 @@ def _function_nngp(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None, 
     off = float((K - torch.diag_embed(diag)).abs().max())
     spread = float((diag - diag[..., :1]).abs().max())
     if off > tol or spread > tol:
-        raise WidthscopeError(f"nngp: parameter {readout!r} is not a readout applied once (f = m·W φ(x) + …): its "
-                              f"kernel has output cross terms up to {off:.3g} and diagonal spread {spread:.3g} "
-                              f"(scale {scale:.3g}); pass readout='key' of the readout weight")
+        raise WidthscopeError(
+            f"nngp: parameter {readout!r} is not a readout applied once (f = m·W φ(x) + …): its "
+            f"kernel has output cross terms up to {off:.3g} and diagonal spread {spread:.3g} "
+            f"(scale {scale:.3g}); pass readout='key' of the readout weight"
+        )
     K = diag[..., 0]
     return K.contiguous() if dtype is None else K.to(dtype).contiguous()
 
@@ -146,8 +163,15 @@ def _out_dim(model: nn.Module, x: torch.Tensor) -> int:
     return _out_tensor(model(x[:1])).shape[1]
 
 
-def nngp(model: nn.Module | Callable[..., Any], x1: torch.Tensor, x2: torch.Tensor | None = None, *,
-         readout: str | None = None, dtype: torch.dtype | None = None, params: Any = None) -> torch.Tensor:
+def nngp(
+    model: nn.Module | Callable[..., Any],
+    x1: torch.Tensor,
+    x2: torch.Tensor | None = None,
+    *,
+    readout: str | None = None,
+    dtype: torch.dtype | None = None,
+    params: Any = None,
+) -> torch.Tensor:
     """``m² φ(x1)·φ(x2)`` (module docstring): ``(n1, n2)``, or ``(n1, n2, T, T)`` for a readout applied at
     ``T`` positions. ``readout``: a dense layer's name (default: the last one run; for a function
     ``f(params, x)`` with ``params=``, a key of ``params``); ``dtype``: of the result (the product runs
@@ -158,8 +182,9 @@ def nngp(model: nn.Module | Callable[..., Any], x1: torch.Tensor, x2: torch.Tens
     fn = "nngp"
     _args.model_or_function(fn, model)
     _args.tensor(fn, "x1", x1, min_ndim=1, accepts="a non-empty batched tensor (n1, ...) of inputs")
-    _args.tensor(fn, "x2", x2, min_ndim=1, optional=True,
-                 accepts="a non-empty batched tensor (n2, ...) shaped like x1, or None")
+    _args.tensor(
+        fn, "x2", x2, min_ndim=1, optional=True, accepts="a non-empty batched tensor (n2, ...) shaped like x1, or None"
+    )
     _args.string(fn, "readout", readout, optional=True, accepts="a dense layer's name (str) or None")
     _args.dtype(fn, "dtype", dtype)
     model = as_module(model, params, "nngp")
@@ -179,6 +204,6 @@ def nngp(model: nn.Module | Callable[..., Any], x1: torch.Tensor, x2: torch.Tens
     A1, A2 = a1.reshape(a1.shape[0], -1, d), a2.reshape(a2.shape[0], -1, d)
     n1, T = A1.shape[:2]
     n2 = A2.shape[0]
-    K = (A1.reshape(n1 * T, d) @ A2.reshape(n2 * T, d).T).view(n1, T, n2, T).permute(0, 2, 1, 3) * (m ** 2)
+    K = (A1.reshape(n1 * T, d) @ A2.reshape(n2 * T, d).T).view(n1, T, n2, T).permute(0, 2, 1, 3) * (m**2)
     K = K[:, :, 0, 0] if T == 1 else K
     return K.contiguous() if dtype is None else K.to(dtype).contiguous()

@@ -19,6 +19,7 @@ Example::
     >>> widthscope.ntk(net, x).shape
     torch.Size([5, 5, 2, 2])
 """
+
 from __future__ import annotations
 
 import copy
@@ -43,17 +44,29 @@ from ._core import (  # noqa: F401  (re-exported)
     params_and_buffers,
 )
 
-__all__ = ["LinearizedModel", "linearize", "ntk", "structured_ntk", "model_output", "params_and_buffers",
-           "as_param_dtype", "first_output", "ATTENTION_FIX"]
+__all__ = [
+    "LinearizedModel",
+    "linearize",
+    "ntk",
+    "structured_ntk",
+    "model_output",
+    "params_and_buffers",
+    "as_param_dtype",
+    "first_output",
+    "ATTENTION_FIX",
+]
 
-ATTENTION_FIX = ('build or load the model with attn_implementation="eager" (e.g. '
-                 'AutoModelForCausalLM.from_config(cfg, attn_implementation="eager"), or '
-                 'model.set_attn_implementation("eager")): fused scaled-dot-product attention '
-                 'kernels have no forward-mode (jvp) derivative')
+ATTENTION_FIX = (
+    'build or load the model with attn_implementation="eager" (e.g. '
+    'AutoModelForCausalLM.from_config(cfg, attn_implementation="eager"), or '
+    'model.set_attn_implementation("eager")): fused scaled-dot-product attention '
+    "kernels have no forward-mode (jvp) derivative"
+)
 
 
-_STOCHASTIC_OPT_IN = (", or pass allow_stochastic=True to linearise each call's random draw "
-                      "(primal and tangent share it)")
+_STOCHASTIC_OPT_IN = (
+    ", or pass allow_stochastic=True to linearise each call's random draw (primal and tangent share it)"
+)
 
 
 def _safe(name: str) -> str:
@@ -75,9 +88,11 @@ def _uses_fused_attention(model: nn.Module) -> bool:
 
 def _reraise_attention(exc: BaseException, model: nn.Module) -> None:
     if _is_attention_ad_error(exc) or _uses_fused_attention(model):
-        raise WidthscopeError(f"forward-mode differentiation (jvp) failed inside attention "
-                              f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); fix: "
-                              f"{ATTENTION_FIX}") from exc
+        raise WidthscopeError(
+            f"forward-mode differentiation (jvp) failed inside attention "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); fix: "
+            f"{ATTENTION_FIX}"
+        ) from exc
 
 
 class LinearizedModel(nn.Module):
@@ -112,12 +127,15 @@ class LinearizedModel(nn.Module):
         object.__setattr__(self, "_base", base)  # unregistered on purpose (see docstring)
         self._allow_stochastic = bool(allow_stochastic)
         self._stochastic = [(n, m) for n, m in base.named_modules() if _is_candidate(m)]
-        self._bn: list[tuple[str, nn.Module]] = [(n, m) for n, m in base.named_modules()
-                                                 if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        self._bn: list[tuple[str, nn.Module]] = [
+            (n, m) for n, m in base.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+        ]
         params, buffers = params_and_buffers(model)
         if not params:
-            raise WidthscopeError("linearize: the model has no trainable parameters "
-                                  "(set requires_grad=True on the parameters to linearize in)")
+            raise WidthscopeError(
+                "linearize: the model has no trainable parameters "
+                "(set requires_grad=True on the parameters to linearize in)"
+            )
         self._names = list(params)
         self._buffer_names = list(buffers)
         for k, v in params.items():
@@ -183,8 +201,9 @@ class LinearizedModel(nn.Module):
         return tree_unflatten([next(summed) if t else None for t in is_tensor], treedef)
 
 
-def linearize(model: nn.Module | Callable[..., Any], *, params: Any = None,
-              allow_stochastic: bool = False) -> LinearizedModel:
+def linearize(
+    model: nn.Module | Callable[..., Any], *, params: Any = None, allow_stochastic: bool = False
+) -> LinearizedModel:
     """Return the linear model of ``model`` around its current parameters ``θ₀``.
 
     ``F_lin(x; θ) = F(x; θ₀) + ∇_θF(x; θ₀)·(θ − θ₀)``, computed with ``torch.func.jvp``.
@@ -216,8 +235,10 @@ def linearize(model: nn.Module | Callable[..., Any], *, params: Any = None,
 # Empirical NTK
 # ---------------------------------------------------------------------------------------------
 
-def _check_model(model: nn.Module, params, buffers, x1: torch.Tensor, x2: torch.Tensor,
-                 method: str) -> tuple[str | None, nn.Module, dict]:
+
+def _check_model(
+    model: nn.Module, params, buffers, x1: torch.Tensor, x2: torch.Tensor, method: str
+) -> tuple[str | None, nn.Module, dict]:
     """Refuse random layers; say why the examples are batch-coupled (``None``: they are not), refusing a
     coupled model for the per-example ``"auto"``/``"structured"`` routes (:mod:`.checks`). Returns the
     reason, the model and the buffers to use: for a coupled model a copy without running-statistics
@@ -233,19 +254,39 @@ def _check_model(model: nn.Module, params, buffers, x1: torch.Tensor, x2: torch.
     try:
         found = probe_checks(lambda x: _flat_out(model, params, buffers, x), probe, "ntk", coupling=coupled is None)
     except (RuntimeError, TypeError, IndexError) as exc:
-        raise WidthscopeError(f"ntk: the model cannot run on inputs of shape {tuple(probe.shape)} "
-                              f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-                              "pass inputs shaped like the model's training inputs") from None
+        raise WidthscopeError(
+            f"ntk: the model cannot run on inputs of shape {tuple(probe.shape)} "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+            "pass inputs shaped like the model's training inputs"
+        ) from None
     if found is not None:
         coupled = f"the examples are coupled: {found}; {COUPLED_FIX}"
     if coupled is not None and method in ("auto", "structured"):
-        raise WidthscopeError(f"ntk: {coupled}. A per-example kernel (method={method!r}) assumes each output "
-                              "depends on its own example only, which does not hold here")
+        raise WidthscopeError(
+            f"ntk: {coupled}. A per-example kernel (method={method!r}) assumes each output "
+            "depends on its own example only, which does not hold here"
+        )
     return coupled, model, buffers
 
 
-def _plan_costs(model, params, buffers, x1, x2, same, P, method, n_params, n_out, itemsize, budget, trace,
-                diagonal, batch_size, coupled) -> dict[str, Any]:
+def _plan_costs(
+    model,
+    params,
+    buffers,
+    x1,
+    x2,
+    same,
+    P,
+    method,
+    n_params,
+    n_out,
+    itemsize,
+    budget,
+    trace,
+    diagonal,
+    batch_size,
+    coupled,
+) -> dict[str, Any]:
     """Estimate every method's time and memory (:mod:`.cost`); pick the cheapest that fits for ``"auto"``,
     else check that the forced method fits ``budget``. One clear error when nothing fits."""
     from .cost import choose, estimates, measure
@@ -263,8 +304,19 @@ def _plan_costs(model, params, buffers, x1, x2, same, P, method, n_params, n_out
         cands = ("structured", "jacobian")  # e.g. a fused TransformerEncoder kernel: no forward-mode AD
     if coupled is not None:  # one batch at once: the Jacobian of the whole batch
         cands = tuple(m for m in cands if m != "structured")
-    costs = estimates(pr=pr, plan=P, n_params=n_params, n_out=n_out, n1=n1, n2=n2, same=same, item=itemsize,
-                      budget=budget, mode=mode, methods=cands)
+    costs = estimates(
+        pr=pr,
+        plan=P,
+        n_params=n_params,
+        n_out=n_out,
+        n1=n1,
+        n2=n2,
+        same=same,
+        item=itemsize,
+        budget=budget,
+        mode=mode,
+        methods=cands,
+    )
     if P is not None and "structured" in costs and P.n_covered == 0:
         costs.pop("structured")  # nothing covered: it is the Jacobian route with extra steps
     if coupled is not None and "jacobian" in costs:  # forced whole-batch chunk
@@ -272,22 +324,36 @@ def _plan_costs(model, params, buffers, x1, x2, same, P, method, n_params, n_out
     if method == "auto":
         best, reason = choose(costs, budget)
         if best is None:
-            raise WidthscopeError(f"ntk: {reason}; raise memory_budget, or pass trace=True, diagonal=True or "
-                                  "batch_size to need less")
+            raise WidthscopeError(
+                f"ntk: {reason}; raise memory_budget, or pass trace=True, diagonal=True or batch_size to need less"
+            )
         return {"method": best, "reason": reason, "costs": costs}
     c = costs.get(method)
     if c is not None and not c["fits"]:
-        raise WidthscopeError(f"ntk: method={method!r} needs about {c['bytes'] / 1e6:.4g} MB at its smallest chunks, "
-                              f"more than memory_budget={budget / 1e6:.4g} MB; raise memory_budget or let "
-                              "method='auto' pick one that fits")
+        raise WidthscopeError(
+            f"ntk: method={method!r} needs about {c['bytes'] / 1e6:.4g} MB at its smallest chunks, "
+            f"more than memory_budget={budget / 1e6:.4g} MB; raise memory_budget or let "
+            "method='auto' pick one that fits"
+        )
     return {"method": method, "reason": f"{method}: asked for", "costs": costs}
 
 
-def ntk(model: nn.Module | Callable[..., Any], x1: torch.Tensor, x2: torch.Tensor | None = None, *,
-        trace: bool = False, chunk_size: int | None = None, method: str = "auto",
-        memory_budget: float = 2e9, info: dict | None = None, diagonal: bool = False,
-        batch_size: int | None = None, dtype: torch.dtype | None = None, params: Any = None,
-        verbose: bool = False) -> torch.Tensor:
+def ntk(
+    model: nn.Module | Callable[..., Any],
+    x1: torch.Tensor,
+    x2: torch.Tensor | None = None,
+    *,
+    trace: bool = False,
+    chunk_size: int | None = None,
+    method: str = "auto",
+    memory_budget: float = 2e9,
+    info: dict | None = None,
+    diagonal: bool = False,
+    batch_size: int | None = None,
+    dtype: torch.dtype | None = None,
+    params: Any = None,
+    verbose: bool = False,
+) -> torch.Tensor:
     r"""Empirical NTK ``Θ_{ab}(x, x') = Σ_θ ∂f_a(x)/∂θ · ∂f_b(x')/∂θ`` (``J(x) J(x')ᵀ``), all output pairs.
 
     Kernel shapes (outputs flattened to ``out`` components; the learning rate is not included: the
@@ -394,21 +460,48 @@ def ntk(model: nn.Module | Callable[..., Any], x1: torch.Tensor, x2: torch.Tenso
     n_out = first_output(model, params, buffers, x1 if coupled else x1[:1], "ntk").shape[1]
     itemsize = next(iter(params.values())).element_size()
     chunk_size = _coupled_chunk(coupled, method, chunk_size, x1.shape[0])
-    method, costs, P = _choose_method(model, params, buffers, x1, x2, same, method, n_params, n_out, itemsize,
-                                      memory_budget, trace, diagonal, batch_size, coupled, info, verbose)
+    method, costs, P = _choose_method(
+        model,
+        params,
+        buffers,
+        x1,
+        x2,
+        same,
+        method,
+        n_params,
+        n_out,
+        itemsize,
+        memory_budget,
+        trace,
+        diagonal,
+        batch_size,
+        coupled,
+        info,
+        verbose,
+    )
     c = costs.get(method, {})
     try:
         if method == "structured":
             from .structured import _structured_kernel
 
-            K = _structured_kernel(model, x1, None if same else x2, plan=P, trace=trace, diagonal=diagonal,
-                                   batch_size=batch_size or c.get("batch_size"), dtype=dtype,
-                                   memory_budget=memory_budget, info=info,
-                                   generic_chunks=(c.get("generic_chunk"), c.get("generic_out_chunk")),
-                                   reserved=c.get("bytes", 0.0))
+            K = _structured_kernel(
+                model,
+                x1,
+                None if same else x2,
+                plan=P,
+                trace=trace,
+                diagonal=diagonal,
+                batch_size=batch_size or c.get("batch_size"),
+                dtype=dtype,
+                memory_budget=memory_budget,
+                info=info,
+                generic_chunks=(c.get("generic_chunk"), c.get("generic_out_chunk")),
+                reserved=c.get("bytes", 0.0),
+            )
             return K.detach()
-        K = _explicit_kernel(model, params, buffers, x1, x2, same, method, c, chunk_size, n_out, coupled, diagonal,
-                             batch_size)
+        K = _explicit_kernel(
+            model, params, buffers, x1, x2, same, method, c, chunk_size, n_out, coupled, diagonal, batch_size
+        )
     except (RuntimeError, NotImplementedError) as exc:
         _reraise_attention(exc, model)
         raise
@@ -418,9 +511,18 @@ def ntk(model: nn.Module | Callable[..., Any], x1: torch.Tensor, x2: torch.Tenso
     return K if dtype is None else K.to(dtype)
 
 
-def structured_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, *, trace: bool = False,
-                   diagonal: bool = False, batch_size: int | None = None, dtype: torch.dtype | None = None,
-                   memory_budget: float = 2e9, info: dict | None = None) -> torch.Tensor:
+def structured_ntk(
+    model: nn.Module,
+    x1: torch.Tensor,
+    x2: torch.Tensor | None = None,
+    *,
+    trace: bool = False,
+    diagonal: bool = False,
+    batch_size: int | None = None,
+    dtype: torch.dtype | None = None,
+    memory_budget: float = 2e9,
+    info: dict | None = None,
+) -> torch.Tensor:
     """``Θ`` of shape ``(n1, n2, out, out)`` (outputs flattened) by the structured path
     (:mod:`widthscope.linear.structured`); ``trace`` → ``(n1, n2)``, the mean of ``Θ_oo`` over ``o``;
     ``diagonal`` → ``(n1, out, out)``, ``Θ(x_i, x_i)`` only (``x2`` must be ``None``); both → ``(n1,)``.
@@ -442,8 +544,18 @@ def structured_ntk(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None =
         >>> info["method"], info["uncovered"]
         ('structured', 0)
     """
-    return ntk(model, x1, x2, method="structured", trace=trace, diagonal=diagonal, batch_size=batch_size,
-               dtype=dtype, memory_budget=memory_budget, info=info)
+    return ntk(
+        model,
+        x1,
+        x2,
+        method="structured",
+        trace=trace,
+        diagonal=diagonal,
+        batch_size=batch_size,
+        dtype=dtype,
+        memory_budget=memory_budget,
+        info=info,
+    )
 
 
 def _check_ntk_args(x1, x2, method: str, diagonal: bool, batch_size, dtype, memory_budget, chunk_size) -> None:
@@ -457,8 +569,11 @@ def _check_ntk_args(x1, x2, method: str, diagonal: bool, batch_size, dtype, memo
     if method not in ("auto", "structured", "jacobian", "products"):
         raise WidthscopeError(f"ntk: unknown method {method!r}; use 'auto', 'structured', 'jacobian' or 'products'")
     if x1.shape[0] == 0 or (x2 is not None and x2.shape[0] == 0):
-        raise WidthscopeError(f"ntk: no inputs (x1 has {x1.shape[0]} rows"
-                              + (f", x2 has {x2.shape[0]}" if x2 is not None else "") + "); pass at least one")
+        raise WidthscopeError(
+            f"ntk: no inputs (x1 has {x1.shape[0]} rows"
+            + (f", x2 has {x2.shape[0]}" if x2 is not None else "")
+            + "); pass at least one"
+        )
     if diagonal and x2 is not None:
         raise WidthscopeError("ntk: diagonal=True gives Θ(x_i, x_i) of one batch; pass x2=None")
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
@@ -470,11 +585,13 @@ def _check_ntk_args(x1, x2, method: str, diagonal: bool, batch_size, dtype, memo
     if bad_type or not (memory_budget > 0 and not math.isnan(memory_budget)):
         raise (WidthscopeTypeError if bad_type else WidthscopeError)(
             f"ntk: memory_budget must be a positive number of bytes (e.g. 2e9), got {_args.describe(memory_budget)}; "
-            "to force a method pass method='jacobian' or 'products'")
+            "to force a method pass method='jacobian' or 'products'"
+        )
     bad_type = chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int))
     if bad_type or (chunk_size is not None and chunk_size < 1):
         raise (WidthscopeTypeError if bad_type else WidthscopeError)(
-            f"ntk: chunk_size must be a positive integer or None, got {_args.describe(chunk_size)}")
+            f"ntk: chunk_size must be a positive integer or None, got {_args.describe(chunk_size)}"
+        )
 
 
 def _check_coupled(coupled: str | None, same: bool, batch_size, diagonal: bool, info: dict | None) -> None:
@@ -482,12 +599,21 @@ def _check_coupled(coupled: str | None, same: bool, batch_size, diagonal: bool, 
     that need per-example blocks; record the reason in ``info["batch_coupled"]``."""
     if coupled is None:
         return
-    bad = ("x2 is given" if not same else "batch_size is set" if batch_size is not None else
-           "diagonal=True" if diagonal else "")
+    bad = (
+        "x2 is given"
+        if not same
+        else "batch_size is set"
+        if batch_size is not None
+        else "diagonal=True"
+        if diagonal
+        else ""
+    )
     if bad:
-        raise WidthscopeError(f"ntk: {coupled}; the batch-coupled kernel exists only for one batch at once, "
-                              f"but {bad}: pass x2=None without batch_size or diagonal (for Θ(x1, x2) pass "
-                              "torch.cat([x1, x2]) and slice the blocks)")
+        raise WidthscopeError(
+            f"ntk: {coupled}; the batch-coupled kernel exists only for one batch at once, "
+            f"but {bad}: pass x2=None without batch_size or diagonal (for Θ(x1, x2) pass "
+            "torch.cat([x1, x2]) and slice the blocks)"
+        )
     if info is not None:
         info["batch_coupled"] = coupled
 
@@ -496,14 +622,33 @@ def _coupled_chunk(coupled: str | None, method: str, chunk_size: int | None, n: 
     """The Jacobian route on a batch-coupled model takes the whole batch of ``n`` rows as one chunk."""
     if coupled is not None and method == "jacobian":
         if chunk_size is not None and chunk_size < n:
-            raise WidthscopeError(f"ntk: {coupled}; the batch-coupled kernel needs the Jacobian of the whole batch "
-                                  f"at once: chunk_size={chunk_size} < {n} rows (pass chunk_size=None)")
+            raise WidthscopeError(
+                f"ntk: {coupled}; the batch-coupled kernel needs the Jacobian of the whole batch "
+                f"at once: chunk_size={chunk_size} < {n} rows (pass chunk_size=None)"
+            )
         return n
     return chunk_size
 
 
-def _choose_method(model, params, buffers, x1, x2, same, method, n_params, n_out, itemsize, budget, trace,
-                   diagonal, batch_size, coupled, info, verbose) -> tuple[str, dict, Any]:
+def _choose_method(
+    model,
+    params,
+    buffers,
+    x1,
+    x2,
+    same,
+    method,
+    n_params,
+    n_out,
+    itemsize,
+    budget,
+    trace,
+    diagonal,
+    batch_size,
+    coupled,
+    info,
+    verbose,
+) -> tuple[str, dict, Any]:
     """The structured plan (for ``"auto"``/``"structured"``), the cost estimates and the method they pick;
     reported in ``info`` and, with ``verbose``, on stderr. Returns (method, costs, plan or None)."""
     from .structured import plan as structured_plan
@@ -515,8 +660,24 @@ def _choose_method(model, params, buffers, x1, x2, same, method, n_params, n_out
         except (RuntimeError, NotImplementedError) as exc:
             _reraise_attention(exc, model)
             raise
-    plan_ = _plan_costs(model, params, buffers, x1, x2, same, P, method, n_params, n_out, itemsize, budget,
-                        trace, diagonal, batch_size, coupled)
+    plan_ = _plan_costs(
+        model,
+        params,
+        buffers,
+        x1,
+        x2,
+        same,
+        P,
+        method,
+        n_params,
+        n_out,
+        itemsize,
+        budget,
+        trace,
+        diagonal,
+        batch_size,
+        coupled,
+    )
     method, costs = plan_["method"], plan_["costs"]
     if info is not None:
         info.update(method=method, reason=plan_["reason"], costs=costs)
@@ -527,8 +688,9 @@ def _choose_method(model, params, buffers, x1, x2, same, method, n_params, n_out
     return method, costs, P
 
 
-def _explicit_kernel(model, params, buffers, x1, x2, same, method, c, chunk_size, n_out, coupled, diagonal,
-                     batch_size) -> torch.Tensor:
+def _explicit_kernel(
+    model, params, buffers, x1, x2, same, method, c, chunk_size, n_out, coupled, diagonal, batch_size
+) -> torch.Tensor:
     """The ``"jacobian"``/``"products"`` kernel ``(n1, n2, out, out)`` (``diagonal``: ``(n1, out, out)``), in
     blocks of ``batch_size`` examples when given, with the chunks the cost model chose (``c``) unless
     ``chunk_size`` is set."""
@@ -544,11 +706,19 @@ def _explicit_kernel(model, params, buffers, x1, x2, same, method, c, chunk_size
 
     if diagonal:  # Θ(x_i, x_i) from per-chunk blocks: the off-diagonal chunks are never formed
         step = min(chunk_size, batch_size or chunk_size) if method == "jacobian" else 1
-        return torch.cat([torch.diagonal(block(x1[i:i + step], x1[i:i + step], True), dim1=0, dim2=1)
-                          .permute(2, 0, 1) for i in range(0, x1.shape[0], step)])
+        return torch.cat(
+            [
+                torch.diagonal(block(x1[i : i + step], x1[i : i + step], True), dim1=0, dim2=1).permute(2, 0, 1)
+                for i in range(0, x1.shape[0], step)
+            ]
+        )
     if batch_size is None:
         return block(x1, x2, same)
     b = batch_size
-    return torch.cat([torch.cat([block(x1[i:i + b], x2[j:j + b], same and i == j)
-                                 for j in range(0, x2.shape[0], b)], dim=1)
-                      for i in range(0, x1.shape[0], b)], dim=0)
+    return torch.cat(
+        [
+            torch.cat([block(x1[i : i + b], x2[j : j + b], same and i == j) for j in range(0, x2.shape[0], b)], dim=1)
+            for i in range(0, x1.shape[0], b)
+        ],
+        dim=0,
+    )

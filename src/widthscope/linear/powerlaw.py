@@ -19,6 +19,7 @@ Example::
     >>> fit = fit_slope(n, vals); round(fit.slope, 1)
     -1.0
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple, Sequence
@@ -63,8 +64,7 @@ def fit_slope(widths: Sequence[float], values_by_seed, *, level: float = 0.95) -
     if v.ndim == 1:
         v = v[None, :]
     if v.ndim != 2 or v.shape[1] != n.size:
-        raise WidthscopeError(f"fit_slope: values_by_seed must be (n_seeds, n_widths={n.size}), "
-                              f"got shape {v.shape}")
+        raise WidthscopeError(f"fit_slope: values_by_seed must be (n_seeds, n_widths={n.size}), got shape {v.shape}")
     if n.size < 2 or np.any(n <= 0):
         raise WidthscopeError("fit_slope: need at least two positive widths")
     with np.errstate(invalid="ignore", divide="ignore"):

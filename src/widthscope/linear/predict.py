@@ -1,5 +1,6 @@
 """Closed-form kernel-regression predictions of squared-loss gradient descent with a fixed kernel
 (re-exported by :mod:`widthscope.linear.structured`, where it used to live)."""
+
 from __future__ import annotations
 
 import torch
@@ -40,19 +41,31 @@ def _check_args(lr: float, steps, t, ridge: float) -> None:
     if not (num(lr) and math.isfinite(lr) and lr > 0):
         raise error(lr, "lr must be a positive finite number")
     if not (num(ridge) and math.isfinite(ridge) and ridge >= 0):
-        raise error(ridge, "ridge must be a finite number >= 0 (an absolute amount added to the kernel's diagonal); "
-                           "pass ridge=0 for plain gradient descent")
+        raise error(
+            ridge,
+            "ridge must be a finite number >= 0 (an absolute amount added to the kernel's diagonal); "
+            "pass ridge=0 for plain gradient descent",
+        )
     if steps is not None and not (num(steps) and steps >= 0 and (math.isinf(steps) or float(steps).is_integer())):
-        raise error(steps, "steps must be a whole number >= 0 or float('inf') (for a fractional time use t=, "
-                           "gradient flow)")
+        raise error(
+            steps, "steps must be a whole number >= 0 or float('inf') (for a fractional time use t=, gradient flow)"
+        )
     if t is not None and not (num(t) and t >= 0 and not math.isnan(t)):
         raise error(t, "t must be a number >= 0 or float('inf')")
 
 
-def kernel_predict(K_train: torch.Tensor, y_train: torch.Tensor, *, lr: float,
-                   steps: int | float | None = None, t: float | None = None, ridge: float = 0.0,
-                   K_test: torch.Tensor | None = None, f0_train: torch.Tensor | None = None,
-                   f0_test: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+def kernel_predict(
+    K_train: torch.Tensor,
+    y_train: torch.Tensor,
+    *,
+    lr: float,
+    steps: int | float | None = None,
+    t: float | None = None,
+    ridge: float = 0.0,
+    K_test: torch.Tensor | None = None,
+    f0_train: torch.Tensor | None = None,
+    f0_test: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
     r"""Closed-form outputs of squared-loss gradient descent with a fixed kernel, optionally ridge-regularised.
 
     With ``L = (1/2N) Σ‖f(x_i) − y_i‖²`` and ``A = (η/N) Θ(X, X)`` (the :func:`function_space_gd`
@@ -93,8 +106,9 @@ def kernel_predict(K_train: torch.Tensor, y_train: torch.Tensor, *, lr: float,
     fn = "kernel_predict"
     _args.tensor(fn, "K_train", K_train, ndim=(2, 4), accepts="an (N, N, o, o) or (N·o, N·o) kernel tensor")
     _args.tensor(fn, "y_train", y_train, min_ndim=1, accepts="an (N, o) tensor of targets")
-    _args.tensor(fn, "K_test", K_test, ndim=(2, 4), optional=True,
-                 accepts="an (M, N, o, o) or (M·o, N·o) kernel tensor or None")
+    _args.tensor(
+        fn, "K_test", K_test, ndim=(2, 4), optional=True, accepts="an (M, N, o, o) or (M·o, N·o) kernel tensor or None"
+    )
     _args.tensor(fn, "f0_train", f0_train, optional=True, accepts="an (N, o) tensor of initial outputs or None")
     _args.tensor(fn, "f0_test", f0_test, optional=True, accepts="an (M, o) tensor of initial outputs or None")
     _check_args(lr, steps, t, ridge)
@@ -107,12 +121,17 @@ def kernel_predict(K_train: torch.Tensor, y_train: torch.Tensor, *, lr: float,
         return K.double()
 
     if tuple(K_train.shape) not in ((N, N, o, o), (N * o, N * o)):
-        raise WidthscopeError(f"kernel_predict: K_train has shape {tuple(K_train.shape)}; for y_train of shape "
-                              f"({N}, {o}) it must be ({N}, {N}, {o}, {o}) or ({N * o}, {N * o})")
-    if K_test is not None and not ((K_test.dim() == 4 and tuple(K_test.shape[1:]) == (N, o, o))
-                                   or (K_test.dim() == 2 and K_test.shape[1] == N * o and K_test.shape[0] % o == 0)):
-        raise WidthscopeError(f"kernel_predict: K_test has shape {tuple(K_test.shape)}; it must be (M, {N}, {o}, {o}) "
-                              f"or (M·{o}, {N * o})")
+        raise WidthscopeError(
+            f"kernel_predict: K_train has shape {tuple(K_train.shape)}; for y_train of shape "
+            f"({N}, {o}) it must be ({N}, {N}, {o}, {o}) or ({N * o}, {N * o})"
+        )
+    if K_test is not None and not (
+        (K_test.dim() == 4 and tuple(K_test.shape[1:]) == (N, o, o))
+        or (K_test.dim() == 2 and K_test.shape[1] == N * o and K_test.shape[0] % o == 0)
+    ):
+        raise WidthscopeError(
+            f"kernel_predict: K_test has shape {tuple(K_test.shape)}; it must be (M, {N}, {o}, {o}) or (M·{o}, {N * o})"
+        )
     Kf = flat(K_train, N)
     y = y_train.reshape(-1).double()
     f0 = torch.zeros_like(y) if f0_train is None else f0_train.reshape(-1).double()
@@ -122,8 +141,10 @@ def kernel_predict(K_train: torch.Tensor, y_train: torch.Tensor, *, lr: float,
         if steps is not None:  # discrete GD on L_λ converges iff (η/N)(λ_max + λ) < 2
             lam_max = float(torch.linalg.eigvalsh((Kf + Kf.T) / 2).max().clamp_min(0))
             if lr / N * (lam_max + ridge) >= 2:
-                raise WidthscopeError("kernel_predict: lr is too large for GD to converge "
-                                      "(η (λ_max + ridge) / N >= 2); lower lr or use t= (gradient flow)")
+                raise WidthscopeError(
+                    "kernel_predict: lr is too large for GD to converge "
+                    "(η (λ_max + ridge) / N >= 2); lower lr or use t= (gradient flow)"
+                )
         coef = torch.linalg.solve(Kf + ridge * torch.eye(len(Kf), dtype=Kf.dtype), r0)  # Θ⁻¹-like weights
         train = f0 - Kf @ coef
     else:

@@ -84,6 +84,7 @@ Example::
     >>> rule(torch.nn.EmbeddingBag(5, 2, mode="max")), rule(torch.nn.LSTM(2, 3))
     (None, None)
 """
+
 from __future__ import annotations
 
 import math
@@ -95,8 +96,18 @@ from torch import nn
 from torch.func import functional_call, jvp
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["rule", "multiplier", "elementwise_layout", "records", "bag_input", "bag_gram", "LinearTaps",
-           "mha_taps", "mha_records", "tied_use"]
+__all__ = [
+    "rule",
+    "multiplier",
+    "elementwise_layout",
+    "records",
+    "bag_input",
+    "bag_gram",
+    "LinearTaps",
+    "mha_taps",
+    "mha_records",
+    "tied_use",
+]
 
 
 def multiplier(m: nn.Module) -> float | None:
@@ -138,13 +149,22 @@ def rule(m: nn.Module) -> str | None:
     if type(m) is nn.PReLU:
         return "prelu"
     own = _own_params(m)
-    if ("Norm" in type(m).__name__ and not list(m.children()) and "weight" in own
-            and set(own) <= {"weight", "bias"} and all(p.shape == own["weight"].shape for p in own.values())):
+    if (
+        "Norm" in type(m).__name__
+        and not list(m.children())
+        and "weight" in own
+        and set(own) <= {"weight", "bias"}
+        and all(p.shape == own["weight"].shape for p in own.values())
+    ):
         if isinstance(m, nn.modules.batchnorm._BatchNorm) and (m.training or not m.track_running_stats):
             return None  # batch statistics couple the examples (the caller reports it)
         return "elementwise"
-    if (own and not list(m.children()) and type(m).__module__.split(".")[0] != "torch"
-            and len({tuple(p.shape) for p in own.values()}) == 1):
+    if (
+        own
+        and not list(m.children())
+        and type(m).__module__.split(".")[0] != "torch"
+        and len({tuple(p.shape) for p in own.values()}) == 1
+    ):
         return "elementwise"  # a user's leaf module owning same-shape parameters (LayerScale γ, ...): checked
     return None
 
@@ -187,7 +207,7 @@ def _layout_by_jvp(f, names: list[str], prim: tuple, y: torch.Tensor, tol: float
     own = dict(zip(names, prim))
     S = tuple(prim[0].shape)
     cands = []
-    if (y.dim() >= len(S) + 1 and tuple(y.shape[y.dim() - len(S):]) == S) or (prim[0].numel() == 1 and y.dim() >= 1):
+    if (y.dim() >= len(S) + 1 and tuple(y.shape[y.dim() - len(S) :]) == S) or (prim[0].numel() == 1 and y.dim() >= 1):
         cands.append("last")
     if len(S) == 1 and y.dim() >= 2 and y.shape[1] == S[0]:
         cands.append("channel")
@@ -209,8 +229,9 @@ def _layout_by_jvp(f, names: list[str], prim: tuple, y: torch.Tensor, tol: float
     return None
 
 
-def _windows(x: torch.Tensor, kernel: tuple, dilation: tuple, stride: tuple,
-             lengths: tuple | None = None) -> torch.Tensor:
+def _windows(
+    x: torch.Tensor, kernel: tuple, dilation: tuple, stride: tuple, lengths: tuple | None = None
+) -> torch.Tensor:
     """Sliding windows of an (already padded) ``(B, C, S_1..S_d)`` tensor: ``(B, C, L_1..L_d, K_1..K_d)``
     with ``[..., l, k] = x[..., l·stride + k·dilation]``; ``lengths`` keeps the first ``L_i`` windows."""
     for i, (k, d, st) in enumerate(zip(kernel, dilation, stride)):
@@ -238,8 +259,7 @@ def _unfold(m: nn.Conv1d | nn.Conv2d | nn.Conv3d, x: torch.Tensor) -> torch.Tens
     return nn.functional.unfold(x, k, dilation=d, stride=s).transpose(1, 2)
 
 
-def records(kind: str, m: nn.Module, x: Any, delta: torch.Tensor, covered: set[str],
-            layout: str | None) -> list[tuple]:
+def records(kind: str, m: nn.Module, x: Any, delta: torch.Tensor, covered: set[str], layout: str | None) -> list[tuple]:
     """Records of one module from its input ``x`` (``(n, ...)``) and signals ``delta`` (``(o, n, ...)``).
 
     ``covered``: which of ``{"weight", "bias"}`` are on the structured path. Records:
@@ -252,7 +272,7 @@ def records(kind: str, m: nn.Module, x: Any, delta: torch.Tensor, covered: set[s
         assert mult is not None  # rule() calls exactly the layers with a multiplier dense
         a = x.reshape(n, -1, x.shape[-1])
         d = delta.reshape(O, n, -1, delta.shape[-1])
-        return [("dense", a, d, mult ** 2, w_on, b_on)]
+        return [("dense", a, d, mult**2, w_on, b_on)]
     if kind == "conv":
         assert isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d))  # rule(): exactly these types
         G = m.groups
@@ -262,8 +282,8 @@ def records(kind: str, m: nn.Module, x: Any, delta: torch.Tensor, covered: set[s
         cin, cout = m.in_channels // G, m.out_channels // G
         K = patches.shape[2] // m.in_channels if patches is not None else 0
         for gi in range(G):
-            a = patches[:, :, gi * cin * K:(gi + 1) * cin * K] if patches is not None else None
-            out.append(("dense", a, d[..., gi * cout:(gi + 1) * cout], 1.0, w_on, b_on))
+            a = patches[:, :, gi * cin * K : (gi + 1) * cin * K] if patches is not None else None
+            out.append(("dense", a, d[..., gi * cout : (gi + 1) * cout], 1.0, w_on, b_on))
         return out
     if kind == "embedding":
         ids = x.reshape(n, -1)
@@ -279,8 +299,11 @@ def records(kind: str, m: nn.Module, x: Any, delta: torch.Tensor, covered: set[s
         return [("bag", ids, coef.to(delta.dtype), delta.reshape(O, n, -1))] if w_on else []
     if kind == "prelu":  # z = max(a, 0) + w·min(a, 0): ∂z/∂w_c = min(a, 0) on channel c (all of a for one w)
         g = delta * x.clamp(max=0)[None].to(delta.dtype)
-        g = (g.reshape(O, n, -1).sum(2, keepdim=True) if m.num_parameters == 1
-             else g.reshape(O, n, x.shape[1], -1).sum(3))
+        g = (
+            g.reshape(O, n, -1).sum(2, keepdim=True)
+            if m.num_parameters == 1
+            else g.reshape(O, n, x.shape[1], -1).sum(3)
+        )
         return [("vector", g)] if w_on else []
     # elementwise
     own = {k: v.detach() for k, v in _own_params(m).items()}
@@ -292,8 +315,7 @@ def records(kind: str, m: nn.Module, x: Any, delta: torch.Tensor, covered: set[s
         if k not in covered:
             continue
         with torch.no_grad():
-            c = jvp(f, prim, tuple(torch.ones_like(own[q]) if q == k else torch.zeros_like(own[q])
-                                   for q in names))[1]
+            c = jvp(f, prim, tuple(torch.ones_like(own[q]) if q == k else torch.zeros_like(own[q]) for q in names))[1]
         g = delta * c[None]
         if layout == "last":
             g = g.reshape(O, n, -1, S).sum(2)
@@ -303,8 +325,9 @@ def records(kind: str, m: nn.Module, x: Any, delta: torch.Tensor, covered: set[s
     return [("vector", torch.cat(gs, dim=2))] if gs else []
 
 
-def _conv_transpose_records(m: nn.modules.conv._ConvTransposeNd, x: torch.Tensor, delta: torch.Tensor, w_on: bool,
-                            b_on: bool) -> list[tuple]:
+def _conv_transpose_records(
+    m: nn.modules.conv._ConvTransposeNd, x: torch.Tensor, delta: torch.Tensor, w_on: bool, b_on: bool
+) -> list[tuple]:
     """ConvTranspose records: ``z[y] = Σ_{l,k: y = l·s − p + k·d} x[l] W[k]`` (the adjoint of the conv), so
     ``∂f/∂W[c_i, c_o, k] = Σ_l x[c_i, l] δ[c_o, l·s − p + k·d]``: a dense record per group over *input*
     locations ``l`` with ``a_l = x[:, l]`` and the signal's windows ``δ̃_l = δ[:, l·s − p + k·d]`` (zero
@@ -323,8 +346,8 @@ def _conv_transpose_records(m: nn.modules.conv._ConvTransposeNd, x: torch.Tensor
         w = w.reshape(O, n, m.out_channels, math.prod(lin), math.prod(m.kernel_size))
         a = x.reshape(n, m.in_channels, -1).transpose(1, 2)  # (n, L, C_in)
         for gi in range(G):
-            dg = w[:, :, gi * cout:(gi + 1) * cout].permute(0, 1, 3, 2, 4).reshape(O, n, -1, cout * w.shape[-1])
-            out.append(("dense", a[:, :, gi * cin:(gi + 1) * cin], dg, 1.0, True, False))
+            dg = w[:, :, gi * cout : (gi + 1) * cout].permute(0, 1, 3, 2, 4).reshape(O, n, -1, cout * w.shape[-1])
+            out.append(("dense", a[:, :, gi * cin : (gi + 1) * cin], dg, 1.0, True, False))
     if b_on:
         out.append(("vector", delta.reshape(O, n, m.out_channels, -1).sum(3)))
     return out
@@ -375,8 +398,8 @@ def bag_gram(r1: tuple, r2: tuple, diag: bool) -> torch.Tensor:
     ids1, c1, ids2, c2 = r1[1], r1[2], r2[1], r2[2]
     inv = torch.unique(torch.cat([ids1.reshape(-1), ids2.reshape(-1)]), return_inverse=True)[1]
     U = int(inv.max()) + 1 if inv.numel() else 1
-    h1 = c1.new_zeros(ids1.shape[0], U).scatter_add_(1, inv[:ids1.numel()].view(ids1.shape), c1)
-    h2 = h1 if r1 is r2 else c2.new_zeros(ids2.shape[0], U).scatter_add_(1, inv[ids1.numel():].view(ids2.shape), c2)
+    h1 = c1.new_zeros(ids1.shape[0], U).scatter_add_(1, inv[: ids1.numel()].view(ids1.shape), c1)
+    h2 = h1 if r1 is r2 else c2.new_zeros(ids2.shape[0], U).scatter_add_(1, inv[ids1.numel() :].view(ids2.shape), c2)
     return (h1 * h2).sum(1) if diag else h1 @ h2.T
 
 

@@ -36,6 +36,7 @@ Example::
     >>> bool(torch.allclose(structured_ntk(net, x), ntk(net, x, method="jacobian")))
     True
 """
+
 from __future__ import annotations
 
 import math
@@ -83,6 +84,7 @@ class Plan:
     """What goes where: ``entries`` (name, module, rule, covered attrs, elementwise layout) on the
     structured path; ``tied``: per weight shared by several covered modules (``"weight"`` of each), the
     indices of those entries; ``generic`` parameter names on the Jacobian path; parameter counts."""
+
     entries: list[tuple[str, nn.Module, str, set, str | None]] = field(default_factory=list)
     generic: list[str] = field(default_factory=list)
     n_covered: int = 0
@@ -169,6 +171,7 @@ def _tapped(forward, calls: list):
     def run(*args, **kwargs):
         with LinearTaps(calls):
             return forward(*args, **kwargs)
+
     return run
 
 
@@ -179,10 +182,15 @@ def plan(model: nn.Module, x: torch.Tensor) -> Plan:
 
     coupled = batchnorm_coupling(model)
     if coupled is not None:
-        raise WidthscopeError(f"ntk: {coupled}. The structured kernel assumes each output depends on its own "
-                              "example only, which does not hold")
-    cands = [(n, m, r) for n, m in model.named_modules() if (r := rule(m)) is not None
-             and any(p.requires_grad for p in m.parameters(recurse=False))]
+        raise WidthscopeError(
+            f"ntk: {coupled}. The structured kernel assumes each output depends on its own "
+            "example only, which does not hold"
+        )
+    cands = [
+        (n, m, r)
+        for n, m in model.named_modules()
+        if (r := rule(m)) is not None and any(p.requires_grad for p in m.parameters(recurse=False))
+    ]
     owners: dict[int, int] = {}
     for _, m in model.named_modules(remove_duplicate=False):
         for p in m.parameters(recurse=False):
@@ -194,11 +202,13 @@ def plan(model: nn.Module, x: torch.Tensor) -> Plan:
         def f(_m, args, kwargs, out):
             z = out.detach().clone() if isinstance(out, torch.Tensor) else out  # before later in-place ops
             seen.setdefault(name, []).append((_entry_input(r, _m, args, kwargs), z))
+
         return f
 
     mha: dict[str, list] = {n: [] for n, _, r in cands if r == "mha"}
-    out = _forward_hooked(model, probe, [(m, hook(n, r)) for n, m, r in cands],
-                          {m: mha[n] for n, m, r in cands if r == "mha"})
+    out = _forward_hooked(
+        model, probe, [(m, hook(n, r)) for n, m, r in cands], {m: mha[n] for n, m, r in cands if r == "mha"}
+    )
     uses = _use_counts(out) if out.grad_fn is not None else {}
     bcast = _broadcast_embeddings(model, probe, out, cands, seen)
     P = Plan()
@@ -260,14 +270,21 @@ def plan(model: nn.Module, x: torch.Tensor) -> Plan:
     return P
 
 
-def _broadcast_embeddings(model: nn.Module, probe: torch.Tensor, out: torch.Tensor, cands: list,
-                          seen: dict) -> set[str]:
+def _broadcast_embeddings(
+    model: nn.Module, probe: torch.Tensor, out: torch.Tensor, cands: list, seen: dict
+) -> set[str]:
     """Embeddings looked up once for the whole batch (ids of leading size 1, GPT-2's positions) whose output,
     expanded to one copy per example, gives the same model output: their names. With one copy per example
     the back-propagated signal is per example, and the layer is an ordinary embedding of the expanded ids."""
     B = probe.shape[0]
-    names = {n: m for n, m, r in cands if r == "embedding" and len(seen.get(n, [])) == 1 and B > 1
-             and all(isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == 1 for t in seen[n][0])}
+    names = {
+        n: m
+        for n, m, r in cands
+        if r == "embedding"
+        and len(seen.get(n, [])) == 1
+        and B > 1
+        and all(isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == 1 for t in seen[n][0])
+    }
     if not names:
         return set()
 
@@ -291,8 +308,11 @@ def _plan_mha(P: Plan, name: str, m: nn.Module, taps: list | None, uses: dict, o
         return
     params = dict(m.named_parameters())
     tapped = {k for kw, kb, _, _ in taps for k in (kw, kb) if k is not None}
-    attrs = {k for k in tapped if params[k].requires_grad and uses.get(id(params[k]), 0) == 1
-             and owners.get(id(params[k]), 0) == 1}
+    attrs = {
+        k
+        for k in tapped
+        if params[k].requires_grad and uses.get(id(params[k]), 0) == 1 and owners.get(id(params[k]), 0) == 1
+    }
     if not attrs:
         return
     covered.update(id(params[k]) for k in attrs)
@@ -345,8 +365,11 @@ def uncovered(model: nn.Module, x: torch.Tensor | None = None) -> list[str]:
                 ok.add(id(p))
             if r in ("dense", "embedding"):
                 shared_ok.add(id(p))
-    return [n for n, p in model.named_parameters() if p.requires_grad
-            and not ((id(p) in ok and owners[id(p)] == 1) or id(p) in shared_ok)]
+    return [
+        n
+        for n, p in model.named_parameters()
+        if p.requires_grad and not ((id(p) in ok and owners[id(p)] == 1) or id(p) in shared_ok)
+    ]
 
 
 def _capture(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> tuple[list[tuple], int]:
@@ -356,8 +379,10 @@ def _capture(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> t
     def hook(name, r):
         def f(_m, args, kwargs, out):
             if name in store:
-                raise WidthscopeError(f"structured NTK: module {name!r} ran twice on these inputs but once on "
-                                      "the probe (input-dependent control flow); use method='jacobian'")
+                raise WidthscopeError(
+                    f"structured NTK: module {name!r} ran twice on these inputs but once on "
+                    "the probe (input-dependent control flow); use method='jacobian'"
+                )
             if layouts[name] == "mha":  # an attention module: its F.linear calls are the taps
                 store[name] = None
                 return None
@@ -366,13 +391,15 @@ def _capture(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> t
                 x, out = x.expand(N, *x.shape[1:]), out.expand(N, *out.shape[1:]).clone()
             store[name] = [x, out]
             return out.clone()  # later in-place ops must not touch the z that δ is taken at
+
         return f
 
     N = X.shape[0]
     layouts = {e[0]: "mha" if e[2] == "mha" else e[4] for e in P.entries}
     mha: dict[str, list] = {e[0]: [] for e in P.entries if e[2] == "mha"}
-    out = _forward_hooked(model, X, [(m, hook(n, r)) for n, m, r, *_ in P.entries],
-                          {e[1]: mha[e[0]] for e in P.entries if e[2] == "mha"})
+    out = _forward_hooked(
+        model, X, [(m, hook(n, r)) for n, m, r, *_ in P.entries], {e[1]: mha[e[0]] for e in P.entries if e[2] == "mha"}
+    )
     N, O = out.shape
     taps: dict[str, list[tuple] | None] = {}
     for nm, m, r, *_ in P.entries:
@@ -380,15 +407,18 @@ def _capture(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> t
             assert isinstance(m, nn.MultiheadAttention)  # rule(): exactly this type
             taps[nm] = mha_taps(m, mha[nm], N)
     for nm, _m, r, *_ in P.entries:
-        bad = nm not in store or (taps[nm] is None if r == "mha" else
-                                  store[nm][1].shape[0] != N or _rows(store[nm][0]) != N)
+        bad = nm not in store or (
+            taps[nm] is None if r == "mha" else store[nm][1].shape[0] != N or _rows(store[nm][0]) != N
+        )
         if bad:
-            raise WidthscopeError(f"structured NTK: module {nm!r} did not run once on per-example inputs for "
-                                  f"this batch of {N}; use method='jacobian'")
+            raise WidthscopeError(
+                f"structured NTK: module {nm!r} did not run once on per-example inputs for "
+                f"this batch of {N}; use method='jacobian'"
+            )
     mha_in = {nm: t for nm, t in taps.items() if t is not None}  # every entry's, checked just above
     zs, owner = [], []  # every tensor δ is taken at, and its entry's index
     for i, (nm, _m, r, *_) in enumerate(P.entries):
-        for z in ([t[3] for t in mha_in[nm]] if r == "mha" else [store[nm][1]]):
+        for z in [t[3] for t in mha_in[nm]] if r == "mha" else [store[nm][1]]:
             zs.append(z)
             owner.append(i)
     ds = _signals(out, zs, o_chunk)
@@ -396,8 +426,9 @@ def _capture(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> t
     uses: dict[int, tuple] = {}
     for i, (nm, m, r, attrs, layout) in enumerate(P.entries):
         d = [dk for dk, k in zip(ds, owner) if k == i]
-        recs.extend(mha_records(mha_in[nm], d, attrs) if r == "mha"
-                    else records(r, m, store[nm][0], d[0], attrs, layout))
+        recs.extend(
+            mha_records(mha_in[nm], d, attrs) if r == "mha" else records(r, m, store[nm][0], d[0], attrs, layout)
+        )
         if any(i in idx for idx in P.tied):
             uses[i] = tied_use(r, m, store[nm][0], d[0])
     recs.extend(("tied", [uses[i] for i in idx], P.entries[idx[0]][1].weight.shape) for idx in P.tied)
@@ -419,17 +450,32 @@ def _signals(out: torch.Tensor, zs: list[torch.Tensor], o_chunk: int) -> list[to
         try:
             with warnings.catch_warnings():  # ops without a batching rule fall back to a loop: fine
                 warnings.filterwarnings("ignore", message="There is a performance drop")
-                grads = torch.autograd.grad(out, [zs[i] for i in live], grad_outputs=E, is_grads_batched=True,
-                                            retain_graph=not last, allow_unused=True)
+                grads = torch.autograd.grad(
+                    out,
+                    [zs[i] for i in live],
+                    grad_outputs=E,
+                    is_grads_batched=True,
+                    retain_graph=not last,
+                    allow_unused=True,
+                )
         except RuntimeError:  # an op without a batching rule: one backward per output component
-            cols = [torch.autograd.grad(out, [zs[i] for i in live], grad_outputs=E[k], retain_graph=True,
-                                        allow_unused=True) for k in range(oc)]
+            cols = [
+                torch.autograd.grad(out, [zs[i] for i in live], grad_outputs=E[k], retain_graph=True, allow_unused=True)
+                for k in range(oc)
+            ]
             grads = [None if cols[0][li] is None else torch.stack([c[li] for c in cols]) for li in range(len(live))]
         for li, g in zip(live, grads):
-            deltas[li].append(torch.zeros((oc,) + tuple(zs[li].shape), dtype=out.dtype, device=out.device)
-                              if g is None else g.detach())
-    return [(D[0] if len(D) == 1 else torch.cat(D)) if D else torch.zeros((O,) + tuple(z.shape), dtype=z.dtype,
-                                                                         device=z.device) for D, z in zip(deltas, zs)]
+            deltas[li].append(
+                torch.zeros((oc,) + tuple(zs[li].shape), dtype=out.dtype, device=out.device)
+                if g is None
+                else g.detach()
+            )
+    return [
+        (D[0] if len(D) == 1 else torch.cat(D))
+        if D
+        else torch.zeros((O,) + tuple(z.shape), dtype=z.dtype, device=z.device)
+        for D, z in zip(deltas, zs)
+    ]
 
 
 def _combine(acc: torch.Tensor, r1: list[tuple], r2: list[tuple], mode: str, same: bool) -> None:
@@ -437,7 +483,7 @@ def _combine(acc: torch.Tensor, r1: list[tuple], r2: list[tuple], mode: str, sam
     for a, b in zip(r1, r2):
         if a[0] == "tied":  # Σ of every use's per-example gradient, then the product (in row chunks)
             O, n = a[1][0][2].shape[:2]
-            step = max(1, 2 ** 24 // max(1, O * max(n, b[1][0][2].shape[1]) * math.prod(a[2][1:])))
+            step = max(1, 2**24 // max(1, O * max(n, b[1][0][2].shape[1]) * math.prod(a[2][1:])))
             if same:
                 for g in tied_gradients(a[1], a[2], step):
                     hadamard(acc, g, g, None, mode, same=True)
@@ -453,8 +499,8 @@ def _combine(acc: torch.Tensor, r1: list[tuple], r2: list[tuple], mode: str, sam
             ids1, d1, ids2, d2 = a[1], a[2], b[1], b[2]
             uniq, inv = torch.unique(torch.cat([ids1.reshape(-1), ids2.reshape(-1)]), return_inverse=True)
             oh = nn.functional.one_hot(inv, len(uniq)).to(d1.dtype)
-            A1 = oh[:ids1.numel()].view(ids1.shape[0], ids1.shape[1], -1)
-            A2 = A1 if same else oh[ids1.numel():].view(ids2.shape[0], ids2.shape[1], -1)
+            A1 = oh[: ids1.numel()].view(ids1.shape[0], ids1.shape[1], -1)
+            A2 = A1 if same else oh[ids1.numel() :].view(ids2.shape[0], ids2.shape[1], -1)
             positions(acc, A1, d1, A2, d2, 1.0, mode, same=same)
         else:
             _, a1, d1, s, w_on, b_on = a
@@ -479,11 +525,21 @@ def _blocks(n: int, b: int | None) -> list[slice]:
     return [slice(i, min(i + b, n)) for i in range(0, n, b)]
 
 
-def _structured_kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None, *, plan: Plan,
-                       trace: bool = False, diagonal: bool = False, batch_size: int | None = None,
-                       dtype: torch.dtype | None = None, memory_budget: float = 2e9, info: dict | None = None,
-                       generic_chunks: tuple[int | None, int | None] = (None, None),
-                       reserved: float = 0.0) -> torch.Tensor:
+def _structured_kernel(
+    model: nn.Module,
+    x1: torch.Tensor,
+    x2: torch.Tensor | None,
+    *,
+    plan: Plan,
+    trace: bool = False,
+    diagonal: bool = False,
+    batch_size: int | None = None,
+    dtype: torch.dtype | None = None,
+    memory_budget: float = 2e9,
+    info: dict | None = None,
+    generic_chunks: tuple[int | None, int | None] = (None, None),
+    reserved: float = 0.0,
+) -> torch.Tensor:
     """The structured kernel of :func:`widthscope.linear.structured_ntk` (shapes and options there) for the
     :func:`plan` ``plan`` that :func:`widthscope.linear.ntk` made after checking the inputs; ``generic_chunks``
     (examples, outputs) size the generic remainder's Jacobian blocks and ``reserved`` is the bytes the cost
@@ -544,16 +600,30 @@ def _structured_kernel(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | No
                 K[s2, s1] = blk.permute(1, 0, 3, 2) if mode == "full" else blk.T
         room[0] += cache.pop((1, bi), ([], 0))[1]  # x1's block bi is not needed again
     if P.generic:  # the hybrid remainder: explicit Jacobians of just these parameters
-        K = _generic(model, P, params, buffers, x1, x2, same, O, K, diagonal, trace, memory_budget, acc_dtype,
-                     generic_chunks)
+        K = _generic(
+            model, P, params, buffers, x1, x2, same, O, K, diagonal, trace, memory_budget, acc_dtype, generic_chunks
+        )
     if trace:
         K /= O
     return K.detach()
 
 
-def _generic(model: nn.Module, P: Plan, params: dict, buffers: dict, x1: torch.Tensor, x2: torch.Tensor, same: bool,
-             O: int, K: torch.Tensor, diagonal: bool, trace: bool, memory_budget: float,
-             acc_dtype: torch.dtype, chunks: tuple[int | None, int | None] = (None, None)) -> torch.Tensor:
+def _generic(
+    model: nn.Module,
+    P: Plan,
+    params: dict,
+    buffers: dict,
+    x1: torch.Tensor,
+    x2: torch.Tensor,
+    same: bool,
+    O: int,
+    K: torch.Tensor,
+    diagonal: bool,
+    trace: bool,
+    memory_budget: float,
+    acc_dtype: torch.dtype,
+    chunks: tuple[int | None, int | None] = (None, None),
+) -> torch.Tensor:
     """``K +=`` the generic-path parameters' kernel (explicit per-example Jacobians, ``chunks`` = (examples,
     outputs) per Jacobian block as :mod:`.cost` sized them to ``memory_budget``)."""
     n1 = x1.shape[0]

@@ -38,6 +38,7 @@ Example::
     >>> sorted(rows[-1])[:3]
     ['dev_mse', 'dev_rel', 'dev_rms']
 """
+
 from __future__ import annotations
 
 import copy
@@ -79,8 +80,9 @@ def _optimizer(name: str | Callable, params, lr: float) -> torch.optim.Optimizer
         return torch.optim.Adam(params, lr=lr)
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr)
-    raise WidthscopeError(f"optimizer {name!r}: use one of {', '.join(OPTIMIZERS)} or a callable "
-                          "(params, lr) -> torch.optim.Optimizer")
+    raise WidthscopeError(
+        f"optimizer {name!r}: use one of {', '.join(OPTIMIZERS)} or a callable (params, lr) -> torch.optim.Optimizer"
+    )
 
 
 def _flat(ps) -> torch.Tensor:
@@ -88,13 +90,13 @@ def _flat(ps) -> torch.Tensor:
 
 
 def _check_pair(data: Any, what: str) -> tuple[torch.Tensor, torch.Tensor]:
-    if not (isinstance(data, (tuple, list)) and len(data) == 2
-            and all(isinstance(t, torch.Tensor) for t in data)):
+    if not (isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data)):
         raise WidthscopeError(f"{what} must be a pair of tensors (X, Y)")
     X, Y = data
     if X.shape[0] != Y.shape[0] or X.shape[0] == 0:
-        raise WidthscopeError(f"{what}: X and Y need the same non-zero number of rows "
-                              f"(got {X.shape[0]} and {Y.shape[0]})")
+        raise WidthscopeError(
+            f"{what}: X and Y need the same non-zero number of rows (got {X.shape[0]} and {Y.shape[0]})"
+        )
     return X, Y
 
 
@@ -104,32 +106,54 @@ def _targets(Y: torch.Tensor, n_out: int, loss: str, dtype: torch.dtype, what: s
     integral = not (Y.is_floating_point() or Y.is_complex())
     if loss == "cross_entropy":
         if not integral or Y.dim() != 1:
-            raise WidthscopeError(f"{what}: loss 'cross_entropy' needs class indices of shape ({N},), "
-                                  f"got {Y.dtype} of shape {tuple(Y.shape)}")
+            raise WidthscopeError(
+                f"{what}: loss 'cross_entropy' needs class indices of shape ({N},), "
+                f"got {Y.dtype} of shape {tuple(Y.shape)}"
+            )
         if N and (int(Y.min()) < 0 or int(Y.max()) >= n_out):
-            raise WidthscopeError(f"{what}: class indices must lie in 0..{n_out - 1} (the model has "
-                                  f"{n_out} outputs), got {int(Y.min())}..{int(Y.max())}")
+            raise WidthscopeError(
+                f"{what}: class indices must lie in 0..{n_out - 1} (the model has "
+                f"{n_out} outputs), got {int(Y.min())}..{int(Y.max())}"
+            )
         return Y.long()
     if integral and Y.dim() == 1 and n_out > 1:  # class indices: one-hot targets (see docstring)
         if N and (int(Y.min()) < 0 or int(Y.max()) >= n_out):
-            raise WidthscopeError(f"{what}: class indices must lie in 0..{n_out - 1} (the model has "
-                                  f"{n_out} outputs), got {int(Y.min())}..{int(Y.max())}")
+            raise WidthscopeError(
+                f"{what}: class indices must lie in 0..{n_out - 1} (the model has "
+                f"{n_out} outputs), got {int(Y.min())}..{int(Y.max())}"
+            )
         return torch.nn.functional.one_hot(Y.long(), n_out).to(dtype)
     if Y.numel() != N * n_out:
-        raise WidthscopeError(f"{what}: Y has shape {tuple(Y.shape)} but the model gives {n_out} "
-                              f"output(s) per example; pass Y of shape ({N}, {n_out}) "
-                              "(or class indices)")
+        raise WidthscopeError(
+            f"{what}: Y has shape {tuple(Y.shape)} but the model gives {n_out} "
+            f"output(s) per example; pass Y of shape ({N}, {n_out}) "
+            "(or class indices)"
+        )
     return Y.reshape(N, n_out).to(dtype)
 
 
-def train_side_by_side(model: nn.Module, data: tuple[torch.Tensor, torch.Tensor], *, steps: int,
-                       lr: float, optimizer: str | Callable = "sgd", batch_size: int | None = None,
-                       loss: str = "mse", test: tuple[torch.Tensor, torch.Tensor] | None = None,
-                       probe: torch.Tensor | None = None, log_every: int = 1,
-                       log_steps: Sequence[int] | None = None, seed: int = 0,
-                       on_nonfinite: str = "raise", kernel_drift: bool = True,
-                       return_models: bool = False, progress: bool = False, linear: str = "auto",
-                       kernel_prediction: bool = False, ridge: float = 0.0) -> Any:
+def train_side_by_side(
+    model: nn.Module,
+    data: tuple[torch.Tensor, torch.Tensor],
+    *,
+    steps: int,
+    lr: float,
+    optimizer: str | Callable = "sgd",
+    batch_size: int | None = None,
+    loss: str = "mse",
+    test: tuple[torch.Tensor, torch.Tensor] | None = None,
+    probe: torch.Tensor | None = None,
+    log_every: int = 1,
+    log_steps: Sequence[int] | None = None,
+    seed: int = 0,
+    on_nonfinite: str = "raise",
+    kernel_drift: bool = True,
+    return_models: bool = False,
+    progress: bool = False,
+    linear: str = "auto",
+    kernel_prediction: bool = False,
+    ridge: float = 0.0,
+) -> Any:
     """Train ``model`` (a copy) and ``linearize(model)`` in lockstep; one dict per logged step.
 
     ``data = (X, Y)``; ``batch_size=None`` is full-batch gradient descent, otherwise batches
@@ -158,22 +182,49 @@ def train_side_by_side(model: nn.Module, data: tuple[torch.Tensor, torch.Tensor]
     _args.int_list(fn, "log_steps", log_steps)
     _args.integer(fn, "seed", seed)
     _args.choice(fn, "on_nonfinite", on_nonfinite, ("raise", "stop"))
-    for name, flag in (("kernel_drift", kernel_drift), ("return_models", return_models), ("progress", progress),
-                       ("kernel_prediction", kernel_prediction)):
+    for name, flag in (
+        ("kernel_drift", kernel_drift),
+        ("return_models", return_models),
+        ("progress", progress),
+        ("kernel_prediction", kernel_prediction),
+    ):
         _args.boolean(fn, name, flag)
     _args.choice(fn, "linear", linear, ("auto", "weights", "kernel"))
     _args.number(fn, "ridge", ridge, 0.0)
     X, Y, Xt, Yt, exact, logged = _checked_args(
-        data, test, steps=steps, lr=lr, optimizer=optimizer, batch_size=batch_size, loss=loss,
-        log_every=log_every, log_steps=log_steps, on_nonfinite=on_nonfinite, return_models=return_models,
-        linear=linear, kernel_prediction=kernel_prediction, ridge=ridge)
+        data,
+        test,
+        steps=steps,
+        lr=lr,
+        optimizer=optimizer,
+        batch_size=batch_size,
+        loss=loss,
+        log_every=log_every,
+        log_steps=log_steps,
+        on_nonfinite=on_nonfinite,
+        return_models=return_models,
+        linear=linear,
+        kernel_prediction=kernel_prediction,
+        ridge=ridge,
+    )
     X, Y, Xt, Yt, probe = _model_tensors(model, X, Y, Xt, Yt, probe, loss)
     if linear == "auto":
         from .structured import uncovered
 
         linear = "kernel" if exact and not return_models and not uncovered(model) else "weights"
-    run = _start(model, X, Y, Xt, optimizer=optimizer, lr=lr, ridge=ridge, linear=linear,
-                 kernel_prediction=kernel_prediction, probe=probe, kernel_drift=kernel_drift)
+    run = _start(
+        model,
+        X,
+        Y,
+        Xt,
+        optimizer=optimizer,
+        lr=lr,
+        ridge=ridge,
+        linear=linear,
+        kernel_prediction=kernel_prediction,
+        probe=probe,
+        kernel_drift=kernel_drift,
+    )
     next_batch = _batches(X.shape[0], batch_size, seed)
     rows: list[dict[str, Any]] = []
     for step in _progress(range(steps + 1), desc="side-by-side", disable=not progress):
@@ -195,9 +246,23 @@ def train_side_by_side(model: nn.Module, data: tuple[torch.Tensor, torch.Tensor]
     return (rows, run.net, run.lin) if return_models else rows
 
 
-def _checked_args(data, test, *, steps: int, lr: float, optimizer: str | Callable, batch_size: int | None,
-                  loss: str, log_every: int, log_steps: Sequence[int] | None, on_nonfinite: str,
-                  return_models: bool, linear: str, kernel_prediction: bool, ridge: float):
+def _checked_args(
+    data,
+    test,
+    *,
+    steps: int,
+    lr: float,
+    optimizer: str | Callable,
+    batch_size: int | None,
+    loss: str,
+    log_every: int,
+    log_steps: Sequence[int] | None,
+    on_nonfinite: str,
+    return_models: bool,
+    linear: str,
+    kernel_prediction: bool,
+    ridge: float,
+):
     """Set-up, part 1: every argument checked before any work; ``(X, Y, Xt, Yt, exact, logged)``
     where ``exact`` says the kernel path is exact (full-batch ``sgd`` on ``mse``)."""
     X, Y = _check_pair(data, "train_side_by_side: data")
@@ -205,8 +270,9 @@ def _checked_args(data, test, *, steps: int, lr: float, optimizer: str | Callabl
     if loss not in LOSSES:
         raise WidthscopeError(f"train_side_by_side: loss {loss!r}; use one of {', '.join(LOSSES)}")
     if steps < 0 or log_every < 1:
-        raise WidthscopeError(f"train_side_by_side: need steps >= 0 and log_every >= 1 "
-                              f"(got steps={steps}, log_every={log_every})")
+        raise WidthscopeError(
+            f"train_side_by_side: need steps >= 0 and log_every >= 1 (got steps={steps}, log_every={log_every})"
+        )
     if on_nonfinite not in ("raise", "stop"):
         raise WidthscopeError("train_side_by_side: on_nonfinite must be 'raise' or 'stop'")
     if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
@@ -218,14 +284,20 @@ def _checked_args(data, test, *, steps: int, lr: float, optimizer: str | Callabl
         raise WidthscopeError(f"train_side_by_side: linear={linear!r}; use 'auto', 'weights' or 'kernel'")
     exact = batch_size is None and optimizer == "sgd" and loss == "mse"
     if linear == "kernel" and not exact:
-        raise WidthscopeError("train_side_by_side: linear='kernel' is exact only for full-batch 'sgd' on "
-                              "the 'mse' loss; use linear='weights' for batches, other optimizers or losses")
+        raise WidthscopeError(
+            "train_side_by_side: linear='kernel' is exact only for full-batch 'sgd' on "
+            "the 'mse' loss; use linear='weights' for batches, other optimizers or losses"
+        )
     if linear == "kernel" and return_models:
-        raise WidthscopeError("train_side_by_side: linear='kernel' has no weight-space model to return; "
-                              "use linear='weights' with return_models=True")
+        raise WidthscopeError(
+            "train_side_by_side: linear='kernel' has no weight-space model to return; "
+            "use linear='weights' with return_models=True"
+        )
     if kernel_prediction and loss != "mse":
-        raise WidthscopeError("train_side_by_side: kernel_prediction needs the 'mse' loss (the closed form "
-                              "is squared-loss gradient descent)")
+        raise WidthscopeError(
+            "train_side_by_side: kernel_prediction needs the 'mse' loss (the closed form "
+            "is squared-loss gradient descent)"
+        )
     if not (isinstance(ridge, (int, float)) and math.isfinite(ridge) and ridge >= 0):
         raise WidthscopeError(f"train_side_by_side: ridge must be a number >= 0 (got {ridge!r})")
     logged = set(log_steps) if log_steps is not None else set(range(0, steps + 1, log_every)) | {steps}
@@ -243,8 +315,10 @@ def _model_tensors(model: nn.Module, X, Y, Xt, Yt, probe, loss: str):
     for name, T in (("data X", X), ("data Y", Y), ("test X", Xt), ("test Y", Yt)):
         if T.is_floating_point() and not bool(torch.isfinite(T).all()):
             rows_bad = (~torch.isfinite(T.reshape(T.shape[0], -1))).any(1).nonzero().flatten().tolist()
-            raise WidthscopeError(f"train_side_by_side: {name} has NaN/Inf in {len(rows_bad)} row(s) "
-                                  f"(first: {rows_bad[:5]}); drop or fix them")
+            raise WidthscopeError(
+                f"train_side_by_side: {name} has NaN/Inf in {len(rows_bad)} row(s) "
+                f"(first: {rows_bad[:5]}); drop or fix them"
+            )
     dtype = next(iter(params.values())).dtype
     n_out = first_output(model, params, buffers, X[:1], "train_side_by_side").shape[1]
     Y = _targets(Y, n_out, loss, dtype, "train_side_by_side: data")
@@ -259,6 +333,7 @@ class _Lockstep:
     """What :func:`train_side_by_side` trains and measures: the network copy, its linear model
     (``lin`` in weight space, or ``closed``, the closed-form kernel path), the start ``θ₀`` and
     the kernel-drift reference ``K0`` on ``probe``."""
+
     linear: str
     net: nn.Module
     net_params: list
@@ -273,8 +348,20 @@ class _Lockstep:
     K0_norm: float
 
 
-def _start(model: nn.Module, X, Y, Xt, *, optimizer: str | Callable, lr: float, ridge: float, linear: str,
-           kernel_prediction: bool, probe, kernel_drift: bool) -> _Lockstep:
+def _start(
+    model: nn.Module,
+    X,
+    Y,
+    Xt,
+    *,
+    optimizer: str | Callable,
+    lr: float,
+    ridge: float,
+    linear: str,
+    kernel_prediction: bool,
+    probe,
+    kernel_drift: bool,
+) -> _Lockstep:
     """Set-up, part 3: the network copy and its optimizer, the weight-space linear model (``linear
     == "weights"``) or the closed-form kernel path, and the kernel at the start on the probe."""
     net = copy.deepcopy(model)
@@ -282,16 +369,18 @@ def _start(model: nn.Module, X, Y, Xt, *, optimizer: str | Callable, lr: float, 
     theta0 = _flat(net_params)
     theta0_norm = float(theta0.norm()) or 1.0
     opt_net = _optimizer(optimizer, net_params, lr)
-    closed = (_KernelGD(model, X, Y, Xt, lr, ridge=ridge, limit=kernel_prediction)
-              if linear == "kernel" or kernel_prediction else None)
+    closed = (
+        _KernelGD(model, X, Y, Xt, lr, ridge=ridge, limit=kernel_prediction)
+        if linear == "kernel" or kernel_prediction
+        else None
+    )
     lin = linearize(model) if linear == "weights" else None
     opt_lin = _optimizer(optimizer, list(lin.parameters()), lr) if lin is not None else None
     if probe is None:
         probe = Xt[: min(8, Xt.shape[0])]
     K0 = ntk(net, probe) if kernel_drift else None
     K0_norm = float(K0.norm()) if K0 is not None else float("nan")
-    return _Lockstep(linear, net, net_params, theta0, theta0_norm, opt_net, closed, lin, opt_lin, probe,
-                     K0, K0_norm)
+    return _Lockstep(linear, net, net_params, theta0, theta0_norm, opt_net, closed, lin, opt_lin, probe, K0, K0_norm)
 
 
 def _batches(N: int, batch_size: int | None, seed: int) -> Callable[[], torch.Tensor | None]:
@@ -337,16 +426,18 @@ def _row(run: _Lockstep, step: int, X, Y, Xt, Yt, loss: str, kernel_prediction: 
     f_rms = float(f_te.double().pow(2).mean().sqrt())
     row["dev_rel"] = row["dev_rms"] / f_rms if f_rms > 0 else float("nan")
     row["param_move"] = float((_flat(run.net_params) - run.theta0).norm()) / run.theta0_norm
-    row["param_move_lin"] = (float((_flat(lin.parameters()) - run.theta0).norm()) if lin is not None
-                             else move_lin) / run.theta0_norm
+    row["param_move_lin"] = (
+        float((_flat(lin.parameters()) - run.theta0).norm()) if lin is not None else move_lin
+    ) / run.theta0_norm
     if kernel_prediction:
         assert kp is not None  # kernel_prediction runs the closed form
         for part, Yp, key in (("train", Y, "train"), ("test", Yt, "test")):
             row[f"{part}_loss_kernel"] = float(loss_value(kp[key], Yp, loss))
             row[f"{part}_loss_kernel_inf"] = float(loss_value(kp[key + "_inf"], Yp, loss))
     if run.K0 is not None:
-        row["kernel_drift"] = (float((ntk(net, run.probe) - run.K0).norm()) / run.K0_norm if run.K0_norm > 0
-                               else float("nan"))
+        row["kernel_drift"] = (
+            float((ntk(net, run.probe) - run.K0).norm()) / run.K0_norm if run.K0_norm > 0 else float("nan")
+        )
     return row
 
 
@@ -355,16 +446,23 @@ def _kernel_divergence(closed: _KernelGD, step: int, on_nonfinite: str) -> dict[
     ``diverged`` row (``on_nonfinite="stop"``); ``None`` while it stays finite."""
     if closed.diverge_step is None or step + 1 < closed.diverge_step:
         return None
-    msg = (f"the linear model diverges (lr·λ_max(Θ₀)/N = {float(closed.a.max()):.3g} > 2; its loss "
-           f"passes 1e30 at step {step + 1}); lower the learning rate (or its width exponent alpha)")
+    msg = (
+        f"the linear model diverges (lr·λ_max(Θ₀)/N = {float(closed.a.max()):.3g} > 2; its loss "
+        f"passes 1e30 at step {step + 1}); lower the learning rate (or its width exponent alpha)"
+    )
     if on_nonfinite == "raise":
         raise WidthscopeError(msg)
-    return {"kind": "linearization", "step": step, "diverged": True, "diverged_at": step,
-            "diverged_model": "linear model", "message": msg}
+    return {
+        "kind": "linearization",
+        "step": step,
+        "diverged": True,
+        "diverged_at": step,
+        "diverged_model": "linear model",
+        "message": msg,
+    }
 
 
-def _train_step(run: _Lockstep, xb, yb, step: int, *, loss: str, lr: float,
-                on_nonfinite: str) -> dict[str, Any] | None:
+def _train_step(run: _Lockstep, xb, yb, step: int, *, loss: str, lr: float, on_nonfinite: str) -> dict[str, Any] | None:
     """One optimizer step of the network, then of the weight-space linear model (if any), on the
     batch ``(xb, yb)``; a non-finite loss raises, or returns the ``diverged`` row."""
     pairs: list[tuple[str, nn.Module, torch.optim.Optimizer]] = [("network", run.net, run.opt_net)]
@@ -375,12 +473,20 @@ def _train_step(run: _Lockstep, xb, yb, step: int, *, loss: str, lr: float,
         opt.zero_grad(set_to_none=True)
         L = loss_value(model_output(m(xb)), yb, loss)
         if not torch.isfinite(L):
-            msg = (f"non-finite training loss ({float(L.detach())}) of the {which} at step {step} "
-                   f"(lr={lr}); lower the learning rate (or its width exponent alpha)")
+            msg = (
+                f"non-finite training loss ({float(L.detach())}) of the {which} at step {step} "
+                f"(lr={lr}); lower the learning rate (or its width exponent alpha)"
+            )
             if on_nonfinite == "raise":
                 raise WidthscopeError(msg)
-            return {"kind": "linearization", "step": step, "diverged": True,
-                    "diverged_at": step, "diverged_model": which, "message": msg}
+            return {
+                "kind": "linearization",
+                "step": step,
+                "diverged": True,
+                "diverged_at": step,
+                "diverged_model": which,
+                "message": msg,
+            }
         L.backward()
         opt.step()
     return None
@@ -398,8 +504,17 @@ class _KernelGD:
     kernel interpolant, or kernel ridge regression with ``ridge > 0``.
     """
 
-    def __init__(self, model: nn.Module, X: torch.Tensor, Y: torch.Tensor, Xt: torch.Tensor, lr: float,
-                 *, ridge: float = 0.0, limit: bool = False):
+    def __init__(
+        self,
+        model: nn.Module,
+        X: torch.Tensor,
+        Y: torch.Tensor,
+        Xt: torch.Tensor,
+        lr: float,
+        *,
+        ridge: float = 0.0,
+        limit: bool = False,
+    ):
         N, Nt = X.shape[0], Xt.shape[0]
         with torch.no_grad():
             self.f0 = model_output(model(X)).reshape(N, -1).double()
@@ -407,7 +522,7 @@ class _KernelGD:
         o = self.f0.shape[1]
         K = ntk(model, torch.cat([X, Xt]), X, dtype=torch.float64)  # Θ₀(X ∪ X_t, X), float64 Grams
         K = K.permute(0, 2, 1, 3).reshape((N + Nt) * o, N * o)
-        Ktr, Kte = K[: N * o], K[N * o:]
+        Ktr, Kte = K[: N * o], K[N * o :]
         self.y = Y.reshape(-1).double()
         self.lam, self.V, self.a, self.c = spectral(Ktr, self.f0.reshape(-1) - self.y, lr, N)
         self.KteV = Kte @ self.V
@@ -416,12 +531,12 @@ class _KernelGD:
         # run would overflow) at this step, which the training loop reports like a non-finite loss.
         grow = (1 - self.a).abs().max()
         c_max = float(self.c.abs().max()) or 1.0
-        self.diverge_step = (math.ceil(math.log(1e15 / c_max) / math.log(float(grow)))
-                             if float(grow) > 1 else None)
+        self.diverge_step = math.ceil(math.log(1e15 / c_max) / math.log(float(grow))) if float(grow) > 1 else None
         self.inf: dict[str, torch.Tensor] = {}
         if limit:
-            pred = kernel_predict(Ktr, Y.reshape(N, o), lr=lr, t=float("inf"), ridge=ridge, K_test=Kte,
-                                  f0_train=self.f0, f0_test=self.g0)
+            pred = kernel_predict(
+                Ktr, Y.reshape(N, o), lr=lr, t=float("inf"), ridge=ridge, K_test=Kte, f0_train=self.f0, f0_test=self.g0
+            )
             self.inf = {"train_inf": pred["train"], "test_inf": pred["test"]}
 
     def at(self, s: int) -> dict[str, Any]:
@@ -434,8 +549,9 @@ class _KernelGD:
         return {"train": train, "test": test, "move": move, **self.inf}
 
 
-def function_space_gd(model: nn.Module, X: torch.Tensor, Y: torch.Tensor, *, steps: int, lr: float,
-                      test: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+def function_space_gd(
+    model: nn.Module, X: torch.Tensor, Y: torch.Tensor, *, steps: int, lr: float, test: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
     """Frozen-kernel recursion ``F_{s+1} = F_s − η Θ₀ ∇_F L`` for full-batch GD on the MSE loss.
 
     With ``L = (1/2N) Σ‖F(x_i) − y_i‖²`` the gradient is ``∇_F L = (F − Y)/N``, so on the training

@@ -21,6 +21,7 @@ Example::
     7434
     >>> m2 = build(**m.widthscope_config)
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -65,8 +66,9 @@ def build(family: str, width: int | float | None = None, **options: Any) -> nn.M
     except TypeError as exc:
         if "unexpected keyword" not in str(exc):
             raise
-        raise WidthscopeError(f"bad option for model family {family!r}: {exc}; "
-                              "see help(widthscope.models.build)") from None
+        raise WidthscopeError(
+            f"bad option for model family {family!r}: {exc}; see help(widthscope.models.build)"
+        ) from None
     # plain attributes: nn.Module.__setattr__ is typed for Tensor | Module values only
     model.widthscope_config = config  # type: ignore[assignment]
     model.widthscope_points = points  # type: ignore[assignment]

@@ -41,6 +41,7 @@ Example::
     >>> m.widthscope_task, m.widthscope_points
     ('causal-lm', ['transformer.h.0', 'transformer.h.1'])
 """
+
 from __future__ import annotations
 
 import json
@@ -52,9 +53,18 @@ from torch import nn
 
 from ..errors import WidthscopeError
 
-__all__ = ["TASKS", "DTYPES", "load_hf", "hf_task", "main_stack", "eager_attention", "eager_attention_for",
-           "model_info",
-           "vocab_size", "max_positions"]
+__all__ = [
+    "TASKS",
+    "DTYPES",
+    "load_hf",
+    "hf_task",
+    "main_stack",
+    "eager_attention",
+    "eager_attention_for",
+    "model_info",
+    "vocab_size",
+    "max_positions",
+]
 
 TASKS = ("causal-lm", "masked-lm", "sequence-classification", "image-classification")
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
@@ -64,9 +74,12 @@ WIDTHSCOPE_FAMILY = {"llama": "llama", "gpt_neox": "pythia"}  # HF model_type ->
 def auto_classes() -> dict[str, Any]:
     import transformers as tf
 
-    return {"causal-lm": tf.AutoModelForCausalLM, "masked-lm": tf.AutoModelForMaskedLM,
-            "sequence-classification": tf.AutoModelForSequenceClassification,
-            "image-classification": tf.AutoModelForImageClassification}
+    return {
+        "causal-lm": tf.AutoModelForCausalLM,
+        "masked-lm": tf.AutoModelForMaskedLM,
+        "sequence-classification": tf.AutoModelForSequenceClassification,
+        "image-classification": tf.AutoModelForImageClassification,
+    }
 
 
 def _task_names() -> dict[str, set[str]]:
@@ -78,25 +91,31 @@ def _task_names() -> dict[str, set[str]]:
             out.update(v if isinstance(v, (tuple, list)) else [v])
         return out
 
-    return {"causal-lm": names(ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
-            "masked-lm": names(ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES),
-            "sequence-classification": names(ma.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES),
-            "image-classification": names(ma.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES)}
+    return {
+        "causal-lm": names(ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
+        "masked-lm": names(ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES),
+        "sequence-classification": names(ma.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES),
+        "image-classification": names(ma.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES),
+    }
 
 
 def hf_task(cfg: dict[str, Any], where: str = "config.json") -> str:
     """The task of an HF config dict, from the architecture class it names."""
     archs = cfg.get("architectures") or []
     if not archs:
-        raise WidthscopeError(f"{where} names no architecture ('architectures' is empty): pass --task "
-                              f"({', '.join(TASKS)}) to say which head the weights belong to")
+        raise WidthscopeError(
+            f"{where} names no architecture ('architectures' is empty): pass --task "
+            f"({', '.join(TASKS)}) to say which head the weights belong to"
+        )
     arch = archs[0]
     for task, names in _task_names().items():
         if arch in names:
             return task
-    raise WidthscopeError(f"{where}: architecture {arch!r} is not a causal LM, masked LM, sequence "
-                          f"classifier or image classifier that transformers knows; supported tasks: "
-                          f"{', '.join(TASKS)}")
+    raise WidthscopeError(
+        f"{where}: architecture {arch!r} is not a causal LM, masked LM, sequence "
+        f"classifier or image classifier that transformers knows; supported tasks: "
+        f"{', '.join(TASKS)}"
+    )
 
 
 def _read_cfg(directory: Path) -> dict[str, Any]:
@@ -104,8 +123,10 @@ def _read_cfg(directory: Path) -> dict[str, Any]:
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise WidthscopeError(f"no config.json in {directory}: a Hugging Face checkpoint directory needs one "
-                              "(model.save_pretrained(DIR) writes it)") from None
+        raise WidthscopeError(
+            f"no config.json in {directory}: a Hugging Face checkpoint directory needs one "
+            "(model.save_pretrained(DIR) writes it)"
+        ) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise WidthscopeError(f"{path} is not valid JSON ({exc})") from None
     if not isinstance(cfg, dict) or "model_type" not in cfg:
@@ -118,9 +139,11 @@ def check_model_type(cfg: dict[str, Any], where: Path) -> None:
     from transformers import CONFIG_MAPPING
 
     if cfg["model_type"] not in CONFIG_MAPPING:
-        raise WidthscopeError(f"{where}: model_type {cfg['model_type']!r} is not known to transformers "
-                              f"{transformers.__version__} (models that need trust_remote_code are never "
-                              "loaded); upgrade transformers or convert the checkpoint")
+        raise WidthscopeError(
+            f"{where}: model_type {cfg['model_type']!r} is not known to transformers "
+            f"{transformers.__version__} (models that need trust_remote_code are never "
+            "loaded); upgrade transformers or convert the checkpoint"
+        )
 
 
 def _dtype(name: str) -> Any:
@@ -138,13 +161,17 @@ def _weights(directory: Path) -> tuple[bool, str]:
         shards = sorted(set((index.get("weight_map") or {}).values()))
         missing = [s for s in shards if not (directory / s).is_file()]
         if not shards or missing:
-            raise WidthscopeError(f"{directory}/model.safetensors.index.json lists shards that are missing: "
-                                  f"{', '.join(missing[:5]) or '(no weight_map)'}")
+            raise WidthscopeError(
+                f"{directory}/model.safetensors.index.json lists shards that are missing: "
+                f"{', '.join(missing[:5]) or '(no weight_map)'}"
+            )
         return True, f"{len(shards)} safetensors shards"
     if (directory / "pytorch_model.bin").is_file() or (directory / "pytorch_model.bin.index.json").is_file():
         return False, "pytorch_model.bin (weights_only=True)"
-    raise WidthscopeError(f"no weights in {directory}: expected model.safetensors, a sharded "
-                          "model.safetensors.index.json, or pytorch_model.bin")
+    raise WidthscopeError(
+        f"no weights in {directory}: expected model.safetensors, a sharded "
+        "model.safetensors.index.json, or pytorch_model.bin"
+    )
 
 
 def main_stack(model: nn.Module) -> list[str]:
@@ -164,8 +191,10 @@ def main_stack(model: nn.Module) -> list[str]:
         if best is None or len(kids) > best[0]:
             best = (len(kids), name, m)
     if best is None:
-        raise WidthscopeError(f"{type(model).__name__} has no stack of repeated blocks (an nn.ModuleList of "
-                              "same-class blocks); pass --points (list them with --list-points --all)")
+        raise WidthscopeError(
+            f"{type(model).__name__} has no stack of repeated blocks (an nn.ModuleList of "
+            "same-class blocks); pass --points (list them with --list-points --all)"
+        )
     _, name, m = best
     return [f"{name}.{c}" if name else c for c, _ in m.named_children()]
 
@@ -202,8 +231,10 @@ def model_info(model: nn.Module) -> dict[str, Any]:
     info: dict[str, Any] = {"architecture": type(model).__name__}
     if cfg is not None:
         text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-        for key, names in (("width", ("hidden_size", "n_embd", "d_model", "dim")),
-                           ("depth", ("num_hidden_layers", "n_layer", "num_layers"))):
+        for key, names in (
+            ("width", ("hidden_size", "n_embd", "d_model", "dim")),
+            ("depth", ("num_hidden_layers", "n_layer", "num_layers")),
+        ):
             for n in names:
                 v = getattr(text, n, None)
                 if isinstance(v, int):
@@ -259,8 +290,14 @@ class eager_attention_for:  # noqa: N801 - used like a function: ``with eager_at
             setter(self.before)
 
 
-def load_hf(directory: str | Path, *, task: str | None = None, dtype: str = "auto",
-            device: str | torch.device = "cpu", revision: str | None = None) -> nn.Module:
+def load_hf(
+    directory: str | Path,
+    *,
+    task: str | None = None,
+    dtype: str = "auto",
+    device: str | torch.device = "cpu",
+    revision: str | None = None,
+) -> nn.Module:
     """Load the checkpoint in ``directory`` (eval mode) with the Auto class of its task.
 
     ``directory`` may also be a hub id ``org/name`` (at ``revision``: branch, tag or commit;
@@ -281,8 +318,10 @@ def load_hf(directory: str | Path, *, task: str | None = None, dtype: str = "aut
     if task is not None and cfg.get("architectures"):
         named = hf_task(cfg, str(directory / "config.json"))
         if named != task:
-            raise WidthscopeError(f"--task {task} but {directory}/config.json names {cfg['architectures'][0]} "
-                                  f"({named}): its weights belong to that head; drop --task")
+            raise WidthscopeError(
+                f"--task {task} but {directory}/config.json names {cfg['architectures'][0]} "
+                f"({named}): its weights belong to that head; drop --task"
+            )
     task = task or hf_task(cfg, str(directory / "config.json"))
     torch_dtype = _dtype(dtype)
     use_safetensors, weights = _weights(directory)
@@ -298,17 +337,24 @@ def load_hf(directory: str | Path, *, task: str | None = None, dtype: str = "aut
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model, loading = auto.from_pretrained(
-                str(directory), local_files_only=True, trust_remote_code=False,
-                use_safetensors=use_safetensors, weights_only=True, dtype=torch_dtype,
+                str(directory),
+                local_files_only=True,
+                trust_remote_code=False,
+                use_safetensors=use_safetensors,
+                weights_only=True,
+                dtype=torch_dtype,
                 # load what fits and report the rest (refused below with the names and shapes),
                 # rather than transformers' table and a hint about an option the user never set
-                ignore_mismatched_sizes=True, output_loading_info=True)
+                ignore_mismatched_sizes=True,
+                output_loading_info=True,
+            )
     except WidthscopeError:
         raise
     except Exception as exc:  # transformers/safetensors raise many types for bad files
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise WidthscopeError(f"could not load the {task} checkpoint in {directory} ({type(exc).__name__}: "
-                              f"{first[:300]})") from None
+        raise WidthscopeError(
+            f"could not load the {task} checkpoint in {directory} ({type(exc).__name__}: {first[:300]})"
+        ) from None
     finally:
         hf_logging.set_verbosity(verbosity)
     missing = [k for k in loading.get("missing_keys", []) if k]
@@ -316,28 +362,46 @@ def load_hf(directory: str | Path, *, task: str | None = None, dtype: str = "aut
     if missing or mismatched:
         parts = []
         if missing:
-            parts.append(f"missing {', '.join(sorted(missing)[:5])}" + (f" (+{len(missing) - 5} more)"
-                                                                      if len(missing) > 5 else ""))
+            parts.append(
+                f"missing {', '.join(sorted(missing)[:5])}"
+                + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
+            )
         if mismatched:
+
             def one(m: Any) -> str:
                 if isinstance(m, (tuple, list)) and len(m) == 3:
                     return f"{m[0]} {tuple(m[1])} in the file vs {tuple(m[2])} in the config"
                 return str(m[0] if isinstance(m, (tuple, list)) else m)
-            parts.append("shape mismatch " + ", ".join(one(m) for m in mismatched[:3])
-                         + (f" (+{len(mismatched) - 3} more)" if len(mismatched) > 3 else ""))
-        raise WidthscopeError(f"weights in {directory} do not match the {cfg.get('architectures', ['?'])[0]} "
-                              f"architecture of its config.json: {'; '.join(parts)} (freshly initialised "
-                              "weights would give meaningless certificates)")
+
+            parts.append(
+                "shape mismatch "
+                + ", ".join(one(m) for m in mismatched[:3])
+                + (f" (+{len(mismatched) - 3} more)" if len(mismatched) > 3 else "")
+            )
+        raise WidthscopeError(
+            f"weights in {directory} do not match the {cfg.get('architectures', ['?'])[0]} "
+            f"architecture of its config.json: {'; '.join(parts)} (freshly initialised "
+            "weights would give meaningless certificates)"
+        )
     model.eval()
     model.to(device)
     model.widthscope_task = task
     model.widthscope_points = main_stack(model)
-    model.widthscope_hf = {"directory": str(directory), "architecture": type(model).__name__,
-                           "model_type": cfg["model_type"], "weights": weights, "dtype_option": dtype}
+    model.widthscope_hf = {
+        "directory": str(directory),
+        "architecture": type(model).__name__,
+        "model_type": cfg["model_type"],
+        "weights": weights,
+        "dtype_option": dtype,
+    }
     family = WIDTHSCOPE_FAMILY.get(cfg["model_type"])
     if family is not None and task == "causal-lm":
         # Our llama/pythia families are these HF classes: keep them rebuildable (grow, save).
         c = model.config
-        model.widthscope_config = {"family": family, "width": c.hidden_size, "depth": c.num_hidden_layers,
-                                   "hf_config": c.to_dict()}
+        model.widthscope_config = {
+            "family": family,
+            "width": c.hidden_size,
+            "depth": c.num_hidden_layers,
+            "hf_config": c.to_dict(),
+        }
     return attach(model, hub)

@@ -28,6 +28,7 @@ Example::
     >>> m(torch.randint(0, 256, (2, 16))).logits.shape
     torch.Size([2, 16, 256])
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -38,8 +39,14 @@ from torch import nn
 from ..errors import WidthscopeError
 
 PYTHIA_PRESETS: dict[str, tuple[int, int, int]] = {  # name -> (layers, width, heads)
-    "70m": (6, 512, 8), "160m": (12, 768, 12), "410m": (24, 1024, 16), "1b": (16, 2048, 8),
-    "1.4b": (24, 2048, 16), "2.8b": (32, 2560, 32), "6.9b": (32, 4096, 32), "12b": (36, 5120, 40),
+    "70m": (6, 512, 8),
+    "160m": (12, 768, 12),
+    "410m": (24, 1024, 16),
+    "1b": (16, 2048, 8),
+    "1.4b": (24, 2048, 16),
+    "2.8b": (32, 2560, 32),
+    "6.9b": (32, 4096, 32),
+    "12b": (36, 5120, 40),
 }
 
 
@@ -58,15 +65,19 @@ def _check_ids(module: nn.Module, args: tuple, kwargs: dict) -> None:
     config: Any = module.config  # a transformers config (fields per model type)
     vocab = config.vocab_size
     if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-        raise WidthscopeError(f"this language model takes integer token ids (B, T), got {ids.dtype} of "
-                              f"shape {tuple(ids.shape)}: is the data a text dataset (e.g. --data text)?")
+        raise WidthscopeError(
+            f"this language model takes integer token ids (B, T), got {ids.dtype} of "
+            f"shape {tuple(ids.shape)}: is the data a text dataset (e.g. --data text)?"
+        )
     try:
         lo, hi = (int(ids.min()), int(ids.max())) if ids.numel() else (0, 0)
     except RuntimeError:  # inside torch.vmap & co. the values cannot be read: skip the range check
         return
     if lo < 0 or hi >= vocab:
-        raise WidthscopeError(f"token ids must lie in 0..{vocab - 1} (vocab_size={vocab}), got "
-                              f"{lo}..{hi}; build the model with a larger vocab_size")
+        raise WidthscopeError(
+            f"token ids must lie in 0..{vocab - 1} (vocab_size={vocab}), got "
+            f"{lo}..{hi}; build the model with a larger vocab_size"
+        )
 
 
 def _with_input_check(model: nn.Module) -> nn.Module:
@@ -78,21 +89,36 @@ def default_heads(width: int) -> int:
     return max(1, width // 64) if width >= 64 else max(1, width // 16)
 
 
-def _from_hf(config_cls: Any, model_cls: Any, family: str, layers_path: str,
-             hf_config: dict) -> tuple[nn.Module, dict, list[str]]:
+def _from_hf(
+    config_cls: Any, model_cls: Any, family: str, layers_path: str, hf_config: dict
+) -> tuple[nn.Module, dict, list[str]]:
     """Rebuild a model from its own Hugging Face config dict (eager attention: jvp needs it)."""
     cfg = config_cls.from_dict(dict(hf_config))
     cfg._attn_implementation = "eager"
     model = _with_input_check(model_cls(cfg))
     n, layers = cfg.hidden_size, cfg.num_hidden_layers
-    return model, {"family": family, "width": n, "depth": layers, "hf_config": cfg.to_dict()}, \
-        [f"{layers_path}.{i}" for i in range(layers)]
+    return (
+        model,
+        {"family": family, "width": n, "depth": layers, "hf_config": cfg.to_dict()},
+        [f"{layers_path}.{i}" for i in range(layers)],
+    )
 
 
-def build_llama(width: int | None, *, depth: int = 4, vocab_size: int = 256, max_seq_len: int = 512,
-                heads: int | None = None, kv_heads: int | None = None, head_dim: int | None = None,
-                ffn: int | None = None, rope_theta: float = 10000.0, rms_norm_eps: float = 1e-6,
-                initializer_range: float = 0.02, hf_config: dict | None = None) -> tuple[nn.Module, dict, list[str]]:
+def build_llama(
+    width: int | None,
+    *,
+    depth: int = 4,
+    vocab_size: int = 256,
+    max_seq_len: int = 512,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+    head_dim: int | None = None,
+    ffn: int | None = None,
+    rope_theta: float = 10000.0,
+    rms_norm_eps: float = 1e-6,
+    initializer_range: float = 0.02,
+    hf_config: dict | None = None,
+) -> tuple[nn.Module, dict, list[str]]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     if hf_config is not None:  # a model loaded from an HF directory, rebuilt from its own config
@@ -108,23 +134,55 @@ def build_llama(width: int | None, *, depth: int = 4, vocab_size: int = 256, max
     ffn = ffn or max(32, 32 * round(8 * width / 3 / 32))
     # rope_theta and attn_implementation: keywords of transformers 4.x configs that 5.x still takes
     # (into rope_parameters / the attention setting) but no longer lists in its signature
-    cfg = LlamaConfig(vocab_size=vocab_size,  # type: ignore[call-arg]
-                      hidden_size=width, intermediate_size=ffn, num_hidden_layers=depth,
-                      num_attention_heads=heads, num_key_value_heads=kv_heads,
-                      head_dim=head_dim, max_position_embeddings=max_seq_len, rms_norm_eps=rms_norm_eps,
-                      rope_theta=rope_theta, initializer_range=initializer_range, tie_word_embeddings=False,
-                      attention_bias=False, mlp_bias=False, attn_implementation="eager")
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,  # type: ignore[call-arg]
+        hidden_size=width,
+        intermediate_size=ffn,
+        num_hidden_layers=depth,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=max_seq_len,
+        rms_norm_eps=rms_norm_eps,
+        rope_theta=rope_theta,
+        initializer_range=initializer_range,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        mlp_bias=False,
+        attn_implementation="eager",
+    )
     model = _with_input_check(LlamaForCausalLM(cfg))
-    config = dict(family="llama", width=width, depth=depth, vocab_size=vocab_size, max_seq_len=max_seq_len,
-                  heads=heads, kv_heads=kv_heads, head_dim=head_dim, ffn=ffn, rope_theta=rope_theta,
-                  rms_norm_eps=rms_norm_eps, initializer_range=initializer_range)
+    config = dict(
+        family="llama",
+        width=width,
+        depth=depth,
+        vocab_size=vocab_size,
+        max_seq_len=max_seq_len,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        ffn=ffn,
+        rope_theta=rope_theta,
+        rms_norm_eps=rms_norm_eps,
+        initializer_range=initializer_range,
+    )
     return model, config, [f"model.layers.{i}" for i in range(depth)]
 
 
-def build_pythia(width: int | None, *, depth: int | None = None, preset: str | None = None,
-                 vocab_size: int = 256, max_seq_len: int = 512, heads: int | None = None,
-                 ffn: int | None = None, rotary_pct: float = 0.25, layer_norm_eps: float = 1e-5,
-                 initializer_range: float = 0.02, hf_config: dict | None = None) -> tuple[nn.Module, dict, list[str]]:
+def build_pythia(
+    width: int | None,
+    *,
+    depth: int | None = None,
+    preset: str | None = None,
+    vocab_size: int = 256,
+    max_seq_len: int = 512,
+    heads: int | None = None,
+    ffn: int | None = None,
+    rotary_pct: float = 0.25,
+    layer_norm_eps: float = 1e-5,
+    initializer_range: float = 0.02,
+    hf_config: dict | None = None,
+) -> tuple[nn.Module, dict, list[str]]:
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     if hf_config is not None:
@@ -150,14 +208,32 @@ def build_pythia(width: int | None, *, depth: int | None = None, preset: str | N
         raise WidthscopeError(f"pythia: width {width} must be divisible by heads={heads}")
     ffn = ffn or 4 * width
     # rotary_pct and attn_implementation: see build_llama's rope_theta
-    cfg = GPTNeoXConfig(vocab_size=vocab_size,  # type: ignore[call-arg]
-                        hidden_size=width, num_hidden_layers=depth,
-                        num_attention_heads=heads, intermediate_size=ffn, rotary_pct=rotary_pct,
-                        max_position_embeddings=max_seq_len, layer_norm_eps=layer_norm_eps,
-                        initializer_range=initializer_range, use_parallel_residual=True,
-                        tie_word_embeddings=False, attn_implementation="eager")
+    cfg = GPTNeoXConfig(
+        vocab_size=vocab_size,  # type: ignore[call-arg]
+        hidden_size=width,
+        num_hidden_layers=depth,
+        num_attention_heads=heads,
+        intermediate_size=ffn,
+        rotary_pct=rotary_pct,
+        max_position_embeddings=max_seq_len,
+        layer_norm_eps=layer_norm_eps,
+        initializer_range=initializer_range,
+        use_parallel_residual=True,
+        tie_word_embeddings=False,
+        attn_implementation="eager",
+    )
     model = _with_input_check(GPTNeoXForCausalLM(cfg))
-    config = dict(family="pythia", width=width, depth=depth, preset=preset, vocab_size=vocab_size,
-                  max_seq_len=max_seq_len, heads=heads, ffn=ffn, rotary_pct=rotary_pct,
-                  layer_norm_eps=layer_norm_eps, initializer_range=initializer_range)
+    config = dict(
+        family="pythia",
+        width=width,
+        depth=depth,
+        preset=preset,
+        vocab_size=vocab_size,
+        max_seq_len=max_seq_len,
+        heads=heads,
+        ffn=ffn,
+        rotary_pct=rotary_pct,
+        layer_norm_eps=layer_norm_eps,
+        initializer_range=initializer_range,
+    )
     return model, config, [f"gpt_neox.layers.{i}" for i in range(depth)]

@@ -31,6 +31,7 @@ Example::
     >>> m(torch.randn(5, 64)).shape
     torch.Size([5, 10])
 """
+
 from __future__ import annotations
 
 import math
@@ -54,8 +55,9 @@ PARAMETRIZATIONS = ("standard", "ntk", "mup")
 class ScaledLinear(nn.Module):
     """``y = multiplier · x wᵀ + b`` with ``w ~ N(0, init_std²)``, ``b ~ N(0, bias_std²)``."""
 
-    def __init__(self, n_in: int, n_out: int, *, init_std: float, multiplier: float,
-                 bias: bool = True, bias_std: float = 0.0) -> None:
+    def __init__(
+        self, n_in: int, n_out: int, *, init_std: float, multiplier: float, bias: bool = True, bias_std: float = 0.0
+    ) -> None:
         super().__init__()
         self.in_features, self.out_features = n_in, n_out
         self.init_std, self.multiplier, self.bias_std = float(init_std), float(multiplier), float(bias_std)
@@ -74,8 +76,10 @@ class ScaledLinear(nn.Module):
         return y + self.bias if self.bias is not None else y
 
     def extra_repr(self) -> str:
-        return (f"{self.in_features}, {self.out_features}, init_std={self.init_std:.4g}, "
-                f"multiplier={self.multiplier:.4g}, bias={self.bias is not None}")
+        return (
+            f"{self.in_features}, {self.out_features}, init_std={self.init_std:.4g}, "
+            f"multiplier={self.multiplier:.4g}, bias={self.bias is not None}"
+        )
 
 
 class Activation(nn.Module):
@@ -110,30 +114,45 @@ class MLP(nn.Module):
     (images are flattened).
     """
 
-    def __init__(self, in_dim: int, out_dim: int, width: int, depth: int, act: Activation,
-                 parametrization: str, sigma_w: float, bias: bool, sigma_b: float) -> None:
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int,
+        width: int,
+        depth: int,
+        act: Activation,
+        parametrization: str,
+        sigma_w: float,
+        bias: bool,
+        sigma_b: float,
+    ) -> None:
         super().__init__()
         self.in_dim = in_dim
         dims = [in_dim] + [width] * depth
         blocks = []
         for i in range(depth):
             std, mult = _scales(parametrization, "input" if i == 0 else "hidden", dims[i], width, sigma_w)
-            blocks.append(Block(ScaledLinear(dims[i], width, init_std=std, multiplier=mult,
-                                             bias=bias, bias_std=sigma_b), act))
+            blocks.append(
+                Block(ScaledLinear(dims[i], width, init_std=std, multiplier=mult, bias=bias, bias_std=sigma_b), act)
+            )
         self.blocks = nn.Sequential(*blocks)
         std, mult = _scales(parametrization, "output", width, width, sigma_w)
         self.head = ScaledLinear(width, out_dim, init_std=std, multiplier=mult, bias=bias, bias_std=sigma_b)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not x.is_floating_point():
-            raise WidthscopeError(f"mlp expects float features, got {x.dtype} of shape {tuple(x.shape)} "
-                                  "(integer token ids belong to a llama/pythia model; convert other "
-                                  "inputs with x.float())")
+            raise WidthscopeError(
+                f"mlp expects float features, got {x.dtype} of shape {tuple(x.shape)} "
+                "(integer token ids belong to a llama/pythia model; convert other "
+                "inputs with x.float())"
+            )
         if x.dim() != 2:
             x = x.flatten(1)
         if x.shape[1] != self.in_dim:
-            raise WidthscopeError(f"mlp expects inputs with {self.in_dim} features per example, "
-                                  f"got shape {tuple(x.shape)}; build it with in_dim={x.shape[1]}")
+            raise WidthscopeError(
+                f"mlp expects inputs with {self.in_dim} features per example, "
+                f"got shape {tuple(x.shape)}; build it with in_dim={x.shape[1]}"
+            )
         return self.head(self.blocks(x))
 
 
@@ -151,16 +170,25 @@ def _scales(parametrization: str, kind: str, n_in: int, width: int, sigma_w: flo
     return 1.0 / math.sqrt(n_in), sigma_w / math.sqrt(n_in)
 
 
-def build_mlp(width: int, *, in_dim: int, out_dim: int, depth: int = 2,
-              activation: str | Callable[[torch.Tensor], torch.Tensor] = "relu",
-              parametrization: str = "standard", sigma_w: float = 1.0, bias: bool = True,
-              sigma_b: float = 0.0) -> tuple[nn.Module, dict, list[str]]:
+def build_mlp(
+    width: int,
+    *,
+    in_dim: int,
+    out_dim: int,
+    depth: int = 2,
+    activation: str | Callable[[torch.Tensor], torch.Tensor] = "relu",
+    parametrization: str = "standard",
+    sigma_w: float = 1.0,
+    bias: bool = True,
+    sigma_b: float = 0.0,
+) -> tuple[nn.Module, dict, list[str]]:
     if callable(activation):
         fn, act_name = activation, f"<callable {getattr(activation, '__name__', type(activation).__name__)}>"
     else:
         if activation not in ACTIVATIONS:
-            raise WidthscopeError(f"unknown activation {activation!r}; valid: {', '.join(ACTIVATIONS)} "
-                                  "(or pass a callable from Python)")
+            raise WidthscopeError(
+                f"unknown activation {activation!r}; valid: {', '.join(ACTIVATIONS)} (or pass a callable from Python)"
+            )
         fn, act_name = ACTIVATIONS[activation], activation
     if parametrization not in PARAMETRIZATIONS:
         raise WidthscopeError(f"unknown parametrization {parametrization!r}; valid: {', '.join(PARAMETRIZATIONS)}")
@@ -169,9 +197,27 @@ def build_mlp(width: int, *, in_dim: int, out_dim: int, depth: int = 2,
             raise WidthscopeError(f"mlp option {name} must be a positive integer, got {v!r}")
     if not (sigma_w > 0):
         raise WidthscopeError(f"mlp option sigma_w must be > 0, got {sigma_w!r}")
-    model = MLP(in_dim, out_dim, width, depth, Activation(fn, act_name), parametrization,
-                float(sigma_w), bool(bias), float(sigma_b))
-    config = dict(family="mlp", width=width, in_dim=in_dim, out_dim=out_dim, depth=depth,
-                  activation=act_name, parametrization=parametrization, sigma_w=float(sigma_w),
-                  bias=bool(bias), sigma_b=float(sigma_b))
+    model = MLP(
+        in_dim,
+        out_dim,
+        width,
+        depth,
+        Activation(fn, act_name),
+        parametrization,
+        float(sigma_w),
+        bool(bias),
+        float(sigma_b),
+    )
+    config = dict(
+        family="mlp",
+        width=width,
+        in_dim=in_dim,
+        out_dim=out_dim,
+        depth=depth,
+        activation=act_name,
+        parametrization=parametrization,
+        sigma_w=float(sigma_w),
+        bias=bool(bias),
+        sigma_b=float(sigma_b),
+    )
     return model, config, [f"blocks.{i}" for i in range(depth)]

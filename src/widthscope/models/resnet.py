@@ -22,6 +22,7 @@ Example::
     >>> m(torch.randn(2, 3, 32, 32)).shape
     torch.Size([2, 10])
 """
+
 from __future__ import annotations
 
 import math
@@ -85,22 +86,27 @@ class ResNet20(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not x.is_floating_point():
-            raise WidthscopeError(f"resnet20 expects float images, got {x.dtype} of shape {tuple(x.shape)}; "
-                                  "convert with x.float() (widthscope.data gives normalised float images)")
+            raise WidthscopeError(
+                f"resnet20 expects float images, got {x.dtype} of shape {tuple(x.shape)}; "
+                "convert with x.float() (widthscope.data gives normalised float images)"
+            )
         if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise WidthscopeError(f"resnet20 expects images (B, {self.in_channels}, H, W), got shape "
-                                  f"{tuple(x.shape)}; build with in_channels=... or load images unflattened")
+            raise WidthscopeError(
+                f"resnet20 expects images (B, {self.in_channels}, H, W), got shape "
+                f"{tuple(x.shape)}; build with in_channels=... or load images unflattened"
+            )
         x = torch.relu(self.norm1(self.conv1(x)))
         x = self.layer3(self.layer2(self.layer1(x)))
         return self.fc(x.mean(dim=(2, 3)))
 
 
 def channels_for(width: float) -> tuple[int, int, int]:
-    return tuple(max(1, int(round(16 * width * 2 ** s))) for s in range(3))  # type: ignore[return-value]
+    return tuple(max(1, int(round(16 * width * 2**s))) for s in range(3))  # type: ignore[return-value]
 
 
-def build_resnet20(width: int | float | None = 1, *, in_channels: int = 3, num_classes: int = 10,
-                   norm: str = "batch") -> tuple[nn.Module, dict, list[str]]:
+def build_resnet20(
+    width: int | float | None = 1, *, in_channels: int = 3, num_classes: int = 10, norm: str = "batch"
+) -> tuple[nn.Module, dict, list[str]]:
     width = 1 if width is None else width
     if isinstance(width, bool) or not isinstance(width, (int, float)) or not width > 0:
         raise WidthscopeError(f"resnet20 width (channel multiplier k) must be a positive number, got {width!r}")

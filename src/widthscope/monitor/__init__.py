@@ -7,6 +7,7 @@ emits one row per ``(step, point)`` with the certificate of :func:`widthscope.ce
 ``monitor.step(model, step)``; :mod:`widthscope.monitor.hf` (``transformers.Trainer``) and
 :mod:`widthscope.monitor.lightning` (Lightning) import their frameworks lazily.
 """
+
 from .core import AlignmentMonitor, TrainingState, log_steps
 
 __all__ = ["AlignmentMonitor", "TrainingState", "log_steps"]

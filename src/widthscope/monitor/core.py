@@ -40,6 +40,7 @@ stops early (early stopping) at the step it stops.
 at construction and at every probe: the probe's forward hooks and per-example gradients need
 whole parameters, which a sharded model has on no rank outside its own forward.
 """
+
 from __future__ import annotations
 
 import logging
@@ -69,9 +70,22 @@ DEFAULT_BUDGET = 0.05
 _log = logging.getLogger("widthscope.monitor")
 
 #: Columns of a ``kind="row"`` row whose values are numbers (what the logging adapters send).
-METRIC_COLUMNS = ("d_par", "d_2", "d_align", "b_exact", "b_align", "expectation", "misalignment",
-                  "misalignment_low", "misalignment_high", "plan_M_exact", "plan_M_align", "d_align_one",
-                  "probe_s", "stats_s")
+METRIC_COLUMNS = (
+    "d_par",
+    "d_2",
+    "d_align",
+    "b_exact",
+    "b_align",
+    "expectation",
+    "misalignment",
+    "misalignment_low",
+    "misalignment_high",
+    "plan_M_exact",
+    "plan_M_align",
+    "d_align_one",
+    "probe_s",
+    "stats_s",
+)
 
 
 def log_steps(limit: int, per_octave: int = 2) -> list[int]:
@@ -105,13 +119,16 @@ class TrainingState:
 
     def __init__(self, model: nn.Module) -> None:
         self.torch_rng = torch.get_rng_state()
-        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and \
-            torch.cuda.is_initialized() else None
+        self.cuda_rng = (
+            torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        )
         self.py_rng = random.getstate()
         self.np_rng = np.random.get_state()
         self.modes = [(m, m.training) for m in model.modules()]
-        self.params = [(p, p.requires_grad, p.grad, None if p.grad is None else p.grad.detach().clone())
-                       for p in model.parameters()]
+        self.params = [
+            (p, p.requires_grad, p.grad, None if p.grad is None else p.grad.detach().clone())
+            for p in model.parameters()
+        ]
 
     def restore(self) -> None:
         torch.set_rng_state(self.torch_rng)
@@ -134,12 +151,17 @@ def _fsdp_classes() -> tuple[type, ...]:
         import torch.distributed.fsdp as fsdp
     except ImportError:  # a torch build without distributed: nothing can be sharded
         return ()
-    return tuple(c for c in (getattr(fsdp, "FullyShardedDataParallel", None), getattr(fsdp, "FSDPModule", None))
-                 if isinstance(c, type))
+    return tuple(
+        c
+        for c in (getattr(fsdp, "FullyShardedDataParallel", None), getattr(fsdp, "FSDPModule", None))
+        if isinstance(c, type)
+    )
 
 
-FSDP_FIX = ("probe it unsharded: monitor a DDP (or single-process) run, or save a full state dict at the steps "
-            "you want and run widthscope certify on those checkpoints")
+FSDP_FIX = (
+    "probe it unsharded: monitor a DDP (or single-process) run, or save a full state dict at the steps "
+    "you want and run widthscope certify on those checkpoints"
+)
 
 
 def check_not_fsdp(model: Any, where: str = "the monitor") -> None:
@@ -150,10 +172,15 @@ def check_not_fsdp(model: Any, where: str = "the monitor") -> None:
         return
     for name, m in model.named_modules():
         if isinstance(m, classes):
-            kind = "fully_shard (FSDP2)" if type(m).__name__ != "FullyShardedDataParallel" else \
-                "FullyShardedDataParallel (FSDP1)"
-            raise WidthscopeError(f"{where} cannot probe an FSDP-sharded model ({name or 'the model'} is wrapped by "
-                                  f"{kind}: its parameters are split across ranks); {FSDP_FIX}")
+            kind = (
+                "fully_shard (FSDP2)"
+                if type(m).__name__ != "FullyShardedDataParallel"
+                else "FullyShardedDataParallel (FSDP1)"
+            )
+            raise WidthscopeError(
+                f"{where} cannot probe an FSDP-sharded model ({name or 'the model'} is wrapped by "
+                f"{kind}: its parameters are split across ranks); {FSDP_FIX}"
+            )
 
 
 def _tensors(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -166,24 +193,29 @@ def _as_batches(pool: Any, what: str, batch_size: int) -> list[Any]:
     """A fixed list of probe batches from full tensors ``(X, Y)`` / ids ``(n, T)`` or batches."""
     if isinstance(pool, torch.Tensor):
         if pool.is_floating_point():
-            raise WidthscopeError(f"the {what} pool is a float tensor without targets: give (X, Y), "
-                                  "token ids (n, T) or a list of batches")
+            raise WidthscopeError(
+                f"the {what} pool is a float tensor without targets: give (X, Y), token ids (n, T) or a list of batches"
+            )
         return batched(pool, batch_size=batch_size)
     if isinstance(pool, tuple) and len(pool) == 2 and all(isinstance(t, torch.Tensor) for t in pool):
         # A tuple of two tensors is the whole pool (X, Y); a list is batches.
         if pool[0].ndim < 1 or pool[1].ndim < 1 or pool[0].shape[0] != pool[1].shape[0]:
-            raise WidthscopeError(f"the {what} pool (X, Y) has {tuple(pool[0].shape)} inputs but "
-                                  f"{tuple(pool[1].shape)} targets: give one target per example")
+            raise WidthscopeError(
+                f"the {what} pool (X, Y) has {tuple(pool[0].shape)} inputs but "
+                f"{tuple(pool[1].shape)} targets: give one target per example"
+            )
         return batched(pool[0], pool[1], batch_size=batch_size)
     if isinstance(pool, Mapping) and isinstance(pool.get("input_ids"), torch.Tensor):
         # {"input_ids": (n, T), "attention_mask": ..., "labels": ...}: the whole pool, split along dim 0.
         n = pool["input_ids"].shape[0]
-        return [{k: v[i:i + batch_size] for k, v in pool.items()} for i in range(0, n, batch_size)]
+        return [{k: v[i : i + batch_size] for k, v in pool.items()} for i in range(0, n, batch_size)]
     try:
         batches = list(pool)  # a DataLoader is drawn once here: the pool stays fixed
     except TypeError as exc:
-        raise WidthscopeError(f"the {what} pool is a {type(pool).__name__}: give (X, Y) tensors, token "
-                              "ids (n, T) or an iterable of batches") from exc
+        raise WidthscopeError(
+            f"the {what} pool is a {type(pool).__name__}: give (X, Y) tensors, token "
+            "ids (n, T) or an iterable of batches"
+        ) from exc
     if not batches:
         raise WidthscopeError(f"the {what} pool is empty: give it at least 4 examples")
     return batches
@@ -212,7 +244,8 @@ class AlignmentMonitor:
         train, test: the fixed pools — a tuple ``(X, Y)`` of tensors, LongTensor token ids ``(n, T)``,
             a dict with ``input_ids`` ``(n, T)`` (and ``attention_mask``/``labels``), or an iterable of
             probe batches (a list, a DataLoader: as for :func:`widthscope.probe.collect`), drawn once
-            at construction with the RNG states restored afterwards.
+            at construction with the RNG states restored afterwards; a ``BatchEncoding``, or texts
+            (``list[str]``) / a ``datasets.Dataset`` with ``tokenizer=`` (the loss of the model's task).
         points: insertion points (default: :func:`widthscope.probe.insertion_points`).
         M, K: the sample sizes of the certificate and the misalignment draws (``K=None``: ``K = M``).
         every: probe when ``step % every == 0``; ``at``: probe exactly at these steps; neither:
@@ -229,6 +262,9 @@ class AlignmentMonitor:
         budget: cap on the monitor's share of training time (see the module docstring);
             ``None``: :data:`DEFAULT_BUDGET` with the default log-spaced schedule, no cap with
             ``every`` / ``at``; ``math.inf``: no cap.
+        tokenizer: a Hugging Face tokenizer object, for pools given as texts (``list[str]``) or
+            a ``datasets.Dataset`` with a text column (:func:`widthscope.data.objects.batches_from`;
+            a ``BatchEncoding`` needs none).
         clock: the budget's time source in seconds (a benchmark that interleaves several trainings,
             or a test, passes one that runs only while this training does).
 
@@ -238,12 +274,30 @@ class AlignmentMonitor:
     row (``kind="certified"``) when a point first has ``b_exact ≤ delta``.
     """
 
-    def __init__(self, model: nn.Module, train: Any, test: Any, *, points: str | Sequence[str] | None = None,
-                 M: int = 16, K: int | None = None, every: int | None = None, at: Iterable[int] | None = None,
-                 delta: float = 0.05, draws: int = 1000, seed: int = 0, estimator: Estimator = "unbiased",
-                 pool: str = "sum", loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
-                 out: str | Path | None = None, batch_size: int = 64, progress: bool = False,
-                 budget: float | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        train: Any,
+        test: Any,
+        *,
+        points: str | Sequence[str] | None = None,
+        M: int = 16,
+        K: int | None = None,
+        every: int | None = None,
+        at: Iterable[int] | None = None,
+        delta: float = 0.05,
+        draws: int = 1000,
+        seed: int = 0,
+        estimator: Estimator = "unbiased",
+        pool: str = "sum",
+        loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+        out: str | Path | None = None,
+        batch_size: int = 64,
+        progress: bool = False,
+        budget: float | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        tokenizer: Any = None,
+    ) -> None:
         import os
 
         from .. import _args
@@ -251,6 +305,20 @@ class AlignmentMonitor:
 
         fn = "AlignmentMonitor"  # the types, before any work (values: the checks below)
         _args.module(fn, "model", model)
+        from ..data.objects import batches_from, check_tokenizer, is_object_pool
+
+        check_tokenizer(tokenizer, fn)
+        pools = []
+        for name, obj, off in (("train", train, 0), ("test", test, 1)):
+            if is_object_pool(obj):  # texts or a datasets.Dataset: tokenized / cut into batches here
+                _args.integer(fn, "batch_size", batch_size, lo=1)
+                _args.integer(fn, "seed", seed, lo=0)
+                obj, task_loss, _ = batches_from(
+                    obj, model=model, tokenizer=tokenizer, batch_size=batch_size, seed=seed + off, fn=fn, name=name
+                )
+                loss_fn = loss_fn or task_loss
+            pools.append(obj)
+        train, test = pools
         _args.batches(fn, "train", train, single=True)
         _args.batches(fn, "test", test, single=True)
         _args.points(fn, "points", points)
@@ -267,8 +335,16 @@ class AlignmentMonitor:
         _args.instance(fn, "out", out, (str, os.PathLike), "a path (str or pathlib.Path)", optional=True)
         _args.integer(fn, "batch_size", batch_size, lo=1)
         _args.boolean(fn, "progress", progress)
-        _args.number(fn, "budget", budget, 0.0, lo_open=True, finite=False, optional=True,
-                     accepts="a share of training time > 0 (e.g. 0.05 for 5%), math.inf or None")
+        _args.number(
+            fn,
+            "budget",
+            budget,
+            0.0,
+            lo_open=True,
+            finite=False,
+            optional=True,
+            accepts="a share of training time > 0 (e.g. 0.05 for 5%), math.inf or None",
+        )
         _args.function(fn, "clock", clock, optional=False, accepts="a function returning seconds")
         check_not_fsdp(model)
         if every is not None and at is not None:
@@ -305,8 +381,10 @@ class AlignmentMonitor:
         W = distributed.world_size()
         for what, lst in (("train", self.train), ("held-out", self.test)):
             if len(lst) < W:
-                raise WidthscopeError(f"the {what} pool has {len(lst)} batch(es) for {W} ranks: every rank "
-                                      "probes its share; give smaller batches (batch_size=) or a larger pool")
+                raise WidthscopeError(
+                    f"the {what} pool has {len(lst)} batch(es) for {W} ranks: every rank "
+                    "probes its share; give smaller batches (batch_size=) or a larger pool"
+                )
         model = _unwrap(model)
         self.points = resolve_points(model, points)
         self.model = model
@@ -336,11 +414,22 @@ class AlignmentMonitor:
 
     # ------------------------------------------------------------------ settings / resume
     def settings(self) -> dict[str, Any]:
-        return {"kind": "settings", "points": list(self.points), "M": self.M, "K": self.K,
-                "every": self.every, "at": self.at, "delta": self.delta, "draws": self.draws,
-                "seed": self.seed, "estimator": self.estimator, "pool": self.pool,
-                "budget": None if self.budget is None or math.isinf(self.budget) else self.budget,
-                "n_train": _count_safe(self.train), "n_test": _count_safe(self.test)}
+        return {
+            "kind": "settings",
+            "points": list(self.points),
+            "M": self.M,
+            "K": self.K,
+            "every": self.every,
+            "at": self.at,
+            "delta": self.delta,
+            "draws": self.draws,
+            "seed": self.seed,
+            "estimator": self.estimator,
+            "pool": self.pool,
+            "budget": None if self.budget is None or math.isinf(self.budget) else self.budget,
+            "n_train": _count_safe(self.train),
+            "n_test": _count_safe(self.test),
+        }
 
     def _open(self, path: Path) -> None:
         old = read_jsonl(path)
@@ -352,8 +441,10 @@ class AlignmentMonitor:
         head = old[0]
         if head.get("kind") != "settings" or head != mine:
             diff = sorted(k for k in set(head) | set(mine) if head.get(k) != mine.get(k))
-            raise WidthscopeError(f"{path} holds monitor rows with other settings ({', '.join(diff) or 'no header'}); "
-                                  "give another out= file or the same settings to resume")
+            raise WidthscopeError(
+                f"{path} holds monitor rows with other settings ({', '.join(diff) or 'no header'}); "
+                "give another out= file or the same settings to resume"
+            )
         for r in old[1:]:
             if r.get("kind") == "row":
                 self.rows.append(r)
@@ -376,8 +467,15 @@ class AlignmentMonitor:
             for batches, need, what in ((self.train, self.M, "train"), (self.test, self.K, "held-out")):
                 t1 = self._clock()
                 try:
-                    q = collect(model, batches if whole else batches[:1], points=self.points, loss_fn=self.loss_fn,
-                                pool=self.pool, train_mode="eval", progress=False)
+                    q = collect(
+                        model,
+                        batches if whole else batches[:1],
+                        points=self.points,
+                        loss_fn=self.loss_fn,
+                        pool=self.pool,
+                        train_mode="eval",
+                        progress=False,
+                    )
                 except (NotImplementedError, WidthscopeError) as exc:  # e.g. a LightningModule without forward()
                     cause = exc if isinstance(exc, NotImplementedError) else exc.__cause__
                     # torch: 'Module [X] is missing the required "forward" function'
@@ -386,7 +484,8 @@ class AlignmentMonitor:
                     raise WidthscopeError(
                         f"the monitor calls the model on the pools, but {type(model).__name__} has no forward() "
                         f"({cause}); build the monitor on the network it wraps, e.g. AlignmentMonitor(module.net, "
-                        "...) with points named inside it (the Lightning callback probes that network)") from exc
+                        "...) with points named inside it (the Lightning callback probes that network)"
+                    ) from exc
                 self.notes = list(dict.fromkeys(self.notes + q.notes))
                 # the budget's first prediction: one batch's time times the pool's batches
                 self._predict_s += (self._clock() - t1) * (1 if whole else len(batches))
@@ -405,7 +504,8 @@ class AlignmentMonitor:
             raise WidthscopeError(
                 f"the monitor cannot restore this model exactly: an eval-mode forward pass changes "
                 f"{', '.join(changed[:3])}{' ...' if len(changed) > 3 else ''}; make that update happen "
-                "only in training mode (or probe a copy of the model with widthscope.certify.certify)")
+                "only in training mode (or probe a copy of the model with widthscope.certify.certify)"
+            )
 
     # ------------------------------------------------------------------ scheduling
     def bounds(self, first: int, last: int | None) -> None:
@@ -458,27 +558,52 @@ class AlignmentMonitor:
             return
         assert self.budget is not None  # (only a budget skips)
         train_s = max(0.0, now - (self._t_first if self._t_first is not None else now) - self.spent_s)
-        _log.warning("alignment monitor: skipped the probe planned at step %d: the monitor would exceed its "
-                     "budget of %.3g%% of training time (monitor %.3g s + next probe ~%.3g s > %.3g%% of %.3g s "
-                     "of training)%s", step, 100 * self.budget, self.spent_s, self._predict_s,
-                     100 * self.budget, train_s, "" if len(self.skipped) > 1 else
-                     "; pass budget=math.inf, or every=/at= without a budget, to probe every planned step")
+        _log.warning(
+            "alignment monitor: skipped the probe planned at step %d: the monitor would exceed its "
+            "budget of %.3g%% of training time (monitor %.3g s + next probe ~%.3g s > %.3g%% of %.3g s "
+            "of training)%s",
+            step,
+            100 * self.budget,
+            self.spent_s,
+            self._predict_s,
+            100 * self.budget,
+            train_s,
+            ""
+            if len(self.skipped) > 1
+            else "; pass budget=math.inf, or every=/at= without a budget, to probe every planned step",
+        )
         if self._writes:
             assert self.out is not None
-            append_jsonl(self.out, [{"kind": "skipped", "step": step, "reason": "budget", "budget": self.budget,
-                                     "monitor_s": self.spent_s, "train_s": train_s}])
+            append_jsonl(
+                self.out,
+                [
+                    {
+                        "kind": "skipped",
+                        "step": step,
+                        "reason": "budget",
+                        "budget": self.budget,
+                        "monitor_s": self.spent_s,
+                        "train_s": train_s,
+                    }
+                ],
+            )
 
     def summary(self) -> str:
         """One line: the probed steps and the planned steps the budget skipped."""
         probed = sorted({int(r["step"]) for r in self.rows})
 
         def steps(xs: Sequence[int]) -> str:
-            return ", ".join(map(str, xs)) if len(xs) <= 12 else \
-                f"{', '.join(map(str, xs[:6]))}, ..., {', '.join(map(str, xs[-3:]))} ({len(xs)} steps)"
+            return (
+                ", ".join(map(str, xs))
+                if len(xs) <= 12
+                else f"{', '.join(map(str, xs[:6]))}, ..., {', '.join(map(str, xs[-3:]))} ({len(xs)} steps)"
+            )
 
         budget = "" if self.budget is None or math.isinf(self.budget) else f" (budget {100 * self.budget:.3g}%)"
-        return (f"alignment monitor: probed step(s) {steps(probed) or 'none'}; skipped planned step(s) "
-                f"{steps(sorted(self.skipped)) or 'none'}{budget}; {self.spent_s:.3g} s in probes")
+        return (
+            f"alignment monitor: probed step(s) {steps(probed) or 'none'}; skipped planned step(s) "
+            f"{steps(sorted(self.skipped)) or 'none'}{budget}; {self.spent_s:.3g} s in probes"
+        )
 
     def _within_budget(self, now: float) -> bool:
         """Whether a probe now keeps monitor time ``≤ budget ×`` training time (rank 0 decides)."""
@@ -502,8 +627,9 @@ class AlignmentMonitor:
         t_start = self._clock()
         try:
             t0 = time.perf_counter()
-            common: dict[str, Any] = dict(points=self.points, loss_fn=self.loss_fn, pool=self.pool,
-                                          train_mode="eval", progress=self.progress)
+            common: dict[str, Any] = dict(
+                points=self.points, loss_fn=self.loss_fn, pool=self.pool, train_mode="eval", progress=self.progress
+            )
             with warnings.catch_warnings():  # said once, by the dry probe at construction
                 warnings.simplefilter("ignore", UserWarning)
                 qa = collect(model, distributed.shard(self.train), **common)
@@ -512,8 +638,15 @@ class AlignmentMonitor:
             ga, gb = ({n: gather_rows(q[n], _device(model)) for n in self.points} for q in (qa, qb))
             probe_s = time.perf_counter() - t0
             t0 = time.perf_counter()
-            results, _ = statistics(ga, gb, pairs=[(self.M, self.K)], draws=self.draws,
-                                    seed=self.seed, estimator=self.estimator, pool=self.pool)
+            results, _ = statistics(
+                ga,
+                gb,
+                pairs=[(self.M, self.K)],
+                draws=self.draws,
+                seed=self.seed,
+                estimator=self.estimator,
+                pool=self.pool,
+            )
             rows = [self._row(r, step) for r in results]
             stats_s = time.perf_counter() - t0
         finally:
@@ -539,14 +672,33 @@ class AlignmentMonitor:
         c = r["certificates"][0]
         two, one, mis = c["two"], c["one"], c["misalignment"]
         p = plan(CrossMoments(**r["cross_moments"]), target=self.delta)
-        row = {"kind": "row", "step": step, "point": r["point"], "M": self.M, "K": self.K,
-               "n_train": r["n_train"], "n_test": r["n_test"], "d": r["d"], "populations": two["populations"],
-               "d_par": two["d_par"], "d_2": two["d_2"], "d_align": two["d_align"], "vacuous": two["vacuous"],
-               "reason": two["reason"], "b_exact": two["b_exact"], "b_align": two["b_align"],
-               "expectation": two["expectation"], "d_align_one": one["d_align"],
-               "misalignment": mis["probability"], "misalignment_low": mis["low"],
-               "misalignment_high": mis["high"], "draws": mis["draws"], "delta": self.delta,
-               "plan_M_exact": p.equal_exact, "plan_M_align": p.equal_align}
+        row = {
+            "kind": "row",
+            "step": step,
+            "point": r["point"],
+            "M": self.M,
+            "K": self.K,
+            "n_train": r["n_train"],
+            "n_test": r["n_test"],
+            "d": r["d"],
+            "populations": two["populations"],
+            "d_par": two["d_par"],
+            "d_2": two["d_2"],
+            "d_align": two["d_align"],
+            "vacuous": two["vacuous"],
+            "reason": two["reason"],
+            "b_exact": two["b_exact"],
+            "b_align": two["b_align"],
+            "expectation": two["expectation"],
+            "d_align_one": one["d_align"],
+            "misalignment": mis["probability"],
+            "misalignment_low": mis["low"],
+            "misalignment_high": mis["high"],
+            "draws": mis["draws"],
+            "delta": self.delta,
+            "plan_M_exact": p.equal_exact,
+            "plan_M_align": p.equal_align,
+        }
         return vacuous_rule(row)
 
     def _events(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -554,8 +706,17 @@ class AlignmentMonitor:
         for r in rows:
             if r["point"] not in self._certified and certified(r["b_exact"], r["vacuous"], self.delta):
                 self._certified.add(r["point"])
-                out.append({"kind": "certified", "step": r["step"], "point": r["point"], "delta": self.delta,
-                            "b_exact": r["b_exact"], "M": self.M, "K": self.K})
+                out.append(
+                    {
+                        "kind": "certified",
+                        "step": r["step"],
+                        "point": r["point"],
+                        "delta": self.delta,
+                        "b_exact": r["b_exact"],
+                        "M": self.M,
+                        "K": self.K,
+                    }
+                )
         self.events.extend(out)
         return out
 

@@ -37,6 +37,7 @@ skipped steps. The step is ``state.global_step`` (optimizer steps done), so with
 accumulation the monitor probes after the optimizer step, never between micro-batches. Under
 several processes every rank probes its share of the pools and the main process logs.
 """
+
 from __future__ import annotations
 
 import logging
@@ -97,8 +98,9 @@ def _make_class() -> type:
 
         def _probe(self, args: Any, state: Any, control: Any, model: Any, final: bool = False) -> Any:
             # Every rank probes (its share of the pools; the samples are gathered), one logs.
-            rows = self.monitor.step(model if model is not None else self.monitor.model, int(state.global_step),
-                                     final=final)
+            rows = self.monitor.step(
+                model if model is not None else self.monitor.model, int(state.global_step), final=final
+            )
             if rows and getattr(state, "is_world_process_zero", True):
                 return self._log_entry(args, state, control, AlignmentMonitor.metrics(rows, self.prefix))
             return control
@@ -113,9 +115,12 @@ def _make_class() -> type:
             handler = getattr(self.trainer, "callback_handler", None)
             if handler is None:
                 if not self._warned:
-                    warnings.warn("AlignmentCallback has no trainer: its values go to state.log_history only, "
-                                  "not to the logging integrations; use widthscope.monitor.hf.attach(trainer, "
-                                  "monitor)", stacklevel=3)
+                    warnings.warn(
+                        "AlignmentCallback has no trainer: its values go to state.log_history only, "
+                        "not to the logging integrations; use widthscope.monitor.hf.attach(trainer, "
+                        "monitor)",
+                        stacklevel=3,
+                    )
                     self._warned = True
                 return control
             should_log = control.should_log
@@ -136,8 +141,10 @@ def _check_trainer(args: Any, trainer: Any, model: Any) -> None:
 
     fsdp = getattr(args, "fsdp", None)
     if fsdp or getattr(trainer, "is_fsdp_enabled", False) is True:
-        raise WidthscopeError(f"the alignment monitor cannot probe a Trainer that shards the model with FSDP "
-                              f"(TrainingArguments.fsdp={fsdp!r}); {FSDP_FIX}")
+        raise WidthscopeError(
+            f"the alignment monitor cannot probe a Trainer that shards the model with FSDP "
+            f"(TrainingArguments.fsdp={fsdp!r}); {FSDP_FIX}"
+        )
     check_not_fsdp(model, "the alignment monitor")
 
 

@@ -25,6 +25,7 @@ The values are therefore not in ``trainer.callback_metrics``. A planned probe th
 said in the log (logger ``widthscope.monitor``), and ``on_train_end`` logs a one-line summary.
 Lightning (``lightning`` or ``pytorch_lightning``) is imported on first use of the class.
 """
+
 from __future__ import annotations
 
 import logging
@@ -50,8 +51,9 @@ def _base() -> type:
         except ImportError as exc:
             from ..errors import WidthscopeError
 
-            raise WidthscopeError("widthscope.monitor.lightning needs Lightning: pip install "
-                                  "'widthscope[lightning]'") from exc
+            raise WidthscopeError(
+                "widthscope.monitor.lightning needs Lightning: pip install 'widthscope[lightning]'"
+            ) from exc
         return LegacyCallback
     return Callback
 
@@ -77,8 +79,7 @@ def _make_class() -> type:
             self.monitor.bounds(step, _last_step(trainer, step))
             self._step(trainer, pl_module, step)
 
-        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
-                               batch_idx: int) -> None:
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
             step = int(trainer.global_step)
             if step != self._seen:  # once per optimizer step
                 self._step(trainer, pl_module, step)
@@ -121,9 +122,11 @@ def _network(monitor: AlignmentMonitor, pl_module: Any) -> Any:
         return net
     from ..errors import WidthscopeError
 
-    raise WidthscopeError(f"the alignment monitor was built on a {type(net).__name__} that is not part of the "
-                          f"{type(pl_module).__name__} being trained; build it on the module being trained or on "
-                          "the network it holds (e.g. AlignmentMonitor(lit.net, ...)), not on a copy")
+    raise WidthscopeError(
+        f"the alignment monitor was built on a {type(net).__name__} that is not part of the "
+        f"{type(pl_module).__name__} being trained; build it on the module being trained or on "
+        "the network it holds (e.g. AlignmentMonitor(lit.net, ...)), not on a copy"
+    )
 
 
 def _last_step(trainer: Any, first: int) -> int | None:

@@ -13,6 +13,7 @@ Example::
     >>> series(rows)["p"]["d_align"]
     [2.0, nan]
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -57,8 +58,11 @@ def plot(rows: Iterable[dict[str, Any]] | str | Path, out: str | Path) -> Path:
         ax_m.plot(s["step"], s["misalignment"], "o-", color=color, label=f"{point} empirical")
         ax_m.fill_between(s["step"], s["misalignment_low"], s["misalignment_high"], color=color, alpha=0.2)
         ax_m.plot(s["step"], s["b_exact"], "--", color=color, label=f"{point} b_exact")
-    for ax, title in ((ax_d, "d_align (two populations; gap = vacuous)"), (ax_b, "b_exact at (M, K)"),
-                      (ax_m, "misalignment (95% Wilson) vs b_exact")):
+    for ax, title in (
+        (ax_d, "d_align (two populations; gap = vacuous)"),
+        (ax_b, "b_exact at (M, K)"),
+        (ax_m, "misalignment (95% Wilson) vs b_exact"),
+    ):
         ax.set_xscale("symlog", linthresh=1.0)
         ax.set_xlabel("optimizer step")
         ax.set_title(title, fontsize=10)

@@ -15,6 +15,7 @@ Example::
     >>> {k: tuple(v.shape) for k, v in q.items()}
     {'0': (6, 8), '1': (6, 8)}
 """
+
 from __future__ import annotations
 
 import importlib
@@ -23,8 +24,20 @@ from typing import Any
 from .collect import POOLS, ProbeResult, batched, causal_lm_loss, collect, coupling_layers, default_loss
 from .points import all_points, insertion_points, resolve_points
 
-__all__ = ["insertion_points", "all_points", "resolve_points", "collect", "ProbeResult", "batched",
-           "causal_lm_loss", "default_loss", "coupling_layers", "POOLS", "insert", "intervene"]
+__all__ = [
+    "insertion_points",
+    "all_points",
+    "resolve_points",
+    "collect",
+    "ProbeResult",
+    "batched",
+    "causal_lm_loss",
+    "default_loss",
+    "coupling_layers",
+    "POOLS",
+    "insert",
+    "intervene",
+]
 
 try:  # bound eagerly so the name `intervene` is the function, never the submodule
     from .intervene import insert, intervene

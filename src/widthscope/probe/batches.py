@@ -1,5 +1,6 @@
 """Batches as the probe and the interventions see them: ``(x, y)``, token ids, or a dict with
 ``input_ids``; pooling, indexing and re-batching them (shared by interventions and the prefix cache)."""
+
 from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
@@ -18,8 +19,9 @@ def batch_size_of(batch: Any) -> int:
         return next(iter(batch.values())).shape[0]
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
         return batch_size_of(batch[0])
-    raise WidthscopeError(f"a batch must be (x, y), a LongTensor of token ids or a dict with "
-                          f"'input_ids'; got {type(batch).__name__}")
+    raise WidthscopeError(
+        f"a batch must be (x, y), a LongTensor of token ids or a dict with 'input_ids'; got {type(batch).__name__}"
+    )
 
 
 def _cat(parts: list[Any]) -> Any:
@@ -31,8 +33,9 @@ def _cat(parts: list[Any]) -> Any:
             return {k: torch.cat([p[k] for p in parts], 0) for k in first}
         return tuple(_cat([p[i] for p in parts]) for i in range(len(first)))
     except RuntimeError as exc:
-        raise WidthscopeError(f"batches of different shapes cannot be pooled ({exc}); give "
-                              "sequences of one length (pad on the right)") from None
+        raise WidthscopeError(
+            f"batches of different shapes cannot be pooled ({exc}); give sequences of one length (pad on the right)"
+        ) from None
 
 
 def index_batch(data: Any, idx: torch.Tensor | slice) -> Any:
@@ -46,8 +49,11 @@ def index_batch(data: Any, idx: torch.Tensor | slice) -> Any:
 def as_examples(batches: Iterable[Any] | Any) -> Any:
     """Pool a list of batches (or one batch) into one batch-shaped object of all examples."""
     if isinstance(batches, (torch.Tensor, Mapping)) or (
-            isinstance(batches, tuple) and len(batches) == 2 and isinstance(batches[0], (torch.Tensor, Mapping))
-            and isinstance(batches[1], torch.Tensor)):
+        isinstance(batches, tuple)
+        and len(batches) == 2
+        and isinstance(batches[0], (torch.Tensor, Mapping))
+        and isinstance(batches[1], torch.Tensor)
+    ):
         return batches  # already one batch: (x, y) with x a tensor or a dict of tensors
     parts = list(batches)
     if not parts:
@@ -63,8 +69,9 @@ def take(data: Any, n: int | None, *, what: str = "examples") -> Any:
     if not isinstance(n, int) or n < 1:
         raise WidthscopeError(f"{what}: the number of examples must be a positive integer, got {n!r}")
     if n > total:
-        raise WidthscopeError(f"{what}: asked for {n} examples but only {total} were given; pass "
-                              f"more batches or a smaller value")
+        raise WidthscopeError(
+            f"{what}: asked for {n} examples but only {total} were given; pass more batches or a smaller value"
+        )
     return index_batch(data, slice(0, n))
 
 

@@ -35,6 +35,7 @@ Example::
     >>> q["1"].shape
     torch.Size([10, 8])
 """
+
 from __future__ import annotations
 
 import inspect
@@ -50,8 +51,16 @@ from .._io import progress as _progress
 from ..errors import WidthscopeError
 from .points import resolve_points
 
-__all__ = ["collect", "ProbeResult", "batched", "causal_lm_loss", "masked_lm_loss", "default_loss", "POOLS",
-           "coupling_layers"]
+__all__ = [
+    "collect",
+    "ProbeResult",
+    "batched",
+    "causal_lm_loss",
+    "masked_lm_loss",
+    "default_loss",
+    "POOLS",
+    "coupling_layers",
+]
 
 POOLS = ("sum", "mean", "flatten", "token")
 TRAIN_MODES = ("eval", "keep")
@@ -59,8 +68,16 @@ TRAIN_MODES = ("eval", "keep")
 # Modules whose *training-mode* output for one example depends on the other examples.
 _COUPLING = (nn.modules.batchnorm._BatchNorm,)
 # 1-D "channels first" layers: for their 3-D outputs (B, C, L) the feature dim is 1, not -1.
-_CHANNELS_FIRST_1D = (nn.Conv1d, nn.ConvTranspose1d, nn.BatchNorm1d, nn.InstanceNorm1d,
-                      nn.MaxPool1d, nn.AvgPool1d, nn.AdaptiveAvgPool1d, nn.AdaptiveMaxPool1d)
+_CHANNELS_FIRST_1D = (
+    nn.Conv1d,
+    nn.ConvTranspose1d,
+    nn.BatchNorm1d,
+    nn.InstanceNorm1d,
+    nn.MaxPool1d,
+    nn.AvgPool1d,
+    nn.AdaptiveAvgPool1d,
+    nn.AdaptiveMaxPool1d,
+)
 
 
 class ProbeResult(dict):
@@ -73,10 +90,17 @@ class ProbeResult(dict):
     ``widths``, so interventions need not run those passes again.
     """
 
-    def __init__(self, *args: Any, notes: list[str] | None = None, n_examples: int = 0,
-                 pool: str = "sum", losses: torch.Tensor | None = None,
-                 act_sq: dict[str, torch.Tensor] | None = None, widths: dict[str, int] | None = None,
-                 **kw: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        notes: list[str] | None = None,
+        n_examples: int = 0,
+        pool: str = "sum",
+        losses: torch.Tensor | None = None,
+        act_sq: dict[str, torch.Tensor] | None = None,
+        widths: dict[str, int] | None = None,
+        **kw: Any,
+    ) -> None:
         super().__init__(*args, **kw)
         self.notes = list(notes or [])
         self.n_examples = n_examples
@@ -102,8 +126,7 @@ def coupling_layers(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, _COUPLING)]
 
 
-def batched(x: torch.Tensor, y: torch.Tensor | None = None, *, batch_size: int = 64
-            ) -> list[Any]:
+def batched(x: torch.Tensor, y: torch.Tensor | None = None, *, batch_size: int = 64) -> list[Any]:
     """Split full tensors into probe batches: ``(x, y)`` pairs, or LM id tensors if ``y`` is None."""
     if batch_size < 1:
         raise WidthscopeError(f"batch_size must be >= 1, got {batch_size}")
@@ -112,7 +135,7 @@ def batched(x: torch.Tensor, y: torch.Tensor | None = None, *, batch_size: int =
         raise WidthscopeError(f"x has {n} examples but y has {y.shape[0]}")
     out = []
     for i in range(0, n, batch_size):
-        out.append(x[i:i + batch_size] if y is None else (x[i:i + batch_size], y[i:i + batch_size]))
+        out.append(x[i : i + batch_size] if y is None else (x[i : i + batch_size], y[i : i + batch_size]))
     return out
 
 
@@ -126,13 +149,17 @@ def _logits(output: Any) -> torch.Tensor:
         return output["logits"]
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
         return output[0]
-    raise WidthscopeError(f"cannot find the model output tensor in a {type(output).__name__}; "
-                          "pass loss_fn=... that takes the raw output")
+    raise WidthscopeError(
+        f"cannot find the model output tensor in a {type(output).__name__}; pass loss_fn=... that takes the raw output"
+    )
 
 
-def causal_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor,
-                   attention_mask: torch.Tensor | None = None,
-                   labels: torch.Tensor | None = None) -> torch.Tensor:
+def causal_lm_loss(
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
+) -> torch.Tensor:
     r"""Per-sequence causal-LM loss: mean over its predicted tokens of the shifted cross-entropy.
 
     :math:`\ell_i = \frac{1}{|P_i|}\sum_{t\in P_i} -\log p(x_{i,t+1}\mid x_{i,\le t})` where
@@ -147,14 +174,20 @@ def causal_lm_loss(logits: torch.Tensor, input_ids: torch.Tensor,
     if attention_mask is not None:
         valid = valid & attention_mask[:, 1:].bool()
     B, T, V = logits.shape
-    ce = F.cross_entropy(logits[:, :-1].reshape(-1, V).float() if logits.dtype in (torch.float16, torch.bfloat16)
-                         else logits[:, :-1].reshape(-1, V),
-                         targets.clamp_min(0).reshape(-1), reduction="none").view(B, T - 1)
+    ce = F.cross_entropy(
+        logits[:, :-1].reshape(-1, V).float()
+        if logits.dtype in (torch.float16, torch.bfloat16)
+        else logits[:, :-1].reshape(-1, V),
+        targets.clamp_min(0).reshape(-1),
+        reduction="none",
+    ).view(B, T - 1)
     count = valid.sum(1)
     if bool((count == 0).any()):
         i = int((count == 0).nonzero()[0, 0])
-        raise WidthscopeError(f"sequence {i} of the batch has no predicted token (needs >= 2 "
-                              "unmasked tokens); drop empty/one-token sequences")
+        raise WidthscopeError(
+            f"sequence {i} of the batch has no predicted token (needs >= 2 "
+            "unmasked tokens); drop empty/one-token sequences"
+        )
     return (ce * valid.to(ce.dtype)).sum(1) / count.to(ce.dtype)
 
 
@@ -167,11 +200,14 @@ def masked_lm_loss(output: Any, batch: Mapping[str, torch.Tensor]) -> torch.Tens
     logits = _logits(output)
     labels = batch.get("labels") if isinstance(batch, Mapping) else None
     if labels is None:
-        raise WidthscopeError("masked-LM batches need 'labels' (-100 where nothing is predicted); "
-                              "widthscope's input layer makes them with --task masked-lm")
+        raise WidthscopeError(
+            "masked-LM batches need 'labels' (-100 where nothing is predicted); "
+            "widthscope's input layer makes them with --task masked-lm"
+        )
     if logits.ndim != 3 or logits.shape[:2] != labels.shape:
-        raise WidthscopeError(f"masked-LM loss expects logits (B, T, V) matching labels {tuple(labels.shape)}, "
-                              f"got {tuple(logits.shape)}")
+        raise WidthscopeError(
+            f"masked-LM loss expects logits (B, T, V) matching labels {tuple(labels.shape)}, got {tuple(logits.shape)}"
+        )
     B, T, V = logits.shape
     valid = labels != -100
     count = valid.sum(1)
@@ -199,8 +235,10 @@ def default_loss(output: Any, y: torch.Tensor) -> torch.Tensor:
         if y.shape != out.shape and y.numel() == out.numel():
             y = y.reshape(out.shape)
         if y.shape != out.shape:
-            raise WidthscopeError(f"regression targets have shape {tuple(y.shape)} but the model "
-                                  f"output has shape {tuple(out.shape)}; pass loss_fn=...")
+            raise WidthscopeError(
+                f"regression targets have shape {tuple(y.shape)} but the model "
+                f"output has shape {tuple(out.shape)}; pass loss_fn=..."
+            )
         return (out - y.to(out.dtype)).pow(2).reshape(B, -1).sum(1)
     raise WidthscopeError(f"targets of dtype {y.dtype} are neither class labels nor floats; pass loss_fn=...")
 
@@ -240,8 +278,9 @@ def _shapes(obj: Any) -> str:
     return type(obj).__name__
 
 
-def _run_batch(model: nn.Module, batch: Any, loss_fn: Callable | None, bi: int
-               ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+def _run_batch(
+    model: nn.Module, batch: Any, loss_fn: Callable | None, bi: int
+) -> tuple[torch.Tensor, torch.Tensor | None, int]:
     """Forward one batch; returns (per-example losses (B,), attention mask or None, B).
 
     A torch error inside the model or the loss (wrong input size, class index out of range,
@@ -256,11 +295,13 @@ def _run_batch(model: nn.Module, batch: Any, loss_fn: Callable | None, bi: int
         raise WidthscopeError(
             f"batch {bi}: the model's forward pass or the loss failed ({type(exc).__name__}: {first}); "
             f"batch shapes {_shapes(batch)}. Check that the data matches the model (input size, number "
-            "of classes / targets, equal batch sizes of inputs and targets)") from exc
+            "of classes / targets, equal batch sizes of inputs and targets)"
+        ) from exc
 
 
-def _forward_loss(model: nn.Module, batch: Any, loss_fn: Callable | None, bi: int
-                  ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+def _forward_loss(
+    model: nn.Module, batch: Any, loss_fn: Callable | None, bi: int
+) -> tuple[torch.Tensor, torch.Tensor | None, int]:
     mask = None
     if isinstance(batch, Mapping) or (isinstance(batch, torch.Tensor) and not batch.is_floating_point()):
         # Causal LM: LongTensor ids, or {"input_ids", optional "attention_mask", "labels"}.
@@ -284,7 +325,8 @@ def _forward_loss(model: nn.Module, batch: Any, loss_fn: Callable | None, bi: in
                 if bool((m[:, 1:] & ~m[:, :-1]).any()):
                     raise WidthscopeError(
                         f"batch {bi}: {type(model).__name__}.forward takes no attention_mask and the "
-                        "padding is not on the right; pad sequences on the right")
+                        "padding is not on the right; pad sequences on the right"
+                    )
         output = model(ids, **kwargs)
         if loss_fn is not None:
             losses = loss_fn(output, batch)
@@ -297,8 +339,14 @@ def _forward_loss(model: nn.Module, batch: Any, loss_fn: Callable | None, bi: in
         B = (next(iter(x.values())) if isinstance(x, Mapping) else x).shape[0]
         if loss_fn is not None:
             losses = loss_fn(output, y)
-        elif (isinstance(x, torch.Tensor) and not x.is_floating_point() and x.ndim == 2
-              and isinstance(y, torch.Tensor) and y.shape == x.shape and torch.equal(x, y)):
+        elif (
+            isinstance(x, torch.Tensor)
+            and not x.is_floating_point()
+            and x.ndim == 2
+            and isinstance(y, torch.Tensor)
+            and y.shape == x.shape
+            and torch.equal(x, y)
+        ):
             # (ids, ids) pairs, as widthscope.data.load("text") yields: causal LM.
             losses = causal_lm_loss(_logits(output), x)
         else:
@@ -306,7 +354,8 @@ def _forward_loss(model: nn.Module, batch: Any, loss_fn: Callable | None, bi: in
         return losses, None, B
     raise WidthscopeError(
         f"batch {bi} is a {type(batch).__name__}: expected (x, y), a LongTensor of token ids, "
-        "or a dict with 'input_ids'. Tip: widthscope.probe.batched(X, y, batch_size=64)")
+        "or a dict with 'input_ids'. Tip: widthscope.probe.batched(X, y, batch_size=64)"
+    )
 
 
 # ----------------------------------------------------------------------------- pooling
@@ -347,19 +396,31 @@ def _split_output(output: Any, name: str) -> tuple[torch.Tensor, Callable[[torch
     if isinstance(output, MutableMapping):  # put writes the replacement back (dict, HF ModelOutput)
         for key in ("last_hidden_state", "hidden_states"):
             if isinstance(output.get(key), torch.Tensor):
+
                 def put(z: torch.Tensor, key: str = key) -> Any:
                     output[key] = z
                     return output
+
                 return output[key], put
-    raise WidthscopeError(f"insertion point {name!r} outputs a {type(output).__name__}, not a tensor "
-                          "or a tuple starting with the hidden states; choose another point")
+    raise WidthscopeError(
+        f"insertion point {name!r} outputs a {type(output).__name__}, not a tensor "
+        "or a tuple starting with the hidden states; choose another point"
+    )
 
 
 # ----------------------------------------------------------------------------- collect
-def collect(model: nn.Module, batches: Iterable[Any], *, points: str | Sequence[str] | None = None,
-            loss_fn: Callable[[Any, Any], torch.Tensor] | None = None, pool: str = "sum",
-            train_mode: str = "eval", progress: bool = True, dtype: torch.dtype = torch.float64,
-            transform: Callable[[str, torch.Tensor], torch.Tensor] | None = None) -> ProbeResult:
+def collect(
+    model: nn.Module,
+    batches: Iterable[Any],
+    *,
+    points: str | Sequence[str] | None = None,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    pool: str = "sum",
+    train_mode: str = "eval",
+    progress: bool = True,
+    dtype: torch.dtype = torch.float64,
+    transform: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
+) -> ProbeResult:
     """Per-example activation gradients ``q = ∂ℓ/∂z`` at each insertion point, pooled.
 
     Args:
@@ -426,8 +487,20 @@ def collect(model: nn.Module, batches: Iterable[Any], *, points: str | Sequence[
             handles.append(modules[n].register_forward_hook(_make_hook(n, state, sumsq, widths)))
         total = len(batches) if hasattr(batches, "__len__") else None  # type: ignore[arg-type]
         for bi, batch in enumerate(_progress(batches, total=total, desc="probe", disable=None if progress else True)):
-            n_examples += _probe_batch(model, batch, bi, names, state, device, loss_fn=loss_fn, pool=pool,
-                                       dtype=dtype, transform=transform, out=out, all_losses=all_losses)
+            n_examples += _probe_batch(
+                model,
+                batch,
+                bi,
+                names,
+                state,
+                device,
+                loss_fn=loss_fn,
+                pool=pool,
+                dtype=dtype,
+                transform=transform,
+                out=out,
+                all_losses=all_losses,
+            )
             n_batches += 1
             state.clear()
     finally:
@@ -440,9 +513,15 @@ def collect(model: nn.Module, batches: Iterable[Any], *, points: str | Sequence[
         state.clear()
     if n_examples == 0:
         raise WidthscopeError("no examples: the batches were empty; check the data (n_train/n_test)")
-    return ProbeResult({n: torch.cat(v, 0) for n, v in out.items()}, notes=notes,
-                       n_examples=n_examples, pool=pool, losses=torch.cat(all_losses),
-                       act_sq={n: torch.cat(v, 0) for n, v in sumsq.items()}, widths=widths)
+    return ProbeResult(
+        {n: torch.cat(v, 0) for n, v in out.items()},
+        notes=notes,
+        n_examples=n_examples,
+        pool=pool,
+        losses=torch.cat(all_losses),
+        act_sq={n: torch.cat(v, 0) for n, v in sumsq.items()},
+        widths=widths,
+    )
 
 
 def _mode_notes(model: nn.Module, modules: dict[str, nn.Module], train_mode: str) -> list[str]:
@@ -450,19 +529,23 @@ def _mode_notes(model: nn.Module, modules: dict[str, nn.Module], train_mode: str
     (and a warning) saying which BatchNorm / dropout layers run in eval mode."""
     notes: list[str] = []
     coupling = [n for n in coupling_layers(model) if modules[n].training]
-    dropouts = [n for n, m in model.named_modules()
-                if isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0]
+    dropouts = [
+        n for n, m in model.named_modules() if isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0
+    ]
     if train_mode == "keep" and coupling:
         raise WidthscopeError(
             f"train_mode='keep' but {', '.join(coupling[:5])} {'is' if len(coupling) == 1 else 'are'} "
             "BatchNorm in training mode: its output for one example depends on the whole batch, so "
             "per-example gradients from one batched backward would be wrong. Use train_mode='eval' "
-            "(running statistics) or call model.eval() first")
+            "(running statistics) or call model.eval() first"
+        )
     if train_mode == "eval":
         if coupling:
-            msg = (f"ran {len(coupling)} BatchNorm layer(s) ({', '.join(coupling[:3])}"
-                   f"{', ...' if len(coupling) > 3 else ''}) in eval mode (running statistics): in "
-                   "training mode they couple the examples of a batch")
+            msg = (
+                f"ran {len(coupling)} BatchNorm layer(s) ({', '.join(coupling[:3])}"
+                f"{', ...' if len(coupling) > 3 else ''}) in eval mode (running statistics): in "
+                "training mode they couple the examples of a batch"
+            )
             warnings.warn(msg, stacklevel=3)  # at collect()'s caller
             notes.append(msg)
         if dropouts:
@@ -470,15 +553,21 @@ def _mode_notes(model: nn.Module, modules: dict[str, nn.Module], train_mode: str
     return notes
 
 
-def _make_hook(name: str, state: dict[str, tuple[torch.Tensor, nn.Module]],
-               sumsq: dict[str, list[torch.Tensor]], widths: dict[str, int]) -> Callable:
+def _make_hook(
+    name: str,
+    state: dict[str, tuple[torch.Tensor, nn.Module]],
+    sumsq: dict[str, list[torch.Tensor]],
+    widths: dict[str, int],
+) -> Callable:
     """Forward hook at point ``name``: adds a zero leaf ``b`` to its output (kept in ``state``)
     and records the activations' per-example sum of squares and the point's width."""
+
     def hook(module: nn.Module, inputs: Any, output: Any) -> Any:
         if name in state:
             raise WidthscopeError(
                 f"insertion point {name!r} ran twice in one forward pass (a shared module); "
-                "its per-example gradient is ambiguous: choose a module that runs once")
+                "its per-example gradient is ambiguous: choose a module that runs once"
+            )
         z, put = _split_output(output, name)
         # Zero bias of z's shape: d(loss)/d(bias) == d(loss)/dz; a leaf, so later in-place
         # ops on the output cannot alter it, and it lets grads flow with frozen parameters.
@@ -488,18 +577,30 @@ def _make_hook(name: str, state: dict[str, tuple[torch.Tensor, nn.Module]],
         from .insert import channel_dim
 
         per = zd.double().pow(2).reshape(zd.shape[0], -1)
-        sumsq.setdefault(name, []).append(torch.stack(
-            [per.sum(1), torch.full((zd.shape[0],), per.shape[1], dtype=torch.float64)], 1).cpu())
+        sumsq.setdefault(name, []).append(
+            torch.stack([per.sum(1), torch.full((zd.shape[0],), per.shape[1], dtype=torch.float64)], 1).cpu()
+        )
         widths[name] = int(zd.shape[channel_dim(zd)]) if zd.ndim > 1 else 1
         return put(z + b)
+
     return hook
 
 
-def _probe_batch(model: nn.Module, batch: Any, bi: int, names: list[str],
-                 state: dict[str, tuple[torch.Tensor, nn.Module]], device: torch.device, *,
-                 loss_fn: Callable | None, pool: str, dtype: torch.dtype,
-                 transform: Callable[[str, torch.Tensor], torch.Tensor] | None,
-                 out: dict[str, list[torch.Tensor]], all_losses: list[torch.Tensor]) -> int:
+def _probe_batch(
+    model: nn.Module,
+    batch: Any,
+    bi: int,
+    names: list[str],
+    state: dict[str, tuple[torch.Tensor, nn.Module]],
+    device: torch.device,
+    *,
+    loss_fn: Callable | None,
+    pool: str,
+    dtype: torch.dtype,
+    transform: Callable[[str, torch.Tensor], torch.Tensor] | None,
+    out: dict[str, list[torch.Tensor]],
+    all_losses: list[torch.Tensor],
+) -> int:
     """One batch: forward, per-example losses, one backward to the leaves, pooled gradients
     appended to ``out`` and the losses to ``all_losses``; returns the batch size."""
     state.clear()
@@ -508,15 +609,17 @@ def _probe_batch(model: nn.Module, batch: Any, bi: int, names: list[str],
         losses, mask, B = _run_batch(model, batch, loss_fn, bi)
     missing = [n for n in names if n not in state]
     if missing:
-        raise WidthscopeError(f"insertion point(s) {', '.join(missing)} did not run in the forward "
-                              f"pass of batch {bi}; choose modules on the path to the loss")
+        raise WidthscopeError(
+            f"insertion point(s) {', '.join(missing)} did not run in the forward "
+            f"pass of batch {bi}; choose modules on the path to the loss"
+        )
     if not isinstance(losses, torch.Tensor) or losses.shape != (B,):
         raise WidthscopeError(
             f"loss_fn must return one loss per example, shape ({B},); got "
-            f"{tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__}")
+            f"{tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__}"
+        )
     if not losses.requires_grad:
-        raise WidthscopeError(f"the loss of batch {bi} does not depend on the insertion points "
-                              f"{', '.join(names)}")
+        raise WidthscopeError(f"the loss of batch {bi} does not depend on the insertion points {', '.join(names)}")
     leaves = [state[n][0] for n in names]
     all_losses.append(losses.detach().to("cpu", torch.float64))
     grads = torch.autograd.grad(losses.sum(), leaves, allow_unused=True)
@@ -528,7 +631,8 @@ def _probe_batch(model: nn.Module, batch: Any, bi: int, names: list[str],
             raise WidthscopeError(
                 f"non-finite (NaN/Inf) activation gradient at insertion point {n!r} in batch {bi}"
                 f"{' (the loss itself is not finite)' if bad_loss else ''}; check the inputs "
-                "and the model (e.g. run in float32/float64 instead of float16)")
+                "and the model (e.g. run in float32/float64 instead of float16)"
+            )
         fdim = _feature_dim(state[n][1], g)
         pooled = _pool(g.detach(), fdim, pool, mask).to("cpu", dtype)
         out[n].append(pooled if transform is None else transform(n, pooled))

@@ -32,6 +32,7 @@ Example::
     >>> sorted(k for k in c if k.endswith("_gain"))
     ['bias_gain', 'block_gain', 'certified_gain', 'ls_gain']
 """
+
 from __future__ import annotations
 
 import math
@@ -42,10 +43,16 @@ import torch.nn as nn
 
 from ..errors import WidthscopeError
 from .insert import ACTIVATIONS, ResidualBlock, insert, remove_insertion
-from .intervene import block_of, block_features, block_gram
+from .intervene import block_features, block_gram, block_of
 
-__all__ = ["point_criteria", "gradmax_from_factors", "gradmax_directions", "line_search_gain", "CRITERIA",
-           "block_input_features"]
+__all__ = [
+    "point_criteria",
+    "gradmax_from_factors",
+    "gradmax_directions",
+    "line_search_gain",
+    "CRITERIA",
+    "block_input_features",
+]
 
 # criterion name -> (row column ranked on, higher is better); "bias" is the pre-issue-11 ranking.
 CRITERIA: dict[str, str] = {
@@ -58,8 +65,9 @@ CRITERIA: dict[str, str] = {
 }
 
 
-def block_input_features(model: nn.Module, point: str, data: Any, loss_fn: Callable | None = None, *,
-                         batch_size: int = 64, norm: str = "rms") -> tuple[torch.Tensor, torch.Tensor]:
+def block_input_features(
+    model: nn.Module, point: str, data: Any, loss_fn: Callable | None = None, *, batch_size: int = 64, norm: str = "rms"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``q`` (activation gradients at ``point``) and ``u = norm(z)`` (block input), both ``(n, T, N)``.
 
     Done with :func:`block_features` on a temporary identity block (``W_in = I``, ``φ = id``),
@@ -68,8 +76,7 @@ def block_input_features(model: nn.Module, point: str, data: Any, loss_fn: Calla
     from .intervene import _activation_rms
 
     _, width = _activation_rms(model, point, _first(data, 2), loss_fn, batch_size)
-    insert(model, point, "block", width=width, hidden=width, activation="identity", norm=norm,
-           record=False)
+    insert(model, point, "block", width=width, hidden=width, activation="identity", norm=norm, record=False)
     try:
         blk = block_of(model, point)
         if blk.style == "conv3x3":  # pragma: no cover - auto style never picks 3x3
@@ -87,8 +94,9 @@ def _first(data: Any, n: int) -> Any:
     return index_batch(data, slice(0, min(n, batch_size_of(data))))
 
 
-def gradmax_from_factors(qa: torch.Tensor, ua: torch.Tensor, qb: torch.Tensor, ub: torch.Tensor,
-                         k: int = 1) -> tuple[float, float]:
+def gradmax_from_factors(
+    qa: torch.Tensor, ua: torch.Tensor, qb: torch.Tensor, ub: torch.Tensor, k: int = 1
+) -> tuple[float, float]:
     """``(λ_max, Σ top-k λ)`` of ``sym(S_aᵀ S_b)``, ``S = mean_i Σ_t q_{i,t} u_{i,t}ᵀ``.
 
     ``q*``/``u*``: ``(n, T, N)``/``(n, T, N_in)``. ``S`` comes from one ``(nT × N)ᵀ(nT × N_in)``
@@ -102,8 +110,7 @@ def gradmax_from_factors(qa: torch.Tensor, ua: torch.Tensor, qb: torch.Tensor, u
     return float(ev[-1]), float(ev[-k:].sum())
 
 
-def gradmax_directions(qa: torch.Tensor, ua: torch.Tensor, qb: torch.Tensor, ub: torch.Tensor,
-                       k: int) -> torch.Tensor:
+def gradmax_directions(qa: torch.Tensor, ua: torch.Tensor, qb: torch.Tensor, ub: torch.Tensor, k: int) -> torch.Tensor:
     """The ``k`` unit rows GradMax would give ``W_in``: the eigenvectors of ``sym(S_aᵀ S_b)`` of the
     ``k`` largest eigenvalues (``(k, N_in)``, float64, largest first). ``Σ`` of those eigenvalues is
     ``gradmax_k``: a block grown with these rows is the block that ``gradmax_k`` scores."""
@@ -115,12 +122,26 @@ def gradmax_directions(qa: torch.Tensor, ua: torch.Tensor, qb: torch.Tensor, ub:
     return vec[:, -k:].flip(1).T.contiguous()
 
 
-def point_criteria(model: nn.Module, point: str, train: Any, test: Any, *, M: int = 32, K: int = 32,
-                   eta: float = 1e-3, hidden: int | None = None, activation: str = "gelu",
-                   norm: str = "rms", block_seed: int = 0, gradmax_k: int = 8,
-                   loss_fn: Callable | None = None, batch_size: int = 64,
-                   deltas: tuple[float, ...] = (0.1,), line_search: bool = True,
-                   keep_gradmax_rows: bool = False) -> dict[str, Any]:
+def point_criteria(
+    model: nn.Module,
+    point: str,
+    train: Any,
+    test: Any,
+    *,
+    M: int = 32,
+    K: int = 32,
+    eta: float = 1e-3,
+    hidden: int | None = None,
+    activation: str = "gelu",
+    norm: str = "rms",
+    block_seed: int = 0,
+    gradmax_k: int = 8,
+    loss_fn: Callable | None = None,
+    batch_size: int = 64,
+    deltas: tuple[float, ...] = (0.1,),
+    line_search: bool = True,
+    keep_gradmax_rows: bool = False,
+) -> dict[str, Any]:
     """Every growth criterion at ``point`` from pooled ``train`` / held-out ranking ``test`` examples.
 
     ``hidden``, ``activation``, ``norm``, ``block_seed`` describe the block that would be grown
@@ -144,19 +165,39 @@ def point_criteria(model: nn.Module, point: str, train: Any, test: Any, *, M: in
         w_in = w_in[:, :, 0, 0]
     act = ACTIVATIONS[activation]
     ha, hb = act(ua @ w_in.T), act(ub @ w_in.T)
-    row: dict[str, Any] = {"point": point, "width": N, "block_hidden": H, "M": M, "K": K, "eta": eta,
-                           "n_train": int(qa.shape[0]), "n_rank": int(qb.shape[0])}
+    row: dict[str, Any] = {
+        "point": point,
+        "width": N,
+        "block_hidden": H,
+        "M": M,
+        "K": K,
+        "eta": eta,
+        "n_train": int(qa.shape[0]),
+        "n_rank": int(qb.shape[0]),
+    }
     # bias: the sum-pooled sample vector is Σ_t q_t (= probe.collect's default pooling)
     sa, sb = qa.sum(1), qb.sum(1)
     cb = certificate(sa, sb, M=M, K=K)
-    row.update(bias_expectation=cb.expectation, bias_gain=eta * cb.expectation, bias_d_align=cb.d_align,
-               bias_b_exact=cb.b_exact, bias_b_align=cb.b_align, bias_vacuous=bool(cb.vacuous))
+    row.update(
+        bias_expectation=cb.expectation,
+        bias_gain=eta * cb.expectation,
+        bias_d_align=cb.d_align,
+        bias_b_exact=cb.b_exact,
+        bias_b_align=cb.b_align,
+        bias_vacuous=bool(cb.vacuous),
+    )
     # block: the cross Gram of per-example W_out gradients (Gram products only)
     cm = cross_moments_from_gram(block_gram(qa, ha, qb, hb))
     ck = certificate(cm, M=M, K=K)
-    row.update(block_expectation=ck.expectation, block_gain=eta * ck.expectation, block_d_align=ck.d_align,
-               block_b_exact=ck.b_exact, block_b_align=ck.b_align, block_vacuous=bool(ck.vacuous),
-               block_reason=ck.reason)
+    row.update(
+        block_expectation=ck.expectation,
+        block_gain=eta * ck.expectation,
+        block_d_align=ck.d_align,
+        block_b_exact=ck.b_exact,
+        block_b_align=ck.b_align,
+        block_vacuous=bool(ck.vacuous),
+        block_reason=ck.reason,
+    )
     p_right = 1.0 - ck.b_exact if ck.expectation > 0 and math.isfinite(ck.b_exact) else 0.0
     row["p_improve"] = p_right  # Cantelli lower bound on Pr(the M-sample step's held-out sign is right)
     row["certified_gain"] = eta * max(ck.expectation, 0.0) * p_right
@@ -170,14 +211,36 @@ def point_criteria(model: nn.Module, point: str, train: Any, test: Any, *, M: in
     if keep_gradmax_rows:
         row["gradmax_rows"] = gradmax_directions(qa, ua, qb, ub, gradmax_k)
     if line_search:  # one more pass with a Hessian-vector product; see line_search_gain
-        row.update(line_search_gain(model, point, train, test, hidden=H, activation=activation, norm=norm,
-                                    block_seed=block_seed, loss_fn=loss_fn, batch_size=batch_size))
+        row.update(
+            line_search_gain(
+                model,
+                point,
+                train,
+                test,
+                hidden=H,
+                activation=activation,
+                norm=norm,
+                block_seed=block_seed,
+                loss_fn=loss_fn,
+                batch_size=batch_size,
+            )
+        )
     return row
 
 
-def line_search_gain(model: nn.Module, point: str, train: Any, test: Any, *, hidden: int | None = None,
-                     activation: str = "gelu", norm: str = "rms", block_seed: int = 0,
-                     loss_fn: Callable | None = None, batch_size: int = 64) -> dict[str, float]:
+def line_search_gain(
+    model: nn.Module,
+    point: str,
+    train: Any,
+    test: Any,
+    *,
+    hidden: int | None = None,
+    activation: str = "gelu",
+    norm: str = "rms",
+    block_seed: int = 0,
+    loss_fn: Callable | None = None,
+    batch_size: int = 64,
+) -> dict[str, float]:
     r"""Second-order held-out gain of the best step along the block's train gradient.
 
     With ``G_a`` the mean train ``W_out`` gradient and ``L_b`` the held-out ranking loss, the step
@@ -190,19 +253,28 @@ def line_search_gain(model: nn.Module, point: str, train: Any, test: Any, *, hid
     ranked last, ``null`` in JSON — when ``s > 0`` and ``c ≤ 0``: the quadratic model then bounds
     nothing, and an estimate that says "unbounded" should not win a ranking).
     """
-    from .collect import _run_batch, to_device, float_dtype
+    from .collect import _run_batch, float_dtype, to_device
     from .intervene import (
-        _activation_rms,
-        batch_size_of,
-        _device,
         EvalMode,
-        w_out_grad,
+        _activation_rms,
+        _device,
+        batch_size_of,
         to_batches,
+        w_out_grad,
     )
 
     _, width = _activation_rms(model, point, _first(test, 2), loss_fn, batch_size)
-    insert(model, point, "block", width=width, hidden=hidden, activation=activation, norm=norm,
-           seed=block_seed, record=False)
+    insert(
+        model,
+        point,
+        "block",
+        width=width,
+        hidden=hidden,
+        activation=activation,
+        norm=norm,
+        seed=block_seed,
+        record=False,
+    )
     flags = [(p, p.requires_grad) for p in model.parameters()]
     try:
         blk = block_of(model, point)

@@ -29,6 +29,7 @@ Example::
     >>> torch.allclose(m(x), y0)
     True
 """
+
 from __future__ import annotations
 
 import math
@@ -76,11 +77,14 @@ def channel_dim(z: torch.Tensor, style: str = "auto") -> int:
     if style == "conv3x3" and z.dim() != 4:
         raise WidthscopeError(
             f"style='conv3x3' needs a (batch, channels, height, width) output, got shape "
-            f"{tuple(z.shape)}; use style='mlp' or 'auto'")
+            f"{tuple(z.shape)}; use style='mlp' or 'auto'"
+        )
     if style in ("conv1x1", "conv3x3"):
         if z.dim() < 3:
-            raise WidthscopeError(f"style={style!r} needs a conv map (batch, channels, ...), got "
-                                  f"shape {tuple(z.shape)}; use style='mlp' or 'auto'")
+            raise WidthscopeError(
+                f"style={style!r} needs a conv map (batch, channels, ...), got "
+                f"shape {tuple(z.shape)}; use style='mlp' or 'auto'"
+            )
         return 1
     if style == "mlp":
         return z.dim() - 1
@@ -133,8 +137,17 @@ class ResidualBlock(nn.Module):
     ``self.last_hidden`` when ``self.keep_hidden`` is set (used by the block probe).
     """
 
-    def __init__(self, width: int, hidden: int, *, activation: str = "gelu", norm: str = "rms",
-                 style: str = "auto", init_scale: float = 1.0, seed: int = 0):
+    def __init__(
+        self,
+        width: int,
+        hidden: int,
+        *,
+        activation: str = "gelu",
+        norm: str = "rms",
+        style: str = "auto",
+        init_scale: float = 1.0,
+        seed: int = 0,
+    ):
         super().__init__()
         self.width, self.hidden, self.style = width, hidden, style
         self.activation = activation
@@ -178,7 +191,8 @@ def _check_width(z: torch.Tensor, dim: int, width: int) -> None:
         raise WidthscopeError(
             f"the output at this insertion point has {z.shape[dim]} channels (shape "
             f"{tuple(z.shape)}, channel dim {dim}) but the insertion was built for width={width}; "
-            f"pass width={z.shape[dim]} (or omit width to infer it)")
+            f"pass width={z.shape[dim]} (or omit width to infer it)"
+        )
 
 
 class Inserted(nn.Module):
@@ -205,14 +219,16 @@ class Inserted(nn.Module):
             if not out.is_floating_point():
                 raise WidthscopeError(
                     f"point {self.widthscope_spec.get('point')!r} outputs a {out.dtype} tensor; "
-                    "insert at a point whose output is a float activation")
+                    "insert at a point whose output is a float activation"
+                )
             return self.widthscope_insert(out)
         if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor):
             return (self.widthscope_insert(out[0]), *out[1:])
         raise WidthscopeError(
             f"point {self.widthscope_spec.get('point')!r} returns {type(out).__name__}, not a "
             "tensor (or a tuple starting with the hidden state), so it cannot take a residual "
-            "insertion; choose a block-output point (see widthscope.probe.insertion_points)")
+            "insertion; choose a block-output point (see widthscope.probe.insertion_points)"
+        )
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -238,8 +254,10 @@ def _valid_points(model: nn.Module) -> list[str]:
 
 def _resolve(model: nn.Module, point: str) -> nn.Module:
     if not isinstance(point, str) or not point:
-        raise WidthscopeError(f"insertion point must be a non-empty module path, got {point!r}; "
-                              f"valid points: {', '.join(_valid_points(model))}")
+        raise WidthscopeError(
+            f"insertion point must be a non-empty module path, got {point!r}; "
+            f"valid points: {', '.join(_valid_points(model))}"
+        )
     try:
         return model.get_submodule(point)
     except AttributeError:
@@ -252,8 +270,7 @@ def _resolve(model: nn.Module, point: str) -> nn.Module:
         raise
     except Exception:  # noqa: BLE001
         pass
-    raise WidthscopeError(
-        f"unknown insertion point {point!r}; valid points: {', '.join(_valid_points(model))}")
+    raise WidthscopeError(f"unknown insertion point {point!r}; valid points: {', '.join(_valid_points(model))}")
 
 
 def _infer_width(module: nn.Module) -> int | None:
@@ -297,8 +314,10 @@ def _keeps_width(m: nn.Module) -> bool:
         return True
     if any(True for _ in m.parameters()):
         return False
-    return (isinstance(m, (nn.Identity, nn.modules.dropout._DropoutNd))
-            or type(m).__module__ == "torch.nn.modules.activation")
+    return (
+        isinstance(m, (nn.Identity, nn.modules.dropout._DropoutNd))
+        or type(m).__module__ == "torch.nn.modules.activation"
+    )
 
 
 def _infer_point_width(model: nn.Module, point: str, target: nn.Module) -> int | None:
@@ -328,10 +347,20 @@ def _has_train_mode_batchnorm(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules())
 
 
-def insert(model: nn.Module, point: str, kind: str = "bias", *, width: int | None = None,
-           hidden: int | None = None, activation: str = "gelu", norm: str = "rms",
-           style: str = "auto", init_scale: float = 1.0, seed: int = 0,
-           record: bool = True) -> nn.Module:
+def insert(
+    model: nn.Module,
+    point: str,
+    kind: str = "bias",
+    *,
+    width: int | None = None,
+    hidden: int | None = None,
+    activation: str = "gelu",
+    norm: str = "rms",
+    style: str = "auto",
+    init_scale: float = 1.0,
+    seed: int = 0,
+    record: bool = True,
+) -> nn.Module:
     """Add a zero-initialised residual bias or block to the output of ``model.<point>``.
 
     The model is modified in place (and returned). Right after insertion its outputs are
@@ -381,23 +410,27 @@ def insert(model: nn.Module, point: str, kind: str = "bias", *, width: int | Non
         raise WidthscopeError(
             "the model is in training mode and has BatchNorm layers, which couple the examples "
             "of a batch (per-example gradients and function preservation need fixed statistics); "
-            "call model.eval() before inserting")
+            "call model.eval() before inserting"
+        )
     target = _resolve(model, point)
     if isinstance(target, Inserted):
         raise WidthscopeError(
             f"point {point!r} already has a {target.widthscope_spec['kind']} insertion; remove it "
-            "first with widthscope.probe.intervene.remove_insertion(model, point)")
+            "first with widthscope.probe.intervene.remove_insertion(model, point)"
+        )
     n = int(width) if width is not None else _infer_point_width(model, point, target)
     if n is None or n <= 0:
         raise WidthscopeError(
             f"cannot infer the output width of point {point!r} ({type(target).__name__}); "
-            "pass width=<channels of its output>")
+            "pass width=<channels of its output>"
+        )
     if kind == "block":
         h = int(hidden) if hidden is not None else n
         if h <= 0:
             raise WidthscopeError(f"hidden (block width) must be positive, got {hidden!r}")
-        ins: nn.Module = ResidualBlock(n, h, activation=activation, norm=norm, style=style,
-                                       init_scale=float(init_scale), seed=seed)
+        ins: nn.Module = ResidualBlock(
+            n, h, activation=activation, norm=norm, style=style, init_scale=float(init_scale), seed=seed
+        )
     else:
         h = None
         if style == "conv3x3":
@@ -408,8 +441,17 @@ def insert(model: nn.Module, point: str, kind: str = "bias", *, width: int | Non
         ref = next(iter(model.parameters()), None)
     if ref is not None:
         ins = ins.to(device=ref.device, dtype=ref.dtype if ref.is_floating_point() else None)
-    spec = {"point": point, "kind": kind, "width": n, "hidden": h, "activation": activation,
-            "norm": norm, "style": style, "init_scale": float(init_scale), "seed": int(seed)}
+    spec = {
+        "point": point,
+        "kind": kind,
+        "width": n,
+        "hidden": h,
+        "activation": activation,
+        "norm": norm,
+        "style": style,
+        "init_scale": float(init_scale),
+        "seed": int(seed),
+    }
     wrapper = Inserted(target, ins, spec)
     wrapper.train(target.training)
     _set_submodule(model, point, wrapper)
@@ -437,8 +479,14 @@ def check_intervene_args(a: Mapping[str, Any]) -> None:
     _args.integer(fn, "M", a["M"], lo=1, optional=True)
     _args.integer(fn, "K", a["K"], lo=1, optional=True)
     _args.integer(fn, "n_etas", a["n_etas"], lo=1)
-    _args.number(fn, "max_rel_step", a["max_rel_step"], 1e-4, lo_open=True,
-                 accepts="a finite number above 1e-4 (the largest step's RMS entry over the activation's)")
+    _args.number(
+        fn,
+        "max_rel_step",
+        a["max_rel_step"],
+        1e-4,
+        lo_open=True,
+        accepts="a finite number above 1e-4 (the largest step's RMS entry over the activation's)",
+    )
     _args.integer(fn, "block_width", a["block_width"], lo=1, optional=True)
     _args.integer(fn, "seed", a["seed"])
     _args.integer(fn, "batch_size", a["batch_size"], lo=1)
@@ -477,8 +525,7 @@ def insertion_specs(model: nn.Module) -> list[dict[str, Any]]:
     return [dict(m.widthscope_spec) for _, m in model.named_modules() if isinstance(m, Inserted)]
 
 
-def apply_insertions(model: nn.Module, config: Mapping[str, Any] | Iterable[Mapping[str, Any]]
-                     ) -> nn.Module:
+def apply_insertions(model: nn.Module, config: Mapping[str, Any] | Iterable[Mapping[str, Any]]) -> nn.Module:
     """Re-create recorded insertions on a freshly built model (call *before* loading weights).
 
     ``config`` is a model config dict with an ``"insertions"`` list (as saved in
@@ -504,5 +551,4 @@ def inserted_parameters(model: nn.Module) -> list[nn.Parameter]:
 
 def inserted_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """``{name: tensor}`` of the inserted parameters, with the full ``<point>.widthscope_insert.*`` names."""
-    return {n: t.detach().clone() for n, t in model.state_dict().items()
-            if ".widthscope_insert." in f".{n}"}
+    return {n: t.detach().clone() for n, t in model.state_dict().items() if ".widthscope_insert." in f".{n}"}

@@ -28,6 +28,7 @@ Example::
     >>> abs(rows[0]["retention"] - 1) < 0.01      # smallest η
     True
 """
+
 from __future__ import annotations
 
 import math
@@ -40,7 +41,7 @@ from .._io import progress as _progress
 from ..errors import WidthscopeError
 
 # batch helpers live in .batches (the prefix cache uses them too); re-exported here
-from .batches import batch_size_of, _cat, index_batch, as_examples, take, to_batches  # noqa: F401
+from .batches import _cat, as_examples, batch_size_of, index_batch, take, to_batches  # noqa: F401
 from .insert import (
     Inserted,
     ResidualBias,
@@ -60,14 +61,34 @@ if TYPE_CHECKING:
 
 __all__ = [
     # insertion (re-exported from widthscope.probe.insert)
-    "insert", "remove_insertion", "apply_insertions", "inserted_state", "inserted_parameters",
+    "insert",
+    "remove_insertion",
+    "apply_insertions",
+    "inserted_state",
+    "inserted_parameters",
     "insertion_specs",
     # interventions
-    "intervene", "sign_agreement", "default_etas", "block_gram", "block_features",
-    "block_certificate", "mean_loss", "per_example_losses", "as_examples", "take", "to_batches",
+    "intervene",
+    "sign_agreement",
+    "default_etas",
+    "block_gram",
+    "block_features",
+    "block_certificate",
+    "mean_loss",
+    "per_example_losses",
+    "as_examples",
+    "take",
+    "to_batches",
     # precision of the measured loss change (low-precision models)
-    "loss_rounding", "sample_rounding", "sample_errors", "projected_rounding", "upcast", "resolved",
-    "precision_note", "RESOLUTION_FACTOR", "LOW_PRECISION",
+    "loss_rounding",
+    "sample_rounding",
+    "sample_errors",
+    "projected_rounding",
+    "upcast",
+    "resolved",
+    "precision_note",
+    "RESOLUTION_FACTOR",
+    "LOW_PRECISION",
 ]
 
 
@@ -95,10 +116,11 @@ class EvalMode:
             m.training = mode
 
 
-def per_example_losses(model: nn.Module, data: Any, loss_fn: Callable | None = None, *,
-                       batch_size: int = 64, grad: bool = False) -> torch.Tensor:
+def per_example_losses(
+    model: nn.Module, data: Any, loss_fn: Callable | None = None, *, batch_size: int = 64, grad: bool = False
+) -> torch.Tensor:
     """Per-example losses ``(n,)`` exactly as :func:`widthscope.probe.collect` defines them."""
-    from .collect import _run_batch, to_device, float_dtype
+    from .collect import _run_batch, float_dtype, to_device
 
     dev = _device(model)
     out = []
@@ -110,15 +132,15 @@ def per_example_losses(model: nn.Module, data: Any, loss_fn: Callable | None = N
     return torch.cat(out)
 
 
-def mean_loss(model: nn.Module, data: Any, loss_fn: Callable | None = None, *,
-              batch_size: int = 64) -> float:
+def mean_loss(model: nn.Module, data: Any, loss_fn: Callable | None = None, *, batch_size: int = 64) -> float:
     """Mean per-example loss over ``data`` (eval mode, float64 accumulation)."""
     with EvalMode(model):
         return float(per_example_losses(model, data, loss_fn, batch_size=batch_size).mean())
 
 
-def _activation_rms(model: nn.Module, point: str, data: Any, loss_fn: Callable | None,
-                    batch_size: int) -> tuple[float, int]:
+def _activation_rms(
+    model: nn.Module, point: str, data: Any, loss_fn: Callable | None, batch_size: int
+) -> tuple[float, int]:
     """Root-mean-square entry of the output at ``point`` over ``data``, and its channel width."""
     from .collect import _split_output
 
@@ -139,8 +161,9 @@ def _activation_rms(model: nn.Module, point: str, data: Any, loss_fn: Callable |
     return math.sqrt(acc[0] / max(acc[1], 1)), int(acc[2])
 
 
-def default_etas(step_norm: float, target_norm: float, n_etas: int = 9, *,
-                 low: float = 1e-4, high: float = 1.0) -> list[float]:
+def default_etas(
+    step_norm: float, target_norm: float, n_etas: int = 9, *, low: float = 1e-4, high: float = 1.0
+) -> list[float]:
     """Log-spaced ``η`` so that ``η · step_norm`` spans ``[low, high] · target_norm``.
 
     For the bias probe ``step_norm = ‖μ_M‖/√N`` (RMS entry of the step direction) and
@@ -150,8 +173,10 @@ def default_etas(step_norm: float, target_norm: float, n_etas: int = 9, *,
     grid that contains it (``1e-3`` on the 9 half-decades up to 1 and on the 4 decades up to 0.1).
     """
     if not (step_norm > 0 and math.isfinite(step_norm)):
-        raise WidthscopeError("the step direction is zero (all sample gradients vanish), so no η "
-                              "grid can be chosen; pass etas=[...] or check the loss")
+        raise WidthscopeError(
+            "the step direction is zero (all sample gradients vanish), so no η "
+            "grid can be chosen; pass etas=[...] or check the loss"
+        )
     if n_etas < 1:
         raise WidthscopeError(f"n_etas must be >= 1, got {n_etas}")
     check_rel_step(high, low)
@@ -169,8 +194,10 @@ def check_rel_step(high: Any, low: float = 1e-4) -> float:
     except (TypeError, ValueError):
         h = float("nan")
     if isinstance(high, bool) or not (math.isfinite(h) and h > low):
-        raise WidthscopeError(f"max_rel_step must be a finite number above the smallest step {low:g} (the largest "
-                              f"step's RMS entry over the activation's), got {high!r}")
+        raise WidthscopeError(
+            f"max_rel_step must be a finite number above the smallest step {low:g} (the largest "
+            f"step's RMS entry over the activation's), got {high!r}"
+        )
     return h
 
 
@@ -182,8 +209,10 @@ def _check_etas(etas: Sequence[float]) -> list[float]:
         except (TypeError, ValueError):
             raise WidthscopeError(f"eta must be a number, got {e!r}") from None
         if not math.isfinite(e) or e <= 0:
-            raise WidthscopeError(f"eta must be a positive finite step size, got {e!r} (the step is "
-                                  "v = -eta * mu_M; a negative eta would step uphill)")
+            raise WidthscopeError(
+                f"eta must be a positive finite step size, got {e!r} (the step is "
+                "v = -eta * mu_M; a negative eta would step uphill)"
+            )
         out.append(e)
     if not out:
         raise WidthscopeError("etas is empty; pass None for the default grid")
@@ -226,9 +255,14 @@ class upcast:
         self.saved = []
 
 
-def loss_rounding(model: nn.Module, data: Any, loss_fn: Callable | None = None, *,
-                  batch_size: int = 64, losses: torch.Tensor | None = None
-                  ) -> tuple[float | None, torch.Tensor | None]:
+def loss_rounding(
+    model: nn.Module,
+    data: Any,
+    loss_fn: Callable | None = None,
+    *,
+    batch_size: int = 64,
+    losses: torch.Tensor | None = None,
+) -> tuple[float | None, torch.Tensor | None]:
     r"""Rounding-error scale of the mean loss over ``data`` in the model's low-precision dtype.
 
     .. math::  r = \sqrt{\textstyle\sum_i e_i^2}\,/\,K,\qquad e_i = ℓ_i^{\rm dtype} − ℓ_i^{\rm float32}
@@ -246,15 +280,19 @@ def loss_rounding(model: nn.Module, data: Any, loss_fn: Callable | None = None, 
     if float_dtype(model) not in LOW_PRECISION:
         return None, None
     with EvalMode(model):
-        low = losses.double().cpu() if losses is not None else per_example_losses(model, data, loss_fn,
-                                                                                 batch_size=batch_size)
+        low = (
+            losses.double().cpu()
+            if losses is not None
+            else per_example_losses(model, data, loss_fn, batch_size=batch_size)
+        )
         with upcast(model):
             ref = per_example_losses(model, data, loss_fn, batch_size=batch_size)
     return float((low - ref).pow(2).sum().sqrt()) / max(len(ref), 1), ref
 
 
-def _sample_errors(model: nn.Module, point: str, data: Any, loss_fn: Callable | None, n: int,
-                   batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _sample_errors(
+    model: nn.Module, point: str, data: Any, loss_fn: Callable | None, n: int, batch_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Pooled samples of the first ``n`` examples as the model runs, and their rounding errors
     (minus the same weights' samples in float32, :class:`upcast`)."""
     from .collect import collect
@@ -267,8 +305,9 @@ def _sample_errors(model: nn.Module, point: str, data: Any, loss_fn: Callable | 
     return ref, low - ref
 
 
-def sample_rounding(model: nn.Module, point: str, data: Any, loss_fn: Callable | None = None, *,
-                    n: int = 8, batch_size: int = 64) -> float | None:
+def sample_rounding(
+    model: nn.Module, point: str, data: Any, loss_fn: Callable | None = None, *, n: int = 8, batch_size: int = 64
+) -> float | None:
     """Largest relative error ``‖s_i − s_i^{float32}‖/‖s_i^{float32}‖`` of the pooled sample vectors
     of the first ``n`` examples of ``data`` at ``point``, the model as it is against the same
     weights in float32 (:class:`upcast`); None for a float32/float64 model. It is not a small
@@ -283,8 +322,16 @@ def sample_rounding(model: nn.Module, point: str, data: Any, loss_fn: Callable |
     return float((err.norm(dim=1) / ref.norm(dim=1).clamp_min(torch.finfo(torch.float64).tiny)).max())
 
 
-def sample_errors(model: nn.Module, point: str, train: Any, test: Any, loss_fn: Callable | None = None, *,
-                  n: int = 16, batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor] | None:
+def sample_errors(
+    model: nn.Module,
+    point: str,
+    train: Any,
+    test: Any,
+    loss_fn: Callable | None = None,
+    *,
+    n: int = 16,
+    batch_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Measured rounding errors ``(n, d)`` of the pooled samples of the first ``n`` train and ``n``
     held-out examples at ``point`` (the model as it is minus the same weights in float32,
     :class:`upcast`); None for a float32/float64 model. Cost: 4 probes of ``n`` examples."""
@@ -292,8 +339,10 @@ def sample_errors(model: nn.Module, point: str, train: Any, test: Any, loss_fn: 
 
     if float_dtype(model) not in LOW_PRECISION:
         return None
-    return (_sample_errors(model, point, train, loss_fn, n, batch_size)[1],
-            _sample_errors(model, point, test, loss_fn, n, batch_size)[1])
+    return (
+        _sample_errors(model, point, train, loss_fn, n, batch_size)[1],
+        _sample_errors(model, point, test, loss_fn, n, batch_size)[1],
+    )
 
 
 def projected_rounding(err: torch.Tensor, direction: torch.Tensor) -> float:
@@ -336,15 +385,21 @@ def precision_note(rows: Iterable[Mapping[str, Any]], where: str = "") -> str | 
 
     parts = []
     if low:
-        parts.append(f"{len(low)} of {len(rows)} intervention steps are below {dt} resolution (|predicted dL| < "
-                     f"{RESOLUTION_FACTOR:g} x the rounding error of the held-out loss in {dt}) and are left out of "
-                     f"the retention and sign summaries: {steps(low)}")
+        parts.append(
+            f"{len(low)} of {len(rows)} intervention steps are below {dt} resolution (|predicted dL| < "
+            f"{RESOLUTION_FACTOR:g} x the rounding error of the held-out loss in {dt}) and are left out of "
+            f"the retention and sign summaries: {steps(low)}"
+        )
     if redo:
-        parts.append(f"{len(redo)} steps below {dt} resolution were measured in float32 instead (the model "
-                     f"upcast; the {dt} value kept as actual_in_dtype): {steps(redo)}")
+        parts.append(
+            f"{len(redo)} steps below {dt} resolution were measured in float32 instead (the model "
+            f"upcast; the {dt} value kept as actual_in_dtype): {steps(redo)}"
+        )
     if zero:
-        parts.append(f"at {', '.join(zero)} the alignment mu_M.g_K is within rounding of zero of the {dt} samples "
-                     "(not even the predicted sign is resolved): all its steps are left out of the summaries")
+        parts.append(
+            f"at {', '.join(zero)} the alignment mu_M.g_K is within rounding of zero of the {dt} samples "
+            "(not even the predicted sign is resolved): all its steps are left out of the summaries"
+        )
     return "interventions: " + "; ".join(parts)
 
 
@@ -352,9 +407,14 @@ def _mark_precision(rows: list[dict[str, Any]], dtype: torch.dtype | None, r: fl
     """Add ``dtype``, ``evaluated_in``, ``resolution`` and ``below_resolution`` to each row."""
     res = None if r is None else RESOLUTION_FACTOR * r
     for row in rows:
-        row.update(dtype=_dtype_name(dtype), evaluated_in=_dtype_name(dtype), resolution=res,
-                   below_resolution=bool(res is not None and abs(row["predicted"]) < res),
-                   alignment_bound=None, alignment_within_rounding=False)
+        row.update(
+            dtype=_dtype_name(dtype),
+            evaluated_in=_dtype_name(dtype),
+            resolution=res,
+            below_resolution=bool(res is not None and abs(row["predicted"]) < res),
+            alignment_bound=None,
+            alignment_within_rounding=False,
+        )
 
 
 # ----------------------------------------------------------------------------- block probe maths
@@ -370,8 +430,9 @@ def _positions(x: torch.Tensor, name: str) -> torch.Tensor:
     raise WidthscopeError(f"{name} must be (n, N), (n, T, N) or (n, C, H, W); got shape {tuple(x.shape)}")
 
 
-def block_gram(q: Any, h: Any, q2: Any = None, h2: Any = None, *, method: str = "auto",
-               max_floats: int = 2 ** 23) -> torch.Tensor:
+def block_gram(
+    q: Any, h: Any, q2: Any = None, h2: Any = None, *, method: str = "auto", max_floats: int = 2**23
+) -> torch.Tensor:
     r"""Gram of the per-example ``W_out`` gradients ``P_i = Σ_t q_{i,t} h_{i,t}ᵀ`` without forming them.
 
     .. math::  ⟨P_i, P'_j⟩_F = Σ_{t,s} (q_{i,t}·q'_{j,s})(h_{i,t}·h'_{j,s})
@@ -400,8 +461,10 @@ def block_gram(q: Any, h: Any, q2: Any = None, h2: Any = None, *, method: str = 
     hb = ha if h2 is None else _positions(h2, "h2").double()
     for qq, hh, nm in ((qa, ha, ""), (qb, hb, "2")):
         if qq.shape[:2] != hh.shape[:2]:
-            raise WidthscopeError(f"q{nm} and h{nm} must have the same examples and positions, got "
-                                  f"{tuple(qq.shape)} and {tuple(hh.shape)}")
+            raise WidthscopeError(
+                f"q{nm} and h{nm} must have the same examples and positions, got "
+                f"{tuple(qq.shape)} and {tuple(hh.shape)}"
+            )
     if qa.shape[2] != qb.shape[2] or ha.shape[2] != hb.shape[2]:
         raise WidthscopeError("the two populations have different widths; both must come from the same block")
     n, T, N = qa.shape
@@ -422,22 +485,24 @@ def block_gram(q: Any, h: Any, q2: Any = None, h2: Any = None, *, method: str = 
     out = torch.empty(n, m, dtype=torch.float64, device=qa.device)
     rows = max(1, max_floats // max(1, T * m * T2))  # bound the (rows, T, m, T2) temporaries
     for i in range(0, n, rows):
-        Qg = torch.einsum("atn,bsn->atbs", qa[i:i + rows], qb)
-        Hg = torch.einsum("atn,bsn->atbs", ha[i:i + rows], hb)
-        out[i:i + rows] = (Qg * Hg).sum((1, 3))
+        Qg = torch.einsum("atn,bsn->atbs", qa[i : i + rows], qb)
+        Hg = torch.einsum("atn,bsn->atbs", ha[i : i + rows], hb)
+        out[i : i + rows] = (Qg * Hg).sum((1, 3))
     return out
 
 
 def block_of(model: nn.Module, point: str) -> ResidualBlock:
     w = model.get_submodule(point)
     if not isinstance(w, Inserted) or not isinstance(w.widthscope_insert, ResidualBlock):
-        raise WidthscopeError(f"point {point!r} has no inserted block; call insert(model, {point!r}, "
-                              "kind='block') first")
+        raise WidthscopeError(
+            f"point {point!r} has no inserted block; call insert(model, {point!r}, kind='block') first"
+        )
     return w.widthscope_insert
 
 
-def block_features(model: nn.Module, point: str, data: Any, loss_fn: Callable | None = None, *,
-                   batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+def block_features(
+    model: nn.Module, point: str, data: Any, loss_fn: Callable | None = None, *, batch_size: int = 64
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-example ``q = ∂ℓ/∂(block output)`` ``(n, T, N)`` and block hidden ``h`` ``(n, T, N_h)``.
 
     The model must have an MLP-style block inserted at ``point``. Runs in eval mode, one
@@ -446,9 +511,11 @@ def block_features(model: nn.Module, point: str, data: Any, loss_fn: Callable | 
     wrapper = model.get_submodule(point)
     block = block_of(model, point)
     if block.style == "conv3x3":
-        raise WidthscopeError("block_features needs an MLP/1x1-style block (its W_out gradient is "
-                              "Σ_t q_t h_tᵀ); a 3x3 block has no such form")
-    from .collect import _run_batch, to_device, float_dtype
+        raise WidthscopeError(
+            "block_features needs an MLP/1x1-style block (its W_out gradient is "
+            "Σ_t q_t h_tᵀ); a 3x3 block has no such form"
+        )
+    from .collect import _run_batch, float_dtype, to_device
 
     dev = _device(model)
     state: dict[str, torch.Tensor] = {}
@@ -485,9 +552,18 @@ def block_features(model: nn.Module, point: str, data: Any, loss_fn: Callable | 
     return torch.cat(qs), torch.cat(hs)
 
 
-def block_certificate(model: nn.Module, point: str, train: Any, test: Any, *, M: int, K: int,
-                      loss_fn: Callable | None = None, batch_size: int = 64,
-                      estimator: Estimator = "unbiased") -> Any:
+def block_certificate(
+    model: nn.Module,
+    point: str,
+    train: Any,
+    test: Any,
+    *,
+    M: int,
+    K: int,
+    loss_fn: Callable | None = None,
+    batch_size: int = 64,
+    estimator: Estimator = "unbiased",
+) -> Any:
     """Two-population certificate of an inserted block's ``W_out`` step, from Gram products only."""
     from ..stats import certificate, cross_moments_from_gram
 
@@ -497,13 +573,12 @@ def block_certificate(model: nn.Module, point: str, train: Any, test: Any, *, M:
     return certificate(cross_moments_from_gram(C, estimator), M=M, K=K, estimator=estimator)
 
 
-def w_out_grad(model: nn.Module, point: str, data: Any, loss_fn: Callable | None,
-                batch_size: int) -> torch.Tensor:
+def w_out_grad(model: nn.Module, point: str, data: Any, loss_fn: Callable | None, batch_size: int) -> torch.Tensor:
     """Mean per-example gradient of ``W_out`` (= gradient of the mean loss), float64."""
     block = block_of(model, point)
     n = batch_size_of(data)
     total = torch.zeros(block.w_out.shape, dtype=torch.float64)
-    from .collect import _run_batch, to_device, float_dtype
+    from .collect import _run_batch, float_dtype, to_device
 
     dev = _device(model)
     with EvalMode(model), torch.enable_grad():
@@ -515,13 +590,27 @@ def w_out_grad(model: nn.Module, point: str, data: Any, loss_fn: Callable | None
 
 
 # ----------------------------------------------------------------------------- intervene
-def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_batches: Iterable[Any],
-              *, etas: Sequence[float] | None = None, kind: str = "bias",
-              loss_fn: Callable | None = None, M: int | None = None, K: int | None = None,
-              n_etas: int = 9, max_rel_step: float = 1.0, block_width: int | None = None, seed: int = 0,
-              batch_size: int = 64, progress: bool = True,
-              reuse: Mapping[str, Any] | None = None, prefix: str = "auto",
-              precision: str = "mark") -> list[dict[str, Any]]:
+def intervene(
+    model: nn.Module,
+    point: str,
+    train_batches: Iterable[Any],
+    test_batches: Iterable[Any],
+    *,
+    etas: Sequence[float] | None = None,
+    kind: str = "bias",
+    loss_fn: Callable | None = None,
+    M: int | None = None,
+    K: int | None = None,
+    n_etas: int = 9,
+    max_rel_step: float = 1.0,
+    block_width: int | None = None,
+    seed: int = 0,
+    batch_size: int = 64,
+    progress: bool = True,
+    reuse: Mapping[str, Any] | None = None,
+    prefix: str = "auto",
+    precision: str = "mark",
+) -> list[dict[str, Any]]:
     r"""Measure the held-out loss change of one first-order step at ``point`` against its prediction.
 
     Args:
@@ -582,6 +671,7 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
         kinds; :func:`precision_note` words them in one line.
     """
     from .insert import check_intervene_args
+
     check_intervene_args(locals())  # types, before any work
     if kind not in ("bias", "block"):
         raise WidthscopeError(f"kind must be 'bias' or 'block', got {kind!r}")
@@ -593,8 +683,9 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
         etas = _check_etas(etas)
     max_rel_step = check_rel_step(max_rel_step)
     if isinstance(_resolve(model, point), Inserted):
-        raise WidthscopeError(f"point {point!r} already has an insertion; intervene on the model "
-                              "without it (or on another point)")
+        raise WidthscopeError(
+            f"point {point!r} already has an insertion; intervene on the model without it (or on another point)"
+        )
     train = take(as_examples(train_batches), M, what="train (M)")
     test = take(as_examples(test_batches), K, what="test (K)")
     M, K = batch_size_of(train), batch_size_of(test)
@@ -618,18 +709,41 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
         if reuse.get("train") is not None and reuse.get("test") is not None:
             Sa, Sb = reuse["train"][:M], reuse["test"][:K]
         else:
-            Sa = collect(model, to_batches(train, batch_size), points=[point], loss_fn=loss_fn,
-                         progress=False)[point]
-            Sb = collect(model, to_batches(test, batch_size), points=[point], loss_fn=loss_fn,
-                         progress=False)[point]
+            Sa = collect(model, to_batches(train, batch_size), points=[point], loss_fn=loss_fn, progress=False)[point]
+            Sb = collect(model, to_batches(test, batch_size), points=[point], loss_fn=loss_fn, progress=False)[point]
         mu, g = Sa.mean(0), Sb.mean(0)
         align = float(mu @ g)
         step_norm = float(mu.norm()) / math.sqrt(mu.numel())
         bias_etas = etas or default_etas(step_norm, act_rms, n_etas, high=max_rel_step)
-        rows = _bias_rows_stacked(model, point, mu, bias_etas, align, test, loss_fn, batch_size, M, K,
-                                  loss_before, act_rms, step_norm, prefix, reuse.get("prefix"))
-        rows = _precision(rows, model, point, lambda: torch.stack([-float(e) * mu for e in bias_etas]), test,
-                          loss_fn, batch_size, K, test_losses, precision)
+        rows = _bias_rows_stacked(
+            model,
+            point,
+            mu,
+            bias_etas,
+            align,
+            test,
+            loss_fn,
+            batch_size,
+            M,
+            K,
+            loss_before,
+            act_rms,
+            step_norm,
+            prefix,
+            reuse.get("prefix"),
+        )
+        rows = _precision(
+            rows,
+            model,
+            point,
+            lambda: torch.stack([-float(e) * mu for e in bias_etas]),
+            test,
+            loss_fn,
+            batch_size,
+            K,
+            test_losses,
+            precision,
+        )
         errs = sample_errors(model, point, train, test, loss_fn, batch_size=batch_size)
         if errs is not None:  # a bfloat16/float16 model (None for float32/float64)
             ea, eb = errs
@@ -650,37 +764,90 @@ def intervene(model: nn.Module, point: str, train_batches: Iterable[Any], test_b
         step_norm = float(G_M.norm()) * h_rms * math.sqrt(Hd) / math.sqrt(N)
         etas = etas or default_etas(step_norm, act_rms, n_etas, high=max_rel_step)
         if prefix == "full":
-            rows = _step_rows("block", model, point, block.w_out, G_M, etas, align, test, loss_fn,
-                              batch_size, M, K, loss_before, act_rms, step_norm, progress)
+            rows = _step_rows(
+                "block",
+                model,
+                point,
+                block.w_out,
+                G_M,
+                etas,
+                align,
+                test,
+                loss_fn,
+                batch_size,
+                M,
+                K,
+                loss_before,
+                act_rms,
+                step_norm,
+                progress,
+            )
             for r in rows:
                 r["prefix"] = "full: requested"
     finally:
         remove_insertion(model, point)
     if prefix == "full":
-        return _precision(rows, model, point, lambda: _block_steps(block, G_M, etas), test, loss_fn,
-                          batch_size, K, test_losses, precision)
+        return _precision(
+            rows,
+            model,
+            point,
+            lambda: _block_steps(block, G_M, etas),
+            test,
+            loss_fn,
+            batch_size,
+            K,
+            test_losses,
+            precision,
+        )
     # The same steps on the model without the insertion: copy e of the point's output z gets
     # −η_e·G_M φ(W_in norm(z)), the inserted block's output at W_out = −η_e G_M (linear in W_out).
-    rows = _stacked_rows("block", model, point, _block_steps(block, G_M, etas), etas, align, test, loss_fn,
-                         batch_size, M, K, loss_before, act_rms, step_norm, float(G_M.norm()), prefix,
-                         reuse.get("prefix"))
-    return _precision(rows, model, point, lambda: _block_steps(block, G_M, etas), test, loss_fn, batch_size,
-                      K, test_losses, precision)
+    rows = _stacked_rows(
+        "block",
+        model,
+        point,
+        _block_steps(block, G_M, etas),
+        etas,
+        align,
+        test,
+        loss_fn,
+        batch_size,
+        M,
+        K,
+        loss_before,
+        act_rms,
+        step_norm,
+        float(G_M.norm()),
+        prefix,
+        reuse.get("prefix"),
+    )
+    return _precision(
+        rows, model, point, lambda: _block_steps(block, G_M, etas), test, loss_fn, batch_size, K, test_losses, precision
+    )
 
 
 def _block_steps(block: ResidualBlock, G_M: torch.Tensor, etas: Sequence[float]) -> Any:
     from .prefix import FnSteps
 
-    return FnSteps(torch.tensor([-float(e) for e in etas], dtype=torch.float64),
-                   lambda z: block.delta(z, G_M.to(z.device)))
+    return FnSteps(
+        torch.tensor([-float(e) for e in etas], dtype=torch.float64), lambda z: block.delta(z, G_M.to(z.device))
+    )
 
 
-def _precision(rows: list[dict[str, Any]], model: nn.Module, point: str, steps: Callable[[], Any], test: Any,
-               loss_fn: Callable | None, batch_size: int, K: int, test_losses: torch.Tensor,
-               precision: str) -> list[dict[str, Any]]:
+def _precision(
+    rows: list[dict[str, Any]],
+    model: nn.Module,
+    point: str,
+    steps: Callable[[], Any],
+    test: Any,
+    loss_fn: Callable | None,
+    batch_size: int,
+    K: int,
+    test_losses: torch.Tensor,
+    precision: str,
+) -> list[dict[str, Any]]:
     """Flag the rows below the model dtype's resolution; with ``precision="float32"`` measure those
     steps again with the model upcast (the network's full path: kept prefixes are in the dtype)."""
-    from .collect import to_device, float_dtype
+    from .collect import float_dtype, to_device
     from .prefix import stacked_totals
 
     dt = float_dtype(model)
@@ -692,56 +859,145 @@ def _precision(rows: list[dict[str, Any]], model: nn.Module, point: str, steps: 
     dev = _device(model)
     sub = steps()[torch.tensor(idx)]
     with upcast(model), EvalMode(model), torch.no_grad():
-        totals, _ = stacked_totals(model, point, sub, test, loss_fn, max(1, batch_size // len(idx)),
-                                   lambda b: to_device(b, dev, torch.float32), mode="full")
+        totals, _ = stacked_totals(
+            model,
+            point,
+            sub,
+            test,
+            loss_fn,
+            max(1, batch_size // len(idx)),
+            lambda b: to_device(b, dev, torch.float32),
+            mode="full",
+        )
     assert ref is not None  # rows fall below resolution only for a low-precision model, which has ref
     base = float(ref.mean())
     for j, i in enumerate(idx):
         old = rows[i]
         actual = float(totals[j]) / K - base
-        old.update(actual_in_dtype=old["actual"], actual=actual, **_compare(old["predicted"], actual),
-                   evaluated_in="float32", below_resolution=False)
+        old.update(
+            actual_in_dtype=old["actual"],
+            actual=actual,
+            **_compare(old["predicted"], actual),
+            evaluated_in="float32",
+            below_resolution=False,
+        )
     return rows
 
 
-def _bias_rows_stacked(model: nn.Module, point: str, mu: torch.Tensor, etas: Sequence[float], align: float,
-                       test: Any, loss_fn: Callable | None, batch_size: int, M: int, K: int,
-                       loss_before: float, act_rms: float, step_norm: float,
-                       prefix: str = "auto", kept: Any = None) -> list[dict[str, Any]]:
+def _bias_rows_stacked(
+    model: nn.Module,
+    point: str,
+    mu: torch.Tensor,
+    etas: Sequence[float],
+    align: float,
+    test: Any,
+    loss_fn: Callable | None,
+    batch_size: int,
+    M: int,
+    K: int,
+    loss_before: float,
+    act_rms: float,
+    step_norm: float,
+    prefix: str = "auto",
+    kept: Any = None,
+) -> list[dict[str, Any]]:
     """Held-out loss after the bias step ``−η μ_M`` for every ``η`` at once: each chunk runs as
     ``E`` stacked copies, copy ``e`` getting ``−η_e μ_M`` added at ``point`` (the same function as
     an inserted zero bias set to that value, without E model calls). ``prefix="auto"`` runs the
     network before ``point`` once per chunk and only the rest ``E`` times
     (:mod:`widthscope.probe.prefix`), ``"full"`` the whole network ``E`` times."""
     steps = torch.stack([-float(e) * mu for e in etas])  # (E, N), float64
-    return _stacked_rows("bias", model, point, steps, etas, align, test, loss_fn, batch_size, M, K,
-                         loss_before, act_rms, step_norm, float(mu.norm()), prefix, kept)
+    return _stacked_rows(
+        "bias",
+        model,
+        point,
+        steps,
+        etas,
+        align,
+        test,
+        loss_fn,
+        batch_size,
+        M,
+        K,
+        loss_before,
+        act_rms,
+        step_norm,
+        float(mu.norm()),
+        prefix,
+        kept,
+    )
 
 
-def _stacked_rows(probe: str, model: nn.Module, point: str, steps: Any, etas: Sequence[float], align: float,
-                  test: Any, loss_fn: Callable | None, batch_size: int, M: int, K: int, loss_before: float,
-                  act_rms: float, step_norm: float, mu_norm: float, prefix: str, kept: Any) -> list[dict[str, Any]]:
+def _stacked_rows(
+    probe: str,
+    model: nn.Module,
+    point: str,
+    steps: Any,
+    etas: Sequence[float],
+    align: float,
+    test: Any,
+    loss_fn: Callable | None,
+    batch_size: int,
+    M: int,
+    K: int,
+    loss_before: float,
+    act_rms: float,
+    step_norm: float,
+    mu_norm: float,
+    prefix: str,
+    kept: Any,
+) -> list[dict[str, Any]]:
     """Rows of ``E`` steps evaluated by :func:`widthscope.probe.prefix.stacked_totals`."""
-    from .collect import to_device, float_dtype
+    from .collect import float_dtype, to_device
     from .prefix import stacked_totals
 
     dev, dt = _device(model), float_dtype(model)
     per = max(1, batch_size // len(etas))  # examples per stacked call, so a call holds about batch_size rows
     with EvalMode(model), torch.no_grad():
-        totals, how = stacked_totals(model, point, steps, test, loss_fn, per, lambda b: to_device(b, dev, dt),
-                                     mode=prefix, kept=kept)
+        totals, how = stacked_totals(
+            model, point, steps, test, loss_fn, per, lambda b: to_device(b, dev, dt), mode=prefix, kept=kept
+        )
     after = totals / K
-    rows = [_row(probe, point, float(eta), -float(eta) * align, float(after[i]) - loss_before, M, K,
-                 mu_norm, align, loss_before, act_rms, step_norm) for i, eta in enumerate(etas)]
+    rows = [
+        _row(
+            probe,
+            point,
+            float(eta),
+            -float(eta) * align,
+            float(after[i]) - loss_before,
+            M,
+            K,
+            mu_norm,
+            align,
+            loss_before,
+            act_rms,
+            step_norm,
+        )
+        for i, eta in enumerate(etas)
+    ]
     for r in rows:
         r["prefix"] = how
     return rows
 
 
-def _step_rows(probe: str, model: nn.Module, point: str, param: torch.Tensor, direction: torch.Tensor,
-               etas: Sequence[float], align: float, test: Any, loss_fn: Callable | None,
-               batch_size: int, M: int, K: int, loss_before: float, act_rms: float,
-               step_norm: float, progress: bool) -> list[dict[str, Any]]:
+def _step_rows(
+    probe: str,
+    model: nn.Module,
+    point: str,
+    param: torch.Tensor,
+    direction: torch.Tensor,
+    etas: Sequence[float],
+    align: float,
+    test: Any,
+    loss_fn: Callable | None,
+    batch_size: int,
+    M: int,
+    K: int,
+    loss_before: float,
+    act_rms: float,
+    step_norm: float,
+    progress: bool,
+) -> list[dict[str, Any]]:
     """Set the inserted parameter to ``−η·direction`` for each ``η`` and measure the held-out
     loss change against the first-order prediction ``−η·align``."""
     rows = []
@@ -749,33 +1005,83 @@ def _step_rows(probe: str, model: nn.Module, point: str, param: torch.Tensor, di
         with torch.no_grad():
             param.copy_((-eta * direction).to(param.dtype))
         after = mean_loss(model, test, loss_fn, batch_size=batch_size)
-        rows.append(_row(probe, point, eta, -eta * align, after - loss_before, M, K,
-                         float(direction.norm()), align, loss_before, act_rms, step_norm))
+        rows.append(
+            _row(
+                probe,
+                point,
+                eta,
+                -eta * align,
+                after - loss_before,
+                M,
+                K,
+                float(direction.norm()),
+                align,
+                loss_before,
+                act_rms,
+                step_norm,
+            )
+        )
     return rows
 
 
 def _compare(predicted: float, actual: float) -> dict[str, Any]:
-    return {"retention": actual / predicted if predicted != 0 else float("nan"),
-            "sign_agrees": bool(predicted != 0 and (actual > 0) == (predicted > 0) and actual != 0)}
+    return {
+        "retention": actual / predicted if predicted != 0 else float("nan"),
+        "sign_agrees": bool(predicted != 0 and (actual > 0) == (predicted > 0) and actual != 0),
+    }
 
 
-def _row(probe: str, point: str, eta: float, predicted: float, actual: float, M: int, K: int,
-         mu_norm: float, align: float, loss_before: float, act_rms: float,
-         step_norm: float) -> dict[str, Any]:
+def _row(
+    probe: str,
+    point: str,
+    eta: float,
+    predicted: float,
+    actual: float,
+    M: int,
+    K: int,
+    mu_norm: float,
+    align: float,
+    loss_before: float,
+    act_rms: float,
+    step_norm: float,
+) -> dict[str, Any]:
     # Step size relative to the stream: RMS entry of the change over RMS entry of the activation,
     # comparable across points and widths (raw η is not).
     rel_step = eta * step_norm / act_rms if act_rms > 0 else float("nan")
-    return {"kind": "intervention", "probe": probe, "point": point, "eta": eta,
-            "predicted": predicted, "actual": actual, **_compare(predicted, actual),
-            "M": M, "K": K, "mu_norm": mu_norm, "alignment": align,
-            "loss_before": loss_before, "act_rms": act_rms, "rel_step": rel_step}
+    return {
+        "kind": "intervention",
+        "probe": probe,
+        "point": point,
+        "eta": eta,
+        "predicted": predicted,
+        "actual": actual,
+        **_compare(predicted, actual),
+        "M": M,
+        "K": K,
+        "mu_norm": mu_norm,
+        "alignment": align,
+        "loss_before": loss_before,
+        "act_rms": act_rms,
+        "rel_step": rel_step,
+    }
 
 
 # ----------------------------------------------------------------------------- sign agreement
-def sign_agreement(model: nn.Module, point: str, train_batches: Iterable[Any],
-                   test_batches: Iterable[Any], *, M: int, K: int, eta: float | None = None,
-                   draws: int = 200, loss_fn: Callable | None = None, seed: int = 0,
-                   batch_size: int = 64, progress: bool = True) -> dict[str, Any]:
+def sign_agreement(
+    model: nn.Module,
+    point: str,
+    train_batches: Iterable[Any],
+    test_batches: Iterable[Any],
+    *,
+    M: int,
+    K: int,
+    eta: float | None = None,
+    draws: int = 200,
+    loss_fn: Callable | None = None,
+    seed: int = 0,
+    batch_size: int = 64,
+    progress: bool = True,
+) -> dict[str, Any]:
     r"""How often the bias probe's predicted sign of ``ΔL`` is right, over random ``(M, K)`` draws.
 
     Each draw picks ``M`` train and ``K`` held-out examples without replacement from the
@@ -847,10 +1153,25 @@ def sign_agreement(model: nn.Module, point: str, train_batches: Iterable[Any],
     cert = certificate(Sa, Sb, M=M, K=K)
     n = draws - low
     lo, hi = wilson_interval(agree, n) if n else (None, None)
-    return {"kind": "intervention", "probe": "sign_agreement", "point": point, "M": M, "K": K, "eta": eta,
-            "draws": draws,
-            "agree_rate": agree / n if n else None, "agree_low": lo, "agree_high": hi,
-            "misaligned_rate": mis / draws, "improved_rate": improved / n if n else None,
-            "dtype": _dtype_name(float_dtype(model)), "draws_below_resolution": low,
-            "b_exact": cert.b_exact, "b_align": cert.b_align, "d_align": cert.d_align,
-            "expectation": cert.expectation, "n_train": na, "n_test": nb}
+    return {
+        "kind": "intervention",
+        "probe": "sign_agreement",
+        "point": point,
+        "M": M,
+        "K": K,
+        "eta": eta,
+        "draws": draws,
+        "agree_rate": agree / n if n else None,
+        "agree_low": lo,
+        "agree_high": hi,
+        "misaligned_rate": mis / draws,
+        "improved_rate": improved / n if n else None,
+        "dtype": _dtype_name(float_dtype(model)),
+        "draws_below_resolution": low,
+        "b_exact": cert.b_exact,
+        "b_align": cert.b_align,
+        "d_align": cert.d_align,
+        "expectation": cert.expectation,
+        "n_train": na,
+        "n_test": nb,
+    }

@@ -26,6 +26,7 @@ Example::
     >>> insertion_points(mlp)
     ['0', '1']
 """
+
 from __future__ import annotations
 
 import difflib
@@ -37,6 +38,7 @@ from .. import _args
 from ..errors import WidthscopeError
 
 __all__ = ["insertion_points", "all_points", "resolve_points"]
+
 
 def all_points(model: nn.Module) -> list[str]:
     """Every named submodule of ``model`` (any of them can be an insertion point)."""
@@ -53,8 +55,9 @@ def _is_block(m: nn.Module) -> bool:
 
 
 def _generic_points(model: nn.Module) -> list[str]:
-    containers = [(n, m) for n, m in model.named_modules()
-                  if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2]
+    containers = [
+        (n, m) for n, m in model.named_modules() if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2
+    ]
     # Rule 3: homogeneous containers of blocks, outermost only.
     chosen: list[str] = []
     for name, m in containers:
@@ -73,7 +76,8 @@ def _generic_points(model: nn.Module) -> list[str]:
     raise WidthscopeError(
         f"cannot guess insertion points for {type(model).__name__}: it has no nn.ModuleList or "
         f"nn.Sequential of blocks. Pass points=[...] (e.g. {all_points(model)[:5]}) or set "
-        "model.widthscope_points = [...]")
+        "model.widthscope_points = [...]"
+    )
 
 
 def insertion_points(model: nn.Module) -> list[str]:
@@ -93,12 +97,10 @@ def insertion_points(model: nn.Module) -> list[str]:
 
 
 def _is_hf(model: nn.Module) -> bool:
-    return any(c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers")
-               for c in type(model).__mro__)
+    return any(c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers") for c in type(model).__mro__)
 
 
-def _unknown_message(bad: str, valid: list[str], limit: int = 12,
-                     defaults: list[str] | None = None) -> str:
+def _unknown_message(bad: str, valid: list[str], limit: int = 12, defaults: list[str] | None = None) -> str:
     close = difflib.get_close_matches(bad, valid, n=5, cutoff=0.4)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     parts = []
@@ -109,8 +111,10 @@ def _unknown_message(bad: str, valid: list[str], limit: int = 12,
         parts.append(f"closest module names: {', '.join(close)}")
     n_other = len(valid) - len(set(defaults or []) | set(close))
     if n_other > 0:
-        parts.append(f"{n_other} other module(s): list them with `widthscope certify --list-points --all` "
-                     "or widthscope.probe.all_points(model)")
+        parts.append(
+            f"{n_other} other module(s): list them with `widthscope certify --list-points --all` "
+            "or widthscope.probe.all_points(model)"
+        )
     return f"unknown insertion point {bad!r}.{hint} " + "; ".join(parts)
 
 
@@ -128,8 +132,10 @@ def resolve_points(model: nn.Module, points: str | Iterable[str] | None) -> list
     if not names:
         defaults = insertion_points(model)
         shown = ", ".join(defaults[:8]) + (", ..." if len(defaults) > 8 else "")
-        raise WidthscopeError("no insertion points given (an empty list or --points ''); name some, "
-                              f"or omit them (points=None) for the defaults: {shown}")
+        raise WidthscopeError(
+            "no insertion points given (an empty list or --points ''); name some, "
+            f"or omit them (points=None) for the defaults: {shown}"
+        )
     valid = all_points(model)
     valid_set = set(valid)
     out: list[str] = []

@@ -27,6 +27,7 @@ the largest step with a full forward of them before trusting ``cached`` (falling
 anyway (certify's held-out probe), so that ``cached`` needs no capture forward at all: the
 capture of a chunk becomes a slice of the recorded rows.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -153,8 +154,9 @@ def _until_point(model: nn.Module, point: str, batch: Any, loss_fn: Callable | N
             h.remove()
 
 
-def _record_all(model: nn.Module, points: Sequence[str], batch: Any, loss_fn: Callable | None
-                ) -> dict[str, tuple[dict[str, tuple[int, tuple | None]], tuple | None]]:
+def _record_all(
+    model: nn.Module, points: Sequence[str], batch: Any, loss_fn: Callable | None
+) -> dict[str, tuple[dict[str, tuple[int, tuple | None]], tuple | None]]:
     """Forward ``batch`` until every point of ``points`` has finished once: for each point that
     ran, name -> (calls, output signature) of every module that finished before it started,
     and its own output signature. One pass serves all points."""
@@ -167,6 +169,7 @@ def _record_all(model: nn.Module, points: Sequence[str], batch: Any, loss_fn: Ca
     def pre(name: str) -> Callable:
         def hook(_m: nn.Module, _a: Any) -> None:
             before.setdefault(name, dict(ended))
+
         return hook
 
     def make(name: str) -> Callable:
@@ -176,6 +179,7 @@ def _record_all(model: nn.Module, points: Sequence[str], batch: Any, loss_fn: Ca
                 if len(out_point) == len(want):
                     raise _Stop
             ended[name] = (ended.get(name, (0, None))[0] + 1, _signature(out))
+
         return hook
 
     handles = [modules[p].register_forward_pre_hook(pre(p)) for p in want]
@@ -188,8 +192,9 @@ def _record_all(model: nn.Module, points: Sequence[str], batch: Any, loss_fn: Ca
     return {p: (before[p], out_point[p]) for p in points if p in out_point}
 
 
-def _record(model: nn.Module, point: str, batch: Any, loss_fn: Callable | None
-            ) -> tuple[dict[str, tuple[int, tuple | None]], tuple | None]:
+def _record(
+    model: nn.Module, point: str, batch: Any, loss_fn: Callable | None
+) -> tuple[dict[str, tuple[int, tuple | None]], tuple | None]:
     """:func:`_record_all` of one point (which must run)."""
     got = _record_all(model, [point], batch, loss_fn)
     if point not in got:
@@ -223,8 +228,9 @@ def plan(model: nn.Module, point: str, batch2: Any, batch3: Any, loss_fn: Callab
     return _plan_from(model, point, _record(model, point, batch2, loss_fn), _record(model, point, batch3, loss_fn))
 
 
-def plans(model: nn.Module, points: Sequence[str], batch2: Any, batch3: Any, loss_fn: Callable | None
-          ) -> dict[str, Plan]:
+def plans(
+    model: nn.Module, points: Sequence[str], batch2: Any, batch3: Any, loss_fn: Callable | None
+) -> dict[str, Plan]:
     """:func:`plan` of every point that runs, from two forward passes in all (2 and 3 examples)."""
     r2, r3 = _record_all(model, points, batch2, loss_fn), _record_all(model, points, batch3, loss_fn)
     return {p: _plan_from(model, p, r2[p], r3[p]) for p in points if p in r2 and p in r3}
@@ -242,6 +248,7 @@ def _capture(model: nn.Module, point: str, p: Plan, batch: Any, loss_fn: Callabl
             keep[name] = _map(out, lambda t: t.detach().clone())
             if name == point:
                 raise _Stop
+
         return hook
 
     names = list(p.cached) + [point]
@@ -258,11 +265,19 @@ class _Replaced:
     ``E`` times, the point's adds the steps; restored on exit. :meth:`verify` then checks that
     each ran exactly once (a shared module, or a class that bypasses ``forward``, is caught)."""
 
-    def __init__(self, model: nn.Module, point: str, p: Plan, keep: dict[str, Any],
-                 steps: torch.Tensor, put_steps: Callable[[Any], Any]):
+    def __init__(
+        self,
+        model: nn.Module,
+        point: str,
+        p: Plan,
+        keep: dict[str, Any],
+        steps: torch.Tensor,
+        put_steps: Callable[[Any], Any],
+    ):
         E = steps.shape[0]
         self.modules = dict(model.named_modules())
         self.calls = dict.fromkeys(list(p.cached) + ([point] if p.point_cached else []), 0)
+
         def value(n: str) -> Callable[[], Any]:
             return lambda: _repeat(keep[n], E)
 
@@ -278,6 +293,7 @@ class _Replaced:
             if self.calls[name] > 1:
                 raise Unsupported(f"{name!r} runs more than once in a forward pass (a shared module)")
             return self.values[name]()
+
         return forward
 
     def __enter__(self) -> _Replaced:
@@ -308,8 +324,15 @@ def _chunks(data: Any, per: int) -> Iterator[Any]:
     yield from to_batches(data, per)
 
 
-def _full_totals(model: nn.Module, point: str, steps: torch.Tensor, data: Any, loss_fn: Callable | None,
-                 per: int, to_dev: Callable[[Any], Any]) -> torch.Tensor:
+def _full_totals(
+    model: nn.Module,
+    point: str,
+    steps: torch.Tensor,
+    data: Any,
+    loss_fn: Callable | None,
+    per: int,
+    to_dev: Callable[[Any], Any],
+) -> torch.Tensor:
     """``full`` path: Σ over examples of the loss in each of the ``E`` stacked copies, float64."""
     E = steps.shape[0]
     totals = torch.zeros(E, dtype=torch.float64)
@@ -318,9 +341,17 @@ def _full_totals(model: nn.Module, point: str, steps: torch.Tensor, data: Any, l
     return totals
 
 
-def _cached_losses(model: nn.Module, point: str, p: Plan, steps: torch.Tensor, batch: Any,
-                   loss_fn: Callable | None, to_dev: Callable[[Any], Any], bi: int,
-                   keep: dict[str, Any] | None = None) -> torch.Tensor:
+def _cached_losses(
+    model: nn.Module,
+    point: str,
+    p: Plan,
+    steps: torch.Tensor,
+    batch: Any,
+    loss_fn: Callable | None,
+    to_dev: Callable[[Any], Any],
+    bi: int,
+    keep: dict[str, Any] | None = None,
+) -> torch.Tensor:
     """``cached`` path for one chunk: per-row losses ``(E·B,)`` of the stacked pass; ``keep``:
     the planned outputs of this chunk's rows recorded earlier (:class:`KeptPrefix`), else captured."""
     from .batches import _cat
@@ -358,9 +389,18 @@ def check_tolerance(dtype: torch.dtype | None) -> float:
     return min(64 * torch.finfo(dt).eps, 1e-3)
 
 
-def stacked_totals(model: nn.Module, point: str, steps: torch.Tensor, data: Any, loss_fn: Callable | None,
-                   per: int, to_dev: Callable[[Any], Any], *, mode: str = "auto",
-                   kept: KeptPrefix | None = None) -> tuple[torch.Tensor, str]:
+def stacked_totals(
+    model: nn.Module,
+    point: str,
+    steps: torch.Tensor,
+    data: Any,
+    loss_fn: Callable | None,
+    per: int,
+    to_dev: Callable[[Any], Any],
+    *,
+    mode: str = "auto",
+    kept: KeptPrefix | None = None,
+) -> tuple[torch.Tensor, str]:
     """``Σ_i ℓ_i`` over ``data`` with ``steps[e]`` added at ``point``, for every ``e`` (float64 ``(E,)``),
     and how: ``"cached"`` or ``"full: <reason>"``. ``per`` examples are stacked per pass.
 
@@ -381,8 +421,11 @@ def stacked_totals(model: nn.Module, point: str, steps: torch.Tensor, data: Any,
     old = _full_rows(model, point, steps[-1:], take(data, 3), loss_fn, to_dev)  # the model's own errors, first
     try:
         src = kept if kept is not None and kept.covers(point, batch_size_of(data)) else None
-        p = src.plans[point] if src is not None else plan(
-            model, point, to_dev(take(data, 2)), to_dev(take(data, 3)), loss_fn)
+        p = (
+            src.plans[point]
+            if src is not None
+            else plan(model, point, to_dev(take(data, 2)), to_dev(take(data, 3)), loss_fn)
+        )
         if not p.cached and not p.point_cached:
             raise Unsupported("no module before the point can be kept")
         tol = check_tolerance(float_dtype(model))
@@ -395,11 +438,13 @@ def stacked_totals(model: nn.Module, point: str, steps: torch.Tensor, data: Any,
             keep = src.rows(point, start, start + B) if src is not None else None
             rows = _cached_losses(model, point, p, steps, b, loss_fn, to_dev, bi, keep).view(E, -1)
             if new.numel() < 3:  # the check: the first 3 examples at the largest step
-                new = torch.cat([new, rows[-1, :3 - new.numel()]])
+                new = torch.cat([new, rows[-1, : 3 - new.numel()]])
                 if new.numel() == 3 and not torch.allclose(new, old, rtol=tol, atol=tol):
-                    raise Unsupported(f"the cached path's losses differ from the full forward's by "
-                                      f"{float((new - old).abs().max()):.3g} (tolerance {tol:.2g}) on the first 3 "
-                                      "examples")
+                    raise Unsupported(
+                        f"the cached path's losses differ from the full forward's by "
+                        f"{float((new - old).abs().max()):.3g} (tolerance {tol:.2g}) on the first 3 "
+                        "examples"
+                    )
             totals += rows.sum(1)
             start += B
         return totals, "cached"
@@ -451,12 +496,16 @@ class KeptPrefix:
             part_sig = _signature(part)
             assert part_sig is not None  # rows of out, which has one
             rows = next(s for s in part_sig if s is not None)[0]
-            self.bytes += sum(t.numel() * t.element_size()
-                              for t in ((part,) if isinstance(part, torch.Tensor) else part) if t is not None)
+            self.bytes += sum(
+                t.numel() * t.element_size()
+                for t in ((part,) if isinstance(part, torch.Tensor) else part)
+                if t is not None
+            )
             if self.bytes > self.max_bytes:
                 return self._fail(f"the kept outputs would exceed {self.max_bytes:.3g} bytes")
             self.parts.setdefault(name, []).append(part)
             self.count[name] = got + rows
+
         return record
 
     def finish(self) -> None:
@@ -491,8 +540,16 @@ class KeptPrefix:
 
 
 @contextmanager
-def keep_prefix(model: nn.Module, points: Sequence[str], data: Any, n: int, loss_fn: Callable | None = None,
-                to_dev: Callable[[Any], Any] = lambda b: b, *, max_bytes: float = 2 ** 30) -> Iterator[KeptPrefix]:
+def keep_prefix(
+    model: nn.Module,
+    points: Sequence[str],
+    data: Any,
+    n: int,
+    loss_fn: Callable | None = None,
+    to_dev: Callable[[Any], Any] = lambda b: b,
+    *,
+    max_bytes: float = 2**30,
+) -> Iterator[KeptPrefix]:
     """Record, during the forward passes run inside the block, what the cached path of every
     point in ``points`` would capture for the first ``n`` examples of ``data`` (which those passes
     must run first and in order: certify wraps its held-out probe in it). Plans each point on the
@@ -529,8 +586,15 @@ def keep_prefix(model: nn.Module, points: Sequence[str], data: Any, n: int, loss
         kept.finish()
 
 
-def _full_rows(model: nn.Module, point: str, steps: torch.Tensor, batch: Any, loss_fn: Callable | None,
-               to_dev: Callable[[Any], Any], bi: int = 0) -> torch.Tensor:
+def _full_rows(
+    model: nn.Module,
+    point: str,
+    steps: torch.Tensor,
+    batch: Any,
+    loss_fn: Callable | None,
+    to_dev: Callable[[Any], Any],
+    bi: int = 0,
+) -> torch.Tensor:
     """Per-row losses ``(E·B,)`` of the ``full`` path for one chunk: the batch stacked ``E``
     times, a forward hook adding ``steps[e]`` to copy ``e`` at ``point``."""
     from .batches import _cat

@@ -15,6 +15,7 @@ and the page's header lists every file with its model, data and width. Python::
     from widthscope.report import report
     page = report(["widthscope-results/demo/llama"], out_dir="/tmp/rep")
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,7 @@ import webbrowser
 from pathlib import Path
 from typing import Any, Sequence
 
-from .._io import Skipped, record_skips, read_jsonl, refuse_skips, skip_lines, warn_skips
+from .._io import Skipped, read_jsonl, record_skips, refuse_skips, skip_lines, warn_skips
 from ..errors import WidthscopeError
 
 __all__ = ["load_results", "report", "add_arguments", "run"]
@@ -31,8 +32,17 @@ __all__ = ["load_results", "report", "add_arguments", "run"]
 
 # The row kinds widthscope writes (sweep, linearize, grow-bench, certify series); rows from before
 # kinds were recorded are alignment rows with M and K.
-ROW_KINDS = ("alignment", "intervention", "correlation", "slope", "linearization", "growth", "growth_bench",
-             "growth_compare", "monitor")
+ROW_KINDS = (
+    "alignment",
+    "intervention",
+    "correlation",
+    "slope",
+    "linearization",
+    "growth",
+    "growth_bench",
+    "growth_compare",
+    "monitor",
+)
 
 
 def _ours(row: Any) -> bool:
@@ -47,9 +57,11 @@ def _only_ours(got: list[Any], p: Path, notes: list[str] | None) -> list[dict[st
     ours = [r for r in got if _ours(r)]
     if got and not ours:
         kinds = sorted({str(r.get("kind")) for r in got if isinstance(r, dict) and "kind" in r})[:3]
-        raise WidthscopeError(f"{p} holds {len(got)} row(s) but none widthscope wrote (no 'kind' "
-                              f"{'/'.join(ROW_KINDS[:3])}/...{'; it has kind ' + ', '.join(kinds) if kinds else ''}): "
-                              "pass a sweep's --out folder, its results.jsonl, or certify .json files")
+        raise WidthscopeError(
+            f"{p} holds {len(got)} row(s) but none widthscope wrote (no 'kind' "
+            f"{'/'.join(ROW_KINDS[:3])}/...{'; it has kind ' + ', '.join(kinds) if kinds else ''}): "
+            "pass a sweep's --out folder, its results.jsonl, or certify .json files"
+        )
     if len(ours) < len(got) and notes is not None:
         notes.append(f"{p}: {len(got) - len(ours)} row(s) that widthscope did not write were left out")
     return ours
@@ -64,12 +76,15 @@ def _held_by_damaged(p: Path, found: Sequence[Skipped]) -> str | None:
     held = sum(1 for r in read_jsonl(res, problems=[]) if r.get("cell_id") in ids)
     if not held:
         return None
-    return (f"{res} still holds {held} row(s) of the {len(ids)} damaged cell file(s) (not used here: the report "
-            f"reads cells/); `widthscope repair {p}` keeps them in its backup, rerunning the sweep computes them again")
+    return (
+        f"{res} still holds {held} row(s) of the {len(ids)} damaged cell file(s) (not used here: the report "
+        f"reads cells/); `widthscope repair {p}` keeps them in its backup, rerunning the sweep computes them again"
+    )
 
 
-def load_results(dirs: Sequence[str | os.PathLike], notes: list[str] | None = None,
-                 problems: list[Skipped] | None = None) -> list[dict[str, Any]]:
+def load_results(
+    dirs: Sequence[str | os.PathLike], notes: list[str] | None = None, problems: list[Skipped] | None = None
+) -> list[dict[str, Any]]:
     """Rows of every results directory, ``.jsonl`` file or certify ``.json`` file given; each row gets ``source``.
 
     Rows widthscope did not write are refused (a source with none) or left out with a line in ``notes``.
@@ -103,14 +118,20 @@ def load_results(dirs: Sequence[str | os.PathLike], notes: list[str] | None = No
             else:
                 got = read_jsonl(p / "results.jsonl", problems)
             if not got and not (p / "results.jsonl").exists() and not (p / "cells").is_dir():
-                raise WidthscopeError(f"{str(p)!r} has neither results.jsonl nor cells/: pass the directory a "
-                                      f"sweep wrote (its --out), e.g. widthscope-results/<name>")
+                raise WidthscopeError(
+                    f"{str(p)!r} has neither results.jsonl nor cells/: pass the directory a "
+                    f"sweep wrote (its --out), e.g. widthscope-results/<name>"
+                )
         elif p.exists():
-            raise WidthscopeError(f"{str(p)!r} is a {p.suffix or 'suffix-less'} file, not results: pass the --out "
-                                  "folder of a sweep, a results.jsonl file, or certify .json files")
+            raise WidthscopeError(
+                f"{str(p)!r} is a {p.suffix or 'suffix-less'} file, not results: pass the --out "
+                "folder of a sweep, a results.jsonl file, or certify .json files"
+            )
         else:
-            raise WidthscopeError(f"results directory {str(p)!r} does not exist: pass the --out folder of a "
-                                  f"sweep (or a results.jsonl file, or certify .json files)")
+            raise WidthscopeError(
+                f"results directory {str(p)!r} does not exist: pass the --out folder of a "
+                f"sweep (or a results.jsonl file, or certify .json files)"
+            )
         got = _only_ours(got, p, notes)
         for r in got:
             r.setdefault("source", str(p))
@@ -125,12 +146,20 @@ def load_results(dirs: Sequence[str | os.PathLike], notes: list[str] | None = No
 
 # How many skipped lines/files the page lists one by one (stderr: the first few, then a count).
 PAGE_SKIPS = 50
-_STRICT_FIX = ("rebuild a results folder with `widthscope repair DIR` (it keeps a backup), or drop --strict "
-               "to skip the damaged part with a note")
+_STRICT_FIX = (
+    "rebuild a results folder with `widthscope repair DIR` (it keeps a backup), or drop --strict "
+    "to skip the damaged part with a note"
+)
 
 
-def report(results: Sequence[str | os.PathLike] | str | os.PathLike, out_dir: str | os.PathLike | None = None,
-           *, title: str | None = None, notes: Sequence[str] = (), strict: bool = False) -> Path:
+def report(
+    results: Sequence[str | os.PathLike] | str | os.PathLike,
+    out_dir: str | os.PathLike | None = None,
+    *,
+    title: str | None = None,
+    notes: Sequence[str] = (),
+    strict: bool = False,
+) -> Path:
     """Build the report for one or more results directories; return the path of ``report.html``.
 
     ``notes`` head the page (e.g. which dataset a fallback chose and why). Inputs are only read.
@@ -149,13 +178,17 @@ def report(results: Sequence[str | os.PathLike] | str | os.PathLike, out_dir: st
         if strict:
             raise refuse_skips(problems, _STRICT_FIX)
         if not rows:
-            raise WidthscopeError(f"no readable rows in {', '.join(map(str, dirs))}: {len(problems)} damaged "
-                                  f"line(s)/file(s), first {problems[0]}; rerun the sweep, or restore the "
-                                  "results from a copy")
+            raise WidthscopeError(
+                f"no readable rows in {', '.join(map(str, dirs))}: {len(problems)} damaged "
+                f"line(s)/file(s), first {problems[0]}; rerun the sweep, or restore the "
+                "results from a copy"
+            )
         warn_skips(problems, "widthscope report")
-        notes[:0] = [f"damaged input: {len(problems)} line(s)/file(s) were skipped, each named below; "
-                     "`widthscope report --strict` refuses such input, `widthscope repair DIR` rebuilds a "
-                     "results folder keeping a backup"] + skip_lines(problems, PAGE_SKIPS)
+        notes[:0] = [
+            f"damaged input: {len(problems)} line(s)/file(s) were skipped, each named below; "
+            "`widthscope report --strict` refuses such input, `widthscope repair DIR` rebuilds a "
+            "results folder keeping a backup"
+        ] + skip_lines(problems, PAGE_SKIPS)
     if not rows:
         raise WidthscopeError(f"no finished rows in {', '.join(map(str, dirs))}: run (or resume) the sweep first")
     first = Path(dirs[0])
@@ -168,19 +201,29 @@ def report(results: Sequence[str | os.PathLike] | str | os.PathLike, out_dir: st
     # figures and the self-contained page: 0.7 MB measured for 96 rows of three kinds
     check_space(out / "report.html", 2_000_000 + 10_000 * len(rows), "the report (figures and page)")
     named = describe(rows)  # certify files: which model/data/width each one is
-    return build_report(rows, out, title=title, sources=[named.get(str(Path(d)), str(d)) for d in dirs],
-                        notes=notes)
+    return build_report(rows, out, title=title, sources=[named.get(str(Path(d)), str(d)) for d in dirs], notes=notes)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("results", nargs="+", help="results directories (a sweep's --out), results.jsonl files, or "
-                        "the .json files of several `widthscope certify` runs (a width series)")
-    parser.add_argument("--out", default=None, help="output folder (default: FIRST_RESULTS_DIR/report; for a "
-                        "certify .json first: its folder/report)")
+    parser.add_argument(
+        "results",
+        nargs="+",
+        help="results directories (a sweep's --out), results.jsonl files, or "
+        "the .json files of several `widthscope certify` runs (a width series)",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="output folder (default: FIRST_RESULTS_DIR/report; for a certify .json first: its folder/report)",
+    )
     parser.add_argument("--title", default=None, help="page title")
     parser.add_argument("--open", action="store_true", help="open the page in a browser afterwards")
-    parser.add_argument("--strict", action="store_true", help="refuse damaged input (a torn or non-JSON line, "
-                        "a damaged cell file) with one error line, exit 2, instead of skipping it with a note")
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse damaged input (a torn or non-JSON line, "
+        "a damaged cell file) with one error line, exit 2, instead of skipping it with a note",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,5 +1,6 @@
 """Alignment rows grouped into probe regimes, and each regime's label: shared by the alignment section
 and the claims page (so both judge the same groups)."""
+
 from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
@@ -17,8 +18,9 @@ def groups(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, list[Mapping[str, A
         if r.get("kind", "alignment") != "alignment":
             continue
         # Copies under the one reporting rule: a vacuous certificate's d_align is missing (NaN here).
-        out.setdefault((r.get("sweep", ""), r.get("family", "?"), r.get("budget"), r.get("probe_set"),
-                        r.get("probe_seq_len")), []).append(vacuous_rule(vacuous_rule(dict(r), "one_"), "two_"))
+        out.setdefault(
+            (r.get("sweep", ""), r.get("family", "?"), r.get("budget"), r.get("probe_set"), r.get("probe_seq_len")), []
+        ).append(vacuous_rule(vacuous_rule(dict(r), "one_"), "two_"))
     return out
 
 

@@ -19,6 +19,7 @@ Example::
     from widthscope.report import alignment
     print("\\n".join(alignment.summary(rows)))
 """
+
 from __future__ import annotations
 
 import html
@@ -95,8 +96,9 @@ def _widths(rows: Sequence[Mapping[str, Any]]) -> list[float]:
     return sorted({r["width"] for r in rows})
 
 
-def _agg(rows: Sequence[Mapping[str, Any]], col: str, *, by: tuple[str, ...]
-         ) -> dict[tuple, tuple[float, float, float, int]]:
+def _agg(
+    rows: Sequence[Mapping[str, Any]], col: str, *, by: tuple[str, ...]
+) -> dict[tuple, tuple[float, float, float, int]]:
     """(mean, min, max, n) over seeds of ``col`` for each value of ``by`` (one value per seed)."""
     per: dict[tuple, dict[Any, float]] = defaultdict(dict)
     for r in rows:
@@ -104,8 +106,11 @@ def _agg(rows: Sequence[Mapping[str, Any]], col: str, *, by: tuple[str, ...]
     out = {}
     for k, d in per.items():
         vals = np.array([v for v in d.values() if not math.isnan(v)])
-        out[k] = ((float(vals.mean()), float(vals.min()), float(vals.max()), len(vals)) if len(vals)
-                  else (math.nan, math.nan, math.nan, 0))
+        out[k] = (
+            (float(vals.mean()), float(vals.min()), float(vals.max()), len(vals))
+            if len(vals)
+            else (math.nan, math.nan, math.nan, 0)
+        )
     return out
 
 
@@ -172,15 +177,27 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
         widths = _widths(sel)
         figs.append(_fig_d_align(sel, label, out_dir / f"{slug}-d_align.png", pts, widths))
         ppts = _pick(pts, MAX_POINTS_PANELS)
-        draws = int(max((d for d in (_num(r.get("misalignment_draws")) for r in sel) if not math.isnan(d)),
-                        default=1))
+        draws = int(max((d for d in (_num(r.get("misalignment_draws")) for r in sel) if not math.isnan(d)), default=1))
         floor = 0.5 / max(draws, 1)  # where a probability of 0 is drawn on the log axes
         by = ("point_index", "M", "K", "width")
         agg_e, agg_be = _agg(sel, "misalignment", by=by), _agg(sel, "two_b_exact", by=by)
-        figs.append(_fig_misalignment_vs_width(sel, label, out_dir / f"{slug}-misalignment-vs-width.png",
-                                               pts, ppts, widths, draws, floor, agg_e, agg_be))
-        figs += _fig_misalignment_vs_mk(sel, label, out_dir / f"{slug}-misalignment-vs-MK.png",
-                                        ppts, widths, floor, agg_e, agg_be)
+        figs.append(
+            _fig_misalignment_vs_width(
+                sel,
+                label,
+                out_dir / f"{slug}-misalignment-vs-width.png",
+                pts,
+                ppts,
+                widths,
+                draws,
+                floor,
+                agg_e,
+                agg_be,
+            )
+        )
+        figs += _fig_misalignment_vs_mk(
+            sel, label, out_dir / f"{slug}-misalignment-vs-MK.png", ppts, widths, floor, agg_e, agg_be
+        )
     return figs
 
 
@@ -189,8 +206,10 @@ def _fig_d_align(sel, label: str, p: Path, pts, widths) -> dict:
     colors = _colors(len(pts))
     n_seeds = len({r.get("seed") for r in sel})
     fig, axes = _fig(1, 2)
-    for ax, form, name in ((axes[0, 0], "two", "two-population (train vs held-out)"),
-                           (axes[0, 1], "one", "one-population (train)")):
+    for ax, form, name in (
+        (axes[0, 0], "two", "two-population (train vs held-out)"),
+        (axes[0, 1], "one", "one-population (train)"),
+    ):
         agg = _agg(sel, f"{form}_d_align", by=("point_index", "width"))
         for (pi, pname), c in zip(pts, colors):
             ws = [w for w in widths if (pi, w) in agg and not math.isnan(agg[(pi, w)][0])]
@@ -199,13 +218,22 @@ def _fig_d_align(sel, label: str, p: Path, pts, widths) -> dict:
             mean = [agg[(pi, w)][0] for w in ws]
             ax.plot(ws, mean, "o-", color=c, label=pname, ms=4)
             if n_seeds > 1:
-                ax.fill_between(ws, [agg[(pi, w)][1] for w in ws], [agg[(pi, w)][2] for w in ws],
-                                color=c, alpha=0.18, lw=0)
+                ax.fill_between(
+                    ws, [agg[(pi, w)][1] for w in ws], [agg[(pi, w)][2] for w in ws], color=c, alpha=0.18, lw=0
+                )
         _width_axis(ax, widths)
         ax.set_xlim(min(widths) / 1.2, max(widths) * 1.2)  # every swept width, drawn or vacuous
         if not ax.lines:  # say why the panel is empty rather than show bare axes
-            ax.text(0.5, 0.5, "no d_align to draw: every certificate\nis vacuous (an estimate <= 0)",
-                    transform=ax.transAxes, ha="center", va="center", fontsize=9, color="#555")
+            ax.text(
+                0.5,
+                0.5,
+                "no d_align to draw: every certificate\nis vacuous (an estimate <= 0)",
+                transform=ax.transAxes,
+                ha="center",
+                va="center",
+                fontsize=9,
+                color="#555",
+            )
         ax.set_xlabel("width N")
         ax.set_ylabel("d_align")
         ax.set_title(name, fontsize=10)
@@ -213,17 +241,20 @@ def _fig_d_align(sel, label: str, p: Path, pts, widths) -> dict:
     if axes[0, 0].get_legend_handles_labels()[0]:
         axes[0, 0].legend(fontsize=7, title="insertion point", title_fontsize=7)
     _save(fig, p, f"{label}: d_align vs width")
-    return {"title": f"{label}: d_align vs width",
-            "png": str(p),
-            "caption": f"Effective alignment dimension d_align = min(d_par, d_2) at each insertion point "
-                       f"(colour: depth), mean over {n_seeds} seed(s); band = min..max over seeds. "
-                       f"The mechanism predicts lines that rise with width. A vacuous certificate "
-                       f"(an estimate <= 0) has no d_align: it is left out of the mean and band, and a "
-                       f"width where every seed is vacuous has no marker."}
+    return {
+        "title": f"{label}: d_align vs width",
+        "png": str(p),
+        "caption": f"Effective alignment dimension d_align = min(d_par, d_2) at each insertion point "
+        f"(colour: depth), mean over {n_seeds} seed(s); band = min..max over seeds. "
+        f"The mechanism predicts lines that rise with width. A vacuous certificate "
+        f"(an estimate <= 0) has no d_align: it is left out of the mean and band, and a "
+        f"width where every seed is vacuous has no marker.",
+    }
 
 
-def _fig_misalignment_vs_width(sel, label: str, p: Path, pts, ppts, widths, draws: int, floor: float,
-                               agg_e, agg_be) -> dict:
+def _fig_misalignment_vs_width(
+    sel, label: str, p: Path, pts, ppts, widths, draws: int, floor: float, agg_e, agg_be
+) -> dict:
     """2. Empirical misalignment vs width with B_exact and B_align, one panel per (point, (M, K))."""
     mks = _pick(_mk(sel), MAX_MK_PANELS)
     fig, axes = _fig(len(ppts), len(mks), w=3.4, h=2.7)
@@ -239,12 +270,32 @@ def _fig_misalignment_vs_width(sel, label: str, p: Path, pts, ppts, widths, draw
             hi = np.array([agg_hi.get((pi, M, K, w), (math.nan,))[0] for w in ws])
             yerr = np.vstack([np.clip(e - lo, 0, None), np.clip(hi - e, 0, None)])
             yerr = np.nan_to_num(yerr)
-            ax.errorbar(ws, np.maximum(e, floor), yerr=yerr, fmt="o-", color="#1f3b57", ms=4,
-                        capsize=2, label="empirical Pr(A<=0)")
-            ax.plot(ws, [max(agg_be.get((pi, M, K, w), (math.nan,))[0], floor) for w in ws], "s--",
-                    color="#d9822b", ms=3, label="B_exact")
-            ax.plot(ws, [max(agg_ba.get((pi, M, K, w), (math.nan,))[0], floor) for w in ws], "^:",
-                    color="#b03a2e", ms=3, label="B_align")
+            ax.errorbar(
+                ws,
+                np.maximum(e, floor),
+                yerr=yerr,
+                fmt="o-",
+                color="#1f3b57",
+                ms=4,
+                capsize=2,
+                label="empirical Pr(A<=0)",
+            )
+            ax.plot(
+                ws,
+                [max(agg_be.get((pi, M, K, w), (math.nan,))[0], floor) for w in ws],
+                "s--",
+                color="#d9822b",
+                ms=3,
+                label="B_exact",
+            )
+            ax.plot(
+                ws,
+                [max(agg_ba.get((pi, M, K, w), (math.nan,))[0], floor) for w in ws],
+                "^:",
+                color="#b03a2e",
+                ms=3,
+                label="B_align",
+            )
             _width_axis(ax, widths)
             ax.set_yscale("log")
             ax.set_ylim(floor * 0.7, 1.3)
@@ -256,15 +307,16 @@ def _fig_misalignment_vs_width(sel, label: str, p: Path, pts, ppts, widths, draw
                 ax.set_ylabel("probability")
     axes[0, 0].legend(fontsize=7)
     _save(fig, p, f"{label}: misalignment vs width")
-    return {"title": f"{label}: misalignment vs width, with B_exact and B_align",
-            "png": str(p),
-            "caption": f"Empirical misalignment probability (fraction of {draws} resamples with "
-                       f"mu_M.g_K <= 0; bars: mean 95% Wilson interval) beside the two-population "
-                       f"bounds B_exact (Cantelli) and B_align = 1/(1 + n_eff d_align), mean over seeds. "
-                       f"Log scale; values below {floor:.1g} (including 0) are drawn at {floor:.1g}. "
-                       f"Bounds should lie above the empirical values; the mechanism predicts all three "
-                       f"fall with width."
-                       + (f" Showing {len(ppts)} of {len(pts)} points." if len(ppts) < len(pts) else "")}
+    return {
+        "title": f"{label}: misalignment vs width, with B_exact and B_align",
+        "png": str(p),
+        "caption": f"Empirical misalignment probability (fraction of {draws} resamples with "
+        f"mu_M.g_K <= 0; bars: mean 95% Wilson interval) beside the two-population "
+        f"bounds B_exact (Cantelli) and B_align = 1/(1 + n_eff d_align), mean over seeds. "
+        f"Log scale; values below {floor:.1g} (including 0) are drawn at {floor:.1g}. "
+        f"Bounds should lie above the empirical values; the mechanism predicts all three "
+        f"fall with width." + (f" Showing {len(ppts)} of {len(pts)} points." if len(ppts) < len(pts) else ""),
+    }
 
 
 def _fig_misalignment_vs_mk(sel, label: str, p: Path, ppts, widths, floor: float, agg_e, agg_be) -> list[dict]:
@@ -278,10 +330,8 @@ def _fig_misalignment_vs_mk(sel, label: str, p: Path, ppts, widths, floor: float
         ax = axes[0, j]
         for w, c in zip(widths, wcol):
             ms = [m for m in paired if (pi, m, m, w) in agg_e]
-            ax.plot(ms, [max(agg_e[(pi, m, m, w)][0], floor) for m in ms], "o-", color=c, ms=4,
-                    label=f"N={w:g}")
-            ax.plot(ms, [max(agg_be.get((pi, m, m, w), (math.nan,))[0], floor) for m in ms], "--",
-                    color=c, lw=0.8)
+            ax.plot(ms, [max(agg_e[(pi, m, m, w)][0], floor) for m in ms], "o-", color=c, ms=4, label=f"N={w:g}")
+            ax.plot(ms, [max(agg_be.get((pi, m, m, w), (math.nan,))[0], floor) for m in ms], "--", color=c, lw=0.8)
         _width_axis(ax, paired)
         ax.set_yscale("log")
         ax.set_ylim(floor * 0.7, 1.3)
@@ -291,11 +341,15 @@ def _fig_misalignment_vs_mk(sel, label: str, p: Path, ppts, widths, floor: float
     axes[0, 0].set_ylabel("misalignment probability")
     axes[0, 0].legend(fontsize=7)
     _save(fig, p, f"{label}: misalignment vs M = K")
-    return [{"title": f"{label}: misalignment vs M = K",
-             "png": str(p),
-             "caption": "Empirical misalignment (solid, circles) and B_exact (dashed, same colour) "
-                        "as the sample sizes M = K grow, one line per width (darker = narrower). "
-                        "Both should fall with M = K at every width."}]
+    return [
+        {
+            "title": f"{label}: misalignment vs M = K",
+            "png": str(p),
+            "caption": "Empirical misalignment (solid, circles) and B_exact (dashed, same colour) "
+            "as the sample sizes M = K grow, one line per width (darker = narrower). "
+            "Both should fall with M = K at every width.",
+        }
+    ]
 
 
 def _fmt(v: float, spec: str = ".3g") -> str:
@@ -305,8 +359,11 @@ def _fmt(v: float, spec: str = ".3g") -> str:
 def _limit(rows: Sequence[Mapping[str, Any]]) -> str:
     """Which effective dimension is d_align's minimum, per seed (rows under the vacuous rule):
     'd_par', 'd_2', both ('d_par/d_2') when seeds differ, '–' when every certificate is vacuous."""
-    got = {"d_par" if r["two_d_par"] <= r["two_d_2"] else "d_2" for r in rows
-           if r.get("two_d_align") is not None and r.get("two_d_par") is not None and r.get("two_d_2") is not None}
+    got = {
+        "d_par" if r["two_d_par"] <= r["two_d_2"] else "d_2"
+        for r in rows
+        if r.get("two_d_align") is not None and r.get("two_d_par") is not None and r.get("two_d_2") is not None
+    }
     return "/".join(sorted(got)) or "–"
 
 
@@ -319,13 +376,46 @@ def tables(rows: list[dict]) -> list[dict]:
         M, K = _mk(sel)[-1]
         at = [r for r in sel if (int(r["M"]), int(r["K"])) == (M, K)]
         by = ("width", "point_index")
-        cols = {c: _agg(at, c, by=by) for c in ("two_d_align", "one_d_align", "two_d_par", "two_d_2",
-                                                  "misalignment", "misalignment_low", "misalignment_high",
-                                                  "two_b_exact", "two_b_align", "test_loss", "n_params")}
-        head = ["width", "point", "seeds", "vacuous", "params", "test loss", "d_align (2-pop)", "d_par", "d_2",
-                "limit", "d_align (1-pop)", f"misalign M={M},K={K}", "95% Wilson", "B_exact", "B_align"]
-        h = ['<table><thead><tr>' + "".join(f'<th class="l">{html.escape(x)}</th>' if x == "point" else
-                                           f"<th>{html.escape(x)}</th>" for x in head) + "</tr></thead><tbody>"]
+        cols = {
+            c: _agg(at, c, by=by)
+            for c in (
+                "two_d_align",
+                "one_d_align",
+                "two_d_par",
+                "two_d_2",
+                "misalignment",
+                "misalignment_low",
+                "misalignment_high",
+                "two_b_exact",
+                "two_b_align",
+                "test_loss",
+                "n_params",
+            )
+        }
+        head = [
+            "width",
+            "point",
+            "seeds",
+            "vacuous",
+            "params",
+            "test loss",
+            "d_align (2-pop)",
+            "d_par",
+            "d_2",
+            "limit",
+            "d_align (1-pop)",
+            f"misalign M={M},K={K}",
+            "95% Wilson",
+            "B_exact",
+            "B_align",
+        ]
+        h = [
+            "<table><thead><tr>"
+            + "".join(
+                f'<th class="l">{html.escape(x)}</th>' if x == "point" else f"<th>{html.escape(x)}</th>" for x in head
+            )
+            + "</tr></thead><tbody>"
+        ]
         for w in _widths(at):
             for pi, pname in _points(at):
                 k = (w, pi)
@@ -337,20 +427,37 @@ def tables(rows: list[dict]) -> list[dict]:
                 cell = [r for r in at if (r["width"], r["point_index"]) == k]
                 seeds = len({r.get("seed") for r in cell})
                 n_vac = len({r.get("seed") for r in cell if r.get("two_vacuous") or r.get("two_d_align") is None})
-                h.append("<tr>" + "".join([
-                    f"<td>{w:g}</td>", f'<td class="l">{html.escape(pname)}</td>', f"<td>{seeds}</td>",
-                    f"<td>{n_vac}/{seeds}</td>",
-                    f"<td>{_fmt(g['n_params'], ',.0f')}</td>", f"<td>{_fmt(g['test_loss'], '.4g')}</td>",
-                    f"<td>{_fmt(mean)}{spread}</td>", f"<td>{_fmt(g['two_d_par'])}</td>",
-                    f"<td>{_fmt(g['two_d_2'])}</td>",
-                    f"<td>{_limit(cell)}</td>", f"<td>{_fmt(g['one_d_align'])}</td>",
-                    f"<td>{_fmt(g['misalignment'])}</td>",
-                    f"<td>[{_fmt(g['misalignment_low'])}, {_fmt(g['misalignment_high'])}]</td>",
-                    f"<td>{_fmt(g['two_b_exact'])}</td>", f"<td>{_fmt(g['two_b_align'])}</td>"]) + "</tr>")
+                h.append(
+                    "<tr>"
+                    + "".join(
+                        [
+                            f"<td>{w:g}</td>",
+                            f'<td class="l">{html.escape(pname)}</td>',
+                            f"<td>{seeds}</td>",
+                            f"<td>{n_vac}/{seeds}</td>",
+                            f"<td>{_fmt(g['n_params'], ',.0f')}</td>",
+                            f"<td>{_fmt(g['test_loss'], '.4g')}</td>",
+                            f"<td>{_fmt(mean)}{spread}</td>",
+                            f"<td>{_fmt(g['two_d_par'])}</td>",
+                            f"<td>{_fmt(g['two_d_2'])}</td>",
+                            f"<td>{_limit(cell)}</td>",
+                            f"<td>{_fmt(g['one_d_align'])}</td>",
+                            f"<td>{_fmt(g['misalignment'])}</td>",
+                            f"<td>[{_fmt(g['misalignment_low'])}, {_fmt(g['misalignment_high'])}]</td>",
+                            f"<td>{_fmt(g['two_b_exact'])}</td>",
+                            f"<td>{_fmt(g['two_b_align'])}</td>",
+                        ]
+                    )
+                    + "</tr>"
+                )
         h.append("</tbody></table>")
-        out.append({"title": f"{label}: numbers (mean over seeds; d_align range over seeds in brackets; "
-                             f"vacuous seeds, whose d_align is undefined, left out)",
-                    "html": "".join(h)})
+        out.append(
+            {
+                "title": f"{label}: numbers (mean over seeds; d_align range over seeds in brackets; "
+                f"vacuous seeds, whose d_align is undefined, left out)",
+                "html": "".join(h),
+            }
+        )
     return out
 
 
@@ -371,12 +478,16 @@ def _advice(label: str, rows: Sequence[Mapping[str, Any]], seeds: str = "more se
     more = f"{seeds}, larger M and K (more probe examples)"
     longer = " and longer probe sequences" if seq else ""
     if _shifted(rows):
-        return (f"What to try next for {label}: {more}{longer}; this probe is already shifted, so read its "
-                "verdict beside the in-domain probe's (a mechanism that holds in-domain need not hold under "
-                "the shift); vacuous certificates need larger pools.")
-    return (f"What to try next for {label}: {more}, a shifted probe set (a probes entry with another dataset or "
-            f"a shift in the sweep config, or certify --train-data/--test-data from another corpus){longer}; "
-            "vacuous certificates need larger pools.")
+        return (
+            f"What to try next for {label}: {more}{longer}; this probe is already shifted, so read its "
+            "verdict beside the in-domain probe's (a mechanism that holds in-domain need not hold under "
+            "the shift); vacuous certificates need larger pools."
+        )
+    return (
+        f"What to try next for {label}: {more}, a shifted probe set (a probes entry with another dataset or "
+        f"a shift in the sweep config, or certify --train-data/--test-data from another corpus){longer}; "
+        "vacuous certificates need larger pools."
+    )
 
 
 def summary(rows: list[dict], found: Sequence[Mapping[str, Any]] | None = None) -> list[str]:
@@ -405,14 +516,17 @@ def summary(rows: list[dict], found: Sequence[Mapping[str, Any]] | None = None) 
         down = [names[p] for p, t in trends.items() if t == "down"]
         vac_pts = [names[p] for p, t in trends.items() if t == "vacuous"]
         n = len(pts)
-        s = (f"{label}: d_align (two-population) grows with width at {len(up)}/{n} insertion points"
-             + (f" ({', '.join(up)})" if up and len(up) < n else ""))
+        s = f"{label}: d_align (two-population) grows with width at {len(up)}/{n} insertion points" + (
+            f" ({', '.join(up)})" if up and len(up) < n else ""
+        )
         if down:
             s += f", falls at {len(down)} ({', '.join(down)})"
         if vac_pts:
             s += f", is vacuous (d_align missing) at most widths at {len(vac_pts)} ({', '.join(vac_pts)})"
-        s += (f" over widths {', '.join(f'{w:g}' for w in widths)} (per point, by the seed means: descriptive, "
-              "not a test; the verdict below is the tested one).")
+        s += (
+            f" over widths {', '.join(f'{w:g}' for w in widths)} (per point, by the seed means: descriptive, "
+            "not a test; the verdict below is the tested one)."
+        )
         lines.append(s)
         # Is the width trend resolved? Compare the seed range with the change across widths.
         n_seeds = len({r.get("seed") for r in sel})
@@ -424,17 +538,21 @@ def summary(rows: list[dict], found: Sequence[Mapping[str, Any]] | None = None) 
                 change = abs(agg[(pi, ws[-1])][0] - agg[(pi, ws[0])][0])
                 spread = max(agg[(pi, w)][2] - agg[(pi, w)][1] for w in ws)
                 unresolved += spread > change
-            lines.append(f"Seed-to-seed range of d_align exceeds its change from the narrowest to the widest "
-                         f"width at {unresolved}/{n} points ({n_seeds} seeds)"
-                         + (": more seeds are needed before trusting the trend." if unresolved else "."))
+            lines.append(
+                f"Seed-to-seed range of d_align exceeds its change from the narrowest to the widest "
+                f"width at {unresolved}/{n} points ({n_seeds} seeds)"
+                + (": more seeds are needed before trusting the trend." if unresolved else ".")
+            )
         else:
-            lines.append("One seed: the seed-to-seed spread is unknown, so no trend here is resolved; "
-                         "run more seeds.")
+            lines.append("One seed: the seed-to-seed spread is unknown, so no trend here is resolved; run more seeds.")
         one = _d_align_by_point(sel, "one")
         one_up = sum(trend(*one[pi]) == "up" for pi, _ in pts)
         one_down = sum(trend(*one[pi]) == "down" for pi, _ in pts)
-        lines.append(f"One-population d_align (train samples only) grows at {one_up}/{n} points"
-                     + (f", falls at {one_down}" if one_down else "") + ".")
+        lines.append(
+            f"One-population d_align (train samples only) grows at {one_up}/{n} points"
+            + (f", falls at {one_down}" if one_down else "")
+            + "."
+        )
 
         M, K = _mk(sel)[-1]
         at = [r for r in sel if (int(r["M"]), int(r["K"])) == (M, K)]
@@ -456,8 +574,10 @@ def summary(rows: list[dict], found: Sequence[Mapping[str, Any]] | None = None) 
 
         vac = sum(bool(r.get("two_vacuous")) for r in sel)
         if vac:
-            lines.append(f"{vac}/{len(sel)} two-population certificates are vacuous (a U-statistic <= 0 on "
-                         f"the finite sample: bound 1).")
+            lines.append(
+                f"{vac}/{len(sel)} two-population certificates are vacuous (a U-statistic <= 0 on "
+                f"the finite sample: bound 1)."
+            )
         lines += _claims_lines(label, found, n_seeds, sel)
     return lines
 
@@ -467,13 +587,17 @@ def _fmt_claim(c: Mapping[str, Any]) -> str:
     if c.get("measured") is None or c.get("low") is None:
         return f"{c['verdict']} ({c.get('seeds') or 0} seed(s) with a value: no interval)"
     pa = c.get("p_adjusted")
-    return (f"{c['verdict']} ({c.get('unit', '')} {c['measured']:+.3g}, 95% interval [{c['low']:.3g}, "
-            f"{c['high']:.3g}], p = {c['p']:.2g}" + (f", Holm p = {pa:.2g}" if pa is not None else "")
-            + f", {c['seeds']} seeds)")
+    return (
+        f"{c['verdict']} ({c.get('unit', '')} {c['measured']:+.3g}, 95% interval [{c['low']:.3g}, "
+        f"{c['high']:.3g}], p = {c['p']:.2g}"
+        + (f", Holm p = {pa:.2g}" if pa is not None else "")
+        + f", {c['seeds']} seeds)"
+    )
 
 
-def _claims_lines(label: str, found: Sequence[Mapping[str, Any]], n_seeds: int,
-                  sel: Sequence[Mapping[str, Any]]) -> list[str]:
+def _claims_lines(
+    label: str, found: Sequence[Mapping[str, Any]], n_seeds: int, sel: Sequence[Mapping[str, Any]]
+) -> list[str]:
     """The verdict and the advice for one regime, quoted from the claims page (same numbers)."""
     mine = {c["id"]: c for c in found if c.get("group") == label}
     grow, fall = mine.get("d_align_grows"), mine.get("misalignment_falls_width")
@@ -483,21 +607,28 @@ def _claims_lines(label: str, found: Sequence[Mapping[str, Any]], n_seeds: int,
     bound, order = mine.get("b_exact_bound"), mine.get("b_align_order")
     if bound is not None and order is not None:
         b, o = bound["counts"], order["counts"]
-        lines.append(f"B_exact vs the empirical misalignment (claims page): {bound['verdict']}"
-                     + (f" ({bound['support_note']})" if bound.get("support_note") else "") + "; the rate is above "
-                     f"the bound in {b['point_above_bound']}/{b['tested']} tested rows, significantly (Wilson "
-                     f"lower end above it) in {b['wilson_low_above_bound']}; {b['vacuous']} vacuous, "
-                     f"{b['missing']} missing. B_align >= B_exact: {order['verdict']} "
-                     f"({o['tested'] - o['violations']}/{o['tested']} non-vacuous rows, {o['vacuous']} vacuous, "
-                     f"{o['missing']} missing).")
+        lines.append(
+            f"B_exact vs the empirical misalignment (claims page): {bound['verdict']}"
+            + (f" ({bound['support_note']})" if bound.get("support_note") else "")
+            + "; the rate is above "
+            f"the bound in {b['point_above_bound']}/{b['tested']} tested rows, significantly (Wilson "
+            f"lower end above it) in {b['wilson_low_above_bound']}; {b['vacuous']} vacuous, "
+            f"{b['missing']} missing. B_align >= B_exact: {order['verdict']} "
+            f"({o['tested'] - o['violations']}/{o['tested']} non-vacuous rows, {o['vacuous']} vacuous, "
+            f"{o['missing']} missing)."
+        )
     v = {grow["verdict"], fall["verdict"]}
-    mech = ("holds here" if v == {"holds"} else "does not hold here" if "does not" in v else "is not resolved")
-    lines.append(f"Verdict for {label} (the claims page's test: t interval over seeds, Holm over its "
-                 f"{grow.get('family_size', 0)} tested claims): d_align grows with width — {_fmt_claim(grow)}; "
-                 f"{fall['claim'].split(': ', 1)[-1]} — {_fmt_claim(fall)}. The width mechanism {mech}.")
+    mech = "holds here" if v == {"holds"} else "does not hold here" if "does not" in v else "is not resolved"
+    lines.append(
+        f"Verdict for {label} (the claims page's test: t interval over seeds, Holm over its "
+        f"{grow.get('family_size', 0)} tested claims): d_align grows with width — {_fmt_claim(grow)}; "
+        f"{fall['claim'].split(': ', 1)[-1]} — {_fmt_claim(fall)}. The width mechanism {mech}."
+    )
     if mech != "holds here":
-        need = [f"{name}: about {c['seeds_needed']} seeds at the observed spread" for name, c in
-                (("d_align", grow), ("misalignment", fall)) if c["verdict"] != "holds" and c.get("seeds_needed")]
+        need = [
+            f"{name}: about {c['seeds_needed']} seeds at the observed spread"
+            for name, c in (("d_align", grow), ("misalignment", fall))
+            if c["verdict"] != "holds" and c.get("seeds_needed")
+        ]
         lines.append(_advice(label, sel, "; ".join(need) + f" ({n_seeds} now)" if need else "more seeds"))
     return lines
-

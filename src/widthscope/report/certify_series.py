@@ -25,6 +25,7 @@ Example::
     from widthscope.report.certify_series import series_rows
     rows = series_rows(["c16.json", "c32.json", "c64.json"])
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,9 @@ from ..sweep.alignment import CERT_FIELDS
 
 __all__ = ["is_certify_json", "load_certify", "rows_from_certify", "series_rows", "describe"]
 
-_FIX = ("pass the JSON file that `widthscope certify --out FILE` wrote, a sweep results directory, "
-        "or a results.jsonl file")
+_FIX = (
+    "pass the JSON file that `widthscope certify --out FILE` wrote, a sweep results directory, or a results.jsonl file"
+)
 
 
 def _read(path: Path) -> Any:
@@ -62,16 +64,19 @@ def _read(path: Path) -> Any:
         from .._io import cut_off
 
         if cut_off(text, exc):
-            raise WidthscopeError(f"{str(path)!r} is truncated: its JSON stops after {len(text.rstrip())} "
-                                  f"characters (an interrupted copy or write?); rerun certify, or {_FIX}") from None
+            raise WidthscopeError(
+                f"{str(path)!r} is truncated: its JSON stops after {len(text.rstrip())} "
+                f"characters (an interrupted copy or write?); rerun certify, or {_FIX}"
+            ) from None
         raise WidthscopeError(f"{str(path)!r} is not readable JSON ({exc}): {_FIX}") from None
 
 
 def _looks_like_certify(obj: Any) -> bool:
     if not (isinstance(obj, dict) and isinstance(obj.get("settings"), dict) and isinstance(obj.get("points"), list)):
         return False
-    return bool(obj["points"]) and all(isinstance(p, dict) and "point" in p and isinstance(p.get("certificates"), list)
-                                       for p in obj["points"])
+    return bool(obj["points"]) and all(
+        isinstance(p, dict) and "point" in p and isinstance(p.get("certificates"), list) for p in obj["points"]
+    )
 
 
 def is_certify_json(path: str | os.PathLike) -> bool:
@@ -91,8 +96,10 @@ def load_certify(path: str | os.PathLike) -> dict[str, Any]:
     obj = _read(p)
     if not _looks_like_certify(obj):
         hint = " (a sweep's marker file: pass the folder that holds it)" if p.name == "sweep.json" else ""
-        raise WidthscopeError(f"{str(p)!r} is not a `widthscope certify` result: it lacks 'settings' and "
-                              f"'points' with 'certificates'{hint}; {_FIX}")
+        raise WidthscopeError(
+            f"{str(p)!r} is not a `widthscope certify` result: it lacks 'settings' and "
+            f"'points' with 'certificates'{hint}; {_FIX}"
+        )
     return obj
 
 
@@ -118,26 +125,52 @@ def rows_from_certify(path: str | os.PathLike, result: Mapping[str, Any] | None 
     try:
         width, width_from = _width(st, points)
     except WidthscopeError as exc:
-        raise WidthscopeError(f"{str(p)!r}: {exc}; rerun certify, or add \"width\" to its settings") from None
-    tags = {"sweep": "certify", "family": st.get("architecture") or "certify", "width": width,
-            "seed": st.get("seed"), "source": str(p), "model": st.get("model"), "dataset": st.get("data"),
-            "depth": st.get("depth"), "width_from": width_from, "data_description": st.get("data_description")}
+        raise WidthscopeError(f'{str(p)!r}: {exc}; rerun certify, or add "width" to its settings') from None
+    tags = {
+        "sweep": "certify",
+        "family": st.get("architecture") or "certify",
+        "width": width,
+        "seed": st.get("seed"),
+        "source": str(p),
+        "model": st.get("model"),
+        "dataset": st.get("data"),
+        "depth": st.get("depth"),
+        "width_from": width_from,
+        "data_description": st.get("data_description"),
+    }
     npts = len(points)
     rows: list[dict[str, Any]] = []
     for pi, pt in enumerate(points):
-        base = {"kind": "alignment", **tags, "point": pt["point"], "point_index": pi,
-                "depth_fraction": (pi + 1) / npts, "n_points": npts, "d": pt.get("d"),
-                "n_probe_train": pt.get("n_train"), "n_probe_test": pt.get("n_test"),
-                "estimator": st.get("estimator"), "pool": st.get("pool")}
+        base = {
+            "kind": "alignment",
+            **tags,
+            "point": pt["point"],
+            "point_index": pi,
+            "depth_fraction": (pi + 1) / npts,
+            "n_points": npts,
+            "d": pt.get("d"),
+            "n_probe_train": pt.get("n_train"),
+            "n_probe_test": pt.get("n_test"),
+            "estimator": st.get("estimator"),
+            "pool": st.get("pool"),
+        }
         ivs = [iv for iv in pt.get("interventions") or [] if isinstance(iv, dict)]
-        steps = [iv for iv in resolved(ivs)  # steps below the dtype's resolution are not measurements
-                 if isinstance(iv.get("eta"), (int, float)) and iv.get("probe") in ("bias", "block")]
+        steps = [
+            iv
+            for iv in resolved(ivs)  # steps below the dtype's resolution are not measurements
+            if isinstance(iv.get("eta"), (int, float)) and iv.get("probe") in ("bias", "block")
+        ]
         # Same iv_* columns a sweep row carries: the smallest step, where the linear prediction is meant to hold.
         iv_cols = {}
         if steps:
             s = min(steps, key=lambda r: r["eta"])
-            iv_cols = {"iv_eta": s["eta"], "iv_predicted": s.get("predicted"), "iv_actual": s.get("actual"),
-                       "iv_retention": s.get("retention"), "iv_sign_agrees": s.get("sign_agrees")}
+            iv_cols = {
+                "iv_eta": s["eta"],
+                "iv_predicted": s.get("predicted"),
+                "iv_actual": s.get("actual"),
+                "iv_retention": s.get("retention"),
+                "iv_sign_agrees": s.get("sign_agrees"),
+            }
         for c in pt["certificates"]:
             row = {**base, "M": int(c["M"]), "K": int(c["K"]), **iv_cols}
             for prefix in ("one", "two"):
@@ -146,8 +179,12 @@ def rows_from_certify(path: str | os.PathLike, result: Mapping[str, Any] | None 
                     row[f"{prefix}_{f}"] = cert.get(f)
                 vacuous_rule(row, f"{prefix}_")  # files written before the rule read the same way
             mis = c.get("misalignment") or {}
-            row.update(misalignment=mis.get("probability"), misalignment_low=mis.get("low"),
-                       misalignment_high=mis.get("high"), misalignment_draws=mis.get("draws"))
+            row.update(
+                misalignment=mis.get("probability"),
+                misalignment_low=mis.get("low"),
+                misalignment_high=mis.get("high"),
+                misalignment_draws=mis.get("draws"),
+            )
             rows.append(row)
         for iv in ivs:
             rows.append({**iv, "kind": iv.get("kind", "intervention"), **tags, "point_index": pi})
@@ -160,8 +197,11 @@ def describe(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     for r in rows:
         if "width_from" not in r or r.get("kind") != "alignment" or r["source"] in out:  # certify rows only
             continue
-        bits = [f"model {r.get('model') or '?'}", f"data {r.get('dataset') or '?'}",
-                f"width {r['width']:g}" + (" (largest point d)" if r.get("width_from") != "settings" else "")]
+        bits = [
+            f"model {r.get('model') or '?'}",
+            f"data {r.get('dataset') or '?'}",
+            f"width {r['width']:g}" + (" (largest point d)" if r.get("width_from") != "settings" else ""),
+        ]
         if r.get("family") != "certify":
             bits.insert(0, str(r["family"]))
         if r.get("depth") is not None:
@@ -186,18 +226,30 @@ def _check_series(rows: Sequence[Mapping[str, Any]]) -> None:
     for fam, sel in fams.items():
         per_file: dict[str, dict[str, Any]] = {}
         for r in sel:
-            d = per_file.setdefault(r["source"], {"mk": set(), "estimator": r.get("estimator"),
-                                                  "pool": r.get("pool"), "key": (r["width"], r.get("seed"))})
+            d = per_file.setdefault(
+                r["source"],
+                {
+                    "mk": set(),
+                    "estimator": r.get("estimator"),
+                    "pool": r.get("pool"),
+                    "key": (r["width"], r.get("seed")),
+                },
+            )
             d["mk"].add((r["M"], r["K"]))
-        checks = (("(M, K) pairs", "mk", "the misalignment panels and table would compare widths at different "
-                   "sample sizes; rerun certify with the same --M/--K"),
-                  ("estimators", "estimator", "their d_align are not comparable; rerun with the same --estimator"),
-                  ("pooling", "pool", "their sample vectors differ; rerun with the same --pool"))
+        checks = (
+            (
+                "(M, K) pairs",
+                "mk",
+                "the misalignment panels and table would compare widths at different "
+                "sample sizes; rerun certify with the same --M/--K",
+            ),
+            ("estimators", "estimator", "their d_align are not comparable; rerun with the same --estimator"),
+            ("pooling", "pool", "their sample vectors differ; rerun with the same --pool"),
+        )
         for what, key, why in checks:
             vals = {f: (sorted(d[key]) if key == "mk" else d[key]) for f, d in per_file.items()}
             if len({str(v) for v in vals.values()}) > 1:
-                raise WidthscopeError(f"certify files of family {fam!r} mix {what} ({_group_by_value(vals)}): "
-                                      f"{why}")
+                raise WidthscopeError(f"certify files of family {fam!r} mix {what} ({_group_by_value(vals)}): {why}")
         seen: dict[tuple, str] = {}
         for f, d in per_file.items():
             if d["key"] in seen:
@@ -205,7 +257,8 @@ def _check_series(rows: Sequence[Mapping[str, Any]]) -> None:
                 raise WidthscopeError(
                     f"certify files {seen[d['key']]} and {f} both give family {fam!r} width {w:g} with seed {s}: "
                     f"the report keeps one value per (width, seed), so one file would be dropped; certify one "
-                    f"with another --seed, or set a distinct \"architecture\" in its settings")
+                    f'with another --seed, or set a distinct "architecture" in its settings'
+                )
             seen[d["key"]] = f
 
 

@@ -55,6 +55,7 @@ Example::
     >>> c["verdict"], round(c["measured"], 2), c["seeds"]
     ('holds', 1.0, 4)
 """
+
 from __future__ import annotations
 
 import html
@@ -65,17 +66,28 @@ from typing import Any, Mapping, Sequence, TypeGuard
 import numpy as np
 from scipy import special as _sp
 
-__all__ = ["claims", "html_table", "seed_test", "holm", "seeds_needed", "deviation_seed_slopes", "ALPHA",
-           "RETENTION_BAND", "SANITY_BAND", "PAPER_REL_STEP", "PUBLISHED_TOLERANCE"]
+__all__ = [
+    "claims",
+    "html_table",
+    "seed_test",
+    "holm",
+    "seeds_needed",
+    "deviation_seed_slopes",
+    "ALPHA",
+    "RETENTION_BAND",
+    "SANITY_BAND",
+    "PAPER_REL_STEP",
+    "PUBLISHED_TOLERANCE",
+]
 
 ALPHA = 0.05
-RETENTION_BAND = (0.96, 0.99)   # spec §5/§7: "96–99% of the predicted magnitude is retained"
-SANITY_BAND = (0.95, 1.05)      # Taylor: retention = 1 + O(η) at the smallest step
+RETENTION_BAND = (0.96, 0.99)  # spec §5/§7: "96–99% of the predicted magnitude is retained"
+SANITY_BAND = (0.95, 1.05)  # Taylor: retention = 1 + O(η) at the smallest step
 # The spec says only "small η"; the tool's default step (sign agreement, docs/interventions.md)
 # moves the stream by 1e-3 of its RMS entry, and rows record that relative step as rel_step.
 PAPER_REL_STEP = 1e-3
-PAPER_REL_STEP_DECADES = 0.5    # a curve's row counts when |log10(rel_step / 1e-3)| <= this
-PUBLISHED_TOLERANCE = 0.1       # |slope - published| <= 0.1 (log-log slope units) counts as matching
+PAPER_REL_STEP_DECADES = 0.5  # a curve's row counts when |log10(rel_step / 1e-3)| <= this
+PUBLISHED_TOLERANCE = 0.1  # |slope - published| <= 0.1 (log-log slope units) counts as matching
 POWER = 0.8
 MAX_SEEDS = 10_000
 INF = math.inf
@@ -112,9 +124,17 @@ def seed_test(values: Sequence[float | None], region: tuple[float, float]) -> di
     the region; ``direction`` says which ("holds" / "does not").
     """
     x = np.asarray([v for v in values if v is not None and math.isfinite(v)], float)
-    out: dict[str, Any] = {"measured": float(x.mean()) if len(x) else None, "low": None, "high": None,
-                           "sd": None, "seeds": int(len(x)), "p_holds": None, "p_not": None, "p": None,
-                           "direction": None}
+    out: dict[str, Any] = {
+        "measured": float(x.mean()) if len(x) else None,
+        "low": None,
+        "high": None,
+        "sd": None,
+        "seeds": int(len(x)),
+        "p_holds": None,
+        "p_not": None,
+        "p": None,
+        "direction": None,
+    }
     if len(x) < 2:
         return out
     a, b = region
@@ -123,10 +143,17 @@ def seed_test(values: Sequence[float | None], region: tuple[float, float]) -> di
     half = float(_sp.stdtrit(df, 1 - ALPHA / 2)) * se
     above_a, below_a = _one_sided(m, se, a, df) if math.isfinite(a) else (0.0, 1.0)
     above_b, below_b = _one_sided(m, se, b, df) if math.isfinite(b) else (1.0, 0.0)
-    p_holds = max(above_a, below_b)       # θ > a and θ < b, both shown
-    p_not = min(below_a, above_b)         # θ < a or θ > b shown
-    out.update(low=m - half, high=m + half, sd=sd, p_holds=p_holds, p_not=p_not,
-               p=min(1.0, 2 * min(p_holds, p_not)), direction="holds" if p_holds <= p_not else "does not")
+    p_holds = max(above_a, below_b)  # θ > a and θ < b, both shown
+    p_not = min(below_a, above_b)  # θ < a or θ > b shown
+    out.update(
+        low=m - half,
+        high=m + half,
+        sd=sd,
+        p_holds=p_holds,
+        p_not=p_not,
+        p=min(1.0, 2 * min(p_holds, p_not)),
+        direction="holds" if p_holds <= p_not else "does not",
+    )
     return out
 
 
@@ -173,18 +200,43 @@ def _effect(measured: float | None, region: tuple[float, float]) -> float | None
     return a - measured if measured <= a else measured - b
 
 
-def _claim(claim: str, values: Sequence[float | None], region: tuple[float, float], basis: str,
-           unit: str, *, cid: str, group: str | None = None, family: bool = True,
-           reference: float | None = None, gate: str | None = None) -> dict[str, Any]:
+def _claim(
+    claim: str,
+    values: Sequence[float | None],
+    region: tuple[float, float],
+    basis: str,
+    unit: str,
+    *,
+    cid: str,
+    group: str | None = None,
+    family: bool = True,
+    reference: float | None = None,
+    gate: str | None = None,
+) -> dict[str, Any]:
     """One claim row from per-seed values; ``gate`` forces "not resolved" with that reason."""
     t = seed_test(values, region)
     if gate:
         t.update(p=None, p_holds=None, p_not=None, direction=None)
         basis = f"{basis}; not tested: {gate}"
-    return {"claim": claim, "id": cid, "group": group, "measured": t["measured"], "low": t["low"],
-            "high": t["high"], "sd": t["sd"], "seeds": t["seeds"], "region": list(region),
-            "reference": reference, "p": t["p"], "p_holds": t["p_holds"], "p_not": t["p_not"],
-            "direction": t["direction"], "family": family, "basis": basis, "unit": unit}
+    return {
+        "claim": claim,
+        "id": cid,
+        "group": group,
+        "measured": t["measured"],
+        "low": t["low"],
+        "high": t["high"],
+        "sd": t["sd"],
+        "seeds": t["seeds"],
+        "region": list(region),
+        "reference": reference,
+        "p": t["p"],
+        "p_holds": t["p_holds"],
+        "p_not": t["p_not"],
+        "direction": t["direction"],
+        "family": family,
+        "basis": basis,
+        "unit": unit,
+    }
 
 
 def _regimes(rows: list[Mapping[str, Any]]) -> list[tuple[str, list[Mapping[str, Any]]]]:
@@ -230,19 +282,37 @@ def _alignment(rows: list[Mapping[str, Any]]) -> list[dict]:
         M, K = mks[0]
         for metric, name in (("two_d_align", "d_align"), ("two_d_par", "d_par"), ("two_d_2", "d_2")):
             pts, dropped = _per_seed_width(sel, metric, M, K, True)
-            out.append(_claim(f"{label}: {name} grows with width" if name == "d_align" else
-                              f"{label}: {name} grows with width (which limits d_align)", _seed_slopes(pts),
-                              (0.0, INF), f"per-seed slope of log {name} (median over points) vs log width at "
-                              f"M={M}, K={K}; {dropped} (seed, width) cell(s) with median <= 0 (vacuous) left out",
-                              "log-log slope", cid=f"{name}_grows", group=label))
+            out.append(
+                _claim(
+                    f"{label}: {name} grows with width"
+                    if name == "d_align"
+                    else f"{label}: {name} grows with width (which limits d_align)",
+                    _seed_slopes(pts),
+                    (0.0, INF),
+                    f"per-seed slope of log {name} (median over points) vs log width at "
+                    f"M={M}, K={K}; {dropped} (seed, width) cell(s) with median <= 0 (vacuous) left out",
+                    "log-log slope",
+                    cid=f"{name}_grows",
+                    group=label,
+                )
+            )
         pts, _ = _per_seed_width(sel, "misalignment", M, K, False)
         slopes = _seed_slopes(pts)
         flat = all(v == 0 for p in pts.values() for _, v in p)
-        out.append(_claim(f"{label}: misalignment falls with width at M=K={M}" if M == K else
-                          f"{label}: misalignment falls with width at M={M}, K={K}", slopes, (-INF, 0.0),
-                          "per-seed slope of empirical Pr(A<=0) (median over points) vs log width",
-                          "per log width", cid="misalignment_falls_width", group=label,
-                          gate="misalignment is 0 at every width (nothing to fall)" if pts and flat else None))
+        out.append(
+            _claim(
+                f"{label}: misalignment falls with width at M=K={M}"
+                if M == K
+                else f"{label}: misalignment falls with width at M={M}, K={K}",
+                slopes,
+                (-INF, 0.0),
+                "per-seed slope of empirical Pr(A<=0) (median over points) vs log width",
+                "per log width",
+                cid="misalignment_falls_width",
+                group=label,
+                gate="misalignment is 0 at every width (nothing to fall)" if pts and flat else None,
+            )
+        )
         if len(mks) >= 2:
             out.append(_mk_claim(label, sel, mks))
         out += _bound_claims(label, sel)
@@ -253,8 +323,9 @@ def _mk_claim(label: str, sel, mks) -> dict:
     acc: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
     for r in sel:
         if _ok(r.get("misalignment")):
-            acc[(r.get("seed"), r.get("width"), r.get("point"))].append((math.log(int(r["M"])),
-                                                                         float(r["misalignment"])))
+            acc[(r.get("seed"), r.get("width"), r.get("point"))].append(
+                (math.log(int(r["M"])), float(r["misalignment"]))
+            )
     per_seed: dict[Any, list[float]] = defaultdict(list)
     flat = True
     for (s, _, _), v in acc.items():
@@ -262,10 +333,16 @@ def _mk_claim(label: str, sel, mks) -> dict:
         if sl is not None:
             per_seed[s].append(sl)
             flat = flat and all(y == 0 for _, y in v)
-    return _claim(f"{label}: misalignment falls with M and K", [float(np.mean(v)) for v in per_seed.values()],
-                  (-INF, 0.0), f"per-seed slope of Pr(A<=0) vs log M over {len(mks)} (M, K) pairs, mean over "
-                  "widths and points", "per log M", cid="misalignment_falls_MK", group=label,
-                  gate="misalignment is 0 at every M (nothing to fall)" if per_seed and flat else None)
+    return _claim(
+        f"{label}: misalignment falls with M and K",
+        [float(np.mean(v)) for v in per_seed.values()],
+        (-INF, 0.0),
+        f"per-seed slope of Pr(A<=0) vs log M over {len(mks)} (M, K) pairs, mean over widths and points",
+        "per log M",
+        cid="misalignment_falls_MK",
+        group=label,
+        gate="misalignment is 0 at every M (nothing to fall)" if per_seed and flat else None,
+    )
 
 
 def _bound_claims(label: str, sel) -> list[dict]:
@@ -290,19 +367,39 @@ def _bound_claims(label: str, sel) -> list[dict]:
     t: dict[str, Any] = {"p": None, "p_holds": None, "p_not": None, "direction": None}
     if m:
         ph, pn = max(p_hold), min(1.0, m * min(p_viol))
-        t = {"p_holds": ph, "p_not": pn, "p": min(1.0, 2 * min(ph, pn)),
-             "direction": "holds" if ph <= pn else "does not",
-             "support_note": "supported: no row significantly above its bound" if pn > ALPHA / 2 else None}
-    first = {"claim": f"{label}: B_exact >= empirical misalignment", "id": "b_exact_bound", "group": label,
-             "measured": (m - over) / m if m else None, "low": None, "high": None, "sd": None, "seeds": None,
-             "region": None, "reference": None, "family": True, **t,
-             "counts": {"tested": m, "point_above_bound": over, "wilson_low_above_bound": wilson_over,
-                        "vacuous": vac, "missing": miss},
-             "basis": f"{m} non-vacuous rows tested against Binomial(draws, B_exact): rate above the bound in "
-                      f"{over}, Wilson 95% lower end above it in {wilson_over}; {vac} vacuous (B_exact >= 1, "
-                      f"not support), {miss} missing a bound or a count; holds = every row significantly below "
-                      "its bound, does not = some row significantly above (Bonferroni over rows)",
-             "unit": "fraction of rows at or below"}
+        t = {
+            "p_holds": ph,
+            "p_not": pn,
+            "p": min(1.0, 2 * min(ph, pn)),
+            "direction": "holds" if ph <= pn else "does not",
+            "support_note": "supported: no row significantly above its bound" if pn > ALPHA / 2 else None,
+        }
+    first = {
+        "claim": f"{label}: B_exact >= empirical misalignment",
+        "id": "b_exact_bound",
+        "group": label,
+        "measured": (m - over) / m if m else None,
+        "low": None,
+        "high": None,
+        "sd": None,
+        "seeds": None,
+        "region": None,
+        "reference": None,
+        "family": True,
+        **t,
+        "counts": {
+            "tested": m,
+            "point_above_bound": over,
+            "wilson_low_above_bound": wilson_over,
+            "vacuous": vac,
+            "missing": miss,
+        },
+        "basis": f"{m} non-vacuous rows tested against Binomial(draws, B_exact): rate above the bound in "
+        f"{over}, Wilson 95% lower end above it in {wilson_over}; {vac} vacuous (B_exact >= 1, "
+        f"not support), {miss} missing a bound or a count; holds = every row significantly below "
+        "its bound, does not = some row significantly above (Bonferroni over rows)",
+        "unit": "fraction of rows at or below",
+    }
     vac2 = miss2 = bad = checked = 0
     for r in sel:
         be, ba = r.get("two_b_exact"), r.get("two_b_align")
@@ -314,20 +411,39 @@ def _bound_claims(label: str, sel) -> list[dict]:
             checked += 1
             bad += ba < be - 1e-12 * max(1.0, abs(be))
     verdict = "not resolved" if not checked else ("does not" if bad else "holds")
-    second = {"claim": f"{label}: B_align >= B_exact", "id": "b_align_order", "group": label,
-              "measured": (checked - bad) / checked if checked else None, "low": None, "high": None, "sd": None,
-              "seeds": None, "region": None, "reference": None, "family": False, "p": None, "p_holds": None,
-              "p_not": None, "direction": None, "fixed_verdict": verdict,
-              "counts": {"tested": checked, "violations": bad, "vacuous": vac2, "missing": miss2},
-              "basis": f"arithmetic on each row (no sampling error, no test): B_align < B_exact in {bad}/{checked} "
-                       f"non-vacuous rows; {vac2} vacuous (B_align >= 1), {miss2} missing a value",
-              "unit": "fraction of rows"}
+    second = {
+        "claim": f"{label}: B_align >= B_exact",
+        "id": "b_align_order",
+        "group": label,
+        "measured": (checked - bad) / checked if checked else None,
+        "low": None,
+        "high": None,
+        "sd": None,
+        "seeds": None,
+        "region": None,
+        "reference": None,
+        "family": False,
+        "p": None,
+        "p_holds": None,
+        "p_not": None,
+        "direction": None,
+        "fixed_verdict": verdict,
+        "counts": {"tested": checked, "violations": bad, "vacuous": vac2, "missing": miss2},
+        "basis": f"arithmetic on each row (no sampling error, no test): B_align < B_exact in {bad}/{checked} "
+        f"non-vacuous rows; {vac2} vacuous (B_align >= 1), {miss2} missing a value",
+        "unit": "fraction of rows",
+    }
     return [first, second]
 
 
 def _pick_paper_step(rs: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-    cand = [r for r in rs if _ok(r.get("rel_step")) and r["rel_step"] > 0
-            and abs(math.log10(r["rel_step"] / PAPER_REL_STEP)) <= PAPER_REL_STEP_DECADES]
+    cand = [
+        r
+        for r in rs
+        if _ok(r.get("rel_step"))
+        and r["rel_step"] > 0
+        and abs(math.log10(r["rel_step"] / PAPER_REL_STEP)) <= PAPER_REL_STEP_DECADES
+    ]
     return min(cand, key=lambda r: abs(math.log10(r["rel_step"] / PAPER_REL_STEP))) if cand else None
 
 
@@ -335,8 +451,13 @@ def _interventions(rows: list[Mapping[str, Any]]) -> list[dict]:
     curves: dict[tuple, list[Mapping[str, Any]]] = defaultdict(list)
     for r in rows:
         # steps below the model dtype's resolution are not measurements (probe.intervene.resolved)
-        if (r.get("probe") in ("bias", "block") and _ok(r.get("retention")) and _ok(r.get("eta"))
-                and not r.get("below_resolution") and not r.get("alignment_within_rounding")):
+        if (
+            r.get("probe") in ("bias", "block")
+            and _ok(r.get("retention"))
+            and _ok(r.get("eta"))
+            and not r.get("below_resolution")
+            and not r.get("alignment_within_rounding")
+        ):
             curves[(r.get("family"), r.get("width"), r.get("seed"), r.get("point"), r.get("probe"))].append(r)
     if not curves:
         return []
@@ -353,16 +474,27 @@ def _interventions(rows: list[Mapping[str, Any]]) -> list[dict]:
     lo, hi = RETENTION_BAND
     n_paper = sum(len(v) for v in paper.values())
     return [
-        _claim(f"interventions: retention {lo:.0%}–{hi:.0%} at the default step (rel. step {PAPER_REL_STEP:g})",
-               [float(np.median(v)) for v in paper.values()], RETENTION_BAND,
-               f"per-seed median over {n_paper} curves of actual/predicted ΔL at the row whose rel_step is "
-               f"nearest {PAPER_REL_STEP:g} (within {PAPER_REL_STEP_DECADES:g} decade; {no_step} curve(s) without "
-               f"one); holds when the interval lies in [{lo}, {hi}]", "ratio", cid="retention_paper_step"),
-        _claim("interventions (sanity): retention within 5% of 1 at the smallest step",
-               [float(np.median(v)) for v in small.values()], SANITY_BAND,
-               f"per-seed median over {len(curves)} curves at the smallest η; Taylor makes it 1 + O(η): "
-               "a check of the measurement, not a published claim (outside the Holm family)", "ratio",
-               cid="retention_smallest_step", family=False)]
+        _claim(
+            f"interventions: retention {lo:.0%}–{hi:.0%} at the default step (rel. step {PAPER_REL_STEP:g})",
+            [float(np.median(v)) for v in paper.values()],
+            RETENTION_BAND,
+            f"per-seed median over {n_paper} curves of actual/predicted ΔL at the row whose rel_step is "
+            f"nearest {PAPER_REL_STEP:g} (within {PAPER_REL_STEP_DECADES:g} decade; {no_step} curve(s) without "
+            f"one); holds when the interval lies in [{lo}, {hi}]",
+            "ratio",
+            cid="retention_paper_step",
+        ),
+        _claim(
+            "interventions (sanity): retention within 5% of 1 at the smallest step",
+            [float(np.median(v)) for v in small.values()],
+            SANITY_BAND,
+            f"per-seed median over {len(curves)} curves at the smallest η; Taylor makes it 1 + O(η): "
+            "a check of the measurement, not a published claim (outside the Holm family)",
+            "ratio",
+            cid="retention_smallest_step",
+            family=False,
+        ),
+    ]
 
 
 def _linearization(rows: list[Mapping[str, Any]]) -> list[dict]:
@@ -373,16 +505,28 @@ def _linearization(rows: list[Mapping[str, Any]]) -> list[dict]:
     out = []
     corr: dict[tuple, dict[Any, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        if r.get("kind") == "correlation" and _ok(r.get("rms")) and r["rms"] > 0 and _ok(r.get("width")) and \
-                int(r.get("D", 0)) + int(r.get("d", 0)) >= 2:
+        if (
+            r.get("kind") == "correlation"
+            and _ok(r.get("rms"))
+            and r["rms"] > 0
+            and _ok(r.get("width"))
+            and int(r.get("D", 0)) + int(r.get("d", 0)) >= 2
+        ):
             corr[(r.get("name"), r.get("alpha"))][r.get("seed")].append((math.log(r["width"]), math.log(r["rms"])))
     for (name, alpha), seeds in sorted(corr.items(), key=lambda kv: str(kv[0])):
         ref, note = reference_slope(str(name))
-        out.append(_claim(f"{name} decays with width at least like n^{ref:g}" + (f" (α={alpha:g})" if _ok(alpha)
-                                                                                 else ""),
-                          [_slope(*zip(*sorted(p))) for p in seeds.values() if len(p) >= 2], (-INF, ref),
-                          f"per-seed slope of log RMS {name} vs log width; reference {ref:g} ({note}); holds when "
-                          "the interval lies below it", "log-log slope", cid=f"corr_{name}", reference=ref))
+        out.append(
+            _claim(
+                f"{name} decays with width at least like n^{ref:g}" + (f" (α={alpha:g})" if _ok(alpha) else ""),
+                [_slope(*zip(*sorted(p))) for p in seeds.values() if len(p) >= 2],
+                (-INF, ref),
+                f"per-seed slope of log RMS {name} vs log width; reference {ref:g} ({note}); holds when "
+                "the interval lies below it",
+                "log-log slope",
+                cid=f"corr_{name}",
+                reference=ref,
+            )
+        )
     lin = [r for r in rows if r.get("kind") == "linearization" and _ok(r.get("step"))]
     if not lin:
         return out
@@ -390,22 +534,46 @@ def _linearization(rows: list[Mapping[str, Any]]) -> list[dict]:
     tol = PUBLISHED_TOLERANCE
     for alpha in sorted({float(r["alpha"]) for r in lin if _ok(r.get("alpha"))}):
         ref, note = reference_slope("dev_rms", alpha)
-        out.append(_claim(f"deviation falls with width at least like n^{ref:g} at α={alpha:g} (dev_rms, step {last})",
-                          deviation_seed_slopes(lin, "dev_rms", alpha, last), (-INF, ref),
-                          f"per-seed slope of log dev_rms at step {last} vs log width; reference {ref:g} ({note}); "
-                          "holds when the interval lies below it", "log-log slope", cid=f"dev_rms_{alpha:g}",
-                          reference=ref))
+        out.append(
+            _claim(
+                f"deviation falls with width at least like n^{ref:g} at α={alpha:g} (dev_rms, step {last})",
+                deviation_seed_slopes(lin, "dev_rms", alpha, last),
+                (-INF, ref),
+                f"per-seed slope of log dev_rms at step {last} vs log width; reference {ref:g} ({note}); "
+                "holds when the interval lies below it",
+                "log-log slope",
+                cid=f"dev_rms_{alpha:g}",
+                reference=ref,
+            )
+        )
         slopes = deviation_seed_slopes(lin, "dev_mse", alpha, last)
         pub = PUBLISHED.get(alpha)
         if pub is None:
-            out.append(_claim(f"deviation slope at α={alpha:g}", slopes, (-INF, INF),
-                              f"slope of log dev_mse at step {last} vs log width", "log-log slope",
-                              cid=f"dev_mse_{alpha:g}", gate="no published slope at this α"))
+            out.append(
+                _claim(
+                    f"deviation slope at α={alpha:g}",
+                    slopes,
+                    (-INF, INF),
+                    f"slope of log dev_mse at step {last} vs log width",
+                    "log-log slope",
+                    cid=f"dev_mse_{alpha:g}",
+                    gate="no published slope at this α",
+                )
+            )
             continue
-        out.append(_claim(f"deviation slope at α={alpha:g} matches the published {pub} (±{tol:g})", slopes,
-                          (pub - tol, pub + tol), f"per-seed slope of log dev_mse at step {last} vs log width; "
-                          f"equivalence test: holds when the interval lies inside {pub} ± {tol:g}, does not when "
-                          "it lies outside", "log-log slope", cid=f"dev_mse_{alpha:g}", reference=pub))
+        out.append(
+            _claim(
+                f"deviation slope at α={alpha:g} matches the published {pub} (±{tol:g})",
+                slopes,
+                (pub - tol, pub + tol),
+                f"per-seed slope of log dev_mse at step {last} vs log width; "
+                f"equivalence test: holds when the interval lies inside {pub} ± {tol:g}, does not when "
+                "it lies outside",
+                "log-log slope",
+                cid=f"dev_mse_{alpha:g}",
+                reference=pub,
+            )
+        )
     return out
 
 
@@ -416,19 +584,38 @@ def deviation_seed_slopes(rows: Sequence[Mapping[str, Any]], metric: str, alpha:
     by: dict[Any, list[tuple[float, float]]] = defaultdict(list)
     for r in rows:
         v = r.get(metric)
-        if r.get("kind") == "linearization" and not r.get("diverged") and _ok(r.get("alpha")) and \
-                float(r["alpha"]) == alpha and \
-                _ok(r.get("step")) and int(r["step"]) == step and _ok(v) and v > 0 and _ok(r.get("width")):
+        if (
+            r.get("kind") == "linearization"
+            and not r.get("diverged")
+            and _ok(r.get("alpha"))
+            and float(r["alpha"]) == alpha
+            and _ok(r.get("step"))
+            and int(r["step"]) == step
+            and _ok(v)
+            and v > 0
+            and _ok(r.get("width"))
+        ):
             by[r.get("seed")].append((math.log(r["width"]), math.log(v)))
     return [s for s in (_slope(*zip(*sorted(p))) for p in by.values() if len(p) >= 2) if s is not None]
 
 
 def certify_earlier(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
-    """"Wider models certify earlier", from monitor rows (:mod:`widthscope.report.claims_monitor`)."""
+    """ "Wider models certify earlier", from monitor rows (:mod:`widthscope.report.claims_monitor`)."""
     from .claims_monitor import certify_earlier as inputs
 
-    return [_claim(c["name"], c["slopes"], (-INF, 0.0), c["basis"], "per log width", cid="certify_earlier",
-                   group=c["group"], gate=c["gate"]) for c in inputs(rows)]
+    return [
+        _claim(
+            c["name"],
+            c["slopes"],
+            (-INF, 0.0),
+            c["basis"],
+            "per log width",
+            cid="certify_earlier",
+            group=c["group"],
+            gate=c["gate"],
+        )
+        for c in inputs(rows)
+    ]
 
 
 def _decide(found: list[dict]) -> None:
@@ -452,8 +639,7 @@ def _decide(found: list[dict]) -> None:
         if c["verdict"] != "not resolved":
             c.pop("support_note", None)
         eff = _effect(c["measured"], tuple(c["region"])) if c.get("region") and c["sd"] is not None else None
-        c["seeds_needed"] = seeds_needed(eff, c["sd"], level if c["family"] else ALPHA) \
-            if eff is not None else None
+        c["seeds_needed"] = seeds_needed(eff, c["sd"], level if c["family"] else ALPHA) if eff is not None else None
 
 
 def claims(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -462,9 +648,12 @@ def claims(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     ``reference``, ``family`` (in the Holm family), ``id``, ``group`` (the alignment regime label)
     and, for bound claims, ``counts``. See the module docstring for the rules."""
     rows = list(rows)
-    found = (_alignment([r for r in rows if r.get("kind", "alignment") == "alignment" and r.get("M") is not None])
-             + _interventions([r for r in rows if r.get("kind") == "intervention"]) + _linearization(rows)
-             + certify_earlier(rows))
+    found = (
+        _alignment([r for r in rows if r.get("kind", "alignment") == "alignment" and r.get("M") is not None])
+        + _interventions([r for r in rows if r.get("kind") == "intervention"])
+        + _linearization(rows)
+        + certify_earlier(rows)
+    )
     _decide(found)
     return found
 
@@ -483,16 +672,20 @@ def html_table(items: Sequence[Mapping[str, Any]]) -> str:
         n = c.get("seeds_needed")
         return f">{MAX_SEEDS}" if n is None else str(n)
 
-    parts = ["<table><tr><th class=l>claim</th><th>measured</th><th>95% interval (t over seeds)</th>"
-             "<th>seeds</th><th>p</th><th>p (Holm)</th><th class=l>verdict (Holm)</th><th>seeds for 80% power</th>"
-             "<th class=l>how</th></tr>"]
+    parts = [
+        "<table><tr><th class=l>claim</th><th>measured</th><th>95% interval (t over seeds)</th>"
+        "<th>seeds</th><th>p</th><th>p (Holm)</th><th class=l>verdict (Holm)</th><th>seeds for 80% power</th>"
+        "<th class=l>how</th></tr>"
+    ]
     for c in items:
-        parts.append(f"<tr><td class=l>{esc(c['claim'])}</td><td>{f(c['measured'])}</td>"
-                     f"<td>[{f(c['low'])}, {f(c['high'])}]</td><td>{f(c.get('seeds'))}</td>"
-                     f"<td>{f(c.get('p'))}</td><td>{f(c.get('p_adjusted'))}</td>"
-                     f"<td class=l style=\"color:{colour.get(c['verdict'], '#000')};font-weight:bold\">"
-                     f"{esc(c['verdict'])}" + (f"<br><small>{esc(c['support_note'])}</small>"
-                                               if c.get("support_note") else "")
-                     + f"</td><td>{needed(c)}</td><td class=l>{esc(c['basis'])}</td></tr>")
+        parts.append(
+            f"<tr><td class=l>{esc(c['claim'])}</td><td>{f(c['measured'])}</td>"
+            f"<td>[{f(c['low'])}, {f(c['high'])}]</td><td>{f(c.get('seeds'))}</td>"
+            f"<td>{f(c.get('p'))}</td><td>{f(c.get('p_adjusted'))}</td>"
+            f'<td class=l style="color:{colour.get(c["verdict"], "#000")};font-weight:bold">'
+            f"{esc(c['verdict'])}"
+            + (f"<br><small>{esc(c['support_note'])}</small>" if c.get("support_note") else "")
+            + f"</td><td>{needed(c)}</td><td class=l>{esc(c['basis'])}</td></tr>"
+        )
     parts.append("</table>")
     return "".join(parts)

@@ -31,6 +31,7 @@ steps are discrete: equal slopes leave the t interval no spread to rest on).
 Calibrated by simulation (``benchmarks/claims_calibration.py``, ``monitor_*`` entries of
 ``benchmarks/results/claims-calibration.json``): no width trend, censoring, heavy tails.
 """
+
 from __future__ import annotations
 
 import math
@@ -48,8 +49,14 @@ ROW_KINDS = ("row", "monitor")
 #: number on a row with ``point``; ``None``/NaN/negative = never certified), training length, δ.
 #: ``monitored`` False marks an alignment row of a point the monitor did not probe; ``steps``, the
 #: probed steps when given, are the grid and their last one the horizon (as the rows would give).
-SUMMARY = {"first_cert": "monitor_first_cert_step", "steps_total": "monitor_steps_total", "delta": "monitor_delta",
-           "monitored": "monitor_point", "steps": "monitor_steps", "cert_from": "monitor_cert_from_step"}
+SUMMARY = {
+    "first_cert": "monitor_first_cert_step",
+    "steps_total": "monitor_steps_total",
+    "delta": "monitor_delta",
+    "monitored": "monitor_point",
+    "steps": "monitor_steps",
+    "cert_from": "monitor_cert_from_step",
+}
 CELL = ("family", "width", "seed")
 
 
@@ -159,8 +166,14 @@ def seed_slopes(cells: Mapping[tuple, Cell]) -> dict[str, dict[str, Any]]:
             mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
             slopes.append(sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts))
             ys.extend(y for _, y in pts)
-        out[str(fam)] = {"slopes": slopes, "y": ys, "points": n_pts, "censored": n_cens, "deltas": sorted(deltas),
-                         "no_horizon": no_horizon.get(fam, 0)}
+        out[str(fam)] = {
+            "slopes": slopes,
+            "y": ys,
+            "points": n_pts,
+            "censored": n_cens,
+            "deltas": sorted(deltas),
+            "no_horizon": no_horizon.get(fam, 0),
+        }
     return out
 
 
@@ -181,13 +194,19 @@ def certify_earlier(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             gate = "the same certification step in every cell (nothing to come earlier)"
         elif len(s["slopes"]) >= 2 and max(s["slopes"]) - min(s["slopes"]) == 0:
             gate = "every seed gives the same slope (discrete steps: no spread for a t interval)"
-        out.append({
-            "name": f"{fam}: wider models certify earlier (step from which B_exact <= {dtext} holds)",
-            "slopes": s["slopes"], "group": str(fam), "gate": gate,
-            "basis": (f"per-seed slope of log(1 + step from which the point stays certified) (median over points, "
-                      f"on the steps monitored in every cell of the seed) vs log width; {s['censored']} of "
-                      f"{s['points']} (cell, point) not certified at the last common step, censored there "
-                      "(biases toward no effect); holds when the interval lies below 0"
-                      + (f"; {s['no_horizon']} cell(s) without a training length left out" if s["no_horizon"]
-                         else ""))})
+        out.append(
+            {
+                "name": f"{fam}: wider models certify earlier (step from which B_exact <= {dtext} holds)",
+                "slopes": s["slopes"],
+                "group": str(fam),
+                "gate": gate,
+                "basis": (
+                    f"per-seed slope of log(1 + step from which the point stays certified) (median over points, "
+                    f"on the steps monitored in every cell of the seed) vs log width; {s['censored']} of "
+                    f"{s['points']} (cell, point) not certified at the last common step, censored there "
+                    "(biases toward no effect); holds when the interval lies below 0"
+                    + (f"; {s['no_horizon']} cell(s) without a training length left out" if s["no_horizon"] else "")
+                ),
+            }
+        )
     return out

@@ -16,6 +16,7 @@ Example::
     from widthscope.report.growth import write_report
     write_report(rows, table, "/tmp/gb")    # -> [comparison.md, growth_regret.png, growth_gains.png]
 """
+
 from __future__ import annotations
 
 import math
@@ -25,11 +26,30 @@ from typing import Any, Mapping, Sequence
 from .._io import atomic_write_text
 from .html import save_figure
 
-__all__ = ["figures", "tables", "summary", "markdown_table", "compact_table", "practitioner_table",
-           "readme_sentence", "write_report"]
+__all__ = [
+    "figures",
+    "tables",
+    "summary",
+    "markdown_table",
+    "compact_table",
+    "practitioner_table",
+    "readme_sentence",
+    "write_report",
+]
 
-SHOWN = ("bias", "block", "gradmax", "certified", "line_search", "block_d_align", "random", "last", "middle", "oracle",
-         "ceiling")
+SHOWN = (
+    "bias",
+    "block",
+    "gradmax",
+    "certified",
+    "line_search",
+    "block_d_align",
+    "random",
+    "last",
+    "middle",
+    "oracle",
+    "ceiling",
+)
 
 
 def _plt():
@@ -65,20 +85,29 @@ def _table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return compare(rows)
 
 
-def markdown_table(table: Sequence[Mapping[str, Any]], budget: str = "long", *, models: Sequence[str] | None = None,
-                   shown: Sequence[str] = SHOWN) -> str:
+def markdown_table(
+    table: Sequence[Mapping[str, Any]],
+    budget: str = "long",
+    *,
+    models: Sequence[str] | None = None,
+    shown: Sequence[str] = SHOWN,
+) -> str:
     """One row per (model, criterion): ``mean [95% interval]`` over model seeds of every metric."""
     sel = [r for r in _cmp(table, budget) if r["criterion"] in shown and (models is None or r["model"] in models)]
-    lines = ["| model | criterion | Spearman | top-1 hits [Wilson] | regret / (best − worst) | gain at pick (nats) | "
-             "continue, same FLOPs | grow + train all, same FLOPs | gain − continue | seeds | ties / NaN |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | criterion | Spearman | top-1 hits [Wilson] | regret / (best − worst) | gain at pick (nats) | "
+        "continue, same FLOPs | grow + train all, same FLOPs | gain − continue | seeds | ties / NaN |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in sel:
         c = r["criterion"]
         sp = "(0)" if c == "random" else ("–" if c in ("last", "middle") else _iv(r, "spearman", ".2f"))
-        lines.append(f"| {r['model']} | {c}{' (baseline)' if r['baseline'] else ''} | {sp} | {_hits(r)} | "
-                     f"{_iv(r, 'norm_regret', '.2f')} | {_iv(r, 'gain', '.4f')} | {_iv(r, 'continue', '.4f')} | "
-                     f"{_iv(r, 'train_all', '.4f')} | {_iv(r, 'advantage', '.4f')} | {r['n_seeds']} | "
-                     f"{r.get('ties', 0)} / {r.get('nan', 0)} |")
+        lines.append(
+            f"| {r['model']} | {c}{' (baseline)' if r['baseline'] else ''} | {sp} | {_hits(r)} | "
+            f"{_iv(r, 'norm_regret', '.2f')} | {_iv(r, 'gain', '.4f')} | {_iv(r, 'continue', '.4f')} | "
+            f"{_iv(r, 'train_all', '.4f')} | {_iv(r, 'advantage', '.4f')} | {r['n_seeds']} | "
+            f"{r.get('ties', 0)} / {r.get('nan', 0)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -88,20 +117,33 @@ def compact_table(table: Sequence[Mapping[str, Any]], budget: str = "long", *, s
     sel = _cmp(table, budget)
     models = list(dict.fromkeys(r["model"] for r in sel if r["model"] != "overall"))
     by = {(r["model"], r["criterion"]): r for r in sel}
-    paired = {(r["criterion"], r["versus"]): r for r in table if r.get("kind") == "growth_paired"
-              and r["budget"] == budget}
-    head = ["criterion", "Spearman (natural models)", "regret/spread (natural)", "beats random / last / middle",
-            *models]
+    paired = {
+        (r["criterion"], r["versus"]): r for r in table if r.get("kind") == "growth_paired" and r["budget"] == budget
+    }
+    head = [
+        "criterion",
+        "Spearman (natural models)",
+        "regret/spread (natural)",
+        "beats random / last / middle",
+        *models,
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in shown:
         o = by.get(("overall", c))
         if o is None:
             continue
-        sp = ("–" if c in ("last", "middle") else "(0)" if c == "random" else _iv(o, "spearman", ".2f"))
-        beats = " / ".join("yes" if paired[(c, b)]["beats"] else "no" for b in ("random", "last", "middle")) \
-            if (c, "random") in paired else "–"
-        cells = [f"**{c}**" if not o["baseline"] else f"{c} (baseline)", sp,
-                 "–" if c == "ceiling" else _iv(o, "norm_regret", ".2f"), beats]
+        sp = "–" if c in ("last", "middle") else "(0)" if c == "random" else _iv(o, "spearman", ".2f")
+        beats = (
+            " / ".join("yes" if paired[(c, b)]["beats"] else "no" for b in ("random", "last", "middle"))
+            if (c, "random") in paired
+            else "–"
+        )
+        cells = [
+            f"**{c}**" if not o["baseline"] else f"{c} (baseline)",
+            sp,
+            "–" if c == "ceiling" else _iv(o, "norm_regret", ".2f"),
+            beats,
+        ]
         for m in models:
             r = by[(m, c)]
             if c == "ceiling":
@@ -114,27 +156,40 @@ def compact_table(table: Sequence[Mapping[str, Any]], budget: str = "long", *, s
     return "\n".join(lines) + "\n"
 
 
-def practitioner_table(table: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]], default: str,
-                       budget: str = "long") -> str:
+def practitioner_table(
+    table: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]], default: str, budget: str = "long"
+) -> str:
     """Per model: is growing better than training longer? Gains (nats, evaluation half B, mean over
     model seeds [95% t interval]) at the same FLOPs."""
     by = {(r["model"], r["criterion"]): r for r in _cmp(table, budget)}
     models = list(dict.fromkeys(r["model"] for r in _cmp(table, budget) if r["model"] != "overall"))
-    lines = ["| model | base held-out loss | continue training (same FLOPs) | grow last block | grow at oracle "
-             "point (A→B) | grow at `" + default + "` pick | grow last + train all | reproducibility ceiling ρ "
-             "(block seeds) | seeds |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | base held-out loss | continue training (same FLOPs) | grow last block | grow at oracle "
+        "point (A→B) | grow at `" + default + "` pick | grow last + train all | reproducibility ceiling ρ "
+        "(block seeds) | seeds |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for m in models:
-        base = [r["loss_before"] for r in rows if r.get("kind") == "growth_bench" and r["model"] == m
-                and r["point_index"] == 0]
+        base = [
+            r["loss_before"]
+            for r in rows
+            if r.get("kind") == "growth_bench" and r["model"] == m and r["point_index"] == 0
+        ]
         last, orc, dfl, ceil = by[(m, "last")], by[(m, "oracle")], by[(m, default)], by[(m, "ceiling")]
-        lines.append(f"| {m} | {sum(base) / len(base):.4f} | {_iv(last, 'continue', '.4f')} | "
-                     f"{_iv(last, 'gain', '.4f')} | {_iv(orc, 'gain', '.4f')} | {_iv(dfl, 'gain', '.4f')} | "
-                     f"{_iv(last, 'train_all', '.4f')} | {_iv(ceil, 'spearman', '.2f')} | {last['n_seeds']} |")
+        lines.append(
+            f"| {m} | {sum(base) / len(base):.4f} | {_iv(last, 'continue', '.4f')} | "
+            f"{_iv(last, 'gain', '.4f')} | {_iv(orc, 'gain', '.4f')} | {_iv(dfl, 'gain', '.4f')} | "
+            f"{_iv(last, 'train_all', '.4f')} | {_iv(ceil, 'spearman', '.2f')} | {last['n_seeds']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
-def readme_sentence(table: Sequence[Mapping[str, Any]], default: Mapping[str, Any],
-                    rows: Sequence[Mapping[str, Any]], budget: str = "long") -> str:
+def readme_sentence(
+    table: Sequence[Mapping[str, Any]],
+    default: Mapping[str, Any],
+    rows: Sequence[Mapping[str, Any]],
+    budget: str = "long",
+) -> str:
     """The README's growth bullet; every number and every verdict word from ``table``/``rows``
     (a verdict "better"/"worse" only where the 95% interval over model seeds excludes 0)."""
     by = {(r["model"], r["criterion"]): r for r in _cmp(table, budget)}
@@ -148,28 +203,38 @@ def readme_sentence(table: Sequence[Mapping[str, Any]], default: Mapping[str, An
     d = by[("overall", default["criterion"])]
     seeds = sorted({by[(m, "last")]["n_seeds"] for m in models})
     bseeds = sorted({len(r["gain_long_seeds"]) for r in rows if r.get("kind") == "growth_bench"})
-    head = (f"growing at the best point beats training the original model longer on {len(better)} of {len(nat)} "
-            f"trained models, and {'a criterion beats' if default['beats_simple_rules'] else 'no criterion beats'} "
-            "the simple rules")
-    parts = [f"- **Where to grow: {head}.** Grown at every point of {', '.join(nat)} (trained to a plateau; "
-             f"{'/'.join(map(str, seeds))} model seeds, {'/'.join(map(str, bseeds))} block seeds, learning rate "
-             "chosen per point on a split that does not score), the best point (the oracle: chosen on one evaluation "
-             f"split, scored on another) gains {_f(min(a['advantage'] for a in adv.values()), '+.4f')} to "
-             f"{_f(max(a['advantage'] for a in adv.values()), '+.4f')} nats more than training the original "
-             f"model for the same FLOPs (better with 95% confidence on {', '.join(better) or 'none'}; worse on "
-             f"{', '.join(worse) or 'none'}); growing the last block gains {_iv(o_last, 'advantage', '+.4f')} "
-             f"more, grow-then-train-all {_iv(o_last, 'all_vs_continue', '+.4f')} (mean over models [95%]).",
-             f"Regrowing with another block seed reproduces the order of the points to Spearman "
-             f"{_iv(ceil, 'spearman', '.2f')}; the oracle's choice on the other split has regret/spread "
-             f"{_iv(o_orc, 'norm_regret', '.2f')}.",
-             f"`grow`'s default `{default['grow_name']}`: regret/spread {_iv(d, 'norm_regret', '.2f')} vs random "
-             f"{_f(by[('overall', 'random')]['norm_regret'], '.2f')} and last block {_iv(o_last, 'norm_regret', '.2f')}"
-             + ("" if default["beats_simple_rules"] else
-                " (no criterion beats random, last and middle, so the default is the cheapest that finds the "
-                "most planted blocks)")
-             + "; planted blocks found: " + ", ".join(f"{m} {by[(m, default['criterion'])].get('hit_count', 0):.0f}/"
-                                                     f"{by[(m, default['criterion'])]['n_seeds']}" for m in planted)
-             + "."]
+    head = (
+        f"growing at the best point beats training the original model longer on {len(better)} of {len(nat)} "
+        f"trained models, and {'a criterion beats' if default['beats_simple_rules'] else 'no criterion beats'} "
+        "the simple rules"
+    )
+    parts = [
+        f"- **Where to grow: {head}.** Grown at every point of {', '.join(nat)} (trained to a plateau; "
+        f"{'/'.join(map(str, seeds))} model seeds, {'/'.join(map(str, bseeds))} block seeds, learning rate "
+        "chosen per point on a split that does not score), the best point (the oracle: chosen on one evaluation "
+        f"split, scored on another) gains {_f(min(a['advantage'] for a in adv.values()), '+.4f')} to "
+        f"{_f(max(a['advantage'] for a in adv.values()), '+.4f')} nats more than training the original "
+        f"model for the same FLOPs (better with 95% confidence on {', '.join(better) or 'none'}; worse on "
+        f"{', '.join(worse) or 'none'}); growing the last block gains {_iv(o_last, 'advantage', '+.4f')} "
+        f"more, grow-then-train-all {_iv(o_last, 'all_vs_continue', '+.4f')} (mean over models [95%]).",
+        f"Regrowing with another block seed reproduces the order of the points to Spearman "
+        f"{_iv(ceil, 'spearman', '.2f')}; the oracle's choice on the other split has regret/spread "
+        f"{_iv(o_orc, 'norm_regret', '.2f')}.",
+        f"`grow`'s default `{default['grow_name']}`: regret/spread {_iv(d, 'norm_regret', '.2f')} vs random "
+        f"{_f(by[('overall', 'random')]['norm_regret'], '.2f')} and last block {_iv(o_last, 'norm_regret', '.2f')}"
+        + (
+            ""
+            if default["beats_simple_rules"]
+            else " (no criterion beats random, last and middle, so the default is the cheapest that finds the "
+            "most planted blocks)"
+        )
+        + "; planted blocks found: "
+        + ", ".join(
+            f"{m} {by[(m, default['criterion'])].get('hit_count', 0):.0f}/{by[(m, default['criterion'])]['n_seeds']}"
+            for m in planted
+        )
+        + ".",
+    ]
     return " ".join(parts) + " ([interventions](docs/interventions.md) §5)\n"
 
 
@@ -184,8 +249,12 @@ def tables(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     h = ["<table><thead><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in head) + "</tr></thead><tbody>"]
     h += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in body]
     h.append("</tbody></table>")
-    return [{"title": "Growth criteria vs realised gain and the equal-compute baselines (mean [95% over model seeds])",
-             "html": "".join(h)}]
+    return [
+        {
+            "title": "Growth criteria vs realised gain and the equal-compute baselines (mean [95% over model seeds])",
+            "html": "".join(h),
+        }
+    ]
 
 
 def summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -196,8 +265,9 @@ def summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return [readme_sentence(table, w, rows).strip().removeprefix("- ")]
 
 
-def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path, table: Sequence[Mapping[str, Any]] | None = None
-            ) -> list[dict[str, str]]:
+def figures(
+    rows: Sequence[Mapping[str, Any]], out_dir: str | Path, table: Sequence[Mapping[str, Any]] | None = None
+) -> list[dict[str, str]]:
     import numpy as np
 
     plt = _plt()
@@ -223,15 +293,22 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path, table: Seque
             ax.bar(x, y, width, color=colors(j), label=c, yerr=err, error_kw={"elinewidth": 0.7})
         ax.set_xticks(np.arange(len(models)))
         ax.set_xticklabels(models, rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel("regret / (best − worst) (lower is better)" if metric == "norm_regret"
-                      else "Spearman with realised gain")
+        ax.set_ylabel(
+            "regret / (best − worst) (lower is better)" if metric == "norm_regret" else "Spearman with realised gain"
+        )
         ax.axhline(0, color="k", lw=0.6)
     axes[0].legend(fontsize=7, ncol=2)
-    figs.append(save_figure(fig, out_dir / "growth_regret.png", "Growth criteria: regret and rank correlation",
-                            "Regret = best realised held-out gain minus the gain at the point the criterion picks, "
-                            "divided by best minus worst gain (0 = best point, 1 = worst); bars: mean over model "
-                            "seeds (overall: mean over the models without a planted answer), whiskers: 95% t "
-                            "interval over model seeds."))
+    figs.append(
+        save_figure(
+            fig,
+            out_dir / "growth_regret.png",
+            "Growth criteria: regret and rank correlation",
+            "Regret = best realised held-out gain minus the gain at the point the criterion picks, "
+            "divided by best minus worst gain (0 = best point, 1 = worst); bars: mean over model "
+            "seeds (overall: mean over the models without a planted answer), whiskers: 95% t "
+            "interval over model seeds.",
+        )
+    )
     units: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
     for r in rows:
         if r.get("kind") == "growth_bench":
@@ -243,30 +320,40 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path, table: Seque
             if m2 != m:
                 continue
             seq = sorted(unit, key=lambda r: r["point_index"])
-            line, = ax.plot([r["point_index"] for r in seq], [r["gain_long"] for r in seq], "o-", ms=3, lw=1,
-                            label=f"s{s}")
+            (line,) = ax.plot(
+                [r["point_index"] for r in seq], [r["gain_long"] for r in seq], "o-", ms=3, lw=1, label=f"s{s}"
+            )
             ax.axhline(seq[-1]["gain_continue_long"], color=line.get_color(), ls=":", lw=0.8)
         ax.set_title(m, fontsize=9)
         ax.set_xlabel("point index (last = last block)", fontsize=8)
     axes[0][0].set_ylabel("realised gain (nats)")
     axes[0][0].legend(fontsize=7)
-    figs.append(save_figure(fig, out_dir / "growth_gains.png", "Realised gain per point",
-                            "Held-out loss decrease after the block-training budget, per point and model seed (mean "
-                            "over 3 block seeds); dotted: training the original model for the FLOPs of growing at the "
-                            "last block."))
+    figs.append(
+        save_figure(
+            fig,
+            out_dir / "growth_gains.png",
+            "Realised gain per point",
+            "Held-out loss decrease after the block-training budget, per point and model seed (mean "
+            "over 3 block seeds); dotted: training the original model for the FLOPs of growing at the "
+            "last block.",
+        )
+    )
     return figs
 
 
-def write_report(rows: Sequence[Mapping[str, Any]], table: Sequence[Mapping[str, Any]], out_dir: str | Path
-                 ) -> list[Path]:
+def write_report(
+    rows: Sequence[Mapping[str, Any]], table: Sequence[Mapping[str, Any]], out_dir: str | Path
+) -> list[Path]:
     """``comparison.md`` and the two PNG figures in ``out_dir``."""
     from ..grow.compare import winner
 
     out_dir = Path(out_dir)
     w = winner(table)
-    text = (f"# Growth benchmark\n\n{readme_sentence(table, w, rows)}\n## Growing vs training longer\n\n"
-            f"{practitioner_table(table, rows, w['criterion'])}\n## Criteria\n\n{compact_table(table)}\n"
-            f"{markdown_table(table)}")
+    text = (
+        f"# Growth benchmark\n\n{readme_sentence(table, w, rows)}\n## Growing vs training longer\n\n"
+        f"{practitioner_table(table, rows, w['criterion'])}\n## Criteria\n\n{compact_table(table)}\n"
+        f"{markdown_table(table)}"
+    )
     paths = [atomic_write_text(out_dir / "comparison.md", text)]
     paths += [Path(f["png"]) for f in figures(rows, out_dir, table)]
     return paths

@@ -16,6 +16,7 @@ Example::
     from widthscope.report.html import build_report
     page = build_report(rows, "/tmp/report", title="my sweep")   # -> /tmp/report/report.html
 """
+
 from __future__ import annotations
 
 import base64
@@ -118,15 +119,20 @@ def data_uri(png: str | Path) -> str:
     return "data:image/png;base64," + base64.b64encode(raw).decode("ascii")
 
 
-def collect_sections(rows: Sequence[Mapping[str, Any]], out_dir: str | Path,
-                     found: Sequence[Mapping[str, Any]] | None = None) -> tuple[list[dict], list[str]]:
+def collect_sections(
+    rows: Sequence[Mapping[str, Any]], out_dir: str | Path, found: Sequence[Mapping[str, Any]] | None = None
+) -> tuple[list[dict], list[str]]:
     """Run every section whose kinds occur in ``rows``; return (sections, notes). ``found`` (the
     page's claims) goes to a section whose ``summary`` takes it, so its verdicts quote the page."""
     out_dir = Path(out_dir)
     kinds = sorted({str(r.get("kind")) for r in rows})
     known = {k for _, _, ks in SECTIONS for k in ks}
-    notes = [f"{sum(1 for r in rows if str(r.get('kind')) == k)} row(s) of kind {k!r} have no report "
-             f"section; they are kept in the results files" for k in kinds if k not in known]
+    notes = [
+        f"{sum(1 for r in rows if str(r.get('kind')) == k)} row(s) of kind {k!r} have no report "
+        f"section; they are kept in the results files"
+        for k in kinds
+        if k not in known
+    ]
     sections: list[dict] = []
     for title, modname, ks in SECTIONS:
         sel = [dict(r) for r in rows if r.get("kind") in ks]
@@ -135,8 +141,10 @@ def collect_sections(rows: Sequence[Mapping[str, Any]], out_dir: str | Path,
         try:
             mod = importlib.import_module(modname)
         except ImportError as exc:
-            notes.append(f"{len(sel)} row(s) of kind {'/'.join(ks)}: report module {modname} is not "
-                         f"available ({exc}); their numbers are in the results files")
+            notes.append(
+                f"{len(sel)} row(s) of kind {'/'.join(ks)}: report module {modname} is not "
+                f"available ({exc}); their numbers are in the results files"
+            )
             continue
         sec = {"title": title, "figures": [], "tables": [], "summary": []}
         try:
@@ -165,10 +173,16 @@ def versions() -> dict[str, str]:
     out = {"widthscope": __version__, "python": platform.python_version()}
     try:
         here = Path(__file__).resolve().parent
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True,
-                                text=True, timeout=5)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=5)
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
         if commit.returncode == 0 and commit.stdout.strip():
             out["git commit"] = commit.stdout.strip() + (" (with local changes)" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
@@ -195,8 +209,10 @@ def data_descriptions(rows: Sequence[Mapping[str, Any]], source: str = "") -> li
     if not got and cfg is not None and cfg.is_file():
         try:
             d = json.loads(cfg.read_text(encoding="utf-8")).get("data", {})
-            got.append(f"{describe_name(d.get('name'))}: {d.get('n_train', 'all')} train / "
-                       f"{d.get('n_test', 'all')} held-out examples (split seed {d.get('seed', 0)})")
+            got.append(
+                f"{describe_name(d.get('name'))}: {d.get('n_train', 'all')} train / "
+                f"{d.get('n_test', 'all')} held-out examples (split seed {d.get('seed', 0)})"
+            )
         except (OSError, ValueError, AttributeError):
             pass
     return got
@@ -208,7 +224,7 @@ def provenance(rows: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str
     from collections import defaultdict
 
     esc = html.escape
-    parts = ['<section><h2>What was measured</h2>']
+    parts = ["<section><h2>What was measured</h2>"]
     parts.append("<p>" + " · ".join(f"{esc(k)} {esc(v)}" for k, v in versions().items()) + "</p>")
     by_source: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for r in rows:
@@ -216,20 +232,36 @@ def provenance(rows: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str
     for src in list(sources) or sorted(by_source):
         rs = by_source.get(src, [])
         kinds = sorted({str(r.get("kind")) for r in rs})
-        probes = list(dict.fromkeys(
-            f"{r['probe_set']}" + (f" (length {r['probe_seq_len']})" if r.get("probe_seq_len") is not None else "")
-            + f": {r.get('probe_description') or r.get('probe_data')}" for r in rs if r.get("probe_set") is not None))
-        parts.append(f"<h3>{esc(src)}</h3><p>{len(rs)} rows ({esc(', '.join(kinds))}); data: "
-                     f"{esc('; '.join(data_descriptions(rs, src)) or 'not recorded in the rows')}</p>"
-                     + ("<p>probe conditions (each reported separately, never averaged together):</p><ul>"
-                        + "".join(f"<li>{esc(p)}</li>" for p in probes) + "</ul>" if probes else ""))
+        probes = list(
+            dict.fromkeys(
+                f"{r['probe_set']}"
+                + (f" (length {r['probe_seq_len']})" if r.get("probe_seq_len") is not None else "")
+                + f": {r.get('probe_description') or r.get('probe_data')}"
+                for r in rs
+                if r.get("probe_set") is not None
+            )
+        )
+        parts.append(
+            f"<h3>{esc(src)}</h3><p>{len(rs)} rows ({esc(', '.join(kinds))}); data: "
+            f"{esc('; '.join(data_descriptions(rs, src)) or 'not recorded in the rows')}</p>"
+            + (
+                "<p>probe conditions (each reported separately, never averaged together):</p><ul>"
+                + "".join(f"<li>{esc(p)}</li>" for p in probes)
+                + "</ul>"
+                if probes
+                else ""
+            )
+        )
         groups: dict[tuple, list[Mapping[str, Any]]] = defaultdict(list)
         for r in rs:
             if r.get("kind") == "alignment" and r.get("width") is not None:
                 groups[(r.get("family") or r.get("model"), r.get("width"))].append(r)
         if groups:
-            parts.append("<table><tr><th class=l>family</th><th>width</th><th>seeds</th><th>training steps</th>"
-                         "<th>final train loss</th><th>final held-out loss</th></tr>")
+            parts.append(
+                "<table><tr><th class=l>family</th><th>width</th><th>seeds</th><th>training steps</th>"
+                "<th>final train loss</th><th>final held-out loss</th></tr>"
+            )
+
             def mean(g: Sequence[Mapping[str, Any]], key: str) -> str:
                 vals = [float(r[key]) for r in g if isinstance(r.get(key), (int, float))]
                 return f"{sum(vals) / len(vals):.4g}" if vals else "–"
@@ -237,9 +269,11 @@ def provenance(rows: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str
             for (fam, width), g in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), float(kv[0][1]))):
                 seeds = sorted({r["seed"] for r in g if r.get("seed") is not None})
                 steps = sorted({r["steps"] for r in g if r.get("steps") is not None})
-                parts.append(f"<tr><td class=l>{esc(str(fam))}</td><td>{esc(str(width))}</td>"
-                             f"<td>{len(seeds)}</td><td>{esc(', '.join(map(str, steps)) or '–')}</td>"
-                             f"<td>{mean(g, 'train_loss')}</td><td>{mean(g, 'test_loss')}</td></tr>")
+                parts.append(
+                    f"<tr><td class=l>{esc(str(fam))}</td><td>{esc(str(width))}</td>"
+                    f"<td>{len(seeds)}</td><td>{esc(', '.join(map(str, steps)) or '–')}</td>"
+                    f"<td>{mean(g, 'train_loss')}</td><td>{mean(g, 'test_loss')}</td></tr>"
+                )
             parts.append("</table>")
         cfg = Path(src) / "sweep.json"
         if cfg.is_file():
@@ -252,14 +286,23 @@ def provenance(rows: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str
     return "\n".join(parts)
 
 
-def render_page(title: str, sections: Sequence[Mapping[str, Any]], *, notes: Sequence[str] = (),
-                subtitle: str = "", measured: str = "") -> str:
+def render_page(
+    title: str,
+    sections: Sequence[Mapping[str, Any]],
+    *,
+    notes: Sequence[str] = (),
+    subtitle: str = "",
+    measured: str = "",
+) -> str:
     """The HTML text: header, notes, then each section's verdict, figures (embedded) and tables."""
     esc = html.escape
-    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-             '<meta name="viewport" content="width=device-width, initial-scale=1">',
-             f"<title>{esc(title)}</title><style>{CSS}</style></head><body>",
-             f"<header><h1>{esc(title)}</h1><p>{esc(subtitle)}</p></header><main>"]
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{esc(title)}</title><style>{CSS}</style></head><body>",
+        f"<header><h1>{esc(title)}</h1><p>{esc(subtitle)}</p></header><main>",
+    ]
     for n in notes:
         parts.append(f'<div class="note">{esc(n)}</div>')
     if measured:
@@ -273,9 +316,11 @@ def render_page(title: str, sections: Sequence[Mapping[str, Any]], *, notes: Seq
             parts += [f"<li>{esc(s)}</li>" for s in sec["summary"]]
             parts.append("</ul></div>")
         for fig in sec.get("figures", []):
-            parts.append(f"<figure><h3>{esc(fig['title'])}</h3>"
-                         f'<img src="{data_uri(fig["png"])}" alt="{esc(fig["title"])}">'
-                         f"<figcaption>{esc(fig.get('caption', ''))}</figcaption></figure>")
+            parts.append(
+                f"<figure><h3>{esc(fig['title'])}</h3>"
+                f'<img src="{data_uri(fig["png"])}" alt="{esc(fig["title"])}">'
+                f"<figcaption>{esc(fig.get('caption', ''))}</figcaption></figure>"
+            )
         for tab in sec.get("tables", []):
             parts.append(f"<h3>{esc(tab['title'])}</h3>{tab['html']}")
         parts.append("</section>")
@@ -283,8 +328,14 @@ def render_page(title: str, sections: Sequence[Mapping[str, Any]], *, notes: Seq
     return "\n".join(parts) + "\n"
 
 
-def build_report(rows: Sequence[Mapping[str, Any]], out_dir: str | Path, *, title: str = "widthscope report",
-                 sources: Sequence[str] = (), notes: Sequence[str] = ()) -> Path:
+def build_report(
+    rows: Sequence[Mapping[str, Any]],
+    out_dir: str | Path,
+    *,
+    title: str = "widthscope report",
+    sources: Sequence[str] = (),
+    notes: Sequence[str] = (),
+) -> Path:
     """Write the PNGs and ``report.html`` into ``out_dir``; return the page's path.
 
     ``notes`` (e.g. the demo's "digits, because Fashion-MNIST is not installed") head the page,
@@ -307,18 +358,19 @@ def build_report(rows: Sequence[Mapping[str, Any]], out_dir: str | Path, *, titl
     measured = provenance(rows, sorted({str(r.get("source", "")) for r in rows}))
     if found:
         m = found[0].get("family_size", 0)
-        measured += ("\n<section><h2>Claims</h2><p>One row per published claim, computed from the rows above "
-                     "(never typed in). Measured: the seed mean of a per-seed value; interval: 95% Student t "
-                     "over seeds (with 2 seeds t = 12.7, so the interval is wide); p: the test that the "
-                     "interval lies inside (holds) or outside (does not) the claimed region. Verdicts are "
-                     f"corrected by Holm over the page's {m} tested claims (family-wise error &le; {ALPHA:g} "
-                     "under any dependence between claims, which share models; Benjamini&ndash;Hochberg would "
-                     "control only the expected share of false verdicts). Bounds are tested per row against "
-                     "the binomial count of the resampled draws; vacuous rows (bound &ge; 1) and missing values "
-                     "are counted apart, never as support. Seeds for 80% power: how many seeds would give "
-                     "80% power to resolve the claim at the observed seed spread and effect (level 0.05/m). Without a "
-                     "width trend the rule decides in the nominal 5% of simulated pages (2&ndash;10 seeds, "
-                     "normal and heavy-tailed noise; benchmarks/claims_calibration.py).</p>"
-                     + html_table(found) + "</section>")
+        measured += (
+            "\n<section><h2>Claims</h2><p>One row per published claim, computed from the rows above "
+            "(never typed in). Measured: the seed mean of a per-seed value; interval: 95% Student t "
+            "over seeds (with 2 seeds t = 12.7, so the interval is wide); p: the test that the "
+            "interval lies inside (holds) or outside (does not) the claimed region. Verdicts are "
+            f"corrected by Holm over the page's {m} tested claims (family-wise error &le; {ALPHA:g} "
+            "under any dependence between claims, which share models; Benjamini&ndash;Hochberg would "
+            "control only the expected share of false verdicts). Bounds are tested per row against "
+            "the binomial count of the resampled draws; vacuous rows (bound &ge; 1) and missing values "
+            "are counted apart, never as support. Seeds for 80% power: how many seeds would give "
+            "80% power to resolve the claim at the observed seed spread and effect (level 0.05/m). Without a "
+            "width trend the rule decides in the nominal 5% of simulated pages (2&ndash;10 seeds, "
+            "normal and heavy-tailed noise; benchmarks/claims_calibration.py).</p>" + html_table(found) + "</section>"
+        )
     atomic_write_text(page, render_page(title, sections, notes=notes, subtitle=subtitle, measured=measured))
     return page

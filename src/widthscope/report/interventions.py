@@ -15,6 +15,7 @@ Example::
     from widthscope.report.interventions import figures
     figs = figures(rows, "/tmp/report")   # -> [{"title", "png", "caption"}, ...]
 """
+
 from __future__ import annotations
 
 import math
@@ -41,8 +42,13 @@ def _plt():
 
 
 def _steps(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    return [r for r in rows if r.get("kind") == "intervention" and r.get("probe") in ("bias", "block")
-            and _finite(r.get("predicted"), r.get("actual"), r.get("eta"))]
+    return [
+        r
+        for r in rows
+        if r.get("kind") == "intervention"
+        and r.get("probe") in ("bias", "block")
+        and _finite(r.get("predicted"), r.get("actual"), r.get("eta"))
+    ]
 
 
 def _resolved(steps: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -62,27 +68,33 @@ def _precision_words(steps: Sequence[Mapping[str, Any]]) -> str | None:
     if low:
         rel: list[float] = [r["rel_step"] for r in low if _finite(r.get("rel_step"))]
         span = f" (rel_step {min(rel):.2g}–{max(rel):.2g})" if rel else ""
-        out.append(f"{len(low)} of {len(steps)} steps{span} had a predicted change below the resolution of the model's "
-                   f"dtype ({', '.join(dts)}: within a few rounding errors of its held-out loss) and are left out of "
-                   "the retention and sign figures and sentences")
+        out.append(
+            f"{len(low)} of {len(steps)} steps{span} had a predicted change below the resolution of the model's "
+            f"dtype ({', '.join(dts)}: within a few rounding errors of its held-out loss) and are left out of "
+            "the retention and sign figures and sentences"
+        )
     if redo:
         out.append(f"{len(redo)} steps below {', '.join(dts)} resolution were measured in float32 (model upcast)")
     if zero:
-        out.append(f"{len(zero)} more steps are left out because their alignment μ_Mᵀg_K is within rounding of zero "
-                   "of the samples (not even the predicted sign is resolved)")
+        out.append(
+            f"{len(zero)} more steps are left out because their alignment μ_Mᵀg_K is within rounding of zero "
+            "of the samples (not even the predicted sign is resolved)"
+        )
     return "Precision: " + "; ".join(out) + "."
 
 
 def _label(r: Mapping[str, Any]) -> str:
     """One curve per model (family/width/seed) and point: mixing them makes zig-zag lines."""
-    tags = [f"{r.get('family') or r.get('model') or ''}", f"N={r['width']}" if r.get("width") is not None else "",
-            f"s{r['seed']}" if r.get("seed") is not None else ""]
+    tags = [
+        f"{r.get('family') or r.get('model') or ''}",
+        f"N={r['width']}" if r.get("width") is not None else "",
+        f"s{r['seed']}" if r.get("seed") is not None else "",
+    ]
     tag = " ".join(t for t in tags if t)
     return f"{r.get('point')} ({r.get('probe')})" + (f" {tag}" if tag else "")
 
 
-def _retention_by_width(plt: Any, groups: dict[str, list[Mapping[str, Any]]], xkey: str, out: Path
-                        ) -> dict[str, str]:
+def _retention_by_width(plt: Any, groups: dict[str, list[Mapping[str, Any]]], xkey: str, out: Path) -> dict[str, str]:
     """Small multiples, one panel per width: every curve thin, the median and quartile band bold,
     so 60+ curves stay readable."""
     import numpy as np
@@ -107,13 +119,17 @@ def _retention_by_width(plt: Any, groups: dict[str, list[Mapping[str, Any]]], xk
         ax.axhline(1.0, color="k", ls="--", lw=0.8)
         ax.set_ylim(-0.5, 2.0)
         ax.set_title(f"width {w} ({len(curves)} curves)", fontsize=9)
-    for ax in list(axes.flat)[len(widths):]:
+    for ax in list(axes.flat)[len(widths) :]:
         ax.axis("off")
     fig.supxlabel("step relative to the activation (RMS)" if xkey == "rel_step" else "η", fontsize=9)
     fig.supylabel("retention (clipped)", fontsize=9)
-    return save_figure(fig, out / "interventions_retention_by_width.png", "Retention vs step size, per width",
-                       "One panel per width: each grey line is one model and point; blue: the median and "
-                       "interquartile band over them.")
+    return save_figure(
+        fig,
+        out / "interventions_retention_by_width.png",
+        "Retention vs step size, per width",
+        "One panel per width: each grey line is one model and point; blue: the median and "
+        "interquartile band over them.",
+    )
 
 
 def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[dict[str, str]]:
@@ -139,15 +155,25 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[dict
             if not xs:
                 continue
             ax.loglog(xs, ys, "o-", ms=3, lw=1, label=lab if len(groups) <= 12 else None, alpha=0.7)
-            bad = [(abs(r["predicted"]), abs(r["actual"])) for r in rs
-                   if not r.get("sign_agrees") and r["predicted"] != 0 and r["actual"] != 0]
+            bad = [
+                (abs(r["predicted"]), abs(r["actual"]))
+                for r in rs
+                if not r.get("sign_agrees") and r["predicted"] != 0 and r["actual"] != 0
+            ]
             n_bad += len(bad)
             if bad:
                 ax.loglog(*zip(*bad), "x", color="red", ms=9, mew=2)
             lo, hi = min(lo, *xs, *ys), max(hi, *xs, *ys)
         if below:
-            ax.loglog([abs(r["predicted"]) for r in below], [abs(r["actual"]) for r in below], "o", mfc="none",
-                      color="0.6", ms=4, label="below the dtype's resolution (left out)")
+            ax.loglog(
+                [abs(r["predicted"]) for r in below],
+                [abs(r["actual"]) for r in below],
+                "o",
+                mfc="none",
+                color="0.6",
+                ms=4,
+                label="below the dtype's resolution (left out)",
+            )
             lo = min(lo, *(abs(r[k]) for r in below for k in ("predicted", "actual")))
         if hi > 0 and math.isfinite(lo):
             ax.loglog([lo, hi], [lo, hi], "k--", lw=1, label="actual = predicted")
@@ -155,13 +181,24 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[dict
         ax.set_ylabel("|actual ΔL|")
         ax.legend(fontsize=7)  # per-curve labels only when few (many models: identity line only)
         ax.set_title("Interventions: actual vs first-order prediction")
-        figs.append(save_figure(
-            fig, out / "interventions_actual_vs_predicted.png", "Actual vs predicted held-out loss change",
-            (f"{len(steps)} steps at {len(groups)} point(s). On the dashed line "
-             "the first-order prediction is exact; red crosses: the sign was wrong "
-             f"({n_bad} of {len(steps)})." + (f" Grey circles: {len(every) - len(steps)} steps the model's dtype "
-                                              "does not resolve, left out of the counts."
-                                              if len(every) > len(steps) else ""))))
+        figs.append(
+            save_figure(
+                fig,
+                out / "interventions_actual_vs_predicted.png",
+                "Actual vs predicted held-out loss change",
+                (
+                    f"{len(steps)} steps at {len(groups)} point(s). On the dashed line "
+                    "the first-order prediction is exact; red crosses: the sign was wrong "
+                    f"({n_bad} of {len(steps)})."
+                    + (
+                        f" Grey circles: {len(every) - len(steps)} steps the model's dtype "
+                        "does not resolve, left out of the counts."
+                        if len(every) > len(steps)
+                        else ""
+                    )
+                ),
+            )
+        )
 
         # x: the step relative to the stream (comparable across points and widths) when recorded.
         xkey = "rel_step" if all(_finite(r.get("rel_step")) for r in steps) else "eta"
@@ -171,8 +208,15 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[dict
         for lab, rs in groups.items():
             rs = sorted((r for r in rs if _finite(r.get("retention"))), key=lambda r: r[xkey])
             if rs:
-                ax.semilogx([r[xkey] for r in rs], [r["retention"] for r in rs], "o-", ms=3, lw=1,
-                            alpha=0.7, label=lab if len(groups) <= 12 else None)
+                ax.semilogx(
+                    [r[xkey] for r in rs],
+                    [r["retention"] for r in rs],
+                    "o-",
+                    ms=3,
+                    lw=1,
+                    alpha=0.7,
+                    label=lab if len(groups) <= 12 else None,
+                )
         ax.axhline(1.0, color="k", ls="--", lw=1)
         ax.set_ylim(-0.5, 2.0)  # the interesting region is near 1; large steps leave it quickly
         ax.set_xlabel("step relative to the activation (RMS)" if xkey == "rel_step" else "η")
@@ -186,12 +230,19 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[dict
         if rets:
             cap += f" At the smallest η: {min(rets):.3f}–{max(rets):.3f}."
         if len(every) > len(steps):
-            cap += (f" {len(every) - len(steps)} steps the model's dtype does not resolve are not drawn "
-                    "(the smallest η above is the smallest resolved one).")
+            cap += (
+                f" {len(every) - len(steps)} steps the model's dtype does not resolve are not drawn "
+                "(the smallest η above is the smallest resolved one)."
+            )
         figs.append(save_figure(fig, out / "interventions_retention.png", "Retention vs step size", cap))
 
-    grown = [r for r in rows if r.get("kind") == "growth" and r.get("role") != "candidate"
-             and _finite(r.get("loss_before"), r.get("loss_after"))]
+    grown = [
+        r
+        for r in rows
+        if r.get("kind") == "growth"
+        and r.get("role") != "candidate"
+        and _finite(r.get("loss_before"), r.get("loss_after"))
+    ]
     if grown:
         plt = _plt()
         fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(grown) + 2), 4.0))
@@ -205,10 +256,15 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[dict
         ax.legend()
         ax.set_title("Growing a block")
         best = next((r for r in grown if r.get("role") == "best"), grown[0])
-        figs.append(save_figure(
-            fig, out / "growth_before_after.png", "Held-out loss before and after growth",
-            f"Block trained {best.get('steps')} steps at each point; the certificate's top-ranked point "
-            f"({best.get('point')}) went {best['loss_before']:.4g} → {best['loss_after']:.4g}."))
+        figs.append(
+            save_figure(
+                fig,
+                out / "growth_before_after.png",
+                "Held-out loss before and after growth",
+                f"Block trained {best.get('steps')} steps at each point; the certificate's top-ranked point "
+                f"({best.get('point')}) went {best['loss_before']:.4g} → {best['loss_after']:.4g}.",
+            )
+        )
     return figs
 
 
@@ -222,30 +278,42 @@ def summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         out.append(words)
     if steps:
         agree = sum(1 for r in steps if r.get("sign_agrees"))
-        out.append(f"Interventions, per step of the η grid: the sign of the measured held-out ΔL matched the "
-                   f"first-order prediction −η μ_Mᵀg_K in {agree} of {len(steps)} steps (all step sizes; large "
-                   "steps leave the first-order regime).")
+        out.append(
+            f"Interventions, per step of the η grid: the sign of the measured held-out ΔL matched the "
+            f"first-order prediction −η μ_Mᵀg_K in {agree} of {len(steps)} steps (all step sizes; large "
+            "steps leave the first-order regime)."
+        )
         curves: dict[str, list[Mapping[str, Any]]] = {}
         for r in steps:
             curves.setdefault(_label(r), []).append(r)
         smallest = [min(rs, key=lambda r: r["eta"]) for rs in curves.values()]
         ok = sum(1 for r in smallest if r.get("sign_agrees"))
-        out.append(f"Interventions, at the smallest step of each curve: sign right in {ok} of {len(smallest)} "
-                   "curves (one curve = one model and point" + ("; the smallest step the model's dtype resolves"
-                                                             if len(every) > len(steps) else "") + ").")
+        out.append(
+            f"Interventions, at the smallest step of each curve: sign right in {ok} of {len(smallest)} "
+            "curves (one curve = one model and point"
+            + ("; the smallest step the model's dtype resolves" if len(every) > len(steps) else "")
+            + ")."
+        )
     for r in rows:
         if r.get("probe") == "sign_agreement" and r.get("draws_below_resolution"):
-            out.append(f"Sign agreement at {r.get('point')}: {r['draws_below_resolution']} of {r.get('draws')} draws "
-                       f"had a predicted change below {r.get('dtype')} resolution and are left out of the rates.")
+            out.append(
+                f"Sign agreement at {r.get('point')}: {r['draws_below_resolution']} of {r.get('draws')} draws "
+                f"had a predicted change below {r.get('dtype')} resolution and are left out of the rates."
+            )
     signs = [r for r in rows if r.get("probe") == "sign_agreement" and _finite(r.get("agree_rate"))]
     for r in signs:
         n = (r.get("draws") or 0) - (r.get("draws_below_resolution") or 0)
-        out.append(f"Sign agreement over resampled (M, K) subsets at {r.get('point')} (M={r.get('M')}, "
-                   f"K={r.get('K')}): the fraction of {n} draws whose measured ΔL had the predicted "
-                   f"sign was {r['agree_rate']:.3f}; empirical misalignment "
-                   f"{r.get('misaligned_rate', float('nan')):.3f} vs B_exact {r.get('b_exact', float('nan')):.3f}.")
-    grown = [r for r in rows if r.get("kind") == "growth" and r.get("role") in ("best", "worst", "random")
-             and _finite(r.get("loss_after"))]
+        out.append(
+            f"Sign agreement over resampled (M, K) subsets at {r.get('point')} (M={r.get('M')}, "
+            f"K={r.get('K')}): the fraction of {n} draws whose measured ΔL had the predicted "
+            f"sign was {r['agree_rate']:.3f}; empirical misalignment "
+            f"{r.get('misaligned_rate', float('nan')):.3f} vs B_exact {r.get('b_exact', float('nan')):.3f}."
+        )
+    grown = [
+        r
+        for r in rows
+        if r.get("kind") == "growth" and r.get("role") in ("best", "worst", "random") and _finite(r.get("loss_after"))
+    ]
     best = [r for r in grown if r["role"] == "best"]
     if best and len(grown) > 1:
         b = best[0]
@@ -253,6 +321,8 @@ def summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         won = all(b["loss_after"] <= r["loss_after"] for r in others)
         alts = ", ".join("{} {}: {:.4g}".format(r["role"], r["point"], r["loss_after"]) for r in others)
         verdict = "beat" if won else "did not beat"
-        out.append(f"Growth: the top-ranked point {b['point']} {verdict} the alternatives ({alts}) "
-                   f"with held-out loss {b['loss_after']:.4g}.")
+        out.append(
+            f"Growth: the top-ranked point {b['point']} {verdict} the alternatives ({alts}) "
+            f"with held-out loss {b['loss_after']:.4g}."
+        )
     return out

@@ -12,6 +12,7 @@ Example::
     from widthscope.report.linearization import figures
     figs = figures(load_rows("runs/linearize-demo", rebuild=False), "runs/linearize-demo/report")
 """
+
 from __future__ import annotations
 
 import html
@@ -32,6 +33,7 @@ def _plt():
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -50,8 +52,17 @@ def _gmean_by_width(rows, metric, widths):
     """Geometric mean over seeds and the min/max, per width (NaN where missing)."""
     mean, lo, hi = [], [], []
     for w in widths:
-        v = np.array([r[metric] for r in rows if r.get("width") == w and isinstance(r.get(metric), (int, float))
-                      and r[metric] is not None and r[metric] > 0 and math.isfinite(r[metric])])
+        v = np.array(
+            [
+                r[metric]
+                for r in rows
+                if r.get("width") == w
+                and isinstance(r.get(metric), (int, float))
+                and r[metric] is not None
+                and r[metric] > 0
+                and math.isfinite(r[metric])
+            ]
+        )
         if v.size:
             lv = np.log(v)
             mean.append(math.exp(lv.mean()))
@@ -122,11 +133,13 @@ def _fig_deviation_vs_width(plt, lin, slopes, widths, alphas, last, out_dir: Pat
     ax.set_ylabel(f"RMS(F − F_lin) on held-out inputs, step {last}")
     ax.legend(fontsize=8)
     return save_figure(
-        fig, out_dir / "linearization_deviation_vs_width.png",
+        fig,
+        out_dir / "linearization_deviation_vs_width.png",
         "Deviation from the linear model vs width",
         "Geometric mean over seeds (bars: min–max) of the held-out RMS of "
         "F − F_lin at the last logged step; solid: least-squares fit in log-log; "
-        "dashed: reference slope α − 1 (bound O(n^α/n)) anchored at the narrowest width.")
+        "dashed: reference slope α − 1 (bound O(n^α/n)) anchored at the narrowest width.",
+    )
 
 
 def _fig_deviation_vs_step(plt, lin, widths, a0, steps, out_dir: Path) -> dict:
@@ -149,9 +162,11 @@ def _fig_deviation_vs_step(plt, lin, widths, a0, steps, out_dir: Path) -> dict:
     ax.set_title(f"α = {a0:g}")
     ax.legend(fontsize=8, ncol=2)
     return save_figure(
-        fig, out_dir / "linearization_deviation_vs_step.png",
+        fig,
+        out_dir / "linearization_deviation_vs_step.png",
         "Deviation vs training step, per width",
-        "How F − F_lin accumulates over training (geometric mean over seeds).")
+        "How F − F_lin accumulates over training (geometric mean over seeds).",
+    )
 
 
 def _fig_side_by_side(plt, lin, widths, a0, out_dir: Path) -> list[dict]:
@@ -164,8 +179,11 @@ def _fig_side_by_side(plt, lin, widths, a0, out_dir: Path) -> list[dict]:
     fig, axes = plt.subplots(1, len(shown), figsize=(3.4 * len(shown), 3.6), sharey=True, squeeze=False)
     all_steps = sorted({r["step"] for r in side})
     for ax, w in zip(axes[0], shown):
-        for key, style, lab in (("test_loss", "o-", "network"), ("test_loss_lin", "s--", "linear model"),
-                                ("test_loss_kernel", "x:", "kernel GD (Θ₀)")):
+        for key, style, lab in (
+            ("test_loss", "o-", "network"),
+            ("test_loss_lin", "s--", "linear model"),
+            ("test_loss_kernel", "x:", "kernel GD (Θ₀)"),
+        ):
             ys = [_mean(side, w, st, key) for st in all_steps]
             ax.plot(all_steps, ys, style, ms=4, lw=1.2, label=lab)
         inf = _mean(side, w, all_steps[-1], "test_loss_kernel_inf")
@@ -175,12 +193,16 @@ def _fig_side_by_side(plt, lin, widths, a0, out_dir: Path) -> list[dict]:
         ax.set_xlabel("training step")
     axes[0][0].set_ylabel("held-out loss (mean over seeds)")
     axes[0][0].legend(fontsize=7)
-    return [save_figure(
-        fig, out_dir / "linearization_side_by_side.png",
-        "Network, linear model and kernel prediction side by side",
-        "Held-out MSE of the trained network, its linearized model, and the closed-form "
-        "gradient-descent prediction with the frozen kernel Θ₀ at the same step (equal to the "
-        "linear model for full-batch GD), with the kernel-regression limit t = ∞ (dash-dot).")]
+    return [
+        save_figure(
+            fig,
+            out_dir / "linearization_side_by_side.png",
+            "Network, linear model and kernel prediction side by side",
+            "Held-out MSE of the trained network, its linearized model, and the closed-form "
+            "gradient-descent prediction with the frozen kernel Θ₀ at the same step (equal to the "
+            "linear model for full-batch GD), with the kernel-regression limit t = ∞ (dash-dot).",
+        )
+    ]
 
 
 def _fig_slope_vs_alpha(plt, slopes, last, out_dir: Path) -> list[dict]:
@@ -198,22 +220,31 @@ def _fig_slope_vs_alpha(plt, slopes, last, out_dir: Path) -> list[dict]:
         al = np.array([x["alpha"] for x in pts])
         sv = np.array([x["slope"] for x in pts])
         err = np.array([[x["slope"] - x["ci_low"] for x in pts], [x["ci_high"] - x["slope"] for x in pts]])
-        ax.errorbar(al, sv, yerr=np.nan_to_num(err), fmt=mk, color=col, capsize=3,
-                    label=f"measured ({'RMS' if metric == 'dev_rms' else 'MSE'} of F − F_lin)")
+        ax.errorbar(
+            al,
+            sv,
+            yerr=np.nan_to_num(err),
+            fmt=mk,
+            color=col,
+            capsize=3,
+            label=f"measured ({'RMS' if metric == 'dev_rms' else 'MSE'} of F − F_lin)",
+        )
     ag = np.linspace(-1, 0, 11)
-    ax.plot(ag, [reference_slope("dev_rms", a)[0] for a in ag], "--", color="C0", lw=1,
-            label="bound α − 1 (deviation)")
-    ax.plot(ag, [reference_slope("dev_mse", a)[0] for a in ag], ":", color="C1", lw=1,
-            label="2(α − 1) (its square)")
+    ax.plot(ag, [reference_slope("dev_rms", a)[0] for a in ag], "--", color="C0", lw=1, label="bound α − 1 (deviation)")
+    ax.plot(ag, [reference_slope("dev_mse", a)[0] for a in ag], ":", color="C1", lw=1, label="2(α − 1) (its square)")
     ax.plot(list(PUBLISHED), list(PUBLISHED.values()), "x", color="k", label="published (test MSE)")
     ax.set_xlabel("α  (η = η₀ n^α)")
     ax.set_ylabel("log-log slope over width")
     ax.legend(fontsize=8)
-    return [save_figure(
-        fig, out_dir / "linearization_slope_vs_alpha.png",
-        "Fitted slope vs learning-rate exponent α",
-        "Slopes with 95% t intervals over seeds, beside the bound and the "
-        "published MNIST slopes (which are for the test MSE between F and F_lin).")]
+    return [
+        save_figure(
+            fig,
+            out_dir / "linearization_slope_vs_alpha.png",
+            "Fitted slope vs learning-rate exponent α",
+            "Slopes with 95% t intervals over seeds, beside the bound and the "
+            "published MNIST slopes (which are for the test MSE between F and F_lin).",
+        )
+    ]
 
 
 def _fig_correlations_vs_width(plt, corr, slopes, out_dir: Path) -> dict:
@@ -239,23 +270,33 @@ def _fig_correlations_vs_width(plt, corr, slopes, out_dir: Path) -> dict:
     ax.set_ylabel("mean |C_{D,d}| (‖·‖ for D = 1)")
     ax.legend(fontsize=8)
     return save_figure(
-        fig, out_dir / "linearization_correlations_vs_width.png",
+        fig,
+        out_dir / "linearization_correlations_vs_width.png",
         "Derivative correlations vs width",
         "Exact C_{D,d} (nested jvp) averaged over random input tuples; geometric mean "
-        "over seeds (bars: min–max); dashed: reference slope −1/2.")
+        "over seeds (bars: min–max); dashed: reference slope −1/2.",
+    )
 
 
 def _mean(rows, width, step, key) -> float:
-    v = [r[key] for r in rows if r["width"] == width and r["step"] == step
-         and isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    v = [
+        r[key]
+        for r in rows
+        if r["width"] == width and r["step"] == step and isinstance(r.get(key), (int, float)) and math.isfinite(r[key])
+    ]
     return float(np.mean(v)) if v else float("nan")
 
 
 def side_by_side(rows: list[dict]) -> list[dict[str, Any]]:
     """Per ``(α, width)`` at the last logged step: held-out loss of the network, the linear model,
     the kernel GD prediction and the kernel-regression limit (means over seeds)."""
-    lin = [r for r in rows if r.get("kind") == "linearization" and not r.get("diverged")
-           and isinstance(r.get("test_loss_kernel"), (int, float))]
+    lin = [
+        r
+        for r in rows
+        if r.get("kind") == "linearization"
+        and not r.get("diverged")
+        and isinstance(r.get("test_loss_kernel"), (int, float))
+    ]
     if not lin:
         return []
     last = max(r["step"] for r in lin)
@@ -263,10 +304,18 @@ def side_by_side(rows: list[dict]) -> list[dict[str, Any]]:
     for a in sorted({r["alpha"] for r in lin}, reverse=True):
         sel = [r for r in lin if r["alpha"] == a]
         for w in sorted({r["width"] for r in sel}):
-            out.append({"alpha": a, "width": w, "step": last, "seeds": len({r["seed"] for r in sel
-                                                                            if r["width"] == w and r["step"] == last}),
-                        **{k: _mean(sel, w, last, k) for k in ("test_loss", "test_loss_lin", "test_loss_kernel",
-                                                                "test_loss_kernel_inf")}})
+            out.append(
+                {
+                    "alpha": a,
+                    "width": w,
+                    "step": last,
+                    "seeds": len({r["seed"] for r in sel if r["width"] == w and r["step"] == last}),
+                    **{
+                        k: _mean(sel, w, last, k)
+                        for k in ("test_loss", "test_loss_lin", "test_loss_kernel", "test_loss_kernel_inf")
+                    },
+                }
+            )
     return out
 
 
@@ -277,26 +326,52 @@ def tables(rows: list[dict]) -> list[dict]:
     side = side_by_side(rows)
     if side:
         cols = ["alpha", "width", "step", "seeds", "network", "linear model", "kernel GD", "kernel t = ∞"]
-        body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in (
-            f"{r['alpha']:g}", str(r["width"]), str(r["step"]), str(r["seeds"]), *(
-                f"{r[k]:.4g}" for k in ("test_loss", "test_loss_lin", "test_loss_kernel", "test_loss_kernel_inf"))))
-            + "</tr>" for r in side)
+        body = "".join(
+            "<tr>"
+            + "".join(
+                f"<td>{esc(c)}</td>"
+                for c in (
+                    f"{r['alpha']:g}",
+                    str(r["width"]),
+                    str(r["step"]),
+                    str(r["seeds"]),
+                    *(
+                        f"{r[k]:.4g}"
+                        for k in ("test_loss", "test_loss_lin", "test_loss_kernel", "test_loss_kernel_inf")
+                    ),
+                )
+            )
+            + "</tr>"
+            for r in side
+        )
         head = "<tr>" + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr>"
-        out.append({"title": "Held-out loss: network, linear model, kernel prediction",
-                    "html": f"<table>{head}{body}</table>"})
+        out.append(
+            {"title": "Held-out loss: network, linear model, kernel prediction", "html": f"<table>{head}{body}</table>"}
+        )
     slopes = slopes_from_rows(rows)
     if not slopes:
         return out
     cols = ["metric", "alpha", "step", "slope", "95% CI", "reference", "published", "widths"]
 
     def f(v):
-        return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else \
-            (f"{v:.3g}" if isinstance(v, float) else str(v))
+        return (
+            "-"
+            if v is None or (isinstance(v, float) and not math.isfinite(v))
+            else (f"{v:.3g}" if isinstance(v, float) else str(v))
+        )
 
     trs = []
     for s in slopes:
-        cells = [s["metric"], f(s["alpha"]), f(s["step"]), f(s["slope"]),
-                 f"[{f(s['ci_low'])}, {f(s['ci_high'])}]", f(s["reference"]), f(s["published"]), f(s["n_widths"])]
+        cells = [
+            s["metric"],
+            f(s["alpha"]),
+            f(s["step"]),
+            f(s["slope"]),
+            f"[{f(s['ci_low'])}, {f(s['ci_high'])}]",
+            f(s["reference"]),
+            f(s["published"]),
+            f(s["n_widths"]),
+        ]
         trs.append("<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in cells) + "</tr>")
     head = "<tr>" + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr>"
     return [{"title": "Log-log slopes over width", "html": f"<table>{head}{''.join(trs)}</table>"}] + out
@@ -311,8 +386,11 @@ def summary(rows: list[dict], found: Sequence[dict] | None = None) -> list[str]:
     if found is None:
         found = claims(rows)
     page = {c["id"]: c for c in found}
-    words = {"holds": "steeper than the bound (faster approach to the linear model)",
-             "does not": "flatter than the bound", "not resolved": "not resolved against the bound"}
+    words = {
+        "holds": "steeper than the bound (faster approach to the linear model)",
+        "does not": "flatter than the bound",
+        "not resolved": "not resolved against the bound",
+    }
     out = []
     for s in slopes_from_rows(rows):
         if s["metric"] != "dev_rms" or s["alpha"] is None:
@@ -328,8 +406,12 @@ def summary(rows: list[dict], found: Sequence[dict] | None = None) -> list[str]:
         if c.get("low") is None:
             tested = "no per-seed interval (one seed): not resolved"
         else:
-            tested = (f"per-seed t interval [{c['low']:.2f}, {c['high']:.2f}], p = {c['p']:.2g} ({how}): "
-                      f"{words[c['verdict']]}")
-        out.append(f"α={alpha:g}, step {step}: deviation slope {s['slope']:.2f} (t interval over seeds "
-                   f"[{s['ci_low']:.2f}, {s['ci_high']:.2f}]) vs reference {ref:.2f}; {tested}.")
+            tested = (
+                f"per-seed t interval [{c['low']:.2f}, {c['high']:.2f}], p = {c['p']:.2g} ({how}): "
+                f"{words[c['verdict']]}"
+            )
+        out.append(
+            f"α={alpha:g}, step {step}: deviation slope {s['slope']:.2f} (t interval over seeds "
+            f"[{s['ci_low']:.2f}, {s['ci_high']:.2f}]) vs reference {ref:.2f}; {tested}."
+        )
     return out

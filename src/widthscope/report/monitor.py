@@ -18,6 +18,7 @@ Example::
     from widthscope.report import monitor
     monitor.figures(rows, "/tmp/report")   # [{"title", "png", "caption"}]
 """
+
 from __future__ import annotations
 
 import html
@@ -92,18 +93,24 @@ def _caption(sel: Sequence[Mapping[str, Any]]) -> str:
     total = r0.get("steps_total")
     n_seeds = len({r.get("seed") for r in sel})
     data = r0.get("data_description") or f"dataset {r0.get('dataset')}"
-    return (f"Alignment over training, recorded by the sweep's monitor (widthscope.monitor): at optimizer steps "
-            f"{', '.join(map(str, steps))}" + (f" of {total}" if total is not None else "")
-            + " (0 = at initialisation), fixed pools, the same at every step: "
-            + (f"probe {r0['monitor_probe']}: {r0.get('monitor_probe_description')}" if r0.get("monitor_probe")
-               else f"{r0.get('n_train')} train / {r0.get('n_test')} held-out examples")
-            + f"; model {data}. Two-population "
-            f"certificate at (M, K) = ({r0.get('M')}, {r0.get('K')}), estimator {r0.get('estimator', '?')}, "
-            f"pool {r0.get('pool', '?')}, model in eval mode, training state restored after each probe. "
-            f"Columns: widths; colour: insertion point; thin lines: each of {n_seeds} seed(s); thick line: "
-            f"mean over seeds (d_align over the seeds whose certificate is not vacuous; a gap where every seed "
-            f"is vacuous, i.e. an estimate <= 0). Dotted: delta = {r0.get('delta')}; a star marks the first "
-            f"probed step at which a seed's point is certified (B_exact <= delta).")
+    return (
+        f"Alignment over training, recorded by the sweep's monitor (widthscope.monitor): at optimizer steps "
+        f"{', '.join(map(str, steps))}"
+        + (f" of {total}" if total is not None else "")
+        + " (0 = at initialisation), fixed pools, the same at every step: "
+        + (
+            f"probe {r0['monitor_probe']}: {r0.get('monitor_probe_description')}"
+            if r0.get("monitor_probe")
+            else f"{r0.get('n_train')} train / {r0.get('n_test')} held-out examples"
+        )
+        + f"; model {data}. Two-population "
+        f"certificate at (M, K) = ({r0.get('M')}, {r0.get('K')}), estimator {r0.get('estimator', '?')}, "
+        f"pool {r0.get('pool', '?')}, model in eval mode, training state restored after each probe. "
+        f"Columns: widths; colour: insertion point; thin lines: each of {n_seeds} seed(s); thick line: "
+        f"mean over seeds (d_align over the seeds whose certificate is not vacuous; a gap where every seed "
+        f"is vacuous, i.e. an estimate <= 0). Dotted: delta = {r0.get('delta')}; a star marks the first "
+        f"probed step at which a seed's point is certified (B_exact <= delta)."
+    )
 
 
 def figures(rows: list[dict], out_dir: Path) -> list[dict]:
@@ -170,10 +177,12 @@ def tables(rows: list[dict]) -> list[dict]:
         seeds = sorted({r.get("seed") for r in sel}, key=str)
         last = max(int(r["step"]) for r in sel)
         delta = sel[0].get("delta")
-        head = ("<table><tr><th>width</th><th class=l>point</th>"
-                + f"<th>first certified step (seed {', '.join(esc(str(s)) for s in seeds)})</th>"
-                + f"<th>certified from step on (seed {', '.join(esc(str(s)) for s in seeds)})</th>"
-                + f"<th>d_align at step {last} (seed mean)</th><th>B_exact at step {last} (seed mean)</th></tr>")
+        head = (
+            "<table><tr><th>width</th><th class=l>point</th>"
+            + f"<th>first certified step (seed {', '.join(esc(str(s)) for s in seeds)})</th>"
+            + f"<th>certified from step on (seed {', '.join(esc(str(s)) for s in seeds)})</th>"
+            + f"<th>d_align at step {last} (seed mean)</th><th>B_exact at step {last} (seed mean)</th></tr>"
+        )
         body = []
         for w in sorted({r["width"] for r in sel}):
             for pname in _points(sel):
@@ -181,13 +190,25 @@ def tables(rows: list[dict]) -> list[dict]:
                 d = [_num(r.get("d_align")) for r in at_last]
                 d = [v for v in d if not math.isnan(v)]
                 b = [_num(r.get("b_exact")) for r in at_last]
-                cells = "".join("<td>" + ", ".join(
-                    "never" if cert.get((w, pname, s), (None, None))[i] is None else str(cert[(w, pname, s)][i])
-                    for s in seeds) + "</td>" for i in (0, 1))
-                body.append(f"<tr><td>{w:g}</td><td class=l>{esc(pname)}</td>{cells}"
-                            f"<td>{f'{np.mean(d):.3g}' if d else '– (vacuous)'}</td>"
-                            f"<td>{f'{np.mean(b):.3g}' if b else '–'}</td></tr>")
-        out.append({"title": f"{labels[key]}: first probed step with B_exact <= delta = {delta}, and the step "
-                             f"from which every later probed step is ('never': no probed step)",
-                    "html": head + "".join(body) + "</table>"})
+                cells = "".join(
+                    "<td>"
+                    + ", ".join(
+                        "never" if cert.get((w, pname, s), (None, None))[i] is None else str(cert[(w, pname, s)][i])
+                        for s in seeds
+                    )
+                    + "</td>"
+                    for i in (0, 1)
+                )
+                body.append(
+                    f"<tr><td>{w:g}</td><td class=l>{esc(pname)}</td>{cells}"
+                    f"<td>{f'{np.mean(d):.3g}' if d else '– (vacuous)'}</td>"
+                    f"<td>{f'{np.mean(b):.3g}' if b else '–'}</td></tr>"
+                )
+        out.append(
+            {
+                "title": f"{labels[key]}: first probed step with B_exact <= delta = {delta}, and the step "
+                f"from which every later probed step is ('never': no probed step)",
+                "html": head + "".join(body) + "</table>",
+            }
+        )
     return out

@@ -18,6 +18,7 @@ Example::
     >>> ws.certificate(X, M=16, K=16).vacuous
     False
 """
+
 from .bounds import Certificate, Plan, certificate, certified, certified_steps, plan, resolve_moments, vacuous_rule
 from .estimators import (
     CrossMoments,
@@ -33,9 +34,25 @@ from .estimators import (
 from .resample import Misalignment, misalignment, misalignment_from_gram, wilson_interval
 
 __all__ = [
-    "Moments", "CrossMoments", "PrimalMoments", "moments", "moments_from_gram", "gram_sums",
-    "cross_moments", "cross_moments_from_gram", "as_matrix",
-    "Certificate", "certificate", "Plan", "plan", "resolve_moments", "vacuous_rule", "certified",
+    "Moments",
+    "CrossMoments",
+    "PrimalMoments",
+    "moments",
+    "moments_from_gram",
+    "gram_sums",
+    "cross_moments",
+    "cross_moments_from_gram",
+    "as_matrix",
+    "Certificate",
+    "certificate",
+    "Plan",
+    "plan",
+    "resolve_moments",
+    "vacuous_rule",
+    "certified",
     "certified_steps",
-    "Misalignment", "misalignment", "misalignment_from_gram", "wilson_interval",
+    "Misalignment",
+    "misalignment",
+    "misalignment_from_gram",
+    "wilson_interval",
 ]

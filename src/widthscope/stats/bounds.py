@@ -51,6 +51,7 @@ Example::
     >>> certificate(m, M=p.equal_exact, K=p.equal_exact).b_exact <= 0.05
     True
 """
+
 from __future__ import annotations
 
 import math
@@ -62,8 +63,16 @@ from .. import _args
 from ..errors import WidthscopeError
 from .estimators import CrossMoments, Method, Moments, PrimalMoments, cross_moments, moments
 
-__all__ = ["Certificate", "certificate", "Plan", "plan", "resolve_moments", "vacuous_rule", "certified",
-           "certified_steps"]
+__all__ = [
+    "Certificate",
+    "certificate",
+    "Plan",
+    "plan",
+    "resolve_moments",
+    "vacuous_rule",
+    "certified",
+    "certified_steps",
+]
 
 Populations = Literal["auto", "one", "two"]
 Estimator = Literal["unbiased", "plugin"]
@@ -98,8 +107,14 @@ class Certificate:
     n_test: int
 
 
-def resolve_moments(train: Any, test: Any = None, *, estimator: Estimator = "unbiased",
-                    populations: Populations = "auto", method: Method = "auto") -> Moments | CrossMoments:
+def resolve_moments(
+    train: Any,
+    test: Any = None,
+    *,
+    estimator: Estimator = "unbiased",
+    populations: Populations = "auto",
+    method: Method = "auto",
+) -> Moments | CrossMoments:
     """Turn the accepted inputs into :class:`Moments` (one population) or :class:`CrossMoments`.
 
     ``train`` may be an ``(n, d)`` matrix, :class:`PrimalMoments`, or precomputed
@@ -111,14 +126,17 @@ def resolve_moments(train: Any, test: Any = None, *, estimator: Estimator = "unb
         raise WidthscopeError(f"unknown populations {populations!r}; choose auto, one or two")
     if isinstance(train, (Moments, CrossMoments)):
         if test is not None:
-            raise WidthscopeError("pass test=None when train is precomputed Moments/CrossMoments "
-                                  "(compute cross_moments(train, test) for the two-population form)")
+            raise WidthscopeError(
+                "pass test=None when train is precomputed Moments/CrossMoments "
+                "(compute cross_moments(train, test) for the two-population form)"
+            )
         kind = "one" if isinstance(train, Moments) else "two"
         if populations not in ("auto", kind):
             raise WidthscopeError(
                 f"populations={populations!r} but a precomputed {type(train).__name__} gives the "
                 f"{kind}-population form; pass "
-                f"{'cross_moments(train, test)' if kind == 'one' else 'moments(train)'} instead")
+                f"{'cross_moments(train, test)' if kind == 'one' else 'moments(train)'} instead"
+            )
         return train
     if populations == "auto":
         populations = "two" if test is not None else "one"
@@ -134,11 +152,24 @@ def resolve_moments(train: Any, test: Any = None, *, estimator: Estimator = "unb
 def _check_inputs(fn: str, train: Any, test: Any, estimator: Any, populations: Any, method: Any) -> None:
     """The types :func:`certificate` and :func:`plan` take, before any moment is computed."""
     if not isinstance(train, (Moments, CrossMoments, PrimalMoments)):
-        _args.tensor(fn, "train", train, ndim=2, arrays=True,
-                     accepts="a 2-D (n, d) tensor or array of samples, PrimalMoments, Moments or CrossMoments")
+        _args.tensor(
+            fn,
+            "train",
+            train,
+            ndim=2,
+            arrays=True,
+            accepts="a 2-D (n, d) tensor or array of samples, PrimalMoments, Moments or CrossMoments",
+        )
     if not isinstance(test, PrimalMoments):
-        _args.tensor(fn, "test", test, ndim=2, arrays=True, optional=True,
-                     accepts="a 2-D (n, d) tensor or array of held-out samples, PrimalMoments or None")
+        _args.tensor(
+            fn,
+            "test",
+            test,
+            ndim=2,
+            arrays=True,
+            optional=True,
+            accepts="a 2-D (n, d) tensor or array of held-out samples, PrimalMoments or None",
+        )
     _args.choice(fn, "estimator", estimator, ("unbiased", "plugin"))
     _args.choice(fn, "populations", populations, ("auto", "one", "two"))
     _args.choice(fn, "method", method, ("auto", "dual", "primal"))
@@ -172,8 +203,10 @@ def _vacuous_reason(E: float, p: float, q: float, t: float, pop: str) -> str | N
         for b in bad:  # one population lists μᵀΣμ once
             if b not in seen:
                 seen.append(b)
-        return "estimate " + ", ".join(seen) + "; the certificate needs a positive mean alignment " \
-               "and positive variance terms (collect more samples or check the insertion point)"
+        return (
+            "estimate " + ", ".join(seen) + "; the certificate needs a positive mean alignment "
+            "and positive variance terms (collect more samples or check the insertion point)"
+        )
     return None
 
 
@@ -185,8 +218,16 @@ def _b_exact(E: float, V: float) -> float:
     return V / (V + E * E)
 
 
-def certificate(train: Any, test: Any = None, *, M: int, K: int, estimator: Estimator = "unbiased",
-                populations: Populations = "auto", method: Method = "auto") -> Certificate:
+def certificate(
+    train: Any,
+    test: Any = None,
+    *,
+    M: int,
+    K: int,
+    estimator: Estimator = "unbiased",
+    populations: Populations = "auto",
+    method: Method = "auto",
+) -> Certificate:
     """Alignment certificate for ``M`` train and ``K`` held-out samples.
 
     ``train``/``test``: ``(n, d)`` sample matrices (numpy or torch), :class:`PrimalMoments`, or
@@ -212,8 +253,10 @@ def certificate(train: Any, test: Any = None, *, M: int, K: int, estimator: Esti
     m = resolve_moments(train, test, estimator=estimator, populations=populations, method=method)
     E, p, q, t, pop, n_tr, n_te = _terms(m)
     if not all(math.isfinite(x) for x in (E, p, q, t)):
-        raise WidthscopeError(f"moment estimates are not finite ({', '.join(_names(pop))} = "
-                              f"{E}, {p}, {q}, {t}); the sample vectors overflow float64, rescale them")
+        raise WidthscopeError(
+            f"moment estimates are not finite ({', '.join(_names(pop))} = "
+            f"{E}, {p}, {q}, {t}); the sample vectors overflow float64, rescale them"
+        )
     n_eff = M * K / (M + K + 1)
     V = _variance(p, q, t, M, K)
     reason = _vacuous_reason(E, p, q, t, pop)
@@ -243,8 +286,27 @@ def certificate(train: Any, test: Any = None, *, M: int, K: int, estimator: Esti
             b_exact = b_align = 1.0
     if not math.isfinite(V):  # p/M + q/K + t/(MK) overflowed: keep the field finite
         V = sys.float_info.max
-    return Certificate(E, V, d_par, d_2, d_align, n_eff, b_exact, b_align, reason is not None,
-                       reason, pop, m.estimator, M, K, p, q, t, n_tr, n_te)
+    return Certificate(
+        E,
+        V,
+        d_par,
+        d_2,
+        d_align,
+        n_eff,
+        b_exact,
+        b_align,
+        reason is not None,
+        reason,
+        pop,
+        m.estimator,
+        M,
+        K,
+        p,
+        q,
+        t,
+        n_tr,
+        n_te,
+    )
 
 
 def _positive(v: Any) -> float | None:
@@ -282,8 +344,9 @@ def vacuous_rule(fields: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         fields[prefix + "d_align"] = align
         if prefix + "limit" in fields:
             par, two = terms.get("d_par"), terms.get("d_2")
-            fields[prefix + "limit"] = None if align is None or par is None or two is None else \
-                ("d_par" if par <= two else "d_2")
+            fields[prefix + "limit"] = (
+                None if align is None or par is None or two is None else ("d_par" if par <= two else "d_2")
+            )
     return fields
 
 
@@ -332,9 +395,16 @@ def _smallest(ok, lo_bad: int = 0) -> int | None:
     return hi
 
 
-def plan(train: Any, test: Any = None, *, target: float, K: int | None = None,
-         estimator: Estimator = "unbiased", populations: Populations = "auto",
-         method: Method = "auto") -> Plan:
+def plan(
+    train: Any,
+    test: Any = None,
+    *,
+    target: float,
+    K: int | None = None,
+    estimator: Estimator = "unbiased",
+    populations: Populations = "auto",
+    method: Method = "auto",
+) -> Plan:
     """Smallest ``M`` (at a fixed ``K``, and with ``M = K``) so that each bound is ≤ ``target``.
 
     Inputs as for :func:`certificate`. The search evaluates exactly the certificate's own
@@ -351,8 +421,9 @@ def plan(train: Any, test: Any = None, *, target: float, K: int | None = None,
         True
     """
     _check_inputs("plan", train, test, estimator, populations, method)
-    checked = _args.number("plan", "target", target, 0.0, 1.0, lo_open=True, hi_open=True,
-                           accepts="a probability in (0, 1)")
+    checked = _args.number(
+        "plan", "target", target, 0.0, 1.0, lo_open=True, hi_open=True, accepts="a probability in (0, 1)"
+    )
     assert checked is not None  # not optional
     target = checked
     K = _args.integer("plan", "K", K, lo=1, optional=True, accepts="a positive integer sample size or None")
@@ -360,8 +431,21 @@ def plan(train: Any, test: Any = None, *, target: float, K: int | None = None,
     E, p, q, t, pop, _, _ = _terms(m)
     probe = certificate(m, M=1, K=1)
     if probe.vacuous:
-        return Plan(target, K, None, None, None, None, None, None, pop, m.estimator, 0.0, True,
-                    f"certificate is vacuous ({probe.reason}); no sample size reaches the target")
+        return Plan(
+            target,
+            K,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            pop,
+            m.estimator,
+            0.0,
+            True,
+            f"certificate is vacuous ({probe.reason}); no sample size reaches the target",
+        )
     d_align = probe.d_align
 
     def exact_ok(Mv: int, Kv: int) -> bool:
@@ -375,8 +459,10 @@ def plan(train: Any, test: Any = None, *, target: float, K: int | None = None,
     equal_align = _smallest(lambda k: align_ok(k, k))
     for name, v in (("B_exact", equal_exact), ("B_align", equal_align)):
         if v is None:
-            notes.append(f"{name} needs M = K above {_SEARCH_LIMIT:.3g} to reach {target:g} "
-                         "(too little signal for this target); relax the target")
+            notes.append(
+                f"{name} needs M = K above {_SEARCH_LIMIT:.3g} to reach {target:g} "
+                "(too little signal for this target); relax the target"
+            )
     exact_M = align_M = None
     exact_limit = align_limit = None
     if K is not None:
@@ -386,21 +472,39 @@ def plan(train: Any, test: Any = None, *, target: float, K: int | None = None,
         if exact_ok(_SEARCH_LIMIT, K):
             exact_M = _smallest(lambda k: exact_ok(k, K))
         else:
-            notes.append(f"B_exact cannot reach {target:g} at K={K}: even as M→∞ it stays at "
-                         f"{exact_limit:.4g} (held-out noise aᵀΣ_b a/K); increase K")
+            notes.append(
+                f"B_exact cannot reach {target:g} at K={K}: even as M→∞ it stays at "
+                f"{exact_limit:.4g} (held-out noise aᵀΣ_b a/K); increase K"
+            )
         if align_ok(_SEARCH_LIMIT, K):
             align_M = _smallest(lambda k: align_ok(k, K))
         else:
-            notes.append(f"B_align cannot reach {target:g} at K={K}: as M→∞ it tends to "
-                         f"{align_limit:.4g} = 1/(1+K·d_align); increase K")
-    return Plan(target, K, exact_M, align_M, exact_limit, align_limit, equal_exact, equal_align,
-                pop, m.estimator, d_align, False, "; ".join(notes))
+            notes.append(
+                f"B_align cannot reach {target:g} at K={K}: as M→∞ it tends to "
+                f"{align_limit:.4g} = 1/(1+K·d_align); increase K"
+            )
+    return Plan(
+        target,
+        K,
+        exact_M,
+        align_M,
+        exact_limit,
+        align_limit,
+        equal_exact,
+        equal_align,
+        pop,
+        m.estimator,
+        d_align,
+        False,
+        "; ".join(notes),
+    )
 
 
 def certified(b_exact: Any, vacuous: Any, delta: Any) -> bool:
     """A point is *certified at* ``delta`` when its certificate is not vacuous and ``B_exact ≤ delta``
     (a missing or non-finite bound or level never certifies): the rule of the monitor's ``certified``
     event, the sweep's summary columns and the claims page."""
+
     def num(v: Any) -> float:
         try:
             return math.nan if isinstance(v, bool) else float(v)

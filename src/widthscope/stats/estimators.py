@@ -72,6 +72,7 @@ Example::
     True
     >>> c = cross_moments(X[:100], X[100:])  # two-population estimates
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -156,14 +157,18 @@ def as_matrix(X: Any, name: str = "X", *, d: int | None = None) -> torch.Tensor:
     if t.dim() != 2:
         raise WidthscopeError(
             f"{name} must be a 2-D (n samples, d dims) matrix, got shape {tuple(t.shape)}; "
-            "reshape with X.reshape(n, -1) or pass one row per sample")
+            "reshape with X.reshape(n, -1) or pass one row per sample"
+        )
     n, dd = t.shape
     if n == 0 or dd == 0:
-        raise WidthscopeError(f"{name} is empty (shape {tuple(t.shape)}): need at least one sample "
-                              "with at least one dimension")
+        raise WidthscopeError(
+            f"{name} is empty (shape {tuple(t.shape)}): need at least one sample with at least one dimension"
+        )
     if d is not None and dd != d:
-        raise WidthscopeError(f"{name} has dimension d={dd} but {d} was expected; all samples must "
-                              "come from the same insertion point/pooling")
+        raise WidthscopeError(
+            f"{name} has dimension d={dd} but {d} was expected; all samples must "
+            "come from the same insertion point/pooling"
+        )
     t = t.to(torch.float64)
     # A finite sum proves every entry finite (NaN/Inf propagate); only an overflowing or
     # non-finite sum needs the per-row check.
@@ -173,8 +178,10 @@ def as_matrix(X: Any, name: str = "X", *, d: int | None = None) -> torch.Tensor:
     if not bool(finite.all()):
         bad = torch.nonzero(~finite).flatten().tolist()
         shown = ", ".join(map(str, bad[:10])) + (", ..." if len(bad) > 10 else "")
-        raise WidthscopeError(f"{name} has NaN/Inf in {len(bad)} row(s): {shown}; drop or fix those "
-                              "samples (e.g. a diverged loss) before computing statistics")
+        raise WidthscopeError(
+            f"{name} has NaN/Inf in {len(bad)} row(s): {shown}; drop or fix those "
+            "samples (e.g. a diverged loss) before computing statistics"
+        )
     return t
 
 
@@ -224,13 +231,14 @@ def _unbiased_from_sums(n: int, S: float, A: float, B: float, C: float) -> tuple
     return mu_sq, mu_sigma_mu, tr_sigma_sq
 
 
-def _cross_unbiased_from_sums(na: int, nb: int, T: float, Q: float, R: float,
-                              Rp: float) -> tuple[float, float, float, float]:
+def _cross_unbiased_from_sums(
+    na: int, nb: int, T: float, Q: float, R: float, Rp: float
+) -> tuple[float, float, float, float]:
     U = T * T - R - Rp + Q
     pa, pb = _falling(na, 2), _falling(nb, 2)
-    row = (R - Q) / (na * pb)     # mean of C_ij C_ij'  (same train sample)
-    col = (Rp - Q) / (pa * nb)    # mean of C_ij C_i'j  (same held-out sample)
-    both = U / (pa * pb)          # mean of C_ij C_i'j'
+    row = (R - Q) / (na * pb)  # mean of C_ij C_ij'  (same train sample)
+    col = (Rp - Q) / (pa * nb)  # mean of C_ij C_i'j  (same held-out sample)
+    both = U / (pa * pb)  # mean of C_ij C_i'j'
     ab = T / (na * nb)
     return ab, row - both, col - both, Q / (na * nb) - row - col + both
 
@@ -263,11 +271,11 @@ class PrimalMoments:
         self.d = d
         kw: dict[str, Any] = dict(dtype=torch.float64, device=device)
         self.n = 0
-        self.s = torch.zeros(d, **kw)         # Σx
-        self.M = torch.zeros(d, d, **kw)      # Σxxᵀ
-        self.v = torch.zeros(d, **kw)         # Σ‖x‖²x
-        self.q2 = torch.zeros((), **kw)       # Σ‖x‖²
-        self.q4 = torch.zeros((), **kw)       # Σ‖x‖⁴
+        self.s = torch.zeros(d, **kw)  # Σx
+        self.M = torch.zeros(d, d, **kw)  # Σxxᵀ
+        self.v = torch.zeros(d, **kw)  # Σ‖x‖²x
+        self.q2 = torch.zeros((), **kw)  # Σ‖x‖²
+        self.q4 = torch.zeros((), **kw)  # Σ‖x‖⁴
 
     def update(self, X: Any) -> PrimalMoments:
         """Add the rows of ``X`` (``(b, d)``, any float dtype); returns ``self``."""
@@ -313,19 +321,23 @@ class PrimalMoments:
         t = torch.as_tensor(t)
         want = 3 + 2 * d + d * d
         if t.dim() != 1 or t.numel() != want:
-            raise WidthscopeError(f"PrimalMoments.from_tensor: expected a flat vector of length "
-                                  f"3 + 2d + d² = {want} for d={d}, got shape {tuple(t.shape)}")
+            raise WidthscopeError(
+                f"PrimalMoments.from_tensor: expected a flat vector of length "
+                f"3 + 2d + d² = {want} for d={d}, got shape {tuple(t.shape)}"
+            )
         t = t.to(torch.float64)
         n = float(t[0])
         if n < 0 or n != round(n):
-            raise WidthscopeError(f"PrimalMoments.from_tensor: sample count {n} is not a non-negative "
-                                  "integer; was the vector averaged instead of summed?")
+            raise WidthscopeError(
+                f"PrimalMoments.from_tensor: sample count {n} is not a non-negative "
+                "integer; was the vector averaged instead of summed?"
+            )
         out = cls(d, device=t.device)
         out.n = int(round(n))
         out.q2, out.q4 = t[1].clone(), t[2].clone()
-        out.s = t[3:3 + d].clone()
-        out.v = t[3 + d:3 + 2 * d].clone()
-        out.M = t[3 + 2 * d:].reshape(d, d).clone()
+        out.s = t[3 : 3 + d].clone()
+        out.v = t[3 + d : 3 + 2 * d].clone()
+        out.M = t[3 + 2 * d :].reshape(d, d).clone()
         return out
 
     def sums(self) -> tuple[float, float, float, float]:
@@ -366,17 +378,18 @@ def _dual_moments(X: torch.Tensor, estimator: str) -> Moments:
         mean = X.mean(0)
         Xc = X - mean
         # x̄ᵀΣ̂x̄ = ‖Xc x̄‖²/(n−1),  tr(Σ̂²) = ‖Xc Xcᵀ‖_F²/(n−1)²
-        fro_c = sum(_f(((Xc[i:i + _BLOCK] @ Xc.T) ** 2).sum()) for i in range(0, n, _BLOCK))
+        fro_c = sum(_f(((Xc[i : i + _BLOCK] @ Xc.T) ** 2).sum()) for i in range(0, n, _BLOCK))
         proj = Xc @ mean
-        return Moments(n, d, _f(mean @ mean), _f(proj @ proj) / (n - 1), fro_c / (n - 1) ** 2,
-                       estimator, "dual", tr_sigma)
+        return Moments(
+            n, d, _f(mean @ mean), _f(proj @ proj) / (n - 1), fro_c / (n - 1) ** 2, estimator, "dual", tr_sigma
+        )
     # Gram in row blocks: only ‖G‖_F² and the row sums are needed.
     fro = torch.zeros((), dtype=torch.float64, device=X.device)
     rows = torch.empty(n, dtype=torch.float64, device=X.device)
     for i in range(0, n, _BLOCK):
-        Gb = X[i:i + _BLOCK] @ X.T
+        Gb = X[i : i + _BLOCK] @ X.T
         fro += (Gb * Gb).sum()
-        rows[i:i + _BLOCK] = Gb.sum(1)
+        rows[i : i + _BLOCK] = Gb.sum(1)
     A = fro - (sq * sq).sum()
     r = rows - sq
     S = r.sum()
@@ -434,10 +447,18 @@ def moments_from_gram(G: Any, estimator: Estimator = "unbiased") -> Moments:
     tr_sigma = _f((G.diagonal().sum() - G.sum() / n) / (n - 1))
     if estimator == "plugin":
         rows = G.sum(1)
-        Gc = G - rows[:, None] / n - rows[None, :] / n + G.sum() / n ** 2
+        Gc = G - rows[:, None] / n - rows[None, :] / n + G.sum() / n**2
         hr = rows - rows.mean()
-        return Moments(n, 0, _f(G.sum()) / n ** 2, _f(hr @ hr) / ((n - 1) * n ** 2),
-                       _f((Gc * Gc).sum()) / (n - 1) ** 2, estimator, "dual", tr_sigma)
+        return Moments(
+            n,
+            0,
+            _f(G.sum()) / n**2,
+            _f(hr @ hr) / ((n - 1) * n**2),
+            _f((Gc * Gc).sum()) / (n - 1) ** 2,
+            estimator,
+            "dual",
+            tr_sigma,
+        )
     S, A, B, C = gram_sums(G)
     mu_sq, msm, trs = _unbiased_from_sums(n, _f(S), _f(A), _f(B), _f(C))
     return Moments(n, 0, mu_sq, msm, trs, estimator, "dual", tr_sigma)
@@ -448,10 +469,19 @@ def _cross_from_gram(C: torch.Tensor, d: int, estimator: str) -> CrossMoments:
     na, nb = C.shape
     if estimator == "plugin":
         m = C.mean()
-        rm, cm = C.mean(1) - m, C.mean(0) - m   # (x_i − â)·b̂ and â·(y_j − b̂)
+        rm, cm = C.mean(1) - m, C.mean(0) - m  # (x_i − â)·b̂ and â·(y_j − b̂)
         Cc = C - C.mean(1, keepdim=True) - C.mean(0, keepdim=True) + m
-        return CrossMoments(na, nb, d, _f(m), _f(rm @ rm) / (na - 1), _f(cm @ cm) / (nb - 1),
-                            _f((Cc * Cc).sum()) / ((na - 1) * (nb - 1)), estimator, "dual")
+        return CrossMoments(
+            na,
+            nb,
+            d,
+            _f(m),
+            _f(rm @ rm) / (na - 1),
+            _f(cm @ cm) / (nb - 1),
+            _f((Cc * Cc).sum()) / ((na - 1) * (nb - 1)),
+            estimator,
+            "dual",
+        )
     T, Q = C.sum(), (C * C).sum()
     R, Rp = (C.sum(1) ** 2).sum(), (C.sum(0) ** 2).sum()
     vals = _cross_unbiased_from_sums(na, nb, _f(T), _f(Q), _f(R), _f(Rp))
@@ -460,8 +490,10 @@ def _cross_from_gram(C: torch.Tensor, d: int, estimator: str) -> CrossMoments:
 
 def _cross_from_primal(pa: PrimalMoments, pb: PrimalMoments, estimator: str) -> CrossMoments:
     if pa.d != pb.d:
-        raise WidthscopeError(f"train and test have different dimensions ({pa.d} vs {pb.d}); both "
-                              "must come from the same insertion point/pooling")
+        raise WidthscopeError(
+            f"train and test have different dimensions ({pa.d} vs {pb.d}); both "
+            "must come from the same insertion point/pooling"
+        )
     na, nb = pa.n, pb.n
     _check_n(na, 2, "train")
     _check_n(nb, 2, "test")
@@ -471,15 +503,14 @@ def _cross_from_primal(pa: PrimalMoments, pb: PrimalMoments, estimator: str) -> 
         a, b = sa / na, sb / nb
         Sa = (Ma - na * torch.outer(a, a)) / (na - 1)
         Sb = (Mb - nb * torch.outer(b, b)) / (nb - 1)
-        return CrossMoments(na, nb, pa.d, _f(a @ b), _f(b @ Sa @ b), _f(a @ Sb @ a),
-                            _f((Sa * Sb).sum()), estimator, "primal")
-    vals = _cross_unbiased_from_sums(na, nb, _f(sa @ sb), _f((Ma * Mb).sum()), _f(sb @ Ma @ sb),
-                                     _f(sa @ Mb @ sa))
+        return CrossMoments(
+            na, nb, pa.d, _f(a @ b), _f(b @ Sa @ b), _f(a @ Sb @ a), _f((Sa * Sb).sum()), estimator, "primal"
+        )
+    vals = _cross_unbiased_from_sums(na, nb, _f(sa @ sb), _f((Ma * Mb).sum()), _f(sb @ Ma @ sb), _f(sa @ Mb @ sa))
     return CrossMoments(na, nb, pa.d, *vals, estimator, "primal")
 
 
-def cross_moments(Xa: Any, Xb: Any, estimator: Estimator = "unbiased",
-                  method: Method = "auto") -> CrossMoments:
+def cross_moments(Xa: Any, Xb: Any, estimator: Estimator = "unbiased", method: Method = "auto") -> CrossMoments:
     """Two-population estimates from train rows ``Xa`` and independent held-out rows ``Xb``.
 
     Either argument pair may also be two :class:`PrimalMoments` (merged shards). ``"auto"``
@@ -505,8 +536,10 @@ def cross_moments(Xa: Any, Xb: Any, estimator: Estimator = "unbiased",
     A = as_matrix(Xa, "train")
     B = as_matrix(Xb, "test")
     if A.shape[1] != B.shape[1]:
-        raise WidthscopeError(f"train has dimension d={A.shape[1]} but test has d={B.shape[1]}; both "
-                              "must come from the same insertion point/pooling")
+        raise WidthscopeError(
+            f"train has dimension d={A.shape[1]} but test has d={B.shape[1]}; both "
+            "must come from the same insertion point/pooling"
+        )
     na, d = A.shape
     nb = B.shape[0]
     _check_n(na, 2, "train")

@@ -47,6 +47,7 @@ Example::
     >>> len(rows)
     2
 """
+
 from __future__ import annotations
 
 import math
@@ -181,8 +182,8 @@ def _row_sums_fn(C: torch.Tensor, plist, m_values: list[int], k_max: int):
     def fn(Ic: torch.Tensor, Jc: torch.Tensor) -> torch.Tensor:
         out = torch.empty(Ic.shape[0], len(plist), dtype=torch.float64, device=C.device)
         for m in m_values:
-            rows = F.embedding_bag(Ic[:, :m], C, mode="sum")          # (chunk, n_b)
-            csum = rows.gather(1, Jc).cumsum(1)                       # (chunk, K_max)
+            rows = F.embedding_bag(Ic[:, :m], C, mode="sum")  # (chunk, n_b)
+            csum = rows.gather(1, Jc).cumsum(1)  # (chunk, K_max)
             for i, (mm, k) in pos:
                 if mm == m:
                     out[:, i] = csum[:, k - 1]
@@ -202,7 +203,7 @@ def _add_exact_sums(sums: torch.Tensor, parts: list[list[float]], slab: int = 1 
     """
     cols = sums.detach().to("cpu", torch.float64).T.contiguous().numpy()
     for i, col in enumerate(cols):
-        parts[i].extend(math.fsum(memoryview(col[s:s + slab])) for s in range(0, col.shape[0], slab))
+        parts[i].extend(math.fsum(memoryview(col[s : s + slab])) for s in range(0, col.shape[0], slab))
 
 
 def _per_pair_sums(C: torch.Tensor, plist: list[tuple[int, int]], draws: int, seed: int) -> list[torch.Tensor]:
@@ -214,8 +215,10 @@ def _per_pair_sums(C: torch.Tensor, plist: list[tuple[int, int]], draws: int, se
         I = torch.rand((draws, na), generator=gen).argsort(dim=1)[:, :m]  # float32 keys, as the script
         J = torch.rand((draws, nb), generator=gen).argsort(dim=1)[:, :k]
         step = max(1, _CHUNK_ELEMS // (m * k))
-        sums = [C[I[s:s + step, :, None].to(C.device), J[s:s + step, None, :].to(C.device)].sum((1, 2))
-                for s in range(0, draws, step)]
+        sums = [
+            C[I[s : s + step, :, None].to(C.device), J[s : s + step, None, :].to(C.device)].sum((1, 2))
+            for s in range(0, draws, step)
+        ]
         out.append(torch.cat(sums).to("cpu", torch.float64))
     return out
 
@@ -226,10 +229,17 @@ def _misalignment_of(sums: torch.Tensor, m: int, k: int, draws: int, z: float, s
     return Misalignment(c / draws, lo, hi, draws, c, m, k, math.fsum(sums.tolist()) / (draws * m * k), seed)
 
 
-def misalignment_from_gram(C_ab: Any, *, M: int | None = None, K: int | None = None,
-                           draws: int = 1000, seed: int = 0,
-                           pairs: Sequence[tuple[int, int]] | None = None,
-                           z: float = 1.96, scheme: str = "shared") -> Misalignment | list[Misalignment]:
+def misalignment_from_gram(
+    C_ab: Any,
+    *,
+    M: int | None = None,
+    K: int | None = None,
+    draws: int = 1000,
+    seed: int = 0,
+    pairs: Sequence[tuple[int, int]] | None = None,
+    z: float = 1.96,
+    scheme: str = "shared",
+) -> Misalignment | list[Misalignment]:
     """Misalignment probability from a precomputed cross-Gram ``C_ab[i, j] = x_i·y_j``.
 
     Give ``M`` and ``K`` (returns one :class:`Misalignment`) or ``pairs=[(M, K), ...]``
@@ -254,16 +264,22 @@ def misalignment_from_gram(C_ab: Any, *, M: int | None = None, K: int | None = N
     m_max = max(m for m, _ in plist)
     k_max = max(k for _, k in plist)
     if m_max > na:
-        raise WidthscopeError(f"M={m_max} is larger than the train pool of {na} sample vectors; "
-                              f"use M ≤ {na} or collect more training examples")
+        raise WidthscopeError(
+            f"M={m_max} is larger than the train pool of {na} sample vectors; "
+            f"use M ≤ {na} or collect more training examples"
+        )
     if k_max > nb:
-        raise WidthscopeError(f"K={k_max} is larger than the held-out pool of {nb} sample vectors; "
-                              f"use K ≤ {nb} or collect more held-out examples")
+        raise WidthscopeError(
+            f"K={k_max} is larger than the held-out pool of {nb} sample vectors; "
+            f"use K ≤ {nb} or collect more held-out examples"
+        )
     if scheme not in DRAW_SCHEMES:
         raise WidthscopeError(f"draw scheme {scheme!r}: choose {' or '.join(DRAW_SCHEMES)}")
     if scheme == "per-pair":
-        out = [_misalignment_of(sums, m, k, draws, z, int(seed))
-               for (m, k), sums in zip(plist, _per_pair_sums(C, plist, draws, int(seed)))]
+        out = [
+            _misalignment_of(sums, m, k, draws, z, int(seed))
+            for (m, k), sums in zip(plist, _per_pair_sums(C, plist, draws, int(seed)))
+        ]
         return out if many else out[0]
     gen = torch.Generator(device="cpu")
     gen.manual_seed(int(seed))
@@ -284,7 +300,7 @@ def misalignment_from_gram(C_ab: Any, *, M: int | None = None, K: int | None = N
         chunk = max(1, _CHUNK_ELEMS // (m_max * k_max))
     parts: list[list[float]] = [[] for _ in plist]
     for s in range(0, draws, chunk):
-        sums = sums_fn(I[s:s + chunk], J[s:s + chunk])      # (chunk, pairs)
+        sums = sums_fn(I[s : s + chunk], J[s : s + chunk])  # (chunk, pairs)
         counts += (sums <= 0).sum(0)
         _add_exact_sums(sums, parts)
     out = []
@@ -294,9 +310,18 @@ def misalignment_from_gram(C_ab: Any, *, M: int | None = None, K: int | None = N
     return out if many else out[0]
 
 
-def misalignment(train: Any, test: Any, *, M: int | None = None, K: int | None = None,
-                 draws: int = 1000, seed: int = 0, pairs: Sequence[tuple[int, int]] | None = None,
-                 z: float = 1.96, scheme: str = "shared") -> Misalignment | list[Misalignment]:
+def misalignment(
+    train: Any,
+    test: Any,
+    *,
+    M: int | None = None,
+    K: int | None = None,
+    draws: int = 1000,
+    seed: int = 0,
+    pairs: Sequence[tuple[int, int]] | None = None,
+    z: float = 1.96,
+    scheme: str = "shared",
+) -> Misalignment | list[Misalignment]:
     """Misalignment probability from train ``(n_a, d)`` and held-out ``(n_b, d)`` sample vectors.
 
     Forms the cross-Gram once in float64, then calls :func:`misalignment_from_gram`.
@@ -321,7 +346,10 @@ def misalignment(train: Any, test: Any, *, M: int | None = None, K: int | None =
     A = as_matrix(train, "train")
     B = as_matrix(test, "test")
     if A.shape[1] != B.shape[1]:
-        raise WidthscopeError(f"train has dimension d={A.shape[1]} but test has d={B.shape[1]}; both "
-                              "must come from the same insertion point/pooling")
-    return misalignment_from_gram(A @ B.to(A.device).T, M=M, K=K, draws=draws, seed=seed,
-                                  pairs=pairs, z=z, scheme=scheme)
+        raise WidthscopeError(
+            f"train has dimension d={A.shape[1]} but test has d={B.shape[1]}; both "
+            "must come from the same insertion point/pooling"
+        )
+    return misalignment_from_gram(
+        A @ B.to(A.device).T, M=M, K=K, draws=draws, seed=seed, pairs=pairs, z=z, scheme=scheme
+    )

@@ -52,6 +52,7 @@ Example::
     >>> pm.k, pm.n
     (64, 200)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -62,8 +63,17 @@ import torch
 from ..errors import WidthscopeError
 from .estimators import CrossMoments, Moments, PrimalMoments, as_matrix
 
-__all__ = ["Projector", "ProjectedMoments", "projected_moments", "projected_accumulator",
-           "finalize_projected", "correct_projected_cross", "spill_rows", "out_of_core_moments", "KINDS"]
+__all__ = [
+    "Projector",
+    "ProjectedMoments",
+    "projected_moments",
+    "projected_accumulator",
+    "finalize_projected",
+    "correct_projected_cross",
+    "spill_rows",
+    "out_of_core_moments",
+    "KINDS",
+]
 
 KINDS = ("gaussian", "sparse")
 _ROWS = 4096  # rows of R generated at once (bounded memory for the generator's temporaries)
@@ -86,14 +96,23 @@ class Projector:
         True
     """
 
-    def __init__(self, d: int, k: int, seed: int = 0, *, kind: str = "gaussian",
-                 dtype: torch.dtype = torch.float64, device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        d: int,
+        k: int,
+        seed: int = 0,
+        *,
+        kind: str = "gaussian",
+        dtype: torch.dtype = torch.float64,
+        device: torch.device | str | None = None,
+    ) -> None:
         for name, v in (("d", d), ("k", k)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise WidthscopeError(f"Projector: {name} must be a positive integer, got {v!r}")
         if k < 2:
-            raise WidthscopeError(f"Projector: k={k} is too small; the bias corrections need k >= 2 "
-                                  "(use k in the tens to hundreds)")
+            raise WidthscopeError(
+                f"Projector: k={k} is too small; the bias corrections need k >= 2 (use k in the tens to hundreds)"
+            )
         if kind not in KINDS:
             raise WidthscopeError(f"Projector: unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
         self.d, self.k, self.seed, self.kind = d, k, int(seed), kind
@@ -102,7 +121,7 @@ class Projector:
         for start in range(0, d, _ROWS):
             rows = min(_ROWS, d - start)
             if kind == "gaussian":
-                blocks.append(torch.randn(rows, k, generator=gen, dtype=torch.float64) / k ** 0.5)
+                blocks.append(torch.randn(rows, k, generator=gen, dtype=torch.float64) / k**0.5)
             else:
                 u = torch.rand(rows, k, generator=gen, dtype=torch.float64)
                 sign = torch.where(u < 1 / 6, -1.0, torch.where(u < 1 / 3, 1.0, 0.0))
@@ -112,8 +131,10 @@ class Projector:
     def __call__(self, X: Any) -> torch.Tensor:
         X = torch.as_tensor(X)
         if X.dim() != 2 or X.shape[1] != self.d:
-            raise WidthscopeError(f"Projector(d={self.d}): expected rows of shape (b, {self.d}), got "
-                                  f"{tuple(X.shape)}; build the projector with the samples' dimension")
+            raise WidthscopeError(
+                f"Projector(d={self.d}): expected rows of shape (b, {self.d}), got "
+                f"{tuple(X.shape)}; build the projector with the samples' dimension"
+            )
         R = self.R if self.R.device == X.device else self.R.to(X.device)
         return X.to(R.dtype) @ R
 
@@ -139,14 +160,22 @@ class ProjectedMoments:
     tr_sigma_sq: float
     tr_sigma: float
     raw: Moments
-    tm: float        # unbiased tr(Σ_y)·‖μ_y‖²
-    t2: float        # unbiased tr(Σ_y)²
+    tm: float  # unbiased tr(Σ_y)·‖μ_y‖²
+    t2: float  # unbiased tr(Σ_y)²
     seed: int
     kind: str
 
     def as_moments(self) -> Moments:
-        return Moments(self.n, self.d, self.mu_sq, self.mu_sigma_mu, self.tr_sigma_sq, "unbiased",
-                       f"projected(k={self.k})", self.tr_sigma)
+        return Moments(
+            self.n,
+            self.d,
+            self.mu_sq,
+            self.mu_sigma_mu,
+            self.tr_sigma_sq,
+            "unbiased",
+            f"projected(k={self.k})",
+            self.tr_sigma,
+        )
 
 
 def projected_accumulator(projector: Projector) -> PrimalMoments:
@@ -157,8 +186,9 @@ def projected_accumulator(projector: Projector) -> PrimalMoments:
 def finalize_projected(pm: PrimalMoments, projector: Projector) -> ProjectedMoments:
     """Corrected estimates from the (possibly merged / all-reduced) moments of projected rows."""
     if pm.d != projector.k:
-        raise WidthscopeError(f"finalize_projected: moments of dimension {pm.d} do not match "
-                              f"the projector's k={projector.k}")
+        raise WidthscopeError(
+            f"finalize_projected: moments of dimension {pm.d} do not match the projector's k={projector.k}"
+        )
     n, k = pm.n, projector.k
     if n < 4:
         raise WidthscopeError(f"need at least 4 samples, got n={n}; collect more examples")
@@ -167,16 +197,25 @@ def finalize_projected(pm: PrimalMoments, projector: Projector) -> ProjectedMome
     q2, q4 = float(pm.q2), float(pm.q4)
     vs = float(pm.v @ pm.s)
     p2, p3, p4 = n * (n - 1.0), n * (n - 1.0) * (n - 2.0), n * (n - 1.0) * (n - 2.0) * (n - 3.0)
-    E1 = q2 * S - 2 * (vs - q4)      # Σ_{i,j,k distinct} D_i G_jk
-    E2 = q2 * q2 - q4                # Σ_{i≠j} D_i D_j
+    E1 = q2 * S - 2 * (vs - q4)  # Σ_{i,j,k distinct} D_i G_jk
+    E2 = q2 * q2 - q4  # Σ_{i≠j} D_i D_j
     tm = E1 / p3 - C / p4
     t2 = E2 / p2 - 2 * E1 / p3 + C / p4
-    c = (k + 2) * (k - 1) / k ** 2
+    c = (k + 2) * (k - 1) / k**2
     return ProjectedMoments(
-        n=n, d=projector.d, k=k, mu_sq=raw.mu_sq,
+        n=n,
+        d=projector.d,
+        k=k,
+        mu_sq=raw.mu_sq,
         mu_sigma_mu=(raw.mu_sigma_mu - tm / k) / c,
         tr_sigma_sq=(raw.tr_sigma_sq - t2 / k) / c,
-        tr_sigma=raw.tr_sigma, raw=raw, tm=tm, t2=t2, seed=projector.seed, kind=projector.kind)
+        tr_sigma=raw.tr_sigma,
+        raw=raw,
+        tm=tm,
+        t2=t2,
+        seed=projector.seed,
+        kind=projector.kind,
+    )
 
 
 def correct_projected_cross(cross: CrossMoments, raw_a: Moments, raw_b: Moments, k: int) -> CrossMoments:
@@ -201,17 +240,23 @@ def correct_projected_cross(cross: CrossMoments, raw_a: Moments, raw_b: Moments,
     ``t_a·m_b`` are unbiased for their expectations and the results are unbiased jointly over
     ``R`` and the samples.
     """
-    c = (k + 2) * (k - 1) / k ** 2
+    c = (k + 2) * (k - 1) / k**2
     return CrossMoments(
-        n_a=cross.n_a, n_b=cross.n_b, d=cross.d, ab=cross.ab,
+        n_a=cross.n_a,
+        n_b=cross.n_b,
+        d=cross.d,
+        ab=cross.ab,
         b_sigma_a_b=(cross.b_sigma_a_b - raw_a.tr_sigma * raw_b.mu_sq / k) / c,
         a_sigma_b_a=(cross.a_sigma_b_a - raw_b.tr_sigma * raw_a.mu_sq / k) / c,
         tr_sigma_a_sigma_b=(cross.tr_sigma_a_sigma_b - raw_a.tr_sigma * raw_b.tr_sigma / k) / c,
-        estimator=cross.estimator, method=f"projected(k={k})")
+        estimator=cross.estimator,
+        method=f"projected(k={k})",
+    )
 
 
-def projected_moments(X: Any | Iterable[Any], *, k: int, seed: int = 0, kind: str = "gaussian",
-                      d: int | None = None) -> ProjectedMoments:
+def projected_moments(
+    X: Any | Iterable[Any], *, k: int, seed: int = 0, kind: str = "gaussian", d: int | None = None
+) -> ProjectedMoments:
     """Bias-corrected ``‖μ‖², μᵀΣμ, tr(Σ²)`` from samples projected to ``k`` dimensions.
 
     ``X`` is an ``(n, d)`` matrix or an iterable of ``(b, d)`` row blocks (streamed: only one
@@ -230,7 +275,7 @@ def projected_moments(X: Any | Iterable[Any], *, k: int, seed: int = 0, kind: st
     """
     if isinstance(X, torch.Tensor) or hasattr(X, "__array__"):
         X = as_matrix(X, "X")
-        blocks: Iterable[Any] = (X[i:i + _ROWS] for i in range(0, X.shape[0], _ROWS))
+        blocks: Iterable[Any] = (X[i : i + _ROWS] for i in range(0, X.shape[0], _ROWS))
         d = X.shape[1]
     else:
         blocks = iter(X)
@@ -241,6 +286,7 @@ def projected_moments(X: Any | Iterable[Any], *, k: int, seed: int = 0, kind: st
             first = as_matrix(first, "X block")
             d = first.shape[1]
             import itertools
+
             blocks = itertools.chain([first], blocks)
     proj = Projector(int(d), k, seed, kind=kind)
     pm = projected_accumulator(proj)
@@ -292,7 +338,7 @@ def spill_rows(blocks: Iterable[Any], path: Any, *, d: int | None = None) -> Any
         src = np.memmap(tmp, dtype="<f8", mode="r", shape=(n, d))
         step = max(1, (1 << 24) // (8 * d))
         for i in range(0, n, step):
-            out[i:i + step] = src[i:i + step]
+            out[i : i + step] = src[i : i + step]
         out.flush()
         del out, src
         os.replace(header_file, path)
@@ -331,7 +377,7 @@ def out_of_core_moments(X: Any, *, block: int = 2048) -> Moments:
         raise WidthscopeError(f"need at least 4 samples, got n={n}; collect more examples")
 
     def rows(i: int) -> torch.Tensor:
-        blk = X[i:i + block]
+        blk = X[i : i + block]
         if not isinstance(blk, torch.Tensor):  # read-only memmap slice -> an owned in-memory block
             import numpy as np
 
@@ -343,15 +389,15 @@ def out_of_core_moments(X: Any, *, block: int = 2048) -> Moments:
     sq = torch.zeros(n, dtype=torch.float64)
     for i in range(0, n, block):
         Xi = rows(i)
-        sq[i:i + Xi.shape[0]] = (Xi * Xi).sum(1)
+        sq[i : i + Xi.shape[0]] = (Xi * Xi).sum(1)
         for j in range(i, n, block):
             Xj = Xi if j == i else rows(j)
             G = Xi @ Xj.T
             w = 1.0 if j == i else 2.0  # off-diagonal tiles stand for themselves and their transpose
             fro += w * float((G * G).sum())
-            rowsum[i:i + Xi.shape[0]] += G.sum(1)
+            rowsum[i : i + Xi.shape[0]] += G.sum(1)
             if j != i:
-                rowsum[j:j + Xj.shape[0]] += G.sum(0)
+                rowsum[j : j + Xj.shape[0]] += G.sum(0)
     A = fro - float((sq * sq).sum())
     r = rowsum - sq
     S = float(r.sum())
@@ -359,5 +405,6 @@ def out_of_core_moments(X: Any, *, block: int = 2048) -> Moments:
     C = S * S - 4 * B - 2 * A
     p2, p3, p4 = _falling(n, 2), _falling(n, 3), _falling(n, 4)
     tr_sigma = (float(sq.sum()) - float(rowsum.sum()) / n) / (n - 1)
-    return Moments(n, d, S / p2, B / p3 - C / p4, A / p2 - 2 * B / p3 + C / p4, "unbiased",
-                   "dual-out-of-core", tr_sigma)
+    return Moments(
+        n, d, S / p2, B / p3 - C / p4, A / p2 - 2 * B / p3 + C / p4, "unbiased", "dual-out-of-core", tr_sigma
+    )

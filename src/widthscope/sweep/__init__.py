@@ -6,6 +6,7 @@ alignment width sweep behind ``widthscope sweep`` (``cli``). Example::
     from widthscope.sweep import load_config, run_sweep
     result = run_sweep(load_config("configs/demo-mlp.toml"), "/tmp/demo-mlp")
 """
+
 from __future__ import annotations
 
 from .alignment import load_config, plan_cells, run_sweep, summary_rows

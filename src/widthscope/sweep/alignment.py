@@ -40,6 +40,7 @@ Example (a few seconds)::
     result = run_sweep(cfg, "/tmp/tiny-sweep")
     print(len(result.rows))   # 2 widths x 2 points x 1 (M, K)
 """
+
 from __future__ import annotations
 
 import json
@@ -83,9 +84,20 @@ from .summary import print_summary as print_summary
 from .summary import summary_rows
 
 __all__ = [
-    "SweepConfig", "FamilySpec", "load_config", "check_structure", "plan_cells", "run_sweep", "run_cell",
+    "SweepConfig",
+    "FamilySpec",
+    "load_config",
+    "check_structure",
+    "plan_cells",
+    "run_sweep",
+    "run_cell",
     "cell_input_spec",
-    "summary_rows", "CERT_FIELDS", "TIMING_COLUMNS", "monitor_steps", "MONITOR_SUMMARY", "MONITOR_TIMING_COLUMNS",
+    "summary_rows",
+    "CERT_FIELDS",
+    "TIMING_COLUMNS",
+    "monitor_steps",
+    "MONITOR_SUMMARY",
+    "MONITOR_TIMING_COLUMNS",
     "certified_steps",
 ]
 
@@ -103,8 +115,9 @@ def plan_cells(cfg: SweepConfig) -> list[dict[str, Any]]:
         for budget in budgets:
             for w in fam.widths:
                 for s in cfg.seeds:
-                    cells.append({"sweep": cfg.name, "family": fam.name, "width": w, "seed": s,
-                                  "budget": budget, "config": fp})
+                    cells.append(
+                        {"sweep": cfg.name, "family": fam.name, "width": w, "seed": s, "budget": budget, "config": fp}
+                    )
     return cells
 
 
@@ -129,8 +142,9 @@ def check_structure(cfg: SweepConfig, *, device: bool = True) -> dict[str, list[
             resolve_device(cfg.device)
         except WidthscopeError as exc:
             msg = str(exc).replace("; use --device cpu", "")
-            raise WidthscopeError(f"[sweep] {msg}; set device = 'cpu' (or a device this machine has) "
-                                  "in [sweep]") from None
+            raise WidthscopeError(
+                f"[sweep] {msg}; set device = 'cpu' (or a device this machine has) in [sweep]"
+            ) from None
     out = {}
     for fam in cfg.families:
         lm = fam.dataset in LM_DATASETS
@@ -145,8 +159,9 @@ def check_structure(cfg: SweepConfig, *, device: bool = True) -> dict[str, list[
                 except (RuntimeError, NotImplementedError):  # an init the meta device cannot run: build it for real
                     model = models.build(fam.model, width, **opts)
             except WidthscopeError as exc:
-                raise WidthscopeError(f"{where}: model {fam.model!r} at width {width} with model_options "
-                                      f"{fam.model_options}: {exc}") from None
+                raise WidthscopeError(
+                    f"{where}: model {fam.model!r} at width {width} with model_options {fam.model_options}: {exc}"
+                ) from None
             try:
                 out[fam.name] = probe.resolve_points(model, fam.points or None)  # [] means the defaults, as in run_cell
             except WidthscopeError as exc:
@@ -171,12 +186,18 @@ def _guard_out_dir(cfg: SweepConfig, out_dir: Path) -> None:
             raise WidthscopeError(
                 f"results directory {str(out_dir)!r} holds a sweep with a different config "
                 f"(fingerprint {old.get('fingerprint')} vs {cfg.fingerprint()}): resuming would mix results. "
-                f"Use another --out, or delete that directory to start over")
+                f"Use another --out, or delete that directory to start over"
+            )
     atomic_write_json(marker, {"fingerprint": cfg.fingerprint(), "config": cfg.to_dict(), "kind": "alignment"})
 
 
-def run_sweep(config: SweepConfig | Mapping[str, Any] | str | os.PathLike, out_dir: str | os.PathLike | None = None,
-              shard: tuple[int, int] = (1, 1), *, show_progress: bool = True) -> GridResult:
+def run_sweep(
+    config: SweepConfig | Mapping[str, Any] | str | os.PathLike,
+    out_dir: str | os.PathLike | None = None,
+    shard: tuple[int, int] = (1, 1),
+    *,
+    show_progress: bool = True,
+) -> GridResult:
     """Run (or resume) the sweep's unfinished cells of this shard; return the grid result.
 
     ``config`` is a :class:`SweepConfig`, a dict as parsed from TOML, or a TOML path.
@@ -201,8 +222,12 @@ def run_sweep(config: SweepConfig | Mapping[str, Any] | str | os.PathLike, out_d
     try:
         with lock_out_dir(out, shard, "sweep"):
             _guard_out_dir(cfg, out)
-            return run_grid(cells, lambda c, d: run_cell(cfg, c, d, show_progress=show_progress), out, shard=shard,
-                            desc=f"sweep {cfg.name}")
+            return run_grid(
+                cells,
+                lambda c, d: run_cell(cfg, c, d, show_progress=show_progress),
+                out,
+                shard=shard,
+                desc=f"sweep {cfg.name}",
+            )
     finally:
         torch.set_num_threads(threads)
-

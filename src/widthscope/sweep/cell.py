@@ -4,6 +4,7 @@
 rows (``kind`` ``alignment``, ``intervention`` and, for a monitored family, ``monitor``; the columns
 are in docs/sweeps.md). The monitor's part (:func:`_cell_monitor`, :func:`_monitor_rows`) follows it.
 """
+
 from __future__ import annotations
 
 import time
@@ -20,8 +21,9 @@ if TYPE_CHECKING:
 __all__ = ["run_cell", "certified_steps", "MONITOR_FILE"]
 
 
-def run_cell(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_progress: bool = True
-             ) -> list[dict[str, Any]]:
+def run_cell(
+    cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_progress: bool = True
+) -> list[dict[str, Any]]:
     """Train, save, probe and certify one cell; return its rows (see docs/sweeps.md for columns)."""
     import torch
 
@@ -36,8 +38,9 @@ def run_cell(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_
     model = models.build(fam.model, width, **_model_options(fam, split))
     n_params = int(models.count_parameters(model))
 
-    mon, mon_info = _cell_monitor(cfg, fam, split, model, seed, Path(cell_dir)) if fam.monitor is not None \
-        else (None, {})
+    mon, mon_info = (
+        _cell_monitor(cfg, fam, split, model, seed, Path(cell_dir)) if fam.monitor is not None else (None, {})
+    )
     monitor_s = 0.0
 
     def on_step(m: Any, step: int) -> None:  # given to train() only when there is a monitor
@@ -48,25 +51,45 @@ def run_cell(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_
         monitor_s += time.perf_counter() - t
 
     t0 = time.perf_counter()
-    tr = train(model, split, seed=seed, progress=show_progress, device=cfg.device,
-               on_step=on_step if mon is not None else None, **fam.train)
+    tr = train(
+        model,
+        split,
+        seed=seed,
+        progress=show_progress,
+        device=cfg.device,
+        on_step=on_step if mon is not None else None,
+        **fam.train,
+    )
     train_s = time.perf_counter() - t0 - monitor_s  # the training alone; the probes are monitor_s
-    checkpoint.save(model, cell_dir, extra={"sweep": cfg.name, "cell": dict(cell), "dataset": fam.dataset,
-                                            "data_options": dict(fam.data_options),
-                                            "data_seed": cfg.data_seed,
-                                            # held-out byte ranges / fitted examples: any later
-                                            # probe draws its pools from them (no leak)
-                                            "data_record": wdata.record(split),
-                                            "train": {k: v for k, v in tr.items() if k != "history"}})
-    atomic_write_json(Path(cell_dir) / "input_spec.json",
-                      {"input_spec": cell_input_spec(cfg, cell, cell_dir).to_dict(),
-                       "note": "widthscope certify inputs of this checkpoint (InputSpec.from_dict): train pool as "
-                               "the sweep's; held-out pool from the whole held-out part"})
+    checkpoint.save(
+        model,
+        cell_dir,
+        extra={
+            "sweep": cfg.name,
+            "cell": dict(cell),
+            "dataset": fam.dataset,
+            "data_options": dict(fam.data_options),
+            "data_seed": cfg.data_seed,
+            # held-out byte ranges / fitted examples: any later
+            # probe draws its pools from them (no leak)
+            "data_record": wdata.record(split),
+            "train": {k: v for k, v in tr.items() if k != "history"},
+        },
+    )
+    atomic_write_json(
+        Path(cell_dir) / "input_spec.json",
+        {
+            "input_spec": cell_input_spec(cfg, cell, cell_dir).to_dict(),
+            "note": "widthscope certify inputs of this checkpoint (InputSpec.from_dict): train pool as "
+            "the sweep's; held-out pool from the whole held-out part",
+        },
+    )
 
     points = fam.points or probe.insertion_points(model)
     data_words = "trained on " + wdata.describe(split)
-    conditions = fam.probes or [{"name": "in-domain", "data": fam.dataset, "test_data": None,
-                                 "data_options": {}, "shift": None}]
+    conditions = fam.probes or [
+        {"name": "in-domain", "data": fam.dataset, "test_data": None, "data_options": {}, "shift": None}
+    ]
     rows: list[dict[str, Any]] = []
     iv_rows: list[dict[str, Any]] = []
     probe_s = stats_s = intervene_s = 0.0
@@ -75,10 +98,20 @@ def run_cell(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_
         for li, L in enumerate(cond.get("seq_len") or fam.probe_seq_len or [None]):
             t0 = time.perf_counter()
             pa, pb, desc, _ = _probe_pools(fam, cond, L, split, cfg)
-            Xa = probe.collect(model, _batches(pa, split.task, fam.probe_batch_size), points=points, pool=cfg.pool,
-                               progress=show_progress)
-            Xb = probe.collect(model, _batches(pb, split.task, fam.probe_batch_size), points=points, pool=cfg.pool,
-                               progress=show_progress)
+            Xa = probe.collect(
+                model,
+                _batches(pa, split.task, fam.probe_batch_size),
+                points=points,
+                pool=cfg.pool,
+                progress=show_progress,
+            )
+            Xb = probe.collect(
+                model,
+                _batches(pb, split.task, fam.probe_batch_size),
+                points=points,
+                pool=cfg.pool,
+                progress=show_progress,
+            )
             probe_s += time.perf_counter() - t0
             t0 = time.perf_counter()
             these: list[dict[str, Any]] = []
@@ -94,29 +127,51 @@ def run_cell(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_
                     one = stats.certificate(m_one, M=M, K=K, populations="one")
                     two = stats.certificate(m_two, M=M, K=K, populations="two")
                     row: dict[str, Any] = {
-                        "kind": "alignment", "model": fam.model, "dataset": fam.dataset, "point": point,
-                        "point_index": pi, "depth_fraction": (pi + 1) / npts, "n_points": npts,
-                        "d": int(a.shape[1]), "n_params": n_params,
-                        "train_loss": tr.get("train_loss"), "test_loss": tr.get("test_loss"),
-                        "test_accuracy": tr.get("test_accuracy"), "steps": tr.get("steps"),
-                        "n_probe_train": int(a.shape[0]), "n_probe_test": int(b.shape[0]),
-                        "M": M, "K": K, "estimator": cfg.estimator, "pool": cfg.pool,
+                        "kind": "alignment",
+                        "model": fam.model,
+                        "dataset": fam.dataset,
+                        "point": point,
+                        "point_index": pi,
+                        "depth_fraction": (pi + 1) / npts,
+                        "n_points": npts,
+                        "d": int(a.shape[1]),
+                        "n_params": n_params,
+                        "train_loss": tr.get("train_loss"),
+                        "test_loss": tr.get("test_loss"),
+                        "test_accuracy": tr.get("test_accuracy"),
+                        "steps": tr.get("steps"),
+                        "n_probe_train": int(a.shape[0]),
+                        "n_probe_test": int(b.shape[0]),
+                        "M": M,
+                        "K": K,
+                        "estimator": cfg.estimator,
+                        "pool": cfg.pool,
                         "probe_notes": "; ".join(getattr(Xa, "notes", [])) or None,
                         "data_description": data_words,
                     }
                     if fam.probes is not None or fam.probe_seq_len is not None:
-                        row.update(probe_set=cond["name"], probe_data=desc, probe_seq_len=_probe_len(pa, split),
-                                   probe_description=_probe_words(cond, pa, pb, split),
-                                   probe_in_domain=(cond["data"] == (cond.get("test_data") or cond["data"])
-                                                    == fam.dataset and not cond.get("shift")))
+                        row.update(
+                            probe_set=cond["name"],
+                            probe_data=desc,
+                            probe_seq_len=_probe_len(pa, split),
+                            probe_description=_probe_words(cond, pa, pb, split),
+                            probe_in_domain=(
+                                cond["data"] == (cond.get("test_data") or cond["data"]) == fam.dataset
+                                and not cond.get("shift")
+                            ),
+                        )
                     for prefix, cert in (("one_", one), ("two_", two)):
                         for f in CERT_FIELDS:
                             row[prefix + f] = getattr(cert, f, None)
                     row["two_limit"] = None
                     for prefix in ("one_", "two_"):  # the one reporting rule (None where undefined)
                         stats.vacuous_rule(row, prefix)
-                    row.update(misalignment=mis.probability, misalignment_low=mis.low,
-                               misalignment_high=mis.high, misalignment_draws=mis.draws)
+                    row.update(
+                        misalignment=mis.probability,
+                        misalignment_low=mis.low,
+                        misalignment_high=mis.high,
+                        misalignment_draws=mis.draws,
+                    )
                     these.append(row)
             stats_s += time.perf_counter() - t0
             # Direct interventions (spec §5), on the first probe condition and length only: they
@@ -127,21 +182,42 @@ def run_cell(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_
 
                 m_max, k_max = max(m for m, _ in cfg.MK), max(k for _, k in cfg.MK)
                 for pi, point in enumerate(points):
-                    ivs = intervene(model, point, _batches(pa, split.task, fam.probe_batch_size),
-                                    _batches(pb, split.task, fam.probe_batch_size), etas=cfg.etas,
-                                    kind=cfg.interventions, M=m_max, K=k_max, seed=seed, progress=False)
+                    ivs = intervene(
+                        model,
+                        point,
+                        _batches(pa, split.task, fam.probe_batch_size),
+                        _batches(pb, split.task, fam.probe_batch_size),
+                        etas=cfg.etas,
+                        kind=cfg.interventions,
+                        M=m_max,
+                        K=k_max,
+                        seed=seed,
+                        progress=False,
+                    )
                     # the smallest step the dtype resolves (bf16/fp16 steps below it are not measurements)
                     usable = resolved(ivs)
                     if usable:
                         smallest = min(usable, key=lambda r: r["eta"])
                         for r in these:
                             if r["point"] == point:
-                                r.update(iv_eta=smallest["eta"], iv_predicted=smallest["predicted"],
-                                         iv_actual=smallest["actual"], iv_retention=smallest["retention"],
-                                         iv_sign_agrees=smallest["sign_agrees"])
+                                r.update(
+                                    iv_eta=smallest["eta"],
+                                    iv_predicted=smallest["predicted"],
+                                    iv_actual=smallest["actual"],
+                                    iv_retention=smallest["retention"],
+                                    iv_sign_agrees=smallest["sign_agrees"],
+                                )
                     for iv in ivs:
-                        iv_rows.append({**iv, "model": fam.model, "dataset": fam.dataset, "point_index": pi,
-                                        "n_params": n_params, "data_description": data_words})
+                        iv_rows.append(
+                            {
+                                **iv,
+                                "model": fam.model,
+                                "dataset": fam.dataset,
+                                "point_index": pi,
+                                "n_params": n_params,
+                                "data_description": data_words,
+                            }
+                        )
             intervene_s += time.perf_counter() - t0
             rows += these
     rows += iv_rows
@@ -157,8 +233,9 @@ def run_cell(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_
 MONITOR_FILE = "monitor.jsonl"
 
 
-def _cell_monitor(cfg: SweepConfig, fam: FamilySpec, split: Any, model: Any, seed: int, cell_dir: Path
-                  ) -> tuple[AlignmentMonitor, dict[str, Any]]:
+def _cell_monitor(
+    cfg: SweepConfig, fam: FamilySpec, split: Any, model: Any, seed: int, cell_dir: Path
+) -> tuple[AlignmentMonitor, dict[str, Any]]:
     """The cell's :class:`~widthscope.monitor.AlignmentMonitor` and its probe condition in words
     (``monitor_probe``, ``monitor_probe_seq_len``, ``monitor_probe_description``): pools of
     ``monitor.n_train`` / ``monitor.n_test`` examples of the condition drawn by the certify rules
@@ -179,12 +256,27 @@ def _cell_monitor(cfg: SweepConfig, fam: FamilySpec, split: Any, model: Any, see
     sized = dataclasses.replace(fam, n_probe_train=m["n_train"], n_probe_test=m["n_test"])
     pa, pb, _, _ = _probe_pools(sized, cond, L, split, cfg)
     model.to(cfg.device)  # train() would move it anyway; the monitor's dry probe runs where training will
-    mon = AlignmentMonitor(model, _batches(pa, split.task, fam.probe_batch_size),
-                           _batches(pb, split.task, fam.probe_batch_size), points=m["points"] or fam.points or None,
-                           M=m["M"], K=m["K"], at=m["steps"], delta=m["delta"], draws=cfg.draws, seed=seed,
-                           estimator=cfg.estimator, pool=cfg.pool, out=path, progress=False)
-    return mon, {"monitor_probe": cond["name"], "monitor_probe_seq_len": _probe_len(pa, split),
-                 "monitor_probe_description": _probe_words(cond, pa, pb, split)}
+    mon = AlignmentMonitor(
+        model,
+        _batches(pa, split.task, fam.probe_batch_size),
+        _batches(pb, split.task, fam.probe_batch_size),
+        points=m["points"] or fam.points or None,
+        M=m["M"],
+        K=m["K"],
+        at=m["steps"],
+        delta=m["delta"],
+        draws=cfg.draws,
+        seed=seed,
+        estimator=cfg.estimator,
+        pool=cfg.pool,
+        out=path,
+        progress=False,
+    )
+    return mon, {
+        "monitor_probe": cond["name"],
+        "monitor_probe_seq_len": _probe_len(pa, split),
+        "monitor_probe_description": _probe_words(cond, pa, pb, split),
+    }
 
 
 def certified_steps(rows: Sequence[Mapping[str, Any]], delta: float) -> tuple[int | None, int | None]:
@@ -214,15 +306,22 @@ def _monitor_condition(fam: FamilySpec) -> tuple[dict[str, Any], int | None]:
     """(probe condition, probe length) of the family's monitor (None length: the training length)."""
     m = _monitor_table(fam)
     if m["probe"] is None:
-        return {"name": "in-domain", "data": fam.dataset, "test_data": None, "data_options": {}, "shift": None}, \
-            m["seq_len"]
+        return {"name": "in-domain", "data": fam.dataset, "test_data": None, "data_options": {}, "shift": None}, m[
+            "seq_len"
+        ]
     # the config check made monitor.probe the name of one of the family's probes
     cond = next(c for c in fam.probes or [] if c["name"] == m["probe"])
     return cond, m["seq_len"] or (cond.get("seq_len") or fam.probe_seq_len or [None])[0]
 
 
-def _monitor_rows(mon: AlignmentMonitor, info: Mapping[str, Any], fam: FamilySpec, rows: list[dict[str, Any]],
-                  n_params: int, data_words: str) -> list[dict[str, Any]]:
+def _monitor_rows(
+    mon: AlignmentMonitor,
+    info: Mapping[str, Any],
+    fam: FamilySpec,
+    rows: list[dict[str, Any]],
+    n_params: int,
+    data_words: str,
+) -> list[dict[str, Any]]:
     """The cell's ``kind="monitor"`` rows (one per probed step and point: the monitor's rows, their
     timings renamed ``monitor_probe_s``/``monitor_stats_s``, ``first_certified`` on the row of a point's
     certified event); and, on every alignment row, the :data:`MONITOR_SUMMARY` columns of its point
@@ -230,25 +329,45 @@ def _monitor_rows(mon: AlignmentMonitor, info: Mapping[str, Any], fam: FamilySpe
     ``monitor_point`` False: not monitored; ``monitor_cert_from_step``: see :func:`certified_steps`)."""
     m = _monitor_table(fam)
     first = {e["point"]: e for e in mon.events}
-    common = {"monitor_probe": info["monitor_probe"], "monitor_probe_seq_len": info["monitor_probe_seq_len"],
-              "monitor_delta": m["delta"], "monitor_M": m["M"], "monitor_K": m["K"],
-              "monitor_steps_total": int(fam.train["steps"]), "monitor_steps": list(m["steps"]),
-              "monitor_n_train": m["n_train"], "monitor_n_test": m["n_test"]}
+    common = {
+        "monitor_probe": info["monitor_probe"],
+        "monitor_probe_seq_len": info["monitor_probe_seq_len"],
+        "monitor_delta": m["delta"],
+        "monitor_M": m["M"],
+        "monitor_K": m["K"],
+        "monitor_steps_total": int(fam.train["steps"]),
+        "monitor_steps": list(m["steps"]),
+        "monitor_n_train": m["n_train"],
+        "monitor_n_test": m["n_test"],
+    }
     since = {p: certified_steps([r for r in mon.rows if r["point"] == p], m["delta"])[1] for p in mon.points}
     for r in rows:
         if r.get("kind") == "alignment":
             e = first.get(r["point"])
-            r.update(common, monitor_point=r["point"] in mon.points,
-                     monitor_first_cert_step=None if e is None else int(e["step"]),
-                     monitor_first_cert_b_exact=None if e is None else e["b_exact"],
-                     monitor_cert_from_step=since.get(r["point"]))
+            r.update(
+                common,
+                monitor_point=r["point"] in mon.points,
+                monitor_first_cert_step=None if e is None else int(e["step"]),
+                monitor_first_cert_b_exact=None if e is None else e["b_exact"],
+                monitor_cert_from_step=since.get(r["point"]),
+            )
     out: list[dict[str, Any]] = []
     for r in mon.rows:
         row = {k: v for k, v in r.items() if k not in ("probe_s", "stats_s")}
         e = first.get(r["point"])
-        row.update(kind="monitor", model=fam.model, dataset=fam.dataset, n_params=n_params,
-                   data_description=data_words, monitor_probe_s=r["probe_s"], monitor_stats_s=r["stats_s"],
-                   first_certified=e is not None and int(e["step"]) == int(r["step"]),
-                   steps_total=int(fam.train["steps"]), estimator=mon.estimator, pool=mon.pool, **info)
+        row.update(
+            kind="monitor",
+            model=fam.model,
+            dataset=fam.dataset,
+            n_params=n_params,
+            data_description=data_words,
+            monitor_probe_s=r["probe_s"],
+            monitor_stats_s=r["stats_s"],
+            first_certified=e is not None and int(e["step"]) == int(r["step"]),
+            steps_total=int(fam.train["steps"]),
+            estimator=mon.estimator,
+            pool=mon.pool,
+            **info,
+        )
         out.append(row)
     return out

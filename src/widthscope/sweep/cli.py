@@ -6,6 +6,7 @@ docs/sweeps.md. Example::
     widthscope sweep configs/demo-mlp.toml --out /tmp/mlp-sweep
     widthscope sweep configs/demo-mlp.toml --out /tmp/mlp-sweep --shard 2/4   # a quarter of the grid
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,11 +19,20 @@ from .grid import _cell_path, cell_id, finish_after_ranks, shard_for_run
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="TOML sweep config (see docs/sweeps.md and configs/)")
     parser.add_argument("--out", default=None, help="results directory (default: [sweep].out_dir)")
-    parser.add_argument("--shard", default=None, metavar="k/n",
-                        help="run only cells k-1, k-1+n, ... of the grid (for several processes/machines)")
+    parser.add_argument(
+        "--shard",
+        default=None,
+        metavar="k/n",
+        help="run only cells k-1, k-1+n, ... of the grid (for several processes/machines)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the grid and what is finished; run nothing")
-    parser.add_argument("--threads", type=int, default=None, metavar="N",
-                        help="torch CPU threads (overrides [sweep].threads); 1 is best on busy machines")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="torch CPU threads (overrides [sweep].threads); 1 is best on busy machines",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars inside cells")
 
 
@@ -51,15 +61,24 @@ def run(args: argparse.Namespace) -> int:
             why = read_cell(path)[1]  # a damaged cell file is not a finished cell: the run sets it aside
             return "damaged: runs again" if why else True
 
-        table = [{"#": i, **{key: c[key] for key in ("family", "width", "seed", "budget")},
-                  "cell_id": cell_id(c), "done": state(c)} for i, c in mine]
+        table = [
+            {
+                "#": i,
+                **{key: c[key] for key in ("family", "width", "seed", "budget")},
+                "cell_id": cell_id(c),
+                "done": state(c),
+            }
+            for i, c in mine
+        ]
         print(format_table(table, title=f"sweep {cfg.name}: {len(mine)} of {len(cells)} cells in shard {k}/{n}"))
         print(f"(M, K): {cfg.MK}; results dir: {out}")
         for fam in cfg.families:
             if fam.monitor is not None:
                 m = fam.monitor
-                print(f"monitor ({fam.name}): steps {m['steps']}, (M, K) = ({m['M']}, {m['K']}), pools "
-                      f"{m['n_train']} + {m['n_test']}, delta {m['delta']}")
+                print(
+                    f"monitor ({fam.name}): steps {m['steps']}, (M, K) = ({m['M']}, {m['K']}), pools "
+                    f"{m['n_train']} + {m['n_test']}, delta {m['delta']}"
+                )
         return 0
     print(f"sweep {cfg.name}: {len(mine)} of {len(cells)} cells in shard {k}/{n} -> {out}", flush=True)
     result = run_sweep(cfg, out, shard=shard, show_progress=not args.no_progress)

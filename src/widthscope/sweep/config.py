@@ -6,6 +6,7 @@ A bad key names itself, the valid choices and, for a near miss, the key meant; t
 :func:`monitor_steps` (the optimizer steps a monitor probes). Model structure (insertion points,
 widths a model cannot take) is checked by :func:`widthscope.sweep.alignment.check_structure`.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -49,8 +50,7 @@ def _check_keys(table: Mapping[str, Any], valid: Sequence[str], ctx: str) -> Non
         for k in unknown:
             close = difflib.get_close_matches(k, list(valid), n=1)
             hints.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise WidthscopeError(f"{_where(ctx)}: unknown key(s) {', '.join(hints)}; valid keys: "
-                              f"{', '.join(valid)}")
+        raise WidthscopeError(f"{_where(ctx)}: unknown key(s) {', '.join(hints)}; valid keys: {', '.join(valid)}")
 
 
 def _int(v: Any, what: str, *, minimum: int = 1) -> int:
@@ -71,8 +71,9 @@ def _table(v: Any, what: str) -> dict[str, Any]:
     if v is None:
         return {}
     if not isinstance(v, Mapping):
-        raise WidthscopeError(f"{what} must be a table (e.g. {what.split()[-1]} = {{ key = value }}), "
-                              f"got {type(v).__name__}")
+        raise WidthscopeError(
+            f"{what} must be a table (e.g. {what.split()[-1]} = {{ key = value }}), got {type(v).__name__}"
+        )
     return dict(v)
 
 
@@ -89,20 +90,23 @@ def _family(raw: Any, index: int, sweep_budgets: list[int] | None) -> FamilySpec
         raise WidthscopeError(f"{_where(ctx)}: name must be a non-empty string")
     ctx = f"family {name!r}"
     widths = raw["widths"]
-    if not isinstance(widths, list) or not widths or any(
-            isinstance(w, bool) or not isinstance(w, (int, float)) for w in widths):
+    if (
+        not isinstance(widths, list)
+        or not widths
+        or any(isinstance(w, bool) or not isinstance(w, (int, float)) for w in widths)
+    ):
         raise WidthscopeError(f"{_where(ctx)}: widths must be a non-empty list of numbers, got {widths!r}")
     if any(not (math.isfinite(w) and w > 0) for w in widths):
         raise WidthscopeError(f"{_where(ctx)}: widths must be positive finite numbers, got {widths!r}")
     if any(b <= a for a, b in zip(widths, widths[1:])):
-        raise WidthscopeError(f"{_where(ctx)}: widths must be strictly increasing (sort them and drop "
-                              f"duplicates), got {widths!r}")
+        raise WidthscopeError(
+            f"{_where(ctx)}: widths must be strictly increasing (sort them and drop duplicates), got {widths!r}"
+        )
     train = _table(raw.get("train"), f"{ctx} train")
     _check_keys(train, TRAIN_KEYS, f"{ctx} [family.train]")
     for req in ("steps", "lr"):
         if req not in train:
-            raise WidthscopeError(f"{_where(ctx)}: train.{req} is required, e.g. "
-                                  f"train = {{ steps = 300, lr = 1e-3 }}")
+            raise WidthscopeError(f"{_where(ctx)}: train.{req} is required, e.g. train = {{ steps = 300, lr = 1e-3 }}")
     _check_train(train, ctx)
     cert = _table(raw.get("certify"), f"{ctx} certify")
     _check_keys(cert, CERTIFY_KEYS, f"{ctx} [family.certify]")
@@ -114,15 +118,16 @@ def _family(raw: Any, index: int, sweep_budgets: list[int] | None) -> FamilySpec
         raise WidthscopeError(f"{_where(ctx)}: certify.points must be a list of insertion-point names")
     n_train = raw.get("n_train")
     if n_train is None and not sweep_budgets:
-        raise WidthscopeError(f"{_where(ctx)}: missing n_train (training examples), or give "
-                              f"[sweep].budgets")
+        raise WidthscopeError(f"{_where(ctx)}: missing n_train (training examples), or give [sweep].budgets")
     if n_train is not None:
         n_train = _int(n_train, f"{_where(ctx)} n_train")
     for nt in ([n_train] if n_train is not None else []) + list(sweep_budgets or []):
         if nt < n_pa:
-            raise WidthscopeError(f"{_where(ctx)}: certify.n_probe_train={n_pa} exceeds the training set "
-                                  f"size {nt}: probe samples are drawn from the fitted examples; lower "
-                                  f"n_probe_train or raise n_train/budgets")
+            raise WidthscopeError(
+                f"{_where(ctx)}: certify.n_probe_train={n_pa} exceeds the training set "
+                f"size {nt}: probe samples are drawn from the fitted examples; lower "
+                f"n_probe_train or raise n_train/budgets"
+            )
     n_test = _int(raw.get("n_test", n_pb), f"{_where(ctx)} n_test")
     if n_test < n_pb:
         raise WidthscopeError(f"{_where(ctx)}: certify.n_probe_test={n_pb} exceeds n_test={n_test}")
@@ -131,48 +136,75 @@ def _family(raw: Any, index: int, sweep_budgets: list[int] | None) -> FamilySpec
     from ..models import FAMILIES
 
     if not isinstance(model, str) or model not in FAMILIES:
-        raise WidthscopeError(f"{_where(ctx)}: model {model!r} is not a model family; valid: {', '.join(FAMILIES)} "
-                              f"(set model = ... when the family's name is not one)")
+        raise WidthscopeError(
+            f"{_where(ctx)}: model {model!r} is not a model family; valid: {', '.join(FAMILIES)} "
+            f"(set model = ... when the family's name is not one)"
+        )
     if not isinstance(raw["dataset"], str) or raw["dataset"] not in wdata.DATASETS:
         raise WidthscopeError(f"{_where(ctx)}: dataset {raw['dataset']!r} unknown; valid: {', '.join(wdata.DATASETS)}")
     if train.get("loss") == "mse" and raw["dataset"] in LM_DATASETS:
-        raise WidthscopeError(f"{_where(ctx)}: train.loss = 'mse' is for classification; {raw['dataset']!r} is "
-                              "language modelling: use 'auto'")
+        raise WidthscopeError(
+            f"{_where(ctx)}: train.loss = 'mse' is for classification; {raw['dataset']!r} is "
+            "language modelling: use 'auto'"
+        )
     probes_raw = raw.get("probes")
     single = {k: raw[k] for k in ("probe_data", "probe_test_data", "probe_data_options") if k in raw}
     if single:
         if probes_raw is not None:
             raise WidthscopeError(f"{_where(ctx)}: give probes = [...] or probe_data/probe_test_data, not both")
-        probes_raw = [{"name": "probe", "data": single.get("probe_data", raw["dataset"]),
-                       **({"test_data": single["probe_test_data"]} if "probe_test_data" in single else {}),
-                       **({"data_options": single["probe_data_options"]} if "probe_data_options" in single else {})}]
+        probes_raw = [
+            {
+                "name": "probe",
+                "data": single.get("probe_data", raw["dataset"]),
+                **({"test_data": single["probe_test_data"]} if "probe_test_data" in single else {}),
+                **({"data_options": single["probe_data_options"]} if "probe_data_options" in single else {}),
+            }
+        ]
     probes = _probes(probes_raw, raw["dataset"], ctx)
     lens = raw.get("probe_seq_len")
     if lens is not None:
-        if not isinstance(lens, list) or not lens or any(isinstance(v, bool) or not isinstance(v, int) or v < 2
-                                                         for v in lens):
-            raise WidthscopeError(f"{_where(ctx)}: probe_seq_len must be a non-empty list of whole numbers >= 2, "
-                                  f"got {lens!r}")
+        if (
+            not isinstance(lens, list)
+            or not lens
+            or any(isinstance(v, bool) or not isinstance(v, int) or v < 2 for v in lens)
+        ):
+            raise WidthscopeError(
+                f"{_where(ctx)}: probe_seq_len must be a non-empty list of whole numbers >= 2, got {lens!r}"
+            )
         lens = list(dict.fromkeys(lens))
     return FamilySpec(
-        probes=probes, probe_seq_len=lens,
-        name=name, model=model, widths=[w if isinstance(w, int) else float(w) for w in widths],
-        dataset=raw["dataset"], n_train=n_train, n_test=n_test,
+        probes=probes,
+        probe_seq_len=lens,
+        name=name,
+        model=model,
+        widths=[w if isinstance(w, int) else float(w) for w in widths],
+        dataset=raw["dataset"],
+        n_train=n_train,
+        n_test=n_test,
         model_options=_table(raw.get("model_options"), f"{ctx} model_options"),
         data_options=_table(raw.get("data_options"), f"{ctx} data_options"),
-        train=train, n_probe_train=n_pa, n_probe_test=n_pb, probe_batch_size=pbs,
-        points=list(points) if points is not None else None)
+        train=train,
+        n_probe_train=n_pa,
+        n_probe_test=n_pb,
+        probe_batch_size=pbs,
+        points=list(points) if points is not None else None,
+    )
 
 
 def _number(train: Mapping[str, Any], key: str, ctx: str, *, low: float, strict: bool, also: str = "") -> None:
     v = train.get(key)
     if v is None:
         return
-    ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-          and (v > low if strict else v >= low))
+    ok = (
+        isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and math.isfinite(v)
+        and (v > low if strict else v >= low)
+    )
     if not ok:
-        raise WidthscopeError(f"{_where(ctx)}: train.{key} must be a finite number {'>' if strict else '>='} {low:g}"
-                              f"{also}, got {v!r}")
+        raise WidthscopeError(
+            f"{_where(ctx)}: train.{key} must be a finite number {'>' if strict else '>='} {low:g}{also}, got {v!r}"
+        )
 
 
 def _check_train(train: Mapping[str, Any], ctx: str) -> None:
@@ -214,8 +246,9 @@ def monitor_steps(steps: int, every: int | str = "log", count: int = 6, at: Sequ
     return sorted(set(range(0, steps + 1, int(every))) | {steps})
 
 
-def _monitor(raw: Any, fam: FamilySpec, MK: Sequence[tuple[int, int]], budgets: Sequence[int] | None
-             ) -> dict[str, Any] | None:
+def _monitor(
+    raw: Any, fam: FamilySpec, MK: Sequence[tuple[int, int]], budgets: Sequence[int] | None
+) -> dict[str, Any] | None:
     """The validated ``monitor`` table of one family (None: no monitor), with every default filled in:
     ``steps`` (the probed optimizer steps), ``points`` (None: the family's certify points), pool sizes
     ``n_train``/``n_test`` (default: certify's), ``M``/``K`` (default: the largest sweep pair that fits the
@@ -233,18 +266,24 @@ def _monitor(raw: Any, fam: FamilySpec, MK: Sequence[tuple[int, int]], budgets: 
     if "at" in mon and ("every" in mon or "count" in mon):
         raise WidthscopeError(f"{where}: give at = [steps] or every/count, not both")
     if every != "log" and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-        raise WidthscopeError(f"{where}.every must be a whole number of optimizer steps >= 1 or \"log\" "
-                              f"(log-spaced), got {every!r}")
+        raise WidthscopeError(
+            f'{where}.every must be a whole number of optimizer steps >= 1 or "log" (log-spaced), got {every!r}'
+        )
     count = _int(mon.get("count", 6), f"{where}.count (the number of log-spaced probes)", minimum=2)
     if "count" in mon and every != "log":
-        raise WidthscopeError(f"{where}.count sets the number of log-spaced probes: it goes with every = \"log\", "
-                              f"not every = {every!r}")
+        raise WidthscopeError(
+            f'{where}.count sets the number of log-spaced probes: it goes with every = "log", not every = {every!r}'
+        )
     at = mon.get("at")
     if at is not None:
-        if (not isinstance(at, list) or not at or any(isinstance(v, bool) or not isinstance(v, int)
-                                                      or not 0 <= v <= steps for v in at)):
-            raise WidthscopeError(f"{where}.at must be a non-empty list of optimizer steps 0..{steps} "
-                                  f"(train.steps), got {at!r}")
+        if (
+            not isinstance(at, list)
+            or not at
+            or any(isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= steps for v in at)
+        ):
+            raise WidthscopeError(
+                f"{where}.at must be a non-empty list of optimizer steps 0..{steps} (train.steps), got {at!r}"
+            )
     points = mon.get("points")
     if points is not None and (not isinstance(points, list) or not all(isinstance(p, str) for p in points)):
         raise WidthscopeError(f"{where}.points must be a list of insertion-point names, got {points!r}")
@@ -254,8 +293,10 @@ def _monitor(raw: Any, fam: FamilySpec, MK: Sequence[tuple[int, int]], budgets: 
     sizes = list(budgets) if budgets else [fam.n_train] if fam.n_train is not None else []
     for nt in sizes:
         if n_tr > nt:
-            raise WidthscopeError(f"{where}.n_train={n_tr} exceeds the training set size {nt}: the pool is drawn "
-                                  "from the fitted examples; lower monitor.n_train")
+            raise WidthscopeError(
+                f"{where}.n_train={n_tr} exceeds the training set size {nt}: the pool is drawn "
+                "from the fitted examples; lower monitor.n_train"
+            )
     if n_te > fam.n_test:
         raise WidthscopeError(f"{where}.n_test={n_te} exceeds n_test={fam.n_test}: lower monitor.n_test")
     if "M" in mon or "K" in mon:
@@ -264,31 +305,50 @@ def _monitor(raw: Any, fam: FamilySpec, MK: Sequence[tuple[int, int]], budgets: 
     else:
         fits = [(m, k) for m, k in MK if m <= n_tr and k <= n_te]
         if not fits:
-            raise WidthscopeError(f"{where}: the pools ({n_tr} train, {n_te} held-out) are smaller than every "
-                                  f"(M, K) of the sweep {list(MK)}; raise monitor.n_train/n_test or set monitor.M")
+            raise WidthscopeError(
+                f"{where}: the pools ({n_tr} train, {n_te} held-out) are smaller than every "
+                f"(M, K) of the sweep {list(MK)}; raise monitor.n_train/n_test or set monitor.M"
+            )
         M, K = max(fits, key=lambda t: (t[0] * t[1], t))
     if M > n_tr or K > n_te:
-        raise WidthscopeError(f"{where}: (M, K) = ({M}, {K}) needs at least {M} train and {K} held-out examples, "
-                              f"but the pools have n_train={n_tr}, n_test={n_te}; raise those or lower monitor.M/K")
+        raise WidthscopeError(
+            f"{where}: (M, K) = ({M}, {K}) needs at least {M} train and {K} held-out examples, "
+            f"but the pools have n_train={n_tr}, n_test={n_te}; raise those or lower monitor.M/K"
+        )
     cond = mon.get("probe")
     names = [c["name"] for c in fam.probes or []]
     if cond is not None and cond not in names:
-        raise WidthscopeError(f"{where}.probe {cond!r} is not one of the family's probes "
-                              f"({', '.join(map(repr, names)) or 'it has none: give probes = [...] or omit probe'})")
+        raise WidthscopeError(
+            f"{where}.probe {cond!r} is not one of the family's probes "
+            f"({', '.join(map(repr, names)) or 'it has none: give probes = [...] or omit probe'})"
+        )
     seq_len = mon.get("seq_len")
     if seq_len is not None:
         if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
-            raise WidthscopeError(f"{where}.seq_len must be a whole number >= 2 (a probe length in tokens), "
-                                  f"got {seq_len!r}")
+            raise WidthscopeError(
+                f"{where}.seq_len must be a whole number >= 2 (a probe length in tokens), got {seq_len!r}"
+            )
         if fam.dataset not in LM_DATASETS:
             raise WidthscopeError(f"{where}.seq_len is a text probe length; {fam.dataset!r} is not text: omit it")
     delta = mon.get("delta", 0.05)
     if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 < float(delta) < 1.0:
-        raise WidthscopeError(f"{where}.delta must be a probability in (0, 1) (the certified level of B_exact), "
-                              f"got {delta!r}")
-    return {"every": None if at is not None else every, "count": count if every == "log" and at is None else None,
-            "at": at, "steps": monitor_steps(steps, every, count, at), "points": list(points) if points else None,
-            "n_train": n_tr, "n_test": n_te, "M": M, "K": K, "delta": float(delta), "probe": cond, "seq_len": seq_len}
+        raise WidthscopeError(
+            f"{where}.delta must be a probability in (0, 1) (the certified level of B_exact), got {delta!r}"
+        )
+    return {
+        "every": None if at is not None else every,
+        "count": count if every == "log" and at is None else None,
+        "at": at,
+        "steps": monitor_steps(steps, every, count, at),
+        "points": list(points) if points else None,
+        "n_train": n_tr,
+        "n_test": n_te,
+        "M": M,
+        "K": K,
+        "delta": float(delta),
+        "probe": cond,
+        "seq_len": seq_len,
+    }
 
 
 def _probes(raw: Any, dataset: str, ctx: str) -> list[dict[str, Any]] | None:
@@ -296,8 +356,10 @@ def _probes(raw: Any, dataset: str, ctx: str) -> list[dict[str, Any]] | None:
     if raw is None:
         return None
     if not isinstance(raw, list) or not raw or not all(isinstance(c, Mapping) for c in raw):
-        raise WidthscopeError(f"{_where(ctx)}: probes must be a list of tables, e.g. "
-                              "[{name = 'in-domain'}, {name = 'shifted', data = 'prose'}]")
+        raise WidthscopeError(
+            f"{_where(ctx)}: probes must be a list of tables, e.g. "
+            "[{name = 'in-domain'}, {name = 'shifted', data = 'prose'}]"
+        )
     out, names = [], set()
     from .. import data as wdata
 
@@ -310,25 +372,40 @@ def _probes(raw: Any, dataset: str, ctx: str) -> list[dict[str, Any]] | None:
         for key in ("data", "test_data"):
             v = c.get(key)
             if v is not None and (not isinstance(v, str) or v not in wdata.DATASETS):
-                raise WidthscopeError(f"{_where(ctx)}: probes {name!r} {key} must be a dataset name "
-                                      f"({', '.join(wdata.DATASETS)}), got {v!r}")
+                raise WidthscopeError(
+                    f"{_where(ctx)}: probes {name!r} {key} must be a dataset name "
+                    f"({', '.join(wdata.DATASETS)}), got {v!r}"
+                )
         shift = c.get("shift")
         if shift is not None:
             _parse_shift(shift, f"{_where(ctx)}: probes {name!r}")
         lens = c.get("seq_len")
         if isinstance(lens, int) and not isinstance(lens, bool):
             lens = [lens]
-        if lens is not None and (not isinstance(lens, list) or not lens or any(
-                isinstance(v, bool) or not isinstance(v, int) or v < 2 for v in lens)):
-            raise WidthscopeError(f"{_where(ctx)}: probes {name!r} seq_len must be a whole number >= 2 or a list "
-                                  f"of them, got {lens!r}")
+        if lens is not None and (
+            not isinstance(lens, list)
+            or not lens
+            or any(isinstance(v, bool) or not isinstance(v, int) or v < 2 for v in lens)
+        ):
+            raise WidthscopeError(
+                f"{_where(ctx)}: probes {name!r} seq_len must be a whole number >= 2 or a list of them, got {lens!r}"
+            )
         if (c.get("data") or dataset) == dataset and c.get("data_options"):
-            raise WidthscopeError(f"{_where(ctx)}: probes {name!r} reads the training dataset {dataset!r}: it takes "
-                                  "no data_options (another cut of the training corpus would put trained-on text in "
-                                  "the held-out pool); use seq_len for other probe lengths")
-        out.append({"name": name, "data": c.get("data") or dataset, "test_data": c.get("test_data"),
-                    "data_options": _table(c.get("data_options"), f"{ctx} probes {name!r} data_options"),
-                    "shift": shift, "seq_len": lens})
+            raise WidthscopeError(
+                f"{_where(ctx)}: probes {name!r} reads the training dataset {dataset!r}: it takes "
+                "no data_options (another cut of the training corpus would put trained-on text in "
+                "the held-out pool); use seq_len for other probe lengths"
+            )
+        out.append(
+            {
+                "name": name,
+                "data": c.get("data") or dataset,
+                "test_data": c.get("test_data"),
+                "data_options": _table(c.get("data_options"), f"{ctx} probes {name!r} data_options"),
+                "shift": shift,
+                "seq_len": lens,
+            }
+        )
     return out
 
 
@@ -350,8 +427,9 @@ def _parse_shift(shift: Any, where: str) -> tuple[str, Any]:
     raise WidthscopeError(f"{where}: unknown shift {shift!r}; choose one of {', '.join(SHIFTS)}")
 
 
-def load_config(source: str | os.PathLike | Mapping[str, Any], *, out_dir: str | os.PathLike | None = None
-                ) -> SweepConfig:
+def load_config(
+    source: str | os.PathLike | Mapping[str, Any], *, out_dir: str | os.PathLike | None = None
+) -> SweepConfig:
     """Parse and validate a sweep config from a TOML file path or an already-parsed dict.
 
     Raises :class:`WidthscopeError` naming the offending key and the valid choices.
@@ -370,8 +448,10 @@ def load_config(source: str | os.PathLike | Mapping[str, Any], *, out_dir: str |
     if isinstance(fams_raw, Mapping):
         fams_raw = [fams_raw]
     if not fams_raw:
-        raise WidthscopeError(f"{what} has no [[family]] entries{' (the file sets nothing)' if not raw else ''}; "
-                              f"add at least one, e.g. {EXAMPLE_FAMILY} (reference: docs/sweeps.md)")
+        raise WidthscopeError(
+            f"{what} has no [[family]] entries{' (the file sets nothing)' if not raw else ''}; "
+            f"add at least one, e.g. {EXAMPLE_FAMILY} (reference: docs/sweeps.md)"
+        )
     name = sw.get("name", stem)
     if not isinstance(name, str) or not name:
         raise WidthscopeError("sweep config [sweep]: name must be a non-empty string")
@@ -385,8 +465,10 @@ def load_config(source: str | os.PathLike | Mapping[str, Any], *, out_dir: str |
         raise WidthscopeError("[sweep] paired must be true or false")
     if paired:
         if len(Ks) != len(Ms):
-            raise WidthscopeError(f"[sweep] paired = true needs M and K of equal length (got {len(Ms)} and "
-                                  f"{len(Ks)}); set paired = false for every M with every K")
+            raise WidthscopeError(
+                f"[sweep] paired = true needs M and K of equal length (got {len(Ms)} and "
+                f"{len(Ks)}); set paired = false for every M with every K"
+            )
         MK = list(zip(Ms, Ks))
     else:
         MK = [(m, k) for m in Ms for k in Ks]
@@ -407,8 +489,9 @@ def load_config(source: str | os.PathLike | Mapping[str, Any], *, out_dir: str |
     try:
         meta = torch.device(device).type == "meta"
     except (RuntimeError, ValueError) as exc:
-        raise WidthscopeError(f"[sweep] device {device!r} is not a torch device ({exc}); use e.g. cpu, cuda, "
-                              "cuda:1, mps") from None
+        raise WidthscopeError(
+            f"[sweep] device {device!r} is not a torch device ({exc}); use e.g. cpu, cuda, cuda:1, mps"
+        ) from None
     if meta:
         raise WidthscopeError("[sweep] device 'meta' holds no data and cannot train; use e.g. cpu, cuda")
     threads = _int(sw["threads"], "[sweep] threads") if "threads" in sw else None
@@ -417,9 +500,13 @@ def load_config(source: str | os.PathLike | Mapping[str, Any], *, out_dir: str |
         raise WidthscopeError(f"[sweep] interventions {interventions!r} unknown; valid: bias, block, none")
     etas = sw.get("etas")
     if etas is not None:
-        if (not isinstance(etas, list) or not etas
-                or not all(isinstance(e, (int, float)) and not isinstance(e, bool) and math.isfinite(e) and e > 0
-                           for e in etas)):
+        if (
+            not isinstance(etas, list)
+            or not etas
+            or not all(
+                isinstance(e, (int, float)) and not isinstance(e, bool) and math.isfinite(e) and e > 0 for e in etas
+            )
+        ):
             raise WidthscopeError(f"[sweep] etas must be a non-empty list of positive finite numbers, got {etas!r}")
         etas = [float(e) for e in etas]
     families = [_family(f, i, budgets) for i, f in enumerate(fams_raw)]
@@ -435,13 +522,27 @@ def load_config(source: str | os.PathLike | Mapping[str, Any], *, out_dir: str |
                 raise WidthscopeError(
                     f"sweep config family {f.name!r}: (M, K) = ({m}, {k}) needs at least {m} train and {k} "
                     f"held-out probe samples, but certify has n_probe_train={f.n_probe_train}, "
-                    f"n_probe_test={f.n_probe_test}; raise those or lower M/K")
+                    f"n_probe_test={f.n_probe_test}; raise those or lower M/K"
+                )
     bad = first_nonfinite(raw)  # a safety net for free-form tables (model_options, data_options)
     if bad:
         raise WidthscopeError(f"sweep config {bad}: must be a finite number (inf and nan are never meaningful here)")
     out = str(out_dir) if out_dir is not None else sw.get("out_dir", f"widthscope-results/{name}")
     if not isinstance(out, str) or not out:
         raise WidthscopeError("[sweep] out_dir must be a non-empty path string")
-    return SweepConfig(name=name, out_dir=str(out), families=families, seeds=seeds, MK=MK, draws=draws,
-                       estimator=estimator, pool=pool, budgets=budgets, data_seed=data_seed, device=device,
-                       threads=threads, interventions=interventions, etas=etas)
+    return SweepConfig(
+        name=name,
+        out_dir=str(out),
+        families=families,
+        seeds=seeds,
+        MK=MK,
+        draws=draws,
+        estimator=estimator,
+        pool=pool,
+        budgets=budgets,
+        data_seed=data_seed,
+        device=device,
+        threads=threads,
+        interventions=interventions,
+        etas=etas,
+    )

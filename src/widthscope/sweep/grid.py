@@ -11,6 +11,7 @@ grid without overlap. While a sweep runs it holds an advisory lock on the result
 (:func:`lock_out_dir`), so a second identical run into it is refused instead of redoing every
 cell; the kernel releases the lock when the process ends, however it ends.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,11 +25,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from .._io import Skipped, record_skips, atomic_write_json, atomic_write_text, cut_off, progress, to_jsonable, warn_skips
+from .._io import (
+    Skipped,
+    atomic_write_json,
+    atomic_write_text,
+    cut_off,
+    progress,
+    record_skips,
+    to_jsonable,
+    warn_skips,
+)
 from ..errors import WidthscopeError
 
-__all__ = ["cell_id", "parse_shard", "shard_for_run", "finish_after_ranks", "shard_cells", "run_grid", "load_rows",
-           "lock_out_dir", "GridResult", "read_cell", "new_backup_dir", "set_aside"]
+__all__ = [
+    "cell_id",
+    "parse_shard",
+    "shard_for_run",
+    "finish_after_ranks",
+    "shard_cells",
+    "run_grid",
+    "load_rows",
+    "lock_out_dir",
+    "GridResult",
+    "read_cell",
+    "new_backup_dir",
+    "set_aside",
+]
 
 RESULTS = "results.jsonl"
 LOCK = ".widthscope.lock"
@@ -128,8 +150,10 @@ def lock_out_dir(out_dir: str | os.PathLike, shard: tuple[int, int] = (1, 1), wh
     fds: list[int] = []
 
     def refuse(holder: str) -> WidthscopeError:
-        return WidthscopeError(f"results directory {str(out_dir)!r} is in use by another {what} ({holder}); "
-                               f"wait for it to finish or stop it, or choose another --out")
+        return WidthscopeError(
+            f"results directory {str(out_dir)!r} is in use by another {what} ({holder}); "
+            f"wait for it to finish or stop it, or choose another --out"
+        )
 
     def take(path: Path, mode: int) -> int | None:
         try:
@@ -144,13 +168,17 @@ def lock_out_dir(out_dir: str | os.PathLike, shard: tuple[int, int] = (1, 1), wh
             if path != main or mode == fcntl.LOCK_SH:  # an unsharded run (or this same shard) holds it
                 raise refuse(_holder(path) + ("" if path == main else f", shard {k}/{n}")) from None
             shards = [p for p in sorted(out_dir.glob(LOCK + ".*-of-*")) if _held(p)]
-            raise refuse(", ".join(f"{_holder(p)}, shard {p.name.rsplit('.', 1)[1].replace('-of-', '/')}"
-                                   for p in shards) or _holder(main)) from None
+            raise refuse(
+                ", ".join(f"{_holder(p)}, shard {p.name.rsplit('.', 1)[1].replace('-of-', '/')}" for p in shards)
+                or _holder(main)
+            ) from None
         except OSError as exc:  # a filesystem without locks (some network mounts): run, but say so
             if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
                 raise
-            print(f"note: {str(out_dir)!r} cannot be locked ({exc.strerror}); do not start a second {what} "
-                  "into it", file=sys.stderr)
+            print(
+                f"note: {str(out_dir)!r} cannot be locked ({exc.strerror}); do not start a second {what} into it",
+                file=sys.stderr,
+            )
             return None
         return fd
 
@@ -174,10 +202,10 @@ def shard_cells(cells: Sequence[Mapping[str, Any]], k: int, n: int) -> list[Mapp
 @dataclass
 class GridResult:
     out_dir: Path
-    done: list[str] = field(default_factory=list)      # ran in this call
-    skipped: list[str] = field(default_factory=list)   # already finished before this call
+    done: list[str] = field(default_factory=list)  # ran in this call
+    skipped: list[str] = field(default_factory=list)  # already finished before this call
     rows: list[dict[str, Any]] = field(default_factory=list)  # every finished row in out_dir
-    damaged: list[str] = field(default_factory=list)   # damaged cell files of this shard, set aside (new paths)
+    damaged: list[str] = field(default_factory=list)  # damaged cell files of this shard, set aside (new paths)
     problems: list[Skipped] = field(default_factory=list)  # damaged cell files left out of ``rows``
 
     @property
@@ -242,8 +270,9 @@ def set_aside(out_dir: str | Path, paths: Sequence[Path], backup: Path) -> list[
     return moved
 
 
-def load_rows(out_dir: str | Path, *, rebuild: bool = True, problems: list[Skipped] | None = None
-              ) -> list[dict[str, Any]]:
+def load_rows(
+    out_dir: str | Path, *, rebuild: bool = True, problems: list[Skipped] | None = None
+) -> list[dict[str, Any]]:
     """All rows of all finished cells in ``out_dir``, in a stable order.
 
     With ``rebuild`` (default; what a sweep does) also rewrites ``results.jsonl`` atomically from
@@ -267,11 +296,15 @@ def load_rows(out_dir: str | Path, *, rebuild: bool = True, problems: list[Skipp
     return rows
 
 
-def run_grid(cells: Sequence[Mapping[str, Any]],
-             fn: Callable[[Mapping[str, Any], Path], list[dict[str, Any]]],
-             out_dir: str | Path, *, shard: tuple[int, int] = (1, 1), desc: str = "cells",
-             on_cell: Callable[[Mapping[str, Any], list[dict[str, Any]]], None] | None = None
-             ) -> GridResult:
+def run_grid(
+    cells: Sequence[Mapping[str, Any]],
+    fn: Callable[[Mapping[str, Any], Path], list[dict[str, Any]]],
+    out_dir: str | Path,
+    *,
+    shard: tuple[int, int] = (1, 1),
+    desc: str = "cells",
+    on_cell: Callable[[Mapping[str, Any], list[dict[str, Any]]], None] | None = None,
+) -> GridResult:
     """Run ``fn(cell, cell_dir) -> rows`` for every unfinished cell of this shard.
 
     Each row gets ``cell_id``, ``cell_index``, ``row_index``, the cell's parameters and the
@@ -279,7 +312,7 @@ def run_grid(cells: Sequence[Mapping[str, Any]],
     per-cell scratch folder for checkpoints.
     """
     from .._env import environment
-    from .._io import unwritable, on_interrupt
+    from .._io import on_interrupt, unwritable
 
     out_dir = Path(out_dir)
     try:
@@ -289,8 +322,9 @@ def run_grid(cells: Sequence[Mapping[str, Any]],
 
     def finished() -> str | None:
         n_done = len(list((out_dir / "cells").glob("*.json")))
-        return (f"{n_done} finished cell(s) in {out_dir / 'cells'} (rerun the same command to resume)"
-                if n_done else None)
+        return (
+            f"{n_done} finished cell(s) in {out_dir / 'cells'} (rerun the same command to resume)" if n_done else None
+        )
 
     on_interrupt(finished)
     k, n = shard
@@ -311,8 +345,10 @@ def run_grid(cells: Sequence[Mapping[str, Any]],
     if damaged:  # its rows are lost: keep the file for inspection and compute the cell again
         moved = set_aside(out_dir, [p for p, _ in damaged], new_backup_dir(out_dir))
         for (path, why), dest in zip(damaged, moved):
-            print(f"widthscope: note: damaged cell file {path}: {why}; moved to {dest}, the cell runs again",
-                  file=sys.stderr)
+            print(
+                f"widthscope: note: damaged cell file {path}: {why}; moved to {dest}, the cell runs again",
+                file=sys.stderr,
+            )
             result.damaged.append(str(dest))
     for i, c, cid in progress(todo, desc=desc, total=len(todo)):
         t0 = time.perf_counter()
@@ -339,7 +375,10 @@ def run_grid(cells: Sequence[Mapping[str, Any]],
     result.rows = load_rows(out_dir, problems=result.problems)
     if result.problems:  # cells outside this run's shard or grid: their own run sets them aside
         warn_skips(result.problems)
-        print(f"widthscope: note: {RESULTS} leaves out the {len(result.problems)} damaged cell file(s) above; "
-              "rerun the sweep that owns them to compute them again, or `widthscope repair "
-              f"{out_dir}` to set them aside with a backup", file=sys.stderr)
+        print(
+            f"widthscope: note: {RESULTS} leaves out the {len(result.problems)} damaged cell file(s) above; "
+            "rerun the sweep that owns them to compute them again, or `widthscope repair "
+            f"{out_dir}` to set them aside with a backup",
+            file=sys.stderr,
+        )
     return result

@@ -5,6 +5,7 @@ The split is loaded once per process for every width and seed (:func:`_load_spli
 are seeded samples (:func:`_take`), drawn by the same rules for certify (:func:`_probe_pools`) and for
 the monitor, so a run is reproducible from its config alone.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["apply_shift", "cell_input_spec"]
 
 
-def apply_shift(pair: tuple[Any, Any], shift: str | None, input_shape: tuple[int, ...], seed: int
-                ) -> tuple[Any, Any]:
+def apply_shift(pair: tuple[Any, Any], shift: str | None, input_shape: tuple[int, ...], seed: int) -> tuple[Any, Any]:
     """A fixed, documented corruption of image inputs: ``noise:σ`` adds seeded Gaussian noise of
     standard deviation σ (inputs are standardised), ``contrast:c`` scales every input about its
     own mean by ``c``, ``blur`` averages each pixel with its 3×3 neighbourhood, ``classes:a,b``
@@ -65,12 +65,12 @@ def _load_split(fam: FamilySpec, budget: int, cfg: SweepConfig) -> Split:
     """Load (and memoise per process) the dataset; every width and seed sees the same split."""
     from .. import data as wdata
 
-    key = json.dumps([fam.dataset, fam.data_options, budget, fam.n_test, cfg.data_seed], sort_keys=True,
-                     default=str)
+    key = json.dumps([fam.dataset, fam.data_options, budget, fam.n_test, cfg.data_seed], sort_keys=True, default=str)
     if key not in _SPLITS:
         _SPLITS.clear()  # one split at a time keeps memory flat on long multi-family sweeps
-        _SPLITS[key] = wdata.load(fam.dataset, n_train=budget, n_test=fam.n_test, seed=cfg.data_seed,
-                                  **fam.data_options)
+        _SPLITS[key] = wdata.load(
+            fam.dataset, n_train=budget, n_test=fam.n_test, seed=cfg.data_seed, **fam.data_options
+        )
     return _SPLITS[key]
 
 
@@ -116,16 +116,21 @@ def _probe_len(pair: Sequence[Any], split: Any) -> int | None:
     return int(X.shape[1]) if split.task == "lm" and hasattr(X, "shape") and X.dim() == 2 else None
 
 
-def _in_domain(fam: FamilySpec, L: int | None, split: Any, cfg: SweepConfig
-               ) -> tuple[tuple[Any, ...], tuple[Any, ...], dict[str, Any] | None, str]:
+def _in_domain(
+    fam: FamilySpec, L: int | None, split: Any, cfg: SweepConfig
+) -> tuple[tuple[Any, ...], tuple[Any, ...], dict[str, Any] | None, str]:
     """Both pools from the training data: fitted examples and the held-out part. At a text
     length other than the training one, the corpus is re-cut at ``L`` inside the recorded fitted /
     held-out byte ranges, so no held-out probe chunk was trained on."""
     seed = cfg.data_seed
     train_len = int(split.input_shape[-1]) if split.task == "lm" else None
     if L is None or L == train_len:
-        return (_take(split.train, fam.n_probe_train, seed), _take(split.test, fam.n_probe_test, seed + 1), None,
-                f"{fam.dataset} (in-domain: fitted examples / held-out part)")
+        return (
+            _take(split.train, fam.n_probe_train, seed),
+            _take(split.test, fam.n_probe_test, seed + 1),
+            None,
+            f"{fam.dataset} (in-domain: fitted examples / held-out part)",
+        )
     import numpy as np
     import torch
 
@@ -138,18 +143,25 @@ def _in_domain(fam: FamilySpec, L: int | None, split: Any, cfg: SweepConfig
     tr, te = (recorded_chunks(rec, len(buf), L, p) for p in ("fitted", "heldout"))
     for what, idx, n in (("fitted", tr, fam.n_probe_train), ("held-out", te, fam.n_probe_test)):
         if len(idx) < n:
-            raise WidthscopeError(f"family {fam.name!r}: at probe_seq_len {L} only {len(idx)} chunks lie wholly "
-                                  f"inside the {what} text (trained at {train_len}); lower n_probe or the length")
+            raise WidthscopeError(
+                f"family {fam.name!r}: at probe_seq_len {L} only {len(idx)} chunks lie wholly "
+                f"inside the {what} text (trained at {train_len}); lower n_probe or the length"
+            )
     g = lambda s_: torch.Generator().manual_seed(int(s_))  # noqa: E731
-    a = np.sort(tr[torch.randperm(len(tr), generator=g(seed))[:fam.n_probe_train].numpy()])
-    b = np.sort(te[torch.randperm(len(te), generator=g(seed + 1))[:fam.n_probe_test].numpy()])
+    a = np.sort(tr[torch.randperm(len(tr), generator=g(seed))[: fam.n_probe_train].numpy()])
+    b = np.sort(te[torch.randperm(len(te), generator=g(seed + 1))[: fam.n_probe_test].numpy()])
     A, B = corpus_chunks(buf, L, a), corpus_chunks(buf, L, b)
-    return ((A, A), (B, B), {"train": a * L, "test": b * L},
-            f"{fam.dataset} (in-domain, re-cut at {L} inside the fitted / held-out byte ranges)")
+    return (
+        (A, A),
+        (B, B),
+        {"train": a * L, "test": b * L},
+        f"{fam.dataset} (in-domain, re-cut at {L} inside the fitted / held-out byte ranges)",
+    )
 
 
-def _probe_pools(fam: FamilySpec, cond: Mapping[str, Any], L: int | None, split: Any, cfg: SweepConfig
-                 ) -> tuple[tuple[Any, ...], tuple[Any, ...], str, dict[str, Any] | None]:
+def _probe_pools(
+    fam: FamilySpec, cond: Mapping[str, Any], L: int | None, split: Any, cfg: SweepConfig
+) -> tuple[tuple[Any, ...], tuple[Any, ...], str, dict[str, Any] | None]:
     """(train pool, held-out pool, description, corpus byte offsets of the rows or None) of one
     probe condition at probe length ``L``.
 
@@ -172,8 +184,10 @@ def _probe_pools(fam: FamilySpec, cond: Mapping[str, Any], L: int | None, split:
                 opts["seq_len"] = L
             got = wdata.load(name, seed=seed, **opts)
             if got.task != split.task or (split.task == "lm" and got.num_classes != split.num_classes):
-                raise WidthscopeError(f"family {fam.name!r}: probe {cond['name']!r} data {name!r} does not fit the "
-                                      f"model trained on {fam.dataset!r}")
+                raise WidthscopeError(
+                    f"family {fam.name!r}: probe {cond['name']!r} data {name!r} does not fit the "
+                    f"model trained on {fam.dataset!r}"
+                )
             loaded[name] = got
         return loaded[name]
 
@@ -182,21 +196,30 @@ def _probe_pools(fam: FamilySpec, cond: Mapping[str, Any], L: int | None, split:
         pa, offsets_a, desc_a = inside[0], inside[2], "fitted examples"
     else:
         o = other(data)
-        pa, offsets_a, desc_a = _take(o.train, min(fam.n_probe_train, len(o.train[0])), seed), None, \
-            f"{data} train part"
+        pa, offsets_a, desc_a = (
+            _take(o.train, min(fam.n_probe_train, len(o.train[0])), seed),
+            None,
+            f"{data} train part",
+        )
     if test == fam.dataset and inside is not None:
         pb, offsets_b, desc_b = inside[1], inside[2], "held-out part"
     else:
         h = other(test)
-        pb, offsets_b, desc_b = _take(h.test, min(fam.n_probe_test, len(h.test[0])), seed + 1), None, \
-            f"{test} held-out part"
+        pb, offsets_b, desc_b = (
+            _take(h.test, min(fam.n_probe_test, len(h.test[0])), seed + 1),
+            None,
+            f"{test} held-out part",
+        )
     if data == test == fam.dataset and inside is not None:
         desc, offsets = inside[3], inside[2]
     else:
         desc = f"{desc_a} / {desc_b}"
         if offsets_a is not None or offsets_b is not None:
-            offsets = {k: v for k, v in (("train", (offsets_a or {}).get("train")),
-                                         ("test", (offsets_b or {}).get("test"))) if v is not None}
+            offsets = {
+                k: v
+                for k, v in (("train", (offsets_a or {}).get("train")), ("test", (offsets_b or {}).get("test")))
+                if v is not None
+            }
     if cond.get("shift"):
         pa = apply_shift(tuple(pa), cond["shift"], tuple(split.input_shape), seed)
         pb = apply_shift(tuple(pb), cond["shift"], tuple(split.input_shape), seed + 1)
@@ -212,10 +235,12 @@ def _probe_words(cond: Mapping[str, Any], pa: Sequence[Any], pb: Sequence[Any], 
     src = wdata.describe_name(data) + ("" if test == data else f" / held-out pool: {wdata.describe_name(test)}")
     L = _probe_len(pa, split)
     unit = f"{L}-byte chunks" if L is not None else "examples"
-    where = ("the training data's fitted / held-out parts" if data == test == split.name
-             else "its train / held-out parts")
-    return (f"{src}; {len(pa[0])} train-pool / {len(pb[0])} held-out-pool {unit} from {where}"
-            + (f", shift {cond['shift']}" if cond.get("shift") else ""))
+    where = (
+        "the training data's fitted / held-out parts" if data == test == split.name else "its train / held-out parts"
+    )
+    return f"{src}; {len(pa[0])} train-pool / {len(pb[0])} held-out-pool {unit} from {where}" + (
+        f", shift {cond['shift']}" if cond.get("shift") else ""
+    )
 
 
 def _batches(pair: tuple[Any, ...], task: str, batch_size: int) -> list[Any]:

@@ -5,6 +5,7 @@ has checked it; the ``*_KEYS`` tables name (and describe) every key a sweep TOML
 column tuples name the row fields other code reads (:data:`CERT_FIELDS`, :data:`TIMING_COLUMNS`,
 :data:`MONITOR_SUMMARY`). Nothing here imports torch.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -18,22 +19,48 @@ if TYPE_CHECKING:
     from ..stats.estimators import Estimator
 
 __all__ = [
-    "CERT_FIELDS", "TIMING_COLUMNS", "MONITOR_TIMING_COLUMNS", "MONITOR_SUMMARY", "SWEEP_KEYS", "FAMILY_KEYS",
-    "PROBE_KEYS", "SHIFTS", "TRAIN_KEYS", "CERTIFY_KEYS", "MONITOR_KEYS", "OPTIMIZERS", "LM_DATASETS",
-    "SCHEDULES", "EXAMPLE_FAMILY", "ESTIMATORS", "POOLS", "FamilySpec", "SweepConfig",
+    "CERT_FIELDS",
+    "TIMING_COLUMNS",
+    "MONITOR_TIMING_COLUMNS",
+    "MONITOR_SUMMARY",
+    "SWEEP_KEYS",
+    "FAMILY_KEYS",
+    "PROBE_KEYS",
+    "SHIFTS",
+    "TRAIN_KEYS",
+    "CERTIFY_KEYS",
+    "MONITOR_KEYS",
+    "OPTIMIZERS",
+    "LM_DATASETS",
+    "SCHEDULES",
+    "EXAMPLE_FAMILY",
+    "ESTIMATORS",
+    "POOLS",
+    "FamilySpec",
+    "SweepConfig",
 ]
 
 # Fields of widthscope.stats.Certificate copied into each row, prefixed "one_" / "two_".
-CERT_FIELDS = ("expectation", "variance", "d_par", "d_2", "d_align", "n_eff", "b_exact", "b_align",
-               "vacuous", "reason")
+CERT_FIELDS = ("expectation", "variance", "d_par", "d_2", "d_align", "n_eff", "b_exact", "b_align", "vacuous", "reason")
 # Columns that measure time and therefore differ between otherwise identical runs.
 TIMING_COLUMNS = ("train_s", "probe_s", "stats_s", "intervene_s", "cell_seconds")
 MONITOR_TIMING_COLUMNS = ("monitor_s", "monitor_probe_s", "monitor_stats_s")  # of monitored cells only
 # Columns a monitored cell adds to its alignment rows (per point; docs/monitor.md §8).
-MONITOR_SUMMARY = ("monitor_point", "monitor_first_cert_step", "monitor_first_cert_b_exact", "monitor_cert_from_step",
-                   "monitor_delta",
-                   "monitor_M", "monitor_K", "monitor_steps_total", "monitor_steps", "monitor_n_train",
-                   "monitor_n_test", "monitor_probe", "monitor_probe_seq_len")
+MONITOR_SUMMARY = (
+    "monitor_point",
+    "monitor_first_cert_step",
+    "monitor_first_cert_b_exact",
+    "monitor_cert_from_step",
+    "monitor_delta",
+    "monitor_M",
+    "monitor_K",
+    "monitor_steps_total",
+    "monitor_steps",
+    "monitor_n_train",
+    "monitor_n_test",
+    "monitor_probe",
+    "monitor_probe_seq_len",
+)
 
 SWEEP_KEYS = {
     "name": "label of the sweep (default: the config file's stem)",
@@ -49,9 +76,9 @@ SWEEP_KEYS = {
     "data_seed": "seed of the train/test split, shared by all cells (default 0)",
     "device": "torch device (default 'cpu')",
     "threads": "torch CPU threads while the sweep runs (default: torch's choice); 1 avoids "
-               "oversubscription when other jobs share the cores",
+    "oversubscription when other jobs share the cores",
     "interventions": "'bias' (default), 'block' or 'none': a direct zero-init residual intervention "
-                     "at every point (rows of kind 'intervention' + iv_* columns on alignment rows)",
+    "at every point (rows of kind 'intervention' + iv_* columns on alignment rows)",
     "etas": "intervention step sizes (default: a log grid scaled to each point)",
 }
 FAMILY_KEYS = {
@@ -64,13 +91,13 @@ FAMILY_KEYS = {
     "n_train": "training examples (required unless [sweep].budgets is given)",
     "n_test": "held-out examples (default: n_probe_test)",
     "train": "table: steps, lr, optimizer, batch_size, warmup, clip, weight_decay, schedule, momentum, "
-             "loss, eval_batch_size, train_eval_examples (options of widthscope.train.train)",
+    "loss, eval_batch_size, train_eval_examples (options of widthscope.train.train)",
     "certify": "table: n_probe_train, n_probe_test, batch_size, points",
     "monitor": "table: every, count, at, points, n_train, n_test, M, K, delta, probe, seq_len: alignment over "
-               "training (widthscope.monitor at the listed optimizer steps; docs/monitor.md)",
+    "training (widthscope.monitor at the listed optimizer steps; docs/monitor.md)",
     "probes": "list of probe conditions {name, data, test_data, data_options, shift, seq_len} (default: one "
-              "'in-domain' condition, the training data's own train/held-out parts); each is a results column "
-              "'probe_set'",
+    "'in-domain' condition, the training data's own train/held-out parts); each is a results column "
+    "'probe_set'",
     "probe_seq_len": "list of probe sequence lengths for text (default: the training length); an axis of the rows",
     "probe_data": "dataset name of the train probe pool (one probe condition named 'probe'; see probes)",
     "probe_test_data": "dataset name of the held-out probe pool (default: probe_data's held-out part)",
@@ -78,15 +105,28 @@ FAMILY_KEYS = {
 }
 PROBE_KEYS = ("name", "data", "test_data", "data_options", "shift", "seq_len")
 SHIFTS = ("noise:SIGMA", "contrast:FACTOR", "blur", "classes:A,B,...")
-TRAIN_KEYS = ("steps", "lr", "optimizer", "batch_size", "warmup", "clip", "weight_decay", "schedule",
-              "momentum", "loss", "eval_batch_size", "train_eval_examples")
+TRAIN_KEYS = (
+    "steps",
+    "lr",
+    "optimizer",
+    "batch_size",
+    "warmup",
+    "clip",
+    "weight_decay",
+    "schedule",
+    "momentum",
+    "loss",
+    "eval_batch_size",
+    "train_eval_examples",
+)
 CERTIFY_KEYS = ("n_probe_train", "n_probe_test", "batch_size", "points")
 MONITOR_KEYS = ("every", "count", "at", "points", "n_train", "n_test", "M", "K", "delta", "probe", "seq_len")
 OPTIMIZERS = ("adamw", "sgd")  # widthscope.train.train
 LM_DATASETS = ("text", "prose")  # byte-level language modelling; every other dataset is classification
 SCHEDULES = ("cosine", "constant")
-EXAMPLE_FAMILY = ('[[family]] name = "mlp", widths = [32, 64], dataset = "digits", n_train = 512, '
-                  'train = { steps = 300, lr = 1e-3 }')
+EXAMPLE_FAMILY = (
+    '[[family]] name = "mlp", widths = [32, 64], dataset = "digits", n_train = 512, train = { steps = 300, lr = 1e-3 }'
+)
 ESTIMATORS = ("unbiased", "plugin")
 POOLS = ("sum", "mean", "flatten")
 

@@ -1,0 +1,439 @@
+r"""Objects a Hugging Face user already holds, turned into probe batches.
+
+:func:`batches_from` takes one pool as the user has it in memory and returns a list of batches
+(as :func:`widthscope.probe.collect` takes them), the loss of the model's task (or None: the
+probe's default for the batch shape) and a short description for the results:
+
+- a ``list[str]`` of texts, with a tokenizer: tokenized with truncation to ``seq_len``, padded on
+  the right to the longest text of the pool (one length for the whole pool), with
+  ``attention_mask`` and, for a causal LM, ``labels`` = the ids with the padding at ``-100``;
+- a ``BatchEncoding`` (what ``tokenizer(texts, padding=True, return_tensors="pt")`` returns) or
+  any mapping of tensors (``input_ids``, ``attention_mask``, ``labels``, ``pixel_values``, ...):
+  the whole pool, cut into batches of ``batch_size`` along dim 0;
+- a ``datasets.Dataset``: a text column (``text_column``, default ``"text"``) is tokenized as a
+  list of texts; tokenized columns (``input_ids`` and optionally ``attention_mask``/``labels``)
+  are padded on the right into tensors;
+- a ``torch.utils.data.DataLoader``: drawn once, each batch as it comes;
+- a list of batches (``(x, y)``, LongTensor ids, dicts with ``input_ids``), as before.
+
+:func:`pools_from` adds a ``datasets.DatasetDict``: its ``train`` split is the train pool and its
+``validation`` split (else ``test``) the held-out pool; it is never re-split.
+
+The task of the model comes from the model (:func:`task_of`: ``widthscope_task``, a
+widthscope family, or a ``transformers.PreTrainedModel``'s class / ``config.architectures``),
+never assumed; the loss is the one the command line uses for that task (the masked-LM loss for
+masked LMs; the probe's causal-LM / cross-entropy default otherwise). A sequence classifier takes
+``({"input_ids", "attention_mask"}, labels)`` pairs, a masked LM gets its tokens masked as the
+command line masks them (seeded, train ``seed``, held-out ``seed + 1``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import WidthscopeError, WidthscopeTypeError
+
+__all__ = ["batches_from", "pools_from", "is_object_pool", "task_of", "loss_for", "DATA_ACCEPTS", "TOKENIZER_ACCEPTS"]
+
+DATA_ACCEPTS = (
+    "a list of texts (list[str], with tokenizer=), a BatchEncoding or mapping of tensors, a "
+    "datasets.Dataset (a text column or tokenized columns), a datasets.DatasetDict (train and "
+    "validation/test splits; data only), a DataLoader, or a list of batches ((x, y), LongTensor "
+    "ids (B, T), dicts with 'input_ids')"
+)
+TOKENIZER_ACCEPTS = (
+    "a Hugging Face tokenizer object (e.g. transformers.AutoTokenizer.from_pretrained(...)), or None "
+    "when the data is already tokenized"
+)
+LM = ("causal-lm", "lm")
+
+
+# ----------------------------------------------------------------------------- task and loss
+def _is_hf(model: nn.Module) -> bool:
+    return any(c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers") for c in type(model).__mro__)
+
+
+def task_of(model: nn.Module) -> str | None:
+    """The model's task: ``widthscope_task`` (models widthscope loaded), a widthscope family
+    (``lm`` / ``classification``), or a ``transformers.PreTrainedModel``'s head from its class (else
+    its ``config.architectures``); None for any other ``nn.Module`` (its task is unknown)."""
+    task = getattr(model, "widthscope_task", None)
+    if isinstance(task, str) and task:
+        return task
+    if getattr(model, "widthscope_config", None) is not None:
+        from .inputs import model_task
+
+        return model_task(model)
+    if not _is_hf(model):
+        return None
+    from ..models.hf import hf_task
+
+    try:
+        return hf_task({"architectures": [type(model).__name__]}, f"{type(model).__name__}")
+    except WidthscopeError:
+        archs = list(getattr(getattr(model, "config", None), "architectures", None) or [])
+        if archs:
+            return hf_task({"architectures": archs}, f"{type(model).__name__}.config")
+        raise
+
+
+def loss_for(task: str | None) -> Callable[[Any, Any], torch.Tensor] | None:
+    """The loss the command line uses for ``task`` (None: the probe's default for the batch)."""
+    if task == "masked-lm":
+        from ..probe.collect import masked_lm_loss
+
+        return masked_lm_loss
+    return None
+
+
+# ----------------------------------------------------------------------------- helpers
+def _datasets_types() -> tuple[type, ...]:
+    try:
+        import datasets
+    except ImportError:  # pragma: no cover - datasets is optional
+        return ()
+    return (datasets.Dataset, datasets.DatasetDict, datasets.IterableDataset, datasets.IterableDatasetDict)
+
+
+def is_dataset_dict(obj: Any) -> bool:
+    types = _datasets_types()
+    return bool(types) and isinstance(obj, (types[1], types[3]))
+
+
+def _is_dataset(obj: Any) -> bool:
+    types = _datasets_types()
+    return bool(types) and isinstance(obj, (types[0], types[2]))
+
+
+def is_object_pool(obj: Any) -> bool:
+    """A pool only :func:`batches_from` reads (texts, a ``datasets.Dataset``), not plain batches."""
+    return _is_texts(obj) or _is_dataset(obj)
+
+
+def _is_texts(obj: Any) -> bool:
+    return isinstance(obj, (list, tuple)) and len(obj) > 0 and all(isinstance(t, str) for t in obj)
+
+
+def _where(fn: str, name: str) -> str:
+    arg, _, part = name.partition("[")
+    return f"{fn}({arg}=...)" + (f" {name}" if part else "")
+
+
+def check_tokenizer(tokenizer: Any, fn: str = "certify") -> None:
+    """A tokenizer object or None; a wrong type is one line naming ``tokenizer``."""
+    if tokenizer is None:
+        return
+    if isinstance(tokenizer, (str, bytes, nn.Module, torch.Tensor)) or not callable(tokenizer):
+        from .._args import describe
+
+        hint = " (a path: load it with AutoTokenizer.from_pretrained(path))" if isinstance(tokenizer, str) else ""
+        raise WidthscopeTypeError(
+            f"{fn}(tokenizer=...): tokenizer must be {TOKENIZER_ACCEPTS}, got {describe(tokenizer)}{hint}"
+        )
+
+
+def _bad_data(fn: str, name: str, value: Any, hint: str = "") -> WidthscopeTypeError:
+    from .._args import describe
+
+    return WidthscopeTypeError(f"{_where(fn, name)}: {name} must be {DATA_ACCEPTS}; got {describe(value)}{hint}")
+
+
+def _tensor(v: Any, key: str, where: str) -> torch.Tensor:
+    if isinstance(v, torch.Tensor):
+        return v
+    try:
+        return torch.as_tensor(v)
+    except (ValueError, TypeError, RuntimeError):
+        raise WidthscopeError(
+            f"{where}: column {key!r} is not one tensor (sequences of different lengths?): tokenize with "
+            "padding=True, return_tensors='pt'"
+        ) from None
+
+
+def _pad_right(rows: Sequence[Sequence[int]], value: int) -> torch.Tensor:
+    T = max(len(r) for r in rows)
+    out = torch.full((len(rows), T), int(value), dtype=torch.int64)
+    for i, r in enumerate(rows):
+        if len(r):
+            out[i, : len(r)] = torch.as_tensor(list(r), dtype=torch.int64)
+    return out
+
+
+def _pad_id(tokenizer: Any) -> int:
+    for attr in ("pad_token_id", "eos_token_id"):
+        v = getattr(tokenizer, attr, None)
+        if isinstance(v, int):
+            return v
+    return 0
+
+
+def _tokenize(texts: Sequence[str], tokenizer: Any, seq_len: int | None, where: str) -> dict[str, torch.Tensor]:
+    """Token ids of each text (truncated to ``seq_len``), right-padded to the longest of the pool."""
+    if tokenizer is None:
+        raise WidthscopeError(
+            f"{where}: texts need a tokenizer: pass tokenizer=AutoTokenizer.from_pretrained(...) "
+            "(the model's own), or tokenized data (a BatchEncoding)"
+        )
+    kw: dict[str, Any] = {"truncation": True, "max_length": int(seq_len)} if seq_len is not None else {}
+    try:
+        enc = tokenizer(list(texts), **kw)
+        rows = enc["input_ids"]
+    except Exception as exc:  # noqa: BLE001 - any tokenizer failure becomes one line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise WidthscopeError(
+            f"{where}: the tokenizer failed on the texts ({type(exc).__name__}: {first[:200]})"
+        ) from None
+    rows = [list(r) for r in rows]
+    lengths = torch.tensor([len(r) for r in rows])
+    ids = _pad_right(rows, _pad_id(tokenizer))
+    mask = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).to(torch.int64)
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _check_positions(model: nn.Module, ids: torch.Tensor, where: str) -> None:
+    from ..models.hf import max_positions
+
+    limit = max_positions(model)
+    if limit is not None and ids.ndim == 2 and ids.shape[1] > limit:
+        raise WidthscopeError(
+            f"{where}: sequences of {ids.shape[1]} tokens exceed the model's maximum sequence length "
+            f"{limit}: pass seq_len=<= {limit} (texts are truncated to it)"
+        )
+
+
+def _prepare(
+    pool: dict[str, torch.Tensor], task: str | None, tokenizer: Any, seed: int, where: str, *, from_text: bool
+) -> Any:
+    """A whole pool (a dict of tensors) made into what the task's batches hold."""
+    if task == "masked-lm" and "labels" not in pool and "input_ids" in pool:
+        if tokenizer is None:
+            raise WidthscopeError(
+                f"{where}: a masked LM's examples are masked with the tokenizer's mask token: pass tokenizer=..."
+            )
+        from .inputs import mask_tokens
+
+        ids = pool["input_ids"]
+        att = pool.get("attention_mask")
+        masked, dropped = mask_tokens(ids, torch.ones_like(ids) if att is None else att, tokenizer, seed=seed)
+        if dropped:
+            raise WidthscopeError(f"{where}: {dropped} sequence(s) have no ordinary token to mask: drop them")
+        return masked
+    if task == "sequence-classification":
+        y = pool.get("labels", pool.get("label"))
+        if y is None:
+            raise WidthscopeError(
+                f"{where}: a sequence classifier needs labels: give a mapping/BatchEncoding with 'labels', "
+                "or a datasets.Dataset with a 'label' column"
+            )
+        x = {k: v for k, v in pool.items() if k not in ("labels", "label")}
+        return (x, y.long())
+    if task == "image-classification" and "pixel_values" in pool:
+        y = pool.get("labels", pool.get("label"))
+        if y is None:
+            raise WidthscopeError(f"{where}: an image classifier needs 'labels' beside 'pixel_values'")
+        return (pool["pixel_values"], y.long())
+    if from_text and task in LM and "labels" not in pool:
+        ids, mask = pool["input_ids"], pool["attention_mask"]
+        out = dict(pool)
+        out["labels"] = ids.masked_fill(mask == 0, -100)
+        short = (mask.sum(1) < 2).nonzero()
+        if short.numel():
+            raise WidthscopeError(
+                f"{where}: text {int(short[0, 0])} has fewer than 2 tokens (nothing to predict): "
+                "drop empty/one-word texts"
+            )
+        return out
+    return pool
+
+
+def _from_mapping(obj: Mapping[str, Any], where: str) -> dict[str, torch.Tensor]:
+    pool = {str(k): _tensor(v, str(k), where) for k, v in obj.items()}
+    if not pool:
+        raise WidthscopeError(f"{where}: the mapping is empty: give input_ids (and attention_mask, labels)")
+    sizes = {k: (v.shape[0] if v.ndim else None) for k, v in pool.items()}
+    if len(set(sizes.values())) != 1 or None in sizes.values():
+        raise WidthscopeError(f"{where}: the tensors must share their first (example) dimension; got {sizes}")
+    return pool
+
+
+def _dataset_pool(
+    ds: Any, task: str | None, tokenizer: Any, seq_len: int | None, text_column: str | None, where: str
+) -> tuple[dict[str, torch.Tensor], bool, str]:
+    cols = list(ds.column_names or [])
+    labels = next((c for c in ("labels", "label") if c in cols), None)
+    if labels is not None and task != "sequence-classification":
+        # class labels mean nothing to a language model; token labels (lists) are kept
+        first = ds[0][labels] if len(ds) else None
+        if not isinstance(first, (list, tuple)):
+            labels = None
+    if "input_ids" in cols and text_column is None:
+        rows = [list(r) for r in ds["input_ids"]]
+        lengths = torch.tensor([len(r) for r in rows])
+        ids = _pad_right(rows, _pad_id(tokenizer))
+        if "attention_mask" in cols:
+            mask = _pad_right([list(r) for r in ds["attention_mask"]], 0)
+        else:
+            mask = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).to(torch.int64)
+        pool = {"input_ids": ids, "attention_mask": mask}
+        if labels is not None:
+            lab = list(ds[labels])
+            pool["labels"] = (
+                _pad_right([list(r) for r in lab], -100)
+                if lab and isinstance(lab[0], (list, tuple))
+                else torch.tensor(lab)
+            )
+        return pool, False, f"datasets.Dataset of {len(ds)} tokenized rows"
+    col = text_column or "text"
+    if col not in cols:
+        raise WidthscopeError(
+            f"{where}: the dataset has no {col!r} column (columns: {', '.join(cols)}): pass "
+            "text_column=NAME, or tokenize it (columns input_ids, attention_mask)"
+        )
+    texts = list(ds[col])
+    if not _is_texts(texts):
+        raise WidthscopeError(f"{where}: column {col!r} must hold texts (str)")
+    pool = _tokenize(texts, tokenizer, seq_len, where)
+    if labels is not None:
+        pool["labels"] = torch.tensor(list(ds[labels]))
+    return pool, True, f"datasets.Dataset of {len(ds)} texts (column {col!r})"
+
+
+def _split(pool: Any, batch_size: int) -> list[Any]:
+    from ..probe.batches import to_batches
+
+    return to_batches(pool, batch_size)
+
+
+# ----------------------------------------------------------------------------- public
+def batches_from(
+    obj: Any,
+    *,
+    model: nn.Module,
+    tokenizer: Any = None,
+    seq_len: int | None = None,
+    batch_size: int = 32,
+    text_column: str | None = None,
+    seed: int = 0,
+    fn: str = "certify",
+    name: str = "data",
+) -> tuple[list[Any], Callable[[Any, Any], torch.Tensor] | None, str]:
+    """One pool as the user holds it -> (list of batches, the task's loss or None, description).
+
+    See the module docstring for what ``obj`` may be. ``fn``/``name`` name the argument in the
+    errors (``certify(data=...)``); ``seed`` seeds a masked LM's masking."""
+    check_tokenizer(tokenizer, fn)
+    where = _where(fn, name)
+    if is_dataset_dict(obj):
+        raise _bad_data(fn, name, obj, " (a DatasetDict gives both pools: pass it alone as data)")
+    task = task_of(model)
+    loss = loss_for(task)
+    from torch.utils.data import DataLoader
+
+    if isinstance(obj, (str, bytes)):
+        raise _bad_data(fn, name, obj, " (a path or name: use widthscope.InputSpec(model=..., data=PATH))")
+    if _is_texts(obj):
+        if task is None:
+            raise WidthscopeError(
+                f"{where}: texts need a model whose task is known (a transformers PreTrainedModel or "
+                f"a widthscope model); {type(model).__name__} is neither: pass tokenized batches"
+            )
+        pool = _tokenize(obj, tokenizer, seq_len, where)
+        _check_positions(model, pool["input_ids"], where)
+        return (
+            _split(_prepare(pool, task, tokenizer, seed, where, from_text=True), batch_size),
+            loss,
+            (f"{len(obj)} texts"),
+        )
+    if isinstance(obj, Mapping) and not isinstance(obj, torch.Tensor):
+        pool = _from_mapping(obj, where)
+        if "input_ids" in pool:
+            _check_positions(model, pool["input_ids"], where)
+        kind = type(obj).__name__
+        n = next(iter(pool.values())).shape[0]
+        return (
+            _split(_prepare(pool, task, tokenizer, seed, where, from_text=False), batch_size),
+            loss,
+            (f"{kind} of {n} examples"),
+        )
+    if _is_dataset(obj):
+        if not hasattr(obj, "column_names") or not hasattr(obj, "__len__"):
+            raise _bad_data(fn, name, obj, " (an IterableDataset: materialise it, e.g. Dataset.from_list(list(it)))")
+        pool, from_text, what = _dataset_pool(obj, task, tokenizer, seq_len, text_column, where)
+        _check_positions(model, pool["input_ids"], where)
+        return _split(_prepare(pool, task, tokenizer, seed, where, from_text=from_text), batch_size), loss, what
+    if isinstance(obj, DataLoader):
+        out = []
+        for b in obj:  # drawn once: the pool stays fixed
+            if isinstance(b, Mapping):
+                b = _prepare(_from_mapping(b, where), task, tokenizer, seed, where, from_text=False)
+            out.append(b)
+        if not out:
+            raise WidthscopeError(f"{where}: the DataLoader gave no batches")
+        return out, loss, f"DataLoader of {len(out)} batches"
+    if isinstance(obj, (list, tuple)):
+        from .._args import is_batch
+
+        if not obj:
+            raise WidthscopeError(f"{where}: the list is empty: give at least one batch (or text)")
+        for i, b in enumerate(obj):
+            if not is_batch(b):
+                from .._args import describe
+
+                raise WidthscopeTypeError(f"{where}: item {i} is {describe(b)}: {name} must be {DATA_ACCEPTS}")
+        return list(obj), loss, f"{len(obj)} batches"
+    from .._args import not_a_collection
+
+    if isinstance(obj, torch.Tensor):
+        if obj.ndim >= 3 and not obj.is_floating_point():
+            return obj, loss, f"{obj.shape[0]} stacked batches of token ids"  # type: ignore[return-value]
+        raise _bad_data(fn, name, obj, " (one tensor: pass a list of batches, e.g. [ids], or (X, y))")
+    if not_a_collection(obj):
+        raise _bad_data(fn, name, obj)
+    return obj, loss, f"{type(obj).__name__} of batches"  # another iterable: the probe checks each batch
+
+
+def pools_from(
+    data: Any,
+    test: Any,
+    *,
+    model: nn.Module,
+    tokenizer: Any = None,
+    seq_len: int | None = None,
+    batch_size: int = 32,
+    text_column: str | None = None,
+    seed: int = 0,
+    fn: str = "certify",
+) -> tuple[list[Any], list[Any], Callable[[Any, Any], torch.Tensor] | None, dict[str, str]]:
+    """Both pools: ``data`` the train pool and ``test`` the held-out one, or ``data`` a
+    ``DatasetDict`` (``test`` None): its ``train`` split trains, ``validation`` (else ``test``) is
+    held out. Returns (train batches, held-out batches, loss or None, a description of each)."""
+    info: dict[str, str] = {}
+    if is_dataset_dict(data):
+        if test is not None:
+            raise WidthscopeTypeError(
+                f"{fn}(test=...): a DatasetDict gives both pools (train and validation/test splits); drop test"
+            )
+        splits = list(data.keys())
+        held = next((s for s in ("validation", "test") if s in data), None)
+        if "train" not in data or held is None:
+            raise WidthscopeError(
+                f"{fn}(data=...): the DatasetDict has splits {', '.join(splits) or 'none'}: it needs 'train' and "
+                "'validation' (or 'test'); pass the two pools instead, certify(model, train, test)"
+            )
+        tr, te, info["split"] = data["train"], data[held], f"DatasetDict splits train / {held} (not re-split)"
+        names = ("data['train']", f"data[{held!r}]")
+    else:
+        tr, te, names = data, test, ("data", "test")
+    train, loss, info["train"] = batches_from(
+        tr, model=model, tokenizer=tokenizer, seq_len=seq_len, batch_size=batch_size,
+        text_column=text_column, seed=seed, fn=fn, name=names[0],
+    )  # fmt: skip
+    held_out, _, info["test"] = batches_from(
+        te, model=model, tokenizer=tokenizer, seq_len=seq_len, batch_size=batch_size,
+        text_column=text_column, seed=seed + 1, fn=fn, name=names[1],
+    )  # fmt: skip
+    return train, held_out, loss, info
