@@ -33,7 +33,6 @@ KNOWN_CLIMBS = {
     ("widthscope.linear.sweep", "widthscope.data"),  # the `linearize` command, still in linear/
     ("widthscope.linear.sweep", "widthscope.models"),
     ("widthscope.linear.sweep", "widthscope.sweep.grid"),
-    ("widthscope.grow.bench", "widthscope.report.growth"),  # grow-bench renders its table
 }
 
 

@@ -217,7 +217,7 @@ def test_d_align_is_the_same_with_and_without_the_empty_rows(wiki, tmp_path, cap
 def test_n_test_all_is_refused_where_it_does_not_apply():
     import argparse
 
-    from widthscope.validate import check_args
+    from widthscope.cli.checks import check_args
 
     with pytest.raises(WidthscopeError, match="--n-test all applies to certify"):
         check_args(argparse.Namespace(n_test="all"), "grow")
@@ -260,7 +260,7 @@ def test_the_preset_pools_equal_the_reference_in_both_modes(wiki, mode):
     from widthscope.cli.certify import _apply_input_preset as apply_protocol
     from widthscope.cli.certify import add_arguments
     from widthscope.data.inputs import resolve
-    from widthscope.validate import fill_defaults
+    from widthscope.cli.checks import fill_defaults
 
     p = argparse.ArgumentParser()
     add_arguments(p)

@@ -1,4 +1,5 @@
-"""``widthscope demo [--out DIR] [--quick]``: the main job, end to end, on built-in data.
+"""``widthscope demo [--out DIR] [--quick]``: the main job, end to end, on built-in data
+(its command line: :mod:`widthscope.cli.demo`).
 
 1. an alignment width sweep of LLaMA-style decoders on byte-level text (the Python standard
    library's sources: present wherever Python runs), 4 widths x 2 seeds;
@@ -18,7 +19,6 @@ from an installed package. Python::
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 import time
@@ -28,7 +28,7 @@ from typing import Any
 
 from .errors import WidthscopeError
 
-__all__ = ["DEMO_LLAMA", "DEMO_MLP", "demo_configs", "run_demo", "add_arguments", "run"]
+__all__ = ["DEMO_LLAMA", "DEMO_MLP", "demo_configs", "run_demo"]
 
 DEMO_LLAMA: dict[str, Any] = {
     "sweep": {
@@ -254,29 +254,3 @@ def run_demo(
     if failed:
         raise WidthscopeError("demo finished with failures (report written to " + str(page) + "): " + "; ".join(failed))
     return page
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--out", default=None, help="results folder (default widthscope-results/demo, or demo-quick with --quick)"
-    )
-    parser.add_argument("--quick", action="store_true", help="seconds-long smoke version")
-    parser.add_argument("--no-linear", action="store_true", help="skip the linearization part")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars inside cells")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        metavar="N",
-        help="torch CPU threads (default 1: these small models gain little from more, and "
-        "busy cores make extra threads 10-20x slower)",
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.threads is not None and args.threads < 1:
-        raise WidthscopeError(f"--threads must be >= 1 (got {args.threads})")
-    run_demo(
-        args.out, quick=args.quick, linear=not args.no_linear, show_progress=not args.no_progress, threads=args.threads
-    )
-    return 0

@@ -1,4 +1,5 @@
-"""``widthscope repair DIR``: rebuild a results folder's ``results.jsonl``, keeping a backup.
+"""``widthscope repair DIR``: rebuild a results folder's ``results.jsonl``, keeping a backup
+(its command line: :mod:`widthscope.cli.repair`).
 
 Readers (``widthscope report``, ``stats``) never write to their inputs; they skip damaged lines
 and cell files with a note. This is the one command that rewrites a results folder, and it
@@ -18,7 +19,6 @@ Example::
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -29,7 +29,7 @@ from typing import Any, Iterator
 from ._io import Skipped, atomic_write_text, read_jsonl
 from .errors import WidthscopeError
 
-__all__ = ["repair", "add_arguments", "run"]
+__all__ = ["repair"]
 
 
 def _text(rows: list[dict[str, Any]]) -> str:
@@ -144,13 +144,3 @@ def repair(out_dir: str | os.PathLike, *, dry_run: bool = False) -> list[str]:
             lines = _describe(d, plan, backup, dry_run)
     print(*lines, sep="\n")
     return lines
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("results", help="a results folder (the --out of sweep, linearize or grow-bench)")
-    parser.add_argument("--dry-run", action="store_true", help="say what would be repaired; change nothing")
-
-
-def run(args: argparse.Namespace) -> int:
-    repair(args.results, dry_run=args.dry_run)
-    return 0

@@ -1,25 +1,26 @@
-"""One validation layer for the options commands share, run before any command starts work.
+"""The rules of the checks every command shares, namespace-free; the command line applies them.
 
-``widthscope.cli`` calls :func:`check_args` on the parsed arguments of every command, so the same
-bad value gets the same one-line message everywhere: seeds, sizes and counts, step sizes,
-devices, thread counts, and output paths (writable *before* any work, so a result is never
-computed and then lost). Checks that need the model or the data (``M``/``K`` against the pools,
-sequence length against the position embeddings, tokens against the vocabulary) live in the
-input layer (:mod:`widthscope.data.inputs`) and :func:`check_pools`, which every command calls.
+:func:`widthscope.cli.checks.check_args` reads the parsed options of every command and applies
+these rules before the command starts work, so the same bad value gets the same one-line message
+everywhere: seeds, sizes and counts (:data:`RANGES`, one table; certify's entries come from the
+option fields of :mod:`widthscope.options`), step sizes, devices, which option fits which model
+(:data:`APPLIES`), path lengths and output collisions (:func:`check_outputs`), and output paths
+(writable *before* any work, so a result is never computed and then lost). Checks that need the
+model or the data (``M``/``K`` against the pools, sequence length against the position embeddings,
+tokens against the vocabulary) live in the input layer (:mod:`widthscope.data.inputs`) and
+:func:`check_pools`.
 
 Example::
 
-    >>> import argparse
-    >>> from widthscope.validate import check_args
-    >>> check_args(argparse.Namespace(seed=-1), "certify")
+    >>> from widthscope.validate import check_pools
+    >>> check_pools([16, 64], 8, n_train=32, n_test=32)
     Traceback (most recent call last):
     ...
-    widthscope.errors.WidthscopeError: --seed -1: must be a whole number in 0..4294967295
+    widthscope.errors.WidthscopeError: M=64 is larger than the train pool of 32 examples: raise --n-train or lower --M
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import tempfile
@@ -29,17 +30,25 @@ from typing import Any, Callable
 from .errors import WidthscopeError
 
 __all__ = [
-    "check_args",
     "check_pools",
     "check_dir_writable",
+    "check_outputs",
+    "check_path_length",
+    "input_kind",
+    "defaults",
+    "flag_name",
+    "group_words",
     "OUT_KIND",
     "APPLIES",
     "KINDS",
-    "input_kind",
-    "check_applies",
-    "fill_defaults",
-    "check_outputs",
-    "check_path_length",
+    "RANGES",
+    "POSITIVE",
+    "INPUT_OPTIONS",
+    "INPUT_PATHS",
+    "OUTPUT_PATHS",
+    "int_list",
+    "float_list",
+    "pairs_of",
 ]
 
 
@@ -78,7 +87,7 @@ RANGES: tuple[tuple[str, int, int | None, str], ...] = (
     *((name, lo, hi, unit) for name, (lo, hi, unit) in _FIELDS.items()),
 )
 _RANGE = {name: (lo, hi) for name, lo, hi, _ in RANGES if hi is not None}
-_POSITIVE = ("lr", "eta")
+POSITIVE = ("lr", "eta")
 # Which commands write a file (--out FILE) and which a directory (--out DIR).
 OUT_KIND = {
     "certify": "file",
@@ -124,7 +133,7 @@ _WS = frozenset({"widthscope-classifier", "widthscope-lm"})
 # out here (--n-train, --seed, --batch-size, ...) apply to every kind. Finer rules that need the
 # data (--text-field needs a table file, --label-field labelled text, --test-fraction one corpus
 # to split) are checked by the input layer, also only when the option was given.
-_INPUTS: dict[str, frozenset[str]] = {
+INPUT_OPTIONS: dict[str, frozenset[str]] = {
     "task": _HF,
     "tokenizer": _TEXT,
     "data": _CKPT,
@@ -144,8 +153,8 @@ _INPUTS: dict[str, frozenset[str]] = {
     "first": _CKPT,
 }
 APPLIES: dict[str, dict[str, frozenset[str]]] = {
-    "certify": {**_INPUTS, "first": _ALL, "train_steps": frozenset({"builtin"})},
-    "grow": dict(_INPUTS),
+    "certify": {**INPUT_OPTIONS, "first": _ALL, "train_steps": frozenset({"builtin"})},
+    "grow": dict(INPUT_OPTIONS),
 }
 # Values an option takes when it is not given (argparse's default is None, so "given" is knowable).
 # The input options' defaults are the input layer's (widthscope.data.spec.INPUT_DEFAULTS), read
@@ -153,15 +162,10 @@ APPLIES: dict[str, dict[str, frozenset[str]]] = {
 _OWN_DEFAULTS = {"train_steps": 60}
 
 
-def _defaults() -> dict[str, object]:
+def defaults() -> dict[str, object]:
     from .data.spec import INPUT_DEFAULTS
 
     return {**INPUT_DEFAULTS, **_OWN_DEFAULTS}
-
-
-def _given(args: argparse.Namespace, dest: str) -> bool:
-    v = getattr(args, dest, None)
-    return v is not None and v is not False
 
 
 def input_kind(model: str | None, task: str | None = None, revision: str | None = None) -> str | None:
@@ -198,25 +202,7 @@ def input_kind(model: str | None, task: str | None = None, revision: str | None 
         return f"hf-{task}" if task else None
 
 
-def check_applies(args: argparse.Namespace, command: str, kind: str | None = None) -> None:
-    """Refuse (one line) every option of :data:`APPLIES` given for an input kind it does not fit."""
-    table = APPLIES.get(command)
-    if table is None:
-        return
-    kind = kind or input_kind(
-        getattr(args, "model", None), getattr(args, "task", None), revision=getattr(args, "revision", None)
-    )
-    if kind is None:
-        return
-    for dest, kinds in table.items():
-        if kind not in kinds and _given(args, dest):
-            raise WidthscopeError(
-                f"{_flag(dest)} applies to {_group(kinds)} only; --model {args.model} is "
-                f"{KINDS[kind]}: drop {_flag(dest)}"
-            )
-
-
-def _group(kinds: frozenset[str]) -> str:
+def group_words(kinds: frozenset[str]) -> str:
     names = ", ".join(_SHORT[k] for k in KINDS if k in kinds)
     for group, word in (
         (_HF, "Hugging Face checkpoints"),
@@ -229,26 +215,7 @@ def _group(kinds: frozenset[str]) -> str:
     return names
 
 
-def fill_defaults(args: argparse.Namespace) -> None:
-    """Record which input options were given (``args.given``), then set the defaults of the rest."""
-    if not hasattr(args, "given"):
-        args.given = sorted(d for d in (*_INPUTS, *_defaults()) if _given(args, d))
-    filled = []
-    for dest, value in _defaults().items():
-        if hasattr(args, dest) and getattr(args, dest) is None:
-            setattr(args, dest, value)
-            filled.append(dest)
-    args.filled = sorted(set(getattr(args, "filled", ())) | set(filled))  # defaults, not the user's
-
-
-def given(args: argparse.Namespace, dest: str) -> bool:
-    """Was ``dest`` given on the command line (before :func:`fill_defaults` set the defaults)?"""
-    if hasattr(args, "given"):
-        return dest in args.given
-    return _given(args, dest) and getattr(args, dest) != _defaults().get(dest, object())
-
-
-def _flag(name: str) -> str:
+def flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
@@ -281,7 +248,7 @@ def check_dir_writable(path: str | os.PathLike) -> Path:
 # ----------------------------------------------------------------------------- paths: length, collisions
 # The options that name files a command reads, and those it writes (argparse dests). A path option
 # not given, or an input that is a name rather than a path ("builtin", "digits"), is skipped.
-_INPUT_PATHS = (
+INPUT_PATHS = (
     "model",
     "tokenizer",
     "data",
@@ -294,12 +261,8 @@ _INPUT_PATHS = (
     "config",
     "results",
 )
-_OUTPUT_PATHS = ("out", "save_samples", "json")
+OUTPUT_PATHS = ("out", "save_samples", "json")
 _NAME_MAX, _PATH_MAX = 255, 4096  # Linux's limits: bytes per path component, bytes per path
-
-
-def _flag_of(dest: str) -> str:
-    return dest if dest in ("samples", "config", "results") else _flag(dest)
 
 
 def check_path_length(flag: str, value: str | os.PathLike) -> None:
@@ -314,16 +277,6 @@ def check_path_length(flag: str, value: str | os.PathLike) -> None:
         )
 
 
-def _paths(args: argparse.Namespace, dests: tuple[str, ...]) -> list[tuple[str, str]]:
-    out = []
-    for dest in dests:
-        v = getattr(args, dest, None)
-        for item in v if isinstance(v, (list, tuple)) else [v]:
-            if isinstance(item, (str, os.PathLike)) and str(item):
-                out.append((_flag_of(dest), str(item)))
-    return out
-
-
 def _real(path: str) -> Path:
     return Path(os.path.realpath(os.path.expanduser(path)))
 
@@ -332,24 +285,23 @@ def _inside(child: Path, parent: Path) -> bool:
     return child == parent or parent in child.parents
 
 
-def check_outputs(args: argparse.Namespace, command: str) -> None:
+def check_outputs(inputs: list[tuple[str, str]], outputs: list[tuple[str, str]], command: str) -> None:
     """Outputs never collide and inputs are never written: refuse, before any work, two outputs
     that resolve to the same file (after ``realpath``), an output that is one of the inputs, and an
-    output inside an input folder (a model directory, a results folder)."""
-    inputs = [(f, p, _real(p)) for f, p in _paths(args, _INPUT_PATHS) if os.path.exists(os.path.expanduser(p))]
-    outputs = [(f, p, _real(p)) for f, p in _paths(args, _OUTPUT_PATHS)]
-    if command == "certify" and getattr(args, "out", None):  # certify keeps its finished parts beside --out
-        outputs.append(("--out's parts folder", str(args.out) + ".parts", _real(str(args.out) + ".parts")))
-    for i, (fa, pa, ra) in enumerate(outputs):
-        for fb, pb, rb in outputs[i + 1 :]:
+    output inside an input folder (a model directory, a results folder). ``inputs``/``outputs``:
+    ``(flag, path)`` pairs; an input that does not exist (a dataset name, ``builtin``) is skipped."""
+    ins = [(f, p, _real(p)) for f, p in inputs if os.path.exists(os.path.expanduser(p))]
+    outs = [(f, p, _real(p)) for f, p in outputs]
+    for i, (fa, pa, ra) in enumerate(outs):
+        for fb, pb, rb in outs[i + 1 :]:
             if ra == rb:
                 change = fa if fb.endswith("parts folder") else fb
                 raise WidthscopeError(
                     f"{fa} {pa!r} and {fb} {pb!r} are the same file: one would overwrite the "
                     f"other; give {change} another path"
                 )
-    for fo, po, ro in outputs:
-        for fi, pi, ri in inputs:
+    for fo, po, ro in outs:
+        for fi, pi, ri in ins:
             if ro == ri:
                 raise WidthscopeError(
                     f"{fo} {po!r} is the input {fi} {pi!r}: widthscope never writes into its "
@@ -360,62 +312,6 @@ def check_outputs(args: argparse.Namespace, command: str) -> None:
                     f"{fo} {po!r} lies inside the input {fi} {pi!r}: widthscope never writes "
                     f"into its inputs; give {fo} a path outside it"
                 )
-
-
-def check_args(args: argparse.Namespace, command: str) -> None:
-    """The shared checks; raises :class:`WidthscopeError` with one line naming the option."""
-    for flag, path in _paths(args, _INPUT_PATHS + _OUTPUT_PATHS):
-        check_path_length(flag, path)
-    seed = getattr(args, "seed", None)
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32):
-        raise WidthscopeError(f"--seed {seed}: must be a whole number in 0..{2**32 - 1}")
-    for name, lo, hi, what in RANGES:
-        v = getattr(args, name, None)
-        if name in ("n_train", "n_test") and v == "all":  # every sequence of the source (data.published)
-            if command not in ("certify", "inputs"):
-                raise WidthscopeError(f"{_flag(name)} all applies to certify; give {command} a number")
-            continue
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
-            raise WidthscopeError(f"{_flag(name)} {v}: must be a whole number >= {lo} ({what})")
-        if v is not None and hi is not None and v > hi:
-            raise WidthscopeError(f"{_flag(name)} {v}: must be a whole number in {lo}..{hi} ({what})")
-    for name in _POSITIVE:
-        v = getattr(args, name, None)
-        if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-            raise WidthscopeError(f"{_flag(name)} {v}: must be a positive finite number")
-    for name in ("data", "train_data", "test_data"):
-        v = getattr(args, name, None)
-        if isinstance(v, str):
-            from .data.spec import check_source
-
-            check_source(_flag(name), v)
-    device = getattr(args, "device", None)
-    if isinstance(device, str):
-        from .train import resolve_device
-
-        resolve_device(device)
-    if command in APPLIES:
-        check_applies(args, command)
-        fill_defaults(args)
-    from ._io import check_writable
-
-    out = getattr(args, "out", None)
-    if out and OUT_KIND.get(command) == "file":
-        check_writable(out)
-    elif out and OUT_KIND.get(command) == "dir":
-        from ._io import missing_parents
-
-        made = missing_parents(Path(out) / "x")  # the folder itself and any missing parents
-        check_dir_writable(out)
-        CREATED.extend(made)  # removed again if the command is refused before it writes anything
-    for extra in (getattr(args, "save_samples", None), getattr(args, "json", None)):
-        if extra:
-            check_writable(extra)
-    check_outputs(args, command)
-
-
-# Output folders check_args created; widthscope.cli removes those still empty when a command fails.
-CREATED: list[Path] = []
 
 
 def check_pools(

@@ -1,11 +1,11 @@
 """The ``widthscope`` command line.
 
-The only package that sees ``argparse``. Each subcommand is a module exposing
-``add_arguments(parser)`` and ``run(args) -> int`` — in this package (``cli.certify``,
-``cli.grow``, ``cli.stats``, ``cli.activations``, ``cli.linearize``: thin adapters that build typed
-settings and call a namespace-free pipeline) or, not yet moved, beside its code (COMMANDS says
-where); this file only dispatches, importing the module of the chosen command so ``widthscope
---help`` stays fast, and turns every user error into one line with exit status 2.
+The only package that sees ``argparse``. Each subcommand is a module of this package exposing
+``add_arguments(parser)`` and ``run(args) -> int``: a thin adapter that builds typed settings and
+calls a namespace-free pipeline (``run_certify``, ``run_grow``, ``run_stats``, ``run_sweep_file``,
+``report``, ...). This file only dispatches, importing the module of the chosen command so
+``widthscope --help`` stays fast, applies the shared checks (:mod:`widthscope.cli.checks`), and
+turns every user error into one line with exit status 2.
 """
 
 from __future__ import annotations
@@ -21,15 +21,21 @@ from ..errors import WidthscopeError
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "certify": ("widthscope.cli.certify", "alignment certificates at insertion points of a trained model"),
-    "sweep": ("widthscope.sweep.cli", "width sweep from a TOML config: train, certify, record (resumable)"),
-    "report": ("widthscope.report", "plots and an HTML report from a results directory"),
-    "demo": ("widthscope.demo", "small end-to-end width sweep on built-in data, then the report"),
+    "sweep": ("widthscope.cli.sweep", "width sweep from a TOML config: train, certify, record (resumable)"),
+    "report": ("widthscope.cli.report", "plots and an HTML report from a results directory"),
+    "demo": ("widthscope.cli.demo", "small end-to-end width sweep on built-in data, then the report"),
     "stats": ("widthscope.cli.stats", "certificates, misalignment and tables from saved samples, without a model"),
     "grow": ("widthscope.cli.grow", "rank insertion points, insert a block at the best one, train it"),
-    "grow-bench": ("widthscope.grow.bench", "grow a block at every point of a model suite; compare growth criteria"),
+    "grow-bench": (
+        "widthscope.cli.grow_bench",
+        "grow a block at every point of a model suite; compare growth criteria",
+    ),
     "linearize": ("widthscope.cli.linearize", "linearization width sweep from a TOML config (resumable)"),
     "activations": ("widthscope.cli.activations", "audit activation derivatives max|phi^(k)|/(k+1)!"),
-    "repair": ("widthscope.repair", "rebuild results.jsonl of a results folder from its readable cells, with a backup"),
+    "repair": (
+        "widthscope.cli.repair",
+        "rebuild results.jsonl of a results folder from its readable cells, with a backup",
+    ),
 }
 
 
@@ -83,7 +89,7 @@ def _is_write_failure(exc: Exception) -> bool:
 
 def _threads(args: argparse.Namespace) -> None:
     """``--threads N`` (every command that computes has it): torch's intra-op threads."""
-    n = getattr(args, "threads", None)  # checked (>= 1) by widthscope.validate.check_args
+    n = getattr(args, "threads", None)  # checked (>= 1) by widthscope.cli.checks.check_args
     if n is None:
         return
     import torch
@@ -110,7 +116,7 @@ def _stopped(command: str | None, exc: BaseException) -> int:
 def _remove_created() -> None:
     """A refused or interrupted command leaves no empty output folder that its checks created."""
     from .._io import remove_empty
-    from ..validate import CREATED
+    from .checks import CREATED
 
     remove_empty(CREATED)
     CREATED.clear()
@@ -177,11 +183,11 @@ def _main(argv: list[str], name: str | None, terminate: Callable[[int, object], 
     if args.command is None:
         parser.print_help()
         return 2
-    from .. import validate
+    from . import checks
 
-    validate.CREATED.clear()
+    checks.CREATED.clear()
     try:
-        from ..validate import check_args
+        from .checks import check_args
 
         check_args(args, args.command)  # the shared checks, before the command does any work
         _threads(args)

@@ -54,7 +54,7 @@ def add_options(parser: argparse.ArgumentParser, cls: type[Options], *, skip: It
 
 def given_fields(cls: type[Options], args: argparse.Namespace) -> set[str]:
     """The fields of ``cls`` the user gave on the command line (``args.given``, recorded by
-    :func:`widthscope.validate.fill_defaults` before it filled defaults in, has the last word)."""
+    :func:`widthscope.cli.checks.fill_defaults` before it filled defaults in, has the last word)."""
     names = {
         f.name
         for f in dataclasses.fields(cls)

@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--all", action="store_true", help="with --list-points: every module path, not only the block outputs"
     )
     add_options(parser, CertifyOptions)
-    # validate.check_args reads --train-steps' "given" (it applies to the built-in model only)
+    # cli.checks.check_args reads --train-steps' "given" (it applies to the built-in model only)
     add_options(parser, CertifyRunOptions, skip=("batch_size", "device"))
     parser.add_argument("--out", default="widthscope-results/certify.json", help="JSON output path")
     parser.add_argument(
@@ -199,7 +199,7 @@ def _spec(args: argparse.Namespace, recorded: InputSpec | None) -> InputSpec:
 
 
 def run(args: argparse.Namespace) -> int:
-    # Seeds, sizes, devices, data paths and outputs were checked by validate.check_args (cli.main).
+    # Seeds, sizes, devices, data paths and outputs were checked by cli.checks.check_args (cli.main).
     notes = _apply_input_preset(args)
     _check_max_rel_step(args)
     # the command line's list messages (the dataclass checks the same values again)

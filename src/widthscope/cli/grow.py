@@ -110,7 +110,7 @@ def _print_tables(
 
 
 def run(args: argparse.Namespace) -> int:
-    # Seeds, sizes, devices, data paths and outputs were checked by validate.check_args (cli.main);
+    # Seeds, sizes, devices, data paths and outputs were checked by cli.checks.check_args (cli.main);
     # data options were refused for the built-in model by widthscope.validate.APPLIES.
     builtin = args.model == "builtin"
     spec = None if builtin else spec_from_args(args, "grow")  # the 2048/512 capped defaults live there

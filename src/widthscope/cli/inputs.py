@@ -4,7 +4,7 @@ command turns them into an :class:`~widthscope.data.spec.InputSpec` (:func:`spec
 The input layer (:mod:`widthscope.data.inputs`) never sees ``argparse``: it takes the spec.
 Per command, :func:`spec_from_args` applies what the command's options mean for the inputs
 (``grow``: pool sizes 2048 / 512 capped at what the data has when not given), after
-:func:`widthscope.validate.check_args` recorded which options were given.
+:func:`widthscope.cli.checks.check_args` recorded which options were given.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def add_arguments(
     """The input options every command shares (model, data, tokenizer, sequences, pools).
 
     Options that fit only some models default to None, so "was it given" is knowable
-    (:data:`widthscope.validate.APPLIES`); :func:`widthscope.validate.fill_defaults` sets the defaults.
+    (:data:`widthscope.validate.APPLIES`); :func:`widthscope.cli.checks.fill_defaults` sets the defaults.
     ``n_*_help`` describe a default computed later (``n_train=None``)."""
     p.add_argument(
         "--model",
@@ -170,9 +170,9 @@ def spec_from_args(args: argparse.Namespace, command: str) -> InputSpec:
     """The input spec of ``command`` (``certify``, ``grow``, or ``inputs`` for the bare input
     options) from its parsed options; ``args`` is not changed.
 
-    ``args.given`` (set by :func:`widthscope.validate.fill_defaults`) says which options the user
+    ``args.given`` (set by :func:`widthscope.cli.checks.fill_defaults`) says which options the user
     gave; without it, an option counts as given when set to other than its default."""
-    from ..validate import given
+    from .checks import given
 
     fields = {f.name for f in dataclasses.fields(InputSpec)} - {"given", "cap_pools"}
     values: dict[str, Any] = {k: getattr(args, k) for k in fields if hasattr(args, k)}
@@ -190,7 +190,7 @@ def spec_from_args(args: argparse.Namespace, command: str) -> InputSpec:
         values["n_train"] = GROW_POOLS[0] if n_tr is None else n_tr
         values["n_test"] = GROW_POOLS[1] if n_te is None else n_te
     values["given"] = tuple(sorted(d for d in OPTIONAL_FIELDS if given(args, d)))
-    for k in INPUT_DEFAULTS:  # validate.fill_defaults set them; the spec keeps "not given" as None
+    for k in INPUT_DEFAULTS:  # checks.fill_defaults set them; the spec keeps "not given" as None
         if k not in values["given"]:
             values[k] = None
     return InputSpec(**values)

@@ -19,7 +19,7 @@ continue-training and train-all gains per criterion and baseline (random, last, 
 chosen on ``A`` and scored on ``B``, the block-seed reproducibility ceiling), per model and overall,
 with intervals over model seeds; :func:`winner` picks ``grow``'s default.
 
-Command line::
+Command line (:mod:`widthscope.cli.grow_bench`, over :func:`run_bench`)::
 
     widthscope grow-bench --quick --out /tmp/gb         # a few minutes on one core
     widthscope grow-bench --out widthscope-results/growth   # the documented suite (resumable)
@@ -27,7 +27,6 @@ Command line::
 
 from __future__ import annotations
 
-import argparse
 import copy
 import math
 import time
@@ -39,7 +38,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .._io import atomic_write_json, format_table, progress
+from .._io import atomic_write_json, progress
 from ..errors import WidthscopeError
 
 # the judgement of the rows lives in grow_compare (the report reads it too); re-exported here
@@ -67,8 +66,8 @@ __all__ = [
     "winner",
     "benchmark",
     "teacher_student",
-    "add_arguments",
-    "run",
+    "run_bench",
+    "bench_out_dir",
     "CRITERIA_COLUMNS",
     "BASELINES",
     "reproducible",
@@ -832,101 +831,38 @@ def _teacher_picks(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any
     return out
 
 
-# ----------------------------------------------------------------------------- CLI
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true", help="the small suite (a few minutes on one core)")
-    p.add_argument(
-        "--out",
-        default=None,
-        help="results directory (default widthscope-results/growth[-quick]); "
-        "finished cells are kept and a rerun resumes",
-    )
-    p.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2)")
-    p.add_argument("--M", type=int, default=32, help="train samples of the certificates (default 32)")
-    p.add_argument("--K", type=int, default=32, help="held-out samples of the certificates (default 32)")
-    p.add_argument("--no-report", action="store_true", help="skip the table/plot (PNG) of the comparison")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument(
-        "--shard",
-        default=None,
-        help="run shard k of n (k/n) into a shared --out; under torchrun "
-        "one shard per rank. The comparison is written when every cell is finished",
-    )
+# ----------------------------------------------------------------------------- the command's run
+def bench_out_dir(out: str | Path | None = None, *, quick: bool = False) -> Path:
+    """``out``, or the default results folder ``widthscope-results/growth[-quick]``."""
+    return Path(out or f"widthscope-results/growth{'-quick' if quick else ''}")
 
 
-def _seeds(text: str | None) -> tuple[int, ...] | None:
-    from ..validate import int_list
-
-    if text is None:
-        return None
-    seeds = tuple(int_list(text, "--seeds") or ())  # a list: text is not None
-    if any(s < 0 for s in seeds):
-        raise WidthscopeError(f"--seeds {text!r}: give at least one seed >= 0, e.g. 0,1,2")
-    return seeds
-
-
-def run(args: argparse.Namespace) -> int:
-    suite = "quick" if args.quick else "full"
-    seeds = _seeds(args.seeds)
-    for nm in ("M", "K"):
-        if getattr(args, nm) < 4:
-            raise WidthscopeError(f"--{nm} {getattr(args, nm)}: must be >= 4 (the unbiased estimators need 4)")
+def run_bench(
+    out: str | Path | None = None,
+    *,
+    quick: bool = False,
+    seeds: Sequence[int] | None = None,
+    M: int = 32,
+    K: int = 32,
+    shard: str | None = None,
+) -> dict[str, Any] | None:
+    """What ``widthscope grow-bench`` does, from explicit settings: :func:`benchmark` of the quick
+    or full suite into ``out`` (default :func:`bench_out_dir`), shard ``shard`` (``"k/n"``; default:
+    one shard per ``torchrun`` rank, else the whole suite). Under torchrun, rank 0 waits for every
+    rank's cells and reruns unsharded (every cell done); the other ranks get ``None``."""
+    suite = "quick" if quick else "full"
+    for nm, v in (("M", M), ("K", K)):
+        if v < 4:
+            raise WidthscopeError(f"--{nm} {v}: must be >= 4 (the unbiased estimators need 4)")
     from ..sweep.grid import finish_after_ranks, shard_for_run
 
-    shard = shard_for_run(args.shard)
-    out = Path(args.out or f"widthscope-results/growth{'-quick' if args.quick else ''}")
-    res = benchmark(out, suite=suite, seeds=seeds, M=args.M, K=args.K, shard=shard)
+    which = shard_for_run(shard)
+    out_dir = bench_out_dir(out, quick=quick)
+    res = benchmark(out_dir, suite=suite, seeds=seeds, M=M, K=K, shard=which)
     final: dict[str, Any] = {}
     # under torchrun: wait for every rank's cells, then rank 0 reruns unsharded (all cells done) and reports
-    if not finish_after_ranks(
-        args.shard, lambda: final.update(benchmark(out, suite=suite, seeds=seeds, M=args.M, K=args.K))
-    ):
+    if not finish_after_ranks(shard, lambda: final.update(benchmark(out_dir, suite=suite, seeds=seeds, M=M, K=K))):
         if not final:
-            return 0  # not rank 0
+            return None  # not rank 0
         res = final
-    if not res["complete"]:
-        print(
-            f"{res['finished']}/{res['cells']} cells finished in {out}; the comparison is written when every "
-            "shard is done (rerun any shard, or without --shard, to finish)"
-        )
-        return 0
-    sel = [r for r in res["table"] if r.get("kind") == "growth_compare" and r["model"] == "overall"]
-    print(
-        format_table(
-            sel,
-            [
-                "budget",
-                "criterion",
-                "spearman",
-                "hit",
-                "norm_regret",
-                "norm_regret_lo",
-                "norm_regret_hi",
-                "gain",
-                "continue",
-                "train_all",
-                "advantage",
-                "advantage_lo",
-                "advantage_hi",
-                "ties",
-                "nan",
-                "cost_steps",
-            ],
-            title=f"growth benchmark ({suite}): overall, mean over models of the mean over seeds "
-            "(gains in nats on evaluation half B; continue/train_all: same FLOPs)",
-        )
-    )
-    s = res["summary"]
-    w = s["winner_long"]
-    print(f"\ndefault rule: {w['criterion']} (grow --criterion {w['grow_name']}): {w['why']}")
-    for key, t in s["teacher_student"].items():
-        print(
-            f"{key}: missing {t['answer']}, realised best {t['best_long']}, {w['criterion']} picks {t[w['criterion']]}"
-        )
-    if not args.no_report:
-        from ..report.growth import write_report
-
-        for f in write_report(res["rows"], res["table"], out):
-            print(f"wrote {f}")
-    print(f"results: {out / 'results.jsonl'}, {out / 'comparison.jsonl'}, {out / 'summary.json'}")
-    return 0
+    return res

@@ -1,4 +1,5 @@
-"""Plots and a self-contained HTML report from results directories (CLI ``widthscope report``).
+"""Plots and a self-contained HTML report from results directories (CLI ``widthscope report``,
+:mod:`widthscope.cli.report`).
 
 ``widthscope report RESULTS_DIR [RESULTS_DIR ...] [--out DIR] [--open] [--strict]`` reads each
 directory's rows (from its ``cells/`` when that exists, else its ``results.jsonl``), writes PNGs and
@@ -18,16 +19,14 @@ and the page's header lists every file with its model, data and width. Python::
 
 from __future__ import annotations
 
-import argparse
 import os
-import webbrowser
 from pathlib import Path
 from typing import Any, Sequence
 
 from .._io import Skipped, read_jsonl, record_skips, refuse_skips, skip_lines, warn_skips
 from ..errors import WidthscopeError
 
-__all__ = ["load_results", "report", "add_arguments", "run"]
+__all__ = ["load_results", "report"]
 
 
 # The row kinds widthscope writes (sweep, linearize, grow-bench, certify series); rows from before
@@ -202,34 +201,3 @@ def report(
     check_space(out / "report.html", 2_000_000 + 10_000 * len(rows), "the report (figures and page)")
     named = describe(rows)  # certify files: which model/data/width each one is
     return build_report(rows, out, title=title, sources=[named.get(str(Path(d)), str(d)) for d in dirs], notes=notes)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "results",
-        nargs="+",
-        help="results directories (a sweep's --out), results.jsonl files, or "
-        "the .json files of several `widthscope certify` runs (a width series)",
-    )
-    parser.add_argument(
-        "--out",
-        default=None,
-        help="output folder (default: FIRST_RESULTS_DIR/report; for a certify .json first: its folder/report)",
-    )
-    parser.add_argument("--title", default=None, help="page title")
-    parser.add_argument("--open", action="store_true", help="open the page in a browser afterwards")
-    parser.add_argument(
-        "--strict",
-        action="store_true",
-        help="refuse damaged input (a torn or non-JSON line, "
-        "a damaged cell file) with one error line, exit 2, instead of skipping it with a note",
-    )
-
-
-def run(args: argparse.Namespace) -> int:
-    page = report(args.results, args.out, title=args.title, strict=args.strict)
-    print(f"report: {page}")
-    print(f"figures: {page.parent}/*.png")
-    if args.open:
-        webbrowser.open(page.resolve().as_uri())
-    return 0

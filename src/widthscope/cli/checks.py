@@ -1,0 +1,152 @@
+"""The checks every command's parsed options get before any work (called by :func:`widthscope.cli.main`).
+
+The rules themselves live below the command line, in :mod:`widthscope.validate` (ranges, which
+option fits which model, path lengths, output collisions) and are namespace-free; this module
+reads them off the parsed ``argparse.Namespace``: which options were *given*, their values, the
+paths a command reads and writes.
+
+Example::
+
+    >>> import argparse
+    >>> from widthscope.cli.checks import check_args
+    >>> check_args(argparse.Namespace(seed=-1), "certify")
+    Traceback (most recent call last):
+    ...
+    widthscope.errors.WidthscopeError: --seed -1: must be a whole number in 0..4294967295
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+
+from .._io import check_writable, missing_parents
+from ..errors import WidthscopeError
+from ..validate import (
+    APPLIES,
+    INPUT_OPTIONS,
+    INPUT_PATHS,
+    KINDS,
+    OUT_KIND,
+    OUTPUT_PATHS,
+    POSITIVE,
+    RANGES,
+    check_dir_writable,
+    check_outputs,
+    check_path_length,
+    defaults,
+    flag_name,
+    group_words,
+    input_kind,
+)
+
+__all__ = ["check_args", "check_applies", "fill_defaults", "given", "paths", "CREATED"]
+
+# Output folders check_args created; widthscope.cli removes those still empty when a command fails.
+CREATED: list[Path] = []
+
+
+def _given(args: argparse.Namespace, dest: str) -> bool:
+    v = getattr(args, dest, None)
+    return v is not None and v is not False
+
+
+def check_applies(args: argparse.Namespace, command: str, kind: str | None = None) -> None:
+    """Refuse (one line) every option of :data:`~widthscope.validate.APPLIES` given for an input
+    kind it does not fit."""
+    table = APPLIES.get(command)
+    if table is None:
+        return
+    kind = kind or input_kind(
+        getattr(args, "model", None), getattr(args, "task", None), revision=getattr(args, "revision", None)
+    )
+    if kind is None:
+        return
+    for dest, kinds in table.items():
+        if kind not in kinds and _given(args, dest):
+            raise WidthscopeError(
+                f"{flag_name(dest)} applies to {group_words(kinds)} only; --model {args.model} is "
+                f"{KINDS[kind]}: drop {flag_name(dest)}"
+            )
+
+
+def fill_defaults(args: argparse.Namespace) -> None:
+    """Record which input options were given (``args.given``), then set the defaults of the rest."""
+    if not hasattr(args, "given"):
+        args.given = sorted(d for d in (*INPUT_OPTIONS, *defaults()) if _given(args, d))
+    filled = []
+    for dest, value in defaults().items():
+        if hasattr(args, dest) and getattr(args, dest) is None:
+            setattr(args, dest, value)
+            filled.append(dest)
+    args.filled = sorted(set(getattr(args, "filled", ())) | set(filled))  # defaults, not the user's
+
+
+def given(args: argparse.Namespace, dest: str) -> bool:
+    """Was ``dest`` given on the command line (before :func:`fill_defaults` set the defaults)?"""
+    if hasattr(args, "given"):
+        return dest in args.given
+    return _given(args, dest) and getattr(args, dest) != defaults().get(dest, object())
+
+
+def paths(args: argparse.Namespace, dests: tuple[str, ...]) -> list[tuple[str, str]]:
+    """``(flag, path)`` of every path option among ``dests`` that was given."""
+    out = []
+    for dest in dests:
+        v = getattr(args, dest, None)
+        for item in v if isinstance(v, (list, tuple)) else [v]:
+            if isinstance(item, (str, os.PathLike)) and str(item):
+                flag = dest if dest in ("samples", "config", "results") else flag_name(dest)
+                out.append((flag, str(item)))
+    return out
+
+
+def check_args(args: argparse.Namespace, command: str) -> None:
+    """The shared checks; raises :class:`WidthscopeError` with one line naming the option."""
+    for flag, path in paths(args, INPUT_PATHS + OUTPUT_PATHS):
+        check_path_length(flag, path)
+    seed = getattr(args, "seed", None)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32):
+        raise WidthscopeError(f"--seed {seed}: must be a whole number in 0..{2**32 - 1}")
+    for name, lo, hi, what in RANGES:
+        v = getattr(args, name, None)
+        if name in ("n_train", "n_test") and v == "all":  # every sequence of the source (data.published)
+            if command not in ("certify", "inputs"):
+                raise WidthscopeError(f"{flag_name(name)} all applies to certify; give {command} a number")
+            continue
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo):
+            raise WidthscopeError(f"{flag_name(name)} {v}: must be a whole number >= {lo} ({what})")
+        if v is not None and hi is not None and v > hi:
+            raise WidthscopeError(f"{flag_name(name)} {v}: must be a whole number in {lo}..{hi} ({what})")
+    for name in POSITIVE:
+        v = getattr(args, name, None)
+        if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            raise WidthscopeError(f"{flag_name(name)} {v}: must be a positive finite number")
+    for name in ("data", "train_data", "test_data"):
+        v = getattr(args, name, None)
+        if isinstance(v, str):
+            from ..data.spec import check_source
+
+            check_source(flag_name(name), v)
+    device = getattr(args, "device", None)
+    if isinstance(device, str):
+        from ..train import resolve_device
+
+        resolve_device(device)
+    if command in APPLIES:
+        check_applies(args, command)
+        fill_defaults(args)
+    out = getattr(args, "out", None)
+    if out and OUT_KIND.get(command) == "file":
+        check_writable(out)
+    elif out and OUT_KIND.get(command) == "dir":
+        made = missing_parents(Path(out) / "x")  # the folder itself and any missing parents
+        check_dir_writable(out)
+        CREATED.extend(made)  # removed again if the command is refused before it writes anything
+    for extra in (getattr(args, "save_samples", None), getattr(args, "json", None)):
+        if extra:
+            check_writable(extra)
+    parts = [(f"{flag_name('out')}'s parts folder", str(out) + ".parts")] if command == "certify" and out else []
+    check_outputs(paths(args, INPUT_PATHS), paths(args, OUTPUT_PATHS) + parts, command)

@@ -1,0 +1,99 @@
+"""What ``widthscope sweep`` does, from explicit settings: :func:`run_sweep_file`.
+
+Runs (or resumes) an alignment width sweep of a TOML config; see :mod:`widthscope.sweep.alignment`
+and docs/sweeps.md. The command line (:mod:`widthscope.cli.sweep`) only passes its options here.
+Python::
+
+    from widthscope.sweep.run import run_sweep_file
+    run_sweep_file("configs/demo-mlp.toml", out="/tmp/mlp-sweep", shard="2/4")  # a quarter of the grid
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from .._io import format_table
+from .grid import GridResult, _cell_path, cell_id, finish_after_ranks, shard_for_run
+from .schema import SweepConfig
+
+__all__ = ["run_sweep_file"]
+
+
+def run_sweep_file(
+    config: str | os.PathLike,
+    *,
+    out: str | os.PathLike | None = None,
+    shard: str | None = None,
+    dry_run: bool = False,
+    threads: int | None = None,
+    show_progress: bool = True,
+) -> GridResult | None:
+    """The sweep of the TOML ``config`` in ``out`` (default: its ``[sweep].out_dir``), shard
+    ``shard`` (``"k/n"``; default: one shard per ``torchrun`` rank, else the whole grid), at
+    ``threads`` torch CPU threads (default: ``[sweep].threads``). ``dry_run``: print the grid and
+    what is finished, run nothing, return ``None``. Otherwise prints its progress lines and (rank 0
+    under torchrun, once every rank's shard is done) the summary; returns this shard's grid result."""
+    from .alignment import check_structure, load_config, plan_cells, print_summary, run_sweep
+
+    cfg = load_config(config, out_dir=out)
+    check_structure(cfg, device=not dry_run)  # every cell's model and points, before any work
+    if threads is not None:  # checked by widthscope.cli.checks.check_args
+        cfg.threads = threads
+    which = shard_for_run(shard)
+    out_path = Path(cfg.out_dir)
+    from ..validate import check_dir_writable
+
+    check_dir_writable(out_path)  # before any cell trains: a read-only or file --out is one error line
+    cells = plan_cells(cfg)
+    k, n = which
+    mine = [(i, c) for i, c in enumerate(cells) if i % n == k - 1]
+    if dry_run:
+        _print_plan(cfg, mine, len(cells), out_path, which)
+        return None
+    print(f"sweep {cfg.name}: {len(mine)} of {len(cells)} cells in shard {k}/{n} -> {out_path}", flush=True)
+    result = run_sweep(cfg, out_path, shard=which, show_progress=show_progress)
+    print(f"ran {len(result.done)} cell(s), {len(result.skipped)} already finished", flush=True)
+
+    def finish() -> None:  # rank 0 under torchrun, once every rank's shard is done
+        print_summary(run_sweep(cfg, out_path, shard=(1, 1), show_progress=False).rows, out_path)
+
+    if finish_after_ranks(shard, finish):
+        print_summary(result.rows, out_path)
+    return result
+
+
+def _print_plan(
+    cfg: SweepConfig, mine: list[tuple[int, dict[str, Any]]], n_cells: int, out: Path, shard: tuple[int, int]
+) -> None:
+    """``--dry-run``: this shard's cells, whether each is finished, and the monitor settings."""
+    from .grid import read_cell
+
+    k, n = shard
+
+    def state(c: dict) -> str | bool:
+        path = _cell_path(out, cell_id(c))
+        if not path.exists():
+            return False
+        why = read_cell(path)[1]  # a damaged cell file is not a finished cell: the run sets it aside
+        return "damaged: runs again" if why else True
+
+    table = [
+        {
+            "#": i,
+            **{key: c[key] for key in ("family", "width", "seed", "budget")},
+            "cell_id": cell_id(c),
+            "done": state(c),
+        }
+        for i, c in mine
+    ]
+    print(format_table(table, title=f"sweep {cfg.name}: {len(mine)} of {n_cells} cells in shard {k}/{n}"))
+    print(f"(M, K): {cfg.MK}; results dir: {out}")
+    for fam in cfg.families:
+        if fam.monitor is not None:
+            m = fam.monitor
+            print(
+                f"monitor ({fam.name}): steps {m['steps']}, (M, K) = ({m['M']}, {m['K']}), pools "
+                f"{m['n_train']} + {m['n_test']}, delta {m['delta']}"
+            )
