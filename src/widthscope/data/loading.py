@@ -1,0 +1,195 @@
+"""Model and tokenizer loading for :mod:`widthscope.data.inputs`, and the checks that run before
+any forward pass: the tokenizer's vocabulary fits the model's embedding, every token id is in range,
+the sequence length fits the position embeddings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import WidthscopeError
+
+
+# ----------------------------------------------------------------------------- model
+def load_model(path: str, *, dtype: str = "auto", task: str | None = None, revision: str | None = None) -> nn.Module:
+    """A checkpoint (widthscope or Hugging Face) on the CPU in eval mode, with a clear error.
+
+    ``path``: a local checkpoint, a Hugging Face hub id ``org/name`` at ``revision`` (branch, tag or
+    commit; default ``main``), or a hub cache folder ``models--org--name`` (:mod:`widthscope.hub`:
+    resolved to the local snapshot; the cache only when ``HF_HUB_OFFLINE=1``). A hub model carries
+    ``widthscope_hub`` (id, revision, commit), which :func:`resolve` records in ``Inputs.info``."""
+    from ..hub import attach, resolve_model
+
+    p, hub = resolve_model(path, revision)
+    if not p.exists():
+        raise WidthscopeError(
+            f"--model {path!r}: no such file or directory; give a checkpoint directory, a "
+            ".safetensors file with its config, a Hugging Face hub id (org/name), or 'builtin'"
+        )
+    from .. import checkpoint
+
+    return attach(checkpoint.load(str(p), dtype=dtype, task=task), hub)
+
+
+def model_task(model: nn.Module) -> str:
+    task = getattr(model, "widthscope_task", None)
+    if task:
+        return task
+    fam = (getattr(model, "widthscope_config", None) or {}).get("family")
+    return "lm" if fam in ("llama", "pythia") else "classification"
+
+
+def _model_dir(model: nn.Module) -> Path | None:
+    hf = getattr(model, "widthscope_hf", None) or {}
+    return Path(hf["directory"]) if hf.get("directory") else None
+
+
+# ----------------------------------------------------------------------------- tokenizer
+def load_tokenizer(spec: str | None, model: nn.Module, task: str) -> Any:
+    """``bytes`` -> :class:`ByteTokenizer`; a path -> ``AutoTokenizer``; None -> the model's own."""
+    from .corpus import ByteTokenizer
+
+    if spec == "bytes":
+        return ByteTokenizer()
+    from ..models.hf import vocab_size
+
+    V = vocab_size(model)
+    # Byte ids only where the embedding has room for them: never suggest what would be refused.
+    or_bytes = (
+        " (or --tokenizer bytes for byte-level ids)"
+        if V is None or V >= len(ByteTokenizer())
+        else f" (byte-level ids do not fit its {V}-token vocabulary)"
+    )
+    if spec is None:
+        if task == "lm":  # widthscope's own byte-level LMs
+            return ByteTokenizer()
+        where = _model_dir(model)
+        if where is None:
+            raise WidthscopeError(f"this checkpoint has no tokenizer directory: pass --tokenizer PATH{or_bytes}")
+    else:
+        where = _tokenizer_dir(spec, model)
+        if not where.exists():
+            raise WidthscopeError(
+                f"--tokenizer {spec!r} does not exist: give the directory a tokenizer was "
+                "saved to (tokenizer.save_pretrained), a Hugging Face hub id (org/name), or 'bytes'"
+            )
+    known = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model", "spiece.model")
+    if where.is_dir() and not any((where / k).is_file() for k in known):
+        raise WidthscopeError(
+            f"no tokenizer in {where} (none of {', '.join(known[:4])}, ...): save the model's "
+            f"tokenizer there (tokenizer.save_pretrained(DIR)) or pass --tokenizer PATH{or_bytes}"
+        )
+    import warnings
+
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return AutoTokenizer.from_pretrained(str(where), local_files_only=True, trust_remote_code=False)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise WidthscopeError(
+            f"could not load the tokenizer in {where} ({type(exc).__name__}: {first[:200]})"
+        ) from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def _tokenizer_dir(spec: str, model: nn.Module) -> Path:
+    """``--tokenizer``'s directory: a local path, or a hub id (or cache folder) resolved like
+    ``--model``: at the model's commit when it is the model's own repository, else at ``main``."""
+    from ..hub import hub_record, resolve_model
+
+    rec = hub_record(model) or {}
+    same = rec.get("repo_id") == spec and not Path(spec).expanduser().exists()
+    return resolve_model(spec, rec.get("commit") if same else None, flag="--tokenizer")[0]
+
+
+def _tok_name(tok: Any) -> str:
+    return getattr(tok, "name", None) or f"{type(tok).__name__}({getattr(tok, 'name_or_path', '')})"
+
+
+def check_vocabulary(tok: Any, model: nn.Module) -> None:
+    """The tokenizer must not produce ids the model's embedding does not have."""
+    from ..models.hf import vocab_size
+
+    V = vocab_size(model)
+    if V is None:
+        return
+    n = len(tok)
+    if n > V:
+        raise WidthscopeError(
+            f"tokenizer {_tok_name(tok)} has {n} tokens but the model's embedding has {V} rows: "
+            "this is not the model's tokenizer; pass the matching one with --tokenizer"
+        )
+
+
+def check_ids(ids: torch.Tensor, model: nn.Module, what: str) -> None:
+    """Every token id in ``[0, vocab)``, before any forward pass (one line naming both sizes)."""
+    from ..models.hf import vocab_size
+
+    V = vocab_size(model)
+    if V is None or ids.numel() == 0:
+        return
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= V:
+        raise WidthscopeError(
+            f"{what} token ids span {lo}..{hi} but the model's vocabulary has {V} entries "
+            f"(ids 0..{V - 1}): the tokenizer does not match the model; pass the matching "
+            "one with --tokenizer"
+        )
+
+
+def mask_tokens(
+    ids: torch.Tensor, attention: torch.Tensor, tok: Any, *, rate: float = 0.15, seed: int = 0
+) -> tuple[dict[str, torch.Tensor], int]:
+    """Masked-LM examples: ``rate`` of each sequence's ordinary tokens (at least one) replaced by
+    the mask token (seeded); ``labels`` hold the originals there and ``-100`` elsewhere.
+
+    Returns the batch dict and the number of sequences dropped for having no ordinary token.
+    """
+    mask_id = getattr(tok, "mask_token_id", None)
+    if mask_id is None:
+        raise WidthscopeError(
+            f"tokenizer {_tok_name(tok)} has no mask token: a masked LM needs one (use the checkpoint's own tokenizer)"
+        )
+    special = torch.tensor(sorted(set(getattr(tok, "all_special_ids", []) or [])), dtype=torch.int64)
+    cand = attention.bool() & ~torch.isin(ids, special)
+    keep = cand.any(1)
+    ids, attention, cand = ids[keep], attention[keep], cand[keep]
+    g = torch.Generator().manual_seed(int(seed))
+    score = torch.rand(ids.shape, generator=g).masked_fill(~cand, 2.0)
+    n_mask = (cand.sum(1).float() * rate).round().clamp_min(1).long()
+    order = score.argsort(1)
+    ranks = torch.empty_like(order)
+    ranks.scatter_(1, order, torch.arange(ids.shape[1]).expand_as(order).contiguous())
+    chosen = (ranks < n_mask[:, None]) & cand
+    labels = torch.where(chosen, ids, torch.full_like(ids, -100))
+    masked = torch.where(chosen, torch.full_like(ids, int(mask_id)), ids)
+    return {"input_ids": masked, "attention_mask": attention, "labels": labels}, int((~keep).sum())
+
+
+# ----------------------------------------------------------------------------- checks
+def _recorded_name(model: nn.Module) -> str | None:
+    for attr in ("widthscope_extra", "widthscope_config"):
+        meta = getattr(model, attr, None)
+        if isinstance(meta, dict) and isinstance(meta.get("dataset"), str):
+            return meta["dataset"]
+    return None
+
+
+def _check_seq_len(model: nn.Module, seq_len: int | None) -> None:
+    from ..models.hf import max_positions
+
+    limit = max_positions(model)
+    if seq_len is not None and limit is not None and seq_len > limit:
+        raise WidthscopeError(
+            f"--seq-len {seq_len} exceeds the model's maximum sequence length {limit}; use --seq-len <= {limit}"
+        )

@@ -1,0 +1,210 @@
+"""Low-precision resolution of the measured loss change (bfloat16/float16 models): the rounding
+scale of a mean loss, the samples' rounding errors, which steps a summary may use and the
+one-line note naming the others. Re-exported from :mod:`widthscope.probe.intervene`."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable, Mapping
+
+import torch
+import torch.nn as nn
+
+from .batches import as_examples, batch_size_of, take, to_batches
+from .steps import EvalMode, per_example_losses
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+# A step is resolved when its predicted change is at least this many rounding scales r (below):
+# the measured ΔL was off by < 3r on all 468 steps we calibrated against float64 (docs/
+# interventions.md), so an unflagged step's retention carries a rounding error < 3/8 (measured ≤ 0.15).
+RESOLUTION_FACTOR = 8.0
+
+
+def _dtype_name(dt: torch.dtype | None) -> str | None:
+    return None if dt is None else str(dt).replace("torch.", "")
+
+
+class upcast:
+    """Context: the model's bfloat16/float16 parameters and buffers cast to float32 in place, and
+    back on exit. ``low → float32 → low`` is exact, so the model is restored bit for bit; memory
+    is that of a float32 copy of those tensors (no second model is kept)."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.saved: list[tuple[torch.Tensor, torch.dtype]] = []
+
+    def __enter__(self) -> nn.Module:
+        seen: set[int] = set()
+        for t in [*self.model.parameters(), *self.model.buffers()]:
+            if id(t) not in seen and t.dtype in LOW_PRECISION:
+                seen.add(id(t))
+                self.saved.append((t, t.dtype))
+                t.data = t.data.float()
+        return self.model
+
+    def __exit__(self, *exc: Any) -> None:
+        for t, dt in self.saved:
+            t.data = t.data.to(dt)
+        self.saved = []
+
+
+def loss_rounding(
+    model: nn.Module,
+    data: Any,
+    loss_fn: Callable | None = None,
+    *,
+    batch_size: int = 64,
+    losses: torch.Tensor | None = None,
+) -> tuple[float | None, torch.Tensor | None]:
+    r"""Rounding-error scale of the mean loss over ``data`` in the model's low-precision dtype.
+
+    .. math::  r = \sqrt{\textstyle\sum_i e_i^2}\,/\,K,\qquad e_i = ℓ_i^{\rm dtype} − ℓ_i^{\rm float32}
+
+    with ``ℓ_i^{dtype}`` the per-example losses as the model runs (``losses`` if already measured)
+    and ``ℓ_i^{float32}`` those of the same weights evaluated in float32 (:class:`upcast`). ``r`` is
+    the standard error the rounding adds to a mean of ``K`` such losses when the examples' errors
+    are independent; a measured change ``ΔL = L(step) − L`` carries about that much (measured:
+    under 3r, see :data:`RESOLUTION_FACTOR`). Returns ``(r, float32 per-example losses)``, or
+    ``(None, None)`` for a float32/float64 model (the reference precision: not measured).
+    Cost: one float32 forward over ``data`` (and one in the dtype when ``losses`` is None).
+    """
+    from .collect import float_dtype
+
+    if float_dtype(model) not in LOW_PRECISION:
+        return None, None
+    with EvalMode(model):
+        low = (
+            losses.double().cpu()
+            if losses is not None
+            else per_example_losses(model, data, loss_fn, batch_size=batch_size)
+        )
+        with upcast(model):
+            ref = per_example_losses(model, data, loss_fn, batch_size=batch_size)
+    return float((low - ref).pow(2).sum().sqrt()) / max(len(ref), 1), ref
+
+
+def _sample_errors(
+    model: nn.Module, point: str, data: Any, loss_fn: Callable | None, n: int, batch_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pooled samples of the first ``n`` examples as the model runs, and their rounding errors
+    (minus the same weights' samples in float32, :class:`upcast`)."""
+    from .collect import collect
+
+    data = as_examples(data)
+    sub = take(data, min(n, batch_size_of(data)))
+    low = collect(model, to_batches(sub, batch_size), points=[point], loss_fn=loss_fn, progress=False)[point]
+    with upcast(model):
+        ref = collect(model, to_batches(sub, batch_size), points=[point], loss_fn=loss_fn, progress=False)[point]
+    return ref, low - ref
+
+
+def sample_rounding(
+    model: nn.Module, point: str, data: Any, loss_fn: Callable | None = None, *, n: int = 8, batch_size: int = 64
+) -> float | None:
+    """Largest relative error ``‖s_i − s_i^{float32}‖/‖s_i^{float32}‖`` of the pooled sample vectors
+    of the first ``n`` examples of ``data`` at ``point``, the model as it is against the same
+    weights in float32 (:class:`upcast`); None for a float32/float64 model. It is not a small
+    multiple of ``u`` everywhere: a confidently fitted classifier's gradients cancel (measured
+    32u in bfloat16 on a trained MLP, ≤ 3.5u on the tiny Llamas), so it is measured, not assumed
+    (``sample_rel_error`` of :func:`widthscope.certify.per_point.statistics`, worst-case mode)."""
+    from .collect import float_dtype
+
+    if float_dtype(model) not in LOW_PRECISION:
+        return None
+    ref, err = _sample_errors(model, point, data, loss_fn, n, batch_size)
+    return float((err.norm(dim=1) / ref.norm(dim=1).clamp_min(torch.finfo(torch.float64).tiny)).max())
+
+
+def sample_errors(
+    model: nn.Module,
+    point: str,
+    train: Any,
+    test: Any,
+    loss_fn: Callable | None = None,
+    *,
+    n: int = 16,
+    batch_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Measured rounding errors ``(n, d)`` of the pooled samples of the first ``n`` train and ``n``
+    held-out examples at ``point`` (the model as it is minus the same weights in float32,
+    :class:`upcast`); None for a float32/float64 model. Cost: 4 probes of ``n`` examples."""
+    from .collect import float_dtype
+
+    if float_dtype(model) not in LOW_PRECISION:
+        return None
+    return (
+        _sample_errors(model, point, train, loss_fn, n, batch_size)[1],
+        _sample_errors(model, point, test, loss_fn, n, batch_size)[1],
+    )
+
+
+def projected_rounding(err: torch.Tensor, direction: torch.Tensor) -> float:
+    r"""Estimated rounding error of a sample mean along ``direction``: the samples' rounding errors
+    ``δs_i`` (measured on ``n`` of them, :func:`sample_errors`) give ``t_i = δs_i·direction`` and
+    the estimate ``|mean t| + 3·sd(t)/√n`` — the systematic part plus a generous allowance for the
+    random part (it only shrinks from ``n`` to the full sample). For ``A = ā·b̄``:
+    ``δA ≈ projected_rounding(δa, b̄) + projected_rounding(δb, ā)``; for ``‖μ‖²`` twice the one of
+    ``δs`` along ``μ``. A worst-case bound (every error along ``direction``) was 40-150x the actual
+    error on the Llamas we tried and flagged alignments bfloat16 had to 3 %: this measures what
+    rounding does."""
+    t = err.double() @ direction.double().to(err.device)
+    if len(t) < 2:
+        return float(t.abs().max()) if len(t) else 0.0
+    return abs(float(t.mean())) + 3 * float(t.std()) / math.sqrt(len(t))
+
+
+def resolved(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The rows a retention or sign summary may use: not ``below_resolution`` and not from an
+    alignment whose sign the samples' rounding leaves open (``alignment_within_rounding``)."""
+    return [r for r in rows if not r.get("below_resolution") and not r.get("alignment_within_rounding")]
+
+
+def precision_note(rows: Iterable[Mapping[str, Any]], where: str = "") -> str | None:
+    """One line naming the steps below the model dtype's resolution (or re-measured in float32),
+    or None when there are none. ``where`` names the point(s) when the rows do not."""
+    rows = [r for r in rows if r.get("kind") == "intervention" and r.get("probe") in ("bias", "block")]
+    low = [r for r in rows if r.get("below_resolution")]
+    redo = [r for r in rows if r.get("evaluated_in") and r.get("dtype") and r["evaluated_in"] != r["dtype"]]
+    zero = list(dict.fromkeys(str(r.get("point", where)) for r in rows if r.get("alignment_within_rounding")))
+    if not low and not redo and not zero:
+        return None
+    dt = next(r.get("dtype") for r in rows if r.get("dtype"))
+
+    def steps(rs: list[Mapping[str, Any]]) -> str:
+        by: dict[str, list[str]] = {}
+        for r in rs:
+            by.setdefault(str(r.get("point", where)), []).append(f"{r.get('rel_step', r.get('eta')):.2g}")
+        return "; ".join(f"{p} at rel_step {', '.join(v)}" for p, v in by.items())
+
+    parts = []
+    if low:
+        parts.append(
+            f"{len(low)} of {len(rows)} intervention steps are below {dt} resolution (|predicted dL| < "
+            f"{RESOLUTION_FACTOR:g} x the rounding error of the held-out loss in {dt}) and are left out of "
+            f"the retention and sign summaries: {steps(low)}"
+        )
+    if redo:
+        parts.append(
+            f"{len(redo)} steps below {dt} resolution were measured in float32 instead (the model "
+            f"upcast; the {dt} value kept as actual_in_dtype): {steps(redo)}"
+        )
+    if zero:
+        parts.append(
+            f"at {', '.join(zero)} the alignment mu_M.g_K is within rounding of zero of the {dt} samples "
+            "(not even the predicted sign is resolved): all its steps are left out of the summaries"
+        )
+    return "interventions: " + "; ".join(parts)
+
+
+def _mark_precision(rows: list[dict[str, Any]], dtype: torch.dtype | None, r: float | None) -> None:
+    """Add ``dtype``, ``evaluated_in``, ``resolution`` and ``below_resolution`` to each row."""
+    res = None if r is None else RESOLUTION_FACTOR * r
+    for row in rows:
+        row.update(
+            dtype=_dtype_name(dtype),
+            evaluated_in=_dtype_name(dtype),
+            resolution=res,
+            below_resolution=bool(res is not None and abs(row["predicted"]) < res),
+            alignment_bound=None,
+            alignment_within_rounding=False,
+        )

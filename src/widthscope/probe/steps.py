@@ -1,0 +1,141 @@
+"""Held-out losses and the step grid of :func:`widthscope.probe.intervene.intervene`: per-example
+and mean losses in eval mode, the activation's RMS entry at a point, and the log-spaced ``η``
+grid relative to it (``rel_step``). Re-exported from :mod:`widthscope.probe.intervene`."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn as nn
+
+from ..errors import WidthscopeError
+from .batches import to_batches
+from .insert import channel_dim
+
+
+def _device(model: nn.Module) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except StopIteration:
+        return torch.device("cpu")
+
+
+class EvalMode:
+    """Run the model in eval mode (BatchNorm running statistics, no dropout), then restore."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def __enter__(self) -> nn.Module:
+        self.modes = {m: m.training for m in self.model.modules()}
+        self.model.eval()
+        return self.model
+
+    def __exit__(self, *exc: Any) -> None:
+        for m, mode in self.modes.items():
+            m.training = mode
+
+
+def per_example_losses(
+    model: nn.Module, data: Any, loss_fn: Callable | None = None, *, batch_size: int = 64, grad: bool = False
+) -> torch.Tensor:
+    """Per-example losses ``(n,)`` exactly as :func:`widthscope.probe.collect` defines them."""
+    from .collect import _run_batch, float_dtype, to_device
+
+    dev = _device(model)
+    out = []
+    ctx = torch.enable_grad() if grad else torch.no_grad()
+    with ctx:
+        for bi, b in enumerate(to_batches(data, batch_size)):
+            losses, _, _ = _run_batch(model, to_device(b, dev, float_dtype(model)), loss_fn, bi)
+            out.append(losses if grad else losses.detach().to("cpu", torch.float64))
+    return torch.cat(out)
+
+
+def mean_loss(model: nn.Module, data: Any, loss_fn: Callable | None = None, *, batch_size: int = 64) -> float:
+    """Mean per-example loss over ``data`` (eval mode, float64 accumulation)."""
+    with EvalMode(model):
+        return float(per_example_losses(model, data, loss_fn, batch_size=batch_size).mean())
+
+
+def _activation_rms(
+    model: nn.Module, point: str, data: Any, loss_fn: Callable | None, batch_size: int
+) -> tuple[float, int]:
+    """Root-mean-square entry of the output at ``point`` over ``data``, and its channel width."""
+    from .collect import _split_output
+
+    acc = [0.0, 0, 0]
+
+    def hook(_m: nn.Module, _i: Any, out: Any) -> None:
+        z, _ = _split_output(out, point)
+        acc[0] += float(z.detach().double().pow(2).sum())
+        acc[1] += z.numel()
+        acc[2] = z.shape[channel_dim(z)]
+
+    h = model.get_submodule(point).register_forward_hook(hook)
+    try:
+        with EvalMode(model):
+            per_example_losses(model, data, loss_fn, batch_size=batch_size)
+    finally:
+        h.remove()
+    return math.sqrt(acc[0] / max(acc[1], 1)), int(acc[2])
+
+
+def default_etas(
+    step_norm: float, target_norm: float, n_etas: int = 9, *, low: float = 1e-4, high: float = 1.0
+) -> list[float]:
+    """Log-spaced ``η`` so that ``η · step_norm`` spans ``[low, high] · target_norm``.
+
+    For the bias probe ``step_norm = ‖μ_M‖/√N`` (RMS entry of the step direction) and
+    ``target_norm`` = RMS entry of the activation at the point, so the smallest step moves the
+    stream by 1e-4 of its typical size and the largest by ``high`` of it. The relative steps are
+    ``10^(log10 low + i·(log10 high − log10 low)/(n − 1))``: a decade is the same float on every
+    grid that contains it (``1e-3`` on the 9 half-decades up to 1 and on the 4 decades up to 0.1).
+    """
+    if not (step_norm > 0 and math.isfinite(step_norm)):
+        raise WidthscopeError(
+            "the step direction is zero (all sample gradients vanish), so no η "
+            "grid can be chosen; pass etas=[...] or check the loss"
+        )
+    if n_etas < 1:
+        raise WidthscopeError(f"n_etas must be >= 1, got {n_etas}")
+    check_rel_step(high, low)
+    target = target_norm if target_norm > 0 else step_norm
+    a, b = math.log10(low), math.log10(high)
+    ratios = [low] if n_etas == 1 else [10.0 ** (a + i * (b - a) / (n_etas - 1)) for i in range(n_etas)]
+    return [r * target / step_norm for r in ratios]
+
+
+def check_rel_step(high: Any, low: float = 1e-4) -> float:
+    """``high`` (the largest step of the default grid, relative to the activation) as a float, or
+    one error naming it: a finite number above the smallest step ``low``."""
+    try:
+        h = float(high)
+    except (TypeError, ValueError):
+        h = float("nan")
+    if isinstance(high, bool) or not (math.isfinite(h) and h > low):
+        raise WidthscopeError(
+            f"max_rel_step must be a finite number above the smallest step {low:g} (the largest "
+            f"step's RMS entry over the activation's), got {high!r}"
+        )
+    return h
+
+
+def _check_etas(etas: Sequence[float]) -> list[float]:
+    out = []
+    for e in etas:
+        try:
+            e = float(e)
+        except (TypeError, ValueError):
+            raise WidthscopeError(f"eta must be a number, got {e!r}") from None
+        if not math.isfinite(e) or e <= 0:
+            raise WidthscopeError(
+                f"eta must be a positive finite step size, got {e!r} (the step is "
+                "v = -eta * mu_M; a negative eta would step uphill)"
+            )
+        out.append(e)
+    if not out:
+        raise WidthscopeError("etas is empty; pass None for the default grid")
+    return sorted(out)
