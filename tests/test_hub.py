@@ -212,3 +212,19 @@ def test_online_fetches_configs_tokenizer_and_safetensors_then_bin_only_when_nee
     calls.clear()
     hubmod.resolve_model("org/old")
     assert calls == [("org/old", "main", True, hubmod.ALLOW)]  # offline: the cache only
+
+
+def test_grow_takes_a_hub_id_and_revision(offline_cache, tmp_path, capsys):
+    """grow resolves the id at the revision asked for (the weights of that revision are grown)."""
+    out = {}
+    for rev in ("step1000", None):
+        path = tmp_path / f"g-{rev}.json"
+        rc = main(["grow", "--model", REPO, *(["--revision", rev] if rev else []), "--data",
+                   str(offline_cache["text"]), "--n-train", "16", "--n-test", "16", "--M", "4", "--K", "4",
+                   "--steps", "2", "--seq-len", "8", "--threads", "1", "--out", str(path)])
+        assert rc == 0, capsys.readouterr().err
+        out[rev] = json.loads(path.read_text())
+    spec = out["step1000"]["settings"]["input_spec"]
+    assert spec["model"] == REPO and spec["revision"] == "step1000"
+    before = [r["growth"][0]["loss_before"] for r in (out["step1000"], out[None])]
+    assert before[0] != before[1]  # another revision's weights, another held-out loss
