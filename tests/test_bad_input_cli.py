@@ -16,6 +16,7 @@ from widthscope.cli import main
 from widthscope.validate import APPLIES, KINDS
 
 import hf_tiny
+from cli_run import one_line, run_cli
 
 TRAINED = "builtin: MLP width 128"  # what certify prints once the built-in model has trained
 
@@ -53,22 +54,7 @@ Case = namedtuple("Case", "command dest kind")
 TABLE = [Case(c, d, k) for c, table in APPLIES.items() for d, fits in table.items() for k in KINDS if k not in fits]
 
 
-def _run(argv, capsys):
-    try:
-        rc = main(argv)
-    except SystemExit as exc:  # argparse errors
-        rc = exc.code
-    cap = capsys.readouterr()
-    lines = [ln for ln in cap.err.strip().splitlines() if ln.strip()]
-    return rc, lines, cap
-
-
-def _one_line(argv, capsys, msg):
-    rc, lines, cap = _run(argv, capsys)
-    assert rc == 2, cap.err
-    assert len(lines) == 1 and "Traceback" not in cap.err, cap.err
-    assert msg in lines[0], lines[0]
-    return cap
+_run, _one_line = run_cli, one_line  # tests/cli_run.py, shared by the bad-input tests
 
 
 def test_the_table_covers_every_option_value():

@@ -13,6 +13,8 @@ import torch
 
 from widthscope.cli import main
 
+from cli_run import one_line
+
 TRAINED = "builtin: MLP width 128"  # what certify prints once the built-in model has trained
 LONG = "x" * 300  # one path component over NAME_MAX (255 bytes)
 DEEP = "/".join(["d"] * 2100)  # every part short, the whole path over PATH_MAX (4096 bytes)
@@ -176,15 +178,7 @@ def test_bad_command_line_is_one_line_before_any_work(case, root, tmp_path, caps
     _, argv, msg = case
     before = _tree(root)
     tmp = tmp_path / "new"  # nothing may be created under it, not even the folder
-    try:
-        rc = main(_fill(argv, root, tmp))
-    except SystemExit as exc:
-        rc = exc.code
-    cap = capsys.readouterr()
-    lines = [ln for ln in cap.err.strip().splitlines() if ln.strip()]
-    assert rc == 2, cap.err
-    assert len(lines) == 1 and "Traceback" not in cap.err, cap.err
-    assert msg in lines[0], lines[0]
+    cap = one_line(_fill(argv, root, tmp), capsys, msg)
     assert TRAINED not in cap.out and cap.out.strip() == ""  # refused before training, probing or printing
     assert not tmp.exists()
     assert _tree(root) == before  # no input was written

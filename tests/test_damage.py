@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import stat
 from collections import namedtuple
@@ -18,6 +17,8 @@ import torch
 from widthscope._io import Skipped, append_jsonl, read_jsonl
 from widthscope.cli import main
 from widthscope.sweep.grid import load_rows, run_grid
+
+from cli_run import one_line, run_cli
 
 WIDTHS, SEEDS, POINTS = (32, 64, 128), (0, 1), ("layers.0", "layers.1")
 N_ROWS = len(WIDTHS) * len(SEEDS) * len(POINTS)  # 12 rows, 2 per cell
@@ -52,22 +53,7 @@ def res(base, tmp_path):
     return out
 
 
-def _run(argv, capsys):
-    try:
-        rc = main(argv)
-    except SystemExit as exc:  # argparse errors
-        rc = exc.code
-    cap = capsys.readouterr()
-    lines = [ln for ln in cap.err.strip().splitlines() if ln.strip()]
-    return rc, lines, cap
-
-
-def _one_line(argv, capsys, msg):
-    rc, lines, cap = _run(argv, capsys)
-    assert rc == 2, cap.err
-    assert len(lines) == 1 and "Traceback" not in cap.err, cap.err
-    assert msg in lines[0], lines[0]
-    return cap
+_run, _one_line = run_cli, one_line  # tests/cli_run.py, shared by the bad-input tests
 
 
 def _tree(root: Path) -> dict[str, str]:
