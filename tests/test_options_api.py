@@ -160,3 +160,12 @@ def test_the_readme_quick_start_runs(capsys):
     torch.manual_seed(0)
     exec(compile(code, "README.md", "exec"), {})
     assert "d_align" in capsys.readouterr().out
+
+
+def test_a_result_without_recorded_options_never_claims_defaults(tiny):
+    net, tr, te = tiny
+    raw = ws.certify.certify(net, tr, te, M=[8, 16], draws=100, progress=False)
+    old = {k: v for k, v in raw.items() if k != "options"}  # a file written before options were recorded
+    assert ws.CertifyResult.from_dict(old).options == CertifyOptions(M=(8, 16), K=(8, 16), draws=100)
+    broken = {**old, "settings": {**old["settings"], "draws": 0}}  # settings no valid options match
+    assert ws.CertifyResult.from_dict(broken).options is None

@@ -118,14 +118,15 @@ class PointCertificate:
 @dataclasses.dataclass(frozen=True)
 class CertifyResult:
     """A certify run's result: settings, one :class:`PointCertificate` per point, the ranking
-    (largest two-population ``d_align`` first), notes, timing and the options that made it."""
+    (largest two-population ``d_align`` first), notes, timing and the options that made it
+    (``None`` for a result written before results recorded them, whose settings do not say)."""
 
     settings: Mapping[str, Any]
     points: tuple[PointCertificate, ...]
     ranking: tuple[Mapping[str, Any], ...]
     notes: tuple[str, ...]
     timing: Mapping[str, Any]
-    options: CertifyOptions
+    options: CertifyOptions | None
     raw: Mapping[str, Any] = dataclasses.field(repr=False, compare=False)
 
     @classmethod
@@ -219,8 +220,9 @@ class CertifyResult:
         )
 
 
-def _options_from_settings(s: Mapping[str, Any]) -> CertifyOptions:
-    """Options of a result written before results recorded them, from its ``settings``."""
+def _options_from_settings(s: Mapping[str, Any]) -> CertifyOptions | None:
+    """Options of a result written before results recorded them, from its ``settings``; None
+    where they do not determine valid options (never a default that did not make the result)."""
     keys = {f.name for f in dataclasses.fields(CertifyOptions)}
     known = {k: v for k, v in s.items() if k in keys and v is not None and k not in ("points", "interventions")}
     known["interventions"] = s.get("interventions") or "none"
@@ -230,4 +232,4 @@ def _options_from_settings(s: Mapping[str, Any]) -> CertifyOptions:
     try:
         return CertifyOptions(**known)
     except (WidthscopeError, TypeError):
-        return CertifyOptions()
+        return None
