@@ -48,7 +48,7 @@ from .._io import to_jsonable
 from ..errors import WidthscopeError
 from ..options import DEFAULT_M, DEFAULT_MAX_REL_STEP, DEFAULT_N_ETAS, ESTIMATORS, CertifyOptions
 from ..probe import collect, resolve_points
-from ..validate import float_list, int_list, num_list, pairs_of, sizes_list  # noqa: F401  (re-exported)
+from ..validate import sizes_list
 from .per_point import _v, check_pool, precision_notes, ranking, statistics, tables  # noqa: F401  (re-exported)
 
 __all__ = [
@@ -233,23 +233,11 @@ def certify(
     _args.mapping(fn, "samples_out", samples_out, mutable=True)
     _args.function(fn, "on_point", on_point)
     opts = _options(options, given)
-    points, M, K, draws, seed = opts.points, list(opts.M), opts.K, opts.draws, opts.seed
+    draws, seed = opts.draws, opts.seed
     estimator, pool, train_mode, interventions = opts.estimator, opts.pool, opts.train_mode, opts.kind
     etas, n_etas, max_rel_step = opts.etas, opts.n_etas, opts.max_rel_step
     project, draw_scheme = opts.project, opts.draw_scheme
-    pairs, names, train_list, test_list, W, device = _resolve(
-        model,
-        train_batches,
-        test_batches,
-        points=list(points) if points else None,
-        M=M,
-        K=list(K) if K is not None else None,
-        draws=draws,
-        estimator=estimator,
-        pool=pool,
-        interventions=interventions,
-        project=project,
-    )
+    pairs, names, train_list, test_list, W, device = _resolve(model, train_batches, test_batches, opts)
 
     from ..probe.intervene import check_rel_step
 
@@ -382,27 +370,13 @@ def settings_block(opts: CertifyOptions, names: Sequence[str], *, world_size: in
 
 
 def _resolve(
-    model: nn.Module,
-    train_batches: Iterable[Any],
-    test_batches: Iterable[Any],
-    *,
-    points: str | Sequence[str] | None,
-    M: Sequence[int] | int,
-    K: Sequence[int] | int | None,
-    draws: int,
-    estimator: str,
-    pool: str,
-    interventions: str | None,
-    project: int | None,
+    model: nn.Module, train_batches: Iterable[Any], test_batches: Iterable[Any], opts: CertifyOptions
 ) -> tuple[list[tuple[int, int]], list[str], list[Any], list[Any], int, torch.device]:
-    """Check the arguments and resolve the ``(M, K)`` pairs, the points, the batch lists, the
-    world size and the model's device — all before any probing."""
-    if estimator not in ESTIMATORS:
-        raise WidthscopeError(f"unknown estimator {estimator!r}; choose {' or '.join(ESTIMATORS)}")
-    if not isinstance(draws, int) or isinstance(draws, bool) or draws < 1:
-        raise WidthscopeError(f"draws must be a positive integer, got {draws!r}")
-    pairs = pairs_of(M, K)
-    names = resolve_points(model, points)
+    """Resolve the ``(M, K)`` pairs, the points, the batch lists, the world size and the model's
+    device, and check the pools against them — all before any probing (the settings themselves
+    were validated when ``opts`` was made)."""
+    pairs = opts.pairs
+    names = resolve_points(model, list(opts.points) if opts.points else None)
     train_list, test_list = list(train_batches), list(test_batches)
     W = distributed.world_size()
     for what, lst, flag in (("train", train_list, "n_train"), ("held-out", test_list, "n_test")):
@@ -410,23 +384,13 @@ def _resolve(
             raise WidthscopeError(
                 f"{len(lst)} {what} batch(es) for {W} ranks: every rank needs one; lower the batch size or raise {flag}"
             )
-    if pool != "token":  # cheap early check, before any probing
-        check_pool(count_examples(train_list), max(m for m, _ in pairs), "train", "n_train", pool)
-        check_pool(count_examples(test_list), max(k for _, k in pairs), "held-out", "n_test", pool)
+    if opts.pool != "token":  # cheap early check, before any probing
+        check_pool(count_examples(train_list), max(m for m, _ in pairs), "train", "n_train", opts.pool)
+        check_pool(count_examples(test_list), max(k for _, k in pairs), "held-out", "n_test", opts.pool)
     try:
         device = next(model.parameters()).device
     except StopIteration:
         device = torch.device("cpu")
-
-    if interventions not in (None, "none", "bias", "block"):
-        raise WidthscopeError(f"interventions must be 'bias', 'block' or None, got {interventions!r}")
-    if project is not None and (not isinstance(project, int) or project < 2):
-        raise WidthscopeError(f"project must be an integer k >= 2 (projected dimension), got {project!r}")
-    if project is not None and estimator != "unbiased":
-        raise WidthscopeError(
-            "project: the projected moments are bias-corrected for the unbiased estimator only; "
-            "use estimator='unbiased'"
-        )
     return pairs, names, train_list, test_list, W, device
 
 
