@@ -142,11 +142,6 @@ def _check_combinations(args: argparse.Namespace, opts: CertifyOptions, given: s
             f"--n-etas sets the number of intervention steps, but none run{preset}: add "
             "--interventions bias (or block), or drop --n-etas"
         )
-    if opts.project is not None and opts.estimator != "unbiased":
-        raise WidthscopeError(
-            f"--project corrects the unbiased estimators only, not --estimator "
-            f"{opts.estimator}{preset}: add --estimator unbiased, or drop --project"
-        )
     if args.all and not args.list_points:
         raise WidthscopeError(
             "--all only changes what --list-points prints (every module path): add --list-points or drop --all"
