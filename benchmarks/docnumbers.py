@@ -1030,5 +1030,22 @@ quantity("iv.retention_table")(lambda: _iv("retention_table"))
 quantity("iv.sign_table")(lambda: _iv("sign_table"))
 pattern(r"iv/([a-z_]+(?:/[0-9.e-]+)?)")(lambda what: _iv("quantity", what))
 
+
+def _load_topics() -> None:
+    """Quantities of other topics live in ``benchmarks/docnumbers_*.py``, each with a
+    ``register(dn)`` that declares them on this module (``dn.quantity``, ``dn.pattern``, the helpers):
+    one file per topic, so topics are added without editing this one."""
+    import importlib.util
+
+    for path in sorted(Path(__file__).resolve().parent.glob("docnumbers_*.py")):
+        spec = importlib.util.spec_from_file_location(f"_dn_{path.stem}", path)
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        mod.register(sys.modules[__name__])
+
+
+_load_topics()
+
 if __name__ == "__main__":
     sys.exit(main())
