@@ -32,6 +32,7 @@ from torch.func import functional_call, grad, jvp
 
 from .. import _args
 from ..errors import WidthscopeError
+from ..probe.structure import eager_attention_for
 from .model import _reraise_attention, as_param_dtype, first_output, model_output, params_and_buffers
 
 __all__ = ["correlation", "correlation_summary", "output_direction", "parse_correlation_name"]
@@ -148,8 +149,6 @@ def correlation(
     n_out = first_output(model, params, buffers, x, "correlation").numel()
     u, _ = output_direction(n_out, output, seed, dtype=p0.dtype, device=p0.device)
     f = _scalar_fn(model, buffers, u)
-    from ..models.hf import eager_attention_for
-
     try:
         with eager_attention_for(model):  # nested jvp: fused attention kernels have no forward mode
             gs = [grad(f)(params, xs[i : i + 1]) for i in range(d)]

@@ -44,6 +44,7 @@ import torch.nn as nn
 from ..errors import WidthscopeError
 from .insert import ACTIVATIONS, ResidualBlock, insert, remove_insertion
 from .intervene import block_features, block_gram, block_of
+from .structure import eager_attention_for
 
 __all__ = [
     "point_criteria",
@@ -285,8 +286,6 @@ def line_search_gain(
         for p, _ in flags:
             p.requires_grad_(False)
         blk.w_out.requires_grad_(True)
-        from ..models.hf import eager_attention_for
-
         # double backward: fused attention kernels may lack it, the eager one has it
         with EvalMode(model), torch.enable_grad(), eager_attention_for(model):
             for bi, b in enumerate(to_batches(test, batch_size)):

@@ -36,6 +36,7 @@ import torch.nn as nn
 
 from .. import _args
 from ..errors import WidthscopeError
+from .structure import main_stack
 
 __all__ = ["insertion_points", "all_points", "resolve_points"]
 
@@ -87,8 +88,6 @@ def insertion_points(model: nn.Module) -> list[str]:
     if declared:
         return resolve_points(model, list(declared))
     if _is_hf(model):
-        from ..models.hf import main_stack
-
         try:
             return main_stack(model)
         except WidthscopeError:
