@@ -79,13 +79,15 @@ def option(
     kind: str | None = None,
     metavar: str | None = None,
     cli: bool = True,
+    above: tuple[float, str] | None = None,
 ) -> Any:
     """A dataclass field with everything the command line, validation and the docs need.
 
     ``kind``: how the value is read from the command line and checked: ``int``, ``float``,
     ``bool`` (a switch), ``str``, ``ints`` / ``floats`` (comma lists, kept as tuples), or None for
     the default's own type. ``lo``/``hi``: the allowed range (inclusive; for lists, of every entry).
-    ``cli=False``: a setting of the Python API only."""
+    ``cli=False``: a setting of the Python API only. ``above=(bound, words)``: an exclusive lower
+    bound of a ``float``, named by ``words`` in the message (``above the smallest step (1e-4)``)."""
     if kind is None:
         kind = {bool: "bool", int: "int", float: "float", tuple: "ints"}.get(type(default), "str")
     meta = {
@@ -98,6 +100,7 @@ def option(
         "kind": kind,
         "metavar": metavar,
         "cli": cli,
+        "above": above,
     }
     return dataclasses.field(default=default, metadata=meta)
 
@@ -165,6 +168,14 @@ class Options:
                 self._number(flag, "int" if kind == "ints" else "float", v, lo, hi, tail, listed=True) for v in seq
             )
             return out
+        above = meta.get("above")
+        if kind == "float" and above is not None:
+            if (
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and not (math.isfinite(value) and value > above[0])
+            ):
+                raise WidthscopeError(f"{flag} {value:g}: must be a finite number above {above[1]}{tail}")
         if kind in ("int", "float"):
             return self._number(flag, kind, value, lo, hi, tail)
         if kind == "str" and not isinstance(value, str):
@@ -272,7 +283,7 @@ class InterventionOptions(Options):
     )
     max_rel_step: float = option(
         DEFAULT_MAX_REL_STEP,
-        lo=0.0,
+        above=(1e-4, "the smallest step (1e-4)"),
         metavar="R",
         help=f"largest step of the default grid, its RMS entry over the activation's "
         f"(default {DEFAULT_MAX_REL_STEP:g}; 1 moves the stream by its own size)",
@@ -289,10 +300,6 @@ class InterventionOptions(Options):
                     f"--etas: {len(self.etas)} step sizes; at most {MAX_ETAS} (each one evaluates "
                     "the held-out pool at every point)"
                 )
-        if not self.max_rel_step > 1e-4:
-            raise WidthscopeError(
-                f"--max-rel-step {self.max_rel_step:g}: must be a finite number above the smallest step (1e-4)"
-            )
 
     @property
     def kind(self) -> str | None:

@@ -154,15 +154,6 @@ def _check_combinations(args: argparse.Namespace, opts: CertifyOptions, given: s
         )
 
 
-def _check_max_rel_step(args: argparse.Namespace) -> None:
-    top = getattr(args, "max_rel_step", None)
-    if top is not None and not (top == top and 1e-4 < top < float("inf")):
-        raise WidthscopeError(
-            f"--max-rel-step {top:g}: must be a finite number above the smallest step 1e-4 "
-            "(e.g. 0.1, or 1 for a step as large as the activation)"
-        )
-
-
 # ----------------------------------------------------------------------------- the command
 def _bases(args: argparse.Namespace) -> tuple[CertifyOptions, CertifyRunOptions, InputSpec | None]:
     """The options every field not given on the command line takes: ``--config``'s recorded ones,
@@ -196,7 +187,6 @@ def _spec(args: argparse.Namespace, recorded: InputSpec | None) -> InputSpec:
 def run(args: argparse.Namespace) -> int:
     # Seeds, sizes, devices, data paths and outputs were checked by cli.checks.check_args (cli.main).
     notes = _apply_input_preset(args)
-    _check_max_rel_step(args)
     # the command line's list messages (the dataclass checks the same values again)
     pairs_of(int_list(args.M, "--M") or [1], int_list(args.K, "--K"))
     float_list(args.etas, "--etas")
