@@ -19,24 +19,31 @@ interval ``every_5pct = ⌈probe_in_steps / 0.05⌉`` that keeps an ``every=N`` 
 in few blocks, so it shows the training itself is not slowed); ``identical_weights`` (final
 weights bit-identical to the plain model's).
 
-**Under the frameworks** (``--trainers``): the same model (width 64, ``steps = 60``) trained by a
+**Under the frameworks** (``--trainers``): the same model (width 64, ``steps = 400``) trained by a
 real ``transformers.Trainer`` (``logging_steps=10``) and a real Lightning ``Trainer`` (a module
-without ``forward()``, the monitor on its network), each with and without the monitor's callback
-(``every=20``: steps 0, 20, 40, 60), ``reps`` times alternately. Reported per framework:
-``probes``; ``step_s`` (plain run time / steps, median over reps); ``per_probe_s`` (the monitor's
-own time per probe, ``monitor.spent_s / probes``: collecting both pools, the statistics, the file;
-median over reps); ``per_probe_in_steps``; ``added_per_probe_s`` ((monitored − plain) run time /
-probes, median over reps: what a probe adds end to end, callback and logging included; noisy on a
-loaded machine); ``identical_log_history`` (HF: the Trainer's own entries equal, float for float)
-and ``identical_weights``. Written under the key ``trainers`` of the ``--out`` file, leaving its
-other rows as they are.
+without ``forward()``, the monitor on its network), each with and without the monitor's callback at
+the **default schedule** (log-spaced under the default 5% budget; the callbacks probe the first and
+last step; ``--every N``: ``every=N`` instead), ``reps`` times alternately. The callbacks build the
+monitor from a ``MonitorOptions`` (``attach(trainer, train=, test=, options=)``). Reported per
+framework: ``probes`` and ``skipped`` (planned probes the budget skipped); ``plain_s`` /
+``monitored_s`` (run time, train start to train end, median over reps); ``step_s`` (plain run time /
+steps); ``per_probe_s`` (the monitor's own time per probe, ``monitor.spent_s / probes``: both pools,
+the statistics, the file; median over reps); ``per_probe_in_steps``; ``overhead`` (the monitor's own
+time / plain run time: what the budget bounds); ``overhead_wall`` (monitored / plain run time − 1,
+end to end, callback and logging included; noisy on a loaded machine); ``overhead_cpu`` (the same
+ratio in this process's CPU time, ``time.process_time``: with one torch thread, what the monitor adds
+to the training's own work, insensitive to other processes' load); ``identical_log_history``
+(HF: the Trainer's own entries equal, float for float) and ``identical_weights``; ``summary`` (the
+monitor's own line). Written under the key ``trainers`` of the ``--out`` file, leaving its other
+rows as they are.
 
 Usage::
 
     OMP_NUM_THREADS=1 nice python benchmarks/bench_monitor.py --out benchmarks/results/monitor-cpu.json
-    OMP_NUM_THREADS=1 nice python benchmarks/bench_monitor.py --trainers --out benchmarks/results/monitor-cpu.json
+    OMP_NUM_THREADS=1 python benchmarks/bench_monitor.py --trainers --out benchmarks/results/monitor-cpu.json
     python benchmarks/bench_monitor.py --quick      # seconds (with --trainers: the framework runs, small)
 """
+
 from __future__ import annotations
 
 import math
@@ -86,11 +93,24 @@ def _setup(width: int, steps: int, n_pool: int, seq_len: int, batch: int, schedu
         model = build("llama", width, depth=4, vocab_size=256, max_seq_len=seq_len)
         clock = OwnClock()
         clock.start()  # the dry probe at construction times one batch: the budget's first prediction
-        mon = None if kw is None else AlignmentMonitor(model, pools[:n_pool], pools[n_pool:], M=16, draws=1000,
-                                                       batch_size=32, clock=clock, **kw)
+        mon = (
+            None
+            if kw is None
+            else AlignmentMonitor(
+                model, pools[:n_pool], pools[n_pool:], M=16, draws=1000, batch_size=32, clock=clock, **kw
+            )
+        )
         clock.stop()
-        runs[name] = {"model": model, "opt": torch.optim.AdamW(model.parameters(), lr=1e-3), "mon": mon,
-                      "clock": clock, "step_s": [], "probe_s": [], "blocks": [], "monitor_s": 0.0}
+        runs[name] = {
+            "model": model,
+            "opt": torch.optim.AdamW(model.parameters(), lr=1e-3),
+            "mon": mon,
+            "clock": clock,
+            "step_s": [],
+            "probe_s": [],
+            "blocks": [],
+            "monitor_s": 0.0,
+        }
     return data, runs
 
 
@@ -105,7 +125,7 @@ def _block(run: dict, data: torch.Tensor, first: int, last: int, batch: int, ste
             if mon.step(model, 0):
                 run["probe_s"].append(time.perf_counter() - t0)
             run["monitor_s"] += time.perf_counter() - t0
-        ids = data[(step - 1) * batch: step * batch]
+        ids = data[(step - 1) * batch : step * batch]
         t0 = time.perf_counter()
         step_fn(model, opt, ids)
         t1 = time.perf_counter()
@@ -147,73 +167,127 @@ def run(quick: bool = False, every: int | None = None) -> list[dict[str, Any]]:
             r = runs[name]
             probe_s = statistics.median(r["probe_s"]) if r["probe_s"] else None
             pis = None if probe_s is None else probe_s / step_s
-            rows.append({
-                "width": width, "schedule": name, "steps": steps, "block": block, "n_pool": n_pool,
-                "probes": len(r["probe_s"]), "probed_steps": sorted({int(x["step"]) for x in r["mon"].rows}),
-                "skipped": len(r["mon"].skipped), "step_s": step_s, "probe_s": probe_s, "probe_in_steps": pis,
-                "overhead": r["monitor_s"] / train_s,
-                "every_5pct": None if pis is None else math.ceil(pis / SHARE),
-                "block_ratio": statistics.median(m / p for m, p in zip(r["blocks"], plain["blocks"])),
-                "identical_weights": all(torch.equal(v, r["model"].state_dict()[k]) for k, v in ref.items())})
+            rows.append(
+                {
+                    "width": width,
+                    "schedule": name,
+                    "steps": steps,
+                    "block": block,
+                    "n_pool": n_pool,
+                    "probes": len(r["probe_s"]),
+                    "probed_steps": sorted({int(x["step"]) for x in r["mon"].rows}),
+                    "skipped": len(r["mon"].skipped),
+                    "step_s": step_s,
+                    "probe_s": probe_s,
+                    "probe_in_steps": pis,
+                    "overhead": r["monitor_s"] / train_s,
+                    "every_5pct": None if pis is None else math.ceil(pis / SHARE),
+                    "block_ratio": statistics.median(m / p for m, p in zip(r["blocks"], plain["blocks"])),
+                    "identical_weights": all(torch.equal(v, r["model"].state_dict()[k]) for k, v in ref.items()),
+                }
+            )
     return rows
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    cols = ("width", "schedule", "probes", "step_s", "probe_s", "probe_in_steps", "overhead", "every_5pct",
-            "block_ratio", "identical_weights")
-    return markdown_table([{c: r[c] for c in cols} for r in rows], note=(
-        "The demo's LLaMA training (depth 4, seq 64, batch 16, 150 AdamW steps) with and without the "
-        "monitor, interleaved in blocks of 10 steps in one process. `overhead`: monitor time / plain "
-        "training time; `every_5pct`: the interval keeping an every=N schedule at <= 5%."))
+    cols = (
+        "width",
+        "schedule",
+        "probes",
+        "step_s",
+        "probe_s",
+        "probe_in_steps",
+        "overhead",
+        "every_5pct",
+        "block_ratio",
+        "identical_weights",
+    )
+    return markdown_table(
+        [{c: r[c] for c in cols} for r in rows],
+        note=(
+            "The demo's LLaMA training (depth 4, seq 64, batch 16, 150 AdamW steps) with and without the "
+            "monitor, interleaved in blocks of 10 steps in one process. `overhead`: monitor time / plain "
+            "training time; `every_5pct`: the interval keeping an every=N schedule at <= 5%."
+        ),
+    )
 
 
 TIMING = ("train_runtime", "train_samples_per_second", "train_steps_per_second")
 
 
-def _hf_trainer_run(width: int, steps: int, n_pool: int, seq_len: int, batch: int, every: int | None,
-                    tmp: str) -> dict[str, Any]:
+def _pools(steps: int, n_pool: int, seq_len: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    data = torch.randint(0, 256, (steps * batch, seq_len), generator=g)
+    return data, torch.randint(0, 256, (2 * n_pool, seq_len), generator=g)
+
+
+def _options(points: Any, schedule: dict[str, Any]):
+    from widthscope.monitor import MonitorOptions
+
+    return MonitorOptions(points=points, M=16, draws=1000, batch_size=32, **schedule)
+
+
+def _hf_trainer_run(
+    width: int, steps: int, n_pool: int, seq_len: int, batch: int, schedule: dict | None, tmp: str
+) -> dict[str, Any]:
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from widthscope.models import build
-    from widthscope.monitor import AlignmentMonitor
     from widthscope.monitor.hf import attach
 
-    g = torch.Generator().manual_seed(1)
-    data = torch.randint(0, 256, (steps * batch, seq_len), generator=g)
-    pools = torch.randint(0, 256, (2 * n_pool, seq_len), generator=g)
+    data, pools = _pools(steps, n_pool, seq_len, batch)
     torch.manual_seed(0)
     model = build("llama", width, depth=4, vocab_size=256, max_seq_len=seq_len)
-    args = TrainingArguments(output_dir=tmp, max_steps=steps, per_device_train_batch_size=batch, logging_steps=10,
-                             report_to=[], use_cpu=True, save_strategy="no", seed=0, disable_tqdm=True,
-                             learning_rate=1e-3, dataloader_num_workers=0)
+    args = TrainingArguments(
+        output_dir=tmp,
+        max_steps=steps,
+        per_device_train_batch_size=batch,
+        logging_steps=10,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        seed=0,
+        disable_tqdm=True,
+        learning_rate=1e-3,
+        dataloader_num_workers=0,
+    )
     clock: dict[str, float] = {}
 
     class Timer(TrainerCallback):  # registered before the monitor's: its step-0 probe is inside
         def on_train_begin(self, *a: Any, **k: Any) -> None:
-            clock["begin"] = time.perf_counter()
+            clock["begin"], clock["cpu_begin"] = time.perf_counter(), time.process_time()
 
         def on_train_end(self, *a: Any, **k: Any) -> None:
-            clock["end"] = time.perf_counter()
+            clock["end"], clock["cpu_end"] = time.perf_counter(), time.process_time()
 
-    trainer = Trainer(model=model, args=args, train_dataset=[{"input_ids": x, "labels": x} for x in data],
-                      callbacks=[Timer()])
+    trainer = Trainer(
+        model=model, args=args, train_dataset=[{"input_ids": x, "labels": x} for x in data], callbacks=[Timer()]
+    )
     mon = None
-    if every is not None:
-        mon = AlignmentMonitor(model, pools[:n_pool], pools[n_pool:], M=16, draws=1000, batch_size=32, every=every)
-        attach(trainer, mon)
+    if schedule is not None:  # the monitor built by the callback from its options
+        mon = attach(trainer, train=pools[:n_pool], test=pools[n_pool:], options=_options(None, schedule)).monitor
     trainer.train()
     wall = clock["end"] - clock["begin"]
-    own = [{k: v for k, v in h.items() if k not in TIMING} for h in trainer.state.log_history
-           if not any(k.startswith("align/") for k in h)]
-    return {"wall_s": wall, "mon": mon, "log": own, "weights": {k: v.clone() for k, v in model.state_dict().items()}}
+    own = [
+        {k: v for k, v in h.items() if k not in TIMING}
+        for h in trainer.state.log_history
+        if not any(k.startswith("align/") for k in h)
+    ]
+    return {
+        "wall_s": wall,
+        "cpu_s": clock["cpu_end"] - clock["cpu_begin"],
+        "mon": mon,
+        "log": own,
+        "weights": {k: v.clone() for k, v in model.state_dict().items()},
+    }
 
 
-def _lightning_run(width: int, steps: int, n_pool: int, seq_len: int, batch: int, every: int | None,
-                   tmp: str) -> dict[str, Any]:
+def _lightning_run(
+    width: int, steps: int, n_pool: int, seq_len: int, batch: int, schedule: dict | None, tmp: str
+) -> dict[str, Any]:
     import lightning as pl
 
     from widthscope.models import build
-    from widthscope.monitor import AlignmentMonitor
     from widthscope.monitor.lightning import AlignmentCallback
     from widthscope.probe import causal_lm_loss
 
@@ -228,39 +302,54 @@ def _lightning_run(width: int, steps: int, n_pool: int, seq_len: int, batch: int
         def configure_optimizers(self):
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
-    g = torch.Generator().manual_seed(1)
-    data = torch.randint(0, 256, (steps * batch, seq_len), generator=g)
-    pools = torch.randint(0, 256, (2 * n_pool, seq_len), generator=g)
+    data, pools = _pools(steps, n_pool, seq_len, batch)
     pl.seed_everything(0, verbose=False)
     lm = LM()
-    mon = None
-    if every is not None:
-        mon = AlignmentMonitor(lm.net, pools[:n_pool], pools[n_pool:], M=16, draws=1000, batch_size=32, every=every)
+    cb = None
+    if schedule is not None:  # the monitor built by the callback from its options, on the network
+        cb = AlignmentCallback(
+            model=lm.net, train=pools[:n_pool], test=pools[n_pool:], options=_options(None, schedule)
+        )
     clock: dict[str, float] = {}
 
     class Timer(pl.Callback):  # before the monitor's callback: its step-0 probe is inside
         def on_train_start(self, *a: Any) -> None:
-            clock["begin"] = time.perf_counter()
+            clock["begin"], clock["cpu_begin"] = time.perf_counter(), time.process_time()
 
         def on_train_end(self, *a: Any) -> None:
-            clock["end"] = time.perf_counter()
+            clock["end"], clock["cpu_end"] = time.perf_counter(), time.process_time()
 
-    trainer = pl.Trainer(max_steps=steps, callbacks=[Timer()] + ([AlignmentCallback(mon)] if mon else []), logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         accelerator="cpu", default_root_dir=tmp)
+    trainer = pl.Trainer(
+        max_steps=steps,
+        callbacks=[Timer()] + ([cb] if cb else []),
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        default_root_dir=tmp,
+    )
     loader = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True)
     trainer.fit(lm, loader)
     wall = clock["end"] - clock["begin"]
-    return {"wall_s": wall, "mon": mon, "log": None, "weights": {k: v.clone() for k, v in lm.state_dict().items()}}
+    return {
+        "wall_s": wall,
+        "cpu_s": clock["cpu_end"] - clock["cpu_begin"],
+        "mon": None if cb is None else cb.monitor,
+        "log": None,
+        "weights": {k: v.clone() for k, v in lm.state_dict().items()},
+    }
 
 
-def run_trainers(quick: bool = False, reps: int = 2) -> list[dict[str, Any]]:
-    """Per-probe cost of the callbacks under a real HF Trainer and a real Lightning Trainer."""
+def run_trainers(quick: bool = False, reps: int = 2, every: int | None = None) -> list[dict[str, Any]]:
+    """Training time with and without the monitor's callback at the default schedule (``every``:
+    ``every=N`` instead), under a real HF Trainer and a real Lightning Trainer."""
     import tempfile
     import warnings
 
-    width, steps, every = (32, 8, 4) if quick else (64, 60, 20)
+    width, steps = (32, 8) if quick else (64, 400)
     n_pool, seq_len, batch = (32, 32, 8) if quick else (64, 64, 16)
+    schedule: dict[str, Any] = {} if every is None else {"every": every}
     rows = []
     for name, fn in (("transformers.Trainer", _hf_trainer_run), ("lightning.Trainer", _lightning_run)):
         plain, mon = [], []
@@ -268,49 +357,97 @@ def run_trainers(quick: bool = False, reps: int = 2) -> list[dict[str, Any]]:
             warnings.simplefilter("ignore")
             for _ in range(1 if quick else reps):  # alternately, so load changes hit both alike
                 plain.append(fn(width, steps, n_pool, seq_len, batch, None, tmp))
-                mon.append(fn(width, steps, n_pool, seq_len, batch, every, tmp))
-        probes = len({r["step"] for r in mon[0]["mon"].rows})
-        step_s = statistics.median(r["wall_s"] for r in plain) / steps
-        per_probe = statistics.median(r["mon"].spent_s / probes for r in mon)
-        rows.append({
-            "framework": name, "width": width, "steps": steps, "every": every, "n_pool": n_pool, "reps": len(mon),
-            "probed_steps": sorted({int(r["step"]) for r in mon[0]["mon"].rows}), "probes": probes,
-            "step_s": step_s, "per_probe_s": per_probe, "per_probe_in_steps": per_probe / step_s,
-            "added_per_probe_s": statistics.median((m["wall_s"] - p["wall_s"]) / probes for m, p in zip(mon, plain)),
-            "overhead": statistics.median(m["mon"].spent_s for m in mon) / (step_s * steps),
-            "identical_log_history": None if plain[0]["log"] is None else
-            all(m["log"] == plain[0]["log"] for m in mon + plain),
-            "identical_weights": all(torch.equal(v, m["weights"][k]) for m in mon + plain[1:]
-                                     for k, v in plain[0]["weights"].items())})
+                mon.append(fn(width, steps, n_pool, seq_len, batch, schedule, tmp))
+        m0 = mon[0]["mon"]
+        probes = [len({r["step"] for r in m["mon"].rows}) for m in mon]
+        plain_s = statistics.median(r["wall_s"] for r in plain)
+        rows.append(
+            {
+                "framework": name,
+                "schedule": "default" if every is None else f"every={every}",
+                "options": m0.options.to_dict(),
+                "budget": m0.budget,
+                "width": width,
+                "steps": steps,
+                "n_pool": n_pool,
+                "reps": len(mon),
+                "probed_steps": sorted({int(r["step"]) for r in m0.rows}),
+                "probes": probes[0],
+                "skipped": len(m0.skipped),
+                "summary": m0.summary(),
+                # seconds of each probe of the first monitored run (both pools + statistics), by step
+                "probe_s_by_step": {str(r["step"]): r["probe_s"] + r["stats_s"] for r in m0.rows},
+                "plain_s": plain_s,
+                "monitored_s": statistics.median(r["wall_s"] for r in mon),
+                "step_s": plain_s / steps,
+                "per_probe_s": statistics.median(m["mon"].spent_s / p for m, p in zip(mon, probes)),
+                "overhead": statistics.median(m["mon"].spent_s / p["wall_s"] for m, p in zip(mon, plain)),
+                "overhead_wall": statistics.median(m["wall_s"] / p["wall_s"] - 1 for m, p in zip(mon, plain)),
+                "plain_cpu_s": statistics.median(r["cpu_s"] for r in plain),
+                "monitored_cpu_s": statistics.median(r["cpu_s"] for r in mon),
+                "overhead_cpu": statistics.median(m["cpu_s"] / p["cpu_s"] - 1 for m, p in zip(mon, plain)),
+                "identical_log_history": None
+                if plain[0]["log"] is None
+                else all(m["log"] == plain[0]["log"] for m in mon + plain),
+                "identical_weights": all(
+                    torch.equal(v, m["weights"][k]) for m in mon + plain[1:] for k, v in plain[0]["weights"].items()
+                ),
+            }
+        )
+        rows[-1]["per_probe_in_steps"] = rows[-1]["per_probe_s"] / rows[-1]["step_s"]
     return rows
 
 
+TRAINER_COLS = (
+    "framework",
+    "schedule",
+    "probes",
+    "skipped",
+    "plain_s",
+    "monitored_s",
+    "step_s",
+    "per_probe_s",
+    "per_probe_in_steps",
+    "overhead",
+    "overhead_wall",
+    "overhead_cpu",
+    "identical_log_history",
+    "identical_weights",
+)
+
+
 def markdown_trainers(rows: list[dict[str, Any]]) -> str:
-    cols = ("framework", "probes", "step_s", "per_probe_s", "per_probe_in_steps", "added_per_probe_s", "overhead",
-            "identical_log_history", "identical_weights")
     r = rows[0]
-    return markdown_table([{c: r[c] for c in cols} for r in rows], note=(
-        f"LLaMA-style width {r['width']}, depth 4, {r['steps']} steps, every={r['every']} (probes of "
-        f"{r['n_pool']} + {r['n_pool']} sequences at the 4 block outputs, steps {r['probed_steps']}); run time = "
-        "from train start to train end; per_probe_s: the monitor's time per probe; added_per_probe_s: "
-        "(monitored - plain) run time per probe; overhead: monitor time / plain run time."))
+    return markdown_table(
+        [{c: r[c] for c in TRAINER_COLS} for r in rows],
+        note=(
+            f"LLaMA-style width {r['width']}, depth 4, {r['steps']} steps, monitor at the {r['schedule']} schedule "
+            f"(probes of {r['n_pool']} + {r['n_pool']} sequences at the 4 block outputs); run time = from train "
+            "start to train end; per_probe_s: the monitor's time per probe; overhead: monitor time / plain run "
+            "time; overhead_wall: monitored / plain run time - 1; overhead_cpu: the same in CPU time of this process."
+        ),
+    )
 
 
-if __name__ == "__main__":
+def main(argv: list[str]) -> None:
     import json
 
-    ev = int(sys.argv[sys.argv.index("--every") + 1]) if "--every" in sys.argv else None
+    ev = int(argv[argv.index("--every") + 1]) if "--every" in argv else None
+    quick, trainers = "--quick" in argv, "--trainers" in argv
     load0 = os.getloadavg()
     t0 = time.perf_counter()
-    trainers = "--trainers" in sys.argv
-    rows = run_trainers(quick="--quick" in sys.argv) if trainers else run(quick="--quick" in sys.argv, every=ev)
+    rows = run_trainers(quick=quick, every=ev) if trainers else run(quick=quick, every=ev)
     print(markdown_trainers(rows) if trainers else markdown(rows))
-    if "--out" in sys.argv:  # the committed rows docs/benchmarks.md quotes
-        path = Path(sys.argv[sys.argv.index("--out") + 1])
-        meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-                "load_average_start": " ".join(f"{v:.2f}" for v in load0),
-                "load_average": " ".join(f"{v:.2f}" for v in os.getloadavg()),
-                "wall_s": time.perf_counter() - t0}
+    if "--out" in argv:  # the committed rows docs/benchmarks.md and docs/monitor.md quote
+        path = Path(argv[argv.index("--out") + 1])
+        meta = {
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "cpus": os.cpu_count(),
+            "load_average_start": " ".join(f"{v:.2f}" for v in load0),
+            "load_average": " ".join(f"{v:.2f}" for v in os.getloadavg()),
+            "wall_s": time.perf_counter() - t0,
+        }
         if trainers:  # beside the lockstep rows, which stay as they are
             import lightning
             import transformers
@@ -324,3 +461,8 @@ if __name__ == "__main__":
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(data, indent=1) + "\n")
         tmp.replace(path)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)  # one thread, as the committed results were measured
+    main(sys.argv[1:])

@@ -89,7 +89,7 @@ def _verdict(rows: list[dict], cid: str) -> str:
 
 
 def _dev_rows(rng, n_seeds: int) -> list[dict]:
-    from widthscope.linear.sweep import PUBLISHED
+    from widthscope.linearization.summary import PUBLISHED
     from widthscope.report.claims import PUBLISHED_TOLERANCE
 
     slope = PUBLISHED[0.0] + PUBLISHED_TOLERANCE

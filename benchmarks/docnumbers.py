@@ -1036,13 +1036,15 @@ def _load_topics() -> None:
     ``register(dn)`` that declares them on this module (``dn.quantity``, ``dn.pattern``, the helpers):
     one file per topic, so topics are added without editing this one."""
     import importlib.util
+    import types
 
     for path in sorted(Path(__file__).resolve().parent.glob("docnumbers_*.py")):
         spec = importlib.util.spec_from_file_location(f"_dn_{path.stem}", path)
         assert spec is not None and spec.loader is not None
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
-        mod.register(sys.modules[__name__])
+        # loaded by file (tests/test_docnumbers.py) this module may not be in sys.modules
+        mod.register(sys.modules.get(__name__) or types.SimpleNamespace(**globals()))
 
 
 _load_topics()

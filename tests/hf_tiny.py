@@ -1,6 +1,7 @@
 """Tiny Hugging Face checkpoints for the tests: a model of each architecture built from a config,
 saved with ``save_pretrained``, a word-level tokenizer built with ``tokenizers`` saved beside it,
 and small text/image datasets in the usual file formats. Nothing is downloaded."""
+
 from __future__ import annotations
 
 import json
@@ -8,13 +9,15 @@ from pathlib import Path
 
 import torch
 
-WORDS = ("the of and to in is that for it as was with be by on not he this are or his from at which but "
-         "have an they you were her she there been one all we their has would when if so no will more can "
-         "who some into them could time only new these two may first then do any like my now over such "
-         "our man me even most made after also did many before must through back years where much your way "
-         "well down should because each just those people how too little state good very make world still "
-         "own see men work long get here between both life being under never day same another know while "
-         "last might us great old year off come since against go came right used take three").split()
+WORDS = (
+    "the of and to in is that for it as was with be by on not he this are or his from at which but "
+    "have an they you were her she there been one all we their has would when if so no will more can "
+    "who some into them could time only new these two may first then do any like my now over such "
+    "our man me even most made after also did many before must through back years where much your way "
+    "well down should because each just those people how too little state good very make world still "
+    "own see men work long get here between both life being under never day same another know while "
+    "last might us great old year off come since against go came right used take three"
+).split()
 
 
 def corpus(n_docs: int, seed: int = 0, words: int = 40) -> list[str]:
@@ -41,18 +44,34 @@ def save_tokenizer(directory: Path, *, masked: bool = False):
         tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
         tk.pre_tokenizer = pre_tokenizers.Whitespace()
         tk.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
-        tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
-                                      sep_token="[SEP]", mask_token="[MASK]")
+            single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])]
+        )
+        tok = PreTrainedTokenizerFast(
+            tokenizer_object=tk,
+            pad_token="[PAD]",
+            unk_token="[UNK]",
+            cls_token="[CLS]",
+            sep_token="[SEP]",
+            mask_token="[MASK]",
+        )
     else:
         tk = Tokenizer(models.BPE())
         tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tk.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|pad|>", "<|endoftext|>"],
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        trainer = trainers.BpeTrainer(
+            vocab_size=400,
+            special_tokens=["<|pad|>", "<|endoftext|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
         tk.train_from_iterator(corpus(300, seed=99), trainer=trainer)
-        tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<|pad|>", eos_token="<|endoftext|>",
-                                      bos_token="<|endoftext|>", unk_token="<|endoftext|>")
+        tok = PreTrainedTokenizerFast(
+            tokenizer_object=tk,
+            pad_token="<|pad|>",
+            eos_token="<|endoftext|>",
+            bos_token="<|endoftext|>",
+            unk_token="<|endoftext|>",
+        )
     tok.save_pretrained(directory)
     return tok
 
@@ -61,15 +80,23 @@ def _cfg(arch: str, vocab: int):
     import transformers as tf
 
     h, L, heads, ffn = 32, 2, 2, 64
-    common = dict(vocab_size=vocab, hidden_size=h, num_hidden_layers=L, num_attention_heads=heads,
-                  intermediate_size=ffn, max_position_embeddings=128, pad_token_id=0)
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=h,
+        num_hidden_layers=L,
+        num_attention_heads=heads,
+        intermediate_size=ffn,
+        max_position_embeddings=128,
+        pad_token_id=0,
+    )
     if arch == "llama":
         return tf.LlamaConfig(**common, num_key_value_heads=1), tf.LlamaForCausalLM
     if arch == "gpt_neox":
         return tf.GPTNeoXConfig(**common), tf.GPTNeoXForCausalLM
     if arch == "gpt2":
-        return tf.GPT2Config(vocab_size=vocab, n_embd=h, n_layer=L, n_head=heads, n_positions=128,
-                             bos_token_id=1, eos_token_id=1), tf.GPT2LMHeadModel
+        return tf.GPT2Config(
+            vocab_size=vocab, n_embd=h, n_layer=L, n_head=heads, n_positions=128, bos_token_id=1, eos_token_id=1
+        ), tf.GPT2LMHeadModel
     if arch == "qwen2":
         return tf.Qwen2Config(**common, num_key_value_heads=1), tf.Qwen2ForCausalLM
     if arch == "mistral":
@@ -79,9 +106,18 @@ def _cfg(arch: str, vocab: int):
     if arch == "gemma":
         return tf.GemmaConfig(**common, num_key_value_heads=1, head_dim=16), tf.GemmaForCausalLM
     if arch == "opt":
-        return tf.OPTConfig(vocab_size=vocab, hidden_size=h, num_hidden_layers=L, num_attention_heads=heads,
-                            ffn_dim=ffn, max_position_embeddings=128, word_embed_proj_dim=h, pad_token_id=0,
-                            bos_token_id=1, eos_token_id=1), tf.OPTForCausalLM
+        return tf.OPTConfig(
+            vocab_size=vocab,
+            hidden_size=h,
+            num_hidden_layers=L,
+            num_attention_heads=heads,
+            ffn_dim=ffn,
+            max_position_embeddings=128,
+            word_embed_proj_dim=h,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=1,
+        ), tf.OPTForCausalLM
     if arch == "bert":
         return tf.BertConfig(**common), tf.BertForMaskedLM
     if arch == "bert-cls":
@@ -106,8 +142,15 @@ def save_model(directory: Path, arch: str, *, seed: int = 0) -> Path:
 def save_vit(directory: Path, *, seed: int = 0, num_labels: int = 3) -> Path:
     import transformers as tf
 
-    cfg = tf.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                       image_size=16, patch_size=4, num_labels=num_labels)
+    cfg = tf.ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=16,
+        patch_size=4,
+        num_labels=num_labels,
+    )
     torch.manual_seed(seed)
     tf.ViTForImageClassification(cfg).save_pretrained(directory)
     proc = tf.AutoImageProcessor.for_model("vit") if hasattr(tf.AutoImageProcessor, "for_model") else None
@@ -143,9 +186,13 @@ def write_text_files(directory: Path, docs: list[str], name: str) -> dict[str, P
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    out = {"txt": directory / f"{name}.txt", "jsonl": directory / f"{name}.jsonl",
-           "json": directory / f"{name}.json", "csv": directory / f"{name}.csv",
-           "parquet": directory / f"{name}.parquet"}
+    out = {
+        "txt": directory / f"{name}.txt",
+        "jsonl": directory / f"{name}.jsonl",
+        "json": directory / f"{name}.json",
+        "csv": directory / f"{name}.csv",
+        "parquet": directory / f"{name}.parquet",
+    }
     out["txt"].write_text("\n\n".join(docs) + "\n")
     out["jsonl"].write_text("".join(json.dumps({"text": d, "label": i % 3}) + "\n" for i, d in enumerate(docs)))
     out["json"].write_text(json.dumps([{"text": d, "label": i % 3} for i, d in enumerate(docs)]))
@@ -158,3 +205,68 @@ def write_text_files(directory: Path, docs: list[str], name: str) -> dict[str, P
             w.writerow([d, i % 3])
     pq.write_table(pa.table({"text": docs, "label": [i % 3 for i in range(len(docs))]}), out["parquet"])
     return out
+
+
+def cache_dataset(
+    cache: Path,
+    repo_id: str,
+    splits: dict[str, list[str]],
+    *,
+    config: str = "default",
+    commit: str = "c0ffee" * 6 + "c0de",
+) -> Path:
+    """``repo_id`` (``org/name``) with ``splits`` (split -> texts, column ``text``) in a datasets
+    cache folder ``cache``, laid out as ``datasets.load_dataset(repo_id, config)`` leaves it
+    (``org___name/CONFIG/0.0.0/COMMIT/`` with Arrow files and ``dataset_info.json``), so that
+    ``HF_DATASETS_OFFLINE=1`` reads it back. Built by the ``parquet`` builder from Parquet files of
+    the texts, then moved to the repository's name; returns the folder."""
+    import shutil
+    import tempfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from datasets.packaged_modules.parquet.parquet import Parquet
+
+    org, name = repo_id.split("/") if "/" in repo_id else (None, repo_id)
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {}
+        for split, texts in splits.items():
+            files[split] = str(Path(tmp) / f"{split}.parquet")
+            pq.write_table(pa.table({"text": list(texts)}), files[split])
+        builder = Parquet(
+            cache_dir=str(Path(tmp) / "c"),
+            dataset_name=name,
+            config_name=config,
+            config_id=config,
+            data_files=files,
+            hash=commit,
+        )
+        builder.download_and_prepare()
+        target = Path(cache) / (f"{org}___{name}" if org else name) / config / "0.0.0" / commit
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.move(builder.cache_dir, target)
+    return target
+
+
+def hub_put(cache: Path, repo_id: str, source: Path, commit: str, refs: tuple[str, ...] = ("main",)) -> Path:
+    """``source``'s files as a snapshot of ``repo_id`` in the hub cache ``cache``, laid out as
+    ``hf download`` leaves it: blobs named by their SHA-256, a snapshot folder of relative symlinks
+    to them, and each ref a file holding the commit. Returns the snapshot folder."""
+    import hashlib
+    import os
+
+    folder = Path(cache) / ("models--" + repo_id.replace("/", "--"))
+    snap = folder / "snapshots" / commit
+    snap.mkdir(parents=True)
+    (folder / "blobs").mkdir(exist_ok=True)
+    (folder / "refs").mkdir(exist_ok=True)
+    for f in sorted(Path(source).iterdir()):
+        data = f.read_bytes()
+        blob = folder / "blobs" / hashlib.sha256(data).hexdigest()
+        if not blob.exists():
+            blob.write_bytes(data)
+        (snap / f.name).symlink_to(os.path.relpath(blob, snap))
+    for ref in refs:
+        (folder / "refs" / ref).write_text(commit)
+    return snap

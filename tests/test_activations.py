@@ -9,7 +9,7 @@ import torch
 
 from widthscope import WidthscopeError
 from widthscope.cli import main
-from widthscope.linear.activations import audit, derivatives
+from widthscope.linearization.activations import audit, derivatives
 
 X = torch.linspace(-4, 4, 801, dtype=torch.float64)
 

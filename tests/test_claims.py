@@ -220,7 +220,7 @@ def test_published_slope_is_an_equivalence_test():
 
 
 def test_correlation_claim_uses_the_spec_reference():
-    from widthscope.linear.sweep import reference_slope
+    from widthscope.linearization.summary import reference_slope
 
     assert reference_slope("C02") == reference_slope("C11") and reference_slope("C02")[0] == -0.5
     rows = [{"kind": "correlation", "name": "C02", "D": 0, "d": 2, "width": w, "seed": s,

@@ -109,9 +109,9 @@ def test_benchmark_page_tables_render_from_the_recorded_json():
 
 @pytest.mark.parametrize("run", sorted(p.parent.name for p in (BENCH / "results").glob("linearize-*/slopes.json")))
 def test_committed_slopes_refit_from_their_rows(run):
-    """slopes.json is what widthscope.linear.sweep.summarize gives on the committed rows (same code,
+    """slopes.json is what widthscope.linearization.summary.summarize gives on the committed rows (same code,
     same seeded bootstrap: equal to 1e-9)."""
-    from widthscope.linear.sweep import summarize
+    from widthscope.linearization.summary import summarize
 
     d = BENCH / "results" / run
     rows = [json.loads(line) for line in (d / "results.jsonl").read_text().splitlines() if line.strip()]

@@ -261,6 +261,14 @@ def test_quick_benchmark_end_to_end_resumes_and_teacher_answer(tmp_path, capsys)
     assert len(summary["teacher_student"]) == 4
     for key, t in summary["teacher_student"].items():
         assert t["answer"] == "blocks.2", (key, t)
+    # the summary records the options that made it; --config repeats them (every cell finished: nothing recomputed)
+    from widthscope.grow.options import GrowBenchOptions
+
+    assert summary["options"] == {"grow_bench": GrowBenchOptions(quick=True, seeds=(0, 1)).to_dict()}
+    (tmp_path / "prior.json").write_text((out / "summary.json").read_text())
+    assert main(["grow-bench", "--config", str(tmp_path / "prior.json"), "--out", str(out), "--no-report"]) == 0
+    again = json.loads((out / "summary.json").read_text())
+    assert again["ran"] == 0 and again["resumed"] == 8 and again["options"] == summary["options"]
     # a rerun finds every cell finished and recomputes nothing
     assert main(["grow-bench", "--quick", "--seeds", "0,1", "--out", str(out), "--no-report"]) == 0
     assert json.loads((out / "summary.json").read_text())["ran"] == 0

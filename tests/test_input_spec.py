@@ -105,11 +105,11 @@ KNOWN_CYCLES: set[frozenset[str]] = set()
 MATHS = ("widthscope.stats", "widthscope.probe", "widthscope.linear")
 PIPELINES = ("widthscope.certify", "widthscope.certify.per_point", "widthscope.grow", "widthscope.grow.bench",
              "widthscope.grow.compare", "widthscope.monitor",
-             "widthscope.certify.samples", "widthscope.sweep", "widthscope.demo", "widthscope.train")
+             "widthscope.certify.samples", "widthscope.sweep", "widthscope.demo", "widthscope.train",
+             "widthscope.linearization")
 PRESENTATION = ("widthscope.report", "widthscope.cli", "widthscope.cli.inputs", "widthscope.validate")
-# issue 20: being removed — linear/sweep.py is a pipeline (a sweep command) living in linear/; the
-# layout move puts it with the other pipelines.
-KNOWN_UPWARD = {("widthscope.linear.sweep", "widthscope.sweep.grid")}
+# issue 30: empty — the linearization sweep moved from linear/ to widthscope.linearization (a pipeline).
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 
 def _under(m: str, roots: tuple[str, ...]) -> bool:

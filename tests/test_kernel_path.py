@@ -86,7 +86,7 @@ def test_kernel_path_refuses_what_it_cannot_compute_exactly():
 
 
 def test_sweep_config_refuses_a_closed_form_it_cannot_compute_before_any_cell():
-    from widthscope.linear.sweep import validate_config
+    from widthscope.linearization.config import validate_config
 
     base = {"widths": [8, 16, 32, 64, 128], "train": {"linear": "kernel"}}
     assert validate_config(base)["train"]["linear"] == "kernel"

@@ -9,7 +9,8 @@ import pytest
 from widthscope import WidthscopeError
 from widthscope.cli import main
 from widthscope.linear.powerlaw import fit_slope
-from widthscope.linear.sweep import DEMO_CONFIG, _load_toml, run_sweep, validate_config
+from widthscope.linearization.config import DEMO_CONFIG, load_toml, validate_config
+from widthscope.linearization.run import run_sweep
 
 WIDTHS = np.array([64, 128, 256, 512, 1024, 2048])
 
@@ -79,9 +80,9 @@ def test_config_errors_name_the_problem(patch, match):
 
 def test_demo_toml_matches_embedded_demo_config():
     root = Path(__file__).resolve().parents[1]
-    assert validate_config(_load_toml(str(root / "configs" / "linearize-demo.toml"))) == validate_config(DEMO_CONFIG)
+    assert validate_config(load_toml(str(root / "configs" / "linearize-demo.toml"))) == validate_config(DEMO_CONFIG)
     for name in ("linearize-digits.toml", "linearize-digits-tanh.toml"):
-        assert len(validate_config(_load_toml(str(root / "configs" / name)))["widths"]) >= 5
+        assert len(validate_config(load_toml(str(root / "configs" / name)))["widths"]) >= 5
 
 
 TINY = {

@@ -6,6 +6,7 @@ extra entries; every schedule probes the first and last step; a probe the budget
 the log. Lightning: a module without ``forward()`` is monitored through its network, and the loggers
 receive values at probed steps only.
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,8 +33,9 @@ def _trainer_entries(history: list[dict]) -> list[dict]:
     return [{k: v for k, v in h.items() if k not in TIMING} for h in history if not _is_align(h)]
 
 
-def _hf_run(tmp_path, monitor_kw: dict | None, steps: int = STEPS, stop_at: int | None = None,
-            stop_after_monitor: bool = False):
+def _hf_run(
+    tmp_path, monitor_kw: dict | None, steps: int = STEPS, stop_at: int | None = None, stop_after_monitor: bool = False
+):
     """A tiny Llama (built from a config, attention dropout on) trained ``steps`` steps by a real Trainer,
     logging every 10 steps; a recording callback registered before the monitor stands for the
     TensorBoard/W&B integrations."""
@@ -55,23 +57,37 @@ def _hf_run(tmp_path, monitor_kw: dict | None, steps: int = STEPS, stop_at: int 
                 control.should_training_stop = True
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=16,
-                      attention_dropout=0.2)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=16,
+        attention_dropout=0.2,
+    )
     model = LlamaForCausalLM(cfg)
     ids = torch.randint(0, 64, (96, 16), generator=torch.Generator().manual_seed(0))
     ds = [{"input_ids": x, "labels": x} for x in ids[:64]]
-    args = TrainingArguments(output_dir=str(tmp_path), max_steps=steps, per_device_train_batch_size=4,
-                             logging_steps=10, report_to=[], use_cpu=True, save_strategy="no", seed=0,
-                             disable_tqdm=True)
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=steps,
+        per_device_train_batch_size=4,
+        logging_steps=10,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        seed=0,
+        disable_tqdm=True,
+    )
     rec = Recorder()
     trainer = Trainer(model=model, args=args, train_dataset=ds, callbacks=[rec])
     if stop_at is not None and not stop_after_monitor:
         trainer.add_callback(Stop())
     mon = None
     if monitor_kw is not None:
-        mon = AlignmentMonitor(model, ids[64:80], ids[80:96], points=["model.layers.1"], M=8, draws=50,
-                               **monitor_kw)
+        mon = AlignmentMonitor(model, ids[64:80], ids[80:96], points=["model.layers.1"], M=8, draws=50, **monitor_kw)
         attach(trainer, mon)
     if stop_at is not None and stop_after_monitor:  # a stop the monitor's on_step_end does not see
         trainer.add_callback(Stop())
@@ -162,8 +178,7 @@ def test_skipped_probes_are_written_to_the_out_file(tmp_path):
 
     model = make_model()
     tr, te = pools()
-    mon = AlignmentMonitor(model, tr, te, points=["2"], M=32, draws=50, out=tmp_path / "m.jsonl",
-                           clock=lambda: 0.0)
+    mon = AlignmentMonitor(model, tr, te, points=["2"], M=32, draws=50, out=tmp_path / "m.jsonl", clock=lambda: 0.0)
     mon._predict_s = math.inf
     for step in range(3):
         mon.step(model, step)
@@ -174,8 +189,15 @@ def test_skipped_probes_are_written_to_the_out_file(tmp_path):
 
 
 # ----------------------------------------------------------------------------- Lightning
-def _lightning_run(pl, tmp_path, with_monitor: bool, max_steps: int = 8, every: int = 3, accumulate: int = 1,
-                   stop_at: int | None = None):
+def _lightning_run(
+    pl,
+    tmp_path,
+    with_monitor: bool,
+    max_steps: int = 8,
+    every: int = 3,
+    accumulate: int = 1,
+    stop_at: int | None = None,
+):
     from lightning.pytorch.loggers import CSVLogger
 
     from widthscope.monitor.lightning import AlignmentCallback
@@ -205,9 +227,17 @@ def _lightning_run(pl, tmp_path, with_monitor: bool, max_steps: int = 8, every: 
     X, Y = make_data(128, seed=4)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=16, shuffle=True)
     callbacks = ([AlignmentCallback(mon)] if mon else []) + ([Stop()] if stop_at is not None else [])
-    trainer = pl.Trainer(max_steps=max_steps, callbacks=callbacks, enable_checkpointing=False,
-                         logger=CSVLogger(str(tmp_path)), log_every_n_steps=1, enable_progress_bar=False,
-                         enable_model_summary=False, accelerator="cpu", accumulate_grad_batches=accumulate)
+    trainer = pl.Trainer(
+        max_steps=max_steps,
+        callbacks=callbacks,
+        enable_checkpointing=False,
+        logger=CSVLogger(str(tmp_path)),
+        log_every_n_steps=1,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        accumulate_grad_batches=accumulate,
+    )
     trainer.fit(lm, loader)
     trainer.logger.save()
     return lm, trainer, mon
@@ -264,3 +294,69 @@ def test_lightning_monitor_on_the_wrong_module_is_refused(tmp_path):
     with pytest.raises(WidthscopeError, match="not part of the NoForward being trained"):
         AlignmentCallback(mon).on_train_start(SimpleNamespace(strategy=object(), global_step=0), lm)
     assert not mon.rows
+
+
+# ----------------------------------------------------------------------------- the budget over a whole run
+def test_the_budget_keeps_room_for_the_last_probe(caplog):
+    """With bounds, a planned probe is made only when the monitor's time, this probe and the last
+    step's included, stays within the budget: the run's total share ends within the budget."""
+    caplog.set_level(logging.WARNING, logger="widthscope.monitor")
+    model = make_model()
+    clock = _Clock(model, forward_s=0.013)  # a probe = 3 + 3 pool batches = 0.078 s, a training step 0.513 s
+    tr, te = pools()
+    mon = AlignmentMonitor(model, tr, te, points=["2"], M=32, draws=50, every=1, budget=0.05, clock=clock)
+    last = 60
+    mon.bounds(0, last)
+    X, Y = make_data(512, seed=2)
+    spent = train_s = 0.0
+    expect, without_reserve = [], []
+    for step in range(last + 1):
+        if step:
+            model.train()
+            nn.functional.cross_entropy(model(X[:64]), Y[:64])  # one forward: 0.013 s
+            clock.t += 0.5
+            train_s += 0.513
+        if step in (0, last) or spent + 2 * 0.078 <= 0.05 * train_s:  # the rule, by hand
+            expect.append(step)
+            spent += 0.078
+        elif spent + 0.078 <= 0.05 * train_s:
+            without_reserve.append(step)  # what the rule without the last step's room would have added
+        mon.step(model, step)
+    got = sorted({r["step"] for r in mon.rows})
+    assert got == expect and len(got) >= 8 and without_reserve  # the reserve mattered on this run
+    assert mon.spent_s == pytest.approx(spent) and mon.spent_s <= 0.05 * (train_s + 1e-9)
+    assert mon.skipped == [s for s in range(last + 1) if s not in expect]
+    said = [r.getMessage() for r in caplog.records if r.name == "widthscope.monitor"]
+    assert len(said) == len(mon.skipped) and all("+ the last step's ~0.078 s" in m for m in said)
+    share = mon.summary().split(" s in probes = ")[1]
+    assert float(share.split("%")[0]) == pytest.approx(100 * spent / train_s, rel=2e-3)  # printed to 3 digits
+
+
+def test_bench_monitor_trainers_quick_writes_its_rows(tmp_path):
+    """benchmarks/bench_monitor.py --trainers --quick runs both frameworks at the default schedule and
+    writes its rows under "trainers", leaving the file's other rows alone (no timing is checked)."""
+    pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate (extra widthscope[hf])")
+    pytest.importorskip("lightning", reason="the Lightning adapter needs lightning (extra widthscope[lightning])")
+    import importlib
+    import json
+    import sys
+    from pathlib import Path
+
+    from widthscope.monitor import MonitorOptions
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    bench = importlib.import_module("bench_monitor")
+    out = tmp_path / "monitor.json"
+    out.write_text(json.dumps({"machine": {"cpus": 1}, "rows": [{"width": 1}]}))
+    bench.main(["--trainers", "--quick", "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert data["rows"] == [{"width": 1}] and data["machine"] == {"cpus": 1}
+    rows = data["trainers"]["rows"]
+    assert [r["framework"] for r in rows] == ["transformers.Trainer", "lightning.Trainer"]
+    for r in rows:
+        assert set(bench.TRAINER_COLS) <= set(r) and r["schedule"] == "default"
+        assert r["probed_steps"][0] == 0 and r["probed_steps"][-1] == r["steps"]  # first and last, always
+        assert r["probes"] + r["skipped"] == len(set(log_steps(r["steps"])) | {r["steps"]})
+        assert MonitorOptions.from_dict(r["options"]) == MonitorOptions(M=16, draws=1000, batch_size=32)
+        assert r["identical_weights"] is True and r["per_probe_s"] > 0 and r["plain_s"] > 0
+    assert rows[0]["identical_log_history"] is True

@@ -182,7 +182,7 @@ def test_old_rows_without_the_column_name_their_dataset_in_words():
 
 
 def test_linearization_rows_and_old_rows_name_their_data(tmp_path):
-    from widthscope.linear.sweep import run_sweep as linear_sweep
+    from widthscope.linearization.run import run_sweep as linear_sweep
 
     cfg = {"name": "t", "widths": [4, 8, 16, 32, 64], "seeds": [0],
            "data": {"name": "digits", "n_train": 16, "n_test": 16},

@@ -13,7 +13,8 @@ Linearization diagnostics (``widthscope.linear``)
     (``ntk``/``nngp``/``linearize`` take an ``nn.Module`` or a function ``f(params, x)`` with ``params=``)
 The whole certify pipeline: ``certify(model, data, M=...)`` -> :class:`CertifyResult`
     (``data``: train and held-out batches, a pair of them, or an :class:`InputSpec`), with
-    :class:`CertifyOptions`; ``grow(model, data)``; ``AlignmentMonitor`` (during training)
+    :class:`CertifyOptions`; ``grow(model, data)`` with :class:`GrowOptions`; ``AlignmentMonitor`` (during training) with
+    :class:`MonitorOptions`
 Inputs (``widthscope.data``): a checkpoint, its data and its two probe pools
     InputSpec, load_inputs (``load_inputs(InputSpec(model=..., data=..., n_train=...))``;
     the command line builds the same spec from its options)
@@ -45,8 +46,10 @@ _EXPORTS = {
     "InputSpec": "widthscope.data.spec",
     "load_inputs": "widthscope.data.inputs",
     "AlignmentMonitor": "widthscope.monitor",
+    "MonitorOptions": "widthscope.monitor",
     "CertifyOptions": "widthscope.options",
     "InterventionOptions": "widthscope.options",
+    "GrowOptions": "widthscope.grow.options",
     "CertifyResult": "widthscope.certify.result",
     "PointCertificate": "widthscope.certify.result",
 }

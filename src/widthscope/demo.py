@@ -5,8 +5,9 @@
    library's sources: present wherever Python runs), 4 widths x 2 seeds;
 2. the same for ReLU MLPs on Fashion-MNIST (``/usr/share/datasets/fashion-mnist``, Debian package
    ``dataset-fashion-mnist``), falling back to scikit-learn's digits when it is not installed;
-3. the linearization width sweep of ``widthscope.linear.sweep`` when that module is installed;
-4. the HTML report over all of them.
+3. the linearization width sweep of :mod:`widthscope.linearization.run` when that module is installed;
+4. the HTML report over all of them; ``DIR/demo.json`` records the options (``"options"``:
+   ``widthscope demo --config DIR/demo.json`` repeats the run), the parts and the failures.
 
 About 10 minutes on 2 CPU cores; ``--quick`` is a seconds-long smoke version. Everything is
 resumable: rerunning the command skips finished cells. The sweep configs are embedded below
@@ -20,15 +21,38 @@ from an installed package. Python::
 from __future__ import annotations
 
 import copy
+import dataclasses
 import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
+from ._io import atomic_write_json
 from .errors import WidthscopeError
+from .options import Options, option
 
-__all__ = ["DEMO_LLAMA", "DEMO_MLP", "demo_configs", "run_demo"]
+__all__ = ["DEMO_LLAMA", "DEMO_MLP", "demo_configs", "run_demo", "DemoOptions"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoOptions(Options):
+    """The settings of ``widthscope demo`` (:func:`run_demo`; the results folder is not a setting)."""
+
+    quick: bool = option(False, help="seconds-long smoke version")
+    no_linear: bool = option(False, help="skip the linearization part")
+    no_progress: bool = option(False, help="no progress bars inside cells")
+    threads: int | None = option(
+        1,
+        kind="int",
+        lo=1,
+        hi=4096,
+        unit="threads",
+        metavar="N",
+        help="torch CPU threads (default 1: these small models gain little from more, and "
+        "busy cores make extra threads 10-20x slower)",
+    )  # None (Python only): leave torch's default
+
 
 DEMO_LLAMA: dict[str, Any] = {
     "sweep": {
@@ -146,6 +170,43 @@ def _linear_config(module: Any, quick: bool) -> dict[str, Any]:
     return cfg
 
 
+def _linear_part(
+    out: Path, *, linear: bool, quick: bool, threads: int | None, parts: list[Path], failed: list[str], file: Any
+) -> None:
+    """The linearization sweep of the demo into ``out/linearize`` (appended to ``parts``, or its
+    failure to ``failed``: the other parts and the report still come)."""
+    try:
+        from .linearization import config as lconfig
+        from .linearization import run as lsweep
+
+        have_linear = linear and hasattr(lsweep, "run_sweep") and hasattr(lconfig, "DEMO_CONFIG")
+    except ImportError:
+        have_linear = False
+    if not linear:
+        print("  skipped (--no-linear)", file=file)
+    elif not have_linear:
+        print("  skipped: widthscope.linearization (run_sweep, DEMO_CONFIG) is not installed", file=file)
+    else:
+        sub = out / "linearize"
+        t0 = time.perf_counter()
+        import torch
+
+        n_threads = torch.get_num_threads()
+        try:
+            if threads:
+                torch.set_num_threads(threads)
+            lsweep.run_sweep(_linear_config(lconfig, quick), sub)
+            parts.append(sub)
+            print(f"  ({time.perf_counter() - t0:.0f} s)\n", file=file, flush=True)
+        except Exception as exc:
+            failed.append(f"linearization sweep: {type(exc).__name__}: {exc}")
+            print(f"  failed: {exc}", file=sys.stderr)
+            if not isinstance(exc, WidthscopeError):
+                traceback.print_exc()
+        finally:
+            torch.set_num_threads(n_threads)
+
+
 def run_demo(
     out_dir: str | Path | None = None,
     *,
@@ -165,6 +226,9 @@ def run_demo(
     from .report.alignment import summary
     from .sweep.alignment import load_config, print_summary, run_sweep
 
+    opts = DemoOptions(  # checked before any work, recorded in DIR/demo.json
+        quick=quick, no_linear=not linear, no_progress=not show_progress, threads=threads
+    )
     file = file or sys.stdout
     out = Path(out_dir or ("widthscope-results/demo-quick" if quick else "widthscope-results/demo"))
     parts: list[Path] = []
@@ -199,35 +263,7 @@ def run_demo(
         print(f"  ({time.perf_counter() - t0:.0f} s)\n", file=file, flush=True)
 
     print(f"[{n_parts}/{n_parts + 1}] linearization sweep", file=file, flush=True)
-    try:
-        from .linear import sweep as lsweep
-
-        have_linear = linear and hasattr(lsweep, "run_sweep") and hasattr(lsweep, "DEMO_CONFIG")
-    except ImportError:
-        have_linear = False
-    if not linear:
-        print("  skipped (--no-linear)", file=file)
-    elif not have_linear:
-        print("  skipped: widthscope.linear.sweep.run_sweep/DEMO_CONFIG is not installed", file=file)
-    else:
-        sub = out / "linearize"
-        t0 = time.perf_counter()
-        import torch
-
-        n_threads = torch.get_num_threads()
-        try:
-            if threads:
-                torch.set_num_threads(threads)
-            lsweep.run_sweep(_linear_config(lsweep, quick), sub)
-            parts.append(sub)
-            print(f"  ({time.perf_counter() - t0:.0f} s)\n", file=file, flush=True)
-        except Exception as exc:
-            failed.append(f"linearization sweep: {type(exc).__name__}: {exc}")
-            print(f"  failed: {exc}", file=sys.stderr)
-            if not isinstance(exc, WidthscopeError):
-                traceback.print_exc()
-        finally:
-            torch.set_num_threads(n_threads)
+    _linear_part(out, linear=linear, quick=quick, threads=threads, parts=parts, failed=failed, file=file)
 
     print(f"[{n_parts + 1}/{n_parts + 1}] report", file=file, flush=True)
     if not parts:
@@ -242,6 +278,8 @@ def run_demo(
     )
     notes += [f"part failed: {f}" for f in failed]
     page = report(parts, out / "report", title="widthscope demo" + (" (quick)" if quick else ""), notes=notes)
+    record = {"options": {"demo": opts.to_dict()}, "report": str(page), "parts": [str(p) for p in parts]}
+    atomic_write_json(out / "demo.json", {**record, "failed": failed})
     from .report import load_results
     from .report.claims import claims
 

@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -28,8 +29,16 @@ from typing import Any, Iterator
 
 from ._io import Skipped, atomic_write_text, read_jsonl
 from .errors import WidthscopeError
+from .options import Options, option
 
-__all__ = ["repair"]
+__all__ = ["repair", "RepairOptions"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RepairOptions(Options):
+    """The settings of ``widthscope repair`` (the folder is its argument, not a setting)."""
+
+    dry_run: bool = option(False, help="say what would be repaired; change nothing")
 
 
 def _text(rows: list[dict[str, Any]]) -> str:

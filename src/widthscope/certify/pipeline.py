@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 import torch.nn as nn
@@ -47,9 +47,10 @@ from .. import distributed
 from .._io import to_jsonable
 from ..errors import WidthscopeError
 from ..options import DEFAULT_M, DEFAULT_MAX_REL_STEP, DEFAULT_N_ETAS, ESTIMATORS, CertifyOptions
-from ..probe import collect, resolve_points
+from ..probe import resolve_points
 from ..validate import sizes_list
 from .per_point import _v, check_pool, precision_notes, ranking, statistics, tables  # noqa: F401  (re-exported)
+from .probing import KeepPrefix, count_examples, gather_pools, gather_rows, low_precision, probe_pools
 
 __all__ = [
     "certify",
@@ -63,36 +64,6 @@ __all__ = [
     "DEFAULT_MAX_REL_STEP",
     "ESTIMATORS",
 ]
-
-
-def _low_precision(model: nn.Module) -> torch.dtype | None:
-    """bfloat16/float16 when the model computes in it (its samples and losses round there), else None."""
-    from ..probe.collect import float_dtype
-
-    dtype = float_dtype(model)
-    return dtype if dtype in (torch.bfloat16, torch.float16) else None
-
-
-def count_examples(batches: Sequence[Any]) -> int:
-    n = 0
-    for b in batches:
-        # any Mapping: a tokenizer's BatchEncoding is a UserDict, not a dict
-        x = (
-            (b["input_ids"] if "input_ids" in b else next(iter(b.values())))
-            if isinstance(b, Mapping)
-            else (b[0] if isinstance(b, (tuple, list)) else b)
-        )
-        if isinstance(x, Mapping):
-            x = next(iter(x.values()))
-        n += int(x.shape[0])
-    return n
-
-
-def gather_rows(x: torch.Tensor, device: torch.device) -> torch.Tensor:
-    if not distributed.is_distributed():
-        return x
-    # nccl gathers CUDA tensors only; gloo is happy with CPU ones.
-    return distributed.all_gather_rows(x.to(device)).to("cpu")
 
 
 class _Default:
@@ -243,7 +214,7 @@ def certify(
 
     max_rel_step = check_rel_step(max_rel_step)
     t0 = time.perf_counter()
-    keep = _keep_prefix(
+    keep = KeepPrefix(
         model,
         names,
         test_list,
@@ -252,7 +223,7 @@ def certify(
         device=device,
         wanted=interventions in ("bias", "block") and project is None and W == 1 and train_mode == "eval",
     )
-    qa, qb, projectors = _probe_pools(
+    qa, qb, projectors = probe_pools(
         model,
         names,
         train_list,
@@ -269,8 +240,8 @@ def certify(
     notes = list(dict.fromkeys(qa.notes + qb.notes))
 
     t0 = time.perf_counter()
-    gathered_a, gathered_b, dims = _gather_pools(qa, qb, names, device, projectors, project)
-    low = _low_precision(model)
+    gathered_a, gathered_b, dims = gather_pools(qa, qb, names, device, projectors, project)
+    low = low_precision(model)
     errors = None
     if low is not None and project is None and W == 1:  # measured rounding of the samples (4 small probes a point)
         from ..probe.intervene import sample_errors
@@ -392,104 +363,6 @@ def _resolve(
     except StopIteration:
         device = torch.device("cpu")
     return pairs, names, train_list, test_list, W, device
-
-
-class _keep_prefix:
-    """Around the held-out probe: :func:`widthscope.probe.prefix.keep_prefix` on the first ``K``
-    held-out examples when the bias interventions will use it (``wanted``), else nothing;
-    ``.kept`` is the record afterwards (or ``None``)."""
-
-    def __init__(
-        self,
-        model: nn.Module,
-        names: list[str],
-        test_list: list[Any],
-        K: int,
-        *,
-        loss_fn: Callable | None,
-        device: torch.device,
-        wanted: bool,
-    ):
-        self.args = (model, names, test_list, K, loss_fn, device) if wanted else None
-        self.kept: Any = None
-
-    def __enter__(self) -> _keep_prefix:
-        if self.args is not None:
-            from ..probe.collect import float_dtype, to_device
-            from ..probe.intervene import as_examples
-            from ..probe.prefix import keep_prefix
-
-            model, names, test_list, K, loss_fn, device = self.args
-            dt = float_dtype(model)
-            try:
-                first = as_examples(test_list[:3])
-            except WidthscopeError:  # batches that do not pool: the interventions say so themselves
-                self.args = None
-                return self
-            self._cm = keep_prefix(model, names, first, K, loss_fn, lambda b: to_device(b, device, dt))
-            self.kept = self._cm.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.args is not None:
-            self._cm.__exit__(*exc)
-
-
-def _probe_pools(
-    model: nn.Module,
-    names: list[str],
-    train_list: list[Any],
-    test_list: list[Any],
-    *,
-    loss_fn: Callable[[Any, Any], torch.Tensor] | None,
-    pool: str,
-    train_mode: str,
-    progress: bool,
-    project: int | None,
-    seed: int,
-    keep: Any = None,
-) -> tuple[Any, Any, dict[str, Any]]:
-    """Probe this rank's shard of the train (*a*) and held-out (*b*) batches; with ``project``,
-    each point's samples are projected as they stream (one projector per point); ``keep``: a
-    context manager around the held-out probe (:class:`_keep_prefix`)."""
-    projectors: dict[str, Any] = {}
-
-    def _project(name: str, x: torch.Tensor) -> torch.Tensor:
-        from ..stats.sketch import Projector
-
-        assert project is not None  # only installed with a projection
-        if name not in projectors:  # same seed on every rank and for train/held-out
-            projectors[name] = Projector(x.shape[1], project, seed=seed)
-        return projectors[name](x)
-
-    def probe(batches: list[Any]) -> Any:
-        return collect(
-            model,
-            distributed.shard(batches),
-            points=names,
-            loss_fn=loss_fn,
-            pool=pool,
-            train_mode=train_mode,
-            progress=progress,
-            transform=_project if project else None,
-        )
-
-    qa = probe(train_list)
-    from contextlib import nullcontext
-
-    with keep if keep is not None else nullcontext():
-        qb = probe(test_list)
-    return qa, qb, projectors
-
-
-def _gather_pools(
-    qa: Any, qb: Any, names: list[str], device: torch.device, projectors: dict[str, Any], project: int | None
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, int]]:
-    """All ranks' samples per point, and each point's (unprojected) dimension ``d``."""
-    gathered_a = {name: gather_rows(qa[name], device) for name in names}
-    gathered_b = {name: gather_rows(qb[name], device) for name in names}
-    dims = {name: int(projectors[name].d if project else gathered_a[name].shape[1]) for name in names}
-    return gathered_a, gathered_b, dims
 
 
 # The largest default step "still first order": it gave at least this share of the predicted decrease.

@@ -356,12 +356,13 @@ def run_certify(
     res = _certify_rest(model, inputs, job, todo, samples, parts, main) if todo else None
     res = _merge(res, done, names, opts)
     info = model_info(model)
+    recorded = spec.to_dict()  # objects in memory are recorded as "<in memory: ...>"
     res["settings"].update(
-        model=spec.model,
-        data=inputs.info.get("dataset") or inputs.data or spec.train_data,
-        data_description=data_description(inputs.info, inputs.data or spec.train_data),
-        train_data=spec.train_data,
-        test_data=spec.test_data,
+        model=recorded["model"],
+        data=inputs.info.get("dataset") or inputs.data or recorded["train_data"],
+        data_description=data_description(inputs.info, inputs.data or recorded["train_data"]),
+        train_data=recorded["train_data"],
+        test_data=recorded["test_data"],
         task=inputs.task,
         protocol=job.protocol,
         n_train=n_train,

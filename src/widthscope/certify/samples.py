@@ -28,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -38,8 +39,9 @@ import numpy as np
 import torch
 
 from ..errors import WidthscopeError
+from ..options import ESTIMATORS, MAX_POOL, Estimator, Options, option
 
-__all__ = ["save", "load", "load_matrices", "recompute", "run_stats"]
+__all__ = ["save", "load", "load_matrices", "recompute", "run_stats", "StatsOptions"]
 
 FORMAT = "widthscope-samples-1"
 
@@ -305,6 +307,52 @@ def _select(
 
 
 # ----------------------------------------------------------------------------- a whole run
+@dataclasses.dataclass(frozen=True)
+class StatsOptions(Options):
+    """The settings of ``widthscope stats`` (:func:`run_stats`): where the samples come from (a
+    ``samples`` file, or ``train``/``test`` matrices), which points, and the statistics' settings;
+    ``None`` keeps what the samples file saved (else certify's defaults)."""
+
+    samples: str | None = option(None, cli=False, help="a samples file written by certify --save-samples")
+    train: str | None = option(None, kind="str", help="train sample matrices (.npy/.npz/.pt), with --test")
+    test: str | None = option(None, kind="str", help="held-out sample matrices (.npy/.npz/.pt), with --train")
+    point: str | None = option(
+        None,
+        kind="str",
+        help="the point(s) to compute, comma list (default: every point of the file); also names the "
+        "point of a single .npy/.pt matrix",
+    )
+    M: tuple[int, ...] | None = option(
+        None, kind="ints", lo=1, hi=MAX_POOL, help="train sample sizes, comma list (default: the saved ones)"
+    )
+    K: tuple[int, ...] | None = option(
+        None, kind="ints", lo=1, hi=MAX_POOL, help="held-out sample sizes, comma list (default: K = M)"
+    )
+    draws: int | None = option(
+        None, kind="int", lo=1, hi=10**6, unit="resamples", help="misalignment resamples (default: saved, else 1000)"
+    )
+    seed: int | None = option(None, kind="int", lo=0, hi=2**32 - 1, help="resampling seed (default: saved, else 0)")
+    estimator: Estimator | None = option(
+        None, kind="str", choices=ESTIMATORS, help="unbiased or plugin (default: saved, else unbiased)"
+    )
+    strict: bool = option(
+        False,
+        help="refuse a samples file with damaged optional metadata "
+        "(notes, recorded interventions) instead of skipping it with a note",
+    )
+
+    def check(self) -> None:
+        if self.samples is not None and (self.train or self.test):
+            raise WidthscopeError("give a samples file or --train/--test matrices, not both")
+
+    def sources(self, **given: Any) -> StatsOptions:
+        """These options with the sources ``given`` (``samples``/``train``/``test``) replacing all of
+        the recorded ones: a run's own files, over a ``--config`` of another."""
+        if not any(v is not None for v in given.values()):
+            return self
+        return self.replace(**{"samples": None, "train": None, "test": None, **given})
+
+
 def run_stats(
     samples: str | os.PathLike | None = None,
     *,
@@ -327,12 +375,26 @@ def run_stats(
     ``M``/``K``/``draws``/``seed``/``estimator``: ``None`` keeps the saved settings (a new ``M``
     without ``K`` pairs ``K = M``, as certify does). ``strict``: refuse a samples file with damaged
     optional metadata instead of skipping it with a note. ``report`` is called with the result
-    before it is written (the command line prints its tables there)."""
+    before it is written (the command line prints its tables there). The settings are checked as a
+    :class:`StatsOptions` before anything is read, and recorded in the result (``"options"``:
+    ``widthscope stats --config RESULT.json`` repeats them)."""
     from .._io import atomic_write_json
 
+    opts = StatsOptions(
+        samples=None if samples is None else str(samples),
+        train=train,
+        test=test,
+        point=point,
+        M=tuple(M) if isinstance(M, (list, tuple)) else M,
+        K=tuple(K) if isinstance(K, (list, tuple)) else K,
+        draws=draws,
+        seed=seed,
+        estimator=estimator,  # type: ignore[arg-type]  # checked by the dataclass
+        strict=strict,
+    )
+    M = None if opts.M is None else list(opts.M)
+    K = None if opts.K is None else list(opts.K)
     if samples is not None:
-        if train or test:
-            raise WidthscopeError("give a samples file or --train/--test matrices, not both")
         from .._io import refuse_skips, warn_skips
 
         skipped: list = []
@@ -358,6 +420,7 @@ def run_stats(
         check_space(out, 4000 + len(a) * (5000 + 5000 * n_pairs))
     res = recompute(a, b, meta, M=M, K=K, draws=draws, seed=seed, estimator=estimator)
     res["source"] = source
+    res["options"] = {"stats": opts.to_dict()}  # StatsOptions.from_dict repeats the run
     if report is not None:
         report(res)
     if out:

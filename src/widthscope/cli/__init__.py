@@ -87,9 +87,9 @@ def _is_write_failure(exc: Exception) -> bool:
     return "cannot write" in str(exc) or "disk" in str(exc).lower()
 
 
-def _threads(args: argparse.Namespace) -> None:
-    """``--threads N`` (every command that computes has it): torch's intra-op threads."""
-    n = getattr(args, "threads", None)  # checked (>= 1) by widthscope.cli.checks.check_args
+def _threads(n: int | None) -> None:
+    """``--threads N`` (every command that computes has it; checked >= 1 by
+    :func:`widthscope.cli.checks.check_args`): torch's intra-op threads."""
     if n is None:
         return
     import torch
@@ -190,7 +190,7 @@ def _main(argv: list[str], name: str | None, terminate: Callable[[int, object], 
         from .checks import check_args
 
         check_args(args, args.command)  # the shared checks, before the command does any work
-        _threads(args)
+        _threads(getattr(args, "threads", None))
         return int(module.run(args) or 0)
     except WidthscopeError as exc:
         _remove_created()

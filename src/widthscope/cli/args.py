@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from ..errors import WidthscopeError
 from ..options import Options
 
-__all__ = ["add_options", "options_from_args", "given_fields", "load_config"]
+__all__ = ["add_options", "options_from_args", "given_fields", "load_config", "add_config", "config_options"]
 
 T = TypeVar("T", bound=Options)
 
@@ -31,8 +31,11 @@ def _default_text(value: Any) -> str:
 
 
 def add_options(parser: argparse.ArgumentParser, cls: type[Options], *, skip: Iterable[str] = ()) -> None:
-    """One argument per command-line field of ``cls`` (not those in ``skip``)."""
+    """One argument per command-line field of ``cls`` (not those in ``skip``). A list field named
+    in the class's ``NARGS`` (``{"range": ("LO", "HI")}``) takes that many values after one flag
+    (``--range -5 5``) instead of a comma list."""
     skip = set(skip)
+    nargs: dict[str, tuple[str, ...]] = getattr(cls, "NARGS", {})
     for f in dataclasses.fields(cls):
         meta = f.metadata
         if "kind" not in meta or not meta.get("cli", True) or f.name in skip:
@@ -49,6 +52,8 @@ def add_options(parser: argparse.ArgumentParser, cls: type[Options], *, skip: It
                 kw["choices"] = meta["choices"]
             if meta.get("metavar"):
                 kw["metavar"] = meta["metavar"]
+            if f.name in nargs:  # separate values: read each as a number here
+                kw.update(nargs=len(nargs[f.name]), metavar=nargs[f.name], type=int if kind == "ints" else float)
         parser.add_argument(cls.flag(f.name), **kw)
 
 
@@ -91,3 +96,33 @@ def load_config(path: str, section: str = "options") -> dict[str, Any]:
     if not isinstance(block, dict):
         raise WidthscopeError(f"--config {path!r}: its {section!r} is not a mapping of settings")
     return block
+
+
+def add_config(parser: argparse.ArgumentParser, command: str, *, dest: str = "config", what: str = "") -> None:
+    """``--config FILE``: the base options of the run (a results JSON this command wrote, or a JSON
+    file of options); options given on the command line override them."""
+    parser.add_argument(
+        "--config",
+        dest=dest,
+        default=None,
+        metavar="FILE",
+        help=what
+        or f"repeat a run: the options recorded in a results JSON of widthscope {command} (its 'options'), "
+        f'or a JSON file {{"{command}": {{...}}}} of options; options given here override them',
+    )
+
+
+def config_options(cls: type[T], path: str, section: str, command: str) -> T:
+    """The ``section`` options recorded in ``path`` (:func:`load_config`), validated by ``cls``;
+    one error line naming ``--config`` when the file holds no such options or a bad one."""
+    block = load_config(path)
+    sub = block.get(section)
+    if not isinstance(sub, dict):
+        raise WidthscopeError(
+            f"--config {path!r} records no {command} options: pass a results JSON written by widthscope "
+            f'{command} (its "options" holds "{section}"), or a JSON file {{"{section}": {{...}}}}'
+        )
+    try:
+        return cls.from_dict(sub)
+    except WidthscopeError as exc:
+        raise type(exc)(f"--config {path!r}: {exc}") from None

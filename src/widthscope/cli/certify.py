@@ -15,6 +15,7 @@ from typing import Any
 
 from ..certify.run import CertifyJob, list_points, run_certify
 from ..data.published import is_all
+from ..data.sources import splits_of
 from ..data.spec import InputSpec
 from ..errors import WidthscopeError
 from ..options import PROTOCOLS, CertifyOptions, CertifyRunOptions
@@ -83,6 +84,8 @@ def _two_sources(args: argparse.Namespace) -> bool:
     if getattr(args, "test_data", None) is not None:
         return True
     data = getattr(args, "data", None)
+    if isinstance(data, str) and data.startswith("hf:"):  # a Hugging Face dataset: its own splits
+        return len(splits_of(data) or []) >= 2
     if not isinstance(data, str) or not Path(data).expanduser().is_dir():
         return False
     from ..data.corpus import dataset_splits

@@ -1,14 +1,18 @@
 """``widthscope demo [--out DIR] [--quick]``: the command line of :func:`widthscope.demo.run_demo`.
 
-A thin adapter: the options go to :func:`~widthscope.demo.run_demo` as keyword arguments.
+A thin adapter: the settings are generated from :class:`~widthscope.demo.DemoOptions`
+(:mod:`widthscope.cli.args`), over the options a ``--config`` file recorded (``DIR/demo.json`` of
+an earlier demo), and go to :func:`~widthscope.demo.run_demo` as keyword arguments.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from ..demo import run_demo
-from ..errors import WidthscopeError
+import torch
+
+from ..demo import DemoOptions, run_demo
+from .args import add_config, add_options, config_options, options_from_args
 
 __all__ = ["add_arguments", "run"]
 
@@ -17,23 +21,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", default=None, help="results folder (default widthscope-results/demo, or demo-quick with --quick)"
     )
-    parser.add_argument("--quick", action="store_true", help="seconds-long smoke version")
-    parser.add_argument("--no-linear", action="store_true", help="skip the linearization part")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars inside cells")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        metavar="N",
-        help="torch CPU threads (default 1: these small models gain little from more, and "
-        "busy cores make extra threads 10-20x slower)",
+    add_config(
+        parser,
+        "demo",
+        what="repeat a demo: the options recorded in its DIR/demo.json (or a JSON file "
+        '{"demo": {...}}); options given here override them',
     )
+    add_options(parser, DemoOptions)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.threads is not None and args.threads < 1:
-        raise WidthscopeError(f"--threads must be >= 1 (got {args.threads})")
+    base = config_options(DemoOptions, args.config, "demo", "demo") if args.config else None
+    opts = options_from_args(DemoOptions, args, base)
+    if opts.threads is not None and args.threads is None:  # the default (or recorded) count, for the whole run
+        torch.set_num_threads(opts.threads)
     run_demo(
-        args.out, quick=args.quick, linear=not args.no_linear, show_progress=not args.no_progress, threads=args.threads
+        args.out,
+        quick=opts.quick,
+        linear=not opts.no_linear,
+        show_progress=not opts.no_progress,
+        threads=opts.threads,
     )
     return 0

@@ -1,9 +1,10 @@
 """``widthscope grow``: the command line of :func:`widthscope.grow.pipeline.run_grow`.
 
-A thin adapter: the input options come from :mod:`widthscope.cli.inputs` (an
+A thin adapter: the growth options are generated from :class:`~widthscope.grow.options.GrowOptions`
+(:mod:`widthscope.cli.args`), the input options come from :mod:`widthscope.cli.inputs` (an
 :class:`~widthscope.data.spec.InputSpec` for a checkpoint, pool sizes 2048 / 512 capped at what
-the data has when not given); ``run`` passes the growth settings to the pipeline as keyword
-arguments and prints its tables.
+the data has when not given). ``--config`` starts from the options a previous grow results JSON
+recorded; ``run`` builds the typed options, calls the pipeline and prints its tables.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..grow.pipeline import DEFAULT_CRITERION, run_grow
+from ..grow.options import GrowOptions
+from ..grow.pipeline import run_grow
+from .args import add_config, add_options, config_options, options_from_args
 from .inputs import add_arguments as add_inputs
 from .inputs import spec_from_args
 
@@ -27,31 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         n_train_help="2048, capped at what the data has",
         n_test_help="512, capped at what the data has",
     )
-    p.add_argument("--points", default=None, help="comma-separated candidate points (default: all block outputs)")
-    p.add_argument("--M", type=int, default=32, help="train samples of the certificate (default 32)")
-    p.add_argument("--K", type=int, default=32, help="held-out samples of the certificate (default 32)")
-    p.add_argument("--steps", type=int, default=200, help="training steps of the new block (default 200)")
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
-    p.add_argument("--eta", type=float, default=None, help="step size of the predicted gain (default --lr)")
-    p.add_argument("--block-width", type=int, default=None, help="hidden width of the block (default: point width)")
-    p.add_argument("--train-all", action="store_true", help="train every parameter, not only the new block")
-    p.add_argument(
-        "--compare",
-        action="store_true",
-        help="also grow at the worst-ranked and a random point, and train "
-        "the original model for the same FLOPs (is growing better than training longer?)",
-    )
-    from ..probe.growth import CRITERIA
-
-    p.add_argument(
-        "--criterion",
-        choices=list(CRITERIA),
-        default=DEFAULT_CRITERION,
-        help=f"what ranks the points (default {DEFAULT_CRITERION}, the winner of `widthscope "
-        "grow-bench`; bias = the old first-order gain of a bias step)",
-    )
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
+    add_config(p, "grow")
+    add_options(p, GrowOptions)
     p.add_argument("--out", default=None, help="write the results as JSON (atomically) to this path")
 
 
@@ -112,38 +92,31 @@ def _print_tables(
 def run(args: argparse.Namespace) -> int:
     # Seeds, sizes, devices, data paths and outputs were checked by cli.checks.check_args (cli.main);
     # data options were refused for the built-in model by widthscope.validate.APPLIES.
+    # --config: the growth options a grow results JSON recorded; the inputs are this command line's
+    base = config_options(GrowOptions, args.config, "grow", "grow") if args.config else None
+    opts = options_from_args(GrowOptions, args, base)
+    args.seed = opts.seed  # the inputs' seed (the checkpoint's pools) is the run's
     builtin = args.model == "builtin"
     spec = None if builtin else spec_from_args(args, "grow")  # the 2048/512 capped defaults live there
 
     def report(res: dict[str, Any]) -> None:
         _print_tables(
             res,
-            criterion=args.criterion,
-            M=args.M,
-            K=args.K,
-            steps=args.steps,
-            train_all=args.train_all,
-            compare=args.compare,
+            criterion=opts.criterion,
+            M=opts.M,
+            K=opts.K,
+            steps=opts.steps,
+            train_all=opts.train_all,
+            compare=opts.compare,
         )
 
     # show: a bar on a terminal, periodic lines in a log (widthscope._io.progress)
     run_grow(
         spec,
+        opts,
         n_train=args.n_train if builtin else None,
         n_test=args.n_test if builtin else None,
         dtype=args.dtype,
-        points=args.points,
-        M=args.M,
-        K=args.K,
-        steps=args.steps,
-        lr=args.lr,
-        eta=args.eta,
-        block_width=args.block_width,
-        train_all=args.train_all,
-        compare=args.compare,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        criterion=args.criterion,
         out=args.out,
         show=True,
         say=print,

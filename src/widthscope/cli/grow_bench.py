@@ -1,8 +1,10 @@
 """``widthscope grow-bench``: the command line of :func:`widthscope.grow.bench.run_bench`.
 
-A thin adapter: ``--seeds`` is read into a tuple, the options go to the benchmark as keyword
-arguments; ``run`` prints the overall comparison, the default rule it picks and the planted
-cases, and (unless ``--no-report``) writes the table/plot of :mod:`widthscope.report.growth`.
+A thin adapter: the benchmark's options are generated from
+:class:`~widthscope.grow.options.GrowBenchOptions` (:mod:`widthscope.cli.args`; ``--config``
+starts from the options a previous run's ``summary.json`` recorded); ``run`` prints the overall
+comparison, the default rule it picks and the planted cases, and (unless ``--no-report``) writes
+the table/plot of :mod:`widthscope.report.growth`.
 """
 
 from __future__ import annotations
@@ -12,21 +14,28 @@ import argparse
 from .._io import format_table
 from ..errors import WidthscopeError
 from ..grow.bench import bench_out_dir, run_bench
+from ..grow.options import GrowBenchOptions
+from ..validate import int_list
+from .args import add_config, add_options, config_options, options_from_args
 
 __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quick", action="store_true", help="the small suite (a few minutes on one core)")
+    add_options(p, GrowBenchOptions, skip=("seeds", "M", "K"))
     p.add_argument(
         "--out",
         default=None,
         help="results directory (default widthscope-results/growth[-quick]); "
         "finished cells are kept and a rerun resumes",
     )
-    p.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1,2)")
-    p.add_argument("--M", type=int, default=32, help="train samples of the certificates (default 32)")
-    p.add_argument("--K", type=int, default=32, help="held-out samples of the certificates (default 32)")
+    add_options(p, GrowBenchOptions, skip=("quick",))
+    add_config(
+        p,
+        "grow-bench",
+        what="repeat a run: the options recorded in a grow-bench summary.json (its "
+        "'options'); options given here override them",
+    )
     p.add_argument("--no-report", action="store_true", help="skip the table/plot (PNG) of the comparison")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument(
@@ -38,8 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _seeds(text: str | None) -> tuple[int, ...] | None:
-    from ..validate import int_list
-
+    """``--seeds`` read with the command line's list messages (the dataclass checks them again)."""
     if text is None:
         return None
     seeds = tuple(int_list(text, "--seeds") or ())  # a list: text is not None
@@ -49,9 +57,12 @@ def _seeds(text: str | None) -> tuple[int, ...] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    suite = "quick" if args.quick else "full"
-    out = bench_out_dir(args.out, quick=args.quick)
-    res = run_bench(out, quick=args.quick, seeds=_seeds(args.seeds), M=args.M, K=args.K, shard=args.shard)
+    _seeds(args.seeds)
+    base = config_options(GrowBenchOptions, args.config, "grow_bench", "grow-bench") if args.config else None
+    opts = options_from_args(GrowBenchOptions, args, base)
+    suite = opts.suite
+    out = bench_out_dir(args.out, quick=opts.quick)
+    res = run_bench(out, opts, shard=args.shard)
     if res is None:
         return 0  # not rank 0 under torchrun
     if not res["complete"]:

@@ -73,29 +73,34 @@ def add_arguments(
     p.add_argument(
         "--data",
         default=None,
-        help="one corpus split into train/held-out: a dataset name, a text file or directory, "
-        ".jsonl/.json/.csv/.parquet, a datasets save_to_disk directory, or an ImageFolder "
-        "directory (default: the checkpoint's recorded dataset)",
+        help="the data: a dataset name, a text file or directory, .jsonl/.json/.csv/.parquet, a datasets "
+        "save_to_disk directory, a folder of split files, a Hugging Face dataset hf:NAME[:CONFIG][@REVISION] "
+        "(from the datasets cache; streamed where only a prefix is needed), or an ImageFolder directory; a "
+        "source with its own splits gives train -> train pool, validation (else test) -> held-out pool, "
+        "anything else is split by --test-fraction (default: the checkpoint's recorded dataset)",
     )
-    p.add_argument("--train-data", default=None, help="the train pool's own file/directory (with --test-data)")
-    p.add_argument("--test-data", default=None, help="the held-out pool's own file/directory (with --train-data)")
+    p.add_argument("--train-data", default=None, help="the train pool's own file/directory/hf:NAME (with --test-data)")
+    p.add_argument(
+        "--test-data", default=None, help="the held-out pool's own file/directory/hf:NAME (with --train-data)"
+    )
     p.add_argument(
         "--train-split",
         default=None,
-        help="split of a dataset with splits (a DatasetDict directory or a folder of split files) for "
-        "the train pool (default train)",
+        help="split of a dataset with splits (a DatasetDict directory, a folder of split files, hf:NAME) "
+        "for the train pool (default train)",
     )
     p.add_argument(
         "--test-split",
         default=None,
-        help="split of a dataset with splits (a DatasetDict directory or a folder of split files) for "
-        "the held-out pool (default validation, else test)",
+        help="split of a dataset with splits (a DatasetDict directory, a folder of split files, hf:NAME) "
+        "for the held-out pool (default validation, else test)",
     )
     p.add_argument("--data-root", default=None, help="root folder of a named image dataset's files")
     p.add_argument(
         "--text-field",
         default=None,
-        help="text field/column of .jsonl/.json/.csv/.parquet/datasets data (default text); --text-column is the same",
+        help="text field/column of .jsonl/.json/.csv/.parquet/datasets/hf: data (default text); --text-column "
+        "is the same",
     )
     p.add_argument("--text-column", dest="text_field", help=argparse.SUPPRESS)
     p.add_argument("--label-field", default=None, help="label column for sequence classification (default label)")
@@ -143,7 +148,8 @@ def add_arguments(
         "--test-fraction",
         type=float,
         default=None,
-        help="held-out fraction when one --data corpus is split (default 0.1)",
+        help="held-out fraction when one --data corpus is split (default 0.1); given for a dataset with its "
+        "own splits, it re-splits the train split into both pools (reported in the notes)",
     )
     p.add_argument(
         "--threads",

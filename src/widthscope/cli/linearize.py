@@ -1,28 +1,77 @@
-"""``widthscope linearize``: the command line of :func:`widthscope.linear.sweep.run_file`.
+"""``widthscope linearize``: the command line of :func:`widthscope.linearization.run.run_linearize`.
 
-A thin adapter: the config path, ``--out`` and ``--shard`` go to the sweep as arguments.
+A thin adapter: ``--shard`` is generated from :class:`~widthscope.linearization.run.LinearizeOptions`
+(:mod:`widthscope.cli.args`); the sweep config comes from the TOML file ``CONFIG`` or, to repeat a
+run, from ``--config FILE``: the ``slopes.json`` of a finished run (its ``"options"``), the
+``linearize_config.json`` every run writes (the filled-in sweep config), or a JSON file
+``{"linearize": {"sweep": {...}}}``. The two are alternatives (both given: refused); flags given
+(``--shard``) override the recorded ones.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from ..linear.sweep import run_file  # torch and the sweep load with the command, before signals act
+import torch
+
+from ..errors import WidthscopeError
+from ..linearization.run import (
+    LinearizeOptions,
+    run_file,
+    run_linearize,
+)  # torch loads with the command, before signals act
+from ..validate import check_path_length
+from .args import add_config, add_options, config_options, load_config, options_from_args
 
 __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", help="TOML config (see configs/linearize-demo.toml)")
+    parser.add_argument(
+        "config",
+        nargs="?",
+        default=None,
+        help="TOML config (see configs/linearize-demo.toml); or repeat a run with --config",
+    )
+    add_config(
+        parser,
+        "linearize",
+        dest="recorded",
+        what="repeat a run instead of reading a TOML CONFIG (give one of them): the sweep recorded in "
+        "its slopes.json ('options') or linearize_config.json; --shard given here overrides",
+    )
     parser.add_argument("--out", default=None, help="results directory (default runs/<config name>)")
-    parser.add_argument("--shard", default=None, help="run shard k of n (k/n); cells are split round-robin")
+    add_options(parser, LinearizeOptions)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+
+
+def _recorded(path: str) -> LinearizeOptions:
+    """The options ``--config`` names: a results file's ``"options"``, or a sweep config itself."""
+    check_path_length("--config", path)
+    block = load_config(path)
+    if "linearize" not in block and "widths" in block:  # linearize_config.json: the sweep config
+        try:
+            return LinearizeOptions(sweep=block)
+        except WidthscopeError as exc:
+            raise type(exc)(f"--config {path!r}: {exc}") from None
+    return config_options(LinearizeOptions, path, "linearize", "linearize")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.threads:
-        import torch
-
         torch.set_num_threads(args.threads)
-    run_file(args.config, out=args.out, shard=args.shard)
+    if args.config is not None and args.recorded is not None:
+        raise WidthscopeError(
+            "linearize: give a TOML CONFIG or --config (a recorded run), not both: the sweep comes from one of them"
+        )
+    if args.config is None and args.recorded is None:
+        raise WidthscopeError(
+            "linearize: give a TOML CONFIG (see configs/linearize-demo.toml), or --config with the "
+            "slopes.json or linearize_config.json of an earlier run"
+        )
+    if args.config is not None:
+        run_file(args.config, out=args.out, shard=args.shard)
+        return 0
+    opts = options_from_args(LinearizeOptions, args, _recorded(args.recorded))
+    run_linearize(opts, out=args.out)
     return 0

@@ -1,7 +1,8 @@
 """``widthscope stats``: the command line of :func:`widthscope.certify.samples.run_stats`.
 
-A thin adapter: it reads the comma lists ``--M`` / ``--K`` (with the command line's messages),
-passes the settings to the pipeline as keyword arguments and prints the tables.
+A thin adapter: the settings are generated from :class:`~widthscope.certify.samples.StatsOptions`
+(:mod:`widthscope.cli.args`), over the options a ``--config`` file recorded (the sources given here
+replace the recorded ones); it passes them to the pipeline and prints the tables.
 """
 
 from __future__ import annotations
@@ -10,58 +11,49 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..certify.samples import run_stats
+from ..certify.per_point import tables
+from ..certify.samples import StatsOptions, run_stats
+from ..validate import int_list
+from .args import add_config, add_options, config_options, options_from_args
 
 __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("samples", nargs="?", default=None, help="a samples file written by certify --save-samples")
-    p.add_argument("--train", default=None, help="train sample matrices (.npy/.npz/.pt), with --test")
-    p.add_argument("--test", default=None, help="held-out sample matrices (.npy/.npz/.pt), with --train")
-    p.add_argument(
-        "--point",
-        default=None,
-        help="the point(s) to compute, comma list (default: every point of the file); also names the "
-        "point of a single .npy/.pt matrix",
+    add_config(
+        p,
+        "stats",
+        what="repeat a run: the options recorded in a stats results JSON (its 'options'; the samples "
+        'file or matrices too, unless given here), or a JSON file {"stats": {...}}; options given here override them',
     )
-    p.add_argument("--M", default=None, help="train sample sizes, comma list (default: the saved ones)")
-    p.add_argument("--K", default=None, help="held-out sample sizes, comma list (default: K = M)")
-    p.add_argument("--draws", type=int, default=None, help="misalignment resamples (default: saved, else 1000)")
-    p.add_argument("--seed", type=int, default=None, help="resampling seed (default: saved, else 0)")
-    p.add_argument("--estimator", choices=("unbiased", "plugin"), default=None)
+    add_options(p, StatsOptions)
     p.add_argument("--out", default=None, help="JSON output path (default: print the tables only)")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
-    p.add_argument(
-        "--strict",
-        action="store_true",
-        help="refuse a samples file with damaged optional metadata "
-        "(notes, recorded interventions) instead of skipping it with a note",
-    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..certify.per_point import tables
-    from ..validate import int_list
-
     # --out writable and --draws >= 1: widthscope.validate (cli.main), before this runs
-    Ms, Ks = int_list(args.M, "--M"), int_list(args.K, "--K")
+    int_list(args.M, "--M"), int_list(args.K, "--K")  # the command line's list messages
+    base = config_options(StatsOptions, args.config, "stats", "stats") if args.config else StatsOptions()
+    base = base.sources(samples=args.samples, train=args.train, test=args.test)
+    opts = options_from_args(StatsOptions, args, base)
 
     def report(res: dict[str, Any]) -> None:
         print(tables(res))
 
     run_stats(
-        args.samples,
-        train=args.train,
-        test=args.test,
-        point=args.point,
-        M=Ms,
-        K=Ks,
-        draws=args.draws,
-        seed=args.seed,
-        estimator=args.estimator,
+        opts.samples,
+        train=opts.train,
+        test=opts.test,
+        point=opts.point,
+        M=None if opts.M is None else list(opts.M),
+        K=None if opts.K is None else list(opts.K),
+        draws=opts.draws,
+        seed=opts.seed,
+        estimator=opts.estimator,
         out=args.out,
-        strict=bool(getattr(args, "strict", False)),
+        strict=opts.strict,
         report=report,
     )
     if args.out:

@@ -42,13 +42,17 @@ from torch import nn
 
 from .. import _args
 from ..errors import WidthscopeError, WidthscopeTypeError
+from ..probe.collect import masked_lm_loss
 from .image_pools import _image_pools, _named_pools
 from .loading import _check_seq_len, _recorded_name, check_ids, load_model, load_tokenizer, mask_tokens
 from .loading import check_vocabulary as check_vocabulary
 from .loading import model_task as model_task
+from .object_pools import object_pools
+from .objects import task_of
 from .pools import WINDOW, _refuse_given
 from .pools import pick_pool as pick_pool
-from .spec import InputSpec
+from .sources import describe, is_tokenized_object
+from .spec import TASKS, InputSpec
 from .text_pools import _text_pools
 
 __all__ = [
@@ -114,13 +118,19 @@ def resolve(spec: InputSpec, *, model: nn.Module | None = None, show_progress: b
     if model is not None:
         _args.module("load_inputs", "model", model, accepts=f"{_args.MODULE} or None (load spec.model)")
     _args.boolean("load_inputs", "show_progress", show_progress)
+    if isinstance(spec.model, nn.Module):  # a spec made in memory
+        if model is not None and model is not spec.model:
+            raise WidthscopeError(
+                "load_inputs(model=...) and InputSpec(model=<object>) name two different models: give one"
+            )
+        model = spec.model
     _check_sources(spec)
     if model is None and spec.model == "builtin":
         raise WidthscopeError(
             "model 'builtin' is built and trained by `widthscope certify`: pass the model "
             "(resolve(spec, model=...)) or a checkpoint path"
         )
-    if model is not None:
+    if model is not None and isinstance(spec.model, str):
         _check_revision_of(model, spec)
     inputs = _resolve(spec.filled(), model, show_progress)
     inputs.spec = spec
@@ -135,6 +145,8 @@ def _check_revision_of(model: nn.Module, spec: InputSpec) -> None:
     """A model loaded beforehand from the spec's hub id must be the revision the spec asks for
     (one line naming both, never probing other weights than the results record)."""
     from ..hub import DEFAULT_REVISION, hub_record
+
+    assert isinstance(spec.model, str)  # (a model object in the spec is the model itself)
 
     rec = hub_record(model)
     repo = rec.get("repo_id") if rec else None
@@ -169,7 +181,9 @@ def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> I
 
     if model is None:
         model = load_model(spec.model, dtype=spec.dtype, task=spec.task, revision=spec.revision)
-    task = model_task(model)
+    elif not isinstance(spec.model, str):
+        load_model(spec.model, dtype=spec.dtype)  # (refuses a dtype for a model object)
+    task = _task(model, spec)
     _check_options_fit(spec, task)
     seed = int(spec.seed)
     notes: list[str] = []
@@ -179,12 +193,13 @@ def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> I
 
         name = recorded_data(model).get("dataset") or _recorded_name(model)
         if name is None:
+            what = repr(spec.model) if isinstance(spec.model, str) else f"object {type(spec.model).__name__}"
             raise WidthscopeError(
-                f"the checkpoint {spec.model!r} does not record its dataset: pass --data (a "
-                "dataset name or a file/directory) or --train-data and --test-data"
+                f"the model {what} does not record its dataset: pass --data (InputSpec(data=...): a "
+                "dataset name, a file/directory, hf:NAME or texts/a Dataset in memory) or --train-data and --test-data"
             )
     split = None
-    if name is not None and name in DATASETS and spec.train_data is None:
+    if isinstance(name, str) and name in DATASETS and spec.train_data is None:
         if task == "sequence-classification":
             raise WidthscopeError(
                 f"--data {name!r} has no labels: a sequence classifier needs labelled text, a "
@@ -237,11 +252,15 @@ def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> I
             "with --data, not a file"
         )
     _refuse_given(spec, ("data_root", "train_pool"), "data files (both are for named datasets and their records)")
+    loss = masked_lm_loss if task == "masked-lm" else None
+    if _tokenized(spec):
+        tok = _tokenizer(spec, model, task, needed=task == "masked-lm")
+        train, test, info, more = object_pools(spec, model, task, tok, seed)
+        return Inputs(model, task, train, test, loss, tok, info, more, data=describe(spec.data or spec.train_data))
     if task == "image-classification":
         train, test, info, more = _image_pools(spec, model, seed, show_progress)
         return Inputs(model, task, train, test, None, None, info, more, data=spec.data)
-    tok = load_tokenizer(spec.tokenizer, model, task)
-    check_vocabulary(tok, model)
+    tok = _tokenizer(spec, model, task, needed=True)
     rec_len = (getattr(model, "widthscope_extra", None) or {}).get("data_options", {}).get("seq_len")
     seq_len = spec.seq_len or rec_len or (64 if task == "lm" else 128)
     _check_seq_len(model, seq_len)
@@ -251,10 +270,77 @@ def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> I
     train, test, info, more = _text_pools(
         spec, model, "causal-lm" if task == "lm" else task, tok, seq_len, mode, seed, show_progress
     )
-    from ..probe.collect import masked_lm_loss
+    more += _record_datasets(spec, info)
+    data = None if spec.data is None else describe(spec.data)
+    return Inputs(model, task, train, test, loss, tok, info, notes + more, data=data)
 
-    loss = masked_lm_loss if task == "masked-lm" else None
-    return Inputs(model, task, train, test, loss, tok, info, notes + more, data=spec.data)
+
+def _task(model: nn.Module, spec: InputSpec) -> str:
+    """The model's task (:func:`widthscope.data.objects.task_of`); a model object of no known kind
+    takes ``spec.task``, never an assumed one."""
+    t = task_of(model)
+    if t is not None:
+        return t
+    if isinstance(spec.model, str):
+        return model_task(model)
+    if spec.task is None:
+        raise WidthscopeError(
+            f"InputSpec(model=<{type(model).__name__} object>): its task is unknown (not a transformers "
+            f"PreTrainedModel or a widthscope model): pass task= ({', '.join(TASKS)})"
+        )
+    return spec.task
+
+
+def _tokenized(spec: InputSpec) -> bool:
+    """The spec's data are tokenized objects (pools of examples), not text; mixed kinds are refused."""
+    field = spec.text_field if spec.is_given("text_field") else None
+    srcs = [v for v in (spec.data, spec.train_data, spec.test_data) if v is not None]
+    kinds = {is_tokenized_object(v, field) for v in srcs}
+    if len(kinds) > 1:
+        raise WidthscopeError(
+            "train_data and test_data are of two kinds (one text, one tokenized): give both pools the same kind"
+        )
+    return kinds == {True}
+
+
+def _tokenizer(spec: InputSpec, model: nn.Module, task: str, *, needed: bool) -> Any:
+    """The spec's tokenizer object, the one its path names, or the model's own (None when the data
+    are tokenized and nothing needs one); its vocabulary fits the model's embedding."""
+    tok = spec.tokenizer
+    if tok is None or isinstance(tok, str):
+        if tok is None and not needed:
+            return None
+        if tok is None and not isinstance(spec.model, str) and getattr(model, "widthscope_hf", None) is None:
+            raise WidthscopeError(
+                f"InputSpec(model=<{type(model).__name__} object>) carries no tokenizer: pass its tokenizer, "
+                "InputSpec(tokenizer=AutoTokenizer.from_pretrained(...))"
+            )
+        tok = load_tokenizer(tok, model, task)
+    check_vocabulary(tok, model)
+    return tok
+
+
+def _record_datasets(spec: InputSpec, info: dict[str, Any]) -> list[str]:
+    """A Hugging Face dataset's reference (name, config, the revision asked for, the hash read, the
+    split of each pool) in ``info["hf_dataset"]``; a note when offline reading could not honour a revision."""
+    from .hf_datasets import describe_record, is_hf_ref, parse_ref
+
+    recs, notes = {}, []
+    for role, field in (("train", "train_data"), ("test", "test_data")):
+        src = spec.data if spec.data is not None else getattr(spec, field)
+        if not is_hf_ref(src):
+            continue
+        rec = describe_record(parse_ref(src))
+        recs[role] = {**rec, "split": (info.get(role) or {}).get("split")}
+        rev = rec["revision"]
+        if rec["offline"] and rev is not None and rev != rec["hash"] and role == "train":
+            notes.append(
+                f"{src}: offline, datasets reads the latest cached copy (hash {rec['hash']}); it cannot check "
+                f"that this is revision {rev!r}: cache it by its commit hash to be sure"
+            )
+    if recs:
+        info["hf_dataset"] = recs
+    return notes
 
 
 def _check_options_fit(spec: InputSpec, task: str) -> None:

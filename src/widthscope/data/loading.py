@@ -14,13 +14,24 @@ from ..errors import WidthscopeError
 
 
 # ----------------------------------------------------------------------------- model
-def load_model(path: str, *, dtype: str = "auto", task: str | None = None, revision: str | None = None) -> nn.Module:
+def load_model(
+    path: str | nn.Module, *, dtype: str = "auto", task: str | None = None, revision: str | None = None
+) -> nn.Module:
     """A checkpoint (widthscope or Hugging Face) on the CPU in eval mode, with a clear error.
 
     ``path``: a local checkpoint, a Hugging Face hub id ``org/name`` at ``revision`` (branch, tag or
     commit; default ``main``), or a hub cache folder ``models--org--name`` (:mod:`widthscope.hub`:
     resolved to the local snapshot; the cache only when ``HF_HUB_OFFLINE=1``). A hub model carries
-    ``widthscope_hub`` (id, revision, commit), which :func:`resolve` records in ``Inputs.info``."""
+    ``widthscope_hub`` (id, revision, commit), which :func:`resolve` records in ``Inputs.info``.
+    A model object (an ``InputSpec`` made in memory) is returned as it is: its dtype, device and
+    mode are the user's."""
+    if isinstance(path, nn.Module):
+        if dtype != "auto":
+            raise WidthscopeError(
+                f"--dtype {dtype} (input spec field dtype) applies to checkpoints loaded from files; the model "
+                f"object is used as it is: convert it yourself (model.to(torch.{dtype})) and drop dtype"
+            )
+        return path
     from ..hub import attach, resolve_model
 
     p, hub = resolve_model(path, revision)
@@ -35,11 +46,44 @@ def load_model(path: str, *, dtype: str = "auto", task: str | None = None, revis
 
 
 def model_task(model: nn.Module) -> str:
+    """``widthscope_task`` (models widthscope loaded), a widthscope family's (``lm`` /
+    ``classification``), or a ``transformers.PreTrainedModel``'s from its class / config."""
     task = getattr(model, "widthscope_task", None)
     if task:
         return task
+    if getattr(model, "widthscope_config", None) is None:
+        hf = task_of(model)
+        if hf is not None:
+            return hf
     fam = (getattr(model, "widthscope_config", None) or {}).get("family")
     return "lm" if fam in ("llama", "pythia") else "classification"
+
+
+def _is_hf(model: nn.Module) -> bool:
+    return any(c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers") for c in type(model).__mro__)
+
+
+def task_of(model: nn.Module) -> str | None:
+    """The model's task: ``widthscope_task`` (models widthscope loaded), a widthscope family
+    (``lm`` / ``classification``), or a ``transformers.PreTrainedModel``'s head from its class (else
+    its ``config.architectures``); None for any other ``nn.Module`` (its task is unknown)."""
+    task = getattr(model, "widthscope_task", None)
+    if isinstance(task, str) and task:
+        return task
+    if getattr(model, "widthscope_config", None) is not None:
+        fam = (getattr(model, "widthscope_config", None) or {}).get("family")
+        return "lm" if fam in ("llama", "pythia") else "classification"
+    if not _is_hf(model):
+        return None
+    from ..models.hf import hf_task
+
+    try:
+        return hf_task({"architectures": [type(model).__name__]}, f"{type(model).__name__}")
+    except WidthscopeError:
+        archs = list(getattr(getattr(model, "config", None), "architectures", None) or [])
+        if archs:
+            return hf_task({"architectures": archs}, f"{type(model).__name__}.config")
+        raise
 
 
 def _model_dir(model: nn.Module) -> Path | None:

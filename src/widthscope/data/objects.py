@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from ..errors import WidthscopeError, WidthscopeTypeError
+from .loading import mask_tokens, task_of
 
 __all__ = ["batches_from", "pools_from", "is_object_pool", "task_of", "loss_for", "DATA_ACCEPTS", "TOKENIZER_ACCEPTS"]
 
@@ -53,34 +54,6 @@ LM = ("causal-lm", "lm")
 
 
 # ----------------------------------------------------------------------------- task and loss
-def _is_hf(model: nn.Module) -> bool:
-    return any(c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers") for c in type(model).__mro__)
-
-
-def task_of(model: nn.Module) -> str | None:
-    """The model's task: ``widthscope_task`` (models widthscope loaded), a widthscope family
-    (``lm`` / ``classification``), or a ``transformers.PreTrainedModel``'s head from its class (else
-    its ``config.architectures``); None for any other ``nn.Module`` (its task is unknown)."""
-    task = getattr(model, "widthscope_task", None)
-    if isinstance(task, str) and task:
-        return task
-    if getattr(model, "widthscope_config", None) is not None:
-        from .inputs import model_task
-
-        return model_task(model)
-    if not _is_hf(model):
-        return None
-    from ..models.hf import hf_task
-
-    try:
-        return hf_task({"architectures": [type(model).__name__]}, f"{type(model).__name__}")
-    except WidthscopeError:
-        archs = list(getattr(getattr(model, "config", None), "architectures", None) or [])
-        if archs:
-            return hf_task({"architectures": archs}, f"{type(model).__name__}.config")
-        raise
-
-
 def loss_for(task: str | None) -> Callable[[Any, Any], torch.Tensor] | None:
     """The loss the command line uses for ``task`` (None: the probe's default for the batch)."""
     if task == "masked-lm":
@@ -214,8 +187,6 @@ def _prepare(
             raise WidthscopeError(
                 f"{where}: a masked LM's examples are masked with the tokenizer's mask token: pass tokenizer=..."
             )
-        from .inputs import mask_tokens
-
         ids = pool["input_ids"]
         att = pool.get("attention_mask")
         masked, dropped = mask_tokens(ids, torch.ones_like(ids) if att is None else att, tokenizer, seed=seed)

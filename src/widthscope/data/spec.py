@@ -10,6 +10,16 @@ repeated from its JSON.
 Field values mean what the command-line options of the same name mean (``docs/byo.md``);
 ``model`` is a local checkpoint, a Hugging Face hub id ``org/name`` or a hub cache folder, and
 ``revision`` the hub branch, tag or commit to load (None: ``main``; ``docs/huggingface.md``);
+``data`` (``train_data``, ``test_data``) a path, a dataset name or a Hugging Face dataset
+``hf:NAME[:CONFIG][@REVISION]`` (:mod:`widthscope.data.hf_datasets`).
+
+Objects in memory go in the same fields (``docs/huggingface.md``): ``model`` an ``nn.Module`` /
+``transformers.PreTrainedModel`` (its task from its class or config, never assumed; ``task=`` for
+another ``nn.Module``), ``tokenizer`` a tokenizer object, ``data`` a ``list[str]`` of documents, a
+``datasets.Dataset`` / ``DatasetDict`` (text column, or tokenized columns), a ``BatchEncoding`` or
+mapping of tensors, or a ``DataLoader`` (:mod:`widthscope.data.sources`). Such a spec compares
+its objects by identity and records each as ``"<in memory: ...>"`` (``to_dict``);
+``from_dict(d, model=..., data=...)`` takes them back.
 ``None`` is "not given": the model's recorded value, or the default. ``n_train`` / ``n_test``
 also take ``"all"`` (every sequence/example the source gives; with no ``max_tokens`` the whole
 text source is read) — the command line does not offer that yet. ``cap_pools``: the pool sizes
@@ -42,6 +52,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
+from torch import nn
+
 from ..errors import WidthscopeError, WidthscopeTypeError
 
 __all__ = [
@@ -57,6 +69,11 @@ __all__ = [
 ]
 
 PoolSize = int | Literal["all"]  # a whole number >= 4, or "all"
+# A data field: a path, a dataset name, hf:NAME[:CONFIG][@REVISION], or an object in memory
+# (list[str], datasets.Dataset/DatasetDict, BatchEncoding/Mapping of tensors, DataLoader).
+Source = Any
+OBJECT_FIELDS = ("model", "tokenizer", "data", "train_data", "test_data")  # may hold objects in memory
+IN_MEMORY = "<in memory: "  # how to_dict records an object
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 TASKS = ("causal-lm", "masked-lm", "sequence-classification", "image-classification")
 SEQUENCES = ("concatenate", "per-document", "truncate")
@@ -140,14 +157,14 @@ def _whole(v: Any) -> bool:
 class InputSpec:
     """Everything :func:`widthscope.data.inputs.resolve` needs; see the module docstring."""
 
-    model: str
+    model: str | nn.Module
     revision: str | None = None  # hub ids (and hub cache folders): branch, tag or commit; None = main
     task: str | None = None
     dtype: str = "auto"
-    tokenizer: str | None = None
-    data: str | None = None
-    train_data: str | None = None
-    test_data: str | None = None
+    tokenizer: Any = None  # a path/hub id, "bytes", or a tokenizer object
+    data: Source = None
+    train_data: Source = None
+    test_data: Source = None
     train_split: str | None = None
     test_split: str | None = None
     data_root: str | None = None
@@ -170,7 +187,9 @@ class InputSpec:
         # Each check: a wrong type raises _bad_type (a TypeError too), a bad value _bad.
         for name in _PATHS:
             v = getattr(self, name)
-            if (v is not None or name == "model") and (not isinstance(v, str) or not v):
+            if name in OBJECT_FIELDS and v is not None and not isinstance(v, str):
+                _check_object(name, v)
+            elif (v is not None or name == "model") and (not isinstance(v, str) or not v):
                 fix = (
                     "must be a non-empty string (a path or name)"
                     if name != "model"
@@ -178,10 +197,29 @@ class InputSpec:
                     "(org/name), or 'builtin'"
                 )
                 raise (_bad if isinstance(v, str) else _bad_type)(name, v, fix)
+            elif isinstance(v, str) and v.startswith(IN_MEMORY):
+                raise _bad(
+                    name,
+                    v,
+                    "this spec was recorded from an object in memory: pass the object again, "
+                    f"InputSpec.from_dict(d, {name}=...)",
+                )
+            elif name in ("data", "train_data", "test_data") and isinstance(v, str):
+                from .hf_datasets import is_hf_ref, parse_ref
+
+                if is_hf_ref(v):
+                    parse_ref(v, _flag(name))
         if self.revision is not None:
             if not isinstance(self.revision, str) or not self.revision.strip():
                 raise (_bad if isinstance(self.revision, str) else _bad_type)(
                     "revision", self.revision, "must be a non-empty string (a branch, tag or commit hash)"
+                )
+            if not isinstance(self.model, str):
+                raise _bad(
+                    "revision",
+                    self.revision,
+                    "applies to Hugging Face hub ids (org/name) and hub cache folders; the model object is "
+                    "already loaded: drop it",
                 )
             if self.model == "builtin":
                 raise _bad(
@@ -219,7 +257,9 @@ class InputSpec:
             raise (_bad if number else _bad_type)("test_fraction", f, "must be between 0 and 1 (the held-out fraction)")
         given = self.given
         if given is None:  # every optional field set
-            given = tuple(n for n in OPTIONAL_FIELDS if getattr(self, n) is not None and getattr(self, n) is not False)
+            given = tuple(
+                sorted(n for n in OPTIONAL_FIELDS if getattr(self, n) is not None and getattr(self, n) is not False)
+            )
         elif isinstance(given, (list, tuple)) and all(isinstance(g, str) for g in given):
             given = tuple(sorted(set(given)))
         else:
@@ -239,16 +279,50 @@ class InputSpec:
         """This spec with :data:`INPUT_DEFAULTS` in the fields left unset (``given`` unchanged)."""
         return dataclasses.replace(self, **{k: v for k, v in INPUT_DEFAULTS.items() if getattr(self, k) is None})
 
+    # ------------------------------------------------------------------------- objects
+    def _key(self) -> tuple[Any, ...]:
+        """The fields, objects in memory by identity (a model or tensors have no value equality)."""
+        return tuple(
+            v if isinstance(v, (str, int, float, bool, tuple, type(None))) else ("object", id(v))
+            for v in (getattr(self, f.name) for f in dataclasses.fields(self))
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, InputSpec)
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def objects(self) -> dict[str, Any]:
+        """The fields that hold objects in memory (``{}``: a spec of paths and names only)."""
+        return {n: getattr(self, n) for n in OBJECT_FIELDS if not isinstance(getattr(self, n), (str, type(None)))}
+
     # ------------------------------------------------------------------------- JSON
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able (``dataclasses.asdict``; ``given`` as a list)."""
-        d = dataclasses.asdict(self)
+        """JSON-able (the fields; ``given`` as a list; an object in memory as ``"<in memory: ...>"``)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name in self.objects():
+            from .sources import describe
+
+            d[name] = describe(d[name]) if name in ("data", "train_data", "test_data") else _memory(d[name])
         d["given"] = list(d["given"])
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> InputSpec:
-        """The spec recorded by :meth:`to_dict` (e.g. a certify result's ``settings.input_spec``)."""
+    def from_dict(cls, d: Mapping[str, Any], **objects: Any) -> InputSpec:
+        """The spec recorded by :meth:`to_dict` (e.g. a certify result's ``settings.input_spec``);
+        ``objects`` (``model=``, ``tokenizer=``, ``data=``, ...) put back the objects a spec made
+        in memory recorded as ``"<in memory: ...>"``."""
+        bad = sorted(set(objects) - set(OBJECT_FIELDS))
+        if bad:
+            raise WidthscopeTypeError(
+                f"InputSpec.from_dict({bad[0]}=...): only {', '.join(OBJECT_FIELDS)} take objects in memory"
+            )
+        if isinstance(d, Mapping):
+            d = {**d, **objects}
         if not isinstance(d, Mapping):
             raise WidthscopeError(f"an input spec must be a JSON object (a dict), got {type(d).__name__}")
         fields = {fl.name for fl in dataclasses.fields(cls)}
@@ -262,12 +336,50 @@ class InputSpec:
         return cls(**dict(d))
 
 
-def check_source(flag: str, value: str) -> None:
-    """A data source is a dataset name or an existing path; a binary file given as text is
-    refused here, before any model loads."""
+def _memory(obj: Any) -> str:
+    return f"{IN_MEMORY}{type(obj).__name__}>"
+
+
+def _check_object(name: str, v: Any) -> None:
+    """An object in memory in a field that takes one: the right kind, or one line naming the field
+    and what it accepts."""
+    if name == "model":
+        if not isinstance(v, nn.Module):
+            raise _bad_type(
+                "model",
+                v,
+                "give a checkpoint path, a Hugging Face hub id (org/name), 'builtin', or a model object "
+                "(a torch.nn.Module, e.g. a transformers PreTrainedModel)",
+            )
+        return
+    if name == "tokenizer":
+        if isinstance(v, (bytes, nn.Module)) or not callable(v) or hasattr(v, "__array__"):
+            raise _bad_type(
+                "tokenizer",
+                v,
+                "give a tokenizer directory or hub id, 'bytes', or a Hugging Face tokenizer object "
+                "(transformers.AutoTokenizer.from_pretrained(...))",
+            )
+        return
+    from .sources import check_object
+
+    why = check_object(name, v)
+    if why is not None:
+        raise _bad_type(name, v, why)
+
+
+def check_source(flag: str, value: Any) -> None:
+    """A data source is a dataset name, ``hf:NAME[:CONFIG][@REVISION]`` (opened here: it must be
+    reachable or cached), an existing path or an object in memory (checked when the spec was made);
+    a binary file given as text is refused here, before any model loads."""
     from . import DATASETS
 
-    if value in DATASETS:
+    if not isinstance(value, str) or value in DATASETS:
+        return
+    from .hf_datasets import check_ref, is_hf_ref, parse_ref
+
+    if is_hf_ref(value):
+        check_ref(parse_ref(value, flag), flag)
         return
     if not Path(value).expanduser().exists():
         raise WidthscopeError(

@@ -14,6 +14,8 @@ from ..errors import WidthscopeError
 from .loading import _tok_name, check_ids, mask_tokens
 from .pools import _count, _limit, _refuse_given, pick_pool
 from .published import empty_note
+from .sequences import sequences
+from .sources import choose, default_split_of, describe, documents_of, same_source
 from .spec import InputSpec, PoolSize
 
 
@@ -31,10 +33,10 @@ def _text_fixes(seqs: Any, mode: str, max_tokens: int | None) -> str:
 
 
 # ----------------------------------------------------------------------------- text
-def _text_source(path: str, split: str | None, spec: InputSpec, labels: bool, skipped: list[str]) -> tuple[Any, str]:
-    from .corpus import documents
-
-    if path == "prose":  # Python's own English prose, one document per help topic (and the license)
+def _text_source(
+    src: Any, split: str | None, spec: InputSpec, labels: bool, skipped: list[str], whole: bool
+) -> tuple[Any, str]:
+    if src == "prose":  # Python's own English prose, one document per help topic (and the license)
         import pydoc_data.topics as topics
 
         from .text import prose
@@ -42,17 +44,18 @@ def _text_source(path: str, split: str | None, spec: InputSpec, labels: bool, sk
         docs = [topics.topics[k] for k in sorted(topics.topics)]
         lic = prose()[0].decode("utf-8")[len("\n\n".join(docs)) :].strip()
         return (iter([d]) for d in docs + ([lic] if lic else [])), "English prose shipped with Python"
-    return documents(
-        path,
-        text_field=spec.text_field if spec.is_given("text_field") else None,
+    return documents_of(
+        src,
         split=split,
+        text_field=spec.text_field if spec.is_given("text_field") else None,
         label_field=spec.label_field if labels else None,
         skipped=skipped,
+        whole=whole,
     )
 
 
 def _read_text(
-    path: str,
+    path: Any,
     split: str | None,
     tok: Any,
     spec: InputSpec,
@@ -63,12 +66,10 @@ def _read_text(
     desc: str,
     show: bool,
 ) -> tuple[Any, dict[str, Any]]:
-    from .corpus import sequences
-
     count = None if n == "all" else n
     skipped: list[str] = []
-    docs, source = _text_source(path, split, spec, labels, skipped)
     limit, max_tokens = _limit(spec, count, seq_len)
+    docs, source = _text_source(path, split, spec, labels, skipped, limit is None and max_tokens is None)
     empty = spec.empty_docs or "skip"
     seqs = sequences(
         docs,
@@ -93,6 +94,8 @@ def _read_text(
         "empty_documents": seqs.empty_docs,
         "empty_rule": empty,
     }
+    if split is not None:
+        info["split"] = split
     if skipped:
         info["skipped"] = skipped[:20]
     if seqs.dropped_short:
@@ -114,12 +117,13 @@ def _seq_examples(seqs: Any, idx: torch.Tensor | None, task: str, tok: Any, seed
     return {"input_ids": ids, "attention_mask": mask}, 0
 
 
-def _split_sources(spec: InputSpec) -> tuple[str, str | None, str, str | None, str, Any]:
-    """(train path, train split, test path, test split, how, the SplitChoice of a --data folder with
-    its own splits or None) from --data / --train-data / --test-data. A folder with splits
-    (DatasetDict, split files: :func:`widthscope.data.corpus.choose_splits`) gives each pool its own
-    split, never pooled and re-split; ``--test-fraction`` given explicitly re-splits one split."""
-    from .corpus import choose_splits, default_split, is_dataset_dir
+def _split_sources(spec: InputSpec) -> tuple[Any, str | None, Any, str | None, str, Any]:
+    """(train source, train split, test source, test split, how, the SplitChoice of a --data source
+    with its own splits or None) from --data / --train-data / --test-data. A source with splits
+    (DatasetDict, split files, a Hugging Face dataset: :func:`widthscope.data.sources.choose`) gives
+    each pool its own split, never pooled and re-split; ``--test-fraction`` given explicitly
+    re-splits one split."""
+    from .sniff import is_dataset_dir
 
     if (spec.train_data is None) != (spec.test_data is None):
         raise WidthscopeError(
@@ -136,23 +140,144 @@ def _split_sources(spec: InputSpec) -> tuple[str, str | None, str, str | None, s
         # a source with splits given without --*-split: its train split trains, its validation/test split is held out
         return (
             spec.train_data,
-            spec.train_split or default_split(spec.train_data, "train"),
+            spec.train_split or default_split_of(spec.train_data, "train"),
             spec.test_data,
-            spec.test_split or default_split(spec.test_data, "test"),
+            spec.test_split or default_split_of(spec.test_data, "test"),
             "two sources",
             None,
         )
     assert spec.data is not None  # _resolve sets --data when no --train-data/--test-data are given
-    path = Path(spec.data).expanduser()
-    choice = choose_splits(
-        path, spec.train_split, spec.test_split, spec.test_fraction if spec.is_given("test_fraction") else None
+    choice = choose(
+        spec.data, spec.train_split, spec.test_split, spec.test_fraction if spec.is_given("test_fraction") else None
     )
     if choice is not None:
         return spec.data, choice.train, spec.data, choice.test, choice.how, choice
     if spec.train_split or spec.test_split:
-        if is_dataset_dir(path):
-            raise WidthscopeError(f"{path} holds one dataset without splits: drop --train-split/--test-split")
+        if isinstance(spec.data, str) and is_dataset_dir(Path(spec.data).expanduser()):
+            raise WidthscopeError(f"{spec.data} holds one dataset without splits: drop --train-split/--test-split")
     return spec.data, None, spec.data, None, "one corpus", None
+
+
+def _one_corpus_pools(
+    spec: InputSpec,
+    source: Any,
+    split: str | None,
+    tok: Any,
+    seq_len: int,
+    mode: str,
+    labels: bool,
+    seed: int,
+    show: bool,
+    info: dict[str, Any],
+) -> tuple[Any, Any, torch.Tensor, torch.Tensor]:
+    """One corpus (or one split) read once and cut into both pools by a seeded permutation of its
+    sequences (``--first``: the first part trains, the next is held out): (train and held-out
+    sequences, the rows of each pool)."""
+    tr_path = te_path = source
+    n_tr, n_te = spec.n_train, spec.n_test
+    frac = spec.test_fraction
+    assert frac is not None  # a filled spec (InputSpec.filled) has a test fraction
+    if not 0 < frac < 1:
+        raise WidthscopeError(f"--test-fraction {frac}: must be between 0 and 1")
+    # Enough sequences that both parts can fill their pools.
+    need: int | None
+    if n_tr == "all" or n_te == "all":
+        need = None
+    else:
+        need = max(int((n_tr + 1) / (1 - frac)) + 1, int((n_te + 1) / frac) + 1)
+    seqs, src = _read_text(tr_path, split, tok, spec, seq_len, mode, need, labels, "tokenize", show)
+    info["train"] = info["test"] = src
+    n = int(seqs.ids.shape[0])
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))
+    n_hold = min(max(1, int(round(frac * n))), n - 1) if n > 1 else 0
+    test_ids, train_ids = perm[:n_hold].sort().values, perm[n_hold:].sort().values
+    if spec.first:  # contiguous: the first part of the corpus trains, the next is held out
+        cut = n - n_hold
+        train_ids, test_ids = torch.arange(cut), torch.arange(cut, n)
+    info["rule"] = (
+        f"sequences of one corpus split by a seeded permutation (seed {seed}, held-out fraction {frac})"
+        if not spec.first
+        else f"first {1 - frac:.0%} of the sequences train, the rest held out"
+    )
+    fixes = _text_fixes(seqs, mode, src["max_tokens"])
+    a = train_ids[
+        pick_pool(
+            len(train_ids),
+            n_tr,
+            seed,
+            spec.first,
+            "train sequences",
+            "--n-train",
+            describe(tr_path),
+            spec.cap_pools,
+            fixes,
+        )
+    ]
+    b = test_ids[
+        pick_pool(
+            len(test_ids),
+            n_te,
+            seed + 1,
+            spec.first,
+            "held-out sequences",
+            "--n-test",
+            describe(te_path),
+            spec.cap_pools,
+            fixes,
+        )
+    ]
+    tr_seqs = te_seqs = seqs
+    return tr_seqs, te_seqs, a, b
+
+
+def _two_source_pools(
+    spec: InputSpec,
+    srcs: tuple[Any, str | None, Any, str | None],
+    tok: Any,
+    seq_len: int,
+    mode: str,
+    labels: bool,
+    seed: int,
+    show: bool,
+    info: dict[str, Any],
+) -> tuple[Any, Any, torch.Tensor, torch.Tensor]:
+    """Each pool read from its own source or split: (train and held-out sequences, the rows of each pool)."""
+    tr_path, tr_split, te_path, te_split = srcs
+    n_tr, n_te = spec.n_train, spec.n_test
+    tr_seqs, info["train"] = _read_text(
+        tr_path, tr_split, tok, spec, seq_len, mode, n_tr, labels, "tokenize train", show
+    )
+    te_seqs, info["test"] = _read_text(
+        te_path, te_split, tok, spec, seq_len, mode, n_te, labels, "tokenize held-out", show
+    )
+    if same_source(tr_path, te_path) and tr_split == te_split:
+        raise WidthscopeError(
+            f"--train-data and --test-data are the same source ({describe(tr_path)}): the held-out "
+            "pool must be other text; use --data to split one corpus"
+        )
+    a = pick_pool(
+        int(tr_seqs.ids.shape[0]),
+        n_tr,
+        seed,
+        spec.first,
+        "train sequences",
+        "--n-train",
+        describe(tr_path),
+        spec.cap_pools,
+        _text_fixes(tr_seqs, mode, info["train"]["max_tokens"]),
+    )
+    b = pick_pool(
+        int(te_seqs.ids.shape[0]),
+        n_te,
+        seed + 1,
+        spec.first,
+        "held-out sequences",
+        "--n-test",
+        describe(te_path),
+        spec.cap_pools,
+        _text_fixes(te_seqs, mode, info["test"]["max_tokens"]),
+    )
+    return tr_seqs, te_seqs, a, b
 
 
 def _text_pools(
@@ -160,89 +285,16 @@ def _text_pools(
 ) -> tuple[Any, Any, dict[str, Any], list[str]]:
     labels = task == "sequence-classification"
     tr_path, tr_split, te_path, te_split, how, choice = _split_sources(spec)
-    n_tr, n_te = spec.n_train, spec.n_test
     notes: list[str] = list(choice.notes) if choice is not None else []
     info: dict[str, Any] = {"split": how}
     one = how in ("one corpus", "one split", "re-split on request")  # one corpus cut into both pools
     if one:
-        frac = spec.test_fraction
-        assert frac is not None  # a filled spec (InputSpec.filled) has a test fraction
-        if not 0 < frac < 1:
-            raise WidthscopeError(f"--test-fraction {frac}: must be between 0 and 1")
-        # Enough sequences that both parts can fill their pools.
-        need: int | None
-        if n_tr == "all" or n_te == "all":
-            need = None
-        else:
-            need = max(int((n_tr + 1) / (1 - frac)) + 1, int((n_te + 1) / frac) + 1)
-        seqs, src = _read_text(tr_path, tr_split, tok, spec, seq_len, mode, need, labels, "tokenize", show)
-        info["train"] = info["test"] = src
-        n = int(seqs.ids.shape[0])
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))
-        n_hold = min(max(1, int(round(frac * n))), n - 1) if n > 1 else 0
-        test_ids, train_ids = perm[:n_hold].sort().values, perm[n_hold:].sort().values
-        if spec.first:  # contiguous: the first part of the corpus trains, the next is held out
-            cut = n - n_hold
-            train_ids, test_ids = torch.arange(cut), torch.arange(cut, n)
-        info["rule"] = (
-            f"sequences of one corpus split by a seeded permutation (seed {seed}, held-out fraction {frac})"
-            if not spec.first
-            else f"first {1 - frac:.0%} of the sequences train, the rest held out"
+        tr_seqs, te_seqs, a, b = _one_corpus_pools(
+            spec, tr_path, tr_split, tok, seq_len, mode, labels, seed, show, info
         )
-        fixes = _text_fixes(seqs, mode, src["max_tokens"])
-        a = train_ids[
-            pick_pool(
-                len(train_ids), n_tr, seed, spec.first, "train sequences", "--n-train", tr_path, spec.cap_pools, fixes
-            )
-        ]
-        b = test_ids[
-            pick_pool(
-                len(test_ids),
-                n_te,
-                seed + 1,
-                spec.first,
-                "held-out sequences",
-                "--n-test",
-                te_path,
-                spec.cap_pools,
-                fixes,
-            )
-        ]
-        tr_seqs = te_seqs = seqs
     else:
-        tr_seqs, info["train"] = _read_text(
-            tr_path, tr_split, tok, spec, seq_len, mode, n_tr, labels, "tokenize train", show
-        )
-        te_seqs, info["test"] = _read_text(
-            te_path, te_split, tok, spec, seq_len, mode, n_te, labels, "tokenize held-out", show
-        )
-        if Path(tr_path).resolve() == Path(te_path).resolve() and tr_split == te_split:
-            raise WidthscopeError(
-                f"--train-data and --test-data are the same source ({tr_path}): the held-out "
-                "pool must be other text; use --data to split one corpus"
-            )
-        a = pick_pool(
-            int(tr_seqs.ids.shape[0]),
-            n_tr,
-            seed,
-            spec.first,
-            "train sequences",
-            "--n-train",
-            tr_path,
-            spec.cap_pools,
-            _text_fixes(tr_seqs, mode, info["train"]["max_tokens"]),
-        )
-        b = pick_pool(
-            int(te_seqs.ids.shape[0]),
-            n_te,
-            seed + 1,
-            spec.first,
-            "held-out sequences",
-            "--n-test",
-            te_path,
-            spec.cap_pools,
-            _text_fixes(te_seqs, mode, info["test"]["max_tokens"]),
-        )
+        srcs = (tr_path, tr_split, te_path, te_split)
+        tr_seqs, te_seqs, a, b = _two_source_pools(spec, srcs, tok, seq_len, mode, labels, seed, show, info)
     check_ids(tr_seqs.ids[a], model, "train")
     check_ids(te_seqs.ids[b], model, "held-out")
     if choice is not None:

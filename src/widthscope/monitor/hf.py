@@ -9,6 +9,10 @@ Usage::
     attach(trainer, monitor)          # adds the callback and hands it the trainer
     trainer.train()
 
+or, the monitor built for the trainer's model from its options::
+
+    attach(trainer, train=train_pool, test=test_pool, options=MonitorOptions(points=["model.layers.1"], every=50))
+
 **The Trainer's own logs are left alone.** The monitor's values are *extra* entries of
 ``state.log_history`` — ``{"align/<point>/<column>": ..., "epoch": ..., "step": ...}`` — never keys
 added to, or averaged into, the Trainer's loss entries, and logging them does not touch the
@@ -44,7 +48,10 @@ import logging
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from .core import FSDP_FIX, AlignmentMonitor, check_not_fsdp, lazy_class
+from .core import AlignmentMonitor, monitor_from
+from .options import MonitorOptions
+from .rows import lazy_class
+from .state import FSDP_FIX, check_not_fsdp
 
 __all__ = ["AlignmentCallback", "attach"]
 
@@ -68,10 +75,26 @@ def _make_class() -> type:
     base = _base()
 
     class AlignmentCallback(base):  # type: ignore[misc, valid-type]
-        """Probes ``monitor.step(model, state.global_step)`` after optimizer steps; logs the rows as extra entries."""
+        """Probes ``monitor.step(model, state.global_step)`` after optimizer steps; logs the rows as extra entries.
 
-        def __init__(self, monitor: AlignmentMonitor, trainer: Any = None, prefix: str = "align") -> None:
-            self.monitor, self.trainer, self.prefix = monitor, trainer, prefix
+        Give a ``monitor``, or ``train=``, ``test=`` and ``options=`` (a :class:`MonitorOptions`; its
+        fields also as keyword arguments) to build one on ``model`` (default: ``trainer.model``)."""
+
+        def __init__(
+            self,
+            monitor: AlignmentMonitor | None = None,
+            trainer: Any = None,
+            prefix: str = "align",
+            *,
+            model: Any = None,
+            train: Any = None,
+            test: Any = None,
+            options: MonitorOptions | None = None,
+            **keywords: Any,
+        ) -> None:
+            model = model if model is not None else getattr(trainer, "model", None)
+            self.monitor = monitor_from(monitor, model, train, test, options, keywords, "AlignmentCallback")
+            self.trainer, self.prefix = trainer, prefix
             self._warned = False
 
         def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> Any:
@@ -148,8 +171,20 @@ def _check_trainer(args: Any, trainer: Any, model: Any) -> None:
     check_not_fsdp(model, "the alignment monitor")
 
 
-def attach(trainer: Any, monitor: AlignmentMonitor, prefix: str = "align") -> Any:
-    """Add an :class:`AlignmentCallback` holding ``trainer`` to it; returns the callback."""
-    cb = __getattr__("AlignmentCallback")(monitor, trainer=trainer, prefix=prefix)
+def attach(
+    trainer: Any,
+    monitor: AlignmentMonitor | None = None,
+    prefix: str = "align",
+    *,
+    train: Any = None,
+    test: Any = None,
+    options: MonitorOptions | None = None,
+    **keywords: Any,
+) -> Any:
+    """Add an :class:`AlignmentCallback` holding ``trainer`` to it; returns the callback. Without a
+    ``monitor`` one is built on ``trainer.model`` from ``train``, ``test``, ``options`` and keywords."""
+    cb = __getattr__("AlignmentCallback")(
+        monitor, trainer=trainer, prefix=prefix, train=train, test=test, options=options, **keywords
+    )
     trainer.add_callback(cb)
     return cb

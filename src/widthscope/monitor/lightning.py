@@ -6,6 +6,7 @@ Usage::
     from widthscope.monitor.lightning import AlignmentCallback
     monitor = AlignmentMonitor(lit.net, train_pool, test_pool, points=["2"], every=50)  # the network
     trainer = lightning.Trainer(callbacks=[AlignmentCallback(monitor)], ...)
+    # or built here: AlignmentCallback(model=lit.net, train=..., test=..., options=MonitorOptions(...))
 
 **What is probed.** The module the monitor was built on: the ``LightningModule`` itself when it
 has a ``forward()``, or (no ``forward()`` needed) the network it holds, e.g. ``lit.net``, with
@@ -32,7 +33,10 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any
 
-from .core import FSDP_FIX, AlignmentMonitor, check_not_fsdp, lazy_class
+from .core import AlignmentMonitor, monitor_from
+from .options import MonitorOptions
+from .rows import lazy_class
+from .state import FSDP_FIX, check_not_fsdp
 
 __all__ = ["AlignmentCallback"]
 
@@ -60,11 +64,25 @@ def _base() -> type:
 
 def _make_class() -> type:
     class AlignmentCallback(_base()):  # type: ignore[misc]
-        """Probe after the optimizer steps the monitor's schedule picks; write the rows to the loggers."""
+        """Probe after the optimizer steps the monitor's schedule picks; write the rows to the loggers.
 
-        def __init__(self, monitor: AlignmentMonitor, prefix: str = "align") -> None:
+        Give a ``monitor``, or ``model=`` (the network probed, e.g. ``lit.net``), ``train=``, ``test=``
+        and ``options=`` (a :class:`MonitorOptions`; its fields also as keyword arguments) to build one."""
+
+        def __init__(
+            self,
+            monitor: AlignmentMonitor | None = None,
+            prefix: str = "align",
+            *,
+            model: Any = None,
+            train: Any = None,
+            test: Any = None,
+            options: MonitorOptions | None = None,
+            **keywords: Any,
+        ) -> None:
             super().__init__()
-            self.monitor, self.prefix = monitor, prefix
+            self.monitor = monitor_from(monitor, model, train, test, options, keywords, "AlignmentCallback")
+            self.prefix = prefix
             self._seen: int | None = None  # the last global_step handled (micro-batches repeat it)
 
         def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:

@@ -16,28 +16,32 @@ Flags:
 
 Example::
 
-    >>> from widthscope.linear.activations import audit
+    >>> from widthscope.linearization.activations import audit
     >>> rows = audit(["tanh", "relu"], K=4)
     >>> [r["smooth"] for r in rows]
     [True, False]
 
-Command line (:mod:`widthscope.cli.activations`):
-``widthscope activations --names relu,tanh,mypkg.acts:swish --K 6 --json out.json``.
+Command line (:mod:`widthscope.cli.activations`, settings :class:`ActivationsOptions`, run by
+:func:`run_audit`): ``widthscope activations --names relu,tanh,mypkg.acts:swish --K 6 --json out.json``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
 import warnings
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 
+from .._io import atomic_write_json, check_space, format_table
 from ..errors import WidthscopeError
+from ..options import Options, option
 
-__all__ = ["BUILTIN", "MAX_K", "resolve", "derivatives", "check_grid", "audit"]
+__all__ = ["BUILTIN", "MAX_K", "resolve", "derivatives", "check_grid", "audit", "ActivationsOptions", "run_audit"]
 
+MAX_K = 10  # highest derivative order audited: K=10 takes ~9 s and 0.5 GB for the built-ins, K=16 > 20 GB
 BUILTIN: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": torch.relu,
     "tanh": torch.tanh,
@@ -110,9 +114,6 @@ def derivatives(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, K: 
     return [o.detach() for o in outs]
 
 
-MAX_K = 10  # highest derivative order audited: K=10 takes ~9 s and 0.5 GB for the built-ins, K=16 > 20 GB
-
-
 def _kinks(ders: Sequence[torch.Tensor], h: float) -> list[tuple[int, int]]:
     """(order k, grid index i of the location x[i]) of jumps in φ^{(k)} not explained by φ^{(k+1)}."""
     found = []
@@ -181,4 +182,51 @@ def audit(
             flags.append("ratio grows")
         row["flags"] = "; ".join(flags) or "ok"
         rows.append(row)
+    return rows
+
+
+# ----------------------------------------------------------------------------- the command
+@dataclasses.dataclass(frozen=True)
+class ActivationsOptions(Options):
+    """The settings of an activation audit (``widthscope activations``; :func:`run_audit`)."""
+
+    NARGS: ClassVar[dict[str, tuple[str, ...]]] = {"range": ("LO", "HI")}
+
+    names: tuple[str, ...] = option(
+        tuple(BUILTIN),
+        kind="strs",
+        help=f"comma-separated built-ins (default {','.join(BUILTIN)}) or module:function paths",
+    )
+    K: int = option(
+        6,
+        lo=1,
+        hi=MAX_K,
+        unit="derivative orders; each nests one more autograd pass, order 16 needs over 20 GB",
+        help=f"highest derivative order, 1..{MAX_K} (default 6)",
+    )
+    range: tuple[float, ...] = option((-5.0, 5.0), kind="floats", help="grid interval (default -5 5)")
+    grid: int = option(2001, lo=3, unit="grid points", help="grid points (default 2001)")
+
+    def check(self) -> None:
+        if not self.names:
+            raise WidthscopeError("activations: --names is empty; give e.g. --names relu,tanh")
+        if len(self.range) != 2:
+            raise WidthscopeError(f"--range {' '.join(map(str, self.range))}: give two numbers, LO HI")
+        check_grid(self.K, self.range[0], self.range[1], self.grid)
+
+
+def run_audit(options: ActivationsOptions, *, json_out: str | None = None, file: Any = None) -> list[dict[str, Any]]:
+    """What ``widthscope activations`` does: the audit of ``options``, its table printed, and with
+    ``json_out`` the rows written as JSON with the options that made them (``"options"``)."""
+    lo, hi = options.range
+    if json_out:  # room for the table (about 2 numbers per order and name), before computing it
+        check_space(json_out, 2000 + len(options.names) * (2 * options.K + 10) * 80)
+    rows = audit(list(options.names), K=options.K, lo=lo, hi=hi, grid=options.grid)
+    cols = ["name"] + [f"ratio_{k}" for k in range(1, options.K + 1)] + ["flags"]
+    title = f"max|phi^(k)| / (k+1)! on [{lo}, {hi}], {options.grid} points"
+    print(format_table(rows, cols, floatfmt=".3g", title=title), file=file)
+    if json_out:
+        record = {"K": options.K, "range": [lo, hi], "grid": options.grid, "rows": rows}
+        atomic_write_json(json_out, {**record, "options": {"activations": options.to_dict()}})
+        print(f"wrote {json_out}", file=file)
     return rows

@@ -1,0 +1,218 @@
+r"""Hugging Face datasets by name: ``--data hf:NAME[:CONFIG][@REVISION]``.
+
+The ``hf:`` prefix keeps a dataset reference apart from a local path and from widthscope's own
+dataset names (``mnist``, ``cifar10``, ``text`` are Hub datasets too): ``hf:wikitext:wikitext-2-raw-v1``,
+``hf:Salesforce/wikitext:wikitext-103-raw-v1@main``, ``hf:me/tiny``. ``NAME`` is the Hub's id
+(``name`` or ``org/name``), ``CONFIG`` its configuration (default: the dataset's only or default
+one), ``REVISION`` a branch, tag or commit of the dataset repository. The split of each pool is
+``--train-split`` / ``--test-split`` (default: ``train``, and ``validation``, else ``test``,
+never pooled and re-split), the text column ``--text-field`` (default ``text``).
+
+The data comes through ``datasets``' own machinery in the user's datasets cache
+(``HF_DATASETS_CACHE``, else ``HF_HOME/datasets``): :func:`datasets.load_dataset_builder` (the
+call :func:`datasets.load_dataset` makes), then ``as_streaming_dataset(split)`` where only a prefix
+of a split is needed (a pool of so many sequences) — no whole download — or
+``download_and_prepare()`` + ``as_dataset(split)`` for a whole split (a pool of ``"all"``).
+``HF_DATASETS_OFFLINE=1`` (or ``HF_HUB_OFFLINE=1``) reads the cache only; widthscope never sets
+it. A dataset that is not cached while offline is one line naming it and the command that
+fetches it. Only data files are read (Parquet/JSON/CSV/Arrow); ``datasets`` runs no dataset
+scripts.
+
+Example (a dataset cached as ``load_dataset`` caches it, read offline)::
+
+    >>> parse_ref("hf:Salesforce/wikitext:wikitext-2-raw-v1@main")
+    HFDatasetRef(name='Salesforce/wikitext', config='wikitext-2-raw-v1', revision='main')
+    >>> str(parse_ref("hf:me/tiny"))
+    'hf:me/tiny'
+    >>> parse_ref("hf:me/tiny:")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    widthscope.errors.WidthscopeError: --data 'hf:me/tiny:': ... hf:NAME[:CONFIG][@REVISION] ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+from typing import Any, Iterable, Iterator
+
+from ..errors import WidthscopeError
+
+__all__ = ["PREFIX", "HFDatasetRef", "is_hf_ref", "parse_ref", "split_names", "rows", "record", "check_ref"]
+
+PREFIX = "hf:"
+_REF = re.compile(
+    r"^hf:(?P<name>[A-Za-z0-9][\w.-]*(?:/[A-Za-z0-9][\w.-]*)?)(?::(?P<config>[^:@/\s]+))?(?:@(?P<revision>[^@\s]+))?$"
+)
+SYNTAX = "hf:NAME[:CONFIG][@REVISION] (e.g. hf:Salesforce/wikitext:wikitext-2-raw-v1)"
+
+
+@dataclasses.dataclass(frozen=True)
+class HFDatasetRef:
+    """A Hugging Face dataset by name: ``name`` (``org/name``), ``config`` and ``revision`` (None:
+    the default configuration, ``main``)."""
+
+    name: str
+    config: str | None = None
+    revision: str | None = None
+
+    def __str__(self) -> str:
+        return (
+            PREFIX
+            + self.name
+            + (f":{self.config}" if self.config else "")
+            + (f"@{self.revision}" if self.revision else "")
+        )
+
+    def fetch_command(self) -> str:
+        """The command that puts this dataset into the datasets cache (where there is a network)."""
+        args = [repr(self.name)] + ([repr(self.config)] if self.config else [])
+        rev = f", revision={self.revision!r}" if self.revision else ""
+        return f'python -c "import datasets; datasets.load_dataset({", ".join(args)}{rev})"'
+
+
+def is_hf_ref(value: Any) -> bool:
+    """A string of the form ``hf:...`` (checked by :func:`parse_ref`)."""
+    return isinstance(value, str) and value.startswith(PREFIX)
+
+
+def parse_ref(value: str, flag: str = "--data") -> HFDatasetRef:
+    """``hf:NAME[:CONFIG][@REVISION]`` as a :class:`HFDatasetRef`; one line naming ``flag`` otherwise."""
+    m = _REF.match(value)
+    if m is None:
+        raise WidthscopeError(f"{flag} {value!r}: a Hugging Face dataset is written {SYNTAX}")
+    return HFDatasetRef(m["name"], m["config"], m["revision"])
+
+
+# ----------------------------------------------------------------------------- loading
+@contextlib.contextmanager
+def _quiet() -> Iterator[Any]:
+    """``datasets`` without its progress bars and cache warnings (restored afterwards)."""
+    import datasets
+
+    level = datasets.logging.get_verbosity()
+    bars = datasets.utils.are_progress_bars_disabled()
+    datasets.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
+    try:
+        yield datasets
+    finally:
+        datasets.logging.set_verbosity(level)
+        if not bars:
+            datasets.enable_progress_bars()
+
+
+def _offline() -> bool:
+    import datasets
+
+    return bool(datasets.config.HF_HUB_OFFLINE)
+
+
+def _cache_dir() -> str:
+    import datasets
+
+    return str(datasets.config.HF_DATASETS_CACHE)
+
+
+def _failure(ref: HFDatasetRef, flag: str, exc: Exception) -> WidthscopeError:
+    """One line for a dataset that could not be opened: not cached while offline, no such dataset
+    or configuration, unreachable hub."""
+    text = str(exc).strip()
+    first = (text.splitlines() or [type(exc).__name__])[0][:200]
+    what = f"{flag} {str(ref)!r}: the Hugging Face dataset {ref.name}" + (
+        f" (config {ref.config})" if ref.config else ""
+    )
+    if "Available configs in the cache" in text or "Couldn't find cache for" in text:
+        avail = text.split("Available configs in the cache:")[-1].strip() if "Available" in text else "none"
+        return WidthscopeError(
+            f"{what} is cached, but not that configuration (cached: {avail}): name one as "
+            f"hf:{ref.name}:CONFIG, or fetch it with `{ref.fetch_command()}`"
+        )
+    if _offline():
+        return WidthscopeError(
+            f"{what} is not in the datasets cache {_cache_dir()} (HF_DATASETS_OFFLINE or HF_HUB_OFFLINE is set, "
+            f"so nothing is downloaded): fetch it with `{ref.fetch_command()}` where there is a network, "
+            "or unset HF_DATASETS_OFFLINE and HF_HUB_OFFLINE"
+        )
+    if type(exc).__name__ in ("DatasetNotFoundError", "FileNotFoundError"):
+        return WidthscopeError(
+            f"{what} was not found on the Hub or in the cache ({first}): check the name (org/name), or log in "
+            "(`hf auth login`) for a private or gated dataset"
+        )
+    if "config" in text.lower() and ref.config:
+        return WidthscopeError(f"{what}: no such configuration ({first}); name one of its configurations")
+    return WidthscopeError(f"{what} could not be opened ({type(exc).__name__}: {first})")
+
+
+def _builder(ref: HFDatasetRef, flag: str) -> Any:
+    with _quiet() as datasets:
+        try:
+            return datasets.load_dataset_builder(ref.name, ref.config, revision=ref.revision)
+        except Exception as exc:  # noqa: BLE001 - every failure of the lookup becomes one line
+            raise _failure(ref, flag, exc) from None
+
+
+def split_names(ref: HFDatasetRef, flag: str = "--data") -> list[str]:
+    """The dataset's own splits (``train``, ``validation``, ...), from its info (the cache's, or
+    the Hub's); opening it is the check that it is there, before any model loads."""
+    b = _builder(ref, flag)
+    splits = getattr(b.info, "splits", None)
+    if splits:
+        return [str(s) for s in splits]
+    with _quiet() as datasets:
+        try:
+            return [str(s) for s in datasets.get_dataset_split_names(ref.name, ref.config, revision=ref.revision)]
+        except Exception as exc:  # noqa: BLE001
+            raise _failure(ref, flag, exc) from None
+
+
+check_ref = split_names  # the check a --data source gets before any model loads
+
+
+def rows(ref: HFDatasetRef, split: str, *, whole: bool, flag: str = "--data") -> tuple[Iterable[dict[str, Any]], str]:
+    """The rows of one split (streamed unless ``whole``) and a description with the record."""
+    b = _builder(ref, flag)
+    with _quiet():
+        try:
+            if whole:
+                b.download_and_prepare()
+                ds: Any = b.as_dataset(split=split)
+            else:
+                ds = b.as_streaming_dataset(split=split)
+        except Exception as exc:  # noqa: BLE001
+            raise _failure(ref, flag, exc) from None
+    rec = record(ref, b, split)
+    how = "whole split" if whole else "streamed"
+    desc = f"Hugging Face dataset {ref} split {split!r} ({how}; config {rec['config']}, hash {rec['hash']})"
+    return _guarded(ds, ref, flag), desc
+
+
+def _guarded(ds: Iterable[dict[str, Any]], ref: HFDatasetRef, flag: str) -> Iterator[dict[str, Any]]:
+    try:
+        yield from ds
+    except WidthscopeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - read errors surface while streaming
+        raise _failure(ref, flag, exc) from None
+
+
+def record(ref: HFDatasetRef, builder: Any, split: str | None = None) -> dict[str, Any]:
+    """What a result records of the dataset: name, configuration, the revision asked for, the hash
+    of the copy read (the commit for a Hub dataset; the cache folder's hash offline) and whether it
+    came from the cache only."""
+    rec = {
+        "name": ref.name,
+        "config": getattr(builder.config, "name", ref.config),
+        "revision": ref.revision,
+        "hash": getattr(builder, "hash", None),
+        "offline": _offline(),
+    }
+    if split is not None:
+        rec["split"] = split
+    return rec
+
+
+def describe_record(ref: HFDatasetRef, flag: str = "--data") -> dict[str, Any]:
+    """:func:`record` of the dataset as it opens now (no split)."""
+    return record(ref, _builder(ref, flag))

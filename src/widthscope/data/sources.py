@@ -1,0 +1,252 @@
+"""A text source of the input spec, whatever form it has: a path (:mod:`widthscope.data.corpus`),
+a Hugging Face dataset by name (``hf:NAME[:CONFIG][@REVISION]``, :mod:`widthscope.data.hf_datasets`)
+or an object in memory — a ``list[str]`` of documents, a ``datasets.Dataset`` with a text column,
+a ``datasets.DatasetDict`` — read as documents the same way (one per text / row), with the same
+split rules (:func:`choose`: a source with its own splits gives the train pool its ``train``
+split and the held-out pool its ``validation``, else ``test``, split; never pooled and re-split
+unless ``--test-fraction`` asks for it).
+
+Tokenized objects (a ``BatchEncoding``, a mapping of tensors, a ``DataLoader``, a ``Dataset`` with
+``input_ids``) are pools of examples, not documents: :mod:`widthscope.data.object_pools`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..errors import WidthscopeError
+from . import hf_datasets
+from .splits import SplitChoice, choose_among, choose_splits, default_split
+
+__all__ = [
+    "DATA_OBJECTS",
+    "is_object",
+    "is_text_object",
+    "is_tokenized_object",
+    "describe",
+    "splits_of",
+    "choose",
+    "default_split_of",
+    "documents_of",
+    "same_source",
+    "check_object",
+]
+
+DATA_OBJECTS = (
+    "a list of texts (list[str]: one document each), a datasets.Dataset (a text column, or tokenized "
+    "columns input_ids [attention_mask, labels]), a datasets.DatasetDict (its own splits), a "
+    "BatchEncoding or mapping of tensors, or a DataLoader"
+)
+
+
+def _datasets_types() -> tuple[type, ...]:
+    try:
+        import datasets  # optional dependency
+    except ImportError:  # pragma: no cover
+        return ()
+    return (datasets.Dataset, datasets.DatasetDict)
+
+
+def _is_dataset(obj: Any) -> bool:
+    t = _datasets_types()
+    return bool(t) and isinstance(obj, t[0])
+
+
+def _is_dataset_dict(obj: Any) -> bool:
+    t = _datasets_types()
+    return bool(t) and isinstance(obj, t[1])
+
+
+def _is_texts(obj: Any) -> bool:
+    return isinstance(obj, (list, tuple)) and all(isinstance(t, str) for t in obj)
+
+
+def _is_loader(obj: Any) -> bool:
+    from torch.utils.data import DataLoader
+
+    return isinstance(obj, DataLoader)
+
+
+def is_object(obj: Any) -> bool:
+    """Any value of a data field that is not a string (an object in memory)."""
+    return obj is not None and not isinstance(obj, str)
+
+
+def _tokenized_dataset(ds: Any, text_field: str | None) -> bool:
+    return "input_ids" in (ds.column_names or []) and text_field is None
+
+
+def is_tokenized_object(obj: Any, text_field: str | None = None) -> bool:
+    """A pool of tokenized examples: a mapping of tensors, a ``DataLoader``, a ``Dataset`` (or
+    ``DatasetDict``) with ``input_ids`` and no ``text_field`` given."""
+    if isinstance(obj, Mapping) and not _is_dataset_dict(obj):
+        return True
+    if _is_loader(obj):
+        return True
+    if _is_dataset(obj):
+        return _tokenized_dataset(obj, text_field)
+    if _is_dataset_dict(obj):
+        return any(_tokenized_dataset(ds, text_field) for ds in obj.values())
+    return False
+
+
+def is_text_object(obj: Any, text_field: str | None = None) -> bool:
+    """Documents in memory: a ``list[str]``, a ``Dataset``/``DatasetDict`` with a text column."""
+    if _is_texts(obj):
+        return True
+    return (_is_dataset(obj) or _is_dataset_dict(obj)) and not is_tokenized_object(obj, text_field)
+
+
+def check_object(name: str, obj: Any) -> str | None:
+    """Why ``obj`` cannot be the spec's data field ``name`` (None: it can)."""
+    if _is_texts(obj):
+        return None if len(obj) else "the list of texts is empty"
+    if _is_dataset(obj) or _is_dataset_dict(obj) or _is_loader(obj):
+        return None
+    if isinstance(obj, Mapping):
+        return None if len(obj) else "the mapping is empty: give input_ids (and attention_mask, labels)"
+    if isinstance(obj, (list, tuple)):
+        return "a list must hold texts (str) only"
+    return f"must be a path, a dataset name or {hf_datasets.SYNTAX}, or an object in memory: {DATA_OBJECTS}"
+
+
+def describe(src: Any) -> str:
+    """The source in words (what messages and results name); a string is itself."""
+    if isinstance(src, str):
+        return src
+    if _is_texts(src):
+        return f"<in memory: list of {len(src)} texts>"
+    if _is_dataset_dict(src):
+        return f"<in memory: DatasetDict with splits {', '.join(src)}>"
+    if _is_dataset(src):
+        return f"<in memory: Dataset of {len(src)} rows, columns {', '.join(src.column_names or [])}>"
+    if _is_loader(src):
+        return f"<in memory: DataLoader of {len(src)} batches>"
+    if isinstance(src, Mapping):
+        n = next(iter(src.values())).__len__() if len(src) else 0
+        return f"<in memory: {type(src).__name__} of {n} examples ({', '.join(map(str, src))})>"
+    return f"<in memory: {type(src).__name__}>"
+
+
+# ----------------------------------------------------------------------------- splits
+def splits_of(src: Any, flag: str = "--data") -> list[str] | None:
+    """The source's own split names (None: it has none: one corpus)."""
+    if hf_datasets.is_hf_ref(src):
+        return hf_datasets.split_names(hf_datasets.parse_ref(src, flag), flag)
+    if _is_dataset_dict(src):
+        return [str(s) for s in src]
+    if isinstance(src, str):
+        from .splits import dataset_splits
+
+        return dataset_splits(src)
+    return None
+
+
+def choose(
+    src: Any, train_split: str | None, test_split: str | None, test_fraction: float | None
+) -> SplitChoice | None:
+    """:func:`widthscope.data.splits.choose_splits` for any source."""
+    if isinstance(src, str) and not hf_datasets.is_hf_ref(src):
+        return choose_splits(Path(src).expanduser(), train_split, test_split, test_fraction)
+    names = splits_of(src)
+    if names is None:
+        return None
+    if not names:
+        raise WidthscopeError(f"{describe(src)} has no splits")
+    return choose_among(names, describe(src), None, train_split, test_split, test_fraction)
+
+
+def default_split_of(src: Any, role: str) -> str | None:
+    """:func:`widthscope.data.splits.default_split` for any source (``--train-data`` / ``--test-data``)."""
+    if isinstance(src, str) and not hf_datasets.is_hf_ref(src):
+        return default_split(src, role)
+    names = splits_of(src, "--train-data" if role == "train" else "--test-data")
+    if not names:
+        return None
+    if len(names) == 1:
+        return names[0]  # a named dataset or a DatasetDict always reads a split
+    from .splits import HELD_OUT
+
+    if role == "train":
+        return "train" if "train" in names else None
+    return next((n for n in HELD_OUT if n in names), None)
+
+
+def same_source(a: Any, b: Any) -> bool:
+    """The same file/folder, the same dataset reference or the same object."""
+    if isinstance(a, str) and isinstance(b, str):
+        if hf_datasets.is_hf_ref(a) or hf_datasets.is_hf_ref(b):
+            return a == b
+        return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+    return a is b
+
+
+# ----------------------------------------------------------------------------- documents
+def _row_docs(rows: Any, field: str, label_field: str | None, where: str) -> Iterator[Any]:
+    """Rows (dicts) as documents: the ``field`` text (with its label when asked)."""
+    from .corpus import _column
+
+    for i, row in enumerate(rows):
+        text = _column(row, field, where, i)
+        if label_field is None:
+            yield iter([text])
+            continue
+        if label_field not in row:
+            raise WidthscopeError(
+                f"{where} has no label column {label_field!r} (it has: {', '.join(map(str, row))}); "
+                "pass --label-field NAME"
+            )
+        yield iter([text]), row[label_field]
+
+
+def documents_of(
+    src: Any,
+    *,
+    split: str | None,
+    text_field: str | None,
+    label_field: str | None,
+    skipped: list[str],
+    whole: bool,
+) -> tuple[Iterator[Any], str]:
+    """Documents of any text source, and a description (see :func:`widthscope.data.corpus.documents`).
+    ``whole``: the whole source is read (a Hugging Face split is then prepared in the cache, not
+    streamed)."""
+    field = text_field or "text"
+    if hf_datasets.is_hf_ref(src):
+        ref = hf_datasets.parse_ref(src)
+        if split is None:
+            raise WidthscopeError(f"{src}: name its split with --train-split/--test-split")
+        rows, desc = hf_datasets.rows(ref, split, whole=whole)
+        return _row_docs(rows, field, label_field, f"{src} split {split!r}"), f"{desc}, field {field!r}"
+    if isinstance(src, str):
+        from .corpus import documents
+
+        return documents(src, text_field=text_field, split=split, label_field=label_field, skipped=skipped)
+    if _is_texts(src):
+        if text_field is not None or label_field is not None:
+            raise WidthscopeError(
+                "--text-field/--label-field apply to tables and datasets; a list of texts is plain text: "
+                "give a datasets.Dataset with text and label columns"
+            )
+        if split is not None:
+            raise WidthscopeError("--train-split/--test-split apply to datasets with splits, not to a list of texts")
+        return (iter([t]) for t in src), f"{len(src)} texts in memory"
+    if _is_dataset_dict(src):
+        if split is None or split not in src:
+            raise WidthscopeError(f"{describe(src)}: no split {split!r}: choose one with --train-split/--test-split")
+        ds, where = src[split], f"DatasetDict split {split!r}"
+    elif _is_dataset(src):
+        if split is not None:
+            raise WidthscopeError(f"{describe(src)} has no splits: drop --train-split/--test-split")
+        ds, where = src, "Dataset"
+    else:  # pragma: no cover - the spec refuses other types when made
+        raise WidthscopeError(f"{describe(src)}: not a text source")
+    cols = list(ds.column_names or [])
+    if field not in cols:
+        raise WidthscopeError(
+            f"{where} in memory has no column {field!r} (columns: {', '.join(cols)}): pass text_field=NAME"
+        )
+    return _row_docs(iter(ds), field, label_field, f"{where} in memory"), (
+        f"{where} in memory ({len(ds)} rows), field {field!r}"
+    )

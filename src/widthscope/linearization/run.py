@@ -1,0 +1,229 @@
+"""Linearization width sweep: ``widthscope linearize CONFIG.toml [--out DIR] [--shard k/n]`` (:func:`run_file`,
+:func:`run_linearize`).
+
+For every cell ``width × seed × α`` it builds the MLP (``torch.manual_seed(seed)`` before
+``widthscope.models.build``), trains it and its linear model side by side with learning rate
+``η = η₀·n^α`` (batch order also drawn from ``seed``), and records tidy rows
+``kind="linearization"`` (one per logged step). In the cell with the first listed ``α`` it also
+measures the derivative correlations at ``η = η₀`` (rows ``kind="correlation"``). Cells run
+through :func:`widthscope.sweep.grid.run_grid`: resumable (finished cells are skipped) and
+shardable (``--shard k/n``). When the grid is complete, log-log slopes over width
+(:func:`widthscope.linearization.summary.summarize`) are printed next to the reference slopes and
+written to ``slopes.json``.
+
+The config: :mod:`widthscope.linearization.config`; the slopes: :mod:`widthscope.linearization.summary`.
+The settings of a run are a :class:`LinearizeOptions` (the sweep config and the shard);
+``slopes.json`` records them (``"options"``), and ``widthscope linearize --config slopes.json``
+(or the ``linearize_config.json`` every run writes) repeats the sweep.
+
+Python entry (used by ``widthscope demo``)::
+
+    >>> from widthscope.linearization.run import run_sweep
+    >>> from widthscope.linearization.config import DEMO_CONFIG
+    >>> result = run_sweep(DEMO_CONFIG, "runs/linearize-demo")          # doctest: +SKIP
+    >>> result["slopes"][0]["slope"]                                    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from .._io import atomic_write_json, to_jsonable
+from ..errors import WidthscopeError
+from ..linear.correlation import correlation_summary, parse_correlation_name
+from ..linear.trainer import train_side_by_side
+from ..options import Options, option
+from ..sweep.grid import cell_id, finish_after_ranks, lock_out_dir, parse_shard, run_grid, shard_for_run
+from .config import load_toml, make_cells, validate_config
+from .summary import print_slopes, summarize
+
+__all__ = ["LinearizeOptions", "run_cell", "run_sweep", "run_linearize", "run_file"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearizeOptions(Options):
+    """The settings of a linearization sweep (``widthscope linearize``; :func:`run_linearize`).
+
+    ``sweep``: the sweep config, the TOML's tables as a dict (:func:`~widthscope.linearization.config.validate_config`
+    fills the defaults and checks it when the options are made); ``shard``: ``"k/n"`` (default:
+    one shard per ``torchrun`` rank, else the whole grid)."""
+
+    shard: str | None = option(
+        None, kind="str", metavar="k/n", help="run shard k of n (k/n); cells are split round-robin"
+    )
+    sweep: Mapping[str, Any] | None = option(
+        None,
+        kind="table",  # a nested table: checked by validate_config, not field by field
+        cli=False,
+        help="the sweep config: the TOML's tables (see configs/linearize-demo.toml)",
+    )
+
+    def check(self) -> None:
+        if self.shard is not None:
+            parse_shard(self.shard)
+        if self.sweep is not None:
+            if not isinstance(self.sweep, Mapping):
+                raise WidthscopeError(
+                    f"linearize: the sweep config must be a table of settings (as the TOML file's), "
+                    f"not {type(self.sweep).__name__}"
+                )
+            object.__setattr__(self, "sweep", copy.deepcopy(dict(self.sweep)))  # the caller's dict stays theirs
+            validate_config(self.sweep)
+
+
+_DATA_CACHE: dict[str, Any] = {}
+
+
+def _data(cfg: Mapping[str, Any]):
+    from ..data import load
+
+    d = cfg["data"]
+    key = json.dumps(to_jsonable(d), sort_keys=True) + cfg["train"]["dtype"] + cfg["train"]["loss"]
+    if key not in _DATA_CACHE:
+        opts = {**d["options"], **({"root": d["root"]} if d["root"] else {})}
+        split = load(d["name"], n_train=d["n_train"], n_test=d["n_test"], seed=d["seed"], **opts)
+        if split.task != "classification":
+            raise WidthscopeError(f"linearize: dataset {d['name']!r} is not a classification dataset")
+        dtype = getattr(torch, cfg["train"]["dtype"])
+        k = split.num_classes
+
+        def prep(pair):
+            X, y = pair
+            X = X.reshape(X.shape[0], -1).to(dtype)
+            Y = torch.nn.functional.one_hot(y.long(), k).to(dtype) if cfg["train"]["loss"] == "mse" else y.long()
+            return X, Y
+
+        from ..data import describe
+
+        _DATA_CACHE[key] = (prep(split.train), prep(split.test), k, describe(split))
+    return _DATA_CACHE[key]
+
+
+def run_cell(cfg: Mapping[str, Any], cell: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Train one ``(width, seed, α)`` cell; rows for every logged step (+ correlation rows)."""
+    from ..models import build
+
+    (X, Y), (Xt, Yt), k, words = _data(cfg)
+    m, tr = cfg["model"], cfg["train"]
+    width, seed, alpha = cell["width"], cell["seed"], cell["alpha"]
+    torch.manual_seed(seed)
+    model = build(
+        "mlp",
+        width,
+        in_dim=X.shape[1],
+        out_dim=k,
+        depth=m["depth"],
+        activation=m["activation"],
+        parametrization=m["parametrization"],
+        sigma_w=m["sigma_w"],
+    ).to(getattr(torch, tr["dtype"]))
+    lr = tr["eta0"] * width**alpha
+    rows = train_side_by_side(
+        model,
+        (X, Y),
+        steps=tr["steps"],
+        lr=lr,
+        optimizer=tr["optimizer"],
+        batch_size=tr["batch_size"] or None,
+        loss=tr["loss"],
+        test=(Xt, Yt),
+        probe=Xt[: tr["probe"]],
+        log_steps=tr["log_steps"],
+        seed=seed,
+        on_nonfinite="stop",
+        linear=tr["linear"],
+        kernel_prediction=tr["kernel_prediction"] and tr["loss"] == "mse",
+    )
+    for r in rows:
+        r["lr"] = lr
+        r["data_description"] = words
+    if cell.get("correlations"):
+        c = cfg["correlations"]
+        for name in c["measure"]:
+            D, d = parse_correlation_name(name)
+            s = correlation_summary(
+                model, X, D=D, d=d, n_tuples=c["n_tuples"], eta=tr["eta0"], output=c["output"], seed=seed
+            )
+            rows.append(
+                {
+                    "kind": "correlation",
+                    "name": f"C{D}{d}",
+                    "data_description": words,
+                    **{k2: v for k2, v in s.items() if k2 != "values"},
+                }
+            )
+    return rows
+
+
+def run_sweep(
+    config: Mapping[str, Any], out_dir: str | Path, shard: tuple[int, int] = (1, 1), *, quiet: bool = False
+) -> dict[str, Any]:
+    """Run (or resume) the sweep in ``out_dir``; returns ``{"rows", "slopes", "complete", "out_dir"}``.
+
+    ``slopes`` is empty until every cell of the grid is finished (all shards).
+    """
+    cfg = validate_config(config)
+    out_dir = Path(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WidthscopeError(
+            f"linearize: cannot create the results directory {str(out_dir)!r} "
+            f"({exc.strerror or exc}); choose another --out"
+        ) from None
+    cells = make_cells(cfg)
+    with lock_out_dir(out_dir, shard, "linearize run"):
+        atomic_write_json(out_dir / "linearize_config.json", cfg)
+        res = run_grid(
+            cells, lambda cell, _dir: run_cell(cfg, cell), out_dir, shard=shard, desc=f"linearize {cfg['name']}"
+        )
+    rows = res.rows
+    done = {r.get("cell_id") for r in rows}
+    complete = all(cell_id(c) in done for c in cells)
+    slopes: list[dict[str, Any]] = []
+    if complete:
+        slopes = summarize([r for r in rows if r.get("config") == cells[0]["config"]], cfg)
+        # the options of the whole grid (no shard): what made these slopes; --config repeats them
+        recorded = {"linearize": LinearizeOptions(sweep=cfg).to_dict()}
+        atomic_write_json(out_dir / "slopes.json", {"config": cfg, "slopes": slopes, "options": recorded})
+        if not quiet:
+            print_slopes(slopes)
+            print(f"wrote {out_dir / 'results.jsonl'} and {out_dir / 'slopes.json'}")
+    elif not quiet:
+        print(
+            f"{len(done)}/{len(cells)} cells finished in {out_dir}; slopes are fitted when all "
+            "shards are done (rerun any shard to finish)."
+        )
+    return {"rows": rows, "slopes": slopes, "complete": complete, "out_dir": out_dir}
+
+
+def run_linearize(options: LinearizeOptions, *, out: str | Path | None = None) -> dict[str, Any]:
+    """What ``widthscope linearize`` does: the sweep of ``options`` in ``out`` (default
+    ``runs/<config name>``), this process's shard (``options.shard``; default: one shard per
+    ``torchrun`` rank, else the whole grid). Under ``torchrun``, rank 0 fits the slopes once every
+    rank's cells are in. Returns :func:`run_sweep`'s result for this process's shard."""
+    sweep = options.sweep
+    if sweep is None:
+        raise WidthscopeError(
+            "linearize: no sweep config: give a TOML config (see configs/linearize-demo.toml) or "
+            "--config with the slopes.json or linearize_config.json of an earlier run"
+        )
+    which = shard_for_run(options.shard)  # under torchrun: one shard per rank
+    out_dir = out or str(Path("runs") / str(sweep.get("name", "linearize")))
+    res = run_sweep(sweep, out_dir, which)
+    finish_after_ranks(options.shard, lambda: run_sweep(sweep, out_dir, (1, 1)))
+    return res
+
+
+def run_file(config_path: str, *, out: str | None = None, shard: str | None = None) -> dict[str, Any]:
+    """:func:`run_linearize` of a TOML config file; ``out`` defaults to ``runs/<config name>``
+    (the file's stem when the config names none)."""
+    config = load_toml(config_path)
+    out_dir = out or str(Path("runs") / str(config.get("name", Path(config_path).stem)))
+    return run_linearize(LinearizeOptions(sweep=config, shard=shard), out=out_dir)

@@ -1,0 +1,125 @@
+"""What a probe could disturb, and the models a probe refuses: the monitor's restore guarantee.
+
+:class:`TrainingState` captures everything a probe could change (RNG states, module modes,
+``requires_grad`` and ``.grad`` of every parameter) and puts it back exactly; :func:`snapshot` copies
+parameters and buffers for the construction-time check that a probe changes none; :func:`check_not_fsdp`
+refuses FSDP-sharded models (the probe needs whole parameters)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from ..errors import WidthscopeError
+
+__all__ = ["TrainingState", "snapshot", "check_not_fsdp", "FSDP_FIX", "unwrap", "device_of"]
+
+
+class TrainingState:
+    """Everything a probe could disturb, captured once and put back exactly by :meth:`restore`.
+
+    RNG states (torch CPU, every CUDA device when CUDA is initialised, python ``random``, numpy),
+    the ``training`` flag of every module, and per parameter its ``requires_grad`` flag and its
+    ``.grad`` (the tensor object and a copy of its values).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.torch_rng = torch.get_rng_state()
+        self.cuda_rng = (
+            torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        )
+        self.py_rng = random.getstate()
+        self.np_rng = np.random.get_state()
+        self.modes = [(m, m.training) for m in model.modules()]
+        self.params = [
+            (p, p.requires_grad, p.grad, None if p.grad is None else p.grad.detach().clone())
+            for p in model.parameters()
+        ]
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.torch_rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+        random.setstate(self.py_rng)
+        np.random.set_state(self.np_rng)
+        for m, mode in self.modes:
+            m.training = mode
+        with torch.no_grad():
+            for p, flag, grad, values in self.params:
+                p.requires_grad_(flag)
+                p.grad = grad
+                if grad is not None and values is not None and not torch.equal(grad, values):
+                    grad.copy_(values)
+
+
+def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of every parameter and buffer, keyed ``"parameter <name>"`` / ``"buffer <name>"``."""
+    out = {f"parameter {n}": p.detach().clone() for n, p in model.named_parameters()}
+    out.update({f"buffer {n}": b.detach().clone() for n, b in model.named_buffers()})
+    return out
+
+
+def put_back(model: nn.Module, before: dict[str, torch.Tensor]) -> list[str]:
+    """Copy back every parameter / buffer that differs from its :func:`snapshot`; the names changed."""
+    now = snapshot(model)
+    changed = [k for k in before if not torch.equal(before[k], now[k])]
+    with torch.no_grad():
+        for k in changed:
+            kind, name = k.split(" ", 1)
+            (model.get_parameter(name) if kind == "parameter" else model.get_buffer(name)).copy_(before[k])
+    return changed
+
+
+def _fsdp_classes() -> tuple[type, ...]:
+    try:
+        import torch.distributed.fsdp as fsdp
+    except ImportError:  # a torch build without distributed: nothing can be sharded
+        return ()
+    return tuple(
+        c
+        for c in (getattr(fsdp, "FullyShardedDataParallel", None), getattr(fsdp, "FSDPModule", None))
+        if isinstance(c, type)
+    )
+
+
+FSDP_FIX = (
+    "probe it unsharded: monitor a DDP (or single-process) run, or save a full state dict at the steps "
+    "you want and run widthscope certify on those checkpoints"
+)
+
+
+def check_not_fsdp(model: Any, where: str = "the monitor") -> None:
+    """Refuse (one line) a model with any FSDP-sharded module: FSDP1 ``FullyShardedDataParallel``
+    or FSDP2 ``fully_shard`` (the ``FSDPModule`` mixin)."""
+    classes = _fsdp_classes()
+    if not classes or not isinstance(model, nn.Module):
+        return
+    for name, m in model.named_modules():
+        if isinstance(m, classes):
+            kind = (
+                "fully_shard (FSDP2)"
+                if type(m).__name__ != "FullyShardedDataParallel"
+                else "FullyShardedDataParallel (FSDP1)"
+            )
+            raise WidthscopeError(
+                f"{where} cannot probe an FSDP-sharded model ({name or 'the model'} is wrapped by "
+                f"{kind}: its parameters are split across ranks); {FSDP_FIX}"
+            )
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside DistributedDataParallel / DataParallel (the probe needs no wrapper)."""
+    if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        return model.module
+    return model
+
+
+def device_of(model: nn.Module) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except StopIteration:
+        return torch.device("cpu")
