@@ -273,3 +273,65 @@ def test_shipped_configs_and_docs_example_validate():
     block = re.search(r"## Config reference \(TOML\)\n\n```toml\n(.*?)```", doc.read_text(), re.S).group(1)
     cfg = load_config(tomllib.loads(block))
     assert cfg.MK == [(16, 16), (32, 32), (64, 64)] and len(plan_cells(cfg)) == 2 * 4 * 2
+
+
+# ----------------------------------------------------------------------------- certify options (issue 30)
+def test_family_certify_table_loads_into_certify_options(tmp_path):
+    from widthscope.options import CertifyOptions
+
+    cfg = load_config(_write(tmp_path, TINY))
+    fam = cfg.families[0]
+    assert isinstance(fam.certify, CertifyOptions) and isinstance(cfg.certify, CertifyOptions)
+    # [sweep]'s statistics keys are the options of every family that does not set its own
+    assert fam.certify.pairs == cfg.MK == [(8, 8), (16, 16)] and fam.certify.draws == cfg.draws == 300
+    # the fingerprint of a config written before the options existed is unchanged (old results folders resume);
+    # the value was computed by the code before this change
+    assert cfg.fingerprint() == "8826af157b59"
+    over = TINY.replace("batch_size = 16 }", 'batch_size = 16, draws = 40, estimator = "plugin", M = [4], n_etas = 2 }')
+    other = load_config(_write(tmp_path, over, "o.toml"))
+    oc = other.families[0].certify
+    assert (oc.draws, oc.estimator, oc.pairs, oc.n_etas) == (40, "plugin", [(4, 4)], 2)
+    assert other.certify == cfg.certify and other.fingerprint() != cfg.fingerprint()
+    recorded = other.options_record()["families"]["mlp"]
+    assert CertifyOptions.from_dict(recorded) == oc
+
+
+BAD_CERTIFY = [
+    ("draws = 0", "sweep config family 'mlp': certify.draws 0: must be a whole number in 1..1000000 (resamples)"),
+    ('estimator = "fancy"', "certify.estimator 'fancy': choose one of unbiased, plugin"),
+    ('draw_scheme = "mine"', "certify.draw_scheme 'mine': choose one of shared, per-pair"),
+    ("M = [8, 16], K = [8, 16, 32]", "K has 3 values but M has 2"),
+    ('pool = "token"', "certify.pool 'token': a sweep cell pools each example to one sample vector"),
+    ("project = 8", "certify.project: a sweep cell keeps its probe samples whole"),
+    ("drawz = 3", "unknown key(s) 'drawz' (did you mean 'draws'?)"),
+    ("M = [8, 64]", "(M, K) = (64, 64) needs at least 64 train"),
+]
+
+
+@pytest.mark.parametrize("keys,message", BAD_CERTIFY)
+def test_family_certify_options_are_checked_by_the_dataclass(tmp_path, keys, message):
+    text = TINY.replace("batch_size = 16 }", f"batch_size = 16, {keys} }}")
+    with pytest.raises(WidthscopeError) as exc:
+        load_config(_write(tmp_path, text))
+    assert message in str(exc.value)
+
+
+def test_cells_compute_with_their_family_options_and_record_them_once(tmp_path):
+    from widthscope.options import CertifyOptions
+
+    text = (TINY.replace("seeds = [0, 1]", "seeds = [3]").replace("widths = [8, 16, 32]", "widths = [8]")
+            .replace("steps = 120", "steps = 10")
+            .replace("batch_size = 16 }", 'batch_size = 16, draws = 40, estimator = "plugin", M = [4], K = [6], '
+                     'n_etas = 2, max_rel_step = 0.5, seed = 5 }'))
+    res = run_sweep(load_config(_write(tmp_path, text)), tmp_path / "o", show_progress=False)
+    al = [r for r in res.rows if r["kind"] == "alignment"]
+    ivs = [r for r in res.rows if r["kind"] == "intervention"]
+    assert {(r["M"], r["K"], r["estimator"], r["misalignment_draws"]) for r in al} == {(4, 6, "plugin", 40)}
+    assert len(ivs) == N_POINTS * 2  # n_etas = 2 per point
+    (cell_file,) = (tmp_path / "o" / "cells").glob("*.json")
+    rec = json.loads(cell_file.read_text())
+    opts = CertifyOptions.from_dict(rec["options"])
+    assert opts.seed == 3 + 5 and opts.draws == 40 and opts.pairs == [(4, 6)]  # the cell's seed + certify.seed
+    assert all("options" not in r for r in rec["rows"])  # once per cell, not per row
+    sweep_json = json.loads((tmp_path / "o" / "sweep.json").read_text())
+    assert CertifyOptions.from_dict(sweep_json["options"]["families"]["mlp"]).draws == 40

@@ -50,6 +50,7 @@ _EXPORTS = {
     "CertifyOptions": "widthscope.options",
     "InterventionOptions": "widthscope.options",
     "GrowOptions": "widthscope.grow.options",
+    "ReportOptions": "widthscope.report.options",
     "CertifyResult": "widthscope.certify.result",
     "PointCertificate": "widthscope.certify.result",
 }

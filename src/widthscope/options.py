@@ -51,6 +51,7 @@ __all__ = [
     "INTERVENTIONS",
     "DRAW_SCHEMES",
     "PROTOCOLS",
+    "apply_keywords",
 ]
 
 T = TypeVar("T", bound="Options")
@@ -103,6 +104,18 @@ def option(
         "above": above,
     }
     return dataclasses.field(default=default, metadata=meta)
+
+
+def apply_keywords(fn: str, base: T, keywords: Mapping[str, Any]) -> T:
+    """``base`` with the keyword conveniences of the Python function ``fn`` applied one by one, each
+    validated by the dataclass; a bad value is one error naming the keyword
+    (``grow(steps=...): --steps 0: must be ...``). Unknown keywords are the caller's to refuse."""
+    for key, value in keywords.items():
+        try:
+            base = dataclasses.replace(base, **{key: value})
+        except WidthscopeError as exc:
+            raise type(exc)(f"{fn}({key}=...): {exc}") from None
+    return base
 
 
 def _fmt(v: Any) -> str:

@@ -21,7 +21,10 @@ from ..errors import WidthscopeError
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "certify": ("widthscope.cli.certify", "alignment certificates at insertion points of a trained model"),
-    "sweep": ("widthscope.cli.sweep", "width sweep from a TOML config: train, certify, record (resumable)"),
+    "sweep": (
+        "widthscope.cli.sweep",
+        "width sweep from a TOML config, or a [suite] of checkpoints × revisions: certify, record (resumable)",
+    ),
     "report": ("widthscope.cli.report", "plots and an HTML report from a results directory"),
     "demo": ("widthscope.cli.demo", "small end-to-end width sweep on built-in data, then the report"),
     "stats": ("widthscope.cli.stats", "certificates, misalignment and tables from saved samples, without a model"),

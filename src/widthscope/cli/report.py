@@ -1,8 +1,10 @@
-"""``widthscope report RESULTS_DIR [RESULTS_DIR ...] [--out DIR] [--open] [--strict]``: the command
-line of :func:`widthscope.report.report`.
+"""``widthscope report RESULTS_DIR [RESULTS_DIR ...] [--out DIR] [--open] [--strict] [--config FILE]``:
+the command line of :func:`widthscope.report.report`.
 
-A thin adapter: the options go to :func:`~widthscope.report.report` as arguments; ``run`` prints
-the page's path and, with ``--open``, opens it in a browser.
+A thin adapter: the options are generated from :class:`~widthscope.report.options.ReportOptions`
+(:func:`widthscope.cli.args.add_options`); ``--config FILE`` starts from the options a report
+recorded (``OUT/report.json``), the flags given override them. ``run`` prints the page's path and,
+with ``--open``, opens it in a browser.
 """
 
 from __future__ import annotations
@@ -10,7 +12,10 @@ from __future__ import annotations
 import argparse
 import webbrowser
 
+from ..errors import WidthscopeError
 from ..report import report
+from ..report.options import ReportOptions
+from .args import add_options, load_config, options_from_args
 
 __all__ = ["add_arguments", "run"]
 
@@ -23,24 +28,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the .json files of several `widthscope certify` runs (a width series)",
     )
     parser.add_argument(
-        "--out",
+        "--config",
         default=None,
-        help="output folder (default: FIRST_RESULTS_DIR/report; for a certify .json first: its folder/report)",
+        metavar="REPORT_JSON",
+        help="start from the options a report recorded (its report.json); options given here override them",
     )
-    parser.add_argument("--title", default=None, help="page title")
-    parser.add_argument("--open", action="store_true", help="open the page in a browser afterwards")
-    parser.add_argument(
-        "--strict",
-        action="store_true",
-        help="refuse damaged input (a torn or non-JSON line, "
-        "a damaged cell file) with one error line, exit 2, instead of skipping it with a note",
-    )
+    add_options(parser, ReportOptions)
+
+
+def _base(path: str | None) -> ReportOptions:
+    """The options every flag not given takes: ``--config``'s recorded ones, else the defaults."""
+    if path is None:
+        return ReportOptions()
+    try:
+        return ReportOptions.from_dict(load_config(path))
+    except TypeError:  # a value of the wrong type: the dataclass named it; anything else is not ours
+        raise
+    except WidthscopeError as exc:
+        raise WidthscopeError(f"--config {path!r}: {exc} (pass the report.json a report wrote)") from None
 
 
 def run(args: argparse.Namespace) -> int:
-    page = report(args.results, args.out, title=args.title, strict=args.strict)
+    opts = options_from_args(ReportOptions, args, _base(args.config))
+    page = report(args.results, options=opts)
     print(f"report: {page}")
     print(f"figures: {page.parent}/*.png")
-    if args.open:
+    for extra in ("width-series.html", "over-training.html"):
+        if (page.parent / extra).is_file():
+            print(f"{extra.split('.')[0]}: {page.parent / extra}")
+    if opts.open:
         webbrowser.open(page.resolve().as_uri())
     return 0

@@ -1,11 +1,14 @@
 """``widthscope sweep CONFIG.toml [--out DIR] [--shard k/n] [--dry-run]``: the command line of
 :func:`widthscope.sweep.run.run_sweep_file`.
 
-Runs (or resumes) an alignment width sweep; see :mod:`widthscope.sweep.alignment` and
-docs/sweeps.md. A thin adapter: the options go to the sweep as keyword arguments. Example::
+Runs (or resumes) an alignment width sweep (:mod:`widthscope.sweep.alignment`), or, for a config
+with a ``[suite]`` table, certifies a suite of existing checkpoints at their revisions
+(:mod:`widthscope.sweep.suite`); see docs/sweeps.md. A thin adapter: the options go to the sweep as
+keyword arguments. Example::
 
     widthscope sweep configs/demo-mlp.toml --out /tmp/mlp-sweep
     widthscope sweep configs/demo-mlp.toml --out /tmp/mlp-sweep --shard 2/4   # a quarter of the grid
+    widthscope sweep configs/pythia-suite.toml --out /tmp/pythia --dry-run    # cells, commits, cost estimate
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", help="TOML sweep config (see docs/sweeps.md and configs/)")
+    parser.add_argument(
+        "config", help="TOML sweep config: [sweep] + [[family]], or a [suite] of checkpoints (docs/sweeps.md, configs/)"
+    )
     parser.add_argument("--out", default=None, help="results directory (default: [sweep].out_dir)")
     parser.add_argument(
         "--shard",

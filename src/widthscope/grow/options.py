@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from ..errors import WidthscopeError, WidthscopeTypeError
-from ..options import MAX_POOL, Options, option
+from ..options import MAX_POOL, Options, apply_keywords, option
 from ..probe.growth import CRITERIA
 from ..validate import RANGES
 
@@ -169,12 +169,7 @@ def with_keywords(fn: str, options: T | None, cls: type[T], keywords: Mapping[st
             raise WidthscopeTypeError(
                 f"{fn}({key}=...): unknown setting {key!r}; {hint}the settings are {', '.join(names)}"
             )
-    for key, value in keywords.items():
-        try:
-            base = dataclasses.replace(base, **{key: value})
-        except WidthscopeError as exc:
-            raise type(exc)(f"{fn}({key}=...): {exc}") from None
-    return base
+    return apply_keywords(fn, base, keywords)
 
 
 # the grow-target suite's names (grow.target / grow.schedule list them; repeated here so the options
@@ -212,8 +207,16 @@ class GrowTargetOptions(Options):
     schedules: tuple[str, ...] | None = option(
         None, kind="strs", help=f"comma-separated schedules (default the suite's; all: {','.join(TARGET_SCHEDULES)})"
     )
+    suite_file: str | None = option(
+        None,
+        kind="str",
+        metavar="TOML",
+        help="run the suites of this file instead (e.g. configs/grow-target-paper.toml: widths 512-3072 on a GPU)",
+    )
 
     def check(self) -> None:
+        if self.quick and self.suite_file is not None:
+            raise WidthscopeError("--quick and --suite-file: choose one (the quick suite, or the suites of the file)")
         for name, known in (("operators", TARGET_OPERATORS), ("schedules", TARGET_SCHEDULES)):
             value = getattr(self, name)
             if value is None:

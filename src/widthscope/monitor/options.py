@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import WidthscopeError, WidthscopeTypeError
-from ..options import CertifyOptions, Estimator, Options, option
+from ..options import CertifyOptions, Estimator, Options, apply_keywords, option
 
 __all__ = ["MonitorOptions", "DEFAULT_BUDGET", "RUNTIME_KEYWORDS", "monitor_options"]
 
@@ -205,4 +205,4 @@ def monitor_options(options: MonitorOptions | None, keywords: Mapping[str, Any],
             f"also {', '.join(RUNTIME_KEYWORDS)})"
         )
     base = options if options is not None else MonitorOptions()
-    return base.replace(**keywords) if keywords else base
+    return apply_keywords(fn, base, keywords)

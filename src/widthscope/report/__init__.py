@@ -11,7 +11,10 @@ page; ``--strict`` refuses it instead (one error line, exit 2).
 The JSON files of several ``widthscope certify`` runs (e.g. checkpoints of different widths) are
 accepted too, alone or mixed with results directories: they become one width series
 (:mod:`widthscope.report.certify_series`); the default ``--out`` is then ``FIRST_FILE's folder/report``
-and the page's header lists every file with its model, data and width. Python::
+and the page's header lists every file with its model, data and width. The folder of a model-suite
+sweep (:mod:`widthscope.sweep.suite`) also gets ``width-series.html`` and ``over-training.html``
+(:mod:`widthscope.report.suite`). The settings are one :class:`~widthscope.report.options.ReportOptions`,
+recorded in ``OUT/report.json`` (``widthscope report --config OUT/report.json`` starts from them). Python::
 
     from widthscope.report import report
     page = report(["widthscope-results/demo/llama"], out_dir="/tmp/rep")
@@ -25,8 +28,9 @@ from typing import Any, Sequence
 
 from .._io import Skipped, read_jsonl, record_skips, refuse_skips, skip_lines, warn_skips
 from ..errors import WidthscopeError
+from .options import RECORD, ReportOptions
 
-__all__ = ["load_results", "report"]
+__all__ = ["load_results", "report", "ReportOptions"]
 
 
 # The row kinds widthscope writes (sweep, linearize, grow-bench, certify series); rows from before
@@ -158,14 +162,24 @@ def report(
     title: str | None = None,
     notes: Sequence[str] = (),
     strict: bool = False,
+    options: ReportOptions | None = None,
 ) -> Path:
     """Build the report for one or more results directories; return the path of ``report.html``.
 
     ``notes`` head the page (e.g. which dataset a fallback chose and why). Inputs are only read.
     Damaged lines and cell files are skipped, logged on stderr and listed on the page; with
-    ``strict`` they are refused (WidthscopeError naming the first)."""
+    ``strict`` they are refused (WidthscopeError naming the first). ``options``: the settings as one
+    :class:`ReportOptions` (its ``out``, ``title``, ``strict`` replace the arguments). The rows of a
+    model-suite sweep also get ``width-series.html`` and ``over-training.html`` beside the page
+    (:mod:`widthscope.report.suite`); ``report.json`` records the options and the inputs."""
+    from .._io import atomic_write_json
     from .certify_series import describe
     from .html import build_report
+    from .suite import write_pages
+
+    if options is None:
+        options = ReportOptions(out=None if out_dir is None else str(out_dir), title=title, strict=strict)
+    out_dir, title, strict = options.out, options.title, options.strict
 
     dirs = [results] if isinstance(results, (str, os.PathLike)) else list(results)
     if not dirs:
@@ -200,4 +214,14 @@ def report(
     # figures and the self-contained page: 0.7 MB measured for 96 rows of three kinds
     check_space(out / "report.html", 2_000_000 + 10_000 * len(rows), "the report (figures and page)")
     named = describe(rows)  # certify files: which model/data/width each one is
-    return build_report(rows, out, title=title, sources=[named.get(str(Path(d)), str(d)) for d in dirs], notes=notes)
+    page = build_report(rows, out, title=title, sources=[named.get(str(Path(d)), str(d)) for d in dirs], notes=notes)
+    pages = write_pages(rows, out)  # a model suite: its width series and over-training pages
+    atomic_write_json(
+        out / RECORD,
+        {
+            "options": options.replace(out=str(out)).to_dict(),
+            "results": [str(d) for d in dirs],
+            "pages": [page.name, *(p.name for p in pages)],
+        },
+    )
+    return page

@@ -34,11 +34,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..errors import WidthscopeError
-from ..probe.intervene import resolved
-from ..stats import vacuous_rule
-from ..sweep.alignment import CERT_FIELDS
+from ..sweep.certify_rows import certify_rows
 
-__all__ = ["is_certify_json", "load_certify", "rows_from_certify", "series_rows", "describe"]
+__all__ = ["is_certify_json", "load_certify", "rows_from_certify", "series_rows", "describe", "check_suite"]
 
 _FIX = (
     "pass the JSON file that `widthscope certify --out FILE` wrote, a sweep results directory, or a results.jsonl file"
@@ -138,57 +136,7 @@ def rows_from_certify(path: str | os.PathLike, result: Mapping[str, Any] | None 
         "width_from": width_from,
         "data_description": st.get("data_description"),
     }
-    npts = len(points)
-    rows: list[dict[str, Any]] = []
-    for pi, pt in enumerate(points):
-        base = {
-            "kind": "alignment",
-            **tags,
-            "point": pt["point"],
-            "point_index": pi,
-            "depth_fraction": (pi + 1) / npts,
-            "n_points": npts,
-            "d": pt.get("d"),
-            "n_probe_train": pt.get("n_train"),
-            "n_probe_test": pt.get("n_test"),
-            "estimator": st.get("estimator"),
-            "pool": st.get("pool"),
-        }
-        ivs = [iv for iv in pt.get("interventions") or [] if isinstance(iv, dict)]
-        steps = [
-            iv
-            for iv in resolved(ivs)  # steps below the dtype's resolution are not measurements
-            if isinstance(iv.get("eta"), (int, float)) and iv.get("probe") in ("bias", "block")
-        ]
-        # Same iv_* columns a sweep row carries: the smallest step, where the linear prediction is meant to hold.
-        iv_cols = {}
-        if steps:
-            s = min(steps, key=lambda r: r["eta"])
-            iv_cols = {
-                "iv_eta": s["eta"],
-                "iv_predicted": s.get("predicted"),
-                "iv_actual": s.get("actual"),
-                "iv_retention": s.get("retention"),
-                "iv_sign_agrees": s.get("sign_agrees"),
-            }
-        for c in pt["certificates"]:
-            row = {**base, "M": int(c["M"]), "K": int(c["K"]), **iv_cols}
-            for prefix in ("one", "two"):
-                cert = c.get(prefix) or {}
-                for f in CERT_FIELDS:
-                    row[f"{prefix}_{f}"] = cert.get(f)
-                vacuous_rule(row, f"{prefix}_")  # files written before the rule read the same way
-            mis = c.get("misalignment") or {}
-            row.update(
-                misalignment=mis.get("probability"),
-                misalignment_low=mis.get("low"),
-                misalignment_high=mis.get("high"),
-                misalignment_draws=mis.get("draws"),
-            )
-            rows.append(row)
-        for iv in ivs:
-            rows.append({**iv, "kind": iv.get("kind", "intervention"), **tags, "point_index": pi})
-    return rows
+    return certify_rows(res, tags)
 
 
 def describe(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
@@ -218,16 +166,20 @@ def _group_by_value(files: Mapping[str, Any]) -> str:
     return "; ".join(f"{v}: {', '.join(fs)}" for v, fs in by.items())
 
 
-def _check_series(rows: Sequence[Mapping[str, Any]]) -> None:
+def _check_series(
+    rows: Sequence[Mapping[str, Any]], *, group: str = "family", file_key: str = "source", unique: bool = True
+) -> None:
+    """Files plotted together (one ``group``) share (M, K) pairs, estimator and pooling; with
+    ``unique``, no two give the same (width, seed)."""
     fams: dict[str, list[Mapping[str, Any]]] = {}
     for r in rows:
         if r.get("kind") == "alignment":
-            fams.setdefault(str(r["family"]), []).append(r)
+            fams.setdefault(str(r[group]), []).append(r)
     for fam, sel in fams.items():
         per_file: dict[str, dict[str, Any]] = {}
         for r in sel:
             d = per_file.setdefault(
-                r["source"],
+                r[file_key],
                 {
                     "mk": set(),
                     "estimator": r.get("estimator"),
@@ -251,7 +203,7 @@ def _check_series(rows: Sequence[Mapping[str, Any]]) -> None:
             if len({str(v) for v in vals.values()}) > 1:
                 raise WidthscopeError(f"certify files of family {fam!r} mix {what} ({_group_by_value(vals)}): {why}")
         seen: dict[tuple, str] = {}
-        for f, d in per_file.items():
+        for f, d in per_file.items() if unique else ():
             if d["key"] in seen:
                 w, s = d["key"]
                 raise WidthscopeError(
@@ -283,3 +235,11 @@ def series_rows(paths: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
     _check_series(rows)
     _renumber_points(rows)
     return rows
+
+
+def check_suite(rows: Sequence[Mapping[str, Any]]) -> None:
+    """The certify runs of a model-suite sweep (:mod:`widthscope.sweep.suite`: one per model and
+    revision, rows with ``suite`` and ``certify_json``) drawn together share (M, K) pairs, estimator
+    and pooling (a suite's config gives them one set of options; this guards folders copied
+    together). Two models of one width (Pythia 1b and 1.4b) are both kept: no uniqueness check."""
+    _check_series([r for r in rows if r.get("suite") is not None], group="suite", file_key="certify_json", unique=False)

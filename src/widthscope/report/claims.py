@@ -26,7 +26,7 @@ with width at fixed ``(M, K)`` and with ``M = K``: slope ``< 0``; retention at t
 smallest step within ``[0.95, 1.05]`` of 1 (a Taylor sanity check, not in the Holm family);
 ``C_{D,d}`` (``D + d ≥ 2``) decays at least like the spec's reference ``n^{-1/2}``: slope
 ``≤ −1/2``; ``dev_rms`` at the last step falls at least like the bound: slope ``≤ α − 1`` (references
-from :func:`widthscope.linear.sweep.reference_slope`); ``dev_mse`` slope equal to the published
+from :func:`widthscope.linearization.summary.reference_slope`); ``dev_mse`` slope equal to the published
 one within ``±`` :data:`PUBLISHED_TOLERANCE` (an equivalence test: a wider interval can never make
 it hold). "Wider models certify earlier" (monitor rows over training): slope of log(1 + first
 certification step) vs log width ``< 0``, censored points at the training length
@@ -61,10 +61,15 @@ from __future__ import annotations
 import html
 import math
 from collections import defaultdict
-from typing import Any, Mapping, Sequence, TypeGuard
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from scipy import special as _sp
+
+from .claims_stats import ALPHA, MAX_SEEDS, holm, seed_test, seeds_needed
+from .claims_stats import effect as _effect
+from .claims_stats import finite as _ok
+from .claims_stats import slope as _slope
 
 __all__ = [
     "claims",
@@ -80,7 +85,6 @@ __all__ = [
     "PUBLISHED_TOLERANCE",
 ]
 
-ALPHA = 0.05
 RETENTION_BAND = (0.96, 0.99)  # spec §5/§7: "96–99% of the predicted magnitude is retained"
 SANITY_BAND = (0.95, 1.05)  # Taylor: retention = 1 + O(η) at the smallest step
 # The spec says only "small η"; the tool's default step (sign agreement, docs/interventions.md)
@@ -88,116 +92,7 @@ SANITY_BAND = (0.95, 1.05)  # Taylor: retention = 1 + O(η) at the smallest step
 PAPER_REL_STEP = 1e-3
 PAPER_REL_STEP_DECADES = 0.5  # a curve's row counts when |log10(rel_step / 1e-3)| <= this
 PUBLISHED_TOLERANCE = 0.1  # |slope - published| <= 0.1 (log-log slope units) counts as matching
-POWER = 0.8
-MAX_SEEDS = 10_000
 INF = math.inf
-
-
-def _ok(v: Any) -> TypeGuard[float]:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _slope(x: Sequence[float], y: Sequence[float]) -> float | None:
-    """Least-squares slope of y on x (None with fewer than 2 distinct x)."""
-    if len(set(x)) < 2:
-        return None
-    xa, ya = np.asarray(x, float), np.asarray(y, float)
-    xc = xa - xa.mean()
-    return float(xc @ (ya - ya.mean()) / (xc @ xc))
-
-
-def _one_sided(m: float, se: float, c: float, df: int) -> tuple[float, float]:
-    """(P(T >= t), P(T <= t)) for t = (m - c)/se under θ = c; se = 0 gives 0/1 (or 1/2 at m = c)."""
-    if se > 0:
-        tt = (m - c) / se  # scipy.special: the ufuncs behind scipy.stats.t, ~100x cheaper per call
-        return float(_sp.stdtr(df, -tt)), float(_sp.stdtr(df, tt))
-    if m == c:
-        return 0.5, 0.5
-    return (0.0, 1.0) if m > c else (1.0, 0.0)
-
-
-def seed_test(values: Sequence[float | None], region: tuple[float, float]) -> dict[str, Any]:
-    """t interval and p-values for "the mean of the per-seed ``values`` lies in ``region = (a, b)``".
-
-    Returns ``measured, low, high, sd, seeds, p_holds, p_not, p, direction`` (``p`` etc. ``None``
-    with fewer than 2 finite values). ``p ≤ α`` iff the ``1 − α`` interval lies inside or outside
-    the region; ``direction`` says which ("holds" / "does not").
-    """
-    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], float)
-    out: dict[str, Any] = {
-        "measured": float(x.mean()) if len(x) else None,
-        "low": None,
-        "high": None,
-        "sd": None,
-        "seeds": int(len(x)),
-        "p_holds": None,
-        "p_not": None,
-        "p": None,
-        "direction": None,
-    }
-    if len(x) < 2:
-        return out
-    a, b = region
-    n, m, sd = len(x), float(x.mean()), float(x.std(ddof=1))
-    se, df = sd / math.sqrt(n), n - 1
-    half = float(_sp.stdtrit(df, 1 - ALPHA / 2)) * se
-    above_a, below_a = _one_sided(m, se, a, df) if math.isfinite(a) else (0.0, 1.0)
-    above_b, below_b = _one_sided(m, se, b, df) if math.isfinite(b) else (1.0, 0.0)
-    p_holds = max(above_a, below_b)  # θ > a and θ < b, both shown
-    p_not = min(below_a, above_b)  # θ < a or θ > b shown
-    out.update(
-        low=m - half,
-        high=m + half,
-        sd=sd,
-        p_holds=p_holds,
-        p_not=p_not,
-        p=min(1.0, 2 * min(p_holds, p_not)),
-        direction="holds" if p_holds <= p_not else "does not",
-    )
-    return out
-
-
-def holm(ps: Sequence[float]) -> list[float]:
-    """Holm step-down adjusted p-values (family-wise error control under any dependence)."""
-    m = len(ps)
-    order = sorted(range(m), key=lambda i: ps[i])
-    adj, run = [0.0] * m, 0.0
-    for k, i in enumerate(order):
-        run = max(run, min(1.0, (m - k) * ps[i]))
-        adj[i] = run
-    return adj
-
-
-def seeds_needed(effect: float, sd: float, level: float, power: float = POWER) -> int | None:
-    """Smallest ``n ≥ 2`` whose two-sided level-``level`` t interval excludes a boundary at distance
-    ``effect`` from the mean with probability ``power`` (noncentral t, per-seed SD ``sd``);
-    ``None`` when the effect is 0 or more than :data:`MAX_SEEDS` seeds would be needed."""
-    if not (effect > 0 and sd >= 0) or not math.isfinite(effect):
-        return None
-    if sd == 0:
-        return 2
-
-    def ok(n: int) -> bool:
-        crit = _sp.stdtrit(n - 1, 1 - level / 2)
-        return 1.0 - float(_sp.nctdtr(n - 1, effect * math.sqrt(n) / sd, crit)) >= power
-
-    # The normal approximation is a lower bound on n (t quantiles exceed z) and close to it:
-    # step up from there (a few steps; the gap is about z^2/4 seeds).
-    n0 = ((_sp.ndtri(1 - level / 2) + _sp.ndtri(power)) * sd / effect) ** 2
-    n = max(2, math.ceil(n0))
-    while n <= MAX_SEEDS and not ok(n):
-        n += 1
-    return n if n <= MAX_SEEDS else None
-
-
-def _effect(measured: float | None, region: tuple[float, float]) -> float | None:
-    """Distance from the estimate to the end of the region a decision has to clear."""
-    if measured is None:
-        return None
-    a, b = region
-    if a < measured < b:
-        return min(measured - a, b - measured)
-    return a - measured if measured <= a else measured - b
 
 
 def _claim(
@@ -500,7 +395,7 @@ def _interventions(rows: list[Mapping[str, Any]]) -> list[dict]:
 def _linearization(rows: list[Mapping[str, Any]]) -> list[dict]:
     if not any(r.get("kind") in ("correlation", "linearization") for r in rows):
         return []
-    from ..linear.sweep import PUBLISHED, reference_slope  # imports torch: only when there are such rows
+    from ..linearization.summary import PUBLISHED, reference_slope  # imports torch: only when there are such rows
 
     out = []
     corr: dict[tuple, dict[Any, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))

@@ -51,7 +51,7 @@ from typing import Any, Mapping, Sequence
 from .._io import atomic_write_json
 from ..errors import WidthscopeError
 from .cell import MONITOR_FILE as MONITOR_FILE
-from .cell import certified_steps, run_cell
+from .cell import cell_options, certified_steps, run_cell
 from .config import _where, load_config, monitor_steps
 from .grid import GridResult, lock_out_dir, run_grid
 from .pools import _load_split as _load_split
@@ -188,7 +188,15 @@ def _guard_out_dir(cfg: SweepConfig, out_dir: Path) -> None:
                 f"(fingerprint {old.get('fingerprint')} vs {cfg.fingerprint()}): resuming would mix results. "
                 f"Use another --out, or delete that directory to start over"
             )
-    atomic_write_json(marker, {"fingerprint": cfg.fingerprint(), "config": cfg.to_dict(), "kind": "alignment"})
+    atomic_write_json(
+        marker,
+        {
+            "fingerprint": cfg.fingerprint(),
+            "config": cfg.to_dict(),
+            "options": cfg.options_record(),
+            "kind": "alignment",
+        },
+    )
 
 
 def run_sweep(
@@ -228,6 +236,7 @@ def run_sweep(
                 out,
                 shard=shard,
                 desc=f"sweep {cfg.name}",
+                record=lambda c: {"options": cell_options(cfg, c).to_dict()},
             )
     finally:
         torch.set_num_threads(threads)

@@ -12,13 +12,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .._io import atomic_write_json
+from ..options import CertifyOptions
 from .pools import _batches, _load_split, _model_options, _probe_len, _probe_pools, _probe_words, cell_input_spec
 from .schema import CERT_FIELDS, FamilySpec, SweepConfig
 
 if TYPE_CHECKING:
     from ..monitor import AlignmentMonitor
 
-__all__ = ["run_cell", "certified_steps", "MONITOR_FILE"]
+__all__ = ["run_cell", "cell_options", "certified_steps", "MONITOR_FILE"]
+
+
+def cell_options(cfg: SweepConfig, cell: Mapping[str, Any]) -> CertifyOptions:
+    """The certify options a cell computes with: its family's, the resampling seed the cell's
+    seed plus ``certify.seed`` (default 0: the cell's seed). Recorded once in the cell's file."""
+    fam = next(f for f in cfg.families if f.name == cell["family"])
+    return fam.certify.replace(seed=int(cell["seed"]) + fam.certify.seed)
 
 
 def run_cell(
@@ -27,20 +35,104 @@ def run_cell(
     """Train, save, probe and certify one cell; return its rows (see docs/sweeps.md for columns)."""
     import torch
 
-    from .. import checkpoint, models, probe, stats
     from .. import data as wdata
-    from ..train import train
+    from .. import models, probe
 
     fam = next(f for f in cfg.families if f.name == cell["family"])
     seed, width, budget = int(cell["seed"]), cell["width"], int(cell["budget"])
+    opts = cell_options(cfg, cell)
     split = _load_split(fam, budget, cfg)
     torch.manual_seed(seed)
     model = models.build(fam.model, width, **_model_options(fam, split))
     n_params = int(models.count_parameters(model))
-
     mon, mon_info = (
-        _cell_monitor(cfg, fam, split, model, seed, Path(cell_dir)) if fam.monitor is not None else (None, {})
+        _cell_monitor(cfg, fam, split, model, opts, Path(cell_dir)) if fam.monitor is not None else (None, {})
     )
+    tr, train_s, monitor_s = _train(cfg, fam, cell, Path(cell_dir), split, model, mon, show_progress)
+
+    points = list(opts.points or ()) or probe.insertion_points(model)
+    common: dict[str, Any] = {
+        "model": fam.model,
+        "dataset": fam.dataset,
+        "n_params": n_params,
+        "data_description": "trained on " + wdata.describe(split),
+    }
+    trained = {k: tr.get(k) for k in ("train_loss", "test_loss", "test_accuracy", "steps")}
+    conditions = fam.probes or [
+        {"name": "in-domain", "data": fam.dataset, "test_data": None, "data_options": {}, "shift": None}
+    ]
+    rows: list[dict[str, Any]] = []
+    iv_rows: list[dict[str, Any]] = []
+    probe_s = stats_s = intervene_s = 0.0
+    for ci, cond in enumerate(conditions):
+        for li, L in enumerate(cond.get("seq_len") or fam.probe_seq_len or [None]):
+            t0 = time.perf_counter()
+            pa, pb, desc, _ = _probe_pools(fam, cond, L, split, cfg)
+            Xa, Xb = (
+                probe.collect(
+                    model,
+                    _batches(pool, split.task, fam.probe_batch_size),
+                    points=points,
+                    pool=opts.pool,
+                    train_mode=opts.train_mode,
+                    progress=show_progress,
+                )
+                for pool in (pa, pb)
+            )
+            probe_s += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            words = (
+                {
+                    "probe_set": cond["name"],
+                    "probe_data": desc,
+                    "probe_seq_len": _probe_len(pa, split),
+                    "probe_description": _probe_words(cond, pa, pb, split),
+                    "probe_in_domain": (
+                        cond["data"] == (cond.get("test_data") or cond["data"]) == fam.dataset and not cond.get("shift")
+                    ),
+                }
+                if fam.probes is not None or fam.probe_seq_len is not None
+                else {}
+            )
+            these = _alignment_rows(opts, points, Xa, Xb, {**common, **trained}, words)
+            stats_s += time.perf_counter() - t0
+            # Direct interventions (spec §5), on the first probe condition and length only: they
+            # test the first-order prediction of the model, which the probe condition does not change.
+            t0 = time.perf_counter()
+            if opts.kind is not None and ci == 0 and li == 0:
+                batches = (
+                    _batches(pa, split.task, fam.probe_batch_size),
+                    _batches(pb, split.task, fam.probe_batch_size),
+                )
+                iv_rows += _intervention_rows(model, opts, points, batches, these, common)
+            intervene_s += time.perf_counter() - t0
+            rows += these
+    rows += iv_rows
+    if mon is not None:
+        rows += _monitor_rows(mon, mon_info, fam, rows, n_params, common["data_description"])
+    for r in rows:
+        r.update(train_s=train_s, probe_s=probe_s, stats_s=stats_s, intervene_s=intervene_s)
+        if mon is not None:
+            r["monitor_s"] = monitor_s
+    return rows
+
+
+def _train(
+    cfg: SweepConfig,
+    fam: FamilySpec,
+    cell: Mapping[str, Any],
+    cell_dir: Path,
+    split: Any,
+    model: Any,
+    mon: AlignmentMonitor | None,
+    show_progress: bool,
+) -> tuple[dict[str, Any], float, float]:
+    """Train the cell's model (the monitor probing at its steps), save the checkpoint and its
+    certify inputs; returns (training record, training seconds, monitor seconds)."""
+    from .. import checkpoint
+    from .. import data as wdata
+    from ..train import train
+
     monitor_s = 0.0
 
     def on_step(m: Any, step: int) -> None:  # given to train() only when there is a monitor
@@ -54,7 +146,7 @@ def run_cell(
     tr = train(
         model,
         split,
-        seed=seed,
+        seed=int(cell["seed"]),
         progress=show_progress,
         device=cfg.device,
         on_step=on_step if mon is not None else None,
@@ -77,164 +169,142 @@ def run_cell(
         },
     )
     atomic_write_json(
-        Path(cell_dir) / "input_spec.json",
+        cell_dir / "input_spec.json",
         {
             "input_spec": cell_input_spec(cfg, cell, cell_dir).to_dict(),
             "note": "widthscope certify inputs of this checkpoint (InputSpec.from_dict): train pool as "
             "the sweep's; held-out pool from the whole held-out part",
         },
     )
+    return tr, train_s, monitor_s
 
-    points = fam.points or probe.insertion_points(model)
-    data_words = "trained on " + wdata.describe(split)
-    conditions = fam.probes or [
-        {"name": "in-domain", "data": fam.dataset, "test_data": None, "data_options": {}, "shift": None}
-    ]
-    rows: list[dict[str, Any]] = []
-    iv_rows: list[dict[str, Any]] = []
-    probe_s = stats_s = intervene_s = 0.0
+
+def _alignment_rows(
+    opts: CertifyOptions,
+    points: Sequence[str],
+    Xa: Mapping[str, Any],
+    Xb: Mapping[str, Any],
+    common: Mapping[str, Any],
+    probe_columns: Mapping[str, Any],
+) -> list[dict[str, Any]]:
+    """One ``kind="alignment"`` row per point and (M, K): both certificate forms and the empirical
+    misalignment, from the moments and cross-Gram computed once per point; ``probe_columns`` (the
+    probe condition, where the family has probes) follow the probe setup."""
+    from .. import stats
+
     npts = len(points)
-    for ci, cond in enumerate(conditions):
-        for li, L in enumerate(cond.get("seq_len") or fam.probe_seq_len or [None]):
-            t0 = time.perf_counter()
-            pa, pb, desc, _ = _probe_pools(fam, cond, L, split, cfg)
-            Xa = probe.collect(
-                model,
-                _batches(pa, split.task, fam.probe_batch_size),
-                points=points,
-                pool=cfg.pool,
-                progress=show_progress,
+    rows: list[dict[str, Any]] = []
+    for pi, point in enumerate(points):
+        a, b = Xa[point], Xb[point]
+        m_one = stats.moments(a, opts.estimator)
+        m_two = stats.cross_moments(a, b, opts.estimator)
+        mis_all = stats.misalignment(a, b, pairs=opts.pairs, draws=opts.draws, seed=opts.seed, scheme=opts.draw_scheme)
+        if not isinstance(mis_all, list):  # never: pairs= always gives one result per pair
+            mis_all = [mis_all]
+        for (M, K), mis in zip(opts.pairs, mis_all):
+            one = stats.certificate(m_one, M=M, K=K, populations="one")
+            two = stats.certificate(m_two, M=M, K=K, populations="two")
+            row: dict[str, Any] = {
+                "kind": "alignment",
+                "model": common["model"],
+                "dataset": common["dataset"],
+                "point": point,
+                "point_index": pi,
+                "depth_fraction": (pi + 1) / npts,
+                "n_points": npts,
+                "d": int(a.shape[1]),
+                "n_params": common["n_params"],
+                "train_loss": common["train_loss"],
+                "test_loss": common["test_loss"],
+                "test_accuracy": common["test_accuracy"],
+                "steps": common["steps"],
+                "n_probe_train": int(a.shape[0]),
+                "n_probe_test": int(b.shape[0]),
+                "M": M,
+                "K": K,
+                "estimator": opts.estimator,
+                "pool": opts.pool,
+                "probe_notes": "; ".join(getattr(Xa, "notes", [])) or None,
+                "data_description": common["data_description"],
+                **probe_columns,
+            }
+            for prefix, cert in (("one_", one), ("two_", two)):
+                for f in CERT_FIELDS:
+                    row[prefix + f] = getattr(cert, f, None)
+            row["two_limit"] = None
+            for prefix in ("one_", "two_"):  # the one reporting rule (None where undefined)
+                stats.vacuous_rule(row, prefix)
+            row.update(
+                misalignment=mis.probability,
+                misalignment_low=mis.low,
+                misalignment_high=mis.high,
+                misalignment_draws=mis.draws,
             )
-            Xb = probe.collect(
-                model,
-                _batches(pb, split.task, fam.probe_batch_size),
-                points=points,
-                pool=cfg.pool,
-                progress=show_progress,
-            )
-            probe_s += time.perf_counter() - t0
-            t0 = time.perf_counter()
-            these: list[dict[str, Any]] = []
-            for pi, point in enumerate(points):
-                a, b = Xa[point], Xb[point]
-                # Moments and the cross-Gram once per point; every (M, K) reuses them.
-                m_one = stats.moments(a, cfg.estimator)
-                m_two = stats.cross_moments(a, b, cfg.estimator)
-                mis_all = stats.misalignment(a, b, pairs=list(cfg.MK), draws=cfg.draws, seed=seed)
-                if not isinstance(mis_all, list):  # never: pairs= always gives one result per pair
-                    mis_all = [mis_all]
-                for (M, K), mis in zip(cfg.MK, mis_all):
-                    one = stats.certificate(m_one, M=M, K=K, populations="one")
-                    two = stats.certificate(m_two, M=M, K=K, populations="two")
-                    row: dict[str, Any] = {
-                        "kind": "alignment",
-                        "model": fam.model,
-                        "dataset": fam.dataset,
-                        "point": point,
-                        "point_index": pi,
-                        "depth_fraction": (pi + 1) / npts,
-                        "n_points": npts,
-                        "d": int(a.shape[1]),
-                        "n_params": n_params,
-                        "train_loss": tr.get("train_loss"),
-                        "test_loss": tr.get("test_loss"),
-                        "test_accuracy": tr.get("test_accuracy"),
-                        "steps": tr.get("steps"),
-                        "n_probe_train": int(a.shape[0]),
-                        "n_probe_test": int(b.shape[0]),
-                        "M": M,
-                        "K": K,
-                        "estimator": cfg.estimator,
-                        "pool": cfg.pool,
-                        "probe_notes": "; ".join(getattr(Xa, "notes", [])) or None,
-                        "data_description": data_words,
-                    }
-                    if fam.probes is not None or fam.probe_seq_len is not None:
-                        row.update(
-                            probe_set=cond["name"],
-                            probe_data=desc,
-                            probe_seq_len=_probe_len(pa, split),
-                            probe_description=_probe_words(cond, pa, pb, split),
-                            probe_in_domain=(
-                                cond["data"] == (cond.get("test_data") or cond["data"]) == fam.dataset
-                                and not cond.get("shift")
-                            ),
-                        )
-                    for prefix, cert in (("one_", one), ("two_", two)):
-                        for f in CERT_FIELDS:
-                            row[prefix + f] = getattr(cert, f, None)
-                    row["two_limit"] = None
-                    for prefix in ("one_", "two_"):  # the one reporting rule (None where undefined)
-                        stats.vacuous_rule(row, prefix)
-                    row.update(
-                        misalignment=mis.probability,
-                        misalignment_low=mis.low,
-                        misalignment_high=mis.high,
-                        misalignment_draws=mis.draws,
-                    )
-                    these.append(row)
-            stats_s += time.perf_counter() - t0
-            # Direct interventions (spec §5), on the first probe condition and length only: they
-            # test the first-order prediction of the model, which the probe condition does not change.
-            t0 = time.perf_counter()
-            if cfg.interventions != "none" and ci == 0 and li == 0:
-                from ..probe.intervene import intervene, resolved
-
-                m_max, k_max = max(m for m, _ in cfg.MK), max(k for _, k in cfg.MK)
-                for pi, point in enumerate(points):
-                    ivs = intervene(
-                        model,
-                        point,
-                        _batches(pa, split.task, fam.probe_batch_size),
-                        _batches(pb, split.task, fam.probe_batch_size),
-                        etas=cfg.etas,
-                        kind=cfg.interventions,
-                        M=m_max,
-                        K=k_max,
-                        seed=seed,
-                        progress=False,
-                    )
-                    # the smallest step the dtype resolves (bf16/fp16 steps below it are not measurements)
-                    usable = resolved(ivs)
-                    if usable:
-                        smallest = min(usable, key=lambda r: r["eta"])
-                        for r in these:
-                            if r["point"] == point:
-                                r.update(
-                                    iv_eta=smallest["eta"],
-                                    iv_predicted=smallest["predicted"],
-                                    iv_actual=smallest["actual"],
-                                    iv_retention=smallest["retention"],
-                                    iv_sign_agrees=smallest["sign_agrees"],
-                                )
-                    for iv in ivs:
-                        iv_rows.append(
-                            {
-                                **iv,
-                                "model": fam.model,
-                                "dataset": fam.dataset,
-                                "point_index": pi,
-                                "n_params": n_params,
-                                "data_description": data_words,
-                            }
-                        )
-            intervene_s += time.perf_counter() - t0
-            rows += these
-    rows += iv_rows
-    if mon is not None:
-        rows += _monitor_rows(mon, mon_info, fam, rows, n_params, data_words)
-    for r in rows:
-        r.update(train_s=train_s, probe_s=probe_s, stats_s=stats_s, intervene_s=intervene_s)
-        if mon is not None:
-            r["monitor_s"] = monitor_s
+            rows.append(row)
     return rows
+
+
+def _intervention_rows(
+    model: Any,
+    opts: CertifyOptions,
+    points: Sequence[str],
+    batches: tuple[list[Any], list[Any]],
+    these: list[dict[str, Any]],
+    common: Mapping[str, Any],
+) -> list[dict[str, Any]]:
+    """The ``kind="intervention"`` rows of every point (its step grid, on the largest M train and K
+    held-out examples), and the ``iv_*`` columns of the smallest resolved step on ``these`` rows."""
+    from ..probe.intervene import intervene, resolved
+
+    m_max, k_max = max(m for m, _ in opts.pairs), max(k for _, k in opts.pairs)
+    out: list[dict[str, Any]] = []
+    for pi, point in enumerate(points):
+        ivs = intervene(
+            model,
+            point,
+            batches[0],
+            batches[1],
+            etas=None if opts.etas is None else list(opts.etas),
+            kind=opts.kind or "bias",
+            n_etas=opts.n_etas,
+            max_rel_step=opts.max_rel_step,
+            M=m_max,
+            K=k_max,
+            seed=opts.seed,
+            progress=False,
+        )
+        # the smallest step the dtype resolves (bf16/fp16 steps below it are not measurements)
+        usable = resolved(ivs)
+        if usable:
+            smallest = min(usable, key=lambda r: r["eta"])
+            for r in these:
+                if r["point"] == point:
+                    r.update(
+                        iv_eta=smallest["eta"],
+                        iv_predicted=smallest["predicted"],
+                        iv_actual=smallest["actual"],
+                        iv_retention=smallest["retention"],
+                        iv_sign_agrees=smallest["sign_agrees"],
+                    )
+        out += [
+            {
+                **iv,
+                "model": common["model"],
+                "dataset": common["dataset"],
+                "point_index": pi,
+                "n_params": common["n_params"],
+                "data_description": common["data_description"],
+            }
+            for iv in ivs
+        ]
+    return out
 
 
 MONITOR_FILE = "monitor.jsonl"
 
 
 def _cell_monitor(
-    cfg: SweepConfig, fam: FamilySpec, split: Any, model: Any, seed: int, cell_dir: Path
+    cfg: SweepConfig, fam: FamilySpec, split: Any, model: Any, opts: CertifyOptions, cell_dir: Path
 ) -> tuple[AlignmentMonitor, dict[str, Any]]:
     """The cell's :class:`~widthscope.monitor.AlignmentMonitor` and its probe condition in words
     (``monitor_probe``, ``monitor_probe_seq_len``, ``monitor_probe_description``): pools of
@@ -265,10 +335,10 @@ def _cell_monitor(
         K=m["K"],
         at=m["steps"],
         delta=m["delta"],
-        draws=cfg.draws,
-        seed=seed,
-        estimator=cfg.estimator,
-        pool=cfg.pool,
+        draws=opts.draws,
+        seed=opts.seed,
+        estimator=opts.estimator,
+        pool=opts.pool,
         out=path,
         progress=False,
     )

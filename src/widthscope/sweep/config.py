@@ -9,6 +9,7 @@ widths a model cannot take) is checked by :func:`widthscope.sweep.alignment.chec
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import os
@@ -17,6 +18,7 @@ from typing import Any, Mapping, Sequence
 
 from .._io import first_nonfinite, read_toml
 from ..errors import WidthscopeError
+from ..options import CertifyOptions
 from .schema import (
     CERTIFY_KEYS,
     ESTIMATORS,
@@ -29,13 +31,15 @@ from .schema import (
     PROBE_KEYS,
     SCHEDULES,
     SHIFTS,
+    SWEEP_CERTIFY,
+    SWEEP_CERTIFY_KEYS,
     SWEEP_KEYS,
     TRAIN_KEYS,
     FamilySpec,
     SweepConfig,
 )
 
-__all__ = ["load_config", "monitor_steps"]
+__all__ = ["load_config", "monitor_steps", "certify_options"]
 
 
 # ----------------------------------------------------------------------------- validation
@@ -77,7 +81,41 @@ def _table(v: Any, what: str) -> dict[str, Any]:
     return dict(v)
 
 
-def _family(raw: Any, index: int, sweep_budgets: list[int] | None) -> FamilySpec:
+def certify_options(base: CertifyOptions, table: Mapping[str, Any], where: str) -> CertifyOptions:
+    """``base`` with the certify options of a config table, validated by :class:`CertifyOptions`
+    with its own message, the flag named as the config key (``where`` + key: ``--draws 0: ...``
+    reads ``sweep config family 'mlp': certify.draws 0: ...``).
+
+    A sweep cell pools per example and probes unprojected samples: ``pool = "token"`` and
+    ``project`` are refused here, with the command that computes them on a cell's checkpoint."""
+    known = {f.name for f in dataclasses.fields(CertifyOptions)}
+    unknown = [k for k in table if k not in known]
+    if unknown:  # the callers checked the keys; a programming error otherwise
+        raise ValueError(f"not certify options: {unknown}")
+    try:
+        opts = base.replace(**table)
+    except WidthscopeError as exc:
+        msg = str(exc)
+        for name in sorted(known, key=len, reverse=True):
+            msg = msg.replace(CertifyOptions.flag(name), name)
+        raise (type(exc))(f"{where}{msg}") from None
+    except TypeError as exc:  # a TOML value of a type the dataclass cannot take at all
+        raise WidthscopeError(f"{where} {exc}") from None
+    if opts.pool == "token":
+        raise WidthscopeError(
+            f"{where}pool 'token': a sweep cell pools each example to one sample vector (sum, mean, flatten); "
+            "certify a cell's checkpoint with `widthscope certify --pool token` (its inputs: "
+            "artifacts/<cell>/input_spec.json)"
+        )
+    if opts.project is not None:
+        raise WidthscopeError(
+            f"{where}project: a sweep cell keeps its probe samples whole; drop project, or certify a cell's "
+            "checkpoint with `widthscope certify --project K`"
+        )
+    return opts
+
+
+def _family(raw: Any, index: int, sweep_budgets: list[int] | None, sweep_options: CertifyOptions) -> FamilySpec:
     ctx = f"[[family]] #{index + 1}"
     if not isinstance(raw, Mapping):
         raise WidthscopeError(f"{_where(ctx)}: each [[family]] must be a table")
@@ -116,6 +154,9 @@ def _family(raw: Any, index: int, sweep_budgets: list[int] | None) -> FamilySpec
     points = cert.get("points")
     if points is not None and (not isinstance(points, list) or not all(isinstance(p, str) for p in points)):
         raise WidthscopeError(f"{_where(ctx)}: certify.points must be a list of insertion-point names")
+    options = certify_options(
+        sweep_options, {k: v for k, v in cert.items() if k not in SWEEP_CERTIFY_KEYS}, f"{_where(ctx)}: certify."
+    )
     n_train = raw.get("n_train")
     if n_train is None and not sweep_budgets:
         raise WidthscopeError(f"{_where(ctx)}: missing n_train (training examples), or give [sweep].budgets")
@@ -187,7 +228,7 @@ def _family(raw: Any, index: int, sweep_budgets: list[int] | None) -> FamilySpec
         n_probe_train=n_pa,
         n_probe_test=n_pb,
         probe_batch_size=pbs,
-        points=list(points) if points is not None else None,
+        certify=options,
     )
 
 
@@ -427,6 +468,50 @@ def _parse_shift(shift: Any, where: str) -> tuple[str, Any]:
     raise WidthscopeError(f"{where}: unknown shift {shift!r}; choose one of {', '.join(SHIFTS)}")
 
 
+def _sweep_certify(sw: Mapping[str, Any]) -> CertifyOptions:
+    """[sweep]'s statistics keys (M, K, paired, draws, estimator, pool, interventions, etas) as
+    :class:`CertifyOptions`: the base of every family's certify options."""
+    Ms = _int_list(sw.get("M", [16, 32]), "[sweep] M", minimum=2)
+    Ks = _int_list(sw["K"], "[sweep] K", minimum=2) if "K" in sw else list(Ms)
+    paired = sw.get("paired", True)
+    if not isinstance(paired, bool):
+        raise WidthscopeError("[sweep] paired must be true or false")
+    if paired:
+        if len(Ks) != len(Ms):
+            raise WidthscopeError(
+                f"[sweep] paired = true needs M and K of equal length (got {len(Ms)} and "
+                f"{len(Ks)}); set paired = false for every M with every K"
+            )
+        MK = list(zip(Ms, Ks))
+    else:
+        MK = [(m, k) for m in Ms for k in Ks]
+    draws = _int(sw.get("draws", 1000), "[sweep] draws")
+    estimator = sw.get("estimator", "unbiased")
+    if estimator not in ESTIMATORS:
+        raise WidthscopeError(f"[sweep] estimator {estimator!r} unknown; valid: {', '.join(ESTIMATORS)}")
+    pool = sw.get("pool", "sum")
+    if pool not in POOLS:
+        raise WidthscopeError(f"[sweep] pool {pool!r} unknown; valid: {', '.join(POOLS)}")
+    interventions = sw.get("interventions", "bias")
+    if interventions not in ("bias", "block", "none"):
+        raise WidthscopeError(f"[sweep] interventions {interventions!r} unknown; valid: bias, block, none")
+    etas = sw.get("etas")
+    if etas is not None:
+        if (
+            not isinstance(etas, list)
+            or not etas
+            or not all(
+                isinstance(e, (int, float)) and not isinstance(e, bool) and math.isfinite(e) and e > 0 for e in etas
+            )
+        ):
+            raise WidthscopeError(f"[sweep] etas must be a non-empty list of positive finite numbers, got {etas!r}")
+        etas = [float(e) for e in etas]
+    Ms_, Ks_ = tuple(m for m, _ in MK), tuple(k for _, k in MK)
+    table = {"M": Ms_, "K": None if Ks_ == Ms_ else Ks_, "draws": draws, "estimator": estimator, "pool": pool}
+    table.update(interventions=interventions, etas=tuple(etas) if etas is not None else None)
+    return certify_options(SWEEP_CERTIFY, table, "sweep config [sweep]: ")
+
+
 def load_config(
     source: str | os.PathLike | Mapping[str, Any], *, out_dir: str | os.PathLike | None = None
 ) -> SweepConfig:
@@ -458,27 +543,6 @@ def load_config(
     seeds = _int_list(sw.get("seeds", [0]), "[sweep] seeds", minimum=0)
     if len(set(seeds)) != len(seeds):
         raise WidthscopeError(f"[sweep] seeds has duplicates: {seeds}")
-    Ms = _int_list(sw.get("M", [16, 32]), "[sweep] M", minimum=2)
-    Ks = _int_list(sw["K"], "[sweep] K", minimum=2) if "K" in sw else list(Ms)
-    paired = sw.get("paired", True)
-    if not isinstance(paired, bool):
-        raise WidthscopeError("[sweep] paired must be true or false")
-    if paired:
-        if len(Ks) != len(Ms):
-            raise WidthscopeError(
-                f"[sweep] paired = true needs M and K of equal length (got {len(Ms)} and "
-                f"{len(Ks)}); set paired = false for every M with every K"
-            )
-        MK = list(zip(Ms, Ks))
-    else:
-        MK = [(m, k) for m in Ms for k in Ks]
-    draws = _int(sw.get("draws", 1000), "[sweep] draws")
-    estimator = sw.get("estimator", "unbiased")
-    if estimator not in ESTIMATORS:
-        raise WidthscopeError(f"[sweep] estimator {estimator!r} unknown; valid: {', '.join(ESTIMATORS)}")
-    pool = sw.get("pool", "sum")
-    if pool not in POOLS:
-        raise WidthscopeError(f"[sweep] pool {pool!r} unknown; valid: {', '.join(POOLS)}")
     budgets = _int_list(sw["budgets"], "[sweep] budgets") if "budgets" in sw else None
     data_seed = _int(sw.get("data_seed", 0), "[sweep] data_seed", minimum=0)
     device = sw.get("device", "cpu")
@@ -495,29 +559,16 @@ def load_config(
     if meta:
         raise WidthscopeError("[sweep] device 'meta' holds no data and cannot train; use e.g. cpu, cuda")
     threads = _int(sw["threads"], "[sweep] threads") if "threads" in sw else None
-    interventions = sw.get("interventions", "bias")
-    if interventions not in ("bias", "block", "none"):
-        raise WidthscopeError(f"[sweep] interventions {interventions!r} unknown; valid: bias, block, none")
-    etas = sw.get("etas")
-    if etas is not None:
-        if (
-            not isinstance(etas, list)
-            or not etas
-            or not all(
-                isinstance(e, (int, float)) and not isinstance(e, bool) and math.isfinite(e) and e > 0 for e in etas
-            )
-        ):
-            raise WidthscopeError(f"[sweep] etas must be a non-empty list of positive finite numbers, got {etas!r}")
-        etas = [float(e) for e in etas]
-    families = [_family(f, i, budgets) for i, f in enumerate(fams_raw)]
+    options = _sweep_certify(sw)
+    families = [_family(f, i, budgets, options) for i, f in enumerate(fams_raw)]
     for f, f_raw in zip(families, fams_raw):
-        f.monitor = _monitor(f_raw.get("monitor"), f, MK, budgets)
+        f.monitor = _monitor(f_raw.get("monitor"), f, f.certify.pairs, budgets)
     names = [f.name for f in families]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise WidthscopeError(f"sweep config: family names must be unique; repeated: {', '.join(dup)}")
     for f in families:
-        for m, k in MK:
+        for m, k in f.certify.pairs:
             if m > f.n_probe_train or k > f.n_probe_test:
                 raise WidthscopeError(
                     f"sweep config family {f.name!r}: (M, K) = ({m}, {k}) needs at least {m} train and {k} "
@@ -535,14 +586,9 @@ def load_config(
         out_dir=str(out),
         families=families,
         seeds=seeds,
-        MK=MK,
-        draws=draws,
-        estimator=estimator,
-        pool=pool,
+        certify=options,
         budgets=budgets,
         data_seed=data_seed,
         device=device,
         threads=threads,
-        interventions=interventions,
-        etas=etas,
     )

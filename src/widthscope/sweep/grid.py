@@ -304,8 +304,12 @@ def run_grid(
     shard: tuple[int, int] = (1, 1),
     desc: str = "cells",
     on_cell: Callable[[Mapping[str, Any], list[dict[str, Any]]], None] | None = None,
+    record: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
 ) -> GridResult:
     """Run ``fn(cell, cell_dir) -> rows`` for every unfinished cell of this shard.
+
+    ``record(cell)``: more top-level entries of the cell's file, recorded once beside its rows
+    (e.g. the cell's ``options``); they never replace ``cell``, ``cell_id`` or ``rows``.
 
     Each row gets ``cell_id``, ``cell_index``, ``row_index``, the cell's parameters and the
     ``env_*`` fields of :func:`widthscope._env.environment` (row keys win on a clash). ``cell_dir`` is a
@@ -366,7 +370,10 @@ def run_grid(
             row.update(cell_id=cid, cell_index=i, row_index=j)
             row.setdefault("cell_seconds", elapsed)
             full.append(row)
-        atomic_write_json(_cell_path(out_dir, cid), {"cell": c, "cell_id": cid, "rows": full})
+        extra = {
+            k: v for k, v in (record(c) if record is not None else {}).items() if k not in ("cell", "cell_id", "rows")
+        }
+        atomic_write_json(_cell_path(out_dir, cid), {"cell": c, "cell_id": cid, **to_jsonable(extra), "rows": full})
         # results.jsonl stays a valid view of the finished cells after any interruption (damage: said below)
         load_rows(out_dir, problems=[])
         result.done.append(cid)

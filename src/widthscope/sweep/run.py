@@ -14,9 +14,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .._io import format_table
+from .._io import format_table, read_toml
 from .grid import GridResult, _cell_path, cell_id, finish_after_ranks, shard_for_run
 from .schema import SweepConfig
+from .suite import SuiteConfig, load_suite, print_suite_plan, run_suite
 
 __all__ = ["run_sweep_file"]
 
@@ -37,6 +38,11 @@ def run_sweep_file(
     under torchrun, once every rank's shard is done) the summary; returns this shard's grid result."""
     from .alignment import check_structure, load_config, plan_cells, print_summary, run_sweep
 
+    raw = read_toml(Path(config), "sweep config", "examples in configs/, reference in docs/sweeps.md")
+    if "suite" in raw:
+        return _run_suite_file(
+            load_suite(raw, stem=Path(config).stem, out_dir=out), shard, dry_run, threads, show_progress
+        )
     cfg = load_config(config, out_dir=out)
     check_structure(cfg, device=not dry_run)  # every cell's model and points, before any work
     if threads is not None:  # checked by widthscope.cli.checks.check_args
@@ -90,6 +96,11 @@ def _print_plan(
     ]
     print(format_table(table, title=f"sweep {cfg.name}: {len(mine)} of {n_cells} cells in shard {k}/{n}"))
     print(f"(M, K): {cfg.MK}; results dir: {out}")
+    for fam in cfg.families:  # a family's certify table that changes [sweep]'s statistics
+        implied = cfg.certify.replace(points=fam.certify.points).to_dict()
+        changed = {k: v for k, v in fam.certify.to_dict().items() if implied[k] != v}
+        if changed:
+            print(f"certify options ({fam.name}): {', '.join(f'{k} = {v}' for k, v in changed.items())}")
     for fam in cfg.families:
         if fam.monitor is not None:
             m = fam.monitor
@@ -97,3 +108,34 @@ def _print_plan(
                 f"monitor ({fam.name}): steps {m['steps']}, (M, K) = ({m['M']}, {m['K']}), pools "
                 f"{m['n_train']} + {m['n_test']}, delta {m['delta']}"
             )
+
+
+def _run_suite_file(
+    cfg: SuiteConfig, shard: str | None, dry_run: bool, threads: int | None, show_progress: bool
+) -> GridResult | None:
+    """:func:`run_sweep_file` of a ``[suite]`` config (:mod:`widthscope.sweep.suite`)."""
+    from ..validate import check_dir_writable
+    from .suite import plan_suite
+    from .summary import print_summary
+
+    if threads is not None:
+        cfg.threads = threads
+    which = shard_for_run(shard)
+    out_path = Path(cfg.out_dir)
+    check_dir_writable(out_path)
+    cells = plan_suite(cfg)
+    k, n = which
+    mine = [(i, c) for i, c in enumerate(cells) if i % n == k - 1]
+    if dry_run:
+        print_suite_plan(cfg, mine, len(cells), out_path, which)
+        return None
+    print(f"suite {cfg.name}: {len(mine)} of {len(cells)} cells in shard {k}/{n} -> {out_path}", flush=True)
+    result = run_suite(cfg, out_path, shard=which, show_progress=show_progress)
+    print(f"ran {len(result.done)} cell(s), {len(result.skipped)} already finished", flush=True)
+
+    def finish() -> None:  # rank 0 under torchrun, once every rank's shard is done
+        print_summary(run_suite(cfg, out_path, shard=(1, 1), show_progress=False).rows, out_path)
+
+    if finish_after_ranks(shard, finish):
+        print_summary(result.rows, out_path)
+    return result

@@ -8,15 +8,15 @@ column tuples name the row fields other code reads (:data:`CERT_FIELDS`, :data:`
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 from .._io import to_jsonable
-
-if TYPE_CHECKING:
-    from ..stats.estimators import Estimator
+from ..options import ESTIMATORS as ESTIMATORS
+from ..options import CertifyOptions, Estimator
 
 __all__ = [
     "CERT_FIELDS",
@@ -36,6 +36,9 @@ __all__ = [
     "EXAMPLE_FAMILY",
     "ESTIMATORS",
     "POOLS",
+    "SWEEP_CERTIFY",
+    "SWEEP_CERTIFY_KEYS",
+    "CERTIFY_FROM_SWEEP",
     "FamilySpec",
     "SweepConfig",
 ]
@@ -92,7 +95,9 @@ FAMILY_KEYS = {
     "n_test": "held-out examples (default: n_probe_test)",
     "train": "table: steps, lr, optimizer, batch_size, warmup, clip, weight_decay, schedule, momentum, "
     "loss, eval_batch_size, train_eval_examples (options of widthscope.train.train)",
-    "certify": "table: n_probe_train, n_probe_test, batch_size, points",
+    "certify": "table: n_probe_train, n_probe_test, batch_size (the sweep's own) and every certify option "
+    "(widthscope.options.CertifyOptions: points, M, K, draws, seed, estimator, pool, draw_scheme, "
+    "train_mode, interventions, etas, n_etas, max_rel_step); a statistics option left out takes [sweep]'s",
     "monitor": "table: every, count, at, points, n_train, n_test, M, K, delta, probe, seq_len: alignment over "
     "training (widthscope.monitor at the listed optimizer steps; docs/monitor.md)",
     "probes": "list of probe conditions {name, data, test_data, data_options, shift, seq_len} (default: one "
@@ -119,7 +124,11 @@ TRAIN_KEYS = (
     "eval_batch_size",
     "train_eval_examples",
 )
-CERTIFY_KEYS = ("n_probe_train", "n_probe_test", "batch_size", "points")
+# The [family.certify] keys: the sweep's own (probe pool sizes and batch) and every CertifyOptions field.
+SWEEP_CERTIFY_KEYS = ("n_probe_train", "n_probe_test", "batch_size")
+CERTIFY_KEYS = SWEEP_CERTIFY_KEYS + tuple(f.name for f in dataclasses.fields(CertifyOptions))
+# [sweep] keys that are certify options (the defaults of every family's certify table).
+CERTIFY_FROM_SWEEP = ("draws", "estimator", "pool", "interventions", "etas")
 MONITOR_KEYS = ("every", "count", "at", "points", "n_train", "n_test", "M", "K", "delta", "probe", "seq_len")
 OPTIMIZERS = ("adamw", "sgd")  # widthscope.train.train
 LM_DATASETS = ("text", "prose")  # byte-level language modelling; every other dataset is classification
@@ -127,8 +136,11 @@ SCHEDULES = ("cosine", "constant")
 EXAMPLE_FAMILY = (
     '[[family]] name = "mlp", widths = [32, 64], dataset = "digits", n_train = 512, train = { steps = 300, lr = 1e-3 }'
 )
-ESTIMATORS = ("unbiased", "plugin")
-POOLS = ("sum", "mean", "flatten")
+POOLS = ("sum", "mean", "flatten")  # CertifyOptions' pools but "token": a sweep cell pools per example
+# A sweep's certify options where neither [sweep] nor [family.certify] sets a field: CertifyOptions'
+# defaults but M = (16, 32) and the intervention grid sweeps have always used (nine half-decades up
+# to the activation's own size: widthscope.probe.intervene's defaults).
+SWEEP_CERTIFY = CertifyOptions(M=(16, 32), n_etas=9, max_rel_step=1.0)
 
 
 @dataclass
@@ -147,10 +159,21 @@ class FamilySpec:
     n_probe_train: int = 128
     n_probe_test: int = 128
     probe_batch_size: int = 32
-    points: list[str] | None = None
+    certify: CertifyOptions = SWEEP_CERTIFY  # the family's statistics (frozen, so a shared default is safe)
     probes: list[dict[str, Any]] | None = None
     probe_seq_len: list[int] | None = None
     monitor: dict[str, Any] | None = None
+
+    @property
+    def points(self) -> list[str] | None:
+        """``certify.points`` as the config gave them (None: not given; ``[]`` means the defaults too)."""
+        return None if self.certify.points is None else list(self.certify.points)
+
+    def legacy_dict(self) -> dict[str, Any]:
+        """The family as sweeps recorded it before it held a :class:`CertifyOptions` (``points``)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "certify"}
+        d["points"] = self.points
+        return to_jsonable(d)
 
 
 @dataclass
@@ -161,28 +184,92 @@ class SweepConfig:
     out_dir: str
     families: list[FamilySpec]
     seeds: list[int] = field(default_factory=lambda: [0])
-    MK: list[tuple[int, int]] = field(default_factory=lambda: [(16, 16), (32, 32)])
-    draws: int = 1000
-    estimator: Estimator = "unbiased"
-    pool: str = "sum"
+    certify: CertifyOptions = SWEEP_CERTIFY  # [sweep]'s statistics: the base of every family's
     budgets: list[int] | None = None
     data_seed: int = 0
     device: str = "cpu"
     threads: int | None = None
-    interventions: str = "bias"
-    etas: list[float] | None = None
+
+    # [sweep]'s statistics keys, read from its options
+    @property
+    def MK(self) -> list[tuple[int, int]]:
+        return self.certify.pairs
+
+    @property
+    def draws(self) -> int:
+        return self.certify.draws
+
+    @property
+    def estimator(self) -> Estimator:
+        return self.certify.estimator
+
+    @property
+    def pool(self) -> str:
+        return self.certify.pool
+
+    @property
+    def interventions(self) -> str:
+        return self.certify.interventions
+
+    @property
+    def etas(self) -> list[float] | None:
+        return None if self.certify.etas is None else list(self.certify.etas)
+
+    def _legacy(self) -> dict[str, Any]:
+        """The config in the layout sweeps recorded before it held :class:`CertifyOptions`."""
+        return {
+            "name": self.name,
+            "out_dir": self.out_dir,
+            "families": [f.legacy_dict() for f in self.families],
+            "seeds": list(self.seeds),
+            "MK": [list(mk) for mk in self.MK],
+            "draws": self.draws,
+            "estimator": self.estimator,
+            "pool": self.pool,
+            "budgets": self.budgets,
+            "data_seed": self.data_seed,
+            "device": self.device,
+            "threads": self.threads,
+            "interventions": self.interventions,
+            "etas": self.etas,
+        }
 
     def to_dict(self) -> dict[str, Any]:
-        return to_jsonable(asdict(self))
+        """The config as sweeps have always recorded it (``sweep.json``'s ``config``); the certify
+        options of each family are :meth:`options_record`."""
+        return to_jsonable(self._legacy())
+
+    def options_record(self) -> dict[str, Any]:
+        """The certify options, once: [sweep]'s (``sweep``) and each family's (``families``, by
+        name), each ``CertifyOptions.to_dict()`` (``sweep.json``'s ``options``)."""
+        return {
+            "sweep": self.certify.to_dict(),
+            "families": {f.name: f.certify.to_dict() for f in self.families},
+        }
 
     def fingerprint(self) -> str:
-        """Hash of everything that determines results (not where they go)."""
-        d = self.to_dict()
-        for fam in d.get("families", []):  # options at their defaults leave older fingerprints alone
+        """Hash of everything that determines results (not where they go).
+
+        Options at their defaults leave older fingerprints alone: a family's certify options enter
+        only where they differ from what [sweep]'s keys and ``points`` give (``certify_changes``)."""
+        d = to_jsonable(self._legacy())
+        for fam, fd in zip(self.families, d.get("families", [])):
             for key in ("probes", "probe_seq_len", "monitor"):
-                if fam.get(key) is None:
-                    fam.pop(key, None)
+                if fd.get(key) is None:
+                    fd.pop(key, None)
+            implied = self.certify.replace(points=fam.certify.points).to_dict()
+            changes = {k: v for k, v in fam.certify.to_dict().items() if implied[k] != v}
+            if changes:
+                fd["certify_changes"] = changes
+        extra = {k: v for k, v in self.certify.to_dict().items() if k not in _LEGACY_SWEEP and SWEEP_DICT[k] != v}
+        if extra:
+            d["certify_changes"] = extra
         d.pop("out_dir", None)
         d.pop("device", None)
         d.pop("threads", None)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+SWEEP_DICT = SWEEP_CERTIFY.to_dict()
+# CertifyOptions fields the legacy layout of a sweep records already (M, K as its MK pairs)
+_LEGACY_SWEEP = ("M", "K", "draws", "estimator", "pool", "interventions", "etas", "points")
