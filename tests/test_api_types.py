@@ -252,6 +252,9 @@ CASES = [
     Case("GrowOptions", "points int", lambda n: ws.GrowOptions(points=3), T, "--points"),
     Case("GrowOptions", "criterion unknown", lambda n: ws.GrowOptions(criterion="best"), V, "--criterion"),
     Case("GrowOptions", "M zero", lambda n: ws.GrowOptions(M=0), V, "--M"),
+    Case("sweep", "config int", lambda n: ws.sweep(3, "/tmp/never"), T, "sweep(config=...)"),
+    Case("sweep", "out_dir int", lambda n: ws.sweep({"sweep": {}}, 3), T, "sweep(out_dir=...)"),
+    Case("sweep", "no families", lambda n: ws.sweep({"sweep": {}}, "/tmp/never"), V, "no [[family]]"),
     Case("ReportOptions", "strict str", lambda n: ws.ReportOptions(strict="yes"), T, "--strict"),
     Case("ReportOptions", "title int", lambda n: ws.ReportOptions(title=3), T, "--title"),
     Case("CertifyOptions", "draws str", lambda n: ws.CertifyOptions(draws="many"), T, "--draws"),
@@ -300,7 +303,7 @@ def test_every_public_function_is_in_the_table() -> None:
     """A new public function without argument checks (no row here) fails this test."""
     public = {n for n in ws.__all__ if callable(getattr(ws, n))
               and not (isinstance(getattr(ws, n), type) and issubclass(getattr(ws, n), BaseException))}
-    public |= {"certify", "grow", "AlignmentMonitor"}
+    public |= {"certify", "grow", "sweep", "AlignmentMonitor"}
     covered = collections.Counter(c.fn for c in CASES)
     assert public - set(covered) == set()
     assert set(covered) - public == set()  # no stale rows

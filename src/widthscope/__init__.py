@@ -13,8 +13,9 @@ Linearization diagnostics (``widthscope.linear``)
     (``ntk``/``nngp``/``linearize`` take an ``nn.Module`` or a function ``f(params, x)`` with ``params=``)
 The whole certify pipeline: ``certify(model, data, M=...)`` -> :class:`CertifyResult`
     (``data``: train and held-out batches, a pair of them, or an :class:`InputSpec`), with
-    :class:`CertifyOptions`; ``grow(model, data)`` with :class:`GrowOptions`; ``AlignmentMonitor`` (during training) with
-    :class:`MonitorOptions`
+    :class:`CertifyOptions`; ``grow(model, data)`` with :class:`GrowOptions`; ``AlignmentMonitor``
+    (during training) with :class:`MonitorOptions`; ``sweep(config, out_dir)`` (a sweep config:
+    ``widthscope.sweep.load_config``'s, a TOML dict or path); :class:`ReportOptions`
 Inputs (``widthscope.data``): a checkpoint, its data and its two probe pools
     InputSpec, load_inputs (``load_inputs(InputSpec(model=..., data=..., n_train=...))``;
     the command line builds the same spec from its options)
@@ -56,7 +57,7 @@ _EXPORTS = {
 }
 # Names that are packages users call: ``ws.certify(model, data, M=...)`` (a callable package, so the
 # function and the subpackage imported from are one object).
-_CALLABLE_PACKAGES = {"certify": "widthscope.certify", "grow": "widthscope.grow"}
+_CALLABLE_PACKAGES = {"certify": "widthscope.certify", "grow": "widthscope.grow", "sweep": "widthscope.sweep"}
 
 __all__ = ["WidthscopeError", "__version__", *_CALLABLE_PACKAGES, *_EXPORTS]
 

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .._io import atomic_write_json
-from ..errors import WidthscopeError
+from ..errors import WidthscopeError, WidthscopeTypeError
 from .cell import MONITOR_FILE as MONITOR_FILE
 from .cell import cell_options, certified_steps, run_cell
 from .config import _where, load_config, monitor_steps
@@ -210,6 +210,13 @@ def run_sweep(
 
     ``config`` is a :class:`SweepConfig`, a dict as parsed from TOML, or a TOML path.
     """
+    if not isinstance(config, (SweepConfig, Mapping, str, os.PathLike)):
+        raise WidthscopeTypeError(
+            f"sweep(config=...): expected a SweepConfig, a dict as parsed from TOML or a TOML path, "
+            f"got {type(config).__name__}"
+        )
+    if out_dir is not None and not isinstance(out_dir, (str, os.PathLike)):
+        raise WidthscopeTypeError(f"sweep(out_dir=...): expected a folder path, got {type(out_dir).__name__}")
     cfg = config if isinstance(config, SweepConfig) else load_config(config)
     check_structure(cfg)  # before the folder exists: a refused config leaves nothing behind
     out = Path(out_dir if out_dir is not None else cfg.out_dir)
