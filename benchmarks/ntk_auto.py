@@ -222,7 +222,62 @@ def calibrate() -> dict[str, float]:
     t0 = time.perf_counter()
     for _ in range(50):
         pull(torch.ones_like(out))
-    return {"GEMM_S": gemm, "PASS_S": pass_s, "CALL_S": (time.perf_counter() - t0) / 50}
+    call_s = (time.perf_counter() - t0) / 50
+    return {"GEMM_S": gemm, "PASS_S": pass_s, "CALL_S": call_s, **_calibrate_per_example()}
+
+
+def _best(fn, reps: int = 5) -> float:
+    fn()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return min(ts)
+
+
+def _calibrate_per_example() -> dict[str, float]:
+    """``OP_S``: seconds per dispatched operator of a one-example forward pass of a deep narrow MLP (width 8:
+    no FLOPs to speak of). ``PE_PASS_S``, ``PE_WRITE_S``: per FLOP and per Jacobian number of the per-example
+    route's ``vmap(jacrev)``, solved from two models with the same ``P`` and different FLOPs per ``P`` (an MLP,
+    and the same layers applied at 16 positions), their operator overheads taken off."""
+    from torch.func import functional_call, jacrev, vmap
+
+    from widthscope.linear.cost import measure
+
+    deep = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(24)])
+    p = dict(deep.named_parameters())
+    x1 = torch.randn(1, 8)
+    ops = measure(lambda z: functional_call(deep, p, (z,)), x1, p).ops
+    op_s = _best(lambda: functional_call(deep, p, (x1,)), 20) / ops
+
+    class Seq(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.c = nn.Linear(64, 256), nn.Linear(256, 256), nn.Linear(256, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.c(torch.tanh(self.b(torch.tanh(self.a(x))))).reshape(x.shape[0], -1, 10).mean(1)
+
+    rows = []
+    for T in (1, 16):
+        m = Seq()
+        q = dict(m.named_parameters())
+        x = torch.randn(32, T, 64)
+        pr = measure(lambda z, m=m, q=q: functional_call(m, q, (z,)), x[:1], q)
+
+        def f(q, xi, m=m):
+            return functional_call(m, q, (xi[None],))[0]
+
+        t = _best(lambda f=f, q=q, x=x: vmap(jacrev(f), in_dims=(None, 0))(q, x), 3)
+        P = sum(v.numel() for v in q.values())
+        n, O = x.shape[0], 10
+        rows.append(((n + 2 * n * O) * pr.flops, n * O * P, t - 3 * pr.ops * op_s))
+    (f1, w1, t1), (f2, w2, t2) = rows
+    det = f1 * w2 - f2 * w1
+    pe_pass = (t1 * w2 - t2 * w1) / det
+    pe_write = (f1 * t2 - f2 * t1) / det
+    return {"OP_S": op_s, "PE_PASS_S": pe_pass, "PE_WRITE_S": pe_write}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,3 +60,45 @@ def test_benchmark_models_build_and_run():
         model = build().eval()
         out = model(inputs()[:2])
         assert out.shape[0] == 2 and out.dim() == 2, name
+
+
+def _grid_mod():
+    spec = importlib.util.spec_from_file_location("ntk_auto_grid", ROOT / "benchmarks" / "ntk_auto_grid.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_grid_runs_in_quick_mode_and_writes_well_formed_rows(tmp_path):
+    mod = _grid_mod()
+    out = tmp_path / "grid.json"
+    assert mod.main(["--quick", "--reps", "2", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert list(rows) == [mod.key(*pt) for pt in mod.grid(quick=True)]
+    for name, r in rows.items():
+        assert r["auto_choice"] in mod.METHODS and r["reason"].startswith(r["auto_choice"])
+        paths = [m for m in (*mod.METHODS, "vmap_jacrev")]
+        for m in paths:  # every path is timed, or says why not
+            assert (m in r["seconds"]) + (m in r["skipped"]) + (m in r["failed"]) == 1, (name, m)
+        for m, t in r["all_seconds"].items():
+            assert len(t) == (1 if m in r["dropped"] else 2) and all(v > 0 for v in t)
+            assert r["max_rel_diff_vs_auto"][m] < 1e-4  # every path computes the same kernel
+        assert r["fastest"] in r["seconds"] and r["fastest"] != "auto"
+        assert r["auto_ratio"] > 0 and r["choice_ratio"] > 0 and len(r["loadavg_start"]) == 3
+        assert r["code_rev"] == mod.CODE_REV
+        assert r == r | mod.ratios(r)  # the stored ratios are the function of the stored times
+    # a second run resumes: nothing is measured again
+    before = out.read_text()
+    mod.main(["--quick", "--reps", "2", "--out", str(out)])
+    assert out.read_text() == before
+
+
+def test_grid_ratios_are_per_round_against_every_path():
+    mod = _grid_mod()
+    r = {"auto_choice": "structured",
+         "all_seconds": {"auto": [1.2, 3.3, 1.0], "structured": [1.0, 3.0, 1.1], "vmap_jacrev": [0.8, 3.5, 1.0],
+                         "jacobian": [9.0]}}  # jacobian: dropped after round 1
+    q = mod.ratios(r)
+    assert q["fastest"] == "vmap_jacrev"  # medians: vmap_jacrev 1.0, structured 1.1, jacobian 9
+    # per round the fastest is 0.8, 3.0, 1.0: auto 1.5, 1.1, 1.0; its choice 1.25, 1.0, 1.1
+    assert q["auto_ratio"] == pytest.approx(1.1) and q["choice_ratio"] == pytest.approx(1.1)

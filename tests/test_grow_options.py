@@ -79,7 +79,7 @@ def test_options_own_checks_name_the_flag():
             WidthscopeError, match="^" + msg.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")
         ):
             GrowOptions(**kw)
-    with pytest.raises(WidthscopeError, match=r"^--M 2: must be a whole number in 4\.\.10000000 \(the unbiased"):
+    with pytest.raises(WidthscopeError, match=r"^--M 2: must be >= 4 \(the unbiased"):  # grow-bench's message since it began
         GrowBenchOptions(M=2)
     with pytest.raises(WidthscopeError, match="--seeds 'a,b': expected comma-separated whole numbers"):
         GrowBenchOptions(seeds="a,b")

@@ -25,9 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 # Imports that run up today (module, what it imports). Each is a place to fix; none may be added.
-KNOWN_CLIMBS = {
-    ("widthscope.linear.model", "widthscope.models.hf"),  # eager_attention: now in probe.structure
-}
+KNOWN_CLIMBS: set[tuple[str, str]] = set()
 
 
 def _layer(module: str) -> int | None:

@@ -26,7 +26,7 @@ def test_auto_says_which_and_why(capsys):
     x = torch.randn(32, 6)
     info: dict = {}
     K = ntk(net, x, info=info, verbose=True)
-    assert set(info["costs"]) == {"structured", "jacobian", "products"}
+    assert set(info["costs"]) == {"structured", "per_example", "jacobian", "products"}
     fits = {m: c for m, c in info["costs"].items() if c["fits"]}
     assert info["method"] == min(fits, key=lambda m: fits[m]["seconds"])
     assert info["reason"].startswith(info["method"] + ": cheapest estimate")

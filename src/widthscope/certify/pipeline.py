@@ -48,6 +48,7 @@ from .._io import to_jsonable
 from ..errors import WidthscopeError
 from ..options import DEFAULT_M, DEFAULT_MAX_REL_STEP, DEFAULT_N_ETAS, ESTIMATORS, CertifyOptions
 from ..probe import resolve_points
+from ..probe.offload import input_device
 from ..validate import sizes_list
 from .per_point import _v, check_pool, precision_notes, ranking, statistics, tables  # noqa: F401  (re-exported)
 from .probing import KeepPrefix, count_examples, gather_pools, gather_rows, low_precision, probe_pools
@@ -358,10 +359,7 @@ def _resolve(
     if opts.pool != "token":  # cheap early check, before any probing
         check_pool(count_examples(train_list), max(m for m, _ in pairs), "train", "n_train", opts.pool)
         check_pool(count_examples(test_list), max(k for _, k in pairs), "held-out", "n_test", opts.pool)
-    try:
-        device = next(model.parameters()).device
-    except StopIteration:
-        device = torch.device("cpu")
+    device = input_device(model)  # a dispatched model's inputs go where its first block runs
     return pairs, names, train_list, test_list, W, device
 
 

@@ -6,7 +6,13 @@
   (growing one block, the continue-training baseline, FLOPs), ``inputs`` (the model and pools of a run);
 - ``bench``: grow at every point of a model suite beside the equal-FLOPs baselines (``grow-bench``);
   its steps: ``suite`` (the cells, models, data, base training), ``cell`` (one model and seed);
-- ``compare``: the benchmark's judgement of its rows (Spearman, hit, regret, intervals, ``grow``'s default).
+- ``compare``: the benchmark's judgement of its rows (Spearman, hit, regret, intervals, ``grow``'s default);
+- ``operators``: function-preserving growth of a trained model (``zero_block``, ``stack_depth``: G_stack
+  and its zeroed variant, ``widen``) and the optimiser state after growth (``optimizer_after``);
+- ``schedule``: when to grow (fixed fractions of a budget, loss plateau, the alignment certificate);
+- ``target``, ``target_compare``, ``target_bench``, ``target_plan``: the compute-to-target benchmark
+  (``widthscope grow-target``: does small → grow → train reach the from-scratch loss with less
+  compute?), its judgement, its run, and its suites at other sizes with their predicted cost.
 
 ``widthscope.grow`` is also the function: ``ws.grow(model, data)`` calls :func:`grow` (the package
 is callable, so the name users call and the subpackage they import from are one object).
@@ -16,12 +22,12 @@ import sys as _sys
 import types as _types
 from typing import Any
 
-from .options import GrowBenchOptions
+from .options import GrowBenchOptions, GrowTargetOptions
 from .pipeline import *  # noqa: F403  (the public API of the pipeline)
 from .pipeline import __all__ as _main_all
 from .pipeline import grow as _grow
 
-__all__ = [*_main_all, "GrowBenchOptions"]
+__all__ = [*_main_all, "GrowBenchOptions", "GrowTargetOptions"]
 
 
 class _Callable(_types.ModuleType):

@@ -4,11 +4,12 @@ imports the other)."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
 from torch import nn
-from torch.func import functional_call, jacrev, jvp, vjp
+from torch.func import functional_call, jacrev, jvp, vjp, vmap
 
 from ..errors import WidthscopeError
 
@@ -101,6 +102,65 @@ def _ntk_jacobian(model, params, buffers, x1, x2, chunk, same, out_chunk=None):
     return K
 
 
+def _per_example_jac(model, params, buffers, x: torch.Tensor, o: slice) -> list[torch.Tensor]:
+    """Per-example Jacobians ``vmap(jacrev(f))`` over the rows of ``x``, outputs ``o``: one ``(c·oc, p_b)``
+    matrix per parameter tensor. Each example is run alone (a batch of one), so a backward pass touches
+    its own example only: ``c·oc`` passes of one example, not ``c·oc`` passes of the whole chunk."""
+
+    def f(p, xi):
+        return _flat_out(model, p, buffers, xi.unsqueeze(0))[0, o]
+
+    with warnings.catch_warnings():  # ops without a batching rule (fused attention) run as a loop: fine
+        warnings.filterwarnings("ignore", message="There is a performance drop")
+        j = vmap(jacrev(f), in_dims=(None, 0))(params, x)
+    return [v.reshape(v.shape[0] * v.shape[1], -1) for v in j.values()]
+
+
+def _ntk_per_example(model, params, buffers, x1, x2, chunk, same, out_chunk=None, n_out=None):
+    """``Σ_b J_b(x1) J_b(x2)ᵀ`` from per-example Jacobians (:func:`_per_example_jac`) of ``chunk`` examples ×
+    ``out_chunk`` outputs at a time, contracted as one matrix product per parameter tensor (accumulated in
+    place); with ``x2 = x1`` only the upper block pairs (mirrored). Examples must not be batch-coupled."""
+    n1, n2 = x1.shape[0], x2.shape[0]
+    if out_chunk:
+        O = n_out or _flat_out(model, params, buffers, x1[:1]).shape[1]
+        outs = [slice(a, min(a + out_chunk, O)) for a in range(0, O, out_chunk)]
+    else:  # all outputs at once: their number comes with the first Jacobian block (no extra forward pass)
+        O, outs = 0, [slice(None)]
+    b1 = [(slice(i, min(i + chunk, n1)), o) for i in range(0, n1, chunk) for o in outs]
+    b2 = b1 if same else [(slice(j, min(j + chunk, n2)), o) for j in range(0, n2, chunk) for o in outs]
+    kept = None if same or len(b2) > 1 else _per_example_jac(model, params, buffers, x2[b2[0][0]], b2[0][1])
+    K = None
+    for bi, (si, oi) in enumerate(b1):
+        ja = _per_example_jac(model, params, buffers, x1[si], oi)
+        for bj, (sj, oj) in enumerate(b2):
+            if same and bj < bi:
+                continue
+            jb = (
+                ja
+                if same and bj == bi
+                else kept
+                if kept is not None
+                else _per_example_jac(model, params, buffers, (x1 if same else x2)[sj], oj)
+            )
+            G = ja[0] @ jb[0].T
+            for a, b in zip(ja[1:], jb[1:]):
+                G.addmm_(a, b.T)
+            if K is None:
+                O = O or G.shape[0] // (si.stop - si.start)
+                K = torch.empty(n1, n2, O, O, dtype=G.dtype, device=G.device)
+            blk = G.view(si.stop - si.start, len(range(O)[oi]), sj.stop - sj.start, len(range(O)[oj]))
+            K[si, sj, oi, oj] = blk.permute(0, 2, 1, 3)
+            if same and bj != bi:
+                K[sj, si, oj, oi] = blk.permute(2, 0, 3, 1)
+    return K
+
+
+def vmap_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` says an operator has no batching rule under ``vmap`` (the per-example route vmaps the
+    forward pass too; ``jacrev`` over a batch vmaps only the backward)."""
+    return isinstance(exc, RuntimeError) and "vmap" in str(exc).lower()
+
+
 def _ntk_products(model, params, buffers, x1, x2, chunk=None, coupled=False):
     """NTK-vector products: column (j, b) of Θ is jvp at x1 along g = J(x2_j)ᵀ e_b; the jvp over ``chunk``
     rows of x1 at a time, the vjp on row j alone (on all of x2 when the examples are ``coupled``)."""
@@ -132,3 +192,32 @@ def _forward_ad_ok(model, params, buffers, x: torch.Tensor) -> bool:
         return True
     except (RuntimeError, NotImplementedError):
         return False
+
+
+ATTENTION_FIX = (
+    'build or load the model with attn_implementation="eager" (e.g. '
+    'AutoModelForCausalLM.from_config(cfg, attn_implementation="eager"), or '
+    'model.set_attn_implementation("eager")): fused scaled-dot-product attention '
+    "kernels have no forward-mode (jvp) derivative"
+)
+
+
+def _is_attention_ad_error(exc: BaseException) -> bool:
+    msg = str(exc).lower()
+    keys = ("scaled_dot_product", "flash", "efficient_attention", "sdpa", "_fused_sdp", "attention")
+    return any(k in msg for k in keys)
+
+
+def _uses_fused_attention(model: nn.Module) -> bool:
+    cfg = getattr(model, "config", None)
+    impl = getattr(cfg, "_attn_implementation", None) if cfg is not None else None
+    return impl is not None and impl != "eager"
+
+
+def _reraise_attention(exc: BaseException, model: nn.Module) -> None:
+    if _is_attention_ad_error(exc) or _uses_fused_attention(model):
+        raise WidthscopeError(
+            f"forward-mode differentiation (jvp) failed inside attention "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); fix: "
+            f"{ATTENTION_FIX}"
+        ) from exc

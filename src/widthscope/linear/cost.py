@@ -6,11 +6,16 @@ autograd graph keeps for the backward pass, per example; the parameters themselv
 :func:`estimates` turns them, with the parameter count ``P``, the output size ``o``, the example
 counts and the structured :class:`~widthscope.linear.structured.Plan`, into seconds and bytes:
 
-- ``jacobian`` (chunks of ``c`` examples, ``r = n1 + n2`` rows, or ``n1`` with ``x2=None``):
-  ``r·o`` reverse passes of ``2F`` plus the contraction ``2·n1·n2·o²·P`` (halved with ``x2=None``:
-  only the upper block pairs); when ``x2``'s Jacobians do not fit they are recomputed once per row
-  chunk. Memory: the kernel, ``JAC_COPIES`` Jacobian chunks of ``c·o·P`` numbers (row chunk, column
-  chunk, the copy jacrev makes), the chunk's activations and their vmapped gradients ``c²·o·S``.
+- ``per_example`` (``vmap(jacrev)`` over chunks of ``c`` examples, each run alone): ``r`` one-example forward
+  passes and ``r·o`` one-example reverse passes (``2F``, and ``P`` Jacobian numbers written, at ``PE_PASS_S``
+  per FLOP and ``PE_WRITE_S`` per number) plus the contraction ``2·n1·n2·o²·P`` (halved with ``x2=None``).
+  Memory: ``PE_COPIES`` Jacobian chunks and the ``c·o`` vmapped passes' activations.
+- ``jacobian`` (chunks of ``c`` examples through one batched call, ``r = n1 + n2`` rows, or ``n1`` with
+  ``x2=None``): ``r·o`` reverse passes, each over the whole chunk (``2F·c``), plus the contraction
+  ``2·n1·n2·o²·P`` (halved with ``x2=None``: only the upper block pairs); when ``x2``'s Jacobians do not
+  fit they are recomputed once per row chunk. Memory: the kernel, ``JAC_COPIES`` Jacobian chunks of
+  ``c·o·P`` numbers (row chunk, column chunk, the copy jacrev makes), the chunk's activations and their
+  vmapped gradients ``c²·o·S``.
   When one example's ``o·P`` does not fit, chunks of outputs.
 - ``structured``: one forward and ``o`` batched backward passes over the ``n`` examples
   (``n·(1 + 2o)·F``), the Gram products of each covered layer (the cheaper of the two forms
@@ -21,11 +26,16 @@ counts and the structured :class:`~widthscope.linear.structured.Plan`, into seco
 - ``products``: ``n2·o`` columns, each one vjp (``2F``) and one jvp over ``x1`` (``3·n1·F``).
   Memory: ``P`` numbers per tangent plus the activations of a chunk of ``x1``.
 
-Each pass costs ``CALL_S`` seconds of dispatch besides its FLOPs. The constants were measured
-on the project machine (one thread, float32; ``benchmarks/ntk_auto.py --calibrate`` reruns it):
+Each functorch call costs ``CALL_S`` seconds and each pass ``OP_S`` per aten operator it dispatches (the probe
+counts them: ``ops``) besides its FLOPs — what decides small models at few examples. The constants were measured
+on the project machine (one thread, float32; ``benchmarks/ntk_auto.py --calibrate`` reruns it and
+``benchmarks/results/ntk-auto-calibrate-cpu.json`` holds the run; ``benchmarks/ntk_auto_grid.py`` times every
+method at every shape against the choice):
 ``GEMM_S`` = seconds per FLOP of a 512×512 matmul (24 GFLOP/s), ``PASS_S`` = per FLOP of the
 vmapped reverse/forward passes (memory-bound elementwise work around the matmuls: about 3×
-``GEMM_S``), ``CALL_S`` ≈ one vjp call on a small MLP (0.7 ms). Only ratios between methods matter
+``GEMM_S``), ``CALL_S`` ≈ one vjp call on a small MLP, ``OP_S`` = a one-example forward pass of a deep narrow
+MLP over its operator count, ``PE_PASS_S``/``PE_WRITE_S`` solved from ``vmap(jacrev)`` times of two models with
+the same ``P`` and different FLOPs per parameter. Only ratios between methods matter
 for the choice; ``seconds`` in ``info["costs"]`` is an estimate, not a promise. Forward-mode passes
 (``products``) are counted ``JVP_SLOWER``× the reverse rate (measured: the MLP and LLaMA rows of
 ``benchmarks/ntk_auto.py`` ran 1.6–2.4× their reverse-rate estimate). Every method is planned within
@@ -40,22 +50,43 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-GEMM_S = 4.2e-11
-PASS_S = 1.3e-10
-CALL_S = 7e-4
+# benchmarks/ntk_auto.py --calibrate on the project machine, 2026-12-02 (one thread, load average 7 on 2
+# cores: the machine is shared), recorded in benchmarks/results/ntk-auto-calibrate-cpu.json
+GEMM_S = 6.8e-11
+PASS_S = 1.1e-10
+CALL_S = 2.0e-3
+OP_S = 2.9e-5
+PE_PASS_S = 2.5e-11
+PE_WRITE_S = 1.4e-8
 JVP_SLOWER = 2.5
 CONTRACT_SLOWER = 1.6  # the per-tensor einsum contraction vs one 512² matmul (llama-128 row of ntk_auto: 1.6×)
 SAFETY = 0.85  # plan for this share of memory_budget: allocator slack, temporaries the model does not count
+PE_COPIES = 3  # row chunk, column chunk, jacrev's stacked copy of one of them
 JAC_COPIES = 4  # row chunk, column chunk, and the transient copy jacrev makes of each (measured peak 1.8×)
 
 
 @dataclass
 class Probe:
-    """What one forward pass on one example says: FLOPs ``flops``, saved-for-backward bytes ``saved``."""
+    """What one forward pass on one example says: FLOPs ``flops``, saved-for-backward bytes ``saved`` and
+    ``ops`` (aten operators dispatched: the fixed cost of one pass that FLOPs do not see)."""
 
     flops: float
     saved: float
+    ops: float = 0.0
+
+
+class _OpCount(TorchDispatchMode):
+    """Counts the aten operators a call dispatches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
 
 
 def measure(fn, x: torch.Tensor, params: dict[str, torch.Tensor]) -> Probe:
@@ -74,11 +105,13 @@ def measure(fn, x: torch.Tensor, params: dict[str, torch.Tensor]) -> Probe:
             pass
         return t
 
-    counter = FlopCounterMode(display=False)
-    with torch.enable_grad(), counter, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    counter, ops = FlopCounterMode(display=False), _OpCount()
+    with torch.enable_grad(), counter, ops, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn(x)
     n = x.shape[0]
-    return Probe(flops=float(max(counter.get_total_flops(), 1)) / n, saved=float(sum(seen.values())) / n)
+    return Probe(
+        flops=float(max(counter.get_total_flops(), 1)) / n, saved=float(sum(seen.values())) / n, ops=float(ops.n)
+    )
 
 
 def _positions_flops(rule: str, n: int, O: int, T: int, Da: int, Dd: int, mode: str, same: bool) -> float:
@@ -120,11 +153,13 @@ def _jacobian(
     passes = rows * O + recompute
     pairs = row_chunks * (row_chunks + 1) / 2 if same else row_chunks * col_chunks  # x2=None: upper pairs
     share = pairs / (row_chunks * col_chunks)
+    calls = row_chunks + (0 if same else col_chunks)
     t = (
-        passes * 2 * pr.flops * PASS_S
-        + passes * P * PASS_S  # backward passes and the Jacobian writes
+        passes * 2 * pr.flops * PASS_S * min(c, max(n1, n2))  # each vmapped pass runs over the whole chunk
+        + passes * P * PASS_S  # the Jacobian writes
         + 2.0 * n1 * n2 * O * O * P * share * GEMM_S * CONTRACT_SLOWER
-        + (row_chunks + (0 if same else col_chunks) + pairs) * CALL_S
+        + calls * 3 * pr.ops * OP_S
+        + (calls + pairs) * CALL_S
     )
     return {
         "fits": True,
@@ -134,6 +169,52 @@ def _jacobian(
         "out_chunk": oc,
         "flops": passes * 2 * pr.flops + 2.0 * n1 * n2 * O * O * P,
         "per_example_jacobian": per,
+    }
+
+
+def _per_example(
+    P: float, O: int, n1: int, n2: int, same: bool, pr: Probe, item: int, budget: float, fixed: float
+) -> dict[str, Any]:
+    """Seconds and bytes of the per-example route: ``vmap(jacrev)`` over chunks of ``c`` examples, each example
+    run alone, so ``r·o`` one-example reverse passes (``2F`` and a ``P``-number gradient each) and one forward
+    per example, against ``c·r·o`` for the batched :func:`_jacobian`; the contraction one matrix product per
+    parameter tensor. Memory: ``PE_COPIES`` Jacobian chunks and the ``c·oc`` vmapped passes' activations."""
+    room = budget - fixed
+
+    def need(c: int, oc: int) -> float:
+        return PE_COPIES * c * oc * P * item + c * pr.saved * (1 + oc)
+
+    c = 1
+    while c < max(n1, n2) and need(2 * c, O) <= room:
+        c *= 2
+    oc = O
+    while oc > 1 and need(1, oc) > room:
+        oc = (oc + 1) // 2
+    if need(c, oc) > room:
+        return {"fits": False, "bytes": fixed + need(1, 1), "seconds": math.inf, "chunk": 1, "out_chunk": 1}
+    rows = n1 if same else n1 + n2
+    oks = math.ceil(O / oc)
+    row_chunks, col_chunks = math.ceil(n1 / c) * oks, math.ceil(n2 / c) * oks
+    recompute = 0 if (same or col_chunks == 1) else row_chunks * n2  # x2's Jacobian rows again (examples)
+    examples = rows * oks + recompute * oks  # forward passes (one per example per output chunk)
+    passes = rows * O + recompute * O  # one-example reverse passes
+    pairs = row_chunks * (row_chunks + 1) / 2 if same else row_chunks * col_chunks
+    share = pairs / (row_chunks * col_chunks)
+    calls = row_chunks + (0 if same else (col_chunks if col_chunks == 1 else row_chunks * col_chunks))
+    t = (
+        (examples + 2 * passes) * pr.flops * PE_PASS_S
+        + passes * P * PE_WRITE_S
+        + 2.0 * n1 * n2 * O * O * P * share * GEMM_S
+        + calls * (CALL_S + 3 * pr.ops * OP_S)
+    )
+    return {
+        "fits": True,
+        "bytes": fixed + need(c, oc),
+        "seconds": t,
+        "chunk": c,
+        "out_chunk": oc,
+        "flops": (examples + 2 * passes) * pr.flops + 2.0 * n1 * n2 * O * O * P * share,
+        "per_example_jacobian": O * P * item,
     }
 
 
@@ -171,7 +252,7 @@ def _structured(
         b = (b + 1) // 2
     gen = None
     if plan.n_generic:
-        gen = _jacobian(plan.n_generic, O, n1, n2, same, pr, item, budget, result + need(b))
+        gen = _per_example(plan.n_generic, O, n1, n2, same, pr, item, budget, result + need(b))
     fits = need(b) <= budget - result and (gen is None or gen["fits"])
     rows = n1 if same else n1 + n2
     blocks = math.ceil(n / b)
@@ -179,7 +260,14 @@ def _structured(
     gram = sum(_positions_flops(r, n, O, t, da, dd, mode, same) for r, t, da, dd in shapes)
     gram *= (n1 * n2) / (n * n)
     passes = rows * (1 + 2 * O) * pr.flops * recapture
-    t = passes * PASS_S + gram * GEMM_S + blocks * blocks * CALL_S * max(1, len(shapes)) / 4 + O * CALL_S
+    captures = blocks * recapture * math.ceil(O / 64)  # one forward and a batched backward per 64 outputs
+    t = (
+        passes * PASS_S
+        + gram * GEMM_S
+        + blocks * blocks * CALL_S * max(1, len(shapes)) / 4
+        + O * CALL_S
+        + captures * 3 * pr.ops * OP_S
+    )
     out = {
         "fits": fits,
         "bytes": result + need(b) + (gen["bytes"] - result - need(b) if gen else 0),
@@ -202,7 +290,11 @@ def _products(P: int, O: int, n1: int, n2: int, pr: Probe, item: int, budget: fl
     cols = n2 * O
     chunks = math.ceil(n1 / c)
     # forward-mode passes ran JVP_SLOWER× the reverse passes' rate per FLOP (MLP and LLaMA rows of ntk_auto)
-    t = cols * (2 * pr.flops + 3 * n1 * pr.flops) * PASS_S * JVP_SLOWER + cols * (1 + chunks) * CALL_S
+    t = (
+        cols * (2 * pr.flops + 3 * n1 * pr.flops) * PASS_S * JVP_SLOWER
+        + cols * (1 + chunks) * CALL_S
+        + cols * (3 + 3 * chunks) * pr.ops * OP_S
+    )
     return {
         "fits": need(c) <= budget - result,
         "bytes": result + need(c),
@@ -245,6 +337,8 @@ def estimates(
             out[m] = _jacobian(n_params, O, n1, n2, same, pr, item, budget, full)
         elif m == "structured" and plan is not None:
             out[m] = _structured(plan, layer_shapes(plan), n_params, O, n1, n2, same, pr, item, budget, result, mode)
+        elif m == "per_example":
+            out[m] = _per_example(n_params, O, n1, n2, same, pr, item, budget, full)
         elif m == "products":
             out[m] = _products(n_params, O, n1, n2, pr, item, budget, full)
     return out

@@ -45,6 +45,9 @@ Example::
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +56,7 @@ from torch import nn
 
 from ..errors import WidthscopeError
 from ..probe.structure import eager_attention, eager_attention_for, main_stack
+from .dispatch import check_disk, finish, pretrained_kwargs
 
 __all__ = [
     "TASKS",
@@ -240,6 +244,9 @@ def load_hf(
     dtype: str = "auto",
     device: str | torch.device = "cpu",
     revision: str | None = None,
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: str | dict[Any, Any] | None = None,
+    offload_folder: str | Path | None = None,
 ) -> nn.Module:
     """Load the checkpoint in ``directory`` (eval mode) with the Auto class of its task.
 
@@ -250,6 +257,15 @@ def load_hf(
     The model carries ``widthscope_task``, ``widthscope_points`` (:func:`main_stack`),
     ``widthscope_hf`` (where it came from: directory, architecture, weights, dtype) and, for a hub
     model, ``widthscope_hub`` (id, revision, commit; also ``widthscope_hf["hub"]``).
+
+    Models larger than memory (:mod:`widthscope.models.dispatch`): ``device_map`` (``"auto"``,
+    ``"balanced"``, ``"sequential"`` or a dict ``{module name: device}``) spreads the model over
+    the devices through accelerate, each device loading only its share of the weights;
+    ``max_memory`` (``{device: size}`` or text such as ``"cpu=2GB,disk"``) bounds each device and
+    ``disk`` there (or ``offload_folder``) lets the rest be offloaded to disk (files in
+    ``offload_folder``, default a temporary folder removed with the model). ``device`` is then
+    not used. The map, the budget and the folder are recorded in ``widthscope_hf``; offloaded
+    models recompute each block in the probe's backward (memory near the budget).
     """
     from ..hub import attach, resolve_model
 
@@ -268,6 +284,15 @@ def load_hf(
     task = task or hf_task(cfg, str(directory / "config.json"))
     torch_dtype = _dtype(dtype)
     use_safetensors, weights = _weights(directory)
+    placement, budget = pretrained_kwargs(device_map, max_memory, offload_folder)
+    if placement and str(device) != "cpu":
+        raise WidthscopeError(f"load_hf: device={device!r} and device_map both given; the device map places the model")
+    if placement and not use_safetensors:
+        raise WidthscopeError(
+            f"device_map needs safetensors weights; {directory} has {weights}: convert it "
+            "(model.save_pretrained(DIR) writes safetensors)"
+        )
+    folder, temp = _offload_folder(placement, budget, offload_folder)
     auto = auto_classes()[task]
     import warnings
 
@@ -290,6 +315,8 @@ def load_hf(
                 # rather than transformers' table and a hint about an option the user never set
                 ignore_mismatched_sizes=True,
                 output_loading_info=True,
+                **placement,
+                **({"offload_folder": folder} if folder is not None else {}),
             )
     except WidthscopeError:
         raise
@@ -327,7 +354,8 @@ def load_hf(
             "weights would give meaningless certificates)"
         )
     model.eval()
-    model.to(device)
+    if not placement:
+        model.to(device)
     model.widthscope_task = task
     model.widthscope_points = main_stack(model)
     model.widthscope_hf = {
@@ -337,6 +365,8 @@ def load_hf(
         "weights": weights,
         "dtype_option": dtype,
     }
+    if placement:
+        _dispatched(model, budget, folder, temp)
     family = WIDTHSCOPE_FAMILY.get(cfg["model_type"])
     if family is not None and task == "causal-lm":
         # Our llama/pythia families are these HF classes: keep them rebuildable (grow, save).
@@ -348,3 +378,40 @@ def load_hf(
             "hf_config": c.to_dict(),
         }
     return attach(model, hub)
+
+
+class _TempFolder:
+    """A temporary offload folder, removed when this object is collected: the model keeps it when
+    modules went to disk; a failed load drops it with the frame."""
+
+    def __init__(self) -> None:
+        self.path = tempfile.mkdtemp(prefix="widthscope-offload-")
+        weakref.finalize(self, shutil.rmtree, self.path, True)
+
+
+def _offload_folder(
+    placement: dict[str, Any], budget: dict[Any, Any] | None, given: str | Path | None
+) -> tuple[str | None, _TempFolder | None]:
+    """The folder ``from_pretrained`` may offload to (a safetensors checkpoint's offloaded weights
+    are read from its own files; converted ones are written there): the one given, else (disk
+    allowed: no budget, or ``disk`` in it) a temporary one; None without a device map."""
+    if not placement:
+        return None, None
+    if given is not None:
+        Path(given).mkdir(parents=True, exist_ok=True)
+        return str(given), None
+    if budget is None or "disk" in budget:
+        temp = _TempFolder()
+        return temp.path, temp
+    return None, None
+
+
+def _dispatched(model: nn.Module, budget: dict[Any, Any] | None, folder: str | None, temp: _TempFolder | None) -> None:
+    """After a load with a device map: refuse disk offload the budget did not allow, keep a
+    temporary folder with the model when modules went to disk, prepare the model for the probe."""
+    dmap = getattr(model, "hf_device_map", None) or {}
+    disk = "disk" in dmap.values()
+    check_disk(dmap, budget, folder if temp is None else None)
+    if disk and temp is not None:
+        model._widthscope_offload_folder = temp  # type: ignore[assignment]
+    finish(model, budget, folder if disk else None)

@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import WidthscopeError
+from ..probe.offload import input_device
 
 __all__ = ["TrainingState", "snapshot", "check_not_fsdp", "FSDP_FIX", "unwrap", "device_of"]
 
@@ -119,7 +120,4 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def device_of(model: nn.Module) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except StopIteration:
-        return torch.device("cpu")
+    return input_device(model)

@@ -49,6 +49,7 @@ from .. import _args
 from .._io import progress as _progress
 from ..errors import WidthscopeError
 from .losses import causal_lm_loss, default_loss, logits_of, masked_lm_loss
+from .offload import input_device
 from .points import resolve_points
 
 __all__ = [
@@ -361,10 +362,7 @@ def collect(
 
     modes = {m: m.training for m in model.modules()}
     flags = [(p, p.requires_grad) for p in model.parameters()]
-    try:
-        device = next(model.parameters()).device
-    except StopIteration:
-        device = torch.device("cpu")
+    device = input_device(model)  # a dispatched model's inputs go where its first block runs
 
     state: dict[str, tuple[torch.Tensor, nn.Module]] = {}
     out: dict[str, list[torch.Tensor]] = {n: [] for n in names}

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from .. import _args
 from ..errors import WidthscopeError
+from .offload import module_device
 
 __all__ = [
     "insert",
@@ -440,7 +441,8 @@ def insert(
     if ref is None:
         ref = next(iter(model.parameters()), None)
     if ref is not None:
-        ins = ins.to(device=ref.device, dtype=ref.dtype if ref.is_floating_point() else None)
+        # an offloaded point's weights sit on "meta" between forwards: its hook knows where it runs
+        ins = ins.to(device=module_device(model, point), dtype=ref.dtype if ref.is_floating_point() else None)
     spec = {
         "point": point,
         "kind": kind,

@@ -13,13 +13,11 @@ import torch.nn as nn
 from ..errors import WidthscopeError
 from .batches import to_batches
 from .insert import channel_dim
+from .offload import input_device
 
 
 def _device(model: nn.Module) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except StopIteration:
-        return torch.device("cpu")
+    return input_device(model)
 
 
 class EvalMode:

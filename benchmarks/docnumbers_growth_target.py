@@ -1,0 +1,132 @@
+"""Numbers of docs/growth.md: the compute-to-target growth benchmark and its scale plan.
+
+From ``benchmarks/results/grow-target/`` (``comparison.jsonl``, ``summary.json``: written by
+``OMP_NUM_THREADS=1 python benchmarks/grow_target.py --out benchmarks/results/grow-target``;
+``paper-plan.json``: ``python benchmarks/grow_target.py --plan configs/grow-target-paper.toml``).
+Keys: ``growth_target/table``, ``growth_target/verdict``, ``growth_target/best``,
+``growth_target/holds``, ``growth_target/continue/<depth|width>``, ``growth_target/<summary field>``,
+``growth_target/plan_table``, ``growth_target/sustained``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DIR = "benchmarks/results/grow-target"
+TABLE = (
+    "run",
+    "reached",
+    "speed-up vs scratch",
+    "95% interval",
+    "verdict (≥ 1.3×)",
+    "vs continue-small",
+    "95% interval",
+    "grown at",
+    "final loss",
+)
+
+
+def register(dn: Any) -> None:
+    def table() -> list[dict[str, Any]]:
+        return list(dn.load_rows(f"{DIR}/comparison.jsonl"))
+
+    def summary() -> dict[str, Any]:
+        return dn.load_json(f"{DIR}/summary.json")
+
+    def x(v: Any) -> str:
+        return "–" if v is None else dn.sig(v, 2) + "×"
+
+    def interval(r: dict[str, Any], key: str = "speedup") -> str:
+        if r[f"{key}_lo"] is None:
+            return "–"
+        return f"{dn.sig(r[f'{key}_lo'], 2)}–{dn.sig(r[f'{key}_hi'], 2)}"
+
+    @dn.quantity("growth_target/table")
+    def _table() -> str:
+        lines = ["| " + " | ".join(TABLE) + " |", "|" + "---|" * len(TABLE)]
+        for r in table():
+            grown = "–" if r["grown_at"] is None else dn.sig(r["grown_at"], 2) + " B"
+            if r["forced"]:
+                grown += f" ({r['forced']} forced)"
+            if r["reached_before_growth"]:
+                grown += f"; {r['reached_before_growth']} reached before growing"
+            lines.append(
+                "| "
+                + " | ".join(
+                    [
+                        f"`{r['run']}`",
+                        f"{r['reached']}/{r['seeds']}",
+                        x(r["speedup"]),
+                        interval(r),
+                        r["verdict"],
+                        x(r["vs_continue"]),
+                        interval(r, "vs_continue"),
+                        grown,
+                        dn.sig(r["final_loss"], 3),
+                    ]
+                )
+                + " |"
+            )
+        return dn.block(lines)
+
+    @dn.quantity("growth_target/verdict")
+    def _verdict() -> str:
+        return summary()["answer"]["verdict"]
+
+    @dn.quantity("growth_target/best")
+    def _best() -> str:
+        a = summary()["answer"]
+        best = next(r for r in table() if r["run"] == a["best"])
+        return f"`{a['best']}`: {x(best['speedup'])} (95% interval {interval(best)})"
+
+    @dn.quantity("growth_target/holds")
+    def _holds() -> str:
+        h = summary()["answer"]["holds"]
+        return ", ".join(f"`{v}`" for v in h) if h else "none"
+
+    @dn.pattern(r"growth_target/continue/(depth|width)")
+    def _continue(kind: str) -> str:
+        r = next(r for r in table() if r["run"] == f"continue-{kind}")
+        return f"{x(r['speedup'])} ({interval(r)}; reached {r['reached']}/{r['seeds']})"
+
+    @dn.pattern(r"growth_target/(seeds|budget_gflops|minutes|target_loss|steps|does_not)")
+    def _field(key: str) -> str:
+        s = summary()
+        if key == "seeds":
+            return str(len(s["seeds"]))
+        if key == "budget_gflops":
+            return dn.sig(sum(s["budget_flops"]) / len(s["budget_flops"]) / 1e9, 3)
+        if key == "minutes":
+            return dn.sig(s["seconds_cells_total"] / 60, 2)
+        if key == "steps":
+            return str(s["settings"][0]["steps"])
+        if key == "does_not":
+            return str(len(s["answer"]["does_not"]))
+        return dn.sig(next(r for r in table() if r["run"] == "scratch")["target_loss"], 3)
+
+    def plan() -> dict[str, Any]:
+        return dn.load_json(f"{DIR}/paper-plan.json")
+
+    @dn.quantity("growth_target/plan_table")
+    def _plan_table() -> str:
+        head = (
+            "width",
+            "parameters",
+            "tokens",
+            "budget B (FLOPs)",
+            "runs × seeds",
+            "GPU-hours expected",
+            "GPU-hours at most",
+        )
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in plan()["rows"]:
+            lines.append(
+                f"| {r['width']} | {dn.sig(r['parameters'] / 1e6, 3)} M | {dn.sig(r['tokens'] / 1e9, 2)} B "
+                f"| {r['budget_flops']:.2e} | {r['runs_per_seed']} × {r['seeds']} "
+                f"| {dn.sig(r['gpu_hours_predicted'], 2)} | {dn.sig(r['gpu_hours_upper'], 2)} |"
+            )
+        return dn.block(lines)
+
+    @dn.quantity("growth_target/sustained")
+    def _sustained() -> str:
+        return f"{plan()['sustained_flops']:.1e}".replace("e+", "e")

@@ -1,0 +1,124 @@
+"""Numbers of the NTK ``auto`` grid in docs/performance.md: every method at every grid point.
+
+From ``benchmarks/results/ntk-auto-grid-cpu.json``, written by
+``OMP_NUM_THREADS=1 python benchmarks/ntk_auto_grid.py`` (then ``--rerun-misses``), and the cost-model
+constants' calibration run ``benchmarks/results/ntk-auto-calibrate-cpu.json``
+(``python benchmarks/ntk_auto.py --calibrate``). Keys: ``ntkgrid/table``, ``ntkgrid/points``,
+``ntkgrid/within``, ``ntkgrid/choice_within``, ``ntkgrid/misses``, ``ntkgrid/load``, ``ntkgrid/worst``,
+``ntkgrid/worst_choice``, ``ntkgrid/picks/<method>``, ``ntkgrid/calib/<CONSTANT>``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+RESULT = "benchmarks/results/ntk-auto-grid-cpu.json"
+CALIB = "benchmarks/results/ntk-auto-calibrate-cpu.json"
+PATHS = ("structured", "per_example", "jacobian", "products", "vmap_jacrev")
+MISS = 1.25
+ARCHS = ("mlp", "llama", "gpt2", "encoder")
+
+
+def register(dn: Any) -> None:
+    def rows() -> list[dict[str, Any]]:  # in grid order: architecture, width, outputs, n
+        return sorted(
+            dn.load_json(RESULT).values(), key=lambda r: (ARCHS.index(r["arch"]), r["width"], r["outputs"], r["n"])
+        )
+
+    def cell(r: dict[str, Any], m: str) -> str:
+        if m in r["seconds"]:
+            s = dn.sig(r["seconds"][m], 2)
+            return s + "¹" if m in r.get("dropped", {}) else s
+        if m in r.get("failed", {}):
+            return "failed"
+        return "–"
+
+    def out(r: dict[str, Any]) -> str:
+        return "vocab" if r["arch"] in ("llama", "gpt2") and r["outputs"] == 64 else str(r["outputs"])
+
+    @dn.quantity("ntkgrid/table")
+    def _table() -> str:
+        head = [
+            "model",
+            "width",
+            "outputs",
+            "n",
+            "params",
+            "auto picks",
+            *PATHS,
+            "auto",
+            "fastest",
+            "auto/fastest",
+            "choice/fastest",
+            "load",
+        ]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in rows():
+            load = dn.span(r["loadavg_start"][0], r["loadavg_end"][0], lambda v: dn.sig(v, 2))
+            ratio = f"{r['auto_ratio']:.2f}" + (" (rerun)" if "first_run" in r else "")
+            choice = f"{r['choice_ratio']:.2f}" if "choice_ratio" in r else "–"
+            lines.append(
+                "| "
+                + " | ".join(
+                    [
+                        r["arch"],
+                        str(r["width"]),
+                        out(r),
+                        str(r["n"]),
+                        str(r["params"]),
+                        r["auto_choice"],
+                        *(cell(r, m) for m in PATHS),
+                        dn.sig(r["seconds"]["auto"], 2),
+                        r["fastest"],
+                        ratio,
+                        choice,
+                        load,
+                    ]
+                )
+                + " |"
+            )
+        return dn.block(lines)
+
+    @dn.quantity("ntkgrid/points")
+    def _points() -> str:
+        return str(len(rows()))
+
+    @dn.quantity("ntkgrid/within")
+    def _within() -> str:
+        return str(sum(r["auto_ratio"] <= MISS for r in rows()))
+
+    @dn.quantity("ntkgrid/choice_within")
+    def _choice_within() -> str:
+        return str(sum(r.get("choice_ratio", 99.0) <= MISS for r in rows()))
+
+    @dn.quantity("ntkgrid/worst")
+    def _worst() -> str:
+        return f"{max(r['auto_ratio'] for r in rows()):.2f}"
+
+    @dn.quantity("ntkgrid/worst_choice")
+    def _worst_choice() -> str:
+        return f"{max(r.get('choice_ratio', 0.0) for r in rows()):.2f}"
+
+    @dn.quantity("ntkgrid/misses")
+    def _misses() -> str:
+        bad = [r for r in rows() if r["auto_ratio"] > MISS]
+        if not bad:
+            return "none"
+        return ", ".join(
+            f"{r['arch']}-{r['width']} {out(r)} out n={r['n']} ({r['auto_ratio']:.2f}×, "
+            f"{dn.sig(r['seconds'][r['fastest']] * 1e3, 2)} ms {r['fastest']})"
+            for r in bad
+        )
+
+    @dn.quantity("ntkgrid/load")
+    def _load() -> str:
+        v = [x for r in rows() for x in (r["loadavg_start"][0], r["loadavg_end"][0])]
+        return dn.span(min(v), max(v), lambda x: dn.sig(x, 2))
+
+    @dn.pattern(r"ntkgrid/picks/(structured|per_example|jacobian|products)")
+    def _picks(m: str) -> str:
+        return str(sum(r["auto_choice"] == m for r in rows()))
+
+    @dn.pattern(r"ntkgrid/calib/([A-Z_]+)")
+    def _calib(name: str) -> str:
+        return dn.sig(dn.load_json(CALIB)["measured"][name], 2)

@@ -1,0 +1,97 @@
+"""A per-model cache of what :func:`widthscope.linear.ntk` learns from probe passes before choosing a method:
+the FLOP/saved-bytes/operator counts (:func:`widthscope.linear.cost.measure`), the structured
+:func:`~widthscope.linear.structured.plan` and whether forward-mode AD runs.
+
+These depend on the model's architecture and the inputs' per-example shape, not on parameter values, but
+cost several forward passes: about as much as the kernel itself for a small transformer at a few examples.
+Repeated calls (kernel drift during training, a benchmark's rounds) pay them once. The key holds every
+parameter's and buffer's name, shape, dtype, device, ``requires_grad`` and identity, every submodule's
+identity and training flag, and the inputs' per-example shape, dtype and probe rows: changing any of
+them (``.eval()``, ``.double()``, freezing a layer, swapping a submodule) probes again. Of the correctness
+checks only the batch-coupling comparison (batched against one-row outputs: an architectural property)
+is kept; random draws are checked on every call. Entries live as long as the model (weak keys).
+"""
+
+from __future__ import annotations
+
+import weakref
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+__all__ = ["cached", "peek", "store", "clear", "session", "MISSING"]
+
+MISSING = object()
+
+_CACHE: weakref.WeakKeyDictionary[nn.Module, dict[tuple, Any]] = weakref.WeakKeyDictionary()
+MAX_ENTRIES = 16  # per model: a few input shapes × probes
+
+
+_SESSION: list[tuple[nn.Module, tuple]] = []  # (model, its architecture key) for the call in progress
+
+
+def _arch(model: nn.Module) -> tuple:
+    return (
+        tuple((n, tuple(p.shape), p.dtype, p.device, p.requires_grad, id(p)) for n, p in model.named_parameters()),
+        tuple((n, tuple(b.shape), b.dtype, b.device) for n, b in model.named_buffers()),
+        tuple((id(m), m.training) for m in model.modules()),
+    )
+
+
+def _key(model: nn.Module, x: torch.Tensor, extra: tuple) -> tuple:
+    arch = _SESSION[-1][1] if _SESSION and _SESSION[-1][0] is model else _arch(model)
+    return (arch, tuple(x.shape[1:]), x.dtype, extra)
+
+
+@contextmanager
+def session(model: nn.Module) -> Iterator[None]:
+    """Within it, ``model``'s architecture key is computed once (one ``ntk`` call: the model does not change)."""
+    _SESSION.append((model, _arch(model)))
+    try:
+        yield
+    finally:
+        _SESSION.pop()
+
+
+def cached(model: nn.Module, x: torch.Tensor, extra: tuple, compute: Callable[[], Any]) -> Any:
+    """``compute()``, or what it returned for the same model architecture, inputs ``x`` (per-example shape and
+    dtype) and ``extra`` (the probe's name and rows) before."""
+    value = peek(model, x, extra)
+    if value is MISSING:
+        value = compute()
+        store(model, x, extra, value)
+    return value
+
+
+def peek(model: nn.Module, x: torch.Tensor, extra: tuple) -> Any:
+    """What :func:`store` (or :func:`cached`) recorded under this key, else :data:`MISSING`."""
+    per_model = _CACHE.get(model) if _weakrefable(model) else None
+    return MISSING if per_model is None else per_model.get(_key(model, x, extra), MISSING)
+
+
+def store(model: nn.Module, x: torch.Tensor, extra: tuple, value: Any) -> None:
+    """Record ``value`` under the key of :func:`cached`."""
+    if not _weakrefable(model):
+        return
+    per_model = _CACHE.setdefault(model, {})
+    if len(per_model) >= MAX_ENTRIES:
+        per_model.pop(next(iter(per_model)))
+    per_model[_key(model, x, extra)] = value
+
+
+def _weakrefable(model: nn.Module) -> bool:
+    try:
+        weakref.ref(model)
+        return True
+    except TypeError:
+        return False
+
+
+def clear(model: nn.Module | None = None) -> None:
+    """Forget the probes of ``model`` (all models: ``None``)."""
+    if model is None:
+        _CACHE.clear()
+    else:
+        _CACHE.pop(model, None)

@@ -1,0 +1,350 @@
+"""Models larger than one device: accelerate's big-model dispatch, ready for the probe.
+
+A model is spread over the devices of a *device map* (module name -> ``0``/``"cuda:1"``/``"cpu"``/
+``"disk"``), made by accelerate from a *memory budget* per device (``max_memory``) or given
+explicitly. Offloaded modules keep their weights on ``"disk"`` (a folder of files; on a machine
+with accelerators also on ``"cpu"``) and accelerate's hooks load them for each forward.
+
+* :func:`parse_max_memory`: the ``--max-memory`` text (``"cpu=2MB,0=10GiB,disk"``) -> a dict
+  ``{device: bytes}`` (``"disk": None`` when disk offload is allowed); the one place it is read;
+* :func:`check_device_map` / :func:`check_max_memory`: the Python values, one error line each;
+* :func:`dispatch`: a model already in memory -> dispatched (:func:`accelerate.dispatch_model`);
+* :func:`pretrained_kwargs` / :func:`finish`: what :func:`widthscope.models.hf.load_hf` passes to
+  ``from_pretrained`` (which loads only each device's share of the weights) and does afterwards.
+
+:func:`finish` prepares a dispatched model for the probe: with offloaded modules each block of
+the main stack recomputes its forward in the backward
+(:func:`widthscope.probe.offload.recompute_blocks`), so the probe's memory stays near the budget,
+the model builds no key/value cache (``config.use_cache = False``) and glibc's ``malloc`` returns
+each dropped weight to the system (:func:`fix_mmap_threshold`). The device map and the
+budget are recorded in ``model.widthscope_dispatch`` (and ``model.widthscope_hf`` when loaded
+with :func:`~widthscope.models.hf.load_hf`).
+
+Example::
+
+    >>> from widthscope.models.dispatch import parse_max_memory
+    >>> parse_max_memory("cpu=2MB,0=10GiB,disk")
+    {'cpu': 2000000, 0: 10737418240, 'disk': None}
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import re
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Any, Mapping
+
+from torch import nn
+
+from ..errors import WidthscopeError
+from ..probe.offload import offloaded_modules, recompute_blocks
+from ..probe.structure import main_stack
+
+__all__ = [
+    "DEVICE_MAPS",
+    "parse_max_memory",
+    "check_max_memory",
+    "check_device_map",
+    "dispatch",
+    "pretrained_kwargs",
+    "finish",
+    "format_bytes",
+    "check_disk",
+    "fix_mmap_threshold",
+]
+
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_FORM = (
+    "DEVICE=SIZE pairs joined by commas, e.g. cpu=2GB,0=10GiB,disk "
+    "(DEVICE: cpu, a GPU index or cuda:N; disk alone allows offload to disk)"
+)
+
+
+def _size(text: str, where: str) -> int:
+    m = _SIZE.match(text)
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in _UNITS:
+        raise WidthscopeError(
+            f"{where}: {text!r} is not a size; write a number with a unit "
+            "B, KB, MB, GB, TB, KiB, MiB, GiB or TiB (e.g. 2GB)"
+        )
+    value = int(float(m.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise WidthscopeError(f"{where}: {text!r} is not a positive size")
+    return value
+
+
+def _device_key(key: Any, where: str) -> str | int:
+    if isinstance(key, int) and not isinstance(key, bool) and key >= 0:
+        return key
+    if isinstance(key, str):
+        k = key.strip().lower()
+        if k in ("cpu", "disk", "mps"):
+            return k
+        if k.isdigit():
+            return int(k)
+        if k.startswith("cuda:") and k[5:].isdigit():
+            return int(k[5:])
+    raise WidthscopeError(f"{where}: unknown device {key!r}; use cpu, disk, a GPU index (0, 1, ...) or cuda:N")
+
+
+def parse_max_memory(text: str, *, name: str = "--max-memory") -> dict[str | int, int | None]:
+    """``"cpu=2MB,0=10GiB,disk"`` -> ``{"cpu": 2000000, 0: 10737418240, "disk": None}``.
+
+    Sizes take B, KB/MB/GB/TB (powers of 1000) or KiB/MiB/GiB/TiB (powers of 1024); ``disk``
+    alone (or ``disk=SIZE``) allows offloading to disk what the other devices cannot hold.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise WidthscopeError(f"{name}: empty; give {_FORM}")
+    out: dict[str | int, int | None] = {}
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            raise WidthscopeError(f"{name} {text!r}: an empty entry between commas; give {_FORM}")
+        key, eq, value = part.partition("=")
+        dev = _device_key(key, f"{name} {text!r}")
+        if dev in out:
+            raise WidthscopeError(f"{name} {text!r}: {key.strip()} is given twice; give each device once")
+        if not eq:
+            if dev != "disk":
+                raise WidthscopeError(f"{name} {text!r}: {part!r} has no size; write {part}=SIZE (e.g. {part}=2GB)")
+            out[dev] = None
+        else:
+            out[dev] = _size(value, f"{name} {key.strip()}")
+    return out
+
+
+def check_max_memory(value: Any, *, name: str = "max_memory") -> dict[str | int, int | None] | None:
+    """``None``, the text of :func:`parse_max_memory`, or a dict ``{device: size}`` (a size is a
+    number of bytes or a text such as ``"2GB"``; ``"disk": None`` allows disk offload) ->
+    ``{device: bytes}``; one error line for anything else."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return parse_max_memory(value, name=name)
+    if not isinstance(value, Mapping) or not value:
+        raise WidthscopeError(
+            f"{name} must be None, a text such as 'cpu=2GB,disk' or a dict such as "
+            f"{{'cpu': '2GB', 'disk': None}}; got {type(value).__name__} {value!r:.80}"
+        )
+    out: dict[str | int, int | None] = {}
+    for key, size in value.items():
+        dev = _device_key(key, name)
+        if dev in out:
+            raise WidthscopeError(f"{name}: device {key!r} is given twice; give each device once")
+        if size is None and dev == "disk":
+            out[dev] = None
+        elif isinstance(size, str):
+            out[dev] = _size(size, f"{name}[{key!r}]")
+        elif isinstance(size, int) and not isinstance(size, bool) and size > 0:
+            out[dev] = size
+        else:
+            raise WidthscopeError(
+                f"{name}[{key!r}] must be a positive number of bytes or a size such as '2GB', got {size!r}"
+            )
+    return out
+
+
+def check_device_map(value: Any, *, name: str = "device_map") -> str | dict[str, str | int] | None:
+    """``None``, one of :data:`DEVICE_MAPS`, or a dict ``{module name: device}``; one error line else."""
+    if value is None or (isinstance(value, str) and value in DEVICE_MAPS):
+        return value
+    if isinstance(value, Mapping) and value:
+        out: dict[str, str | int] = {}
+        for key, dev in value.items():
+            if not isinstance(key, str):
+                raise WidthscopeError(f"{name}: keys are module names (str), got {key!r}")
+            d = _device_key(dev, f"{name}[{key!r}]")
+            out[key] = d if isinstance(d, int) or d in ("cpu", "disk", "mps") else str(d)
+        return out
+    raise WidthscopeError(
+        f"{name} must be None, one of {', '.join(DEVICE_MAPS)}, or a dict {{module name: device}}; got {value!r:.80}"
+    )
+
+
+def format_bytes(n: int | None) -> str:
+    """Bytes in words: ``'unlimited'`` for None, else MB with two decimals."""
+    return "unlimited" if n is None else f"{n / 1e6:.2f} MB"
+
+
+def _accelerate_memory(budget: dict[str | int, int | None] | None) -> dict[str | int, int] | None:
+    """The budget as accelerate takes it: ``disk`` dropped (it is always the last resort there)."""
+    if budget is None:
+        return None
+    return {k: v for k, v in budget.items() if k != "disk" and v is not None}
+
+
+def _offload_dir(model: nn.Module, offload_folder: str | Path | None) -> str:
+    """``offload_folder``, or a new temporary folder removed when the model is collected."""
+    if offload_folder is not None:
+        Path(offload_folder).mkdir(parents=True, exist_ok=True)
+        return str(offload_folder)
+    path = tempfile.mkdtemp(prefix="widthscope-offload-")
+    weakref.finalize(model, shutil.rmtree, path, True)
+    return path
+
+
+def check_disk(device_map: Mapping[str, Any], budget: dict[str | int, int | None] | None, folder: Any) -> None:
+    """Refuse a map that offloads to disk when the budget names devices but not ``disk`` and no
+    offload folder was given (the user did not ask for disk offload)."""
+    disk = [n for n, d in device_map.items() if d == "disk"]
+    if disk and budget is not None and "disk" not in budget and folder is None:
+        shown = ", ".join(f"{k}={format_bytes(v)}" for k, v in budget.items())
+        raise WidthscopeError(
+            f"the model does not fit max_memory ({shown}): {', '.join(disk[:3])}"
+            f"{' ...' if len(disk) > 3 else ''} would go to disk; add disk to max_memory "
+            "(e.g. cpu=2GB,disk) to allow offloading to disk, or raise the limits"
+        )
+
+
+def _no_split(model: nn.Module) -> list[str]:
+    """Module classes accelerate must keep whole on one device: the model's own list
+    (``_no_split_modules``), else the class of the blocks of its main stack."""
+    named = getattr(model, "_no_split_modules", None)
+    if named:
+        return list(named)
+    try:
+        return sorted({type(model.get_submodule(n)).__name__ for n in main_stack(model)})
+    except WidthscopeError:
+        return []
+
+
+def pretrained_kwargs(
+    device_map: Any, max_memory: Any, offload_folder: str | Path | None
+) -> tuple[dict[str, Any], dict[str | int, int | None] | None]:
+    """The keyword arguments of ``from_pretrained`` for this dispatch, and the checked budget."""
+    dmap = check_device_map(device_map)
+    budget = check_max_memory(max_memory)
+    if dmap is None:
+        if budget is not None or offload_folder is not None:
+            raise WidthscopeError(
+                "max_memory / offload_folder need device_map ('auto' to let accelerate place the modules)"
+            )
+        return {}, None
+    kw: dict[str, Any] = {"device_map": dmap}
+    mem = _accelerate_memory(budget)
+    if mem:
+        kw["max_memory"] = mem
+    return kw, budget
+
+
+def dispatch(
+    model: nn.Module,
+    device_map: Any = "auto",
+    *,
+    max_memory: Any = None,
+    offload_folder: str | Path | None = None,
+) -> nn.Module:
+    """Dispatch a model already in memory over devices / disk; returns it, ready for the probe.
+
+    ``device_map``: ``"auto"`` (accelerate fills the devices in order within ``max_memory``),
+    ``"balanced"``, ``"balanced_low_0"``, ``"sequential"``, or a dict ``{module name: device}``.
+    ``max_memory``: ``{device: size}`` or its text (:func:`parse_max_memory`); ``disk`` must be
+    named (or ``offload_folder`` given) for modules to go to disk. ``offload_folder``: where the
+    offloaded weights are written (default: a temporary folder, removed with the model).
+    The weights of offloaded modules are written there and dropped from memory.
+    """
+    import accelerate  # optional dependency (the "hf" extra)
+    from accelerate.utils import get_balanced_memory, get_max_memory
+
+    if not isinstance(model, nn.Module):
+        raise WidthscopeError(f"dispatch(model=...) must be an nn.Module, got {type(model).__name__}")
+    if device_map is None:
+        raise WidthscopeError("dispatch(device_map=None): give 'auto' or a dict {module name: device}")
+    if getattr(model, "hf_device_map", None) is not None or hasattr(model, "_hf_hook"):
+        raise WidthscopeError("dispatch(): the model is already dispatched (it has a device map); dispatch it once")
+    dmap = check_device_map(device_map)
+    budget = check_max_memory(max_memory)
+    if isinstance(dmap, str):
+        no_split = _no_split(model)
+        mem = _accelerate_memory(budget) or None
+        if dmap == "sequential":
+            mem = get_max_memory(mem)
+        else:
+            mem = get_balanced_memory(
+                model, max_memory=mem, no_split_module_classes=no_split, low_zero=dmap == "balanced_low_0"
+            )
+        dmap = accelerate.infer_auto_device_map(model, max_memory=mem, no_split_module_classes=no_split)
+    assert isinstance(dmap, dict)  # a strategy became a map above
+    check_disk(dmap, budget, offload_folder)
+    folder = _offload_dir(model, offload_folder) if "disk" in dmap.values() else None
+    model.eval()
+    try:
+        accelerate.dispatch_model(model, device_map=dmap, offload_dir=folder, force_hooks=True)
+    except (ValueError, KeyError, RuntimeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise WidthscopeError(f"dispatch(): accelerate could not dispatch the model ({first[:300]})") from None
+    model.hf_device_map = dict(dmap)  # type: ignore[assignment]
+    return finish(model, budget, folder)
+
+
+MMAP_THRESHOLD = 65536  # bytes: larger allocations get their own mapping, unmapped when freed
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
+
+
+def fix_mmap_threshold() -> bool:
+    """Make glibc's ``malloc`` return large freed blocks to the system at once; True if it did.
+
+    Its default *adaptive* threshold rises as large blocks are freed, after which blocks of that
+    size come from the heap, which keeps freed memory: an offloaded weight, loaded and dropped at
+    every forward, then stays resident, and the process grows past the plain run (measured in
+    ``benchmarks/offload_memory.py``). A fixed threshold (as ``MALLOC_MMAP_THRESHOLD_=65536``
+    would set) maps each block above it separately. Process-wide; a no-op off glibc or when the
+    environment already sets the threshold.
+    """
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_") or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        return bool(libc.mallopt(ctypes.c_int(_M_MMAP_THRESHOLD), ctypes.c_int(MMAP_THRESHOLD)))
+    except (OSError, AttributeError):
+        return False
+
+
+def finish(model: nn.Module, budget: dict[str | int, int | None] | None, folder: str | None) -> nn.Module:
+    """After the dispatch: with offloaded modules, make the main stack's blocks recompute in the
+    backward and switch the key/value cache off; record the map in ``widthscope_dispatch`` (and
+    ``widthscope_hf`` if present)."""
+    dmap = dict(getattr(model, "hf_device_map", None) or {})
+    offloaded = offloaded_modules(model)
+    blocks: list[str] = []
+    if offloaded:
+        try:
+            blocks = recompute_blocks(model)
+        except WidthscopeError:
+            blocks = []  # no repeated blocks: the probe still runs, with every weight kept for the backward
+        cfg = getattr(model, "config", None)
+        if getattr(cfg, "use_cache", None):
+            cfg.use_cache = False  # type: ignore[union-attr]
+    mmap = fix_mmap_threshold() if offloaded else False
+    record = {
+        "device_map": {k: (v if isinstance(v, (int, str)) else str(v)) for k, v in dmap.items()},
+        "max_memory": None if budget is None else {str(k): v for k, v in budget.items()},
+        "offload_folder": folder,
+        "offloaded": offloaded,
+        "recompute_blocks": len(blocks),
+        "malloc_mmap_threshold": MMAP_THRESHOLD if mmap else None,
+    }
+    model.widthscope_dispatch = record  # type: ignore[assignment]
+    hf = getattr(model, "widthscope_hf", None)
+    if isinstance(hf, dict):
+        hf.update(record)
+    return model
