@@ -273,3 +273,46 @@ def test_load_refuses_bad_placements_before_loading(ckpt):
         with pytest.raises(WidthscopeError, match=says) as e:
             load_hf(d, **kw)
         assert "\n" not in str(e.value), kw
+
+
+# ----------------------------------------------------------------------------- the command line
+def test_cli_certify_offloaded_equals_plain(tmp_path, capsys):
+    """``certify --device-map auto --max-memory cpu=...,disk`` on a Hugging Face directory: the
+    same numbers as the plain run (tolerances of :func:`assert_same`), the placement recorded."""
+    import json
+
+    from hf_tiny import corpus, save_model, write_text_files
+
+    from widthscope.cli import main
+
+    d = save_model(tmp_path / "m", "llama")
+    text = write_text_files(tmp_path / "data", corpus(40), "docs")["txt"]
+    weights = sum(f.stat().st_size for f in d.glob("*.safetensors"))
+    common = ["certify", "--model", str(d), "--data", str(text), "--seq-len", "16", "--n-train", "16",
+              "--n-test", "16", "--M", "4,8", "--draws", "50", "--batch-size", "8"]
+    assert main([*common, "--out", str(tmp_path / "plain.json")]) == 0
+    assert main([*common, "--device-map", "auto", "--max-memory", f"cpu={weights // 3}B,disk",
+                 "--out", str(tmp_path / "off.json")]) == 0
+    plain, off = (json.loads((tmp_path / f).read_text()) for f in ("plain.json", "off.json"))
+    assert_same(plain, off, 50)
+    spec = off["settings"]["input_spec"]
+    assert spec["device_map"] == "auto" and spec["max_memory"].endswith(",disk")
+    placed = off["settings"]["placement"]
+    assert "disk" in placed["device_map"].values() and placed["offloaded"], placed
+    assert "placement" not in plain["settings"]
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    "extra, says",
+    [
+        (["--max-memory", "cpu=1MB"], "needs device_map"),
+        (["--device-map", "auto", "--max-memory", "cpu=1XB"], "not a size"),
+        (["--device-map", "everywhere"], "invalid choice"),
+    ],
+)
+def test_cli_placement_refused_in_one_line(tmp_path, capsys, extra, says):
+    from cli_run import run_cli
+
+    rc, lines, cap = run_cli(["certify", "--model", str(tmp_path / "nothing"), *extra], capsys)
+    assert rc == 2 and says in cap.err, cap.err

@@ -40,7 +40,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from torch import nn
@@ -303,6 +303,7 @@ def load(
     dtype: str = "auto",
     task: str | None = None,
     revision: str | None = None,
+    placement: Mapping[str, Any] | None = None,
 ) -> nn.Module:
     """Load a checkpoint (see the module docstring for the accepted layouts) in eval mode.
 
@@ -316,16 +317,21 @@ def load(
     commit; default ``main``) or a hub cache folder ``models--org--name``: resolved to its local
     snapshot first (:func:`widthscope.hub.resolve_model`); the model then carries
     ``widthscope_hub`` (id, revision, commit).
+
+    ``placement``: ``device_map`` / ``max_memory`` / ``offload_folder`` of a Hugging Face
+    checkpoint directory (accelerate's big-model dispatch, :func:`widthscope.models.hf.load_hf`).
     """
     from .hub import attach, resolve_model
 
     path, hub = resolve_model(str(Path(path)), revision, flag="checkpoint")
     if not path.exists():
         raise WidthscopeError(f"checkpoint {str(path)!r} does not exist")
-    return attach(_load_local(path, device=device, dtype=dtype, task=task), hub)
+    return attach(_load_local(path, device=device, dtype=dtype, task=task, placement=placement), hub)
 
 
-def _load_local(path: Path, *, device: str | torch.device, dtype: str, task: str | None) -> nn.Module:
+def _load_local(
+    path: Path, *, device: str | torch.device, dtype: str, task: str | None, placement: Mapping[str, Any] | None = None
+) -> nn.Module:
     from .models import build
 
     if path.is_dir():
@@ -338,6 +344,11 @@ def _load_local(path: Path, *, device: str | torch.device, dtype: str, task: str
             "model.safetensors, or a .safetensors/.pt/.pth file with a config.json beside it"
         )
     cfg = read_config(path)
+    if placement and not ("model_type" in cfg and path.is_dir()):
+        raise WidthscopeError(
+            f"--device-map/--max-memory (input spec fields device_map, max_memory, offload_folder) apply to "
+            f"Hugging Face checkpoint directories; {path} is a widthscope checkpoint: drop them"
+        )
     if "widthscope_format" in cfg:
         if task is not None:
             raise WidthscopeError(
@@ -365,7 +376,7 @@ def _load_local(path: Path, *, device: str | torch.device, dtype: str, task: str
         if path.is_dir():
             # Any architecture transformers knows, through its Auto class (safetensors preferred,
             # .bin with weights_only=True); nothing from the checkpoint is executed.
-            return load_hf(path, task=task, dtype=dtype, device=device)
+            return load_hf(path, task=task, dtype=dtype, device=device, **(placement or {}))
         model = _hf_from_file(path.parent, cfg, task)
         state, aliases = _read_any(weights)
         state = {HF_RENAMES.get(k, k): v for k, v in state.items()}

@@ -83,11 +83,13 @@ def _train_builtin(model: nn.Module, split: Any, steps: int, seed: int, say: Cal
 
 
 def _load(spec: InputSpec, seed: int) -> tuple[nn.Module, Any]:
-    from ..data.inputs import load_model
+    from ..data.inputs import load_model, placement_of
 
     if spec.model == "builtin":
         return _builtin_structure(seed)
-    return load_model(spec.model, dtype=spec.dtype, task=spec.task, revision=spec.revision), None
+    return load_model(
+        spec.model, dtype=spec.dtype, task=spec.task, revision=spec.revision, placement=placement_of(spec)
+    ), None
 
 
 def list_points(spec: InputSpec, *, every_module: bool = False) -> list[str]:
@@ -351,7 +353,12 @@ def run_certify(
             model.to(getattr(torch, spec.dtype))
     if done:
         say(f"resume: {len(done)} of {len(names)} point(s) already finished in {parts.dir}; probing {len(todo)}")
-    model.to(device)
+    if getattr(model, "hf_device_map", None) is None:  # a dispatched model stays where accelerate put it
+        model.to(device)
+    elif str(device) != "cpu":
+        raise WidthscopeError(
+            f"--device {device} with --device-map: the device map places the model; drop --device (or --device-map)"
+        )
     samples: dict[str, Any] = {}
     res = _certify_rest(model, inputs, job, todo, samples, parts, main) if todo else None
     res = _merge(res, done, names, opts)
@@ -376,6 +383,8 @@ def run_certify(
     for k in ("n_train_examples", "n_test_examples"):
         if k in inputs.info:
             res["settings"][k] = inputs.info[k]
+    if "placement" in info:  # a dispatched model: where its layers ran (docs/big-models.md)
+        res["settings"]["placement"] = info["placement"]
     res["notes"] = list(notes) + inputs.notes + res["notes"]
     res["options"] = job.record()
     if main:

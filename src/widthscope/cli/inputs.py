@@ -16,6 +16,7 @@ from typing import Any
 from ..data.inputs import WINDOW
 from ..data.published import ALL, is_all
 from ..data.spec import EMPTY_DOCS, INPUT_DEFAULTS, OPTIONAL_FIELDS, SEQUENCES, InputSpec
+from ..models.dispatch import DEVICE_MAPS
 
 __all__ = ["add_arguments", "spec_from_args", "GROW_POOLS"]
 
@@ -52,6 +53,26 @@ def add_arguments(
         metavar="REV",
         help="branch, tag or commit of a hub --model (default main); the tokenizer comes from the same "
         "revision; results record the id, this revision and the commit it resolved to",
+    )
+    p.add_argument(
+        "--device-map",
+        default=None,
+        choices=DEVICE_MAPS,
+        help="spread a Hugging Face --model over the devices and memory of --max-memory (accelerate's "
+        "big-model dispatch; layers that fit nowhere go to disk and are reloaded block by block)",
+    )
+    p.add_argument(
+        "--max-memory",
+        default=None,
+        metavar="DEV=SIZE,...",
+        help="per-device memory for --device-map, e.g. cpu=2GB,0=10GiB,disk ('disk' allows offloading "
+        "the rest to disk)",
+    )
+    p.add_argument(
+        "--offload-folder",
+        default=None,
+        metavar="DIR",
+        help="where disk-offloaded weights go (default: a temporary folder, removed afterwards)",
     )
     p.add_argument(
         "--task",

@@ -44,7 +44,7 @@ from .. import _args
 from ..errors import WidthscopeError, WidthscopeTypeError
 from ..probe.collect import masked_lm_loss
 from .image_pools import _image_pools, _named_pools
-from .loading import _check_seq_len, _recorded_name, check_ids, load_model, load_tokenizer, mask_tokens
+from .loading import _check_seq_len, _recorded_name, check_ids, load_model, load_tokenizer, mask_tokens, placement_of
 from .loading import check_vocabulary as check_vocabulary
 from .loading import model_task as model_task
 from .object_pools import object_pools
@@ -180,7 +180,13 @@ def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> I
     from . import DATASETS
 
     if model is None:
-        model = load_model(spec.model, dtype=spec.dtype, task=spec.task, revision=spec.revision)
+        model = load_model(
+            spec.model,
+            dtype=spec.dtype,
+            task=spec.task,
+            revision=spec.revision,
+            placement=placement_of(spec),
+        )
     elif not isinstance(spec.model, str):
         load_model(spec.model, dtype=spec.dtype)  # (refuses a dtype for a model object)
     task = _task(model, spec)

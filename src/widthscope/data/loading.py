@@ -5,7 +5,7 @@ the sequence length fits the position embeddings."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from torch import nn
@@ -14,8 +14,21 @@ from ..errors import WidthscopeError
 
 
 # ----------------------------------------------------------------------------- model
+def placement_of(spec: Any) -> dict[str, Any] | None:
+    """An :class:`~widthscope.data.spec.InputSpec`'s big-model placement (``device_map``,
+    ``max_memory``, ``offload_folder``) as :func:`widthscope.models.hf.load_hf` takes it, or None."""
+    keys = ("device_map", "max_memory", "offload_folder")
+    given = {k: getattr(spec, k, None) for k in keys if getattr(spec, k, None) is not None}
+    return given or None
+
+
 def load_model(
-    path: str | nn.Module, *, dtype: str = "auto", task: str | None = None, revision: str | None = None
+    path: str | nn.Module,
+    *,
+    dtype: str = "auto",
+    task: str | None = None,
+    revision: str | None = None,
+    placement: Mapping[str, Any] | None = None,
 ) -> nn.Module:
     """A checkpoint (widthscope or Hugging Face) on the CPU in eval mode, with a clear error.
 
@@ -42,7 +55,7 @@ def load_model(
         )
     from .. import checkpoint
 
-    return attach(checkpoint.load(str(p), dtype=dtype, task=task), hub)
+    return attach(checkpoint.load(str(p), dtype=dtype, task=task, placement=placement), hub)
 
 
 def model_task(model: nn.Module) -> str:

@@ -55,6 +55,7 @@ from typing import Any, Literal, Mapping
 from torch import nn
 
 from ..errors import WidthscopeError, WidthscopeTypeError
+from ..models.dispatch import DEVICE_MAPS, parse_max_memory
 
 __all__ = [
     "InputSpec",
@@ -161,6 +162,10 @@ class InputSpec:
     revision: str | None = None  # hub ids (and hub cache folders): branch, tag or commit; None = main
     task: str | None = None
     dtype: str = "auto"
+    # big models (docs/big-models.md): accelerate's placement of a Hugging Face checkpoint
+    device_map: str | None = None  # auto, balanced, balanced_low_0, sequential
+    max_memory: str | None = None  # "cpu=2GB,0=10GiB,disk" (widthscope.models.dispatch.parse_max_memory)
+    offload_folder: str | None = None  # where disk-offloaded weights go (default: a temporary folder)
     tokenizer: Any = None  # a path/hub id, "bytes", or a tokenizer object
     data: Source = None
     train_data: Source = None
@@ -183,8 +188,36 @@ class InputSpec:
     cap_pools: bool = False
     given: tuple[str, ...] | None = None  # made a sorted tuple when the spec is made
 
+    def _check_placement(self) -> None:
+        """``device_map`` / ``max_memory`` / ``offload_folder``: parsed once here (one error line),
+        for checkpoints loaded from files only."""
+        placed = [n for n in ("device_map", "max_memory", "offload_folder") if getattr(self, n) is not None]
+        if not placed:
+            return
+        if not isinstance(self.model, str) or self.model == "builtin":
+            what = "the model object" if not isinstance(self.model, str) else "the built-in model"
+            raise _bad(
+                placed[0],
+                getattr(self, placed[0]),
+                f"applies to checkpoints loaded from files; {what} is used where it is "
+                "(widthscope.models.dispatch.dispatch(model, ...) places a model object)",
+            )
+        if self.device_map is not None and self.device_map not in DEVICE_MAPS:
+            raise (_bad if isinstance(self.device_map, str) else _bad_type)(
+                "device_map", self.device_map, f"choose one of {', '.join(DEVICE_MAPS)}"
+            )
+        if self.max_memory is not None:
+            if self.device_map is None:
+                raise _bad("max_memory", self.max_memory, "needs device_map (e.g. --device-map auto)")
+            if not isinstance(self.max_memory, str):
+                raise _bad_type("max_memory", self.max_memory, "must be text such as 'cpu=2GB,disk'")
+            parse_max_memory(self.max_memory)
+        if self.offload_folder is not None and (not isinstance(self.offload_folder, str) or not self.offload_folder):
+            raise _bad_type("offload_folder", self.offload_folder, "must be a folder path")
+
     def __post_init__(self) -> None:
         # Each check: a wrong type raises _bad_type (a TypeError too), a bad value _bad.
+        self._check_placement()
         for name in _PATHS:
             v = getattr(self, name)
             if name in OBJECT_FIELDS and v is not None and not isinstance(v, str):

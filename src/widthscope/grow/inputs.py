@@ -11,7 +11,7 @@ import torch.nn as nn
 
 from .._io import check_space
 from ..data import load
-from ..data.inputs import load_model, pick_pool, resolve
+from ..data.inputs import load_model, pick_pool, placement_of, resolve
 from ..data.spec import InputSpec, PoolSize
 from ..errors import WidthscopeError
 from ..models import build
@@ -76,6 +76,8 @@ def check_out_space(model: nn.Module, points: Sequence[str] | str | None, out: s
 def load_inputs(spec: InputSpec, points: Sequence[str] | str | None = None, show: bool = True) -> Any:
     """Model and pools of ``spec`` through the shared input layer; the points are checked before
     the data is read."""
-    model = load_model(spec.model, dtype=spec.dtype, task=spec.task, revision=spec.revision)
+    model = load_model(
+        spec.model, dtype=spec.dtype, task=spec.task, revision=spec.revision, placement=placement_of(spec)
+    )
     resolve_points(model, points)  # before the data is read
     return resolve(spec, model=model, show_progress=show)

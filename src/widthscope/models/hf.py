@@ -234,6 +234,9 @@ def model_info(model: nn.Module) -> dict[str, Any]:
     except StopIteration:
         pass
     info["parameters"] = count_parameters(model)
+    placed = getattr(model, "widthscope_dispatch", None)
+    if placed:  # accelerate's placement (device map, budget, what went to disk): docs/big-models.md
+        info["placement"] = placed
     return info
 
 
