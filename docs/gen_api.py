@@ -16,8 +16,9 @@ from pathlib import Path
 OUT = Path(__file__).resolve().parent / "api.md"
 
 GROUPS = [
-    ("The pipelines", ["certify", "grow", "AlignmentMonitor"]),
-    ("Settings and results", ["CertifyOptions", "InterventionOptions", "CertifyResult", "PointCertificate"]),
+    ("The pipelines", ["certify", "grow", "AlignmentMonitor", "sweep"]),
+    ("Settings and results", ["CertifyOptions", "InterventionOptions", "GrowOptions", "MonitorOptions",
+                              "ReportOptions", "CertifyResult", "PointCertificate"]),
     ("Inputs", ["InputSpec", "load_inputs"]),
     ("Statistics", ["moments", "certificate", "misalignment", "plan"]),
     ("Probes and interventions", ["collect", "insertion_points", "insert", "intervene"]),
@@ -40,6 +41,10 @@ def _target(name: str, obj: object) -> object:
         from widthscope.grow.pipeline import grow
 
         return grow
+    if name == "sweep":
+        from widthscope.sweep.alignment import run_sweep
+
+        return run_sweep
     return obj
 
 
