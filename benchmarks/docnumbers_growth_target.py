@@ -84,6 +84,21 @@ def register(dn: Any) -> None:
         h = summary()["answer"]["holds"]
         return ", ".join(f"`{v}`" for v in h) if h else "none"
 
+    @dn.quantity("growth_target/lower_bound_above")
+    def _uncorrected() -> str:
+        h = summary()["answer"]["lower_bound_above"]
+        return ", ".join(f"`{v}`" for v in h) if h else "none"
+
+    @dn.quantity("growth_target/vs_continue_max")
+    def _vs_max() -> str:
+        rs = [r for r in table() if r["vs_continue_hi"] is not None and r["verdict"] != "reached before growing"]
+        top = max(rs, key=lambda r: r["vs_continue_hi"])
+        return f"{dn.sig(top['vs_continue_hi'], 2)} (`{top['run']}`)"
+
+    @dn.quantity("growth_target/labels_tested")
+    def _tested() -> str:
+        return str(sum(1 for r in table() if r["p_holm"] is not None))
+
     @dn.pattern(r"growth_target/continue/(depth|width)")
     def _continue(kind: str) -> str:
         r = next(r for r in table() if r["run"] == f"continue-{kind}")

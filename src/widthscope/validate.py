@@ -93,6 +93,7 @@ OUT_KIND = {
     "certify": "file",
     "grow": "file",
     "grow-bench": "dir",
+    "grow-target": "dir",
     "stats": "file",
     "sweep": "dir",
     "report": "dir",

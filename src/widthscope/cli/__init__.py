@@ -33,6 +33,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "widthscope.cli.grow_bench",
         "grow a block at every point of a model suite; compare growth criteria",
     ),
+    "grow-target": (
+        "widthscope.cli.grow_target",
+        "does small -> grow -> train reach the from-scratch loss with less compute? (growth operators x schedules)",
+    ),
     "linearize": ("widthscope.cli.linearize", "linearization width sweep from a TOML config (resumable)"),
     "activations": ("widthscope.cli.activations", "audit activation derivatives max|phi^(k)|/(k+1)!"),
     "repair": (

@@ -32,8 +32,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from .._io import read_toml
 from ..errors import WidthscopeError
 from ..models import build
-from .target import OPERATORS, TARGET_SUITES
 from .schedule import SCHEDULES
+from .target import OPERATORS, TARGET_SUITES
 
 __all__ = ["read_suite_file", "plan_cost", "meta_step_flops", "spent_fractions"]
 

@@ -1,0 +1,64 @@
+"""``widthscope grow-target``: the command line of :func:`widthscope.grow.target_bench.run_target`.
+
+A thin adapter: the options are generated from :class:`~widthscope.grow.options.GrowTargetOptions`
+(:mod:`widthscope.cli.args`; ``--config`` starts from the options a previous run's
+``summary.json`` recorded); ``run`` prints the table (speed-up to the from-scratch loss per operator
+and schedule, beside the continue-small baselines) and the answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from .._io import format_table
+from ..grow.options import GrowTargetOptions
+from ..grow.target_bench import COLUMNS, run_target, target_out_dir
+from .args import add_config, add_options, config_options, options_from_args
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_options(p, GrowTargetOptions)
+    p.add_argument(
+        "--out",
+        default=None,
+        help="results directory (default widthscope-results/grow-target[-quick]); finished seeds are kept "
+        "and a rerun resumes",
+    )
+    add_config(
+        p,
+        "grow-target",
+        what="repeat a run: the options recorded in a grow-target summary.json (its 'options'); "
+        "options given here override them",
+    )
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (each cell runs at one)")
+
+
+def run(args: argparse.Namespace) -> int:
+    base = config_options(GrowTargetOptions, args.config, "grow_target", "grow-target") if args.config else None
+    opts = options_from_args(GrowTargetOptions, args, base)
+    if args.threads is not None:
+        torch.set_num_threads(max(1, int(args.threads)))
+    out = target_out_dir(args.out, quick=opts.quick, suite_file=opts.suite_file)
+    res = run_target(out, opts)
+    print(
+        format_table(
+            res["table"],
+            list(COLUMNS),
+            title=f"grow-target ({res['summary']['suite']}): speed-up = FLOPs of the from-scratch target to its "
+            "final held-out loss / FLOPs of the run to the same loss (geometric mean over seeds, 95% t "
+            "interval; a run that never reached it enters at its budget bound)",
+        )
+    )
+    a = res["summary"]["answer"]
+    print(
+        f"\nreaches the from-scratch loss with >= {a['threshold']}x less compute: {a['verdict']} "
+        f"(best {a['best']}: {a['best_speedup']:.3g}x [{a['best_lo']:.3g}, {a['best_hi']:.3g}])"
+        if a["best"] is not None and a["best_lo"] is not None
+        else f"\nreaches the from-scratch loss with >= {a['threshold']}x less compute: {a['verdict']}"
+    )
+    print(f"results: {out / 'results.jsonl'}, {out / 'comparison.jsonl'}, {out / 'summary.json'}")
+    return 0
