@@ -34,7 +34,7 @@ def test_without_neural_tangents_the_columns_are_skipped_and_widthscope_is_measu
     assert r["peak"] == {}  # memory=False: the subprocess workers are not started (test_memory_worker)
     assert r["params"] == 64 * 8 + 8 + 8 * 8 + 8 + 8 * 10 + 10 and r["n"] == 4
     assert len(r["load_average_before"]) == 3 and len(r["load_average_after"]) == 3
-    assert r["setup"]["ws_auto"]["choice"] in ("structured", "jacobian", "products")
+    assert r["setup"]["ws_auto"]["choice"] in ("structured", "per_example", "jacobian", "products")
     json.dumps(r)  # the row is what the results file stores
     lines = mod.table_lines({"rows": {"tiny": r}})
     assert lines[2].startswith("| tiny | ") and "| skipped | skipped | skipped | skipped |" in lines[2]

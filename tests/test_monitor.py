@@ -593,7 +593,12 @@ def test_two_ranks_equal_one_process(tmp_path):
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                         __file__, str(two)], env=env, cwd=root, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
-    one = _distributed_run(tmp_path / "one.jsonl")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the ranks run (OMP_NUM_THREADS=1): another thread count sums in another order
+    try:
+        one = _distributed_run(tmp_path / "one.jsonl")
+    finally:
+        torch.set_num_threads(threads)
     rows = [json.loads(x) for x in two.read_text().splitlines()]
     assert sum(x["kind"] == "settings" for x in rows) == 1  # rank 0 alone wrote
     got = [x for x in rows if x["kind"] == "row"]
