@@ -94,14 +94,17 @@ def _is_write_failure(exc: Exception) -> bool:
     return "cannot write" in str(exc) or "disk" in str(exc).lower()
 
 
-def _threads(n: int | None) -> None:
+def _threads(n: int | None) -> int | None:
     """``--threads N`` (every command that computes has it; checked >= 1 by
-    :func:`widthscope.cli.checks.check_args`): torch's intra-op threads."""
+    :func:`widthscope.cli.checks.check_args`): torch's intra-op threads. Returns the count before
+    (``None`` when unchanged), so an in-process caller gets its own setting back."""
     if n is None:
-        return
+        return None
     import torch
 
+    before = torch.get_num_threads()
     torch.set_num_threads(n)
+    return before
 
 
 STOPPED: list[int] = []  # the exit status of a run a signal stopped (read by widthscope.__main__)
@@ -197,8 +200,11 @@ def _main(argv: list[str], name: str | None, terminate: Callable[[int, object], 
         from .checks import check_args
 
         check_args(args, args.command)  # the shared checks, before the command does any work
-        _threads(getattr(args, "threads", None))
-        return int(module.run(args) or 0)
+        before = _threads(getattr(args, "threads", None))
+        try:
+            return int(module.run(args) or 0)
+        finally:
+            _threads(before)
     except WidthscopeError as exc:
         _remove_created()
         kept = kept_work()
