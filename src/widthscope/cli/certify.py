@@ -13,6 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from ..certify.plan import plan_run
 from ..certify.run import CertifyJob, list_points, run_certify
 from ..data.published import is_all
 from ..data.sources import splits_of
@@ -69,6 +70,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="continue an interrupted run: points finished by an earlier run with the same settings "
         "(kept in OUT.parts/) are not probed again",
+    )
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the cost plan (parameters and weight memory at the dtype assumed, FLOPs and activation + "
+        "gradient memory per probed example, the largest batch that fits, the predicted wall time after timing "
+        "one batch) and exit: nothing is probed and nothing is written (docs/big-models.md)",
+    )
+    parser.add_argument(
+        "--plan-no-time",
+        action="store_true",
+        help="--plan without loading the weights (a Hugging Face checkpoint is counted on the meta device): "
+        "no time is predicted",
     )
     parser.add_argument(
         "--save-samples",
@@ -204,6 +218,9 @@ def run(args: argparse.Namespace) -> int:
     spec = _spec(args, recorded)
     if args.list_points:
         print("\n".join(list_points(spec, every_module=args.all)), flush=True)
+        return 0
+    if args.plan or args.plan_no_time:
+        print(plan_run(spec, opts, run_opts, time_batch=not args.plan_no_time).table(), flush=True)
         return 0
     job = CertifyJob(
         spec=spec,

@@ -1,0 +1,87 @@
+"""Numbers of docs/big-models.md, section "Plan before you run": ``certify --plan`` against the run.
+
+From ``benchmarks/results/plan-accuracy-cpu.json``, written by
+``OMP_NUM_THREADS=1 python benchmarks/plan_accuracy.py --out benchmarks/results/plan-accuracy-cpu.json``.
+Keys: ``plan/table``, ``plan/setting``, ``plan/time_range``, ``plan/memory_range``,
+``plan/memory_none_range``, ``plan/memory_default_range``, ``plan/time_verdict``,
+``plan/memory_verdict``, ``plan/load``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+RESULT = "benchmarks/results/plan-accuracy-cpu.json"
+MB = 1e6
+TIME_TARGET, MEMORY_TARGET = 1.5, 1.2  # issue 32: predicted within these factors of measured
+
+
+def register(dn: Any) -> None:
+    def res() -> dict[str, Any]:
+        return dn.load_json(RESULT)
+
+    def ratios(key: str) -> list[float]:
+        return [r[key] for r in res()["rows"] if r.get(key) is not None]
+
+    def x(v: float) -> str:
+        return dn.sig(v, 3) + "×"  # three digits: 1.21× is outside 1.2×
+
+    def spread(key: str) -> str:
+        v = ratios(key)
+        return dn.span(min(v), max(v), x)
+
+    def verdict(key: str, target: float) -> str:
+        v = ratios(key)
+        inside = sum(1 for r in v if 1 / target <= r <= target)
+        if inside == len(v):
+            return f"all {len(v)} settings within {x(target)}"
+        return f"{inside} of {len(v)} settings within {x(target)}"
+
+    @dn.quantity("plan/table")
+    def _table() -> str:
+        lines = [
+            "| width | batch | parameters | GFLOP / example | predicted time | measured | ratio "
+            "| predicted memory | measured | ratio | no interventions | default malloc |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in res()["rows"]:
+            lines.append(
+                f"| {r['width']} | {r['batch_size']} | {r['parameters']:,} | {dn.sig(r['flops_per_example'] / 1e9, 3)} "
+                f"| {dn.sig(r['predicted_s'], 2)} s | {dn.sig(r['measured_s'], 2)} s | {x(r['time_ratio'])} "
+                f"| {dn.sig(r['predicted_bytes'] / MB, 3)} MB | {dn.sig(r['measured_peak_bytes'] / MB, 3)} MB "
+                f"| {x(r['memory_ratio'])} | {x(r['memory_ratio_no_interventions'])} "
+                f"| {x(r['memory_ratio_default_malloc'])} |"
+            )
+        return dn.block(lines)
+
+    @dn.quantity("plan/setting")
+    def _setting() -> str:
+        s = res()["setting"]
+        return (
+            f"{s['model']}; {s['n_train']} + {s['n_test']} sequences of {s['seq_len']} byte tokens; {s['statistics']}"
+        )
+
+    for key, field in (
+        ("plan/time_range", "time_ratio"),
+        ("plan/memory_range", "memory_ratio"),
+        ("plan/memory_none_range", "memory_ratio_no_interventions"),
+        ("plan/memory_default_range", "memory_ratio_default_malloc"),
+    ):
+        dn.quantity(key)(lambda field=field: spread(field))
+
+    @dn.quantity("plan/time_verdict")
+    def _time_verdict() -> str:
+        return verdict("time_ratio", TIME_TARGET)
+
+    @dn.quantity("plan/memory_verdict")
+    def _memory_verdict() -> str:
+        return verdict("memory_ratio", MEMORY_TARGET)
+
+    @dn.quantity("plan/load")
+    def _load() -> str:
+        m = res()["machine"]
+        load = ", ".join(f"{v:.2f}" for v in m["load"])
+        return (
+            f"{m['cores']} cores shared with other jobs (load average {load} at the end), {m['torch_threads']} torch "
+            f"thread; torch {m['torch']}, transformers {m['transformers']}"
+        )
