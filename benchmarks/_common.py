@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 
@@ -58,3 +59,24 @@ def sci(v: float, n: int = 2) -> str:
         m, e = round(m / 10, n - 1), e + 1
     sup = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
     return f"{fixed(m, n - 1)}·10{str(e).translate(sup)}"
+
+
+def proc_status(key: str) -> int:
+    """A byte count of this process from Linux ``/proc/self/status`` (``VmRSS``, ``VmHWM``); -1 elsewhere."""
+    try:
+        lines = Path("/proc/self/status").read_text().splitlines()
+    except OSError:
+        return -1
+    for line in lines:
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    return -1
+
+
+def reset_peak() -> bool:
+    """Reset ``VmHWM`` to the current RSS (``/proc/self/clear_refs``); False where that is not allowed."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False

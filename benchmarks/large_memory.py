@@ -27,21 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-
-def _status(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    return -1
-
-
-def _reset_peak() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
+from _common import proc_status, reset_peak  # noqa: E402  (VmRSS / VmHWM of this process)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -78,12 +64,12 @@ def main(argv: list[str] | None = None) -> dict:
     build_s = time.perf_counter() - t0
     params = count_parameters(model)
     weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    rss_model = _status("VmRSS")
+    rss_model = proc_status("VmRSS")
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, a.vocab, (2 * a.n, a.seq_len), generator=g)
     tr = [ids[i:i + a.batch_size] for i in range(0, a.n, a.batch_size)]
     te = [ids[a.n + i:a.n + i + a.batch_size] for i in range(0, a.n, a.batch_size)]
-    reset = _reset_peak()
+    reset = reset_peak()
     if a.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
@@ -96,8 +82,8 @@ def main(argv: list[str] | None = None) -> dict:
                                                "n", "batch_size", "device", "dtype", "attn")},
         "parameters": params, "weights_GB": weights / 1e9, "build_s": build_s,
         "rss_after_build_GB": rss_model / 1e9,
-        "peak_rss_during_certify_GB": _status("VmHWM") / 1e9 if reset else None,
-        "peak_above_weights_GB": (_status("VmHWM") - weights) / 1e9 if reset else None,
+        "peak_rss_during_certify_GB": proc_status("VmHWM") / 1e9 if reset else None,
+        "peak_above_weights_GB": (proc_status("VmHWM") - weights) / 1e9 if reset else None,
         "samples_kept_MB": 2 * a.n * points * a.width * 8 / 1e6,
         "activation_grad_per_batch_MB": a.batch_size * a.seq_len * a.width * 4 / 1e6,
         "points": points, "probe_s": probe_s, "certify_s": total_s,

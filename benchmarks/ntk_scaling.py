@@ -42,7 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from large_memory import _status  # noqa: E402  (VmRSS / VmHWM of this process)
+from _common import proc_status  # noqa: E402  (VmRSS / VmHWM of this process)
 RESULTS = ROOT / "benchmarks" / "results"
 OUT = RESULTS / "ntk-scaling-cpu.json"  # --out changes it
 METHODS = ("structured", "floor", "vmap_jacrev", "jacrev", "ntk_vp")
@@ -138,7 +138,7 @@ def worker(method: str, width: int, n: int) -> dict[str, Any]:
     if method == "floor":
         grams, backward_s = _floor(model, x)
         fn = lambda _x: grams()  # noqa: E731
-    rss0 = _status("VmRSS")
+    rss0 = proc_status("VmRSS")
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:
@@ -151,7 +151,7 @@ def worker(method: str, width: int, n: int) -> dict[str, Any]:
     else:
         row_extra = {}
     row = {"method": method, "width": width, "n": n, "params": P, "seconds": s, **row_extra,
-           "peak_MB": (_status("VmHWM") - rss0) / 2 ** 20, "gram_gflop": _gram_gflop(model, n)}
+           "peak_MB": (proc_status("VmHWM") - rss0) / 2 ** 20, "gram_gflop": _gram_gflop(model, n)}
     if K is not None and method != "structured" and n <= 256:
         R = ntk(model, x, method="structured")
         row["max_rel_err_vs_structured"] = float((K - R).abs().max() / R.abs().max())

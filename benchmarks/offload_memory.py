@@ -43,6 +43,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+from _common import proc_status, reset_peak  # noqa: E402  (VmRSS / VmHWM of this process)
 
 MODES = ("plain", "offload", "offload-no-recompute", "offload-adaptive-malloc")
 # glibc's malloc raises its mmap threshold as large blocks are freed, then serves the offloaded
@@ -64,21 +65,6 @@ GROUPS = {
     "held_out_loss": lambda p: p.endswith(".loss_before"),
     "moments": lambda p: ".moments_" in p or ".cross_moments." in p,
 }
-
-
-def _status(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    return -1
-
-
-def _reset_peak() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
 
 
 def _config(a: argparse.Namespace) -> Any:
@@ -140,17 +126,17 @@ def worker(a: argparse.Namespace) -> None:
         del warm
     gc.collect()
     tr, te = _pools(a)
-    baseline = _status("VmRSS")
-    reset = _reset_peak()
+    baseline = proc_status("VmRSS")
+    reset = reset_peak()
     t0 = time.perf_counter()
     model = load(a.dir, a.budget)
     load_s = time.perf_counter() - t0
-    load_peak, after_load = _status("VmHWM"), _status("VmRSS")
-    _reset_peak()  # the certify peak alone, from the RSS after the load
+    load_peak, after_load = proc_status("VmHWM"), proc_status("VmRSS")
+    reset_peak()  # the certify peak alone, from the RSS after the load
     t0 = time.perf_counter()
     res = certify(model, tr, te, M=[a.n // 4, a.n], draws=a.draws, progress=False)
     certify_s = time.perf_counter() - t0
-    certify_peak = _status("VmHWM")
+    certify_peak = proc_status("VmHWM")
     peak = max(load_peak, certify_peak)
     dmap = dict(getattr(model, "hf_device_map", None) or {})
     blocks = [model.get_submodule(n) for n in model.widthscope_points]

@@ -38,6 +38,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+from _common import proc_status, reset_peak  # noqa: E402  (VmRSS / VmHWM of this process)
 
 WIDTHS = (64, 128, 256)
 BATCHES = (8, 32)
@@ -47,21 +48,6 @@ WORDS = (
     "you were her she there been one all we their has would when if so no will more can who some into them could "
     "time only new these two may first then do any like my now over such our man me even most made after also"
 ).split()
-
-
-def _status(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-    return -1
-
-
-def _reset_peak() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
 
 
 def _corpus(path: Path, n_docs: int = 600, seed: int = 0) -> None:
@@ -124,13 +110,13 @@ def worker(a: argparse.Namespace) -> None:
     else:
         from widthscope.certify.run import CertifyJob, run_certify
 
-        baseline = _status("VmRSS")
-        reset = _reset_peak()
+        baseline = proc_status("VmRSS")
+        reset = reset_peak()
         t0 = time.perf_counter()
         res = run_certify(CertifyJob(spec, opts, run, out=str(work / "run.json")), say=lambda m: None)
         out = {
             "run_s": time.perf_counter() - t0,
-            "peak_above_baseline_bytes": _status("VmHWM") - baseline if reset else None,
+            "peak_above_baseline_bytes": proc_status("VmHWM") - baseline if reset else None,
             "timing": res["timing"],
         }
     Path(a.result).write_text(json.dumps(out))

@@ -3,7 +3,6 @@ resolved offline from a genuine hub-cache layout built here (blobs, snapshots of
 and recorded in the results (id, revision asked for, commit)."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -22,23 +21,6 @@ STEP = "2" * 40  # commit of refs/step1000 (other weights, same tokenizer)
 OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 
-def _add_snapshot(folder: Path, source: Path, commit: str, refs: tuple[str, ...]) -> None:
-    """``source``'s files as blobs (named by their SHA-256, as LFS files are) and a snapshot of
-    relative symlinks to them; each ref a file holding the commit (no newline, as the hub writes it)."""
-    snap = folder / "snapshots" / commit
-    snap.mkdir(parents=True)
-    (folder / "blobs").mkdir(exist_ok=True)
-    (folder / "refs").mkdir(exist_ok=True)
-    for f in sorted(source.iterdir()):
-        data = f.read_bytes()
-        blob = folder / "blobs" / hashlib.sha256(data).hexdigest()
-        if not blob.exists():
-            blob.write_bytes(data)
-        (snap / f.name).symlink_to(os.path.relpath(blob, snap))
-    for ref in refs:
-        (folder / "refs" / ref).write_text(commit)
-
-
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     root = tmp_path_factory.mktemp("hub")
@@ -46,8 +28,8 @@ def hub(tmp_path_factory):
         root / "src-step", "gpt2", seed=1)
     cache = root / "cache"
     folder = cache / "models--org--tiny"
-    _add_snapshot(folder, src_main, MAIN, ("main",))
-    _add_snapshot(folder, src_step, STEP, ("step1000",))
+    hf_tiny.hub_put(cache, "org/tiny", src_main, MAIN, ("main",))
+    hf_tiny.hub_put(cache, "org/tiny", src_step, STEP, ("step1000",))
     text = root / "train.txt"
     text.write_text("\n\n".join(hf_tiny.corpus(60, seed=0)) + "\n")
     return {"cache": cache, "folder": folder, "text": text, "main": src_main, "step": src_step}

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from pathlib import Path
 
@@ -44,32 +43,15 @@ def _save(directory: Path, width: int, seed: int) -> Path:
     return directory
 
 
-def _add_snapshot(folder: Path, source: Path, commit: str, refs: tuple[str, ...]) -> None:
-    """As the hub cache holds a snapshot: blobs named by content hash, relative symlinks, refs."""
-    snap = folder / "snapshots" / commit
-    snap.mkdir(parents=True)
-    (folder / "blobs").mkdir(exist_ok=True)
-    (folder / "refs").mkdir(exist_ok=True)
-    for f in sorted(source.iterdir()):
-        data = f.read_bytes()
-        blob = folder / "blobs" / hashlib.sha256(data).hexdigest()
-        if not blob.exists():
-            blob.write_bytes(data)
-        (snap / f.name).symlink_to(os.path.relpath(blob, snap))
-    for ref in refs:
-        (folder / "refs" / ref).write_text(commit)
-
-
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     root = tmp_path_factory.mktemp("suite-hub")
     cache = root / "cache"
     for w in WIDTHS:
-        folder = cache / f"models--org--tiny-{w}"
         for i, rev in enumerate(REVS):
             src = _save(root / f"src-{w}-{rev}", w, seed=10 * w + i)
             # main points at the last revision, as a training run's final checkpoint
-            _add_snapshot(folder, src, _commit(w, rev), (rev, "main") if rev == REVS[-1] else (rev,))
+            hf_tiny.hub_put(cache, f"org/tiny-{w}", src, _commit(w, rev), (rev, "main") if rev == REVS[-1] else (rev,))
     text = root / "train.txt"
     text.write_text("\n\n".join(hf_tiny.corpus(60, seed=0)) + "\n")
     return {"cache": cache, "text": text, "root": root}
