@@ -43,17 +43,15 @@ Example (a few seconds)::
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .._io import atomic_write_json
 from ..errors import WidthscopeError, WidthscopeTypeError
 from .cell import MONITOR_FILE as MONITOR_FILE
 from .cell import cell_options, certified_steps, run_cell
 from .config import _where, load_config, monitor_steps
-from .grid import GridResult, lock_out_dir, run_grid
+from .grid import GridResult, claim_out_dir, lock_out_dir, run_grid
 from .pools import _load_split as _load_split
 from .pools import _model_options, cell_input_spec
 from .pools import _probe_pools as _probe_pools
@@ -174,31 +172,6 @@ def check_structure(cfg: SweepConfig, *, device: bool = True) -> dict[str, list[
     return out
 
 
-def _guard_out_dir(cfg: SweepConfig, out_dir: Path) -> None:
-    """Refuse to mix two different sweeps in one results directory (resume needs the same config)."""
-    marker = out_dir / "sweep.json"
-    if marker.exists():
-        try:
-            old = json.loads(marker.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            old = {}
-        if old.get("fingerprint") not in (None, cfg.fingerprint()):
-            raise WidthscopeError(
-                f"results directory {str(out_dir)!r} holds a sweep with a different config "
-                f"(fingerprint {old.get('fingerprint')} vs {cfg.fingerprint()}): resuming would mix results. "
-                f"Use another --out, or delete that directory to start over"
-            )
-    atomic_write_json(
-        marker,
-        {
-            "fingerprint": cfg.fingerprint(),
-            "config": cfg.to_dict(),
-            "options": cfg.options_record(),
-            "kind": "alignment",
-        },
-    )
-
-
 def run_sweep(
     config: SweepConfig | Mapping[str, Any] | str | os.PathLike,
     out_dir: str | os.PathLike | None = None,
@@ -236,7 +209,16 @@ def run_sweep(
         torch.set_num_threads(cfg.threads)
     try:
         with lock_out_dir(out, shard, "sweep"):
-            _guard_out_dir(cfg, out)
+            claim_out_dir(
+                out,
+                {
+                    "fingerprint": cfg.fingerprint(),
+                    "config": cfg.to_dict(),
+                    "options": cfg.options_record(),
+                    "kind": "alignment",
+                },
+                "a sweep",
+            )
             return run_grid(
                 cells,
                 lambda c, d: run_cell(cfg, c, d, show_progress=show_progress),

@@ -389,3 +389,22 @@ def run_grid(
             file=sys.stderr,
         )
     return result
+
+
+def claim_out_dir(out_dir: Path, record: dict[str, Any], what: str) -> None:
+    """Refuse to mix two runs in one results directory: its ``sweep.json`` must hold no other
+    ``fingerprint`` than ``record``'s (resume needs the same settings); then (re)write ``record``
+    there. ``what`` names the kind of run in the message ("a sweep", "a suite")."""
+    marker = Path(out_dir) / "sweep.json"
+    if marker.exists():
+        try:
+            old = json.loads(marker.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            old = {}
+        if old.get("fingerprint") not in (None, record["fingerprint"]):
+            raise WidthscopeError(
+                f"results directory {str(out_dir)!r} holds {what} with a different config "
+                f"(fingerprint {old.get('fingerprint')} vs {record['fingerprint']}): resuming would mix results. "
+                "Use another --out, or delete that directory to start over"
+            )
+    atomic_write_json(marker, record)

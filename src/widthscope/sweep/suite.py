@@ -43,12 +43,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .._io import atomic_write_json, format_table, to_jsonable
+from .._io import format_table, to_jsonable
 from ..data.spec import InputSpec
 from ..errors import WidthscopeError
 from ..options import CertifyOptions
 from .config import _check_keys, _int, _table, certify_options
-from .grid import GridResult, _cell_path, cell_id, lock_out_dir, read_cell, run_grid
+from .grid import GridResult, _cell_path, cell_id, claim_out_dir, lock_out_dir, read_cell, run_grid
 
 __all__ = [
     "SUITE_KEYS",
@@ -226,22 +226,6 @@ def _rows(cfg: SuiteConfig, cell: Mapping[str, Any], res: Mapping[str, Any], pat
     return certify_rows(res, tags)
 
 
-def _guard(cfg: SuiteConfig, out: Path) -> None:
-    marker = out / "sweep.json"
-    if marker.exists():
-        try:
-            old = json.loads(marker.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            old = {}
-        if old.get("fingerprint") not in (None, cfg.fingerprint()):
-            raise WidthscopeError(
-                f"results directory {str(out)!r} holds a {old.get('kind', 'sweep')} with other settings "
-                f"(fingerprint {old.get('fingerprint')} vs {cfg.fingerprint()}): resuming would mix results. "
-                "Use another --out, or delete that directory to start over"
-            )
-    atomic_write_json(marker, {"fingerprint": cfg.fingerprint(), "config": cfg.to_dict(), "kind": "suite"})
-
-
 def run_suite(
     cfg: SuiteConfig, out_dir: str | os.PathLike, shard: tuple[int, int] = (1, 1), *, show_progress: bool = True
 ) -> GridResult:
@@ -277,7 +261,7 @@ def run_suite(
         torch.set_num_threads(cfg.threads)
     try:
         with lock_out_dir(out, shard, "sweep"):
-            _guard(cfg, out)
+            claim_out_dir(out, {"fingerprint": cfg.fingerprint(), "config": cfg.to_dict(), "kind": "suite"}, "a suite")
             # the cell file is the certify result itself (settings, points, options) plus the grid's rows
             return run_grid(
                 cells, one, out, shard=shard, desc=f"suite {cfg.name}", record=lambda c: results.pop(cell_id(c))
