@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .._io import format_table, read_toml
+from ..validate import check_dir_writable
 from .grid import GridResult, _cell_path, cell_id, finish_after_ranks, shard_for_run
 from .schema import SweepConfig
-from .suite import SuiteConfig, load_suite, print_suite_plan, run_suite
+from .suite import SuiteConfig, load_suite, plan_suite, print_suite_plan, run_suite
+from .summary import print_summary
 
 __all__ = ["run_sweep_file"]
 
@@ -36,7 +38,7 @@ def run_sweep_file(
     ``threads`` torch CPU threads (default: ``[sweep].threads``). ``dry_run``: print the grid and
     what is finished, run nothing, return ``None``. Otherwise prints its progress lines and (rank 0
     under torchrun, once every rank's shard is done) the summary; returns this shard's grid result."""
-    from .alignment import check_structure, load_config, plan_cells, print_summary, run_sweep
+    from .alignment import check_structure, load_config, plan_cells, run_sweep
 
     raw = read_toml(Path(config), "sweep config", "examples in configs/, reference in docs/sweeps.md")
     if "suite" in raw:
@@ -47,27 +49,7 @@ def run_sweep_file(
     check_structure(cfg, device=not dry_run)  # every cell's model and points, before any work
     if threads is not None:  # checked by widthscope.cli.checks.check_args
         cfg.threads = threads
-    which = shard_for_run(shard)
-    out_path = Path(cfg.out_dir)
-    from ..validate import check_dir_writable
-
-    check_dir_writable(out_path)  # before any cell trains: a read-only or file --out is one error line
-    cells = plan_cells(cfg)
-    k, n = which
-    mine = [(i, c) for i, c in enumerate(cells) if i % n == k - 1]
-    if dry_run:
-        _print_plan(cfg, mine, len(cells), out_path, which)
-        return None
-    print(f"sweep {cfg.name}: {len(mine)} of {len(cells)} cells in shard {k}/{n} -> {out_path}", flush=True)
-    result = run_sweep(cfg, out_path, shard=which, show_progress=show_progress)
-    print(f"ran {len(result.done)} cell(s), {len(result.skipped)} already finished", flush=True)
-
-    def finish() -> None:  # rank 0 under torchrun, once every rank's shard is done
-        print_summary(run_sweep(cfg, out_path, shard=(1, 1), show_progress=False).rows, out_path)
-
-    if finish_after_ranks(shard, finish):
-        print_summary(result.rows, out_path)
-    return result
+    return _drive("sweep", cfg, plan_cells(cfg), _print_plan, run_sweep, shard, dry_run, show_progress)
 
 
 def _print_plan(
@@ -114,27 +96,37 @@ def _run_suite_file(
     cfg: SuiteConfig, shard: str | None, dry_run: bool, threads: int | None, show_progress: bool
 ) -> GridResult | None:
     """:func:`run_sweep_file` of a ``[suite]`` config (:mod:`widthscope.sweep.suite`)."""
-    from ..validate import check_dir_writable
-    from .suite import plan_suite
-    from .summary import print_summary
-
     if threads is not None:
         cfg.threads = threads
+    return _drive("suite", cfg, plan_suite(cfg), print_suite_plan, run_suite, shard, dry_run, show_progress)
+
+
+def _drive(
+    kind: str,
+    cfg: Any,
+    cells: list[dict[str, Any]],
+    print_plan: Callable[..., None],
+    run: Callable[..., GridResult],
+    shard: str | None,
+    dry_run: bool,
+    show_progress: bool,
+) -> GridResult | None:
+    """This rank's shard of ``cells`` (a sweep's or a suite's): the plan with ``dry_run``, else run
+    them and print the summary (rank 0 under torchrun, once every rank's shard is done)."""
     which = shard_for_run(shard)
     out_path = Path(cfg.out_dir)
-    check_dir_writable(out_path)
-    cells = plan_suite(cfg)
+    check_dir_writable(out_path)  # before any cell trains: a read-only or file --out is one error line
     k, n = which
     mine = [(i, c) for i, c in enumerate(cells) if i % n == k - 1]
     if dry_run:
-        print_suite_plan(cfg, mine, len(cells), out_path, which)
+        print_plan(cfg, mine, len(cells), out_path, which)
         return None
-    print(f"suite {cfg.name}: {len(mine)} of {len(cells)} cells in shard {k}/{n} -> {out_path}", flush=True)
-    result = run_suite(cfg, out_path, shard=which, show_progress=show_progress)
+    print(f"{kind} {cfg.name}: {len(mine)} of {len(cells)} cells in shard {k}/{n} -> {out_path}", flush=True)
+    result = run(cfg, out_path, shard=which, show_progress=show_progress)
     print(f"ran {len(result.done)} cell(s), {len(result.skipped)} already finished", flush=True)
 
-    def finish() -> None:  # rank 0 under torchrun, once every rank's shard is done
-        print_summary(run_suite(cfg, out_path, shard=(1, 1), show_progress=False).rows, out_path)
+    def finish() -> None:
+        print_summary(run(cfg, out_path, shard=(1, 1), show_progress=False).rows, out_path)
 
     if finish_after_ranks(shard, finish):
         print_summary(result.rows, out_path)
