@@ -316,3 +316,20 @@ def test_cli_placement_refused_in_one_line(tmp_path, capsys, extra, says):
 
     rc, lines, cap = run_cli(["certify", "--model", str(tmp_path / "nothing"), *extra], capsys)
     assert rc == 2 and says in cap.err, cap.err
+
+
+def test_cli_offload_folder_may_not_be_an_input_or_inside_one(tmp_path, capsys):
+    """The offload folder is written: inside the model's folder (or equal to an output) is refused
+    before any weight loads."""
+    from cli_run import run_cli
+    from hf_tiny import save_model
+
+    d = save_model(tmp_path / "m", "llama")
+    capsys.readouterr()  # transformers' save progress, not the command's
+    before = sorted(p.name for p in d.iterdir())
+    for folder, says in ((d / "offload", "--model"), (tmp_path / "c.json", "--out")):
+        rc, lines, cap = run_cli(["certify", "--model", str(d), "--device-map", "auto", "--max-memory",
+                                  "cpu=1MB,disk", "--offload-folder", str(folder), "--out", str(tmp_path / "c.json")],
+                                 capsys)
+        assert rc == 2 and len(lines) == 1 and says in lines[0], cap.err
+    assert sorted(p.name for p in d.iterdir()) == before

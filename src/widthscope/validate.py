@@ -262,7 +262,7 @@ INPUT_PATHS = (
     "config",
     "results",
 )
-OUTPUT_PATHS = ("out", "save_samples", "json")
+OUTPUT_PATHS = ("out", "save_samples", "json", "offload_folder")
 _NAME_MAX, _PATH_MAX = 255, 4096  # Linux's limits: bytes per path component, bytes per path
 
 
