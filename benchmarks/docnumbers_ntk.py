@@ -1,11 +1,13 @@
 """Numbers of the NTK ``auto`` grid in docs/performance.md: every method at every grid point.
 
 From ``benchmarks/results/ntk-auto-grid-cpu.json``, written by
-``OMP_NUM_THREADS=1 python benchmarks/ntk_auto_grid.py`` (then ``--rerun-misses``), and the cost-model
-constants' calibration run ``benchmarks/results/ntk-auto-calibrate-cpu.json``
-(``python benchmarks/ntk_auto.py --calibrate``). Keys: ``ntkgrid/table``, ``ntkgrid/points``,
-``ntkgrid/within``, ``ntkgrid/choice_within``, ``ntkgrid/misses``, ``ntkgrid/load``, ``ntkgrid/worst``,
-``ntkgrid/worst_choice``, ``ntkgrid/picks/<method>``, ``ntkgrid/calib/<CONSTANT>``.
+``OMP_NUM_THREADS=1 python benchmarks/ntk_auto_grid.py --small-reps 9`` (then ``--rerun-misses``), the run
+before the fitted cost terms (``ntk-auto-grid-rev2-cpu.json``) and the fit's measurements
+``benchmarks/results/ntk-auto-fit-cpu.json`` (``benchmarks/ntk_auto_fit.py``). Keys: ``ntkgrid/table``,
+``ntkgrid/points``, ``ntkgrid/within``, ``ntkgrid/choice_within``, ``ntkgrid/misses``, ``ntkgrid/load``,
+``ntkgrid/worst``, ``ntkgrid/worst_choice``, ``ntkgrid/picks/<method>``, ``ntkgrid/rev2/within``,
+``ntkgrid/rev2/points``, ``ntkgrid/fit/shapes``, ``ntkgrid/fit/grid_shapes``, ``ntkgrid/fit/regret``,
+``ntkgrid/fit/<method>/<term>``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 RESULT = "benchmarks/results/ntk-auto-grid-cpu.json"
-CALIB = "benchmarks/results/ntk-auto-calibrate-cpu.json"
+REV2 = "benchmarks/results/ntk-auto-grid-rev2-cpu.json"
+FIT = "benchmarks/results/ntk-auto-fit-cpu.json"
 PATHS = ("structured", "per_example", "jacobian", "products", "vmap_jacrev")
 MISS = 1.25
 ARCHS = ("mlp", "llama", "gpt2", "encoder")
@@ -119,6 +122,29 @@ def register(dn: Any) -> None:
     def _picks(m: str) -> str:
         return str(sum(r["auto_choice"] == m for r in rows()))
 
-    @dn.pattern(r"ntkgrid/calib/([A-Z_]+)")
-    def _calib(name: str) -> str:
-        return dn.sig(dn.load_json(CALIB)["measured"][name], 2)
+    @dn.quantity("ntkgrid/rev2/within")
+    def _rev2_within() -> str:
+        return str(sum(r["auto_ratio"] <= MISS for r in dn.load_json(REV2).values()))
+
+    @dn.quantity("ntkgrid/rev2/points")
+    def _rev2_points() -> str:
+        return str(len(dn.load_json(REV2)))
+
+    @dn.quantity("ntkgrid/fit/shapes")
+    def _fit_shapes() -> str:
+        return str(len(dn.load_json(FIT)["rows"]))
+
+    @dn.quantity("ntkgrid/fit/grid_shapes")
+    def _fit_grid_shapes() -> str:
+        grid = {(r["arch"], r["width"], r["outputs"], r["n"]) for r in rows()}
+        return str(
+            sum((r["arch"], r["width"], r["outputs"], r["n"]) in grid for r in dn.load_json(FIT)["rows"].values())
+        )
+
+    @dn.quantity("ntkgrid/fit/regret")
+    def _fit_regret() -> str:
+        return f"{max(dn.load_json(FIT)['fit_regret'].values()):.2f}"
+
+    @dn.pattern(r"ntkgrid/fit/(per_example|jacobian|structured)/([a-z]+)")
+    def _fit(method: str, term: str) -> str:
+        return dn.sig(dn.load_json(FIT)["fit"][method][term], 2)

@@ -6,7 +6,9 @@ Keys: ``offload/table``, ``offload/weights``, ``offload/budget``, ``offload/rati
 ``offload/pools``, ``offload/load``, ``offload/<run>/<field>`` (run ``plain``, ``plain-mmap``, ``offload``,
 ``offload-no-recompute``, ``offload-adaptive-malloc``; field ``peak``, ``after_load``, ``load_peak``,
 ``certify_peak``, ``peak_over_budget``, ``load_s``, ``certify_s``, ``slowdown``, ``max_abs``, ``max_rel``,
-``numbers``).
+``numbers``); grow on the same model: ``offload/grow_table``, ``offload/grow_setting``,
+``offload/grow/<run>/<field>`` (run ``grow-plain``, ``grow-plain-mmap``, ``grow-offload``; the same fields,
+``certify_s`` being grow's time).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ def register(dn: Any) -> None:
         return dn.load_json(RESULT)
 
     def row(run: str) -> dict[str, Any]:
-        return next(r for r in res()["rows"] if r["run"] == run)
+        rows = res()["grow"]["rows"] if run.startswith("grow-") else res()["rows"]
+        return next(r for r in rows if r["run"] == run)
 
     def diff(v: float) -> str:
         return "0 (bit-equal)" if v == 0 else f"{v:.1e}"
@@ -50,6 +53,43 @@ def register(dn: Any) -> None:
     )
     def _field(run: str, name: str) -> str:
         return field(run, name)
+
+    @dn.pattern(
+        r"offload/grow/(grow-plain|grow-plain-mmap|grow-offload)"
+        r"/(peak|after_load|load_peak|certify_peak|peak_over_budget|certify_s|load_s|slowdown|max_abs|max_rel|numbers)"
+    )
+    def _grow_field(run: str, name: str) -> str:
+        return field(run, name)
+
+    @dn.quantity("offload/grow_setting")
+    def _grow_setting() -> str:
+        g = res()["grow"]
+        return f"M = K = {g['M']}, {g['steps']} training steps of the new block"
+
+    @dn.quantity("offload/grow_table")
+    def _grow_table() -> str:
+        head = (
+            "run",
+            "peak (load + grow)",
+            "peak / budget",
+            "grow",
+            "vs plain",
+            "point grown",
+            "largest difference from plain (abs / rel)",
+        )
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in res()["grow"]["rows"]:
+            m = r["run"]
+            if m == "grow-plain":
+                vs = "–"
+            elif r["vs_plain"]["all"]["max_abs"] == 0:
+                vs = "0 / 0 (bit-equal)"
+            else:
+                vs = f"{field(m, 'max_abs')} / {field(m, 'max_rel')}"
+            cells = [f"`{m}`"] + [field(m, k) for k in ("peak", "peak_over_budget", "certify_s")]
+            cells += [field(m, "slowdown") if m != "grow-plain" else "1×", f"`{r['chosen']}`", vs]
+            lines.append("| " + " | ".join(cells) + " |")
+        return dn.block(lines)
 
     @dn.quantity("offload/weights")
     def _weights() -> str:

@@ -5,6 +5,12 @@ From ``benchmarks/results/plan-accuracy-cpu.json``, written by
 Keys: ``plan/table``, ``plan/setting``, ``plan/time_range``, ``plan/memory_range``,
 ``plan/memory_none_range``, ``plan/memory_default_range``, ``plan/time_verdict``,
 ``plan/memory_verdict``, ``plan/load``.
+
+The training plans (``grow --plan``, ``linearize --plan``) from
+``benchmarks/results/plan-accuracy-train-cpu.json``, written by
+``OMP_NUM_THREADS=1 python benchmarks/plan_accuracy_train.py --out benchmarks/results/plan-accuracy-train-cpu.json``.
+Keys: ``plan/train_table``, ``plan/train_setting``, ``plan/train_time_range``, ``plan/train_memory_range``,
+``plan/train_time_verdict``, ``plan/train_memory_verdict``, ``plan/train_load``.
 """
 
 from __future__ import annotations
@@ -12,11 +18,14 @@ from __future__ import annotations
 from typing import Any
 
 RESULT = "benchmarks/results/plan-accuracy-cpu.json"
+TRAIN_RESULT = "benchmarks/results/plan-accuracy-train-cpu.json"
 MB = 1e6
 TIME_TARGET, MEMORY_TARGET = 1.5, 1.2  # issue 32: predicted within these factors of measured
 
 
 def register(dn: Any) -> None:
+    register_train(dn)
+
     def res() -> dict[str, Any]:
         return dn.load_json(RESULT)
 
@@ -84,4 +93,72 @@ def register(dn: Any) -> None:
         return (
             f"{m['cores']} cores shared with other jobs (load average {load} at the end), {m['torch_threads']} torch "
             f"thread; torch {m['torch']}, transformers {m['transformers']}"
+        )
+
+
+def register_train(dn: Any) -> None:
+    """The training plans' quantities (``plan/train_*``)."""
+
+    def res() -> dict[str, Any]:
+        return dn.load_json(TRAIN_RESULT)
+
+    def ratios(key: str) -> list[float]:
+        return [r[key] for r in res()["rows"] if r.get(key) is not None]
+
+    def x(v: float) -> str:
+        return dn.sig(v, 3) + "×"
+
+    def verdict(key: str, target: float) -> str:
+        v = ratios(key)
+        inside = sum(1 for r in v if 1 / target <= r <= target)
+        if inside == len(v):
+            return f"all {len(v)} settings within {x(target)}"
+        return f"{inside} of {len(v)} settings within {x(target)}"
+
+    @dn.quantity("plan/train_table")
+    def _table() -> str:
+        lines = [
+            "| setting | parameters | training GFLOP | predicted time | measured | ratio | predicted memory "
+            "| measured | ratio | plan took |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in res()["rows"]:
+            cells = [
+                r["name"],
+                f"{r['parameters']:,}",
+                dn.sig(r["train_flops"] / 1e9, 3),
+                f"{dn.sig(r['predicted_s'], 2)} s",
+                f"{dn.sig(r['measured_s'], 2)} s",
+                x(r["time_ratio"]),
+                f"{dn.sig(r['predicted_bytes'] / MB, 3)} MB",
+                f"{dn.sig(r['measured_peak_bytes'] / MB, 3)} MB",
+                x(r["memory_ratio"]),
+                f"{dn.sig(r['plan_s'], 2)} s",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+        return dn.block(lines)
+
+    @dn.quantity("plan/train_setting")
+    def _setting() -> str:
+        s = res()["setting"]
+        return f"grow: {s['grow']}; linearize: {s['linearize']}"
+
+    for key, field in (("plan/train_time_range", "time_ratio"), ("plan/train_memory_range", "memory_ratio")):
+        dn.quantity(key)(lambda field=field: dn.span(min(ratios(field)), max(ratios(field)), x))
+
+    @dn.quantity("plan/train_time_verdict")
+    def _time_verdict() -> str:
+        return verdict("time_ratio", TIME_TARGET)
+
+    @dn.quantity("plan/train_memory_verdict")
+    def _memory_verdict() -> str:
+        return verdict("memory_ratio", MEMORY_TARGET)
+
+    @dn.quantity("plan/train_load")
+    def _load() -> str:
+        m = res()["machine"]
+        load = ", ".join(f"{v:.2f}" for v in m["load"])
+        return (
+            f"{m['cores']} cores shared with other jobs (load average {load} at the end), "
+            f"{m['torch_threads']} torch thread"
         )

@@ -8,12 +8,15 @@ and n = 8–512 examples (smaller n at larger widths: the machine has 2 shared c
 
 Per grid point the full kernel ``Θ(x, x)`` (float32, one thread) is timed for every ``ntk`` method
 (``structured``, ``per_example``, ``jacobian``, ``products``), for ``auto`` and for :func:`ntk_auto.vmap_jacrev`
-in interleaved rounds (``--reps``, the order rotated each round); the median per callable is recorded with
+in interleaved rounds (``--reps``; ``--small-reps`` where the fastest path took under ``--small-seconds`` in
+round 1, where the load's noise is largest against the differences; the order rotated each round); the median
+per callable is recorded with
 every round's time and the 1-minute load average at the row's start and end. Not run, and recorded as such
 with the reason: a callable whose estimate (the cost model's; ``vmap_jacrev``: twice ``per_example``'s) is
 over ``--skip-factor`` × the best estimate, or over ``--max-seconds`` (never the best estimate's). A callable
 whose first round took over ``--drop-factor`` × that round's fastest gets no more rounds (it cannot be the
-fastest; its one time is kept). A callable that fails is recorded with its error.
+fastest; its one time is kept), except in a short row (``--small-reps``),
+where every path runs every round. A callable that fails is recorded with its error.
 
 ``auto_ratio``: per round, auto's time over the fastest callable's (``vmap_jacrev`` included), median over
 rounds; ``choice_ratio`` the same for the method auto chose (its probe overhead apart). ``--rerun-misses``
@@ -22,7 +25,7 @@ times again (``--reps`` rounds) every row whose ``auto_ratio`` is over 1.25, kee
 
 Usage::
 
-    OMP_NUM_THREADS=1 python benchmarks/ntk_auto_grid.py [--quick] [--reps 3] [--rerun-misses]
+    OMP_NUM_THREADS=1 python benchmarks/ntk_auto_grid.py [--quick] [--reps 3] [--small-reps 9] [--rerun-misses]
 """
 
 from __future__ import annotations
@@ -48,9 +51,9 @@ OUT = ROOT / "benchmarks" / "results" / "ntk-auto-grid-cpu.json"
 METHODS = ("structured", "per_example", "jacobian", "products")
 VOCAB = 64
 MISS = 1.25
-# 2: the code committed with the table. Rows of rev 1 (kept: kernel-bound, minutes each) ran before two
-# fixed-overhead cuts (the per-example route's extra one-row forward; the probe checks' functional_call).
-CODE_REV = 2
+# 3: the code committed with the table (the checks' forward passes cached per model and parameter values, the
+# seconds priced by the fitted terms of linear/choose.py). Rev 2: the run before (35 of 41 within 1.25×).
+CODE_REV = 3
 
 
 class LMHead(nn.Module):
@@ -137,7 +140,15 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def row(
-    arch: str, width: int, k: int, n: int, reps: int, skip_factor: float, drop_factor: float, max_seconds: float
+    arch: str,
+    width: int,
+    k: int,
+    n: int,
+    reps: int,
+    skip_factor: float,
+    drop_factor: float,
+    max_seconds: float,
+    small: tuple[int, float] = (3, 0.0),
 ) -> dict[str, Any]:
     from widthscope.linear import ntk
 
@@ -191,7 +202,8 @@ def row(
     times: dict[str, list[float]] = {m: [] for m in run}
     diffs: dict[str, float] = {}
     scale = float(K_auto.abs().max()) or 1.0
-    for r in range(reps):
+    r = 0
+    while r < reps:
         order = list(run)
         order = order[r % len(order) :] + order[: r % len(order)]
         for m in order:
@@ -202,10 +214,14 @@ def row(
             del K
         if r == 0:  # a callable far slower than this round's fastest cannot be the fastest: no more rounds
             fastest = min(v[0] for v in times.values())
-            for m in list(run):
-                if m != "auto" and times[m][0] > drop_factor * fastest:
+            short = fastest < small[1] and small[0] > reps
+            for m in list(run):  # (a short row keeps them all: milliseconds vary 3× from round to round)
+                if m != "auto" and times[m][0] > drop_factor * fastest and not short:
                     out["dropped"][m] = f"{times[m][0]:.3g} s > {drop_factor:g} × fastest {fastest:.3g} s in round 1"
                     del run[m]
+            if short:  # short kernels: more rounds against the load's noise
+                reps = small[0]
+        r += 1
     out.update(
         seconds={m: statistics.median(v) for m, v in times.items()},
         all_seconds=times,
@@ -240,6 +256,8 @@ def ratios(r: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--small-reps", type=int, default=0, help="rounds of a short row (0: --reps)")
+    ap.add_argument("--small-seconds", type=float, default=1.0)
     ap.add_argument("--skip-factor", type=float, default=8.0)
     ap.add_argument("--drop-factor", type=float, default=4.0)
     ap.add_argument("--max-seconds", type=float, default=15.0)
@@ -262,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         if name in res and not again:
             continue
         t0 = time.perf_counter()
-        r = row(*pt, args.reps, args.skip_factor, args.drop_factor, args.max_seconds)
+        small = (args.small_reps, args.small_seconds)
+        r = row(*pt, args.reps, args.skip_factor, args.drop_factor, args.max_seconds, small)
         if again:
             r["first_run"] = {
                 k: res[name][k]

@@ -12,8 +12,15 @@ process (one torch thread):
 - ``offload-no-recompute``: the same map without the recomputation (the blocks' forwards
   restored), to show what it saves;
 - ``offload-adaptive-malloc``: ``offload`` with glibc's default adaptive mmap threshold, which
-  widthscope otherwise fixes for an offloaded model (:func:`widthscope.models.dispatch.fix_mmap_threshold`);
+  ``offload`` fixes (loaded within :func:`widthscope.models.dispatch.releasing_memory`, as the
+  command line does; the Python default leaves the threshold alone);
 - ``plain-mmap``: ``plain`` with that fixed threshold (``MALLOC_MMAP_THRESHOLD_=65536``).
+
+Then ``grow`` (:func:`widthscope.grow.grow`: rank every block output, grow a block at the best one
+on a copy of the model, train it ``--grow-steps`` steps) on the same model and pools, each in a
+fresh process: ``grow-plain``, ``grow-plain-mmap`` and ``grow-offload`` (the ``offload`` load);
+recorded as ``grow.rows``, with the largest difference of every number of the grow result from
+``grow-plain``'s.
 
 Recorded per run: the process RSS after the imports (``VmRSS``, before any model) and, above it,
 the RSS after the load and the peak RSS of the load and of certify (``VmHWM``, reset through
@@ -32,6 +39,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import platform
 import subprocess
@@ -45,7 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 from _common import proc_status, reset_peak  # noqa: E402  (VmRSS / VmHWM of this process)
 
-MODES = ("plain", "offload", "offload-no-recompute", "offload-adaptive-malloc")
+MODES = ("plain", "offload", "offload-no-recompute", "offload-adaptive-malloc", "grow-plain", "grow-offload")
 # glibc's malloc raises its mmap threshold as large blocks are freed, then serves the offloaded
 # weights, loaded and dropped at every forward, from its heap, which it keeps; widthscope fixes the
 # threshold for an offloaded model (widthscope.models.dispatch.fix_mmap_threshold). The plain run
@@ -56,6 +64,11 @@ RUNS = (  # (run id, mode, extra environment)
     ("offload", "offload", {}),
     ("offload-no-recompute", "offload-no-recompute", {}),
     ("offload-adaptive-malloc", "offload-adaptive-malloc", {}),
+)
+GROW_RUNS = (
+    ("grow-plain", "grow-plain", {}),
+    ("grow-plain-mmap", "grow-plain", {"MALLOC_MMAP_THRESHOLD_": "65536"}),
+    ("grow-offload", "grow-offload", {}),
 )
 # headline groups of a certify result: (name, predicate on the path of a number)
 GROUPS = {
@@ -98,20 +111,30 @@ def worker(a: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     from widthscope.certify import certify
-    from widthscope.models import dispatch as dispatch_module
+    from widthscope.grow import grow
+    from widthscope.models.dispatch import mmap_threshold, releasing_memory
     from widthscope.models.hf import load_hf
     from widthscope.probe.offload import restore_blocks
 
-    if a.worker == "offload-adaptive-malloc":  # glibc's default, to show what the fixed threshold saves
-        dispatch_module.fix_mmap_threshold = lambda: False
+    growing = a.worker.startswith("grow-")
 
     def load(directory: str, budget: int) -> Any:
-        if a.worker == "plain":
+        if a.worker in ("plain", "grow-plain"):
             return load_hf(directory)
-        m = load_hf(directory, device_map="auto", max_memory=f"cpu={budget},disk")
+        # glibc's threshold fixed as the command line does, except where its default is measured
+        with releasing_memory(a.worker != "offload-adaptive-malloc"):
+            m = load_hf(directory, device_map="auto", max_memory=f"cpu={budget},disk")
         if a.worker == "offload-no-recompute":
             restore_blocks(m)
         return m
+
+    def run(model: Any, tr: Any, te: Any, small: bool = False) -> Any:
+        if growing:
+            n = 4 if small else a.grow_m
+            return grow(model, (torch.cat(tr), torch.cat(te)), M=n, K=n, steps=1 if small else a.grow_steps,
+                        batch_size=a.batch_size, progress=False)  # fmt: skip
+        return certify(model, tr, te, M=[8] if small else [a.n // 4, a.n], draws=10 if small else a.draws,
+                       progress=False)  # fmt: skip
 
     # Warm-up on a tiny model of the same class, the same way: transformers' lazy imports and the
     # first-call allocations are paid here, so the peak below is the model's and the probe's.
@@ -122,7 +145,7 @@ def worker(a: argparse.Namespace) -> None:
         LlamaForCausalLM(_config(small)).save_pretrained(tmp)
         tr, te = _pools(argparse.Namespace(**{**vars(small), "n": 8, "batch_size": 4}))
         warm = load(tmp, 60_000)  # embedding resident, the rest on disk
-        certify(warm, tr, te, M=[8], draws=10, progress=False)
+        run(warm, tr, te, small=True)
         del warm
     gc.collect()
     tr, te = _pools(a)
@@ -134,7 +157,7 @@ def worker(a: argparse.Namespace) -> None:
     load_peak, after_load = proc_status("VmHWM"), proc_status("VmRSS")
     reset_peak()  # the certify peak alone, from the RSS after the load
     t0 = time.perf_counter()
-    res = certify(model, tr, te, M=[a.n // 4, a.n], draws=a.draws, progress=False)
+    res = run(model, tr, te)
     certify_s = time.perf_counter() - t0
     certify_peak = proc_status("VmHWM")
     peak = max(load_peak, certify_peak)
@@ -153,6 +176,7 @@ def worker(a: argparse.Namespace) -> None:
         "load_s": load_s,
         "certify_s": certify_s,
         "device_map": {k: str(v) for k, v in dmap.items()},
+        "malloc_mmap_threshold": mmap_threshold(),  # in effect at the end: the environment's or widthscope's
         "blocks": len(blocks),
         "blocks_offloaded": on_disk,
     }
@@ -182,9 +206,17 @@ def compare(plain: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
         raise SystemExit(f"the results differ in shape: {sorted(set(a) ^ set(b))[:5]}")
 
     def worst(keys: list[str]) -> dict[str, Any]:
-        abs_d = max((abs(a[k] - b[k]) for k in keys), default=0.0)
-        rel_d = max((abs(a[k] - b[k]) / abs(a[k]) for k in keys if a[k] != 0), default=0.0)
-        return {"numbers": len(keys), "max_abs": abs_d, "max_rel": rel_d}
+        # not-a-number on both sides (a growth criterion undefined at a point) agrees; on one side
+        # it is an infinite difference
+        same_nan = [k for k in keys if math.isnan(a[k]) and math.isnan(b[k])]
+        keys = [k for k in keys if k not in set(same_nan)]
+
+        def diff(k: str) -> float:
+            return math.inf if math.isnan(a[k]) or math.isnan(b[k]) else abs(a[k] - b[k])
+
+        abs_d = max((diff(k) for k in keys), default=0.0)
+        rel_d = max((diff(k) / abs(a[k]) for k in keys if a[k] != 0 and math.isfinite(a[k])), default=0.0)
+        return {"numbers": len(keys) + len(same_nan), "max_abs": abs_d, "max_rel": rel_d}
 
     out = {"all": worst(list(a))}
     for name, pred in GROUPS.items():
@@ -203,6 +235,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--n", type=int, default=16, help="sequences per pool (train and held-out)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--draws", type=int, default=200)
+    p.add_argument("--grow-m", type=int, default=8, help="grow: M = K (the held-out half of the pool ranks)")
+    p.add_argument("--grow-steps", type=int, default=10, help="grow: training steps of the new block")
     p.add_argument("--budget-fraction", type=float, default=1 / 3, help="max_memory cpu as a fraction of the weights")
     p.add_argument("--out", default=None)
     p.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
@@ -225,18 +259,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="offload-bench-") as tmp:
         model.save_pretrained(tmp)
         del model
-        for run, mode, extra in RUNS:
+        for run, mode, extra in (*RUNS, *GROW_RUNS):
             out = Path(tmp) / f"{run}.json"
             cmd = [sys.executable, __file__, "--worker", mode, "--dir", tmp, "--out", str(out)]
             cmd += ["--budget", str(budget), "--layers", str(a.layers), "--width", str(a.width)]
             cmd += ["--ffn", str(a.ffn), "--heads", str(a.heads), "--vocab", str(a.vocab)]
             cmd += ["--seq-len", str(a.seq_len), "--n", str(a.n), "--batch-size", str(a.batch_size)]
-            cmd += ["--draws", str(a.draws)]
+            cmd += ["--draws", str(a.draws), "--grow-m", str(a.grow_m), "--grow-steps", str(a.grow_steps)]
             env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", **extra)
             subprocess.run(cmd, check=True, env=env)
             runs[run] = json.loads(out.read_text())
             runs[run]["row"].update(run=run, env=extra)
     rows = [runs[r]["row"] for r, _, _ in RUNS]
+    grow_rows = [runs[r]["row"] for r, _, _ in GROW_RUNS]
+    for r in grow_rows:
+        r["peak_over_weights"] = r["peak_above_baseline_bytes"] / weights if r["peak_above_baseline_bytes"] else None
+        r["peak_over_budget"] = r["peak_above_baseline_bytes"] / budget if r["peak_above_baseline_bytes"] else None
+        r["chosen"] = runs[r["run"]]["result"]["chosen"]
+        if r["run"] != "grow-plain":
+            r["vs_plain"] = compare(runs["grow-plain"]["result"], runs[r["run"]]["result"])
+            r["slowdown"] = r["certify_s"] / runs["grow-plain"]["row"]["certify_s"]
     for r in rows:
         r["peak_over_weights"] = r["peak_above_baseline_bytes"] / weights if r["peak_above_baseline_bytes"] else None
         r["peak_over_budget"] = r["peak_above_baseline_bytes"] / budget if r["peak_above_baseline_bytes"] else None
@@ -259,6 +301,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "weights_over_budget": weights / budget,
         "pools": {"n_train": a.n, "n_test": a.n, "seq_len": a.seq_len, "batch_size": a.batch_size, "draws": a.draws},
         "rows": rows,
+        # grow's rows: "certify_s" / "certify_peak_*" are grow()'s time and peak
+        "grow": {"M": a.grow_m, "K": a.grow_m, "steps": a.grow_steps, "rows": grow_rows},
         "machine": {
             "cpus": os.cpu_count(),
             "threads": 1,

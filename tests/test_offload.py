@@ -11,7 +11,6 @@ import copy
 import gc
 import math
 import os
-import platform
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,15 @@ import torch
 
 from widthscope.certify import certify
 from widthscope.errors import WidthscopeError
-from widthscope.models.dispatch import check_max_memory, dispatch, parse_max_memory
+from widthscope.models import dispatch as dispatch_module
+from widthscope.models.dispatch import (
+    check_max_memory,
+    dispatch,
+    fix_mmap_threshold,
+    mmap_threshold,
+    parse_max_memory,
+    releasing_memory,
+)
 from widthscope.models.hf import load_hf
 from widthscope.probe import collect
 from widthscope.probe.offload import input_device, recompute_blocks, recomputed, recomputing, restore_blocks
@@ -129,14 +136,45 @@ def test_offloaded_certify_equals_plain(ckpt, pools):
     assert _offloaded_blocks(off), "some blocks must be on disk"
     assert recomputed(off) == off.widthscope_points and rec["recompute_blocks"] == 4
     assert off.config.use_cache is False
-    if platform.libc_ver()[0] == "glibc" and not os.environ.get("MALLOC_MMAP_THRESHOLD_"):
-        assert rec["malloc_mmap_threshold"] == 65536  # dropped weights go back to the system
+    # no process-wide malloc setting unless asked (test_malloc_threshold_only_when_asked)
+    assert rec["release_memory"] is False and rec["malloc_mmap_threshold"] == mmap_threshold()
     tr, te = pools
     draws = 200
     a = certify(plain, tr, te, M=[8, 16], draws=draws, progress=False)
     b = certify(off, tr, te, M=[8, 16], draws=draws, progress=False)
     assert all(r["interventions"] for r in b["points"])  # the bias interventions ran
     assert_same(a, b, draws)
+
+
+def test_malloc_threshold_only_when_asked(ckpt, monkeypatch):
+    """glibc's mmap threshold is process-wide and cannot be set back to adaptive: widthscope
+    fixes it for an offloaded model only when asked (``release_memory=True``, or within
+    ``releasing_memory()``, as the command line runs), never for a model that is not offloaded;
+    what is in effect is recorded."""
+    d, weights = ckpt
+    calls = []
+    monkeypatch.setattr(dispatch_module, "fix_mmap_threshold", lambda: calls.append(1) or False)
+    budget = f"cpu={weights // 3},disk"
+    rec = load_hf(d, device_map="auto", max_memory=budget).widthscope_hf
+    assert calls == [] and rec["release_memory"] is False and rec["offloaded"]
+    with releasing_memory():
+        rec = load_hf(d, device_map="auto", max_memory=budget).widthscope_hf
+        assert calls == [1] and rec["release_memory"] is True
+        load_hf(d, device_map="auto")  # everything fits: nothing offloaded, nothing set
+        assert calls == [1]
+        with releasing_memory(False):
+            dispatch(_tiny(2), "auto", max_memory=f"cpu={_weights(_tiny(2)) // 2},disk")
+        assert calls == [1]
+    off = dispatch(_tiny(2), "auto", max_memory=f"cpu={_weights(_tiny(2)) // 2},disk", release_memory=True)
+    assert calls == [1, 1] and off.widthscope_dispatch["release_memory"] is True
+    with pytest.raises(WidthscopeError, match="release_memory"):
+        dispatch(_tiny(2), release_memory="yes")
+
+
+def test_mmap_threshold_reports_the_environment(monkeypatch):
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
+    assert mmap_threshold() == 131072
+    assert fix_mmap_threshold() is False  # the environment's setting is left as it is
 
 
 def _count_loads(model, blocks):
@@ -282,17 +320,45 @@ def test_cli_certify_offloaded_equals_plain(tmp_path, capsys):
     import json
 
     from hf_tiny import corpus, save_model, write_text_files
-
     from widthscope.cli import main
 
     d = save_model(tmp_path / "m", "llama")
     text = write_text_files(tmp_path / "data", corpus(40), "docs")["txt"]
     weights = sum(f.stat().st_size for f in d.glob("*.safetensors"))
-    common = ["certify", "--model", str(d), "--data", str(text), "--seq-len", "16", "--n-train", "16",
-              "--n-test", "16", "--M", "4,8", "--draws", "50", "--batch-size", "8"]
+    common = [
+        "certify",
+        "--model",
+        str(d),
+        "--data",
+        str(text),
+        "--seq-len",
+        "16",
+        "--n-train",
+        "16",
+        "--n-test",
+        "16",
+        "--M",
+        "4,8",
+        "--draws",
+        "50",
+        "--batch-size",
+        "8",
+    ]
     assert main([*common, "--out", str(tmp_path / "plain.json")]) == 0
-    assert main([*common, "--device-map", "auto", "--max-memory", f"cpu={weights // 3}B,disk",
-                 "--out", str(tmp_path / "off.json")]) == 0
+    assert (
+        main(
+            [
+                *common,
+                "--device-map",
+                "auto",
+                "--max-memory",
+                f"cpu={weights // 3}B,disk",
+                "--out",
+                str(tmp_path / "off.json"),
+            ]
+        )
+        == 0
+    )
     plain, off = (json.loads((tmp_path / f).read_text()) for f in ("plain.json", "off.json"))
     assert_same(plain, off, 50)
     spec = off["settings"]["input_spec"]
@@ -328,8 +394,21 @@ def test_cli_offload_folder_may_not_be_an_input_or_inside_one(tmp_path, capsys):
     capsys.readouterr()  # transformers' save progress, not the command's
     before = sorted(p.name for p in d.iterdir())
     for folder, says in ((d / "offload", "--model"), (tmp_path / "c.json", "--out")):
-        rc, lines, cap = run_cli(["certify", "--model", str(d), "--device-map", "auto", "--max-memory",
-                                  "cpu=1MB,disk", "--offload-folder", str(folder), "--out", str(tmp_path / "c.json")],
-                                 capsys)
+        rc, lines, cap = run_cli(
+            [
+                "certify",
+                "--model",
+                str(d),
+                "--device-map",
+                "auto",
+                "--max-memory",
+                "cpu=1MB,disk",
+                "--offload-folder",
+                str(folder),
+                "--out",
+                str(tmp_path / "c.json"),
+            ],
+            capsys,
+        )
         assert rc == 2 and len(lines) == 1 and says in lines[0], cap.err
     assert sorted(p.name for p in d.iterdir()) == before

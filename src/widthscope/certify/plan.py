@@ -10,8 +10,9 @@ returns a :class:`CostPlan`:
 2. one probed example, counted as the probe runs it (forward, then one backward to the insertion
    points with the parameters frozen): FLOPs (``torch.utils.flop_counter.FlopCounterMode``, forward
    and backward apart; attention through its matmuls, the math kernel) and the bytes autograd
-   saves (``saved_tensors_hooks``; weights excluded, each storage once), the activation gradients
-   at the points, and the live peak of the pass (every tensor from the op that makes it until it
+   saves (``saved_tensors_hooks``; weights excluded, each storage once; attention as the run's
+   kernel keeps it: :mod:`widthscope.probe.cost`), the activation gradients at the points, and the
+   live peak of the pass (every tensor from the op that makes it until it
    dies, a ``TorchDispatchMode``; also for a forward without gradients, as the interventions run
    it). All scale with the batch;
 3. the run's memory: weights + pooled float64 samples + the held-out outputs before each point the
@@ -382,7 +383,7 @@ def plan_run(
     n_test = batch_size_of(inputs.test) if is_all(spec.n_test) else int(spec.n_test)
     one = index_batch(inputs.train, slice(0, 1))
     where = torch.device("meta") if s.on_meta else next(iter(p.device for p in s.model.parameters()))
-    c = count_pass(s.model, to_device(one, where, s.dtype), names, inputs.loss_fn)
+    c = count_pass(s.model, to_device(one, where, s.dtype), names, inputs.loss_fn, device=device)
     dims, rows = _dims(c["shapes"], options.pool)
     weights = sum(p.numel() * p.element_size() for p in s.model.parameters())
     samples = 8 * rows * (n_train + n_test) * sum(options.project or d for d in dims.values())

@@ -202,7 +202,11 @@ def _main(argv: list[str], name: str | None, terminate: Callable[[int, object], 
         check_args(args, args.command)  # the shared checks, before the command does any work
         before = _threads(getattr(args, "threads", None))
         try:
-            return int(module.run(args) or 0)
+            # local for start-up time: models.dispatch imports torch
+            from ..models.dispatch import releasing_memory
+
+            with releasing_memory():  # the process is widthscope's: offloaded weights go back to the system
+                return int(module.run(args) or 0)
         finally:
             _threads(before)
     except WidthscopeError as exc:

@@ -14,11 +14,19 @@ from typing import Any
 
 from ..grow.options import GrowOptions
 from ..grow.pipeline import run_grow
+from ..grow.plan import plan_grow
 from .args import add_config, add_options, config_options, options_from_args
 from .inputs import add_arguments as add_inputs
 from .inputs import spec_from_args
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "run", "PLAN_HELP", "PLAN_NO_TIME_HELP"]
+
+PLAN_HELP = (
+    "print the cost plan (parameters and weight memory at the dtype, FLOPs per training example, optimizer "
+    "state, activation memory per batch, the largest batch that fits, the predicted wall time after timing "
+    "one step of each training stage) and exit: nothing is trained and nothing is written (docs/big-models.md)"
+)
+PLAN_NO_TIME_HELP = "--plan without timing: the counts only, no predicted time"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,6 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config(p, "grow")
     add_options(p, GrowOptions)
     p.add_argument("--out", default=None, help="write the results as JSON (atomically) to this path")
+    p.add_argument("--plan", action="store_true", help=PLAN_HELP)
+    p.add_argument("--plan-no-time", action="store_true", help=PLAN_NO_TIME_HELP)
 
 
 def _print_tables(
@@ -98,6 +108,18 @@ def run(args: argparse.Namespace) -> int:
     args.seed = opts.seed  # the inputs' seed (the checkpoint's pools) is the run's
     builtin = args.model == "builtin"
     spec = None if builtin else spec_from_args(args, "grow")  # the 2048/512 capped defaults live there
+
+    if args.plan or args.plan_no_time:
+        plan = plan_grow(
+            spec,
+            opts,
+            n_train=args.n_train if builtin else None,
+            n_test=args.n_test if builtin else None,
+            dtype=args.dtype,
+            time_run=not args.plan_no_time,
+        )
+        print(plan.table(), flush=True)
+        return 0
 
     def report(res: dict[str, Any]) -> None:
         _print_tables(

@@ -15,6 +15,8 @@ import argparse
 import torch
 
 from ..errors import WidthscopeError
+from ..linearization.config import load_toml
+from ..linearization.plan import plan_linearize
 from ..linearization.run import (
     LinearizeOptions,
     run_file,
@@ -22,6 +24,7 @@ from ..linearization.run import (
 )  # torch loads with the command, before signals act
 from ..validate import check_path_length
 from .args import add_config, add_options, config_options, load_config, options_from_args
+from .grow import PLAN_HELP, PLAN_NO_TIME_HELP
 
 __all__ = ["add_arguments", "run"]
 
@@ -43,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="results directory (default runs/<config name>)")
     add_options(parser, LinearizeOptions)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument("--plan", action="store_true", help=PLAN_HELP.replace("one step", "one cell"))
+    parser.add_argument("--plan-no-time", action="store_true", help=PLAN_NO_TIME_HELP)
 
 
 def _recorded(path: str) -> LinearizeOptions:
@@ -69,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
             "linearize: give a TOML CONFIG (see configs/linearize-demo.toml), or --config with the "
             "slopes.json or linearize_config.json of an earlier run"
         )
+    if args.plan or args.plan_no_time:  # the whole sweep's plan (every cell, no shard)
+        sweep = load_toml(args.config) if args.config is not None else _recorded(args.recorded).sweep
+        print(plan_linearize(sweep or {}, time_run=not args.plan_no_time).table(), flush=True)
+        return 0
     if args.config is not None:
         run_file(args.config, out=args.out, shard=args.shard)
         return 0

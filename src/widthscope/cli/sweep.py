@@ -1,4 +1,4 @@
-"""``widthscope sweep CONFIG.toml [--out DIR] [--shard k/n] [--dry-run]``: the command line of
+"""``widthscope sweep CONFIG.toml [--out DIR] [--shard k/n] [--dry-run]`` (or ``--config FILE``): the command line of
 :func:`widthscope.sweep.run.run_sweep_file`.
 
 Runs (or resumes) an alignment width sweep (:mod:`widthscope.sweep.alignment`), or, for a config
@@ -8,13 +8,15 @@ keyword arguments. Example::
 
     widthscope sweep configs/demo-mlp.toml --out /tmp/mlp-sweep
     widthscope sweep configs/demo-mlp.toml --out /tmp/mlp-sweep --shard 2/4   # a quarter of the grid
-    widthscope sweep configs/pythia-suite.toml --out /tmp/pythia --dry-run    # cells, commits, cost estimate
+    widthscope sweep configs/pythia-suite.toml --out /tmp/pythia --dry-run    # cells, commits, cost plan
+    widthscope sweep --config /tmp/mlp-sweep/sweep.json --out /tmp/again      # repeat a finished sweep
 """
 
 from __future__ import annotations
 
 import argparse
 
+from ..errors import WidthscopeError
 from ..sweep.run import run_sweep_file
 
 __all__ = ["add_arguments", "run"]
@@ -22,7 +24,19 @@ __all__ = ["add_arguments", "run"]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "config", help="TOML sweep config: [sweep] + [[family]], or a [suite] of checkpoints (docs/sweeps.md, configs/)"
+        "config",
+        nargs="?",
+        default=None,
+        help="TOML sweep config: [sweep] + [[family]], or a [suite] of checkpoints (docs/sweeps.md, configs/); "
+        "or give --config",
+    )
+    parser.add_argument(
+        "--config",
+        dest="config_file",
+        default=None,
+        metavar="FILE",
+        help="the sweep to run: a TOML config (as the positional CONFIG), or a finished sweep's results folder or "
+        "its sweep.json (repeats that run: its recorded config, the same cells; --out elsewhere to rerun them)",
     )
     parser.add_argument("--out", default=None, help="results directory (default: [sweep].out_dir)")
     parser.add_argument(
@@ -31,7 +45,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="k/n",
         help="run only cells k-1, k-1+n, ... of the grid (for several processes/machines)",
     )
-    parser.add_argument("--dry-run", action="store_true", help="print the grid and what is finished; run nothing")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the grid, what is finished and the cost plan (per model and in total, counted without "
+        "weights); run nothing, write nothing",
+    )
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="--dry-run, and time one batch per distinct model (a suite's weights are loaded) to predict the "
+        "wall time per cell and in total",
+    )
     parser.add_argument(
         "--threads",
         type=int,
@@ -43,12 +68,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.config is not None and args.config_file is not None:
+        raise WidthscopeError(
+            f"sweep: the config is given twice ({args.config!r} and --config {args.config_file!r}); give one"
+        )
+    config = args.config if args.config is not None else args.config_file
+    if config is None:
+        raise WidthscopeError("sweep: no config; give a TOML file (widthscope sweep CONFIG.toml) or --config FILE")
     run_sweep_file(
-        args.config,
+        config,
         out=args.out,
         shard=args.shard,
         dry_run=args.dry_run,
         threads=args.threads,
         show_progress=not args.no_progress,
+        plan=args.plan,
     )
     return 0

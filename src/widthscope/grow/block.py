@@ -4,16 +4,20 @@
 (AdamW, eval mode) and measures the held-out loss before and after; :func:`continue_training`
 is the practitioner's baseline, the original model trained whole for the same FLOPs
 (:func:`step_flops`).
+
+A model dispatched by accelerate (:mod:`widthscope.models.dispatch`) is copied with its placement
+(:func:`widthscope.probe.offload.copy_model`: the hooks copied, the offloaded weights shared and
+read per block, the blocks recomputed in the backward); the new block's parameters live where its
+point runs. Its offloaded weights cannot be trained (accelerate reloads them at every forward), so
+``train_all`` and :func:`continue_training` refuse a model with offloaded modules, before any work.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn as nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from .._io import progress
 from ..errors import WidthscopeError
@@ -26,9 +30,29 @@ from ..probe.intervene import (
     per_example_losses,
     w_out_grad,
 )
+from ..probe.offload import TotalFlops, copy_model, offloaded_modules, recompute_flops
 from .rank import _n
 
-__all__ = ["grow_at", "step_flops", "continue_training"]
+__all__ = ["grow_at", "step_flops", "continue_training", "check_trainable", "TRAIN_ALL", "COMPARE"]
+
+# (the setting that trains every parameter, the way out): check_trainable's words
+_ROOM = "or raise --max-memory (max_memory) so that nothing is offloaded"
+TRAIN_ALL = ("--train-all (train_all=True)", f"train the new block only (drop --train-all), {_ROOM}")
+COMPARE = ("the 'continue' baseline of --compare (compare=True)", f"drop --compare, {_ROOM}")
+
+
+def check_trainable(model: nn.Module, what: str, fix: str) -> None:
+    """Refuse training every parameter of a model with offloaded modules, in one line: ``what``
+    names the setting that asks for it, ``fix`` the way out. Accelerate loads an offloaded
+    module's weights from its store before each forward and drops them after, so an update to
+    them would be lost (and an optimiser would hold the placeholders on ``meta``)."""
+    off = [n for n in offloaded_modules(model) if any(True for _ in model.get_submodule(n).parameters())]
+    if off:
+        shown = ", ".join(off[:3]) + (f" (+{len(off) - 3} more)" if len(off) > 3 else "")
+        raise WidthscopeError(
+            f"{what} trains every parameter, but {len(off)} module(s) of the model are offloaded ({shown}): "
+            f"accelerate reloads their weights at every forward, so their updates would be lost; {fix}"
+        )
 
 
 def _train_new(
@@ -69,17 +93,20 @@ def _train_new(
 def step_flops(model: nn.Module, batch: Any, loss_fn: Callable | None = None) -> int:
     """FLOPs of one training step (forward + backward) on ``batch`` of the parameters that currently
     have ``requires_grad`` (eval mode), as counted by ``torch.utils.flop_counter.FlopCounterMode``
-    (matrix products, convolutions and attention; element-wise work is not counted). Frozen
-    parameters cost no weight gradient, and nothing upstream of the first trainable one is
-    back-propagated, so growing a block late in a network is cheaper than training it all."""
-    fc = FlopCounterMode(display=False)
-    with EvalMode(model), fc:
+    (its total, :class:`~widthscope.probe.offload.TotalFlops`: matrix products, convolutions and
+    attention; element-wise work is not counted). Frozen parameters cost no weight gradient, and
+    nothing upstream of the first trainable one is back-propagated, so growing a block late in a
+    network is cheaper than training it all. The forwards an offloaded model's blocks rerun in
+    the backward (:mod:`widthscope.probe.offload`) are not counted: the count is the plain model's."""
+    fc = TotalFlops()  # FlopCounterMode's count; its module hooks would defeat the recomputation
+    # an offloaded model's blocks rerun their forward in the backward: not the algorithm's FLOPs
+    with EvalMode(model), recompute_flops() as rerun, fc:
         loss = per_example_losses(model, batch, loss_fn, batch_size=_n(batch), grad=True).mean()
         if loss.requires_grad:
             loss.backward()
     for p in model.parameters():
         p.grad = None
-    return int(fc.get_total_flops())
+    return int(fc.get_total_flops()) - sum(rerun)
 
 
 def continue_training(
@@ -97,8 +124,10 @@ def continue_training(
     """The practitioner's baseline of a growth: train *all* parameters of a copy of the original
     ``model`` (AdamW, the same learning rate and mini-batch order as the block) for as many steps as
     ``flops`` buys, ``steps = max(1, round(flops / step_flops(original)))``. Returns a row with the
-    held-out loss before/after on ``evaluate``."""
-    cont = copy.deepcopy(model)
+    held-out loss before/after on ``evaluate``. Refused for a model with offloaded modules
+    (:func:`check_trainable`)."""
+    check_trainable(model, *COMPARE)
+    cont = copy_model(model)
     for p in cont.parameters():
         p.requires_grad_(True)
     probe = index_batch(train, slice(0, min(batch_size, _n(train))))
@@ -155,9 +184,13 @@ def grow_at(
 
     ``eval_steps``: also measure the held-out loss after these step counts (``loss_at``, keyed by
     the step as a string). ``block_seed`` seeds ``W_in`` (default ``seed``, which also orders the
-    mini-batches); ``loss_before`` skips re-measuring the ungrown model.
+    mini-batches); ``loss_before`` skips re-measuring the ungrown model. A dispatched model is
+    copied with its placement (see the module docstring); ``train_all`` is refused for a model
+    with offloaded modules.
     """
-    grown = copy.deepcopy(model)
+    if train_all:
+        check_trainable(model, *TRAIN_ALL)
+    grown = copy_model(model)
     if loss_before is None:
         loss_before = mean_loss(grown, evaluate, loss_fn, batch_size=batch_size)
     insert(grown, point, "block", width=width, hidden=block_width, seed=seed if block_seed is None else block_seed)

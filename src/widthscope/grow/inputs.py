@@ -4,7 +4,7 @@ made on them before any training."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn as nn
@@ -73,11 +73,18 @@ def check_out_space(model: nn.Module, points: Sequence[str] | str | None, out: s
         check_space(out, 20_000 + 8_000 * len(resolve_points(model, points)))
 
 
-def load_inputs(spec: InputSpec, points: Sequence[str] | str | None = None, show: bool = True) -> Any:
-    """Model and pools of ``spec`` through the shared input layer; the points are checked before
-    the data is read."""
+def load_inputs(
+    spec: InputSpec,
+    points: Sequence[str] | str | None = None,
+    show: bool = True,
+    check: Callable[[nn.Module], None] | None = None,
+) -> Any:
+    """Model and pools of ``spec`` through the shared input layer; the points (and ``check``, on
+    the loaded model: e.g. what an offloaded model cannot do) are checked before the data is read."""
     model = load_model(
         spec.model, dtype=spec.dtype, task=spec.task, revision=spec.revision, placement=placement_of(spec)
     )
     resolve_points(model, points)  # before the data is read
+    if check is not None:
+        check(model)
     return resolve(spec, model=model, show_progress=show)

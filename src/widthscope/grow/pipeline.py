@@ -57,7 +57,7 @@ from ..probe.intervene import index_batch, take
 from ..probe.points import resolve_points
 from ..train import train as train_model
 from ..validate import check_pools
-from .block import continue_training, grow_at, step_flops
+from .block import COMPARE, TRAIN_ALL, check_trainable, continue_training, grow_at, step_flops
 from .inputs import builtin_inputs, check_builtin, check_out_space, load_inputs
 from .options import DEFAULT_CRITERION, GrowOptions, with_keywords
 from .rank import DELTAS, _n, _pairs, certification_note, rank_points
@@ -150,7 +150,10 @@ def grow(
     (``grow(model, data, M=16)``); any other keyword is refused, naming it.
 
     Args:
-        model: trained model (not modified; growth happens on copies).
+        model: trained model (not modified; growth happens on copies). A model dispatched by
+            accelerate, offloaded to disk included (:mod:`widthscope.models.dispatch`), is grown
+            on copies that keep its placement (:mod:`widthscope.grow.block`); with offloaded
+            modules ``train_all`` and ``compare`` are refused before any work.
         data: a :class:`widthscope.data.Split` or ``(train_batches, test_batches)``. The first
             ``n_rank`` held-out examples rank the points; the rest measure the loss before/after.
         options: the settings; among them ``points`` (default: ``insertion_points(model)``),
@@ -179,6 +182,7 @@ def grow(
     _args.integer(fn, "n_train", n_train, lo=1, optional=True)
     _args.boolean(fn, "progress", progress)
     _args.function(fn, "loss_fn", loss_fn)
+    check_offloaded(model, opts)
     M, K, lr, seed, bs = opts.M, opts.K, opts.lr, opts.seed, opts.batch_size
     train, test = _pairs(data)
     pools = _split_pools(model, train, test, opts, n_train)
@@ -256,6 +260,15 @@ def grow(
         },
         "options": {"grow": opts.to_dict()},  # what made it: GrowOptions.from_dict repeats it (grow --config)
     }
+
+
+def check_offloaded(model: nn.Module, opts: GrowOptions) -> None:
+    """Growth on a model with offloaded modules trains the new block only: ``train_all`` and
+    ``compare`` (whose 'continue' baseline trains the whole model) are refused, one line each."""
+    if opts.train_all:
+        check_trainable(model, *TRAIN_ALL)
+    if opts.compare:
+        check_trainable(model, *COMPARE)
 
 
 class _Pools(NamedTuple):
@@ -342,7 +355,7 @@ def run_grow(
     else:
         if spec.model == "builtin":
             raise WidthscopeError("run_grow: the built-in model is spec=None (with n_train, n_test, dtype)")
-        inputs = load_inputs(spec, opts.points, show)
+        inputs = load_inputs(spec, opts.points, show, check=lambda m: check_offloaded(m, opts))
         model, split, loss_fn = inputs.model, (inputs.train, inputs.test), inputs.loss_fn
         check_out_space(model, opts.points, out)
         for note in inputs.notes:
@@ -356,6 +369,9 @@ def run_grow(
             notes=inputs.notes,
             input_spec=inputs.spec.to_dict(),
         )
+        placed = getattr(model, "widthscope_dispatch", None)
+        if placed:  # a dispatched model: where its layers ran, as certify records it (docs/big-models.md)
+            res["settings"]["placement"] = placed
     if report is not None:
         report(res)
     if out:

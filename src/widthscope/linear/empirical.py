@@ -15,7 +15,6 @@ from .. import _args
 from ..errors import WidthscopeError, WidthscopeTypeError
 from ._core import (
     _flat_out,
-    _forward_ad_ok,
     _ntk_jacobian,
     _ntk_per_example,
     _ntk_products,
@@ -26,12 +25,12 @@ from ._core import (
     params_and_buffers,
     vmap_failure,
 )
-from .probes import MISSING, cached, peek, session, store
+from .choose import plan_costs
+from .probes import MISSING, cached, peek, session, store, versions
 
 __all__ = ["ntk", "structured_ntk", "METHODS"]
 
 METHODS = ("auto", "structured", "per_example", "jacobian", "products")
-AUTO_METHODS = ("structured", "per_example", "jacobian", "products")  # what "auto" chooses among
 
 
 def _check_model(
@@ -53,15 +52,16 @@ def _check_model(
         run = lambda x: _flat_out_plain(model, x)  # noqa: E731
     else:
         run = lambda x: _flat_out(model, params, buffers, x)  # noqa: E731
-    key = ("coupling", probe.shape[0])
+    # both checks' forward passes once per model, probe shape and parameter values (probes.py): a repeated
+    # call on a small model would otherwise pay them again, as much as its kernel
+    key = ("checks", probe.shape[0], versions(model))
     seen = MISSING if coupled is not None else peek(model, probe, key)
     try:
         if seen is MISSING:
             found = probe_checks(run, probe, "ntk", coupling=coupled is None)
             if coupled is None:
-                store(model, probe, key, found)
-        else:  # the coupling comparison is cached (probes.py); random draws are checked every call
-            probe_checks(run, probe, "ntk", coupling=False)
+                store(model, probe, key, found, latest=True)
+        else:
             found = seen if isinstance(seen, str) else None
     except (RuntimeError, TypeError, IndexError) as exc:
         raise WidthscopeError(
@@ -77,83 +77,6 @@ def _check_model(
             "depends on its own example only, which does not hold here"
         )
     return coupled, model, buffers
-
-
-def _plan_costs(
-    model,
-    params,
-    buffers,
-    x1,
-    x2,
-    same,
-    P,
-    method,
-    n_params,
-    n_out,
-    itemsize,
-    budget,
-    trace,
-    diagonal,
-    batch_size,
-    coupled,
-) -> dict[str, Any]:
-    """Estimate every method's time and memory (:mod:`.cost`); pick the cheapest that fits for ``"auto"``,
-    else check that the forced method fits ``budget``. One clear error when nothing fits."""
-    from .cost import choose, estimates, measure
-
-    px = x1 if coupled else x1[:1]
-    pr = cached(
-        model, px, ("measure", px.shape[0]), lambda: measure(lambda x: _flat_out(model, params, buffers, x), px, params)
-    )
-    n1 = x1.shape[0]
-    n2 = n1 if same else x2.shape[0]
-    if batch_size is not None:  # blocks of batch_size examples, one pair at a time
-        n1, n2 = min(n1, batch_size), min(n2, batch_size)
-    mode = ("diagtrace" if trace else "diag") if diagonal else ("trace" if trace else "full")
-    if diagonal and method != "structured":
-        n2 = 1  # per-chunk diagonal blocks
-    cands: tuple[str, ...] = AUTO_METHODS if method == "auto" else (method,)
-    if coupled is not None:  # one batch at once: the Jacobian of the whole batch
-        cands = tuple(m for m in cands if m not in ("structured", "per_example"))
-    costs = estimates(
-        pr=pr,
-        plan=P,
-        n_params=n_params,
-        n_out=n_out,
-        n1=n1,
-        n2=n2,
-        same=same,
-        item=itemsize,
-        budget=budget,
-        mode=mode,
-        methods=cands,
-    )
-    if P is not None and "structured" in costs and P.n_covered == 0:
-        costs.pop("structured")  # nothing covered: it is the Jacobian route with extra steps
-    if coupled is not None and "jacobian" in costs:  # forced whole-batch chunk
-        costs["jacobian"].update(chunk=x1.shape[0], out_chunk=n_out)
-    if method == "auto":
-        best, reason = choose(costs, budget)
-        # a jvp is tried only when products would win (a fused TransformerEncoder kernel has no forward-mode AD)
-        if best == "products" and not cached(
-            model, x1, ("jvp", 1), lambda: _forward_ad_ok(model, params, buffers, x1[:1])
-        ):
-            costs.pop("products")
-            best, reason = choose(costs, budget)
-            reason += "; products: no forward-mode AD through this model"
-        if best is None:
-            raise WidthscopeError(
-                f"ntk: {reason}; raise memory_budget, or pass trace=True, diagonal=True or batch_size to need less"
-            )
-        return {"method": best, "reason": reason, "costs": costs}
-    c = costs.get(method)
-    if c is not None and not c["fits"]:
-        raise WidthscopeError(
-            f"ntk: method={method!r} needs about {c['bytes'] / 1e6:.4g} MB at its smallest chunks, "
-            f"more than memory_budget={budget / 1e6:.4g} MB; raise memory_budget or let "
-            "method='auto' pick one that fits"
-        )
-    return {"method": method, "reason": f"{method}: asked for", "costs": costs}
 
 
 def ntk(
@@ -218,9 +141,10 @@ def ntk(
       ``g = J(x2_j)ᵀe_b`` and one jvp at all of ``x1`` gives ``Θ[:, j, :, b]``. Memory ``O(P)``
       plus activations, but ``n2·out`` jvp passes — for models whose Jacobian rows do not fit.
 
-    ``"auto"`` picks by a cost model (:mod:`widthscope.linear.cost`): from one probe forward pass
-    (FLOPs ``F`` and saved bytes ``S`` of one example), ``P``, ``out``, the example counts and the
-    structured plan's layer shapes it estimates each method's seconds and peak bytes and takes the
+    ``"auto"`` picks by a cost model (:mod:`widthscope.linear.cost`, priced by :mod:`widthscope.linear.choose`):
+    from one probe forward pass (FLOPs ``F``, saved bytes ``S``, operators dispatched and the wall time of
+    one example), ``P``, ``out``, the example counts and the structured plan's layer shapes it estimates
+    each method's seconds (terms fitted to this machine's measurements) and peak bytes and takes the
     fastest that fits ``memory_budget`` (``"products"`` only where a jvp runs). ``memory_budget`` bounds
     every method: what ``ntk`` allocates, the returned kernel included, is planned within 85% of it
     by chunks of examples and of outputs (Jacobians), blocks of examples (structured, when
@@ -234,7 +158,8 @@ def ntk(
 
     Refused before any work (:mod:`widthscope.linear.checks`): ``memory_budget <= 0``; random layers in
     training mode (dropout: call ``model.eval()``), found by module type and by two forward calls on
-    the probe rows; and, for ``"auto"``/``"structured"``, models whose examples are coupled within a
+    the probe rows (once per model, input shape and parameter values: :mod:`widthscope.linear.probes`);
+    and, for ``"auto"``/``"structured"``, models whose examples are coupled within a
     batch (BatchNorm with batch statistics — training mode or ``track_running_stats=False`` — or any
     op that mixes examples, found by comparing the batched and one-row forward passes of two probe
     rows): a per-example kernel does not exist there. ``method="jacobian"`` or ``"products"`` with
@@ -523,7 +448,7 @@ def _choose_method(
         except (RuntimeError, NotImplementedError) as exc:
             _reraise_attention(exc, model)
             raise
-    plan_ = _plan_costs(
+    plan_ = plan_costs(
         model,
         params,
         buffers,

@@ -7,9 +7,11 @@ cost several forward passes: about as much as the kernel itself for a small tran
 Repeated calls (kernel drift during training, a benchmark's rounds) pay them once. The key holds every
 parameter's and buffer's name, shape, dtype, device, ``requires_grad`` and identity, every submodule's
 identity and training flag, and the inputs' per-example shape, dtype and probe rows: changing any of
-them (``.eval()``, ``.double()``, freezing a layer, swapping a submodule) probes again. Of the correctness
-checks only the batch-coupling comparison (batched against one-row outputs: an architectural property)
-is kept; random draws are checked on every call. Entries live as long as the model (weak keys).
+them (``.eval()``, ``.double()``, freezing a layer, swapping a submodule) probes again. The correctness
+checks' forward passes (random draws: two identical calls agree; batch coupling: batched against one-row
+outputs) are kept too, keyed also by every parameter's and buffer's version counter (:func:`versions`):
+an in-place update (an optimizer step, ``load_state_dict``) checks again. The module-type checks (dropout
+in training mode, BatchNorm statistics) run on every call. Entries live as long as the model (weak keys).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-__all__ = ["cached", "peek", "store", "clear", "session", "MISSING"]
+__all__ = ["cached", "peek", "store", "clear", "session", "versions", "MISSING"]
 
 MISSING = object()
 
@@ -38,6 +40,18 @@ def _arch(model: nn.Module) -> tuple:
         tuple((n, tuple(b.shape), b.dtype, b.device) for n, b in model.named_buffers()),
         tuple((id(m), m.training) for m in model.modules()),
     )
+
+
+def versions(model: nn.Module) -> tuple:
+    """Every parameter's and buffer's in-place version counter (``-1`` where a tensor has none: inference
+    tensors), so a cached check is redone after the values change in place."""
+    out = []
+    for t in (*model.parameters(), *model.buffers()):
+        try:
+            out.append(t._version)
+        except RuntimeError:  # an inference tensor keeps no version counter
+            out.append(-1)
+    return tuple(out)
 
 
 def _key(model: nn.Module, x: torch.Tensor, extra: tuple) -> tuple:
@@ -71,14 +85,20 @@ def peek(model: nn.Module, x: torch.Tensor, extra: tuple) -> Any:
     return MISSING if per_model is None else per_model.get(_key(model, x, extra), MISSING)
 
 
-def store(model: nn.Module, x: torch.Tensor, extra: tuple, value: Any) -> None:
-    """Record ``value`` under the key of :func:`cached`."""
+def store(model: nn.Module, x: torch.Tensor, extra: tuple, value: Any, *, latest: bool = False) -> None:
+    """Record ``value`` under the key of :func:`cached`; ``latest``: drop the entries whose key differs only in
+    ``extra``'s last item (a check keyed by :func:`versions`: a training loop would otherwise fill the cache
+    with stale versions and evict the probes)."""
     if not _weakrefable(model):
         return
     per_model = _CACHE.setdefault(model, {})
+    key = _key(model, x, extra)
+    if latest:
+        for k in [k for k in per_model if k[:-1] == key[:-1] and k[-1][:-1] == extra[:-1]]:
+            del per_model[k]
     if len(per_model) >= MAX_ENTRIES:
         per_model.pop(next(iter(per_model)))
-    per_model[_key(model, x, extra)] = value
+    per_model[key] = value
 
 
 def _weakrefable(model: nn.Module) -> bool:

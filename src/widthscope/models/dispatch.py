@@ -15,10 +15,18 @@ with accelerators also on ``"cpu"``) and accelerate's hooks load them for each f
 :func:`finish` prepares a dispatched model for the probe: with offloaded modules each block of
 the main stack recomputes its forward in the backward
 (:func:`widthscope.probe.offload.recompute_blocks`), so the probe's memory stays near the budget,
-the model builds no key/value cache (``config.use_cache = False``) and glibc's ``malloc`` returns
-each dropped weight to the system (:func:`fix_mmap_threshold`). The device map and the
+and the model builds no key/value cache (``config.use_cache = False``). The device map and the
 budget are recorded in ``model.widthscope_dispatch`` (and ``model.widthscope_hf`` when loaded
 with :func:`~widthscope.models.hf.load_hf`).
+
+glibc's ``malloc`` keeps an offloaded weight, loaded and dropped at every forward, in its heap
+unless its mmap threshold is fixed (:func:`fix_mmap_threshold`). That setting is process-wide
+and cannot be undone (glibc has no getter, and fixing the threshold switches its adaptation off
+for good), so widthscope makes it only when asked: ``dispatch(release_memory=True)``, within
+:func:`releasing_memory` (the command line runs each command there: its process is
+widthscope's), or by calling :func:`fix_mmap_threshold` (or setting
+``MALLOC_MMAP_THRESHOLD_=65536`` before Python starts). The threshold in effect is recorded
+(``malloc_mmap_threshold``; ``None``: glibc's adaptive default).
 
 Example::
 
@@ -29,6 +37,7 @@ Example::
 
 from __future__ import annotations
 
+import contextvars
 import ctypes
 import os
 import platform
@@ -36,8 +45,9 @@ import re
 import shutil
 import tempfile
 import weakref
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from torch import nn
 
@@ -56,6 +66,9 @@ __all__ = [
     "format_bytes",
     "check_disk",
     "fix_mmap_threshold",
+    "mmap_threshold",
+    "releasing_memory",
+    "OffloadFolder",
 ]
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -192,14 +205,25 @@ def _accelerate_memory(budget: dict[str | int, int | None] | None) -> dict[str |
     return {k: v for k, v in budget.items() if k != "disk" and v is not None}
 
 
+class OffloadFolder:
+    """A temporary offload folder, removed when this object is collected. The model keeps it
+    (``model._widthscope_offload_folder``), and so does a copy of the model
+    (:func:`widthscope.probe.offload.copy_model`, which shares the offloaded weights): the folder
+    goes when the last model reading it goes."""
+
+    def __init__(self) -> None:
+        self.path = tempfile.mkdtemp(prefix="widthscope-offload-")
+        weakref.finalize(self, shutil.rmtree, self.path, True)
+
+
 def _offload_dir(model: nn.Module, offload_folder: str | Path | None) -> str:
-    """``offload_folder``, or a new temporary folder removed when the model is collected."""
+    """``offload_folder``, or a new temporary folder removed with the model (and its copies)."""
     if offload_folder is not None:
         Path(offload_folder).mkdir(parents=True, exist_ok=True)
         return str(offload_folder)
-    path = tempfile.mkdtemp(prefix="widthscope-offload-")
-    weakref.finalize(model, shutil.rmtree, path, True)
-    return path
+    holder = OffloadFolder()
+    model._widthscope_offload_folder = holder  # type: ignore[assignment]
+    return holder.path
 
 
 def check_disk(device_map: Mapping[str, Any], budget: dict[str | int, int | None] | None, folder: Any) -> None:
@@ -252,6 +276,7 @@ def dispatch(
     *,
     max_memory: Any = None,
     offload_folder: str | Path | None = None,
+    release_memory: bool | None = None,
 ) -> nn.Module:
     """Dispatch a model already in memory over devices / disk; returns it, ready for the probe.
 
@@ -261,6 +286,8 @@ def dispatch(
     named (or ``offload_folder`` given) for modules to go to disk. ``offload_folder``: where the
     offloaded weights are written (default: a temporary folder, removed with the model).
     The weights of offloaded modules are written there and dropped from memory.
+    ``release_memory``: with modules offloaded, fix glibc's mmap threshold (:func:`finish`;
+    process-wide; default: only within :func:`releasing_memory`).
     """
     import accelerate  # optional dependency (the "hf" extra)
     from accelerate.utils import get_balanced_memory, get_max_memory
@@ -269,6 +296,8 @@ def dispatch(
         raise WidthscopeError(f"dispatch(model=...) must be an nn.Module, got {type(model).__name__}")
     if device_map is None:
         raise WidthscopeError("dispatch(device_map=None): give 'auto' or a dict {module name: device}")
+    if release_memory is not None and not isinstance(release_memory, bool):
+        raise WidthscopeError(f"dispatch(release_memory=...) must be True, False or None, got {release_memory!r}")
     if getattr(model, "hf_device_map", None) is not None or hasattr(model, "_hf_hook"):
         raise WidthscopeError("dispatch(): the model is already dispatched (it has a device map); dispatch it once")
     dmap = check_device_map(device_map)
@@ -284,6 +313,11 @@ def dispatch(
             )
         dmap = accelerate.infer_auto_device_map(model, max_memory=mem, no_split_module_classes=no_split)
     assert isinstance(dmap, dict)  # a strategy became a map above
+    if dmap and all(d == "disk" for d in dmap.values()):  # accelerate needs a device to compute on
+        raise WidthscopeError(
+            "dispatch(): max_memory leaves no module on a device (everything would go to disk); raise the cpu "
+            "(or GPU) size: accelerate keeps room there for the largest block as well"
+        )
     check_disk(dmap, budget, offload_folder)
     folder = _offload_dir(model, offload_folder) if "disk" in dmap.values() else None
     model.eval()
@@ -293,11 +327,16 @@ def dispatch(
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise WidthscopeError(f"dispatch(): accelerate could not dispatch the model ({first[:300]})") from None
     model.hf_device_map = dict(dmap)  # type: ignore[assignment]
-    return finish(model, budget, folder)
+    return finish(model, budget, folder, release_memory=release_memory)
 
 
 MMAP_THRESHOLD = 65536  # bytes: larger allocations get their own mapping, unmapped when freed
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
+
+
+_FIXED: list[int] = []  # the threshold fix_mmap_threshold set in this process, if it did
+# whether widthscope may fix the threshold for a model it offloads (releasing_memory)
+_RELEASE: contextvars.ContextVar[bool] = contextvars.ContextVar("_RELEASE", default=False)
 
 
 def fix_mmap_threshold() -> bool:
@@ -307,22 +346,62 @@ def fix_mmap_threshold() -> bool:
     size come from the heap, which keeps freed memory: an offloaded weight, loaded and dropped at
     every forward, then stays resident, and the process grows past the plain run (measured in
     ``benchmarks/offload_memory.py``). A fixed threshold (as ``MALLOC_MMAP_THRESHOLD_=65536``
-    would set) maps each block above it separately. Process-wide; a no-op off glibc or when the
-    environment already sets the threshold.
+    would set) maps each block above it separately, at the cost of a system call per large
+    allocation. Process-wide and for the rest of the process (glibc cannot go back to the
+    adaptive threshold); a no-op off glibc or when the environment already sets the threshold.
+    Called explicitly, or by :func:`finish` when asked (``release_memory``).
     """
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") or platform.libc_ver()[0] != "glibc":
         return False
     try:
         libc = ctypes.CDLL(None)
-        return bool(libc.mallopt(ctypes.c_int(_M_MMAP_THRESHOLD), ctypes.c_int(MMAP_THRESHOLD)))
+        done = bool(libc.mallopt(ctypes.c_int(_M_MMAP_THRESHOLD), ctypes.c_int(MMAP_THRESHOLD)))
     except (OSError, AttributeError):
         return False
+    if done and not _FIXED:
+        _FIXED.append(MMAP_THRESHOLD)
+    return done
 
 
-def finish(model: nn.Module, budget: dict[str | int, int | None] | None, folder: str | None) -> nn.Module:
+def mmap_threshold() -> int | None:
+    """The fixed mmap threshold in effect in this process, as far as widthscope can know: the
+    environment's ``MALLOC_MMAP_THRESHOLD_``, else the one :func:`fix_mmap_threshold` set; None:
+    glibc's adaptive default (or not glibc, or set by other code through ``mallopt``: glibc has
+    no getter)."""
+    env = os.environ.get("MALLOC_MMAP_THRESHOLD_", "").strip()
+    if env.isdigit():
+        return int(env)
+    return _FIXED[0] if _FIXED else None
+
+
+@contextmanager
+def releasing_memory(allow: bool = True) -> Iterator[None]:
+    """Within the block, :func:`finish` fixes glibc's mmap threshold (:func:`fix_mmap_threshold`)
+    when it prepares an offloaded model whose ``release_memory`` was left at None. For a process
+    that is widthscope's own: the command line runs each command within it; a Python user who
+    wants it calls ``fix_mmap_threshold()`` or passes ``release_memory=True``."""
+    token = _RELEASE.set(bool(allow))
+    try:
+        yield
+    finally:
+        _RELEASE.reset(token)
+
+
+def finish(
+    model: nn.Module,
+    budget: dict[str | int, int | None] | None,
+    folder: str | None,
+    *,
+    release_memory: bool | None = None,
+) -> nn.Module:
     """After the dispatch: with offloaded modules, make the main stack's blocks recompute in the
     backward and switch the key/value cache off; record the map in ``widthscope_dispatch`` (and
-    ``widthscope_hf`` if present)."""
+    ``widthscope_hf`` if present).
+
+    ``release_memory``: with offloaded modules, fix glibc's mmap threshold (process-wide, for
+    good: :func:`fix_mmap_threshold`); None (default): only within :func:`releasing_memory`.
+    Recorded: ``release_memory`` (whether it was asked) and ``malloc_mmap_threshold`` (the fixed
+    threshold in effect, :func:`mmap_threshold`; None: glibc's adaptive default)."""
     dmap = dict(getattr(model, "hf_device_map", None) or {})
     offloaded = offloaded_modules(model)
     blocks: list[str] = []
@@ -334,14 +413,17 @@ def finish(model: nn.Module, budget: dict[str | int, int | None] | None, folder:
         cfg = getattr(model, "config", None)
         if getattr(cfg, "use_cache", None):
             cfg.use_cache = False  # type: ignore[union-attr]
-    mmap = fix_mmap_threshold() if offloaded else False
+    release = _RELEASE.get() if release_memory is None else bool(release_memory)
+    if offloaded and release:
+        fix_mmap_threshold()
     record = {
         "device_map": {k: (v if isinstance(v, (int, str)) else str(v)) for k, v in dmap.items()},
         "max_memory": None if budget is None else {str(k): v for k, v in budget.items()},
         "offload_folder": folder,
         "offloaded": offloaded,
         "recompute_blocks": len(blocks),
-        "malloc_mmap_threshold": MMAP_THRESHOLD if mmap else None,
+        "release_memory": bool(offloaded and release),
+        "malloc_mmap_threshold": mmap_threshold(),
     }
     model.widthscope_dispatch = record  # type: ignore[assignment]
     hf = getattr(model, "widthscope_hf", None)

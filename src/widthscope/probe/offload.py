@@ -14,6 +14,12 @@ before each module's forward and drop them after. Two things change for the prob
   load its weights again) and frees it before the next. Peak memory: the resident part plus one
   block, at the cost of one more forward per block.
 
+Copying such a model (:func:`copy_model`, what growth does) keeps its placement: accelerate's
+hooks are copied with it, the offloaded weights are shared with the original (read-only: they are
+reloaded at every forward, so training cannot change them), the resident ones are copied, and the
+blocks of the copy recompute as the original's do. :func:`recompute_flops` lets a FLOP count
+leave out the recomputation (the algorithm's FLOPs, the plain run's).
+
 Why the numbers do not change: the recomputation runs the same operations on the same weights
 and inputs (eval mode: no dropout; the RNG state is restored anyway), so the gradients equal a
 plain backward's to float rounding. A block is run plainly (no checkpoint) when gradients are
@@ -34,6 +40,9 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import copy
 import functools
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
@@ -41,6 +50,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
+from torch.utils.flop_counter import FlopCounterMode
 
 from .structure import main_stack
 
@@ -52,11 +62,16 @@ __all__ = [
     "restore_blocks",
     "recomputed",
     "recomputing",
+    "copy_model",
+    "recompute_flops",
+    "TotalFlops",
 ]
 
 _MARK = "_widthscope_recompute"  # set on a wrapped forward: the forward it wraps
 # keyword arguments through which transformers blocks receive a key/value cache
 _CACHE_KEYS = ("cache", "past_key_values", "past_key_value", "layer_past", "cache_params")
+# set by recompute_flops(): where the FLOPs of each recomputation are written
+_RECOMPUTED: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("_RECOMPUTED", default=None)
 
 
 def input_device(model: nn.Module) -> torch.device:
@@ -111,6 +126,50 @@ def _has_cache(kwargs: dict[str, Any]) -> bool:
     return any(kwargs.get(k) is not None for k in _CACHE_KEYS)
 
 
+class _NoModules:
+    """Stands in for FlopCounterMode's module tracker: every count goes to the total only."""
+
+    parents = ("Global",)
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+class TotalFlops(FlopCounterMode):
+    """``FlopCounterMode``'s total (``get_total_flops``, the same count) without its per-module
+    breakdown, whose module hooks hold the tensors of a checkpointed block for the backward (an
+    offloaded model then keeps most of its weights during a counted step: measured in
+    ``tests/test_grow_offload.py``)."""
+
+    def __init__(self) -> None:
+        super().__init__(display=False)
+        self.mod_tracker = _NoModules()  # type: ignore[assignment]
+
+
+class _CountRecompute:
+    """The recomputation's context (``checkpoint(context_fn=...)``): its own FLOP counter, whose
+    total goes to ``sink`` (the outer counter counts the same operations too)."""
+
+    def __init__(self, sink: list[int]) -> None:
+        self.sink = sink
+        self.counter = TotalFlops()
+
+    def __enter__(self) -> None:
+        self.counter.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.counter.__exit__(*exc)
+        self.sink.append(int(self.counter.get_total_flops()))
+
+
+def _contexts() -> tuple[Any, Any]:
+    sink = _RECOMPUTED.get()
+    return contextlib.nullcontext(), (contextlib.nullcontext() if sink is None else _CountRecompute(sink))
+
+
 def _wrap(block: nn.Module) -> Callable[..., Any]:
     inner = block.forward
     own = "forward" in block.__dict__  # an instance attribute already (accelerate's hooked forward)
@@ -119,7 +178,7 @@ def _wrap(block: nn.Module) -> Callable[..., Any]:
     def forward(*args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled() or _has_cache(kwargs) or _inner_hooks(block):
             return inner(*args, **kwargs)
-        return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+        return checkpoint(inner, *args, use_reentrant=False, context_fn=_contexts, **kwargs)
 
     setattr(forward, _MARK, (inner, own))
     return forward
@@ -183,3 +242,56 @@ def recomputing(model: nn.Module, blocks: Sequence[str] | None = None) -> Iterat
             block = model.get_submodule(name)
             if name not in before and getattr(block.__dict__.get("forward"), _MARK, None) is not None:
                 _unwrap(block)
+
+
+@contextmanager
+def recompute_flops() -> Iterator[list[int]]:
+    """Within the block, each recomputation of a wrapped block (in a backward) counts its FLOPs
+    with a counter of its own (:class:`TotalFlops`) and appends the total to the yielded list: an
+    outer counter counts them too, and subtracting their sum gives the FLOPs of the plain
+    forward and backward (what :func:`widthscope.grow.block.step_flops` reports)."""
+    sink: list[int] = []
+    token = _RECOMPUTED.set(sink)
+    try:
+        yield sink
+    finally:
+        _RECOMPUTED.reset(token)
+
+
+def _shared(model: nn.Module) -> dict[int, Any]:
+    """What a copy of ``model`` shares with it (a ``deepcopy`` memo): accelerate's stores of the
+    offloaded weights (read at each forward, never trained) and the maps of tied weights loaded,
+    and a temporary offload folder's owner (removed when neither model uses it any more)."""
+    memo: dict[int, Any] = {}
+    for m in model.modules():
+        hook = getattr(m, "_hf_hook", None)
+        for h in getattr(hook, "hooks", None) or ([hook] if hook is not None else []):
+            for attr in ("weights_map", "tied_params_map"):
+                value = getattr(h, attr, None)
+                if value is not None:
+                    memo[id(value)] = value
+    for key in ("_widthscope_offload_folder",):
+        holder = model.__dict__.get(key)
+        if holder is not None:
+            memo[id(holder)] = holder
+    return memo
+
+
+def copy_model(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` (``copy.deepcopy``) that keeps a dispatched model's placement.
+
+    Accelerate's hooks are copied with the modules, so the copy computes where the original does;
+    the offloaded weights are shared, not copied (:func:`_shared`: they stay on disk or in the
+    CPU store and are loaded per block); the resident weights are copied. Blocks made checkpoints
+    by :func:`recompute_blocks` are unwrapped for the copy (the wrapper's closure names the
+    original's block) and wrapped again in both models.
+    """
+    names = recomputed(model)
+    for name in names:
+        _unwrap(model.get_submodule(name))
+    try:
+        new = copy.deepcopy(model, _shared(model))
+    finally:
+        recompute_blocks(model, names)
+    recompute_blocks(new, names)
+    return new

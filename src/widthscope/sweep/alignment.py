@@ -172,6 +172,12 @@ def check_structure(cfg: SweepConfig, *, device: bool = True) -> dict[str, list[
     return out
 
 
+def _placement_record(cfg: SweepConfig, cell: Mapping[str, Any]) -> dict[str, Any]:
+    """A cell file's ``placement`` (the family's device_map / max_memory / offload_folder), where set."""
+    fam = next(f for f in cfg.families if f.name == cell["family"])
+    return {"placement": dict(fam.placement)} if fam.placement else {}
+
+
 def run_sweep(
     config: SweepConfig | Mapping[str, Any] | str | os.PathLike,
     out_dir: str | os.PathLike | None = None,
@@ -225,7 +231,7 @@ def run_sweep(
                 out,
                 shard=shard,
                 desc=f"sweep {cfg.name}",
-                record=lambda c: {"options": cell_options(cfg, c).to_dict()},
+                record=lambda c: {"options": cell_options(cfg, c).to_dict()} | _placement_record(cfg, c),
             )
     finally:
         torch.set_num_threads(threads)

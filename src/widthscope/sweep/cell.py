@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .._io import atomic_write_json
 from ..options import CertifyOptions
+from .grid import cell_id
+from .placement import place_model, placement_text, release
 from .pools import _batches, _load_split, _model_options, _probe_len, _probe_pools, _probe_words, cell_input_spec
 from .schema import CERT_FIELDS, FamilySpec, SweepConfig
 
@@ -36,7 +38,7 @@ def run_cell(
     import torch
 
     from .. import data as wdata
-    from .. import models, probe
+    from .. import models
 
     fam = next(f for f in cfg.families if f.name == cell["family"])
     seed, width, budget = int(cell["seed"]), cell["width"], int(cell["budget"])
@@ -49,8 +51,6 @@ def run_cell(
         _cell_monitor(cfg, fam, split, model, opts, Path(cell_dir)) if fam.monitor is not None else (None, {})
     )
     tr, train_s, monitor_s = _train(cfg, fam, cell, Path(cell_dir), split, model, mon, show_progress)
-
-    points = list(opts.points or ()) or probe.insertion_points(model)
     common: dict[str, Any] = {
         "model": fam.model,
         "dataset": fam.dataset,
@@ -58,6 +58,41 @@ def run_cell(
         "data_description": "trained on " + wdata.describe(split),
     }
     trained = {k: tr.get(k) for k in ("train_loss", "test_loss", "test_accuracy", "steps")}
+    key, placed = cell_id(cell), None
+    try:
+        if fam.placement:  # the trained model dispatched for the probe (docs/sweeps.md, Placement)
+            placed = place_model(model, fam.placement, key)
+        rows, seconds = _probe_rows(cfg, fam, split, model, opts, common, trained, show_progress)
+    finally:
+        release(fam.placement, key)
+    probe_s, stats_s, intervene_s = seconds
+    if mon is not None:
+        rows += _monitor_rows(mon, mon_info, fam, rows, n_params, common["data_description"])
+    text = placement_text(fam.placement, placed)
+    for r in rows:
+        r.update(train_s=train_s, probe_s=probe_s, stats_s=stats_s, intervene_s=intervene_s)
+        if text is not None:
+            r["placement"] = text
+        if mon is not None:
+            r["monitor_s"] = monitor_s
+    return rows
+
+
+def _probe_rows(
+    cfg: SweepConfig,
+    fam: FamilySpec,
+    split: Any,
+    model: Any,
+    opts: CertifyOptions,
+    common: Mapping[str, Any],
+    trained: Mapping[str, Any],
+    show_progress: bool,
+) -> tuple[list[dict[str, Any]], tuple[float, float, float]]:
+    """The alignment and intervention rows of a trained cell model, and the seconds of its probe,
+    statistics and interventions."""
+    from .. import probe
+
+    points = list(opts.points or ()) or probe.insertion_points(model)
     conditions = fam.probes or [
         {"name": "in-domain", "data": fam.dataset, "test_data": None, "data_options": {}, "shift": None}
     ]
@@ -108,13 +143,7 @@ def run_cell(
             intervene_s += time.perf_counter() - t0
             rows += these
     rows += iv_rows
-    if mon is not None:
-        rows += _monitor_rows(mon, mon_info, fam, rows, n_params, common["data_description"])
-    for r in rows:
-        r.update(train_s=train_s, probe_s=probe_s, stats_s=stats_s, intervene_s=intervene_s)
-        if mon is not None:
-            r["monitor_s"] = monitor_s
-    return rows
+    return rows, (probe_s, stats_s, intervene_s)
 
 
 def _train(

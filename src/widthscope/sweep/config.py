@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 from .._io import first_nonfinite, read_toml
 from ..errors import WidthscopeError
 from ..options import CertifyOptions
+from .placement import check_placement
 from .schema import (
     CERTIFY_KEYS,
     ESTIMATORS,
@@ -561,8 +562,10 @@ def load_config(
     threads = _int(sw["threads"], "[sweep] threads") if "threads" in sw else None
     options = _sweep_certify(sw)
     families = [_family(f, i, budgets, options) for i, f in enumerate(fams_raw)]
+    placement = check_placement(sw, "sweep config [sweep]")
     for f, f_raw in zip(families, fams_raw):
         f.monitor = _monitor(f_raw.get("monitor"), f, f.certify.pairs, budgets)
+        f.placement = check_placement(f_raw, f"sweep config family {f.name!r}", base=placement)
     names = [f.name for f in families]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -591,4 +594,5 @@ def load_config(
         data_seed=data_seed,
         device=device,
         threads=threads,
+        placement=placement,
     )

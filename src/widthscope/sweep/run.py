@@ -11,12 +11,16 @@ Python::
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from .._io import format_table, read_toml
 from ..validate import check_dir_writable
+from .costs import alignment_costs, print_costs
 from .grid import GridResult, _cell_path, cell_id, finish_after_ranks, shard_for_run
+from .placement import placement_text
+from .record import check_fingerprint, is_record, read_record
 from .schema import SweepConfig
 from .suite import SuiteConfig, load_suite, plan_suite, print_suite_plan, run_suite
 from .summary import print_summary
@@ -32,35 +36,57 @@ def run_sweep_file(
     dry_run: bool = False,
     threads: int | None = None,
     show_progress: bool = True,
+    plan: bool = False,
 ) -> GridResult | None:
-    """The sweep of the TOML ``config`` in ``out`` (default: its ``[sweep].out_dir``), shard
-    ``shard`` (``"k/n"``; default: one shard per ``torchrun`` rank, else the whole grid), at
-    ``threads`` torch CPU threads (default: ``[sweep].threads``). ``dry_run``: print the grid and
-    what is finished, run nothing, return ``None``. Otherwise prints its progress lines and (rank 0
-    under torchrun, once every rank's shard is done) the summary; returns this shard's grid result."""
+    """The sweep of ``config`` in ``out`` (default: its ``[sweep].out_dir``), shard ``shard``
+    (``"k/n"``; default: one shard per ``torchrun`` rank, else the whole grid), at ``threads`` torch
+    CPU threads (default: ``[sweep].threads``). ``config``: a TOML sweep config, or a finished
+    sweep's results folder or its ``sweep.json`` (:mod:`widthscope.sweep.record`: the recorded
+    config, checked as a TOML is; the same cells). ``dry_run``: print the grid, what is finished
+    and the cost plan (:mod:`widthscope.sweep.costs`), run nothing, return ``None``; ``plan``: the
+    same, and time one batch per distinct model to predict the wall time. Otherwise
+    prints its progress lines and (rank 0 under torchrun, once every rank's shard is done) the
+    summary; returns this shard's grid result."""
     from .alignment import check_structure, load_config, plan_cells, run_sweep
 
-    raw = read_toml(Path(config), "sweep config", "examples in configs/, reference in docs/sweeps.md")
+    recorded: tuple[str, str] | None = None
+    if is_record(config):
+        raw, fingerprint, where = read_record(config)
+        recorded, stem = (fingerprint, where), "sweep"
+    else:
+        raw = read_toml(Path(config), "sweep config", "examples in configs/, reference in docs/sweeps.md")
+        stem = Path(config).stem
     if "suite" in raw:
-        return _run_suite_file(
-            load_suite(raw, stem=Path(config).stem, out_dir=out), shard, dry_run, threads, show_progress
-        )
-    cfg = load_config(config, out_dir=out)
+        suite = load_suite(raw, stem=stem, out_dir=out)
+        if recorded is not None:
+            check_fingerprint(suite.fingerprint(), *recorded)
+        return _run_suite_file(suite, shard, dry_run or plan, threads, show_progress, plan)
+    cfg = load_config(raw if recorded is not None else config, out_dir=out)
+    if recorded is not None:
+        check_fingerprint(cfg.fingerprint(), *recorded)
     check_structure(cfg, device=not dry_run)  # every cell's model and points, before any work
     if threads is not None:  # checked by widthscope.cli.checks.check_args
         cfg.threads = threads
-    return _drive("sweep", cfg, plan_cells(cfg), _print_plan, run_sweep, shard, dry_run, show_progress)
+    printer = partial(_print_plan, timed=plan)
+    return _drive("sweep", cfg, plan_cells(cfg), printer, run_sweep, shard, dry_run or plan, show_progress)
 
 
 def _print_plan(
-    cfg: SweepConfig, mine: list[tuple[int, dict[str, Any]]], n_cells: int, out: Path, shard: tuple[int, int]
+    cfg: SweepConfig,
+    mine: list[tuple[int, dict[str, Any]]],
+    n_cells: int,
+    out: Path,
+    shard: tuple[int, int],
+    *,
+    timed: bool = False,
 ) -> None:
-    """``--dry-run``: this shard's cells, whether each is finished, and the monitor settings."""
+    """``--dry-run``: this shard's cells, whether each is finished, the monitor settings, the
+    placement and the cost plan (``timed``: ``--plan``'s predicted wall time too)."""
     from .grid import read_cell
 
     k, n = shard
 
-    def state(c: dict) -> str | bool:
+    def state(c: Mapping[str, Any]) -> str | bool:
         path = _cell_path(out, cell_id(c))
         if not path.exists():
             return False
@@ -78,6 +104,9 @@ def _print_plan(
     ]
     print(format_table(table, title=f"sweep {cfg.name}: {len(mine)} of {n_cells} cells in shard {k}/{n}"))
     print(f"(M, K): {cfg.MK}; results dir: {out}")
+    for fam in cfg.families:
+        if fam.placement:
+            print(f"placement ({fam.name}): {placement_text(fam.placement)} (the probe; training on {cfg.device})")
     for fam in cfg.families:  # a family's certify table that changes [sweep]'s statistics
         implied = cfg.certify.replace(points=fam.certify.points).to_dict()
         changed = {k: v for k, v in fam.certify.to_dict().items() if implied[k] != v}
@@ -90,15 +119,18 @@ def _print_plan(
                 f"monitor ({fam.name}): steps {m['steps']}, (M, K) = ({m['M']}, {m['K']}), pools "
                 f"{m['n_train']} + {m['n_test']}, delta {m['delta']}"
             )
+    costs = alignment_costs(cfg, [c for _, c in mine], lambda c: state(c) is True, timed=timed)
+    print_costs(costs, shard, cfg.device)
 
 
 def _run_suite_file(
-    cfg: SuiteConfig, shard: str | None, dry_run: bool, threads: int | None, show_progress: bool
+    cfg: SuiteConfig, shard: str | None, dry_run: bool, threads: int | None, show_progress: bool, plan: bool
 ) -> GridResult | None:
     """:func:`run_sweep_file` of a ``[suite]`` config (:mod:`widthscope.sweep.suite`)."""
     if threads is not None:
         cfg.threads = threads
-    return _drive("suite", cfg, plan_suite(cfg), print_suite_plan, run_suite, shard, dry_run, show_progress)
+    printer = partial(print_suite_plan, timed=plan)
+    return _drive("suite", cfg, plan_suite(cfg), printer, run_suite, shard, dry_run, show_progress)
 
 
 def _drive(

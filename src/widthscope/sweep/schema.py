@@ -24,6 +24,7 @@ __all__ = [
     "MONITOR_TIMING_COLUMNS",
     "MONITOR_SUMMARY",
     "SWEEP_KEYS",
+    "PLACEMENT_KEYS",
     "FAMILY_KEYS",
     "PROBE_KEYS",
     "SHIFTS",
@@ -65,6 +66,13 @@ MONITOR_SUMMARY = (
     "monitor_probe_seq_len",
 )
 
+# Big-model placement (widthscope.sweep.placement): [sweep] and [[family]] keys, [suite]'s input options.
+PLACEMENT_KEYS = {
+    "device_map": "accelerate's placement while a cell probes: auto, balanced, balanced_low_0, sequential "
+    "(docs/big-models.md); training stays on device",
+    "max_memory": "per-device memory for device_map, e.g. 'cpu=2GB,0=10GiB,disk' ('disk' allows disk offload)",
+    "offload_folder": "where disk-offloaded weights go (each cell its own subfolder; default: a temporary folder)",
+}
 SWEEP_KEYS = {
     "name": "label of the sweep (default: the config file's stem)",
     "out_dir": "results directory (default: widthscope-results/<name>)",
@@ -83,6 +91,7 @@ SWEEP_KEYS = {
     "interventions": "'bias' (default), 'block' or 'none': a direct zero-init residual intervention "
     "at every point (rows of kind 'intervention' + iv_* columns on alignment rows)",
     "etas": "intervention step sizes (default: a log grid scaled to each point)",
+    **PLACEMENT_KEYS,
 }
 FAMILY_KEYS = {
     "name": "label of this family in results (required)",
@@ -107,6 +116,7 @@ FAMILY_KEYS = {
     "probe_data": "dataset name of the train probe pool (one probe condition named 'probe'; see probes)",
     "probe_test_data": "dataset name of the held-out probe pool (default: probe_data's held-out part)",
     "probe_data_options": "table of options for probe_data/probe_test_data (seq_len, max_bytes, ...)",
+    **{k: f"{v} (overrides [sweep]'s)" for k, v in PLACEMENT_KEYS.items()},
 }
 PROBE_KEYS = ("name", "data", "test_data", "data_options", "shift", "seq_len")
 SHIFTS = ("noise:SIGMA", "contrast:FACTOR", "blur", "classes:A,B,...")
@@ -163,6 +173,7 @@ class FamilySpec:
     probes: list[dict[str, Any]] | None = None
     probe_seq_len: list[int] | None = None
     monitor: dict[str, Any] | None = None
+    placement: dict[str, Any] = field(default_factory=dict)  # [sweep]'s device_map/max_memory/offload_folder + its own
 
     @property
     def points(self) -> list[str] | None:
@@ -173,6 +184,8 @@ class FamilySpec:
         """The family as sweeps recorded it before it held a :class:`CertifyOptions` (``points``)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "certify"}
         d["points"] = self.points
+        if not self.placement:  # the layout of sweeps without placement stays as it was
+            d.pop("placement")
         return to_jsonable(d)
 
 
@@ -189,6 +202,7 @@ class SweepConfig:
     data_seed: int = 0
     device: str = "cpu"
     threads: int | None = None
+    placement: dict[str, Any] = field(default_factory=dict)  # [sweep]'s device_map/max_memory/offload_folder
 
     # [sweep]'s statistics keys, read from its options
     @property
@@ -216,8 +230,9 @@ class SweepConfig:
         return None if self.certify.etas is None else list(self.certify.etas)
 
     def _legacy(self) -> dict[str, Any]:
-        """The config in the layout sweeps recorded before it held :class:`CertifyOptions`."""
-        return {
+        """The config in the layout sweeps recorded before it held :class:`CertifyOptions`
+        (``placement`` only where [sweep] sets it)."""
+        return ({"placement": dict(self.placement)} if self.placement else {}) | {
             "name": self.name,
             "out_dir": self.out_dir,
             "families": [f.legacy_dict() for f in self.families],
@@ -253,7 +268,9 @@ class SweepConfig:
         Options at their defaults leave older fingerprints alone: a family's certify options enter
         only where they differ from what [sweep]'s keys and ``points`` give (``certify_changes``)."""
         d = to_jsonable(self._legacy())
+        d.pop("placement", None)  # where the weights live changes no number (docs/sweeps.md)
         for fam, fd in zip(self.families, d.get("families", [])):
+            fd.pop("placement", None)
             for key in ("probes", "probe_seq_len", "monitor"):
                 if fd.get(key) is None:
                     fd.pop(key, None)

@@ -48,7 +48,10 @@ from ..data.spec import InputSpec
 from ..errors import WidthscopeError
 from ..options import CertifyOptions
 from .config import _check_keys, _int, _table, certify_options
+from .costs import print_costs, suite_costs
 from .grid import GridResult, _cell_path, cell_id, claim_out_dir, lock_out_dir, read_cell, run_grid
+from .placement import cell_folder, placement_text, release
+from .schema import PLACEMENT_KEYS
 
 __all__ = [
     "SUITE_KEYS",
@@ -102,9 +105,13 @@ class SuiteConfig:
     device: str = "cpu"
     threads: int | None = None
 
-    def spec(self, model: str, revision: str | None) -> InputSpec:
-        """The :class:`~widthscope.data.spec.InputSpec` of one cell (validated when made)."""
-        return InputSpec(model=model, revision=revision, seed=self.certify.seed, **self.inputs)
+    def spec(self, model: str, revision: str | None, cell_key: str | None = None) -> InputSpec:
+        """The :class:`~widthscope.data.spec.InputSpec` of one cell (validated when made); with
+        ``cell_key``, ``offload_folder`` is the cell's own subfolder (shards never share one)."""
+        inputs = dict(self.inputs)
+        if cell_key is not None and inputs.get("offload_folder"):
+            inputs["offload_folder"] = cell_folder(inputs, cell_key)
+        return InputSpec(model=model, revision=revision, seed=self.certify.seed, **inputs)
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -113,7 +120,8 @@ class SuiteConfig:
 
     def fingerprint(self) -> str:
         """Hash of the settings that determine a cell's numbers (not which cells, nor where)."""
-        d = {"inputs": self.inputs, "certify": self.certify.to_dict(), "batch_size": self.batch_size}
+        inputs = {k: v for k, v in self.inputs.items() if k not in PLACEMENT_KEYS}  # placement changes no number
+        d = {"inputs": inputs, "certify": self.certify.to_dict(), "batch_size": self.batch_size}
         return hashlib.sha256(json.dumps(to_jsonable(d), sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -223,6 +231,11 @@ def _rows(cfg: SuiteConfig, cell: Mapping[str, Any], res: Mapping[str, Any], pat
         "data_description": st.get("data_description"),
         "certify_json": str(path),
     }
+    placed = st.get("placement")
+    if placed:  # where the weights went (settings.placement of the certify result)
+        tags["placement"] = placement_text(
+            {k: cfg.inputs[k] for k in PLACEMENT_KEYS if k in cfg.inputs}, placed if isinstance(placed, dict) else None
+        )
     return certify_rows(res, tags)
 
 
@@ -248,9 +261,16 @@ def run_suite(
     def one(cell: Mapping[str, Any], cell_dir: Path) -> list[dict[str, Any]]:
         path = cell_dir / "certify.json"
         job = CertifyJob(
-            spec=cfg.spec(cell["model"], cell["revision"]), options=cfg.certify, run=run, out=str(path), resume=True
+            spec=cfg.spec(cell["model"], cell["revision"], cell_id(cell)),
+            options=cfg.certify,
+            run=run,
+            out=str(path),
+            resume=True,
         )
-        res = run_certify(job, say=(lambda msg: print(msg, flush=True)) if show_progress else (lambda msg: None))
+        try:
+            res = run_certify(job, say=(lambda msg: print(msg, flush=True)) if show_progress else (lambda msg: None))
+        finally:
+            release(cfg.inputs, cell_id(cell))  # the cell's own offload folder
         results[cell_id(cell)] = res
         return _rows(cfg, cell, res, _cell_path(out, cell_id(cell)))
 
@@ -280,11 +300,13 @@ def parameters(directory: Path) -> int | None:
         try:
             with open(f, "rb") as fh:
                 (n,) = struct.unpack("<Q", fh.read(8))
+                if n > f.stat().st_size:  # a damaged file: its "header length" is any number
+                    return None
                 header = json.loads(fh.read(n))
-        except (OSError, ValueError, struct.error):
+            total += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
+        except (OSError, ValueError, struct.error, TypeError, KeyError, AttributeError):
             return None
         seen = True
-        total += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
     return total if seen else None
 
 
@@ -299,16 +321,26 @@ def cost_estimate(cfg: SuiteConfig, params: int) -> float | None:
 
 
 def print_suite_plan(
-    cfg: SuiteConfig, mine: list[tuple[int, dict[str, Any]]], n_cells: int, out: Path, shard: tuple[int, int]
+    cfg: SuiteConfig,
+    mine: list[tuple[int, dict[str, Any]]],
+    n_cells: int,
+    out: Path,
+    shard: tuple[int, int],
+    *,
+    timed: bool = False,
 ) -> None:
     """``--dry-run``: this shard's cells, the commit each revision resolves to in the local cache
     (nothing is downloaded), and which are finished."""
     rows = []
     flops: list[float | None] = []
+    finished: dict[str, bool] = {}
+    directories: dict[str, Path | None] = {}
     for i, c in mine:
         path = _cell_path(out, cell_id(c))
         done: str | bool = path.exists() and ("damaged: runs again" if read_cell(path)[1] else True)
         hub, why = _resolve(c, local_only=True)
+        finished[cell_id(c)] = done is True
+        directories[cell_id(c)] = Path(hub.directory) if hub is not None and why is None else None
         n = parameters(hub.directory) if hub is not None else None
         flops.append(cost_estimate(cfg, n) if n is not None else None)
         rows.append(
@@ -334,3 +366,9 @@ def print_suite_plan(
             f"{sum(known) / 3e13 / 60:.3g} min at 3e13 FLOP/s (a GPU))"
             + (f"; {len(flops) - len(known)} cell(s) not cached: not counted" if len(known) < len(flops) else "")
         )
+    if cfg.inputs.get("device_map"):
+        print(f"placement: {placement_text({k: cfg.inputs[k] for k in PLACEMENT_KEYS if k in cfg.inputs})}")
+    costs = suite_costs(
+        cfg, [c for _, c in mine], lambda c: finished[cell_id(c)], lambda c: directories[cell_id(c)], timed=timed
+    )
+    print_costs(costs, shard, cfg.device)

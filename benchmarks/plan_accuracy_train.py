@@ -1,0 +1,217 @@
+"""How close ``grow --plan`` and ``linearize --plan`` come: predicted against measured time and memory.
+
+For each setting, two fresh processes (one torch thread each; imports and the first optimizer warmed
+up on a tiny run first, so start-up is not counted on either side):
+
+- ``plan``: :func:`widthscope.grow.plan.plan_grow` or :func:`widthscope.linearization.plan.plan_linearize`
+  (timing on);
+- ``run``: :func:`widthscope.grow.pipeline.run_grow` or :func:`widthscope.linearization.run.run_sweep` on
+  the same settings, with ``MALLOC_MMAP_THRESHOLD_=65536`` (glibc returns each freed large block, so
+  the peak RSS is what the run holds at once): its wall time and its peak RSS (``VmHWM``, reset
+  through ``/proc/self/clear_refs``) above the RSS before it started.
+
+The grow grid: the built-in MLP (trained 300 steps, then the growth) and LLaMA-like Hugging Face
+causal LMs of width 64 and 128 (the models and corpus of ``plan_accuracy.py``). The linearize grid:
+the demo sweep's MLPs at a few widths. The plan's memory is ``peak_bytes`` (the largest training step
+or ranking phase + what is held beside it), its time ``predicted_s``; the plan's load time is taken
+out of both sides' comparison only as far as the run's own loading is measured inside it.
+
+Usage::
+
+    OMP_NUM_THREADS=1 python benchmarks/plan_accuracy_train.py --out benchmarks/results/plan-accuracy-train-cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _common import proc_status, reset_peak  # noqa: E402
+from plan_accuracy import _corpus, _save_model  # noqa: E402
+
+GROW = (
+    {"name": "grow builtin, compare", "model": "builtin", "steps": 200, "compare": True, "batch_size": 64},
+    {"name": "grow llama-64", "model": "w64", "steps": 30, "compare": False, "batch_size": 16},
+    {"name": "grow llama-128", "model": "w128", "steps": 30, "compare": False, "batch_size": 32},
+)
+LINEARIZE = (
+    {"name": "linearize widths 32-512", "widths": [32, 64, 128, 256, 512], "seeds": [0], "steps": 60},
+    {"name": "linearize widths 16-256, 2 seeds", "widths": [16, 32, 64, 128, 256], "seeds": [0, 1], "steps": 100},
+)
+
+
+def _linearize_config(s: dict[str, Any]) -> dict[str, Any]:
+    from widthscope.linearization.config import DEMO_CONFIG
+
+    cfg = json.loads(json.dumps(DEMO_CONFIG))
+    cfg.update(widths=s["widths"], seeds=s["seeds"], name="plan-bench")
+    cfg["train"] = {**cfg["train"], "steps": s["steps"], "log_steps": [0, 10, s["steps"]]}
+    cfg["fit"] = {"steps": [10, s["steps"]]}
+    return cfg
+
+
+def _grow_args(s: dict[str, Any], work: Path) -> tuple[Any, dict[str, Any]]:
+    from widthscope.data.spec import InputSpec
+
+    keywords = {"steps": s["steps"], "compare": s["compare"], "batch_size": s["batch_size"]}
+    if s["model"] == "builtin":
+        return None, keywords
+    spec = InputSpec(
+        model=str(work / s["model"]),
+        data=str(work / "corpus.txt"),
+        tokenizer="bytes",
+        seq_len=64,
+        n_train=256,
+        n_test=128,
+    )
+    return spec, keywords
+
+
+def _warm_up(work: Path) -> None:
+    import torch
+
+    from widthscope.grow.pipeline import run_grow
+    from widthscope.linearization.run import run_sweep
+
+    torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+    spec, kw = _grow_args({"model": "tiny", "steps": 2, "compare": False, "batch_size": 8}, work)
+    run_grow(spec, M=8, K=8, show=False, say=lambda m: None, **kw)
+    cfg = _linearize_config({"widths": [4, 5, 6, 7, 8], "seeds": [0], "steps": 10})
+    run_sweep(cfg, work / "warm-linearize", quiet=True)
+
+
+def worker(a: argparse.Namespace) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    work = Path(a.work)
+    _warm_up(work)
+    kind, s = ("grow", GROW[a.index]) if a.grid == "grow" else ("linearize", LINEARIZE[a.index])
+    if a.worker == "plan":
+        t0 = time.perf_counter()
+        if kind == "grow":
+            from widthscope.grow.plan import plan_grow
+
+            spec, kw = _grow_args(s, work)
+            plan = plan_grow(spec, **kw)
+        else:
+            from widthscope.linearization.plan import plan_linearize
+
+            plan = plan_linearize(_linearize_config(s))
+        out = {"plan": plan.to_dict(), "plan_s": time.perf_counter() - t0}
+    else:
+        baseline = proc_status("VmRSS")
+        reset = reset_peak()
+        t0 = time.perf_counter()
+        if kind == "grow":
+            from widthscope.grow.pipeline import run_grow
+
+            spec, kw = _grow_args(s, work)
+            run_grow(spec, show=False, say=lambda m: None, **kw)
+        else:
+            from widthscope.linearization.run import run_sweep
+
+            run_sweep(_linearize_config(s), work / f"linearize-{a.index}", quiet=True)
+        out = {
+            "run_s": time.perf_counter() - t0,
+            "peak_above_baseline_bytes": proc_status("VmHWM") - baseline if reset else None,
+        }
+    Path(a.result).write_text(json.dumps(out))
+
+
+def _cell(work: Path, grid: str, index: int) -> dict[str, Any]:
+    got = {}
+    for what in ("plan", "run"):
+        result = work / f"{grid}-{index}-{what}.json"
+        cmd = [sys.executable, __file__, "--worker", what, "--work", str(work), "--grid", grid]
+        cmd += ["--index", str(index), "--result", str(result)]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+        if what == "run":
+            env["MALLOC_MMAP_THRESHOLD_"] = "65536"
+        subprocess.run(cmd, check=True, env=env)
+        got[what] = json.loads(result.read_text())
+    plan, run = got["plan"]["plan"], got["run"]
+    held = run["peak_above_baseline_bytes"]
+    s = (GROW if grid == "grow" else LINEARIZE)[index]
+    return {
+        "grid": grid,
+        "name": s["name"],
+        "setting": s,
+        "parameters": plan["parameters"],
+        "train_flops": plan["train_flops"],
+        "predicted_s": plan["predicted_s"],
+        "measured_s": run["run_s"],
+        "time_ratio": plan["predicted_s"] / run["run_s"],
+        "predicted_bytes": plan["peak_bytes"],
+        "measured_peak_bytes": held,
+        "memory_ratio": plan["peak_bytes"] / held if held else None,
+        "plan_s": got["plan"]["plan_s"],
+        "plan": plan,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=None)
+    p.add_argument("--worker", choices=("plan", "run"), default=None)
+    p.add_argument("--work", default=None)
+    p.add_argument("--grid", choices=("grow", "linearize"), default="grow")
+    p.add_argument("--index", type=int, default=0)
+    p.add_argument("--result", default=None)
+    a = p.parse_args(argv)
+    if a.worker:
+        worker(a)
+        return {}
+    import torch
+    import transformers
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="plan-accuracy-train-") as tmp:
+        work = Path(tmp)
+        _corpus(work / "corpus.txt")
+        for name, w in (("tiny", 16), ("w64", 64), ("w128", 128)):
+            _save_model(work / name, w)
+        rows = [_cell(work, "grow", i) for i in range(len(GROW))]
+        rows += [_cell(work, "linearize", i) for i in range(len(LINEARIZE))]
+    result = {
+        "setting": {
+            "grow": "LlamaForCausalLM, 4 blocks, FFN 4x width, 4 heads, vocabulary 512, float32, 256 + 128 sequences "
+            "of 64 byte tokens, M = K = 32, line-search criterion; the built-in MLP on digits",
+            "linearize": "the demo sweep (configs/linearize-demo.toml: depth-2 ReLU MLPs, NTK parametrization, "
+            "digits 128 + 128, float64, alphas 0 and -1, correlations C02 and C11) at other widths, seeds, steps",
+        },
+        "rows": rows,
+        "total_s": time.perf_counter() - t0,
+        "machine": {
+            "cores": os.cpu_count(),
+            "load": list(os.getloadavg()),
+            "torch_threads": 1,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        },
+    }
+    if a.out:
+        Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+    for r in rows:
+        print(
+            f"{r['name']}: time {r['predicted_s']:.1f}/{r['measured_s']:.1f} s = {r['time_ratio']:.2f}x, memory "
+            f"{r['predicted_bytes'] / 1e6:.1f}/{(r['measured_peak_bytes'] or 0) / 1e6:.1f} MB = "
+            f"{r['memory_ratio'] or float('nan'):.2f}x (plan {r['plan_s']:.1f} s)"
+        )
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,333 @@
+"""The cost plan of a ``widthscope grow`` run (``grow --plan``): before anything trains.
+
+:func:`plan_grow` takes the settings of :func:`widthscope.grow.pipeline.run_grow` and returns a
+:class:`~widthscope.probe.cost_plan.TrainPlan`:
+
+1. the model and its pools, loaded and checked as the run loads them (the built-in MLP is built,
+   untrained); its parameters and weight bytes at the dtype of the run;
+2. the training stages, each counted on one example and on the run's batch
+   (:func:`widthscope.probe.cost.count_step`): the built-in model's base training (300 AdamW
+   steps, batch 64); the new block at each grown point (AdamW on the block's parameters, or all of
+   them with ``train_all``; ``compare`` grows at the best, worst and a random point) counted at
+   every candidate point (FLOPs: their mean, memory: the largest, since the point is not known
+   before the ranking); with ``compare``, the original model trained whole for the FLOPs of the
+   best growth;
+3. with ``time_run`` (the default) one step of each stage is timed (the block at the first and
+   the last candidate point, averaged), the ranking of the points is timed on pools of ``m`` and
+   ``2m`` examples and extrapolated linearly to the run's pools, and one held-out evaluation batch
+   is timed; the predicted wall time is steps x step time + ranking + evaluations.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn as nn
+
+from ..data.spec import InputSpec, PoolSize
+from ..probe import collect
+from ..probe.blocks import block_of
+from ..probe.cost import count_pass, count_step
+from ..probe.cost_plan import TrainPlan, TrainStage, device_memory, stage_of, time_loop
+from ..probe.insert import insert
+from ..probe.intervene import index_batch, mean_loss
+from ..probe.points import resolve_points
+from ..train import train as train_model
+from .block import _train_new
+from .inputs import builtin_inputs, check_builtin, load_inputs
+from .options import GrowOptions
+from .pipeline import _chosen, _split_pools, grow_options
+from .rank import _n, rank_points
+
+__all__ = ["plan_grow", "BASE_STEPS", "BASE_BATCH"]
+
+BASE_STEPS, BASE_LR, BASE_BATCH = 300, 3e-3, 64  # run_grow's training of the built-in model
+
+
+def _bytes_of(data: Any) -> int:
+    """Bytes of the tensors of a pool (each storage once)."""
+    seen: dict[int, int] = {}
+
+    def walk(x: Any) -> None:
+        if isinstance(x, torch.Tensor):
+            seen[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, (tuple, list)):
+            for v in x:
+                walk(v)
+
+    walk(data)
+    return sum(seen.values())
+
+
+def _grown(model: nn.Module, point: str, width: int, opts: GrowOptions) -> nn.Module:
+    """A copy of ``model`` with the block :func:`~widthscope.grow.block.grow_at` inserts at ``point``."""
+    g = copy.deepcopy(model)
+    insert(g, point, "block", width=width, hidden=opts.block_width, seed=opts.seed)
+    return g
+
+
+def _trainable(point: str, train_all: bool) -> Callable[[nn.Module], Sequence[nn.Parameter]]:
+    return lambda m: list(m.parameters()) if train_all else list(block_of(m, point).parameters())
+
+
+def _widths(model: nn.Module, names: list[str], batch: Any, loss_fn: Callable | None) -> dict[str, int]:
+    """Each point's channel width (from one forward: what rank_points reads from the samples)."""
+    got = collect(model, [batch], points=names, loss_fn=loss_fn, progress=False)
+    return {n: int(v.shape[1]) for n, v in got.items()}
+
+
+def _block_stage(
+    model: nn.Module, names: list[str], widths: dict[str, int], train: Any, opts: GrowOptions, loss_fn: Callable | None
+) -> tuple[TrainStage, list[nn.Module]]:
+    """The new block's training, counted at every candidate point (FLOPs: mean, memory: largest)."""
+    bs = min(opts.batch_size, _n(train))
+    one, two = index_batch(train, slice(0, 1)), index_batch(train, slice(0, max(2, bs)))
+    counts, grown = [], []
+    for n in names:
+        g = _grown(model, n, widths[n], opts)
+        c = count_step(g, (one, two), loss_fn, params=_trainable(n, opts.train_all)(g))
+        counts.append(c)
+        grown.append(g)
+    worst = max(range(len(counts)), key=lambda i: counts[i]["activation_bytes_per_example"])
+    mean = {k: round(sum(c[k] for c in counts) / len(counts)) for k in ("flops_forward", "flops_backward")}
+    merged = {**counts[worst], **mean}
+    merged["fixed_bytes"] = max(c["fixed_bytes"] for c in counts)
+    runs = len(_chosen([{"point": n} for n in names], opts))
+    stage = stage_of(
+        "new block" + (" (all parameters)" if opts.train_all else ""),
+        merged,
+        grown[worst],
+        runs=runs,
+        steps=opts.steps,
+        batch_size=bs,
+        optimizer="adamw",
+    )
+    return stage, grown
+
+
+def _continue_stage(model: nn.Module, block: TrainStage, train: Any, opts: GrowOptions, loss_fn: Callable | None):
+    """The original model trained whole for the FLOPs of the best growth (``compare``)."""
+    bs = min(opts.batch_size, _n(train))
+    one, two = index_batch(train, slice(0, 1)), index_batch(train, slice(0, max(2, bs)))
+    c = count_step(model, (one, two), loss_fn)
+    per_step = max(1, (c["flops_forward"] + c["flops_backward"]) * block.batch_size)
+    steps = max(1, round(block.steps * block.flops_per_example * block.batch_size / per_step))
+    return stage_of(
+        "continue (original, all parameters)",
+        c,
+        model,
+        runs=1,
+        steps=steps,
+        batch_size=block.batch_size,
+        optimizer="adamw",
+    )
+
+
+def _ranking_bytes(
+    model: nn.Module, names: list[str], widths: dict[str, int], pools: Any, opts: GrowOptions, loss_fn: Callable | None
+) -> int:
+    """The ranking's memory: one probed batch (the probe pass's live peak) + the float64 samples of
+    every point (kept until the certificates)."""
+    one = index_batch(pools.probe_train, slice(0, 1))
+    c = count_pass(model, one, names, loss_fn)
+    samples = 8 * (pools.n_train + pools.n_rank) * sum(widths.values())
+    return c["peak_bytes"] * min(opts.batch_size, pools.n_train) + samples
+
+
+def _time_ranking(model: nn.Module, pools: Any, names: list[str], opts: GrowOptions, loss_fn: Callable | None) -> float:
+    """rank_points timed at the middle point (scaled to every point) on pools of
+    ``(M, K)``, ``(2M, K)`` and ``(M, 2K)`` examples, fitted as ``c0 + c_train a + c_test b`` and
+    extrapolated to the run's pools (the train and the held-out examples cost differently: the
+    line search runs on the held-out ones)."""
+    n_tr, n_rk = pools.n_train, pools.n_rank
+    ends = [names[len(names) // 2]]  # the middle point stands for every point (one, to keep the plan short)
+    m, k = max(opts.M, 4), max(opts.K, 4)
+    sizes = [(m, k), (min(n_tr, 2 * m), k), (m, min(n_rk, 2 * k))]
+    times = []
+    for a, b in sizes:
+        t0 = time.perf_counter()
+        rank_points(
+            model,
+            index_batch(pools.probe_train, slice(0, a)),
+            index_batch(pools.rank_test, slice(0, b)),
+            points=ends,
+            M=opts.M,
+            K=opts.K,
+            eta=opts.eta_or_lr,
+            loss_fn=loss_fn,
+            batch_size=opts.batch_size,
+            show_progress=False,
+            criterion=opts.criterion,
+            block_width=opts.block_width,
+            block_seed=opts.seed,
+        )
+        times.append(time.perf_counter() - t0)
+    c_a = max(0.0, (times[1] - times[0]) / (sizes[1][0] - m)) if sizes[1][0] > m else times[0] / (m + k)
+    c_b = max(0.0, (times[2] - times[0]) / (sizes[2][1] - k)) if sizes[2][1] > k else times[0] / (m + k)
+    at_run = max(0.0, times[0] + c_a * (n_tr - m) + c_b * (n_rk - k))
+    return at_run * len(names) / len(ends)
+
+
+def plan_grow(
+    spec: InputSpec | None = None,
+    options: GrowOptions | None = None,
+    *,
+    n_train: PoolSize | None = None,
+    n_test: PoolSize | None = None,
+    dtype: str = "auto",
+    time_run: bool = True,
+    **keywords: Any,
+) -> TrainPlan:
+    """The cost plan of ``run_grow(spec, options, n_train=..., n_test=..., dtype=...)`` (same
+    arguments; nothing trained, nothing written). See the module docstring."""
+    opts = grow_options("plan_grow", options, keywords)
+    notes: list[str] = []
+    stages: list[TrainStage] = []
+    t0 = time.perf_counter()
+    torch.optim.AdamW([nn.Parameter(torch.zeros(1))])  # the first optimizer of a process imports torch._dynamo
+    other_s: list[tuple[str, float]] = [("start-up (first optimizer)", time.perf_counter() - t0)]
+    t0 = time.perf_counter()
+    full = None
+    if spec is None:
+        model, full, split = builtin_inputs(opts.seed, n_train, n_test)
+        check_builtin(model, split, opts, None)
+        if dtype != "auto":
+            model.to(getattr(torch, dtype))
+        loss_fn, name, source = None, "builtin", "--dtype" if dtype != "auto" else "the built-in model"
+        one, two = (tuple(t[:1] for t in full.train), tuple(t[:BASE_BATCH] for t in full.train))
+        stages.append(
+            stage_of(
+                "built-in model (base training)",
+                count_step(model, (one, two)),
+                model,
+                runs=1,
+                steps=BASE_STEPS,
+                batch_size=min(BASE_BATCH, len(full.train[0])),
+                optimizer="adamw",
+            )
+        )
+        pool_bytes = _bytes_of(split) + _bytes_of(tuple(full.train)) + _bytes_of(tuple(full.test))
+    else:
+        inputs = load_inputs(spec, opts.points, show=False)
+        model, split, loss_fn = inputs.model, (inputs.train, inputs.test), inputs.loss_fn
+        name, source = str(spec.to_dict()["model"]), "--dtype" if spec.dtype != "auto" else "the checkpoint"
+        pool_bytes = _bytes_of(split)
+        notes.append("counted on the loaded model: a block is inserted into a real copy")
+    other_s.append(("load + inputs", time.perf_counter() - t0))
+
+    train, test = split
+    pools = _split_pools(model, train, test, opts, None)
+    names = resolve_points(model, opts.points)
+    widths = _widths(model, names, index_batch(pools.probe_train, slice(0, 1)), loss_fn)
+    block, grown = _block_stage(model, names, widths, train, opts, loss_fn)
+    stages.append(block)
+    if opts.compare:
+        stages.append(_continue_stage(model, block, train, opts, loss_fn))
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    other_bytes = [("the original model", weights), ("data pools", pool_bytes)]
+    phases = [("ranking: a probed batch + pooled samples", _ranking_bytes(model, names, widths, pools, opts, loss_fn))]
+    notes.append("FLOPs as FlopCounterMode counts them (matmuls, convolutions, attention)")
+    predicted = None
+    if time_run:
+        stages, timed = _timed(model, grown, names, stages, pools, train, opts, loss_fn, full)
+        other_s += timed
+        predicted = sum(s.train_s or 0.0 for s in stages) + sum(v for _, v in other_s)
+    else:
+        notes.append("no time predicted (--plan-no-time)")
+    dev = "cpu"
+    free, free_source = device_memory(dev)
+    return TrainPlan(
+        command="grow",
+        model=name,
+        dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+        dtype_source=source,
+        counted_on="loaded",
+        parameters=sum(p.numel() for p in model.parameters()),
+        weight_bytes=weights,
+        stages=tuple(stages),
+        device=dev,
+        memory_bytes=free,
+        memory_source=free_source,
+        other_bytes=tuple(other_bytes),
+        phases=tuple(phases),
+        other_s=tuple(other_s),
+        predicted_s=predicted,
+        notes=tuple(notes),
+    )
+
+
+def _loop(model: nn.Module, train: Any, opts: GrowOptions, loss_fn: Callable | None, pick: Callable):
+    """``run(steps)``: grow's own training loop on a fresh copy of ``model``."""
+
+    def run(steps: int) -> None:
+        m = copy.deepcopy(model)
+        params = list(pick(m))
+        ids = {id(p) for p in params}
+        for p in m.parameters():
+            p.requires_grad_(id(p) in ids)
+        _train_new(
+            m,
+            params,
+            train,
+            steps=steps,
+            lr=opts.lr,
+            batch_size=opts.batch_size,
+            seed=opts.seed,
+            loss_fn=loss_fn,
+            show_progress=False,
+        )
+
+    return run
+
+
+def _timed(
+    model: nn.Module,
+    grown: list[nn.Module],
+    names: list[str],
+    stages: list[TrainStage],
+    pools: Any,
+    train: Any,
+    opts: GrowOptions,
+    loss_fn: Callable | None,
+    full: Any,
+) -> tuple[list[TrainStage], list[tuple[str, float]]]:
+    """Each stage's step timed in its own loop (the slope over 2 and 6 steps), the ranking timed
+    and extrapolated, the evaluations timed."""
+    out, fixed = [], 0.0
+    for s in stages:
+        if s.name.startswith("new block"):
+            ends = sorted({0, len(names) - 1})
+            got = [time_loop(_loop(grown[i], train, opts, loss_fn, _trainable(names[i], opts.train_all))) for i in ends]
+            f, step = sum(g[0] for g in got) / len(got), sum(g[1] for g in got) / len(got)
+        elif s.name.startswith("built-in"):
+
+            def base(steps: int) -> None:
+                train_model(copy.deepcopy(model), full, steps=steps, lr=BASE_LR, seed=opts.seed, progress=False)
+
+            f, step = time_loop(base)
+        else:
+            f, step = time_loop(_loop(model, train, opts, loss_fn, lambda m: list(m.parameters())))
+        fixed += f * s.runs
+        out.append(dataclasses.replace(s, step_s=step))
+    ranking = _time_ranking(model, pools, names, opts, loss_fn)
+    bs = opts.batch_size
+    n_eval = pools.n_test - pools.n_rank
+    evaluate = index_batch(pools.evaluate, slice(0, min(bs, n_eval)))
+    t0 = time.perf_counter()
+    mean_loss(model, evaluate, loss_fn, batch_size=bs)
+    per_batch = time.perf_counter() - t0
+    runs = sum(s.runs for s in stages if not s.name.startswith("built-in"))
+    # before and after each growth (and the continue run), plus the block's two w_out gradients (M + K)
+    eval_s = per_batch * (2 * runs * -(-n_eval // bs) + runs * -(-(opts.M + opts.K) // bs))
+    return out, [
+        ("training loops' fixed cost", fixed),
+        ("ranking the points (extrapolated)", ranking),
+        ("held-out evaluations", eval_s),
+    ]

@@ -1,0 +1,283 @@
+r"""``ntk(method="auto")``'s choice: every method's estimate (:mod:`.cost`: memory, chunking and the counts
+of one probe pass), priced in seconds by terms fitted to this machine's measurements, and the cheapest
+that fits.
+
+:mod:`.cost` plans each method's chunks within the memory budget and counts its work; :func:`terms` turns
+the counts into a few named terms per method (unit coefficients) and :data:`FIT` holds the seconds per unit
+of each (θ ≥ 0), fitted to the times of every method at a set of shapes by least squares on the log error
+up to one factor per shape, since only the ratios between methods at one shape decide
+(``benchmarks/ntk_auto_fit.py``; the measurements and the fit are in
+``benchmarks/results/ntk-auto-fit-cpu.json``). The terms:
+
+- ``fixed``: one call's set-up (hooks, the plan's records, the Jacobian's pytree handling);
+- ``pass``: FLOPs of the forward and reverse passes (the per-example route's one-example passes, the
+  batched Jacobian's passes over whole chunks, the structured path's forward and batched backward);
+- ``mem``: the same passes' saved activation bytes (the elementwise work of small layers, which FLOPs
+  do not count);
+- ``write``: Jacobian numbers written (``P`` per reverse pass);
+- ``contract``: the ``J Jᵀ`` contraction's FLOPs; ``gram``: the structured Grams' FLOPs;
+- ``call``, ``op`` and ``fwd``: functorch calls, aten operators dispatched (the probe's count times the
+  calls) and the wall time of one example's forward pass times the calls (the Python and dispatch overhead
+  that FLOPs and operator counts do not see: what decides small models at few examples);
+- ``out``: the structured path's per-output work besides its FLOPs (a backward seed and its bookkeeping per
+  output, per block); ``block``: per layer and block pair.
+
+``products`` keeps :mod:`.cost`'s own estimate (its forward-mode passes never came close). An estimate
+without the counts (a method over the budget; estimates a caller substituted) keeps its seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+import torch
+
+from ..errors import WidthscopeError
+from . import cost
+from ._core import _flat_out, _forward_ad_ok
+from .probes import cached
+
+__all__ = ["plan_costs", "terms", "price", "FIT", "AUTO_METHODS"]
+
+AUTO_METHODS = ("structured", "per_example", "jacobian", "products")  # what "auto" chooses among
+
+# seconds per unit of each term (module docstring): benchmarks/ntk_auto_fit.py --fit on the project machine
+# (one thread, float32), recorded with its measurements in benchmarks/results/ntk-auto-fit-cpu.json
+FIT: dict[str, dict[str, float]] = {
+    "per_example": {
+        "fixed": 0.00192,
+        "pass": 2.21e-18,
+        "write": 6.57e-09,
+        "contract": 1.06e-11,
+        "call": 0.00425,
+        "op": 6.06e-05,
+        "fwd": 2.01e-07,
+        "mem": 7.25e-18,
+    },
+    "jacobian": {
+        "fixed": 8.33e-10,
+        "pass": 3.43e-11,
+        "write": 7.26e-09,
+        "contract": 1.32e-11,
+        "call": 0.00171,
+        "op": 6.42e-05,
+        "fwd": 0.156,
+        "mem": 1.23e-11,
+    },
+    "structured": {
+        "fixed": 3.91e-11,
+        "pass": 2.31e-11,
+        "gram": 3.49e-11,
+        "out": 6.17e-12,
+        "op": 0.000118,
+        "fwd": 7.18,
+        "block": 0.000258,
+        "mem": 1.95e-11,
+    },
+}
+
+
+def _explicit_counts(kind: str, P: float, O: int, n1: int, n2: int, same: bool, c: int, oc: int) -> dict:
+    """The chunk arithmetic of :func:`.cost._per_example` / :func:`.cost._jacobian` (``kind``)."""
+    rows = n1 if same else n1 + n2
+    oks = math.ceil(O / oc)
+    row_chunks, col_chunks = math.ceil(n1 / c) * oks, math.ceil(n2 / c) * oks
+    pairs = row_chunks * (row_chunks + 1) / 2 if same else row_chunks * col_chunks
+    share = pairs / (row_chunks * col_chunks)
+    contract = 2.0 * n1 * n2 * O * O * P * share
+    if kind == "per_example":
+        recompute = 0 if (same or col_chunks == 1) else row_chunks * n2
+        examples, passes = (rows + recompute) * oks, (rows + recompute) * O
+        calls = row_chunks + (0 if same else (col_chunks if col_chunks == 1 else row_chunks * col_chunks))
+        return {"examples": examples, "passes": passes, "contract": contract, "calls": calls, "pairs": pairs}
+    recompute = 0 if (same or col_chunks == 1) else row_chunks * n2 * O
+    calls = row_chunks + (0 if same else col_chunks)
+    return {"passes": rows * O + recompute, "contract": contract, "calls": calls, "pairs": pairs}
+
+
+def forward_seconds(run, x: torch.Tensor, repeats: int = 3) -> float:
+    """The shortest of ``repeats`` timed forward passes ``run(x)`` (grad enabled, as the kernels run it)."""
+    best = math.inf
+    with torch.enable_grad():
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            run(x)
+            best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def terms(
+    method: str,
+    entry: dict,
+    pr: cost.Probe,
+    plan: Any,
+    P: int,
+    O: int,
+    n1: int,
+    n2: int,
+    same: bool,
+    mode: str,
+    fwd: float = 0.0,
+) -> dict[str, float] | None:
+    """The unit terms of ``method``'s estimate ``entry`` (its chunking; ``fwd``: one example's forward pass in
+    seconds), ``None`` for ``products``."""
+    F, S, ops = pr.flops, pr.saved, max(pr.ops, 1.0)
+    if method == "per_example":
+        k = _explicit_counts(method, P, O, n1, n2, same, entry["chunk"], entry["out_chunk"])
+        return {
+            "fixed": 1.0,
+            "pass": (k["examples"] + 2 * k["passes"]) * F,
+            "mem": (k["examples"] + 2 * k["passes"]) * S,
+            "write": k["passes"] * P,
+            "contract": k["contract"],
+            "call": k["calls"],
+            "op": k["calls"] * ops,
+            "fwd": k["calls"] * fwd,
+        }
+    if method == "jacobian":
+        c = entry["chunk"]
+        k = _explicit_counts(method, P, O, n1, n2, same, c, entry["out_chunk"])
+        return {
+            "fixed": 1.0,
+            "pass": k["passes"] * 2 * F * min(c, max(n1, n2)),
+            "mem": k["passes"] * 2 * S * min(c, max(n1, n2)),
+            "write": k["passes"] * P,
+            "contract": k["contract"],
+            "call": k["calls"] + k["pairs"],
+            "op": k["calls"] * ops,
+            "fwd": k["calls"] * fwd,
+        }
+    if method == "structured":
+        shapes = cost.layer_shapes(plan)
+        n = n1 if same else max(n1, n2)
+        b = entry.get("batch_size") or n
+        blocks = math.ceil(n / b)
+        recapture = 1 if blocks == 1 else blocks / 2 + 1
+        gram = sum(cost._positions_flops(r, n, O, t, da, dd, mode, same) for r, t, da, dd in shapes)
+        rows = n1 if same else n1 + n2
+        return {
+            "fixed": 1.0,
+            "pass": rows * (1 + 2 * O) * F * recapture,
+            "mem": rows * (1 + 2 * O) * S * recapture,
+            "gram": gram * (n1 * n2) / (n * n),
+            "out": O * blocks * recapture,
+            "op": blocks * recapture * math.ceil(O / 64) * ops,
+            "fwd": blocks * recapture * math.ceil(O / 64) * fwd,
+            "block": blocks * blocks * max(1, len(shapes)),
+        }
+    return None
+
+
+def _seconds(method: str, t: dict[str, float]) -> float:
+    coef = FIT[method]
+    return sum(coef.get(k, 0.0) * v for k, v in t.items())
+
+
+def price(
+    costs: dict[str, dict],
+    pr: cost.Probe,
+    plan: Any,
+    P: int,
+    O: int,
+    n1: int,
+    n2: int,
+    same: bool,
+    mode: str,
+    fwd: float = 0.0,
+) -> dict[str, dict]:
+    """Replace each fitting estimate's ``seconds`` by the fitted terms' (module docstring); the terms are kept
+    in ``terms`` (the structured path's uncovered remainder in ``generic_terms``: the per-example route's)."""
+    for m, c in costs.items():
+        if not c.get("fits") or "flops" not in c or m not in FIT:
+            continue
+        t = terms(m, c, pr, plan, P, O, n1, n2, same, mode, fwd)
+        if t is None:
+            continue
+        c["terms"] = t
+        s = _seconds(m, t)
+        if m == "structured" and plan is not None and plan.n_generic and c.get("generic_chunk"):
+            g = {"chunk": c["generic_chunk"], "out_chunk": c["generic_out_chunk"]}
+            gt = terms("per_example", g, pr, plan, plan.n_generic, O, n1, n2, same, mode, fwd)
+            assert gt is not None  # per_example always has terms
+            gt["fixed"] = 0.0  # one call's set-up is the structured path's
+            c["generic_terms"] = gt
+            s += _seconds("per_example", gt)
+        c["seconds"] = s
+    return costs
+
+
+def _measure(model, params, buffers, x) -> cost.Probe:
+    """:func:`.cost.measure` of the forward pass as the kernels differentiate it: on parameters that require
+    grad (the detached ones would save nothing for a backward pass, and let ``nn.TransformerEncoder`` take
+    its fused inference kernel, whose FLOPs and operators the counters do not see)."""
+    tracked = {k: v.detach().requires_grad_() for k, v in params.items()}
+    return cost.measure(lambda x: _flat_out(model, tracked, buffers, x), x, tracked)
+
+
+def plan_costs(
+    model,
+    params,
+    buffers,
+    x1,
+    x2,
+    same,
+    P,
+    method,
+    n_params,
+    n_out,
+    itemsize,
+    budget,
+    trace,
+    diagonal,
+    batch_size,
+    coupled,
+) -> dict[str, Any]:
+    """Estimate every method's time and memory; pick the cheapest that fits for ``"auto"``, else check that
+    the forced method fits ``budget``. One clear error when nothing fits."""
+    px = x1 if coupled else x1[:1]
+    pr = cached(model, px, ("measure", px.shape[0]), lambda: _measure(model, params, buffers, px))
+    n1 = x1.shape[0]
+    n2 = n1 if same else x2.shape[0]
+    if batch_size is not None:  # blocks of batch_size examples, one pair at a time
+        n1, n2 = min(n1, batch_size), min(n2, batch_size)
+    mode = ("diagtrace" if trace else "diag") if diagonal else ("trace" if trace else "full")
+    if diagonal and method != "structured":
+        n2 = 1  # per-chunk diagonal blocks
+    cands: tuple[str, ...] = AUTO_METHODS if method == "auto" else (method,)
+    if coupled is not None:  # one batch at once: the Jacobian of the whole batch
+        cands = tuple(m for m in cands if m not in ("structured", "per_example"))
+    kw = dict(n_params=n_params, n_out=n_out, n1=n1, n2=n2, same=same)
+    # memory is planned as before this probe counted saved bytes (they were always 0): counting them is right
+    # but shrinks the chunks of tight budgets, a change of the memory planning left to its own issue
+    mem_pr = dataclasses.replace(pr, saved=0.0)
+    costs = cost.estimates(pr=mem_pr, plan=P, item=itemsize, budget=budget, mode=mode, methods=cands, **kw)
+    if P is not None and "structured" in costs and P.n_covered == 0:
+        costs.pop("structured")  # nothing covered: it is the Jacobian route with extra steps
+    if coupled is not None and "jacobian" in costs:  # forced whole-batch chunk
+        costs["jacobian"].update(chunk=x1.shape[0], out_chunk=n_out)
+    run = lambda x: _flat_out(model, params, buffers, x)  # noqa: E731
+    fwd = cached(model, px, ("forward_s", px.shape[0]), lambda: forward_seconds(run, px))
+    price(costs, pr, P, n_params, n_out, n1, n2, same, mode, fwd)
+    if method != "auto":
+        c = costs.get(method)
+        if c is not None and not c["fits"]:
+            raise WidthscopeError(
+                f"ntk: method={method!r} needs about {c['bytes'] / 1e6:.4g} MB at its smallest chunks, "
+                f"more than memory_budget={budget / 1e6:.4g} MB; raise memory_budget or let "
+                "method='auto' pick one that fits"
+            )
+        return {"method": method, "reason": f"{method}: asked for", "costs": costs}
+    best, reason = cost.choose(costs, budget)
+    # a jvp is tried only when products would win (a fused TransformerEncoder kernel has no forward-mode AD)
+    if best == "products" and not cached(model, x1, ("jvp", 1), lambda: _forward_ad_ok(model, params, buffers, x1[:1])):
+        costs.pop("products")
+        best, reason = cost.choose(costs, budget)
+        reason += "; products: no forward-mode AD through this model"
+    if best is None:
+        raise WidthscopeError(
+            f"ntk: {reason}; raise memory_budget, or pass trace=True, diagonal=True or batch_size to need less"
+        )
+    return {"method": best, "reason": reason, "costs": costs}

@@ -1,0 +1,410 @@
+"""The cost plan of a sweep's ``--dry-run``: per distinct model and in total, without reading weights.
+
+Each distinct model of the grid is counted once (an alignment family at one width; a suite's
+checkpoint, keyed by its ``config.json``, so the revisions of one architecture count once):
+
+* an alignment family is built on the *meta* device (no memory, no weights) with the data-dependent
+  sizes read from its split; one probed example is counted as the probe runs it
+  (:func:`widthscope.certify.plan.count_pass`: FLOPs forward and backward to the points, the live
+  peak per example), and one training example as training runs it (forward, loss, backward to every
+  parameter, :class:`torch.utils.flop_counter.FlopCounterMode`) times ``steps x batch_size``;
+* a suite's checkpoint is planned by :func:`widthscope.certify.plan.plan_run` with
+  ``time_batch=False``: its architecture from ``config.json`` on the meta device, so a checkpoint
+  whose weights are missing or damaged still plans.
+
+A cell's FLOPs: the probe (``n_train + n_test`` examples per probe condition and length, forward and
+backward) + the interventions' forwards (a whole forward each: an upper bound, the bias steps rerun
+only the network after the point) + the training (alignment sweeps). The total sums the cells of
+this shard that are not finished. The largest batch that fits: the device's free memory less the
+resident weights and the pooled float64 samples, over the probe's peak per example.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from .._io import format_table, human_size
+from ..certify.plan import CostPlan, count_pass, plan_run
+from ..errors import WidthscopeError
+from ..options import CertifyOptions, CertifyRunOptions
+from ..probe.insert import channel_dim
+from ..probe.losses import logits_of
+from .config import _where
+from .schema import LM_DATASETS, FamilySpec, SweepConfig
+
+__all__ = ["ModelCost", "alignment_costs", "suite_costs", "print_costs", "free_memory"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelCost:
+    """What every cell of one distinct model costs; ``None`` where it could not be counted (``note``)."""
+
+    label: str  # "family @ width" or the checkpoint
+    cells: int  # cells of this shard with this model
+    left: int  # of them not finished
+    parameters: int | None = None
+    weight_bytes: int | None = None
+    dtype: str | None = None
+    flops_forward: int | None = None  # one probed example
+    flops_backward: int | None = None  # one probed example, to the points
+    peak_bytes_per_example: int | None = None  # the probe pass's live peak
+    sample_bytes: int | None = None  # pooled float64 samples of one cell
+    probe_examples: int = 0  # probed examples of one cell (every condition and length)
+    intervention_forwards: int = 0  # example-forwards of the interventions of one cell
+    train_flops: int | None = None  # one cell's training (alignment sweeps)
+    max_batch: int | None = None
+    cell_s: float | None = None  # --plan: one cell's predicted wall time on this machine
+    note: str | None = None
+
+    @property
+    def flops_per_example(self) -> int | None:
+        if self.flops_forward is None or self.flops_backward is None:
+            return None
+        return self.flops_forward + self.flops_backward
+
+    @property
+    def cell_flops(self) -> int | None:
+        """One cell: probe + interventions (a whole forward each) + training."""
+        per = self.flops_per_example
+        if per is None or self.flops_forward is None:
+            return None
+        return per * self.probe_examples + self.flops_forward * self.intervention_forwards + (self.train_flops or 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.update(flops_per_example=self.flops_per_example, cell_flops=self.cell_flops)
+        return d
+
+
+# ----------------------------------------------------------------------------- memory
+def free_memory(device: str) -> tuple[int | None, str]:
+    """Free memory of ``device`` in bytes and where it was read (CUDA: ``mem_get_info``; else the
+    CPU's ``MemAvailable``; None where neither can be read)."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and torch.cuda.is_available():
+        return int(torch.cuda.mem_get_info(dev)[0]), f"free on {dev}"
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "MemAvailable"
+    except (OSError, ValueError, IndexError):
+        pass
+    return None, "unknown"
+
+
+def _max_batch(free: int | None, resident: int, samples: int, per_example: int) -> int | None:
+    if free is None or per_example <= 0:
+        return None
+    return max(0, (free - resident - samples) // per_example)
+
+
+def _steps(options: CertifyOptions) -> int:
+    return len(options.etas) if options.etas is not None else options.n_etas
+
+
+def _interventions(options: CertifyOptions, points: int) -> int:
+    """Example-forwards of a cell's interventions: each step over the largest ``K``, per point."""
+    if options.kind not in ("bias", "block"):
+        return 0
+    return points * _steps(options) * max(k for _, k in options.pairs)
+
+
+# ----------------------------------------------------------------------------- alignment sweeps
+def _example(split: Any, model: torch.nn.Module) -> Any:
+    """One training example as the probe and the training take it, on the model's device."""
+    where = next(iter(p.device for p in model.parameters()))
+    X, y = split.train[0][:1], split.train[1][:1]
+    if split.task == "lm":
+        return X.to(where)
+    return X.to(where), y.to(where)
+
+
+def _train_flops(model: torch.nn.Module, batch: Any, lm: bool) -> int:
+    """FLOPs of one training example: forward, the loss, the backward to every parameter."""
+    params = [p for p in model.parameters() if p.is_floating_point()]
+    flags = [p.requires_grad for p in params]
+    for p in params:
+        p.requires_grad_(True)
+    try:
+        with FlopCounterMode(display=False) as fc, torch.enable_grad():
+            if lm:
+                logits = logits_of(model(batch))
+                loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+            else:
+                loss = F.cross_entropy(logits_of(model(batch[0])), batch[1])
+            loss.backward()
+        return int(fc.get_total_flops())
+    finally:
+        for p, f in zip(params, flags):
+            p.grad = None
+            p.requires_grad_(f)
+
+
+def _build(fam: FamilySpec, width: float, split: Any) -> torch.nn.Module:
+    from .. import models
+    from .pools import _model_options
+
+    opts = _model_options(fam, split)
+    try:
+        with torch.device("meta"):
+            return models.build(fam.model, width, **opts)
+    except (RuntimeError, NotImplementedError):  # an init the meta device cannot run: these models are small
+        return models.build(fam.model, width, **opts)
+
+
+def _alignment_cost(cfg: SweepConfig, fam: FamilySpec, width: float, budget: int) -> dict[str, Any]:
+    """The counted fields of :class:`ModelCost` for one family at one width."""
+    from ..probe import resolve_points
+    from .cell import cell_options
+    from .pools import _load_split
+
+    try:
+        split = _load_split(fam, budget, cfg)
+    except (WidthscopeError, OSError) as exc:
+        return {"note": f"data not read ({str(exc)[:200]}): not counted"}
+    model = _build(fam, width, split)
+    opts = cell_options(cfg, {"family": fam.name, "seed": 0})
+    names = resolve_points(model, fam.points or None)
+    batch = _example(split, model)
+    c = count_pass(model, batch, names)
+    dims = 0
+    for shape in c["shapes"].values():
+        z = torch.empty(shape, device="meta")
+        dims += z[0].numel() if opts.pool == "flatten" or z.ndim < 2 else int(shape[channel_dim(z)])
+    conditions = sum(len(c_.get("seq_len") or fam.probe_seq_len or [None]) for c_ in fam.probes or [{}])
+    per_train = _train_flops(model, batch, fam.dataset in LM_DATASETS)
+    batch_size = min(int(fam.train.get("batch_size", 64)), budget)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    samples = 8 * dims * (fam.n_probe_train + fam.n_probe_test) * conditions
+    free, _ = free_memory(cfg.device)
+    return {
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "weight_bytes": weights,
+        "dtype": str(next(iter(model.parameters())).dtype).removeprefix("torch."),
+        "flops_forward": int(c["flops_forward"]),
+        "flops_backward": int(c["flops_backward"]),
+        "peak_bytes_per_example": int(c["peak_bytes"]),
+        "sample_bytes": samples,
+        "probe_examples": (fam.n_probe_train + fam.n_probe_test) * conditions,
+        "intervention_forwards": _interventions(opts, len(names)),
+        "train_flops": per_train * int(fam.train["steps"]) * batch_size,
+        "max_batch": _max_batch(free, weights, samples, int(c["peak_bytes"])),
+    }
+
+
+def _best_of_two(fn: Callable[[], Any]) -> float:
+    """Seconds of ``fn()``, the faster of two calls (the first warms up)."""
+    best = math.inf
+    for _ in range(2):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _alignment_time(cfg: SweepConfig, fam: FamilySpec, width: float, budget: int, counted: Mapping[str, Any]) -> float:
+    """``--plan``: one cell's wall time, predicted from one timed training step (forward, loss,
+    backward, AdamW step, at the training batch size) and one timed probed batch, on a model built
+    for real on ``[sweep].device``: steps x the step + probe batches x the batch + the
+    interventions' forwards at the probe's forward share. The statistics are not counted."""
+    from .. import models, probe
+    from .pools import _batches, _load_split, _model_options
+
+    split = _load_split(fam, budget, cfg)
+    torch.manual_seed(0)
+    model = models.build(fam.model, width, **_model_options(fam, split)).to(cfg.device)
+    lm = fam.dataset in LM_DATASETS
+    bs = min(int(fam.train.get("batch_size", 64)), budget)
+    train_batch = _batches((split.train[0][:bs], split.train[1][:bs]), split.task, bs)[0]
+    opt = torch.optim.AdamW(model.parameters(), lr=float(fam.train["lr"]))
+    where = next(iter(model.parameters())).device
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        if lm:
+            ids = train_batch.to(where)
+            logits = logits_of(model(ids))
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+        else:
+            x, y = (t.to(where) for t in train_batch)
+            loss = F.cross_entropy(logits_of(model(x)), y)
+        loss.backward()
+        opt.step()
+
+    step_s = _best_of_two(step)
+    model.eval()
+    pbs = fam.probe_batch_size
+    probe_batch = _batches((split.train[0][:pbs], split.train[1][:pbs]), split.task, pbs)[:1]
+    names = probe.resolve_points(model, fam.points or None)
+    batch_s = _best_of_two(lambda: probe.collect(model, probe_batch, points=names, progress=False))
+    per_example = batch_s / min(pbs, len(split.train[0]))
+    share = counted["flops_forward"] / max(1, counted["flops_forward"] + counted["flops_backward"])
+    probe_batches = math.ceil(counted["probe_examples"] / pbs)
+    return (
+        int(fam.train["steps"]) * step_s
+        + probe_batches * batch_s
+        + per_example * share * counted["intervention_forwards"]
+    )
+
+
+def alignment_costs(
+    cfg: SweepConfig,
+    cells: Sequence[Mapping[str, Any]],
+    done: Callable[[Mapping[str, Any]], bool],
+    *,
+    timed: bool = False,
+) -> list[ModelCost]:
+    """One :class:`ModelCost` per distinct (family, width) of ``cells`` (``done``: finished cells);
+    ``timed`` (``--plan``): with each cell's predicted wall time."""
+    groups: dict[tuple[str, float], list[Mapping[str, Any]]] = {}
+    for c in cells:
+        groups.setdefault((c["family"], c["width"]), []).append(c)
+    out = []
+    for (name, width), these in groups.items():
+        fam = next(f for f in cfg.families if f.name == name)
+        try:
+            counted = _alignment_cost(cfg, fam, width, int(these[0]["budget"]))
+            if timed and "flops_forward" in counted:
+                counted["cell_s"] = _alignment_time(cfg, fam, width, int(these[0]["budget"]), counted)
+        except WidthscopeError as exc:
+            raise WidthscopeError(f"{_where(f'family {name!r}')} at width {width}: {exc}") from None
+        left = sum(1 for c in these if not done(c))
+        out.append(ModelCost(label=f"{name} @ {width}", cells=len(these), left=left, **counted))
+    return out
+
+
+# ----------------------------------------------------------------------------- suites
+def _from_plan(p: CostPlan) -> dict[str, Any]:
+    return {
+        "cell_s": p.predicted_s,
+        "parameters": p.parameters,
+        "weight_bytes": p.weight_bytes,
+        "dtype": p.dtype,
+        "flops_forward": p.flops_forward,
+        "flops_backward": p.flops_backward,
+        "peak_bytes_per_example": p.probe_peak_bytes_per_example,
+        "sample_bytes": p.sample_bytes,
+        "probe_examples": p.n_train + p.n_test,
+        "intervention_forwards": p.intervention_forwards,
+        "max_batch": p.max_batch,
+    }
+
+
+def suite_costs(
+    cfg: Any,
+    cells: Sequence[Mapping[str, Any]],
+    done: Callable[[Mapping[str, Any]], bool],
+    directory: Callable[[Mapping[str, Any]], Path | None],
+    *,
+    timed: bool = False,
+) -> list[ModelCost]:
+    """One :class:`ModelCost` per distinct checkpoint architecture of a suite's ``cells``
+    (``directory``: a cell's local snapshot, None when not cached: not counted); ``timed``
+    (``--plan``): the weights loaded and a batch timed (:func:`~widthscope.certify.plan.plan_run`'s
+    prediction of one cell)."""
+    groups: dict[tuple[str, str], list[tuple[Mapping[str, Any], Path | None]]] = {}
+    for c in cells:
+        where = directory(c)
+        cfg_file = where / "config.json" if where is not None else None
+        key = (
+            hashlib.sha256(cfg_file.read_bytes()).hexdigest()
+            if cfg_file is not None and cfg_file.is_file()
+            else f"missing {c['model']} {c['revision']}"
+        )
+        groups.setdefault((c["model"], key), []).append((c, where))
+    run = CertifyRunOptions(batch_size=cfg.batch_size, device=cfg.device)
+    out = []
+    for (model, key), these in groups.items():
+        cell, where = these[0]
+        revs = sorted({str(c["revision"] or "default") for c, _ in these})
+        label = f"{model} @ {', '.join(revs)}"
+        left = sum(1 for c, _ in these if not done(c))
+        if where is None or key.startswith("missing"):
+            out.append(ModelCost(label=label, cells=len(these), left=left, note="not cached: not counted"))
+            continue
+        # the local snapshot itself: no hub call, and the revision's own files
+        spec = dataclasses.replace(cfg.spec(model, cell["revision"]), model=str(where), revision=None)
+        try:
+            counted = _from_plan(plan_run(spec, cfg.certify, run, time_batch=timed))
+        except WidthscopeError as exc:
+            raise WidthscopeError(
+                f"sweep config [suite] model {model!r} revision {cell['revision']!r}: {exc}"
+            ) from None
+        out.append(ModelCost(label=label, cells=len(these), left=left, **counted))
+    return out
+
+
+# ----------------------------------------------------------------------------- printing
+def _g(v: int | None) -> str:
+    return "?" if v is None else f"{v:.3g}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s"
+    return f"{seconds / 60:.3g} min" if seconds < 7200 else f"{seconds / 3600:.3g} h"
+
+
+def print_costs(costs: Sequence[ModelCost], shard: tuple[int, int], device: str) -> None:
+    """The cost table (one row per distinct model) and the total over the unfinished cells."""
+    timed = any(c.cell_s is not None for c in costs)
+    rows = [
+        {
+            "model": c.label,
+            "cells (left)": f"{c.cells} ({c.left})",
+            "parameters": "?" if c.parameters is None else f"{c.parameters:,}",
+            "weights": "?" if c.weight_bytes is None else f"{human_size(c.weight_bytes)} {c.dtype}",
+            "FLOPs / probed example": _g(c.flops_per_example),
+            "probe peak / example": "?" if c.peak_bytes_per_example is None else human_size(c.peak_bytes_per_example),
+            "largest batch": "?" if c.max_batch is None else c.max_batch,
+            "training FLOPs / cell": "-" if c.train_flops is None else _g(c.train_flops),
+            "FLOPs / cell": _g(c.cell_flops),
+            **({"time / cell": "?" if c.cell_s is None else _duration(c.cell_s)} if timed else {}),
+            "note": c.note or "",
+        }
+        for c in costs
+    ]
+    free, source = free_memory(device)
+    k, n = shard
+    print(format_table(rows, title=f"cost plan (counted without weights; memory: {source} on {device})"))
+    counted = [c for c in costs if c.cell_flops is not None]
+    left = sum(c.left for c in costs)
+    total = sum((c.cell_flops or 0) * c.left for c in counted)
+    train = sum((c.train_flops or 0) * c.left for c in counted)
+    unknown = sum(c.left for c in costs if c.cell_flops is None)
+    peak = max(
+        ((c.weight_bytes or 0) + (c.sample_bytes or 0) + (c.peak_bytes_per_example or 0) for c in counted if c.left),
+        default=0,
+    )  # weights + samples + one probed example
+    print(
+        f"total over the {left} unfinished cell(s) of shard {k}/{n}: {total:.3g} FLOPs"
+        + (f" (training {train:.3g})" if train else "")
+        + (f"; the largest cell holds {human_size(peak)} at probe batch 1" if peak else "")
+        + (f" of {human_size(free)} free" if free is not None and peak else "")
+        + (f"; {unknown} cell(s) not counted" if unknown else "")
+        + (
+            f"; e.g. {_duration(total / 1e11)} at 1e11 FLOP/s (a CPU), {_duration(total / 3e13)} at 3e13 (a GPU)"
+            if total
+            else ""
+        )
+    )
+    if timed:
+        secs = sum((c.cell_s or 0.0) * c.left for c in costs)
+        untimed = sum(c.left for c in costs if c.cell_s is None)
+        print(
+            f"predicted wall time of the {left} unfinished cell(s) on this machine: {_duration(secs)} (one timed "
+            "batch per model"
+            + ("; the statistics not counted" if any(c.train_flops is not None for c in costs) else "")
+            + (f"; {untimed} cell(s) not timed" if untimed else "")
+            + ")"
+        )
