@@ -270,3 +270,25 @@ def hub_put(cache: Path, repo_id: str, source: Path, commit: str, refs: tuple[st
     for ref in refs:
         (folder / "refs" / ref).write_text(commit)
     return snap
+
+
+def tiny_llama(layers: int = 4):
+    """A seeded LLaMA (width 32, 2 heads, 1 key/value head, vocabulary 96) for the offload tests."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(
+        vocab_size=96,
+        hidden_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    return tf.LlamaForCausalLM(cfg).eval()
+
+
+def state_bytes(model) -> int:
+    """Bytes of a model's state dict (its weights and buffers)."""
+    return sum(t.numel() * t.element_size() for t in model.state_dict().values())

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hf_tiny import state_bytes, tiny_llama
 from widthscope.errors import WidthscopeError
 from widthscope.grow import grow
 from widthscope.grow.block import continue_training, grow_at, step_flops
@@ -35,32 +36,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 KW = dict(M=8, K=8, steps=3, lr=1e-2, batch_size=8, criterion="gradmax", progress=False)
 
 
-def _tiny(layers=4):
-    import transformers as tf
-
-    torch.manual_seed(0)
-    cfg = tf.LlamaConfig(
-        vocab_size=96,
-        hidden_size=32,
-        num_hidden_layers=layers,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    return tf.LlamaForCausalLM(cfg).eval()
-
-
-def _weights(model):
-    return sum(t.numel() * t.element_size() for t in model.state_dict().values())
-
-
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     d = tmp_path_factory.mktemp("llama")
-    m = _tiny()
+    m = tiny_llama()
     m.save_pretrained(d)
-    return d, _weights(m)
+    return d, state_bytes(m)
 
 
 @pytest.fixture(scope="module")
@@ -177,10 +158,10 @@ def test_copy_model_runs_its_own_blocks_and_keeps_the_folder(data):
     """A block the original keeps resident: the copy's recomputed forward runs the copy's weights
     (a wrapper copied as it is would run the original's). The temporary offload folder stays while
     a copy reads it, and goes with the last model."""
-    plain = _tiny(3)
+    plain = tiny_llama(3)
     dmap = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk", "model.layers.2": "disk"}
     dmap.update({"model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"})
-    off = dispatch(_tiny(3), dmap)
+    off = dispatch(tiny_llama(3), dmap)
     folder = Path(off.widthscope_dispatch["offload_folder"])
     assert recomputed(off) == main_stack(off)
     twin = copy_model(off)
@@ -238,7 +219,7 @@ def test_training_the_grown_block_keeps_offloaded_weights_out_of_memory(data):
     dmap.update({f"model.layers.{i}": "disk" for i in range(8)})
     peaks, sizes = {}, {}
     for recompute in (True, False):
-        off = dispatch(_tiny(8), dmap)
+        off = dispatch(tiny_llama(8), dmap)
         if not recompute:
             restore_blocks(off)
         blocks = _on_disk(off)
@@ -265,7 +246,7 @@ def test_training_the_grown_block_keeps_offloaded_weights_out_of_memory(data):
     assert outside < block  # the bounds below are about blocks
     assert peaks[True] <= outside + 2 * block, (peaks, block, outside)
     with pytest.raises(WidthscopeError, match="no module on a device"):  # everything on disk
-        dispatch(_tiny(2), "auto", max_memory={"cpu": 1000, "disk": None})
+        dispatch(tiny_llama(2), "auto", max_memory={"cpu": 1000, "disk": None})
     assert peaks[False] >= outside + 7 * block, (peaks, block, outside)  # the 7 blocks after the point
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hf_tiny import state_bytes, tiny_llama
 from widthscope.certify import certify
 from widthscope.errors import WidthscopeError
 from widthscope.models import dispatch as dispatch_module
@@ -36,32 +37,12 @@ pytest.importorskip("accelerate")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def _tiny(layers=4):
-    import transformers as tf
-
-    torch.manual_seed(0)
-    cfg = tf.LlamaConfig(
-        vocab_size=96,
-        hidden_size=32,
-        num_hidden_layers=layers,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    return tf.LlamaForCausalLM(cfg).eval()
-
-
-def _weights(model):
-    return sum(t.numel() * t.element_size() for t in model.state_dict().values())
-
-
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     d = tmp_path_factory.mktemp("llama")
-    m = _tiny()
+    m = tiny_llama()
     m.save_pretrained(d)
-    return d, _weights(m)
+    return d, state_bytes(m)
 
 
 @pytest.fixture(scope="module")
@@ -163,12 +144,12 @@ def test_malloc_threshold_only_when_asked(ckpt, monkeypatch):
         load_hf(d, device_map="auto")  # everything fits: nothing offloaded, nothing set
         assert calls == [1]
         with releasing_memory(False):
-            dispatch(_tiny(2), "auto", max_memory=f"cpu={_weights(_tiny(2)) // 2},disk")
+            dispatch(tiny_llama(2), "auto", max_memory=f"cpu={state_bytes(tiny_llama(2)) // 2},disk")
         assert calls == [1]
-    off = dispatch(_tiny(2), "auto", max_memory=f"cpu={_weights(_tiny(2)) // 2},disk", release_memory=True)
+    off = dispatch(tiny_llama(2), "auto", max_memory=f"cpu={state_bytes(tiny_llama(2)) // 2},disk", release_memory=True)
     assert calls == [1, 1] and off.widthscope_dispatch["release_memory"] is True
     with pytest.raises(WidthscopeError, match="release_memory"):
-        dispatch(_tiny(2), release_memory="yes")
+        dispatch(tiny_llama(2), release_memory="yes")
 
 
 def test_mmap_threshold_reports_the_environment(monkeypatch):
@@ -236,8 +217,8 @@ def test_point_inside_a_block_falls_back_to_the_plain_backward(ckpt, pools):
 
 
 def test_dispatch_in_memory_model_and_its_folder(pools):
-    plain = _tiny(3)
-    off = dispatch(copy.deepcopy(plain), "auto", max_memory=f"cpu={_weights(plain) // 2},disk")
+    plain = tiny_llama(3)
+    off = dispatch(copy.deepcopy(plain), "auto", max_memory=f"cpu={state_bytes(plain) // 2},disk")
     rec = off.widthscope_dispatch
     folder = rec["offload_folder"]
     assert "disk" in rec["device_map"].values() and Path(folder).is_dir()
@@ -254,7 +235,7 @@ def test_dispatch_in_memory_model_and_its_folder(pools):
 
 
 def test_recomputing_restores_forward_and_cache():
-    m = _tiny(2)
+    m = tiny_llama(2)
     with recomputing(m) as names:
         assert names == ["model.layers.0", "model.layers.1"] and m.config.use_cache is False
         assert "forward" in m.model.layers[0].__dict__

@@ -50,10 +50,11 @@ from ..options import CertifyOptions, CertifyRunOptions
 from ..probe import collect, resolve_points
 from ..probe.batches import batch_size_of, index_batch, to_batches
 from ..probe.collect import float_dtype, to_device
+from ..probe.cost_plan import device_memory, max_batch
 from ..probe.insert import channel_dim
 from .per_point import statistics
 from .plan_count import count_pass
-from .run import _available_memory, _device, _load
+from .run import _device, _load
 
 __all__ = ["CostPlan", "plan_run", "count_pass"]
 
@@ -256,13 +257,6 @@ def _shape(batch: Any) -> str:
 
 
 # ----------------------------------------------------------------------------- memory and time
-def _device_memory(device: torch.device) -> tuple[int | None, str]:
-    if device.type == "cuda" and torch.cuda.is_available():
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free), f"free on {device}"
-    return _available_memory(), "MemAvailable"
-
-
 def _resident(weights: int, device: torch.device, spec: InputSpec) -> tuple[int, str | None]:
     """The weights on the run's device: all of them, or within the device's --max-memory share."""
     if spec.max_memory is None:
@@ -273,12 +267,6 @@ def _resident(weights: int, device: torch.device, spec: InputSpec) -> tuple[int,
     if share is None:
         return weights, None
     return min(weights, int(share)), f"--max-memory: at most {human_size(share)} of the weights on {device}"
-
-
-def _max_batch(free: int | None, resident: int, samples: int, per_example: int) -> int | None:
-    if free is None or per_example <= 0:
-        return None
-    return max(0, (free - resident - samples) // per_example)
 
 
 def _time_stats(options: CertifyOptions, n: tuple[int, int], d: int, rows: int) -> float:
@@ -387,7 +375,7 @@ def plan_run(
     dims, rows = _dims(c["shapes"], options.pool)
     weights = sum(p.numel() * p.element_size() for p in s.model.parameters())
     samples = 8 * rows * (n_train + n_test) * sum(options.project or d for d in dims.values())
-    free, free_source = _device_memory(device)
+    free, free_source = device_memory(device)
     resident, budget_note = _resident(weights, device, spec)
     per_example = c["peak_bytes"]
     bs = run_options.batch_size
@@ -428,7 +416,7 @@ def plan_run(
         device=str(device),
         memory_bytes=free,
         memory_source=free_source,
-        max_batch=_max_batch(free, resident, samples + prefix, per_example),
+        max_batch=max_batch(free, resident, samples + prefix, per_example),
         probe_batches=math.ceil(n_train / bs) + math.ceil(n_test / bs),
         intervention_forwards=_interventions(options, len(names)),
         intervention_share=share,

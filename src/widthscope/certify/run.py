@@ -29,6 +29,7 @@ from ..data.spec import InputSpec
 from ..errors import WidthscopeError
 from ..options import CertifyOptions, CertifyRunOptions
 from ..probe import collect, resolve_points
+from ..probe.cost_plan import device_memory
 from ..stats import vacuous_rule
 from .per_point import ranking, tables
 from .pipeline import certify, data_description, settings_block
@@ -135,14 +136,7 @@ def _check_space(job: CertifyJob, names: Sequence[str], dims: dict[str, int], ro
 
 def _available_memory() -> int | None:
     """MemAvailable of /proc/meminfo in bytes (None where there is no such file)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    return device_memory("cpu")[0]
 
 
 def _check_memory(project: int | None, dims: dict[str, int], rows: int, n_train: int, n_test: int) -> None:

@@ -23,7 +23,7 @@ import torch.nn as nn
 from .._io import format_table, human_size
 from .cost import losses, optimizer_bytes
 
-__all__ = ["TrainStage", "TrainPlan", "device_memory", "time_steps", "time_loop", "stage_of"]
+__all__ = ["TrainStage", "TrainPlan", "device_memory", "max_batch", "time_steps", "time_loop", "stage_of"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,6 +205,14 @@ def device_memory(device: torch.device | str) -> tuple[int | None, str]:
     except (OSError, ValueError, IndexError):
         pass
     return None, "unknown (no /proc/meminfo)"
+
+
+def max_batch(free: int | None, resident: int, held: int, per_example: int) -> int | None:
+    """The largest batch whose ``per_example`` bytes fit in ``free`` beside ``resident`` weights and
+    ``held`` bytes (None where free memory or the per-example cost is unknown)."""
+    if free is None or per_example <= 0:
+        return None
+    return max(0, (free - resident - held) // per_example)
 
 
 def _optimizer(name: str, params: Sequence[nn.Parameter], lr: float) -> torch.optim.Optimizer:

@@ -36,12 +36,13 @@ from .._io import format_table, human_size
 from ..certify.plan import CostPlan, count_pass, plan_run
 from ..errors import WidthscopeError
 from ..options import CertifyOptions, CertifyRunOptions
+from ..probe.cost_plan import device_memory, max_batch
 from ..probe.insert import channel_dim
 from ..probe.losses import logits_of
 from .config import _where
 from .schema import LM_DATASETS, FamilySpec, SweepConfig
 
-__all__ = ["ModelCost", "alignment_costs", "suite_costs", "print_costs", "free_memory"]
+__all__ = ["ModelCost", "alignment_costs", "suite_costs", "print_costs"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,29 +84,6 @@ class ModelCost:
         d = dataclasses.asdict(self)
         d.update(flops_per_example=self.flops_per_example, cell_flops=self.cell_flops)
         return d
-
-
-# ----------------------------------------------------------------------------- memory
-def free_memory(device: str) -> tuple[int | None, str]:
-    """Free memory of ``device`` in bytes and where it was read (CUDA: ``mem_get_info``; else the
-    CPU's ``MemAvailable``; None where neither can be read)."""
-    dev = torch.device(device)
-    if dev.type == "cuda" and torch.cuda.is_available():
-        return int(torch.cuda.mem_get_info(dev)[0]), f"free on {dev}"
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024, "MemAvailable"
-    except (OSError, ValueError, IndexError):
-        pass
-    return None, "unknown"
-
-
-def _max_batch(free: int | None, resident: int, samples: int, per_example: int) -> int | None:
-    if free is None or per_example <= 0:
-        return None
-    return max(0, (free - resident - samples) // per_example)
 
 
 def _steps(options: CertifyOptions) -> int:
@@ -186,7 +164,7 @@ def _alignment_cost(cfg: SweepConfig, fam: FamilySpec, width: float, budget: int
     batch_size = min(int(fam.train.get("batch_size", 64)), budget)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     samples = 8 * dims * (fam.n_probe_train + fam.n_probe_test) * conditions
-    free, _ = free_memory(cfg.device)
+    free, _ = device_memory(cfg.device)
     return {
         "parameters": sum(p.numel() for p in model.parameters()),
         "weight_bytes": weights,
@@ -198,7 +176,7 @@ def _alignment_cost(cfg: SweepConfig, fam: FamilySpec, width: float, budget: int
         "probe_examples": (fam.n_probe_train + fam.n_probe_test) * conditions,
         "intervention_forwards": _interventions(opts, len(names)),
         "train_flops": per_train * int(fam.train["steps"]) * batch_size,
-        "max_batch": _max_batch(free, weights, samples, int(c["peak_bytes"])),
+        "max_batch": max_batch(free, weights, samples, int(c["peak_bytes"])),
     }
 
 
@@ -374,7 +352,7 @@ def print_costs(costs: Sequence[ModelCost], shard: tuple[int, int], device: str)
         }
         for c in costs
     ]
-    free, source = free_memory(device)
+    free, source = device_memory(device)
     k, n = shard
     print(format_table(rows, title=f"cost plan (counted without weights; memory: {source} on {device})"))
     counted = [c for c in costs if c.cell_flops is not None]
