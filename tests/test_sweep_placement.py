@@ -248,3 +248,28 @@ def test_suite_bad_placement_is_one_line(neox_hub, capsys):
     cfg = _suite(neox_hub, 'max_memory = "cpu=2GB"')
     one_line(["sweep", str(cfg), "--out", str(neox_hub["tmp"] / "o")], capsys, "needs device_map")
     assert not (neox_hub["tmp"] / "o").exists()
+
+
+def test_offload_folder_is_refused_where_it_would_write_into_an_input_or_the_results(tmp_path):
+    """The offload folder is an output: the results folder itself, or a folder inside a local model
+    the suite reads, is one error line before any cell runs."""
+    from types import SimpleNamespace
+
+    from widthscope.errors import WidthscopeError
+    from widthscope.sweep.run import _check_offload_folders
+    from widthscope.sweep.suite import SuiteConfig
+
+    model = tmp_path / "model"
+    model.mkdir()
+    out = tmp_path / "res"
+    out.mkdir()
+    suite = SuiteConfig(name="s", out_dir=str(out), models=[str(model)], revisions=[None])
+    for folder, words in ((model / "off", r"inside the input \[suite\] model"), (out, "same file")):
+        suite.inputs = {"device_map": "auto", "offload_folder": str(folder)}
+        with pytest.raises(WidthscopeError, match=words):
+            _check_offload_folders(suite, out)
+    suite.inputs = {"device_map": "auto", "offload_folder": str(tmp_path / "elsewhere")}
+    _check_offload_folders(suite, out)  # a folder of its own is fine
+    sweep = SimpleNamespace(placement={"offload_folder": str(out)}, families=[])
+    with pytest.raises(WidthscopeError, match="same file"):
+        _check_offload_folders(sweep, out)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .._io import format_table, read_toml
-from ..validate import check_dir_writable
+from ..validate import check_dir_writable, check_outputs
 from .costs import alignment_costs, print_costs
 from .grid import GridResult, _cell_path, cell_id, finish_after_ranks, shard_for_run
 from .placement import placement_text
@@ -148,6 +148,7 @@ def _drive(
     which = shard_for_run(shard)
     out_path = Path(cfg.out_dir)
     check_dir_writable(out_path)  # before any cell trains: a read-only or file --out is one error line
+    _check_offload_folders(cfg, out_path)
     k, n = which
     mine = [(i, c) for i, c in enumerate(cells) if i % n == k - 1]
     if dry_run:
@@ -163,3 +164,21 @@ def _drive(
     if finish_after_ranks(shard, finish):
         print_summary(result.rows, out_path)
     return result
+
+
+def _check_offload_folders(cfg: SweepConfig | SuiteConfig, out: Path) -> None:
+    """An ``offload_folder`` is an output: refused, before any cell runs, when it is the results
+    folder, or a local model or data path the sweep reads, or lies inside one of those folders."""
+    if isinstance(cfg, SuiteConfig):
+        folders = [("[suite] offload_folder", cfg.inputs.get("offload_folder"))]
+        inputs = [("[suite] model", m) for m in cfg.models]
+        inputs += [(f"[suite] {k}", v) for k, v in cfg.inputs.items() if k != "offload_folder" and isinstance(v, str)]
+    else:
+        folders = [("[sweep] offload_folder", cfg.placement.get("offload_folder"))]
+        folders += [(f"family {f.name!r} offload_folder", f.placement.get("offload_folder")) for f in cfg.families]
+        inputs = [(f"family {f.name!r} data_options.{k}", v) for f in cfg.families for k, v in f.data_options.items()]
+        inputs = [(flag, v) for flag, v in inputs if isinstance(v, str)]
+    for flag, folder in folders:
+        if folder:
+            # the results folder as one more output: the two may not be one folder
+            check_outputs(inputs, [(flag, str(folder)), ("results folder (--out)", str(out))], "sweep")
