@@ -23,6 +23,29 @@ MB = 1e6
 TIME_TARGET, MEMORY_TARGET = 1.5, 1.2  # issue 32: predicted within these factors of measured
 
 
+def _ratios(rows: list[dict[str, Any]], key: str) -> list[float]:
+    return [r[key] for r in rows if r.get(key) is not None]
+
+
+def _x(dn: Any, v: float) -> str:
+    return dn.sig(v, 3) + "×"  # three digits: 1.21× is outside 1.2×
+
+
+def _verdict(dn: Any, v: list[float], target: float) -> str:
+    """How many ratios lie within ``target`` either way."""
+    inside = sum(1 for r in v if 1 / target <= r <= target)
+    if inside == len(v):
+        return f"all {len(v)} settings within {_x(dn, target)}"
+    return f"{inside} of {len(v)} settings within {_x(dn, target)}"
+
+
+def _machine(m: dict[str, Any]) -> str:
+    load = ", ".join(f"{v:.2f}" for v in m["load"])
+    return (
+        f"{m['cores']} cores shared with other jobs (load average {load} at the end), {m['torch_threads']} torch thread"
+    )
+
+
 def register(dn: Any) -> None:
     register_train(dn)
 
@@ -30,21 +53,17 @@ def register(dn: Any) -> None:
         return dn.load_json(RESULT)
 
     def ratios(key: str) -> list[float]:
-        return [r[key] for r in res()["rows"] if r.get(key) is not None]
+        return _ratios(res()["rows"], key)
 
     def x(v: float) -> str:
-        return dn.sig(v, 3) + "×"  # three digits: 1.21× is outside 1.2×
+        return _x(dn, v)
 
     def spread(key: str) -> str:
         v = ratios(key)
         return dn.span(min(v), max(v), x)
 
     def verdict(key: str, target: float) -> str:
-        v = ratios(key)
-        inside = sum(1 for r in v if 1 / target <= r <= target)
-        if inside == len(v):
-            return f"all {len(v)} settings within {x(target)}"
-        return f"{inside} of {len(v)} settings within {x(target)}"
+        return _verdict(dn, ratios(key), target)
 
     @dn.quantity("plan/table")
     def _table() -> str:
@@ -89,11 +108,7 @@ def register(dn: Any) -> None:
     @dn.quantity("plan/load")
     def _load() -> str:
         m = res()["machine"]
-        load = ", ".join(f"{v:.2f}" for v in m["load"])
-        return (
-            f"{m['cores']} cores shared with other jobs (load average {load} at the end), {m['torch_threads']} torch "
-            f"thread; torch {m['torch']}, transformers {m['transformers']}"
-        )
+        return f"{_machine(m)}; torch {m['torch']}, transformers {m['transformers']}"
 
 
 def register_train(dn: Any) -> None:
@@ -103,17 +118,13 @@ def register_train(dn: Any) -> None:
         return dn.load_json(TRAIN_RESULT)
 
     def ratios(key: str) -> list[float]:
-        return [r[key] for r in res()["rows"] if r.get(key) is not None]
+        return _ratios(res()["rows"], key)
 
     def x(v: float) -> str:
-        return dn.sig(v, 3) + "×"
+        return _x(dn, v)
 
     def verdict(key: str, target: float) -> str:
-        v = ratios(key)
-        inside = sum(1 for r in v if 1 / target <= r <= target)
-        if inside == len(v):
-            return f"all {len(v)} settings within {x(target)}"
-        return f"{inside} of {len(v)} settings within {x(target)}"
+        return _verdict(dn, ratios(key), target)
 
     @dn.quantity("plan/train_table")
     def _table() -> str:
@@ -156,9 +167,4 @@ def register_train(dn: Any) -> None:
 
     @dn.quantity("plan/train_load")
     def _load() -> str:
-        m = res()["machine"]
-        load = ", ".join(f"{v:.2f}" for v in m["load"])
-        return (
-            f"{m['cores']} cores shared with other jobs (load average {load} at the end), "
-            f"{m['torch_threads']} torch thread"
-        )
+        return _machine(res()["machine"])
