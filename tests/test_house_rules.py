@@ -23,10 +23,8 @@ KNOWN: dict[str, int] = {
     "probe/intervene.py::intervene": 233,
     "certify/pipeline.py::certify": 226,
     "cli/inputs.py::add_arguments": 168,
-    "train.py::train": 152,
     "models/hf.py::load_hf": 141,
     "report/interventions.py::figures": 134,
-    "grow/pipeline.py::grow": 127,
 }
 
 

@@ -186,6 +186,58 @@ def _stream(pair: tuple[torch.Tensor, torch.Tensor], batch_size: int, seed: int,
         epoch += 1
 
 
+def _check_train(split, steps, lr, warmup, batch_size, loss, schedule) -> None:
+    """:func:`train`'s argument checks, before any work (one error naming the argument and its valid values)."""
+    if not all(hasattr(split, a) for a in ("train", "test", "task")):
+        raise WidthscopeError(
+            f"split must be a widthscope.data.Split (with .train, .test, .task), got "
+            f"{type(split).__name__}; e.g. widthscope.data.load('digits')"
+        )
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise WidthscopeError(f"steps must be a positive integer, got {steps!r}")
+    if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0 and math.isfinite(lr)):
+        raise WidthscopeError(f"lr must be > 0, got {lr!r}")
+    if not (isinstance(warmup, (int, float)) and math.isfinite(warmup) and warmup >= 0):
+        raise WidthscopeError(
+            f"warmup must be >= 0 (a fraction of steps when < 1, else a number of steps), got {warmup!r}"
+        )
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise WidthscopeError(f"batch_size must be >= 1, got {batch_size!r}")
+    if loss not in LOSSES:
+        raise WidthscopeError(f"unknown loss {loss!r}; valid: {', '.join(LOSSES)}")
+    if schedule not in ("cosine", "constant"):
+        raise WidthscopeError(f"unknown schedule {schedule!r}; valid: cosine, constant")
+    if loss == "mse" and split.task == "lm":
+        raise WidthscopeError("loss='mse' is for classification; language models use 'auto'")
+
+
+def _optimizer(name: str, params: list, lr: float, weight_decay: float, momentum: float) -> torch.optim.Optimizer:
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    raise WidthscopeError(f"unknown optimizer {name!r}; valid: adamw, sgd")
+
+
+def _final_eval(model, split, task, eval_batch_size, loss_kind, device, steps, seed, train_eval_examples):
+    """Full-pass train (a seeded subset of ``train_eval_examples``) and test evaluations at the end; a
+    non-finite loss is an error. Returns both and the number of training examples evaluated."""
+    train_pair = split.train
+    if train_eval_examples is not None and len(train_pair[0]) > train_eval_examples:
+        idx = torch.randperm(len(train_pair[0]), generator=torch.Generator().manual_seed(seed))[:train_eval_examples]
+        idx = idx.sort().values
+        xs = train_pair[0][idx]
+        train_pair = (xs, xs) if task == "lm" else (xs, train_pair[1][idx])
+    ev_train = evaluate(model, train_pair, task, eval_batch_size, loss=loss_kind, device=device)
+    ev_test = evaluate(model, split.test, task, eval_batch_size, loss=loss_kind, device=device)
+    for name, value in (("train", ev_train["loss"]), ("test", ev_test["loss"])):
+        if not math.isfinite(value):
+            raise WidthscopeError(
+                f"training ended with a non-finite {name} loss after step {steps}; lower the learning rate"
+            )
+    return ev_train, ev_test, len(train_pair[0])
+
+
 def train(
     model: nn.Module,
     split: Split,
@@ -228,39 +280,14 @@ def train(
     ``test_loss``/``test_accuracy`` every ``eval_every`` steps).
     Raises :class:`WidthscopeError` when the loss becomes non-finite (naming the step).
     """
-    if not all(hasattr(split, a) for a in ("train", "test", "task")):
-        raise WidthscopeError(
-            f"split must be a widthscope.data.Split (with .train, .test, .task), got "
-            f"{type(split).__name__}; e.g. widthscope.data.load('digits')"
-        )
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise WidthscopeError(f"steps must be a positive integer, got {steps!r}")
-    if not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0 and math.isfinite(lr)):
-        raise WidthscopeError(f"lr must be > 0, got {lr!r}")
-    if not (isinstance(warmup, (int, float)) and math.isfinite(warmup) and warmup >= 0):
-        raise WidthscopeError(
-            f"warmup must be >= 0 (a fraction of steps when < 1, else a number of steps), got {warmup!r}"
-        )
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise WidthscopeError(f"batch_size must be >= 1, got {batch_size!r}")
+    _check_train(split, steps, lr, warmup, batch_size, loss, schedule)
     device = resolve_device(device)
-    if loss not in LOSSES:
-        raise WidthscopeError(f"unknown loss {loss!r}; valid: {', '.join(LOSSES)}")
-    if schedule not in ("cosine", "constant"):
-        raise WidthscopeError(f"unknown schedule {schedule!r}; valid: cosine, constant")
     task = split.task
-    if loss == "mse" and task == "lm":
-        raise WidthscopeError("loss='mse' is for classification; language models use 'auto'")
     loss_kind = "mse" if loss == "mse" else "ce"
     warmup_steps = int(round(warmup * steps)) if warmup < 1 else int(warmup)
     warmup_steps = max(0, min(warmup_steps, steps))
     params = [p for p in model.parameters() if p.requires_grad]
-    if optimizer == "adamw":
-        opt: torch.optim.Optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    elif optimizer == "sgd":
-        opt = torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    else:
-        raise WidthscopeError(f"unknown optimizer {optimizer!r}; valid: adamw, sgd")
+    opt = _optimizer(optimizer, params, lr, weight_decay, momentum)
 
     model.to(device)
     model.train()
@@ -300,19 +327,9 @@ def train(
         if hasattr(bar, "set_postfix") and (step + 1) % log_every == 0:
             bar.set_postfix(loss=f"{loss_value:.4g}")
     seconds = time.perf_counter() - t0
-    train_pair = split.train
-    if train_eval_examples is not None and len(train_pair[0]) > train_eval_examples:
-        idx = torch.randperm(len(train_pair[0]), generator=torch.Generator().manual_seed(seed))[:train_eval_examples]
-        idx = idx.sort().values
-        xs = train_pair[0][idx]
-        train_pair = (xs, xs) if task == "lm" else (xs, train_pair[1][idx])
-    ev_train = evaluate(model, train_pair, task, eval_batch_size, loss=loss_kind, device=device)
-    ev_test = evaluate(model, split.test, task, eval_batch_size, loss=loss_kind, device=device)
-    for name, value in (("train", ev_train["loss"]), ("test", ev_test["loss"])):
-        if not math.isfinite(value):
-            raise WidthscopeError(
-                f"training ended with a non-finite {name} loss after step {steps}; lower the learning rate"
-            )
+    ev_train, ev_test, n_train_eval = _final_eval(
+        model, split, task, eval_batch_size, loss_kind, device, steps, seed, train_eval_examples
+    )
     history.append(
         {
             "step": steps,
@@ -331,7 +348,7 @@ def train(
         "lr": lr,
         "seed": seed,
         "loss": loss_kind,
-        "train_eval_examples": len(train_pair[0]),
+        "train_eval_examples": n_train_eval,
     }
     if task != "lm":
         result["train_accuracy"] = ev_train["accuracy"]

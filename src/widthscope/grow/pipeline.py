@@ -186,7 +186,7 @@ def grow(
     M, K, lr, seed, bs = opts.M, opts.K, opts.lr, opts.seed, opts.batch_size
     train, test = _pairs(data)
     pools = _split_pools(model, train, test, opts, n_train)
-    probe_train, rank_test, evaluate = pools.probe_train, pools.rank_test, pools.evaluate
+    probe_train, rank_test = pools.probe_train, pools.rank_test
     n_train, n_rank, n_te = pools.n_train, pools.n_rank, pools.n_test
     cands = rank_points(
         model,
@@ -204,40 +204,7 @@ def grow(
         block_seed=seed,
     )
     common = {"criterion": opts.criterion, "M": M, "K": K, "n_eval": n_te - n_rank}
-    growth = []
-    for role, cand in _chosen(cands, opts):
-        _, res = grow_at(
-            model,
-            cand["point"],
-            train,
-            evaluate,
-            probe_train=take(probe_train, min(M, n_train)),
-            probe_test=index_batch(rank_test, slice(0, min(K, n_rank))),
-            steps=opts.steps,
-            lr=lr,
-            block_width=opts.block_width,
-            width=cand["width"],
-            train_all=opts.train_all,
-            batch_size=bs,
-            seed=seed,
-            loss_fn=loss_fn,
-            show_progress=progress,
-        )
-        keys = ("rank", "predicted_gain", "d_align", "score", "p_improve", "b_exact", "b_align")
-        growth.append({"kind": "growth", "role": role, **{k: cand[k] for k in keys}, **common, **res})
-    if opts.compare:  # is growing better than training the original model for the same compute?
-        res = continue_training(
-            model,
-            train,
-            evaluate,
-            flops=growth[0]["flops"],
-            lr=lr,
-            batch_size=bs,
-            seed=seed,
-            loss_fn=loss_fn,
-            show_progress=progress,
-        )
-        growth.append({"kind": "growth", "role": "continue", "rank": None, "predicted_gain": None, **common, **res})
+    growth = _grow_chosen(model, cands, opts, pools, train, common, loss_fn, progress)
     return {
         "chosen": cands[0]["point"],
         "candidates": cands,
@@ -260,6 +227,47 @@ def grow(
         },
         "options": {"grow": opts.to_dict()},  # what made it: GrowOptions.from_dict repeats it (grow --config)
     }
+
+
+def _grow_chosen(model, cands, opts: GrowOptions, pools, train, common, loss_fn, progress) -> list[dict[str, Any]]:
+    """Grow and train at the chosen points (:func:`_chosen`), then, with ``compare``, the original model
+    trained on for the FLOPs the best point's growth used (role ``continue``): the rows of each."""
+    M, K, lr, seed, bs = opts.M, opts.K, opts.lr, opts.seed, opts.batch_size
+    growth = []
+    for role, cand in _chosen(cands, opts):
+        _, res = grow_at(
+            model,
+            cand["point"],
+            train,
+            pools.evaluate,
+            probe_train=take(pools.probe_train, min(M, pools.n_train)),
+            probe_test=index_batch(pools.rank_test, slice(0, min(K, pools.n_rank))),
+            steps=opts.steps,
+            lr=lr,
+            block_width=opts.block_width,
+            width=cand["width"],
+            train_all=opts.train_all,
+            batch_size=bs,
+            seed=seed,
+            loss_fn=loss_fn,
+            show_progress=progress,
+        )
+        keys = ("rank", "predicted_gain", "d_align", "score", "p_improve", "b_exact", "b_align")
+        growth.append({"kind": "growth", "role": role, **{k: cand[k] for k in keys}, **common, **res})
+    if opts.compare:  # is growing better than training the original model for the same compute?
+        res = continue_training(
+            model,
+            train,
+            pools.evaluate,
+            flops=growth[0]["flops"],
+            lr=lr,
+            batch_size=bs,
+            seed=seed,
+            loss_fn=loss_fn,
+            show_progress=progress,
+        )
+        growth.append({"kind": "growth", "role": "continue", "rank": None, "predicted_gain": None, **common, **res})
+    return growth
 
 
 def check_offloaded(model: nn.Module, opts: GrowOptions) -> None:
