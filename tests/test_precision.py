@@ -6,8 +6,10 @@ samples are reused), so the only difference is the rounding of the loss evaluati
 *resolved* when its bf16 retention is within 0.25 of the float64 one (``2 / RESOLUTION_FACTOR``;
 the measured ΔL error stayed under 3 rounding scales r on 468 calibration steps, and under 2 here). The flag
 ``|predicted| < RESOLUTION_FACTOR · r`` must leave every unresolved step out, and flag only steps
-that are unresolved, with a margin of 16: every step with ``|predicted| < resolution / 16`` is
-unresolved; between ``resolution / 16`` and ``resolution`` the rounding decides either way.
+that are unresolved, with a margin of 16: steps with ``|predicted| < resolution / 16`` are unresolved
+(all but a chance few: their error is rounding noise of scale r, which at one step can come out small —
+on this model one such step of 16 came out resolved on AVX512 kernels and none on AVX2);
+between ``resolution / 16`` and ``resolution`` the rounding decides either way.
 """
 from __future__ import annotations
 
@@ -78,6 +80,7 @@ def _ret_err(lo_row, ref_row):
 def test_flag_is_exactly_the_unresolved_steps_within_the_margin(setup):
     *_, out = setup
     n_flag = n_ok = 0
+    far = []  # resolved? for each step flagged far below the resolution
     for p, (rl, rr) in out.items():
         res = rl[0]["resolution"]
         assert res > 0 and all(r["resolution"] == res for r in rl)
@@ -93,8 +96,11 @@ def test_flag_is_exactly_the_unresolved_steps_within_the_margin(setup):
                 n_flag += 1
                 assert abs(x["predicted"]) < res
                 if abs(x["predicted"]) < res / MARGIN:
-                    assert err > TOL, (p, x["rel_step"], err)   # flagged far below: really unresolved
+                    far.append(err <= TOL)
     assert n_flag >= 6 and n_ok >= 10  # the grid spans both sides of the threshold
+    # flagged far below: really unresolved but for a chance few (noise of scale r near 0 at one step; at a
+    # 10 % chance per step, half of 8 resolved happens 0.4 % of the time; a flag set 10x too high fails)
+    assert len(far) >= 6 and sum(far) < len(far) / 2, far
 
 
 def test_naive_eps_times_loss_threshold_would_hide_resolved_steps(setup):
