@@ -7,7 +7,13 @@ before the fitted cost terms (``ntk-auto-grid-rev2-cpu.json``) and the fit's mea
 ``ntkgrid/points``, ``ntkgrid/within``, ``ntkgrid/choice_within``, ``ntkgrid/misses``, ``ntkgrid/load``,
 ``ntkgrid/worst``, ``ntkgrid/worst_choice``, ``ntkgrid/picks/<method>``, ``ntkgrid/rev2/within``,
 ``ntkgrid/rev2/points``, ``ntkgrid/fit/shapes``, ``ntkgrid/fit/grid_shapes``, ``ntkgrid/fit/regret``,
-``ntkgrid/fit/<method>/<term>``.
+``ntkgrid/fit/<method>/<term>``, ``ntkgrid/fit/recount/(recorded|now)/<row>`` (the probe's saved bytes of a fit
+row as measured and as recounted: ``ntk_auto_fit.py --recount``), ``ntkgrid/rechosen/changed``,
+``ntkgrid/rechosen/rev``.
+
+The pick (``auto picks``, ``choice/fastest``, ``choice_within``, ``worst_choice``, ``picks``) is the current
+code's where a row records it (``rechosen``: ``ntk_auto_grid.py --choice-only``, issue 32), marked ``²`` where
+it differs from the timed run's; ``auto``'s own time and ``auto/fastest`` are always the timed run's.
 """
 
 from __future__ import annotations
@@ -27,6 +33,12 @@ def register(dn: Any) -> None:
         return sorted(
             dn.load_json(RESULT).values(), key=lambda r: (ARCHS.index(r["arch"]), r["width"], r["outputs"], r["n"])
         )
+
+    def pick(r: dict[str, Any]) -> str:  # the current code's choice where recomputed, else the timed run's
+        return r["rechosen"]["auto_choice"] if "rechosen" in r else r["auto_choice"]
+
+    def pick_ratio(r: dict[str, Any]) -> float | None:
+        return r["rechosen"]["choice_ratio"] if "rechosen" in r else r.get("choice_ratio")
 
     def cell(r: dict[str, Any], m: str) -> str:
         if m in r["seconds"]:
@@ -59,7 +71,8 @@ def register(dn: Any) -> None:
         for r in rows():
             load = dn.span(r["loadavg_start"][0], r["loadavg_end"][0], lambda v: dn.sig(v, 2))
             ratio = f"{r['auto_ratio']:.2f}" + (" (rerun)" if "first_run" in r else "")
-            choice = f"{r['choice_ratio']:.2f}" if "choice_ratio" in r else "–"
+            choice = f"{pick_ratio(r):.2f}" if pick_ratio(r) is not None else "–"
+            picked = pick(r) + ("²" if pick(r) != r["auto_choice"] else "")
             lines.append(
                 "| "
                 + " | ".join(
@@ -69,7 +82,7 @@ def register(dn: Any) -> None:
                         out(r),
                         str(r["n"]),
                         str(r["params"]),
-                        r["auto_choice"],
+                        picked,
                         *(cell(r, m) for m in PATHS),
                         dn.sig(r["seconds"]["auto"], 2),
                         r["fastest"],
@@ -92,7 +105,7 @@ def register(dn: Any) -> None:
 
     @dn.quantity("ntkgrid/choice_within")
     def _choice_within() -> str:
-        return str(sum(r.get("choice_ratio", 99.0) <= MISS for r in rows()))
+        return str(sum((pick_ratio(r) or 99.0) <= MISS for r in rows()))
 
     @dn.quantity("ntkgrid/worst")
     def _worst() -> str:
@@ -100,7 +113,7 @@ def register(dn: Any) -> None:
 
     @dn.quantity("ntkgrid/worst_choice")
     def _worst_choice() -> str:
-        return f"{max(r.get('choice_ratio', 0.0) for r in rows()):.2f}"
+        return f"{max(pick_ratio(r) or 0.0 for r in rows()):.2f}"
 
     @dn.quantity("ntkgrid/misses")
     def _misses() -> str:
@@ -120,7 +133,24 @@ def register(dn: Any) -> None:
 
     @dn.pattern(r"ntkgrid/picks/(structured|per_example|jacobian|products)")
     def _picks(m: str) -> str:
-        return str(sum(r["auto_choice"] == m for r in rows()))
+        return str(sum(pick(r) == m for r in rows()))
+
+    @dn.quantity("ntkgrid/rechosen/changed")
+    def _changed() -> str:
+        moved = [r for r in rows() if pick(r) != r["auto_choice"]]
+        return (
+            ", ".join(
+                f"{r['arch']}-{r['width']} {out(r)} out n={r['n']} ({r['auto_choice']} → {pick(r)}: "
+                f"{r['choice_ratio']:.2f}× → {pick_ratio(r):.2f}× the fastest)"
+                for r in moved
+            )
+            or "none"
+        )
+
+    @dn.quantity("ntkgrid/rechosen/rev")
+    def _rechosen_rev() -> str:
+        revs = {r["rechosen"]["code_rev"] for r in rows() if "rechosen" in r}
+        return ", ".join(map(str, sorted(revs))) or "none"
 
     @dn.quantity("ntkgrid/rev2/within")
     def _rev2_within() -> str:
@@ -144,6 +174,10 @@ def register(dn: Any) -> None:
     @dn.quantity("ntkgrid/fit/regret")
     def _fit_regret() -> str:
         return f"{max(dn.load_json(FIT)['fit_regret'].values()):.2f}"
+
+    @dn.pattern(r"ntkgrid/fit/recount/(recorded|now)/([a-z0-9]+/[0-9]+/[a-z0-9]+/[0-9]+)")
+    def _recount(which: str, row: str) -> str:  # the probe's saved bytes of a fit row before/after issue 32's fix
+        return str(dn.load_json(FIT)["recounted"]["saved_bytes"][row][0 if which == "recorded" else 1])
 
     @dn.pattern(r"ntkgrid/fit/(per_example|jacobian|structured)/([a-z]+)")
     def _fit(method: str, term: str) -> str:

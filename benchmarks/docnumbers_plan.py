@@ -10,7 +10,7 @@ The training plans (``grow --plan``, ``linearize --plan``) from
 ``benchmarks/results/plan-accuracy-train-cpu.json``, written by
 ``OMP_NUM_THREADS=1 python benchmarks/plan_accuracy_train.py --out benchmarks/results/plan-accuracy-train-cpu.json``.
 Keys: ``plan/train_table``, ``plan/train_setting``, ``plan/train_time_range``, ``plan/train_memory_range``,
-``plan/train_time_verdict``, ``plan/train_memory_verdict``, ``plan/train_load``.
+``plan/train_time_verdict``, ``plan/train_memory_verdict``, ``plan/train_memory_by_kind``, ``plan/train_load``.
 """
 
 from __future__ import annotations
@@ -164,6 +164,22 @@ def register_train(dn: Any) -> None:
     @dn.quantity("plan/train_memory_verdict")
     def _memory_verdict() -> str:
         return verdict("memory_ratio", MEMORY_TARGET)
+
+    @dn.quantity("plan/train_memory_by_kind")
+    def _memory_by_kind() -> str:
+        groups: dict[str, list[float]] = {}
+        for r in res()["rows"]:
+            model = r["setting"].get("model")
+            kind = (
+                "linearize"
+                if r["grid"] == "linearize"
+                else ("grow, built-in MLP" if model == "builtin" else "grow, LLaMA")
+            )
+            groups.setdefault(kind, []).append(r["memory_ratio"])
+        return "; ".join(
+            f"{kind}: {dn.span(min(v), max(v), x)}, {_verdict(dn, v, MEMORY_TARGET)}"
+            for kind, v in groups.items()
+        )
 
     @dn.quantity("plan/train_load")
     def _load() -> str:

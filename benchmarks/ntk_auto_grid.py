@@ -23,9 +23,16 @@ rounds; ``choice_ratio`` the same for the method auto chose (its probe overhead 
 times again (``--reps`` rounds) every row whose ``auto_ratio`` is over 1.25, keeping the first run under
 ``first_run``: it separates a loaded moment from a wrong choice.
 
+``--choice-only``: times nothing; for every recorded row it makes auto's choice again with the current code
+(:func:`choice`: the probes and the estimates, no kernel) and writes it beside the row's timings under
+``rechosen`` (``auto_choice``, ``reason``, ``estimated_s``, ``code_rev`` and ``choice_ratio``: the ratio of
+:func:`ratios` for that method from the row's recorded times, ``None`` where that method was not timed).
+The choice has no timed term (issue 32), so it is the one a timed run of the same code would make.
+
 Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/ntk_auto_grid.py [--quick] [--reps 3] [--small-reps 9] [--rerun-misses]
+    OMP_NUM_THREADS=1 python benchmarks/ntk_auto_grid.py --choice-only   # the current choice beside the timings
 """
 
 from __future__ import annotations
@@ -53,7 +60,10 @@ VOCAB = 64
 MISS = 1.25
 # 3: the code committed with the table (the checks' forward passes cached per model and parameter values, the
 # seconds priced by the fitted terms of linear/choose.py). Rev 2: the run before (35 of 41 within 1.25×).
-CODE_REV = 3
+# Rev 4: no timed term in the choice (issue 32; the rows of rev 3 carry its choice under "rechosen").
+# Rev 5: the probe's saved bytes of one example, not of the batch its view x[:1] lies in, and the fit's mem
+# term recounted and refitted so (issue 32; "rechosen" holds rev 5's choice).
+CODE_REV = 5
 
 
 class LMHead(nn.Module):
@@ -131,6 +141,50 @@ def grid(quick: bool = False) -> list[tuple[str, int, int, int]]:
 
 def key(arch: str, width: int, k: int, n: int) -> str:
     return f"{arch}/{width}/{'vocab' if k == VOCAB and arch in ('llama', 'gpt2') else k}/{n}"
+
+
+class _Chosen(Exception):
+    """Stops :func:`choice`'s ``ntk`` call once the method is chosen."""
+
+
+def choice(model: nn.Module, x: torch.Tensor) -> dict[str, Any]:
+    """The ``info`` of ``ntk(model, x)`` (``method``, ``reason``, ``costs``) without the kernel: the call runs
+    its checks, probes and estimates and is stopped when the method is chosen, before any kernel work."""
+    from widthscope.linear import empirical, ntk
+
+    real = empirical._choose_method
+
+    def stop(*args: Any, **kwargs: Any) -> Any:
+        raise _Chosen(real(*args, **kwargs))
+
+    info: dict[str, Any] = {}
+    empirical._choose_method = stop
+    try:
+        ntk(model, x, info=info)
+    except _Chosen:
+        pass
+    finally:
+        empirical._choose_method = real
+    if "method" not in info:
+        raise RuntimeError("ntk_auto_grid.choice: ntk returned without choosing a method")
+    return info
+
+
+def rechoose(r: dict[str, Any]) -> dict[str, Any]:
+    """The current code's choice at row ``r``'s point (:func:`choice`), with its ratio from ``r``'s recorded
+    times (``None`` where the chosen method was not timed)."""
+    torch.manual_seed(0)
+    model, inputs = build(r["arch"], r["width"], r["outputs"])
+    info = choice(model.eval(), inputs(r["n"]))
+    m = info["method"]
+    timed = m in r["all_seconds"]
+    return {
+        "code_rev": CODE_REV,
+        "auto_choice": m,
+        "reason": info["reason"],
+        "estimated_s": {k: c["seconds"] for k, c in info["costs"].items() if c["fits"]},
+        "choice_ratio": ratios({**r, "auto_choice": m}).get("choice_ratio") if timed else None,
+    }
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -264,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a tiny grid (the test's)")
     ap.add_argument("--only", default="", help="comma-separated keys (arch/width/outputs/n) to run")
     ap.add_argument("--rerun-misses", action="store_true")
+    ap.add_argument("--choice-only", action="store_true", help="time nothing: the current choice beside each row")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -272,6 +327,13 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.out)
     res = json.loads(path.read_text()) if path.exists() else {}
     only = set(filter(None, args.only.split(",")))
+    if args.choice_only:
+        for name, r in res.items():
+            if not only or name in only:
+                r["rechosen"] = rechoose(r)
+                print(f"{name}: {r['auto_choice']} -> {r['rechosen']['auto_choice']}", file=sys.stderr, flush=True)
+        atomic_write_json(path, res)
+        return 0
     for pt in grid(args.quick):
         name = key(*pt)
         if only and name not in only:

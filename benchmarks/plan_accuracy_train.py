@@ -1,20 +1,26 @@
 """How close ``grow --plan`` and ``linearize --plan`` come: predicted against measured time and memory.
 
-For each setting, two fresh processes (one torch thread each; imports and the first optimizer warmed
-up on a tiny run first, so start-up is not counted on either side):
+For each setting, three fresh processes (one torch thread each; imports, the data library and the
+first optimizer warmed up on a tiny run first, so start-up is not counted on either side; then
+``malloc_trim`` gives back what the warm-up freed, so a small run cannot hide in it), as
+``plan_accuracy.py`` measures ``certify --plan``:
 
 - ``plan``: :func:`widthscope.grow.plan.plan_grow` or :func:`widthscope.linearization.plan.plan_linearize`
   (timing on);
 - ``run``: :func:`widthscope.grow.pipeline.run_grow` or :func:`widthscope.linearization.run.run_sweep` on
-  the same settings, with ``MALLOC_MMAP_THRESHOLD_=65536`` (glibc returns each freed large block, so
-  the peak RSS is what the run holds at once): its wall time and its peak RSS (``VmHWM``, reset
-  through ``/proc/self/clear_refs``) above the RSS before it started.
+  the same settings: its wall time (the measured time);
+- ``run-mmap``: the same with ``MALLOC_MMAP_THRESHOLD_=65536`` (glibc returns each freed large block,
+  so the peak RSS is what the run holds at once, not what the allocator keeps; slower, so not
+  timed): its peak RSS (``VmHWM``, reset through ``/proc/self/clear_refs``) above the RSS before it
+  started (the measured memory: the baseline is the process after imports and warm-up, which is
+  the interpreter's and the libraries', not the run's). The default allocator's peak is recorded
+  beside it.
 
 The grow grid: the built-in MLP (trained 300 steps, then the growth) and LLaMA-like Hugging Face
 causal LMs of width 64 and 128 (the models and corpus of ``plan_accuracy.py``). The linearize grid:
 the demo sweep's MLPs at a few widths. The plan's memory is ``peak_bytes`` (the largest training step
-or ranking phase + what is held beside it), its time ``predicted_s``; the plan's load time is taken
-out of both sides' comparison only as far as the run's own loading is measured inside it.
+or phase + what is held beside it; a phase is the larger of its counted bytes and its resident peak
+measured in a forked child, :func:`widthscope.probe.cost_plan.resident_peak`), its time ``predicted_s``.
 
 Usage::
 
@@ -81,14 +87,31 @@ def _grow_args(s: dict[str, Any], work: Path) -> tuple[Any, dict[str, Any]]:
 def _warm_up(work: Path) -> None:
     import torch
 
+    from widthscope.data import load
     from widthscope.grow.pipeline import run_grow
     from widthscope.linearization.run import run_sweep
 
     torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+    load("digits", seed=0)  # its library (scikit-learn) imported before the baseline, as torch and transformers are
     spec, kw = _grow_args({"model": "tiny", "steps": 2, "compare": False, "batch_size": 8}, work)
     run_grow(spec, M=8, K=8, show=False, say=lambda m: None, **kw)
     cfg = _linearize_config({"widths": [4, 5, 6, 7, 8], "seeds": [0], "steps": 10})
-    run_sweep(cfg, work / "warm-linearize", quiet=True)
+    with tempfile.TemporaryDirectory(dir=work) as warm:  # a fresh folder: a finished sweep would be skipped
+        run_sweep(cfg, Path(warm) / "warm-linearize", quiet=True)
+
+
+def _trim() -> None:
+    """Give the allocator's free memory back after the warm-up (glibc ``malloc_trim``): memory the
+    warm-up freed stays resident otherwise, and a small run reuses it without its RSS growing (the
+    built-in model's whole run fitted in it)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
 
 
 def worker(a: argparse.Namespace) -> None:
@@ -97,6 +120,7 @@ def worker(a: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     work = Path(a.work)
     _warm_up(work)
+    _trim()
     kind, s = ("grow", GROW[a.index]) if a.grid == "grow" else ("linearize", LINEARIZE[a.index])
     if a.worker == "plan":
         t0 = time.perf_counter()
@@ -122,7 +146,7 @@ def worker(a: argparse.Namespace) -> None:
         else:
             from widthscope.linearization.run import run_sweep
 
-            run_sweep(_linearize_config(s), work / f"linearize-{a.index}", quiet=True)
+            run_sweep(_linearize_config(s), work / f"linearize-{a.index}-{a.worker}", quiet=True)
         out = {
             "run_s": time.perf_counter() - t0,
             "peak_above_baseline_bytes": proc_status("VmHWM") - baseline if reset else None,
@@ -130,19 +154,22 @@ def worker(a: argparse.Namespace) -> None:
     Path(a.result).write_text(json.dumps(out))
 
 
+WORKERS = ("plan", "run", "run-mmap")
+
+
 def _cell(work: Path, grid: str, index: int) -> dict[str, Any]:
     got = {}
-    for what in ("plan", "run"):
+    for what in WORKERS:
         result = work / f"{grid}-{index}-{what}.json"
         cmd = [sys.executable, __file__, "--worker", what, "--work", str(work), "--grid", grid]
         cmd += ["--index", str(index), "--result", str(result)]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-        if what == "run":
+        if what == "run-mmap":
             env["MALLOC_MMAP_THRESHOLD_"] = "65536"
         subprocess.run(cmd, check=True, env=env)
         got[what] = json.loads(result.read_text())
     plan, run = got["plan"]["plan"], got["run"]
-    held = run["peak_above_baseline_bytes"]
+    held = got["run-mmap"]["peak_above_baseline_bytes"]
     s = (GROW if grid == "grow" else LINEARIZE)[index]
     return {
         "grid": grid,
@@ -156,6 +183,8 @@ def _cell(work: Path, grid: str, index: int) -> dict[str, Any]:
         "predicted_bytes": plan["peak_bytes"],
         "measured_peak_bytes": held,
         "memory_ratio": plan["peak_bytes"] / held if held else None,
+        "measured_peak_default_malloc_bytes": run["peak_above_baseline_bytes"],
+        "run_mmap_s": got["run-mmap"]["run_s"],
         "plan_s": got["plan"]["plan_s"],
         "plan": plan,
     }
@@ -164,7 +193,7 @@ def _cell(work: Path, grid: str, index: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=None)
-    p.add_argument("--worker", choices=("plan", "run"), default=None)
+    p.add_argument("--worker", choices=WORKERS, default=None)
     p.add_argument("--work", default=None)
     p.add_argument("--grid", choices=("grow", "linearize"), default="grow")
     p.add_argument("--index", type=int, default=0)

@@ -91,6 +91,15 @@ def test_the_grid_runs_in_quick_mode_and_writes_well_formed_rows(tmp_path):
     before = out.read_text()
     mod.main(["--quick", "--reps", "2", "--out", str(out)])
     assert out.read_text() == before
+    # --choice-only times nothing: the current code's choice beside each row's timings; the choice has no timed
+    # term (issue 32), so the code that timed the rows picks the same, with the same estimates and ratio
+    assert mod.main(["--quick", "--choice-only", "--out", str(out)]) == 0
+    for name, r in json.loads(out.read_text()).items():
+        again = r.pop("rechosen")
+        assert r == rows[name]  # the recorded timings are untouched
+        assert again["auto_choice"] == r["auto_choice"] and again["code_rev"] == mod.CODE_REV
+        assert again["estimated_s"] == {m: s for m, s in r["estimated_s"].items() if m != "vmap_jacrev"}
+        assert again["choice_ratio"] == r["choice_ratio"] and again["reason"] == r["reason"]
 
 
 def test_grid_ratios_are_per_round_against_every_path():

@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch import nn
 
+from saved_bytes import saved_bytes
 from widthscope.errors import WidthscopeError
 from widthscope.linear import ntk
 from widthscope.linear.cost import choose, measure
@@ -44,3 +45,32 @@ def test_choose_takes_the_fastest_that_fits_and_says_when_none_does():
     assert choose({"b": costs["b"]}, 2e9)[0] is None
     with pytest.raises(WidthscopeError, match="no method fits memory_budget"):
         ntk(nn.Linear(3, 2), torch.randn(4, 3), memory_budget=100)
+
+
+def _saved_reference(net: nn.Module, x: torch.Tensor) -> int:
+    """Brute force: the bytes of every distinct tensor autograd saves in ``net(x)`` on a standalone copy of
+    ``x`` (parameters excluded), each storage once."""
+    x = x.clone()
+    with saved_bytes(net) as seen:
+        net(x)
+    return sum(seen.values())
+
+
+def test_probe_saved_bytes_are_one_examples_whatever_batch_it_is_sliced_from():
+    """Issue 32: the one-example probe ``x[:1]`` is a view into the batch; its saved bytes counted the batch's
+    whole storage, so they (and the ``mem`` term) grew with the batch."""
+    from widthscope.linear import probes
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 2)).double()
+    params = dict(net.named_parameters())
+    want = _saved_reference(net, torch.randn(1, 16, dtype=torch.float64))
+    assert want == 8 * (16 + 32 + 32)  # the three matmuls' inputs (tanh saves the same output it returns)
+    for n in (8, 512):
+        x = torch.randn(n, 16, dtype=torch.float64)
+        pr = measure(lambda z: torch.func.functional_call(net, params, (z,)), x[:1], params)
+        assert pr.saved == want, n
+        probes.clear()  # and as ntk probes it: the cached probe of ntk(net, x)
+        ntk(net, x[:16], method="structured")  # a view into the batch of n
+        got = probes.peek(net, x, ("measure", 1))
+        assert got is not probes.MISSING and got.saved == want, n

@@ -12,8 +12,8 @@ __all__ = ["environment"]
 def environment() -> dict[str, Any]:
     """``env_*`` fields: the CPU kernel family torch dispatches to (reduction order, hence the last
     bits, depends on it), library versions, the thread count and deterministic-algorithms mode."""
-    import numpy as np
-    import torch
+    import numpy as np  # noqa: PLC0415  start-up time: numpy
+    import torch  # noqa: PLC0415  start-up time: torch
 
     try:
         import transformers

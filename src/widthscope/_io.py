@@ -13,8 +13,11 @@ import math
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Protocol, Sequence, Sized
+
+from .errors import WidthscopeError
 
 __all__ = [
     "check_writable",
@@ -38,7 +41,7 @@ __all__ = [
 
 def to_jsonable(obj: Any) -> Any:
     """Convert tensors, numpy values, dataclasses and non-finite floats to plain JSON."""
-    import dataclasses
+    import dataclasses  # noqa: PLC0415  start-up time: `widthscope --help` imports this module
 
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {k: to_jsonable(v) for k, v in dataclasses.asdict(obj).items()}
@@ -79,12 +82,10 @@ def read_toml(path: str | os.PathLike, what: str, hint: str) -> dict[str, Any]:
     """Parse the TOML file ``path``; every way it can fail is one line naming ``what`` (e.g.
     ``"sweep config"``) and ``hint`` (where a valid one is found): missing, a directory, a binary
     or non-UTF-8 file, unreadable, invalid TOML."""
-    from .errors import WidthscopeError
-
     if sys.version_info >= (3, 11):
-        import tomllib
+        import tomllib  # noqa: PLC0415  start-up time: `widthscope --help` imports this module
     else:  # pragma: no cover - Python 3.10
-        import tomli as tomllib
+        import tomli as tomllib  # noqa: PLC0415  start-up time: `widthscope --help` imports this module
     p = Path(path)
     if p.is_dir():
         found = sorted(q.name for q in p.glob("*.toml"))[:3]
@@ -120,8 +121,6 @@ def read_toml(path: str | os.PathLike, what: str, hint: str) -> dict[str, Any]:
 
 
 def unwritable(path: Path, exc: OSError) -> Exception:
-    from .errors import WidthscopeError
-
     reason = exc.strerror or str(exc)
     if isinstance(exc, (FileExistsError, NotADirectoryError)):
         blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
@@ -133,8 +132,6 @@ def unwritable(path: Path, exc: OSError) -> Exception:
 def _sibling(path: Path, suffix: str) -> tuple[int, str]:
     """A temporary file beside ``path`` (its folder created): (fd, name); one error line if not."""
     if path.is_dir():
-        from .errors import WidthscopeError
-
         raise WidthscopeError(
             f"cannot write {str(path)!r}: it is a directory; give a file path such as {str(path / 'results.json')!r}"
         )
@@ -219,13 +216,11 @@ def human_size(n: float) -> str:
 def check_space(path: str | os.PathLike, need_bytes: int, what: str = "the results") -> None:
     """One line if the file system holding ``path`` has less free space than ``need_bytes``
     (the caller's estimate of what the run will write), before any work starts."""
-    import shutil
-
-    from .errors import WidthscopeError
-
     path = Path(path)
     where = next((p for p in (path, *path.parents) if p.exists()), Path("."))
     try:
+        import shutil  # noqa: PLC0415  start-up time: `widthscope --help` imports this module
+
         free = shutil.disk_usage(where).free
     except OSError:
         return  # a file system that cannot say: the write itself will tell
@@ -317,8 +312,6 @@ def warn_skips(problems: Sequence[Skipped], prefix: str = "widthscope", limit: i
 
 def refuse_skips(problems: Sequence[Skipped], fix: str) -> Exception:
     """The one error line of ``--strict``: the first skip, how many in all, and ``fix``."""
-    from .errors import WidthscopeError
-
     first = problems[0]
     where = f"{first.path} line {first.line}" if first.line is not None else first.path
     more = f" (and {len(problems) - 1} more damaged line(s)/file(s))" if len(problems) > 1 else ""
@@ -364,8 +357,6 @@ def read_jsonl(path: str | os.PathLike, problems: list[Skipped] | None = None) -
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        from .errors import WidthscopeError
-
         raise WidthscopeError(
             f"cannot read {str(path)!r} ({exc.strerror or exc}): pass a readable JSONL file"
         ) from None
@@ -439,8 +430,6 @@ class LogProgress:
         interval: float | None = None,
         **_: Any,
     ) -> None:
-        import time
-
         self.iterable = iterable
         self.total = total if total is not None else (len(iterable) if isinstance(iterable, Sized) else None)
         self.desc = desc or "progress"
@@ -468,8 +457,6 @@ class LogProgress:
         return f"{self.desc}: {self.n} done, {self._fmt(el)} elapsed{self.postfix}"
 
     def update(self, k: int = 1) -> None:
-        import time
-
         self.n += k
         now = time.monotonic()
         if now - self.last >= self.interval:
@@ -480,8 +467,6 @@ class LogProgress:
         self.postfix = " (" + ", ".join(f"{k}={v}" for k, v in kw.items()) + ")" if kw else ""
 
     def close(self) -> None:
-        import time
-
         now = time.monotonic()
         if now - self.t0 >= self.interval and self.last != now:
             self.last = now

@@ -45,8 +45,12 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from ._io import atomic_write_json, to_jsonable
+from ._io import atomic_write_json, current_umask, to_jsonable, unwritable
 from .errors import WidthscopeError
+from .hub import attach, resolve_model
+from .models import build, count_parameters
+from .models.hf import DTYPES, WIDTHSCOPE_FAMILY, auto_classes, check_model_type, hf_task, load_hf, main_stack
+from .probe.intervene import apply_insertions
 
 __all__ = ["save", "load", "read_config"]
 
@@ -101,7 +105,6 @@ def save(model: nn.Module, directory: str | os.PathLike, *, extra: dict | None =
         json.dumps(to_jsonable(config))
     except TypeError as exc:
         raise WidthscopeError(f"model config is not JSON-serialisable: {exc}") from None
-    from ._io import current_umask, unwritable
 
     directory = Path(directory)
     tensors, aliases = _dedupe(model.state_dict())
@@ -125,7 +128,6 @@ def save(model: nn.Module, directory: str | os.PathLike, *, extra: dict | None =
                 "not writable?); free space or choose another output directory"
             ) from None
         raise
-    from .models import count_parameters
 
     atomic_write_json(
         directory / "config.json",
@@ -264,8 +266,6 @@ def _read_any(file: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
 
 def _to_dtype(model: nn.Module, option: str, recorded: Any) -> None:
     """``option`` ``auto``: the checkpoint's recorded dtype; else the named torch dtype."""
-    from .models.hf import DTYPES
-
     if option not in DTYPES:
         raise WidthscopeError(f"--dtype {option!r}: choose one of {', '.join(DTYPES)}")
     name = str(recorded) if option == "auto" else option
@@ -276,9 +276,6 @@ def _to_dtype(model: nn.Module, option: str, recorded: Any) -> None:
 
 def _hf_from_file(directory: Path, cfg: dict[str, Any], task: str | None) -> nn.Module:
     """The architecture of an HF config dict, freshly initialised (weights are filled next)."""
-    from .models import build
-    from .models.hf import WIDTHSCOPE_FAMILY, auto_classes, check_model_type, hf_task, main_stack
-
     family = WIDTHSCOPE_FAMILY.get(cfg["model_type"])
     check_model_type(cfg, directory / "config.json")
     task = task or hf_task(cfg, str(directory / "config.json"))
@@ -321,8 +318,6 @@ def load(
     ``placement``: ``device_map`` / ``max_memory`` / ``offload_folder`` of a Hugging Face
     checkpoint directory (accelerate's big-model dispatch, :func:`widthscope.models.hf.load_hf`).
     """
-    from .hub import attach, resolve_model
-
     path, hub = resolve_model(str(Path(path)), revision, flag="checkpoint")
     if not path.exists():
         raise WidthscopeError(f"checkpoint {str(path)!r} does not exist")
@@ -332,8 +327,6 @@ def load(
 def _load_local(
     path: Path, *, device: str | torch.device, dtype: str, task: str | None, placement: Mapping[str, Any] | None = None
 ) -> nn.Module:
-    from .models import build
-
     if path.is_dir():
         weights = _find_weights(path)
     elif path.suffix in WEIGHT_SUFFIXES:
@@ -365,14 +358,10 @@ def _load_local(
             raise WidthscopeError(f"config.json of {path} does not describe a buildable model: {exc}") from None
         if insertions:
             # Grown models: re-create the inserted residual parameters before the weights load.
-            from .probe.intervene import apply_insertions
-
             apply_insertions(model, insertions)
         model.widthscope_extra = cfg.get("extra") or {}  # type: ignore[assignment]  # plain attribute (cf. _hf_from_file)
         _to_dtype(model, dtype, cfg.get("dtype", "float32"))
     elif "model_type" in cfg:
-        from .models.hf import load_hf
-
         if path.is_dir():
             # Any architecture transformers knows, through its Auto class (safetensors preferred,
             # .bin with weights_only=True); nothing from the checkpoint is executed.

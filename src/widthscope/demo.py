@@ -28,6 +28,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from . import report as wreport  # report, load_results looked up at call time (tests replace them)
 from ._io import atomic_write_json
 from .errors import WidthscopeError
 from .options import Options, option
@@ -125,7 +126,7 @@ DEMO_MLP: dict[str, Any] = {
 
 def _image_dataset() -> str:
     """'fashion-mnist' when its files load, else 'digits' (always available via scikit-learn)."""
-    from . import data
+    from . import data  # noqa: PLC0415  start-up time: torch
 
     try:
         data.load("fashion-mnist", n_train=8, n_test=8, flatten=True)
@@ -176,8 +177,8 @@ def _linear_part(
     """The linearization sweep of the demo into ``out/linearize`` (appended to ``parts``, or its
     failure to ``failed``: the other parts and the report still come)."""
     try:
-        from .linearization import config as lconfig
-        from .linearization import run as lsweep
+        from .linearization import config as lconfig  # noqa: PLC0415  start-up time: torch
+        from .linearization import run as lsweep  # noqa: PLC0415  start-up time: torch
 
         have_linear = linear and hasattr(lsweep, "run_sweep") and hasattr(lconfig, "DEMO_CONFIG")
     except ImportError:
@@ -189,7 +190,7 @@ def _linear_part(
     else:
         sub = out / "linearize"
         t0 = time.perf_counter()
-        import torch
+        import torch  # noqa: PLC0415  start-up time: torch
 
         n_threads = torch.get_num_threads()
         try:
@@ -222,9 +223,8 @@ def run_demo(
     function raises :class:`WidthscopeError` after writing the report. ``threads`` sets torch's
     CPU threads while the demo runs (``None``: leave torch's default).
     """
-    from .report import report
-    from .report.alignment import summary
-    from .sweep.alignment import load_config, print_summary, run_sweep
+    from .report.alignment import summary  # noqa: PLC0415  start-up time: numpy
+    from .sweep.alignment import load_config, print_summary, run_sweep  # noqa: PLC0415  start-up time: torch
 
     opts = DemoOptions(  # checked before any work, recorded in DIR/demo.json
         quick=quick, no_linear=not linear, no_progress=not show_progress, threads=threads
@@ -277,13 +277,12 @@ def run_demo(
         ]
     )
     notes += [f"part failed: {f}" for f in failed]
-    page = report(parts, out / "report", title="widthscope demo" + (" (quick)" if quick else ""), notes=notes)
+    page = wreport.report(parts, out / "report", title="widthscope demo" + (" (quick)" if quick else ""), notes=notes)
     record = {"options": {"demo": opts.to_dict()}, "report": str(page), "parts": [str(p) for p in parts]}
     atomic_write_json(out / "demo.json", {**record, "failed": failed})
-    from .report import load_results
-    from .report.claims import claims
+    from .report.claims import claims  # noqa: PLC0415  start-up time: scipy
 
-    rows = load_results(parts)  # the page's claims (all rows): the console verdict quotes the page
+    rows = wreport.load_results(parts)  # the page's claims (all rows): the console verdict quotes the page
     for line in summary([r for r in rows if r.get("kind") == "alignment"], found=claims(rows)):
         print("  " + line, file=file)
     print(

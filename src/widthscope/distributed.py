@@ -45,6 +45,8 @@ import torch
 import torch.distributed as dist
 
 from .errors import WidthscopeError
+from .linear import ntk
+from .stats import PrimalMoments, as_matrix, misalignment_from_gram, moments
 
 if TYPE_CHECKING:
     from .stats.estimators import Estimator, Method
@@ -213,8 +215,6 @@ def all_reduce_moments(pm: Any) -> Any:
         >>> all_reduce_moments(PrimalMoments(3).update(torch.ones(4, 3))).n
         4
     """
-    from .stats import PrimalMoments
-
     if not isinstance(pm, PrimalMoments):
         raise WidthscopeError(f"all_reduce_moments needs a widthscope.stats.PrimalMoments, got {type(pm).__name__}")
     if not is_distributed():
@@ -247,8 +247,6 @@ def gather_or_reduce(X: torch.Tensor, estimator: Estimator = "unbiased", method:
         >>> m.n, m.method
         (40, 'primal')
     """
-    from .stats import PrimalMoments, as_matrix, moments
-
     if method not in ("auto", "dual", "primal"):
         raise WidthscopeError(f"unknown method {method!r}; use 'auto', 'dual' or 'primal'")
     X = as_matrix(X, "X")
@@ -278,8 +276,6 @@ def merge_cross_gram(Xa: torch.Tensor, Xb: torch.Tensor) -> torch.Tensor:
         >>> bool(torch.allclose(merge_cross_gram(a, b), a @ b.T))
         True
     """
-    from .stats import as_matrix
-
     A, B = as_matrix(Xa, "train"), as_matrix(Xb, "test")
     if A.shape[1] != B.shape[1]:
         raise WidthscopeError(f"merge_cross_gram: train has d={A.shape[1]} but test has d={B.shape[1]}")
@@ -295,8 +291,6 @@ def distributed_misalignment(Xa: torch.Tensor, Xb: torch.Tensor, **kwargs: Any) 
     may round differently from one product, so ``mean_alignment`` agrees to float rounding and
     the counts exactly unless a draw's block mean lies within rounding of 0.
     """
-    from .stats import misalignment_from_gram
-
     C = merge_cross_gram(Xa, Xb)
     out = misalignment_from_gram(C, **kwargs) if is_main() else None
     return broadcast_object(out)
@@ -319,8 +313,6 @@ def distributed_ntk(
         >>> distributed_ntk(net, torch.randn(4, 3), trace=True).shape
         torch.Size([4, 4])
     """
-    from .linear import ntk
-
     if not isinstance(x1, torch.Tensor) or x1.dim() < 1:
         raise WidthscopeError("distributed_ntk: x1 must be a batched tensor (n1, ...) of inputs")
     if not is_distributed():

@@ -27,7 +27,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
-from ._io import Skipped, atomic_write_text, read_jsonl
+from ._io import Skipped, atomic_write_text, read_jsonl, unwritable
 from .errors import WidthscopeError
 from .options import Options, option
 
@@ -47,7 +47,7 @@ def _text(rows: list[dict[str, Any]]) -> str:
 
 def _plan(d: Path) -> dict[str, Any]:
     """What is damaged and what results.jsonl should hold; reads only."""
-    from .sweep.grid import RESULTS, load_rows
+    from .sweep.grid import RESULTS, load_rows  # noqa: PLC0415  start-up time: torch
 
     res = d / RESULTS
     cells = d / "cells"
@@ -105,7 +105,7 @@ def _describe(d: Path, plan: dict[str, Any], backup: Path, dry_run: bool) -> lis
 @contextlib.contextmanager
 def _locked(d: Path) -> Iterator[None]:
     """The sweep's lock: never rewrite a folder a running sweep is writing."""
-    from .sweep.grid import lock_out_dir
+    from .sweep.grid import lock_out_dir  # noqa: PLC0415  start-up time: torch
 
     with contextlib.ExitStack() as stack:
         try:
@@ -117,7 +117,7 @@ def _locked(d: Path) -> Iterator[None]:
 
 def repair(out_dir: str | os.PathLike, *, dry_run: bool = False) -> list[str]:
     """Repair the results folder ``out_dir`` (see the module doc); print and return what it did."""
-    from .sweep.grid import new_backup_dir, set_aside
+    from .sweep.grid import new_backup_dir, set_aside  # noqa: PLC0415  start-up time: torch
 
     d = Path(out_dir)
     if not d.exists():
@@ -145,8 +145,6 @@ def repair(out_dir: str | os.PathLike, *, dry_run: bool = False) -> list[str]:
                         backup.mkdir(parents=True, exist_ok=True)
                         shutil.copy2(plan["res"], backup / "results.jsonl")
                     except OSError as exc:
-                        from ._io import unwritable
-
                         raise unwritable(backup / "results.jsonl", exc) from None
                 set_aside(d, [Path(s.path) for s in plan["cell_problems"]], backup)
                 atomic_write_text(plan["res"], plan["text"])

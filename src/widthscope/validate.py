@@ -21,13 +21,18 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import os
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from ._io import unwritable
 from .errors import WidthscopeError
+from .hub import local_directory
+from .options import CertifyOptions, CertifyRunOptions
 
 __all__ = [
     "check_pools",
@@ -60,10 +65,6 @@ __all__ = [
 # Options that are fields of the options dataclasses (draws, n_etas, batch_size, train_steps,
 # project) take their range from the field (widthscope.options): one source per option.
 def _from_fields() -> dict[str, tuple[int, int | None, str]]:
-    import dataclasses
-
-    from .options import CertifyOptions, CertifyRunOptions
-
     out = {}
     for cls in (CertifyOptions, CertifyRunOptions):
         for f in dataclasses.fields(cls):
@@ -164,7 +165,7 @@ _OWN_DEFAULTS = {"train_steps": 60}
 
 
 def defaults() -> dict[str, object]:
-    from .data.spec import INPUT_DEFAULTS
+    from .data.spec import INPUT_DEFAULTS  # noqa: PLC0415  start-up time: torch
 
     return {**INPUT_DEFAULTS, **_OWN_DEFAULTS}
 
@@ -178,9 +179,6 @@ def input_kind(model: str | None, task: str | None = None, revision: str | None 
         return None
     if model == "builtin":
         return "builtin"
-    import json
-
-    from .hub import local_directory
 
     p = local_directory(model, revision)
     if p is None:
@@ -196,7 +194,7 @@ def input_kind(model: str | None, task: str | None = None, revision: str | None 
         fam = (cfg.get("model") or {}).get("family")
         return "widthscope-lm" if fam in ("llama", "pythia") else "widthscope-classifier"
     try:
-        from .models.hf import hf_task
+        from .models.hf import hf_task  # noqa: PLC0415  start-up time: torch
 
         return f"hf-{hf_task(cfg, str(cfg_path))}"
     except WidthscopeError:  # no architecture named: --task decides (the loader checks it)
@@ -224,8 +222,6 @@ def check_dir_writable(path: str | os.PathLike) -> Path:
     """``path`` is (or can be made) a directory we can write into. Leaves nothing behind: folders
     it had to create for the probe are removed again, so a run refused later (a bad config) leaves
     no empty ``--out``; the command creates the folder when it starts writing."""
-    from ._io import unwritable
-
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise WidthscopeError(f"cannot write into {str(p)!r}: it is a file, not a directory; choose another --out")

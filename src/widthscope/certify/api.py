@@ -13,9 +13,13 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from .. import _args
+from ..data.inputs import load_inputs
+from ..data.objects import DATA_ACCEPTS, check_tokenizer, is_dataset_dict, pools_from
 from ..data.spec import InputSpec
 from ..errors import WidthscopeTypeError
 from ..options import CertifyOptions
+from ..probe.intervene import to_batches
 from .pipeline import certify
 from .result import CertifyResult
 
@@ -52,9 +56,6 @@ def certify_model(
     (``M=``, ``K=``, ``draws=``, ... as :func:`widthscope.certify.certify` takes them) set the
     statistics; the keywords override the options' fields.
     """
-    from .. import _args
-    from ..data.objects import check_tokenizer, is_dataset_dict, pools_from
-
     _args.module("certify", "model", model)
     check_tokenizer(tokenizer, "certify")
     _args.integer("certify", "batch_size", batch_size, lo=1)
@@ -70,9 +71,6 @@ def certify_model(
                 "certify(tokenizer=/seq_len=/text_column=...): an InputSpec names its own "
                 "(InputSpec(tokenizer=..., seq_len=..., text_field=...)); drop them"
             )
-        from ..data.inputs import load_inputs
-        from ..probe.intervene import to_batches
-
         inputs = load_inputs(data, model=model, show_progress=progress)
         train, test = to_batches(inputs.train, batch_size), to_batches(inputs.test, batch_size)
         loss_fn = loss_fn or inputs.loss_fn
@@ -84,8 +82,6 @@ def certify_model(
                 and not isinstance(data[0], (torch.Tensor, str))
                 and not isinstance(data[1], str)
             ):
-                from ..data.objects import DATA_ACCEPTS
-
                 raise WidthscopeTypeError(
                     "certify(data=...): give the train and held-out pools (certify(model, train, "
                     "test)), a pair (train, test), a datasets.DatasetDict with train and "

@@ -11,9 +11,12 @@ from typing import Any, Sequence
 
 import torch
 
+from .. import stats
 from .._io import format_table, to_jsonable
 from ..errors import WidthscopeError
+from ..probe.intervene import precision_note, projected_rounding
 from ..stats.estimators import Estimator
+from ..stats.sketch import Projector, correct_projected_cross, finalize_projected
 
 __all__ = ["statistics", "ranking", "tables", "rounding_bounds", "precision_notes", "SAMPLE_REL_ERROR"]
 
@@ -66,8 +69,6 @@ def rounding_bounds(
     if dt not in _LOW:
         return None
     if errors is not None:
-        from ..probe.intervene import projected_rounding
-
         ea, eb = errors
         avg_a, avg_b = a.mean(0), b.mean(0)
         bounds = {
@@ -147,8 +148,6 @@ def statistics(
     ``SAMPLE_REL_ERROR · u``) and the notes name every first-order statistic whose estimate is
     within rounding of zero.
     """
-    from .. import stats
-
     results: list[dict[str, Any]] = []
     notes: list[str] = []
     for name in train:
@@ -158,8 +157,6 @@ def statistics(
         check_pool(a.shape[0], max(m for m, _ in pairs), "train", "n_train", pool)
         check_pool(b.shape[0], max(k for _, k in pairs), "held-out", "n_test", pool)
         if project:
-            from ..stats.sketch import Projector, correct_projected_cross, finalize_projected
-
             P = Projector(int((dims or {})[name]), project, seed=seed)
             pa = finalize_projected(stats.PrimalMoments(P.k).update(a), P)
             pb = finalize_projected(stats.PrimalMoments(P.k).update(b), P)
@@ -370,7 +367,5 @@ def _precision_cell(x: dict[str, Any]) -> str:
 def precision_notes(results: Sequence[dict[str, Any]]) -> list[str]:
     """One note for a certify result's intervention steps below the model dtype's resolution (or
     re-measured in float32), naming them; empty when there are none (float32/float64 models)."""
-    from ..probe.intervene import precision_note
-
     note = precision_note([x for r in results for x in (r.get("interventions") or []) if isinstance(x, dict)])
     return [note] if note else []

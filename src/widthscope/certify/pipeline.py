@@ -43,11 +43,13 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 import torch.nn as nn
 
-from .. import distributed
+from .. import _args, distributed
 from .._io import to_jsonable
+from ..data import describe_name
 from ..errors import WidthscopeError
 from ..options import DEFAULT_M, DEFAULT_MAX_REL_STEP, DEFAULT_N_ETAS, ESTIMATORS, CertifyOptions
-from ..probe import resolve_points
+from ..probe import POOLS, resolve_points
+from ..probe.intervene import check_rel_step, sample_errors
 from ..probe.offload import input_device
 from ..validate import sizes_list
 from .per_point import _v, check_pool, precision_notes, ranking, statistics, tables  # noqa: F401  (re-exported)
@@ -142,9 +144,6 @@ def certify(
         cross_moments, certificates: [{M, K, one, two, misalignment}]}], "ranking", "notes",
         "timing"}``; every number is a plain float/int (``None`` where undefined).
     """
-    from .. import _args
-    from ..probe import POOLS
-
     fn = "certify"  # the types, before any work (values: the options dataclass and _resolve)
     if options is not None and not isinstance(options, CertifyOptions):
         raise _args.WidthscopeTypeError(
@@ -211,8 +210,6 @@ def certify(
     project, draw_scheme = opts.project, opts.draw_scheme
     pairs, names, train_list, test_list, W, device = _resolve(model, train_batches, test_batches, opts)
 
-    from ..probe.intervene import check_rel_step
-
     max_rel_step = check_rel_step(max_rel_step)
     t0 = time.perf_counter()
     keep = KeepPrefix(
@@ -245,8 +242,6 @@ def certify(
     low = low_precision(model)
     errors = None
     if low is not None and project is None and W == 1:  # measured rounding of the samples (4 small probes a point)
-        from ..probe.intervene import sample_errors
-
         errors = {p: e for p in names if (e := sample_errors(model, p, train_list, test_list, loss_fn)) is not None}
     results, more = statistics(
         gathered_a,
@@ -421,7 +416,7 @@ def _interventions(
     ``on_point``; the model's modes are restored. ``kept``: the held-out probe's record of the
     outputs before each point (the bias steps then run only the network after it)."""
     if interventions in ("bias", "block"):
-        from ..probe.intervene import intervene
+        from ..probe.intervene import intervene  # noqa: PLC0415  call-time lookup: tests replace it there
 
         m_max, k_max = max(m for m, _ in pairs), max(k for _, k in pairs)
         test_losses = gather_rows(qb.losses[:, None], device)[:, 0]  # all ranks' rows, in order
@@ -480,7 +475,6 @@ def _interventions(
 
 def data_description(info: dict[str, Any], data: str | None = None) -> str:
     """The probe pools of a certify run in words (corpus, split rule, sizes) from the inputs' info."""
-    from ..data import describe_name
 
     def src(part: Any) -> str | None:
         return part.get("source") if isinstance(part, dict) else None

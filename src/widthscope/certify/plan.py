@@ -43,9 +43,12 @@ import torch
 import torch.nn as nn
 
 from .._io import format_table, human_size
+from ..data.inputs import resolve
 from ..data.published import is_all
 from ..data.spec import InputSpec
+from ..hub import attach, resolve_model
 from ..models.dispatch import parse_max_memory
+from ..models.hf import auto_classes, check_model_type, hf_task, main_stack
 from ..options import CertifyOptions, CertifyRunOptions
 from ..probe import collect, resolve_points
 from ..probe.batches import batch_size_of, index_batch, to_batches
@@ -190,8 +193,6 @@ def _dtype_named(name: Any) -> torch.dtype | None:
 
 def _hf_dir(spec: InputSpec) -> tuple[Path, Any] | None:
     """The Hugging Face checkpoint directory of the spec (with its hub record), or None."""
-    from ..hub import resolve_model
-
     if not isinstance(spec.model, str) or spec.model == "builtin":
         return None
     path, hub = resolve_model(spec.model, spec.revision)
@@ -209,9 +210,6 @@ def _meta_hf(spec: InputSpec, directory: Path, hub: Any) -> _Structure:
     """The checkpoint's architecture on the meta device, as ``load_hf`` would load it (no weights)."""
     from accelerate import init_empty_weights
     from transformers import AutoConfig
-
-    from ..hub import attach
-    from ..models.hf import auto_classes, check_model_type, hf_task, main_stack
 
     raw = json.loads((directory / "config.json").read_text(encoding="utf-8"))
     check_model_type(raw, directory / "config.json")
@@ -363,8 +361,6 @@ def plan_run(
     built_s = time.perf_counter() - t0
     names = resolve_points(s.model, list(options.points) if options.points else None)
     t0 = time.perf_counter()
-    from ..data.inputs import resolve  # start-up time: the input layer loads transformers' pieces
-
     inputs = resolve(spec, model=s.model, show_progress=False)
     inputs_s = time.perf_counter() - t0
     n_train = batch_size_of(inputs.train) if is_all(spec.n_train) else int(spec.n_train)

@@ -18,6 +18,9 @@ from .. import distributed
 from ..errors import WidthscopeError
 from ..probe import collect
 from ..probe.collect import float_dtype, to_device
+from ..probe.intervene import as_examples
+from ..probe.prefix import keep_prefix
+from ..stats.sketch import Projector
 
 __all__ = ["low_precision", "count_examples", "gather_rows", "KeepPrefix", "probe_pools", "gather_pools"]
 
@@ -71,9 +74,6 @@ class KeepPrefix:
 
     def __enter__(self) -> KeepPrefix:
         if self.args is not None:
-            from ..probe.intervene import as_examples
-            from ..probe.prefix import keep_prefix
-
             model, names, test_list, K, loss_fn, device = self.args
             dt = float_dtype(model)
             try:
@@ -110,8 +110,6 @@ def probe_pools(
     projectors: dict[str, Any] = {}
 
     def _project(name: str, x: torch.Tensor) -> torch.Tensor:
-        from ..stats.sketch import Projector
-
         assert project is not None  # only installed with a projection
         if name not in projectors:  # same seed on every rank and for train/held-out
             projectors[name] = Projector(x.shape[1], project, seed=seed)

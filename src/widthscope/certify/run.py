@@ -22,17 +22,22 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .. import _io, distributed
+from .. import _io, data, distributed, models
 from .._io import atomic_write_json, human_size, on_interrupt
+from ..data.inputs import load_model, placement_of, resolve
 from ..data.published import is_all
 from ..data.spec import InputSpec
 from ..errors import WidthscopeError
+from ..models.hf import model_info
 from ..options import CertifyOptions, CertifyRunOptions
-from ..probe import collect, resolve_points
+from ..probe import all_points, collect, insertion_points, resolve_points
 from ..probe.cost_plan import device_memory
+from ..probe.intervene import batch_size_of, index_batch, to_batches
 from ..stats import vacuous_rule
+from ..train import resolve_device, train
 from .per_point import ranking, tables
 from .pipeline import certify, data_description, settings_block
+from .samples import save
 
 __all__ = ["CertifyJob", "run_certify", "list_points"]
 
@@ -62,8 +67,6 @@ class CertifyJob:
 # ----------------------------------------------------------------------------- the model, before any work
 def _builtin_structure(seed: int) -> tuple[nn.Module, Any]:
     """The built-in MLP, untrained (its points and shapes are checked before it trains), and its split."""
-    from .. import data, models
-
     split = data.load("digits", seed=seed)
     torch.manual_seed(seed)
     model = models.build("mlp", 128, in_dim=int(split.input_shape[-1]), out_dim=split.num_classes, depth=3)
@@ -72,8 +75,6 @@ def _builtin_structure(seed: int) -> tuple[nn.Module, Any]:
 
 
 def _train_builtin(model: nn.Module, split: Any, steps: int, seed: int, say: Callable[[str], None]) -> None:
-    from ..train import train
-
     t0 = time.perf_counter()
     res = train(model, split, steps=steps, lr=3e-3, batch_size=64, seed=seed, progress=distributed.is_main())
     acc = res.get("test_accuracy")
@@ -84,8 +85,6 @@ def _train_builtin(model: nn.Module, split: Any, steps: int, seed: int, say: Cal
 
 
 def _load(spec: InputSpec, seed: int) -> tuple[nn.Module, Any]:
-    from ..data.inputs import load_model, placement_of
-
     if spec.model == "builtin":
         return _builtin_structure(seed)
     return load_model(
@@ -95,8 +94,6 @@ def _load(spec: InputSpec, seed: int) -> tuple[nn.Module, Any]:
 
 def list_points(spec: InputSpec, *, every_module: bool = False) -> list[str]:
     """The insertion points of the spec's model (every module path with ``every_module``)."""
-    from ..probe import all_points, insertion_points
-
     model, _ = _load(spec, spec.seed)
     return all_points(model) if every_module else insertion_points(model)
 
@@ -104,8 +101,6 @@ def list_points(spec: InputSpec, *, every_module: bool = False) -> list[str]:
 def _point_dims(model: nn.Module, names: Sequence[str], inputs: Any, pool: str) -> tuple[dict[str, int], int]:
     """Each point's sample dimension and the sample rows per example, from one probed example
     (one forward and backward pass): what --project and the output sizes are checked against."""
-    from ..probe.intervene import index_batch
-
     one = index_batch(inputs.train, slice(0, 1))
     q = collect(model, [one], points=list(names), loss_fn=inputs.loss_fn, pool=pool, progress=False)
     return {n: int(q[n].shape[1]) for n in names}, max(1, max(int(q[n].shape[0]) for n in names))
@@ -247,8 +242,6 @@ def _certify_rest(
     model: nn.Module, inputs: Any, job: CertifyJob, todo: list[str], samples: dict[str, Any], parts: _Parts, main: bool
 ) -> dict[str, Any]:
     """certify() on the points still to do, writing each finished point as it completes."""
-    from ..probe.intervene import to_batches
-
     notes_box: list[str] = []
 
     def keep(row: dict[str, Any]) -> None:
@@ -297,8 +290,6 @@ def _merge(
 
 # ----------------------------------------------------------------------------- the run
 def _device() -> Callable[[str], torch.device]:
-    from ..train import resolve_device
-
     def pick(name: str) -> torch.device:
         device = resolve_device(name)
         if device.type == "cuda" and device.index is None and distributed.is_distributed():
@@ -315,10 +306,6 @@ def run_certify(
 
     Every check that needs the model's structure (point names, sequence length, ``project``,
     output sizes, memory) runs before the built-in model trains or anything is probed."""
-    from ..data.inputs import resolve
-    from ..models.hf import model_info
-    from ..probe.intervene import batch_size_of
-
     main = distributed.is_main()
     say = say or (lambda msg: print(msg, flush=True) if main else None)
     spec, opts = job.spec, job.options
@@ -385,8 +372,6 @@ def run_certify(
         path = atomic_write_json(job.out, res)
         parts.clear()  # the complete result is on disk: the per-point parts are no longer needed
         if job.save_samples:
-            from .samples import save
-
             save(
                 job.save_samples,
                 samples["train"],

@@ -31,15 +31,31 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pickle
+import re
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
+from .. import _io  # _io.check_space looked up at call time (tests replace it)
+from .._io import (
+    Skipped,
+    atomic_write_json,
+    current_umask,
+    record_skips,
+    refuse_skips,
+    to_jsonable,
+    unwritable,
+    warn_skips,
+)
 from ..errors import WidthscopeError
 from ..options import ESTIMATORS, MAX_POOL, Estimator, Options, option
+from ..validate import pairs_of
+from .per_point import ranking, statistics
 
 __all__ = ["save", "load", "load_matrices", "recompute", "run_stats", "StatsOptions"]
 
@@ -51,8 +67,6 @@ def save(
 ) -> Path:
     """Write samples and their metadata atomically (temporary file + rename)."""
     from safetensors.torch import save_file
-
-    from .._io import current_umask, to_jsonable, unwritable
 
     path = Path(path)
     tensors = {f"train/{k}": v.detach().to("cpu", torch.float64).contiguous() for k, v in train.items()}
@@ -94,8 +108,6 @@ def load(
     not JSON is skipped: appended to ``problems`` (a list of :class:`widthscope._io.Skipped`) when
     given, else logged on stderr."""
     from safetensors import safe_open
-
-    from .._io import Skipped, record_skips
 
     path = Path(path)
     if path.is_dir():
@@ -161,10 +173,6 @@ def load(
 
 def _read_pt(path: Path) -> Any:
     """``torch.load(weights_only=True)`` with one clear line (and no torch warning) for a pickle."""
-    import pickle
-    import re
-    import warnings
-
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -243,9 +251,6 @@ def recompute(
 ) -> dict[str, Any]:
     """The certify result from samples: saved settings, updated by ``overrides`` (M, K, draws,
     seed, estimator); interventions are the recorded rows (they need the model)."""
-    from ..validate import pairs_of
-    from .per_point import ranking, statistics
-
     settings = dict(meta.get("settings") or {})
     for k, v in overrides.items():
         if v is not None:
@@ -378,8 +383,6 @@ def run_stats(
     before it is written (the command line prints its tables there). The settings are checked as a
     :class:`StatsOptions` before anything is read, and recorded in the result (``"options"``:
     ``widthscope stats --config RESULT.json`` repeats them)."""
-    from .._io import atomic_write_json
-
     opts = StatsOptions(
         samples=None if samples is None else str(samples),
         train=train,
@@ -395,8 +398,6 @@ def run_stats(
     M = None if opts.M is None else list(opts.M)
     K = None if opts.K is None else list(opts.K)
     if samples is not None:
-        from .._io import refuse_skips, warn_skips
-
         skipped: list = []
         a, b, meta = load(samples, skipped)
         if skipped and strict:
@@ -414,10 +415,8 @@ def run_stats(
     if M is not None and K is None:
         K = M  # new M without K: pair them, as certify does
     if out:
-        from .._io import check_space
-
         n_pairs = len(M or (meta.get("settings") or {}).get("M") or [0] * 4)
-        check_space(out, 4000 + len(a) * (5000 + 5000 * n_pairs))
+        _io.check_space(out, 4000 + len(a) * (5000 + 5000 * n_pairs))
     res = recompute(a, b, meta, M=M, K=K, draws=draws, seed=seed, estimator=estimator)
     res["source"] = source
     res["options"] = {"stats": opts.to_dict()}  # StatsOptions.from_dict repeats the run

@@ -13,9 +13,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 from typing import Callable
 
+from .._version import __version__
 from ..errors import WidthscopeError
 
 # name -> (module, one-line help)
@@ -55,8 +58,6 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser: argparse.ArgumentParser = _Parser(prog="widthscope", description=__doc__.splitlines()[0])
-    from .._version import __version__
-
     parser.add_argument("--version", action="version", version=f"widthscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subparsers: dict[str, argparse.ArgumentParser] = {}
@@ -70,8 +71,6 @@ def _quiet_offline() -> None:
     one error line must be the whole story. Whether the hub may be reached is the user's choice:
     ``HF_HUB_OFFLINE`` (and the datasets/transformers equivalents) are never set here
     (:mod:`widthscope.hub`)."""
-    import os
-
     for key, value in (
         ("TRANSFORMERS_VERBOSITY", "error"),
         ("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1"),
@@ -85,8 +84,6 @@ class _Terminated(BaseException):
 
 
 def _main_thread() -> bool:
-    import threading
-
     return threading.current_thread() is threading.main_thread()
 
 
@@ -100,7 +97,7 @@ def _threads(n: int | None) -> int | None:
     (``None`` when unchanged), so an in-process caller gets its own setting back."""
     if n is None:
         return None
-    import torch
+    import torch  # noqa: PLC0415  start-up time: `widthscope --help` loads no torch
 
     before = torch.get_num_threads()
     torch.set_num_threads(n)
@@ -112,7 +109,7 @@ STOPPED: list[int] = []  # the exit status of a run a signal stopped (read by wi
 
 def _stopped(command: str | None, exc: BaseException) -> int:
     """The one line for SIGINT/SIGTERM, and the exit status (130 / 143)."""
-    from .._io import kept_work
+    from .._io import kept_work  # noqa: PLC0415  start-up time: `widthscope --help` skips it (_io + checks: +40 ms)
 
     _remove_created()
     kept = kept_work()
@@ -125,8 +122,8 @@ def _stopped(command: str | None, exc: BaseException) -> int:
 
 def _remove_created() -> None:
     """A refused or interrupted command leaves no empty output folder that its checks created."""
-    from .._io import remove_empty
-    from .checks import CREATED
+    from .._io import remove_empty  # noqa: PLC0415  start-up time: `widthscope --help` skips it (_io + checks: +40 ms)
+    from .checks import CREATED  # noqa: PLC0415  start-up time: `widthscope --help` skips it (_io + checks: +40 ms)
 
     remove_empty(CREATED)
     CREATED.clear()
@@ -143,8 +140,6 @@ def _defer(signum: int, _frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import signal
-
     def _terminate(signum: int, _frame: object) -> None:
         raise _Terminated(signum)
 
@@ -169,8 +164,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _imports_done(terminate: Callable[[int, object], None] | None) -> None:
     """Act on a signal that came while importing; from now on SIGINT/SIGTERM raise at once."""
-    import signal
-
     if _PENDING:
         raise _Terminated(signal.SIGTERM) if signal.SIGTERM in _PENDING else KeyboardInterrupt()
     if terminate is not None:
@@ -179,7 +172,7 @@ def _imports_done(terminate: Callable[[int, object], None] | None) -> None:
 
 
 def _main(argv: list[str], name: str | None, terminate: Callable[[int, object], None] | None = None) -> int:
-    from .._io import KEPT_WORK, kept_work
+    from .._io import KEPT_WORK, kept_work  # noqa: PLC0415  start-up time: `widthscope --help` skips it (_io + checks: +40 ms)
 
     KEPT_WORK.clear()  # what this run keeps, not what an earlier call in this process kept
     _quiet_offline()
@@ -193,17 +186,14 @@ def _main(argv: list[str], name: str | None, terminate: Callable[[int, object], 
     if args.command is None:
         parser.print_help()
         return 2
-    from . import checks
+    from . import checks  # noqa: PLC0415  start-up time: `widthscope --help` skips it (_io + checks: +40 ms)
 
     checks.CREATED.clear()
     try:
-        from .checks import check_args
-
-        check_args(args, args.command)  # the shared checks, before the command does any work
+        checks.check_args(args, args.command)  # the shared checks, before the command does any work
         before = _threads(getattr(args, "threads", None))
         try:
-            # local for start-up time: models.dispatch imports torch
-            from ..models.dispatch import releasing_memory
+            from ..models.dispatch import releasing_memory  # noqa: PLC0415  start-up time: it imports torch
 
             with releasing_memory():  # the process is widthscope's: offloaded weights go back to the system
                 return int(module.run(args) or 0)

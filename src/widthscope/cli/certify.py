@@ -15,6 +15,7 @@ from typing import Any
 
 from ..certify.plan import plan_run
 from ..certify.run import CertifyJob, list_points, run_certify
+from ..data.corpus import dataset_splits
 from ..data.published import is_all
 from ..data.sources import splits_of
 from ..data.spec import InputSpec
@@ -102,7 +103,6 @@ def _two_sources(args: argparse.Namespace) -> bool:
         return len(splits_of(data) or []) >= 2
     if not isinstance(data, str) or not Path(data).expanduser().is_dir():
         return False
-    from ..data.corpus import dataset_splits
 
     return len(dataset_splits(data) or []) >= 2  # a DatasetDict or a folder of split files
 

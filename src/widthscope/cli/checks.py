@@ -127,12 +127,12 @@ def check_args(args: argparse.Namespace, command: str) -> None:
     for name in ("data", "train_data", "test_data"):
         v = getattr(args, name, None)
         if isinstance(v, str):
-            from ..data.spec import check_source
+            from ..data.spec import check_source  # noqa: PLC0415  start-up time: torch
 
             check_source(flag_name(name), v)
     device = getattr(args, "device", None)
     if isinstance(device, str):
-        from ..train import resolve_device
+        from ..train import resolve_device  # noqa: PLC0415  start-up time: torch
 
         resolve_device(device)
     if command in APPLIES:

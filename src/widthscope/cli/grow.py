@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .._io import format_table
 from ..grow.options import GrowOptions
 from ..grow.pipeline import run_grow
 from ..grow.plan import plan_grow
@@ -49,8 +50,6 @@ def _print_tables(
     res: dict[str, Any], *, criterion: str, M: int, K: int, steps: int, train_all: bool, compare: bool
 ) -> None:
     """The candidates, the certification line, the growth rows and the equal-FLOPs comparison."""
-    from .._io import format_table
-
     cols = ["rank", "point", "score", "p_improve", "MK_needed_0.1", "MK_needed_0.05", "MK_needed_0.01"]
     cols += (
         ["d_align", "expectation", "b_exact", "b_align"]

@@ -4,7 +4,8 @@ A thin adapter: the benchmark's options are generated from
 :class:`~widthscope.grow.options.GrowBenchOptions` (:mod:`widthscope.cli.args`; ``--config``
 starts from the options a previous run's ``summary.json`` recorded); ``run`` prints the overall
 comparison, the default rule it picks and the planted cases, and (unless ``--no-report``) writes
-the table/plot of :mod:`widthscope.report.growth`.
+the table/plot of :mod:`widthscope.report.growth`. ``--plan`` prints the run's cost plan
+(:func:`widthscope.grow.bench_plan.plan_bench`) instead, and trains and writes nothing.
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ import argparse
 from .._io import format_table
 from ..errors import WidthscopeError
 from ..grow.bench import bench_out_dir, run_bench
+from ..grow.bench_plan import plan_bench
 from ..grow.options import GrowBenchOptions
+from ..report.growth import write_report
 from ..validate import int_list
 from .args import add_config, add_options, config_options, options_from_args
+from .grow import PLAN_HELP, PLAN_NO_TIME_HELP
 
 __all__ = ["add_arguments", "run"]
 
@@ -44,6 +48,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="run shard k of n (k/n) into a shared --out; under torchrun "
         "one shard per rank. The comparison is written when every cell is finished",
     )
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help=PLAN_HELP.replace("one step of each training stage", "one step of each model's training stages"),
+    )
+    p.add_argument("--plan-no-time", action="store_true", help=PLAN_NO_TIME_HELP)
 
 
 def _seeds(text: str | None) -> tuple[int, ...] | None:
@@ -61,6 +71,11 @@ def run(args: argparse.Namespace) -> int:
     base = config_options(GrowBenchOptions, args.config, "grow_bench", "grow-bench") if args.config else None
     opts = options_from_args(GrowBenchOptions, args, base)
     suite = opts.suite
+    if args.plan or args.plan_no_time:  # every cell of the suite (a --shard runs a part of them)
+        print(plan_bench(opts, time_run=not args.plan_no_time).table(), flush=True)
+        if args.shard:
+            print(f"note: the plan covers every cell; --shard {args.shard} runs a part of them")
+        return 0
     out = bench_out_dir(args.out, quick=opts.quick)
     res = run_bench(out, opts, shard=args.shard)
     if res is None:
@@ -105,8 +120,6 @@ def run(args: argparse.Namespace) -> int:
             f"{key}: missing {t['answer']}, realised best {t['best_long']}, {w['criterion']} picks {t[w['criterion']]}"
         )
     if not args.no_report:
-        from ..report.growth import write_report
-
         for f in write_report(res["rows"], res["table"], out):
             print(f"wrote {f}")
     print(f"results: {out / 'results.jsonl'}, {out / 'comparison.jsonl'}, {out / 'summary.json'}")

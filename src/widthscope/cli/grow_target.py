@@ -3,7 +3,8 @@
 A thin adapter: the options are generated from :class:`~widthscope.grow.options.GrowTargetOptions`
 (:mod:`widthscope.cli.args`; ``--config`` starts from the options a previous run's
 ``summary.json`` recorded); ``run`` prints the table (speed-up to the from-scratch loss per operator
-and schedule, beside the continue-small baselines) and the answer.
+and schedule, beside the continue-small baselines) and the answer. ``--plan`` prints the run's cost
+plan (:func:`widthscope.grow.target_run_plan.plan_target`) instead, and trains and writes nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import torch
 from .._io import format_table
 from ..grow.options import GrowTargetOptions
 from ..grow.target_bench import COLUMNS, run_target, target_out_dir
+from ..grow.target_run_plan import plan_target
 from .args import add_config, add_options, config_options, options_from_args
+from .grow import PLAN_HELP, PLAN_NO_TIME_HELP
 
 __all__ = ["add_arguments", "run"]
 
@@ -35,6 +38,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "options given here override them",
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (each cell runs at one)")
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help=PLAN_HELP.replace("one step of each training stage", "one step of each model"),
+    )
+    p.add_argument("--plan-no-time", action="store_true", help=PLAN_NO_TIME_HELP)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
     opts = options_from_args(GrowTargetOptions, args, base)
     if args.threads is not None:
         torch.set_num_threads(max(1, int(args.threads)))
+    if args.plan or args.plan_no_time:
+        print(plan_target(opts, time_run=not args.plan_no_time).table(), flush=True)
+        return 0
     out = target_out_dir(args.out, quick=opts.quick, suite_file=opts.suite_file)
     res = run_target(out, opts)
     print(

@@ -16,7 +16,9 @@ from typing import Any
 from ..data.inputs import WINDOW
 from ..data.published import ALL, is_all
 from ..data.spec import EMPTY_DOCS, INPUT_DEFAULTS, OPTIONAL_FIELDS, SEQUENCES, InputSpec
+from ..errors import WidthscopeError
 from ..models.dispatch import DEVICE_MAPS
+from .checks import given
 
 __all__ = ["add_arguments", "spec_from_args", "GROW_POOLS"]
 
@@ -199,14 +201,10 @@ def spec_from_args(args: argparse.Namespace, command: str) -> InputSpec:
 
     ``args.given`` (set by :func:`widthscope.cli.checks.fill_defaults`) says which options the user
     gave; without it, an option counts as given when set to other than its default."""
-    from .checks import given
-
     fields = {f.name for f in dataclasses.fields(InputSpec)} - {"given", "cap_pools"}
     values: dict[str, Any] = {k: getattr(args, k) for k in fields if hasattr(args, k)}
     values["first"] = bool(values.get("first", False))
     if values.get("model") is None:
-        from ..errors import WidthscopeError
-
         raise WidthscopeError(
             f"{command}: --model is required (a checkpoint directory, a .safetensors file with "
             "its config, or 'builtin')"

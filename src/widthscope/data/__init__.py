@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import random
 from typing import Any, Iterator
 
 import numpy as np
@@ -152,12 +153,12 @@ def load(
         if name == "mnist1d":
             return _mnist1d(n_train, n_test, seed, **options)
         if name in ("text", "prose"):
-            from .text import load_text
+            from .text import load_text  # noqa: PLC0415  cycle: widthscope.data.text imports widthscope.data
 
             if name == "prose" and root is not None:
                 raise WidthscopeError("prose is Python's own English prose: it takes no root (use 'text' for files)")
             return load_text(root, n_train, n_test, seed, corpus=name, **options)
-        from .files import load_cifar, load_idx
+        from .files import load_cifar, load_idx  # noqa: PLC0415  cycle: widthscope.data.files imports widthscope.data
 
         if name in ("fashion-mnist", "mnist"):
             return load_idx(name, root, n_train, n_test, seed, **options)
@@ -178,7 +179,7 @@ def record(split: Split) -> dict[str, Any]:
     """
     meta = split.meta
     if split.name in ("text", "prose"):
-        from .text import spans
+        from .text import spans  # noqa: PLC0415  cycle: widthscope.data.text imports widthscope.data
 
         L = int(meta["seq_len"])
         return {
@@ -339,8 +340,6 @@ _MNIST1D_CACHE: dict[str, Any] = {}
 
 def _mnist1d(n_train: int | None, n_test: int | None, seed: int) -> Split:
     if "data" not in _MNIST1D_CACHE:
-        import random
-
         from mnist1d.data import get_dataset_args, make_dataset
 
         # make_dataset reseeds Python's and numpy's global RNGs: put them back afterwards.

@@ -4,22 +4,26 @@ recorded options, split seed and data record."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from .. import data
+from .._io import progress
+from ..checkpoint import recorded_data
 from ..errors import WidthscopeError
+from .corpus import IMAGE_SUFFIXES
 from .loading import _model_dir, check_ids
 from .pools import _count, _refuse_given, pick_pool
 from .spec import InputSpec, PoolSize
+from .text import corpus_chunks, read_corpus, recorded_chunks
 
 
 # ----------------------------------------------------------------------------- images
 def _image_folder(path: Path) -> list[tuple[Path, str]]:
-    from .corpus import IMAGE_SUFFIXES
-
     classes = sorted(d for d in path.iterdir() if d.is_dir() and not d.name.startswith("."))
     items = [(f, c.name) for c in classes for f in sorted(c.rglob("*")) if f.suffix.lower() in IMAGE_SUFFIXES]
     if not classes or not items:
@@ -34,8 +38,6 @@ def _image_pools(
     spec: InputSpec, model: nn.Module, seed: int, show: bool
 ) -> tuple[Any, Any, dict[str, Any], list[str]]:
     from PIL import Image, UnidentifiedImageError
-
-    from .._io import progress
 
     where = _model_dir(model)
     if where is None or not (where / "preprocessor_config.json").is_file():
@@ -130,9 +132,6 @@ def _named_pools(
     """Our own named datasets (digits, fashion-mnist, text, ...) with the checkpoint's recorded
     options, split seed and — where it has one — its data record: the held-out pool comes only
     from held-out data and the train pool from the examples the model was fitted on."""
-    from .. import data
-    from ..checkpoint import recorded_data
-
     rec_all = recorded_data(model)
     same = spec.data is None or (spec.data == rec_all.get("dataset") and spec.data_root is None)
     rec = rec_all if same else {}
@@ -251,10 +250,6 @@ def _text_from_record(
     record: dict[str, Any], root: str | None, options: dict[str, Any], spec: InputSpec, seed: int, corpus: str = "text"
 ) -> tuple[Any, Any, dict[str, Any], dict] | None:
     """Byte-model pools at any sequence length from the recorded byte ranges (None: corpus changed)."""
-    import hashlib
-
-    from .text import corpus_chunks, read_corpus, recorded_chunks
-
     buf, used, source, _ = read_corpus(root, int(options.get("max_bytes", 2_000_000)), corpus)
     if hashlib.sha256(buf).hexdigest() != record.get("corpus_sha256"):
         return None

@@ -35,14 +35,19 @@ sequence/example there is, reading the whole text source unless ``max_tokens`` i
 from __future__ import annotations
 
 import dataclasses
+import sysconfig
 from pathlib import Path
 from typing import Any, Callable
 
 from torch import nn
 
 from .. import _args
+from ..checkpoint import recorded_data
 from ..errors import WidthscopeError, WidthscopeTypeError
+from ..hub import DEFAULT_REVISION, hub_record
 from ..probe.collect import masked_lm_loss
+from . import DATASETS
+from .hf_datasets import describe_record, is_hf_ref, parse_ref
 from .image_pools import _image_pools, _named_pools
 from .loading import _check_seq_len, _recorded_name, check_ids, load_model, load_tokenizer, mask_tokens, placement_of
 from .loading import check_vocabulary as check_vocabulary
@@ -52,7 +57,7 @@ from .objects import task_of
 from .pools import WINDOW, _refuse_given
 from .pools import pick_pool as pick_pool
 from .sources import describe, is_tokenized_object
-from .spec import TASKS, InputSpec
+from .spec import TASKS, InputSpec, check_source
 from .text_pools import _text_pools
 
 __all__ = [
@@ -96,8 +101,6 @@ class Inputs:
 # ----------------------------------------------------------------------------- resolve
 def _check_sources(spec: InputSpec) -> None:
     """The data sources exist (and are text where text is expected), before any model loads."""
-    from .spec import check_source
-
     for name in ("data", "train_data", "test_data"):
         v = getattr(spec, name)
         if v is not None:
@@ -144,8 +147,6 @@ load_inputs = resolve  # the public name (``widthscope.load_inputs``)
 def _check_revision_of(model: nn.Module, spec: InputSpec) -> None:
     """A model loaded beforehand from the spec's hub id must be the revision the spec asks for
     (one line naming both, never probing other weights than the results record)."""
-    from ..hub import DEFAULT_REVISION, hub_record
-
     assert isinstance(spec.model, str)  # (a model object in the spec is the model itself)
 
     rec = hub_record(model)
@@ -169,16 +170,12 @@ def _check_revision_of(model: nn.Module, spec: InputSpec) -> None:
 
 def _record_hub(inputs: Inputs) -> None:
     """A hub model's id, the revision asked for and the commit it resolved to, in ``info["hub"]``."""
-    from ..hub import hub_record
-
     rec = hub_record(inputs.model)
     if rec is not None:
         inputs.info["hub"] = dict(rec)
 
 
 def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> Inputs:
-    from . import DATASETS
-
     if model is None:
         model = load_model(
             spec.model,
@@ -195,8 +192,6 @@ def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> I
     notes: list[str] = []
     name = spec.data
     if name is None and spec.train_data is None:
-        from ..checkpoint import recorded_data
-
         name = recorded_data(model).get("dataset") or _recorded_name(model)
         if name is None:
             what = repr(spec.model) if isinstance(spec.model, str) else f"object {type(spec.model).__name__}"
@@ -220,8 +215,6 @@ def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> I
         if name in ("text", "prose") and task in ("causal-lm", "masked-lm"):
             # The built-in corpora (Python's standard library, its English prose) through the
             # model's own tokenizer, never as byte ids.
-            import sysconfig
-
             name = str(Path(sysconfig.get_paths()["stdlib"])) if name == "text" else "prose"
             spec = dataclasses.replace(spec, data=name)
         else:
@@ -329,8 +322,6 @@ def _tokenizer(spec: InputSpec, model: nn.Module, task: str, *, needed: bool) ->
 def _record_datasets(spec: InputSpec, info: dict[str, Any]) -> list[str]:
     """A Hugging Face dataset's reference (name, config, the revision asked for, the hash read, the
     split of each pool) in ``info["hf_dataset"]``; a note when offline reading could not honour a revision."""
-    from .hf_datasets import describe_record, is_hf_ref, parse_ref
-
     recs, notes = {}, []
     for role, field in (("train", "train_data"), ("test", "test_data")):
         src = spec.data if spec.data is not None else getattr(spec, field)

@@ -4,13 +4,18 @@ the sequence length fits the position embeddings."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 from torch import nn
 
+from .. import checkpoint
 from ..errors import WidthscopeError
+from ..hub import attach, hub_record, resolve_model
+from ..models.hf import hf_task, max_positions, vocab_size
+from .corpus import ByteTokenizer
 
 
 # ----------------------------------------------------------------------------- model
@@ -45,7 +50,6 @@ def load_model(
                 f"object is used as it is: convert it yourself (model.to(torch.{dtype})) and drop dtype"
             )
         return path
-    from ..hub import attach, resolve_model
 
     p, hub = resolve_model(path, revision)
     if not p.exists():
@@ -53,7 +57,6 @@ def load_model(
             f"--model {path!r}: no such file or directory; give a checkpoint directory, a "
             ".safetensors file with its config, a Hugging Face hub id (org/name), or 'builtin'"
         )
-    from .. import checkpoint
 
     return attach(checkpoint.load(str(p), dtype=dtype, task=task, placement=placement), hub)
 
@@ -88,7 +91,6 @@ def task_of(model: nn.Module) -> str | None:
         return "lm" if fam in ("llama", "pythia") else "classification"
     if not _is_hf(model):
         return None
-    from ..models.hf import hf_task
 
     try:
         return hf_task({"architectures": [type(model).__name__]}, f"{type(model).__name__}")
@@ -107,11 +109,8 @@ def _model_dir(model: nn.Module) -> Path | None:
 # ----------------------------------------------------------------------------- tokenizer
 def load_tokenizer(spec: str | None, model: nn.Module, task: str) -> Any:
     """``bytes`` -> :class:`ByteTokenizer`; a path -> ``AutoTokenizer``; None -> the model's own."""
-    from .corpus import ByteTokenizer
-
     if spec == "bytes":
         return ByteTokenizer()
-    from ..models.hf import vocab_size
 
     V = vocab_size(model)
     # Byte ids only where the embedding has room for them: never suggest what would be refused.
@@ -139,7 +138,6 @@ def load_tokenizer(spec: str | None, model: nn.Module, task: str) -> Any:
             f"no tokenizer in {where} (none of {', '.join(known[:4])}, ...): save the model's "
             f"tokenizer there (tokenizer.save_pretrained(DIR)) or pass --tokenizer PATH{or_bytes}"
         )
-    import warnings
 
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -162,8 +160,6 @@ def load_tokenizer(spec: str | None, model: nn.Module, task: str) -> Any:
 def _tokenizer_dir(spec: str, model: nn.Module) -> Path:
     """``--tokenizer``'s directory: a local path, or a hub id (or cache folder) resolved like
     ``--model``: at the model's commit when it is the model's own repository, else at ``main``."""
-    from ..hub import hub_record, resolve_model
-
     rec = hub_record(model) or {}
     same = rec.get("repo_id") == spec and not Path(spec).expanduser().exists()
     return resolve_model(spec, rec.get("commit") if same else None, flag="--tokenizer")[0]
@@ -175,8 +171,6 @@ def _tok_name(tok: Any) -> str:
 
 def check_vocabulary(tok: Any, model: nn.Module) -> None:
     """The tokenizer must not produce ids the model's embedding does not have."""
-    from ..models.hf import vocab_size
-
     V = vocab_size(model)
     if V is None:
         return
@@ -190,8 +184,6 @@ def check_vocabulary(tok: Any, model: nn.Module) -> None:
 
 def check_ids(ids: torch.Tensor, model: nn.Module, what: str) -> None:
     """Every token id in ``[0, vocab)``, before any forward pass (one line naming both sizes)."""
-    from ..models.hf import vocab_size
-
     V = vocab_size(model)
     if V is None or ids.numel() == 0:
         return
@@ -243,8 +235,6 @@ def _recorded_name(model: nn.Module) -> str | None:
 
 
 def _check_seq_len(model: nn.Module, seq_len: int | None) -> None:
-    from ..models.hf import max_positions
-
     limit = max_positions(model)
     if seq_len is not None and limit is not None and seq_len > limit:
         raise WidthscopeError(

@@ -18,12 +18,13 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
 from ..errors import WidthscopeError
 from .loading import check_ids
 from .objects import _check_positions, _dataset_pool, _from_mapping, _pad_id, _prepare
 from .pools import _count, _index, _refuse_given, pick_pool
-from .sources import choose, default_split_of, describe, same_source
+from .sources import _is_dataset_dict, choose, default_split_of, describe, same_source
 from .spec import InputSpec
 
 __all__ = ["object_pools"]
@@ -65,10 +66,6 @@ def _join(batches: list[Any], pad_id: int, where: str) -> Any:
 
 def _whole(obj: Any, split: str | None, task: str, tok: Any, where: str) -> tuple[Any, str]:
     """One tokenized source (a split of it) as one pool of raw examples, and its description."""
-    from torch.utils.data import DataLoader
-
-    from .sources import _is_dataset_dict
-
     if _is_dataset_dict(obj):
         if split is None or split not in obj:
             raise WidthscopeError(f"{where}: the DatasetDict has no split {split!r} (splits: {', '.join(obj)})")

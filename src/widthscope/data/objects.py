@@ -34,8 +34,13 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
+from .._args import describe, is_batch, not_a_collection
 from ..errors import WidthscopeError, WidthscopeTypeError
+from ..models.hf import max_positions
+from ..probe.batches import to_batches
+from ..probe.collect import masked_lm_loss
 from .loading import mask_tokens, task_of
 
 __all__ = ["batches_from", "pools_from", "is_object_pool", "task_of", "loss_for", "DATA_ACCEPTS", "TOKENIZER_ACCEPTS"]
@@ -57,8 +62,6 @@ LM = ("causal-lm", "lm")
 def loss_for(task: str | None) -> Callable[[Any, Any], torch.Tensor] | None:
     """The loss the command line uses for ``task`` (None: the probe's default for the batch)."""
     if task == "masked-lm":
-        from ..probe.collect import masked_lm_loss
-
         return masked_lm_loss
     return None
 
@@ -101,8 +104,6 @@ def check_tokenizer(tokenizer: Any, fn: str = "certify") -> None:
     if tokenizer is None:
         return
     if isinstance(tokenizer, (str, bytes, nn.Module, torch.Tensor)) or not callable(tokenizer):
-        from .._args import describe
-
         hint = " (a path: load it with AutoTokenizer.from_pretrained(path))" if isinstance(tokenizer, str) else ""
         raise WidthscopeTypeError(
             f"{fn}(tokenizer=...): tokenizer must be {TOKENIZER_ACCEPTS}, got {describe(tokenizer)}{hint}"
@@ -110,8 +111,6 @@ def check_tokenizer(tokenizer: Any, fn: str = "certify") -> None:
 
 
 def _bad_data(fn: str, name: str, value: Any, hint: str = "") -> WidthscopeTypeError:
-    from .._args import describe
-
     return WidthscopeTypeError(f"{_where(fn, name)}: {name} must be {DATA_ACCEPTS}; got {describe(value)}{hint}")
 
 
@@ -168,8 +167,6 @@ def _tokenize(texts: Sequence[str], tokenizer: Any, seq_len: int | None, where: 
 
 
 def _check_positions(model: nn.Module, ids: torch.Tensor, where: str) -> None:
-    from ..models.hf import max_positions
-
     limit = max_positions(model)
     if limit is not None and ids.ndim == 2 and ids.shape[1] > limit:
         raise WidthscopeError(
@@ -274,8 +271,6 @@ def _dataset_pool(
 
 
 def _split(pool: Any, batch_size: int) -> list[Any]:
-    from ..probe.batches import to_batches
-
     return to_batches(pool, batch_size)
 
 
@@ -302,7 +297,6 @@ def batches_from(
         raise _bad_data(fn, name, obj, " (a DatasetDict gives both pools: pass it alone as data)")
     task = task_of(model)
     loss = loss_for(task)
-    from torch.utils.data import DataLoader
 
     if isinstance(obj, (str, bytes)):
         raise _bad_data(fn, name, obj, " (a path or name: use widthscope.InputSpec(model=..., data=PATH))")
@@ -346,17 +340,12 @@ def batches_from(
             raise WidthscopeError(f"{where}: the DataLoader gave no batches")
         return out, loss, f"DataLoader of {len(out)} batches"
     if isinstance(obj, (list, tuple)):
-        from .._args import is_batch
-
         if not obj:
             raise WidthscopeError(f"{where}: the list is empty: give at least one batch (or text)")
         for i, b in enumerate(obj):
             if not is_batch(b):
-                from .._args import describe
-
                 raise WidthscopeTypeError(f"{where}: item {i} is {describe(b)}: {name} must be {DATA_ACCEPTS}")
         return list(obj), loss, f"{len(obj)} batches"
-    from .._args import not_a_collection
 
     if isinstance(obj, torch.Tensor):
         if obj.ndim >= 3 and not obj.is_floating_point():

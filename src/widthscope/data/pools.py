@@ -8,6 +8,8 @@ from typing import Any
 import torch
 
 from ..errors import WidthscopeError
+from ..probe.intervene import batch_size_of
+from ..probe.intervene import index_batch as index
 from .spec import InputSpec, PoolSize
 
 WINDOW = 20  # default corpus window: this many times the pool sizes
@@ -41,14 +43,10 @@ def pick_pool(
 
 
 def _index(data: Any, idx: torch.Tensor) -> Any:
-    from ..probe.intervene import index_batch as index
-
     return index(data, idx)
 
 
 def _count(data: Any) -> int:
-    from ..probe.intervene import batch_size_of
-
     return batch_size_of(data)
 
 

@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
+from .._io import progress
 from ..errors import WidthscopeError
 
 __all__ = ["ByteTokenizer", "MODES", "Sequences", "sequences"]
@@ -79,7 +80,6 @@ def sequences(
         raise WidthscopeError(f"--empty-docs {empty!r}: choose skip or eos")
     if labels and mode != "per-document":
         raise WidthscopeError("labelled data (sequence classification) needs --sequences per-document")
-    from .._io import progress
 
     encode = _encode(tokenizer)
     sep = getattr(tokenizer, "eos_token_id", None)

@@ -15,9 +15,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Iterator
 
+from torch.utils.data import DataLoader
+
 from ..errors import WidthscopeError
 from . import hf_datasets
-from .splits import SplitChoice, choose_among, choose_splits, default_split
+from .corpus import _column, documents
+from .splits import HELD_OUT, SplitChoice, choose_among, choose_splits, dataset_splits, default_split
 
 __all__ = [
     "DATA_OBJECTS",
@@ -63,8 +66,6 @@ def _is_texts(obj: Any) -> bool:
 
 
 def _is_loader(obj: Any) -> bool:
-    from torch.utils.data import DataLoader
-
     return isinstance(obj, DataLoader)
 
 
@@ -137,8 +138,6 @@ def splits_of(src: Any, flag: str = "--data") -> list[str] | None:
     if _is_dataset_dict(src):
         return [str(s) for s in src]
     if isinstance(src, str):
-        from .splits import dataset_splits
-
         return dataset_splits(src)
     return None
 
@@ -166,7 +165,6 @@ def default_split_of(src: Any, role: str) -> str | None:
         return None
     if len(names) == 1:
         return names[0]  # a named dataset or a DatasetDict always reads a split
-    from .splits import HELD_OUT
 
     if role == "train":
         return "train" if "train" in names else None
@@ -185,8 +183,6 @@ def same_source(a: Any, b: Any) -> bool:
 # ----------------------------------------------------------------------------- documents
 def _row_docs(rows: Any, field: str, label_field: str | None, where: str) -> Iterator[Any]:
     """Rows (dicts) as documents: the ``field`` text (with its label when asked)."""
-    from .corpus import _column
-
     for i, row in enumerate(rows):
         text = _column(row, field, where, i)
         if label_field is None:
@@ -220,8 +216,6 @@ def documents_of(
         rows, desc = hf_datasets.rows(ref, split, whole=whole)
         return _row_docs(rows, field, label_field, f"{src} split {split!r}"), f"{desc}, field {field!r}"
     if isinstance(src, str):
-        from .corpus import documents
-
         return documents(src, text_field=text_field, split=split, label_field=label_field, skipped=skipped)
     if _is_texts(src):
         if text_field is not None or label_field is not None:

@@ -54,8 +54,14 @@ from typing import Any, Literal, Mapping
 
 from torch import nn
 
+from .._args import describe
 from ..errors import WidthscopeError, WidthscopeTypeError
 from ..models.dispatch import DEVICE_MAPS, parse_max_memory
+from . import DATASETS
+from .corpus import precheck
+from .hf_datasets import check_ref, is_hf_ref, parse_ref
+from .sources import check_object
+from .sources import describe as describe_source
 
 __all__ = [
     "InputSpec",
@@ -143,8 +149,6 @@ def _bad(name: str, value: Any, fix: str) -> WidthscopeError:
 
 def _bad_type(name: str, value: Any, fix: str) -> WidthscopeTypeError:
     """:func:`_bad` for a value of the wrong type: a TypeError too, saying the type it got."""
-    from .._args import describe
-
     return WidthscopeTypeError(
         f"{_flag(name)} {value!r} (input spec field {name}): {fix}; got {describe(value)} (InputSpec({name}=...))"
     )
@@ -238,8 +242,6 @@ class InputSpec:
                     f"InputSpec.from_dict(d, {name}=...)",
                 )
             elif name in ("data", "train_data", "test_data") and isinstance(v, str):
-                from .hf_datasets import is_hf_ref, parse_ref
-
                 if is_hf_ref(v):
                     parse_ref(v, _flag(name))
         if self.revision is not None:
@@ -338,9 +340,7 @@ class InputSpec:
         """JSON-able (the fields; ``given`` as a list; an object in memory as ``"<in memory: ...>"``)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         for name in self.objects():
-            from .sources import describe
-
-            d[name] = describe(d[name]) if name in ("data", "train_data", "test_data") else _memory(d[name])
+            d[name] = describe_source(d[name]) if name in ("data", "train_data", "test_data") else _memory(d[name])
         d["given"] = list(d["given"])
         return d
 
@@ -394,7 +394,6 @@ def _check_object(name: str, v: Any) -> None:
                 "(transformers.AutoTokenizer.from_pretrained(...))",
             )
         return
-    from .sources import check_object
 
     why = check_object(name, v)
     if why is not None:
@@ -405,11 +404,8 @@ def check_source(flag: str, value: Any) -> None:
     """A data source is a dataset name, ``hf:NAME[:CONFIG][@REVISION]`` (opened here: it must be
     reachable or cached), an existing path or an object in memory (checked when the spec was made);
     a binary file given as text is refused here, before any model loads."""
-    from . import DATASETS
-
     if not isinstance(value, str) or value in DATASETS:
         return
-    from .hf_datasets import check_ref, is_hf_ref, parse_ref
 
     if is_hf_ref(value):
         check_ref(parse_ref(value, flag), flag)
@@ -418,6 +414,5 @@ def check_source(flag: str, value: Any) -> None:
         raise WidthscopeError(
             f"{flag} {value!r}: not a dataset name ({', '.join(DATASETS)}) and not an existing file or directory"
         )
-    from .corpus import precheck
 
     precheck(value, flag)

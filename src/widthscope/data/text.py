@@ -16,6 +16,8 @@ read until ``max_bytes`` — it exists wherever Python runs, so the default need
 
 from __future__ import annotations
 
+import hashlib
+import pydoc_data.topics as topics
 import sysconfig
 from pathlib import Path
 from typing import Iterable
@@ -25,6 +27,7 @@ import torch
 
 from ..errors import WidthscopeError
 from . import Split, subset
+from .corpus import TABULAR, sniff
 
 
 def _files(root: str | None) -> tuple[list[Path], str, list[str]]:
@@ -36,7 +39,6 @@ def _files(root: str | None) -> tuple[list[Path], str, list[str]]:
             key=lambda p: p.relative_to(base).as_posix(),
         )
         return files, f"python stdlib *.py under {base}", []
-    from .corpus import TABULAR, sniff
 
     path = Path(root).expanduser()
     if path.is_file():
@@ -80,8 +82,6 @@ def _files(root: str | None) -> tuple[list[Path], str, list[str]]:
 def prose() -> tuple[bytes, list[str]]:
     """English prose shipped with Python itself: the ``pydoc_data.topics`` help texts (sorted by
     topic) and the interpreter's LICENSE.txt — a corpus unlike source code, present everywhere."""
-    import pydoc_data.topics as topics
-
     parts = [topics.topics[k] for k in sorted(topics.topics)]
     used = ["pydoc_data.topics"]
     lic = Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt"
@@ -197,7 +197,6 @@ def load_text(
     if sub is not None:
         train_idx = train_idx[sub]
     Xtr, Xte = chunks[train_idx].clone(), chunks[test_idx].clone()
-    import hashlib
 
     meta = {
         "source": source,

@@ -4,6 +4,7 @@ cutting both pools of sequences (:func:`_text_pools`)."""
 
 from __future__ import annotations
 
+import pydoc_data.topics as topics
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,10 @@ from .loading import _tok_name, check_ids, mask_tokens
 from .pools import _count, _limit, _refuse_given, pick_pool
 from .published import empty_note
 from .sequences import sequences
+from .sniff import is_dataset_dir
 from .sources import choose, default_split_of, describe, documents_of, same_source
 from .spec import InputSpec, PoolSize
+from .text import prose
 
 
 def _text_fixes(seqs: Any, mode: str, max_tokens: int | None) -> str:
@@ -37,10 +40,6 @@ def _text_source(
     src: Any, split: str | None, spec: InputSpec, labels: bool, skipped: list[str], whole: bool
 ) -> tuple[Any, str]:
     if src == "prose":  # Python's own English prose, one document per help topic (and the license)
-        import pydoc_data.topics as topics
-
-        from .text import prose
-
         docs = [topics.topics[k] for k in sorted(topics.topics)]
         lic = prose()[0].decode("utf-8")[len("\n\n".join(docs)) :].strip()
         return (iter([d]) for d in docs + ([lic] if lic else [])), "English prose shipped with Python"
@@ -123,8 +122,6 @@ def _split_sources(spec: InputSpec) -> tuple[Any, str | None, Any, str | None, s
     (DatasetDict, split files, a Hugging Face dataset: :func:`widthscope.data.sources.choose`) gives
     each pool its own split, never pooled and re-split; ``--test-fraction`` given explicitly
     re-splits one split."""
-    from .sniff import is_dataset_dir
-
     if (spec.train_data is None) != (spec.test_data is None):
         raise WidthscopeError(
             "give --train-data and --test-data together (the train pool from one, the held-out "

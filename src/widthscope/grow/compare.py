@@ -60,7 +60,7 @@ BUDGETS = ("long",)  # block-training budgets scored (the cell's `long` steps)
 # ----------------------------------------------------------------------------- comparison
 def _spearman(x: np.ndarray, y: np.ndarray) -> float:
     """Spearman's ρ: Pearson correlation of the average ranks (NaN when either side is constant)."""
-    from scipy.stats import rankdata
+    from scipy.stats import rankdata  # noqa: PLC0415  start-up time: scipy
 
     if len(x) < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return float("nan")
@@ -69,7 +69,7 @@ def _spearman(x: np.ndarray, y: np.ndarray) -> float:
 
 @lru_cache(maxsize=4096)
 def _t_quantile(p: float, df: float) -> float:
-    from scipy.stats import t
+    from scipy.stats import t  # noqa: PLC0415  start-up time: scipy
 
     return float(t.ppf(p, df))
 
@@ -189,7 +189,7 @@ def pooled_interval(groups: Sequence[Sequence[float]], level: float = 0.95) -> t
 
 def wilson(k: float, n: int, level: float = 0.95) -> tuple[float, float]:
     """Wilson score interval of a proportion ``k/n`` (3 hits of 3 is [0.44, 1], not [1, 1])."""
-    from scipy.stats import norm
+    from scipy.stats import norm  # noqa: PLC0415  start-up time: scipy
 
     if n == 0:
         return math.nan, math.nan

@@ -12,10 +12,20 @@
    every candidate point (FLOPs: their mean, memory: the largest, since the point is not known
    before the ranking); with ``compare``, the original model trained whole for the FLOPs of the
    best growth;
-3. with ``time_run`` (the default) one step of each stage is timed (the block at the first and
-   the last candidate point, averaged), the ranking of the points is timed on pools of ``m`` and
-   ``2m`` examples and extrapolated linearly to the run's pools, and one held-out evaluation batch
-   is timed; the predicted wall time is steps x step time + ranking + evaluations.
+3. the memory of the work between the steps, each run for real at a small size and counted
+   (:func:`~widthscope.probe.cost.live_peak`, the bytes of the tensors it holds at once): the
+   ranking (:func:`ranking_bytes`: the first point at two pool sizes, extrapolated to the run's
+   pools, plus every other point's pooled samples), one growth (:func:`growth_bytes`) and, with
+   ``compare``, the baseline (:func:`continue_bytes`); with ``time_run`` each also measured, and
+   loading the model and the data, as the run is measured (the resident peak in a forked child,
+   :func:`~widthscope.probe.cost_plan.resident_peak`), the larger taken and labelled; held beside
+   them, the original model and the data with its pools (each storage once). The run's memory is
+   the largest step or phase + what is held;
+4. with ``time_run`` (the default) each stage's training loop is timed (the block at the first and
+   the last candidate point, averaged), the ranking of the points is timed at the first and the
+   last point on pools of ``(M, K)``, ``(2M, K)`` and ``(M, 2K)`` examples and extrapolated to the
+   run's pools and points, and one held-out evaluation batch is timed; the predicted wall time is
+   steps x step time + ranking + evaluations.
 """
 
 from __future__ import annotations
@@ -31,13 +41,13 @@ import torch.nn as nn
 from ..data.spec import InputSpec, PoolSize
 from ..probe import collect
 from ..probe.blocks import block_of
-from ..probe.cost import count_pass, count_step
-from ..probe.cost_plan import TrainPlan, TrainStage, device_memory, stage_of, time_loop
+from ..probe.cost import count_step, live_peak
+from ..probe.cost_plan import Resident, TrainPlan, TrainStage, device_memory, larger, resident_peak, stage_of, time_loop
 from ..probe.insert import insert
 from ..probe.intervene import index_batch, mean_loss
 from ..probe.points import resolve_points
 from ..train import train as train_model
-from .block import _train_new
+from .block import _train_new, continue_training, grow_at
 from .inputs import builtin_inputs, check_builtin, load_inputs
 from .options import GrowOptions
 from .pipeline import _chosen, _split_pools, grow_options
@@ -130,44 +140,138 @@ def _continue_stage(model: nn.Module, block: TrainStage, train: Any, opts: GrowO
     )
 
 
-def _ranking_bytes(
+def _sub_pools(pools: Any, a: int, b: int) -> tuple[Any, Any]:
+    """The first ``a`` ranking train and ``b`` held-out ranking examples of ``pools``."""
+    return (index_batch(pools.probe_train, slice(0, a)), index_batch(pools.rank_test, slice(0, b)))
+
+
+def _rank(model: nn.Module, train: Any, test: Any, points: list[str], opts: GrowOptions, loss_fn: Callable | None):
+    return rank_points(
+        model,
+        train,
+        test,
+        points=points,
+        M=opts.M,
+        K=opts.K,
+        eta=opts.eta_or_lr,
+        loss_fn=loss_fn,
+        batch_size=opts.batch_size,
+        show_progress=False,
+        criterion=opts.criterion,
+        block_width=opts.block_width,
+        block_seed=opts.seed,
+    )
+
+
+def _peak_counted(fn: Callable[[], Any]) -> int | None:
+    return live_peak(fn)[1]
+
+
+def _peak_measured(fn: Callable[[], Any]) -> int | None:
+    return resident_peak(fn).peak
+
+
+def ranking_bytes(
     model: nn.Module, names: list[str], widths: dict[str, int], pools: Any, opts: GrowOptions, loss_fn: Callable | None
 ) -> int:
-    """The ranking's memory: one probed batch (the probe pass's live peak) + the float64 samples of
-    every point (kept until the certificates)."""
-    one = index_batch(pools.probe_train, slice(0, 1))
-    c = count_pass(model, one, names, loss_fn)
-    samples = 8 * (pools.n_train + pools.n_rank) * sum(widths.values())
-    return c["peak_bytes"] * min(opts.batch_size, pools.n_train) + samples
+    """The ranking's memory, counted (:func:`_ranking_peak` with :func:`~widthscope.probe.cost.live_peak`)."""
+    got = _ranking_peak(model, names, widths, pools, opts, loss_fn, _peak_counted)
+    assert got is not None  # the counter always counts
+    return got
+
+
+def _ranking_peak(
+    model: nn.Module,
+    names: list[str],
+    widths: dict[str, int],
+    pools: Any,
+    opts: GrowOptions,
+    loss_fn: Callable | None,
+    peak_of: Callable[[Callable[[], Any]], int | None],
+) -> int | None:
+    """The ranking's memory: :func:`rank_points` at the first point (the longest backward) run and
+    counted (``peak_of``: :func:`~widthscope.probe.cost.live_peak`, or the resident peak: its probe passes, the
+    criteria's features and block Grams, the line search's double backward) on pools of ``(a, b)``
+    and ``(2a, 2b)`` examples, ``a``, ``b`` at least the batch and ``M``, ``K``; extrapolated along
+    that chord to the run's ``n_train + n_rank`` examples; plus the float64 pooled samples of every
+    other point (kept until the ranking ends). ``None`` where ``peak_of`` measured nothing."""
+    n_tr, n_rk, bs = pools.n_train, pools.n_rank, opts.batch_size
+    a1, b1 = min(n_tr, max(opts.M, bs)), min(n_rk, max(opts.K, bs))
+    a2, b2 = min(n_tr, 2 * a1), min(n_rk, 2 * b1)
+    first = names[:1]
+    p1 = peak_of(lambda: _rank(model, *_sub_pools(pools, a1, b1), first, opts, loss_fn))
+    if p1 is None:
+        return None
+    per = 0.0
+    if a2 + b2 > a1 + b1:
+        p2 = peak_of(lambda: _rank(model, *_sub_pools(pools, a2, b2), first, opts, loss_fn))
+        if p2 is None:
+            return None
+        per = max(0.0, (p2 - p1) / (a2 + b2 - a1 - b1))
+    others = 8 * (n_tr + n_rk) * sum(widths[n] for n in names[1:])
+    return round(p1 + per * (n_tr + n_rk - a1 - b1)) + others
+
+
+def _growth_work(
+    model: nn.Module, point: str, width: int, train: Any, pools: Any, opts: GrowOptions, loss_fn: Callable | None
+) -> Callable[[], Any]:
+    n_eval = pools.n_test - pools.n_rank
+    return lambda: grow_at(
+        model,
+        point,
+        train,
+        index_batch(pools.evaluate, slice(0, min(n_eval, opts.batch_size))),
+        probe_train=index_batch(pools.probe_train, slice(0, min(opts.M, pools.n_train))),
+        probe_test=index_batch(pools.rank_test, slice(0, min(opts.K, pools.n_rank))),
+        steps=1,
+        lr=opts.lr,
+        block_width=opts.block_width,
+        width=width,
+        train_all=opts.train_all,
+        batch_size=opts.batch_size,
+        seed=opts.seed,
+        loss_fn=loss_fn,
+        show_progress=False,
+    )
+
+
+def growth_bytes(
+    model: nn.Module, point: str, width: int, train: Any, pools: Any, opts: GrowOptions, loss_fn: Callable | None
+) -> int:
+    """One growth's memory: :func:`~widthscope.grow.block.grow_at` at ``point`` run for one step and
+    counted (the model's copy with its block, the block's ``W_out`` gradients on ``M`` and ``K``
+    examples, a training step with its optimizer state, the held-out evaluations); with more than
+    one growth (``compare``), the previous grown model, still referenced, beside it."""
+    return live_peak(_growth_work(model, point, width, train, pools, opts, loss_fn))[1]
+
+
+def _continue_work(model: nn.Module, train: Any, pools: Any, opts: GrowOptions, loss_fn: Callable | None):
+    n_eval = pools.n_test - pools.n_rank
+    evaluate = index_batch(pools.evaluate, slice(0, min(n_eval, opts.batch_size)))
+    return lambda: continue_training(
+        model, train, evaluate, flops=1.0, lr=opts.lr, batch_size=opts.batch_size, seed=opts.seed, loss_fn=loss_fn
+    )
+
+
+def continue_bytes(model: nn.Module, train: Any, pools: Any, opts: GrowOptions, loss_fn: Callable | None) -> int:
+    """The ``compare`` baseline's memory: :func:`~widthscope.grow.block.continue_training` run for one
+    step and counted (a whole copy of the model, its gradients and AdamW state, the evaluations)."""
+    return live_peak(_continue_work(model, train, pools, opts, loss_fn))[1]
 
 
 def _time_ranking(model: nn.Module, pools: Any, names: list[str], opts: GrowOptions, loss_fn: Callable | None) -> float:
-    """rank_points timed at the middle point (scaled to every point) on pools of
-    ``(M, K)``, ``(2M, K)`` and ``(M, 2K)`` examples, fitted as ``c0 + c_train a + c_test b`` and
-    extrapolated to the run's pools (the train and the held-out examples cost differently: the
-    line search runs on the held-out ones)."""
+    """rank_points timed at the first and the last point (the longest and the shortest backward; their
+    mean stands for every point) on pools of ``(M, K)``, ``(2M, K)`` and ``(M, 2K)`` examples, fitted
+    as ``c0 + c_train a + c_test b`` and extrapolated to the run's pools (the train and the held-out
+    examples cost differently: the line search runs on the held-out ones)."""
     n_tr, n_rk = pools.n_train, pools.n_rank
-    ends = [names[len(names) // 2]]  # the middle point stands for every point (one, to keep the plan short)
+    ends = sorted({names[0], names[-1]}, key=names.index)
     m, k = max(opts.M, 4), max(opts.K, 4)
     sizes = [(m, k), (min(n_tr, 2 * m), k), (m, min(n_rk, 2 * k))]
     times = []
     for a, b in sizes:
         t0 = time.perf_counter()
-        rank_points(
-            model,
-            index_batch(pools.probe_train, slice(0, a)),
-            index_batch(pools.rank_test, slice(0, b)),
-            points=ends,
-            M=opts.M,
-            K=opts.K,
-            eta=opts.eta_or_lr,
-            loss_fn=loss_fn,
-            batch_size=opts.batch_size,
-            show_progress=False,
-            criterion=opts.criterion,
-            block_width=opts.block_width,
-            block_seed=opts.seed,
-        )
+        _rank(model, *_sub_pools(pools, a, b), ends, opts, loss_fn)
         times.append(time.perf_counter() - t0)
     c_a = max(0.0, (times[1] - times[0]) / (sizes[1][0] - m)) if sizes[1][0] > m else times[0] / (m + k)
     c_b = max(0.0, (times[2] - times[0]) / (sizes[2][1] - k)) if sizes[2][1] > k else times[0] / (m + k)
@@ -193,6 +297,7 @@ def plan_grow(
     t0 = time.perf_counter()
     torch.optim.AdamW([nn.Parameter(torch.zeros(1))])  # the first optimizer of a process imports torch._dynamo
     other_s: list[tuple[str, float]] = [("start-up (first optimizer)", time.perf_counter() - t0)]
+    loaded = _measure_loading(spec, opts, n_train, n_test) if time_run else None
     t0 = time.perf_counter()
     full = None
     if spec is None:
@@ -213,12 +318,12 @@ def plan_grow(
                 optimizer="adamw",
             )
         )
-        pool_bytes = _bytes_of(split) + _bytes_of(tuple(full.train)) + _bytes_of(tuple(full.test))
+        held: Any = (split, tuple(full.train), tuple(full.test))
     else:
         inputs = load_inputs(spec, opts.points, show=False)
         model, split, loss_fn = inputs.model, (inputs.train, inputs.test), inputs.loss_fn
         name, source = str(spec.to_dict()["model"]), "--dtype" if spec.dtype != "auto" else "the checkpoint"
-        pool_bytes = _bytes_of(split)
+        held = split
         notes.append("counted on the loaded model: a block is inserted into a real copy")
     other_s.append(("load + inputs", time.perf_counter() - t0))
 
@@ -231,8 +336,13 @@ def plan_grow(
     if opts.compare:
         stages.append(_continue_stage(model, block, train, opts, loss_fn))
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    other_bytes = [("the original model", weights), ("data pools", pool_bytes)]
-    phases = [("ranking: a probed batch + pooled samples", _ranking_bytes(model, names, widths, pools, opts, loss_fn))]
+    pool_bytes = _bytes_of((held, pools.probe_train, pools.rank_test, pools.evaluate))  # each storage once
+    other_bytes = [("the original model", weights), ("data and its pools", pool_bytes)]
+    phases = _phases(model, names, widths, grown, block, train, pools, opts, loss_fn, time_run)
+    if loaded is not None and loaded.peak is not None:  # loading's own peak beyond the tensors it keeps
+        phases.insert(0, ("loading the model and the data (measured)", max(0, loaded.peak - weights - _bytes_of(held))))
+    elif loaded is not None:
+        notes.append(f"memory counted, not measured: {loaded.why}")
     notes.append("FLOPs as FlopCounterMode counts them (matmuls, convolutions, attention)")
     predicted = None
     if time_run:
@@ -261,6 +371,55 @@ def plan_grow(
         predicted_s=predicted,
         notes=tuple(notes),
     )
+
+
+def _measure_loading(spec: InputSpec | None, opts: GrowOptions, n_train: Any, n_test: Any) -> Resident:
+    """The resident memory of loading the model and the data (measured before this process loads
+    them, as the run loads them: the parser's buffers, the libraries' caches, no tensor holds)."""
+    if spec is None:
+        return resident_peak(lambda: builtin_inputs(opts.seed, n_train, n_test))
+    return resident_peak(lambda: load_inputs(spec, opts.points, show=False))
+
+
+def _phases(
+    model: nn.Module,
+    names: list[str],
+    widths: dict[str, int],
+    grown: list[nn.Module],
+    block: TrainStage,
+    train: Any,
+    pools: Any,
+    opts: GrowOptions,
+    loss_fn: Callable | None,
+    measure: bool,
+) -> list[tuple[str, int]]:
+    """The memory of the work between the training steps, each run for real at a small size and
+    counted (:func:`ranking_bytes`, :func:`growth_bytes`, :func:`continue_bytes`); with ``measure``
+    also measured (:func:`~widthscope.probe.cost_plan.resident_peak`, the resident peak as the run is
+    measured) and the larger taken, the label saying which."""
+    at = max(range(len(names)), key=lambda i: sum(p.numel() for p in grown[i].parameters()))
+    point, width = names[at], widths[names[at]]
+    none = Resident(None, None, "not measured")
+    # measured first: a heap the counting left in pieces makes a measured step fault in more pages
+    rank_m = _ranking_peak(model, names, widths, pools, opts, loss_fn, _peak_measured) if measure else None
+    grow_m = resident_peak(_growth_work(model, point, width, train, pools, opts, loss_fn)) if measure else none
+    cont_m = resident_peak(_continue_work(model, train, pools, opts, loss_fn)) if measure and opts.compare else none
+    grow_b, how = larger(growth_bytes(model, point, width, train, pools, opts, loss_fn), grow_m)
+    grow_how = "measured on one step" if how == "measured" else "counted at one step"
+    rank_b, rank_how = larger(ranking_bytes(model, names, widths, pools, opts, loss_fn), Resident(rank_m, None))
+    cont_b, cont_how = 0, ""
+    if opts.compare:
+        cont_b, how = larger(continue_bytes(model, train, pools, opts, loss_fn), cont_m)
+        cont_how = "measured on one step" if how == "measured" else "counted at one step"
+    if block.runs > 1:  # grow() still holds the previous growth's model while the next one grows
+        grow_b += sum(p.numel() * p.element_size() for p in grown[at].parameters())
+    phases = [
+        (f"ranking the points ({rank_how}, extrapolated)", rank_b),
+        (f"growing a block ({block.runs} x; {grow_how})", grow_b),
+    ]
+    if opts.compare:
+        phases.append((f"continue baseline ({cont_how})", cont_b))
+    return phases
 
 
 def _loop(model: nn.Module, train: Any, opts: GrowOptions, loss_fn: Callable | None, pick: Callable):

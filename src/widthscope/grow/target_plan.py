@@ -33,9 +33,9 @@ from .._io import read_toml
 from ..errors import WidthscopeError
 from ..models import build
 from .schedule import SCHEDULES
-from .target import OPERATORS, TARGET_SUITES
+from .target import OPERATORS, TARGET_SUITES, _ffn
 
-__all__ = ["read_suite_file", "plan_cost", "meta_step_flops", "spent_fractions"]
+__all__ = ["read_suite_file", "plan_cost", "meta_step_flops", "meta_llama", "spent_fractions"]
 
 _KNOWN = set(TARGET_SUITES["full"]) | {"device"}
 _TOP = {"device", "seeds", "sustained_flops", "defaults", "suite", "note"}
@@ -97,13 +97,11 @@ def read_suite_file(path: str | Path) -> dict[str, Any]:
     return {"suites": suites, "seeds": tuple(seeds), "sustained_flops": flops, "path": str(path)}
 
 
-def meta_step_flops(settings: Mapping[str, Any], width: int, depth: int) -> tuple[int, int]:
-    """(FLOPs of one training step, parameters) of the suite's model at ``width`` × ``depth``,
-    counted on the ``meta`` device."""
+def meta_llama(settings: Mapping[str, Any], width: int, depth: int) -> torch.nn.Module:
+    """The suite's model at ``width`` x ``depth`` on the ``meta`` device (as :func:`widthscope.grow.target._model`)."""
     hd = int(settings["head_dim"])
-    ffn = max(32, 32 * round(8 * width / 3 / 32))
     with torch.device("meta"):
-        m = build(
+        return build(
             "llama",
             width,
             depth=depth,
@@ -111,8 +109,15 @@ def meta_step_flops(settings: Mapping[str, Any], width: int, depth: int) -> tupl
             heads=width // hd,
             kv_heads=width // hd,
             head_dim=hd,
-            ffn=ffn,
+            ffn=_ffn(width),
         )
+
+
+def meta_step_flops(settings: Mapping[str, Any], width: int, depth: int) -> tuple[int, int]:
+    """(FLOPs of one training step, parameters) of the suite's model at ``width`` × ``depth``,
+    counted on the ``meta`` device."""
+    m = meta_llama(settings, width, depth)
+    with torch.device("meta"):
         x = torch.zeros(int(settings["batch_size"]), int(settings["seq_len"]), dtype=torch.long)
     fc = FlopCounterMode(display=False)
     with fc:

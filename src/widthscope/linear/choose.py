@@ -13,27 +13,30 @@ up to one factor per shape, since only the ratios between methods at one shape d
 - ``pass``: FLOPs of the forward and reverse passes (the per-example route's one-example passes, the
   batched Jacobian's passes over whole chunks, the structured path's forward and batched backward);
 - ``mem``: the same passes' saved activation bytes (the elementwise work of small layers, which FLOPs
-  do not count);
+  do not count), one example's as :func:`.cost.measure` counts them on a copy of the probe's rows (issue 32:
+  counted on the view ``x1[:1]``, they were the whole batch's storage and grew with ``n``; the fit's rows
+  were recounted, ``ntk_auto_fit.py --recount``, and refitted);
 - ``write``: Jacobian numbers written (``P`` per reverse pass);
 - ``contract``: the ``J Jᵀ`` contraction's FLOPs; ``gram``: the structured Grams' FLOPs;
-- ``call``, ``op`` and ``fwd``: functorch calls, aten operators dispatched (the probe's count times the
-  calls) and the wall time of one example's forward pass times the calls (the Python and dispatch overhead
-  that FLOPs and operator counts do not see: what decides small models at few examples);
+- ``call`` and ``op``: functorch calls and aten operators dispatched (the probe's count times the calls): the
+  Python and dispatch overhead that FLOPs do not see, what decides small models at few examples;
 - ``out``: the structured path's per-output work besides its FLOPs (a backward seed and its bookkeeping per
   output, per block); ``block``: per layer and block pair.
 
 ``products`` keeps :mod:`.cost`'s own estimate (its forward-mode passes never came close). An estimate
 without the counts (a method over the budget; estimates a caller substituted) keeps its seconds.
+
+Every term is a count (of the probe pass, the plan and the chunking), nothing is timed: the same model
+architecture and input shapes give the same estimates and the same choice in every run (issue 32: an earlier
+``fwd`` term, a measured forward pass's wall time, made the choice, and the kernel's rounding, vary between
+runs; the refit without it keeps every grid point's choice within 1.25× of the fastest method).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from typing import Any
-
-import torch
 
 from ..errors import WidthscopeError
 from . import cost
@@ -48,34 +51,31 @@ AUTO_METHODS = ("structured", "per_example", "jacobian", "products")  # what "au
 # (one thread, float32), recorded with its measurements in benchmarks/results/ntk-auto-fit-cpu.json
 FIT: dict[str, dict[str, float]] = {
     "per_example": {
-        "fixed": 0.00192,
-        "pass": 2.21e-18,
-        "write": 6.57e-09,
-        "contract": 1.06e-11,
-        "call": 0.00425,
-        "op": 6.06e-05,
-        "fwd": 2.01e-07,
-        "mem": 7.25e-18,
+        "fixed": 0.00211,
+        "pass": 2.84e-18,
+        "write": 6.42e-09,
+        "contract": 8.89e-12,
+        "call": 0.00538,
+        "op": 5.89e-05,
+        "mem": 1.61e-10,
     },
     "jacobian": {
-        "fixed": 8.33e-10,
-        "pass": 3.43e-11,
-        "write": 7.26e-09,
-        "contract": 1.32e-11,
-        "call": 0.00171,
-        "op": 6.42e-05,
-        "fwd": 0.156,
-        "mem": 1.23e-11,
+        "fixed": 8.87e-10,
+        "pass": 1.77e-11,
+        "write": 7.97e-09,
+        "contract": 1.05e-11,
+        "call": 0.00266,
+        "op": 4.95e-11,
+        "mem": 6.69e-10,
     },
     "structured": {
-        "fixed": 3.91e-11,
-        "pass": 2.31e-11,
-        "gram": 3.49e-11,
-        "out": 6.17e-12,
-        "op": 0.000118,
-        "fwd": 7.18,
-        "block": 0.000258,
-        "mem": 1.95e-11,
+        "fixed": 8.78e-11,
+        "pass": 1.01e-11,
+        "gram": 1.04e-11,
+        "out": 3.11e-12,
+        "op": 2.8e-05,
+        "block": 0.0014,
+        "mem": 2.09e-09,
     },
 }
 
@@ -98,17 +98,6 @@ def _explicit_counts(kind: str, P: float, O: int, n1: int, n2: int, same: bool, 
     return {"passes": rows * O + recompute, "contract": contract, "calls": calls, "pairs": pairs}
 
 
-def forward_seconds(run, x: torch.Tensor, repeats: int = 3) -> float:
-    """The shortest of ``repeats`` timed forward passes ``run(x)`` (grad enabled, as the kernels run it)."""
-    best = math.inf
-    with torch.enable_grad():
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            run(x)
-            best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def terms(
     method: str,
     entry: dict,
@@ -120,10 +109,8 @@ def terms(
     n2: int,
     same: bool,
     mode: str,
-    fwd: float = 0.0,
 ) -> dict[str, float] | None:
-    """The unit terms of ``method``'s estimate ``entry`` (its chunking; ``fwd``: one example's forward pass in
-    seconds), ``None`` for ``products``."""
+    """The unit terms of ``method``'s estimate ``entry`` (its chunking), ``None`` for ``products``."""
     F, S, ops = pr.flops, pr.saved, max(pr.ops, 1.0)
     if method == "per_example":
         k = _explicit_counts(method, P, O, n1, n2, same, entry["chunk"], entry["out_chunk"])
@@ -135,7 +122,6 @@ def terms(
             "contract": k["contract"],
             "call": k["calls"],
             "op": k["calls"] * ops,
-            "fwd": k["calls"] * fwd,
         }
     if method == "jacobian":
         c = entry["chunk"]
@@ -148,7 +134,6 @@ def terms(
             "contract": k["contract"],
             "call": k["calls"] + k["pairs"],
             "op": k["calls"] * ops,
-            "fwd": k["calls"] * fwd,
         }
     if method == "structured":
         shapes = cost.layer_shapes(plan)
@@ -165,7 +150,6 @@ def terms(
             "gram": gram * (n1 * n2) / (n * n),
             "out": O * blocks * recapture,
             "op": blocks * recapture * math.ceil(O / 64) * ops,
-            "fwd": blocks * recapture * math.ceil(O / 64) * fwd,
             "block": blocks * blocks * max(1, len(shapes)),
         }
     return None
@@ -186,21 +170,20 @@ def price(
     n2: int,
     same: bool,
     mode: str,
-    fwd: float = 0.0,
 ) -> dict[str, dict]:
     """Replace each fitting estimate's ``seconds`` by the fitted terms' (module docstring); the terms are kept
     in ``terms`` (the structured path's uncovered remainder in ``generic_terms``: the per-example route's)."""
     for m, c in costs.items():
         if not c.get("fits") or "flops" not in c or m not in FIT:
             continue
-        t = terms(m, c, pr, plan, P, O, n1, n2, same, mode, fwd)
+        t = terms(m, c, pr, plan, P, O, n1, n2, same, mode)
         if t is None:
             continue
         c["terms"] = t
         s = _seconds(m, t)
         if m == "structured" and plan is not None and plan.n_generic and c.get("generic_chunk"):
             g = {"chunk": c["generic_chunk"], "out_chunk": c["generic_out_chunk"]}
-            gt = terms("per_example", g, pr, plan, plan.n_generic, O, n1, n2, same, mode, fwd)
+            gt = terms("per_example", g, pr, plan, plan.n_generic, O, n1, n2, same, mode)
             assert gt is not None  # per_example always has terms
             gt["fixed"] = 0.0  # one call's set-up is the structured path's
             c["generic_terms"] = gt
@@ -258,9 +241,7 @@ def plan_costs(
         costs.pop("structured")  # nothing covered: it is the Jacobian route with extra steps
     if coupled is not None and "jacobian" in costs:  # forced whole-batch chunk
         costs["jacobian"].update(chunk=x1.shape[0], out_chunk=n_out)
-    run = lambda x: _flat_out(model, params, buffers, x)  # noqa: E731
-    fwd = cached(model, px, ("forward_s", px.shape[0]), lambda: forward_seconds(run, px))
-    price(costs, pr, P, n_params, n_out, n1, n2, same, mode, fwd)
+    price(costs, pr, P, n_params, n_out, n1, n2, same, mode)
     if method != "auto":
         c = costs.get(method)
         if c is not None and not c["fits"]:

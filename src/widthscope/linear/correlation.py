@@ -31,6 +31,7 @@ from torch import nn
 from torch.func import functional_call, grad, jvp
 
 from .. import _args
+from .._io import progress as _progress
 from ..errors import WidthscopeError
 from ..probe.structure import eager_attention_for
 from .model import _reraise_attention, as_param_dtype, first_output, model_output, params_and_buffers
@@ -190,8 +191,6 @@ def correlation_summary(
     ``‖C‖₂`` for ``D = 1``), ``rms``, ``sem`` (standard error of ``mean``), ``n_tuples``, ``D``,
     ``d``, ``eta``, ``output`` (which scalar output was used) and ``values``.
     """
-    from .._io import progress as _progress
-
     _check_order(D, d)
     X = data[0] if isinstance(data, (tuple, list)) else data
     if not isinstance(X, torch.Tensor) or X.dim() < 1:

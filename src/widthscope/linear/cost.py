@@ -51,6 +51,9 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from .gram import explicit_flops, gram_flops, pairs_flops
 
 # benchmarks/ntk_auto.py --calibrate on the project machine, 2026-12-02 (one thread, load average 7 on 2
 # cores: the machine is shared), recorded in benchmarks/results/ntk-auto-calibrate-cpu.json
@@ -90,9 +93,12 @@ class _OpCount(TorchDispatchMode):
 
 
 def measure(fn, x: torch.Tensor, params: dict[str, torch.Tensor]) -> Probe:
-    """FLOPs and saved activation bytes of ``fn(x)`` per row of ``x`` (grad enabled, as the kernels run it)."""
-    from torch.utils.flop_counter import FlopCounterMode
+    """FLOPs and saved activation bytes of ``fn(x)`` per row of ``x`` (grad enabled, as the kernels run it).
 
+    The pass runs on a standalone copy of ``x``: the saved bytes are counted per storage (a saved view
+    keeps its whole storage alive), and ``x`` may be a view into a larger batch (``x1[:1]``), whose
+    storage the pass would otherwise count whole, making ``saved`` grow with the batch (issue 32)."""
+    x = x.clone(memory_format=torch.contiguous_format)
     own = {p.untyped_storage().data_ptr() for p in params.values()}
     seen: dict[int, int] = {}
 
@@ -116,8 +122,6 @@ def measure(fn, x: torch.Tensor, params: dict[str, torch.Tensor]) -> Probe:
 
 def _positions_flops(rule: str, n: int, O: int, T: int, Da: int, Dd: int, mode: str, same: bool) -> float:
     """The Gram flops of one covered layer, as :func:`~widthscope.linear.gram.positions` would pick."""
-    from .gram import explicit_flops, gram_flops, pairs_flops
-
     if T == 1:
         return (
             2.0 * (O * n) ** 2 * Dd / (O if mode != "full" else 1) * (0.56 if same and mode == "full" else 1)

@@ -13,6 +13,7 @@ from torch import nn
 
 from .. import _args
 from ..errors import WidthscopeError, WidthscopeTypeError
+from . import checks
 from ._core import (
     _flat_out,
     _ntk_jacobian,
@@ -25,8 +26,11 @@ from ._core import (
     params_and_buffers,
     vmap_failure,
 )
+from .checks import COUPLED_FIX, as_module, batchnorm_coupling, check_stochastic, without_running_stats
 from .choose import plan_costs
 from .probes import MISSING, cached, peek, session, store, versions
+from .structured import plan as structured_plan
+from .structured_kernel import _structured_kernel
 
 __all__ = ["ntk", "structured_ntk", "METHODS"]
 
@@ -40,8 +44,6 @@ def _check_model(
     coupled model for the per-example ``"auto"``/``"structured"`` routes (:mod:`.checks`). Returns the
     reason, the model and the buffers to use: for a coupled model a copy without running-statistics
     updates and copied buffers, so nothing of the caller's model changes."""
-    from .checks import COUPLED_FIX, batchnorm_coupling, check_stochastic, probe_checks, without_running_stats
-
     check_stochastic(model, "ntk")
     coupled = batchnorm_coupling(model)
     if coupled is not None:
@@ -58,7 +60,7 @@ def _check_model(
     seen = MISSING if coupled is not None else peek(model, probe, key)
     try:
         if seen is MISSING:
-            found = probe_checks(run, probe, "ntk", coupling=coupled is None)
+            found = checks.probe_checks(run, probe, "ntk", coupling=coupled is None)
             if coupled is None:
                 store(model, probe, key, found, latest=True)
         else:
@@ -142,9 +144,9 @@ def ntk(
       plus activations, but ``n2·out`` jvp passes — for models whose Jacobian rows do not fit.
 
     ``"auto"`` picks by a cost model (:mod:`widthscope.linear.cost`, priced by :mod:`widthscope.linear.choose`):
-    from one probe forward pass (FLOPs ``F``, saved bytes ``S``, operators dispatched and the wall time of
-    one example), ``P``, ``out``, the example counts and the structured plan's layer shapes it estimates
-    each method's seconds (terms fitted to this machine's measurements) and peak bytes and takes the
+    from one probe forward pass (counts, nothing timed: FLOPs ``F``, saved bytes ``S``, operators dispatched),
+    ``P``, ``out``, the example counts and the structured plan's layer shapes it estimates each method's
+    seconds (terms fitted to this machine's measurements) and peak bytes and takes the
     fastest that fits ``memory_budget`` (``"products"`` only where a jvp runs). ``memory_budget`` bounds
     every method: what ``ntk`` allocates, the returned kernel included, is planned within 85% of it
     by chunks of examples and of outputs (Jacobians), blocks of examples (structured, when
@@ -183,8 +185,6 @@ def ntk(
         >>> bool(torch.allclose(widthscope.ntk(f, x, params=dict(net.named_parameters())), widthscope.ntk(net, x)))
         True
     """
-    from .checks import as_module
-
     fn = "ntk"
     _args.model_or_function(fn, model)
     _args.tensor(fn, "x1", x1, min_ndim=1, accepts="a batched tensor (n1, ...) of inputs")
@@ -241,8 +241,6 @@ def _ntk(model, x1, x2, trace, chunk_size, method, memory_budget, info, diagonal
     c = costs.get(method, {})
     try:
         if method == "structured":
-            from .structured_kernel import _structured_kernel
-
             K = _structured_kernel(
                 model,
                 x1,
@@ -432,8 +430,6 @@ def _choose_method(
 ) -> tuple[str, dict, Any]:
     """The structured plan (for ``"auto"``/``"structured"``), the cost estimates and the method they pick;
     reported in ``info`` and, with ``verbose``, on stderr. Returns (method, costs, plan or None)."""
-    from .structured import plan as structured_plan
-
     P = None
     if method in ("auto", "structured"):
         try:

@@ -43,14 +43,17 @@ from torch import nn
 
 from .. import _args
 from ..errors import WidthscopeError
+from . import checks
+from . import model as linear_model  # as_param_dtype, params_and_buffers looked up at call time (tests trip them)
+from .checks import FunctionModel, as_module, batchnorm_coupling, check_stochastic
+from .model import _flat_out, ntk
 from .rules import multiplier
+from .structured import _first_input, _out_tensor
 
 __all__ = ["nngp", "readout"]
 
 
 def _features(model: nn.Module, x: torch.Tensor, name: str | None) -> tuple[str, torch.Tensor, float]:
-    from .structured import _first_input, _out_tensor
-
     runs: list[tuple[str, torch.Tensor]] = []
     mods = [(n, m) for n, m in model.named_modules() if multiplier(m) is not None and (name is None or n == name)]
     if name is not None and not mods:
@@ -94,15 +97,12 @@ def readout(model: nn.Module, x: torch.Tensor) -> str:
 
 
 def _check(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None) -> None:
-    from .checks import batchnorm_coupling, check_stochastic, probe_checks
-    from .model import _flat_out, params_and_buffers
-
     check_stochastic(model, "nngp")
     coupled = batchnorm_coupling(model, jacobian_fix=False)
     if coupled is None:
-        p, b = params_and_buffers(model)
+        p, b = linear_model.params_and_buffers(model)
         probe = x1[:2] if x2 is None else torch.cat([x1[:1], x2[:1]])
-        found = probe_checks(lambda x: _flat_out(model, p, b, x), probe, "nngp")
+        found = checks.probe_checks(lambda x: _flat_out(model, p, b, x), probe, "nngp")
         coupled = None if found is None else f"the examples are coupled: {found}"
     if coupled is not None:
         raise WidthscopeError(
@@ -115,8 +115,6 @@ def _function_nngp(
     model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None, readout: str | None, dtype: torch.dtype | None
 ) -> torch.Tensor:
     """The readout parameter's NTK ``Θ^W`` of a :class:`FunctionModel` (module docstring)."""
-    from .model import ntk
-
     names = [n for n, _ in model.named_parameters()]
     with torch.no_grad():
         o = _out_dim(model, x1)
@@ -158,8 +156,6 @@ def _function_nngp(
 
 
 def _out_dim(model: nn.Module, x: torch.Tensor) -> int:
-    from .structured import _out_tensor
-
     return _out_tensor(model(x[:1])).shape[1]
 
 
@@ -176,9 +172,6 @@ def nngp(
     ``T`` positions. ``readout``: a dense layer's name (default: the last one run; for a function
     ``f(params, x)`` with ``params=``, a key of ``params``); ``dtype``: of the result (the product runs
     in the model's dtype)."""
-    from .checks import FunctionModel, as_module
-    from .model import as_param_dtype
-
     fn = "nngp"
     _args.model_or_function(fn, model)
     _args.tensor(fn, "x1", x1, min_ndim=1, accepts="a non-empty batched tensor (n1, ...) of inputs")
@@ -193,13 +186,13 @@ def nngp(
     if x2 is not None and (not isinstance(x2, torch.Tensor) or x2.shape[1:] != x1.shape[1:] or x2.shape[0] == 0):
         raise WidthscopeError(f"nngp: x2 must be a non-empty tensor shaped like x1 (n2, {tuple(x1.shape[1:])})")
     params = {k: v for k, v in model.named_parameters()}
-    x1 = as_param_dtype(x1, params)
-    x2 = None if x2 is None else as_param_dtype(x2, params)
+    x1 = linear_model.as_param_dtype(x1, params)
+    x2 = None if x2 is None else linear_model.as_param_dtype(x2, params)
     _check(model, x1, x2)
     if isinstance(model, FunctionModel):
         return _function_nngp(model, x1, x2, readout, dtype)
     name, a1, m = _features(model, x1, readout)
-    a2 = a1 if x2 is None else _features(model, as_param_dtype(x2, params), name)[1]
+    a2 = a1 if x2 is None else _features(model, linear_model.as_param_dtype(x2, params), name)[1]
     d = a1.shape[-1]
     A1, A2 = a1.reshape(a1.shape[0], -1, d), a2.reshape(a2.shape[0], -1, d)
     n1, T = A1.shape[:2]

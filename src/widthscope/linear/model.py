@@ -46,6 +46,7 @@ from ._core import (  # noqa: F401  (re-exported)
     model_output,
     params_and_buffers,
 )
+from .checks import _is_candidate, as_module, check_running_stats, check_stochastic
 from .empirical import METHODS, ntk, structured_ntk  # noqa: F401  (re-exported: the NTK lived here)
 
 __all__ = [
@@ -84,7 +85,6 @@ class LinearizedModel(nn.Module):
 
     def __init__(self, model: nn.Module, *, allow_stochastic: bool = False):
         super().__init__()
-        from .checks import _is_candidate, check_running_stats, check_stochastic
 
         if not allow_stochastic:
             check_stochastic(model, "linearize", _STOCHASTIC_OPT_IN)
@@ -147,8 +147,6 @@ class LinearizedModel(nn.Module):
     # -- the linear model -------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if (self._stochastic and not self._allow_stochastic) or self._bn:  # lin.train() may have switched them on
-            from .checks import check_running_stats, check_stochastic
-
             if not self._allow_stochastic:
                 check_stochastic(self._base, "linearized model", _STOCHASTIC_OPT_IN, self._stochastic)
             check_running_stats(self._bn, "linearized model")
@@ -198,8 +196,6 @@ def linearize(
         >>> opt = torch.optim.SGD(lin.parameters(), lr=0.1)
         >>> lin(torch.randn(3, 2)).sum().backward(); opt.step()
     """
-    from .checks import as_module
-
     _args.model_or_function("linearize", model)
     _args.boolean("linearize", "allow_stochastic", allow_stochastic)
     return LinearizedModel(as_module(model, params, "linearize"), allow_stochastic=allow_stochastic)

@@ -75,7 +75,7 @@ def fit_slope(widths: Sequence[float], values_by_seed, *, level: float = 0.95) -
     per = np.array([_line(logn, row)[0] for row in logs])
     per = per[np.isfinite(per)]
     if per.size >= 2 and np.isfinite(slope):
-        from scipy.stats import t
+        from scipy.stats import t  # noqa: PLC0415  start-up time: scipy
 
         half = float(t.ppf(0.5 + level / 2, per.size - 1)) * float(np.std(per, ddof=1)) / np.sqrt(per.size)
         lo, hi = slope - half, slope + half

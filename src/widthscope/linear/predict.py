@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import _args
@@ -28,7 +30,6 @@ def gd_weights(a: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _check_args(lr: float, steps, t, ridge: float) -> None:
     """One-line errors for the scalar options, before any work (``bool`` is no number here)."""
-    import math
 
     def num(v) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -101,8 +102,6 @@ def kernel_predict(
         >>> kernel_predict(K, y, lr=0.5, t=float("inf"), ridge=2.0)["train"].flatten().tolist()  # 2/(2+2)
         [0.5, 0.5, 0.5]
     """
-    import math
-
     fn = "kernel_predict"
     _args.tensor(fn, "K_train", K_train, ndim=(2, 4), accepts="an (N, N, o, o) or (N·o, N·o) kernel tensor")
     _args.tensor(fn, "y_train", y_train, min_ndim=1, accepts="an (N, o) tensor of targets")

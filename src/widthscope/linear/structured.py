@@ -49,6 +49,7 @@ from torch import nn
 
 from ..errors import WidthscopeError
 from ._core import model_output
+from .checks import batchnorm_coupling
 from .predict import kernel_predict
 from .rules import (
     LinearTaps,
@@ -176,8 +177,6 @@ def _tapped(forward, calls: list):
 def plan(model: nn.Module, x: torch.Tensor) -> Plan:
     """Split the trainable parameters into the structured and the generic path, from one probe
     forward pass on (up to two rows of) ``x``."""
-    from .checks import batchnorm_coupling
-
     coupled = batchnorm_coupling(model)
     if coupled is not None:
         raise WidthscopeError(

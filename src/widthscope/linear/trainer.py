@@ -54,6 +54,7 @@ from .._io import progress as _progress
 from ..errors import WidthscopeError
 from .model import as_param_dtype, first_output, linearize, model_output, ntk, params_and_buffers
 from .predict import gd_weights, kernel_predict, spectral
+from .structured import uncovered
 
 __all__ = ["train_side_by_side", "function_space_gd", "loss_value"]
 
@@ -209,8 +210,6 @@ def train_side_by_side(
     )
     X, Y, Xt, Yt, probe = _model_tensors(model, X, Y, Xt, Yt, probe, loss)
     if linear == "auto":
-        from .structured import uncovered
-
         linear = "kernel" if exact and not return_models and not uncovered(model) else "weights"
     run = _start(
         model,

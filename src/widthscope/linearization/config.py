@@ -30,9 +30,11 @@ from typing import Any, Mapping
 import torch
 
 from .._io import first_nonfinite, read_toml, to_jsonable
+from ..data import DATASETS
 from ..errors import WidthscopeError
 from ..linear.correlation import parse_correlation_name
 from ..linear.trainer import LOSSES, OPTIMIZERS
+from ..models import build
 
 __all__ = ["DEFAULTS", "DEMO_CONFIG", "validate_config", "make_cells", "load_toml"]
 
@@ -220,9 +222,6 @@ def _check_data_and_model(cfg: Mapping[str, Any]) -> None:
     """The dataset and the model, before any cell runs or any data loads: the dataset is a
     classification dataset this package knows, and the MLP builds with the config's options
     (on the ``meta`` device, so no memory; the input size, known only from the data, is a placeholder)."""
-    from ..data import DATASETS
-    from ..models import build
-
     d = cfg["data"]
     if d["name"] not in DATASETS or d["name"] in ("text", "prose"):
         raise WidthscopeError(

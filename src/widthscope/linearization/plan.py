@@ -9,6 +9,13 @@ seeds x alphas, each ``train.steps`` steps of the network and its linearization 
   the network counted on one example and on the run's batch by :func:`widthscope.probe.cost.count_step`; the
   linear model is a second copy of the weights with the same shapes, so the stage's memory counts
   the weights, the optimizer state and the activations twice);
+- the memory of a cell beyond its steps (:func:`cell_bytes`): one cell of the widest width run
+  for one step and counted (:func:`~widthscope.probe.cost.live_peak`): the frozen kernel, its
+  eigenbasis and predictions, the kernel drift's kernels, the correlations; held beside it, the
+  data. With ``time_run`` the cell, and loading the data, are also measured as the run is
+  (the resident peak in a forked child, :func:`~widthscope.probe.cost_plan.resident_peak`, before
+  anything else runs) and the larger taken, the label saying which. The run's memory is the
+  larger of that cell and the largest step, + the data;
 - FLOPs per training example of the network's step (``FlopCounterMode``); the linear model's step
   (a Jacobian-vector product, or the kernel form) is in the timed cell, not in the FLOPs;
 - with ``time_run`` (the default) one whole cell of each width is run and timed (its logs
@@ -29,8 +36,8 @@ import torch
 
 from ..linear.correlation import correlation_summary, parse_correlation_name
 from ..models import build
-from ..probe.cost import count_step
-from ..probe.cost_plan import TrainPlan, TrainStage, device_memory, stage_of
+from ..probe.cost import count_step, live_peak
+from ..probe.cost_plan import TrainPlan, TrainStage, device_memory, larger, resident_peak, stage_of
 from .config import make_cells, validate_config
 from .run import _data, run_cell
 
@@ -96,6 +103,20 @@ def _time_correlations(cfg: Mapping[str, Any], model: torch.nn.Module, X: torch.
     return time.perf_counter() - t0
 
 
+def cell_bytes(cfg: Mapping[str, Any], cell: Mapping[str, Any]) -> int:
+    """One cell's memory: the cell run for one step (logged at 0 and 1) and counted
+    (:func:`~widthscope.probe.cost.live_peak`): the network's copy and its optimizer, the linear model
+    or the frozen kernel ``Θ₀(X ∪ X_t, X)`` with its eigenbasis and kernel predictions, the kernel
+    drift's kernels on the probe set, the derivative correlations where the cell measures them. A
+    cell's memory does not grow with its steps (its rows are a few numbers per logged step)."""
+    return live_peak(_one_step(cfg, cell))[1]
+
+
+def _one_step(cfg: Mapping[str, Any], cell: Mapping[str, Any]) -> Any:
+    short = {**cfg, "train": {**cfg["train"], "steps": 1, "log_steps": [0, 1]}}
+    return lambda: run_cell(short, cell)
+
+
 def _doubled(stage: TrainStage) -> TrainStage:
     """The linear model: a second set of weights (and optimizer state) of the same shapes."""
     return dataclasses.replace(stage, weight_bytes=2 * stage.weight_bytes, trainable_bytes=2 * stage.trainable_bytes)
@@ -112,6 +133,13 @@ def plan_linearize(config: Mapping[str, Any], *, time_run: bool = True) -> Train
     module docstring."""
     cfg = validate_config(config)
     cells = make_cells(cfg)
+    widest = max(int(w) for w in cfg["widths"])  # the cells' memory grows with the width
+    at = [c for c in cells if c["width"] == widest]
+    cell = next((c for c in at if c["correlations"]), at[0])
+    # measured first, before this process loads the data and runs the cells: a heap the earlier
+    # work left in pieces makes a measured step fault in more pages than the run's does
+    loaded = resident_peak(lambda: _data(cfg)) if time_run else None
+    measured = resident_peak(_one_step(cfg, cell)) if time_run else None
     t0 = time.perf_counter()
     (X, Y), (Xt, Yt), _, words = _data(cfg)
     load_s = time.perf_counter() - t0
@@ -121,10 +149,21 @@ def plan_linearize(config: Mapping[str, Any], *, time_run: bool = True) -> Train
         stages.append(stage)
         fixed += f
     data_bytes = sum(t.numel() * t.element_size() for t in (X, Y, Xt, Yt))
+    cell_b, how = cell_bytes(cfg, cell), "counted at one step"
+    held = [("data", data_bytes)]
+    notes: list[str] = []
+    if measured is not None:  # measured as the run is measured: the resident peak of the cell's step
+        cell_b, how = larger(cell_b, measured)
+        how = "measured on one step" if how == "measured" else "counted at one step"
+    phases = [(f"one cell at width {widest} ({how})", cell_b)]
+    if loaded is not None and loaded.peak is not None:  # loading's own peak beyond the tensors it keeps
+        phases.insert(0, ("loading the data (measured)", max(0, loaded.peak - data_bytes)))
+    elif loaded is not None:
+        notes.append(f"memory counted, not measured: {loaded.why}")
     free, source = device_memory("cpu")
     largest = max(stages, key=lambda s: s.weight_bytes)
     predicted = sum(s.train_s or 0.0 for s in stages) + fixed + load_s if time_run else None
-    notes = [
+    notes += [
         f"{len(cells)} cells ({len(cfg['widths'])} widths x {len(cfg['seeds'])} seeds x "
         f"{len(cfg['train']['alphas'])} alphas) on {words}",
         "steps are an upper bound: a diverging cell stops early",
@@ -143,7 +182,8 @@ def plan_linearize(config: Mapping[str, Any], *, time_run: bool = True) -> Train
         device="cpu",
         memory_bytes=free,
         memory_source=source,
-        other_bytes=(("data", data_bytes),),
+        other_bytes=tuple(held),
+        phases=tuple(phases),
         other_s=(("data", load_s), ("correlations", fixed)) if time_run else (),
         predicted_s=predicted,
         notes=tuple(notes),

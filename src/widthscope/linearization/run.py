@@ -34,10 +34,13 @@ from typing import Any, Mapping
 
 import torch
 
+from .. import data as wdata  # wdata.load looked up at call time (tests replace it)
 from .._io import atomic_write_json, to_jsonable
+from ..data import describe
 from ..errors import WidthscopeError
 from ..linear.correlation import correlation_summary, parse_correlation_name
 from ..linear.trainer import train_side_by_side
+from ..models import build
 from ..options import Options, option
 from ..sweep.grid import cell_id, finish_after_ranks, lock_out_dir, parse_shard, run_grid, shard_for_run
 from .config import load_toml, make_cells, validate_config
@@ -81,13 +84,11 @@ _DATA_CACHE: dict[str, Any] = {}
 
 
 def _data(cfg: Mapping[str, Any]):
-    from ..data import load
-
     d = cfg["data"]
     key = json.dumps(to_jsonable(d), sort_keys=True) + cfg["train"]["dtype"] + cfg["train"]["loss"]
     if key not in _DATA_CACHE:
         opts = {**d["options"], **({"root": d["root"]} if d["root"] else {})}
-        split = load(d["name"], n_train=d["n_train"], n_test=d["n_test"], seed=d["seed"], **opts)
+        split = wdata.load(d["name"], n_train=d["n_train"], n_test=d["n_test"], seed=d["seed"], **opts)
         if split.task != "classification":
             raise WidthscopeError(f"linearize: dataset {d['name']!r} is not a classification dataset")
         dtype = getattr(torch, cfg["train"]["dtype"])
@@ -99,16 +100,12 @@ def _data(cfg: Mapping[str, Any]):
             Y = torch.nn.functional.one_hot(y.long(), k).to(dtype) if cfg["train"]["loss"] == "mse" else y.long()
             return X, Y
 
-        from ..data import describe
-
         _DATA_CACHE[key] = (prep(split.train), prep(split.test), k, describe(split))
     return _DATA_CACHE[key]
 
 
 def run_cell(cfg: Mapping[str, Any], cell: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Train one ``(width, seed, α)`` cell; rows for every logged step (+ correlation rows)."""
-    from ..models import build
-
     (X, Y), (Xt, Yt), k, words = _data(cfg)
     m, tr = cfg["model"], cfg["train"]
     width, seed, alpha = cell["width"], cell["seed"], cell["alpha"]

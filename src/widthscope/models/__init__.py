@@ -29,8 +29,17 @@ from typing import Any, Callable
 from torch import nn
 
 from ..errors import WidthscopeError
+from .lm import build_llama, build_pythia
+from .mlp import build_mlp
+from .resnet import build_resnet20
 
 FAMILIES = ("mlp", "resnet20", "llama", "pythia")
+_BUILDERS: dict[str, Callable[..., tuple[nn.Module, dict, list[str]]]] = {
+    "mlp": build_mlp,
+    "resnet20": build_resnet20,
+    "llama": build_llama,
+    "pythia": build_pythia,
+}
 
 __all__ = ["FAMILIES", "build", "count_parameters", "describe", "depth_of"]
 
@@ -47,20 +56,13 @@ def build(family: str, width: int | float | None = None, **options: Any) -> nn.M
     """
     if family not in FAMILIES:
         raise WidthscopeError(f"unknown model family {family!r}; valid: {', '.join(FAMILIES)}")
-    fn: Callable[..., tuple[nn.Module, dict, list[str]]]  # the family's builder; each checks its width
     if family == "mlp":
         if width is None:
             raise WidthscopeError("mlp needs a width (hidden units), e.g. build('mlp', 128, in_dim=..., out_dim=...)")
         missing = [k for k in ("in_dim", "out_dim") if k not in options]
         if missing:
             raise WidthscopeError(f"mlp needs option(s) {', '.join(missing)} (input features, outputs)")
-        from .mlp import build_mlp as fn
-    elif family == "resnet20":
-        from .resnet import build_resnet20 as fn
-    elif family == "llama":
-        from .lm import build_llama as fn
-    else:
-        from .lm import build_pythia as fn
+    fn = _BUILDERS[family]  # the family's builder; each checks its width
     try:
         model, config, points = fn(width, **options)
     except TypeError as exc:

@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import warnings
 import weakref
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,9 @@ import torch
 from torch import nn
 
 from ..errors import WidthscopeError
+from ..hub import attach, resolve_model
 from ..probe.structure import eager_attention, eager_attention_for, main_stack
+from . import count_parameters
 from .dispatch import check_disk, finish, pretrained_kwargs
 
 __all__ = [
@@ -205,8 +208,6 @@ def max_positions(model: nn.Module) -> int | None:
 
 def model_info(model: nn.Module) -> dict[str, Any]:
     """Architecture, width (hidden size), depth, dtype, attention implementation, parameters."""
-    from . import count_parameters
-
     cfg = getattr(model, "config", None)
     info: dict[str, Any] = {"architecture": type(model).__name__}
     if cfg is not None:
@@ -270,8 +271,6 @@ def load_hf(
     not used. The map, the budget and the folder are recorded in ``widthscope_hf``; offloaded
     models recompute each block in the probe's backward (memory near the budget).
     """
-    from ..hub import attach, resolve_model
-
     directory, hub = resolve_model(str(directory), revision)
     cfg = _read_cfg(directory)
     check_model_type(cfg, directory / "config.json")
@@ -297,7 +296,6 @@ def load_hf(
         )
     folder, temp = _offload_folder(placement, budget, offload_folder)
     auto = auto_classes()[task]
-    import warnings
 
     from transformers.utils import logging as hf_logging
 

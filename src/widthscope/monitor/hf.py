@@ -48,6 +48,7 @@ import logging
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from ..errors import WidthscopeError
 from .core import AlignmentMonitor, monitor_from
 from .options import MonitorOptions
 from .rows import lazy_class
@@ -65,8 +66,6 @@ def _base() -> type:
     try:
         from transformers import TrainerCallback
     except ImportError as exc:  # pragma: no cover - transformers is a core dependency
-        from ..errors import WidthscopeError
-
         raise WidthscopeError("widthscope.monitor.hf needs transformers: pip install 'widthscope[hf]'") from exc
     return TrainerCallback
 
@@ -160,8 +159,6 @@ __getattr__ = lazy_class(__name__, "AlignmentCallback", _make_class)
 
 def _check_trainer(args: Any, trainer: Any, model: Any) -> None:
     """Refuse a Trainer configured for FSDP (``args.fsdp`` / accelerate's FSDP plugin) or an FSDP model."""
-    from ..errors import WidthscopeError
-
     fsdp = getattr(args, "fsdp", None)
     if fsdp or getattr(trainer, "is_fsdp_enabled", False) is True:
         raise WidthscopeError(

@@ -33,6 +33,7 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any
 
+from ..errors import WidthscopeError
 from .core import AlignmentMonitor, monitor_from
 from .options import MonitorOptions
 from .rows import lazy_class
@@ -53,8 +54,6 @@ def _base() -> type:
         try:
             from pytorch_lightning.callbacks import Callback as LegacyCallback
         except ImportError as exc:
-            from ..errors import WidthscopeError
-
             raise WidthscopeError(
                 "widthscope.monitor.lightning needs Lightning: pip install 'widthscope[lightning]'"
             ) from exc
@@ -126,8 +125,6 @@ __getattr__ = lazy_class(__name__, "AlignmentCallback", _make_class)
 
 def _check_strategy(trainer: Any) -> None:
     """Refuse Lightning's FSDP strategies (``FSDPStrategy``, ``ModelParallelStrategy`` shards with FSDP2)."""
-    from ..errors import WidthscopeError
-
     name = type(getattr(trainer, "strategy", None)).__name__
     if "FSDP" in name or name == "ModelParallelStrategy":
         raise WidthscopeError(f"the alignment monitor cannot probe a model sharded by Lightning's {name}; {FSDP_FIX}")
@@ -138,7 +135,6 @@ def _network(monitor: AlignmentMonitor, pl_module: Any) -> Any:
     net = monitor.model
     if net is pl_module or any(m is net for m in pl_module.modules()):
         return net
-    from ..errors import WidthscopeError
 
     raise WidthscopeError(
         f"the alignment monitor was built on a {type(net).__name__} that is not part of the "

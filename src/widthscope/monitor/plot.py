@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .._io import read_jsonl
+from ..errors import WidthscopeError
 
 __all__ = ["series", "plot"]
 
@@ -41,8 +42,6 @@ def series(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, list[float]]]:
 def plot(rows: Iterable[dict[str, Any]] | str | Path, out: str | Path) -> Path:
     """Write the PNG of the monitor rows (a list, or a JSONL path written by the monitor)."""
     from matplotlib.figure import Figure  # Agg canvas, no pyplot global state
-
-    from ..errors import WidthscopeError
 
     rows = read_jsonl(rows) if isinstance(rows, (str, Path)) else list(rows)
     data = series(rows)

@@ -77,7 +77,7 @@ def put_back(model: nn.Module, before: dict[str, torch.Tensor]) -> list[str]:
 
 def _fsdp_classes() -> tuple[type, ...]:
     try:
-        import torch.distributed.fsdp as fsdp
+        import torch.distributed.fsdp as fsdp  # noqa: PLC0415  optional: torch builds without distributed
     except ImportError:  # a torch build without distributed: nothing can be sharded
         return ()
     return tuple(

@@ -10,7 +10,9 @@ import torch
 import torch.nn as nn
 
 from ..errors import WidthscopeError
+from ..stats import certificate, cross_moments_from_gram
 from .batches import batch_size_of, to_batches
+from .collect import _run_batch, float_dtype, to_device
 from .insert import Inserted, ResidualBlock, channel_dim
 from .steps import EvalMode, _device
 
@@ -115,7 +117,6 @@ def block_features(
             "block_features needs an MLP/1x1-style block (its W_out gradient is "
             "Σ_t q_t h_tᵀ); a 3x3 block has no such form"
         )
-    from .collect import _run_batch, float_dtype, to_device
 
     dev = _device(model)
     state: dict[str, torch.Tensor] = {}
@@ -165,8 +166,6 @@ def block_certificate(
     estimator: Estimator = "unbiased",
 ) -> Any:
     """Two-population certificate of an inserted block's ``W_out`` step, from Gram products only."""
-    from ..stats import certificate, cross_moments_from_gram
-
     qa, ha = block_features(model, point, train, loss_fn, batch_size=batch_size)
     qb, hb = block_features(model, point, test, loss_fn, batch_size=batch_size)
     C = block_gram(qa, ha, qb, hb)
@@ -178,7 +177,6 @@ def w_out_grad(model: nn.Module, point: str, data: Any, loss_fn: Callable | None
     block = block_of(model, point)
     n = batch_size_of(data)
     total = torch.zeros(block.w_out.shape, dtype=torch.float64)
-    from .collect import _run_batch, float_dtype, to_device
 
     dev = _device(model)
     with EvalMode(model), torch.enable_grad():

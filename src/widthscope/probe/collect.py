@@ -48,6 +48,7 @@ import torch.nn as nn
 from .. import _args
 from .._io import progress as _progress
 from ..errors import WidthscopeError
+from .insert import channel_dim
 from .losses import causal_lm_loss, default_loss, logits_of, masked_lm_loss
 from .offload import input_device
 from .points import resolve_points
@@ -468,7 +469,6 @@ def _make_hook(
         b = torch.zeros_like(z, requires_grad=True)
         state[name] = (b, module)
         zd = z.detach()
-        from .insert import channel_dim
 
         per = zd.double().pow(2).reshape(zd.shape[0], -1)
         sumsq.setdefault(name, []).append(

@@ -16,6 +16,7 @@ head, is what ``scaled_dot_product_attention`` picks for every float dtype; a mo
 
 from __future__ import annotations
 
+import copy
 import weakref
 from collections.abc import Mapping, MutableMapping
 from contextlib import contextmanager
@@ -32,7 +33,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..errors import WidthscopeError
 from .losses import default_loss, logits_of
 
-__all__ = ["count_pass", "count_step", "RunAttention", "optimizer_bytes", "OPTIMIZER_STATES"]
+__all__ = ["count_pass", "count_step", "live_peak", "RunAttention", "optimizer_bytes", "OPTIMIZER_STATES"]
 
 # optimizer state per trainable parameter, in parameter-sized tensors
 OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "sgd": 0, "sgd-momentum": 1}
@@ -149,6 +150,16 @@ class _Live(TorchDispatchMode):
                 self.peak = max(self.peak, self.live)
                 weakref.finalize(t, self._free, n)
         return out
+
+
+def live_peak(fn: Callable[[], Any]) -> tuple[Any, int]:
+    """``(fn(), peak)``: the most bytes of tensors ``fn`` held at once (those it made; what existed
+    before it is not counted), counted as :class:`_Live` counts a pass. The memory of work the cost
+    plans run for real on a small size (a growth ranking, a linearization cell)."""
+    live = _Live()
+    with live:
+        out = fn()
+    return out, live.peak
 
 
 # ----------------------------------------------------------------------------- attention as the run takes it
@@ -274,6 +285,26 @@ def _probe_flops(model: nn.Module, batch: Any, names: list[str], loss_fn: Callab
     }
 
 
+def _standalone(batch: Any) -> Any:
+    """``batch`` with each tensor copied to a storage of its own: a saved tensor is counted by its whole
+    storage, and an example sliced from a data set (``index_batch(train, slice(0, 1))``) shares the data
+    set's, which would count it whole (issue 32)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.clone(memory_format=torch.contiguous_format)
+    if isinstance(batch, MutableMapping):
+        out = copy.copy(batch)
+        for k, v in batch.items():
+            out[k] = _standalone(v)
+        return out
+    if isinstance(batch, Mapping):
+        return {k: _standalone(v) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
+        return type(batch)(*(_standalone(v) for v in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_standalone(v) for v in batch)
+    return batch
+
+
 def count_pass(
     model: nn.Module,
     batch: Any,
@@ -282,15 +313,17 @@ def count_pass(
     *,
     device: torch.device | str | None = None,
 ) -> dict[str, Any]:
-    """FLOPs and memory of one probe pass over ``batch`` (meta or real tensors): ``flops_forward``,
-    ``flops_backward`` (to the points' outputs only, parameters frozen), ``saved_bytes`` (autograd's
-    saved tensors, weights excluded, each tensor's storage once) and ``gradient_bytes`` (the
-    activation gradients at the points); ``peak_bytes``: the live peak of the whole pass (forward and
-    backward, transients included); ``forward_peak_bytes``: that of a forward and its loss without
-    gradients; ``shapes``: each point's output shape; ``flops_after``: the forward FLOPs after each
-    point (what the interventions' cached steps rerun). ``device``: where the run will compute (the
-    attention kernel of the memory counts; default the batch's, CPU for meta)."""
+    """FLOPs and memory of one probe pass over ``batch`` (meta or real tensors; the pass runs on a copy
+    of it: :func:`_standalone`): ``flops_forward``, ``flops_backward`` (to the points' outputs only,
+    parameters frozen), ``saved_bytes`` (autograd's saved tensors, weights excluded, each tensor's
+    storage once) and ``gradient_bytes`` (the activation gradients at the points); ``peak_bytes``:
+    the live peak of the whole pass (forward and backward, transients included);
+    ``forward_peak_bytes``: that of a forward and its loss without gradients; ``shapes``: each
+    point's output shape; ``flops_after``: the forward FLOPs after each point (what the
+    interventions' cached steps rerun). ``device``: where the run will compute (the attention kernel
+    of the memory counts; default the batch's, CPU for meta)."""
     run_device = None if device is None else torch.device(device)
+    batch = _standalone(batch)
     flops = _probe_flops(model, batch, names, loss_fn)
     params = {id(p) for p in model.parameters()}
     saved: dict[int, tuple[torch.Tensor, int]] = {}

@@ -42,8 +42,21 @@ import torch
 import torch.nn as nn
 
 from ..errors import WidthscopeError
+from ..stats import certificate, cross_moments_from_gram, plan
+from .collect import _run_batch, float_dtype, to_device
 from .insert import ACTIVATIONS, ResidualBlock, insert, remove_insertion
-from .intervene import block_features, block_gram, block_of
+from .intervene import (
+    EvalMode,
+    _activation_rms,
+    _device,
+    batch_size_of,
+    block_features,
+    block_gram,
+    block_of,
+    index_batch,
+    to_batches,
+    w_out_grad,
+)
 from .structure import eager_attention_for
 
 __all__ = [
@@ -74,8 +87,6 @@ def block_input_features(
     Done with :func:`block_features` on a temporary identity block (``W_in = I``, ``φ = id``),
     whose hidden activations are exactly ``norm(z)``; ``W_out = 0`` so nothing downstream changes.
     """
-    from .intervene import _activation_rms
-
     _, width = _activation_rms(model, point, _first(data, 2), loss_fn, batch_size)
     insert(model, point, "block", width=width, hidden=width, activation="identity", norm=norm, record=False)
     try:
@@ -90,8 +101,6 @@ def block_input_features(
 
 
 def _first(data: Any, n: int) -> Any:
-    from .intervene import batch_size_of, index_batch
-
     return index_batch(data, slice(0, min(n, batch_size_of(data))))
 
 
@@ -152,8 +161,6 @@ def point_criteria(
     ``keep_gradmax_rows`` adds ``gradmax_rows``, the ``(gradmax_k, N)`` tensor of
     :func:`gradmax_directions` (not JSON: pop it before writing).
     """
-    from ..stats import certificate, cross_moments_from_gram, plan
-
     if activation not in ACTIVATIONS:
         raise WidthscopeError(f"activation={activation!r} is not one of {sorted(ACTIVATIONS)}")
     qa, ua = block_input_features(model, point, train, loss_fn, batch_size=batch_size, norm=norm)
@@ -254,16 +261,6 @@ def line_search_gain(
     ranked last, ``null`` in JSON — when ``s > 0`` and ``c ≤ 0``: the quadratic model then bounds
     nothing, and an estimate that says "unbounded" should not win a ranking).
     """
-    from .collect import _run_batch, float_dtype, to_device
-    from .intervene import (
-        EvalMode,
-        _activation_rms,
-        _device,
-        batch_size_of,
-        to_batches,
-        w_out_grad,
-    )
-
     _, width = _activation_rms(model, point, _first(test, 2), loss_fn, batch_size)
     insert(
         model,

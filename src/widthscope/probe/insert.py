@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from .. import _args
 from ..errors import WidthscopeError
 from .offload import module_device
+from .points import insertion_points, resolve_points
 
 __all__ = [
     "insert",
@@ -245,9 +246,7 @@ def _valid_points(model: nn.Module) -> list[str]:
     pts = getattr(model, "widthscope_points", None)
     if pts:
         return list(pts)
-    try:  # the probe engineer's default points, when available
-        from .points import insertion_points
-
+    try:  # the probe engineer's default points
         return list(insertion_points(model))
     except Exception:  # noqa: BLE001 - only used to build an error message
         return [n for n, _ in model.named_modules() if n][:50]
@@ -264,8 +263,6 @@ def _resolve(model: nn.Module, point: str) -> nn.Module:
     except AttributeError:
         pass
     try:  # the probe's message lists valid names, closest first
-        from .points import resolve_points
-
         resolve_points(model, [point])
     except WidthscopeError:
         raise

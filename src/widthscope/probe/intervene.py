@@ -44,10 +44,12 @@ import torch.nn as nn
 
 from .._io import progress as _progress
 from ..errors import WidthscopeError
+from ..stats import certificate, wilson_interval
 
 # batch helpers live in .batches (the prefix cache uses them too); re-exported here
 from .batches import _cat, as_examples, batch_size_of, index_batch, take, to_batches  # noqa: F401
 from .blocks import _positions, block_certificate, block_features, block_gram, block_of, w_out_grad  # noqa: F401
+from .collect import activation_rms, collect, float_dtype
 from .insert import (  # noqa: F401
     Inserted,
     ResidualBias,
@@ -55,6 +57,7 @@ from .insert import (  # noqa: F401
     _resolve,
     apply_insertions,
     channel_dim,
+    check_intervene_args,
     insert,
     inserted_parameters,
     inserted_state,
@@ -200,8 +203,6 @@ def intervene(
         predicted sign is resolved). :func:`resolved` drops both
         kinds; :func:`precision_note` words them in one line.
     """
-    from .insert import check_intervene_args
-
     check_intervene_args(locals())  # types, before any work
     if kind not in ("bias", "block"):
         raise WidthscopeError(f"kind must be 'bias' or 'block', got {kind!r}")
@@ -221,8 +222,6 @@ def intervene(
     M, K = batch_size_of(train), batch_size_of(test)
     reuse = dict(reuse or {})
     if kind == "bias" and reuse.get("act_sq") is not None and len(reuse["act_sq"]) >= M:
-        from .collect import activation_rms
-
         act_rms, width = activation_rms(reuse["act_sq"], M), int(reuse["width"])
     else:
         act_rms, width = _activation_rms(model, point, train, loss_fn, batch_size)
@@ -234,8 +233,6 @@ def intervene(
     loss_before = float(test_losses.mean())
     rows: list[dict[str, Any]] = []
     if kind == "bias":
-        from .collect import collect
-
         if reuse.get("train") is not None and reuse.get("test") is not None:
             Sa, Sb = reuse["train"][:M], reuse["test"][:K]
         else:
@@ -391,9 +388,6 @@ def sign_agreement(
     ``agree_rate``, its interval and ``improved_rate`` count only the other draws (None if none
     is left); ``misaligned_rate`` needs no loss and counts all.
     """
-    from ..stats import certificate, wilson_interval
-    from .collect import collect, float_dtype
-
     if eta is not None:
         eta = _check_etas([eta])[0]
     train = as_examples(train_batches)

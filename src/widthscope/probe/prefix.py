@@ -40,6 +40,9 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn as nn
 
+from ..errors import WidthscopeError
+from .batches import _cat, batch_size_of, take, to_batches
+from .collect import _run_batch, _split_output, float_dtype
 from .prefix_keep import KeptPrefix, keep_prefix
 from .prefix_plan import FnSteps, Plan, Unsupported, _capture, _Replaced, add_steps, plan, plans
 
@@ -62,8 +65,6 @@ PREFIX_MODES = ("auto", "full")
 
 # ----------------------------------------------------------------------------- stacked losses
 def _chunks(data: Any, per: int) -> Iterator[Any]:
-    from .batches import to_batches
-
     yield from to_batches(data, per)
 
 
@@ -97,9 +98,6 @@ def _cached_losses(
 ) -> torch.Tensor:
     """``cached`` path for one chunk: per-row losses ``(E·B,)`` of the stacked pass; ``keep``:
     the planned outputs of this chunk's rows recorded earlier (:class:`KeptPrefix`), else captured."""
-    from .batches import _cat
-    from .collect import _run_batch, _split_output
-
     E = steps.shape[0]
     b = to_dev(batch)
     if keep is None:
@@ -153,10 +151,6 @@ def stacked_totals(
     stacked pass) to equal a full forward of them within :func:`check_tolerance`; any failure of
     the cached path (its check, a replaced module misbehaving, a model error under replacement)
     reruns everything on the full path, whose own errors are the model's and propagate."""
-    from ..errors import WidthscopeError
-    from .batches import batch_size_of, take
-    from .collect import float_dtype
-
     if mode == "full":
         return _full_totals(model, point, steps, data, loss_fn, per, to_dev), "full: requested"
     if batch_size_of(data) < 3:
@@ -207,8 +201,6 @@ def _full_rows(
 ) -> torch.Tensor:
     """Per-row losses ``(E·B,)`` of the ``full`` path for one chunk: the batch stacked ``E``
     times, a forward hook adding ``steps[e]`` to copy ``e`` at ``point``."""
-    from .batches import _cat
-    from .collect import _run_batch, _split_output
 
     def hook(_m: nn.Module, _i: Any, out: Any) -> Any:
         z, put = _split_output(out, point)

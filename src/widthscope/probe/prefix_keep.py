@@ -11,6 +11,8 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.nn as nn
 
+from ..errors import WidthscopeError
+from .batches import batch_size_of, take
 from .prefix_plan import Plan, _map, _signature, plans
 
 
@@ -118,9 +120,6 @@ def keep_prefix(
     that does not run there is left out (its interventions plan and capture themselves). Memory: the outputs of the
     modules before the last point for ``n`` examples, at most ``max_bytes`` (beyond it nothing is kept).
     Hand the result to :func:`stacked_totals` (``kept=``) after the block."""
-    from ..errors import WidthscopeError
-    from .batches import batch_size_of, take
-
     kept = KeptPrefix(n, max_bytes)
     if batch_size_of(data) < 3:
         kept.reason = "fewer than 3 examples"

@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn as nn
 
+from .collect import _run_batch
 from .insert import channel_dim
 
 
@@ -111,8 +112,6 @@ def add_steps(z: torch.Tensor, steps: torch.Tensor | FnSteps) -> torch.Tensor:
 # ----------------------------------------------------------------------------- plan / capture
 def _forward(model: nn.Module, batch: Any, loss_fn: Callable | None) -> torch.Tensor | None:
     """Per-example losses of one batch; None when a capture hook stopped the forward."""
-    from .collect import _run_batch
-
     try:
         return _run_batch(model, batch, loss_fn, 0)[0]
     except _Stop:

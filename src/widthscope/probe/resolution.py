@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 
 from .batches import as_examples, batch_size_of, take, to_batches
+from .collect import collect, float_dtype
 from .steps import EvalMode, per_example_losses
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -68,8 +69,6 @@ def loss_rounding(
     ``(None, None)`` for a float32/float64 model (the reference precision: not measured).
     Cost: one float32 forward over ``data`` (and one in the dtype when ``losses`` is None).
     """
-    from .collect import float_dtype
-
     if float_dtype(model) not in LOW_PRECISION:
         return None, None
     with EvalMode(model):
@@ -88,8 +87,6 @@ def _sample_errors(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pooled samples of the first ``n`` examples as the model runs, and their rounding errors
     (minus the same weights' samples in float32, :class:`upcast`)."""
-    from .collect import collect
-
     data = as_examples(data)
     sub = take(data, min(n, batch_size_of(data)))
     low = collect(model, to_batches(sub, batch_size), points=[point], loss_fn=loss_fn, progress=False)[point]
@@ -107,8 +104,6 @@ def sample_rounding(
     multiple of ``u`` everywhere: a confidently fitted classifier's gradients cancel (measured
     32u in bfloat16 on a trained MLP, ≤ 3.5u on the tiny Llamas), so it is measured, not assumed
     (``sample_rel_error`` of :func:`widthscope.certify.per_point.statistics`, worst-case mode)."""
-    from .collect import float_dtype
-
     if float_dtype(model) not in LOW_PRECISION:
         return None
     ref, err = _sample_errors(model, point, data, loss_fn, n, batch_size)
@@ -128,8 +123,6 @@ def sample_errors(
     """Measured rounding errors ``(n, d)`` of the pooled samples of the first ``n`` train and ``n``
     held-out examples at ``point`` (the model as it is minus the same weights in float32,
     :class:`upcast`); None for a float32/float64 model. Cost: 4 probes of ``n`` examples."""
-    from .collect import float_dtype
-
     if float_dtype(model) not in LOW_PRECISION:
         return None
     return (

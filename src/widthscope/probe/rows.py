@@ -11,14 +11,14 @@ import torch
 import torch.nn as nn
 
 from .._io import progress as _progress
+from .collect import float_dtype, to_device
 from .insert import ResidualBlock
+from .prefix import FnSteps, stacked_totals
 from .resolution import _mark_precision, loss_rounding, upcast
 from .steps import EvalMode, _device, mean_loss
 
 
 def _block_steps(block: ResidualBlock, G_M: torch.Tensor, etas: Sequence[float]) -> Any:
-    from .prefix import FnSteps
-
     return FnSteps(
         torch.tensor([-float(e) for e in etas], dtype=torch.float64), lambda z: block.delta(z, G_M.to(z.device))
     )
@@ -38,9 +38,6 @@ def _precision(
 ) -> list[dict[str, Any]]:
     """Flag the rows below the model dtype's resolution; with ``precision="float32"`` measure those
     steps again with the model upcast (the network's full path: kept prefixes are in the dtype)."""
-    from .collect import float_dtype, to_device
-    from .prefix import stacked_totals
-
     dt = float_dtype(model)
     r, ref = loss_rounding(model, test, loss_fn, batch_size=batch_size, losses=test_losses)
     _mark_precision(rows, dt, r)
@@ -139,9 +136,6 @@ def _stacked_rows(
     kept: Any,
 ) -> list[dict[str, Any]]:
     """Rows of ``E`` steps evaluated by :func:`widthscope.probe.prefix.stacked_totals`."""
-    from .collect import float_dtype, to_device
-    from .prefix import stacked_totals
-
     dev, dt = _device(model), float_dtype(model)
     per = max(1, batch_size // len(etas))  # examples per stacked call, so a call holds about batch_size rows
     with EvalMode(model), torch.no_grad():

@@ -12,6 +12,7 @@ import torch.nn as nn
 
 from ..errors import WidthscopeError
 from .batches import to_batches
+from .collect import _run_batch, _split_output, float_dtype, to_device
 from .insert import channel_dim
 from .offload import input_device
 
@@ -40,8 +41,6 @@ def per_example_losses(
     model: nn.Module, data: Any, loss_fn: Callable | None = None, *, batch_size: int = 64, grad: bool = False
 ) -> torch.Tensor:
     """Per-example losses ``(n,)`` exactly as :func:`widthscope.probe.collect` defines them."""
-    from .collect import _run_batch, float_dtype, to_device
-
     dev = _device(model)
     out = []
     ctx = torch.enable_grad() if grad else torch.no_grad()
@@ -62,8 +61,6 @@ def _activation_rms(
     model: nn.Module, point: str, data: Any, loss_fn: Callable | None, batch_size: int
 ) -> tuple[float, int]:
     """Root-mean-square entry of the output at ``point`` over ``data``, and its channel width."""
-    from .collect import _split_output
-
     acc = [0.0, 0, 0]
 
     def hook(_m: nn.Module, _i: Any, out: Any) -> None:

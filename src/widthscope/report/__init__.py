@@ -26,8 +26,10 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from .._io import Skipped, read_jsonl, record_skips, refuse_skips, skip_lines, warn_skips
+from .. import _io  # _io.check_space looked up at call time (tests replace it)
+from .._io import Skipped, atomic_write_json, read_jsonl, record_skips, refuse_skips, skip_lines, warn_skips
 from ..errors import WidthscopeError
+from .html import build_report
 from .options import RECORD, ReportOptions
 
 __all__ = ["load_results", "report", "ReportOptions"]
@@ -93,8 +95,8 @@ def load_results(
     Rows widthscope did not write are refused (a source with none) or left out with a line in ``notes``.
     Nothing is written: a damaged line or cell file is skipped and appended to ``problems`` (when
     given, else logged on stderr); a damaged certify file is refused."""
-    from ..sweep.grid import load_rows
-    from .certify_series import series_rows
+    from ..sweep.grid import load_rows  # noqa: PLC0415  start-up time: torch
+    from .certify_series import series_rows  # noqa: PLC0415  start-up time: torch
 
     rows: list[dict[str, Any]] = []
     # Certify files are read together (at the first one's place): they are checked against each
@@ -139,7 +141,7 @@ def load_results(
         for r in got:
             r.setdefault("source", str(p))
         rows.extend(got)
-    from ..stats import vacuous_rule
+    from ..stats import vacuous_rule  # noqa: PLC0415  start-up time: torch
 
     for r in rows:  # rows written before the vacuous rule read as new ones do
         if r.get("kind") == "alignment":
@@ -172,10 +174,8 @@ def report(
     :class:`ReportOptions` (its ``out``, ``title``, ``strict`` replace the arguments). The rows of a
     model-suite sweep also get ``width-series.html`` and ``over-training.html`` beside the page
     (:mod:`widthscope.report.suite`); ``report.json`` records the options and the inputs."""
-    from .._io import atomic_write_json
-    from .certify_series import describe
-    from .html import build_report
-    from .suite import write_pages
+    from .certify_series import describe  # noqa: PLC0415  start-up time: torch
+    from .suite import write_pages  # noqa: PLC0415  start-up time: torch
 
     if options is None:
         options = ReportOptions(out=None if out_dir is None else str(out_dir), title=title, strict=strict)
@@ -209,10 +209,8 @@ def report(
     out = Path(out_dir) if out_dir is not None else (first.parent if first.is_file() else first) / "report"
     if title is None:
         title = "widthscope report: " + ", ".join(Path(d).name for d in dirs)
-    from .._io import check_space
-
     # figures and the self-contained page: 0.7 MB measured for 96 rows of three kinds
-    check_space(out / "report.html", 2_000_000 + 10_000 * len(rows), "the report (figures and page)")
+    _io.check_space(out / "report.html", 2_000_000 + 10_000 * len(rows), "the report (figures and page)")
     named = describe(rows)  # certify files: which model/data/width each one is
     page = build_report(rows, out, title=title, sources=[named.get(str(Path(d)), str(d)) for d in dirs], notes=notes)
     pages = write_pages(rows, out)  # a model suite: its width series and over-training pages

@@ -73,7 +73,7 @@ def summary(rows: list[dict], found: Sequence[Mapping[str, Any]] | None = None) 
     """Auto-written verdict per group: descriptive per-point counts, then the verdict and advice
     quoted from the claims page (``found``: its claims, computed from ``rows`` when not given)."""
     if found is None:
-        from .claims import claims
+        from .claims import claims  # noqa: PLC0415  start-up time: scipy
 
         found = claims(rows)
     lines = []

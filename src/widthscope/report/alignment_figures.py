@@ -13,6 +13,7 @@ import numpy as np
 
 from ._groups import _label, groups
 from .alignment_rows import _agg, _mk, _num, _pick, _points, _widths
+from .html import fit_titles
 
 MAX_POINTS_PANELS = 4
 MAX_MK_PANELS = 4
@@ -30,8 +31,6 @@ def _fig(nrows: int, ncols: int, w: float = 4.2, h: float = 3.2):
 def _save(fig, path: Path, title: str) -> None:
     """Save with the group's label as the figure title (so a PNG alone says which regime it
     shows), every title wrapped to fit (panel titles would clip into each other otherwise)."""
-    from .html import fit_titles
-
     fig.suptitle(title, fontsize=11)
     fit_titles(fig)
     fig.savefig(path)

@@ -33,6 +33,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from .._io import cut_off
 from ..errors import WidthscopeError
 from ..sweep.certify_rows import certify_rows
 
@@ -59,8 +60,6 @@ def _read(path: Path) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        from .._io import cut_off
-
         if cut_off(text, exc):
             raise WidthscopeError(
                 f"{str(path)!r} is truncated: its JSON stops after {len(text.rstrip())} "

@@ -66,6 +66,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from scipy import special as _sp
 
+from ._groups import _label, groups
 from .claims_stats import ALPHA, MAX_SEEDS, holm, seed_test, seeds_needed
 from .claims_stats import effect as _effect
 from .claims_stats import finite as _ok
@@ -136,8 +137,6 @@ def _claim(
 
 def _regimes(rows: list[Mapping[str, Any]]) -> list[tuple[str, list[Mapping[str, Any]]]]:
     """(label, rows) per probe regime, exactly the grouping and labels of the alignment section."""
-    from ._groups import _label, groups
-
     gs = groups(rows)
     return [(_label(k, list(gs)), sel) for k, sel in gs.items()]
 
@@ -395,7 +394,7 @@ def _interventions(rows: list[Mapping[str, Any]]) -> list[dict]:
 def _linearization(rows: list[Mapping[str, Any]]) -> list[dict]:
     if not any(r.get("kind") in ("correlation", "linearization") for r in rows):
         return []
-    from ..linearization.summary import PUBLISHED, reference_slope  # imports torch: only when there are such rows
+    from ..linearization.summary import PUBLISHED, reference_slope  # noqa: PLC0415  start-up time: torch
 
     out = []
     corr: dict[tuple, dict[Any, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
@@ -496,7 +495,7 @@ def deviation_seed_slopes(rows: Sequence[Mapping[str, Any]], metric: str, alpha:
 
 def certify_earlier(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
     """ "Wider models certify earlier", from monitor rows (:mod:`widthscope.report.claims_monitor`)."""
-    from .claims_monitor import certify_earlier as inputs
+    from .claims_monitor import certify_earlier as inputs  # noqa: PLC0415  start-up time: torch
 
     return [
         _claim(

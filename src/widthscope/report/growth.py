@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import html
 import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -80,7 +81,7 @@ def _cmp(table: Sequence[Mapping[str, Any]], budget: str = "long") -> list[Mappi
 
 
 def _table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    from ..grow.compare import compare
+    from ..grow.compare import compare  # noqa: PLC0415  start-up time: torch
 
     return compare(rows)
 
@@ -240,8 +241,6 @@ def readme_sentence(
 
 def tables(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """``[{"title", "html"}]``: the criteria table (HTML, escaped)."""
-    import html
-
     table = _table(rows)
     md = markdown_table(table).strip().splitlines()
     head = [c.strip() for c in md[0].strip("|").split("|")]
@@ -258,7 +257,7 @@ def tables(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    from ..grow.compare import winner
+    from ..grow.compare import winner  # noqa: PLC0415  start-up time: torch
 
     table = _table(rows)
     w = winner(table)
@@ -268,7 +267,7 @@ def summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 def figures(
     rows: Sequence[Mapping[str, Any]], out_dir: str | Path, table: Sequence[Mapping[str, Any]] | None = None
 ) -> list[dict[str, str]]:
-    import numpy as np
+    import numpy as np  # noqa: PLC0415  start-up time: numpy
 
     plt = _plt()
     out_dir = Path(out_dir)
@@ -345,7 +344,7 @@ def write_report(
     rows: Sequence[Mapping[str, Any]], table: Sequence[Mapping[str, Any]], out_dir: str | Path
 ) -> list[Path]:
     """``comparison.md`` and the two PNG figures in ``out_dir``."""
-    from ..grow.compare import winner
+    from ..grow.compare import winner  # noqa: PLC0415  start-up time: torch
 
     out_dir = Path(out_dir)
     w = winner(table)

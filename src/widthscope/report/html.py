@@ -24,12 +24,18 @@ import datetime as _dt
 import html
 import importlib
 import inspect
+import json
+import platform
+import subprocess
 import sys
+import textwrap
 import traceback
+from collections import defaultdict
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .._io import atomic_write_text
+from .._version import __version__
 
 __all__ = ["SECTIONS", "data_uri", "render_page", "build_report", "collect_sections", "fit_titles"]
 
@@ -71,8 +77,6 @@ def _titles(fig: Any) -> list[tuple[Any, Any]]:
 def fit_titles(fig: Any, *, min_size: float = 6.0) -> None:
     """Wrap (then shrink) every axes title wider than its axes and a suptitle wider than the figure,
     so no title is clipped or runs into its neighbour's; the layout then makes room for the lines."""
-    import textwrap
-
     if not hasattr(fig.canvas, "get_renderer"):
         from matplotlib.backends.backend_agg import FigureCanvasAgg
 
@@ -165,11 +169,6 @@ def collect_sections(
 
 def versions() -> dict[str, str]:
     """widthscope (and its git commit when run from a checkout), Python, torch, transformers."""
-    import platform
-    import subprocess
-
-    from .._version import __version__
-
     out = {"widthscope": __version__, "python": platform.python_version()}
     try:
         here = Path(__file__).resolve().parent
@@ -198,9 +197,7 @@ def versions() -> dict[str, str]:
 def data_descriptions(rows: Sequence[Mapping[str, Any]], source: str = "") -> list[str]:
     """What data one source's rows measured, in words: the rows' ``data_description`` values, else
     (rows written before that column) the dataset names in words, or the linearization config's data."""
-    import json
-
-    from ..data import describe_name
+    from ..data import describe_name  # noqa: PLC0415  start-up time: torch
 
     got = list(dict.fromkeys(str(r["data_description"]) for r in rows if r.get("data_description")))
     if not got:  # rows written before the column
@@ -220,9 +217,6 @@ def data_descriptions(rows: Sequence[Mapping[str, Any]], source: str = "") -> li
 
 def provenance(rows: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str:
     """HTML: what each source measured — its data, config, training steps and final losses."""
-    import json
-    from collections import defaultdict
-
     esc = html.escape
     parts = ["<section><h2>What was measured</h2>"]
     parts.append("<p>" + " · ".join(f"{esc(k)} {esc(v)}" for k, v in versions().items()) + "</p>")
@@ -343,7 +337,7 @@ def build_report(
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    from .claims import ALPHA, claims, html_table
+    from .claims import ALPHA, claims, html_table  # noqa: PLC0415  start-up time: scipy
 
     try:
         found = claims(rows)

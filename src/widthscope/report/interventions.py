@@ -97,7 +97,7 @@ def _label(r: Mapping[str, Any]) -> str:
 def _retention_by_width(plt: Any, groups: dict[str, list[Mapping[str, Any]]], xkey: str, out: Path) -> dict[str, str]:
     """Small multiples, one panel per width: every curve thin, the median and quartile band bold,
     so 60+ curves stay readable."""
-    import numpy as np
+    import numpy as np  # noqa: PLC0415  start-up time: numpy
 
     by_width: dict[Any, list[list[Mapping[str, Any]]]] = {}
     for rs in groups.values():

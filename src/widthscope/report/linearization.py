@@ -39,7 +39,7 @@ def _plt():
 
 def slopes_from_rows(rows: Sequence[dict]) -> list[dict[str, Any]]:
     """Slope rows (as in ``slopes.json``) refitted from result rows alone."""
-    from ..linearization.summary import cfg_from_rows, summarize
+    from ..linearization.summary import cfg_from_rows, summarize  # noqa: PLC0415  start-up time: torch
 
     fresh = list(rows)  # a list of their own, as summarize has always been given
     cfg = cfg_from_rows(fresh)
@@ -110,7 +110,7 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
 
 def _fig_deviation_vs_width(plt, lin, slopes, widths, alphas, last, out_dir: Path) -> dict:
     """1. Deviation vs width at the last logged step, one series per ``α``."""
-    from ..linearization.summary import reference_slope  # the one table of reference slopes
+    from ..linearization.summary import reference_slope  # noqa: PLC0415  start-up time: torch (one slope table)
 
     colors = plt.cm.viridis(np.linspace(0, 0.9, max(len(alphas), 1)))
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
@@ -207,7 +207,7 @@ def _fig_side_by_side(plt, lin, widths, a0, out_dir: Path) -> list[dict]:
 
 def _fig_slope_vs_alpha(plt, slopes, last, out_dir: Path) -> list[dict]:
     """4. Fitted slope vs ``α`` beside the bound and the published slopes; ``[]`` without slopes."""
-    from ..linearization.summary import PUBLISHED, reference_slope
+    from ..linearization.summary import PUBLISHED, reference_slope  # noqa: PLC0415  start-up time: torch
 
     sl = [x for x in slopes if x["metric"] in ("dev_rms", "dev_mse") and x["step"] == last]
     if not sl:
@@ -249,7 +249,7 @@ def _fig_slope_vs_alpha(plt, slopes, last, out_dir: Path) -> list[dict]:
 
 def _fig_correlations_vs_width(plt, corr, slopes, out_dir: Path) -> dict:
     """5. Derivative correlations ``C_{D,d}`` vs width, one series per name."""
-    from ..linearization.summary import reference_slope
+    from ..linearization.summary import reference_slope  # noqa: PLC0415  start-up time: torch
 
     widths = sorted({r["width"] for r in corr})
     names = sorted({r["name"] for r in corr})
@@ -381,7 +381,7 @@ def summary(rows: list[dict], found: Sequence[dict] | None = None) -> list[str]:
     """One sentence per deviation slope against the bound ``α − 1``. The verdict is the claims
     page's (``found``; computed from ``rows`` when not given): at the last step its Holm-corrected
     verdict, at other fit steps the same per-seed t test, uncorrected (and said so)."""
-    from .claims import ALPHA, claims, deviation_seed_slopes, seed_test
+    from .claims import ALPHA, claims, deviation_seed_slopes, seed_test  # noqa: PLC0415  start-up time: scipy
 
     if found is None:
         found = claims(rows)

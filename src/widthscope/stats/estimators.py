@@ -78,6 +78,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from .. import _args
@@ -144,8 +145,6 @@ def as_matrix(X: Any, name: str = "X", *, d: int | None = None) -> torch.Tensor:
         t = X.detach()
     else:
         try:
-            import numpy as np
-
             arr = np.asarray(X)
         except Exception as exc:  # pragma: no cover - exotic inputs
             raise WidthscopeError(f"{name} must be an (n, d) array or tensor, got {type(X).__name__}") from exc

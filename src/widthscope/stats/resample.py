@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from .. import _args
 from ..errors import WidthscopeError
@@ -174,8 +175,6 @@ def _block_sums_fn(C: torch.Tensor, plist, m_max: int, k_max: int):
 
 def _row_sums_fn(C: torch.Tensor, plist, m_values: list[int], k_max: int):
     """Block sums via Σ_{i∈I} C[i, :] (contiguous rows, embedding_bag), then K picked columns."""
-    import torch.nn.functional as F
-
     C = C.contiguous()
     pos = list(enumerate(plist))  # a list, not a dict: a repeated (M, K) must fill every column
 

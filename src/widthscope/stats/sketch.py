@@ -55,13 +55,18 @@ Example::
 
 from __future__ import annotations
 
+import itertools
+import os
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable
 
+import numpy as np
 import torch
 
 from ..errors import WidthscopeError
-from .estimators import CrossMoments, Moments, PrimalMoments, as_matrix
+from .estimators import CrossMoments, Moments, PrimalMoments, _falling, as_matrix
 
 __all__ = [
     "Projector",
@@ -285,7 +290,6 @@ def projected_moments(
                 raise WidthscopeError("projected_moments: no row blocks given")
             first = as_matrix(first, "X block")
             d = first.shape[1]
-            import itertools
 
             blocks = itertools.chain([first], blocks)
     proj = Projector(int(d), k, seed, kind=kind)
@@ -311,12 +315,6 @@ def spill_rows(blocks: Iterable[Any], path: Any, *, d: int | None = None) -> Any
         >>> spill_rows([X[:4], X[4:]], f).shape
         (10, 3)
     """
-    import os
-    import tempfile
-    from pathlib import Path
-
-    import numpy as np
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -366,8 +364,6 @@ def out_of_core_moments(X: Any, *, block: int = 2048) -> Moments:
         >>> m.n, m.method
         (30, 'dual-out-of-core')
     """
-    from .estimators import _falling
-
     if getattr(X, "ndim", None) != 2:
         raise WidthscopeError("out_of_core_moments: X must be a 2-D (n, d) array (e.g. a numpy.memmap)")
     if isinstance(block, bool) or not isinstance(block, int) or block < 1:
@@ -379,8 +375,6 @@ def out_of_core_moments(X: Any, *, block: int = 2048) -> Moments:
     def rows(i: int) -> torch.Tensor:
         blk = X[i : i + block]
         if not isinstance(blk, torch.Tensor):  # read-only memmap slice -> an owned in-memory block
-            import numpy as np
-
             blk = np.array(blk)
         return as_matrix(blk, "X block")
 

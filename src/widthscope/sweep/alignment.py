@@ -44,10 +44,16 @@ Example (a few seconds)::
 from __future__ import annotations
 
 import os
+import types
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import torch
+
+from .. import models, probe
+from .._io import unwritable
 from ..errors import WidthscopeError, WidthscopeTypeError
+from ..train import resolve_device
 from .cell import MONITOR_FILE as MONITOR_FILE
 from .cell import cell_options, certified_steps, run_cell
 from .config import _where, load_config, monitor_steps
@@ -127,15 +133,7 @@ def check_structure(cfg: SweepConfig, *, device: bool = True) -> dict[str, list[
 
     Returns ``{family name: insertion points}``.
     """
-    import types
-
-    import torch
-
-    from .. import models, probe
-
     if device:
-        from ..train import resolve_device
-
         try:
             resolve_device(cfg.device)
         except WidthscopeError as exc:
@@ -199,14 +197,12 @@ def run_sweep(
     cfg = config if isinstance(config, SweepConfig) else load_config(config)
     check_structure(cfg)  # before the folder exists: a refused config leaves nothing behind
     out = Path(out_dir if out_dir is not None else cfg.out_dir)
-    from .._io import unwritable
 
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise unwritable(out, exc) from None
     cells = plan_cells(cfg)
-    import torch
 
     threads = torch.get_num_threads()
     if cfg.threads:

@@ -7,12 +7,22 @@ are in docs/sweeps.md). The monitor's part (:func:`_cell_monitor`, :func:`_monit
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+import torch
+
+from .. import checkpoint, models, probe, stats
+from .. import data as wdata
 from .._io import atomic_write_json
+from ..monitor import AlignmentMonitor
 from ..options import CertifyOptions
+from ..probe.intervene import resolved
+from ..stats import certified
+from ..stats import certified_steps as steps
+from ..train import train
 from .grid import cell_id
 from .placement import place_model, placement_text, release
 from .pools import _batches, _load_split, _model_options, _probe_len, _probe_pools, _probe_words, cell_input_spec
@@ -35,11 +45,6 @@ def run_cell(
     cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_progress: bool = True
 ) -> list[dict[str, Any]]:
     """Train, save, probe and certify one cell; return its rows (see docs/sweeps.md for columns)."""
-    import torch
-
-    from .. import data as wdata
-    from .. import models
-
     fam = next(f for f in cfg.families if f.name == cell["family"])
     seed, width, budget = int(cell["seed"]), cell["width"], int(cell["budget"])
     opts = cell_options(cfg, cell)
@@ -90,8 +95,6 @@ def _probe_rows(
 ) -> tuple[list[dict[str, Any]], tuple[float, float, float]]:
     """The alignment and intervention rows of a trained cell model, and the seconds of its probe,
     statistics and interventions."""
-    from .. import probe
-
     points = list(opts.points or ()) or probe.insertion_points(model)
     conditions = fam.probes or [
         {"name": "in-domain", "data": fam.dataset, "test_data": None, "data_options": {}, "shift": None}
@@ -158,10 +161,6 @@ def _train(
 ) -> tuple[dict[str, Any], float, float]:
     """Train the cell's model (the monitor probing at its steps), save the checkpoint and its
     certify inputs; returns (training record, training seconds, monitor seconds)."""
-    from .. import checkpoint
-    from .. import data as wdata
-    from ..train import train
-
     monitor_s = 0.0
 
     def on_step(m: Any, step: int) -> None:  # given to train() only when there is a monitor
@@ -219,8 +218,6 @@ def _alignment_rows(
     """One ``kind="alignment"`` row per point and (M, K): both certificate forms and the empirical
     misalignment, from the moments and cross-Gram computed once per point; ``probe_columns`` (the
     probe condition, where the family has probes) follow the probe setup."""
-    from .. import stats
-
     npts = len(points)
     rows: list[dict[str, Any]] = []
     for pi, point in enumerate(points):
@@ -283,7 +280,7 @@ def _intervention_rows(
 ) -> list[dict[str, Any]]:
     """The ``kind="intervention"`` rows of every point (its step grid, on the largest M train and K
     held-out examples), and the ``iv_*`` columns of the smallest resolved step on ``these`` rows."""
-    from ..probe.intervene import intervene, resolved
+    from ..probe.intervene import intervene  # noqa: PLC0415  call-time lookup: tests replace it there
 
     m_max, k_max = max(m for m, _ in opts.pairs), max(k for _, k in opts.pairs)
     out: list[dict[str, Any]] = []
@@ -343,10 +340,6 @@ def _cell_monitor(
 
     The cell is being (re)trained from step 0, so rows a killed earlier attempt left there are
     removed first: the file then holds this training run's rows only, each step once."""
-    import dataclasses
-
-    from ..monitor import AlignmentMonitor
-
     m = _monitor_table(fam)
     path = cell_dir / MONITOR_FILE
     path.unlink(missing_ok=True)
@@ -388,9 +381,6 @@ def certified_steps(rows: Sequence[Mapping[str, Any]], delta: float) -> tuple[in
         >>> certified_steps(rows, 0.05)
         (0, 9)
     """
-    from ..stats import certified
-    from ..stats import certified_steps as steps
-
     return steps((int(r["step"]), certified(r.get("b_exact"), r.get("vacuous"), delta)) for r in rows)
 
 

@@ -16,9 +16,14 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import torch
+
+from .. import data as wdata
 from .._io import first_nonfinite, read_toml
 from ..errors import WidthscopeError
+from ..models import FAMILIES
 from ..options import CertifyOptions
+from ..train import LOSSES
 from .placement import check_placement
 from .schema import (
     CERTIFY_KEYS,
@@ -174,9 +179,6 @@ def _family(raw: Any, index: int, sweep_budgets: list[int] | None, sweep_options
     if n_test < n_pb:
         raise WidthscopeError(f"{_where(ctx)}: certify.n_probe_test={n_pb} exceeds n_test={n_test}")
     model = raw.get("model", name)
-    from .. import data as wdata
-    from ..models import FAMILIES
-
     if not isinstance(model, str) or model not in FAMILIES:
         raise WidthscopeError(
             f"{_where(ctx)}: model {model!r} is not a model family; valid: {', '.join(FAMILIES)} "
@@ -251,8 +253,6 @@ def _number(train: Mapping[str, Any], key: str, ctx: str, *, low: float, strict:
 
 def _check_train(train: Mapping[str, Any], ctx: str) -> None:
     """Every option of ``widthscope.train.train`` a sweep passes, checked before any cell runs."""
-    from ..train import LOSSES
-
     _int(train["steps"], f"{_where(ctx)} train.steps")
     _number(train, "lr", ctx, low=0, strict=True)
     _number(train, "warmup", ctx, low=0, strict=False, also=" (a fraction of steps when < 1, else a number of steps)")
@@ -403,7 +403,6 @@ def _probes(raw: Any, dataset: str, ctx: str) -> list[dict[str, Any]] | None:
             "[{name = 'in-domain'}, {name = 'shifted', data = 'prose'}]"
         )
     out, names = [], set()
-    from .. import data as wdata
 
     for c in raw:
         _check_keys(c, list(PROBE_KEYS), f"{ctx} probes")
@@ -549,7 +548,6 @@ def load_config(
     device = sw.get("device", "cpu")
     if not isinstance(device, str):
         raise WidthscopeError("[sweep] device must be a string such as 'cpu' or 'cuda'")
-    import torch
 
     try:
         meta = torch.device(device).type == "meta"

@@ -32,14 +32,18 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from .. import models, probe
 from .._io import format_table, human_size
 from ..certify.plan import CostPlan, count_pass, plan_run
 from ..errors import WidthscopeError
 from ..options import CertifyOptions, CertifyRunOptions
+from ..probe import resolve_points
 from ..probe.cost_plan import device_memory, max_batch
 from ..probe.insert import channel_dim
 from ..probe.losses import logits_of
+from .cell import cell_options
 from .config import _where
+from .pools import _batches, _load_split, _model_options
 from .schema import LM_DATASETS, FamilySpec, SweepConfig
 
 __all__ = ["ModelCost", "alignment_costs", "suite_costs", "print_costs"]
@@ -129,9 +133,6 @@ def _train_flops(model: torch.nn.Module, batch: Any, lm: bool) -> int:
 
 
 def _build(fam: FamilySpec, width: float, split: Any) -> torch.nn.Module:
-    from .. import models
-    from .pools import _model_options
-
     opts = _model_options(fam, split)
     try:
         with torch.device("meta"):
@@ -142,10 +143,6 @@ def _build(fam: FamilySpec, width: float, split: Any) -> torch.nn.Module:
 
 def _alignment_cost(cfg: SweepConfig, fam: FamilySpec, width: float, budget: int) -> dict[str, Any]:
     """The counted fields of :class:`ModelCost` for one family at one width."""
-    from ..probe import resolve_points
-    from .cell import cell_options
-    from .pools import _load_split
-
     try:
         split = _load_split(fam, budget, cfg)
     except (WidthscopeError, OSError) as exc:
@@ -195,9 +192,6 @@ def _alignment_time(cfg: SweepConfig, fam: FamilySpec, width: float, budget: int
     backward, AdamW step, at the training batch size) and one timed probed batch, on a model built
     for real on ``[sweep].device``: steps x the step + probe batches x the batch + the
     interventions' forwards at the probe's forward share. The statistics are not counted."""
-    from .. import models, probe
-    from .pools import _batches, _load_split, _model_options
-
     split = _load_split(fam, budget, cfg)
     torch.manual_seed(0)
     model = models.build(fam.model, width, **_model_options(fam, split)).to(cfg.device)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -25,14 +26,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from .. import distributed
+from .._env import environment
 from .._io import (
     Skipped,
     atomic_write_json,
     atomic_write_text,
     cut_off,
+    on_interrupt,
     progress,
     record_skips,
     to_jsonable,
+    unwritable,
     warn_skips,
 )
 from ..errors import WidthscopeError
@@ -94,7 +99,6 @@ def finish_after_ranks(shard_text: str | None, finish: Callable[[], Any]) -> boo
     the summary / fits). Returns True when this process should print the summary itself."""
     if shard_text is not None or int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
         return True
-    from .. import distributed
 
     distributed.init_from_env(timeout_s=float(os.environ.get("WIDTHSCOPE_DIST_TIMEOUT", 7 * 24 * 3600)))
     distributed.barrier()
@@ -114,8 +118,6 @@ def _holder(path: Path) -> str:
 
 def _held(path: Path) -> bool:
     """True when some process holds ``path`` locked (we can probe it without waiting)."""
-    import fcntl
-
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -139,10 +141,6 @@ def lock_out_dir(out_dir: str | os.PathLike, shard: tuple[int, int] = (1, 1), wh
     holder's pid, while shards of one grid (``--shard``, torchrun ranks) share the folder. The
     kernel drops the locks when the process dies (even by ``kill -9``): a stale lock file is harmless.
     """
-    import fcntl
-
-    from .._io import unwritable
-
     out_dir = Path(out_dir)
     k, n = shard
     main = out_dir / LOCK
@@ -255,8 +253,6 @@ def new_backup_dir(out_dir: str | Path) -> Path:
 def set_aside(out_dir: str | Path, paths: Sequence[Path], backup: Path) -> list[Path]:
     """Move ``paths`` (inside ``out_dir``) to the same place under ``backup``; return the new paths.
     A rename on the same file system: nothing is copied, nothing deleted."""
-    from .._io import unwritable
-
     out_dir = Path(out_dir)
     moved = []
     for p in paths:
@@ -315,9 +311,6 @@ def run_grid(
     ``env_*`` fields of :func:`widthscope._env.environment` (row keys win on a clash). ``cell_dir`` is a
     per-cell scratch folder for checkpoints.
     """
-    from .._env import environment
-    from .._io import on_interrupt, unwritable
-
     out_dir = Path(out_dir)
     try:
         (out_dir / "cells").mkdir(parents=True, exist_ok=True)

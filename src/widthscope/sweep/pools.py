@@ -13,6 +13,13 @@ import math
 import os
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .. import data as wdata
+from ..data.spec import InputSpec
+from ..data.text import corpus_chunks, read_corpus, recorded_chunks
 from ..errors import WidthscopeError
 from .config import _parse_shift
 from .schema import FamilySpec, SweepConfig
@@ -29,9 +36,6 @@ def apply_shift(pair: tuple[Any, Any], shift: str | None, input_shape: tuple[int
     standard deviation σ (inputs are standardised), ``contrast:c`` scales every input about its
     own mean by ``c``, ``blur`` averages each pixel with its 3×3 neighbourhood, ``classes:a,b``
     keeps only those classes (a class-subset shift)."""
-    import torch
-    import torch.nn.functional as F
-
     if shift is None:
         return pair
     kind, arg = _parse_shift(shift, "shift")
@@ -63,8 +67,6 @@ _SPLITS: dict[str, Split] = {}
 
 def _load_split(fam: FamilySpec, budget: int, cfg: SweepConfig) -> Split:
     """Load (and memoise per process) the dataset; every width and seed sees the same split."""
-    from .. import data as wdata
-
     key = json.dumps([fam.dataset, fam.data_options, budget, fam.n_test, cfg.data_seed], sort_keys=True, default=str)
     if key not in _SPLITS:
         _SPLITS.clear()  # one split at a time keeps memory flat on long multi-family sweeps
@@ -103,8 +105,6 @@ def _take(pair: Sequence[Any], n: int, seed: int) -> tuple[Any, ...]:
     Not the first ``n``: splits such as text chunks are ordered by position in the corpus, and
     the probe pools should be samples of the whole part.
     """
-    import torch
-
     total = len(pair[0])
     idx = torch.randperm(total, generator=torch.Generator().manual_seed(int(seed)))[:n].sort().values
     return tuple(t[idx] for t in pair)
@@ -131,12 +131,6 @@ def _in_domain(
             None,
             f"{fam.dataset} (in-domain: fitted examples / held-out part)",
         )
-    import numpy as np
-    import torch
-
-    from .. import data as wdata
-    from ..data.text import corpus_chunks, read_corpus, recorded_chunks
-
     rec = wdata.record(split)
     opts = dict(fam.data_options)
     buf, _, _, _ = read_corpus(opts.get("root"), int(opts.get("max_bytes", 2_000_000)), split.name)
@@ -169,8 +163,6 @@ def _probe_pools(
     fitted examples and its held-out pool the held-out part. Another dataset gives its own train
     part for the train pool (``data``) and its held-out part for the held-out pool (``test_data``,
     default ``data``). ``shift`` then corrupts both pools (images)."""
-    from .. import data as wdata
-
     seed = cfg.data_seed
     data, test = cond["data"], cond.get("test_data") or cond["data"]
     offsets = None
@@ -229,8 +221,6 @@ def _probe_pools(
 
 def _probe_words(cond: Mapping[str, Any], pa: Sequence[Any], pb: Sequence[Any], split: Any) -> str:
     """The probe pools of one condition in words: corpus, length, pool sizes (for the report)."""
-    from .. import data as wdata
-
     data, test = cond["data"], cond.get("test_data") or cond["data"]
     src = wdata.describe_name(data) + ("" if test == data else f" / held-out pool: {wdata.describe_name(test)}")
     L = _probe_len(pa, split)
@@ -244,8 +234,6 @@ def _probe_words(cond: Mapping[str, Any], pa: Sequence[Any], pb: Sequence[Any], 
 
 
 def _batches(pair: tuple[Any, ...], task: str, batch_size: int) -> list[Any]:
-    from .. import data as wdata
-
     # Explicit lm flag: slicing breaks the ``y is X`` identity batches() would infer it from.
     return list(wdata.batches(pair, batch_size, shuffle=False, lm=(task == "lm")))
 
@@ -259,7 +247,5 @@ def cell_input_spec(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: str | o
     the same rule); its held-out pool is drawn from the dataset's whole held-out part, where the
     sweep draws from the cell's ``n_test`` subset of it. Written to ``input_spec.json`` beside
     the cell's checkpoint."""
-    from ..data.spec import InputSpec
-
     fam = next(f for f in cfg.families if f.name == cell["family"])
     return InputSpec(model=str(cell_dir), n_train=fam.n_probe_train, n_test=fam.n_probe_test, seed=cfg.data_seed)

@@ -17,8 +17,10 @@ from typing import Any, Callable, Mapping
 
 from .._io import format_table, read_toml
 from ..validate import check_dir_writable, check_outputs
+from . import alignment as sweep_alignment  # run_sweep looked up at call time (tests replace it)
+from .alignment import check_structure, load_config, plan_cells
 from .costs import alignment_costs, print_costs
-from .grid import GridResult, _cell_path, cell_id, finish_after_ranks, shard_for_run
+from .grid import GridResult, _cell_path, cell_id, finish_after_ranks, read_cell, shard_for_run
 from .placement import placement_text
 from .record import check_fingerprint, is_record, read_record
 from .schema import SweepConfig
@@ -47,8 +49,6 @@ def run_sweep_file(
     same, and time one batch per distinct model to predict the wall time. Otherwise
     prints its progress lines and (rank 0 under torchrun, once every rank's shard is done) the
     summary; returns this shard's grid result."""
-    from .alignment import check_structure, load_config, plan_cells, run_sweep
-
     recorded: tuple[str, str] | None = None
     if is_record(config):
         raw, fingerprint, where = read_record(config)
@@ -68,7 +68,9 @@ def run_sweep_file(
     if threads is not None:  # checked by widthscope.cli.checks.check_args
         cfg.threads = threads
     printer = partial(_print_plan, timed=plan)
-    return _drive("sweep", cfg, plan_cells(cfg), printer, run_sweep, shard, dry_run or plan, show_progress)
+    return _drive(
+        "sweep", cfg, plan_cells(cfg), printer, sweep_alignment.run_sweep, shard, dry_run or plan, show_progress
+    )
 
 
 def _print_plan(
@@ -82,8 +84,6 @@ def _print_plan(
 ) -> None:
     """``--dry-run``: this shard's cells, whether each is finished, the monitor settings, the
     placement and the cost plan (``timed``: ``--plan``'s predicted wall time too)."""
-    from .grid import read_cell
-
     k, n = shard
 
     def state(c: Mapping[str, Any]) -> str | bool:

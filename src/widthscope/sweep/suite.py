@@ -39,14 +39,20 @@ import json
 import math
 import os
 import re
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+import torch
+
 from .._io import format_table, to_jsonable
+from ..certify.run import CertifyJob, run_certify
 from ..data.spec import InputSpec
 from ..errors import WidthscopeError
-from ..options import CertifyOptions
+from ..hub import resolve_model
+from ..options import CertifyOptions, CertifyRunOptions
+from .certify_rows import certify_rows
 from .config import _check_keys, _int, _table, certify_options
 from .costs import print_costs, suite_costs
 from .grid import GridResult, _cell_path, cell_id, claim_out_dir, lock_out_dir, read_cell, run_grid
@@ -197,8 +203,6 @@ def plan_suite(cfg: SuiteConfig) -> list[dict[str, Any]]:
 
 def _resolve(cell: Mapping[str, Any], *, local_only: bool | None) -> tuple[Any, str | None]:
     """(HubModel or None, why it cannot be had) of a cell's model, without raising."""
-    from ..hub import resolve_model
-
     try:
         return resolve_model(cell["model"], cell["revision"], flag="[suite] models", local_only=local_only)[1], None
     except WidthscopeError as exc:
@@ -206,8 +210,6 @@ def _resolve(cell: Mapping[str, Any], *, local_only: bool | None) -> tuple[Any, 
 
 
 def _rows(cfg: SuiteConfig, cell: Mapping[str, Any], res: Mapping[str, Any], path: Path) -> list[dict[str, Any]]:
-    from .certify_rows import certify_rows
-
     st = res["settings"]
     hub = (st.get("inputs") or {}).get("hub") or {}
     width = st.get("width")
@@ -245,9 +247,6 @@ def run_suite(
     """Certify this shard's unfinished cells into ``out_dir``; every cell's model is resolved (its
     files downloaded unless ``HF_HUB_OFFLINE``) before the first one runs, so a missing revision is
     one error line, not a failure hours in."""
-    from ..certify.run import CertifyJob, run_certify
-    from ..options import CertifyRunOptions
-
     out = Path(out_dir)
     cells = plan_suite(cfg)
     k, n = shard
@@ -274,8 +273,6 @@ def run_suite(
         results[cell_id(cell)] = res
         return _rows(cfg, cell, res, _cell_path(out, cell_id(cell)))
 
-    import torch
-
     threads = torch.get_num_threads()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -293,8 +290,6 @@ def run_suite(
 def parameters(directory: Path) -> int | None:
     """Parameters of a checkpoint folder, from its safetensors headers alone (no weights read);
     None when it holds no safetensors file."""
-    import struct
-
     total, seen = 0, False
     for f in sorted(Path(directory).glob("*.safetensors")):
         try:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import IO, Any, Mapping, Sequence
 
 from .._io import format_table
+from ..stats import vacuous_rule
 
 __all__ = ["summary_rows", "print_summary"]
 
@@ -33,8 +34,6 @@ def summary_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     rule of :func:`widthscope.stats.vacuous_rule`: the mean over the seeds whose certificate is not
     vacuous (``None`` when none is), and ``vacuous`` counts the others, e.g. ``"1/2"``.
     """
-    from ..stats import vacuous_rule
-
     rows = [vacuous_rule(vacuous_rule(dict(r), "one_"), "two_") for r in rows if r.get("kind") == "alignment"]
     if not rows:
         return []
