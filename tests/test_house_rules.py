@@ -21,11 +21,10 @@ MAX_FUNCTION_LINES = 120
 # first decorator to the last line). Each is a function to split along its named steps; none may be
 # added, none may grow, and an entry is removed once its function is within the limit (or gone).
 KNOWN: dict[str, int] = {
-    "probe/intervene.py::intervene": 233,
-    "certify/pipeline.py::certify": 226,
+    "probe/intervene.py::intervene": 227,
+    "certify/pipeline.py::certify": 219,
     "cli/inputs.py::add_arguments": 168,
-    "models/hf.py::load_hf": 141,
-    "report/interventions.py::figures": 134,
+    "models/hf.py::load_hf": 138,
 }
 
 

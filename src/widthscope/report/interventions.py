@@ -146,96 +146,12 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[dict
         groups: dict[str, list[Mapping[str, Any]]] = {}
         for r in steps:
             groups.setdefault(_label(r), []).append(r)
-        fig, ax = plt.subplots(figsize=(5.5, 4.5))
-        lo, hi = math.inf, 0.0
-        n_bad = 0
-        for lab, rs in groups.items():
-            xs = [abs(r["predicted"]) for r in rs if r["predicted"] != 0 and r["actual"] != 0]
-            ys = [abs(r["actual"]) for r in rs if r["predicted"] != 0 and r["actual"] != 0]
-            if not xs:
-                continue
-            ax.loglog(xs, ys, "o-", ms=3, lw=1, label=lab if len(groups) <= 12 else None, alpha=0.7)
-            bad = [
-                (abs(r["predicted"]), abs(r["actual"]))
-                for r in rs
-                if not r.get("sign_agrees") and r["predicted"] != 0 and r["actual"] != 0
-            ]
-            n_bad += len(bad)
-            if bad:
-                ax.loglog(*zip(*bad), "x", color="red", ms=9, mew=2)
-            lo, hi = min(lo, *xs, *ys), max(hi, *xs, *ys)
-        if below:
-            ax.loglog(
-                [abs(r["predicted"]) for r in below],
-                [abs(r["actual"]) for r in below],
-                "o",
-                mfc="none",
-                color="0.6",
-                ms=4,
-                label="below the dtype's resolution (left out)",
-            )
-            lo = min(lo, *(abs(r[k]) for r in below for k in ("predicted", "actual")))
-        if hi > 0 and math.isfinite(lo):
-            ax.loglog([lo, hi], [lo, hi], "k--", lw=1, label="actual = predicted")
-        ax.set_xlabel("|predicted ΔL| = η |μ_Mᵀ g_K|")
-        ax.set_ylabel("|actual ΔL|")
-        ax.legend(fontsize=7)  # per-curve labels only when few (many models: identity line only)
-        ax.set_title("Interventions: actual vs first-order prediction")
-        figs.append(
-            save_figure(
-                fig,
-                out / "interventions_actual_vs_predicted.png",
-                "Actual vs predicted held-out loss change",
-                (
-                    f"{len(steps)} steps at {len(groups)} point(s). On the dashed line "
-                    "the first-order prediction is exact; red crosses: the sign was wrong "
-                    f"({n_bad} of {len(steps)})."
-                    + (
-                        f" Grey circles: {len(every) - len(steps)} steps the model's dtype "
-                        "does not resolve, left out of the counts."
-                        if len(every) > len(steps)
-                        else ""
-                    )
-                ),
-            )
-        )
-
+        figs.append(_actual_vs_predicted(plt, groups, steps, every, below, out))
         # x: the step relative to the stream (comparable across points and widths) when recorded.
         xkey = "rel_step" if all(_finite(r.get("rel_step")) for r in steps) else "eta"
         if len(groups) > 12:
             figs.append(_retention_by_width(plt, groups, xkey, out))
-        fig, ax = plt.subplots(figsize=(5.5, 4.0))
-        for lab, rs in groups.items():
-            rs = sorted((r for r in rs if _finite(r.get("retention"))), key=lambda r: r[xkey])
-            if rs:
-                ax.semilogx(
-                    [r[xkey] for r in rs],
-                    [r["retention"] for r in rs],
-                    "o-",
-                    ms=3,
-                    lw=1,
-                    alpha=0.7,
-                    label=lab if len(groups) <= 12 else None,
-                )
-        ax.axhline(1.0, color="k", ls="--", lw=1)
-        ax.set_ylim(-0.5, 2.0)  # the interesting region is near 1; large steps leave it quickly
-        ax.set_xlabel("step relative to the activation (RMS)" if xkey == "rel_step" else "η")
-        ax.set_ylabel("retention = actual ΔL / predicted ΔL (clipped)")
-        if len(groups) <= 12:
-            ax.legend(fontsize=7)
-        ax.set_title("Retention of the first-order gain")
-        small = [min(rs, key=lambda r: r["eta"]) for rs in groups.values()]
-        rets = [r["retention"] for r in small if _finite(r.get("retention"))]
-        cap = "Retention → 1 as η → 0 when the loss is smooth at the insertion point."
-        if rets:
-            cap += f" At the smallest η: {min(rets):.3f}–{max(rets):.3f}."
-        if len(every) > len(steps):
-            cap += (
-                f" {len(every) - len(steps)} steps the model's dtype does not resolve are not drawn "
-                "(the smallest η above is the smallest resolved one)."
-            )
-        figs.append(save_figure(fig, out / "interventions_retention.png", "Retention vs step size", cap))
-
+        figs.append(_retention(plt, groups, xkey, steps, every, out))
     grown = [
         r
         for r in rows
@@ -244,28 +160,120 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[dict
         and _finite(r.get("loss_before"), r.get("loss_after"))
     ]
     if grown:
-        plt = _plt()
-        fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(grown) + 2), 4.0))
-        pos = range(len(grown))
-        w = 0.38
-        ax.bar([x - w / 2 for x in pos], [r["loss_before"] for r in grown], w, label="before")
-        ax.bar([x + w / 2 for x in pos], [r["loss_after"] for r in grown], w, label="after")
-        ax.set_xticks(list(pos))
-        ax.set_xticklabels([f"{r.get('role')}\n{r.get('point')}" for r in grown], fontsize=7)
-        ax.set_ylabel("held-out loss")
-        ax.legend()
-        ax.set_title("Growing a block")
-        best = next((r for r in grown if r.get("role") == "best"), grown[0])
-        figs.append(
-            save_figure(
-                fig,
-                out / "growth_before_after.png",
-                "Held-out loss before and after growth",
-                f"Block trained {best.get('steps')} steps at each point; the certificate's top-ranked point "
-                f"({best.get('point')}) went {best['loss_before']:.4g} → {best['loss_after']:.4g}.",
-            )
-        )
+        figs.append(_growth_before_after(_plt(), grown, out))
     return figs
+
+
+def _actual_vs_predicted(plt, groups, steps, every, below, out: Path) -> dict[str, str]:
+    """|actual| against |predicted| ΔL per point (log-log), wrong signs crossed, unresolved steps grey."""
+    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    lo, hi = math.inf, 0.0
+    n_bad = 0
+    for lab, rs in groups.items():
+        xs = [abs(r["predicted"]) for r in rs if r["predicted"] != 0 and r["actual"] != 0]
+        ys = [abs(r["actual"]) for r in rs if r["predicted"] != 0 and r["actual"] != 0]
+        if not xs:
+            continue
+        ax.loglog(xs, ys, "o-", ms=3, lw=1, label=lab if len(groups) <= 12 else None, alpha=0.7)
+        bad = [
+            (abs(r["predicted"]), abs(r["actual"]))
+            for r in rs
+            if not r.get("sign_agrees") and r["predicted"] != 0 and r["actual"] != 0
+        ]
+        n_bad += len(bad)
+        if bad:
+            ax.loglog(*zip(*bad), "x", color="red", ms=9, mew=2)
+        lo, hi = min(lo, *xs, *ys), max(hi, *xs, *ys)
+    if below:
+        ax.loglog(
+            [abs(r["predicted"]) for r in below],
+            [abs(r["actual"]) for r in below],
+            "o",
+            mfc="none",
+            color="0.6",
+            ms=4,
+            label="below the dtype's resolution (left out)",
+        )
+        lo = min(lo, *(abs(r[k]) for r in below for k in ("predicted", "actual")))
+    if hi > 0 and math.isfinite(lo):
+        ax.loglog([lo, hi], [lo, hi], "k--", lw=1, label="actual = predicted")
+    ax.set_xlabel("|predicted ΔL| = η |μ_Mᵀ g_K|")
+    ax.set_ylabel("|actual ΔL|")
+    ax.legend(fontsize=7)  # per-curve labels only when few (many models: identity line only)
+    ax.set_title("Interventions: actual vs first-order prediction")
+    return save_figure(
+        fig,
+        out / "interventions_actual_vs_predicted.png",
+        "Actual vs predicted held-out loss change",
+        (
+            f"{len(steps)} steps at {len(groups)} point(s). On the dashed line "
+            "the first-order prediction is exact; red crosses: the sign was wrong "
+            f"({n_bad} of {len(steps)})."
+            + (
+                f" Grey circles: {len(every) - len(steps)} steps the model's dtype "
+                "does not resolve, left out of the counts."
+                if len(every) > len(steps)
+                else ""
+            )
+        ),
+    )
+
+
+def _retention(plt, groups, xkey: str, steps, every, out: Path) -> dict[str, str]:
+    """Retention (actual / predicted ΔL) against the step size, per point."""
+    fig, ax = plt.subplots(figsize=(5.5, 4.0))
+    for lab, rs in groups.items():
+        rs = sorted((r for r in rs if _finite(r.get("retention"))), key=lambda r: r[xkey])
+        if rs:
+            ax.semilogx(
+                [r[xkey] for r in rs],
+                [r["retention"] for r in rs],
+                "o-",
+                ms=3,
+                lw=1,
+                alpha=0.7,
+                label=lab if len(groups) <= 12 else None,
+            )
+    ax.axhline(1.0, color="k", ls="--", lw=1)
+    ax.set_ylim(-0.5, 2.0)  # the interesting region is near 1; large steps leave it quickly
+    ax.set_xlabel("step relative to the activation (RMS)" if xkey == "rel_step" else "η")
+    ax.set_ylabel("retention = actual ΔL / predicted ΔL (clipped)")
+    if len(groups) <= 12:
+        ax.legend(fontsize=7)
+    ax.set_title("Retention of the first-order gain")
+    small = [min(rs, key=lambda r: r["eta"]) for rs in groups.values()]
+    rets = [r["retention"] for r in small if _finite(r.get("retention"))]
+    cap = "Retention → 1 as η → 0 when the loss is smooth at the insertion point."
+    if rets:
+        cap += f" At the smallest η: {min(rets):.3f}–{max(rets):.3f}."
+    if len(every) > len(steps):
+        cap += (
+            f" {len(every) - len(steps)} steps the model's dtype does not resolve are not drawn "
+            "(the smallest η above is the smallest resolved one)."
+        )
+    return save_figure(fig, out / "interventions_retention.png", "Retention vs step size", cap)
+
+
+def _growth_before_after(plt, grown, out: Path) -> dict[str, str]:
+    """Held-out loss before and after growing a block, per grown row."""
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(grown) + 2), 4.0))
+    pos = range(len(grown))
+    w = 0.38
+    ax.bar([x - w / 2 for x in pos], [r["loss_before"] for r in grown], w, label="before")
+    ax.bar([x + w / 2 for x in pos], [r["loss_after"] for r in grown], w, label="after")
+    ax.set_xticks(list(pos))
+    ax.set_xticklabels([f"{r.get('role')}\n{r.get('point')}" for r in grown], fontsize=7)
+    ax.set_ylabel("held-out loss")
+    ax.legend()
+    ax.set_title("Growing a block")
+    best = next((r for r in grown if r.get("role") == "best"), grown[0])
+    return save_figure(
+        fig,
+        out / "growth_before_after.png",
+        "Held-out loss before and after growth",
+        f"Block trained {best.get('steps')} steps at each point; the certificate's top-ranked point "
+        f"({best.get('point')}) went {best['loss_before']:.4g} → {best['loss_after']:.4g}.",
+    )
 
 
 def summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
