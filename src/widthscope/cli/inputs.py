@@ -40,6 +40,13 @@ def add_arguments(
     Options that fit only some models default to None, so "was it given" is knowable
     (:data:`widthscope.validate.APPLIES`); :func:`widthscope.cli.checks.fill_defaults` sets the defaults.
     ``n_*_help`` describe a default computed later (``n_train=None``)."""
+    _model_arguments(p, model_required, model_default)
+    _data_arguments(p)
+    _pool_arguments(p, n_train, n_test, n_train_help, n_test_help)
+
+
+def _model_arguments(p: argparse.ArgumentParser, model_required: bool, model_default: str | None) -> None:
+    """The model: checkpoint or hub id, revision, placement over devices, task, dtype, tokenizer."""
     p.add_argument(
         "--model",
         required=model_required,
@@ -93,6 +100,10 @@ def add_arguments(
         default=None,
         help="tokenizer directory (default: the checkpoint's own), or 'bytes' for byte-level ids",
     )
+
+
+def _data_arguments(p: argparse.ArgumentParser) -> None:
+    """The data: sources, splits, fields, and how documents become sequences."""
     p.add_argument(
         "--data",
         default=None,
@@ -174,6 +185,12 @@ def add_arguments(
         help="held-out fraction when one --data corpus is split (default 0.1); given for a dataset with its "
         "own splits, it re-splits the train split into both pools (reported in the notes)",
     )
+
+
+def _pool_arguments(
+    p: argparse.ArgumentParser, n_train: int | None, n_test: int | None, n_train_help: str, n_test_help: str
+) -> None:
+    """Threads and the two pools' sizes."""
     p.add_argument(
         "--threads",
         type=int,
