@@ -23,7 +23,6 @@ MAX_FUNCTION_LINES = 120
 KNOWN: dict[str, int] = {
     "probe/intervene.py::intervene": 227,
     "certify/pipeline.py::certify": 219,
-    "models/hf.py::load_hf": 138,
 }
 
 

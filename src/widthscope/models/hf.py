@@ -328,6 +328,37 @@ def load_hf(
         ) from None
     finally:
         hf_logging.set_verbosity(verbosity)
+    _check_loading(loading, directory, cfg)
+    model.eval()
+    if not placement:
+        model.to(device)
+    model.widthscope_task = task
+    model.widthscope_points = main_stack(model)
+    model.widthscope_hf = {
+        "directory": str(directory),
+        "architecture": type(model).__name__,
+        "model_type": cfg["model_type"],
+        "weights": weights,
+        "dtype_option": dtype,
+    }
+    if placement:
+        _dispatched(model, budget, folder, temp)
+    family = WIDTHSCOPE_FAMILY.get(cfg["model_type"])
+    if family is not None and task == "causal-lm":
+        # Our llama/pythia families are these HF classes: keep them rebuildable (grow, save).
+        c = model.config
+        model.widthscope_config = {
+            "family": family,
+            "width": c.hidden_size,
+            "depth": c.num_hidden_layers,
+            "hf_config": c.to_dict(),
+        }
+    return attach(model, hub)
+
+
+def _check_loading(loading: dict[str, Any], directory: Path, cfg: dict[str, Any]) -> None:
+    """Refuse weights that do not fit the config (missing keys, shape mismatches), naming the first few:
+    freshly initialised weights would give meaningless certificates."""
     missing = [k for k in loading.get("missing_keys", []) if k]
     mismatched = sorted(loading.get("mismatched_keys", []) or [], key=str)
     if missing or mismatched:
@@ -354,31 +385,6 @@ def load_hf(
             f"architecture of its config.json: {'; '.join(parts)} (freshly initialised "
             "weights would give meaningless certificates)"
         )
-    model.eval()
-    if not placement:
-        model.to(device)
-    model.widthscope_task = task
-    model.widthscope_points = main_stack(model)
-    model.widthscope_hf = {
-        "directory": str(directory),
-        "architecture": type(model).__name__,
-        "model_type": cfg["model_type"],
-        "weights": weights,
-        "dtype_option": dtype,
-    }
-    if placement:
-        _dispatched(model, budget, folder, temp)
-    family = WIDTHSCOPE_FAMILY.get(cfg["model_type"])
-    if family is not None and task == "causal-lm":
-        # Our llama/pythia families are these HF classes: keep them rebuildable (grow, save).
-        c = model.config
-        model.widthscope_config = {
-            "family": family,
-            "width": c.hidden_size,
-            "depth": c.num_hidden_layers,
-            "hf_config": c.to_dict(),
-        }
-    return attach(model, hub)
 
 
 class _TempFolder:
