@@ -400,6 +400,9 @@ def resident_peak(fn: Callable[[], Any], device: torch.device | str = "cpu") -> 
     if pid == 0:  # the child: measure, report one line, leave without running the parent's exit handlers
         os.close(r)
         try:
+            # one intra-op thread: an OpenMP pool the parent started is not usable after fork (its next parallel
+            # region can hang); at one thread torch runs every kernel inline, and the bytes barely depend on it
+            torch.set_num_threads(1)
             peak, left = _measure_here(fn)
             msg = f"{peak} {left}"
         except BaseException as e:  # noqa: BLE001 - reported to the parent, which says so
