@@ -40,7 +40,7 @@ import torch.nn as nn
 from .._io import format_table, human_size
 from ..probe import collect
 from ..probe.cost import count_pass, count_step
-from ..probe.cost_plan import TrainPlan, TrainStage, device_memory, stage_of, time_loop
+from ..probe.cost_plan import TrainPlan, TrainStage, device_memory, seconds_text, stage_of, tensor_bytes, time_loop
 from ..probe.growth import point_criteria
 from ..probe.intervene import batch_size_of, index_batch, mean_loss
 from .cell import _fit, _grown
@@ -102,9 +102,6 @@ class SuitePlan:
     def table(self) -> str:
         """Each model's plan (``TrainPlan.table``), then one row per model and the total."""
 
-        def sec(v: float | None) -> str:
-            return "-" if v is None else f"{v:.3g} s"
-
         rows = [
             {
                 "model": p.model,
@@ -114,38 +111,23 @@ class SuitePlan:
                 "training FLOPs": f"{p.train_flops:.3g}",
                 "run memory": human_size(p.peak_bytes),
                 "largest batch that fits": p.max_batch,
-                "predicted wall time": sec(p.predicted_s),
+                "predicted wall time": seconds_text(p.predicted_s),
             }
             for p in self.plans
         ]
-        rows += [{"model": f"timed: {what}", "predicted wall time": sec(v)} for what, v in self.other_s]
+        rows += [{"model": f"timed: {what}", "predicted wall time": seconds_text(v)} for what, v in self.other_s]
         rows.append(
             {
                 "model": f"total ({self.cells} cells)",
                 "training FLOPs": f"{self.train_flops:.3g}",
                 "run memory": human_size(self.peak_bytes),
                 "largest batch that fits": self.max_batch,
-                "predicted wall time": sec(self.predicted_s),
+                "predicted wall time": seconds_text(self.predicted_s),
             }
         )
         parts = [p.table() for p in self.plans]
         parts.append(format_table(rows, list(rows[0]), title=f"{self.command} ({self.suite}): the run in total"))
         return "\n\n".join(parts) + "".join(f"\nnote: {n}" for n in self.notes)
-
-
-def tensor_bytes(data: Any) -> int:
-    """Bytes of the tensors in ``data`` (nested tuples, lists, dicts), each storage once."""
-    seen: dict[int, int] = {}
-    stack = [data]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, torch.Tensor):
-            seen[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
-        elif isinstance(x, Mapping):
-            stack.extend(x.values())
-        elif isinstance(x, (tuple, list)):
-            stack.extend(x)
-    return sum(seen.values())
 
 
 def merge_counts(counts: Sequence[Mapping[str, Any]], weights: Sequence[float] | None = None) -> tuple[dict, int]:

@@ -42,7 +42,17 @@ from ..data.spec import InputSpec, PoolSize
 from ..probe import collect
 from ..probe.blocks import block_of
 from ..probe.cost import count_step, live_peak
-from ..probe.cost_plan import Resident, TrainPlan, TrainStage, device_memory, larger, resident_peak, stage_of, time_loop
+from ..probe.cost_plan import (
+    Resident,
+    TrainPlan,
+    TrainStage,
+    device_memory,
+    larger,
+    resident_peak,
+    stage_of,
+    tensor_bytes,
+    time_loop,
+)
 from ..probe.insert import insert
 from ..probe.intervene import index_batch, mean_loss
 from ..probe.points import resolve_points
@@ -56,24 +66,6 @@ from .rank import _n, rank_points
 __all__ = ["plan_grow", "BASE_STEPS", "BASE_BATCH"]
 
 BASE_STEPS, BASE_LR, BASE_BATCH = 300, 3e-3, 64  # run_grow's training of the built-in model
-
-
-def _bytes_of(data: Any) -> int:
-    """Bytes of the tensors of a pool (each storage once)."""
-    seen: dict[int, int] = {}
-
-    def walk(x: Any) -> None:
-        if isinstance(x, torch.Tensor):
-            seen[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
-        elif isinstance(x, dict):
-            for v in x.values():
-                walk(v)
-        elif isinstance(x, (tuple, list)):
-            for v in x:
-                walk(v)
-
-    walk(data)
-    return sum(seen.values())
 
 
 def _grown(model: nn.Module, point: str, width: int, opts: GrowOptions) -> nn.Module:
@@ -336,11 +328,13 @@ def plan_grow(
     if opts.compare:
         stages.append(_continue_stage(model, block, train, opts, loss_fn))
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    pool_bytes = _bytes_of((held, pools.probe_train, pools.rank_test, pools.evaluate))  # each storage once
+    pool_bytes = tensor_bytes((held, pools.probe_train, pools.rank_test, pools.evaluate))  # each storage once
     other_bytes = [("the original model", weights), ("data and its pools", pool_bytes)]
     phases = _phases(model, names, widths, grown, block, train, pools, opts, loss_fn, time_run)
     if loaded is not None and loaded.peak is not None:  # loading's own peak beyond the tensors it keeps
-        phases.insert(0, ("loading the model and the data (measured)", max(0, loaded.peak - weights - _bytes_of(held))))
+        phases.insert(
+            0, ("loading the model and the data (measured)", max(0, loaded.peak - weights - tensor_bytes(held)))
+        )
     elif loaded is not None:
         notes.append(f"memory counted, not measured: {loaded.why}")
     notes.append("FLOPs as FlopCounterMode counts them (matmuls, convolutions, attention)")

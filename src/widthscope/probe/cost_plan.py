@@ -19,7 +19,7 @@ import math
 import os
 import platform
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.nn as nn
@@ -28,6 +28,8 @@ from .._io import format_table, human_size
 from .cost import losses, optimizer_bytes
 
 __all__ = [
+    "tensor_bytes",
+    "seconds_text",
     "TrainStage",
     "TrainPlan",
     "Resident",
@@ -39,6 +41,26 @@ __all__ = [
     "time_loop",
     "stage_of",
 ]
+
+
+def tensor_bytes(data: Any) -> int:
+    """Bytes of the tensors in ``data`` (nested tuples, lists, mappings), each storage once."""
+    seen: dict[int, int] = {}
+    stack = [data]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            seen[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
+        elif isinstance(x, Mapping):
+            stack.extend(x.values())
+        elif isinstance(x, (tuple, list)):
+            stack.extend(x)
+    return sum(seen.values())
+
+
+def seconds_text(v: float | None) -> str:
+    """A plan table's seconds ("-" where nothing was timed)."""
+    return "-" if v is None else f"{v:.3g} s"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,9 +187,6 @@ class TrainPlan:
     def table(self) -> str:
         """The plan as the terminal shows it (``widthscope._io.format_table``): the stages, then the run."""
 
-        def sec(v: float | None) -> str:
-            return "-" if v is None else f"{v:.3g} s"
-
         stages = [
             {
                 "stage": s.name,
@@ -179,8 +198,8 @@ class TrainPlan:
                 "optimizer state": human_size(s.optimizer_bytes),
                 "activations/example": human_size(s.activation_bytes_per_example),
                 "step memory": human_size(s.step_bytes),
-                "one step": sec(s.step_s),
-                "all steps": sec(s.train_s),
+                "one step": seconds_text(s.step_s),
+                "all steps": seconds_text(s.train_s),
             }
             for s in self.stages
         ]
@@ -193,13 +212,13 @@ class TrainPlan:
         ]
         rows += [(f"held beside the steps: {what}", human_size(b)) for what, b in self.other_bytes]
         rows += [(f"between the steps: {what}", human_size(b)) for what, b in self.phases]
-        rows += [(f"timed: {what}", sec(v)) for what, v in self.other_s]
+        rows += [(f"timed: {what}", seconds_text(v)) for what, v in self.other_s]
         rows += [
             ("run memory (largest step or phase + held)", human_size(self.peak_bytes)),
             (f"memory ({self.memory_source})", None if self.memory_bytes is None else human_size(self.memory_bytes)),
             ("largest batch that fits", self.max_batch),
             ("training FLOPs (all steps)", f"{self.train_flops:.3g}"),
-            ("predicted wall time", None if self.predicted_s is None else sec(self.predicted_s)),
+            ("predicted wall time", None if self.predicted_s is None else seconds_text(self.predicted_s)),
         ]
         first = format_table(stages, list(stages[0]) if stages else ["stage"], title=f"training stages: {self.command}")
         second = format_table([{"what": k, "plan": v} for k, v in rows], ["what", "plan"], title="cost plan")
