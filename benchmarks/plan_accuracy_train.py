@@ -20,7 +20,7 @@ The grow grid: the built-in MLP (trained 300 steps, then the growth) and LLaMA-l
 causal LMs of width 64 and 128 (the models and corpus of ``plan_accuracy.py``). The linearize grid:
 the demo sweep's MLPs at a few widths. The plan's memory is ``peak_bytes`` (the largest training step
 or phase + what is held beside it; a phase is the larger of its counted bytes and its resident peak
-measured in a forked child, :func:`widthscope.probe.cost_plan.resident_peak`), its time ``predicted_s``.
+measured in a fresh process, :func:`widthscope.probe.resident.resident_peak`), its time ``predicted_s``.
 
 Usage::
 
@@ -198,7 +198,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--grid", choices=("grow", "linearize"), default="grow")
     p.add_argument("--index", type=int, default=0)
     p.add_argument("--result", default=None)
+    p.add_argument("--only", default="", help="comma-separated parts of setting names: run those only (a check; no --out)")
     a = p.parse_args(argv)
+    if a.only and a.out:
+        p.error("--only runs part of the grid: it writes no --out")
     if a.worker:
         worker(a)
         return {}
@@ -211,8 +214,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         _corpus(work / "corpus.txt")
         for name, w in (("tiny", 16), ("w64", 64), ("w128", 128)):
             _save_model(work / name, w)
-        rows = [_cell(work, "grow", i) for i in range(len(GROW))]
-        rows += [_cell(work, "linearize", i) for i in range(len(LINEARIZE))]
+        wanted = [w for w in a.only.split(",") if w]
+        grid = [("grow", i, s) for i, s in enumerate(GROW)] + [("linearize", i, s) for i, s in enumerate(LINEARIZE)]
+        rows = [_cell(work, g, i) for g, i, s in grid if not wanted or any(w in s["name"] for w in wanted)]
     result = {
         "setting": {
             "grow": "LlamaForCausalLM, 4 blocks, FFN 4x width, 4 heads, vocabulary 512, float32, 256 + 128 sequences "

@@ -20,7 +20,7 @@ def saved_bytes(net: nn.Module) -> Iterator[dict[int, int]]:
         ptr = t.untyped_storage().data_ptr()
         if ptr not in weights:
             seen[ptr] = max(seen.get(ptr, 0), t.numel() * t.element_size())
-        return t
+        return t.detach()  # packed as itself, a graph dropped without backward would stay alive
 
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         yield seen

@@ -74,3 +74,25 @@ def test_probe_saved_bytes_are_one_examples_whatever_batch_it_is_sliced_from():
         ntk(net, x[:16], method="structured")  # a view into the batch of n
         got = probes.peek(net, x, ("measure", 1))
         assert got is not probes.MISSING and got.saved == want, n
+
+
+def test_ntk_leaves_nothing_of_the_model_alive():
+    """The cost probe's saved-tensor hook packed each tensor as itself; its graph, dropped without a
+    backward pass, then kept those tensors alive for good (a cycle through autograd's C++): every
+    ``ntk`` call leaked the parameters' detached copies (a linearize sweep: 4 weight matrices per cell)."""
+    import gc
+
+    from widthscope.linear import ntk
+    from widthscope.models import build
+
+    def alive() -> int:
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if isinstance(o, torch.Tensor) and tuple(o.shape) == (97, 97))
+
+    before = alive()
+    for method in ("auto", "jacobian", "structured", "products", "per_example"):
+        torch.manual_seed(0)
+        model = build("mlp", 97, in_dim=8, out_dim=3, depth=2).double()
+        ntk(model, torch.randn(5, 8, dtype=torch.float64), method=method)
+        del model
+        assert alive() == before, method

@@ -5,12 +5,13 @@ No timing (``time_run=False``)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from widthscope.grow.inputs import builtin_inputs
 from widthscope.grow.options import GrowOptions
 from widthscope.grow.pipeline import _split_pools
-from widthscope.grow.plan import _rank, _sub_pools, growth_bytes, plan_grow, ranking_bytes
+from widthscope.grow.plan import _rank, _ranking_peak, _sub_pools, growth_bytes, plan_grow, ranking_bytes
 from widthscope.probe.cost import live_peak
 from widthscope.probe.points import resolve_points
 
@@ -72,26 +73,44 @@ def test_ranking_bytes_is_the_counted_ranking_plus_the_other_points_samples():
     names = resolve_points(model, opts.points)
     widths = {n: 64 for n in names}
     got = ranking_bytes(model, names, widths, pools, opts, None)
-    first = live_peak(lambda: _rank(model, pools.probe_train, pools.rank_test, names[:1], opts, None))[1]
+    first, last = (
+        live_peak(lambda p=p: _rank(model, pools.probe_train, pools.rank_test, [p], opts, None))[1]
+        for p in (names[0], names[-1])
+    )
     samples = 8 * (pools.n_train + pools.n_rank) * 64 * (len(names) - 1)  # float64 (n, width) per point
-    assert got == first + samples
+    assert got == max(first, last) + samples
     # the first point's own samples are inside the counted ranking
     assert first >= 8 * (pools.n_train + pools.n_rank) * 64
 
 
-def test_ranking_bytes_extrapolates_along_the_chord():
+def test_ranking_bytes_extrapolates_each_end_point_in_train_and_held_out_examples():
     opts, model, _, _, pools = _builtin(n_train=128, n_test=64, batch_size=8)
     names = resolve_points(model, opts.points)
+    assert len(names) > 1
     widths = {n: 64 for n in names}
-    got = ranking_bytes(model, names, widths, pools, opts, None)
-    sizes = ((8, 8), (16, 16))
-    peaks = [
-        live_peak(lambda a=a, b=b: _rank(model, *_sub_pools(pools, a, b), names[:1], opts, None))[1] for a, b in sizes
-    ]
-    per = (peaks[1] - peaks[0]) / 16
-    others = 8 * (pools.n_train + pools.n_rank) * 64 * (len(names) - 1)
-    assert got == round(peaks[0] + per * (pools.n_train + pools.n_rank - 16)) + others
-    assert per >= 8 * 64  # at least each example's float64 sample of the point
+    # a known peak per call: the first point cheap in held-out examples, the last one dear (as the line search
+    # at a LLaMA's last block); fitted from (a, b), (2a, b), (a, 2b) with a, b two batches (16) at least
+    cost = {names[0]: (1000, 10, 20), names[-1]: (500, 5, 900)}
+    seen = []
+
+    def fake(work):
+        _, train, test, points, *_ = work.args
+        (point,) = points
+        a, b = len(train[0]), len(test[0])
+        seen.append((point, a, b))
+        c0, ca, cb = cost[point]
+        return c0 + ca * a + cb * b
+
+    got = _ranking_peak(model, names, widths, pools, opts, None, fake)
+    n_tr, n_rk = pools.n_train, pools.n_rank
+    want = max(c0 + ca * n_tr + cb * n_rk for c0, ca, cb in cost.values())
+    others = 8 * (n_tr + n_rk) * 64 * (len(names) - 1)
+    assert got == want + others
+    assert {(a, b) for _, a, b in seen} == {(16, 16), (32, 16), (16, 32)}
+    assert {p for p, _, _ in seen} == {names[0], names[-1]}
+    # and on the real counter: the larger end's fit at the run's pools, + the other points' samples
+    counted = ranking_bytes(model, names, widths, pools, opts, None)
+    assert counted >= live_peak(lambda: _rank(model, *_sub_pools(pools, 16, 16), names[:1], opts, None))[1] + others
 
 
 def test_growth_bytes_holds_the_grown_copy_and_its_optimizer_state():
@@ -132,30 +151,49 @@ def test_linearize_cell_bytes_hold_the_frozen_kernel_and_its_eigenbasis():
     assert counted >= kernel + eigenvectors
 
 
-def test_resident_peak_measures_what_the_work_makes_resident():
-    import pytest
+def _transient(n: int) -> torch.Tensor:
+    a = torch.ones(n)
+    del a  # given back (the mmap threshold is 64 KiB where it is measured)
+    return torch.ones(n // 5)
 
-    from widthscope.probe.cost_plan import Resident, larger, resident_peak
 
+def _fail() -> None:
+    raise ZeroDivisionError("on purpose")
+
+
+@pytest.mark.parametrize("where", ["fresh process", "forked child"])
+def test_resident_peak_measures_what_the_work_makes_resident(where):
+    import functools
+
+    from widthscope.probe.resident import Resident, larger, resident_peak
+
+    fresh = where == "fresh process"
     mib50 = 50 * 2**20 // 4  # float32 elements of 50 MiB (52.4 MB)
-    got = resident_peak(lambda: torch.ones(mib50))
+    got = resident_peak(functools.partial(torch.ones, mib50), fresh=fresh)
     if got.peak is None:  # not Linux with glibc and /proc/self/status's VmHWM: nothing is measured
         pytest.skip(got.why)
+    assert got.where == where
     assert got.left is not None
     assert 45e6 <= got.peak < 80e6
     assert 45e6 <= got.left < 80e6  # the result is alive when the resident set is read
-
-    def transient() -> torch.Tensor:
-        a = torch.ones(mib50)
-        del a  # given back (the mmap threshold is 64 KiB in the measuring child)
-        return torch.ones(mib50 // 5)  # 10 MiB
-
-    got = resident_peak(transient)
-    assert got.peak is not None and got.left is not None
+    got = resident_peak(functools.partial(_transient, mib50), fresh=fresh)
+    assert got.where == where and got.peak is not None and got.left is not None
     assert 45e6 <= got.peak < 80e6
-    assert 8e6 <= got.left < 20e6
-    failed = resident_peak(lambda: 1 / 0)
-    assert failed.peak is None and "ZeroDivisionError" in failed.why
+    assert 8e6 <= got.left < 20e6  # 10 MiB
+    warmed = resident_peak(functools.partial(torch.ones, mib50), fresh=fresh, warm=functools.partial(torch.ones, 8))
+    assert warmed.peak is not None and 45e6 <= warmed.peak < 80e6  # warmed up on a small work of the same kind
+    failed = resident_peak(_fail, fresh=fresh)
+    assert failed.peak is None and "ZeroDivisionError: on purpose" in failed.why
     assert larger(100, Resident(None, None, "x")) == (100, "counted")
     assert larger(100, Resident(200, 0)) == (200, "measured")
     assert larger(300, Resident(200, 0)) == (300, "counted")
+
+
+def test_resident_peak_forks_what_does_not_pickle():
+    from widthscope.probe.resident import resident_peak
+
+    mib20 = 20 * 2**20 // 4
+    got = resident_peak(lambda: torch.ones(mib20))  # a lambda does not pickle: measured in a forked child
+    if got.peak is None:
+        pytest.skip(got.why)
+    assert got.where == "forked child" and 18e6 <= got.peak < 40e6

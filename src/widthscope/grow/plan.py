@@ -14,11 +14,12 @@
    best growth;
 3. the memory of the work between the steps, each run for real at a small size and counted
    (:func:`~widthscope.probe.cost.live_peak`, the bytes of the tensors it holds at once): the
-   ranking (:func:`ranking_bytes`: the first point at two pool sizes, extrapolated to the run's
-   pools, plus every other point's pooled samples), one growth (:func:`growth_bytes`) and, with
+   ranking (:func:`ranking_bytes`: the first and the last point, each at three pool sizes and
+   extrapolated to the run's pools, the larger, plus every other point's pooled samples), one
+   growth (:func:`growth_bytes`) and, with
    ``compare``, the baseline (:func:`continue_bytes`); with ``time_run`` each also measured, and
-   loading the model and the data, as the run is measured (the resident peak in a forked child,
-   :func:`~widthscope.probe.cost_plan.resident_peak`), the larger taken and labelled; held beside
+   loading the model and the data, as the run is measured (the resident peak in a fresh process,
+   :func:`~widthscope.probe.resident.resident_peak`), the larger taken and labelled; held beside
    them, the original model and the data with its pools (each storage once). The run's memory is
    the largest step or phase + what is held;
 4. with ``time_run`` (the default) each stage's training loop is timed (the block at the first and
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import time
 from typing import Any, Callable, Sequence
 
@@ -42,20 +44,11 @@ from ..data.spec import InputSpec, PoolSize
 from ..probe import collect
 from ..probe.blocks import block_of
 from ..probe.cost import count_step, live_peak
-from ..probe.cost_plan import (
-    Resident,
-    TrainPlan,
-    TrainStage,
-    device_memory,
-    larger,
-    resident_peak,
-    stage_of,
-    tensor_bytes,
-    time_loop,
-)
+from ..probe.cost_plan import TrainPlan, TrainStage, device_memory, stage_of, tensor_bytes, time_loop
 from ..probe.insert import insert
 from ..probe.intervene import index_batch, mean_loss
 from ..probe.points import resolve_points
+from ..probe.resident import Resident, larger, resident_peak
 from ..train import train as train_model
 from .block import _train_new, continue_training, grow_at
 from .inputs import builtin_inputs, check_builtin, load_inputs
@@ -181,34 +174,42 @@ def _ranking_peak(
     loss_fn: Callable | None,
     peak_of: Callable[[Callable[[], Any]], int | None],
 ) -> int | None:
-    """The ranking's memory: :func:`rank_points` at the first point (the longest backward) run and
+    """The ranking's memory: :func:`rank_points` at the first and at the last point, each run and
     counted (``peak_of``: :func:`~widthscope.probe.cost.live_peak`, or the resident peak: its probe passes, the
-    criteria's features and block Grams, the line search's double backward) on pools of ``(a, b)``
-    and ``(2a, 2b)`` examples, ``a``, ``b`` at least the batch and ``M``, ``K``; extrapolated along
-    that chord to the run's ``n_train + n_rank`` examples; plus the float64 pooled samples of every
-    other point (kept until the ranking ends). ``None`` where ``peak_of`` measured nothing."""
+    criteria's features and block Grams, the line search's double backward) on pools of ``(a, b)``,
+    ``(2a, b)`` and ``(a, 2b)`` examples (``a``, ``b`` at least two batches and ``M``, ``K``: a
+    second batch adds a working set the first does not have), fitted
+    as ``c0 + c_train a + c_test b`` and extrapolated to the run's pools; the larger of the two, plus
+    the float64 pooled samples of every other point (kept until the ranking ends). Train and
+    held-out examples cost differently (the line search runs on the held-out ones), and the last
+    point can peak above the first (llama-128 at its last point: 143 MB at (32, 32), 270 MB at
+    (64, 64), 283 MB at (128, 64), 309 MB at (256, 64); its first point 216-267 MB); a chord through
+    ``(a, b)`` and ``(2a, 2b)`` predicted 650 MB there. ``None`` where ``peak_of`` measured nothing."""
     n_tr, n_rk, bs = pools.n_train, pools.n_rank, opts.batch_size
-    a1, b1 = min(n_tr, max(opts.M, bs)), min(n_rk, max(opts.K, bs))
+    a1, b1 = min(n_tr, max(opts.M, 2 * bs)), min(n_rk, max(opts.K, 2 * bs))
     a2, b2 = min(n_tr, 2 * a1), min(n_rk, 2 * b1)
-    first = names[:1]
-    p1 = peak_of(lambda: _rank(model, *_sub_pools(pools, a1, b1), first, opts, loss_fn))
-    if p1 is None:
-        return None
-    per = 0.0
-    if a2 + b2 > a1 + b1:
-        p2 = peak_of(lambda: _rank(model, *_sub_pools(pools, a2, b2), first, opts, loss_fn))
-        if p2 is None:
-            return None
-        per = max(0.0, (p2 - p1) / (a2 + b2 - a1 - b1))
-    others = 8 * (n_tr + n_rk) * sum(widths[n] for n in names[1:])
-    return round(p1 + per * (n_tr + n_rk - a1 - b1)) + others
+    peaks = []
+    for point in dict.fromkeys([names[0], names[-1]]):
+        got: dict[tuple[int, int], int] = {}
+        for a, b in dict.fromkeys([(a1, b1), (a2, b1), (a1, b2)]):
+            peak = peak_of(functools.partial(_rank, model, *_sub_pools(pools, a, b), [point], opts, loss_fn))
+            if peak is None:
+                return None
+            got[a, b] = peak
+        p1 = got[a1, b1]
+        c_a = max(0.0, (got[a2, b1] - p1) / (a2 - a1)) if a2 > a1 else 0.0
+        c_b = max(0.0, (got[a1, b2] - p1) / (b2 - b1)) if b2 > b1 else 0.0
+        peaks.append(round(p1 + c_a * (n_tr - a1) + c_b * (n_rk - b1)))
+    return max(peaks) + 8 * (n_tr + n_rk) * sum(widths[n] for n in names[1:])
 
 
 def _growth_work(
     model: nn.Module, point: str, width: int, train: Any, pools: Any, opts: GrowOptions, loss_fn: Callable | None
 ) -> Callable[[], Any]:
+    """One growth at ``point`` for one step, as a picklable call (measured in a fresh process)."""
     n_eval = pools.n_test - pools.n_rank
-    return lambda: grow_at(
+    return functools.partial(
+        grow_at,
         model,
         point,
         train,
@@ -240,8 +241,16 @@ def growth_bytes(
 def _continue_work(model: nn.Module, train: Any, pools: Any, opts: GrowOptions, loss_fn: Callable | None):
     n_eval = pools.n_test - pools.n_rank
     evaluate = index_batch(pools.evaluate, slice(0, min(n_eval, opts.batch_size)))
-    return lambda: continue_training(
-        model, train, evaluate, flops=1.0, lr=opts.lr, batch_size=opts.batch_size, seed=opts.seed, loss_fn=loss_fn
+    return functools.partial(
+        continue_training,
+        model,
+        train,
+        evaluate,
+        flops=1.0,
+        lr=opts.lr,
+        batch_size=opts.batch_size,
+        seed=opts.seed,
+        loss_fn=loss_fn,
     )
 
 
@@ -371,8 +380,8 @@ def _measure_loading(spec: InputSpec | None, opts: GrowOptions, n_train: Any, n_
     """The resident memory of loading the model and the data (measured before this process loads
     them, as the run loads them: the parser's buffers, the libraries' caches, no tensor holds)."""
     if spec is None:
-        return resident_peak(lambda: builtin_inputs(opts.seed, n_train, n_test))
-    return resident_peak(lambda: load_inputs(spec, opts.points, show=False))
+        return resident_peak(functools.partial(builtin_inputs, opts.seed, n_train, n_test))
+    return resident_peak(functools.partial(load_inputs, spec, opts.points, show=False))
 
 
 def _phases(
@@ -389,7 +398,7 @@ def _phases(
 ) -> list[tuple[str, int]]:
     """The memory of the work between the training steps, each run for real at a small size and
     counted (:func:`ranking_bytes`, :func:`growth_bytes`, :func:`continue_bytes`); with ``measure``
-    also measured (:func:`~widthscope.probe.cost_plan.resident_peak`, the resident peak as the run is
+    also measured (:func:`~widthscope.probe.resident.resident_peak`, the resident peak as the run is
     measured) and the larger taken, the label saying which."""
     at = max(range(len(names)), key=lambda i: sum(p.numel() for p in grown[i].parameters()))
     point, width = names[at], widths[names[at]]

@@ -109,7 +109,10 @@ def measure(fn, x: torch.Tensor, params: dict[str, torch.Tensor]) -> Probe:
                 seen[ptr] = max(seen.get(ptr, 0), t.untyped_storage().nbytes())
         except (RuntimeError, NotImplementedError):
             pass
-        return t
+        # not ``t`` itself: a graph dropped without a backward pass (as here) keeps a tensor packed as itself
+        # alive for good (a cycle through autograd's C++ the garbage collector cannot see): every call leaked
+        # the parameters' detached copies, the linearize sweep a few weight matrices per cell
+        return t.detach()
 
     counter, ops = FlopCounterMode(display=False), _OpCount()
     with torch.enable_grad(), counter, ops, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

@@ -13,7 +13,7 @@ seeds x alphas, each ``train.steps`` steps of the network and its linearization 
   for one step and counted (:func:`~widthscope.probe.cost.live_peak`): the frozen kernel, its
   eigenbasis and predictions, the kernel drift's kernels, the correlations; held beside it, the
   data. With ``time_run`` the cell, and loading the data, are also measured as the run is
-  (the resident peak in a forked child, :func:`~widthscope.probe.cost_plan.resident_peak`, before
+  (the resident peak in a fresh process, :func:`~widthscope.probe.resident.resident_peak`, before
   anything else runs) and the larger taken, the label saying which. The run's memory is the
   larger of that cell and the largest step, + the data;
 - FLOPs per training example of the network's step (``FlopCounterMode``); the linear model's step
@@ -29,6 +29,7 @@ seeds x alphas, each ``train.steps`` steps of the network and its linearization 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, Mapping
 
@@ -37,9 +38,10 @@ import torch
 from ..linear.correlation import correlation_summary, parse_correlation_name
 from ..models import build
 from ..probe.cost import count_step, live_peak
-from ..probe.cost_plan import TrainPlan, TrainStage, device_memory, larger, resident_peak, stage_of
+from ..probe.cost_plan import TrainPlan, TrainStage, device_memory, stage_of
+from ..probe.resident import larger, resident_peak
 from .config import make_cells, validate_config
-from .run import _data, run_cell
+from .run import _DATA_CACHE, _data, run_cell
 
 __all__ = ["plan_linearize"]
 
@@ -114,7 +116,13 @@ def cell_bytes(cfg: Mapping[str, Any], cell: Mapping[str, Any]) -> int:
 
 def _one_step(cfg: Mapping[str, Any], cell: Mapping[str, Any]) -> Any:
     short = {**cfg, "train": {**cfg["train"], "steps": 1, "log_steps": [0, 1]}}
-    return lambda: run_cell(short, cell)
+    return functools.partial(run_cell, short, cell)
+
+
+def _load_uncached(cfg: Mapping[str, Any]) -> Any:
+    """Loading the data as the run loads it: not from the cache (the measurement's warm-up fills it)."""
+    _DATA_CACHE.clear()
+    return _data(cfg)
 
 
 def _doubled(stage: TrainStage) -> TrainStage:
@@ -138,8 +146,11 @@ def plan_linearize(config: Mapping[str, Any], *, time_run: bool = True) -> Train
     cell = next((c for c in at if c["correlations"]), at[0])
     # measured first, before this process loads the data and runs the cells: a heap the earlier
     # work left in pieces makes a measured step fault in more pages than the run's does
-    loaded = resident_peak(lambda: _data(cfg)) if time_run else None
-    measured = resident_peak(_one_step(cfg, cell)) if time_run else None
+    loaded = resident_peak(functools.partial(_load_uncached, cfg)) if time_run else None
+    # warmed up on the narrowest width: the same code runs, and what the widest shapes add on first use
+    # (the kernels' cached buffers) is counted, as in the run
+    narrow = {**cell, "width": min(int(w) for w in cfg["widths"])}
+    measured = resident_peak(_one_step(cfg, cell), warm=_one_step(cfg, narrow)) if time_run else None
     t0 = time.perf_counter()
     (X, Y), (Xt, Yt), _, words = _data(cfg)
     load_s = time.perf_counter() - t0

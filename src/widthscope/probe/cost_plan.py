@@ -12,12 +12,8 @@ largest batch that fits and the predicted wall time. Both are frozen dataclasses
 from __future__ import annotations
 
 import copy
-import ctypes
 import dataclasses
-import gc
 import math
-import os
-import platform
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -32,11 +28,8 @@ __all__ = [
     "seconds_text",
     "TrainStage",
     "TrainPlan",
-    "Resident",
     "device_memory",
     "max_batch",
-    "resident_peak",
-    "larger",
     "time_steps",
     "time_loop",
     "stage_of",
@@ -323,130 +316,3 @@ def stage_of(name: str, counted: dict[str, Any], model: nn.Module, **fields: Any
         fixed_bytes=counted["fixed_bytes"],
         **fields,
     )
-
-
-# ----------------------------------------------------------------------------- resident memory, as the run is measured
-MMAP_THRESHOLD = 65536  # the benchmarks' MALLOC_MMAP_THRESHOLD_: each freed large block goes back to the system
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
-TRIM_THRESHOLD = 128 * 1024  # glibc's default, which a process's dynamic mmap threshold raises as it runs
-
-
-@dataclasses.dataclass(frozen=True)
-class Resident:
-    """What :func:`resident_peak` measured: ``peak`` bytes above the memory before ``fn`` (resident
-    set on CPU, allocated on CUDA) and ``left`` bytes still above it when ``fn`` returned (its result
-    alive); both ``None`` where not measured, ``why`` says why."""
-
-    peak: int | None
-    left: int | None
-    why: str = ""
-
-
-def _status(key: str) -> int | None:
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _measure_here(fn: Callable[[], Any]) -> tuple[int, int]:
-    """In the forked child: glibc told to give each freed block of 64 KiB or more back (``mallopt``,
-    as ``MALLOC_MMAP_THRESHOLD_`` does for a process) and its free memory trimmed, so that what
-    ``fn`` allocates shows in the resident set instead of hiding in memory the parent freed; ``fn``
-    run once first (a forked child shares the parent's file-backed pages, the libraries' code, but
-    maps them again as it touches them: megabytes the run, warmed up, does not add); then ``VmHWM``
-    (reset through ``/proc/self/clear_refs``) and ``VmRSS`` above ``VmRSS`` before."""
-    torch.set_num_threads(1)  # OpenMP's workers do not survive a fork
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-    libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)  # as a process started with the variable has it
-    del_out = fn()  # warm-up: a forked child maps the libraries' code lazily, page by page, as it runs
-    del del_out
-    gc.collect()
-    libc.malloc_trim(0)
-    before = _status("VmRSS")
-    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-        f.write("5")
-    out = fn()
-    peak, left = _status("VmHWM"), _status("VmRSS")
-    del out
-    if before is None or peak is None or left is None:
-        raise OSError("no VmRSS/VmHWM in /proc/self/status")
-    return max(0, peak - before), max(0, left - before)
-
-
-def _can_fork() -> str:
-    """Why the resident peak cannot be measured here ("" where it can)."""
-    if not hasattr(os, "fork"):
-        return "no fork on this system"
-    if platform.libc_ver()[0] != "glibc":
-        return "not glibc (the allocator cannot be told to give freed memory back)"
-    if _status("VmHWM") is None:
-        return "no VmHWM in /proc/self/status"
-    if not os.access("/proc/self/clear_refs", os.W_OK):
-        return "/proc/self/clear_refs not writable"
-    return ""
-
-
-def resident_peak(fn: Callable[[], Any], device: torch.device | str = "cpu") -> Resident:
-    """The memory ``fn()`` adds, measured the way ``benchmarks/plan_accuracy*.py`` measure a run:
-    on CUDA ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats`` (in this process);
-    on Linux CPU with glibc, ``fn`` runs in a forked child (this process's allocator and timing are
-    left alone) with the mmap threshold at 64 KiB and freed memory trimmed, and the child's peak
-    ``VmHWM`` above its ``VmRSS`` before is the peak (what the allocator keeps inside, fragmentation
-    and the temporaries inside an operation included, which a tensor counter does not see).
-    Elsewhere nothing runs and ``Resident(None, None, why)`` says why. An error in ``fn`` is raised
-    in the child and reported in ``why``, not raised."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        out = fn()
-        torch.cuda.synchronize(device)
-        left = torch.cuda.memory_allocated(device) - before
-        del out
-        return Resident(max(0, torch.cuda.max_memory_allocated(device) - before), max(0, left))
-    why = _can_fork()
-    if why:
-        return Resident(None, None, why)
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: measure, report one line, leave without running the parent's exit handlers
-        os.close(r)
-        try:
-            # one intra-op thread: an OpenMP pool the parent started is not usable after fork (its next parallel
-            # region can hang); at one thread torch runs every kernel inline, and the bytes barely depend on it
-            torch.set_num_threads(1)
-            peak, left = _measure_here(fn)
-            msg = f"{peak} {left}"
-        except BaseException as e:  # noqa: BLE001 - reported to the parent, which says so
-            msg = f"error {type(e).__name__}: {e}".replace("\n", " ")[:500]
-        try:
-            os.write(w, msg.encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    chunks = []
-    while chunk := os.read(r, 4096):
-        chunks.append(chunk)
-    os.close(r)
-    os.waitpid(pid, 0)
-    msg = b"".join(chunks).decode(errors="replace")
-    try:
-        peak, left = (int(v) for v in msg.split())
-    except ValueError:
-        return Resident(None, None, f"the measured child failed ({msg or 'no answer'})")
-    return Resident(peak, left)
-
-
-def larger(counted: int, measured: Resident) -> tuple[int, str]:
-    """The larger of the counted bytes and the measured peak, and which it is ("measured on one step"
-    or "counted")."""
-    if measured.peak is not None and measured.peak > counted:
-        return measured.peak, "measured"
-    return counted, "counted"
