@@ -403,7 +403,7 @@ def _phases(
     at = max(range(len(names)), key=lambda i: sum(p.numel() for p in grown[i].parameters()))
     point, width = names[at], widths[names[at]]
     none = Resident(None, None, "not measured")
-    # measured first: a heap the counting left in pieces makes a measured step fault in more pages
+    # measured first: where a work falls back to a forked child, the counting's heap is not yet in pieces
     rank_m = _ranking_peak(model, names, widths, pools, opts, loss_fn, _peak_measured) if measure else None
     grow_m = resident_peak(_growth_work(model, point, width, train, pools, opts, loss_fn)) if measure else none
     cont_m = resident_peak(_continue_work(model, train, pools, opts, loss_fn)) if measure and opts.compare else none

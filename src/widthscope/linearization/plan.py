@@ -144,8 +144,7 @@ def plan_linearize(config: Mapping[str, Any], *, time_run: bool = True) -> Train
     widest = max(int(w) for w in cfg["widths"])  # the cells' memory grows with the width
     at = [c for c in cells if c["width"] == widest]
     cell = next((c for c in at if c["correlations"]), at[0])
-    # measured first, before this process loads the data and runs the cells: a heap the earlier
-    # work left in pieces makes a measured step fault in more pages than the run's does
+    # measured first: where a work falls back to a forked child, this process's heap is not yet in pieces
     loaded = resident_peak(functools.partial(_load_uncached, cfg)) if time_run else None
     # warmed up on the narrowest width: the same code runs, and what the widest shapes add on first use
     # (the kernels' cached buffers) is counted, as in the run

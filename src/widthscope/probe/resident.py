@@ -212,21 +212,21 @@ def _close_server() -> None:
 atexit.register(_close_server)
 
 
-def _in_fresh_process(payload: bytes) -> tuple[Resident | None, str]:
-    """``(measured, "")``; or ``(None, why)`` where the server could not load the work (a fork is
-    tried then); an error in the work itself is a ``Resident`` with ``why``."""
+def _in_fresh_process(payload: bytes) -> Resident | None:
+    """What the server measured; ``None`` where it could not load the work (a fork is tried then);
+    an error in the work itself is a ``Resident`` with ``why``."""
     if not _SERVERS or _SERVERS[0].proc.poll() is not None:
         _close_server()
         _SERVERS.append(_Server())
     msg = _SERVERS[0].measure(payload)
     if msg.startswith("unpickle "):
-        return None, msg.removeprefix("unpickle ")
+        return None
     try:
         peak, left = (int(v) for v in msg.split())
     except ValueError:
         _close_server()  # what failed may have left the server in a bad state: a new one next time
-        return Resident(None, None, msg.removeprefix("error ") if msg.startswith("error the") else msg), ""
-    return Resident(peak, left, where="fresh process"), ""
+        return Resident(None, None, msg.removeprefix("error ") if msg.startswith("error the") else msg)
+    return Resident(peak, left, where="fresh process")
 
 
 def _answer(pid: int, r: int, w: int) -> str:
@@ -297,7 +297,7 @@ def resident_peak(
             except (pickle.PicklingError, AttributeError, TypeError):
                 payload = b""  # a lambda or a local class: the fork below
             if payload:
-                got, _ = _in_fresh_process(payload)
+                got = _in_fresh_process(payload)
                 if got is not None:
                     return got
     if not hasattr(os, "fork"):
