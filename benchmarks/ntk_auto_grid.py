@@ -62,8 +62,9 @@ MISS = 1.25
 # seconds priced by the fitted terms of linear/choose.py). Rev 2: the run before (35 of 41 within 1.25×).
 # Rev 4: no timed term in the choice (issue 32; the rows of rev 3 carry its choice under "rechosen").
 # Rev 5: the probe's saved bytes of one example, not of the batch its view x[:1] lies in, and the fit's mem
-# term recounted and refitted so (issue 32; "rechosen" holds rev 5's choice).
-CODE_REV = 5
+# term recounted and refitted so (issue 32). Rev 6: memory planned with the saved activations (they were set to 0)
+# and 5 Jacobian copies (3 and 4 before), the measured peaks (issue 32; "rechosen" holds rev 6's choice).
+CODE_REV = 6
 
 
 class LMHead(nn.Module):

@@ -34,7 +34,6 @@ runs; the refit without it keeps every grid point's choice within 1.25× of the 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -233,10 +232,7 @@ def plan_costs(
     if coupled is not None:  # one batch at once: the Jacobian of the whole batch
         cands = tuple(m for m in cands if m not in ("structured", "per_example"))
     kw = dict(n_params=n_params, n_out=n_out, n1=n1, n2=n2, same=same)
-    # memory is planned as before this probe counted saved bytes (they were always 0): counting them is right
-    # but shrinks the chunks of tight budgets, a change of the memory planning left to its own issue
-    mem_pr = dataclasses.replace(pr, saved=0.0)
-    costs = cost.estimates(pr=mem_pr, plan=P, item=itemsize, budget=budget, mode=mode, methods=cands, **kw)
+    costs = cost.estimates(pr=pr, plan=P, item=itemsize, budget=budget, mode=mode, methods=cands, **kw)
     if P is not None and "structured" in costs and P.n_covered == 0:
         costs.pop("structured")  # nothing covered: it is the Jacobian route with extra steps
     if coupled is not None and "jacobian" in costs:  # forced whole-batch chunk
@@ -246,8 +242,9 @@ def plan_costs(
         c = costs.get(method)
         if c is not None and not c["fits"]:
             raise WidthscopeError(
-                f"ntk: method={method!r} needs about {c['bytes'] / 1e6:.4g} MB at its smallest chunks, "
-                f"more than memory_budget={budget / 1e6:.4g} MB; raise memory_budget or let "
+                f"ntk: method={method!r} needs about {c['bytes'] / 1e6:.4g} MB at its smallest chunks, more than "
+                f"the {cost.SAFETY:.0%} of memory_budget={budget / 1e6:.4g} MB it plans within (the rest is "
+                "the allocator's slack); raise memory_budget or let "
                 "method='auto' pick one that fits"
             )
         return {"method": method, "reason": f"{method}: asked for", "costs": costs}

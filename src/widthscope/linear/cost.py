@@ -66,8 +66,11 @@ PE_WRITE_S = 1.4e-8
 JVP_SLOWER = 2.5
 CONTRACT_SLOWER = 1.6  # the per-tensor einsum contraction vs one 512² matmul (llama-128 row of ntk_auto: 1.6×)
 SAFETY = 0.85  # plan for this share of memory_budget: allocator slack, temporaries the model does not count
-PE_COPIES = 3  # row chunk, column chunk, jacrev's stacked copy of one of them
-JAC_COPIES = 4  # row chunk, column chunk, and the transient copy jacrev makes of each (measured peak 1.8×)
+# Jacobian chunks alive at the peak: row chunk, column chunk, the copies jacrev and vmap stack them through;
+# measured (peak - kernel) / chunk bytes = 4.1-4.7 for both routes on a width-256 MLP, 10 outputs, chunks of
+# 1-4 examples (tests/test_ntk_memory.py); 3 and 4 let per_example peak at 1.13x its memory_budget
+PE_COPIES = 5
+JAC_COPIES = 5
 
 
 @dataclass
