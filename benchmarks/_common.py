@@ -80,3 +80,14 @@ def reset_peak() -> bool:
         return True
     except OSError:
         return False
+
+
+def sweep_in_fresh_folder(config: dict[str, Any], parent: str) -> None:
+    """``run_sweep(config)`` into a new temporary folder under ``parent``, removed after: a work that can run
+    twice (a finished sweep in the same folder would be skipped). Module-level, so it pickles."""
+    import tempfile
+
+    from widthscope.linearization.run import run_sweep
+
+    with tempfile.TemporaryDirectory(dir=parent) as d:
+        run_sweep(config, Path(d) / "sweep", quiet=True)

@@ -10,7 +10,9 @@ The training plans (``grow --plan``, ``linearize --plan``) from
 ``benchmarks/results/plan-accuracy-train-cpu.json``, written by
 ``OMP_NUM_THREADS=1 python benchmarks/plan_accuracy_train.py --out benchmarks/results/plan-accuracy-train-cpu.json``.
 Keys: ``plan/train_table``, ``plan/train_setting``, ``plan/train_time_range``, ``plan/train_memory_range``,
-``plan/train_time_verdict``, ``plan/train_memory_verdict``, ``plan/train_memory_by_kind``, ``plan/train_load``.
+``plan/train_time_verdict``, ``plan/train_memory_verdict``, ``plan/train_memory_by_kind``, ``plan/train_load``,
+``plan/train_runs``, ``plan/train_builtin_predicted``, ``plan/train_builtin_runs``, ``plan/train_builtin_ratios``,
+``plan/train_builtin_whole``, ``plan/train_whole_ratio``.
 """
 
 from __future__ import annotations
@@ -129,21 +131,23 @@ def register_train(dn: Any) -> None:
     @dn.quantity("plan/train_table")
     def _table() -> str:
         lines = [
-            "| setting | parameters | training GFLOP | predicted time | measured | ratio | predicted memory "
-            "| measured | ratio | plan took |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| setting | parameters | training GFLOP | predicted time | measured (runs) | ratio | predicted memory "
+            "| measured (runs) | ratio | whole run, measured as the plan measures a phase | plan took |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in res()["rows"]:
+            t, m = r["measured_runs_s"], [v / MB for v in r["measured_peak_runs_bytes"]]
             cells = [
                 r["name"],
                 f"{r['parameters']:,}",
                 dn.sig(r["train_flops"] / 1e9, 3),
                 f"{dn.sig(r['predicted_s'], 2)} s",
-                f"{dn.sig(r['measured_s'], 2)} s",
+                f"{dn.sig(r['measured_s'], 2)} s ({dn.span(min(t), max(t), lambda v: dn.sig(v, 2))})",
                 x(r["time_ratio"]),
                 f"{dn.sig(r['predicted_bytes'] / MB, 3)} MB",
-                f"{dn.sig(r['measured_peak_bytes'] / MB, 3)} MB",
+                f"{dn.sig(r['measured_peak_bytes'] / MB, 3)} MB ({dn.span(min(m), max(m), lambda v: dn.sig(v, 3))})",
                 x(r["memory_ratio"]),
+                f"{dn.sig(r['whole_run_fresh_process_bytes'] / MB, 3)} MB",
                 f"{dn.sig(r['plan_s'], 2)} s",
             ]
             lines.append("| " + " | ".join(cells) + " |")
@@ -180,6 +184,36 @@ def register_train(dn: Any) -> None:
             f"{kind}: {dn.span(min(v), max(v), x)}, {_verdict(dn, v, MEMORY_TARGET)}"
             for kind, v in groups.items()
         )
+
+    @dn.quantity("plan/train_runs")
+    def _runs() -> str:
+        return str(len(res()["rows"][0]["measured_runs_s"]))
+
+    def builtin() -> dict[str, Any]:
+        return next(r for r in res()["rows"] if r["setting"].get("model") == "builtin")
+
+    @dn.quantity("plan/train_builtin_predicted")
+    def _builtin_predicted() -> str:
+        return f"{dn.sig(builtin()['predicted_bytes'] / MB, 2)} MB"
+
+    @dn.quantity("plan/train_builtin_runs")
+    def _builtin_runs() -> str:
+        m = [v / MB for v in builtin()["measured_peak_runs_bytes"]]
+        return f"{dn.span(min(m), max(m), lambda v: dn.sig(v, 2))} MB"
+
+    @dn.quantity("plan/train_builtin_ratios")
+    def _builtin_ratios() -> str:
+        lo, hi = builtin()["memory_ratio_range"]
+        return dn.span(lo, hi, x)
+
+    @dn.quantity("plan/train_builtin_whole")
+    def _builtin_whole() -> str:
+        return f"{dn.sig(builtin()['whole_run_fresh_process_bytes'] / MB, 2)} MB"
+
+    @dn.quantity("plan/train_whole_ratio")
+    def _whole_ratio() -> str:
+        v = [r["predicted_bytes"] / r["whole_run_fresh_process_bytes"] for r in res()["rows"]]
+        return dn.span(min(v), max(v), x)
 
     @dn.quantity("plan/train_load")
     def _load() -> str:

@@ -13,8 +13,14 @@ first optimizer warmed up on a tiny run first, so start-up is not counted on eit
   so the peak RSS is what the run holds at once, not what the allocator keeps; slower, so not
   timed): its peak RSS (``VmHWM``, reset through ``/proc/self/clear_refs``) above the RSS before it
   started (the measured memory: the baseline is the process after imports and warm-up, which is
-  the interpreter's and the libraries', not the run's). The default allocator's peak is recorded
-  beside it.
+  the interpreter's and the libraries', not the run's). ``run`` and ``run-mmap`` run ``RUNS`` times, each in
+  its own process: the measured time and memory are their medians, the runs recorded (a run of a few MB
+  varies by more than 1.2x between identical processes: its small blocks land in whatever holes
+  the warm-up left). The default allocator's peak is recorded beside it.
+- ``whole-run``: the whole run measured the way the plan measures one phase
+  (:func:`widthscope.probe.resident.resident_peak`: a fresh process forked from a clean heap, the
+  run once, then trimmed, then measured), not a prediction but what the plan's method would see
+  if it ran everything; it tells a phase the plan misses from the measuring process's heap.
 
 The grow grid: the built-in MLP (trained 300 steps, then the growth) and LLaMA-like Hugging Face
 causal LMs of width 64 and 128 (the models and corpus of ``plan_accuracy.py``). The linearize grid:
@@ -33,6 +39,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -122,7 +129,22 @@ def worker(a: argparse.Namespace) -> None:
     _warm_up(work)
     _trim()
     kind, s = ("grow", GROW[a.index]) if a.grid == "grow" else ("linearize", LINEARIZE[a.index])
-    if a.worker == "plan":
+    if a.worker == "whole-run":
+        import functools
+
+        from _common import sweep_in_fresh_folder
+        from widthscope.probe.resident import resident_peak
+
+        if kind == "grow":
+            from widthscope.grow.pipeline import run_grow
+
+            spec, kw = _grow_args(s, work)
+            whole = functools.partial(run_grow, spec, show=False, **kw)
+        else:
+            whole = functools.partial(sweep_in_fresh_folder, _linearize_config(s), str(work))
+        got = resident_peak(whole)
+        out = {"peak_bytes": got.peak, "where": got.where, "why": got.why}
+    elif a.worker == "plan":
         t0 = time.perf_counter()
         if kind == "grow":
             from widthscope.grow.plan import plan_grow
@@ -135,6 +157,8 @@ def worker(a: argparse.Namespace) -> None:
             plan = plan_linearize(_linearize_config(s))
         out = {"plan": plan.to_dict(), "plan_s": time.perf_counter() - t0}
     else:
+        # a folder of its own per run: a finished sweep in the folder of an earlier run would be skipped
+        fresh = Path(tempfile.mkdtemp(dir=work, prefix=f"linearize-{a.index}-{a.worker}-"))
         baseline = proc_status("VmRSS")
         reset = reset_peak()
         t0 = time.perf_counter()
@@ -146,7 +170,7 @@ def worker(a: argparse.Namespace) -> None:
         else:
             from widthscope.linearization.run import run_sweep
 
-            run_sweep(_linearize_config(s), work / f"linearize-{a.index}-{a.worker}", quiet=True)
+            run_sweep(_linearize_config(s), fresh / "sweep", quiet=True)
         out = {
             "run_s": time.perf_counter() - t0,
             "peak_above_baseline_bytes": proc_status("VmHWM") - baseline if reset else None,
@@ -154,12 +178,13 @@ def worker(a: argparse.Namespace) -> None:
     Path(a.result).write_text(json.dumps(out))
 
 
-WORKERS = ("plan", "run", "run-mmap")
+WORKERS = ("plan", "run", "run-mmap", "whole-run")
+RUNS = 3  # run and run-mmap processes per setting: the measured time and memory are their medians
 
 
 def _cell(work: Path, grid: str, index: int) -> dict[str, Any]:
-    got = {}
-    for what in WORKERS:
+    got: dict[str, Any] = {}
+    for what in (w for w in WORKERS for _ in range(RUNS if w in ("run", "run-mmap") else 1)):
         result = work / f"{grid}-{index}-{what}.json"
         cmd = [sys.executable, __file__, "--worker", what, "--work", str(work), "--grid", grid]
         cmd += ["--index", str(index), "--result", str(result)]
@@ -167,9 +192,11 @@ def _cell(work: Path, grid: str, index: int) -> dict[str, Any]:
         if what == "run-mmap":
             env["MALLOC_MMAP_THRESHOLD_"] = "65536"
         subprocess.run(cmd, check=True, env=env)
-        got[what] = json.loads(result.read_text())
-    plan, run = got["plan"]["plan"], got["run"]
-    held = got["run-mmap"]["peak_above_baseline_bytes"]
+        got.setdefault(what, []).append(json.loads(result.read_text()))
+    plan, whole = got["plan"][0]["plan"], got["whole-run"][0]
+    times = [g["run_s"] for g in got["run"]]
+    peaks = [g["peak_above_baseline_bytes"] for g in got["run-mmap"]]
+    held = statistics.median(peaks) if None not in peaks else None
     s = (GROW if grid == "grow" else LINEARIZE)[index]
     return {
         "grid": grid,
@@ -178,14 +205,19 @@ def _cell(work: Path, grid: str, index: int) -> dict[str, Any]:
         "parameters": plan["parameters"],
         "train_flops": plan["train_flops"],
         "predicted_s": plan["predicted_s"],
-        "measured_s": run["run_s"],
-        "time_ratio": plan["predicted_s"] / run["run_s"],
+        "measured_s": statistics.median(times),
+        "time_ratio": plan["predicted_s"] / statistics.median(times),
+        "measured_runs_s": times,
         "predicted_bytes": plan["peak_bytes"],
         "measured_peak_bytes": held,
         "memory_ratio": plan["peak_bytes"] / held if held else None,
-        "measured_peak_default_malloc_bytes": run["peak_above_baseline_bytes"],
-        "run_mmap_s": got["run-mmap"]["run_s"],
-        "plan_s": got["plan"]["plan_s"],
+        "measured_peak_runs_bytes": peaks,
+        "memory_ratio_range": [plan["peak_bytes"] / max(peaks), plan["peak_bytes"] / min(peaks)] if held else None,
+        "whole_run_fresh_process_bytes": whole["peak_bytes"],
+        "whole_run_where": whole["where"] or whole["why"],
+        "measured_peak_default_malloc_bytes": [g["peak_above_baseline_bytes"] for g in got["run"]],
+        "run_mmap_s": got["run-mmap"][0]["run_s"],
+        "plan_s": got["plan"][0]["plan_s"],
         "plan": plan,
     }
 
@@ -198,7 +230,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--grid", choices=("grow", "linearize"), default="grow")
     p.add_argument("--index", type=int, default=0)
     p.add_argument("--result", default=None)
-    p.add_argument("--only", default="", help="comma-separated parts of setting names: run those only (a check; no --out)")
+    p.add_argument(
+        "--only", default="", help="comma-separated parts of setting names: run those only (a check; no --out)"
+    )
     a = p.parse_args(argv)
     if a.only and a.out:
         p.error("--only runs part of the grid: it writes no --out")
@@ -238,10 +272,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
     for r in rows:
+        runs = [round((p or 0) / 1e6, 1) for p in r["measured_peak_runs_bytes"]]
+        whole = (r["whole_run_fresh_process_bytes"] or 0) / 1e6
         print(
             f"{r['name']}: time {r['predicted_s']:.1f}/{r['measured_s']:.1f} s = {r['time_ratio']:.2f}x, memory "
             f"{r['predicted_bytes'] / 1e6:.1f}/{(r['measured_peak_bytes'] or 0) / 1e6:.1f} MB = "
-            f"{r['memory_ratio'] or float('nan'):.2f}x (plan {r['plan_s']:.1f} s)"
+            f"{r['memory_ratio'] or float('nan'):.2f}x (runs {runs} MB; whole run in a fresh process {whole:.1f} MB; "
+            f"plan {r['plan_s']:.1f} s)"
         )
     return result
 

@@ -346,7 +346,7 @@ def _serve(preload: list[str]) -> None:
                     msg = f"{peak} {left}"
                 except BaseException as e:  # noqa: BLE001 - reported to the parent, which says so
                     msg = f"error {type(e).__name__}: {e}"
-            new = sorted({m.split(".")[0] for m in set(sys.modules) - before})
+            new = sorted(set(sys.modules) - before)
             os.write(w, (msg.replace("\n", " ")[:500] + "\n" + " ".join(new)).encode())
             os._exit(0)
         msg, _, imported = _answer(pid, r, w).partition("\n")
