@@ -68,7 +68,7 @@ CONTRACT_SLOWER = 1.6  # the per-tensor einsum contraction vs one 512² matmul (
 SAFETY = 0.85  # plan for this share of memory_budget: allocator slack, temporaries the model does not count
 # Jacobian chunks alive at the peak: row chunk, column chunk, the copies jacrev and vmap stack them through;
 # measured (peak - kernel) / chunk bytes = 4.1-4.7 for both routes on a width-256 MLP, 10 outputs, chunks of
-# 1-4 examples (tests/test_ntk_memory.py); 3 and 4 let per_example peak at 1.13x its memory_budget
+# 1-4 examples (VmHWM as tests/test_ntk_memory.py reads it); with 3, per_example peaked at 1.13x its budget
 PE_COPIES = 5
 JAC_COPIES = 5
 
