@@ -11,8 +11,12 @@ The training plans (``grow --plan``, ``linearize --plan``) from
 ``OMP_NUM_THREADS=1 python benchmarks/plan_accuracy_train.py --out benchmarks/results/plan-accuracy-train-cpu.json``.
 Keys: ``plan/train_table``, ``plan/train_setting``, ``plan/train_time_range``, ``plan/train_memory_range``,
 ``plan/train_time_verdict``, ``plan/train_memory_verdict``, ``plan/train_memory_by_kind``, ``plan/train_load``,
-``plan/train_runs``, ``plan/train_builtin_predicted``, ``plan/train_builtin_runs``, ``plan/train_builtin_ratios``,
-``plan/train_builtin_whole``, ``plan/train_whole_ratio``.
+``plan/train_runs``.
+
+The growth ranking warmed on itself or at another size, from ``benchmarks/results/ranking-warm-cpu.json``,
+written by ``OMP_NUM_THREADS=1 python benchmarks/ranking_warm.py --out benchmarks/results/ranking-warm-cpu.json``.
+Keys: ``plan/rank_pools``, ``plan/rank_on_itself``, ``plan/rank_elsewhere``, ``plan/rank_in_run``,
+``plan/rank_plan_terms``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 RESULT = "benchmarks/results/plan-accuracy-cpu.json"
 TRAIN_RESULT = "benchmarks/results/plan-accuracy-train-cpu.json"
+RANK_RESULT = "benchmarks/results/ranking-warm-cpu.json"
 MB = 1e6
 TIME_TARGET, MEMORY_TARGET = 1.5, 1.2  # issue 32: predicted within these factors of measured
 
@@ -36,6 +41,8 @@ def _x(dn: Any, v: float) -> str:
 def _verdict(dn: Any, v: list[float], target: float) -> str:
     """How many ratios lie within ``target`` either way."""
     inside = sum(1 for r in v if 1 / target <= r <= target)
+    if len(v) == 1:
+        return f"{'within' if inside else 'not within'} {_x(dn, target)}"
     if inside == len(v):
         return f"all {len(v)} settings within {_x(dn, target)}"
     return f"{inside} of {len(v)} settings within {_x(dn, target)}"
@@ -50,6 +57,7 @@ def _machine(m: dict[str, Any]) -> str:
 
 def register(dn: Any) -> None:
     register_train(dn)
+    register_rank(dn)
 
     def res() -> dict[str, Any]:
         return dn.load_json(RESULT)
@@ -132,7 +140,7 @@ def register_train(dn: Any) -> None:
     def _table() -> str:
         lines = [
             "| setting | parameters | training GFLOP | predicted time | measured (runs) | ratio | predicted memory "
-            "| measured (runs) | ratio | whole run, measured as the plan measures a phase | plan took |",
+            "| measured (runs) | ratio | whole run, warmed on itself | plan took |",
             "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in res()["rows"]:
@@ -181,40 +189,46 @@ def register_train(dn: Any) -> None:
             )
             groups.setdefault(kind, []).append(r["memory_ratio"])
         return "; ".join(
-            f"{kind}: {dn.span(min(v), max(v), x)}, {_verdict(dn, v, MEMORY_TARGET)}"
-            for kind, v in groups.items()
+            f"{kind}: {dn.span(min(v), max(v), x)}, {_verdict(dn, v, MEMORY_TARGET)}" for kind, v in groups.items()
         )
 
     @dn.quantity("plan/train_runs")
     def _runs() -> str:
         return str(len(res()["rows"][0]["measured_runs_s"]))
 
-    def builtin() -> dict[str, Any]:
-        return next(r for r in res()["rows"] if r["setting"].get("model") == "builtin")
-
-    @dn.quantity("plan/train_builtin_predicted")
-    def _builtin_predicted() -> str:
-        return f"{dn.sig(builtin()['predicted_bytes'] / MB, 2)} MB"
-
-    @dn.quantity("plan/train_builtin_runs")
-    def _builtin_runs() -> str:
-        m = [v / MB for v in builtin()["measured_peak_runs_bytes"]]
-        return f"{dn.span(min(m), max(m), lambda v: dn.sig(v, 2))} MB"
-
-    @dn.quantity("plan/train_builtin_ratios")
-    def _builtin_ratios() -> str:
-        lo, hi = builtin()["memory_ratio_range"]
-        return dn.span(lo, hi, x)
-
-    @dn.quantity("plan/train_builtin_whole")
-    def _builtin_whole() -> str:
-        return f"{dn.sig(builtin()['whole_run_fresh_process_bytes'] / MB, 2)} MB"
-
-    @dn.quantity("plan/train_whole_ratio")
-    def _whole_ratio() -> str:
-        v = [r["predicted_bytes"] / r["whole_run_fresh_process_bytes"] for r in res()["rows"]]
-        return dn.span(min(v), max(v), x)
-
     @dn.quantity("plan/train_load")
     def _load() -> str:
         return _machine(res()["machine"])
+
+
+def register_rank(dn: Any) -> None:
+    """The growth ranking's memory warmed on itself or at another size (``plan/rank_*``)."""
+
+    def res() -> dict[str, Any]:
+        return dn.load_json(RANK_RESULT)
+
+    def mb(v: float) -> str:
+        return f"{dn.sig(v / MB, 2)} MB"
+
+    def over_points(key: str) -> str:
+        v = [p[key] for p in res()["points"].values()]
+        return dn.span(min(v) / MB, max(v) / MB, lambda u: dn.sig(u, 2)) + " MB"
+
+    @dn.quantity("plan/rank_pools")
+    def _pools() -> str:
+        (a, b), (wa, wb) = res()["pools"], res()["warm_size"]
+        return f"{a} train and {b} held-out examples (warmed at {wa} and {wb})"
+
+    dn.quantity("plan/rank_on_itself")(lambda: over_points("on_itself"))
+    dn.quantity("plan/rank_elsewhere")(lambda: over_points("elsewhere"))
+
+    @dn.quantity("plan/rank_in_run")
+    def _in_run() -> str:
+        r = res()["in_run_runs"]
+        return (
+            f"{mb(res()['in_run'])} ({dn.span(min(r) / MB, max(r) / MB, lambda u: dn.sig(u, 2))} MB over {len(r)} runs)"
+        )
+
+    @dn.quantity("plan/rank_plan_terms")
+    def _terms() -> str:
+        return f"{mb(res()['plan_on_itself'])} warmed on itself, {mb(res()['plan_elsewhere'])} warmed elsewhere"

@@ -1,7 +1,8 @@
 """How close ``grow --plan`` and ``linearize --plan`` come: predicted against measured time and memory.
 
-For each setting, three fresh processes (one torch thread each; imports, the data library and the
-first optimizer warmed up on a tiny run first, so start-up is not counted on either side; then
+For each setting, fresh processes (one torch thread each; imports, the data library and the first
+optimizer warmed up on a tiny run of the same command first, so start-up is not counted on either
+side, and no other command's work is in the heap: a user's process runs one command; then
 ``malloc_trim`` gives back what the warm-up freed, so a small run cannot hide in it), as
 ``plan_accuracy.py`` measures ``certify --plan``:
 
@@ -17,10 +18,10 @@ first optimizer warmed up on a tiny run first, so start-up is not counted on eit
   its own process: the measured time and memory are their medians, the runs recorded (a run of a few MB
   varies by more than 1.2x between identical processes: its small blocks land in whatever holes
   the warm-up left). The default allocator's peak is recorded beside it.
-- ``whole-run``: the whole run measured the way the plan measures one phase
-  (:func:`widthscope.probe.resident.resident_peak`: a fresh process forked from a clean heap, the
-  run once, then trimmed, then measured), not a prediction but what the plan's method would see
-  if it ran everything; it tells a phase the plan misses from the measuring process's heap.
+- ``whole-run``: the whole run measured in a fresh process forked from a clean heap, warmed on
+  itself (:func:`widthscope.probe.resident.resident_peak`: the run once, then trimmed, then
+  measured): no prediction; what a second identical run adds, without the first use of each size
+  that the plan's phases count (they are warmed at other sizes).
 
 The grow grid: the built-in MLP (trained 300 steps, then the growth) and LLaMA-like Hugging Face
 causal LMs of width 64 and 128 (the models and corpus of ``plan_accuracy.py``). The linearize grid:
@@ -91,17 +92,26 @@ def _grow_args(s: dict[str, Any], work: Path) -> tuple[Any, dict[str, Any]]:
     return spec, keywords
 
 
-def _warm_up(work: Path) -> None:
+def _warm_up(work: Path, kind: str, s: dict[str, Any]) -> None:
+    """The command's own first calls, on a tiny setting of the same kind (a user's process runs one
+    command: another command's warm-up would leave a heap no user's run starts from)."""
     import torch
 
     from widthscope.data import load
-    from widthscope.grow.pipeline import run_grow
-    from widthscope.linearization.run import run_sweep
 
     torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
     load("digits", seed=0)  # its library (scikit-learn) imported before the baseline, as torch and transformers are
-    spec, kw = _grow_args({"model": "tiny", "steps": 2, "compare": False, "batch_size": 8}, work)
-    run_grow(spec, M=8, K=8, show=False, say=lambda m: None, **kw)
+    if kind == "grow":
+        from widthscope.grow.pipeline import run_grow
+
+        if s["model"] == "builtin":
+            run_grow(None, n_train=64, n_test=64, M=8, K=8, steps=2, compare=s["compare"], batch_size=8, show=False)
+        else:
+            spec, kw = _grow_args({"model": "tiny", "steps": 2, "compare": False, "batch_size": 8}, work)
+            run_grow(spec, M=8, K=8, show=False, say=lambda m: None, **kw)
+        return
+    from widthscope.linearization.run import run_sweep
+
     cfg = _linearize_config({"widths": [4, 5, 6, 7, 8], "seeds": [0], "steps": 10})
     with tempfile.TemporaryDirectory(dir=work) as warm:  # a fresh folder: a finished sweep would be skipped
         run_sweep(cfg, Path(warm) / "warm-linearize", quiet=True)
@@ -126,9 +136,9 @@ def worker(a: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     work = Path(a.work)
-    _warm_up(work)
-    _trim()
     kind, s = ("grow", GROW[a.index]) if a.grid == "grow" else ("linearize", LINEARIZE[a.index])
+    _warm_up(work, kind, s)
+    _trim()
     if a.worker == "whole-run":
         import functools
 

@@ -91,13 +91,15 @@ def test_ranking_bytes_extrapolates_each_end_point_in_train_and_held_out_example
     # a known peak per call: the first point cheap in held-out examples, the last one dear (as the line search
     # at a LLaMA's last block); fitted from (a, b), (2a, b), (a, 2b) with a, b two batches (16) at least
     cost = {names[0]: (1000, 10, 20), names[-1]: (500, 5, 900)}
-    seen = []
+    seen, warmed = [], []
 
-    def fake(work):
+    def fake(work, warm):
         _, train, test, points, *_ = work.args
         (point,) = points
         a, b = len(train[0]), len(test[0])
         seen.append((point, a, b))
+        _, w_train, w_test, w_points, w_opts, _ = warm.args
+        warmed.append((w_points[0] == point, len(w_train[0]), len(w_test[0]), w_opts.M, w_opts.K))
         c0, ca, cb = cost[point]
         return c0 + ca * a + cb * b
 
@@ -108,6 +110,9 @@ def test_ranking_bytes_extrapolates_each_end_point_in_train_and_held_out_example
     assert got == want + others
     assert {(a, b) for _, a, b in seen} == {(16, 16), (32, 16), (16, 32)}
     assert {p for p, _, _ in seen} == {names[0], names[-1]}
+    # each measurement warmed on the same point at a size none of the three has (the run meets its size
+    # once: what a new size fills is in its peak), with M and K no larger than that size
+    assert set(warmed) == {(True, 8, 8, 8, 8)}
     # and on the real counter: the larger end's fit at the run's pools, + the other points' samples
     counted = ranking_bytes(model, names, widths, pools, opts, None)
     assert counted >= live_peak(lambda: _rank(model, *_sub_pools(pools, 16, 16), names[:1], opts, None))[1] + others
@@ -155,6 +160,34 @@ def _transient(n: int) -> torch.Tensor:
     a = torch.ones(n)
     del a  # given back (the mmap threshold is 64 KiB where it is measured)
     return torch.ones(n // 5)
+
+
+_SIZED: dict[int, torch.Tensor] = {}
+
+
+def _fills_a_cache_per_size(n: int) -> torch.Tensor:
+    """A work that keeps a buffer per size it meets (as kernels' caches and the allocator's pools do)."""
+    if n not in _SIZED:
+        _SIZED[n] = torch.ones(n)
+    return torch.ones(8)
+
+
+def test_a_work_warmed_at_another_size_counts_what_its_own_size_fills():
+    # the run meets its size once: warmed on itself the per-size buffer is filled before the measurement
+    # (not counted), warmed at another size it is filled in the measured run (counted), as in the run
+    import functools
+
+    from widthscope.probe.resident import resident_peak
+
+    mib30 = 30 * 2**20 // 4
+    on_itself = resident_peak(functools.partial(_fills_a_cache_per_size, mib30))
+    if on_itself.peak is None:
+        pytest.skip(on_itself.why)
+    elsewhere = resident_peak(
+        functools.partial(_fills_a_cache_per_size, mib30), warm=functools.partial(_fills_a_cache_per_size, 16)
+    )
+    assert on_itself.peak < 5e6
+    assert elsewhere.peak is not None and 30e6 <= elsewhere.peak < 50e6
 
 
 def _fail() -> None:
