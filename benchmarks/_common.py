@@ -1,4 +1,5 @@
 """Timing, table and number-formatting helpers shared by the benchmark modules (not a benchmark itself)."""
+
 from __future__ import annotations
 
 import math
@@ -8,8 +9,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 
-def median_time(fn: Callable[[], Any], repeats: int, *, warmup: bool = True,
-                sync: Callable[[], None] | None = None) -> float:
+def median_time(
+    fn: Callable[[], Any], repeats: int, *, warmup: bool = True, sync: Callable[[], None] | None = None
+) -> float:
     """Median wall time of ``repeats`` calls of ``fn`` (after one warm-up call by default).
 
     ``sync`` (e.g. ``torch.cuda.synchronize``) runs after each call, so asynchronous device
@@ -54,7 +56,7 @@ def fixed(v: float, digits: int = 2, minus: str = MINUS) -> str:
 def sci(v: float, n: int = 2) -> str:
     """``v`` as ``m·10⁻ᵏ`` (prose), e.g. 4.3·10⁻⁵."""
     e = math.floor(math.log10(abs(v)))
-    m = round(v / 10 ** e, n - 1)
+    m = round(v / 10**e, n - 1)
     if abs(m) >= 10:  # 9.97 rounds to 10.0: carry into the exponent
         m, e = round(m / 10, n - 1), e + 1
     sup = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
@@ -91,3 +93,26 @@ def sweep_in_fresh_folder(config: dict[str, Any], parent: str) -> None:
 
     with tempfile.TemporaryDirectory(dir=parent) as d:
         run_sweep(config, Path(d) / "sweep", quiet=True)
+
+
+def machine(torch_threads: int = 1) -> dict[str, Any]:
+    """What a result file records about the machine that made it (cores, load, versions)."""
+    import os
+    import platform
+
+    import torch
+
+    got: dict[str, Any] = {
+        "cores": os.cpu_count(),
+        "load": list(os.getloadavg()),
+        "torch_threads": torch_threads,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+    try:
+        import transformers
+
+        got["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    return got

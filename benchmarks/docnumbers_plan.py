@@ -15,6 +15,10 @@ Keys: ``plan/train_table``, ``plan/train_setting``, ``plan/train_time_range``, `
 
 The growth ranking warmed on itself or at another size, from ``benchmarks/results/ranking-warm-cpu.json``,
 written by ``OMP_NUM_THREADS=1 python benchmarks/ranking_warm.py --out benchmarks/results/ranking-warm-cpu.json``.
+``demo --plan`` against the demo, from ``benchmarks/results/plan-accuracy-demo-cpu.json``, written by
+``OMP_NUM_THREADS=1 python benchmarks/plan_accuracy_demo.py --out benchmarks/results/plan-accuracy-demo-cpu.json``.
+Keys: ``plan/demo_table``, ``plan/demo_range``, ``plan/demo_verdict``, ``plan/demo_total``.
+
 Keys: ``plan/rank_pools``, ``plan/rank_on_itself``, ``plan/rank_elsewhere``, ``plan/rank_in_run``,
 ``plan/rank_plan_terms``.
 """
@@ -26,6 +30,7 @@ from typing import Any
 RESULT = "benchmarks/results/plan-accuracy-cpu.json"
 TRAIN_RESULT = "benchmarks/results/plan-accuracy-train-cpu.json"
 RANK_RESULT = "benchmarks/results/ranking-warm-cpu.json"
+DEMO_RESULT = "benchmarks/results/plan-accuracy-demo-cpu.json"
 MB = 1e6
 TIME_TARGET, MEMORY_TARGET = 1.5, 1.2  # issue 32: predicted within these factors of measured
 
@@ -58,6 +63,7 @@ def _machine(m: dict[str, Any]) -> str:
 def register(dn: Any) -> None:
     register_train(dn)
     register_rank(dn)
+    register_demo(dn)
 
     def res() -> dict[str, Any]:
         return dn.load_json(RESULT)
@@ -232,3 +238,40 @@ def register_rank(dn: Any) -> None:
     @dn.quantity("plan/rank_plan_terms")
     def _terms() -> str:
         return f"{mb(res()['plan_on_itself'])} warmed on itself, {mb(res()['plan_elsewhere'])} warmed elsewhere"
+
+
+def register_demo(dn: Any) -> None:
+    """``demo --plan`` against the demo (``plan/demo_*``)."""
+
+    def res() -> dict[str, Any]:
+        return dn.load_json(DEMO_RESULT)
+
+    def secs(v: float) -> str:
+        return f"{dn.sig(v, 2)} s"
+
+    @dn.quantity("plan/demo_table")
+    def _table() -> str:
+        lines = ["| part | predicted | measured | ratio |", "|---|---|---|---|"]
+        for r in res()["rows"]:
+            lines.append(
+                f"| {r['part']} | {secs(r['predicted_s'])} | {secs(r['measured_s'])} | {_x(dn, r['time_ratio'])} |"
+            )
+        return dn.block(lines)
+
+    @dn.quantity("plan/demo_range")
+    def _range() -> str:
+        v = [r["time_ratio"] for r in res()["rows"]]
+        return dn.span(min(v), max(v), lambda u: _x(dn, u))
+
+    @dn.quantity("plan/demo_verdict")
+    def _verdict_demo() -> str:
+        v = [r["time_ratio"] for r in res()["rows"]]
+        return _verdict(dn, v, TIME_TARGET).replace("settings", "parts")
+
+    @dn.quantity("plan/demo_total")
+    def _total() -> str:
+        r = res()
+        return (
+            f"predicted {secs(r['predicted_s'])}, measured {secs(r['measured_parts_s'])} for the parts and "
+            f"{secs(r['run_s'])} with the report; the plan took {secs(r['plan_s'])}"
+        )

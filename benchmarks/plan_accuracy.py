@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-from _common import proc_status, reset_peak  # noqa: E402  (VmRSS / VmHWM of this process)
+from _common import machine, proc_status, reset_peak  # noqa: E402  (VmRSS / VmHWM of this process)
 
 WIDTHS = (64, 128, 256)
 BATCHES = (8, 32)
@@ -182,8 +181,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if a.worker:
         worker(a)
         return {}
-    import torch
-    import transformers
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="plan-accuracy-") as tmp:
@@ -203,14 +200,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "rows": rows,
         "total_s": time.perf_counter() - t0,
-        "machine": {
-            "cores": os.cpu_count(),
-            "load": list(os.getloadavg()),
-            "torch_threads": 1,
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-        },
+        "machine": machine(),
     }
     text = json.dumps(result, indent=1)
     if a.out:

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -51,7 +50,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import proc_status, reset_peak  # noqa: E402
+from _common import machine, proc_status, reset_peak  # noqa: E402
 from plan_accuracy import _corpus, _save_model  # noqa: E402
 
 GROW = (
@@ -249,8 +248,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if a.worker:
         worker(a)
         return {}
-    import torch
-    import transformers
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="plan-accuracy-train-") as tmp:
@@ -270,14 +267,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "rows": rows,
         "total_s": time.perf_counter() - t0,
-        "machine": {
-            "cores": os.cpu_count(),
-            "load": list(os.getloadavg()),
-            "torch_threads": 1,
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-        },
+        "machine": machine(),
     }
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -79,3 +79,25 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     assert main(["demo", "--quick", "--out", str(out), "--no-progress", "--no-linear"]) == 0
     assert [p.stat().st_mtime_ns for p in cells] == stamps
     assert "skipped (--no-linear)" in capsys.readouterr().out
+    # the plan of a finished demo: every cell shown finished, nothing left to time, nothing written
+    files = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    assert main(["demo", "--quick", "--out", str(out), "--plan-no-time"]) == 0
+    text = capsys.readouterr().out
+    assert "[1/4] alignment sweep: llama" in text and "[4/4] report: not planned" in text
+    assert text.count("total over the 0 unfinished cell(s)") == 2 and "linearization sweep" in text
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == files
+
+
+def test_demo_plan_predicts_each_part_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "never"
+    plan = demo.plan_demo(out, quick=True, time_run=True)
+    assert not out.exists()
+    assert [name for name, _ in plan.parts] == ["llama sweep", "mlp sweep", "linearization sweep"]
+    assert all(t is not None and t > 0 for _, t in plan.parts)
+    assert plan.predicted_s == pytest.approx(sum(t for _, t in plan.parts if t is not None))
+    assert plan.to_dict()["parts"][2] == {"part": "linearization sweep", "predicted_s": plan.parts[2][1]}
+    text = capsys.readouterr().out
+    assert text.count("predicted wall time") == 3 and "[4/4] report: not planned (seconds); predicted" in text
+    counted = demo.plan_demo(out, quick=True, time_run=False, linear=False)
+    assert [t for _, t in counted.parts] == [None, None] and counted.predicted_s is None
+    assert "skipped (--no-linear)" in capsys.readouterr().out and not out.exists()

@@ -20,6 +20,7 @@ from an installed package. Python::
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import sys
@@ -33,7 +34,7 @@ from ._io import atomic_write_json
 from .errors import WidthscopeError
 from .options import Options, option
 
-__all__ = ["DEMO_LLAMA", "DEMO_MLP", "demo_configs", "run_demo", "DemoOptions"]
+__all__ = ["DemoPlan", "plan_demo", "DEMO_LLAMA", "DEMO_MLP", "demo_configs", "run_demo", "DemoOptions"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,6 +207,79 @@ def _linear_part(
                 traceback.print_exc()
         finally:
             torch.set_num_threads(n_threads)
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoPlan:
+    """What :func:`plan_demo` predicts: ``parts`` (name, predicted seconds or ``None`` where not timed),
+    in the order the demo runs them; the report at the end is not planned (seconds)."""
+
+    parts: tuple[tuple[str, float | None], ...]
+
+    @property
+    def predicted_s(self) -> float | None:
+        """The parts' sum; ``None`` when any part is not timed."""
+        times = [t for _, t in self.parts]
+        return None if any(t is None for t in times) else sum(t for t in times if t is not None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"parts": [{"part": n, "predicted_s": t} for n, t in self.parts], "predicted_s": self.predicted_s}
+
+
+def plan_demo(
+    out_dir: str | Path | None = None,
+    *,
+    quick: bool = False,
+    linear: bool = True,
+    threads: int | None = 1,
+    time_run: bool = True,
+    file=None,
+) -> DemoPlan:
+    """What ``widthscope demo --plan`` prints: each part's cost plan (the alignment sweeps' ``--plan``,
+    the linearization sweep's ``linearize --plan``; ``time_run=False``: counted only, as
+    ``--dry-run`` / ``--plan-no-time``) for the same settings as :func:`run_demo`. Nothing is trained,
+    nothing is written; finished cells in ``out_dir`` are shown as finished (and not in the time)."""
+    import torch  # noqa: PLC0415  start-up time: torch
+
+    from .sweep.alignment import load_config  # noqa: PLC0415  start-up time: torch
+    from .sweep.run import print_config_plan  # noqa: PLC0415  start-up time: torch
+
+    DemoOptions(quick=quick, no_linear=not linear, threads=threads)  # checked as the run checks them
+    file = file or sys.stdout
+    out = Path(out_dir or ("widthscope-results/demo-quick" if quick else "widthscope-results/demo"))
+    configs = demo_configs(quick, image_dataset=_image_dataset())
+    n_threads, n = torch.get_num_threads(), len(configs) + 2
+    parts: list[tuple[str, float | None]] = []
+    if threads:
+        torch.set_num_threads(threads)  # timed as the run runs
+    try:
+        for i, raw in enumerate(configs, 1):
+            if threads:
+                raw["sweep"]["threads"] = threads
+            fam = raw["family"][0]
+            print(f"[{i}/{n}] alignment sweep: {fam['name']} on {fam['dataset']}", file=file, flush=True)
+            with contextlib.redirect_stdout(file):
+                costs = print_config_plan(load_config(raw, out_dir=out / fam["name"]), timed=time_run)
+            left = [c for c in costs if c.left]
+            untimed = not time_run or any(c.cell_s is None for c in left)
+            parts.append((f"{fam['name']} sweep", None if untimed else sum((c.cell_s or 0.0) * c.left for c in left)))
+            print(file=file)
+        print(f"[{n - 1}/{n}] linearization sweep", file=file, flush=True)
+        if linear:
+            from .linearization import config as lconfig  # noqa: PLC0415  start-up time: torch
+            from .linearization.plan import plan_linearize  # noqa: PLC0415  start-up time: torch
+
+            lplan = plan_linearize(_linear_config(lconfig, quick), time_run=time_run)
+            print(lplan.table(), file=file, flush=True)
+            parts.append(("linearization sweep", lplan.predicted_s))
+        else:
+            print("  skipped (--no-linear)", file=file)
+    finally:
+        torch.set_num_threads(n_threads)
+    plan = DemoPlan(tuple(parts))
+    total = "" if plan.predicted_s is None else f"; predicted {plan.predicted_s:.0f} s for the parts above"
+    print(f"[{n}/{n}] report: not planned (seconds){total}", file=file, flush=True)
+    return plan
 
 
 def run_demo(

@@ -1,4 +1,4 @@
-"""``widthscope demo [--out DIR] [--quick]``: the command line of :func:`widthscope.demo.run_demo`.
+"""``widthscope demo [--out DIR] [--quick] [--plan]``: the command line of :func:`widthscope.demo.run_demo`.
 
 A thin adapter: the settings are generated from :class:`~widthscope.demo.DemoOptions`
 (:mod:`widthscope.cli.args`), over the options a ``--config`` file recorded (``DIR/demo.json`` of
@@ -11,7 +11,7 @@ import argparse
 
 import torch
 
-from ..demo import DemoOptions, run_demo
+from ..demo import DemoOptions, plan_demo, run_demo
 from .args import add_config, add_options, config_options, options_from_args
 
 __all__ = ["add_arguments", "run"]
@@ -28,6 +28,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         '{"demo": {...}}); options given here override them',
     )
     add_options(parser, DemoOptions)
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="print each part's cost plan (the alignment sweeps' --plan, the linearization sweep's; the "
+        "predicted wall time after timing a batch or a cell of each) and exit: nothing is trained or written",
+    )
+    parser.add_argument("--plan-no-time", action="store_true", help="--plan without timing: the counts only")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,6 +42,11 @@ def run(args: argparse.Namespace) -> int:
     opts = options_from_args(DemoOptions, args, base)
     if opts.threads is not None and args.threads is None:  # the default (or recorded) count, for the whole run
         torch.set_num_threads(opts.threads)
+    if args.plan or args.plan_no_time:
+        plan_demo(
+            args.out, quick=opts.quick, linear=not opts.no_linear, threads=opts.threads, time_run=not args.plan_no_time
+        )
+        return 0
     run_demo(
         args.out,
         quick=opts.quick,

@@ -19,7 +19,7 @@ from .._io import format_table, read_toml
 from ..validate import check_dir_writable, check_outputs
 from . import alignment as sweep_alignment  # run_sweep looked up at call time (tests replace it)
 from .alignment import check_structure, load_config, plan_cells
-from .costs import alignment_costs, print_costs
+from .costs import ModelCost, alignment_costs, print_costs
 from .grid import GridResult, _cell_path, cell_id, finish_after_ranks, read_cell, shard_for_run
 from .placement import placement_text
 from .record import check_fingerprint, is_record, read_record
@@ -27,7 +27,7 @@ from .schema import SweepConfig
 from .suite import SuiteConfig, load_suite, plan_suite, print_suite_plan, run_suite
 from .summary import print_summary
 
-__all__ = ["run_sweep_file"]
+__all__ = ["run_sweep_file", "print_config_plan"]
 
 
 def run_sweep_file(
@@ -73,6 +73,15 @@ def run_sweep_file(
     )
 
 
+def print_config_plan(cfg: SweepConfig, *, timed: bool = False) -> list[ModelCost]:
+    """What ``--dry-run`` prints (``timed``: ``--plan``) for a loaded config, its whole grid in one shard:
+    the cells, which are finished in ``cfg.out_dir``, the cost plan. Runs nothing, writes nothing;
+    returns the plan's rows (one per distinct model)."""
+    check_structure(cfg, device=False)
+    cells = plan_cells(cfg)
+    return _print_plan(cfg, list(enumerate(cells)), len(cells), Path(cfg.out_dir), (1, 1), timed=timed)
+
+
 def _print_plan(
     cfg: SweepConfig,
     mine: list[tuple[int, dict[str, Any]]],
@@ -81,7 +90,7 @@ def _print_plan(
     shard: tuple[int, int],
     *,
     timed: bool = False,
-) -> None:
+) -> list[ModelCost]:
     """``--dry-run``: this shard's cells, whether each is finished, the monitor settings, the
     placement and the cost plan (``timed``: ``--plan``'s predicted wall time too)."""
     k, n = shard
@@ -121,6 +130,7 @@ def _print_plan(
             )
     costs = alignment_costs(cfg, [c for _, c in mine], lambda c: state(c) is True, timed=timed)
     print_costs(costs, shard, cfg.device)
+    return costs
 
 
 def _run_suite_file(
@@ -137,7 +147,7 @@ def _drive(
     kind: str,
     cfg: Any,
     cells: list[dict[str, Any]],
-    print_plan: Callable[..., None],
+    print_plan: Callable[..., object],
     run: Callable[..., GridResult],
     shard: str | None,
     dry_run: bool,
