@@ -255,3 +255,28 @@ def test_suite_plan_times_each_architecture_once(suite, capsys, monkeypatch):
     rc, _, cap = run_cli(["sweep", str(suite["cfg"]), "--out", str(suite["tmp"] / "o"), "--plan"], capsys)
     assert rc == 0, cap.err
     assert calls == [{"time_batch": True}] and "predicted wall time of the 2 unfinished cell(s)" in cap.out
+
+
+@pytest.mark.parametrize("monitor", [False, True])
+def test_plan_time_is_the_cells_parts_each_timed(tmp_path, monkeypatch, monitor):
+    # every timed call made to take 1 s and a point's statistics 0.25 s: the cell's predicted time is then
+    # its training steps + its probe batches + its points' statistics + the interventions' forwards
+    # (+ the monitor's probes), the composition run_cell spends
+    text = TINY + ("monitor = { at = [0, 3, 7], n_train = 16, n_test = 16 }\n" if monitor else "")
+    cfg = load_config(_write(tmp_path, text))
+    stats = []
+
+    def one_second(fn):
+        fn()
+        return 1.0
+
+    monkeypatch.setattr(costs_mod, "_best_of_two", one_second)
+    monkeypatch.setattr(costs_mod, "time_statistics", lambda opts, n, d, rows: stats.append((n, d, rows)) or 0.25)
+    got = alignment_costs(cfg, plan_cells(cfg), lambda c: False, timed=True)
+    for c, width in zip(got, (8, 16)):
+        share = c.flops_forward / (c.flops_forward + c.flops_backward)
+        probe_batches = -(-24 // 8) + -(-20 // 8)
+        want = STEPS + probe_batches + DEPTH * 0.25 + share * c.intervention_forwards / 8 + (3 if monitor else 0)
+        assert c.cell_s == pytest.approx(want)
+    # one statistics timing per width: the points of one width share their sample shapes
+    assert stats == [((24, 20), 8, 1), ((24, 20), 16, 1)]

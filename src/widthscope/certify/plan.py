@@ -59,7 +59,7 @@ from .per_point import statistics
 from .plan_count import count_pass
 from .run import _device, _load
 
-__all__ = ["CostPlan", "plan_run", "count_pass"]
+__all__ = ["CostPlan", "plan_run", "count_pass", "time_statistics"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,7 +267,7 @@ def _resident(weights: int, device: torch.device, spec: InputSpec) -> tuple[int,
     return min(weights, int(share)), f"--max-memory: at most {human_size(share)} of the weights on {device}"
 
 
-def _time_stats(options: CertifyOptions, n: tuple[int, int], d: int, rows: int) -> float:
+def time_statistics(options: CertifyOptions, n: tuple[int, int], d: int, rows: int) -> float:
     """The statistics of one point, timed on random samples of the run's shapes (their cost does
     not depend on the values)."""
     g = torch.Generator().manual_seed(0)
@@ -453,7 +453,7 @@ def _predict(
         model.to(device)
     batch = to_batches(inputs.train, bs)[0]
     batch_s = _time_batch(model, batch, names, inputs, options) * bs / batch_size_of(batch)
-    stats_point_s = _time_stats(options, n, max(dims.values()), rows)
+    stats_point_s = time_statistics(options, n, max(dims.values()), rows)
     per_example = batch_s / bs
     forward_share = c["flops_forward"] / max(1, c["flops_forward"] + c["flops_backward"])
     predicted = (

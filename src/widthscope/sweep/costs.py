@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -34,16 +35,16 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from .. import models, probe
 from .._io import format_table, human_size
-from ..certify.plan import CostPlan, count_pass, plan_run
+from ..certify.plan import CostPlan, count_pass, plan_run, time_statistics
 from ..errors import WidthscopeError
 from ..options import CertifyOptions, CertifyRunOptions
 from ..probe import resolve_points
 from ..probe.cost_plan import device_memory, max_batch
 from ..probe.insert import channel_dim
 from ..probe.losses import logits_of
-from .cell import cell_options
+from .cell import _cell_monitor, cell_options
 from .config import _where
-from .pools import _batches, _load_split, _model_options
+from .pools import _batches, _load_split, _model_options, _probe_pools
 from .schema import LM_DATASETS, FamilySpec, SweepConfig
 
 __all__ = ["ModelCost", "alignment_costs", "suite_costs", "print_costs"]
@@ -188,13 +189,60 @@ def _best_of_two(fn: Callable[[], Any]) -> float:
 
 
 def _alignment_time(cfg: SweepConfig, fam: FamilySpec, width: float, budget: int, counted: Mapping[str, Any]) -> float:
-    """``--plan``: one cell's wall time, predicted from one timed training step (forward, loss,
-    backward, AdamW step, at the training batch size) and one timed probed batch, on a model built
-    for real on ``[sweep].device``: steps x the step + probe batches x the batch + the
-    interventions' forwards at the probe's forward share. The statistics are not counted."""
+    """``--plan``: one cell's wall time on a model built for real on ``[sweep].device``, as
+    :func:`~widthscope.sweep.cell.run_cell` spends it: the training (one timed step: forward, loss,
+    backward, AdamW, at the training batch size, x steps); per probe condition and length (its own
+    pools, drawn as the cell draws them) one timed probed batch x the pools' batches, and the
+    statistics of every point timed on random samples of the pools' sizes and the point's width
+    (:func:`widthscope.certify.plan.time_statistics`); the interventions' forwards at the probe's
+    forward share; and with a ``monitor`` table one timed monitor probe x its steps."""
     split = _load_split(fam, budget, cfg)
     torch.manual_seed(0)
     model = models.build(fam.model, width, **_model_options(fam, split)).to(cfg.device)
+    train_s = int(fam.train["steps"]) * _step_time(model, fam, split, budget, cfg.device)
+    model.eval()
+    opts = cell_options(cfg, {"family": fam.name, "seed": 0})
+    points = list(opts.points or ()) or probe.insertion_points(model)
+    conditions = fam.probes or [
+        {"name": "in-domain", "data": fam.dataset, "test_data": None, "data_options": {}, "shift": None}
+    ]
+    probe_s = stats_s = 0.0
+    per_example = None
+    timed: dict[tuple[int, int, int, int], float] = {}
+    for cond in conditions:
+        for L in cond.get("seq_len") or fam.probe_seq_len or [None]:
+            pa, pb, _, _ = _probe_pools(fam, cond, L, split, cfg)
+            one = _batches(pa, split.task, fam.probe_batch_size)[:1]
+            got: dict[str, torch.Tensor] = {}
+
+            def probed(one: list[Any] = one, got: dict[str, torch.Tensor] = got) -> None:
+                got.update(
+                    probe.collect(model, one, points=points, pool=opts.pool, train_mode=opts.train_mode, progress=False)
+                )
+
+            batch_s = _best_of_two(probed)
+            n_a, n_b = len(pa[0]), len(pb[0])
+            in_batch = _examples(one[0])
+            probe_s += batch_s * (math.ceil(n_a / in_batch) + math.ceil(n_b / in_batch))
+            if per_example is None:  # the interventions run on the first condition and length
+                per_example = batch_s / in_batch
+            for p in points:  # points of one width are timed once
+                key = (n_a, n_b, int(got[p].shape[1]), max(1, got[p].shape[0] // in_batch))
+                if key not in timed:
+                    timed[key] = time_statistics(opts, key[:2], key[2], key[3])
+                stats_s += timed[key]
+    share = counted["flops_forward"] / max(1, counted["flops_forward"] + counted["flops_backward"])
+    intervene_s = (per_example or 0.0) * share * counted["intervention_forwards"]
+    return train_s + probe_s + stats_s + intervene_s + _monitor_time(cfg, fam, split, model, opts)
+
+
+def _examples(batch: Any) -> int:
+    """Examples in one batch: an LM's ids tensor, or (inputs, labels)."""
+    return max(1, len(batch[0]) if isinstance(batch, (tuple, list)) else len(batch))
+
+
+def _step_time(model: torch.nn.Module, fam: FamilySpec, split: Any, budget: int, device: str) -> float:
+    """One training step (forward, loss, backward, AdamW), the faster of two."""
     lm = fam.dataset in LM_DATASETS
     bs = min(int(fam.train.get("batch_size", 64)), budget)
     train_batch = _batches((split.train[0][:bs], split.train[1][:bs]), split.task, bs)[0]
@@ -213,20 +261,18 @@ def _alignment_time(cfg: SweepConfig, fam: FamilySpec, width: float, budget: int
         loss.backward()
         opt.step()
 
-    step_s = _best_of_two(step)
-    model.eval()
-    pbs = fam.probe_batch_size
-    probe_batch = _batches((split.train[0][:pbs], split.train[1][:pbs]), split.task, pbs)[:1]
-    names = probe.resolve_points(model, fam.points or None)
-    batch_s = _best_of_two(lambda: probe.collect(model, probe_batch, points=names, progress=False))
-    per_example = batch_s / min(pbs, len(split.train[0]))
-    share = counted["flops_forward"] / max(1, counted["flops_forward"] + counted["flops_backward"])
-    probe_batches = math.ceil(counted["probe_examples"] / pbs)
-    return (
-        int(fam.train["steps"]) * step_s
-        + probe_batches * batch_s
-        + per_example * share * counted["intervention_forwards"]
-    )
+    return _best_of_two(step)
+
+
+def _monitor_time(cfg: SweepConfig, fam: FamilySpec, split: Any, model: torch.nn.Module, opts: Any) -> float:
+    """A ``monitor`` table's probes: one monitor probe timed (the faster of two), x its steps."""
+    if fam.monitor is None:
+        return 0.0
+    with tempfile.TemporaryDirectory(prefix="widthscope-plan-monitor-") as tmp:  # its log: not the results folder
+        mon, _ = _cell_monitor(cfg, fam, split, model, opts, Path(tmp))
+        calls = iter(range(2))
+        one = _best_of_two(lambda: mon.probe(model, next(calls)))
+    return one * len(fam.monitor["steps"])
 
 
 def alignment_costs(
@@ -374,9 +420,12 @@ def print_costs(costs: Sequence[ModelCost], shard: tuple[int, int], device: str)
         secs = sum((c.cell_s or 0.0) * c.left for c in costs)
         untimed = sum(c.left for c in costs if c.cell_s is None)
         print(
-            f"predicted wall time of the {left} unfinished cell(s) on this machine: {_duration(secs)} (one timed "
-            "batch per model"
-            + ("; the statistics not counted" if any(c.train_flops is not None for c in costs) else "")
+            f"predicted wall time of the {left} unfinished cell(s) on this machine: {_duration(secs)} ("
+            + (
+                "one timed training step, probed batch and statistics per model and probe condition"
+                if any(c.train_flops is not None for c in costs)
+                else "one timed batch per model"
+            )
             + (f"; {untimed} cell(s) not timed" if untimed else "")
             + ")"
         )
