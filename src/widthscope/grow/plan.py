@@ -190,8 +190,8 @@ def _ranking_peak(
     a1, b1 = min(n_tr, max(opts.M, 2 * bs)), min(n_rk, max(opts.K, 2 * bs))
     a2, b2 = min(n_tr, 2 * a1), min(n_rk, 2 * b1)
     # warmed at a size none of the three has: the run ranks at its size once, and what a new size
-    # fills (caches, the allocator's pools) is in its peak (builtin: 2.6 MB warmed on itself, 3.7 MB
-    # this way and in the run)
+    # fills (caches, the allocator's pools) is in its peak (built-in MLP: 2.7 MB warmed on itself,
+    # 3.5 MB this way, 3.6 MB in the run; benchmarks/results/ranking-warm-cpu.json)
     a0, b0 = max(4, a1 // 2), max(4, b1 // 2)
     small = dataclasses.replace(opts, M=min(opts.M, a0), K=min(opts.K, b0))
     peaks = []
