@@ -209,6 +209,19 @@ def _linear_part(
             torch.set_num_threads(n_threads)
 
 
+def _out(out_dir: str | Path | None, quick: bool) -> Path:
+    return Path(out_dir or ("widthscope-results/demo-quick" if quick else "widthscope-results/demo"))
+
+
+def _configs(quick: bool, threads: int | None, image_dataset: str) -> list[dict[str, Any]]:
+    """The alignment sweeps' configs, at ``threads`` torch threads (``None``: as configured)."""
+    configs = demo_configs(quick, image_dataset=image_dataset)
+    if threads:
+        for raw in configs:
+            raw["sweep"]["threads"] = threads
+    return configs
+
+
 @dataclasses.dataclass(frozen=True)
 class DemoPlan:
     """What :func:`plan_demo` predicts: ``parts`` (name, predicted seconds or ``None`` where not timed),
@@ -246,16 +259,14 @@ def plan_demo(
 
     DemoOptions(quick=quick, no_linear=not linear, threads=threads)  # checked as the run checks them
     file = file or sys.stdout
-    out = Path(out_dir or ("widthscope-results/demo-quick" if quick else "widthscope-results/demo"))
-    configs = demo_configs(quick, image_dataset=_image_dataset())
+    out = _out(out_dir, quick)
+    configs = _configs(quick, threads, _image_dataset())
     n_threads, n = torch.get_num_threads(), len(configs) + 2
     parts: list[tuple[str, float | None]] = []
     if threads:
         torch.set_num_threads(threads)  # timed as the run runs
     try:
         for i, raw in enumerate(configs, 1):
-            if threads:
-                raw["sweep"]["threads"] = threads
             fam = raw["family"][0]
             print(f"[{i}/{n}] alignment sweep: {fam['name']} on {fam['dataset']}", file=file, flush=True)
             with contextlib.redirect_stdout(file):
@@ -304,15 +315,12 @@ def run_demo(
         quick=quick, no_linear=not linear, no_progress=not show_progress, threads=threads
     )
     file = file or sys.stdout
-    out = Path(out_dir or ("widthscope-results/demo-quick" if quick else "widthscope-results/demo"))
+    out = _out(out_dir, quick)
     parts: list[Path] = []
     failed: list[str] = []
     t_start = time.perf_counter()
     image_ds = _image_dataset()  # once: the configs and the report's note both follow it
-    configs = demo_configs(quick, image_dataset=image_ds)
-    if threads:
-        for raw in configs:
-            raw["sweep"]["threads"] = threads
+    configs = _configs(quick, threads, image_ds)
     n_parts = len(configs) + 1
     for i, raw in enumerate(configs, 1):
         fam = raw["family"][0]

@@ -25,7 +25,18 @@ from ..stats import certified_steps as steps
 from ..train import train
 from .grid import cell_id
 from .placement import place_model, placement_text, release
-from .pools import _batches, _load_split, _model_options, _probe_len, _probe_pools, _probe_words, cell_input_spec
+from .pools import (
+    _batches,
+    _load_split,
+    _model_options,
+    _probe_len,
+    _probe_pools,
+    _probe_words,
+    cell_input_spec,
+    in_domain_condition,
+    probe_conditions,
+    probe_lengths,
+)
 from .schema import CERT_FIELDS, FamilySpec, SweepConfig
 
 if TYPE_CHECKING:
@@ -96,14 +107,12 @@ def _probe_rows(
     """The alignment and intervention rows of a trained cell model, and the seconds of its probe,
     statistics and interventions."""
     points = list(opts.points or ()) or probe.insertion_points(model)
-    conditions = fam.probes or [
-        {"name": "in-domain", "data": fam.dataset, "test_data": None, "data_options": {}, "shift": None}
-    ]
+    conditions = probe_conditions(fam)
     rows: list[dict[str, Any]] = []
     iv_rows: list[dict[str, Any]] = []
     probe_s = stats_s = intervene_s = 0.0
     for ci, cond in enumerate(conditions):
-        for li, L in enumerate(cond.get("seq_len") or fam.probe_seq_len or [None]):
+        for li, L in enumerate(probe_lengths(fam, cond)):
             t0 = time.perf_counter()
             pa, pb, desc, _ = _probe_pools(fam, cond, L, split, cfg)
             Xa, Xb = (
@@ -395,12 +404,10 @@ def _monitor_condition(fam: FamilySpec) -> tuple[dict[str, Any], int | None]:
     """(probe condition, probe length) of the family's monitor (None length: the training length)."""
     m = _monitor_table(fam)
     if m["probe"] is None:
-        return {"name": "in-domain", "data": fam.dataset, "test_data": None, "data_options": {}, "shift": None}, m[
-            "seq_len"
-        ]
+        return in_domain_condition(fam), m["seq_len"]
     # the config check made monitor.probe the name of one of the family's probes
     cond = next(c for c in fam.probes or [] if c["name"] == m["probe"])
-    return cond, m["seq_len"] or (cond.get("seq_len") or fam.probe_seq_len or [None])[0]
+    return cond, m["seq_len"] or probe_lengths(fam, cond)[0]
 
 
 def _monitor_rows(

@@ -39,12 +39,13 @@ from ..certify.plan import CostPlan, count_pass, plan_run, time_statistics
 from ..errors import WidthscopeError
 from ..options import CertifyOptions, CertifyRunOptions
 from ..probe import resolve_points
+from ..probe.batches import batch_size_of
 from ..probe.cost_plan import device_memory, max_batch
 from ..probe.insert import channel_dim
 from ..probe.losses import logits_of
 from .cell import _cell_monitor, cell_options
 from .config import _where
-from .pools import _batches, _load_split, _model_options, _probe_pools
+from .pools import _batches, _load_split, _model_options, _probe_pools, probe_conditions, probe_lengths
 from .schema import LM_DATASETS, FamilySpec, SweepConfig
 
 __all__ = ["ModelCost", "alignment_costs", "suite_costs", "print_costs"]
@@ -157,7 +158,7 @@ def _alignment_cost(cfg: SweepConfig, fam: FamilySpec, width: float, budget: int
     for shape in c["shapes"].values():
         z = torch.empty(shape, device="meta")
         dims += z[0].numel() if opts.pool == "flatten" or z.ndim < 2 else int(shape[channel_dim(z)])
-    conditions = sum(len(c_.get("seq_len") or fam.probe_seq_len or [None]) for c_ in fam.probes or [{}])
+    conditions = sum(len(probe_lengths(fam, c_)) for c_ in probe_conditions(fam))
     per_train = _train_flops(model, batch, fam.dataset in LM_DATASETS)
     batch_size = min(int(fam.train.get("batch_size", 64)), budget)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -203,14 +204,11 @@ def _alignment_time(cfg: SweepConfig, fam: FamilySpec, width: float, budget: int
     model.eval()
     opts = cell_options(cfg, {"family": fam.name, "seed": 0})
     points = list(opts.points or ()) or probe.insertion_points(model)
-    conditions = fam.probes or [
-        {"name": "in-domain", "data": fam.dataset, "test_data": None, "data_options": {}, "shift": None}
-    ]
     probe_s = stats_s = 0.0
     per_example = None
     timed: dict[tuple[int, int, int, int], float] = {}
-    for cond in conditions:
-        for L in cond.get("seq_len") or fam.probe_seq_len or [None]:
+    for cond in probe_conditions(fam):
+        for L in probe_lengths(fam, cond):
             pa, pb, _, _ = _probe_pools(fam, cond, L, split, cfg)
             one = _batches(pa, split.task, fam.probe_batch_size)[:1]
             got: dict[str, torch.Tensor] = {}
@@ -222,7 +220,7 @@ def _alignment_time(cfg: SweepConfig, fam: FamilySpec, width: float, budget: int
 
             batch_s = _best_of_two(probed)
             n_a, n_b = len(pa[0]), len(pb[0])
-            in_batch = _examples(one[0])
+            in_batch = batch_size_of(one[0])
             probe_s += batch_s * (math.ceil(n_a / in_batch) + math.ceil(n_b / in_batch))
             if per_example is None:  # the interventions run on the first condition and length
                 per_example = batch_s / in_batch
@@ -234,11 +232,6 @@ def _alignment_time(cfg: SweepConfig, fam: FamilySpec, width: float, budget: int
     share = counted["flops_forward"] / max(1, counted["flops_forward"] + counted["flops_backward"])
     intervene_s = (per_example or 0.0) * share * counted["intervention_forwards"]
     return train_s + probe_s + stats_s + intervene_s + _monitor_time(cfg, fam, split, model, opts)
-
-
-def _examples(batch: Any) -> int:
-    """Examples in one batch: an LM's ids tensor, or (inputs, labels)."""
-    return max(1, len(batch[0]) if isinstance(batch, (tuple, list)) else len(batch))
 
 
 def _step_time(model: torch.nn.Module, fam: FamilySpec, split: Any, budget: int, device: str) -> float:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ..data import Split
     from ..data.spec import InputSpec
 
-__all__ = ["apply_shift", "cell_input_spec"]
+__all__ = ["apply_shift", "cell_input_spec", "in_domain_condition", "probe_conditions", "probe_lengths"]
 
 
 def apply_shift(pair: tuple[Any, Any], shift: str | None, input_shape: tuple[int, ...], seed: int) -> tuple[Any, Any]:
@@ -108,6 +108,21 @@ def _take(pair: Sequence[Any], n: int, seed: int) -> tuple[Any, ...]:
     total = len(pair[0])
     idx = torch.randperm(total, generator=torch.Generator().manual_seed(int(seed)))[:n].sort().values
     return tuple(t[idx] for t in pair)
+
+
+def in_domain_condition(fam: FamilySpec) -> dict[str, Any]:
+    """The probe condition of the training data, in-domain."""
+    return {"name": "in-domain", "data": fam.dataset, "test_data": None, "data_options": {}, "shift": None}
+
+
+def probe_conditions(fam: FamilySpec) -> list[dict[str, Any]]:
+    """The family's probe conditions; without ``probes``, the training data in-domain."""
+    return fam.probes or [in_domain_condition(fam)]
+
+
+def probe_lengths(fam: FamilySpec, cond: Mapping[str, Any]) -> list[int | None]:
+    """The probe lengths of one condition (``None``: the training length)."""
+    return list(cond.get("seq_len") or fam.probe_seq_len or [None])
 
 
 def _probe_len(pair: Sequence[Any], split: Any) -> int | None:
