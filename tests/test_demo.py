@@ -101,3 +101,6 @@ def test_demo_plan_predicts_each_part_and_writes_nothing(tmp_path, capsys):
     counted = demo.plan_demo(out, quick=True, time_run=False, linear=False)
     assert [t for _, t in counted.parts] == [None, None] and counted.predicted_s is None
     assert "skipped (--no-linear)" in capsys.readouterr().out and not out.exists()
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(demo.WidthscopeError, match="it is a file, not a directory"):
+        demo.plan_demo(tmp_path / "a-file", quick=True, time_run=False)

@@ -33,6 +33,7 @@ from . import report as wreport  # report, load_results looked up at call time (
 from ._io import atomic_write_json
 from .errors import WidthscopeError
 from .options import Options, option
+from .validate import check_dir_writable
 
 __all__ = ["DemoPlan", "plan_demo", "DEMO_LLAMA", "DEMO_MLP", "demo_configs", "run_demo", "DemoOptions"]
 
@@ -259,7 +260,7 @@ def plan_demo(
 
     DemoOptions(quick=quick, no_linear=not linear, threads=threads)  # checked as the run checks them
     file = file or sys.stdout
-    out = _out(out_dir, quick)
+    out = check_dir_writable(_out(out_dir, quick))  # the run would be refused: the plan says so first
     configs = _configs(quick, threads, _image_dataset())
     n_threads, n = torch.get_num_threads(), len(configs) + 2
     parts: list[tuple[str, float | None]] = []
