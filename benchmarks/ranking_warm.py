@@ -23,7 +23,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import json
 import os
@@ -85,9 +84,7 @@ def _planned() -> dict[str, Any]:
     pools = _split_pools(model, train, test, opts, None)
     names = resolve_points(model, opts.points)
     widths = plan._widths(model, names, index_batch(pools.probe_train, slice(0, 1)), None)
-    a1, b1 = min(pools.n_train, max(opts.M, 2 * opts.batch_size)), min(pools.n_rank, max(opts.K, 2 * opts.batch_size))
-    a0, b0 = max(4, a1 // 2), max(4, b1 // 2)
-    small = dataclasses.replace(opts, M=min(opts.M, a0), K=min(opts.K, b0))
+    _, _, (a0, b0), small = plan.ranking_sizes(pools, opts)
     points = {}
     for p in dict.fromkeys([names[0], names[-1]]):
         work = functools.partial(

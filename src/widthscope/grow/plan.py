@@ -165,6 +165,21 @@ def ranking_bytes(
     return got
 
 
+def ranking_sizes(
+    pools: Any, opts: GrowOptions
+) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int], GrowOptions]:
+    """The ranking's measured pool sizes ``(a, b)`` and ``(2a, 2b)`` (``a``, ``b`` at least two batches
+    and ``M``, ``K``; at most the run's pools), the warm-up's size ``(a/2, b/2)`` and its options
+    (``M``, ``K`` no larger than it). Warmed at a size none of the three has: the run ranks at its size
+    once, and what a new size fills (caches, the allocator's pools) is in its peak (built-in MLP: 2.7 MB
+    warmed on itself, 3.5 MB this way, 3.6 MB in the run; benchmarks/results/ranking-warm-cpu.json)."""
+    bs = opts.batch_size
+    a1, b1 = min(pools.n_train, max(opts.M, 2 * bs)), min(pools.n_rank, max(opts.K, 2 * bs))
+    a0, b0 = max(4, a1 // 2), max(4, b1 // 2)
+    small = dataclasses.replace(opts, M=min(opts.M, a0), K=min(opts.K, b0))
+    return (a1, b1), (min(pools.n_train, 2 * a1), min(pools.n_rank, 2 * b1)), (a0, b0), small
+
+
 def _ranking_peak(
     model: nn.Module,
     names: list[str],
@@ -186,14 +201,8 @@ def _ranking_peak(
     (64, 64), 283 MB at (128, 64), 309 MB at (256, 64); its first point 216-267 MB); a chord through
     ``(a, b)`` and ``(2a, 2b)`` predicted 650 MB there. ``peak_of(work, warm)``: each measurement is
     warmed on the same point at ``(a/2, b/2)`` (see below). ``None`` where ``peak_of`` measured nothing."""
-    n_tr, n_rk, bs = pools.n_train, pools.n_rank, opts.batch_size
-    a1, b1 = min(n_tr, max(opts.M, 2 * bs)), min(n_rk, max(opts.K, 2 * bs))
-    a2, b2 = min(n_tr, 2 * a1), min(n_rk, 2 * b1)
-    # warmed at a size none of the three has: the run ranks at its size once, and what a new size
-    # fills (caches, the allocator's pools) is in its peak (built-in MLP: 2.7 MB warmed on itself,
-    # 3.5 MB this way, 3.6 MB in the run; benchmarks/results/ranking-warm-cpu.json)
-    a0, b0 = max(4, a1 // 2), max(4, b1 // 2)
-    small = dataclasses.replace(opts, M=min(opts.M, a0), K=min(opts.K, b0))
+    n_tr, n_rk = pools.n_train, pools.n_rank
+    (a1, b1), (a2, b2), (a0, b0), small = ranking_sizes(pools, opts)
     peaks = []
     for point in dict.fromkeys([names[0], names[-1]]):
         got: dict[tuple[int, int], int] = {}
