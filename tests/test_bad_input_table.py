@@ -52,6 +52,9 @@ def root(tmp_path_factory):
                                        '"M": 4, "K": 4}\n')
     (r / "sweep.toml").write_text('name = "x"\nwidths = [8]\n')
     (r / "target.json").write_text("{}")
+    for name, block in (("list", "[1, 2]"), ("abc", '{"M": "abc"}'), ("huge", '{"draws": 1e400}')):
+        (r / f"cfg-{name}.json").write_text(f'{{"options": {{"certify": {block}}}}}')
+    (r / "cfg-run-list.json").write_text('{"options": {"certify": {}, "run": [1]}}')
     os.symlink(r / "target.json", r / "link.json")
     os.symlink(res, r / "results-link")
     return r
@@ -148,6 +151,28 @@ TABLE = [
                          "--out", "{tmp}/c.json"], "(--n-test all took every one): lower --K"),
     ("M-over-all-train", ["certify", "--train-steps", "2", "--n-train", "all", "--M", "5000", "--K", "4",
                           "--out", "{tmp}/c.json"], "(--n-train all took every one): lower --M"),
+    # --------------------------------------------------------------- configs and combinations that mean nothing
+    ("config-certify-list", ["certify", "--config", "{root}/cfg-list.json", "--out", "{tmp}/c.json"],
+     "its 'certify' is not a mapping of settings"),
+    ("config-M-text", ["certify", "--config", "{root}/cfg-abc.json", "--out", "{tmp}/c.json"],
+     "--M 'abc': expected comma-separated whole numbers"),
+    ("config-draws-inf", ["certify", "--config", "{root}/cfg-huge.json", "--out", "{tmp}/c.json"],
+     "--draws inf: must be a whole number"),
+    ("config-run-list", ["certify", "--config", "{root}/cfg-run-list.json", "--out", "{tmp}/c.json"],
+     "its 'run' is not a mapping of settings"),
+    ("points-comma", ["certify", *FAST, "--points", ",", "--out", "{tmp}/c.json"], "--points ',' names nothing"),
+    ("grow-points-comma", ["grow", "--model", "builtin", "--points", ",", "--out", "{tmp}/g.json"],
+     "--points ',' names nothing"),
+    ("plan-list-points", ["certify", "--plan", "--list-points"], "so --list-points would do nothing"),
+    ("plan-resume", ["certify", "--plan", "--resume", "--out", "{tmp}/c.json"], "so --resume would do nothing"),
+    ("plan-save-samples", ["certify", "--plan-no-time", "--save-samples", "{tmp}/s.safetensors"],
+     "so --save-samples would do nothing"),
+    ("sweep-plan-dry-run", ["sweep", "{root}/sweep.toml", "--plan", "--dry-run", "--out", "{tmp}/s"],
+     "so --dry-run would do nothing"),
+    ("grow-bench-plan-bad-shard", ["grow-bench", "--quick", "--plan-no-time", "--shard", "3/2", "--out", "{tmp}/g"],
+     "--shard '3/2': need 1 <= k <= n"),
+    ("linearize-plan-bad-shard", ["linearize", "{root}/sweep.toml", "--plan-no-time", "--shard", "0/2",
+                                  "--out", "{tmp}/s"], "--shard '0/2'"),
     # --------------------------------------------------------------- text in another encoding
     ("utf16-data", ["certify", *LM, "--data", "{root}/utf-16.txt", "--out", "{tmp}/c.json"],
      "is UTF-16LE text (it starts with a UTF-16LE byte-order mark)"),

@@ -65,6 +65,21 @@ def test_values_are_normalised_and_round_trip():
     assert isinstance(o, InterventionOptions) and o.kind == "bias" and o.replace(interventions="none").kind is None
 
 
+@pytest.mark.parametrize("data", [[("M", 4)], None, "M=4"])
+def test_from_dict_of_something_else_names_the_class(data):
+    with pytest.raises(TypeError, match="CertifyOptions.from_dict: expected a mapping of settings") as e:
+        CertifyOptions.from_dict(data)
+    assert isinstance(e.value, WidthscopeError)
+
+
+def test_certify_refuses_a_keyword_it_does_not_take_by_name(tiny):
+    net, tr, te = tiny
+    with pytest.raises(TypeError, match=r"certify\(device=...\): not a setting of certify; .*model.to\(device\)"):
+        ws.certify(net, tr, te, device="cpu")
+    with pytest.raises(TypeError, match=r"certify\(drows=...\): .*did you mean draws\?"):
+        ws.certify(net, tr, te, drows=10)
+
+
 def test_presets_are_instances():
     p = CertifyOptions.published()
     assert (p.estimator, p.draw_scheme, p.interventions, p.M) == ("plugin", "per-pair", "none", (16, 32, 64, 128))

@@ -161,7 +161,10 @@ class Options:
             items = value.split(",") if isinstance(value, str) else value
             if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) for v in items):
                 raise WidthscopeTypeError(f"{flag} {value!r}: expected a list of names (or one comma-separated string)")
-            return tuple(v.strip() for v in items if v.strip())
+            names = tuple(v.strip() for v in items if v.strip())
+            if not names:
+                raise WidthscopeError(f"{flag} {value!r} names nothing: give comma-separated names, or drop {flag}")
+            return names
         if kind in ("ints", "floats"):
             items = [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else value
             if isinstance(items, str):
@@ -244,8 +247,13 @@ class Options:
     def from_dict(cls: type[T], data: Mapping[str, Any], *, strict: bool = True) -> T:
         """The options a :meth:`to_dict` (or a results file's ``options`` block) recorded; unknown
         keys are refused (``strict``) so a misspelt setting never silently falls back to a default."""
+        if not isinstance(data, Mapping):
+            raise WidthscopeTypeError(
+                f"{cls.__name__}.from_dict: expected a mapping of settings (what to_dict() returns), "
+                f"got {type(data).__name__}"
+            )
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
+        unknown = sorted(map(str, set(data) - names))
         if unknown and strict:
             raise WidthscopeError(
                 f"{cls.__name__}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}"

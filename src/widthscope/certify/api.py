@@ -7,6 +7,8 @@ dict a results file holds.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -24,6 +26,13 @@ from .pipeline import certify
 from .result import CertifyResult
 
 __all__ = ["certify_model"]
+
+# the settings certify_model passes on to the pipeline (its keyword conveniences)
+_KEYWORDS = {
+    name
+    for name, p in inspect.signature(certify).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("options", "loss_fn", "progress")
+}
 
 
 def certify_model(
@@ -57,6 +66,20 @@ def certify_model(
     statistics; the keywords override the options' fields.
     """
     _args.module("certify", "model", model)
+    unknown = sorted(set(keywords) - _KEYWORDS)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(_KEYWORDS), n=1)
+        hint = (
+            "the model is probed where it lies: move it first (model.to(device)); "
+            if unknown[0] == "device"
+            else f"did you mean {close[0]}? "
+            if close
+            else ""
+        )
+        raise WidthscopeTypeError(
+            f"certify({unknown[0]}=...): not a setting of certify; {hint}"
+            f"the settings are {', '.join(sorted(_KEYWORDS))} (and options=CertifyOptions(...))"
+        )
     check_tokenizer(tokenizer, "certify")
     _args.integer("certify", "batch_size", batch_size, lo=1)
     _args.integer("certify", "seq_len", seq_len, lo=2, optional=True)

@@ -179,14 +179,20 @@ def _bases(args: argparse.Namespace) -> tuple[CertifyOptions, CertifyRunOptions,
         base = CertifyOptions.published() if args.protocol == "published" else CertifyOptions()
         return base, CertifyRunOptions(), None
     block = load_config(args.config)
+    if not isinstance(block.get("certify"), dict):
+        raise WidthscopeError(
+            f"--config {args.config!r} records no certify options (its 'certify' is not a mapping of settings): "
+            "pass a results JSON written by widthscope certify"
+        )
+    for name in ("run", "inputs"):
+        if block.get(name) is not None and not isinstance(block[name], dict):
+            raise WidthscopeError(f"--config {args.config!r}: its {name!r} is not a mapping of settings")
     try:
         opts = CertifyOptions.from_dict(block["certify"])
         run = CertifyRunOptions.from_dict(block.get("run") or {})
         spec = InputSpec.from_dict(block["inputs"]) if block.get("inputs") else None
-    except (KeyError, TypeError):
-        raise WidthscopeError(
-            f"--config {args.config!r} records no certify options: pass a results JSON written by widthscope certify"
-        ) from None
+    except WidthscopeError as exc:
+        raise type(exc)(f"--config {args.config!r}: {exc}") from None
     return opts, run, spec
 
 
@@ -211,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     given = given_fields(CertifyOptions, args)
     opts = options_from_args(CertifyOptions, args, base)
     if args.points is not None:
-        opts = opts.replace(points=tuple(p.strip() for p in args.points.split(",") if p.strip()))
+        opts = opts.replace(points=args.points)
     _check_combinations(args, opts, given)
     run_opts = options_from_args(CertifyRunOptions, args, run_base)
     args.seed = opts.seed  # the inputs' seed (data subsets) is the run's

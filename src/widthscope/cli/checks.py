@@ -103,8 +103,31 @@ def paths(args: argparse.Namespace, dests: tuple[str, ...]) -> list[tuple[str, s
     return out
 
 
+# Options a command's --plan would ignore (it prints the plan and exits): refused together.
+PLAN_EXCLUDES: dict[str, tuple[str, ...]] = {
+    "certify": ("list_points", "resume", "save_samples"),
+    "sweep": ("dry_run",),
+}
+
+
+def _check_plan(args: argparse.Namespace, command: str) -> None:
+    if not (_given(args, "plan") or _given(args, "plan_no_time")):
+        return
+    plan = "--plan" if _given(args, "plan") else "--plan-no-time"
+    for dest in PLAN_EXCLUDES.get(command, ()):
+        if _given(args, dest):
+            raise WidthscopeError(
+                f"{plan} prints the cost plan and exits, so {flag_name(dest)} would do nothing: drop one of them"
+            )
+
+
 def check_args(args: argparse.Namespace, command: str) -> None:
     """The shared checks; raises :class:`WidthscopeError` with one line naming the option."""
+    _check_plan(args, command)
+    if isinstance(getattr(args, "shard", None), str):
+        from ..sweep.grid import parse_shard  # noqa: PLC0415  start-up time: torch
+
+        parse_shard(args.shard)
     for flag, path in paths(args, INPUT_PATHS + OUTPUT_PATHS):
         check_path_length(flag, path)
     seed = getattr(args, "seed", None)
