@@ -8,6 +8,8 @@ which :func:`read_jsonl` skips and names (every skipped line is reported, never 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
 import os
@@ -15,7 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Protocol, Sequence, Sized
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Protocol, Sequence, Sized
 
 from .errors import WidthscopeError
 
@@ -25,6 +27,9 @@ __all__ = [
     "atomic_write_text",
     "atomic_write_json",
     "append_jsonl",
+    "hold_lock",
+    "lock_held",
+    "LOCK",
     "read_jsonl",
     "Skipped",
     "skip_lines",
@@ -120,13 +125,21 @@ def read_toml(path: str | os.PathLike, what: str, hint: str) -> dict[str, Any]:
         raise WidthscopeError(f"{what} {str(p)!r} is not valid TOML: {' '.join(str(exc).split())}") from None
 
 
+_FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk, a used-up quota
+
+
 def unwritable(path: Path, exc: OSError) -> Exception:
     reason = exc.strerror or str(exc)
     if isinstance(exc, (FileExistsError, NotADirectoryError)):
         blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
         if blocker is not None:
             reason = f"{str(blocker)!r} is a file, not a directory"
-    return WidthscopeError(f"cannot write {str(path)!r}: {reason}; choose an output path inside a writable directory")
+    fix = (
+        "free space (or raise the quota) or choose an output path on another disk"
+        if exc.errno in _FULL
+        else "choose an output path inside a writable directory"
+    )
+    return WidthscopeError(f"cannot write {str(path)!r}: {reason}; {fix}")
 
 
 def _sibling(path: Path, suffix: str) -> tuple[int, str]:
@@ -271,16 +284,183 @@ def append_jsonl(path: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> 
     except OSError as exc:
         raise unwritable(path, exc) from None
     try:
+        size = os.fstat(fd).st_size
         # A previous kill may have left a partial last line: start ours on a fresh line.
-        if os.fstat(fd).st_size > 0:
+        if size > 0:
             with open(path, "rb") as f:
                 f.seek(-1, os.SEEK_END)
                 if f.read(1) != b"\n":
                     payload = "\n" + payload
-        os.write(fd, payload.encode("utf-8"))
-        os.fsync(fd)
+        data = payload.encode("utf-8")
+        try:
+            done = 0
+            while done < len(data):  # a write that fills the disk writes part of it; the next one fails
+                done += os.write(fd, data[done:])
+            os.fsync(fd)
+        except OSError as exc:
+            # A full disk (or any write error): cut the file back to its rows before this call, so
+            # no torn row is left for a rerun to read, then one error line.
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise unwritable(path, exc) from None
     finally:
         os.close(fd)
+
+
+# ----------------------------------------------------------------------------- the results' lock
+LOCK = ".widthscope.lock"  # the lock file's name (sweeps: inside the results folder)
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)  # a file system without flock
+
+
+def lock_holder(path: Path) -> str:
+    """Who holds the lock file ``path``: ``pid N`` (the pid its holder wrote there), else "another process"."""
+    try:
+        pid = path.read_text(encoding="utf-8").strip()
+    except OSError:
+        pid = ""
+    return f"pid {pid}" if pid.isdigit() else "another process"
+
+
+def lock_held(path: Path) -> bool:
+    """True when some process holds ``path`` locked (we can probe it without waiting)."""
+    import fcntl  # noqa: PLC0415  start-up time: `widthscope --help` imports this module
+
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """``fd`` is the file now at ``path`` (a lock file another run removed as it left is not)."""
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+@contextlib.contextmanager
+def hold_lock(
+    path: str | os.PathLike,
+    refuse: Callable[[str], Exception],
+    *,
+    shard: tuple[int, int] = (1, 1),
+    what: str = "run",
+    where: str | os.PathLike | None = None,
+    tidy: bool = False,
+) -> Iterator[None]:
+    """Hold an advisory ``flock`` on the lock file ``path`` while a run writes what it guards.
+
+    Unsharded, ``path`` is locked exclusively; a shard ``k/n`` locks it shared (other shards may
+    run beside it) and ``PATH.k-of-n`` exclusively. A lock another process holds raises
+    ``refuse(holder)`` at once (``holder``: ``pid N``, with the shards where shards hold it), never
+    waits. The holder writes its pid into its file. The kernel drops the locks when the process
+    dies (even by ``kill -9``): a stale lock file is harmless.
+
+    A file system without locks (some network mounts): the run goes ahead with a note on stderr
+    (``where``, default the lock's folder, and ``what`` name it). A lock file that cannot be created
+    or written (read-only, full disk, quota) is one :class:`WidthscopeError` line, and what this call
+    created (lock files, folders) is removed again. ``tidy``: on leaving, also remove the lock files
+    and the folders this call created (while still holding the lock, so a run that opened the old
+    file locks the new one instead), leaving nothing a later run or reader would find."""
+    import fcntl  # noqa: PLC0415  start-up time: `widthscope --help` imports this module
+
+    path = Path(path)
+    k, n = shard
+    mine = path if n == 1 else path.with_name(f"{path.name}.{k}-of-{n}")
+    folders = missing_parents(path)  # deepest first: what the lock's own mkdir creates
+    locked: list[tuple[Path, int, bool]] = []  # (path, fd, created by this call), each one locked
+    opened: list[int] = []
+
+    def open_file(p: Path) -> tuple[int, bool]:
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                return os.open(p, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666), True
+            except FileExistsError:
+                return os.open(p, os.O_RDWR), False
+        except FileNotFoundError:
+            return -1, False  # removed by the run that just left it: create it again
+        except OSError as exc:
+            raise unwritable(p, exc) from None
+
+    def take(p: Path, mode: int) -> int | None:
+        for _ in range(100):  # each retry: the lock's holder left and removed the file in between
+            fd, created = open_file(p)
+            if fd < 0:
+                continue
+            opened.append(fd)
+            try:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if p != path or mode == fcntl.LOCK_SH:  # an unsharded run (or this same shard) holds it
+                    raise refuse(lock_holder(p) + ("" if p == path else f", shard {k}/{n}")) from None
+                shards = [q for q in sorted(path.parent.glob(path.name + ".*-of-*")) if lock_held(q)]
+                raise refuse(
+                    ", ".join(
+                        f"{lock_holder(q)}, shard {q.name.rsplit('.', 1)[1].replace('-of-', '/')}" for q in shards
+                    )
+                    or lock_holder(path)
+                ) from None
+            except OSError as exc:
+                if exc.errno not in _NO_LOCKS:
+                    raise
+                if created:  # no lock to hold: the file is of no use
+                    with contextlib.suppress(OSError):
+                        p.unlink()
+                print(
+                    f"note: {str(where or path.parent)!r} cannot be locked ({exc.strerror}); "
+                    f"do not start a second {what} into it",
+                    file=sys.stderr,
+                )
+                return None
+            if _same_file(fd, p):
+                locked.append((p, fd, created))
+                return fd
+        raise WidthscopeError(f"cannot lock {str(p)!r}: it is removed and created again without end")
+
+    def release(remove_all: bool) -> None:
+        """Unlock; remove the lock files this call created (all of them with ``remove_all``)."""
+        for p, fd, created in reversed(locked):
+            # only a file this run holds alone (a shard's shared lock may have company), still at its path
+            if (remove_all or created) and _same_file(fd, p):
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    p.unlink()
+                except OSError:
+                    pass  # another shard still holds it (its last holder removes it), or it is gone
+        for fd in reversed(opened):
+            os.close(fd)  # releases the lock
+        remove_empty(folders)  # only those still empty
+
+    try:
+        fd = take(path, fcntl.LOCK_SH) if n > 1 else None
+        fd = take(mine, fcntl.LOCK_EX) if n == 1 or fd is not None else None
+        if fd is not None:
+            try:
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())
+            except OSError as exc:  # a full disk, a quota: one line, and no empty lock file left
+                raise unwritable(mine, exc) from None
+    except BaseException:  # refused, unwritable, interrupted: leave nothing this call created
+        release(tidy)
+        raise
+    try:
+        yield
+    finally:
+        if tidy:
+            release(True)
+        else:
+            for fd in reversed(opened):
+                os.close(fd)  # releases the lock; the file stays (harmless, see above)
 
 
 class Skipped(NamedTuple):

@@ -218,13 +218,14 @@ def flag_name(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def check_dir_writable(path: str | os.PathLike) -> Path:
+def check_dir_writable(path: str | os.PathLike, flag: str = "--out") -> Path:
     """``path`` is (or can be made) a directory we can write into. Leaves nothing behind: folders
     it had to create for the probe are removed again, so a run refused later (a bad config) leaves
-    no empty ``--out``; the command creates the folder when it starts writing."""
+    no empty ``--out``; the command creates the folder when it starts writing. ``flag`` names the
+    option (or config key) the path came from in the message."""
     p = Path(path)
     if p.exists() and not p.is_dir():
-        raise WidthscopeError(f"cannot write into {str(p)!r}: it is a file, not a directory; choose another --out")
+        raise WidthscopeError(f"cannot write into {str(p)!r}: it is a file, not a directory; choose another {flag}")
     created = [q for q in (p, *p.parents) if not q.exists()]
     try:
         p.mkdir(parents=True, exist_ok=True)
@@ -232,7 +233,8 @@ def check_dir_writable(path: str | os.PathLike) -> Path:
         os.close(fd)
         os.unlink(tmp)
     except OSError as exc:
-        raise unwritable(p / "…", exc) from None
+        err = unwritable(p / "…", exc)
+        raise WidthscopeError(err if flag == "--out" else f"{flag}: {err}") from None
     finally:
         for q in created:  # innermost first; only if still empty (another process may have filled it)
             try:

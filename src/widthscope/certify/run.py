@@ -9,6 +9,7 @@ the statistics (:class:`~widthscope.options.CertifyOptions`) and how this run ex
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -23,7 +24,7 @@ import torch
 import torch.nn as nn
 
 from .. import _io, data, distributed, models
-from .._io import atomic_write_json, human_size, on_interrupt
+from .._io import LOCK, atomic_write_json, hold_lock, human_size, on_interrupt
 from ..data.inputs import load_model, placement_of, resolve
 from ..data.published import is_all
 from ..data.spec import InputSpec
@@ -165,12 +166,35 @@ def _check_all_pools(opts: CertifyOptions, spec: InputSpec, n_train: int, n_test
 
 
 # ----------------------------------------------------------------------------- resumable parts
+def _parts_dir(out: str | os.PathLike) -> Path:
+    return Path(str(out) + ".parts")
+
+
+def _lock(job: CertifyJob) -> contextlib.AbstractContextManager[None]:
+    """One run at a time writes ``--out`` and its parts: a second one is refused in one line before
+    any work. The lock file lives in the run's own parts folder (``OUT.parts/.widthscope.lock``,
+    as a sweep's lives in its results folder): a path certify already owns and checks as an output
+    (a sibling such as ``OUT.lock`` could be a user's file), invisible to ``--resume`` (it reads
+    ``*.json``), removed with the parts when the result is written, and removed (with the folder, if
+    it holds nothing else) when the run ends any other way. After a ``kill -9`` it stays, harmless:
+    the kernel released the lock."""
+    out = str(job.out)
+
+    def refuse(holder: str) -> WidthscopeError:
+        return WidthscopeError(
+            f"--out {out!r} is being written by another certify run ({holder}): wait for it to finish or "
+            "stop it, or choose another --out"
+        )
+
+    return hold_lock(_parts_dir(out) / LOCK, refuse, what="certify run", where=out, tidy=True)
+
+
 class _Parts:
     """Finished points of a certify run, one atomic JSON file each in ``OUT.parts/``, keyed by
     a fingerprint of everything that determines them (so ``--resume`` never mixes settings)."""
 
     def __init__(self, job: CertifyJob, names: Sequence[str], n: tuple[int, int], inputs_info: dict[str, Any]):
-        self.dir = Path(str(job.out) + ".parts")
+        self.dir = _parts_dir(job.out)
         spec = {k: v for k, v in job.spec.to_dict().items() if k not in ("given", "cap_pools")}
         settings = {
             **spec,
@@ -305,7 +329,14 @@ def run_certify(
     """Run ``job``; writes ``job.out`` (and ``job.save_samples``) on rank 0 and returns the result.
 
     Every check that needs the model's structure (point names, sequence length, ``project``,
-    output sizes, memory) runs before the built-in model trains or anything is probed."""
+    output sizes, memory) runs before the built-in model trains or anything is probed. Rank 0,
+    which writes, first takes the lock of ``job.out`` (another run writing it: refused, one line);
+    under torchrun a refused rank 0 stops the job before its peers write anything."""
+    with _lock(job) if distributed.is_main() else contextlib.nullcontext():
+        return _run(job, notes, say)
+
+
+def _run(job: CertifyJob, notes: Sequence[str], say: Callable[[str], None] | None) -> dict[str, Any]:
     main = distributed.is_main()
     say = say or (lambda msg: print(msg, flush=True) if main else None)
     spec, opts = job.spec, job.options

@@ -89,6 +89,13 @@ def save(
                 os.unlink(tmp)
     except OSError as exc:
         raise unwritable(path, exc) from None
+    except Exception as exc:
+        if type(exc).__name__ != "SafetensorError":
+            raise
+        # safetensors reports a full disk as its own error type: one line, as checkpoint.save does
+        raise WidthscopeError(
+            f"cannot write {str(path)!r}: {exc} (disk full or not writable?); free space or choose another path"
+        ) from None
     return path
 
 

@@ -158,9 +158,19 @@ def check_args(args: argparse.Namespace, command: str) -> None:
         from ..train import resolve_device  # noqa: PLC0415  start-up time: torch
 
         resolve_device(device)
+    max_memory = getattr(args, "max_memory", None)
+    if isinstance(max_memory, str):  # a GPU this machine does not show: now, not once the model loads
+        from ..models.dispatch import check_max_memory, check_visible  # noqa: PLC0415  start-up time: torch
+
+        check_visible(check_max_memory(max_memory, name="--max-memory"), name="--max-memory", text=max_memory)
     if command in APPLIES:
         check_applies(args, command)
         fill_defaults(args)
+    srcs = [getattr(args, k, None) for k in ("data", "train_data", "test_data", "train_split", "test_split")]
+    if srcs[3] is not None or srcs[4] is not None:  # --*-split only for a source with splits, before any work
+        from ..data.sources import check_splits_given  # noqa: PLC0415  start-up time: torch
+
+        check_splits_given(*srcs)
     out = getattr(args, "out", None)
     if out and OUT_KIND.get(command) == "file":
         check_writable(out)
@@ -173,3 +183,6 @@ def check_args(args: argparse.Namespace, command: str) -> None:
             check_writable(extra)
     parts = [(f"{flag_name('out')}'s parts folder", str(out) + ".parts")] if command == "certify" and out else []
     check_outputs(paths(args, INPUT_PATHS), paths(args, OUTPUT_PATHS) + parts, command)
+    folder = getattr(args, "offload_folder", None)
+    if folder:  # after check_outputs: never probed inside an input; a file or read-only place is one line now
+        check_dir_writable(folder, flag_name("offload_folder"))

@@ -145,8 +145,52 @@ def _failure(ref: HFDatasetRef, flag: str, exc: Exception) -> WidthscopeError:
     return WidthscopeError(f"{what} could not be opened ({type(exc).__name__}: {first})")
 
 
+_REACHED: set[str] = set()  # Hub endpoints that answered (asked once per process)
+
+
+def _cached(ref: HFDatasetRef) -> bool:
+    """Whether the datasets cache holds a copy of the dataset: what ``datasets`` falls back to when
+    the Hub cannot be reached (its own lookup; True when it cannot tell)."""
+    try:
+        from datasets.load import CachedDatasetModuleFactory
+    except ImportError:  # pragma: no cover - another datasets version: it decides, as before
+        return True
+    try:
+        CachedDatasetModuleFactory(ref.name).get_module()
+    except Exception:  # noqa: BLE001 - FileNotFoundError: not cached
+        return False
+    return True
+
+
+def _check_reachable(ref: HFDatasetRef, flag: str) -> None:
+    """A dataset that is not cached while the Hub cannot be reached is one line at once: asked
+    directly, ``datasets`` retries with backoff (a minute and more of retry lines) before it fails.
+    One request to the Hub's endpoint (``HF_ENDPOINT``), no retries, within ``HF_HUB_ETAG_TIMEOUT``;
+    a cached dataset is read as ``datasets`` reads it (never offline unless the user says so)."""
+    import datasets
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    endpoint = str(datasets.config.HF_ENDPOINT).rstrip("/")
+    if endpoint in _REACHED or _cached(ref):
+        return
+    try:
+        get_session().head(endpoint + "/", timeout=constants.HF_HUB_ETAG_TIMEOUT, follow_redirects=False)
+    except Exception as exc:  # noqa: BLE001 - any failure to reach the endpoint is the same line
+        why = (str(exc).strip().splitlines() or [""])[0][:120]
+        raise WidthscopeError(
+            f"{flag} {str(ref)!r}: the Hugging Face dataset {ref.name} is not in the datasets cache "
+            f"{_cache_dir()} and the Hub at {endpoint} cannot be reached ({type(exc).__name__}"
+            f"{': ' + why if why else ''}): check the connection (HF_ENDPOINT, proxy settings), or fetch it "
+            f"with `{ref.fetch_command()}` where there is a network"
+        ) from None
+    _REACHED.add(endpoint)
+
+
 def _builder(ref: HFDatasetRef, flag: str) -> Any:
     with _quiet() as datasets:
+        if not _offline():
+            _check_reachable(ref, flag)
         try:
             return datasets.load_dataset_builder(ref.name, ref.config, revision=ref.revision)
         except Exception as exc:  # noqa: BLE001 - every failure of the lookup becomes one line

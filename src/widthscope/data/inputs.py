@@ -56,7 +56,7 @@ from .object_pools import object_pools
 from .objects import task_of
 from .pools import WINDOW, _refuse_given
 from .pools import pick_pool as pick_pool
-from .sources import describe, is_tokenized_object
+from .sources import check_splits_given, describe, is_tokenized_object
 from .spec import TASKS, InputSpec, check_source
 from .text_pools import _text_pools
 
@@ -100,11 +100,13 @@ class Inputs:
 
 # ----------------------------------------------------------------------------- resolve
 def _check_sources(spec: InputSpec) -> None:
-    """The data sources exist (and are text where text is expected), before any model loads."""
+    """The data sources exist (and are text where text is expected), and ``--*-split`` is given only
+    for sources with splits, before any model loads."""
     for name in ("data", "train_data", "test_data"):
         v = getattr(spec, name)
         if v is not None:
             check_source("--" + name.replace("_", "-"), v)
+    check_splits_given(spec.data, spec.train_data, spec.test_data, spec.train_split, spec.test_split)
 
 
 def resolve(spec: InputSpec, *, model: nn.Module | None = None, show_progress: bool = True) -> Inputs:

@@ -79,10 +79,36 @@ def _is_hf(model: nn.Module) -> bool:
     return any(c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers") for c in type(model).__mro__)
 
 
+def wrapped_model(model: nn.Module) -> nn.Module | None:
+    """The model a wrapper holds, or None (not a wrapper): a PEFT model's base model
+    (``get_base_model()``), a ``torch.compile``d module's original (``_orig_mod``)."""
+    get = getattr(model, "get_base_model", None)
+    if callable(get):
+        try:
+            inner = get()
+        except Exception:  # noqa: BLE001 - a method of that name that is not PEFT's: not a wrapper
+            inner = None
+        if isinstance(inner, nn.Module) and inner is not model:
+            return inner
+    inner = model._modules.get("_orig_mod") if isinstance(model, nn.Module) else None
+    return inner if isinstance(inner, nn.Module) and inner is not model else None
+
+
 def task_of(model: nn.Module) -> str | None:
     """The model's task: ``widthscope_task`` (models widthscope loaded), a widthscope family
     (``lm`` / ``classification``), or a ``transformers.PreTrainedModel``'s head from its class (else
-    its ``config.architectures``); None for any other ``nn.Module`` (its task is unknown)."""
+    its ``config.architectures``); a wrapper's (PEFT, ``torch.compile``: :func:`wrapped_model`) is
+    the task of the model it wraps; None for any other ``nn.Module`` (its task is unknown)."""
+    for _ in range(8):  # a compiled PEFT model: wrappers around wrappers
+        task = _own_task(model)
+        inner = wrapped_model(model) if task is None else None
+        if inner is None:
+            return task
+        model = inner
+    return None
+
+
+def _own_task(model: nn.Module) -> str | None:
     task = getattr(model, "widthscope_task", None)
     if isinstance(task, str) and task:
         return task
@@ -169,16 +195,21 @@ def _tok_name(tok: Any) -> str:
     return getattr(tok, "name", None) or f"{type(tok).__name__}({getattr(tok, 'name_or_path', '')})"
 
 
-def check_vocabulary(tok: Any, model: nn.Module) -> None:
-    """The tokenizer must not produce ids the model's embedding does not have."""
+def check_vocabulary(tok: Any, model: nn.Module, where: str | None = None) -> None:
+    """The tokenizer must not produce ids the model's embedding does not have. ``where`` names the
+    Python argument (``certify(tokenizer=...)``); None: the command line's ``--tokenizer``."""
     V = vocab_size(model)
     if V is None:
         return
-    n = len(tok)
+    try:
+        n = len(tok)
+    except TypeError:  # a tokenizer callable of no known size: its ids are checked as they come
+        return
     if n > V:
+        fix = "pass the matching one with --tokenizer" if where is None else "pass the model's own tokenizer"
         raise WidthscopeError(
-            f"tokenizer {_tok_name(tok)} has {n} tokens but the model's embedding has {V} rows: "
-            "this is not the model's tokenizer; pass the matching one with --tokenizer"
+            f"{where + ': ' if where else ''}tokenizer {_tok_name(tok)} has {n} tokens but the model's "
+            f"embedding has {V} rows: this is not the model's tokenizer; {fix}"
         )
 
 

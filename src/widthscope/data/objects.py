@@ -41,7 +41,7 @@ from ..errors import WidthscopeError, WidthscopeTypeError
 from ..models.hf import max_positions
 from ..probe.batches import to_batches
 from ..probe.collect import masked_lm_loss
-from .loading import mask_tokens, task_of
+from .loading import check_vocabulary, mask_tokens, task_of
 
 __all__ = ["batches_from", "pools_from", "is_object_pool", "task_of", "loss_for", "DATA_ACCEPTS", "TOKENIZER_ACCEPTS"]
 
@@ -293,6 +293,8 @@ def batches_from(
     errors (``certify(data=...)``); ``seed`` seeds a masked LM's masking."""
     check_tokenizer(tokenizer, fn)
     where = _where(fn, name)
+    if tokenizer is not None:  # before any forward: ids past the embedding fail deep inside it
+        check_vocabulary(tokenizer, model, f"{fn}(tokenizer=...)")
     if is_dataset_dict(obj):
         raise _bad_data(fn, name, obj, " (a DatasetDict gives both pools: pass it alone as data)")
     task = task_of(model)

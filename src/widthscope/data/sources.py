@@ -18,7 +18,7 @@ from typing import Any, Iterator
 from torch.utils.data import DataLoader
 
 from ..errors import WidthscopeError
-from . import hf_datasets
+from . import DATASETS, hf_datasets
 from .corpus import _column, documents
 from .splits import HELD_OUT, SplitChoice, choose_among, choose_splits, dataset_splits, default_split
 
@@ -34,6 +34,7 @@ __all__ = [
     "documents_of",
     "same_source",
     "check_object",
+    "check_splits_given",
 ]
 
 DATA_OBJECTS = (
@@ -154,6 +155,40 @@ def choose(
     if not names:
         raise WidthscopeError(f"{describe(src)} has no splits")
     return choose_among(names, describe(src), None, train_split, test_split, test_fraction)
+
+
+def check_splits_given(
+    data: Any, train_data: Any, test_data: Any, train_split: str | None, test_split: str | None
+) -> None:
+    """``--train-split``/``--test-split`` name splits of a source that has its own (a ``DatasetDict``
+    directory or object, a folder of split files, ``hf:NAME``): given for a source without splits
+    (a text file, a table, a plain folder, a named dataset, a list of texts) they are refused, before
+    any model loads, never silently ignored. ``--data`` takes both flags; with ``--train-data`` /
+    ``--test-data`` each takes its own. A source that does not exist is left to
+    :func:`widthscope.data.spec.check_source`; a Hugging Face dataset's split names are checked
+    when its pools are chosen."""
+    if train_split is None and test_split is None:
+        return
+    tr = ("--train-split",) if train_split is not None else ()
+    te = ("--test-split",) if test_split is not None else ()
+    if train_data is None and test_data is None:
+        given = [("--data", data, tr + te)]
+    else:
+        given = [("--train-data", train_data, tr), ("--test-data", test_data, te)]
+    for flag, src, flags in given:
+        if src is None or not flags or hf_datasets.is_hf_ref(src):
+            continue
+        drop = f"drop {'/'.join(flags)}"
+        if isinstance(src, str) and src in DATASETS:
+            raise WidthscopeError(f"{flag} {src!r} is a named dataset with no splits of its own: {drop}")
+        if isinstance(src, str) and not Path(src).expanduser().exists():
+            continue
+        if splits_of(src, flag) is None:
+            what = repr(src) if isinstance(src, str) else describe(src)
+            raise WidthscopeError(
+                f"{flag} {what} has no splits (only a DatasetDict, a folder of split files such as "
+                f"train.jsonl/validation.jsonl, or hf:NAME has them): {drop}"
+            )
 
 
 def default_split_of(src: Any, role: str) -> str | None:

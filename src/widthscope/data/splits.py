@@ -166,7 +166,12 @@ def dataset_splits(path: str | Path) -> list[str] | None:
             names = json.loads((root / "dataset_dict.json").read_text(encoding="utf-8")).get("splits", [])
         except (OSError, ValueError, AttributeError) as exc:
             raise WidthscopeError(f"{root}/dataset_dict.json is not a DatasetDict's split list ({exc})") from None
-        return [str(n) for n in names]
+        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+            raise WidthscopeError(
+                f"{root}/dataset_dict.json is not a valid DatasetDict: 'splits' must be a list of split "
+                f"names, got {json.dumps(names)[:80]}; save it again with DatasetDict.save_to_disk"
+            )
+        return list(names)
     fs = split_files(root)
     return None if fs is None else list(fs.splits)
 

@@ -8,6 +8,7 @@ with accelerators also on ``"cpu"``) and accelerate's hooks load them for each f
 * :func:`parse_max_memory`: the ``--max-memory`` text (``"cpu=2MB,0=10GiB,disk"``) -> a dict
   ``{device: bytes}`` (``"disk": None`` when disk offload is allowed); the one place it is read;
 * :func:`check_device_map` / :func:`check_max_memory`: the Python values, one error line each;
+  :func:`check_visible`: the devices a budget names are on this machine (before any weight loads);
 * :func:`dispatch`: a model already in memory -> dispatched (:func:`accelerate.dispatch_model`);
 * :func:`pretrained_kwargs` / :func:`finish`: what :func:`widthscope.models.hf.load_hf` passes to
   ``from_pretrained`` (which loads only each device's share of the weights) and does afterwards.
@@ -49,6 +50,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+import torch
 from torch import nn
 
 from ..errors import WidthscopeError
@@ -59,6 +61,7 @@ __all__ = [
     "DEVICE_MAPS",
     "parse_max_memory",
     "check_max_memory",
+    "check_visible",
     "check_device_map",
     "dispatch",
     "pretrained_kwargs",
@@ -176,6 +179,28 @@ def check_max_memory(value: Any, *, name: str = "max_memory") -> dict[str | int,
     return out
 
 
+def check_visible(budget: Mapping[str | int, int | None] | None, *, name: str = "max_memory", text: Any = None) -> None:
+    """One line when ``budget`` (:func:`check_max_memory`'s) names a device this machine does not
+    show: a GPU index past the visible ones (``CUDA_VISIBLE_DEVICES``), ``mps`` without MPS.
+    Otherwise accelerate only prints "Device 0 is not available" and the load fails (or places the
+    model elsewhere) after it began. ``name`` and ``text`` (the value as given) open the message."""
+    if not budget:
+        return
+    what = name if text is None else f"{name} {text!r}"
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for dev in budget:
+        if isinstance(dev, int) and dev >= gpus:
+            seen = "no GPU is visible" if gpus == 0 else f"only {gpus} GPU(s) are visible (0..{gpus - 1})"
+            raise WidthscopeError(
+                f"{what} names GPU {dev} but {seen}: give that memory to cpu= instead (e.g. cpu=2GB,disk), "
+                f"or drop GPU {dev} from it"
+            )
+        if dev == "mps":
+            mps = getattr(torch.backends, "mps", None)
+            if mps is None or not mps.is_available():
+                raise WidthscopeError(f"{what} names mps but MPS is not available here: use cpu= instead, or drop mps")
+
+
 def check_device_map(value: Any, *, name: str = "device_map") -> str | dict[str, str | int] | None:
     """``None``, one of :data:`DEVICE_MAPS`, or a dict ``{module name: device}``; one error line else."""
     if value is None or (isinstance(value, str) and value in DEVICE_MAPS):
@@ -257,6 +282,7 @@ def pretrained_kwargs(
     """The keyword arguments of ``from_pretrained`` for this dispatch, and the checked budget."""
     dmap = check_device_map(device_map)
     budget = check_max_memory(max_memory)
+    check_visible(budget)
     if dmap is None:
         if budget is not None or offload_folder is not None:
             raise WidthscopeError(
@@ -302,6 +328,7 @@ def dispatch(
         raise WidthscopeError("dispatch(): the model is already dispatched (it has a device map); dispatch it once")
     dmap = check_device_map(device_map)
     budget = check_max_memory(max_memory)
+    check_visible(budget)
     if isinstance(dmap, str):
         no_split = _no_split(model)
         mem = _accelerate_memory(budget) or None

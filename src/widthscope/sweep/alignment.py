@@ -53,6 +53,7 @@ import torch
 from .. import models, probe
 from .._io import unwritable
 from ..errors import WidthscopeError, WidthscopeTypeError
+from ..models.dispatch import check_max_memory, check_visible
 from ..train import resolve_device
 from .cell import MONITOR_FILE as MONITOR_FILE
 from .cell import cell_options, certified_steps, run_cell
@@ -129,7 +130,8 @@ def check_structure(cfg: SweepConfig, *, device: bool = True) -> dict[str, list[
     """What only the model can tell, checked before any cell trains or any data loads: every
     family builds with its ``model_options`` (on the ``meta`` device, no memory, no data; the
     data-dependent sizes get placeholders, which change no module names), its ``certify.points``
-    exist in that structure, and (``device``) ``[sweep].device`` is available here.
+    exist in that structure, and (``device``) ``[sweep].device`` and the GPUs a ``max_memory`` names are
+    available here.
 
     Returns ``{family name: insertion points}``.
     """
@@ -141,6 +143,10 @@ def check_structure(cfg: SweepConfig, *, device: bool = True) -> dict[str, list[
             raise WidthscopeError(
                 f"[sweep] {msg}; set device = 'cpu' (or a device this machine has) in [sweep]"
             ) from None
+        for fam in cfg.families:  # a max_memory naming a GPU this machine lacks: now, not after the first cell trains
+            mem = fam.placement.get("max_memory")
+            where = f"sweep config family {fam.name!r} max_memory"
+            check_visible(check_max_memory(mem, name=where), name=where, text=mem if isinstance(mem, str) else None)
     out = {}
     for fam in cfg.families:
         lm = fam.dataset in LM_DATASETS

@@ -15,8 +15,6 @@ cell; the kernel releases the lock when the process ends, however it ends.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -29,10 +27,12 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from .. import distributed
 from .._env import environment
 from .._io import (
+    LOCK,
     Skipped,
     atomic_write_json,
     atomic_write_text,
     cut_off,
+    hold_lock,
     on_interrupt,
     progress,
     record_skips,
@@ -40,6 +40,7 @@ from .._io import (
     unwritable,
     warn_skips,
 )
+from .._io import lock_held as _held  # noqa: F401  (its old home: tests/test_bad_input_sweep.py imports it here)
 from ..errors import WidthscopeError
 
 __all__ = [
@@ -58,7 +59,6 @@ __all__ = [
 ]
 
 RESULTS = "results.jsonl"
-LOCK = ".widthscope.lock"
 BACKUP = "backup"  # damaged files set aside and replaced results live here, never deleted
 
 
@@ -108,32 +108,9 @@ def finish_after_ranks(shard_text: str | None, finish: Callable[[], Any]) -> boo
     return False
 
 
-def _holder(path: Path) -> str:
-    try:
-        pid = path.read_text(encoding="utf-8").strip()
-    except OSError:
-        pid = ""
-    return f"pid {pid}" if pid.isdigit() else "another process"
-
-
-def _held(path: Path) -> bool:
-    """True when some process holds ``path`` locked (we can probe it without waiting)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-
-
 @contextlib.contextmanager
 def lock_out_dir(out_dir: str | os.PathLike, shard: tuple[int, int] = (1, 1), what: str = "sweep") -> Iterator[None]:
-    """Hold an advisory ``flock`` on ``out_dir`` while a run writes into it.
+    """Hold an advisory ``flock`` on ``out_dir`` while a run writes into it (:func:`widthscope._io.hold_lock`).
 
     An unsharded run locks ``OUT/.widthscope.lock`` exclusively; a shard ``k/n`` locks it shared
     (other shards may run beside it) and ``OUT/.widthscope.lock.k-of-n`` exclusively. So a second
@@ -142,10 +119,6 @@ def lock_out_dir(out_dir: str | os.PathLike, shard: tuple[int, int] = (1, 1), wh
     kernel drops the locks when the process dies (even by ``kill -9``): a stale lock file is harmless.
     """
     out_dir = Path(out_dir)
-    k, n = shard
-    main = out_dir / LOCK
-    mine = main if n == 1 else out_dir / f"{LOCK}.{k}-of-{n}"
-    fds: list[int] = []
 
     def refuse(holder: str) -> WidthscopeError:
         return WidthscopeError(
@@ -153,43 +126,8 @@ def lock_out_dir(out_dir: str | os.PathLike, shard: tuple[int, int] = (1, 1), wh
             f"wait for it to finish or stop it, or choose another --out"
         )
 
-    def take(path: Path, mode: int) -> int | None:
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        except OSError as exc:
-            raise unwritable(path, exc) from None
-        fds.append(fd)
-        try:
-            fcntl.flock(fd, mode | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if path != main or mode == fcntl.LOCK_SH:  # an unsharded run (or this same shard) holds it
-                raise refuse(_holder(path) + ("" if path == main else f", shard {k}/{n}")) from None
-            shards = [p for p in sorted(out_dir.glob(LOCK + ".*-of-*")) if _held(p)]
-            raise refuse(
-                ", ".join(f"{_holder(p)}, shard {p.name.rsplit('.', 1)[1].replace('-of-', '/')}" for p in shards)
-                or _holder(main)
-            ) from None
-        except OSError as exc:  # a filesystem without locks (some network mounts): run, but say so
-            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                raise
-            print(
-                f"note: {str(out_dir)!r} cannot be locked ({exc.strerror}); do not start a second {what} into it",
-                file=sys.stderr,
-            )
-            return None
-        return fd
-
-    try:
-        fd = take(main, fcntl.LOCK_SH) if n > 1 else None
-        fd = take(mine, fcntl.LOCK_EX) if n == 1 or fd is not None else None
-        if fd is not None:
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
+    with hold_lock(out_dir / LOCK, refuse, shard=shard, what=what, where=out_dir):
         yield
-    finally:
-        for fd in reversed(fds):
-            os.close(fd)  # releases the lock
 
 
 def shard_cells(cells: Sequence[Mapping[str, Any]], k: int, n: int) -> list[Mapping[str, Any]]:

@@ -192,3 +192,4 @@ def _check_offload_folders(cfg: SweepConfig | SuiteConfig, out: Path) -> None:
         if folder:
             # the results folder as one more output: the two may not be one folder
             check_outputs(inputs, [(flag, str(folder)), ("results folder (--out)", str(out))], "sweep")
+            check_dir_writable(folder, flag)  # a file or a read-only place: one line before any cell
