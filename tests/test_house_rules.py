@@ -22,7 +22,7 @@ MAX_FUNCTION_LINES = 120
 # added, none may grow, and an entry is removed once its function is within the limit (or gone).
 KNOWN: dict[str, int] = {
     "probe/intervene.py::intervene": 227,
-    "certify/pipeline.py::certify": 219,
+    "certification/pipeline.py::certify_dict": 219,
 }
 
 

@@ -556,8 +556,8 @@ def test_certify_default_interventions_decade_grid_equal_full_path(monkeypatch):
     capture forward), equal to the whole network per step at every point (float64, 1e-12·|L|);
     n_etas=9, max_rel_step=1 gives the half-decades up to 1, its decades being the same steps
     (the same floats) and rows."""
-    from widthscope.certify import certify
-    from widthscope.certify.pipeline import DEFAULT_MAX_REL_STEP, DEFAULT_N_ETAS
+    from widthscope.certification import certify_dict
+    from widthscope.certification.pipeline import DEFAULT_MAX_REL_STEP, DEFAULT_N_ETAS
     from widthscope.probe.intervene import to_batches
 
     assert (DEFAULT_N_ETAS, DEFAULT_MAX_REL_STEP) == (4, 0.1)
@@ -567,7 +567,7 @@ def test_certify_default_interventions_decade_grid_equal_full_path(monkeypatch):
 
     with monkeypatch.context() as mp:  # certify's held-out probe recorded every point's prefix
         mp.setattr(prefix, "_capture", lambda *a: pytest.fail("captured although the probe kept it"))
-        res = certify(model, trb, teb, M=[8], draws=20, progress=False)
+        res = certify_dict(model, trb, teb, M=[8], draws=20, progress=False)
     for r in res["points"]:
         rows = r["interventions"]
         assert [x["rel_step"] for x in rows] == pytest.approx([1e-4, 1e-3, 1e-2, 1e-1], rel=1e-9)
@@ -576,7 +576,7 @@ def test_certify_default_interventions_decade_grid_equal_full_path(monkeypatch):
                          prefix="full", progress=False)
         for a, b in zip(rows, full):
             assert abs(a["actual"] - b["actual"]) <= 1e-12 * abs(b["loss_before"]), r["point"]
-    nine = certify(model, trb, teb, M=[8], draws=20, progress=False, points=points[:1], n_etas=9,
+    nine = certify_dict(model, trb, teb, M=[8], draws=20, progress=False, points=points[:1], n_etas=9,
                    max_rel_step=1.0)
     assert len(nine["points"][0]["interventions"]) == 9
     decades = nine["points"][0]["interventions"][::2]
@@ -585,10 +585,10 @@ def test_certify_default_interventions_decade_grid_equal_full_path(monkeypatch):
         assert a["eta"] == b["eta"]  # the decades are the same steps on both grids
         assert abs(a["actual"] - b["actual"]) <= 1e-12 * abs(b["loss_before"])
     with pytest.raises(WidthscopeError, match="n_etas must be"):
-        certify(model, trb, teb, M=[8], draws=20, progress=False, n_etas=0)
+        certify_dict(model, trb, teb, M=[8], draws=20, progress=False, n_etas=0)
     for bad in (1e-4, 0.0, -1.0, float("nan"), float("inf"), "x", True):
         with pytest.raises(WidthscopeError, match="max_rel_step must be a finite number above"):
-            certify(model, trb, teb, M=[8], draws=20, progress=False, max_rel_step=bad)
+            certify_dict(model, trb, teb, M=[8], draws=20, progress=False, max_rel_step=bad)
 
 
 def test_block_probe_stacked_equals_inserted_block_per_step(monkeypatch):
@@ -640,7 +640,7 @@ def test_committed_retention_grid_supports_certify_stopping_at_0_1():
     step of 1 only repeats: the rows must show that, on the 9 half-decades up to 1."""
     import json
 
-    from widthscope.certify.pipeline import DEFAULT_MAX_REL_STEP
+    from widthscope.certification.pipeline import DEFAULT_MAX_REL_STEP
 
     root, mod = _retention_grid_module()
     data = json.loads((root / "benchmarks" / "results" / "retention-grid.json").read_text())
@@ -672,8 +672,8 @@ def test_grid_note_when_the_largest_step_is_still_first_order():
     """certify notes the points whose largest default step still gave >= half the predicted
     decrease (the breakdown lies beyond the grid), and only those: hand-made rows, then a smooth
     float64 MLP where 0.1 is still first order (note) and the same with explicit etas (no note)."""
-    from widthscope.certify import certify
-    from widthscope.certify.pipeline import STILL_FIRST_ORDER, grid_notes
+    from widthscope.certification import certify_dict
+    from widthscope.certification.pipeline import STILL_FIRST_ORDER, grid_notes
     from widthscope.probe.intervene import to_batches
 
     def pt(name, pred, act):
@@ -689,13 +689,13 @@ def test_grid_note_when_the_largest_step_is_still_first_order():
     assert grid_notes([pt("b", -1.0, -0.4), {"point": "z", "interventions": []}], 0.1) == []
 
     _, mlp, points, tr, te = _kept_cases()[1]
-    res = certify(mlp, to_batches(tr, 7), to_batches(te, 7), M=[8], draws=20, progress=False)
+    res = certify_dict(mlp, to_batches(tr, 7), to_batches(te, 7), M=[8], draws=20, progress=False)
     tops = {r["point"]: r["interventions"][-1] for r in res["points"]}
     held = [p for p, x in tops.items() if x["predicted"] < 0 and x["actual"] <= STILL_FIRST_ORDER * x["predicted"]]
     assert held  # this smooth model is still first order at 0.1
     (note,) = [n for n in res["notes"] if n.startswith("interventions: at ")]
     assert note.startswith(f"interventions: at {', '.join(held)} the largest step")
-    explicit = certify(mlp, to_batches(tr, 7), to_batches(te, 7), M=[8], draws=20, progress=False,
+    explicit = certify_dict(mlp, to_batches(tr, 7), to_batches(te, 7), M=[8], draws=20, progress=False,
                        etas=[x["eta"] for x in res["points"][0]["interventions"]])
     assert not [n for n in explicit["notes"] if n.startswith("interventions: at ")]
 

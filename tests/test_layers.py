@@ -18,7 +18,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("maths", ("widthscope.stats", "widthscope.probe", "widthscope.linear")),
     ("inputs", ("widthscope.models", "widthscope.data", "widthscope.checkpoint", "widthscope.train",
                 "widthscope.distributed", "widthscope.validate", "widthscope.hub")),
-    ("pipelines", ("widthscope.certify", "widthscope.grow", "widthscope.sweep", "widthscope.monitor",
+    ("pipelines", ("widthscope.api", "widthscope.certification", "widthscope.growth", "widthscope.sweeps",
+                   "widthscope.monitor",
                    "widthscope.repair", "widthscope.linearization")),
     ("presentation", ("widthscope.report", "widthscope.demo")),
     ("command line", ("widthscope.cli", "widthscope.__main__", "widthscope")),
@@ -59,7 +60,7 @@ def test_no_import_runs_up_the_layers():
 
 
 def test_the_check_sees_a_climb():
-    assert _layer("widthscope.stats.bounds") < _layer("widthscope.certify.run") < _layer("widthscope.cli.certify")
+    assert _layer("widthscope.stats.bounds") < _layer("widthscope.certification.run") < _layer("widthscope.cli.certify")
     graph = {"widthscope.probe.points": {"widthscope.models.hf", "widthscope.stats"}}
     assert _climbs(graph) == {("widthscope.probe.points", "widthscope.models.hf")}
 
@@ -110,8 +111,9 @@ def test_the_private_name_reader(tmp_path, monkeypatch, source, expected):
     (pkg / "_args.py").write_text("")
     (pkg / "certify" / "__init__.py").write_text("")
     (pkg / "certify" / "run.py").write_text(source + "\n")
-    mods = {"widthscope": (pkg / "__init__.py", True), "widthscope.certify": (pkg / "certify" / "__init__.py", True),
-            "widthscope.certify.run": (pkg / "certify" / "run.py", False)}
+    mods = {"widthscope": (pkg / "__init__.py", True),
+            "widthscope.certification": (pkg / "certify" / "__init__.py", True),
+            "widthscope.certification.run": (pkg / "certify" / "run.py", False)}
     monkeypatch.setattr(me, "_modules", lambda: mods)
     monkeypatch.setattr(me, "SRC", pkg)
     assert bool(me.private_imports()) == expected

@@ -13,7 +13,7 @@ import pytest
 
 from widthscope.cli import main
 from widthscope.report import alignment, html as rhtml, load_results, report
-from widthscope.sweep.grid import run_grid
+from widthscope.sweeps.grid import run_grid
 
 CHROMIUM = "/usr/bin/chromium"
 WIDTHS = [32, 64, 128, 256]

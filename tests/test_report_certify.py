@@ -10,7 +10,7 @@ import torch
 
 from widthscope import data, models
 from widthscope._io import atomic_write_json
-from widthscope.certify import certify
+from widthscope.certification import certify_dict
 from widthscope.cli import main
 from widthscope.errors import WidthscopeError
 from widthscope.report import alignment, load_results, report
@@ -26,7 +26,7 @@ def _certify_file(path: Path, width: int, depth: int = 2) -> Path:
     torch.manual_seed(width)
     model = models.build("mlp", width, in_dim=64, out_dim=10, depth=depth)
     train(model, split, steps=5, lr=1e-2, batch_size=32, progress=False)
-    res = certify(model, data.batches(split.train, 32), data.batches(split.test, 16), M=[8, 16], draws=100,
+    res = certify_dict(model, data.batches(split.train, 32), data.batches(split.test, 16), M=[8, 16], draws=100,
                   seed=0, interventions=None, progress=False)
     res["settings"].update(model=f"mlp-w{width}", data="digits", width=width, depth=depth)
     return atomic_write_json(path, res)

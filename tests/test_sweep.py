@@ -15,8 +15,8 @@ import torch
 
 from widthscope.cli import main
 from widthscope.errors import WidthscopeError
-from widthscope.sweep.alignment import TIMING_COLUMNS, _take, load_config, plan_cells, run_sweep
-from widthscope.sweep.grid import cell_id, load_rows
+from widthscope.sweeps.alignment import TIMING_COLUMNS, _take, load_config, plan_cells, run_sweep
+from widthscope.sweeps.grid import cell_id, load_rows
 
 TINY = """
 [sweep]

@@ -103,7 +103,7 @@ def sample_rounding(
     weights in float32 (:class:`upcast`); None for a float32/float64 model. It is not a small
     multiple of ``u`` everywhere: a confidently fitted classifier's gradients cancel (measured
     32u in bfloat16 on a trained MLP, ≤ 3.5u on the tiny Llamas), so it is measured, not assumed
-    (``sample_rel_error`` of :func:`widthscope.certify.per_point.statistics`, worst-case mode)."""
+    (``sample_rel_error`` of :func:`widthscope.certification.per_point.statistics`, worst-case mode)."""
     if float_dtype(model) not in LOW_PRECISION:
         return None
     ref, err = _sample_errors(model, point, data, loss_fn, n, batch_size)
