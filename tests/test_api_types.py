@@ -67,8 +67,8 @@ class Case:
 
 _STATS = ("widthscope.stats.bounds:resolve_moments",)
 _COLLECT = ("widthscope.probe.collect:resolve_points",)
-_INSERT = ("widthscope.probe.insert:_resolve",)
-_INTERVENE = ("widthscope.probe.intervene:as_examples", "widthscope.probe.intervene:_resolve")
+_INSERT = ("widthscope.probe.insert:resolve_module",)
+_INTERVENE = ("widthscope.probe.intervene:as_examples", "widthscope.probe.intervene:resolve_module")
 _NTK = ("widthscope.linear.model:params_and_buffers",)
 _NNGP = ("widthscope.linear.model:as_param_dtype",)
 _PREDICT = ("widthscope.linear.predict:spectral",)
@@ -76,7 +76,7 @@ _CORR = ("widthscope.linear.correlation:params_and_buffers",)
 _SIDE = ("widthscope.linear.trainer:_model_tensors",)
 _LOAD = ("widthscope.data.inputs:_resolve", "widthscope.data.inputs:_check_sources")
 _CERTIFY = ("widthscope.certification.pipeline:_resolve",)
-_GROW = ("widthscope.growth.pipeline:_pairs", "widthscope.growth.pipeline:rank_points")
+_GROW = ("widthscope.growth.pipeline:rank_pairs", "widthscope.growth.pipeline:rank_points")
 _MONITOR = ("widthscope.monitor.core:_as_batches", "widthscope.monitor.core:check_not_fsdp")
 
 T, V = TypeError, ValueError

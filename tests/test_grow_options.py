@@ -159,7 +159,7 @@ def test_unknown_or_bad_keywords_are_one_error_naming_them_before_any_work(tiny,
     def tripwire(*a, **k):
         raise _Stop("work started")
 
-    monkeypatch.setattr(pipeline, "_pairs", tripwire)
+    monkeypatch.setattr(pipeline, "rank_pairs", tripwire)
     monkeypatch.setattr(pipeline, "builtin_inputs", tripwire)
     cases = [
         (

@@ -240,8 +240,8 @@ def test_sweep_certify_and_python_reach_the_same_pools_through_one_spec(cell, tm
         _same_pools(pools[0], p)
     # the sweep's own in-domain train pool is the spec's train pool (same fitted examples, same rule)
     fam = cfg.families[0]
-    split = alignment._load_split(fam, int(c["budget"]), cfg)
-    pa, pb, _, _ = alignment._probe_pools(fam, {"name": "in-domain", "data": "digits"}, None, split, cfg)
+    split = alignment.load_split(fam, int(c["budget"]), cfg)
+    pa, pb, _, _ = alignment.probe_pools(fam, {"name": "in-domain", "data": "digits"}, None, split, cfg)
     assert all(torch.equal(u, v) for u, v in zip(pa, pools[0].train))
     assert len(pb[0]) == len(pools[0].test[0]) == 16
 

@@ -195,12 +195,12 @@ def test_default_eta_grid_and_bad_eta():
 
 def _explicit_block_grads(model, point, data_list):
     """Per-example W_out gradients by a loop over single examples (the oracle)."""
-    from widthscope.probe.collect import _run_batch
+    from widthscope.probe.collect import run_batch
 
     w = model.get_submodule(point).widthscope_insert.w_out
     rows = []
     for b in data_list:
-        losses, _, _ = _run_batch(model, b, None, 0)
+        losses, _, _ = run_batch(model, b, None, 0)
         (g,) = torch.autograd.grad(losses.sum(), [w])
         rows.append(g.flatten().double())
     return torch.stack(rows)
@@ -290,7 +290,7 @@ def test_stacked_bias_steps_equal_inserted_biases_and_reuse_equals_recompute():
     and activation scale gives the same rows as measuring them again."""
     from widthscope.models import build
     from widthscope.probe import collect
-    from widthscope.probe.intervene import (_bias_rows_stacked, insert, intervene, mean_loss,
+    from widthscope.probe.intervene import (bias_rows_stacked, insert, intervene, mean_loss,
                                             remove_insertion, to_batches)
 
     torch.manual_seed(0)
@@ -305,7 +305,7 @@ def test_stacked_bias_steps_equal_inserted_biases_and_reuse_equals_recompute():
         etas = [1e-3, 1e-2, 1e-1, 1.0]
         mu = collect(model, to_batches(tr, 5), points=[point], progress=False)[point].mean(0)
         before = mean_loss(model, te)
-        rows = _bias_rows_stacked(model, point, mu, etas, 0.0, te, None, 7, 12, 12, before, 1.0, 1.0)
+        rows = bias_rows_stacked(model, point, mu, etas, 0.0, te, None, 7, 12, 12, before, 1.0, 1.0)
         insert(model, point, "bias", width=mu.numel(), record=False)
         bias = model.get_submodule(point).widthscope_insert.bias
         for eta, row in zip(etas, rows):
@@ -513,7 +513,7 @@ def test_outputs_kept_from_the_probe_equal_capture_and_full_forward(monkeypatch)
                      "act_sq": qa.act_sq[point], "width": qa.widths[point]}
             kw = dict(M=12, K=K, n_etas=5, batch_size=20, progress=False)
             with monkeypatch.context() as mp:  # the record replaces every capture forward
-                mp.setattr(prefix, "_capture", lambda *a: pytest.fail("captured although kept"))
+                mp.setattr(prefix, "capture_outputs", lambda *a: pytest.fail("captured although kept"))
                 with_kept = intervene(model, point, trb, teb, reuse={**reuse, "prefix": kept}, **kw)
             captured = intervene(model, point, trb, teb, reuse=reuse, **kw)
             full = intervene(model, point, trb, teb, reuse=reuse, prefix="full", **kw)
@@ -566,7 +566,7 @@ def test_certify_default_interventions_decade_grid_equal_full_path(monkeypatch):
     from widthscope.probe import prefix
 
     with monkeypatch.context() as mp:  # certify's held-out probe recorded every point's prefix
-        mp.setattr(prefix, "_capture", lambda *a: pytest.fail("captured although the probe kept it"))
+        mp.setattr(prefix, "capture_outputs", lambda *a: pytest.fail("captured although the probe kept it"))
         res = certify_dict(model, trb, teb, M=[8], draws=20, progress=False)
     for r in res["points"]:
         rows = r["interventions"]
@@ -608,7 +608,7 @@ def test_block_probe_stacked_equals_inserted_block_per_step(monkeypatch):
             kw = dict(kind="block", block_width=8, n_etas=4, batch_size=16, progress=False)
             full = intervene(model, point, trb, teb, prefix="full", **kw)
             with monkeypatch.context() as mp:
-                mp.setattr(prefix, "_capture", lambda *a: pytest.fail("captured although kept"))
+                mp.setattr(prefix, "capture_outputs", lambda *a: pytest.fail("captured although kept"))
                 ours = [intervene(model, point, trb, teb, reuse={"prefix": kept}, **kw)]
             if point == points[0]:
                 ours.append(intervene(model, point, trb, teb, **kw))  # captured per chunk

@@ -35,13 +35,13 @@ def test_plan_bench_flops_and_parameters_equal_a_real_step(bench_plan):
     """llama-16 of the quick suite: the cell's model, its grown copies and its equal-FLOPs steps."""
     from widthscope.growth.block import step_flops
     from widthscope.growth.cell import _grown
-    from widthscope.growth.suite import _build, _data, cells
+    from widthscope.growth.suite import build_model, cell_data, cells
     from widthscope.probe.intervene import index_batch
 
     cell = next(c for c in cells("quick", (0,)) if c["model"] == "llama-16")
-    train, _, _, _ = _data(cell)
+    train, _, _, _ = cell_data(cell)
     torch.manual_seed(0)
-    model = _build(cell, cell["depth"])
+    model = build_model(cell, cell["depth"])
     bs = cell["batch_size"]
     batch = index_batch(train, slice(0, bs))
     plan = next(p for p in bench_plan.plans if p.model == "llama-16")

@@ -76,8 +76,8 @@ def test_rows_carry_the_json_numbers(series):
                 n += 1
     assert n == len(rows) == 3 * 2 * 2  # widths x points x (M, K)
     # What the d_align figure draws: per point, the JSON's two-population d_align at each width.
-    drawn = alignment._d_align_by_point(rows, "two")
-    names = dict(alignment._points(rows))
+    drawn = alignment.d_align_by_point(rows, "two")
+    names = dict(alignment.point_keys(rows))
     for pi, (ws, vals) in drawn.items():
         assert ws == list(WIDTHS)
         want = [next(p for p in json.loads(f.read_text())["points"] if p["point"] == names[pi])

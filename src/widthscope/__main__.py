@@ -9,5 +9,5 @@ signal.signal(signal.SIGINT, lambda signum, frame: _early.append(signum))
 
 from . import cli  # noqa: E402  (after the handlers: the import is the window they cover)
 
-cli._PENDING.extend(_early)
+cli.PENDING_SIGNALS.extend(_early)
 cli.console()

@@ -249,7 +249,7 @@ def ranking(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _v(cert: dict[str, Any]) -> float | None:
+def rank_value(cert: dict[str, Any]) -> float | None:
     vals = [v for v in (cert.get("e_dir_train"), cert.get("e_dir_test")) if v is not None]
     return max(vals) if vals else None
 
@@ -267,7 +267,7 @@ def tables(result: dict[str, Any]) -> str:
                     "M": c["M"],
                     "K": c["K"],
                     "S": cert["expectation"],
-                    "V": _v(cert),
+                    "V": rank_value(cert),
                     "T": cert.get("e_cov"),
                     "d_par": cert["d_par"],
                     "d_2": cert["d_2"],

@@ -52,7 +52,7 @@ from ..probe import POOLS, resolve_points
 from ..probe.intervene import check_rel_step, sample_errors
 from ..probe.offload import input_device
 from ..validate import sizes_list
-from .per_point import _v, check_pool, precision_notes, ranking, statistics, tables  # noqa: F401  (re-exported)
+from .per_point import check_pool, precision_notes, rank_value, ranking, statistics, tables  # noqa: F401  (re-exported)
 from .probing import KeepPrefix, count_examples, gather_pools, gather_rows, low_precision, probe_pools
 
 __all__ = [

@@ -132,11 +132,11 @@ def _remove_created() -> None:
 # Signals that arrived while modules were importing: only recorded then, and acted on once the
 # imports are done. Raised inside an import, a KeyboardInterrupt can be swallowed by a library's
 # `try: import x / except: ...` fallback, and the run would go on as if nothing happened.
-_PENDING: list[int] = []
+PENDING_SIGNALS: list[int] = []
 
 
 def _defer(signum: int, _frame: object) -> None:
-    _PENDING.append(signum)
+    PENDING_SIGNALS.append(signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyboardInterrupt, _Terminated) as exc:  # before the command started (imports, parsing)
         return _stopped(name if name in COMMANDS else None, exc)
     finally:
-        _PENDING.clear()
+        PENDING_SIGNALS.clear()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous[0])
             signal.signal(signal.SIGINT, previous[1])
@@ -164,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _imports_done(terminate: Callable[[int, object], None] | None) -> None:
     """Act on a signal that came while importing; from now on SIGINT/SIGTERM raise at once."""
-    if _PENDING:
-        raise _Terminated(signal.SIGTERM) if signal.SIGTERM in _PENDING else KeyboardInterrupt()
+    if PENDING_SIGNALS:
+        raise _Terminated(signal.SIGTERM) if signal.SIGTERM in PENDING_SIGNALS else KeyboardInterrupt()
     if terminate is not None:
         signal.signal(signal.SIGTERM, terminate)
         signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -48,10 +48,10 @@ from .compare import (  # noqa: F401
     CRITERIA_COLUMNS,
     GROW_NAME,
     METRICS,
-    _argmax,
-    _rng,
     compare,
     pooled_interval,
+    random_argmax,
+    seeded_rng,
     t_interval,
     wilson,
     winner,
@@ -166,7 +166,7 @@ def _teacher_picks(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any
         for n, c in CRITERIA_COLUMNS.items():
             raw = np.array([float(r[c]) if r.get(c) is not None else math.nan for r in rs])
             v = np.where(np.isfinite(raw), raw, -np.inf)
-            pick[n] = rs[_argmax(v, _rng(s, n, "long"))[0]]["point"]
+            pick[n] = rs[random_argmax(v, seeded_rng(s, n, "long"))[0]]["point"]
         out[f"{m} seed {s}"] = {
             "model": m,
             "seed": s,

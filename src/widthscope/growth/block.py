@@ -31,7 +31,7 @@ from ..probe.intervene import (
     w_out_grad,
 )
 from ..probe.offload import TotalFlops, copy_model, offloaded_modules, recompute_flops
-from .rank import _n
+from .rank import n_examples
 
 __all__ = ["grow_at", "step_flops", "continue_training", "check_trainable", "TRAIN_ALL", "COMPARE"]
 
@@ -55,7 +55,7 @@ def check_trainable(model: nn.Module, what: str, fix: str) -> None:
         )
 
 
-def _train_new(
+def train_new_block(
     model: nn.Module,
     params: list[nn.Parameter],
     train: Any,
@@ -74,7 +74,7 @@ def _train_new(
     budget on the way: the same run then gives both budgets."""
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(int(seed))
-    n = _n(train)
+    n = n_examples(train)
     with EvalMode(model):
         for step in progress(range(steps), desc="grow: train", disable=None if show_progress else True):
             idx = torch.randint(0, n, (min(batch_size, n),), generator=gen)
@@ -101,7 +101,7 @@ def step_flops(model: nn.Module, batch: Any, loss_fn: Callable | None = None) ->
     fc = TotalFlops()  # FlopCounterMode's count; its module hooks would defeat the recomputation
     # an offloaded model's blocks rerun their forward in the backward: not the algorithm's FLOPs
     with EvalMode(model), recompute_flops() as rerun, fc:
-        loss = per_example_losses(model, batch, loss_fn, batch_size=_n(batch), grad=True).mean()
+        loss = per_example_losses(model, batch, loss_fn, batch_size=n_examples(batch), grad=True).mean()
         if loss.requires_grad:
             loss.backward()
     for p in model.parameters():
@@ -130,11 +130,11 @@ def continue_training(
     cont = copy_model(model)
     for p in cont.parameters():
         p.requires_grad_(True)
-    probe = index_batch(train, slice(0, min(batch_size, _n(train))))
+    probe = index_batch(train, slice(0, min(batch_size, n_examples(train))))
     f_step = step_flops(cont, probe, loss_fn)
     steps = max(1, int(round(flops / max(f_step, 1))))
     before = mean_loss(cont, evaluate, loss_fn, batch_size=batch_size)
-    _train_new(
+    train_new_block(
         cont,
         list(cont.parameters()),
         train,
@@ -207,7 +207,7 @@ def grow_at(
         for p in grown.parameters():
             p.requires_grad_(id(p) in ids)
         params = new
-    f_step = step_flops(grown, index_batch(train, slice(0, min(batch_size, _n(train)))), loss_fn)
+    f_step = step_flops(grown, index_batch(train, slice(0, min(batch_size, n_examples(train)))), loss_fn)
     loss_at: dict[str, float] = {}
     wanted = {int(k) for k in eval_steps if 0 < int(k) < steps}
 
@@ -215,7 +215,7 @@ def grow_at(
         if k in wanted:
             loss_at[str(k)] = mean_loss(grown, evaluate, loss_fn, batch_size=batch_size)
 
-    _train_new(
+    train_new_block(
         grown,
         params,
         train,
@@ -246,3 +246,6 @@ def grow_at(
         "loss_at": loss_at,
         "flops": steps * f_step,
     }
+
+
+_train_new = train_new_block  # the old name, for plan until the --plan rewrite

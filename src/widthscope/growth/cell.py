@@ -20,8 +20,8 @@ from .._io import progress
 from ..errors import WidthscopeError
 from ..probe.growth import point_criteria
 from ..probe.intervene import batch_size_of, block_of, index_batch, insert, mean_loss
-from .block import _train_new, step_flops
-from .suite import _build, _data, _splits, reproducible, train_to_plateau
+from .block import step_flops, train_new_block
+from .suite import build_model, cell_data, reproducible, split_held_out, train_to_plateau
 
 __all__ = ["run_cell"]
 
@@ -93,7 +93,7 @@ def _fit(
 
     _trainable(model, params)
     try:
-        _train_new(
+        train_new_block(
             model,
             params,
             train,
@@ -130,7 +130,7 @@ def _base(
     if student is not None:
         return student, {"base_steps": 0, "base_plateau": None}
     torch.manual_seed(int(cell["seed"]))
-    model = _build(cell, cell["depth"]) if cell["family"] != "resnet20" else _build(cell, 0)
+    model = build_model(cell, cell["depth"]) if cell["family"] != "resnet20" else build_model(cell, 0)
     info = train_to_plateau(
         model,
         train,
@@ -149,7 +149,7 @@ def _base(
 def _scratch(cell: Mapping[str, Any], train: Any, sp: Mapping[str, Any]) -> dict[str, Any]:
     """A model of the grown size (one more block) trained from scratch by the same plateau rule."""
     torch.manual_seed(int(cell["seed"]) + 7919)
-    m = _build(cell, cell["depth"] + 1)
+    m = build_model(cell, cell["depth"] + 1)
     info = train_to_plateau(
         m,
         train,
@@ -185,8 +185,8 @@ def run_cell(cell: Mapping[str, Any], _cell_dir: Path | None = None, *, show: bo
 def _run_cell(cell: Mapping[str, Any], show: bool) -> list[dict[str, Any]]:
     t0 = time.perf_counter()
     seed, M, K, bs = int(cell["seed"]), int(cell["M"]), int(cell["K"]), int(cell["batch_size"])
-    train, test, answer, student = _data(cell)
-    sp = _splits(cell, test)
+    train, test, answer, student = cell_data(cell)
+    sp = split_held_out(cell, test)
     model, base = _base(cell, train, sp, student)
     n_tr = batch_size_of(train)
     probe = index_batch(

@@ -74,11 +74,11 @@ def _t_quantile(p: float, df: float) -> float:
     return float(t.ppf(p, df))
 
 
-def _rng(*key: Any) -> np.random.Generator:
+def seeded_rng(*key: Any) -> np.random.Generator:
     return np.random.default_rng([zlib.crc32(str(k).encode()) for k in key])
 
 
-def _argmax(v: np.ndarray, rng: np.random.Generator) -> tuple[int, bool]:
+def random_argmax(v: np.ndarray, rng: np.random.Generator) -> tuple[int, bool]:
     """Index of the largest value, ties broken uniformly at random by ``rng``; and whether it tied."""
     top = np.flatnonzero(v == v.max())
     return int(rng.choice(top)) if len(top) > 1 else int(top[0]), len(top) > 1
@@ -128,7 +128,7 @@ def _unit_scores(rs: list[Mapping[str, Any]], budget: str) -> dict[str, dict[str
         fin = raw[np.isfinite(raw)]
         # NaN criterion values rank last (e.g. a line search that found no positive curvature)
         v = np.where(np.isfinite(raw), raw, (fin.min() - 1) if len(fin) else 0.0)
-        j, tied = _argmax(v, _rng(seed, name, budget))
+        j, tied = random_argmax(v, seeded_rng(seed, name, budget))
         rho = _spearman(v, target)
         out[name] = {
             **score(j, target),
@@ -143,7 +143,7 @@ def _unit_scores(rs: list[Mapping[str, Any]], budget: str) -> dict[str, dict[str
     out["random"] = {k: float(np.mean([d[k] for d in per])) for k in per[0]}
     out["random"]["spearman"] = 0.0
     gA, _ = _gains(rs, f"gain_{budget}_A")
-    j, tied = _argmax(gA, _rng(seed, "oracle", budget))
+    j, tied = random_argmax(gA, seeded_rng(seed, "oracle", budget))
     out["oracle"] = {**score(j, g), "spearman": _spearman(gA, g), "ties": float(tied)}
     # the reproducibility ceiling: regrowing with another block seed ranks the points this well
     S = np.array([r[f"gain_{budget}_seeds"] for r in rs]).T  # (block seeds, points)

@@ -18,7 +18,7 @@ from ..models import build
 from ..probe.points import resolve_points
 from ..validate import check_pools
 from .options import GrowOptions
-from .rank import _n
+from .rank import n_examples
 
 __all__ = ["builtin_inputs", "check_builtin", "check_out_space", "load_inputs"]
 
@@ -57,7 +57,7 @@ def check_builtin(model: nn.Module, pools: Any, opts: GrowOptions, out: str | No
     """grow()'s own checks on the pool sizes and points, before the built-in model trains."""
     M, K, points = opts.M, opts.K, opts.points
     resolve_points(model, points)
-    n_tr, n_te = _n(pools[0]), _n(pools[1])
+    n_tr, n_te = n_examples(pools[0]), n_examples(pools[1])
     if n_te < 8:
         raise WidthscopeError(
             f"--n-test {n_te}: need at least 8 held-out examples (half rank the points, half measure the loss)"

@@ -60,7 +60,7 @@ from ..validate import check_pools
 from .block import COMPARE, TRAIN_ALL, check_trainable, continue_training, grow_at, step_flops
 from .inputs import builtin_inputs, check_builtin, check_out_space, load_inputs
 from .options import DEFAULT_CRITERION, GrowOptions, with_keywords
-from .rank import DELTAS, _n, _pairs, certification_note, rank_points
+from .rank import DELTAS, certification_note, n_examples, rank_pairs, rank_points
 
 __all__ = [
     "grow",
@@ -184,7 +184,7 @@ def grow(
     _args.function(fn, "loss_fn", loss_fn)
     check_offloaded(model, opts)
     M, K, lr, seed, bs = opts.M, opts.K, opts.lr, opts.seed, opts.batch_size
-    train, test = _pairs(data)
+    train, test = rank_pairs(data)
     pools = _split_pools(model, train, test, opts, n_train)
     probe_train, rank_test = pools.probe_train, pools.rank_test
     n_train, n_rank, n_te = pools.n_train, pools.n_rank, pools.n_test
@@ -290,7 +290,7 @@ class _Pools(NamedTuple):
 
 def _split_pools(model: nn.Module, train: Any, test: Any, opts: GrowOptions, n_train: int | None) -> _Pools:
     """The seeded subsets :func:`grow` ranks on and evaluates on, checked before any work."""
-    n_tr, n_te = _n(train), _n(test)
+    n_tr, n_te = n_examples(train), n_examples(test)
     if n_te < 8:
         raise WidthscopeError(
             f"need at least 8 held-out examples (got {n_te}): half rank the points, half measure the loss"

@@ -25,11 +25,11 @@ __all__ = ["rank_points", "certification_note", "DELTAS"]
 DELTAS = (0.1, 0.05, 0.01)
 
 
-def _n(data: Any) -> int:
+def n_examples(data: Any) -> int:
     return batch_size_of(data)
 
 
-def _pairs(split: Any) -> tuple[Any, Any]:
+def rank_pairs(split: Any) -> tuple[Any, Any]:
     """(train, test) pooled examples from a Split, a dict, or a (train, test) pair."""
     if hasattr(split, "train") and hasattr(split, "test"):
         return tuple(split.train), tuple(split.test)  # type: ignore[return-value]
@@ -152,3 +152,6 @@ def certification_note(cands: Sequence[dict[str, Any]], M: int, K: int, delta: f
         "variance term ≤ 0); rank on more examples (--n-train, --n-test)"
     )
     return f"no point is certified at δ = {delta:g} with {mk}; {tail}"
+
+
+_n = n_examples  # the old name, for plan until the --plan rewrite

@@ -290,7 +290,7 @@ def train_to_plateau(
     }
 
 
-def _build(cell: Mapping[str, Any], depth: int) -> nn.Module:
+def build_model(cell: Mapping[str, Any], depth: int) -> nn.Module:
     if cell["data"] == "text":
         return build("llama", cell["width"], depth=depth, max_seq_len=cell["seq_len"])
     if cell["data"] == "digits-images":
@@ -298,7 +298,7 @@ def _build(cell: Mapping[str, Any], depth: int) -> nn.Module:
     return build("mlp", cell["width"], in_dim=64, out_dim=10, depth=depth, activation="tanh")
 
 
-def _data(cell: Mapping[str, Any]) -> tuple[Any, Any, str | None, nn.Module | None]:
+def cell_data(cell: Mapping[str, Any]) -> tuple[Any, Any, str | None, nn.Module | None]:
     """(train, test) pooled examples; for the teacher cases also the answer and the student."""
     seed = int(cell["seed"])
     if cell["family"] == "teacher":
@@ -331,7 +331,7 @@ def _data(cell: Mapping[str, Any]) -> tuple[Any, Any, str | None, nn.Module | No
     return tr, te, None, None
 
 
-def _splits(cell: Mapping[str, Any], test: Any) -> dict[str, Any]:
+def split_held_out(cell: Mapping[str, Any], test: Any) -> dict[str, Any]:
     """The held-out pool split by a seeded permutation: ``rank`` (half: criteria, base-training
     plateau, learning-rate choice), ``A`` and ``B`` (a quarter each: the oracle chooses on ``A``;
     every reported gain is measured on ``B``)."""
@@ -343,3 +343,10 @@ def _splits(cell: Mapping[str, Any], test: Any) -> dict[str, Any]:
         "A": index_batch(test, perm[a:b].sort().values),
         "B": index_batch(test, perm[b:].sort().values),
     }
+
+
+_build = build_model  # the old name, for bench_plan until the --plan rewrite
+
+_data = cell_data  # the old name, for bench_plan until the --plan rewrite
+
+_splits = split_held_out  # the old name, for bench_plan until the --plan rewrite

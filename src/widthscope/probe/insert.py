@@ -252,7 +252,7 @@ def _valid_points(model: nn.Module) -> list[str]:
         return [n for n, _ in model.named_modules() if n][:50]
 
 
-def _resolve(model: nn.Module, point: str) -> nn.Module:
+def resolve_module(model: nn.Module, point: str) -> nn.Module:
     if not isinstance(point, str) or not point:
         raise WidthscopeError(
             f"insertion point must be a non-empty module path, got {point!r}; "
@@ -384,7 +384,7 @@ def insert(
     """
     fn = "insert"
     _args.module(fn, "model", model)
-    _args.string(fn, "point", point, empty=True, accepts="a module path (str)")  # "": _resolve lists the points
+    _args.string(fn, "point", point, empty=True, accepts="a module path (str)")  # "": resolve_module lists the points
     _args.choice(fn, "kind", kind, KINDS)
     _args.integer(fn, "width", width, lo=1, optional=True)
     _args.integer(fn, "hidden", hidden, lo=1, optional=True)
@@ -410,7 +410,7 @@ def insert(
             "of a batch (per-example gradients and function preservation need fixed statistics); "
             "call model.eval() before inserting"
         )
-    target = _resolve(model, point)
+    target = resolve_module(model, point)
     if isinstance(target, Inserted):
         raise WidthscopeError(
             f"point {point!r} already has a {target.widthscope_spec['kind']} insertion; remove it "

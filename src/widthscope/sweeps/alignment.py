@@ -56,13 +56,13 @@ from ..errors import WidthscopeError, WidthscopeTypeError
 from ..train import resolve_device
 from .cell import MONITOR_FILE as MONITOR_FILE
 from .cell import cell_options, certified_steps, run_cell
-from .config import _where, load_config, monitor_steps
+from .config import config_where, load_config, monitor_steps
 from .grid import GridResult, claim_out_dir, lock_out_dir, run_grid
-from .pools import _load_split as _load_split
-from .pools import _model_options, cell_input_spec
-from .pools import _probe_pools as _probe_pools
-from .pools import _take as _take
 from .pools import apply_shift as apply_shift
+from .pools import cell_input_spec, fill_model_options
+from .pools import load_split as load_split
+from .pools import probe_pools as probe_pools
+from .pools import take_examples as take_examples
 from .schema import (
     CERT_FIELDS,
     LM_DATASETS,
@@ -145,8 +145,8 @@ def check_structure(cfg: SweepConfig, *, device: bool = True) -> dict[str, list[
     for fam in cfg.families:
         lm = fam.dataset in LM_DATASETS
         fake = types.SimpleNamespace(input_shape=(16,) if lm else (3, 8, 8), num_classes=256 if lm else 10)
-        opts = _model_options(fam, fake)
-        where = _where(f"family {fam.name!r}")
+        opts = fill_model_options(fam, fake)
+        where = config_where(f"family {fam.name!r}")
         for width in fam.widths:  # every cell's model: e.g. a width the attention heads do not divide
             try:
                 try:

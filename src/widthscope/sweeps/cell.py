@@ -26,16 +26,16 @@ from ..train import train
 from .grid import cell_id
 from .placement import place_model, placement_text, release
 from .pools import (
-    _batches,
-    _load_split,
-    _model_options,
-    _probe_len,
-    _probe_pools,
-    _probe_words,
     cell_input_spec,
+    fill_model_options,
     in_domain_condition,
+    load_split,
+    pool_batches,
     probe_conditions,
+    probe_len,
     probe_lengths,
+    probe_pools,
+    probe_words,
 )
 from .schema import CERT_FIELDS, FamilySpec, SweepConfig
 
@@ -59,9 +59,9 @@ def run_cell(
     fam = next(f for f in cfg.families if f.name == cell["family"])
     seed, width, budget = int(cell["seed"]), cell["width"], int(cell["budget"])
     opts = cell_options(cfg, cell)
-    split = _load_split(fam, budget, cfg)
+    split = load_split(fam, budget, cfg)
     torch.manual_seed(seed)
-    model = models.build(fam.model, width, **_model_options(fam, split))
+    model = models.build(fam.model, width, **fill_model_options(fam, split))
     n_params = int(models.count_parameters(model))
     mon, mon_info = (
         _cell_monitor(cfg, fam, split, model, opts, Path(cell_dir)) if fam.monitor is not None else (None, {})
@@ -114,11 +114,11 @@ def _probe_rows(
     for ci, cond in enumerate(conditions):
         for li, L in enumerate(probe_lengths(fam, cond)):
             t0 = time.perf_counter()
-            pa, pb, desc, _ = _probe_pools(fam, cond, L, split, cfg)
+            pa, pb, desc, _ = probe_pools(fam, cond, L, split, cfg)
             Xa, Xb = (
                 probe.collect(
                     model,
-                    _batches(pool, split.task, fam.probe_batch_size),
+                    pool_batches(pool, split.task, fam.probe_batch_size),
                     points=points,
                     pool=opts.pool,
                     train_mode=opts.train_mode,
@@ -132,8 +132,8 @@ def _probe_rows(
                 {
                     "probe_set": cond["name"],
                     "probe_data": desc,
-                    "probe_seq_len": _probe_len(pa, split),
-                    "probe_description": _probe_words(cond, pa, pb, split),
+                    "probe_seq_len": probe_len(pa, split),
+                    "probe_description": probe_words(cond, pa, pb, split),
                     "probe_in_domain": (
                         cond["data"] == (cond.get("test_data") or cond["data"]) == fam.dataset and not cond.get("shift")
                     ),
@@ -148,8 +148,8 @@ def _probe_rows(
             t0 = time.perf_counter()
             if opts.kind is not None and ci == 0 and li == 0:
                 batches = (
-                    _batches(pa, split.task, fam.probe_batch_size),
-                    _batches(pb, split.task, fam.probe_batch_size),
+                    pool_batches(pa, split.task, fam.probe_batch_size),
+                    pool_batches(pb, split.task, fam.probe_batch_size),
                 )
                 iv_rows += _intervention_rows(model, opts, points, batches, these, common)
             intervene_s += time.perf_counter() - t0
@@ -355,12 +355,12 @@ def _cell_monitor(
     cond, L = _monitor_condition(fam)
     # The pools of that probe condition, drawn by the certify rules at the monitor's sizes.
     sized = dataclasses.replace(fam, n_probe_train=m["n_train"], n_probe_test=m["n_test"])
-    pa, pb, _, _ = _probe_pools(sized, cond, L, split, cfg)
+    pa, pb, _, _ = probe_pools(sized, cond, L, split, cfg)
     model.to(cfg.device)  # train() would move it anyway; the monitor's dry probe runs where training will
     mon = AlignmentMonitor(
         model,
-        _batches(pa, split.task, fam.probe_batch_size),
-        _batches(pb, split.task, fam.probe_batch_size),
+        pool_batches(pa, split.task, fam.probe_batch_size),
+        pool_batches(pb, split.task, fam.probe_batch_size),
         points=m["points"] or fam.points or None,
         M=m["M"],
         K=m["K"],
@@ -375,8 +375,8 @@ def _cell_monitor(
     )
     return mon, {
         "monitor_probe": cond["name"],
-        "monitor_probe_seq_len": _probe_len(pa, split),
-        "monitor_probe_description": _probe_words(cond, pa, pb, split),
+        "monitor_probe_seq_len": probe_len(pa, split),
+        "monitor_probe_description": probe_words(cond, pa, pb, split),
     }
 
 

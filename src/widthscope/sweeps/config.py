@@ -49,21 +49,21 @@ __all__ = ["load_config", "monitor_steps", "certify_options"]
 
 
 # ----------------------------------------------------------------------------- validation
-def _where(ctx: str) -> str:
+def config_where(ctx: str) -> str:
     return f"sweep config {ctx}"
 
 
-def _check_keys(table: Mapping[str, Any], valid: Sequence[str], ctx: str) -> None:
+def check_keys(table: Mapping[str, Any], valid: Sequence[str], ctx: str) -> None:
     unknown = [k for k in table if k not in valid]
     if unknown:
         hints = []
         for k in unknown:
             close = difflib.get_close_matches(k, list(valid), n=1)
             hints.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise WidthscopeError(f"{_where(ctx)}: unknown key(s) {', '.join(hints)}; valid keys: {', '.join(valid)}")
+        raise WidthscopeError(f"{config_where(ctx)}: unknown key(s) {', '.join(hints)}; valid keys: {', '.join(valid)}")
 
 
-def _int(v: Any, what: str, *, minimum: int = 1) -> int:
+def config_int(v: Any, what: str, *, minimum: int = 1) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
         raise WidthscopeError(f"{what} must be a whole number >= {minimum} (got {v!r})")
     return int(v)
@@ -74,10 +74,10 @@ def _int_list(v: Any, what: str, *, minimum: int = 1) -> list[int]:
         v = [v]
     if not isinstance(v, list) or not v:
         raise WidthscopeError(f"{what} must be a non-empty list of whole numbers (got {v!r})")
-    return [_int(x, f"{what} entries", minimum=minimum) for x in v]
+    return [config_int(x, f"{what} entries", minimum=minimum) for x in v]
 
 
-def _table(v: Any, what: str) -> dict[str, Any]:
+def config_table(v: Any, what: str) -> dict[str, Any]:
     if v is None:
         return {}
     if not isinstance(v, Mapping):
@@ -124,14 +124,14 @@ def certify_options(base: CertifyOptions, table: Mapping[str, Any], where: str) 
 def _family(raw: Any, index: int, sweep_budgets: list[int] | None, sweep_options: CertifyOptions) -> FamilySpec:
     ctx = f"[[family]] #{index + 1}"
     if not isinstance(raw, Mapping):
-        raise WidthscopeError(f"{_where(ctx)}: each [[family]] must be a table")
-    _check_keys(raw, list(FAMILY_KEYS), ctx)
+        raise WidthscopeError(f"{config_where(ctx)}: each [[family]] must be a table")
+    check_keys(raw, list(FAMILY_KEYS), ctx)
     for req in ("name", "widths", "dataset"):
         if req not in raw:
-            raise WidthscopeError(f"{_where(ctx)}: missing required key {req!r} ({FAMILY_KEYS[req]})")
+            raise WidthscopeError(f"{config_where(ctx)}: missing required key {req!r} ({FAMILY_KEYS[req]})")
     name = raw["name"]
     if not isinstance(name, str) or not name:
-        raise WidthscopeError(f"{_where(ctx)}: name must be a non-empty string")
+        raise WidthscopeError(f"{config_where(ctx)}: name must be a non-empty string")
     ctx = f"family {name!r}"
     widths = raw["widths"]
     if (
@@ -139,63 +139,67 @@ def _family(raw: Any, index: int, sweep_budgets: list[int] | None, sweep_options
         or not widths
         or any(isinstance(w, bool) or not isinstance(w, (int, float)) for w in widths)
     ):
-        raise WidthscopeError(f"{_where(ctx)}: widths must be a non-empty list of numbers, got {widths!r}")
+        raise WidthscopeError(f"{config_where(ctx)}: widths must be a non-empty list of numbers, got {widths!r}")
     if any(not (math.isfinite(w) and w > 0) for w in widths):
-        raise WidthscopeError(f"{_where(ctx)}: widths must be positive finite numbers, got {widths!r}")
+        raise WidthscopeError(f"{config_where(ctx)}: widths must be positive finite numbers, got {widths!r}")
     if any(b <= a for a, b in zip(widths, widths[1:])):
         raise WidthscopeError(
-            f"{_where(ctx)}: widths must be strictly increasing (sort them and drop duplicates), got {widths!r}"
+            f"{config_where(ctx)}: widths must be strictly increasing (sort them and drop duplicates), got {widths!r}"
         )
-    train = _table(raw.get("train"), f"{ctx} train")
-    _check_keys(train, TRAIN_KEYS, f"{ctx} [family.train]")
+    train = config_table(raw.get("train"), f"{ctx} train")
+    check_keys(train, TRAIN_KEYS, f"{ctx} [family.train]")
     for req in ("steps", "lr"):
         if req not in train:
-            raise WidthscopeError(f"{_where(ctx)}: train.{req} is required, e.g. train = {{ steps = 300, lr = 1e-3 }}")
+            raise WidthscopeError(
+                f"{config_where(ctx)}: train.{req} is required, e.g. train = {{ steps = 300, lr = 1e-3 }}"
+            )
     _check_train(train, ctx)
-    cert = _table(raw.get("certify"), f"{ctx} certify")
-    _check_keys(cert, CERTIFY_KEYS, f"{ctx} [family.certify]")
-    n_pa = _int(cert.get("n_probe_train", 128), f"{_where(ctx)} certify.n_probe_train", minimum=4)
-    n_pb = _int(cert.get("n_probe_test", 128), f"{_where(ctx)} certify.n_probe_test", minimum=4)
-    pbs = _int(cert.get("batch_size", 32), f"{_where(ctx)} certify.batch_size")
+    cert = config_table(raw.get("certify"), f"{ctx} certify")
+    check_keys(cert, CERTIFY_KEYS, f"{ctx} [family.certify]")
+    n_pa = config_int(cert.get("n_probe_train", 128), f"{config_where(ctx)} certify.n_probe_train", minimum=4)
+    n_pb = config_int(cert.get("n_probe_test", 128), f"{config_where(ctx)} certify.n_probe_test", minimum=4)
+    pbs = config_int(cert.get("batch_size", 32), f"{config_where(ctx)} certify.batch_size")
     points = cert.get("points")
     if points is not None and (not isinstance(points, list) or not all(isinstance(p, str) for p in points)):
-        raise WidthscopeError(f"{_where(ctx)}: certify.points must be a list of insertion-point names")
+        raise WidthscopeError(f"{config_where(ctx)}: certify.points must be a list of insertion-point names")
     options = certify_options(
-        sweep_options, {k: v for k, v in cert.items() if k not in SWEEP_CERTIFY_KEYS}, f"{_where(ctx)}: certify."
+        sweep_options, {k: v for k, v in cert.items() if k not in SWEEP_CERTIFY_KEYS}, f"{config_where(ctx)}: certify."
     )
     n_train = raw.get("n_train")
     if n_train is None and not sweep_budgets:
-        raise WidthscopeError(f"{_where(ctx)}: missing n_train (training examples), or give [sweep].budgets")
+        raise WidthscopeError(f"{config_where(ctx)}: missing n_train (training examples), or give [sweep].budgets")
     if n_train is not None:
-        n_train = _int(n_train, f"{_where(ctx)} n_train")
+        n_train = config_int(n_train, f"{config_where(ctx)} n_train")
     for nt in ([n_train] if n_train is not None else []) + list(sweep_budgets or []):
         if nt < n_pa:
             raise WidthscopeError(
-                f"{_where(ctx)}: certify.n_probe_train={n_pa} exceeds the training set "
+                f"{config_where(ctx)}: certify.n_probe_train={n_pa} exceeds the training set "
                 f"size {nt}: probe samples are drawn from the fitted examples; lower "
                 f"n_probe_train or raise n_train/budgets"
             )
-    n_test = _int(raw.get("n_test", n_pb), f"{_where(ctx)} n_test")
+    n_test = config_int(raw.get("n_test", n_pb), f"{config_where(ctx)} n_test")
     if n_test < n_pb:
-        raise WidthscopeError(f"{_where(ctx)}: certify.n_probe_test={n_pb} exceeds n_test={n_test}")
+        raise WidthscopeError(f"{config_where(ctx)}: certify.n_probe_test={n_pb} exceeds n_test={n_test}")
     model = raw.get("model", name)
     if not isinstance(model, str) or model not in FAMILIES:
         raise WidthscopeError(
-            f"{_where(ctx)}: model {model!r} is not a model family; valid: {', '.join(FAMILIES)} "
+            f"{config_where(ctx)}: model {model!r} is not a model family; valid: {', '.join(FAMILIES)} "
             f"(set model = ... when the family's name is not one)"
         )
     if not isinstance(raw["dataset"], str) or raw["dataset"] not in wdata.DATASETS:
-        raise WidthscopeError(f"{_where(ctx)}: dataset {raw['dataset']!r} unknown; valid: {', '.join(wdata.DATASETS)}")
+        raise WidthscopeError(
+            f"{config_where(ctx)}: dataset {raw['dataset']!r} unknown; valid: {', '.join(wdata.DATASETS)}"
+        )
     if train.get("loss") == "mse" and raw["dataset"] in LM_DATASETS:
         raise WidthscopeError(
-            f"{_where(ctx)}: train.loss = 'mse' is for classification; {raw['dataset']!r} is "
+            f"{config_where(ctx)}: train.loss = 'mse' is for classification; {raw['dataset']!r} is "
             "language modelling: use 'auto'"
         )
     probes_raw = raw.get("probes")
     single = {k: raw[k] for k in ("probe_data", "probe_test_data", "probe_data_options") if k in raw}
     if single:
         if probes_raw is not None:
-            raise WidthscopeError(f"{_where(ctx)}: give probes = [...] or probe_data/probe_test_data, not both")
+            raise WidthscopeError(f"{config_where(ctx)}: give probes = [...] or probe_data/probe_test_data, not both")
         probes_raw = [
             {
                 "name": "probe",
@@ -213,7 +217,7 @@ def _family(raw: Any, index: int, sweep_budgets: list[int] | None, sweep_options
             or any(isinstance(v, bool) or not isinstance(v, int) or v < 2 for v in lens)
         ):
             raise WidthscopeError(
-                f"{_where(ctx)}: probe_seq_len must be a non-empty list of whole numbers >= 2, got {lens!r}"
+                f"{config_where(ctx)}: probe_seq_len must be a non-empty list of whole numbers >= 2, got {lens!r}"
             )
         lens = list(dict.fromkeys(lens))
     return FamilySpec(
@@ -225,8 +229,8 @@ def _family(raw: Any, index: int, sweep_budgets: list[int] | None, sweep_options
         dataset=raw["dataset"],
         n_train=n_train,
         n_test=n_test,
-        model_options=_table(raw.get("model_options"), f"{ctx} model_options"),
-        data_options=_table(raw.get("data_options"), f"{ctx} data_options"),
+        model_options=config_table(raw.get("model_options"), f"{ctx} model_options"),
+        data_options=config_table(raw.get("data_options"), f"{ctx} data_options"),
         train=train,
         n_probe_train=n_pa,
         n_probe_test=n_pb,
@@ -247,13 +251,14 @@ def _number(train: Mapping[str, Any], key: str, ctx: str, *, low: float, strict:
     )
     if not ok:
         raise WidthscopeError(
-            f"{_where(ctx)}: train.{key} must be a finite number {'>' if strict else '>='} {low:g}{also}, got {v!r}"
+            f"{config_where(ctx)}: train.{key} must be a finite number {'>' if strict else '>='} {low:g}{also}, "
+            f"got {v!r}"
         )
 
 
 def _check_train(train: Mapping[str, Any], ctx: str) -> None:
     """Every option of ``widthscope.train.train`` a sweep passes, checked before any cell runs."""
-    _int(train["steps"], f"{_where(ctx)} train.steps")
+    config_int(train["steps"], f"{config_where(ctx)} train.steps")
     _number(train, "lr", ctx, low=0, strict=True)
     _number(train, "warmup", ctx, low=0, strict=False, also=" (a fraction of steps when < 1, else a number of steps)")
     _number(train, "clip", ctx, low=0, strict=False, also=" (the gradient-norm cap; 0 = off)")
@@ -261,10 +266,10 @@ def _check_train(train: Mapping[str, Any], ctx: str) -> None:
     _number(train, "momentum", ctx, low=0, strict=False)
     for key in ("batch_size", "eval_batch_size", "train_eval_examples"):
         if key in train:
-            _int(train[key], f"{_where(ctx)} train.{key}")
+            config_int(train[key], f"{config_where(ctx)} train.{key}")
     for key, valid in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("loss", LOSSES)):
         if key in train and train[key] not in valid:
-            raise WidthscopeError(f"{_where(ctx)}: train.{key} {train[key]!r} unknown; valid: {', '.join(valid)}")
+            raise WidthscopeError(f"{config_where(ctx)}: train.{key} {train[key]!r} unknown; valid: {', '.join(valid)}")
 
 
 def monitor_steps(steps: int, every: int | str = "log", count: int = 6, at: Sequence[int] | None = None) -> list[int]:
@@ -300,9 +305,9 @@ def _monitor(
     if raw is None:
         return None
     ctx = f"family {fam.name!r}"
-    where = f"{_where(ctx)}: monitor"
-    mon = _table(raw, f"{ctx} monitor")
-    _check_keys(mon, MONITOR_KEYS, f"{ctx} [family.monitor]")
+    where = f"{config_where(ctx)}: monitor"
+    mon = config_table(raw, f"{ctx} monitor")
+    check_keys(mon, MONITOR_KEYS, f"{ctx} [family.monitor]")
     steps = int(fam.train["steps"])
     every = mon.get("every", "log")
     if "at" in mon and ("every" in mon or "count" in mon):
@@ -311,7 +316,7 @@ def _monitor(
         raise WidthscopeError(
             f'{where}.every must be a whole number of optimizer steps >= 1 or "log" (log-spaced), got {every!r}'
         )
-    count = _int(mon.get("count", 6), f"{where}.count (the number of log-spaced probes)", minimum=2)
+    count = config_int(mon.get("count", 6), f"{where}.count (the number of log-spaced probes)", minimum=2)
     if "count" in mon and every != "log":
         raise WidthscopeError(
             f'{where}.count sets the number of log-spaced probes: it goes with every = "log", not every = {every!r}'
@@ -329,8 +334,8 @@ def _monitor(
     points = mon.get("points")
     if points is not None and (not isinstance(points, list) or not all(isinstance(p, str) for p in points)):
         raise WidthscopeError(f"{where}.points must be a list of insertion-point names, got {points!r}")
-    n_tr = _int(mon.get("n_train", fam.n_probe_train), f"{where}.n_train (train-pool size)", minimum=4)
-    n_te = _int(mon.get("n_test", fam.n_probe_test), f"{where}.n_test (held-out-pool size)", minimum=4)
+    n_tr = config_int(mon.get("n_train", fam.n_probe_train), f"{where}.n_train (train-pool size)", minimum=4)
+    n_te = config_int(mon.get("n_test", fam.n_probe_test), f"{where}.n_test (held-out-pool size)", minimum=4)
     # the training-set sizes of the cells: [sweep].budgets, else n_train (which _family required then)
     sizes = list(budgets) if budgets else [fam.n_train] if fam.n_train is not None else []
     for nt in sizes:
@@ -342,8 +347,8 @@ def _monitor(
     if n_te > fam.n_test:
         raise WidthscopeError(f"{where}.n_test={n_te} exceeds n_test={fam.n_test}: lower monitor.n_test")
     if "M" in mon or "K" in mon:
-        M = _int(mon.get("M", mon.get("K")), f"{where}.M", minimum=2)
-        K = _int(mon.get("K", M), f"{where}.K", minimum=2)
+        M = config_int(mon.get("M", mon.get("K")), f"{where}.M", minimum=2)
+        K = config_int(mon.get("K", M), f"{where}.K", minimum=2)
     else:
         fits = [(m, k) for m, k in MK if m <= n_tr and k <= n_te]
         if not fits:
@@ -399,27 +404,27 @@ def _probes(raw: Any, dataset: str, ctx: str) -> list[dict[str, Any]] | None:
         return None
     if not isinstance(raw, list) or not raw or not all(isinstance(c, Mapping) for c in raw):
         raise WidthscopeError(
-            f"{_where(ctx)}: probes must be a list of tables, e.g. "
+            f"{config_where(ctx)}: probes must be a list of tables, e.g. "
             "[{name = 'in-domain'}, {name = 'shifted', data = 'prose'}]"
         )
     out, names = [], set()
 
     for c in raw:
-        _check_keys(c, list(PROBE_KEYS), f"{ctx} probes")
+        check_keys(c, list(PROBE_KEYS), f"{ctx} probes")
         name = c.get("name")
         if not isinstance(name, str) or not name or name in names:
-            raise WidthscopeError(f"{_where(ctx)}: every probe condition needs a unique name, got {name!r}")
+            raise WidthscopeError(f"{config_where(ctx)}: every probe condition needs a unique name, got {name!r}")
         names.add(name)
         for key in ("data", "test_data"):
             v = c.get(key)
             if v is not None and (not isinstance(v, str) or v not in wdata.DATASETS):
                 raise WidthscopeError(
-                    f"{_where(ctx)}: probes {name!r} {key} must be a dataset name "
+                    f"{config_where(ctx)}: probes {name!r} {key} must be a dataset name "
                     f"({', '.join(wdata.DATASETS)}), got {v!r}"
                 )
         shift = c.get("shift")
         if shift is not None:
-            _parse_shift(shift, f"{_where(ctx)}: probes {name!r}")
+            parse_shift(shift, f"{config_where(ctx)}: probes {name!r}")
         lens = c.get("seq_len")
         if isinstance(lens, int) and not isinstance(lens, bool):
             lens = [lens]
@@ -429,11 +434,12 @@ def _probes(raw: Any, dataset: str, ctx: str) -> list[dict[str, Any]] | None:
             or any(isinstance(v, bool) or not isinstance(v, int) or v < 2 for v in lens)
         ):
             raise WidthscopeError(
-                f"{_where(ctx)}: probes {name!r} seq_len must be a whole number >= 2 or a list of them, got {lens!r}"
+                f"{config_where(ctx)}: probes {name!r} seq_len must be a whole number >= 2 or a list of them, "
+                f"got {lens!r}"
             )
         if (c.get("data") or dataset) == dataset and c.get("data_options"):
             raise WidthscopeError(
-                f"{_where(ctx)}: probes {name!r} reads the training dataset {dataset!r}: it takes "
+                f"{config_where(ctx)}: probes {name!r} reads the training dataset {dataset!r}: it takes "
                 "no data_options (another cut of the training corpus would put trained-on text in "
                 "the held-out pool); use seq_len for other probe lengths"
             )
@@ -442,7 +448,7 @@ def _probes(raw: Any, dataset: str, ctx: str) -> list[dict[str, Any]] | None:
                 "name": name,
                 "data": c.get("data") or dataset,
                 "test_data": c.get("test_data"),
-                "data_options": _table(c.get("data_options"), f"{ctx} probes {name!r} data_options"),
+                "data_options": config_table(c.get("data_options"), f"{ctx} probes {name!r} data_options"),
                 "shift": shift,
                 "seq_len": lens,
             }
@@ -450,7 +456,7 @@ def _probes(raw: Any, dataset: str, ctx: str) -> list[dict[str, Any]] | None:
     return out
 
 
-def _parse_shift(shift: Any, where: str) -> tuple[str, Any]:
+def parse_shift(shift: Any, where: str) -> tuple[str, Any]:
     if not isinstance(shift, str):
         raise WidthscopeError(f"{where}: shift must be a string: one of {', '.join(SHIFTS)}")
     kind, _, arg = shift.partition(":")
@@ -485,7 +491,7 @@ def _sweep_certify(sw: Mapping[str, Any]) -> CertifyOptions:
         MK = list(zip(Ms, Ks))
     else:
         MK = [(m, k) for m in Ms for k in Ks]
-    draws = _int(sw.get("draws", 1000), "[sweep] draws")
+    draws = config_int(sw.get("draws", 1000), "[sweep] draws")
     estimator = sw.get("estimator", "unbiased")
     if estimator not in ESTIMATORS:
         raise WidthscopeError(f"[sweep] estimator {estimator!r} unknown; valid: {', '.join(ESTIMATORS)}")
@@ -526,9 +532,9 @@ def load_config(
         path = Path(source)
         raw = read_toml(path, "sweep config", "examples in configs/, reference in docs/sweeps.md")
         stem, what = path.stem, f"sweep config {str(path)!r}"
-    _check_keys(raw, ["sweep", "family"], "top level")
-    sw = _table(raw.get("sweep"), "[sweep]")
-    _check_keys(sw, list(SWEEP_KEYS), "[sweep]")
+    check_keys(raw, ["sweep", "family"], "top level")
+    sw = config_table(raw.get("sweep"), "[sweep]")
+    check_keys(sw, list(SWEEP_KEYS), "[sweep]")
     fams_raw = raw.get("family")
     if isinstance(fams_raw, Mapping):
         fams_raw = [fams_raw]
@@ -544,7 +550,7 @@ def load_config(
     if len(set(seeds)) != len(seeds):
         raise WidthscopeError(f"[sweep] seeds has duplicates: {seeds}")
     budgets = _int_list(sw["budgets"], "[sweep] budgets") if "budgets" in sw else None
-    data_seed = _int(sw.get("data_seed", 0), "[sweep] data_seed", minimum=0)
+    data_seed = config_int(sw.get("data_seed", 0), "[sweep] data_seed", minimum=0)
     device = sw.get("device", "cpu")
     if not isinstance(device, str):
         raise WidthscopeError("[sweep] device must be a string such as 'cpu' or 'cuda'")
@@ -557,7 +563,7 @@ def load_config(
         ) from None
     if meta:
         raise WidthscopeError("[sweep] device 'meta' holds no data and cannot train; use e.g. cpu, cuda")
-    threads = _int(sw["threads"], "[sweep] threads") if "threads" in sw else None
+    threads = config_int(sw["threads"], "[sweep] threads") if "threads" in sw else None
     options = _sweep_certify(sw)
     families = [_family(f, i, budgets, options) for i, f in enumerate(fams_raw)]
     placement = check_placement(sw, "sweep config [sweep]")
@@ -594,3 +600,6 @@ def load_config(
         threads=threads,
         placement=placement,
     )
+
+
+_where = config_where  # the old name, for costs until the --plan rewrite

@@ -211,7 +211,7 @@ class GridResult:
         return self.out_dir / RESULTS
 
 
-def _cell_path(out_dir: Path, cid: str) -> Path:
+def cell_path(out_dir: Path, cid: str) -> Path:
     return out_dir / "cells" / f"{cid}.json"
 
 
@@ -331,7 +331,7 @@ def run_grid(
     damaged: list[tuple[Path, str]] = []
     for i, c in indexed:
         cid = cell_id(c)
-        path = _cell_path(out_dir, cid)
+        path = cell_path(out_dir, cid)
         if path.exists():
             why = read_cell(path)[1]
             if why is None:
@@ -366,7 +366,7 @@ def run_grid(
         extra = {
             k: v for k, v in (record(c) if record is not None else {}).items() if k not in ("cell", "cell_id", "rows")
         }
-        atomic_write_json(_cell_path(out_dir, cid), {"cell": c, "cell_id": cid, **to_jsonable(extra), "rows": full})
+        atomic_write_json(cell_path(out_dir, cid), {"cell": c, "cell_id": cid, **to_jsonable(extra), "rows": full})
         # results.jsonl stays a valid view of the finished cells after any interruption (damage: said below)
         load_rows(out_dir, problems=[])
         result.done.append(cid)

@@ -1,8 +1,8 @@
 """The data of a sweep cell: its train/test split, the model options read from it, and the probe
 pools of each probe condition (in-domain, another dataset, a shifted copy, another text length).
 
-The split is loaded once per process for every width and seed (:func:`_load_split`); the probe pools
-are seeded samples (:func:`_take`), drawn by the same rules for certify (:func:`_probe_pools`) and for
+The split is loaded once per process for every width and seed (:func:`load_split`); the probe pools
+are seeded samples (:func:`take_examples`), drawn by the same rules for certify (:func:`probe_pools`) and for
 the monitor, so a run is reproducible from its config alone.
 """
 
@@ -21,7 +21,7 @@ from .. import data as wdata
 from ..data.spec import InputSpec
 from ..data.text import corpus_chunks, read_corpus, recorded_chunks
 from ..errors import WidthscopeError
-from .config import _parse_shift
+from .config import parse_shift
 from .schema import FamilySpec, SweepConfig
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ def apply_shift(pair: tuple[Any, Any], shift: str | None, input_shape: tuple[int
     keeps only those classes (a class-subset shift)."""
     if shift is None:
         return pair
-    kind, arg = _parse_shift(shift, "shift")
+    kind, arg = parse_shift(shift, "shift")
     X, y = pair
     if not X.is_floating_point() or y is X:
         raise WidthscopeError(f"shift {shift!r} applies to image/feature inputs with labels, not to token ids")
@@ -65,7 +65,7 @@ def apply_shift(pair: tuple[Any, Any], shift: str | None, input_shape: tuple[int
 _SPLITS: dict[str, Split] = {}
 
 
-def _load_split(fam: FamilySpec, budget: int, cfg: SweepConfig) -> Split:
+def load_split(fam: FamilySpec, budget: int, cfg: SweepConfig) -> Split:
     """Load (and memoise per process) the dataset; every width and seed sees the same split."""
     key = json.dumps([fam.dataset, fam.data_options, budget, fam.n_test, cfg.data_seed], sort_keys=True, default=str)
     if key not in _SPLITS:
@@ -76,7 +76,7 @@ def _load_split(fam: FamilySpec, budget: int, cfg: SweepConfig) -> Split:
     return _SPLITS[key]
 
 
-def _model_options(fam: FamilySpec, split: Any) -> dict[str, Any]:
+def fill_model_options(fam: FamilySpec, split: Any) -> dict[str, Any]:
     """Fill the model's data-dependent options (input size, classes, vocabulary) from the split."""
     opts = dict(fam.model_options)
     shape = tuple(getattr(split, "input_shape", ()) or ())
@@ -99,7 +99,7 @@ def _model_options(fam: FamilySpec, split: Any) -> dict[str, Any]:
     return opts
 
 
-def _take(pair: Sequence[Any], n: int, seed: int) -> tuple[Any, ...]:
+def take_examples(pair: Sequence[Any], n: int, seed: int) -> tuple[Any, ...]:
     """A seeded random subset of ``n`` examples, in their original order.
 
     Not the first ``n``: splits such as text chunks are ordered by position in the corpus, and
@@ -125,7 +125,7 @@ def probe_lengths(fam: FamilySpec, cond: Mapping[str, Any]) -> list[int | None]:
     return list(cond.get("seq_len") or fam.probe_seq_len or [None])
 
 
-def _probe_len(pair: Sequence[Any], split: Any) -> int | None:
+def probe_len(pair: Sequence[Any], split: Any) -> int | None:
     """The probe sequence length of a text pool (None for other data)."""
     X = pair[0]
     return int(X.shape[1]) if split.task == "lm" and hasattr(X, "shape") and X.dim() == 2 else None
@@ -141,8 +141,8 @@ def _in_domain(
     train_len = int(split.input_shape[-1]) if split.task == "lm" else None
     if L is None or L == train_len:
         return (
-            _take(split.train, fam.n_probe_train, seed),
-            _take(split.test, fam.n_probe_test, seed + 1),
+            take_examples(split.train, fam.n_probe_train, seed),
+            take_examples(split.test, fam.n_probe_test, seed + 1),
             None,
             f"{fam.dataset} (in-domain: fitted examples / held-out part)",
         )
@@ -168,7 +168,7 @@ def _in_domain(
     )
 
 
-def _probe_pools(
+def probe_pools(
     fam: FamilySpec, cond: Mapping[str, Any], L: int | None, split: Any, cfg: SweepConfig
 ) -> tuple[tuple[Any, ...], tuple[Any, ...], str, dict[str, Any] | None]:
     """(train pool, held-out pool, description, corpus byte offsets of the rows or None) of one
@@ -204,7 +204,7 @@ def _probe_pools(
     else:
         o = other(data)
         pa, offsets_a, desc_a = (
-            _take(o.train, min(fam.n_probe_train, len(o.train[0])), seed),
+            take_examples(o.train, min(fam.n_probe_train, len(o.train[0])), seed),
             None,
             f"{data} train part",
         )
@@ -213,7 +213,7 @@ def _probe_pools(
     else:
         h = other(test)
         pb, offsets_b, desc_b = (
-            _take(h.test, min(fam.n_probe_test, len(h.test[0])), seed + 1),
+            take_examples(h.test, min(fam.n_probe_test, len(h.test[0])), seed + 1),
             None,
             f"{test} held-out part",
         )
@@ -234,11 +234,11 @@ def _probe_pools(
     return tuple(pa), tuple(pb), desc, offsets
 
 
-def _probe_words(cond: Mapping[str, Any], pa: Sequence[Any], pb: Sequence[Any], split: Any) -> str:
+def probe_words(cond: Mapping[str, Any], pa: Sequence[Any], pb: Sequence[Any], split: Any) -> str:
     """The probe pools of one condition in words: corpus, length, pool sizes (for the report)."""
     data, test = cond["data"], cond.get("test_data") or cond["data"]
     src = wdata.describe_name(data) + ("" if test == data else f" / held-out pool: {wdata.describe_name(test)}")
-    L = _probe_len(pa, split)
+    L = probe_len(pa, split)
     unit = f"{L}-byte chunks" if L is not None else "examples"
     where = (
         "the training data's fitted / held-out parts" if data == test == split.name else "its train / held-out parts"
@@ -248,7 +248,7 @@ def _probe_words(cond: Mapping[str, Any], pa: Sequence[Any], pb: Sequence[Any], 
     )
 
 
-def _batches(pair: tuple[Any, ...], task: str, batch_size: int) -> list[Any]:
+def pool_batches(pair: tuple[Any, ...], task: str, batch_size: int) -> list[Any]:
     # Explicit lm flag: slicing breaks the ``y is X`` identity batches() would infer it from.
     return list(wdata.batches(pair, batch_size, shuffle=False, lm=(task == "lm")))
 
@@ -264,3 +264,12 @@ def cell_input_spec(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: str | o
     the cell's checkpoint."""
     fam = next(f for f in cfg.families if f.name == cell["family"])
     return InputSpec(model=str(cell_dir), n_train=fam.n_probe_train, n_test=fam.n_probe_test, seed=cfg.data_seed)
+
+
+_batches = pool_batches  # the old name, for costs until the --plan rewrite
+
+_load_split = load_split  # the old name, for costs until the --plan rewrite
+
+_model_options = fill_model_options  # the old name, for costs until the --plan rewrite
+
+_probe_pools = probe_pools  # the old name, for costs until the --plan rewrite

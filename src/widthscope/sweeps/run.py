@@ -20,7 +20,7 @@ from ..validate import check_dir_writable, check_outputs
 from . import alignment as sweep_alignment  # run_sweep looked up at call time (tests replace it)
 from .alignment import check_structure, load_config, plan_cells
 from .costs import ModelCost, alignment_costs, print_costs
-from .grid import GridResult, _cell_path, cell_id, finish_after_ranks, read_cell, shard_for_run
+from .grid import GridResult, cell_id, cell_path, finish_after_ranks, read_cell, shard_for_run
 from .placement import placement_text
 from .record import check_fingerprint, is_record, read_record
 from .schema import SweepConfig
@@ -96,7 +96,7 @@ def _print_plan(
     k, n = shard
 
     def state(c: Mapping[str, Any]) -> str | bool:
-        path = _cell_path(out, cell_id(c))
+        path = cell_path(out, cell_id(c))
         if not path.exists():
             return False
         why = read_cell(path)[1]  # a damaged cell file is not a finished cell: the run sets it aside

@@ -53,9 +53,9 @@ from ..errors import WidthscopeError
 from ..hub import resolve_model
 from ..options import CertifyOptions, CertifyRunOptions
 from .certify_rows import certify_rows
-from .config import _check_keys, _int, _table, certify_options
+from .config import certify_options, check_keys, config_int, config_table
 from .costs import print_costs, suite_costs
-from .grid import GridResult, _cell_path, cell_id, claim_out_dir, lock_out_dir, read_cell, run_grid
+from .grid import GridResult, cell_id, cell_path, claim_out_dir, lock_out_dir, read_cell, run_grid
 from .placement import cell_folder, placement_text, release
 from .schema import PLACEMENT_KEYS
 
@@ -146,9 +146,9 @@ def _names(v: Any, what: str, *, optional: bool = False) -> list[str]:
 
 def load_suite(raw: Mapping[str, Any], *, stem: str = "suite", out_dir: str | os.PathLike | None = None) -> SuiteConfig:
     """Check a parsed sweep TOML holding ``[suite]``; every problem is one line naming the key."""
-    _check_keys(raw, ["suite"], "top level (a [suite] config takes no [sweep] or [[family]])")
-    su = _table(raw.get("suite"), "[suite]")
-    _check_keys(su, list(SUITE_KEYS) + list(INPUT_KEYS), "[suite]")
+    check_keys(raw, ["suite"], "top level (a [suite] config takes no [sweep] or [[family]])")
+    su = config_table(raw.get("suite"), "[suite]")
+    check_keys(su, list(SUITE_KEYS) + list(INPUT_KEYS), "[suite]")
     if "models" not in su:
         raise WidthscopeError(f"sweep config [suite]: missing required key 'models' ({SUITE_KEYS['models']})")
     name = su.get("name", stem)
@@ -159,8 +159,8 @@ def load_suite(raw: Mapping[str, Any], *, stem: str = "suite", out_dir: str | os
         raise WidthscopeError("sweep config [suite]: label must be a non-empty string")
     models = _names(su["models"], "models")
     revisions: list[str | None] = list(_names(su.get("revisions"), "revisions", optional=True)) or [None]
-    cert = _table(su.get("certify"), "[suite] certify")
-    _check_keys(cert, [f.name for f in dataclasses.fields(CertifyOptions)], "[suite.certify]")
+    cert = config_table(su.get("certify"), "[suite] certify")
+    check_keys(cert, [f.name for f in dataclasses.fields(CertifyOptions)], "[suite.certify]")
     device = su.get("device", "cpu")
     if not isinstance(device, str) or not device:
         raise WidthscopeError("sweep config [suite] device must be a string such as 'cpu' or 'cuda'")
@@ -172,9 +172,9 @@ def load_suite(raw: Mapping[str, Any], *, stem: str = "suite", out_dir: str | os
         inputs={k: su[k] for k in INPUT_KEYS if k in su},
         certify=certify_options(CertifyOptions(), cert, "sweep config [suite.certify]: "),
         label=label,
-        batch_size=_int(su.get("batch_size", 8), "sweep config [suite] batch_size"),
+        batch_size=config_int(su.get("batch_size", 8), "sweep config [suite] batch_size"),
         device=device,
-        threads=_int(su["threads"], "sweep config [suite] threads") if "threads" in su else None,
+        threads=config_int(su["threads"], "sweep config [suite] threads") if "threads" in su else None,
     )
     for model in models:
         for rev in revisions:
@@ -271,7 +271,7 @@ def run_suite(
         finally:
             release(cfg.inputs, cell_id(cell))  # the cell's own offload folder
         results[cell_id(cell)] = res
-        return _rows(cfg, cell, res, _cell_path(out, cell_id(cell)))
+        return _rows(cfg, cell, res, cell_path(out, cell_id(cell)))
 
     threads = torch.get_num_threads()
     if cfg.threads:
@@ -331,7 +331,7 @@ def print_suite_plan(
     finished: dict[str, bool] = {}
     directories: dict[str, Path | None] = {}
     for i, c in mine:
-        path = _cell_path(out, cell_id(c))
+        path = cell_path(out, cell_id(c))
         done: str | bool = path.exists() and ("damaged: runs again" if read_cell(path)[1] else True)
         hub, why = _resolve(c, local_only=True)
         finished[cell_id(c)] = done is True
