@@ -234,7 +234,7 @@ def test_compare_against_continue_small_paired_by_seed():
 
 
 def test_option_names_agree_with_the_suite():
-    assert gopts.TARGET_OPERATORS == tuple(OPERATORS)
+    assert tuple(OPERATORS) == ("stack_copy", "stack_zero", "zero_block", "widen")  # the registry's built-ins
     assert gopts.TARGET_SCHEDULES == tuple(SCHEDULES)
     with pytest.raises(WidthscopeError, match="--schedules"):
         gopts.GrowTargetOptions(schedules=("fixed@0.9",))
@@ -385,3 +385,30 @@ def test_bad_command_line_fails_before_work(tmp_path, argv, match):
     with pytest.raises(WidthscopeError, match=match):
         grow_target.run(p.parse_args([*argv, "--out", str(tmp_path / "gt")]))
     assert not (tmp_path / "gt").exists()
+
+
+def test_a_new_growth_operator_is_one_function_and_one_registration():
+    """docs/architecture.md, "Extending": write the operator, register it, and grow-target runs it."""
+    from widthscope.growth.operators import stack_depth
+    from widthscope.growth.target import run_target_cell, target_cells
+    from widthscope.registry import GROWTH_OPERATORS
+
+    @GROWTH_OPERATORS.register("stack_bottom", axis="depth")
+    def stack_bottom(model, size, *, cell, seed):  # copies the *bottom* layers, zeroed, on top
+        d = model.config.num_hidden_layers
+        return stack_depth(model, list(range(d)) + list(range(size - d)), mode="zero")
+
+    try:
+        assert "stack_bottom" in OPERATORS and OPERATORS["stack_bottom"] == "depth"
+        opts = gopts.GrowTargetOptions(quick=True, operators=("stack_bottom",))  # the option takes it
+        assert opts.operators == ("stack_bottom",)
+        cell = {**target_cells("quick", seeds=(0,))[0], "steps": 16, "operators": ["stack_bottom"],
+                "schedules": ["fixed@0.25"]}
+        rows = {r["run"]: r for r in run_target_cell(cell)}
+        grown = rows["stack_bottom/fixed@0.25"]
+        assert grown["events"][0]["exact"] and grown["flops"] > 0
+    finally:
+        GROWTH_OPERATORS.unregister("stack_bottom")
+    assert "stack_bottom" not in OPERATORS
+    with pytest.raises(WidthscopeError, match="--operators"):
+        gopts.GrowTargetOptions(operators=("stack_bottom",))

@@ -14,7 +14,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "widthscope"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("widthscope.errors", "widthscope._args", "widthscope._io", "widthscope._env", "widthscope._version",
-              "widthscope.options")),
+              "widthscope.options", "widthscope.registry")),
     ("maths", ("widthscope.stats", "widthscope.probe", "widthscope.linear")),
     ("inputs", ("widthscope.models", "widthscope.data", "widthscope.checkpoint", "widthscope.train",
                 "widthscope.distributed", "widthscope.validate", "widthscope.hub")),

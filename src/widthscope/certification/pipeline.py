@@ -47,7 +47,15 @@ from .. import _args, distributed
 from .._io import to_jsonable
 from ..data import describe_name
 from ..errors import WidthscopeError
-from ..options import DEFAULT_M, DEFAULT_MAX_REL_STEP, DEFAULT_N_ETAS, ESTIMATORS, CertifyOptions
+from ..options import (
+    DEFAULT_M,
+    DEFAULT_MAX_REL_STEP,
+    DEFAULT_N_ETAS,
+    ESTIMATORS,
+    INTERVENTION_KINDS,
+    INTERVENTIONS,
+    CertifyOptions,
+)
 from ..probe import POOLS, resolve_points
 from ..probe.intervene import check_rel_step, sample_errors
 from ..probe.offload import input_device
@@ -181,7 +189,7 @@ def certify_dict(
         "estimator": lambda v: _args.choice(fn, "estimator", v, ESTIMATORS),
         "pool": lambda v: _args.choice(fn, "pool", v, POOLS),
         "train_mode": lambda v: _args.choice(fn, "train_mode", v, ("eval", "keep")),
-        "interventions": lambda v: _args.choice(fn, "interventions", v, (None, "none", "bias", "block")),
+        "interventions": lambda v: _args.choice(fn, "interventions", v, (None, *INTERVENTIONS)),
         "etas": lambda v: _args.numbers_list(fn, "etas", v, accepts="a list of positive step sizes or None"),
         "n_etas": lambda v: _args.integer(fn, "n_etas", v, lo=1),
         "max_rel_step": lambda v: _args.number(
@@ -219,7 +227,7 @@ def certify_dict(
         max(k for _, k in pairs),
         loss_fn=loss_fn,
         device=device,
-        wanted=interventions in ("bias", "block") and project is None and W == 1 and train_mode == "eval",
+        wanted=interventions in INTERVENTION_KINDS and project is None and W == 1 and train_mode == "eval",
     )
     qa, qb, projectors = probe_pools(
         model,
@@ -415,7 +423,7 @@ def _interventions(
     """Add each point's ``interventions`` to its row (in place), handing each finished row to
     ``on_point``; the model's modes are restored. ``kept``: the held-out probe's record of the
     outputs before each point (the bias steps then run only the network after it)."""
-    if interventions in ("bias", "block"):
+    if interventions in INTERVENTION_KINDS:
         from ..probe.intervene import intervene  # noqa: PLC0415  call-time lookup: tests replace it there
 
         m_max, k_max = max(m for m, _ in pairs), max(k for _, k in pairs)

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from ..errors import WidthscopeError, WidthscopeTypeError
 from ..options import MAX_POOL, Options, apply_keywords, option
 from ..probe.growth import CRITERIA
+from ..registry import GROWTH_OPERATORS
 from ..validate import RANGES
 
 __all__ = ["GrowOptions", "GrowBenchOptions", "GrowTargetOptions", "DEFAULT_CRITERION", "with_keywords"]
@@ -173,9 +174,9 @@ def with_keywords(fn: str, options: T | None, cls: type[T], keywords: Mapping[st
     return apply_keywords(fn, base, keywords)
 
 
-# the grow-target suite's names (grow.target / grow.schedule define them; repeated here so the options
-# need not import the benchmark and its data/models: tests/test_grow_target.py checks they agree)
-TARGET_OPERATORS = ("stack_copy", "stack_zero", "zero_block", "widen")
+# the grow-target suite's schedules (grow.schedule defines them; repeated here so the options need not
+# import the benchmark and its data/models: tests/test_grow_target.py checks they agree). The operators
+# are widthscope.registry.GROWTH_OPERATORS' (a light module).
 TARGET_SCHEDULES = (
     "fixed@0.25",
     "fixed@0.5",
@@ -210,7 +211,7 @@ class GrowTargetOptions(Options):
         help="training steps of the from-scratch target, which set the budget B (default: the suite's)",
     )
     operators: tuple[str, ...] | None = option(
-        None, kind="strs", help=f"comma-separated growth operators (default all: {','.join(TARGET_OPERATORS)})"
+        None, kind="strs", help=f"comma-separated growth operators (default all: {','.join(GROWTH_OPERATORS.names())})"
     )
     schedules: tuple[str, ...] | None = option(
         None, kind="strs", help=f"comma-separated schedules (default the suite's; all: {','.join(TARGET_SCHEDULES)})"
@@ -225,7 +226,7 @@ class GrowTargetOptions(Options):
     def check(self) -> None:
         if self.quick and self.suite_file is not None:
             raise WidthscopeError("--quick and --suite-file: choose one (the quick suite, or the suites of the file)")
-        for name, known in (("operators", TARGET_OPERATORS), ("schedules", TARGET_SCHEDULES)):
+        for name, known in (("operators", GROWTH_OPERATORS.names()), ("schedules", TARGET_SCHEDULES)):
             value = getattr(self, name)
             if value is None:
                 continue

@@ -42,19 +42,16 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..data import load
 from ..errors import WidthscopeError
 from ..models import build
+from ..registry import GROWTH_OPERATORS
 from .operators import Growth, stack_depth, widen, zero_block
 from .schedule import SCHEDULES, Schedule, alignment_signal
 from .suite import reproducible
 
 __all__ = ["TARGET_SUITES", "OPERATORS", "target_cells", "run_target_cell", "model_flops", "reach_flops"]
 
-# operator name -> which small model it grows ("depth": fewer layers, "width": narrower)
-OPERATORS: dict[str, str] = {
-    "stack_copy": "depth",
-    "stack_zero": "depth",
-    "zero_block": "depth",
-    "widen": "width",
-}
+# operator name -> which small model it grows ("depth": fewer layers, "width": narrower): a live view
+# of widthscope.registry.GROWTH_OPERATORS (an operator registered later is in it too)
+OPERATORS: Mapping[str, str] = GROWTH_OPERATORS.mapping("axis")
 _BASE: dict[str, Any] = dict(
     width=64,
     depth=4,
@@ -73,7 +70,7 @@ _BASE: dict[str, Any] = dict(
     n_eval=128,
     n_signal=32,
     max_bytes=600_000,
-    operators=tuple(OPERATORS),
+    operators=tuple(OPERATORS),  # the built-in operators (registered when this module loads)
     schedules=("fixed@0.25", "fixed@0.15+0.35", "plateau<0.01", "certificate>0.5"),
 )
 TARGET_SUITES: dict[str, dict[str, Any]] = {
@@ -303,23 +300,40 @@ def _stage_sizes(start: int, end: int, stages: int, multiple: int) -> list[int]:
     return out
 
 
+def grow_stack_copy(model: Any, size: int, *, cell: Mapping[str, Any], seed: int) -> Growth:
+    """G_stack: copy the top ``size - depth`` decoder layers on top (not function-preserving)."""
+    return stack_depth(model, _stack_order(model, size), mode="copy")
+
+
+def grow_stack_zero(model: Any, size: int, *, cell: Mapping[str, Any], seed: int) -> Growth:
+    """G_stack with each copy's writing maps zeroed (function-preserving)."""
+    return stack_depth(model, _stack_order(model, size), mode="zero")
+
+
+def _stack_order(model: Any, size: int) -> list[int]:
+    d = model.config.num_hidden_layers
+    return list(range(d)) + list(range(2 * d - size, d))  # copy the top (size - d) layers on top
+
+
+def grow_zero_block(model: Any, size: int, *, cell: Mapping[str, Any], seed: int) -> Growth:
+    """Zero-initialised residual blocks at the top free block outputs, up to ``size`` blocks deep."""
+    have = [p for p in model.widthscope_points if not hasattr(model.get_submodule(p), "widthscope_insert")]
+    new = size - model.widthscope_config.get("blocks", 0) - model.config.num_hidden_layers
+    points = list(reversed(have))[:new]  # the top free block outputs
+    g = zero_block(model, points, hidden=_ffn(int(cell["width"])), seed=seed)
+    grown: Any = g.model
+    grown.widthscope_config["blocks"] = model.widthscope_config.get("blocks", 0) + len(points)
+    return g
+
+
+def grow_widen(model: Any, size: int, *, cell: Mapping[str, Any], seed: int) -> Growth:
+    """Masked width growth to hidden size ``size`` (function-preserving)."""
+    return widen(model, size, ffn=_ffn(size), seed=seed)
+
+
 def _grow_once(ctx: _Context, op: str, model: Any, size: int, seed: int) -> Growth:
-    cell = ctx.cell
-    if op in ("stack_copy", "stack_zero"):
-        d = model.config.num_hidden_layers
-        order = list(range(d)) + list(range(2 * d - size, d))  # copy the top (size - d) layers on top
-        return stack_depth(model, order, mode=op.split("_")[1])
-    if op == "zero_block":
-        have = [p for p in model.widthscope_points if not hasattr(model.get_submodule(p), "widthscope_insert")]
-        new = size - model.widthscope_config.get("blocks", 0) - model.config.num_hidden_layers
-        points = list(reversed(have))[:new]  # the top free block outputs
-        g = zero_block(model, points, hidden=_ffn(int(cell["width"])), seed=seed)
-        grown: Any = g.model
-        grown.widthscope_config["blocks"] = model.widthscope_config.get("blocks", 0) + len(points)
-        return g
-    if op == "widen":
-        return widen(model, size, ffn=_ffn(size), seed=seed)
-    raise WidthscopeError(f"unknown growth operator {op!r}; choose one of {', '.join(OPERATORS)}")
+    """Grow ``model`` to ``size`` by the registered operator ``op`` (widthscope.registry.GROWTH_OPERATORS)."""
+    return GROWTH_OPERATORS.get(op)(model, size, cell=ctx.cell, seed=seed)
 
 
 def _grow_run(ctx: _Context, run: _Run, op: str, size: int, info: dict[str, Any]) -> None:

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from .. import _args
 from ..errors import WidthscopeError
+from ..options import INTERVENTION_KINDS
 from .offload import module_device
 from .points import insertion_points, resolve_points
 
@@ -57,7 +58,7 @@ __all__ = [
     "channel_dim",
 ]
 
-KINDS = ("bias", "block")
+KINDS = INTERVENTION_KINDS
 NORMS = ("rms", "layer", "none")
 STYLES = ("auto", "mlp", "conv1x1", "conv3x3")
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {

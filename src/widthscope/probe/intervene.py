@@ -44,6 +44,7 @@ import torch.nn as nn
 
 from .._io import progress as _progress
 from ..errors import WidthscopeError
+from ..options import INTERVENTION_KINDS
 from ..stats import certificate, wilson_interval
 
 # batch helpers live in .batches (the prefix cache uses them too); re-exported here
@@ -212,8 +213,8 @@ def intervene(
         kinds; :func:`precision_note` words them in one line.
     """
     check_intervene_args(locals())  # types, before any work
-    if kind not in ("bias", "block"):
-        raise WidthscopeError(f"kind must be 'bias' or 'block', got {kind!r}")
+    if kind not in INTERVENTION_KINDS:
+        raise WidthscopeError(f"kind must be one of {', '.join(map(repr, INTERVENTION_KINDS))}, got {kind!r}")
     if prefix not in ("auto", "full"):
         raise WidthscopeError(f"prefix must be 'auto' or 'full', got {prefix!r}")
     if precision not in ("mark", "float32"):

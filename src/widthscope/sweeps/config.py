@@ -22,7 +22,7 @@ from .. import data as wdata
 from .._io import first_nonfinite, read_toml
 from ..errors import WidthscopeError
 from ..models import FAMILIES
-from ..options import CertifyOptions
+from ..options import INTERVENTIONS, CertifyOptions
 from ..train import LOSSES
 from .placement import check_placement
 from .schema import (
@@ -499,8 +499,8 @@ def _sweep_certify(sw: Mapping[str, Any]) -> CertifyOptions:
     if pool not in POOLS:
         raise WidthscopeError(f"[sweep] pool {pool!r} unknown; valid: {', '.join(POOLS)}")
     interventions = sw.get("interventions", "bias")
-    if interventions not in ("bias", "block", "none"):
-        raise WidthscopeError(f"[sweep] interventions {interventions!r} unknown; valid: bias, block, none")
+    if interventions not in INTERVENTIONS:
+        raise WidthscopeError(f"[sweep] interventions {interventions!r} unknown; valid: {', '.join(INTERVENTIONS)}")
     etas = sw.get("etas")
     if etas is not None:
         if (
