@@ -10,7 +10,7 @@ activation gradients at every block output are computed for ``n`` sequences thre
 * ``floor``: a plain batched forward + backward of the same batches (parameter gradients, no
   hooks): what any training step costs.
 
-and ``stats`` is the time of everything :func:`widthscope.certify.certify` does after the probe
+and ``stats`` is the time of everything :func:`widthscope.certification.certify_dict` does after the probe
 (moments, cross-moments, certificates, 1000 misalignment draws) for ``M = K = 16`` with the
 train and held-out pools both ``n/2``. Each time is the median of ``repeats`` runs.
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from widthscope._io import atomic_write_json, read_jsonl
 from widthscope.cli import grow_target
 from widthscope.errors import WidthscopeError
-from widthscope.grow.target_plan import plan_cost, read_suite_file, spent_fractions
+from widthscope.growth.target_plan import plan_cost, read_suite_file, spent_fractions
 
 RESULTS = Path(__file__).resolve().parent / "results" / "grow-target"
 

@@ -31,7 +31,7 @@ PATHS = {
 }
 _CELL = """
 import json
-from widthscope.grow.bench import cells, run_cell
+from widthscope.growth.bench import cells, run_cell
 import torch
 c = next(c for c in cells("full") if c["model"] == "teacher-last" and c["seed"] == 0)
 rows = run_cell(c)

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from widthscope.certify import certify
+    from widthscope.certification import certify_dict
     from widthscope.models import count_parameters
 
     dtype = getattr(torch, a.dtype)
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
     if a.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    res = certify(model, tr, te, M=[4], K=[4], draws=100, interventions=None, progress=False)
+    res = certify_dict(model, tr, te, M=[4], K=[4], draws=100, interventions=None, progress=False)
     probe_s = res["timing"]["probe_s"]
     total_s = time.perf_counter() - t0
     points = len(res["points"])

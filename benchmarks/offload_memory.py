@@ -16,7 +16,7 @@ process (one torch thread):
   command line does; the Python default leaves the threshold alone);
 - ``plain-mmap``: ``plain`` with that fixed threshold (``MALLOC_MMAP_THRESHOLD_=65536``).
 
-Then ``grow`` (:func:`widthscope.grow.grow`: rank every block output, grow a block at the best one
+Then ``grow`` (:func:`widthscope.growth.grow`: rank every block output, grow a block at the best one
 on a copy of the model, train it ``--grow-steps`` steps) on the same model and pools, each in a
 fresh process: ``grow-plain``, ``grow-plain-mmap`` and ``grow-offload`` (the ``offload`` load);
 recorded as ``grow.rows``, with the largest difference of every number of the grow result from
@@ -110,8 +110,8 @@ def worker(a: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from widthscope.certify import certify
-    from widthscope.grow import grow
+    from widthscope.certification import certify_dict
+    from widthscope.growth import grow
     from widthscope.models.dispatch import mmap_threshold, releasing_memory
     from widthscope.models.hf import load_hf
     from widthscope.probe.offload import restore_blocks
@@ -133,7 +133,7 @@ def worker(a: argparse.Namespace) -> None:
             n = 4 if small else a.grow_m
             return grow(model, (torch.cat(tr), torch.cat(te)), M=n, K=n, steps=1 if small else a.grow_steps,
                         batch_size=a.batch_size, progress=False)  # fmt: skip
-        return certify(model, tr, te, M=[8] if small else [a.n // 4, a.n], draws=10 if small else a.draws,
+        return certify_dict(model, tr, te, M=[8] if small else [a.n // 4, a.n], draws=10 if small else a.draws,
                        progress=False)  # fmt: skip
 
     # Warm-up on a tiny model of the same class, the same way: transformers' lazy imports and the

@@ -5,8 +5,8 @@ seeded random weights and saved with ``save_pretrained``; byte tokens of a seede
 corpus; probe batch sizes 8 and 32), two fresh processes (one torch thread each), each warmed up
 on a tiny model first so imports and first-call allocations are not counted:
 
-- ``plan``: :func:`widthscope.certify.plan.plan_run` (loads the weights and times one batch);
-- ``run``: :func:`widthscope.certify.run.run_certify` on the same job (the default statistics:
+- ``plan``: :func:`widthscope.certification.plan.plan_run` (loads the weights and times one batch);
+- ``run``: :func:`widthscope.certification.run.run_certify` on the same job (the default statistics:
   M = K in 16, 32, 64, 128, 1000 draws, bias interventions at 4 steps), its wall time and its peak
   RSS (``VmHWM``, reset through ``/proc/self/clear_refs``) above the RSS before it started;
 - ``run-mmap``: the same with ``MALLOC_MMAP_THRESHOLD_=65536`` (glibc then returns each freed large
@@ -83,8 +83,8 @@ def _job(model: str, corpus: str, batch: int) -> tuple[Any, Any, Any]:
 
 
 def _warm_up(tiny: str, corpus: str, work: Path) -> None:
-    from widthscope.certify.plan import plan_run
-    from widthscope.certify.run import CertifyJob, run_certify
+    from widthscope.certification.plan import plan_run
+    from widthscope.certification.run import CertifyJob, run_certify
 
     spec, opts, run = _job(tiny, corpus, 8)
     plan_run(spec, opts.replace(M=(8,), draws=20), run)
@@ -101,13 +101,13 @@ def worker(a: argparse.Namespace) -> None:
     if a.worker == "run-mmap-none":
         opts = opts.replace(interventions="none")
     if a.worker == "plan":
-        from widthscope.certify.plan import plan_run
+        from widthscope.certification.plan import plan_run
 
         t0 = time.perf_counter()
         plan = plan_run(spec, opts, run)
         out = {"plan": plan.to_dict(), "plan_s": time.perf_counter() - t0}
     else:
-        from widthscope.certify.run import CertifyJob, run_certify
+        from widthscope.certification.run import CertifyJob, run_certify
 
         baseline = proc_status("VmRSS")
         reset = reset_peak()

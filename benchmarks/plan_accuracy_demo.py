@@ -3,7 +3,7 @@
 Two fresh processes (one torch thread each), as a user runs the two commands: ``plan``
 (:func:`widthscope.demo.plan_demo`, timing on) and ``run`` (:func:`widthscope.demo.run_demo`, each
 part's wall time taken around the call that runs it: the alignment sweeps'
-``widthscope.sweep.alignment.run_sweep``, the linearization part). The report at the end is not
+``widthscope.sweeps.alignment.run_sweep``, the linearization part). The report at the end is not
 planned; its time is recorded apart. Both write into their own temporary folder.
 
 Usage::
@@ -40,7 +40,7 @@ def _plan(out: Path) -> dict[str, Any]:
 
 def _run(out: Path) -> dict[str, Any]:
     import widthscope.demo as demo
-    import widthscope.sweep.alignment as alignment
+    import widthscope.sweeps.alignment as alignment
 
     parts: list[list[Any]] = []
     sweep, linear = alignment.run_sweep, demo._linear_part

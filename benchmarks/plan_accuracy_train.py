@@ -6,9 +6,9 @@ side, and no other command's work is in the heap: a user's process runs one comm
 ``malloc_trim`` gives back what the warm-up freed, so a small run cannot hide in it), as
 ``plan_accuracy.py`` measures ``certify --plan``:
 
-- ``plan``: :func:`widthscope.grow.plan.plan_grow` or :func:`widthscope.linearization.plan.plan_linearize`
+- ``plan``: :func:`widthscope.growth.plan.plan_grow` or :func:`widthscope.linearization.plan.plan_linearize`
   (timing on);
-- ``run``: :func:`widthscope.grow.pipeline.run_grow` or :func:`widthscope.linearization.run.run_sweep` on
+- ``run``: :func:`widthscope.growth.pipeline.run_grow` or :func:`widthscope.linearization.run.run_sweep` on
   the same settings: its wall time (the measured time);
 - ``run-mmap``: the same with ``MALLOC_MMAP_THRESHOLD_=65536`` (glibc returns each freed large block,
   so the peak RSS is what the run holds at once, not what the allocator keeps; slower, so not
@@ -101,7 +101,7 @@ def _warm_up(work: Path, kind: str, s: dict[str, Any]) -> None:
     torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
     load("digits", seed=0)  # its library (scikit-learn) imported before the baseline, as torch and transformers are
     if kind == "grow":
-        from widthscope.grow.pipeline import run_grow
+        from widthscope.growth.pipeline import run_grow
 
         if s["model"] == "builtin":
             run_grow(None, n_train=64, n_test=64, M=8, K=8, steps=2, compare=s["compare"], batch_size=8, show=False)
@@ -145,7 +145,7 @@ def worker(a: argparse.Namespace) -> None:
         from widthscope.probe.resident import resident_peak
 
         if kind == "grow":
-            from widthscope.grow.pipeline import run_grow
+            from widthscope.growth.pipeline import run_grow
 
             spec, kw = _grow_args(s, work)
             whole = functools.partial(run_grow, spec, show=False, **kw)
@@ -156,7 +156,7 @@ def worker(a: argparse.Namespace) -> None:
     elif a.worker == "plan":
         t0 = time.perf_counter()
         if kind == "grow":
-            from widthscope.grow.plan import plan_grow
+            from widthscope.growth.plan import plan_grow
 
             spec, kw = _grow_args(s, work)
             plan = plan_grow(spec, **kw)
@@ -172,7 +172,7 @@ def worker(a: argparse.Namespace) -> None:
         reset = reset_peak()
         t0 = time.perf_counter()
         if kind == "grow":
-            from widthscope.grow.pipeline import run_grow
+            from widthscope.growth.pipeline import run_grow
 
             spec, kw = _grow_args(s, work)
             run_grow(spec, show=False, say=lambda m: None, **kw)

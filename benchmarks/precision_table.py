@@ -5,7 +5,7 @@ Checkpoints (trained here, seeded): (a) a widthscope LLaMA (width 64, 4 blocks) 
 steps on byte-level Python stdlib text and saved with :func:`widthscope.checkpoint.save`; (b) a
 transformers ``GPT2LMHeadModel`` (width 64, 4 blocks, byte vocabulary) trained 300 steps on the
 same bytes and saved with ``save_pretrained``. Each is certified as a user would
-(:func:`widthscope.certify.run.run_certify`, what ``widthscope certify`` runs; ``plan_run`` is what
+(:func:`widthscope.certification.run.run_certify`, what ``widthscope certify`` runs; ``plan_run`` is what
 ``certify --plan`` prints, and its assumed dtype is recorded) with ``--dtype`` float64, float32,
 bfloat16 and float16 and otherwise identical settings: the same text file (three stdlib modules
 not in the training bytes), pools, seeds, points, ``M = K``, draws and intervention grid.
@@ -17,7 +17,7 @@ samples: ``groups`` groups, the i-th group of both pools left out at once; for t
 changes the jackknife standard error of the predicted change ``−η μ_Mᵀg_K``, which to first order
 in ``η`` is also that of the actual change; retention gets none). Verdicts: the sign of every
 certificate's ``E[A]``, vacuity, the growth signal (two-population ``B_exact ≥ 0.5``, the default
-certificate schedule of ``widthscope.grow``), the ranking, the intervention sign, and what the run
+certificate schedule of ``widthscope.growth``), the ranking, the intervention sign, and what the run
 flagged (below resolution, within rounding of zero).
 
 Usage::
@@ -46,10 +46,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 from widthscope import checkpoint, data, models  # noqa: E402
-from widthscope.certify import samples as saved  # noqa: E402
-from widthscope.certify.per_point import statistics  # noqa: E402
-from widthscope.certify.plan import plan_run  # noqa: E402
-from widthscope.certify.run import CertifyJob, run_certify  # noqa: E402
+from widthscope.certification import samples as saved  # noqa: E402
+from widthscope.certification.per_point import statistics  # noqa: E402
+from widthscope.certification.plan import plan_run  # noqa: E402
+from widthscope.certification.run import CertifyJob, run_certify  # noqa: E402
 from widthscope.data.spec import InputSpec  # noqa: E402
 from widthscope.options import CertifyOptions, CertifyRunOptions  # noqa: E402
 from widthscope.train import train  # noqa: E402
@@ -60,7 +60,7 @@ REFERENCE = {"float32": "float64", "bfloat16": "float32", "float16": "float32"}
 UNIT = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
 # docs/performance.md §3 (tests/test_lowprec.py): tolerances relative to float32, in units of u
 TOLERANCE_U = {"mu_sq": 8.0, "ab": 8.0, "d_align": 16.0, "b_exact": 16.0}
-GROW_THRESHOLD = 0.5  # widthscope.grow.schedule.Schedule("certificate") default
+GROW_THRESHOLD = 0.5  # widthscope.growth.schedule.Schedule("certificate") default
 CORPUS_FILES = ("textwrap.py", "tokenize.py", "uuid.py")  # after the first 2 MB of sorted stdlib: unseen
 # table order: quantity -> the keys' last part that belong to it
 QUANTITIES = {

@@ -1,7 +1,7 @@
 """What the growth ranking adds to a run's memory, against the plan's measurement of it, warmed on itself
 or at another size (docs/big-models.md, "Training plans").
 
-``grow --plan`` measures the ranking (:func:`widthscope.grow.plan._ranking_peak`) in a fresh process
+``grow --plan`` measures the ranking (:func:`widthscope.growth.plan._ranking_peak`) in a fresh process
 (:func:`widthscope.probe.resident.resident_peak`): the work run once to warm up, trimmed, then run
 again and measured. Warmed on itself, what a size fills on its first use (the allocator's pools,
 kernels' buffers) is filled before the measurement; the run ranks at its size once, and pays it.
@@ -47,7 +47,7 @@ def _in_run(result: Path) -> None:
     """One process as the benchmark's memory run: the ranking call's peak above the resident set before it."""
     import torch
 
-    import widthscope.grow.pipeline as pipeline
+    import widthscope.growth.pipeline as pipeline
 
     torch.set_num_threads(1)
     _warm_up(result.parent, "grow", SETTING)
@@ -70,10 +70,10 @@ def _in_run(result: Path) -> None:
 def _planned() -> dict[str, Any]:
     import torch
 
-    from widthscope.grow import plan
-    from widthscope.grow.inputs import builtin_inputs
-    from widthscope.grow.options import GrowOptions
-    from widthscope.grow.pipeline import _split_pools
+    from widthscope.growth import plan
+    from widthscope.growth.inputs import builtin_inputs
+    from widthscope.growth.options import GrowOptions
+    from widthscope.growth.pipeline import _split_pools
     from widthscope.probe.intervene import index_batch
     from widthscope.probe.points import resolve_points
     from widthscope.probe.resident import resident_peak

@@ -31,23 +31,6 @@ def _first_paragraph(obj: object) -> str:
     return " ".join(doc.split("\n\n")[0].split())
 
 
-def _target(name: str, obj: object) -> object:
-    """What calling ``ws.<name>`` runs (the callable packages run a function)."""
-    if name == "certify":
-        from widthscope.certify.api import certify_model
-
-        return certify_model
-    if name == "grow":
-        from widthscope.grow.pipeline import grow
-
-        return grow
-    if name == "sweep":
-        from widthscope.sweep.alignment import run_sweep
-
-        return run_sweep
-    return obj
-
-
 def _signature(obj: object) -> str:
     try:
         return str(inspect.signature(obj))  # type: ignore[arg-type]
@@ -82,7 +65,7 @@ def render() -> str:
     for title, names in GROUPS:
         lines += [f"## {title}", ""]
         for name in names:
-            obj = _target(name, getattr(ws, name))
+            obj = getattr(ws, name)
             listed.add(name)
             lines += [f"### `ws.{name}{_signature(obj)}`", "", _first_paragraph(obj), ""]
             if inspect.isclass(obj) and dataclasses.is_dataclass(obj) and name.endswith("Options"):

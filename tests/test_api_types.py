@@ -22,9 +22,9 @@ torch.set_num_threads(1)
 
 import widthscope as ws  # noqa: E402
 from widthscope import _args  # noqa: E402
-from widthscope.certify import certify  # noqa: E402
+from widthscope.certification import certify_dict  # noqa: E402
 from widthscope.errors import WidthscopeError, WidthscopeTypeError  # noqa: E402
-from widthscope.grow import grow  # noqa: E402
+from widthscope.growth import grow  # noqa: E402
 from widthscope.monitor import AlignmentMonitor  # noqa: E402
 
 D64 = torch.float64
@@ -67,16 +67,16 @@ class Case:
 
 _STATS = ("widthscope.stats.bounds:resolve_moments",)
 _COLLECT = ("widthscope.probe.collect:resolve_points",)
-_INSERT = ("widthscope.probe.insert:_resolve",)
-_INTERVENE = ("widthscope.probe.intervene:as_examples", "widthscope.probe.intervene:_resolve")
+_INSERT = ("widthscope.probe.insert:resolve_module",)
+_INTERVENE = ("widthscope.probe.intervene:as_examples", "widthscope.probe.intervene:resolve_module")
 _NTK = ("widthscope.linear.model:params_and_buffers",)
 _NNGP = ("widthscope.linear.model:as_param_dtype",)
 _PREDICT = ("widthscope.linear.predict:spectral",)
 _CORR = ("widthscope.linear.correlation:params_and_buffers",)
 _SIDE = ("widthscope.linear.trainer:_model_tensors",)
 _LOAD = ("widthscope.data.inputs:_resolve", "widthscope.data.inputs:_check_sources")
-_CERTIFY = ("widthscope.certify.pipeline:_resolve",)
-_GROW = ("widthscope.grow.pipeline:_pairs", "widthscope.grow.pipeline:rank_points")
+_CERTIFY = ("widthscope.certification.pipeline:_resolve",)
+_GROW = ("widthscope.growth.pipeline:rank_pairs", "widthscope.growth.pipeline:rank_points")
 _MONITOR = ("widthscope.monitor.core:_as_batches", "widthscope.monitor.core:check_not_fsdp")
 
 T, V = TypeError, ValueError
@@ -210,19 +210,19 @@ CASES = [
          lambda n: ws.load_inputs(ws.InputSpec(model="ck"), show_progress=None), T, "load_inputs(show_progress=...)",
          _LOAD),
     # --- pipelines
-    Case("certify", "model str", lambda n: certify("not a model", GOOD, GOOD), T, "certify(model=...)", _CERTIFY),
-    Case("certify", "batches of strings", lambda n: certify(n, STRINGS, GOOD), T, "certify(train_batches=...)",
+    Case("certify", "model str", lambda n: certify_dict("not a model", GOOD, GOOD), T, "certify(model=...)", _CERTIFY),
+    Case("certify", "batches of strings", lambda n: certify_dict(n, STRINGS, GOOD), T, "certify(train_batches=...)",
          _CERTIFY),
-    Case("certify", "M float", lambda n: certify(n, GOOD, GOOD, M=[4.5]), T, "certify(M=...)", _CERTIFY),
-    Case("certify", "draws zero", lambda n: certify(n, GOOD, GOOD, M=[4], draws=0), V, "certify(draws=...)",
+    Case("certify", "M float", lambda n: certify_dict(n, GOOD, GOOD, M=[4.5]), T, "certify(M=...)", _CERTIFY),
+    Case("certify", "draws zero", lambda n: certify_dict(n, GOOD, GOOD, M=[4], draws=0), V, "certify(draws=...)",
          _CERTIFY),
-    Case("certify", "estimator unknown", lambda n: certify(n, GOOD, GOOD, M=[4], estimator="biased"), V,
+    Case("certify", "estimator unknown", lambda n: certify_dict(n, GOOD, GOOD, M=[4], estimator="biased"), V,
          "certify(estimator=...)", _CERTIFY),
-    Case("certify", "interventions unknown", lambda n: certify(n, GOOD, GOOD, M=[4], interventions="both"), V,
+    Case("certify", "interventions unknown", lambda n: certify_dict(n, GOOD, GOOD, M=[4], interventions="both"), V,
          "certify(interventions=...)", _CERTIFY),
-    Case("certify", "project too small", lambda n: certify(n, GOOD, GOOD, M=[4], project=1), V,
+    Case("certify", "project too small", lambda n: certify_dict(n, GOOD, GOOD, M=[4], project=1), V,
          "certify(project=...)", _CERTIFY),
-    Case("certify", "max_rel_step str", lambda n: certify(n, GOOD, GOOD, M=[4], max_rel_step="x"), T,
+    Case("certify", "max_rel_step str", lambda n: certify_dict(n, GOOD, GOOD, M=[4], max_rel_step="x"), T,
          "certify(max_rel_step=...)", _CERTIFY),
     Case("grow", "model str", lambda n: grow("net", (GOOD, GOOD)), T, "grow(model=...)", _GROW),
     Case("grow", "data int", lambda n: grow(n, 3), T, "grow(data=...)", _GROW),
@@ -314,7 +314,7 @@ def test_every_public_function_is_in_the_table() -> None:
 
 def test_the_issue_example() -> None:
     with pytest.raises(TypeError, match=r"^certify\(model=\.\.\.\): .*torch\.nn\.Module .*got str 'not a model'$"):
-        certify("not a model", GOOD, GOOD)
+        certify_dict("not a model", GOOD, GOOD)
 
 
 class _Encoding(collections.UserDict):

@@ -112,7 +112,7 @@ BAD = [  # (argv, what the one line must say); none of them may train the built-
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    from widthscope.certify.samples import save
+    from widthscope.certification.samples import save
 
     root = tmp_path_factory.mktemp("bad")
     (root / "a_file").write_text("x")
@@ -156,7 +156,7 @@ def test_report_refuses_rows_widthscope_did_not_write(tmp_path, capsys):
 
 
 def test_stats_point_selects_the_point(files, capsys, tmp_path):
-    from widthscope.certify.samples import save
+    from widthscope.certification.samples import save
 
     g = torch.Generator().manual_seed(1)
     a = {n: torch.randn(16, 3, generator=g, dtype=torch.float64) for n in ("p", "q")}

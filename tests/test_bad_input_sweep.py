@@ -18,7 +18,7 @@ import pytest
 
 import widthscope.cli as cli
 from widthscope.cli import main
-from widthscope.sweep.grid import LOCK, _held, lock_out_dir
+from widthscope.sweeps.grid import LOCK, _held, lock_out_dir
 
 from test_faults import TINY_LIN, TINY_SWEEP
 
@@ -184,7 +184,7 @@ def test_dry_run_checks_the_points_too(tmp_path, capsys, no_data):
 
 
 def test_named_points_and_empty_points_list_are_accepted(tmp_path):
-    from widthscope.sweep.alignment import check_structure, load_config
+    from widthscope.sweeps.alignment import check_structure, load_config
 
     cfg = load_config(_config(tmp_path, _sw("certify = {", 'certify = { points = ["blocks.1"],')))
     assert check_structure(cfg) == {"mlp": ["blocks.1"]}
@@ -301,7 +301,7 @@ def test_linearize_holds_the_lock_too(tmp_path, capsys):
 
 
 def test_every_shipped_sweep_config_passes_the_structure_check():
-    from widthscope.sweep.alignment import check_structure, load_config
+    from widthscope.sweeps.alignment import check_structure, load_config
 
     paths = [p for p in sorted((Path(SRC).parent / "configs").glob("*.toml")) if "[[family]]" in p.read_text()]
     if not paths:

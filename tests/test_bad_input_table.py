@@ -26,7 +26,7 @@ def root(tmp_path_factory):
     """Inputs of every kind the table names: a widthscope LM checkpoint, a results folder, samples,
     text in UTF-8/16/32, configs."""
     from widthscope import checkpoint
-    from widthscope.certify.samples import save
+    from widthscope.certification.samples import save
     from widthscope.models import build
 
     r = tmp_path_factory.mktemp("table")
@@ -210,7 +210,7 @@ def test_bad_command_line_is_one_line_before_any_work(case, root, tmp_path, caps
 
 
 def test_pools_that_cannot_fit_in_memory_are_refused_before_training(tmp_path, monkeypatch, capsys):
-    import widthscope.certify.run as pl
+    import widthscope.certification.run as pl
 
     monkeypatch.setattr(pl, "_available_memory", lambda: 10_000)
     rc = main(["certify", *FAST, "--out", str(tmp_path / "c.json")])

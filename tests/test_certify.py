@@ -1,4 +1,4 @@
-"""widthscope.certify: the pipeline against brute-force float64 oracles, and the CLI."""
+"""widthscope.certification: the pipeline against brute-force float64 oracles, and the CLI."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from widthscope.certify import certify
+from widthscope.certification import certify_dict
 from widthscope.cli import main
 from widthscope.errors import WidthscopeError
 
@@ -46,7 +46,7 @@ def test_certify_matches_brute_force_statistics():
     xb, yb = data(30, 2)
     tr = [(xa[i:i + 16], ya[i:i + 16]) for i in range(0, 40, 16)]
     te = [(xb[i:i + 16], yb[i:i + 16]) for i in range(0, 30, 16)]
-    res = certify(model, tr, te, M=[8, 16], K=[4, 24], draws=200, progress=False)
+    res = certify_dict(model, tr, te, M=[8, 16], K=[4, 24], draws=200, progress=False)
     json.dumps(res)  # JSON-able as is
     assert [p["point"] for p in res["points"]] == ["0", "1", "2", "3"]
     for p in res["points"]:
@@ -92,10 +92,10 @@ def test_misalignment_matches_explicit_resampling_on_a_separated_problem():
     x = torch.randn(64, 3, dtype=D64)
     up, down = torch.full((64, 1), 5.0, dtype=D64), torch.full((64, 1), -5.0, dtype=D64)
     tr = [(x[:32], up[:32]), (x[32:], up[32:])]
-    same = certify(lin, tr, [(x, up)], points=["1"], M=[8], draws=100, progress=False)
+    same = certify_dict(lin, tr, [(x, up)], points=["1"], M=[8], draws=100, progress=False)
     c = same["points"][0]["certificates"][0]
     assert c["misalignment"]["probability"] == 0.0 and c["two"]["expectation"] > 0
-    flip = certify(lin, tr, [(x, down)], points=["1"], M=[8], draws=100, progress=False)
+    flip = certify_dict(lin, tr, [(x, down)], points=["1"], M=[8], draws=100, progress=False)
     c = flip["points"][0]["certificates"][0]
     assert c["misalignment"]["probability"] == 1.0 and c["two"]["vacuous"]
 
@@ -105,17 +105,17 @@ def test_certify_bad_inputs():
     xa, ya = data(20, 1)
     tr = [(xa[:10], ya[:10]), (xa[10:], ya[10:])]
     with pytest.raises(WidthscopeError, match="M=32 is larger than the train pool of 20"):
-        certify(model, tr, tr, M=[32], progress=False)
+        certify_dict(model, tr, tr, M=[32], progress=False)
     with pytest.raises(WidthscopeError, match="at least 4"):
-        certify(model, [(xa[:3], ya[:3])], tr, M=[2], progress=False)
+        certify_dict(model, [(xa[:3], ya[:3])], tr, M=[2], progress=False)
     with pytest.raises(WidthscopeError, match="K has 2 values but M has 1"):
-        certify(model, tr, tr, M=[4], K=[4, 8], progress=False)
+        certify_dict(model, tr, tr, M=[4], K=[4, 8], progress=False)
     with pytest.raises(WidthscopeError, match="positive whole numbers"):
-        certify(model, tr, tr, M=[0], progress=False)
+        certify_dict(model, tr, tr, M=[0], progress=False)
     with pytest.raises(WidthscopeError, match="unknown insertion point 'x'"):
-        certify(model, tr, tr, M=[4], points=["x"], progress=False)
+        certify_dict(model, tr, tr, M=[4], points=["x"], progress=False)
     with pytest.raises(WidthscopeError, match="estimator"):
-        certify(model, tr, tr, M=[4], estimator="biased", progress=False)
+        certify_dict(model, tr, tr, M=[4], estimator="biased", progress=False)
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -209,7 +209,7 @@ def _dist_worker(rank: int, world: int, init: str, out: str) -> None:
         xb, yb = data(30, 2)
         tr = [(xa[i:i + 8], ya[i:i + 8]) for i in range(0, 40, 8)]
         te = [(xb[i:i + 8], yb[i:i + 8]) for i in range(0, 30, 8)]
-        res = certify(model, tr, te, M=[8], draws=50, progress=False)
+        res = certify_dict(model, tr, te, M=[8], draws=50, progress=False)
         if rank == 0:
             with open(out, "w") as f:
                 json.dump(res, f)
@@ -225,7 +225,7 @@ def test_certify_sharded_over_two_gloo_ranks_equals_single_process(tmp_path):
     got = json.loads(out.read_text())
     xa, ya = data(40, 1)
     xb, yb = data(30, 2)
-    ref = certify(mlp(), [(xa[i:i + 8], ya[i:i + 8]) for i in range(0, 40, 8)],
+    ref = certify_dict(mlp(), [(xa[i:i + 8], ya[i:i + 8]) for i in range(0, 40, 8)],
                   [(xb[i:i + 8], yb[i:i + 8]) for i in range(0, 30, 8)], M=[8], draws=50, progress=False)
     assert got["settings"]["world_size"] == 2
     for g, r in zip(got["points"], ref["points"]):

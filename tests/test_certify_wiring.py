@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from widthscope import stats
-from widthscope.certify import certify
+from widthscope.certification import certify_dict
 from widthscope.cli import main
 from widthscope.models import build
 from widthscope.probe import collect
@@ -21,7 +21,7 @@ def _setup(n=48, bs=16):
 
 def test_certify_reports_interventions_per_point():
     model, tr, te = _setup()
-    res = certify(model, tr, te, M=[8, 16], draws=50, etas=[1e-4, 1e-3], progress=False)
+    res = certify_dict(model, tr, te, M=[8, 16], draws=50, etas=[1e-4, 1e-3], progress=False)
     for r in res["points"]:
         iv = r["interventions"]
         assert [x["eta"] for x in iv] == [1e-4, 1e-3]
@@ -30,13 +30,13 @@ def test_certify_reports_interventions_per_point():
         # float64 tanh model: first order is essentially exact at a tiny step
         assert iv[0]["retention"] == pytest.approx(1.0, abs=0.02)
     assert all("interventions" not in r for r in
-               certify(model, tr, te, M=[8], draws=10, interventions=None, progress=False)["points"])
+               certify_dict(model, tr, te, M=[8], draws=10, interventions=None, progress=False)["points"])
 
 
 def test_certify_projection_matches_projecting_the_whole_sample():
     model, tr, te = _setup()
     k = 8
-    res = certify(model, tr, te, M=[8], draws=20, interventions=None, project=k, seed=3, progress=False)
+    res = certify_dict(model, tr, te, M=[8], draws=20, interventions=None, project=k, seed=3, progress=False)
     full = collect(model, tr, progress=False)
     for r in res["points"]:
         a = full[r["point"]]
@@ -48,7 +48,7 @@ def test_certify_projection_matches_projecting_the_whole_sample():
         assert got["tr_sigma_sq"] == pytest.approx(want.tr_sigma_sq, rel=1e-10)
     assert any("projected" in n for n in res["notes"])
     with pytest.raises(Exception, match="project"):
-        certify(model, tr, te, M=[8], project=1, progress=False)
+        certify_dict(model, tr, te, M=[8], project=1, progress=False)
 
 
 def test_cli_rejects_bad_etas(capsys):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cli_run import one_line, run_cli
-from widthscope.certify.samples import StatsOptions
+from widthscope.certification.samples import StatsOptions
 from widthscope.demo import DemoOptions
 from widthscope.errors import WidthscopeError
 from widthscope.linearization.activations import ActivationsOptions
@@ -227,7 +227,7 @@ def test_demo_records_its_options_and_config_repeats_them(tmp_path, capsys, monk
     import widthscope.report as report_mod
     import widthscope.report.alignment as report_alignment
     import widthscope.report.claims as report_claims
-    import widthscope.sweep.alignment as sweep_alignment
+    import widthscope.sweeps.alignment as sweep_alignment
 
     monkeypatch.setattr(demo_mod, "_image_dataset", lambda: "digits")
     monkeypatch.setattr(sweep_alignment, "run_sweep", lambda cfg, sub, show_progress: types.SimpleNamespace(rows=[]))

@@ -16,7 +16,7 @@ import torch
 
 from widthscope._io import Skipped, append_jsonl, read_jsonl
 from widthscope.cli import main
-from widthscope.sweep.grid import load_rows, run_grid
+from widthscope.sweeps.grid import load_rows, run_grid
 
 from cli_run import one_line, run_cli
 
@@ -262,7 +262,7 @@ def test_report_on_a_read_only_copy_writes_nothing_under_it(res, tmp_path, capsy
 
 
 def test_report_asks_the_reader_not_to_rebuild(res, tmp_path, monkeypatch, capsys):
-    import widthscope.sweep.grid as grid
+    import widthscope.sweeps.grid as grid
 
     seen = []
     real = grid.load_rows
@@ -328,7 +328,7 @@ def test_a_damaged_certify_json_is_refused_with_one_line(name, damage, msg, tmp_
 def _samples(path: Path, meta: dict[str, str] | None = None, drop: str | None = None) -> Path:
     from safetensors.torch import save_file
 
-    from widthscope.certify.samples import save
+    from widthscope.certification.samples import save
 
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(12, 3, generator=g, dtype=torch.float64), torch.randn(12, 3, generator=g, dtype=torch.float64)
@@ -456,7 +456,7 @@ def test_the_sweep_sets_a_damaged_cell_aside_and_runs_it_again(res, capsys):
 
 
 def test_the_sweep_names_damaged_cells_it_does_not_own(res, capsys):
-    from widthscope.sweep.grid import cell_id
+    from widthscope.sweeps.grid import cell_id
 
     cells = [{"width": w, "seed": s} for w in WIDTHS for s in SEEDS]
     other = res / "cells" / f"{cell_id(cells[1])}.json"  # shard 2/2's cell

@@ -8,7 +8,7 @@ import pytest
 
 from widthscope import demo
 from widthscope.cli import main
-from widthscope.sweep.alignment import load_config, plan_cells
+from widthscope.sweeps.alignment import load_config, plan_cells
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -57,7 +57,7 @@ def env(tmp_path_factory):
     (root / "a_file").write_text("not a directory")
     import torch
 
-    from widthscope.certify.samples import save
+    from widthscope.certification.samples import save
 
     g = torch.Generator().manual_seed(0)
     save(root / "s.safetensors", {"p": torch.randn(16, 4, generator=g, dtype=torch.float64)},
@@ -222,7 +222,7 @@ def _same_settings(resumed, full):
 def test_certify_resume_after_the_last_part_records_the_same_settings(tmp_path, monkeypatch, capsys):
     """Killed after every point was finished, before the JSON was written: the result is assembled
     from the parts alone, and still says how its interventions were run."""
-    import widthscope.certify.run as pl
+    import widthscope.certification.run as pl
 
     argv = ["certify", "--train-steps", "5", "--n-train", "48", "--n-test", "48", "--M", "8,16", "--draws", "100",
             "--n-etas", "3", "--max-rel-step", "0.01"]

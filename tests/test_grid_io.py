@@ -9,7 +9,7 @@ import pytest
 
 from widthscope._io import append_jsonl, atomic_write_json, format_table, read_jsonl
 from widthscope.errors import WidthscopeError
-from widthscope.sweep.grid import cell_id, load_rows, parse_shard, run_grid, shard_cells
+from widthscope.sweeps.grid import cell_id, load_rows, parse_shard, run_grid, shard_cells
 
 
 def test_jsonl_survives_torn_last_line(tmp_path):
@@ -83,7 +83,7 @@ def test_run_grid_kill9_then_resume(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(f"""
         import os, signal, sys
-        from widthscope.sweep.grid import run_grid
+        from widthscope.sweeps.grid import run_grid
         cells = [{{"w": w}} for w in range(6)]
         def fn(cell, d):
             if cell["w"] == 3 and len(sys.argv) > 1:
@@ -100,7 +100,7 @@ def test_run_grid_kill9_then_resume(tmp_path):
 
 
 def test_shard_for_run_uses_torchrun_rank(monkeypatch):
-    from widthscope.sweep.grid import shard_for_run
+    from widthscope.sweeps.grid import shard_for_run
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert shard_for_run(None) == (1, 1)

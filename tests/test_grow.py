@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from widthscope.errors import WidthscopeError
-from widthscope.grow import grow, rank_points
+from widthscope.growth import grow, rank_points
 from widthscope.probe.intervene import insert
 
 
@@ -75,7 +75,7 @@ def test_step_flops_counts_forward_and_the_backward_of_trainable_parameters_only
     gradient and 2nab for its input gradient (only when something upstream is trainable)."""
     import torch.nn as nn
 
-    from widthscope.grow import step_flops
+    from widthscope.growth import step_flops
 
     net = nn.Sequential(nn.Linear(5, 6, bias=False), nn.Tanh(), nn.Linear(6, 3, bias=False))
     x, y = torch.randn(7, 5), torch.randint(0, 3, (7,))
@@ -122,7 +122,7 @@ def test_cli_builtin_writes_json(tmp_path, capsys):
     assert "candidate points" in text and "loss_after" in text
     # the default criterion is the benchmark's winner; the ranking shows the probability of
     # improvement and one plain line on what is (not) certified
-    from widthscope.grow import DEFAULT_CRITERION
+    from widthscope.growth import DEFAULT_CRITERION
 
     assert f"ranked by {DEFAULT_CRITERION}" in text and "p_improve" in text
     assert ("no point is certified at δ = 0.1 with M = K = 16; " in text
@@ -192,8 +192,8 @@ def test_checkpoint_data_split_is_the_recorded_one(tmp_path):
     from widthscope import checkpoint
     from widthscope.cli.grow import add_arguments
     from widthscope.cli.inputs import spec_from_args
-    from widthscope.grow.options import GrowOptions
-    from widthscope.grow.pipeline import _load_inputs
+    from widthscope.growth.options import GrowOptions
+    from widthscope.growth.pipeline import _load_inputs
     from widthscope.models import build
 
     torch.manual_seed(0)

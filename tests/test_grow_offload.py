@@ -21,8 +21,8 @@ import torch
 
 from hf_tiny import state_bytes, tiny_llama
 from widthscope.errors import WidthscopeError
-from widthscope.grow import grow
-from widthscope.grow.block import continue_training, grow_at, step_flops
+from widthscope.growth import grow
+from widthscope.growth.block import continue_training, grow_at, step_flops
 from widthscope.models.dispatch import dispatch
 from widthscope.models.hf import load_hf
 from widthscope.probe.intervene import index_batch

@@ -1,4 +1,4 @@
-"""Growth operators (widthscope.grow.operators): function preservation in float64, what the plain
+"""Growth operators (widthscope.growth.operators): function preservation in float64, what the plain
 G_stack copy computes instead, parameter counts, training after growth, optimiser state."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 from widthscope.errors import WidthscopeError
-from widthscope.grow.operators import optimizer_after, stack_depth, widen, zero_block
+from widthscope.growth.operators import optimizer_after, stack_depth, widen, zero_block
 from widthscope.models import build
 
 

@@ -15,9 +15,9 @@ from cli_run import one_line
 from widthscope.cli import main
 from widthscope.cli.checks import check_args
 from widthscope.errors import WidthscopeError, WidthscopeTypeError
-from widthscope.grow import grow, run_grow
-from widthscope.grow.bench import run_bench
-from widthscope.grow.options import GrowBenchOptions, GrowOptions
+from widthscope.growth import grow, run_grow
+from widthscope.growth.bench import run_bench
+from widthscope.growth.options import GrowBenchOptions, GrowOptions
 from widthscope.validate import RANGES
 
 torch.set_num_threads(1)
@@ -121,7 +121,7 @@ def test_to_dict_from_dict_round_trip_through_json():
 # ----------------------------------------------------------------------------- keywords vs options
 @pytest.fixture(scope="module")
 def tiny():
-    from widthscope.grow.bench import teacher_student
+    from widthscope.growth.bench import teacher_student
 
     student, data, _ = teacher_student(0, width=8, depth=3, n_train=64, n_test=32)
     return student, data
@@ -152,14 +152,14 @@ class _Stop(BaseException):
 
 
 def test_unknown_or_bad_keywords_are_one_error_naming_them_before_any_work(tiny, monkeypatch):
-    import widthscope.grow.pipeline as pipeline
+    import widthscope.growth.pipeline as pipeline
 
     model, data = tiny
 
     def tripwire(*a, **k):
         raise _Stop("work started")
 
-    monkeypatch.setattr(pipeline, "_pairs", tripwire)
+    monkeypatch.setattr(pipeline, "rank_pairs", tripwire)
     monkeypatch.setattr(pipeline, "builtin_inputs", tripwire)
     cases = [
         (

@@ -13,11 +13,11 @@ import torch
 from scipy import stats as st
 
 from widthscope.errors import WidthscopeError
-from widthscope.grow import options as gopts
-from widthscope.grow.schedule import SCHEDULES, Schedule, alignment_signal
-from widthscope.grow.target import OPERATORS, model_flops, reach_flops
-from widthscope.grow.target_bench import run_target
-from widthscope.grow.target_compare import answer, compare
+from widthscope.growth import options as gopts
+from widthscope.growth.schedule import SCHEDULES, Schedule, alignment_signal
+from widthscope.growth.target import OPERATORS, model_flops, reach_flops
+from widthscope.growth.target_bench import run_target
+from widthscope.growth.target_compare import answer, compare
 from widthscope.models import build
 from widthscope.probe.intervene import insert
 from widthscope.stats import certificate, misalignment
@@ -100,7 +100,7 @@ def test_alignment_signal_matches_per_example_oracle():
 
 
 def test_choose_points_is_the_criterion_argmax():
-    from widthscope.grow.schedule import choose_points
+    from widthscope.growth.schedule import choose_points
     from widthscope.probe.growth import point_criteria
 
     torch.manual_seed(0)
@@ -201,7 +201,7 @@ def test_compare_log_t_interval_and_holm():
 @pytest.mark.parametrize("region", [(math.log(1.3), math.inf), (0.0, math.inf), (-1.0, 0.25)])
 def test_statistics_are_the_claims_pages(values, region):
     """The grow-target verdicts use the claims page's test (restated in the pipeline layer)."""
-    from widthscope.grow import target_compare as tc
+    from widthscope.growth import target_compare as tc
     from widthscope.report import claims_stats as cs
 
     a, b = tc.seed_test(values, region), cs.seed_test(values, region)
@@ -234,7 +234,7 @@ def test_compare_against_continue_small_paired_by_seed():
 
 
 def test_option_names_agree_with_the_suite():
-    assert gopts.TARGET_OPERATORS == tuple(OPERATORS)
+    assert tuple(OPERATORS) == ("stack_copy", "stack_zero", "zero_block", "widen")  # the registry's built-ins
     assert gopts.TARGET_SCHEDULES == tuple(SCHEDULES)
     with pytest.raises(WidthscopeError, match="--schedules"):
         gopts.GrowTargetOptions(schedules=("fixed@0.9",))
@@ -314,8 +314,8 @@ steps = 3
 
 
 def test_suite_file_and_plan_cost(tmp_path):
-    from widthscope.grow.target import _model
-    from widthscope.grow.target_plan import plan_cost, read_suite_file
+    from widthscope.growth.target import _model
+    from widthscope.growth.target_plan import plan_cost, read_suite_file
 
     f = tmp_path / "s.toml"
     f.write_text(_TINY)
@@ -345,7 +345,7 @@ def test_suite_file_and_plan_cost(tmp_path):
     ],
 )
 def test_bad_suite_files(tmp_path, change, match):
-    from widthscope.grow.target_plan import read_suite_file
+    from widthscope.growth.target_plan import read_suite_file
 
     f = tmp_path / "s.toml"
     f.write_text(change + _TINY if change.startswith("bogus") else _TINY + change)
@@ -356,7 +356,7 @@ def test_bad_suite_files(tmp_path, change, match):
 def test_paper_config_is_runnable_as_cells():
     from pathlib import Path
 
-    from widthscope.grow.target_bench import _cells
+    from widthscope.growth.target_bench import _cells
 
     path = Path(__file__).resolve().parent.parent / "configs" / "grow-target-paper.toml"
     cells = _cells(gopts.GrowTargetOptions(suite_file=str(path)))
@@ -385,3 +385,30 @@ def test_bad_command_line_fails_before_work(tmp_path, argv, match):
     with pytest.raises(WidthscopeError, match=match):
         grow_target.run(p.parse_args([*argv, "--out", str(tmp_path / "gt")]))
     assert not (tmp_path / "gt").exists()
+
+
+def test_a_new_growth_operator_is_one_function_and_one_registration():
+    """docs/architecture.md, "Extending": write the operator, register it, and grow-target runs it."""
+    from widthscope.growth.operators import stack_depth
+    from widthscope.growth.target import run_target_cell, target_cells
+    from widthscope.registry import GROWTH_OPERATORS
+
+    @GROWTH_OPERATORS.register("stack_bottom", axis="depth")
+    def stack_bottom(model, size, *, cell, seed):  # copies the *bottom* layers, zeroed, on top
+        d = model.config.num_hidden_layers
+        return stack_depth(model, list(range(d)) + list(range(size - d)), mode="zero")
+
+    try:
+        assert "stack_bottom" in OPERATORS and OPERATORS["stack_bottom"] == "depth"
+        opts = gopts.GrowTargetOptions(quick=True, operators=("stack_bottom",))  # the option takes it
+        assert opts.operators == ("stack_bottom",)
+        cell = {**target_cells("quick", seeds=(0,))[0], "steps": 16, "operators": ["stack_bottom"],
+                "schedules": ["fixed@0.25"]}
+        rows = {r["run"]: r for r in run_target_cell(cell)}
+        grown = rows["stack_bottom/fixed@0.25"]
+        assert grown["events"][0]["exact"] and grown["flops"] > 0
+    finally:
+        GROWTH_OPERATORS.unregister("stack_bottom")
+    assert "stack_bottom" not in OPERATORS
+    with pytest.raises(WidthscopeError, match="--operators"):
+        gopts.GrowTargetOptions(operators=("stack_bottom",))

@@ -103,9 +103,10 @@ def _cycles(edges: dict[str, set[str]]) -> list[frozenset[str]]:
 # Allowed cycles (none now; issue 20 removed linear.model <-> linear.structured). Add one only with an issue.
 KNOWN_CYCLES: set[frozenset[str]] = set()
 MATHS = ("widthscope.stats", "widthscope.probe", "widthscope.linear")
-PIPELINES = ("widthscope.certify", "widthscope.certify.per_point", "widthscope.grow", "widthscope.grow.bench",
-             "widthscope.grow.compare", "widthscope.monitor",
-             "widthscope.certify.samples", "widthscope.sweep", "widthscope.demo", "widthscope.train",
+PIPELINES = ("widthscope.certification", "widthscope.certification.per_point", "widthscope.growth",
+             "widthscope.growth.bench",
+             "widthscope.growth.compare", "widthscope.monitor",
+             "widthscope.certification.samples", "widthscope.sweeps", "widthscope.demo", "widthscope.train",
              "widthscope.linearization")
 PRESENTATION = ("widthscope.report", "widthscope.cli", "widthscope.cli.inputs", "widthscope.validate")
 # issue 30: empty — the linearization sweep moved from linear/ to widthscope.linearization (a pipeline).
@@ -118,7 +119,7 @@ def _under(m: str, roots: tuple[str, ...]) -> bool:
 
 def test_graph_reader_sees_lazy_imports():
     edges = _graph()
-    assert "widthscope.certify.per_point" in edges["widthscope.certify.samples"]  # a function-level import
+    assert "widthscope.certification.per_point" in edges["widthscope.certification.samples"]  # a function-level import
     assert "widthscope.data.spec" in edges["widthscope.data.inputs"]  # a module-level one
     assert "widthscope.data.text" not in edges["widthscope.data"]  # package -> own submodule: left out
 
@@ -126,7 +127,7 @@ def test_graph_reader_sees_lazy_imports():
 def test_no_import_cycles_but_the_known_ones():
     cycles = set(_cycles(_graph()))
     assert cycles <= KNOWN_CYCLES, sorted(map(sorted, cycles - KNOWN_CYCLES))
-    assert frozenset({"widthscope.certify", "widthscope.certify.samples"}) not in cycles
+    assert frozenset({"widthscope.certification", "widthscope.certification.samples"}) not in cycles
 
 
 def test_maths_packages_do_not_import_pipelines_or_presentation():
@@ -157,8 +158,8 @@ def test_the_deprecation_shims_are_gone_and_certify_exports_public_names():
                 "widthscope._moved", "widthscope.cli_inputs"):
         with pytest.raises(ModuleNotFoundError):
             importlib.import_module(old)
-    from widthscope import certify
-    from widthscope.certify import per_point
+    from widthscope import certification as certify
+    from widthscope.certification import per_point
 
     assert certify.tables is per_point.tables and certify.statistics is per_point.statistics
     assert not hasattr(certify, "_int_list")  # no private name is re-exported
@@ -177,7 +178,7 @@ def test_argparse_only_in_the_command_line_package():
         if "argparse" in names and not _under(m, ("widthscope.cli",)):
             users.add(m)
     assert users <= ARGPARSE_NOT_YET_MOVED, sorted(users - ARGPARSE_NOT_YET_MOVED)
-    for done in ("widthscope.certify.pipeline", "widthscope.certify.run", "widthscope.options",
+    for done in ("widthscope.certification.pipeline", "widthscope.certification.run", "widthscope.options",
                  "widthscope.data.inputs", "widthscope.monitor.core"):
         assert done not in users, done
 
@@ -192,7 +193,7 @@ SWEEP = {"sweep": {"name": "spec", "seeds": [0], "M": [4], "draws": 20, "interve
 @pytest.fixture(scope="module")
 def cell(tmp_path_factory):
     """One sweep cell trained and saved (as ``widthscope sweep`` does), and its config."""
-    from widthscope.sweep.alignment import load_config, plan_cells, run_cell
+    from widthscope.sweeps.alignment import load_config, plan_cells, run_cell
 
     root = tmp_path_factory.mktemp("sweep")
     cfg = load_config(SWEEP, out_dir=root)
@@ -220,7 +221,7 @@ def _same_pools(a, b):
 
 
 def test_sweep_certify_and_python_reach_the_same_pools_through_one_spec(cell, tmp_path):
-    from widthscope.sweep import alignment
+    from widthscope.sweeps import alignment
 
     cfg, c, ck = cell
     python = InputSpec(model=str(ck), n_train=24, n_test=16, seed=3)
@@ -239,8 +240,8 @@ def test_sweep_certify_and_python_reach_the_same_pools_through_one_spec(cell, tm
         _same_pools(pools[0], p)
     # the sweep's own in-domain train pool is the spec's train pool (same fitted examples, same rule)
     fam = cfg.families[0]
-    split = alignment._load_split(fam, int(c["budget"]), cfg)
-    pa, pb, _, _ = alignment._probe_pools(fam, {"name": "in-domain", "data": "digits"}, None, split, cfg)
+    split = alignment.load_split(fam, int(c["budget"]), cfg)
+    pa, pb, _, _ = alignment.probe_pools(fam, {"name": "in-domain", "data": "digits"}, None, split, cfg)
     assert all(torch.equal(u, v) for u, v in zip(pa, pools[0].train))
     assert len(pb[0]) == len(pools[0].test[0]) == 16
 
@@ -254,8 +255,8 @@ def test_load_inputs_is_the_python_entry(cell):
 
 
 def test_python_certify_on_the_spec_pools_is_the_cli_result(cell, tmp_path):
-    """docs/certify.md: certify() on load_inputs(spec) pools = `widthscope certify` with those options."""
-    from widthscope.certify import certify
+    """docs/certify.md: certify_dict() on load_inputs(spec) pools = `widthscope certify` with those options."""
+    from widthscope.certification import certify_dict
     from widthscope.probe.intervene import to_batches
 
     _, _, ck = cell
@@ -264,7 +265,7 @@ def test_python_certify_on_the_spec_pools_is_the_cli_result(cell, tmp_path):
             "--interventions", "none"]
     assert main(["certify", *argv, "--out", str(out)]) == 0
     inp = ws.load_inputs(ws.InputSpec(model=str(ck), n_train=32, n_test=16, seed=3), show_progress=False)
-    res = certify(inp.model, to_batches(inp.train, 32), to_batches(inp.test, 32), M=[8], seed=3, draws=30,
+    res = certify_dict(inp.model, to_batches(inp.train, 32), to_batches(inp.test, 32), M=[8], seed=3, draws=30,
                   interventions=None, progress=False)
     cli = json.loads(out.read_text())
     # the identical code path on identical pools and batches: equal to the last bit

@@ -195,12 +195,12 @@ def test_default_eta_grid_and_bad_eta():
 
 def _explicit_block_grads(model, point, data_list):
     """Per-example W_out gradients by a loop over single examples (the oracle)."""
-    from widthscope.probe.collect import _run_batch
+    from widthscope.probe.collect import run_batch
 
     w = model.get_submodule(point).widthscope_insert.w_out
     rows = []
     for b in data_list:
-        losses, _, _ = _run_batch(model, b, None, 0)
+        losses, _, _ = run_batch(model, b, None, 0)
         (g,) = torch.autograd.grad(losses.sum(), [w])
         rows.append(g.flatten().double())
     return torch.stack(rows)
@@ -290,7 +290,7 @@ def test_stacked_bias_steps_equal_inserted_biases_and_reuse_equals_recompute():
     and activation scale gives the same rows as measuring them again."""
     from widthscope.models import build
     from widthscope.probe import collect
-    from widthscope.probe.intervene import (_bias_rows_stacked, insert, intervene, mean_loss,
+    from widthscope.probe.intervene import (bias_rows_stacked, insert, intervene, mean_loss,
                                             remove_insertion, to_batches)
 
     torch.manual_seed(0)
@@ -305,7 +305,7 @@ def test_stacked_bias_steps_equal_inserted_biases_and_reuse_equals_recompute():
         etas = [1e-3, 1e-2, 1e-1, 1.0]
         mu = collect(model, to_batches(tr, 5), points=[point], progress=False)[point].mean(0)
         before = mean_loss(model, te)
-        rows = _bias_rows_stacked(model, point, mu, etas, 0.0, te, None, 7, 12, 12, before, 1.0, 1.0)
+        rows = bias_rows_stacked(model, point, mu, etas, 0.0, te, None, 7, 12, 12, before, 1.0, 1.0)
         insert(model, point, "bias", width=mu.numel(), record=False)
         bias = model.get_submodule(point).widthscope_insert.bias
         for eta, row in zip(etas, rows):
@@ -513,7 +513,7 @@ def test_outputs_kept_from_the_probe_equal_capture_and_full_forward(monkeypatch)
                      "act_sq": qa.act_sq[point], "width": qa.widths[point]}
             kw = dict(M=12, K=K, n_etas=5, batch_size=20, progress=False)
             with monkeypatch.context() as mp:  # the record replaces every capture forward
-                mp.setattr(prefix, "_capture", lambda *a: pytest.fail("captured although kept"))
+                mp.setattr(prefix, "capture_outputs", lambda *a: pytest.fail("captured although kept"))
                 with_kept = intervene(model, point, trb, teb, reuse={**reuse, "prefix": kept}, **kw)
             captured = intervene(model, point, trb, teb, reuse=reuse, **kw)
             full = intervene(model, point, trb, teb, reuse=reuse, prefix="full", **kw)
@@ -556,8 +556,8 @@ def test_certify_default_interventions_decade_grid_equal_full_path(monkeypatch):
     capture forward), equal to the whole network per step at every point (float64, 1e-12·|L|);
     n_etas=9, max_rel_step=1 gives the half-decades up to 1, its decades being the same steps
     (the same floats) and rows."""
-    from widthscope.certify import certify
-    from widthscope.certify.pipeline import DEFAULT_MAX_REL_STEP, DEFAULT_N_ETAS
+    from widthscope.certification import certify_dict
+    from widthscope.certification.pipeline import DEFAULT_MAX_REL_STEP, DEFAULT_N_ETAS
     from widthscope.probe.intervene import to_batches
 
     assert (DEFAULT_N_ETAS, DEFAULT_MAX_REL_STEP) == (4, 0.1)
@@ -566,8 +566,8 @@ def test_certify_default_interventions_decade_grid_equal_full_path(monkeypatch):
     from widthscope.probe import prefix
 
     with monkeypatch.context() as mp:  # certify's held-out probe recorded every point's prefix
-        mp.setattr(prefix, "_capture", lambda *a: pytest.fail("captured although the probe kept it"))
-        res = certify(model, trb, teb, M=[8], draws=20, progress=False)
+        mp.setattr(prefix, "capture_outputs", lambda *a: pytest.fail("captured although the probe kept it"))
+        res = certify_dict(model, trb, teb, M=[8], draws=20, progress=False)
     for r in res["points"]:
         rows = r["interventions"]
         assert [x["rel_step"] for x in rows] == pytest.approx([1e-4, 1e-3, 1e-2, 1e-1], rel=1e-9)
@@ -576,7 +576,7 @@ def test_certify_default_interventions_decade_grid_equal_full_path(monkeypatch):
                          prefix="full", progress=False)
         for a, b in zip(rows, full):
             assert abs(a["actual"] - b["actual"]) <= 1e-12 * abs(b["loss_before"]), r["point"]
-    nine = certify(model, trb, teb, M=[8], draws=20, progress=False, points=points[:1], n_etas=9,
+    nine = certify_dict(model, trb, teb, M=[8], draws=20, progress=False, points=points[:1], n_etas=9,
                    max_rel_step=1.0)
     assert len(nine["points"][0]["interventions"]) == 9
     decades = nine["points"][0]["interventions"][::2]
@@ -585,10 +585,10 @@ def test_certify_default_interventions_decade_grid_equal_full_path(monkeypatch):
         assert a["eta"] == b["eta"]  # the decades are the same steps on both grids
         assert abs(a["actual"] - b["actual"]) <= 1e-12 * abs(b["loss_before"])
     with pytest.raises(WidthscopeError, match="n_etas must be"):
-        certify(model, trb, teb, M=[8], draws=20, progress=False, n_etas=0)
+        certify_dict(model, trb, teb, M=[8], draws=20, progress=False, n_etas=0)
     for bad in (1e-4, 0.0, -1.0, float("nan"), float("inf"), "x", True):
         with pytest.raises(WidthscopeError, match="max_rel_step must be a finite number above"):
-            certify(model, trb, teb, M=[8], draws=20, progress=False, max_rel_step=bad)
+            certify_dict(model, trb, teb, M=[8], draws=20, progress=False, max_rel_step=bad)
 
 
 def test_block_probe_stacked_equals_inserted_block_per_step(monkeypatch):
@@ -608,7 +608,7 @@ def test_block_probe_stacked_equals_inserted_block_per_step(monkeypatch):
             kw = dict(kind="block", block_width=8, n_etas=4, batch_size=16, progress=False)
             full = intervene(model, point, trb, teb, prefix="full", **kw)
             with monkeypatch.context() as mp:
-                mp.setattr(prefix, "_capture", lambda *a: pytest.fail("captured although kept"))
+                mp.setattr(prefix, "capture_outputs", lambda *a: pytest.fail("captured although kept"))
                 ours = [intervene(model, point, trb, teb, reuse={"prefix": kept}, **kw)]
             if point == points[0]:
                 ours.append(intervene(model, point, trb, teb, **kw))  # captured per chunk
@@ -640,7 +640,7 @@ def test_committed_retention_grid_supports_certify_stopping_at_0_1():
     step of 1 only repeats: the rows must show that, on the 9 half-decades up to 1."""
     import json
 
-    from widthscope.certify.pipeline import DEFAULT_MAX_REL_STEP
+    from widthscope.certification.pipeline import DEFAULT_MAX_REL_STEP
 
     root, mod = _retention_grid_module()
     data = json.loads((root / "benchmarks" / "results" / "retention-grid.json").read_text())
@@ -672,8 +672,8 @@ def test_grid_note_when_the_largest_step_is_still_first_order():
     """certify notes the points whose largest default step still gave >= half the predicted
     decrease (the breakdown lies beyond the grid), and only those: hand-made rows, then a smooth
     float64 MLP where 0.1 is still first order (note) and the same with explicit etas (no note)."""
-    from widthscope.certify import certify
-    from widthscope.certify.pipeline import STILL_FIRST_ORDER, grid_notes
+    from widthscope.certification import certify_dict
+    from widthscope.certification.pipeline import STILL_FIRST_ORDER, grid_notes
     from widthscope.probe.intervene import to_batches
 
     def pt(name, pred, act):
@@ -689,13 +689,13 @@ def test_grid_note_when_the_largest_step_is_still_first_order():
     assert grid_notes([pt("b", -1.0, -0.4), {"point": "z", "interventions": []}], 0.1) == []
 
     _, mlp, points, tr, te = _kept_cases()[1]
-    res = certify(mlp, to_batches(tr, 7), to_batches(te, 7), M=[8], draws=20, progress=False)
+    res = certify_dict(mlp, to_batches(tr, 7), to_batches(te, 7), M=[8], draws=20, progress=False)
     tops = {r["point"]: r["interventions"][-1] for r in res["points"]}
     held = [p for p, x in tops.items() if x["predicted"] < 0 and x["actual"] <= STILL_FIRST_ORDER * x["predicted"]]
     assert held  # this smooth model is still first order at 0.1
     (note,) = [n for n in res["notes"] if n.startswith("interventions: at ")]
     assert note.startswith(f"interventions: at {', '.join(held)} the largest step")
-    explicit = certify(mlp, to_batches(tr, 7), to_batches(te, 7), M=[8], draws=20, progress=False,
+    explicit = certify_dict(mlp, to_batches(tr, 7), to_batches(te, 7), M=[8], draws=20, progress=False,
                        etas=[x["eta"] for x in res["points"][0]["interventions"]])
     assert not [n for n in explicit["notes"] if n.startswith("interventions: at ")]
 

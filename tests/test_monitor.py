@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from widthscope.certify import certify
+from widthscope.certification import certify_dict
 from widthscope.errors import WidthscopeError
 from widthscope.monitor import AlignmentMonitor, TrainingState, log_steps
 from widthscope.monitor.core import _as_batches
@@ -94,7 +94,7 @@ def test_rows_equal_certify_on_a_copy_at_that_step():
     from widthscope.probe import batched
 
     for step in (4, 9):
-        res = certify(copies[step], batched(*tr, batch_size=64), batched(*te, batch_size=64), points=POINTS,
+        res = certify_dict(copies[step], batched(*tr, batch_size=64), batched(*te, batch_size=64), points=POINTS,
                       M=[32], draws=200, seed=3, interventions=None, progress=False)
         for pt in res["points"]:
             row = next(r for r in mon.rows if r["step"] == step and r["point"] == pt["point"])
@@ -135,7 +135,7 @@ def test_rows_equal_certify_on_a_checkpoint_saved_at_that_step(tmp_path):
         if mon.step(model, step):
             checkpoint.save(model, tmp_path / "ckpt")
     loaded = checkpoint.load(tmp_path / "ckpt")
-    res = certify(loaded, batched(*tr, batch_size=64), batched(*te, batch_size=64), points=points, M=[32],
+    res = certify_dict(loaded, batched(*tr, batch_size=64), batched(*te, batch_size=64), points=points, M=[32],
                   draws=200, seed=1, interventions=None, progress=False)
     assert len(mon.rows) == len(points) == len(res["points"])
     assert any(not r["vacuous"] for r in mon.rows), "a defined certificate is compared"

@@ -117,10 +117,10 @@ def test_small_budget_chunks_stay_exact(method):
     elif method == "structured":
         budget = 0.5 * roomy["bytes"] / SAFETY
     else:  # the products route's chunks of x1 (its memory choice is tested above)
-        from widthscope.linear.model import _ntk_products
+        from widthscope.linear.model import ntk_products
 
         params = {k: v.detach() for k, v in model.named_parameters()}
-        assert torch.allclose(_ntk_products(model, params, {}, x, x, chunk=4), want, rtol=1e-10, atol=1e-12)
+        assert torch.allclose(ntk_products(model, params, {}, x, x, chunk=4), want, rtol=1e-10, atol=1e-12)
         budget = roomy["bytes"] / SAFETY
     info = {}
     got = ntk(model, x, method=method, memory_budget=budget, info=info)

@@ -12,7 +12,7 @@ from torch import nn
 
 from widthscope.errors import WidthscopeError
 from widthscope.linear import cost, ntk, probes
-from widthscope.linear._core import _ntk_per_example, params_and_buffers
+from widthscope.linear._core import ntk_per_example, params_and_buffers
 
 TOL = {"rtol": 1e-10, "atol": 1e-12}
 F64 = torch.float64
@@ -89,8 +89,8 @@ def test_per_example_equals_the_oracle(kind, o):
     # chunks of examples and of outputs, rectangular and symmetric (the mirrored upper block pairs)
     p, b = params_and_buffers(model)
     for chunk, oc in ((1, None), (2, None), (2, 2), (4, 1)):
-        assert torch.allclose(_ntk_per_example(model, p, b, x1, x2, chunk, False, oc), _oracle(model, x1, x2), **TOL)
-        assert torch.allclose(_ntk_per_example(model, p, b, x1, x1, chunk, True, oc), _oracle(model, x1, x1), **TOL)
+        assert torch.allclose(ntk_per_example(model, p, b, x1, x2, chunk, False, oc), _oracle(model, x1, x2), **TOL)
+        assert torch.allclose(ntk_per_example(model, p, b, x1, x1, chunk, True, oc), _oracle(model, x1, x1), **TOL)
 
 
 def test_per_example_on_a_function_of_params():

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from hf_tiny import state_bytes, tiny_llama
-from widthscope.certify import certify
+from widthscope.certification import certify_dict
 from widthscope.errors import WidthscopeError
 from widthscope.models import dispatch as dispatch_module
 from widthscope.models.dispatch import (
@@ -121,8 +121,8 @@ def test_offloaded_certify_equals_plain(ckpt, pools):
     assert rec["release_memory"] is False and rec["malloc_mmap_threshold"] == mmap_threshold()
     tr, te = pools
     draws = 200
-    a = certify(plain, tr, te, M=[8, 16], draws=draws, progress=False)
-    b = certify(off, tr, te, M=[8, 16], draws=draws, progress=False)
+    a = certify_dict(plain, tr, te, M=[8, 16], draws=draws, progress=False)
+    b = certify_dict(off, tr, te, M=[8, 16], draws=draws, progress=False)
     assert all(r["interventions"] for r in b["points"])  # the bias interventions ran
     assert_same(a, b, draws)
 

@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 import widthscope as ws
+from widthscope.certification import certify_dict
 from widthscope.cli import main
 from widthscope.errors import WidthscopeError
 from widthscope.options import CertifyOptions, CertifyRunOptions, InterventionOptions
@@ -123,7 +124,7 @@ def test_ws_certify_is_the_function_the_readme_shows(tiny):
     net, tr, te = tiny
     res = ws.certify(net, tr, te, M=[8, 16], draws=100, progress=False)
     assert isinstance(res, ws.CertifyResult)
-    raw = ws.certify.certify(net, tr, te, M=[8, 16], draws=100, progress=False)  # the dict, same numbers
+    raw = certify_dict(net, tr, te, M=[8, 16], draws=100, progress=False)  # the dict, same numbers
     assert res.to_dict()["points"] == raw["points"]
     assert [p.point for p in res.points] == [p["point"] for p in raw["points"]]
     c = res.point(res.points[0].point).certificate(16)
@@ -160,9 +161,27 @@ def test_exports_match_the_docs():
     for name in ("certify", "grow", "AlignmentMonitor", "CertifyOptions", "CertifyResult", "InputSpec",
                  "load_inputs", "ntk", "linearize"):
         assert name in ws.__all__ and callable(getattr(ws, name)), name
-    import widthscope.grow.bench  # noqa: F401  (importing a subpackage must not hide the function)
+    import widthscope.growth.bench  # noqa: F401  (importing a subpackage must not hide the function)
 
     assert callable(ws.grow) and callable(ws.certify)
+
+
+@pytest.mark.parametrize("first", ["functions", "packages"])
+def test_the_public_functions_are_plain_functions_in_either_import_order(first):
+    """``ws.certify``/``ws.grow``/``ws.sweep`` are functions of widthscope.api, never a package (the
+    pipelines live in widthscope.certification/growth/sweeps, nouns, so nothing shadows them)."""
+    import subprocess
+    import sys
+
+    imports = "import widthscope.certification.run, widthscope.growth.bench, widthscope.sweeps.grid"
+    code = (f"{imports}\nimport widthscope as ws\n" if first == "packages" else
+            f"import widthscope as ws\nws.certify, ws.grow, ws.sweep\n{imports}\n") + (
+        "import types, widthscope.api as api\n"
+        "for n in ('certify', 'grow', 'sweep'):\n"
+        "    f = getattr(ws, n)\n"
+        "    assert isinstance(f, types.FunctionType) and f is getattr(api, n), (n, f)\n"
+        "assert ws.certify.__annotations__['return'] == 'CertifyResult'\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_the_readme_quick_start_runs(capsys):
@@ -179,7 +198,7 @@ def test_the_readme_quick_start_runs(capsys):
 
 def test_a_result_without_recorded_options_never_claims_defaults(tiny):
     net, tr, te = tiny
-    raw = ws.certify.certify(net, tr, te, M=[8, 16], draws=100, progress=False)
+    raw = certify_dict(net, tr, te, M=[8, 16], draws=100, progress=False)
     old = {k: v for k, v in raw.items() if k != "options"}  # a file written before options were recorded
     assert ws.CertifyResult.from_dict(old).options == CertifyOptions(M=(8, 16), K=(8, 16), draws=100)
     broken = {**old, "settings": {**old["settings"], "draws": 0}}  # settings no valid options match

@@ -85,10 +85,10 @@ def test_certify_options_take_few_stays_and_climbs(tmp_path, capsys):
         print("  stay", module, ", ".join(fs))
     for c in climbs:
         print("  climb", *c)
-    assert stays[0][0].startswith("widthscope.cli") and any(m.startswith("widthscope.certify") for m in modules)
+    assert stays[0][0].startswith("widthscope.cli") and any(m.startswith("widthscope.certification") for m in modules)
     assert len(stays) <= MAX_STAYS, stays
     assert len(climbs) <= MAX_CLIMBS, climbs
-    first = next(i for i, (m, _) in enumerate(stays) if m.startswith("widthscope.certify"))
+    first = next(i for i, (m, _) in enumerate(stays) if m.startswith("widthscope.certification"))
     assert not any(m.startswith("widthscope.cli") for m, _ in stays[first:]), "the pipeline called back into the CLI"
 
 

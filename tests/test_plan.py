@@ -1,4 +1,4 @@
-"""``certify --plan``: the cost plan (widthscope.certify.plan) against direct counts on the loaded model.
+"""``certify --plan``: the cost plan (widthscope.certification.plan) against direct counts on the loaded model.
 
 A tiny LLaMA saved with ``save_pretrained`` is planned on the meta device (no weights read) and
 compared with the model ``load_hf`` loads: parameters, weight bytes at the dtype, FLOPs of one
@@ -16,7 +16,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from widthscope.certify.plan import CostPlan, count_pass, plan_run
+from widthscope.certification.plan import CostPlan, count_pass, plan_run
 from widthscope.data.inputs import resolve
 from widthscope.data.spec import InputSpec
 from widthscope.models.hf import load_hf

@@ -1,5 +1,5 @@
 """Cost plans of the growth benchmarks (``grow-bench --plan``, ``grow-target --plan``;
-widthscope.grow.bench_plan, widthscope.grow.target_run_plan).
+widthscope.growth.bench_plan, widthscope.growth.target_run_plan).
 
 Oracles: a stage's FLOPs per step against ``FlopCounterMode`` on a real training step of the same
 model, built the way the benchmark's cell builds it (``grow.block.step_flops``, the cell's count;
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from widthscope.grow.bench_plan import SuitePlan, merge_counts, plan_bench, tensor_bytes
+from widthscope.growth.bench_plan import SuitePlan, merge_counts, plan_bench, tensor_bytes
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cli_run import one_line, run_cli  # noqa: E402
@@ -33,15 +33,15 @@ def bench_plan() -> SuitePlan:
 
 def test_plan_bench_flops_and_parameters_equal_a_real_step(bench_plan):
     """llama-16 of the quick suite: the cell's model, its grown copies and its equal-FLOPs steps."""
-    from widthscope.grow.block import step_flops
-    from widthscope.grow.cell import _grown
-    from widthscope.grow.suite import _build, _data, cells
+    from widthscope.growth.block import step_flops
+    from widthscope.growth.cell import _grown
+    from widthscope.growth.suite import build_model, cell_data, cells
     from widthscope.probe.intervene import index_batch
 
     cell = next(c for c in cells("quick", (0,)) if c["model"] == "llama-16")
-    train, _, _, _ = _data(cell)
+    train, _, _, _ = cell_data(cell)
     torch.manual_seed(0)
-    model = _build(cell, cell["depth"])
+    model = build_model(cell, cell["depth"])
     bs = cell["batch_size"]
     batch = index_batch(train, slice(0, bs))
     plan = next(p for p in bench_plan.plans if p.model == "llama-16")
@@ -97,8 +97,8 @@ def test_merge_counts_and_tensor_bytes():
 
 
 def test_plan_target_flops_equal_the_benchmark_count():
-    from widthscope.grow.target import TARGET_SUITES, _grow_once, _model, model_flops
-    from widthscope.grow.target_run_plan import plan_target
+    from widthscope.growth.target import TARGET_SUITES, _grow_once, _model, model_flops
+    from widthscope.growth.target_run_plan import plan_target
 
     plan = plan_target(**TINY_TARGET, time_run=False)
     (p,) = plan.plans
@@ -134,7 +134,7 @@ def test_plan_target_flops_equal_the_benchmark_count():
 
 
 def test_plan_target_timed_predicts_a_time():
-    from widthscope.grow.target_run_plan import plan_target
+    from widthscope.growth.target_run_plan import plan_target
 
     plan = plan_target(quick=True, seeds=(0,), operators=("stack_copy",), schedules=("fixed@0.25",), steps=4)
     (p,) = plan.plans
@@ -188,8 +188,8 @@ def test_cli_grow_target_plan_trains_and_writes_nothing(tmp_path, capsys, monkey
     ],
 )
 def test_cli_plan_refuses_a_bad_option_before_any_work(argv, msg, capsys, monkeypatch):
-    import widthscope.grow.bench_plan as bp
-    import widthscope.grow.target_run_plan as tp
+    import widthscope.growth.bench_plan as bp
+    import widthscope.growth.target_run_plan as tp
 
     def refuse(*a, **k):
         raise AssertionError("planned despite a bad option")
@@ -201,8 +201,8 @@ def test_cli_plan_refuses_a_bad_option_before_any_work(argv, msg, capsys, monkey
 
 def test_plan_target_suite_file_counts_without_the_device(tmp_path):
     """A suite file for a device this machine lacks: counted (meta), not timed, the budget as plan_cost's."""
-    from widthscope.grow.target_plan import plan_cost, read_suite_file
-    from widthscope.grow.target_run_plan import plan_target
+    from widthscope.growth.target_plan import plan_cost, read_suite_file
+    from widthscope.growth.target_run_plan import plan_target
 
     if torch.cuda.is_available():
         pytest.skip("the suite's device is here: the plan would time it")

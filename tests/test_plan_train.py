@@ -173,7 +173,7 @@ def test_attention_counted_as_the_run_takes_it(llama):
 
 
 def test_plan_grow_builtin_counts_and_times():
-    from widthscope.grow.plan import BASE_STEPS, plan_grow
+    from widthscope.growth.plan import BASE_STEPS, plan_grow
 
     plan = plan_grow(None, steps=5, compare=True, M=8, K=8, n_train=64, n_test=32)
     names = [s.name for s in plan.stages]

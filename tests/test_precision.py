@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from widthscope import models
-from widthscope.certify.per_point import rounding_bounds, statistics, tables
+from widthscope.certification.per_point import rounding_bounds, statistics, tables
 from widthscope.probe import collect
 from widthscope.probe.collect import causal_lm_loss
 from widthscope.probe.intervene import (
@@ -178,10 +178,10 @@ def test_float32_remeasure_of_flagged_steps(setup):
 
 
 def test_certify_tables_say_which_steps(setup):
-    from widthscope.certify import certify
+    from widthscope.certification import certify_dict
 
     _, lo, _, train, test, _ = setup
-    res = certify(lo, train, test, points=[POINTS[1]], M=[16], draws=50, progress=False)
+    res = certify_dict(lo, train, test, points=[POINTS[1]], M=[16], draws=50, progress=False)
     iv = res["points"][0]["interventions"]
     assert any(r["below_resolution"] for r in iv) and all(r["dtype"] == "bfloat16" for r in iv)
     text = tables(res)

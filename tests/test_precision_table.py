@@ -16,8 +16,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import precision_table as pt  # noqa: E402
-from widthscope.certify import samples as saved  # noqa: E402
-from widthscope.certify.per_point import statistics  # noqa: E402
+from widthscope.certification import samples as saved  # noqa: E402
+from widthscope.certification.per_point import statistics  # noqa: E402
 
 
 @pytest.fixture(scope="module")

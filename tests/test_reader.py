@@ -14,11 +14,11 @@ import pytest
 
 import widthscope.stats as wstats
 from widthscope import data
-from widthscope.certify import data_description
+from widthscope.certification import data_description
 from widthscope.report import alignment, load_results, report
 from widthscope.report.html import data_descriptions, fit_titles
 from widthscope.stats import vacuous_rule
-from widthscope.sweep.alignment import print_summary, run_sweep, summary_rows
+from widthscope.sweeps.alignment import print_summary, run_sweep, summary_rows
 
 
 def _row(probe: str, L: int, seed: int, w: int, d: float, **kw):
@@ -132,7 +132,7 @@ def test_vacuous_rule_is_one_rule_in_json_console_table_and_plot(vacuous_sweep):
         if w == 8:
             assert r["d_align"] is None and r["vacuous"] == "2/2"
     # plot data: no value (NaN) where every seed is vacuous, the rows' mean elsewhere
-    drawn = alignment._d_align_by_point(list(alignment.groups(rows).values())[0], "two")
+    drawn = alignment.d_align_by_point(list(alignment.groups(rows).values())[0], "two")
     for pi, (ws, vals) in drawn.items():
         by = dict(zip(ws, vals))
         assert math.isnan(by[8])

@@ -13,7 +13,7 @@ import pytest
 
 from widthscope.cli import main
 from widthscope.report import alignment, html as rhtml, load_results, report
-from widthscope.sweep.grid import run_grid
+from widthscope.sweeps.grid import run_grid
 
 CHROMIUM = "/usr/bin/chromium"
 WIDTHS = [32, 64, 128, 256]
@@ -101,7 +101,7 @@ def test_summary_when_claim_fails_and_bound_violated():
 
 def test_aggregation_is_mean_and_range_over_seeds():
     rows = synthetic_rows(seeds=(0, 1, 2))
-    agg = alignment._agg(rows, "two_d_align", by=("point_index", "width"))
+    agg = alignment.aggregate(rows, "two_d_align", by=("point_index", "width"))
     mean, lo, hi, n = agg[(2, 128)]
     truth = [3.0 + 2.0 * 2 + 0.1 * s for s in range(3)]
     assert n == 3 and mean == pytest.approx(np.mean(truth)) and (lo, hi) == pytest.approx((min(truth), max(truth)))

@@ -10,7 +10,7 @@ import torch
 
 from widthscope import data, models
 from widthscope._io import atomic_write_json
-from widthscope.certify import certify
+from widthscope.certification import certify_dict
 from widthscope.cli import main
 from widthscope.errors import WidthscopeError
 from widthscope.report import alignment, load_results, report
@@ -26,7 +26,7 @@ def _certify_file(path: Path, width: int, depth: int = 2) -> Path:
     torch.manual_seed(width)
     model = models.build("mlp", width, in_dim=64, out_dim=10, depth=depth)
     train(model, split, steps=5, lr=1e-2, batch_size=32, progress=False)
-    res = certify(model, data.batches(split.train, 32), data.batches(split.test, 16), M=[8, 16], draws=100,
+    res = certify_dict(model, data.batches(split.train, 32), data.batches(split.test, 16), M=[8, 16], draws=100,
                   seed=0, interventions=None, progress=False)
     res["settings"].update(model=f"mlp-w{width}", data="digits", width=width, depth=depth)
     return atomic_write_json(path, res)
@@ -76,8 +76,8 @@ def test_rows_carry_the_json_numbers(series):
                 n += 1
     assert n == len(rows) == 3 * 2 * 2  # widths x points x (M, K)
     # What the d_align figure draws: per point, the JSON's two-population d_align at each width.
-    drawn = alignment._d_align_by_point(rows, "two")
-    names = dict(alignment._points(rows))
+    drawn = alignment.d_align_by_point(rows, "two")
+    names = dict(alignment.point_keys(rows))
     for pi, (ws, vals) in drawn.items():
         assert ws == list(WIDTHS)
         want = [next(p for p in json.loads(f.read_text())["points"] if p["point"] == names[pi])

@@ -39,7 +39,7 @@ def test_saved_samples_reproduce_the_certify_json(extra, tmp_path, capsys):
 
 
 def test_stats_reads_published_q_matrices_and_matches_the_api(tmp_path, capsys):
-    from widthscope.certify import statistics
+    from widthscope.certification import statistics
 
     g = torch.Generator().manual_seed(0)
     A = torch.randn(40, 6, generator=g, dtype=torch.float64) + 0.4

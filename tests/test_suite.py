@@ -14,7 +14,7 @@ import pytest
 
 import hf_tiny
 from widthscope.cli import main
-from widthscope.sweep.suite import step_of
+from widthscope.sweeps.suite import step_of
 
 WIDTHS = (16, 32, 48)
 REVS = ("step1", "step2")
@@ -169,7 +169,7 @@ def test_rerun_resumes_and_a_damaged_cell_runs_again(ran, offline, capsys):
     # the estimate counts each checkpoint's parameters from its safetensors header
     from safetensors.torch import load_file
 
-    from widthscope.sweep.suite import parameters
+    from widthscope.sweeps.suite import parameters
 
     snap = offline["cache"] / "models--org--tiny-16" / "snapshots" / _commit(16, "step1")
     n16 = sum(t.numel() for t in load_file(snap / "model.safetensors").values())
@@ -270,7 +270,7 @@ def test_report_options_are_recorded_and_read_back_with_config(ran, offline, cap
 def test_shipped_suite_config_and_docs_example_validate():
     import tomllib
 
-    from widthscope.sweep.suite import load_suite, plan_suite
+    from widthscope.sweeps.suite import load_suite, plan_suite
 
     root = Path(__file__).resolve().parents[1]
     cfg = load_suite(tomllib.loads((root / "configs" / "pythia-suite.toml").read_text()), stem="pythia-suite")

@@ -15,8 +15,8 @@ import torch
 
 from widthscope.cli import main
 from widthscope.errors import WidthscopeError
-from widthscope.sweep.alignment import TIMING_COLUMNS, _take, load_config, plan_cells, run_sweep
-from widthscope.sweep.grid import cell_id, load_rows
+from widthscope.sweeps.alignment import TIMING_COLUMNS, take_examples, load_config, plan_cells, run_sweep
+from widthscope.sweeps.grid import cell_id, load_rows
 
 TINY = """
 [sweep]
@@ -180,7 +180,7 @@ def test_tiny_sweep_rows_match_oracles(tiny):
     assert evaluate(model, split.test, "classification")["loss"] == pytest.approx(r0["test_loss"], rel=1e-5)
     for pi in (0, 1):
         # the probe pools: seeded random subsets of each part (data_seed 0), as the sweep takes them
-        (xa, ya), (xb, yb) = _take(split.train, 40, 0), _take(split.test, 32, 1)
+        (xa, ya), (xb, yb) = take_examples(split.train, 40, 0), take_examples(split.test, 32, 1)
         Xa = _per_example_grads(model, xa, ya, f"blocks.{pi}")
         Xb = _per_example_grads(model, xb, yb, f"blocks.{pi}")
         sa = Xa.sum(0)

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from widthscope._io import read_jsonl
-from widthscope.sweep.alignment import (MONITOR_SUMMARY, MONITOR_TIMING_COLUMNS, TIMING_COLUMNS, load_config,
+from widthscope.sweeps.alignment import (MONITOR_SUMMARY, MONITOR_TIMING_COLUMNS, TIMING_COLUMNS, load_config,
                                         monitor_steps, plan_cells, run_sweep)
-from widthscope.sweep.grid import cell_id
+from widthscope.sweeps.grid import cell_id
 
 TINY = {
     "sweep": {"name": "tiny-mon", "seeds": [0], "M": [4, 8], "draws": 50, "interventions": "none"},
@@ -40,7 +40,7 @@ def _cfg(widths=(8, 16), **monitor):
 
 
 def test_certified_steps_first_and_from():
-    from widthscope.sweep.alignment import certified_steps
+    from widthscope.sweeps.alignment import certified_steps
 
     rows = lambda *bs: [{"step": s, "vacuous": b is None, "b_exact": 1.0 if b is None else b}  # noqa: E731
                         for s, b in zip((0, 3, 7, 20), bs)]

@@ -12,10 +12,10 @@ import pytest
 
 import hf_tiny
 from cli_run import one_line, run_cli
-from widthscope.sweep.alignment import TIMING_COLUMNS, load_config, plan_cells, run_sweep
-from widthscope.sweep.grid import load_rows
-from widthscope.sweep.placement import cell_folder, check_placement
-from widthscope.sweep.record import read_record
+from widthscope.sweeps.alignment import TIMING_COLUMNS, load_config, plan_cells, run_sweep
+from widthscope.sweeps.grid import load_rows
+from widthscope.sweeps.placement import cell_folder, check_placement
+from widthscope.sweeps.record import read_record
 
 pytest.importorskip("accelerate")
 
@@ -256,8 +256,8 @@ def test_offload_folder_is_refused_where_it_would_write_into_an_input_or_the_res
     from types import SimpleNamespace
 
     from widthscope.errors import WidthscopeError
-    from widthscope.sweep.run import _check_offload_folders
-    from widthscope.sweep.suite import SuiteConfig
+    from widthscope.sweeps.run import _check_offload_folders
+    from widthscope.sweeps.suite import SuiteConfig
 
     model = tmp_path / "model"
     model.mkdir()

@@ -15,11 +15,11 @@ import torch
 import hf_tiny
 from cli_run import one_line, run_cli
 from widthscope import models
-from widthscope.sweep import costs as costs_mod
-from widthscope.sweep.alignment import load_config, plan_cells
-from widthscope.sweep.costs import alignment_costs
-from widthscope.sweep.grid import cell_id
-from widthscope.sweep.record import read_record
+from widthscope.sweeps import costs as costs_mod
+from widthscope.sweeps.alignment import load_config, plan_cells
+from widthscope.sweeps.costs import alignment_costs
+from widthscope.sweeps.grid import cell_id
+from widthscope.sweeps.record import read_record
 
 TINY = """
 [sweep]
@@ -199,7 +199,7 @@ def test_config_accepts_the_toml_or_a_finished_sweeps_record(tmp_path, capsys):
 
 
 def test_every_shipped_sweep_config_survives_its_record(tmp_path):
-    from widthscope.sweep.suite import load_suite
+    from widthscope.sweeps.suite import load_suite
 
     shipped = Path(__file__).resolve().parents[1] / "configs"
     if not shipped.exists():

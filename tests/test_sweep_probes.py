@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from widthscope import data
-from widthscope.sweep.alignment import apply_shift, load_config, plan_cells, run_sweep
+from widthscope.sweeps.alignment import apply_shift, load_config, plan_cells, run_sweep
 
 BASE = """
 [sweep]
@@ -61,12 +61,12 @@ def test_conditions_and_lengths_change_probes_not_training(tmp_path):
 
 def test_in_domain_longer_probe_keeps_held_out_text_held_out(tmp_path):
     cfg = _load(tmp_path, PROBES.replace("widths = [16, 32]", "widths = [16]"), "one")
-    from widthscope.sweep.alignment import _load_split, _probe_pools
+    from widthscope.sweeps.alignment import load_split, probe_pools
 
     fam = cfg.families[0]
-    split = _load_split(fam, fam.n_train, cfg)
+    split = load_split(fam, fam.n_train, cfg)
     rec = data.record(split)
-    pa, pb, desc, offsets = _probe_pools(fam, fam.probes[0], 16, split, cfg)
+    pa, pb, desc, offsets = probe_pools(fam, fam.probes[0], 16, split, cfg)
     buf = b"".join(open(f, "rb").read() for f in split.meta["files"])[: split.meta["bytes"]]
     for row, start in zip(pb[0], offsets["test"].tolist()):
         assert bytes(row.tolist()) == buf[start:start + 16]
@@ -77,7 +77,7 @@ def test_in_domain_longer_probe_keeps_held_out_text_held_out(tmp_path):
         assert any(s <= start and start + 16 <= e for s, e in rec["fitted"])
     assert "re-cut at 16" in desc
     with pytest.raises(Exception, match="lie wholly inside the fitted text"):  # a longer probe than trained:
-        _probe_pools(fam, fam.probes[0], 128, split, cfg)                     # refused, never a leak
+        probe_pools(fam, fam.probes[0], 128, split, cfg)                     # refused, never a leak
 
 
 def test_image_shifts_are_fixed_corruptions():
@@ -125,12 +125,12 @@ def test_training_data_is_always_read_in_domain_and_shifts_need_images(tmp_path)
     # prose train pool, in-domain held-out pool: the held-out side is still the recorded held-out text
     cfg = _load(tmp_path, BASE.replace("widths = [16, 32]", "widths = [16]")
                 + 'probes = [{ name = "mixed", data = "prose", test_data = "text", seq_len = [16] }]\n', "mixed")
-    from widthscope.sweep.alignment import _load_split, _probe_pools
+    from widthscope.sweeps.alignment import load_split, probe_pools
 
     fam = cfg.families[0]
-    split = _load_split(fam, fam.n_train, cfg)
+    split = load_split(fam, fam.n_train, cfg)
     rec = data.record(split)
-    pa, pb, desc, offsets = _probe_pools(fam, fam.probes[0], 16, split, cfg)
+    pa, pb, desc, offsets = probe_pools(fam, fam.probes[0], 16, split, cfg)
     assert desc == "prose train part / held-out part" and set(offsets) == {"test"}
     for start in offsets["test"].tolist():
         assert any(s <= start and start + 16 <= e for s, e in rec["heldout"])

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from widthscope.grow.inputs import builtin_inputs
-from widthscope.grow.options import GrowOptions
-from widthscope.grow.pipeline import _split_pools
-from widthscope.grow.plan import _rank, _ranking_peak, _sub_pools, growth_bytes, plan_grow, ranking_bytes
+from widthscope.growth.inputs import builtin_inputs
+from widthscope.growth.options import GrowOptions
+from widthscope.growth.pipeline import _split_pools
+from widthscope.growth.plan import _rank, _ranking_peak, _sub_pools, growth_bytes, plan_grow, ranking_bytes
 from widthscope.probe.cost import live_peak
 from widthscope.probe.points import resolve_points
 

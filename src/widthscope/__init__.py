@@ -5,17 +5,17 @@ cheap and the command line starts fast):
 
 Alignment certificates (``widthscope.stats``, ``widthscope.probe``)
     moments, certificate, misalignment, plan, collect, insertion_points
-    (the whole pipeline: ``widthscope.certify.certify``)
+    (the whole pipeline: ``widthscope.certification.certify_dict``)
 Interventions and growth (``widthscope.probe``)
     insert, intervene
 Linearization diagnostics (``widthscope.linear``)
     linearize, ntk, nngp, kernel_predict, correlation, train_side_by_side
     (``ntk``/``nngp``/``linearize`` take an ``nn.Module`` or a function ``f(params, x)`` with ``params=``)
-The whole certify pipeline: ``certify(model, data, M=...)`` -> :class:`CertifyResult`
+The public functions (``widthscope.api``): ``certify(model, data, M=...)`` -> :class:`CertifyResult`
     (``data``: train and held-out batches, a pair of them, or an :class:`InputSpec`), with
     :class:`CertifyOptions`; ``grow(model, data)`` with :class:`GrowOptions`; ``AlignmentMonitor``
     (during training) with :class:`MonitorOptions`; ``sweep(config, out_dir)`` (a sweep config:
-    ``widthscope.sweep.load_config``'s, a TOML dict or path); :class:`ReportOptions`
+    ``widthscope.sweeps.load_config``'s, a TOML dict or path); :class:`ReportOptions`
 Inputs (``widthscope.data``): a checkpoint, its data and its two probe pools
     InputSpec, load_inputs (``load_inputs(InputSpec(model=..., data=..., n_train=...))``;
     the command line builds the same spec from its options)
@@ -30,6 +30,9 @@ from ._version import __version__
 from .errors import WidthscopeError
 
 _EXPORTS = {
+    "certify": "widthscope.api",
+    "grow": "widthscope.api",
+    "sweep": "widthscope.api",
     "moments": "widthscope.stats",
     "certificate": "widthscope.stats",
     "misalignment": "widthscope.stats",
@@ -50,21 +53,16 @@ _EXPORTS = {
     "MonitorOptions": "widthscope.monitor",
     "CertifyOptions": "widthscope.options",
     "InterventionOptions": "widthscope.options",
-    "GrowOptions": "widthscope.grow.options",
+    "GrowOptions": "widthscope.growth.options",
     "ReportOptions": "widthscope.report.options",
-    "CertifyResult": "widthscope.certify.result",
-    "PointCertificate": "widthscope.certify.result",
+    "CertifyResult": "widthscope.certification.result",
+    "PointCertificate": "widthscope.certification.result",
 }
-# Names that are packages users call: ``ws.certify(model, data, M=...)`` (a callable package, so the
-# function and the subpackage imported from are one object).
-_CALLABLE_PACKAGES = {"certify": "widthscope.certify", "grow": "widthscope.grow", "sweep": "widthscope.sweep"}
 
-__all__ = ["WidthscopeError", "__version__", *_CALLABLE_PACKAGES, *_EXPORTS]
+__all__ = ["WidthscopeError", "__version__", *_EXPORTS]
 
 
 def __getattr__(name: str) -> Any:
-    if name in _CALLABLE_PACKAGES:
-        return importlib.import_module(_CALLABLE_PACKAGES[name])
     mod = _EXPORTS.get(name)
     if mod is None:
         raise AttributeError(f"module 'widthscope' has no attribute {name!r}")

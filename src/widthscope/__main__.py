@@ -11,7 +11,7 @@ from . import cli  # noqa: E402  (after the handlers: the import is the window t
 
 # Hand over without a gap: cli's own recorder first, then what came so far (a signal after the
 # extend would otherwise land in _early, read by no one, and the run would go on to the end).
-signal.signal(signal.SIGTERM, cli._defer)
-signal.signal(signal.SIGINT, cli._defer)
-cli._PENDING.extend(_early)
+signal.signal(signal.SIGTERM, cli.defer_signal)
+signal.signal(signal.SIGINT, cli.defer_signal)
+cli.PENDING_SIGNALS.extend(_early)
 cli.console()

@@ -255,8 +255,8 @@ def plan_demo(
     nothing is written; finished cells in ``out_dir`` are shown as finished (and not in the time)."""
     import torch  # noqa: PLC0415  start-up time: torch
 
-    from .sweep.alignment import load_config  # noqa: PLC0415  start-up time: torch
-    from .sweep.run import print_config_plan  # noqa: PLC0415  start-up time: torch
+    from .sweeps.alignment import load_config  # noqa: PLC0415  start-up time: torch
+    from .sweeps.run import print_config_plan  # noqa: PLC0415  start-up time: torch
 
     DemoOptions(quick=quick, no_linear=not linear, threads=threads)  # checked as the run checks them
     file = file or sys.stdout
@@ -310,7 +310,7 @@ def run_demo(
     CPU threads while the demo runs (``None``: leave torch's default).
     """
     from .report.alignment import summary  # noqa: PLC0415  start-up time: numpy
-    from .sweep.alignment import load_config, print_summary, run_sweep  # noqa: PLC0415  start-up time: torch
+    from .sweeps.alignment import load_config, print_summary, run_sweep  # noqa: PLC0415  start-up time: torch
 
     opts = DemoOptions(  # checked before any work, recorded in DIR/demo.json
         quick=quick, no_linear=not linear, no_progress=not show_progress, threads=threads

@@ -49,6 +49,7 @@ __all__ = [
     "ESTIMATORS",
     "POOLS",
     "INTERVENTIONS",
+    "INTERVENTION_KINDS",
     "DRAW_SCHEMES",
     "PROTOCOLS",
     "apply_keywords",
@@ -62,7 +63,9 @@ DEFAULT_N_ETAS = 4  # the decades 1e-4 .. 1e-1 of the activation's RMS (docs/int
 DEFAULT_MAX_REL_STEP = 0.1
 ESTIMATORS = ("unbiased", "plugin")
 POOLS = ("sum", "mean", "flatten", "token")
-INTERVENTIONS = ("bias", "block", "none")
+# what widthscope.probe.insert adds at a point and intervene measures (the one list of the kinds)
+INTERVENTION_KINDS = ("bias", "block")
+INTERVENTIONS = (*INTERVENTION_KINDS, "none")
 DRAW_SCHEMES = ("shared", "per-pair")
 MAX_ETAS = 100  # each step evaluates the held-out pool at every point
 MAX_POOL = 10**7

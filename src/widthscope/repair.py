@@ -47,7 +47,7 @@ def _text(rows: list[dict[str, Any]]) -> str:
 
 def _plan(d: Path) -> dict[str, Any]:
     """What is damaged and what results.jsonl should hold; reads only."""
-    from .sweep.grid import RESULTS, load_rows  # noqa: PLC0415  start-up time: torch
+    from .sweeps.grid import RESULTS, load_rows  # noqa: PLC0415  start-up time: torch
 
     res = d / RESULTS
     cells = d / "cells"
@@ -105,7 +105,7 @@ def _describe(d: Path, plan: dict[str, Any], backup: Path, dry_run: bool) -> lis
 @contextlib.contextmanager
 def _locked(d: Path) -> Iterator[None]:
     """The sweep's lock: never rewrite a folder a running sweep is writing."""
-    from .sweep.grid import lock_out_dir  # noqa: PLC0415  start-up time: torch
+    from .sweeps.grid import lock_out_dir  # noqa: PLC0415  start-up time: torch
 
     with contextlib.ExitStack() as stack:
         try:
@@ -117,7 +117,7 @@ def _locked(d: Path) -> Iterator[None]:
 
 def repair(out_dir: str | os.PathLike, *, dry_run: bool = False) -> list[str]:
     """Repair the results folder ``out_dir`` (see the module doc); print and return what it did."""
-    from .sweep.grid import new_backup_dir, set_aside  # noqa: PLC0415  start-up time: torch
+    from .sweeps.grid import new_backup_dir, set_aside  # noqa: PLC0415  start-up time: torch
 
     d = Path(out_dir)
     if not d.exists():

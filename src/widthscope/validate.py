@@ -338,7 +338,7 @@ def check_pools(
 
 # ----------------------------------------------------------------------------- list options
 # Comma lists of the command line (--M 16,32 --K 8) and the (M, K) pairs they make: shared by
-# certify, stats (widthscope.certify.samples) and grow-bench, so the same bad list gets the same line.
+# certify, stats (widthscope.certification.samples) and grow-bench, so the same bad list gets the same line.
 def num_list(text: str | None, flag: str, cast: Callable[[str], Any]) -> list | None:
     """``"16,32,64"`` -> ``[16, 32, 64]`` (``None`` stays ``None``), with a clear error."""
     if text is None:

@@ -132,11 +132,11 @@ def _remove_created() -> None:
 # Signals that arrived while modules were importing: only recorded then, and acted on once the
 # imports are done. Raised inside an import, a KeyboardInterrupt can be swallowed by a library's
 # `try: import x / except: ...` fallback, and the run would go on as if nothing happened.
-_PENDING: list[int] = []
+PENDING_SIGNALS: list[int] = []
 
 
-def _defer(signum: int, _frame: object) -> None:
-    _PENDING.append(signum)
+def defer_signal(signum: int, _frame: object) -> None:
+    PENDING_SIGNALS.append(signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     on_main = _main_thread()
     previous = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) if on_main else None
     if on_main:  # first thing: a signal while torch/transformers import (seconds) ends like one during work
-        signal.signal(signal.SIGTERM, _defer)
-        signal.signal(signal.SIGINT, _defer)
+        signal.signal(signal.SIGTERM, defer_signal)
+        signal.signal(signal.SIGINT, defer_signal)
     argv = list(sys.argv[1:] if argv is None else argv)
     name = next((a for a in argv if not a.startswith("-")), None)
     try:
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyboardInterrupt, _Terminated) as exc:  # before the command started (imports, parsing)
         return _stopped(name if name in COMMANDS else None, exc)
     finally:
-        _PENDING.clear()
+        PENDING_SIGNALS.clear()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous[0])
             signal.signal(signal.SIGINT, previous[1])
@@ -164,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _imports_done(terminate: Callable[[int, object], None] | None) -> None:
     """Act on a signal that came while importing; from now on SIGINT/SIGTERM raise at once."""
-    if _PENDING:
-        raise _Terminated(signal.SIGTERM) if signal.SIGTERM in _PENDING else KeyboardInterrupt()
+    if PENDING_SIGNALS:
+        raise _Terminated(signal.SIGTERM) if signal.SIGTERM in PENDING_SIGNALS else KeyboardInterrupt()
     if terminate is not None:
         signal.signal(signal.SIGTERM, terminate)
         signal.signal(signal.SIGINT, signal.default_int_handler)

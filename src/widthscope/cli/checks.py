@@ -125,7 +125,7 @@ def check_args(args: argparse.Namespace, command: str) -> None:
     """The shared checks; raises :class:`WidthscopeError` with one line naming the option."""
     _check_plan(args, command)
     if isinstance(getattr(args, "shard", None), str):
-        from ..sweep.grid import parse_shard  # noqa: PLC0415  start-up time: torch
+        from ..sweeps.grid import parse_shard  # noqa: PLC0415  start-up time: torch
 
         parse_shard(args.shard)
     for flag, path in paths(args, INPUT_PATHS + OUTPUT_PATHS):

@@ -1,6 +1,6 @@
-"""``widthscope grow``: the command line of :func:`widthscope.grow.pipeline.run_grow`.
+"""``widthscope grow``: the command line of :func:`widthscope.growth.pipeline.run_grow`.
 
-A thin adapter: the growth options are generated from :class:`~widthscope.grow.options.GrowOptions`
+A thin adapter: the growth options are generated from :class:`~widthscope.growth.options.GrowOptions`
 (:mod:`widthscope.cli.args`), the input options come from :mod:`widthscope.cli.inputs` (an
 :class:`~widthscope.data.spec.InputSpec` for a checkpoint, pool sizes 2048 / 512 capped at what
 the data has when not given). ``--config`` starts from the options a previous grow results JSON
@@ -13,9 +13,9 @@ import argparse
 from typing import Any
 
 from .._io import format_table
-from ..grow.options import GrowOptions
-from ..grow.pipeline import run_grow
-from ..grow.plan import plan_grow
+from ..growth.options import GrowOptions
+from ..growth.pipeline import run_grow
+from ..growth.plan import plan_grow
 from .args import add_config, add_options, config_options, options_from_args
 from .inputs import add_arguments as add_inputs
 from .inputs import spec_from_args

@@ -1,11 +1,11 @@
-"""``widthscope grow-bench``: the command line of :func:`widthscope.grow.bench.run_bench`.
+"""``widthscope grow-bench``: the command line of :func:`widthscope.growth.bench.run_bench`.
 
 A thin adapter: the benchmark's options are generated from
-:class:`~widthscope.grow.options.GrowBenchOptions` (:mod:`widthscope.cli.args`; ``--config``
+:class:`~widthscope.growth.options.GrowBenchOptions` (:mod:`widthscope.cli.args`; ``--config``
 starts from the options a previous run's ``summary.json`` recorded); ``run`` prints the overall
 comparison, the default rule it picks and the planted cases, and (unless ``--no-report``) writes
 the table/plot of :mod:`widthscope.report.growth`. ``--plan`` prints the run's cost plan
-(:func:`widthscope.grow.bench_plan.plan_bench`) instead, and trains and writes nothing.
+(:func:`widthscope.growth.bench_plan.plan_bench`) instead, and trains and writes nothing.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import argparse
 
 from .._io import format_table
 from ..errors import WidthscopeError
-from ..grow.bench import bench_out_dir, run_bench
-from ..grow.bench_plan import plan_bench
-from ..grow.options import GrowBenchOptions
+from ..growth.bench import bench_out_dir, run_bench
+from ..growth.bench_plan import plan_bench
+from ..growth.options import GrowBenchOptions
 from ..report.growth import write_report
 from ..validate import int_list
 from .args import add_config, add_options, config_options, options_from_args

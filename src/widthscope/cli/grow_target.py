@@ -1,10 +1,10 @@
-"""``widthscope grow-target``: the command line of :func:`widthscope.grow.target_bench.run_target`.
+"""``widthscope grow-target``: the command line of :func:`widthscope.growth.target_bench.run_target`.
 
-A thin adapter: the options are generated from :class:`~widthscope.grow.options.GrowTargetOptions`
+A thin adapter: the options are generated from :class:`~widthscope.growth.options.GrowTargetOptions`
 (:mod:`widthscope.cli.args`; ``--config`` starts from the options a previous run's
 ``summary.json`` recorded); ``run`` prints the table (speed-up to the from-scratch loss per operator
 and schedule, beside the continue-small baselines) and the answer. ``--plan`` prints the run's cost
-plan (:func:`widthscope.grow.target_run_plan.plan_target`) instead, and trains and writes nothing.
+plan (:func:`widthscope.growth.target_run_plan.plan_target`) instead, and trains and writes nothing.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import argparse
 import torch
 
 from .._io import format_table
-from ..grow.options import GrowTargetOptions
-from ..grow.target_bench import COLUMNS, run_target, target_out_dir
-from ..grow.target_run_plan import plan_target
+from ..growth.options import GrowTargetOptions
+from ..growth.target_bench import COLUMNS, run_target, target_out_dir
+from ..growth.target_run_plan import plan_target
 from .args import add_config, add_options, config_options, options_from_args
 from .grow import PLAN_HELP, PLAN_NO_TIME_HELP
 

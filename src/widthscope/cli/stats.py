@@ -1,6 +1,6 @@
-"""``widthscope stats``: the command line of :func:`widthscope.certify.samples.run_stats`.
+"""``widthscope stats``: the command line of :func:`widthscope.certification.samples.run_stats`.
 
-A thin adapter: the settings are generated from :class:`~widthscope.certify.samples.StatsOptions`
+A thin adapter: the settings are generated from :class:`~widthscope.certification.samples.StatsOptions`
 (:mod:`widthscope.cli.args`), over the options a ``--config`` file recorded (the sources given here
 replace the recorded ones); it passes them to the pipeline and prints the tables.
 """
@@ -11,8 +11,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..certify.per_point import tables
-from ..certify.samples import StatsOptions, run_stats
+from ..certification.per_point import tables
+from ..certification.samples import StatsOptions, run_stats
 from ..validate import int_list
 from .args import add_config, add_options, config_options, options_from_args
 

@@ -1,9 +1,9 @@
 """``widthscope sweep CONFIG.toml [--out DIR] [--shard k/n] [--dry-run]`` (or ``--config FILE``): the command line of
-:func:`widthscope.sweep.run.run_sweep_file`.
+:func:`widthscope.sweeps.run.run_sweep_file`.
 
-Runs (or resumes) an alignment width sweep (:mod:`widthscope.sweep.alignment`), or, for a config
+Runs (or resumes) an alignment width sweep (:mod:`widthscope.sweeps.alignment`), or, for a config
 with a ``[suite]`` table, certifies a suite of existing checkpoints at their revisions
-(:mod:`widthscope.sweep.suite`); see docs/sweeps.md. A thin adapter: the options go to the sweep as
+(:mod:`widthscope.sweeps.suite`); see docs/sweeps.md. A thin adapter: the options go to the sweep as
 keyword arguments. Example::
 
     widthscope sweep configs/demo-mlp.toml --out /tmp/mlp-sweep
@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import WidthscopeError
-from ..sweep.run import run_sweep_file
+from ..sweeps.run import run_sweep_file
 
 __all__ = ["add_arguments", "run"]
 

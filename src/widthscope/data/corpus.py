@@ -106,7 +106,7 @@ def _text_pieces(path: Path) -> Iterator[str]:
             yield piece + rest
 
 
-def _column(row: dict[str, Any], field: str, where: str, i: int) -> str:
+def column_text(row: dict[str, Any], field: str, where: str, i: int) -> str:
     if field not in row:
         raise WidthscopeError(
             f"{where} has no field/column {field!r} (it has: {', '.join(map(str, row))}); pass --text-field NAME"
@@ -238,7 +238,7 @@ def documents(
 
         def gen() -> Iterator[Any]:
             for i, row in enumerate(rows):
-                text = _column(row, field, str(path), i)
+                text = column_text(row, field, str(path), i)
                 if label_field is None:
                     yield iter([text])
                     continue

@@ -16,8 +16,8 @@ from .._io import progress
 from ..checkpoint import recorded_data
 from ..errors import WidthscopeError
 from .corpus import IMAGE_SUFFIXES
-from .loading import _model_dir, check_ids
-from .pools import _count, _refuse_given, pick_pool
+from .loading import check_ids, model_dir
+from .pools import pick_pool, pool_size, refuse_given
 from .spec import InputSpec, PoolSize
 from .text import corpus_chunks, read_corpus, recorded_chunks
 
@@ -34,12 +34,10 @@ def _image_folder(path: Path) -> list[tuple[Path, str]]:
     return items
 
 
-def _image_pools(
-    spec: InputSpec, model: nn.Module, seed: int, show: bool
-) -> tuple[Any, Any, dict[str, Any], list[str]]:
+def image_pools(spec: InputSpec, model: nn.Module, seed: int, show: bool) -> tuple[Any, Any, dict[str, Any], list[str]]:
     from PIL import Image, UnidentifiedImageError
 
-    where = _model_dir(model)
+    where = model_dir(model)
     if where is None or not (where / "preprocessor_config.json").is_file():
         raise WidthscopeError(
             f"no image processor in {where}: image models need the checkpoint's "
@@ -57,7 +55,7 @@ def _image_pools(
     if spec.train_data is not None or spec.test_data is not None:
         if spec.train_data is None or spec.test_data is None:
             raise WidthscopeError("give --train-data and --test-data together, or one --data ImageFolder")
-        _refuse_given(spec, ("test_fraction",), "--train-data/--test-data (two sources, nothing is split)")
+        refuse_given(spec, ("test_fraction",), "--train-data/--test-data (two sources, nothing is split)")
         tr_items, te_items = _image_folder(Path(spec.train_data)), _image_folder(Path(spec.test_data))
         how = "two ImageFolder directories"
     else:
@@ -66,7 +64,7 @@ def _image_pools(
         subs = {d.name: d for d in root.iterdir() if d.is_dir()}
         test_dir = next((subs[k] for k in ("val", "validation", "test") if k in subs), None)
         if "train" in subs and test_dir is not None:
-            _refuse_given(spec, ("test_fraction",), f"{root} (its own train/ and {test_dir.name}/ folders)")
+            refuse_given(spec, ("test_fraction",), f"{root} (its own train/ and {test_dir.name}/ folders)")
             tr_items, te_items = _image_folder(subs["train"]), _image_folder(test_dir)
             how = f"ImageFolder train/ and {test_dir.name}/"
         else:
@@ -126,7 +124,7 @@ def _image_pools(
 
 
 # ----------------------------------------------------------------------------- widthscope datasets
-def _named_pools(
+def named_pools(
     name: str, spec: InputSpec, model: nn.Module, task: str, seed: int
 ) -> tuple[Any, Any, dict[str, Any], list[str], Any]:
     """Our own named datasets (digits, fashion-mnist, text, ...) with the checkpoint's recorded
@@ -219,8 +217,8 @@ def _named_pools(
         "recorded": bool(rec),
         "n_train_examples": len(split.train[0]),
         "n_test_examples": len(split.test[0]),
-        "n_train": _count(train),
-        "n_test": _count(test),
+        "n_train": pool_size(train),
+        "n_test": pool_size(test),
         "heldout_integrity": integrity,
         "train_pool": pool_rule,
     }

@@ -48,17 +48,17 @@ from ..hub import DEFAULT_REVISION, hub_record
 from ..probe.collect import masked_lm_loss
 from . import DATASETS
 from .hf_datasets import describe_record, is_hf_ref, parse_ref
-from .image_pools import _image_pools, _named_pools
-from .loading import _check_seq_len, _recorded_name, check_ids, load_model, load_tokenizer, mask_tokens, placement_of
+from .image_pools import image_pools, named_pools
+from .loading import check_ids, check_seq_len, load_model, load_tokenizer, mask_tokens, placement_of, recorded_name
 from .loading import check_vocabulary as check_vocabulary
 from .loading import model_task as model_task
 from .object_pools import object_pools
 from .objects import task_of
-from .pools import WINDOW, _refuse_given
+from .pools import WINDOW, refuse_given
 from .pools import pick_pool as pick_pool
 from .sources import check_splits_given, describe, is_tokenized_object
 from .spec import TASKS, InputSpec, check_source
-from .text_pools import _text_pools
+from .text_pools import text_pools
 
 __all__ = [
     "Inputs",
@@ -194,7 +194,7 @@ def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> I
     notes: list[str] = []
     name = spec.data
     if name is None and spec.train_data is None:
-        name = recorded_data(model).get("dataset") or _recorded_name(model)
+        name = recorded_data(model).get("dataset") or recorded_name(model)
         if name is None:
             what = repr(spec.model) if isinstance(spec.model, str) else f"object {type(spec.model).__name__}"
             raise WidthscopeError(
@@ -224,13 +224,13 @@ def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> I
                 raise WidthscopeError(
                     "--tokenizer applies to text files given with --data PATH, not to the recorded byte-level corpus"
                 )
-            _refuse_given(
+            refuse_given(
                 spec,
                 ("text_field", "label_field", "sequences", "max_tokens", "test_fraction", "train_split", "test_split"),
                 f"the named dataset {name!r} (its own recorded split)",
             )
-            train, test, info, more, split = _named_pools(name, spec, model, task, seed)
-            _check_seq_len(model, info.get("seq_len"))
+            train, test, info, more, split = named_pools(name, spec, model, task, seed)
+            check_seq_len(model, info.get("seq_len"))
             offsets = split if isinstance(split, dict) else None
             return Inputs(
                 model,
@@ -252,23 +252,23 @@ def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> I
             f"this widthscope model is a classifier: pass a dataset name ({', '.join(DATASETS)}) "
             "with --data, not a file"
         )
-    _refuse_given(spec, ("data_root", "train_pool"), "data files (both are for named datasets and their records)")
+    refuse_given(spec, ("data_root", "train_pool"), "data files (both are for named datasets and their records)")
     loss = masked_lm_loss if task == "masked-lm" else None
     if _tokenized(spec):
         tok = _tokenizer(spec, model, task, needed=task == "masked-lm")
         train, test, info, more = object_pools(spec, model, task, tok, seed)
         return Inputs(model, task, train, test, loss, tok, info, more, data=describe(spec.data or spec.train_data))
     if task == "image-classification":
-        train, test, info, more = _image_pools(spec, model, seed, show_progress)
+        train, test, info, more = image_pools(spec, model, seed, show_progress)
         return Inputs(model, task, train, test, None, None, info, more, data=spec.data)
     tok = _tokenizer(spec, model, task, needed=True)
     rec_len = (getattr(model, "widthscope_extra", None) or {}).get("data_options", {}).get("seq_len")
     seq_len = spec.seq_len or rec_len or (64 if task == "lm" else 128)
-    _check_seq_len(model, seq_len)
+    check_seq_len(model, seq_len)
     mode = spec.sequences or ("concatenate" if task in ("causal-lm", "lm") else "per-document")
     if task == "sequence-classification" and mode != "per-document":
         raise WidthscopeError("sequence classification needs --sequences per-document (one labelled text each)")
-    train, test, info, more = _text_pools(
+    train, test, info, more = text_pools(
         spec, model, "causal-lm" if task == "lm" else task, tok, seq_len, mode, seed, show_progress
     )
     more += _record_datasets(spec, info)

@@ -127,7 +127,7 @@ def _own_task(model: nn.Module) -> str | None:
         raise
 
 
-def _model_dir(model: nn.Module) -> Path | None:
+def model_dir(model: nn.Module) -> Path | None:
     hf = getattr(model, "widthscope_hf", None) or {}
     return Path(hf["directory"]) if hf.get("directory") else None
 
@@ -148,7 +148,7 @@ def load_tokenizer(spec: str | None, model: nn.Module, task: str) -> Any:
     if spec is None:
         if task == "lm":  # widthscope's own byte-level LMs
             return ByteTokenizer()
-        where = _model_dir(model)
+        where = model_dir(model)
         if where is None:
             raise WidthscopeError(f"this checkpoint has no tokenizer directory: pass --tokenizer PATH{or_bytes}")
     else:
@@ -191,7 +191,7 @@ def _tokenizer_dir(spec: str, model: nn.Module) -> Path:
     return resolve_model(spec, rec.get("commit") if same else None, flag="--tokenizer")[0]
 
 
-def _tok_name(tok: Any) -> str:
+def tokenizer_name(tok: Any) -> str:
     return getattr(tok, "name", None) or f"{type(tok).__name__}({getattr(tok, 'name_or_path', '')})"
 
 
@@ -208,7 +208,7 @@ def check_vocabulary(tok: Any, model: nn.Module, where: str | None = None) -> No
     if n > V:
         fix = "pass the matching one with --tokenizer" if where is None else "pass the model's own tokenizer"
         raise WidthscopeError(
-            f"{where + ': ' if where else ''}tokenizer {_tok_name(tok)} has {n} tokens but the model's "
+            f"{where + ': ' if where else ''}tokenizer {tokenizer_name(tok)} has {n} tokens but the model's "
             f"embedding has {V} rows: this is not the model's tokenizer; {fix}"
         )
 
@@ -238,7 +238,8 @@ def mask_tokens(
     mask_id = getattr(tok, "mask_token_id", None)
     if mask_id is None:
         raise WidthscopeError(
-            f"tokenizer {_tok_name(tok)} has no mask token: a masked LM needs one (use the checkpoint's own tokenizer)"
+            f"tokenizer {tokenizer_name(tok)} has no mask token: a masked LM needs one "
+            "(use the checkpoint's own tokenizer)"
         )
     special = torch.tensor(sorted(set(getattr(tok, "all_special_ids", []) or [])), dtype=torch.int64)
     cand = attention.bool() & ~torch.isin(ids, special)
@@ -257,7 +258,7 @@ def mask_tokens(
 
 
 # ----------------------------------------------------------------------------- checks
-def _recorded_name(model: nn.Module) -> str | None:
+def recorded_name(model: nn.Module) -> str | None:
     for attr in ("widthscope_extra", "widthscope_config"):
         meta = getattr(model, attr, None)
         if isinstance(meta, dict) and isinstance(meta.get("dataset"), str):
@@ -265,7 +266,7 @@ def _recorded_name(model: nn.Module) -> str | None:
     return None
 
 
-def _check_seq_len(model: nn.Module, seq_len: int | None) -> None:
+def check_seq_len(model: nn.Module, seq_len: int | None) -> None:
     limit = max_positions(model)
     if seq_len is not None and limit is not None and seq_len > limit:
         raise WidthscopeError(

@@ -22,9 +22,9 @@ from torch.utils.data import DataLoader
 
 from ..errors import WidthscopeError
 from .loading import check_ids
-from .objects import _check_positions, _dataset_pool, _from_mapping, _pad_id, _prepare
-from .pools import _count, _index, _refuse_given, pick_pool
-from .sources import _is_dataset_dict, choose, default_split_of, describe, same_source
+from .objects import check_positions, dataset_pool, from_mapping, pad_id_of, prepare_objects
+from .pools import pick_pool, pool_size, refuse_given, take_rows
+from .sources import choose, default_split_of, describe, is_dataset_dict, same_source
 from .spec import InputSpec
 
 __all__ = ["object_pools"]
@@ -66,10 +66,10 @@ def _join(batches: list[Any], pad_id: int, where: str) -> Any:
 
 def _whole(obj: Any, split: str | None, task: str, tok: Any, where: str) -> tuple[Any, str]:
     """One tokenized source (a split of it) as one pool of raw examples, and its description."""
-    if _is_dataset_dict(obj):
+    if is_dataset_dict(obj):
         if split is None or split not in obj:
             raise WidthscopeError(f"{where}: the DatasetDict has no split {split!r} (splits: {', '.join(obj)})")
-        pool, _, what = _dataset_pool(obj[split], task, tok, None, None, where)
+        pool, _, what = dataset_pool(obj[split], task, tok, None, None, where)
         return pool, f"DatasetDict split {split!r}: {what}"
     if split is not None:
         raise WidthscopeError(f"{where}: {describe(obj)} has no splits: drop --train-split/--test-split")
@@ -77,22 +77,22 @@ def _whole(obj: Any, split: str | None, task: str, tok: Any, where: str) -> tupl
         batches = [b for b in obj]  # drawn once: the pool stays fixed
         if not batches:
             raise WidthscopeError(f"{where}: the DataLoader gave no batches")
-        return _join(batches, _pad_id(tok), where), f"DataLoader of {len(batches)} batches"
+        return _join(batches, pad_id_of(tok), where), f"DataLoader of {len(batches)} batches"
     if isinstance(obj, Mapping):
-        pool = _from_mapping(obj, where)
+        pool = from_mapping(obj, where)
         return pool, f"{type(obj).__name__} of {next(iter(pool.values())).shape[0]} examples"
-    pool, _, what = _dataset_pool(obj, task, tok, None, None, where)
+    pool, _, what = dataset_pool(obj, task, tok, None, None, where)
     return pool, what
 
 
 def _ready(raw: Any, task: str, tok: Any, seed: int, model: nn.Module, where: str) -> Any:
     """Raw examples made into what the task's batches hold (masking, labels split off), checked."""
-    pool = _prepare(raw, task, tok, seed, where, from_text=False) if isinstance(raw, dict) else raw
+    pool = prepare_objects(raw, task, tok, seed, where, from_text=False) if isinstance(raw, dict) else raw
     ids = pool.get("input_ids") if isinstance(pool, dict) else None
     if isinstance(pool, tuple) and isinstance(pool[0], dict):
         ids = pool[0].get("input_ids")
     if isinstance(ids, torch.Tensor):
-        _check_positions(model, ids, where)
+        check_positions(model, ids, where)
         check_ids(ids, model, where)
     return pool
 
@@ -104,7 +104,7 @@ def _sources(spec: InputSpec) -> tuple[Any, str | None, Any, str | None, str, An
     if spec.train_data is not None:
         if spec.data is not None:
             raise WidthscopeError("data and train_data/test_data both given: give one object (data) or two")
-        _refuse_given(spec, ("test_fraction",), "train_data/test_data (two sources, nothing is split)")
+        refuse_given(spec, ("test_fraction",), "train_data/test_data (two sources, nothing is split)")
         if same_source(spec.train_data, spec.test_data) and spec.train_split == spec.test_split:
             raise WidthscopeError(
                 "train_data and test_data are the same object: the held-out pool must be other examples"
@@ -145,14 +145,14 @@ def object_pools(
     if te_split is None and how != "two sources":  # one source cut into both pools
         frac = spec.test_fraction
         assert frac is not None  # a filled spec has one
-        n = _count(tr_raw)
+        n = pool_size(tr_raw)
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))
         n_hold = min(max(1, int(round(frac * n))), n - 1) if n > 1 else 0
         te_idx, tr_idx = perm[:n_hold].sort().values, perm[n_hold:].sort().values
         if spec.first:
             tr_idx, te_idx = torch.arange(n - n_hold), torch.arange(n - n_hold, n)
-        te_raw = _index(tr_raw, te_idx)
-        tr_raw = _index(tr_raw, tr_idx)
+        te_raw = take_rows(tr_raw, te_idx)
+        tr_raw = take_rows(tr_raw, tr_idx)
         te_what = tr_what
         info["rule"] = f"examples of one object split by a seeded permutation (seed {seed}, held-out fraction {frac})"
         info["heldout_integrity"] = (
@@ -169,15 +169,15 @@ def object_pools(
             "trained on it"
         )
     info["train"], info["test"] = {"source": f"{tr_what} (in memory)"}, {"source": f"{te_what} (in memory)"}
-    a = pick_pool(_count(tr_raw), spec.n_train, seed, spec.first, "train examples", "--n-train",
+    a = pick_pool(pool_size(tr_raw), spec.n_train, seed, spec.first, "train examples", "--n-train",
                   describe(tr_src), spec.cap_pools, "give more examples")  # fmt: skip
-    b = pick_pool(_count(te_raw), spec.n_test, seed + 1, spec.first, "held-out examples", "--n-test",
+    b = pick_pool(pool_size(te_raw), spec.n_test, seed + 1, spec.first, "held-out examples", "--n-test",
                   describe(te_src), spec.cap_pools, "give more examples")  # fmt: skip
-    train = _ready(_index(tr_raw, a), task, tok, seed, model, "train pool")
-    test = _ready(_index(te_raw, b), task, tok, seed + 1, model, "held-out pool")
+    train = _ready(take_rows(tr_raw, a), task, tok, seed, model, "train pool")
+    test = _ready(take_rows(te_raw, b), task, tok, seed + 1, model, "held-out pool")
     info.update(
-        n_train=_count(train),
-        n_test=_count(test),
+        n_train=pool_size(train),
+        n_test=pool_size(test),
         first=bool(spec.first),
         pool_rule="first examples" if spec.first else f"seeded random subsets (seeds {seed}, {seed + 1})",
     )

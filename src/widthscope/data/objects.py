@@ -135,7 +135,7 @@ def _pad_right(rows: Sequence[Sequence[int]], value: int) -> torch.Tensor:
     return out
 
 
-def _pad_id(tokenizer: Any) -> int:
+def pad_id_of(tokenizer: Any) -> int:
     for attr in ("pad_token_id", "eos_token_id"):
         v = getattr(tokenizer, attr, None)
         if isinstance(v, int):
@@ -161,12 +161,12 @@ def _tokenize(texts: Sequence[str], tokenizer: Any, seq_len: int | None, where: 
         ) from None
     rows = [list(r) for r in rows]
     lengths = torch.tensor([len(r) for r in rows])
-    ids = _pad_right(rows, _pad_id(tokenizer))
+    ids = _pad_right(rows, pad_id_of(tokenizer))
     mask = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).to(torch.int64)
     return {"input_ids": ids, "attention_mask": mask}
 
 
-def _check_positions(model: nn.Module, ids: torch.Tensor, where: str) -> None:
+def check_positions(model: nn.Module, ids: torch.Tensor, where: str) -> None:
     limit = max_positions(model)
     if limit is not None and ids.ndim == 2 and ids.shape[1] > limit:
         raise WidthscopeError(
@@ -175,7 +175,7 @@ def _check_positions(model: nn.Module, ids: torch.Tensor, where: str) -> None:
         )
 
 
-def _prepare(
+def prepare_objects(
     pool: dict[str, torch.Tensor], task: str | None, tokenizer: Any, seed: int, where: str, *, from_text: bool
 ) -> Any:
     """A whole pool (a dict of tensors) made into what the task's batches hold."""
@@ -218,7 +218,7 @@ def _prepare(
     return pool
 
 
-def _from_mapping(obj: Mapping[str, Any], where: str) -> dict[str, torch.Tensor]:
+def from_mapping(obj: Mapping[str, Any], where: str) -> dict[str, torch.Tensor]:
     pool = {str(k): _tensor(v, str(k), where) for k, v in obj.items()}
     if not pool:
         raise WidthscopeError(f"{where}: the mapping is empty: give input_ids (and attention_mask, labels)")
@@ -228,7 +228,7 @@ def _from_mapping(obj: Mapping[str, Any], where: str) -> dict[str, torch.Tensor]
     return pool
 
 
-def _dataset_pool(
+def dataset_pool(
     ds: Any, task: str | None, tokenizer: Any, seq_len: int | None, text_column: str | None, where: str
 ) -> tuple[dict[str, torch.Tensor], bool, str]:
     cols = list(ds.column_names or [])
@@ -241,7 +241,7 @@ def _dataset_pool(
     if "input_ids" in cols and text_column is None:
         rows = [list(r) for r in ds["input_ids"]]
         lengths = torch.tensor([len(r) for r in rows])
-        ids = _pad_right(rows, _pad_id(tokenizer))
+        ids = _pad_right(rows, pad_id_of(tokenizer))
         if "attention_mask" in cols:
             mask = _pad_right([list(r) for r in ds["attention_mask"]], 0)
         else:
@@ -309,34 +309,34 @@ def batches_from(
                 f"a widthscope model); {type(model).__name__} is neither: pass tokenized batches"
             )
         pool = _tokenize(obj, tokenizer, seq_len, where)
-        _check_positions(model, pool["input_ids"], where)
+        check_positions(model, pool["input_ids"], where)
         return (
-            _split(_prepare(pool, task, tokenizer, seed, where, from_text=True), batch_size),
+            _split(prepare_objects(pool, task, tokenizer, seed, where, from_text=True), batch_size),
             loss,
             (f"{len(obj)} texts"),
         )
     if isinstance(obj, Mapping) and not isinstance(obj, torch.Tensor):
-        pool = _from_mapping(obj, where)
+        pool = from_mapping(obj, where)
         if "input_ids" in pool:
-            _check_positions(model, pool["input_ids"], where)
+            check_positions(model, pool["input_ids"], where)
         kind = type(obj).__name__
         n = next(iter(pool.values())).shape[0]
         return (
-            _split(_prepare(pool, task, tokenizer, seed, where, from_text=False), batch_size),
+            _split(prepare_objects(pool, task, tokenizer, seed, where, from_text=False), batch_size),
             loss,
             (f"{kind} of {n} examples"),
         )
     if _is_dataset(obj):
         if not hasattr(obj, "column_names") or not hasattr(obj, "__len__"):
             raise _bad_data(fn, name, obj, " (an IterableDataset: materialise it, e.g. Dataset.from_list(list(it)))")
-        pool, from_text, what = _dataset_pool(obj, task, tokenizer, seq_len, text_column, where)
-        _check_positions(model, pool["input_ids"], where)
-        return _split(_prepare(pool, task, tokenizer, seed, where, from_text=from_text), batch_size), loss, what
+        pool, from_text, what = dataset_pool(obj, task, tokenizer, seq_len, text_column, where)
+        check_positions(model, pool["input_ids"], where)
+        return _split(prepare_objects(pool, task, tokenizer, seed, where, from_text=from_text), batch_size), loss, what
     if isinstance(obj, DataLoader):
         out = []
         for b in obj:  # drawn once: the pool stays fixed
             if isinstance(b, Mapping):
-                b = _prepare(_from_mapping(b, where), task, tokenizer, seed, where, from_text=False)
+                b = prepare_objects(from_mapping(b, where), task, tokenizer, seed, where, from_text=False)
             out.append(b)
         if not out:
             raise WidthscopeError(f"{where}: the DataLoader gave no batches")

@@ -42,15 +42,15 @@ def pick_pool(
     return torch.randperm(n_total, generator=torch.Generator().manual_seed(int(seed)))[:k].sort().values
 
 
-def _index(data: Any, idx: torch.Tensor) -> Any:
+def take_rows(data: Any, idx: torch.Tensor) -> Any:
     return index(data, idx)
 
 
-def _count(data: Any) -> int:
+def pool_size(data: Any) -> int:
     return batch_size_of(data)
 
 
-def _limit(spec: InputSpec, n: int | None, seq_len: int) -> tuple[int | None, int | None]:
+def read_limits(spec: InputSpec, n: int | None, seq_len: int) -> tuple[int | None, int | None]:
     """(sequence limit, token limit) for reading one source; ``n=None`` (a pool of "all"): the
     whole source, or ``max_tokens`` of it."""
     if n is None:
@@ -61,7 +61,7 @@ def _limit(spec: InputSpec, n: int | None, seq_len: int) -> tuple[int | None, in
     return None, max_tokens
 
 
-def _refuse_given(spec: InputSpec, dests: tuple[str, ...], what: str) -> None:
+def refuse_given(spec: InputSpec, dests: tuple[str, ...], what: str) -> None:
     """One line for the first of ``dests`` given explicitly although ``what`` does not use it."""
     for d in dests:
         if spec.is_given(d):

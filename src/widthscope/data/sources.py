@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 from ..errors import WidthscopeError
 from . import DATASETS, hf_datasets
-from .corpus import _column, documents
+from .corpus import column_text, documents
 from .splits import HELD_OUT, SplitChoice, choose_among, choose_splits, dataset_splits, default_split
 
 __all__ = [
@@ -57,7 +57,7 @@ def _is_dataset(obj: Any) -> bool:
     return bool(t) and isinstance(obj, t[0])
 
 
-def _is_dataset_dict(obj: Any) -> bool:
+def is_dataset_dict(obj: Any) -> bool:
     t = _datasets_types()
     return bool(t) and isinstance(obj, t[1])
 
@@ -82,13 +82,13 @@ def _tokenized_dataset(ds: Any, text_field: str | None) -> bool:
 def is_tokenized_object(obj: Any, text_field: str | None = None) -> bool:
     """A pool of tokenized examples: a mapping of tensors, a ``DataLoader``, a ``Dataset`` (or
     ``DatasetDict``) with ``input_ids`` and no ``text_field`` given."""
-    if isinstance(obj, Mapping) and not _is_dataset_dict(obj):
+    if isinstance(obj, Mapping) and not is_dataset_dict(obj):
         return True
     if _is_loader(obj):
         return True
     if _is_dataset(obj):
         return _tokenized_dataset(obj, text_field)
-    if _is_dataset_dict(obj):
+    if is_dataset_dict(obj):
         return any(_tokenized_dataset(ds, text_field) for ds in obj.values())
     return False
 
@@ -97,14 +97,14 @@ def is_text_object(obj: Any, text_field: str | None = None) -> bool:
     """Documents in memory: a ``list[str]``, a ``Dataset``/``DatasetDict`` with a text column."""
     if _is_texts(obj):
         return True
-    return (_is_dataset(obj) or _is_dataset_dict(obj)) and not is_tokenized_object(obj, text_field)
+    return (_is_dataset(obj) or is_dataset_dict(obj)) and not is_tokenized_object(obj, text_field)
 
 
 def check_object(name: str, obj: Any) -> str | None:
     """Why ``obj`` cannot be the spec's data field ``name`` (None: it can)."""
     if _is_texts(obj):
         return None if len(obj) else "the list of texts is empty"
-    if _is_dataset(obj) or _is_dataset_dict(obj) or _is_loader(obj):
+    if _is_dataset(obj) or is_dataset_dict(obj) or _is_loader(obj):
         return None
     if isinstance(obj, Mapping):
         return None if len(obj) else "the mapping is empty: give input_ids (and attention_mask, labels)"
@@ -119,7 +119,7 @@ def describe(src: Any) -> str:
         return src
     if _is_texts(src):
         return f"<in memory: list of {len(src)} texts>"
-    if _is_dataset_dict(src):
+    if is_dataset_dict(src):
         return f"<in memory: DatasetDict with splits {', '.join(src)}>"
     if _is_dataset(src):
         return f"<in memory: Dataset of {len(src)} rows, columns {', '.join(src.column_names or [])}>"
@@ -136,7 +136,7 @@ def splits_of(src: Any, flag: str = "--data") -> list[str] | None:
     """The source's own split names (None: it has none: one corpus)."""
     if hf_datasets.is_hf_ref(src):
         return hf_datasets.split_names(hf_datasets.parse_ref(src, flag), flag)
-    if _is_dataset_dict(src):
+    if is_dataset_dict(src):
         return [str(s) for s in src]
     if isinstance(src, str):
         return dataset_splits(src)
@@ -219,7 +219,7 @@ def same_source(a: Any, b: Any) -> bool:
 def _row_docs(rows: Any, field: str, label_field: str | None, where: str) -> Iterator[Any]:
     """Rows (dicts) as documents: the ``field`` text (with its label when asked)."""
     for i, row in enumerate(rows):
-        text = _column(row, field, where, i)
+        text = column_text(row, field, where, i)
         if label_field is None:
             yield iter([text])
             continue
@@ -261,7 +261,7 @@ def documents_of(
         if split is not None:
             raise WidthscopeError("--train-split/--test-split apply to datasets with splits, not to a list of texts")
         return (iter([t]) for t in src), f"{len(src)} texts in memory"
-    if _is_dataset_dict(src):
+    if is_dataset_dict(src):
         if split is None or split not in src:
             raise WidthscopeError(f"{describe(src)}: no split {split!r}: choose one with --train-split/--test-split")
         ds, where = src[split], f"DatasetDict split {split!r}"

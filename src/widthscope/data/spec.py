@@ -2,7 +2,7 @@ r"""The typed input spec: everything the input layer needs to build (model, toke
 
 :class:`InputSpec` is what :func:`widthscope.data.inputs.resolve` takes. The command line builds
 one per command (:func:`widthscope.cli.inputs.spec_from_args`), sweeps build one per cell
-(:func:`widthscope.sweep.alignment.cell_input_spec`), and a Python user builds one directly; the
+(:func:`widthscope.sweeps.alignment.cell_input_spec`), and a Python user builds one directly; the
 spec is validated when it is made (one line naming the field and the fix) and recorded in every
 results file (``spec.to_dict()``; :meth:`InputSpec.from_dict` reads it back), so a run can be
 repeated from its JSON.

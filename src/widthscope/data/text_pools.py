@@ -1,6 +1,6 @@
 """Text probe pools (:mod:`widthscope.data.inputs`): the train / held-out sources from --data or
 --train-data/--test-data (:func:`_split_sources`), reading and tokenizing a window of each, and
-cutting both pools of sequences (:func:`_text_pools`)."""
+cutting both pools of sequences (:func:`text_pools`)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from ..errors import WidthscopeError
-from .loading import _tok_name, check_ids, mask_tokens
-from .pools import _count, _limit, _refuse_given, pick_pool
+from .loading import check_ids, mask_tokens, tokenizer_name
+from .pools import pick_pool, pool_size, read_limits, refuse_given
 from .published import empty_note
 from .sequences import sequences
 from .sniff import is_dataset_dir
@@ -67,7 +67,7 @@ def _read_text(
 ) -> tuple[Any, dict[str, Any]]:
     count = None if n == "all" else n
     skipped: list[str] = []
-    limit, max_tokens = _limit(spec, count, seq_len)
+    limit, max_tokens = read_limits(spec, count, seq_len)
     docs, source = _text_source(path, split, spec, labels, skipped, limit is None and max_tokens is None)
     empty = spec.empty_docs or "skip"
     seqs = sequences(
@@ -133,7 +133,7 @@ def _split_sources(spec: InputSpec) -> tuple[Any, str | None, Any, str | None, s
                 "--data and --train-data/--test-data both given: use one corpus (--data) or two "
                 "(--train-data and --test-data)"
             )
-        _refuse_given(spec, ("test_fraction",), "--train-data/--test-data (two sources, nothing is split)")
+        refuse_given(spec, ("test_fraction",), "--train-data/--test-data (two sources, nothing is split)")
         # a source with splits given without --*-split: its train split trains, its validation/test split is held out
         return (
             spec.train_data,
@@ -277,7 +277,7 @@ def _two_source_pools(
     return tr_seqs, te_seqs, a, b
 
 
-def _text_pools(
+def text_pools(
     spec: InputSpec, model: nn.Module, task: str, tok: Any, seq_len: int, mode: str, seed: int, show: bool
 ) -> tuple[Any, Any, dict[str, Any], list[str]]:
     labels = task == "sequence-classification"
@@ -316,7 +316,7 @@ def _text_pools(
     test, d2 = _seq_examples(te_seqs, b, task, tok, seed + 1)
     if d1 or d2:
         notes.append(f"masked LM: dropped {d1 + d2} sequence(s) with no ordinary token to mask")
-        if _count(train) < 4 or _count(test) < 4:
+        if pool_size(train) < 4 or pool_size(test) < 4:
             raise WidthscopeError("fewer than 4 sequences left after masking: give longer documents")
     if labels:
         n_labels = getattr(getattr(model, "config", None), "num_labels", None)
@@ -330,20 +330,20 @@ def _text_pools(
     sep = tr_seqs.separator
     info.update(
         {
-            "tokenizer": _tok_name(tok),
+            "tokenizer": tokenizer_name(tok),
             "seq_len": seq_len,
             "sequences": mode,
             "first": bool(spec.first),
             "separator_id": sep,
-            "n_train": _count(train),
-            "n_test": _count(test),
+            "n_train": pool_size(train),
+            "n_test": pool_size(test),
             "pool_rule": "first sequences" if spec.first else f"seeded random subsets (seeds {seed}, {seed + 1})",
         }
     )
     if task == "masked-lm":
         info["masking"] = "15% of each sequence's ordinary tokens (at least one) replaced by the mask token, seeded"
     if mode == "concatenate" and sep is None:
-        notes.append(f"tokenizer {_tok_name(tok)} has no EOS/SEP token: documents were joined without a separator")
+        notes.append(f"tokenizer {tokenizer_name(tok)} has no EOS/SEP token: documents were joined without a separator")
     for part in ("train", "test"):
         src = info.get(part) or {}
         if src.get("skipped_files"):

@@ -54,7 +54,7 @@ def first_output(model: nn.Module, params, buffers, x: torch.Tensor, who: str) -
     """The model's (flattened) output on ``x``; a failing forward becomes a WidthscopeError."""
     try:
         with torch.no_grad():
-            return _flat_out(model, params, buffers, x)
+            return flat_out(model, params, buffers, x)
     except (RuntimeError, ValueError, IndexError, TypeError) as exc:
         raise WidthscopeError(
             f"{who}: the model cannot run on inputs of shape {tuple(x.shape)} "
@@ -63,24 +63,24 @@ def first_output(model: nn.Module, params, buffers, x: torch.Tensor, who: str) -
         ) from None
 
 
-def _flat_out(model: nn.Module, params, buffers, x: torch.Tensor) -> torch.Tensor:
+def flat_out(model: nn.Module, params, buffers, x: torch.Tensor) -> torch.Tensor:
     out = model_output(functional_call(model, (params, buffers), (x,)))
     return out.reshape(out.shape[0], -1)
 
 
-def _ntk_jacobian(model, params, buffers, x1, x2, chunk, same, out_chunk=None):
+def ntk_jacobian(model, params, buffers, x1, x2, chunk, same, out_chunk=None):
     """Σ over parameter blocks of J_b(x1) J_b(x2)ᵀ from Jacobians of ``chunk`` examples × ``out_chunk``
     outputs at a time; with ``x2 = x1`` only the upper block pairs (mirrored)."""
 
     def jac(x, o):  # list of (c, oc, p_b) blocks, one per parameter tensor
-        j = jacrev(lambda p: _flat_out(model, p, buffers, x)[:, o])(params)
+        j = jacrev(lambda p: flat_out(model, p, buffers, x)[:, o])(params)
         return [v.reshape(v.shape[0], v.shape[1], -1) for v in j.values()]
 
     def contract(ja, jb):
         return sum(torch.einsum("iap,jbp->ijab", a, b) for a, b in zip(ja, jb))
 
     n1, n2 = x1.shape[0], x2.shape[0]
-    O = _flat_out(model, params, buffers, x1[:1]).shape[1] if out_chunk else None
+    O = flat_out(model, params, buffers, x1[:1]).shape[1] if out_chunk else None
     outs = [slice(a, a + out_chunk) for a in range(0, O, out_chunk)] if out_chunk else [slice(None)]
     b1 = [(slice(i, min(i + chunk, n1)), o) for i in range(0, n1, chunk) for o in outs]
     b2 = b1 if same else [(slice(j, min(j + chunk, n2)), o) for j in range(0, n2, chunk) for o in outs]
@@ -108,7 +108,7 @@ def _per_example_jac(model, params, buffers, x: torch.Tensor, o: slice) -> list[
     its own example only: ``c·oc`` passes of one example, not ``c·oc`` passes of the whole chunk."""
 
     def f(p, xi):
-        return _flat_out(model, p, buffers, xi.unsqueeze(0))[0, o]
+        return flat_out(model, p, buffers, xi.unsqueeze(0))[0, o]
 
     with warnings.catch_warnings():  # ops without a batching rule (fused attention) run as a loop: fine
         warnings.filterwarnings("ignore", message="There is a performance drop")
@@ -116,13 +116,13 @@ def _per_example_jac(model, params, buffers, x: torch.Tensor, o: slice) -> list[
     return [v.reshape(v.shape[0] * v.shape[1], -1) for v in j.values()]
 
 
-def _ntk_per_example(model, params, buffers, x1, x2, chunk, same, out_chunk=None, n_out=None):
+def ntk_per_example(model, params, buffers, x1, x2, chunk, same, out_chunk=None, n_out=None):
     """``Σ_b J_b(x1) J_b(x2)ᵀ`` from per-example Jacobians (:func:`_per_example_jac`) of ``chunk`` examples ×
     ``out_chunk`` outputs at a time, contracted as one matrix product per parameter tensor (accumulated in
     place); with ``x2 = x1`` only the upper block pairs (mirrored). Examples must not be batch-coupled."""
     n1, n2 = x1.shape[0], x2.shape[0]
     if out_chunk:
-        O = n_out or _flat_out(model, params, buffers, x1[:1]).shape[1]
+        O = n_out or flat_out(model, params, buffers, x1[:1]).shape[1]
         outs = [slice(a, min(a + out_chunk, O)) for a in range(0, O, out_chunk)]
     else:  # all outputs at once: their number comes with the first Jacobian block (no extra forward pass)
         O, outs = 0, [slice(None)]
@@ -161,7 +161,7 @@ def vmap_failure(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "vmap" in str(exc).lower()
 
 
-def _ntk_products(model, params, buffers, x1, x2, chunk=None, coupled=False):
+def ntk_products(model, params, buffers, x1, x2, chunk=None, coupled=False):
     """NTK-vector products: column (j, b) of Θ is jvp at x1 along g = J(x2_j)ᵀ e_b; the jvp over ``chunk``
     rows of x1 at a time, the vjp on row j alone (on all of x2 when the examples are ``coupled``)."""
     n1, n2 = x1.shape[0], x2.shape[0]
@@ -169,7 +169,7 @@ def _ntk_products(model, params, buffers, x1, x2, chunk=None, coupled=False):
     cols = None
     for j in range(n2):
         xj = x2 if coupled else x2[j : j + 1]
-        out2, pull = vjp(lambda p, xj=xj: _flat_out(model, p, buffers, xj), params)
+        out2, pull = vjp(lambda p, xj=xj: flat_out(model, p, buffers, xj), params)
         n_out = out2.shape[1]
         if cols is None:
             cols = torch.empty(n1, n2, n_out, n_out, dtype=out2.dtype, device=out2.device)
@@ -179,16 +179,16 @@ def _ntk_products(model, params, buffers, x1, x2, chunk=None, coupled=False):
             (g,) = pull(e)
             for i in range(0, n1, chunk):
                 xi = x1[i : i + chunk]
-                _, t = jvp(lambda p, xi=xi: _flat_out(model, p, buffers, xi), (params,), (g,))
+                _, t = jvp(lambda p, xi=xi: flat_out(model, p, buffers, xi), (params,), (g,))
                 cols[i : i + chunk, j, :, b] = t
     return cols
 
 
-def _forward_ad_ok(model, params, buffers, x: torch.Tensor) -> bool:
+def forward_ad_ok(model, params, buffers, x: torch.Tensor) -> bool:
     """Whether one jvp (the ``"products"`` route) runs on this model."""
     try:
         zeros = {k: torch.zeros_like(v) for k, v in params.items()}
-        jvp(lambda p: _flat_out(model, p, buffers, x), (params,), (zeros,))
+        jvp(lambda p: flat_out(model, p, buffers, x), (params,), (zeros,))
         return True
     except (RuntimeError, NotImplementedError):
         return False
@@ -214,7 +214,7 @@ def _uses_fused_attention(model: nn.Module) -> bool:
     return impl is not None and impl != "eager"
 
 
-def _reraise_attention(exc: BaseException, model: nn.Module) -> None:
+def reraise_attention(exc: BaseException, model: nn.Module) -> None:
     if _is_attention_ad_error(exc) or _uses_fused_attention(model):
         raise WidthscopeError(
             f"forward-mode differentiation (jvp) failed inside attention "

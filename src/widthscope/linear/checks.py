@@ -60,7 +60,7 @@ def _dropout_attrs(m: nn.Module) -> list[tuple[str, float]]:
     ]
 
 
-def _is_candidate(m: nn.Module) -> bool:
+def is_candidate(m: nn.Module) -> bool:
     """Could ``m`` draw random numbers in training mode (whatever its mode now)?"""
     return isinstance(m, (nn.modules.dropout._DropoutNd, nn.RReLU)) or bool(_dropout_attrs(m))
 
@@ -78,7 +78,7 @@ def _active(name: str, m: nn.Module) -> str | None:
 
 def stochastic_modules(model: nn.Module, candidates: list[tuple[str, nn.Module]] | None = None) -> list[str]:
     """Descriptions of the modules that draw random numbers in the next forward pass (training mode)."""
-    mods = candidates if candidates is not None else [(n, m) for n, m in model.named_modules() if _is_candidate(m)]
+    mods = candidates if candidates is not None else [(n, m) for n, m in model.named_modules() if is_candidate(m)]
     return [d for n, m in mods if (d := _active(n, m)) is not None]
 
 

@@ -39,7 +39,7 @@ from typing import Any
 
 from ..errors import WidthscopeError
 from . import cost
-from ._core import _flat_out, _forward_ad_ok
+from ._core import flat_out, forward_ad_ok
 from .probes import cached
 
 __all__ = ["plan_costs", "terms", "price", "FIT", "AUTO_METHODS"]
@@ -140,7 +140,7 @@ def terms(
         b = entry.get("batch_size") or n
         blocks = math.ceil(n / b)
         recapture = 1 if blocks == 1 else blocks / 2 + 1
-        gram = sum(cost._positions_flops(r, n, O, t, da, dd, mode, same) for r, t, da, dd in shapes)
+        gram = sum(cost.positions_flops(r, n, O, t, da, dd, mode, same) for r, t, da, dd in shapes)
         rows = n1 if same else n1 + n2
         return {
             "fixed": 1.0,
@@ -196,7 +196,7 @@ def _measure(model, params, buffers, x) -> cost.Probe:
     grad (the detached ones would save nothing for a backward pass, and let ``nn.TransformerEncoder`` take
     its fused inference kernel, whose FLOPs and operators the counters do not see)."""
     tracked = {k: v.detach().requires_grad_() for k, v in params.items()}
-    return cost.measure(lambda x: _flat_out(model, tracked, buffers, x), x, tracked)
+    return cost.measure(lambda x: flat_out(model, tracked, buffers, x), x, tracked)
 
 
 def plan_costs(
@@ -250,7 +250,7 @@ def plan_costs(
         return {"method": method, "reason": f"{method}: asked for", "costs": costs}
     best, reason = cost.choose(costs, budget)
     # a jvp is tried only when products would win (a fused TransformerEncoder kernel has no forward-mode AD)
-    if best == "products" and not cached(model, x1, ("jvp", 1), lambda: _forward_ad_ok(model, params, buffers, x1[:1])):
+    if best == "products" and not cached(model, x1, ("jvp", 1), lambda: forward_ad_ok(model, params, buffers, x1[:1])):
         costs.pop("products")
         best, reason = cost.choose(costs, budget)
         reason += "; products: no forward-mode AD through this model"

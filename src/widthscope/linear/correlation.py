@@ -34,7 +34,7 @@ from .. import _args
 from .._io import progress as _progress
 from ..errors import WidthscopeError
 from ..probe.structure import eager_attention_for
-from .model import _reraise_attention, as_param_dtype, first_output, model_output, params_and_buffers
+from .model import as_param_dtype, first_output, model_output, params_and_buffers, reraise_attention
 
 __all__ = ["correlation", "correlation_summary", "output_direction", "parse_correlation_name"]
 
@@ -166,7 +166,7 @@ def correlation(
                 gv = grad(h)(params)
                 value = torch.cat([gv[k].reshape(-1) for k in params]).detach()
     except (RuntimeError, NotImplementedError) as exc:
-        _reraise_attention(exc, model)
+        reraise_attention(exc, model)
         raise
     scale = eta ** (D / 2 + d) / (math.factorial(D) * math.factorial(d))
     return value * scale

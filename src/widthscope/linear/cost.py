@@ -126,7 +126,7 @@ def measure(fn, x: torch.Tensor, params: dict[str, torch.Tensor]) -> Probe:
     )
 
 
-def _positions_flops(rule: str, n: int, O: int, T: int, Da: int, Dd: int, mode: str, same: bool) -> float:
+def positions_flops(rule: str, n: int, O: int, T: int, Da: int, Dd: int, mode: str, same: bool) -> float:
     """The Gram flops of one covered layer, as :func:`~widthscope.linear.gram.positions` would pick."""
     if T == 1:
         return (
@@ -267,7 +267,7 @@ def _structured(
     rows = n1 if same else n1 + n2
     blocks = math.ceil(n / b)
     recapture = 1 if blocks == 1 else blocks / 2 + 1  # x2's blocks recomputed when they are not kept
-    gram = sum(_positions_flops(r, n, O, t, da, dd, mode, same) for r, t, da, dd in shapes)
+    gram = sum(positions_flops(r, n, O, t, da, dd, mode, same) for r, t, da, dd in shapes)
     gram *= (n1 * n2) / (n * n)
     passes = rows * (1 + 2 * O) * pr.flops * recapture
     captures = blocks * recapture * math.ceil(O / 64)  # one forward and a batched backward per 64 outputs

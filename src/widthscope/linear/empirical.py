@@ -15,22 +15,22 @@ from .. import _args
 from ..errors import WidthscopeError, WidthscopeTypeError
 from . import checks
 from ._core import (
-    _flat_out,
-    _ntk_jacobian,
-    _ntk_per_example,
-    _ntk_products,
-    _reraise_attention,
     as_param_dtype,
     first_output,
+    flat_out,
     model_output,
+    ntk_jacobian,
+    ntk_per_example,
+    ntk_products,
     params_and_buffers,
+    reraise_attention,
     vmap_failure,
 )
 from .checks import COUPLED_FIX, as_module, batchnorm_coupling, check_stochastic, without_running_stats
 from .choose import plan_costs
 from .probes import MISSING, cached, peek, session, store, versions
 from .structured import plan as structured_plan
-from .structured_kernel import _structured_kernel
+from .structured_kernel import structured_kernel
 
 __all__ = ["ntk", "structured_ntk", "METHODS"]
 
@@ -53,7 +53,7 @@ def _check_model(
     if coupled is None:  # the caller's own model and tensors: a plain call (functional_call costs more here)
         run = lambda x: _flat_out_plain(model, x)  # noqa: E731
     else:
-        run = lambda x: _flat_out(model, params, buffers, x)  # noqa: E731
+        run = lambda x: flat_out(model, params, buffers, x)  # noqa: E731
     # both checks' forward passes once per model, probe shape and parameter values (probes.py): a repeated
     # call on a small model would otherwise pay them again, as much as its kernel
     key = ("checks", probe.shape[0], versions(model))
@@ -241,7 +241,7 @@ def _ntk(model, x1, x2, trace, chunk_size, method, memory_budget, info, diagonal
     c = costs.get(method, {})
     try:
         if method == "structured":
-            K = _structured_kernel(
+            K = structured_kernel(
                 model,
                 x1,
                 None if same else x2,
@@ -281,7 +281,7 @@ def _ntk(model, x1, x2, trace, chunk_size, method, memory_budget, info, diagonal
                 model, params, buffers, x1, x2, same, "jacobian", fall, chunk_size, n_out, coupled, diagonal, batch_size
             )
     except (RuntimeError, NotImplementedError) as exc:
-        _reraise_attention(exc, model)
+        reraise_attention(exc, model)
         raise
     K = K.detach()
     if trace:
@@ -442,7 +442,7 @@ def _choose_method(
                 if all(e[1] is not model for e in P.entries):
                     store(model, px, key, P)
         except (RuntimeError, NotImplementedError) as exc:
-            _reraise_attention(exc, model)
+            reraise_attention(exc, model)
             raise
     plan_ = plan_costs(
         model,
@@ -490,10 +490,10 @@ def _explicit_kernel(
 
     def block(a: torch.Tensor, b: torch.Tensor, same_ab: bool) -> torch.Tensor:
         if method == "jacobian":
-            return _ntk_jacobian(model, params, buffers, a, b, chunk_size, same_ab, out_chunk)
+            return ntk_jacobian(model, params, buffers, a, b, chunk_size, same_ab, out_chunk)
         if method == "per_example":
-            return _ntk_per_example(model, params, buffers, a, b, chunk_size, same_ab, out_chunk, n_out)
-        return _ntk_products(model, params, buffers, a, b, None if coupled else c.get("chunk"), coupled is not None)
+            return ntk_per_example(model, params, buffers, a, b, chunk_size, same_ab, out_chunk, n_out)
+        return ntk_products(model, params, buffers, a, b, None if coupled else c.get("chunk"), coupled is not None)
 
     if diagonal:  # Θ(x_i, x_i) from per-chunk blocks: the off-diagonal chunks are never formed
         step = min(chunk_size, batch_size or chunk_size) if method in ("jacobian", "per_example") else 1

@@ -46,9 +46,9 @@ from ..errors import WidthscopeError
 from . import checks
 from . import model as linear_model  # as_param_dtype, params_and_buffers looked up at call time (tests trip them)
 from .checks import FunctionModel, as_module, batchnorm_coupling, check_stochastic
-from .model import _flat_out, ntk
+from .model import flat_out, ntk
 from .rules import multiplier
-from .structured import _first_input, _out_tensor
+from .structured import first_input, out_tensor
 
 __all__ = ["nngp", "readout"]
 
@@ -64,14 +64,14 @@ def _features(model: nn.Module, x: torch.Tensor, name: str | None) -> tuple[str,
 
     def hook(n):
         def f(_m, args, kwargs, out):
-            runs.append((n, _first_input(args, kwargs).detach()))
+            runs.append((n, first_input(args, kwargs).detach()))
 
         return f
 
     handles = [m.register_forward_hook(hook(n), with_kwargs=True) for n, m in mods]
     try:
         with torch.no_grad():
-            _out_tensor(model(x))
+            out_tensor(model(x))
     finally:
         for h in handles:
             h.remove()
@@ -102,7 +102,7 @@ def _check(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None) -> None:
     if coupled is None:
         p, b = linear_model.params_and_buffers(model)
         probe = x1[:2] if x2 is None else torch.cat([x1[:1], x2[:1]])
-        found = checks.probe_checks(lambda x: _flat_out(model, p, b, x), probe, "nngp")
+        found = checks.probe_checks(lambda x: flat_out(model, p, b, x), probe, "nngp")
         coupled = None if found is None else f"the examples are coupled: {found}"
     if coupled is not None:
         raise WidthscopeError(
@@ -156,7 +156,7 @@ def _function_nngp(
 
 
 def _out_dim(model: nn.Module, x: torch.Tensor) -> int:
-    return _out_tensor(model(x[:1])).shape[1]
+    return out_tensor(model(x[:1])).shape[1]
 
 
 def nngp(

@@ -35,18 +35,18 @@ from ..errors import WidthscopeError
 from ..probe.structure import eager_attention
 from ._core import (  # noqa: F401  (re-exported)
     ATTENTION_FIX,
-    _flat_out,
-    _forward_ad_ok,
-    _ntk_jacobian,
-    _ntk_per_example,
-    _ntk_products,
-    _reraise_attention,
     as_param_dtype,
     first_output,
+    flat_out,
+    forward_ad_ok,
     model_output,
+    ntk_jacobian,
+    ntk_per_example,
+    ntk_products,
     params_and_buffers,
+    reraise_attention,
 )
-from .checks import _is_candidate, as_module, check_running_stats, check_stochastic
+from .checks import as_module, check_running_stats, check_stochastic, is_candidate
 from .empirical import METHODS, ntk, structured_ntk  # noqa: F401  (re-exported: the NTK lived here)
 
 __all__ = [
@@ -100,7 +100,7 @@ class LinearizedModel(nn.Module):
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
         object.__setattr__(self, "_base", base)  # unregistered on purpose (see docstring)
         self._allow_stochastic = bool(allow_stochastic)
-        self._stochastic = [(n, m) for n, m in base.named_modules() if _is_candidate(m)]
+        self._stochastic = [(n, m) for n, m in base.named_modules() if is_candidate(m)]
         self._bn: list[tuple[str, nn.Module]] = [
             (n, m) for n, m in base.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
         ]
@@ -166,7 +166,7 @@ class LinearizedModel(nn.Module):
             # torch.func.jvp is typed as a 2- or 3-tuple whatever has_aux: here (no aux) it is 2
             out, tangent = jvp(f, (theta0,), (delta,))  # type: ignore[misc]
         except (RuntimeError, NotImplementedError) as exc:
-            _reraise_attention(exc, self._base)
+            reraise_attention(exc, self._base)
             raise
         summed = iter([a + b for a, b in zip(out, tangent)])
         treedef, is_tensor = spec

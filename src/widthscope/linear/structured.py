@@ -93,7 +93,7 @@ class Plan:
     tied: list[list[int]] = field(default_factory=list)  # per tied weight, the entries (indices) that use it
 
 
-def _first_input(args: tuple, kwargs: dict) -> Any:
+def first_input(args: tuple, kwargs: dict) -> Any:
     if args:
         return args[0]
     return next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
@@ -106,7 +106,7 @@ def _entry_input(r: str, m: nn.Module, args: tuple, kwargs: dict) -> Any:
     if r == "embedding_bag":
         assert isinstance(m, nn.EmbeddingBag)  # rule(): exactly this type
         return bag_input(m, args, kwargs)
-    x = _first_input(args, kwargs)
+    x = first_input(args, kwargs)
     if not isinstance(x, torch.Tensor):
         return x
     # elementwise records recompute the module from x: a copy, as autograd need not keep x (tanh(x)·t keeps
@@ -120,7 +120,7 @@ def _rows(inp: Any) -> int | None:
     return t.shape[0] if isinstance(t, torch.Tensor) and t.dim() >= 1 else None
 
 
-def _out_tensor(out: Any) -> torch.Tensor:
+def out_tensor(out: Any) -> torch.Tensor:
     o = model_output(out)
     return o.reshape(o.shape[0], -1)
 
@@ -156,7 +156,7 @@ def _forward_hooked(model: nn.Module, x: torch.Tensor, hooks: list, taps: dict |
         m.forward = _tapped(m.forward, calls)
     try:
         with torch.enable_grad():
-            return _out_tensor(model(x))
+            return out_tensor(model(x))
     finally:
         for h in handles:
             h.remove()
@@ -369,7 +369,7 @@ def uncovered(model: nn.Module, x: torch.Tensor | None = None) -> list[str]:
     ]
 
 
-def _capture(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> tuple[list[tuple], int]:
+def capture_records(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> tuple[list[tuple], int]:
     """One forward and one (batched) backward pass: every entry's records for the batch ``X``."""
     store: dict[str, list] = {}
 

@@ -1,4 +1,4 @@
-"""The structured kernel's assembly: blocks of examples captured (:func:`.structured._capture`), their records
+"""The structured kernel's assembly: blocks of examples captured (:func:`.structured.capture_records`), their records
 combined into Gram terms (:mod:`.gram`), and the generic remainder added from explicit Jacobians. The split of
 the parameters (:func:`.structured.plan`) and the formulas are in :mod:`widthscope.linear.structured`."""
 
@@ -10,11 +10,11 @@ import warnings
 import torch
 from torch import nn
 
-from ._core import _ntk_jacobian, _ntk_per_example, as_param_dtype, params_and_buffers
+from ._core import as_param_dtype, ntk_jacobian, ntk_per_example, params_and_buffers
 from .cost import SAFETY
 from .gram import hadamard, mirror_upper, positions, tied_gradients
 from .rules import bag_gram
-from .structured import Plan, _capture, _out_tensor
+from .structured import Plan, capture_records, out_tensor
 
 __all__: list[str] = []
 
@@ -66,7 +66,7 @@ def _blocks(n: int, b: int | None) -> list[slice]:
     return [slice(i, min(i + b, n)) for i in range(0, n, b)]
 
 
-def _structured_kernel(
+def structured_kernel(
     model: nn.Module,
     x1: torch.Tensor,
     x2: torch.Tensor | None,
@@ -98,7 +98,7 @@ def _structured_kernel(
     n1, n2 = x1.shape[0], x2.shape[0]
     b1, b2 = _blocks(n1, batch_size), _blocks(n2, batch_size)
     with torch.no_grad():
-        O = _out_tensor(model(x1[:1])).shape[1]
+        O = out_tensor(model(x1[:1])).shape[1]
     shape = {"full": (n1, n2, O, O), "trace": (n1, n2), "diag": (n1, O, O), "diagtrace": (n1,)}[mode]
     K = torch.zeros(shape, dtype=acc_dtype, device=x1.device)
     cache: dict[tuple[int, int], tuple[list[tuple], int]] = {}
@@ -108,7 +108,7 @@ def _structured_kernel(
         """Records of a block; kept for reuse (x2's blocks, or x1's when x2 is None) while they fit."""
         if (which, idx) in cache:
             return cache[(which, idx)][0]
-        recs = _capture(model, P, (x1 if which == 1 else x2)[s])[0] if P.entries else []
+        recs = capture_records(model, P, (x1 if which == 1 else x2)[s])[0] if P.entries else []
         size = sum(t.numel() * t.element_size() for rec in recs for t in rec if isinstance(t, torch.Tensor))
         reused = (which == 2 and len(b1) > 1) or (which == 1 and same and len(b1) > 1)
         if reused and size <= room[0]:
@@ -177,15 +177,15 @@ def _generic(
         if diagonal:
             for s in _blocks(n1, chunk):
                 try:
-                    Kg = _ntk_per_example(model, gp, gb, x1[s], x1[s], chunk, True, oc)
+                    Kg = ntk_per_example(model, gp, gb, x1[s], x1[s], chunk, True, oc)
                 except RuntimeError:  # as below
-                    Kg = _ntk_jacobian(model, gp, gb, x1[s], x1[s], chunk, True, oc)
+                    Kg = ntk_jacobian(model, gp, gb, x1[s], x1[s], chunk, True, oc)
                 Kg = torch.diagonal(Kg, dim1=0, dim2=1).permute(2, 0, 1)
                 K[s] += (torch.diagonal(Kg, dim1=1, dim2=2).sum(-1) if trace else Kg).to(acc_dtype)
         else:
             try:
-                Kg = _ntk_per_example(model, gp, gb, x1, x2, chunk, same, oc)
+                Kg = ntk_per_example(model, gp, gb, x1, x2, chunk, same, oc)
             except RuntimeError:  # the vmapped forward failed (no batching rule, in-place ops): jacrev vmaps
-                Kg = _ntk_jacobian(model, gp, gb, x1, x2, chunk, same, oc)
+                Kg = ntk_jacobian(model, gp, gb, x1, x2, chunk, same, oc)
             K += (torch.diagonal(Kg, dim1=2, dim2=3).sum(-1) if trace else Kg).to(acc_dtype)
     return K

@@ -6,7 +6,7 @@ For every cell ``width × seed × α`` it builds the MLP (``torch.manual_seed(se
 ``η = η₀·n^α`` (batch order also drawn from ``seed``), and records tidy rows
 ``kind="linearization"`` (one per logged step). In the cell with the first listed ``α`` it also
 measures the derivative correlations at ``η = η₀`` (rows ``kind="correlation"``). Cells run
-through :func:`widthscope.sweep.grid.run_grid`: resumable (finished cells are skipped) and
+through :func:`widthscope.sweeps.grid.run_grid`: resumable (finished cells are skipped) and
 shardable (``--shard k/n``). When the grid is complete, log-log slopes over width
 (:func:`widthscope.linearization.summary.summarize`) are printed next to the reference slopes and
 written to ``slopes.json``.
@@ -42,7 +42,7 @@ from ..linear.correlation import correlation_summary, parse_correlation_name
 from ..linear.trainer import train_side_by_side
 from ..models import build
 from ..options import Options, option
-from ..sweep.grid import cell_id, finish_after_ranks, lock_out_dir, parse_shard, run_grid, shard_for_run
+from ..sweeps.grid import cell_id, finish_after_ranks, lock_out_dir, parse_shard, run_grid, shard_for_run
 from .config import load_toml, make_cells, validate_config
 from .summary import print_slopes, summarize
 

@@ -1,7 +1,7 @@
 """Alignment while training: certificates inside the training loop (issue 23).
 
 :class:`AlignmentMonitor` probes fixed train and held-out pools every few optimizer steps and
-emits one row per ``(step, point)`` with the certificate of :func:`widthscope.certify.certify`
+emits one row per ``(step, point)`` with the certificate of :func:`widthscope.certification.certify_dict`
 (``d_par``, ``d_2``, ``d_align``, ``b_exact``, ``b_align``, empirical misalignment, the planner's
 ``M = K``), restoring the training state exactly. Its settings are one :class:`MonitorOptions`.
 Adapters: a plain loop calls ``monitor.step(model, step)``; :mod:`widthscope.monitor.hf`

@@ -3,7 +3,7 @@ r"""The alignment monitor: certify fixed pools at chosen optimizer steps, leavin
 At a monitored step the monitor runs :func:`widthscope.probe.collect` on a *fixed* train pool
 and a *fixed* held-out pool (materialised once, at construction) with the model in eval mode,
 and turns the samples into statistics with exactly the code of ``certify``
-(:func:`widthscope.certify.statistics`): for the configured ``(M, K)`` one row per point with
+(:func:`widthscope.certification.statistics`): for the configured ``(M, K)`` one row per point with
 the two-population certificate
 
     d_par = (aᵀb)² / max(bᵀΣ_a b, aᵀΣ_b a),   d_2 = (aᵀb)² / tr(Σ_aΣ_b),   d_align = min(d_par, d_2)
@@ -57,7 +57,7 @@ import torch.nn as nn
 
 from .. import _args, distributed
 from .._io import append_jsonl, read_jsonl, to_jsonable
-from ..certify import check_pool, count_examples, gather_rows, statistics
+from ..certification import check_pool, count_examples, gather_rows, statistics
 from ..data.objects import batches_from, check_tokenizer, is_object_pool
 from ..errors import WidthscopeError
 from ..probe import collect, resolve_points
@@ -99,11 +99,11 @@ class AlignmentMonitor(Schedule):
             and the misalignment draws; ``K=None``: ``K = M``); ``every`` (probe when ``step % every ==
             0``) or ``at`` (exactly these steps), neither: log-spaced steps (:func:`log_steps`);
             ``delta`` (target for the planner and the ``certified`` event, ``b_exact ≤ delta``);
-            ``draws``, ``seed``, ``estimator``, ``pool`` (as for :func:`widthscope.certify.certify`);
+            ``draws``, ``seed``, ``estimator``, ``pool`` (as for :func:`widthscope.certification.certify_dict`);
             ``batch_size`` (when the pools are full tensors); ``budget`` (cap on the monitor's share of
             training time, see :mod:`widthscope.monitor.schedule`; ``None``: :data:`DEFAULT_BUDGET` with
             the default schedule, no cap with ``every`` / ``at``; ``math.inf``: no cap).
-        loss_fn: per-example losses, as for :func:`widthscope.certify.certify`.
+        loss_fn: per-example losses, as for :func:`widthscope.certification.certify_dict`.
         out: a JSONL file; rows are appended (one write per probe) and, when it already exists
             with the same settings, read back so a resumed run skips the steps it has. Under
             ``torch.distributed`` every rank must call :meth:`step` at the same steps: each probes

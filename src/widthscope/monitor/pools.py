@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.nn as nn
 
-from ..certify import check_pool, count_examples
+from ..certification import check_pool, count_examples
 from ..errors import WidthscopeError
 from ..probe import batched, collect
 from .state import TrainingState, put_back, snapshot
@@ -108,7 +108,7 @@ def dry_probe(
         raise WidthscopeError(
             f"the monitor cannot restore this model exactly: an eval-mode forward pass changes "
             f"{', '.join(changed[:3])}{' ...' if len(changed) > 3 else ''}; make that update happen "
-            "only in training mode (or probe a copy of the model with widthscope.certify.certify)"
+            "only in training mode (or probe a copy of the model with widthscope.certification.certify_dict)"
         )
     return notes, predict_s
 

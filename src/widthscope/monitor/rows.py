@@ -29,7 +29,7 @@ METRIC_COLUMNS = (
 
 
 def make_row(r: dict[str, Any], step: int, M: int, K: int, delta: float) -> dict[str, Any]:
-    """The ``kind="row"`` row of one point from its :func:`widthscope.certify.statistics` result at
+    """The ``kind="row"`` row of one point from its :func:`widthscope.certification.statistics` result at
     ``(M, K)``: the two-population certificate, the one-population ``d_align``, the misalignment and
     the planner's ``M = K`` for ``delta``; the vacuous rule applied."""
     c = r["certificates"][0]

@@ -24,14 +24,14 @@ def batch_size_of(batch: Any) -> int:
     )
 
 
-def _cat(parts: list[Any]) -> Any:
+def cat_batches(parts: list[Any]) -> Any:
     first = parts[0]
     try:
         if isinstance(first, torch.Tensor):
             return torch.cat(parts, 0)
         if isinstance(first, Mapping):
             return {k: torch.cat([p[k] for p in parts], 0) for k in first}
-        return tuple(_cat([p[i] for p in parts]) for i in range(len(first)))
+        return tuple(cat_batches([p[i] for p in parts]) for i in range(len(first)))
     except RuntimeError as exc:
         raise WidthscopeError(
             f"batches of different shapes cannot be pooled ({exc}); give sequences of one length (pad on the right)"
@@ -58,7 +58,7 @@ def as_examples(batches: Iterable[Any] | Any) -> Any:
     parts = list(batches)
     if not parts:
         raise WidthscopeError("no batches given: pass a non-empty list of batches")
-    return _cat(parts)
+    return cat_batches(parts)
 
 
 def take(data: Any, n: int | None, *, what: str = "examples") -> Any:

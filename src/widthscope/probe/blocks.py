@@ -12,15 +12,15 @@ import torch.nn as nn
 from ..errors import WidthscopeError
 from ..stats import certificate, cross_moments_from_gram
 from .batches import batch_size_of, to_batches
-from .collect import _run_batch, float_dtype, to_device
+from .collect import float_dtype, run_batch, to_device
 from .insert import Inserted, ResidualBlock, channel_dim
-from .steps import EvalMode, _device
+from .steps import EvalMode, device_of
 
 if TYPE_CHECKING:
     from ..stats.estimators import Estimator
 
 
-def _positions(x: torch.Tensor, name: str) -> torch.Tensor:
+def as_positions(x: torch.Tensor, name: str) -> torch.Tensor:
     """``(n, N)`` -> ``(n, 1, N)``; ``(n, T, N)`` kept; ``(n, C, H, W)`` -> ``(n, H·W, C)``."""
     x = torch.as_tensor(x)
     if x.dim() == 2:
@@ -57,10 +57,10 @@ def block_gram(
         >>> torch.allclose(block_gram(q, h), P @ P.T)
         True
     """
-    qa = _positions(q, "q").double()
-    ha = _positions(h, "h").double()
-    qb = qa if q2 is None else _positions(q2, "q2").double()
-    hb = ha if h2 is None else _positions(h2, "h2").double()
+    qa = as_positions(q, "q").double()
+    ha = as_positions(h, "h").double()
+    qb = qa if q2 is None else as_positions(q2, "q2").double()
+    hb = ha if h2 is None else as_positions(h2, "h2").double()
     for qq, hh, nm in ((qa, ha, ""), (qb, hb, "2")):
         if qq.shape[:2] != hh.shape[:2]:
             raise WidthscopeError(
@@ -118,7 +118,7 @@ def block_features(
             "Σ_t q_t h_tᵀ); a 3x3 block has no such form"
         )
 
-    dev = _device(model)
+    dev = device_of(model)
     state: dict[str, torch.Tensor] = {}
 
     def hook(_m: nn.Module, _i: Any, out: Any) -> Any:
@@ -136,7 +136,7 @@ def block_features(
             p.requires_grad_(False)
         with EvalMode(model), torch.enable_grad():
             for bi, b in enumerate(to_batches(data, batch_size)):
-                losses, _, _ = _run_batch(model, to_device(b, dev, float_dtype(model)), loss_fn, bi)
+                losses, _, _ = run_batch(model, to_device(b, dev, float_dtype(model)), loss_fn, bi)
                 (g,) = torch.autograd.grad(losses.sum(), [state["b"]])
                 dim = channel_dim(g, block.style)
                 B = g.shape[0]
@@ -178,10 +178,10 @@ def w_out_grad(model: nn.Module, point: str, data: Any, loss_fn: Callable | None
     n = batch_size_of(data)
     total = torch.zeros(block.w_out.shape, dtype=torch.float64)
 
-    dev = _device(model)
+    dev = device_of(model)
     with EvalMode(model), torch.enable_grad():
         for bi, b in enumerate(to_batches(data, batch_size)):
-            losses, _, _ = _run_batch(model, to_device(b, dev, float_dtype(model)), loss_fn, bi)
+            losses, _, _ = run_batch(model, to_device(b, dev, float_dtype(model)), loss_fn, bi)
             (g,) = torch.autograd.grad(losses.sum(), [block.w_out])
             total += g.detach().double().cpu()
     return total / n

@@ -176,7 +176,7 @@ def _shapes(obj: Any) -> str:
     return type(obj).__name__
 
 
-def _run_batch(
+def run_batch(
     model: nn.Module, batch: Any, loss_fn: Callable | None, bi: int
 ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
     """Forward one batch; returns (per-example losses (B,), attention mask or None, B).
@@ -284,7 +284,7 @@ def _pool(q: torch.Tensor, fdim: int, pool: str, mask: torch.Tensor | None) -> t
     return q.reshape(-1, d)
 
 
-def _split_output(output: Any, name: str) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
+def split_output(output: Any, name: str) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
     """The hidden-state tensor of a module output, and a function putting a replacement back."""
     if isinstance(output, torch.Tensor):
         return output, lambda z: z
@@ -463,7 +463,7 @@ def _make_hook(
                 f"insertion point {name!r} ran twice in one forward pass (a shared module); "
                 "its per-example gradient is ambiguous: choose a module that runs once"
             )
-        z, put = _split_output(output, name)
+        z, put = split_output(output, name)
         # Zero bias of z's shape: d(loss)/d(bias) == d(loss)/dz; a leaf, so later in-place
         # ops on the output cannot alter it, and it lets grads flow with frozen parameters.
         b = torch.zeros_like(z, requires_grad=True)
@@ -500,7 +500,7 @@ def _probe_batch(
     state.clear()
     batch = to_device(batch, device, float_dtype(model))
     with torch.enable_grad():
-        losses, mask, B = _run_batch(model, batch, loss_fn, bi)
+        losses, mask, B = run_batch(model, batch, loss_fn, bi)
     missing = [n for n in names if n not in state]
     if missing:
         raise WidthscopeError(

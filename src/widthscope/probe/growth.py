@@ -43,17 +43,17 @@ import torch.nn as nn
 
 from ..errors import WidthscopeError
 from ..stats import certificate, cross_moments_from_gram, plan
-from .collect import _run_batch, float_dtype, to_device
+from .collect import float_dtype, run_batch, to_device
 from .insert import ACTIVATIONS, ResidualBlock, insert, remove_insertion
 from .intervene import (
     EvalMode,
-    _activation_rms,
-    _device,
     batch_size_of,
     block_features,
     block_gram,
     block_of,
+    device_of,
     index_batch,
+    point_activation_rms,
     to_batches,
     w_out_grad,
 )
@@ -87,7 +87,7 @@ def block_input_features(
     Done with :func:`block_features` on a temporary identity block (``W_in = I``, ``φ = id``),
     whose hidden activations are exactly ``norm(z)``; ``W_out = 0`` so nothing downstream changes.
     """
-    _, width = _activation_rms(model, point, _first(data, 2), loss_fn, batch_size)
+    _, width = point_activation_rms(model, point, _first(data, 2), loss_fn, batch_size)
     insert(model, point, "block", width=width, hidden=width, activation="identity", norm=norm, record=False)
     try:
         blk = block_of(model, point)
@@ -261,7 +261,7 @@ def line_search_gain(
     ranked last, ``null`` in JSON — when ``s > 0`` and ``c ≤ 0``: the quadratic model then bounds
     nothing, and an estimate that says "unbounded" should not win a ranking).
     """
-    _, width = _activation_rms(model, point, _first(test, 2), loss_fn, batch_size)
+    _, width = point_activation_rms(model, point, _first(test, 2), loss_fn, batch_size)
     insert(
         model,
         point,
@@ -278,7 +278,7 @@ def line_search_gain(
         blk = block_of(model, point)
         G = w_out_grad(model, point, train, loss_fn, batch_size).to(blk.w_out.dtype)
         n = batch_size_of(test)
-        dev = _device(model)
+        dev = device_of(model)
         s = c = 0.0
         for p, _ in flags:
             p.requires_grad_(False)
@@ -286,7 +286,7 @@ def line_search_gain(
         # double backward: fused attention kernels may lack it, the eager one has it
         with EvalMode(model), torch.enable_grad(), eager_attention_for(model):
             for bi, b in enumerate(to_batches(test, batch_size)):
-                losses, _, _ = _run_batch(model, to_device(b, dev, float_dtype(model)), loss_fn, bi)
+                losses, _, _ = run_batch(model, to_device(b, dev, float_dtype(model)), loss_fn, bi)
                 (g,) = torch.autograd.grad(losses.sum() / n, [blk.w_out], create_graph=True)
                 gv = (g * G).sum()
                 (hv,) = torch.autograd.grad(gv, [blk.w_out])

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from .. import _args
 from ..errors import WidthscopeError
+from ..options import INTERVENTION_KINDS
 from .offload import module_device
 from .points import insertion_points, resolve_points
 
@@ -57,7 +58,7 @@ __all__ = [
     "channel_dim",
 ]
 
-KINDS = ("bias", "block")
+KINDS = INTERVENTION_KINDS
 NORMS = ("rms", "layer", "none")
 STYLES = ("auto", "mlp", "conv1x1", "conv3x3")
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -252,7 +253,7 @@ def _valid_points(model: nn.Module) -> list[str]:
         return [n for n, _ in model.named_modules() if n][:50]
 
 
-def _resolve(model: nn.Module, point: str) -> nn.Module:
+def resolve_module(model: nn.Module, point: str) -> nn.Module:
     if not isinstance(point, str) or not point:
         raise WidthscopeError(
             f"insertion point must be a non-empty module path, got {point!r}; "
@@ -384,7 +385,7 @@ def insert(
     """
     fn = "insert"
     _args.module(fn, "model", model)
-    _args.string(fn, "point", point, empty=True, accepts="a module path (str)")  # "": _resolve lists the points
+    _args.string(fn, "point", point, empty=True, accepts="a module path (str)")  # "": resolve_module lists the points
     _args.choice(fn, "kind", kind, KINDS)
     _args.integer(fn, "width", width, lo=1, optional=True)
     _args.integer(fn, "hidden", hidden, lo=1, optional=True)
@@ -410,7 +411,7 @@ def insert(
             "of a batch (per-example gradients and function preservation need fixed statistics); "
             "call model.eval() before inserting"
         )
-    target = _resolve(model, point)
+    target = resolve_module(model, point)
     if isinstance(target, Inserted):
         raise WidthscopeError(
             f"point {point!r} already has a {target.widthscope_spec['kind']} insertion; remove it "

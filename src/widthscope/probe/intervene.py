@@ -44,17 +44,17 @@ import torch.nn as nn
 
 from .._io import progress as _progress
 from ..errors import WidthscopeError
+from ..options import INTERVENTION_KINDS
 from ..stats import certificate, wilson_interval
 
 # batch helpers live in .batches (the prefix cache uses them too); re-exported here
-from .batches import _cat, as_examples, batch_size_of, index_batch, take, to_batches  # noqa: F401
-from .blocks import _positions, block_certificate, block_features, block_gram, block_of, w_out_grad  # noqa: F401
+from .batches import as_examples, batch_size_of, cat_batches, index_batch, take, to_batches  # noqa: F401
+from .blocks import as_positions, block_certificate, block_features, block_gram, block_of, w_out_grad  # noqa: F401
 from .collect import activation_rms, collect, float_dtype
 from .insert import (  # noqa: F401
     Inserted,
     ResidualBias,
     ResidualBlock,
-    _resolve,
     apply_insertions,
     channel_dim,
     check_intervene_args,
@@ -63,14 +63,15 @@ from .insert import (  # noqa: F401
     inserted_state,
     insertion_specs,
     remove_insertion,
+    resolve_module,
 )
 from .resolution import (  # noqa: F401
     LOW_PRECISION,
     RESOLUTION_FACTOR,
-    _dtype_name,
-    _mark_precision,
-    _sample_errors,
+    dtype_name,
     loss_rounding,
+    mark_precision,
+    per_sample_errors,
     precision_note,
     projected_rounding,
     resolved,
@@ -78,16 +79,24 @@ from .resolution import (  # noqa: F401
     sample_rounding,
     upcast,
 )
-from .rows import _bias_rows_stacked, _block_steps, _compare, _precision, _row, _stacked_rows, _step_rows  # noqa: F401
+from .rows import (  # noqa: F401
+    bias_rows_stacked,
+    block_steps,
+    compare_gain,
+    intervention_row,
+    precision_info,
+    stacked_rows,
+    step_rows,
+)
 from .steps import (  # noqa: F401
     EvalMode,
-    _activation_rms,
-    _check_etas,
-    _device,
+    check_etas,
     check_rel_step,
     default_etas,
+    device_of,
     mean_loss,
     per_example_losses,
+    point_activation_rms,
 )
 
 __all__ = [
@@ -204,16 +213,16 @@ def intervene(
         kinds; :func:`precision_note` words them in one line.
     """
     check_intervene_args(locals())  # types, before any work
-    if kind not in ("bias", "block"):
-        raise WidthscopeError(f"kind must be 'bias' or 'block', got {kind!r}")
+    if kind not in INTERVENTION_KINDS:
+        raise WidthscopeError(f"kind must be one of {', '.join(map(repr, INTERVENTION_KINDS))}, got {kind!r}")
     if prefix not in ("auto", "full"):
         raise WidthscopeError(f"prefix must be 'auto' or 'full', got {prefix!r}")
     if precision not in ("mark", "float32"):
         raise WidthscopeError(f"precision must be 'mark' or 'float32', got {precision!r}")
     if etas is not None:
-        etas = _check_etas(etas)
+        etas = check_etas(etas)
     max_rel_step = check_rel_step(max_rel_step)
-    if isinstance(_resolve(model, point), Inserted):
+    if isinstance(resolve_module(model, point), Inserted):
         raise WidthscopeError(
             f"point {point!r} already has an insertion; intervene on the model without it (or on another point)"
         )
@@ -224,7 +233,7 @@ def intervene(
     if kind == "bias" and reuse.get("act_sq") is not None and len(reuse["act_sq"]) >= M:
         act_rms, width = activation_rms(reuse["act_sq"], M), int(reuse["width"])
     else:
-        act_rms, width = _activation_rms(model, point, train, loss_fn, batch_size)
+        act_rms, width = point_activation_rms(model, point, train, loss_fn, batch_size)
     if kind == "bias" and reuse.get("test_losses") is not None and len(reuse["test_losses"]) >= K:
         test_losses = reuse["test_losses"][:K].double().cpu()
     else:  # = mean_loss, keeping the per-example losses for the precision check
@@ -242,7 +251,7 @@ def intervene(
         align = float(mu @ g)
         step_norm = float(mu.norm()) / math.sqrt(mu.numel())
         bias_etas = etas or default_etas(step_norm, act_rms, n_etas, high=max_rel_step)
-        rows = _bias_rows_stacked(
+        rows = bias_rows_stacked(
             model,
             point,
             mu,
@@ -259,7 +268,7 @@ def intervene(
             prefix,
             reuse.get("prefix"),
         )
-        rows = _precision(
+        rows = precision_info(
             rows,
             model,
             point,
@@ -291,7 +300,7 @@ def intervene(
         step_norm = float(G_M.norm()) * h_rms * math.sqrt(Hd) / math.sqrt(N)
         etas = etas or default_etas(step_norm, act_rms, n_etas, high=max_rel_step)
         if prefix == "full":
-            rows = _step_rows(
+            rows = step_rows(
                 "block",
                 model,
                 point,
@@ -314,11 +323,11 @@ def intervene(
     finally:
         remove_insertion(model, point)
     if prefix == "full":
-        return _precision(
+        return precision_info(
             rows,
             model,
             point,
-            lambda: _block_steps(block, G_M, etas),
+            lambda: block_steps(block, G_M, etas),
             test,
             loss_fn,
             batch_size,
@@ -328,11 +337,11 @@ def intervene(
         )
     # The same steps on the model without the insertion: copy e of the point's output z gets
     # −η_e·G_M φ(W_in norm(z)), the inserted block's output at W_out = −η_e G_M (linear in W_out).
-    rows = _stacked_rows(
+    rows = stacked_rows(
         "block",
         model,
         point,
-        _block_steps(block, G_M, etas),
+        block_steps(block, G_M, etas),
         etas,
         align,
         test,
@@ -347,8 +356,8 @@ def intervene(
         prefix,
         reuse.get("prefix"),
     )
-    return _precision(
-        rows, model, point, lambda: _block_steps(block, G_M, etas), test, loss_fn, batch_size, K, test_losses, precision
+    return precision_info(
+        rows, model, point, lambda: block_steps(block, G_M, etas), test, loss_fn, batch_size, K, test_losses, precision
     )
 
 
@@ -389,7 +398,7 @@ def sign_agreement(
     is left); ``misaligned_rate`` needs no loss and counts all.
     """
     if eta is not None:
-        eta = _check_etas([eta])[0]
+        eta = check_etas([eta])[0]
     train = as_examples(train_batches)
     test = as_examples(test_batches)
     na, nb = batch_size_of(train), batch_size_of(test)
@@ -400,7 +409,7 @@ def sign_agreement(
         raise WidthscopeError(f"draws must be a positive integer, got {draws!r}")
     Sa = collect(model, to_batches(train, batch_size), points=[point], loss_fn=loss_fn, progress=False)[point]
     Sb = collect(model, to_batches(test, batch_size), points=[point], loss_fn=loss_fn, progress=False)[point]
-    act_rms, _ = _activation_rms(model, point, train, loss_fn, batch_size)
+    act_rms, _ = point_activation_rms(model, point, train, loss_fn, batch_size)
     if eta is None:
         mu = Sa.mean(0)
         eta = default_etas(float(mu.norm()) / math.sqrt(mu.numel()), act_rms, 1, low=1e-3)[0]
@@ -449,7 +458,7 @@ def sign_agreement(
         "agree_high": hi,
         "misaligned_rate": mis / draws,
         "improved_rate": improved / n if n else None,
-        "dtype": _dtype_name(float_dtype(model)),
+        "dtype": dtype_name(float_dtype(model)),
         "draws_below_resolution": low,
         "b_exact": cert.b_exact,
         "b_align": cert.b_align,

@@ -249,7 +249,7 @@ def recompute_flops() -> Iterator[list[int]]:
     """Within the block, each recomputation of a wrapped block (in a backward) counts its FLOPs
     with a counter of its own (:class:`TotalFlops`) and appends the total to the yielded list: an
     outer counter counts them too, and subtracting their sum gives the FLOPs of the plain
-    forward and backward (what :func:`widthscope.grow.block.step_flops` reports)."""
+    forward and backward (what :func:`widthscope.growth.block.step_flops` reports)."""
     sink: list[int] = []
     token = _RECOMPUTED.set(sink)
     try:

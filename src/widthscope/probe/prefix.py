@@ -41,10 +41,10 @@ import torch
 import torch.nn as nn
 
 from ..errors import WidthscopeError
-from .batches import _cat, batch_size_of, take, to_batches
-from .collect import _run_batch, _split_output, float_dtype
+from .batches import batch_size_of, cat_batches, take, to_batches
+from .collect import float_dtype, run_batch, split_output
 from .prefix_keep import KeptPrefix, keep_prefix
-from .prefix_plan import FnSteps, Plan, Unsupported, _capture, _Replaced, add_steps, plan, plans
+from .prefix_plan import FnSteps, Plan, Replaced, Unsupported, add_steps, capture_outputs, plan, plans
 
 __all__ = [
     "PREFIX_MODES",
@@ -101,10 +101,10 @@ def _cached_losses(
     E = steps.shape[0]
     b = to_dev(batch)
     if keep is None:
-        keep = _capture(model, point, p, b, loss_fn)
+        keep = capture_outputs(model, point, p, b, loss_fn)
 
     def put_steps(out: Any) -> Any:
-        z, put = _split_output(out, point)
+        z, put = split_output(out, point)
         return put(add_steps(z, steps))
 
     def hook(_m: nn.Module, _i: Any, out: Any) -> Any:
@@ -112,8 +112,8 @@ def _cached_losses(
 
     h = None if p.point_cached else model.get_submodule(point).register_forward_hook(hook)
     try:
-        with _Replaced(model, point, p, keep, steps, put_steps) as rep:
-            losses, _, _ = _run_batch(model, _cat([b] * E), loss_fn, bi)
+        with Replaced(model, point, p, keep, steps, put_steps) as rep:
+            losses, _, _ = run_batch(model, cat_batches([b] * E), loss_fn, bi)
         rep.verify()
     finally:
         if h is not None:
@@ -203,12 +203,12 @@ def _full_rows(
     times, a forward hook adding ``steps[e]`` to copy ``e`` at ``point``."""
 
     def hook(_m: nn.Module, _i: Any, out: Any) -> Any:
-        z, put = _split_output(out, point)
+        z, put = split_output(out, point)
         return put(add_steps(z, steps))
 
     h = model.get_submodule(point).register_forward_hook(hook)
     try:
-        losses, _, _ = _run_batch(model, to_dev(_cat([batch] * steps.shape[0])), loss_fn, bi)
+        losses, _, _ = run_batch(model, to_dev(cat_batches([batch] * steps.shape[0])), loss_fn, bi)
     finally:
         h.remove()
     return losses.detach().to("cpu", torch.float64)

@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from ..errors import WidthscopeError
 from .batches import batch_size_of, take
-from .prefix_plan import Plan, _map, _signature, plans
+from .prefix_plan import Plan, map_output, output_signature, plans
 
 
 class KeptPrefix:
@@ -51,11 +51,11 @@ class KeptPrefix:
             got = self.count.get(name, 0)
             if self.reason is not None or got >= self.n:
                 return
-            sig = _signature(out)
+            sig = output_signature(out)
             if sig is None:
                 return self._fail(f"{name!r} returned no batch-major tensors")
-            part = _map(out, lambda t: t.detach()[: self.n - got].clone())
-            part_sig = _signature(part)
+            part = map_output(out, lambda t: t.detach()[: self.n - got].clone())
+            part_sig = output_signature(part)
             assert part_sig is not None  # rows of out, which has one
             rows = next(s for s in part_sig if s is not None)[0]
             self.bytes += sum(
@@ -99,7 +99,7 @@ class KeptPrefix:
         :func:`~widthscope.probe.prefix_plan._capture`, returns them)."""
         p = self.plans[point]
         names = p.cached + ((point,) if p.point_cached else ())
-        return {n: _map(self.outputs[n], lambda t: t[start:stop]) for n in names}
+        return {n: map_output(self.outputs[n], lambda t: t[start:stop]) for n in names}
 
 
 @contextmanager

@@ -1,9 +1,9 @@
 """The cached path's plan and capture (the first steps of :mod:`widthscope.probe.prefix`).
 
-What a module returned (:func:`_signature`: shapes, checked batch-major on 2 and 3 examples), the
+What a module returned (:func:`output_signature`: shapes, checked batch-major on 2 and 3 examples), the
 steps added at the point (:func:`add_steps`, :class:`FnSteps`), :func:`plan` / :func:`plans` (which
-outermost modules finish before the point and can be kept), :func:`_capture` (their outputs on a
-chunk) and :class:`_Replaced` (their ``forward`` replaced by the kept outputs during the stacked pass).
+outermost modules finish before the point and can be kept), :func:`capture_outputs` (their outputs on a
+chunk) and :class:`Replaced` (their ``forward`` replaced by the kept outputs during the stacked pass).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn as nn
 
-from .collect import _run_batch
+from .collect import run_batch
 from .insert import channel_dim
 
 
@@ -36,7 +36,7 @@ class Plan:
 
 
 # ----------------------------------------------------------------------------- module outputs
-def _signature(out: Any) -> tuple | None:
+def output_signature(out: Any) -> tuple | None:
     """Shapes of a tensor / tuple-of-tensors output (None entries kept), or None if unsupported."""
     if isinstance(out, torch.Tensor):
         return (tuple(out.shape),) if out.ndim >= 1 else None
@@ -65,7 +65,7 @@ def _batch_major(s2: tuple | None, s3: tuple | None) -> bool:
     return True
 
 
-def _map(out: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+def map_output(out: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     if isinstance(out, torch.Tensor):
         return fn(out)
     parts = [None if o is None else fn(o) for o in out]
@@ -73,7 +73,7 @@ def _map(out: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
 
 
 def _repeat(out: Any, E: int) -> Any:
-    return _map(out, lambda t: t.repeat(E, *([1] * (t.ndim - 1))))
+    return map_output(out, lambda t: t.repeat(E, *([1] * (t.ndim - 1))))
 
 
 class FnSteps:
@@ -113,7 +113,7 @@ def add_steps(z: torch.Tensor, steps: torch.Tensor | FnSteps) -> torch.Tensor:
 def _forward(model: nn.Module, batch: Any, loss_fn: Callable | None) -> torch.Tensor | None:
     """Per-example losses of one batch; None when a capture hook stopped the forward."""
     try:
-        return _run_batch(model, batch, loss_fn, 0)[0]
+        return run_batch(model, batch, loss_fn, 0)[0]
     except _Stop:
         return None
 
@@ -149,10 +149,10 @@ def _record_all(
     def make(name: str) -> Callable:
         def hook(_m: nn.Module, _a: Any, out: Any) -> None:
             if name in want and name in before and name not in out_point:
-                out_point[name] = _signature(out)
+                out_point[name] = output_signature(out)
                 if len(out_point) == len(want):
                     raise _Stop
-            ended[name] = (ended.get(name, (0, None))[0] + 1, _signature(out))
+            ended[name] = (ended.get(name, (0, None))[0] + 1, output_signature(out))
 
         return hook
 
@@ -210,7 +210,7 @@ def plans(
     return {p: _plan_from(model, p, r2[p], r3[p]) for p in points if p in r2 and p in r3}
 
 
-def _capture(model: nn.Module, point: str, p: Plan, batch: Any, loss_fn: Callable | None) -> dict[str, Any]:
+def capture_outputs(model: nn.Module, point: str, p: Plan, batch: Any, loss_fn: Callable | None) -> dict[str, Any]:
     """Outputs (cloned: later in-place ops must not change them) of the planned modules and the point."""
     modules = dict(model.named_modules())
     keep: dict[str, Any] = {}
@@ -219,7 +219,7 @@ def _capture(model: nn.Module, point: str, p: Plan, batch: Any, loss_fn: Callabl
         def hook(_m: nn.Module, _a: Any, out: Any) -> None:
             if name in keep:
                 raise Unsupported(f"{name!r} ran twice before {point!r}")
-            keep[name] = _map(out, lambda t: t.detach().clone())
+            keep[name] = map_output(out, lambda t: t.detach().clone())
             if name == point:
                 raise _Stop
 
@@ -234,7 +234,7 @@ def _capture(model: nn.Module, point: str, p: Plan, batch: Any, loss_fn: Callabl
     return keep
 
 
-class _Replaced:
+class Replaced:
     """Within the block: each planned module's ``forward`` returns its kept output repeated
     ``E`` times, the point's adds the steps; restored on exit. :meth:`verify` then checks that
     each ran exactly once (a shared module, or a class that bypasses ``forward``, is caught)."""
@@ -270,7 +270,7 @@ class _Replaced:
 
         return forward
 
-    def __enter__(self) -> _Replaced:
+    def __enter__(self) -> Replaced:
         for name in self.calls:
             m = self.modules[name]
             self.saved.append((m, "forward" in m.__dict__, m.__dict__.get("forward")))

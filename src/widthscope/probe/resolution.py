@@ -21,7 +21,7 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 RESOLUTION_FACTOR = 8.0
 
 
-def _dtype_name(dt: torch.dtype | None) -> str | None:
+def dtype_name(dt: torch.dtype | None) -> str | None:
     return None if dt is None else str(dt).replace("torch.", "")
 
 
@@ -82,7 +82,7 @@ def loss_rounding(
     return float((low - ref).pow(2).sum().sqrt()) / max(len(ref), 1), ref
 
 
-def _sample_errors(
+def per_sample_errors(
     model: nn.Module, point: str, data: Any, loss_fn: Callable | None, n: int, batch_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pooled samples of the first ``n`` examples as the model runs, and their rounding errors
@@ -103,10 +103,10 @@ def sample_rounding(
     weights in float32 (:class:`upcast`); None for a float32/float64 model. It is not a small
     multiple of ``u`` everywhere: a confidently fitted classifier's gradients cancel (measured
     32u in bfloat16 on a trained MLP, ≤ 3.5u on the tiny Llamas), so it is measured, not assumed
-    (``sample_rel_error`` of :func:`widthscope.certify.per_point.statistics`, worst-case mode)."""
+    (``sample_rel_error`` of :func:`widthscope.certification.per_point.statistics`, worst-case mode)."""
     if float_dtype(model) not in LOW_PRECISION:
         return None
-    ref, err = _sample_errors(model, point, data, loss_fn, n, batch_size)
+    ref, err = per_sample_errors(model, point, data, loss_fn, n, batch_size)
     return float((err.norm(dim=1) / ref.norm(dim=1).clamp_min(torch.finfo(torch.float64).tiny)).max())
 
 
@@ -126,8 +126,8 @@ def sample_errors(
     if float_dtype(model) not in LOW_PRECISION:
         return None
     return (
-        _sample_errors(model, point, train, loss_fn, n, batch_size)[1],
-        _sample_errors(model, point, test, loss_fn, n, batch_size)[1],
+        per_sample_errors(model, point, train, loss_fn, n, batch_size)[1],
+        per_sample_errors(model, point, test, loss_fn, n, batch_size)[1],
     )
 
 
@@ -189,13 +189,13 @@ def precision_note(rows: Iterable[Mapping[str, Any]], where: str = "") -> str | 
     return "interventions: " + "; ".join(parts)
 
 
-def _mark_precision(rows: list[dict[str, Any]], dtype: torch.dtype | None, r: float | None) -> None:
+def mark_precision(rows: list[dict[str, Any]], dtype: torch.dtype | None, r: float | None) -> None:
     """Add ``dtype``, ``evaluated_in``, ``resolution`` and ``below_resolution`` to each row."""
     res = None if r is None else RESOLUTION_FACTOR * r
     for row in rows:
         row.update(
-            dtype=_dtype_name(dtype),
-            evaluated_in=_dtype_name(dtype),
+            dtype=dtype_name(dtype),
+            evaluated_in=dtype_name(dtype),
             resolution=res,
             below_resolution=bool(res is not None and abs(row["predicted"]) < res),
             alignment_bound=None,

@@ -14,17 +14,17 @@ from .._io import progress as _progress
 from .collect import float_dtype, to_device
 from .insert import ResidualBlock
 from .prefix import FnSteps, stacked_totals
-from .resolution import _mark_precision, loss_rounding, upcast
-from .steps import EvalMode, _device, mean_loss
+from .resolution import loss_rounding, mark_precision, upcast
+from .steps import EvalMode, device_of, mean_loss
 
 
-def _block_steps(block: ResidualBlock, G_M: torch.Tensor, etas: Sequence[float]) -> Any:
+def block_steps(block: ResidualBlock, G_M: torch.Tensor, etas: Sequence[float]) -> Any:
     return FnSteps(
         torch.tensor([-float(e) for e in etas], dtype=torch.float64), lambda z: block.delta(z, G_M.to(z.device))
     )
 
 
-def _precision(
+def precision_info(
     rows: list[dict[str, Any]],
     model: nn.Module,
     point: str,
@@ -40,11 +40,11 @@ def _precision(
     steps again with the model upcast (the network's full path: kept prefixes are in the dtype)."""
     dt = float_dtype(model)
     r, ref = loss_rounding(model, test, loss_fn, batch_size=batch_size, losses=test_losses)
-    _mark_precision(rows, dt, r)
+    mark_precision(rows, dt, r)
     idx = [i for i, row in enumerate(rows) if row["below_resolution"]]
     if precision != "float32" or not idx:
         return rows
-    dev = _device(model)
+    dev = device_of(model)
     sub = steps()[torch.tensor(idx)]
     with upcast(model), EvalMode(model), torch.no_grad():
         totals, _ = stacked_totals(
@@ -65,14 +65,14 @@ def _precision(
         old.update(
             actual_in_dtype=old["actual"],
             actual=actual,
-            **_compare(old["predicted"], actual),
+            **compare_gain(old["predicted"], actual),
             evaluated_in="float32",
             below_resolution=False,
         )
     return rows
 
 
-def _bias_rows_stacked(
+def bias_rows_stacked(
     model: nn.Module,
     point: str,
     mu: torch.Tensor,
@@ -95,7 +95,7 @@ def _bias_rows_stacked(
     network before ``point`` once per chunk and only the rest ``E`` times
     (:mod:`widthscope.probe.prefix`), ``"full"`` the whole network ``E`` times."""
     steps = torch.stack([-float(e) * mu for e in etas])  # (E, N), float64
-    return _stacked_rows(
+    return stacked_rows(
         "bias",
         model,
         point,
@@ -116,7 +116,7 @@ def _bias_rows_stacked(
     )
 
 
-def _stacked_rows(
+def stacked_rows(
     probe: str,
     model: nn.Module,
     point: str,
@@ -136,7 +136,7 @@ def _stacked_rows(
     kept: Any,
 ) -> list[dict[str, Any]]:
     """Rows of ``E`` steps evaluated by :func:`widthscope.probe.prefix.stacked_totals`."""
-    dev, dt = _device(model), float_dtype(model)
+    dev, dt = device_of(model), float_dtype(model)
     per = max(1, batch_size // len(etas))  # examples per stacked call, so a call holds about batch_size rows
     with EvalMode(model), torch.no_grad():
         totals, how = stacked_totals(
@@ -144,7 +144,7 @@ def _stacked_rows(
         )
     after = totals / K
     rows = [
-        _row(
+        intervention_row(
             probe,
             point,
             float(eta),
@@ -165,7 +165,7 @@ def _stacked_rows(
     return rows
 
 
-def _step_rows(
+def step_rows(
     probe: str,
     model: nn.Module,
     point: str,
@@ -191,7 +191,7 @@ def _step_rows(
             param.copy_((-eta * direction).to(param.dtype))
         after = mean_loss(model, test, loss_fn, batch_size=batch_size)
         rows.append(
-            _row(
+            intervention_row(
                 probe,
                 point,
                 eta,
@@ -209,14 +209,14 @@ def _step_rows(
     return rows
 
 
-def _compare(predicted: float, actual: float) -> dict[str, Any]:
+def compare_gain(predicted: float, actual: float) -> dict[str, Any]:
     return {
         "retention": actual / predicted if predicted != 0 else float("nan"),
         "sign_agrees": bool(predicted != 0 and (actual > 0) == (predicted > 0) and actual != 0),
     }
 
 
-def _row(
+def intervention_row(
     probe: str,
     point: str,
     eta: float,
@@ -240,7 +240,7 @@ def _row(
         "eta": eta,
         "predicted": predicted,
         "actual": actual,
-        **_compare(predicted, actual),
+        **compare_gain(predicted, actual),
         "M": M,
         "K": K,
         "mu_norm": mu_norm,

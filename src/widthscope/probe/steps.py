@@ -12,12 +12,12 @@ import torch.nn as nn
 
 from ..errors import WidthscopeError
 from .batches import to_batches
-from .collect import _run_batch, _split_output, float_dtype, to_device
+from .collect import float_dtype, run_batch, split_output, to_device
 from .insert import channel_dim
 from .offload import input_device
 
 
-def _device(model: nn.Module) -> torch.device:
+def device_of(model: nn.Module) -> torch.device:
     return input_device(model)
 
 
@@ -41,12 +41,12 @@ def per_example_losses(
     model: nn.Module, data: Any, loss_fn: Callable | None = None, *, batch_size: int = 64, grad: bool = False
 ) -> torch.Tensor:
     """Per-example losses ``(n,)`` exactly as :func:`widthscope.probe.collect` defines them."""
-    dev = _device(model)
+    dev = device_of(model)
     out = []
     ctx = torch.enable_grad() if grad else torch.no_grad()
     with ctx:
         for bi, b in enumerate(to_batches(data, batch_size)):
-            losses, _, _ = _run_batch(model, to_device(b, dev, float_dtype(model)), loss_fn, bi)
+            losses, _, _ = run_batch(model, to_device(b, dev, float_dtype(model)), loss_fn, bi)
             out.append(losses if grad else losses.detach().to("cpu", torch.float64))
     return torch.cat(out)
 
@@ -57,14 +57,14 @@ def mean_loss(model: nn.Module, data: Any, loss_fn: Callable | None = None, *, b
         return float(per_example_losses(model, data, loss_fn, batch_size=batch_size).mean())
 
 
-def _activation_rms(
+def point_activation_rms(
     model: nn.Module, point: str, data: Any, loss_fn: Callable | None, batch_size: int
 ) -> tuple[float, int]:
     """Root-mean-square entry of the output at ``point`` over ``data``, and its channel width."""
     acc = [0.0, 0, 0]
 
     def hook(_m: nn.Module, _i: Any, out: Any) -> None:
-        z, _ = _split_output(out, point)
+        z, _ = split_output(out, point)
         acc[0] += float(z.detach().double().pow(2).sum())
         acc[1] += z.numel()
         acc[2] = z.shape[channel_dim(z)]
@@ -118,7 +118,7 @@ def check_rel_step(high: Any, low: float = 1e-4) -> float:
     return h
 
 
-def _check_etas(etas: Sequence[float]) -> list[float]:
+def check_etas(etas: Sequence[float]) -> list[float]:
     out = []
     for e in etas:
         try:

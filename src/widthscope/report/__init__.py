@@ -12,7 +12,7 @@ The JSON files of several ``widthscope certify`` runs (e.g. checkpoints of diffe
 accepted too, alone or mixed with results directories: they become one width series
 (:mod:`widthscope.report.certify_series`); the default ``--out`` is then ``FIRST_FILE's folder/report``
 and the page's header lists every file with its model, data and width. The folder of a model-suite
-sweep (:mod:`widthscope.sweep.suite`) also gets ``width-series.html`` and ``over-training.html``
+sweep (:mod:`widthscope.sweeps.suite`) also gets ``width-series.html`` and ``over-training.html``
 (:mod:`widthscope.report.suite`). The settings are one :class:`~widthscope.report.options.ReportOptions`,
 recorded in ``OUT/report.json`` (``widthscope report --config OUT/report.json`` starts from them). Python::
 
@@ -95,7 +95,7 @@ def load_results(
     Rows widthscope did not write are refused (a source with none) or left out with a line in ``notes``.
     Nothing is written: a damaged line or cell file is skipped and appended to ``problems`` (when
     given, else logged on stderr); a damaged certify file is refused."""
-    from ..sweep.grid import load_rows  # noqa: PLC0415  start-up time: torch
+    from ..sweeps.grid import load_rows  # noqa: PLC0415  start-up time: torch
     from .certify_series import series_rows  # noqa: PLC0415  start-up time: torch
 
     rows: list[dict[str, Any]] = []

@@ -24,7 +24,7 @@ def groups(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, list[Mapping[str, A
     return out
 
 
-def _label(key: tuple, all_keys: Sequence[tuple]) -> str:
+def group_label(key: tuple, all_keys: Sequence[tuple]) -> str:
     sweep, fam, budget, probe, plen = key
     label = str(fam)
     if len({k[0] for k in all_keys if k[1] == fam}) > 1:

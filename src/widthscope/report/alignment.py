@@ -29,11 +29,11 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from ._groups import _label, groups
+from ._groups import group_label, groups
 
-# Re-exported: the old names stay importable from here (the monitor section takes _num, _save, _slug).
-from .alignment_figures import MAX_MK_PANELS, MAX_POINTS_PANELS, _save, _slug, figures  # noqa: F401
-from .alignment_rows import _agg, _d_align_by_point, _mk, _num, _points, _widths, trend  # noqa: F401
+# Re-exported: the old names stay importable from here (the monitor section takes as_number, save_figure, slugify).
+from .alignment_figures import MAX_MK_PANELS, MAX_POINTS_PANELS, figures, save_figure, slugify  # noqa: F401
+from .alignment_rows import aggregate, as_number, d_align_by_point, mk_pairs, point_keys, trend, width_values  # noqa: F401
 from .alignment_tables import tables
 
 __all__ = ["figures", "tables", "summary", "trend", "groups"]
@@ -79,15 +79,15 @@ def summary(rows: list[dict], found: Sequence[Mapping[str, Any]] | None = None) 
     lines = []
     gs = groups(rows)
     for key, sel in gs.items():
-        label = _label(key, list(gs))
-        pts = _points(sel)
-        widths = _widths(sel)
+        label = group_label(key, list(gs))
+        pts = point_keys(sel)
+        widths = width_values(sel)
         if len(widths) < 2:
             lines.append(f"{label}: only one width ({widths[0]:g}); no width trend can be judged.")
             continue
         names = dict(pts)
         trends = {}
-        for pi, (ws, vals) in _d_align_by_point(sel, "two").items():
+        for pi, (ws, vals) in d_align_by_point(sel, "two").items():
             # A point whose certificate is vacuous (d_align missing) at most widths has no trend to judge.
             unusable = sum(1 for v in vals if math.isnan(v) or v <= 0)
             trends[pi] = "vacuous" if unusable * 2 > len(vals) else trend(ws, vals)
@@ -111,7 +111,7 @@ def summary(rows: list[dict], found: Sequence[Mapping[str, Any]] | None = None) 
         n_seeds = len({r.get("seed") for r in sel})
         unresolved = 0
         if n_seeds > 1:
-            agg = _agg(sel, "two_d_align", by=("point_index", "width"))
+            agg = aggregate(sel, "two_d_align", by=("point_index", "width"))
             for pi, _ in pts:
                 ws = [w for w in widths if (pi, w) in agg]
                 change = abs(agg[(pi, ws[-1])][0] - agg[(pi, ws[0])][0])
@@ -124,7 +124,7 @@ def summary(rows: list[dict], found: Sequence[Mapping[str, Any]] | None = None) 
             )
         else:
             lines.append("One seed: the seed-to-seed spread is unknown, so no trend here is resolved; run more seeds.")
-        one = _d_align_by_point(sel, "one")
+        one = d_align_by_point(sel, "one")
         one_up = sum(trend(*one[pi]) == "up" for pi, _ in pts)
         one_down = sum(trend(*one[pi]) == "down" for pi, _ in pts)
         lines.append(
@@ -133,9 +133,9 @@ def summary(rows: list[dict], found: Sequence[Mapping[str, Any]] | None = None) 
             + "."
         )
 
-        M, K = _mk(sel)[-1]
+        M, K = mk_pairs(sel)[-1]
         at = [r for r in sel if (int(r["M"]), int(r["K"])) == (M, K)]
-        agg = _agg(at, "misalignment", by=("point_index", "width"))
+        agg = aggregate(at, "misalignment", by=("point_index", "width"))
         mt = {}
         for pi, _ in pts:
             ws = [w for w in widths if (pi, w) in agg]

@@ -1,6 +1,6 @@
 """The figures of the alignment section (:mod:`widthscope.report.alignment`): d_align vs width,
 misalignment vs width with B_exact and B_align, misalignment vs ``M = K``; and the plotting
-helpers the monitor section shares (:func:`_save`, :func:`_slug`).
+helpers the monitor section shares (:func:`save_figure`, :func:`slugify`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ._groups import _label, groups
-from .alignment_rows import _agg, _mk, _num, _pick, _points, _widths
+from ._groups import group_label, groups
+from .alignment_rows import aggregate, as_number, mk_pairs, pick_spread, point_keys, width_values
 from .html import fit_titles
 
 MAX_POINTS_PANELS = 4
@@ -28,7 +28,7 @@ def _fig(nrows: int, ncols: int, w: float = 4.2, h: float = 3.2):
     return fig, axes
 
 
-def _save(fig, path: Path, title: str) -> None:
+def save_figure(fig, path: Path, title: str) -> None:
     """Save with the group's label as the figure title (so a PNG alone says which regime it
     shows), every title wrapped to fit (panel titles would clip into each other otherwise)."""
     fig.suptitle(title, fontsize=11)
@@ -53,7 +53,7 @@ def _width_axis(ax, widths: Sequence[float]) -> None:
     ax.set_xticklabels([f"{w:g}" for w in widths], fontsize=7)
 
 
-def _slug(text: str) -> str:
+def slugify(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text).strip("-")[:60] or "x"
 
 
@@ -65,16 +65,18 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
     figs = []
     gs = groups(rows)
     for key, sel in gs.items():
-        label = _label(key, list(gs))
-        slug = _slug(label)
-        pts = _points(sel)
-        widths = _widths(sel)
+        label = group_label(key, list(gs))
+        slug = slugify(label)
+        pts = point_keys(sel)
+        widths = width_values(sel)
         figs.append(_fig_d_align(sel, label, out_dir / f"{slug}-d_align.png", pts, widths))
-        ppts = _pick(pts, MAX_POINTS_PANELS)
-        draws = int(max((d for d in (_num(r.get("misalignment_draws")) for r in sel) if not math.isnan(d)), default=1))
+        ppts = pick_spread(pts, MAX_POINTS_PANELS)
+        draws = int(
+            max((d for d in (as_number(r.get("misalignment_draws")) for r in sel) if not math.isnan(d)), default=1)
+        )
         floor = 0.5 / max(draws, 1)  # where a probability of 0 is drawn on the log axes
         by = ("point_index", "M", "K", "width")
-        agg_e, agg_be = _agg(sel, "misalignment", by=by), _agg(sel, "two_b_exact", by=by)
+        agg_e, agg_be = aggregate(sel, "misalignment", by=by), aggregate(sel, "two_b_exact", by=by)
         figs.append(
             _fig_misalignment_vs_width(
                 sel,
@@ -104,7 +106,7 @@ def _fig_d_align(sel, label: str, p: Path, pts, widths) -> dict:
         (axes[0, 0], "two", "two-population (train vs held-out)"),
         (axes[0, 1], "one", "one-population (train)"),
     ):
-        agg = _agg(sel, f"{form}_d_align", by=("point_index", "width"))
+        agg = aggregate(sel, f"{form}_d_align", by=("point_index", "width"))
         for (pi, pname), c in zip(pts, colors):
             ws = [w for w in widths if (pi, w) in agg and not math.isnan(agg[(pi, w)][0])]
             if not ws:
@@ -134,7 +136,7 @@ def _fig_d_align(sel, label: str, p: Path, pts, widths) -> dict:
         ax.grid(alpha=0.3)
     if axes[0, 0].get_legend_handles_labels()[0]:
         axes[0, 0].legend(fontsize=7, title="insertion point", title_fontsize=7)
-    _save(fig, p, f"{label}: d_align vs width")
+    save_figure(fig, p, f"{label}: d_align vs width")
     return {
         "title": f"{label}: d_align vs width",
         "png": str(p),
@@ -150,11 +152,11 @@ def _fig_misalignment_vs_width(
     sel, label: str, p: Path, pts, ppts, widths, draws: int, floor: float, agg_e, agg_be
 ) -> dict:
     """2. Empirical misalignment vs width with B_exact and B_align, one panel per (point, (M, K))."""
-    mks = _pick(_mk(sel), MAX_MK_PANELS)
+    mks = pick_spread(mk_pairs(sel), MAX_MK_PANELS)
     fig, axes = _fig(len(ppts), len(mks), w=3.4, h=2.7)
-    agg_lo = _agg(sel, "misalignment_low", by=("point_index", "M", "K", "width"))
-    agg_hi = _agg(sel, "misalignment_high", by=("point_index", "M", "K", "width"))
-    agg_ba = _agg(sel, "two_b_align", by=("point_index", "M", "K", "width"))
+    agg_lo = aggregate(sel, "misalignment_low", by=("point_index", "M", "K", "width"))
+    agg_hi = aggregate(sel, "misalignment_high", by=("point_index", "M", "K", "width"))
+    agg_ba = aggregate(sel, "two_b_align", by=("point_index", "M", "K", "width"))
     for i, (pi, pname) in enumerate(ppts):
         for j, (M, K) in enumerate(mks):
             ax = axes[i, j]
@@ -200,7 +202,7 @@ def _fig_misalignment_vs_width(
             if j == 0:
                 ax.set_ylabel("probability")
     axes[0, 0].legend(fontsize=7)
-    _save(fig, p, f"{label}: misalignment vs width")
+    save_figure(fig, p, f"{label}: misalignment vs width")
     return {
         "title": f"{label}: misalignment vs width, with B_exact and B_align",
         "png": str(p),
@@ -215,7 +217,7 @@ def _fig_misalignment_vs_width(
 
 def _fig_misalignment_vs_mk(sel, label: str, p: Path, ppts, widths, floor: float, agg_e, agg_be) -> list[dict]:
     """3. Misalignment vs M = K for each width; ``[]`` with fewer than two paired sizes."""
-    paired = sorted({M for (M, K) in _mk(sel) if M == K})
+    paired = sorted({M for (M, K) in mk_pairs(sel) if M == K})
     if len(paired) < 2:
         return []
     wcol = _colors(len(widths))
@@ -234,7 +236,7 @@ def _fig_misalignment_vs_mk(sel, label: str, p: Path, ppts, widths, floor: float
         ax.grid(alpha=0.3)
     axes[0, 0].set_ylabel("misalignment probability")
     axes[0, 0].legend(fontsize=7)
-    _save(fig, p, f"{label}: misalignment vs M = K")
+    save_figure(fig, p, f"{label}: misalignment vs M = K")
     return [
         {
             "title": f"{label}: misalignment vs M = K",

@@ -12,7 +12,7 @@ import numpy as np
 
 
 # ----------------------------------------------------------------------------- helpers
-def _num(v: Any) -> float:
+def as_number(v: Any) -> float:
     try:
         f = float(v)
     except (TypeError, ValueError):
@@ -34,7 +34,7 @@ def _ranks(x: Sequence[float]) -> np.ndarray:
 def trend(widths: Sequence[float], values: Sequence[float]) -> str:
     """'up', 'down' or 'flat' for values over increasing widths (NaNs dropped; the rule is in
     :mod:`widthscope.report.alignment`'s docstring)."""
-    pairs = [(w, v) for w, v in zip(widths, values) if not math.isnan(_num(v))]
+    pairs = [(w, v) for w, v in zip(widths, values) if not math.isnan(as_number(v))]
     if len(pairs) < 2:
         return "flat"
     w = [p[0] for p in pairs]
@@ -50,11 +50,11 @@ def trend(widths: Sequence[float], values: Sequence[float]) -> str:
     return "flat"
 
 
-def _points(rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, str]]:
+def point_keys(rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, str]]:
     return sorted({(int(r.get("point_index", 0)), str(r.get("point"))) for r in rows})
 
 
-def _pick(points: list, k: int) -> list:
+def pick_spread(points: list, k: int) -> list:
     """At most k evenly spread points (always the first and last)."""
     if len(points) <= k:
         return points
@@ -62,21 +62,21 @@ def _pick(points: list, k: int) -> list:
     return [points[i] for i in idx]
 
 
-def _mk(rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
+def mk_pairs(rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
     return sorted({(int(r["M"]), int(r["K"])) for r in rows}, key=lambda t: (t[0] * t[1], t))
 
 
-def _widths(rows: Sequence[Mapping[str, Any]]) -> list[float]:
+def width_values(rows: Sequence[Mapping[str, Any]]) -> list[float]:
     return sorted({r["width"] for r in rows})
 
 
-def _agg(
+def aggregate(
     rows: Sequence[Mapping[str, Any]], col: str, *, by: tuple[str, ...]
 ) -> dict[tuple, tuple[float, float, float, int]]:
     """(mean, min, max, n) over seeds of ``col`` for each value of ``by`` (one value per seed)."""
     per: dict[tuple, dict[Any, float]] = defaultdict(dict)
     for r in rows:
-        per[tuple(r.get(b) for b in by)].setdefault(r.get("seed"), _num(r.get(col)))
+        per[tuple(r.get(b) for b in by)].setdefault(r.get("seed"), as_number(r.get(col)))
     out = {}
     for k, d in per.items():
         vals = np.array([v for v in d.values() if not math.isnan(v)])
@@ -88,11 +88,11 @@ def _agg(
     return out
 
 
-def _d_align_by_point(rows, form: str) -> dict[int, tuple[list[float], list[float]]]:
+def d_align_by_point(rows, form: str) -> dict[int, tuple[list[float], list[float]]]:
     """point_index -> (widths, seed-mean d_align); d_align does not depend on (M, K)."""
-    agg = _agg(rows, f"{form}_d_align", by=("point_index", "width"))
+    agg = aggregate(rows, f"{form}_d_align", by=("point_index", "width"))
     out: dict[int, tuple[list, list]] = {}
-    for pi, _ in _points(rows):
-        ws = [w for w in _widths(rows) if (pi, w) in agg]
+    for pi, _ in point_keys(rows):
+        ws = [w for w in width_values(rows) if (pi, w) in agg]
         out[pi] = (ws, [agg[(pi, w)][0] for w in ws])
     return out

@@ -8,8 +8,8 @@ import html
 import math
 from typing import Any, Mapping, Sequence
 
-from ._groups import _label, groups
-from .alignment_rows import _agg, _mk, _points, _widths
+from ._groups import group_label, groups
+from .alignment_rows import aggregate, mk_pairs, point_keys, width_values
 
 
 def _fmt(v: float, spec: str = ".3g") -> str:
@@ -32,12 +32,12 @@ def tables(rows: list[dict]) -> list[dict]:
     out = []
     gs = groups(rows)
     for key, sel in gs.items():
-        label = _label(key, list(gs))
-        M, K = _mk(sel)[-1]
+        label = group_label(key, list(gs))
+        M, K = mk_pairs(sel)[-1]
         at = [r for r in sel if (int(r["M"]), int(r["K"])) == (M, K)]
         by = ("width", "point_index")
         cols = {
-            c: _agg(at, c, by=by)
+            c: aggregate(at, c, by=by)
             for c in (
                 "two_d_align",
                 "one_d_align",
@@ -76,8 +76,8 @@ def tables(rows: list[dict]) -> list[dict]:
             )
             + "</tr></thead><tbody>"
         ]
-        for w in _widths(at):
-            for pi, pname in _points(at):
+        for w in width_values(at):
+            for pi, pname in point_keys(at):
                 k = (w, pi)
                 if k not in cols["two_d_align"]:
                     continue

@@ -1,7 +1,7 @@
 """A width series from the JSON files of several ``widthscope certify`` runs.
 
 Each certify JSON (one checkpoint) becomes rows in the schema of a sweep's alignment rows
-(:func:`widthscope.sweep.alignment.run_cell`), so the report's alignment section draws d_align and
+(:func:`widthscope.sweeps.alignment.run_cell`), so the report's alignment section draws d_align and
 misalignment against width for a family of real checkpoints without a sweep config::
 
     widthscope certify --model ckpt-256 --out c256.json   # ... one run per checkpoint
@@ -35,7 +35,7 @@ from typing import Any, Mapping, Sequence
 
 from .._io import cut_off
 from ..errors import WidthscopeError
-from ..sweep.certify_rows import certify_rows
+from ..sweeps.certify_rows import certify_rows
 
 __all__ = ["is_certify_json", "load_certify", "rows_from_certify", "series_rows", "describe", "check_suite"]
 
@@ -237,7 +237,7 @@ def series_rows(paths: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
 
 
 def check_suite(rows: Sequence[Mapping[str, Any]]) -> None:
-    """The certify runs of a model-suite sweep (:mod:`widthscope.sweep.suite`: one per model and
+    """The certify runs of a model-suite sweep (:mod:`widthscope.sweeps.suite`: one per model and
     revision, rows with ``suite`` and ``certify_json``) drawn together share (M, K) pairs, estimator
     and pooling (a suite's config gives them one set of options; this guards folders copied
     together). Two models of one width (Pythia 1b and 1.4b) are both kept: no uniqueness check."""

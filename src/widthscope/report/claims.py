@@ -66,7 +66,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from scipy import special as _sp
 
-from ._groups import _label, groups
+from ._groups import group_label, groups
 from .claims_stats import ALPHA, MAX_SEEDS, holm, seed_test, seeds_needed
 from .claims_stats import effect as _effect
 from .claims_stats import finite as _ok
@@ -138,7 +138,7 @@ def _claim(
 def _regimes(rows: list[Mapping[str, Any]]) -> list[tuple[str, list[Mapping[str, Any]]]]:
     """(label, rows) per probe regime, exactly the grouping and labels of the alignment section."""
     gs = groups(rows)
-    return [(_label(k, list(gs)), sel) for k, sel in gs.items()]
+    return [(group_label(k, list(gs)), sel) for k, sel in gs.items()]
 
 
 def _per_seed_width(sel, metric: str, M: int, K: int, log: bool) -> tuple[dict[Any, list[tuple[float, float]]], int]:

@@ -1,4 +1,4 @@
-"""Report section for the growth benchmark (rows ``kind="growth_bench"``, :mod:`widthscope.grow.bench`).
+"""Report section for the growth benchmark (rows ``kind="growth_bench"``, :mod:`widthscope.growth.bench`).
 
 * the practitioner's table: per model, the held-out gain of training the original model for the
   same FLOPs (``continue``) beside growing at the last block, at the oracle's point (chosen on
@@ -81,7 +81,7 @@ def _cmp(table: Sequence[Mapping[str, Any]], budget: str = "long") -> list[Mappi
 
 
 def _table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    from ..grow.compare import compare  # noqa: PLC0415  start-up time: torch
+    from ..growth.compare import compare  # noqa: PLC0415  start-up time: torch
 
     return compare(rows)
 
@@ -257,7 +257,7 @@ def tables(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    from ..grow.compare import winner  # noqa: PLC0415  start-up time: torch
+    from ..growth.compare import winner  # noqa: PLC0415  start-up time: torch
 
     table = _table(rows)
     w = winner(table)
@@ -344,7 +344,7 @@ def write_report(
     rows: Sequence[Mapping[str, Any]], table: Sequence[Mapping[str, Any]], out_dir: str | Path
 ) -> list[Path]:
     """``comparison.md`` and the two PNG figures in ``out_dir``."""
-    from ..grow.compare import winner  # noqa: PLC0415  start-up time: torch
+    from ..growth.compare import winner  # noqa: PLC0415  start-up time: torch
 
     out_dir = Path(out_dir)
     w = winner(table)

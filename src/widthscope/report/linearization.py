@@ -8,7 +8,7 @@ slope vs ``α`` next to the theory (``α − 1``) and the published slopes. Slop
 
 Example::
 
-    from widthscope.sweep.grid import load_rows
+    from widthscope.sweeps.grid import load_rows
     from widthscope.report.linearization import figures
     figs = figures(load_rows("runs/linearize-demo", rebuild=False), "runs/linearize-demo/report")
 """

@@ -29,8 +29,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ._groups import _label
-from .alignment import _num, _save, _slug
+from ._groups import group_label
+from .alignment import as_number, save_figure, slugify
 
 __all__ = ["figures", "tables", "groups", "certified"]
 
@@ -46,7 +46,7 @@ def groups(rows: Sequence[Mapping[str, Any]]) -> dict[tuple, list[Mapping[str, A
 
 def _labels(gs: Mapping[tuple, Any]) -> dict[tuple, str]:
     keys = [(*k, None, None) for k in gs]
-    return {k: _label((*k, None, None), keys) for k in gs}
+    return {k: group_label((*k, None, None), keys) for k in gs}
 
 
 def _points(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -57,7 +57,7 @@ def _series(rows: Sequence[Mapping[str, Any]], col: str) -> dict[Any, tuple[list
     """seed -> (steps, values) sorted by step; a missing value (vacuous d_align) is NaN: a gap."""
     per: dict[Any, dict[float, float]] = defaultdict(dict)
     for r in rows:
-        per[r.get("seed")][float(r["step"])] = _num(r.get(col))
+        per[r.get("seed")][float(r["step"])] = as_number(r.get(col))
     return {s: (sorted(d), [d[k] for k in sorted(d)]) for s, d in per.items()}
 
 
@@ -78,13 +78,13 @@ def _mean(series: Mapping[Any, tuple[list[float], list[float]]]) -> tuple[list[f
 def certified(rows: Sequence[Mapping[str, Any]]) -> dict[tuple, tuple[int | None, int | None]]:
     """``(width, point, seed) -> (first, from)``: the first probed step with a non-vacuous
     ``B_exact ≤ delta`` and the step from which it stays so (None: never;
-    :func:`widthscope.sweep.alignment.certified_steps`)."""
-    from ..sweep.alignment import certified_steps  # noqa: PLC0415  start-up time: torch
+    :func:`widthscope.sweeps.alignment.certified_steps`)."""
+    from ..sweeps.alignment import certified_steps  # noqa: PLC0415  start-up time: torch
 
     per: dict[tuple, list[Mapping[str, Any]]] = defaultdict(list)
     for r in rows:
         per[(r.get("width"), str(r["point"]), r.get("seed"))].append(r)
-    return {k: certified_steps(v, _num(v[0].get("delta"))) for k, v in per.items()}
+    return {k: certified_steps(v, as_number(v[0].get("delta"))) for k, v in per.items()}
 
 
 def _caption(sel: Sequence[Mapping[str, Any]]) -> str:
@@ -145,7 +145,7 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
                     ax.plot(xs, ys, "o-", color=color, lw=2, ms=3.5, label=pname if j == 0 and row_i == 0 else None)
                     any_d |= col == "d_align" and any(not math.isnan(y) for y in ys)
             axes[0, j].set_title(f"width {w:g}", fontsize=10)
-            delta = _num(sel[0].get("delta"))
+            delta = as_number(sel[0].get("delta"))
             if not math.isnan(delta):
                 axes[1, j].axhline(delta, color="grey", ls=":", lw=1)
             for ax in axes[:, j]:
@@ -160,8 +160,8 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
         if axes[0, 0].get_legend_handles_labels()[0]:
             axes[0, 0].legend(fontsize=7, title="insertion point", title_fontsize=7)
         title = f"{labels[key]}: alignment over training"
-        p = out_dir / f"{_slug(labels[key])}-monitor.png"
-        _save(fig, p, title)
+        p = out_dir / f"{slugify(labels[key])}-monitor.png"
+        save_figure(fig, p, title)
         figs.append({"title": title, "png": str(p), "caption": _caption(sel)})
     return figs
 
@@ -187,9 +187,9 @@ def tables(rows: list[dict]) -> list[dict]:
         for w in sorted({r["width"] for r in sel}):
             for pname in _points(sel):
                 at_last = [r for r in sel if r["width"] == w and str(r["point"]) == pname and int(r["step"]) == last]
-                d = [_num(r.get("d_align")) for r in at_last]
+                d = [as_number(r.get("d_align")) for r in at_last]
                 d = [v for v in d if not math.isnan(v)]
-                b = [_num(r.get("b_exact")) for r in at_last]
+                b = [as_number(r.get("b_exact")) for r in at_last]
                 cells = "".join(
                     "<td>"
                     + ", ".join(

@@ -1,4 +1,4 @@
-"""The pages of a model-suite sweep (:mod:`widthscope.sweep.suite`): a width series and an
+"""The pages of a model-suite sweep (:mod:`widthscope.sweeps.suite`): a width series and an
 over-training series, beside the main ``report.html``.
 
 The rows of a suite are certify rows (:mod:`widthscope.report.certify_series`, checked there to be

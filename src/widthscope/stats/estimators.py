@@ -199,7 +199,7 @@ def _check_n(n: int, need: int = 4, name: str = "X") -> None:
         raise WidthscopeError(f"need at least {need} samples, got n={n} in {name}; collect more examples")
 
 
-def _falling(n: int, k: int) -> float:
+def falling_factorial(n: int, k: int) -> float:
     out = 1.0
     for i in range(k):
         out *= n - i
@@ -223,7 +223,7 @@ def gram_sums(G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
 
 def _unbiased_from_sums(n: int, S: float, A: float, B: float, C: float) -> tuple[float, float, float]:
-    p2, p3, p4 = _falling(n, 2), _falling(n, 3), _falling(n, 4)
+    p2, p3, p4 = falling_factorial(n, 2), falling_factorial(n, 3), falling_factorial(n, 4)
     mu_sq = S / p2
     mu_sigma_mu = B / p3 - C / p4
     tr_sigma_sq = A / p2 - 2 * B / p3 + C / p4
@@ -234,7 +234,7 @@ def _cross_unbiased_from_sums(
     na: int, nb: int, T: float, Q: float, R: float, Rp: float
 ) -> tuple[float, float, float, float]:
     U = T * T - R - Rp + Q
-    pa, pb = _falling(na, 2), _falling(nb, 2)
+    pa, pb = falling_factorial(na, 2), falling_factorial(nb, 2)
     row = (R - Q) / (na * pb)  # mean of C_ij C_ij'  (same train sample)
     col = (Rp - Q) / (pa * nb)  # mean of C_ij C_i'j  (same held-out sample)
     both = U / (pa * pb)  # mean of C_ij C_i'j'

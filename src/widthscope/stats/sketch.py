@@ -66,7 +66,7 @@ import numpy as np
 import torch
 
 from ..errors import WidthscopeError
-from .estimators import CrossMoments, Moments, PrimalMoments, _falling, as_matrix
+from .estimators import CrossMoments, Moments, PrimalMoments, as_matrix, falling_factorial
 
 __all__ = [
     "Projector",
@@ -397,7 +397,7 @@ def out_of_core_moments(X: Any, *, block: int = 2048) -> Moments:
     S = float(r.sum())
     B = float(r @ r) - A
     C = S * S - 4 * B - 2 * A
-    p2, p3, p4 = _falling(n, 2), _falling(n, 3), _falling(n, 4)
+    p2, p3, p4 = falling_factorial(n, 2), falling_factorial(n, 3), falling_factorial(n, 4)
     tr_sigma = (float(sq.sum()) - float(rowsum.sum()) / n) / (n - 1)
     return Moments(
         n, d, S / p2, B / p3 - C / p4, A / p2 - 2 * B / p3 + C / p4, "unbiased", "dual-out-of-core", tr_sigma

@@ -1,0 +1,139 @@
+"""The public functions: ``ws.certify``, ``ws.grow``, ``ws.sweep`` (plain functions, one module).
+
+- :func:`certify` ``(model, data, M=...)`` -> :class:`~widthscope.certification.result.CertifyResult`
+  (the typed result; :func:`widthscope.certification.pipeline.certify_dict` is the same pipeline
+  returning the JSON dict a results file holds);
+- :func:`grow` ``(model, data, options)`` -> the grow result dict (:mod:`widthscope.growth.pipeline`);
+- :func:`sweep` ``(config, out_dir)`` -> the grid result (:func:`widthscope.sweeps.alignment.run_sweep`).
+
+The pipelines behind them live in the packages ``widthscope.certification``, ``widthscope.growth``
+and ``widthscope.sweeps`` (nouns, so a package never shadows the function of its verb).
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from . import _args
+from .certification.pipeline import certify_dict
+from .certification.result import CertifyResult
+from .data.inputs import load_inputs
+from .data.objects import DATA_ACCEPTS, check_tokenizer, is_dataset_dict, pools_from
+from .data.spec import InputSpec
+from .errors import WidthscopeTypeError
+from .growth.pipeline import grow
+from .options import CertifyOptions
+from .probe.intervene import to_batches
+from .sweeps.alignment import run_sweep as sweep
+
+__all__ = ["certify", "grow", "sweep"]
+
+# the settings certify passes on to the pipeline (its keyword conveniences)
+_KEYWORDS = {
+    name
+    for name, p in inspect.signature(certify_dict).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("options", "loss_fn", "progress")
+}
+
+
+def certify(
+    model: nn.Module,
+    data: Any,
+    test: Iterable[Any] | Any | None = None,
+    *,
+    options: CertifyOptions | None = None,
+    batch_size: int = 32,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    progress: bool = True,
+    tokenizer: Any = None,
+    seq_len: int | None = None,
+    text_column: str | None = None,
+    **keywords: Any,
+) -> CertifyResult:
+    """Certify every insertion point of ``model`` on ``data``; returns a :class:`CertifyResult`.
+
+    ``model``: any ``nn.Module``; a ``transformers.PreTrainedModel``'s task (and so its loss)
+    comes from its class or config, as the command line's does. ``data``: the train pool with
+    ``test`` the held-out one, each as the user holds it (:mod:`widthscope.data.objects`): a list
+    of texts (with ``tokenizer``, truncated to ``seq_len``), a ``BatchEncoding`` or mapping of
+    tensors (cut into batches of ``batch_size``), a ``datasets.Dataset`` (its ``text_column``,
+    default ``"text"``, or tokenized columns), a ``DataLoader``, or a list of batches; or a pair
+    ``(train, test)`` of those; or a ``datasets.DatasetDict`` (its ``train`` split trains, its
+    ``validation`` split, else ``test``, is held out; never re-split); or an
+    :class:`~widthscope.data.spec.InputSpec` (its pools are built for ``model`` by
+    :func:`widthscope.load_inputs` and cut into batches of ``batch_size``, with the loss of the
+    model's task). ``options`` (a :class:`~widthscope.options.CertifyOptions`) and the keywords
+    (``M=``, ``K=``, ``draws=``, ... as :func:`widthscope.certification.certify_dict` takes them) set the
+    statistics; the keywords override the options' fields.
+    """
+    _args.module("certify", "model", model)
+    unknown = sorted(set(keywords) - _KEYWORDS)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(_KEYWORDS), n=1)
+        hint = (
+            "the model is probed where it lies: move it first (model.to(device)); "
+            if unknown[0] == "device"
+            else f"did you mean {close[0]}? "
+            if close
+            else ""
+        )
+        raise WidthscopeTypeError(
+            f"certify({unknown[0]}=...): not a setting of certify; {hint}"
+            f"the settings are {', '.join(sorted(_KEYWORDS))} (and options=CertifyOptions(...))"
+        )
+    check_tokenizer(tokenizer, "certify")
+    _args.integer("certify", "batch_size", batch_size, lo=1)
+    _args.integer("certify", "seq_len", seq_len, lo=2, optional=True)
+    if text_column is not None and not isinstance(text_column, str):
+        raise _args.wrong_type("certify", "text_column", "a column name (str) or None", text_column)
+    info: dict[str, str] | None = None
+    if isinstance(data, InputSpec):
+        if test is not None:
+            raise WidthscopeTypeError("certify(test=...): an InputSpec builds both pools; drop test")
+        if tokenizer is not None or seq_len is not None or text_column is not None:
+            raise WidthscopeTypeError(
+                "certify(tokenizer=/seq_len=/text_column=...): an InputSpec names its own "
+                "(InputSpec(tokenizer=..., seq_len=..., text_field=...)); drop them"
+            )
+        inputs = load_inputs(data, model=model, show_progress=progress)
+        train, test = to_batches(inputs.train, batch_size), to_batches(inputs.test, batch_size)
+        loss_fn = loss_fn or inputs.loss_fn
+    else:
+        if test is None and not is_dataset_dict(data):
+            if not (
+                isinstance(data, (tuple, list))
+                and len(data) == 2
+                and not isinstance(data[0], (torch.Tensor, str))
+                and not isinstance(data[1], str)
+            ):
+                raise WidthscopeTypeError(
+                    "certify(data=...): give the train and held-out pools (certify(model, train, "
+                    "test)), a pair (train, test), a datasets.DatasetDict with train and "
+                    f"validation/test splits, or an InputSpec; each pool may be {DATA_ACCEPTS}; got "
+                    f"{_args.describe(data)}"
+                )
+            data, test = data
+        seed = int(getattr(options, "seed", 0) or 0) if options is not None else 0
+        seed = int(keywords.get("seed", seed))
+        train, test, task_loss, info = pools_from(
+            data,
+            test,
+            model=model,
+            tokenizer=tokenizer,
+            seq_len=seq_len,
+            batch_size=batch_size,
+            text_column=text_column,
+            seed=seed,
+            fn="certify",
+        )
+        loss_fn = loss_fn or task_loss
+    res = certify_dict(model, train, test, options=options, loss_fn=loss_fn, progress=progress, **keywords)
+    if info is not None and isinstance(res.get("settings"), dict):
+        res["settings"]["data_objects"] = info
+    return CertifyResult.from_dict(res)

@@ -1,0 +1,434 @@
+"""Pooled samples as an artifact, and ``widthscope stats``: certificates without a model.
+
+``widthscope certify --save-samples FILE`` writes the pooled sample vectors of every point
+(safetensors: tensors ``train/<point>`` and ``test/<point>``, float64) with everything that
+produced them in the metadata (the certify settings, notes, the original dimension of each
+point, the intervention rows, which need the model and are carried over as recorded).
+
+``widthscope stats FILE [--estimator] [--M] [--K] [--draws] [--seed] [--out]`` recomputes the
+moments, certificates, misalignment and ranking from those samples with
+:func:`widthscope.certify_tables.statistics` — the code certify runs — so with the saved settings it
+reproduces the certify JSON (timings aside), and with other settings it answers "what if"
+without probing again. ``widthscope stats --train A --test B`` does the same for sample
+matrices saved by other scripts: ``.npy`` (one ``(B, N)`` array: one point, named by
+``--point`` or the file stem), ``.npz`` (one array per point) or ``.pt`` (a tensor or a dict
+of tensors, read with ``weights_only=True``).
+
+Example::
+
+    >>> import tempfile, torch
+    >>> from widthscope.certification.samples import save, load
+    >>> d = tempfile.mkdtemp()
+    >>> a, b = {"p": torch.randn(8, 3, dtype=torch.float64)}, {"p": torch.randn(8, 3, dtype=torch.float64)}
+    >>> _ = save(f"{d}/s.safetensors", a, b, {"settings": {"M": [4]}})
+    >>> tr, te, meta = load(f"{d}/s.safetensors")
+    >>> bool(torch.equal(tr["p"], a["p"])), meta["settings"]
+    (True, {'M': [4]})
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import re
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .. import _io  # _io.check_space looked up at call time (tests replace it)
+from .._io import (
+    Skipped,
+    atomic_write_json,
+    current_umask,
+    record_skips,
+    refuse_skips,
+    to_jsonable,
+    unwritable,
+    warn_skips,
+)
+from ..errors import WidthscopeError
+from ..options import ESTIMATORS, MAX_POOL, Estimator, Options, option
+from ..validate import pairs_of
+from .per_point import ranking, statistics
+
+__all__ = ["save", "load", "load_matrices", "recompute", "run_stats", "StatsOptions"]
+
+FORMAT = "widthscope-samples-1"
+
+
+def save(
+    path: str | os.PathLike, train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], meta: dict[str, Any]
+) -> Path:
+    """Write samples and their metadata atomically (temporary file + rename)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    tensors = {f"train/{k}": v.detach().to("cpu", torch.float64).contiguous() for k, v in train.items()}
+    tensors.update({f"test/{k}": v.detach().to("cpu", torch.float64).contiguous() for k, v in test.items()})
+    header = {
+        "format": FORMAT,
+        "points": json.dumps(list(train)),
+        **{k: json.dumps(to_jsonable(v)) for k, v in meta.items()},
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        os.close(fd)
+        try:
+            save_file(tensors, tmp, metadata=header)
+            os.chmod(tmp, 0o666 & ~current_umask())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except OSError as exc:
+        raise unwritable(path, exc) from None
+    except Exception as exc:
+        if type(exc).__name__ != "SafetensorError":
+            raise
+        # safetensors reports a full disk as its own error type: one line, as checkpoint.save does
+        raise WidthscopeError(
+            f"cannot write {str(path)!r}: {exc} (disk full or not writable?); free space or choose another path"
+        ) from None
+    return path
+
+
+# Metadata that decides the numbers: damaged, the file cannot be used. Any other key (notes,
+# recorded interventions) is skipped with a note when damaged (refused under --strict).
+_ESSENTIAL = ("points", "settings", "dims")
+_REWRITE = "write it again with certify --save-samples"
+
+
+def load(
+    path: str | os.PathLike, problems: list | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
+    """(train, test, meta) of a file written by :func:`save`.
+
+    A damaged file (not safetensors, metadata ``points``/``settings``/``dims`` not JSON, a point's
+    tensor missing) raises WidthscopeError naming the file and the problem. Other metadata that is
+    not JSON is skipped: appended to ``problems`` (a list of :class:`widthscope._io.Skipped`) when
+    given, else logged on stderr."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if path.is_dir():
+        raise WidthscopeError(
+            f"samples file {str(path)!r} is a directory: give the file certify --save-samples FILE "
+            "wrote (or --train/--test matrices)"
+        )
+    if not path.is_file():
+        raise WidthscopeError(f"samples file {str(path)!r} does not exist (certify --save-samples FILE writes one)")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            header = f.metadata() or {}
+            # clone: torch-allocated (aligned) memory, so BLAS sums in the same order as in certify
+            tensors = {k: f.get_tensor(k).clone() for k in f.keys()}
+    except Exception as exc:
+        raise WidthscopeError(
+            f"{path} is not a safetensors samples file ({exc}); for .npy/.npz/.pt matrices use --train and --test"
+        ) from None
+    if header.get("format") != FORMAT:
+        raise WidthscopeError(
+            f"{path} is a safetensors file but not widthscope samples (no format "
+            f"{FORMAT!r} in its metadata): write one with certify --save-samples"
+        )
+    if "points" not in header:
+        raise WidthscopeError(
+            f"samples file {path}: its metadata has no 'points' (which points the tensors "
+            f"are); the file is damaged: {_REWRITE}"
+        )
+    meta: dict[str, Any] = {}
+    found = []
+    for k, v in header.items():
+        if k == "format":
+            continue
+        try:
+            meta[k] = json.loads(v)
+        except json.JSONDecodeError as exc:
+            why = f"metadata {k!r} is not JSON ({exc.msg} at char {exc.pos})"
+            if k in _ESSENTIAL:
+                raise WidthscopeError(f"samples file {path}: {why}; the file is damaged: {_REWRITE}") from None
+            found.append(Skipped(str(path), None, why))
+    points = meta.pop("points")
+    if not (isinstance(points, list) and points and all(isinstance(p, str) for p in points)):
+        raise WidthscopeError(
+            f"samples file {path}: metadata 'points' is not a list of point names "
+            f"(got {str(points)[:60]}); the file is damaged: {_REWRITE}"
+        )
+    for p in points:
+        for split in ("train", "test"):
+            t = tensors.get(f"{split}/{p}")
+            if t is None:
+                raise WidthscopeError(
+                    f"samples file {path}: point {p!r} has no {split!r} tensor "
+                    f"('{split}/{p}' is missing); the file is damaged: {_REWRITE}"
+                )
+            if t.ndim != 2 or not t.is_floating_point():
+                raise WidthscopeError(
+                    f"samples file {path}: tensor '{split}/{p}' has shape {tuple(t.shape)} "
+                    f"{t.dtype}, not a (B, N) float matrix; the file is damaged: {_REWRITE}"
+                )
+    record_skips(found, problems)
+    return ({p: tensors[f"train/{p}"] for p in points}, {p: tensors[f"test/{p}"] for p in points}, meta)
+
+
+def _read_pt(path: Path) -> Any:
+    """``torch.load(weights_only=True)`` with one clear line (and no torch warning) for a pickle."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        what = f" (e.g. {found.group(1)})" if found else ""
+        raise WidthscopeError(
+            f"{path} holds pickled Python objects{what}, which are never loaded (no code from a "
+            "file runs): save plain tensors, torch.save({name: tensor}), or .npy/.npz"
+        ) from None
+
+
+def _matrix_file(path: Path, point: str | None) -> dict[str, torch.Tensor]:
+    if path.is_dir():
+        raise WidthscopeError(f"{path} is a directory: give a .npy, .npz or .pt file of sample matrices")
+    if not path.is_file():
+        raise WidthscopeError(f"{path} does not exist")
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".npy":
+            arrays = {point or path.stem: np.load(path, allow_pickle=False)}
+        elif suffix == ".npz":
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+        elif suffix in (".pt", ".pth"):
+            obj = _read_pt(path)
+            arrays = {point or path.stem: obj} if isinstance(obj, torch.Tensor) else obj
+            if not isinstance(arrays, dict):
+                raise WidthscopeError(
+                    f"{path} holds a {type(obj).__name__}: expected a (B, N) tensor or a dict of them"
+                )
+        else:
+            raise WidthscopeError(f"{path}: expected .npy, .npz or .pt sample matrices")
+    except WidthscopeError:
+        raise
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise WidthscopeError(
+            f"{path} could not be read as sample matrices ({type(exc).__name__}: {first}); "
+            "pickled objects are never loaded"
+        ) from None
+    out = {}
+    for k, v in arrays.items():
+        t = torch.as_tensor(np.asarray(v) if not isinstance(v, torch.Tensor) else v)
+        if t.ndim != 2 or not (t.is_floating_point()):
+            raise WidthscopeError(
+                f"{path}: {k!r} has shape {tuple(t.shape)} {t.dtype}; sample matrices are "
+                "(B, N) float arrays, one row per example"
+            )
+        out[str(k)] = t.to(torch.float64)
+    return out
+
+
+def load_matrices(
+    train: str, test: str, point: str | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Train/held-out sample matrices from ``.npy``/``.npz``/``.pt`` files, matched by point name."""
+    a, b = _matrix_file(Path(train), point), _matrix_file(Path(test), point)
+    if len(a) == 1 and len(b) == 1 and set(a) != set(b):
+        b = {next(iter(a)): next(iter(b.values()))}  # one matrix each: the same point
+    missing = sorted(set(a) ^ set(b))
+    if missing:
+        raise WidthscopeError(
+            f"train and held-out files hold different points ({', '.join(missing[:5])}): "
+            "give matrices for the same layers"
+        )
+    for k in a:
+        if a[k].shape[1] != b[k].shape[1]:
+            raise WidthscopeError(f"point {k!r}: train has {a[k].shape[1]} columns, held-out {b[k].shape[1]}")
+    return a, b
+
+
+def recompute(
+    train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], meta: dict[str, Any], **overrides: Any
+) -> dict[str, Any]:
+    """The certify result from samples: saved settings, updated by ``overrides`` (M, K, draws,
+    seed, estimator); interventions are the recorded rows (they need the model)."""
+    settings = dict(meta.get("settings") or {})
+    for k, v in overrides.items():
+        if v is not None:
+            settings[k] = v
+    settings.setdefault("draws", 1000)
+    settings.setdefault("seed", 0)
+    settings.setdefault("estimator", "unbiased")
+    settings.setdefault("pool", "sum")
+    settings.setdefault("draw_scheme", "shared")
+    if settings["estimator"] not in ("unbiased", "plugin"):
+        raise WidthscopeError(f"--estimator {settings['estimator']!r}: choose unbiased or plugin")
+    Ks = settings.get("K")
+    pairs = pairs_of(settings.get("M") or [16, 32, 64, 128], Ks)
+    settings["M"], settings["K"] = [m for m, _ in pairs], [k for _, k in pairs]
+    project = settings.get("project")
+    if project and (overrides.get("estimator") or "unbiased") != "unbiased":
+        raise WidthscopeError("projected samples support the unbiased estimator only")
+    results, _ = statistics(
+        train,
+        test,
+        pairs=pairs,
+        draws=int(settings["draws"]),
+        seed=int(settings["seed"]),
+        estimator=settings["estimator"],
+        pool=settings["pool"],
+        project=project,
+        dims=meta.get("dims"),
+        draw_scheme=settings["draw_scheme"],
+    )
+    recorded = meta.get("interventions") or {}
+    for r in results:
+        if r["point"] in recorded:
+            r["interventions"] = recorded[r["point"]]
+    return {
+        "settings": settings,
+        "points": results,
+        "ranking": ranking(results),
+        "notes": list(meta.get("notes") or []),
+        "timing": {},
+    }
+
+
+def _select(
+    train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], meta: dict[str, Any], point: str, source: str
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
+    """Only the points named by ``--point`` (comma list); an unknown name is refused."""
+    wanted = [p.strip() for p in point.split(",") if p.strip()]
+    for w in wanted:
+        if w not in train:
+            raise WidthscopeError(
+                f"--point {w!r}: {source} holds no such point; it has {', '.join(list(train)[:8])}"
+                f"{', ...' if len(train) > 8 else ''}"
+            )
+    meta = dict(meta)
+    meta["settings"] = {**(meta.get("settings") or {}), "points": wanted}
+    if meta.get("dims"):
+        meta["dims"] = {w: meta["dims"][w] for w in wanted if w in meta["dims"]}
+    return {w: train[w] for w in wanted}, {w: test[w] for w in wanted}, meta
+
+
+# ----------------------------------------------------------------------------- a whole run
+@dataclasses.dataclass(frozen=True)
+class StatsOptions(Options):
+    """The settings of ``widthscope stats`` (:func:`run_stats`): where the samples come from (a
+    ``samples`` file, or ``train``/``test`` matrices), which points, and the statistics' settings;
+    ``None`` keeps what the samples file saved (else certify's defaults)."""
+
+    samples: str | None = option(None, cli=False, help="a samples file written by certify --save-samples")
+    train: str | None = option(None, kind="str", help="train sample matrices (.npy/.npz/.pt), with --test")
+    test: str | None = option(None, kind="str", help="held-out sample matrices (.npy/.npz/.pt), with --train")
+    point: str | None = option(
+        None,
+        kind="str",
+        help="the point(s) to compute, comma list (default: every point of the file); also names the "
+        "point of a single .npy/.pt matrix",
+    )
+    M: tuple[int, ...] | None = option(
+        None, kind="ints", lo=1, hi=MAX_POOL, help="train sample sizes, comma list (default: the saved ones)"
+    )
+    K: tuple[int, ...] | None = option(
+        None, kind="ints", lo=1, hi=MAX_POOL, help="held-out sample sizes, comma list (default: K = M)"
+    )
+    draws: int | None = option(
+        None, kind="int", lo=1, hi=10**6, unit="resamples", help="misalignment resamples (default: saved, else 1000)"
+    )
+    seed: int | None = option(None, kind="int", lo=0, hi=2**32 - 1, help="resampling seed (default: saved, else 0)")
+    estimator: Estimator | None = option(
+        None, kind="str", choices=ESTIMATORS, help="unbiased or plugin (default: saved, else unbiased)"
+    )
+    strict: bool = option(
+        False,
+        help="refuse a samples file with damaged optional metadata "
+        "(notes, recorded interventions) instead of skipping it with a note",
+    )
+
+    def check(self) -> None:
+        if self.samples is not None and (self.train or self.test):
+            raise WidthscopeError("give a samples file or --train/--test matrices, not both")
+
+    def sources(self, **given: Any) -> StatsOptions:
+        """These options with the sources ``given`` (``samples``/``train``/``test``) replacing all of
+        the recorded ones: a run's own files, over a ``--config`` of another."""
+        if not any(v is not None for v in given.values()):
+            return self
+        return self.replace(**{"samples": None, "train": None, "test": None, **given})
+
+
+def run_stats(
+    samples: str | os.PathLike | None = None,
+    *,
+    train: str | None = None,
+    test: str | None = None,
+    point: str | None = None,
+    M: list[int] | None = None,
+    K: list[int] | None = None,
+    draws: int | None = None,
+    seed: int | None = None,
+    estimator: str | None = None,
+    out: str | None = None,
+    strict: bool = False,
+    report: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """What ``widthscope stats`` does, from explicit settings: the certify result recomputed from a
+    ``samples`` file (certify --save-samples) or from ``train``/``test`` sample matrices, for the
+    points named by ``point`` (comma list; default every point), written to ``out`` (JSON).
+
+    ``M``/``K``/``draws``/``seed``/``estimator``: ``None`` keeps the saved settings (a new ``M``
+    without ``K`` pairs ``K = M``, as certify does). ``strict``: refuse a samples file with damaged
+    optional metadata instead of skipping it with a note. ``report`` is called with the result
+    before it is written (the command line prints its tables there). The settings are checked as a
+    :class:`StatsOptions` before anything is read, and recorded in the result (``"options"``:
+    ``widthscope stats --config RESULT.json`` repeats them)."""
+    opts = StatsOptions(
+        samples=None if samples is None else str(samples),
+        train=train,
+        test=test,
+        point=point,
+        M=tuple(M) if isinstance(M, (list, tuple)) else M,
+        K=tuple(K) if isinstance(K, (list, tuple)) else K,
+        draws=draws,
+        seed=seed,
+        estimator=estimator,  # type: ignore[arg-type]  # checked by the dataclass
+        strict=strict,
+    )
+    M = None if opts.M is None else list(opts.M)
+    K = None if opts.K is None else list(opts.K)
+    if samples is not None:
+        skipped: list = []
+        a, b, meta = load(samples, skipped)
+        if skipped and strict:
+            raise refuse_skips(skipped, f"{_REWRITE}, or drop --strict to skip the damaged metadata")
+        warn_skips(skipped, "widthscope stats")
+        source = {"samples": str(samples)}
+    else:
+        if not (train and test):
+            raise WidthscopeError("give a samples file (certify --save-samples) or --train and --test matrices")
+        a, b = load_matrices(train, test, point)
+        meta = {"settings": {"points": list(a)}, "dims": {k: int(v.shape[1]) for k, v in a.items()}}
+        source = {"train": train, "test": test}
+    if point is not None:
+        a, b, meta = _select(a, b, meta, point, str(samples or train))
+    if M is not None and K is None:
+        K = M  # new M without K: pair them, as certify does
+    if out:
+        n_pairs = len(M or (meta.get("settings") or {}).get("M") or [0] * 4)
+        _io.check_space(out, 4000 + len(a) * (5000 + 5000 * n_pairs))
+    res = recompute(a, b, meta, M=M, K=K, draws=draws, seed=seed, estimator=estimator)
+    res["source"] = source
+    res["options"] = {"stats": opts.to_dict()}  # StatsOptions.from_dict repeats the run
+    if report is not None:
+        report(res)
+    if out:
+        atomic_write_json(out, res)
+    return res

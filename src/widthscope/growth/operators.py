@@ -1,0 +1,343 @@
+r"""Growth operators on trained models: a bigger model that starts from the smaller one's weights.
+
+Every operator works on a *copy* (the input model is never changed) and returns a :class:`Growth`:
+the grown model, where each of its parameters came from (``sources``, for carrying optimiser state
+over, :func:`optimizer_after`) and whether the grown model computes exactly the function of the
+small one at the moment of growth (``exact``).
+
+* :func:`zero_block` — the project's zero-initialised residual block
+  ``z + W_out φ(W_in norm(z))`` (:func:`widthscope.probe.intervene.insert`) at chosen points
+  (any model). Exact: ``W_out = 0``.
+* :func:`stack_depth` — depth growth of a LLaMA-style Hugging Face decoder by copying trained
+  decoder layers: ``order`` lists the old layer indices of the new stack (default: the whole stack
+  repeated, ``[0..L-1, 0..L-1]``: G_stack of Du et al. 2024 with growth factor 2; a part, e.g.
+  ``[0, 1, 1]``, copies one layer). ``mode="copy"`` is the paper's plain copy, which is **not**
+  function-preserving: the grown model computes the small model's layer stack applied in
+  ``order`` (what the tests check exactly). ``mode="zero"`` is the function-preserving variant: every
+  copy after a layer's first occurrence has its writing maps ``o_proj`` and ``down_proj`` zeroed, so
+  it adds nothing to the residual stream until trained.
+* :func:`widen` — width growth of a LLaMA-style decoder: hidden size (new residual channels), MLP
+  size and attention heads (at a fixed head dimension and query/key-value group size). Exact by
+  construction ("masked" growth rather than Net2Net's splitting): every map that *writes* into the
+  new residual channels, new MLP units or new heads (embedding columns, ``o_proj``/``down_proj``
+  rows and columns) starts at zero, every map that *reads* new inputs (``q/k/v``,
+  ``gate/up``, ``lm_head``) gets fresh ``N(0, σ²)`` entries (``σ`` = the config's
+  ``initializer_range``) so gradients reach the zero maps. RMSNorm averages over the channels, so
+  appending zero channels rescales its output by ``√(N_new/N_old)``: the norm weights are multiplied
+  by ``√(N_old/N_new)`` and each norm's ``variance_epsilon`` by ``N_old/N_new``, which makes the
+  old channels' output identical (``rms_eps_scale`` in the grown model's ``widthscope_config``; a
+  model rebuilt from the Hugging Face config alone has the config's ``ε`` instead, a relative
+  difference of order ``ε / mean(z²)``).
+
+Optimiser state (:func:`optimizer_after`): ``"reset"`` (what the benchmark uses) starts a fresh
+AdamW for the grown model, treating it as a new run; ``"keep"`` carries each old parameter's AdamW
+moments (and step count) into the slice its values went to, with zero moments for new entries and no
+state for new tensors (AdamW starts them at step 0). Which of the two the published G_stack and
+progressive-training code uses was not checked here (docs/growth.md).
+
+Example::
+
+    >>> import torch
+    >>> from widthscope.models import build
+    >>> from widthscope.growth.operators import stack_depth
+    >>> small = build("llama", 32, depth=2, heads=2, head_dim=16, kv_heads=1).double().eval()
+    >>> x = torch.randint(0, 256, (2, 8))
+    >>> g = stack_depth(small, mode="zero")
+    >>> g.exact, g.model.config.num_hidden_layers
+    (True, 4)
+    >>> bool(torch.allclose(g.model(x).logits, small(x).logits, atol=1e-9))
+    True
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from typing import Any, Sequence
+
+import torch
+import torch.nn as nn
+
+from .. import _args
+from ..errors import WidthscopeError
+from ..probe.intervene import insert
+
+__all__ = ["Growth", "zero_block", "stack_depth", "widen", "optimizer_after", "is_llama", "OPT_STATES"]
+
+OPT_STATES = ("reset", "keep")
+STACK_MODES = ("copy", "zero")
+
+# a parameter's origin: (old parameter name, the slices of the new tensor holding its old values), or None (new)
+Source = tuple[str, tuple[slice, ...]] | None
+
+
+@dataclasses.dataclass
+class Growth:
+    """A grown model and where its parameters came from.
+
+    ``sources`` maps every parameter name of ``model`` to ``(old name, slices)`` — the old values sit
+    in ``new[slices]`` — or ``None`` for a parameter that did not exist. ``exact``: the grown model
+    computes the small model's function right after growth (by construction; the tests check it)."""
+
+    model: nn.Module
+    operator: str
+    sources: dict[str, Source]
+    exact: bool
+    new_parameters: int
+    detail: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def is_llama(model: nn.Module) -> bool:
+    """A LLaMA-style Hugging Face causal LM (``model.model.layers`` of decoder layers)."""
+    cfg = getattr(model, "config", None)
+    inner = getattr(model, "model", None)
+    return getattr(cfg, "model_type", None) == "llama" and hasattr(inner, "layers")
+
+
+def _require_llama(fn: str, model: nn.Module) -> None:
+    _args.module(fn, "model", model)
+    if not is_llama(model):
+        raise WidthscopeError(
+            f"{fn}(model=...): needs a LLaMA-style Hugging Face causal LM (LlamaForCausalLM, e.g. "
+            f"widthscope.models.build('llama', ...)), got {type(model).__name__}; use zero_block for other models"
+        )
+
+
+def _full(p: torch.Tensor) -> tuple[slice, ...]:
+    return tuple(slice(0, n) for n in p.shape)
+
+
+def _count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _set_config(model: Any, **values: Any) -> None:
+    """The sizes in the HF config (shared by every module) and in ``widthscope_config``."""
+    hf = {"width": "hidden_size", "depth": "num_hidden_layers", "ffn": "intermediate_size"}
+    hf.update(heads="num_attention_heads", kv_heads="num_key_value_heads")
+    for key, value in values.items():
+        if key in hf:
+            setattr(model.config, hf[key], value)
+    cfg = getattr(model, "widthscope_config", None)
+    if isinstance(cfg, dict):
+        cfg.update(values)
+
+
+# ----------------------------------------------------------------------------- zero block
+def zero_block(
+    model: nn.Module,
+    points: Sequence[str],
+    *,
+    hidden: int | None = None,
+    seed: int = 0,
+    activation: str = "gelu",
+) -> Growth:
+    """A copy of ``model`` with the project's zero-``W_out`` residual block at each of ``points``
+    (:func:`widthscope.probe.intervene.insert`; block seed ``seed + i`` at the ``i``-th point)."""
+    fn = "zero_block"
+    _args.module(fn, "model", model)
+    if isinstance(points, str) or not points:
+        raise WidthscopeError(f"{fn}(points=...): give a non-empty list of insertion points, got {points!r}")
+    grown = copy.deepcopy(model)
+    before = {id(p): n for n, p in grown.named_parameters()}
+    for i, point in enumerate(points):
+        insert(grown, point, "block", hidden=hidden, seed=int(seed) + i, activation=activation)
+    sources: dict[str, Source] = {}
+    for n, p in grown.named_parameters():
+        old = before.get(id(p))
+        sources[n] = None if old is None else (old, _full(p))
+    return Growth(grown, "zero_block", sources, True, _count(grown) - _count(model), {"points": list(points)})
+
+
+# ----------------------------------------------------------------------------- depth stacking
+def stack_depth(model: nn.Module, order: Sequence[int] | None = None, *, mode: str = "copy") -> Growth:
+    """A copy of a LLaMA-style decoder whose layers are copies of the old ones in ``order`` (old
+    indices; default the whole stack twice, G_stack). ``mode="copy"``: plain copies (the paper's
+    operator, not function-preserving); ``"zero"``: every repeat of a layer has ``o_proj`` and
+    ``down_proj`` zeroed (function-preserving)."""
+    fn = "stack_depth"
+    _require_llama(fn, model)
+    _args.choice(fn, "mode", mode, STACK_MODES)
+    small: Any = model  # a LlamaForCausalLM (checked above): its submodules are read by name
+    n_old = len(small.model.layers)
+    order = list(range(n_old)) * 2 if order is None else [int(i) for i in order]
+    if not order or any(i < 0 or i >= n_old for i in order):
+        raise WidthscopeError(f"{fn}(order={order!r}): every entry must be an old layer index in 0..{n_old - 1}")
+    if sorted(set(order)) != list(range(n_old)):
+        raise WidthscopeError(f"{fn}(order={order!r}): every old layer 0..{n_old - 1} must appear at least once")
+    grown: Any = copy.deepcopy(model)
+    old_layers = grown.model.layers
+    new_layers, seen, zeroed = [], set(), []
+    sources: dict[str, Source] = {}
+    names = {n: p for n, p in model.named_parameters()}
+    for j, i in enumerate(order):
+        layer = old_layers[i] if i not in seen else copy.deepcopy(old_layers[i])
+        layer.self_attn.layer_idx = j  # the key/value cache slot
+        repeat = i in seen
+        if repeat and mode == "zero":
+            with torch.no_grad():
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()
+            zeroed.append(j)
+        seen.add(i)
+        new_layers.append(layer)
+        for n, _p in layer.named_parameters():
+            old = f"model.layers.{i}.{n}"
+            zero = repeat and mode == "zero" and n in ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+            sources[f"model.layers.{j}.{n}"] = None if zero else (old, _full(names[old]))
+    grown.model.layers = nn.ModuleList(new_layers)
+    for n, p in grown.named_parameters():
+        if not n.startswith("model.layers."):
+            sources[n] = (n, _full(p))
+    _set_config(grown, depth=len(order))
+    if getattr(grown.config, "layer_types", None) is not None:
+        grown.config.layer_types = [grown.config.layer_types[i] for i in order]
+    # widthscope_points: a plain attribute read by the probes (block outputs)
+    grown.widthscope_points = [f"model.layers.{j}" for j in range(len(order))]
+    exact = mode == "zero" or order == list(range(n_old))
+    return Growth(
+        grown, f"stack_{mode}", sources, exact, _count(grown) - _count(model), {"order": order, "zeroed": zeroed}
+    )
+
+
+# ----------------------------------------------------------------------------- width
+def _grow_linear(
+    lin: nn.Linear, out_f: int, in_f: int, *, read_new_in: bool, write_new_out: bool, std: float, gen: torch.Generator
+) -> None:
+    """Enlarge ``lin`` to ``(out_f, in_f)``: old block kept; new input columns random when the map
+    reads new inputs (else zero), new output rows random when they write somewhere new that is
+    read only through a zero map (else zero)."""
+    old = lin.weight.detach()
+    o, i = old.shape
+    w = torch.zeros(out_f, in_f, dtype=old.dtype, device=old.device)
+    w[:o, :i] = old
+    if read_new_in and in_f > i:
+        w[:o, i:] = torch.randn(o, in_f - i, generator=gen, dtype=torch.float64).to(old) * std
+    if write_new_out and out_f > o:
+        w[o:, :] = torch.randn(out_f - o, in_f, generator=gen, dtype=torch.float64).to(old) * std
+    lin.weight = nn.Parameter(w, requires_grad=lin.weight.requires_grad)
+    lin.in_features, lin.out_features = in_f, out_f
+
+
+def _grow_norm(norm: Any, n_new: int) -> None:
+    """RMSNorm over ``n_new`` channels whose old channels give the same output when the new ones are
+    zero: weights × √(N_old/N_new), ε × N_old/N_new (new weights: the mean of the scaled old ones)."""
+    old = norm.weight.detach()
+    r = old.shape[0] / n_new
+    w = torch.empty(n_new, dtype=old.dtype, device=old.device)
+    w[: old.shape[0]] = old * math.sqrt(r)
+    w[old.shape[0] :] = (old * math.sqrt(r)).mean()
+    norm.weight = nn.Parameter(w, requires_grad=norm.weight.requires_grad)
+    norm.variance_epsilon = norm.variance_epsilon * r
+
+
+def _widen_sizes(model: nn.Module, width: int | None, ffn: int | None) -> dict[str, int]:
+    cfg: Any = model.config
+    n, f, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    h, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    width = n if width is None else int(width)
+    if width < n:
+        raise WidthscopeError(f"widen(width={width}): the new width must be at least the old {n}")
+    heads = h
+    if h * hd == n and width > n:  # attention as wide as the stream: grow the heads with it
+        if width % (hd * (h // kv)):
+            raise WidthscopeError(
+                f"widen(width={width}): the heads (dimension {hd}, query groups of {h // kv}) must fill the "
+                f"new width; choose a multiple of {hd * (h // kv)}"
+            )
+        heads = width // hd
+    group = h // kv
+    if ffn is None:
+        ffn = f if width == n else max(f, int(round(f * width / n)))
+    if ffn < f:
+        raise WidthscopeError(f"widen(ffn={ffn}): the new MLP size must be at least the old {f}")
+    return {"width": width, "ffn": int(ffn), "heads": heads, "kv_heads": heads // group, "head_dim": hd}
+
+
+def widen(
+    model: nn.Module, width: int | None = None, *, ffn: int | None = None, seed: int = 0, std: float | None = None
+) -> Growth:
+    """A copy of a LLaMA-style decoder with hidden size ``width`` (default unchanged), MLP size
+    ``ffn`` (default scaled with the width) and ``width // head_dim`` heads (key/value heads at the
+    same group size), function-preserving (see the module docstring). ``std``: the standard
+    deviation of new reading weights (default the config's ``initializer_range``)."""
+    fn = "widen"
+    _require_llama(fn, model)
+    _args.integer(fn, "width", width, lo=2, optional=True)
+    _args.integer(fn, "ffn", ffn, lo=1, optional=True)
+    s = _widen_sizes(model, width, ffn)
+    grown: Any = copy.deepcopy(model)
+    cfg = grown.config
+    n, hd = cfg.hidden_size, s["head_dim"]
+    std = float(cfg.initializer_range if std is None else std)
+    gen = torch.Generator().manual_seed(int(seed))
+    old_shapes = {k: p.shape for k, p in model.named_parameters()}
+    inner = grown.model
+    emb = inner.embed_tokens
+    table = torch.zeros(emb.weight.shape[0], s["width"], dtype=emb.weight.dtype, device=emb.weight.device)
+    table[:, :n] = emb.weight.detach()
+    emb.weight = nn.Parameter(table)
+    emb.embedding_dim = s["width"]
+    N, q, kv, F = s["width"], s["heads"] * hd, s["kv_heads"] * hd, s["ffn"]
+    for layer in inner.layers:
+        a, m = layer.self_attn, layer.mlp
+        for lin, out_f in ((a.q_proj, q), (a.k_proj, kv), (a.v_proj, kv)):
+            _grow_linear(lin, out_f, N, read_new_in=True, write_new_out=True, std=std, gen=gen)
+        _grow_linear(a.o_proj, N, q, read_new_in=False, write_new_out=False, std=std, gen=gen)
+        for lin in (m.gate_proj, m.up_proj):
+            _grow_linear(lin, F, N, read_new_in=True, write_new_out=True, std=std, gen=gen)
+        _grow_linear(m.down_proj, N, F, read_new_in=False, write_new_out=False, std=std, gen=gen)
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            _grow_norm(norm, N)
+    _grow_norm(inner.norm, N)
+    _grow_linear(grown.lm_head, grown.lm_head.out_features, N, read_new_in=True, write_new_out=False, std=std, gen=gen)
+    _set_config(grown, width=N, ffn=F, heads=s["heads"], kv_heads=s["kv_heads"])
+    wcfg = getattr(grown, "widthscope_config", None)
+    if isinstance(wcfg, dict):
+        wcfg["rms_eps_scale"] = wcfg.get("rms_eps_scale", 1.0) * n / N
+    sources: dict[str, Source] = {
+        k: (k, tuple(slice(0, d) for d in old_shapes[k])) for k, _ in grown.named_parameters()
+    }
+    return Growth(grown, "widen", sources, True, _count(grown) - _count(model), dict(s, old_width=n))
+
+
+# ----------------------------------------------------------------------------- optimiser state
+def optimizer_after(
+    growth: Growth,
+    old_model: nn.Module,
+    old_opt: torch.optim.Optimizer | None,
+    *,
+    lr: float,
+    mode: str = "reset",
+    weight_decay: float = 0.0,
+    betas: tuple[float, float] = (0.9, 0.999),
+) -> torch.optim.AdamW:
+    """An AdamW over the grown model's trainable parameters: fresh (``mode="reset"``) or with the
+    old optimiser's moments carried into the slices the old values went to (``"keep"``; new entries
+    zero, new tensors without state). ``old_opt`` must be an AdamW over ``old_model``'s parameters
+    for ``"keep"``."""
+    fn = "optimizer_after"
+    _args.choice(fn, "mode", mode, OPT_STATES)
+    params = [p for p in growth.model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
+    if mode == "reset":
+        return opt
+    if old_opt is None:
+        raise WidthscopeError(f"{fn}(mode='keep'): pass the old optimiser (old_opt)")
+    old_params = dict(old_model.named_parameters())
+    for name, p in growth.model.named_parameters():
+        src = growth.sources.get(name)
+        if src is None or not p.requires_grad:
+            continue
+        old_p = old_params[src[0]]
+        st = old_opt.state.get(old_p)
+        if not st:
+            continue
+        new: dict[str, Any] = {"step": st["step"].clone() if torch.is_tensor(st["step"]) else st["step"]}
+        for key in ("exp_avg", "exp_avg_sq"):
+            t = torch.zeros_like(p)
+            t[src[1]] = st[key]
+            new[key] = t
+        opt.state[p] = new
+    return opt

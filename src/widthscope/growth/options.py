@@ -1,0 +1,239 @@
+"""The settings of ``grow`` and ``grow-bench`` as data: one frozen, typed field per option.
+
+Each field carries its default, range, unit and help once (:func:`widthscope.options.option`);
+the command line (:func:`widthscope.cli.args.add_options`), the validation (when an instance is
+made, before any work) and the ``options`` record of a results file (:meth:`Options.to_dict`,
+read back by :meth:`Options.from_dict` and ``--config``) all come from it. The whole-number
+ranges are the command line's shared table (:data:`widthscope.validate.RANGES`), so a bad value
+gets the same one line from ``grow(...)``, ``GrowOptions(...)`` and ``widthscope grow``.
+
+Example::
+
+    >>> from widthscope.growth.options import GrowOptions
+    >>> opts = GrowOptions(M=16, steps=50)
+    >>> opts.eta_or_lr
+    0.001
+    >>> GrowOptions(steps=0)
+    Traceback (most recent call last):
+    ...
+    widthscope.errors.WidthscopeError: --steps 0: must be a whole number in 1..100000000 (steps)
+    >>> GrowOptions.from_dict(opts.to_dict()) == opts
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from ..errors import WidthscopeError, WidthscopeTypeError
+from ..options import MAX_POOL, Options, apply_keywords, option
+from ..probe.growth import CRITERIA
+from ..registry import GROWTH_OPERATORS
+from ..validate import RANGES
+
+__all__ = ["GrowOptions", "GrowBenchOptions", "GrowTargetOptions", "DEFAULT_CRITERION", "with_keywords"]
+
+T = TypeVar("T", bound=Options)
+
+# Chosen from the growth benchmark (docs/interventions.md §5, `widthscope grow-bench`).
+DEFAULT_CRITERION = "line_search"
+_SEED_MAX = 2**32 - 1
+_POSITIVE = ("lr", "eta")  # validate.POSITIVE's rule and message
+
+
+def _range(name: str) -> dict[str, Any]:
+    """``lo``/``hi``/``unit`` of ``name`` in the command line's table of whole-number options."""
+    for key, lo, hi, what in RANGES:
+        if key == name:
+            return {"lo": lo, "hi": hi, "unit": what}
+    raise KeyError(name)  # a programming error: the table lost an entry grow uses
+
+
+class _PositiveFloats(Options):
+    """Options whose float fields in :data:`_POSITIVE` must be positive and finite (the command
+    line's message: ``--lr -1.0: must be a positive finite number``)."""
+
+    def _normalise(self, name: str, meta: Mapping[str, Any], value: Any) -> Any:
+        if name in _POSITIVE:
+            flag = self.flag(name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise WidthscopeTypeError(
+                    f"{flag} {value!r}: must be a positive finite number, not {type(value).__name__}"
+                )
+            if not (math.isfinite(value) and value > 0):
+                raise WidthscopeError(f"{flag} {value}: must be a positive finite number")
+            return float(value)
+        return super()._normalise(name, meta, value)
+
+
+@dataclasses.dataclass(frozen=True)
+class GrowOptions(_PositiveFloats):
+    """The settings of a growth decision (:func:`widthscope.growth.grow`, ``widthscope grow``): which
+    points compete, the certificate's sample sizes, how the new block is trained, what is compared.
+
+    The inputs (model, pools) are not options: a model and data for :func:`~widthscope.growth.grow`,
+    an :class:`~widthscope.data.spec.InputSpec` for :func:`~widthscope.growth.run_grow`."""
+
+    points: tuple[str, ...] | None = option(
+        None, kind="strs", help="comma-separated candidate points (default: all block outputs)"
+    )
+    M: int = option(32, lo=1, hi=MAX_POOL, unit="examples", help="train samples of the certificate (default 32)")
+    K: int = option(32, lo=1, hi=MAX_POOL, unit="examples", help="held-out samples of the certificate (default 32)")
+    steps: int = option(200, **_range("steps"), help="training steps of the new block (default 200)")
+    lr: float = option(1e-3, help="AdamW learning rate (default 1e-3)")
+    eta: float | None = option(None, kind="float", help="step size of the predicted gain (default --lr)")
+    block_width: int | None = option(
+        None, kind="int", **_range("block_width"), help="hidden width of the block (default: point width)"
+    )
+    train_all: bool = option(False, help="train every parameter, not only the new block")
+    compare: bool = option(
+        False,
+        help="also grow at the worst-ranked and a random point, and train the original model for the "
+        "same FLOPs (is growing better than training longer?)",
+    )
+    criterion: str = option(
+        DEFAULT_CRITERION,
+        choices=tuple(CRITERIA),
+        help=f"what ranks the points (default {DEFAULT_CRITERION}, the winner of `widthscope grow-bench`; "
+        "bias = the old first-order gain of a bias step)",
+    )
+    n_rank: int | None = option(
+        None,
+        kind="int",
+        **_range("n_rank"),
+        cli=False,
+        help="held-out examples that rank the points (default: half of the held-out pool; the rest "
+        "measure the loss before and after)",
+    )
+    batch_size: int = option(64, **_range("batch_size"), help="mini-batch size of probing and training (default 64)")
+    seed: int = option(
+        0, lo=0, hi=_SEED_MAX, help="seed of the pools' split, the new block and the batches (default 0)"
+    )
+
+    @property
+    def eta_or_lr(self) -> float:
+        """The step size of the predicted gains: ``eta``, else ``lr``."""
+        return self.lr if self.eta is None else self.eta
+
+
+@dataclasses.dataclass(frozen=True)
+class GrowBenchOptions(Options):
+    """The settings of the growth benchmark (:func:`widthscope.growth.bench.run_bench`,
+    ``widthscope grow-bench``): which suite, which model seeds, the certificates' sample sizes.
+    Where the cells go (``out``) and which shard runs are not settings of what is measured."""
+
+    quick: bool = option(False, help="the small suite (a few minutes on one core)")
+    seeds: tuple[int, ...] | None = option(
+        None,
+        kind="ints",
+        lo=0,
+        hi=_SEED_MAX,
+        metavar="S1,S2,...",
+        help="comma-separated model seeds (default 0,1,2,3,4; 0,1,2 with --quick)",
+    )
+    M: int = option(
+        32,
+        hi=MAX_POOL,  # the lower bound 4 is check()'s: its message is the command's since grow-bench began
+        help="train samples of the certificates (default 32)",
+    )
+    K: int = option(
+        32,
+        hi=MAX_POOL,  # the lower bound 4 is check()'s: its message is the command's since grow-bench began
+        help="held-out samples of the certificates (default 32)",
+    )
+
+    def check(self) -> None:
+        for name in ("M", "K"):
+            if getattr(self, name) < 4:
+                raise WidthscopeError(f"--{name} {getattr(self, name)}: must be >= 4 (the unbiased estimators need 4)")
+
+    @property
+    def suite(self) -> str:
+        return "quick" if self.quick else "full"
+
+
+def with_keywords(fn: str, options: T | None, cls: type[T], keywords: Mapping[str, Any]) -> T:
+    """``options`` (default ``cls()``) with the keyword conveniences of ``fn`` applied, each
+    validated by the dataclass; an unknown keyword or a bad value is one error naming it
+    (``grow(steps=...): --steps 0: must be ...``)."""
+    if options is not None and not isinstance(options, cls):
+        raise WidthscopeTypeError(f"{fn}(options=...): options must be a {cls.__name__}, got {type(options).__name__}")
+    base = options if options is not None else cls()
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in keywords:
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise WidthscopeTypeError(
+                f"{fn}({key}=...): unknown setting {key!r}; {hint}the settings are {', '.join(names)}"
+            )
+    return apply_keywords(fn, base, keywords)
+
+
+# the grow-target suite's schedules (grow.schedule defines them; repeated here so the options need not
+# import the benchmark and its data/models: tests/test_grow_target.py checks they agree). The operators
+# are widthscope.registry.GROWTH_OPERATORS' (a light module).
+TARGET_SCHEDULES = (
+    "fixed@0.25",
+    "fixed@0.5",
+    "fixed@0.15+0.35",
+    "plateau<0.01",
+    "certificate>0.5",
+    "misalignment>0.1",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class GrowTargetOptions(Options):
+    """The settings of the compute-to-target benchmark (:func:`widthscope.growth.target_bench.run_target`,
+    ``widthscope grow-target``): which suite, seeds, and optionally a subset of its operators and
+    schedules or another budget. Where the rows go (``out``) is not a setting of what is measured."""
+
+    quick: bool = option(False, help="the tiny suite (about a minute per seed on one core)")
+    seeds: tuple[int, ...] | None = option(
+        None,
+        kind="ints",
+        lo=0,
+        hi=_SEED_MAX,
+        metavar="S1,S2,...",
+        help="comma-separated seeds (default 0,1,2,3,4; 0,1 with --quick)",
+    )
+    steps: int | None = option(
+        None,
+        kind="int",
+        lo=2,
+        hi=10_000_000,
+        unit="steps",
+        help="training steps of the from-scratch target, which set the budget B (default: the suite's)",
+    )
+    operators: tuple[str, ...] | None = option(
+        None, kind="strs", help=f"comma-separated growth operators (default all: {','.join(GROWTH_OPERATORS.names())})"
+    )
+    schedules: tuple[str, ...] | None = option(
+        None, kind="strs", help=f"comma-separated schedules (default the suite's; all: {','.join(TARGET_SCHEDULES)})"
+    )
+    suite_file: str | None = option(
+        None,
+        kind="str",
+        metavar="TOML",
+        help="run the suites of this file instead (e.g. configs/grow-target-paper.toml: widths 512-3072 on a GPU)",
+    )
+
+    def check(self) -> None:
+        if self.quick and self.suite_file is not None:
+            raise WidthscopeError("--quick and --suite-file: choose one (the quick suite, or the suites of the file)")
+        for name, known in (("operators", GROWTH_OPERATORS.names()), ("schedules", TARGET_SCHEDULES)):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            bad = [v for v in value if v not in known]
+            if bad or not value:
+                raise WidthscopeError(f"{self.flag(name)} {','.join(value)!r}: choose from {', '.join(known)}")
+
+    @property
+    def suite(self) -> str:
+        return "quick" if self.quick else "full"

@@ -1,0 +1,196 @@
+r"""When to grow: at fixed fractions of a compute budget, or when a signal says so.
+
+A :class:`Schedule` is read by a training loop at every evaluation (:meth:`Schedule.due`): the
+fraction of the FLOP budget spent so far, the held-out loss history and, for the certificate
+signal, a function that measures the small model's alignment. Kinds:
+
+* ``fixed``: grow at each of ``fractions`` (one growth per entry, e.g. ``(0.25,)`` or the
+  multi-stage ``(0.15, 0.35)``);
+* ``plateau``: grow when the held-out loss stops improving: the best of the last ``patience``
+  evaluations is not below ``(1 − threshold)`` × the best before them (the rule of the growth
+  benchmark's base training, :func:`widthscope.growth.suite.train_to_plateau`);
+* ``certificate``: grow when continuing to train the small model is no longer certified to help:
+  at one block-output point, the per-example activation gradients pooled over positions of ``M``
+  train and ``K`` held-out examples give the two-population certificate of the bias step
+  (:func:`widthscope.stats.certificate`); the signal fires when its ``B_exact`` — the Cantelli
+  bound on the probability that an ``M``-sample train step raises the held-out loss — reaches
+  ``threshold`` (default 0.5: not even even odds are certified);
+* ``misalignment``: the same samples, the resampled misalignment probability
+  (:func:`widthscope.stats.misalignment`) reaching ``threshold``.
+
+Where to grow (for :func:`widthscope.growth.operators.zero_block`, or which layers to copy):
+:func:`choose_points` ranks candidate points by a growth criterion of ``widthscope grow`` (default
+``line_search``, the growth benchmark's winner) and returns the best ``k``; or the points are fixed.
+
+Signals never fire before ``earliest`` and are forced at ``latest`` (the row records
+``forced``), so a signal run always grows. After a growth the signal state resets (a schedule with
+``stages > 1`` grows again when the signal fires again).
+
+Example::
+
+    >>> s = Schedule("fixed", fractions=(0.25, 0.5))
+    >>> s.due(0, 0.2, []), s.due(0, 0.3, []), s.due(1, 0.3, [])
+    (False, True, False)
+    >>> Schedule("plateau", threshold=0.01, patience=2).due(0, 0.5, [3.0, 2.0, 1.99, 1.995])
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Sequence
+
+import torch.nn as nn
+
+from ..errors import WidthscopeError
+from ..probe.growth import CRITERIA, block_input_features, point_criteria
+from ..stats import certificate, misalignment
+
+__all__ = ["Schedule", "KINDS", "alignment_signal", "choose_points", "SCHEDULES"]
+
+KINDS = ("fixed", "plateau", "certificate", "misalignment")
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """When to grow (see the module docstring). ``name`` labels the rows (default the kind and its
+    numbers)."""
+
+    kind: str
+    fractions: tuple[float, ...] = ()
+    threshold: float = 0.5
+    patience: int = 2
+    earliest: float = 0.05
+    latest: float = 0.75
+    stages: int = 1
+    label: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise WidthscopeError(f"schedule kind {self.kind!r}: choose one of {', '.join(KINDS)}")
+        if self.kind == "fixed":
+            fr = tuple(float(f) for f in self.fractions)
+            if not fr or any(not (0 < f < 1) for f in fr) or list(fr) != sorted(set(fr)):
+                raise WidthscopeError(
+                    f"fixed schedule fractions {self.fractions!r}: give increasing fractions of the budget in (0, 1)"
+                )
+            object.__setattr__(self, "fractions", fr)
+            object.__setattr__(self, "stages", len(fr))
+        elif not (0 <= self.earliest < self.latest < 1):
+            raise WidthscopeError(
+                f"schedule earliest={self.earliest}, latest={self.latest}: need 0 <= earliest < latest < 1"
+            )
+        if not (math.isfinite(self.threshold) and self.threshold > 0):
+            raise WidthscopeError(f"schedule threshold {self.threshold}: must be a positive number")
+        if self.patience < 1 or self.stages < 1:
+            raise WidthscopeError("schedule patience and stages must be at least 1")
+
+    @property
+    def name(self) -> str:
+        if self.label:
+            return self.label
+        if self.kind == "fixed":
+            return "fixed@" + "+".join(f"{f:g}" for f in self.fractions)
+        return f"{self.kind}>{self.threshold:g}" if self.kind != "plateau" else f"plateau<{self.threshold:g}"
+
+    @property
+    def signal(self) -> bool:
+        return self.kind != "fixed"
+
+    def due(
+        self,
+        stage: int,
+        fraction: float,
+        history: Sequence[float],
+        measure: Callable[[], float] | None = None,
+    ) -> bool:
+        """Whether growth ``stage`` (0-based) is due now: ``fraction`` of the budget spent, held-out
+        losses ``history`` since the last growth (or the start), ``measure()`` the signal value
+        (certificate ``B_exact`` or misalignment probability; called only when needed)."""
+        if stage >= self.stages:
+            return False
+        if self.kind == "fixed":
+            return fraction >= self.fractions[stage]
+        if fraction < self.earliest:
+            return False
+        if fraction >= self.latest:
+            return True
+        if self.kind == "plateau":
+            h, k = list(history), self.patience
+            return len(h) > k and min(h[-k:]) > (1 - self.threshold) * min(h[:-k])
+        if measure is None:
+            raise WidthscopeError(f"schedule {self.name}: the {self.kind} signal needs a measure function")
+        value = measure()
+        return math.isfinite(value) and value >= self.threshold
+
+    def forced(self, fraction: float) -> bool:
+        """A signal growth that happened only because ``latest`` was reached."""
+        return self.signal and fraction >= self.latest
+
+
+def alignment_signal(
+    model: nn.Module, point: str, train: Any, test: Any, *, kind: str, M: int, K: int, seed: int = 0
+) -> float:
+    """The signal value at ``point``: ``B_exact`` of the bias-step certificate (``kind="certificate"``)
+    or the misalignment probability (``"misalignment"``), from the position-pooled activation
+    gradients of ``train`` (``M`` used) and held-out ``test`` (``K`` used) examples."""
+    was = model.training
+    model.eval()
+    try:
+        qa, _ = block_input_features(model, point, train, None, batch_size=64)
+        qb, _ = block_input_features(model, point, test, None, batch_size=64)
+    finally:
+        model.train(was)
+    sa, sb = qa.sum(1).double(), qb.sum(1).double()
+    if kind == "certificate":
+        c = certificate(sa, sb, M=M, K=K)
+        return float(c.b_exact) if math.isfinite(c.b_exact) else 1.0
+    if kind == "misalignment":
+        mis = misalignment(sa, sb, M=M, K=K, draws=500, seed=seed)
+        return float((mis[0] if isinstance(mis, list) else mis).probability)
+    raise WidthscopeError(f"alignment_signal(kind={kind!r}): choose certificate or misalignment")
+
+
+def choose_points(
+    model: nn.Module,
+    points: Sequence[str],
+    train: Any,
+    test: Any,
+    *,
+    k: int = 1,
+    criterion: str = "line_search",
+    M: int = 32,
+    K: int = 32,
+    eta: float = 1e-3,
+) -> list[str]:
+    """Where to grow: the ``k`` points of ``points`` that ``criterion`` ranks highest
+    (:data:`widthscope.probe.growth.CRITERIA`, the criteria of ``widthscope grow``; ties keep the
+    order of ``points``), from ``train`` and held-out ``test`` examples."""
+    if criterion not in CRITERIA:
+        raise WidthscopeError(f"choose_points(criterion={criterion!r}): choose one of {', '.join(CRITERIA)}")
+    if not 1 <= k <= len(points):
+        raise WidthscopeError(f"choose_points(k={k}): must be between 1 and the {len(points)} points")
+    column = CRITERIA[criterion]
+    line = column.startswith("ls_")
+    scores = []
+    for p in points:
+        row = point_criteria(model, p, train, test, M=M, K=K, eta=eta, line_search=line)
+        v = float(row[column])
+        scores.append(v if math.isfinite(v) else -math.inf)
+    order = sorted(range(len(points)), key=lambda i: (-scores[i], i))
+    return [points[i] for i in order[:k]]
+
+
+# the benchmark's schedules (grow.target): fixed points, a two-stage growth and the two signals
+SCHEDULES: dict[str, Schedule] = {
+    s.name: s
+    for s in (
+        Schedule("fixed", fractions=(0.25,)),
+        Schedule("fixed", fractions=(0.5,)),
+        Schedule("fixed", fractions=(0.15, 0.35)),
+        Schedule("plateau", threshold=0.01, patience=2),
+        Schedule("certificate", threshold=0.5),
+        Schedule("misalignment", threshold=0.1),
+    )
+}

@@ -1,0 +1,352 @@
+"""The growth benchmark's suite and its ingredients: the cells (:func:`cells`: model, seed and every
+setting of one run), the reproducible context a cell runs in, the planted teacher–student cases,
+base training to a plateau, and the data a cell reads with its seeded held-out split.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping, Sequence
+
+import torch
+import torch.nn as nn
+
+from .._env import environment
+from ..data import load
+from ..errors import WidthscopeError
+from ..models import build
+from ..probe.intervene import batch_size_of, block_of, index_batch, insert, mean_loss, per_example_losses
+
+__all__ = [
+    "SUITES",
+    "SEEDS",
+    "BLOCK_LRS",
+    "CONTINUE_LRS",
+    "BLOCK_SEEDS",
+    "cells",
+    "reproducible",
+    "teacher_student",
+    "train_to_plateau",
+]
+
+BLOCK_LRS = (1e-3, 3e-3, 1e-2)  # the block's learning-rate grid (chosen per point on the ranking half)
+CONTINUE_LRS = (3e-4, 1e-3, 3e-3)  # the grid for training all parameters (continue, train-all)
+BLOCK_SEEDS = (0, 1, 2)
+# base training: AdamW at base_lr (linear warm-up over the first eval), held-out ranking-half loss every
+# `eval_every` steps; stop when the best of the last `patience` evals improves on the best before them
+# by less than `tol` (relative), or at `max_steps`; the best evaluated state is kept.
+_PLATEAU = dict(eval_every=50, patience=3, tol=0.01)
+_LLAMA = dict(
+    family="llama",
+    data="text",
+    depth=4,
+    seq_len=32,
+    base_lr=3e-3,
+    max_steps=1500,
+    batch_size=16,
+    long=30,
+    n_train=1024,
+    n_test=1024,
+    n_probe=128,
+    scratch=False,
+    block_lrs=(3e-3, 1e-2, 3e-2),
+    continue_lrs=(1e-4, 3e-4, 1e-3),
+)
+_MLP = dict(
+    family="mlp",
+    width=64,
+    data="digits",
+    depth=4,
+    base_lr=3e-3,
+    max_steps=3000,
+    batch_size=32,
+    long=160,
+    n_probe=256,
+    scratch=True,
+    block_lrs=(3e-4, 1e-3, 3e-3),
+)
+_RESNET = dict(
+    family="resnet20",
+    width=0.25,
+    data="digits-images",
+    base_lr=3e-3,
+    max_steps=1000,
+    batch_size=32,
+    long=30,
+    n_probe=128,
+    scratch=False,
+    block_lrs=(3e-4, 1e-3, 3e-3),
+)
+# planted blocks: the grown block (width = point width, W_in seed 0) is never the teacher's block
+# (W_in seed 7, hidden 8 / seed 5, hidden 16), so no criterion is handed the answer
+_TEACHER = dict(
+    family="teacher",
+    width=24,
+    depth=4,
+    missing=2,
+    teacher_hidden=8,
+    teacher_seed=7,
+    max_steps=0,
+    batch_size=32,
+    long=160,
+    n_train=512,
+    n_test=512,
+    n_probe=256,
+    scratch=False,
+    block_lrs=(3e-3, 1e-2, 3e-2),
+    continue_lrs=(1e-3, 3e-3, 1e-2),
+)
+_TEACHER_LAST = {
+    **_TEACHER,
+    "model": "teacher-last",
+    "depth": 3,
+    "missing": 2,
+    "teacher_hidden": 16,
+    "teacher_seed": 5,
+    "damp": 0.3,
+}
+# cheap cells first: a run cut short still has every planted case and the MLP
+SUITES: dict[str, list[dict[str, Any]]] = {
+    "full": [
+        {**_TEACHER, "model": "teacher-student"},
+        _TEACHER_LAST,
+        {**_MLP, "model": "mlp-64"},
+        *({**_LLAMA, "model": f"llama-{w}", "width": w} for w in (16, 32)),
+        {**_RESNET, "model": "resnet20-0.25"},
+    ],
+    "quick": [
+        {
+            **_LLAMA,
+            "model": "llama-16",
+            "width": 16,
+            "depth": 3,
+            "seq_len": 16,
+            "max_steps": 100,
+            "long": 10,
+            "n_train": 256,
+            "n_test": 256,
+            "n_probe": 64,
+        },
+        {**_MLP, "model": "mlp-32", "width": 32, "depth": 3, "max_steps": 200, "long": 20, "n_probe": 128},
+        {**_TEACHER, "model": "teacher-student", "long": 30},
+        {**_TEACHER_LAST, "long": 30},
+    ],
+}
+SEEDS = {"full": (0, 1, 2, 3, 4), "quick": (0, 1, 2)}
+
+
+def cells(suite: str = "full", seeds: Sequence[int] | None = None, *, M: int = 32, K: int = 32) -> list[dict[str, Any]]:
+    if suite not in SUITES:
+        raise WidthscopeError(f"unknown growth suite {suite!r}; choose one of {', '.join(SUITES)}")
+    seeds = SEEDS[suite] if seeds is None else tuple(seeds)
+    return [
+        {
+            "block_lrs": BLOCK_LRS,
+            "continue_lrs": CONTINUE_LRS,
+            "block_seeds": BLOCK_SEEDS,
+            **_PLATEAU,
+            **spec,
+            "seed": int(s),
+            "M": M,
+            "K": K,
+        }
+        for spec in SUITES[suite]
+        for s in seeds
+    ]
+
+
+# ----------------------------------------------------------------------------- reproducibility
+@contextmanager
+def reproducible(threads: int = 1) -> Iterator[dict[str, Any]]:
+    """One torch thread and deterministic algorithms inside; the previous settings restored after.
+
+    Yields what else could make a rerun on another machine differ (recorded in every row): the CPU
+    kernel family torch dispatches to (``torch.backends.cpu.get_cpu_capability()``), the versions
+    of torch, numpy, transformers and Python, and the thread count."""
+    prev = (
+        torch.get_num_threads(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    torch.set_num_threads(int(threads))
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    env = environment()
+    try:
+        yield env
+    finally:
+        torch.set_num_threads(prev[0])
+        torch.use_deterministic_algorithms(prev[1], warn_only=prev[2])
+
+
+# ----------------------------------------------------------------------------- models
+def teacher_student(
+    seed: int,
+    *,
+    width: int = 24,
+    depth: int = 4,
+    missing: int = 2,
+    hidden: int | None = None,
+    block_seed: int = 0,
+    n_train: int = 512,
+    n_test: int = 256,
+    in_dim: int = 8,
+    out_dim: int = 4,
+    teacher_seed: int | None = None,
+    damp: float | None = None,
+) -> tuple[nn.Module, tuple[Any, Any], str]:
+    """A student MLP that lacks exactly one residual block (at ``blocks.{missing}``) of its teacher.
+
+    The teacher *is* the student plus a block ``z + W* φ(W_in norm(z))`` at that point (hidden width
+    ``hidden``, ``W_in`` from ``teacher_seed``, default ``block_seed``), so a block grown there can
+    imitate it directly, while a block at any other point must act through the student's tanh
+    layers. Targets are the teacher's outputs (regression, per-example squared error). The
+    benchmark gives the teacher a block that the grown block is *not* (another seed and width).
+    ``damp``: the linear maps of ``blocks.1 … blocks.{missing}`` scaled by it (the construction of
+    ``tests/test_grow.py``: changes before the planted last block reach the output only weakly).
+    """
+    gen = torch.Generator().manual_seed(1000 + int(seed))
+    torch.manual_seed(1000 + int(seed))
+    student = build("mlp", width, in_dim=in_dim, out_dim=out_dim, depth=depth, activation="tanh").double().eval()
+    if damp is not None:
+        with torch.no_grad():
+            for i in range(1, missing + 1):
+                student.get_parameter(f"blocks.{i}.linear.weight").mul_(damp)
+    # widthscope_config/_points: plain attributes build() sets; nn.Module.__getattr__ is typed Tensor | Module
+    teacher = build(**student.widthscope_config).double().eval()  # type: ignore[arg-type]
+    teacher.load_state_dict(student.state_dict())
+    point = f"blocks.{missing}"
+    insert(teacher, point, "block", hidden=hidden or width, seed=block_seed if teacher_seed is None else teacher_seed)
+    with torch.no_grad():
+        w = block_of(teacher, point).w_out
+        w.copy_(torch.randn(w.shape, generator=gen, dtype=w.dtype) * 0.6)
+    x = torch.randn(n_train + n_test, in_dim, generator=gen, dtype=torch.float64)
+    with torch.no_grad():
+        y = teacher(x)
+    return student, ((x[:n_train], y[:n_train]), (x[n_train:], y[n_train:])), point
+
+
+def train_to_plateau(
+    model: nn.Module,
+    train: Any,
+    monitor: Any,
+    *,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    eval_every: int,
+    patience: int,
+    tol: float,
+    max_steps: int,
+) -> dict[str, Any]:
+    """AdamW (weight decay 0, gradient clipping at norm 1, linear warm-up over the first
+    ``eval_every`` steps, then constant ``lr``) on mini-batches drawn with replacement by a dedicated
+    ``torch.Generator(seed)``; the mean loss on ``monitor`` every ``eval_every`` steps.
+
+    Plateau rule: stop once ``min(last patience evals) > (1 − tol) · min(evals before them)`` (the
+    relative held-out improvement over the last ``patience`` evals is below ``tol``), or at
+    ``max_steps``. The best evaluated state is restored (early stopping), so a model that starts to
+    overfit is kept at its best held-out loss. Train mode (BatchNorm batch statistics) while
+    stepping; the model is left in eval mode."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(int(seed))
+    n = batch_size_of(train)
+    hist: list[float] = []
+    best, best_state, best_step, step, plateau = math.inf, None, 0, 0, False
+    model.train()
+    while step < max_steps and not plateau:
+        for _ in range(min(eval_every, max_steps - step)):
+            for g in opt.param_groups:
+                g["lr"] = lr * min(1.0, (step + 1) / eval_every)
+            loss = per_example_losses(
+                model,
+                index_batch(train, torch.randint(0, n, (min(batch_size, n),), generator=gen)),
+                batch_size=batch_size,
+                grad=True,
+            ).mean()
+            if not torch.isfinite(loss):
+                raise WidthscopeError(f"base training diverged at step {step} (loss {float(loss)}); lower base_lr")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            step += 1
+        v = mean_loss(model, monitor, batch_size=64)
+        hist.append(v)
+        if v < best:
+            best, best_step, best_state = v, step, copy.deepcopy(model.state_dict())
+        plateau = len(hist) > patience and min(hist[-patience:]) > (1 - tol) * min(hist[:-patience])
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    model.eval()
+    return {
+        "base_steps": step,
+        "base_best_step": best_step,
+        "base_plateau": plateau,
+        "base_monitor_loss": best,
+        "base_history": hist,
+    }
+
+
+def build_model(cell: Mapping[str, Any], depth: int) -> nn.Module:
+    if cell["data"] == "text":
+        return build("llama", cell["width"], depth=depth, max_seq_len=cell["seq_len"])
+    if cell["data"] == "digits-images":
+        return build("resnet20", cell["width"], in_channels=1, num_classes=10)
+    return build("mlp", cell["width"], in_dim=64, out_dim=10, depth=depth, activation="tanh")
+
+
+def cell_data(cell: Mapping[str, Any]) -> tuple[Any, Any, str | None, nn.Module | None]:
+    """(train, test) pooled examples; for the teacher cases also the answer and the student."""
+    seed = int(cell["seed"])
+    if cell["family"] == "teacher":
+        model, (tr, te), point = teacher_student(
+            seed,
+            width=cell["width"],
+            depth=cell["depth"],
+            missing=cell["missing"],
+            hidden=cell["teacher_hidden"],
+            teacher_seed=cell["teacher_seed"],
+            damp=cell.get("damp"),
+            n_train=cell["n_train"],
+            n_test=cell["n_test"],
+        )
+        return tr, te, point, model
+    if cell["data"] == "text":
+        split = load(
+            "text",
+            n_train=cell["n_train"],
+            n_test=cell["n_test"],
+            seed=seed,
+            seq_len=cell["seq_len"],
+            max_bytes=400_000,
+        )
+        return split.train[0], split.test[0], None, None  # token ids: the LM loss predicts the sequence itself
+    split = load("digits", seed=seed)
+    tr, te = tuple(split.train), tuple(split.test)
+    if cell["data"] == "digits-images":  # 8×8 grey images for the ResNet
+        tr, te = (tr[0].view(-1, 1, 8, 8), tr[1]), (te[0].view(-1, 1, 8, 8), te[1])
+    return tr, te, None, None
+
+
+def split_held_out(cell: Mapping[str, Any], test: Any) -> dict[str, Any]:
+    """The held-out pool split by a seeded permutation: ``rank`` (half: criteria, base-training
+    plateau, learning-rate choice), ``A`` and ``B`` (a quarter each: the oracle chooses on ``A``;
+    every reported gain is measured on ``B``)."""
+    n = batch_size_of(test)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(cell["seed"])))
+    a, b = n // 2, n // 2 + n // 4
+    return {
+        "rank": index_batch(test, perm[:a].sort().values),
+        "A": index_batch(test, perm[a:b].sort().values),
+        "B": index_batch(test, perm[b:].sort().values),
+    }
+
+
+_build = build_model  # the old name, for bench_plan until the --plan rewrite
+
+_data = cell_data  # the old name, for bench_plan until the --plan rewrite
+
+_splits = split_held_out  # the old name, for bench_plan until the --plan rewrite

@@ -1,0 +1,239 @@
+"""Alignment width sweeps: train a family of models across widths, certify every insertion point.
+
+For each cell ``family x width x seed (x data budget)`` of the grid the sweep
+
+1. builds the model (``widthscope.models.build``, seeded) and trains it (``widthscope.train.train``),
+2. saves the checkpoint (``widthscope.checkpoint.save``: safetensors + config) into the cell folder,
+3. collects per-example activation gradients ``q = dl/dz`` pooled to sample vectors ``s`` at every
+   insertion point on ``n_probe_train`` fitted examples and ``n_probe_test`` held-out examples
+   (``widthscope.probe.collect``),
+4. for every point and every ``(M, K)`` writes one tidy row with both population forms of the
+   certificate (``widthscope.stats.certificate``), e.g. for the two-population form with train
+   mean ``a`` and held-out mean ``b``::
+
+       E[A] = a.b,  Var(A) = b'S_a b/M + a'S_b a/K + tr(S_a S_b)/(MK)
+       d_align = min(d_par, d_2),  B_exact = Var/(Var + E^2) <= B_align = 1/(1 + n_eff d_align)
+
+   and the empirical misalignment probability ``Pr(mu_M . g_K <= 0)`` over ``draws`` resamples with
+   a 95% Wilson interval (``widthscope.stats.misalignment``).
+
+Cells run through :func:`widthscope.sweeps.grid.run_grid`, so a sweep is resumable (a killed run
+restarts where it stopped, each cell recorded exactly once) and shardable (``shard=(k, n)``).
+
+The steps live in their own modules, and every name callers use is importable from here too:
+:mod:`~widthscope.sweeps.schema` (config keys, :class:`SweepConfig`, row columns),
+:mod:`~widthscope.sweeps.config` (:func:`load_config`: the TOML read and checked),
+:mod:`~widthscope.sweeps.pools` (the split and the probe pools of a cell),
+:mod:`~widthscope.sweeps.cell` (:func:`run_cell`: train, certify, intervene, monitor) and
+:mod:`~widthscope.sweeps.summary` (:func:`summary_rows`, :func:`print_summary`); this module plans,
+checks and runs the grid (:func:`plan_cells`, :func:`check_structure`, :func:`run_sweep`).
+
+Example (a few seconds)::
+
+    from widthscope.sweeps.alignment import load_config, run_sweep
+    cfg = load_config({
+        "sweep": {"name": "tiny", "seeds": [0], "M": [8], "draws": 200},
+        "family": [{"name": "mlp", "widths": [16, 32], "dataset": "digits",
+                    "n_train": 256, "n_test": 64, "train": {"steps": 50, "lr": 1e-2},
+                    "certify": {"n_probe_train": 32, "n_probe_test": 32}}],
+    })
+    result = run_sweep(cfg, "/tmp/tiny-sweep")
+    print(len(result.rows))   # 2 widths x 2 points x 1 (M, K)
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from .. import models, probe
+from .._io import unwritable
+from ..errors import WidthscopeError, WidthscopeTypeError
+from ..models.dispatch import check_max_memory, check_visible
+from ..train import resolve_device
+from .cell import MONITOR_FILE as MONITOR_FILE
+from .cell import cell_options, certified_steps, run_cell
+from .config import config_where, load_config, monitor_steps
+from .grid import GridResult, claim_out_dir, lock_out_dir, run_grid
+from .pools import apply_shift as apply_shift
+from .pools import cell_input_spec, fill_model_options
+from .pools import load_split as load_split
+from .pools import probe_pools as probe_pools
+from .pools import take_examples as take_examples
+from .schema import (
+    CERT_FIELDS,
+    LM_DATASETS,
+    MONITOR_SUMMARY,
+    MONITOR_TIMING_COLUMNS,
+    TIMING_COLUMNS,
+    FamilySpec,
+    SweepConfig,
+)
+from .schema import CERTIFY_KEYS as CERTIFY_KEYS
+from .schema import ESTIMATORS as ESTIMATORS
+from .schema import EXAMPLE_FAMILY as EXAMPLE_FAMILY
+from .schema import FAMILY_KEYS as FAMILY_KEYS
+from .schema import MONITOR_KEYS as MONITOR_KEYS
+from .schema import OPTIMIZERS as OPTIMIZERS
+from .schema import POOLS as POOLS
+from .schema import PROBE_KEYS as PROBE_KEYS
+from .schema import SCHEDULES as SCHEDULES
+from .schema import SHIFTS as SHIFTS
+from .schema import SWEEP_KEYS as SWEEP_KEYS
+from .schema import TRAIN_KEYS as TRAIN_KEYS
+from .summary import print_summary as print_summary
+from .summary import summary_rows
+
+__all__ = [
+    "SweepConfig",
+    "FamilySpec",
+    "load_config",
+    "check_structure",
+    "plan_cells",
+    "run_sweep",
+    "run_cell",
+    "cell_input_spec",
+    "summary_rows",
+    "CERT_FIELDS",
+    "TIMING_COLUMNS",
+    "monitor_steps",
+    "MONITOR_SUMMARY",
+    "MONITOR_TIMING_COLUMNS",
+    "certified_steps",
+]
+
+
+# ----------------------------------------------------------------------------- grid
+def plan_cells(cfg: SweepConfig) -> list[dict[str, Any]]:
+    """The grid, in a fixed order: family, then budget, then width, then seed.
+
+    Each cell carries the config fingerprint, so changing the config never reuses old cells.
+    """
+    fp = cfg.fingerprint()
+    cells = []
+    for fam in cfg.families:
+        budgets: Sequence[int | None] = cfg.budgets or [fam.n_train]  # n_train is set when budgets are not
+        for budget in budgets:
+            for w in fam.widths:
+                for s in cfg.seeds:
+                    cells.append(
+                        {"sweep": cfg.name, "family": fam.name, "width": w, "seed": s, "budget": budget, "config": fp}
+                    )
+    return cells
+
+
+def check_structure(cfg: SweepConfig, *, device: bool = True) -> dict[str, list[str]]:
+    """What only the model can tell, checked before any cell trains or any data loads: every
+    family builds with its ``model_options`` (on the ``meta`` device, no memory, no data; the
+    data-dependent sizes get placeholders, which change no module names), its ``certify.points``
+    exist in that structure, and (``device``) ``[sweep].device`` and the GPUs a ``max_memory`` names are
+    available here.
+
+    Returns ``{family name: insertion points}``.
+    """
+    if device:
+        try:
+            resolve_device(cfg.device)
+        except WidthscopeError as exc:
+            msg = str(exc).replace("; use --device cpu", "")
+            raise WidthscopeError(
+                f"[sweep] {msg}; set device = 'cpu' (or a device this machine has) in [sweep]"
+            ) from None
+        for fam in cfg.families:  # a max_memory naming a GPU this machine lacks: now, not after the first cell trains
+            mem = fam.placement.get("max_memory")
+            where = f"sweep config family {fam.name!r} max_memory"
+            check_visible(check_max_memory(mem, name=where), name=where, text=mem if isinstance(mem, str) else None)
+    out = {}
+    for fam in cfg.families:
+        lm = fam.dataset in LM_DATASETS
+        fake = types.SimpleNamespace(input_shape=(16,) if lm else (3, 8, 8), num_classes=256 if lm else 10)
+        opts = fill_model_options(fam, fake)
+        where = config_where(f"family {fam.name!r}")
+        for width in fam.widths:  # every cell's model: e.g. a width the attention heads do not divide
+            try:
+                try:
+                    with torch.device("meta"):
+                        model = models.build(fam.model, width, **opts)
+                except (RuntimeError, NotImplementedError):  # an init the meta device cannot run: build it for real
+                    model = models.build(fam.model, width, **opts)
+            except WidthscopeError as exc:
+                raise WidthscopeError(
+                    f"{where}: model {fam.model!r} at width {width} with model_options {fam.model_options}: {exc}"
+                ) from None
+            try:
+                out[fam.name] = probe.resolve_points(model, fam.points or None)  # [] means the defaults, as in run_cell
+            except WidthscopeError as exc:
+                raise WidthscopeError(f"{where} certify.points: {exc}") from None
+            if fam.monitor is not None and fam.monitor["points"]:
+                try:
+                    probe.resolve_points(model, fam.monitor["points"])
+                except WidthscopeError as exc:
+                    raise WidthscopeError(f"{where} monitor.points: {exc}") from None
+    return out
+
+
+def _placement_record(cfg: SweepConfig, cell: Mapping[str, Any]) -> dict[str, Any]:
+    """A cell file's ``placement`` (the family's device_map / max_memory / offload_folder), where set."""
+    fam = next(f for f in cfg.families if f.name == cell["family"])
+    return {"placement": dict(fam.placement)} if fam.placement else {}
+
+
+def run_sweep(
+    config: SweepConfig | Mapping[str, Any] | str | os.PathLike,
+    out_dir: str | os.PathLike | None = None,
+    shard: tuple[int, int] = (1, 1),
+    *,
+    show_progress: bool = True,
+) -> GridResult:
+    """Run (or resume) the sweep's unfinished cells of this shard; return the grid result.
+
+    ``config`` is a :class:`SweepConfig`, a dict as parsed from TOML, or a TOML path.
+    """
+    if not isinstance(config, (SweepConfig, Mapping, str, os.PathLike)):
+        raise WidthscopeTypeError(
+            f"sweep(config=...): expected a SweepConfig, a dict as parsed from TOML or a TOML path, "
+            f"got {type(config).__name__}"
+        )
+    if out_dir is not None and not isinstance(out_dir, (str, os.PathLike)):
+        raise WidthscopeTypeError(f"sweep(out_dir=...): expected a folder path, got {type(out_dir).__name__}")
+    cfg = config if isinstance(config, SweepConfig) else load_config(config)
+    check_structure(cfg)  # before the folder exists: a refused config leaves nothing behind
+    out = Path(out_dir if out_dir is not None else cfg.out_dir)
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise unwritable(out, exc) from None
+    cells = plan_cells(cfg)
+
+    threads = torch.get_num_threads()
+    if cfg.threads:
+        # Small models gain little from more threads, and spinning OpenMP threads on busy cores
+        # can make a step 10-20x slower (measured: docs/sweeps.md), hence the option.
+        torch.set_num_threads(cfg.threads)
+    try:
+        with lock_out_dir(out, shard, "sweep"):
+            claim_out_dir(
+                out,
+                {
+                    "fingerprint": cfg.fingerprint(),
+                    "config": cfg.to_dict(),
+                    "options": cfg.options_record(),
+                    "kind": "alignment",
+                },
+                "a sweep",
+            )
+            return run_grid(
+                cells,
+                lambda c, d: run_cell(cfg, c, d, show_progress=show_progress),
+                out,
+                shard=shard,
+                desc=f"sweep {cfg.name}",
+                record=lambda c: {"options": cell_options(cfg, c).to_dict()} | _placement_record(cfg, c),
+            )
+    finally:
+        torch.set_num_threads(threads)

@@ -1,0 +1,469 @@
+"""One cell of an alignment sweep: train, save, probe, certify, intervene and (optionally) monitor.
+
+:func:`run_cell` is what :func:`widthscope.sweeps.grid.run_grid` calls per cell; it returns the cell's
+rows (``kind`` ``alignment``, ``intervention`` and, for a monitored family, ``monitor``; the columns
+are in docs/sweeps.md). The monitor's part (:func:`_cell_monitor`, :func:`_monitor_rows`) follows it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import torch
+
+from .. import checkpoint, models, probe, stats
+from .. import data as wdata
+from .._io import atomic_write_json
+from ..monitor import AlignmentMonitor
+from ..options import CertifyOptions
+from ..probe.intervene import resolved
+from ..stats import certified
+from ..stats import certified_steps as steps
+from ..train import train
+from .grid import cell_id
+from .placement import place_model, placement_text, release
+from .pools import (
+    cell_input_spec,
+    fill_model_options,
+    in_domain_condition,
+    load_split,
+    pool_batches,
+    probe_conditions,
+    probe_len,
+    probe_lengths,
+    probe_pools,
+    probe_words,
+)
+from .schema import CERT_FIELDS, FamilySpec, SweepConfig
+
+if TYPE_CHECKING:
+    from ..monitor import AlignmentMonitor
+
+__all__ = ["run_cell", "cell_options", "certified_steps", "MONITOR_FILE"]
+
+
+def cell_options(cfg: SweepConfig, cell: Mapping[str, Any]) -> CertifyOptions:
+    """The certify options a cell computes with: its family's, the resampling seed the cell's
+    seed plus ``certify.seed`` (default 0: the cell's seed). Recorded once in the cell's file."""
+    fam = next(f for f in cfg.families if f.name == cell["family"])
+    return fam.certify.replace(seed=int(cell["seed"]) + fam.certify.seed)
+
+
+def run_cell(
+    cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_progress: bool = True
+) -> list[dict[str, Any]]:
+    """Train, save, probe and certify one cell; return its rows (see docs/sweeps.md for columns)."""
+    fam = next(f for f in cfg.families if f.name == cell["family"])
+    seed, width, budget = int(cell["seed"]), cell["width"], int(cell["budget"])
+    opts = cell_options(cfg, cell)
+    split = load_split(fam, budget, cfg)
+    torch.manual_seed(seed)
+    model = models.build(fam.model, width, **fill_model_options(fam, split))
+    n_params = int(models.count_parameters(model))
+    mon, mon_info = (
+        _cell_monitor(cfg, fam, split, model, opts, Path(cell_dir)) if fam.monitor is not None else (None, {})
+    )
+    tr, train_s, monitor_s = _train(cfg, fam, cell, Path(cell_dir), split, model, mon, show_progress)
+    common: dict[str, Any] = {
+        "model": fam.model,
+        "dataset": fam.dataset,
+        "n_params": n_params,
+        "data_description": "trained on " + wdata.describe(split),
+    }
+    trained = {k: tr.get(k) for k in ("train_loss", "test_loss", "test_accuracy", "steps")}
+    key, placed = cell_id(cell), None
+    try:
+        if fam.placement:  # the trained model dispatched for the probe (docs/sweeps.md, Placement)
+            placed = place_model(model, fam.placement, key)
+        rows, seconds = _probe_rows(cfg, fam, split, model, opts, common, trained, show_progress)
+    finally:
+        release(fam.placement, key)
+    probe_s, stats_s, intervene_s = seconds
+    if mon is not None:
+        rows += _monitor_rows(mon, mon_info, fam, rows, n_params, common["data_description"])
+    text = placement_text(fam.placement, placed)
+    for r in rows:
+        r.update(train_s=train_s, probe_s=probe_s, stats_s=stats_s, intervene_s=intervene_s)
+        if text is not None:
+            r["placement"] = text
+        if mon is not None:
+            r["monitor_s"] = monitor_s
+    return rows
+
+
+def _probe_rows(
+    cfg: SweepConfig,
+    fam: FamilySpec,
+    split: Any,
+    model: Any,
+    opts: CertifyOptions,
+    common: Mapping[str, Any],
+    trained: Mapping[str, Any],
+    show_progress: bool,
+) -> tuple[list[dict[str, Any]], tuple[float, float, float]]:
+    """The alignment and intervention rows of a trained cell model, and the seconds of its probe,
+    statistics and interventions."""
+    points = list(opts.points or ()) or probe.insertion_points(model)
+    conditions = probe_conditions(fam)
+    rows: list[dict[str, Any]] = []
+    iv_rows: list[dict[str, Any]] = []
+    probe_s = stats_s = intervene_s = 0.0
+    for ci, cond in enumerate(conditions):
+        for li, L in enumerate(probe_lengths(fam, cond)):
+            t0 = time.perf_counter()
+            pa, pb, desc, _ = probe_pools(fam, cond, L, split, cfg)
+            Xa, Xb = (
+                probe.collect(
+                    model,
+                    pool_batches(pool, split.task, fam.probe_batch_size),
+                    points=points,
+                    pool=opts.pool,
+                    train_mode=opts.train_mode,
+                    progress=show_progress,
+                )
+                for pool in (pa, pb)
+            )
+            probe_s += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            words = (
+                {
+                    "probe_set": cond["name"],
+                    "probe_data": desc,
+                    "probe_seq_len": probe_len(pa, split),
+                    "probe_description": probe_words(cond, pa, pb, split),
+                    "probe_in_domain": (
+                        cond["data"] == (cond.get("test_data") or cond["data"]) == fam.dataset and not cond.get("shift")
+                    ),
+                }
+                if fam.probes is not None or fam.probe_seq_len is not None
+                else {}
+            )
+            these = _alignment_rows(opts, points, Xa, Xb, {**common, **trained}, words)
+            stats_s += time.perf_counter() - t0
+            # Direct interventions (spec §5), on the first probe condition and length only: they
+            # test the first-order prediction of the model, which the probe condition does not change.
+            t0 = time.perf_counter()
+            if opts.kind is not None and ci == 0 and li == 0:
+                batches = (
+                    pool_batches(pa, split.task, fam.probe_batch_size),
+                    pool_batches(pb, split.task, fam.probe_batch_size),
+                )
+                iv_rows += _intervention_rows(model, opts, points, batches, these, common)
+            intervene_s += time.perf_counter() - t0
+            rows += these
+    rows += iv_rows
+    return rows, (probe_s, stats_s, intervene_s)
+
+
+def _train(
+    cfg: SweepConfig,
+    fam: FamilySpec,
+    cell: Mapping[str, Any],
+    cell_dir: Path,
+    split: Any,
+    model: Any,
+    mon: AlignmentMonitor | None,
+    show_progress: bool,
+) -> tuple[dict[str, Any], float, float]:
+    """Train the cell's model (the monitor probing at its steps), save the checkpoint and its
+    certify inputs; returns (training record, training seconds, monitor seconds)."""
+    monitor_s = 0.0
+
+    def on_step(m: Any, step: int) -> None:  # given to train() only when there is a monitor
+        nonlocal monitor_s
+        t = time.perf_counter()
+        if mon is not None:
+            mon.step(m, step)
+        monitor_s += time.perf_counter() - t
+
+    t0 = time.perf_counter()
+    tr = train(
+        model,
+        split,
+        seed=int(cell["seed"]),
+        progress=show_progress,
+        device=cfg.device,
+        on_step=on_step if mon is not None else None,
+        **fam.train,
+    )
+    train_s = time.perf_counter() - t0 - monitor_s  # the training alone; the probes are monitor_s
+    checkpoint.save(
+        model,
+        cell_dir,
+        extra={
+            "sweep": cfg.name,
+            "cell": dict(cell),
+            "dataset": fam.dataset,
+            "data_options": dict(fam.data_options),
+            "data_seed": cfg.data_seed,
+            # held-out byte ranges / fitted examples: any later
+            # probe draws its pools from them (no leak)
+            "data_record": wdata.record(split),
+            "train": {k: v for k, v in tr.items() if k != "history"},
+        },
+    )
+    atomic_write_json(
+        cell_dir / "input_spec.json",
+        {
+            "input_spec": cell_input_spec(cfg, cell, cell_dir).to_dict(),
+            "note": "widthscope certify inputs of this checkpoint (InputSpec.from_dict): train pool as "
+            "the sweep's; held-out pool from the whole held-out part",
+        },
+    )
+    return tr, train_s, monitor_s
+
+
+def _alignment_rows(
+    opts: CertifyOptions,
+    points: Sequence[str],
+    Xa: Mapping[str, Any],
+    Xb: Mapping[str, Any],
+    common: Mapping[str, Any],
+    probe_columns: Mapping[str, Any],
+) -> list[dict[str, Any]]:
+    """One ``kind="alignment"`` row per point and (M, K): both certificate forms and the empirical
+    misalignment, from the moments and cross-Gram computed once per point; ``probe_columns`` (the
+    probe condition, where the family has probes) follow the probe setup."""
+    npts = len(points)
+    rows: list[dict[str, Any]] = []
+    for pi, point in enumerate(points):
+        a, b = Xa[point], Xb[point]
+        m_one = stats.moments(a, opts.estimator)
+        m_two = stats.cross_moments(a, b, opts.estimator)
+        mis_all = stats.misalignment(a, b, pairs=opts.pairs, draws=opts.draws, seed=opts.seed, scheme=opts.draw_scheme)
+        if not isinstance(mis_all, list):  # never: pairs= always gives one result per pair
+            mis_all = [mis_all]
+        for (M, K), mis in zip(opts.pairs, mis_all):
+            one = stats.certificate(m_one, M=M, K=K, populations="one")
+            two = stats.certificate(m_two, M=M, K=K, populations="two")
+            row: dict[str, Any] = {
+                "kind": "alignment",
+                "model": common["model"],
+                "dataset": common["dataset"],
+                "point": point,
+                "point_index": pi,
+                "depth_fraction": (pi + 1) / npts,
+                "n_points": npts,
+                "d": int(a.shape[1]),
+                "n_params": common["n_params"],
+                "train_loss": common["train_loss"],
+                "test_loss": common["test_loss"],
+                "test_accuracy": common["test_accuracy"],
+                "steps": common["steps"],
+                "n_probe_train": int(a.shape[0]),
+                "n_probe_test": int(b.shape[0]),
+                "M": M,
+                "K": K,
+                "estimator": opts.estimator,
+                "pool": opts.pool,
+                "probe_notes": "; ".join(getattr(Xa, "notes", [])) or None,
+                "data_description": common["data_description"],
+                **probe_columns,
+            }
+            for prefix, cert in (("one_", one), ("two_", two)):
+                for f in CERT_FIELDS:
+                    row[prefix + f] = getattr(cert, f, None)
+            row["two_limit"] = None
+            for prefix in ("one_", "two_"):  # the one reporting rule (None where undefined)
+                stats.vacuous_rule(row, prefix)
+            row.update(
+                misalignment=mis.probability,
+                misalignment_low=mis.low,
+                misalignment_high=mis.high,
+                misalignment_draws=mis.draws,
+            )
+            rows.append(row)
+    return rows
+
+
+def _intervention_rows(
+    model: Any,
+    opts: CertifyOptions,
+    points: Sequence[str],
+    batches: tuple[list[Any], list[Any]],
+    these: list[dict[str, Any]],
+    common: Mapping[str, Any],
+) -> list[dict[str, Any]]:
+    """The ``kind="intervention"`` rows of every point (its step grid, on the largest M train and K
+    held-out examples), and the ``iv_*`` columns of the smallest resolved step on ``these`` rows."""
+    from ..probe.intervene import intervene  # noqa: PLC0415  call-time lookup: tests replace it there
+
+    m_max, k_max = max(m for m, _ in opts.pairs), max(k for _, k in opts.pairs)
+    out: list[dict[str, Any]] = []
+    for pi, point in enumerate(points):
+        ivs = intervene(
+            model,
+            point,
+            batches[0],
+            batches[1],
+            etas=None if opts.etas is None else list(opts.etas),
+            kind=opts.kind or "bias",
+            n_etas=opts.n_etas,
+            max_rel_step=opts.max_rel_step,
+            M=m_max,
+            K=k_max,
+            seed=opts.seed,
+            progress=False,
+        )
+        # the smallest step the dtype resolves (bf16/fp16 steps below it are not measurements)
+        usable = resolved(ivs)
+        if usable:
+            smallest = min(usable, key=lambda r: r["eta"])
+            for r in these:
+                if r["point"] == point:
+                    r.update(
+                        iv_eta=smallest["eta"],
+                        iv_predicted=smallest["predicted"],
+                        iv_actual=smallest["actual"],
+                        iv_retention=smallest["retention"],
+                        iv_sign_agrees=smallest["sign_agrees"],
+                    )
+        out += [
+            {
+                **iv,
+                "model": common["model"],
+                "dataset": common["dataset"],
+                "point_index": pi,
+                "n_params": common["n_params"],
+                "data_description": common["data_description"],
+            }
+            for iv in ivs
+        ]
+    return out
+
+
+MONITOR_FILE = "monitor.jsonl"
+
+
+def _cell_monitor(
+    cfg: SweepConfig, fam: FamilySpec, split: Any, model: Any, opts: CertifyOptions, cell_dir: Path
+) -> tuple[AlignmentMonitor, dict[str, Any]]:
+    """The cell's :class:`~widthscope.monitor.AlignmentMonitor` and its probe condition in words
+    (``monitor_probe``, ``monitor_probe_seq_len``, ``monitor_probe_description``): pools of
+    ``monitor.n_train`` / ``monitor.n_test`` examples of the condition drawn by the certify rules
+    (in-domain: the same seeded draws, so a monitor pool no larger than certify's is a subset of
+    it), appending to ``cell_dir/monitor.jsonl``.
+
+    The cell is being (re)trained from step 0, so rows a killed earlier attempt left there are
+    removed first: the file then holds this training run's rows only, each step once."""
+    m = _monitor_table(fam)
+    path = cell_dir / MONITOR_FILE
+    path.unlink(missing_ok=True)
+    cond, L = _monitor_condition(fam)
+    # The pools of that probe condition, drawn by the certify rules at the monitor's sizes.
+    sized = dataclasses.replace(fam, n_probe_train=m["n_train"], n_probe_test=m["n_test"])
+    pa, pb, _, _ = probe_pools(sized, cond, L, split, cfg)
+    model.to(cfg.device)  # train() would move it anyway; the monitor's dry probe runs where training will
+    mon = AlignmentMonitor(
+        model,
+        pool_batches(pa, split.task, fam.probe_batch_size),
+        pool_batches(pb, split.task, fam.probe_batch_size),
+        points=m["points"] or fam.points or None,
+        M=m["M"],
+        K=m["K"],
+        at=m["steps"],
+        delta=m["delta"],
+        draws=opts.draws,
+        seed=opts.seed,
+        estimator=opts.estimator,
+        pool=opts.pool,
+        out=path,
+        progress=False,
+    )
+    return mon, {
+        "monitor_probe": cond["name"],
+        "monitor_probe_seq_len": probe_len(pa, split),
+        "monitor_probe_description": probe_words(cond, pa, pb, split),
+    }
+
+
+def certified_steps(rows: Sequence[Mapping[str, Any]], delta: float) -> tuple[int | None, int | None]:
+    """``(first, from)`` over one point's monitor rows (any order), by
+    :func:`widthscope.stats.certified_steps` with :func:`widthscope.stats.certified` at ``delta``.
+
+    Example::
+
+        >>> rows = [{"step": s, "vacuous": False, "b_exact": b} for s, b in ((0, .01), (5, .5), (9, .02))]
+        >>> certified_steps(rows, 0.05)
+        (0, 9)
+    """
+    return steps((int(r["step"]), certified(r.get("b_exact"), r.get("vacuous"), delta)) for r in rows)
+
+
+def _monitor_table(fam: FamilySpec) -> dict[str, Any]:
+    """The validated ``monitor`` table of a family the monitor helpers below are only called for."""
+    if fam.monitor is None:
+        raise ValueError(f"family {fam.name!r} has no monitor table")  # a caller's mistake, not a config's
+    return fam.monitor
+
+
+def _monitor_condition(fam: FamilySpec) -> tuple[dict[str, Any], int | None]:
+    """(probe condition, probe length) of the family's monitor (None length: the training length)."""
+    m = _monitor_table(fam)
+    if m["probe"] is None:
+        return in_domain_condition(fam), m["seq_len"]
+    # the config check made monitor.probe the name of one of the family's probes
+    cond = next(c for c in fam.probes or [] if c["name"] == m["probe"])
+    return cond, m["seq_len"] or probe_lengths(fam, cond)[0]
+
+
+def _monitor_rows(
+    mon: AlignmentMonitor,
+    info: Mapping[str, Any],
+    fam: FamilySpec,
+    rows: list[dict[str, Any]],
+    n_params: int,
+    data_words: str,
+) -> list[dict[str, Any]]:
+    """The cell's ``kind="monitor"`` rows (one per probed step and point: the monitor's rows, their
+    timings renamed ``monitor_probe_s``/``monitor_stats_s``, ``first_certified`` on the row of a point's
+    certified event); and, on every alignment row, the :data:`MONITOR_SUMMARY` columns of its point
+    (``monitor_first_cert_step`` None: never certified at ``delta`` within the probed steps, or
+    ``monitor_point`` False: not monitored; ``monitor_cert_from_step``: see :func:`certified_steps`)."""
+    m = _monitor_table(fam)
+    first = {e["point"]: e for e in mon.events}
+    common = {
+        "monitor_probe": info["monitor_probe"],
+        "monitor_probe_seq_len": info["monitor_probe_seq_len"],
+        "monitor_delta": m["delta"],
+        "monitor_M": m["M"],
+        "monitor_K": m["K"],
+        "monitor_steps_total": int(fam.train["steps"]),
+        "monitor_steps": list(m["steps"]),
+        "monitor_n_train": m["n_train"],
+        "monitor_n_test": m["n_test"],
+    }
+    since = {p: certified_steps([r for r in mon.rows if r["point"] == p], m["delta"])[1] for p in mon.points}
+    for r in rows:
+        if r.get("kind") == "alignment":
+            e = first.get(r["point"])
+            r.update(
+                common,
+                monitor_point=r["point"] in mon.points,
+                monitor_first_cert_step=None if e is None else int(e["step"]),
+                monitor_first_cert_b_exact=None if e is None else e["b_exact"],
+                monitor_cert_from_step=since.get(r["point"]),
+            )
+    out: list[dict[str, Any]] = []
+    for r in mon.rows:
+        row = {k: v for k, v in r.items() if k not in ("probe_s", "stats_s")}
+        e = first.get(r["point"])
+        row.update(
+            kind="monitor",
+            model=fam.model,
+            dataset=fam.dataset,
+            n_params=n_params,
+            data_description=data_words,
+            monitor_probe_s=r["probe_s"],
+            monitor_stats_s=r["stats_s"],
+            first_certified=e is not None and int(e["step"]) == int(r["step"]),
+            steps_total=int(fam.train["steps"]),
+            estimator=mon.estimator,
+            pool=mon.pool,
+            **info,
+        )
+        out.append(row)
+    return out

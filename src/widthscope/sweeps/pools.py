@@ -1,0 +1,275 @@
+"""The data of a sweep cell: its train/test split, the model options read from it, and the probe
+pools of each probe condition (in-domain, another dataset, a shifted copy, another text length).
+
+The split is loaded once per process for every width and seed (:func:`load_split`); the probe pools
+are seeded samples (:func:`take_examples`), drawn by the same rules for certify (:func:`probe_pools`) and for
+the monitor, so a run is reproducible from its config alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .. import data as wdata
+from ..data.spec import InputSpec
+from ..data.text import corpus_chunks, read_corpus, recorded_chunks
+from ..errors import WidthscopeError
+from .config import parse_shift
+from .schema import FamilySpec, SweepConfig
+
+if TYPE_CHECKING:
+    from ..data import Split
+    from ..data.spec import InputSpec
+
+__all__ = ["apply_shift", "cell_input_spec", "in_domain_condition", "probe_conditions", "probe_lengths"]
+
+
+def apply_shift(pair: tuple[Any, Any], shift: str | None, input_shape: tuple[int, ...], seed: int) -> tuple[Any, Any]:
+    """A fixed, documented corruption of image inputs: ``noise:σ`` adds seeded Gaussian noise of
+    standard deviation σ (inputs are standardised), ``contrast:c`` scales every input about its
+    own mean by ``c``, ``blur`` averages each pixel with its 3×3 neighbourhood, ``classes:a,b``
+    keeps only those classes (a class-subset shift)."""
+    if shift is None:
+        return pair
+    kind, arg = parse_shift(shift, "shift")
+    X, y = pair
+    if not X.is_floating_point() or y is X:
+        raise WidthscopeError(f"shift {shift!r} applies to image/feature inputs with labels, not to token ids")
+    if kind == "classes":
+        keep = torch.isin(y, torch.tensor(arg))
+        return X[keep], y[keep]
+    if kind == "noise":
+        g = torch.Generator().manual_seed(int(seed) + 7919)
+        return X + arg * torch.randn(X.shape, generator=g, dtype=X.dtype), y
+    if kind == "contrast":
+        mean = X.reshape(len(X), -1).mean(1).view(-1, *([1] * (X.dim() - 1)))
+        return mean + arg * (X - mean), y
+    shape = X.shape[1:] if X.dim() == 4 else tuple(input_shape)
+    if len(shape) != 3:
+        side = int(round(math.sqrt(X.shape[1])))
+        if X.dim() != 2 or side * side != X.shape[1]:
+            raise WidthscopeError("blur needs images (C, H, W) or square flattened images")
+        shape = (1, side, side)
+    img = X.reshape(len(X), *shape)
+    out = F.avg_pool2d(F.pad(img, (1, 1, 1, 1), mode="replicate"), 3, stride=1)
+    return out.reshape(X.shape), y
+
+
+_SPLITS: dict[str, Split] = {}
+
+
+def load_split(fam: FamilySpec, budget: int, cfg: SweepConfig) -> Split:
+    """Load (and memoise per process) the dataset; every width and seed sees the same split."""
+    key = json.dumps([fam.dataset, fam.data_options, budget, fam.n_test, cfg.data_seed], sort_keys=True, default=str)
+    if key not in _SPLITS:
+        _SPLITS.clear()  # one split at a time keeps memory flat on long multi-family sweeps
+        _SPLITS[key] = wdata.load(
+            fam.dataset, n_train=budget, n_test=fam.n_test, seed=cfg.data_seed, **fam.data_options
+        )
+    return _SPLITS[key]
+
+
+def fill_model_options(fam: FamilySpec, split: Any) -> dict[str, Any]:
+    """Fill the model's data-dependent options (input size, classes, vocabulary) from the split."""
+    opts = dict(fam.model_options)
+    shape = tuple(getattr(split, "input_shape", ()) or ())
+    ncls = getattr(split, "num_classes", None)
+    if fam.model == "mlp":
+        if shape:
+            opts.setdefault("in_dim", int(math.prod(shape)))
+        if ncls:
+            opts.setdefault("out_dim", int(ncls))
+    elif fam.model == "resnet20":
+        if shape:
+            opts.setdefault("in_channels", int(shape[0]))
+        if ncls:
+            opts.setdefault("num_classes", int(ncls))
+    elif fam.model in ("llama", "pythia"):
+        if ncls:
+            opts.setdefault("vocab_size", int(ncls))
+        if shape:
+            opts.setdefault("max_seq_len", int(shape[-1]))
+    return opts
+
+
+def take_examples(pair: Sequence[Any], n: int, seed: int) -> tuple[Any, ...]:
+    """A seeded random subset of ``n`` examples, in their original order.
+
+    Not the first ``n``: splits such as text chunks are ordered by position in the corpus, and
+    the probe pools should be samples of the whole part.
+    """
+    total = len(pair[0])
+    idx = torch.randperm(total, generator=torch.Generator().manual_seed(int(seed)))[:n].sort().values
+    return tuple(t[idx] for t in pair)
+
+
+def in_domain_condition(fam: FamilySpec) -> dict[str, Any]:
+    """The probe condition of the training data, in-domain."""
+    return {"name": "in-domain", "data": fam.dataset, "test_data": None, "data_options": {}, "shift": None}
+
+
+def probe_conditions(fam: FamilySpec) -> list[dict[str, Any]]:
+    """The family's probe conditions; without ``probes``, the training data in-domain."""
+    return fam.probes or [in_domain_condition(fam)]
+
+
+def probe_lengths(fam: FamilySpec, cond: Mapping[str, Any]) -> list[int | None]:
+    """The probe lengths of one condition (``None``: the training length)."""
+    return list(cond.get("seq_len") or fam.probe_seq_len or [None])
+
+
+def probe_len(pair: Sequence[Any], split: Any) -> int | None:
+    """The probe sequence length of a text pool (None for other data)."""
+    X = pair[0]
+    return int(X.shape[1]) if split.task == "lm" and hasattr(X, "shape") and X.dim() == 2 else None
+
+
+def _in_domain(
+    fam: FamilySpec, L: int | None, split: Any, cfg: SweepConfig
+) -> tuple[tuple[Any, ...], tuple[Any, ...], dict[str, Any] | None, str]:
+    """Both pools from the training data: fitted examples and the held-out part. At a text
+    length other than the training one, the corpus is re-cut at ``L`` inside the recorded fitted /
+    held-out byte ranges, so no held-out probe chunk was trained on."""
+    seed = cfg.data_seed
+    train_len = int(split.input_shape[-1]) if split.task == "lm" else None
+    if L is None or L == train_len:
+        return (
+            take_examples(split.train, fam.n_probe_train, seed),
+            take_examples(split.test, fam.n_probe_test, seed + 1),
+            None,
+            f"{fam.dataset} (in-domain: fitted examples / held-out part)",
+        )
+    rec = wdata.record(split)
+    opts = dict(fam.data_options)
+    buf, _, _, _ = read_corpus(opts.get("root"), int(opts.get("max_bytes", 2_000_000)), split.name)
+    tr, te = (recorded_chunks(rec, len(buf), L, p) for p in ("fitted", "heldout"))
+    for what, idx, n in (("fitted", tr, fam.n_probe_train), ("held-out", te, fam.n_probe_test)):
+        if len(idx) < n:
+            raise WidthscopeError(
+                f"family {fam.name!r}: at probe_seq_len {L} only {len(idx)} chunks lie wholly "
+                f"inside the {what} text (trained at {train_len}); lower n_probe or the length"
+            )
+    g = lambda s_: torch.Generator().manual_seed(int(s_))  # noqa: E731
+    a = np.sort(tr[torch.randperm(len(tr), generator=g(seed))[: fam.n_probe_train].numpy()])
+    b = np.sort(te[torch.randperm(len(te), generator=g(seed + 1))[: fam.n_probe_test].numpy()])
+    A, B = corpus_chunks(buf, L, a), corpus_chunks(buf, L, b)
+    return (
+        (A, A),
+        (B, B),
+        {"train": a * L, "test": b * L},
+        f"{fam.dataset} (in-domain, re-cut at {L} inside the fitted / held-out byte ranges)",
+    )
+
+
+def probe_pools(
+    fam: FamilySpec, cond: Mapping[str, Any], L: int | None, split: Any, cfg: SweepConfig
+) -> tuple[tuple[Any, ...], tuple[Any, ...], str, dict[str, Any] | None]:
+    """(train pool, held-out pool, description, corpus byte offsets of the rows or None) of one
+    probe condition at probe length ``L``.
+
+    The training dataset is always read in-domain (:func:`_in_domain`): its train pool is the
+    fitted examples and its held-out pool the held-out part. Another dataset gives its own train
+    part for the train pool (``data``) and its held-out part for the held-out pool (``test_data``,
+    default ``data``). ``shift`` then corrupts both pools (images)."""
+    seed = cfg.data_seed
+    data, test = cond["data"], cond.get("test_data") or cond["data"]
+    offsets = None
+    inside = _in_domain(fam, L, split, cfg) if fam.dataset in (data, test) else None
+    loaded: dict[str, Any] = {}
+
+    def other(name: str) -> Any:
+        if name not in loaded:
+            opts = dict(cond.get("data_options", {}))
+            if L is not None:
+                opts["seq_len"] = L
+            got = wdata.load(name, seed=seed, **opts)
+            if got.task != split.task or (split.task == "lm" and got.num_classes != split.num_classes):
+                raise WidthscopeError(
+                    f"family {fam.name!r}: probe {cond['name']!r} data {name!r} does not fit the "
+                    f"model trained on {fam.dataset!r}"
+                )
+            loaded[name] = got
+        return loaded[name]
+
+    # inside is there whenever data or test is the training dataset
+    if data == fam.dataset and inside is not None:
+        pa, offsets_a, desc_a = inside[0], inside[2], "fitted examples"
+    else:
+        o = other(data)
+        pa, offsets_a, desc_a = (
+            take_examples(o.train, min(fam.n_probe_train, len(o.train[0])), seed),
+            None,
+            f"{data} train part",
+        )
+    if test == fam.dataset and inside is not None:
+        pb, offsets_b, desc_b = inside[1], inside[2], "held-out part"
+    else:
+        h = other(test)
+        pb, offsets_b, desc_b = (
+            take_examples(h.test, min(fam.n_probe_test, len(h.test[0])), seed + 1),
+            None,
+            f"{test} held-out part",
+        )
+    if data == test == fam.dataset and inside is not None:
+        desc, offsets = inside[3], inside[2]
+    else:
+        desc = f"{desc_a} / {desc_b}"
+        if offsets_a is not None or offsets_b is not None:
+            offsets = {
+                k: v
+                for k, v in (("train", (offsets_a or {}).get("train")), ("test", (offsets_b or {}).get("test")))
+                if v is not None
+            }
+    if cond.get("shift"):
+        pa = apply_shift(tuple(pa), cond["shift"], tuple(split.input_shape), seed)
+        pb = apply_shift(tuple(pb), cond["shift"], tuple(split.input_shape), seed + 1)
+        desc += f", shift {cond['shift']}"
+    return tuple(pa), tuple(pb), desc, offsets
+
+
+def probe_words(cond: Mapping[str, Any], pa: Sequence[Any], pb: Sequence[Any], split: Any) -> str:
+    """The probe pools of one condition in words: corpus, length, pool sizes (for the report)."""
+    data, test = cond["data"], cond.get("test_data") or cond["data"]
+    src = wdata.describe_name(data) + ("" if test == data else f" / held-out pool: {wdata.describe_name(test)}")
+    L = probe_len(pa, split)
+    unit = f"{L}-byte chunks" if L is not None else "examples"
+    where = (
+        "the training data's fitted / held-out parts" if data == test == split.name else "its train / held-out parts"
+    )
+    return f"{src}; {len(pa[0])} train-pool / {len(pb[0])} held-out-pool {unit} from {where}" + (
+        f", shift {cond['shift']}" if cond.get("shift") else ""
+    )
+
+
+def pool_batches(pair: tuple[Any, ...], task: str, batch_size: int) -> list[Any]:
+    # Explicit lm flag: slicing breaks the ``y is X`` identity batches() would infer it from.
+    return list(wdata.batches(pair, batch_size, shuffle=False, lm=(task == "lm")))
+
+
+def cell_input_spec(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: str | os.PathLike) -> InputSpec:
+    """The :class:`~widthscope.data.spec.InputSpec` that probes this cell's saved checkpoint with
+    ``widthscope certify`` / :func:`widthscope.load_inputs`: its recorded dataset and data record,
+    ``n_probe_train`` / ``n_probe_test`` examples, seeds ``data_seed`` / ``data_seed + 1``.
+
+    Its train pool is the sweep's in-domain train pool (a seeded sample of the fitted examples,
+    the same rule); its held-out pool is drawn from the dataset's whole held-out part, where the
+    sweep draws from the cell's ``n_test`` subset of it. Written to ``input_spec.json`` beside
+    the cell's checkpoint."""
+    fam = next(f for f in cfg.families if f.name == cell["family"])
+    return InputSpec(model=str(cell_dir), n_train=fam.n_probe_train, n_test=fam.n_probe_test, seed=cfg.data_seed)
+
+
+_batches = pool_batches  # the old name, for costs until the --plan rewrite
+
+_load_split = load_split  # the old name, for costs until the --plan rewrite
+
+_model_options = fill_model_options  # the old name, for costs until the --plan rewrite
+
+_probe_pools = probe_pools  # the old name, for costs until the --plan rewrite
