@@ -165,9 +165,11 @@ class Options:
             if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) for v in items):
                 raise WidthscopeTypeError(f"{flag} {value!r}: expected a list of names (or one comma-separated string)")
             names = tuple(v.strip() for v in items if v.strip())
-            if not names:
-                raise WidthscopeError(f"{flag} {value!r} names nothing: give comma-separated names, or drop {flag}")
-            return names
+            if not names and isinstance(value, str):  # '--points ,': a typo, not a request for the defaults
+                raise WidthscopeError(
+                    f"{flag} is empty ({value!r} names nothing): give comma-separated names, or drop {flag}"
+                )
+            return names or None  # an empty list (a config's points = []): the defaults
         if kind in ("ints", "floats"):
             items = [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else value
             if isinstance(items, str):
