@@ -1,0 +1,600 @@
+"""``--plan``: what a run will cost, as the whole process will cost it (one module, every command).
+
+Each command's plan is built from the same few measured pieces:
+
+* **the model**: its parameters and weight bytes (:func:`weights`; a Hugging Face checkpoint
+  under ``--plan-no-time`` is built on the meta device, no weight read);
+* **bytes per example**: what autograd saves for the backward (:func:`saved_bytes`: the tensors
+  packed by ``saved_tensors_hooks``, each storage once, the parameters excluded) counted at batch 1
+  and 2, the difference; the **largest batch** that fits: the device's free memory less what is
+  resident, over that;
+* **one timed batch** (or training step, or loop): the run's own code on the run's batch, timed
+  after a warm-up and scaled to the run's batches or steps;
+* **the fixed costs** the run pays besides its work: process start and imports, loading the model
+  and the data (the plan loads them as the run does, and reads the seconds since the process
+  started, :func:`since_start`), and the resident memory they leave (the process's peak so far).
+
+The printed totals are whole-process numbers, comparable to ``/usr/bin/time -v``'s "Elapsed (wall
+clock)" and "Maximum resident set size": the peak is the largest resident size measured while the
+plan runs the work (:class:`RssPeak`, sampled) plus the bytes the run holds on top of it that the
+plan does not (the samples of every example, counted). ``--plan-no-time`` loads nothing beyond the
+structure and times nothing: it says no time is predicted.
+
+Nothing a plan does writes a file. The suites (``grow-bench``, ``grow-target``, ``linearize``,
+``sweep``, ``demo``) are planned as the sum of their cells' plans (:func:`combine`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import resource
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import psutil
+import torch
+import torch.nn as nn
+
+from ._io import format_table, human_size
+
+__all__ = [
+    "Plan",
+    "RssPeak",
+    "combine",
+    "peak_so_far",
+    "plan_certify",
+    "plan_grow",
+    "plan_train",
+    "saved_bytes",
+    "since_start",
+    "time_loop",
+    "weights",
+]
+
+
+# ----------------------------------------------------------------------------- the result
+def _sec(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.3g} s" if v < 120 else f"{v:.0f} s ({v / 60:.1f} min)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A run's cost. ``parts``: (name, seconds) the whole process spends, the fixed costs first
+    (``None`` where not timed); ``counts``: (name, value) shown as counted; ``peak_bytes``: the
+    whole process's predicted peak resident memory; ``predicted_s``: the parts' sum."""
+
+    command: str
+    model: str
+    parameters: int
+    weight_bytes: int
+    bytes_per_example: int | None
+    batch_size: int
+    max_batch: int | None
+    parts: tuple[tuple[str, float | None], ...] = ()
+    counts: tuple[tuple[str, Any], ...] = ()
+    peak_bytes: int | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def timed(self) -> bool:
+        return bool(self.parts) and all(t is not None for _, t in self.parts)
+
+    @property
+    def predicted_s(self) -> float | None:
+        return sum(t for _, t in self.parts if t is not None) if self.timed else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["parts"] = [{"part": n, "seconds": t} for n, t in self.parts]
+        d["counts"] = {n: v for n, v in self.counts}
+        d["notes"] = list(self.notes)
+        d["predicted_s"] = self.predicted_s
+        return d
+
+    def table(self) -> str:
+        rows: list[tuple[str, Any]] = [
+            ("model", self.model),
+            ("parameters", f"{self.parameters:,}"),
+            ("weights", human_size(self.weight_bytes)),
+            ("saved activations per example", None if self.bytes_per_example is None else human_size(self.bytes_per_example)),
+            ("batch size", self.batch_size),
+            ("largest batch that fits", self.max_batch),
+            *self.counts,
+            *((f"time: {n}", _sec(t)) for n, t in self.parts),
+            ("predicted wall time (whole process)", _sec(self.predicted_s) if self.timed else "not predicted"),
+            (
+                "predicted peak memory (whole process, RSS)",
+                None if self.peak_bytes is None else human_size(self.peak_bytes),
+            ),
+        ]
+        table = format_table(
+            [{"what": k, "plan": v} for k, v in rows], ["what", "plan"], title=f"cost plan: {self.command}"
+        )
+        return table + "".join(f"\nnote: {n}" for n in self.notes)
+
+
+def combine(command: str, name: str, plans: Sequence[Plan], fixed: Sequence[tuple[str, float | None]]) -> Plan:
+    """A suite's plan: the fixed costs once, then each cell's work (its own fixed parts are the
+    suite's), summed; the peak is the largest cell's."""
+    parts = list(fixed)
+    for p in plans:
+        work = [t for n, t in p.parts if not n.startswith(FIXED)]
+        parts.append((p.model, None if any(t is None for t in work) else sum(t for t in work if t is not None)))
+    peaks = [p.peak_bytes for p in plans if p.peak_bytes is not None]
+    notes = tuple(dict.fromkeys(n for p in plans for n in p.notes))
+    return Plan(
+        command=command,
+        model=name,
+        parameters=max((p.parameters for p in plans), default=0),
+        weight_bytes=max((p.weight_bytes for p in plans), default=0),
+        bytes_per_example=max((p.bytes_per_example or 0 for p in plans), default=0),
+        batch_size=max((p.batch_size for p in plans), default=0),
+        max_batch=min((p.max_batch for p in plans if p.max_batch is not None), default=None),
+        parts=tuple(parts),
+        counts=(("cells", len(plans)),),
+        peak_bytes=max(peaks) if len(peaks) == len(plans) and peaks else None,
+        notes=notes,
+    )
+
+
+FIXED = "process start"  # the name every fixed part starts with
+
+
+# ----------------------------------------------------------------------------- the pieces
+def since_start() -> float:
+    """Seconds since this process started (interpreter start, imports, everything so far)."""
+    return max(0.0, time.time() - psutil.Process().create_time())
+
+
+def peak_so_far() -> int:
+    """This process's peak resident memory so far (bytes; what ``/usr/bin/time`` reports at the end)."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+class RssPeak:
+    """``with RssPeak() as p: ...``; ``p.peak``: the largest resident size seen while the block ran
+    (sampled every ``every`` seconds by a thread, and at the start and the end)."""
+
+    def __init__(self, every: float = 0.002) -> None:
+        self.every, self.peak = every, 0
+        self._proc = psutil.Process()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _rss(self) -> int:
+        return int(self._proc.memory_info().rss)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.every):
+            self.peak = max(self.peak, self._rss())
+
+    def __enter__(self) -> RssPeak:
+        self.peak = self._rss()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._rss())
+
+
+def weights(model: nn.Module) -> tuple[int, int]:
+    """(parameters, weight bytes) of ``model`` (meta or real), each parameter once."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params)
+
+
+def saved_bytes(fn: Callable[[], Any], model: nn.Module | None = None) -> int:
+    """The bytes autograd saves for the backward while ``fn()`` runs: each packed tensor's storage
+    once, the parameters of ``model`` excluded (they are counted as weights). On the meta device
+    (no storage) every packed tensor's own bytes."""
+
+    def key(t: torch.Tensor) -> int:
+        return t.untyped_storage().data_ptr() if t.device.type != "meta" else id(t)
+
+    skip = {key(p) for p in model.parameters() if p.device.type != "meta"} if model is not None else set()
+    params = {id(p) for p in model.parameters()} if model is not None else set()
+    seen: set[int] = set()
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        k = key(t)
+        if id(t) in params or k in skip or k in seen:
+            return t
+        seen.add(k)
+        total += t.untyped_storage().nbytes() if t.device.type != "meta" else t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return total
+
+
+def per_example(count: Callable[[int], int]) -> int:
+    """Bytes per example from ``count(n)`` at n = 1 and 2 (the difference; what does not grow with
+    the batch drops out), at least a sixteenth of ``count(1)``."""
+    one, two = count(1), count(2)
+    return max(two - one, one // 16, 0)
+
+
+def timed(fn: Callable[[], Any], repeats: int = 2) -> float:
+    """The best of ``repeats`` timings of ``fn()`` (the first also warms up)."""
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def time_loop(run: Callable[[int], Any], small: int = 2, large: int = 6, min_s: float = 0.2) -> tuple[float, float]:
+    """``(fixed_s, step_s)`` of a training loop ``run(steps)`` (the run's own loop, on a copy):
+    timed at ``small`` and ``large`` steps after a one-step warm-up, the step the slope (``large``
+    raised until it takes ``min_s``: a slope over milliseconds is the clock's noise)."""
+    run(1)
+    got = []
+    for k in (small, large):
+        t0 = time.perf_counter()
+        run(k)
+        got.append(time.perf_counter() - t0)
+    if got[1] < min_s:
+        large = min(50 * large, max(large + 1, math.ceil(large * min_s / max(got[1], 1e-6))))
+        t0 = time.perf_counter()
+        run(large)
+        got[1] = time.perf_counter() - t0
+    step = max(0.0, (got[1] - got[0]) / (large - small))
+    return max(0.0, got[0] - small * step), step
+
+
+def _fits(free: int | None, held: int, per: int | None) -> int | None:
+    if free is None or not per:
+        return None
+    return max(0, (free - held) // per)
+
+
+def _fixed(ready_s: float) -> list[tuple[str, float | None]]:
+    return [(f"{FIXED}, imports, loading the model and the data (measured)", ready_s)]
+
+
+def _no_time_note() -> str:
+    return "no time predicted (--plan-no-time): counted, not timed; memory = the process now + the weights + a batch"
+
+
+# ----------------------------------------------------------------------------- certify --plan
+def _hf_meta(spec: Any) -> nn.Module | None:
+    """A Hugging Face checkpoint's architecture on the meta device (no weight read), else None."""
+    from .hub import resolve_model  # noqa: PLC0415
+    from .models.hf import auto_classes, check_model_type, hf_task, main_stack  # noqa: PLC0415
+
+    if not isinstance(spec.model, str) or spec.model == "builtin":
+        return None
+    path, _ = resolve_model(spec.model, spec.revision)
+    cfg_file = Path(path) / "config.json"
+    try:
+        raw = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict) or "model_type" not in raw:
+        return None
+    from accelerate import init_empty_weights  # noqa: PLC0415
+    from transformers import AutoConfig  # noqa: PLC0415
+
+    check_model_type(raw, cfg_file)
+    task = spec.task or hf_task(raw, str(cfg_file))
+    config = AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    named = raw.get("dtype") or raw.get("torch_dtype")
+    dtype = getattr(torch, spec.dtype) if spec.dtype != "auto" else getattr(torch, str(named or "float32"), None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        dtype = torch.float32
+    with init_empty_weights(include_buffers=True):
+        model = auto_classes()[task].from_config(config, dtype=dtype)
+    model.eval()
+    model.widthscope_task = task
+    model.widthscope_points = main_stack(model)
+    return model
+
+
+def plan_certify(spec: Any, options: Any = None, run_options: Any = None, *, time_run: bool = True) -> Plan:
+    """The plan of ``widthscope certify`` with these settings (nothing probed beyond a few batches,
+    nothing written). Timed: the model and the data are loaded as the run loads them, one probed
+    batch, one point's statistics and one intervention forward are timed and scaled."""
+    from .certify.per_point import statistics  # noqa: PLC0415
+    from .certify.run import _device, _load, device_memory  # noqa: PLC0415
+    from .data.inputs import resolve  # noqa: PLC0415
+    from .data.published import is_all  # noqa: PLC0415
+    from .options import CertifyOptions, CertifyRunOptions  # noqa: PLC0415
+    from .probe import collect, resolve_points  # noqa: PLC0415
+    from .probe.collect import to_device  # noqa: PLC0415
+    from .probe.intervene import batch_size_of, index_batch, mean_loss, to_batches  # noqa: PLC0415
+
+    options = options or CertifyOptions()
+    run_options = run_options or CertifyRunOptions()
+    device = _device()(run_options.device)
+    meta = None if time_run else _hf_meta(spec)
+    model = meta if meta is not None else _load(spec, options.seed)[0]
+    if meta is None and spec.model == "builtin" and spec.dtype != "auto":
+        model.to(getattr(torch, spec.dtype))
+    inputs = resolve(spec, model=model, show_progress=False)
+    ready_s, ready_peak = since_start(), peak_so_far()
+    names = resolve_points(model, list(options.points) if options.points else None)
+    n_train = batch_size_of(inputs.train) if is_all(spec.n_train) else int(spec.n_train)
+    n_test = batch_size_of(inputs.test) if is_all(spec.n_test) else int(spec.n_test)
+    bs = run_options.batch_size
+    params, wbytes = weights(model)
+    if meta is None and getattr(model, "hf_device_map", None) is None:
+        model.to(device)
+    where = torch.device("meta") if meta is not None else next(p.device for p in model.parameters())
+    dtype = next(model.parameters()).dtype
+
+    def probe(batch: Any) -> Any:
+        return collect(model, [batch], points=names, loss_fn=inputs.loss_fn, pool=options.pool, progress=False)
+
+    def count(n: int) -> int:
+        return saved_bytes(lambda: probe(to_device(index_batch(inputs.train, slice(0, n)), where, dtype)), model)
+
+    notes: list[str] = []
+    try:
+        per: int | None = per_example(count)
+    except Exception as exc:  # noqa: BLE001  a model the meta device cannot run: said, not counted
+        per = None
+        notes.append(f"saved bytes not counted on the meta device ({type(exc).__name__}): run --plan to count them")
+    free, source = device_memory(device)
+    k_max = max(k for _, k in options.pairs)
+    steps = (len(options.etas) if options.etas is not None else options.n_etas) if options.kind in ("bias", "block") else 0
+    counts: list[tuple[str, Any]] = [
+        ("insertion points", len(names)),
+        ("examples probed", f"{n_train} + {n_test} ({math.ceil(n_train / bs) + math.ceil(n_test / bs)} batches)"),
+        (f"memory ({source})", None if free is None else human_size(free)),
+    ]
+    if not time_run:
+        held = peak_so_far() + (wbytes if meta is not None else 0)
+        batch = None if per is None else held + per * bs
+        notes.append(_no_time_note())
+        return Plan(
+            "certify", str(spec.to_dict()["model"]), params, wbytes, per, bs, _fits(free, held, per),
+            parts=(), counts=tuple(counts), peak_bytes=batch, notes=tuple(notes),
+        )  # fmt: skip
+    batch = to_batches(inputs.train, bs)[0]
+    scale = bs / batch_size_of(batch)
+    with RssPeak() as probe_peak:
+        probed = probe(batch)
+        batch_s = timed(lambda: probe(batch)) * scale
+    rows = batch_size_of(batch)
+    sample_row = sum(v.numel() * v.element_size() for v in probed.values()) / max(1, rows)  # per example
+    sample_bytes = int(sample_row * (n_train + n_test))
+    width = {n: int(v.shape[-1]) for n, v in probed.items()}
+    d = max(width.values())
+    g = torch.Generator().manual_seed(0)
+    w = options.project or d
+    point_rows = max(1, round(sample_row / 8 / max(1, sum(width.values()))))
+    a = {"p": torch.randn(n_train * point_rows, w, generator=g, dtype=torch.float64)}
+    b = {"p": torch.randn(n_test * point_rows, w, generator=g, dtype=torch.float64)}
+    with RssPeak() as stats_peak:
+        t0 = time.perf_counter()
+        statistics(
+            a, b, pairs=options.pairs, draws=options.draws, seed=options.seed, estimator=options.estimator,
+            pool=options.pool, project=options.project, dims={"p": d}, draw_scheme=options.draw_scheme,
+            sample_dtype=None, sample_errors=None,
+        )  # fmt: skip
+        stats_s = time.perf_counter() - t0
+    one_point = (a["p"].numel() + b["p"].numel()) * 8
+    del a, b
+    parts: list[tuple[str, float | None]] = _fixed(ready_s)
+    parts += [
+        (f"probe: one batch of {bs} x {math.ceil(n_train / bs) + math.ceil(n_test / bs)} batches",
+         batch_s * (n_train + n_test + 1) / bs),
+        (f"statistics: one point x {len(names)}", stats_s * len(names)),
+    ]  # fmt: skip
+    if steps:
+        cached = options.kind == "bias" and options.project is None and options.train_mode == "eval"
+        share = (len(names) + 1) / (2 * len(names)) if cached else 1.0  # the network after each point, averaged
+        fwd = timed(lambda: mean_loss(model, batch, inputs.loss_fn, batch_size=bs)) * scale / bs
+        parts.append(
+            (f"interventions: {steps} steps x {k_max} examples x {len(names)} points", fwd * share * steps * k_max * len(names))
+        )
+    peak = max(ready_peak, probe_peak.peak + sample_bytes, stats_peak.peak + sample_bytes - one_point)
+    counts.append(("pooled samples (all points, all examples)", human_size(sample_bytes)))
+    notes.append(
+        "time = since the process started (imports, loading) + probe batches + statistics x points + interventions; "
+        "peak = the largest resident size measured while a batch and a point's statistics ran + the samples held"
+    )
+    if spec.model == "builtin":
+        notes.append("the built-in model's training is in the fixed part (the plan trains it as the run does)")
+    return Plan(
+        "certify", str(spec.to_dict()["model"]), params, wbytes, per, bs,
+        _fits(free, probe_peak.peak + sample_bytes, per), tuple(parts), tuple(counts), int(peak), tuple(notes),
+    )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- training runs
+def plan_train(
+    command: str,
+    name: str,
+    model: nn.Module,
+    make_batch: Callable[[int], Any],
+    step_loss: Callable[[nn.Module, Any], torch.Tensor],
+    loop: Callable[[int], Any] | None,
+    *,
+    steps: int,
+    runs: int = 1,
+    batch_size: int,
+    extra: Iterable[tuple[str, float | None]] = (),
+    time_run: bool = True,
+) -> Plan:
+    """One training cell's plan (a suite's cell, a linearization width): weights, saved bytes per
+    example (``step_loss(model, make_batch(n))`` at n = 1, 2), and with ``time_run`` the run's loop
+    ``loop(steps)`` timed (:func:`time_loop`) and scaled to ``runs`` x ``steps``."""
+    from .certify.run import device_memory  # noqa: PLC0415
+
+    params, wbytes = weights(model)
+    per = per_example(lambda n: saved_bytes(lambda: step_loss(model, make_batch(n)), model))
+    free, _ = device_memory("cpu")
+    held = peak_so_far()
+    if not time_run or loop is None:
+        return Plan(command, name, params, wbytes, per, batch_size, _fits(free, held, per),
+                    counts=(("steps", f"{runs} x {steps}"),), peak_bytes=held + 4 * wbytes + per * batch_size,
+                    notes=(_no_time_note(),))  # fmt: skip
+    with RssPeak() as p:
+        fixed, step = time_loop(loop)
+    parts = [(f"training: {runs} x {steps} steps", runs * (fixed + steps * step)), *extra]
+    return Plan(command, name, params, wbytes, per, batch_size, _fits(free, p.peak, per), tuple(parts),
+                (("steps", f"{runs} x {steps}"),), int(max(p.peak, held)))  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- grow --plan
+def plan_grow(
+    spec: Any = None,
+    options: Any = None,
+    *,
+    n_train: Any = None,
+    n_test: Any = None,
+    dtype: str = "auto",
+    time_run: bool = True,
+    **keywords: Any,
+) -> Plan:
+    """The plan of ``run_grow(spec, options, n_train=, n_test=, dtype=)`` (nothing trained beyond a
+    few timed steps, nothing written): the model and the data loaded as the run loads them; the
+    ranking timed on pools of ``(M, K)``, ``(2M, K)``, ``(M, 2K)`` examples and extrapolated to the
+    run's; one block's training loop and one evaluation batch timed and scaled."""
+    from .certify.run import device_memory  # noqa: PLC0415
+    from .grow.block import _train_new  # noqa: PLC0415
+    from .grow.inputs import builtin_inputs, check_builtin, load_inputs  # noqa: PLC0415
+    from .grow.pipeline import _chosen, _split_pools, grow_options  # noqa: PLC0415
+    from .grow.rank import _n, rank_points  # noqa: PLC0415
+    from .probe import collect  # noqa: PLC0415
+    from .probe.blocks import block_of  # noqa: PLC0415
+    from .probe.insert import insert  # noqa: PLC0415
+    from .probe.intervene import index_batch, mean_loss  # noqa: PLC0415
+    from .probe.points import resolve_points  # noqa: PLC0415
+    from .train import train as train_model  # noqa: PLC0415
+
+    opts = grow_options("plan_grow", options, keywords)
+    base_s: float | None = None
+    if spec is None:
+        model, full, split = builtin_inputs(opts.seed, n_train, n_test)
+        check_builtin(model, split, opts, None)
+        loss_fn, name = None, "builtin"
+        if time_run:  # the run trains the built-in model 300 steps first: its loop, timed
+            base_fixed, base_step = time_loop(
+                lambda k: train_model(copy.deepcopy(model), full, steps=k, lr=3e-3, seed=opts.seed, progress=False)
+            )
+            base_s = base_fixed + 300 * base_step
+        if dtype != "auto":
+            model.to(getattr(torch, dtype))
+    else:
+        inputs = load_inputs(spec, opts.points, show=False)
+        model, split, loss_fn = inputs.model, (inputs.train, inputs.test), inputs.loss_fn
+        name = str(spec.to_dict()["model"])
+    ready_s, ready_peak = since_start(), peak_so_far()
+    train, test = split
+    pools = _split_pools(model, train, test, opts, None)
+    names = resolve_points(model, opts.points)
+    got = collect(model, [index_batch(pools.probe_train, slice(0, 1))], points=names, loss_fn=loss_fn, progress=False)
+    widths = {n: int(v.shape[1]) for n, v in got.items()}
+    params, wbytes = weights(model)
+    runs = len(_chosen([{"point": n} for n in names], opts))
+    bs = min(opts.batch_size, _n(train))
+    at = max(names, key=lambda p: widths[p])
+
+    def grown_at(point: str) -> nn.Module:
+        g = copy.deepcopy(model)
+        insert(g, point, "block", width=widths[point], hidden=opts.block_width, seed=opts.seed)
+        return g
+
+    grown = grown_at(at)
+
+    def trainable(m: nn.Module) -> list[nn.Parameter]:
+        return list(m.parameters()) if opts.train_all else list(block_of(m, at).parameters())
+
+    def loop(k: int) -> None:
+        m = copy.deepcopy(grown)
+        ps = trainable(m)
+        ids = {id(p) for p in ps}
+        for p in m.parameters():
+            p.requires_grad_(id(p) in ids)
+        _train_new(m, ps, train, steps=k, lr=opts.lr, batch_size=opts.batch_size, seed=opts.seed, loss_fn=loss_fn,
+                   show_progress=False)  # fmt: skip
+
+    def count(k: int) -> int:
+        m = copy.deepcopy(grown)
+        for p in m.parameters():
+            p.requires_grad_(False)
+        for p in trainable(m):
+            p.requires_grad_(True)
+        return saved_bytes(lambda: _train_new(m, trainable(m), index_batch(train, slice(0, k)), steps=1, lr=opts.lr,
+                                              batch_size=k, seed=opts.seed, loss_fn=loss_fn, show_progress=False), m)  # fmt: skip
+
+    per = per_example(count)
+    free, source = device_memory("cpu")
+    n_tr, n_rk = pools.n_train, pools.n_rank
+    sample_bytes = 8 * (n_tr + n_rk) * sum(widths.values())
+    counts: list[tuple[str, Any]] = [
+        ("insertion points", len(names)),
+        ("ranking pools", f"{n_tr} train + {n_rk} held-out examples"),
+        ("blocks grown", f"{runs} x {opts.steps} steps (batch {bs})" + (" + the continue baseline" if opts.compare else "")),
+        ("ranking samples (float64, every point)", human_size(sample_bytes)),
+        (f"memory ({source})", None if free is None else human_size(free)),
+    ]
+    notes: list[str] = []
+    if not time_run:
+        notes.append(_no_time_note())
+        held = peak_so_far()
+        return Plan("grow", name, params, wbytes, per, bs, _fits(free, held, per), (), tuple(counts),
+                    held + sample_bytes + 4 * wbytes + per * bs, tuple(notes))  # fmt: skip
+
+    def rank(a: int, b: int, points: list[str]) -> None:
+        rank_points(
+            model, index_batch(pools.probe_train, slice(0, a)), index_batch(pools.rank_test, slice(0, b)),
+            points=points, M=opts.M, K=opts.K, eta=opts.eta_or_lr, loss_fn=loss_fn, batch_size=opts.batch_size,
+            show_progress=False, criterion=opts.criterion, block_width=opts.block_width, block_seed=opts.seed,
+        )  # fmt: skip
+
+    ends = sorted({names[0], names[-1]}, key=names.index)
+    m_, k_ = max(opts.M, 4), max(opts.K, 4)
+    sizes = [(min(n_tr, m_), min(n_rk, k_)), (min(n_tr, 2 * m_), min(n_rk, k_)), (min(n_tr, m_), min(n_rk, 2 * k_))]
+    with RssPeak() as rank_peak:
+        rank(*sizes[0], ends)  # warm-up
+        times = []
+        for a, b in sizes:
+            t0 = time.perf_counter()
+            rank(a, b, ends)
+            times.append(time.perf_counter() - t0)
+    (a0, b0) = sizes[0]
+    c_a = (times[1] - times[0]) / (sizes[1][0] - a0) if sizes[1][0] > a0 else times[0] / (a0 + b0)
+    c_b = (times[2] - times[0]) / (sizes[2][1] - b0) if sizes[2][1] > b0 else times[0] / (a0 + b0)
+    ranking_s = max(0.0, times[0] + max(0.0, c_a) * (n_tr - a0) + max(0.0, c_b) * (n_rk - b0)) * len(names) / len(ends)
+    with RssPeak() as grow_peak:
+        fixed, step = time_loop(loop)
+    n_eval = pools.n_test - pools.n_rank
+    evaluate = index_batch(pools.evaluate, slice(0, min(bs, n_eval)))
+    eval_batch = timed(lambda: mean_loss(model, evaluate, loss_fn, batch_size=bs))
+    all_runs = runs + (1 if opts.compare else 0)
+    eval_s = eval_batch * (2 * all_runs * -(-n_eval // bs) + all_runs * -(-(opts.M + opts.K) // bs))
+    parts = _fixed(ready_s)
+    if base_s is not None:
+        parts.append(("the built-in model's base training (300 steps)", base_s))
+    parts += [
+        (f"ranking {len(names)} points (timed at 2 points on small pools, extrapolated)", ranking_s),
+        (f"growing: {runs} x {opts.steps} steps", runs * (fixed + opts.steps * step)),
+        ("held-out evaluations", eval_s),
+    ]
+    if opts.compare:  # the original trained for the FLOPs of the best growth: about its time
+        parts.append(("continue baseline (the FLOPs of one growth)", fixed + opts.steps * step))
+    scale = sample_bytes * max(0, (n_tr + n_rk) - sum(sizes[0])) // max(1, n_tr + n_rk)
+    peak = max(ready_peak, rank_peak.peak + scale, grow_peak.peak + runs * wbytes)
+    notes.append(
+        "time = since the process started (imports, loading) + ranking + growing + evaluations; peak = the largest "
+        "resident size measured while the ranking and a growth ran + the ranking's samples at the run's pools"
+    )
+    return Plan("grow", name, params, wbytes, per, bs, _fits(free, grow_peak.peak, per), tuple(parts), tuple(counts),
+                int(peak), tuple(notes))  # fmt: skip
+
