@@ -34,7 +34,7 @@ import resource
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import psutil
 import torch
@@ -53,6 +53,7 @@ __all__ = [
     "saved_bytes",
     "since_start",
     "time_loop",
+    "time_statistics",
     "weights",
 ]
 
@@ -81,6 +82,9 @@ class Plan:
     counts: tuple[tuple[str, Any], ...] = ()
     peak_bytes: int | None = None
     notes: tuple[str, ...] = ()
+    dtype: str = "float32"
+    examples: int = 0  # examples the run probes or trains on (per step: batch_size)
+    sample_bytes: int | None = None  # the samples the run holds (certify: every point's, float64)
 
     @property
     def timed(self) -> bool:
@@ -103,7 +107,10 @@ class Plan:
             ("model", self.model),
             ("parameters", f"{self.parameters:,}"),
             ("weights", human_size(self.weight_bytes)),
-            ("saved activations per example", None if self.bytes_per_example is None else human_size(self.bytes_per_example)),
+            (
+                "saved activations per example",
+                None if self.bytes_per_example is None else human_size(self.bytes_per_example),
+            ),
             ("batch size", self.batch_size),
             ("largest batch that fits", self.max_batch),
             *self.counts,
@@ -261,6 +268,10 @@ def _fits(free: int | None, held: int, per: int | None) -> int | None:
     return max(0, (free - held) // per)
 
 
+def _dt(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def _fixed(ready_s: float) -> list[tuple[str, float | None]]:
     return [(f"{FIXED}, imports, loading the model and the data (measured)", ready_s)]
 
@@ -269,15 +280,49 @@ def _no_time_note() -> str:
     return "no time predicted (--plan-no-time): counted, not timed; memory = the process now + the weights + a batch"
 
 
+def time_statistics(options: Any, n: tuple[int, int], d: int, rows: int) -> float:
+    """The statistics of one point (:func:`widthscope.certify.per_point.statistics`), timed on random
+    samples of the run's shapes: ``n`` (train, held-out) examples of ``rows`` rows of width ``d``."""
+    return _statistics(options, n, d, rows)[0]
+
+
+def _statistics(options: Any, n: tuple[int, int], d: int, rows: int) -> tuple[float, int, int]:
+    """(seconds, peak RSS while they ran, the bytes of their samples) of one point's statistics."""
+    from .certify.per_point import statistics  # noqa: PLC0415
+
+    g = torch.Generator().manual_seed(0)
+    width = options.project or d
+    a = {"p": torch.randn(n[0] * rows, width, generator=g, dtype=torch.float64)}
+    b = {"p": torch.randn(n[1] * rows, width, generator=g, dtype=torch.float64)}
+    with RssPeak() as peak:
+        t0 = time.perf_counter()
+        statistics(
+            a,
+            b,
+            pairs=options.pairs,
+            draws=options.draws,
+            seed=options.seed,
+            estimator=options.estimator,
+            pool=options.pool,
+            project=options.project,
+            dims={"p": d},
+            draw_scheme=options.draw_scheme,
+            sample_dtype=None,
+            sample_errors=None,
+        )
+        seconds = time.perf_counter() - t0
+    return seconds, peak.peak, (a["p"].numel() + b["p"].numel()) * 8
+
+
 # ----------------------------------------------------------------------------- certify --plan
 def _hf_meta(spec: Any) -> nn.Module | None:
     """A Hugging Face checkpoint's architecture on the meta device (no weight read), else None."""
-    from .hub import resolve_model  # noqa: PLC0415
+    from .hub import attach, resolve_model  # noqa: PLC0415
     from .models.hf import auto_classes, check_model_type, hf_task, main_stack  # noqa: PLC0415
 
     if not isinstance(spec.model, str) or spec.model == "builtin":
         return None
-    path, _ = resolve_model(spec.model, spec.revision)
+    path, hub = resolve_model(spec.model, spec.revision)
     cfg_file = Path(path) / "config.json"
     try:
         raw = json.loads(cfg_file.read_text(encoding="utf-8"))
@@ -300,15 +345,15 @@ def _hf_meta(spec: Any) -> nn.Module | None:
     model.eval()
     model.widthscope_task = task
     model.widthscope_points = main_stack(model)
-    return model
+    model.widthscope_hf = {"directory": str(path), "architecture": type(model).__name__}
+    return attach(model, hub)
 
 
 def plan_certify(spec: Any, options: Any = None, run_options: Any = None, *, time_run: bool = True) -> Plan:
     """The plan of ``widthscope certify`` with these settings (nothing probed beyond a few batches,
     nothing written). Timed: the model and the data are loaded as the run loads them, one probed
     batch, one point's statistics and one intervention forward are timed and scaled."""
-    from .certify.per_point import statistics  # noqa: PLC0415
-    from .certify.run import _device, _load, device_memory  # noqa: PLC0415
+    from .certify.run import device_memory, load_checkpoint, run_device  # noqa: PLC0415
     from .data.inputs import resolve  # noqa: PLC0415
     from .data.published import is_all  # noqa: PLC0415
     from .options import CertifyOptions, CertifyRunOptions  # noqa: PLC0415
@@ -318,9 +363,9 @@ def plan_certify(spec: Any, options: Any = None, run_options: Any = None, *, tim
 
     options = options or CertifyOptions()
     run_options = run_options or CertifyRunOptions()
-    device = _device()(run_options.device)
+    device = run_device(run_options.device)
     meta = None if time_run else _hf_meta(spec)
-    model = meta if meta is not None else _load(spec, options.seed)[0]
+    model = meta if meta is not None else load_checkpoint(spec, options.seed)[0]
     if meta is None and spec.model == "builtin" and spec.dtype != "auto":
         model.to(getattr(torch, spec.dtype))
     inputs = resolve(spec, model=model, show_progress=False)
@@ -349,7 +394,9 @@ def plan_certify(spec: Any, options: Any = None, run_options: Any = None, *, tim
         notes.append(f"saved bytes not counted on the meta device ({type(exc).__name__}): run --plan to count them")
     free, source = device_memory(device)
     k_max = max(k for _, k in options.pairs)
-    steps = (len(options.etas) if options.etas is not None else options.n_etas) if options.kind in ("bias", "block") else 0
+    steps = (
+        (len(options.etas) if options.etas is not None else options.n_etas) if options.kind in ("bias", "block") else 0
+    )
     counts: list[tuple[str, Any]] = [
         ("insertion points", len(names)),
         ("examples probed", f"{n_train} + {n_test} ({math.ceil(n_train / bs) + math.ceil(n_test / bs)} batches)"),
@@ -360,9 +407,20 @@ def plan_certify(spec: Any, options: Any = None, run_options: Any = None, *, tim
         batch = None if per is None else held + per * bs
         notes.append(_no_time_note())
         return Plan(
-            "certify", str(spec.to_dict()["model"]), params, wbytes, per, bs, _fits(free, held, per),
-            parts=(), counts=tuple(counts), peak_bytes=batch, notes=tuple(notes),
-        )  # fmt: skip
+            "certify",
+            str(spec.to_dict()["model"]),
+            params,
+            wbytes,
+            per,
+            bs,
+            _fits(free, held, per),
+            parts=(),
+            counts=tuple(counts),
+            peak_bytes=batch,
+            notes=tuple(notes),
+            dtype=_dt(dtype),
+            examples=n_train + n_test,
+        )
     batch = to_batches(inputs.train, bs)[0]
     scale = bs / batch_size_of(batch)
     with RssPeak() as probe_peak:
@@ -372,36 +430,27 @@ def plan_certify(spec: Any, options: Any = None, run_options: Any = None, *, tim
     sample_row = sum(v.numel() * v.element_size() for v in probed.values()) / max(1, rows)  # per example
     sample_bytes = int(sample_row * (n_train + n_test))
     width = {n: int(v.shape[-1]) for n, v in probed.items()}
-    d = max(width.values())
-    g = torch.Generator().manual_seed(0)
-    w = options.project or d
     point_rows = max(1, round(sample_row / 8 / max(1, sum(width.values()))))
-    a = {"p": torch.randn(n_train * point_rows, w, generator=g, dtype=torch.float64)}
-    b = {"p": torch.randn(n_test * point_rows, w, generator=g, dtype=torch.float64)}
-    with RssPeak() as stats_peak:
-        t0 = time.perf_counter()
-        statistics(
-            a, b, pairs=options.pairs, draws=options.draws, seed=options.seed, estimator=options.estimator,
-            pool=options.pool, project=options.project, dims={"p": d}, draw_scheme=options.draw_scheme,
-            sample_dtype=None, sample_errors=None,
-        )  # fmt: skip
-        stats_s = time.perf_counter() - t0
-    one_point = (a["p"].numel() + b["p"].numel()) * 8
-    del a, b
+    stats_s, stats_peak, one_point = _statistics(options, (n_train, n_test), max(width.values()), point_rows)
     parts: list[tuple[str, float | None]] = _fixed(ready_s)
     parts += [
-        (f"probe: one batch of {bs} x {math.ceil(n_train / bs) + math.ceil(n_test / bs)} batches",
-         batch_s * (n_train + n_test + 1) / bs),
+        (
+            f"probe: one batch of {bs} x {math.ceil(n_train / bs) + math.ceil(n_test / bs)} batches",
+            batch_s * (n_train + n_test + 1) / bs,
+        ),
         (f"statistics: one point x {len(names)}", stats_s * len(names)),
-    ]  # fmt: skip
+    ]
     if steps:
         cached = options.kind == "bias" and options.project is None and options.train_mode == "eval"
         share = (len(names) + 1) / (2 * len(names)) if cached else 1.0  # the network after each point, averaged
         fwd = timed(lambda: mean_loss(model, batch, inputs.loss_fn, batch_size=bs)) * scale / bs
         parts.append(
-            (f"interventions: {steps} steps x {k_max} examples x {len(names)} points", fwd * share * steps * k_max * len(names))
+            (
+                f"interventions: {steps} steps x {k_max} examples x {len(names)} points",
+                fwd * share * steps * k_max * len(names),
+            )
         )
-    peak = max(ready_peak, probe_peak.peak + sample_bytes, stats_peak.peak + sample_bytes - one_point)
+    peak = max(ready_peak, probe_peak.peak + sample_bytes, stats_peak + sample_bytes - one_point)
     counts.append(("pooled samples (all points, all examples)", human_size(sample_bytes)))
     notes.append(
         "time = since the process started (imports, loading) + probe batches + statistics x points + interventions; "
@@ -410,9 +459,21 @@ def plan_certify(spec: Any, options: Any = None, run_options: Any = None, *, tim
     if spec.model == "builtin":
         notes.append("the built-in model's training is in the fixed part (the plan trains it as the run does)")
     return Plan(
-        "certify", str(spec.to_dict()["model"]), params, wbytes, per, bs,
-        _fits(free, probe_peak.peak + sample_bytes, per), tuple(parts), tuple(counts), int(peak), tuple(notes),
-    )  # fmt: skip
+        "certify",
+        str(spec.to_dict()["model"]),
+        params,
+        wbytes,
+        per,
+        bs,
+        _fits(free, probe_peak.peak + sample_bytes, per),
+        tuple(parts),
+        tuple(counts),
+        int(peak),
+        tuple(notes),
+        dtype=_dt(dtype),
+        examples=n_train + n_test,
+        sample_bytes=sample_bytes,
+    )
 
 
 # ----------------------------------------------------------------------------- training runs
@@ -440,14 +501,33 @@ def plan_train(
     free, _ = device_memory("cpu")
     held = peak_so_far()
     if not time_run or loop is None:
-        return Plan(command, name, params, wbytes, per, batch_size, _fits(free, held, per),
-                    counts=(("steps", f"{runs} x {steps}"),), peak_bytes=held + 4 * wbytes + per * batch_size,
-                    notes=(_no_time_note(),))  # fmt: skip
+        return Plan(
+            command,
+            name,
+            params,
+            wbytes,
+            per,
+            batch_size,
+            _fits(free, held, per),
+            counts=(("steps", f"{runs} x {steps}"),),
+            peak_bytes=held + 4 * wbytes + per * batch_size,
+            notes=(_no_time_note(),),
+        )
     with RssPeak() as p:
         fixed, step = time_loop(loop)
     parts = [(f"training: {runs} x {steps} steps", runs * (fixed + steps * step)), *extra]
-    return Plan(command, name, params, wbytes, per, batch_size, _fits(free, p.peak, per), tuple(parts),
-                (("steps", f"{runs} x {steps}"),), int(max(p.peak, held)))  # fmt: skip
+    return Plan(
+        command,
+        name,
+        params,
+        wbytes,
+        per,
+        batch_size,
+        _fits(free, p.peak, per),
+        tuple(parts),
+        (("steps", f"{runs} x {steps}"),),
+        int(max(p.peak, held)),
+    )
 
 
 # ----------------------------------------------------------------------------- grow --plan
@@ -466,10 +546,10 @@ def plan_grow(
     ranking timed on pools of ``(M, K)``, ``(2M, K)``, ``(M, 2K)`` examples and extrapolated to the
     run's; one block's training loop and one evaluation batch timed and scaled."""
     from .certify.run import device_memory  # noqa: PLC0415
-    from .grow.block import _train_new  # noqa: PLC0415
+    from .grow.block import train_new  # noqa: PLC0415
     from .grow.inputs import builtin_inputs, check_builtin, load_inputs  # noqa: PLC0415
-    from .grow.pipeline import _chosen, _split_pools, grow_options  # noqa: PLC0415
-    from .grow.rank import _n, rank_points  # noqa: PLC0415
+    from .grow.pipeline import chosen_points, grow_options, split_pools  # noqa: PLC0415
+    from .grow.rank import pool_size, rank_points  # noqa: PLC0415
     from .probe import collect  # noqa: PLC0415
     from .probe.blocks import block_of  # noqa: PLC0415
     from .probe.insert import insert  # noqa: PLC0415
@@ -496,13 +576,13 @@ def plan_grow(
         name = str(spec.to_dict()["model"])
     ready_s, ready_peak = since_start(), peak_so_far()
     train, test = split
-    pools = _split_pools(model, train, test, opts, None)
+    pools = split_pools(model, train, test, opts)
     names = resolve_points(model, opts.points)
     got = collect(model, [index_batch(pools.probe_train, slice(0, 1))], points=names, loss_fn=loss_fn, progress=False)
     widths = {n: int(v.shape[1]) for n, v in got.items()}
     params, wbytes = weights(model)
-    runs = len(_chosen([{"point": n} for n in names], opts))
-    bs = min(opts.batch_size, _n(train))
+    runs = len(chosen_points([{"point": n} for n in names], opts))
+    bs = min(opts.batch_size, pool_size(train))
     at = max(names, key=lambda p: widths[p])
 
     def grown_at(point: str) -> nn.Module:
@@ -521,8 +601,17 @@ def plan_grow(
         ids = {id(p) for p in ps}
         for p in m.parameters():
             p.requires_grad_(id(p) in ids)
-        _train_new(m, ps, train, steps=k, lr=opts.lr, batch_size=opts.batch_size, seed=opts.seed, loss_fn=loss_fn,
-                   show_progress=False)  # fmt: skip
+        train_new(
+            m,
+            ps,
+            train,
+            steps=k,
+            lr=opts.lr,
+            batch_size=opts.batch_size,
+            seed=opts.seed,
+            loss_fn=loss_fn,
+            show_progress=False,
+        )
 
     def count(k: int) -> int:
         m = copy.deepcopy(grown)
@@ -530,8 +619,20 @@ def plan_grow(
             p.requires_grad_(False)
         for p in trainable(m):
             p.requires_grad_(True)
-        return saved_bytes(lambda: _train_new(m, trainable(m), index_batch(train, slice(0, k)), steps=1, lr=opts.lr,
-                                              batch_size=k, seed=opts.seed, loss_fn=loss_fn, show_progress=False), m)  # fmt: skip
+        return saved_bytes(
+            lambda: train_new(
+                m,
+                trainable(m),
+                index_batch(train, slice(0, k)),
+                steps=1,
+                lr=opts.lr,
+                batch_size=k,
+                seed=opts.seed,
+                loss_fn=loss_fn,
+                show_progress=False,
+            ),
+            m,
+        )
 
     per = per_example(count)
     free, source = device_memory("cpu")
@@ -540,7 +641,10 @@ def plan_grow(
     counts: list[tuple[str, Any]] = [
         ("insertion points", len(names)),
         ("ranking pools", f"{n_tr} train + {n_rk} held-out examples"),
-        ("blocks grown", f"{runs} x {opts.steps} steps (batch {bs})" + (" + the continue baseline" if opts.compare else "")),
+        (
+            "blocks grown",
+            f"{runs} x {opts.steps} steps (batch {bs})" + (" + the continue baseline" if opts.compare else ""),
+        ),
         ("ranking samples (float64, every point)", human_size(sample_bytes)),
         (f"memory ({source})", None if free is None else human_size(free)),
     ]
@@ -548,15 +652,36 @@ def plan_grow(
     if not time_run:
         notes.append(_no_time_note())
         held = peak_so_far()
-        return Plan("grow", name, params, wbytes, per, bs, _fits(free, held, per), (), tuple(counts),
-                    held + sample_bytes + 4 * wbytes + per * bs, tuple(notes))  # fmt: skip
+        return Plan(
+            "grow",
+            name,
+            params,
+            wbytes,
+            per,
+            bs,
+            _fits(free, held, per),
+            (),
+            tuple(counts),
+            held + sample_bytes + 4 * wbytes + per * bs,
+            tuple(notes),
+        )
 
     def rank(a: int, b: int, points: list[str]) -> None:
         rank_points(
-            model, index_batch(pools.probe_train, slice(0, a)), index_batch(pools.rank_test, slice(0, b)),
-            points=points, M=opts.M, K=opts.K, eta=opts.eta_or_lr, loss_fn=loss_fn, batch_size=opts.batch_size,
-            show_progress=False, criterion=opts.criterion, block_width=opts.block_width, block_seed=opts.seed,
-        )  # fmt: skip
+            model,
+            index_batch(pools.probe_train, slice(0, a)),
+            index_batch(pools.rank_test, slice(0, b)),
+            points=points,
+            M=opts.M,
+            K=opts.K,
+            eta=opts.eta_or_lr,
+            loss_fn=loss_fn,
+            batch_size=opts.batch_size,
+            show_progress=False,
+            criterion=opts.criterion,
+            block_width=opts.block_width,
+            block_seed=opts.seed,
+        )
 
     ends = sorted({names[0], names[-1]}, key=names.index)
     m_, k_ = max(opts.M, 4), max(opts.K, 4)
@@ -595,6 +720,16 @@ def plan_grow(
         "time = since the process started (imports, loading) + ranking + growing + evaluations; peak = the largest "
         "resident size measured while the ranking and a growth ran + the ranking's samples at the run's pools"
     )
-    return Plan("grow", name, params, wbytes, per, bs, _fits(free, grow_peak.peak, per), tuple(parts), tuple(counts),
-                int(peak), tuple(notes))  # fmt: skip
-
+    return Plan(
+        "grow",
+        name,
+        params,
+        wbytes,
+        per,
+        bs,
+        _fits(free, grow_peak.peak, per),
+        tuple(parts),
+        tuple(counts),
+        int(peak),
+        tuple(notes),
+    )

@@ -144,6 +144,16 @@ def device_memory(device: torch.device | str) -> tuple[int | None, str]:
     return None, "unknown (no /proc/meminfo)"
 
 
+def load_checkpoint(spec: InputSpec, seed: int) -> tuple[nn.Module, Any]:
+    """The model as the run loads it (``--plan`` loads it the same way)."""
+    return _load(spec, seed)
+
+
+def run_device(name: str) -> torch.device:
+    """The device the run probes on (``--device``, as the run resolves it)."""
+    return _device()(name)
+
+
 def _available_memory() -> int | None:
     """MemAvailable of /proc/meminfo in bytes (None where there is no such file)."""
     return device_memory("cpu")[0]

@@ -55,6 +55,11 @@ def check_trainable(model: nn.Module, what: str, fix: str) -> None:
         )
 
 
+def train_new(model: nn.Module, params: list[nn.Parameter], train: Any, **kw: Any) -> Any:
+    """The new block's training loop as :func:`grow_at` runs it (``--plan`` times it)."""
+    return _train_new(model, params, train, **kw)
+
+
 def _train_new(
     model: nn.Module,
     params: list[nn.Parameter],

@@ -152,3 +152,8 @@ def certification_note(cands: Sequence[dict[str, Any]], M: int, K: int, delta: f
         "variance term ≤ 0); rank on more examples (--n-train, --n-test)"
     )
     return f"no point is certified at δ = {delta:g} with {mk}; {tail}"
+
+
+def pool_size(data: Any) -> int:
+    """The number of examples in ``data`` (as the ranking counts them)."""
+    return _n(data)
