@@ -42,7 +42,7 @@ def register(dn: Any) -> None:
     @dn.quantity("plan/whole_table")
     def _table() -> str:
         lines = [
-            "| checkpoint | command | predicted time | measured | ratio | predicted peak RSS | measured | ratio |",
+            "| checkpoint | command | predicted time | measured | measured / predicted | predicted peak RSS | measured | measured / predicted |",
             "|---|---|---|---|---|---|---|---|",
         ]
         for r in rows():

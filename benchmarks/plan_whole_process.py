@@ -160,8 +160,12 @@ def main() -> None:
                 row = measure(command, model, data, work)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
+    out = Path(args.out)
+    if args.only and out.is_file():  # the other model's rows are kept
+        kept = [json.loads(ln) for ln in out.read_text(encoding="utf-8").splitlines() if ln.strip()]
+        rows = [r for r in kept if not r["model"].startswith(args.only + "-")] + rows
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", encoding="utf-8") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
 

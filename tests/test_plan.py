@@ -14,7 +14,7 @@ from widthscope.data.inputs import resolve
 from widthscope.data.spec import InputSpec
 from widthscope.models.hf import load_hf
 from widthscope.options import CertifyOptions, CertifyRunOptions
-from widthscope.plan import Plan, RssPeak, combine, peak_so_far, plan_certify, plan_grow, saved_bytes, since_start
+from widthscope.plan import Plan, RssPeak, peak_so_far, plan_certify, plan_grow, saved_bytes, since_start
 from widthscope.probe import collect
 from widthscope.probe.batches import index_batch
 
@@ -108,9 +108,9 @@ def test_pieces_measure_this_process():
         big = torch.ones(32 * 2**20 // 4)  # 32 MiB, touched
     assert p.peak >= big.numel() * 4 and peak_so_far() >= p.peak * 0.5
     a = Plan("x", "a", 1, 4, 4, 1, None, parts=(("process start, imports", 1.0), ("work", 2.0)), peak_bytes=10)
-    b = Plan("x", "b", 2, 8, 8, 1, 5, parts=(("process start, imports", 1.0), ("work", 3.0)), peak_bytes=20)
-    s = combine("x", "suite", [a, b], [("process start, imports", 1.5)])
-    assert s.predicted_s == 1.5 + 2.0 + 3.0 and s.peak_bytes == 20 and s.max_batch == 5
+    assert a.timed and a.predicted_s == 3.0 and a.to_dict()["parts"][1] == {"part": "work", "seconds": 2.0}
+    untimed = Plan("x", "a", 1, 4, 4, 1, None, parts=(("work", None),))
+    assert not untimed.timed and untimed.predicted_s is None and "not predicted" in untimed.table()
 
 
 def test_grow_plan_builtin_times_every_part():

@@ -20,36 +20,47 @@ plan runs the work (:class:`RssPeak`, sampled) plus the bytes the run holds on t
 plan does not (the samples of every example, counted). ``--plan-no-time`` loads nothing beyond the
 structure and times nothing: it says no time is predicted.
 
-Nothing a plan does writes a file. The suites (``grow-bench``, ``grow-target``, ``linearize``,
-``sweep``, ``demo``) are planned as the sum of their cells' plans (:func:`combine`).
+Nothing a plan does writes a file.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import math
 import resource
 import threading
 import time
-from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable
 
 import psutil
 import torch
 import torch.nn as nn
 
 from ._io import format_table, human_size
+from .certify.per_point import statistics
+from .certify.run import device_memory, load_checkpoint, run_device
+from .data.inputs import resolve
+from .data.published import is_all
+from .grow.block import train_new
+from .grow.inputs import builtin_inputs, check_builtin, load_inputs
+from .grow.pipeline import chosen_points, grow_options, split_pools
+from .grow.rank import pool_size, rank_points
+from .models.hf import meta_checkpoint
+from .options import CertifyOptions, CertifyRunOptions
+from .probe import collect, resolve_points
+from .probe.blocks import block_of
+from .probe.collect import to_device
+from .probe.insert import insert
+from .probe.intervene import batch_size_of, index_batch, mean_loss, to_batches
+from .train import train as train_model
 
 __all__ = [
     "Plan",
     "RssPeak",
-    "combine",
     "peak_so_far",
     "plan_certify",
     "plan_grow",
-    "plan_train",
     "saved_bytes",
     "since_start",
     "time_loop",
@@ -125,30 +136,6 @@ class Plan:
             [{"what": k, "plan": v} for k, v in rows], ["what", "plan"], title=f"cost plan: {self.command}"
         )
         return table + "".join(f"\nnote: {n}" for n in self.notes)
-
-
-def combine(command: str, name: str, plans: Sequence[Plan], fixed: Sequence[tuple[str, float | None]]) -> Plan:
-    """A suite's plan: the fixed costs once, then each cell's work (its own fixed parts are the
-    suite's), summed; the peak is the largest cell's."""
-    parts = list(fixed)
-    for p in plans:
-        work = [t for n, t in p.parts if not n.startswith(FIXED)]
-        parts.append((p.model, None if any(t is None for t in work) else sum(t for t in work if t is not None)))
-    peaks = [p.peak_bytes for p in plans if p.peak_bytes is not None]
-    notes = tuple(dict.fromkeys(n for p in plans for n in p.notes))
-    return Plan(
-        command=command,
-        model=name,
-        parameters=max((p.parameters for p in plans), default=0),
-        weight_bytes=max((p.weight_bytes for p in plans), default=0),
-        bytes_per_example=max((p.bytes_per_example or 0 for p in plans), default=0),
-        batch_size=max((p.batch_size for p in plans), default=0),
-        max_batch=min((p.max_batch for p in plans if p.max_batch is not None), default=None),
-        parts=tuple(parts),
-        counts=(("cells", len(plans)),),
-        peak_bytes=max(peaks) if len(peaks) == len(plans) and peaks else None,
-        notes=notes,
-    )
 
 
 FIXED = "process start"  # the name every fixed part starts with
@@ -288,7 +275,6 @@ def time_statistics(options: Any, n: tuple[int, int], d: int, rows: int) -> floa
 
 def _statistics(options: Any, n: tuple[int, int], d: int, rows: int) -> tuple[float, int, int]:
     """(seconds, peak RSS while they ran, the bytes of their samples) of one point's statistics."""
-    from .certify.per_point import statistics  # noqa: PLC0415
 
     g = torch.Generator().manual_seed(0)
     width = options.project or d
@@ -315,66 +301,25 @@ def _statistics(options: Any, n: tuple[int, int], d: int, rows: int) -> tuple[fl
 
 
 # ----------------------------------------------------------------------------- certify --plan
-def _hf_meta(spec: Any) -> nn.Module | None:
-    """A Hugging Face checkpoint's architecture on the meta device (no weight read), else None."""
-    from .hub import attach, resolve_model  # noqa: PLC0415
-    from .models.hf import auto_classes, check_model_type, hf_task, main_stack  # noqa: PLC0415
-
-    if not isinstance(spec.model, str) or spec.model == "builtin":
-        return None
-    path, hub = resolve_model(spec.model, spec.revision)
-    cfg_file = Path(path) / "config.json"
-    try:
-        raw = json.loads(cfg_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(raw, dict) or "model_type" not in raw:
-        return None
-    from accelerate import init_empty_weights  # noqa: PLC0415
-    from transformers import AutoConfig  # noqa: PLC0415
-
-    check_model_type(raw, cfg_file)
-    task = spec.task or hf_task(raw, str(cfg_file))
-    config = AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
-    named = raw.get("dtype") or raw.get("torch_dtype")
-    dtype = getattr(torch, spec.dtype) if spec.dtype != "auto" else getattr(torch, str(named or "float32"), None)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        dtype = torch.float32
-    with init_empty_weights(include_buffers=True):
-        model = auto_classes()[task].from_config(config, dtype=dtype)
-    model.eval()
-    model.widthscope_task = task
-    model.widthscope_points = main_stack(model)
-    model.widthscope_hf = {"directory": str(path), "architecture": type(model).__name__}
-    return attach(model, hub)
-
-
 def plan_certify(spec: Any, options: Any = None, run_options: Any = None, *, time_run: bool = True) -> Plan:
     """The plan of ``widthscope certify`` with these settings (nothing probed beyond a few batches,
     nothing written). Timed: the model and the data are loaded as the run loads them, one probed
     batch, one point's statistics and one intervention forward are timed and scaled."""
-    from .certify.run import device_memory, load_checkpoint, run_device  # noqa: PLC0415
-    from .data.inputs import resolve  # noqa: PLC0415
-    from .data.published import is_all  # noqa: PLC0415
-    from .options import CertifyOptions, CertifyRunOptions  # noqa: PLC0415
-    from .probe import collect, resolve_points  # noqa: PLC0415
-    from .probe.collect import to_device  # noqa: PLC0415
-    from .probe.intervene import batch_size_of, index_batch, mean_loss, to_batches  # noqa: PLC0415
-
     options = options or CertifyOptions()
     run_options = run_options or CertifyRunOptions()
     device = run_device(run_options.device)
-    meta = None if time_run else _hf_meta(spec)
+    meta = None if time_run else meta_checkpoint(spec.model, spec.revision, spec.task, spec.dtype)
     model = meta if meta is not None else load_checkpoint(spec, options.seed)[0]
     if meta is None and spec.model == "builtin" and spec.dtype != "auto":
         model.to(getattr(torch, spec.dtype))
     inputs = resolve(spec, model=model, show_progress=False)
-    ready_s, ready_peak = since_start(), peak_so_far()
+    ready = (since_start(), peak_so_far())
     names = resolve_points(model, list(options.points) if options.points else None)
-    n_train = batch_size_of(inputs.train) if is_all(spec.n_train) else int(spec.n_train)
-    n_test = batch_size_of(inputs.test) if is_all(spec.n_test) else int(spec.n_test)
+    n = (
+        batch_size_of(inputs.train) if is_all(spec.n_train) else int(spec.n_train),
+        batch_size_of(inputs.test) if is_all(spec.n_test) else int(spec.n_test),
+    )
     bs = run_options.batch_size
-    params, wbytes = weights(model)
     if meta is None and getattr(model, "hf_device_map", None) is None:
         model.to(device)
     where = torch.device("meta") if meta is not None else next(p.device for p in model.parameters())
@@ -383,8 +328,8 @@ def plan_certify(spec: Any, options: Any = None, run_options: Any = None, *, tim
     def probe(batch: Any) -> Any:
         return collect(model, [batch], points=names, loss_fn=inputs.loss_fn, pool=options.pool, progress=False)
 
-    def count(n: int) -> int:
-        return saved_bytes(lambda: probe(to_device(index_batch(inputs.train, slice(0, n)), where, dtype)), model)
+    def count(k: int) -> int:
+        return saved_bytes(lambda: probe(to_device(index_batch(inputs.train, slice(0, k)), where, dtype)), model)
 
     notes: list[str] = []
     try:
@@ -393,64 +338,23 @@ def plan_certify(spec: Any, options: Any = None, run_options: Any = None, *, tim
         per = None
         notes.append(f"saved bytes not counted on the meta device ({type(exc).__name__}): run --plan to count them")
     free, source = device_memory(device)
-    k_max = max(k for _, k in options.pairs)
-    steps = (
-        (len(options.etas) if options.etas is not None else options.n_etas) if options.kind in ("bias", "block") else 0
-    )
+    batches = math.ceil(n[0] / bs) + math.ceil(n[1] / bs)
     counts: list[tuple[str, Any]] = [
         ("insertion points", len(names)),
-        ("examples probed", f"{n_train} + {n_test} ({math.ceil(n_train / bs) + math.ceil(n_test / bs)} batches)"),
+        ("examples probed", f"{n[0]} + {n[1]} ({batches} batches)"),
         (f"memory ({source})", None if free is None else human_size(free)),
     ]
+    params, wbytes = weights(model)
+    base: dict[str, Any] = dict(
+        command="certify", model=str(spec.to_dict()["model"]), parameters=params, weight_bytes=wbytes
+    )
+    base.update(bytes_per_example=per, batch_size=bs, dtype=_dt(dtype), examples=n[0] + n[1])
     if not time_run:
         held = peak_so_far() + (wbytes if meta is not None else 0)
-        batch = None if per is None else held + per * bs
         notes.append(_no_time_note())
-        return Plan(
-            "certify",
-            str(spec.to_dict()["model"]),
-            params,
-            wbytes,
-            per,
-            bs,
-            _fits(free, held, per),
-            parts=(),
-            counts=tuple(counts),
-            peak_bytes=batch,
-            notes=tuple(notes),
-            dtype=_dt(dtype),
-            examples=n_train + n_test,
-        )
-    batch = to_batches(inputs.train, bs)[0]
-    scale = bs / batch_size_of(batch)
-    with RssPeak() as probe_peak:
-        probed = probe(batch)
-        batch_s = timed(lambda: probe(batch)) * scale
-    rows = batch_size_of(batch)
-    sample_row = sum(v.numel() * v.element_size() for v in probed.values()) / max(1, rows)  # per example
-    sample_bytes = int(sample_row * (n_train + n_test))
-    width = {n: int(v.shape[-1]) for n, v in probed.items()}
-    point_rows = max(1, round(sample_row / 8 / max(1, sum(width.values()))))
-    stats_s, stats_peak, one_point = _statistics(options, (n_train, n_test), max(width.values()), point_rows)
-    parts: list[tuple[str, float | None]] = _fixed(ready_s)
-    parts += [
-        (
-            f"probe: one batch of {bs} x {math.ceil(n_train / bs) + math.ceil(n_test / bs)} batches",
-            batch_s * (n_train + n_test + 1) / bs,
-        ),
-        (f"statistics: one point x {len(names)}", stats_s * len(names)),
-    ]
-    if steps:
-        cached = options.kind == "bias" and options.project is None and options.train_mode == "eval"
-        share = (len(names) + 1) / (2 * len(names)) if cached else 1.0  # the network after each point, averaged
-        fwd = timed(lambda: mean_loss(model, batch, inputs.loss_fn, batch_size=bs)) * scale / bs
-        parts.append(
-            (
-                f"interventions: {steps} steps x {k_max} examples x {len(names)} points",
-                fwd * share * steps * k_max * len(names),
-            )
-        )
-    peak = max(ready_peak, probe_peak.peak + sample_bytes, stats_peak + sample_bytes - one_point)
+        peak = None if per is None else held + per * bs
+        return Plan(**base, max_batch=_fits(free, held, per), counts=tuple(counts), peak_bytes=peak, notes=tuple(notes))
+    parts, peaks, sample_bytes = _certify_work(model, inputs, names, options, bs, n, probe)
     counts.append(("pooled samples (all points, all examples)", human_size(sample_bytes)))
     notes.append(
         "time = since the process started (imports, loading) + probe batches + statistics x points + interventions; "
@@ -459,75 +363,52 @@ def plan_certify(spec: Any, options: Any = None, run_options: Any = None, *, tim
     if spec.model == "builtin":
         notes.append("the built-in model's training is in the fixed part (the plan trains it as the run does)")
     return Plan(
-        "certify",
-        str(spec.to_dict()["model"]),
-        params,
-        wbytes,
-        per,
-        bs,
-        _fits(free, probe_peak.peak + sample_bytes, per),
-        tuple(parts),
-        tuple(counts),
-        int(peak),
-        tuple(notes),
-        dtype=_dt(dtype),
-        examples=n_train + n_test,
+        **base,
+        max_batch=_fits(free, peaks[0], per),
+        parts=tuple(_fixed(ready[0]) + parts),
+        counts=tuple(counts),
+        peak_bytes=int(max(ready[1], *peaks)),
+        notes=tuple(notes),
         sample_bytes=sample_bytes,
     )
 
 
-# ----------------------------------------------------------------------------- training runs
-def plan_train(
-    command: str,
-    name: str,
+def _certify_work(
     model: nn.Module,
-    make_batch: Callable[[int], Any],
-    step_loss: Callable[[nn.Module, Any], torch.Tensor],
-    loop: Callable[[int], Any] | None,
-    *,
-    steps: int,
-    runs: int = 1,
-    batch_size: int,
-    extra: Iterable[tuple[str, float | None]] = (),
-    time_run: bool = True,
-) -> Plan:
-    """One training cell's plan (a suite's cell, a linearization width): weights, saved bytes per
-    example (``step_loss(model, make_batch(n))`` at n = 1, 2), and with ``time_run`` the run's loop
-    ``loop(steps)`` timed (:func:`time_loop`) and scaled to ``runs`` x ``steps``."""
-    from .certify.run import device_memory  # noqa: PLC0415
-
-    params, wbytes = weights(model)
-    per = per_example(lambda n: saved_bytes(lambda: step_loss(model, make_batch(n)), model))
-    free, _ = device_memory("cpu")
-    held = peak_so_far()
-    if not time_run or loop is None:
-        return Plan(
-            command,
-            name,
-            params,
-            wbytes,
-            per,
-            batch_size,
-            _fits(free, held, per),
-            counts=(("steps", f"{runs} x {steps}"),),
-            peak_bytes=held + 4 * wbytes + per * batch_size,
-            notes=(_no_time_note(),),
-        )
-    with RssPeak() as p:
-        fixed, step = time_loop(loop)
-    parts = [(f"training: {runs} x {steps} steps", runs * (fixed + steps * step)), *extra]
-    return Plan(
-        command,
-        name,
-        params,
-        wbytes,
-        per,
-        batch_size,
-        _fits(free, p.peak, per),
-        tuple(parts),
-        (("steps", f"{runs} x {steps}"),),
-        int(max(p.peak, held)),
-    )
+    inputs: Any,
+    names: list[str],
+    options: Any,
+    bs: int,
+    n: tuple[int, int],
+    probe: Callable[[Any], Any],
+) -> tuple[list[tuple[str, float | None]], tuple[int, int], int]:
+    """The run's work, timed and scaled: (parts, (the probe's peak, the statistics' peak) with the
+    samples the run holds added, the samples' bytes)."""
+    batch = to_batches(inputs.train, bs)[0]
+    rows = batch_size_of(batch)
+    with RssPeak() as probe_peak:
+        probed = probe(batch)
+        batch_s = timed(lambda: probe(batch)) * bs / rows
+    per_row = sum(v.numel() * v.element_size() for v in probed.values()) / max(1, rows)  # per example
+    sample_bytes = int(per_row * (n[0] + n[1]))
+    width = {p: int(v.shape[-1]) for p, v in probed.items()}
+    point_rows = max(1, round(per_row / 8 / max(1, sum(width.values()))))
+    stats_s, stats_peak, one_point = _statistics(options, n, max(width.values()), point_rows)
+    batches = math.ceil(n[0] / bs) + math.ceil(n[1] / bs)
+    parts: list[tuple[str, float | None]] = [
+        (f"probe: one batch of {bs} x {batches} batches", batch_s * (n[0] + n[1] + 1) / bs),
+        (f"statistics: one point x {len(names)}", stats_s * len(names)),
+    ]
+    steps = len(options.etas) if options.etas is not None else options.n_etas
+    if options.kind in ("bias", "block") and steps:
+        k_max = max(k for _, k in options.pairs)
+        cached = options.kind == "bias" and options.project is None and options.train_mode == "eval"
+        share = (len(names) + 1) / (2 * len(names)) if cached else 1.0  # the network after each point, averaged
+        fwd = timed(lambda: mean_loss(model, batch, inputs.loss_fn, batch_size=bs)) / rows
+        what = f"interventions: {steps} steps x {k_max} examples x {len(names)} points"
+        parts.append((what, fwd * share * steps * k_max * len(names)))
+    peaks = (probe_peak.peak + sample_bytes, stats_peak + sample_bytes - one_point)
+    return parts, peaks, sample_bytes
 
 
 # ----------------------------------------------------------------------------- grow --plan
@@ -545,18 +426,6 @@ def plan_grow(
     few timed steps, nothing written): the model and the data loaded as the run loads them; the
     ranking timed on pools of ``(M, K)``, ``(2M, K)``, ``(M, 2K)`` examples and extrapolated to the
     run's; one block's training loop and one evaluation batch timed and scaled."""
-    from .certify.run import device_memory  # noqa: PLC0415
-    from .grow.block import train_new  # noqa: PLC0415
-    from .grow.inputs import builtin_inputs, check_builtin, load_inputs  # noqa: PLC0415
-    from .grow.pipeline import chosen_points, grow_options, split_pools  # noqa: PLC0415
-    from .grow.rank import pool_size, rank_points  # noqa: PLC0415
-    from .probe import collect  # noqa: PLC0415
-    from .probe.blocks import block_of  # noqa: PLC0415
-    from .probe.insert import insert  # noqa: PLC0415
-    from .probe.intervene import index_batch, mean_loss  # noqa: PLC0415
-    from .probe.points import resolve_points  # noqa: PLC0415
-    from .train import train as train_model  # noqa: PLC0415
-
     opts = grow_options("plan_grow", options, keywords)
     base_s: float | None = None
     if spec is None:
@@ -564,172 +433,148 @@ def plan_grow(
         check_builtin(model, split, opts, None)
         loss_fn, name = None, "builtin"
         if time_run:  # the run trains the built-in model 300 steps first: its loop, timed
-            base_fixed, base_step = time_loop(
+            f, step = time_loop(
                 lambda k: train_model(copy.deepcopy(model), full, steps=k, lr=3e-3, seed=opts.seed, progress=False)
             )
-            base_s = base_fixed + 300 * base_step
+            base_s = f + 300 * step
         if dtype != "auto":
             model.to(getattr(torch, dtype))
     else:
         inputs = load_inputs(spec, opts.points, show=False)
         model, split, loss_fn = inputs.model, (inputs.train, inputs.test), inputs.loss_fn
         name = str(spec.to_dict()["model"])
-    ready_s, ready_peak = since_start(), peak_so_far()
-    train, test = split
-    pools = split_pools(model, train, test, opts)
-    names = resolve_points(model, opts.points)
-    got = collect(model, [index_batch(pools.probe_train, slice(0, 1))], points=names, loss_fn=loss_fn, progress=False)
-    widths = {n: int(v.shape[1]) for n, v in got.items()}
+    ready = (since_start(), peak_so_far())
+    g = _Growth(model, split, loss_fn, opts)
     params, wbytes = weights(model)
-    runs = len(chosen_points([{"point": n} for n in names], opts))
-    bs = min(opts.batch_size, pool_size(train))
-    at = max(names, key=lambda p: widths[p])
-
-    def grown_at(point: str) -> nn.Module:
-        g = copy.deepcopy(model)
-        insert(g, point, "block", width=widths[point], hidden=opts.block_width, seed=opts.seed)
-        return g
-
-    grown = grown_at(at)
-
-    def trainable(m: nn.Module) -> list[nn.Parameter]:
-        return list(m.parameters()) if opts.train_all else list(block_of(m, at).parameters())
-
-    def loop(k: int) -> None:
-        m = copy.deepcopy(grown)
-        ps = trainable(m)
-        ids = {id(p) for p in ps}
-        for p in m.parameters():
-            p.requires_grad_(id(p) in ids)
-        train_new(
-            m,
-            ps,
-            train,
-            steps=k,
-            lr=opts.lr,
-            batch_size=opts.batch_size,
-            seed=opts.seed,
-            loss_fn=loss_fn,
-            show_progress=False,
-        )
-
-    def count(k: int) -> int:
-        m = copy.deepcopy(grown)
-        for p in m.parameters():
-            p.requires_grad_(False)
-        for p in trainable(m):
-            p.requires_grad_(True)
-        return saved_bytes(
-            lambda: train_new(
-                m,
-                trainable(m),
-                index_batch(train, slice(0, k)),
-                steps=1,
-                lr=opts.lr,
-                batch_size=k,
-                seed=opts.seed,
-                loss_fn=loss_fn,
-                show_progress=False,
-            ),
-            m,
-        )
-
-    per = per_example(count)
     free, source = device_memory("cpu")
-    n_tr, n_rk = pools.n_train, pools.n_rank
-    sample_bytes = 8 * (n_tr + n_rk) * sum(widths.values())
+    n_tr, n_rk = g.pools.n_train, g.pools.n_rank
+    sample_bytes = 8 * (n_tr + n_rk) * sum(g.widths.values())
+    grown = f"{g.runs} x {opts.steps} steps (batch {g.bs})" + (" + the continue baseline" if opts.compare else "")
     counts: list[tuple[str, Any]] = [
-        ("insertion points", len(names)),
+        ("insertion points", len(g.names)),
         ("ranking pools", f"{n_tr} train + {n_rk} held-out examples"),
-        (
-            "blocks grown",
-            f"{runs} x {opts.steps} steps (batch {bs})" + (" + the continue baseline" if opts.compare else ""),
-        ),
+        ("blocks grown", grown),
         ("ranking samples (float64, every point)", human_size(sample_bytes)),
         (f"memory ({source})", None if free is None else human_size(free)),
     ]
-    notes: list[str] = []
+    per = per_example(g.count)
+    base: dict[str, Any] = dict(
+        command="grow", model=name, parameters=params, weight_bytes=wbytes, bytes_per_example=per
+    )
+    base.update(batch_size=g.bs, counts=tuple(counts), dtype=_dt(next(model.parameters()).dtype))
     if not time_run:
-        notes.append(_no_time_note())
         held = peak_so_far()
-        return Plan(
-            "grow",
-            name,
-            params,
-            wbytes,
-            per,
-            bs,
-            _fits(free, held, per),
-            (),
-            tuple(counts),
-            held + sample_bytes + 4 * wbytes + per * bs,
-            tuple(notes),
-        )
-
-    def rank(a: int, b: int, points: list[str]) -> None:
-        rank_points(
-            model,
-            index_batch(pools.probe_train, slice(0, a)),
-            index_batch(pools.rank_test, slice(0, b)),
-            points=points,
-            M=opts.M,
-            K=opts.K,
-            eta=opts.eta_or_lr,
-            loss_fn=loss_fn,
-            batch_size=opts.batch_size,
-            show_progress=False,
-            criterion=opts.criterion,
-            block_width=opts.block_width,
-            block_seed=opts.seed,
-        )
-
-    ends = sorted({names[0], names[-1]}, key=names.index)
-    m_, k_ = max(opts.M, 4), max(opts.K, 4)
-    sizes = [(min(n_tr, m_), min(n_rk, k_)), (min(n_tr, 2 * m_), min(n_rk, k_)), (min(n_tr, m_), min(n_rk, 2 * k_))]
-    with RssPeak() as rank_peak:
-        rank(*sizes[0], ends)  # warm-up
-        times = []
-        for a, b in sizes:
-            t0 = time.perf_counter()
-            rank(a, b, ends)
-            times.append(time.perf_counter() - t0)
-    (a0, b0) = sizes[0]
-    c_a = (times[1] - times[0]) / (sizes[1][0] - a0) if sizes[1][0] > a0 else times[0] / (a0 + b0)
-    c_b = (times[2] - times[0]) / (sizes[2][1] - b0) if sizes[2][1] > b0 else times[0] / (a0 + b0)
-    ranking_s = max(0.0, times[0] + max(0.0, c_a) * (n_tr - a0) + max(0.0, c_b) * (n_rk - b0)) * len(names) / len(ends)
-    with RssPeak() as grow_peak:
-        fixed, step = time_loop(loop)
-    n_eval = pools.n_test - pools.n_rank
-    evaluate = index_batch(pools.evaluate, slice(0, min(bs, n_eval)))
-    eval_batch = timed(lambda: mean_loss(model, evaluate, loss_fn, batch_size=bs))
-    all_runs = runs + (1 if opts.compare else 0)
-    eval_s = eval_batch * (2 * all_runs * -(-n_eval // bs) + all_runs * -(-(opts.M + opts.K) // bs))
-    parts = _fixed(ready_s)
+        peak = held + sample_bytes + 4 * wbytes + per * g.bs
+        return Plan(**base, max_batch=_fits(free, held, per), peak_bytes=peak, notes=(_no_time_note(),))
+    parts = _fixed(ready[0])
     if base_s is not None:
         parts.append(("the built-in model's base training (300 steps)", base_s))
+    ranking_s, rank_peak, small = g.time_ranking()
+    with RssPeak() as grow_peak:
+        f, step = time_loop(g.loop)
     parts += [
-        (f"ranking {len(names)} points (timed at 2 points on small pools, extrapolated)", ranking_s),
-        (f"growing: {runs} x {opts.steps} steps", runs * (fixed + opts.steps * step)),
-        ("held-out evaluations", eval_s),
+        (f"ranking {len(g.names)} points (timed at 2 points on small pools, extrapolated)", ranking_s),
+        (f"growing: {g.runs} x {opts.steps} steps", g.runs * (f + opts.steps * step)),
+        ("held-out evaluations", g.time_evaluations()),
     ]
     if opts.compare:  # the original trained for the FLOPs of the best growth: about its time
-        parts.append(("continue baseline (the FLOPs of one growth)", fixed + opts.steps * step))
-    scale = sample_bytes * max(0, (n_tr + n_rk) - sum(sizes[0])) // max(1, n_tr + n_rk)
-    peak = max(ready_peak, rank_peak.peak + scale, grow_peak.peak + runs * wbytes)
-    notes.append(
+        parts.append(("continue baseline (the FLOPs of one growth)", f + opts.steps * step))
+    scale = sample_bytes * max(0, n_tr + n_rk - small) // max(1, n_tr + n_rk)
+    peak = max(ready[1], rank_peak + scale, grow_peak.peak + g.runs * wbytes)
+    note = (
         "time = since the process started (imports, loading) + ranking + growing + evaluations; peak = the largest "
         "resident size measured while the ranking and a growth ran + the ranking's samples at the run's pools"
     )
     return Plan(
-        "grow",
-        name,
-        params,
-        wbytes,
-        per,
-        bs,
-        _fits(free, grow_peak.peak, per),
-        tuple(parts),
-        tuple(counts),
-        int(peak),
-        tuple(notes),
+        **base, max_batch=_fits(free, grow_peak.peak, per), parts=tuple(parts), peak_bytes=int(peak), notes=(note,)
     )
+
+
+class _Growth:
+    """What ``grow --plan`` times of a run: its pools and points, the block at the widest point."""
+
+    def __init__(self, model: nn.Module, split: Any, loss_fn: Callable | None, opts: Any) -> None:
+        self.model, self.loss_fn, self.opts = model, loss_fn, opts
+        self.train = split[0]
+        self.pools = split_pools(model, split[0], split[1], opts)
+        self.names = resolve_points(model, opts.points)
+        one = index_batch(self.pools.probe_train, slice(0, 1))
+        got = collect(model, [one], points=self.names, loss_fn=loss_fn, progress=False)
+        self.widths = {p: int(v.shape[1]) for p, v in got.items()}
+        self.runs = len(chosen_points([{"point": p} for p in self.names], opts))
+        self.bs = min(opts.batch_size, pool_size(self.train))
+        self.at = max(self.names, key=lambda p: self.widths[p])
+        self.grown = copy.deepcopy(model)
+        insert(self.grown, self.at, "block", width=self.widths[self.at], hidden=opts.block_width, seed=opts.seed)
+
+    def _copy(self) -> tuple[nn.Module, list[nn.Parameter]]:
+        m = copy.deepcopy(self.grown)
+        ps = list(m.parameters()) if self.opts.train_all else list(block_of(m, self.at).parameters())
+        ids = {id(p) for p in ps}
+        for p in m.parameters():
+            p.requires_grad_(id(p) in ids)
+        return m, ps
+
+    def _train(self, m: nn.Module, ps: list[nn.Parameter], data: Any, steps: int, bs: int) -> None:
+        o = self.opts
+        train_new(
+            m, ps, data, steps=steps, lr=o.lr, batch_size=bs, seed=o.seed, loss_fn=self.loss_fn, show_progress=False
+        )
+
+    def loop(self, k: int) -> None:
+        """The run's training loop of the block, ``k`` steps on a copy."""
+        self._train(*self._copy(), self.train, k, self.opts.batch_size)
+
+    def count(self, k: int) -> int:
+        """The bytes one training step on ``k`` examples saves."""
+        m, ps = self._copy()
+        return saved_bytes(lambda: self._train(m, ps, index_batch(self.train, slice(0, k)), 1, k), m)
+
+    def time_ranking(self) -> tuple[float, int, int]:
+        """(seconds, peak RSS, examples at the first size) of the ranking: timed at the first and the last
+        point on pools of ``(M, K)``, ``(2M, K)``, ``(M, 2K)``, fitted in train and held-out examples and
+        extrapolated to the run's pools and points."""
+        o, pools = self.opts, self.pools
+        n_tr, n_rk = pools.n_train, pools.n_rank
+
+        def rank(a: int, b: int, points: list[str]) -> None:
+            rank_points(
+                self.model,
+                index_batch(pools.probe_train, slice(0, a)),
+                index_batch(pools.rank_test, slice(0, b)),
+                points=points,
+                M=o.M,
+                K=o.K,
+                eta=o.eta_or_lr,
+                loss_fn=self.loss_fn,
+                batch_size=o.batch_size,
+                show_progress=False,
+                criterion=o.criterion,
+                block_width=o.block_width,
+                block_seed=o.seed,
+            )
+
+        ends = sorted({self.names[0], self.names[-1]}, key=self.names.index)
+        m_, k_ = max(o.M, 4), max(o.K, 4)
+        sizes = [(min(n_tr, m_), min(n_rk, k_)), (min(n_tr, 2 * m_), min(n_rk, k_)), (min(n_tr, m_), min(n_rk, 2 * k_))]
+        with RssPeak() as peak:
+            rank(*sizes[0], ends)  # warm-up
+            times = []
+            for a, b in sizes:
+                t0 = time.perf_counter()
+                rank(a, b, ends)
+                times.append(time.perf_counter() - t0)
+        a0, b0 = sizes[0]
+        c_a = (times[1] - times[0]) / (sizes[1][0] - a0) if sizes[1][0] > a0 else times[0] / (a0 + b0)
+        c_b = (times[2] - times[0]) / (sizes[2][1] - b0) if sizes[2][1] > b0 else times[0] / (a0 + b0)
+        at_run = max(0.0, times[0] + max(0.0, c_a) * (n_tr - a0) + max(0.0, c_b) * (n_rk - b0))
+        return at_run * len(self.names) / len(ends), peak.peak, a0 + b0
+
+    def time_evaluations(self) -> float:
+        """The held-out evaluations: one batch timed, counted as the run evaluates."""
+        o, bs = self.opts, self.bs
+        n_eval = self.pools.n_test - self.pools.n_rank
+        evaluate = index_batch(self.pools.evaluate, slice(0, min(bs, n_eval)))
+        per_batch = timed(lambda: mean_loss(self.model, evaluate, self.loss_fn, batch_size=bs))
+        runs = self.runs + (1 if o.compare else 0)
+        return per_batch * (2 * runs * -(-n_eval // bs) + runs * -(-(o.M + o.K) // bs))

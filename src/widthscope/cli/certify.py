@@ -20,6 +20,7 @@ from ..data.sources import splits_of
 from ..data.spec import InputSpec
 from ..errors import WidthscopeError
 from ..options import PROTOCOLS, CertifyOptions, CertifyRunOptions
+from ..plan import plan_certify
 from ..validate import check_pools, float_list, int_list, pairs_of
 from .args import add_options, given_fields, load_config, options_from_args
 from .inputs import add_arguments as add_inputs
@@ -225,8 +226,6 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(list_points(spec, every_module=args.all)), flush=True)
         return 0
     if args.plan or args.plan_no_time:
-        from ..plan import plan_certify  # noqa: PLC0415  (the pipelines layer)
-
         print(plan_certify(spec, opts, run_opts, time_run=not args.plan_no_time).table(), flush=True)
         return 0
     job = CertifyJob(
