@@ -5,7 +5,7 @@ Checkpoints (trained here, seeded): (a) a widthscope LLaMA (width 64, 4 blocks) 
 steps on byte-level Python stdlib text and saved with :func:`widthscope.checkpoint.save`; (b) a
 transformers ``GPT2LMHeadModel`` (width 64, 4 blocks, byte vocabulary) trained 300 steps on the
 same bytes and saved with ``save_pretrained``. Each is certified as a user would
-(:func:`widthscope.certification.run.run_certify`, what ``widthscope certify`` runs; ``plan_run`` is what
+(:func:`widthscope.certification.run.run_certify`, what ``widthscope certify`` runs; ``plan_certify`` is what
 ``certify --plan`` prints, and its assumed dtype is recorded) with ``--dtype`` float64, float32,
 bfloat16 and float16 and otherwise identical settings: the same text file (three stdlib modules
 not in the training bytes), pools, seeds, points, ``M = K``, draws and intervention grid.
@@ -48,10 +48,10 @@ sys.path.insert(0, str(ROOT / "src"))
 from widthscope import checkpoint, data, models  # noqa: E402
 from widthscope.certification import samples as saved  # noqa: E402
 from widthscope.certification.per_point import statistics  # noqa: E402
-from widthscope.certification.plan import plan_run  # noqa: E402
 from widthscope.certification.run import CertifyJob, run_certify  # noqa: E402
 from widthscope.data.spec import InputSpec  # noqa: E402
 from widthscope.options import CertifyOptions, CertifyRunOptions  # noqa: E402
+from widthscope.plan import plan_certify  # noqa: E402
 from widthscope.train import train  # noqa: E402
 
 DTYPES = ("float64", "float32", "bfloat16", "float16")
@@ -222,14 +222,14 @@ def certify_all(model: Path, corpus: Path, s: Setting, work: Path) -> dict[str, 
     out = {}
     for dtype in DTYPES:
         j = job(model, corpus, dtype, s, work)
-        plan = plan_run(j.spec, j.options, j.run)
+        plan = plan_certify(j.spec, j.options, j.run, time_run=False)
         t0 = time.perf_counter()
         res = run_certify(j, say=lambda _m: None)
         out[dtype] = {
             "result": res,
             "samples": j.save_samples,
             "plan_dtype": plan.dtype,
-            "plan_dtype_source": plan.dtype_source,
+            "plan_dtype_source": "--dtype" if j.spec.dtype != "auto" else "the checkpoint",
             "seconds": time.perf_counter() - t0,
         }
     return out

@@ -172,37 +172,6 @@ def test_attention_counted_as_the_run_takes_it(llama):
     assert eager["flops_forward"] == sdpa["flops_forward"]  # FLOPs: the math kernel's matmuls either way
 
 
-def test_plan_grow_builtin_counts_and_times():
-    from widthscope.growth.plan import BASE_STEPS, plan_grow
-
-    plan = plan_grow(None, steps=5, compare=True, M=8, K=8, n_train=64, n_test=32)
-    names = [s.name for s in plan.stages]
-    assert names[0].startswith("built-in") and names[1] == "new block" and names[2].startswith("continue")
-    base, block, cont = plan.stages
-    assert base.steps == BASE_STEPS and block.steps == 5 and block.runs == 3  # best, worst, random
-    assert block.trainable < block.parameters and cont.trainable == cont.parameters == plan.parameters
-    # the continue run buys the best growth's FLOPs
-    assert cont.steps == max(1, round(5 * block.flops_per_example / cont.flops_per_example))
-    assert all(s.step_s is not None and s.step_s >= 0 for s in plan.stages)
-    assert plan.predicted_s is not None and plan.predicted_s >= sum(s.train_s or 0 for s in plan.stages)
-
-
-def test_cli_grow_plan_trains_and_writes_nothing(tmp_path, capsys, monkeypatch):
-    import widthscope.cli.grow as cli_grow
-
-    def refuse(*a, **k):
-        raise AssertionError("--plan ran the growth")
-
-    monkeypatch.setattr(cli_grow, "run_grow", refuse)
-    out = tmp_path / "res" / "grow.json"
-    argv = ["grow", "--model", "builtin", "--steps", "5", "--M", "8", "--K", "8", "--out", str(out)]
-    rc, lines, cap = run_cli(argv + ["--plan-no-time"], capsys)
-    assert rc == 0, cap.err
-    assert "training stages: grow" in cap.out and "new block" in cap.out and "no time predicted" in cap.out
-    assert "largest batch that fits" in cap.out
-    assert not out.parent.exists()
-
-
 def test_cli_linearize_plan_writes_nothing(tmp_path, capsys, monkeypatch):
     toml = tmp_path / "lin.toml"
     toml.write_text(

@@ -162,12 +162,12 @@ def test_suite_plans_from_config_json_with_damaged_weights_counting_each_archite
     for snap in snapshots:  # the weights of both revisions (one blob): garbage now
         (snap / "model.safetensors").resolve().write_bytes(b"not a safetensors file")
     calls = []
-    real = costs_mod.plan_run
-    monkeypatch.setattr(costs_mod, "plan_run", lambda *a, **k: calls.append(k) or real(*a, **k))
+    real = costs_mod.plan_certify
+    monkeypatch.setattr(costs_mod, "plan_certify", lambda *a, **k: calls.append(k) or real(*a, **k))
     out = suite["tmp"] / "o"
     rc, _, cap = run_cli(["sweep", str(suite["cfg"]), "--out", str(out), "--dry-run"], capsys)
     assert rc == 0, cap.err
-    assert calls == [{"time_batch": False}]  # two revisions, one architecture: counted once
+    assert calls == [{"time_run": False}]  # two revisions, one architecture: counted once
     assert re.search(rf"org/neox @ step1, step2\s+2 \(2\)\s+{suite['parameters']:,}\s", cap.out), cap.out
     assert "total over the 2 unfinished cell(s)" in cap.out and not out.exists()
 
@@ -250,11 +250,11 @@ def test_plan_predicts_the_wall_time_and_writes_nothing(tmp_path, capsys):
 
 def test_suite_plan_times_each_architecture_once(suite, capsys, monkeypatch):
     calls = []
-    real = costs_mod.plan_run
-    monkeypatch.setattr(costs_mod, "plan_run", lambda *a, **k: calls.append(k) or real(*a, **k))
+    real = costs_mod.plan_certify
+    monkeypatch.setattr(costs_mod, "plan_certify", lambda *a, **k: calls.append(k) or real(*a, **k))
     rc, _, cap = run_cli(["sweep", str(suite["cfg"]), "--out", str(suite["tmp"] / "o"), "--plan"], capsys)
     assert rc == 0, cap.err
-    assert calls == [{"time_batch": True}] and "predicted wall time of the 2 unfinished cell(s)" in cap.out
+    assert calls == [{"time_run": True}] and "predicted wall time of the 2 unfinished cell(s)" in cap.out
 
 
 @pytest.mark.parametrize("monitor", [False, True])

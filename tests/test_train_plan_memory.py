@@ -1,6 +1,5 @@
-"""The memory terms of the training plans (``grow --plan``, ``linearize --plan``) against brute-force
-counts on tiny models: the counter of live tensor bytes (``probe.cost.live_peak``), the data held,
-the growth ranking's extrapolation, the pooled samples, the growth and the linearization cell.
+"""The memory terms of ``linearize --plan`` against brute-force counts on tiny models: the counter of
+live tensor bytes (``probe.cost.live_peak``) and the linearization cell (``grow --plan``: tests/test_plan.py).
 No timing (``time_run=False``)."""
 
 from __future__ import annotations
@@ -10,10 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from widthscope.growth.inputs import builtin_inputs
-from widthscope.growth.options import GrowOptions
-from widthscope.growth.pipeline import _split_pools
-from widthscope.growth.plan import _rank, _ranking_peak, _sub_pools, growth_bytes, plan_grow, ranking_bytes
 from widthscope.probe.cost import live_peak
 from widthscope.probe.points import resolve_points
 
@@ -49,85 +44,6 @@ def _builtin(n_train: int = 64, n_test: int = 32, **kw):
     model.eval()
     pools = _split_pools(model, *split, opts, None)
     return opts, model, full, split, pools
-
-
-def test_plan_grow_counts_the_data_it_holds_and_every_phase():
-    opts, model, full, split, pools = _builtin()
-    plan = plan_grow(None, opts, n_train=64, n_test=32, time_run=False)
-    tensors = [*full.train, *full.test, *split[0], *split[1]]
-    tensors += [*pools.probe_train, *pools.rank_test, *pools.evaluate]
-    assert dict(plan.other_bytes)["data and its pools"] == _storages(*tensors)
-    assert dict(plan.other_bytes)["the original model"] == sum(4 * p.numel() for p in model.parameters())
-    phases = dict(plan.phases)
-    assert set(phases) == {"ranking the points (counted, extrapolated)", "growing a block (1 x; counted at one step)"}
-    largest = max([s.step_bytes for s in plan.stages] + list(phases.values()))
-    assert plan.peak_bytes == largest + sum(dict(plan.other_bytes).values())
-    compared = plan_grow(None, opts, n_train=64, n_test=32, time_run=False, compare=True)
-    assert any(k.startswith("continue baseline") for k in dict(compared.phases))
-    grow_compared = next(b for k, b in compared.phases if k.startswith("growing"))
-    # compare grows 3 times: the previous grown model is still held beside the next growth
-    assert grow_compared > phases["growing a block (1 x; counted at one step)"]
-
-
-def test_ranking_bytes_is_the_counted_ranking_plus_the_other_points_samples():
-    # pools no larger than the batch: the ranking is counted at the run's own size (no extrapolation)
-    opts, model, _, _, pools = _builtin(n_train=40, n_test=24, batch_size=64)
-    names = resolve_points(model, opts.points)
-    widths = {n: 64 for n in names}
-    got = ranking_bytes(model, names, widths, pools, opts, None)
-    first, last = (
-        live_peak(lambda p=p: _rank(model, pools.probe_train, pools.rank_test, [p], opts, None))[1]
-        for p in (names[0], names[-1])
-    )
-    samples = 8 * (pools.n_train + pools.n_rank) * 64 * (len(names) - 1)  # float64 (n, width) per point
-    assert got == max(first, last) + samples
-    # the first point's own samples are inside the counted ranking
-    assert first >= 8 * (pools.n_train + pools.n_rank) * 64
-
-
-def test_ranking_bytes_extrapolates_each_end_point_in_train_and_held_out_examples():
-    opts, model, _, _, pools = _builtin(n_train=128, n_test=64, batch_size=8)
-    names = resolve_points(model, opts.points)
-    assert len(names) > 1
-    widths = {n: 64 for n in names}
-    # a known peak per call: the first point cheap in held-out examples, the last one dear (as the line search
-    # at a LLaMA's last block); fitted from (a, b), (2a, b), (a, 2b) with a, b two batches (16) at least
-    cost = {names[0]: (1000, 10, 20), names[-1]: (500, 5, 900)}
-    seen, warmed = [], []
-
-    def fake(work, warm):
-        _, train, test, points, *_ = work.args
-        (point,) = points
-        a, b = len(train[0]), len(test[0])
-        seen.append((point, a, b))
-        _, w_train, w_test, w_points, w_opts, _ = warm.args
-        warmed.append((w_points[0] == point, len(w_train[0]), len(w_test[0]), w_opts.M, w_opts.K))
-        c0, ca, cb = cost[point]
-        return c0 + ca * a + cb * b
-
-    got = _ranking_peak(model, names, widths, pools, opts, None, fake)
-    n_tr, n_rk = pools.n_train, pools.n_rank
-    want = max(c0 + ca * n_tr + cb * n_rk for c0, ca, cb in cost.values())
-    others = 8 * (n_tr + n_rk) * 64 * (len(names) - 1)
-    assert got == want + others
-    assert {(a, b) for _, a, b in seen} == {(16, 16), (32, 16), (16, 32)}
-    assert {p for p, _, _ in seen} == {names[0], names[-1]}
-    # each measurement warmed on the same point at a size none of the three has (the run meets its size
-    # once: what a new size fills is in its peak), with M and K no larger than that size
-    assert set(warmed) == {(True, 8, 8, 8, 8)}
-    # and on the real counter: the larger end's fit at the run's pools, + the other points' samples
-    counted = ranking_bytes(model, names, widths, pools, opts, None)
-    assert counted >= live_peak(lambda: _rank(model, *_sub_pools(pools, 16, 16), names[:1], opts, None))[1] + others
-
-
-def test_growth_bytes_holds_the_grown_copy_and_its_optimizer_state():
-    opts, model, _, split, pools = _builtin()
-    names = resolve_points(model, opts.points)
-    got = growth_bytes(model, names[0], 64, split[0], pools, opts, None)
-    weights = sum(4 * p.numel() for p in model.parameters())
-    block = 2 * 64 * 64 * 4  # W_in and W_out of a width-64 block (float32)
-    # the copy of the model with its block, and AdamW's two moments of the block's parameters
-    assert got >= weights + block + 2 * block
 
 
 def test_linearize_cell_bytes_hold_the_frozen_kernel_and_its_eigenbasis():

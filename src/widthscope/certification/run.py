@@ -32,7 +32,6 @@ from ..errors import WidthscopeError
 from ..models.hf import model_info
 from ..options import CertifyOptions, CertifyRunOptions
 from ..probe import all_points, collect, insertion_points, resolve_points
-from ..probe.cost_plan import device_memory
 from ..probe.intervene import batch_size_of, index_batch, to_batches
 from ..stats import vacuous_rule
 from ..train import resolve_device, train
@@ -128,6 +127,32 @@ def _check_space(job: CertifyJob, names: Sequence[str], dims: dict[str, int], ro
         d = sum(opts.project or v for v in dims.values())
         # float64 rows, and a header with the settings and each point's intervention rows
         _io.check_space(job.save_samples, 8 * rows * n * d + 8000 + 6000 * len(names), "the samples")
+
+
+def device_memory(device: torch.device | str) -> tuple[int | None, str]:
+    """Free memory of the run's device: CUDA ``mem_get_info``, else ``MemAvailable``."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free), f"free on {device}"
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "MemAvailable"
+    except (OSError, ValueError, IndexError):
+        pass
+    return None, "unknown (no /proc/meminfo)"
+
+
+def load_checkpoint(spec: InputSpec, seed: int) -> tuple[nn.Module, Any]:
+    """The model as the run loads it (``--plan`` loads it the same way)."""
+    return _load(spec, seed)
+
+
+def run_device(name: str) -> torch.device:
+    """The device the run probes on (``--device``, as the run resolves it)."""
+    return _device()(name)
 
 
 def _available_memory() -> int | None:

@@ -13,7 +13,6 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ..certification.plan import plan_run
 from ..certification.run import CertifyJob, list_points, run_certify
 from ..data.corpus import dataset_splits
 from ..data.published import is_all
@@ -21,6 +20,7 @@ from ..data.sources import splits_of
 from ..data.spec import InputSpec
 from ..errors import WidthscopeError
 from ..options import PROTOCOLS, CertifyOptions, CertifyRunOptions
+from ..plan import plan_certify
 from ..validate import check_pools, float_list, int_list, pairs_of
 from .args import add_options, given_fields, load_config, options_from_args
 from .inputs import add_arguments as add_inputs
@@ -226,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(list_points(spec, every_module=args.all)), flush=True)
         return 0
     if args.plan or args.plan_no_time:
-        print(plan_run(spec, opts, run_opts, time_batch=not args.plan_no_time).table(), flush=True)
+        print(plan_certify(spec, opts, run_opts, time_run=not args.plan_no_time).table(), flush=True)
         return 0
     job = CertifyJob(
         spec=spec,

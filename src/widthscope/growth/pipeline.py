@@ -385,3 +385,13 @@ def run_grow(
     if out:
         atomic_write_json(out, res)
     return res
+
+
+def chosen_points(cands: list[dict[str, Any]], opts: GrowOptions) -> list[tuple[str, dict[str, Any]]]:
+    """The points a run grows at (``--plan`` counts them)."""
+    return _chosen(cands, opts)
+
+
+def split_pools(model: nn.Module, train: Any, test: Any, opts: GrowOptions) -> Any:
+    """The ranking and evaluation pools a run splits (``--plan`` splits them the same way)."""
+    return _split_pools(model, train, test, opts, None)

@@ -65,6 +65,7 @@ __all__ = [
     "TASKS",
     "DTYPES",
     "load_hf",
+    "meta_checkpoint",
     "hf_task",
     "main_stack",
     "eager_attention",
@@ -422,3 +423,38 @@ def _dispatched(model: nn.Module, budget: dict[Any, Any] | None, folder: str | N
     if disk and temp is not None:
         model._widthscope_offload_folder = temp  # type: ignore[assignment]
     finish(model, budget, folder if disk else None)
+
+
+def meta_checkpoint(
+    model: Any, revision: str | None = None, task: str | None = None, dtype: str = "auto"
+) -> nn.Module | None:
+    """A Hugging Face checkpoint's architecture on the meta device, as :func:`load_hf` would build it
+    (accelerate's ``init_empty_weights``: no weight read; ``dtype`` "auto": its config's); ``None``
+    where ``model`` is no Hugging Face checkpoint directory (``--plan-no-time`` counts it)."""
+    if not isinstance(model, str) or model == "builtin":
+        return None
+    path, hub = resolve_model(model, revision)
+    cfg_file = Path(path) / "config.json"
+    try:
+        raw = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict) or "model_type" not in raw:
+        return None
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig
+
+    check_model_type(raw, cfg_file)
+    task = task or hf_task(raw, str(cfg_file))
+    config = AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+    named = raw.get("dtype") or raw.get("torch_dtype")
+    dt = getattr(torch, dtype) if dtype != "auto" else getattr(torch, str(named or "float32"), None)
+    if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
+        dt = torch.float32
+    with init_empty_weights(include_buffers=True):
+        built = auto_classes()[task].from_config(config, dtype=dt)
+    built.eval()
+    built.widthscope_task = task
+    built.widthscope_points = main_stack(built)
+    built.widthscope_hf = {"directory": str(path), "architecture": type(built).__name__}
+    return attach(built, hub)

@@ -15,7 +15,7 @@ resident set is what the run holds at once, not what the allocator keeps):
 - **a forked child** where the work does not pickle (a lambda, a class defined in ``__main__``) or
   would not fit in memory twice: the child sets the threshold with ``mallopt``, but it inherits this
   process's heap; a heap the planner left in pieces makes the step fault in more pages than a fresh
-  run's does (the widest linearize cell of ``plan_accuracy_train.py``: 122 MB from a fresh process,
+  run's does (the widest linearize cell of the former ``plan_accuracy_train.py``: 122 MB from a fresh process,
   190-219 MB from a fork; the run's peak 143 MB).
 
 In both, the work runs once first (the libraries' code is mapped lazily, page by page, as it

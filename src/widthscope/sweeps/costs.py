@@ -5,11 +5,11 @@ checkpoint, keyed by its ``config.json``, so the revisions of one architecture c
 
 * an alignment family is built on the *meta* device (no memory, no weights) with the data-dependent
   sizes read from its split; one probed example is counted as the probe runs it
-  (:func:`widthscope.certification.plan.count_pass`: FLOPs forward and backward to the points, the live
+  (:func:`widthscope.probe.cost.count_pass`: FLOPs forward and backward to the points, the live
   peak per example), and one training example as training runs it (forward, loss, backward to every
   parameter, :class:`torch.utils.flop_counter.FlopCounterMode`) times ``steps x batch_size``;
-* a suite's checkpoint is planned by :func:`widthscope.certification.plan.plan_run` with
-  ``time_batch=False``: its architecture from ``config.json`` on the meta device, so a checkpoint
+* a suite's checkpoint is planned by :func:`widthscope.plan.plan_certify` with
+  ``time_run=False``: its architecture from ``config.json`` on the meta device, so a checkpoint
   whose weights are missing or damaged still plans.
 
 A cell's FLOPs: the probe (``n_train + n_test`` examples per probe condition and length, forward and
@@ -35,12 +35,13 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from .. import models, probe
 from .._io import format_table, human_size
-from ..certification.plan import CostPlan, count_pass, plan_run, time_statistics
+from ..certification.run import device_memory
 from ..errors import WidthscopeError
 from ..options import CertifyOptions, CertifyRunOptions
+from ..plan import Plan, plan_certify, time_statistics
 from ..probe import resolve_points
 from ..probe.batches import batch_size_of
-from ..probe.cost_plan import device_memory, max_batch
+from ..probe.cost import count_pass
 from ..probe.insert import channel_dim
 from ..probe.losses import logits_of
 from .cell import _cell_monitor, cell_options
@@ -195,7 +196,7 @@ def _alignment_time(cfg: SweepConfig, fam: FamilySpec, width: float, budget: int
     backward, AdamW, at the training batch size, x steps); per probe condition and length (its own
     pools, drawn as the cell draws them) one timed probed batch x the pools' batches, and the
     statistics of every point timed on random samples of the pools' sizes and the point's width
-    (:func:`widthscope.certification.plan.time_statistics`); the interventions' forwards at the probe's
+    (:func:`widthscope.plan.time_statistics`); the interventions' forwards at the probe's
     forward share; and with a ``monitor`` table one timed monitor probe x its steps."""
     split = _load_split(fam, budget, cfg)
     torch.manual_seed(0)
@@ -295,18 +296,26 @@ def alignment_costs(
 
 
 # ----------------------------------------------------------------------------- suites
-def _from_plan(p: CostPlan) -> dict[str, Any]:
+def max_batch(free: int | None, resident: int, held: int, per_example: int) -> int | None:
+    """The largest batch whose ``per_example`` bytes fit in ``free`` beside ``resident`` weights and
+    ``held`` bytes (None where free memory or the per-example cost is unknown)."""
+    if free is None or per_example <= 0:
+        return None
+    return max(0, (free - resident - held) // per_example)
+
+
+def _from_plan(p: Plan) -> dict[str, Any]:
+    """A suite checkpoint's row from its ``certify --plan`` (:func:`widthscope.plan.plan_certify`):
+    its work, not the process's start (the sweep's own, once)."""
+    work = [t for n, t in p.parts if not n.startswith("process start")]
     return {
-        "cell_s": p.predicted_s,
+        "cell_s": sum(t for t in work if t is not None) if p.timed else None,
         "parameters": p.parameters,
         "weight_bytes": p.weight_bytes,
         "dtype": p.dtype,
-        "flops_forward": p.flops_forward,
-        "flops_backward": p.flops_backward,
-        "peak_bytes_per_example": p.probe_peak_bytes_per_example,
+        "peak_bytes_per_example": p.bytes_per_example,
         "sample_bytes": p.sample_bytes,
-        "probe_examples": p.n_train + p.n_test,
-        "intervention_forwards": p.intervention_forwards,
+        "probe_examples": p.examples,
         "max_batch": p.max_batch,
     }
 
@@ -321,7 +330,7 @@ def suite_costs(
 ) -> list[ModelCost]:
     """One :class:`ModelCost` per distinct checkpoint architecture of a suite's ``cells``
     (``directory``: a cell's local snapshot, None when not cached: not counted); ``timed``
-    (``--plan``): the weights loaded and a batch timed (:func:`~widthscope.certification.plan.plan_run`'s
+    (``--plan``): the weights loaded and a batch timed (:func:`~widthscope.plan.plan_certify`'s
     prediction of one cell)."""
     groups: dict[tuple[str, str], list[tuple[Mapping[str, Any], Path | None]]] = {}
     for c in cells:
@@ -346,7 +355,7 @@ def suite_costs(
         # the local snapshot itself: no hub call, and the revision's own files
         spec = dataclasses.replace(cfg.spec(model, cell["revision"]), model=str(where), revision=None)
         try:
-            counted = _from_plan(plan_run(spec, cfg.certify, run, time_batch=timed))
+            counted = _from_plan(plan_certify(spec, cfg.certify, run, time_run=timed))
         except WidthscopeError as exc:
             raise WidthscopeError(
                 f"sweep config [suite] model {model!r} revision {cell['revision']!r}: {exc}"
