@@ -51,7 +51,7 @@ from widthscope.certification.per_point import statistics  # noqa: E402
 from widthscope.certification.run import CertifyJob, run_certify  # noqa: E402
 from widthscope.data.spec import InputSpec  # noqa: E402
 from widthscope.options import CertifyOptions, CertifyRunOptions  # noqa: E402
-from widthscope.plan import plan_certify  # noqa: E402
+from widthscope.planning import plan_certify  # noqa: E402
 from widthscope.train import train  # noqa: E402
 
 DTYPES = ("float64", "float32", "bfloat16", "float16")

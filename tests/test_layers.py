@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("inputs", ("widthscope.models", "widthscope.data", "widthscope.checkpoint", "widthscope.train",
                 "widthscope.distributed", "widthscope.validate", "widthscope.hub")),
     ("pipelines", ("widthscope.api", "widthscope.certification", "widthscope.growth", "widthscope.sweeps",
-                   "widthscope.monitor", "widthscope.repair", "widthscope.linearization", "widthscope.plan")),
+                   "widthscope.monitor", "widthscope.repair", "widthscope.linearization", "widthscope.planning")),
     ("presentation", ("widthscope.report", "widthscope.demo")),
     ("command line", ("widthscope.cli", "widthscope.__main__", "widthscope")),
 ]

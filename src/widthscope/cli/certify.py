@@ -20,7 +20,7 @@ from ..data.sources import splits_of
 from ..data.spec import InputSpec
 from ..errors import WidthscopeError
 from ..options import PROTOCOLS, CertifyOptions, CertifyRunOptions
-from ..plan import plan_certify
+from ..planning import plan_certify
 from ..validate import check_pools, float_list, int_list, pairs_of
 from .args import add_options, given_fields, load_config, options_from_args
 from .inputs import add_arguments as add_inputs

@@ -15,7 +15,7 @@ from typing import Any
 from .._io import format_table
 from ..growth.options import GrowOptions
 from ..growth.pipeline import run_grow
-from ..plan import plan_grow
+from ..planning import plan_grow
 from .args import add_config, add_options, config_options, options_from_args
 from .inputs import add_arguments as add_inputs
 from .inputs import spec_from_args

@@ -8,7 +8,7 @@ checkpoint, keyed by its ``config.json``, so the revisions of one architecture c
   (:func:`widthscope.probe.cost.count_pass`: FLOPs forward and backward to the points, the live
   peak per example), and one training example as training runs it (forward, loss, backward to every
   parameter, :class:`torch.utils.flop_counter.FlopCounterMode`) times ``steps x batch_size``;
-* a suite's checkpoint is planned by :func:`widthscope.plan.plan_certify` with
+* a suite's checkpoint is planned by :func:`widthscope.planning.plan_certify` with
   ``time_run=False``: its architecture from ``config.json`` on the meta device, so a checkpoint
   whose weights are missing or damaged still plans.
 
@@ -38,7 +38,7 @@ from .._io import format_table, human_size
 from ..certification.run import device_memory
 from ..errors import WidthscopeError
 from ..options import CertifyOptions, CertifyRunOptions
-from ..plan import Plan, plan_certify, time_statistics
+from ..planning import Plan, plan_certify, time_statistics
 from ..probe import resolve_points
 from ..probe.batches import batch_size_of
 from ..probe.cost import count_pass
@@ -196,7 +196,7 @@ def _alignment_time(cfg: SweepConfig, fam: FamilySpec, width: float, budget: int
     backward, AdamW, at the training batch size, x steps); per probe condition and length (its own
     pools, drawn as the cell draws them) one timed probed batch x the pools' batches, and the
     statistics of every point timed on random samples of the pools' sizes and the point's width
-    (:func:`widthscope.plan.time_statistics`); the interventions' forwards at the probe's
+    (:func:`widthscope.planning.time_statistics`); the interventions' forwards at the probe's
     forward share; and with a ``monitor`` table one timed monitor probe x its steps."""
     split = _load_split(fam, budget, cfg)
     torch.manual_seed(0)
@@ -305,7 +305,7 @@ def max_batch(free: int | None, resident: int, held: int, per_example: int) -> i
 
 
 def _from_plan(p: Plan) -> dict[str, Any]:
-    """A suite checkpoint's row from its ``certify --plan`` (:func:`widthscope.plan.plan_certify`):
+    """A suite checkpoint's row from its ``certify --plan`` (:func:`widthscope.planning.plan_certify`):
     its work, not the process's start (the sweep's own, once)."""
     work = [t for n, t in p.parts if not n.startswith("process start")]
     return {
@@ -330,7 +330,7 @@ def suite_costs(
 ) -> list[ModelCost]:
     """One :class:`ModelCost` per distinct checkpoint architecture of a suite's ``cells``
     (``directory``: a cell's local snapshot, None when not cached: not counted); ``timed``
-    (``--plan``): the weights loaded and a batch timed (:func:`~widthscope.plan.plan_certify`'s
+    (``--plan``): the weights loaded and a batch timed (:func:`~widthscope.planning.plan_certify`'s
     prediction of one cell)."""
     groups: dict[tuple[str, str], list[tuple[Mapping[str, Any], Path | None]]] = {}
     for c in cells:
