@@ -184,6 +184,25 @@ def test_the_public_functions_are_plain_functions_in_either_import_order(first):
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_no_module_shadows_a_top_level_export():
+    """Importing every module of widthscope leaves each top-level name what it was (a module named
+    like an export, e.g. ``widthscope/plan.py`` beside ``ws.plan``, would replace it on import)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib, pkgutil, types, widthscope as ws\n"
+        "before = {n: getattr(ws, n) for n in ws.__all__}\n"
+        "for m in pkgutil.walk_packages(ws.__path__, 'widthscope.'):\n"
+        "    if not m.name.endswith('__main__'):\n"
+        "        importlib.import_module(m.name)\n"
+        "moved = [n for n in ws.__all__ if getattr(ws, n) is not before[n]]\n"
+        "assert not moved, moved\n"
+        "assert not any(isinstance(getattr(ws, n), types.ModuleType) for n in ws.__all__)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_the_readme_quick_start_runs(capsys):
     import re
     from pathlib import Path
