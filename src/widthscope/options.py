@@ -329,7 +329,7 @@ class InterventionOptions(Options):
 
     @property
     def kind(self) -> str | None:
-        """The intervention run (``None`` for none), as :func:`widthscope.probe.intervene` takes it."""
+        """The intervention run (``None`` for none), as :func:`widthscope.probe.interventions.intervene` takes it."""
         return None if self.interventions == "none" else self.interventions
 
 

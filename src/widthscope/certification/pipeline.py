@@ -57,7 +57,7 @@ from ..options import (
     CertifyOptions,
 )
 from ..probe import POOLS, resolve_points
-from ..probe.intervene import check_rel_step, sample_errors
+from ..probe.interventions import check_rel_step, sample_errors
 from ..probe.offload import input_device
 from ..validate import sizes_list
 from .per_point import check_pool, precision_notes, rank_value, ranking, statistics, tables  # noqa: F401  (re-exported)
@@ -127,12 +127,12 @@ def certify_dict(
         estimator: ``"unbiased"`` (U-statistics, default) or ``"plugin"`` (published scripts).
         pool: ``"sum"`` | ``"mean"`` | ``"flatten"`` | ``"token"``.
         interventions: ``"bias"`` (default), ``"block"`` or ``None``: a direct zero-init residual
-            intervention at every point (:func:`widthscope.probe.intervene`) on the first
+            intervention at every point (:func:`widthscope.probe.interventions.intervene`) on the first
             ``max(M)`` train and ``max(K)`` held-out examples: predicted vs actual held-out loss
             change per step size ``etas`` (default: ``n_etas`` log-spaced steps scaled to the point,
             their RMS entry 1e-4…``max_rel_step`` of the activation's; the default 4 are the
             decades 1e-4…0.1: the steps the claims read, 1e-3 and the smallest, and the onset of
-            the breakdown, at 4/9 the cost of :func:`~widthscope.probe.intervene`'s 9
+            the breakdown, at 4/9 the cost of :func:`~widthscope.probe.interventions.intervene`'s 9
             half-decades up to 1; ``n_etas=9, max_rel_step=1`` gives those).
             The held-out probe records what the bias steps' cached prefix needs
             (:func:`widthscope.probe.prefix.keep_prefix`), so they rerun only the network after
@@ -424,7 +424,7 @@ def _interventions(
     ``on_point``; the model's modes are restored. ``kept``: the held-out probe's record of the
     outputs before each point (the bias steps then run only the network after it)."""
     if interventions in INTERVENTION_KINDS:
-        from ..probe.intervene import intervene  # noqa: PLC0415  call-time lookup: tests replace it there
+        from ..probe.interventions import intervene  # noqa: PLC0415  call-time lookup: tests replace it there
 
         m_max, k_max = max(m for m, _ in pairs), max(k for _, k in pairs)
         test_losses = gather_rows(qb.losses[:, None], device)[:, 0]  # all ranks' rows, in order

@@ -20,7 +20,7 @@ block need no ``N × N_h`` per-example matrices.
 Example::
 
     >>> import torch, torch.nn as nn
-    >>> from widthscope.probe.intervene import intervene
+    >>> from widthscope.probe.interventions import intervene
     >>> _ = torch.manual_seed(0)
     >>> net = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 3)).double()
     >>> x, y = torch.randn(64, 4, dtype=torch.float64), torch.randint(0, 3, (64,))
