@@ -176,6 +176,32 @@ def test_first_order_retention(kind):
         assert math.isclose(rows[0]["predicted"], -etas[0] * float(mu @ g), rel_tol=1e-9)
 
 
+def test_a_registered_intervention_kind_runs_through_intervene():
+    """An extension point: a kind is one function of the prepared inputs. This toy steps the bias
+    along the held-out mean (``v = −η g_K``, predicted ``−η‖g_K‖²``): first order, so retention → 1."""
+    from widthscope.probe import collect
+    from widthscope.probe.interventions import Measured
+    from widthscope.registry import INTERVENTION_KINDS
+
+    @INTERVENTION_KINDS.register("heldout_bias")
+    def heldout_bias(x):
+        g = collect(x.model, [x.test], points=[x.point], loss_fn=x.loss_fn, progress=False)[x.point].mean(0)
+        step_norm = float(g.norm()) / math.sqrt(g.numel())
+        etas = x.etas_for(step_norm)
+        steps, align = torch.stack([-float(e) * g for e in etas]), float(g @ g)
+        return Measured(x.stacked_rows(steps, etas, align, step_norm, float(g.norm())), lambda: steps, align)
+
+    net, train, test = _tanh_net()
+    try:
+        rows = intervene(net, "3", train, test, kind="heldout_bias", etas=[1e-5, 1e-4], progress=False)
+    finally:
+        INTERVENTION_KINDS.unregister("heldout_bias")
+    assert [r["probe"] for r in rows] == ["heldout_bias"] * 2 and rows[0]["predicted"] < 0
+    assert abs(rows[0]["retention"] - 1) < 0.01 and rows[0]["below_resolution"] is False
+    with pytest.raises(WidthscopeError, match="kind must be one of 'bias', 'block'"):
+        intervene(net, "3", train, test, kind="heldout_bias", progress=False)
+
+
 def test_default_eta_grid_and_bad_eta():
     net, train, test = _tanh_net()
     rows = intervene(net, "1", train, test, n_etas=5, progress=False)
