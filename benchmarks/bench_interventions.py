@@ -35,7 +35,7 @@ from _common import markdown_table  # noqa: E402
 
 
 def _interventions(model, points, tr, te, qa, qb, M, K, prefix, kept, n_etas, top):
-    from widthscope.probe.intervene import intervene
+    from widthscope.probe.interventions import intervene
 
     t0 = time.perf_counter()
     rows = {p: intervene(model, p, tr, te, M=M, K=K, progress=False, prefix=prefix, n_etas=n_etas, max_rel_step=top,
@@ -49,7 +49,7 @@ def run(quick: bool = False, widths: tuple[int, ...] | None = None) -> list[dict
     from widthscope.certification.pipeline import DEFAULT_MAX_REL_STEP, DEFAULT_N_ETAS
     from widthscope.models import build
     from widthscope.probe import collect, insertion_points
-    from widthscope.probe.intervene import as_examples, to_batches
+    from widthscope.probe.interventions import as_examples, to_batches
     from widthscope.probe.prefix import keep_prefix
 
     sizes = [(64, 64, 64)] if quick else [(128, 64, 256), (256, 128, 256)]

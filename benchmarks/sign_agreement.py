@@ -2,7 +2,7 @@
 
 Input: a finished ``widthscope sweep configs/llama-interventions.toml --out SWEEP_DIR`` (its
 ``results.jsonl`` names the cells, ``artifacts/<cell_id>`` holds each trained model). For every
-cell and block output, :func:`widthscope.probe.intervene.sign_agreement` with ``M = K = 32`` at
+cell and block output, :func:`widthscope.probe.interventions.sign_agreement` with ``M = K = 32`` at
 its default step (RMS = 1e-3 of the activation's, for the pool mean), on the sweep's own split
 (``data.load("text", n_train=2048, n_test=256, seed=0, seq_len=64)``, checked against the rows'
 ``data_description``): train pool = 256 training chunks drawn at random (seed 123) from the 2048,
@@ -63,7 +63,7 @@ def run(sweep: Path, out: Path, *, widest_seeds: tuple[int, ...] = (0,)) -> int:
     from widthscope.checkpoint import load as load_checkpoint
     from widthscope.data import describe, load
     from widthscope.probe import insertion_points
-    from widthscope.probe.intervene import sign_agreement
+    from widthscope.probe.interventions import sign_agreement
 
     cells = _cells(sweep)
     config = json.loads((sweep / "sweep.json").read_text())["config"]

@@ -24,7 +24,7 @@ def stop_second_intervention(monkeypatch):
     import importlib
     from types import SimpleNamespace
 
-    iv = importlib.import_module("widthscope.probe.intervene")  # the module (the package binds the function)
+    iv = importlib.import_module("widthscope.probe.interventions")  # the module (the package binds the function)
     real, calls = iv.intervene, {"n": 0}
 
     def stop_at_second(*a, **k):

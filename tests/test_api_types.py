@@ -68,7 +68,7 @@ class Case:
 _STATS = ("widthscope.stats.bounds:resolve_moments",)
 _COLLECT = ("widthscope.probe.collect:resolve_points",)
 _INSERT = ("widthscope.probe.insert:resolve_module",)
-_INTERVENE = ("widthscope.probe.intervene:as_examples", "widthscope.probe.intervene:resolve_module")
+_INTERVENE = ("widthscope.probe.interventions:as_examples", "widthscope.probe.interventions:resolve_module")
 _NTK = ("widthscope.linear.model:params_and_buffers",)
 _NNGP = ("widthscope.linear.model:as_param_dtype",)
 _PREDICT = ("widthscope.linear.predict:spectral",)

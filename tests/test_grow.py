@@ -7,7 +7,7 @@ import torch
 
 from widthscope.errors import WidthscopeError
 from widthscope.growth import grow, rank_points
-from widthscope.probe.intervene import insert
+from widthscope.probe.interventions import insert
 
 
 def _teacher_task(n_train=384, n_test=256):
@@ -165,7 +165,7 @@ def test_cli_checkpoint_uses_recorded_dataset_default_sizes_and_text_files(tmp_p
     assert rc == 2 and "not a dataset name" in capsys.readouterr().err
 
 def test_report_figures_from_intervention_and_growth_rows(tmp_path):
-    from widthscope.probe.intervene import intervene
+    from widthscope.probe.interventions import intervene
     from widthscope.report.interventions import figures, summary
 
     student, (train, test) = _teacher_task(n_train=64, n_test=48)

@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from widthscope.errors import WidthscopeError
-from widthscope.probe.intervene import (apply_insertions, block_certificate, block_features,
+from widthscope.probe.interventions import (apply_insertions, block_certificate, block_features,
                                         block_gram, insert, inserted_parameters, inserted_state,
                                         intervene, remove_insertion, sign_agreement)
 
@@ -176,6 +176,32 @@ def test_first_order_retention(kind):
         assert math.isclose(rows[0]["predicted"], -etas[0] * float(mu @ g), rel_tol=1e-9)
 
 
+def test_a_registered_intervention_kind_runs_through_intervene():
+    """An extension point: a kind is one function of the prepared inputs. This toy steps the bias
+    along the held-out mean (``v = −η g_K``, predicted ``−η‖g_K‖²``): first order, so retention → 1."""
+    from widthscope.probe import collect
+    from widthscope.probe.interventions import Measured
+    from widthscope.registry import INTERVENTION_KINDS
+
+    @INTERVENTION_KINDS.register("heldout_bias")
+    def heldout_bias(x):
+        g = collect(x.model, [x.test], points=[x.point], loss_fn=x.loss_fn, progress=False)[x.point].mean(0)
+        step_norm = float(g.norm()) / math.sqrt(g.numel())
+        etas = x.etas_for(step_norm)
+        steps, align = torch.stack([-float(e) * g for e in etas]), float(g @ g)
+        return Measured(x.stacked_rows(steps, etas, align, step_norm, float(g.norm())), lambda: steps, align)
+
+    net, train, test = _tanh_net()
+    try:
+        rows = intervene(net, "3", train, test, kind="heldout_bias", etas=[1e-5, 1e-4], progress=False)
+    finally:
+        INTERVENTION_KINDS.unregister("heldout_bias")
+    assert [r["probe"] for r in rows] == ["heldout_bias"] * 2 and rows[0]["predicted"] < 0
+    assert abs(rows[0]["retention"] - 1) < 0.01 and rows[0]["below_resolution"] is False
+    with pytest.raises(WidthscopeError, match="kind must be one of 'bias', 'block'"):
+        intervene(net, "3", train, test, kind="heldout_bias", progress=False)
+
+
 def test_default_eta_grid_and_bad_eta():
     net, train, test = _tanh_net()
     rows = intervene(net, "1", train, test, n_etas=5, progress=False)
@@ -290,7 +316,7 @@ def test_stacked_bias_steps_equal_inserted_biases_and_reuse_equals_recompute():
     and activation scale gives the same rows as measuring them again."""
     from widthscope.models import build
     from widthscope.probe import collect
-    from widthscope.probe.intervene import (bias_rows_stacked, insert, intervene, mean_loss,
+    from widthscope.probe.interventions import (bias_rows_stacked, insert, intervene, mean_loss,
                                             remove_insertion, to_batches)
 
     torch.manual_seed(0)
@@ -365,7 +391,7 @@ def test_cached_prefix_equals_full_forward(dtype, rtol):
     """prefix='auto' (network before the point run once, only the rest per η) gives the held-out
     loss after every step of the full path (whole network per η) to float rounding, stated
     relative to the loss: |ΔL_auto − ΔL_full| ≤ rtol·|L|; predicted ΔL is the same number."""
-    from widthscope.probe.intervene import to_batches
+    from widthscope.probe.interventions import to_batches
 
     for name, model, points, tr, te in _prefix_cases(dtype):
         state = {k: v.clone() for k, v in model.state_dict().items()}
@@ -495,7 +521,7 @@ def test_outputs_kept_from_the_probe_equal_capture_and_full_forward(monkeypatch)
     all points) gives the rows of the per-chunk capture and of the whole network per step, at
     every point from the first to the last: float64, |ΔL_kept − ΔL_other| ≤ 1e-12·|L|."""
     from widthscope.probe import collect
-    from widthscope.probe.intervene import as_examples, to_batches
+    from widthscope.probe.interventions import as_examples, to_batches
     from widthscope.probe import prefix
     from widthscope.probe.prefix import keep_prefix
 
@@ -529,7 +555,7 @@ def test_kept_prefix_over_budget_or_short_falls_back_to_capture():
     """Past max_bytes nothing is kept (and the reason says so); a record of fewer rows than K is
     not used; either way the interventions capture per chunk and give the same rows."""
     from widthscope.probe import collect
-    from widthscope.probe.intervene import as_examples, to_batches
+    from widthscope.probe.interventions import as_examples, to_batches
     from widthscope.probe.prefix import keep_prefix
 
     name, model, points, tr, te = _kept_cases()[0]
@@ -558,7 +584,7 @@ def test_certify_default_interventions_decade_grid_equal_full_path(monkeypatch):
     (the same floats) and rows."""
     from widthscope.certification import certify_dict
     from widthscope.certification.pipeline import DEFAULT_MAX_REL_STEP, DEFAULT_N_ETAS
-    from widthscope.probe.intervene import to_batches
+    from widthscope.probe.interventions import to_batches
 
     assert (DEFAULT_N_ETAS, DEFAULT_MAX_REL_STEP) == (4, 0.1)
     name, model, points, tr, te = _kept_cases()[0]
@@ -597,7 +623,7 @@ def test_block_probe_stacked_equals_inserted_block_per_step(monkeypatch):
     inserted block with W_out = −η G_M, one whole forward per η (prefix="full"), at the first and
     the last point: float64, |ΔL − ΔL_full| ≤ 1e-12·|L|."""
     from widthscope.probe import collect, prefix
-    from widthscope.probe.intervene import as_examples, to_batches
+    from widthscope.probe.interventions import as_examples, to_batches
     from widthscope.probe.prefix import keep_prefix
 
     for name, model, points, tr, te in _kept_cases():
@@ -674,7 +700,7 @@ def test_grid_note_when_the_largest_step_is_still_first_order():
     float64 MLP where 0.1 is still first order (note) and the same with explicit etas (no note)."""
     from widthscope.certification import certify_dict
     from widthscope.certification.pipeline import STILL_FIRST_ORDER, grid_notes
-    from widthscope.probe.intervene import to_batches
+    from widthscope.probe.interventions import to_batches
 
     def pt(name, pred, act):
         return {"point": name, "interventions": [{"eta": 1e-3, "predicted": pred / 100, "actual": pred / 100},

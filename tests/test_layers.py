@@ -123,7 +123,7 @@ def test_no_module_reaches_another_modules_private_name():
     assert not stale, f"remove from KNOWN_PRIVATE_IMPORTERS: {sorted(stale)}"
 
 
-@pytest.mark.parametrize("source,expected", [("from ..probe.intervene import _index", True),
+@pytest.mark.parametrize("source,expected", [("from ..probe.interventions import _index", True),
                                              ("from .pipeline import _helper", True),
                                              ("from . import pipeline\nx = pipeline._helper", True),
                                              ("from .. import _args", False),

@@ -36,7 +36,7 @@ def test_plan_bench_flops_and_parameters_equal_a_real_step(bench_plan):
     from widthscope.growth.block import step_flops
     from widthscope.growth.cell import _grown
     from widthscope.growth.suite import build_model, cell_data, cells
-    from widthscope.probe.intervene import index_batch
+    from widthscope.probe.interventions import index_batch
 
     cell = next(c for c in cells("quick", (0,)) if c["model"] == "llama-16")
     train, _, _, _ = cell_data(cell)

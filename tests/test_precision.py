@@ -22,7 +22,7 @@ from widthscope import models
 from widthscope.certification.per_point import rounding_bounds, statistics, tables
 from widthscope.probe import collect
 from widthscope.probe.collect import causal_lm_loss
-from widthscope.probe.intervene import (
+from widthscope.probe.interventions import (
     RESOLUTION_FACTOR,
     intervene,
     loss_rounding,

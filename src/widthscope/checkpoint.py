@@ -50,7 +50,7 @@ from .errors import WidthscopeError
 from .hub import attach, resolve_model
 from .models import build, count_parameters
 from .models.hf import DTYPES, WIDTHSCOPE_FAMILY, auto_classes, check_model_type, hf_task, load_hf, main_stack
-from .probe.intervene import apply_insertions
+from .probe.interventions import apply_insertions
 
 __all__ = ["save", "load", "read_config"]
 

@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal, TypeVar
 
 from .errors import WidthscopeError, WidthscopeTypeError
+from .registry import INTERVENTION_KINDS as _INTERVENTION_REGISTRY
 
 __all__ = [
     "option",
@@ -63,8 +64,9 @@ DEFAULT_N_ETAS = 4  # the decades 1e-4 .. 1e-1 of the activation's RMS (docs/int
 DEFAULT_MAX_REL_STEP = 0.1
 ESTIMATORS = ("unbiased", "plugin")
 POOLS = ("sum", "mean", "flatten", "token")
-# what widthscope.probe.insert adds at a point and intervene measures (the one list of the kinds)
-INTERVENTION_KINDS = ("bias", "block")
+# what widthscope.probe.insert adds at a point and intervene measures: the built-in names of
+# widthscope.registry.INTERVENTION_KINDS (the one list of the kinds)
+INTERVENTION_KINDS = _INTERVENTION_REGISTRY.names()
 INTERVENTIONS = (*INTERVENTION_KINDS, "none")
 DRAW_SCHEMES = ("shared", "per-pair")
 MAX_ETAS = 100  # each step evaluates the held-out pool at every point
@@ -329,7 +331,7 @@ class InterventionOptions(Options):
 
     @property
     def kind(self) -> str | None:
-        """The intervention run (``None`` for none), as :func:`widthscope.probe.intervene` takes it."""
+        """The intervention run (``None`` for none), as :func:`widthscope.probe.interventions.intervene` takes it."""
         return None if self.interventions == "none" else self.interventions
 
 

@@ -52,7 +52,7 @@ from .probe import collect, resolve_points
 from .probe.blocks import block_of
 from .probe.collect import to_device
 from .probe.insert import insert
-from .probe.intervene import batch_size_of, index_batch, mean_loss, to_batches
+from .probe.interventions import batch_size_of, index_batch, mean_loss, to_batches
 from .train import train as train_model
 
 __all__ = [

@@ -3,6 +3,12 @@
 - :data:`GROWTH_OPERATORS`: how ``widthscope grow-target`` grows a model, ``fn(model, size, *, cell,
   seed) -> widthscope.growth.operators.Growth`` (``size``: the grown model's depth or width, as the
   entry's ``axis`` says; ``cell``: the benchmark cell's settings, e.g. ``cell["width"]``).
+- :data:`INTERVENTION_KINDS`: what :func:`widthscope.probe.interventions.intervene` measures,
+  ``fn(inputs) -> Measured`` (``inputs``: :class:`~widthscope.probe.interventions.InterventionInputs`,
+  the examples, losses and settings prepared once; returns the rows of predicted against measured
+  loss change per ``η`` and the steps taken). ``reuse_probe=True``: the activation's scale and the
+  held-out losses may come from a probe's ``reuse`` (the bias kind's). The options' choices
+  (``--interventions``, :data:`widthscope.options.INTERVENTION_KINDS`) are the built-in names.
 
 This module imports nothing heavy: the options read their choices from it (``--operators``), and the
 built-in entries are import paths (``"module:function"``) loaded on first use. A new entry is one
@@ -22,7 +28,7 @@ from typing import Any
 
 from .errors import WidthscopeError
 
-__all__ = ["Registry", "GROWTH_OPERATORS"]
+__all__ = ["Registry", "GROWTH_OPERATORS", "INTERVENTION_KINDS"]
 
 
 class Registry:
@@ -99,3 +105,7 @@ class _FieldView(Mapping[str, Any]):
 GROWTH_OPERATORS = Registry("growth operator", fields=("axis",))
 for _name, _axis in (("stack_copy", "depth"), ("stack_zero", "depth"), ("zero_block", "depth"), ("widen", "width")):
     GROWTH_OPERATORS.register(_name, f"widthscope.growth.target:grow_{_name}", axis=_axis)
+
+INTERVENTION_KINDS = Registry("intervention kind")
+INTERVENTION_KINDS.register("bias", "widthscope.probe.interventions:measure_bias", reuse_probe=True)
+INTERVENTION_KINDS.register("block", "widthscope.probe.interventions:measure_block")

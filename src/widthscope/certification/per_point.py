@@ -14,7 +14,7 @@ import torch
 from .. import stats
 from .._io import format_table, to_jsonable
 from ..errors import WidthscopeError
-from ..probe.intervene import precision_note, projected_rounding
+from ..probe.interventions import precision_note, projected_rounding
 from ..stats.estimators import Estimator
 from ..stats.sketch import Projector, correct_projected_cross, finalize_projected
 
@@ -23,7 +23,7 @@ __all__ = ["statistics", "ranking", "tables", "rounding_bounds", "precision_note
 # Default relative error of one sample vector from a bfloat16/float16 model, in units of the dtype's
 # unit roundoff u: measured ≤ 2.4u per sample on the tiny Llamas of tests/test_lowprec.py (4u is
 # that test's tolerance), but 32u on a confidently fitted MLP classifier: pass the measured value
-# (widthscope.probe.intervene.sample_rounding) where the model is at hand.
+# (widthscope.probe.interventions.sample_rounding) where the model is at hand.
 SAMPLE_REL_ERROR = 4.0
 _LOW = (torch.bfloat16, torch.float16)
 
@@ -47,9 +47,9 @@ def rounding_bounds(
     from upcast samples, so only the samples' own rounding matters).
 
     **Measured** (``errors``: the rounding errors of a few train and held-out samples,
-    :func:`widthscope.probe.intervene.sample_errors`): ``δ(ā·b̄) ≈ δā·b̄ + ā·δb̄`` and
+    :func:`widthscope.probe.interventions.sample_errors`): ``δ(ā·b̄) ≈ δā·b̄ + ā·δb̄`` and
     ``δ‖μ‖² ≈ 2 δs̄·s̄``, each term estimated by
-    :func:`~widthscope.probe.intervene.projected_rounding` (systematic part + 3 standard errors).
+    :func:`~widthscope.probe.interventions.projected_rounding` (systematic part + 3 standard errors).
     This is what certify should use: it flags only what the rounding actually reaches.
 
     **Worst case** (no ``errors``): with every sample off by at most ``ρ`` of its norm (``rho``;
@@ -143,7 +143,7 @@ def statistics(
     ``points`` rows of :func:`certify` and its notes. ``widthscope stats`` reruns exactly this
     on saved samples. ``sample_dtype``: the dtype of the model the samples came from; for
     bfloat16/float16 each row gets ``rounding`` (:func:`rounding_bounds`: measured from
-    ``sample_errors[point]`` = :func:`widthscope.probe.intervene.sample_errors` where given, else
+    ``sample_errors[point]`` = :func:`widthscope.probe.interventions.sample_errors` where given, else
     the worst case with ``ρ`` = ``sample_rel_error`` (one number or one per point) or
     ``SAMPLE_REL_ERROR · u``) and the notes name every first-order statistic whose estimate is
     within rounding of zero.

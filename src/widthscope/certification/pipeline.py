@@ -57,7 +57,7 @@ from ..options import (
     CertifyOptions,
 )
 from ..probe import POOLS, resolve_points
-from ..probe.intervene import check_rel_step, sample_errors
+from ..probe.interventions import check_rel_step, sample_errors
 from ..probe.offload import input_device
 from ..validate import sizes_list
 from .per_point import check_pool, precision_notes, rank_value, ranking, statistics, tables  # noqa: F401  (re-exported)
@@ -116,6 +116,8 @@ def certify_dict(
 
     The settings are a :class:`~widthscope.options.CertifyOptions` (``options``; default
     ``CertifyOptions()``); the keywords below are conveniences that override its fields.
+    The steps, after the argument checks: :func:`_resolve` (inputs), :func:`_probe` (probe pools),
+    :func:`_statistics` (statistics per point), :func:`_interventions`, :func:`_result` (assembly).
 
     Args:
         model: trained model (any device; it is not moved).
@@ -127,12 +129,12 @@ def certify_dict(
         estimator: ``"unbiased"`` (U-statistics, default) or ``"plugin"`` (published scripts).
         pool: ``"sum"`` | ``"mean"`` | ``"flatten"`` | ``"token"``.
         interventions: ``"bias"`` (default), ``"block"`` or ``None``: a direct zero-init residual
-            intervention at every point (:func:`widthscope.probe.intervene`) on the first
+            intervention at every point (:func:`widthscope.probe.interventions.intervene`) on the first
             ``max(M)`` train and ``max(K)`` held-out examples: predicted vs actual held-out loss
             change per step size ``etas`` (default: ``n_etas`` log-spaced steps scaled to the point,
             their RMS entry 1e-4…``max_rel_step`` of the activation's; the default 4 are the
             decades 1e-4…0.1: the steps the claims read, 1e-3 and the smallest, and the onset of
-            the breakdown, at 4/9 the cost of :func:`~widthscope.probe.intervene`'s 9
+            the breakdown, at 4/9 the cost of :func:`~widthscope.probe.interventions.intervene`'s 9
             half-decades up to 1; ``n_etas=9, max_rel_step=1`` gives those).
             The held-out probe records what the bias steps' cached prefix needs
             (:func:`widthscope.probe.prefix.keep_prefix`), so they rerun only the network after
@@ -212,100 +214,62 @@ def certify_dict(
     _args.mapping(fn, "samples_out", samples_out, mutable=True)
     _args.function(fn, "on_point", on_point)
     opts = _options(options, given)
-    draws, seed = opts.draws, opts.seed
-    estimator, pool, train_mode, interventions = opts.estimator, opts.pool, opts.train_mode, opts.kind
-    etas, n_etas, max_rel_step = opts.etas, opts.n_etas, opts.max_rel_step
-    project, draw_scheme = opts.project, opts.draw_scheme
-    pairs, names, train_list, test_list, W, device = _resolve(model, train_batches, test_batches, opts)
+    run = _resolve(model, train_batches, test_batches, opts, loss_fn=loss_fn, progress=progress)
+    probed = _probe(run)
+    per_point = _statistics(run, probed, samples_out)
+    intervene_s = _interventions(run, probed, per_point, on_point)
+    return _result(run, probed, per_point, intervene_s)
 
-    max_rel_step = check_rel_step(max_rel_step)
-    t0 = time.perf_counter()
-    keep = KeepPrefix(
-        model,
-        names,
-        test_list,
-        max(k for _, k in pairs),
-        loss_fn=loss_fn,
-        device=device,
-        wanted=interventions in INTERVENTION_KINDS and project is None and W == 1 and train_mode == "eval",
-    )
-    qa, qb, projectors = probe_pools(
-        model,
-        names,
-        train_list,
-        test_list,
-        loss_fn=loss_fn,
-        pool=pool,
-        train_mode=train_mode,
-        progress=progress,
-        project=project,
-        seed=seed,
-        keep=keep,
-    )
-    probe_s = time.perf_counter() - t0
-    notes = list(dict.fromkeys(qa.notes + qb.notes))
 
-    t0 = time.perf_counter()
-    gathered_a, gathered_b, dims = gather_pools(qa, qb, names, device, projectors, project)
-    low = low_precision(model)
-    errors = None
-    if low is not None and project is None and W == 1:  # measured rounding of the samples (4 small probes a point)
-        errors = {p: e for p in names if (e := sample_errors(model, p, train_list, test_list, loss_fn)) is not None}
-    results, more = statistics(
-        gathered_a,
-        gathered_b,
-        pairs=pairs,
-        draws=draws,
-        seed=seed,
-        estimator=estimator,
-        pool=pool,
-        project=project,
-        dims=dims,
-        draw_scheme=draw_scheme,
-        sample_dtype=low,
-        sample_errors=errors or None,
-    )
-    notes += more
-    if samples_out is not None:
-        samples_out.update(train=gathered_a, test=gathered_b, dims=dims)
-    stats_s = time.perf_counter() - t0
+@dataclasses.dataclass
+class CertifyInputs:
+    """:func:`certify_dict`'s resolved inputs (:func:`_resolve`): the settings, the ``(M, K)``
+    pairs, the points, the batch lists, the world size and the device the inputs go to."""
 
-    t0 = time.perf_counter()
-    _interventions(
-        model,
-        results,
-        qa,
-        qb,
-        gathered_a,
-        gathered_b,
-        train_list,
-        test_list,
-        pairs,
-        device,
-        interventions=interventions,
-        etas=etas,
-        n_etas=n_etas,
-        max_rel_step=max_rel_step,
-        loss_fn=loss_fn,
-        seed=seed,
-        project=project,
-        train_mode=train_mode,
-        on_point=on_point,
-        kept=getattr(keep, "kept", None),
-    )
-    intervene_s = time.perf_counter() - t0
-    if etas is None:
-        notes += grid_notes(results, max_rel_step)
-    notes += precision_notes(results)
+    model: nn.Module
+    opts: CertifyOptions
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None
+    progress: bool
+    pairs: list[tuple[int, int]]
+    names: list[str]
+    train_list: list[Any]
+    test_list: list[Any]
+    W: int
+    device: torch.device
+    max_rel_step: float
 
-    return {
-        "settings": settings_block(opts, names, world_size=W),
-        "points": results,
-        "ranking": ranking(results),
-        "notes": notes,
-        "timing": {"probe_s": probe_s, "stats_s": stats_s, "intervene_s": intervene_s},
-        "options": {"certify": opts.to_dict()},  # what made it: CertifyOptions.from_dict repeats it
-    }
+    @property
+    def m_max(self) -> int:
+        return max(m for m, _ in self.pairs)
+
+    @property
+    def k_max(self) -> int:
+        return max(k for _, k in self.pairs)
+
+
+@dataclasses.dataclass
+class Probed:
+    """The probe step's pools (:func:`_probe`): each rank's samples ``qa``/``qb`` (train, held-out),
+    their projectors, the kept prefix the bias steps reuse, the probe's notes and its seconds."""
+
+    qa: Any
+    qb: Any
+    projectors: Any
+    keep: KeepPrefix
+    notes: list[str]
+    seconds: float
+
+
+@dataclasses.dataclass
+class PerPoint:
+    """The statistics step (:func:`_statistics`): one row per point (``results``, the interventions
+    are added to them), the samples gathered across ranks, the notes and the seconds."""
+
+    results: list[dict[str, Any]]
+    gathered_a: dict[str, torch.Tensor]
+    gathered_b: dict[str, torch.Tensor]
+    notes: list[str]
+    seconds: float
 
 
 def _options(options: CertifyOptions | None, given: dict[str, Any]) -> CertifyOptions:
@@ -345,11 +309,17 @@ def settings_block(opts: CertifyOptions, names: Sequence[str], *, world_size: in
 
 
 def _resolve(
-    model: nn.Module, train_batches: Iterable[Any], test_batches: Iterable[Any], opts: CertifyOptions
-) -> tuple[list[tuple[int, int]], list[str], list[Any], list[Any], int, torch.device]:
-    """Resolve the ``(M, K)`` pairs, the points, the batch lists, the world size and the model's
-    device, and check the pools against them — all before any probing (the settings themselves
-    were validated when ``opts`` was made)."""
+    model: nn.Module,
+    train_batches: Iterable[Any],
+    test_batches: Iterable[Any],
+    opts: CertifyOptions,
+    *,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    progress: bool = True,
+) -> CertifyInputs:
+    """Resolve the inputs: the ``(M, K)`` pairs, the points, the batch lists, the world size and
+    the model's device, and check the pools against them — all before any probing (the settings
+    themselves were validated when ``opts`` was made)."""
     pairs = opts.pairs
     names = resolve_points(model, list(opts.points) if opts.points else None)
     train_list, test_list = list(train_batches), list(test_batches)
@@ -363,7 +333,94 @@ def _resolve(
         check_pool(count_examples(train_list), max(m for m, _ in pairs), "train", "n_train", opts.pool)
         check_pool(count_examples(test_list), max(k for _, k in pairs), "held-out", "n_test", opts.pool)
     device = input_device(model)  # a dispatched model's inputs go where its first block runs
-    return pairs, names, train_list, test_list, W, device
+    max_rel_step = check_rel_step(opts.max_rel_step)
+    return CertifyInputs(model, opts, loss_fn, progress, pairs, names, train_list, test_list, W, device, max_rel_step)
+
+
+def _probe(run: CertifyInputs) -> Probed:
+    """The probe pools: every point's pooled samples on the train and held-out batches, keeping
+    the prefix the interventions reuse where they will run (:mod:`.probing`)."""
+    opts = run.opts
+    t0 = time.perf_counter()
+    keep = KeepPrefix(
+        run.model,
+        run.names,
+        run.test_list,
+        run.k_max,
+        loss_fn=run.loss_fn,
+        device=run.device,
+        wanted=opts.kind in INTERVENTION_KINDS and opts.project is None and run.W == 1 and opts.train_mode == "eval",
+    )
+    qa, qb, projectors = probe_pools(
+        run.model,
+        run.names,
+        run.train_list,
+        run.test_list,
+        loss_fn=run.loss_fn,
+        pool=opts.pool,
+        train_mode=opts.train_mode,
+        progress=run.progress,
+        project=opts.project,
+        seed=opts.seed,
+        keep=keep,
+    )
+    notes = list(dict.fromkeys(qa.notes + qb.notes))
+    return Probed(qa, qb, projectors, keep, notes, time.perf_counter() - t0)
+
+
+def _statistics(run: CertifyInputs, probed: Probed, samples_out: dict[str, Any] | None) -> PerPoint:
+    """The statistics per point: the samples gathered across ranks, for a bfloat16/float16 model
+    their measured rounding, then every point's moments, certificates and misalignment
+    (:func:`~.per_point.statistics`); ``samples_out`` receives the samples."""
+    opts, model = run.opts, run.model
+    t0 = time.perf_counter()
+    gathered_a, gathered_b, dims = gather_pools(
+        probed.qa, probed.qb, run.names, run.device, probed.projectors, opts.project
+    )
+    low = low_precision(model)
+    errors = None
+    if (
+        low is not None and opts.project is None and run.W == 1
+    ):  # measured rounding of the samples (4 small probes a point)
+        errors = {
+            p: e
+            for p in run.names
+            if (e := sample_errors(model, p, run.train_list, run.test_list, run.loss_fn)) is not None
+        }
+    results, notes = statistics(
+        gathered_a,
+        gathered_b,
+        pairs=run.pairs,
+        draws=opts.draws,
+        seed=opts.seed,
+        estimator=opts.estimator,
+        pool=opts.pool,
+        project=opts.project,
+        dims=dims,
+        draw_scheme=opts.draw_scheme,
+        sample_dtype=low,
+        sample_errors=errors or None,
+    )
+    if samples_out is not None:
+        samples_out.update(train=gathered_a, test=gathered_b, dims=dims)
+    return PerPoint(results, gathered_a, gathered_b, notes, time.perf_counter() - t0)
+
+
+def _result(run: CertifyInputs, probed: Probed, per_point: PerPoint, intervene_s: float) -> dict[str, Any]:
+    """Assemble the result: settings, the rows, the ranking, the notes, the timing and the options."""
+    opts, results = run.opts, per_point.results
+    notes = probed.notes + per_point.notes
+    if opts.etas is None:
+        notes += grid_notes(results, run.max_rel_step)
+    notes += precision_notes(results)
+    return {
+        "settings": settings_block(opts, run.names, world_size=run.W),
+        "points": results,
+        "ranking": ranking(results),
+        "notes": notes,
+        "timing": {"probe_s": probed.seconds, "stats_s": per_point.seconds, "intervene_s": intervene_s},
+        "options": {"certify": opts.to_dict()},  # what made it: CertifyOptions.from_dict repeats it
+    }
 
 
 # The largest default step "still first order": it gave at least this share of the predicted decrease.
@@ -398,39 +455,25 @@ def grid_notes(results: Sequence[dict[str, Any]], max_rel_step: float) -> list[s
 
 
 def _interventions(
-    model: nn.Module,
-    results: list[dict[str, Any]],
-    qa: Any,
-    qb: Any,
-    gathered_a: dict[str, torch.Tensor],
-    gathered_b: dict[str, torch.Tensor],
-    train_list: list[Any],
-    test_list: list[Any],
-    pairs: list[tuple[int, int]],
-    device: torch.device,
-    *,
-    interventions: str | None,
-    etas: Sequence[float] | None,
-    n_etas: int,
-    max_rel_step: float,
-    loss_fn: Callable[[Any, Any], torch.Tensor] | None,
-    seed: int,
-    project: int | None,
-    train_mode: str,
+    run: CertifyInputs,
+    probed: Probed,
+    per_point: PerPoint,
     on_point: Callable[[dict[str, Any]], None] | None,
-    kept: Any = None,
-) -> None:
-    """Add each point's ``interventions`` to its row (in place), handing each finished row to
-    ``on_point``; the model's modes are restored. ``kept``: the held-out probe's record of the
-    outputs before each point (the bias steps then run only the network after it)."""
-    if interventions in INTERVENTION_KINDS:
-        from ..probe.intervene import intervene  # noqa: PLC0415  call-time lookup: tests replace it there
+) -> float:
+    """The interventions: add each point's ``interventions`` to its row (in place), handing each
+    finished row to ``on_point``; the model's modes are restored. The bias steps reuse the probe's
+    samples, held-out losses, activation scale and kept prefix (then only the network after each
+    point runs). Returns the seconds taken."""
+    t0 = time.perf_counter()
+    opts, model, results = run.opts, run.model, per_point.results
+    if opts.kind in INTERVENTION_KINDS:
+        from ..probe.interventions import intervene  # noqa: PLC0415  call-time lookup: tests replace it there
 
-        m_max, k_max = max(m for m, _ in pairs), max(k for _, k in pairs)
-        test_losses = gather_rows(qb.losses[:, None], device)[:, 0]  # all ranks' rows, in order
+        qa, qb = probed.qa, probed.qb
+        test_losses = gather_rows(qb.losses[:, None], run.device)[:, 0]  # all ranks' rows, in order
         was_training = {m: m.training for m in model.modules()}
         try:
-            if train_mode == "eval":
+            if opts.train_mode == "eval":
                 model.eval()
             for r in results:
                 # Rank 0 only: every rank holds the full batch lists, the result is identical.
@@ -439,14 +482,14 @@ def _interventions(
                 p = r["point"]
                 reuse = (
                     None
-                    if project
+                    if opts.project
                     else {
-                        "train": gathered_a[p],
-                        "test": gathered_b[p],
+                        "train": per_point.gathered_a[p],
+                        "test": per_point.gathered_b[p],
                         "test_losses": test_losses,
-                        "act_sq": gather_rows(qa.act_sq[p], device) if p in qa.act_sq else None,
+                        "act_sq": gather_rows(qa.act_sq[p], run.device) if p in qa.act_sq else None,
                         "width": qa.widths.get(p),
-                        "prefix": kept,
+                        "prefix": getattr(probed.keep, "kept", None),
                     }
                 )
                 r["interventions"] = (
@@ -454,16 +497,16 @@ def _interventions(
                         intervene(
                             model,
                             r["point"],
-                            train_list,
-                            test_list,
-                            etas=etas,
-                            n_etas=n_etas,
-                            max_rel_step=max_rel_step,
-                            kind=interventions,
-                            loss_fn=loss_fn,
-                            M=m_max,
-                            K=k_max,
-                            seed=seed,
+                            run.train_list,
+                            run.test_list,
+                            etas=opts.etas,
+                            n_etas=opts.n_etas,
+                            max_rel_step=run.max_rel_step,
+                            kind=opts.kind,
+                            loss_fn=run.loss_fn,
+                            M=run.m_max,
+                            K=run.k_max,
+                            seed=opts.seed,
                             progress=False,
                             reuse=reuse,
                         )
@@ -479,6 +522,7 @@ def _interventions(
     elif on_point is not None:
         for r in results:
             on_point(r)
+    return time.perf_counter() - t0
 
 
 def data_description(info: dict[str, Any], data: str | None = None) -> str:

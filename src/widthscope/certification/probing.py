@@ -18,7 +18,7 @@ from .. import distributed
 from ..errors import WidthscopeError
 from ..probe import collect
 from ..probe.collect import float_dtype, to_device
-from ..probe.intervene import as_examples
+from ..probe.interventions import as_examples
 from ..probe.prefix import keep_prefix
 from ..stats.sketch import Projector
 

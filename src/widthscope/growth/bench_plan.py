@@ -42,7 +42,7 @@ from ..probe import collect
 from ..probe.cost import count_pass, count_step
 from ..probe.cost_plan import TrainPlan, TrainStage, device_memory, seconds_text, stage_of, tensor_bytes, time_loop
 from ..probe.growth import point_criteria
-from ..probe.intervene import batch_size_of, index_batch, mean_loss
+from ..probe.interventions import batch_size_of, index_batch, mean_loss
 from .cell import _fit, _grown
 from .options import GrowBenchOptions, with_keywords
 from .suite import _build, _data, _splits, cells, reproducible, train_to_plateau

@@ -21,7 +21,7 @@ import torch.nn as nn
 
 from .._io import progress
 from ..errors import WidthscopeError
-from ..probe.intervene import (
+from ..probe.interventions import (
     EvalMode,
     block_of,
     index_batch,

@@ -6,7 +6,7 @@ over, :func:`optimizer_after`) and whether the grown model computes exactly the 
 small one at the moment of growth (``exact``).
 
 * :func:`zero_block` — the project's zero-initialised residual block
-  ``z + W_out φ(W_in norm(z))`` (:func:`widthscope.probe.intervene.insert`) at chosen points
+  ``z + W_out φ(W_in norm(z))`` (:func:`widthscope.probe.interventions.insert`) at chosen points
   (any model). Exact: ``W_out = 0``.
 * :func:`stack_depth` — depth growth of a LLaMA-style Hugging Face decoder by copying trained
   decoder layers: ``order`` lists the old layer indices of the new stack (default: the whole stack
@@ -61,7 +61,7 @@ import torch.nn as nn
 
 from .. import _args
 from ..errors import WidthscopeError
-from ..probe.intervene import insert
+from ..probe.interventions import insert
 
 __all__ = ["Growth", "zero_block", "stack_depth", "widen", "optimizer_after", "is_llama", "OPT_STATES"]
 
@@ -134,7 +134,7 @@ def zero_block(
     activation: str = "gelu",
 ) -> Growth:
     """A copy of ``model`` with the project's zero-``W_out`` residual block at each of ``points``
-    (:func:`widthscope.probe.intervene.insert`; block seed ``seed + i`` at the ``i``-th point)."""
+    (:func:`widthscope.probe.interventions.insert`; block seed ``seed + i`` at the ``i``-th point)."""
     fn = "zero_block"
     _args.module(fn, "model", model)
     if isinstance(points, str) or not points:

@@ -15,7 +15,7 @@ import torch.nn as nn
 from ..errors import WidthscopeError
 from ..probe.collect import collect
 from ..probe.growth import CRITERIA, point_criteria
-from ..probe.intervene import as_examples, batch_size_of, to_batches
+from ..probe.interventions import as_examples, batch_size_of, to_batches
 from ..probe.points import resolve_points
 from ..stats import certificate, plan, vacuous_rule
 from .options import DEFAULT_CRITERION
@@ -60,7 +60,7 @@ def rank_points(
 ) -> list[dict[str, Any]]:
     """Certificate, predicted gain and sample-size plan for every candidate point, best first.
 
-    ``train``/``test`` are pooled examples (see :func:`widthscope.probe.intervene.as_examples`).
+    ``train``/``test`` are pooled examples (see :func:`widthscope.probe.interventions.as_examples`).
     ``criterion`` (see :data:`widthscope.probe.growth.CRITERIA`) picks the column ranked on;
     ``"bias"`` is the old ranking by ``η aᵀb``. Other criteria add the block's columns of
     :func:`widthscope.probe.growth.point_criteria` (block of width ``block_width``, ``W_in``

@@ -17,7 +17,7 @@ from .._env import environment
 from ..data import load
 from ..errors import WidthscopeError
 from ..models import build
-from ..probe.intervene import batch_size_of, block_of, index_batch, insert, mean_loss, per_example_losses
+from ..probe.interventions import batch_size_of, block_of, index_batch, insert, mean_loss, per_example_losses
 
 __all__ = [
     "SUITES",

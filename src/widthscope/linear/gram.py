@@ -15,7 +15,7 @@ Every covered parameter contributes a term of one of two forms (``o, p`` output 
   ``O(o n T D_δ D_a + (o n)² D_δ D_a)``, in chunks of ``D_δ``), or through the ``T×T`` input Gram of
   each example pair (``"pairs"``: ``O(n² T² D_a + n² o T² D_δ + (o n)² T D_δ)``), whichever costs
   fewer flops.
-  With one output this is :func:`widthscope.probe.intervene.block_gram`.
+  With one output this is :func:`widthscope.probe.interventions.block_gram`.
 
 Shapes of the accumulator (``mode``): ``"full"`` ``(o, n1, o, n2)`` (permuted to ``(n1, n2, o, o)``
 by the caller), ``"trace"`` ``(n1, n2)`` (the sum over ``o = p``; only the ``o`` diagonal blocks

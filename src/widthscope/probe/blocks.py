@@ -1,6 +1,6 @@
 """Block probe maths: the Gram of an inserted block's per-example ``W_out`` gradients without
 forming them (:func:`block_gram`), the features it is built from, the block's certificate and
-its mean ``W_out`` gradient. Re-exported from :mod:`widthscope.probe.intervene`."""
+its mean ``W_out`` gradient. Re-exported from :mod:`widthscope.probe.interventions`."""
 
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ from ..errors import WidthscopeError
 from ..stats import certificate, cross_moments_from_gram, plan
 from .collect import float_dtype, run_batch, to_device
 from .insert import ACTIVATIONS, ResidualBlock, insert, remove_insertion
-from .intervene import (
+from .interventions import (
     EvalMode,
     batch_size_of,
     block_features,

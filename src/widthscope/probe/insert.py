@@ -22,7 +22,7 @@ freshly built model before its weights are loaded.
 Example::
 
     >>> import torch, torch.nn as nn
-    >>> from widthscope.probe.intervene import insert
+    >>> from widthscope.probe.interventions import insert
     >>> m = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 2)).eval()
     >>> x = torch.randn(5, 3); y0 = m(x)
     >>> m = insert(m, "1", kind="block", hidden=16)
@@ -415,7 +415,7 @@ def insert(
     if isinstance(target, Inserted):
         raise WidthscopeError(
             f"point {point!r} already has a {target.widthscope_spec['kind']} insertion; remove it "
-            "first with widthscope.probe.intervene.remove_insertion(model, point)"
+            "first with widthscope.probe.interventions.remove_insertion(model, point)"
         )
     n = int(width) if width is not None else _infer_point_width(model, point, target)
     if n is None or n <= 0:
@@ -466,7 +466,7 @@ def insert(
 
 
 def check_intervene_args(a: Mapping[str, Any]) -> None:
-    """:func:`widthscope.probe.intervene.intervene`'s argument types, from its ``locals()`` at entry
+    """:func:`widthscope.probe.interventions.intervene`'s argument types, from its ``locals()`` at entry
     (that function's own checks word the bad values of ``kind``/``prefix``/``precision``/``etas``)."""
     fn = "intervene"
     _args.module(fn, "model", a["model"])

@@ -1,6 +1,6 @@
 """Low-precision resolution of the measured loss change (bfloat16/float16 models): the rounding
 scale of a mean loss, the samples' rounding errors, which steps a summary may use and the
-one-line note naming the others. Re-exported from :mod:`widthscope.probe.intervene`."""
+one-line note naming the others. Re-exported from :mod:`widthscope.probe.interventions`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""How :func:`widthscope.probe.intervene.intervene` evaluates its steps and words the results:
+"""How :func:`widthscope.probe.interventions.intervene` evaluates its steps and words the results:
 all ``η`` stacked in one pass (:mod:`widthscope.probe.prefix`) or one at a time through the
 inserted parameter, the rows, and the float32 re-measurement of steps below the dtype's
 resolution."""

@@ -1,6 +1,6 @@
-"""Held-out losses and the step grid of :func:`widthscope.probe.intervene.intervene`: per-example
+"""Held-out losses and the step grid of :func:`widthscope.probe.interventions.intervene`: per-example
 and mean losses in eval mode, the activation's RMS entry at a point, and the log-spaced ``η``
-grid relative to it (``rel_step``). Re-exported from :mod:`widthscope.probe.intervene`."""
+grid relative to it (``rel_step``). Re-exported from :mod:`widthscope.probe.interventions`."""
 
 from __future__ import annotations
 

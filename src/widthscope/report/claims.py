@@ -344,7 +344,7 @@ def _pick_paper_step(rs: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | Non
 def _interventions(rows: list[Mapping[str, Any]]) -> list[dict]:
     curves: dict[tuple, list[Mapping[str, Any]]] = defaultdict(list)
     for r in rows:
-        # steps below the model dtype's resolution are not measurements (probe.intervene.resolved)
+        # steps below the model dtype's resolution are not measurements (probe.interventions.resolved)
         if (
             r.get("probe") in ("bias", "block")
             and _ok(r.get("retention"))

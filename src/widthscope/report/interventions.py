@@ -6,7 +6,7 @@ Figures:
   disagreements drawn as red crosses), one colour per point;
 * retention ``ΔL_actual/ΔL_pred`` vs ``η`` (log x), with the ideal value 1;
 * steps whose predicted change is below the model dtype's resolution (``below_resolution``,
-  :func:`widthscope.probe.intervene.intervene`) are drawn grey in the first figure and left out
+  :func:`widthscope.probe.interventions.intervene`) are drawn grey in the first figure and left out
   of the retention figures and of every summary sentence, which says how many were left out;
 * held-out loss before and after growing a block, per grown point (best/worst/random).
 

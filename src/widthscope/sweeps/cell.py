@@ -19,7 +19,7 @@ from .. import data as wdata
 from .._io import atomic_write_json
 from ..monitor import AlignmentMonitor
 from ..options import CertifyOptions
-from ..probe.intervene import resolved
+from ..probe.interventions import resolved
 from ..stats import certified
 from ..stats import certified_steps as steps
 from ..train import train
@@ -289,7 +289,7 @@ def _intervention_rows(
 ) -> list[dict[str, Any]]:
     """The ``kind="intervention"`` rows of every point (its step grid, on the largest M train and K
     held-out examples), and the ``iv_*`` columns of the smallest resolved step on ``these`` rows."""
-    from ..probe.intervene import intervene  # noqa: PLC0415  call-time lookup: tests replace it there
+    from ..probe.interventions import intervene  # noqa: PLC0415  call-time lookup: tests replace it there
 
     m_max, k_max = max(m for m, _ in opts.pairs), max(k for _, k in opts.pairs)
     out: list[dict[str, Any]] = []

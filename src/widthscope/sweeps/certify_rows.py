@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..probe.intervene import resolved
+from ..probe.interventions import resolved
 from ..stats import vacuous_rule
 from .schema import CERT_FIELDS
 

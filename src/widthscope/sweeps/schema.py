@@ -149,7 +149,7 @@ EXAMPLE_FAMILY = (
 POOLS = ("sum", "mean", "flatten")  # CertifyOptions' pools but "token": a sweep cell pools per example
 # A sweep's certify options where neither [sweep] nor [family.certify] sets a field: CertifyOptions'
 # defaults but M = (16, 32) and the intervention grid sweeps have always used (nine half-decades up
-# to the activation's own size: widthscope.probe.intervene's defaults).
+# to the activation's own size: widthscope.probe.interventions.intervene's defaults).
 SWEEP_CERTIFY = CertifyOptions(M=(16, 32), n_etas=9, max_rel_step=1.0)
 
 

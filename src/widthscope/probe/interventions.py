@@ -20,7 +20,7 @@ block need no ``N × N_h`` per-example matrices.
 Example::
 
     >>> import torch, torch.nn as nn
-    >>> from widthscope.probe.intervene import intervene
+    >>> from widthscope.probe.interventions import intervene
     >>> _ = torch.manual_seed(0)
     >>> net = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 3)).double()
     >>> x, y = torch.randn(64, 4, dtype=torch.float64), torch.randint(0, 3, (64,))
@@ -36,6 +36,7 @@ the evaluation of the steps and the rows in :mod:`~widthscope.probe.rows`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -44,7 +45,7 @@ import torch.nn as nn
 
 from .._io import progress as _progress
 from ..errors import WidthscopeError
-from ..options import INTERVENTION_KINDS
+from ..registry import INTERVENTION_KINDS
 from ..stats import certificate, wilson_interval
 
 # batch helpers live in .batches (the prefix cache uses them too); re-exported here
@@ -107,8 +108,14 @@ __all__ = [
     "inserted_state",
     "inserted_parameters",
     "insertion_specs",
-    # interventions
+    # interventions: intervene's steps, and the built-in kinds (widthscope.registry.INTERVENTION_KINDS)
     "intervene",
+    "InterventionInputs",
+    "Measured",
+    "prepare_inputs",
+    "assemble_rows",
+    "measure_bias",
+    "measure_block",
     "sign_agreement",
     "default_etas",
     "block_gram",
@@ -130,6 +137,81 @@ __all__ = [
     "RESOLUTION_FACTOR",
     "LOW_PRECISION",
 ]
+
+
+@dataclasses.dataclass
+class InterventionInputs:
+    """What every intervention kind measures from (:func:`prepare_inputs`): the examples, the
+    held-out loss before the step and the activation's scale at the point, with ``intervene``'s
+    settings. A kind (:data:`widthscope.registry.INTERVENTION_KINDS`) is ``fn(inputs) -> Measured``."""
+
+    model: nn.Module
+    point: str
+    kind: str
+    train: Any  # the first M train examples, one batch
+    test: Any  # the first K held-out examples, one batch
+    M: int
+    K: int
+    act_rms: float  # RMS entry of the activation at the point (train examples)
+    width: int  # its channel width
+    test_losses: torch.Tensor  # per-example held-out losses before the step, float64 on the CPU
+    loss_fn: Callable | None
+    batch_size: int
+    etas: Sequence[float] | None
+    n_etas: int
+    max_rel_step: float
+    block_width: int | None
+    seed: int
+    progress: bool
+    reuse: dict[str, Any]
+    prefix: str
+    precision: str
+
+    @property
+    def loss_before(self) -> float:
+        return float(self.test_losses.mean())
+
+    def etas_for(self, step_norm: float) -> Sequence[float]:
+        """The given ``etas``, or the default grid for a step whose RMS entry per unit ``η`` is ``step_norm``."""
+        return self.etas or default_etas(step_norm, self.act_rms, self.n_etas, high=self.max_rel_step)
+
+    def stacked_rows(
+        self, steps: Any, etas: Sequence[float], align: float, step_norm: float, mu_norm: float
+    ) -> list[dict[str, Any]]:
+        """One row per ``η``: copy ``e`` of the point's output gets ``steps[e]`` added
+        (:func:`~widthscope.probe.rows.stacked_rows`, this call's prefix and kept prefix)."""
+        return stacked_rows(
+            self.kind,
+            self.model,
+            self.point,
+            steps,
+            etas,
+            align,
+            self.test,
+            self.loss_fn,
+            self.batch_size,
+            self.M,
+            self.K,
+            self.loss_before,
+            self.act_rms,
+            step_norm,
+            mu_norm,
+            self.prefix,
+            self.reuse.get("prefix"),
+        )
+
+
+@dataclasses.dataclass
+class Measured:
+    """What a kind returns: ``rows`` (one per ``η``, :func:`~widthscope.probe.rows.intervention_row`'s
+    fields and ``prefix``), ``steps`` (a function giving the ``E`` steps added at the point, for the
+    float32 re-measure of :func:`assemble_rows`) and, where the kind estimates it, the rounding
+    bound of its predicted alignment (``alignment_bound``; ``alignment`` is ``μ_Mᵀ g_K`` or its like)."""
+
+    rows: list[dict[str, Any]]
+    steps: Callable[[], Any]
+    alignment: float
+    alignment_bound: float | None = None
 
 
 def intervene(
@@ -155,6 +237,11 @@ def intervene(
 ) -> list[dict[str, Any]]:
     r"""Measure the held-out loss change of one first-order step at ``point`` against its prediction.
 
+    The steps: :func:`prepare_inputs` (checks, examples, held-out losses, the activation's
+    scale), the kind's measurement (:data:`widthscope.registry.INTERVENTION_KINDS`: the
+    predicted change and the measured one per ``η``; built in: :func:`measure_bias`,
+    :func:`measure_block`), :func:`assemble_rows` (the dtype's resolution, the alignment's rounding).
+
     Args:
         model: the trained model (left unchanged: the insertion is removed afterwards).
         point: insertion point (module path).
@@ -164,7 +251,8 @@ def intervene(
             spans 1e-4…``max_rel_step`` (default 1) times the RMS entry of the activation at
             ``point`` (:func:`default_etas`; the rows' ``rel_step``).
         kind: ``"bias"`` (``v = −η μ_M``) or ``"block"`` (``W_out = −η G_M``, block of width
-            ``block_width``, ``W_in`` seeded by ``seed``).
+            ``block_width``, ``W_in`` seeded by ``seed``), or any kind registered in
+            :data:`widthscope.registry.INTERVENTION_KINDS`.
         reuse: what a probe of the same batches already measured (``certify`` passes it):
             ``train``/``test`` pooled sum samples of this point (their first ``M``/``K`` rows give
             ``μ_M``, ``g_K``), ``test_losses`` (per-example held-out losses), ``act_sq`` (per
@@ -213,6 +301,53 @@ def intervene(
         kinds; :func:`precision_note` words them in one line.
     """
     check_intervene_args(locals())  # types, before any work
+    inputs = prepare_inputs(
+        model,
+        point,
+        train_batches,
+        test_batches,
+        kind=kind,
+        etas=etas,
+        loss_fn=loss_fn,
+        M=M,
+        K=K,
+        n_etas=n_etas,
+        max_rel_step=max_rel_step,
+        block_width=block_width,
+        seed=seed,
+        batch_size=batch_size,
+        progress=progress,
+        reuse=reuse,
+        prefix=prefix,
+        precision=precision,
+    )
+    return assemble_rows(inputs, INTERVENTION_KINDS.get(kind)(inputs))
+
+
+def prepare_inputs(
+    model: nn.Module,
+    point: str,
+    train_batches: Iterable[Any],
+    test_batches: Iterable[Any],
+    *,
+    kind: str,
+    etas: Sequence[float] | None,
+    loss_fn: Callable | None,
+    M: int | None,
+    K: int | None,
+    n_etas: int,
+    max_rel_step: float,
+    block_width: int | None,
+    seed: int,
+    batch_size: int,
+    progress: bool,
+    reuse: Mapping[str, Any] | None,
+    prefix: str,
+    precision: str,
+) -> InterventionInputs:
+    """:func:`intervene`'s first step: check the values, take the first ``M``/``K`` examples, the
+    activation's RMS at the point and the held-out losses before the step (from ``reuse`` for a
+    kind registered with ``reuse_probe=True``, where it has them)."""
     if kind not in INTERVENTION_KINDS:
         raise WidthscopeError(f"kind must be one of {', '.join(map(repr, INTERVENTION_KINDS))}, got {kind!r}")
     if prefix not in ("auto", "full"):
@@ -230,76 +365,82 @@ def intervene(
     test = take(as_examples(test_batches), K, what="test (K)")
     M, K = batch_size_of(train), batch_size_of(test)
     reuse = dict(reuse or {})
-    if kind == "bias" and reuse.get("act_sq") is not None and len(reuse["act_sq"]) >= M:
-        act_rms, width = activation_rms(reuse["act_sq"], M), int(reuse["width"])
+    probe = reuse if INTERVENTION_KINDS.info(kind).get("reuse_probe") else {}
+    if probe.get("act_sq") is not None and len(probe["act_sq"]) >= M:
+        act_rms, width = activation_rms(probe["act_sq"], M), int(probe["width"])
     else:
         act_rms, width = point_activation_rms(model, point, train, loss_fn, batch_size)
-    if kind == "bias" and reuse.get("test_losses") is not None and len(reuse["test_losses"]) >= K:
-        test_losses = reuse["test_losses"][:K].double().cpu()
+    if probe.get("test_losses") is not None and len(probe["test_losses"]) >= K:
+        test_losses = probe["test_losses"][:K].double().cpu()
     else:  # = mean_loss, keeping the per-example losses for the precision check
         with EvalMode(model):
             test_losses = per_example_losses(model, test, loss_fn, batch_size=batch_size)
-    loss_before = float(test_losses.mean())
-    rows: list[dict[str, Any]] = []
-    if kind == "bias":
-        if reuse.get("train") is not None and reuse.get("test") is not None:
-            Sa, Sb = reuse["train"][:M], reuse["test"][:K]
-        else:
-            Sa = collect(model, to_batches(train, batch_size), points=[point], loss_fn=loss_fn, progress=False)[point]
-            Sb = collect(model, to_batches(test, batch_size), points=[point], loss_fn=loss_fn, progress=False)[point]
-        mu, g = Sa.mean(0), Sb.mean(0)
-        align = float(mu @ g)
-        step_norm = float(mu.norm()) / math.sqrt(mu.numel())
-        bias_etas = etas or default_etas(step_norm, act_rms, n_etas, high=max_rel_step)
-        rows = bias_rows_stacked(
-            model,
-            point,
-            mu,
-            bias_etas,
-            align,
-            test,
-            loss_fn,
-            batch_size,
-            M,
-            K,
-            loss_before,
-            act_rms,
-            step_norm,
-            prefix,
-            reuse.get("prefix"),
-        )
-        rows = precision_info(
-            rows,
-            model,
-            point,
-            lambda: torch.stack([-float(e) * mu for e in bias_etas]),
-            test,
-            loss_fn,
-            batch_size,
-            K,
-            test_losses,
-            precision,
-        )
-        errs = sample_errors(model, point, train, test, loss_fn, batch_size=batch_size)
-        if errs is not None:  # a bfloat16/float16 model (None for float32/float64)
-            ea, eb = errs
-            bound = projected_rounding(ea, g) + projected_rounding(eb, mu)
-            for r in rows:
-                r.update(alignment_bound=bound, alignment_within_rounding=abs(align) <= bound)
-        return rows
-    insert(model, point, "block", width=width, hidden=block_width, seed=seed, record=False)
+    return InterventionInputs(
+        model=model,
+        point=point,
+        kind=kind,
+        train=train,
+        test=test,
+        M=M,
+        K=K,
+        act_rms=act_rms,
+        width=width,
+        test_losses=test_losses,
+        loss_fn=loss_fn,
+        batch_size=batch_size,
+        etas=etas,
+        n_etas=n_etas,
+        max_rel_step=max_rel_step,
+        block_width=block_width,
+        seed=seed,
+        progress=progress,
+        reuse=reuse,
+        prefix=prefix,
+        precision=precision,
+    )
+
+
+def measure_bias(x: InterventionInputs) -> Measured:
+    """The bias probe (kind ``"bias"``): ``v = −η μ_M`` at the point, predicted ``−η μ_Mᵀ g_K``, all
+    ``η`` in one stacked pass; for a bfloat16/float16 model, the rounding bound of ``μ_Mᵀ g_K``."""
+    if x.reuse.get("train") is not None and x.reuse.get("test") is not None:
+        Sa, Sb = x.reuse["train"][: x.M], x.reuse["test"][: x.K]
+    else:
+        batches = (to_batches(x.train, x.batch_size), to_batches(x.test, x.batch_size))
+        Sa, Sb = (collect(x.model, b, points=[x.point], loss_fn=x.loss_fn, progress=False)[x.point] for b in batches)
+    mu, g = Sa.mean(0), Sb.mean(0)
+    align = float(mu @ g)
+    step_norm = float(mu.norm()) / math.sqrt(mu.numel())
+    etas = x.etas_for(step_norm)
+    steps = torch.stack([-float(e) * mu for e in etas])  # (E, N), float64
+    rows = x.stacked_rows(steps, etas, align, step_norm, float(mu.norm()))
+    bound = None
+    errs = sample_errors(x.model, x.point, x.train, x.test, x.loss_fn, batch_size=x.batch_size)
+    if errs is not None:  # a bfloat16/float16 model (None for float32/float64)
+        ea, eb = errs
+        bound = projected_rounding(ea, g) + projected_rounding(eb, mu)
+    return Measured(rows, lambda: steps, align, bound)
+
+
+def measure_block(x: InterventionInputs) -> Measured:
+    """The block probe (kind ``"block"``): a zero-``W_out`` block of width ``block_width`` at the
+    point, ``W_out = −η G_M``, predicted ``−η⟨G_M, G_K⟩_F``. With ``prefix="full"`` the inserted
+    block is set to each step; otherwise the same steps are added to the point's output of the
+    model without the insertion (stacked, as for the bias)."""
+    model, point = x.model, x.point
+    insert(model, point, "block", width=x.width, hidden=x.block_width, seed=x.seed, record=False)
     try:
         block = block_of(model, point)
-        G_M = w_out_grad(model, point, train, loss_fn, batch_size)
-        G_K = w_out_grad(model, point, test, loss_fn, batch_size)
+        G_M = w_out_grad(model, point, x.train, x.loss_fn, x.batch_size)
+        G_K = w_out_grad(model, point, x.test, x.loss_fn, x.batch_size)
         align = float((G_M * G_K).sum())
         # RMS entry of the block output change per unit η: ‖G_M h‖ ≈ ‖G_M‖_F · rms(h) · √N_h / √N.
-        q, h = block_features(model, point, take(train, min(M, 64)), loss_fn, batch_size=batch_size)
+        _, h = block_features(model, point, take(x.train, min(x.M, 64)), x.loss_fn, batch_size=x.batch_size)
         h_rms = float(h.pow(2).mean().sqrt())
         N, Hd = block.w_out.shape[0], block.w_out.shape[1]
         step_norm = float(G_M.norm()) * h_rms * math.sqrt(Hd) / math.sqrt(N)
-        etas = etas or default_etas(step_norm, act_rms, n_etas, high=max_rel_step)
-        if prefix == "full":
+        etas = x.etas_for(step_norm)
+        if x.prefix == "full":
             rows = step_rows(
                 "block",
                 model,
@@ -308,57 +449,48 @@ def intervene(
                 G_M,
                 etas,
                 align,
-                test,
-                loss_fn,
-                batch_size,
-                M,
-                K,
-                loss_before,
-                act_rms,
+                x.test,
+                x.loss_fn,
+                x.batch_size,
+                x.M,
+                x.K,
+                x.loss_before,
+                x.act_rms,
                 step_norm,
-                progress,
+                x.progress,
             )
             for r in rows:
                 r["prefix"] = "full: requested"
     finally:
         remove_insertion(model, point)
-    if prefix == "full":
-        return precision_info(
-            rows,
-            model,
-            point,
-            lambda: block_steps(block, G_M, etas),
-            test,
-            loss_fn,
-            batch_size,
-            K,
-            test_losses,
-            precision,
-        )
-    # The same steps on the model without the insertion: copy e of the point's output z gets
-    # −η_e·G_M φ(W_in norm(z)), the inserted block's output at W_out = −η_e G_M (linear in W_out).
-    rows = stacked_rows(
-        "block",
-        model,
-        point,
-        block_steps(block, G_M, etas),
-        etas,
-        align,
-        test,
-        loss_fn,
-        batch_size,
-        M,
-        K,
-        loss_before,
-        act_rms,
-        step_norm,
-        float(G_M.norm()),
-        prefix,
-        reuse.get("prefix"),
+    if x.prefix != "full":
+        # The same steps on the model without the insertion: copy e of the point's output z gets
+        # −η_e·G_M φ(W_in norm(z)), the inserted block's output at W_out = −η_e G_M (linear in W_out).
+        rows = x.stacked_rows(block_steps(block, G_M, etas), etas, align, step_norm, float(G_M.norm()))
+    return Measured(rows, lambda: block_steps(block, G_M, etas), align)
+
+
+def assemble_rows(x: InterventionInputs, measured: Measured) -> list[dict[str, Any]]:
+    """:func:`intervene`'s last step: each row's dtype and resolution (with ``precision="float32"``,
+    the steps below it measured again in float32: :func:`~widthscope.probe.rows.precision_info`),
+    then the alignment's rounding bound where the kind gave one."""
+    rows = precision_info(
+        measured.rows,
+        x.model,
+        x.point,
+        measured.steps,
+        x.test,
+        x.loss_fn,
+        x.batch_size,
+        x.K,
+        x.test_losses,
+        x.precision,
     )
-    return precision_info(
-        rows, model, point, lambda: block_steps(block, G_M, etas), test, loss_fn, batch_size, K, test_losses, precision
-    )
+    if measured.alignment_bound is not None:
+        bound = measured.alignment_bound
+        for r in rows:
+            r.update(alignment_bound=bound, alignment_within_rounding=abs(measured.alignment) <= bound)
+    return rows
 
 
 # ----------------------------------------------------------------------------- sign agreement
