@@ -28,7 +28,7 @@ The steps live in their own modules, and every name callers use is importable fr
 :mod:`~widthscope.sweeps.summary` (:func:`summary_rows`, :func:`print_summary`); this module plans,
 checks and runs the grid (:func:`plan_cells`, :func:`check_structure`, :func:`run_sweep`).
 
-Example (a few seconds)::
+Example::
 
     from widthscope.sweeps.alignment import load_config, run_sweep
     cfg = load_config({
