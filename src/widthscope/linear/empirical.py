@@ -142,11 +142,9 @@ def ntk(
       ``g = J(x2_j)ᵀe_b`` and one jvp at all of ``x1`` gives ``Θ[:, j, :, b]``. Memory ``O(P)``
       plus activations, but ``n2·out`` jvp passes — for models whose Jacobian rows do not fit.
 
-    ``"auto"`` picks by a cost model (:mod:`widthscope.linear.cost`, priced by :mod:`widthscope.linear.choose`):
-    from one probe forward pass (counts, nothing timed: FLOPs ``F``, saved bytes ``S``, operators dispatched),
-    ``P``, ``out``, the example counts and the structured plan's layer shapes it estimates each method's
-    seconds (fitted terms, see docs/performance.md) and peak bytes and takes the
-    fastest that fits ``memory_budget`` (``"products"`` only where a jvp runs). ``memory_budget`` bounds
+    ``"auto"`` takes the fastest method that fits ``memory_budget`` by a cost model built from one probe
+    forward pass (:mod:`widthscope.linear.cost`, :mod:`widthscope.linear.choose`; counts only, nothing
+    timed; ``"products"`` only where a jvp runs). ``memory_budget`` bounds
     every method: what ``ntk`` allocates, the returned kernel included, is planned within 85% of it
     by chunks of examples and of outputs (Jacobians), blocks of examples (structured, when
     ``batch_size`` is not given) or chunks of ``x1`` (products); a forced method that cannot fit is
