@@ -119,7 +119,7 @@ def _check_project(project: int | None, dims: dict[str, int]) -> None:
 
 def _check_space(job: CertifyJob, names: Sequence[str], dims: dict[str, int], rows: int, n: int) -> None:
     """Free space for what this run writes: the JSON (and its per-point parts, on disk at the same
-    time) and the samples file. Over-estimates (about 1.3x the JSON measured on the built-in model)."""
+    time) and the samples file; an over-estimate."""
     opts = job.options
     per_point = 2500 + 2500 * len(opts.pairs) + (6000 if opts.interventions != "none" else 0)
     _io.check_space(job.out, 2 * (4000 + len(names) * per_point), "the results (JSON and its per-point parts)")

@@ -153,7 +153,7 @@ def _cached(ref: HFDatasetRef) -> bool:
     the Hub cannot be reached (its own lookup; True when it cannot tell)."""
     try:
         from datasets.load import CachedDatasetModuleFactory
-    except ImportError:  # pragma: no cover - another datasets version: it decides, as before
+    except ImportError:  # pragma: no cover - another datasets version: it decides
         return True
     try:
         CachedDatasetModuleFactory(ref.name).get_module()

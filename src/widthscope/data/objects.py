@@ -14,7 +14,7 @@ probe's default for the batch shape) and a short description for the results:
   list of texts; tokenized columns (``input_ids`` and optionally ``attention_mask``/``labels``)
   are padded on the right into tensors;
 - a ``torch.utils.data.DataLoader``: drawn once, each batch as it comes;
-- a list of batches (``(x, y)``, LongTensor ids, dicts with ``input_ids``), as before.
+- a list of batches (``(x, y)``, LongTensor ids, dicts with ``input_ids``).
 
 :func:`pools_from` adds a ``datasets.DatasetDict``: its ``train`` split is the train pool and its
 ``validation`` split (else ``test``) the held-out pool; it is never re-split.

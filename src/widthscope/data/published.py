@@ -8,7 +8,7 @@ tokenize, and take *every* chunk when asked for ``0`` samples. Here:
   every sequence the source gives (the whole source is read);
 - ``--empty-docs skip`` (the default, and the published rule) drops empty / whitespace-only
   documents before tokenizing; ``eos`` keeps them as documents (in concatenated chunks each adds
-  its EOS separator), widthscope's earlier rule; :func:`empty_note` says how many there were.
+  its EOS separator); :func:`empty_note` says how many there were.
 """
 
 from __future__ import annotations

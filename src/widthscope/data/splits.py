@@ -248,7 +248,7 @@ def choose_among(
     tr = None if train_split is None else _split_named(train_split, names, "--train-split", root)
     te = None if test_split is None else _split_named(test_split, names, "--test-split", root)
     files = (lambda s: f" ({fs.names(fs.splits[s])})") if fs is not None else (lambda s: "")
-    if len(names) == 1 and tr is None and te is None:  # one corpus: the folder, as before splits were known
+    if len(names) == 1 and tr is None and te is None:  # one corpus: the whole folder
         only = names[0]
         more = (
             f" and {len(fs.unassigned)} file(s) named for no split ({fs.names(fs.unassigned)})"

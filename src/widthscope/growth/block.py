@@ -248,4 +248,4 @@ def grow_at(
     }
 
 
-_train_new = train_new_block  # the old name, for plan until the --plan rewrite
+_train_new = train_new_block  # alias of train_new_block

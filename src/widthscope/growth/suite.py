@@ -345,8 +345,8 @@ def split_held_out(cell: Mapping[str, Any], test: Any) -> dict[str, Any]:
     }
 
 
-_build = build_model  # the old name, for bench_plan until the --plan rewrite
+_build = build_model  # alias: growth.bench_plan imports this name
 
-_data = cell_data  # the old name, for bench_plan until the --plan rewrite
+_data = cell_data  # alias: growth.bench_plan imports this name
 
-_splits = split_held_out  # the old name, for bench_plan until the --plan rewrite
+_splits = split_held_out  # alias: growth.bench_plan imports this name

@@ -1,36 +1,23 @@
 r"""``ntk(method="auto")``'s choice: every method's estimate (:mod:`.cost`: memory, chunking and the counts
-of one probe pass), priced in seconds by terms fitted to this machine's measurements, and the cheapest
-that fits.
+of one probe pass), priced in seconds by fitted terms, and the cheapest that fits.
 
-:mod:`.cost` plans each method's chunks within the memory budget and counts its work; :func:`terms` turns
-the counts into a few named terms per method (unit coefficients) and :data:`FIT` holds the seconds per unit
-of each (θ ≥ 0), fitted to the times of every method at a set of shapes by least squares on the log error
-up to one factor per shape, since only the ratios between methods at one shape decide
-(``benchmarks/ntk_auto_fit.py``; the measurements and the fit are in
-``benchmarks/results/ntk-auto-fit-cpu.json``). The terms:
+:func:`terms` turns a method's counts into named terms (unit coefficients); :data:`FIT` holds the seconds
+per unit of each (θ ≥ 0), fitted by ``benchmarks/ntk_auto_fit.py`` to the times of every method at a set of
+shapes (least squares on the log error up to one factor per shape, since only ratios between methods
+decide; see docs/performance.md). The terms:
 
 - ``fixed``: one call's set-up (hooks, the plan's records, the Jacobian's pytree handling);
-- ``pass``: FLOPs of the forward and reverse passes (the per-example route's one-example passes, the
-  batched Jacobian's passes over whole chunks, the structured path's forward and batched backward);
-- ``mem``: the same passes' saved activation bytes (the elementwise work of small layers, which FLOPs
-  do not count), one example's as :func:`.cost.measure` counts them on a copy of the probe's rows (issue 32:
-  counted on the view ``x1[:1]``, they were the whole batch's storage and grew with ``n``; the fit's rows
-  were recounted, ``ntk_auto_fit.py --recount``, and refitted);
+- ``pass``: FLOPs of the forward and reverse passes;
+- ``mem``: the same passes' saved activation bytes (elementwise work FLOPs do not count), as
+  :func:`.cost.measure` counts them for one example;
 - ``write``: Jacobian numbers written (``P`` per reverse pass);
 - ``contract``: the ``J Jᵀ`` contraction's FLOPs; ``gram``: the structured Grams' FLOPs;
-- ``call`` and ``op``: functorch calls and aten operators dispatched (the probe's count times the calls): the
-  Python and dispatch overhead that FLOPs do not see, what decides small models at few examples;
-- ``out``: the structured path's per-output work besides its FLOPs (a backward seed and its bookkeeping per
-  output, per block); ``block``: per layer and block pair.
+- ``call`` and ``op``: functorch calls and aten operators dispatched (Python and dispatch overhead);
+- ``out``: the structured path's per-output work per block; ``block``: per layer and block pair.
 
-``products`` keeps :mod:`.cost`'s own estimate (its forward-mode passes never came close). An estimate
-without the counts (a method over the budget; estimates a caller substituted) keeps its seconds.
-
-Every term is a count (of the probe pass, the plan and the chunking), nothing is timed: the same model
-architecture and input shapes give the same estimates and the same choice in every run (issue 32: an earlier
-``fwd`` term, a measured forward pass's wall time, made the choice, and the kernel's rounding, vary between
-runs; the refit without it keeps every grid point's choice within 1.25× of the fastest method).
-"""
+``products`` keeps :mod:`.cost`'s own estimate, as does an estimate without counts (a method over the
+budget; estimates a caller substituted). Every term is a count, nothing is timed: the same architecture and
+input shapes give the same estimates and the same choice in every run."""
 
 from __future__ import annotations
 
@@ -46,8 +33,7 @@ __all__ = ["plan_costs", "terms", "price", "FIT", "AUTO_METHODS"]
 
 AUTO_METHODS = ("structured", "per_example", "jacobian", "products")  # what "auto" chooses among
 
-# seconds per unit of each term (module docstring): benchmarks/ntk_auto_fit.py --fit on the project machine
-# (one thread, float32), recorded with its measurements in benchmarks/results/ntk-auto-fit-cpu.json
+# seconds per unit of each term (module docstring), from benchmarks/ntk_auto_fit.py --fit (docs/performance.md)
 FIT: dict[str, dict[str, float]] = {
     "per_example": {
         "fixed": 0.00211,

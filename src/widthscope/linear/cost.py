@@ -26,21 +26,13 @@ counts and the structured :class:`~widthscope.linear.structured.Plan`, into seco
 - ``products``: ``n2·o`` columns, each one vjp (``2F``) and one jvp over ``x1`` (``3·n1·F``).
   Memory: ``P`` numbers per tangent plus the activations of a chunk of ``x1``.
 
-Each functorch call costs ``CALL_S`` seconds and each pass ``OP_S`` per aten operator it dispatches (the probe
-counts them: ``ops``) besides its FLOPs — what decides small models at few examples. The constants were measured
-on the project machine (one thread, float32; ``benchmarks/ntk_auto.py --calibrate`` reruns it and
-``benchmarks/results/ntk-auto-calibrate-cpu.json`` holds the run; ``benchmarks/ntk_auto_grid.py`` times every
-method at every shape against the choice):
-``GEMM_S`` = seconds per FLOP of a 512×512 matmul (24 GFLOP/s), ``PASS_S`` = per FLOP of the
-vmapped reverse/forward passes (memory-bound elementwise work around the matmuls: about 3×
-``GEMM_S``), ``CALL_S`` ≈ one vjp call on a small MLP, ``OP_S`` = a one-example forward pass of a deep narrow
-MLP over its operator count, ``PE_PASS_S``/``PE_WRITE_S`` solved from ``vmap(jacrev)`` times of two models with
-the same ``P`` and different FLOPs per parameter. Only ratios between methods matter
-for the choice; ``seconds`` in ``info["costs"]`` is an estimate, not a promise. Forward-mode passes
-(``products``) are counted ``JVP_SLOWER``× the reverse rate (measured: the MLP and LLaMA rows of
-``benchmarks/ntk_auto.py`` ran 1.6–2.4× their reverse-rate estimate). Every method is planned within
-``SAFETY`` of ``memory_budget``: the peaks measured by ``tests/test_ntk_memory.py`` (``VmHWM``) include
-allocator slack the byte counts do not see.
+Besides its FLOPs, each functorch call costs ``CALL_S`` seconds and each pass ``OP_S`` per aten operator it
+dispatches (the probe's ``ops``). ``GEMM_S`` is seconds per matmul FLOP, ``PASS_S`` per FLOP of the vmapped
+passes, ``PE_PASS_S``/``PE_WRITE_S`` per FLOP and per Jacobian number of ``vmap(jacrev)``; forward-mode passes
+(``products``) cost ``JVP_SLOWER``× the reverse rate. The constants are calibrated by
+``benchmarks/ntk_auto.py --calibrate`` (see docs/performance.md). Only ratios between methods matter for the
+choice; ``seconds`` in ``info["costs"]`` is an estimate. Every method is planned within ``SAFETY`` of
+``memory_budget`` (allocator slack the byte counts do not see).
 """
 
 from __future__ import annotations
@@ -55,8 +47,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from .gram import explicit_flops, gram_flops, pairs_flops
 
-# benchmarks/ntk_auto.py --calibrate on the project machine, 2026-12-02 (one thread, load average 7 on 2
-# cores: the machine is shared), recorded in benchmarks/results/ntk-auto-calibrate-cpu.json
+# from benchmarks/ntk_auto.py --calibrate (one thread, float32; see docs/performance.md)
 GEMM_S = 6.8e-11
 PASS_S = 1.1e-10
 CALL_S = 2.0e-3
@@ -64,11 +55,9 @@ OP_S = 2.9e-5
 PE_PASS_S = 2.5e-11
 PE_WRITE_S = 1.4e-8
 JVP_SLOWER = 2.5
-CONTRACT_SLOWER = 1.6  # the per-tensor einsum contraction vs one 512² matmul (llama-128 row of ntk_auto: 1.6×)
+CONTRACT_SLOWER = 1.6  # the per-tensor einsum contraction's rate relative to GEMM_S
 SAFETY = 0.85  # plan for this share of memory_budget: allocator slack, temporaries the model does not count
-# Jacobian chunks alive at the peak: row chunk, column chunk, the copies jacrev and vmap stack them through;
-# measured (peak - kernel) / chunk bytes = 4.1-4.7 for both routes on a width-256 MLP, 10 outputs, chunks of
-# 1-4 examples (VmHWM as tests/test_ntk_memory.py reads it); with 3, per_example peaked at 1.13x its budget
+# Jacobian chunks alive at the peak: row chunk, column chunk, the copies jacrev and vmap stack them through
 PE_COPIES = 5
 JAC_COPIES = 5
 
@@ -99,8 +88,8 @@ def measure(fn, x: torch.Tensor, params: dict[str, torch.Tensor]) -> Probe:
     """FLOPs and saved activation bytes of ``fn(x)`` per row of ``x`` (grad enabled, as the kernels run it).
 
     The pass runs on a standalone copy of ``x``: the saved bytes are counted per storage (a saved view
-    keeps its whole storage alive), and ``x`` may be a view into a larger batch (``x1[:1]``), whose
-    storage the pass would otherwise count whole, making ``saved`` grow with the batch (issue 32)."""
+    keeps its whole storage alive), and ``x`` may be a view into a larger batch (``x1[:1]``) whose
+    storage must not be counted."""
     x = x.clone(memory_format=torch.contiguous_format)
     own = {p.untyped_storage().data_ptr() for p in params.values()}
     seen: dict[int, int] = {}
@@ -112,9 +101,8 @@ def measure(fn, x: torch.Tensor, params: dict[str, torch.Tensor]) -> Probe:
                 seen[ptr] = max(seen.get(ptr, 0), t.untyped_storage().nbytes())
         except (RuntimeError, NotImplementedError):
             pass
-        # not ``t`` itself: a graph dropped without a backward pass (as here) keeps a tensor packed as itself
-        # alive for good (a cycle through autograd's C++ the garbage collector cannot see): every call leaked
-        # the parameters' detached copies, the linearize sweep a few weight matrices per cell
+        # not ``t`` itself: a graph dropped without a backward pass keeps a tensor packed as itself alive
+        # (a cycle through autograd's C++ the garbage collector cannot see)
         return t.detach()
 
     counter, ops = FlopCounterMode(display=False), _OpCount()
@@ -249,7 +237,6 @@ def _structured(
     def need(b: int) -> float:
         # two blocks' records, each also held once more while captured; the batched backward's gradients;
         # the block accumulator with the Gram product, its weighted copy and the transposed write
-        # (the factors 2 and 5: measured peaks of an MLP at blocks of 32 and 64, benchmarks/ntk_auto.py)
         blocks = 2 * 2 * b * (O * sig + inp) * item
         grads = b * min(O, 64) * pr.saved + b * pr.saved
         acc = (b * b * O * O if mode == "full" else b * b) * item
@@ -299,7 +286,7 @@ def _products(P: int, O: int, n1: int, n2: int, pr: Probe, item: int, budget: fl
         c = (c + 1) // 2
     cols = n2 * O
     chunks = math.ceil(n1 / c)
-    # forward-mode passes ran JVP_SLOWER× the reverse passes' rate per FLOP (MLP and LLaMA rows of ntk_auto)
+    # forward-mode passes: JVP_SLOWER× the reverse passes' cost per FLOP
     t = (
         cols * (2 * pr.flops + 3 * n1 * pr.flops) * PASS_S * JVP_SLOWER
         + cols * (1 + chunks) * CALL_S

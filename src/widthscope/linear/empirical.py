@@ -54,8 +54,7 @@ def _check_model(
         run = lambda x: _flat_out_plain(model, x)  # noqa: E731
     else:
         run = lambda x: flat_out(model, params, buffers, x)  # noqa: E731
-    # both checks' forward passes once per model, probe shape and parameter values (probes.py): a repeated
-    # call on a small model would otherwise pay them again, as much as its kernel
+    # both checks' forward passes once per model, probe shape and parameter values (probes.py)
     key = ("checks", probe.shape[0], versions(model))
     seen = MISSING if coupled is not None else peek(model, probe, key)
     try:
@@ -127,7 +126,7 @@ def ntk(
       ``ScaledLinear``, transformers' ``Conv1D``), ``Conv1d``/``Conv2d``, ``Embedding``, elementwise
       affine norms (LayerNorm, RMSNorm, GroupNorm, eval BatchNorm). One batched backward pass and
       ``O(n1·n2·out²·width)`` products per layer, no Jacobian. Parameters it does not cover (other
-      modules, tied/shared weights, layers run twice) are added by the ``"per_example"`` route
+      modules, layers run twice) are added by the ``"per_example"`` route
       restricted to them (a hybrid).
     - ``"per_example"``: ``torch.func.vmap(jacrev(f))`` over the examples, each run alone (a batch of
       one), ``chunk_size`` examples (and, when one example's ``out·P`` does not fit, chunks of outputs)
@@ -143,11 +142,9 @@ def ntk(
       ``g = J(x2_j)ᵀe_b`` and one jvp at all of ``x1`` gives ``Θ[:, j, :, b]``. Memory ``O(P)``
       plus activations, but ``n2·out`` jvp passes — for models whose Jacobian rows do not fit.
 
-    ``"auto"`` picks by a cost model (:mod:`widthscope.linear.cost`, priced by :mod:`widthscope.linear.choose`):
-    from one probe forward pass (counts, nothing timed: FLOPs ``F``, saved bytes ``S``, operators dispatched),
-    ``P``, ``out``, the example counts and the structured plan's layer shapes it estimates each method's
-    seconds (terms fitted to this machine's measurements) and peak bytes and takes the
-    fastest that fits ``memory_budget`` (``"products"`` only where a jvp runs). ``memory_budget`` bounds
+    ``"auto"`` takes the fastest method that fits ``memory_budget`` by a cost model built from one probe
+    forward pass (:mod:`widthscope.linear.cost`, :mod:`widthscope.linear.choose`; counts only, nothing
+    timed; ``"products"`` only where a jvp runs). ``memory_budget`` bounds
     every method: what ``ntk`` allocates, the returned kernel included, is planned within 85% of it
     by chunks of examples and of outputs (Jacobians), blocks of examples (structured, when
     ``batch_size`` is not given) or chunks of ``x1`` (products); a forced method that cannot fit is

@@ -77,14 +77,12 @@ def hadamard(
         acc.add_(G if W is None else G * W.to(G.dtype))
 
 
-SYM_ROWS = 128  # diagonal blocks of at most this many rows are formed whole (measured: 0.56× the full product)
+SYM_ROWS = 128  # diagonal blocks of at most this many rows are formed whole
 
 
 def _upper(acc: torch.Tensor, flat: torch.Tensor, n: int, Wb: torch.Tensor | None, lo: int, hi: int) -> None:
     """``acc[o, :, p] += W ⊙ g_o g_pᵀ`` for ``lo ≤ o ≤ p < hi`` (and some ``p < o`` inside small diagonal
-    blocks), by halving: the two diagonal halves recursively and the off-diagonal one as one square GEMM.
-    Stepping over row blocks against all later rows ran no faster than the full product at 1 thread;
-    halving does ~0.56× of it."""
+    blocks), by halving: the two diagonal halves recursively and the off-diagonal one as one square GEMM."""
     if hi - lo == 1 or (hi - lo) * n <= SYM_ROWS:
         rows = flat[lo * n : hi * n]
         blk = (rows @ rows.T).view(hi - lo, n, hi - lo, n)
@@ -105,7 +103,7 @@ def mirror_upper(acc: torch.Tensor) -> None:
 
 def explicit_flops(O: int, n1: int, n2: int, T: int, Da: int, Dd: int, mode: str, same: bool) -> float:
     """Multiply-adds of the explicit form: the per-example gradients ``P`` and their products (the
-    symmetric full product by halving costs ~0.56× the full one, :func:`_upper`)."""
+    symmetric full product by halving, :func:`_upper`, is counted as 0.56× the full one)."""
     form = O * (n1 + (0 if same else n2)) * T * Dd * Da
     if mode.startswith("diag"):
         return form + O * O * n1 * Dd * Da / (O if mode == "diagtrace" else 1)

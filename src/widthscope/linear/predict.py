@@ -1,5 +1,5 @@
 """Closed-form kernel-regression predictions of squared-loss gradient descent with a fixed kernel
-(re-exported by :mod:`widthscope.linear.structured`, where it used to live)."""
+(re-exported by :mod:`widthscope.linear.structured`)."""
 
 from __future__ import annotations
 
@@ -86,8 +86,8 @@ def kernel_predict(
     ``diag_reg`` by ``trace(K)/(N·o)``: pass ``ridge = diag_reg · trace(K)/(N·o)``; its ``learning_rate·t`` is
     ``o·η·t`` here, its loss being a mean over the ``N·o`` outputs); its train outputs are its
     test formula at ``K_test = K_train``, as its docstring says. For its default ``trace_axes=(-1,)``
-    (an ``(N, N)`` per-output kernel ``k``) pass ``K = k ⊗ I_o``; ``diag_reg`` then scales by ``trace(k)/N``.
-    Checked against neural-tangents 0.6.5 to 1e-10 relative (``tests/test_bench_ntk_vs_nt.py``).
+    (an ``(N, N)`` per-output kernel ``k``) pass ``K = k ⊗ I_o``; ``diag_reg`` then scales by ``trace(k)/N``
+    (``tests/test_bench_ntk_vs_nt.py`` compares the two).
 
     ``K_train``: ``(N, N, o, o)`` or ``(N·o, N·o)``; ``K_test``: ``(M, N, o, o)`` or ``(M·o, N·o)``;
     ``y_train``, ``f0_*``: ``(N, o)`` / ``(M, o)`` (``f0`` default 0). Returns ``{"train", "test"}``.

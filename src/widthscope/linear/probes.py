@@ -2,9 +2,8 @@
 the FLOP/saved-bytes/operator counts (:func:`widthscope.linear.cost.measure`), the structured
 :func:`~widthscope.linear.structured.plan` and whether forward-mode AD runs.
 
-These depend on the model's architecture and the inputs' per-example shape, not on parameter values, but
-cost several forward passes: about as much as the kernel itself for a small transformer at a few examples.
-Repeated calls (kernel drift during training, a benchmark's rounds) pay them once. The key holds every
+These depend on the model's architecture and the inputs' per-example shape, not on parameter values, and
+cost several forward passes; repeated calls (kernel drift during training) pay them once. The key holds every
 parameter's and buffer's name, shape, dtype, device, ``requires_grad`` and identity, every submodule's
 identity and training flag, and the inputs' per-example shape, dtype and probe rows: changing any of
 them (``.eval()``, ``.double()``, freezing a layer, swapping a submodule) probes again. The correctness

@@ -57,16 +57,12 @@ Left to the generic (Jacobian) path, with the reason:
 - parameters used outside any covered module's call — container-owned parameters used in
   ``forward`` (``x + self.pos_embed``), functional weights: a module hook sees the module's input
   and output only, not the signal at the use site;
-- ``nn.LSTM``/``nn.GRU``/``nn.RNN``: a closed form exists (``∂f/∂W_hh = Σ_t δ_t h_{t−1}ᵀ`` per gate,
-  ``∂f/∂W_ih = Σ_t δ_t x_tᵀ``, both biases ``Σ_t δ_t``, with ``δ_t`` the signal at gate ``t``'s
-  pre-activation), but the module is one fused op: hooks see only its inputs and outputs, never the
-  per-step gate pre-activations or ``h_{t−1}``. Getting them means replacing the fused kernel by a
-  Python unrolling of the recurrence during capture (``T`` sequential steps; a different op than the
-  model runs, equal only to rounding, and a fork of torch's gate layouts, ``proj_size``,
-  bidirectional and packed inputs) — not done; the Jacobian route is exact and these layers are
-  usually a small share of the parameters.
-- ``nn.MultiheadAttention``, tied/shared weights, layers run twice, EmbeddingBag ``max``, embeddings
-  with ``max_norm``/``scale_grad_by_freq``, training-mode BatchNorm (refused upstream).
+- ``nn.LSTM``/``nn.GRU``/``nn.RNN``: a closed form exists (``∂f/∂W_hh = Σ_t δ_t h_{t−1}ᵀ`` per gate),
+  but the module is one fused op: hooks never see the per-step gate pre-activations or ``h_{t−1}``;
+- layers run twice, EmbeddingBag ``max``, embeddings with ``max_norm``/``scale_grad_by_freq``,
+  training-mode BatchNorm (refused upstream).
+
+Covered through taps:
 
 - ``nn.MultiheadAttention``: torch's own ``F.multi_head_attention_forward`` runs with its ``F.linear``
   calls recorded (:class:`LinearTaps`); each in-projection (the packed one or its slices, which must

@@ -371,8 +371,8 @@ def fix_mmap_threshold() -> bool:
 
     Its default *adaptive* threshold rises as large blocks are freed, after which blocks of that
     size come from the heap, which keeps freed memory: an offloaded weight, loaded and dropped at
-    every forward, then stays resident, and the process grows past the plain run (measured in
-    ``benchmarks/offload_memory.py``). A fixed threshold (as ``MALLOC_MMAP_THRESHOLD_=65536``
+    every forward, then stays resident, and the process grows past the plain run (see
+    docs/big-models.md). A fixed threshold (as ``MALLOC_MMAP_THRESHOLD_=65536``
     would set) maps each block above it separately, at the cost of a system call per large
     allocation. Process-wide and for the rest of the process (glibc cannot go back to the
     adaptive threshold); a no-op off glibc or when the environment already sets the threshold.

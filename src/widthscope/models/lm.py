@@ -132,8 +132,8 @@ def build_llama(
     if heads % kv_heads:
         raise WidthscopeError(f"llama: heads={heads} must be a multiple of kv_heads={kv_heads}")
     ffn = ffn or max(32, 32 * round(8 * width / 3 / 32))
-    # rope_theta and attn_implementation: keywords of transformers 4.x configs that 5.x still takes
-    # (into rope_parameters / the attention setting) but no longer lists in its signature
+    # rope_theta and attn_implementation: keywords transformers 5.x takes (into rope_parameters / the
+    # attention setting) but does not list in its signature
     cfg = LlamaConfig(
         vocab_size=vocab_size,  # type: ignore[call-arg]
         hidden_size=width,

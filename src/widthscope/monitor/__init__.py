@@ -1,4 +1,4 @@
-"""Alignment while training: certificates inside the training loop (issue 23).
+"""Alignment while training: certificates inside the training loop.
 
 :class:`AlignmentMonitor` probes fixed train and held-out pools every few optimizer steps and
 emits one row per ``(step, point)`` with the certificate of :func:`widthscope.certification.certify_dict`

@@ -1,47 +1,29 @@
 r"""The alignment monitor: certify fixed pools at chosen optimizer steps, leaving training untouched.
 
-At a monitored step the monitor runs :func:`widthscope.probe.collect` on a *fixed* train pool
-and a *fixed* held-out pool (materialised once, at construction) with the model in eval mode,
-and turns the samples into statistics with exactly the code of ``certify``
-(:func:`widthscope.certification.statistics`): for the configured ``(M, K)`` one row per point with
-the two-population certificate
+At a monitored step the monitor runs :func:`widthscope.probe.collect` on a *fixed* train pool and a
+*fixed* held-out pool (materialised once, at construction) with the model in eval mode, and computes
+exactly what ``certify`` does (:func:`widthscope.certification.statistics`): per point, the
+two-population certificate of :mod:`widthscope.stats.bounds` (``d_par``, ``d_2``, ``d_align``,
+``b_exact``, ``b_align``), the empirical misalignment with its Wilson interval, and the planner's
+smallest ``M = K`` reaching ``delta``. Rows follow :func:`widthscope.stats.vacuous_rule`. The settings
+are one :class:`~widthscope.monitor.options.MonitorOptions`, recorded in the ``out=`` file.
 
-    d_par = (aᵀb)² / max(bᵀΣ_a b, aᵀΣ_b a),   d_2 = (aᵀb)² / tr(Σ_aΣ_b),   d_align = min(d_par, d_2)
-    b_exact = Var(A) / (Var(A) + (aᵀb)²),      b_align = 1 / (1 + n_eff d_align)
-
-(``n_eff = MK/(M+K+1)``), the empirical misalignment ``Pr(μ_Mᵀg_K ≤ 0)`` over ``draws``
-resamples with its Wilson interval, and the planner's smallest ``M = K`` reaching ``delta``
-(:func:`widthscope.stats.plan`). Rows follow :func:`widthscope.stats.vacuous_rule`.
-
-The settings are one :class:`~widthscope.monitor.options.MonitorOptions` (``options=``, or its
-fields as keyword arguments); the ``out=`` file's ``settings`` line records them (``"options"``).
-
-**Restore guarantee** (:mod:`.state`). Around every probe the monitor saves and restores: the torch
-CPU RNG state, every CUDA device's RNG state (when CUDA is initialised), python's ``random`` and
-numpy's global RNG, the train/eval flag of every module, ``requires_grad`` of every parameter
-and the ``.grad`` of every parameter (same tensor object, same values). The probe never
-creates parameter gradients (parameters are frozen during it) and never touches an
-optimizer. So a training loop gives bit-identical weights with and without the monitor.
-At construction one dry probe (:mod:`.pools`) checks that parameters and buffers are unchanged by a
-probe (a model that updates a buffer in eval-mode forward cannot be restored and is refused).
+**Restore guarantee** (:mod:`.state`). Around every probe the monitor saves and restores the CPU,
+CUDA, ``random`` and numpy RNG states, every module's train/eval flag, every parameter's
+``requires_grad`` and ``.grad`` (same tensor, same values); the probe never creates parameter
+gradients or touches an optimizer, so training gives bit-identical weights with and without the
+monitor. A dry probe at construction (:mod:`.pools`) refuses a model whose probe changes a parameter
+or buffer.
 
 **Schedule and cost cap** (:mod:`.schedule`). ``every=N``, ``at=[...]`` or, by default, log-spaced
-steps under a ``budget`` of :data:`DEFAULT_BUDGET` (5%) of the training time: a planned probe is made
-only when the monitor's time, this probe and the last step's probe included, stays within the budget;
-other planned steps are skipped (``monitor.skipped``), each one said in the log (logger
-``widthscope.monitor``, WARNING) and in the ``out=`` file (a ``kind="skipped"`` line). ``every=`` /
-``at=`` schedules are followed exactly unless a budget is given. Under ``torch.distributed`` rank 0's
-decision is broadcast.
+steps under a ``budget`` of :data:`DEFAULT_BUDGET` of the training time; a planned probe that would
+exceed it is skipped (``monitor.skipped``, a WARNING on logger ``widthscope.monitor`` and a
+``kind="skipped"`` line in ``out=``). Under ``torch.distributed`` rank 0's decision is broadcast.
+:meth:`AlignmentMonitor.bounds` names the run's first and last steps, which are then always probed;
+``step(..., final=True)`` probes a run that stops early.
 
-**First and last step.** :meth:`AlignmentMonitor.bounds` tells the monitor the run's first and
-last optimizer steps (the Trainer and Lightning callbacks do it at train start); both are then
-probed whatever the schedule and the budget, and ``step(..., final=True)`` probes a run that
-stops early (early stopping) at the step it stops.
-
-**FSDP.** A model sharded by FSDP (``FullyShardedDataParallel`` or ``fully_shard``) is refused
-at construction and at every probe: the probe's forward hooks and per-example gradients need
-whole parameters, which a sharded model has on no rank outside its own forward.
-"""
+**FSDP.** A model sharded by FSDP is refused at construction and at every probe: the probe needs
+whole parameters."""
 
 from __future__ import annotations
 

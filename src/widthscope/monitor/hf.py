@@ -13,34 +13,20 @@ or, the monitor built for the trainer's model from its options::
 
     attach(trainer, train=train_pool, test=test_pool, options=MonitorOptions(points=["model.layers.1"], every=50))
 
-**The Trainer's own logs are left alone.** The monitor's values are *extra* entries of
-``state.log_history`` — ``{"align/<point>/<column>": ..., "epoch": ..., "step": ...}`` — never keys
-added to, or averaged into, the Trainer's loss entries, and logging them does not touch the
-Trainer's loss accounting: the loss, ``grad_norm``, ``learning_rate`` entries are the same, to the
-bit, with and without the callback (tested). ``Trainer.log`` is *not* used: the handler's
-``on_log`` that it runs clears ``control.should_log``, which silently dropped the Trainer's own
-loss entry at that step (its loss then averaged into the next entry), and subclasses such as TRL's
-flush their accumulated training metrics in ``log``.
-
-**How the values reach TensorBoard / W&B / MLflow.** A ``TrainerCallback`` receives ``args``,
-``state``, ``control`` and ``model`` but not the trainer, and the integrations are themselves
-callbacks that act in ``on_log``, registered *before* any user callback, so a callback that
-edits the ``logs`` dict in its own ``on_log`` comes too late for them. The callback therefore
-holds the trainer (:func:`attach` sets it) and, at a probed step, appends its entry to
-``state.log_history`` and runs ``trainer.callback_handler.on_log`` with it (every callback's
-``on_log``, integrations included, as for the Trainer's own entries), putting ``control.should_log``
-back afterwards. Without a trainer (a callback built by hand) the entry goes to
-``state.log_history`` only, with a warning.
+**Logs.** The monitor's values are *extra* entries of ``state.log_history``
+(``{"align/<point>/<column>": ..., "epoch": ..., "step": ...}``); the Trainer's own loss,
+``grad_norm`` and ``learning_rate`` entries are bit-identical with and without the callback.
+``Trainer.log`` is not used (its ``on_log`` clears ``control.should_log``, and subclasses such as
+TRL's flush their metrics there). Since the integrations (TensorBoard, W&B, MLflow) are callbacks
+registered before any user callback, the callback holds the trainer (:func:`attach`) and, at a probed
+step, appends its entry and runs ``trainer.callback_handler.on_log`` with it, restoring
+``control.should_log``. Without a trainer the entry goes to ``state.log_history`` only, with a warning.
 
 **Schedule.** ``on_train_begin`` gives the monitor the run's first and last steps
-(``state.global_step``, ``state.max_steps``: :meth:`AlignmentMonitor.bounds`), so both are probed
-whatever the schedule and budget; a run that stops early (``control.should_training_stop``, e.g.
-early stopping) is probed at the step it stops. A planned probe the budget skips is said in the
-log (logger ``widthscope.monitor``), and ``on_train_end`` logs one line with the probed and
-skipped steps. The step is ``state.global_step`` (optimizer steps done), so with gradient
-accumulation the monitor probes after the optimizer step, never between micro-batches. Under
-several processes every rank probes its share of the pools and the main process logs.
-"""
+(:meth:`AlignmentMonitor.bounds`), so both are probed; a run that stops early is probed at the step it
+stops. The step is ``state.global_step`` (optimizer steps: with gradient accumulation, never between
+micro-batches); ``on_train_end`` logs the probed and skipped steps. Under several processes every
+rank probes its share of the pools and the main process logs."""
 
 from __future__ import annotations
 

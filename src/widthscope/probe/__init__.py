@@ -2,7 +2,7 @@
 
 * :func:`insertion_points` / :func:`all_points` / :func:`resolve_points` (``points.py``)
 * :func:`collect` -> ``{point: Tensor (n, d)}`` (``collect.py``)
-* :func:`insert` / :func:`intervene` (``interventions.py``, issue 4).
+* :func:`insert` / :func:`intervene` (``interventions.py``).
 
 Example::
 

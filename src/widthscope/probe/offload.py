@@ -141,8 +141,7 @@ class _NoModules:
 class TotalFlops(FlopCounterMode):
     """``FlopCounterMode``'s total (``get_total_flops``, the same count) without its per-module
     breakdown, whose module hooks hold the tensors of a checkpointed block for the backward (an
-    offloaded model then keeps most of its weights during a counted step: measured in
-    ``tests/test_grow_offload.py``)."""
+    offloaded model then keeps most of its weights during a counted step)."""
 
     def __init__(self) -> None:
         super().__init__(display=False)

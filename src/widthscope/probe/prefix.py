@@ -5,7 +5,7 @@ nothing that runs before ``point``, so that part is the same for all ``E`` steps
 :func:`stacked_totals` computes ``Σ_i ℓ_i(z + v_e)`` for every ``e`` in one of two ways:
 
 * ``full``: each chunk of examples runs stacked ``E`` times through the whole network, a forward
-  hook adding ``v_e`` to copy ``e`` at ``point`` (the old path; cost ``E ×`` a full forward);
+  hook adding ``v_e`` to copy ``e`` at ``point`` (cost ``E ×`` a full forward);
 * ``cached``: a *capture* forward of the chunk stops when ``point`` has finished and keeps the
   outputs of the outermost modules that finished before ``point`` started (and ``point``'s own);
   the stacked pass then replaces those modules' ``forward`` by "return the kept output repeated

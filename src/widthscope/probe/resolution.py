@@ -15,9 +15,8 @@ from .collect import collect, float_dtype
 from .steps import EvalMode, per_example_losses
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
-# A step is resolved when its predicted change is at least this many rounding scales r (below):
-# the measured ΔL was off by < 3r on all 468 steps we calibrated against float64 (docs/
-# interventions.md), so an unflagged step's retention carries a rounding error < 3/8 (measured ≤ 0.15).
+# A step is resolved when its predicted change is at least this many rounding scales r (below); the
+# calibration against float64 is in docs/interventions.md.
 RESOLUTION_FACTOR = 8.0
 
 
@@ -64,8 +63,8 @@ def loss_rounding(
     with ``ℓ_i^{dtype}`` the per-example losses as the model runs (``losses`` if already measured)
     and ``ℓ_i^{float32}`` those of the same weights evaluated in float32 (:class:`upcast`). ``r`` is
     the standard error the rounding adds to a mean of ``K`` such losses when the examples' errors
-    are independent; a measured change ``ΔL = L(step) − L`` carries about that much (measured:
-    under 3r, see :data:`RESOLUTION_FACTOR`). Returns ``(r, float32 per-example losses)``, or
+    are independent; a measured change ``ΔL = L(step) − L`` carries about that much (see
+    :data:`RESOLUTION_FACTOR`). Returns ``(r, float32 per-example losses)``, or
     ``(None, None)`` for a float32/float64 model (the reference precision: not measured).
     Cost: one float32 forward over ``data`` (and one in the dtype when ``losses`` is None).
     """
@@ -101,9 +100,9 @@ def sample_rounding(
     """Largest relative error ``‖s_i − s_i^{float32}‖/‖s_i^{float32}‖`` of the pooled sample vectors
     of the first ``n`` examples of ``data`` at ``point``, the model as it is against the same
     weights in float32 (:class:`upcast`); None for a float32/float64 model. It is not a small
-    multiple of ``u`` everywhere: a confidently fitted classifier's gradients cancel (measured
-    32u in bfloat16 on a trained MLP, ≤ 3.5u on the tiny Llamas), so it is measured, not assumed
-    (``sample_rel_error`` of :func:`widthscope.certification.per_point.statistics`, worst-case mode)."""
+    multiple of ``u`` everywhere (a confidently fitted classifier's gradients cancel), so it is
+    measured, not assumed (``sample_rel_error`` of :func:`widthscope.certification.per_point.statistics`,
+    worst-case mode)."""
     if float_dtype(model) not in LOW_PRECISION:
         return None
     ref, err = per_sample_errors(model, point, data, loss_fn, n, batch_size)
@@ -137,9 +136,8 @@ def projected_rounding(err: torch.Tensor, direction: torch.Tensor) -> float:
     the estimate ``|mean t| + 3·sd(t)/√n`` — the systematic part plus a generous allowance for the
     random part (it only shrinks from ``n`` to the full sample). For ``A = ā·b̄``:
     ``δA ≈ projected_rounding(δa, b̄) + projected_rounding(δb, ā)``; for ``‖μ‖²`` twice the one of
-    ``δs`` along ``μ``. A worst-case bound (every error along ``direction``) was 40-150x the actual
-    error on the Llamas we tried and flagged alignments bfloat16 had to 3 %: this measures what
-    rounding does."""
+    ``δs`` along ``μ``. Unlike a worst-case bound (every error along ``direction``), this measures
+    what rounding does."""
     t = err.double() @ direction.double().to(err.device)
     if len(t) < 2:
         return float(t.abs().max()) if len(t) else 0.0

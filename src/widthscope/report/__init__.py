@@ -35,8 +35,8 @@ from .options import RECORD, ReportOptions
 __all__ = ["load_results", "report", "ReportOptions"]
 
 
-# The row kinds widthscope writes (sweep, linearize, grow-bench, certify series); rows from before
-# kinds were recorded are alignment rows with M and K.
+# The row kinds widthscope writes (sweep, linearize, grow-bench, certify series); a row without a kind
+# is an alignment row with M and K.
 ROW_KINDS = (
     "alignment",
     "intervention",
@@ -209,7 +209,7 @@ def report(
     out = Path(out_dir) if out_dir is not None else (first.parent if first.is_file() else first) / "report"
     if title is None:
         title = "widthscope report: " + ", ".join(Path(d).name for d in dirs)
-    # figures and the self-contained page: 0.7 MB measured for 96 rows of three kinds
+    # figures and the self-contained page
     _io.check_space(out / "report.html", 2_000_000 + 10_000 * len(rows), "the report (figures and page)")
     named = describe(rows)  # certify files: which model/data/width each one is
     page = build_report(rows, out, title=title, sources=[named.get(str(Path(d)), str(d)) for d in dirs], notes=notes)

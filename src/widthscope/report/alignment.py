@@ -31,7 +31,7 @@ from typing import Any, Mapping, Sequence
 
 from ._groups import group_label, groups
 
-# Re-exported: the old names stay importable from here (the monitor section takes as_number, save_figure, slugify).
+# Re-exported: importable from here (the monitor section takes as_number, save_figure, slugify).
 from .alignment_figures import MAX_MK_PANELS, MAX_POINTS_PANELS, figures, save_figure, slugify  # noqa: F401
 from .alignment_rows import aggregate, as_number, d_align_by_point, mk_pairs, point_keys, trend, width_values  # noqa: F401
 from .alignment_tables import tables

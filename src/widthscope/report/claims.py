@@ -16,8 +16,8 @@ independent (seeds are independent initialisations and batch orders):
   so only a procedure valid under arbitrary dependence fits.
 
 At the boundary of ``R`` (for "grows with width": no width trend at all) the chance of any
-decision is ``≤ 5%``; the suite measures it by simulation for 2, 3, 5 and 10 seeds
-(``benchmarks/claims_calibration.py``, numbers in ``benchmarks/results/claims-calibration.json``).
+decision is ``≤ 5%``; ``benchmarks/claims_calibration.py`` checks it by simulation
+(docs/sweeps.md#claims-page).
 With 2 seeds ``t = 12.7``: a claim is then decided only when the seeds agree very closely.
 
 Regions: ``d_align`` (also ``d_par``, ``d_2``) grows with width: slope ``> 0``; misalignment falls

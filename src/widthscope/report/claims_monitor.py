@@ -28,8 +28,7 @@ it lies above. Not tested (not resolved, with the reason): fewer than 2 seeds wi
 certification in any cell, the same ``y`` in every cell, or the same slope in every seed (the
 steps are discrete: equal slopes leave the t interval no spread to rest on).
 
-Calibrated by simulation (``benchmarks/claims_calibration.py``, ``monitor_*`` entries of
-``benchmarks/results/claims-calibration.json``): no width trend, censoring, heavy tails.
+Calibrated by simulation (no width trend, censoring, heavy tails; see docs/sweeps.md#claims-page).
 """
 
 from __future__ import annotations

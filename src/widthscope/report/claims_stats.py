@@ -41,7 +41,7 @@ def slope(x: Sequence[float], y: Sequence[float]) -> float | None:
 def _one_sided(m: float, se: float, c: float, df: int) -> tuple[float, float]:
     """(P(T >= t), P(T <= t)) for t = (m - c)/se under θ = c; se = 0 gives 0/1 (or 1/2 at m = c)."""
     if se > 0:
-        tt = (m - c) / se  # scipy.special: the ufuncs behind scipy.stats.t, ~100x cheaper per call
+        tt = (m - c) / se  # scipy.special: the ufuncs behind scipy.stats.t, without its per-call overhead
         return float(_sp.stdtr(df, -tt)), float(_sp.stdtr(df, tt))
     if m == c:
         return 0.5, 0.5

@@ -11,8 +11,8 @@ from whichever of two exact routes is cheaper:
 
 - *block gather*: one ``(chunk, M, K)`` gather of the sub-blocks, ``O(MK)`` per draw;
 - *row sums*: ``Σ_{i∈I} C[i, :]`` with ``embedding_bag`` (contiguous reads, ``O(M n_b)``),
-  then the ``K`` chosen columns. A random single-entry gather costs ~30-40x a contiguous
-  read on CPU, so this wins unless the held-out pool is much larger than ``K``.
+  then the ``K`` chosen columns; contiguous reads beat single-entry gathers, so this wins
+  unless the held-out pool is much larger than ``K``.
 
 Several ``(M, K)`` pairs share the same random subsets (common random numbers): a draw takes
 the ``M_max`` train and ``K_max`` held-out indices with the largest uniform keys, whose first
@@ -163,7 +163,7 @@ def _block_sums_fn(C: torch.Tensor, plist, m_max: int, k_max: int):
     use_slices = sum(m * k for m, k in plist) <= 2 * m_max * k_max
 
     def fn(Ic: torch.Tensor, Jc: torch.Tensor) -> torch.Tensor:
-        # Flat index_select is ~2x faster than broadcast advanced indexing C[I[:, :, None], J[:, None, :]].
+        # A flat index_select rather than broadcast advanced indexing C[I[:, :, None], J[:, None, :]].
         flat = (Ic[:, :, None] * nb + Jc[:, None, :]).reshape(-1)
         block = Cflat.index_select(0, flat).reshape(Ic.shape[0], m_max, k_max)
         if use_slices:  # few pairs: sum each leading sub-block directly
@@ -286,9 +286,7 @@ def misalignment_from_gram(
     J = _draw_indices(nb, k_max, draws, gen).to(C.device)
     counts = torch.zeros(len(plist), dtype=torch.long, device=C.device)
     m_values = sorted({m for m, _ in plist})
-    # Two exact ways to get the block sums; pick the cheaper. Random gathers of single entries
-    # cost ~40x a contiguous row read (measured on CPU), so summing whole rows of C and then
-    # picking K columns wins unless the held-out pool is much larger than K.
+    # Two exact ways to get the block sums (module docstring); pick the cheaper.
     rows_cost = sum(m_values) * nb
     block_cost = _GATHER_COST * m_max * k_max
     if rows_cost <= block_cost:

@@ -28,7 +28,7 @@ The steps live in their own modules, and every name callers use is importable fr
 :mod:`~widthscope.sweeps.summary` (:func:`summary_rows`, :func:`print_summary`); this module plans,
 checks and runs the grid (:func:`plan_cells`, :func:`check_structure`, :func:`run_sweep`).
 
-Example (a few seconds)::
+Example::
 
     from widthscope.sweeps.alignment import load_config, run_sweep
     cfg = load_config({
@@ -213,7 +213,7 @@ def run_sweep(
     threads = torch.get_num_threads()
     if cfg.threads:
         # Small models gain little from more threads, and spinning OpenMP threads on busy cores
-        # can make a step 10-20x slower (measured: docs/sweeps.md), hence the option.
+        # can make a step much slower (docs/sweeps.md), hence the option.
         torch.set_num_threads(cfg.threads)
     try:
         with lock_out_dir(out, shard, "sweep"):

@@ -602,4 +602,4 @@ def load_config(
     )
 
 
-_where = config_where  # the old name, for costs until the --plan rewrite
+_where = config_where  # alias: sweeps.costs imports this name

@@ -40,7 +40,7 @@ from .._io import (
     unwritable,
     warn_skips,
 )
-from .._io import lock_held as _held  # noqa: F401  (its old home: tests/test_bad_input_sweep.py imports it here)
+from .._io import lock_held as _held  # noqa: F401  (tests/test_bad_input_sweep.py imports it here)
 from ..errors import WidthscopeError
 
 __all__ = [

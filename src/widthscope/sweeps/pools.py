@@ -266,10 +266,10 @@ def cell_input_spec(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: str | o
     return InputSpec(model=str(cell_dir), n_train=fam.n_probe_train, n_test=fam.n_probe_test, seed=cfg.data_seed)
 
 
-_batches = pool_batches  # the old name, for costs until the --plan rewrite
+_batches = pool_batches  # alias: sweeps.costs imports this name
 
-_load_split = load_split  # the old name, for costs until the --plan rewrite
+_load_split = load_split  # alias: sweeps.costs imports this name
 
-_model_options = fill_model_options  # the old name, for costs until the --plan rewrite
+_model_options = fill_model_options  # alias: sweeps.costs imports this name
 
-_probe_pools = probe_pools  # the old name, for costs until the --plan rewrite
+_probe_pools = probe_pools  # alias: sweeps.costs imports this name
