@@ -4,7 +4,7 @@ A thin adapter: the options are generated from :class:`~widthscope.growth.option
 (:mod:`widthscope.cli.args`; ``--config`` starts from the options a previous run's
 ``summary.json`` recorded); ``run`` prints the table (speed-up to the from-scratch loss per operator
 and schedule, beside the continue-small baselines) and the answer. ``--plan`` prints the run's cost
-plan (:func:`widthscope.growth.target_run_plan.plan_target`) instead, and trains and writes nothing.
+plan (:func:`widthscope.plan.plan_target`) instead, and trains and writes nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from .._io import format_table
 from ..growth.options import GrowTargetOptions
 from ..growth.target_bench import COLUMNS, run_target, target_out_dir
-from ..growth.target_run_plan import plan_target
+from ..plan import plan_target
 from .args import add_config, add_options, config_options, options_from_args
 from .grow import PLAN_HELP, PLAN_NO_TIME_HELP
 

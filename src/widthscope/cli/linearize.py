@@ -16,12 +16,12 @@ import torch
 
 from ..errors import WidthscopeError
 from ..linearization.config import load_toml
-from ..linearization.plan import plan_linearize
 from ..linearization.run import (
     LinearizeOptions,
     run_file,
     run_linearize,
 )  # torch loads with the command, before signals act
+from ..plan import plan_linearize
 from ..validate import check_path_length
 from .args import add_config, add_options, config_options, load_config, options_from_args
 from .grow import PLAN_HELP, PLAN_NO_TIME_HELP

@@ -343,10 +343,3 @@ def split_held_out(cell: Mapping[str, Any], test: Any) -> dict[str, Any]:
         "A": index_batch(test, perm[a:b].sort().values),
         "B": index_batch(test, perm[b:].sort().values),
     }
-
-
-_build = build_model  # the old name, for bench_plan until the --plan rewrite
-
-_data = cell_data  # the old name, for bench_plan until the --plan rewrite
-
-_splits = split_held_out  # the old name, for bench_plan until the --plan rewrite
