@@ -648,7 +648,7 @@ def plan_linearize(config: Any, *, time_run: bool = True) -> Plan:
     counts: list[tuple[str, Any]] = [
         ("cells", f"{len(cells)} ({len(widths)} widths x {len(cfg['seeds'])} seeds x {len(tr['alphas'])} alphas)"),
         ("steps per cell", f"{int(tr['steps'])} (at most: a diverging cell stops early)"),
-        ("data", f"{words} ({human_size(data_bytes)})"),
+        ("data", f"{words.split(':')[0]} ({human_size(data_bytes)})"),
         (f"memory ({source})", None if free is None else human_size(free)),
     ]
     shown = ", ".join(str(w) for w in widths)
@@ -660,17 +660,19 @@ def plan_linearize(config: Any, *, time_run: bool = True) -> Plan:
         peak = held + 8 * wbytes + per * bs  # two models, each with its gradient and optimizer state
         notes = (_counted_note(),)
         return Plan(**base, max_batch=_fits(free, held, per), counts=tuple(counts), peak_bytes=peak, notes=notes)
-    shapes: dict[tuple[int, bool], list[Any]] = {}
-    for c in cells:
-        shapes.setdefault((int(c["width"]), bool(c["correlations"])), []).append(c)
     parts, peak = _fixed(ready[0]), ready[1]
-    for (w, corr), these in shapes.items():
+    for w in widths:
+        these = [c for c in cells if int(c["width"]) == w]
+        corr = sum(1 for c in these if c["correlations"])
         with RssPeak() as p:
             t0 = time.perf_counter()
-            run_cell(cfg, these[0])
-            cell_s = time.perf_counter() - t0
+            run_cell(cfg, {**these[0], "correlations": False})
+            cell_s, corr_s = time.perf_counter() - t0, 0.0
+            if corr:  # the derivative correlations: timed once, on the untrained model (the same cost)
+                corr_s = timed(functools.partial(_correlations, cfg, w, X, k), 1)
         peak = max(peak, p.peak)
-        parts.append((f"width {w}{' + correlations' if corr else ''}: one cell x {len(these)}", cell_s * len(these)))
+        what = f"width {w}: one cell x {len(these)}" + (f" + the correlations x {corr}" if corr else "")
+        parts.append((what, cell_s * len(these) + corr_s * corr))
     note = (
         "time = since the process started (imports, the data) + one cell timed per width x its cells; peak = measured"
     )
@@ -682,6 +684,22 @@ def plan_linearize(config: Any, *, time_run: bool = True) -> Plan:
         peak_bytes=int(peak),
         notes=(note, "steps are an upper bound: a diverging cell stops early"),
     )
+
+
+def _correlations(cfg: Any, width: int, X: torch.Tensor, k: int) -> None:
+    """The derivative correlations a linearize cell measures, on a fresh model of ``width``."""
+    from .linear.correlation import correlation_summary, parse_correlation_name  # noqa: PLC0415
+    from .models import build  # noqa: PLC0415
+
+    m, c = cfg["model"], cfg["correlations"]
+    torch.manual_seed(0)
+    model = build(
+        "mlp", width, in_dim=X.shape[1], out_dim=k, depth=m["depth"], activation=m["activation"],
+        parametrization=m["parametrization"], sigma_w=m["sigma_w"],
+    ).to(X.dtype)  # fmt: skip
+    for name in c["measure"]:
+        D, d = parse_correlation_name(name)
+        correlation_summary(model, X, D=D, d=d, n_tuples=c["n_tuples"], eta=cfg["train"]["eta0"], output=c["output"])
 
 
 # ----------------------------------------------------------------------------- grow-bench --plan
