@@ -276,10 +276,11 @@ def plan_demo(
             print("  skipped (--no-linear)", file=file)
     finally:
         torch.set_num_threads(n_threads)
-    from . import plan as wplan  # noqa: PLC0415  start-up time: torch
+    from .plan import FIXED, since_start  # noqa: PLC0415  start-up time: torch
+    from .plan import Plan as Sum  # noqa: PLC0415
 
-    fixed = (f"{wplan.FIXED} and imports (measured)", wplan.since_start() if time_run else None)
-    plan = wplan.Plan("demo", "the demo's parts", 0, 0, None, 1, None, parts=(fixed, *parts))
+    fixed = (f"{FIXED} and imports (measured)", since_start() if time_run else None)
+    plan = Sum("demo", "the demo's parts", 0, 0, None, 1, None, parts=(fixed, *parts))
     total = "" if plan.predicted_s is None else f"; predicted {plan.predicted_s:.0f} s with the process's start"
     print(f"[{n}/{n}] report: not planned (seconds){total}", file=file, flush=True)
     return plan

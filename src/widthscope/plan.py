@@ -730,7 +730,7 @@ def _bench_model(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
 
     def loop(k: int, data: Any = train, size: int = bs) -> None:
         m = copy.deepcopy(model)
-        _fit(m, list(m.parameters()), data, steps=k, at=(), lr=float(cell["base_lr"]), batch_size=size, seed=seed)
+        _fit(m, list(m.parameters()), data, steps=k, at=(), lr=float(cell["continue_lrs"][0]), batch_size=size, seed=seed)
 
     per = per_example(lambda n: saved_bytes(lambda: loop(1, index_batch(train, slice(0, n)), n), model))
     P, long = len(points), int(cell["long"])
@@ -844,7 +844,7 @@ def _suite_plan(
             else "not timed: " + "; ".join(g["note"] for g in got if "train_s" not in g),
         )
         return Plan(**base, max_batch=_fits(free, held, per), peak_bytes=peak, notes=tuple(notes))
-    parts = _fixed(ready[0])
+    parts: list[tuple[str, float | None]] = [(f"{FIXED} and imports (measured)", ready[0])]
     for g in got:
         parts += [(f"{g['name']}: training, {g['steps']:,} steps x {g['runs']} cell(s)", g["train_s"])]
         parts += [(f"{g['name']}: {g.get('other', 'criteria, evaluations, data')}", g["other_s"])]
