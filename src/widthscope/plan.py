@@ -730,7 +730,8 @@ def _bench_model(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
 
     def loop(k: int, data: Any = train, size: int = bs) -> None:
         m = copy.deepcopy(model)
-        _fit(m, list(m.parameters()), data, steps=k, at=(), lr=float(cell["continue_lrs"][0]), batch_size=size, seed=seed)
+        lr = float(cell["continue_lrs"][0])
+        _fit(m, list(m.parameters()), data, steps=k, at=(), lr=lr, batch_size=size, seed=seed)
 
     per = per_example(lambda n: saved_bytes(lambda: loop(1, index_batch(train, slice(0, n)), n), model))
     P, long = len(points), int(cell["long"])
@@ -994,6 +995,8 @@ def _alignment_plan(cfg: Any, fam: Any, width: float, budget: int, timed_run: bo
     the probe's saved bytes per example and its samples' widths, counted); with ``timed_run`` the
     model built for real on ``[sweep].device`` and :func:`_alignment_time`."""
     from . import models  # noqa: PLC0415
+    from .probe.collect import run_batch  # noqa: PLC0415
+    from .probe.insert import channel_dim  # noqa: PLC0415
     from .sweeps.cell import cell_options  # noqa: PLC0415  (the sweeps import this module)
     from .sweeps.pools import _load_split, _model_options, probe_conditions, probe_lengths  # noqa: PLC0415
 
@@ -1014,11 +1017,25 @@ def _alignment_plan(cfg: Any, fam: Any, width: float, budget: int, timed_run: bo
         X, y = split.train[0][:n].to(where), split.train[1][:n].to(where)
         return X if split.task == "lm" else (X, y)
 
-    def probe(n: int) -> dict[str, torch.Tensor]:
-        return collect(model, [batch(n)], points=names, pool=opts.pool, progress=False)
+    shapes: dict[str, torch.Size] = {}
 
-    per = per_example(lambda n: saved_bytes(lambda: probe(n), model))
-    dims = sum(int(v.shape[1]) for v in probe(1).values())
+    def seen(name: str) -> Callable[..., None]:
+        def hook(_m: nn.Module, _i: Any, out: Any) -> None:
+            shapes.setdefault(name, (out[0] if isinstance(out, tuple) else out).shape)
+
+        return hook
+
+    # the probe's forward (per-example losses, the points on the path): what its backward keeps
+    hooks = [model.get_submodule(n).register_forward_hook(seen(n)) for n in names]
+    try:
+        per = per_example(lambda n: saved_bytes(lambda: run_batch(model, batch(n), None, 0), model))
+    finally:
+        for h in hooks:
+            h.remove()
+    dims = 0
+    for shape in shapes.values():
+        z = torch.empty(shape, device="meta")
+        dims += z[0].numel() if opts.pool == "flatten" or z.ndim < 2 else int(shape[channel_dim(z)])
     conditions = sum(len(probe_lengths(fam, c)) for c in probe_conditions(fam))
     examples = (fam.n_probe_train + fam.n_probe_test) * conditions
     params, wbytes = weights(model)
