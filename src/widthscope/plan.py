@@ -1025,13 +1025,22 @@ def _alignment_plan(cfg: Any, fam: Any, width: float, budget: int, timed_run: bo
 
         return hook
 
-    # the probe's forward (per-example losses, the points on the path): what its backward keeps
-    hooks = [model.get_submodule(n).register_forward_hook(seen(n)) for n in names]
+    def count() -> int:  # the probe's forward (per-example losses, the points on the path): what its backward keeps
+        hooks = [model.get_submodule(n).register_forward_hook(seen(n)) for n in names]
+        try:
+            return per_example(lambda n: saved_bytes(lambda: run_batch(model, batch(n), None, 0), model))
+        finally:
+            for h in hooks:
+                h.remove()
+
     try:
-        per = per_example(lambda n: saved_bytes(lambda: run_batch(model, batch(n), None, 0), model))
-    finally:
-        for h in hooks:
-            h.remove()
+        per = count()
+    except (RuntimeError, NotImplementedError, WidthscopeError):  # a forward the meta device cannot run
+        if where.type != "meta":
+            raise
+        torch.manual_seed(0)
+        model, where = models.build(fam.model, width, **_model_options(fam, split)), torch.device("cpu")
+        per = count()
     dims = 0
     for shape in shapes.values():
         z = torch.empty(shape, device="meta")
