@@ -1,5 +1,11 @@
 """``--plan``: what a run will cost, as the whole process will cost it (one module, every command).
 
+``certify`` and ``grow`` (:func:`plan_certify`, :func:`plan_grow`) plan one run; ``linearize``,
+``grow-bench``, ``grow-target``, ``sweep --dry-run/--plan`` and ``demo`` (:func:`plan_linearize`,
+:func:`plan_bench`, :func:`plan_target`, :func:`plan_alignment`, :func:`plan_suite_models`) are sums
+of per-cell or per-model plans from the same pieces: one step or cell timed per distinct shape and
+scaled to the run's cells, the fixed costs once per process.
+
 Each command's plan is built from the same few measured pieces:
 
 * **the model**: its parameters and weight bytes (:func:`weights`; a Hugging Face checkpoint
@@ -61,6 +67,7 @@ __all__ = [
     "CellPlan",
     "Plan",
     "RssPeak",
+    "SUITE_PLAN_HELP",
     "peak_so_far",
     "plan_alignment",
     "plan_bench",
@@ -149,6 +156,12 @@ class Plan:
 
 
 FIXED = "process start"  # the name every fixed part starts with
+
+SUITE_PLAN_HELP = (
+    "print what the whole run will cost (parameters and weights, bytes per example, the largest batch that "
+    "fits; the predicted wall time and peak memory of the whole process after timing {timed}) and exit: "
+    "nothing is trained and nothing is written (docs/big-models.md)"
+)
 
 
 # ----------------------------------------------------------------------------- the pieces

@@ -16,11 +16,11 @@ from .._io import format_table
 from ..errors import WidthscopeError
 from ..growth.bench import bench_out_dir, run_bench
 from ..growth.options import GrowBenchOptions
-from ..plan import plan_bench
+from ..plan import SUITE_PLAN_HELP, plan_bench
 from ..report.growth import write_report
 from ..validate import int_list
 from .args import add_config, add_options, config_options, options_from_args
-from .grow import PLAN_HELP, PLAN_NO_TIME_HELP
+from .grow import PLAN_NO_TIME_HELP
 
 __all__ = ["add_arguments", "run"]
 
@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--plan",
         action="store_true",
-        help=PLAN_HELP.replace("one step of each training stage", "one step of each model's training stages"),
+        help=SUITE_PLAN_HELP.format(timed="one training step of each model"),
     )
     p.add_argument("--plan-no-time", action="store_true", help=PLAN_NO_TIME_HELP)
 
