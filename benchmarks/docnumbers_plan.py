@@ -4,10 +4,6 @@
 ``benchmarks/results/plan_whole_process.jsonl``, written by
 ``python benchmarks/plan_whole_process.py``. Keys: ``plan/whole_table``, ``plan/whole_setting``,
 ``plan/whole_verdict``.
-
-``demo --plan`` against the demo, from ``benchmarks/results/plan-accuracy-demo-cpu.json``, written by
-``OMP_NUM_THREADS=1 python benchmarks/plan_accuracy_demo.py --out benchmarks/results/plan-accuracy-demo-cpu.json``.
-Keys: ``plan/demo_table``, ``plan/demo_range``, ``plan/demo_verdict``, ``plan/demo_total``.
 """
 
 from __future__ import annotations
@@ -15,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 WHOLE_RESULT = "benchmarks/results/plan_whole_process.jsonl"
-DEMO_RESULT = "benchmarks/results/plan-accuracy-demo-cpu.json"
 TIME_TARGET = 1.5  # issue 44: the whole process's wall time and peak RSS within 1.5x of the plan
 
 
@@ -34,8 +29,6 @@ def _verdict(dn: Any, v: list[float], target: float) -> str:
 
 
 def register(dn: Any) -> None:
-    register_demo(dn)
-
     def rows() -> tuple[dict[str, Any], ...]:
         return dn.load_rows(WHOLE_RESULT)
 
@@ -70,39 +63,3 @@ def register(dn: Any) -> None:
             f"peak RSS {dn.span(min(m), max(m), lambda u: _x(dn, u))} ({_verdict(dn, m, TIME_TARGET)})"
         )
 
-
-def register_demo(dn: Any) -> None:
-    """``demo --plan`` against the demo (``plan/demo_*``)."""
-
-    def res() -> dict[str, Any]:
-        return dn.load_json(DEMO_RESULT)
-
-    def secs(v: float) -> str:
-        return f"{dn.sig(v, 2)} s"
-
-    @dn.quantity("plan/demo_table")
-    def _table() -> str:
-        lines = ["| part | predicted | measured | ratio |", "|---|---|---|---|"]
-        for r in res()["rows"]:
-            lines.append(
-                f"| {r['part']} | {secs(r['predicted_s'])} | {secs(r['measured_s'])} | {_x(dn, r['time_ratio'])} |"
-            )
-        return dn.block(lines)
-
-    @dn.quantity("plan/demo_range")
-    def _range() -> str:
-        v = [r["time_ratio"] for r in res()["rows"]]
-        return dn.span(min(v), max(v), lambda u: _x(dn, u))
-
-    @dn.quantity("plan/demo_verdict")
-    def _verdict_demo() -> str:
-        v = [r["time_ratio"] for r in res()["rows"]]
-        return _verdict(dn, v, TIME_TARGET).replace("settings", "parts")
-
-    @dn.quantity("plan/demo_total")
-    def _total() -> str:
-        r = res()
-        return (
-            f"predicted {secs(r['predicted_s'])}, measured {secs(r['measured_parts_s'])} for the parts and "
-            f"{secs(r['run_s'])} with the report; the plan took {secs(r['plan_s'])}"
-        )

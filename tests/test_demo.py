@@ -92,14 +92,15 @@ def test_demo_plan_predicts_each_part_and_writes_nothing(tmp_path, capsys):
     out = tmp_path / "never"
     plan = demo.plan_demo(out, quick=True, time_run=True)
     assert not out.exists()
-    assert [name for name, _ in plan.parts] == ["llama sweep", "mlp sweep", "linearization sweep"]
-    assert all(t is not None and t > 0 for _, t in plan.parts)
+    # the process's fixed costs once, then each part's work (the sweeps' and linearize's, without theirs)
+    assert [name for name, _ in plan.parts][1:] == ["llama sweep", "mlp sweep", "linearization sweep"]
+    assert plan.parts[0][0].startswith("process start") and all(t is not None and t > 0 for _, t in plan.parts)
     assert plan.predicted_s == pytest.approx(sum(t for _, t in plan.parts if t is not None))
-    assert plan.to_dict()["parts"][2] == {"part": "linearization sweep", "predicted_s": plan.parts[2][1]}
+    assert plan.to_dict()["parts"][3] == {"part": "linearization sweep", "seconds": plan.parts[3][1]}
     text = capsys.readouterr().out
     assert text.count("predicted wall time") == 3 and "[4/4] report: not planned (seconds); predicted" in text
     counted = demo.plan_demo(out, quick=True, time_run=False, linear=False)
-    assert [t for _, t in counted.parts] == [None, None] and counted.predicted_s is None
+    assert [t for _, t in counted.parts] == [None, None, None] and counted.predicted_s is None
     assert "skipped (--no-linear)" in capsys.readouterr().out and not out.exists()
     (tmp_path / "a-file").write_text("x")
     with pytest.raises(demo.WidthscopeError, match="it is a file, not a directory"):

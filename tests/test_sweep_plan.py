@@ -1,12 +1,13 @@
-"""`widthscope sweep --dry-run`'s cost plan (issue 32) and `widthscope sweep --config` (issue 30):
-FLOPs and sizes against a layer-by-layer oracle, each distinct model counted once, the total over
-the unfinished cells of the shard, a suite planned from config.json with damaged weights, and a
-finished sweep's sweep.json run again."""
+"""`widthscope sweep --dry-run`'s cost plan (issue 32, on :mod:`widthscope.planning`) and `widthscope
+sweep --config` (issue 30): sizes against the real model, each distinct model counted once, the
+total over the unfinished cells of the shard, a suite planned from config.json with damaged weights,
+a cell's predicted time the sum of its timed parts, and a finished sweep's sweep.json run again."""
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,11 +16,13 @@ import torch
 import hf_tiny
 from cli_run import one_line, run_cli
 from widthscope import models
-from widthscope.sweeps import costs as costs_mod
 from widthscope.sweeps.alignment import load_config, plan_cells
-from widthscope.sweeps.costs import alignment_costs
 from widthscope.sweeps.grid import cell_id
 from widthscope.sweeps.record import read_record
+
+import widthscope.planning  # noqa: F401,E402  (the attribute widthscope.planning is widthscope.stats.plan)
+
+costs_mod = sys.modules["widthscope.planning"]
 
 TINY = """
 [sweep]
@@ -47,37 +50,22 @@ def _write(tmp: Path, text: str = TINY, name: str = "plan.toml") -> Path:
     return p
 
 
-def _linears(width: int) -> list[tuple[int, int]]:
-    """(in, out) of every linear layer of the cell's MLP, from the real model (digits: 64 -> 10)."""
-    model = models.build("mlp", width, in_dim=64, out_dim=10, depth=DEPTH)
-    return [(m.in_features, m.out_features) for m in model.modules() if hasattr(m, "in_features")]
-
-
-def test_mlp_costs_match_the_layer_oracle_and_each_width_is_counted_once(tmp_path, monkeypatch):
+def test_mlp_costs_match_the_real_model_and_each_width_is_counted_once(tmp_path, monkeypatch):
     cfg = load_config(_write(tmp_path))
     calls = []
-    real = costs_mod.count_pass
-    monkeypatch.setattr(costs_mod, "count_pass", lambda *a, **k: calls.append(1) or real(*a, **k))
-    got = alignment_costs(cfg, plan_cells(cfg), lambda c: False)
+    real = costs_mod._alignment_plan
+    monkeypatch.setattr(costs_mod, "_alignment_plan", lambda *a: calls.append(1) or real(*a))
+    got = costs_mod.plan_alignment(cfg, plan_cells(cfg), lambda c: False)
     assert len(calls) == 2 and [c.label for c in got] == ["mlp @ 8", "mlp @ 16"]  # 4 cells, 2 models
     for c, width in zip(got, (8, 16)):
-        lin = _linears(width)
-        forward = sum(2 * i * o for i, o in lin)  # a matmul of (1, i) by (i, o)
-        # the probe's backward: to the points (every block's output), parameters frozen: the input
-        # gradient of every layer after the first block
-        backward = sum(2 * i * o for i, o in lin[1:])
-        # training: forward, then the weight gradients of every layer and the input gradients of all but the first
-        train = forward + sum(2 * i * o for i, o in lin) + sum(2 * i * o for i, o in lin[1:])
         real_model = models.build("mlp", width, in_dim=64, out_dim=10, depth=DEPTH)
-        assert c.parameters == models.count_parameters(real_model)
-        assert c.weight_bytes == 4 * c.parameters and c.dtype == "float32"
-        assert (c.flops_forward, c.flops_backward) == (forward, backward)
-        assert c.train_flops == train * STEPS * BATCH
-        assert c.probe_examples == 24 + 20
-        assert c.intervention_forwards == DEPTH * N_ETAS * 16  # points x steps x the largest K
-        assert c.sample_bytes == 8 * (24 + 20) * DEPTH * width  # float64, each point's width
-        assert c.cell_flops == (forward + backward) * 44 + forward * c.intervention_forwards + c.train_flops
-        assert c.cells == 2 and c.left == 2 and c.max_batch is not None and c.max_batch > 1000
+        p = c.plan
+        assert p.parameters == models.count_parameters(real_model)
+        assert p.weight_bytes == 4 * p.parameters and p.dtype == "float32"
+        assert p.examples == 24 + 20
+        assert p.sample_bytes == 8 * (24 + 20) * DEPTH * width  # float64, each point's width
+        assert p.bytes_per_example and p.bytes_per_example > 0 and c.cell_s is None
+        assert c.cells == 2 and c.left == 2 and p.max_batch is not None and p.max_batch > 1000
 
 
 def test_dry_run_totals_the_unfinished_cells_and_writes_nothing(tmp_path, capsys):
@@ -91,12 +79,10 @@ def test_dry_run_totals_the_unfinished_cells_and_writes_nothing(tmp_path, capsys
     cfg = load_config(cfg_path)
     finished = {p.stem for p in (out / "cells").glob("*.json")}
     assert len(finished) == 2
-    got = alignment_costs(cfg, plan_cells(cfg), lambda c: cell_id(c) in finished)
+    got = costs_mod.plan_alignment(cfg, plan_cells(cfg), lambda c: cell_id(c) in finished)
     assert [c.left for c in got] == [1, 1]  # shard 1/2 ran cells 0 and 2: one seed of each width
-    total = sum(c.cell_flops * c.left for c in got)
-    m = re.search(r"total over the 2 unfinished cell\(s\) of shard 1/1: (\S+) FLOPs", cap.out)
-    assert m and float(m.group(1)) == pytest.approx(total, rel=5e-3), cap.out  # printed to 3 digits
-    assert re.search(r"mlp @ 8\s+2 \(1\)\s+", cap.out) and "training FLOPs / cell" in cap.out
+    assert "total over the 2 unfinished cell(s) of shard 1/1: the largest cell holds" in cap.out, cap.out
+    assert re.search(r"mlp @ 8\s+2 \(1\)\s+", cap.out) and "samples / cell" in cap.out
     rc, _, cap = run_cli(["sweep", str(cfg_path), "--out", str(tmp_path / "fresh"), "--dry-run"], capsys)
     assert rc == 0 and not (tmp_path / "fresh").exists()
     assert "total over the 4 unfinished cell(s)" in cap.out
@@ -266,17 +252,17 @@ def test_plan_time_is_the_cells_parts_each_timed(tmp_path, monkeypatch, monitor)
     cfg = load_config(_write(tmp_path, text))
     stats = []
 
-    def one_second(fn):
+    def one_second(fn, repeats=2):
         fn()
         return 1.0
 
-    monkeypatch.setattr(costs_mod, "_best_of_two", one_second)
+    monkeypatch.setattr(costs_mod, "timed", one_second)
     monkeypatch.setattr(costs_mod, "time_statistics", lambda opts, n, d, rows: stats.append((n, d, rows)) or 0.25)
-    got = alignment_costs(cfg, plan_cells(cfg), lambda c: False, timed=True)
-    for c, width in zip(got, (8, 16)):
-        share = c.flops_forward / (c.flops_forward + c.flops_backward)
+    got = costs_mod.plan_alignment(cfg, plan_cells(cfg), lambda c: False, timed_run=True)
+    for c in got:
         probe_batches = -(-24 // 8) + -(-20 // 8)
-        want = STEPS + probe_batches + DEPTH * 0.25 + share * c.intervention_forwards / 8 + (3 if monitor else 0)
+        interventions = DEPTH * N_ETAS * 16 / 8  # points x steps x the largest K, one forward per example
+        want = STEPS + probe_batches + DEPTH * 0.25 + interventions + (3 if monitor else 0)
         assert c.cell_s == pytest.approx(want)
     # one statistics timing per width: the points of one width share their sample shapes
     assert stats == [((24, 20), 8, 1), ((24, 20), 16, 1)]

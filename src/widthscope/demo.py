@@ -27,7 +27,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import report as wreport  # report, load_results looked up at call time (tests replace them)
 from ._io import atomic_write_json
@@ -35,7 +35,10 @@ from .errors import WidthscopeError
 from .options import Options, option
 from .validate import check_dir_writable
 
-__all__ = ["DemoPlan", "plan_demo", "DEMO_LLAMA", "DEMO_MLP", "demo_configs", "run_demo", "DemoOptions"]
+if TYPE_CHECKING:
+    from .planning import Plan
+
+__all__ = ["plan_demo", "DEMO_LLAMA", "DEMO_MLP", "demo_configs", "run_demo", "DemoOptions"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,23 +226,6 @@ def _configs(quick: bool, threads: int | None, image_dataset: str) -> list[dict[
     return configs
 
 
-@dataclasses.dataclass(frozen=True)
-class DemoPlan:
-    """What :func:`plan_demo` predicts: ``parts`` (name, predicted seconds or ``None`` where not timed),
-    in the order the demo runs them; the report at the end is not planned (seconds)."""
-
-    parts: tuple[tuple[str, float | None], ...]
-
-    @property
-    def predicted_s(self) -> float | None:
-        """The parts' sum; ``None`` when any part is not timed."""
-        times = [t for _, t in self.parts]
-        return None if any(t is None for t in times) else sum(t for t in times if t is not None)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"parts": [{"part": n, "predicted_s": t} for n, t in self.parts], "predicted_s": self.predicted_s}
-
-
 def plan_demo(
     out_dir: str | Path | None = None,
     *,
@@ -248,11 +234,13 @@ def plan_demo(
     threads: int | None = 1,
     time_run: bool = True,
     file=None,
-) -> DemoPlan:
-    """What ``widthscope demo --plan`` prints: each part's cost plan (the alignment sweeps' ``--plan``,
+) -> Plan:
+    """What ``widthscope demo --plan`` prints: each part's plan (the alignment sweeps' ``--plan``,
     the linearization sweep's ``linearize --plan``; ``time_run=False``: counted only, as
-    ``--dry-run`` / ``--plan-no-time``) for the same settings as :func:`run_demo`. Nothing is trained,
-    nothing is written; finished cells in ``out_dir`` are shown as finished (and not in the time)."""
+    ``--dry-run`` / ``--plan-no-time``) for the same settings as :func:`run_demo`, and their sum: a
+    :class:`widthscope.planning.Plan` whose parts are the process's fixed costs (once) and each part's
+    work. Nothing is trained, nothing is written; finished cells in ``out_dir`` are shown as
+    finished (and not in the time)."""
     import torch  # noqa: PLC0415  start-up time: torch
 
     from .sweeps.alignment import load_config  # noqa: PLC0415  start-up time: torch
@@ -279,17 +267,21 @@ def plan_demo(
         print(f"[{n - 1}/{n}] linearization sweep", file=file, flush=True)
         if linear:
             from .linearization import config as lconfig  # noqa: PLC0415  start-up time: torch
-            from .linearization.plan import plan_linearize  # noqa: PLC0415  start-up time: torch
+            from .planning import plan_linearize, work_s  # noqa: PLC0415  start-up time: torch
 
             lplan = plan_linearize(_linear_config(lconfig, quick), time_run=time_run)
             print(lplan.table(), file=file, flush=True)
-            parts.append(("linearization sweep", lplan.predicted_s))
+            parts.append(("linearization sweep", work_s(lplan)))
         else:
             print("  skipped (--no-linear)", file=file)
     finally:
         torch.set_num_threads(n_threads)
-    plan = DemoPlan(tuple(parts))
-    total = "" if plan.predicted_s is None else f"; predicted {plan.predicted_s:.0f} s for the parts above"
+    from .planning import FIXED, since_start  # noqa: PLC0415  start-up time: torch
+    from .planning import Plan as Sum  # noqa: PLC0415  start-up time: torch
+
+    fixed = (f"{FIXED} and imports (measured)", since_start() if time_run else None)
+    plan = Sum("demo", "the demo's parts", 0, 0, None, 1, None, parts=(fixed, *parts))
+    total = "" if plan.predicted_s is None else f"; predicted {plan.predicted_s:.0f} s with the process's start"
     print(f"[{n}/{n}] report: not planned (seconds){total}", file=file, flush=True)
     return plan
 

@@ -1,5 +1,11 @@
 """``--plan``: what a run will cost, as the whole process will cost it (one module, every command).
 
+``certify`` and ``grow`` (:func:`plan_certify`, :func:`plan_grow`) plan one run; ``linearize``,
+``grow-bench``, ``grow-target``, ``sweep --dry-run/--plan`` and ``demo`` (:func:`plan_linearize`,
+:func:`plan_bench`, :func:`plan_target`, :func:`plan_alignment`, :func:`plan_suite_models`) are sums
+of per-cell or per-model plans from the same pieces: one step or cell timed per distinct shape and
+scaled to the run's cells, the fixed costs once per process.
+
 Each command's plan is built from the same few measured pieces:
 
 * **the model**: its parameters and weight bytes (:func:`weights`; a Hugging Face checkpoint
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 import resource
 import threading
@@ -42,6 +49,7 @@ from .certification.per_point import statistics
 from .certification.run import device_memory, load_checkpoint, run_device
 from .data.inputs import resolve
 from .data.published import is_all
+from .errors import WidthscopeError
 from .growth.block import train_new_block
 from .growth.inputs import builtin_inputs, check_builtin, load_inputs
 from .growth.pipeline import chosen_points, grow_options, split_pools
@@ -56,16 +64,25 @@ from .probe.interventions import batch_size_of, index_batch, mean_loss, to_batch
 from .train import train as train_model
 
 __all__ = [
+    "CellPlan",
     "Plan",
     "RssPeak",
+    "SUITE_PLAN_HELP",
     "peak_so_far",
+    "plan_alignment",
+    "plan_bench",
     "plan_certify",
     "plan_grow",
+    "plan_linearize",
+    "plan_suite_models",
+    "plan_target",
+    "print_cell_plans",
     "saved_bytes",
     "since_start",
     "time_loop",
     "time_statistics",
     "weights",
+    "work_s",
 ]
 
 
@@ -139,6 +156,12 @@ class Plan:
 
 
 FIXED = "process start"  # the name every fixed part starts with
+
+SUITE_PLAN_HELP = (
+    "print what the whole run will cost (parameters and weights, bytes per example, the largest batch that "
+    "fits; the predicted wall time and peak memory of the whole process after timing {timed}) and exit: "
+    "nothing is trained and nothing is written (docs/big-models.md)"
+)
 
 
 # ----------------------------------------------------------------------------- the pieces
@@ -578,3 +601,664 @@ class _Growth:
         per_batch = timed(lambda: mean_loss(self.model, evaluate, self.loss_fn, batch_size=bs))
         runs = self.runs + (1 if o.compare else 0)
         return per_batch * (2 * runs * -(-n_eval // bs) + runs * -(-(o.M + o.K) // bs))
+
+
+# ----------------------------------------------------------------------------- sums of plans
+def work_s(plan: Plan) -> float | None:
+    """The seconds of ``plan``'s work: its parts less the fixed ones (what a run pays once per
+    process); ``None`` when not timed."""
+    if not plan.timed:
+        return None
+    return sum(t or 0.0 for n, t in plan.parts if not n.startswith(FIXED))
+
+
+def _counted_note() -> str:
+    return "no time predicted (--plan-no-time): counted, not timed"
+
+
+def _plateau_note() -> str:
+    return "runs that stop early (to a plateau, to a target) are counted at their longest: time is an upper bound"
+
+
+# ----------------------------------------------------------------------------- linearize --plan
+def plan_linearize(config: Any, *, time_run: bool = True) -> Plan:
+    """The plan of ``widthscope linearize`` (every cell, no shard; nothing written): the data loaded
+    as the run loads it; the network's weights and the bytes a training step saves per example
+    (twice: the network and its linearization train side by side); with ``time_run`` one whole
+    cell run per distinct shape (width, with or without the derivative correlations), times the
+    cells of that shape."""
+    from .linearization.config import make_cells, validate_config  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
+    from .linearization.run import _data, run_cell  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+    from .models import build  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+
+    cfg = validate_config(config)
+    cells = make_cells(cfg)
+    (X, Y), (Xt, Yt), k, words = _data(cfg)
+    ready = (since_start(), peak_so_far())
+    tr, m = cfg["train"], cfg["model"]
+    bs = int(tr["batch_size"]) or int(X.shape[0])
+    widths = sorted({int(c["width"]) for c in cells})
+    torch.manual_seed(0)
+    net = build(
+        "mlp",
+        widths[-1],
+        in_dim=X.shape[1],
+        out_dim=k,
+        depth=m["depth"],
+        activation=m["activation"],
+        parametrization=m["parametrization"],
+        sigma_w=m["sigma_w"],
+    ).to(getattr(torch, tr["dtype"]))
+    params, wbytes = weights(net)
+
+    def loss(n: int) -> Any:
+        out = net(X[:n])
+        return ((out - Y[:n]) ** 2).sum() if tr["loss"] == "mse" else nn.functional.cross_entropy(out, Y[:n])
+
+    per = 2 * per_example(lambda n: saved_bytes(lambda: loss(n), net))  # the network and its linearization
+    data_bytes = sum(t.numel() * t.element_size() for t in (X, Y, Xt, Yt))
+    free, source = device_memory("cpu")
+    counts: list[tuple[str, Any]] = [
+        ("cells", f"{len(cells)} ({len(widths)} widths x {len(cfg['seeds'])} seeds x {len(tr['alphas'])} alphas)"),
+        ("steps per cell", f"{int(tr['steps'])} (at most: a diverging cell stops early)"),
+        ("data", f"{words.split(':')[0]} ({human_size(data_bytes)})"),
+        (f"memory ({source})", None if free is None else human_size(free)),
+    ]
+    shown = ", ".join(str(w) for w in widths)
+    label = f"mlp depth {m['depth']}, widths {shown} (the widest counted; x2: its linearization)"
+    base: dict[str, Any] = dict(command="linearize", model=label, parameters=params, weight_bytes=2 * wbytes)
+    base.update(bytes_per_example=per, batch_size=bs, dtype=str(tr["dtype"]), examples=int(X.shape[0]))
+    if not time_run:
+        held = peak_so_far()
+        peak = held + 8 * wbytes + per * bs  # two models, each with its gradient and optimizer state
+        notes = (_counted_note(),)
+        return Plan(**base, max_batch=_fits(free, held, per), counts=tuple(counts), peak_bytes=peak, notes=notes)
+    parts, peak = _fixed(ready[0]), ready[1]
+    for w in widths:
+        these = [c for c in cells if int(c["width"]) == w]
+        corr = sum(1 for c in these if c["correlations"])
+        with RssPeak() as p:
+            t0 = time.perf_counter()
+            run_cell(cfg, {**these[0], "correlations": False})
+            cell_s, corr_s = time.perf_counter() - t0, 0.0
+            if corr:  # the derivative correlations: timed once, on the untrained model (the same cost)
+                corr_s = timed(functools.partial(_correlations, cfg, w, X, k), 1)
+        peak = max(peak, p.peak)
+        what = f"width {w}: one cell x {len(these)}" + (f" + the correlations x {corr}" if corr else "")
+        parts.append((what, cell_s * len(these) + corr_s * corr))
+    note = (
+        "time = since the process started (imports, the data) + one cell timed per width x its cells; peak = measured"
+    )
+    return Plan(
+        **base,
+        max_batch=_fits(free, peak, per),
+        parts=tuple(parts),
+        counts=tuple(counts),
+        peak_bytes=int(peak),
+        notes=(note, "steps are an upper bound: a diverging cell stops early"),
+    )
+
+
+def _correlations(cfg: Any, width: int, X: torch.Tensor, k: int) -> None:
+    """The derivative correlations a linearize cell measures, on a fresh model of ``width``."""
+    from .linear.correlation import correlation_summary, parse_correlation_name  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+    from .models import build  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+
+    m, c = cfg["model"], cfg["correlations"]
+    torch.manual_seed(0)
+    model = build(
+        "mlp", width, in_dim=X.shape[1], out_dim=k, depth=m["depth"], activation=m["activation"],
+        parametrization=m["parametrization"], sigma_w=m["sigma_w"],
+    ).to(X.dtype)  # fmt: skip
+    for name in c["measure"]:
+        D, d = parse_correlation_name(name)
+        correlation_summary(model, X, D=D, d=d, n_tuples=c["n_tuples"], eta=cfg["train"]["eta0"], output=c["output"])
+
+
+# ----------------------------------------------------------------------------- grow-bench --plan
+GRADMAX_K = 8  # run_cell's gradmax_k: the GradMax block's hidden width (at most the point's width)
+
+
+def _bench_model(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
+    """One model of the growth suite as its cell builds it (untrained: base training is the work
+    planned): weights, bytes per example of one training step (the cell's own loop, every
+    parameter), the cell's training steps counted (runs that stop early at their longest) and,
+    with ``time_run``, one step of that loop timed, the criteria at the middle point and one
+    held-out evaluation timed, all scaled to the cell and its seeds."""
+    from .growth.cell import _fit  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+    from .growth.suite import build_model, cell_data, reproducible, split_held_out  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+    from .probe.growth import point_criteria  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+
+    t0 = time.perf_counter()
+    train, test, _, student = cell_data(cell)
+    load_s = time.perf_counter() - t0
+    sp = split_held_out(cell, test)
+    torch.manual_seed(int(cell["seed"]))
+    model = student if student is not None else build_model(cell, cell["depth"] if cell["family"] != "resnet20" else 0)
+    model.eval()
+    points = list(model.widthscope_points)  # type: ignore[arg-type]
+    bs = min(int(cell["batch_size"]), batch_size_of(train))
+    params, wbytes = weights(model)
+    seed = int(cell["seed"])
+
+    def loop(k: int, data: Any = train, size: int = bs) -> None:
+        m = copy.deepcopy(model)
+        lr = float(cell["continue_lrs"][0])
+        _fit(m, list(m.parameters()), data, steps=k, at=(), lr=lr, batch_size=size, seed=seed)
+
+    per = per_example(lambda n: saved_bytes(lambda: loop(1, index_batch(train, slice(0, n)), n), model))
+    P, long = len(points), int(cell["long"])
+    lrs, clrs, seeds = len(cell["block_lrs"]), len(cell["continue_lrs"]), len(cell["block_seeds"])
+    plateau = int(cell["max_steps"]) if int(cell["max_steps"]) > 0 and cell["family"] != "teacher" else 0
+    scratch = int(cell["max_steps"]) if cell.get("scratch") else 0
+    # base, the blocks (every point, each lr and block seed), GradMax, continue (each lr), train-all, scratch
+    trainings = [(plateau, int(plateau > 0)), (long * P * (lrs + seeds - 1), P * (lrs + seeds - 1)), (long * P, P)]
+    trainings += [(long * clrs, clrs), (long * P, P), (scratch, int(scratch > 0))]
+    steps, n_runs = sum(s for s, _ in trainings), sum(r for _, r in trainings)
+    out: dict[str, Any] = dict(
+        name=str(cell["model"]),
+        params=params,
+        wbytes=wbytes,
+        per=per,
+        bs=bs,
+        runs=runs,
+        steps=steps,
+        data_bytes=sum(t.numel() * t.element_size() for t in _tensors((train, test))),
+        dtype=_dt(next(model.parameters()).dtype),
+        points=P,
+    )
+    if not time_run:
+        return out
+    with reproducible(1), RssPeak() as peak:
+        f, step = time_loop(loop)
+        probe = index_batch(train, slice(0, min(int(cell["n_probe"]), batch_size_of(train))))
+        lr_mid = float(cell["block_lrs"][lrs // 2])
+        t0 = time.perf_counter()
+        point_criteria(
+            model,
+            points[P // 2],
+            probe,
+            sp["rank"],
+            M=int(cell["M"]),
+            K=int(cell["K"]),
+            eta=lr_mid,
+            block_seed=0,
+            hidden=None,
+            batch_size=64,
+            gradmax_k=GRADMAX_K,
+            keep_gradmax_rows=True,
+        )
+        criteria = (time.perf_counter() - t0) * P
+        evals = {h: timed(functools.partial(mean_loss, model, sp[h], batch_size=64), 1) for h in ("rank", "B")}
+    checks = math.ceil(int(cell["max_steps"]) / int(cell["eval_every"])) * (2 if scratch else 1)
+    n_rank = checks + P * lrs + clrs * P  # plateau checks, the lr grid's choice, the continue runs' choice
+    n_b = 3 + P * 16  # before; per point: the trained blocks and the continue run, on A and B
+    out.update(
+        peak=peak.peak,
+        train_s=(steps * step + n_runs * f) * runs,
+        other_s=(criteria + n_rank * evals["rank"] + n_b * evals["B"] + load_s) * runs,
+    )
+    return out
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in _tensors(v)]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _tensors(v)]
+    return []
+
+
+def plan_bench(options: Any = None, *, time_run: bool = True, **keywords: Any) -> Plan:
+    """The plan of ``widthscope grow-bench`` (every cell of the suite, no shard; nothing trained
+    beyond a few timed steps, nothing written): per model of the suite :func:`_bench_model`, the
+    sum over models (their cells run one after the other), the fixed costs once."""
+    from .growth.options import GrowBenchOptions, with_keywords  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+    from .growth.suite import cells  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+
+    opts = with_keywords("plan_bench", options, GrowBenchOptions, keywords)
+    grid = cells(opts.suite, opts.seeds, M=opts.M, K=opts.K)
+    groups: dict[str, list[Any]] = {}
+    for cell in grid:
+        groups.setdefault(str(cell["model"]), []).append(cell)
+    ready = (since_start(), peak_so_far())
+    got = [_bench_model(cs[0], len(cs), time_run) for cs in groups.values()]
+    return _suite_plan("grow-bench", f"growth suite {opts.suite!r}", grid, got, ready, time_run)
+
+
+def _suite_plan(
+    command: str, what: str, grid: list[Any], got: list[dict[str, Any]], ready: Any, time_run: bool
+) -> Plan:
+    """A suite's plan: its models' counts and (timed) parts summed, the fixed costs once."""
+    big = max(got, key=lambda g: g["wbytes"])
+    free, source = device_memory(got[0].get("device", "cpu"))
+    counts: list[tuple[str, Any]] = [("cells", len(grid))]
+    counts += [
+        (
+            g["name"],
+            f"{g['params']:,} parameters, {human_size(g['wbytes'])}; {g['steps']:,} training steps "
+            f"per cell x {g['runs']} cell(s)" + (f"; {g['note']}" if g.get("note") else ""),
+        )
+        for g in got
+    ]
+    counts.append((f"memory ({source})", None if free is None else human_size(free)))
+    base: dict[str, Any] = dict(command=command, model=what, parameters=big["params"], weight_bytes=big["wbytes"])
+    per = max(g["per"] for g in got)
+    base.update(bytes_per_example=per, batch_size=max(g["bs"] for g in got), dtype=big["dtype"], counts=tuple(counts))
+    notes = [_plateau_note()]
+    if not time_run or any("train_s" not in g for g in got):
+        held = peak_so_far()
+        peak = held + max(4 * g["wbytes"] + g["per"] * g["bs"] + g.get("data_bytes", 0) for g in got)
+        notes.insert(
+            0,
+            _counted_note()
+            if not time_run
+            else "not timed: " + "; ".join(g["note"] for g in got if "train_s" not in g),
+        )
+        return Plan(**base, max_batch=_fits(free, held, per), peak_bytes=peak, notes=tuple(notes))
+    parts: list[tuple[str, float | None]] = [(f"{FIXED} and imports (measured)", ready[0])]
+    for g in got:
+        parts += [(f"{g['name']}: training, {g['steps']:,} steps x {g['runs']} cell(s)", g["train_s"])]
+        parts += [(f"{g['name']}: {g.get('other', 'criteria, evaluations, data')}", g["other_s"])]
+    peak = max([ready[1]] + [g["peak"] for g in got])
+    notes.insert(
+        0,
+        "time = since the process started + per model one training step timed x the steps of its cells "
+        "+ the rest timed once; peak = measured while they ran",
+    )
+    return Plan(**base, max_batch=_fits(free, peak, per), parts=tuple(parts), peak_bytes=int(peak), notes=tuple(notes))
+
+
+# ----------------------------------------------------------------------------- grow-target --plan
+def _target_setting(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
+    """One setting of the compute-to-target suite: its models counted on the meta device (weights,
+    bytes per example, step FLOPs: the benchmark's budget), each run's steps (growth runs at their
+    longest, to ``cap x B``), and with ``time_run`` (where the suite's device is here) one step of
+    each distinct model timed in the cell's own loop, one held-out evaluation and growth signal."""
+    from .growth.schedule import SCHEDULES  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+    from .growth.suite import reproducible  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+    from .growth.target import OPERATORS, _Context, _measure, _model, _start, _train_until  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+    from .growth.target_plan import meta_llama, meta_step_flops  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+    from .train import resolve_device  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+
+    W, D, w, d = (int(cell[k]) for k in ("width", "depth", "small_width", "small_depth"))
+    shapes = {
+        "target": (W, D),
+        **{k: s for k, s in (("depth", (W, d)), ("width", (w, D))) if k in {OPERATORS[o] for o in cell["operators"]}},
+    }
+    flops = {k: meta_step_flops(cell, *s)[0] for k, s in shapes.items()}
+    meta = meta_llama(cell, W, D)
+    params, wbytes = weights(meta)
+
+    def count(n: int) -> int:
+        ids = torch.zeros(n, int(cell["seq_len"]), dtype=torch.long, device="meta")
+        return saved_bytes(lambda: meta(ids, labels=ids).loss, meta)
+
+    B, cap, evals = int(cell["steps"]) * flops["target"], float(cell["cap"]), int(cell["evals"])
+    earliest = [
+        (s.fractions[0] if s.kind == "fixed" else s.earliest) for s in (SCHEDULES[c] for c in cell["schedules"])
+    ]
+    # (model, steps, evaluations) of every run of one seed; zero_block's grown model has the target's shape
+    work = [("target", int(cell["steps"]), evals + 1)]
+    work += [
+        (k, math.ceil(cap * B * (1 - 1e-12) / flops[k]), math.ceil(cap * evals) + 1) for k in shapes if k != "target"
+    ]
+    work += [
+        ("target", math.ceil((cap - e) * B / flops["target"]), math.ceil((cap - e) * evals) + 1)
+        for _ in cell["operators"]
+        for e in earliest
+    ]
+    device = str(cell.get("device", "cpu"))
+    out: dict[str, Any] = dict(
+        name=f"llama {W} x {D}",
+        params=params,
+        wbytes=wbytes,
+        per=per_example(count),
+        bs=int(cell["batch_size"]),
+        runs=runs,
+        steps=sum(s for _, s, _ in work),
+        dtype=_dt(next(meta.parameters()).dtype),
+        device=device,
+        data_bytes=8 * int(cell["seq_len"]) * (int(cell["n_train"]) + int(cell["n_eval"]) + 2 * int(cell["n_signal"])),
+        budget=B,
+    )
+    try:
+        resolve_device(device)
+    except WidthscopeError as exc:
+        out.update(device="cpu", note=f"the suite trains on {str(exc).split(';')[0]}: counted, not timed")
+        return out
+    if not time_run:
+        return out
+    seed = int(cell["seed"])
+    with reproducible(1), RssPeak() as peak:
+        t0 = time.perf_counter()
+        ctx = _Context(cell)
+        load_s = time.perf_counter() - t0
+        ctx.grid = math.inf  # no evaluation inside the timed loops but the last
+        real: dict[str, nn.Module] = {}
+        for k, s in shapes.items():
+            torch.manual_seed(seed)
+            real[k] = _model(cell, *s)
+
+        def loop(m: nn.Module) -> Callable[[int], Any]:
+            f = ctx.step_flops(m)
+            return lambda k: _train_until(ctx, _start(ctx, copy.deepcopy(m), seed), k * f)
+
+        step_s = {k: time_loop(loop(m)) for k, m in real.items()}
+        eval_s = {k: timed(functools.partial(ctx.eval_loss, m), 1) for k, m in real.items()}
+        kinds = {SCHEDULES[s].kind for s in cell["schedules"]} & {"certificate", "misalignment"}
+        signal = sum(
+            timed(functools.partial(_measure, ctx, real[k], kd), 1) for k in real if k != "target" for kd in kinds
+        )
+    train_s = sum(steps * step_s[k][1] + step_s[k][0] + n_eval * eval_s[k] for k, steps, n_eval in work)
+    out.update(
+        peak=peak.peak,
+        train_s=train_s * runs,
+        other_s=(signal * math.ceil(cap * evals) + load_s) * runs,
+        other="growth signals, data",
+    )
+    return out
+
+
+def plan_target(options: Any = None, *, time_run: bool = True, **keywords: Any) -> Plan:
+    """The plan of ``widthscope grow-target`` (every cell; nothing trained beyond a few timed steps,
+    nothing written): per suite setting :func:`_target_setting`, summed, the fixed costs once."""
+    from .growth.options import GrowTargetOptions, with_keywords  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+    from .growth.target_bench import _cells  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+
+    opts = with_keywords("plan_target", options, GrowTargetOptions, keywords)
+    grid = _cells(opts)
+    groups: list[tuple[dict[str, Any], list[Any]]] = []
+    for c in grid:
+        key = {k: v for k, v in c.items() if k not in ("seed", "kind")}
+        match = next((cs for k, cs in groups if k == key), None)
+        if match is None:
+            groups.append((key, [c]))
+        else:
+            match.append(c)
+    ready = (since_start(), peak_so_far())
+    got = [_target_setting(cs[0], len(cs), time_run) for _, cs in groups]
+    return _suite_plan("grow-target", f"compute-to-target suite {grid[0]['suite']!r}", grid, got, ready, time_run)
+
+
+# ----------------------------------------------------------------------------- sweep --dry-run / --plan
+@dataclasses.dataclass(frozen=True)
+class CellPlan:
+    """One distinct model of a sweep: its cells in this shard, those not finished, and the plan of
+    one cell (``None`` where it could not be counted: ``note``)."""
+
+    label: str
+    cells: int
+    left: int
+    plan: Plan | None = None
+    note: str | None = None
+
+    @property
+    def cell_s(self) -> float | None:
+        return None if self.plan is None else work_s(self.plan)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "plan": None if self.plan is None else self.plan.to_dict()}
+
+
+def _alignment_plan(cfg: Any, fam: Any, width: float, budget: int, timed_run: bool) -> Plan | str:
+    """One cell of an alignment family at ``width``: the model built on the meta device (weights;
+    the probe's saved bytes per example and its samples' widths, counted); with ``timed_run`` the
+    model built for real on ``[sweep].device`` and :func:`_alignment_time`."""
+    from . import models  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+    from .probe.collect import run_batch  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+    from .probe.insert import channel_dim  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+    from .sweeps.cell import cell_options  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
+    from .sweeps.pools import fill_model_options, load_split, probe_conditions, probe_lengths  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
+
+    try:
+        split = load_split(fam, budget, cfg)
+    except (WidthscopeError, OSError) as exc:
+        return f"data not read ({str(exc)[:200]}): not counted"
+    try:
+        with torch.device("meta"):
+            model = models.build(fam.model, width, **fill_model_options(fam, split))
+    except (RuntimeError, NotImplementedError):  # an init the meta device cannot run: these models are small
+        model = models.build(fam.model, width, **fill_model_options(fam, split))
+    opts = cell_options(cfg, {"family": fam.name, "seed": 0})
+    names = resolve_points(model, fam.points or None)
+    where = next(p.device for p in model.parameters())
+
+    def batch(n: int) -> Any:
+        X, y = split.train[0][:n].to(where), split.train[1][:n].to(where)
+        return X if split.task == "lm" else (X, y)
+
+    shapes: dict[str, torch.Size] = {}
+
+    def seen(name: str) -> Callable[..., None]:
+        def hook(_m: nn.Module, _i: Any, out: Any) -> None:
+            shapes.setdefault(name, (out[0] if isinstance(out, tuple) else out).shape)
+
+        return hook
+
+    def count() -> int:  # the probe's forward (per-example losses, the points on the path): what its backward keeps
+        hooks = [model.get_submodule(n).register_forward_hook(seen(n)) for n in names]
+        try:
+            return per_example(lambda n: saved_bytes(lambda: run_batch(model, batch(n), None, 0), model))
+        finally:
+            for h in hooks:
+                h.remove()
+
+    try:
+        per = count()
+    except (RuntimeError, NotImplementedError, WidthscopeError):  # a forward the meta device cannot run
+        if where.type != "meta":
+            raise
+        torch.manual_seed(0)
+        model, where = models.build(fam.model, width, **fill_model_options(fam, split)), torch.device("cpu")
+        per = count()
+    dims = 0
+    for shape in shapes.values():
+        z = torch.empty(shape, device="meta")
+        dims += z[0].numel() if opts.pool == "flatten" or z.ndim < 2 else int(shape[channel_dim(z)])
+    conditions = sum(len(probe_lengths(fam, c)) for c in probe_conditions(fam))
+    examples = (fam.n_probe_train + fam.n_probe_test) * conditions
+    params, wbytes = weights(model)
+    samples = 8 * dims * examples
+    free, _ = device_memory(cfg.device)
+    parts = (("one cell", _alignment_time(cfg, fam, width, budget)),) if timed_run else ()
+    return Plan(
+        command="sweep",
+        model=f"{fam.name} @ {width}",
+        parameters=params,
+        weight_bytes=wbytes,
+        bytes_per_example=per,
+        batch_size=fam.probe_batch_size,
+        max_batch=_fits(free, wbytes + samples, per),
+        parts=parts,
+        dtype=_dt(next(model.parameters()).dtype),
+        examples=examples,
+        sample_bytes=samples,
+    )
+
+
+def _alignment_time(cfg: Any, fam: Any, width: float, budget: int) -> float:
+    """One cell's seconds on a model built for real on ``[sweep].device``, as the cell spends them:
+    one training step timed (forward, loss, backward, AdamW) x steps; per probe condition and length
+    one probed batch timed x the pools' batches, every point's statistics timed on random samples of
+    the pools' sizes and the point's width (one per distinct shape); one forward per example x the
+    interventions' example-forwards; with a ``monitor`` table one monitor probe x its steps."""
+    import tempfile  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+    from pathlib import Path  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+
+    from . import models  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+    from .probe.losses import logits_of  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+    from .sweeps.cell import _cell_monitor, cell_options  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
+    from .sweeps.pools import fill_model_options, load_split, pool_batches, probe_conditions, probe_lengths, probe_pools  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
+    from .sweeps.schema import LM_DATASETS  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
+
+    split = load_split(fam, budget, cfg)
+    torch.manual_seed(0)
+    model = models.build(fam.model, width, **fill_model_options(fam, split)).to(cfg.device)
+    lm, bs = fam.dataset in LM_DATASETS, min(int(fam.train.get("batch_size", 64)), budget)
+    train_batch = pool_batches((split.train[0][:bs], split.train[1][:bs]), split.task, bs)[0]
+    opt = torch.optim.AdamW(model.parameters(), lr=float(fam.train["lr"]))
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        if lm:
+            ids = train_batch.to(cfg.device)
+            logits = logits_of(model(ids))
+            loss = nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+        else:
+            x, y = (t.to(cfg.device) for t in train_batch)
+            loss = nn.functional.cross_entropy(logits_of(model(x)), y)
+        loss.backward()
+        opt.step()
+
+    total = int(fam.train["steps"]) * timed(step)
+    model.eval()
+    opts = cell_options(cfg, {"family": fam.name, "seed": 0})
+    points = resolve_points(model, list(opts.points) if opts.points else None)
+    forward: float | None = None
+    stats: dict[tuple[int, int, int, int], float] = {}
+    for cond in probe_conditions(fam):
+        for L in probe_lengths(fam, cond):
+            pa, pb, _, _ = probe_pools(fam, cond, L, split, cfg)
+            one = pool_batches(pa, split.task, fam.probe_batch_size)[:1]
+            got = collect(model, one, points=points, pool=opts.pool, train_mode=opts.train_mode, progress=False)
+            batch_s = timed(
+                functools.partial(
+                    collect, model, one, points=points, pool=opts.pool, train_mode=opts.train_mode, progress=False
+                )
+            )
+            rows = batch_size_of(one[0])
+            total += batch_s * (math.ceil(len(pa[0]) / rows) + math.ceil(len(pb[0]) / rows))
+            if forward is None:  # the interventions run on the first condition and length
+                forward = timed(functools.partial(mean_loss, model, one[0], None, batch_size=rows)) / rows
+            for p in points:
+                key = (len(pa[0]), len(pb[0]), int(got[p].shape[1]), max(1, got[p].shape[0] // rows))
+                if key not in stats:
+                    stats[key] = time_statistics(opts, key[:2], key[2], key[3])
+                total += stats[key]
+    if opts.kind in ("bias", "block"):
+        steps = len(opts.etas) if opts.etas is not None else opts.n_etas
+        total += (forward or 0.0) * len(points) * steps * max(k for _, k in opts.pairs)
+    if fam.monitor is not None:
+        with tempfile.TemporaryDirectory(prefix="widthscope-plan-monitor-") as tmp:  # its log: not the results
+            mon, _ = _cell_monitor(cfg, fam, split, model, opts, Path(tmp))
+            calls = iter(range(2))
+            total += timed(lambda: mon.probe(model, next(calls))) * len(fam.monitor["steps"])
+    return total
+
+
+def plan_alignment(cfg: Any, cells: Any, done: Callable[[Any], bool], *, timed_run: bool = False) -> list[CellPlan]:
+    """One :class:`CellPlan` per distinct (family, width) of an alignment sweep's ``cells``
+    (``done``: a finished cell); ``timed_run`` (``sweep --plan``): each with one cell's seconds."""
+    from .sweeps.config import config_where  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
+
+    groups: dict[tuple[str, float], list[Any]] = {}
+    for c in cells:
+        groups.setdefault((c["family"], c["width"]), []).append(c)
+    out = []
+    for (name, width), these in groups.items():
+        fam = next(f for f in cfg.families if f.name == name)
+        try:
+            got = _alignment_plan(cfg, fam, width, int(these[0]["budget"]), timed_run)
+        except WidthscopeError as exc:
+            raise WidthscopeError(f"{config_where(f'family {name!r}')} at width {width}: {exc}") from None
+        left = sum(1 for c in these if not done(c))
+        label = f"{name} @ {width}"
+        plan, note = (got, None) if isinstance(got, Plan) else (None, got)
+        out.append(CellPlan(label, len(these), left, plan, note))
+    return out
+
+
+def plan_suite_models(
+    cfg: Any, cells: Any, done: Callable[[Any], bool], directory: Callable[[Any], Any], *, timed_run: bool = False
+) -> list[CellPlan]:
+    """One :class:`CellPlan` per distinct checkpoint architecture of a suite's ``cells`` (keyed by
+    its ``config.json``; ``directory``: a cell's local snapshot, None when not cached): the
+    ``certify --plan`` of one cell (:func:`plan_certify`; ``timed_run``: the weights loaded and a
+    batch timed), its work only (the process's start is the sweep's, once)."""
+    import hashlib  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+
+    groups: dict[tuple[str, str], list[tuple[Any, Any]]] = {}
+    for c in cells:
+        where = directory(c)
+        cfg_file = where / "config.json" if where is not None else None
+        key = (
+            hashlib.sha256(cfg_file.read_bytes()).hexdigest()
+            if cfg_file is not None and cfg_file.is_file()
+            else f"missing {c['model']} {c['revision']}"
+        )
+        groups.setdefault((c["model"], key), []).append((c, where))
+    run = CertifyRunOptions(batch_size=cfg.batch_size, device=cfg.device)
+    out = []
+    for (model, key), these in groups.items():
+        cell, where = these[0]
+        revs = sorted({str(c["revision"] or "default") for c, _ in these})
+        label, left = f"{model} @ {', '.join(revs)}", sum(1 for c, _ in these if not done(c))
+        if where is None or key.startswith("missing"):
+            out.append(CellPlan(label, len(these), left, note="not cached: not counted"))
+            continue
+        # the local snapshot itself: no hub call, and the revision's own files
+        spec = dataclasses.replace(cfg.spec(model, cell["revision"]), model=str(where), revision=None)
+        try:
+            plan = plan_certify(spec, cfg.certify, run, time_run=timed_run)
+        except WidthscopeError as exc:
+            raise WidthscopeError(
+                f"sweep config [suite] model {model!r} revision {cell['revision']!r}: {exc}"
+            ) from None
+        out.append(CellPlan(label, len(these), left, plan))
+    return out
+
+
+def print_cell_plans(rows: Any, shard: tuple[int, int], device: str, file: Any = None) -> None:
+    """The cost table (one row per distinct model), then the unfinished cells' largest memory and,
+    where timed, their predicted wall time with the fixed costs this process has paid so far."""
+    timed_run = any(r.cell_s is not None for r in rows)
+
+    def size(v: int | None) -> str:
+        return "?" if v is None else human_size(v)
+
+    table = []
+    for r in rows:
+        p = r.plan
+        table.append(
+            {
+                "model": r.label,
+                "cells (left)": f"{r.cells} ({r.left})",
+                "parameters": "?" if p is None else f"{p.parameters:,}",
+                "weights": "?" if p is None else f"{human_size(p.weight_bytes)} {p.dtype}",
+                "saved / probed example": size(None if p is None else p.bytes_per_example),
+                "samples / cell": size(None if p is None else p.sample_bytes),
+                "largest batch": "?" if p is None or p.max_batch is None else p.max_batch,
+                **({"time / cell": _sec(r.cell_s)} if timed_run else {}),
+                "note": r.note or "",
+            }
+        )
+    free, source = device_memory(device)
+    k, n = shard
+    print(format_table(table, title=f"cost plan (memory: {source} on {device})"), file=file)
+    left = sum(r.left for r in rows)
+    counted = [r.plan for r in rows if r.plan is not None and r.left]
+    held = max(
+        (p.weight_bytes + (p.sample_bytes or 0) + (p.bytes_per_example or 0) * p.batch_size for p in counted), default=0
+    )  # weights + samples + one probe batch
+    unknown = sum(r.left for r in rows if r.plan is None)
+    print(
+        f"total over the {left} unfinished cell(s) of shard {k}/{n}"
+        + (f": the largest cell holds {human_size(held)} beside the process" if held else "")
+        + (f" ({human_size(free)} free)" if free is not None and held else "")
+        + (f"; {unknown} cell(s) not counted" if unknown else ""),
+        file=file,
+    )
+    if timed_run:
+        work = sum((r.cell_s or 0.0) * r.left for r in rows)
+        untimed = sum(r.left for r in rows if r.cell_s is None)
+        fixed = since_start()
+        print(
+            f"predicted wall time of the {left} unfinished cell(s) on this machine: {_sec(work + fixed)} (the process "
+            f"so far, {_sec(fixed)}, + one cell per model timed x its cells"
+            + (f"; {untimed} cell(s) not timed" if untimed else "")
+            + ")",
+            file=file,
+        )

@@ -5,7 +5,7 @@ A thin adapter: the benchmark's options are generated from
 starts from the options a previous run's ``summary.json`` recorded); ``run`` prints the overall
 comparison, the default rule it picks and the planted cases, and (unless ``--no-report``) writes
 the table/plot of :mod:`widthscope.report.growth`. ``--plan`` prints the run's cost plan
-(:func:`widthscope.growth.bench_plan.plan_bench`) instead, and trains and writes nothing.
+(:func:`widthscope.planning.plan_bench`) instead, and trains and writes nothing.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import argparse
 from .._io import format_table
 from ..errors import WidthscopeError
 from ..growth.bench import bench_out_dir, run_bench
-from ..growth.bench_plan import plan_bench
 from ..growth.options import GrowBenchOptions
+from ..planning import SUITE_PLAN_HELP, plan_bench
 from ..report.growth import write_report
 from ..validate import int_list
 from .args import add_config, add_options, config_options, options_from_args
-from .grow import PLAN_HELP, PLAN_NO_TIME_HELP
+from .grow import PLAN_NO_TIME_HELP
 
 __all__ = ["add_arguments", "run"]
 
@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--plan",
         action="store_true",
-        help=PLAN_HELP.replace("one step of each training stage", "one step of each model's training stages"),
+        help=SUITE_PLAN_HELP.format(timed="one training step of each model"),
     )
     p.add_argument("--plan-no-time", action="store_true", help=PLAN_NO_TIME_HELP)
 

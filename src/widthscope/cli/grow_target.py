@@ -4,7 +4,7 @@ A thin adapter: the options are generated from :class:`~widthscope.growth.option
 (:mod:`widthscope.cli.args`; ``--config`` starts from the options a previous run's
 ``summary.json`` recorded); ``run`` prints the table (speed-up to the from-scratch loss per operator
 and schedule, beside the continue-small baselines) and the answer. ``--plan`` prints the run's cost
-plan (:func:`widthscope.growth.target_run_plan.plan_target`) instead, and trains and writes nothing.
+plan (:func:`widthscope.planning.plan_target`) instead, and trains and writes nothing.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import torch
 from .._io import format_table
 from ..growth.options import GrowTargetOptions
 from ..growth.target_bench import COLUMNS, run_target, target_out_dir
-from ..growth.target_run_plan import plan_target
+from ..planning import SUITE_PLAN_HELP, plan_target
 from .args import add_config, add_options, config_options, options_from_args
-from .grow import PLAN_HELP, PLAN_NO_TIME_HELP
+from .grow import PLAN_NO_TIME_HELP
 
 __all__ = ["add_arguments", "run"]
 
@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--plan",
         action="store_true",
-        help=PLAN_HELP.replace("one step of each training stage", "one step of each model"),
+        help=SUITE_PLAN_HELP.format(timed="one training step of each distinct model"),
     )
     p.add_argument("--plan-no-time", action="store_true", help=PLAN_NO_TIME_HELP)
 

@@ -16,15 +16,15 @@ import torch
 
 from ..errors import WidthscopeError
 from ..linearization.config import load_toml
-from ..linearization.plan import plan_linearize
 from ..linearization.run import (
     LinearizeOptions,
     run_file,
     run_linearize,
 )  # torch loads with the command, before signals act
+from ..planning import SUITE_PLAN_HELP, plan_linearize
 from ..validate import check_path_length
 from .args import add_config, add_options, config_options, load_config, options_from_args
-from .grow import PLAN_HELP, PLAN_NO_TIME_HELP
+from .grow import PLAN_NO_TIME_HELP
 
 __all__ = ["add_arguments", "run"]
 
@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="results directory (default runs/<config name>)")
     add_options(parser, LinearizeOptions)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
-    parser.add_argument("--plan", action="store_true", help=PLAN_HELP.replace("one step", "one cell"))
+    parser.add_argument("--plan", action="store_true", help=SUITE_PLAN_HELP.format(timed="one cell of each width"))
     parser.add_argument("--plan-no-time", action="store_true", help=PLAN_NO_TIME_HELP)
 
 

@@ -54,8 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plan",
         action="store_true",
-        help="--dry-run, and time one batch per distinct model (a suite's weights are loaded) to predict the "
-        "wall time per cell and in total",
+        help="--dry-run, and time one cell's parts per distinct model (a suite's weights are loaded) to predict "
+        "the wall time per cell and in total, with the process's fixed costs",
     )
     parser.add_argument(
         "--threads",

@@ -246,6 +246,3 @@ def grow_at(
         "loss_at": loss_at,
         "flops": steps * f_step,
     }
-
-
-_train_new = train_new_block  # alias of train_new_block

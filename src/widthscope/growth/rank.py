@@ -152,6 +152,3 @@ def certification_note(cands: Sequence[dict[str, Any]], M: int, K: int, delta: f
         "variance term ≤ 0); rank on more examples (--n-train, --n-test)"
     )
     return f"no point is certified at δ = {delta:g} with {mk}; {tail}"
-
-
-_n = n_examples  # the old name, for plan until the --plan rewrite

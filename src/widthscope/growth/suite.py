@@ -343,10 +343,3 @@ def split_held_out(cell: Mapping[str, Any], test: Any) -> dict[str, Any]:
         "A": index_batch(test, perm[a:b].sort().values),
         "B": index_batch(test, perm[b:].sort().values),
     }
-
-
-_build = build_model  # alias: growth.bench_plan imports this name
-
-_data = cell_data  # alias: growth.bench_plan imports this name
-
-_splits = split_held_out  # alias: growth.bench_plan imports this name

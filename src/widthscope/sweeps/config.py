@@ -600,6 +600,3 @@ def load_config(
         threads=threads,
         placement=placement,
     )
-
-
-_where = config_where  # alias: sweeps.costs imports this name

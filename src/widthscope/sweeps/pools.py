@@ -264,12 +264,3 @@ def cell_input_spec(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: str | o
     the cell's checkpoint."""
     fam = next(f for f in cfg.families if f.name == cell["family"])
     return InputSpec(model=str(cell_dir), n_train=fam.n_probe_train, n_test=fam.n_probe_test, seed=cfg.data_seed)
-
-
-_batches = pool_batches  # alias: sweeps.costs imports this name
-
-_load_split = load_split  # alias: sweeps.costs imports this name
-
-_model_options = fill_model_options  # alias: sweeps.costs imports this name
-
-_probe_pools = probe_pools  # alias: sweeps.costs imports this name

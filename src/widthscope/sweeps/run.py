@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .._io import format_table, read_toml
+from ..planning import CellPlan, plan_alignment, print_cell_plans
 from ..validate import check_dir_writable, check_outputs
 from . import alignment as sweep_alignment  # run_sweep looked up at call time (tests replace it)
 from .alignment import check_structure, load_config, plan_cells
-from .costs import ModelCost, alignment_costs, print_costs
 from .grid import GridResult, cell_id, cell_path, finish_after_ranks, read_cell, shard_for_run
 from .placement import placement_text
 from .record import check_fingerprint, is_record, read_record
@@ -45,7 +45,7 @@ def run_sweep_file(
     CPU threads (default: ``[sweep].threads``). ``config``: a TOML sweep config, or a finished
     sweep's results folder or its ``sweep.json`` (:mod:`widthscope.sweeps.record`: the recorded
     config, checked as a TOML is; the same cells). ``dry_run``: print the grid, what is finished
-    and the cost plan (:mod:`widthscope.sweeps.costs`), run nothing, return ``None``; ``plan``: the
+    and the cost plan (:func:`widthscope.planning.plan_alignment`), run nothing, return ``None``; ``plan``: the
     same, and time one batch per distinct model to predict the wall time. Otherwise
     prints its progress lines and (rank 0 under torchrun, once every rank's shard is done) the
     summary; returns this shard's grid result."""
@@ -73,7 +73,7 @@ def run_sweep_file(
     )
 
 
-def print_config_plan(cfg: SweepConfig, *, timed: bool = False) -> list[ModelCost]:
+def print_config_plan(cfg: SweepConfig, *, timed: bool = False) -> list[CellPlan]:
     """What ``--dry-run`` prints (``timed``: ``--plan``) for a loaded config, its whole grid in one shard:
     the cells, which are finished in ``cfg.out_dir``, the cost plan. Runs nothing, writes nothing;
     returns the plan's rows (one per distinct model)."""
@@ -90,7 +90,7 @@ def _print_plan(
     shard: tuple[int, int],
     *,
     timed: bool = False,
-) -> list[ModelCost]:
+) -> list[CellPlan]:
     """``--dry-run``: this shard's cells, whether each is finished, the monitor settings, the
     placement and the cost plan (``timed``: ``--plan``'s predicted wall time too)."""
     k, n = shard
@@ -128,8 +128,8 @@ def _print_plan(
                 f"monitor ({fam.name}): steps {m['steps']}, (M, K) = ({m['M']}, {m['K']}), pools "
                 f"{m['n_train']} + {m['n_test']}, delta {m['delta']}"
             )
-    costs = alignment_costs(cfg, [c for _, c in mine], lambda c: state(c) is True, timed=timed)
-    print_costs(costs, shard, cfg.device)
+    costs = plan_alignment(cfg, [c for _, c in mine], lambda c: state(c) is True, timed_run=timed)
+    print_cell_plans(costs, shard, cfg.device)
     return costs
 
 

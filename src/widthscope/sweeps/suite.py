@@ -54,7 +54,6 @@ from ..hub import resolve_model
 from ..options import CertifyOptions, CertifyRunOptions
 from .certify_rows import certify_rows
 from .config import certify_options, check_keys, config_int, config_table
-from .costs import print_costs, suite_costs
 from .grid import GridResult, cell_id, cell_path, claim_out_dir, lock_out_dir, read_cell, run_grid
 from .placement import cell_folder, placement_text, release
 from .schema import PLACEMENT_KEYS
@@ -363,7 +362,9 @@ def print_suite_plan(
         )
     if cfg.inputs.get("device_map"):
         print(f"placement: {placement_text({k: cfg.inputs[k] for k in PLACEMENT_KEYS if k in cfg.inputs})}")
-    costs = suite_costs(
-        cfg, [c for _, c in mine], lambda c: finished[cell_id(c)], lambda c: directories[cell_id(c)], timed=timed
+    from ..planning import plan_suite_models, print_cell_plans  # noqa: PLC0415  cycle: widthscope.planning imports the sweeps
+
+    costs = plan_suite_models(
+        cfg, [c for _, c in mine], lambda c: finished[cell_id(c)], lambda c: directories[cell_id(c)], timed_run=timed
     )
-    print_costs(costs, shard, cfg.device)
+    print_cell_plans(costs, shard, cfg.device)
