@@ -314,7 +314,7 @@ steps = 3
 
 
 def test_suite_file_and_plan_cost(tmp_path):
-    from widthscope.growth.target import _model
+    from widthscope.growth.target import target_model
     from widthscope.growth.target_plan import plan_cost, read_suite_file
 
     f = tmp_path / "s.toml"
@@ -325,9 +325,9 @@ def test_suite_file_and_plan_cost(tmp_path):
     (row,) = plan_cost(plan, {"scratch": 1.0, "continue-depth": 0.5})
     # the meta-device count equals a count on real tensors of the same model
     x = torch.zeros(2, 8, dtype=torch.long)
-    real = model_flops(_model(s, 32, 2), x)
+    real = model_flops(target_model(s, 32, 2), x)
     assert row["step_flops"] == real and row["budget_flops"] == 3 * real
-    assert row["parameters"] == sum(p.numel() for p in _model(s, 32, 2).parameters())
+    assert row["parameters"] == sum(p.numel() for p in target_model(s, 32, 2).parameters())
     n_runs = 1 + 2 + len(s["operators"]) * len(s["schedules"])
     assert row["runs_per_seed"] == n_runs
     assert row["flops_upper"] == pytest.approx(2 * (1 + (n_runs - 1) * 1.0) * 3 * real, rel=1e-12)
@@ -356,10 +356,10 @@ def test_bad_suite_files(tmp_path, change, match):
 def test_paper_config_is_runnable_as_cells():
     from pathlib import Path
 
-    from widthscope.growth.target_bench import _cells
+    from widthscope.growth.target_bench import suite_cells
 
     path = Path(__file__).resolve().parent.parent / "configs" / "grow-target-paper.toml"
-    cells = _cells(gopts.GrowTargetOptions(suite_file=str(path)))
+    cells = suite_cells(gopts.GrowTargetOptions(suite_file=str(path)))
     assert sorted({c["width"] for c in cells}) == [512, 1024, 2048, 3072]
     assert len(cells) == 4 * 5 and all(c["device"] == "cuda" for c in cells)
     with pytest.raises(WidthscopeError, match="choose one"):

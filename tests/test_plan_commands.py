@@ -44,12 +44,12 @@ def test_plan_bench_counts_each_model_of_the_suite_once():
 
 
 def test_plan_target_counts_on_meta_and_times_each_model():
-    from widthscope.growth.target import TARGET_SUITES, _model
+    from widthscope.growth.target import TARGET_SUITES, target_model
 
     counted = wplan.plan_target(quick=True, seeds=(0,), operators=("widen",), schedules=("fixed@0.25",), time_run=False)
     cell = TARGET_SUITES["quick"]
     torch.manual_seed(0)
-    target = _model(cell, cell["width"], cell["depth"])
+    target = target_model(cell, cell["width"], cell["depth"])
     assert counted.parameters == sum(p.numel() for p in target.parameters())
     assert counted.weight_bytes == sum(p.numel() * p.element_size() for p in target.parameters())
     # scratch (steps) + continue-width (to cap x B) + widen from a quarter of B (at most to cap x B)

@@ -628,12 +628,12 @@ def plan_linearize(config: Any, *, time_run: bool = True) -> Plan:
     cell run per distinct shape (width, with or without the derivative correlations), times the
     cells of that shape."""
     from .linearization.config import make_cells, validate_config  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
-    from .linearization.run import _data, run_cell  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+    from .linearization.run import cell_inputs, run_cell  # noqa: PLC0415  start-up time: each command loads only its own pipeline
     from .models import build  # noqa: PLC0415  start-up time: each command loads only its own pipeline
 
     cfg = validate_config(config)
     cells = make_cells(cfg)
-    (X, Y), (Xt, Yt), k, words = _data(cfg)
+    (X, Y), (Xt, Yt), k, words = cell_inputs(cfg)
     ready = (since_start(), peak_so_far())
     tr, m = cfg["train"], cfg["model"]
     bs = int(tr["batch_size"]) or int(X.shape[0])
@@ -725,7 +725,7 @@ def _bench_model(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
     parameter), the cell's training steps counted (runs that stop early at their longest) and,
     with ``time_run``, one step of that loop timed, the criteria at the middle point and one
     held-out evaluation timed, all scaled to the cell and its seeds."""
-    from .growth.cell import _fit  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+    from .growth.cell import fit_block  # noqa: PLC0415  start-up time: each command loads only its own pipeline
     from .growth.suite import build_model, cell_data, reproducible, split_held_out  # noqa: PLC0415  start-up time: each command loads only its own pipeline
     from .probe.growth import point_criteria  # noqa: PLC0415  start-up time: each command loads only its own pipeline
 
@@ -744,7 +744,7 @@ def _bench_model(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
     def loop(k: int, data: Any = train, size: int = bs) -> None:
         m = copy.deepcopy(model)
         lr = float(cell["continue_lrs"][0])
-        _fit(m, list(m.parameters()), data, steps=k, at=(), lr=lr, batch_size=size, seed=seed)
+        fit_block(m, list(m.parameters()), data, steps=k, at=(), lr=lr, batch_size=size, seed=seed)
 
     per = per_example(lambda n: saved_bytes(lambda: loop(1, index_batch(train, slice(0, n)), n), model))
     P, long = len(points), int(cell["long"])
@@ -879,7 +879,7 @@ def _target_setting(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
     each distinct model timed in the cell's own loop, one held-out evaluation and growth signal."""
     from .growth.schedule import SCHEDULES  # noqa: PLC0415  start-up time: each command loads only its own pipeline
     from .growth.suite import reproducible  # noqa: PLC0415  start-up time: each command loads only its own pipeline
-    from .growth.target import OPERATORS, _Context, _measure, _model, _start, _train_until  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+    from .growth.target import OPERATORS, CellContext, measure_signal, start_run, target_model, train_until  # noqa: PLC0415  start-up time: each command loads only its own pipeline
     from .growth.target_plan import meta_llama, meta_step_flops  # noqa: PLC0415  start-up time: each command loads only its own pipeline
     from .train import resolve_device  # noqa: PLC0415  start-up time: each command loads only its own pipeline
 
@@ -934,23 +934,23 @@ def _target_setting(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
     seed = int(cell["seed"])
     with reproducible(1), RssPeak() as peak:
         t0 = time.perf_counter()
-        ctx = _Context(cell)
+        ctx = CellContext(cell)
         load_s = time.perf_counter() - t0
         ctx.grid = math.inf  # no evaluation inside the timed loops but the last
         real: dict[str, nn.Module] = {}
         for k, s in shapes.items():
             torch.manual_seed(seed)
-            real[k] = _model(cell, *s)
+            real[k] = target_model(cell, *s)
 
         def loop(m: nn.Module) -> Callable[[int], Any]:
             f = ctx.step_flops(m)
-            return lambda k: _train_until(ctx, _start(ctx, copy.deepcopy(m), seed), k * f)
+            return lambda k: train_until(ctx, start_run(ctx, copy.deepcopy(m), seed), k * f)
 
         step_s = {k: time_loop(loop(m)) for k, m in real.items()}
         eval_s = {k: timed(functools.partial(ctx.eval_loss, m), 1) for k, m in real.items()}
         kinds = {SCHEDULES[s].kind for s in cell["schedules"]} & {"certificate", "misalignment"}
         signal = sum(
-            timed(functools.partial(_measure, ctx, real[k], kd), 1) for k in real if k != "target" for kd in kinds
+            timed(functools.partial(measure_signal, ctx, real[k], kd), 1) for k in real if k != "target" for kd in kinds
         )
     train_s = sum(steps * step_s[k][1] + step_s[k][0] + n_eval * eval_s[k] for k, steps, n_eval in work)
     out.update(
@@ -966,10 +966,10 @@ def plan_target(options: Any = None, *, time_run: bool = True, **keywords: Any) 
     """The plan of ``widthscope grow-target`` (every cell; nothing trained beyond a few timed steps,
     nothing written): per suite setting :func:`_target_setting`, summed, the fixed costs once."""
     from .growth.options import GrowTargetOptions, with_keywords  # noqa: PLC0415  start-up time: each command loads only its own pipeline
-    from .growth.target_bench import _cells  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+    from .growth.target_bench import suite_cells  # noqa: PLC0415  start-up time: each command loads only its own pipeline
 
     opts = with_keywords("plan_target", options, GrowTargetOptions, keywords)
-    grid = _cells(opts)
+    grid = suite_cells(opts)
     groups: list[tuple[dict[str, Any], list[Any]]] = []
     for c in grid:
         key = {k: v for k, v in c.items() if k not in ("seed", "kind")}
@@ -1090,7 +1090,7 @@ def _alignment_time(cfg: Any, fam: Any, width: float, budget: int) -> float:
 
     from . import models  # noqa: PLC0415  start-up time: each command loads only its own pipeline
     from .probe.losses import logits_of  # noqa: PLC0415  start-up time: each command loads only its own pipeline
-    from .sweeps.cell import _cell_monitor, cell_options  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
+    from .sweeps.cell import cell_monitor, cell_options  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
     from .sweeps.pools import fill_model_options, load_split, pool_batches, probe_conditions, probe_lengths, probe_pools  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
     from .sweeps.schema import LM_DATASETS  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
 
@@ -1143,7 +1143,7 @@ def _alignment_time(cfg: Any, fam: Any, width: float, budget: int) -> float:
         total += (forward or 0.0) * len(points) * steps * max(k for _, k in opts.pairs)
     if fam.monitor is not None:
         with tempfile.TemporaryDirectory(prefix="widthscope-plan-monitor-") as tmp:  # its log: not the results
-            mon, _ = _cell_monitor(cfg, fam, split, model, opts, Path(tmp))
+            mon, _ = cell_monitor(cfg, fam, split, model, opts, Path(tmp))
             calls = iter(range(2))
             total += timed(lambda: mon.probe(model, next(calls))) * len(fam.monitor["steps"])
     return total

@@ -66,7 +66,7 @@ class _Fit:
         return mean_loss(self.model, data, batch_size=64)
 
 
-def _fit(
+def fit_block(
     model: nn.Module,
     params: list[nn.Parameter],
     train: Any,
@@ -236,7 +236,7 @@ def _run_cell(cell: Mapping[str, Any], show: bool) -> list[dict[str, Any]]:
     cont_runs = {}
     for lr in clrs:
         cont = copy.deepcopy(model)
-        cont_runs[lr] = _fit(
+        cont_runs[lr] = fit_block(
             cont,
             list(cont.parameters()),
             train,
@@ -311,17 +311,17 @@ def _point_row(
     runs = {}
     for lr in lrs:
         g, prm = _grown(model, p, c["width"], None, bseeds[0])
-        runs[lr] = _fit(g, prm, train, steps=long, at=(long,), lr=lr, batch_size=bs, seed=seed, rank=sp["rank"])
+        runs[lr] = fit_block(g, prm, train, steps=long, at=(long,), lr=lr, batch_size=bs, seed=seed, rank=sp["rank"])
     lr_b = _pick_lr(runs, long)
     fits = [runs[lr_b]]
     for s in bseeds[1:]:
         g, prm = _grown(model, p, c["width"], None, s)
-        fits.append(_fit(g, prm, train, steps=long, at=(long,), lr=lr_b, batch_size=bs, seed=seed))
+        fits.append(fit_block(g, prm, train, steps=long, at=(long,), lr=lr_b, batch_size=bs, seed=seed))
     g, gprm = _grown(model, p, c["width"], None, bseeds[0], w_in=gm_rows)
-    gm = _fit(g, gprm, train, steps=long, at=(long,), lr=lr_b, batch_size=bs, seed=seed)
+    gm = fit_block(g, gprm, train, steps=long, at=(long,), lr=lr_b, batch_size=bs, seed=seed)
     lr_c = _pick_lr(cont_runs, n_cont)
     g, _ = _grown(model, p, c["width"], None, bseeds[0])
-    ta = _fit(g, list(g.parameters()), train, steps=n_all, at=(n_all,), lr=lr_c, batch_size=bs, seed=seed)
+    ta = fit_block(g, list(g.parameters()), train, steps=n_all, at=(n_all,), lr=lr_c, batch_size=bs, seed=seed)
     row = {
         **{k: v for k, v in c.items() if k not in ("M", "K", "width")},
         "kind": "growth_bench",

@@ -106,11 +106,11 @@ def target_cells(suite: str = "full", seeds: Sequence[int] | None = None) -> lis
 
 
 # ----------------------------------------------------------------------------- models and FLOPs
-def _ffn(width: int) -> int:
+def ffn_width(width: int) -> int:
     return max(32, 32 * round(8 * width / 3 / 32))  # the rule of models.lm.build_llama
 
 
-def _model(cell: Mapping[str, Any], width: int, depth: int) -> nn.Module:
+def target_model(cell: Mapping[str, Any], width: int, depth: int) -> nn.Module:
     """LLaMA-style decoder with heads of ``head_dim`` (full multi-head attention, so any width that
     is a multiple of the head dimension can be grown to)."""
     hd = int(cell["head_dim"])
@@ -123,7 +123,7 @@ def _model(cell: Mapping[str, Any], width: int, depth: int) -> nn.Module:
         heads=heads,
         kv_heads=heads,
         head_dim=hd,
-        ffn=_ffn(width),
+        ffn=ffn_width(width),
     )
     return model.to(cell.get("device", "cpu"))
 
@@ -198,7 +198,7 @@ class _Run:
         )
 
 
-class _Context:
+class CellContext:
     """What every run of a cell shares: data, the evaluation grid, FLOP cache, settings."""
 
     def __init__(self, cell: Mapping[str, Any]):
@@ -240,7 +240,7 @@ class _Context:
         return total / len(self.eval)
 
 
-def _start(ctx: _Context, model: nn.Module, seed: int) -> _Run:
+def start_run(ctx: CellContext, model: nn.Module, seed: int) -> _Run:
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=ctx.cell["lr"], weight_decay=0.0)
     run = _Run(model, opt, torch.Generator().manual_seed(int(seed)))
@@ -250,8 +250,8 @@ def _start(ctx: _Context, model: nn.Module, seed: int) -> _Run:
     return run
 
 
-def _train_until(
-    ctx: _Context,
+def train_until(
+    ctx: CellContext,
     run: _Run,
     limit: float,
     on_eval: Callable[[_Run], bool] | None = None,
@@ -320,7 +320,7 @@ def grow_zero_block(model: Any, size: int, *, cell: Mapping[str, Any], seed: int
     have = [p for p in model.widthscope_points if not hasattr(model.get_submodule(p), "widthscope_insert")]
     new = size - model.widthscope_config.get("blocks", 0) - model.config.num_hidden_layers
     points = list(reversed(have))[:new]  # the top free block outputs
-    g = zero_block(model, points, hidden=_ffn(int(cell["width"])), seed=seed)
+    g = zero_block(model, points, hidden=ffn_width(int(cell["width"])), seed=seed)
     grown: Any = g.model
     grown.widthscope_config["blocks"] = model.widthscope_config.get("blocks", 0) + len(points)
     return g
@@ -328,15 +328,15 @@ def grow_zero_block(model: Any, size: int, *, cell: Mapping[str, Any], seed: int
 
 def grow_widen(model: Any, size: int, *, cell: Mapping[str, Any], seed: int) -> Growth:
     """Masked width growth to hidden size ``size`` (function-preserving)."""
-    return widen(model, size, ffn=_ffn(size), seed=seed)
+    return widen(model, size, ffn=ffn_width(size), seed=seed)
 
 
-def _grow_once(ctx: _Context, op: str, model: Any, size: int, seed: int) -> Growth:
+def _grow_once(ctx: CellContext, op: str, model: Any, size: int, seed: int) -> Growth:
     """Grow ``model`` to ``size`` by the registered operator ``op`` (widthscope.registry.GROWTH_OPERATORS)."""
     return GROWTH_OPERATORS.get(op)(model, size, cell=ctx.cell, seed=seed)
 
 
-def _grow_run(ctx: _Context, run: _Run, op: str, size: int, info: dict[str, Any]) -> None:
+def _grow_run(ctx: CellContext, run: _Run, op: str, size: int, info: dict[str, Any]) -> None:
     """Grow ``run``'s model in place of the run (fresh AdamW, re-warm-up), recording the event."""
     g = _grow_once(ctx, op, run.model, size, int(ctx.cell["seed"]) + len(run.events))
     run.model = g.model
@@ -358,30 +358,30 @@ def _grow_run(ctx: _Context, run: _Run, op: str, size: int, info: dict[str, Any]
 
 
 # ----------------------------------------------------------------------------- the cell
-def _signal_cost(ctx: _Context, model: nn.Module, kind: str) -> int:
+def _signal_cost(ctx: CellContext, model: nn.Module, kind: str) -> int:
     """FLOPs of one signal measurement (forward and backward of both pools), cached per shape."""
     key = ("signal", kind, _signature(model))
     if key not in ctx.flop_cache:
         fc = FlopCounterMode(display=False)
         with fc:
-            _measure(ctx, model, kind)
+            measure_signal(ctx, model, kind)
         ctx.flop_cache[key] = int(fc.get_total_flops())
     return ctx.flop_cache[key]
 
 
-def _measure(ctx: _Context, model: Any, kind: str) -> float:
+def measure_signal(ctx: CellContext, model: Any, kind: str) -> float:
     point = f"model.layers.{model.config.num_hidden_layers // 2}"
     n = len(ctx.sig_train[0])
     return alignment_signal(model, point, ctx.sig_train, ctx.sig_test, kind=kind, M=n, K=n, seed=int(ctx.cell["seed"]))
 
 
-def _due(ctx: _Context, sched: Schedule, run: _Run, stage: int, charge: Callable[[float], None]) -> dict[str, Any]:
+def _due(ctx: CellContext, sched: Schedule, run: _Run, stage: int, charge: Callable[[float], None]) -> dict[str, Any]:
     """Whether growth ``stage`` is due on ``run`` now; the signal value (and its FLOPs, charged)."""
     value: list[float] = []
 
     def measure() -> float:
         charge(_signal_cost(ctx, run.model, sched.kind))
-        value.append(_measure(ctx, run.model, sched.kind))
+        value.append(measure_signal(ctx, run.model, sched.kind))
         return value[-1]
 
     frac = run.flops / ctx.budget
@@ -397,7 +397,7 @@ def _charge_to(charged: dict[str, float], name: str) -> Callable[[float], None]:
 
 
 def _small_prefix(
-    ctx: _Context, kind: str, schedules: Sequence[Schedule]
+    ctx: CellContext, kind: str, schedules: Sequence[Schedule]
 ) -> tuple[_Run, dict[str, tuple[_Run, dict[str, Any]]]]:
     """The continue-small run to ``cap · B`` and, per schedule, the snapshot where it says grow."""
     cell = ctx.cell
@@ -405,7 +405,7 @@ def _small_prefix(
     torch.manual_seed(seed + (101 if kind == "depth" else 202))
     width = int(cell["width"]) if kind == "depth" else int(cell["small_width"])
     depth = int(cell["small_depth"]) if kind == "depth" else int(cell["depth"])
-    run = _start(ctx, _model(cell, width, depth), seed + 1)
+    run = start_run(ctx, target_model(cell, width, depth), seed + 1)
     snaps: dict[str, tuple[_Run, dict[str, Any]]] = {}
     charged = {s.name: 0.0 for s in schedules}
 
@@ -421,11 +421,11 @@ def _small_prefix(
                 snaps[s.name] = (snap, d)
         return False
 
-    _train_until(ctx, run, float(cell["cap"]) * ctx.budget, on_eval)
+    train_until(ctx, run, float(cell["cap"]) * ctx.budget, on_eval)
     return run, snaps
 
 
-def _grown_run(ctx: _Context, op: str, sched: Schedule, start: tuple[_Run, dict[str, Any]], target: float) -> _Run:
+def _grown_run(ctx: CellContext, op: str, sched: Schedule, start: tuple[_Run, dict[str, Any]], target: float) -> _Run:
     """Grow the snapshot by ``op`` at the schedule's first stage, train on to the target or the cap,
     growing again at later stages when due."""
     cell = ctx.cell
@@ -457,11 +457,11 @@ def _grown_run(ctx: _Context, op: str, sched: Schedule, start: tuple[_Run, dict[
                 _grow_run(ctx, r, op, sizes[stage], {**d, "flops": r.flops, "step": r.step})
         return False
 
-    _train_until(ctx, run, float(cell["cap"]) * ctx.budget, on_eval)
+    train_until(ctx, run, float(cell["cap"]) * ctx.budget, on_eval)
     return run
 
 
-def _row(ctx: _Context, label: str, run: _Run, target: float, ref: float | None, **extra: Any) -> dict[str, Any]:
+def _row(ctx: CellContext, label: str, run: _Run, target: float, ref: float | None, **extra: Any) -> dict[str, Any]:
     reach = reach_flops(run.curve, target)
     cap = float(ctx.cell["cap"]) * ctx.budget
     return {
@@ -498,7 +498,7 @@ def run_target_cell(cell: Mapping[str, Any], _cell_dir: Any = None) -> list[dict
 
 def _run_target_cell(cell: Mapping[str, Any]) -> list[dict[str, Any]]:
     t0 = time.perf_counter()
-    ctx = _Context(cell)
+    ctx = CellContext(cell)
     seed = int(cell["seed"])
     unknown = [s for s in cell["schedules"] if s not in SCHEDULES] + [
         o for o in cell["operators"] if o not in OPERATORS
@@ -508,11 +508,11 @@ def _run_target_cell(cell: Mapping[str, Any]) -> list[dict[str, Any]]:
             f"grow-target: unknown schedule/operator {unknown}; known {list(SCHEDULES)}, {list(OPERATORS)}"
         )
     torch.manual_seed(seed)
-    target_model = _model(cell, int(cell["width"]), int(cell["depth"]))
-    ctx.budget = float(int(cell["steps"]) * ctx.step_flops(target_model))
+    big = target_model(cell, int(cell["width"]), int(cell["depth"]))
+    ctx.budget = float(int(cell["steps"]) * ctx.step_flops(big))
     ctx.grid = ctx.budget / int(cell["evals"])
-    scratch = _start(ctx, target_model, seed)
-    _train_until(ctx, scratch, ctx.budget)
+    scratch = start_run(ctx, big, seed)
+    train_until(ctx, scratch, ctx.budget)
     target = scratch.curve[-1][1]
     ref = reach_flops(scratch.curve, target)
     rows = [_row(ctx, "scratch", scratch, target, ref, small=None, operator=None, schedule=None)]

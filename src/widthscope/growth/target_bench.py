@@ -54,7 +54,7 @@ def target_out_dir(out: str | Path | None = None, *, quick: bool = False, suite_
     return Path(out or f"widthscope-results/grow-target{tail}")
 
 
-def _cells(opts: GrowTargetOptions) -> list[dict[str, Any]]:
+def suite_cells(opts: GrowTargetOptions) -> list[dict[str, Any]]:
     if opts.suite_file is not None:
         plan = read_suite_file(opts.suite_file)
         name = f"file:{Path(opts.suite_file).name}"
@@ -85,7 +85,7 @@ def run_target(
     Returns ``rows``, ``table`` (one row per run label), ``summary`` and ``complete``."""
     opts = with_keywords("run_target", options, GrowTargetOptions, keywords)
     out_dir = target_out_dir(out, quick=opts.quick, suite_file=opts.suite_file)
-    grid = _cells(opts)
+    grid = suite_cells(opts)
     record = {"grow_target": opts.to_dict()}
     ids = {cell_id(c) for c in grid}
     foreign = [p.stem for p in (out_dir / "cells").glob("*.json") if p.stem not in ids]

@@ -33,7 +33,7 @@ from .._io import read_toml
 from ..errors import WidthscopeError
 from ..models import build
 from .schedule import SCHEDULES
-from .target import OPERATORS, TARGET_SUITES, _ffn
+from .target import OPERATORS, TARGET_SUITES, ffn_width
 
 __all__ = ["read_suite_file", "plan_cost", "meta_step_flops", "meta_llama", "spent_fractions"]
 
@@ -98,7 +98,7 @@ def read_suite_file(path: str | Path) -> dict[str, Any]:
 
 
 def meta_llama(settings: Mapping[str, Any], width: int, depth: int) -> torch.nn.Module:
-    """The suite's model at ``width`` x ``depth`` on the ``meta`` device (as ``growth.target._model``)."""
+    """The suite's model at ``width`` x ``depth`` on the ``meta`` device (as ``growth.target.target_model``)."""
     hd = int(settings["head_dim"])
     with torch.device("meta"):
         return build(
@@ -109,7 +109,7 @@ def meta_llama(settings: Mapping[str, Any], width: int, depth: int) -> torch.nn.
             heads=width // hd,
             kv_heads=width // hd,
             head_dim=hd,
-            ffn=_ffn(width),
+            ffn=ffn_width(width),
         )
 
 

@@ -83,7 +83,7 @@ class LinearizeOptions(Options):
 _DATA_CACHE: dict[str, Any] = {}
 
 
-def _data(cfg: Mapping[str, Any]):
+def cell_inputs(cfg: Mapping[str, Any]):
     d = cfg["data"]
     key = json.dumps(to_jsonable(d), sort_keys=True) + cfg["train"]["dtype"] + cfg["train"]["loss"]
     if key not in _DATA_CACHE:
@@ -106,7 +106,7 @@ def _data(cfg: Mapping[str, Any]):
 
 def run_cell(cfg: Mapping[str, Any], cell: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Train one ``(width, seed, α)`` cell; rows for every logged step (+ correlation rows)."""
-    (X, Y), (Xt, Yt), k, words = _data(cfg)
+    (X, Y), (Xt, Yt), k, words = cell_inputs(cfg)
     m, tr = cfg["model"], cfg["train"]
     width, seed, alpha = cell["width"], cell["seed"], cell["alpha"]
     torch.manual_seed(seed)

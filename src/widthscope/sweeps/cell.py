@@ -2,7 +2,7 @@
 
 :func:`run_cell` is what :func:`widthscope.sweeps.grid.run_grid` calls per cell; it returns the cell's
 rows (``kind`` ``alignment``, ``intervention`` and, for a monitored family, ``monitor``; the columns
-are in docs/sweeps.md). The monitor's part (:func:`_cell_monitor`, :func:`_monitor_rows`) follows it.
+are in docs/sweeps.md). The monitor's part (:func:`cell_monitor`, :func:`_monitor_rows`) follows it.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def run_cell(
     model = models.build(fam.model, width, **fill_model_options(fam, split))
     n_params = int(models.count_parameters(model))
     mon, mon_info = (
-        _cell_monitor(cfg, fam, split, model, opts, Path(cell_dir)) if fam.monitor is not None else (None, {})
+        cell_monitor(cfg, fam, split, model, opts, Path(cell_dir)) if fam.monitor is not None else (None, {})
     )
     tr, train_s, monitor_s = _train(cfg, fam, cell, Path(cell_dir), split, model, mon, show_progress)
     common: dict[str, Any] = {
@@ -338,7 +338,7 @@ def _intervention_rows(
 MONITOR_FILE = "monitor.jsonl"
 
 
-def _cell_monitor(
+def cell_monitor(
     cfg: SweepConfig, fam: FamilySpec, split: Any, model: Any, opts: CertifyOptions, cell_dir: Path
 ) -> tuple[AlignmentMonitor, dict[str, Any]]:
     """The cell's :class:`~widthscope.monitor.AlignmentMonitor` and its probe condition in words
