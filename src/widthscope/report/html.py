@@ -312,6 +312,7 @@ def render_page(
     found: Sequence[Mapping[str, Any]] | None = None,
     findings: Sequence[str] = (),
     after: str = "",
+    headline: bool = True,
 ) -> str:
     """The HTML text: header, the findings box (a sentence per claim in ``found``, or the plain
     ``findings`` lines) with what the numbers mean and a table of contents, notes, then each
@@ -322,11 +323,11 @@ def render_page(
     esc = html.escape
     fig_ids = [_figure_id(f) for sec in sections for f in sec.get("figures", [])]
     sec_ids = ["sec-" + anchor(sec["title"]) for sec in sections]
-    headline = None
+    top = None
     first = next((f for sec in sections for f in sec.get("figures", [])), None)
-    if first is not None:
-        headline = (_figure_id(first), data_uri(first["png"]), str(first["title"]))
-    box = findings_box(list(found or []), fig_ids + sec_ids, lines=findings, headline=headline)
+    if first is not None and headline:
+        top = (_figure_id(first), data_uri(first["png"]), str(first["title"]))
+    box = findings_box(list(found or []), fig_ids + sec_ids, lines=findings, headline=top)
     entries = [("findings", "Findings")] + [(i, str(sec["title"])) for i, sec in zip(sec_ids, sections)]
     entries += [(m.group(1), html.unescape(m.group(2))) for m in _SECTION_HEAD.finditer(after + measured)]
     parts = [
