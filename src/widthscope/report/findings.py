@@ -77,8 +77,7 @@ def figure_anchor(c: Mapping[str, Any], figure_ids: Sequence[str]) -> str | None
 
 def claim_sentence(c: Mapping[str, Any]) -> str:
     """One plain sentence (text, not HTML): the claim, its verdict and the numbers behind it."""
-    verdict = str(c.get("verdict", "not resolved"))
-    head = f"{c['claim']} — {verdict}"
+    head = str(c["claim"])  # the verdict is the badge beside the sentence
     if c.get("counts") is not None:  # a bound over rows
         k = c["counts"]
         if "point_above_bound" in k:
@@ -136,7 +135,7 @@ def findings_box(
             f'<li><span class="badge" style="background:{_COLOUR.get(v, "#555")}">{esc(v)}</span> '
             f"{esc(no_nan(claim_sentence(c)))}{link}</li>"
         )
-    items += [f"<li>{esc(no_nan(s))}</li>" for s in lines]
+    items += [f"<li>{esc(no_nan(s))}</li>" for s in lines]  # plain lines (suite pages)
     if not items:
         items = ["<li>No claim could be tested from these rows; the sections below show what was measured.</li>"]
     shown, rest = items[:SHOWN], items[SHOWN:]

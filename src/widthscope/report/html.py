@@ -63,7 +63,7 @@ h3{margin:22px 0 6px;font-size:17px}
 .findings{background:#f3f7fb;border:1px solid #c9d6e3;border-radius:6px;padding:4px 18px 10px;margin:14px 0}
 .findings h2{margin-top:10px}
 .findrow{display:flex;flex-wrap:wrap;gap:16px;align-items:flex-start}
-.findtext{flex:1 1 420px;min-width:0} .findtext li{margin:5px 0}
+.findtext{flex:1 1 420px;min-width:0} .findtext ul{margin-top:6px} .findtext li{margin:5px 0}
 .badge{color:#fff;border-radius:3px;padding:0 6px;font-size:12px;font-weight:bold;white-space:nowrap}
 .headline{flex:0 1 380px;max-width:100%;text-decoration:none;color:#444;font-size:12px}
 .headline img{width:100%;height:auto;border:1px solid #dde;display:block}
