@@ -124,6 +124,9 @@ def _fig_d_align(sel, label: str, p: Path, pts, widths) -> dict:
         ys = [y for line in ax.lines for y in line.get_ydata() if np.isfinite(y) and y > 0]
         if ys and max(ys) / min(ys) > 10:  # values spanning decades: a linear axis flattens the small ones
             ax.set_yscale("log")
+        elif ys and max(ys) - min(ys) <= 1e-9 * max(ys):  # one value: one plain tick, not six decimals
+            ax.set_yticks([ys[0]])
+            ax.set_yticklabels([f"{ys[0]:.3g}"])
         if not ax.lines:  # say why the panel is empty rather than show bare axes
             ax.text(
                 0.5,

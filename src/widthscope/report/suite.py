@@ -9,13 +9,15 @@ revision) is summarised by the **median over its insertion points** at the suite
 — two-population ``d_align`` (over the non-vacuous points; vacuous ones are counted), empirical
 misalignment and ``B_exact``.
 
-- ``width-series.html``: those medians against width (log x), one line per revision;
+- ``width-series.html``: those medians against width (log x), one line per revision, **one series per
+  depth** when the models differ in depth (the paper compares widths within a depth; rows carry
+  ``depth``), each with a descriptive finding; a vacuous ``B_exact`` (= 1) is a hollow marker;
 - ``over-training.html``: the same against the revision's training step (parsed from names such
   as ``step1000``; revisions without one are listed and left out of the figures), one line per
   model (labelled with its width; two models of one width, such as Pythia 1b and 1.4b, are two lines).
 
 Both pages end with one table row per (width, revision): width, revision, step, commit, model id,
-points, vacuous points, d_align, misalignment, B_exact.
+depth, points, vacuous points, d_align, misalignment, B_exact.
 """
 
 from __future__ import annotations
