@@ -38,7 +38,7 @@ from typing import Any, Mapping, Sequence
 from .._io import atomic_write_text
 from .._version import __version__
 from ._fmt import natural_key, no_nan
-from .findings import anchor
+from .findings import anchor, findings_box, seeds_phrase, toc
 
 __all__ = ["SECTIONS", "data_uri", "render_page", "build_report", "collect_sections", "fit_titles"]
 
@@ -318,8 +318,6 @@ def render_page(
     ``findings`` lines) with what the numbers mean and a table of contents, notes, then each
     section's verdict, figures (embedded) and tables; ``measured`` and ``after`` (HTML) follow.
     Missing numbers read '–' and every table scrolls inside its own box."""
-    from .findings import findings_box, toc  # noqa: PLC0415
-
     esc = html.escape
     fig_ids = [_figure_id(f) for sec in sections for f in sec.get("figures", [])]
     sec_ids = ["sec-" + anchor(sec["title"]) for sec in sections]
@@ -406,8 +404,6 @@ def build_report(
     claims_html = ""
     if found:
         m = found[0].get("family_size", 0)
-        from .findings import seeds_phrase  # noqa: PLC0415
-
         claims_html = (
             '<section id="claims"><h2>Claims</h2>'
             "<p>One row per published claim, computed from the rows (never typed in). Measured: the "

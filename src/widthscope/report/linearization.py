@@ -25,6 +25,7 @@ import numpy as np
 __all__ = ["figures", "tables", "summary", "slopes_from_rows", "side_by_side"]
 
 
+from ._fmt import pval
 from .html import save_figure
 
 
@@ -378,8 +379,6 @@ def tables(rows: list[dict]) -> list[dict]:
 
 
 def _p(p: Any) -> str:
-    from ._fmt import pval  # noqa: PLC0415
-
     s = pval(p)
     return s if s.startswith("<") else "= " + s
 
