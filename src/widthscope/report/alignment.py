@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
+from ._fmt import interval, num, pval
 from ._groups import group_label, groups
 
 # Re-exported: importable from here (the monitor section takes as_number, save_figure, slugify).
@@ -166,12 +167,17 @@ def _fmt_claim(c: Mapping[str, Any]) -> str:
     if c.get("measured") is None or c.get("low") is None:
         return f"{c['verdict']} ({c.get('seeds') or 0} seed(s) with a value: no interval)"
     pa = c.get("p_adjusted")
+    p = pval(c.get("p"))
     return (
-        f"{c['verdict']} ({c.get('unit', '')} {c['measured']:+.3g}, 95% interval [{c['low']:.3g}, "
-        f"{c['high']:.3g}], p = {c['p']:.2g}"
-        + (f", Holm p = {pa:.2g}" if pa is not None else "")
+        f"{c['verdict']} ({c.get('unit', '')} {num(c['measured'], '+.3g')}, 95% interval "
+        f"{interval(c['low'], c['high'])}, p {p if p.startswith('<') else '= ' + p}"
+        + (f", Holm p {_eq(pval(pa))}" if pa is not None else "")
         + f", {c['seeds']} seeds)"
     )
+
+
+def _eq(p: str) -> str:
+    return p if p.startswith("<") else "= " + p
 
 
 def _claims_lines(

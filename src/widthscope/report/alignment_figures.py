@@ -17,6 +17,8 @@ from .html import fit_titles
 
 MAX_POINTS_PANELS = 4
 MAX_MK_PANELS = 4
+MAX_LEGEND = 8
+VACUOUS = 1 - 1e-12  # a bound at least this large says nothing
 
 
 # ----------------------------------------------------------------------------- plotting helpers
@@ -119,6 +121,12 @@ def _fig_d_align(sel, label: str, p: Path, pts, widths) -> dict:
                 )
         _width_axis(ax, widths)
         ax.set_xlim(min(widths) / 1.2, max(widths) * 1.2)  # every swept width, drawn or vacuous
+        ys = [y for line in ax.lines for y in line.get_ydata() if np.isfinite(y) and y > 0]
+        if ys and max(ys) / min(ys) > 10:  # values spanning decades: a linear axis flattens the small ones
+            ax.set_yscale("log")
+        elif ys and max(ys) - min(ys) <= 1e-9 * max(ys):  # one value: one plain tick, not six decimals
+            ax.set_yticks([ys[0]])
+            ax.set_yticklabels([f"{ys[0]:.3g}"])
         if not ax.lines:  # say why the panel is empty rather than show bare axes
             ax.text(
                 0.5,
@@ -134,8 +142,18 @@ def _fig_d_align(sel, label: str, p: Path, pts, widths) -> dict:
         ax.set_ylabel("d_align")
         ax.set_title(name, fontsize=10)
         ax.grid(alpha=0.3)
-    if axes[0, 0].get_legend_handles_labels()[0]:
-        axes[0, 0].legend(fontsize=7, title="insertion point", title_fontsize=7)
+    handles, names = axes[0, 0].get_legend_handles_labels()
+    if handles:  # outside the panels, at most MAX_LEGEND entries
+        keep = pick_spread(list(range(len(handles))), MAX_LEGEND)
+        axes[0, 1].legend(
+            [handles[i] for i in keep],
+            [names[i] for i in keep],
+            fontsize=7,
+            title="insertion point" + (f"\n({len(keep)} of {len(handles)})" if len(keep) < len(handles) else ""),
+            title_fontsize=7,
+            loc="upper left",
+            bbox_to_anchor=(1.02, 1.0),
+        )
     save_figure(fig, p, f"{label}: d_align vs width")
     return {
         "title": f"{label}: d_align vs width",
@@ -157,6 +175,7 @@ def _fig_misalignment_vs_width(
     agg_lo = aggregate(sel, "misalignment_low", by=("point_index", "M", "K", "width"))
     agg_hi = aggregate(sel, "misalignment_high", by=("point_index", "M", "K", "width"))
     agg_ba = aggregate(sel, "two_b_align", by=("point_index", "M", "K", "width"))
+    vacuous = {"B_exact": 0, "B_align": 0}
     for i, (pi, pname) in enumerate(ppts):
         for j, (M, K) in enumerate(mks):
             ax = axes[i, j]
@@ -176,22 +195,17 @@ def _fig_misalignment_vs_width(
                 capsize=2,
                 label="empirical Pr(A<=0)",
             )
-            ax.plot(
-                ws,
-                [max(agg_be.get((pi, M, K, w), (math.nan,))[0], floor) for w in ws],
-                "s--",
-                color="#d9822b",
-                ms=3,
-                label="B_exact",
-            )
-            ax.plot(
-                ws,
-                [max(agg_ba.get((pi, M, K, w), (math.nan,))[0], floor) for w in ws],
-                "^:",
-                color="#b03a2e",
-                ms=3,
-                label="B_align",
-            )
+            for agg_b, fmt, colour, name in (
+                (agg_be, "s--", "#d9822b", "B_exact"),
+                (agg_ba, "^:", "#b03a2e", "B_align"),
+            ):
+                vals = [agg_b.get((pi, M, K, w), (math.nan,))[0] for w in ws]
+                real = [(w, max(v, floor)) for w, v in zip(ws, vals) if not v >= VACUOUS]
+                hollow = [w for w, v in zip(ws, vals) if v >= VACUOUS]
+                vacuous[name] += len(hollow)
+                ax.plot([w for w, _ in real], [v for _, v in real], fmt, color=colour, ms=3, label=name)
+                if hollow:  # a bound of 1 says nothing: drawn hollow at 1, not joined to the data
+                    ax.plot(hollow, [1.0] * len(hollow), fmt[0], mfc="none", color=colour, ms=5)
             _width_axis(ax, widths)
             ax.set_yscale("log")
             ax.set_ylim(floor * 0.7, 1.3)
@@ -211,7 +225,14 @@ def _fig_misalignment_vs_width(
         f"bounds B_exact (Cantelli) and B_align = 1/(1 + n_eff d_align), mean over seeds. "
         f"Log scale; values below {floor:.1g} (including 0) are drawn at {floor:.1g}. "
         f"Bounds should lie above the empirical values; the mechanism predicts all three "
-        f"fall with width." + (f" Showing {len(ppts)} of {len(pts)} points." if len(ppts) < len(pts) else ""),
+        f"fall with width."
+        + (
+            f" Hollow markers at 1: vacuous bounds (B_exact {vacuous['B_exact']}, B_align {vacuous['B_align']} "
+            "panel points), which say nothing and are not drawn as data."
+            if any(vacuous.values())
+            else ""
+        )
+        + (f" Showing {len(ppts)} of {len(pts)} points." if len(ppts) < len(pts) else ""),
     }
 
 

@@ -66,6 +66,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from scipy import special as _sp
 
+from ._fmt import num, pval
 from ._groups import group_label, groups
 from .claims_stats import ALPHA, MAX_SEEDS, holm, seed_test, seeds_needed
 from .claims_stats import effect as _effect
@@ -558,7 +559,7 @@ def html_table(items: Sequence[Mapping[str, Any]]) -> str:
     colour = {"holds": "#3c8d2f", "does not": "#b3261e", "not resolved": "#8a6d00"}
 
     def f(v: Any) -> str:
-        return "–" if v is None else f"{v:.3g}"
+        return num(v)
 
     def needed(c: Mapping[str, Any]) -> str:
         if not c.get("region") or c.get("sd") is None:
@@ -575,7 +576,7 @@ def html_table(items: Sequence[Mapping[str, Any]]) -> str:
         parts.append(
             f"<tr><td class=l>{esc(c['claim'])}</td><td>{f(c['measured'])}</td>"
             f"<td>[{f(c['low'])}, {f(c['high'])}]</td><td>{f(c.get('seeds'))}</td>"
-            f"<td>{f(c.get('p'))}</td><td>{f(c.get('p_adjusted'))}</td>"
+            f"<td>{esc(pval(c.get('p')))}</td><td>{esc(pval(c.get('p_adjusted')))}</td>"
             f'<td class=l style="color:{colour.get(c["verdict"], "#000")};font-weight:bold">'
             f"{esc(c['verdict'])}"
             + (f"<br><small>{esc(c['support_note'])}</small>" if c.get("support_note") else "")

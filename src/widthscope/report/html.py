@@ -26,6 +26,7 @@ import importlib
 import inspect
 import json
 import platform
+import re
 import subprocess
 import sys
 import textwrap
@@ -36,6 +37,8 @@ from typing import Any, Mapping, Sequence
 
 from .._io import atomic_write_text
 from .._version import __version__
+from ._fmt import natural_key, no_nan
+from .findings import anchor, findings_box, seeds_phrase, toc
 
 __all__ = ["SECTIONS", "data_uri", "render_page", "build_report", "collect_sections", "fit_titles"]
 
@@ -49,20 +52,35 @@ SECTIONS: list[tuple[str, str, tuple[str, ...]]] = [
 ]
 
 CSS = """
-body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0;color:#1d2327;background:#fff}
+*{box-sizing:border-box}
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0;color:#1d2327;background:#fff;
+overflow-wrap:anywhere}
 header{background:#1f3b57;color:#fff;padding:18px 28px}
-header h1{margin:0;font-size:24px} header p{margin:4px 0 0;opacity:.85;font-size:13px}
+header h1{margin:0;font-size:24px;overflow-wrap:anywhere} header p{margin:4px 0 0;opacity:.85;font-size:13px}
 main{padding:10px 28px 40px;max-width:1150px}
 h2{border-bottom:2px solid #1f3b57;padding-bottom:4px;margin-top:34px}
 h3{margin:22px 0 6px;font-size:17px}
+.findings{background:#f3f7fb;border:1px solid #c9d6e3;border-radius:6px;padding:4px 18px 10px;margin:14px 0}
+.findings h2{margin-top:10px}
+.findrow{display:flex;flex-wrap:wrap;gap:16px;align-items:flex-start}
+.findtext{flex:1 1 420px;min-width:0} .findtext ul{margin-top:6px} .findtext li{margin:5px 0}
+.badge{color:#fff;border-radius:3px;padding:0 6px;font-size:12px;font-weight:bold;white-space:nowrap}
+.headline{flex:0 1 380px;max-width:100%;text-decoration:none;color:#444;font-size:12px}
+.headline img{width:100%;height:auto;border:1px solid #dde;display:block}
+.meaning{font-size:13.5px;line-height:1.45;margin:8px 0}
+nav.toc{font-size:14px;margin:8px 0 4px} nav.toc ol{margin:4px 0;padding-left:22px;columns:2 260px}
 .verdict{background:#eef5ec;border-left:5px solid #3c8d2f;padding:10px 16px;margin:12px 0}
 .verdict li{margin:3px 0}
 .note{background:#fff6e0;border-left:5px solid #d9a400;padding:8px 14px;margin:10px 0;font-size:14px}
-figure{margin:14px 0 26px} figure img{max-width:100%;border:1px solid #dde;display:block}
+figure{margin:14px 0 26px} figure img{max-width:100%;height:auto;border:1px solid #dde;display:block}
 figcaption{font-size:13px;color:#444;margin-top:5px;max-width:900px}
-table{border-collapse:collapse;font-size:12.5px;margin:8px 0 20px}
+.tscroll{max-width:100%;overflow-x:auto;margin:8px 0 20px}
+table{border-collapse:collapse;font-size:12.5px;overflow-wrap:normal}
 th,td{border:1px solid #ccd;padding:3px 7px;text-align:right} th{background:#eef1f5}
 td.l,th.l{text-align:left}
+pre{overflow-x:auto;max-width:100%}
+@media (max-width:600px){header{padding:12px 12px} header h1{font-size:19px} main{padding:6px 12px 30px}
+.findings{padding:2px 10px 8px} ul{padding-left:20px}}
 """
 
 
@@ -218,12 +236,12 @@ def data_descriptions(rows: Sequence[Mapping[str, Any]], source: str = "") -> li
 def provenance(rows: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str:
     """HTML: what each source measured — its data, config, training steps and final losses."""
     esc = html.escape
-    parts = ["<section><h2>What was measured</h2>"]
+    parts = ['<section id="measured"><h2>What was measured</h2>']
     parts.append("<p>" + " · ".join(f"{esc(k)} {esc(v)}" for k, v in versions().items()) + "</p>")
     by_source: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for r in rows:
         by_source[str(r.get("source", ""))].append(r)
-    for src in list(sources) or sorted(by_source):
+    for src in list(sources) or sorted(by_source, key=natural_key):
         rs = by_source.get(src, [])
         kinds = sorted({str(r.get("kind")) for r in rs})
         probes = list(
@@ -260,7 +278,7 @@ def provenance(rows: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str
                 vals = [float(r[key]) for r in g if isinstance(r.get(key), (int, float))]
                 return f"{sum(vals) / len(vals):.4g}" if vals else "–"
 
-            for (fam, width), g in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), float(kv[0][1]))):
+            for (fam, width), g in sorted(groups.items(), key=lambda kv: (natural_key(kv[0][0]), float(kv[0][1]))):
                 seeds = sorted({r["seed"] for r in g if r.get("seed") is not None})
                 steps = sorted({r["steps"] for r in g if r.get("steps") is not None})
                 parts.append(
@@ -280,6 +298,10 @@ def provenance(rows: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str
     return "\n".join(parts)
 
 
+def _figure_id(fig: Mapping[str, Any]) -> str:
+    return anchor("fig-" + Path(str(fig.get("png", fig.get("title", "")))).stem)
+
+
 def render_page(
     title: str,
     sections: Sequence[Mapping[str, Any]],
@@ -287,39 +309,68 @@ def render_page(
     notes: Sequence[str] = (),
     subtitle: str = "",
     measured: str = "",
+    found: Sequence[Mapping[str, Any]] | None = None,
+    findings: Sequence[str] = (),
+    after: str = "",
+    headline: bool = True,
 ) -> str:
-    """The HTML text: header, notes, then each section's verdict, figures (embedded) and tables."""
+    """The HTML text: header, the findings box (a sentence per claim in ``found``, or the plain
+    ``findings`` lines) with what the numbers mean and a table of contents, notes, then each
+    section's verdict, figures (embedded) and tables; ``measured`` and ``after`` (HTML) follow.
+    Missing numbers read '–' and every table scrolls inside its own box."""
     esc = html.escape
+    fig_ids = [_figure_id(f) for sec in sections for f in sec.get("figures", [])]
+    sec_ids = ["sec-" + anchor(sec["title"]) for sec in sections]
+    top = None
+    first = next((f for sec in sections for f in sec.get("figures", [])), None)
+    if first is not None and headline:
+        top = (_figure_id(first), data_uri(first["png"]), str(first["title"]))
+    box = findings_box(list(found or []), fig_ids + sec_ids, lines=findings, headline=top)
+    entries = [("findings", "Findings")] + [(i, str(sec["title"])) for i, sec in zip(sec_ids, sections)]
+    entries += [(m.group(1), html.unescape(m.group(2))) for m in _SECTION_HEAD.finditer(after + measured)]
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{esc(title)}</title><style>{CSS}</style></head><body>",
         f"<header><h1>{esc(title)}</h1><p>{esc(subtitle)}</p></header><main>",
+        box,
+        toc(entries),
     ]
     for n in notes:
-        parts.append(f'<div class="note">{esc(n)}</div>')
-    if measured:
-        parts.append(measured)
+        parts.append(f'<div class="note">{esc(no_nan(n))}</div>')
     if not sections:
         parts.append('<div class="note">No rows with a report section were found.</div>')
-    for sec in sections:
-        parts.append(f"<section><h2>{esc(sec['title'])}</h2>")
+    for sec, sid in zip(sections, sec_ids):
+        parts.append(f'<section id="{sid}"><h2>{esc(sec["title"])}</h2>')
         if sec.get("summary"):
             parts.append('<div class="verdict"><b>Verdict</b><ul>')
-            parts += [f"<li>{esc(s)}</li>" for s in sec["summary"]]
+            parts += [f"<li>{esc(no_nan(s))}</li>" for s in sec["summary"]]
             parts.append("</ul></div>")
         for fig in sec.get("figures", []):
             parts.append(
-                f"<figure><h3>{esc(fig['title'])}</h3>"
+                f'<figure id="{_figure_id(fig)}"><h3>{esc(fig["title"])}</h3>'
                 f'<img src="{data_uri(fig["png"])}" alt="{esc(fig["title"])}">'
-                f"<figcaption>{esc(fig.get('caption', ''))}</figcaption></figure>"
+                f"<figcaption>{esc(no_nan(fig.get('caption', '')))}</figcaption></figure>"
             )
         for tab in sec.get("tables", []):
-            parts.append(f"<h3>{esc(tab['title'])}</h3>{tab['html']}")
+            parts.append(f"<h3>{esc(tab['title'])}</h3>{scrolling(no_nan(tab['html'], markup=True))}")
         parts.append("</section>")
+    if after:
+        parts.append(scrolling(no_nan(after, markup=True)))
+    if measured:
+        parts.append(scrolling(no_nan(measured, markup=True)))
     parts.append("</main></body></html>")
     return "\n".join(parts) + "\n"
+
+
+_SECTION_HEAD = re.compile(r'<section id="([^"]+)"><h2>([^<]+)</h2>')
+
+
+def scrolling(markup: str) -> str:
+    """Every ``<table>`` in ``markup`` inside a box that scrolls sideways (a wide table must not
+    widen the page on a phone)."""
+    return re.sub(r"<table\b", '<div class="tscroll"><table', markup).replace("</table>", "</table></div>")
 
 
 def build_report(
@@ -349,13 +400,15 @@ def build_report(
     stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     subtitle = f"{len(rows)} rows from {', '.join(sources) or 'memory'} · generated {stamp}"
     page = out_dir / "report.html"
-    measured = provenance(rows, sorted({str(r.get("source", "")) for r in rows}))
+    measured = provenance(rows, sorted({str(r.get("source", "")) for r in rows}, key=natural_key))
+    claims_html = ""
     if found:
         m = found[0].get("family_size", 0)
-        measured += (
-            "\n<section><h2>Claims</h2><p>One row per published claim, computed from the rows above "
-            "(never typed in). Measured: the seed mean of a per-seed value; interval: 95% Student t "
-            "over seeds (with 2 seeds t = 12.7, so the interval is wide); p: the test that the "
+        claims_html = (
+            '<section id="claims"><h2>Claims</h2>'
+            "<p>One row per published claim, computed from the rows (never typed in). Measured: the "
+            "seed mean of a per-seed value; interval: 95% Student t "
+            f"over seeds ({seeds_phrase(found)}); p: the test that the "
             "interval lies inside (holds) or outside (does not) the claimed region. Verdicts are "
             f"corrected by Holm over the page's {m} tested claims (family-wise error &le; {ALPHA:g} "
             "under any dependence between claims, which share models; Benjamini&ndash;Hochberg would "
@@ -366,5 +419,8 @@ def build_report(
             "width trend the rule decides in the nominal 5% of simulated pages (2&ndash;10 seeds, "
             "normal and heavy-tailed noise; benchmarks/claims_calibration.py).</p>" + html_table(found) + "</section>"
         )
-    atomic_write_text(page, render_page(title, sections, notes=notes, subtitle=subtitle, measured=measured))
+    atomic_write_text(
+        page,
+        render_page(title, sections, notes=notes, subtitle=subtitle, measured=measured, found=found, after=claims_html),
+    )
     return page

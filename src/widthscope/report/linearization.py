@@ -25,6 +25,7 @@ import numpy as np
 __all__ = ["figures", "tables", "summary", "slopes_from_rows", "side_by_side"]
 
 
+from ._fmt import pval
 from .html import save_figure
 
 
@@ -377,6 +378,11 @@ def tables(rows: list[dict]) -> list[dict]:
     return [{"title": "Log-log slopes over width", "html": f"<table>{head}{''.join(trs)}</table>"}] + out
 
 
+def _p(p: Any) -> str:
+    s = pval(p)
+    return s if s.startswith("<") else "= " + s
+
+
 def summary(rows: list[dict], found: Sequence[dict] | None = None) -> list[str]:
     """One sentence per deviation slope against the bound ``α − 1``. The verdict is the claims
     page's (``found``; computed from ``rows`` when not given): at the last step its Holm-corrected
@@ -407,8 +413,7 @@ def summary(rows: list[dict], found: Sequence[dict] | None = None) -> list[str]:
             tested = "no per-seed interval (one seed): not resolved"
         else:
             tested = (
-                f"per-seed t interval [{c['low']:.2f}, {c['high']:.2f}], p = {c['p']:.2g} ({how}): "
-                f"{words[c['verdict']]}"
+                f"per-seed t interval [{c['low']:.2f}, {c['high']:.2f}], p {_p(c['p'])} ({how}): {words[c['verdict']]}"
             )
         out.append(
             f"α={alpha:g}, step {step}: deviation slope {s['slope']:.2f} (t interval over seeds "

@@ -9,13 +9,15 @@ revision) is summarised by the **median over its insertion points** at the suite
 — two-population ``d_align`` (over the non-vacuous points; vacuous ones are counted), empirical
 misalignment and ``B_exact``.
 
-- ``width-series.html``: those medians against width (log x), one line per revision;
+- ``width-series.html``: those medians against width (log x), one line per revision, **one series per
+  depth** when the models differ in depth (the paper compares widths within a depth; rows carry
+  ``depth``), each with a descriptive finding; a vacuous ``B_exact`` (= 1) is a hollow marker;
 - ``over-training.html``: the same against the revision's training step (parsed from names such
   as ``step1000``; revisions without one are listed and left out of the figures), one line per
   model (labelled with its width; two models of one width, such as Pythia 1b and 1.4b, are two lines).
 
 Both pages end with one table row per (width, revision): width, revision, step, commit, model id,
-points, vacuous points, d_align, misalignment, B_exact.
+depth, points, vacuous points, d_align, misalignment, B_exact.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "commit": first.get("commit"),
                 "model_id": model,
                 "model": f"{model} (width {_fmt(width)})",
+                "depth": first.get("depth"),
                 "points": len({r["point"] for r in at}),
                 "vacuous": sum(bool(r.get("two_vacuous")) for r in at),
                 "M": mk[0],
@@ -100,13 +103,13 @@ def _table(summary: Sequence[Mapping[str, Any]]) -> str:
     esc = html.escape
     head = (
         "<table><tr><th>width</th><th class=l>revision</th><th>step</th><th class=l>commit</th>"
-        "<th class=l>model</th><th>points</th><th>vacuous</th><th>M,K</th><th>d_align (median)</th>"
+        "<th class=l>model</th><th>depth</th><th>points</th><th>vacuous</th><th>M,K</th><th>d_align (median)</th>"
         "<th>misalignment (median)</th><th>B_exact (median)</th></tr>"
     )
     body = [
         f"<tr><td>{_fmt(s['width'])}</td><td class=l>{esc(s['revision'])}</td><td>{_fmt(s['step'])}</td>"
         f"<td class=l>{esc((s['commit'] or '–')[:12])}</td><td class=l>{esc(str(s['model_id']))}</td>"
-        f"<td>{s['points']}</td><td>{s['vacuous']}</td><td>{s['M']},{s['K']}</td><td>{_fmt(s['d_align'])}</td>"
+        f"<td>{_fmt(s.get('depth'))}</td><td>{s['points']}</td><td>{s['vacuous']}</td><td>{s['M']},{s['K']}</td><td>{_fmt(s['d_align'])}</td>"
         f"<td>{_fmt(s['misalignment'])}</td><td>{_fmt(s['b_exact'])}</td></tr>"
         for s in summary
     ]
@@ -120,38 +123,128 @@ _QUANTITIES = (
 )
 
 
+VACUOUS = 1 - 1e-12  # a bound at least this large says nothing (B = 1)
+MAX_LEGEND = 8
+
+
 def _figure(
     summary: Sequence[Mapping[str, Any]], x: str, line: str, out: Path, title: str, caption: str
 ) -> dict[str, str]:
+    """One panel per quantity, one line per ``line`` value against ``x``. A vacuous B_exact (= 1) is
+    drawn as a hollow marker, not as data (the caption counts them); a panel with one point gets
+    plain ticks; the y axis is logarithmic only where the values span more than a decade; at most
+    :data:`MAX_LEGEND` legend entries, outside the panels."""
     from matplotlib.figure import Figure  # Agg canvas, no pyplot global state
+    from matplotlib.ticker import FixedLocator, NullLocator
 
-    fig = Figure(figsize=(4.2 * len(_QUANTITIES), 3.6))
+    fig = Figure(figsize=(4.2 * len(_QUANTITIES) + 1.6, 3.6))
     lines = list(dict.fromkeys(s[line] for s in summary))
+    vacuous = 0
     for i, (col, label, logy) in enumerate(_QUANTITIES):
         ax = fig.add_subplot(1, len(_QUANTITIES), i + 1)
-        for name in lines:
+        for k, name in enumerate(lines):
             pts = sorted(
                 (float(s[x]), s[col]) for s in summary if s[line] == name and s[x] is not None and s[col] is not None
             )
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=_fmt(name))
-        xs = [float(s[x]) for s in summary if s[x] is not None]
+            if not pts:
+                continue
+            colour = f"C{k % 10}"
+            vac = col == "b_exact"
+            real = [p for p in pts if not (vac and p[1] >= VACUOUS)]
+            hollow = [p for p in pts if vac and p[1] >= VACUOUS]
+            vacuous += len(hollow)
+            ax.plot([p[0] for p in real], [p[1] for p in real], "o-", color=colour, label=_fmt(name), ms=5)
+            if hollow:
+                ax.plot([p[0] for p in hollow], [p[1] for p in hollow], "o", mfc="none", color=colour, ms=7)
+        xs = sorted({float(s[x]) for s in summary if s[x] is not None})
         if xs and min(xs) <= 0:  # step 0 (initialisation): linear near zero
             ax.set_xscale("symlog", linthresh=1.0)
         else:
             ax.set_xscale("log")
-        if logy and any(s[col] is not None and s[col] > 0 for s in summary):
+        if 0 < len(xs) <= 8:  # label the measured x values, plainly
+            ax.xaxis.set_major_locator(FixedLocator(xs))
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_xticklabels([_fmt(v) for v in xs], fontsize=7)
+        ys = [float(s[col]) for s in summary if s[col] is not None and float(s[col]) > 0]
+        if logy and ys and max(ys) / min(ys) > 10:
             ax.set_yscale("log")
+        elif len(set(ys)) == 1:  # one value: a plain tick at it, not six decimals
+            ax.set_yticks([ys[0]])
+            ax.set_yticklabels([f"{ys[0]:.3g}"])
         ax.set_xlabel(x)
         ax.set_title(label)
-        if i == 0 and lines:
-            ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    handles, labels = fig.axes[0].get_legend_handles_labels() if fig.axes else ([], [])
+    if handles:  # outside the panels, capped
+        more = len(handles) - MAX_LEGEND
+        fig.axes[-1].legend(
+            handles[:MAX_LEGEND],
+            labels[:MAX_LEGEND],
+            loc="upper left",
+            bbox_to_anchor=(1.02, 1.0),
+            fontsize=7,
+            title=line + (f"\n(first {MAX_LEGEND} of {len(handles)})" if more > 0 else ""),
+            title_fontsize=7,
+        )
     fig.suptitle(title)
-    return save_figure(fig, out, title, caption)
+    if vacuous:
+        caption += f" Hollow markers: {vacuous} vacuous B_exact median(s) (bound 1, no information), not data."
+    entry = save_figure(fig, out, title, caption)
+    return entry
 
 
-def _page(title: str, sections: list[dict[str, Any]], notes: Sequence[str]) -> str:
-    return render_page(title, sections, notes=notes, subtitle="model suite: certify runs of existing checkpoints")
+def _page(title: str, sections: list[dict[str, Any]], notes: Sequence[str], findings: Sequence[str] = ()) -> str:
+    return render_page(
+        title,
+        sections,
+        notes=notes,
+        subtitle="model suite: certify runs of existing checkpoints",
+        findings=findings,
+        headline=False,
+    )
+
+
+def _latest(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The rows of the latest revision (largest step) present at every width, else of the latest one."""
+    revs = sorted({s["revision"] for s in rows}, key=lambda r: _step_key(list(rows), r))
+    widths = {s["width"] for s in rows}
+    full = [r for r in revs if {s["width"] for s in rows if s["revision"] == r} == widths]
+    rev = (full or revs)[-1]
+    return [s for s in rows if s["revision"] == rev]
+
+
+def _width_finding(name: str, rows: Sequence[Mapping[str, Any]]) -> str:
+    """One descriptive sentence per width series: d_align from the narrowest to the widest model."""
+    last = sorted(_latest(rows), key=lambda s: s["width"])
+    got = [s for s in last if s["d_align"] is not None]
+    vac = sum(s["b_exact"] is not None and s["b_exact"] >= VACUOUS for s in rows)
+    tail = f"; {vac} of {len(rows)} checkpoints have a vacuous B_exact (bound 1)" if vac else ""
+    if len(got) < 2:
+        return (
+            f"{name}: fewer than two widths with a d_align at revision {last[0]['revision']}, "
+            f"so no width trend can be read{tail}."
+        )
+    a, b = got[0], got[-1]
+    way = "grows" if b["d_align"] > a["d_align"] else "falls" if b["d_align"] < a["d_align"] else "is flat"
+    return (
+        f"{name}: median d_align {way} with width at revision {a['revision']}, from {_fmt(a['d_align'])} at "
+        f"width {_fmt(a['width'])} to {_fmt(b['d_align'])} at width {_fmt(b['width'])} "
+        f"({len(got)} widths; descriptive, one model per width, no test){tail}."
+    )
+
+
+def _training_findings(summary: Sequence[Mapping[str, Any]]) -> list[str]:
+    out = []
+    for model in dict.fromkeys(s["model"] for s in summary):
+        pts = sorted((s for s in summary if s["model"] == model and s["step"] is not None), key=lambda s: s["step"])
+        pts = [s for s in pts if s["d_align"] is not None]
+        if len(pts) >= 2:
+            a, b = pts[0], pts[-1]
+            out.append(
+                f"{model}: median d_align from {_fmt(a['d_align'])} at step {_fmt(a['step'])} to "
+                f"{_fmt(b['d_align'])} at step {_fmt(b['step'])} (descriptive)."
+            )
+    return out
 
 
 def write_pages(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[Path]:
@@ -164,6 +257,7 @@ def write_pages(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[
     out_dir = Path(out_dir)
     summary = summarize(sel)
     width_secs, step_secs, notes = [], [], []
+    width_lines: list[str] = []
     for suite in dict.fromkeys(s["suite"] for s in summary):
         mine = [s for s in summary if s["suite"] == suite]
         slug = "".join(c if c.isalnum() else "-" for c in suite)
@@ -171,10 +265,21 @@ def write_pages(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[
             f"Each marker: one checkpoint, the median over its insertion points at (M, K) = "
             f"({mine[0]['M']}, {mine[0]['K']}); d_align over the non-vacuous points."
         )
-        fig = _figure(mine, "width", "revision", out_dir / f"suite-{slug}-width.png", f"{suite}: against width", cap)
-        width_secs.append(
-            {"title": suite, "figures": [fig], "tables": [{"title": "checkpoints", "html": _table(mine)}]}
-        )
+        depths = sorted({s.get("depth") for s in mine}, key=lambda d: (d is None, d if d is not None else 0))
+        for depth in depths:  # the paper compares widths within one depth: one series per depth
+            same = [s for s in mine if s.get("depth") == depth]
+            name = suite if len(depths) == 1 else f"{suite}, depth {_fmt(depth)}"
+            tag = slug if len(depths) == 1 else f"{slug}-depth{_fmt(depth)}"
+            fig = _figure(same, "width", "revision", out_dir / f"suite-{tag}-width.png", f"{name}: against width", cap)
+            width_secs.append(
+                {"title": name, "figures": [fig], "tables": [{"title": "checkpoints", "html": _table(same)}]}
+            )
+            width_lines.append(_width_finding(name, same))
+        if len(depths) > 1:
+            notes.append(
+                f"{suite}: models of {len(depths)} depths ({', '.join(_fmt(d) for d in depths)}): one width "
+                "series per depth, since widths are compared within a depth"
+            )
         stepped = [s for s in mine if s["step"] is not None]
         unstepped = sorted({s["revision"] for s in mine if s["step"] is None})
         if unstepped:
@@ -189,6 +294,11 @@ def write_pages(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[
         )
         step_secs.append({"title": suite, "figures": figs, "tables": [{"title": "checkpoints", "html": _table(mine)}]})
     pages = [out_dir / PAGES[0], out_dir / PAGES[1]]
-    atomic_write_text(pages[0], _page("widthscope: width series of the model suite", width_secs, []))
-    atomic_write_text(pages[1], _page("widthscope: over training, per width", step_secs, notes))
+    depth_notes = [n for n in notes if "depths" in n]
+    atomic_write_text(
+        pages[0], _page("widthscope: width series of the model suite", width_secs, depth_notes, width_lines)
+    )
+    atomic_write_text(
+        pages[1], _page("widthscope: over training, per width", step_secs, notes, _training_findings(summary))
+    )
     return pages
