@@ -31,6 +31,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal, TypeVar
@@ -52,7 +53,8 @@ __all__ = [
     "INTERVENTION_KINDS",
     "DRAW_SCHEMES",
     "PROTOCOLS",
-    "apply_keywords",
+    "check_keywords",
+    "with_keywords",
 ]
 
 T = TypeVar("T", bound="Options")
@@ -84,6 +86,7 @@ def option(
     metavar: str | None = None,
     cli: bool = True,
     above: tuple[float, str] | None = None,
+    positive: bool = False,
 ) -> Any:
     """A dataclass field with everything the command line, validation and the docs need.
 
@@ -91,7 +94,9 @@ def option(
     ``bool`` (a switch), ``str``, ``ints`` / ``floats`` (comma lists, kept as tuples), or None for
     the default's own type. ``lo``/``hi``: the allowed range (inclusive; for lists, of every entry).
     ``cli=False``: a setting of the Python API only. ``above=(bound, words)``: an exclusive lower
-    bound of a ``float``, named by ``words`` in the message (``above the smallest step (1e-4)``)."""
+    bound of a ``float``, named by ``words`` in the message (``above the smallest step (1e-4)``).
+    ``positive``: a ``float`` that must be positive and finite (``--lr -1.0: must be a positive
+    finite number``)."""
     if kind is None:
         kind = {bool: "bool", int: "int", float: "float", tuple: "ints"}.get(type(default), "str")
     meta = {
@@ -105,14 +110,54 @@ def option(
         "metavar": metavar,
         "cli": cli,
         "above": above,
+        "positive": positive,
     }
     return dataclasses.field(default=default, metadata=meta)
 
 
-def apply_keywords(fn: str, base: T, keywords: Mapping[str, Any]) -> T:
-    """``base`` with the keyword conveniences of the Python function ``fn`` applied one by one, each
-    validated by the dataclass; a bad value is one error naming the keyword
-    (``grow(steps=...): --steps 0: must be ...``). Unknown keywords are the caller's to refuse."""
+def check_keywords(
+    fn: str,
+    cls: type[Options],
+    keywords: Mapping[str, Any],
+    *,
+    also: Sequence[str] = (),
+    words: str = "unknown setting {key!r}",
+    hints: Mapping[str, str] | None = None,
+) -> None:
+    """Refuse the first keyword of ``fn`` that is neither a field of ``cls`` nor in ``also``: one
+    line naming it, the closest name (did you mean) and the settings there are. ``words``: how the
+    refusal is worded (``{key}``: the keyword); ``hints``: a fix of its own for a known mistake."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    known = [*names, *also]
+    for key in keywords:
+        if key in known:
+            continue
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = (hints or {}).get(key) or (f"did you mean {close[0]}? " if close else "")
+        tail = f"; also {', '.join(also)}" if also else ""
+        raise WidthscopeTypeError(
+            f"{fn}({key}=...): {words.format(key=key)}; {hint}the settings are {', '.join(names)}{tail}"
+        )
+
+
+def with_keywords(
+    fn: str,
+    options: T | None,
+    cls: type[T],
+    keywords: Mapping[str, Any],
+    *,
+    also: Sequence[str] = (),
+    words: str = "unknown setting {key!r}",
+) -> T:
+    """``options`` (default ``cls()``) with the keyword conveniences of the Python function ``fn``
+    applied one by one, each validated by the dataclass: the one way every public function takes
+    "options + keyword overrides". An unknown keyword (:func:`check_keywords`), options of another
+    class or a bad value is one error naming it (``grow(steps=...): --steps 0: must be ...``).
+    ``also``: the parameters ``fn`` takes beside its options (named in that error, never here)."""
+    if options is not None and not isinstance(options, cls):
+        raise WidthscopeTypeError(f"{fn}(options=...): options must be a {cls.__name__}, got {type(options).__name__}")
+    check_keywords(fn, cls, keywords, also=also, words=words)
+    base = options if options is not None else cls()
     for key, value in keywords.items():
         try:
             base = dataclasses.replace(base, **{key: value})
@@ -156,6 +201,14 @@ class Options:
         """Type and range of one field; lists become tuples (hashable, frozen)."""
         flag, kind, lo, hi, what = self.flag(name), meta["kind"], meta["lo"], meta["hi"], meta["unit"]
         tail = f" ({what})" if what else ""
+        if meta.get("positive"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise WidthscopeTypeError(
+                    f"{flag} {value!r}: must be a positive finite number, not {type(value).__name__}"
+                )
+            if not (math.isfinite(value) and value > 0):
+                raise WidthscopeError(f"{flag} {value}: must be a positive finite number")
+            return float(value)
         if kind == "bool":
             if not isinstance(value, bool):
                 raise WidthscopeTypeError(f"{flag} {value!r}: must be true or false")
@@ -267,6 +320,23 @@ class Options:
 
     def replace(self: T, **changes: Any) -> T:
         return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def given(cls, args: Any) -> set[str]:
+        """The fields of ``cls`` set in ``args`` (a parsed command line): the generated arguments
+        default to ``None`` (switches to ``False``), so set means given; ``args`` is only read."""
+        return {
+            f.name
+            for f in dataclasses.fields(cls)
+            if getattr(args, f.name, None) is not None and getattr(args, f.name) is not False
+        }
+
+    @classmethod
+    def from_args(cls: type[T], args: Any, base: T | None = None, **changes: Any) -> T:
+        """``base`` (default ``cls()``: the fields' defaults) with every option given in ``args``
+        and then ``changes``, validated once, by the dataclass; ``args`` is not changed."""
+        values = {name: getattr(args, name) for name in cls.given(args)} | changes
+        return cls(**values) if base is None else dataclasses.replace(base, **values)
 
     @classmethod
     def fields_help(cls) -> list[tuple[str, str, Any, str]]:

@@ -40,14 +40,11 @@ __all__ = [
     "check_outputs",
     "check_path_length",
     "input_kind",
-    "defaults",
     "flag_name",
     "group_words",
     "OUT_KIND",
     "APPLIES",
     "KINDS",
-    "RANGES",
-    "POSITIVE",
     "INPUT_OPTIONS",
     "INPUT_PATHS",
     "OUTPUT_PATHS",
@@ -57,38 +54,60 @@ __all__ = [
 ]
 
 
-# The one table of whole-number options: (attribute, smallest, largest, what it counts). The upper
-# bounds sit where memory or time explodes long before a result (each intervention step evaluates the
-# whole held-out pool at every point; each misalignment draw is an (M, K) Gram slice; a projection is
-# a d x project matrix per point), far above any setting a study needs. None: bounded by the model
-# (--project must be below a point's dimension; certify checks it before any training).
-# Options that are fields of the options dataclasses (draws, n_etas, batch_size, train_steps,
-# project) take their range from the field (widthscope.options): one source per option.
-def _from_fields() -> dict[str, tuple[int, int | None, str]]:
-    out = {}
-    for cls in (CertifyOptions, CertifyRunOptions):
-        for f in dataclasses.fields(cls):
-            meta = f.metadata
-            if meta.get("kind") == "int" and meta.get("lo") is not None and f.name != "seed":
-                hi = meta.get("hi")
-                out[f.name] = (int(meta["lo"]), None if hi is None else int(hi), meta.get("unit") or "")
-    return out
-
-
-_FIELDS = _from_fields()
-RANGES: tuple[tuple[str, int, int | None, str], ...] = (
+# The command line's table of whole-number options: (attribute, smallest, largest, what it counts).
+# Options that are fields of the options dataclasses take their range from the field (one source
+# per option: CertifyOptions, CertifyRunOptions, GrowOptions); the input options' ranges are
+# declared here until the input options are fields too (InputSpec checks the same values).
+# The upper bounds sit where memory or time explodes long before a result.
+_INPUT_RANGES: tuple[tuple[str, int, int | None, str], ...] = (
     ("n_train", 4, 10**7, "examples; the unbiased estimators need at least 4"),
     ("n_test", 4, 10**7, "examples; the unbiased estimators need at least 4"),
-    ("steps", 1, 10**8, "steps"),
     ("seq_len", 2, 10**6, "tokens (one input and one predicted token)"),
     ("max_tokens", 1, 10**12, "tokens"),
     ("threads", 1, 4096, "threads"),
-    ("block_width", 1, 10**6, "hidden units"),
-    ("n_rank", 4, 10**7, "examples"),
-    *((name, lo, hi, unit) for name, (lo, hi, unit) in _FIELDS.items()),
 )
-_RANGE = {name: (lo, hi) for name, lo, hi, _ in RANGES if hi is not None}
-POSITIVE = ("lr", "eta")
+
+
+def _option_classes() -> tuple[type, ...]:
+    from .growth.options import GrowOptions  # noqa: PLC0415  start-up time: torch
+
+    return (CertifyOptions, CertifyRunOptions, GrowOptions)
+
+
+def _from_fields() -> tuple[tuple[str, int, int | None, str], ...]:
+    """Every whole-number field with a lower bound (the seed has its own line), first class first;
+    a name that is a list elsewhere (certify's ``--M 16,32``, grow's ``--M 32``) is the dataclass's."""
+    out: dict[str, tuple[str, int, int | None, str]] = {}
+    fields = [f for cls in _option_classes() for f in dataclasses.fields(cls)]
+    lists = {f.name for f in fields if f.metadata.get("kind") in ("ints", "floats")}
+    for f in fields:
+        if f.name not in lists:
+            meta = f.metadata
+            if meta.get("kind") == "int" and meta.get("lo") is not None and f.name not in ("seed", *out):
+                hi = meta.get("hi")
+                out[f.name] = (f.name, int(meta["lo"]), None if hi is None else int(hi), meta.get("unit") or "")
+    return tuple(out.values())
+
+
+def _positive() -> tuple[str, ...]:
+    names = [f.name for cls in _option_classes() for f in dataclasses.fields(cls) if f.metadata.get("positive")]
+    return tuple(dict.fromkeys(names))
+
+
+def __getattr__(name: str) -> Any:
+    """``RANGES`` and ``POSITIVE``, read off the fields when first asked for (GrowOptions imports torch)."""
+    if name == "RANGES":
+        value: Any = (*_INPUT_RANGES, *_from_fields())
+    elif name == "POSITIVE":
+        value = _positive()
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+_RANGE = {name: (lo, hi) for name, lo, hi, _ in _INPUT_RANGES if hi is not None}
+_MAX_ETAS = next(f.metadata["hi"] for f in dataclasses.fields(CertifyOptions) if f.name == "n_etas")
 # Which commands write a file (--out FILE) and which a directory (--out DIR).
 OUT_KIND = {
     "certify": "file",
@@ -158,16 +177,6 @@ APPLIES: dict[str, dict[str, frozenset[str]]] = {
     "certify": {**INPUT_OPTIONS, "first": _ALL, "train_steps": frozenset({"builtin"})},
     "grow": dict(INPUT_OPTIONS),
 }
-# Values an option takes when it is not given (argparse's default is None, so "given" is knowable).
-# The input options' defaults are the input layer's (widthscope.data.spec.INPUT_DEFAULTS), read
-# lazily: importing widthscope.data imports torch, and every command's validation runs this module.
-_OWN_DEFAULTS = {"train_steps": 60}
-
-
-def defaults() -> dict[str, object]:
-    from .data.spec import INPUT_DEFAULTS  # noqa: PLC0415  start-up time: torch
-
-    return {**INPUT_DEFAULTS, **_OWN_DEFAULTS}
 
 
 def input_kind(model: str | None, task: str | None = None, revision: str | None = None) -> str | None:
@@ -361,10 +370,9 @@ def float_list(text: str | None, flag: str) -> list[float] | None:
     vals = num_list(text, flag, float)
     if vals is not None and any(not (v > 0 and math.isfinite(v)) for v in vals):
         raise WidthscopeError(f"{flag} {text!r}: step sizes must be positive finite numbers")
-    if vals is not None and len(vals) > _RANGE["n_etas"][1]:
+    if vals is not None and len(vals) > _MAX_ETAS:
         raise WidthscopeError(
-            f"{flag}: {len(vals)} step sizes; at most {_RANGE['n_etas'][1]} (each one evaluates "
-            "the held-out pool at every point)"
+            f"{flag}: {len(vals)} step sizes; at most {_MAX_ETAS} (each one evaluates the held-out pool at every point)"
         )
     return vals
 

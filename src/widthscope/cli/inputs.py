@@ -3,18 +3,20 @@ command turns them into an :class:`~widthscope.data.spec.InputSpec` (:func:`spec
 
 The input layer (:mod:`widthscope.data.inputs`) never sees ``argparse``: it takes the spec.
 Per command, :func:`spec_from_args` applies what the command's options mean for the inputs
-(``grow``: pool sizes 2048 / 512 capped at what the data has when not given), after
-:func:`widthscope.cli.checks.check_args` recorded which options were given.
+(``grow``: pool sizes 2048 / 512 capped at what the data has when not given; ``certify``: its
+``--protocol``'s input preset). Every option that fits only some models defaults to ``None``, so
+which were *given* is read off the namespace, which is never changed.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from ..data.inputs import WINDOW
-from ..data.published import ALL, is_all
+from ..data.published import ALL
 from ..data.spec import EMPTY_DOCS, INPUT_DEFAULTS, OPTIONAL_FIELDS, SEQUENCES, InputSpec
 from ..errors import WidthscopeError
 from ..models.dispatch import DEVICE_MAPS
@@ -38,7 +40,7 @@ def add_arguments(
     """The input options every command shares (model, data, tokenizer, sequences, pools).
 
     Options that fit only some models default to None, so "was it given" is knowable
-    (:data:`widthscope.validate.APPLIES`); :func:`widthscope.cli.checks.fill_defaults` sets the defaults.
+    (:data:`widthscope.validate.APPLIES`); the spec fills the defaults in (:meth:`InputSpec.filled`).
     ``n_*_help`` describe a default computed later (``n_train=None``)."""
     _model_arguments(p, model_required, model_default)
     _data_arguments(p)
@@ -212,15 +214,26 @@ def _pool_arguments(
     )
 
 
-def spec_from_args(args: argparse.Namespace, command: str) -> InputSpec:
+def spec_from_args(
+    args: argparse.Namespace, command: str, *, preset: Mapping[str, Any] | None = None, seed: int | None = None
+) -> InputSpec:
     """The input spec of ``command`` (``certify``, ``grow``, or ``inputs`` for the bare input
     options) from its parsed options; ``args`` is not changed.
 
-    ``args.given`` (set by :func:`widthscope.cli.checks.fill_defaults`) says which options the user
-    gave; without it, an option counts as given when set to other than its default."""
+    An option counts as given when it is set (its argument defaults to ``None``). ``preset``: the
+    values of options not given (``certify --protocol``; not recorded as given). ``seed``: the
+    run's seed (the command's options hold it), else ``args.seed``."""
     fields = {f.name for f in dataclasses.fields(InputSpec)} - {"given", "cap_pools"}
     values: dict[str, Any] = {k: getattr(args, k) for k in fields if hasattr(args, k)}
+    given_now = tuple(sorted(d for d in OPTIONAL_FIELDS if given(args, d)))
+    for key, value in (preset or {}).items():
+        if values.get(key) is None or values.get(key) is False:
+            values[key] = value
     values["first"] = bool(values.get("first", False))
+    if seed is not None:
+        values["seed"] = seed
+    elif values.get("seed") is None:
+        values.pop("seed", None)
     if values.get("model") is None:
         raise WidthscopeError(
             f"{command}: --model is required (a checkpoint directory, a .safetensors file with "
@@ -231,9 +244,9 @@ def spec_from_args(args: argparse.Namespace, command: str) -> InputSpec:
         values["cap_pools"] = n_tr is None or n_te is None
         values["n_train"] = GROW_POOLS[0] if n_tr is None else n_tr
         values["n_test"] = GROW_POOLS[1] if n_te is None else n_te
-    values["given"] = tuple(sorted(d for d in OPTIONAL_FIELDS if given(args, d)))
-    for k in INPUT_DEFAULTS:  # checks.fill_defaults set them; the spec keeps "not given" as None
-        if k not in values["given"]:
+    values["given"] = given_now
+    for k in INPUT_DEFAULTS:  # a default is the spec's (InputSpec.filled): "not given" stays None
+        if k not in given_now:
             values[k] = None
     return InputSpec(**values)
 
@@ -246,12 +259,3 @@ def pool_size(text: str) -> int | str:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: give a whole number or 'all' (every sequence there is)") from None
-
-
-def settle_all(args: argparse.Namespace, n_train: int, n_test: int) -> None:
-    """After the pools are built, ``all`` becomes the number of sequences taken (so the sizes a
-    run records, checks and fingerprints are numbers)."""
-    if is_all(args.n_train):
-        args.n_train = int(n_train)
-    if is_all(args.n_test):
-        args.n_test = int(n_test)

@@ -3,9 +3,10 @@
 Each field carries its default, range, unit and help once (:func:`widthscope.options.option`);
 the command line (:func:`widthscope.cli.args.add_options`), the validation (when an instance is
 made, before any work) and the ``options`` record of a results file (:meth:`Options.to_dict`,
-read back by :meth:`Options.from_dict` and ``--config``) all come from it. The whole-number
-ranges are the command line's shared table (:data:`widthscope.validate.RANGES`), so a bad value
-gets the same one line from ``grow(...)``, ``GrowOptions(...)`` and ``widthscope grow``.
+read back by :meth:`Options.from_dict` and ``--config``) all come from it. The command line's
+shared table of whole-number options (:data:`widthscope.validate.RANGES`) reads its grow entries
+from these fields, so a bad value gets the same one line from ``grow(...)``, ``GrowOptions(...)``
+and ``widthscope grow``.
 
 Example::
 
@@ -24,54 +25,21 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import math
-from collections.abc import Mapping
-from typing import Any, TypeVar
 
-from ..errors import WidthscopeError, WidthscopeTypeError
-from ..options import MAX_POOL, Options, apply_keywords, option
+from ..errors import WidthscopeError
+from ..options import MAX_POOL, Options, option, with_keywords
 from ..probe.growth import CRITERIA
 from ..registry import GROWTH_OPERATORS
-from ..validate import RANGES
 
 __all__ = ["GrowOptions", "GrowBenchOptions", "GrowTargetOptions", "DEFAULT_CRITERION", "with_keywords"]
-
-T = TypeVar("T", bound=Options)
 
 # Chosen from the growth benchmark (docs/interventions.md §5, `widthscope grow-bench`).
 DEFAULT_CRITERION = "line_search"
 _SEED_MAX = 2**32 - 1
-_POSITIVE = ("lr", "eta")  # validate.POSITIVE's rule and message
-
-
-def _range(name: str) -> dict[str, Any]:
-    """``lo``/``hi``/``unit`` of ``name`` in the command line's table of whole-number options."""
-    for key, lo, hi, what in RANGES:
-        if key == name:
-            return {"lo": lo, "hi": hi, "unit": what}
-    raise KeyError(name)  # a programming error: the table lost an entry grow uses
-
-
-class _PositiveFloats(Options):
-    """Options whose float fields in :data:`_POSITIVE` must be positive and finite (the command
-    line's message: ``--lr -1.0: must be a positive finite number``)."""
-
-    def _normalise(self, name: str, meta: Mapping[str, Any], value: Any) -> Any:
-        if name in _POSITIVE:
-            flag = self.flag(name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise WidthscopeTypeError(
-                    f"{flag} {value!r}: must be a positive finite number, not {type(value).__name__}"
-                )
-            if not (math.isfinite(value) and value > 0):
-                raise WidthscopeError(f"{flag} {value}: must be a positive finite number")
-            return float(value)
-        return super()._normalise(name, meta, value)
 
 
 @dataclasses.dataclass(frozen=True)
-class GrowOptions(_PositiveFloats):
+class GrowOptions(Options):
     """The settings of a growth decision (:func:`widthscope.growth.grow`, ``widthscope grow``): which
     points compete, the certificate's sample sizes, how the new block is trained, what is compared.
 
@@ -83,11 +51,11 @@ class GrowOptions(_PositiveFloats):
     )
     M: int = option(32, lo=1, hi=MAX_POOL, unit="examples", help="train samples of the certificate (default 32)")
     K: int = option(32, lo=1, hi=MAX_POOL, unit="examples", help="held-out samples of the certificate (default 32)")
-    steps: int = option(200, **_range("steps"), help="training steps of the new block (default 200)")
-    lr: float = option(1e-3, help="AdamW learning rate (default 1e-3)")
-    eta: float | None = option(None, kind="float", help="step size of the predicted gain (default --lr)")
+    steps: int = option(200, lo=1, hi=10**8, unit="steps", help="training steps of the new block (default 200)")
+    lr: float = option(1e-3, positive=True, help="AdamW learning rate (default 1e-3)")
+    eta: float | None = option(None, kind="float", positive=True, help="step size of the predicted gain (default --lr)")
     block_width: int | None = option(
-        None, kind="int", **_range("block_width"), help="hidden width of the block (default: point width)"
+        None, kind="int", lo=1, hi=10**6, unit="hidden units", help="hidden width of the block (default: point width)"
     )
     train_all: bool = option(False, help="train every parameter, not only the new block")
     compare: bool = option(
@@ -104,12 +72,16 @@ class GrowOptions(_PositiveFloats):
     n_rank: int | None = option(
         None,
         kind="int",
-        **_range("n_rank"),
+        lo=4,
+        hi=MAX_POOL,
+        unit="examples",
         cli=False,
         help="held-out examples that rank the points (default: half of the held-out pool; the rest "
         "measure the loss before and after)",
     )
-    batch_size: int = option(64, **_range("batch_size"), help="mini-batch size of probing and training (default 64)")
+    batch_size: int = option(
+        64, lo=1, hi=10**6, unit="examples per batch", help="mini-batch size of probing and training (default 64)"
+    )
     seed: int = option(
         0, lo=0, hi=_SEED_MAX, help="seed of the pools' split, the new block and the batches (default 0)"
     )
@@ -154,24 +126,6 @@ class GrowBenchOptions(Options):
     @property
     def suite(self) -> str:
         return "quick" if self.quick else "full"
-
-
-def with_keywords(fn: str, options: T | None, cls: type[T], keywords: Mapping[str, Any]) -> T:
-    """``options`` (default ``cls()``) with the keyword conveniences of ``fn`` applied, each
-    validated by the dataclass; an unknown keyword or a bad value is one error naming it
-    (``grow(steps=...): --steps 0: must be ...``)."""
-    if options is not None and not isinstance(options, cls):
-        raise WidthscopeTypeError(f"{fn}(options=...): options must be a {cls.__name__}, got {type(options).__name__}")
-    base = options if options is not None else cls()
-    names = [f.name for f in dataclasses.fields(cls)]
-    for key in keywords:
-        if key not in names:
-            close = difflib.get_close_matches(key, names, n=1)
-            hint = f"did you mean {close[0]}? " if close else ""
-            raise WidthscopeTypeError(
-                f"{fn}({key}=...): unknown setting {key!r}; {hint}the settings are {', '.join(names)}"
-            )
-    return apply_keywords(fn, base, keywords)
 
 
 # the grow-target suite's schedules (grow.schedule defines them; repeated here so the options need not
