@@ -87,6 +87,7 @@ def option(
     cli: bool = True,
     above: tuple[float, str] | None = None,
     positive: bool = False,
+    fallback: Any = None,
 ) -> Any:
     """A dataclass field with everything the command line, validation and the docs need.
 
@@ -96,7 +97,8 @@ def option(
     ``cli=False``: a setting of the Python API only. ``above=(bound, words)``: an exclusive lower
     bound of a ``float``, named by ``words`` in the message (``above the smallest step (1e-4)``).
     ``positive``: a ``float`` that must be positive and finite (``--lr -1.0: must be a positive
-    finite number``)."""
+    finite number``). ``fallback``: the value a field that stays ``None`` when not given (so that
+    "was it given" is knowable) stands for."""
     if kind is None:
         kind = {bool: "bool", int: "int", float: "float", tuple: "ints"}.get(type(default), "str")
     meta = {
@@ -111,6 +113,7 @@ def option(
         "cli": cli,
         "above": above,
         "positive": positive,
+        "fallback": fallback,
     }
     return dataclasses.field(default=default, metadata=meta)
 

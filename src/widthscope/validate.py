@@ -32,7 +32,7 @@ from typing import Any, Callable
 from ._io import unwritable
 from .errors import WidthscopeError
 from .hub import local_directory
-from .options import CertifyOptions, CertifyRunOptions
+from .options import MAX_POOL, CertifyOptions, CertifyRunOptions
 
 __all__ = [
     "check_pools",
@@ -54,18 +54,21 @@ __all__ = [
 ]
 
 
-# The command line's table of whole-number options: (attribute, smallest, largest, what it counts).
-# Options that are fields of the options dataclasses take their range from the field (one source
-# per option: CertifyOptions, CertifyRunOptions, GrowOptions); the input options' ranges are
-# declared here until the input options are fields too (InputSpec checks the same values).
-# The upper bounds sit where memory or time explodes long before a result.
-_INPUT_RANGES: tuple[tuple[str, int, int | None, str], ...] = (
-    ("n_train", 4, 10**7, "examples; the unbiased estimators need at least 4"),
-    ("n_test", 4, 10**7, "examples; the unbiased estimators need at least 4"),
-    ("seq_len", 2, 10**6, "tokens (one input and one predicted token)"),
-    ("max_tokens", 1, 10**12, "tokens"),
-    ("threads", 1, 4096, "threads"),
-)
+# The command line's table of whole-number options: (attribute, smallest, largest, what it counts),
+# read off the fields of the options dataclasses and of InputSpec (one source per option); only
+# --threads, a setting of the process, is declared here. The upper bounds sit where memory or time
+# explodes long before a result.
+_THREADS = ("threads", 1, 4096, "threads")
+
+
+def _input_ranges() -> tuple[tuple[str, int, int | None, str], ...]:
+    from .data.spec import InputSpec  # noqa: PLC0415  start-up time: torch
+
+    return tuple(
+        (f.name, int(f.metadata["lo"]), f.metadata["hi"], f.metadata["unit"])
+        for f in dataclasses.fields(InputSpec)
+        if f.metadata.get("kind") in ("int", "pool") and f.metadata.get("lo") is not None
+    ) + (_THREADS,)
 
 
 def _option_classes() -> tuple[type, ...]:
@@ -97,7 +100,7 @@ def _positive() -> tuple[str, ...]:
 def __getattr__(name: str) -> Any:
     """``RANGES`` and ``POSITIVE``, read off the fields when first asked for (GrowOptions imports torch)."""
     if name == "RANGES":
-        value: Any = (*_INPUT_RANGES, *_from_fields())
+        value: Any = (*_input_ranges(), *_from_fields())
     elif name == "POSITIVE":
         value = _positive()
     else:
@@ -106,7 +109,6 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-_RANGE = {name: (lo, hi) for name, lo, hi, _ in _INPUT_RANGES if hi is not None}
 _MAX_ETAS = next(f.metadata["hi"] for f in dataclasses.fields(CertifyOptions) if f.name == "n_etas")
 # Which commands write a file (--out FILE) and which a directory (--out DIR).
 OUT_KIND = {
@@ -389,10 +391,8 @@ def sizes_list(values: Any, name: str) -> list[int]:
         raise WidthscopeError(
             f"{name} must be a non-empty list of positive whole numbers, got {values!r} (e.g. {name}=[16, 32, 64, 128])"
         )
-    if max(out) > _RANGE["n_train"][1]:
-        raise WidthscopeError(
-            f"{name}={max(out)}: at most {_RANGE['n_train'][1]} (a draw cannot be larger than its pool)"
-        )
+    if max(out) > MAX_POOL:
+        raise WidthscopeError(f"{name}={max(out)}: at most {MAX_POOL} (a draw cannot be larger than its pool)")
     return out
 
 

@@ -15,11 +15,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from ..data.inputs import WINDOW
 from ..data.published import ALL
-from ..data.spec import EMPTY_DOCS, INPUT_DEFAULTS, OPTIONAL_FIELDS, SEQUENCES, InputSpec
+from ..data.spec import INPUT_DEFAULTS, OPTIONAL_FIELDS, InputSpec
 from ..errors import WidthscopeError
-from ..models.dispatch import DEVICE_MAPS
 from .checks import given
 
 __all__ = ["add_arguments", "spec_from_args", "GROW_POOLS"]
@@ -37,162 +35,32 @@ def add_arguments(
     n_train_help: str = "",
     n_test_help: str = "",
 ) -> None:
-    """The input options every command shares (model, data, tokenizer, sequences, pools).
+    """The input options every command shares (model, data, tokenizer, sequences, pools), one
+    argument per field of :class:`~widthscope.data.spec.InputSpec` (its help, choices and type:
+    declared once, there).
 
-    Options that fit only some models default to None, so "was it given" is knowable
-    (:data:`widthscope.validate.APPLIES`); the spec fills the defaults in (:meth:`InputSpec.filled`).
-    ``n_*_help`` describe a default computed later (``n_train=None``)."""
-    _model_arguments(p, model_required, model_default)
-    _data_arguments(p)
-    _pool_arguments(p, n_train, n_test, n_train_help, n_test_help)
-
-
-def _model_arguments(p: argparse.ArgumentParser, model_required: bool, model_default: str | None) -> None:
-    """The model: checkpoint or hub id, revision, placement over devices, task, dtype, tokenizer."""
-    p.add_argument(
-        "--model",
-        required=model_required,
-        default=model_default,
-        help="checkpoint: a widthscope directory, a .safetensors file with a config.json beside it, or "
-        "a Hugging Face directory (any causal LM, masked LM, sequence or image classifier), a "
-        "Hugging Face hub id org/name or hub cache folder models--org--name (read from the hub "
-        "cache; downloaded unless HF_HUB_OFFLINE=1); 'builtin' trains a small MLP on digits",
-    )
-    p.add_argument(
-        "--revision",
-        default=None,
-        metavar="REV",
-        help="branch, tag or commit of a hub --model (default main); the tokenizer comes from the same "
-        "revision; results record the id, this revision and the commit it resolved to",
-    )
-    p.add_argument(
-        "--device-map",
-        default=None,
-        choices=DEVICE_MAPS,
-        help="spread a Hugging Face --model over the devices and memory of --max-memory (accelerate's "
-        "big-model dispatch; layers that fit nowhere go to disk and are reloaded block by block)",
-    )
-    p.add_argument(
-        "--max-memory",
-        default=None,
-        metavar="DEV=SIZE,...",
-        help="per-device memory for --device-map, e.g. cpu=2GB,0=10GiB,disk ('disk' allows offloading "
-        "the rest to disk)",
-    )
-    p.add_argument(
-        "--offload-folder",
-        default=None,
-        metavar="DIR",
-        help="where disk-offloaded weights go (default: a temporary folder, removed afterwards)",
-    )
-    p.add_argument(
-        "--task",
-        default=None,
-        choices=("causal-lm", "masked-lm", "sequence-classification", "image-classification"),
-        help="the HF checkpoint's task when its config.json names no architecture",
-    )
-    p.add_argument(
-        "--dtype",
-        default="auto",
-        choices=("auto", "float32", "bfloat16", "float16", "float64"),
-        help="model dtype (auto: the checkpoint's); statistics always accumulate in float64",
-    )
-    p.add_argument(
-        "--tokenizer",
-        default=None,
-        help="tokenizer directory (default: the checkpoint's own), or 'bytes' for byte-level ids",
-    )
-
-
-def _data_arguments(p: argparse.ArgumentParser) -> None:
-    """The data: sources, splits, fields, and how documents become sequences."""
-    p.add_argument(
-        "--data",
-        default=None,
-        help="the data: a dataset name, a text file or directory, .jsonl/.json/.csv/.parquet, a datasets "
-        "save_to_disk directory, a folder of split files, a Hugging Face dataset hf:NAME[:CONFIG][@REVISION] "
-        "(from the datasets cache; streamed where only a prefix is needed), or an ImageFolder directory; a "
-        "source with its own splits gives train -> train pool, validation (else test) -> held-out pool, "
-        "anything else is split by --test-fraction (default: the checkpoint's recorded dataset)",
-    )
-    p.add_argument("--train-data", default=None, help="the train pool's own file/directory/hf:NAME (with --test-data)")
-    p.add_argument(
-        "--test-data", default=None, help="the held-out pool's own file/directory/hf:NAME (with --train-data)"
-    )
-    p.add_argument(
-        "--train-split",
-        default=None,
-        help="split of a dataset with splits (a DatasetDict directory, a folder of split files, hf:NAME) "
-        "for the train pool (default train)",
-    )
-    p.add_argument(
-        "--test-split",
-        default=None,
-        help="split of a dataset with splits (a DatasetDict directory, a folder of split files, hf:NAME) "
-        "for the held-out pool (default validation, else test)",
-    )
-    p.add_argument("--data-root", default=None, help="root folder of a named image dataset's files")
-    p.add_argument(
-        "--text-field",
-        default=None,
-        help="text field/column of .jsonl/.json/.csv/.parquet/datasets/hf: data (default text); --text-column "
-        "is the same",
-    )
-    p.add_argument("--text-column", dest="text_field", help=argparse.SUPPRESS)
-    p.add_argument("--label-field", default=None, help="label column for sequence classification (default label)")
-    p.add_argument(
-        "--seq-len",
-        type=int,
-        default=None,
-        help="tokens per sequence (default: the checkpoint's recorded one, else 128 for HF models, 64 for byte models)",
-    )
-    p.add_argument(
-        "--sequences",
-        default=None,
-        choices=SEQUENCES,
-        help="concatenate: documents joined with EOS, cut into --seq-len chunks, tail dropped (default "
-        "for causal LMs); per-document: one padded sequence per document (default otherwise); "
-        "truncate: each document with at least --seq-len tokens, cut to --seq-len (shorter ones "
-        "skipped: the alignment script without --concatenate)",
-    )
-    p.add_argument(
-        "--empty-docs",
-        default=None,
-        choices=EMPTY_DOCS,
-        help="empty or whitespace-only documents: skip them before tokenizing (default; the published "
-        "scripts' rule) or eos (kept: each adds its EOS separator to concatenated chunks)",
-    )
-    p.add_argument(
-        "--first",
-        action="store_true",
-        help="take the first sequences of each source (the published scripts) instead of seeded random ones",
-    )
-    p.add_argument(
-        "--max-tokens",
-        type=int,
-        default=None,
-        help=f"tokens read per source for random pools (default {WINDOW} x the pool sizes x --seq-len)",
-    )
-    p.add_argument(
-        "--train-pool",
-        choices=("fitted", "fresh"),
-        default=None,
-        help="widthscope checkpoints: draw the train pool from the examples the model was fitted on "
-        "(default, from its data record) or a fresh sample of the train part",
-    )
-    p.add_argument(
-        "--test-fraction",
-        type=float,
-        default=None,
-        help="held-out fraction when one --data corpus is split (default 0.1); given for a dataset with its "
-        "own splits, it re-splits the train split into both pools (reported in the notes)",
-    )
-
-
-def _pool_arguments(
-    p: argparse.ArgumentParser, n_train: int | None, n_test: int | None, n_train_help: str, n_test_help: str
-) -> None:
-    """Threads and the two pools' sizes."""
+    Every argument but ``--model``'s and the pools' defaults to ``None``, so "was it given" is
+    knowable (:data:`widthscope.validate.APPLIES`); the spec fills the defaults in
+    (:meth:`InputSpec.filled`). ``model_*``, ``n_*``: the command's own; ``n_*_help`` describe a
+    default computed later (``n_train=None``)."""
+    fields = {f.name: f for f in dataclasses.fields(InputSpec)}
+    meta = {name: f.metadata for name, f in fields.items()}
+    p.add_argument("--model", required=model_required, default=model_default, help=meta["model"]["help"])
+    for name, m in meta.items():
+        if "kind" not in m or not m["cli"]:
+            continue
+        default = fields[name].default  # None: not given (the field's fallback applies); else the field's own
+        kw: dict[str, Any] = {"dest": name, "default": default, "help": m["help"]}
+        if m["kind"] == "bool":
+            kw["action"] = "store_true"
+        else:
+            kw["type"] = {"int": int, "float": float}.get(m["kind"], str)
+            for key in ("choices", "metavar"):
+                if m.get(key):
+                    kw[key] = m[key]
+        p.add_argument("--" + name.replace("_", "-"), **kw)
+        if name == "text_field":
+            p.add_argument("--text-column", dest="text_field", help=argparse.SUPPRESS)
     p.add_argument(
         "--threads",
         type=int,
@@ -200,18 +68,13 @@ def _pool_arguments(
         metavar="N",
         help="torch CPU threads (default: torch's choice; 1 is best on a busy machine)",
     )
-    p.add_argument(
-        "--n-train",
-        type=pool_size,
-        default=n_train,
-        help=f"train pool size, or all: every sequence (default {n_train if n_train is not None else n_train_help})",
-    )
-    p.add_argument(
-        "--n-test",
-        type=pool_size,
-        default=n_test,
-        help=f"held-out pool size, or all: every sequence (default {n_test if n_test is not None else n_test_help})",
-    )
+    for name, default, words in (("n_train", n_train, n_train_help), ("n_test", n_test, n_test_help)):
+        p.add_argument(
+            "--" + name.replace("_", "-"),
+            type=pool_size,
+            default=default,
+            help=f"{meta[name]['help']} (default {default if default is not None else words})",
+        )
 
 
 def spec_from_args(
