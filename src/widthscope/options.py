@@ -169,6 +169,9 @@ def with_keywords(
     return base
 
 
+SHARED: list[type[Options]] = []  # the classes of the shared range table, in import order
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, float) and v.is_integer() and abs(v) >= 1e6:
         return str(int(v))
@@ -181,6 +184,14 @@ class Options:
 
     # The fields' flags default to ``--name-with-dashes``.
     FLAGS: ClassVar[dict[str, str]] = {}
+    # True (in the class itself): its whole-number fields are rows of the command line's shared
+    # table (:data:`widthscope.validate.RANGES`), read off the fields of every such class imported.
+    SHARED_RANGES: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("SHARED_RANGES") and cls not in SHARED:
+            SHARED.append(cls)
 
     @classmethod
     def flag(cls, name: str) -> str:
@@ -413,6 +424,8 @@ class CertifyOptions(InterventionOptions):
     ``M``/``K``: sample sizes of the certificates (``K=None``: ``K = M``; one ``K`` for every
     ``M``; or one per ``M``), drawn without replacement from the train / held-out pools."""
 
+    SHARED_RANGES = True
+
     M: tuple[int, ...] = option(
         DEFAULT_M,
         kind="ints",
@@ -496,6 +509,8 @@ class CertifyOptions(InterventionOptions):
 class CertifyRunOptions(Options):
     """How a certify run executes (not what it measures): probe batches, device, the built-in
     model's training."""
+
+    SHARED_RANGES = True
 
     batch_size: int = option(32, lo=1, hi=10**6, unit="examples per batch", help="probe batch size")
     device: str = option("cpu", help="torch device, e.g. cpu, cuda, cuda:1")

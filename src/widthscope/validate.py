@@ -32,7 +32,7 @@ from typing import Any, Callable
 from ._io import unwritable
 from .errors import WidthscopeError
 from .hub import local_directory
-from .options import MAX_POOL, CertifyOptions, CertifyRunOptions
+from .options import MAX_POOL, SHARED, CertifyOptions
 
 __all__ = [
     "check_pools",
@@ -72,9 +72,9 @@ def _input_ranges() -> tuple[tuple[str, int, int | None, str], ...]:
 
 
 def _option_classes() -> tuple[type, ...]:
-    from .growth.options import GrowOptions  # noqa: PLC0415  start-up time: torch
-
-    return (CertifyOptions, CertifyRunOptions, GrowOptions)
+    """The options classes that declare ``SHARED_RANGES`` (CertifyOptions, CertifyRunOptions and,
+    once imported, GrowOptions): a lower layer never imports the pipelines' classes."""
+    return tuple(SHARED)
 
 
 def _from_fields() -> tuple[tuple[str, int, int | None, str], ...]:
@@ -98,15 +98,14 @@ def _positive() -> tuple[str, ...]:
 
 
 def __getattr__(name: str) -> Any:
-    """``RANGES`` and ``POSITIVE``, read off the fields when first asked for (GrowOptions imports torch)."""
+    """``RANGES`` and ``POSITIVE``, read off the fields of the classes imported so far, when asked for."""
     if name == "RANGES":
         value: Any = (*_input_ranges(), *_from_fields())
     elif name == "POSITIVE":
         value = _positive()
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
+    return value  # not kept: a class imported later adds its rows
 
 
 _MAX_ETAS = next(f.metadata["hi"] for f in dataclasses.fields(CertifyOptions) if f.name == "n_etas")

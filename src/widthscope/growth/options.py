@@ -46,6 +46,8 @@ class GrowOptions(Options):
     The inputs (model, pools) are not options: a model and data for :func:`~widthscope.growth.grow`,
     an :class:`~widthscope.data.spec.InputSpec` for :func:`~widthscope.growth.run_grow`."""
 
+    SHARED_RANGES = True
+
     points: tuple[str, ...] | None = option(
         None, kind="strs", help="comma-separated candidate points (default: all block outputs)"
     )
