@@ -464,7 +464,7 @@ class CertifyOptions(InterventionOptions):
         "instead of O(n*d)); see docs/performance.md",
     )
     points: tuple[str, ...] | None = option(
-        None, kind="strs", cli=False, help="insertion points (default: every block output)"
+        None, kind="strs", help="comma-separated insertion points (default: every block output)"
     )
     train_mode: str = option(
         "eval",

@@ -57,7 +57,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "options given here override them",
     )
     add_options(parser, CertifyRunOptions, skip=("train_steps",))
-    parser.add_argument("--points", default=None, help="comma-separated insertion points (default: every block output)")
     parser.add_argument("--list-points", action="store_true", help="print the insertion points and exit")
     parser.add_argument(
         "--all", action="store_true", help="with --list-points: every module path, not only the block outputs"
