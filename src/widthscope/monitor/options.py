@@ -75,7 +75,7 @@ class MonitorOptions(Options):
     sweep's config schema)."""
 
     # ---- the statistics: certify's fields (one declaration; see the module docstring)
-    points: tuple[str, ...] | None = _certify_field("points", cli=False)
+    points: tuple[str, ...] | None = _certify_field("points")
     M: int = _certify_field(
         "M",
         16,
