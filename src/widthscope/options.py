@@ -88,6 +88,7 @@ def option(
     above: tuple[float, str] | None = None,
     positive: bool = False,
     fallback: Any = None,
+    applies: str | None = None,
 ) -> Any:
     """A dataclass field with everything the command line, validation and the docs need.
 
@@ -98,7 +99,8 @@ def option(
     bound of a ``float``, named by ``words`` in the message (``above the smallest step (1e-4)``).
     ``positive``: a ``float`` that must be positive and finite (``--lr -1.0: must be a positive
     finite number``). ``fallback``: the value a field that stays ``None`` when not given (so that
-    "was it given" is knowable) stands for."""
+    "was it given" is knowable) stands for. ``applies``: the group of input kinds (models) the
+    option means something for (:data:`widthscope.validate.GROUPS`); given for another, it is refused."""
     if kind is None:
         kind = {bool: "bool", int: "int", float: "float", tuple: "ints"}.get(type(default), "str")
     meta = {
@@ -114,6 +116,7 @@ def option(
         "above": above,
         "positive": positive,
         "fallback": fallback,
+        "applies": applies,
     }
     return dataclasses.field(default=default, metadata=meta)
 

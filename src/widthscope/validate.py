@@ -43,9 +43,8 @@ __all__ = [
     "flag_name",
     "group_words",
     "OUT_KIND",
-    "APPLIES",
     "KINDS",
-    "INPUT_OPTIONS",
+    "GROUPS",
     "INPUT_PATHS",
     "OUTPUT_PATHS",
     "int_list",
@@ -98,7 +97,12 @@ def _positive() -> tuple[str, ...]:
 
 
 def __getattr__(name: str) -> Any:
-    """``RANGES`` and ``POSITIVE``, read off the fields of the classes imported so far, when asked for."""
+    """``RANGES``, ``POSITIVE``, ``INPUT_OPTIONS`` and ``APPLIES`` (per command), read off the fields
+    of the classes imported so far, when asked for."""
+    if name == "INPUT_OPTIONS":
+        return _input_options()
+    if name == "APPLIES":
+        return {command: {**_input_options(), **own} for command, own in _COMMAND_APPLIES.items()}
     if name == "RANGES":
         value: Any = (*_input_ranges(), *_from_fields())
     elif name == "POSITIVE":
@@ -150,34 +154,35 @@ _HF = frozenset(k for k in KINDS if k.startswith("hf-"))
 _HF_TEXT = _HF - {"hf-image-classification"}
 _TEXT = _HF_TEXT | {"widthscope-lm"}
 _WS = frozenset({"widthscope-classifier", "widthscope-lm"})
-# option (argparse dest) -> the input kinds where it means something, per command. An option given
-# explicitly for any other kind is refused with one line (never silently ignored); options left
-# out here (--n-train, --seed, --batch-size, ...) apply to every kind. Finer rules that need the
-# data (--text-field needs a table file, --label-field labelled text, --test-fraction one corpus
-# to split) are checked by the input layer, also only when the option was given.
-INPUT_OPTIONS: dict[str, frozenset[str]] = {
-    "task": _HF,
-    "tokenizer": _TEXT,
-    "data": _CKPT,
-    "train_data": _CKPT - {"widthscope-classifier"},
-    "test_data": _CKPT - {"widthscope-classifier"},
-    "train_split": _TEXT,
-    "test_split": _TEXT,
-    "data_root": _WS,
-    "text_field": _TEXT,
-    "label_field": frozenset({"hf-sequence-classification"}),
-    "seq_len": _TEXT,
-    "sequences": _TEXT,
-    "max_tokens": _TEXT,
-    "train_pool": _WS,
-    "empty_docs": _TEXT,
-    "test_fraction": _TEXT | {"hf-image-classification"},
-    "first": _CKPT,
+# The groups of input kinds an input option may apply to: each InputSpec field names its group
+# (``applies=``, widthscope.data.spec). An option given explicitly for any other kind is refused with
+# one line (never silently ignored); options without a group (--n-train, --seed, --batch-size, ...)
+# apply to every kind. Finer rules that need the data (--text-field needs a table file, --label-field
+# labelled text, --test-fraction one corpus to split) are checked by the input layer, also only when
+# the option was given.
+GROUPS: dict[str, frozenset[str]] = {
+    "all": _ALL,
+    "checkpoints": _CKPT,
+    "hf": _HF,
+    "text": _TEXT,
+    "widthscope": _WS,
+    "two_sources": _CKPT - {"widthscope-classifier"},
+    "hf_sequence_classifiers": frozenset({"hf-sequence-classification"}),
+    "splittable": _TEXT | {"hf-image-classification"},
 }
-APPLIES: dict[str, dict[str, frozenset[str]]] = {
-    "certify": {**INPUT_OPTIONS, "first": _ALL, "train_steps": frozenset({"builtin"})},
-    "grow": dict(INPUT_OPTIONS),
+# What a command changes of its input options' groups (certify: --first for every kind, and its
+# --train-steps, a CertifyRunOptions field, for the built-in model only).
+_COMMAND_APPLIES: dict[str, dict[str, frozenset[str]]] = {
+    "certify": {"first": _ALL, "train_steps": frozenset({"builtin"})},
+    "grow": {},
 }
+
+
+def _input_options() -> dict[str, frozenset[str]]:
+    """option (argparse dest) -> the input kinds where it means something: the InputSpec fields' groups."""
+    from .data.spec import InputSpec  # noqa: PLC0415  start-up time: torch
+
+    return {f.name: GROUPS[f.metadata["applies"]] for f in dataclasses.fields(InputSpec) if f.metadata.get("applies")}
 
 
 def input_kind(model: str | None, task: str | None = None, revision: str | None = None) -> str | None:

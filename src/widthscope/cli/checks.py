@@ -29,7 +29,6 @@ from .. import validate
 from .._io import check_writable, missing_parents
 from ..errors import WidthscopeError
 from ..validate import (
-    APPLIES,
     INPUT_PATHS,
     KINDS,
     OUT_KIND,
@@ -56,7 +55,7 @@ def _given(args: argparse.Namespace, dest: str) -> bool:
 def check_applies(args: argparse.Namespace, command: str, kind: str | None = None) -> None:
     """Refuse (one line) every option of :data:`~widthscope.validate.APPLIES` given for an input
     kind it does not fit."""
-    table = APPLIES.get(command)
+    table = validate.APPLIES.get(command)
     if table is None:
         return
     kind = kind or input_kind(
@@ -151,7 +150,7 @@ def check_args(args: argparse.Namespace, command: str) -> None:
         from ..models.dispatch import check_max_memory, check_visible  # noqa: PLC0415  start-up time: torch
 
         check_visible(check_max_memory(max_memory, name="--max-memory"), name="--max-memory", text=max_memory)
-    if command in APPLIES:
+    if command in validate.APPLIES:
         check_applies(args, command)
     srcs = [getattr(args, k, None) for k in ("data", "train_data", "test_data", "train_split", "test_split")]
     if srcs[3] is not None or srcs[4] is not None:  # --*-split only for a source with splits, before any work

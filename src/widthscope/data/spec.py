@@ -167,7 +167,10 @@ class InputSpec:
         metavar="REV",
     )
     task: str | None = option(
-        help="the HF checkpoint's task when its config.json names no architecture", kind="str", choices=TASKS
+        help="the HF checkpoint's task when its config.json names no architecture",
+        kind="str",
+        choices=TASKS,
+        applies="hf",
     )
     dtype: str = option(
         "auto",
@@ -193,7 +196,9 @@ class InputSpec:
         metavar="DIR",
     )
     tokenizer: Any = option(  # a path/hub id, "bytes", or a tokenizer object
-        help="tokenizer directory (default: the checkpoint's own), or 'bytes' for byte-level ids", kind="str"
+        help="tokenizer directory (default: the checkpoint's own), or 'bytes' for byte-level ids",
+        kind="str",
+        applies="text",
     )
     data: Source = option(
         help="the data: a dataset name, a text file or directory, .jsonl/.json/.csv/.parquet, a datasets "
@@ -202,28 +207,41 @@ class InputSpec:
         "source with its own splits gives train -> train pool, validation (else test) -> held-out pool, "
         "anything else is split by --test-fraction (default: the checkpoint's recorded dataset)",
         kind="str",
+        applies="checkpoints",
     )
-    train_data: Source = option(help="the train pool's own file/directory/hf:NAME (with --test-data)", kind="str")
-    test_data: Source = option(help="the held-out pool's own file/directory/hf:NAME (with --train-data)", kind="str")
+    train_data: Source = option(
+        help="the train pool's own file/directory/hf:NAME (with --test-data)", kind="str", applies="two_sources"
+    )
+    test_data: Source = option(
+        help="the held-out pool's own file/directory/hf:NAME (with --train-data)", kind="str", applies="two_sources"
+    )
     train_split: str | None = option(
         help="split of a dataset with splits (a DatasetDict directory, a folder of split files, hf:NAME) "
         "for the train pool (default train)",
         kind="str",
+        applies="text",
     )
     test_split: str | None = option(
         help="split of a dataset with splits (a DatasetDict directory, a folder of split files, hf:NAME) "
         "for the held-out pool (default validation, else test)",
         kind="str",
+        applies="text",
     )
-    data_root: str | None = option(help="root folder of a named image dataset's files", kind="str")
+    data_root: str | None = option(
+        help="root folder of a named image dataset's files", kind="str", applies="widthscope"
+    )
     text_field: str | None = option(
         help="text field/column of .jsonl/.json/.csv/.parquet/datasets/hf: data (default text); --text-column "
         "is the same",
         kind="str",
         fallback="text",
+        applies="text",
     )
     label_field: str | None = option(
-        help="label column for sequence classification (default label)", kind="str", fallback="label"
+        help="label column for sequence classification (default label)",
+        kind="str",
+        fallback="label",
+        applies="hf_sequence_classifiers",
     )
     seq_len: int | None = option(
         help="tokens per sequence (default: the checkpoint's recorded one, else 128 for HF models, 64 for byte models)",
@@ -231,6 +249,7 @@ class InputSpec:
         lo=2,
         hi=10**6,
         unit="tokens (one input and one predicted token)",
+        applies="text",
     )
     sequences: str | None = option(
         help="concatenate: documents joined with EOS, cut into --seq-len chunks, tail dropped (default "
@@ -239,6 +258,7 @@ class InputSpec:
         "skipped: the alignment script without --concatenate)",
         kind="str",
         choices=SEQUENCES,
+        applies="text",
     )
     empty_docs: str | None = option(
         help="empty or whitespace-only documents: skip them before tokenizing (default; the published "
@@ -246,10 +266,12 @@ class InputSpec:
         kind="str",
         choices=EMPTY_DOCS,
         fallback="skip",
+        applies="text",
     )
     first: bool = option(
         False,
         help="take the first sequences of each source (the published scripts) instead of seeded random ones",
+        applies="checkpoints",
     )
     max_tokens: int | None = option(
         help=f"tokens read per source for random pools (default {WINDOW} x the pool sizes x --seq-len)",
@@ -257,6 +279,7 @@ class InputSpec:
         lo=1,
         hi=10**12,
         unit="tokens",
+        applies="text",
     )
     train_pool: str | None = option(
         help="widthscope checkpoints: draw the train pool from the examples the model was fitted on "
@@ -264,12 +287,14 @@ class InputSpec:
         kind="str",
         choices=TRAIN_POOLS,
         fallback="fitted",
+        applies="widthscope",
     )
     test_fraction: float | None = option(
         help="held-out fraction when one --data corpus is split (default 0.1); given for a dataset with its "
         "own splits, it re-splits the train split into both pools (reported in the notes)",
         kind="float",
         fallback=0.1,
+        applies="splittable",
     )
     n_train: PoolSize = option(
         256,
