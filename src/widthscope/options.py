@@ -53,6 +53,7 @@ __all__ = [
     "INTERVENTION_KINDS",
     "DRAW_SCHEMES",
     "PROTOCOLS",
+    "SEED_MAX",
     "check_keywords",
     "with_keywords",
 ]
@@ -71,6 +72,7 @@ INTERVENTIONS = (*INTERVENTION_KINDS, "none")
 DRAW_SCHEMES = ("shared", "per-pair")
 MAX_ETAS = 100  # each step evaluates the held-out pool at every point
 MAX_POOL = 10**7
+SEED_MAX = 2**32 - 1  # every seed option: a whole number in 0..SEED_MAX
 
 
 def option(
@@ -448,7 +450,7 @@ class CertifyOptions(InterventionOptions):
     draws: int = option(
         1000, lo=1, hi=10**6, unit="resamples", help="resamples for empirical misalignment (default 1000)"
     )
-    seed: int = option(0, lo=0, hi=2**32 - 1, help="seed for data subsets and resampling")
+    seed: int = option(0, lo=0, hi=SEED_MAX, help="seed for data subsets and resampling")
     estimator: Estimator = option("unbiased", choices=ESTIMATORS, help="unbiased (default) or plugin")
     pool: str = option("sum", choices=POOLS, help="pooling of positions into a sample vector (default sum)")
     draw_scheme: str = option(

@@ -28,6 +28,7 @@ from pathlib import Path
 from .. import validate
 from .._io import check_writable, missing_parents
 from ..errors import WidthscopeError
+from ..options import SEED_MAX
 from ..validate import (
     INPUT_PATHS,
     KINDS,
@@ -118,8 +119,8 @@ def check_args(args: argparse.Namespace, command: str) -> None:
     for flag, path in paths(args, INPUT_PATHS + OUTPUT_PATHS):
         check_path_length(flag, path)
     seed = getattr(args, "seed", None)
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32):
-        raise WidthscopeError(f"--seed {seed}: must be a whole number in 0..{2**32 - 1}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX):
+        raise WidthscopeError(f"--seed {seed}: must be a whole number in 0..{SEED_MAX}")
     for name, lo, hi, what in validate.RANGES:
         v = getattr(args, name, None)
         if name in ("n_train", "n_test") and v == "all":  # every sequence of the source (data.published)

@@ -57,7 +57,7 @@ from torch import nn
 from .._args import describe
 from ..errors import WidthscopeError, WidthscopeTypeError
 from ..models.dispatch import DEVICE_MAPS, parse_max_memory
-from ..options import option
+from ..options import SEED_MAX, option
 from . import DATASETS
 from .corpus import precheck
 from .hf_datasets import check_ref, is_hf_ref, parse_ref
@@ -397,13 +397,16 @@ class InputSpec:
                 raise _bad_type(name, getattr(self, name), "must be True or False")
         for name in ("n_train", "n_test"):
             v = getattr(self, name)
-            if v != "all" and (not _whole(v) or v < 4):
+            lo = _META[name]["lo"]
+            if v != "all" and (not _whole(v) or v < lo):
                 raise (_bad if _whole(v) or isinstance(v, str) else _bad_type)(
-                    name, v, "must be a whole number >= 4 (the unbiased estimators need at least 4 examples) or 'all'"
+                    name,
+                    v,
+                    f"must be a whole number >= {lo} (the unbiased estimators need at least 4 examples) or 'all'",
                 )
-        if not _whole(self.seed) or not 0 <= self.seed < 2**32:
+        if not _whole(self.seed) or not 0 <= self.seed <= SEED_MAX:
             raise (_bad if _whole(self.seed) else _bad_type)(
-                "seed", self.seed, f"must be a whole number in 0..{2**32 - 1}"
+                "seed", self.seed, f"must be a whole number in 0..{SEED_MAX}"
             )
         for name, lo, what in _RANGES:  # the whole-number fields' lower bounds
             v = getattr(self, name)

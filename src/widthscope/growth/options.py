@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..errors import WidthscopeError
-from ..options import MAX_POOL, Options, option, with_keywords
+from ..options import MAX_POOL, SEED_MAX, Options, option, with_keywords
 from ..probe.growth import CRITERIA
 from ..registry import GROWTH_OPERATORS
 
@@ -35,7 +35,6 @@ __all__ = ["GrowOptions", "GrowBenchOptions", "GrowTargetOptions", "DEFAULT_CRIT
 
 # Chosen from the growth benchmark (docs/interventions.md §5, `widthscope grow-bench`).
 DEFAULT_CRITERION = "line_search"
-_SEED_MAX = 2**32 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,9 +83,7 @@ class GrowOptions(Options):
     batch_size: int = option(
         64, lo=1, hi=10**6, unit="examples per batch", help="mini-batch size of probing and training (default 64)"
     )
-    seed: int = option(
-        0, lo=0, hi=_SEED_MAX, help="seed of the pools' split, the new block and the batches (default 0)"
-    )
+    seed: int = option(0, lo=0, hi=SEED_MAX, help="seed of the pools' split, the new block and the batches (default 0)")
 
     @property
     def eta_or_lr(self) -> float:
@@ -105,7 +102,7 @@ class GrowBenchOptions(Options):
         None,
         kind="ints",
         lo=0,
-        hi=_SEED_MAX,
+        hi=SEED_MAX,
         metavar="S1,S2,...",
         help="comma-separated model seeds (default 0,1,2,3,4; 0,1,2 with --quick)",
     )
@@ -154,7 +151,7 @@ class GrowTargetOptions(Options):
         None,
         kind="ints",
         lo=0,
-        hi=_SEED_MAX,
+        hi=SEED_MAX,
         metavar="S1,S2,...",
         help="comma-separated seeds (default 0,1,2,3,4; 0,1 with --quick)",
     )
