@@ -2,9 +2,10 @@
 
 :func:`widthscope.cli.checks.check_args` reads the parsed options of every command and applies
 these rules before the command starts work, so the same bad value gets the same one-line message
-everywhere: seeds, sizes and counts (:data:`RANGES`, one table; certify's entries come from the
-option fields of :mod:`widthscope.options`), step sizes, devices, which option fits which model
-(:data:`APPLIES`), path lengths and output collisions (:func:`check_outputs`), and output paths
+everywhere: seeds, sizes and counts (:data:`RANGES`), step sizes (:data:`POSITIVE`), devices,
+which option fits which model (:data:`APPLIES`): these tables are read off the fields that declare
+the options (:func:`widthscope.options.option`: the options classes with ``SHARED_RANGES`` and
+:class:`~widthscope.data.spec.InputSpec`), never written here. Path lengths and output collisions (:func:`check_outputs`), and output paths
 (writable *before* any work, so a result is never computed and then lost). Checks that need the
 model or the data (``M``/``K`` against the pools, sequence length against the position embeddings,
 tokens against the vocabulary) live in the input layer (:mod:`widthscope.data.inputs`) and
