@@ -5,7 +5,8 @@ these rules before the command starts work, so the same bad value gets the same 
 everywhere: seeds, sizes and counts (:data:`RANGES`), step sizes (:data:`POSITIVE`), devices,
 which option fits which model (:data:`APPLIES`): these tables are read off the fields that declare
 the options (:func:`widthscope.options.option`: the options classes with ``SHARED_RANGES`` and
-:class:`~widthscope.data.spec.InputSpec`), never written here. Path lengths and output collisions (:func:`check_outputs`), and output paths
+:class:`~widthscope.data.spec.InputSpec`), never written here. Path lengths and output
+collisions (:func:`check_outputs`), and output paths
 (writable *before* any work, so a result is never computed and then lost). Checks that need the
 model or the data (``M``/``K`` against the pools, sequence length against the position embeddings,
 tokens against the vocabulary) live in the input layer (:mod:`widthscope.data.inputs`) and
