@@ -91,6 +91,7 @@ def option(
     positive: bool = False,
     fallback: Any = None,
     applies: str | None = None,
+    unknown: str | None = None,
 ) -> Any:
     """A dataclass field with everything the command line, validation and the docs need.
 
@@ -102,7 +103,8 @@ def option(
     ``positive``: a ``float`` that must be positive and finite (``--lr -1.0: must be a positive
     finite number``). ``fallback``: the value a field that stays ``None`` when not given (so that
     "was it given" is knowable) stands for. ``applies``: the group of input kinds (models) the
-    option means something for (:data:`widthscope.validate.GROUPS`); given for another, it is refused."""
+    option means something for (:data:`widthscope.validate.GROUPS`); given for another, it is refused.
+    ``unknown``: what a value outside ``choices`` is called (``unknown growth criterion 'best'``)."""
     if kind is None:
         kind = {bool: "bool", int: "int", float: "float", tuple: "ints"}.get(type(default), "str")
     meta = {
@@ -119,6 +121,7 @@ def option(
         "positive": positive,
         "fallback": fallback,
         "applies": applies,
+        "unknown": unknown,
     }
     return dataclasses.field(default=default, metadata=meta)
 
@@ -274,7 +277,8 @@ class Options:
         if kind == "str" and not isinstance(value, str):
             raise WidthscopeTypeError(f"{flag} {value!r}: must be a string")
         if meta["choices"] is not None and value not in meta["choices"]:
-            raise WidthscopeError(f"{flag} {value!r}: choose one of {', '.join(map(str, meta['choices']))}")
+            named = f" ({meta['unknown']} {value!r})" if meta.get("unknown") else ""
+            raise WidthscopeError(f"{flag} {value!r}: choose one of {', '.join(map(str, meta['choices']))}{named}")
         return value
 
     @staticmethod

@@ -67,6 +67,7 @@ class GrowOptions(Options):
     criterion: str = option(
         DEFAULT_CRITERION,
         choices=tuple(CRITERIA),
+        unknown="unknown growth criterion",
         help=f"what ranks the points (default {DEFAULT_CRITERION}, the winner of `widthscope grow-bench`; "
         "bias = the old first-order gain of a bias step)",
     )
