@@ -13,7 +13,7 @@ import argparse
 from typing import Any
 
 from .._io import format_table
-from ..growth.options import GrowOptions
+from ..growth.options import GROW_POOLS, GrowOptions
 from ..growth.pipeline import run_grow
 from ..plan import plan_grow
 from .args import add_config, add_options, config_options
@@ -36,8 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         model_required=True,
         n_train=None,
         n_test=None,
-        n_train_help="2048, capped at what the data has",
-        n_test_help="512, capped at what the data has",
+        n_train_help=f"{GROW_POOLS[0]}, capped at what the data has",
+        n_test_help=f"{GROW_POOLS[1]}, capped at what the data has",
     )
     add_config(p, "grow")
     add_options(p, GrowOptions)

@@ -18,11 +18,10 @@ from typing import Any
 from ..data.published import ALL
 from ..data.spec import INPUT_DEFAULTS, OPTIONAL_FIELDS, InputSpec
 from ..errors import WidthscopeError
+from ..growth.options import GROW_POOLS
 from .checks import given
 
 __all__ = ["add_arguments", "spec_from_args", "GROW_POOLS"]
-
-GROW_POOLS = (2048, 512)  # grow's default pool sizes (capped at what the data has)
 
 
 def add_arguments(

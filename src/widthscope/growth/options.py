@@ -31,10 +31,12 @@ from ..options import MAX_POOL, SEED_MAX, Options, option, with_keywords
 from ..probe.growth import CRITERIA
 from ..registry import GROWTH_OPERATORS
 
-__all__ = ["GrowOptions", "GrowBenchOptions", "GrowTargetOptions", "DEFAULT_CRITERION", "with_keywords"]
+__all__ = ["GrowOptions", "GrowBenchOptions", "GrowTargetOptions", "DEFAULT_CRITERION", "GROW_POOLS", "with_keywords"]
 
 # Chosen from the growth benchmark (docs/interventions.md §5, `widthscope grow-bench`).
 DEFAULT_CRITERION = "line_search"
+# A checkpoint's pool sizes when not given (train, held-out): upper bounds, capped at what the data has.
+GROW_POOLS = (2048, 512)
 
 
 @dataclasses.dataclass(frozen=True)
