@@ -210,9 +210,9 @@ def _cli_spec(argv):
     certify.add_arguments(p)
     args = p.parse_args(argv)
     check_args(args, "certify")
-    certify._apply_input_preset(args)
-    args.seed = 0 if args.seed is None else args.seed  # the command takes it from its options
-    return spec_from_args(args, "certify")
+    preset, _ = certify.input_preset(args)
+    seed = 0 if args.seed is None else args.seed  # the command takes it from its options
+    return spec_from_args(args, "certify", preset=preset, seed=seed)
 
 
 def _same_pools(a, b):

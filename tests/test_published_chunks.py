@@ -230,7 +230,7 @@ def test_the_preset_reads_every_held_out_chunk_only_from_a_held_out_source(tmp_p
     import datasets
 
     from widthscope.cli.certify import INPUT_PRESETS
-    from widthscope.cli.certify import _apply_input_preset as apply_protocol
+    from widthscope.cli.certify import input_preset
 
     def preset(**given):
         args = argparse.Namespace(**{k: None for k in INPUT_PRESETS["published"]}, protocol="published",
@@ -238,8 +238,8 @@ def test_the_preset_reads_every_held_out_chunk_only_from_a_held_out_source(tmp_p
         args.first = False
         for k, v in given.items():
             setattr(args, k, v)
-        apply_protocol(args)
-        return args
+        values, _ = input_preset(args)  # the namespace is not changed: the preset's values fill it here
+        return argparse.Namespace(**{**vars(args), **values})
 
     assert preset(test_data="validation.parquet").n_test == "all"
     assert preset(data="corpus.jsonl").n_test == 256  # one corpus to split: never read whole by default
@@ -257,22 +257,18 @@ def test_the_preset_pools_equal_the_reference_in_both_modes(wiki, mode):
     skipped, every held-out chunk), and with --sequences truncate the per-record rule."""
     import argparse
 
-    from widthscope.cli.certify import _apply_input_preset as apply_protocol
-    from widthscope.cli.certify import add_arguments
+    from widthscope.cli.certify import add_arguments, input_preset
     from widthscope.data.inputs import resolve
-    from widthscope.cli.checks import fill_defaults
 
     p = argparse.ArgumentParser()
     add_arguments(p)
     args = p.parse_args(["--model", str(wiki["model"]), "--protocol", "published", "--train-data",
                          str(wiki["train"]["parquet"]), "--test-data", str(wiki["val"]["parquet"]), "--seq-len", str(L),
                          "--n-train", "8", *(["--sequences", mode] if mode else [])])
-    fill_defaults(args)
-    apply_protocol(args)
-    args.seed = 0  # the command takes it from its options
+    preset, _ = input_preset(args)
     from widthscope.cli.inputs import spec_from_args
 
-    inp = resolve(spec_from_args(args, "certify"), show_progress=False)
+    inp = resolve(spec_from_args(args, "certify", preset=preset, seed=0), show_progress=False)
     ref = _ref_concat if mode is None else _ref_records
     assert torch.equal(inp.train, ref(wiki["tok"], wiki["train_rows"], 8))
     assert torch.equal(inp.test, ref(wiki["tok"], wiki["val_rows"], None))

@@ -12,8 +12,6 @@ and ``widthscope.sweeps`` (nouns, so a package never shadows the function of its
 
 from __future__ import annotations
 
-import difflib
-import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -28,18 +26,15 @@ from .data.objects import DATA_ACCEPTS, check_tokenizer, is_dataset_dict, pools_
 from .data.spec import InputSpec
 from .errors import WidthscopeTypeError
 from .growth.pipeline import grow
-from .options import CertifyOptions
+from .options import CertifyOptions, check_keywords
 from .probe.interventions import to_batches
 from .sweeps.alignment import run_sweep as sweep
 
 __all__ = ["certify", "grow", "sweep"]
 
-# the settings certify passes on to the pipeline (its keyword conveniences)
-_KEYWORDS = {
-    name
-    for name, p in inspect.signature(certify_dict).parameters.items()
-    if p.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("options", "loss_fn", "progress")
-}
+# what certify takes beside its options' fields (passed on to certify_dict)
+_ALSO = ("samples_out", "on_point")
+_HINTS = {"device": "the model is probed where it lies: move it first (model.to(device)); "}
 
 
 def certify(
@@ -73,20 +68,7 @@ def certify(
     statistics; the keywords override the options' fields.
     """
     _args.module("certify", "model", model)
-    unknown = sorted(set(keywords) - _KEYWORDS)
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], sorted(_KEYWORDS), n=1)
-        hint = (
-            "the model is probed where it lies: move it first (model.to(device)); "
-            if unknown[0] == "device"
-            else f"did you mean {close[0]}? "
-            if close
-            else ""
-        )
-        raise WidthscopeTypeError(
-            f"certify({unknown[0]}=...): not a setting of certify; {hint}"
-            f"the settings are {', '.join(sorted(_KEYWORDS))} (and options=CertifyOptions(...))"
-        )
+    check_keywords("certify", CertifyOptions, keywords, also=_ALSO, words="not a setting of certify", hints=_HINTS)
     check_tokenizer(tokenizer, "certify")
     _args.integer("certify", "batch_size", batch_size, lo=1)
     _args.integer("certify", "seq_len", seq_len, lo=2, optional=True)

@@ -31,6 +31,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Literal, TypeVar
@@ -53,7 +54,9 @@ __all__ = [
     "INTERVENTION_KINDS",
     "DRAW_SCHEMES",
     "PROTOCOLS",
-    "apply_keywords",
+    "SEED_MAX",
+    "check_keywords",
+    "with_keywords",
 ]
 
 T = TypeVar("T", bound="Options")
@@ -71,6 +74,7 @@ INTERVENTIONS = (*INTERVENTION_KINDS, "none")
 DRAW_SCHEMES = ("shared", "per-pair")
 MAX_ETAS = 100  # each step evaluates the held-out pool at every point
 MAX_POOL = 10**7
+SEED_MAX = 2**32 - 1  # every seed option: a whole number in 0..SEED_MAX
 
 
 def option(
@@ -86,6 +90,10 @@ def option(
     metavar: str | None = None,
     cli: bool = True,
     above: tuple[float, str] | None = None,
+    positive: bool = False,
+    fallback: Any = None,
+    applies: str | None = None,
+    unknown: str | None = None,
 ) -> Any:
     """A dataclass field with everything the command line, validation and the docs need.
 
@@ -93,7 +101,12 @@ def option(
     ``bool`` (a switch), ``str``, ``ints`` / ``floats`` (comma lists, kept as tuples), or None for
     the default's own type. ``lo``/``hi``: the allowed range (inclusive; for lists, of every entry).
     ``cli=False``: a setting of the Python API only. ``above=(bound, words)``: an exclusive lower
-    bound of a ``float``, named by ``words`` in the message (``above the smallest step (1e-4)``)."""
+    bound of a ``float``, named by ``words`` in the message (``above the smallest step (1e-4)``).
+    ``positive``: a ``float`` that must be positive and finite (``--lr -1.0: must be a positive
+    finite number``). ``fallback``: the value a field that stays ``None`` when not given (so that
+    "was it given" is knowable) stands for. ``applies``: the group of input kinds (models) the
+    option means something for (:data:`widthscope.validate.GROUPS`); given for another, it is refused.
+    ``unknown``: what a value outside ``choices`` is called (``unknown growth criterion 'best'``)."""
     if kind is None:
         kind = {bool: "bool", int: "int", float: "float", tuple: "ints"}.get(type(default), "str")
     meta = {
@@ -107,20 +120,66 @@ def option(
         "metavar": metavar,
         "cli": cli,
         "above": above,
+        "positive": positive,
+        "fallback": fallback,
+        "applies": applies,
+        "unknown": unknown,
     }
     return dataclasses.field(default=default, metadata=meta)
 
 
-def apply_keywords(fn: str, base: T, keywords: Mapping[str, Any]) -> T:
-    """``base`` with the keyword conveniences of the Python function ``fn`` applied one by one, each
-    validated by the dataclass; a bad value is one error naming the keyword
-    (``grow(steps=...): --steps 0: must be ...``). Unknown keywords are the caller's to refuse."""
+def check_keywords(
+    fn: str,
+    cls: type[Options],
+    keywords: Mapping[str, Any],
+    *,
+    also: Sequence[str] = (),
+    words: str = "unknown setting {key!r}",
+    hints: Mapping[str, str] | None = None,
+) -> None:
+    """Refuse the first keyword of ``fn`` that is neither a field of ``cls`` nor in ``also``: one
+    line naming it, the closest name (did you mean) and the settings there are. ``words``: how the
+    refusal is worded (``{key}``: the keyword); ``hints``: a fix of its own for a known mistake."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    known = [*names, *also]
+    for key in keywords:
+        if key in known:
+            continue
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = (hints or {}).get(key) or (f"did you mean {close[0]}? " if close else "")
+        tail = f"; also {', '.join(also)}" if also else ""
+        raise WidthscopeTypeError(
+            f"{fn}({key}=...): {words.format(key=key)}; {hint}the settings are {', '.join(names)}{tail}"
+        )
+
+
+def with_keywords(
+    fn: str,
+    options: T | None,
+    cls: type[T],
+    keywords: Mapping[str, Any],
+    *,
+    also: Sequence[str] = (),
+    words: str = "unknown setting {key!r}",
+) -> T:
+    """``options`` (default ``cls()``) with the keyword conveniences of the Python function ``fn``
+    applied one by one, each validated by the dataclass: the one way every public function takes
+    "options + keyword overrides". An unknown keyword (:func:`check_keywords`), options of another
+    class or a bad value is one error naming it (``grow(steps=...): --steps 0: must be ...``).
+    ``also``: the parameters ``fn`` takes beside its options (named in that error, never here)."""
+    if options is not None and not isinstance(options, cls):
+        raise WidthscopeTypeError(f"{fn}(options=...): options must be a {cls.__name__}, got {type(options).__name__}")
+    check_keywords(fn, cls, keywords, also=also, words=words)
+    base = options if options is not None else cls()
     for key, value in keywords.items():
         try:
             base = dataclasses.replace(base, **{key: value})
         except WidthscopeError as exc:
             raise type(exc)(f"{fn}({key}=...): {exc}") from None
     return base
+
+
+SHARED: list[type[Options]] = []  # the classes of the shared range table, in import order
 
 
 def _fmt(v: Any) -> str:
@@ -135,6 +194,14 @@ class Options:
 
     # The fields' flags default to ``--name-with-dashes``.
     FLAGS: ClassVar[dict[str, str]] = {}
+    # True (in the class itself): its whole-number fields are rows of the command line's shared
+    # table (:data:`widthscope.validate.RANGES`), read off the fields of every such class imported.
+    SHARED_RANGES: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("SHARED_RANGES") and cls not in SHARED:
+            SHARED.append(cls)
 
     @classmethod
     def flag(cls, name: str) -> str:
@@ -158,6 +225,14 @@ class Options:
         """Type and range of one field; lists become tuples (hashable, frozen)."""
         flag, kind, lo, hi, what = self.flag(name), meta["kind"], meta["lo"], meta["hi"], meta["unit"]
         tail = f" ({what})" if what else ""
+        if meta.get("positive"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise WidthscopeTypeError(
+                    f"{flag} {value!r}: must be a positive finite number, not {type(value).__name__}"
+                )
+            if not (math.isfinite(value) and value > 0):
+                raise WidthscopeError(f"{flag} {value}: must be a positive finite number")
+            return float(value)
         if kind == "bool":
             if not isinstance(value, bool):
                 raise WidthscopeTypeError(f"{flag} {value!r}: must be true or false")
@@ -204,7 +279,8 @@ class Options:
         if kind == "str" and not isinstance(value, str):
             raise WidthscopeTypeError(f"{flag} {value!r}: must be a string")
         if meta["choices"] is not None and value not in meta["choices"]:
-            raise WidthscopeError(f"{flag} {value!r}: choose one of {', '.join(map(str, meta['choices']))}")
+            named = f" ({meta['unknown']} {value!r})" if meta.get("unknown") else ""
+            raise WidthscopeError(f"{flag} {value!r}: choose one of {', '.join(map(str, meta['choices']))}{named}")
         return value
 
     @staticmethod
@@ -269,6 +345,23 @@ class Options:
 
     def replace(self: T, **changes: Any) -> T:
         return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def given(cls, args: Any) -> set[str]:
+        """The fields of ``cls`` set in ``args`` (a parsed command line): the generated arguments
+        default to ``None`` (switches to ``False``), so set means given; ``args`` is only read."""
+        return {
+            f.name
+            for f in dataclasses.fields(cls)
+            if getattr(args, f.name, None) is not None and getattr(args, f.name) is not False
+        }
+
+    @classmethod
+    def from_args(cls: type[T], args: Any, base: T | None = None, **changes: Any) -> T:
+        """``base`` (default ``cls()``: the fields' defaults) with every option given in ``args``
+        and then ``changes``, validated once, by the dataclass; ``args`` is not changed."""
+        values = {name: getattr(args, name) for name in cls.given(args)} | changes
+        return cls(**values) if base is None else dataclasses.replace(base, **values)
 
     @classmethod
     def fields_help(cls) -> list[tuple[str, str, Any, str]]:
@@ -342,6 +435,8 @@ class CertifyOptions(InterventionOptions):
     ``M``/``K``: sample sizes of the certificates (``K=None``: ``K = M``; one ``K`` for every
     ``M``; or one per ``M``), drawn without replacement from the train / held-out pools."""
 
+    SHARED_RANGES = True
+
     M: tuple[int, ...] = option(
         DEFAULT_M,
         kind="ints",
@@ -361,7 +456,7 @@ class CertifyOptions(InterventionOptions):
     draws: int = option(
         1000, lo=1, hi=10**6, unit="resamples", help="resamples for empirical misalignment (default 1000)"
     )
-    seed: int = option(0, lo=0, hi=2**32 - 1, help="seed for data subsets and resampling")
+    seed: int = option(0, lo=0, hi=SEED_MAX, help="seed for data subsets and resampling")
     estimator: Estimator = option("unbiased", choices=ESTIMATORS, help="unbiased (default) or plugin")
     pool: str = option("sum", choices=POOLS, help="pooling of positions into a sample vector (default sum)")
     draw_scheme: str = option(
@@ -380,7 +475,7 @@ class CertifyOptions(InterventionOptions):
         "instead of O(n*d)); see docs/performance.md",
     )
     points: tuple[str, ...] | None = option(
-        None, kind="strs", cli=False, help="insertion points (default: every block output)"
+        None, kind="strs", help="comma-separated insertion points (default: every block output)"
     )
     train_mode: str = option(
         "eval",
@@ -425,6 +520,8 @@ class CertifyOptions(InterventionOptions):
 class CertifyRunOptions(Options):
     """How a certify run executes (not what it measures): probe batches, device, the built-in
     model's training."""
+
+    SHARED_RANGES = True
 
     batch_size: int = option(32, lo=1, hi=10**6, unit="examples per batch", help="probe batch size")
     device: str = option("cpu", help="torch device, e.g. cpu, cuda, cuda:1")

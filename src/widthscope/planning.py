@@ -565,16 +565,9 @@ class _Growth:
                 self.model,
                 index_batch(pools.probe_train, slice(0, a)),
                 index_batch(pools.rank_test, slice(0, b)),
-                points=points,
-                M=o.M,
-                K=o.K,
-                eta=o.eta_or_lr,
+                o.replace(points=tuple(points)),
                 loss_fn=self.loss_fn,
-                batch_size=o.batch_size,
                 show_progress=False,
-                criterion=o.criterion,
-                block_width=o.block_width,
-                block_seed=o.seed,
             )
 
         ends = sorted({self.names[0], self.names[-1]}, key=self.names.index)

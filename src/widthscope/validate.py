@@ -2,9 +2,11 @@
 
 :func:`widthscope.cli.checks.check_args` reads the parsed options of every command and applies
 these rules before the command starts work, so the same bad value gets the same one-line message
-everywhere: seeds, sizes and counts (:data:`RANGES`, one table; certify's entries come from the
-option fields of :mod:`widthscope.options`), step sizes, devices, which option fits which model
-(:data:`APPLIES`), path lengths and output collisions (:func:`check_outputs`), and output paths
+everywhere: seeds, sizes and counts (:data:`RANGES`), step sizes (:data:`POSITIVE`), devices,
+which option fits which model (:data:`APPLIES`): these tables are read off the fields that declare
+the options (:func:`widthscope.options.option`: the options classes with ``SHARED_RANGES`` and
+:class:`~widthscope.data.spec.InputSpec`), never written here. Path lengths and output
+collisions (:func:`check_outputs`), and output paths
 (writable *before* any work, so a result is never computed and then lost). Checks that need the
 model or the data (``M``/``K`` against the pools, sequence length against the position embeddings,
 tokens against the vocabulary) live in the input layer (:mod:`widthscope.data.inputs`) and
@@ -32,7 +34,7 @@ from typing import Any, Callable
 from ._io import unwritable
 from .errors import WidthscopeError
 from .hub import local_directory
-from .options import CertifyOptions, CertifyRunOptions
+from .options import MAX_POOL, SHARED, CertifyOptions
 
 __all__ = [
     "check_pools",
@@ -40,15 +42,11 @@ __all__ = [
     "check_outputs",
     "check_path_length",
     "input_kind",
-    "defaults",
     "flag_name",
     "group_words",
     "OUT_KIND",
-    "APPLIES",
     "KINDS",
-    "RANGES",
-    "POSITIVE",
-    "INPUT_OPTIONS",
+    "GROUPS",
     "INPUT_PATHS",
     "OUTPUT_PATHS",
     "int_list",
@@ -57,38 +55,66 @@ __all__ = [
 ]
 
 
-# The one table of whole-number options: (attribute, smallest, largest, what it counts). The upper
-# bounds sit where memory or time explodes long before a result (each intervention step evaluates the
-# whole held-out pool at every point; each misalignment draw is an (M, K) Gram slice; a projection is
-# a d x project matrix per point), far above any setting a study needs. None: bounded by the model
-# (--project must be below a point's dimension; certify checks it before any training).
-# Options that are fields of the options dataclasses (draws, n_etas, batch_size, train_steps,
-# project) take their range from the field (widthscope.options): one source per option.
-def _from_fields() -> dict[str, tuple[int, int | None, str]]:
-    out = {}
-    for cls in (CertifyOptions, CertifyRunOptions):
-        for f in dataclasses.fields(cls):
+# The command line's table of whole-number options: (attribute, smallest, largest, what it counts),
+# read off the fields of the options dataclasses and of InputSpec (one source per option); only
+# --threads, a setting of the process, is declared here. The upper bounds sit where memory or time
+# explodes long before a result.
+_THREADS = ("threads", 1, 4096, "threads")
+
+
+def _input_ranges() -> tuple[tuple[str, int, int | None, str], ...]:
+    from .data.spec import InputSpec  # noqa: PLC0415  start-up time: torch
+
+    return tuple(
+        (f.name, int(f.metadata["lo"]), f.metadata["hi"], f.metadata["unit"])
+        for f in dataclasses.fields(InputSpec)
+        if f.metadata.get("kind") in ("int", "pool") and f.metadata.get("lo") is not None
+    ) + (_THREADS,)
+
+
+def _option_classes() -> tuple[type, ...]:
+    """The options classes that declare ``SHARED_RANGES`` (CertifyOptions, CertifyRunOptions and,
+    once imported, GrowOptions): a lower layer never imports the pipelines' classes."""
+    return tuple(SHARED)
+
+
+def _from_fields() -> tuple[tuple[str, int, int | None, str], ...]:
+    """Every whole-number field with a lower bound (the seed has its own line), first class first;
+    a name that is a list elsewhere (certify's ``--M 16,32``, grow's ``--M 32``) is the dataclass's."""
+    out: dict[str, tuple[str, int, int | None, str]] = {}
+    fields = [f for cls in _option_classes() for f in dataclasses.fields(cls)]
+    lists = {f.name for f in fields if f.metadata.get("kind") in ("ints", "floats")}
+    for f in fields:
+        if f.name not in lists:
             meta = f.metadata
-            if meta.get("kind") == "int" and meta.get("lo") is not None and f.name != "seed":
+            if meta.get("kind") == "int" and meta.get("lo") is not None and f.name not in ("seed", *out):
                 hi = meta.get("hi")
-                out[f.name] = (int(meta["lo"]), None if hi is None else int(hi), meta.get("unit") or "")
-    return out
+                out[f.name] = (f.name, int(meta["lo"]), None if hi is None else int(hi), meta.get("unit") or "")
+    return tuple(out.values())
 
 
-_FIELDS = _from_fields()
-RANGES: tuple[tuple[str, int, int | None, str], ...] = (
-    ("n_train", 4, 10**7, "examples; the unbiased estimators need at least 4"),
-    ("n_test", 4, 10**7, "examples; the unbiased estimators need at least 4"),
-    ("steps", 1, 10**8, "steps"),
-    ("seq_len", 2, 10**6, "tokens (one input and one predicted token)"),
-    ("max_tokens", 1, 10**12, "tokens"),
-    ("threads", 1, 4096, "threads"),
-    ("block_width", 1, 10**6, "hidden units"),
-    ("n_rank", 4, 10**7, "examples"),
-    *((name, lo, hi, unit) for name, (lo, hi, unit) in _FIELDS.items()),
-)
-_RANGE = {name: (lo, hi) for name, lo, hi, _ in RANGES if hi is not None}
-POSITIVE = ("lr", "eta")
+def _positive() -> tuple[str, ...]:
+    names = [f.name for cls in _option_classes() for f in dataclasses.fields(cls) if f.metadata.get("positive")]
+    return tuple(dict.fromkeys(names))
+
+
+def __getattr__(name: str) -> Any:
+    """``RANGES``, ``POSITIVE``, ``INPUT_OPTIONS`` and ``APPLIES`` (per command), read off the fields
+    of the classes imported so far, when asked for."""
+    if name == "INPUT_OPTIONS":
+        return _input_options()
+    if name == "APPLIES":
+        return {command: {**_input_options(), **own} for command, own in _COMMAND_APPLIES.items()}
+    if name == "RANGES":
+        value: Any = (*_input_ranges(), *_from_fields())
+    elif name == "POSITIVE":
+        value = _positive()
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return value  # not kept: a class imported later adds its rows
+
+
+_MAX_ETAS = next(f.metadata["hi"] for f in dataclasses.fields(CertifyOptions) if f.name == "n_etas")
 # Which commands write a file (--out FILE) and which a directory (--out DIR).
 OUT_KIND = {
     "certify": "file",
@@ -130,44 +156,35 @@ _HF = frozenset(k for k in KINDS if k.startswith("hf-"))
 _HF_TEXT = _HF - {"hf-image-classification"}
 _TEXT = _HF_TEXT | {"widthscope-lm"}
 _WS = frozenset({"widthscope-classifier", "widthscope-lm"})
-# option (argparse dest) -> the input kinds where it means something, per command. An option given
-# explicitly for any other kind is refused with one line (never silently ignored); options left
-# out here (--n-train, --seed, --batch-size, ...) apply to every kind. Finer rules that need the
-# data (--text-field needs a table file, --label-field labelled text, --test-fraction one corpus
-# to split) are checked by the input layer, also only when the option was given.
-INPUT_OPTIONS: dict[str, frozenset[str]] = {
-    "task": _HF,
-    "tokenizer": _TEXT,
-    "data": _CKPT,
-    "train_data": _CKPT - {"widthscope-classifier"},
-    "test_data": _CKPT - {"widthscope-classifier"},
-    "train_split": _TEXT,
-    "test_split": _TEXT,
-    "data_root": _WS,
-    "text_field": _TEXT,
-    "label_field": frozenset({"hf-sequence-classification"}),
-    "seq_len": _TEXT,
-    "sequences": _TEXT,
-    "max_tokens": _TEXT,
-    "train_pool": _WS,
-    "empty_docs": _TEXT,
-    "test_fraction": _TEXT | {"hf-image-classification"},
-    "first": _CKPT,
+# The groups of input kinds an input option may apply to: each InputSpec field names its group
+# (``applies=``, widthscope.data.spec). An option given explicitly for any other kind is refused with
+# one line (never silently ignored); options without a group (--n-train, --seed, --batch-size, ...)
+# apply to every kind. Finer rules that need the data (--text-field needs a table file, --label-field
+# labelled text, --test-fraction one corpus to split) are checked by the input layer, also only when
+# the option was given.
+GROUPS: dict[str, frozenset[str]] = {
+    "all": _ALL,
+    "checkpoints": _CKPT,
+    "hf": _HF,
+    "text": _TEXT,
+    "widthscope": _WS,
+    "two_sources": _CKPT - {"widthscope-classifier"},
+    "hf_sequence_classifiers": frozenset({"hf-sequence-classification"}),
+    "splittable": _TEXT | {"hf-image-classification"},
 }
-APPLIES: dict[str, dict[str, frozenset[str]]] = {
-    "certify": {**INPUT_OPTIONS, "first": _ALL, "train_steps": frozenset({"builtin"})},
-    "grow": dict(INPUT_OPTIONS),
+# What a command changes of its input options' groups (certify: --first for every kind, and its
+# --train-steps, a CertifyRunOptions field, for the built-in model only).
+_COMMAND_APPLIES: dict[str, dict[str, frozenset[str]]] = {
+    "certify": {"first": _ALL, "train_steps": frozenset({"builtin"})},
+    "grow": {},
 }
-# Values an option takes when it is not given (argparse's default is None, so "given" is knowable).
-# The input options' defaults are the input layer's (widthscope.data.spec.INPUT_DEFAULTS), read
-# lazily: importing widthscope.data imports torch, and every command's validation runs this module.
-_OWN_DEFAULTS = {"train_steps": 60}
 
 
-def defaults() -> dict[str, object]:
-    from .data.spec import INPUT_DEFAULTS  # noqa: PLC0415  start-up time: torch
+def _input_options() -> dict[str, frozenset[str]]:
+    """option (argparse dest) -> the input kinds where it means something: the InputSpec fields' groups."""
+    from .data.spec import InputSpec  # noqa: PLC0415  start-up time: torch
 
-    return {**INPUT_DEFAULTS, **_OWN_DEFAULTS}
+    return {f.name: GROUPS[f.metadata["applies"]] for f in dataclasses.fields(InputSpec) if f.metadata.get("applies")}
 
 
 def input_kind(model: str | None, task: str | None = None, revision: str | None = None) -> str | None:
@@ -361,10 +378,9 @@ def float_list(text: str | None, flag: str) -> list[float] | None:
     vals = num_list(text, flag, float)
     if vals is not None and any(not (v > 0 and math.isfinite(v)) for v in vals):
         raise WidthscopeError(f"{flag} {text!r}: step sizes must be positive finite numbers")
-    if vals is not None and len(vals) > _RANGE["n_etas"][1]:
+    if vals is not None and len(vals) > _MAX_ETAS:
         raise WidthscopeError(
-            f"{flag}: {len(vals)} step sizes; at most {_RANGE['n_etas'][1]} (each one evaluates "
-            "the held-out pool at every point)"
+            f"{flag}: {len(vals)} step sizes; at most {_MAX_ETAS} (each one evaluates the held-out pool at every point)"
         )
     return vals
 
@@ -381,10 +397,8 @@ def sizes_list(values: Any, name: str) -> list[int]:
         raise WidthscopeError(
             f"{name} must be a non-empty list of positive whole numbers, got {values!r} (e.g. {name}=[16, 32, 64, 128])"
         )
-    if max(out) > _RANGE["n_train"][1]:
-        raise WidthscopeError(
-            f"{name}={max(out)}: at most {_RANGE['n_train'][1]} (a draw cannot be larger than its pool)"
-        )
+    if max(out) > MAX_POOL:
+        raise WidthscopeError(f"{name}={max(out)}: at most {MAX_POOL} (a draw cannot be larger than its pool)")
     return out
 
 

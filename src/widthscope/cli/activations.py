@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from ..linearization.activations import ActivationsOptions, run_audit
-from .args import add_config, add_options, config_options, options_from_args
+from .args import add_config, add_options, config_options
 
 __all__ = ["add_arguments", "run"]
 
@@ -27,6 +27,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     base = config_options(ActivationsOptions, args.config, "activations", "activations") if args.config else None
-    opts = options_from_args(ActivationsOptions, args, base)
+    opts = ActivationsOptions.from_args(args, base)
     run_audit(opts, json_out=args.json)
     return 0

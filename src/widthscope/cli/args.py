@@ -2,9 +2,11 @@
 
 :func:`add_options` adds one ``argparse`` argument per field (flag, type, choices, help and
 metavar from the field; the default shown in the help is the field's). Every generated argument
-defaults to ``None``, so which options the user *gave* is knowable (presets fill only the rest);
-:func:`options_from_args` builds the dataclass from the given ones over a base instance (a
-preset, or a results file's recorded options with ``--config``), and the dataclass validates it.
+defaults to ``None``, so which options the user *gave* is knowable (presets fill only the rest)
+without recording anything in the namespace; ``XOptions.from_args(args, base)``
+(:meth:`widthscope.options.Options.from_args`) builds the dataclass from the given ones over a
+base instance (a preset, or a results file's recorded options with ``--config``), and the
+dataclass validates it, once. The namespace is never changed.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any, TypeVar
 from ..errors import WidthscopeError
 from ..options import Options
 
-__all__ = ["add_options", "options_from_args", "given_fields", "load_config", "add_config", "config_options"]
+__all__ = ["add_options", "options_from_args", "load_config", "add_config", "config_options"]
 
 T = TypeVar("T", bound=Options)
 
@@ -57,25 +59,9 @@ def add_options(parser: argparse.ArgumentParser, cls: type[Options], *, skip: It
         parser.add_argument(cls.flag(f.name), **kw)
 
 
-def given_fields(cls: type[Options], args: argparse.Namespace) -> set[str]:
-    """The fields of ``cls`` the user gave on the command line (``args.given``, recorded by
-    :func:`widthscope.cli.checks.fill_defaults` before it filled defaults in, has the last word)."""
-    names = {
-        f.name
-        for f in dataclasses.fields(cls)
-        if getattr(args, f.name, None) is not None and getattr(args, f.name) is not False
-    }
-    recorded = getattr(args, "given", None)
-    filled = set(getattr(args, "filled", ()))
-    return {n for n in names if n not in filled or (recorded is not None and n in recorded)}
-
-
 def options_from_args(cls: type[T], args: argparse.Namespace, base: T | None = None) -> T:
-    """``base`` (default: ``cls()``) with every option the user gave; validated by the dataclass."""
-    values = {name: getattr(args, name) for name in given_fields(cls, args)}
-    if base is None:
-        return cls(**values)
-    return dataclasses.replace(base, **values)
+    """``cls.from_args(args, base)``: ``base`` (default ``cls()``) with every option the user gave."""
+    return cls.from_args(args, base)
 
 
 def load_config(path: str, section: str = "options") -> dict[str, Any]:

@@ -22,7 +22,7 @@ from ..errors import WidthscopeError
 from ..options import PROTOCOLS, CertifyOptions, CertifyRunOptions
 from ..planning import plan_certify
 from ..validate import check_pools, float_list, int_list, pairs_of
-from .args import add_options, given_fields, load_config, options_from_args
+from .args import add_options, load_config
 from .inputs import add_arguments as add_inputs
 from .inputs import spec_from_args
 
@@ -57,7 +57,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "options given here override them",
     )
     add_options(parser, CertifyRunOptions, skip=("train_steps",))
-    parser.add_argument("--points", default=None, help="comma-separated insertion points (default: every block output)")
     parser.add_argument("--list-points", action="store_true", help="print the insertion points and exit")
     parser.add_argument(
         "--all", action="store_true", help="with --list-points: every module path, not only the block outputs"
@@ -107,23 +106,24 @@ def _two_sources(args: argparse.Namespace) -> bool:
     return len(dataset_splits(data) or []) >= 2  # a DatasetDict or a folder of split files
 
 
-def _apply_input_preset(args: argparse.Namespace) -> list[str]:
-    """Fill the input options the user left unset from ``--protocol``; returns the preset's notes."""
+def input_preset(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+    """The values ``--protocol`` gives the input options the user left unset, and the preset's
+    notes; ``args`` is not changed (:func:`~widthscope.cli.inputs.spec_from_args` takes them)."""
+    preset: dict[str, Any] = {}
     for key, value in INPUT_PRESETS[args.protocol].items():
         if key == "n_test" and value == "all" and not _two_sources(args):
             value = INPUT_PRESETS["default"]["n_test"]  # one corpus to split: never read all of it by default
-        if key == "first":
-            args.first = bool(args.first or value)
-        elif getattr(args, key, None) is None:
-            setattr(args, key, value)
+        if getattr(args, key, None) is None or getattr(args, key) is False:
+            preset[key] = value
     if args.protocol != "published":
-        return []
+        return preset, []
+    sequences = args.sequences or preset.get("sequences")
     seqs = (
         "concatenated chunks (non-empty documents joined with EOS)"
-        if args.sequences == "concatenate"
-        else f"--sequences {args.sequences}"
+        if sequences == "concatenate"
+        else f"--sequences {sequences}"
     )
-    return [
+    return preset, [
         f"protocol 'published': plug-in estimators, sum pooling, {seqs}, the first sequences of each source, "
         "every chunk of a held-out source unless --n-test is given, M = K in 16,32,64,128, 1000 draws drawn as "
         "the flip script draws them; probed in eval mode (the alignment script probes in train mode: see "
@@ -131,9 +131,11 @@ def _apply_input_preset(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def _check_combinations(args: argparse.Namespace, opts: CertifyOptions, given: set[str]) -> None:
+def _check_combinations(
+    args: argparse.Namespace, opts: CertifyOptions, given: set[str], preset: dict[str, Any]
+) -> None:
     """Options that mean nothing together are refused (the user's, after --protocol filled the rest)."""
-    preset = " (--protocol published)" if args.protocol == "published" else ""
+    words = " (--protocol published)" if args.protocol == "published" else ""
     none_run = opts.interventions == "none"
     if "n_etas" in given and "etas" in given:
         raise WidthscopeError(
@@ -146,17 +148,17 @@ def _check_combinations(args: argparse.Namespace, opts: CertifyOptions, given: s
             )
         if none_run:
             raise WidthscopeError(
-                f"--max-rel-step sets the largest intervention step, but none run{preset}: add "
+                f"--max-rel-step sets the largest intervention step, but none run{words}: add "
                 "--interventions bias (or block), or drop --max-rel-step"
             )
     if "etas" in given and none_run:
         raise WidthscopeError(
-            f"--etas sets the step sizes of the interventions, but none run{preset}: add "
+            f"--etas sets the step sizes of the interventions, but none run{words}: add "
             "--interventions bias (or block), or drop --etas"
         )
     if "n_etas" in given and none_run:
         raise WidthscopeError(
-            f"--n-etas sets the number of intervention steps, but none run{preset}: add "
+            f"--n-etas sets the number of intervention steps, but none run{words}: add "
             "--interventions bias (or block), or drop --n-etas"
         )
     if args.all and not args.list_points:
@@ -166,9 +168,9 @@ def _check_combinations(args: argparse.Namespace, opts: CertifyOptions, given: s
     if opts.pool != "token":
         Ms, Ks = [m for m, _ in opts.pairs], [k for _, k in opts.pairs]
         # "all": the pool's size is known once the source is read (the run checks it then)
-        check_pools(
-            Ms, Ks, max(Ms) if is_all(args.n_train) else args.n_train, max(Ks) if is_all(args.n_test) else args.n_test
-        )
+        n_train = args.n_train  # 256 unless given
+        n_test = args.n_test if args.n_test is not None else preset["n_test"]
+        check_pools(Ms, Ks, max(Ms) if is_all(n_train) else n_train, max(Ks) if is_all(n_test) else n_test)
 
 
 # ----------------------------------------------------------------------------- the command
@@ -196,8 +198,8 @@ def _bases(args: argparse.Namespace) -> tuple[CertifyOptions, CertifyRunOptions,
     return opts, run, spec
 
 
-def _spec(args: argparse.Namespace, recorded: InputSpec | None) -> InputSpec:
-    spec = spec_from_args(args, "certify")  # the inputs, validated before the model loads
+def _spec(args: argparse.Namespace, recorded: InputSpec | None, preset: dict[str, Any], seed: int) -> InputSpec:
+    spec = spec_from_args(args, "certify", preset=preset, seed=seed)  # validated before the model loads
     if recorded is None:
         return spec
     mine = set(spec.given or ())  # options given now win over the recorded run's
@@ -209,19 +211,15 @@ def _spec(args: argparse.Namespace, recorded: InputSpec | None) -> InputSpec:
 
 def run(args: argparse.Namespace) -> int:
     # Seeds, sizes, devices, data paths and outputs were checked by cli.checks.check_args (cli.main).
-    notes = _apply_input_preset(args)
+    preset, notes = input_preset(args)
     # the command line's list messages (the dataclass checks the same values again)
     pairs_of(int_list(args.M, "--M") or [1], int_list(args.K, "--K"))
     float_list(args.etas, "--etas")
     base, run_base, recorded = _bases(args)
-    given = given_fields(CertifyOptions, args)
-    opts = options_from_args(CertifyOptions, args, base)
-    if args.points is not None:
-        opts = opts.replace(points=args.points)
-    _check_combinations(args, opts, given)
-    run_opts = options_from_args(CertifyRunOptions, args, run_base)
-    args.seed = opts.seed  # the inputs' seed (data subsets) is the run's
-    spec = _spec(args, recorded)
+    opts = CertifyOptions.from_args(args, base)  # --points too (a field of the Python API's)
+    _check_combinations(args, opts, CertifyOptions.given(args), preset)
+    run_opts = CertifyRunOptions.from_args(args, run_base)
+    spec = _spec(args, recorded, preset, opts.seed)  # the inputs' seed (data subsets) is the run's
     if args.list_points:
         print("\n".join(list_points(spec, every_module=args.all)), flush=True)
         return 0

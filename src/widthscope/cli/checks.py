@@ -1,9 +1,12 @@
 """The checks every command's parsed options get before any work (called by :func:`widthscope.cli.main`).
 
-The rules themselves live below the command line, in :mod:`widthscope.validate` (ranges, which
-option fits which model, path lengths, output collisions) and are namespace-free; this module
-reads them off the parsed ``argparse.Namespace``: which options were *given*, their values, the
-paths a command reads and writes.
+The rules themselves live below the command line: the range, choices and default of every option
+are its dataclass field's (:mod:`widthscope.options`, read through
+:data:`widthscope.validate.RANGES`), the rules that are not one field's (which option fits which
+model, path lengths, output collisions) are :mod:`widthscope.validate`'s, namespace-free. This
+module only reads the parsed ``argparse.Namespace`` (it never changes it): which options were
+*given* (every generated argument defaults to ``None``), their values, the paths a command reads
+and writes. The commands then build their typed options from it (``XOptions.from_args(args)``).
 
 Example::
 
@@ -22,27 +25,24 @@ import math
 import os
 from pathlib import Path
 
+from .. import validate
 from .._io import check_writable, missing_parents
 from ..errors import WidthscopeError
+from ..options import SEED_MAX
 from ..validate import (
-    APPLIES,
-    INPUT_OPTIONS,
     INPUT_PATHS,
     KINDS,
     OUT_KIND,
     OUTPUT_PATHS,
-    POSITIVE,
-    RANGES,
     check_dir_writable,
     check_outputs,
     check_path_length,
-    defaults,
     flag_name,
     group_words,
     input_kind,
 )
 
-__all__ = ["check_args", "check_applies", "fill_defaults", "given", "paths", "CREATED"]
+__all__ = ["check_args", "check_applies", "given", "paths", "CREATED"]
 
 # Output folders check_args created; widthscope.cli removes those still empty when a command fails.
 CREATED: list[Path] = []
@@ -56,7 +56,7 @@ def _given(args: argparse.Namespace, dest: str) -> bool:
 def check_applies(args: argparse.Namespace, command: str, kind: str | None = None) -> None:
     """Refuse (one line) every option of :data:`~widthscope.validate.APPLIES` given for an input
     kind it does not fit."""
-    table = APPLIES.get(command)
+    table = validate.APPLIES.get(command)
     if table is None:
         return
     kind = kind or input_kind(
@@ -72,23 +72,11 @@ def check_applies(args: argparse.Namespace, command: str, kind: str | None = Non
             )
 
 
-def fill_defaults(args: argparse.Namespace) -> None:
-    """Record which input options were given (``args.given``), then set the defaults of the rest."""
-    if not hasattr(args, "given"):
-        args.given = sorted(d for d in (*INPUT_OPTIONS, *defaults()) if _given(args, d))
-    filled = []
-    for dest, value in defaults().items():
-        if hasattr(args, dest) and getattr(args, dest) is None:
-            setattr(args, dest, value)
-            filled.append(dest)
-    args.filled = sorted(set(getattr(args, "filled", ())) | set(filled))  # defaults, not the user's
-
-
 def given(args: argparse.Namespace, dest: str) -> bool:
-    """Was ``dest`` given on the command line (before :func:`fill_defaults` set the defaults)?"""
-    if hasattr(args, "given"):
-        return dest in args.given
-    return _given(args, dest) and getattr(args, dest) != defaults().get(dest, object())
+    """Was ``dest`` given on the command line? Its argument defaults to ``None`` (a switch to
+    ``False``) so that this is knowable; the defaults are the fields' and are filled in by the
+    typed objects (``XOptions.from_args``, :func:`widthscope.cli.inputs.spec_from_args`)."""
+    return _given(args, dest)
 
 
 def paths(args: argparse.Namespace, dests: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -131,9 +119,9 @@ def check_args(args: argparse.Namespace, command: str) -> None:
     for flag, path in paths(args, INPUT_PATHS + OUTPUT_PATHS):
         check_path_length(flag, path)
     seed = getattr(args, "seed", None)
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32):
-        raise WidthscopeError(f"--seed {seed}: must be a whole number in 0..{2**32 - 1}")
-    for name, lo, hi, what in RANGES:
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX):
+        raise WidthscopeError(f"--seed {seed}: must be a whole number in 0..{SEED_MAX}")
+    for name, lo, hi, what in validate.RANGES:
         v = getattr(args, name, None)
         if name in ("n_train", "n_test") and v == "all":  # every sequence of the source (data.published)
             if command not in ("certify", "inputs"):
@@ -143,7 +131,7 @@ def check_args(args: argparse.Namespace, command: str) -> None:
             raise WidthscopeError(f"{flag_name(name)} {v}: must be a whole number >= {lo} ({what})")
         if v is not None and hi is not None and v > hi:
             raise WidthscopeError(f"{flag_name(name)} {v}: must be a whole number in {lo}..{hi} ({what})")
-    for name in POSITIVE:
+    for name in validate.POSITIVE:
         v = getattr(args, name, None)
         if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
             raise WidthscopeError(f"{flag_name(name)} {v}: must be a positive finite number")
@@ -163,9 +151,8 @@ def check_args(args: argparse.Namespace, command: str) -> None:
         from ..models.dispatch import check_max_memory, check_visible  # noqa: PLC0415  start-up time: torch
 
         check_visible(check_max_memory(max_memory, name="--max-memory"), name="--max-memory", text=max_memory)
-    if command in APPLIES:
+    if command in validate.APPLIES:
         check_applies(args, command)
-        fill_defaults(args)
     srcs = [getattr(args, k, None) for k in ("data", "train_data", "test_data", "train_split", "test_split")]
     if srcs[3] is not None or srcs[4] is not None:  # --*-split only for a source with splits, before any work
         from ..data.sources import check_splits_given  # noqa: PLC0415  start-up time: torch

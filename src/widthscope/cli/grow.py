@@ -13,10 +13,10 @@ import argparse
 from typing import Any
 
 from .._io import format_table
-from ..growth.options import GrowOptions
+from ..growth.options import GROW_POOLS, GrowOptions
 from ..growth.pipeline import run_grow
 from ..planning import plan_grow
-from .args import add_config, add_options, config_options, options_from_args
+from .args import add_config, add_options, config_options
 from .inputs import add_arguments as add_inputs
 from .inputs import spec_from_args
 
@@ -36,8 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         model_required=True,
         n_train=None,
         n_test=None,
-        n_train_help="2048, capped at what the data has",
-        n_test_help="512, capped at what the data has",
+        n_train_help=f"{GROW_POOLS[0]}, capped at what the data has",
+        n_test_help=f"{GROW_POOLS[1]}, capped at what the data has",
     )
     add_config(p, "grow")
     add_options(p, GrowOptions)
@@ -103,10 +103,10 @@ def run(args: argparse.Namespace) -> int:
     # data options were refused for the built-in model by widthscope.validate.APPLIES.
     # --config: the growth options a grow results JSON recorded; the inputs are this command line's
     base = config_options(GrowOptions, args.config, "grow", "grow") if args.config else None
-    opts = options_from_args(GrowOptions, args, base)
-    args.seed = opts.seed  # the inputs' seed (the checkpoint's pools) is the run's
+    opts = GrowOptions.from_args(args, base)
     builtin = args.model == "builtin"
-    spec = None if builtin else spec_from_args(args, "grow")  # the 2048/512 capped defaults live there
+    # the 2048/512 capped defaults live there; the inputs' seed (the checkpoint's pools) is the run's
+    spec = None if builtin else spec_from_args(args, "grow", seed=opts.seed)
 
     if args.plan or args.plan_no_time:
         plan = plan_grow(

@@ -15,7 +15,7 @@ import webbrowser
 from ..errors import WidthscopeError
 from ..report import report
 from ..report.options import ReportOptions
-from .args import add_options, load_config, options_from_args
+from .args import add_options, load_config
 
 __all__ = ["add_arguments", "run"]
 
@@ -49,7 +49,7 @@ def _base(path: str | None) -> ReportOptions:
 
 
 def run(args: argparse.Namespace) -> int:
-    opts = options_from_args(ReportOptions, args, _base(args.config))
+    opts = ReportOptions.from_args(args, _base(args.config))
     page = report(args.results, options=opts)
     print(f"report: {page}")
     print(f"figures: {page.parent}/*.png")

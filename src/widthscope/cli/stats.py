@@ -14,7 +14,7 @@ from typing import Any
 from ..certification.per_point import tables
 from ..certification.samples import StatsOptions, run_stats
 from ..validate import int_list
-from .args import add_config, add_options, config_options, options_from_args
+from .args import add_config, add_options, config_options
 
 __all__ = ["add_arguments", "run"]
 
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     int_list(args.M, "--M"), int_list(args.K, "--K")  # the command line's list messages
     base = config_options(StatsOptions, args.config, "stats", "stats") if args.config else StatsOptions()
     base = base.sources(samples=args.samples, train=args.train, test=args.test)
-    opts = options_from_args(StatsOptions, args, base)
+    opts = StatsOptions.from_args(args, base)
 
     def report(res: dict[str, Any]) -> None:
         print(tables(res))

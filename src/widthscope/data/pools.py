@@ -10,9 +10,7 @@ import torch
 from ..errors import WidthscopeError
 from ..probe.interventions import batch_size_of
 from ..probe.interventions import index_batch as index
-from .spec import InputSpec, PoolSize
-
-WINDOW = 20  # default corpus window: this many times the pool sizes
+from .spec import WINDOW, InputSpec, PoolSize
 
 
 # ----------------------------------------------------------------------------- pools

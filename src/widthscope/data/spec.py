@@ -57,6 +57,7 @@ from torch import nn
 from .._args import describe
 from ..errors import WidthscopeError, WidthscopeTypeError
 from ..models.dispatch import DEVICE_MAPS, parse_max_memory
+from ..options import SEED_MAX, option
 from . import DATASETS
 from .corpus import precheck
 from .hf_datasets import check_ref, is_hf_ref, parse_ref
@@ -86,14 +87,7 @@ TASKS = ("causal-lm", "masked-lm", "sequence-classification", "image-classificat
 SEQUENCES = ("concatenate", "per-document", "truncate")
 EMPTY_DOCS = ("skip", "eos")  # empty/whitespace-only documents: skipped (the published scripts) or an EOS each
 TRAIN_POOLS = ("fitted", "fresh")
-# Values of the options that are None when not given (so "was it given" is knowable).
-INPUT_DEFAULTS: dict[str, Any] = {
-    "text_field": "text",
-    "label_field": "label",
-    "train_pool": "fitted",
-    "test_fraction": 0.1,
-    "empty_docs": "skip",
-}
+WINDOW = 20  # default corpus window: this many times the pool sizes (tokens read per source)
 _PATHS = (
     "model",
     "tokenizer",
@@ -126,13 +120,6 @@ OPTIONAL_FIELDS = (
     "first",
     "empty_docs",
 )
-_CHOICES = (
-    ("dtype", DTYPES),
-    ("task", TASKS),
-    ("sequences", SEQUENCES),
-    ("train_pool", TRAIN_POOLS),
-    ("empty_docs", EMPTY_DOCS),
-)
 
 
 def _flag(name: str) -> str:
@@ -162,33 +149,172 @@ def _whole(v: Any) -> bool:
 class InputSpec:
     """Everything :func:`widthscope.data.inputs.resolve` needs; see the module docstring."""
 
-    model: str | nn.Module
-    revision: str | None = None  # hub ids (and hub cache folders): branch, tag or commit; None = main
-    task: str | None = None
-    dtype: str = "auto"
+    model: str | nn.Module = dataclasses.field(  # required: no default
+        metadata=option(
+            help="checkpoint: a widthscope directory, a .safetensors file with a config.json beside it, or "
+            "a Hugging Face directory (any causal LM, masked LM, sequence or image classifier), a "
+            "Hugging Face hub id org/name or hub cache folder models--org--name (read from the hub "
+            "cache; downloaded unless HF_HUB_OFFLINE=1); 'builtin' trains a small MLP on digits",
+            kind="str",
+            cli=False,  # required or defaulted per command: cli.inputs adds it
+        ).metadata
+    )
+    # hub ids (and hub cache folders): branch, tag or commit; None = main
+    revision: str | None = option(
+        help="branch, tag or commit of a hub --model (default main); the tokenizer comes from the same "
+        "revision; results record the id, this revision and the commit it resolved to",
+        kind="str",
+        metavar="REV",
+    )
+    task: str | None = option(
+        help="the HF checkpoint's task when its config.json names no architecture",
+        kind="str",
+        choices=TASKS,
+        applies="hf",
+    )
+    dtype: str = option(
+        "auto",
+        help="model dtype (auto: the checkpoint's); statistics always accumulate in float64",
+        choices=DTYPES,
+    )
     # big models (docs/big-models.md): accelerate's placement of a Hugging Face checkpoint
-    device_map: str | None = None  # auto, balanced, balanced_low_0, sequential
-    max_memory: str | None = None  # "cpu=2GB,0=10GiB,disk" (widthscope.models.dispatch.parse_max_memory)
-    offload_folder: str | None = None  # where disk-offloaded weights go (default: a temporary folder)
-    tokenizer: Any = None  # a path/hub id, "bytes", or a tokenizer object
-    data: Source = None
-    train_data: Source = None
-    test_data: Source = None
-    train_split: str | None = None
-    test_split: str | None = None
-    data_root: str | None = None
-    text_field: str | None = None
-    label_field: str | None = None
-    seq_len: int | None = None
-    sequences: str | None = None
-    empty_docs: str | None = None  # "skip" (default) or "eos"
-    first: bool = False
-    max_tokens: int | None = None
-    train_pool: str | None = None
-    test_fraction: float | None = None
-    n_train: PoolSize = 256
-    n_test: PoolSize = 256
-    seed: int = 0
+    device_map: str | None = option(
+        help="spread a Hugging Face --model over the devices and memory of --max-memory (accelerate's "
+        "big-model dispatch; layers that fit nowhere go to disk and are reloaded block by block)",
+        kind="str",
+        choices=DEVICE_MAPS,
+    )
+    max_memory: str | None = option(  # widthscope.models.dispatch.parse_max_memory
+        help="per-device memory for --device-map, e.g. cpu=2GB,0=10GiB,disk ('disk' allows offloading "
+        "the rest to disk)",
+        kind="str",
+        metavar="DEV=SIZE,...",
+    )
+    offload_folder: str | None = option(
+        help="where disk-offloaded weights go (default: a temporary folder, removed afterwards)",
+        kind="str",
+        metavar="DIR",
+    )
+    tokenizer: Any = option(  # a path/hub id, "bytes", or a tokenizer object
+        help="tokenizer directory (default: the checkpoint's own), or 'bytes' for byte-level ids",
+        kind="str",
+        applies="text",
+    )
+    data: Source = option(
+        help="the data: a dataset name, a text file or directory, .jsonl/.json/.csv/.parquet, a datasets "
+        "save_to_disk directory, a folder of split files, a Hugging Face dataset hf:NAME[:CONFIG][@REVISION] "
+        "(from the datasets cache; streamed where only a prefix is needed), or an ImageFolder directory; a "
+        "source with its own splits gives train -> train pool, validation (else test) -> held-out pool, "
+        "anything else is split by --test-fraction (default: the checkpoint's recorded dataset)",
+        kind="str",
+        applies="checkpoints",
+    )
+    train_data: Source = option(
+        help="the train pool's own file/directory/hf:NAME (with --test-data)", kind="str", applies="two_sources"
+    )
+    test_data: Source = option(
+        help="the held-out pool's own file/directory/hf:NAME (with --train-data)", kind="str", applies="two_sources"
+    )
+    train_split: str | None = option(
+        help="split of a dataset with splits (a DatasetDict directory, a folder of split files, hf:NAME) "
+        "for the train pool (default train)",
+        kind="str",
+        applies="text",
+    )
+    test_split: str | None = option(
+        help="split of a dataset with splits (a DatasetDict directory, a folder of split files, hf:NAME) "
+        "for the held-out pool (default validation, else test)",
+        kind="str",
+        applies="text",
+    )
+    data_root: str | None = option(
+        help="root folder of a named image dataset's files", kind="str", applies="widthscope"
+    )
+    text_field: str | None = option(
+        help="text field/column of .jsonl/.json/.csv/.parquet/datasets/hf: data (default text); --text-column "
+        "is the same",
+        kind="str",
+        fallback="text",
+        applies="text",
+    )
+    label_field: str | None = option(
+        help="label column for sequence classification (default label)",
+        kind="str",
+        fallback="label",
+        applies="hf_sequence_classifiers",
+    )
+    seq_len: int | None = option(
+        help="tokens per sequence (default: the checkpoint's recorded one, else 128 for HF models, 64 for byte models)",
+        kind="int",
+        lo=2,
+        hi=10**6,
+        unit="tokens (one input and one predicted token)",
+        applies="text",
+    )
+    sequences: str | None = option(
+        help="concatenate: documents joined with EOS, cut into --seq-len chunks, tail dropped (default "
+        "for causal LMs); per-document: one padded sequence per document (default otherwise); "
+        "truncate: each document with at least --seq-len tokens, cut to --seq-len (shorter ones "
+        "skipped: the alignment script without --concatenate)",
+        kind="str",
+        choices=SEQUENCES,
+        applies="text",
+    )
+    empty_docs: str | None = option(
+        help="empty or whitespace-only documents: skip them before tokenizing (default; the published "
+        "scripts' rule) or eos (kept: each adds its EOS separator to concatenated chunks)",
+        kind="str",
+        choices=EMPTY_DOCS,
+        fallback="skip",
+        applies="text",
+    )
+    first: bool = option(
+        False,
+        help="take the first sequences of each source (the published scripts) instead of seeded random ones",
+        applies="checkpoints",
+    )
+    max_tokens: int | None = option(
+        help=f"tokens read per source for random pools (default {WINDOW} x the pool sizes x --seq-len)",
+        kind="int",
+        lo=1,
+        hi=10**12,
+        unit="tokens",
+        applies="text",
+    )
+    train_pool: str | None = option(
+        help="widthscope checkpoints: draw the train pool from the examples the model was fitted on "
+        "(default, from its data record) or a fresh sample of the train part",
+        kind="str",
+        choices=TRAIN_POOLS,
+        fallback="fitted",
+        applies="widthscope",
+    )
+    test_fraction: float | None = option(
+        help="held-out fraction when one --data corpus is split (default 0.1); given for a dataset with its "
+        "own splits, it re-splits the train split into both pools (reported in the notes)",
+        kind="float",
+        fallback=0.1,
+        applies="splittable",
+    )
+    n_train: PoolSize = option(
+        256,
+        help="train pool size, or all: every sequence",
+        kind="pool",
+        lo=4,
+        hi=10**7,
+        unit="examples; the unbiased estimators need at least 4",
+        cli=False,  # its default is the command's: cli.inputs adds it
+    )
+    n_test: PoolSize = option(
+        256,
+        help="held-out pool size, or all: every sequence",
+        kind="pool",
+        lo=4,
+        hi=10**7,
+        unit="examples; the unbiased estimators need at least 4",
+        cli=False,
+    )
+    seed: int = 0  # the command's options hold it (CertifyOptions.seed, GrowOptions.seed)
     cap_pools: bool = False
     given: tuple[str, ...] | None = None  # made a sorted tuple when the spec is made
 
@@ -262,7 +388,7 @@ class InputSpec:
                     self.revision,
                     "applies to Hugging Face hub ids (org/name) and hub cache folders, not to --model builtin: drop it",
                 )
-        for name, choices in _CHOICES:
+        for name, choices in _CHOICES:  # the fields' choices (device_map: _check_placement's)
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or v not in choices):
                 raise (_bad if isinstance(v, str) else _bad_type)(name, v, f"choose one of {', '.join(choices)}")
@@ -271,18 +397,18 @@ class InputSpec:
                 raise _bad_type(name, getattr(self, name), "must be True or False")
         for name in ("n_train", "n_test"):
             v = getattr(self, name)
-            if v != "all" and (not _whole(v) or v < 4):
+            lo = _META[name]["lo"]
+            if v != "all" and (not _whole(v) or v < lo):
                 raise (_bad if _whole(v) or isinstance(v, str) else _bad_type)(
-                    name, v, "must be a whole number >= 4 (the unbiased estimators need at least 4 examples) or 'all'"
+                    name,
+                    v,
+                    f"must be a whole number >= {lo} (the unbiased estimators need at least 4 examples) or 'all'",
                 )
-        if not _whole(self.seed) or not 0 <= self.seed < 2**32:
+        if not _whole(self.seed) or not 0 <= self.seed <= SEED_MAX:
             raise (_bad if _whole(self.seed) else _bad_type)(
-                "seed", self.seed, f"must be a whole number in 0..{2**32 - 1}"
+                "seed", self.seed, f"must be a whole number in 0..{SEED_MAX}"
             )
-        for name, lo, what in (
-            ("seq_len", 2, "tokens (one input and one predicted token)"),
-            ("max_tokens", 1, "tokens"),
-        ):
+        for name, lo, what in _RANGES:  # the whole-number fields' lower bounds
             v = getattr(self, name)
             if v is not None and (not _whole(v) or v < lo):
                 raise (_bad if _whole(v) else _bad_type)(name, v, f"must be a whole number >= {lo} ({what})")
@@ -367,6 +493,15 @@ class InputSpec:
         if "model" not in d:
             raise WidthscopeError("input spec has no 'model': name the checkpoint")
         return cls(**dict(d))
+
+
+_META = {f.name: f.metadata for f in dataclasses.fields(InputSpec)}
+_CHOICES = tuple((n, m["choices"]) for n, m in _META.items() if m.get("choices") and n != "device_map")
+_RANGES = tuple((n, m["lo"], m["unit"]) for n, m in _META.items() if m.get("kind") == "int" and m.get("lo") is not None)
+# Values of the options that are None when not given (so "was it given" is knowable): the fields'.
+INPUT_DEFAULTS: dict[str, Any] = {
+    f.name: f.metadata["fallback"] for f in dataclasses.fields(InputSpec) if f.metadata.get("fallback") is not None
+}
 
 
 def _memory(obj: Any) -> str:

@@ -3,9 +3,10 @@
 Each field carries its default, range, unit and help once (:func:`widthscope.options.option`);
 the command line (:func:`widthscope.cli.args.add_options`), the validation (when an instance is
 made, before any work) and the ``options`` record of a results file (:meth:`Options.to_dict`,
-read back by :meth:`Options.from_dict` and ``--config``) all come from it. The whole-number
-ranges are the command line's shared table (:data:`widthscope.validate.RANGES`), so a bad value
-gets the same one line from ``grow(...)``, ``GrowOptions(...)`` and ``widthscope grow``.
+read back by :meth:`Options.from_dict` and ``--config``) all come from it. The command line's
+shared table of whole-number options (:data:`widthscope.validate.RANGES`) reads its grow entries
+from these fields, so a bad value gets the same one line from ``grow(...)``, ``GrowOptions(...)``
+and ``widthscope grow``.
 
 Example::
 
@@ -24,70 +25,40 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import math
-from collections.abc import Mapping
-from typing import Any, TypeVar
 
-from ..errors import WidthscopeError, WidthscopeTypeError
-from ..options import MAX_POOL, Options, apply_keywords, option
+from ..errors import WidthscopeError
+from ..options import MAX_POOL, SEED_MAX, Options, option, with_keywords
 from ..probe.growth import CRITERIA
 from ..registry import GROWTH_OPERATORS
-from ..validate import RANGES
 
-__all__ = ["GrowOptions", "GrowBenchOptions", "GrowTargetOptions", "DEFAULT_CRITERION", "with_keywords"]
-
-T = TypeVar("T", bound=Options)
+__all__ = ["GrowOptions", "GrowBenchOptions", "GrowTargetOptions", "DEFAULT_CRITERION", "GROW_POOLS", "with_keywords"]
 
 # Chosen from the growth benchmark (docs/interventions.md §5, `widthscope grow-bench`).
 DEFAULT_CRITERION = "line_search"
-_SEED_MAX = 2**32 - 1
-_POSITIVE = ("lr", "eta")  # validate.POSITIVE's rule and message
-
-
-def _range(name: str) -> dict[str, Any]:
-    """``lo``/``hi``/``unit`` of ``name`` in the command line's table of whole-number options."""
-    for key, lo, hi, what in RANGES:
-        if key == name:
-            return {"lo": lo, "hi": hi, "unit": what}
-    raise KeyError(name)  # a programming error: the table lost an entry grow uses
-
-
-class _PositiveFloats(Options):
-    """Options whose float fields in :data:`_POSITIVE` must be positive and finite (the command
-    line's message: ``--lr -1.0: must be a positive finite number``)."""
-
-    def _normalise(self, name: str, meta: Mapping[str, Any], value: Any) -> Any:
-        if name in _POSITIVE:
-            flag = self.flag(name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise WidthscopeTypeError(
-                    f"{flag} {value!r}: must be a positive finite number, not {type(value).__name__}"
-                )
-            if not (math.isfinite(value) and value > 0):
-                raise WidthscopeError(f"{flag} {value}: must be a positive finite number")
-            return float(value)
-        return super()._normalise(name, meta, value)
+# A checkpoint's pool sizes when not given (train, held-out): upper bounds, capped at what the data has.
+GROW_POOLS = (2048, 512)
 
 
 @dataclasses.dataclass(frozen=True)
-class GrowOptions(_PositiveFloats):
+class GrowOptions(Options):
     """The settings of a growth decision (:func:`widthscope.growth.grow`, ``widthscope grow``): which
     points compete, the certificate's sample sizes, how the new block is trained, what is compared.
 
     The inputs (model, pools) are not options: a model and data for :func:`~widthscope.growth.grow`,
     an :class:`~widthscope.data.spec.InputSpec` for :func:`~widthscope.growth.run_grow`."""
 
+    SHARED_RANGES = True
+
     points: tuple[str, ...] | None = option(
         None, kind="strs", help="comma-separated candidate points (default: all block outputs)"
     )
     M: int = option(32, lo=1, hi=MAX_POOL, unit="examples", help="train samples of the certificate (default 32)")
     K: int = option(32, lo=1, hi=MAX_POOL, unit="examples", help="held-out samples of the certificate (default 32)")
-    steps: int = option(200, **_range("steps"), help="training steps of the new block (default 200)")
-    lr: float = option(1e-3, help="AdamW learning rate (default 1e-3)")
-    eta: float | None = option(None, kind="float", help="step size of the predicted gain (default --lr)")
+    steps: int = option(200, lo=1, hi=10**8, unit="steps", help="training steps of the new block (default 200)")
+    lr: float = option(1e-3, positive=True, help="AdamW learning rate (default 1e-3)")
+    eta: float | None = option(None, kind="float", positive=True, help="step size of the predicted gain (default --lr)")
     block_width: int | None = option(
-        None, kind="int", **_range("block_width"), help="hidden width of the block (default: point width)"
+        None, kind="int", lo=1, hi=10**6, unit="hidden units", help="hidden width of the block (default: point width)"
     )
     train_all: bool = option(False, help="train every parameter, not only the new block")
     compare: bool = option(
@@ -98,21 +69,24 @@ class GrowOptions(_PositiveFloats):
     criterion: str = option(
         DEFAULT_CRITERION,
         choices=tuple(CRITERIA),
+        unknown="unknown growth criterion",
         help=f"what ranks the points (default {DEFAULT_CRITERION}, the winner of `widthscope grow-bench`; "
         "bias = the old first-order gain of a bias step)",
     )
     n_rank: int | None = option(
         None,
         kind="int",
-        **_range("n_rank"),
+        lo=4,
+        hi=MAX_POOL,
+        unit="examples",
         cli=False,
         help="held-out examples that rank the points (default: half of the held-out pool; the rest "
         "measure the loss before and after)",
     )
-    batch_size: int = option(64, **_range("batch_size"), help="mini-batch size of probing and training (default 64)")
-    seed: int = option(
-        0, lo=0, hi=_SEED_MAX, help="seed of the pools' split, the new block and the batches (default 0)"
+    batch_size: int = option(
+        64, lo=1, hi=10**6, unit="examples per batch", help="mini-batch size of probing and training (default 64)"
     )
+    seed: int = option(0, lo=0, hi=SEED_MAX, help="seed of the pools' split, the new block and the batches (default 0)")
 
     @property
     def eta_or_lr(self) -> float:
@@ -131,7 +105,7 @@ class GrowBenchOptions(Options):
         None,
         kind="ints",
         lo=0,
-        hi=_SEED_MAX,
+        hi=SEED_MAX,
         metavar="S1,S2,...",
         help="comma-separated model seeds (default 0,1,2,3,4; 0,1,2 with --quick)",
     )
@@ -154,24 +128,6 @@ class GrowBenchOptions(Options):
     @property
     def suite(self) -> str:
         return "quick" if self.quick else "full"
-
-
-def with_keywords(fn: str, options: T | None, cls: type[T], keywords: Mapping[str, Any]) -> T:
-    """``options`` (default ``cls()``) with the keyword conveniences of ``fn`` applied, each
-    validated by the dataclass; an unknown keyword or a bad value is one error naming it
-    (``grow(steps=...): --steps 0: must be ...``)."""
-    if options is not None and not isinstance(options, cls):
-        raise WidthscopeTypeError(f"{fn}(options=...): options must be a {cls.__name__}, got {type(options).__name__}")
-    base = options if options is not None else cls()
-    names = [f.name for f in dataclasses.fields(cls)]
-    for key in keywords:
-        if key not in names:
-            close = difflib.get_close_matches(key, names, n=1)
-            hint = f"did you mean {close[0]}? " if close else ""
-            raise WidthscopeTypeError(
-                f"{fn}({key}=...): unknown setting {key!r}; {hint}the settings are {', '.join(names)}"
-            )
-    return apply_keywords(fn, base, keywords)
 
 
 # the grow-target suite's schedules (grow.schedule defines them; repeated here so the options need not
@@ -198,7 +154,7 @@ class GrowTargetOptions(Options):
         None,
         kind="ints",
         lo=0,
-        hi=_SEED_MAX,
+        hi=SEED_MAX,
         metavar="S1,S2,...",
         help="comma-separated seeds (default 0,1,2,3,4; 0,1 with --quick)",
     )

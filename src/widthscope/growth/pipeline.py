@@ -52,14 +52,14 @@ from .. import _args
 from .._io import atomic_write_json
 from ..data.spec import InputSpec, PoolSize
 from ..errors import WidthscopeError
-from ..probe.growth import CRITERIA
+from ..options import with_keywords
 from ..probe.interventions import index_batch, take
 from ..probe.points import resolve_points
 from ..train import train as train_model
 from ..validate import check_pools
 from .block import COMPARE, TRAIN_ALL, check_trainable, continue_training, grow_at, step_flops
 from .inputs import builtin_inputs, check_builtin, check_out_space, load_inputs
-from .options import DEFAULT_CRITERION, GrowOptions, with_keywords
+from .options import DEFAULT_CRITERION, GrowOptions
 from .rank import DELTAS, certification_note, n_examples, rank_pairs, rank_points
 
 __all__ = [
@@ -79,37 +79,10 @@ __all__ = [
 _load_inputs = load_inputs  # the name tests and older callers import from here
 
 
-def _check_types(fn: str, keywords: Mapping[str, Any]) -> None:
-    """The types of the keyword conveniences, in the Python API's words (``grow(lr=...)``); their
-    ranges are the dataclass's (:func:`~widthscope.growth.options.with_keywords`)."""
-    for name, v in keywords.items():
-        if name == "points":
-            _args.points(fn, name, v)
-        elif name in ("M", "K", "steps", "batch_size"):
-            _args.integer(fn, name, v, lo=1)
-        elif name in ("block_width", "n_rank"):
-            _args.integer(fn, name, v, lo=1, optional=True)
-        elif name == "lr":
-            _args.number(fn, name, v, 0.0, lo_open=True, accepts="a positive number")
-        elif name == "eta":
-            _args.number(fn, name, v, 0.0, lo_open=True, optional=True, accepts="a positive number or None (lr)")
-        elif name in ("train_all", "compare"):
-            _args.boolean(fn, name, v)
-        elif name == "seed":
-            _args.integer(fn, name, v)
-        elif name == "criterion":
-            _args.choice(fn, name, v, CRITERIA, values=False)  # the type; the next line words the value
-            if v not in CRITERIA:
-                raise WidthscopeError(
-                    f"{fn}(criterion=...): unknown growth criterion {v!r}; choose one of {', '.join(CRITERIA)}"
-                )
-
-
 def grow_options(fn: str, options: GrowOptions | None, keywords: Mapping[str, Any]) -> GrowOptions:
-    """``options`` (default ``GrowOptions()``) with the keyword conveniences of ``fn`` applied:
-    each checked (type, then the dataclass's range) and named in the error; an unknown keyword is
-    refused with the list of settings."""
-    _check_types(fn, keywords)
+    """``options`` (default ``GrowOptions()``) with the keyword conveniences of ``fn`` applied, each
+    validated by the dataclass and named in the error; an unknown keyword is refused with the list
+    of settings (:func:`widthscope.options.with_keywords`)."""
     return with_keywords(fn, options, GrowOptions, keywords)
 
 
@@ -183,26 +156,12 @@ def grow(
     _args.boolean(fn, "progress", progress)
     _args.function(fn, "loss_fn", loss_fn)
     check_offloaded(model, opts)
-    M, K, lr, seed, bs = opts.M, opts.K, opts.lr, opts.seed, opts.batch_size
+    M, K, lr, seed = opts.M, opts.K, opts.lr, opts.seed
     train, test = rank_pairs(data)
     pools = _split_pools(model, train, test, opts, n_train)
     probe_train, rank_test = pools.probe_train, pools.rank_test
     n_train, n_rank, n_te = pools.n_train, pools.n_rank, pools.n_test
-    cands = rank_points(
-        model,
-        probe_train,
-        rank_test,
-        points=opts.points,
-        M=M,
-        K=K,
-        eta=opts.eta_or_lr,
-        loss_fn=loss_fn,
-        batch_size=bs,
-        show_progress=progress,
-        criterion=opts.criterion,
-        block_width=opts.block_width,
-        block_seed=seed,
-    )
+    cands = rank_points(model, probe_train, rank_test, opts, loss_fn=loss_fn, show_progress=progress)
     common = {"criterion": opts.criterion, "M": M, "K": K, "n_eval": n_te - n_rank}
     growth = _grow_chosen(model, cands, opts, pools, train, common, loss_fn, progress)
     return {

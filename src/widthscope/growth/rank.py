@@ -13,12 +13,13 @@ from typing import Any, Callable, Sequence
 import torch.nn as nn
 
 from ..errors import WidthscopeError
+from ..options import with_keywords
 from ..probe.collect import collect
 from ..probe.growth import CRITERIA, point_criteria
 from ..probe.interventions import as_examples, batch_size_of, to_batches
 from ..probe.points import resolve_points
 from ..stats import certificate, plan, vacuous_rule
-from .options import DEFAULT_CRITERION
+from .options import GrowOptions
 
 __all__ = ["rank_points", "certification_note", "DELTAS"]
 
@@ -46,21 +47,18 @@ def rank_points(
     model: nn.Module,
     train: Any,
     test: Any,
+    options: GrowOptions | None = None,
     *,
-    points: Sequence[str] | str | None = None,
-    M: int = 32,
-    K: int = 32,
-    eta: float = 1e-3,
     loss_fn: Callable | None = None,
-    batch_size: int = 64,
     show_progress: bool = True,
-    criterion: str = DEFAULT_CRITERION,
-    block_width: int | None = None,
-    block_seed: int = 0,
+    **keywords: Any,
 ) -> list[dict[str, Any]]:
     """Certificate, predicted gain and sample-size plan for every candidate point, best first.
 
     ``train``/``test`` are pooled examples (see :func:`widthscope.probe.interventions.as_examples`).
+    The settings are ``options`` (a :class:`~widthscope.growth.options.GrowOptions`; keywords
+    named like its fields override them): ``points``, ``M``/``K``, ``eta`` (default ``lr``),
+    ``batch_size``, ``criterion``, ``block_width`` and ``seed``.
     ``criterion`` (see :data:`widthscope.probe.growth.CRITERIA`) picks the column ranked on;
     ``"bias"`` is the old ranking by ``η aᵀb``. Other criteria add the block's columns of
     :func:`widthscope.probe.growth.point_criteria` (block of width ``block_width``, ``W_in``
@@ -69,9 +67,9 @@ def rank_points(
     ``1 − B_exact``, 0 when vacuous) and ``MK_needed_δ`` (its planner's ``M = K`` for
     ``B_exact ≤ δ``). Returns rows ``kind="growth"``, ``role="candidate"`` with ``rank`` (1 = best).
     """
-    if criterion not in CRITERIA:
-        raise WidthscopeError(f"unknown growth criterion {criterion!r}; choose one of {', '.join(CRITERIA)}")
-    names = resolve_points(model, points)
+    opts = with_keywords("rank_points", options, GrowOptions, keywords)
+    M, K, eta, criterion, batch_size = opts.M, opts.K, opts.eta_or_lr, opts.criterion, opts.batch_size
+    names = resolve_points(model, opts.points)
     S_a = collect(model, to_batches(train, batch_size), points=names, loss_fn=loss_fn, progress=show_progress)
     S_b = collect(model, to_batches(test, batch_size), points=names, loss_fn=loss_fn, progress=show_progress)
     rows = []
@@ -114,8 +112,8 @@ def rank_points(
                 M=M,
                 K=K,
                 eta=eta,
-                hidden=block_width,
-                block_seed=block_seed,
+                hidden=opts.block_width,
+                block_seed=opts.seed,
                 loss_fn=loss_fn,
                 batch_size=batch_size,
                 deltas=DELTAS,

@@ -29,14 +29,13 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import operator
 from collections.abc import Mapping
 from typing import Any
 
 from ..errors import WidthscopeError, WidthscopeTypeError
-from ..options import CertifyOptions, Estimator, Options, apply_keywords, option
+from ..options import CertifyOptions, Estimator, Options, option, with_keywords
 
 __all__ = ["MonitorOptions", "DEFAULT_BUDGET", "RUNTIME_KEYWORDS", "monitor_options"]
 
@@ -190,19 +189,8 @@ def _budget(v: Any) -> float:
 
 def monitor_options(options: MonitorOptions | None, keywords: Mapping[str, Any], fn: str) -> MonitorOptions:
     """``options`` (default: :class:`MonitorOptions`'s defaults) with the option ``keywords`` given
-    beside it applied on top; an unknown keyword is refused, named, with the close names."""
-    if options is not None and not isinstance(options, MonitorOptions):
-        raise WidthscopeTypeError(
-            f"{fn}: options must be a MonitorOptions (widthscope.monitor.MonitorOptions), not {type(options).__name__}"
-        )
-    names = [f.name for f in dataclasses.fields(MonitorOptions)]
-    unknown = [k for k in keywords if k not in names]
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], names + list(RUNTIME_KEYWORDS), n=1)
-        hint = f"; did you mean {close[0]}?" if close else ""
-        raise WidthscopeError(
-            f"{fn}: unknown keyword argument {unknown[0]!r}{hint} (options: {', '.join(names)}; "
-            f"also {', '.join(RUNTIME_KEYWORDS)})"
-        )
-    base = options if options is not None else MonitorOptions()
-    return apply_keywords(fn, base, keywords)
+    beside it applied on top (:func:`widthscope.options.with_keywords`); an unknown keyword is
+    refused, named, with the close names."""
+    return with_keywords(
+        fn, options, MonitorOptions, keywords, also=RUNTIME_KEYWORDS, words="unknown keyword argument {key!r}"
+    )
