@@ -216,7 +216,7 @@ SECTIONS: dict[tuple[str, str], tuple[str, ...]] = {
         "widths 32–256, 2 seeds",
     ),
     # set-up (the config, the protocol), not measurements
-    ("docs/interventions.md", "### LLaMA-style width series (issue 4)"): (
+    ("docs/interventions.md", "### LLaMA-style width series"): (
         "widths 32, 64, 128, 256", "depth 4, seeds 0 and 1", "64-byte chunks, 2048 train / 256 held-out",
         "400 AdamW steps of\nbatch 16 at lr 3e-3", "float32", "the 4 block outputs",
         "(128 train, 128 held-out examples)", "the first 64 of each", "9 half-decades up to 1",

@@ -320,3 +320,20 @@ def test_the_commands_package_does_not_shadow_ws_linearize():
     net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)).double()
     x = torch.randn(2, 3, dtype=torch.float64)
     assert torch.allclose(ws.linearize(net)(x), net(x), rtol=0, atol=1e-12)  # F_lin = F at the init point
+
+
+def test_certify_help_is_in_argument_groups(capsys):
+    """``certify --help`` lists its options under named groups, none of them a flat list of dozens."""
+    import re
+
+    from widthscope.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["certify", "--help"])
+    out = capsys.readouterr().out
+    titles = re.findall(r"^([a-z][a-z ]+):$", out, re.M)
+    for title in ("model", "data", "probe pools", "run", "insertion points", "statistics", "interventions",
+                  "output and plan"):
+        assert title in titles, titles
+    sizes = [len(re.findall(r"^  --", block, re.M)) for block in re.split(r"^[a-z][a-z ]+:$", out, flags=re.M)[1:]]
+    assert max(sizes) <= 16, sizes

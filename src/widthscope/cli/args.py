@@ -16,7 +16,7 @@ import dataclasses
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ..errors import WidthscopeError
 from ..options import Options
@@ -32,7 +32,13 @@ def _default_text(value: Any) -> str:
     return str(value)
 
 
-def add_options(parser: argparse.ArgumentParser, cls: type[Options], *, skip: Iterable[str] = ()) -> None:
+class ArgumentAdder(Protocol):
+    """A parser or one of its argument groups (what ``add_argument`` is called on)."""
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+def add_options(parser: ArgumentAdder, cls: type[Options], *, skip: Iterable[str] = ()) -> None:
     """One argument per command-line field of ``cls`` (not those in ``skip``). A list field named
     in the class's ``NARGS`` (``{"range": ("LO", "HI")}``) takes that many values after one flag
     (``--range -5 5``) instead of a comma list."""

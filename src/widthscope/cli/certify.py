@@ -19,7 +19,7 @@ from ..data.published import is_all
 from ..data.sources import splits_of
 from ..data.spec import InputSpec
 from ..errors import WidthscopeError
-from ..options import PROTOCOLS, CertifyOptions, CertifyRunOptions
+from ..options import PROTOCOLS, CertifyOptions, CertifyRunOptions, InterventionOptions
 from ..planning import plan_certify
 from ..validate import check_pools, float_list, int_list, pairs_of
 from .args import add_options, load_config
@@ -40,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_inputs(
         parser, model_default="builtin", n_train=256, n_test=None, n_test_help="256; all with --protocol published"
     )
-    parser.add_argument(
+    run = parser.add_argument_group("run")
+    run.add_argument(
         "--protocol",
         choices=tuple(PROTOCOLS),
         default="default",
@@ -49,46 +50,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(--n-test all), M = K in 16,32,64,128, 1000 draws, no interventions); "
         "options you give explicitly override it",
     )
-    parser.add_argument(
+    run.add_argument(
         "--config",
         default=None,
         metavar="RESULTS_JSON",
         help="repeat a run: the options recorded in a certify results JSON (its 'options'); "
         "options given here override them",
     )
-    add_options(parser, CertifyRunOptions, skip=("train_steps",))
-    parser.add_argument("--list-points", action="store_true", help="print the insertion points and exit")
-    parser.add_argument(
+    add_options(run, CertifyRunOptions)
+    points = parser.add_argument_group("insertion points")
+    points.add_argument("--list-points", action="store_true", help="print the insertion points and exit")
+    points.add_argument(
         "--all", action="store_true", help="with --list-points: every module path, not only the block outputs"
     )
-    add_options(parser, CertifyOptions)
-    # cli.checks.check_args reads --train-steps' "given" (it applies to the built-in model only)
-    add_options(parser, CertifyRunOptions, skip=("batch_size", "device"))
-    parser.add_argument("--out", default="widthscope-results/certify.json", help="JSON output path")
-    parser.add_argument(
+    interventions = {f.name for f in dataclasses.fields(InterventionOptions)}
+    add_options(points, CertifyOptions, skip=[f.name for f in dataclasses.fields(CertifyOptions) if f.name != "points"])
+    add_options(parser.add_argument_group("statistics"), CertifyOptions, skip=interventions | {"points"})
+    add_options(parser.add_argument_group("interventions"), InterventionOptions)
+    out = parser.add_argument_group("output and plan")
+    out.add_argument("--out", default="widthscope-results/certify.json", help="JSON output path")
+    out.add_argument(
         "--resume",
         action="store_true",
         help="continue an interrupted run: points finished by an earlier run with the same settings "
         "(kept in OUT.parts/) are not probed again",
     )
-    parser.add_argument(
-        "--plan",
-        action="store_true",
-        help="print the cost plan (parameters and weight memory at the dtype assumed, FLOPs and activation + "
-        "gradient memory per probed example, the largest batch that fits, the predicted wall time after timing "
-        "one batch) and exit: nothing is probed and nothing is written (docs/big-models.md)",
-    )
-    parser.add_argument(
-        "--plan-no-time",
-        action="store_true",
-        help="--plan without loading the weights (a Hugging Face checkpoint is counted on the meta device): "
-        "no time is predicted",
-    )
-    parser.add_argument(
+    out.add_argument(
         "--save-samples",
         default=None,
         metavar="FILE",
         help="also write the pooled samples of every point (safetensors) for `widthscope stats`",
+    )
+    out.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the whole process's cost plan (parameters and weight bytes, bytes per probed example, the "
+        "largest batch that fits, the predicted wall time and peak memory after timing one batch) and exit: "
+        "nothing is probed and nothing is written (docs/big-models.md)",
+    )
+    out.add_argument(
+        "--plan-no-time",
+        action="store_true",
+        help="--plan without loading the weights (a Hugging Face checkpoint is counted on the meta device): "
+        "no time is predicted",
     )
 
 

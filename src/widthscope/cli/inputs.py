@@ -24,6 +24,11 @@ from .checks import given
 __all__ = ["add_arguments", "spec_from_args", "GROW_POOLS"]
 
 
+# --help groups: which input option is listed under "model" and "probe pools" (the rest: "data")
+MODEL_OPTIONS = ("revision", "device_map", "max_memory", "offload_folder", "task", "dtype", "tokenizer")
+POOL_OPTIONS = ("train_pool", "test_fraction", "n_train", "n_test")
+
+
 def add_arguments(
     p: argparse.ArgumentParser,
     *,
@@ -44,10 +49,12 @@ def add_arguments(
     default computed later (``n_train=None``)."""
     fields = {f.name: f for f in dataclasses.fields(InputSpec)}
     meta = {name: f.metadata for name, f in fields.items()}
-    p.add_argument("--model", required=model_required, default=model_default, help=meta["model"]["help"])
+    groups = {title: p.add_argument_group(title) for title in ("model", "data", "probe pools")}
+    groups["model"].add_argument("--model", required=model_required, default=model_default, help=meta["model"]["help"])
     for name, m in meta.items():
         if "kind" not in m or not m["cli"]:
             continue
+        g = groups["model" if name in MODEL_OPTIONS else "probe pools" if name in POOL_OPTIONS else "data"]
         default = fields[name].default  # None: not given (the field's fallback applies); else the field's own
         kw: dict[str, Any] = {"dest": name, "default": default, "help": m["help"]}
         if m["kind"] == "bool":
@@ -57,9 +64,9 @@ def add_arguments(
             for key in ("choices", "metavar"):
                 if m.get(key):
                     kw[key] = m[key]
-        p.add_argument("--" + name.replace("_", "-"), **kw)
+        g.add_argument("--" + name.replace("_", "-"), **kw)
         if name == "text_field":
-            p.add_argument("--text-column", dest="text_field", help=argparse.SUPPRESS)
+            g.add_argument("--text-column", dest="text_field", help=argparse.SUPPRESS)
     p.add_argument(
         "--threads",
         type=int,
@@ -68,7 +75,7 @@ def add_arguments(
         help="torch CPU threads (default: torch's choice; 1 is best on a busy machine)",
     )
     for name, default, words in (("n_train", n_train, n_train_help), ("n_test", n_test, n_test_help)):
-        p.add_argument(
+        groups["probe pools"].add_argument(
             "--" + name.replace("_", "-"),
             type=pool_size,
             default=default,
