@@ -139,7 +139,7 @@ def test_cli_certify_plan_prints_and_runs_nothing(llama, tmp_path, capsys, monke
     assert rc == 0, cap.err
     assert "cost plan: certify" in cap.out
     line = next(ln for ln in cap.out.splitlines() if "predicted wall time" in ln)
-    assert float(re.search(r"\)\s+([0-9.]+) s", line).group(1)) > 0  # "3.2 s" or "385 s (6.4 min)"
+    assert float(re.search(r"\)\s+([0-9.]+(?:e[+-]?[0-9]+)?) s", line).group(1)) > 0  # "3.2 s" or "385 s (6.4 min)"
     assert "predicted peak memory (whole process, RSS)" in cap.out
     assert not out.exists() and not Path(str(out) + ".parts").exists() and not out.parent.exists()
     rc, lines, cap = run_cli(argv + ["--plan-no-time"], capsys)
