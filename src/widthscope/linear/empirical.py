@@ -96,7 +96,7 @@ def ntk(
     params: Any = None,
     verbose: bool = False,
 ) -> torch.Tensor:
-    r"""Empirical NTK ``Θ_{ab}(x, x') = Σ_θ ∂f_a(x)/∂θ · ∂f_b(x')/∂θ`` for all output pairs, shape ``(n1, n2, out, out)``.
+    r"""Empirical NTK ``Θ_{ab}(x, x') = Σ_θ ∂f_a(x)/∂θ · ∂f_b(x')/∂θ``, shape ``(n1, n2, out, out)``.
 
     ``trace=True`` gives the logit-averaged ``(n1, n2)`` kernel, ``diagonal=True`` only ``Θ(x_i, x_i)``;
     ``method`` is ``"auto"`` (fastest that fits ``memory_budget``), ``"structured"``, ``"per_example"``,
