@@ -1,22 +1,9 @@
 r"""Alignment certificates at the insertion points of a trained model (function + CLI).
 
-Pipeline, per insertion point (maths in ``docs/certify.md`` and the alignment spec):
-
-1. probe: per-example activation gradients :math:`q = \partial\ell/\partial z`, pooled
-   (:func:`widthscope.probe.collect`) on ``n_train`` fitted examples (population *a*) and
-   ``n_test`` held-out examples (population *b*);
-2. moments: unbiased U-statistics of :math:`\|\mu\|^2, \mu^\top\Sigma\mu, \mathrm{tr}\,\Sigma^2`
-   (train) and the cross-population :math:`a^\top b, b^\top\Sigma_a b, a^\top\Sigma_b a,
-   \mathrm{tr}\,\Sigma_a\Sigma_b`;
-3. for each ``(M, K)``: both certificate forms (``populations="one"``/``"two"``:
-   :math:`\mathbb E A`, :math:`d_\parallel, d_2, d_\mathrm{align}, B_\mathrm{exact}, B_\mathrm{align}`)
-   and the empirical misalignment :math:`\Pr(\mu_M^\top g_K \le 0)` over ``draws`` resamples with a
-   95% Wilson interval;
-4. rank the points by the two-population :math:`d_\mathrm{align}` (largest first; points
-   whose certificate is vacuous come after the certified ones).
-
-Under ``torchrun`` each rank probes a deterministic shard of the batches; pooled samples
-are gathered, every rank computes the same statistics, and only rank 0 prints or writes.
+Per point: probe the per-example activation gradients on train and held-out pools, estimate the
+moments, and for each ``(M, K)`` give both certificate forms and the resampled misalignment; points
+are ranked by the two-population ``d_align``. Under ``torchrun`` each rank probes a shard and rank 0
+writes. Maths: docs/certify.md, docs/maths-alignment.md.
 
 Example::
 

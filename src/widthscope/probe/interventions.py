@@ -1,21 +1,9 @@
 r"""Direct residual interventions: does one first-order step at an insertion point do what
 the alignment statistic predicts?
 
-**Bias probe.** Insert a zero bias ``b`` at ``point`` (function-preserving, see
-:mod:`widthscope.probe.insert`). Its per-example gradient is the pooled sample vector
-``s_i = Σ_t q_{i,t}`` from :func:`widthscope.probe.collect`. With ``μ_M`` the mean of ``M``
-training sample vectors and ``g_K`` the mean of ``K`` held-out ones, one gradient step
-``v = −η μ_M`` changes the held-out loss ``L_K`` (mean over the ``K`` examples) by
-
-.. math::  ΔL = L_K(b = v) − L_K(b = 0) = −η\, μ_Mᵀ g_K + O(η²),
-
-so ``retention = ΔL_actual / ΔL_pred → 1`` as ``η → 0`` and ``|retention − 1| = O(η)``.
-
-**Block probe.** Insert ``z + W_out φ(W_in norm(z))`` with ``W_out = 0``; with ``G_M``, ``G_K``
-the mean per-example ``W_out`` gradients, the step ``W_out = −η G_M`` predicts
-``ΔL = −η ⟨G_M, G_K⟩_F``. A per-example ``W_out`` gradient is ``Σ_t q_t h_tᵀ``, so the Gram of
-those matrices is ``Σ_{t,s} (q_t·q'_s)(h_t·h'_s)`` (:func:`block_gram`): certificates of the
-block need no ``N × N_h`` per-example matrices.
+Bias probe: a zero bias at ``point``, step ``v = −η μ_M``, predicts ``ΔL = −η μ_Mᵀ g_K + O(η²)``, so
+``retention = ΔL_actual / ΔL_pred → 1``. Block probe: ``z + W_out φ(W_in norm(z))`` with ``W_out = 0``,
+step ``W_out = −η G_M``, predicts ``−η ⟨G_M, G_K⟩_F`` (:func:`block_gram`). Maths: docs/interventions.md §2.
 
 Example::
 
@@ -28,10 +16,8 @@ Example::
     >>> abs(rows[0]["retention"] - 1) < 0.01      # smallest η
     True
 
-The steps live in sibling modules, all re-exported here: losses and the step grid in
-:mod:`~widthscope.probe.steps`, the low-precision resolution checks in
-:mod:`~widthscope.probe.resolution`, the block probe's maths in :mod:`~widthscope.probe.blocks`,
-the evaluation of the steps and the rows in :mod:`~widthscope.probe.rows`.
+Re-exported from :mod:`~widthscope.probe.steps`, :mod:`~widthscope.probe.resolution`,
+:mod:`~widthscope.probe.blocks` and :mod:`~widthscope.probe.rows`.
 """
 
 from __future__ import annotations
