@@ -1,29 +1,10 @@
 """Save and load models without executing code from the checkpoint.
 
-Our format is a directory with
-
-- ``model.safetensors``: the state dict (each shared/tied tensor stored once; the aliases are
-  listed in the file's metadata under ``widthscope_aliases``), written with
-  ``safetensors.torch.save_file``;
-- ``config.json``: ``{"widthscope_format": 1, "model": <widthscope_config>, "dtype": ...,
-  "parameters": ..., "extra": {...}}``. The architecture is rebuilt with
-  :func:`widthscope.models.build` — never unpickled.
-
-Both files are written atomically (temporary file + rename; the config last), so a killed save
-leaves either the previous checkpoint or a complete new one.
-
-:func:`load` also accepts
-
-- a Hugging Face hub id ``org/name`` (``revision=``: branch, tag or commit) or hub cache folder
-  ``models--org--name``, resolved to its local snapshot directory (:mod:`widthscope.hub`);
-- a Hugging Face directory of any architecture ``transformers`` knows (causal LM, masked LM,
-  sequence or image classifier; :func:`widthscope.models.hf.load_hf`): weights in
-  ``model.safetensors`` (or shards with an index), or ``pytorch_model.bin`` read with
-  ``weights_only=True``;
-- a ``.safetensors`` file with a ``config.json`` beside it (ours or HF);
-- a ``.pt`` / ``.pth`` / ``.bin`` state-dict file (``torch.load(weights_only=True)``; a dict
-  holding the state dict under ``state_dict`` or ``model`` is accepted) with a ``config.json``
-  beside it.
+Our format: a directory with ``model.safetensors`` (tied tensors stored once) and ``config.json``
+(the architecture, rebuilt by :func:`widthscope.models.build`, never unpickled), written atomically.
+:func:`load` also accepts hub ids and cache folders, any Hugging Face directory ``transformers`` knows,
+a ``.safetensors`` file or a ``.pt``/``.pth``/``.bin`` state dict (``weights_only=True``) with a
+``config.json`` beside it. Details: docs/models-data.md "Checkpoints".
 
 Example::
 

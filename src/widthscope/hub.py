@@ -1,24 +1,9 @@
 r"""Hugging Face hub ids and hub cache folders as models: resolved to a local snapshot directory.
 
-Every entry that takes a model path (``--model``, :class:`~widthscope.data.spec.InputSpec`'s
-``model``, :func:`widthscope.checkpoint.load`, :func:`widthscope.models.hf.load_hf`,
-:func:`widthscope.data.inputs.load_model`) also takes
-
-- a hub id ``org/name`` (when no local path of that name exists), with a ``revision`` (branch,
-  tag or commit; default ``main``), resolved as ``from_pretrained`` resolves it: through
-  :func:`huggingface_hub.snapshot_download` in the user's hub cache (``HF_HUB_CACHE``, else
-  ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``). With ``HF_HUB_OFFLINE=1`` (or
-  ``TRANSFORMERS_OFFLINE=1``) only the cache is read; otherwise the config, tokenizer and
-  weight files (safetensors, else ``pytorch_model.bin``) are downloaded when missing;
-- a hub cache folder ``.../models--org--name``: the snapshot of ``refs/main`` or of the
-  ``revision`` given (a ref or a full commit hash); never downloads.
-
-Everything downstream then reads that directory as it reads any local checkpoint (safetensors,
-or ``weights_only=True``; never ``trust_remote_code``). The loaded model carries
-``widthscope_hub`` (:meth:`HubModel.record`: id, the revision asked for, the commit it resolved
-to), which results record, so a run can be repeated on exactly those weights.
-
-widthscope itself never sets ``HF_HUB_OFFLINE``: the user's environment decides.
+Every entry that takes a model path also takes a hub id ``org/name`` (with a ``revision``; resolved
+through :func:`huggingface_hub.snapshot_download`, only the cache under ``HF_HUB_OFFLINE=1``) or a hub
+cache folder ``.../models--org--name`` (never downloads). The loaded model records ``widthscope_hub``
+(id, revision, commit). Details: docs/huggingface.md.
 
 Example (a genuine cache layout, built by hand, read offline)::
 

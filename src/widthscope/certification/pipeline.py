@@ -1,22 +1,9 @@
 r"""Alignment certificates at the insertion points of a trained model (function + CLI).
 
-Pipeline, per insertion point (maths in ``docs/certify.md`` and the alignment spec):
-
-1. probe: per-example activation gradients :math:`q = \partial\ell/\partial z`, pooled
-   (:func:`widthscope.probe.collect`) on ``n_train`` fitted examples (population *a*) and
-   ``n_test`` held-out examples (population *b*);
-2. moments: unbiased U-statistics of :math:`\|\mu\|^2, \mu^\top\Sigma\mu, \mathrm{tr}\,\Sigma^2`
-   (train) and the cross-population :math:`a^\top b, b^\top\Sigma_a b, a^\top\Sigma_b a,
-   \mathrm{tr}\,\Sigma_a\Sigma_b`;
-3. for each ``(M, K)``: both certificate forms (``populations="one"``/``"two"``:
-   :math:`\mathbb E A`, :math:`d_\parallel, d_2, d_\mathrm{align}, B_\mathrm{exact}, B_\mathrm{align}`)
-   and the empirical misalignment :math:`\Pr(\mu_M^\top g_K \le 0)` over ``draws`` resamples with a
-   95% Wilson interval;
-4. rank the points by the two-population :math:`d_\mathrm{align}` (largest first; points
-   whose certificate is vacuous come after the certified ones).
-
-Under ``torchrun`` each rank probes a deterministic shard of the batches; pooled samples
-are gathered, every rank computes the same statistics, and only rank 0 prints or writes.
+Per point: probe the per-example activation gradients on train and held-out pools, estimate the
+moments, and for each ``(M, K)`` give both certificate forms and the resampled misalignment; points
+are ranked by the two-population ``d_align``. Under ``torchrun`` each rank probes a shard and rank 0
+writes. Maths: docs/certify.md, docs/maths-alignment.md.
 
 Example::
 
@@ -114,45 +101,12 @@ def certify_dict(
 ) -> dict[str, Any]:
     """Certify every insertion point of ``model``; returns a JSON-able dict.
 
-    The settings are a :class:`~widthscope.options.CertifyOptions` (``options``; default
-    ``CertifyOptions()``); the keywords below are conveniences that override its fields.
-    The steps, after the argument checks: :func:`_resolve` (inputs), :func:`_probe` (probe pools),
-    :func:`_statistics` (statistics per point), :func:`_interventions`, :func:`_result` (assembly).
-
-    Args:
-        model: trained model (any device; it is not moved).
-        train_batches / test_batches: batches as for :func:`widthscope.probe.collect` —
-            ``(x, y)`` pairs, LongTensors of token ids, or dicts with ``input_ids``.
-        points: insertion points (default: :func:`widthscope.probe.insertion_points`).
-        M, K: sample sizes; ``K=None`` pairs ``K = M``.
-        draws, seed: resamples for the empirical misalignment probability.
-        estimator: ``"unbiased"`` (U-statistics, default) or ``"plugin"`` (published scripts).
-        pool: ``"sum"`` | ``"mean"`` | ``"flatten"`` | ``"token"``.
-        interventions: ``"bias"`` (default), ``"block"`` or ``None``: a direct zero-init residual
-            intervention at every point (:func:`widthscope.probe.interventions.intervene`) on the first
-            ``max(M)`` train and ``max(K)`` held-out examples: predicted vs actual held-out loss
-            change per step size ``etas`` (default: ``n_etas`` log-spaced steps scaled to the point,
-            their RMS entry 1e-4…``max_rel_step`` of the activation's; the default 4 are the
-            decades 1e-4…0.1: the steps the claims read, 1e-3 and the smallest, and the onset of
-            the breakdown, at 4/9 the cost of :func:`~widthscope.probe.interventions.intervene`'s 9
-            half-decades up to 1; ``n_etas=9, max_rel_step=1`` gives those).
-            The held-out probe records what the bias steps' cached prefix needs
-            (:func:`widthscope.probe.prefix.keep_prefix`), so they rerun only the network after
-            each point.
-        project: ``k`` -> project every sample vector to ``k`` dimensions as it streams
-            (seeded Gaussian, :mod:`widthscope.stats.sketch`): memory ``O(n·k)`` instead of
-            ``O(n·d)``. The one- and two-population moments are bias-corrected (unbiased over
-            the projection, :func:`widthscope.stats.sketch.correct_projected_cross`); the
-            empirical misalignment uses the projected rows; a note says so.
-        samples_out: a dict to receive the pooled samples (``train``/``test``: ``{point: (n, d)}``,
-            ``dims``), e.g. for :func:`widthscope.samples.save`.
-        on_point: called with each point's finished row (statistics and interventions), e.g. to
-            write it to disk at once (``certify --resume``).
-
-    Returns:
-        ``{"settings", "points": [{point, n_train, n_test, d, moments_train, moments_test,
-        cross_moments, certificates: [{M, K, one, two, misalignment}]}], "ranking", "notes",
-        "timing"}``; every number is a plain float/int (``None`` where undefined).
+    The settings are a :class:`~widthscope.options.CertifyOptions` (``options``; each field's help says
+    what it means); keywords override its fields. ``train_batches`` / ``test_batches`` are as for
+    :func:`widthscope.probe.collect`; ``samples_out`` receives the pooled samples, ``on_point`` each
+    finished point's row. Steps: :func:`_resolve`, :func:`_probe`, :func:`_statistics`,
+    :func:`_interventions`, :func:`_result`. Returns ``{"settings", "points", "ranking", "notes",
+    "timing"}`` (docs/certify.md).
     """
     fn = "certify"  # the types, before any work (values: the options dataclass and _resolve)
     if options is not None and not isinstance(options, CertifyOptions):

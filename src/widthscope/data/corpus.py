@@ -1,44 +1,9 @@
 r"""Text corpora a researcher already has, read as documents, tokenized, cut into sequences.
 
-**Formats** (:func:`documents`), chosen by what the path is — never by reading a binary file as
-text:
-
-==================================  ===========================================================
-path                                documents
-==================================  ===========================================================
-``.txt`` (or any text file)         the file (read in 64 KiB pieces cut at line ends)
-directory of files                  one per file that is text *by content*, sorted by path;
-                                    binary files are skipped and counted
-``.jsonl`` / ``.json``              one per record, field ``text_field`` (default ``text``)
-``.csv`` / ``.parquet``             one per row, column ``text_field`` (default ``text``); CSV
-                                    cells are read verbatim (``NA``, ``null`` stay text)
-``datasets.save_to_disk`` directory one per row of the dataset (a ``DatasetDict``: its
-                                    ``split``, default ``train``)
-folder of split files               one per record of the files of ``split`` (None: of every
-                                    file); see :func:`split_files`
-==================================  ===========================================================
-
-**Splits** (:func:`split_files`, :func:`choose_splits`): a folder of table files named the way
-the Hugging Face Hub names them — ``train-00000-of-00001.parquet``, ``data/validation-*.jsonl``,
-``train.csv`` / ``test.csv``, ``train/*.parquet`` — holds the dataset's own splits, as does a
-``DatasetDict`` directory; :func:`choose_splits` picks the split of each pool (train: ``train``,
-held-out: ``validation``, else ``test``) so the two are never pooled and re-split.
-
-Tabular formats are read with the ``datasets`` library in streaming mode, so a multi-GB file is
-never loaded whole. A file whose bytes are not text (magic bytes of Parquet, zip, gzip, PDF,
-images, safetensors, ...; NUL bytes; more than 1% invalid UTF-8 in its first 64 KiB) is refused
-when given as text, with the format it looks like.
-
-**Sequences** (:func:`sequences`): ``concatenate`` tokenizes documents without special tokens,
-joins them with the tokenizer's EOS (or SEP) token, cuts the stream into chunks of ``seq_len``
-tokens and drops the tail (the published protocol); ``per-document`` makes one sequence per
-document (special tokens added, truncated to ``seq_len``, right-padded, with an attention mask:
-padded positions carry no loss); ``truncate`` keeps each document whose tokens (special tokens
-added) number at least ``seq_len``, cut to ``seq_len`` (the alignment script's default without
-``--concatenate``: the first B records with at least L tokens). Empty and whitespace-only
-documents are skipped before tokenizing (``empty="skip"``, the published rule) or kept
-(``empty="eos"``: in concatenated chunks each adds its separator). Reading stops when ``limit``
-sequences exist, so only what the pools need is tokenized.
+:func:`documents` reads ``.txt``, directories of text files, ``.jsonl``/``.json``, ``.csv``/``.parquet``
+(streamed), ``datasets.save_to_disk`` folders and folders of split files, refusing binary files;
+:func:`sequences` cuts documents into ``concatenate``, ``per-document`` or ``truncate`` sequences.
+Formats, splits and sequence modes: docs/certify.md §6.
 
 Example::
 

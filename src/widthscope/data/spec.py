@@ -1,32 +1,10 @@
 r"""The typed input spec: everything the input layer needs to build (model, tokenizer, probe pools).
 
-:class:`InputSpec` is what :func:`widthscope.data.inputs.resolve` takes. The command line builds
-one per command (:func:`widthscope.cli.inputs.spec_from_args`), sweeps build one per cell
-(:func:`widthscope.sweeps.alignment.cell_input_spec`), and a Python user builds one directly; the
-spec is validated when it is made (one line naming the field and the fix) and recorded in every
-results file (``spec.to_dict()``; :meth:`InputSpec.from_dict` reads it back), so a run can be
-repeated from its JSON.
-
-Field values mean what the command-line options of the same name mean (``docs/byo.md``);
-``model`` is a local checkpoint, a Hugging Face hub id ``org/name`` or a hub cache folder, and
-``revision`` the hub branch, tag or commit to load (None: ``main``; ``docs/huggingface.md``);
-``data`` (``train_data``, ``test_data``) a path, a dataset name or a Hugging Face dataset
-``hf:NAME[:CONFIG][@REVISION]`` (:mod:`widthscope.data.hf_datasets`).
-
-Objects in memory go in the same fields (``docs/huggingface.md``): ``model`` an ``nn.Module`` /
-``transformers.PreTrainedModel`` (its task from its class or config, never assumed; ``task=`` for
-another ``nn.Module``), ``tokenizer`` a tokenizer object, ``data`` a ``list[str]`` of documents, a
-``datasets.Dataset`` / ``DatasetDict`` (text column, or tokenized columns), a ``BatchEncoding`` or
-mapping of tensors, or a ``DataLoader`` (:mod:`widthscope.data.sources`). Such a spec compares
-its objects by identity and records each as ``"<in memory: ...>"`` (``to_dict``);
-``from_dict(d, model=..., data=...)`` takes them back.
-``None`` is "not given": the model's recorded value, or the default. ``n_train`` / ``n_test``
-also take ``"all"`` (every sequence/example the source gives; with no ``max_tokens`` the whole
-text source is read) — the command line does not offer that yet. ``cap_pools``: the pool sizes
-are upper bounds (take what the data has, as ``grow``'s default sizes do). ``given``: the fields
-set explicitly (an option that does not fit the model is refused only when given); left out,
-every optional field that is not ``None``/``False`` (the command line records what the user typed:
-a ``--protocol`` preset's values are not "given").
+:class:`InputSpec` is what :func:`widthscope.data.inputs.resolve` takes, from the command line, a sweep
+cell or Python; it is validated when made and recorded in every results file (``to_dict`` /
+``from_dict``). Fields mean what the command-line options of the same name mean; ``None`` is "not
+given"; objects in memory (a model, tokenizer, texts, datasets, a ``DataLoader``) go in the same
+fields. Details: docs/certify.md §3, docs/huggingface.md §6 and §9.
 
 Example (a tiny widthscope classifier checkpoint, probed on its recorded digits split)::
 
@@ -315,8 +293,10 @@ class InputSpec:
         cli=False,
     )
     seed: int = 0  # the command's options hold it (CertifyOptions.seed, GrowOptions.seed)
-    cap_pools: bool = False
-    given: tuple[str, ...] | None = None  # made a sorted tuple when the spec is made
+    cap_pools: bool = False  # the pool sizes are upper bounds: take what the data has
+    # the fields set explicitly (an option that does not fit the model is refused only when given);
+    # left out: every optional field that is not None/False. Made a sorted tuple when the spec is made.
+    given: tuple[str, ...] | None = None
 
     def _check_placement(self) -> None:
         """``device_map`` / ``max_memory`` / ``offload_folder``: parsed once here (one error line),

@@ -1,39 +1,9 @@
 r"""Growth operators on trained models: a bigger model that starts from the smaller one's weights.
 
-Every operator works on a *copy* (the input model is never changed) and returns a :class:`Growth`:
-the grown model, where each of its parameters came from (``sources``, for carrying optimiser state
-over, :func:`optimizer_after`) and whether the grown model computes exactly the function of the
-small one at the moment of growth (``exact``).
-
-* :func:`zero_block` — the project's zero-initialised residual block
-  ``z + W_out φ(W_in norm(z))`` (:func:`widthscope.probe.interventions.insert`) at chosen points
-  (any model). Exact: ``W_out = 0``.
-* :func:`stack_depth` — depth growth of a LLaMA-style Hugging Face decoder by copying trained
-  decoder layers: ``order`` lists the old layer indices of the new stack (default: the whole stack
-  repeated, ``[0..L-1, 0..L-1]``: G_stack of Du et al. 2024 with growth factor 2; a part, e.g.
-  ``[0, 1, 1]``, copies one layer). ``mode="copy"`` is the paper's plain copy, which is **not**
-  function-preserving: the grown model computes the small model's layer stack applied in
-  ``order`` (what the tests check exactly). ``mode="zero"`` is the function-preserving variant: every
-  copy after a layer's first occurrence has its writing maps ``o_proj`` and ``down_proj`` zeroed, so
-  it adds nothing to the residual stream until trained.
-* :func:`widen` — width growth of a LLaMA-style decoder: hidden size (new residual channels), MLP
-  size and attention heads (at a fixed head dimension and query/key-value group size). Exact by
-  construction ("masked" growth rather than Net2Net's splitting): every map that *writes* into the
-  new residual channels, new MLP units or new heads (embedding columns, ``o_proj``/``down_proj``
-  rows and columns) starts at zero, every map that *reads* new inputs (``q/k/v``,
-  ``gate/up``, ``lm_head``) gets fresh ``N(0, σ²)`` entries (``σ`` = the config's
-  ``initializer_range``) so gradients reach the zero maps. RMSNorm averages over the channels, so
-  appending zero channels rescales its output by ``√(N_new/N_old)``: the norm weights are multiplied
-  by ``√(N_old/N_new)`` and each norm's ``variance_epsilon`` by ``N_old/N_new``, which makes the
-  old channels' output identical (``rms_eps_scale`` in the grown model's ``widthscope_config``; a
-  model rebuilt from the Hugging Face config alone has the config's ``ε`` instead, a relative
-  difference of order ``ε / mean(z²)``).
-
-Optimiser state (:func:`optimizer_after`): ``"reset"`` (what the benchmark uses) starts a fresh
-AdamW for the grown model, treating it as a new run; ``"keep"`` carries each old parameter's AdamW
-moments (and step count) into the slice its values went to, with zero moments for new entries and no
-state for new tensors (AdamW starts them at step 0). Which of the two the published G_stack and
-progressive-training code uses was not checked here (docs/growth.md).
+Each works on a copy and returns a :class:`Growth` (the grown model, each parameter's ``sources``,
+whether it is ``exact``ly function-preserving): :func:`zero_block` (a zero-initialised residual block),
+:func:`stack_depth` (copied decoder layers; ``mode="zero"`` exact, ``"copy"`` G_stack), :func:`widen`
+(masked width growth, exact); :func:`optimizer_after` resets or keeps AdamW state. Details: docs/growth.md.
 
 Example::
 

@@ -1,23 +1,10 @@
 r"""Growth decisions: where should a trained model get a new residual block?
 
-For each candidate insertion point the alignment certificate of a zero-initialised bias
-(alignment.md §6) is computed from ``n_train`` training and ``n_rank`` held-out sample vectors:
-
-* ``expectation`` = ``aᵀb`` (train mean · held-out mean of the activation gradients; the
-  two-population form of ``‖μ‖²``), ``d_align``, ``B_exact``/``B_align`` at the user's ``(M, K)``;
-* ``predicted_gain`` = ``η aᵀb``: the first-order held-out loss decrease of one bias step
-  ``v = −η μ_M`` (``η`` defaults to ``lr``);
-* the planner's ``M = K`` needed for ``B ≤ δ``, ``δ ∈ {0.1, 0.05, 0.01}``, under both bounds.
-
-Points are ranked by the chosen criterion (:mod:`widthscope.growth.rank`). A block
-``z + W_out φ(W_in norm(z))`` (``W_out = 0``) is inserted at the best point and its parameters
-(or, with ``train_all``, all parameters) are trained for ``steps`` AdamW steps. The held-out
-loss (on examples *not* used for ranking) before and after is reported beside the block's own
-first-order prediction ``−lr ⟨G_M, G_K⟩`` for one plain gradient step. ``compare=True`` repeats
-the growth at the worst-ranked point and at a random other point.
-
-Training runs in eval mode, so the trained model's BatchNorm statistics and dropout stay fixed
-while the new block learns (and per-example losses stay independent).
+Each candidate point gets the certificate of a zero-initialised bias (``aᵀb``, ``d_align``,
+``B_exact``/``B_align``, ``predicted_gain = η aᵀb``, the planner's ``M = K``), points are ranked
+(:mod:`widthscope.growth.rank`), and a zero-output block is inserted at the best and trained;
+held-out loss before and after is reported beside its first-order prediction. ``compare=True``
+repeats at the worst and a random point. Training runs in eval mode. Details: docs/interventions.md §3.
 
 Example::
 
@@ -37,7 +24,6 @@ Example::
 Command line::
 
     widthscope grow --model builtin --steps 200 --compare --out grow.json
-    widthscope grow --model runs/llama256 --data text --points model.layers.1,model.layers.3
 """
 
 from __future__ import annotations
@@ -118,35 +104,13 @@ def grow(
 ) -> dict[str, Any]:
     r"""Rank insertion points by ``options.criterion``, grow a block at the best one, train it.
 
-    The settings are a :class:`~widthscope.growth.options.GrowOptions` (``options``; default
-    ``GrowOptions()``); keywords named like its fields are conveniences that override them
-    (``grow(model, data, M=16)``); any other keyword is refused, naming it.
-
-    Args:
-        model: trained model (not modified; growth happens on copies). A model dispatched by
-            accelerate, offloaded to disk included (:mod:`widthscope.models.dispatch`), is grown
-            on copies that keep its placement (:mod:`widthscope.growth.block`); with offloaded
-            modules ``train_all`` and ``compare`` are refused before any work.
-        data: a :class:`widthscope.data.Split` or ``(train_batches, test_batches)``. The first
-            ``n_rank`` held-out examples rank the points; the rest measure the loss before/after.
-        options: the settings; among them ``points`` (default: ``insertion_points(model)``),
-            ``M``/``K`` (the certificate's sample sizes), ``steps``/``lr`` (AdamW for the new block;
-            ``train_all``: everything), ``eta`` (step size of the predicted gains, default ``lr``),
-            ``criterion`` (:data:`widthscope.probe.growth.CRITERIA`; default
-            :data:`DEFAULT_CRITERION`, the benchmark's winner), ``block_width`` (default: the
-            point's width), ``compare`` (also grow at the worst-ranked point and at a random other
-            point, and train the original model, all parameters, same lr and batches, for the
-            FLOPs the best point's growth used: role ``continue``), ``n_rank`` (held-out examples
-            used to estimate ``b``; default half of the held-out set), ``batch_size``, ``seed``.
-        n_train: training examples used to estimate ``a`` (default: ``max(4M, 256)``, capped).
-        loss_fn: per-example loss (default: the model's task loss).
-        progress: progress bars.
-
-    Returns:
-        ``{"candidates": [...], "growth": [...], "chosen": point, "rows": candidates + growth,
-        "certification", "settings", "options"}``; every row has ``kind="growth"`` and ``role``
-        in ``candidate|best|worst|random|continue``; ``options`` is ``{"grow": opts.to_dict()}``
-        (:meth:`GrowOptions.from_dict` of it repeats the run; ``widthscope grow --config``).
+    The settings are a :class:`~widthscope.growth.options.GrowOptions` (each field's help says what it
+    means); keywords named like its fields override them, any other is refused. ``model`` is not modified
+    (growth happens on copies; an offloaded model refuses ``train_all`` and ``compare``). ``data`` is a
+    :class:`widthscope.data.Split` or ``(train_batches, test_batches)``: the first ``n_rank`` held-out
+    examples rank, the rest measure; ``n_train`` examples estimate ``a`` (default ``max(4M, 256)``).
+    Returns ``{"candidates", "growth", "chosen", "rows", "certification", "settings", "options"}``; rows
+    have ``kind="growth"`` and a ``role`` (candidate|best|worst|random|continue).
     """
     fn = "grow"  # the types, before any work
     _args.module(fn, "model", model)

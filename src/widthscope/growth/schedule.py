@@ -1,30 +1,9 @@
 r"""When to grow: at fixed fractions of a compute budget, or when a signal says so.
 
-A :class:`Schedule` is read by a training loop at every evaluation (:meth:`Schedule.due`): the
-fraction of the FLOP budget spent so far, the held-out loss history and, for the certificate
-signal, a function that measures the small model's alignment. Kinds:
-
-* ``fixed``: grow at each of ``fractions`` (one growth per entry, e.g. ``(0.25,)`` or the
-  multi-stage ``(0.15, 0.35)``);
-* ``plateau``: grow when the held-out loss stops improving: the best of the last ``patience``
-  evaluations is not below ``(1 − threshold)`` × the best before them (the rule of the growth
-  benchmark's base training, :func:`widthscope.growth.suite.train_to_plateau`);
-* ``certificate``: grow when continuing to train the small model is no longer certified to help:
-  at one block-output point, the per-example activation gradients pooled over positions of ``M``
-  train and ``K`` held-out examples give the two-population certificate of the bias step
-  (:func:`widthscope.stats.certificate`); the signal fires when its ``B_exact`` — the Cantelli
-  bound on the probability that an ``M``-sample train step raises the held-out loss — reaches
-  ``threshold`` (default 0.5: not even even odds are certified);
-* ``misalignment``: the same samples, the resampled misalignment probability
-  (:func:`widthscope.stats.misalignment`) reaching ``threshold``.
-
-Where to grow (for :func:`widthscope.growth.operators.zero_block`, or which layers to copy):
-:func:`choose_points` ranks candidate points by a growth criterion of ``widthscope grow`` (default
-``line_search``, the growth benchmark's winner) and returns the best ``k``; or the points are fixed.
-
-Signals never fire before ``earliest`` and are forced at ``latest`` (the row records
-``forced``), so a signal run always grows. After a growth the signal state resets (a schedule with
-``stages > 1`` grows again when the signal fires again).
+A :class:`Schedule` (``fixed``, ``plateau``, ``certificate``: ``B_exact`` of the bias step reaches
+``threshold``, or ``misalignment``) is read at every evaluation (:meth:`Schedule.due`); signals never
+fire before ``earliest`` and are forced at ``latest``. :func:`choose_points` picks where to grow.
+Details: docs/growth.md.
 
 Example::
 

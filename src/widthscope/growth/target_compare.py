@@ -1,32 +1,9 @@
 r"""The judgement of the compute-to-target benchmark (:mod:`widthscope.growth.target`).
 
-Per target width and run label (``scratch``, ``continue-depth``/``continue-width``,
-``<operator>/<schedule>``) over seeds: the per-seed speed-up ``s = F_scratch / F_run`` to the seed's
-own from-scratch final loss,
-summarised on the log scale (ratios multiply): the geometric mean and its 95% Student-t interval
-``exp(mean(log s) ± t_{0.975,n−1} sd(log s)/√n)`` — the interval of the claims page
-(``widthscope.report.claims_stats.seed_test``, restated here as :func:`seed_test`; seeds are
-independent). A run that never reached the target within ``cap · B`` enters at its bound
-``F_scratch / (cap · B)`` (``reached`` counts the others). The true speed-up is smaller than that
-bound, so a censored seed is counted too favourably — but the bound is at most ``1 / cap ≤ 1``, below
-the claimed 1.3, so censored seeds can never carry a label to "holds", and for "does not" the
-overstatement is conservative.
-
-Verdict, calibrated like every claim of the claims page: the claimed region is ``s ≥ 1.3``
-(:data:`SPEEDUP`); each label's p-value is that of :func:`seed_test` on ``log s`` against
-``[log 1.3, ∞)``, Holm-adjusted over every label of the table (continue-small included: the page
-is read label by label, so family-wise control). A label *holds* when its adjusted ``p ≤ 0.05``
-with the interval above 1.3 (for a single label: the lower 95% bound is ≥ 1.3), *does not* when
-adjusted ``p ≤ 0.05`` with the interval below, else *not resolved*. The benchmark's answer to
-"does any operator/schedule reach the target with ≥ 1.3× less compute?" is *yes* when some label
-holds, *no* when every label does not, else *not resolved*.
-
-Beside it, each growth label against the practitioner's other baseline, its small model continued
-alone (paired by seed): ``vs_continue = F_continue / F_growth`` (> 1: growing reached the target
-first), geometric mean with its 95% t interval; and ``reached_before_growth``, the seeds where the
-small model had reached the target before the schedule grew it (the growth run inherits that
-crossing). A label where every seed did so measured the small model, not the operator: its verdict is
-"reached before growing" and it is left out of the Holm family and of the answer.
+Per target width and run label, the per-seed speed-up ``s = F_scratch / F_run`` is summarised as a
+geometric mean with its 95% Student-t interval (censored seeds at their bound) and judged against
+``s ≥ 1.3`` (:data:`SPEEDUP`), Holm-adjusted over the table; beside it ``vs_continue`` against the
+small model continued alone. The rules: docs/growth.md.
 
 Example::
 

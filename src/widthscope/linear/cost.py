@@ -1,38 +1,9 @@
 r"""Cost model of the NTK methods: FLOPs, time and peak memory from one probe forward pass.
 
-:func:`measure` runs the model once on one example with ``torch.utils.flop_counter.FlopCounterMode``
-(``F``: matmul/conv/attention FLOPs of one forward pass) and a saved-tensor hook (``S``: bytes the
-autograd graph keeps for the backward pass, per example; the parameters themselves excluded).
-:func:`estimates` turns them, with the parameter count ``P``, the output size ``o``, the example
-counts and the structured :class:`~widthscope.linear.structured.Plan`, into seconds and bytes:
-
-- ``per_example`` (``vmap(jacrev)`` over chunks of ``c`` examples, each run alone): ``r`` one-example forward
-  passes and ``r·o`` one-example reverse passes (``2F``, and ``P`` Jacobian numbers written, at ``PE_PASS_S``
-  per FLOP and ``PE_WRITE_S`` per number) plus the contraction ``2·n1·n2·o²·P`` (halved with ``x2=None``).
-  Memory: ``PE_COPIES`` Jacobian chunks and the ``c·o`` vmapped passes' activations.
-- ``jacobian`` (chunks of ``c`` examples through one batched call, ``r = n1 + n2`` rows, or ``n1`` with
-  ``x2=None``): ``r·o`` reverse passes, each over the whole chunk (``2F·c``), plus the contraction
-  ``2·n1·n2·o²·P`` (halved with ``x2=None``: only the upper block pairs); when ``x2``'s Jacobians do not
-  fit they are recomputed once per row chunk. Memory: the kernel, ``JAC_COPIES`` Jacobian chunks of
-  ``c·o·P`` numbers (row chunk, column chunk, the copy jacrev makes), the chunk's activations and their
-  vmapped gradients ``c²·o·S``.
-  When one example's ``o·P`` does not fit, chunks of outputs.
-- ``structured``: one forward and ``o`` batched backward passes over the ``n`` examples
-  (``n·(1 + 2o)·F``), the Gram products of each covered layer (the cheaper of the two forms
-  :func:`widthscope.linear.gram.positions` chooses between), plus the ``jacobian`` cost of the
-  uncovered remainder (its reverse passes run through the whole model). Memory per block of
-  ``b`` examples: the signals ``o·b·Σ widths`` and inputs of two blocks, the batched backward's
-  gradients and the accumulator.
-- ``products``: ``n2·o`` columns, each one vjp (``2F``) and one jvp over ``x1`` (``3·n1·F``).
-  Memory: ``P`` numbers per tangent plus the activations of a chunk of ``x1``.
-
-Besides its FLOPs, each functorch call costs ``CALL_S`` seconds and each pass ``OP_S`` per aten operator it
-dispatches (the probe's ``ops``). ``GEMM_S`` is seconds per matmul FLOP, ``PASS_S`` per FLOP of the vmapped
-passes, ``PE_PASS_S``/``PE_WRITE_S`` per FLOP and per Jacobian number of ``vmap(jacrev)``; forward-mode passes
-(``products``) cost ``JVP_SLOWER``× the reverse rate. The constants are calibrated by
-``benchmarks/ntk_auto.py --calibrate`` (see docs/performance.md). Only ratios between methods matter for the
-choice; ``seconds`` in ``info["costs"]`` is an estimate. Every method is planned within ``SAFETY`` of
-``memory_budget`` (allocator slack the byte counts do not see).
+:func:`measure` counts one example's forward FLOPs (``FlopCounterMode``) and the bytes autograd saves;
+:func:`estimates` turns them, with the parameter count, output size, example counts and the structured
+:class:`~widthscope.linear.structured.Plan`, into each method's seconds and bytes (constants calibrated
+by ``benchmarks/ntk_auto.py --calibrate``). The formulas: docs/performance.md "NTK ``method="auto"``".
 """
 
 from __future__ import annotations

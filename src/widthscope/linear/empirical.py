@@ -96,78 +96,13 @@ def ntk(
     params: Any = None,
     verbose: bool = False,
 ) -> torch.Tensor:
-    r"""Empirical NTK ``Θ_{ab}(x, x') = Σ_θ ∂f_a(x)/∂θ · ∂f_b(x')/∂θ`` (``J(x) J(x')ᵀ``), all output pairs.
+    r"""Empirical NTK ``Θ_{ab}(x, x') = Σ_θ ∂f_a(x)/∂θ · ∂f_b(x')/∂θ``, shape ``(n1, n2, out, out)``.
 
-    Kernel shapes (outputs flattened to ``out`` components; the learning rate is not included: the
-    spec's ``η·Θ`` is ``eta * ntk(...)``):
-
-    - default: ``(n1, n2, out, out)``;
-    - ``trace=True``: ``(n1, n2)``, the logit-averaged kernel ``(1/out) Σ_a Θ_aa``. The structured
-      path forms only the ``a = b`` blocks: ``out``× fewer Gram flops and memory ``n1·n2``;
-    - ``diagonal=True`` (``x2`` must be ``None``): ``(n1, out, out)``, only ``Θ(x_i, x_i)``, computed
-      without any off-diagonal example pair (``n1``× fewer flops; memory ``n1·out²``); with
-      ``trace=True`` too: ``(n1,)``.
-
-    Memory and precision options:
-
-    - ``batch_size=b``: inputs in blocks of ``b`` examples, so the per-layer signals and Grams held
-      at once are those of two blocks (``O(b·out·width)`` and ``O(b²·out²)``) besides the result;
-      with ``x2=None`` only the ``i ≤ j`` block pairs are computed. ``x2``'s blocks are kept when
-      they fit ``memory_budget`` and recomputed otherwise (one more forward/backward per pair).
-    - ``dtype``: the dtype of the accumulator and the result (default: the parameters'). The Gram
-      products run in the parameters' dtype; ``dtype=torch.float64`` with a float32 model sums the
-      layers' float32 contributions in float64 (to compute the products in float64 too, pass a
-      float64 model).
-
-    Algorithms (``method``):
-
-    - ``"structured"`` (:mod:`widthscope.linear.structured`): each covered layer's contribution from
-      the Grams of its inputs and of the back-propagated output signals — dense layers (``nn.Linear``,
-      ``ScaledLinear``, transformers' ``Conv1D``), ``Conv1d``/``Conv2d``, ``Embedding``, elementwise
-      affine norms (LayerNorm, RMSNorm, GroupNorm, eval BatchNorm). One batched backward pass and
-      ``O(n1·n2·out²·width)`` products per layer, no Jacobian. Parameters it does not cover (other
-      modules, layers run twice) are added by the ``"per_example"`` route
-      restricted to them (a hybrid).
-    - ``"per_example"``: ``torch.func.vmap(jacrev(f))`` over the examples, each run alone (a batch of
-      one), ``chunk_size`` examples (and, when one example's ``out·P`` does not fit, chunks of outputs)
-      at a time, contracted as one matrix product per parameter tensor, ``Σ_b J_b(x1) J_b(x2)ᵀ``.
-      Memory ``≈ 3·chunk·out·P`` numbers, time ``(n1+n2)·out`` one-example backward passes plus the
-      ``2·n1·n2·out²·P`` contraction — the textbook kernel; fastest for few outputs and few examples.
-      Needs examples that do not interact (refused on batch-coupled models, like ``"structured"``).
-    - ``"jacobian"``: the Jacobian of ``chunk_size`` examples at a time through one batched call (one
-      vmapped reverse pass per output *of the chunk*, each over the whole chunk: ``chunk``× the
-      per-example route's work), contracted parameter block by parameter block. The route for
-      batch-coupled models (the chunk is then the whole batch).
-    - ``"products"``: NTK-vector products, for each column ``(x2_j, b)`` one vjp gives
-      ``g = J(x2_j)ᵀe_b`` and one jvp at all of ``x1`` gives ``Θ[:, j, :, b]``. Memory ``O(P)``
-      plus activations, but ``n2·out`` jvp passes — for models whose Jacobian rows do not fit.
-
-    ``"auto"`` takes the fastest method that fits ``memory_budget`` by a cost model built from one probe
-    forward pass (:mod:`widthscope.linear.cost`, :mod:`widthscope.linear.choose`; counts only, nothing
-    timed; ``"products"`` only where a jvp runs). ``memory_budget`` bounds
-    every method: what ``ntk`` allocates, the returned kernel included, is planned within 85% of it
-    by chunks of examples and of outputs (Jacobians), blocks of examples (structured, when
-    ``batch_size`` is not given) or chunks of ``x1`` (products); a forced method that cannot fit is
-    refused before any work, and an explicit ``chunk_size``/``batch_size`` is not resized. Pass
-    ``info={}`` to learn what it did: ``info["method"]``, ``info["reason"]`` (the choice and every
-    estimate; ``verbose=True`` prints it), ``info["costs"]`` (per method ``seconds``, ``bytes``,
-    ``fits`` and chunking), ``info["covered"]``/``info["uncovered"]`` (parameter counts) and
-    ``info["generic"]`` (names of the parameters on the Jacobian path). Floating inputs are cast to
-    the parameters' dtype.
-
-    Refused before any work (:mod:`widthscope.linear.checks`): ``memory_budget <= 0``; random layers in
-    training mode (dropout: call ``model.eval()``), found by module type and by two forward calls on
-    the probe rows (once per model, input shape and parameter values: :mod:`widthscope.linear.probes`);
-    and, for ``"auto"``/``"structured"``, models whose examples are coupled within a
-    batch (BatchNorm with batch statistics — training mode or ``track_running_stats=False`` — or any
-    op that mixes examples, found by comparing the batched and one-row forward passes of two probe
-    rows): a per-example kernel does not exist there. ``method="jacobian"`` or ``"products"`` with
-    ``x2=None`` (no ``batch_size``, not ``diagonal``) then computes the batch-coupled kernel
-    ``J(X) J(X)ᵀ`` of the batch ``x1`` in one piece, and ``info["batch_coupled"]`` says why.
-
-    Functional API: ``model`` may be a function ``f(params, x)`` with ``params=`` a dict or pytree of
-    tensors (every floating leaf is differentiated), as ``torch.func.functional_call`` users write it;
-    it takes the ``"jacobian"``/``"products"`` routes (no module structure to exploit).
+    ``trace=True`` gives the logit-averaged ``(n1, n2)`` kernel, ``diagonal=True`` only ``Θ(x_i, x_i)``;
+    ``method`` is ``"auto"`` (fastest that fits ``memory_budget``), ``"structured"``, ``"per_example"``,
+    ``"jacobian"`` or ``"products"``; ``info={}`` receives the choice and its costs. ``model`` may also be a
+    function ``f(params, x)`` with ``params=``. Options, costs and refusals: docs/linearization.md
+    "The NTK memory trade-off".
 
     Example::
 

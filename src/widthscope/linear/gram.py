@@ -1,28 +1,10 @@
 r"""Gram contractions of the structured NTK, in the three kernel shapes.
 
-Every covered parameter contributes a term of one of two forms (``o, p`` output components,
-``i, j`` examples of the two batches):
-
-- **Hadamard**: per-example gradients ``g_{o,i} ∈ ℝ^F`` weighted by an example-pair matrix ``W``:
-  ``Θ_{op}(x_i, x'_j) += W_{ij} Σ_F g_{o,i,F} g'_{p,j,F}``. A dense layer at one position is this
-  with ``g = δ`` (the back-propagated signal) and ``W = m² (a a'ᵀ)`` (``+ 1`` with its bias); a
-  gradient that is formed explicitly (biases, elementwise scales, unfolded conv weights) has
-  ``W = 1``.
-- **positions**: ``Θ_{op}(x_i, x'_j) += m² Σ_{t,s} (δ_{o,i,t}·δ'_{p,j,s}) (a_{i,t}·a'_{j,s})`` for a
-  layer applied at positions ``t`` (sequences, conv patches, embedding lookups with one-hot ``a``).
-  It is computed from position Grams (``"gram"``: ``O((o n T)² (D_δ + 1) + (n T)² D_a)``), by forming
-  the per-example weight gradients ``P_{o,i} = Σ_t δ_{o,i,t} a_{i,t}ᵀ`` (``"explicit"``:
-  ``O(o n T D_δ D_a + (o n)² D_δ D_a)``, in chunks of ``D_δ``), or through the ``T×T`` input Gram of
-  each example pair (``"pairs"``: ``O(n² T² D_a + n² o T² D_δ + (o n)² T D_δ)``), whichever costs
-  fewer flops.
-  With one output this is :func:`widthscope.probe.interventions.block_gram`.
-
-Shapes of the accumulator (``mode``): ``"full"`` ``(o, n1, o, n2)`` (permuted to ``(n1, n2, o, o)``
-by the caller), ``"trace"`` ``(n1, n2)`` (the sum over ``o = p``; only the ``o`` diagonal blocks
-are formed, ``o``× fewer flops), ``"diag"`` ``(n, o, o)`` (``x_i = x'_i`` only; no off-diagonal
-example pairs are formed, ``n``× fewer flops), ``"diagtrace"`` ``(n,)``.
-
-Products run in the inputs' dtype; the accumulator may be wider (``acc += G`` upcasts).
+Each covered parameter adds a *Hadamard* term (explicit per-example gradients weighted by an
+example-pair matrix) or a *positions* term (a layer applied at positions, contracted by whichever of
+``"gram"``, ``"explicit"``, ``"pairs"`` costs fewer flops). Accumulator shapes (``mode``): ``"full"``
+``(o, n1, o, n2)``, ``"trace"`` ``(n1, n2)``, ``"diag"`` ``(n, o, o)``, ``"diagtrace"`` ``(n,)``.
+Formulas and costs: docs/linearization.md "Structured NTK and kernel options".
 
 Example::
 

@@ -1,28 +1,9 @@
-r"""The empirical NNGP (last-layer feature) kernel.
+r"""The empirical NNGP (last-layer feature) kernel ``K(x, x') = m² φ(x)·φ(x')``.
 
-For a readout ``f(x) = m · W φ(x) + b`` (the last dense layer the forward pass runs: ``nn.Linear``,
-widthscope's ``ScaledLinear`` with multiplier ``m``, transformers' ``Conv1D``) with input features
-``φ(x) ∈ ℝ^d``,
-
-.. math::  K_{NNGP}(x, x') = m² φ(x)·φ(x')
-
-the readout *weights'* contribution to the NTK (``Θ_{ab} ⊇ δ_{ab} m² φ·φ'``) and, when the readout
-weights are i.i.d. ``N(0, 1)`` (NTK parametrisation), the covariance ``Cov_W[f_a(x), f_a(x')]``
-given the features — the empirical NNGP kernel. (For weights of variance ``s²`` multiply by
-``s²``; the bias variance is not included.) A readout applied at positions ``t`` (a sequence
-model) gives ``(n1, n2, T, T)``: ``m² φ_t(x)·φ_s(x')``. Cost: one forward pass per batch and one
-``(n1·T, d) @ (d, n2·T)`` product; no backward pass.
-
-A function ``f(params, x)`` (``params=`` a dict or pytree of tensors) has no modules to hook: its
-readout is a *parameter* ``W`` (``readout=`` its key, default the last 2-D floating entry whose first
-dimension is the number of outputs), and the kernel is that parameter's NTK, ``Θ^W_{ab}(x, x') =
-δ_{ab} m² φ(x)·φ(x')`` for ``f = m W φ + …`` — checked: with two or more outputs its off-diagonal
-output pairs must vanish and its diagonal ones agree (else ``WidthscopeError``: ``W`` is not a
-readout applied once).
-
-Random layers in training mode (dropout) and batch-coupled models (BatchNorm with batch statistics,
-``h − h.mean(0)``; :mod:`widthscope.linear.checks`) are refused: ``φ`` would depend on the call or on
-the batch.
+``φ`` is the input of the last dense readout the forward pass runs (``m`` its multiplier); a readout
+at positions gives ``(n1, n2, T, T)``. For a function ``f(params, x)`` the readout is a parameter
+(``readout=`` its key) and the kernel is that parameter's NTK, checked to be a readout applied once.
+Dropout in training mode and batch-coupled models are refused. Maths: docs/linearization.md.
 
 Example::
 

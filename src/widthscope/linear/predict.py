@@ -69,28 +69,11 @@ def kernel_predict(
 ) -> dict[str, torch.Tensor]:
     r"""Closed-form outputs of squared-loss gradient descent with a fixed kernel, optionally ridge-regularised.
 
-    With ``L = (1/2N) Σ‖f(x_i) − y_i‖²`` and ``A = (η/N) Θ(X, X)`` (the :func:`function_space_gd`
-    convention), full-batch GD gives ``f_s − y = (I − A)^s (f_0 − y)`` on the training inputs and
-    ``f^t_s = f^t_0 − (η/N) Θ(X_t, X) Σ_{r<s} (I − A)^r (f_0 − y)`` on test inputs. In the
-    eigenbasis ``A = V diag(a) Vᵀ`` the sum is ``V diag((1 − (1 − a)^s)/a) Vᵀ`` (``s`` at ``a = 0``).
-    Gradient flow for time ``t`` replaces ``(1 − a)^s`` by ``exp(−t a)``; ``steps = inf`` or
-    ``t = inf`` is the limit (``f^t_∞ = f^t_0 − Θ_t Θ⁺ (f_0 − y)``, the minimum-norm interpolant).
-
-    **Ridge** (``ridge = λ ≥ 0``, absolute units of the kernel): GD/flow of the linear model on
-    ``L_λ = (1/2N) (Σ‖f(x_i) − y_i‖² + λ‖θ − θ₀‖²)``. Its function-space form has
-    ``B = (η/N)(Θ + λI)``: after ``s`` steps ``f = f_0 − Θ C_s (f_0 − y)`` on the training inputs and
-    ``f^t = f^t_0 − Θ_t C_s (f_0 − y)`` on test inputs, ``C_s = (Θ + λI)^{-1}(I − (I − B)^s)``
-    (flow: ``(I − B)^s → exp(−t B)``), so ``t = ∞`` is kernel ridge regression
-    ``f^t_0 − Θ_t (Θ + λI)^{-1} (f_0 − y)``. The test outputs are neural-tangents'
-    ``gradient_descent_mse(K, y, diag_reg=λ, diag_reg_absolute_scale=True)`` (its default scales
-    ``diag_reg`` by ``trace(K)/(N·o)``: pass ``ridge = diag_reg · trace(K)/(N·o)``; its ``learning_rate·t`` is
-    ``o·η·t`` here, its loss being a mean over the ``N·o`` outputs); its train outputs are its
-    test formula at ``K_test = K_train``, as its docstring says. For its default ``trace_axes=(-1,)``
-    (an ``(N, N)`` per-output kernel ``k``) pass ``K = k ⊗ I_o``; ``diag_reg`` then scales by ``trace(k)/N``
-    (``tests/test_bench_ntk_vs_nt.py`` compares the two).
-
+    With ``A = (η/N) Θ(X, X)``: ``f_s − y = (I − A)^s (f_0 − y)`` on the training inputs, the matching
+    test outputs, gradient flow (``t``), ``steps = inf``/``t = inf`` limits and ridge ``λ`` (kernel ridge
+    regression at ``t = ∞``; neural-tangents' ``gradient_descent_mse`` with absolute ``diag_reg``).
     ``K_train``: ``(N, N, o, o)`` or ``(N·o, N·o)``; ``K_test``: ``(M, N, o, o)`` or ``(M·o, N·o)``;
-    ``y_train``, ``f0_*``: ``(N, o)`` / ``(M, o)`` (``f0`` default 0). Returns ``{"train", "test"}``.
+    ``y_train``, ``f0_*``: ``(N, o)`` / ``(M, o)``. Returns ``{"train", "test"}``. Maths: docs/linearization.md.
 
     Example::
 

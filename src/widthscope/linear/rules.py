@@ -1,74 +1,9 @@
-r"""Which modules the structured NTK covers, and the per-example gradient features each one gives.
+r"""Which modules the structured NTK covers, and the per-example gradient records each one gives.
 
-A covered module turns its captured input ``a`` and back-propagated output signals
-``δ_o = ∂f_o/∂z`` (for every output component ``o``) into *records* that
-:mod:`widthscope.linear.gram` contracts into kernel terms:
-
-- ``nn.Linear``, widthscope's ``ScaledLinear`` (``z = m·a Wᵀ + b``) and transformers' ``Conv1D``
-  (GPT-2, ``z = a W + b`` with ``W`` of shape ``(in, out)``): a *dense* record, weight term
-  ``m² Σ_{t,s}(δ_t·δ'_s)(a_t·a'_s)`` over the positions ``t`` (every index but the first and the last)
-  and bias term ``(Σ_t δ_t)·(Σ_s δ'_s)``.
-- ``nn.Conv1d``/``nn.Conv2d``/``nn.Conv3d`` (any stride, dilation, padding and padding mode, any
-  ``groups``): the weight gradient is ``Σ_l δ_l ⊗ patch_l`` over output locations ``l`` (im2col), so a
-  dense record per group with the unfolded patches as ``a`` and locations as positions; bias as
-  above. Conv3d patches are sliding windows along each spatial dim (``Tensor.unfold``; torch's
-  ``unfold`` is 4-D only).
-- ``nn.ConvTranspose1d/2d/3d`` (stride, padding, ``output_padding`` or ``output_size``, dilation,
-  ``groups``): the transposed conv is the adjoint of the conv, ``z[y] = Σ_{l,k: y = l·s − p + k·d}
-  x[l] W[k]``, so ``∂f/∂W[c_i, c_o, k] = Σ_l x[c_i, l] δ[c_o, l·s − p + k·d]``: a dense record per
-  group over the *input* locations ``l``, with ``a_l = x[:, l]`` and, in place of ``δ``, the signal's
-  windows ``δ̃_l[c_o, k] = δ[c_o, l·s − p + k·d]`` (``δ`` zero-padded by ``p``; ``output_padding``
-  only lengthens the output at the end, so the first ``len(x)`` windows along each dim). The bias is
-  ``Σ_y δ[:, y]`` over the *output* locations (a vector record), not the windows' sum.
-- ``nn.EmbeddingBag`` in modes ``sum`` and ``mean`` (2-D input, or 1-D with ``offsets``, either
-  ``include_last_offset``; ``per_sample_weights``; ``padding_idx``; not ``max_norm``/
-  ``scale_grad_by_freq``): ``z_b = Σ_t c_{b,t} W[id_{b,t}]`` with ``c`` the per-sample weight (1
-  without) or ``1/|bag|`` (``mean``; padding ids neither counted nor summed), so the weight term is
-  ``(h_i·h'_j)(δ_i·δ'_j)`` with ``h_i`` the bag's ``c``-histogram over the ids the two batches share
-  (:func:`bag_gram`: one position, ``W = h hᵀ``). Mode ``max`` routes each coordinate's gradient to
-  the one id that attains the max — piecewise, input-dependent, no linear closed form — so it stays on
-  the generic path.
-- ``nn.PReLU`` (``num_parameters`` 1 or ``C``): ``z = max(a, 0) + w·min(a, 0)``, so ``∂z/∂w_c =
-  min(a, 0)`` on channel ``c`` (dim 1), everywhere for a single ``w``: a vector record
-  ``Σ δ ⊙ min(a, 0)`` summed over the channel's entries.
-- ``nn.Embedding``: ``∂z_t/∂W_v = [id_t = v]``, so the weight term is
-  ``Σ_{t,s} [id_t = id'_s] (δ_t·δ'_s)``: a dense record whose ``a_t`` is the one-hot of ``id_t``
-  (built at contraction time over the ids the two batches share); positions holding
-  ``padding_idx`` are dropped (that row gets no gradient). ``max_norm``/``scale_grad_by_freq``
-  embeddings are left to the generic path.
-- elementwise affine modules ``z = c(a) ⊙ w + b`` (``nn.LayerNorm``, ``nn.RMSNorm``, Hugging Face
-  ``*RMSNorm``/``*LayerNorm`` classes, ``nn.GroupNorm``, ``BatchNorm`` in eval mode — any leaf module
-  whose class name contains ``Norm`` and whose only parameters are a ``weight`` and a ``bias`` of
-  the same shape, matching either the trailing dims or dim 1 of the output): the per-example
-  gradients ``Σ_t δ_t ⊙ c_t`` (weight) and ``Σ_t δ_t`` (bias) are formed explicitly (a *vector*
-  record, ``F`` = the parameter count). ``c = ∂z/∂w`` is one forward-mode product of the module
-  alone along ``w = 1`` — computed from the module's input, never as ``(z − b)/w`` — so Gemma's
-  ``(1 + w)`` scale is handled too. Whether a module really is elementwise is *checked* on the probe
-  input: the jvp along a random tangent ``u`` must equal ``c ⊙ u`` (and ``v`` for the bias).
-- module-owned parameters of a *user's* leaf module (a class outside ``torch``, no children) whose own
-  parameters all have one shape, whatever their names (timm's ``LayerScale`` ``γ``, a learned
-  scalar temperature or shift, a per-channel scale): the same elementwise record, under the same
-  jvp check (a 0-d or one-element parameter broadcasts over the whole output). Recomputing the
-  module from its first input alone must also reproduce its output, so a module that reads other
-  arguments or overwrites its input in place goes to the generic path.
-
-Left to the generic (Jacobian) path, with the reason:
-
-- parameters used outside any covered module's call — container-owned parameters used in
-  ``forward`` (``x + self.pos_embed``), functional weights: a module hook sees the module's input
-  and output only, not the signal at the use site;
-- ``nn.LSTM``/``nn.GRU``/``nn.RNN``: a closed form exists (``∂f/∂W_hh = Σ_t δ_t h_{t−1}ᵀ`` per gate),
-  but the module is one fused op: hooks never see the per-step gate pre-activations or ``h_{t−1}``;
-- layers run twice, EmbeddingBag ``max``, embeddings with ``max_norm``/``scale_grad_by_freq``,
-  training-mode BatchNorm (refused upstream).
-
-Covered through taps:
-
-- ``nn.MultiheadAttention``: torch's own ``F.multi_head_attention_forward`` runs with its ``F.linear``
-  calls recorded (:class:`LinearTaps`); each in-projection (the packed one or its slices, which must
-  tile the parameter) and the out-projection is a dense record (:func:`mha_records`).
-- a weight tied between dense layers/embeddings: each use's per-example gradient (:func:`tied_use`),
-  summed before the product.
+:func:`rule` names a module's rule (dense, conv, conv_transpose, embedding, embedding_bag, prelu,
+elementwise, or ``None`` for the generic Jacobian path); :func:`records` turns a module's captured
+input and back-propagated signals into the records :mod:`widthscope.linear.gram` contracts. The
+per-module formulas and what stays generic: docs/linearization.md "Structured NTK and kernel options".
 
 Example::
 

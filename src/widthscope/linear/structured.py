@@ -1,31 +1,10 @@
 r"""Structured empirical NTK: the kernel from Grams, never a Jacobian (plus a generic remainder).
 
-For a layer ``z = m · a Wᵀ + b`` (``nn.Linear``: ``m = 1``; widthscope's ``ScaledLinear``: its
-``multiplier``) applied at positions ``t`` (sequences) or once (an MLP), the parameters'
-contribution to ``Θ_{oo'}(x, x') = Σ_θ ∂f_o(x)/∂θ · ∂f_{o'}(x')/∂θ`` is
-
-.. math::  m² Σ_{t,s} (δ_{o,t}·δ'_{o',s}) (a_t·a'_s)  +  (Σ_t δ_{o,t})·(Σ_s δ'_{o',s})
-
-with ``δ_o = ∂f_o/∂z`` the back-propagated signal of output component ``o`` and ``a`` the
-layer's input: the second term is the bias. Convolutions are the same identity over im2col
-patches, embeddings over one-hot ids, elementwise affine (norm) layers have explicit
-per-example gradients ``Σ_t δ_t ⊙ ∂z_t/∂w`` (:mod:`widthscope.linear.rules` lists the covered
-modules). Summing over layers gives the NTK. One batched backward pass over all output
-components (``is_grads_batched``) gives every ``δ_o`` at every layer for the whole batch
-(examples do not interact in eval mode), so the cost is that backward plus Gram products —
-``O(n² · out² · width)`` per dense layer (:mod:`widthscope.linear.gram`) instead of
-``O(n · out · P)`` memory for Jacobians.
-
-**Hybrid.** A parameter is covered when its module is covered, runs exactly once per forward
-pass on per-example inputs (leading dimension the batch; an embedding looked up once for the whole
-batch is expanded per example), and the parameter has exactly one use in the autograd graph (so
-layers run twice and parameters used outside their module are caught) — or it is a weight tied
-between covered dense layers/embeddings with one use per owner (its per-example gradient is the
-sum of the uses'). ``nn.MultiheadAttention`` is covered through the ``F.linear`` calls of its
-projections (:class:`~widthscope.linear.rules.LinearTaps`). Everything else — and any trainable parameter of an
-uncovered module — goes through the explicit-Jacobian route of :func:`widthscope.linear.ntk`
-restricted to just those parameters, and the two parts are summed (exact: the NTK is a sum
-over parameters). :func:`plan` says which is which; ``info`` reports it.
+A layer ``z = m · a Wᵀ + b`` at positions ``t`` contributes ``m² Σ_{t,s} (δ_{o,t}·δ'_{o',s})(a_t·a'_s)
++ (Σ_t δ_{o,t})·(Σ_s δ'_{o',s})``; one batched backward gives every ``δ_o``. Parameters the rules do not
+cover (:mod:`widthscope.linear.rules`) go through the Jacobian route and the parts are summed;
+:func:`plan` says which is which. Maths and the hybrid rule: docs/linearization.md "Structured NTK
+and kernel options".
 
 Example::
 

@@ -1,32 +1,10 @@
 """Train a network and its linear model side by side, and the frozen-kernel recursion.
 
-Both start from the same ``θ₀``, use the same optimizer and learning rate and see the same
-mini-batches in the same order, so every difference between them is non-linearity. Logged
-per step ``s`` (``net`` = the network ``F(·; θ_s)``, ``lin`` = ``F_lin(·; θ^lin_s)``):
-
-- ``train_loss``/``train_loss_lin``/``train_gap`` and the same on held-out data;
-- ``dev_rms`` = RMS over held-out inputs and outputs of ``F − F_lin``, ``dev_rel`` = that over
-  the RMS of ``F``, ``dev_mse`` = ``dev_rms²`` (the published experiments report this);
-- ``param_move`` = ``‖θ_s − θ₀‖/‖θ₀‖`` (and ``param_move_lin``);
-- ``kernel_drift`` = ``‖Θ_s − Θ₀‖_F/‖Θ₀‖_F`` of the empirical NTK (all output pairs) on a fixed
-  probe set (the linear model's kernel is ``Θ₀`` at every step by construction);
-- with ``kernel_prediction=True`` (MSE only): ``train_loss_kernel``/``test_loss_kernel``, the
-  closed-form full-batch GD prediction with the frozen kernel ``Θ₀`` at the same step and learning
-  rate, and ``*_kernel_inf``, its ``t = ∞`` limit (kernel regression, ``ridge`` optional) — the
-  third column beside network and linear model.
-
-How the linear model is trained (``linear``): ``"weights"`` runs the optimizer on
-``F_lin(·; θ)`` (one ``jvp`` per step, any optimizer, batches or loss); ``"kernel"`` uses that
-for full-batch GD on the MSE loss the linear model's outputs are exactly
-``f_s = y + (I − A)^s (f_0 − y)``, ``A = (η/N) Θ₀(X, X)`` (and the test outputs and
-``‖θ_s − θ₀‖`` from the same eigenbasis), so one kernel ``Θ₀(X ∪ X_t, X)`` replaces every linear
-step, computed in float64 whatever the model's dtype (no rounding of tiny updates). ``"auto"`` picks
-``"kernel"`` when it is exact (full batch, ``"sgd"``, ``"mse"``), the structured NTK covers the
-model and the models are not returned, else ``"weights"``; ``rows[i]["linear"]`` says which.
-
-Losses: ``"mse"`` is ``L = (1/2N) Σ_i ‖F(x_i) − y_i‖²`` (targets one-hot for classes: integer
-class indices are one-hot encoded), so ``∇_F L = (F − Y)/N``; ``"cross_entropy"`` takes class
-indices. Floating inputs are cast to the model's parameter dtype.
+Both start from ``θ₀`` with the same optimizer, learning rate and batches, so every difference is
+non-linearity. Each step's row logs losses of both, ``dev_rms``/``dev_rel``/``dev_mse`` (``F − F_lin``
+on held-out inputs), ``param_move`` and ``kernel_drift``; ``kernel_prediction=True`` adds the frozen-kernel
+GD prediction. ``linear="weights"`` trains ``F_lin`` by ``jvp``, ``"kernel"`` uses the closed-form
+recursion (full-batch SGD on MSE), ``"auto"`` picks. Columns and maths: docs/linearization.md.
 
 Example::
 

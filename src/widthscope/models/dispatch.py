@@ -1,33 +1,10 @@
 """Models larger than one device: accelerate's big-model dispatch, ready for the probe.
 
-A model is spread over the devices of a *device map* (module name -> ``0``/``"cuda:1"``/``"cpu"``/
-``"disk"``), made by accelerate from a *memory budget* per device (``max_memory``) or given
-explicitly. Offloaded modules keep their weights on ``"disk"`` (a folder of files; on a machine
-with accelerators also on ``"cpu"``) and accelerate's hooks load them for each forward.
-
-* :func:`parse_max_memory`: the ``--max-memory`` text (``"cpu=2MB,0=10GiB,disk"``) -> a dict
-  ``{device: bytes}`` (``"disk": None`` when disk offload is allowed); the one place it is read;
-* :func:`check_device_map` / :func:`check_max_memory`: the Python values, one error line each;
-  :func:`check_visible`: the devices a budget names are on this machine (before any weight loads);
-* :func:`dispatch`: a model already in memory -> dispatched (:func:`accelerate.dispatch_model`);
-* :func:`pretrained_kwargs` / :func:`finish`: what :func:`widthscope.models.hf.load_hf` passes to
-  ``from_pretrained`` (which loads only each device's share of the weights) and does afterwards.
-
-:func:`finish` prepares a dispatched model for the probe: with offloaded modules each block of
-the main stack recomputes its forward in the backward
-(:func:`widthscope.probe.offload.recompute_blocks`), so the probe's memory stays near the budget,
-and the model builds no key/value cache (``config.use_cache = False``). The device map and the
-budget are recorded in ``model.widthscope_dispatch`` (and ``model.widthscope_hf`` when loaded
-with :func:`~widthscope.models.hf.load_hf`).
-
-glibc's ``malloc`` keeps an offloaded weight, loaded and dropped at every forward, in its heap
-unless its mmap threshold is fixed (:func:`fix_mmap_threshold`). That setting is process-wide
-and cannot be undone (glibc has no getter, and fixing the threshold switches its adaptation off
-for good), so widthscope makes it only when asked: ``dispatch(release_memory=True)``, within
-:func:`releasing_memory` (the command line runs each command there: its process is
-widthscope's), or by calling :func:`fix_mmap_threshold` (or setting
-``MALLOC_MMAP_THRESHOLD_=65536`` before Python starts). The threshold in effect is recorded
-(``malloc_mmap_threshold``; ``None``: glibc's adaptive default).
+:func:`parse_max_memory` reads ``--max-memory``; :func:`check_device_map`, :func:`check_max_memory`
+and :func:`check_visible` check the values; :func:`dispatch` dispatches a model in memory;
+:func:`pretrained_kwargs` / :func:`finish` wrap ``from_pretrained`` (blocks recompute in the backward,
+no key/value cache). :func:`fix_mmap_threshold` fixes glibc's mmap threshold, process-wide, only when
+asked. Details: docs/big-models.md.
 
 Example::
 

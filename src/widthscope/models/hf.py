@@ -1,34 +1,9 @@
 """Any local Hugging Face checkpoint, through the ``transformers`` Auto classes.
 
-:func:`load_hf` reads ``config.json`` of a directory, picks the *task* from the architecture
-it names (``architectures[0]``, or ``task=`` when the config names none) and loads the weights
-with the task's Auto class:
-
-==========================  ==========================================  =============================
-task                        Auto class                                  loss the probe uses
-==========================  ==========================================  =============================
-``causal-lm``               ``AutoModelForCausalLM``                    mean shifted token CE
-``masked-lm``               ``AutoModelForMaskedLM``                    mean CE over masked tokens
-``sequence-classification`` ``AutoModelForSequenceClassification``      CE against the label
-``image-classification``    ``AutoModelForImageClassification``         CE against the label
-==========================  ==========================================  =============================
-
-A hub id ``org/name`` (with a revision) or a hub cache folder is first resolved to its local
-snapshot directory (:mod:`widthscope.hub`); the weights are then read from that directory.
-
-Safety: always ``local_files_only=True`` and ``trust_remote_code=False`` (an architecture that
-needs code from the checkpoint is refused); safetensors (one file, or shards with an index) is
-preferred, ``pytorch_model.bin`` is read with ``weights_only=True`` (tensors only, no code).
-
-``dtype="auto"`` keeps the checkpoint's dtype (``config.json``'s ``dtype``/``torch_dtype``);
-the statistics accumulate in float64 whatever the model runs in. The attention implementation
-is the checkpoint's (or ``transformers``' default, e.g. SDPA): reverse-mode probes do not need
-eager attention; :func:`eager_attention` switches a model where forward-mode AD (jvp) needs it.
-
-Insertion points (:func:`main_stack`): the outputs of the repeated blocks of the model's main
-stack, found from the module tree — the ``nn.ModuleList`` of same-class blocks with the most
-members (``model.layers``, ``transformer.h``, ``gpt_neox.layers``, ``model.decoder.layers``,
-``bert.encoder.layer``, ``vit.encoder.layer``, ...), no table of names.
+:func:`load_hf` picks the task (causal-lm, masked-lm, sequence- or image-classification) from
+``config.json``'s architecture, resolves hub ids through :mod:`widthscope.hub`, and loads with
+``local_files_only=True``, never ``trust_remote_code``; :func:`main_stack` finds the insertion points
+(the largest ``nn.ModuleList`` of same-class blocks). Tasks, losses and safety: docs/certify.md §6.
 
 Example::
 

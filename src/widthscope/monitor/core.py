@@ -67,41 +67,12 @@ _as_batches = as_batches  # (the name tests/test_monitor.py imports)
 class AlignmentMonitor(Schedule):
     """Certificates at fixed pools during training; see the module docstring for the maths.
 
-    Args:
-        model: the model being trained (used at construction for the checks and the dry probe).
-        train, test: the fixed pools — a tuple ``(X, Y)`` of tensors, LongTensor token ids ``(n, T)``,
-            a dict with ``input_ids`` ``(n, T)`` (and ``attention_mask``/``labels``), or an iterable of
-            probe batches (a list, a DataLoader: as for :func:`widthscope.probe.collect`), drawn once
-            at construction with the RNG states restored afterwards; a ``BatchEncoding``, or texts
-            (``list[str]``) / a ``datasets.Dataset`` with ``tokenizer=`` (the loss of the model's task).
-        options: a :class:`~widthscope.monitor.options.MonitorOptions` (default: its defaults).
-        **keywords: any field of :class:`~widthscope.monitor.options.MonitorOptions`, applied on top of
-            ``options`` (an unknown keyword is refused, named): ``points`` (default:
-            :func:`widthscope.probe.insertion_points`); ``M``, ``K`` (the sample sizes of the certificate
-            and the misalignment draws; ``K=None``: ``K = M``); ``every`` (probe when ``step % every ==
-            0``) or ``at`` (exactly these steps), neither: log-spaced steps (:func:`log_steps`);
-            ``delta`` (target for the planner and the ``certified`` event, ``b_exact ≤ delta``);
-            ``draws``, ``seed``, ``estimator``, ``pool`` (as for :func:`widthscope.certification.certify_dict`);
-            ``batch_size`` (when the pools are full tensors); ``budget`` (cap on the monitor's share of
-            training time, see :mod:`widthscope.monitor.schedule`; ``None``: :data:`DEFAULT_BUDGET` with
-            the default schedule, no cap with ``every`` / ``at``; ``math.inf``: no cap).
-        loss_fn: per-example losses, as for :func:`widthscope.certification.certify_dict`.
-        out: a JSONL file; rows are appended (one write per probe) and, when it already exists
-            with the same settings, read back so a resumed run skips the steps it has. Under
-            ``torch.distributed`` every rank must call :meth:`step` at the same steps: each probes
-            its share of the pool batches, the samples are gathered (same rows on every rank, equal
-            to one process's), and rank 0 alone writes.
-        progress: show the probe's progress bar.
-        clock: the budget's time source in seconds (a benchmark that interleaves several trainings,
-            or a test, passes one that runs only while this training does).
-        tokenizer: a Hugging Face tokenizer object, for pools given as texts (``list[str]``) or
-            a ``datasets.Dataset`` with a text column (:func:`widthscope.data.objects.batches_from`;
-            a ``BatchEncoding`` needs none).
-
-    Rows (``kind="row"``): ``step, point, M, K, n_train, n_test, d, populations, d_par, d_2,
-    d_align, d_align_one, b_exact, b_align, expectation, vacuous, reason, misalignment
-    (+ _low, _high), draws, delta, plan_M_exact, plan_M_align, probe_s, stats_s``; an event
-    row (``kind="certified"``) when a point first has ``b_exact ≤ delta``.
+    ``train``/``test`` are the fixed pools (tensors, token ids, dicts, probe batches, a ``BatchEncoding``,
+    or texts/a ``datasets.Dataset`` with ``tokenizer=``), drawn once at construction. Settings are a
+    :class:`~widthscope.monitor.options.MonitorOptions` (``options``; keywords override its fields, an
+    unknown one is refused). ``out``: a JSONL file, appended and read back to resume (rank 0 writes under
+    ``torch.distributed``; every rank calls :meth:`step` at the same steps). ``clock``: the budget's time
+    source. Rows (``kind="row"``) and ``certified`` events: docs/monitor.md.
     """
 
     metrics = staticmethod(_metrics)

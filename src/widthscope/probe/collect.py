@@ -1,29 +1,10 @@
 r"""Per-example activation gradients at insertion points, from one backward per batch.
 
-For an example with loss :math:`\ell` and the output :math:`z` of an insertion point, the
-probe returns :math:`q = \partial \ell / \partial z`, pooled into a sample vector:
-
-* ``sum`` (default): :math:`s = \sum_t q_t` over every non-feature position (tokens of a
-  sequence, :math:`H\times W` sites of a conv map). This is exactly the gradient with respect
-  to a zero-initialised bias shared by all positions, the simplest function-preserving
-  residual expansion.
-* ``mean``: :math:`s/T` (the same statistics up to scale; every effective dimension is
-  scale-invariant).
-* ``flatten``: all of :math:`q` as one vector (:math:`T\cdot N` or :math:`C\cdot H\cdot W` dims).
-* ``token``: every position its own sample (rows ``(example, position)``; padded positions of
-  a causal LM are dropped).
-
-Why one batched backward is exact: the probe back-propagates :math:`\sum_i \ell_i`. As long as
-example :math:`j` does not influence :math:`\ell_i` for :math:`i\neq j` (true for every layer
-except training-mode BatchNorm, which is why the probe runs such layers in eval mode),
-:math:`\partial(\sum_i \ell_i)/\partial z_j = \partial \ell_j / \partial z_j`, so row :math:`j`
-of the batched activation gradient *is* example :math:`j`'s gradient.
-
-How: a forward hook replaces each hooked output ``z`` with ``z + b`` where ``b`` is a zero
-tensor of the same shape that requires grad, and ``torch.autograd.grad`` is taken with respect
-to those ``b`` only. ``∂/∂b = ∂/∂z``; the model is unchanged (``b = 0``); parameters are
-frozen during the call so no parameter gradient is computed or stored (their ``.grad`` stays
-untouched), and later in-place operations on the output cannot corrupt the result.
+For each example the probe returns ``q = ∂ℓ/∂z`` at an insertion point's output ``z``, pooled
+(``sum``: the gradient of a zero-initialised shared bias, ``mean``, ``flatten``, ``token``). A
+forward hook adds a zero leaf ``b`` to each hooked output and ``torch.autograd.grad`` is taken
+with respect to those only (parameters frozen, model unchanged); one backward of the summed loss is
+exact while examples do not interact. Details: docs/certify.md §1, docs/maths-alignment.md.
 
 Example::
 

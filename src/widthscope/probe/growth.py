@@ -1,25 +1,10 @@
 r"""Growth criteria: what each candidate point promises *before* a block is grown there.
 
-For a zero-initialised block ``z + W_out φ(W_in norm(z))`` at a point, with ``q`` the per-position
-activation gradient at the point and ``u = norm(z)`` the block input, every criterion is a
-first-order held-out loss decrease estimated from ``n_a`` train and ``n_b`` held-out ranking
-examples (two populations: train means ``a``, held-out means ``b``; products of independent
-means are unbiased):
-
-* ``bias_gain`` = ``η aᵀb`` of a shared bias (sample vector ``s = Σ_t q_t``), with its certificate;
-* ``block_gain`` = ``η ⟨G_a, G_b⟩_F``, ``G`` = mean ``W_out`` gradient ``E[Σ_t q_t h_tᵀ]`` of the
-  block with its random ``W_in`` (``h = φ(W_in u)``), from the cross block Gram, with the block's
-  own two-population certificate (``d_align``, ``B_exact``);
-* ``gradmax`` = ``η λ_max(sym(S_aᵀ S_b))`` with ``S = E[Σ_t q_t u_tᵀ]`` (``N × N``): the best
-  first-order gain over a unit-norm row of ``W_in`` (linear ``φ``), i.e. GradMax's choice of the
-  input map, in train/held-out form (``⟨G_a, G_b⟩ = w S_aᵀS_b wᵀ`` for ``W_in = w``).
-  ``gradmax_k`` sums the top ``k`` eigenvalues (``k`` orthonormal rows). ``S`` is built from the
-  thin factors ``Qᵀ U`` — never an ``N × N`` matrix per example;
-* ``certified_gain`` = ``block_gain · (1 − B_exact)``: expected gain times the certificate's
-  lower bound on the probability that the step's held-out sign is right;
-* ``ls_gain`` = ``s²/(2c)``: the second-order held-out gain of the best step along the block's
-  train gradient (slope ``s = ⟨G_a, ∇L_b⟩``, curvature ``c = G_aᵀ∇²L_b G_a`` by one
-  Hessian-vector product; :func:`line_search_gain`). Scale-free in the downstream Jacobian.
+Each is a first-order held-out loss decrease from train means ``a`` and held-out means ``b``:
+``bias_gain = η aᵀb``; ``block_gain = η ⟨G_a, G_b⟩_F`` of a zero-output block; ``gradmax`` (``λ_max`` of
+``sym(S_aᵀS_b)``, GradMax's input map; ``gradmax_k``: top ``k``); ``certified_gain = block_gain·(1 −
+B_exact)``; ``ls_gain = s²/(2c)`` of a line search along the block's train gradient
+(:func:`line_search_gain`). Details: docs/interventions.md §3.
 
 Example::
 

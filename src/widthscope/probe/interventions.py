@@ -1,21 +1,9 @@
 r"""Direct residual interventions: does one first-order step at an insertion point do what
 the alignment statistic predicts?
 
-**Bias probe.** Insert a zero bias ``b`` at ``point`` (function-preserving, see
-:mod:`widthscope.probe.insert`). Its per-example gradient is the pooled sample vector
-``s_i = Σ_t q_{i,t}`` from :func:`widthscope.probe.collect`. With ``μ_M`` the mean of ``M``
-training sample vectors and ``g_K`` the mean of ``K`` held-out ones, one gradient step
-``v = −η μ_M`` changes the held-out loss ``L_K`` (mean over the ``K`` examples) by
-
-.. math::  ΔL = L_K(b = v) − L_K(b = 0) = −η\, μ_Mᵀ g_K + O(η²),
-
-so ``retention = ΔL_actual / ΔL_pred → 1`` as ``η → 0`` and ``|retention − 1| = O(η)``.
-
-**Block probe.** Insert ``z + W_out φ(W_in norm(z))`` with ``W_out = 0``; with ``G_M``, ``G_K``
-the mean per-example ``W_out`` gradients, the step ``W_out = −η G_M`` predicts
-``ΔL = −η ⟨G_M, G_K⟩_F``. A per-example ``W_out`` gradient is ``Σ_t q_t h_tᵀ``, so the Gram of
-those matrices is ``Σ_{t,s} (q_t·q'_s)(h_t·h'_s)`` (:func:`block_gram`): certificates of the
-block need no ``N × N_h`` per-example matrices.
+Bias probe: a zero bias at ``point``, step ``v = −η μ_M``, predicts ``ΔL = −η μ_Mᵀ g_K + O(η²)``, so
+``retention = ΔL_actual / ΔL_pred → 1``. Block probe: ``z + W_out φ(W_in norm(z))`` with ``W_out = 0``,
+step ``W_out = −η G_M``, predicts ``−η ⟨G_M, G_K⟩_F`` (:func:`block_gram`). Maths: docs/interventions.md §2.
 
 Example::
 
@@ -28,10 +16,8 @@ Example::
     >>> abs(rows[0]["retention"] - 1) < 0.01      # smallest η
     True
 
-The steps live in sibling modules, all re-exported here: losses and the step grid in
-:mod:`~widthscope.probe.steps`, the low-precision resolution checks in
-:mod:`~widthscope.probe.resolution`, the block probe's maths in :mod:`~widthscope.probe.blocks`,
-the evaluation of the steps and the rows in :mod:`~widthscope.probe.rows`.
+Re-exported from :mod:`~widthscope.probe.steps`, :mod:`~widthscope.probe.resolution`,
+:mod:`~widthscope.probe.blocks` and :mod:`~widthscope.probe.rows`.
 """
 
 from __future__ import annotations
@@ -237,68 +223,14 @@ def intervene(
 ) -> list[dict[str, Any]]:
     r"""Measure the held-out loss change of one first-order step at ``point`` against its prediction.
 
-    The steps: :func:`prepare_inputs` (checks, examples, held-out losses, the activation's
-    scale), the kind's measurement (:data:`widthscope.registry.INTERVENTION_KINDS`: the
-    predicted change and the measured one per ``η``; built in: :func:`measure_bias`,
-    :func:`measure_block`), :func:`assemble_rows` (the dtype's resolution, the alignment's rounding).
-
-    Args:
-        model: the trained model (left unchanged: the insertion is removed afterwards).
-        point: insertion point (module path).
-        train_batches, test_batches: batches as for :func:`widthscope.probe.collect`; the first
-            ``M`` / ``K`` examples are used (default: all).
-        etas: step sizes (> 0). Default: ``n_etas`` log-spaced values so the step's RMS entry
-            spans 1e-4…``max_rel_step`` (default 1) times the RMS entry of the activation at
-            ``point`` (:func:`default_etas`; the rows' ``rel_step``).
-        kind: ``"bias"`` (``v = −η μ_M``) or ``"block"`` (``W_out = −η G_M``, block of width
-            ``block_width``, ``W_in`` seeded by ``seed``), or any kind registered in
-            :data:`widthscope.registry.INTERVENTION_KINDS`.
-        reuse: what a probe of the same batches already measured (``certify`` passes it):
-            ``train``/``test`` pooled sum samples of this point (their first ``M``/``K`` rows give
-            ``μ_M``, ``g_K``), ``test_losses`` (per-example held-out losses), ``act_sq`` (per
-            train example Σz² and count at the point) and ``width`` (its channel width). The bias probe then runs
-            only the forward passes at each ``η``, all ``η`` of a batch in one stacked pass. ``prefix``: a
-            :class:`~widthscope.probe.prefix.KeptPrefix` recorded during the probe's held-out
-            forward (:func:`~widthscope.probe.prefix.keep_prefix`), so the network before the
-            point does not run again at all.
-        prefix: how the ``E`` steps are evaluated (the block probe's step at ``point`` is
-            ``−η G_M φ(W_in norm(z))``, its inserted block's output at ``W_out = −η G_M``; the
-            same path as the bias probe's). ``"auto"`` (default): the network
-            before ``point`` runs once per chunk of held-out examples (or not at all, with
-            ``reuse["prefix"]``) and only the modules after it run ``E`` times
-            (:mod:`widthscope.probe.prefix`); the cached losses of the first 3 examples at the
-            largest ``η`` must equal a full forward's, and if this check or the model's structure
-            rules the cached path out, the full path runs and the rows say why. Cost: one prefix
-            + ``E`` suffixes per chunk instead of ``E`` full forwards, plus the check (3 full
-            forwards, 5 short prefixes); memory: the outputs of the modules before the point,
-            kept for one chunk. ``"full"``: the whole network ``E`` times (no check, nothing kept;
-            for a model whose modules keep state the check cannot see).
-        precision: what to do, for a bfloat16/float16 model, with a step whose predicted change
-            is below the dtype's resolution: ``|predicted| < RESOLUTION_FACTOR · r``, ``r`` the
-            rounding-error scale of the held-out mean loss in that dtype (:func:`loss_rounding`:
-            per-example losses in the dtype against the same weights in float32; one extra
-            float32 forward over the ``K`` held-out examples). ``"mark"`` (default): the row gets
-            ``below_resolution=True`` and summaries leave it out (:func:`resolved`);
-            ``"float32"``: such steps are measured again with the model upcast to float32
-            (:class:`upcast`, exact round trip; ``actual``/``retention``/``sign_agrees`` then
-            come from float32, ``evaluated_in="float32"``, the dtype's value kept as
-            ``actual_in_dtype``). float32/float64 models are the reference: nothing is measured.
-
-    Returns:
-        One row per η: ``kind="intervention"``, ``probe`` (bias|block), ``point``, ``eta``,
-        ``predicted`` (``−η μ_Mᵀ g_K`` or ``−η⟨G_M, G_K⟩``), ``actual`` (``L_K(step) − L_K``),
-        ``retention`` (actual/predicted), ``sign_agrees``, ``M``, ``K``, ``mu_norm``
-        (``‖μ_M‖`` or ``‖G_M‖_F``), ``alignment`` (``μ_Mᵀ g_K``), ``loss_before``, ``act_rms``,
-        ``prefix`` (``"cached"``, or ``"full: <reason>"``), ``dtype`` (the model's),
-        ``evaluated_in`` (the dtype ``actual`` was measured in), ``resolution`` (the smallest
-        ``|predicted|`` the dtype resolves, ``RESOLUTION_FACTOR · r``; None for float32/float64
-        models) and ``below_resolution`` (the row's ``actual`` cannot be trusted; always False
-        for float32/float64 models); ``alignment_bound`` and ``alignment_within_rounding``: the
-        estimated rounding error of ``μ_Mᵀ g_K`` from the samples' rounding (bias probe of a
-        bfloat16/float16 model, measured on 16 + 16 examples in float32: :func:`projected_rounding`;
-        None/False otherwise) and whether ``|μ_Mᵀ g_K|`` is within it (then not even the
-        predicted sign is resolved). :func:`resolved` drops both
-        kinds; :func:`precision_note` words them in one line.
+    :func:`prepare_inputs`, then the kind's measurement (``"bias"``: ``v = −η μ_M``; ``"block"``:
+    ``W_out = −η G_M``; or any kind in :data:`widthscope.registry.INTERVENTION_KINDS`), then
+    :func:`assemble_rows`. ``etas`` default to ``n_etas`` log-spaced steps (:func:`default_etas`);
+    ``reuse`` takes what a probe of the same batches measured; ``prefix="auto"`` runs the network
+    before ``point`` once per chunk (``"full"``: every step in full); ``precision`` marks
+    (``"mark"``) or re-measures in float32 (``"float32"``) low-precision steps below the dtype's
+    resolution. Returns one row per η (``predicted``, ``actual``, ``retention``, ``sign_agrees``, ...).
+    Options and row fields: docs/interventions.md §2.
     """
     check_intervene_args(locals())  # types, before any work
     inputs = prepare_inputs(

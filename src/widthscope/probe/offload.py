@@ -1,31 +1,10 @@
 r"""Probing a model dispatched over devices or offloaded to disk (accelerate's big-model hooks).
 
-A dispatched model (``from_pretrained(device_map=...)`` or :func:`accelerate.dispatch_model`)
-keeps the weights of offloaded modules on the ``meta`` device; accelerate's hooks load them
-before each module's forward and drop them after. Two things change for the probe:
-
-* **where the inputs go**: the model's first parameter may be on ``meta``; the inputs belong on
-  the execution device of the root hook (:func:`input_device`).
-* **memory**: the probe's backward needs what autograd saved in the forward — the weights of
-  every linear layer among them — so without care every offloaded weight stays resident until
-  the backward, and the budget is exceeded by the whole model. :func:`recompute_blocks` makes
-  each block of the main stack a *checkpoint* (``torch.utils.checkpoint``, non-reentrant): the
-  forward keeps only the block's inputs, the backward runs the block again (accelerate's hooks
-  load its weights again) and frees it before the next. Peak memory: the resident part plus one
-  block, at the cost of one more forward per block.
-
-Copying such a model (:func:`copy_model`, what growth does) keeps its placement: accelerate's
-hooks are copied with it, the offloaded weights are shared with the original (read-only: they are
-reloaded at every forward, so training cannot change them), the resident ones are copied, and the
-blocks of the copy recompute as the original's do. :func:`recompute_flops` lets a FLOP count
-leave out the recomputation (the algorithm's FLOPs, the plain run's).
-
-Why the numbers do not change: the recomputation runs the same operations on the same weights
-and inputs (eval mode: no dropout; the RNG state is restored anyway), so the gradients equal a
-plain backward's to float rounding. A block is run plainly (no checkpoint) when gradients are
-off, when a forward hook sits strictly inside it (the recomputation would fire the hook twice:
-e.g. an insertion point inside the block) or when a key/value cache is passed (the
-recomputation would extend it twice).
+:func:`input_device` says where the inputs go; :func:`recompute_blocks` makes each main-stack block a
+non-reentrant ``torch.utils.checkpoint`` so the backward reloads one offloaded block at a time (peak:
+the resident part plus one block; gradients unchanged); :func:`copy_model` copies such a model keeping
+its placement; :func:`recompute_flops` leaves the recomputation out of FLOP counts.
+Details: docs/big-models.md "How the probe keeps to the budget".
 
 Example::
 

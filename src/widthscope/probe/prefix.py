@@ -1,36 +1,11 @@
 r"""Held-out losses after ``E`` bias steps at a point, running the network before it once.
 
-The bias intervention changes the output ``z`` of ``point`` to ``z + v_e`` (step ``e``) and
-nothing that runs before ``point``, so that part is the same for all ``E`` steps.
-:func:`stacked_totals` computes ``Σ_i ℓ_i(z + v_e)`` for every ``e`` in one of two ways:
-
-* ``full``: each chunk of examples runs stacked ``E`` times through the whole network, a forward
-  hook adding ``v_e`` to copy ``e`` at ``point`` (cost ``E ×`` a full forward);
-* ``cached``: a *capture* forward of the chunk stops when ``point`` has finished and keeps the
-  outputs of the outermost modules that finished before ``point`` started (and ``point``'s own);
-  the stacked pass then replaces those modules' ``forward`` by "return the kept output repeated
-  ``E`` times along the batch" (``point``: "… plus ``v_e`` in copy ``e``"), so only the modules
-  after ``point`` and the glue code between modules compute (cost: one prefix + ``E`` suffixes).
-
-Why ``cached`` is exact: examples are independent (eval mode, as the probe requires), so a module
-that finished before ``point`` started cannot depend on ``point``'s output; its output in the
-stacked pass is its captured output repeated — to float rounding, as ``B`` and ``E·B`` rows may
-be summed in different orders. What that argument does not cover — a kept module called again
-after ``point`` (detected: a second call falls back), one that changes its input in place or
-leaves state for later modules, an output whose first dimension only looks like the batch —
-is what :func:`plan` and the check are for: a module is kept only if its output follows the
-batch size on 2 and 3 examples, and ``auto`` compares the cached rows of the first 3 examples at
-the largest step with a full forward of them before trusting ``cached`` (falling back to
-``full``, with the reason, otherwise).
-
-:func:`keep_prefix` records those outputs for every point during a forward pass the caller runs
-anyway (certify's held-out probe), so that ``cached`` needs no capture forward at all: the
-capture of a chunk becomes a slice of the recorded rows.
-
-The steps live in two modules beside this one, whose names are re-exported here:
-:mod:`~widthscope.probe.prefix_plan` (module outputs, the plan, the capture, the replaced
-forwards) and :mod:`~widthscope.probe.prefix_keep` (:func:`keep_prefix`). This module runs the
-stacked passes (:func:`stacked_totals`).
+:func:`stacked_totals` gives ``Σ_i ℓ_i(z + v_e)`` for every step ``e``: ``full`` runs the whole network
+``E`` times; ``cached`` replays the kept outputs of the modules that finished before ``point`` (exact
+while examples are independent; ``auto`` checks 3 examples against a full forward and falls back with
+the reason). :func:`keep_prefix` records those outputs during a forward the caller runs anyway. The
+plan and capture live in :mod:`~widthscope.probe.prefix_plan` and :mod:`~widthscope.probe.prefix_keep`.
+Details: docs/interventions.md §2.
 """
 
 from __future__ import annotations

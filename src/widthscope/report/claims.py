@@ -1,48 +1,8 @@
 """The claims page: one row per published claim, measured from the result rows, never typed in.
 
-Every claim names a *claimed region* ``R`` for a quantity ``θ`` (a per-seed slope in ``log width``
-or a per-seed median ratio) and is judged from the per-seed values ``x_1..x_n``, which are
-independent (seeds are independent initialisations and batch orders):
-
-* interval: ``x̄ ± t_{0.975, n-1} s/√n`` (Student t, 95%; ``n ≥ 2`` seeds, else "not resolved");
-* ``p_holds`` = p-value against ``θ ∉ R`` (one-sided t tests at each finite end of ``R``, the
-  larger one: an intersection-union test), ``p_not`` = p-value against ``θ ∈ R`` (the smaller
-  one-sided p beyond an end), and the claim's p-value ``p = min(1, 2 min(p_holds, p_not))``.
-  ``p ≤ 0.05`` is exactly "the 95% interval lies inside ``R``" (holds) or "outside ``R``" (does not).
-* **Holm** over every tested claim on the page: a claim is decided ("holds" / "does not") only
-  when its Holm-adjusted p-value is ``≤ 0.05``, else "not resolved". Holm, not Benjamini–Hochberg,
-  because a page is read claim by claim (one false "holds" is the error to avoid: family-wise
-  control) and the claims share models (``d_align``, ``d_par``, ``d_2`` come from the same rows),
-  so only a procedure valid under arbitrary dependence fits.
-
-At the boundary of ``R`` (for "grows with width": no width trend at all) the chance of any
-decision is ``≤ 5%``; ``benchmarks/claims_calibration.py`` checks it by simulation
-(docs/sweeps.md#claims-page).
-With 2 seeds ``t = 12.7``: a claim is then decided only when the seeds agree very closely.
-
-Regions: ``d_align`` (also ``d_par``, ``d_2``) grows with width: slope ``> 0``; misalignment falls
-with width at fixed ``(M, K)`` and with ``M = K``: slope ``< 0``; retention at the default step
-(relative step ``1e-3``, :data:`PAPER_REL_STEP`) in the published ``[0.96, 0.99]``, and at the
-smallest step within ``[0.95, 1.05]`` of 1 (a Taylor sanity check, not in the Holm family);
-``C_{D,d}`` (``D + d ≥ 2``) decays at least like the spec's reference ``n^{-1/2}``: slope
-``≤ −1/2``; ``dev_rms`` at the last step falls at least like the bound: slope ``≤ α − 1`` (references
-from :func:`widthscope.linearization.summary.reference_slope`); ``dev_mse`` slope equal to the published
-one within ``±`` :data:`PUBLISHED_TOLERANCE` (an equivalence test: a wider interval can never make
-it hold). "Wider models certify earlier" (monitor rows over training): slope of log(1 + first
-certification step) vs log width ``< 0``, censored points at the training length
-(:mod:`widthscope.report.claims_monitor`).
-
-Bounds are judged per row against the binomial count behind the empirical misalignment
-(``misalignment · misalignment_draws`` of ``R`` draws): ``B_exact ≥ Pr(A ≤ 0)`` *holds* when every
-non-vacuous row's rate is significantly below its bound (``max_i P(X ≤ k_i | B_i)``, an
-intersection-union test), *does not* when some row significantly exceeds it (Bonferroni over rows,
-``min(1, n · min_i P(X ≥ k_i | B_i))``). Rows with ``B ≥ 1`` are *vacuous* (counted, never support),
-rows without a bound or a count are *missing* (counted, never defaulted). ``B_align ≥ B_exact`` is
-arithmetic on the same row (no sampling error): it holds when every non-vacuous row satisfies it.
-
-Each claim also gets ``seeds_needed``: the number of seeds at which the observed seed SD and the
-observed distance to the nearest end of ``R`` give 80% power at Bonferroni's level ``0.05/m``
-(Holm's strictest step; ``m`` tested claims), from the noncentral t.
+Each claim is judged from per-seed values (a slope in ``log width`` or a median ratio) against its
+claimed region by a Student t interval, Holm-corrected over the page; bounds are judged per row
+against the binomial misalignment counts. The rules: docs/sweeps.md "Claims page".
 
 Example::
 

@@ -1,41 +1,8 @@
 """The alignment certificate and the sample-size planner.
 
-For ``A = μ_Mᵀ g_K`` (mean of ``M`` train sample vectors dotted with the mean of ``K``
-independent held-out ones)::
-
-    E[A]   = aᵀb
-    Var(A) = p/M + q/K + t/(MK)      p = bᵀΣ_a b,  q = aᵀΣ_b a,  t = tr(Σ_aΣ_b)
-
-(one population: ``a = b = μ``, ``p = q = μᵀΣμ``, ``t = tr(Σ²)``). Cantelli's inequality gives,
-when ``E[A] > 0``::
-
-    Pr(A ≤ 0) ≤ B_exact = Var(A) / (Var(A) + E[A]²)
-
-and with ``n_eff = MK/(M+K+1)``::
-
-    d_par = E[A]² / max(p, q),   d_2 = E[A]² / t,   d_align = min(d_par, d_2)
-    B_align = 1 / (1 + n_eff · d_align)
-
-**Why ``max(p, q)`` in the two-population ``d_par``.** ``p/M + q/K ≤ max(p, q)(M+K)/(MK)``, so
-``Var(A) ≤ (M+K) E²/(MK d_par) + E²/(MK d_2) ≤ E² (M+K+1)/(MK d_align) = E²/(n_eff d_align)``,
-i.e. ``E²/Var ≥ n_eff d_align`` and ``B_exact ≤ B_align``. The average ``(p+q)/2`` would *not*
-give this (``M = 1``, ``K → ∞``, ``q = 0``: ``Var → p`` but ``(p+q)/2 = p/2``). With one
-population ``max(p, q) = μᵀΣμ``, the usual ``d_par``.
-
-**Vacuous rule.** The bound needs ``E[A] > 0`` and the directional and covariance terms
-``p, q, t > 0`` (they are non-negative in the population; an estimate ``≤ 0`` means the
-sample cannot resolve them). If any estimate is ``≤ 0`` (or a ratio overflows), the
-certificate is *vacuous*: ``b_exact = b_align = 1`` and ``reason`` names the estimate(s) that
-failed. The effective dimensions are reported per term: with ``E[A] > 0``, ``d_par`` is given
-when ``p, q > 0`` and ``d_2`` when ``t > 0`` (else 0), and ``d_align`` is the minimum of those
-defined; with ``E[A] ≤ 0`` all three are 0. Nothing is ever NaN or infinite.
-
-**What results report** (:func:`vacuous_rule`, applied wherever rows or JSON are written and
-again by every presenter): ``d_align = min(d_par, d_2)`` is undefined when either term is, so a
-vacuous certificate reports ``d_align = None`` (missing, flagged ``vacuous`` with the reason),
-never a positive number; ``d_par`` / ``d_2`` are kept only where their own estimates are positive
-(else ``None``), and the ``limit`` column is ``None`` with ``d_align``. The :class:`Certificate`
-object itself keeps the per-term numbers above (0 for a failed term) for programmatic use.
+For ``A = μ_Mᵀ g_K``: ``Var(A) = p/M + q/K + t/(MK)``, Cantelli's ``B_exact = Var/(Var + E[A]²)``,
+``d_align = min(d_par, d_2)`` and ``B_align = 1/(1 + n_eff d_align)``; a certificate with an estimate
+``≤ 0`` is vacuous (bounds 1, reason named). Maths and the vacuous rule: docs/statistics.md §4–5.
 
 Example::
 

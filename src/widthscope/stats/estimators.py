@@ -1,63 +1,9 @@
 """Unbiased and plug-in estimates of the moments the alignment certificate needs.
 
-One population (samples ``x_1..x_n``, mean ``μ``, covariance ``Σ``)::
-
-    ‖μ‖²,   μᵀΣμ,   tr(Σ²)
-
-Two independent populations (train ``x_i`` with mean ``a``, covariance ``Σ_a``; held-out
-``y_j`` with mean ``b``, covariance ``Σ_b``)::
-
-    aᵀb,   bᵀΣ_a b,   aᵀΣ_b a,   tr(Σ_a Σ_b)
-
-**Dual (Gram) form.** With ``G = XXᵀ``, ``G̃`` = ``G`` with zero diagonal, ``r = G̃·1`` and
-falling factorials ``P_k = n(n−1)…(n−k+1)``, the sums over *distinct* indices are::
-
-    S = Σ_{i≠j} G_ij            = 1ᵀG̃1
-    A = Σ_{i≠j} G_ij²           = ‖G̃‖_F²
-    B = Σ_{i,j,k distinct} G_ij G_jk     = ‖r‖² − A
-    C = Σ_{i,j,k,l distinct} G_ij G_kl   = S² − 4B − 2A
-
-and, because distinct samples are independent, ``E[G_ij] = ‖μ‖²``,
-``E[G_ij G_jk] = μᵀΣμ + ‖μ‖⁴``, ``E[G_ij G_kl] = ‖μ‖⁴``,
-``E[G_ij²] = tr(Σ²) + 2μᵀΣμ + ‖μ‖⁴``. Hence the unbiased U-statistics (``n ≥ 4``)::
-
-    ‖μ‖²   ≈ S/P_2
-    μᵀΣμ   ≈ B/P_3 − C/P_4
-    tr(Σ²) ≈ A/P_2 − 2B/P_3 + C/P_4
-
-**Primal (moment) form.** The same four sums follow from the additive moments
-``n, s = Σx, M = Σxxᵀ, v = Σ‖x‖²x, q₂ = Σ‖x‖², q₄ = Σ‖x‖⁴``::
-
-    S = ‖s‖² − q₂,   A = ‖M‖_F² − q₄,   ‖r‖² = sᵀMs − 2vᵀs + q₄
-
-so :class:`PrimalMoments` can be accumulated over batches and summed across processes.
-The dual form costs ``O(n²d)`` time and ``O(nd)`` memory (the Gram is formed in row
-blocks), the primal form ``O(nd²)`` time and ``O(d²)`` memory; ``method="auto"`` picks the
-cheaper one. Both give the same numbers to rounding.
-
-**Two populations.** With the cross-Gram ``C_ij = x_i·y_j`` (``n_a × n_b``) and
-``T = ΣC``, ``Q = ΣC_ij²``, ``R = Σ_i(Σ_j C_ij)²``, ``R' = Σ_j(Σ_i C_ij)²``::
-
-    Σ_i Σ_{j≠j'} C_ij C_ij'          = R − Q
-    Σ_{i≠i'} Σ_j C_ij C_i'j           = R' − Q
-    Σ_{i≠i'} Σ_{j≠j'} C_ij C_i'j'     = T² − R − R' + Q          (=: U)
-
-Independence gives ``E[C_ij] = aᵀb``, ``E[C_ij C_ij'] = bᵀΣ_a b + (aᵀb)²``,
-``E[C_ij C_i'j] = aᵀΣ_b a + (aᵀb)²``, ``E[C_ij C_i'j'] = (aᵀb)²`` and
-``E[C_ij²] = tr(Σ_aΣ_b) + bᵀΣ_a b + aᵀΣ_b a + (aᵀb)²``, so (``n_a, n_b ≥ 2``)::
-
-    aᵀb          ≈ T/(n_a n_b)
-    bᵀΣ_a b      ≈ (R − Q)/(n_a P₂(n_b)) − U/(P₂(n_a) P₂(n_b))
-    aᵀΣ_b a      ≈ (R' − Q)/(P₂(n_a) n_b) − U/(P₂(n_a) P₂(n_b))
-    tr(Σ_a Σ_b)  ≈ Q/(n_a n_b) − (R − Q)/(n_a P₂(n_b)) − (R' − Q)/(P₂(n_a) n_b) + U/(P₂(n_a) P₂(n_b))
-
-Only the cross-Gram is needed (the populations are independent, so no within-population
-pair enters). In primal form ``T = s_a·s_b``, ``Q = ⟨M_a, M_b⟩_F``, ``R = s_bᵀM_a s_b``,
-``R' = s_aᵀM_b s_a``.
-
-**Plug-in** (``estimator="plugin"``): sample mean and the ``1/(n−1)`` covariance
-substituted into the population formulas, as published scripts do. It is biased:
-``E‖x̄‖² = ‖μ‖² + tr(Σ)/n``.
+One population: ``‖μ‖²``, ``μᵀΣμ``, ``tr(Σ²)``; two independent populations: ``aᵀb``, ``bᵀΣ_a b``,
+``aᵀΣ_b a``, ``tr(Σ_a Σ_b)``. Each from the Gram (dual, ``O(n²d)``) or from mergeable moments
+(primal, :class:`PrimalMoments`, ``O(nd²)``); ``method="auto"`` picks the cheaper. Derivations:
+docs/statistics.md §1–3.
 
 Example::
 

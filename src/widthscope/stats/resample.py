@@ -1,38 +1,8 @@
 """Empirical misalignment probability by resampling, with a Wilson interval.
 
-Each of ``R`` draws picks ``M`` of the ``n_a`` train sample vectors and ``K`` of the ``n_b``
-held-out ones, without replacement, and records whether ``A = μ_Mᵀ g_K ≤ 0``. Since
-
-    μ_Mᵀ g_K = (1/MK) Σ_{i∈I} Σ_{j∈J} x_i·y_j = mean of the M×K sub-block C_ab[I, J]
-
-the cross-Gram ``C_ab = X_a X_bᵀ`` is formed once (``O(n_a n_b d)``) and no draw touches the
-``d``-dimensional vectors again. Draws are vectorised over chunks, and the block sums come
-from whichever of two exact routes is cheaper:
-
-- *block gather*: one ``(chunk, M, K)`` gather of the sub-blocks, ``O(MK)`` per draw;
-- *row sums*: ``Σ_{i∈I} C[i, :]`` with ``embedding_bag`` (contiguous reads, ``O(M n_b)``),
-  then the ``K`` chosen columns; contiguous reads beat single-entry gathers, so this wins
-  unless the held-out pool is much larger than ``K``.
-
-Several ``(M, K)`` pairs share the same random subsets (common random numbers): a draw takes
-the ``M_max`` train and ``K_max`` held-out indices with the largest uniform keys, whose first
-``M`` (resp. ``K``) are themselves a uniform ``M``-subset. One gather of the
-``M_max × K_max`` block and a 2-D cumulative sum then give every pair's block sum. Each pair's
-estimate is exactly as valid as if drawn alone; pairs are merely positively correlated, which
-makes their differences less noisy. A pair's ``mean_alignment`` is the ``math.fsum`` of its
-block sums, so it does not depend on the thread count, the SIMD width or which other pairs share
-the call, as long as the block sums themselves are taken the same way (same ``M_max``, ``K_max``
-and route: row sums, leading sub-blocks or the many-pairs prefix sum); otherwise it agrees to
-rounding.
-
-``scheme="per-pair"`` replays the published flip script's draws instead: one CPU generator
-seeded with ``seed``; for each pair in order, ``R`` rows of float32 uniform keys over the train
-pool, ``argsort``-ed, first ``M``; then the same over the held-out pool, first ``K`` (the same
-``--seed`` gives the same subsets, so flip counts agree draw for draw up to near-ties).
-
-The count ``k`` of misaligned draws gets the 95% Wilson score interval::
-
-    centre = (p̂ + z²/2R)/(1 + z²/R),   half = z/(1 + z²/R) · sqrt(p̂(1−p̂)/R + z²/4R²)
+Each of ``R`` draws takes ``M`` train and ``K`` held-out sample vectors without replacement and
+records whether ``μ_Mᵀ g_K ≤ 0``: the mean of an ``M×K`` sub-block of the cross-Gram, formed once.
+Several ``(M, K)`` pairs share the draws' subsets. Routes, schemes and determinism: docs/statistics.md §6.
 
 Example::
 

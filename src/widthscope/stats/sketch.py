@@ -1,44 +1,8 @@
-"""Memory-bound statistics: a seeded random projection of the sample vectors.
+"""Memory-bound statistics: a seeded random projection ``y = Rᵀx`` of the sample vectors as they stream.
 
-When ``n·d`` (or ``d²`` for the primal form) is too large — flattened sequences, huge widths —
-project every sample vector as it streams, ``y = Rᵀx`` with ``R ∈ R^{d×k}``, and estimate
-from the ``k``-dimensional ``y``. Memory ``O(dk)`` for ``R`` plus ``O(k²)`` for the mergeable
-moments, whatever ``n`` and ``d``.
-
-**Projections.** ``kind="gaussian"``: ``R_ij ~ N(0, 1/k)``. ``kind="sparse"`` (Achlioptas):
-``R_ij = ±√(3/k)`` with probability 1/6 each, 0 with probability 2/3. Both have i.i.d. entries
-with ``E R_ij = 0``, ``E R_ij² = 1/k`` and the Gaussian fourth moment ``E R_ij⁴ = 3/k²``, so
-every formula below is exact for both. ``E[RRᵀ] = I``.
-
-**Effect on each estimator** (expectations over ``R``; ``P = RRᵀ``; the projected population
-has mean ``Rᵀμ`` and covariance ``RᵀΣR``; using ``E[PAP] = A + (A + tr(A)·I)/k`` for symmetric
-``A`` and ``E[tr(AP)tr(BP)] = tr A tr B + 2 tr(AB)/k``)::
-
-    E ‖Rᵀμ‖²             = ‖μ‖²                                   (unbiased)
-    Var ‖Rᵀμ‖²           = 2‖μ‖⁴/k        (‖Rᵀμ‖² = ‖μ‖²·χ²_k/k: relative s.d. √(2/k))
-    E μᵀPΣPμ             = μᵀΣμ·(1 + 1/k) + tr(Σ)‖μ‖²/k
-    E tr((RᵀΣR)²)        = tr(Σ²)·(1 + 1/k) + tr(Σ)²/k
-    E tr(RᵀΣR)           = tr(Σ)
-    E tr(RᵀΣR)‖Rᵀμ‖²     = tr(Σ)‖μ‖² + 2μᵀΣμ/k
-    E tr(RᵀΣR)²          = tr(Σ)² + 2tr(Σ²)/k
-
-So ``‖μ‖²`` needs no correction, while ``μᵀΣμ`` and ``tr(Σ²)`` are inflated (for a spread-out
-spectrum ``tr(Σ)² ≫ tr(Σ²)``, so the raw ``tr(Σ²)`` can be off by ``tr(Σ)²/k``: huge). Solving the
-two pairs of linear equations gives estimators that are **unbiased over R**::
-
-    μᵀΣμ  ≈ (v − t·m/k) / c,     tr(Σ²) ≈ (q − t²/k) / c,     c = (k+2)(k−1)/k²
-
-with ``m, v, q`` the projected ``‖μ‖², μᵀΣμ, tr(Σ²)`` and ``t·m``, ``t²`` unbiased estimates of
-``tr(Σ_y)‖μ_y‖²`` and ``tr(Σ_y)²``. From finite samples every one of these is itself an
-unbiased U-statistic of the ``y_i`` (distinct indices, ``D_i = ‖y_i‖²``, ``G_ij = y_i·y_j``)::
-
-    t·m ≈ Σ_{ijk≠} D_i G_jk / P_3 − Σ_{ijkl≠} G_ij G_kl / P_4
-    t²  ≈ Σ_{i≠j} D_i D_j / P_2 − 2 Σ_{ijk≠} D_i G_jk / P_3 + Σ_{ijkl≠} G_ij G_kl / P_4
-
-so the corrected values are unbiased jointly over ``R`` and the samples (``k ≥ 2``). The price
-is variance: each corrected value carries an ``O(1/√k)`` relative projection error on top of
-the sampling error (``√(2/k)`` exactly for ``‖μ‖²``). Ratios such as ``d_align`` are then
-ratios of unbiased estimates (consistent, not unbiased), as without projection.
+Memory ``O(dk + k²)`` whatever ``n`` and ``d``; ``kind="gaussian"`` or ``"sparse"`` (Achlioptas).
+``‖μ‖²`` is unbiased as projected; ``μᵀΣμ`` and ``tr(Σ²)`` are corrected to be unbiased over ``R``
+and the samples. Maths: docs/performance.md §2.
 
 Example::
 

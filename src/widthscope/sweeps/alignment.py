@@ -1,32 +1,12 @@
 """Alignment width sweeps: train a family of models across widths, certify every insertion point.
 
-For each cell ``family x width x seed (x data budget)`` of the grid the sweep
-
-1. builds the model (``widthscope.models.build``, seeded) and trains it (``widthscope.train.train``),
-2. saves the checkpoint (``widthscope.checkpoint.save``: safetensors + config) into the cell folder,
-3. collects per-example activation gradients ``q = dl/dz`` pooled to sample vectors ``s`` at every
-   insertion point on ``n_probe_train`` fitted examples and ``n_probe_test`` held-out examples
-   (``widthscope.probe.collect``),
-4. for every point and every ``(M, K)`` writes one tidy row with both population forms of the
-   certificate (``widthscope.stats.certificate``), e.g. for the two-population form with train
-   mean ``a`` and held-out mean ``b``::
-
-       E[A] = a.b,  Var(A) = b'S_a b/M + a'S_b a/K + tr(S_a S_b)/(MK)
-       d_align = min(d_par, d_2),  B_exact = Var/(Var + E^2) <= B_align = 1/(1 + n_eff d_align)
-
-   and the empirical misalignment probability ``Pr(mu_M . g_K <= 0)`` over ``draws`` resamples with
-   a 95% Wilson interval (``widthscope.stats.misalignment``).
-
-Cells run through :func:`widthscope.sweeps.grid.run_grid`, so a sweep is resumable (a killed run
-restarts where it stopped, each cell recorded exactly once) and shardable (``shard=(k, n)``).
-
-The steps live in their own modules, and every name callers use is importable from here too:
-:mod:`~widthscope.sweeps.schema` (config keys, :class:`SweepConfig`, row columns),
-:mod:`~widthscope.sweeps.config` (:func:`load_config`: the TOML read and checked),
-:mod:`~widthscope.sweeps.pools` (the split and the probe pools of a cell),
-:mod:`~widthscope.sweeps.cell` (:func:`run_cell`: train, certify, intervene, monitor) and
-:mod:`~widthscope.sweeps.summary` (:func:`summary_rows`, :func:`print_summary`); this module plans,
-checks and runs the grid (:func:`plan_cells`, :func:`check_structure`, :func:`run_sweep`).
+Each cell ``family x width x seed (x data budget)`` builds and trains the model, saves the checkpoint,
+probes every insertion point and writes one row per point and ``(M, K)`` (both population forms of
+the certificate and the resampled misalignment). Cells run through
+:func:`widthscope.sweeps.grid.run_grid`: resumable and shardable. The steps live in
+:mod:`~widthscope.sweeps.schema`, :mod:`~widthscope.sweeps.config`, :mod:`~widthscope.sweeps.pools`,
+:mod:`~widthscope.sweeps.cell` and :mod:`~widthscope.sweeps.summary` (all importable from here);
+this module plans, checks and runs the grid. Config and rows: docs/sweeps.md.
 
 Example::
 
