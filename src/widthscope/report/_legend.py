@@ -30,9 +30,7 @@ def legend_outside(ax: Any, *, cap: int = LEGEND_CAP, fontsize: float = 7, **kw:
         labels = [*labels[:keep], f"… {more} more, not listed"]
     else:
         keep = len(handles)
-    ax.legend(
-        handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=fontsize, **kw
-    )
+    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=fontsize, **kw)
     return keep
 
 

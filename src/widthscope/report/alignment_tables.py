@@ -39,8 +39,8 @@ def tables(rows: list[dict]) -> list[dict]:
         label = group_label(key, list(gs))
         M, K = claim_mk(sel)
         at = [r for r in sel if (int(r["M"]), int(r["K"])) == (M, K)]
-        big = mk_pairs(sel)[-1]
-        big = None if big == (M, K) else big
+        largest = mk_pairs(sel)[-1]
+        big = None if largest == (M, K) else largest
         by = ("width", "point_index")
         at_big = [r for r in sel if (int(r["M"]), int(r["K"])) == big]
         more = {c: aggregate(at_big, c, by=by) for c in ("misalignment", "two_b_exact")} if big else {}
@@ -127,7 +127,8 @@ def tables(rows: list[dict]) -> list[dict]:
             {
                 "title": f"{label}: numbers at M={M}, K={K}, the (M, K) at which the claims are tested "
                 f"(mean over seeds; d_align range over seeds in brackets; vacuous seeds, whose d_align is "
-                f"undefined, left out)" + (f"; the largest pair, M={big[0]}, K={big[1]}, in the last two columns" if big else ""),
+                f"undefined, left out)"
+                + (f"; the largest pair, M={big[0]}, K={big[1]}, in the last two columns" if big else ""),
                 "html": "".join(h),
             }
         )

@@ -144,7 +144,8 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
                         if col == "b_exact" and fc is not None:
                             ax.plot([fc], [ys[xs.index(float(fc))]], "*", color=color, ms=9, mec="k", mew=0.4)
                     xs, ys = _mean(ser)
-                    ax.plot(xs, ys, "o-", color=color, lw=2, ms=3.5, label=pname if j == len(widths) - 1 and row_i == 0 else None)
+                    lab = pname if j == len(widths) - 1 and row_i == 0 else None  # the legend's axes: the last
+                    ax.plot(xs, ys, "o-", color=color, lw=2, ms=3.5, label=lab)
                     any_d |= col == "d_align" and any(not math.isnan(y) for y in ys)
             axes[0, j].set_title(f"width {w:g}", fontsize=10)
             delta = as_number(sel[0].get("delta"))
