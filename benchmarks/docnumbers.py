@@ -235,6 +235,14 @@ SECTIONS: dict[tuple[str, str], tuple[str, ...]] = {
         "fashion-mnist", "Fashion-MNIST", "95% interval", "α < 0", "grid 2001 on [−5, 5]", "k = 1..6",
         "x = 0 (order 1)",
     ),
+    # the benchmark sections of these pages quote the committed rows only (docs/benchmarks.json)
+    ("docs/certify.md", "## 5. Speed"): (
+        "(median of 3 runs)", "4-layer", "vocab 256", "batches of 16", "all 4 block outputs", "1000 misalignment",
+        "float32",
+    ),
+    ("docs/statistics.md", "## 8. Benchmark"): (
+        "float64", "medians of 3 repeats", "±20%", "the three pairs",
+    ),
 }
 
 
@@ -346,6 +354,12 @@ def _probe_speedup_mlp() -> str:
     return span(min(v), max(v), lambda x: f"{x:.0f}")
 
 
+@quantity("bench.probe_vs_floor")
+def _probe_vs_floor() -> str:
+    v = [r["probe_ex_s"] / r["floor_ex_s"] for r in _bench("probe")]
+    return span(min(v), max(v), lambda x: sig(x, 2))
+
+
 @quantity("bench.stats_share_pct")
 def _stats_share() -> str:
     v = [100 * r["stats_s"] / r["probe_s"] for r in _bench("probe")]
@@ -362,6 +376,71 @@ def _interventions_ratio(a: str, b: str) -> str:
 @quantity("bench.interventions_load")
 def _interventions_load() -> str:
     v = [x for r in _bench("interventions") for x in (r["load"], r.get("load_end", r["load"]))]
+    return span(min(v), max(v), lambda x: sig(x, 2))
+
+
+@pattern(r"bench\.table/(probe|stats)")
+def _bench_table(name: str) -> str:
+    """A section's table exactly as docs/benchmarks.md renders it (the bench module's ``markdown``)."""
+    return block(_bench_module(f"bench_{name}").markdown(_bench(name)).strip().splitlines())
+
+
+@quantity("bench.machine")
+def _bench_machine() -> str:
+    m = load_json("docs/benchmarks.json")["machine"]
+    return (f"{m['cpu']}, {m['cores']} cores, torch {m['torch']}, {m['torch_threads']} threads, "
+            f"load average {m['load_average']}, {str(m['date'])[:10]}")
+
+
+@quantity("bench.probe_speedup_range")
+def _probe_speedup_range() -> str:
+    v = [r["speedup_vs_loop"] for r in _bench("probe")]
+    return span(min(v), max(v), lambda x: sig(x, 2))
+
+
+def _moments() -> list[dict[str, Any]]:
+    return [r for r in _bench("stats") if r["bench"] == "moments"]
+
+
+@quantity("bench.stats.dual_best")
+def _dual_best() -> str:
+    r = max((r for r in _moments() if r["method"] == "dual"), key=lambda r: r["speedup_vs_naive"])
+    return f"{sig(r['speedup_vs_naive'], 2)}x at n = {r['n']}, d = {r['d']}"
+
+
+@quantity("bench.stats.dual_worst")
+def _dual_worst() -> str:
+    r = min((r for r in _moments() if r["method"] == "dual"), key=lambda r: r["speedup_vs_naive"])
+    return f"{sig(1 / r['speedup_vs_naive'], 2)}x slower than naive at n = {r['n']}, d = {r['d']}"
+
+
+@quantity("bench.stats.auto_right")
+def _auto_right() -> str:
+    """'N of M cells' where auto's pick (dual or primal) is the faster of the two, and the misses."""
+    cells: dict[tuple, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for r in _moments():
+        cells[(r["n"], r["d"])][r["method"]] = r
+    right, misses = 0, []
+    for (n, d), c in cells.items():
+        picked = next(m for m in ("dual", "primal") if c[m]["auto_choice"])
+        other = "primal" if picked == "dual" else "dual"
+        if c[picked]["median_s"] <= c[other]["median_s"]:
+            right += 1
+        else:
+            misses.append(f"n = {n}, d = {d}: {picked} {sig(c[picked]['median_s'] / c[other]['median_s'], 2)}x "
+                          f"the time of {other}")
+    return f"{right} of {len(cells)} cells" + (f" (missed: {'; '.join(misses)})" if misses else "")
+
+
+@quantity("bench.stats.precomputed_speedup")
+def _precomputed_speedup() -> str:
+    v = [r["speedup_vs_means"] for r in _bench("stats") if r["method"] == "cross-Gram, precomputed"]
+    return span(min(v), max(v), lambda x: sig(x, 2))
+
+
+@quantity("bench.stats.all_pairs_speedup")
+def _all_pairs_speedup() -> str:
+    v = [r["speedup_vs_separate_calls"] for r in _bench("stats") if r.get("speedup_vs_separate_calls") is not None]
     return span(min(v), max(v), lambda x: sig(x, 2))
 
 

@@ -175,11 +175,14 @@ def test_cli_checkpoint_with_recorded_dataset_and_text_lm(tmp_path, capsys):
 
     torch.manual_seed(0)
     m = build("mlp", 16, in_dim=64, out_dim=10, depth=2)
-    checkpoint.save(m, tmp_path / "mlp", extra={"dataset": "digits"})
+    checkpoint.save(m, tmp_path / "mlp", extra={"dataset": "digits",
+                                                "train": {"steps": 9, "train_loss": 0.5, "test_loss": 0.75}})
     out = tmp_path / "mlp.json"
     assert main(["certify", "--model", str(tmp_path / "mlp"), *SMALL, "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["settings"]["data"] == "digits" and len(res["points"]) == 2
+    # the checkpoint's training record travels with the result (the report's provenance table reads it)
+    assert res["settings"]["training"] == {"steps": 9, "train_loss": 0.5, "test_loss": 0.75}
 
     lm = build("llama", 16, depth=2, vocab_size=256, max_seq_len=32)
     checkpoint.save(lm, tmp_path / "lm")  # no dataset recorded: --data is required

@@ -329,3 +329,25 @@ def test_claims_are_computed_from_the_rows_and_can_fail():
     found = {c["claim"]: c["verdict"] for c in claims(bad)}
     assert found["f: B_exact >= empirical misalignment"] == "does not"
     assert found["f: B_align >= B_exact"] == "does not"
+
+
+def test_alignment_table_and_summary_quote_the_claims_mk():
+    """The claims test the width trends at the smallest (M, K); the table and the summary sentence
+    show their numbers at that pair, labelled, and the largest pair only in columns labelled with it."""
+    from widthscope.report.claims import claims
+
+    rows = synthetic_rows(mks=((8, 8), (64, 64)))
+    found = claims(rows)
+    assert any(c["claim"].endswith("misalignment falls with width at M=K=8") for c in found)
+    t = alignment.tables(rows)[0]
+    assert "numbers at M=8, K=8, the (M, K) at which the claims are tested" in t["title"]
+    assert "M=64, K=64, in the last two columns" in t["title"]
+    for col in ("misalign M=8,K=8", "B_exact M=8,K=8", "misalign M=64,K=64", "B_exact M=64,K=64"):
+        assert f"<th>{col}</th>" in t["html"]
+    r8 = next(r for r in rows if r["M"] == 8 and r["width"] == 32 and r["point"] == "layers.0" and r["seed"] == 0)
+    r8b = next(r for r in rows if r["M"] == 8 and r["width"] == 32 and r["point"] == "layers.0" and r["seed"] == 1)
+    assert f"<td>{(r8['misalignment'] + r8b['misalignment']) / 2:.3g}</td>" in t["html"]
+    text = "\n".join(alignment.summary(rows))
+    assert "Empirical misalignment at M=8, K=8" in text and "M=64, K=64 falls" not in text
+    one = alignment.tables(synthetic_rows(mks=((16, 16),)))[0]
+    assert "last two columns" not in one["title"] and "misalign M=16,K=16" in one["html"]

@@ -156,3 +156,39 @@ def test_certify_files_mix_with_sweep_rows(series, tmp_path):
     # never NaN: a number, or None for a vacuous certificate (the reporting rule)
     assert all(r["two_d_align"] is None or math.isfinite(r["two_d_align"]) for r in rows)
     assert all((r["two_d_align"] is None) == bool(r.get("two_vacuous")) for r in rows)
+
+
+def test_training_steps_and_losses_come_from_what_the_checkpoint_recorded(series, tmp_path):
+    """Certify's settings["training"] first, else the local checkpoint's config.json extra; '–' only
+    when neither records them."""
+    from widthscope.report.html import provenance
+    from widthscope.sweeps.certify_rows import training_record
+
+    assert training_record({"train": {"steps": 40, "train_loss": 0.5, "test_loss": 0.7, "loss": "ce"}}) == {
+        "steps": 40, "train_loss": 0.5, "test_loss": 0.7}
+    assert training_record({"steps": 3, "loss": 1.5}) == {"steps": 3, "train_loss": 1.5}
+    assert training_record(None) == {} and training_record({"train": {"test_loss": float("nan")}}) == {}
+
+    def recorded(res):
+        res["settings"]["training"] = {"steps": 5, "train_loss": 1.25, "test_loss": 1.5}
+
+    ck = tmp_path / "ckpt"
+    ck.mkdir()
+    (ck / "config.json").write_text(json.dumps({"extra": {"train": {"steps": 7, "train_loss": 2.0,
+                                                                     "test_loss": 2.5, "loss": "ce"}}}))
+
+    def in_checkpoint(res):
+        res["settings"]["model"] = str(ck)
+
+    a = _variant(series[0], tmp_path / "a.json", recorded)
+    b = _variant(series[1], tmp_path / "b.json", in_checkpoint)
+    c = str(series[2])
+    rows = series_rows([a, b, c])
+    by = {r["source"]: r for r in rows if r["kind"] == "alignment"}
+    assert (by[a]["steps"], by[a]["train_loss"], by[a]["test_loss"]) == (5, 1.25, 1.5)
+    assert (by[b]["steps"], by[b]["train_loss"], by[b]["test_loss"]) == (7, 2.0, 2.5)
+    assert "steps" not in by[c] and "train_loss" not in by[c]
+    page = provenance(rows, [a, b, c])
+    assert "<td>5</td><td>1.25</td><td>1.5</td>" in page
+    assert "<td>7</td><td>2</td><td>2.5</td>" in page
+    assert "<td>–</td><td>–</td><td>–</td>" in page  # the third file records nothing: genuinely absent

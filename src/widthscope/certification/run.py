@@ -34,6 +34,7 @@ from ..options import CertifyOptions, CertifyRunOptions
 from ..probe import all_points, collect, insertion_points, resolve_points
 from ..probe.interventions import batch_size_of, index_batch, to_batches
 from ..stats import vacuous_rule
+from ..sweeps.certify_rows import training_record
 from ..train import resolve_device, train
 from .per_point import ranking, tables
 from .pipeline import certify_dict, data_description, settings_block
@@ -420,6 +421,9 @@ def _run(job: CertifyJob, notes: Sequence[str], say: Callable[[str], None] | Non
     for k in ("n_train_examples", "n_test_examples"):
         if k in inputs.info:
             res["settings"][k] = inputs.info[k]
+    trained = training_record(getattr(model, "widthscope_extra", None))
+    if trained:  # the checkpoint's training record (steps, final losses): the report's provenance table
+        res["settings"]["training"] = trained
     if "placement" in info:  # a dispatched model: where its layers ran (docs/big-models.md)
         res["settings"]["placement"] = info["placement"]
     res["notes"] = list(notes) + inputs.notes + res["notes"]

@@ -34,7 +34,7 @@ from ._groups import group_label, groups
 
 # Re-exported: importable from here (the monitor section takes as_number, save_figure, slugify).
 from .alignment_figures import MAX_MK_PANELS, MAX_POINTS_PANELS, figures, save_figure, slugify  # noqa: F401
-from .alignment_rows import aggregate, as_number, d_align_by_point, mk_pairs, point_keys, trend, width_values  # noqa: F401
+from .alignment_rows import aggregate, as_number, claim_mk, d_align_by_point, mk_pairs, point_keys, trend, width_values  # noqa: F401
 from .alignment_tables import tables
 
 __all__ = ["figures", "tables", "summary", "trend", "groups"]
@@ -134,7 +134,7 @@ def summary(rows: list[dict], found: Sequence[Mapping[str, Any]] | None = None) 
             + "."
         )
 
-        M, K = mk_pairs(sel)[-1]
+        M, K = claim_mk(sel)  # the claims' (M, K): the sentence and the claim quote one pair
         at = [r for r in sel if (int(r["M"]), int(r["K"])) == (M, K)]
         agg = aggregate(at, "misalignment", by=("point_index", "width"))
         mt = {}

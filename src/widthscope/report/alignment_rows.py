@@ -66,6 +66,13 @@ def mk_pairs(rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
     return sorted({(int(r["M"]), int(r["K"])) for r in rows}, key=lambda t: (t[0] * t[1], t))
 
 
+def claim_mk(rows: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
+    """The (M, K) at which the claims page tests the width trends (the smallest pair); the summary
+    sentences and the table quote their numbers at this pair too, so no table or sentence shows one
+    (M, K) beside a claim tested at another without saying so."""
+    return sorted({(int(r["M"]), int(r["K"])) for r in rows})[0]
+
+
 def width_values(rows: Sequence[Mapping[str, Any]]) -> list[float]:
     return sorted({r["width"] for r in rows})
 

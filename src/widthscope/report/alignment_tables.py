@@ -1,5 +1,8 @@
 """The table of the alignment section (:mod:`widthscope.report.alignment`): per group, one line per
-(width, point) with the seed means at the largest ``(M, K)``.
+(width, point) with the seed means at the ``(M, K)`` at which the claims are tested
+(:func:`~widthscope.report.alignment_rows.claim_mk`), every (M, K)-dependent column labelled with its
+pair; when the rows hold a larger pair, its misalignment and B_exact follow in columns labelled with
+that pair.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ import math
 from typing import Any, Mapping, Sequence
 
 from ._groups import group_label, groups
-from .alignment_rows import aggregate, mk_pairs, point_keys, width_values
+from .alignment_rows import aggregate, claim_mk, mk_pairs, point_keys, width_values
 
 
 def _fmt(v: float, spec: str = ".3g") -> str:
@@ -28,14 +31,20 @@ def _limit(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def tables(rows: list[dict]) -> list[dict]:
-    """Per group: one line per (width, point) with seed-mean d_align and the largest-(M, K) numbers."""
+    """Per group: one line per (width, point) with seed-mean d_align and the numbers at the claims'
+    (M, K), plus the largest pair's misalignment and B_exact when that pair differs."""
     out = []
     gs = groups(rows)
     for key, sel in gs.items():
         label = group_label(key, list(gs))
-        M, K = mk_pairs(sel)[-1]
+        M, K = claim_mk(sel)
         at = [r for r in sel if (int(r["M"]), int(r["K"])) == (M, K)]
+        largest = mk_pairs(sel)[-1]
+        big = None if largest == (M, K) else largest
         by = ("width", "point_index")
+        at_big = [r for r in sel if (int(r["M"]), int(r["K"])) == big]
+        more = {c: aggregate(at_big, c, by=by) for c in ("misalignment", "two_b_exact")} if big else {}
+        mk = f"M={M},K={K}"
         cols = {
             c: aggregate(at, c, by=by)
             for c in (
@@ -64,11 +73,13 @@ def tables(rows: list[dict]) -> list[dict]:
             "d_2",
             "limit",
             "d_align (1-pop)",
-            f"misalign M={M},K={K}",
+            f"misalign {mk}",
             "95% Wilson",
-            "B_exact",
-            "B_align",
+            f"B_exact {mk}",
+            f"B_align {mk}",
         ]
+        if big:
+            head += [f"misalign M={big[0]},K={big[1]}", f"B_exact M={big[0]},K={big[1]}"]
         h = [
             "<table><thead><tr>"
             + "".join(
@@ -106,6 +117,7 @@ def tables(rows: list[dict]) -> list[dict]:
                             f"<td>[{_fmt(g['misalignment_low'])}, {_fmt(g['misalignment_high'])}]</td>",
                             f"<td>{_fmt(g['two_b_exact'])}</td>",
                             f"<td>{_fmt(g['two_b_align'])}</td>",
+                            *(f"<td>{_fmt(v.get(k, (math.nan,))[0])}</td>" for v in more.values()),
                         ]
                     )
                     + "</tr>"
@@ -113,8 +125,10 @@ def tables(rows: list[dict]) -> list[dict]:
         h.append("</tbody></table>")
         out.append(
             {
-                "title": f"{label}: numbers (mean over seeds; d_align range over seeds in brackets; "
-                f"vacuous seeds, whose d_align is undefined, left out)",
+                "title": f"{label}: numbers at M={M}, K={K}, the (M, K) at which the claims are tested "
+                f"(mean over seeds; d_align range over seeds in brackets; vacuous seeds, whose d_align is "
+                f"undefined, left out)"
+                + (f"; the largest pair, M={big[0]}, K={big[1]}, in the last two columns" if big else ""),
                 "html": "".join(h),
             }
         )

@@ -11,7 +11,9 @@ Per file and per point x (M, K): ``kind="alignment"``, ``sweep="certify"``,
 ``family = settings["architecture"]`` (else ``"certify"``), ``width = settings["width"]`` (else the
 largest point dimension ``d``), ``seed = settings["seed"]``, ``source`` = the file, the two-population
 certificate as ``two_*`` and the one-population one as ``one_*`` (the columns the report plots), and
-``misalignment``/``misalignment_low``/``misalignment_high``/``misalignment_draws``. Intervention rows
+``misalignment``/``misalignment_low``/``misalignment_high``/``misalignment_draws``, and the training
+record (``steps``, ``train_loss``, ``test_loss``: certify's ``settings["training"]``, else the local
+checkpoint's ``config.json``; absent only when neither records them). Intervention rows
 in the file are passed on as ``kind="intervention"`` rows tagged the same way.
 
 Points are matched across files by *name* (``point_index`` is renumbered per family so the same
@@ -35,7 +37,7 @@ from typing import Any, Mapping, Sequence
 
 from .._io import cut_off
 from ..errors import WidthscopeError
-from ..sweeps.certify_rows import certify_rows
+from ..sweeps.certify_rows import certify_rows, training_record
 
 __all__ = ["is_certify_json", "load_certify", "rows_from_certify", "series_rows", "describe", "check_suite"]
 
@@ -111,6 +113,26 @@ def _width(settings: Mapping[str, Any], points: Sequence[Mapping[str, Any]]) -> 
     return max(ds), "largest point d"
 
 
+def _training(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Training steps and final losses: what certify recorded (``settings["training"]``, from the
+    checkpoint's ``extra``), else what the checkpoint's ``config.json`` records when the model named in
+    the settings is a local widthscope checkpoint (files certified before certify recorded it);
+    ``{}`` when neither records them (an HF model: the report shows '–')."""
+    got = training_record(settings.get("training"))
+    if got:
+        return got
+    model = settings.get("model")
+    if not isinstance(model, str) or not model:
+        return {}
+    p = Path(model)
+    cfg = p / "config.json" if p.is_dir() else (p.parent / "config.json" if p.is_file() else None)
+    try:
+        obj = json.loads(cfg.read_text(encoding="utf-8")) if cfg is not None and cfg.is_file() else None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return training_record(obj.get("extra")) if isinstance(obj, dict) else {}
+
+
 def rows_from_certify(path: str | os.PathLike, result: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Alignment rows (one per point x (M, K)) plus intervention rows of one certify JSON file."""
     p = Path(path)
@@ -134,6 +156,7 @@ def rows_from_certify(path: str | os.PathLike, result: Mapping[str, Any] | None 
         "depth": st.get("depth"),
         "width_from": width_from,
         "data_description": st.get("data_description"),
+        **_training(st),
     }
     return certify_rows(res, tags)
 

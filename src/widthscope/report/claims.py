@@ -28,6 +28,7 @@ from scipy import special as _sp
 
 from ._fmt import num, pval
 from ._groups import group_label, groups
+from .alignment_rows import claim_mk
 from .claims_stats import ALPHA, MAX_SEEDS, holm, seed_test, seeds_needed
 from .claims_stats import effect as _effect
 from .claims_stats import finite as _ok
@@ -134,7 +135,7 @@ def _alignment(rows: list[Mapping[str, Any]]) -> list[dict]:
     out = []
     for label, sel in _regimes(rows):
         mks = sorted({(int(r["M"]), int(r["K"])) for r in sel})
-        M, K = mks[0]
+        M, K = claim_mk(sel)
         for metric, name in (("two_d_align", "d_align"), ("two_d_par", "d_par"), ("two_d_2", "d_2")):
             pts, dropped = _per_seed_width(sel, metric, M, K, True)
             out.append(

@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 __all__ = ["figures", "summary"]
 
 
+from ._legend import legend_outside, thin, thinned_note
 from .html import save_figure
 
 
@@ -169,12 +170,14 @@ def _actual_vs_predicted(plt, groups, steps, every, below, out: Path) -> dict[st
     fig, ax = plt.subplots(figsize=(5.5, 4.5))
     lo, hi = math.inf, 0.0
     n_bad = 0
+    drawn = set(thin(list(groups)))
     for lab, rs in groups.items():
         xs = [abs(r["predicted"]) for r in rs if r["predicted"] != 0 and r["actual"] != 0]
         ys = [abs(r["actual"]) for r in rs if r["predicted"] != 0 and r["actual"] != 0]
         if not xs:
             continue
-        ax.loglog(xs, ys, "o-", ms=3, lw=1, label=lab if len(groups) <= 12 else None, alpha=0.7)
+        if lab in drawn:
+            ax.loglog(xs, ys, "o-", ms=3, lw=1, label=lab, alpha=0.7)
         bad = [
             (abs(r["predicted"]), abs(r["actual"]))
             for r in rs
@@ -199,7 +202,7 @@ def _actual_vs_predicted(plt, groups, steps, every, below, out: Path) -> dict[st
         ax.loglog([lo, hi], [lo, hi], "k--", lw=1, label="actual = predicted")
     ax.set_xlabel("|predicted ΔL| = η |μ_Mᵀ g_K|")
     ax.set_ylabel("|actual ΔL|")
-    ax.legend(fontsize=7)  # per-curve labels only when few (many models: identity line only)
+    legend_outside(ax)
     ax.set_title("Interventions: actual vs first-order prediction")
     return save_figure(
         fig,
@@ -215,6 +218,8 @@ def _actual_vs_predicted(plt, groups, steps, every, below, out: Path) -> dict[st
                 if len(every) > len(steps)
                 else ""
             )
+            + thinned_note(len(drawn), len(groups))
+            + (" Red crosses are drawn for every curve." if len(drawn) < len(groups) else "")
         ),
     )
 
@@ -222,8 +227,9 @@ def _actual_vs_predicted(plt, groups, steps, every, below, out: Path) -> dict[st
 def _retention(plt, groups, xkey: str, steps, every, out: Path) -> dict[str, str]:
     """Retention (actual / predicted ΔL) against the step size, per point."""
     fig, ax = plt.subplots(figsize=(5.5, 4.0))
-    for lab, rs in groups.items():
-        rs = sorted((r for r in rs if _finite(r.get("retention"))), key=lambda r: r[xkey])
+    drawn = thin(list(groups))
+    for lab in drawn:
+        rs = sorted((r for r in groups[lab] if _finite(r.get("retention"))), key=lambda r: r[xkey])
         if rs:
             ax.semilogx(
                 [r[xkey] for r in rs],
@@ -232,14 +238,13 @@ def _retention(plt, groups, xkey: str, steps, every, out: Path) -> dict[str, str
                 ms=3,
                 lw=1,
                 alpha=0.7,
-                label=lab if len(groups) <= 12 else None,
+                label=lab,
             )
     ax.axhline(1.0, color="k", ls="--", lw=1)
     ax.set_ylim(-0.5, 2.0)  # the interesting region is near 1; large steps leave it quickly
     ax.set_xlabel("step relative to the activation (RMS)" if xkey == "rel_step" else "η")
     ax.set_ylabel("retention = actual ΔL / predicted ΔL (clipped)")
-    if len(groups) <= 12:
-        ax.legend(fontsize=7)
+    legend_outside(ax)
     ax.set_title("Retention of the first-order gain")
     small = [min(rs, key=lambda r: r["eta"]) for rs in groups.values()]
     rets = [r["retention"] for r in small if _finite(r.get("retention"))]
@@ -251,6 +256,9 @@ def _retention(plt, groups, xkey: str, steps, every, out: Path) -> dict[str, str
             f" {len(every) - len(steps)} steps the model's dtype does not resolve are not drawn "
             "(the smallest η above is the smallest resolved one)."
         )
+    note = thinned_note(len(drawn), len(groups))
+    if note:
+        cap += note + " Every curve is in the per-width panels."
     return save_figure(fig, out / "interventions_retention.png", "Retention vs step size", cap)
 
 
@@ -264,7 +272,7 @@ def _growth_before_after(plt, grown, out: Path) -> dict[str, str]:
     ax.set_xticks(list(pos))
     ax.set_xticklabels([f"{r.get('role')}\n{r.get('point')}" for r in grown], fontsize=7)
     ax.set_ylabel("held-out loss")
-    ax.legend()
+    legend_outside(ax)
     ax.set_title("Growing a block")
     best = next((r for r in grown if r.get("role") == "best"), grown[0])
     return save_figure(

@@ -22,10 +22,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["figures", "tables", "summary", "slopes_from_rows", "side_by_side"]
+__all__ = ["figures", "tables", "summary", "slopes_from_rows", "side_by_side", "slope_text"]
 
 
-from ._fmt import pval
+from ._fmt import MISSING, interval, num, pval
+from ._legend import legend_outside, thin, thinned_note
 from .html import save_figure
 
 
@@ -47,6 +48,12 @@ def slopes_from_rows(rows: Sequence[dict]) -> list[dict[str, Any]]:
     if cfg is None:
         return []
     return summarize(fresh, cfg)
+
+
+def slope_text(s: dict[str, Any]) -> str:
+    """'-0.512 [-0.6, -0.43]': a slope row's value and 95% interval, formatted one way for the
+    table, the figure legends and the summary, so the three never disagree (e.g. about 0)."""
+    return f"{num(s.get('slope'))} {interval(s.get('ci_low'), s.get('ci_high'))}"
 
 
 def _gmean_by_width(rows, metric, widths):
@@ -123,7 +130,7 @@ def _fig_deviation_vs_width(plt, lin, slopes, widths, alphas, last, out_dir: Pat
             continue
         w = np.asarray(widths, float)[ok]
         s = next((x for x in slopes if x["metric"] == "dev_rms" and x["alpha"] == a and x["step"] == last), None)
-        lab = f"α={a:g}" + (f": slope {s['slope']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]" if s else "")
+        lab = f"α={a:g}" + (f": slope {slope_text(s)}" if s else "")
         ax.errorbar(w, m[ok], yerr=_yerr(m[ok], lo[ok], hi[ok]), fmt="o", color=c, ms=4, capsize=2, label=lab)
         if s:
             ax.plot(w, np.exp(s["intercept"]) * w ** s["slope"], "-", color=c, lw=1.2)
@@ -132,22 +139,24 @@ def _fig_deviation_vs_width(plt, lin, slopes, widths, alphas, last, out_dir: Pat
     ax.set_yscale("log")
     ax.set_xlabel("width n")
     ax.set_ylabel(f"RMS(F − F_lin) on held-out inputs, step {last}")
-    ax.legend(fontsize=8)
+    legend_outside(ax)
     return save_figure(
         fig,
         out_dir / "linearization_deviation_vs_width.png",
         "Deviation from the linear model vs width",
         "Geometric mean over seeds (bars: min–max) of the held-out RMS of "
         "F − F_lin at the last logged step; solid: least-squares fit in log-log; "
-        "dashed: reference slope α − 1 (bound O(n^α/n)) anchored at the narrowest width.",
+        "dashed: reference slope α − 1 (bound O(n^α/n)) anchored at the narrowest width. "
+        "Slopes and intervals in the legend are the slope table's.",
     )
 
 
 def _fig_deviation_vs_step(plt, lin, widths, a0, steps, out_dir: Path) -> dict:
     """2. Deviation vs training step, one line per width, at ``α = a0`` (the largest)."""
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    wc = plt.cm.plasma(np.linspace(0, 0.85, len(widths)))
-    for w, c in zip(widths, wc):
+    drawn = thin(widths)
+    wc = plt.cm.plasma(np.linspace(0, 0.85, len(drawn)))
+    for w, c in zip(drawn, wc):
         xs, ys = [], []
         for st in steps:
             sel = [r for r in lin if r["alpha"] == a0 and r["step"] == st and r["width"] == w]
@@ -161,12 +170,13 @@ def _fig_deviation_vs_step(plt, lin, widths, a0, steps, out_dir: Path) -> dict:
     ax.set_xlabel("training step")
     ax.set_ylabel("RMS(F − F_lin)")
     ax.set_title(f"α = {a0:g}")
-    ax.legend(fontsize=8, ncol=2)
+    legend_outside(ax)
     return save_figure(
         fig,
         out_dir / "linearization_deviation_vs_step.png",
         "Deviation vs training step, per width",
-        "How F − F_lin accumulates over training (geometric mean over seeds).",
+        "How F − F_lin accumulates over training (geometric mean over seeds)."
+        + thinned_note(len(drawn), len(widths), "widths"),
     )
 
 
@@ -193,7 +203,7 @@ def _fig_side_by_side(plt, lin, widths, a0, out_dir: Path) -> list[dict]:
         ax.set_title(f"n = {w}, α = {a0:g}", fontsize=9)
         ax.set_xlabel("training step")
     axes[0][0].set_ylabel("held-out loss (mean over seeds)")
-    axes[0][0].legend(fontsize=7)
+    legend_outside(axes[0][-1])
     return [
         save_figure(
             fig,
@@ -236,7 +246,7 @@ def _fig_slope_vs_alpha(plt, slopes, last, out_dir: Path) -> list[dict]:
     ax.plot(list(PUBLISHED), list(PUBLISHED.values()), "x", color="k", label="published (test MSE)")
     ax.set_xlabel("α  (η = η₀ n^α)")
     ax.set_ylabel("log-log slope over width")
-    ax.legend(fontsize=8)
+    legend_outside(ax)
     return [
         save_figure(
             fig,
@@ -262,14 +272,14 @@ def _fig_correlations_vs_width(plt, corr, slopes, out_dir: Path) -> dict:
             continue
         w = np.asarray(widths, float)[ok]
         s = next((x for x in slopes if x["metric"] == name), None)
-        lab = name + (f": slope {s['slope']:.2f} [{s['ci_low']:.2f}, {s['ci_high']:.2f}]" if s else "")
+        lab = name + (f": slope {slope_text(s)}" if s else "")
         ax.errorbar(w, m[ok], yerr=_yerr(m[ok], lo[ok], hi[ok]), fmt="o-", color=c, ms=4, capsize=2, label=lab)
         _ref_line(ax, w, m[ok][0], reference_slope(name)[0], color=c, alpha=0.6)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("width n")
     ax.set_ylabel("mean |C_{D,d}| (‖·‖ for D = 1)")
-    ax.legend(fontsize=8)
+    legend_outside(ax)
     return save_figure(
         fig,
         out_dir / "linearization_correlations_vs_width.png",
@@ -356,7 +366,7 @@ def tables(rows: list[dict]) -> list[dict]:
 
     def f(v):
         return (
-            "-"
+            MISSING
             if v is None or (isinstance(v, float) and not math.isfinite(v))
             else (f"{v:.3g}" if isinstance(v, float) else str(v))
         )
@@ -367,8 +377,8 @@ def tables(rows: list[dict]) -> list[dict]:
             s["metric"],
             f(s["alpha"]),
             f(s["step"]),
-            f(s["slope"]),
-            f"[{f(s['ci_low'])}, {f(s['ci_high'])}]",
+            num(s["slope"]),
+            interval(s["ci_low"], s["ci_high"]),
             f(s["reference"]),
             f(s["published"]),
             f(s["n_widths"]),
@@ -416,7 +426,7 @@ def summary(rows: list[dict], found: Sequence[dict] | None = None) -> list[str]:
                 f"per-seed t interval [{c['low']:.2f}, {c['high']:.2f}], p {_p(c['p'])} ({how}): {words[c['verdict']]}"
             )
         out.append(
-            f"α={alpha:g}, step {step}: deviation slope {s['slope']:.2f} (t interval over seeds "
-            f"[{s['ci_low']:.2f}, {s['ci_high']:.2f}]) vs reference {ref:.2f}; {tested}."
+            f"α={alpha:g}, step {step}: deviation slope {num(s['slope'])} (t interval over seeds "
+            f"{interval(s['ci_low'], s['ci_high'])}) vs reference {ref:.2f}; {tested}."
         )
     return out

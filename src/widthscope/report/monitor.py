@@ -30,6 +30,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ._groups import group_label
+from ._legend import legend_outside, thin, thinned_note
 from .alignment import as_number, save_figure, slugify
 
 __all__ = ["figures", "tables", "groups", "certified"]
@@ -124,7 +125,8 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
     figs = []
     for key, sel in gs.items():
         widths = sorted({r["width"] for r in sel})
-        pts = _points(sel)
+        every_pt = _points(sel)
+        pts = thin(every_pt)
         fig = Figure(figsize=(max(6.0, 3.1 * len(widths)), 5.4), dpi=90, layout="constrained")
         axes = fig.subplots(2, len(widths), squeeze=False, sharex=True, sharey="row")
         first = {k: v[0] for k, v in certified(sel).items()}
@@ -142,7 +144,8 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
                         if col == "b_exact" and fc is not None:
                             ax.plot([fc], [ys[xs.index(float(fc))]], "*", color=color, ms=9, mec="k", mew=0.4)
                     xs, ys = _mean(ser)
-                    ax.plot(xs, ys, "o-", color=color, lw=2, ms=3.5, label=pname if j == 0 and row_i == 0 else None)
+                    lab = pname if j == len(widths) - 1 and row_i == 0 else None  # the legend's axes: the last
+                    ax.plot(xs, ys, "o-", color=color, lw=2, ms=3.5, label=lab)
                     any_d |= col == "d_align" and any(not math.isnan(y) for y in ys)
             axes[0, j].set_title(f"width {w:g}", fontsize=10)
             delta = as_number(sel[0].get("delta"))
@@ -157,12 +160,12 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
         axes[1, 0].set_ylim(0, 1.03)
         axes[0, 0].set_ylabel("d_align (two-population)")
         axes[1, 0].set_ylabel("B_exact")
-        if axes[0, 0].get_legend_handles_labels()[0]:
-            axes[0, 0].legend(fontsize=7, title="insertion point", title_fontsize=7)
+        legend_outside(axes[0, -1], title="insertion point", title_fontsize=7)
         title = f"{labels[key]}: alignment over training"
         p = out_dir / f"{slugify(labels[key])}-monitor.png"
         save_figure(fig, p, title)
-        figs.append({"title": title, "png": str(p), "caption": _caption(sel)})
+        cap = _caption(sel) + thinned_note(len(pts), len(every_pt), "insertion points")
+        figs.append({"title": title, "png": str(p), "caption": cap})
     return figs
 
 

@@ -12,13 +12,36 @@ Example::
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 from ..probe.interventions import resolved
 from ..stats import vacuous_rule
 from .schema import CERT_FIELDS
 
-__all__ = ["certify_rows", "smallest_step"]
+__all__ = ["certify_rows", "smallest_step", "training_record", "TRAINING_COLUMNS"]
+
+TRAINING_COLUMNS = ("steps", "train_loss", "test_loss")
+_TRAINING_NAMES = {"steps": ("steps",), "train_loss": ("train_loss", "loss"), "test_loss": ("test_loss",)}
+
+
+def training_record(extra: Any) -> dict[str, Any]:
+    """``{"steps", "train_loss", "test_loss"}`` (those recorded, finite numbers only) from a
+    checkpoint's ``extra`` dict: a sweep's ``extra["train"]`` (:func:`widthscope.train.train`'s
+    result), else top-level ``steps`` / ``train_loss`` (or ``loss``) / ``test_loss``. ``{}`` when none
+    is recorded (an HF model): the report then shows '–'."""
+    if not isinstance(extra, Mapping):
+        return {}
+    out: dict[str, Any] = {}
+    for where in (extra.get("train"), extra):
+        if not isinstance(where, Mapping):
+            continue
+        for key, names in _TRAINING_NAMES.items():
+            for n in names:
+                v = where.get(n)
+                if key not in out and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                    out[key] = v
+    return out
 
 
 def smallest_step(ivs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -61,6 +84,7 @@ def certify_rows(result: Mapping[str, Any], tags: Mapping[str, Any]) -> list[dic
             "n_probe_test": pt.get("n_test"),
             "estimator": st.get("estimator"),
             "pool": st.get("pool"),
+            **{k: v for k, v in training_record(st.get("training")).items() if tags.get(k) is None},
         }
         ivs = [iv for iv in pt.get("interventions") or [] if isinstance(iv, dict)]
         iv_cols = smallest_step(ivs)
