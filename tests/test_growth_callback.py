@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+import widthscope.growth.callback as gcb
 from widthscope.errors import WidthscopeError
 from widthscope.growth.operators import stack_depth, stack_order
 
@@ -116,9 +117,7 @@ def _hf_run(tmp_path, callbacks):
 
 def test_hf_trainer_grows_a_tiny_llama_from_2_to_8_layers_and_trains_on(tmp_path):
     pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate (extra widthscope[hf])")
-    from widthscope.growth.callback import GrowthCallback
-
-    cb = GrowthCallback(grow_at_step=GROW_AT, operator="stack_copy", target_depth=8)
+    cb = gcb.GrowthCallback(grow_at_step=GROW_AT, operator="stack_copy", target_depth=8)
     model, trainer, seen = _hf_run(tmp_path / "grow", [cb])
     plain_model, plain, _ = _hf_run(tmp_path / "plain", [])
 
@@ -160,9 +159,7 @@ def test_hf_trainer_grows_a_tiny_llama_from_2_to_8_layers_and_trains_on(tmp_path
 
 def test_hf_growth_by_a_schedule_and_a_callable_operator(tmp_path):
     pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate (extra widthscope[hf])")
-    from widthscope.growth.callback import GrowthCallback
-
-    cb = GrowthCallback(
+    cb = gcb.GrowthCallback(
         when=lambda step: step >= 6, operator=lambda m: stack_depth(m, depth=6, layout="interleave", mode="zero")
     )
     model, trainer, seen = _hf_run(tmp_path, [cb])
@@ -172,20 +169,17 @@ def test_hf_growth_by_a_schedule_and_a_callable_operator(tmp_path):
 
 def test_callback_arguments_are_checked():
     pytest.importorskip("transformers")
-    from widthscope.growth.callback import GrowthCallback
-
     with pytest.raises(WidthscopeError, match="grow_at_step"):
-        GrowthCallback(target_depth=8)
+        gcb.GrowthCallback(target_depth=8)
     with pytest.raises(WidthscopeError, match="target_depth"):
-        GrowthCallback(grow_at_step=3, operator="stack_copy", target_width=64)
+        gcb.GrowthCallback(grow_at_step=3, operator="stack_copy", target_width=64)
     with pytest.raises(WidthscopeError, match="unknown growth operator"):
-        GrowthCallback(grow_at_step=3, operator="nope", target_depth=8)
+        gcb.GrowthCallback(grow_at_step=3, operator="nope", target_depth=8)
 
 
 # ----------------------------------------------------------------------------- Lightning
 def test_lightning_grows_a_tiny_llama_from_2_to_8_layers_and_trains_on(tmp_path):
     pl = pytest.importorskip("lightning", reason="the Lightning callback needs lightning (extra widthscope[lightning])")
-    from widthscope.growth.callback import GrowthLightningCallback
 
     class Lit(pl.LightningModule):
         def __init__(self) -> None:
@@ -197,7 +191,7 @@ def test_lightning_grows_a_tiny_llama_from_2_to_8_layers_and_trains_on(tmp_path)
         def training_step(self, batch, i):
             self.layers.append(len(self.net.model.layers))
             loss = self.net(input_ids=batch[0], labels=batch[0]).loss
-            self.losses.append(float(loss))
+            self.losses.append(float(loss.detach()))
             return loss
 
         def configure_optimizers(self):
@@ -207,7 +201,7 @@ def test_lightning_grows_a_tiny_llama_from_2_to_8_layers_and_trains_on(tmp_path)
 
     pl.seed_everything(0, verbose=False)
     lit = Lit()
-    cb = GrowthLightningCallback(grow_at_step=GROW_AT, operator="stack_copy", target_depth=8, model=lit.net)
+    cb = gcb.GrowthLightningCallback(grow_at_step=GROW_AT, operator="stack_copy", target_depth=8, model=lit.net)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(tokens()), batch_size=4)
     trainer = pl.Trainer(
         max_steps=STEPS,

@@ -96,9 +96,9 @@ def grow_in_place(model: nn.Module, growth: Growth) -> dict[int, nn.Parameter | 
             if full and torch.equal(q, p):
                 reuse[id(p)] = q
     for mod in grown.modules():
-        for key, p in list(mod._parameters.items()):
-            if p is not None and id(p) in reuse:
-                mod._parameters[key] = reuse[id(p)]
+        for key, param in list(mod._parameters.items()):
+            if param is not None and id(param) in reuse:
+                mod._parameters[key] = reuse[id(param)]
     for key in ("_parameters", "_buffers", "_modules"):
         model.__dict__[key] = grown.__dict__[key]
     for key, value in grown.__dict__.items():  # the config, widthscope_config, ...; not wrapped methods
@@ -239,15 +239,22 @@ def _hf_class() -> type:
     return GrowthCallback
 
 
-def _lightning_class() -> type:
+def _lightning_base() -> type:
     try:
-        from lightning.pytorch.callbacks import Callback as base  # optional: the Lightning extra
+        from lightning.pytorch.callbacks import Callback  # optional: the Lightning extra
     except ImportError:  # the older package name
         try:
-            from pytorch_lightning.callbacks import Callback as base  # optional: the Lightning extra
+            from pytorch_lightning.callbacks import Callback as LegacyCallback  # optional: the Lightning extra
         except ImportError as exc:
-            raise WidthscopeError("GrowthLightningCallback needs Lightning: pip install 'widthscope[lightning]'") from exc
-    Callback: Any = base
+            raise WidthscopeError(
+                "GrowthLightningCallback needs Lightning: pip install 'widthscope[lightning]'"
+            ) from exc
+        return LegacyCallback
+    return Callback
+
+
+def _lightning_class() -> type:
+    Callback: Any = _lightning_base()
 
     class GrowthLightningCallback(Callback, Grower):  # type: ignore[misc, valid-type]
         """Grows ``model`` (the network inside the ``LightningModule``, e.g. ``lit.net``; default the

@@ -66,11 +66,7 @@ from .. import _args
 from ..errors import WidthscopeError
 from ..probe.interventions import insert
 
-__all__ = [
-    "Growth",
-    "zero_block",
-    "stack_depth",
-    "stack_order", "widen", "optimizer_after", "is_llama", "OPT_STATES"]
+__all__ = ["Growth", "zero_block", "stack_depth", "stack_order", "widen", "optimizer_after", "is_llama", "OPT_STATES"]
 
 OPT_STATES = ("reset", "keep")
 STACK_MODES = ("copy", "zero")
