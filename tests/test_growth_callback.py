@@ -222,3 +222,26 @@ def test_lightning_grows_a_tiny_llama_from_2_to_8_layers_and_trains_on(tmp_path)
     sched = trainer.lr_scheduler_configs[0].scheduler
     assert len(sched.base_lrs) == len(opt.param_groups) == 2
     assert opt.param_groups[1]["lr"] == pytest.approx(opt.param_groups[0]["lr"])
+
+
+def test_width_growth_in_place_replaces_the_grown_tensors_in_the_optimizer():
+    from widthscope.growth.operators import widen
+
+    model = tiny_llama()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = tokens(4)
+    model(input_ids=x, labels=x).loss.backward()
+    opt.step()
+    opt.zero_grad()
+    emb, norm = model.model.embed_tokens.weight, model.model.layers[0].input_layernorm.weight
+    g = widen(model, 48, ffn=96)
+    origin = gcb.grow_in_place(model, g)
+    gcb.add_to_optimizer(model, opt, None, origin)
+    assert model.config.hidden_size == 48 and model.model.embed_tokens.weight.shape == (64, 48)
+    held = {id(p) for grp in opt.param_groups for p in grp["params"]}
+    assert held == {id(p) for p in model.parameters()}
+    assert emb not in opt.state and norm not in opt.state  # replaced: gone with their state
+    assert model.model.embed_tokens.weight not in opt.state  # the bigger tensor starts fresh
+    model(input_ids=x, labels=x).loss.backward()
+    opt.step()
+    assert torch.isfinite(model(input_ids=x).logits).all()
