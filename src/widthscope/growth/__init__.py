@@ -9,6 +9,8 @@
 - ``compare``: the benchmark's judgement of its rows (Spearman, hit, regret, intervals, ``grow``'s default);
 - ``operators``: function-preserving growth of a trained model (``zero_block``, ``stack_depth``: G_stack
   and its zeroed variant, ``widen``) and the optimiser state after growth (``optimizer_after``);
+- ``callback``: growing in place inside a ``transformers.Trainer`` / Lightning run (``GrowthCallback``,
+  ``GrowthLightningCallback``), with the optimizer-state rule;
 - ``schedule``: when to grow (fixed fractions of a budget, loss plateau, the alignment certificate);
 - ``target``, ``target_compare``, ``target_bench``, ``target_plan``: the compute-to-target benchmark
   (``widthscope grow-target``: does small → grow → train reach the from-scratch loss with less

@@ -2,8 +2,9 @@ r"""Growth operators on trained models: a bigger model that starts from the smal
 
 Each works on a copy and returns a :class:`Growth` (the grown model, each parameter's ``sources``,
 whether it is ``exact``ly function-preserving): :func:`zero_block` (a zero-initialised residual block),
-:func:`stack_depth` (copied decoder layers; ``mode="zero"`` exact, ``"copy"`` G_stack), :func:`widen`
-(masked width growth, exact); :func:`optimizer_after` resets or keeps AdamW state. Details: docs/growth.md.
+:func:`stack_depth` (copied decoder layers in ``order``, or to ``depth=``/``factor=`` up to any size by
+:func:`stack_order`'s ``layout``; ``mode="zero"`` exact, ``"copy"`` G_stack), :func:`widen` (masked width
+growth, exact); :func:`optimizer_after` resets or keeps AdamW state. Details: docs/growth.md.
 
 Example::
 
@@ -33,10 +34,11 @@ from .. import _args
 from ..errors import WidthscopeError
 from ..probe.interventions import insert
 
-__all__ = ["Growth", "zero_block", "stack_depth", "widen", "optimizer_after", "is_llama", "OPT_STATES"]
+__all__ = ["Growth", "zero_block", "stack_depth", "stack_order", "widen", "optimizer_after", "is_llama", "OPT_STATES"]
 
 OPT_STATES = ("reset", "keep")
 STACK_MODES = ("copy", "zero")
+STACK_LAYOUTS = ("stack", "interleave")
 
 # a parameter's origin: (old parameter name, the slices of the new tensor holding its old values), or None (new)
 Source = tuple[str, tuple[slice, ...]] | None
@@ -121,17 +123,55 @@ def zero_block(
 
 
 # ----------------------------------------------------------------------------- depth stacking
-def stack_depth(model: nn.Module, order: Sequence[int] | None = None, *, mode: str = "copy") -> Growth:
+def stack_order(n_old: int, depth: int, layout: str = "stack") -> list[int]:
+    """The old layer indices of a ``depth``-layer stack grown from ``n_old`` layers (``depth >= n_old``).
+
+    ``"stack"`` (G_stack): the whole stack ``depth // n_old`` times, then its top ``depth % n_old``
+    layers (``2 → 3``: ``[0, 1, 1]``; ``2 → 8``: ``[0, 1] * 4``); ``"interleave"``: each layer
+    repeated in place, the top ``depth % n_old`` layers once more (``2 → 8``: ``[0, 0, 0, 0, 1, 1, 1, 1]``).
+
+    >>> stack_order(2, 8), stack_order(3, 5), stack_order(2, 5, "interleave")
+    ([0, 1, 0, 1, 0, 1, 0, 1], [0, 1, 2, 1, 2], [0, 0, 1, 1, 1])
+    """
+    fn = "stack_order"
+    _args.integer(fn, "n_old", n_old, lo=1)
+    _args.integer(fn, "depth", depth, lo=1)
+    _args.choice(fn, "layout", layout, STACK_LAYOUTS)
+    if depth < n_old:
+        raise WidthscopeError(f"{fn}(depth={depth}): the grown stack needs at least the old {n_old} layers")
+    k, r = divmod(depth, n_old)
+    if layout == "stack":
+        return list(range(n_old)) * k + list(range(n_old - r, n_old))
+    return [i for i in range(n_old) for _ in range(k + (i >= n_old - r))]
+
+
+def stack_depth(
+    model: nn.Module,
+    order: Sequence[int] | None = None,
+    *,
+    mode: str = "copy",
+    depth: int | None = None,
+    factor: int | None = None,
+    layout: str = "stack",
+) -> Growth:
     """A copy of a LLaMA-style decoder whose layers are copies of the old ones in ``order`` (old
     indices; default the whole stack twice, G_stack). ``mode="copy"``: plain copies (the paper's
     operator, not function-preserving); ``"zero"``: every repeat of a layer has ``o_proj`` and
-    ``down_proj`` zeroed (function-preserving)."""
+    ``down_proj`` zeroed (function-preserving). Instead of ``order``: ``depth`` (the new number of
+    layers) or ``factor`` (``depth = factor × L``) with ``layout`` (:func:`stack_order`)."""
     fn = "stack_depth"
     _require_llama(fn, model)
     _args.choice(fn, "mode", mode, STACK_MODES)
     small: Any = model  # a LlamaForCausalLM (checked above): its submodules are read by name
     n_old = len(small.model.layers)
-    order = list(range(n_old)) * 2 if order is None else [int(i) for i in order]
+    if sum(x is not None for x in (order, depth, factor)) > 1:
+        raise WidthscopeError(f"{fn}: give one of order=, depth= or factor=, not several")
+    if factor is not None:
+        _args.integer(fn, "factor", factor, lo=1)
+        depth = int(factor) * n_old
+    if order is None:
+        order = stack_order(n_old, 2 * n_old if depth is None else depth, layout)
+    order = [int(i) for i in order]
     if not order or any(i < 0 or i >= n_old for i in order):
         raise WidthscopeError(f"{fn}(order={order!r}): every entry must be an old layer index in 0..{n_old - 1}")
     if sorted(set(order)) != list(range(n_old)):

@@ -43,7 +43,7 @@ from ..data import load
 from ..errors import WidthscopeError
 from ..models import build
 from ..registry import GROWTH_OPERATORS
-from .operators import Growth, stack_depth, widen, zero_block
+from .operators import Growth, stack_depth, stack_order, widen, zero_block
 from .schedule import SCHEDULES, Schedule, alignment_signal
 from .suite import reproducible
 
@@ -301,7 +301,9 @@ def _stage_sizes(start: int, end: int, stages: int, multiple: int) -> list[int]:
 
 
 def grow_stack_copy(model: Any, size: int, *, cell: Mapping[str, Any], seed: int) -> Growth:
-    """G_stack: copy the top ``size - depth`` decoder layers on top (not function-preserving)."""
+    """G_stack to ``size`` layers: the whole stack repeated, then its top ``size mod depth`` layers
+    (``stack_order``; up to ``2 × depth``: the top ``size - depth`` layers copied on top; not
+    function-preserving)."""
     return stack_depth(model, _stack_order(model, size), mode="copy")
 
 
@@ -311,8 +313,8 @@ def grow_stack_zero(model: Any, size: int, *, cell: Mapping[str, Any], seed: int
 
 
 def _stack_order(model: Any, size: int) -> list[int]:
-    d = model.config.num_hidden_layers
-    return list(range(d)) + list(range(2 * d - size, d))  # copy the top (size - d) layers on top
+    # up to 2d: the top (size - d) layers copied on top; beyond, whole repeats first
+    return stack_order(model.config.num_hidden_layers, size, "stack")
 
 
 def grow_zero_block(model: Any, size: int, *, cell: Mapping[str, Any], seed: int) -> Growth:

@@ -1,0 +1,295 @@
+r"""Growing a model inside a ``transformers.Trainer`` or a Lightning run: growth callbacks.
+
+Usage::
+
+    from widthscope.growth.callback import GrowthCallback
+    trainer = Trainer(model=model, args=args, train_dataset=ds,
+                      callbacks=[GrowthCallback(grow_at_step=1000, operator="stack_copy", target_depth=8)])
+    trainer.train()                    # 2 layers up to step 1000, then 8 (G_stack: the stack 4 times)
+
+    from widthscope.growth.callback import GrowthLightningCallback
+    pl.Trainer(callbacks=[GrowthLightningCallback(grow_at_step=1000, target_depth=8, model=lit.net)])
+
+**When.** After the optimizer step ``grow_at_step`` (``state.global_step`` / ``trainer.global_step``:
+optimizer steps, so never between the micro-batches of gradient accumulation), or at the first
+optimizer step where ``when(step)`` is true; the model grows once.
+
+**How.** ``operator``: a name of :data:`widthscope.registry.GROWTH_OPERATORS` (``stack_copy``,
+``stack_zero``, ``zero_block``, ``widen``; the grown size is ``target_depth`` or ``target_width``,
+as the operator's axis says), or a callable ``fn(model) -> Growth`` (e.g. ``lambda m:
+stack_depth(m, depth=8, layout="interleave")``). The Trainer holds the model object, so the model
+grows **in place**: the operator grows a copy, then the model takes the copy's submodules,
+parameters, buffers and config (``model.config.num_hidden_layers``, the attention modules'
+``layer_idx`` renumbered 0..depth-1). Every grown parameter whose values are an old parameter's,
+whole and unchanged (the first copy of each layer, the embeddings, norms and head of a depth growth),
+is that **same parameter object** again.
+
+**Optimizer state** (the rule): the old parameters the grown model still holds keep their param
+group and their state (AdamW's moments and step count); the parameters growth created (the copies,
+or the bigger tensors of ``widen``) are added as **new param groups**, one per old group they were
+grown from, with that group's settings (learning rate, weight decay, betas: the Trainer's no-decay
+norms stay without decay), and start with empty state (AdamW: step 0, its own bias correction);
+parameters growth replaced leave the optimizer with their state. A learning-rate scheduler holding
+one base rate and one factor per group (``LambdaLR``, which the Trainer's schedules are, and the
+schedulers with ``base_lrs``) gets the copied group's entries for each new group, so the new
+parameters follow the same schedule. This is not :func:`widthscope.growth.operators.
+optimizer_after`'s ``"keep"`` (the copies start fresh here, there they inherit their original's
+moments) nor its ``"reset"`` (the old parameters keep theirs here).
+
+**Logs** are untouched: the callback writes no log entry and no metric (the Trainer's
+``log_history`` has the same keys with and without it); each growth is recorded in the callback's
+``events`` (step, operator, layers before and after, new parameters) and said in the log (logger
+``widthscope.growth``). Not supported: models sharded or wrapped by the strategy (FSDP, DeepSpeed; a
+DDP wrapper would keep its old parameter buckets).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn as nn
+
+from .. import _args
+from ..errors import WidthscopeError
+from ..monitor.rows import lazy_class
+from ..registry import GROWTH_OPERATORS
+from .operators import Growth
+
+__all__ = ["GrowthCallback", "GrowthLightningCallback", "Grower", "grow_in_place", "add_to_optimizer"]
+
+_log = logging.getLogger("widthscope.growth")
+
+if TYPE_CHECKING:  # built on first use by the module __getattr__ below
+    GrowthCallback: type
+    GrowthLightningCallback: type
+
+
+def _unwrap(obj: Any, attr: str, base: type) -> Any:
+    """The torch object under a wrapper (accelerate's ``AcceleratedOptimizer.optimizer``,
+    ``AcceleratedScheduler.scheduler``)."""
+    while obj is not None and not isinstance(obj, base) and hasattr(obj, attr):
+        obj = getattr(obj, attr)
+    return obj
+
+
+def grow_in_place(model: nn.Module, growth: Growth) -> dict[int, nn.Parameter | None]:
+    """Make ``model`` the grown model of ``growth`` (grown from ``model``): it takes the grown
+    model's submodules, parameters, buffers and plain attributes (the config), with every parameter
+    whose values are an old parameter's, whole and unchanged, replaced by that old parameter object
+    (ties kept). Returns the parameters new to ``model`` (by ``id``) with the old parameter each
+    was grown from (``None``: a new tensor)."""
+    grown = growth.model
+    old = dict(model.named_parameters())
+    reuse: dict[int, nn.Parameter] = {}
+    origin: dict[int, nn.Parameter | None] = {}
+    with torch.no_grad():
+        for name, p in grown.named_parameters():
+            src = growth.sources.get(name)
+            q = old.get(src[0]) if src is not None else None
+            origin[id(p)] = q
+            if q is None or any(id(q) == id(r) for r in reuse.values()) or q.shape != p.shape:
+                continue
+            full = all(s == slice(0, n) for s, n in zip(src[1], q.shape, strict=False)) if src else False
+            if full and torch.equal(q, p):
+                reuse[id(p)] = q
+    for mod in grown.modules():
+        for key, param in list(mod._parameters.items()):
+            if param is not None and id(param) in reuse:
+                mod._parameters[key] = reuse[id(param)]
+    for key in ("_parameters", "_buffers", "_modules"):
+        model.__dict__[key] = grown.__dict__[key]
+    for key, value in grown.__dict__.items():  # the config, widthscope_config, ...; not wrapped methods
+        if not key.startswith("_") and not callable(value) and key != "training":
+            model.__dict__[key] = value
+    before = {id(p) for p in old.values()}
+    return {id(p): origin.get(id(p)) for p in model.parameters() if id(p) not in before}
+
+
+def add_to_optimizer(
+    model: nn.Module, optimizer: Any, scheduler: Any = None, origin: dict[int, nn.Parameter | None] | None = None
+) -> int:
+    """The optimizer-state rule (module docstring): drop the parameters ``model`` no longer holds,
+    and add its trainable parameters the optimizer lacks as new groups: a parameter grown from an old
+    one (``origin``, from :func:`grow_in_place`) joins a new group with the settings of its
+    original's group (e.g. the Trainer's weight-decay and no-decay groups), any other one a group
+    with the first group's settings; empty state. ``scheduler`` gets each new group's base rate and
+    factor from the group it copies. Returns the number of parameter entries added."""
+    opt = _unwrap(optimizer, "optimizer", torch.optim.Optimizer)
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise WidthscopeError(f"growth: cannot update a {type(optimizer).__name__}; a torch.optim.Optimizer is needed")
+    origin = origin or {}
+    group_of = {id(p): k for k, g in enumerate(opt.param_groups) for p in g["params"]}
+    held = {id(p) for p in model.parameters()}
+    for group in opt.param_groups:
+        for p in [p for p in group["params"] if id(p) not in held]:
+            opt.state.pop(p, None)
+        group["params"] = [p for p in group["params"] if id(p) in held]
+    have = {id(p) for g in opt.param_groups for p in g["params"]}
+    new: dict[int, list[nn.Parameter]] = {}
+    for p in model.parameters():
+        if p.requires_grad and id(p) not in have:
+            q = origin.get(id(p))
+            new.setdefault(group_of.get(id(q), 0) if q is not None else 0, []).append(p)
+    sched = _unwrap(scheduler, "scheduler", torch.optim.lr_scheduler.LRScheduler)
+    for k in sorted(new):
+        settings = {key: v for key, v in opt.param_groups[k].items() if key != "params"}
+        opt.add_param_group({**settings, "params": new[k]})
+        for attr in ("base_lrs", "lr_lambdas", "_last_lr"):
+            values = getattr(sched, attr, None) if sched is not None else None
+            if isinstance(values, list) and len(values) == len(opt.param_groups) - 1:
+                values.append(values[k])
+    return sum(p.numel() for ps in new.values() for p in ps)
+
+
+class Grower:
+    """When and how to grow, shared by both callbacks (see the module docstring)."""
+
+    def __init__(
+        self,
+        grow_at_step: int | None = None,
+        operator: str | Callable[[nn.Module], Growth] = "stack_copy",
+        *,
+        target_depth: int | None = None,
+        target_width: int | None = None,
+        when: Callable[[int], bool] | None = None,
+        seed: int = 0,
+    ) -> None:
+        fn = "GrowthCallback"
+        _args.integer(fn, "grow_at_step", grow_at_step, lo=0, optional=True)
+        if (grow_at_step is None) == (when is None):
+            raise WidthscopeError(f"{fn}: give grow_at_step=N or when=fn(step) -> bool (one of them)")
+        if not callable(operator):
+            axis = GROWTH_OPERATORS.info(operator)["axis"]  # an unknown name is refused here
+            size = target_depth if axis == "depth" else target_width
+            other = target_width if axis == "depth" else target_depth
+            if size is None or other is not None:
+                raise WidthscopeError(
+                    f"{fn}(operator={operator!r}): grows the {axis}; give target_{axis}=... (and not the other)"
+                )
+            _args.integer(fn, f"target_{axis}", size, lo=1)
+        self.grow_at_step, self.operator, self.when, self.seed = grow_at_step, operator, when, int(seed)
+        self.target_depth, self.target_width = target_depth, target_width
+        self.events: list[dict[str, Any]] = []
+
+    def due(self, step: int) -> bool:
+        if self.events:
+            return False
+        return step == self.grow_at_step if self.when is None else bool(self.when(step))
+
+    def grow(self, model: nn.Module, optimizer: Any, scheduler: Any, step: int) -> dict[str, Any]:
+        """Grow ``model`` in place and update ``optimizer`` (and ``scheduler``) by the rule."""
+        if model is None or optimizer is None:
+            raise WidthscopeError("growth: the callback got no model or no optimizer at the growth step")
+        cfg: Any = getattr(model, "config", None)
+        layers = getattr(cfg, "num_hidden_layers", None)
+        if callable(self.operator):
+            g = self.operator(model)
+        else:
+            size = self.target_depth if self.target_depth is not None else self.target_width
+            cell = {"width": getattr(cfg, "hidden_size", None)}
+            g = GROWTH_OPERATORS.get(self.operator)(model, size, cell=cell, seed=self.seed)
+        if not isinstance(g, Growth):
+            raise WidthscopeError(f"growth: the operator returned a {type(g).__name__}, not a Growth")
+        if getattr(model, "training", False):
+            g.model.train()
+        origin = grow_in_place(model, g)
+        added = add_to_optimizer(model, optimizer, scheduler, origin)
+        event = {
+            "step": int(step),
+            "operator": g.operator,
+            "layers_before": layers,
+            "layers_after": getattr(getattr(model, "config", None), "num_hidden_layers", None),
+            "new_parameters": g.new_parameters,
+            "optimizer_parameters_added": added,
+        }
+        self.events.append(event)
+        _log.info("grew the model at step %d: %s", step, event)
+        return event
+
+
+def _hf_class() -> type:
+    try:
+        from transformers import TrainerCallback  # optional: the Hugging Face extra
+    except ImportError as exc:  # pragma: no cover - transformers is a core dependency
+        raise WidthscopeError("GrowthCallback needs transformers: pip install 'widthscope[hf]'") from exc
+
+    class GrowthCallback(TrainerCallback, Grower):  # type: ignore[misc, valid-type]
+        """Grows the Trainer's model in place after an optimizer step (``on_step_end``) and adds the
+        new parameters to its optimizer (module docstring); writes no log entry."""
+
+        def on_step_end(
+            self,
+            args: Any,
+            state: Any,
+            control: Any,
+            model: Any = None,
+            optimizer: Any = None,
+            lr_scheduler: Any = None,
+            **kw: Any,
+        ) -> Any:
+            if self.due(int(state.global_step)):
+                if getattr(args, "fsdp", None) or getattr(args, "deepspeed", None):
+                    raise WidthscopeError("GrowthCallback cannot grow a model sharded by FSDP or DeepSpeed")
+                self.grow(model, optimizer, lr_scheduler, int(state.global_step))
+            return control
+
+    return GrowthCallback
+
+
+def _lightning_base() -> type:
+    try:
+        from lightning.pytorch.callbacks import Callback  # optional: the Lightning extra
+    except ImportError:  # the older package name
+        try:
+            from pytorch_lightning.callbacks import Callback as LegacyCallback  # optional: the Lightning extra
+        except ImportError as exc:
+            raise WidthscopeError(
+                "GrowthLightningCallback needs Lightning: pip install 'widthscope[lightning]'"
+            ) from exc
+        return LegacyCallback
+    return Callback
+
+
+def _lightning_class() -> type:
+    Callback: Any = _lightning_base()
+
+    class GrowthLightningCallback(Callback, Grower):  # type: ignore[misc, valid-type]
+        """Grows ``model`` (the network inside the ``LightningModule``, e.g. ``lit.net``; default the
+        module itself) in place after an optimizer step (``on_train_batch_end``) and adds the new
+        parameters to ``trainer.optimizers[0]`` (its scheduler: the first ``lr_scheduler_configs``
+        entry) by the rule of the module docstring; logs nothing."""
+
+        def __init__(self, grow_at_step: int | None = None, *a: Any, model: Any = None, **kw: Any) -> None:
+            Callback.__init__(self)
+            Grower.__init__(self, grow_at_step, *a, **kw)
+            self.model = model
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            step = int(trainer.global_step)
+            if not self.due(step):
+                return
+            net = pl_module if self.model is None else self.model
+            if net is not pl_module and not any(m is net for m in pl_module.modules()):
+                raise WidthscopeError(
+                    f"GrowthLightningCallback(model=...): the {type(net).__name__} is not part of the "
+                    f"{type(pl_module).__name__} being trained; pass the network it holds (e.g. lit.net)"
+                )
+            name = type(getattr(trainer, "strategy", None)).__name__
+            if "FSDP" in name or "DeepSpeed" in name or name == "ModelParallelStrategy":
+                raise WidthscopeError(f"GrowthLightningCallback cannot grow a model sharded by Lightning's {name}")
+            configs = getattr(trainer, "lr_scheduler_configs", None) or []
+            sched = configs[0].scheduler if configs else None
+            self.grow(net, trainer.optimizers[0], sched, step)
+
+    return GrowthLightningCallback
+
+
+_hf_getattr = lazy_class(__name__, "GrowthCallback", _hf_class)
+_pl_getattr = lazy_class(__name__, "GrowthLightningCallback", _lightning_class)
+
+
+def __getattr__(name: str) -> Any:
+    return _pl_getattr(name) if name == "GrowthLightningCallback" else _hf_getattr(name)
