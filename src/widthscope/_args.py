@@ -27,33 +27,6 @@ from torch import nn
 
 from .errors import WidthscopeError, WidthscopeTypeError
 
-__all__ = [
-    "describe",
-    "message",
-    "wrong_type",
-    "module",
-    "model_or_function",
-    "tensor",
-    "integer",
-    "number",
-    "boolean",
-    "choice",
-    "string",
-    "function",
-    "mapping",
-    "instance",
-    "dtype",
-    "points",
-    "sizes",
-    "numbers_list",
-    "tensor_pair",
-    "int_list",
-    "batches",
-    "is_batch",
-    "MODULE",
-    "BATCH",
-]
-
 MODULE = "a torch.nn.Module (e.g. a transformers PreTrainedModel)"
 # Worded as the probe's own error for a bad batch ("expected (x, y), ..."), which tests match.
 BATCH = "(x, y) pairs, LongTensors of token ids (B, T) or dicts with 'input_ids'"

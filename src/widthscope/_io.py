@@ -1,9 +1,8 @@
-"""Small I/O helpers shared by every long-running command.
+"""Small I/O helpers shared by every long-running command: finished work is never lost.
 
-Why these exist: long runs must never lose finished work. Files are written to a temporary
-sibling and renamed into place (atomic on POSIX), and JSONL rows are appended with one
-``write`` + ``fsync`` each, so a ``kill -9`` can at worst leave a truncated *last* line,
-which :func:`read_jsonl` skips and names (every skipped line is reported, never dropped silently).
+Files are written to a temporary sibling and renamed into place; JSONL rows are appended with one
+``write`` + ``fsync`` each, so a ``kill -9`` leaves at worst a torn last line, which
+:func:`read_jsonl` skips and names.
 """
 
 from __future__ import annotations
@@ -20,28 +19,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Protocol, Sequence, Sized
 
 from .errors import WidthscopeError
-
-__all__ = [
-    "check_writable",
-    "check_space",
-    "atomic_write_text",
-    "atomic_write_json",
-    "append_jsonl",
-    "hold_lock",
-    "lock_held",
-    "LOCK",
-    "read_jsonl",
-    "Skipped",
-    "skip_lines",
-    "warn_skips",
-    "refuse_skips",
-    "cut_off",
-    "to_jsonable",
-    "first_nonfinite",
-    "read_toml",
-    "format_table",
-    "progress",
-]
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -64,8 +41,8 @@ def to_jsonable(obj: Any) -> Any:
 
 
 def first_nonfinite(obj: Any, where: str = "") -> str | None:
-    """Dotted name of the first non-finite float (``inf``, ``nan``: valid TOML) in a parsed config,
-    e.g. ``"family[1].train.lr = inf"``; ``None`` when every number is finite."""
+    """Dotted name of the first non-finite float in a parsed config (``"family[1].train.lr = inf"``),
+    else ``None``."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return f"{where} = {obj}"
     items = (
@@ -85,8 +62,7 @@ def first_nonfinite(obj: Any, where: str = "") -> str | None:
 
 def read_toml(path: str | os.PathLike, what: str, hint: str) -> dict[str, Any]:
     """Parse the TOML file ``path``; every way it can fail is one line naming ``what`` (e.g.
-    ``"sweep config"``) and ``hint`` (where a valid one is found): missing, a directory, a binary
-    or non-UTF-8 file, unreadable, invalid TOML."""
+    ``"sweep config"``) and ``hint`` (where a valid one is found)."""
     if sys.version_info >= (3, 11):
         import tomllib  # noqa: PLC0415  start-up time: `widthscope --help` imports this module
     else:  # pragma: no cover - Python 3.10
@@ -179,13 +155,13 @@ KEPT_WORK: list[Any] = []
 
 
 def on_interrupt(describe: Any) -> None:
-    """Register ``describe() -> str | None``: what finished work is on disk, for the message the
-    command line prints when a run is interrupted (SIGINT/SIGTERM) or fails writing."""
+    """Register ``describe() -> str | None``: the finished work on disk, named when a run is
+    interrupted or fails writing."""
     KEPT_WORK.append(describe)
 
 
 def kept_work() -> list[str]:
-    """The registered descriptions of finished work on disk (empty: nothing was kept)."""
+    """The registered descriptions of finished work on disk."""
     out = []
     for fn in KEPT_WORK:
         try:
@@ -212,23 +188,20 @@ def remove_empty(folders: Iterable[Path]) -> None:
     for p in folders:
         try:
             p.rmdir()
-        except OSError:
-            # not empty (or gone); go on: a path through ".." lists a folder before the one inside it,
-            # and rmdir never removes a folder that holds anything
+        except OSError:  # not empty (or gone)
             continue
 
 
 def human_size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
-    return f"{n:.1f} TB"  # pragma: no cover
+    return f"{n:.1f} TB"
 
 
 def check_space(path: str | os.PathLike, need_bytes: int, what: str = "the results") -> None:
-    """One line if the file system holding ``path`` has less free space than ``need_bytes``
-    (the caller's estimate of what the run will write), before any work starts."""
+    """One line if the file system holding ``path`` has less free space than ``need_bytes``."""
     path = Path(path)
     where = next((p for p in (path, *path.parents) if p.exists()), Path("."))
     try:
@@ -246,9 +219,8 @@ def check_space(path: str | os.PathLike, need_bytes: int, what: str = "the resul
 
 
 def check_writable(path: str | os.PathLike, need_bytes: int = 0, what: str = "the results") -> Path:
-    """Fail now, before any work, if ``path`` cannot be written (a directory, a read-only or
-    missing parent, or too little free space for ``need_bytes``); leaves nothing behind (folders
-    it had to create for the probe are removed again; the write creates them)."""
+    """Fail now, before any work, if ``path`` cannot be written (or has too little free space for
+    ``need_bytes``); folders created for the probe are removed again."""
     path = Path(path)
     created = missing_parents(path)
     try:
@@ -285,7 +257,7 @@ def append_jsonl(path: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> 
         raise unwritable(path, exc) from None
     try:
         size = os.fstat(fd).st_size
-        # A previous kill may have left a partial last line: start ours on a fresh line.
+        # a previous kill may have left a partial last line: start ours on a fresh one
         if size > 0:
             with open(path, "rb") as f:
                 f.seek(-1, os.SEEK_END)
@@ -297,9 +269,7 @@ def append_jsonl(path: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> 
             while done < len(data):  # a write that fills the disk writes part of it; the next one fails
                 done += os.write(fd, data[done:])
             os.fsync(fd)
-        except OSError as exc:
-            # A full disk (or any write error): cut the file back to its rows before this call, so
-            # no torn row is left for a rerun to read, then one error line.
+        except OSError as exc:  # a full disk: cut the file back to its rows before this call
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, size)
             raise unwritable(path, exc) from None
@@ -359,18 +329,11 @@ def hold_lock(
 ) -> Iterator[None]:
     """Hold an advisory ``flock`` on the lock file ``path`` while a run writes what it guards.
 
-    Unsharded, ``path`` is locked exclusively; a shard ``k/n`` locks it shared (other shards may
-    run beside it) and ``PATH.k-of-n`` exclusively. A lock another process holds raises
-    ``refuse(holder)`` at once (``holder``: ``pid N``, with the shards where shards hold it), never
-    waits. The holder writes its pid into its file. The kernel drops the locks when the process
-    dies (even by ``kill -9``): a stale lock file is harmless.
-
-    A file system without locks (some network mounts): the run goes ahead with a note on stderr
-    (``where``, default the lock's folder, and ``what`` name it). A lock file that cannot be created
-    or written (read-only, full disk, quota) is one :class:`WidthscopeError` line, and what this call
-    created (lock files, folders) is removed again. ``tidy``: on leaving, also remove the lock files
-    and the folders this call created (while still holding the lock, so a run that opened the old
-    file locks the new one instead), leaving nothing a later run or reader would find."""
+    Unsharded, ``path`` is locked exclusively; a shard ``k/n`` locks it shared and ``PATH.k-of-n``
+    exclusively. A lock another process holds raises ``refuse(holder)`` at once (``pid N``, with the
+    shards). The holder writes its pid into its file; the kernel drops the lock when it dies. A file
+    system without locks: a note on stderr (naming ``where`` and ``what``), and the run goes ahead.
+    ``tidy``: on leaving, remove the lock files and folders this call created."""
     import fcntl  # noqa: PLC0415  start-up time: `widthscope --help` imports this module
 
     path = Path(path)
@@ -464,8 +427,7 @@ def hold_lock(
 
 
 class Skipped(NamedTuple):
-    """One line or file a reader left out: where (``line`` is 1-based, ``None`` for a whole file)
-    and why. ``str()`` is the sentence logs and report pages show."""
+    """One line (1-based; ``None``: a whole file) a reader left out, and why; ``str()`` says it."""
 
     path: str
     line: int | None
@@ -499,7 +461,7 @@ def refuse_skips(problems: Sequence[Skipped], fix: str) -> Exception:
 
 
 def record_skips(found: list[Skipped], problems: list[Skipped] | None) -> None:
-    # No list to collect into: say it on stderr rather than nothing.
+    """Add ``found`` to ``problems``; without a list, say them on stderr."""
     if problems is None:
         warn_skips(found)
     else:
@@ -507,8 +469,7 @@ def record_skips(found: list[Skipped], problems: list[Skipped] | None) -> None:
 
 
 def cut_off(text: str, exc: json.JSONDecodeError) -> bool:
-    """True when ``text`` reads as valid JSON stopped early (an interrupted write or copy): the
-    parser ran off its end, or into the end inside a string."""
+    """True when ``text`` reads as valid JSON stopped early (an interrupted write or copy)."""
     return exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string")
 
 
@@ -526,11 +487,8 @@ _JSON_TYPE = {list: "array", str: "string", int: "number", float: "number", bool
 
 
 def read_jsonl(path: str | os.PathLike, problems: list[Skipped] | None = None) -> list[dict[str, Any]]:
-    """Rows of a JSONL file; a missing file has none.
-
-    Blank lines are fine. A damaged line (torn by an interrupted append, not JSON, not UTF-8, not a
-    JSON object) is skipped and named with its line number and why: appended to ``problems`` when
-    given, else logged on stderr. An unreadable file raises WidthscopeError naming it."""
+    """Rows of a JSONL file (a missing file has none). A damaged line is skipped and named, with its
+    line number and why (:func:`record_skips`); an unreadable file raises WidthscopeError."""
     path = Path(path)
     if not path.exists():
         return []
@@ -567,13 +525,9 @@ def read_jsonl(path: str | os.PathLike, problems: list[Skipped] | None = None) -
 def _fmt(v: Any, floatfmt: str) -> str:
     if isinstance(v, bool):
         return "yes" if v else "no"
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            return "-"
-        return format(v, floatfmt)
-    if v is None:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "-"
-    return str(v)
+    return format(v, floatfmt) if isinstance(v, float) else str(v)
 
 
 def format_table(
@@ -583,7 +537,7 @@ def format_table(
     floatfmt: str = ".4g",
     title: str | None = None,
 ) -> str:
-    """Plain-text table for the terminal (no dependency beyond the standard library)."""
+    """Plain-text table for the terminal."""
     if not rows:
         return (title + "\n" if title else "") + "(no rows)"
     columns = list(columns or rows[0].keys())
@@ -597,9 +551,8 @@ def format_table(
 
 
 class LogProgress:
-    """Plain-text progress for logs (stderr not a terminal): a line such as
-    ``sweep demo: 3/8 (38%) 4m10s elapsed, ~6m57s left`` at most every ``interval`` seconds and
-    when a long loop ends; short loops print nothing. Same interface as the tqdm bars we use."""
+    """Progress lines for logs (``sweep demo: 3/8 (38%) 4m10s elapsed, ~6m57s left``) at most every
+    ``interval`` seconds and when a long loop ends; the interface of the tqdm bars we use."""
 
     def __init__(
         self,
@@ -668,8 +621,7 @@ class LogProgress:
 
 
 class ProgressBar(Protocol):
-    """What :func:`progress` returns (a tqdm bar or a :class:`LogProgress`): iterated over, or
-    driven by hand with ``update``/``set_postfix``/``close``."""
+    """What :func:`progress` returns: a tqdm bar or a :class:`LogProgress`."""
 
     def __iter__(self) -> Iterator[Any]: ...
 
@@ -688,12 +640,9 @@ def progress(
     disable: bool | None = None,
     **kw: Any,
 ) -> ProgressBar:
-    """A tqdm bar on a terminal; plain periodic lines (:class:`LogProgress`) when stderr is a
-    log file, so long work is never silent; nothing when ``disable`` is True.
-
-    ``WIDTHSCOPE_PROGRESS=1`` forces bars, ``=0`` silences everything;
-    ``WIDTHSCOPE_PROGRESS_INTERVAL`` sets the seconds between log lines (default 30).
-    """
+    """A tqdm bar on a terminal, periodic lines (:class:`LogProgress`) in a log, nothing when
+    ``disable``. ``WIDTHSCOPE_PROGRESS=1`` forces bars, ``=0`` silences everything;
+    ``WIDTHSCOPE_PROGRESS_INTERVAL``: seconds between log lines (default 30)."""
     from tqdm.auto import tqdm
 
     env = os.environ.get("WIDTHSCOPE_PROGRESS")

@@ -33,8 +33,6 @@ from .models import build, count_parameters
 from .models.hf import DTYPES, WIDTHSCOPE_FAMILY, auto_classes, check_model_type, hf_task, load_hf, main_stack
 from .probe.interventions import apply_insertions
 
-__all__ = ["save", "load", "read_config"]
-
 FORMAT_VERSION = 1
 HF_RENAMES = {"embed_out.weight": "lm_head.weight"}  # original GPT-NeoX/Pythia name of the read-out
 WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")

@@ -38,8 +38,6 @@ from .validate import check_dir_writable
 if TYPE_CHECKING:
     from .planning import Plan
 
-__all__ = ["plan_demo", "DEMO_LLAMA", "DEMO_MLP", "demo_configs", "run_demo", "DemoOptions"]
-
 
 @dataclasses.dataclass(frozen=True)
 class DemoOptions(Options):

@@ -1,26 +1,12 @@
-"""Merging statistics across ``torch.distributed`` ranks.
+"""Merging statistics across ``torch.distributed`` ranks; every function is a no-op in one process.
 
-Everything here is a no-op in a single process, so pipelines call these functions
-unconditionally. Under ``torchrun`` (``gloo`` on CPU, ``nccl`` on GPU) each rank handles a
-deterministic, *contiguous* shard of the examples and the results are merged exactly:
-
-- **Primal moments** (``n, Σx, Σxxᵀ, Σ‖x‖²x, Σ‖x‖², Σ‖x‖⁴``) are sums, so the merge is one
-  ``all_reduce(SUM)`` of :meth:`PrimalMoments.to_tensor` — ``O(d²)`` bytes per rank.
-- **Gram (dual) form**: the rows themselves are gathered (``O(n d)`` bytes) and every rank
-  evaluates the same U-statistics. :func:`gather_or_reduce` picks the cheaper of the two with
-  the single-process rule (dual when ``n ≤ d``).
-- Because shards are contiguous and :func:`all_gather_rows` concatenates in rank order, the
-  gathered rows are in the *original* example order, so order-dependent results (the seeded
-  misalignment draws, the NTK matrix) are identical to a single-process run.
-
-Launch::
+Under ``torchrun`` each rank handles a contiguous shard of the examples (:func:`shard`), and the
+results merge exactly: primal moments by one ``all_reduce(SUM)``, Gram forms by gathering the rows
+in rank order (:func:`all_gather_rows`: the original example order, so seeded draws and kernels are
+the single-process ones). :func:`run_rank_guarded` fails the whole job when any rank fails, so rank
+0 writes only after every rank succeeded. Launch::
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 -m widthscope certify ...
-
-:func:`init_from_env` joins the process group from the ``torchrun`` environment (it is also
-called lazily by :func:`is_distributed`, so code that only uses these helpers works unchanged).
-:func:`run_rank_guarded` makes a failure on any rank fail the whole job with a message naming
-the rank, and lets rank 0 write results only after every rank succeeded.
 
 Example (single process: every call is the identity)::
 
@@ -53,27 +39,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = [
-    "is_distributed",
-    "rank",
-    "world_size",
-    "is_main",
-    "shard",
-    "shard_slice",
-    "all_gather_rows",
-    "barrier",
-    "init_from_env",
-    "launched_by_torchrun",
-    "all_reduce_moments",
-    "gather_or_reduce",
-    "merge_cross_gram",
-    "distributed_misalignment",
-    "distributed_ntk",
-    "run_rank_guarded",
-    "rank_guard",
-    "RankFailure",
-    "broadcast_object",
-]
 
 # Seconds a rank waits at the guard for the others (or at a collective) before giving up.
 DEFAULT_TIMEOUT_S = float(os.environ.get("WIDTHSCOPE_DIST_TIMEOUT", "1800"))
@@ -92,13 +57,9 @@ def launched_by_torchrun() -> bool:
 
 
 def init_from_env(backend: str | None = None, *, timeout_s: float | None = None) -> bool:
-    """Join the process group described by the ``torchrun`` environment; returns ``is_distributed()``.
-
-    A no-op (returns False) when the process was not launched by ``torchrun`` with more than one
-    process, and when the group is already initialised. ``backend=None`` picks ``nccl`` when
-    CUDA is available (each rank then uses ``cuda:LOCAL_RANK``) and ``gloo`` otherwise.
-    ``timeout_s`` bounds every collective (default ``$WIDTHSCOPE_DIST_TIMEOUT`` or 1800 s), so a
-    rank stuck waiting for a dead peer eventually fails instead of hanging forever.
+    """Join the ``torchrun`` process group (a no-op outside one, or when joined); returns
+    ``is_distributed()``. ``backend=None``: ``nccl`` with CUDA (``cuda:LOCAL_RANK``), else ``gloo``.
+    ``timeout_s`` bounds every collective (default ``$WIDTHSCOPE_DIST_TIMEOUT`` or 1800 s).
 
     Example::
 
@@ -124,8 +85,7 @@ def is_distributed() -> bool:
     if not dist.is_available():
         return False
     if not dist.is_initialized():
-        # Lazy join: lets `torchrun -m widthscope <command>` work even if the command forgot to
-        # call init_from_env() before its first collective.
+        # lazy join: a command that did not call init_from_env() before its first collective
         if not launched_by_torchrun():
             return False
         init_from_env()
@@ -158,19 +118,12 @@ def shard_slice(n: int) -> slice:
 
 
 def shard(items: Sequence[T]) -> list[T]:
-    """This rank's share of ``items``: a contiguous block (deterministic, disjoint, covering).
-
-    Contiguous (not interleaved) so that :func:`all_gather_rows` of per-item results restores
-    the original order exactly.
-    """
+    """This rank's contiguous block of ``items`` (:func:`all_gather_rows` restores the order)."""
     return list(items[shard_slice(len(items))])
 
 
 def all_gather_rows(x: torch.Tensor) -> torch.Tensor:
-    """Concatenate each rank's ``(n_r, ...)`` rows along dim 0, in rank order (sizes may differ).
-
-    With :func:`shard`'s contiguous blocks this is the original example order.
-    """
+    """Concatenate each rank's ``(n_r, ...)`` rows along dim 0, in rank order (sizes may differ)."""
     if not is_distributed():
         return x
     home = x.device
@@ -202,11 +155,8 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
 
 # ----------------------------------------------------------------------------- statistics
 def all_reduce_moments(pm: Any) -> Any:
-    """Exact merge of every rank's :class:`~widthscope.stats.PrimalMoments` (SUM of all fields).
-
-    Every field is a sum over samples, so ``Σ_r pm_r`` equals the accumulator of all samples;
-    in float64 the only difference from one process is the order of additions (~1e-16
-    relative). Returns a new accumulator, identical on every rank.
+    """Exact merge of every rank's :class:`~widthscope.stats.PrimalMoments` (SUM of all fields),
+    identical on every rank.
 
     Example::
 
@@ -233,12 +183,9 @@ def all_reduce_moments(pm: Any) -> Any:
 
 
 def gather_or_reduce(X: torch.Tensor, estimator: Estimator = "unbiased", method: Method = "auto") -> Any:
-    """:class:`~widthscope.stats.Moments` of the rows of ``X`` on *all* ranks together.
-
-    Cost rule as in :func:`widthscope.stats.moments`: with ``n = Σ_r n_r`` total rows, the dual
-    form (gather the rows, ``n·d`` numbers, then ``O(n²d)`` Gram work) when ``n ≤ d``, otherwise
-    the primal form (each rank accumulates ``O(n_r d²)``, then one ``all_reduce`` of ``d² + 2d + 3``
-    numbers). ``method`` forces one. Same result on every rank.
+    """:class:`~widthscope.stats.Moments` of the rows of ``X`` on all ranks together: the dual form
+    (gathered rows) when the total ``n <= d``, else the primal one (one ``all_reduce``);
+    ``method`` forces one.
 
     Example::
 
@@ -263,11 +210,8 @@ def gather_or_reduce(X: torch.Tensor, estimator: Estimator = "unbiased", method:
 
 
 def merge_cross_gram(Xa: torch.Tensor, Xb: torch.Tensor) -> torch.Tensor:
-    """The full cross-Gram ``C_ab = X_a X_bᵀ`` (``(n_a, n_b)``, float64) from row shards.
-
-    Each rank gathers the held-out rows, computes its own block of rows ``X_a^(r) X_bᵀ``, and the
-    blocks are gathered in rank order. Traffic ``n_b d + n_a n_b`` numbers per rank instead of
-    ``(n_a + n_b) d``: cheaper than gathering both when ``d`` is large (wide models).
+    """The full cross-Gram ``C_ab = X_a X_bᵀ`` from row shards: each rank multiplies its rows by
+    the gathered held-out rows, the blocks are gathered in rank order.
 
     Example::
 
@@ -284,13 +228,8 @@ def merge_cross_gram(Xa: torch.Tensor, Xb: torch.Tensor) -> torch.Tensor:
 
 
 def distributed_misalignment(Xa: torch.Tensor, Xb: torch.Tensor, **kwargs: Any) -> Any:
-    """:func:`widthscope.stats.misalignment_from_gram` on the merged cross-Gram, drawn once on rank 0.
-
-    Rows are merged in the original order (contiguous shards), rank 0 draws with the given
-    ``seed`` and broadcasts, so the draws are the single-process ones. The row blocks of ``C``
-    may round differently from one product, so ``mean_alignment`` agrees to float rounding and
-    the counts exactly unless a draw's block mean lies within rounding of 0.
-    """
+    """:func:`widthscope.stats.misalignment_from_gram` on the merged cross-Gram, drawn on rank 0
+    and broadcast (the single-process draws)."""
     C = merge_cross_gram(Xa, Xb)
     out = misalignment_from_gram(C, **kwargs) if is_main() else None
     return broadcast_object(out)
@@ -299,12 +238,8 @@ def distributed_misalignment(Xa: torch.Tensor, Xb: torch.Tensor, **kwargs: Any) 
 def distributed_ntk(
     model: torch.nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, **kwargs: Any
 ) -> torch.Tensor:
-    """Empirical NTK :func:`widthscope.linear.ntk` with the rows of ``x1`` split across ranks.
-
-    Every rank passes the *full* ``x1`` (and ``x2``); rank ``r`` computes ``Θ(x1[block_r], x2)``
-    and the row blocks are gathered in order, so the result (on every rank) is the
-    single-process kernel. Cost per rank ``≈ 1/W`` of the Jacobians of ``x1`` plus all of ``x2``.
-    Keyword arguments (``trace``, ``method``, ``chunk_size``…) go to ``ntk``.
+    """Empirical NTK :func:`widthscope.linear.ntk` with the rows of the full ``x1`` split across
+    ranks and gathered in order (the single-process kernel on every rank); ``kwargs`` go to ``ntk``.
 
     Example::
 
@@ -328,22 +263,13 @@ def distributed_ntk(
 
 
 # ----------------------------------------------------------------------------- failure handling
-def _store() -> Any:
-    # The key-value store torchrun's rendezvous created: it outlives any single worker, so a
-    # failing rank can post its status and exit without waiting for the others.
-    return dist.distributed_c10d._get_default_store()
-
-
 @contextmanager
 def rank_guard(what: str = "job", *, timeout_s: float | None = None) -> Iterator[None]:
-    """Run a block on every rank; leave it only if *every* rank finished it without error.
+    """Run a block on every rank; leave it only if every rank finished it without error.
 
-    Protocol (a no-op in one process): on leaving, each rank posts ``ok`` or its error to the
-    rendezvous store and waits for all ``W`` posts. A rank that raised posts first, prints
-    ``rank r failed during <what>: ...`` to stderr and re-raises at once (the launcher then stops
-    the peers, which may be blocked in a collective). Ranks that succeeded but see a failed or
-    silent (killed) peer raise :class:`RankFailure` naming it. So results written *after* the
-    block (by rank 0, atomically) exist only if the whole job succeeded.
+    Each rank posts ``ok`` or its error to the rendezvous store and waits for all posts. A rank that
+    raised prints ``rank r failed during <what>: ...`` and re-raises at once; ranks that see a failed
+    or silent peer raise :class:`RankFailure` naming it.
 
     Example::
 
@@ -357,7 +283,7 @@ def rank_guard(what: str = "job", *, timeout_s: float | None = None) -> Iterator
     _guard_calls += 1
     W, r = world_size(), rank()
     key = f"widthscope/guard/{_guard_calls}/"
-    store = _store()
+    store = dist.distributed_c10d._get_default_store()  # torchrun's: it outlives any worker
     try:
         yield
     except BaseException as exc:
@@ -371,8 +297,7 @@ def rank_guard(what: str = "job", *, timeout_s: float | None = None) -> Iterator
         raise
     store.set(key + str(r), "ok")
     timeout = datetime.timedelta(seconds=float(timeout_s or DEFAULT_TIMEOUT_S))
-    # Wait for every peer's status; a failed peer posts immediately, so we poll with short waits
-    # and stop at the first failure instead of waiting for the slowest rank.
+    # poll every peer's status with short waits: stop at the first failure
     deadline = datetime.datetime.now() + timeout
     pending = [p for p in range(W) if p != r]
     failures: list[str] = []
@@ -407,17 +332,12 @@ def rank_guard(what: str = "job", *, timeout_s: float | None = None) -> Iterator
 def run_rank_guarded(
     fn: Callable[..., T], *args: Any, what: str | None = None, timeout_s: float | None = None, **kwargs: Any
 ) -> T:
-    """``fn(*args, **kwargs)`` under :func:`rank_guard`: returns its result only if all ranks succeeded.
-
-    Typical use: ``res = run_rank_guarded(certify, model, ...)``, then
-    ``if is_main(): atomic_write_json(path, res)`` — the file appears only for a complete job.
+    """``fn(*args, **kwargs)`` under :func:`rank_guard`: its result only if all ranks succeeded.
 
     Example::
 
         >>> run_rank_guarded(sum, [1, 2, 3])
         6
     """
-    name: str = getattr(fn, "__name__", "job")
-    with rank_guard(what or name, timeout_s=timeout_s):
-        out = fn(*args, **kwargs)
-    return out
+    with rank_guard(what or getattr(fn, "__name__", "job"), timeout_s=timeout_s):
+        return fn(*args, **kwargs)

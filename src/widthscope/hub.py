@@ -36,19 +36,6 @@ from typing import Any
 
 from .errors import WidthscopeError
 
-__all__ = [
-    "HubModel",
-    "DEFAULT_REVISION",
-    "resolve_model",
-    "local_directory",
-    "is_hub_id",
-    "cache_dir",
-    "offline",
-    "fetch_command",
-    "attach",
-    "hub_record",
-]
-
 DEFAULT_REVISION = "main"
 # What a checkpoint needs: configs and tokenizer files (small), and the weights, safetensors
 # first (``pytorch_model.bin`` only where a repository has no safetensors); never a repository's

@@ -1,18 +1,9 @@
 """Options as data: one frozen, typed dataclass per command's settings.
 
-Each setting is declared once, as a dataclass field made by :func:`option`, carrying its default,
-its help text, its unit, its range or choices and its command-line flag. Everything else is
-derived from that one declaration:
-
-- validation (:meth:`Options.__post_init__`), run when an instance is made, before any work, with
-  the same one-line message the command line prints (``--draws 0: must be a whole number in
-  1..1000000 (resamples)``);
-- the command line (:func:`widthscope.cli.args.add_options` builds the ``argparse`` arguments
-  from the fields: help, types, choices and defaults cannot drift);
-- the record a results file keeps (:meth:`Options.to_dict`) and the way it is read back
-  (:meth:`Options.from_dict`, ``widthscope certify --config results.json``).
-
-Presets are instances (``CertifyOptions.published()``), not edits of a namespace.
+Each setting is one field made by :func:`option` (default, help, unit, range or choices, flag);
+validation (:meth:`Options.__post_init__`, the command line's one-line messages), the command line
+(:func:`widthscope.cli.args.add_options`) and the results file's record (:meth:`Options.to_dict`,
+:meth:`Options.from_dict`) are derived from it. Presets are instances (``CertifyOptions.published()``).
 
 Example::
 
@@ -38,26 +29,6 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from .errors import WidthscopeError, WidthscopeTypeError
 from .registry import INTERVENTION_KINDS as _INTERVENTION_REGISTRY
-
-__all__ = [
-    "option",
-    "Options",
-    "InterventionOptions",
-    "CertifyOptions",
-    "CertifyRunOptions",
-    "DEFAULT_M",
-    "DEFAULT_N_ETAS",
-    "DEFAULT_MAX_REL_STEP",
-    "ESTIMATORS",
-    "POOLS",
-    "INTERVENTIONS",
-    "INTERVENTION_KINDS",
-    "DRAW_SCHEMES",
-    "PROTOCOLS",
-    "SEED_MAX",
-    "check_keywords",
-    "with_keywords",
-]
 
 T = TypeVar("T", bound="Options")
 Estimator = Literal["unbiased", "plugin"]  # the same as widthscope.stats.Estimator (options import no torch)
@@ -97,34 +68,16 @@ def option(
 ) -> Any:
     """A dataclass field with everything the command line, validation and the docs need.
 
-    ``kind``: how the value is read from the command line and checked: ``int``, ``float``,
-    ``bool`` (a switch), ``str``, ``ints`` / ``floats`` (comma lists, kept as tuples), or None for
-    the default's own type. ``lo``/``hi``: the allowed range (inclusive; for lists, of every entry).
-    ``cli=False``: a setting of the Python API only. ``above=(bound, words)``: an exclusive lower
-    bound of a ``float``, named by ``words`` in the message (``above the smallest step (1e-4)``).
-    ``positive``: a ``float`` that must be positive and finite (``--lr -1.0: must be a positive
-    finite number``). ``fallback``: the value a field that stays ``None`` when not given (so that
-    "was it given" is knowable) stands for. ``applies``: the group of input kinds (models) the
-    option means something for (:data:`widthscope.validate.GROUPS`); given for another, it is refused.
-    ``unknown``: what a value outside ``choices`` is called (``unknown growth criterion 'best'``)."""
+    ``kind``: ``int``, ``float``, ``bool`` (a switch), ``str``, ``strs``, ``ints`` / ``floats``
+    (comma lists, kept as tuples); None: the default's type. ``lo``/``hi``: the inclusive range (of
+    every entry of a list). ``cli=False``: Python only. ``above=(bound, words)``: an exclusive lower
+    bound of a float. ``positive``: a positive finite float. ``fallback``: what ``None`` (not given)
+    stands for. ``applies``: the group of input kinds the option fits
+    (:data:`widthscope.validate.GROUPS`). ``unknown``: what a value outside ``choices`` is called."""
     if kind is None:
         kind = {bool: "bool", int: "int", float: "float", tuple: "ints"}.get(type(default), "str")
-    meta = {
-        "help": help,
-        "flag": flag,
-        "choices": tuple(choices) if choices is not None else None,
-        "lo": lo,
-        "hi": hi,
-        "unit": unit,
-        "kind": kind,
-        "metavar": metavar,
-        "cli": cli,
-        "above": above,
-        "positive": positive,
-        "fallback": fallback,
-        "applies": applies,
-        "unknown": unknown,
-    }
+    meta = {k: v for k, v in locals().items() if k != "default"}
+    meta["choices"] = tuple(choices) if choices is not None else None
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -137,9 +90,8 @@ def check_keywords(
     words: str = "unknown setting {key!r}",
     hints: Mapping[str, str] | None = None,
 ) -> None:
-    """Refuse the first keyword of ``fn`` that is neither a field of ``cls`` nor in ``also``: one
-    line naming it, the closest name (did you mean) and the settings there are. ``words``: how the
-    refusal is worded (``{key}``: the keyword); ``hints``: a fix of its own for a known mistake."""
+    """Refuse the first keyword of ``fn`` that is neither a field of ``cls`` nor in ``also``, naming
+    the closest one and the settings there are (``words``: the refusal; ``hints``: known fixes)."""
     names = [f.name for f in dataclasses.fields(cls)]
     known = [*names, *also]
     for key in keywords:
@@ -162,11 +114,9 @@ def with_keywords(
     also: Sequence[str] = (),
     words: str = "unknown setting {key!r}",
 ) -> T:
-    """``options`` (default ``cls()``) with the keyword conveniences of the Python function ``fn``
-    applied one by one, each validated by the dataclass: the one way every public function takes
-    "options + keyword overrides". An unknown keyword (:func:`check_keywords`), options of another
-    class or a bad value is one error naming it (``grow(steps=...): --steps 0: must be ...``).
-    ``also``: the parameters ``fn`` takes beside its options (named in that error, never here)."""
+    """``options`` (default ``cls()``) with the keywords of the Python function ``fn`` applied one by
+    one, each validated (``grow(steps=...): --steps 0: must be ...``); ``also``: ``fn``'s other
+    parameters, named when a keyword is unknown."""
     if options is not None and not isinstance(options, cls):
         raise WidthscopeTypeError(f"{fn}(options=...): options must be a {cls.__name__}, got {type(options).__name__}")
     check_keywords(fn, cls, keywords, also=also, words=words)
@@ -192,10 +142,7 @@ def _fmt(v: Any) -> str:
 class Options:
     """Base of every options class: validation from the fields' metadata, dict round trip."""
 
-    # The fields' flags default to ``--name-with-dashes``.
-    FLAGS: ClassVar[dict[str, str]] = {}
-    # True (in the class itself): its whole-number fields are rows of the command line's shared
-    # table (:data:`widthscope.validate.RANGES`), read off the fields of every such class imported.
+    # True (in the class itself): its whole-number fields are rows of widthscope.validate.RANGES
     SHARED_RANGES: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -262,17 +209,11 @@ class Options:
                 raise WidthscopeTypeError(f"{flag} {value!r}: expected a list of numbers") from None
             if not seq:
                 raise WidthscopeError(f"{flag} is empty; give comma-separated numbers")
-            out = tuple(
-                self._number(flag, "int" if kind == "ints" else "float", v, lo, hi, tail, listed=True) for v in seq
-            )
-            return out
+            number = "int" if kind == "ints" else "float"
+            return tuple(self._number(flag, number, v, lo, hi, tail, listed=True) for v in seq)
         above = meta.get("above")
-        if kind == "float" and above is not None:
-            if (
-                isinstance(value, (int, float))
-                and not isinstance(value, bool)
-                and not (math.isfinite(value) and value > above[0])
-            ):
+        if kind == "float" and above is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not (math.isfinite(value) and value > above[0]):
                 raise WidthscopeError(f"{flag} {value:g}: must be a finite number above {above[1]}{tail}")
         if kind in ("int", "float"):
             return self._number(flag, kind, value, lo, hi, tail)
@@ -328,8 +269,7 @@ class Options:
 
     @classmethod
     def from_dict(cls: type[T], data: Mapping[str, Any], *, strict: bool = True) -> T:
-        """The options a :meth:`to_dict` (or a results file's ``options`` block) recorded; unknown
-        keys are refused (``strict``) so a misspelt setting never silently falls back to a default."""
+        """The options a :meth:`to_dict` recorded; unknown keys are refused (``strict``)."""
         if not isinstance(data, Mapping):
             raise WidthscopeTypeError(
                 f"{cls.__name__}.from_dict: expected a mapping of settings (what to_dict() returns), "
@@ -348,8 +288,8 @@ class Options:
 
     @classmethod
     def given(cls, args: Any) -> set[str]:
-        """The fields of ``cls`` set in ``args`` (a parsed command line): the generated arguments
-        default to ``None`` (switches to ``False``), so set means given; ``args`` is only read."""
+        """The fields of ``cls`` set in ``args`` (a parsed command line: the generated arguments
+        default to ``None``, switches to ``False``)."""
         return {
             f.name
             for f in dataclasses.fields(cls)
@@ -357,10 +297,9 @@ class Options:
         }
 
     @classmethod
-    def from_args(cls: type[T], args: Any, base: T | None = None, **changes: Any) -> T:
-        """``base`` (default ``cls()``: the fields' defaults) with every option given in ``args``
-        and then ``changes``, validated once, by the dataclass; ``args`` is not changed."""
-        values = {name: getattr(args, name) for name in cls.given(args)} | changes
+    def from_args(cls: type[T], args: Any, base: T | None = None) -> T:
+        """``base`` (default ``cls()``) with every option given in ``args``, validated once."""
+        values = {name: getattr(args, name) for name in cls.given(args)}
         return cls(**values) if base is None else dataclasses.replace(base, **values)
 
     @classmethod

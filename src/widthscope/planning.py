@@ -1,32 +1,11 @@
-"""``--plan``: what a run will cost, as the whole process will cost it (one module, every command).
+"""``--plan``: what a run will cost, as the whole process will cost it (every command).
 
-``certify`` and ``grow`` (:func:`plan_certify`, :func:`plan_grow`) plan one run; ``linearize``,
-``grow-bench``, ``grow-target``, ``sweep --dry-run/--plan`` and ``demo`` (:func:`plan_linearize`,
-:func:`plan_bench`, :func:`plan_target`, :func:`plan_alignment`, :func:`plan_suite_models`) are sums
-of per-cell or per-model plans from the same pieces: one step or cell timed per distinct shape and
-scaled to the run's cells, the fixed costs once per process.
-
-Each command's plan is built from the same few measured pieces:
-
-* **the model**: its parameters and weight bytes (:func:`weights`; a Hugging Face checkpoint
-  under ``--plan-no-time`` is built on the meta device, no weight read);
-* **bytes per example**: what autograd saves for the backward (:func:`saved_bytes`: the tensors
-  packed by ``saved_tensors_hooks``, each storage once, the parameters excluded) counted at batch 1
-  and 2, the difference; the **largest batch** that fits: the device's free memory less what is
-  resident, over that;
-* **one timed batch** (or training step, or loop): the run's own code on the run's batch, timed
-  after a warm-up and scaled to the run's batches or steps;
-* **the fixed costs** the run pays besides its work: process start and imports, loading the model
-  and the data (the plan loads them as the run does, and reads the seconds since the process
-  started, :func:`since_start`), and the resident memory they leave (the process's peak so far).
-
-The printed totals are whole-process numbers, comparable to ``/usr/bin/time -v``'s "Elapsed (wall
-clock)" and "Maximum resident set size": the peak is the largest resident size measured while the
-plan runs the work (:class:`RssPeak`, sampled) plus the bytes the run holds on top of it that the
-plan does not (the samples of every example, counted). ``--plan-no-time`` loads nothing beyond the
-structure and times nothing: it says no time is predicted.
-
-Nothing a plan does writes a file.
+:func:`plan_certify` and :func:`plan_grow` plan one run; ``linearize``, ``grow-bench``,
+``grow-target``, ``sweep --plan`` and ``demo`` sum per-cell or per-model plans. The pieces: the
+model's weights (:func:`weights`, on the meta device under ``--plan-no-time``), the bytes autograd
+saves per example (:func:`saved_bytes` at batch 1 and 2) and the largest batch that fits, one batch
+or step timed and scaled, and the fixed costs (process start, loading: :func:`since_start`). The
+totals are whole-process wall time and peak RSS (:class:`RssPeak`). Nothing a plan does writes a file.
 """
 
 from __future__ import annotations
@@ -62,28 +41,6 @@ from .probe.collect import to_device
 from .probe.insert import insert
 from .probe.interventions import batch_size_of, index_batch, mean_loss, to_batches
 from .train import train as train_model
-
-__all__ = [
-    "CellPlan",
-    "Plan",
-    "RssPeak",
-    "SUITE_PLAN_HELP",
-    "peak_so_far",
-    "plan_alignment",
-    "plan_bench",
-    "plan_certify",
-    "plan_grow",
-    "plan_linearize",
-    "plan_suite_models",
-    "plan_target",
-    "print_cell_plans",
-    "saved_bytes",
-    "since_start",
-    "time_loop",
-    "time_statistics",
-    "weights",
-    "work_s",
-]
 
 
 # ----------------------------------------------------------------------------- the result
@@ -286,19 +243,19 @@ def _fixed(ready_s: float) -> list[tuple[str, float | None]]:
     return [(f"{FIXED}, imports, loading the model and the data (measured)", ready_s)]
 
 
-def _no_time_note() -> str:
-    return "no time predicted (--plan-no-time): counted, not timed; memory = the process now + the weights + a batch"
+COUNTED = "no time predicted (--plan-no-time): counted, not timed"
+NO_TIME = f"{COUNTED}; memory = the process now + the weights + a batch"
+PLATEAU = "runs that stop early (to a plateau, to a target) are counted at their longest: time is an upper bound"
 
 
 def time_statistics(options: Any, n: tuple[int, int], d: int, rows: int) -> float:
-    """The statistics of one point (:func:`widthscope.certification.per_point.statistics`), timed on random
-    samples of the run's shapes: ``n`` (train, held-out) examples of ``rows`` rows of width ``d``."""
+    """Seconds of one point's statistics on random samples: ``n`` (train, held-out) examples of
+    ``rows`` rows of width ``d``."""
     return _statistics(options, n, d, rows)[0]
 
 
 def _statistics(options: Any, n: tuple[int, int], d: int, rows: int) -> tuple[float, int, int]:
     """(seconds, peak RSS while they ran, the bytes of their samples) of one point's statistics."""
-
     g = torch.Generator().manual_seed(0)
     width = options.project or d
     a = {"p": torch.randn(n[0] * rows, width, generator=g, dtype=torch.float64)}
@@ -374,7 +331,7 @@ def plan_certify(spec: Any, options: Any = None, run_options: Any = None, *, tim
     base.update(bytes_per_example=per, batch_size=bs, dtype=_dt(dtype), examples=n[0] + n[1])
     if not time_run:
         held = peak_so_far() + (wbytes if meta is not None else 0)
-        notes.append(_no_time_note())
+        notes.append(NO_TIME)
         peak = None if per is None else held + per * bs
         return Plan(**base, max_batch=_fits(free, held, per), counts=tuple(counts), peak_bytes=peak, notes=tuple(notes))
     parts, peaks, sample_bytes = _certify_work(model, inputs, names, options, bs, n, probe)
@@ -488,7 +445,7 @@ def plan_grow(
     if not time_run:
         held = peak_so_far()
         peak = held + sample_bytes + 4 * wbytes + per * g.bs
-        return Plan(**base, max_batch=_fits(free, held, per), peak_bytes=peak, notes=(_no_time_note(),))
+        return Plan(**base, max_batch=_fits(free, held, per), peak_bytes=peak, notes=(NO_TIME,))
     parts = _fixed(ready[0])
     if base_s is not None:
         parts.append(("the built-in model's base training (300 steps)", base_s))
@@ -605,14 +562,6 @@ def work_s(plan: Plan) -> float | None:
     return sum(t or 0.0 for n, t in plan.parts if not n.startswith(FIXED))
 
 
-def _counted_note() -> str:
-    return "no time predicted (--plan-no-time): counted, not timed"
-
-
-def _plateau_note() -> str:
-    return "runs that stop early (to a plateau, to a target) are counted at their longest: time is an upper bound"
-
-
 # ----------------------------------------------------------------------------- linearize --plan
 def plan_linearize(config: Any, *, time_run: bool = True) -> Plan:
     """The plan of ``widthscope linearize`` (every cell, no shard; nothing written): the data loaded
@@ -664,7 +613,7 @@ def plan_linearize(config: Any, *, time_run: bool = True) -> Plan:
     if not time_run:
         held = peak_so_far()
         peak = held + 8 * wbytes + per * bs  # two models, each with its gradient and optimizer state
-        notes = (_counted_note(),)
+        notes = (COUNTED,)
         return Plan(**base, max_batch=_fits(free, held, per), counts=tuple(counts), peak_bytes=peak, notes=notes)
     parts, peak = _fixed(ready[0]), ready[1]
     for w in widths:
@@ -840,15 +789,13 @@ def _suite_plan(
     base: dict[str, Any] = dict(command=command, model=what, parameters=big["params"], weight_bytes=big["wbytes"])
     per = max(g["per"] for g in got)
     base.update(bytes_per_example=per, batch_size=max(g["bs"] for g in got), dtype=big["dtype"], counts=tuple(counts))
-    notes = [_plateau_note()]
+    notes = [PLATEAU]
     if not time_run or any("train_s" not in g for g in got):
         held = peak_so_far()
         peak = held + max(4 * g["wbytes"] + g["per"] * g["bs"] + g.get("data_bytes", 0) for g in got)
         notes.insert(
             0,
-            _counted_note()
-            if not time_run
-            else "not timed: " + "; ".join(g["note"] for g in got if "train_s" not in g),
+            COUNTED if not time_run else "not timed: " + "; ".join(g["note"] for g in got if "train_s" not in g),
         )
         return Plan(**base, max_batch=_fits(free, held, per), peak_bytes=peak, notes=tuple(notes))
     parts: list[tuple[str, float | None]] = [(f"{FIXED} and imports (measured)", ready[0])]

@@ -28,8 +28,6 @@ from typing import Any
 
 from .errors import WidthscopeError
 
-__all__ = ["Registry", "GROWTH_OPERATORS", "INTERVENTION_KINDS"]
-
 
 class Registry:
     """Names -> callables (or ``"module:attribute"`` paths, imported on first :meth:`get`), each with

@@ -31,8 +31,6 @@ from ._io import Skipped, atomic_write_text, read_jsonl, unwritable
 from .errors import WidthscopeError
 from .options import Options, option
 
-__all__ = ["repair", "RepairOptions"]
-
 
 @dataclasses.dataclass(frozen=True)
 class RepairOptions(Options):

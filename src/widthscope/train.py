@@ -41,8 +41,6 @@ from ._io import progress as _progress
 from .data import Split, batches
 from .errors import WidthscopeError
 
-__all__ = ["train", "evaluate", "per_example_loss", "logits_of", "lr_at", "resolve_device"]
-
 LOSSES = ("auto", "ce", "mse")
 
 

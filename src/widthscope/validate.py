@@ -36,25 +36,6 @@ from .errors import WidthscopeError
 from .hub import local_directory
 from .options import MAX_POOL, SHARED, CertifyOptions
 
-__all__ = [
-    "check_pools",
-    "check_dir_writable",
-    "check_outputs",
-    "check_path_length",
-    "input_kind",
-    "flag_name",
-    "group_words",
-    "OUT_KIND",
-    "KINDS",
-    "GROUPS",
-    "INPUT_PATHS",
-    "OUTPUT_PATHS",
-    "int_list",
-    "float_list",
-    "pairs_of",
-]
-
-
 # The command line's table of whole-number options: (attribute, smallest, largest, what it counts),
 # read off the fields of the options dataclasses and of InputSpec (one source per option); only
 # --threads, a setting of the process, is declared here. The upper bounds sit where memory or time

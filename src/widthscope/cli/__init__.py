@@ -1,11 +1,9 @@
 """The ``widthscope`` command line.
 
-The only package that sees ``argparse``. Each subcommand is a module of this package exposing
-``add_arguments(parser)`` and ``run(args) -> int``: a thin adapter that builds typed settings and
-calls a namespace-free pipeline (``run_certify``, ``run_grow``, ``run_stats``, ``run_sweep_file``,
-``report``, ...). This file only dispatches, importing the module of the chosen command so
-``widthscope --help`` stays fast, applies the shared checks (:mod:`widthscope.cli.checks`), and
-turns every user error into one line with exit status 2.
+Each subcommand is a module of this package with ``add_arguments(parser)`` and ``run(args) -> int``,
+building typed settings for a namespace-free pipeline. This file imports only the chosen command's
+module, applies the shared checks (:mod:`widthscope.cli.checks`) and turns every user error into
+one line with exit status 2.
 """
 
 from __future__ import annotations
@@ -67,10 +65,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
 
 def _quiet_offline() -> None:
-    """Library chatter (HF advisory warnings, tokenizer fork warnings) stays off the terminal, where
-    one error line must be the whole story. Whether the hub may be reached is the user's choice:
-    ``HF_HUB_OFFLINE`` (and the datasets/transformers equivalents) are never set here
-    (:mod:`widthscope.hub`)."""
+    """Library chatter (HF advisory and tokenizer fork warnings) stays off the terminal; whether the
+    hub may be reached stays the user's choice (``HF_HUB_OFFLINE`` is never set here)."""
     for key, value in (
         ("TRANSFORMERS_VERBOSITY", "error"),
         ("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1"),
@@ -83,18 +79,8 @@ class _Terminated(BaseException):
     """SIGTERM, turned into an exception so the run ends like a Ctrl-C: cleanly, with a message."""
 
 
-def _main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
-
-
-def _is_write_failure(exc: Exception) -> bool:
-    return "cannot write" in str(exc) or "disk" in str(exc).lower()
-
-
 def _threads(n: int | None) -> int | None:
-    """``--threads N`` (every command that computes has it; checked >= 1 by
-    :func:`widthscope.cli.checks.check_args`): torch's intra-op threads. Returns the count before
-    (``None`` when unchanged), so an in-process caller gets its own setting back."""
+    """Set torch's threads to ``--threads N``; returns the count before (``None``: unchanged)."""
     if n is None:
         return None
     import torch  # noqa: PLC0415  start-up time: `widthscope --help` loads no torch
@@ -129,9 +115,8 @@ def _remove_created() -> None:
     CREATED.clear()
 
 
-# Signals that arrived while modules were importing: only recorded then, and acted on once the
-# imports are done. Raised inside an import, a KeyboardInterrupt can be swallowed by a library's
-# `try: import x / except: ...` fallback, and the run would go on as if nothing happened.
+# Signals that arrived while modules were importing, acted on once the imports are done (raised
+# inside an import, a KeyboardInterrupt can be swallowed by a library's `try: import` fallback).
 PENDING_SIGNALS: list[int] = []
 
 
@@ -144,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         raise _Terminated(signum)
 
     STOPPED.clear()
-    on_main = _main_thread()
+    on_main = threading.current_thread() is threading.main_thread()
     previous = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) if on_main else None
     if on_main:  # first thing: a signal while torch/transformers import (seconds) ends like one during work
         signal.signal(signal.SIGTERM, defer_signal)
@@ -202,7 +187,8 @@ def _main(argv: list[str], name: str | None, terminate: Callable[[int, object], 
     except WidthscopeError as exc:
         _remove_created()
         kept = kept_work()
-        extra = f"; kept: {'; '.join(kept)}" if kept and _is_write_failure(exc) else ""
+        write_failure = "cannot write" in str(exc) or "disk" in str(exc).lower()
+        extra = f"; kept: {'; '.join(kept)}" if kept and write_failure else ""
         print(f"widthscope {args.command}: error: {exc}{extra}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, _Terminated) as exc:
@@ -213,10 +199,8 @@ def console() -> None:
     """The ``widthscope`` command (and ``python -m widthscope``): :func:`main`, then exit with its status."""
     code = main()
     if STOPPED:
-        # A KeyboardInterrupt raised inside code that C ran through PyRun_* (pybind11's exec in torch) sets
-        # CPython's "unhandled KeyboardInterrupt" flag even though it was caught here, and the interpreter
-        # then kills itself with SIGINT at exit (status -2 after the one line). The line is written and
-        # the cleanup done: leave with the status it names.
+        # a KeyboardInterrupt caught here after C code ran it (pybind11's exec in torch) makes CPython
+        # kill itself with SIGINT at exit: the line is written, leave with the status it names
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

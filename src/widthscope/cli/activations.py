@@ -1,10 +1,4 @@
-"""``widthscope activations``: the command line of :func:`widthscope.linearization.activations.run_audit`.
-
-A thin adapter: the settings are generated from
-:class:`~widthscope.linearization.activations.ActivationsOptions` (:mod:`widthscope.cli.args`), over
-the options a ``--config`` file recorded; the dataclass checks the names and the grid, and
-:mod:`widthscope.cli.checks` the room for ``--json``, before the audit runs.
-"""
+"""``widthscope activations``: the command line of :func:`widthscope.linearization.activations.run_audit`."""
 
 from __future__ import annotations
 
@@ -12,8 +6,6 @@ import argparse
 
 from ..linearization.activations import ActivationsOptions, run_audit
 from .args import add_config, add_options, config_options
-
-__all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

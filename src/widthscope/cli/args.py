@@ -1,12 +1,8 @@
 """The command line generated from the options dataclasses (:mod:`widthscope.options`).
 
-:func:`add_options` adds one ``argparse`` argument per field (flag, type, choices, help and
-metavar from the field; the default shown in the help is the field's). Every generated argument
-defaults to ``None``, so which options the user *gave* is knowable (presets fill only the rest)
-without recording anything in the namespace; ``XOptions.from_args(args, base)``
-(:meth:`widthscope.options.Options.from_args`) builds the dataclass from the given ones over a
-base instance (a preset, or a results file's recorded options with ``--config``), and the
-dataclass validates it, once. The namespace is never changed.
+Every generated argument defaults to ``None``, so which options the user gave is knowable;
+``XOptions.from_args(args, base)`` builds the dataclass from them over a base (a preset, or the
+options a results file recorded, ``--config``). The namespace is never changed.
 """
 
 from __future__ import annotations
@@ -20,8 +16,6 @@ from typing import Any, Protocol, TypeVar
 
 from ..errors import WidthscopeError
 from ..options import Options
-
-__all__ = ["add_options", "options_from_args", "load_config", "add_config", "config_options"]
 
 T = TypeVar("T", bound=Options)
 
@@ -63,11 +57,6 @@ def add_options(parser: ArgumentAdder, cls: type[Options], *, skip: Iterable[str
             if f.name in nargs:  # separate values: read each as a number here
                 kw.update(nargs=len(nargs[f.name]), metavar=nargs[f.name], type=int if kind == "ints" else float)
         parser.add_argument(cls.flag(f.name), **kw)
-
-
-def options_from_args(cls: type[T], args: argparse.Namespace, base: T | None = None) -> T:
-    """``cls.from_args(args, base)``: ``base`` (default ``cls()``) with every option the user gave."""
-    return cls.from_args(args, base)
 
 
 def load_config(path: str, section: str = "options") -> dict[str, Any]:

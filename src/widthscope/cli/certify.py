@@ -1,10 +1,5 @@
-"""``widthscope certify``: the command line of :func:`widthscope.certification.run.run_certify`.
-
-A thin adapter: the statistics options are generated from :class:`~widthscope.options.CertifyOptions`
-and :class:`~widthscope.options.CertifyRunOptions` (:mod:`widthscope.cli.args`), the input options
-from :mod:`widthscope.cli.inputs`. ``run`` checks the combinations only the command line can judge
-(which options were *given*), builds the typed job and calls the pipeline.
-"""
+"""``widthscope certify``: the command line of :func:`widthscope.certification.run.run_certify`
+(``--plan``: :func:`widthscope.planning.plan_certify`)."""
 
 from __future__ import annotations
 
@@ -25,8 +20,6 @@ from ..validate import check_pools, float_list, int_list, pairs_of
 from .args import add_options, load_config
 from .inputs import add_arguments as add_inputs
 from .inputs import spec_from_args
-
-__all__ = ["add_arguments", "run", "INPUT_PRESETS"]
 
 # The input side of each --protocol (the statistics side is options.PROTOCOLS / CertifyOptions.published):
 # the published scripts read concatenated chunks, the first ones of each source, every held-out chunk.
@@ -111,8 +104,7 @@ def _two_sources(args: argparse.Namespace) -> bool:
 
 
 def input_preset(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
-    """The values ``--protocol`` gives the input options the user left unset, and the preset's
-    notes; ``args`` is not changed (:func:`~widthscope.cli.inputs.spec_from_args` takes them)."""
+    """The values ``--protocol`` gives the input options left unset, and the preset's notes."""
     preset: dict[str, Any] = {}
     for key, value in INPUT_PRESETS[args.protocol].items():
         if key == "n_test" and value == "all" and not _two_sources(args):
@@ -138,33 +130,26 @@ def input_preset(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
 def _check_combinations(
     args: argparse.Namespace, opts: CertifyOptions, given: set[str], preset: dict[str, Any]
 ) -> None:
-    """Options that mean nothing together are refused (the user's, after --protocol filled the rest)."""
+    """Refuse options that mean nothing together (after --protocol filled the rest)."""
     words = " (--protocol published)" if args.protocol == "published" else ""
     none_run = opts.interventions == "none"
     if "n_etas" in given and "etas" in given:
         raise WidthscopeError(
             "--n-etas sets the size of the default step grid, --etas replaces that grid: drop one of them"
         )
-    if "max_rel_step" in given:
-        if "etas" in given:
-            raise WidthscopeError(
-                "--max-rel-step sets the largest step of the default grid, --etas replaces that grid: drop one of them"
-            )
-        if none_run:
-            raise WidthscopeError(
-                f"--max-rel-step sets the largest intervention step, but none run{words}: add "
-                "--interventions bias (or block), or drop --max-rel-step"
-            )
-    if "etas" in given and none_run:
+    if "max_rel_step" in given and "etas" in given:
         raise WidthscopeError(
-            f"--etas sets the step sizes of the interventions, but none run{words}: add "
-            "--interventions bias (or block), or drop --etas"
+            "--max-rel-step sets the largest step of the default grid, --etas replaces that grid: drop one of them"
         )
-    if "n_etas" in given and none_run:
-        raise WidthscopeError(
-            f"--n-etas sets the number of intervention steps, but none run{words}: add "
-            "--interventions bias (or block), or drop --n-etas"
-        )
+    for flag, what in (
+        ("--max-rel-step", "the largest intervention step"),
+        ("--etas", "the step sizes of the interventions"),
+        ("--n-etas", "the number of intervention steps"),
+    ):
+        if flag[2:].replace("-", "_") in given and none_run:
+            raise WidthscopeError(
+                f"{flag} sets {what}, but none run{words}: add --interventions bias (or block), or drop {flag}"
+            )
     if args.all and not args.list_points:
         raise WidthscopeError(
             "--all only changes what --list-points prints (every module path): add --list-points or drop --all"

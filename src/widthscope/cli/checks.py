@@ -1,12 +1,7 @@
-"""The checks every command's parsed options get before any work (called by :func:`widthscope.cli.main`).
+"""The shared checks of every command's parsed options, before any work (:func:`check_args`).
 
-The rules themselves live below the command line: the range, choices and default of every option
-are its dataclass field's (:mod:`widthscope.options`, read through
-:data:`widthscope.validate.RANGES`), the rules that are not one field's (which option fits which
-model, path lengths, output collisions) are :mod:`widthscope.validate`'s, namespace-free. This
-module only reads the parsed ``argparse.Namespace`` (it never changes it): which options were
-*given* (every generated argument defaults to ``None``), their values, the paths a command reads
-and writes. The commands then build their typed options from it (``XOptions.from_args(args)``).
+The rules are the options' fields (:data:`widthscope.validate.RANGES`) and :mod:`widthscope.validate`'s;
+this module only reads the namespace: which options were given, their values, the paths.
 
 Example::
 
@@ -42,13 +37,12 @@ from ..validate import (
     input_kind,
 )
 
-__all__ = ["check_args", "check_applies", "given", "paths", "CREATED"]
-
 # Output folders check_args created; widthscope.cli removes those still empty when a command fails.
 CREATED: list[Path] = []
 
 
-def _given(args: argparse.Namespace, dest: str) -> bool:
+def given(args: argparse.Namespace, dest: str) -> bool:
+    """Was ``dest`` given on the command line (its argument defaults to ``None``, a switch to ``False``)?"""
     v = getattr(args, dest, None)
     return v is not None and v is not False
 
@@ -65,18 +59,11 @@ def check_applies(args: argparse.Namespace, command: str, kind: str | None = Non
     if kind is None:
         return
     for dest, kinds in table.items():
-        if kind not in kinds and _given(args, dest):
+        if kind not in kinds and given(args, dest):
             raise WidthscopeError(
                 f"{flag_name(dest)} applies to {group_words(kinds)} only; --model {args.model} is "
                 f"{KINDS[kind]}: drop {flag_name(dest)}"
             )
-
-
-def given(args: argparse.Namespace, dest: str) -> bool:
-    """Was ``dest`` given on the command line? Its argument defaults to ``None`` (a switch to
-    ``False``) so that this is knowable; the defaults are the fields' and are filled in by the
-    typed objects (``XOptions.from_args``, :func:`widthscope.cli.inputs.spec_from_args`)."""
-    return _given(args, dest)
 
 
 def paths(args: argparse.Namespace, dests: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -99,11 +86,11 @@ PLAN_EXCLUDES: dict[str, tuple[str, ...]] = {
 
 
 def _check_plan(args: argparse.Namespace, command: str) -> None:
-    if not (_given(args, "plan") or _given(args, "plan_no_time")):
+    if not (given(args, "plan") or given(args, "plan_no_time")):
         return
-    plan = "--plan" if _given(args, "plan") else "--plan-no-time"
+    plan = "--plan" if given(args, "plan") else "--plan-no-time"
     for dest in PLAN_EXCLUDES.get(command, ()):
-        if _given(args, dest):
+        if given(args, dest):
             raise WidthscopeError(
                 f"{plan} prints the cost plan and exits, so {flag_name(dest)} would do nothing: drop one of them"
             )
@@ -155,8 +142,6 @@ def check_args(args: argparse.Namespace, command: str) -> None:
         check_applies(args, command)
     srcs = [getattr(args, k, None) for k in ("data", "train_data", "test_data", "train_split", "test_split")]
     if srcs[3] is not None or srcs[4] is not None:  # --*-split only for a source with splits, before any work
-        from ..data.sources import check_splits_given  # noqa: PLC0415  start-up time: torch
-
         check_splits_given(*srcs)
     out = getattr(args, "out", None)
     if out and OUT_KIND.get(command) == "file":

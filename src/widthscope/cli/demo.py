@@ -1,9 +1,4 @@
-"""``widthscope demo [--out DIR] [--quick] [--plan]``: the command line of :func:`widthscope.demo.run_demo`.
-
-A thin adapter: the settings are generated from :class:`~widthscope.demo.DemoOptions`
-(:mod:`widthscope.cli.args`), over the options a ``--config`` file recorded (``DIR/demo.json`` of
-an earlier demo), and go to :func:`~widthscope.demo.run_demo` as keyword arguments.
-"""
+"""``widthscope demo``: the command line of :func:`widthscope.demo.run_demo` and :func:`~widthscope.demo.plan_demo`."""
 
 from __future__ import annotations
 
@@ -12,9 +7,7 @@ import argparse
 import torch
 
 from ..demo import DemoOptions, plan_demo, run_demo
-from .args import add_config, add_options, config_options, options_from_args
-
-__all__ = ["add_arguments", "run"]
+from .args import add_config, add_options, config_options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     base = config_options(DemoOptions, args.config, "demo", "demo") if args.config else None
-    opts = options_from_args(DemoOptions, args, base)
+    opts = DemoOptions.from_args(args, base)
     if opts.threads is not None and args.threads is None:  # the default (or recorded) count, for the whole run
         torch.set_num_threads(opts.threads)
     if args.plan or args.plan_no_time:

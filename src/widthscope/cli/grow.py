@@ -1,11 +1,5 @@
-"""``widthscope grow``: the command line of :func:`widthscope.growth.pipeline.run_grow`.
-
-A thin adapter: the growth options are generated from :class:`~widthscope.growth.options.GrowOptions`
-(:mod:`widthscope.cli.args`), the input options come from :mod:`widthscope.cli.inputs` (an
-:class:`~widthscope.data.spec.InputSpec` for a checkpoint, pool sizes 2048 / 512 capped at what
-the data has when not given). ``--config`` starts from the options a previous grow results JSON
-recorded; ``run`` builds the typed options, calls the pipeline and prints its tables.
-"""
+"""``widthscope grow``: the command line of :func:`widthscope.growth.pipeline.run_grow` (``--plan``:
+:func:`widthscope.planning.plan_grow`); prints its tables."""
 
 from __future__ import annotations
 
@@ -19,8 +13,6 @@ from ..planning import plan_grow
 from .args import add_config, add_options, config_options
 from .inputs import add_arguments as add_inputs
 from .inputs import spec_from_args
-
-__all__ = ["add_arguments", "run", "PLAN_HELP", "PLAN_NO_TIME_HELP"]
 
 PLAN_HELP = (
     "print the cost plan (parameters and weight memory at the dtype, FLOPs per training example, optimizer "

@@ -1,12 +1,5 @@
-"""``widthscope grow-bench``: the command line of :func:`widthscope.growth.bench.run_bench`.
-
-A thin adapter: the benchmark's options are generated from
-:class:`~widthscope.growth.options.GrowBenchOptions` (:mod:`widthscope.cli.args`; ``--config``
-starts from the options a previous run's ``summary.json`` recorded); ``run`` prints the overall
-comparison, the default rule it picks and the planted cases, and (unless ``--no-report``) writes
-the table/plot of :mod:`widthscope.report.growth`. ``--plan`` prints the run's cost plan
-(:func:`widthscope.planning.plan_bench`) instead, and trains and writes nothing.
-"""
+"""``widthscope grow-bench``: the command line of :func:`widthscope.growth.bench.run_bench` (``--plan``:
+:func:`widthscope.planning.plan_bench`); prints the comparison and writes its table/plot."""
 
 from __future__ import annotations
 
@@ -19,10 +12,8 @@ from ..growth.options import GrowBenchOptions
 from ..planning import SUITE_PLAN_HELP, plan_bench
 from ..report.growth import write_report
 from ..validate import int_list
-from .args import add_config, add_options, config_options, options_from_args
+from .args import add_config, add_options, config_options
 from .grow import PLAN_NO_TIME_HELP
-
-__all__ = ["add_arguments", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -69,7 +60,7 @@ def _seeds(text: str | None) -> tuple[int, ...] | None:
 def run(args: argparse.Namespace) -> int:
     _seeds(args.seeds)
     base = config_options(GrowBenchOptions, args.config, "grow_bench", "grow-bench") if args.config else None
-    opts = options_from_args(GrowBenchOptions, args, base)
+    opts = GrowBenchOptions.from_args(args, base)
     suite = opts.suite
     if args.plan or args.plan_no_time:  # every cell of the suite (a --shard runs a part of them)
         print(plan_bench(opts, time_run=not args.plan_no_time).table(), flush=True)

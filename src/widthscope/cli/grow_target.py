@@ -1,11 +1,5 @@
-"""``widthscope grow-target``: the command line of :func:`widthscope.growth.target_bench.run_target`.
-
-A thin adapter: the options are generated from :class:`~widthscope.growth.options.GrowTargetOptions`
-(:mod:`widthscope.cli.args`; ``--config`` starts from the options a previous run's
-``summary.json`` recorded); ``run`` prints the table (speed-up to the from-scratch loss per operator
-and schedule, beside the continue-small baselines) and the answer. ``--plan`` prints the run's cost
-plan (:func:`widthscope.planning.plan_target`) instead, and trains and writes nothing.
-"""
+"""``widthscope grow-target``: the command line of :func:`widthscope.growth.target_bench.run_target`
+(``--plan``: :func:`widthscope.planning.plan_target`); prints the speed-up table and the answer."""
 
 from __future__ import annotations
 
@@ -17,10 +11,8 @@ from .._io import format_table
 from ..growth.options import GrowTargetOptions
 from ..growth.target_bench import COLUMNS, run_target, target_out_dir
 from ..planning import SUITE_PLAN_HELP, plan_target
-from .args import add_config, add_options, config_options, options_from_args
+from .args import add_config, add_options, config_options
 from .grow import PLAN_NO_TIME_HELP
-
-__all__ = ["add_arguments", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     base = config_options(GrowTargetOptions, args.config, "grow_target", "grow-target") if args.config else None
-    opts = options_from_args(GrowTargetOptions, args, base)
+    opts = GrowTargetOptions.from_args(args, base)
     if args.threads is not None:
         torch.set_num_threads(max(1, int(args.threads)))
     if args.plan or args.plan_no_time:

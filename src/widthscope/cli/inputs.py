@@ -1,12 +1,5 @@
-"""The input options of ``certify`` and ``grow`` on the command line, and the one place each
-command turns them into an :class:`~widthscope.data.spec.InputSpec` (:func:`spec_from_args`).
-
-The input layer (:mod:`widthscope.data.inputs`) never sees ``argparse``: it takes the spec.
-Per command, :func:`spec_from_args` applies what the command's options mean for the inputs
-(``grow``: pool sizes 2048 / 512 capped at what the data has when not given; ``certify``: its
-``--protocol``'s input preset). Every option that fits only some models defaults to ``None``, so
-which were *given* is read off the namespace, which is never changed.
-"""
+"""The input options of ``certify`` and ``grow``, and the one place each command turns them into an
+:class:`~widthscope.data.spec.InputSpec` (:func:`spec_from_args`; the namespace is never changed)."""
 
 from __future__ import annotations
 
@@ -20,9 +13,6 @@ from ..data.spec import INPUT_DEFAULTS, OPTIONAL_FIELDS, InputSpec
 from ..errors import WidthscopeError
 from ..growth.options import GROW_POOLS
 from .checks import given
-
-__all__ = ["add_arguments", "spec_from_args", "GROW_POOLS"]
-
 
 # --help groups: which input option is listed under "model" and "probe pools" (the rest: "data")
 MODEL_OPTIONS = ("revision", "device_map", "max_memory", "offload_folder", "task", "dtype", "tokenizer")

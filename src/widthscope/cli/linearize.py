@@ -1,11 +1,7 @@
 """``widthscope linearize``: the command line of :func:`widthscope.linearization.run.run_linearize`.
 
-A thin adapter: ``--shard`` is generated from :class:`~widthscope.linearization.run.LinearizeOptions`
-(:mod:`widthscope.cli.args`); the sweep config comes from the TOML file ``CONFIG`` or, to repeat a
-run, from ``--config FILE``: the ``slopes.json`` of a finished run (its ``"options"``), the
-``linearize_config.json`` every run writes (the filled-in sweep config), or a JSON file
-``{"linearize": {"sweep": {...}}}``. The two are alternatives (both given: refused); flags given
-(``--shard``) override the recorded ones.
+The sweep comes from the TOML file ``CONFIG`` or, to repeat a run, from ``--config FILE`` (a
+finished run's ``slopes.json`` or ``linearize_config.json``); flags given override the recorded ones.
 """
 
 from __future__ import annotations
@@ -23,10 +19,8 @@ from ..linearization.run import (
 )  # torch loads with the command, before signals act
 from ..planning import SUITE_PLAN_HELP, plan_linearize
 from ..validate import check_path_length
-from .args import add_config, add_options, config_options, load_config, options_from_args
+from .args import add_config, add_options, config_options, load_config
 from .grow import PLAN_NO_TIME_HELP
-
-__all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,6 +75,6 @@ def run(args: argparse.Namespace) -> int:
     if args.config is not None:
         run_file(args.config, out=args.out, shard=args.shard)
         return 0
-    opts = options_from_args(LinearizeOptions, args, _recorded(args.recorded))
+    opts = LinearizeOptions.from_args(args, _recorded(args.recorded))
     run_linearize(opts, out=args.out)
     return 0

@@ -1,20 +1,12 @@
-"""``widthscope repair DIR [--dry-run]``: the command line of :func:`widthscope.repair.repair`.
-
-A thin adapter: the settings are generated from :class:`~widthscope.repair.RepairOptions`
-(:mod:`widthscope.cli.args`), over the options of a ``--config`` JSON file; the folder and the
-settings go to :func:`~widthscope.repair.repair`, which prints what it did. Repair writes no
-results file of its own, so nothing records its options: ``--config`` reads a JSON file
-``{"repair": {"dry_run": true}}`` (or any JSON whose ``"options"`` holds ``"repair"``).
-"""
+"""``widthscope repair DIR [--dry-run]``: the command line of :func:`widthscope.repair.repair`
+(``--config``: a JSON file ``{"repair": {"dry_run": true}}``; repair records no options itself)."""
 
 from __future__ import annotations
 
 import argparse
 
 from ..repair import RepairOptions, repair
-from .args import add_config, add_options, config_options, options_from_args
-
-__all__ = ["add_arguments", "run"]
+from .args import add_config, add_options, config_options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +22,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     base = config_options(RepairOptions, args.config, "repair", "repair") if args.config else None
-    opts = options_from_args(RepairOptions, args, base)
+    opts = RepairOptions.from_args(args, base)
     repair(args.results, dry_run=opts.dry_run)
     return 0

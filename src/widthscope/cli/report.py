@@ -1,11 +1,5 @@
-"""``widthscope report RESULTS_DIR [RESULTS_DIR ...] [--out DIR] [--open] [--strict] [--config FILE]``:
-the command line of :func:`widthscope.report.report`.
-
-A thin adapter: the options are generated from :class:`~widthscope.report.options.ReportOptions`
-(:func:`widthscope.cli.args.add_options`); ``--config FILE`` starts from the options a report
-recorded (``OUT/report.json``), the flags given override them. ``run`` prints the page's path and,
-with ``--open``, opens it in a browser.
-"""
+"""``widthscope report RESULTS_DIR ...``: the command line of :func:`widthscope.report.report`
+(``--config``: the options a report recorded in its ``report.json``)."""
 
 from __future__ import annotations
 
@@ -16,8 +10,6 @@ from ..errors import WidthscopeError
 from ..report import report
 from ..report.options import ReportOptions
 from .args import add_options, load_config
-
-__all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,9 +1,4 @@
-"""``widthscope stats``: the command line of :func:`widthscope.certification.samples.run_stats`.
-
-A thin adapter: the settings are generated from :class:`~widthscope.certification.samples.StatsOptions`
-(:mod:`widthscope.cli.args`), over the options a ``--config`` file recorded (the sources given here
-replace the recorded ones); it passes them to the pipeline and prints the tables.
-"""
+"""``widthscope stats``: the command line of :func:`widthscope.certification.samples.run_stats`."""
 
 from __future__ import annotations
 
@@ -15,8 +10,6 @@ from ..certification.per_point import tables
 from ..certification.samples import StatsOptions, run_stats
 from ..validate import int_list
 from .args import add_config, add_options, config_options
-
-__all__ = ["add_arguments", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

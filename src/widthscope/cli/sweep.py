@@ -1,16 +1,5 @@
-"""``widthscope sweep CONFIG.toml [--out DIR] [--shard k/n] [--dry-run]`` (or ``--config FILE``): the command line of
-:func:`widthscope.sweeps.run.run_sweep_file`.
-
-Runs (or resumes) an alignment width sweep (:mod:`widthscope.sweeps.alignment`), or, for a config
-with a ``[suite]`` table, certifies a suite of existing checkpoints at their revisions
-(:mod:`widthscope.sweeps.suite`); see docs/sweeps.md. A thin adapter: the options go to the sweep as
-keyword arguments. Example::
-
-    widthscope sweep configs/demo-mlp.toml --out /tmp/mlp-sweep
-    widthscope sweep configs/demo-mlp.toml --out /tmp/mlp-sweep --shard 2/4   # a quarter of the grid
-    widthscope sweep configs/pythia-suite.toml --out /tmp/pythia --dry-run    # cells, commits, cost plan
-    widthscope sweep --config /tmp/mlp-sweep/sweep.json --out /tmp/again      # repeat a finished sweep
-"""
+"""``widthscope sweep CONFIG.toml [--out DIR] [--shard k/n] [--dry-run | --plan]`` (or ``--config FILE``):
+the command line of :func:`widthscope.sweeps.run.run_sweep_file` (docs/sweeps.md)."""
 
 from __future__ import annotations
 
@@ -18,8 +7,6 @@ import argparse
 
 from ..errors import WidthscopeError
 from ..sweeps.run import run_sweep_file
-
-__all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
