@@ -142,6 +142,8 @@ def check_args(args: argparse.Namespace, command: str) -> None:
         check_applies(args, command)
     srcs = [getattr(args, k, None) for k in ("data", "train_data", "test_data", "train_split", "test_split")]
     if srcs[3] is not None or srcs[4] is not None:  # --*-split only for a source with splits, before any work
+        from ..data.sources import check_splits_given  # noqa: PLC0415  start-up time: torch
+
         check_splits_given(*srcs)
     out = getattr(args, "out", None)
     if out and OUT_KIND.get(command) == "file":
