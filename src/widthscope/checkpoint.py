@@ -1,10 +1,8 @@
-"""Save and load models without executing code from the checkpoint.
+"""Save and load models without executing code from the checkpoint (docs/models-data.md).
 
 Our format: a directory with ``model.safetensors`` (tied tensors stored once) and ``config.json``
-(the architecture, rebuilt by :func:`widthscope.models.build`, never unpickled), written atomically.
-:func:`load` also accepts hub ids and cache folders, any Hugging Face directory ``transformers`` knows,
-a ``.safetensors`` file or a ``.pt``/``.pth``/``.bin`` state dict (``weights_only=True``) with a
-``config.json`` beside it. Details: docs/models-data.md "Checkpoints".
+(the architecture, rebuilt by :func:`widthscope.models.build`). :func:`load` also takes hub ids,
+Hugging Face directories, and weight files (``.safetensors``, ``.pt``) with a ``config.json`` beside them.
 
 Example::
 
@@ -17,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import tempfile
@@ -175,12 +174,6 @@ def _read_torch(file: Path) -> dict[str, torch.Tensor]:
     return obj
 
 
-def _read_weights(file: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    if file.suffix == ".safetensors":
-        return _read_safetensors(file)
-    return _read_torch(file), {}
-
-
 def _fill(model: nn.Module, state: dict[str, torch.Tensor], aliases: dict[str, str], where: Path) -> None:
     state = dict(state)
     for alias, name in aliases.items():
@@ -240,7 +233,7 @@ def _read_any(file: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
             part, _ = _read_safetensors(file.parent / shard)
             state.update(part)
         return state, {}
-    return _read_weights(file)
+    return _read_safetensors(file) if file.suffix == ".safetensors" else (_read_torch(file), {})
 
 
 def _to_dtype(model: nn.Module, option: str, recorded: Any) -> None:
@@ -281,22 +274,13 @@ def load(
     revision: str | None = None,
     placement: Mapping[str, Any] | None = None,
 ) -> nn.Module:
-    """Load a checkpoint (see the module docstring for the accepted layouts) in eval mode.
+    """Load a checkpoint in eval mode (a hub id at ``revision``: :func:`widthscope.hub.resolve_model`).
 
-    The returned model carries ``widthscope_points`` (and ``widthscope_config`` where a
-    widthscope family describes it), for our own format ``widthscope_extra`` (the ``extra`` dict
-    given to :func:`save`, e.g. the dataset), for HF checkpoints ``widthscope_task`` and
-    ``widthscope_hf``. ``dtype``: ``auto`` (the checkpoint's) or a torch dtype name; ``task``
-    overrides the HF task read from ``config.json`` (:mod:`widthscope.models.hf`).
-
-    ``path`` may also be a Hugging Face hub id ``org/name`` at ``revision`` (branch, tag or
-    commit; default ``main``) or a hub cache folder ``models--org--name``: resolved to its local
-    snapshot first (:func:`widthscope.hub.resolve_model`); the model then carries
-    ``widthscope_hub`` (id, revision, commit).
-
-    ``placement``: ``device_map`` / ``max_memory`` / ``offload_folder`` of a Hugging Face
-    checkpoint directory (accelerate's big-model dispatch, :func:`widthscope.models.hf.load_hf`).
-    """
+    The model carries ``widthscope_points``, ``widthscope_extra`` (the ``extra`` given to
+    :func:`save`), for HF checkpoints ``widthscope_task`` and ``widthscope_hf``, from the hub
+    ``widthscope_hub``. ``dtype``: ``auto`` (the checkpoint's) or a torch dtype name; ``task``
+    overrides the HF task; ``placement``: ``device_map`` / ``max_memory`` / ``offload_folder`` of a
+    Hugging Face directory (:func:`widthscope.models.hf.load_hf`)."""
     path, hub = resolve_model(str(Path(path)), revision, flag="checkpoint")
     if not path.exists():
         raise WidthscopeError(f"checkpoint {str(path)!r} does not exist")
@@ -335,30 +319,24 @@ def _load_local(
             model = build(**model_cfg)
         except WidthscopeError as exc:
             raise WidthscopeError(f"config.json of {path} does not describe a buildable model: {exc}") from None
-        if insertions:
-            # Grown models: re-create the inserted residual parameters before the weights load.
+        if insertions:  # a grown model: its inserted parameters, before the weights load
             apply_insertions(model, insertions)
         model.widthscope_extra = cfg.get("extra") or {}  # type: ignore[assignment]  # plain attribute (cf. _hf_from_file)
-        _to_dtype(model, dtype, cfg.get("dtype", "float32"))
+        recorded = cfg.get("dtype", "float32")
     elif "model_type" in cfg:
-        if path.is_dir():
-            # Any architecture transformers knows, through its Auto class (safetensors preferred,
-            # .bin with weights_only=True); nothing from the checkpoint is executed.
+        if path.is_dir():  # any architecture transformers knows, through its Auto class
             return load_hf(path, task=task, dtype=dtype, device=device, **(placement or {}))
         model = _hf_from_file(path.parent, cfg, task)
-        state, aliases = _read_any(weights)
-        state = {HF_RENAMES.get(k, k): v for k, v in state.items()}
-        _fill(model, state, aliases, weights)
-        _to_dtype(model, dtype, cfg.get("dtype") or cfg.get("torch_dtype"))
-        model.to(device)
-        model.eval()
-        return model
+        recorded = cfg.get("dtype") or cfg.get("torch_dtype")
     else:
         raise WidthscopeError(
             f"config.json of {path} is neither a widthscope checkpoint config "
             "('widthscope_format') nor a Hugging Face config ('model_type')"
         )
+    _to_dtype(model, dtype, recorded)
     state, aliases = _read_any(weights)
+    if "model_type" in cfg:
+        state = {HF_RENAMES.get(k, k): v for k, v in state.items()}
     _fill(model, state, aliases, weights)
     model.to(device)
     model.eval()
@@ -366,20 +344,10 @@ def _load_local(
 
 
 def recorded_data(model: nn.Module) -> dict[str, Any]:
-    """What a loaded checkpoint says about its training data (``save(..., extra=...)``).
-
-    Returns ``{"dataset": str, "options": dict, "seed": int}`` with the keys that were recorded
-    (sweeps record all three). ``certify`` and ``grow`` load data with them, so a held-out
-    split is the one the model never trained on.
-    """
+    """What a loaded checkpoint recorded about its training data: ``{"dataset", "options", "seed"}``
+    (those recorded), so a held-out split is the one the model never trained on."""
     extra = getattr(model, "widthscope_extra", None)
     if not isinstance(extra, dict):
         return {}
-    out: dict[str, Any] = {}
-    if isinstance(extra.get("dataset"), str):
-        out["dataset"] = extra["dataset"]
-    if isinstance(extra.get("data_options"), dict):
-        out["options"] = dict(extra["data_options"])
-    if isinstance(extra.get("data_seed"), int):
-        out["seed"] = extra["data_seed"]
-    return out
+    keys = (("dataset", "dataset", str), ("options", "data_options", dict), ("seed", "data_seed", int))
+    return {key: copy.copy(extra[name]) for key, name, kind in keys if isinstance(extra.get(name), kind)}

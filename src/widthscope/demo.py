@@ -1,21 +1,12 @@
-"""``widthscope demo [--out DIR] [--quick]``: the main job, end to end, on built-in data
-(its command line: :mod:`widthscope.cli.demo`).
+"""``widthscope demo``: the main job, end to end, on built-in data (resumable; ``quick``: seconds).
 
-1. an alignment width sweep of LLaMA-style decoders on byte-level text (the Python standard
-   library's sources: present wherever Python runs), 4 widths x 2 seeds;
-2. the same for ReLU MLPs on Fashion-MNIST (``/usr/share/datasets/fashion-mnist``, Debian package
-   ``dataset-fashion-mnist``), falling back to scikit-learn's digits when it is not installed;
-3. the linearization width sweep of :mod:`widthscope.linearization.run` when that module is installed;
-4. the HTML report over all of them; ``DIR/demo.json`` records the options (``"options"``:
-   ``widthscope demo --config DIR/demo.json`` repeats the run), the parts and the failures.
+1. an alignment width sweep of LLaMA-style decoders on byte-level text (the Python sources);
+2. the same for ReLU MLPs on Fashion-MNIST (``/usr/share/datasets/fashion-mnist``), else digits;
+3. the linearization width sweep (:mod:`widthscope.linearization.run`);
+4. the HTML report over all of them; ``DIR/demo.json`` records the options, the parts and the failures.
 
-About 10 minutes on 2 CPU cores; ``--quick`` is a seconds-long smoke version. Everything is
-resumable: rerunning the command skips finished cells. The sweep configs are embedded below
-(:data:`DEMO_LLAMA`, :data:`DEMO_MLP`, identical to ``configs/demo-*.toml``) so the demo works
-from an installed package. Python::
-
-    from widthscope.demo import run_demo
-    page = run_demo("/tmp/demo", quick=True)
+The sweep configs (:data:`DEMO_LLAMA`, :data:`DEMO_MLP`) are those of ``configs/demo-*.toml``,
+embedded so the demo runs from an installed package.
 """
 
 from __future__ import annotations
@@ -174,41 +165,37 @@ def _linear_config(module: Any, quick: bool) -> dict[str, Any]:
     return cfg
 
 
+def _failed(failed: list[str], part: str, exc: Exception) -> None:
+    """Record and show a part's failure (a traceback for anything but a WidthscopeError)."""
+    failed.append(f"{part}: {type(exc).__name__}: {exc}")
+    print(f"  failed: {exc}", file=sys.stderr)
+    if not isinstance(exc, WidthscopeError):
+        traceback.print_exc()
+
+
 def _linear_part(
     out: Path, *, linear: bool, quick: bool, threads: int | None, parts: list[Path], failed: list[str], file: Any
 ) -> None:
-    """The linearization sweep of the demo into ``out/linearize`` (appended to ``parts``, or its
-    failure to ``failed``: the other parts and the report still come)."""
-    try:
-        from .linearization import config as lconfig  # noqa: PLC0415  start-up time: torch
-        from .linearization import run as lsweep  # noqa: PLC0415  start-up time: torch
-
-        have_linear = linear and hasattr(lsweep, "run_sweep") and hasattr(lconfig, "DEMO_CONFIG")
-    except ImportError:
-        have_linear = False
+    """The linearization sweep into ``out/linearize`` (appended to ``parts``, or its failure to ``failed``)."""
     if not linear:
         print("  skipped (--no-linear)", file=file)
-    elif not have_linear:
-        print("  skipped: widthscope.linearization (run_sweep, DEMO_CONFIG) is not installed", file=file)
-    else:
-        sub = out / "linearize"
-        t0 = time.perf_counter()
-        import torch  # noqa: PLC0415  start-up time: torch
+        return
+    import torch  # noqa: PLC0415  start-up time: torch
 
-        n_threads = torch.get_num_threads()
-        try:
-            if threads:
-                torch.set_num_threads(threads)
-            lsweep.run_sweep(_linear_config(lconfig, quick), sub)
-            parts.append(sub)
-            print(f"  ({time.perf_counter() - t0:.0f} s)\n", file=file, flush=True)
-        except Exception as exc:
-            failed.append(f"linearization sweep: {type(exc).__name__}: {exc}")
-            print(f"  failed: {exc}", file=sys.stderr)
-            if not isinstance(exc, WidthscopeError):
-                traceback.print_exc()
-        finally:
-            torch.set_num_threads(n_threads)
+    from .linearization import config as lconfig  # noqa: PLC0415  start-up time: torch
+    from .linearization import run as lsweep  # noqa: PLC0415  start-up time: torch
+
+    sub, t0, n_threads = out / "linearize", time.perf_counter(), torch.get_num_threads()
+    try:
+        if threads:
+            torch.set_num_threads(threads)
+        lsweep.run_sweep(_linear_config(lconfig, quick), sub)
+        parts.append(sub)
+        print(f"  ({time.perf_counter() - t0:.0f} s)\n", file=file, flush=True)
+    except Exception as exc:
+        _failed(failed, "linearization sweep", exc)
+    finally:
+        torch.set_num_threads(n_threads)
 
 
 def _out(out_dir: str | Path | None, quick: bool) -> Path:
@@ -233,12 +220,9 @@ def plan_demo(
     time_run: bool = True,
     file=None,
 ) -> Plan:
-    """What ``widthscope demo --plan`` prints: each part's plan (the alignment sweeps' ``--plan``,
-    the linearization sweep's ``linearize --plan``; ``time_run=False``: counted only, as
-    ``--dry-run`` / ``--plan-no-time``) for the same settings as :func:`run_demo`, and their sum: a
-    :class:`widthscope.planning.Plan` whose parts are the process's fixed costs (once) and each part's
-    work. Nothing is trained, nothing is written; finished cells in ``out_dir`` are shown as
-    finished (and not in the time)."""
+    """``widthscope demo --plan``: each part's plan for the settings of :func:`run_demo`
+    (``time_run=False``: counted only), and their sum as a :class:`widthscope.planning.Plan` (the
+    fixed costs once, then each part's work; finished cells not in it). Nothing is written."""
     import torch  # noqa: PLC0415  start-up time: torch
 
     from .sweeps.alignment import load_config  # noqa: PLC0415  start-up time: torch
@@ -293,12 +277,9 @@ def run_demo(
     threads: int | None = 1,
     file=None,
 ) -> Path:
-    """Run every demo part into ``out_dir`` (resumable) and write the report; return its path.
-
-    A part that fails is reported and skipped, the others still run; if any failed the
-    function raises :class:`WidthscopeError` after writing the report. ``threads`` sets torch's
-    CPU threads while the demo runs (``None``: leave torch's default).
-    """
+    """Run every demo part into ``out_dir`` and write the report; return its path. A part that fails
+    is skipped, and a :class:`WidthscopeError` raised once the report is written. ``threads``:
+    torch's CPU threads meanwhile (``None``: torch's default)."""
     from .report.alignment import summary  # noqa: PLC0415  start-up time: numpy
     from .sweeps.alignment import load_config, print_summary, run_sweep  # noqa: PLC0415  start-up time: torch
 
@@ -326,10 +307,7 @@ def run_demo(
         try:
             res = run_sweep(load_config(raw, out_dir=sub), sub, show_progress=show_progress)
         except Exception as exc:  # keep going: the other parts and the report are still useful
-            failed.append(f"{fam['name']} sweep: {type(exc).__name__}: {exc}")
-            print(f"  failed: {exc}", file=sys.stderr)
-            if not isinstance(exc, WidthscopeError):
-                traceback.print_exc()
+            _failed(failed, f"{fam['name']} sweep", exc)
             continue
         parts.append(sub)
         print_summary(res.rows, sub, file=file)

@@ -339,5 +339,5 @@ def run_rank_guarded(
         >>> run_rank_guarded(sum, [1, 2, 3])
         6
     """
-    with rank_guard(what or getattr(fn, "__name__", "job"), timeout_s=timeout_s):
+    with rank_guard(what or str(getattr(fn, "__name__", "job")), timeout_s=timeout_s):
         return fn(*args, **kwargs)

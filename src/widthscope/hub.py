@@ -1,11 +1,7 @@
-r"""Hugging Face hub ids and hub cache folders as models: resolved to a local snapshot directory.
+r"""Hugging Face hub ids (``org/name`` at a ``revision``) and hub cache folders (``models--org--name``)
+as models: resolved to a local snapshot directory (docs/huggingface.md).
 
-Every entry that takes a model path also takes a hub id ``org/name`` (with a ``revision``; resolved
-through :func:`huggingface_hub.snapshot_download`, only the cache under ``HF_HUB_OFFLINE=1``) or a hub
-cache folder ``.../models--org--name`` (never downloads). The loaded model records ``widthscope_hub``
-(id, revision, commit). Details: docs/huggingface.md.
-
-Example (a genuine cache layout, built by hand, read offline)::
+Example (a cache layout built by hand, read offline)::
 
     >>> import os, pathlib, tempfile
     >>> cache = pathlib.Path(tempfile.mkdtemp())
@@ -37,9 +33,7 @@ from typing import Any
 from .errors import WidthscopeError
 
 DEFAULT_REVISION = "main"
-# What a checkpoint needs: configs and tokenizer files (small), and the weights, safetensors
-# first (``pytorch_model.bin`` only where a repository has no safetensors); never a repository's
-# other formats (ONNX, GGUF, TF/Flax weights, consolidated duplicates).
+# What a checkpoint needs: configs, tokenizer files and the weights (safetensors, else ``.bin``).
 ALLOW = ["*.json", "*.txt", "*.model", "*.tiktoken", "model.safetensors", "model-*.safetensors"]
 ALLOW_BIN = ["pytorch_model.bin", "pytorch_model-*.bin"]
 _TRUE = {"1", "ON", "YES", "TRUE"}
@@ -47,9 +41,8 @@ _TRUE = {"1", "ON", "YES", "TRUE"}
 
 @dataclasses.dataclass(frozen=True)
 class HubModel:
-    """Where a hub model came from: ``repo_id``, the ``revision`` asked for (None: a snapshot
-    folder given by path, so unknown), the ``commit`` it resolved to and the local snapshot
-    ``directory``."""
+    """Where a hub model came from: ``repo_id``, the ``revision`` asked for (None: unknown), the
+    ``commit`` it resolved to and the local snapshot ``directory``."""
 
     repo_id: str
     revision: str | None
@@ -73,9 +66,8 @@ def offline() -> bool:
 
 
 def cache_dir() -> Path:
-    """The hub cache ``huggingface_hub`` uses: ``HF_HUB_CACHE``, else ``HF_HOME/hub``, else
-    ``$XDG_CACHE_HOME/huggingface/hub`` (``~/.cache/huggingface/hub``), read from the
-    environment now (so a change after ``huggingface_hub`` was imported counts too)."""
+    """The hub cache ``huggingface_hub`` uses (``HF_HUB_CACHE``, else ``HF_HOME/hub``, else
+    ``~/.cache/huggingface/hub``), read from the environment now."""
     hub = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
     if not hub:
         home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
@@ -215,12 +207,9 @@ def resolve_model(
 ) -> tuple[Path, HubModel | None]:
     """The local directory (or file) ``model`` names, and where it came from on the hub.
 
-    An existing path wins: a hub cache folder (``models--org--name``) resolves to the snapshot of
-    ``revision`` (default ``main``), a folder inside ``snapshots/`` is recorded with its id and
-    commit, any other path is returned as it is (``revision`` refused). Otherwise an ``org/name``
-    id resolves through the hub cache (see the module docstring). Anything else comes back as a
-    path that does not exist, for the caller's own "no such file" message. ``local_only``: never
-    download (default: :func:`offline`)."""
+    An existing path wins (a hub cache folder: the snapshot of ``revision``); else an ``org/name`` id
+    resolves through the hub cache; anything else comes back as a path that does not exist.
+    ``local_only``: never download (default: :func:`offline`)."""
     _check_revision(revision)
     path = Path(model).expanduser()
     if path.exists():
@@ -243,8 +232,7 @@ def resolve_model(
 
 
 def local_directory(model: str, revision: str | None = None) -> Path | None:
-    """The local directory of ``model`` without any download and without raising (None: cannot
-    tell), for checks that only read ``config.json``."""
+    """The local directory of ``model`` without any download and without raising (None: cannot tell)."""
     path = Path(model).expanduser()
     if path.exists() and _cache_folder_id(path) is None:
         return path

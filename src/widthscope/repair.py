@@ -1,20 +1,9 @@
-"""``widthscope repair DIR``: rebuild a results folder's ``results.jsonl``, keeping a backup
-(its command line: :mod:`widthscope.cli.repair`).
+"""``widthscope repair DIR``: rebuild a results folder's ``results.jsonl``, losing nothing.
 
-Readers (``widthscope report``, ``stats``) never write to their inputs; they skip damaged lines
-and cell files with a note. This is the one command that rewrites a results folder, and it
-loses nothing: damaged ``cells/*.json`` files are *moved* into ``DIR/backup/<date-time>/cells/``,
-the old ``results.jsonl`` is copied to ``DIR/backup/<date-time>/results.jsonl``, then
-``results.jsonl`` is rewritten atomically from the readable cells (a folder without ``cells/``:
-from its own readable lines). It prints what it did, with counts. A folder with nothing to
-repair is left untouched; ``--dry-run`` says what would be done and writes nothing. It holds the
-sweep's lock on the folder, so it never runs beside a sweep writing there. Rerunning the sweep
-afterwards computes the cells that were set aside.
-
-Example::
-
-    widthscope repair widthscope-results/demo/llama --dry-run
-    widthscope repair widthscope-results/demo/llama
+Damaged ``cells/*.json`` files are moved into ``DIR/backup/<date-time>/cells/``, the old
+``results.jsonl`` is copied there, then ``results.jsonl`` is rewritten atomically from the readable
+cells (without ``cells/``: from its own readable lines). A folder with nothing to repair is left
+untouched; ``dry_run`` writes nothing. It holds the sweep's lock on the folder.
 """
 
 from __future__ import annotations
@@ -39,10 +28,6 @@ class RepairOptions(Options):
     dry_run: bool = option(False, help="say what would be repaired; change nothing")
 
 
-def _text(rows: list[dict[str, Any]]) -> str:
-    return "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)  # as the sweep writes it
-
-
 def _plan(d: Path) -> dict[str, Any]:
     """What is damaged and what results.jsonl should hold; reads only."""
     from .sweeps.grid import RESULTS, load_rows  # noqa: PLC0415  start-up time: torch
@@ -57,7 +42,7 @@ def _plan(d: Path) -> dict[str, Any]:
         n_cells = len(list(cells.glob("*.json"))) - len(cell_problems)
     else:
         rows, n_cells = old, None  # no cells to rebuild from: keep the readable lines
-    text = _text(rows)
+    text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)  # as the sweep writes it
     current = res.read_bytes() if res.is_file() else None
     return {
         "res": res,
@@ -114,7 +99,7 @@ def _locked(d: Path) -> Iterator[None]:
 
 
 def repair(out_dir: str | os.PathLike, *, dry_run: bool = False) -> list[str]:
-    """Repair the results folder ``out_dir`` (see the module doc); print and return what it did."""
+    """Repair the results folder ``out_dir``; print and return what it did."""
     from .sweeps.grid import new_backup_dir, set_aside  # noqa: PLC0415  start-up time: torch
 
     d = Path(out_dir)

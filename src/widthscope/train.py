@@ -1,18 +1,11 @@
 """Training loop shared by every command: AdamW/SGD, linear warm-up + cosine decay, gradient
-clipping, seeded batch order, divergence detection.
+clipping, seeded batch order, divergence detection; and the one definition of the losses.
 
-The loss definitions live here so every module uses the same ones:
-
-- classification: cross-entropy per example, ``ℓ_i = −log softmax(f(x_i))[y_i]``;
-- causal LM (``x`` a ``(B, T)`` int64 tensor): ``ℓ_i = (1/(T−1)) Σ_{t<T} −log p(x_{i,t+1} | x_{i,≤t})``,
-  the mean over the sequence's predicted tokens;
-- ``loss="mse"`` (classification only): ``ℓ_i = Σ_k (f_k(x_i) − onehot(y_i)_k)²``.
-
-The batch loss is the mean of the per-example losses.
-
-Learning-rate schedule for step ``s = 0..steps−1`` with ``W`` warm-up steps:
-``lr_s = lr·(s+1)/W`` for ``s < W``, then ``lr·½(1 + cos(π (s−W)/(steps−W)))`` (cosine) or ``lr``
-(constant).
+Per-example losses: classification ``ℓ_i = −log softmax(f(x_i))[y_i]``; causal LM (``x`` a ``(B, T)``
+token tensor) the mean over ``t < T`` of ``−log p(x_{i,t+1} | x_{i,≤t})``; ``loss="mse"``
+(classification) ``Σ_k (f_k(x_i) − onehot(y_i)_k)²``. The batch loss is their mean. Learning rate at
+step ``s`` with ``W`` warm-up steps: ``lr·(s+1)/W`` for ``s < W``, then
+``lr·½(1 + cos(π (s−W)/(steps−W)))`` (cosine) or ``lr`` (constant).
 
 Example::
 
@@ -45,8 +38,7 @@ LOSSES = ("auto", "ce", "mse")
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``device`` as a ``torch.device`` that this installation can use, else a WidthscopeError
-    naming it and what is available (instead of torch's assertion deep inside ``model.to``)."""
+    """``device`` as a ``torch.device`` this installation can use, else a WidthscopeError naming it."""
     try:
         dev = torch.device("cpu" if device is None else device)
     except (RuntimeError, TypeError, ValueError) as exc:
@@ -90,10 +82,7 @@ def logits_of(output: Any) -> torch.Tensor:
 
 
 def per_example_loss(output: Any, target: torch.Tensor, task: str, *, loss: str = "ce") -> torch.Tensor:
-    """Per-example losses ``(B,)`` (see the module docstring for the definitions).
-
-    ``task="lm"``: ``target`` is the ``(B, T)`` token tensor (the input itself).
-    """
+    """Per-example losses ``(B,)`` (the module docstring); ``task="lm"``: ``target`` is the tokens."""
     logits = logits_of(output)
     if task == "lm":
         if logits.dim() != 3 or target.dim() != 2:
@@ -139,11 +128,8 @@ def evaluate(
     loss: str = "ce",
     device: str | torch.device = "cpu",
 ) -> dict[str, float]:
-    """Mean per-example loss (and accuracy for classification) over ``pair``, in eval mode.
-
-    Returns ``{"loss": ..., "accuracy": ...}`` (no accuracy for ``task="lm"``). The model's
-    train/eval mode is restored afterwards.
-    """
+    """``{"loss", "accuracy"}`` (no accuracy for ``task="lm"``) over ``pair``, in eval mode (the
+    model's mode is restored)."""
     was_training = model.training
     model.eval()
     total, correct, n = 0.0, 0, 0
@@ -185,7 +171,7 @@ def _stream(pair: tuple[torch.Tensor, torch.Tensor], batch_size: int, seed: int,
 
 
 def _check_train(split, steps, lr, warmup, batch_size, loss, schedule) -> None:
-    """:func:`train`'s argument checks, before any work (one error naming the argument and its valid values)."""
+    """:func:`train`'s argument checks, before any work."""
     if not all(hasattr(split, a) for a in ("train", "test", "task")):
         raise WidthscopeError(
             f"split must be a widthscope.data.Split (with .train, .test, .task), got "
@@ -218,8 +204,8 @@ def _optimizer(name: str, params: list, lr: float, weight_decay: float, momentum
 
 
 def _final_eval(model, split, task, eval_batch_size, loss_kind, device, steps, seed, train_eval_examples):
-    """Full-pass train (a seeded subset of ``train_eval_examples``) and test evaluations at the end; a
-    non-finite loss is an error. Returns both and the number of training examples evaluated."""
+    """The final train (a seeded subset of ``train_eval_examples``) and test evaluations, and the
+    number of training examples evaluated; a non-finite loss is an error."""
     train_pair = split.train
     if train_eval_examples is not None and len(train_pair[0]) > train_eval_examples:
         idx = torch.randperm(len(train_pair[0]), generator=torch.Generator().manual_seed(seed))[:train_eval_examples]
@@ -260,23 +246,14 @@ def train(
 ) -> dict[str, Any]:
     """Train ``model`` in place on ``split.train`` for ``steps`` optimizer steps.
 
-    ``warmup`` is a fraction of ``steps`` when < 1, else a number of steps. ``clip`` is the max
-    global gradient norm (None/0: off). ``seed`` fixes the batch order (the model's
-    initialisation is the caller's: ``torch.manual_seed`` before building). ``loss``: ``"auto"``
-    (CE or causal-LM CE), ``"ce"``, ``"mse"`` (one-hot targets, classification only).
+    ``warmup``: a fraction of ``steps`` when < 1, else steps. ``clip``: the max gradient norm
+    (None/0: off). ``seed`` fixes the batch order. ``loss``: ``"auto"``/``"ce"`` or ``"mse"``.
+    ``on_step(model, s)`` runs before the first step (``s = 0``) and after every step, and must leave
+    the training state as it found it. ``train_eval_examples`` caps the final train evaluation.
 
-    ``on_step(model, s)`` is called with the number of optimizer steps done: ``s = 0`` before the
-    first step, then after every step (e.g. :meth:`widthscope.monitor.AlignmentMonitor.step`). It
-    must leave the training state as it found it (RNG, modes, gradients); its time counts in ``seconds``.
-
-    ``train_eval_examples`` caps the final train-loss evaluation at a seeded random subset of
-    that many training examples (None: all); the test loss always uses the whole test part.
-
-    Returns ``{"train_loss", "test_loss", "test_accuracy" (classification), "train_accuracy",
-    "steps", "seconds", "history"}``; losses are full-pass evaluations in eval mode at the end;
-    ``history`` has one dict per logged step (``step``, ``lr``, ``loss`` = batch loss, and
-    ``test_loss``/``test_accuracy`` every ``eval_every`` steps).
-    Raises :class:`WidthscopeError` when the loss becomes non-finite (naming the step).
+    Returns ``{"train_loss", "test_loss", "train_accuracy", "test_accuracy" (classification),
+    "steps", "seconds", "history", ...}`` (final losses: full passes in eval mode; ``history``: one
+    row per logged step). A non-finite loss raises :class:`WidthscopeError` naming the step.
     """
     _check_train(split, steps, lr, warmup, batch_size, loss, schedule)
     device = resolve_device(device)

@@ -1,16 +1,8 @@
-"""The rules of the checks every command shares, namespace-free; the command line applies them.
-
-:func:`widthscope.cli.checks.check_args` reads the parsed options of every command and applies
-these rules before the command starts work, so the same bad value gets the same one-line message
-everywhere: seeds, sizes and counts (:data:`RANGES`), step sizes (:data:`POSITIVE`), devices,
-which option fits which model (:data:`APPLIES`): these tables are read off the fields that declare
-the options (:func:`widthscope.options.option`: the options classes with ``SHARED_RANGES`` and
-:class:`~widthscope.data.spec.InputSpec`), never written here. Path lengths and output
-collisions (:func:`check_outputs`), and output paths
-(writable *before* any work, so a result is never computed and then lost). Checks that need the
-model or the data (``M``/``K`` against the pools, sequence length against the position embeddings,
-tokens against the vocabulary) live in the input layer (:mod:`widthscope.data.inputs`) and
-:func:`check_pools`.
+"""The rules of the checks every command shares, namespace-free (applied by
+:func:`widthscope.cli.checks.check_args` before any work): whole-number ranges (:data:`RANGES`),
+positive numbers (:data:`POSITIVE`) and which option fits which model (:data:`APPLIES`), all read
+off the fields that declare the options; path lengths, output collisions and writable outputs;
+``M``/``K`` against the pools (:func:`check_pools`).
 
 Example::
 
@@ -31,118 +23,70 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from ._io import unwritable
+from ._io import missing_parents, remove_empty, unwritable
 from .errors import WidthscopeError
 from .hub import local_directory
-from .options import MAX_POOL, SHARED, CertifyOptions
+from .options import MAX_ETAS, MAX_POOL, SHARED
 
-# The command line's table of whole-number options: (attribute, smallest, largest, what it counts),
-# read off the fields of the options dataclasses and of InputSpec (one source per option); only
-# --threads, a setting of the process, is declared here. The upper bounds sit where memory or time
-# explodes long before a result.
-_THREADS = ("threads", 1, 4096, "threads")
+_THREADS = ("threads", 1, 4096, "threads")  # a setting of the process, declared here
 
 
-def _input_ranges() -> tuple[tuple[str, int, int | None, str], ...]:
-    from .data.spec import InputSpec  # noqa: PLC0415  start-up time: torch
-
-    return tuple(
-        (f.name, int(f.metadata["lo"]), f.metadata["hi"], f.metadata["unit"])
-        for f in dataclasses.fields(InputSpec)
-        if f.metadata.get("kind") in ("int", "pool") and f.metadata.get("lo") is not None
-    ) + (_THREADS,)
-
-
-def _option_classes() -> tuple[type, ...]:
-    """The options classes that declare ``SHARED_RANGES`` (CertifyOptions, CertifyRunOptions and,
-    once imported, GrowOptions): a lower layer never imports the pipelines' classes."""
-    return tuple(SHARED)
-
-
-def _from_fields() -> tuple[tuple[str, int, int | None, str], ...]:
-    """Every whole-number field with a lower bound (the seed has its own line), first class first;
-    a name that is a list elsewhere (certify's ``--M 16,32``, grow's ``--M 32``) is the dataclass's."""
-    out: dict[str, tuple[str, int, int | None, str]] = {}
-    fields = [f for cls in _option_classes() for f in dataclasses.fields(cls)]
-    lists = {f.name for f in fields if f.metadata.get("kind") in ("ints", "floats")}
+def _int_rows(fields: Any, kinds: tuple[str, ...], skip: set[str]) -> list[tuple[str, int, int | None, str]]:
+    """(name, smallest, largest, unit) of every whole-number field with a lower bound, first one first."""
+    rows: dict[str, tuple[str, int, int | None, str]] = {}
     for f in fields:
-        if f.name not in lists:
-            meta = f.metadata
-            if meta.get("kind") == "int" and meta.get("lo") is not None and f.name not in ("seed", *out):
-                hi = meta.get("hi")
-                out[f.name] = (f.name, int(meta["lo"]), None if hi is None else int(hi), meta.get("unit") or "")
-    return tuple(out.values())
-
-
-def _positive() -> tuple[str, ...]:
-    names = [f.name for cls in _option_classes() for f in dataclasses.fields(cls) if f.metadata.get("positive")]
-    return tuple(dict.fromkeys(names))
+        m = f.metadata
+        if m.get("kind") in kinds and m.get("lo") is not None and f.name not in skip and f.name not in rows:
+            rows[f.name] = (f.name, int(m["lo"]), None if m.get("hi") is None else int(m["hi"]), m.get("unit") or "")
+    return list(rows.values())
 
 
 def __getattr__(name: str) -> Any:
     """``RANGES``, ``POSITIVE``, ``INPUT_OPTIONS`` and ``APPLIES`` (per command), read off the fields
-    of the classes imported so far, when asked for."""
+    of :class:`~widthscope.data.spec.InputSpec` and of the options classes with ``SHARED_RANGES``
+    imported so far (not kept: a class imported later adds its rows)."""
     if name == "INPUT_OPTIONS":
         return _input_options()
     if name == "APPLIES":
         return {command: {**_input_options(), **own} for command, own in _COMMAND_APPLIES.items()}
+    fields = [f for cls in SHARED for f in dataclasses.fields(cls)]
     if name == "RANGES":
-        value: Any = (*_input_ranges(), *_from_fields())
-    elif name == "POSITIVE":
-        value = _positive()
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return value  # not kept: a class imported later adds its rows
+        from .data.spec import InputSpec  # noqa: PLC0415  start-up time: torch
+
+        lists = {f.name for f in fields if f.metadata.get("kind") in ("ints", "floats")}
+        inputs = _int_rows(dataclasses.fields(InputSpec), ("int", "pool"), set())
+        return (*inputs, _THREADS, *_int_rows(fields, ("int",), lists | {"seed"}))  # the seed: its own check
+    if name == "POSITIVE":
+        return tuple(dict.fromkeys(f.name for f in fields if f.metadata.get("positive")))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-_MAX_ETAS = next(f.metadata["hi"] for f in dataclasses.fields(CertifyOptions) if f.name == "n_etas")
 # Which commands write a file (--out FILE) and which a directory (--out DIR).
-OUT_KIND = {
-    "certify": "file",
-    "grow": "file",
-    "grow-bench": "dir",
-    "grow-target": "dir",
-    "stats": "file",
-    "sweep": "dir",
-    "report": "dir",
-    "demo": "dir",
-    "linearize": "dir",
-}
+OUT_KIND = dict.fromkeys(("certify", "grow", "stats"), "file") | dict.fromkeys(
+    ("grow-bench", "grow-target", "sweep", "report", "demo", "linearize"), "dir"
+)
 
 
 # ----------------------------------------------------------------------------- which option fits which model
-# The input kinds of `certify` and `grow` (``--model``): the built-in MLP, widthscope checkpoints
-# (a classifier on a named dataset, or a byte-level LM), Hugging Face directories by task.
-KINDS: dict[str, str] = {
-    "builtin": "the built-in MLP (trained on its own digits split)",
-    "widthscope-classifier": "a widthscope classifier checkpoint (named datasets)",
-    "widthscope-lm": "a widthscope byte-level LM checkpoint",
-    "hf-causal-lm": "a Hugging Face causal LM",
-    "hf-masked-lm": "a Hugging Face masked LM",
-    "hf-sequence-classification": "a Hugging Face sequence classifier",
-    "hf-image-classification": "a Hugging Face image classifier",
+# The input kinds of `certify` and `grow` (``--model``): what each is, and its name in a list.
+_NAMES = {
+    "builtin": ("the built-in MLP (trained on its own digits split)", "--model builtin"),
+    "widthscope-classifier": ("a widthscope classifier checkpoint (named datasets)", "widthscope classifiers"),
+    "widthscope-lm": ("a widthscope byte-level LM checkpoint", "widthscope byte LMs"),
+    "hf-causal-lm": ("a Hugging Face causal LM", "HF causal LMs"),
+    "hf-masked-lm": ("a Hugging Face masked LM", "HF masked LMs"),
+    "hf-sequence-classification": ("a Hugging Face sequence classifier", "HF sequence classifiers"),
+    "hf-image-classification": ("a Hugging Face image classifier", "HF image classifiers"),
 }
-_SHORT = {
-    "builtin": "--model builtin",
-    "widthscope-classifier": "widthscope classifiers",
-    "widthscope-lm": "widthscope byte LMs",
-    "hf-causal-lm": "HF causal LMs",
-    "hf-masked-lm": "HF masked LMs",
-    "hf-sequence-classification": "HF sequence classifiers",
-    "hf-image-classification": "HF image classifiers",
-}
+KINDS = {kind: what for kind, (what, _) in _NAMES.items()}
 _ALL = frozenset(KINDS)
 _CKPT = _ALL - {"builtin"}
 _HF = frozenset(k for k in KINDS if k.startswith("hf-"))
 _HF_TEXT = _HF - {"hf-image-classification"}
 _TEXT = _HF_TEXT | {"widthscope-lm"}
 _WS = frozenset({"widthscope-classifier", "widthscope-lm"})
-# The groups of input kinds an input option may apply to: each InputSpec field names its group
-# (``applies=``, widthscope.data.spec). An option given explicitly for any other kind is refused with
-# one line (never silently ignored); options without a group (--n-train, --seed, --batch-size, ...)
-# apply to every kind. Finer rules that need the data (--text-field needs a table file, --label-field
-# labelled text, --test-fraction one corpus to split) are checked by the input layer, also only when
-# the option was given.
+# The groups of input kinds an InputSpec field may apply to (``applies=``); given for any other kind,
+# the option is refused. Options without a group apply to every kind.
 GROUPS: dict[str, frozenset[str]] = {
     "all": _ALL,
     "checkpoints": _CKPT,
@@ -200,7 +144,7 @@ def input_kind(model: str | None, task: str | None = None, revision: str | None 
 
 
 def group_words(kinds: frozenset[str]) -> str:
-    names = ", ".join(_SHORT[k] for k in KINDS if k in kinds)
+    names = ", ".join(short for k, (_, short) in _NAMES.items() if k in kinds)
     for group, word in (
         (_HF, "Hugging Face checkpoints"),
         (_TEXT, "text models"),
@@ -217,14 +161,12 @@ def flag_name(name: str) -> str:
 
 
 def check_dir_writable(path: str | os.PathLike, flag: str = "--out") -> Path:
-    """``path`` is (or can be made) a directory we can write into. Leaves nothing behind: folders
-    it had to create for the probe are removed again, so a run refused later (a bad config) leaves
-    no empty ``--out``; the command creates the folder when it starts writing. ``flag`` names the
-    option (or config key) the path came from in the message."""
+    """``path`` is (or can be made) a directory we can write into; folders created for the probe are
+    removed again. ``flag`` names the option (or config key) the path came from."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise WidthscopeError(f"cannot write into {str(p)!r}: it is a file, not a directory; choose another {flag}")
-    created = [q for q in (p, *p.parents) if not q.exists()]
+    created = missing_parents(p / "x")
     try:
         p.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".widthscope-", suffix=".probe", dir=p)
@@ -234,11 +176,7 @@ def check_dir_writable(path: str | os.PathLike, flag: str = "--out") -> Path:
         err = unwritable(p / "…", exc)
         raise WidthscopeError(err if flag == "--out" else f"{flag}: {err}") from None
     finally:
-        for q in created:  # innermost first; only if still empty (another process may have filled it)
-            try:
-                q.rmdir()
-            except OSError:
-                continue  # not empty; rmdir never removes a folder that holds anything
+        remove_empty(created)
     return p
 
 
@@ -359,9 +297,9 @@ def float_list(text: str | None, flag: str) -> list[float] | None:
     vals = num_list(text, flag, float)
     if vals is not None and any(not (v > 0 and math.isfinite(v)) for v in vals):
         raise WidthscopeError(f"{flag} {text!r}: step sizes must be positive finite numbers")
-    if vals is not None and len(vals) > _MAX_ETAS:
+    if vals is not None and len(vals) > MAX_ETAS:
         raise WidthscopeError(
-            f"{flag}: {len(vals)} step sizes; at most {_MAX_ETAS} (each one evaluates the held-out pool at every point)"
+            f"{flag}: {len(vals)} step sizes; at most {MAX_ETAS} (each one evaluates the held-out pool at every point)"
         )
     return vals
 
