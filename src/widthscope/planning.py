@@ -200,31 +200,31 @@ def per_example(count: Callable[[int], int]) -> int:
     return max(two - one, one // 16, 0)
 
 
+def clocked(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    """``fn(*args, **kwargs)`` and the seconds it took."""
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - t0
+
+
+def seconds(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> float:
+    """The seconds ``fn(*args, **kwargs)`` takes."""
+    return clocked(fn, *args, **kwargs)[1]
+
+
 def timed(fn: Callable[[], Any], repeats: int = 2) -> float:
     """The best of ``repeats`` timings of ``fn()`` (the first also warms up)."""
-    best = math.inf
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return min(seconds(fn) for _ in range(repeats))
 
 
 def time_loop(run: Callable[[int], Any], small: int = 2, large: int = 6, min_s: float = 0.2) -> tuple[float, float]:
-    """``(fixed_s, step_s)`` of a training loop ``run(steps)`` (the run's own loop, on a copy):
-    timed at ``small`` and ``large`` steps after a one-step warm-up, the step the slope (``large``
-    raised until it takes ``min_s``: a slope over milliseconds is the clock's noise)."""
+    """``(fixed_s, step_s)`` of a training loop ``run(steps)``: timed at ``small`` and ``large`` steps
+    after a warm-up step (``large`` raised until it takes ``min_s``), the step the slope."""
     run(1)
-    got = []
-    for k in (small, large):
-        t0 = time.perf_counter()
-        run(k)
-        got.append(time.perf_counter() - t0)
+    got = [seconds(run, small), seconds(run, large)]
     if got[1] < min_s:
         large = min(50 * large, max(large + 1, math.ceil(large * min_s / max(got[1], 1e-6))))
-        t0 = time.perf_counter()
-        run(large)
-        got[1] = time.perf_counter() - t0
+        got[1] = seconds(run, large)
     step = max(0.0, (got[1] - got[0]) / (large - small))
     return max(0.0, got[0] - small * step), step
 
@@ -260,24 +260,10 @@ def _statistics(options: Any, n: tuple[int, int], d: int, rows: int) -> tuple[fl
     width = options.project or d
     a = {"p": torch.randn(n[0] * rows, width, generator=g, dtype=torch.float64)}
     b = {"p": torch.randn(n[1] * rows, width, generator=g, dtype=torch.float64)}
+    keys = ("pairs", "draws", "seed", "estimator", "pool", "project", "draw_scheme")
     with RssPeak() as peak:
-        t0 = time.perf_counter()
-        statistics(
-            a,
-            b,
-            pairs=options.pairs,
-            draws=options.draws,
-            seed=options.seed,
-            estimator=options.estimator,
-            pool=options.pool,
-            project=options.project,
-            dims={"p": d},
-            draw_scheme=options.draw_scheme,
-            sample_dtype=None,
-            sample_errors=None,
-        )
-        seconds = time.perf_counter() - t0
-    return seconds, peak.peak, (a["p"].numel() + b["p"].numel()) * 8
+        t = seconds(lambda: statistics(a, b, **{k: getattr(options, k) for k in keys}, dims={"p": d}))
+    return t, peak.peak, (a["p"].numel() + b["p"].numel()) * 8
 
 
 # ----------------------------------------------------------------------------- certify --plan
@@ -532,11 +518,7 @@ class _Growth:
         sizes = [(min(n_tr, m_), min(n_rk, k_)), (min(n_tr, 2 * m_), min(n_rk, k_)), (min(n_tr, m_), min(n_rk, 2 * k_))]
         with RssPeak() as peak:
             rank(*sizes[0], ends)  # warm-up
-            times = []
-            for a, b in sizes:
-                t0 = time.perf_counter()
-                rank(a, b, ends)
-                times.append(time.perf_counter() - t0)
+            times = [seconds(rank, a, b, ends) for a, b in sizes]
         a0, b0 = sizes[0]
         c_a = (times[1] - times[0]) / (sizes[1][0] - a0) if sizes[1][0] > a0 else times[0] / (a0 + b0)
         c_b = (times[2] - times[0]) / (sizes[2][1] - b0) if sizes[2][1] > b0 else times[0] / (a0 + b0)
@@ -571,7 +553,6 @@ def plan_linearize(config: Any, *, time_run: bool = True) -> Plan:
     cells of that shape."""
     from .linearization.config import make_cells, validate_config  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
     from .linearization.run import cell_inputs, run_cell  # noqa: PLC0415  start-up time: each command loads only its own pipeline
-    from .models import build  # noqa: PLC0415  start-up time: each command loads only its own pipeline
 
     cfg = validate_config(config)
     cells = make_cells(cfg)
@@ -580,17 +561,7 @@ def plan_linearize(config: Any, *, time_run: bool = True) -> Plan:
     tr, m = cfg["train"], cfg["model"]
     bs = int(tr["batch_size"]) or int(X.shape[0])
     widths = sorted({int(c["width"]) for c in cells})
-    torch.manual_seed(0)
-    net = build(
-        "mlp",
-        widths[-1],
-        in_dim=X.shape[1],
-        out_dim=k,
-        depth=m["depth"],
-        activation=m["activation"],
-        parametrization=m["parametrization"],
-        sigma_w=m["sigma_w"],
-    ).to(getattr(torch, tr["dtype"]))
+    net = _mlp(cfg, widths[-1], X, k).to(getattr(torch, tr["dtype"]))
     params, wbytes = weights(net)
 
     def loss(n: int) -> Any:
@@ -620,11 +591,9 @@ def plan_linearize(config: Any, *, time_run: bool = True) -> Plan:
         these = [c for c in cells if int(c["width"]) == w]
         corr = sum(1 for c in these if c["correlations"])
         with RssPeak() as p:
-            t0 = time.perf_counter()
-            run_cell(cfg, {**these[0], "correlations": False})
-            cell_s, corr_s = time.perf_counter() - t0, 0.0
+            cell_s, corr_s = seconds(run_cell, cfg, {**these[0], "correlations": False}), 0.0
             if corr:  # the derivative correlations: timed once, on the untrained model (the same cost)
-                corr_s = timed(functools.partial(_correlations, cfg, w, X, k), 1)
+                corr_s = seconds(_correlations, cfg, w, X, k)
         peak = max(peak, p.peak)
         what = f"width {w}: one cell x {len(these)}" + (f" + the correlations x {corr}" if corr else "")
         parts.append((what, cell_s * len(these) + corr_s * corr))
@@ -641,17 +610,21 @@ def plan_linearize(config: Any, *, time_run: bool = True) -> Plan:
     )
 
 
+def _mlp(cfg: Any, width: int, X: torch.Tensor, k: int) -> nn.Module:
+    """A linearize cell's network of ``width`` (seed 0)."""
+    from .models import build  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+
+    torch.manual_seed(0)
+    kw = {key: cfg["model"][key] for key in ("depth", "activation", "parametrization", "sigma_w")}
+    return build("mlp", width, in_dim=X.shape[1], out_dim=k, **kw)
+
+
 def _correlations(cfg: Any, width: int, X: torch.Tensor, k: int) -> None:
     """The derivative correlations a linearize cell measures, on a fresh model of ``width``."""
     from .linear.correlation import correlation_summary, parse_correlation_name  # noqa: PLC0415  start-up time: each command loads only its own pipeline
-    from .models import build  # noqa: PLC0415  start-up time: each command loads only its own pipeline
 
-    m, c = cfg["model"], cfg["correlations"]
-    torch.manual_seed(0)
-    model = build(
-        "mlp", width, in_dim=X.shape[1], out_dim=k, depth=m["depth"], activation=m["activation"],
-        parametrization=m["parametrization"], sigma_w=m["sigma_w"],
-    ).to(X.dtype)  # fmt: skip
+    c = cfg["correlations"]
+    model = _mlp(cfg, width, X, k).to(X.dtype)
     for name in c["measure"]:
         D, d = parse_correlation_name(name)
         correlation_summary(model, X, D=D, d=d, n_tuples=c["n_tuples"], eta=cfg["train"]["eta0"], output=c["output"])
@@ -671,9 +644,7 @@ def _bench_model(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
     from .growth.suite import build_model, cell_data, reproducible, split_held_out  # noqa: PLC0415  start-up time: each command loads only its own pipeline
     from .probe.growth import point_criteria  # noqa: PLC0415  start-up time: each command loads only its own pipeline
 
-    t0 = time.perf_counter()
-    train, test, _, student = cell_data(cell)
-    load_s = time.perf_counter() - t0
+    (train, test, _, student), load_s = clocked(cell_data, cell)
     sp = split_held_out(cell, test)
     torch.manual_seed(int(cell["seed"]))
     model = student if student is not None else build_model(cell, cell["depth"] if cell["family"] != "resnet20" else 0)
@@ -715,23 +686,10 @@ def _bench_model(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
         f, step = time_loop(loop)
         probe = index_batch(train, slice(0, min(int(cell["n_probe"]), batch_size_of(train))))
         lr_mid = float(cell["block_lrs"][lrs // 2])
-        t0 = time.perf_counter()
-        point_criteria(
-            model,
-            points[P // 2],
-            probe,
-            sp["rank"],
-            M=int(cell["M"]),
-            K=int(cell["K"]),
-            eta=lr_mid,
-            block_seed=0,
-            hidden=None,
-            batch_size=64,
-            gradmax_k=GRADMAX_K,
-            keep_gradmax_rows=True,
-        )
-        criteria = (time.perf_counter() - t0) * P
-        evals = {h: timed(functools.partial(mean_loss, model, sp[h], batch_size=64), 1) for h in ("rank", "B")}
+        MK = {"M": int(cell["M"]), "K": int(cell["K"])}
+        kw = dict(eta=lr_mid, block_seed=0, hidden=None, batch_size=64, gradmax_k=GRADMAX_K, keep_gradmax_rows=True)
+        criteria = seconds(point_criteria, model, points[P // 2], probe, sp["rank"], **MK, **kw) * P
+        evals = {h: seconds(mean_loss, model, sp[h], batch_size=64) for h in ("rank", "B")}
     checks = math.ceil(int(cell["max_steps"]) / int(cell["eval_every"])) * (2 if scratch else 1)
     n_rank = checks + P * lrs + clrs * P  # plateau checks, the lr grid's choice, the continue runs' choice
     n_b = 3 + P * 16  # before; per point: the trained blocks and the continue run, on A and B
@@ -873,9 +831,7 @@ def _target_setting(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
         return out
     seed = int(cell["seed"])
     with reproducible(1), RssPeak() as peak:
-        t0 = time.perf_counter()
-        ctx = CellContext(cell)
-        load_s = time.perf_counter() - t0
+        ctx, load_s = clocked(CellContext, cell)
         ctx.grid = math.inf  # no evaluation inside the timed loops but the last
         real: dict[str, nn.Module] = {}
         for k, s in shapes.items():
@@ -887,11 +843,9 @@ def _target_setting(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
             return lambda k: train_until(ctx, start_run(ctx, copy.deepcopy(m), seed), k * f)
 
         step_s = {k: time_loop(loop(m)) for k, m in real.items()}
-        eval_s = {k: timed(functools.partial(ctx.eval_loss, m), 1) for k, m in real.items()}
+        eval_s = {k: seconds(ctx.eval_loss, m) for k, m in real.items()}
         kinds = {SCHEDULES[s].kind for s in cell["schedules"]} & {"certificate", "misalignment"}
-        signal = sum(
-            timed(functools.partial(measure_signal, ctx, real[k], kd), 1) for k in real if k != "target" for kd in kinds
-        )
+        signal = sum(seconds(measure_signal, ctx, real[k], kd) for k in real if k != "target" for kd in kinds)
     train_s = sum(steps * step_s[k][1] + step_s[k][0] + n_eval * eval_s[k] for k, steps, n_eval in work)
     out.update(
         peak=peak.peak,
@@ -1063,12 +1017,8 @@ def _alignment_time(cfg: Any, fam: Any, width: float, budget: int) -> float:
         for L in probe_lengths(fam, cond):
             pa, pb, _, _ = probe_pools(fam, cond, L, split, cfg)
             one = pool_batches(pa, split.task, fam.probe_batch_size)[:1]
-            got = collect(model, one, points=points, pool=opts.pool, train_mode=opts.train_mode, progress=False)
-            batch_s = timed(
-                functools.partial(
-                    collect, model, one, points=points, pool=opts.pool, train_mode=opts.train_mode, progress=False
-                )
-            )
+            kw = dict(points=points, pool=opts.pool, train_mode=opts.train_mode, progress=False)
+            got, batch_s = collect(model, one, **kw), timed(functools.partial(collect, model, one, **kw))
             rows = batch_size_of(one[0])
             total += batch_s * (math.ceil(len(pa[0]) / rows) + math.ceil(len(pb[0]) / rows))
             if forward is None:  # the interventions run on the first condition and length
