@@ -1017,7 +1017,7 @@ def _alignment_time(cfg: Any, fam: Any, width: float, budget: int) -> float:
         for L in probe_lengths(fam, cond):
             pa, pb, _, _ = probe_pools(fam, cond, L, split, cfg)
             one = pool_batches(pa, split.task, fam.probe_batch_size)[:1]
-            kw = dict(points=points, pool=opts.pool, train_mode=opts.train_mode, progress=False)
+            kw: dict[str, Any] = dict(points=points, pool=opts.pool, train_mode=opts.train_mode, progress=False)
             got, batch_s = collect(model, one, **kw), timed(functools.partial(collect, model, one, **kw))
             rows = batch_size_of(one[0])
             total += batch_s * (math.ceil(len(pa[0]) / rows) + math.ceil(len(pb[0]) / rows))
