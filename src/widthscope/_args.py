@@ -1,10 +1,8 @@
 """Argument checks for the public Python API, run at the top of each public function.
 
-A wrong argument gets one line naming ``function(param=...)``, what the parameter accepts and what
-it got (type name and a short repr), before any work — not an ``AttributeError`` from deep inside.
-A wrong *type* raises :class:`~widthscope.errors.WidthscopeTypeError` (a ``TypeError``); the right
-type with a bad value raises :class:`~widthscope.errors.WidthscopeError` (a ``ValueError``).
-Each checker returns the value (``integer``/``number``: as int/float). No I/O; imports only torch.
+A wrong argument gets one line naming ``function(param=...)``, what it accepts and what it got,
+before any work: a wrong type raises :class:`~widthscope.errors.WidthscopeTypeError`, a bad value
+:class:`~widthscope.errors.WidthscopeError`. Each checker returns the value.
 
 Example::
 
@@ -68,8 +66,7 @@ def describe(value: Any, _depth: int = 0) -> str:
 
 
 def message(fn: str, name: str, accepts: str, value: Any) -> str:
-    """``fn(name=...): name must be <accepts>, got <type> <repr>`` ("must be" keeps the older
-    messages' wording, which tests and users match)."""
+    """``fn(name=...): name must be <accepts>, got <type> <repr>``."""
     return f"{fn}({name}=...): {name} must be {accepts}, got {describe(value)}"
 
 
@@ -95,8 +92,7 @@ def module(fn: str, name: str, value: Any, *, accepts: str = MODULE) -> nn.Modul
 
 
 def model_or_function(fn: str, value: Any) -> Any:
-    """An ``nn.Module`` or a function ``f(params, x)`` (the kernel tools). Worded as their older
-    message (``"ntk: expected an nn.Module or a function"``), which tests match."""
+    """An ``nn.Module`` or a function ``f(params, x)`` (the kernel tools)."""
     if not isinstance(value, nn.Module) and not callable(value):
         raise WidthscopeTypeError(
             f"{fn}: expected an nn.Module or a function f(params, x) with params= as "
@@ -128,9 +124,8 @@ def tensor(
     optional: bool = False,
     accepts: str | None = None,
 ) -> Any:
-    """A ``torch.Tensor`` (``arrays``: or a numpy array / nested list, converted by the caller) of
-    ``ndim`` dimensions (an int or a tuple of allowed ones) or at least ``min_ndim``; ``floating``:
-    a floating dtype."""
+    """A ``torch.Tensor`` (``arrays``: or an array / nested list) of ``ndim`` dimensions (one or a
+    tuple of them) or at least ``min_ndim``; ``floating``: a floating dtype."""
     if value is None and optional:
         return None
     what = accepts or _or_none(
@@ -215,8 +210,8 @@ def number(
     optional: bool = False,
     accepts: str | None = None,
 ) -> float | None:
-    """A real number (``int``, ``float``, numpy scalar; not ``bool``, not a string), not NaN, finite
-    unless ``finite=False``, in the range (``lo_open``/``hi_open``: strict bounds)."""
+    """A real number (not ``bool``, not NaN; finite unless ``finite=False``) in the range
+    (``lo_open``/``hi_open``: strict bounds)."""
     if value is None and optional:
         return None
     if accepts is None:
@@ -245,8 +240,7 @@ def boolean(fn: str, name: str, value: Any) -> bool:
 
 
 def choice(fn: str, name: str, value: Any, choices: Iterable[Any], *, values: bool = True) -> Any:
-    """One of ``choices`` (strings, maybe ``None``). ``values=False``: check the type only (the
-    function's own check words the unknown value)."""
+    """One of ``choices`` (strings, maybe ``None``); ``values=False``: the type only."""
     choices = tuple(choices)
     shown = ", ".join(repr(c) for c in choices)
     accepts = f"one of {shown}"
@@ -255,7 +249,6 @@ def choice(fn: str, name: str, value: Any, choices: Iterable[Any], *, values: bo
     if not isinstance(value, str):
         raise wrong_type(fn, name, accepts, value)
     if values and value not in choices:
-        # "unknown <name> '<value>'" is the older wording, which tests match.
         raise WidthscopeError(f"{fn}({name}=...): unknown {name} {value!r}; {name} must be {accepts}")
     return value
 
@@ -329,8 +322,7 @@ def not_a_collection(value: Any) -> bool:
 
 
 def points(fn: str, name: str, value: Any) -> Any:
-    """Insertion points: ``None`` (the defaults), a module name or comma-separated names, or an
-    iterable of module names."""
+    """Insertion points: ``None``, a module name or comma-separated names, or an iterable of names."""
     accepts = "None (the default points), a module name, a comma-separated string or a list of module names"
     if value is None or isinstance(value, str):
         return value
@@ -344,8 +336,7 @@ def points(fn: str, name: str, value: Any) -> Any:
 
 
 def sizes(fn: str, name: str, value: Any, *, optional: bool = False) -> Any:
-    """A sample size or a list of them (``certify``'s ``M``/``K``): whole numbers (ranges are the
-    function's own check)."""
+    """A sample size or a list of them (``certify``'s ``M``/``K``), whole numbers."""
     if value is None and optional:
         return None
     accepts = _or_none("a positive integer or a list of them (e.g. [16, 32, 64])", optional)
@@ -373,8 +364,7 @@ def tensor_pair(fn: str, name: str, value: Any, *, optional: bool = False) -> An
 
 
 def int_list(fn: str, name: str, value: Any, *, optional: bool = True, accepts: str | None = None) -> Any:
-    """An iterable of whole numbers (lists, tuples, ranges and sets are checked item by item; a
-    generator is not spent here); values are the function's own check."""
+    """An iterable of whole numbers (containers checked item by item; a generator is not spent)."""
     if value is None and optional:
         return None
     accepts = accepts or _or_none("a list of integers", optional)
@@ -388,7 +378,7 @@ def int_list(fn: str, name: str, value: Any, *, optional: bool = True, accepts: 
 
 
 def numbers_list(fn: str, name: str, value: Any, *, optional: bool = True, accepts: str | None = None) -> Any:
-    """A list (or tuple) of real numbers; values are the function's own check."""
+    """A list (or tuple) of real numbers."""
     if value is None and optional:
         return None
     accepts = accepts or _or_none("a list of numbers", optional)
@@ -405,9 +395,8 @@ def numbers_list(fn: str, name: str, value: Any, *, optional: bool = True, accep
 
 # ----------------------------------------------------------------------------- batches
 def is_batch(b: Any) -> bool:
-    """What the probe's forward pass takes as one batch (:func:`widthscope.probe.collect`): a mapping
-    (``input_ids``, ...; a ``BatchEncoding`` too), a non-floating tensor of token ids, or a pair
-    ``(x, y)`` whose ``x`` is a tensor (anything with a shape) or a mapping of model inputs."""
+    """One batch of the probe's forward pass: a mapping of model inputs, a tensor of token ids, or a
+    pair ``(x, y)`` whose ``x`` has a shape or is a mapping."""
     if isinstance(b, Mapping):
         return True
     if isinstance(b, torch.Tensor):
@@ -432,10 +421,8 @@ def _one_batch(value: Any) -> bool:
 
 
 def batches(fn: str, name: str, value: Any, *, single: bool = False) -> Any:
-    """An iterable of batches (:func:`is_batch`): a list, a tuple, a ``DataLoader``, a generator, or a
-    tensor of stacked id batches ``(n, B, T)``. ``single``: one batch is fine too (the functions that
-    pool their batches, e.g. ``intervene``). Lists and tuples are checked item by item; other
-    iterables are not drawn from here (a DataLoader would load, a generator would be spent)."""
+    """An iterable of batches (:func:`is_batch`), or a tensor of stacked id batches ``(n, B, T)``;
+    ``single``: one batch is fine too. Only lists and tuples are checked item by item."""
     accepts = f"an iterable of batches: {BATCH}" + (", or one such batch" if single else "")
     if single and _one_batch(value):
         return value

@@ -1,13 +1,7 @@
-"""The public functions: ``ws.certify``, ``ws.grow``, ``ws.sweep`` (plain functions, one module).
-
-- :func:`certify` ``(model, data, M=...)`` -> :class:`~widthscope.certification.result.CertifyResult`
-  (the typed result; :func:`widthscope.certification.pipeline.certify_dict` is the same pipeline
-  returning the JSON dict a results file holds);
-- :func:`grow` ``(model, data, options)`` -> the grow result dict (:mod:`widthscope.growth.pipeline`);
-- :func:`sweep` ``(config, out_dir)`` -> the grid result (:func:`widthscope.sweeps.alignment.run_sweep`).
-
-The pipelines behind them live in the packages ``widthscope.certification``, ``widthscope.growth``
-and ``widthscope.sweeps`` (nouns, so a package never shadows the function of its verb).
+"""The public functions ``ws.certify`` (-> :class:`~widthscope.certification.result.CertifyResult`),
+``ws.grow`` (:mod:`widthscope.growth.pipeline`) and ``ws.sweep``
+(:func:`widthscope.sweeps.alignment.run_sweep`); their pipelines live in the packages
+``widthscope.certification``, ``widthscope.growth`` and ``widthscope.sweeps``.
 """
 
 from __future__ import annotations
@@ -53,19 +47,12 @@ def certify(
 ) -> CertifyResult:
     """Certify every insertion point of ``model`` on ``data``; returns a :class:`CertifyResult`.
 
-    ``model``: any ``nn.Module``; a ``transformers.PreTrainedModel``'s task (and so its loss)
-    comes from its class or config, as the command line's does. ``data``: the train pool with
-    ``test`` the held-out one, each as the user holds it (:mod:`widthscope.data.objects`): a list
-    of texts (with ``tokenizer``, truncated to ``seq_len``), a ``BatchEncoding`` or mapping of
-    tensors (cut into batches of ``batch_size``), a ``datasets.Dataset`` (its ``text_column``,
-    default ``"text"``, or tokenized columns), a ``DataLoader``, or a list of batches; or a pair
-    ``(train, test)`` of those; or a ``datasets.DatasetDict`` (its ``train`` split trains, its
-    ``validation`` split, else ``test``, is held out; never re-split); or an
-    :class:`~widthscope.data.spec.InputSpec` (its pools are built for ``model`` by
-    :func:`widthscope.load_inputs` and cut into batches of ``batch_size``, with the loss of the
-    model's task). ``options`` (a :class:`~widthscope.options.CertifyOptions`) and the keywords
-    (``M=``, ``K=``, ``draws=``, ... as :func:`widthscope.certification.certify_dict` takes them) set the
-    statistics; the keywords override the options' fields.
+    ``data``: the train pool with ``test`` the held-out one, each as the user holds it
+    (:mod:`widthscope.data.objects`: texts with ``tokenizer``, a mapping of tensors, a
+    ``datasets.Dataset``, a ``DataLoader``, a list of batches); or a pair ``(train, test)``; or a
+    ``datasets.DatasetDict``; or an :class:`~widthscope.data.spec.InputSpec` (pools built by
+    :func:`widthscope.load_inputs`). ``options`` and the keywords (``M=``, ``draws=``, ... as
+    :func:`widthscope.certification.certify_dict` takes them, overriding its fields) set the statistics.
     """
     _args.module("certify", "model", model)
     check_keywords("certify", CertifyOptions, keywords, also=_ALSO, words="not a setting of certify", hints=_HINTS)

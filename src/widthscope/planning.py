@@ -114,12 +114,6 @@ class Plan:
 
 FIXED = "process start"  # the name every fixed part starts with
 
-SUITE_PLAN_HELP = (
-    "print what the whole run will cost (parameters and weights, bytes per example, the largest batch that "
-    "fits; the predicted wall time and peak memory of the whole process after timing {timed}) and exit: "
-    "nothing is trained and nothing is written (docs/big-models.md)"
-)
-
 
 # ----------------------------------------------------------------------------- the pieces
 def since_start() -> float:

@@ -20,12 +20,6 @@ from ..options import Options
 T = TypeVar("T", bound=Options)
 
 
-def _default_text(value: Any) -> str:
-    if isinstance(value, tuple):
-        return ",".join(map(str, value))
-    return str(value)
-
-
 class ArgumentAdder(Protocol):
     """A parser or one of its argument groups (what ``add_argument`` is called on)."""
 
@@ -42,21 +36,43 @@ def add_options(parser: ArgumentAdder, cls: type[Options], *, skip: Iterable[str
         meta = f.metadata
         if "kind" not in meta or not meta.get("cli", True) or f.name in skip:
             continue
-        kind, help_ = meta["kind"], meta["help"]
-        if "default" not in help_ and f.default is not None and kind != "bool":
-            help_ += f" (default {_default_text(f.default)})"
-        kw: dict[str, Any] = {"dest": f.name, "default": None, "help": help_}
-        if kind == "bool":
-            kw["action"] = "store_true"
-        else:
-            kw["type"] = {"int": int, "float": float}.get(kind, str)
-            if meta["choices"] is not None:
-                kw["choices"] = meta["choices"]
-            if meta.get("metavar"):
-                kw["metavar"] = meta["metavar"]
-            if f.name in nargs:  # separate values: read each as a number here
-                kw.update(nargs=len(nargs[f.name]), metavar=nargs[f.name], type=int if kind == "ints" else float)
+        kw = argument(f, None)
+        if "default" not in kw["help"] and f.default is not None and meta["kind"] != "bool":
+            shown = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default
+            kw["help"] += f" (default {shown})"
+        if f.name in nargs:  # separate values: read each as a number here
+            kw.update(nargs=len(nargs[f.name]), metavar=nargs[f.name], type=int if meta["kind"] == "ints" else float)
         parser.add_argument(cls.flag(f.name), **kw)
+
+
+def argument(f: dataclasses.Field, default: Any) -> dict[str, Any]:
+    """The ``add_argument`` keywords of the field ``f`` (an :func:`widthscope.options.option`)."""
+    meta = f.metadata
+    kw: dict[str, Any] = {"dest": f.name, "default": default, "help": meta["help"]}
+    if meta["kind"] == "bool":
+        kw["action"] = "store_true"
+    else:
+        kw["type"] = {"int": int, "float": float}.get(meta["kind"], str)
+        kw.update({key: meta[key] for key in ("choices", "metavar") if meta.get(key)})
+    return kw
+
+
+PLAN_HELP = (
+    "print what the whole run will cost (parameters and weights, bytes per example, the largest batch that fits; "
+    "the predicted wall time and peak memory of the whole process after timing {timed}) and exit: nothing is "
+    "{done} and nothing is written (docs/big-models.md)"
+)
+
+
+def add_plan(
+    parser: ArgumentAdder,
+    timed: str,
+    done: str = "trained",
+    no_time: str = "--plan without timing: the counts only, no predicted time",
+) -> None:
+    """``--plan`` (the cost plan after timing ``timed``) and ``--plan-no-time`` (``no_time``)."""
+    parser.add_argument("--plan", action="store_true", help=PLAN_HELP.format(timed=timed, done=done))
+    parser.add_argument("--plan-no-time", action="store_true", help=no_time)
 
 
 def load_config(path: str, section: str = "options") -> dict[str, Any]:

@@ -17,7 +17,7 @@ from ..errors import WidthscopeError
 from ..options import PROTOCOLS, CertifyOptions, CertifyRunOptions, InterventionOptions
 from ..planning import plan_certify
 from ..validate import check_pools, float_list, int_list, pairs_of
-from .args import add_options, load_config
+from .args import add_options, add_plan, load_config
 from .inputs import add_arguments as add_inputs
 from .inputs import spec_from_args
 
@@ -74,19 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="also write the pooled samples of every point (safetensors) for `widthscope stats`",
     )
-    out.add_argument(
-        "--plan",
-        action="store_true",
-        help="print the whole process's cost plan (parameters and weight bytes, bytes per probed example, the "
-        "largest batch that fits, the predicted wall time and peak memory after timing one batch) and exit: "
-        "nothing is probed and nothing is written (docs/big-models.md)",
-    )
-    out.add_argument(
-        "--plan-no-time",
-        action="store_true",
-        help="--plan without loading the weights (a Hugging Face checkpoint is counted on the meta device): "
-        "no time is predicted",
-    )
+    no_time = "--plan without loading the weights (a Hugging Face checkpoint is counted on the meta device)"
+    add_plan(out, "one batch", "probed", no_time + ": no time is predicted")
 
 
 # ----------------------------------------------------------------------------- presets and combinations

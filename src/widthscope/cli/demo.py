@@ -7,7 +7,7 @@ import argparse
 import torch
 
 from ..demo import DemoOptions, plan_demo, run_demo
-from .args import add_config, add_options, config_options
+from .args import add_config, add_options, add_plan, config_options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,13 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         '{"demo": {...}}); options given here override them',
     )
     add_options(parser, DemoOptions)
-    parser.add_argument(
-        "--plan",
-        action="store_true",
-        help="print each part's cost plan (the alignment sweeps' --plan, the linearization sweep's; the "
-        "predicted wall time after timing a batch or a cell of each) and exit: nothing is trained or written",
-    )
-    parser.add_argument("--plan-no-time", action="store_true", help="--plan without timing: the counts only")
+    add_plan(parser, "a batch or a cell of each part")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,16 +10,9 @@ from .._io import format_table
 from ..growth.options import GROW_POOLS, GrowOptions
 from ..growth.pipeline import run_grow
 from ..planning import plan_grow
-from .args import add_config, add_options, config_options
+from .args import add_config, add_options, add_plan, config_options
 from .inputs import add_arguments as add_inputs
 from .inputs import spec_from_args
-
-PLAN_HELP = (
-    "print the cost plan (parameters and weight memory at the dtype, FLOPs per training example, optimizer "
-    "state, activation memory per batch, the largest batch that fits, the predicted wall time after timing "
-    "one step of each training stage) and exit: nothing is trained and nothing is written (docs/big-models.md)"
-)
-PLAN_NO_TIME_HELP = "--plan without timing: the counts only, no predicted time"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,8 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config(p, "grow")
     add_options(p, GrowOptions)
     p.add_argument("--out", default=None, help="write the results as JSON (atomically) to this path")
-    p.add_argument("--plan", action="store_true", help=PLAN_HELP)
-    p.add_argument("--plan-no-time", action="store_true", help=PLAN_NO_TIME_HELP)
+    add_plan(p, "one step of each training stage")
 
 
 def _print_tables(

@@ -9,11 +9,10 @@ from .._io import format_table
 from ..errors import WidthscopeError
 from ..growth.bench import bench_out_dir, run_bench
 from ..growth.options import GrowBenchOptions
-from ..planning import SUITE_PLAN_HELP, plan_bench
+from ..planning import plan_bench
 from ..report.growth import write_report
 from ..validate import int_list
-from .args import add_config, add_options, config_options
-from .grow import PLAN_NO_TIME_HELP
+from .args import add_config, add_options, add_plan, config_options
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,12 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="run shard k of n (k/n) into a shared --out; under torchrun "
         "one shard per rank. The comparison is written when every cell is finished",
     )
-    p.add_argument(
-        "--plan",
-        action="store_true",
-        help=SUITE_PLAN_HELP.format(timed="one training step of each model"),
-    )
-    p.add_argument("--plan-no-time", action="store_true", help=PLAN_NO_TIME_HELP)
+    add_plan(p, "one training step of each model")
 
 
 def _seeds(text: str | None) -> tuple[int, ...] | None:

@@ -10,9 +10,8 @@ import torch
 from .._io import format_table
 from ..growth.options import GrowTargetOptions
 from ..growth.target_bench import COLUMNS, run_target, target_out_dir
-from ..planning import SUITE_PLAN_HELP, plan_target
-from .args import add_config, add_options, config_options
-from .grow import PLAN_NO_TIME_HELP
+from ..planning import plan_target
+from .args import add_config, add_options, add_plan, config_options
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,12 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "options given here override them",
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (each cell runs at one)")
-    p.add_argument(
-        "--plan",
-        action="store_true",
-        help=SUITE_PLAN_HELP.format(timed="one training step of each distinct model"),
-    )
-    p.add_argument("--plan-no-time", action="store_true", help=PLAN_NO_TIME_HELP)
+    add_plan(p, "one training step of each distinct model")
 
 
 def run(args: argparse.Namespace) -> int:

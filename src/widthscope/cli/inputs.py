@@ -12,6 +12,7 @@ from ..data.published import ALL
 from ..data.spec import INPUT_DEFAULTS, OPTIONAL_FIELDS, InputSpec
 from ..errors import WidthscopeError
 from ..growth.options import GROW_POOLS
+from .args import argument
 from .checks import given
 
 # --help groups: which input option is listed under "model" and "probe pools" (the rest: "data")
@@ -29,14 +30,9 @@ def add_arguments(
     n_train_help: str = "",
     n_test_help: str = "",
 ) -> None:
-    """The input options every command shares (model, data, tokenizer, sequences, pools), one
-    argument per field of :class:`~widthscope.data.spec.InputSpec` (its help, choices and type:
-    declared once, there).
-
-    Every argument but ``--model``'s and the pools' defaults to ``None``, so "was it given" is
-    knowable (:data:`widthscope.validate.APPLIES`); the spec fills the defaults in
-    (:meth:`InputSpec.filled`). ``model_*``, ``n_*``: the command's own; ``n_*_help`` describe a
-    default computed later (``n_train=None``)."""
+    """The input options every command shares, one argument per field of
+    :class:`~widthscope.data.spec.InputSpec` (its default: ``None`` but for ``--model`` and the
+    pools, the command's own; ``n_*_help``: a default computed later)."""
     fields = {f.name: f for f in dataclasses.fields(InputSpec)}
     meta = {name: f.metadata for name, f in fields.items()}
     groups = {title: p.add_argument_group(title) for title in ("model", "data", "probe pools")}
@@ -45,16 +41,7 @@ def add_arguments(
         if "kind" not in m or not m["cli"]:
             continue
         g = groups["model" if name in MODEL_OPTIONS else "probe pools" if name in POOL_OPTIONS else "data"]
-        default = fields[name].default  # None: not given (the field's fallback applies); else the field's own
-        kw: dict[str, Any] = {"dest": name, "default": default, "help": m["help"]}
-        if m["kind"] == "bool":
-            kw["action"] = "store_true"
-        else:
-            kw["type"] = {"int": int, "float": float}.get(m["kind"], str)
-            for key in ("choices", "metavar"):
-                if m.get(key):
-                    kw[key] = m[key]
-        g.add_argument("--" + name.replace("_", "-"), **kw)
+        g.add_argument("--" + name.replace("_", "-"), **argument(fields[name], fields[name].default))
         if name == "text_field":
             g.add_argument("--text-column", dest="text_field", help=argparse.SUPPRESS)
     p.add_argument(
@@ -76,12 +63,9 @@ def add_arguments(
 def spec_from_args(
     args: argparse.Namespace, command: str, *, preset: Mapping[str, Any] | None = None, seed: int | None = None
 ) -> InputSpec:
-    """The input spec of ``command`` (``certify``, ``grow``, or ``inputs`` for the bare input
-    options) from its parsed options; ``args`` is not changed.
-
-    An option counts as given when it is set (its argument defaults to ``None``). ``preset``: the
-    values of options not given (``certify --protocol``; not recorded as given). ``seed``: the
-    run's seed (the command's options hold it), else ``args.seed``."""
+    """The input spec of ``command`` (``certify``, ``grow``, or ``inputs``: the bare input options).
+    ``preset``: the values of options not given (``certify --protocol``); ``seed``: the run's seed,
+    else ``args.seed``."""
     fields = {f.name for f in dataclasses.fields(InputSpec)} - {"given", "cap_pools"}
     values: dict[str, Any] = {k: getattr(args, k) for k in fields if hasattr(args, k)}
     given_now = tuple(sorted(d for d in OPTIONAL_FIELDS if given(args, d)))

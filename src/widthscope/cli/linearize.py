@@ -17,10 +17,9 @@ from ..linearization.run import (
     run_file,
     run_linearize,
 )  # torch loads with the command, before signals act
-from ..planning import SUITE_PLAN_HELP, plan_linearize
+from ..planning import plan_linearize
 from ..validate import check_path_length
-from .args import add_config, add_options, config_options, load_config
-from .grow import PLAN_NO_TIME_HELP
+from .args import add_config, add_options, add_plan, config_options, load_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,8 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="results directory (default runs/<config name>)")
     add_options(parser, LinearizeOptions)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
-    parser.add_argument("--plan", action="store_true", help=SUITE_PLAN_HELP.format(timed="one cell of each width"))
-    parser.add_argument("--plan-no-time", action="store_true", help=PLAN_NO_TIME_HELP)
+    add_plan(parser, "one cell of each width")
 
 
 def _recorded(path: str) -> LinearizeOptions:
