@@ -1,18 +1,12 @@
 """The extension points: small registries, name -> callable (docs/architecture.md, "Extending").
 
 - :data:`GROWTH_OPERATORS`: how ``widthscope grow-target`` grows a model, ``fn(model, size, *, cell,
-  seed) -> widthscope.growth.operators.Growth`` (``size``: the grown model's depth or width, as the
-  entry's ``axis`` says; ``cell``: the benchmark cell's settings, e.g. ``cell["width"]``).
+  seed) -> widthscope.growth.operators.Growth`` (``size``: the grown depth or width, as ``axis`` says).
 - :data:`INTERVENTION_KINDS`: what :func:`widthscope.probe.interventions.intervene` measures,
-  ``fn(inputs) -> Measured`` (``inputs``: :class:`~widthscope.probe.interventions.InterventionInputs`,
-  the examples, losses and settings prepared once; returns the rows of predicted against measured
-  loss change per ``η`` and the steps taken). ``reuse_probe=True``: the activation's scale and the
-  held-out losses may come from a probe's ``reuse`` (the bias kind's). The options' choices
-  (``--interventions``, :data:`widthscope.options.INTERVENTION_KINDS`) are the built-in names.
+  ``fn(inputs) -> Measured``; ``reuse_probe=True``: it may reuse a probe's scale and losses.
 
-This module imports nothing heavy: the options read their choices from it (``--operators``), and the
-built-in entries are import paths (``"module:function"``) loaded on first use. A new entry is one
-function and one call::
+Built-in entries are import paths (``"module:function"``) loaded on first use, so this module imports
+nothing heavy. A new entry::
 
     from widthscope.registry import GROWTH_OPERATORS
 

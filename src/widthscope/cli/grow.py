@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 from typing import Any
 
 from .._io import format_table
@@ -30,10 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_plan(p, "one step of each training stage")
 
 
-def _print_tables(
-    res: dict[str, Any], *, criterion: str, M: int, K: int, steps: int, train_all: bool, compare: bool
-) -> None:
+def _print_tables(res: dict[str, Any], opts: GrowOptions) -> None:
     """The candidates, the certification line, the growth rows and the equal-FLOPs comparison."""
+    criterion, M, K, steps = opts.criterion, opts.M, opts.K, opts.steps
     cols = ["rank", "point", "score", "p_improve", "MK_needed_0.1", "MK_needed_0.05", "MK_needed_0.01"]
     cols += (
         ["d_align", "expectation", "b_exact", "b_align"]
@@ -53,22 +53,11 @@ def _print_tables(
     print(
         format_table(
             res["growth"],
-            [
-                "role",
-                "rank",
-                "point",
-                "loss_before",
-                "loss_after",
-                "delta",
-                "steps",
-                "flops",
-                "predicted_gain",
-                "predicted_first_step",
-                "new_parameters",
-            ],
+            "role rank point loss_before loss_after delta steps flops predicted_gain predicted_first_step "
+            "new_parameters".split(),
             title=f"growth: block trained {steps} steps "
-            f"({'all parameters' if train_all else 'new block only'})"
-            + ("; continue = the original model trained for the same FLOPs" if compare else ""),
+            f"({'all parameters' if opts.train_all else 'new block only'})"
+            + ("; continue = the original model trained for the same FLOPs" if opts.compare else ""),
         )
     )
     cont = [g for g in res["growth"] if g["role"] == "continue"]
@@ -83,50 +72,17 @@ def _print_tables(
 
 
 def run(args: argparse.Namespace) -> int:
-    # Seeds, sizes, devices, data paths and outputs were checked by cli.checks.check_args (cli.main);
-    # data options were refused for the built-in model by widthscope.validate.APPLIES.
-    # --config: the growth options a grow results JSON recorded; the inputs are this command line's
     base = config_options(GrowOptions, args.config, "grow", "grow") if args.config else None
     opts = GrowOptions.from_args(args, base)
     builtin = args.model == "builtin"
-    # the 2048/512 capped defaults live there; the inputs' seed (the checkpoint's pools) is the run's
     spec = None if builtin else spec_from_args(args, "grow", seed=opts.seed)
 
+    pools = dict(n_train=args.n_train if builtin else None, n_test=args.n_test if builtin else None)
     if args.plan or args.plan_no_time:
-        plan = plan_grow(
-            spec,
-            opts,
-            n_train=args.n_train if builtin else None,
-            n_test=args.n_test if builtin else None,
-            dtype=args.dtype,
-            time_run=not args.plan_no_time,
-        )
-        print(plan.table(), flush=True)
+        print(plan_grow(spec, opts, **pools, dtype=args.dtype, time_run=not args.plan_no_time).table(), flush=True)
         return 0
-
-    def report(res: dict[str, Any]) -> None:
-        _print_tables(
-            res,
-            criterion=opts.criterion,
-            M=opts.M,
-            K=opts.K,
-            steps=opts.steps,
-            train_all=opts.train_all,
-            compare=opts.compare,
-        )
-
-    # show: a bar on a terminal, periodic lines in a log (widthscope._io.progress)
-    run_grow(
-        spec,
-        opts,
-        n_train=args.n_train if builtin else None,
-        n_test=args.n_test if builtin else None,
-        dtype=args.dtype,
-        out=args.out,
-        show=True,
-        say=print,
-        report=report,
-    )
+    report = functools.partial(_print_tables, opts=opts)
+    run_grow(spec, opts, **pools, dtype=args.dtype, out=args.out, show=True, say=print, report=report)
     if args.out:
         print(f"\nwrote {args.out}")
     return 0

@@ -75,24 +75,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         format_table(
             sel,
-            [
-                "budget",
-                "criterion",
-                "spearman",
-                "hit",
-                "norm_regret",
-                "norm_regret_lo",
-                "norm_regret_hi",
-                "gain",
-                "continue",
-                "train_all",
-                "advantage",
-                "advantage_lo",
-                "advantage_hi",
-                "ties",
-                "nan",
-                "cost_steps",
-            ],
+            "budget criterion spearman hit norm_regret norm_regret_lo norm_regret_hi gain continue train_all "
+            "advantage advantage_lo advantage_hi ties nan cost_steps".split(),
             title=f"growth benchmark ({suite}): overall, mean over models of the mean over seeds "
             "(gains in nats on evaluation half B; continue/train_all: same FLOPs)",
         )
