@@ -30,6 +30,7 @@ command line masks them (seeded, train ``seed``, held-out ``seed + 1``).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,10 +39,9 @@ from torch.utils.data import DataLoader
 
 from .._args import describe, is_batch, not_a_collection
 from ..errors import WidthscopeError, WidthscopeTypeError
-from ..models.hf import max_positions
+from ..models.hf import hf_task, max_positions, vocab_size
 from ..probe.batches import to_batches
 from ..probe.collect import masked_lm_loss
-from .loading import check_vocabulary, mask_tokens, task_of
 
 __all__ = ["batches_from", "pools_from", "is_object_pool", "task_of", "loss_for", "DATA_ACCEPTS", "TOKENIZER_ACCEPTS"]
 
@@ -58,7 +58,130 @@ TOKENIZER_ACCEPTS = (
 LM = ("causal-lm", "lm")
 
 
-# ----------------------------------------------------------------------------- task and loss
+# ----------------------------------------------------------------------------- task, tokenizer and loss
+def _is_hf(model: nn.Module) -> bool:
+    return any(c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers") for c in type(model).__mro__)
+
+
+def wrapped_model(model: nn.Module) -> nn.Module | None:
+    """The model a wrapper holds, or None (not a wrapper): a PEFT model's base model
+    (``get_base_model()``), a ``torch.compile``d module's original (``_orig_mod``)."""
+    get = getattr(model, "get_base_model", None)
+    if callable(get):
+        try:
+            inner = get()
+        except Exception:  # noqa: BLE001 - a method of that name that is not PEFT's: not a wrapper
+            inner = None
+        if isinstance(inner, nn.Module) and inner is not model:
+            return inner
+    inner = model._modules.get("_orig_mod") if isinstance(model, nn.Module) else None
+    return inner if isinstance(inner, nn.Module) and inner is not model else None
+
+
+def task_of(model: nn.Module) -> str | None:
+    """The model's task: ``widthscope_task`` (models widthscope loaded), a widthscope family
+    (``lm`` / ``classification``), or a ``transformers.PreTrainedModel``'s head from its class (else
+    its ``config.architectures``); a wrapper's (PEFT, ``torch.compile``: :func:`wrapped_model`) is
+    the task of the model it wraps; None for any other ``nn.Module`` (its task is unknown)."""
+    for _ in range(8):  # a compiled PEFT model: wrappers around wrappers
+        task = _own_task(model)
+        inner = wrapped_model(model) if task is None else None
+        if inner is None:
+            return task
+        model = inner
+    return None
+
+
+def _own_task(model: nn.Module) -> str | None:
+    task = getattr(model, "widthscope_task", None)
+    if isinstance(task, str) and task:
+        return task
+    if getattr(model, "widthscope_config", None) is not None:
+        fam = (getattr(model, "widthscope_config", None) or {}).get("family")
+        return "lm" if fam in ("llama", "pythia") else "classification"
+    if not _is_hf(model):
+        return None
+
+    try:
+        return hf_task({"architectures": [type(model).__name__]}, f"{type(model).__name__}")
+    except WidthscopeError:
+        archs = list(getattr(getattr(model, "config", None), "architectures", None) or [])
+        if archs:
+            return hf_task({"architectures": archs}, f"{type(model).__name__}.config")
+        raise
+
+
+def model_dir(model: nn.Module) -> Path | None:
+    hf = getattr(model, "widthscope_hf", None) or {}
+    return Path(hf["directory"]) if hf.get("directory") else None
+
+
+def check_ids(ids: torch.Tensor, model: nn.Module, what: str) -> None:
+    """Every token id in ``[0, vocab)``, before any forward pass (one line naming both sizes)."""
+    V = vocab_size(model)
+    if V is None or ids.numel() == 0:
+        return
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= V:
+        raise WidthscopeError(
+            f"{what} token ids span {lo}..{hi} but the model's vocabulary has {V} entries "
+            f"(ids 0..{V - 1}): the tokenizer does not match the model; pass the matching "
+            "one with --tokenizer"
+        )
+
+
+def tokenizer_name(tok: Any) -> str:
+    return getattr(tok, "name", None) or f"{type(tok).__name__}({getattr(tok, 'name_or_path', '')})"
+
+
+def check_vocabulary(tok: Any, model: nn.Module, where: str | None = None) -> None:
+    """The tokenizer must not produce ids the model's embedding does not have. ``where`` names the
+    Python argument (``certify(tokenizer=...)``); None: the command line's ``--tokenizer``."""
+    V = vocab_size(model)
+    if V is None:
+        return
+    try:
+        n = len(tok)
+    except TypeError:  # a tokenizer callable of no known size: its ids are checked as they come
+        return
+    if n > V:
+        fix = "pass the matching one with --tokenizer" if where is None else "pass the model's own tokenizer"
+        raise WidthscopeError(
+            f"{where + ': ' if where else ''}tokenizer {tokenizer_name(tok)} has {n} tokens but the model's "
+            f"embedding has {V} rows: this is not the model's tokenizer; {fix}"
+        )
+
+
+def mask_tokens(
+    ids: torch.Tensor, attention: torch.Tensor, tok: Any, *, rate: float = 0.15, seed: int = 0
+) -> tuple[dict[str, torch.Tensor], int]:
+    """Masked-LM examples: ``rate`` of each sequence's ordinary tokens (at least one) replaced by
+    the mask token (seeded); ``labels`` hold the originals there and ``-100`` elsewhere.
+
+    Returns the batch dict and the number of sequences dropped for having no ordinary token.
+    """
+    mask_id = getattr(tok, "mask_token_id", None)
+    if mask_id is None:
+        raise WidthscopeError(
+            f"tokenizer {tokenizer_name(tok)} has no mask token: a masked LM needs one "
+            "(use the checkpoint's own tokenizer)"
+        )
+    special = torch.tensor(sorted(set(getattr(tok, "all_special_ids", []) or [])), dtype=torch.int64)
+    cand = attention.bool() & ~torch.isin(ids, special)
+    keep = cand.any(1)
+    ids, attention, cand = ids[keep], attention[keep], cand[keep]
+    g = torch.Generator().manual_seed(int(seed))
+    score = torch.rand(ids.shape, generator=g).masked_fill(~cand, 2.0)
+    n_mask = (cand.sum(1).float() * rate).round().clamp_min(1).long()
+    order = score.argsort(1)
+    ranks = torch.empty_like(order)
+    ranks.scatter_(1, order, torch.arange(ids.shape[1]).expand_as(order).contiguous())
+    chosen = (ranks < n_mask[:, None]) & cand
+    labels = torch.where(chosen, ids, torch.full_like(ids, -100))
+    masked = torch.where(chosen, torch.full_like(ids, int(mask_id)), ids)
+    return {"input_ids": masked, "attention_mask": attention, "labels": labels}, int((~keep).sum())
+
+
 def loss_for(task: str | None) -> Callable[[Any, Any], torch.Tensor] | None:
     """The loss the command line uses for ``task`` (None: the probe's default for the batch)."""
     if task == "masked-lm":
@@ -270,10 +393,6 @@ def dataset_pool(
     return pool, True, f"datasets.Dataset of {len(ds)} texts (column {col!r})"
 
 
-def _split(pool: Any, batch_size: int) -> list[Any]:
-    return to_batches(pool, batch_size)
-
-
 # ----------------------------------------------------------------------------- public
 def batches_from(
     obj: Any,
@@ -311,7 +430,7 @@ def batches_from(
         pool = _tokenize(obj, tokenizer, seq_len, where)
         check_positions(model, pool["input_ids"], where)
         return (
-            _split(prepare_objects(pool, task, tokenizer, seed, where, from_text=True), batch_size),
+            to_batches(prepare_objects(pool, task, tokenizer, seed, where, from_text=True), batch_size),
             loss,
             (f"{len(obj)} texts"),
         )
@@ -322,7 +441,7 @@ def batches_from(
         kind = type(obj).__name__
         n = next(iter(pool.values())).shape[0]
         return (
-            _split(prepare_objects(pool, task, tokenizer, seed, where, from_text=False), batch_size),
+            to_batches(prepare_objects(pool, task, tokenizer, seed, where, from_text=False), batch_size),
             loss,
             (f"{kind} of {n} examples"),
         )
@@ -331,7 +450,11 @@ def batches_from(
             raise _bad_data(fn, name, obj, " (an IterableDataset: materialise it, e.g. Dataset.from_list(list(it)))")
         pool, from_text, what = dataset_pool(obj, task, tokenizer, seq_len, text_column, where)
         check_positions(model, pool["input_ids"], where)
-        return _split(prepare_objects(pool, task, tokenizer, seed, where, from_text=from_text), batch_size), loss, what
+        return (
+            to_batches(prepare_objects(pool, task, tokenizer, seed, where, from_text=from_text), batch_size),
+            loss,
+            what,
+        )
     if isinstance(obj, DataLoader):
         out = []
         for b in obj:  # drawn once: the pool stays fixed

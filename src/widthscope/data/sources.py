@@ -7,7 +7,7 @@ split and the held-out pool its ``validation``, else ``test``, split; never pool
 unless ``--test-fraction`` asks for it).
 
 Tokenized objects (a ``BatchEncoding``, a mapping of tensors, a ``DataLoader``, a ``Dataset`` with
-``input_ids``) are pools of examples, not documents: :mod:`widthscope.data.object_pools`."""
+``input_ids``) are pools of examples, not documents: :func:`widthscope.data.pools.object_pools`."""
 
 from __future__ import annotations
 

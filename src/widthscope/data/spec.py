@@ -37,8 +37,8 @@ from ..errors import WidthscopeError, WidthscopeTypeError
 from ..models.dispatch import DEVICE_MAPS, parse_max_memory
 from ..options import SEED_MAX, option
 from . import DATASETS
-from .corpus import precheck
 from .hf_datasets import check_ref, is_hf_ref, parse_ref
+from .sniff import precheck
 from .sources import check_object
 from .sources import describe as describe_source
 
@@ -55,6 +55,14 @@ __all__ = [
 ]
 
 PoolSize = int | Literal["all"]  # a whole number >= 4, or "all"
+ALL = "all"
+
+
+def is_all(n: Any) -> bool:
+    """A pool size of ``"all"``: every sequence / example the source gives."""
+    return isinstance(n, str) and n == ALL
+
+
 # A data field: a path, a dataset name, hf:NAME[:CONFIG][@REVISION], or an object in memory
 # (list[str], datasets.Dataset/DatasetDict, BatchEncoding/Mapping of tensors, DataLoader).
 Source = Any

@@ -27,7 +27,7 @@ import torch
 
 from ..errors import WidthscopeError
 from . import Split, subset
-from .corpus import TABULAR, sniff
+from .sniff import TABULAR, sniff
 
 
 def _files(root: str | None) -> tuple[list[Path], str, list[str]]:
