@@ -45,7 +45,7 @@ def _text_pieces(path: Path) -> Iterator[str]:
             yield piece + rest
 
 
-def column_text(row: dict[str, Any], field: str, where: str, i: int) -> str:
+def _column_text(row: dict[str, Any], field: str, where: str, i: int) -> str:
     if field not in row:
         raise WidthscopeError(
             f"{where} has no field/column {field!r} (it has: {', '.join(map(str, row))}); pass --text-field NAME"
@@ -156,7 +156,7 @@ def documents(
             )
         files, where = (fs.files if split is None else fs.splits[split]), fs.describe(split)
     else:
-        files = _files(path) if path.is_dir() and not tabular else []
+        files = files_under(path) if path.is_dir() and not tabular else []
     tables = _table_files(files, path)
     if text_field is not None and not (tabular or tables):
         raise WidthscopeError(
@@ -174,33 +174,15 @@ def documents(
         return _table_docs(tables, field, label_field), f"{src}, field {field!r}"
     if tabular:
         rows, source = _rows(path, split)
-
-        def gen() -> Iterator[Any]:
-            for i, row in enumerate(rows):
-                text = column_text(row, field, str(path), i)
-                if label_field is None:
-                    yield iter([text])
-                    continue
-                if label_field not in row:
-                    raise WidthscopeError(
-                        f"{path} has no label column {label_field!r} (it has: "
-                        f"{', '.join(map(str, row))}); pass --label-field NAME"
-                    )
-                yield iter([text]), row[label_field]
-
-        return gen(), f"{source}, field {field!r}"
+        return row_documents(rows, field, label_field, str(path)), f"{source}, field {field!r}"
     if path.is_file():
         reason = sniff(path)
         if reason is not None:
             raise WidthscopeError(f"{path} {reason}")
         return iter([_text_pieces(path)]), f"text file {path}"
-    good = []
-    for p in files:
-        reason = sniff(p)
-        if reason is None:
-            good.append(p)
-        elif skipped is not None:
-            skipped.append(f"{p.relative_to(path)}: {reason.split(':')[0]}")
+    good, binary = text_only(files, path)
+    if skipped is not None:
+        skipped += binary
     if not good:
         raise WidthscopeError(
             f"{path}: none of its {len(files)} files is text (by content); point --data at "
@@ -209,7 +191,8 @@ def documents(
     return (_text_pieces(p) for p in good), where or f"{len(good)} text files under {path}"
 
 
-def _files(path: Path) -> list[Path]:
+def files_under(path: Path) -> list[Path]:
+    """The files under ``path`` in path order, hidden ones left out."""
     return sorted(
         (
             p
@@ -218,6 +201,33 @@ def _files(path: Path) -> list[Path]:
         ),
         key=lambda p: p.relative_to(path).as_posix(),
     )
+
+
+def text_only(files: list[Path], root: Path) -> tuple[list[Path], list[str]]:
+    """The ``files`` that are text by content, and ``"file: why"`` for the others."""
+    good, skipped = [], []
+    for p in files:
+        reason = sniff(p)
+        if reason is None:
+            good.append(p)
+        else:
+            skipped.append(f"{p.relative_to(root)}: {reason.split(':')[0]}")
+    return good, skipped
+
+
+def row_documents(rows: Any, field: str, label_field: str | None, where: str) -> Iterator[Any]:
+    """Rows (dicts) as documents: the ``field`` text (with its label when asked)."""
+    for i, row in enumerate(rows):
+        text = _column_text(row, field, where, i)
+        if label_field is None:
+            yield iter([text])
+            continue
+        if label_field not in row:
+            raise WidthscopeError(
+                f"{where} has no label column {label_field!r} (it has: {', '.join(map(str, row))}); "
+                "pass --label-field NAME"
+            )
+        yield iter([text]), row[label_field]
 
 
 def _table_files(files: list[Path], path: Path) -> list[Path]:

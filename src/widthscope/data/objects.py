@@ -1,30 +1,15 @@
-r"""Objects a Hugging Face user already holds, turned into probe batches.
+r"""Objects a Hugging Face user already holds, turned into probe batches, and what the input layer
+needs to know of a model in memory: its task (:func:`task_of`), whether a tokenizer and token ids fit
+it (:func:`check_vocabulary`, :func:`check_ids`), masked-LM masking (:func:`mask_tokens`).
 
-:func:`batches_from` takes one pool as the user has it in memory and returns a list of batches
-(as :func:`widthscope.probe.collect` takes them), the loss of the model's task (or None: the
-probe's default for the batch shape) and a short description for the results:
-
-- a ``list[str]`` of texts, with a tokenizer: tokenized with truncation to ``seq_len``, padded on
-  the right to the longest text of the pool (one length for the whole pool), with
-  ``attention_mask`` and, for a causal LM, ``labels`` = the ids with the padding at ``-100``;
-- a ``BatchEncoding`` (what ``tokenizer(texts, padding=True, return_tensors="pt")`` returns) or
-  any mapping of tensors (``input_ids``, ``attention_mask``, ``labels``, ``pixel_values``, ...):
-  the whole pool, cut into batches of ``batch_size`` along dim 0;
-- a ``datasets.Dataset``: a text column (``text_column``, default ``"text"``) is tokenized as a
-  list of texts; tokenized columns (``input_ids`` and optionally ``attention_mask``/``labels``)
-  are padded on the right into tensors;
-- a ``torch.utils.data.DataLoader``: drawn once, each batch as it comes;
-- a list of batches (``(x, y)``, LongTensor ids, dicts with ``input_ids``).
-
-:func:`pools_from` adds a ``datasets.DatasetDict``: its ``train`` split is the train pool and its
-``validation`` split (else ``test``) the held-out pool; it is never re-split.
-
-The task of the model comes from the model (:func:`task_of`: ``widthscope_task``, a
-widthscope family, or a ``transformers.PreTrainedModel``'s class / ``config.architectures``),
-never assumed; the loss is the one the command line uses for that task (the masked-LM loss for
-masked LMs; the probe's causal-LM / cross-entropy default otherwise). A sequence classifier takes
-``({"input_ids", "attention_mask"}, labels)`` pairs, a masked LM gets its tokens masked as the
-command line masks them (seeded, train ``seed``, held-out ``seed + 1``).
+:func:`batches_from` takes one pool as the user has it (see :data:`DATA_ACCEPTS`) and returns a list
+of batches, the loss of the model's task (None: the probe's default) and a short description. Texts
+are tokenized with truncation to ``seq_len`` and right-padded to the pool's longest (a causal LM
+gets ``labels`` with the padding at ``-100``); a mapping of tensors is cut into batches along dim 0;
+a ``DataLoader`` is drawn once. :func:`pools_from` adds a ``DatasetDict`` (``train`` -> train pool,
+``validation``, else ``test`` -> held-out pool, never re-split). A sequence classifier takes
+``({"input_ids", "attention_mask"}, labels)`` pairs; a masked LM's tokens are masked as the command
+line masks them (seeded: train ``seed``, held-out ``seed + 1``).
 """
 
 from __future__ import annotations
@@ -59,10 +44,6 @@ LM = ("causal-lm", "lm")
 
 
 # ----------------------------------------------------------------------------- task, tokenizer and loss
-def _is_hf(model: nn.Module) -> bool:
-    return any(c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers") for c in type(model).__mro__)
-
-
 def wrapped_model(model: nn.Module) -> nn.Module | None:
     """The model a wrapper holds, or None (not a wrapper): a PEFT model's base model
     (``get_base_model()``), a ``torch.compile``d module's original (``_orig_mod``)."""
@@ -96,12 +77,13 @@ def _own_task(model: nn.Module) -> str | None:
     task = getattr(model, "widthscope_task", None)
     if isinstance(task, str) and task:
         return task
-    if getattr(model, "widthscope_config", None) is not None:
-        fam = (getattr(model, "widthscope_config", None) or {}).get("family")
-        return "lm" if fam in ("llama", "pythia") else "classification"
-    if not _is_hf(model):
+    config = getattr(model, "widthscope_config", None)
+    if config is not None:
+        return "lm" if (config or {}).get("family") in ("llama", "pythia") else "classification"
+    if not any(
+        c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers") for c in type(model).__mro__
+    ):
         return None
-
     try:
         return hf_task({"architectures": [type(model).__name__]}, f"{type(model).__name__}")
     except WidthscopeError:
@@ -282,11 +264,14 @@ def _tokenize(texts: Sequence[str], tokenizer: Any, seq_len: int | None, where: 
         raise WidthscopeError(
             f"{where}: the tokenizer failed on the texts ({type(exc).__name__}: {first[:200]})"
         ) from None
-    rows = [list(r) for r in rows]
-    lengths = torch.tensor([len(r) for r in rows])
+    return _padded_ids([list(r) for r in rows], tokenizer)
+
+
+def _padded_ids(rows: list[list[int]], tokenizer: Any) -> dict[str, torch.Tensor]:
+    """Token id rows right-padded to the longest, with their attention mask."""
     ids = _pad_right(rows, pad_id_of(tokenizer))
-    mask = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).to(torch.int64)
-    return {"input_ids": ids, "attention_mask": mask}
+    lengths = torch.tensor([len(r) for r in rows])
+    return {"input_ids": ids, "attention_mask": (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()}
 
 
 def check_positions(model: nn.Module, ids: torch.Tensor, where: str) -> None:
@@ -362,14 +347,9 @@ def dataset_pool(
         if not isinstance(first, (list, tuple)):
             labels = None
     if "input_ids" in cols and text_column is None:
-        rows = [list(r) for r in ds["input_ids"]]
-        lengths = torch.tensor([len(r) for r in rows])
-        ids = _pad_right(rows, pad_id_of(tokenizer))
+        pool = _padded_ids([list(r) for r in ds["input_ids"]], tokenizer)
         if "attention_mask" in cols:
-            mask = _pad_right([list(r) for r in ds["attention_mask"]], 0)
-        else:
-            mask = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).to(torch.int64)
-        pool = {"input_ids": ids, "attention_mask": mask}
+            pool["attention_mask"] = _pad_right([list(r) for r in ds["attention_mask"]], 0)
         if labels is not None:
             lab = list(ds[labels])
             pool["labels"] = (
@@ -421,35 +401,25 @@ def batches_from(
 
     if isinstance(obj, (str, bytes)):
         raise _bad_data(fn, name, obj, " (a path or name: use widthscope.InputSpec(model=..., data=PATH))")
+    pool: dict[str, torch.Tensor] | None = None
+    from_text = False
     if _is_texts(obj):
         if task is None:
             raise WidthscopeError(
                 f"{where}: texts need a model whose task is known (a transformers PreTrainedModel or "
                 f"a widthscope model); {type(model).__name__} is neither: pass tokenized batches"
             )
-        pool = _tokenize(obj, tokenizer, seq_len, where)
-        check_positions(model, pool["input_ids"], where)
-        return (
-            to_batches(prepare_objects(pool, task, tokenizer, seed, where, from_text=True), batch_size),
-            loss,
-            (f"{len(obj)} texts"),
-        )
-    if isinstance(obj, Mapping) and not isinstance(obj, torch.Tensor):
+        pool, from_text, what = _tokenize(obj, tokenizer, seq_len, where), True, f"{len(obj)} texts"
+    elif isinstance(obj, Mapping) and not isinstance(obj, torch.Tensor):
         pool = from_mapping(obj, where)
-        if "input_ids" in pool:
-            check_positions(model, pool["input_ids"], where)
-        kind = type(obj).__name__
-        n = next(iter(pool.values())).shape[0]
-        return (
-            to_batches(prepare_objects(pool, task, tokenizer, seed, where, from_text=False), batch_size),
-            loss,
-            (f"{kind} of {n} examples"),
-        )
-    if _is_dataset(obj):
+        what = f"{type(obj).__name__} of {next(iter(pool.values())).shape[0]} examples"
+    elif _is_dataset(obj):
         if not hasattr(obj, "column_names") or not hasattr(obj, "__len__"):
             raise _bad_data(fn, name, obj, " (an IterableDataset: materialise it, e.g. Dataset.from_list(list(it)))")
         pool, from_text, what = dataset_pool(obj, task, tokenizer, seq_len, text_column, where)
-        check_positions(model, pool["input_ids"], where)
+    if pool is not None:
+        if "input_ids" in pool:
+            check_positions(model, pool["input_ids"], where)
         return (
             to_batches(prepare_objects(pool, task, tokenizer, seed, where, from_text=from_text), batch_size),
             loss,

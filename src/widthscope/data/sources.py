@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 from ..errors import WidthscopeError
 from . import DATASETS, hf_datasets
-from .corpus import column_text, documents
+from .corpus import documents, row_documents
 from .splits import HELD_OUT, SplitChoice, choose_among, choose_splits, dataset_splits, default_split
 
 __all__ = [
@@ -216,21 +216,6 @@ def same_source(a: Any, b: Any) -> bool:
 
 
 # ----------------------------------------------------------------------------- documents
-def _row_docs(rows: Any, field: str, label_field: str | None, where: str) -> Iterator[Any]:
-    """Rows (dicts) as documents: the ``field`` text (with its label when asked)."""
-    for i, row in enumerate(rows):
-        text = column_text(row, field, where, i)
-        if label_field is None:
-            yield iter([text])
-            continue
-        if label_field not in row:
-            raise WidthscopeError(
-                f"{where} has no label column {label_field!r} (it has: {', '.join(map(str, row))}); "
-                "pass --label-field NAME"
-            )
-        yield iter([text]), row[label_field]
-
-
 def documents_of(
     src: Any,
     *,
@@ -249,7 +234,7 @@ def documents_of(
         if split is None:
             raise WidthscopeError(f"{src}: name its split with --train-split/--test-split")
         rows, desc = hf_datasets.rows(ref, split, whole=whole)
-        return _row_docs(rows, field, label_field, f"{src} split {split!r}"), f"{desc}, field {field!r}"
+        return row_documents(rows, field, label_field, f"{src} split {split!r}"), f"{desc}, field {field!r}"
     if isinstance(src, str):
         return documents(src, text_field=text_field, split=split, label_field=label_field, skipped=skipped)
     if _is_texts(src):
@@ -276,6 +261,6 @@ def documents_of(
         raise WidthscopeError(
             f"{where} in memory has no column {field!r} (columns: {', '.join(cols)}): pass text_field=NAME"
         )
-    return _row_docs(iter(ds), field, label_field, f"{where} in memory"), (
+    return row_documents(iter(ds), field, label_field, f"{where} in memory"), (
         f"{where} in memory ({len(ds)} rows), field {field!r}"
     )

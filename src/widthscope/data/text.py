@@ -27,6 +27,7 @@ import torch
 
 from ..errors import WidthscopeError
 from . import Split, subset
+from .corpus import files_under, text_only
 from .sniff import TABULAR, sniff
 
 
@@ -52,21 +53,7 @@ def _files(root: str | None) -> tuple[list[Path], str, list[str]]:
             raise WidthscopeError(f"text: {path} {reason}")
         return [path], str(path), []
     if path.is_dir():
-        # Text by content, not by suffix: every non-hidden file that reads as UTF-8 text.
-        files, skipped = [], []
-        for p in sorted(
-            (
-                p
-                for p in path.rglob("*")
-                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
-            ),
-            key=lambda p: p.relative_to(path).as_posix(),
-        ):
-            reason = sniff(p)
-            if reason is None:
-                files.append(p)
-            else:
-                skipped.append(f"{p.relative_to(path)}: {reason.split(':')[0]}")
+        files, skipped = text_only(files_under(path), path)  # text by content, not by suffix
         if not files:
             raise WidthscopeError(
                 f"text: none of the files under {path} is text (by content); "
