@@ -102,7 +102,9 @@ def resolve(spec: InputSpec, *, model: nn.Module | None = None, show_progress: b
         _check_revision_of(model, spec)
     inputs = _resolve(spec.filled(), model, show_progress)
     inputs.spec = spec
-    _record_hub(inputs)
+    rec = hub_record(inputs.model)  # a hub model's id, the revision asked for and its commit
+    if rec is not None:
+        inputs.info["hub"] = dict(rec)
     return inputs
 
 
@@ -131,13 +133,6 @@ def _check_revision_of(model: nn.Module, spec: InputSpec) -> None:
             f"revision {rec.get('revision')!r} (commit {rec.get('commit')}): load it with "
             "widthscope.data.inputs.load_model(spec.model, revision=spec.revision)"
         )
-
-
-def _record_hub(inputs: Inputs) -> None:
-    """A hub model's id, the revision asked for and the commit it resolved to, in ``info["hub"]``."""
-    rec = hub_record(inputs.model)
-    if rec is not None:
-        inputs.info["hub"] = dict(rec)
 
 
 def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> Inputs:
@@ -330,12 +325,8 @@ def load_model(
 ) -> nn.Module:
     """A checkpoint (widthscope or Hugging Face) on the CPU in eval mode, with a clear error.
 
-    ``path``: a local checkpoint, a Hugging Face hub id ``org/name`` at ``revision`` (branch, tag or
-    commit; default ``main``), or a hub cache folder ``models--org--name`` (:mod:`widthscope.hub`:
-    resolved to the local snapshot; the cache only when ``HF_HUB_OFFLINE=1``). A hub model carries
-    ``widthscope_hub`` (id, revision, commit), which :func:`resolve` records in ``Inputs.info``.
-    A model object (an ``InputSpec`` made in memory) is returned as it is: its dtype, device and
-    mode are the user's."""
+    ``path``: a local checkpoint, a hub id ``org/name`` at ``revision`` (default ``main``) or a hub
+    cache folder (:mod:`widthscope.hub`). A model object is returned as it is."""
     if isinstance(path, nn.Module):
         if dtype != "auto":
             raise WidthscopeError(

@@ -37,7 +37,7 @@ from ..errors import WidthscopeError, WidthscopeTypeError
 from ..models.dispatch import DEVICE_MAPS, parse_max_memory
 from ..options import SEED_MAX, option
 from . import DATASETS
-from .hf_datasets import check_ref, is_hf_ref, parse_ref
+from .hf_datasets import is_hf_ref, parse_ref, split_names
 from .sniff import precheck
 from .sources import check_object
 from .sources import describe as describe_source
@@ -493,7 +493,7 @@ def check_source(flag: str, value: Any) -> None:
         return
 
     if is_hf_ref(value):
-        check_ref(parse_ref(value, flag), flag)
+        split_names(parse_ref(value, flag), flag)  # opening it checks it is reachable or cached
         return
     if not Path(value).expanduser().exists():
         raise WidthscopeError(

@@ -1,17 +1,12 @@
 """Byte-level text: files -> fixed-length sequences of byte tokens (vocabulary 256).
 
-The corpus is the concatenation of the files' bytes (in sorted path order; in a directory every
-file that is text by content, the others skipped and listed in ``meta["skipped_files"]``), cut into
-non-overlapping chunks of ``seq_len`` bytes (the tail shorter than ``seq_len`` is dropped).
-A seeded permutation assigns ``round(test_fraction · chunks)`` chunks to test and the rest to
-train, so the two parts never share a byte position; ``meta`` records both chunk-index lists
-(chunk ``i`` covers corpus bytes ``[i·seq_len, (i+1)·seq_len)``), the whole held-out part and
-the corpus' SHA-256, from which :func:`widthscope.data.record` makes byte ranges that stay
-valid at any later sequence length (:func:`chunks_within`).
-
-Default corpus: the ``.py`` files of Python's standard library
-(``sysconfig.get_paths()["stdlib"]``, excluding site/dist-packages), sorted by relative path,
-read until ``max_bytes`` — it exists wherever Python runs, so the default needs no download.
+The corpus is the files' bytes concatenated in sorted path order (in a directory, the files that
+are text by content; the others listed in ``meta["skipped_files"]``), cut into chunks of
+``seq_len`` bytes (tail dropped). A seeded permutation holds out ``round(test_fraction · chunks)``
+chunks; ``meta`` records both chunk-index lists (chunk ``i`` = bytes ``[i·seq_len, (i+1)·seq_len)``)
+and the corpus' SHA-256, from which :func:`widthscope.data.record` makes byte ranges valid at any
+later sequence length (:func:`chunks_within`). Default corpus: the ``.py`` files of Python's
+standard library (no site/dist-packages), read until ``max_bytes``.
 """
 
 from __future__ import annotations
