@@ -24,8 +24,6 @@ from .splits import HELD_OUT, SplitChoice, choose_among, choose_splits, dataset_
 
 __all__ = [
     "DATA_OBJECTS",
-    "is_object",
-    "is_text_object",
     "is_tokenized_object",
     "describe",
     "splits_of",
@@ -66,15 +64,6 @@ def _is_texts(obj: Any) -> bool:
     return isinstance(obj, (list, tuple)) and all(isinstance(t, str) for t in obj)
 
 
-def _is_loader(obj: Any) -> bool:
-    return isinstance(obj, DataLoader)
-
-
-def is_object(obj: Any) -> bool:
-    """Any value of a data field that is not a string (an object in memory)."""
-    return obj is not None and not isinstance(obj, str)
-
-
 def _tokenized_dataset(ds: Any, text_field: str | None) -> bool:
     return "input_ids" in (ds.column_names or []) and text_field is None
 
@@ -82,9 +71,7 @@ def _tokenized_dataset(ds: Any, text_field: str | None) -> bool:
 def is_tokenized_object(obj: Any, text_field: str | None = None) -> bool:
     """A pool of tokenized examples: a mapping of tensors, a ``DataLoader``, a ``Dataset`` (or
     ``DatasetDict``) with ``input_ids`` and no ``text_field`` given."""
-    if isinstance(obj, Mapping) and not is_dataset_dict(obj):
-        return True
-    if _is_loader(obj):
+    if (isinstance(obj, Mapping) and not is_dataset_dict(obj)) or isinstance(obj, DataLoader):
         return True
     if _is_dataset(obj):
         return _tokenized_dataset(obj, text_field)
@@ -93,18 +80,11 @@ def is_tokenized_object(obj: Any, text_field: str | None = None) -> bool:
     return False
 
 
-def is_text_object(obj: Any, text_field: str | None = None) -> bool:
-    """Documents in memory: a ``list[str]``, a ``Dataset``/``DatasetDict`` with a text column."""
-    if _is_texts(obj):
-        return True
-    return (_is_dataset(obj) or is_dataset_dict(obj)) and not is_tokenized_object(obj, text_field)
-
-
 def check_object(name: str, obj: Any) -> str | None:
     """Why ``obj`` cannot be the spec's data field ``name`` (None: it can)."""
     if _is_texts(obj):
         return None if len(obj) else "the list of texts is empty"
-    if _is_dataset(obj) or is_dataset_dict(obj) or _is_loader(obj):
+    if _is_dataset(obj) or is_dataset_dict(obj) or isinstance(obj, DataLoader):
         return None
     if isinstance(obj, Mapping):
         return None if len(obj) else "the mapping is empty: give input_ids (and attention_mask, labels)"
@@ -123,7 +103,7 @@ def describe(src: Any) -> str:
         return f"<in memory: DatasetDict with splits {', '.join(src)}>"
     if _is_dataset(src):
         return f"<in memory: Dataset of {len(src)} rows, columns {', '.join(src.column_names or [])}>"
-    if _is_loader(src):
+    if isinstance(src, DataLoader):
         return f"<in memory: DataLoader of {len(src)} batches>"
     if isinstance(src, Mapping):
         n = next(iter(src.values())).__len__() if len(src) else 0
