@@ -291,7 +291,7 @@ def test_too_few_sequences_names_only_fixes_that_help(corpora, kinds):
 
 
 def test_one_sequence_is_singular():
-    from widthscope.data.inputs import pick_pool
+    from widthscope.data.pools import pick_pool
     from widthscope.errors import WidthscopeError
 
     with pytest.raises(WidthscopeError, match=r"gave only 1 train sequence: lower"):

@@ -223,7 +223,7 @@ def test_pools_that_cannot_fit_in_memory_are_refused_before_training(tmp_path, m
 
 
 def test_a_utf8_file_with_a_byte_order_mark_is_still_text(tmp_path):
-    from widthscope.data.corpus import sniff, unicode_bom
+    from widthscope.data.sniff import sniff, unicode_bom
 
     (tmp_path / "bom8.txt").write_bytes(b"\xef\xbb\xbf" + b"plain text\n" * 10)
     assert sniff(tmp_path / "bom8.txt") is None and unicode_bom(b"\xef\xbb\xbfx") is None

@@ -347,7 +347,7 @@ def test_wrong_vocabulary_and_bad_options_are_one_error_line(zoo, corpora, tmp_p
 def test_check_ids_names_both_sizes():
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from widthscope.data.inputs import check_ids
+    from widthscope.data.objects import check_ids
 
     m = GPT2LMHeadModel(GPT2Config(n_embd=8, n_layer=1, n_head=1, vocab_size=50))
     check_ids(torch.tensor([[0, 49]]), m, "train")
@@ -370,7 +370,7 @@ def test_a_tokenizer_that_cannot_read_the_text_is_refused(zoo, tmp_path):
 
 # ----------------------------------------------------------------------------- masked LM
 def test_mask_tokens_and_masked_lm_loss():
-    from widthscope.data.inputs import mask_tokens
+    from widthscope.data.objects import mask_tokens
     from widthscope.probe.collect import masked_lm_loss
 
     class Tok:

@@ -153,7 +153,7 @@ def test_each_naming_layout_gives_each_pool_its_split(layout, model, tok, tmp_pa
 
 
 def test_split_files_rules(tmp_path):
-    from widthscope.data.corpus import choose_splits, split_files
+    from widthscope.data.splits import choose_splits, split_files
 
     d = tmp_path / "a"
     _write(d / "train.jsonl", ["x"])

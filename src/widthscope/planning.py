@@ -27,7 +27,7 @@ from ._io import format_table, human_size
 from .certification.per_point import statistics
 from .certification.run import device_memory, load_checkpoint, run_device
 from .data.inputs import resolve
-from .data.published import is_all
+from .data.spec import is_all
 from .errors import WidthscopeError
 from .growth.block import train_new_block
 from .growth.inputs import builtin_inputs, check_builtin, load_inputs

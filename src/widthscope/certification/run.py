@@ -26,8 +26,7 @@ import torch.nn as nn
 from .. import _io, data, distributed, models
 from .._io import LOCK, atomic_write_json, hold_lock, human_size, on_interrupt
 from ..data.inputs import load_model, placement_of, resolve
-from ..data.published import is_all
-from ..data.spec import InputSpec
+from ..data.spec import InputSpec, is_all
 from ..errors import WidthscopeError
 from ..models.hf import model_info
 from ..options import CertifyOptions, CertifyRunOptions

@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from ..certification.run import CertifyJob, list_points, run_certify
-from ..data.corpus import dataset_splits
-from ..data.published import is_all
 from ..data.sources import splits_of
-from ..data.spec import InputSpec
+from ..data.spec import InputSpec, is_all
+from ..data.splits import dataset_splits
 from ..errors import WidthscopeError
 from ..options import PROTOCOLS, CertifyOptions, CertifyRunOptions, InterventionOptions
 from ..planning import plan_certify

@@ -110,7 +110,7 @@ def check_args(args: argparse.Namespace, command: str) -> None:
         raise WidthscopeError(f"--seed {seed}: must be a whole number in 0..{SEED_MAX}")
     for name, lo, hi, what in validate.RANGES:
         v = getattr(args, name, None)
-        if name in ("n_train", "n_test") and v == "all":  # every sequence of the source (data.published)
+        if name in ("n_train", "n_test") and v == "all":  # every sequence of the source (data.spec.ALL)
             if command not in ("certify", "inputs"):
                 raise WidthscopeError(f"{flag_name(name)} all applies to certify; give {command} a number")
             continue

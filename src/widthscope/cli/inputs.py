@@ -8,8 +8,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from ..data.published import ALL
-from ..data.spec import INPUT_DEFAULTS, OPTIONAL_FIELDS, InputSpec
+from ..data.spec import ALL, INPUT_DEFAULTS, OPTIONAL_FIELDS, InputSpec
 from ..errors import WidthscopeError
 from ..growth.options import GROW_POOLS
 from .args import argument

@@ -240,63 +240,6 @@ def subset(n_total: int, n: int | None, rng: np.random.Generator, what: str) -> 
     return np.sort(rng.choice(n_total, size=n, replace=False))
 
 
-def channel_stats(
-    X: np.ndarray | torch.Tensor, *, weights: torch.Tensor | None = None, scale: float = 1.0, chunk: int = 4096
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel mean and standard deviation of ``(N, C, ...)`` images, in float64.
-
-    Streams over ``chunk`` images so a whole training part (e.g. 50k CIFAR images) never
-    exists as one float tensor. ``weights`` (``(C_out, C)``) maps channels first (grayscale);
-    ``scale`` multiplies the raw values (1/255 for bytes).
-    """
-    n = X.shape[0]
-    if n == 0:
-        raise WidthscopeError(
-            f"per-channel statistics need at least one image; got an empty array of shape {tuple(X.shape)}"
-        )
-    s1: torch.Tensor | None = None
-    s2: torch.Tensor | None = None
-    count = 0
-    for i in range(0, n, chunk):
-        x = torch.tensor(np.asarray(X[i : i + chunk]), dtype=torch.float64) * scale  # copy: may be read-only
-        if weights is not None:
-            x = torch.einsum("oc,nc...->no...", weights.double(), x)
-        dims = [0] + list(range(2, x.dim()))
-        a, b = x.sum(dim=dims), x.square().sum(dim=dims)
-        s1, s2 = (a, b) if s1 is None or s2 is None else (s1 + a, s2 + b)
-        count += x.numel() // x.shape[1]
-    assert s1 is not None and s2 is not None  # n > 0: the loop ran at least once
-    mean = s1 / count
-    var = (s2 - count * mean.square()) / max(count - 1, 1)
-    return mean, var.clamp_min(0).sqrt().clamp_min(1e-12)
-
-
-def normalize_images(
-    train: torch.Tensor,
-    test: torch.Tensor,
-    stats: tuple[torch.Tensor, torch.Tensor] | None = None,
-    computed_on: str = "train",
-) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """Per-channel zero mean / unit variance for ``(N, C, ...)`` tensors.
-
-    ``stats`` = ``(mean, std)`` per channel; by default computed from ``train``. The loaders
-    pass statistics of the *whole* training part, so every subset of one dataset sees the same
-    input map (a model trained on one subset can be probed on another).
-    """
-    mean, std = stats if stats is not None else channel_stats(train)
-    shape = (1, -1) + (1,) * (train.dim() - 2)
-    m32, s32 = mean.float().view(shape), std.float().view(shape)
-
-    def f(t: torch.Tensor) -> torch.Tensor:
-        return t.float().sub(m32).div_(s32)
-
-    return (
-        f(train),
-        f(test),
-        {"mean": mean.flatten().tolist(), "std": std.flatten().tolist(), "computed_on": computed_on},
-    )
-
-
 def _digits(
     n_train: int | None, n_test: int | None, seed: int, *, normalize: bool = True, test_fraction: float = 0.2
 ) -> Split:
@@ -313,10 +256,10 @@ def _digits(
     test_idx, train_idx = np.sort(perm[:n_hold]), np.sort(perm[n_hold:])
     # Statistics of the whole training part, so that every subset sees the same input map.
     m, s = X[train_idx].double().mean(), X[train_idx].double().std()
-    if n_test is not None:
-        test_idx = test_idx[np.sort(_pick(len(test_idx), n_test, rng, "test"))]
-    if n_train is not None:
-        train_idx = train_idx[np.sort(_pick(len(train_idx), n_train, rng, "train"))]
+    te = subset(len(test_idx), n_test, rng, "test")
+    test_idx = test_idx if te is None else test_idx[te]
+    tr = subset(len(train_idx), n_train, rng, "train")
+    train_idx = train_idx if tr is None else train_idx[tr]
     Xtr, Xte = X[train_idx], X[test_idx]
     meta: dict[str, Any] = {
         "source": "sklearn.datasets.load_digits",
@@ -328,11 +271,6 @@ def _digits(
         Xtr, Xte = ((Xtr - m) / s).float(), ((Xte - m) / s).float()
         meta["normalization"] = {"mean": float(m), "std": float(s), "computed_on": "whole train part"}
     return Split((Xtr, y[train_idx]), (Xte, y[test_idx]), "classification", 10, (64,), "digits", meta)
-
-
-def _pick(n_total: int, n: int, rng: np.random.Generator, what: str) -> np.ndarray:
-    idx = subset(n_total, n, rng, what)
-    return np.arange(n_total) if idx is None else idx
 
 
 _MNIST1D_CACHE: dict[str, Any] = {}

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ..errors import WidthscopeError
-from . import Split, channel_stats, normalize_images, subset
+from . import Split, subset
 
 FASHION_ROOT = "/usr/share/datasets/fashion-mnist"
 IDX_FILES = {
@@ -82,21 +82,93 @@ def _find_idx(root: Path, name: str, dataset: str) -> dict[str, Path]:
     return found
 
 
+def channel_stats(
+    X: np.ndarray | torch.Tensor, *, weights: torch.Tensor | None = None, scale: float = 1.0, chunk: int = 4096
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and standard deviation of ``(N, C, ...)`` images, in float64.
+
+    Streams over ``chunk`` images so a whole training part (e.g. 50k CIFAR images) never
+    exists as one float tensor. ``weights`` (``(C_out, C)``) maps channels first (grayscale);
+    ``scale`` multiplies the raw values (1/255 for bytes).
+    """
+    n = X.shape[0]
+    if n == 0:
+        raise WidthscopeError(
+            f"per-channel statistics need at least one image; got an empty array of shape {tuple(X.shape)}"
+        )
+    s1: torch.Tensor | None = None
+    s2: torch.Tensor | None = None
+    count = 0
+    for i in range(0, n, chunk):
+        x = torch.tensor(np.asarray(X[i : i + chunk]), dtype=torch.float64) * scale  # copy: may be read-only
+        if weights is not None:
+            x = torch.einsum("oc,nc...->no...", weights.double(), x)
+        dims = [0] + list(range(2, x.dim()))
+        a, b = x.sum(dim=dims), x.square().sum(dim=dims)
+        s1, s2 = (a, b) if s1 is None or s2 is None else (s1 + a, s2 + b)
+        count += x.numel() // x.shape[1]
+    assert s1 is not None and s2 is not None  # n > 0: the loop ran at least once
+    mean = s1 / count
+    var = (s2 - count * mean.square()) / max(count - 1, 1)
+    return mean, var.clamp_min(0).sqrt().clamp_min(1e-12)
+
+
+def normalize_images(
+    train: torch.Tensor,
+    test: torch.Tensor,
+    stats: tuple[torch.Tensor, torch.Tensor] | None = None,
+    computed_on: str = "train",
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Per-channel zero mean / unit variance for ``(N, C, ...)`` tensors.
+
+    ``stats`` = ``(mean, std)`` per channel; by default computed from ``train``. The loaders
+    pass statistics of the *whole* training part, so every subset of one dataset sees the same
+    input map (a model trained on one subset can be probed on another).
+    """
+    mean, std = stats if stats is not None else channel_stats(train)
+    shape = (1, -1) + (1,) * (train.dim() - 2)
+    m32, s32 = mean.float().view(shape), std.float().view(shape)
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        return t.float().sub(m32).div_(s32)
+
+    return (
+        f(train),
+        f(test),
+        {"mean": mean.flatten().tolist(), "std": std.flatten().tolist(), "computed_on": computed_on},
+    )
+
+
 def _finish_images(
     name: str,
-    Xtr: torch.Tensor,
-    ytr: torch.Tensor,
-    Xte: torch.Tensor,
-    yte: torch.Tensor,
+    train: tuple[np.ndarray, np.ndarray],
+    test: tuple[np.ndarray, np.ndarray],
+    n_train: int | None,
+    n_test: int | None,
+    seed: int,
     num_classes: int,
     meta: dict[str, Any],
     *,
     flatten: bool,
     normalize: bool,
-    stats: tuple[torch.Tensor, torch.Tensor] | None = None,
+    luma: torch.Tensor | None = None,
 ) -> Split:
-    """Scale to [0, 1], normalise with whole-train-part statistics ``stats``, optionally flatten."""
-    Xtr, Xte = Xtr.float() / 255.0, Xte.float() / 255.0
+    """Seeded subsets of ``(N, C, H, W)`` byte images, made grayscale with the ``luma`` weights,
+    scaled to [0, 1], normalised with whole-train-part statistics, optionally flattened."""
+    stats = channel_stats(train[0], weights=luma, scale=1 / 255.0) if normalize else None
+    rng = np.random.default_rng(seed)
+    parts = []
+    for (X, y), n, part in ((train, n_train, "train"), (test, n_test, "test")):
+        idx = subset(len(y), n, rng, part)
+        meta[f"{part}_indices"] = None if idx is None else idx.tolist()
+        X, y = (X, y) if idx is None else (X[idx], y[idx])
+        x = torch.from_numpy(np.array(X)).float()  # a copy: frombuffer arrays are read-only
+        if luma is not None:
+            x = (x * luma.view(1, 3, 1, 1)).sum(1, keepdim=True)
+        parts.append((x / 255.0, torch.from_numpy(np.array(y)).long()))
+    (Xtr, ytr), (Xte, yte) = parts
+    if luma is not None:
+        meta["grayscale"] = "0.299 R + 0.587 G + 0.114 B"
     if normalize:
         Xtr, Xte, meta["normalization"] = normalize_images(Xtr, Xte, stats, computed_on="whole train part")
     shape = tuple(Xtr.shape[1:])
@@ -104,14 +176,6 @@ def _finish_images(
         Xtr, Xte = Xtr.flatten(1), Xte.flatten(1)
         shape = (int(np.prod(shape)),)
     return Split((Xtr, ytr), (Xte, yte), "classification", num_classes, shape, name, meta)
-
-
-def _subsample(
-    X: np.ndarray, y: np.ndarray, n: int | None, rng: np.random.Generator, what: str, meta: dict, key: str
-) -> tuple[np.ndarray, np.ndarray]:
-    idx = subset(len(y), n, rng, what)
-    meta[key] = None if idx is None else idx.tolist()
-    return (X, y) if idx is None else (X[idx], y[idx])
 
 
 def load_idx(
@@ -138,28 +202,14 @@ def load_idx(
                 f"{name}: {part} images {arrays[f'{part}_images'].shape} and labels "
                 f"{arrays[f'{part}_labels'].shape} do not match (expected (n, H, W) and (n,))"
             )
-    rng = np.random.default_rng(seed)
     meta: dict[str, Any] = {
         "source": {k: str(p) for k, p in files.items()},
         "seed": seed,
         "split_rule": "official split: train-* files for train, t10k-* files for test",
     }
-    stats = channel_stats(arrays["train_images"][:, None], scale=1 / 255.0) if normalize else None
-    Xtr, ytr = _subsample(arrays["train_images"], arrays["train_labels"], n_train, rng, "train", meta, "train_indices")
-    Xte, yte = _subsample(arrays["test_images"], arrays["test_labels"], n_test, rng, "test", meta, "test_indices")
-    to_t = lambda a: torch.from_numpy(np.array(a))  # noqa: E731  (copy: frombuffer arrays are read-only)
-    return _finish_images(
-        name,
-        to_t(Xtr)[:, None],
-        to_t(ytr).long(),
-        to_t(Xte)[:, None],
-        to_t(yte).long(),
-        10,
-        meta,
-        flatten=flatten,
-        normalize=normalize,
-        stats=stats,
-    )
+    train = arrays["train_images"][:, None], arrays["train_labels"]
+    test = arrays["test_images"][:, None], arrays["test_labels"]
+    return _finish_images(name, train, test, n_train, n_test, seed, 10, meta, flatten=flatten, normalize=normalize)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,7 +256,7 @@ def safe_pickle_load(path: Path) -> Any:
         raise WidthscopeError(f"{path} is not a readable CIFAR batch pickle ({type(exc).__name__}: {exc})") from None
 
 
-def _cifar_files(name: str, root: Path) -> tuple[list[Path], list[Path], Path]:
+def _cifar_files(name: str, root: Path) -> tuple[list[Path], list[Path]]:
     sub = "cifar-10-batches-py" if name == "cifar10" else "cifar-100-python"
     base = root / sub if (root / sub).is_dir() else root
     if name == "cifar10":
@@ -221,7 +271,7 @@ def _cifar_files(name: str, root: Path) -> tuple[list[Path], list[Path], Path]:
             f"({sub}/{', '.join(p.name for p in train + test)}), e.g. extracted from "
             f"{'cifar-10-python.tar.gz' if name == 'cifar10' else 'cifar-100-python.tar.gz'}"
         )
-    return train, test, base
+    return train, test
 
 
 def _read_cifar(paths: list[Path], label_key: bytes) -> tuple[np.ndarray, np.ndarray]:
@@ -258,35 +308,25 @@ def load_cifar(
         )
     if labels not in ("fine", "coarse"):
         raise WidthscopeError(f"labels must be 'fine' or 'coarse', got {labels!r}")
-    train_files, test_files, base = _cifar_files(name, Path(root).expanduser())
+    train_files, test_files = _cifar_files(name, Path(root).expanduser())
     key = b"labels" if name == "cifar10" else (b"fine_labels" if labels == "fine" else b"coarse_labels")
-    Xtr, ytr = _read_cifar(train_files, key)
-    Xte, yte = _read_cifar(test_files, key)
-    rng = np.random.default_rng(seed)
     meta: dict[str, Any] = {
         "source": [str(p) for p in train_files + test_files],
         "seed": seed,
         "split_rule": "official split: training batches for train, test batch for test",
     }
-    luma = torch.tensor([[0.299, 0.587, 0.114]])  # ITU-R BT.601, the usual RGB -> gray conversion
-    stats = channel_stats(Xtr, weights=luma if grayscale else None, scale=1 / 255.0) if normalize else None
-    Xtr, ytr = _subsample(Xtr, ytr, n_train, rng, "train", meta, "train_indices")
-    Xte, yte = _subsample(Xte, yte, n_test, rng, "test", meta, "test_indices")
-    Xtr_t, Xte_t = torch.from_numpy(np.array(Xtr)).float(), torch.from_numpy(np.array(Xte)).float()
-    if grayscale:
-        w = luma.view(1, 3, 1, 1)
-        Xtr_t, Xte_t = (Xtr_t * w).sum(1, keepdim=True), (Xte_t * w).sum(1, keepdim=True)
-        meta["grayscale"] = "0.299 R + 0.587 G + 0.114 B"
+    luma = torch.tensor([[0.299, 0.587, 0.114]]) if grayscale else None  # ITU-R BT.601 RGB -> gray
     num_classes = 10 if name == "cifar10" else (100 if labels == "fine" else 20)
     return _finish_images(
         name,
-        Xtr_t,
-        torch.from_numpy(ytr),
-        Xte_t,
-        torch.from_numpy(yte),
+        _read_cifar(train_files, key),
+        _read_cifar(test_files, key),
+        n_train,
+        n_test,
+        seed,
         num_classes,
         meta,
         flatten=flatten,
         normalize=normalize,
-        stats=stats,
+        luma=luma,
     )

@@ -1,24 +1,14 @@
 r"""Hugging Face datasets by name: ``--data hf:NAME[:CONFIG][@REVISION]``.
 
-The ``hf:`` prefix keeps a dataset reference apart from a local path and from widthscope's own
-dataset names (``mnist``, ``cifar10``, ``text`` are Hub datasets too): ``hf:wikitext:wikitext-2-raw-v1``,
-``hf:Salesforce/wikitext:wikitext-103-raw-v1@main``, ``hf:me/tiny``. ``NAME`` is the Hub's id
-(``name`` or ``org/name``), ``CONFIG`` its configuration (default: the dataset's only or default
-one), ``REVISION`` a branch, tag or commit of the dataset repository. The split of each pool is
-``--train-split`` / ``--test-split`` (default: ``train``, and ``validation``, else ``test``,
-never pooled and re-split), the text column ``--text-field`` (default ``text``).
+The ``hf:`` prefix keeps a dataset reference apart from local paths and widthscope's own dataset
+names. ``NAME`` is the Hub's id, ``CONFIG`` its configuration (default: the only or default one),
+``REVISION`` a branch, tag or commit. The data comes through ``datasets`` in the user's datasets
+cache: :func:`datasets.load_dataset_builder`, then ``as_streaming_dataset(split)`` where a prefix
+suffices, or ``download_and_prepare()`` + ``as_dataset(split)`` for a whole split.
+``HF_DATASETS_OFFLINE=1`` / ``HF_HUB_OFFLINE=1`` read the cache only (widthscope never sets them);
+a dataset missing there is one line naming the command that fetches it. No dataset scripts run.
 
-The data comes through ``datasets``' own machinery in the user's datasets cache
-(``HF_DATASETS_CACHE``, else ``HF_HOME/datasets``): :func:`datasets.load_dataset_builder` (the
-call :func:`datasets.load_dataset` makes), then ``as_streaming_dataset(split)`` where only a prefix
-of a split is needed (a pool of so many sequences) — no whole download — or
-``download_and_prepare()`` + ``as_dataset(split)`` for a whole split (a pool of ``"all"``).
-``HF_DATASETS_OFFLINE=1`` (or ``HF_HUB_OFFLINE=1``) reads the cache only; widthscope never sets
-it. A dataset that is not cached while offline is one line naming it and the command that
-fetches it. Only data files are read (Parquet/JSON/CSV/Arrow); ``datasets`` runs no dataset
-scripts.
-
-Example (a dataset cached as ``load_dataset`` caches it, read offline)::
+Example::
 
     >>> parse_ref("hf:Salesforce/wikitext:wikitext-2-raw-v1@main")
     HFDatasetRef(name='Salesforce/wikitext', config='wikitext-2-raw-v1', revision='main')
@@ -39,7 +29,7 @@ from typing import Any, Iterable, Iterator
 
 from ..errors import WidthscopeError
 
-__all__ = ["PREFIX", "HFDatasetRef", "is_hf_ref", "parse_ref", "split_names", "rows", "record", "check_ref"]
+__all__ = ["PREFIX", "HFDatasetRef", "is_hf_ref", "parse_ref", "split_names", "rows", "record"]
 
 PREFIX = "hf:"
 _REF = re.compile(
@@ -209,9 +199,6 @@ def split_names(ref: HFDatasetRef, flag: str = "--data") -> list[str]:
             return [str(s) for s in datasets.get_dataset_split_names(ref.name, ref.config, revision=ref.revision)]
         except Exception as exc:  # noqa: BLE001
             raise _failure(ref, flag, exc) from None
-
-
-check_ref = split_names  # the check a --data source gets before any model loads
 
 
 def rows(ref: HFDatasetRef, split: str, *, whole: bool, flag: str = "--data") -> tuple[Iterable[dict[str, Any]], str]:

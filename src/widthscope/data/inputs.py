@@ -1,78 +1,41 @@
-r"""The one place that turns an input spec into (model, tokenizer, probe pools).
+r"""The one place that turns an :class:`~widthscope.data.spec.InputSpec` into (model, tokenizer,
+probe pools): :func:`resolve` (``widthscope.load_inputs``). Every check that can fail runs here,
+before the first forward pass: the model loads, the tokenizer's vocabulary fits its embedding,
+every token id is in range, the sequence length fits, the pools have the sizes asked for.
 
-:func:`resolve` takes an :class:`~widthscope.data.spec.InputSpec` (the command line builds it
-from its options in :func:`widthscope.cli.inputs.spec_from_args`; Python users build it
-directly, ``widthscope.load_inputs(spec)``); every check that can
-fail runs here, *before* the first forward pass: the model loads, the task has a loss, the
-tokenizer's vocabulary fits the model's embedding, every token id is in range, the sequence
-length fits the position embeddings, the pools have the sizes asked for.
+- widthscope checkpoints: the dataset recorded in the checkpoint with its recorded options and
+  split seed, or ``--data NAME`` / a data path; byte-level LMs read text with byte tokens.
+- Hugging Face directories, hub ids ``org/name`` at ``spec.revision`` and hub cache folders
+  (:mod:`widthscope.hub`): the task from ``config.json``; text through the checkpoint's own
+  tokenizer (or ``--tokenizer``), images through its image processor.
 
-What a model gets (``--model``):
-
-- widthscope checkpoints (our families): the dataset recorded in the checkpoint with its
-  recorded options and split seed (so the held-out part really is held out), or ``--data NAME``
-  / a data path; byte-level LMs read text files with byte tokens.
-- Hugging Face directories (:mod:`widthscope.models.hf`), hub ids ``org/name`` at
-  ``spec.revision`` and hub cache folders (:mod:`widthscope.hub`: resolved to the local
-  snapshot first; the tokenizer defaults to the same snapshot): the task from ``config.json``;
-  text through the checkpoint's own tokenizer (``AutoTokenizer`` from the directory, or
-  ``--tokenizer PATH``; ``--tokenizer bytes`` only when asked for), images through its image
-  processor (``AutoImageProcessor``).
-
-Data: ``--data`` (one corpus, split into train / held-out by a seeded permutation of its
-sequences, ``--test-fraction``; a ``DatasetDict`` directory uses its own train and
-validation/test splits) or ``--train-data`` and ``--test-data`` (two sources: the train pool from
-one, the held-out pool from the other, as the published protocol uses WikiText train vs
-validation). Formats: :mod:`widthscope.data.corpus` (text), ImageFolder directories (images).
-
-Pools: seeded random subsets (train: ``seed``, held-out: ``seed + 1``) of the sequences read,
-or with ``--first`` the first ones in corpus order. Only a window of the corpus is tokenized:
-``--max-tokens`` (default ``20 × (n_train + n_test) × seq_len``, recorded in the result), so a
-multi-GB corpus never has to fit in memory. A pool size of ``"all"`` (spec only) takes every
-sequence/example there is, reading the whole text source unless ``max_tokens`` is set.
+The pools themselves: :mod:`widthscope.data.pools`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sysconfig
+import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from torch import nn
 
-from .. import _args
+from .. import _args, checkpoint
 from ..checkpoint import recorded_data
 from ..errors import WidthscopeError, WidthscopeTypeError
-from ..hub import DEFAULT_REVISION, hub_record
-from ..probe.collect import masked_lm_loss
+from ..hub import DEFAULT_REVISION, attach, hub_record, resolve_model
+from ..models.hf import max_positions, vocab_size
 from . import DATASETS
+from .corpus import ByteTokenizer
 from .hf_datasets import describe_record, is_hf_ref, parse_ref
-from .image_pools import image_pools, named_pools
-from .loading import check_ids, check_seq_len, load_model, load_tokenizer, mask_tokens, placement_of, recorded_name
-from .loading import check_vocabulary as check_vocabulary
-from .loading import model_task as model_task
-from .object_pools import object_pools
-from .objects import task_of
-from .pools import WINDOW, refuse_given
-from .pools import pick_pool as pick_pool
+from .objects import check_vocabulary, loss_for, model_dir, task_of
+from .pools import image_pools, named_pools, object_pools, refuse_given, text_pools
 from .sources import check_splits_given, describe, is_tokenized_object
 from .spec import TASKS, InputSpec, check_source
-from .text_pools import text_pools
 
-__all__ = [
-    "Inputs",
-    "InputSpec",
-    "resolve",
-    "load_inputs",
-    "load_model",
-    "load_tokenizer",
-    "mask_tokens",
-    "check_ids",
-    "WINDOW",
-]
-
-LM_TASKS = ("causal-lm", "masked-lm", "lm")
+__all__ = ["Inputs", "InputSpec", "resolve", "load_inputs", "load_model", "load_tokenizer"]
 
 
 @dataclasses.dataclass
@@ -139,7 +102,9 @@ def resolve(spec: InputSpec, *, model: nn.Module | None = None, show_progress: b
         _check_revision_of(model, spec)
     inputs = _resolve(spec.filled(), model, show_progress)
     inputs.spec = spec
-    _record_hub(inputs)
+    rec = hub_record(inputs.model)  # a hub model's id, the revision asked for and its commit
+    if rec is not None:
+        inputs.info["hub"] = dict(rec)
     return inputs
 
 
@@ -170,28 +135,15 @@ def _check_revision_of(model: nn.Module, spec: InputSpec) -> None:
         )
 
 
-def _record_hub(inputs: Inputs) -> None:
-    """A hub model's id, the revision asked for and the commit it resolved to, in ``info["hub"]``."""
-    rec = hub_record(inputs.model)
-    if rec is not None:
-        inputs.info["hub"] = dict(rec)
-
-
 def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> Inputs:
     if model is None:
         model = load_model(
-            spec.model,
-            dtype=spec.dtype,
-            task=spec.task,
-            revision=spec.revision,
-            placement=placement_of(spec),
+            spec.model, dtype=spec.dtype, task=spec.task, revision=spec.revision, placement=placement_of(spec)
         )
     elif not isinstance(spec.model, str):
         load_model(spec.model, dtype=spec.dtype)  # (refuses a dtype for a model object)
     task = _task(model, spec)
     _check_options_fit(spec, task)
-    seed = int(spec.seed)
-    notes: list[str] = []
     name = spec.data
     if name is None and spec.train_data is None:
         name = recorded_data(model).get("dataset") or recorded_name(model)
@@ -201,7 +153,6 @@ def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> I
                 f"the model {what} does not record its dataset: pass --data (InputSpec(data=...): a "
                 "dataset name, a file/directory, hf:NAME or texts/a Dataset in memory) or --train-data and --test-data"
             )
-    split = None
     if isinstance(name, str) and name in DATASETS and spec.train_data is None:
         if task == "sequence-classification":
             raise WidthscopeError(
@@ -229,22 +180,11 @@ def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> I
                 ("text_field", "label_field", "sequences", "max_tokens", "test_fraction", "train_split", "test_split"),
                 f"the named dataset {name!r} (its own recorded split)",
             )
-            train, test, info, more, split = named_pools(name, spec, model, task, seed)
+            train, test, info, notes, split = named_pools(name, spec, model, task)
             check_seq_len(model, info.get("seq_len"))
             offsets = split if isinstance(split, dict) else None
-            return Inputs(
-                model,
-                task,
-                train,
-                test,
-                None,
-                None,
-                info,
-                more,
-                None if offsets is not None else split,
-                offsets,
-                data=spec.data or name,
-            )
+            split = None if offsets is not None else split
+            return Inputs(model, task, train, test, None, None, info, notes, split, offsets, data=spec.data or name)
     if spec.data is None and spec.train_data is None:
         spec = dataclasses.replace(spec, data=name)
     if task == "classification":
@@ -253,14 +193,14 @@ def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> I
             "with --data, not a file"
         )
     refuse_given(spec, ("data_root", "train_pool"), "data files (both are for named datasets and their records)")
-    loss = masked_lm_loss if task == "masked-lm" else None
+    loss = loss_for(task)
     if _tokenized(spec):
         tok = _tokenizer(spec, model, task, needed=task == "masked-lm")
-        train, test, info, more = object_pools(spec, model, task, tok, seed)
-        return Inputs(model, task, train, test, loss, tok, info, more, data=describe(spec.data or spec.train_data))
+        train, test, info, notes = object_pools(spec, model, task, tok)
+        return Inputs(model, task, train, test, loss, tok, info, notes, data=describe(spec.data or spec.train_data))
     if task == "image-classification":
-        train, test, info, more = image_pools(spec, model, seed, show_progress)
-        return Inputs(model, task, train, test, None, None, info, more, data=spec.data)
+        train, test, info, notes = image_pools(spec, model, show_progress)
+        return Inputs(model, task, train, test, None, None, info, notes, data=spec.data)
     tok = _tokenizer(spec, model, task, needed=True)
     rec_len = (getattr(model, "widthscope_extra", None) or {}).get("data_options", {}).get("seq_len")
     seq_len = spec.seq_len or rec_len or (64 if task == "lm" else 128)
@@ -268,12 +208,12 @@ def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> I
     mode = spec.sequences or ("concatenate" if task in ("causal-lm", "lm") else "per-document")
     if task == "sequence-classification" and mode != "per-document":
         raise WidthscopeError("sequence classification needs --sequences per-document (one labelled text each)")
-    train, test, info, more = text_pools(
-        spec, model, "causal-lm" if task == "lm" else task, tok, seq_len, mode, seed, show_progress
+    train, test, info, notes = text_pools(
+        spec, model, "causal-lm" if task == "lm" else task, tok, seq_len, mode, show_progress
     )
-    more += _record_datasets(spec, info)
+    notes += _record_datasets(spec, info)
     data = None if spec.data is None else describe(spec.data)
-    return Inputs(model, task, train, test, loss, tok, info, notes + more, data=data)
+    return Inputs(model, task, train, test, loss, tok, info, notes, data=data)
 
 
 def _task(model: nn.Module, spec: InputSpec) -> str:
@@ -283,7 +223,7 @@ def _task(model: nn.Module, spec: InputSpec) -> str:
     if t is not None:
         return t
     if isinstance(spec.model, str):
-        return model_task(model)
+        return "classification"
     if spec.task is None:
         raise WidthscopeError(
             f"InputSpec(model=<{type(model).__name__} object>): its task is unknown (not a transformers "
@@ -364,3 +304,118 @@ def _check_options_fit(spec: InputSpec, task: str) -> None:
         )
     if task not in ("sequence-classification", "causal-lm", "masked-lm", "lm") and spec.is_given("text_field"):
         raise WidthscopeError(f"--text-field applies to text models; this is a {task} model: drop --text-field")
+
+
+# ----------------------------------------------------------------------------- model
+def placement_of(spec: Any) -> dict[str, Any] | None:
+    """An :class:`~widthscope.data.spec.InputSpec`'s big-model placement (``device_map``,
+    ``max_memory``, ``offload_folder``) as :func:`widthscope.models.hf.load_hf` takes it, or None."""
+    keys = ("device_map", "max_memory", "offload_folder")
+    given = {k: getattr(spec, k, None) for k in keys if getattr(spec, k, None) is not None}
+    return given or None
+
+
+def load_model(
+    path: str | nn.Module,
+    *,
+    dtype: str = "auto",
+    task: str | None = None,
+    revision: str | None = None,
+    placement: Mapping[str, Any] | None = None,
+) -> nn.Module:
+    """A checkpoint (widthscope or Hugging Face) on the CPU in eval mode, with a clear error.
+
+    ``path``: a local checkpoint, a hub id ``org/name`` at ``revision`` (default ``main``) or a hub
+    cache folder (:mod:`widthscope.hub`). A model object is returned as it is."""
+    if isinstance(path, nn.Module):
+        if dtype != "auto":
+            raise WidthscopeError(
+                f"--dtype {dtype} (input spec field dtype) applies to checkpoints loaded from files; the model "
+                f"object is used as it is: convert it yourself (model.to(torch.{dtype})) and drop dtype"
+            )
+        return path
+
+    p, hub = resolve_model(path, revision)
+    if not p.exists():
+        raise WidthscopeError(
+            f"--model {path!r}: no such file or directory; give a checkpoint directory, a "
+            ".safetensors file with its config, a Hugging Face hub id (org/name), or 'builtin'"
+        )
+
+    return attach(checkpoint.load(str(p), dtype=dtype, task=task, placement=placement), hub)
+
+
+# ----------------------------------------------------------------------------- tokenizer
+def load_tokenizer(spec: str | None, model: nn.Module, task: str) -> Any:
+    """``bytes`` -> :class:`ByteTokenizer`; a path -> ``AutoTokenizer``; None -> the model's own."""
+    if spec == "bytes":
+        return ByteTokenizer()
+
+    V = vocab_size(model)
+    # Byte ids only where the embedding has room for them: never suggest what would be refused.
+    or_bytes = (
+        " (or --tokenizer bytes for byte-level ids)"
+        if V is None or V >= len(ByteTokenizer())
+        else f" (byte-level ids do not fit its {V}-token vocabulary)"
+    )
+    if spec is None:
+        if task == "lm":  # widthscope's own byte-level LMs
+            return ByteTokenizer()
+        where = model_dir(model)
+        if where is None:
+            raise WidthscopeError(f"this checkpoint has no tokenizer directory: pass --tokenizer PATH{or_bytes}")
+    else:
+        where = _tokenizer_dir(spec, model)
+        if not where.exists():
+            raise WidthscopeError(
+                f"--tokenizer {spec!r} does not exist: give the directory a tokenizer was "
+                "saved to (tokenizer.save_pretrained), a Hugging Face hub id (org/name), or 'bytes'"
+            )
+    known = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model", "spiece.model")
+    if where.is_dir() and not any((where / k).is_file() for k in known):
+        raise WidthscopeError(
+            f"no tokenizer in {where} (none of {', '.join(known[:4])}, ...): save the model's "
+            f"tokenizer there (tokenizer.save_pretrained(DIR)) or pass --tokenizer PATH{or_bytes}"
+        )
+
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return AutoTokenizer.from_pretrained(str(where), local_files_only=True, trust_remote_code=False)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise WidthscopeError(
+            f"could not load the tokenizer in {where} ({type(exc).__name__}: {first[:200]})"
+        ) from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def _tokenizer_dir(spec: str, model: nn.Module) -> Path:
+    """``--tokenizer``'s directory: a local path, or a hub id (or cache folder) resolved like
+    ``--model``: at the model's commit when it is the model's own repository, else at ``main``."""
+    rec = hub_record(model) or {}
+    same = rec.get("repo_id") == spec and not Path(spec).expanduser().exists()
+    return resolve_model(spec, rec.get("commit") if same else None, flag="--tokenizer")[0]
+
+
+# ----------------------------------------------------------------------------- checks
+def recorded_name(model: nn.Module) -> str | None:
+    for attr in ("widthscope_extra", "widthscope_config"):
+        meta = getattr(model, attr, None)
+        if isinstance(meta, dict) and isinstance(meta.get("dataset"), str):
+            return meta["dataset"]
+    return None
+
+
+def check_seq_len(model: nn.Module, seq_len: int | None) -> None:
+    limit = max_positions(model)
+    if seq_len is not None and limit is not None and seq_len > limit:
+        raise WidthscopeError(
+            f"--seq-len {seq_len} exceeds the model's maximum sequence length {limit}; use --seq-len <= {limit}"
+        )

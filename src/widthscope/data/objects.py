@@ -1,35 +1,21 @@
-r"""Objects a Hugging Face user already holds, turned into probe batches.
+r"""Objects a Hugging Face user already holds, turned into probe batches, and what the input layer
+needs to know of a model in memory: its task (:func:`task_of`), whether a tokenizer and token ids fit
+it (:func:`check_vocabulary`, :func:`check_ids`), masked-LM masking (:func:`mask_tokens`).
 
-:func:`batches_from` takes one pool as the user has it in memory and returns a list of batches
-(as :func:`widthscope.probe.collect` takes them), the loss of the model's task (or None: the
-probe's default for the batch shape) and a short description for the results:
-
-- a ``list[str]`` of texts, with a tokenizer: tokenized with truncation to ``seq_len``, padded on
-  the right to the longest text of the pool (one length for the whole pool), with
-  ``attention_mask`` and, for a causal LM, ``labels`` = the ids with the padding at ``-100``;
-- a ``BatchEncoding`` (what ``tokenizer(texts, padding=True, return_tensors="pt")`` returns) or
-  any mapping of tensors (``input_ids``, ``attention_mask``, ``labels``, ``pixel_values``, ...):
-  the whole pool, cut into batches of ``batch_size`` along dim 0;
-- a ``datasets.Dataset``: a text column (``text_column``, default ``"text"``) is tokenized as a
-  list of texts; tokenized columns (``input_ids`` and optionally ``attention_mask``/``labels``)
-  are padded on the right into tensors;
-- a ``torch.utils.data.DataLoader``: drawn once, each batch as it comes;
-- a list of batches (``(x, y)``, LongTensor ids, dicts with ``input_ids``).
-
-:func:`pools_from` adds a ``datasets.DatasetDict``: its ``train`` split is the train pool and its
-``validation`` split (else ``test``) the held-out pool; it is never re-split.
-
-The task of the model comes from the model (:func:`task_of`: ``widthscope_task``, a
-widthscope family, or a ``transformers.PreTrainedModel``'s class / ``config.architectures``),
-never assumed; the loss is the one the command line uses for that task (the masked-LM loss for
-masked LMs; the probe's causal-LM / cross-entropy default otherwise). A sequence classifier takes
-``({"input_ids", "attention_mask"}, labels)`` pairs, a masked LM gets its tokens masked as the
-command line masks them (seeded, train ``seed``, held-out ``seed + 1``).
+:func:`batches_from` takes one pool as the user has it (see :data:`DATA_ACCEPTS`) and returns a list
+of batches, the loss of the model's task (None: the probe's default) and a short description. Texts
+are tokenized with truncation to ``seq_len`` and right-padded to the pool's longest (a causal LM
+gets ``labels`` with the padding at ``-100``); a mapping of tensors is cut into batches along dim 0;
+a ``DataLoader`` is drawn once. :func:`pools_from` adds a ``DatasetDict`` (``train`` -> train pool,
+``validation``, else ``test`` -> held-out pool, never re-split). A sequence classifier takes
+``({"input_ids", "attention_mask"}, labels)`` pairs; a masked LM's tokens are masked as the command
+line masks them (seeded: train ``seed``, held-out ``seed + 1``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,10 +24,9 @@ from torch.utils.data import DataLoader
 
 from .._args import describe, is_batch, not_a_collection
 from ..errors import WidthscopeError, WidthscopeTypeError
-from ..models.hf import max_positions
+from ..models.hf import hf_task, max_positions, vocab_size
 from ..probe.batches import to_batches
 from ..probe.collect import masked_lm_loss
-from .loading import check_vocabulary, mask_tokens, task_of
 
 __all__ = ["batches_from", "pools_from", "is_object_pool", "task_of", "loss_for", "DATA_ACCEPTS", "TOKENIZER_ACCEPTS"]
 
@@ -58,7 +43,127 @@ TOKENIZER_ACCEPTS = (
 LM = ("causal-lm", "lm")
 
 
-# ----------------------------------------------------------------------------- task and loss
+# ----------------------------------------------------------------------------- task, tokenizer and loss
+def wrapped_model(model: nn.Module) -> nn.Module | None:
+    """The model a wrapper holds, or None (not a wrapper): a PEFT model's base model
+    (``get_base_model()``), a ``torch.compile``d module's original (``_orig_mod``)."""
+    get = getattr(model, "get_base_model", None)
+    if callable(get):
+        try:
+            inner = get()
+        except Exception:  # noqa: BLE001 - a method of that name that is not PEFT's: not a wrapper
+            inner = None
+        if isinstance(inner, nn.Module) and inner is not model:
+            return inner
+    inner = model._modules.get("_orig_mod") if isinstance(model, nn.Module) else None
+    return inner if isinstance(inner, nn.Module) and inner is not model else None
+
+
+def task_of(model: nn.Module) -> str | None:
+    """The model's task: ``widthscope_task`` (models widthscope loaded), a widthscope family
+    (``lm`` / ``classification``), or a ``transformers.PreTrainedModel``'s head from its class (else
+    its ``config.architectures``); a wrapper's (PEFT, ``torch.compile``: :func:`wrapped_model`) is
+    the task of the model it wraps; None for any other ``nn.Module`` (its task is unknown)."""
+    for _ in range(8):  # a compiled PEFT model: wrappers around wrappers
+        task = _own_task(model)
+        inner = wrapped_model(model) if task is None else None
+        if inner is None:
+            return task
+        model = inner
+    return None
+
+
+def _own_task(model: nn.Module) -> str | None:
+    task = getattr(model, "widthscope_task", None)
+    if isinstance(task, str) and task:
+        return task
+    config = getattr(model, "widthscope_config", None)
+    if config is not None:
+        return "lm" if (config or {}).get("family") in ("llama", "pythia") else "classification"
+    if not any(
+        c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers") for c in type(model).__mro__
+    ):
+        return None
+    try:
+        return hf_task({"architectures": [type(model).__name__]}, f"{type(model).__name__}")
+    except WidthscopeError:
+        archs = list(getattr(getattr(model, "config", None), "architectures", None) or [])
+        if archs:
+            return hf_task({"architectures": archs}, f"{type(model).__name__}.config")
+        raise
+
+
+def model_dir(model: nn.Module) -> Path | None:
+    hf = getattr(model, "widthscope_hf", None) or {}
+    return Path(hf["directory"]) if hf.get("directory") else None
+
+
+def check_ids(ids: torch.Tensor, model: nn.Module, what: str) -> None:
+    """Every token id in ``[0, vocab)``, before any forward pass (one line naming both sizes)."""
+    V = vocab_size(model)
+    if V is None or ids.numel() == 0:
+        return
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= V:
+        raise WidthscopeError(
+            f"{what} token ids span {lo}..{hi} but the model's vocabulary has {V} entries "
+            f"(ids 0..{V - 1}): the tokenizer does not match the model; pass the matching "
+            "one with --tokenizer"
+        )
+
+
+def tokenizer_name(tok: Any) -> str:
+    return getattr(tok, "name", None) or f"{type(tok).__name__}({getattr(tok, 'name_or_path', '')})"
+
+
+def check_vocabulary(tok: Any, model: nn.Module, where: str | None = None) -> None:
+    """The tokenizer must not produce ids the model's embedding does not have. ``where`` names the
+    Python argument (``certify(tokenizer=...)``); None: the command line's ``--tokenizer``."""
+    V = vocab_size(model)
+    if V is None:
+        return
+    try:
+        n = len(tok)
+    except TypeError:  # a tokenizer callable of no known size: its ids are checked as they come
+        return
+    if n > V:
+        fix = "pass the matching one with --tokenizer" if where is None else "pass the model's own tokenizer"
+        raise WidthscopeError(
+            f"{where + ': ' if where else ''}tokenizer {tokenizer_name(tok)} has {n} tokens but the model's "
+            f"embedding has {V} rows: this is not the model's tokenizer; {fix}"
+        )
+
+
+def mask_tokens(
+    ids: torch.Tensor, attention: torch.Tensor, tok: Any, *, rate: float = 0.15, seed: int = 0
+) -> tuple[dict[str, torch.Tensor], int]:
+    """Masked-LM examples: ``rate`` of each sequence's ordinary tokens (at least one) replaced by
+    the mask token (seeded); ``labels`` hold the originals there and ``-100`` elsewhere.
+
+    Returns the batch dict and the number of sequences dropped for having no ordinary token.
+    """
+    mask_id = getattr(tok, "mask_token_id", None)
+    if mask_id is None:
+        raise WidthscopeError(
+            f"tokenizer {tokenizer_name(tok)} has no mask token: a masked LM needs one "
+            "(use the checkpoint's own tokenizer)"
+        )
+    special = torch.tensor(sorted(set(getattr(tok, "all_special_ids", []) or [])), dtype=torch.int64)
+    cand = attention.bool() & ~torch.isin(ids, special)
+    keep = cand.any(1)
+    ids, attention, cand = ids[keep], attention[keep], cand[keep]
+    g = torch.Generator().manual_seed(int(seed))
+    score = torch.rand(ids.shape, generator=g).masked_fill(~cand, 2.0)
+    n_mask = (cand.sum(1).float() * rate).round().clamp_min(1).long()
+    order = score.argsort(1)
+    ranks = torch.empty_like(order)
+    ranks.scatter_(1, order, torch.arange(ids.shape[1]).expand_as(order).contiguous())
+    chosen = (ranks < n_mask[:, None]) & cand
+    labels = torch.where(chosen, ids, torch.full_like(ids, -100))
+    masked = torch.where(chosen, torch.full_like(ids, int(mask_id)), ids)
+    return {"input_ids": masked, "attention_mask": attention, "labels": labels}, int((~keep).sum())
+
+
 def loss_for(task: str | None) -> Callable[[Any, Any], torch.Tensor] | None:
     """The loss the command line uses for ``task`` (None: the probe's default for the batch)."""
     if task == "masked-lm":
@@ -159,11 +264,14 @@ def _tokenize(texts: Sequence[str], tokenizer: Any, seq_len: int | None, where: 
         raise WidthscopeError(
             f"{where}: the tokenizer failed on the texts ({type(exc).__name__}: {first[:200]})"
         ) from None
-    rows = [list(r) for r in rows]
-    lengths = torch.tensor([len(r) for r in rows])
+    return _padded_ids([list(r) for r in rows], tokenizer)
+
+
+def _padded_ids(rows: list[list[int]], tokenizer: Any) -> dict[str, torch.Tensor]:
+    """Token id rows right-padded to the longest, with their attention mask."""
     ids = _pad_right(rows, pad_id_of(tokenizer))
-    mask = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).to(torch.int64)
-    return {"input_ids": ids, "attention_mask": mask}
+    lengths = torch.tensor([len(r) for r in rows])
+    return {"input_ids": ids, "attention_mask": (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()}
 
 
 def check_positions(model: nn.Module, ids: torch.Tensor, where: str) -> None:
@@ -239,14 +347,9 @@ def dataset_pool(
         if not isinstance(first, (list, tuple)):
             labels = None
     if "input_ids" in cols and text_column is None:
-        rows = [list(r) for r in ds["input_ids"]]
-        lengths = torch.tensor([len(r) for r in rows])
-        ids = _pad_right(rows, pad_id_of(tokenizer))
+        pool = _padded_ids([list(r) for r in ds["input_ids"]], tokenizer)
         if "attention_mask" in cols:
-            mask = _pad_right([list(r) for r in ds["attention_mask"]], 0)
-        else:
-            mask = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).to(torch.int64)
-        pool = {"input_ids": ids, "attention_mask": mask}
+            pool["attention_mask"] = _pad_right([list(r) for r in ds["attention_mask"]], 0)
         if labels is not None:
             lab = list(ds[labels])
             pool["labels"] = (
@@ -268,10 +371,6 @@ def dataset_pool(
     if labels is not None:
         pool["labels"] = torch.tensor(list(ds[labels]))
     return pool, True, f"datasets.Dataset of {len(ds)} texts (column {col!r})"
-
-
-def _split(pool: Any, batch_size: int) -> list[Any]:
-    return to_batches(pool, batch_size)
 
 
 # ----------------------------------------------------------------------------- public
@@ -302,36 +401,30 @@ def batches_from(
 
     if isinstance(obj, (str, bytes)):
         raise _bad_data(fn, name, obj, " (a path or name: use widthscope.InputSpec(model=..., data=PATH))")
+    pool: dict[str, torch.Tensor] | None = None
+    from_text = False
     if _is_texts(obj):
         if task is None:
             raise WidthscopeError(
                 f"{where}: texts need a model whose task is known (a transformers PreTrainedModel or "
                 f"a widthscope model); {type(model).__name__} is neither: pass tokenized batches"
             )
-        pool = _tokenize(obj, tokenizer, seq_len, where)
-        check_positions(model, pool["input_ids"], where)
-        return (
-            _split(prepare_objects(pool, task, tokenizer, seed, where, from_text=True), batch_size),
-            loss,
-            (f"{len(obj)} texts"),
-        )
-    if isinstance(obj, Mapping) and not isinstance(obj, torch.Tensor):
+        pool, from_text, what = _tokenize(obj, tokenizer, seq_len, where), True, f"{len(obj)} texts"
+    elif isinstance(obj, Mapping) and not isinstance(obj, torch.Tensor):
         pool = from_mapping(obj, where)
-        if "input_ids" in pool:
-            check_positions(model, pool["input_ids"], where)
-        kind = type(obj).__name__
-        n = next(iter(pool.values())).shape[0]
-        return (
-            _split(prepare_objects(pool, task, tokenizer, seed, where, from_text=False), batch_size),
-            loss,
-            (f"{kind} of {n} examples"),
-        )
-    if _is_dataset(obj):
+        what = f"{type(obj).__name__} of {next(iter(pool.values())).shape[0]} examples"
+    elif _is_dataset(obj):
         if not hasattr(obj, "column_names") or not hasattr(obj, "__len__"):
             raise _bad_data(fn, name, obj, " (an IterableDataset: materialise it, e.g. Dataset.from_list(list(it)))")
         pool, from_text, what = dataset_pool(obj, task, tokenizer, seq_len, text_column, where)
-        check_positions(model, pool["input_ids"], where)
-        return _split(prepare_objects(pool, task, tokenizer, seed, where, from_text=from_text), batch_size), loss, what
+    if pool is not None:
+        if "input_ids" in pool:
+            check_positions(model, pool["input_ids"], where)
+        return (
+            to_batches(prepare_objects(pool, task, tokenizer, seed, where, from_text=from_text), batch_size),
+            loss,
+            what,
+        )
     if isinstance(obj, DataLoader):
         out = []
         for b in obj:  # drawn once: the pool stays fixed

@@ -7,7 +7,7 @@ split and the held-out pool its ``validation``, else ``test``, split; never pool
 unless ``--test-fraction`` asks for it).
 
 Tokenized objects (a ``BatchEncoding``, a mapping of tensors, a ``DataLoader``, a ``Dataset`` with
-``input_ids``) are pools of examples, not documents: :mod:`widthscope.data.object_pools`."""
+``input_ids``) are pools of examples, not documents: :func:`widthscope.data.pools.object_pools`."""
 
 from __future__ import annotations
 
@@ -19,13 +19,11 @@ from torch.utils.data import DataLoader
 
 from ..errors import WidthscopeError
 from . import DATASETS, hf_datasets
-from .corpus import column_text, documents
+from .corpus import documents, row_documents
 from .splits import HELD_OUT, SplitChoice, choose_among, choose_splits, dataset_splits, default_split
 
 __all__ = [
     "DATA_OBJECTS",
-    "is_object",
-    "is_text_object",
     "is_tokenized_object",
     "describe",
     "splits_of",
@@ -66,15 +64,6 @@ def _is_texts(obj: Any) -> bool:
     return isinstance(obj, (list, tuple)) and all(isinstance(t, str) for t in obj)
 
 
-def _is_loader(obj: Any) -> bool:
-    return isinstance(obj, DataLoader)
-
-
-def is_object(obj: Any) -> bool:
-    """Any value of a data field that is not a string (an object in memory)."""
-    return obj is not None and not isinstance(obj, str)
-
-
 def _tokenized_dataset(ds: Any, text_field: str | None) -> bool:
     return "input_ids" in (ds.column_names or []) and text_field is None
 
@@ -82,9 +71,7 @@ def _tokenized_dataset(ds: Any, text_field: str | None) -> bool:
 def is_tokenized_object(obj: Any, text_field: str | None = None) -> bool:
     """A pool of tokenized examples: a mapping of tensors, a ``DataLoader``, a ``Dataset`` (or
     ``DatasetDict``) with ``input_ids`` and no ``text_field`` given."""
-    if isinstance(obj, Mapping) and not is_dataset_dict(obj):
-        return True
-    if _is_loader(obj):
+    if (isinstance(obj, Mapping) and not is_dataset_dict(obj)) or isinstance(obj, DataLoader):
         return True
     if _is_dataset(obj):
         return _tokenized_dataset(obj, text_field)
@@ -93,18 +80,11 @@ def is_tokenized_object(obj: Any, text_field: str | None = None) -> bool:
     return False
 
 
-def is_text_object(obj: Any, text_field: str | None = None) -> bool:
-    """Documents in memory: a ``list[str]``, a ``Dataset``/``DatasetDict`` with a text column."""
-    if _is_texts(obj):
-        return True
-    return (_is_dataset(obj) or is_dataset_dict(obj)) and not is_tokenized_object(obj, text_field)
-
-
 def check_object(name: str, obj: Any) -> str | None:
     """Why ``obj`` cannot be the spec's data field ``name`` (None: it can)."""
     if _is_texts(obj):
         return None if len(obj) else "the list of texts is empty"
-    if _is_dataset(obj) or is_dataset_dict(obj) or _is_loader(obj):
+    if _is_dataset(obj) or is_dataset_dict(obj) or isinstance(obj, DataLoader):
         return None
     if isinstance(obj, Mapping):
         return None if len(obj) else "the mapping is empty: give input_ids (and attention_mask, labels)"
@@ -123,7 +103,7 @@ def describe(src: Any) -> str:
         return f"<in memory: DatasetDict with splits {', '.join(src)}>"
     if _is_dataset(src):
         return f"<in memory: Dataset of {len(src)} rows, columns {', '.join(src.column_names or [])}>"
-    if _is_loader(src):
+    if isinstance(src, DataLoader):
         return f"<in memory: DataLoader of {len(src)} batches>"
     if isinstance(src, Mapping):
         n = next(iter(src.values())).__len__() if len(src) else 0
@@ -216,21 +196,6 @@ def same_source(a: Any, b: Any) -> bool:
 
 
 # ----------------------------------------------------------------------------- documents
-def _row_docs(rows: Any, field: str, label_field: str | None, where: str) -> Iterator[Any]:
-    """Rows (dicts) as documents: the ``field`` text (with its label when asked)."""
-    for i, row in enumerate(rows):
-        text = column_text(row, field, where, i)
-        if label_field is None:
-            yield iter([text])
-            continue
-        if label_field not in row:
-            raise WidthscopeError(
-                f"{where} has no label column {label_field!r} (it has: {', '.join(map(str, row))}); "
-                "pass --label-field NAME"
-            )
-        yield iter([text]), row[label_field]
-
-
 def documents_of(
     src: Any,
     *,
@@ -249,7 +214,7 @@ def documents_of(
         if split is None:
             raise WidthscopeError(f"{src}: name its split with --train-split/--test-split")
         rows, desc = hf_datasets.rows(ref, split, whole=whole)
-        return _row_docs(rows, field, label_field, f"{src} split {split!r}"), f"{desc}, field {field!r}"
+        return row_documents(rows, field, label_field, f"{src} split {split!r}"), f"{desc}, field {field!r}"
     if isinstance(src, str):
         return documents(src, text_field=text_field, split=split, label_field=label_field, skipped=skipped)
     if _is_texts(src):
@@ -276,6 +241,6 @@ def documents_of(
         raise WidthscopeError(
             f"{where} in memory has no column {field!r} (columns: {', '.join(cols)}): pass text_field=NAME"
         )
-    return _row_docs(iter(ds), field, label_field, f"{where} in memory"), (
+    return row_documents(iter(ds), field, label_field, f"{where} in memory"), (
         f"{where} in memory ({len(ds)} rows), field {field!r}"
     )

@@ -37,8 +37,8 @@ from ..errors import WidthscopeError, WidthscopeTypeError
 from ..models.dispatch import DEVICE_MAPS, parse_max_memory
 from ..options import SEED_MAX, option
 from . import DATASETS
-from .corpus import precheck
-from .hf_datasets import check_ref, is_hf_ref, parse_ref
+from .hf_datasets import is_hf_ref, parse_ref, split_names
+from .sniff import precheck
 from .sources import check_object
 from .sources import describe as describe_source
 
@@ -55,6 +55,14 @@ __all__ = [
 ]
 
 PoolSize = int | Literal["all"]  # a whole number >= 4, or "all"
+ALL = "all"
+
+
+def is_all(n: Any) -> bool:
+    """A pool size of ``"all"``: every sequence / example the source gives."""
+    return isinstance(n, str) and n == ALL
+
+
 # A data field: a path, a dataset name, hf:NAME[:CONFIG][@REVISION], or an object in memory
 # (list[str], datasets.Dataset/DatasetDict, BatchEncoding/Mapping of tensors, DataLoader).
 Source = Any
@@ -66,38 +74,7 @@ SEQUENCES = ("concatenate", "per-document", "truncate")
 EMPTY_DOCS = ("skip", "eos")  # empty/whitespace-only documents: skipped (the published scripts) or an EOS each
 TRAIN_POOLS = ("fitted", "fresh")
 WINDOW = 20  # default corpus window: this many times the pool sizes (tokens read per source)
-_PATHS = (
-    "model",
-    "tokenizer",
-    "data",
-    "train_data",
-    "test_data",
-    "train_split",
-    "test_split",
-    "data_root",
-    "text_field",
-    "label_field",
-)
-# The optional input fields: None (False) = not given (``given`` derived from them).
-OPTIONAL_FIELDS = (
-    "task",
-    "tokenizer",
-    "data",
-    "train_data",
-    "test_data",
-    "train_split",
-    "test_split",
-    "data_root",
-    "text_field",
-    "label_field",
-    "seq_len",
-    "sequences",
-    "max_tokens",
-    "train_pool",
-    "test_fraction",
-    "first",
-    "empty_docs",
-)
+_PATHS = OBJECT_FIELDS + ("train_split", "test_split", "data_root", "text_field", "label_field")  # text fields
 
 
 def _flag(name: str) -> str:
@@ -105,11 +82,8 @@ def _flag(name: str) -> str:
 
 
 def _bad(name: str, value: Any, fix: str) -> WidthscopeError:
-    return WidthscopeError(
-        f"{_flag(name)} {value!r} (input spec field {name}): {fix}"
-        if isinstance(value, str)
-        else f"{_flag(name)} {value} (input spec field {name}): {fix}"
-    )
+    shown = repr(value) if isinstance(value, str) else value
+    return WidthscopeError(f"{_flag(name)} {shown} (input spec field {name}): {fix}")
 
 
 def _bad_type(name: str, value: Any, fix: str) -> WidthscopeTypeError:
@@ -355,18 +329,12 @@ class InputSpec:
                 raise (_bad if isinstance(self.revision, str) else _bad_type)(
                     "revision", self.revision, "must be a non-empty string (a branch, tag or commit hash)"
                 )
-            if not isinstance(self.model, str):
+            if not isinstance(self.model, str) or self.model == "builtin":
+                why = "; the model object is already loaded" if self.model != "builtin" else ", not to --model builtin"
                 raise _bad(
                     "revision",
                     self.revision,
-                    "applies to Hugging Face hub ids (org/name) and hub cache folders; the model object is "
-                    "already loaded: drop it",
-                )
-            if self.model == "builtin":
-                raise _bad(
-                    "revision",
-                    self.revision,
-                    "applies to Hugging Face hub ids (org/name) and hub cache folders, not to --model builtin: drop it",
+                    f"applies to Hugging Face hub ids (org/name) and hub cache folders{why}: drop it",
                 )
         for name, choices in _CHOICES:  # the fields' choices (device_map: _check_placement's)
             v = getattr(self, name)
@@ -476,6 +444,8 @@ class InputSpec:
 
 
 _META = {f.name: f.metadata for f in dataclasses.fields(InputSpec)}
+# The optional input fields (those that apply to some kinds of input only): None (False) = not given.
+OPTIONAL_FIELDS = tuple(n for n, m in _META.items() if m.get("applies"))
 _CHOICES = tuple((n, m["choices"]) for n, m in _META.items() if m.get("choices") and n != "device_map")
 _RANGES = tuple((n, m["lo"], m["unit"]) for n, m in _META.items() if m.get("kind") == "int" and m.get("lo") is not None)
 # Values of the options that are None when not given (so "was it given" is knowable): the fields'.
@@ -523,7 +493,7 @@ def check_source(flag: str, value: Any) -> None:
         return
 
     if is_hf_ref(value):
-        check_ref(parse_ref(value, flag), flag)
+        split_names(parse_ref(value, flag), flag)  # opening it checks it is reachable or cached
         return
     if not Path(value).expanduser().exists():
         raise WidthscopeError(

@@ -110,13 +110,10 @@ def split_files(path: str | Path) -> FileSplits | None:
     """The dataset's own splits in a folder of split files, or None (no split names; not a folder
     of tables or of plain-text split files; a ``save_to_disk`` directory: :func:`dataset_splits`).
 
-    Table files (.jsonl/.json/.csv/.parquet) named the way the Hub names them: shards
-    ``{split}-00000-of-00001.parquet`` (any split name), else a split keyword (train/training,
-    validation/valid/dev/val, test/testing/eval/evaluation) as a word of a folder name
-    (``train/part-0.parquet``) or of the file name (``train.parquet``, ``wikitext-test.jsonl``).
-    Files named for no split are ``unassigned``; ``README.md`` and the Hub's other metadata files
-    are ``ignored``. Plain-text files (.txt/.raw/.tokens: ``ptb.train.txt``, ``wiki.valid.raw``)
-    count only when every file names one split, one of them ``train``, and there are two or more.
+    Table files named as the Hub names them: shards ``{split}-00000-of-00001.parquet``, else a
+    split keyword (:data:`SPLIT_KEYWORDS`) as a word of a folder or file name. Plain-text files
+    (``ptb.train.txt``, ``wiki.valid.raw``) count only when every file names one split, one of them
+    ``train``, and there are two or more.
     """
     root = Path(path).expanduser()
     if not root.is_dir() or is_dataset_dir(root):
@@ -219,12 +216,9 @@ def choose_splits(
     """The splits the pools read from ``--data path`` when it has its own splits; None when it
     has none (one corpus, split by ``--test-fraction``).
 
-    Two or more splits: the train pool reads ``train_split`` (default ``train``), the held-out
-    pool ``test_split`` (default ``validation``, else ``test``) — never pooled, never re-split.
-    One split (and no ``--*-split``): it is the one corpus, split by ``--test-fraction`` (a note
-    says so). ``test_fraction`` (given explicitly) on two or more splits: re-split on request —
-    both pools are cut from the one split ``train_split`` (default ``train``); the other splits
-    are not read (a note says so)."""
+    The train pool reads ``train_split`` (default ``train``), the held-out pool ``test_split``
+    (default ``validation``, else ``test``), never pooled. One split only: the one corpus, split by
+    ``--test-fraction``. ``test_fraction`` given explicitly: both pools are cut from ``train_split``."""
     root = Path(path).expanduser()
     names = dataset_splits(root)
     if names is None:

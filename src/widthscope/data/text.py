@@ -1,17 +1,12 @@
 """Byte-level text: files -> fixed-length sequences of byte tokens (vocabulary 256).
 
-The corpus is the concatenation of the files' bytes (in sorted path order; in a directory every
-file that is text by content, the others skipped and listed in ``meta["skipped_files"]``), cut into
-non-overlapping chunks of ``seq_len`` bytes (the tail shorter than ``seq_len`` is dropped).
-A seeded permutation assigns ``round(test_fraction · chunks)`` chunks to test and the rest to
-train, so the two parts never share a byte position; ``meta`` records both chunk-index lists
-(chunk ``i`` covers corpus bytes ``[i·seq_len, (i+1)·seq_len)``), the whole held-out part and
-the corpus' SHA-256, from which :func:`widthscope.data.record` makes byte ranges that stay
-valid at any later sequence length (:func:`chunks_within`).
-
-Default corpus: the ``.py`` files of Python's standard library
-(``sysconfig.get_paths()["stdlib"]``, excluding site/dist-packages), sorted by relative path,
-read until ``max_bytes`` — it exists wherever Python runs, so the default needs no download.
+The corpus is the files' bytes concatenated in sorted path order (in a directory, the files that
+are text by content; the others listed in ``meta["skipped_files"]``), cut into chunks of
+``seq_len`` bytes (tail dropped). A seeded permutation holds out ``round(test_fraction · chunks)``
+chunks; ``meta`` records both chunk-index lists (chunk ``i`` = bytes ``[i·seq_len, (i+1)·seq_len)``)
+and the corpus' SHA-256, from which :func:`widthscope.data.record` makes byte ranges valid at any
+later sequence length (:func:`chunks_within`). Default corpus: the ``.py`` files of Python's
+standard library (no site/dist-packages), read until ``max_bytes``.
 """
 
 from __future__ import annotations
@@ -27,7 +22,8 @@ import torch
 
 from ..errors import WidthscopeError
 from . import Split, subset
-from .corpus import TABULAR, sniff
+from .corpus import files_under, text_only
+from .sniff import TABULAR, sniff
 
 
 def _files(root: str | None) -> tuple[list[Path], str, list[str]]:
@@ -52,21 +48,7 @@ def _files(root: str | None) -> tuple[list[Path], str, list[str]]:
             raise WidthscopeError(f"text: {path} {reason}")
         return [path], str(path), []
     if path.is_dir():
-        # Text by content, not by suffix: every non-hidden file that reads as UTF-8 text.
-        files, skipped = [], []
-        for p in sorted(
-            (
-                p
-                for p in path.rglob("*")
-                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
-            ),
-            key=lambda p: p.relative_to(path).as_posix(),
-        ):
-            reason = sniff(p)
-            if reason is None:
-                files.append(p)
-            else:
-                skipped.append(f"{p.relative_to(path)}: {reason.split(':')[0]}")
+        files, skipped = text_only(files_under(path), path)  # text by content, not by suffix
         if not files:
             raise WidthscopeError(
                 f"text: none of the files under {path} is text (by content); "

@@ -11,7 +11,8 @@ import torch.nn as nn
 
 from .._io import check_space
 from ..data import load
-from ..data.inputs import load_model, pick_pool, placement_of, resolve
+from ..data.inputs import load_model, placement_of, resolve
+from ..data.pools import pick_pool
 from ..data.spec import InputSpec, PoolSize
 from ..errors import WidthscopeError
 from ..models import build
