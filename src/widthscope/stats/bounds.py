@@ -28,21 +28,11 @@ from typing import Any, Literal
 
 from .. import _args
 from ..errors import WidthscopeError
-from .estimators import CrossMoments, Method, Moments, PrimalMoments, cross_moments, moments
-
-__all__ = [
-    "Certificate",
-    "certificate",
-    "Plan",
-    "plan",
-    "resolve_moments",
-    "vacuous_rule",
-    "certified",
-    "certified_steps",
-]
+from ..options import ESTIMATORS, Estimator
+from .estimators import METHODS, CrossMoments, Method, Moments, PrimalMoments, cross_moments, moments
 
 Populations = Literal["auto", "one", "two"]
-Estimator = Literal["unbiased", "plugin"]
+POPULATIONS = ("auto", "one", "two")
 
 
 @dataclass(frozen=True)
@@ -89,7 +79,7 @@ def resolve_moments(
     or ``None``. ``populations="auto"`` is two-population exactly when held-out data (or
     CrossMoments) is given; ``"one"`` uses the train samples only.
     """
-    if populations not in ("auto", "one", "two"):
+    if populations not in POPULATIONS:
         raise WidthscopeError(f"unknown populations {populations!r}; choose auto, one or two")
     if isinstance(train, (Moments, CrossMoments)):
         if test is not None:
@@ -137,9 +127,9 @@ def _check_inputs(fn: str, train: Any, test: Any, estimator: Any, populations: A
             optional=True,
             accepts="a 2-D (n, d) tensor or array of held-out samples, PrimalMoments or None",
         )
-    _args.choice(fn, "estimator", estimator, ("unbiased", "plugin"))
-    _args.choice(fn, "populations", populations, ("auto", "one", "two"))
-    _args.choice(fn, "method", method, ("auto", "dual", "primal"))
+    _args.choice(fn, "estimator", estimator, ESTIMATORS)
+    _args.choice(fn, "populations", populations, POPULATIONS)
+    _args.choice(fn, "method", method, METHODS)
 
 
 def _size(fn: str, name: str, v: Any) -> int:
@@ -163,18 +153,13 @@ def _names(pop: str) -> tuple[str, str, str, str]:
 
 
 def _vacuous_reason(E: float, p: float, q: float, t: float, pop: str) -> str | None:
-    names = _names(pop)
-    bad = [f"{nm} = {v:.3g} ≤ 0" for nm, v in zip(names, (E, p, q, t)) if not v > 0]
-    if bad:
-        seen: list[str] = []
-        for b in bad:  # one population lists μᵀΣμ once
-            if b not in seen:
-                seen.append(b)
-        return (
-            "estimate " + ", ".join(seen) + "; the certificate needs a positive mean alignment "
-            "and positive variance terms (collect more samples or check the insertion point)"
-        )
-    return None
+    bad = [f"{nm} = {v:.3g} ≤ 0" for nm, v in zip(_names(pop), (E, p, q, t)) if not v > 0]
+    if not bad:
+        return None
+    return (  # dict.fromkeys: one population lists μᵀΣμ once
+        "estimate " + ", ".join(dict.fromkeys(bad)) + "; the certificate needs a positive mean alignment "
+        "and positive variance terms (collect more samples or check the insertion point)"
+    )
 
 
 def _variance(p: float, q: float, t: float, M: int, K: int) -> float:
@@ -233,16 +218,9 @@ def certificate(
     if E > 0 and E2 > 0 and math.isfinite(E2):
         # Per term: each effective dimension is reported when its own estimates are positive,
         # so a failed covariance term does not hide a well-defined directional one.
-        if p > 0 and q > 0:
-            d_par = E2 / max(p, q)
-        if t > 0:
-            d_2 = E2 / t
-        defined = [d for d, ok in ((d_par, p > 0 and q > 0), (d_2, t > 0)) if ok and math.isfinite(d)]
-        d_align = min(defined) if defined else 0.0
-        if not math.isfinite(d_par):
-            d_par = 0.0
-        if not math.isfinite(d_2):
-            d_2 = 0.0
+        dims = [E2 / max(p, q) if p > 0 and q > 0 else math.nan, E2 / t if t > 0 else math.nan]
+        d_par, d_2 = (d if math.isfinite(d) else 0.0 for d in dims)
+        d_align = min((d for d in dims if math.isfinite(d)), default=0.0)
     if reason is None:
         # The bounds need every term: Var(A) from a negative estimate would understate it.
         b_exact = _b_exact(E, V)
@@ -262,7 +240,7 @@ def certificate(
         n_eff,
         b_exact,
         b_align,
-        reason is not None,
+        bool(reason),
         reason,
         pop,
         m.estimator,
@@ -398,21 +376,8 @@ def plan(
     E, p, q, t, pop, _, _ = _terms(m)
     probe = certificate(m, M=1, K=1)
     if probe.vacuous:
-        return Plan(
-            target,
-            K,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            pop,
-            m.estimator,
-            0.0,
-            True,
-            f"certificate is vacuous ({probe.reason}); no sample size reaches the target",
-        )
+        why = f"certificate is vacuous ({probe.reason}); no sample size reaches the target"
+        return Plan(target, K, None, None, None, None, None, None, pop, m.estimator, 0.0, True, why)
     d_align = probe.d_align
 
     def exact_ok(Mv: int, Kv: int) -> bool:
