@@ -77,7 +77,7 @@ _SIDE = ("widthscope.linear.trainer:_model_tensors",)
 _LOAD = ("widthscope.data.inputs:_resolve", "widthscope.data.inputs:_check_sources")
 _CERTIFY = ("widthscope.certification.pipeline:_resolve",)
 _GROW = ("widthscope.growth.pipeline:rank_pairs", "widthscope.growth.pipeline:rank_points")
-_MONITOR = ("widthscope.monitor.core:_as_batches", "widthscope.monitor.core:check_not_fsdp")
+_MONITOR = ("widthscope.monitor.core:as_batches", "widthscope.monitor.core:check_not_fsdp")
 
 T, V = TypeError, ValueError
 CASES = [
