@@ -63,7 +63,7 @@ def check_step(v: Any, name: str, low: int) -> int:
 
 
 class AlignmentMonitor:
-    """Certificates at fixed pools during training (module docstring).
+    """Certificates of fixed train and held-out pools at chosen optimizer steps of a training run.
 
     ``train``/``test`` are the fixed pools (tensors, token ids, dicts, probe batches, a ``BatchEncoding``,
     or texts/a ``datasets.Dataset`` with ``tokenizer=``), drawn once at construction. Settings are a
@@ -186,18 +186,11 @@ class AlignmentMonitor:
     def settings(self) -> dict[str, Any]:
         """The ``settings`` line of the ``out=`` file: the settings in force, and (``"options"``) the
         :class:`MonitorOptions` they came from (``MonitorOptions.from_dict`` reads it back)."""
+        same = ("M", "K", "every", "at", "delta", "draws", "seed", "estimator", "pool")
         return {
             "kind": "settings",
             "points": list(self.points),
-            "M": self.M,
-            "K": self.K,
-            "every": self.every,
-            "at": self.at,
-            "delta": self.delta,
-            "draws": self.draws,
-            "seed": self.seed,
-            "estimator": self.estimator,
-            "pool": self.pool,
+            **{k: getattr(self, k) for k in same},
             "budget": None if self.budget is None or math.isinf(self.budget) else self.budget,
             "n_train": count_safe(self.train),
             "n_test": count_safe(self.test),

@@ -106,27 +106,16 @@ def resolve_moments(
     return moments(train, estimator, method)
 
 
+_TRAIN = "a 2-D (n, d) tensor or array of samples, PrimalMoments, Moments or CrossMoments"
+_TEST = "a 2-D (n, d) tensor or array of held-out samples, PrimalMoments or None"
+
+
 def _check_inputs(fn: str, train: Any, test: Any, estimator: Any, populations: Any, method: Any) -> None:
     """The types :func:`certificate` and :func:`plan` take, before any moment is computed."""
     if not isinstance(train, (Moments, CrossMoments, PrimalMoments)):
-        _args.tensor(
-            fn,
-            "train",
-            train,
-            ndim=2,
-            arrays=True,
-            accepts="a 2-D (n, d) tensor or array of samples, PrimalMoments, Moments or CrossMoments",
-        )
+        _args.tensor(fn, "train", train, ndim=2, arrays=True, accepts=_TRAIN)
     if not isinstance(test, PrimalMoments):
-        _args.tensor(
-            fn,
-            "test",
-            test,
-            ndim=2,
-            arrays=True,
-            optional=True,
-            accepts="a 2-D (n, d) tensor or array of held-out samples, PrimalMoments or None",
-        )
+        _args.tensor(fn, "test", test, ndim=2, arrays=True, optional=True, accepts=_TEST)
     _args.choice(fn, "estimator", estimator, ESTIMATORS)
     _args.choice(fn, "populations", populations, POPULATIONS)
     _args.choice(fn, "method", method, METHODS)
@@ -324,9 +313,9 @@ class Plan:
 _SEARCH_LIMIT = 1 << 62
 
 
-def _smallest(ok, lo_bad: int = 0) -> int | None:
-    """Smallest integer m > lo_bad with ok(m), for monotone ok; ``None`` beyond 2^62."""
-    hi = max(lo_bad + 1, 1)
+def _smallest(ok) -> int | None:
+    """Smallest integer m ≥ 1 with ok(m), for monotone ok; ``None`` beyond 2^62."""
+    lo_bad, hi = 0, 1
     while not ok(hi):
         lo_bad, hi = hi, hi * 2
         if hi > _SEARCH_LIMIT:
@@ -395,41 +384,24 @@ def plan(
                 f"{name} needs M = K above {_SEARCH_LIMIT:.3g} to reach {target:g} "
                 "(too little signal for this target); relax the target"
             )
-    exact_M = align_M = None
-    exact_limit = align_limit = None
+    exact_M = align_M = exact_limit = align_limit = None
     if K is not None:
         exact_limit = (q / K) / (q / K + E * E)
         align_limit = 1.0 / (1.0 + K * d_align)
-        # Reachable iff some finite M beats the target; test a huge M before searching.
-        if exact_ok(_SEARCH_LIMIT, K):
-            exact_M = _smallest(lambda k: exact_ok(k, K))
-        else:
+        exact_M = _smallest(lambda k: exact_ok(k, K))
+        align_M = _smallest(lambda k: align_ok(k, K))
+        if exact_M is None:
             notes.append(
                 f"B_exact cannot reach {target:g} at K={K}: even as M→∞ it stays at "
                 f"{exact_limit:.4g} (held-out noise aᵀΣ_b a/K); increase K"
             )
-        if align_ok(_SEARCH_LIMIT, K):
-            align_M = _smallest(lambda k: align_ok(k, K))
-        else:
+        if align_M is None:
             notes.append(
                 f"B_align cannot reach {target:g} at K={K}: as M→∞ it tends to "
                 f"{align_limit:.4g} = 1/(1+K·d_align); increase K"
             )
-    return Plan(
-        target,
-        K,
-        exact_M,
-        align_M,
-        exact_limit,
-        align_limit,
-        equal_exact,
-        equal_align,
-        pop,
-        m.estimator,
-        d_align,
-        False,
-        "; ".join(notes),
-    )
+    found = (exact_M, align_M, exact_limit, align_limit, equal_exact, equal_align)
+    return Plan(target, K, *found, pop, m.estimator, d_align, False, "; ".join(notes))
 
 
 def certified(b_exact: Any, vacuous: Any, delta: Any) -> bool:

@@ -222,16 +222,12 @@ def misalignment_from_gram(
     na, nb = C.shape
     m_max = max(m for m, _ in plist)
     k_max = max(k for _, k in plist)
-    if m_max > na:
-        raise WidthscopeError(
-            f"M={m_max} is larger than the train pool of {na} sample vectors; "
-            f"use M ≤ {na} or collect more training examples"
-        )
-    if k_max > nb:
-        raise WidthscopeError(
-            f"K={k_max} is larger than the held-out pool of {nb} sample vectors; "
-            f"use K ≤ {nb} or collect more held-out examples"
-        )
+    for name, size, n, pool, kind in (("M", m_max, na, "train", "training"), ("K", k_max, nb, "held-out", "held-out")):
+        if size > n:
+            raise WidthscopeError(
+                f"{name}={size} is larger than the {pool} pool of {n} sample vectors; "
+                f"use {name} ≤ {n} or collect more {kind} examples"
+            )
     if scheme not in DRAW_SCHEMES:
         raise WidthscopeError(f"draw scheme {scheme!r}: choose {' or '.join(DRAW_SCHEMES)}")
     if scheme == "per-pair":
