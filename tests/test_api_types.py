@@ -77,7 +77,7 @@ _SIDE = ("widthscope.linear.trainer:_model_tensors",)
 _LOAD = ("widthscope.data.inputs:_resolve", "widthscope.data.inputs:_check_sources")
 _CERTIFY = ("widthscope.certification.pipeline:_resolve",)
 _GROW = ("widthscope.growth.pipeline:rank_pairs", "widthscope.growth.pipeline:rank_points")
-_MONITOR = ("widthscope.monitor.core:_as_batches", "widthscope.monitor.core:check_not_fsdp")
+_MONITOR = ("widthscope.monitor.core:as_batches", "widthscope.monitor.core:check_not_fsdp")
 
 T, V = TypeError, ValueError
 CASES = [
@@ -99,13 +99,13 @@ CASES = [
     Case("certificate", "populations unknown", lambda n: ws.certificate(S, M=4, K=4, populations="three"), V,
          "certificate(populations=...)", _STATS),
     Case("misalignment", "test None", lambda n: ws.misalignment(S, None, M=4, K=4), T, "misalignment(test=...)",
-         ("widthscope.stats.resample:as_matrix",)),
+         ("widthscope.stats.estimators:as_matrix",)),
     Case("misalignment", "draws str", lambda n: ws.misalignment(S, S, M=4, K=4, draws="1000"), T,
-         "misalignment(draws=...)", ("widthscope.stats.resample:as_matrix",)),
+         "misalignment(draws=...)", ("widthscope.stats.estimators:as_matrix",)),
     Case("misalignment", "seed float", lambda n: ws.misalignment(S, S, M=4, K=4, seed=1.5), T,
-         "misalignment(seed=...)", ("widthscope.stats.resample:as_matrix",)),
+         "misalignment(seed=...)", ("widthscope.stats.estimators:as_matrix",)),
     Case("misalignment", "scheme unknown", lambda n: ws.misalignment(S, S, M=4, K=4, scheme="random"), V,
-         "misalignment(scheme=...)", ("widthscope.stats.resample:as_matrix",)),
+         "misalignment(scheme=...)", ("widthscope.stats.estimators:as_matrix",)),
     Case("plan", "target str", lambda n: ws.plan(S, target="0.05"), T, "plan(target=...)", _STATS),
     Case("plan", "target out of range", lambda n: ws.plan(S, target=1.5), V, "plan(target=...)", _STATS),
     Case("plan", "K zero", lambda n: ws.plan(S, target=0.1, K=0), V, "plan(K=...)", _STATS),

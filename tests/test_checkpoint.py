@@ -63,7 +63,7 @@ def test_hf_directories_llama_and_gpt_neox(tmp_path):
         # The checkpoint's attention implementation is kept (reverse-mode probes do not need eager);
         # eager_attention switches where forward-mode AD needs it.
         assert loaded.config._attn_implementation != "eager"
-        from widthscope.models.hf import eager_attention
+        from widthscope.probe.structure import eager_attention
 
         assert eager_attention(loaded).config._attn_implementation == "eager"
         _same_outputs(m, loaded, torch.randint(0, 256, (2, 8)))

@@ -15,7 +15,7 @@ import torch.nn as nn
 from widthscope.certification import certify_dict
 from widthscope.errors import WidthscopeError
 from widthscope.monitor import AlignmentMonitor, TrainingState, log_steps
-from widthscope.monitor.core import _as_batches
+from widthscope.monitor.pools import as_batches
 from widthscope.stats import CrossMoments, certificate
 
 POINTS = ["2", "5"]
@@ -282,7 +282,7 @@ def test_pool_forms_give_the_same_rows():
     small = AlignmentMonitor(model, (X[:40], Y[:40]), te, points=POINTS, M=32)  # one batch, not two
     assert len(small.train) == 1 and small.train[0][0].shape == (40, 6)
     ids = torch.randint(0, 10, (20, 5), generator=g)
-    batches = _as_batches({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, "train", 8)
+    batches = as_batches({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, "train", 8)
     assert [b["input_ids"].shape[0] for b in batches] == [8, 8, 4]
 
 

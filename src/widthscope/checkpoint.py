@@ -29,8 +29,9 @@ from ._io import atomic_write_json, current_umask, to_jsonable, unwritable
 from .errors import WidthscopeError
 from .hub import attach, resolve_model
 from .models import build, count_parameters
-from .models.hf import DTYPES, WIDTHSCOPE_FAMILY, auto_classes, check_model_type, hf_task, load_hf, main_stack
+from .models.hf import DTYPES, WIDTHSCOPE_FAMILY, auto_classes, check_model_type, hf_task, load_hf
 from .probe.interventions import apply_insertions
+from .probe.structure import main_stack
 
 FORMAT_VERSION = 1
 HF_RENAMES = {"embed_out.weight": "lm_head.weight"}  # original GPT-NeoX/Pythia name of the read-out

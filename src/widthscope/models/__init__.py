@@ -7,9 +7,8 @@
 - ``model.widthscope_points``: the insertion points (module paths of block outputs), each
   resolvable with ``model.get_submodule(name)``.
 
-Initialisation draws from torch's global RNG, so ``torch.manual_seed(s)`` before ``build``
-makes it deterministic. Build prints nothing. Formulas for the parameter counts are in
-``docs/models-data.md``.
+Initialisation draws from torch's global RNG (``torch.manual_seed(s)`` before ``build`` makes it
+deterministic). Options and parameter counts of each family: docs/models-data.md.
 
 Example::
 
@@ -33,27 +32,21 @@ from .lm import build_llama, build_pythia
 from .mlp import build_mlp
 from .resnet import build_resnet20
 
-FAMILIES = ("mlp", "resnet20", "llama", "pythia")
 _BUILDERS: dict[str, Callable[..., tuple[nn.Module, dict, list[str]]]] = {
     "mlp": build_mlp,
     "resnet20": build_resnet20,
     "llama": build_llama,
     "pythia": build_pythia,
 }
+FAMILIES = tuple(_BUILDERS)
 
-__all__ = ["FAMILIES", "build", "count_parameters", "describe", "depth_of"]
+__all__ = ["FAMILIES", "build", "count_parameters", "describe"]
 
 
 def build(family: str, width: int | float | None = None, **options: Any) -> nn.Module:
-    """Build a model of ``family`` at ``width`` (see each family's module for its options).
-
-    - ``mlp``: ``width`` = hidden units; options ``in_dim``, ``out_dim``, ``depth``, ``activation``,
-      ``parametrization``, ``sigma_w``, ``bias``, ``sigma_b`` (:mod:`widthscope.models.mlp`).
-    - ``resnet20``: ``width`` = channel multiplier k (channels 16k/32k/64k); options
-      ``in_channels``, ``num_classes``, ``norm`` (:mod:`widthscope.models.resnet`).
-    - ``llama`` / ``pythia``: ``width`` = hidden size; options ``depth``, ``vocab_size``,
-      ``max_seq_len``, ``heads``, ... and ``preset`` for pythia (:mod:`widthscope.models.lm`).
-    """
+    """Build a model of ``family`` at ``width``: hidden units (``mlp``, which also needs ``in_dim`` and
+    ``out_dim``), channel multiplier (``resnet20``) or hidden size (``llama``, ``pythia``); ``options``
+    are the family builder's keywords (:mod:`.mlp`, :mod:`.resnet`, :mod:`.lm`)."""
     if family not in FAMILIES:
         raise WidthscopeError(f"unknown model family {family!r}; valid: {', '.join(FAMILIES)}")
     if family == "mlp":
@@ -78,26 +71,8 @@ def build(family: str, width: int | float | None = None, **options: Any) -> nn.M
 
 
 def count_parameters(model: nn.Module, *, trainable_only: bool = False) -> int:
-    """Number of distinct parameter entries (tied tensors counted once)."""
-    seen: set[int] = set()
-    total = 0
-    for p in model.parameters():  # .parameters() already de-duplicates shared Parameters
-        if trainable_only and not p.requires_grad:
-            continue
-        if id(p) not in seen:
-            seen.add(id(p))
-            total += p.numel()
-    return total
-
-
-def depth_of(model: nn.Module) -> int | None:
-    cfg = getattr(model, "widthscope_config", None) or {}
-    if cfg.get("family") == "resnet20":
-        return 20
-    if "depth" in cfg:
-        return int(cfg["depth"])
-    points = getattr(model, "widthscope_points", None)
-    return len(points) if points else None
+    """Number of distinct parameter entries (``parameters()`` counts tied tensors once)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
 
 
 def describe(model: nn.Module) -> str:
@@ -105,9 +80,10 @@ def describe(model: nn.Module) -> str:
     cfg = getattr(model, "widthscope_config", None) or {}
     family = cfg.get("family", type(model).__name__)
     parts = [str(family), f"width={cfg.get('width', '?')}"]
-    depth = depth_of(model)
+    points = getattr(model, "widthscope_points", None)
+    depth = 20 if family == "resnet20" else cfg.get("depth", len(points) if points else None)
     if depth is not None:
-        parts.append(f"depth={depth}")
+        parts.append(f"depth={int(depth)}")
     if cfg.get("parametrization"):
         parts.append(f"param={cfg['parametrization']}")
     parts.append(f"params={count_parameters(model):,}")

@@ -1,10 +1,7 @@
 """Models larger than one device: accelerate's big-model dispatch, ready for the probe.
 
-:func:`parse_max_memory` reads ``--max-memory``; :func:`check_device_map`, :func:`check_max_memory`
-and :func:`check_visible` check the values; :func:`dispatch` dispatches a model in memory;
-:func:`pretrained_kwargs` / :func:`finish` wrap ``from_pretrained`` (blocks recompute in the backward,
-no key/value cache). :func:`fix_mmap_threshold` fixes glibc's mmap threshold, process-wide, only when
-asked. Details: docs/big-models.md.
+Checks of ``device_map`` / ``max_memory``, :func:`dispatch` of a model in memory, the keywords of
+``from_pretrained`` and :func:`finish` after it, and glibc's mmap threshold. Details: docs/big-models.md.
 
 Example::
 
@@ -33,23 +30,6 @@ from torch import nn
 from ..errors import WidthscopeError
 from ..probe.offload import offloaded_modules, recompute_blocks
 from ..probe.structure import main_stack
-
-__all__ = [
-    "DEVICE_MAPS",
-    "parse_max_memory",
-    "check_max_memory",
-    "check_visible",
-    "check_device_map",
-    "dispatch",
-    "pretrained_kwargs",
-    "finish",
-    "format_bytes",
-    "check_disk",
-    "fix_mmap_threshold",
-    "mmap_threshold",
-    "releasing_memory",
-    "OffloadFolder",
-]
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 _UNITS = {
@@ -100,11 +80,8 @@ def _device_key(key: Any, where: str) -> str | int:
 
 
 def parse_max_memory(text: str, *, name: str = "--max-memory") -> dict[str | int, int | None]:
-    """``"cpu=2MB,0=10GiB,disk"`` -> ``{"cpu": 2000000, 0: 10737418240, "disk": None}``.
-
-    Sizes take B, KB/MB/GB/TB (powers of 1000) or KiB/MiB/GiB/TiB (powers of 1024); ``disk``
-    alone (or ``disk=SIZE``) allows offloading to disk what the other devices cannot hold.
-    """
+    """``"cpu=2MB,0=10GiB,disk"`` -> ``{"cpu": 2000000, 0: 10737418240, "disk": None}`` (units: B,
+    KB..TB, KiB..TiB; ``disk`` alone allows offloading to disk what the other devices cannot hold)."""
     if not isinstance(text, str) or not text.strip():
         raise WidthscopeError(f"{name}: empty; give {_FORM}")
     out: dict[str | int, int | None] = {}
@@ -126,9 +103,8 @@ def parse_max_memory(text: str, *, name: str = "--max-memory") -> dict[str | int
 
 
 def check_max_memory(value: Any, *, name: str = "max_memory") -> dict[str | int, int | None] | None:
-    """``None``, the text of :func:`parse_max_memory`, or a dict ``{device: size}`` (a size is a
-    number of bytes or a text such as ``"2GB"``; ``"disk": None`` allows disk offload) ->
-    ``{device: bytes}``; one error line for anything else."""
+    """``None``, the text of :func:`parse_max_memory`, or a dict ``{device: bytes or "2GB"}``
+    (``"disk": None`` allows disk offload) -> ``{device: bytes}``."""
     if value is None:
         return None
     if isinstance(value, str):
@@ -157,10 +133,9 @@ def check_max_memory(value: Any, *, name: str = "max_memory") -> dict[str | int,
 
 
 def check_visible(budget: Mapping[str | int, int | None] | None, *, name: str = "max_memory", text: Any = None) -> None:
-    """One line when ``budget`` (:func:`check_max_memory`'s) names a device this machine does not
-    show: a GPU index past the visible ones (``CUDA_VISIBLE_DEVICES``), ``mps`` without MPS.
-    Otherwise accelerate only prints "Device 0 is not available" and the load fails (or places the
-    model elsewhere) after it began. ``name`` and ``text`` (the value as given) open the message."""
+    """Refuse a ``budget`` (:func:`check_max_memory`'s) naming a device this machine does not show:
+    a GPU index past the visible ones, ``mps`` without MPS. ``name`` and ``text`` (the value as
+    given) open the message."""
     if not budget:
         return
     what = name if text is None else f"{name} {text!r}"
@@ -208,24 +183,23 @@ def _accelerate_memory(budget: dict[str | int, int | None] | None) -> dict[str |
 
 
 class OffloadFolder:
-    """A temporary offload folder, removed when this object is collected. The model keeps it
-    (``model._widthscope_offload_folder``), and so does a copy of the model
-    (:func:`widthscope.probe.offload.copy_model`, which shares the offloaded weights): the folder
-    goes when the last model reading it goes."""
+    """A temporary offload folder, removed when this object is collected. A model with modules on
+    disk keeps it (``model._widthscope_offload_folder``), and so do its copies
+    (:func:`widthscope.probe.offload.copy_model`): the folder goes with the last model reading it."""
 
     def __init__(self) -> None:
         self.path = tempfile.mkdtemp(prefix="widthscope-offload-")
         weakref.finalize(self, shutil.rmtree, self.path, True)
 
 
-def _offload_dir(model: nn.Module, offload_folder: str | Path | None) -> str:
-    """``offload_folder``, or a new temporary folder removed with the model (and its copies)."""
-    if offload_folder is not None:
-        Path(offload_folder).mkdir(parents=True, exist_ok=True)
-        return str(offload_folder)
-    holder = OffloadFolder()
-    model._widthscope_offload_folder = holder  # type: ignore[assignment]
-    return holder.path
+def make_offload_folder(given: str | Path | None, temporary: bool = True) -> tuple[str | None, OffloadFolder | None]:
+    """``(path, temporary folder)``: ``given`` (created if missing), else a new :class:`OffloadFolder`
+    when ``temporary``, else no folder."""
+    if given is not None:
+        Path(given).mkdir(parents=True, exist_ok=True)
+        return str(given), None
+    temp = OffloadFolder() if temporary else None
+    return (None, None) if temp is None else (temp.path, temp)
 
 
 def check_disk(device_map: Mapping[str, Any], budget: dict[str | int, int | None] | None, folder: Any) -> None:
@@ -283,14 +257,10 @@ def dispatch(
 ) -> nn.Module:
     """Dispatch a model already in memory over devices / disk; returns it, ready for the probe.
 
-    ``device_map``: ``"auto"`` (accelerate fills the devices in order within ``max_memory``),
-    ``"balanced"``, ``"balanced_low_0"``, ``"sequential"``, or a dict ``{module name: device}``.
-    ``max_memory``: ``{device: size}`` or its text (:func:`parse_max_memory`); ``disk`` must be
-    named (or ``offload_folder`` given) for modules to go to disk. ``offload_folder``: where the
-    offloaded weights are written (default: a temporary folder, removed with the model).
-    The weights of offloaded modules are written there and dropped from memory.
-    ``release_memory``: with modules offloaded, fix glibc's mmap threshold (:func:`finish`;
-    process-wide; default: only within :func:`releasing_memory`).
+    ``device_map``: one of :data:`DEVICE_MAPS` or a dict ``{module name: device}``. ``max_memory``:
+    ``{device: size}`` or its text (:func:`parse_max_memory`); ``disk`` must be named (or
+    ``offload_folder`` given) for modules to go to disk. ``offload_folder``: where offloaded weights
+    are written (default: a temporary folder removed with the model). ``release_memory``: see :func:`finish`.
     """
     import accelerate  # optional dependency (the "hf" extra)
     from accelerate.utils import get_balanced_memory, get_max_memory
@@ -323,7 +293,9 @@ def dispatch(
             "(or GPU) size: accelerate keeps room there for the largest block as well"
         )
     check_disk(dmap, budget, offload_folder)
-    folder = _offload_dir(model, offload_folder) if "disk" in dmap.values() else None
+    folder, temp = make_offload_folder(offload_folder) if "disk" in dmap.values() else (None, None)
+    if temp is not None:
+        model._widthscope_offload_folder = temp  # type: ignore[assignment]
     model.eval()
     try:
         accelerate.dispatch_model(model, device_map=dmap, offload_dir=folder, force_hooks=True)
@@ -344,16 +316,11 @@ _RELEASE: contextvars.ContextVar[bool] = contextvars.ContextVar("_RELEASE", defa
 
 
 def fix_mmap_threshold() -> bool:
-    """Make glibc's ``malloc`` return large freed blocks to the system at once; True if it did.
+    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD` (as ``MALLOC_MMAP_THRESHOLD_=65536``
+    would), so offloaded weights dropped after each forward go back to the system; True if it did.
 
-    Its default *adaptive* threshold rises as large blocks are freed, after which blocks of that
-    size come from the heap, which keeps freed memory: an offloaded weight, loaded and dropped at
-    every forward, then stays resident, and the process grows past the plain run (see
-    docs/big-models.md). A fixed threshold (as ``MALLOC_MMAP_THRESHOLD_=65536``
-    would set) maps each block above it separately, at the cost of a system call per large
-    allocation. Process-wide and for the rest of the process (glibc cannot go back to the
-    adaptive threshold); a no-op off glibc or when the environment already sets the threshold.
-    Called explicitly, or by :func:`finish` when asked (``release_memory``).
+    Process-wide, for the rest of the process; a no-op off glibc or when the environment already
+    sets the threshold. Why: docs/big-models.md.
     """
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") or platform.libc_ver()[0] != "glibc":
         return False
@@ -368,10 +335,8 @@ def fix_mmap_threshold() -> bool:
 
 
 def mmap_threshold() -> int | None:
-    """The fixed mmap threshold in effect in this process, as far as widthscope can know: the
-    environment's ``MALLOC_MMAP_THRESHOLD_``, else the one :func:`fix_mmap_threshold` set; None:
-    glibc's adaptive default (or not glibc, or set by other code through ``mallopt``: glibc has
-    no getter)."""
+    """The fixed mmap threshold in effect as far as widthscope knows: the environment's
+    ``MALLOC_MMAP_THRESHOLD_``, else the one :func:`fix_mmap_threshold` set; None: glibc's default."""
     env = os.environ.get("MALLOC_MMAP_THRESHOLD_", "").strip()
     if env.isdigit():
         return int(env)
@@ -380,10 +345,8 @@ def mmap_threshold() -> int | None:
 
 @contextmanager
 def releasing_memory(allow: bool = True) -> Iterator[None]:
-    """Within the block, :func:`finish` fixes glibc's mmap threshold (:func:`fix_mmap_threshold`)
-    when it prepares an offloaded model whose ``release_memory`` was left at None. For a process
-    that is widthscope's own: the command line runs each command within it; a Python user who
-    wants it calls ``fix_mmap_threshold()`` or passes ``release_memory=True``."""
+    """Within the block, :func:`finish` fixes glibc's mmap threshold for an offloaded model whose
+    ``release_memory`` is None (the command line runs each command within it)."""
     token = _RELEASE.set(bool(allow))
     try:
         yield
@@ -399,13 +362,9 @@ def finish(
     release_memory: bool | None = None,
 ) -> nn.Module:
     """After the dispatch: with offloaded modules, make the main stack's blocks recompute in the
-    backward and switch the key/value cache off; record the map in ``widthscope_dispatch`` (and
-    ``widthscope_hf`` if present).
-
-    ``release_memory``: with offloaded modules, fix glibc's mmap threshold (process-wide, for
-    good: :func:`fix_mmap_threshold`); None (default): only within :func:`releasing_memory`.
-    Recorded: ``release_memory`` (whether it was asked) and ``malloc_mmap_threshold`` (the fixed
-    threshold in effect, :func:`mmap_threshold`; None: glibc's adaptive default)."""
+    backward, switch the key/value cache off and (``release_memory``; None: within
+    :func:`releasing_memory`) :func:`fix_mmap_threshold`; record the placement in
+    ``widthscope_dispatch`` (and ``widthscope_hf`` if present)."""
     dmap = dict(getattr(model, "hf_device_map", None) or {})
     offloaded = offloaded_modules(model)
     blocks: list[str] = []

@@ -20,10 +20,7 @@ Example::
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import warnings
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -32,25 +29,17 @@ from torch import nn
 
 from ..errors import WidthscopeError
 from ..hub import attach, resolve_model
-from ..probe.structure import eager_attention, eager_attention_for, main_stack
+from ..probe.structure import main_stack
 from . import count_parameters
-from .dispatch import check_disk, finish, pretrained_kwargs
+from .dispatch import check_disk, finish, make_offload_folder, pretrained_kwargs
 
-__all__ = [
-    "TASKS",
-    "DTYPES",
-    "load_hf",
-    "meta_checkpoint",
-    "hf_task",
-    "main_stack",
-    "eager_attention",
-    "eager_attention_for",
-    "model_info",
-    "vocab_size",
-    "max_positions",
-]
-
-TASKS = ("causal-lm", "masked-lm", "sequence-classification", "image-classification")
+_HEADS = {  # task -> its head in transformers' names: AutoModelFor<Head>, MODEL_FOR_<HEAD>_MAPPING_NAMES
+    "causal-lm": ("CausalLM", "CAUSAL_LM"),
+    "masked-lm": ("MaskedLM", "MASKED_LM"),
+    "sequence-classification": ("SequenceClassification", "SEQUENCE_CLASSIFICATION"),
+    "image-classification": ("ImageClassification", "IMAGE_CLASSIFICATION"),
+}
+TASKS = tuple(_HEADS)
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 WIDTHSCOPE_FAMILY = {"llama": "llama", "gpt_neox": "pythia"}  # HF model_type -> our LM family (same classes)
 
@@ -58,29 +47,17 @@ WIDTHSCOPE_FAMILY = {"llama": "llama", "gpt_neox": "pythia"}  # HF model_type ->
 def auto_classes() -> dict[str, Any]:
     import transformers as tf
 
-    return {
-        "causal-lm": tf.AutoModelForCausalLM,
-        "masked-lm": tf.AutoModelForMaskedLM,
-        "sequence-classification": tf.AutoModelForSequenceClassification,
-        "image-classification": tf.AutoModelForImageClassification,
-    }
+    return {task: getattr(tf, f"AutoModelFor{head}") for task, (head, _) in _HEADS.items()}
 
 
 def _task_names() -> dict[str, set[str]]:
     from transformers.models.auto import modeling_auto as ma
 
-    def names(mapping: Any) -> set[str]:
-        out: set[str] = set()
-        for v in mapping.values():
-            out.update(v if isinstance(v, (tuple, list)) else [v])
-        return out
-
-    return {
-        "causal-lm": names(ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
-        "masked-lm": names(ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES),
-        "sequence-classification": names(ma.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES),
-        "image-classification": names(ma.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES),
-    }
+    out: dict[str, set[str]] = {}
+    for task, (_, head) in _HEADS.items():
+        mapping = getattr(ma, f"MODEL_FOR_{head}_MAPPING_NAMES")
+        out[task] = {n for v in mapping.values() for n in (v if isinstance(v, (tuple, list)) else [v])}
+    return out
 
 
 def hf_task(cfg: dict[str, Any], where: str = "config.json") -> str:
@@ -201,10 +178,7 @@ def model_info(model: nn.Module) -> dict[str, Any]:
         info["attn_implementation"] = getattr(cfg, "_attn_implementation", None)
     else:
         wc = getattr(model, "widthscope_config", None) or {}
-        if "width" in wc:
-            info["width"] = wc["width"]
-        if "depth" in wc:
-            info["depth"] = wc["depth"]
+        info.update({k: wc[k] for k in ("width", "depth") if k in wc})
         info["architecture"] = wc.get("family", info["architecture"])
     try:
         info["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -230,22 +204,11 @@ def load_hf(
 ) -> nn.Module:
     """Load the checkpoint in ``directory`` (eval mode) with the Auto class of its task.
 
-    ``directory`` may also be a hub id ``org/name`` (at ``revision``: branch, tag or commit;
-    default ``main``) or a hub cache folder ``models--org--name``, resolved to the local snapshot
-    by :func:`widthscope.hub.resolve_model` (the cache only when ``HF_HUB_OFFLINE=1``).
-
-    The model carries ``widthscope_task``, ``widthscope_points`` (:func:`main_stack`),
-    ``widthscope_hf`` (where it came from: directory, architecture, weights, dtype) and, for a hub
-    model, ``widthscope_hub`` (id, revision, commit; also ``widthscope_hf["hub"]``).
-
-    Models larger than memory (:mod:`widthscope.models.dispatch`): ``device_map`` (``"auto"``,
-    ``"balanced"``, ``"sequential"`` or a dict ``{module name: device}``) spreads the model over
-    the devices through accelerate, each device loading only its share of the weights;
-    ``max_memory`` (``{device: size}`` or text such as ``"cpu=2GB,disk"``) bounds each device and
-    ``disk`` there (or ``offload_folder``) lets the rest be offloaded to disk (files in
-    ``offload_folder``, default a temporary folder removed with the model). ``device`` is then
-    not used. The map, the budget and the folder are recorded in ``widthscope_hf``; offloaded
-    models recompute each block in the probe's backward (memory near the budget).
+    ``directory`` may also be a hub id ``org/name`` (at ``revision``) or a hub cache folder, resolved
+    by :func:`widthscope.hub.resolve_model`. The model carries ``widthscope_task``,
+    ``widthscope_points`` (:func:`main_stack`), ``widthscope_hf`` (where it came from) and, for a hub
+    model, ``widthscope_hub``. ``device_map``, ``max_memory``, ``offload_folder``: accelerate's
+    big-model loading instead of ``device`` (:func:`widthscope.models.dispatch.dispatch`).
     """
     directory, hub = resolve_model(str(directory), revision)
     cfg = _read_cfg(directory)
@@ -270,7 +233,10 @@ def load_hf(
             f"device_map needs safetensors weights; {directory} has {weights}: convert it "
             "(model.save_pretrained(DIR) writes safetensors)"
         )
-    folder, temp = _offload_folder(placement, budget, offload_folder)
+    # a safetensors checkpoint's offloaded weights are read from its own files, converted ones written
+    # to the folder: the one given, else (disk allowed: no budget, or disk in it) a temporary one
+    allowed = budget is None or "disk" in budget
+    folder, temp = make_offload_folder(offload_folder, allowed) if placement else (None, None)
     auto = auto_classes()[task]
 
     from transformers.utils import logging as hf_logging
@@ -317,8 +283,13 @@ def load_hf(
         "weights": weights,
         "dtype_option": dtype,
     }
-    if placement:
-        _dispatched(model, budget, folder, temp)
+    if placement:  # refuse disk offload the budget did not allow; keep a temporary folder in use
+        dmap = getattr(model, "hf_device_map", None) or {}
+        disk = "disk" in dmap.values()
+        check_disk(dmap, budget, folder if temp is None else None)
+        if disk and temp is not None:
+            model._widthscope_offload_folder = temp
+        finish(model, budget, folder if disk else None)
     family = WIDTHSCOPE_FAMILY.get(cfg["model_type"])
     if family is not None and task == "causal-lm":
         # Our llama/pythia families are these HF classes: keep them rebuildable (grow, save).
@@ -361,43 +332,6 @@ def _check_loading(loading: dict[str, Any], directory: Path, cfg: dict[str, Any]
             f"architecture of its config.json: {'; '.join(parts)} (freshly initialised "
             "weights would give meaningless certificates)"
         )
-
-
-class _TempFolder:
-    """A temporary offload folder, removed when this object is collected: the model keeps it when
-    modules went to disk; a failed load drops it with the frame."""
-
-    def __init__(self) -> None:
-        self.path = tempfile.mkdtemp(prefix="widthscope-offload-")
-        weakref.finalize(self, shutil.rmtree, self.path, True)
-
-
-def _offload_folder(
-    placement: dict[str, Any], budget: dict[Any, Any] | None, given: str | Path | None
-) -> tuple[str | None, _TempFolder | None]:
-    """The folder ``from_pretrained`` may offload to (a safetensors checkpoint's offloaded weights
-    are read from its own files; converted ones are written there): the one given, else (disk
-    allowed: no budget, or ``disk`` in it) a temporary one; None without a device map."""
-    if not placement:
-        return None, None
-    if given is not None:
-        Path(given).mkdir(parents=True, exist_ok=True)
-        return str(given), None
-    if budget is None or "disk" in budget:
-        temp = _TempFolder()
-        return temp.path, temp
-    return None, None
-
-
-def _dispatched(model: nn.Module, budget: dict[Any, Any] | None, folder: str | None, temp: _TempFolder | None) -> None:
-    """After a load with a device map: refuse disk offload the budget did not allow, keep a
-    temporary folder with the model when modules went to disk, prepare the model for the probe."""
-    dmap = getattr(model, "hf_device_map", None) or {}
-    disk = "disk" in dmap.values()
-    check_disk(dmap, budget, folder if temp is None else None)
-    if disk and temp is not None:
-        model._widthscope_offload_folder = temp  # type: ignore[assignment]
-    finish(model, budget, folder if disk else None)
 
 
 def meta_checkpoint(

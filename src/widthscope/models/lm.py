@@ -1,24 +1,8 @@
 """Decoder-only language models from Hugging Face ``transformers`` configs (no hub access).
 
-``llama`` (``LlamaForCausalLM``: RMSNorm, SwiGLU MLP, RoPE, grouped-query attention, untied
-embeddings, no biases) and ``pythia`` (``GPTNeoXForCausalLM``: LayerNorm, parallel residual,
-partial rotary embeddings on 25% of each head, GELU MLP of size 4N, biases, untied
-embeddings). Width ``N`` is the hidden size. Both use ``attn_implementation="eager"`` so
-forward-mode AD (jvp) works through attention.
-
-Derived sizes (every one can be overridden by an option of the same name):
-
-- ``heads``: llama ``max(1, N // 64)`` (head dim 64) for ``N >= 64``, else ``max(1, N // 16)``
-  (head dim 16); ``head_dim = N // heads`` rounded down to an even number (RoPE rotates
-  pairs), so the attention width ``heads·head_dim`` can be slightly below ``N``.
-  pythia: the same rule for ``heads``, lowered until it divides ``N`` (GPT-NeoX needs
-  ``head_dim = N / heads``).
-- ``kv_heads`` (llama): ``heads // 2`` when ``heads`` is even, else ``heads``.
-- ``ffn``: llama the multiple of 32 nearest ``8N/3`` (at least 32); pythia ``4N``.
-
-Pythia presets (``preset="70m"`` ...) fix the published depth, width and heads with a byte
-vocabulary (256) unless ``vocab_size`` is given: 70m 6×512/8, 160m 12×768/12, 410m 24×1024/16,
-1b 16×2048/8, 1.4b 24×2048/16, 2.8b 32×2560/32, 6.9b 32×4096/32, 12b 36×5120/40.
+``llama`` (``LlamaForCausalLM``) and ``pythia`` (``GPTNeoXForCausalLM``, presets ``"70m"`` ...) of
+hidden size ``N`` = width, with eager attention so forward-mode AD (jvp) works through it. Derived
+sizes (``heads``, ``kv_heads``, ``head_dim``, ``ffn``) and the presets: docs/models-data.md.
 
 Example::
 
@@ -48,11 +32,22 @@ PYTHIA_PRESETS: dict[str, tuple[int, int, int]] = {  # name -> (layers, width, h
     "6.9b": (32, 4096, 32),
     "12b": (36, 5120, 40),
 }
+# our option -> the transformers config field (the other options keep their names)
+_HF_NAMES = {
+    "width": "hidden_size",
+    "depth": "num_hidden_layers",
+    "heads": "num_attention_heads",
+    "kv_heads": "num_key_value_heads",
+    "ffn": "intermediate_size",
+    "max_seq_len": "max_position_embeddings",
+}
 
 
-def _check_width(family: str, width: Any) -> int:
+def _check_sizes(family: str, width: Any, depth: int) -> int:
     if not isinstance(width, int) or isinstance(width, bool) or width < 2:
         raise WidthscopeError(f"{family} width (hidden size) must be an integer >= 2, got {width!r}")
+    if depth < 1:
+        raise WidthscopeError(f"{family} depth (layers) must be >= 1, got {depth}")
     return width
 
 
@@ -80,28 +75,28 @@ def _check_ids(module: nn.Module, args: tuple, kwargs: dict) -> None:
         )
 
 
-def _with_input_check(model: nn.Module) -> nn.Module:
-    model.register_forward_pre_hook(_check_ids, with_kwargs=True)
-    return model
-
-
 def default_heads(width: int) -> int:
     return max(1, width // 64) if width >= 64 else max(1, width // 16)
 
 
-def _from_hf(
-    config_cls: Any, model_cls: Any, family: str, layers_path: str, hf_config: dict
-) -> tuple[nn.Module, dict, list[str]]:
+def _model(model_cls: Any, cfg: Any, config: dict, layers_path: str) -> tuple[nn.Module, dict, list[str]]:
+    model = model_cls(cfg)
+    model.register_forward_pre_hook(_check_ids, with_kwargs=True)
+    return model, config, [f"{layers_path}.{i}" for i in range(config["depth"])]
+
+
+def _from_hf(config_cls: Any, model_cls: Any, family: str, layers_path: str, hf_config: dict) -> Any:
     """Rebuild a model from its own Hugging Face config dict (eager attention: jvp needs it)."""
     cfg = config_cls.from_dict(dict(hf_config))
     cfg._attn_implementation = "eager"
-    model = _with_input_check(model_cls(cfg))
-    n, layers = cfg.hidden_size, cfg.num_hidden_layers
-    return (
-        model,
-        {"family": family, "width": n, "depth": layers, "hf_config": cfg.to_dict()},
-        [f"{layers_path}.{i}" for i in range(layers)],
-    )
+    config = {"family": family, "width": cfg.hidden_size, "depth": cfg.num_hidden_layers, "hf_config": cfg.to_dict()}
+    return _model(model_cls, cfg, config, layers_path)
+
+
+def _build(config_cls: Any, model_cls: Any, layers_path: str, config: dict, **fixed: Any) -> Any:
+    """The model of ``config`` (our option names), ``fixed`` settings added to its transformers config."""
+    hf = {_HF_NAMES.get(k, k): v for k, v in config.items() if k not in ("family", "preset")}
+    return _model(model_cls, config_cls(**hf, **fixed, attn_implementation="eager"), config, layers_path)
 
 
 def build_llama(
@@ -123,35 +118,13 @@ def build_llama(
 
     if hf_config is not None:  # a model loaded from an HF directory, rebuilt from its own config
         return _from_hf(LlamaConfig, LlamaForCausalLM, "llama", "model.layers", hf_config)
-    width = _check_width("llama", width)
-    if depth < 1:
-        raise WidthscopeError(f"llama depth (layers) must be >= 1, got {depth}")
+    width = _check_sizes("llama", width, depth)
     heads = heads or default_heads(width)
     head_dim = head_dim or max(2, (width // heads) // 2 * 2)
     kv_heads = kv_heads or (heads // 2 if heads % 2 == 0 else heads)
     if heads % kv_heads:
         raise WidthscopeError(f"llama: heads={heads} must be a multiple of kv_heads={kv_heads}")
     ffn = ffn or max(32, 32 * round(8 * width / 3 / 32))
-    # rope_theta and attn_implementation: keywords transformers 5.x takes (into rope_parameters / the
-    # attention setting) but does not list in its signature
-    cfg = LlamaConfig(
-        vocab_size=vocab_size,  # type: ignore[call-arg]
-        hidden_size=width,
-        intermediate_size=ffn,
-        num_hidden_layers=depth,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        max_position_embeddings=max_seq_len,
-        rms_norm_eps=rms_norm_eps,
-        rope_theta=rope_theta,
-        initializer_range=initializer_range,
-        tie_word_embeddings=False,
-        attention_bias=False,
-        mlp_bias=False,
-        attn_implementation="eager",
-    )
-    model = _with_input_check(LlamaForCausalLM(cfg))
     config = dict(
         family="llama",
         width=width,
@@ -166,7 +139,8 @@ def build_llama(
         rms_norm_eps=rms_norm_eps,
         initializer_range=initializer_range,
     )
-    return model, config, [f"model.layers.{i}" for i in range(depth)]
+    fixed = dict(tie_word_embeddings=False, attention_bias=False, mlp_bias=False)
+    return _build(LlamaConfig, LlamaForCausalLM, "model.layers", config, **fixed)
 
 
 def build_pythia(
@@ -191,38 +165,18 @@ def build_pythia(
         if preset not in PYTHIA_PRESETS:
             raise WidthscopeError(f"unknown pythia preset {preset!r}; valid: {', '.join(PYTHIA_PRESETS)}")
         p_depth, p_width, p_heads = PYTHIA_PRESETS[preset]
-        if width is not None and width != p_width:
-            raise WidthscopeError(f"pythia preset {preset} has width {p_width}; omit width or pass {p_width}")
-        if depth is not None and depth != p_depth:
-            raise WidthscopeError(f"pythia preset {preset} has depth {p_depth}; omit depth or pass {p_depth}")
+        for name, given, own in (("width", width, p_width), ("depth", depth, p_depth)):
+            if given is not None and given != own:
+                raise WidthscopeError(f"pythia preset {preset} has {name} {own}; omit {name} or pass {own}")
         width, depth, heads = p_width, p_depth, heads or p_heads
-    width = _check_width("pythia", width)
     depth = 4 if depth is None else depth
-    if depth < 1:
-        raise WidthscopeError(f"pythia depth (layers) must be >= 1, got {depth}")
+    width = _check_sizes("pythia", width, depth)
     if heads is None:
         heads = default_heads(width)
         while width % heads:
             heads -= 1
     if width % heads:
         raise WidthscopeError(f"pythia: width {width} must be divisible by heads={heads}")
-    ffn = ffn or 4 * width
-    # rotary_pct and attn_implementation: see build_llama's rope_theta
-    cfg = GPTNeoXConfig(
-        vocab_size=vocab_size,  # type: ignore[call-arg]
-        hidden_size=width,
-        num_hidden_layers=depth,
-        num_attention_heads=heads,
-        intermediate_size=ffn,
-        rotary_pct=rotary_pct,
-        max_position_embeddings=max_seq_len,
-        layer_norm_eps=layer_norm_eps,
-        initializer_range=initializer_range,
-        use_parallel_residual=True,
-        tie_word_embeddings=False,
-        attn_implementation="eager",
-    )
-    model = _with_input_check(GPTNeoXForCausalLM(cfg))
     config = dict(
         family="pythia",
         width=width,
@@ -231,9 +185,10 @@ def build_pythia(
         vocab_size=vocab_size,
         max_seq_len=max_seq_len,
         heads=heads,
-        ffn=ffn,
+        ffn=ffn or 4 * width,
         rotary_pct=rotary_pct,
         layer_norm_eps=layer_norm_eps,
         initializer_range=initializer_range,
     )
-    return model, config, [f"gpt_neox.layers.{i}" for i in range(depth)]
+    fixed = dict(use_parallel_residual=True, tie_word_embeddings=False)
+    return _build(GPTNeoXConfig, GPTNeoXForCausalLM, "gpt_neox.layers", config, **fixed)

@@ -1,27 +1,8 @@
 """Fully connected networks in standard, NTK and μP parametrisation.
 
-Every layer is a :class:`ScaledLinear`: a weight ``w`` with entries ``~ N(0, init_std²)`` and a
-forward pass ``y = multiplier · (x wᵀ) + b``. The three parametrisations differ only in how
-``init_std`` and ``multiplier`` depend on the fan-in (``n_in``) — the multiplier is part of the
-forward pass on purpose, so derivatives taken through the model (NTK, jvp) see it.
-
-=============  ========================  ===========================  ==========================
-layer          standard                  ntk                          mup (SGD, Yang & Hu 2021)
-=============  ========================  ===========================  ==========================
-input (d→n)    std σ_w/√d, mult 1        std 1, mult σ_w/√d           std 1/√n, mult σ_w·√(n/d)
-hidden (n→n)   std σ_w/√n, mult 1        std 1, mult σ_w/√n           std σ_w/√n, mult 1
-output (n→k)   std σ_w/√n, mult 1        std 1, mult σ_w/√n           std 1/√n, mult σ_w/√n
-=============  ========================  ===========================  ==========================
-
-μP is the abc-parametrisation of Tensor Programs IV (input ``a=-½, b=½``, hidden ``a=0,
-b=½``, output ``a=½, b=½``, ``c=0``), with the fixed input dimension ``d`` normalised by
-``1/√d`` so pre-activations are O(1) for any ``d``. It gives maximal feature learning for
-**SGD with one global learning rate**; Adam additionally needs per-layer learning rates
-(Tensor Programs V, Table 3), which :func:`widthscope.train.train` does not apply.
-
-Biases (``bias=True``) are ordinary parameters with multiplier 1, initialised ``N(0, σ_b²)``
-(``sigma_b=0`` by default: zero). ``σ_w`` defaults to 1.0 in every parametrisation (LeCun
-scaling); ``σ_w=√2`` keeps ReLU pre-activations at unit variance (He).
+Every layer is a :class:`ScaledLinear`, ``y = multiplier · (x wᵀ) + b`` with ``w ~ N(0, init_std²)``;
+the parametrisations differ in how ``init_std`` and ``multiplier`` depend on the fan-in (table in
+docs/models-data.md). The multiplier is in the forward pass, so derivatives (NTK, jvp) see it.
 
 Example::
 
@@ -35,7 +16,7 @@ Example::
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -157,7 +138,7 @@ class MLP(nn.Module):
 
 
 def _scales(parametrization: str, kind: str, n_in: int, width: int, sigma_w: float) -> tuple[float, float]:
-    """(init_std, multiplier) of one layer; see the table in the module docstring."""
+    """(init_std, multiplier) of one layer (the table of docs/models-data.md)."""
     if parametrization == "standard":
         return sigma_w / math.sqrt(n_in), 1.0
     if parametrization == "ntk":
@@ -197,18 +178,7 @@ def build_mlp(
             raise WidthscopeError(f"mlp option {name} must be a positive integer, got {v!r}")
     if not (sigma_w > 0):
         raise WidthscopeError(f"mlp option sigma_w must be > 0, got {sigma_w!r}")
-    model = MLP(
-        in_dim,
-        out_dim,
-        width,
-        depth,
-        Activation(fn, act_name),
-        parametrization,
-        float(sigma_w),
-        bool(bias),
-        float(sigma_b),
-    )
-    config = dict(
+    config: dict[str, Any] = dict(
         family="mlp",
         width=width,
         in_dim=in_dim,
@@ -220,4 +190,5 @@ def build_mlp(
         bias=bool(bias),
         sigma_b=float(sigma_b),
     )
+    model = MLP(act=Activation(fn, act_name), **{k: v for k, v in config.items() if k not in ("family", "activation")})
     return model, config, [f"blocks.{i}" for i in range(depth)]

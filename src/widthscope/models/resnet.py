@@ -1,18 +1,8 @@
 """ResNet-20 for 32×32 images (He et al. 2016, CIFAR variant) with a width multiplier.
 
-Stem ``conv3×3(in_channels → c1) → norm → relu``; three stages of three basic blocks with
-``c1, c2, c3`` channels (stride 1, 2, 2); global average pool; linear classifier. A basic
-block is ``relu(norm(conv3×3(relu(norm(conv3×3(x))))) + shortcut(x))``; the shortcut is the
-identity, or ``norm(conv1×1, stride 2)`` (projection, "option B") where the shape changes.
-
-Width multiplier ``k`` (= ``width``, int or float): ``c_s = max(1, round(16·k·2^s))`` for stage
-``s = 0, 1, 2``, so ``k = 1`` is the original 16/32/64 and ``k = 0.5`` gives 8/16/32.
-
-``norm``: ``batch`` (BatchNorm2d), ``group`` (GroupNorm with ``gcd(C, 8)`` groups), ``layer``
-(GroupNorm with one group: normalises over C, H, W), ``none`` (identity; convolutions then get
-biases). Convolutions have no bias when a norm follows them.
-
-Insertion points: the nine block outputs ``layer1.0`` … ``layer3.2``.
+Three stages of three basic blocks with ``max(1, round(16·k·2^s))`` channels for width ``k``
+(stride 1, 2, 2; projection shortcuts where the shape changes); ``norm`` in :data:`NORMS`.
+Insertion points: the nine block outputs ``layer1.0`` … ``layer3.2``. Details: docs/models-data.md.
 
 Example::
 

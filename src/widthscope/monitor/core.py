@@ -1,38 +1,22 @@
-r"""The alignment monitor: certify fixed pools at chosen optimizer steps, leaving training untouched.
+"""The alignment monitor: certify fixed pools at chosen optimizer steps, leaving training untouched.
 
-At a monitored step the monitor runs :func:`widthscope.probe.collect` on a *fixed* train pool and a
-*fixed* held-out pool (materialised once, at construction) with the model in eval mode, and computes
-exactly what ``certify`` does (:func:`widthscope.certification.statistics`): per point, the
-two-population certificate of :mod:`widthscope.stats.bounds` (``d_par``, ``d_2``, ``d_align``,
-``b_exact``, ``b_align``), the empirical misalignment with its Wilson interval, and the planner's
-smallest ``M = K`` reaching ``delta``. Rows follow :func:`widthscope.stats.vacuous_rule`. The settings
-are one :class:`~widthscope.monitor.options.MonitorOptions`, recorded in the ``out=`` file.
-
-**Restore guarantee** (:mod:`.state`). Around every probe the monitor saves and restores the CPU,
-CUDA, ``random`` and numpy RNG states, every module's train/eval flag, every parameter's
-``requires_grad`` and ``.grad`` (same tensor, same values); the probe never creates parameter
-gradients or touches an optimizer, so training gives bit-identical weights with and without the
-monitor. A dry probe at construction (:mod:`.pools`) refuses a model whose probe changes a parameter
-or buffer.
-
-**Schedule and cost cap** (:mod:`.schedule`). ``every=N``, ``at=[...]`` or, by default, log-spaced
-steps under a ``budget`` of :data:`DEFAULT_BUDGET` of the training time; a planned probe that would
-exceed it is skipped (``monitor.skipped``, a WARNING on logger ``widthscope.monitor`` and a
-``kind="skipped"`` line in ``out=``). Under ``torch.distributed`` rank 0's decision is broadcast.
-:meth:`AlignmentMonitor.bounds` names the run's first and last steps, which are then always probed;
-``step(..., final=True)`` probes a run that stops early.
-
-**FSDP.** A model sharded by FSDP is refused at construction and at every probe: the probe needs
-whole parameters."""
+At a monitored step the monitor probes a *fixed* train and held-out pool (drawn at construction) in
+eval mode and computes what ``certify`` does (:func:`widthscope.certification.statistics`) per point,
+restoring the training state exactly (:mod:`.state`). Steps: ``every=N``, ``at=[...]`` or log-spaced
+under a time ``budget``; the run's first and last steps (:meth:`AlignmentMonitor.bounds`) are always
+probed. FSDP-sharded models are refused. Schedule, budget rule and rows: docs/monitor.md.
+"""
 
 from __future__ import annotations
 
+import logging
 import math
+import operator
 import os
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn as nn
@@ -43,29 +27,43 @@ from ..certification import check_pool, count_examples, gather_rows, statistics
 from ..data.objects import batches_from, check_tokenizer, is_object_pool
 from ..errors import WidthscopeError
 from ..probe import collect, resolve_points
-from .options import DEFAULT_BUDGET, MonitorOptions, monitor_options
+from ..probe.offload import input_device
+from .options import MonitorOptions, monitor_options
 from .pools import as_batches, count_safe, dry_probe
-from .rows import METRIC_COLUMNS, certified_event, lazy_class, make_row
-from .rows import metrics as _metrics
-from .schedule import Schedule, check_step, log_steps
-from .state import FSDP_FIX, TrainingState, check_not_fsdp, device_of, unwrap
+from .rows import certified_event, make_row, metrics
+from .state import TrainingState, check_not_fsdp, unwrap
 
-__all__ = [
-    "AlignmentMonitor",
-    "TrainingState",
-    "log_steps",
-    "check_not_fsdp",
-    "DEFAULT_BUDGET",
-    "FSDP_FIX",
-    "METRIC_COLUMNS",
-    "lazy_class",
-]
-
-_as_batches = as_batches  # (the name tests/test_monitor.py imports)
+_log = logging.getLogger("widthscope.monitor")
 
 
-class AlignmentMonitor(Schedule):
-    """Certificates at fixed pools during training; see the module docstring for the maths.
+def log_steps(limit: int, per_octave: int = 2) -> list[int]:
+    """Log-spaced optimizer steps ``0 ≤ s ≤ limit``: 0 and ``round(2^(k/per_octave))``, k ≥ 0.
+
+    Example::
+
+        >>> log_steps(40)
+        [0, 1, 2, 3, 4, 6, 8, 11, 16, 23, 32]
+    """
+    out, k = {0}, 0
+    while (s := round(2 ** (k / per_octave))) <= limit:
+        out.add(s)
+        k += 1
+    return sorted(out)
+
+
+def check_step(v: Any, name: str, low: int) -> int:
+    """A step number: a whole number (not bool) ``>= low``."""
+    try:
+        n = None if isinstance(v, bool) else operator.index(v)
+    except TypeError:
+        n = None
+    if n is None or n < low:
+        raise WidthscopeError(f"{name} must be an integer >= {low}, got {v!r}")
+    return n
+
+
+class AlignmentMonitor:
+    """Certificates of fixed train and held-out pools at chosen optimizer steps of a training run.
 
     ``train``/``test`` are the fixed pools (tensors, token ids, dicts, probe batches, a ``BatchEncoding``,
     or texts/a ``datasets.Dataset`` with ``tokenizer=``), drawn once at construction. Settings are a
@@ -75,7 +73,7 @@ class AlignmentMonitor(Schedule):
     source. Rows (``kind="row"``) and ``certified`` events: docs/monitor.md.
     """
 
-    metrics = staticmethod(_metrics)
+    metrics = staticmethod(metrics)
 
     def __init__(
         self,
@@ -184,25 +182,15 @@ class AlignmentMonitor(Schedule):
         # Under torch.distributed every rank computes the same rows; rank 0 alone writes them.
         return self.out is not None and distributed.is_main()
 
-    def _now(self) -> float:
-        return self._clock()
-
     # ------------------------------------------------------------------ settings / resume
     def settings(self) -> dict[str, Any]:
         """The ``settings`` line of the ``out=`` file: the settings in force, and (``"options"``) the
         :class:`MonitorOptions` they came from (``MonitorOptions.from_dict`` reads it back)."""
+        same = ("M", "K", "every", "at", "delta", "draws", "seed", "estimator", "pool")
         return {
             "kind": "settings",
             "points": list(self.points),
-            "M": self.M,
-            "K": self.K,
-            "every": self.every,
-            "at": self.at,
-            "delta": self.delta,
-            "draws": self.draws,
-            "seed": self.seed,
-            "estimator": self.estimator,
-            "pool": self.pool,
+            **{k: getattr(self, k) for k in same},
             "budget": None if self.budget is None or math.isinf(self.budget) else self.budget,
             "n_train": count_safe(self.train),
             "n_test": count_safe(self.test),
@@ -271,7 +259,7 @@ class AlignmentMonitor(Schedule):
                 qa = collect(model, distributed.shard(self.train), **common)
                 qb = collect(model, distributed.shard(self.test), **common)
             # Each rank probed its contiguous share; the gathered rows are in pool order.
-            ga, gb = ({n: gather_rows(q[n], device_of(model)) for n in self.points} for q in (qa, qb))
+            ga, gb = ({n: gather_rows(q[n], input_device(model)) for n in self.points} for q in (qa, qb))
             probe_s = time.perf_counter() - t0
             t0 = time.perf_counter()
             results, _ = statistics(
@@ -301,6 +289,99 @@ class AlignmentMonitor(Schedule):
         self._probed = True
         self.spent_s += cost
         return new
+
+    # ------------------------------------------------------------------ the schedule and the budget
+    def bounds(self, first: int, last: int | None) -> None:
+        """The run's first and last optimizer steps (``last=None``: not known): both are probed
+        whatever the schedule (``every=``, ``at=`` or the default) and the budget, and the budget
+        keeps room for the last one. The Trainer and Lightning callbacks call it at train start; a
+        plain loop may call it before training."""
+        first = check_step(first, "first", 0)
+        self._last = None if last is None else check_step(last, "last", first)
+        self.forced = {first} if self._last is None else {first, self._last}
+
+    def should_probe(self, step: int) -> bool:
+        """Whether ``step`` (optimizer steps done) is a monitored step not yet recorded."""
+        if step in self._done:
+            return False
+        if step in self.forced:
+            return True
+        if self.at is not None:
+            return step in self.at
+        if self.every is not None:
+            return step % self.every == 0
+        return step in log_steps(step)
+
+    def _train_s(self, now: float) -> float:
+        return max(0.0, now - (self._t_first if self._t_first is not None else now) - self.spent_s)
+
+    def _reserve_s(self, step: int) -> float:
+        """The last step's probe, predicted, while it is still to come after ``step``."""
+        last = self._last
+        return self._predict_s if last is not None and last > step and last not in self._done else 0.0
+
+    def _within_budget(self, now: float, step: int) -> bool:
+        """Whether a probe at ``step`` keeps the budget rule of docs/monitor.md (rank 0 decides)."""
+        if self.budget is None or math.isinf(self.budget):
+            return True
+        ok = self.spent_s + self._predict_s + self._reserve_s(step) <= self.budget * self._train_s(now)
+        return bool(distributed.broadcast_object(ok)) if distributed.is_distributed() else ok
+
+    def _skip(self, step: int, now: float) -> None:
+        """Record, log and (``out=``) write that the budget skipped the probe planned at ``step``."""
+        if self.skipped and self.skipped[-1] == step:  # called again at the same step: said once
+            return
+        self.skipped.append(step)
+        if not distributed.is_main():
+            return
+        assert self.budget is not None  # (only a budget skips)
+        train_s, reserve = self._train_s(now), self._reserve_s(step)
+        _log.warning(
+            "alignment monitor: skipped the probe planned at step %d: the monitor would exceed its "
+            "budget of %.3g%% of training time (monitor %.3g s + next probe ~%.3g s%s > %.3g%% of %.3g s "
+            "of training)%s",
+            step,
+            100 * self.budget,
+            self.spent_s,
+            self._predict_s,
+            f" + the last step's ~{reserve:.3g} s" if reserve else "",
+            100 * self.budget,
+            train_s,
+            ""
+            if len(self.skipped) > 1
+            else "; pass budget=math.inf, or every=/at= without a budget, to probe every planned step",
+        )
+        if self._writes:
+            assert self.out is not None
+            row = {
+                "kind": "skipped",
+                "step": step,
+                "reason": "budget",
+                "budget": self.budget,
+                "monitor_s": self.spent_s,
+                "train_s": train_s,
+            }
+            append_jsonl(self.out, [row])
+
+    def summary(self) -> str:
+        """One line: the probed steps, the planned steps the budget skipped, the monitor's time and
+        its share of the training time so far."""
+        probed = sorted({int(r["step"]) for r in self.rows})
+
+        def steps(xs: Sequence[int]) -> str:
+            return (
+                ", ".join(map(str, xs))
+                if len(xs) <= 12
+                else f"{', '.join(map(str, xs[:6]))}, ..., {', '.join(map(str, xs[-3:]))} ({len(xs)} steps)"
+            )
+
+        budget = "" if self.budget is None or math.isinf(self.budget) else f" (budget {100 * self.budget:.3g}%)"
+        train_s = self._train_s(self._clock())
+        share = f" = {100 * self.spent_s / train_s:.3g}% of {train_s:.3g} s of training" if train_s > 0 else ""
+        return (
+            f"alignment monitor: probed step(s) {steps(probed) or 'none'}; skipped planned step(s) "
+            f"{steps(sorted(self.skipped)) or 'none'}{budget}; {self.spent_s:.3g} s in probes{share}"
+        )
 
     def _events(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out = []

@@ -2,31 +2,15 @@
 
 Usage::
 
-    from widthscope.monitor import AlignmentMonitor
     from widthscope.monitor.hf import attach
-    trainer = Trainer(model=model, args=args, train_dataset=ds)
     monitor = AlignmentMonitor(model, train_pool, test_pool, points=["model.layers.1"], every=50)
     attach(trainer, monitor)          # adds the callback and hands it the trainer
     trainer.train()
 
-or, the monitor built for the trainer's model from its options::
-
-    attach(trainer, train=train_pool, test=test_pool, options=MonitorOptions(points=["model.layers.1"], every=50))
-
-**Logs.** The monitor's values are *extra* entries of ``state.log_history``
-(``{"align/<point>/<column>": ..., "epoch": ..., "step": ...}``); the Trainer's own loss,
-``grad_norm`` and ``learning_rate`` entries are bit-identical with and without the callback.
-``Trainer.log`` is not used (its ``on_log`` clears ``control.should_log``, and subclasses such as
-TRL's flush their metrics there). Since the integrations (TensorBoard, W&B, MLflow) are callbacks
-registered before any user callback, the callback holds the trainer (:func:`attach`) and, at a probed
-step, appends its entry and runs ``trainer.callback_handler.on_log`` with it, restoring
-``control.should_log``. Without a trainer the entry goes to ``state.log_history`` only, with a warning.
-
-**Schedule.** ``on_train_begin`` gives the monitor the run's first and last steps
-(:meth:`AlignmentMonitor.bounds`), so both are probed; a run that stops early is probed at the step it
-stops. The step is ``state.global_step`` (optimizer steps: with gradient accumulation, never between
-micro-batches); ``on_train_end`` logs the probed and skipped steps. Under several processes every
-rank probes its share of the pools and the main process logs."""
+At a probed step (``state.global_step``, the run's first and last included) the values are an *extra*
+entry of ``state.log_history`` handed to every callback's ``on_log`` (the logging integrations); the
+Trainer's own entries and ``control.should_log`` are left as they were. Details: docs/monitor.md §2.
+"""
 
 from __future__ import annotations
 

@@ -2,29 +2,13 @@
 
 Usage::
 
-    from widthscope.monitor import AlignmentMonitor
-    from widthscope.monitor.lightning import AlignmentCallback
     monitor = AlignmentMonitor(lit.net, train_pool, test_pool, points=["2"], every=50)  # the network
     trainer = lightning.Trainer(callbacks=[AlignmentCallback(monitor)], ...)
-    # or built here: AlignmentCallback(model=lit.net, train=..., test=..., options=MonitorOptions(...))
 
-**What is probed.** The module the monitor was built on: the ``LightningModule`` itself when it
-has a ``forward()``, or (no ``forward()`` needed) the network it holds, e.g. ``lit.net``, with
-points named inside that network. The callback checks, at train start, that this module is the
-``LightningModule`` or one of its submodules (the object being trained, not a copy).
-
-**When and where it logs.** ``on_train_start`` gives the monitor the run's first and last steps
-(``trainer.global_step`` and ``trainer.estimated_stepping_batches``, which accounts for
-``max_steps`` / ``max_epochs``: :meth:`AlignmentMonitor.bounds`) and probes the first;
-``on_train_batch_end`` calls ``monitor.step(network, trainer.global_step)`` once per optimizer step
-(``global_step`` counts optimizer steps, so gradient accumulation is respected); ``on_train_end``
-probes the step a run stopped early at. The rows are written with ``logger.log_metrics(metrics,
-step=global_step)`` to every logger of the trainer (TensorBoard, W&B, MLflow, CSV) at **probed
-steps only**, step 0 included (``pl_module.log_dict`` is not used: Lightning re-sends a value logged
-from a callback hook at every later step until the epoch ends, so the CSV repeated stale values).
-The values are therefore not in ``trainer.callback_metrics``. A planned probe the budget skips is
-said in the log (logger ``widthscope.monitor``), and ``on_train_end`` logs a one-line summary.
-Lightning (``lightning`` or ``pytorch_lightning``) is imported on first use of the class.
+The monitor probes the ``LightningModule`` or a network it holds (checked at train start), once per
+optimizer step that its schedule picks (``trainer.global_step``, the run's first and last included),
+and the values go to every logger with ``logger.log_metrics(metrics, step=global_step)`` (not
+``log_dict``, which re-sends stale values). Details: docs/monitor.md §3.
 """
 
 from __future__ import annotations

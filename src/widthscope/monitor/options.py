@@ -1,14 +1,9 @@
 """The monitor's settings as one frozen typed dataclass: :class:`MonitorOptions`.
 
-The statistical settings (``M``, ``K``, ``draws``, ``seed``, ``estimator``, ``pool``, ``points``) are
-*not* declared here a second time: their fields are made from :class:`widthscope.options.CertifyOptions`'
-own declarations (:func:`_certify_field` copies the field's metadata: help, unit, range, choices), so
-their ranges, help and validation have one source. Where the monitor differs it says so on the field:
-``M`` and ``K`` are one size each (certify takes lists), and ``M`` defaults to 16.
-
-The monitor's own settings are the schedule (``every``, ``at``, ``budget``), ``delta`` and
-``batch_size``. Objects of the run (``loss_fn``, ``out``, ``progress``, ``clock``, ``tokenizer``) are
-keyword arguments of :class:`~widthscope.monitor.AlignmentMonitor`, not options.
+The statistical fields are made from :class:`widthscope.options.CertifyOptions`' own declarations
+(except that ``M`` and ``K`` are one size each); the schedule (``every``, ``at``, ``budget``), ``delta``
+and ``batch_size`` are the monitor's own. Objects of the run (``loss_fn``, ``out``, ...) are keyword
+arguments of :class:`~widthscope.monitor.AlignmentMonitor`, not options.
 
 Example::
 
@@ -36,8 +31,6 @@ from typing import Any
 
 from ..errors import WidthscopeError, WidthscopeTypeError
 from ..options import CertifyOptions, Estimator, Options, option, with_keywords
-
-__all__ = ["MonitorOptions", "DEFAULT_BUDGET", "RUNTIME_KEYWORDS", "monitor_options"]
 
 #: Time-share cap of the default log-spaced schedule (monitor time / training time).
 DEFAULT_BUDGET = 0.05
@@ -68,11 +61,7 @@ def _whole(v: Any) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class MonitorOptions(Options):
-    """What an :class:`~widthscope.monitor.AlignmentMonitor` measures and when.
-
-    Validation messages name the keyword (``draws 0: must be a whole number in 1..1000000
-    (resamples)``): the monitor has no command line (a sweep's ``monitor`` table is checked by the
-    sweep's config schema)."""
+    """What an :class:`~widthscope.monitor.AlignmentMonitor` measures and when (messages name the keyword)."""
 
     # ---- the statistics: certify's fields (one declaration; see the module docstring)
     points: tuple[str, ...] | None = _certify_field("points")
@@ -188,9 +177,8 @@ def _budget(v: Any) -> float:
 
 
 def monitor_options(options: MonitorOptions | None, keywords: Mapping[str, Any], fn: str) -> MonitorOptions:
-    """``options`` (default: :class:`MonitorOptions`'s defaults) with the option ``keywords`` given
-    beside it applied on top (:func:`widthscope.options.with_keywords`); an unknown keyword is
-    refused, named, with the close names."""
+    """``options`` (default: the defaults) with the option ``keywords`` applied on top; an unknown
+    keyword is refused with the close names."""
     return with_keywords(
         fn, options, MonitorOptions, keywords, also=RUNTIME_KEYWORDS, words="unknown keyword argument {key!r}"
     )

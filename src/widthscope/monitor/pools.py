@@ -1,9 +1,5 @@
-"""The monitor's fixed pools: materialised once at construction, then checked by one dry probe.
-
-:func:`as_batches` turns a pool (``(X, Y)`` tensors, token ids, a dict with ``input_ids``, or an
-iterable of batches drawn once) into a fixed list of probe batches; :func:`dry_probe` probes one
-batch per pool so bad data or points fail before training, refuses a model whose probe changes a
-parameter or buffer, and times the probe (the budget's first prediction)."""
+"""The monitor's fixed pools, materialised once (:func:`as_batches`), and the dry probe at construction
+(:func:`dry_probe`): bad data or points fail before training; a probe that changes the model is refused."""
 
 from __future__ import annotations
 
@@ -15,9 +11,7 @@ import torch.nn as nn
 from ..certification import check_pool, count_examples
 from ..errors import WidthscopeError
 from ..probe import batched, collect
-from .state import TrainingState, put_back, snapshot
-
-__all__ = ["as_batches", "count_safe", "dry_probe"]
+from .state import TrainingState
 
 
 def as_batches(pool: Any, what: str, batch_size: int) -> list[Any]:
@@ -58,6 +52,24 @@ def count_safe(batches: list[Any]) -> int | None:
         return count_examples(batches)
     except (AttributeError, TypeError, IndexError, KeyError):
         return None
+
+
+def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of every parameter and buffer, keyed ``"parameter <name>"`` / ``"buffer <name>"``."""
+    out = {f"parameter {n}": p.detach().clone() for n, p in model.named_parameters()}
+    out.update({f"buffer {n}": b.detach().clone() for n, b in model.named_buffers()})
+    return out
+
+
+def put_back(model: nn.Module, before: dict[str, torch.Tensor]) -> list[str]:
+    """Copy back every parameter / buffer that differs from its :func:`snapshot`; the names changed."""
+    now = snapshot(model)
+    changed = [k for k in before if not torch.equal(before[k], now[k])]
+    with torch.no_grad():
+        for k in changed:
+            kind, name = k.split(" ", 1)
+            (model.get_parameter(name) if kind == "parameter" else model.get_buffer(name)).copy_(before[k])
+    return changed
 
 
 def dry_probe(

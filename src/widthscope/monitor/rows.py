@@ -28,6 +28,9 @@ METRIC_COLUMNS = (
 )
 
 
+_TWO = ("populations", "d_par", "d_2", "d_align", "vacuous", "reason", "b_exact", "b_align", "expectation")
+
+
 def make_row(r: dict[str, Any], step: int, M: int, K: int, delta: float) -> dict[str, Any]:
     """The ``kind="row"`` row of one point from its :func:`widthscope.certification.statistics` result at
     ``(M, K)``: the two-population certificate, the one-population ``d_align``, the misalignment and
@@ -41,18 +44,8 @@ def make_row(r: dict[str, Any], step: int, M: int, K: int, delta: float) -> dict
         "point": r["point"],
         "M": M,
         "K": K,
-        "n_train": r["n_train"],
-        "n_test": r["n_test"],
-        "d": r["d"],
-        "populations": two["populations"],
-        "d_par": two["d_par"],
-        "d_2": two["d_2"],
-        "d_align": two["d_align"],
-        "vacuous": two["vacuous"],
-        "reason": two["reason"],
-        "b_exact": two["b_exact"],
-        "b_align": two["b_align"],
-        "expectation": two["expectation"],
+        **{k: r[k] for k in ("n_train", "n_test", "d")},
+        **{k: two[k] for k in _TWO},
         "d_align_one": one["d_align"],
         "misalignment": mis["probability"],
         "misalignment_low": mis["low"],

@@ -1,9 +1,5 @@
-"""What a probe could disturb, and the models a probe refuses: the monitor's restore guarantee.
-
-:class:`TrainingState` captures everything a probe could change (RNG states, module modes,
-``requires_grad`` and ``.grad`` of every parameter) and puts it back exactly; :func:`snapshot` copies
-parameters and buffers for the construction-time check that a probe changes none; :func:`check_not_fsdp`
-refuses FSDP-sharded models (the probe needs whole parameters)."""
+"""The monitor's restore guarantee (:class:`TrainingState`) and the models a probe refuses
+(:func:`check_not_fsdp`: FSDP-sharded models, whose parameters are split across ranks)."""
 
 from __future__ import annotations
 
@@ -15,9 +11,6 @@ import torch
 import torch.nn as nn
 
 from ..errors import WidthscopeError
-from ..probe.offload import input_device
-
-__all__ = ["TrainingState", "snapshot", "check_not_fsdp", "FSDP_FIX", "unwrap", "device_of"]
 
 
 class TrainingState:
@@ -55,24 +48,6 @@ class TrainingState:
                 p.grad = grad
                 if grad is not None and values is not None and not torch.equal(grad, values):
                     grad.copy_(values)
-
-
-def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Copies of every parameter and buffer, keyed ``"parameter <name>"`` / ``"buffer <name>"``."""
-    out = {f"parameter {n}": p.detach().clone() for n, p in model.named_parameters()}
-    out.update({f"buffer {n}": b.detach().clone() for n, b in model.named_buffers()})
-    return out
-
-
-def put_back(model: nn.Module, before: dict[str, torch.Tensor]) -> list[str]:
-    """Copy back every parameter / buffer that differs from its :func:`snapshot`; the names changed."""
-    now = snapshot(model)
-    changed = [k for k in before if not torch.equal(before[k], now[k])]
-    with torch.no_grad():
-        for k in changed:
-            kind, name = k.split(" ", 1)
-            (model.get_parameter(name) if kind == "parameter" else model.get_buffer(name)).copy_(before[k])
-    return changed
 
 
 def _fsdp_classes() -> tuple[type, ...]:
@@ -117,7 +92,3 @@ def unwrap(model: nn.Module) -> nn.Module:
     if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
         return model.module
     return model
-
-
-def device_of(model: nn.Module) -> torch.device:
-    return input_device(model)

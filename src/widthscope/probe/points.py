@@ -9,7 +9,7 @@ Rules, in order:
 
 1. ``model.widthscope_points`` if the model declares it (every ``widthscope.models`` model does);
 2. Hugging Face models (``transformers.PreTrainedModel``): the blocks of the main stack, found
-   from the module tree (:func:`widthscope.models.hf.main_stack`: the largest ``nn.ModuleList``
+   from the module tree (:func:`widthscope.probe.structure.main_stack`: the largest ``nn.ModuleList``
    of same-class blocks, e.g. ``model.layers.{i}``, ``transformer.h.{i}``, ``encoder.layer.{i}``);
 3. generic: the children of every ``nn.ModuleList``/``nn.Sequential`` whose children are
    *blocks* of one class (modules that themselves contain layers), outermost containers

@@ -1,15 +1,8 @@
 """Statistics core: unbiased moments, the alignment certificate, planning, resampling.
 
-Pure tensor code with float64 accumulation and no knowledge of models (see
-``docs/statistics.md`` for the maths). Public API:
-
-- :func:`moments`, :class:`PrimalMoments`, :func:`moments_from_gram`, :func:`gram_sums`
-  (one population: ‖μ‖², μᵀΣμ, tr(Σ²))
-- :func:`cross_moments`, :func:`cross_moments_from_gram` (two populations: aᵀb, bᵀΣ_a b,
-  aᵀΣ_b a, tr(Σ_aΣ_b))
-- :func:`certificate` -> :class:`Certificate`, :func:`plan` -> :class:`Plan`
-- :func:`misalignment`, :func:`misalignment_from_gram` -> :class:`Misalignment`,
-  :func:`wilson_interval`
+Pure tensor code with float64 accumulation and no knowledge of models: ``estimators`` (one- and
+two-population moments), ``bounds`` (certificate, planner), ``resample`` (empirical misalignment),
+``sketch`` (random projection, out-of-core). Maths: docs/statistics.md.
 
 Example::
 

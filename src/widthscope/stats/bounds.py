@@ -28,21 +28,11 @@ from typing import Any, Literal
 
 from .. import _args
 from ..errors import WidthscopeError
-from .estimators import CrossMoments, Method, Moments, PrimalMoments, cross_moments, moments
-
-__all__ = [
-    "Certificate",
-    "certificate",
-    "Plan",
-    "plan",
-    "resolve_moments",
-    "vacuous_rule",
-    "certified",
-    "certified_steps",
-]
+from ..options import ESTIMATORS, Estimator
+from .estimators import METHODS, CrossMoments, Method, Moments, PrimalMoments, cross_moments, moments
 
 Populations = Literal["auto", "one", "two"]
-Estimator = Literal["unbiased", "plugin"]
+POPULATIONS = ("auto", "one", "two")
 
 
 @dataclass(frozen=True)
@@ -89,7 +79,7 @@ def resolve_moments(
     or ``None``. ``populations="auto"`` is two-population exactly when held-out data (or
     CrossMoments) is given; ``"one"`` uses the train samples only.
     """
-    if populations not in ("auto", "one", "two"):
+    if populations not in POPULATIONS:
         raise WidthscopeError(f"unknown populations {populations!r}; choose auto, one or two")
     if isinstance(train, (Moments, CrossMoments)):
         if test is not None:
@@ -116,30 +106,19 @@ def resolve_moments(
     return moments(train, estimator, method)
 
 
+_TRAIN = "a 2-D (n, d) tensor or array of samples, PrimalMoments, Moments or CrossMoments"
+_TEST = "a 2-D (n, d) tensor or array of held-out samples, PrimalMoments or None"
+
+
 def _check_inputs(fn: str, train: Any, test: Any, estimator: Any, populations: Any, method: Any) -> None:
     """The types :func:`certificate` and :func:`plan` take, before any moment is computed."""
     if not isinstance(train, (Moments, CrossMoments, PrimalMoments)):
-        _args.tensor(
-            fn,
-            "train",
-            train,
-            ndim=2,
-            arrays=True,
-            accepts="a 2-D (n, d) tensor or array of samples, PrimalMoments, Moments or CrossMoments",
-        )
+        _args.tensor(fn, "train", train, ndim=2, arrays=True, accepts=_TRAIN)
     if not isinstance(test, PrimalMoments):
-        _args.tensor(
-            fn,
-            "test",
-            test,
-            ndim=2,
-            arrays=True,
-            optional=True,
-            accepts="a 2-D (n, d) tensor or array of held-out samples, PrimalMoments or None",
-        )
-    _args.choice(fn, "estimator", estimator, ("unbiased", "plugin"))
-    _args.choice(fn, "populations", populations, ("auto", "one", "two"))
-    _args.choice(fn, "method", method, ("auto", "dual", "primal"))
+        _args.tensor(fn, "test", test, ndim=2, arrays=True, optional=True, accepts=_TEST)
+    _args.choice(fn, "estimator", estimator, ESTIMATORS)
+    _args.choice(fn, "populations", populations, POPULATIONS)
+    _args.choice(fn, "method", method, METHODS)
 
 
 def _size(fn: str, name: str, v: Any) -> int:
@@ -163,18 +142,13 @@ def _names(pop: str) -> tuple[str, str, str, str]:
 
 
 def _vacuous_reason(E: float, p: float, q: float, t: float, pop: str) -> str | None:
-    names = _names(pop)
-    bad = [f"{nm} = {v:.3g} ≤ 0" for nm, v in zip(names, (E, p, q, t)) if not v > 0]
-    if bad:
-        seen: list[str] = []
-        for b in bad:  # one population lists μᵀΣμ once
-            if b not in seen:
-                seen.append(b)
-        return (
-            "estimate " + ", ".join(seen) + "; the certificate needs a positive mean alignment "
-            "and positive variance terms (collect more samples or check the insertion point)"
-        )
-    return None
+    bad = [f"{nm} = {v:.3g} ≤ 0" for nm, v in zip(_names(pop), (E, p, q, t)) if not v > 0]
+    if not bad:
+        return None
+    return (  # dict.fromkeys: one population lists μᵀΣμ once
+        "estimate " + ", ".join(dict.fromkeys(bad)) + "; the certificate needs a positive mean alignment "
+        "and positive variance terms (collect more samples or check the insertion point)"
+    )
 
 
 def _variance(p: float, q: float, t: float, M: int, K: int) -> float:
@@ -233,16 +207,9 @@ def certificate(
     if E > 0 and E2 > 0 and math.isfinite(E2):
         # Per term: each effective dimension is reported when its own estimates are positive,
         # so a failed covariance term does not hide a well-defined directional one.
-        if p > 0 and q > 0:
-            d_par = E2 / max(p, q)
-        if t > 0:
-            d_2 = E2 / t
-        defined = [d for d, ok in ((d_par, p > 0 and q > 0), (d_2, t > 0)) if ok and math.isfinite(d)]
-        d_align = min(defined) if defined else 0.0
-        if not math.isfinite(d_par):
-            d_par = 0.0
-        if not math.isfinite(d_2):
-            d_2 = 0.0
+        dims = [E2 / max(p, q) if p > 0 and q > 0 else math.nan, E2 / t if t > 0 else math.nan]
+        d_par, d_2 = (d if math.isfinite(d) else 0.0 for d in dims)
+        d_align = min((d for d in dims if math.isfinite(d)), default=0.0)
     if reason is None:
         # The bounds need every term: Var(A) from a negative estimate would understate it.
         b_exact = _b_exact(E, V)
@@ -262,7 +229,7 @@ def certificate(
         n_eff,
         b_exact,
         b_align,
-        reason is not None,
+        bool(reason),
         reason,
         pop,
         m.estimator,
@@ -346,9 +313,9 @@ class Plan:
 _SEARCH_LIMIT = 1 << 62
 
 
-def _smallest(ok, lo_bad: int = 0) -> int | None:
-    """Smallest integer m > lo_bad with ok(m), for monotone ok; ``None`` beyond 2^62."""
-    hi = max(lo_bad + 1, 1)
+def _smallest(ok) -> int | None:
+    """Smallest integer m ≥ 1 with ok(m), for monotone ok; ``None`` beyond 2^62."""
+    lo_bad, hi = 0, 1
     while not ok(hi):
         lo_bad, hi = hi, hi * 2
         if hi > _SEARCH_LIMIT:
@@ -398,21 +365,8 @@ def plan(
     E, p, q, t, pop, _, _ = _terms(m)
     probe = certificate(m, M=1, K=1)
     if probe.vacuous:
-        return Plan(
-            target,
-            K,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            pop,
-            m.estimator,
-            0.0,
-            True,
-            f"certificate is vacuous ({probe.reason}); no sample size reaches the target",
-        )
+        why = f"certificate is vacuous ({probe.reason}); no sample size reaches the target"
+        return Plan(target, K, None, None, None, None, None, None, pop, m.estimator, 0.0, True, why)
     d_align = probe.d_align
 
     def exact_ok(Mv: int, Kv: int) -> bool:
@@ -430,41 +384,24 @@ def plan(
                 f"{name} needs M = K above {_SEARCH_LIMIT:.3g} to reach {target:g} "
                 "(too little signal for this target); relax the target"
             )
-    exact_M = align_M = None
-    exact_limit = align_limit = None
+    exact_M = align_M = exact_limit = align_limit = None
     if K is not None:
         exact_limit = (q / K) / (q / K + E * E)
         align_limit = 1.0 / (1.0 + K * d_align)
-        # Reachable iff some finite M beats the target; test a huge M before searching.
-        if exact_ok(_SEARCH_LIMIT, K):
-            exact_M = _smallest(lambda k: exact_ok(k, K))
-        else:
+        exact_M = _smallest(lambda k: exact_ok(k, K))
+        align_M = _smallest(lambda k: align_ok(k, K))
+        if exact_M is None:
             notes.append(
                 f"B_exact cannot reach {target:g} at K={K}: even as M→∞ it stays at "
                 f"{exact_limit:.4g} (held-out noise aᵀΣ_b a/K); increase K"
             )
-        if align_ok(_SEARCH_LIMIT, K):
-            align_M = _smallest(lambda k: align_ok(k, K))
-        else:
+        if align_M is None:
             notes.append(
                 f"B_align cannot reach {target:g} at K={K}: as M→∞ it tends to "
                 f"{align_limit:.4g} = 1/(1+K·d_align); increase K"
             )
-    return Plan(
-        target,
-        K,
-        exact_M,
-        align_M,
-        exact_limit,
-        align_limit,
-        equal_exact,
-        equal_align,
-        pop,
-        m.estimator,
-        d_align,
-        False,
-        "; ".join(notes),
-    )
+    found = (exact_M, align_M, exact_limit, align_limit, equal_exact, equal_align)
+    return Plan(target, K, *found, pop, m.estimator, d_align, False, "; ".join(notes))
 
 
 def certified(b_exact: Any, vacuous: Any, delta: Any) -> bool:

@@ -29,28 +29,14 @@ import torch
 
 from .. import _args
 from ..errors import WidthscopeError
+from ..options import ESTIMATORS, Estimator
 
-__all__ = [
-    "Moments",
-    "CrossMoments",
-    "PrimalMoments",
-    "moments",
-    "moments_from_gram",
-    "gram_sums",
-    "cross_moments",
-    "cross_moments_from_gram",
-    "as_matrix",
-]
-
-Estimator = Literal["unbiased", "plugin"]
 Method = Literal["auto", "dual", "primal"]
-_ESTIMATORS = ("unbiased", "plugin")
-_METHODS = ("auto", "dual", "primal")
+METHODS = ("auto", "dual", "primal")
 # Rows of the Gram formed at once in the dual form: bounds memory to _BLOCK * n floats.
 _BLOCK = 2048
 
 
-# ----------------------------------------------------------------------------- results
 @dataclass(frozen=True)
 class Moments:
     """One-population estimates (python floats). ``tr_sigma`` is tr(Σ) (same in both estimators)."""
@@ -115,8 +101,7 @@ def as_matrix(X: Any, name: str = "X", *, d: int | None = None) -> torch.Tensor:
             "come from the same insertion point/pooling"
         )
     t = t.to(torch.float64)
-    # A finite sum proves every entry finite (NaN/Inf propagate); only an overflowing or
-    # non-finite sum needs the per-row check.
+    # A finite sum proves every entry finite; only a non-finite sum needs the per-row check.
     if bool(torch.isfinite(t.sum())):
         return t
     finite = torch.isfinite(t).all(dim=1)
@@ -130,14 +115,23 @@ def as_matrix(X: Any, name: str = "X", *, d: int | None = None) -> torch.Tensor:
     return t
 
 
-def _check_estimator(estimator: str) -> None:
-    if estimator not in _ESTIMATORS:
-        raise WidthscopeError(f"unknown estimator {estimator!r}; choose one of {', '.join(_ESTIMATORS)}")
+def as_pair(train: Any, test: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Train and held-out samples as float64 matrices of the same dimension, both on train's device."""
+    A, B = as_matrix(train, "train"), as_matrix(test, "test")
+    _same_d(A.shape[1], B.shape[1])
+    return A, B.to(A.device)
 
 
-def _check_method(method: str) -> None:
-    if method not in _METHODS:
-        raise WidthscopeError(f"unknown method {method!r}; choose one of {', '.join(_METHODS)}")
+def _same_d(da: int, db: int) -> None:
+    if da != db:
+        raise WidthscopeError(
+            f"train has dimension d={da} but test has d={db}; both must come from the same insertion point/pooling"
+        )
+
+
+def _check(fn: str, estimator: Any, method: Any = "auto") -> None:
+    _args.choice(fn, "estimator", estimator, ESTIMATORS)
+    _args.choice(fn, "method", method, METHODS)
 
 
 def _check_n(n: int, need: int = 4, name: str = "X") -> None:
@@ -145,60 +139,49 @@ def _check_n(n: int, need: int = 4, name: str = "X") -> None:
         raise WidthscopeError(f"need at least {need} samples, got n={n} in {name}; collect more examples")
 
 
-def falling_factorial(n: int, k: int) -> float:
-    out = 1.0
-    for i in range(k):
-        out *= n - i
-    return out
-
-
 # ----------------------------------------------------------------------------- sums -> estimates
+def sums_from_rows(fro: Any, rows: Any, sq: Any) -> tuple[Any, Any, Any, Any]:
+    """Distinct-index sums ``(S, A, B, C)`` from ``‖G‖_F²``, the row sums of ``G`` and its diagonal."""
+    A = fro - (sq * sq).sum(-1)
+    r = rows - sq
+    S = r.sum(-1)
+    B = (r * r).sum(-1) - A
+    return S, A, B, S * S - 4 * B - 2 * A
+
+
 def gram_sums(G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Distinct-index sums ``(S, A, B, C)`` of a symmetric Gram ``G`` (shape ``(..., n, n)``).
 
     For users who already have a Gram (e.g. the block probe's product of Grams).
     """
     G = G.to(torch.float64)
-    diag = G.diagonal(dim1=-2, dim2=-1)
-    A = (G * G).sum((-2, -1)) - (diag * diag).sum(-1)
-    r = G.sum(-1) - diag
-    S = r.sum(-1)
-    B = (r * r).sum(-1) - A
-    C = S * S - 4 * B - 2 * A
-    return S, A, B, C
+    return sums_from_rows((G * G).sum((-2, -1)), G.sum(-1), G.diagonal(dim1=-2, dim2=-1))
 
 
-def _unbiased_from_sums(n: int, S: float, A: float, B: float, C: float) -> tuple[float, float, float]:
-    p2, p3, p4 = falling_factorial(n, 2), falling_factorial(n, 3), falling_factorial(n, 4)
-    mu_sq = S / p2
-    mu_sigma_mu = B / p3 - C / p4
-    tr_sigma_sq = A / p2 - 2 * B / p3 + C / p4
-    return mu_sq, mu_sigma_mu, tr_sigma_sq
+def unbiased_from_sums(n: int, S: Any, A: Any, B: Any, C: Any) -> tuple[float, float, float]:
+    """Unbiased ``(‖μ‖², μᵀΣμ, tr(Σ²))`` from the distinct-index Gram sums of ``n`` samples."""
+    S, A, B, C = float(S), float(A), float(B), float(C)
+    p2, p3 = n * (n - 1.0), n * (n - 1.0) * (n - 2.0)
+    p4 = p3 * (n - 3.0)
+    return S / p2, B / p3 - C / p4, A / p2 - 2 * B / p3 + C / p4
 
 
-def _cross_unbiased_from_sums(
-    na: int, nb: int, T: float, Q: float, R: float, Rp: float
-) -> tuple[float, float, float, float]:
+def _cross_unbiased(na: int, nb: int, T: Any, Q: Any, R: Any, Rp: Any) -> tuple[float, float, float, float]:
+    T, Q, R, Rp = float(T), float(Q), float(R), float(Rp)
     U = T * T - R - Rp + Q
-    pa, pb = falling_factorial(na, 2), falling_factorial(nb, 2)
+    pa, pb = na * (na - 1.0), nb * (nb - 1.0)
     row = (R - Q) / (na * pb)  # mean of C_ij C_ij'  (same train sample)
     col = (Rp - Q) / (pa * nb)  # mean of C_ij C_i'j  (same held-out sample)
     both = U / (pa * pb)  # mean of C_ij C_i'j'
-    ab = T / (na * nb)
-    return ab, row - both, col - both, Q / (na * nb) - row - col + both
-
-
-def _f(x) -> float:
-    return float(x)
+    return T / (na * nb), row - both, col - both, Q / (na * nb) - row - col + both
 
 
 # ----------------------------------------------------------------------------- primal accumulator
 class PrimalMoments:
     """Mergeable moments ``n, Σx, Σxxᵀ, Σ‖x‖²x, Σ‖x‖², Σ‖x‖⁴`` (float64, ``O(d²)`` memory).
 
-    Update with batches, merge shards with ``+`` (or :meth:`merge`), ship across processes
-    as one flat tensor (:meth:`to_tensor` / :meth:`from_tensor`, sum with ``all_reduce``),
-    then :meth:`finalize` into :class:`Moments`.
+    Update with batches, merge shards with ``+``, ship across processes as one flat tensor
+    (:meth:`to_tensor` / :meth:`from_tensor`, sum with ``all_reduce``), then :meth:`finalize`.
 
     Example::
 
@@ -245,12 +228,8 @@ class PrimalMoments:
             raise WidthscopeError(f"cannot merge PrimalMoments of dimension {self.d} and {other.d}")
         out = PrimalMoments(self.d, device=self.s.device)
         out.n = self.n + other.n
-        dev = self.s.device
-        out.s = self.s + other.s.to(dev)
-        out.M = self.M + other.M.to(dev)
-        out.v = self.v + other.v.to(dev)
-        out.q2 = self.q2 + other.q2.to(dev)
-        out.q4 = self.q4 + other.q4.to(dev)
+        for f in ("s", "M", "v", "q2", "q4"):
+            setattr(out, f, getattr(self, f) + getattr(other, f).to(self.s.device))
         return out
 
     __add__ = merge
@@ -290,25 +269,22 @@ class PrimalMoments:
         s, M = self.s, self.M
         S = s @ s - self.q2
         A = (M * M).sum() - self.q4
-        r2 = s @ M @ s - 2 * (self.v @ s) + self.q4
-        B = r2 - A
-        C = S * S - 4 * B - 2 * A
-        return _f(S), _f(A), _f(B), _f(C)
+        B = s @ M @ s - 2 * (self.v @ s) + self.q4 - A
+        return float(S), float(A), float(B), float(S * S - 4 * B - 2 * A)
 
     def finalize(self, estimator: Estimator = "unbiased") -> Moments:
         """Estimates of ``‖μ‖², μᵀΣμ, tr(Σ²)`` from the accumulated moments."""
-        _check_estimator(estimator)
+        _check("PrimalMoments.finalize", estimator)
         _check_n(self.n)
         n = self.n
-        tr_sigma = _f((self.q2 - (self.s @ self.s) / n) / (n - 1))
+        tr_sigma = float((self.q2 - (self.s @ self.s) / n) / (n - 1))
         if estimator == "unbiased":
-            S, A, B, C = self.sums()
-            mu_sq, msm, trs = _unbiased_from_sums(n, S, A, B, C)
+            vals = unbiased_from_sums(n, *self.sums())
         else:
             mean = self.s / n
             cov = (self.M - n * torch.outer(mean, mean)) / (n - 1)
-            mu_sq, msm, trs = _f(mean @ mean), _f(mean @ cov @ mean), _f((cov * cov).sum())
-        return Moments(n, self.d, mu_sq, msm, trs, estimator, "primal", tr_sigma)
+            vals = float(mean @ mean), float(mean @ cov @ mean), float((cov * cov).sum())
+        return Moments(n, self.d, *vals, estimator, "primal", tr_sigma)
 
     def __repr__(self) -> str:
         return f"PrimalMoments(d={self.d}, n={self.n})"
@@ -318,16 +294,15 @@ class PrimalMoments:
 def _dual_moments(X: torch.Tensor, estimator: str) -> Moments:
     n, d = X.shape
     sq = (X * X).sum(1)
-    tr_sigma = _f((sq.sum() - X.sum(0) @ X.sum(0) / n) / (n - 1))
+    tr_sigma = float((sq.sum() - X.sum(0) @ X.sum(0) / n) / (n - 1))
     if estimator == "plugin":
         mean = X.mean(0)
         Xc = X - mean
         # x̄ᵀΣ̂x̄ = ‖Xc x̄‖²/(n−1),  tr(Σ̂²) = ‖Xc Xcᵀ‖_F²/(n−1)²
-        fro_c = sum(_f(((Xc[i : i + _BLOCK] @ Xc.T) ** 2).sum()) for i in range(0, n, _BLOCK))
+        fro_c = sum(float(((Xc[i : i + _BLOCK] @ Xc.T) ** 2).sum()) for i in range(0, n, _BLOCK))
         proj = Xc @ mean
-        return Moments(
-            n, d, _f(mean @ mean), _f(proj @ proj) / (n - 1), fro_c / (n - 1) ** 2, estimator, "dual", tr_sigma
-        )
+        vals = float(mean @ mean), float(proj @ proj) / (n - 1), fro_c / (n - 1) ** 2
+        return Moments(n, d, *vals, estimator, "dual", tr_sigma)
     # Gram in row blocks: only ‖G‖_F² and the row sums are needed.
     fro = torch.zeros((), dtype=torch.float64, device=X.device)
     rows = torch.empty(n, dtype=torch.float64, device=X.device)
@@ -335,20 +310,14 @@ def _dual_moments(X: torch.Tensor, estimator: str) -> Moments:
         Gb = X[i : i + _BLOCK] @ X.T
         fro += (Gb * Gb).sum()
         rows[i : i + _BLOCK] = Gb.sum(1)
-    A = fro - (sq * sq).sum()
-    r = rows - sq
-    S = r.sum()
-    B = r @ r - A
-    C = S * S - 4 * B - 2 * A
-    mu_sq, msm, trs = _unbiased_from_sums(n, _f(S), _f(A), _f(B), _f(C))
-    return Moments(n, d, mu_sq, msm, trs, estimator, "dual", tr_sigma)
+    return Moments(n, d, *unbiased_from_sums(n, *sums_from_rows(fro, rows, sq)), estimator, "dual", tr_sigma)
 
 
 def moments(X: Any, estimator: Estimator = "unbiased", method: Method = "auto") -> Moments:
     """Estimate ``‖μ‖², μᵀΣμ, tr(Σ²)`` from the rows of ``X`` (``(n, d)``, ``n ≥ 4``).
 
-    ``method="auto"`` uses the dual (Gram) form when ``n ≤ d`` (cost ``n²d`` ≤ ``nd²``) and the
-    primal form otherwise; ``"dual"``/``"primal"`` force one. Accumulation is float64.
+    ``method="auto"`` uses the dual (Gram) form when ``n ≤ d`` and the primal form otherwise;
+    ``"dual"``/``"primal"`` force one. Accumulation is float64.
 
     Example::
 
@@ -357,16 +326,11 @@ def moments(X: Any, estimator: Estimator = "unbiased", method: Method = "auto") 
         (50, 8, 'primal')
     """
     _args.tensor("moments", "X", X, ndim=2, arrays=True, accepts="a 2-D (n samples, d dims) tensor or array")
-    _args.choice("moments", "estimator", estimator, _ESTIMATORS)
-    _args.choice("moments", "method", method, _METHODS)
-    _check_estimator(estimator)
-    _check_method(method)
+    _check("moments", estimator, method)
     X = as_matrix(X, "X")
     n, d = X.shape
     _check_n(n)
-    if method == "auto":
-        method = "dual" if n <= d else "primal"
-    if method == "dual":
+    if method == "dual" or (method == "auto" and n <= d):
         return _dual_moments(X, estimator)
     return PrimalMoments(d, device=X.device)._add(X).finalize(estimator)
 
@@ -383,30 +347,21 @@ def moments_from_gram(G: Any, estimator: Estimator = "unbiased") -> Moments:
         >>> abs(moments_from_gram(X @ X.T).mu_sq - moments(X).mu_sq) < 1e-12
         True
     """
-    _check_estimator(estimator)
+    _check("moments_from_gram", estimator)
     G = as_matrix(G, "G")
     n = G.shape[0]
     if G.shape[1] != n:
         raise WidthscopeError(f"G must be a square (n, n) Gram matrix, got shape {tuple(G.shape)}")
     _check_n(n, name="G")
-    tr_sigma = _f((G.diagonal().sum() - G.sum() / n) / (n - 1))
+    tr_sigma = float((G.diagonal().sum() - G.sum() / n) / (n - 1))
     if estimator == "plugin":
         rows = G.sum(1)
         Gc = G - rows[:, None] / n - rows[None, :] / n + G.sum() / n**2
         hr = rows - rows.mean()
-        return Moments(
-            n,
-            0,
-            _f(G.sum()) / n**2,
-            _f(hr @ hr) / ((n - 1) * n**2),
-            _f((Gc * Gc).sum()) / (n - 1) ** 2,
-            estimator,
-            "dual",
-            tr_sigma,
-        )
-    S, A, B, C = gram_sums(G)
-    mu_sq, msm, trs = _unbiased_from_sums(n, _f(S), _f(A), _f(B), _f(C))
-    return Moments(n, 0, mu_sq, msm, trs, estimator, "dual", tr_sigma)
+        vals = float(G.sum()) / n**2, float(hr @ hr) / ((n - 1) * n**2), float((Gc * Gc).sum()) / (n - 1) ** 2
+    else:
+        vals = unbiased_from_sums(n, *gram_sums(G))
+    return Moments(n, 0, *vals, estimator, "dual", tr_sigma)
 
 
 # ----------------------------------------------------------------------------- two populations
@@ -416,29 +371,19 @@ def _cross_from_gram(C: torch.Tensor, d: int, estimator: str) -> CrossMoments:
         m = C.mean()
         rm, cm = C.mean(1) - m, C.mean(0) - m  # (x_i − â)·b̂ and â·(y_j − b̂)
         Cc = C - C.mean(1, keepdim=True) - C.mean(0, keepdim=True) + m
-        return CrossMoments(
-            na,
-            nb,
-            d,
-            _f(m),
-            _f(rm @ rm) / (na - 1),
-            _f(cm @ cm) / (nb - 1),
-            _f((Cc * Cc).sum()) / ((na - 1) * (nb - 1)),
-            estimator,
-            "dual",
+        vals = (
+            float(m),
+            float(rm @ rm) / (na - 1),
+            float(cm @ cm) / (nb - 1),
+            float((Cc * Cc).sum()) / ((na - 1) * (nb - 1)),
         )
-    T, Q = C.sum(), (C * C).sum()
-    R, Rp = (C.sum(1) ** 2).sum(), (C.sum(0) ** 2).sum()
-    vals = _cross_unbiased_from_sums(na, nb, _f(T), _f(Q), _f(R), _f(Rp))
+    else:
+        vals = _cross_unbiased(na, nb, C.sum(), (C * C).sum(), (C.sum(1) ** 2).sum(), (C.sum(0) ** 2).sum())
     return CrossMoments(na, nb, d, *vals, estimator, "dual")
 
 
 def _cross_from_primal(pa: PrimalMoments, pb: PrimalMoments, estimator: str) -> CrossMoments:
-    if pa.d != pb.d:
-        raise WidthscopeError(
-            f"train and test have different dimensions ({pa.d} vs {pb.d}); both "
-            "must come from the same insertion point/pooling"
-        )
+    _same_d(pa.d, pb.d)
     na, nb = pa.n, pb.n
     _check_n(na, 2, "train")
     _check_n(nb, 2, "test")
@@ -448,10 +393,9 @@ def _cross_from_primal(pa: PrimalMoments, pb: PrimalMoments, estimator: str) -> 
         a, b = sa / na, sb / nb
         Sa = (Ma - na * torch.outer(a, a)) / (na - 1)
         Sb = (Mb - nb * torch.outer(b, b)) / (nb - 1)
-        return CrossMoments(
-            na, nb, pa.d, _f(a @ b), _f(b @ Sa @ b), _f(a @ Sb @ a), _f((Sa * Sb).sum()), estimator, "primal"
-        )
-    vals = _cross_unbiased_from_sums(na, nb, _f(sa @ sb), _f((Ma * Mb).sum()), _f(sb @ Ma @ sb), _f(sa @ Mb @ sa))
+        vals = float(a @ b), float(b @ Sa @ b), float(a @ Sb @ a), float((Sa * Sb).sum())
+    else:
+        vals = _cross_unbiased(na, nb, sa @ sb, (Ma * Mb).sum(), sb @ Ma @ sb, sa @ Mb @ sa)
     return CrossMoments(na, nb, pa.d, *vals, estimator, "primal")
 
 
@@ -470,33 +414,21 @@ def cross_moments(Xa: Any, Xb: Any, estimator: Estimator = "unbiased", method: M
         >>> abs(c.ab - cross_moments(Xa, Xb, method="primal").ab) < 1e-12
         True
     """
-    _check_estimator(estimator)
-    _check_method(method)
+    _check("cross_moments", estimator, method)
     if isinstance(Xa, PrimalMoments) or isinstance(Xb, PrimalMoments):
         if not (isinstance(Xa, PrimalMoments) and isinstance(Xb, PrimalMoments)):
             raise WidthscopeError("cross_moments: pass either two sample matrices or two PrimalMoments")
         if method == "dual":
             raise WidthscopeError("cross_moments: method='dual' needs the samples, not PrimalMoments")
         return _cross_from_primal(Xa, Xb, estimator)
-    A = as_matrix(Xa, "train")
-    B = as_matrix(Xb, "test")
-    if A.shape[1] != B.shape[1]:
-        raise WidthscopeError(
-            f"train has dimension d={A.shape[1]} but test has d={B.shape[1]}; both "
-            "must come from the same insertion point/pooling"
-        )
-    na, d = A.shape
-    nb = B.shape[0]
+    A, B = as_pair(Xa, Xb)
+    (na, d), nb = A.shape, B.shape[0]
     _check_n(na, 2, "train")
     _check_n(nb, 2, "test")
-    B = B.to(A.device)
-    if method == "auto":
-        method = "dual" if na * nb <= (na + nb) * d else "primal"
-    if method == "dual":
+    if method == "dual" or (method == "auto" and na * nb <= (na + nb) * d):
         return _cross_from_gram(A @ B.T, d, estimator)
     pa = PrimalMoments(d, device=A.device)._add(A)
-    pb = PrimalMoments(d, device=A.device)._add(B)
-    return _cross_from_primal(pa, pb, estimator)
+    return _cross_from_primal(pa, PrimalMoments(d, device=A.device)._add(B), estimator)
 
 
 def cross_moments_from_gram(C_ab: Any, estimator: Estimator = "unbiased") -> CrossMoments:
@@ -508,7 +440,7 @@ def cross_moments_from_gram(C_ab: Any, estimator: Estimator = "unbiased") -> Cro
         >>> abs(cross_moments_from_gram(Xa @ Xb.T).ab - cross_moments(Xa, Xb).ab) < 1e-12
         True
     """
-    _check_estimator(estimator)
+    _check("cross_moments_from_gram", estimator)
     C = as_matrix(C_ab, "C_ab")
     _check_n(C.shape[0], 2, "C_ab rows (train)")
     _check_n(C.shape[1], 2, "C_ab columns (test)")

@@ -29,11 +29,8 @@ import torch.nn.functional as F
 
 from .. import _args
 from ..errors import WidthscopeError
-from .estimators import as_matrix
-
-__all__ = ["Misalignment", "misalignment", "misalignment_from_gram", "wilson_interval", "DRAW_SCHEMES"]
-
-DRAW_SCHEMES = ("shared", "per-pair")
+from ..options import DRAW_SCHEMES
+from .estimators import as_matrix, as_pair
 
 # Elements gathered at once (float64): bounds the memory of a chunk of draws to ~32 MiB.
 _CHUNK_ELEMS = 1 << 22
@@ -162,14 +159,8 @@ def _row_sums_fn(C: torch.Tensor, plist, m_values: list[int], k_max: int):
 
 
 def _add_exact_sums(sums: torch.Tensor, parts: list[list[float]], slab: int = 1 << 16) -> None:
-    """Append to ``parts[i]`` the correctly rounded (``math.fsum``) sum of each slab of column ``i``.
-
-    A tensor ``sum(0)`` over a ``(chunk, pairs)`` matrix reduces in an order that depends on the
-    number of columns, the SIMD width and the thread count, so the same pair's ``mean_alignment``
-    could differ in the last bit between a ``pairs=`` call and a single ``(M, K)`` call. ``fsum``
-    has no order: a slab's sum depends only on its entries (slabs bound the list memory; the
-    chunking is fixed by ``M_max``, ``K_max`` and the route, not by the other pairs).
-    """
+    """Append to ``parts[i]`` the correctly rounded (``math.fsum``) sum of each slab of column ``i``:
+    unlike a tensor ``sum(0)``, it does not depend on the other pairs' columns or the CPU."""
     cols = sums.detach().to("cpu", torch.float64).T.contiguous().numpy()
     for i, col in enumerate(cols):
         parts[i].extend(math.fsum(memoryview(col[s : s + slab])) for s in range(0, col.shape[0], slab))
@@ -192,10 +183,9 @@ def _per_pair_sums(C: torch.Tensor, plist: list[tuple[int, int]], draws: int, se
     return out
 
 
-def _misalignment_of(sums: torch.Tensor, m: int, k: int, draws: int, z: float, seed: int) -> Misalignment:
-    c = int((sums <= 0).sum())
+def _result(c: int, total: float, m: int, k: int, draws: int, z: float, seed: int) -> Misalignment:
     lo, hi = wilson_interval(c, draws, z)
-    return Misalignment(c / draws, lo, hi, draws, c, m, k, math.fsum(sums.tolist()) / (draws * m * k), seed)
+    return Misalignment(c / draws, lo, hi, draws, c, m, k, total / (draws * m * k), seed)
 
 
 def misalignment_from_gram(
@@ -232,21 +222,17 @@ def misalignment_from_gram(
     na, nb = C.shape
     m_max = max(m for m, _ in plist)
     k_max = max(k for _, k in plist)
-    if m_max > na:
-        raise WidthscopeError(
-            f"M={m_max} is larger than the train pool of {na} sample vectors; "
-            f"use M ≤ {na} or collect more training examples"
-        )
-    if k_max > nb:
-        raise WidthscopeError(
-            f"K={k_max} is larger than the held-out pool of {nb} sample vectors; "
-            f"use K ≤ {nb} or collect more held-out examples"
-        )
+    for name, size, n, pool, kind in (("M", m_max, na, "train", "training"), ("K", k_max, nb, "held-out", "held-out")):
+        if size > n:
+            raise WidthscopeError(
+                f"{name}={size} is larger than the {pool} pool of {n} sample vectors; "
+                f"use {name} ≤ {n} or collect more {kind} examples"
+            )
     if scheme not in DRAW_SCHEMES:
         raise WidthscopeError(f"draw scheme {scheme!r}: choose {' or '.join(DRAW_SCHEMES)}")
     if scheme == "per-pair":
         out = [
-            _misalignment_of(sums, m, k, draws, z, int(seed))
+            _result(int((sums <= 0).sum()), math.fsum(sums.tolist()), m, k, draws, z, int(seed))
             for (m, k), sums in zip(plist, _per_pair_sums(C, plist, draws, int(seed)))
         ]
         return out if many else out[0]
@@ -270,10 +256,7 @@ def misalignment_from_gram(
         sums = sums_fn(I[s : s + chunk], J[s : s + chunk])  # (chunk, pairs)
         counts += (sums <= 0).sum(0)
         _add_exact_sums(sums, parts)
-    out = []
-    for (m, k), c, tot in zip(plist, counts.tolist(), map(math.fsum, parts)):
-        lo, hi = wilson_interval(c, draws, z)
-        out.append(Misalignment(c / draws, lo, hi, draws, c, m, k, tot / (draws * m * k), int(seed)))
+    out = [_result(c, math.fsum(p), m, k, draws, z, int(seed)) for (m, k), c, p in zip(plist, counts.tolist(), parts)]
     return out if many else out[0]
 
 
@@ -310,13 +293,5 @@ def misalignment(
     _args.instance(fn, "pairs", pairs, (list, tuple), "a list of (M, K) integer pairs", optional=True)
     _args.number(fn, "z", z, 0.0, lo_open=True, accepts="a positive finite quantile (e.g. 1.96)")
     _args.choice(fn, "scheme", scheme, DRAW_SCHEMES)
-    A = as_matrix(train, "train")
-    B = as_matrix(test, "test")
-    if A.shape[1] != B.shape[1]:
-        raise WidthscopeError(
-            f"train has dimension d={A.shape[1]} but test has d={B.shape[1]}; both "
-            "must come from the same insertion point/pooling"
-        )
-    return misalignment_from_gram(
-        A @ B.to(A.device).T, M=M, K=K, draws=draws, seed=seed, pairs=pairs, z=z, scheme=scheme
-    )
+    A, B = as_pair(train, test)
+    return misalignment_from_gram(A @ B.T, M=M, K=K, draws=draws, seed=seed, pairs=pairs, z=z, scheme=scheme)

@@ -30,19 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import WidthscopeError
-from .estimators import CrossMoments, Moments, PrimalMoments, as_matrix, falling_factorial
-
-__all__ = [
-    "Projector",
-    "ProjectedMoments",
-    "projected_moments",
-    "projected_accumulator",
-    "finalize_projected",
-    "correct_projected_cross",
-    "spill_rows",
-    "out_of_core_moments",
-    "KINDS",
-]
+from .estimators import CrossMoments, Moments, PrimalMoments, as_matrix, sums_from_rows, unbiased_from_sums
 
 KINDS = ("gaussian", "sparse")
 _ROWS = 4096  # rows of R generated at once (bounded memory for the generator's temporaries)
@@ -51,10 +39,8 @@ _ROWS = 4096  # rows of R generated at once (bounded memory for the generator's 
 class Projector:
     """Seeded random projection ``x ↦ Rᵀx``: ``P(X) = X @ R`` for ``X`` of shape ``(b, d)``.
 
-    ``R`` (``d×k``, float64 by default) is generated once from ``seed`` on the CPU and kept;
-    apply it to any number of row blocks as they stream — the result equals projecting all
-    rows at once up to float rounding (a different block height may take another matmul
-    kernel), and the same ``(d, k, seed, kind)`` gives the same ``R`` on every process.
+    ``R`` (``d×k``, float64 by default) is generated once from ``seed`` on the CPU, so the same
+    ``(d, k, seed, kind)`` gives the same ``R`` on every process; apply it to row blocks as they stream.
 
     Example::
 
@@ -113,13 +99,9 @@ class Projector:
 
 @dataclass(frozen=True)
 class ProjectedMoments:
-    """Estimates from projected samples: ``raw`` (what the projection gives) and corrected.
-
-    ``mu_sq``, ``mu_sigma_mu``, ``tr_sigma_sq`` are unbiased over ``R`` and the samples for the
-    *unprojected* ``‖μ‖², μᵀΣμ, tr(Σ²)``; ``raw`` are the projected-space estimates (biased as
-    in the module docstring). :meth:`as_moments` gives a :class:`Moments` for
-    :func:`widthscope.stats.certificate`.
-    """
+    """Estimates from projected samples: ``mu_sq``, ``mu_sigma_mu``, ``tr_sigma_sq`` corrected to be
+    unbiased for the *unprojected* moments; ``raw``: the projected-space estimates. :meth:`as_moments`
+    gives a :class:`Moments` for :func:`widthscope.stats.certificate`."""
 
     n: int
     d: int
@@ -147,11 +129,6 @@ class ProjectedMoments:
         )
 
 
-def projected_accumulator(projector: Projector) -> PrimalMoments:
-    """An empty :class:`PrimalMoments` of the projected dimension (update with ``projector(X)``)."""
-    return PrimalMoments(projector.k)
-
-
 def finalize_projected(pm: PrimalMoments, projector: Projector) -> ProjectedMoments:
     """Corrected estimates from the (possibly merged / all-reduced) moments of projected rows."""
     if pm.d != projector.k:
@@ -159,8 +136,6 @@ def finalize_projected(pm: PrimalMoments, projector: Projector) -> ProjectedMome
             f"finalize_projected: moments of dimension {pm.d} do not match the projector's k={projector.k}"
         )
     n, k = pm.n, projector.k
-    if n < 4:
-        raise WidthscopeError(f"need at least 4 samples, got n={n}; collect more examples")
     raw = pm.finalize("unbiased")
     S, A, B, C = pm.sums()
     q2, q4 = float(pm.q2), float(pm.q4)
@@ -190,24 +165,9 @@ def finalize_projected(pm: PrimalMoments, projector: Projector) -> ProjectedMome
 def correct_projected_cross(cross: CrossMoments, raw_a: Moments, raw_b: Moments, k: int) -> CrossMoments:
     """Two-population estimates for the *unprojected* populations from projected samples.
 
-    With ``P = RRᵀ`` and ``E[PAP] = A + (A + tr(A)·I)/k`` (module docstring), for train mean
-    ``a``, covariance ``Σ_a`` and held-out ``b``, ``Σ_b``::
-
-        E bᵀPΣ_aPb        = bᵀΣ_a b·(1 + 1/k) + tr(Σ_a)‖b‖²/k
-        E tr(RᵀΣ_aR)‖Rᵀb‖² = tr(Σ_a)‖b‖² + 2 bᵀΣ_a b/k
-        E tr(PΣ_aPΣ_b)     = tr(Σ_aΣ_b)·(1 + 1/k) + tr(Σ_a)tr(Σ_b)/k
-        E tr(RᵀΣ_aR)tr(RᵀΣ_bR) = tr(Σ_a)tr(Σ_b) + 2 tr(Σ_aΣ_b)/k
-
-    (``aᵀPb`` is unbiased for ``aᵀb``). Solving each pair, with ``c = (k+2)(k−1)/k²``::
-
-        bᵀΣ_a b ≈ (v_ab − t_a·m_b/k)/c,   aᵀΣ_b a ≈ (v_ba − t_b·m_a/k)/c,
-        tr(Σ_aΣ_b) ≈ (q_ab − t_a·t_b/k)/c
-
-    where ``v, q`` are the projected-space cross estimates in ``cross`` and ``t, m`` the
-    projected ``tr Σ``, ``‖μ‖²`` of each population (``raw_a``, ``raw_b``: unbiased U-statistics
-    of the projected rows). The train and held-out samples are independent, so the products
-    ``t_a·m_b`` are unbiased for their expectations and the results are unbiased jointly over
-    ``R`` and the samples.
+    ``cross``: the projected-space cross estimates; ``raw_a``, ``raw_b``: each population's projected
+    unbiased :class:`Moments`. Returns ``(v_ab − t_a·m_b/k)/c`` and the like, ``c = (k+2)(k−1)/k²``
+    (docs/performance.md §2), unbiased jointly over ``R`` and the samples.
     """
     c = (k + 2) * (k - 1) / k**2
     return CrossMoments(
@@ -257,7 +217,7 @@ def projected_moments(
 
             blocks = itertools.chain([first], blocks)
     proj = Projector(int(d), k, seed, kind=kind)
-    pm = projected_accumulator(proj)
+    pm = PrimalMoments(k)
     for block in blocks:
         pm.update(proj(as_matrix(block, "X block")))
     return finalize_projected(pm, proj)
@@ -265,11 +225,8 @@ def projected_moments(
 
 # ----------------------------------------------------------------------------- out-of-core dual form
 def spill_rows(blocks: Iterable[Any], path: Any, *, d: int | None = None) -> Any:
-    """Write streamed ``(b, d)`` row blocks to a float64 ``.npy`` file and return it memory-mapped.
-
-    For pools whose ``(n, d)`` samples do not fit in memory next to the model: the probe's
-    batches go to disk as they come, then :func:`out_of_core_moments` reads them back in blocks.
-    The file is written under a temporary name and renamed when complete (never a partial file).
+    """Write streamed ``(b, d)`` row blocks to a float64 ``.npy`` file and return it memory-mapped
+    (for :func:`out_of_core_moments`). Written under a temporary name and renamed when complete.
 
     Example::
 
@@ -314,11 +271,9 @@ def spill_rows(blocks: Iterable[Any], path: Any, *, d: int | None = None) -> Any
 def out_of_core_moments(X: Any, *, block: int = 2048) -> Moments:
     """Unbiased dual-form :class:`Moments` of an ``(n, d)`` array too large for memory.
 
-    ``X`` may be a ``numpy.memmap`` (e.g. from :func:`spill_rows`): it is read ``block`` rows at a
-    time, and the Gram ``G = XXᵀ`` is never held — only ``‖G‖_F²``, the row sums ``G·1`` and the
-    diagonal, from ``(block × block)`` tiles. Memory ``O(block·d + block² + n)``; time
-    ``O(n²d)`` as for the in-memory dual form (each pair of row blocks is read once, ``X`` is
-    read ``n/block`` times). Same numbers as :func:`widthscope.stats.moments` (``method="dual"``).
+    ``X`` (e.g. a ``numpy.memmap`` from :func:`spill_rows`) is read ``block`` rows at a time; only
+    ``‖G‖_F²``, the row sums and the diagonal of ``G = XXᵀ`` are kept, from ``(block × block)`` tiles.
+    Same numbers as :func:`widthscope.stats.moments` (``method="dual"``).
 
     Example::
 
@@ -356,13 +311,6 @@ def out_of_core_moments(X: Any, *, block: int = 2048) -> Moments:
             rowsum[i : i + Xi.shape[0]] += G.sum(1)
             if j != i:
                 rowsum[j : j + Xj.shape[0]] += G.sum(0)
-    A = fro - float((sq * sq).sum())
-    r = rowsum - sq
-    S = float(r.sum())
-    B = float(r @ r) - A
-    C = S * S - 4 * B - 2 * A
-    p2, p3, p4 = falling_factorial(n, 2), falling_factorial(n, 3), falling_factorial(n, 4)
+    vals = unbiased_from_sums(n, *sums_from_rows(fro, rowsum, sq))
     tr_sigma = (float(sq.sum()) - float(rowsum.sum()) / n) / (n - 1)
-    return Moments(
-        n, d, S / p2, B / p3 - C / p4, A / p2 - 2 * B / p3 + C / p4, "unbiased", "dual-out-of-core", tr_sigma
-    )
+    return Moments(n, d, *vals, "unbiased", "dual-out-of-core", tr_sigma)
