@@ -58,7 +58,6 @@ __all__ = [
     "channel_dim",
 ]
 
-KINDS = INTERVENTION_KINDS
 NORMS = ("rms", "layer", "none")
 STYLES = ("auto", "mlp", "conv1x1", "conv3x3")
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -386,7 +385,7 @@ def insert(
     fn = "insert"
     _args.module(fn, "model", model)
     _args.string(fn, "point", point, empty=True, accepts="a module path (str)")  # "": resolve_module lists the points
-    _args.choice(fn, "kind", kind, KINDS)
+    _args.choice(fn, "kind", kind, INTERVENTION_KINDS)
     _args.integer(fn, "width", width, lo=1, optional=True)
     _args.integer(fn, "hidden", hidden, lo=1, optional=True)
     _args.choice(fn, "activation", activation, sorted(ACTIVATIONS))
@@ -395,16 +394,6 @@ def insert(
     _args.number(fn, "init_scale", init_scale, 0.0, lo_open=True)
     _args.integer(fn, "seed", seed)
     _args.boolean(fn, "record", record)
-    if kind not in KINDS:
-        raise WidthscopeError(f"kind={kind!r} is not one of {KINDS}")
-    if norm not in NORMS:
-        raise WidthscopeError(f"norm={norm!r} is not one of {NORMS}")
-    if style not in STYLES:
-        raise WidthscopeError(f"style={style!r} is not one of {STYLES}")
-    if activation not in ACTIVATIONS:
-        raise WidthscopeError(f"activation={activation!r} is not one of {sorted(ACTIVATIONS)}")
-    if not isinstance(init_scale, (int, float)) or not math.isfinite(init_scale) or init_scale <= 0:
-        raise WidthscopeError(f"init_scale must be a positive number, got {init_scale!r}")
     if _has_train_mode_batchnorm(model):
         raise WidthscopeError(
             "the model is in training mode and has BatchNorm layers, which couple the examples "
@@ -425,8 +414,6 @@ def insert(
         )
     if kind == "block":
         h = int(hidden) if hidden is not None else n
-        if h <= 0:
-            raise WidthscopeError(f"hidden (block width) must be positive, got {hidden!r}")
         ins: nn.Module = ResidualBlock(
             n, h, activation=activation, norm=norm, style=style, init_scale=float(init_scale), seed=seed
         )
@@ -463,37 +450,6 @@ def insert(
             model.widthscope_config = cfg  # type: ignore[assignment]
         cfg.setdefault("insertions", []).append(dict(spec))
     return model
-
-
-def check_intervene_args(a: Mapping[str, Any]) -> None:
-    """:func:`widthscope.probe.interventions.intervene`'s argument types, from its ``locals()`` at entry
-    (that function's own checks word the bad values of ``kind``/``prefix``/``precision``/``etas``)."""
-    fn = "intervene"
-    _args.module(fn, "model", a["model"])
-    _args.string(fn, "point", a["point"], empty=True, accepts="a module path (str)")
-    _args.batches(fn, "train_batches", a["train_batches"], single=True)
-    _args.batches(fn, "test_batches", a["test_batches"], single=True)
-    _args.numbers_list(fn, "etas", a["etas"], accepts="a list of positive step sizes or None")
-    _args.choice(fn, "kind", a["kind"], KINDS, values=False)
-    _args.function(fn, "loss_fn", a["loss_fn"])
-    _args.integer(fn, "M", a["M"], lo=1, optional=True)
-    _args.integer(fn, "K", a["K"], lo=1, optional=True)
-    _args.integer(fn, "n_etas", a["n_etas"], lo=1)
-    _args.number(
-        fn,
-        "max_rel_step",
-        a["max_rel_step"],
-        1e-4,
-        lo_open=True,
-        accepts="a finite number above 1e-4 (the largest step's RMS entry over the activation's)",
-    )
-    _args.integer(fn, "block_width", a["block_width"], lo=1, optional=True)
-    _args.integer(fn, "seed", a["seed"])
-    _args.integer(fn, "batch_size", a["batch_size"], lo=1)
-    _args.boolean(fn, "progress", a["progress"])
-    _args.mapping(fn, "reuse", a["reuse"])
-    _args.choice(fn, "prefix", a["prefix"], ("auto", "full"), values=False)
-    _args.choice(fn, "precision", a["precision"], ("mark", "float32"), values=False)
 
 
 def _set_submodule(model: nn.Module, path: str, new: nn.Module) -> None:

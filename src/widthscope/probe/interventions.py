@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 import torch.nn as nn
 
+from .. import _args
 from .._io import progress as _progress
 from ..errors import WidthscopeError
 from ..registry import INTERVENTION_KINDS
@@ -37,7 +38,6 @@ from .insert import (
     Inserted,
     ResidualBias,
     apply_insertions,
-    check_intervene_args,
     insert,
     inserted_parameters,
     inserted_state,
@@ -152,7 +152,6 @@ def intervene(
     resolution. Returns one row per η (``predicted``, ``actual``, ``retention``, ``sign_agrees``, ...).
     Options and row fields: docs/interventions.md §2.
     """
-    check_intervene_args(locals())  # types, before any work
     x = prepare_inputs(**locals())
     return assemble_rows(x, INTERVENTION_KINDS.get(kind)(x))
 
@@ -178,9 +177,29 @@ def prepare_inputs(
     prefix: str,
     precision: str,
 ) -> InterventionInputs:
-    """:func:`intervene`'s first step: check the values, take the first ``M``/``K`` examples, the
+    """:func:`intervene`'s first step: check the arguments, take the first ``M``/``K`` examples, the
     activation's RMS at the point and the held-out losses before the step (from ``reuse`` for a
     kind registered with ``reuse_probe=True``, where it has them)."""
+    fn = "intervene"  # the types first, before any work
+    _args.module(fn, "model", model)
+    _args.string(fn, "point", point, empty=True, accepts="a module path (str)")
+    _args.batches(fn, "train_batches", train_batches, single=True)
+    _args.batches(fn, "test_batches", test_batches, single=True)
+    _args.numbers_list(fn, "etas", etas, accepts="a list of positive step sizes or None")
+    _args.choice(fn, "kind", kind, INTERVENTION_KINDS, values=False)
+    _args.function(fn, "loss_fn", loss_fn)
+    _args.integer(fn, "M", M, lo=1, optional=True)
+    _args.integer(fn, "K", K, lo=1, optional=True)
+    _args.integer(fn, "n_etas", n_etas, lo=1)
+    rel = "a finite number above 1e-4 (the largest step's RMS entry over the activation's)"
+    _args.number(fn, "max_rel_step", max_rel_step, 1e-4, lo_open=True, accepts=rel)
+    _args.integer(fn, "block_width", block_width, lo=1, optional=True)
+    _args.integer(fn, "seed", seed)
+    _args.integer(fn, "batch_size", batch_size, lo=1)
+    _args.boolean(fn, "progress", progress)
+    _args.mapping(fn, "reuse", reuse)
+    _args.choice(fn, "prefix", prefix, ("auto", "full"), values=False)
+    _args.choice(fn, "precision", precision, ("mark", "float32"), values=False)
     if kind not in INTERVENTION_KINDS:
         raise WidthscopeError(f"kind must be one of {', '.join(map(repr, INTERVENTION_KINDS))}, got {kind!r}")
     if prefix not in ("auto", "full"):

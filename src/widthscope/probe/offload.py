@@ -53,36 +53,24 @@ _CACHE_KEYS = ("cache", "past_key_values", "past_key_value", "layer_past", "cach
 _RECOMPUTED: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("_RECOMPUTED", default=None)
 
 
-def input_device(model: nn.Module) -> torch.device:
-    """The device a batch for ``model`` belongs on.
-
-    A dispatched model: the execution device of accelerate's root hook (inputs are moved from
-    there to each block's device, and outputs come back to the inputs' device); otherwise the
-    device of the first parameter that is not on ``meta``; CPU for a model without parameters.
-    """
-    hook = getattr(model, "_hf_hook", None)
-    dev = getattr(hook, "execution_device", None)
-    if dev is not None:
-        return torch.device(f"cuda:{dev}" if isinstance(dev, int) else dev)
-    for p in model.parameters():
-        if p.device.type != "meta":
-            return p.device
-    return torch.device("cpu")
-
-
-def module_device(model: nn.Module, name: str) -> torch.device:
-    """The device module ``name`` computes on: the execution device of its accelerate hook (an
-    offloaded module's weights are on ``meta`` between forwards), else its first parameter's
-    that is not on ``meta``, else :func:`input_device`. Where a module inserted at ``name``
-    belongs (:func:`widthscope.probe.insert.insert`)."""
-    module = model.get_submodule(name)
+def _placed(module: nn.Module) -> torch.device | None:
+    """The execution device of ``module``'s accelerate hook, else its first parameter's not on ``meta``."""
     dev = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
     if dev is not None:
         return torch.device(f"cuda:{dev}" if isinstance(dev, int) else dev)
-    for p in module.parameters():
-        if p.device.type != "meta":
-            return p.device
-    return input_device(model)
+    return next((p.device for p in module.parameters() if p.device.type != "meta"), None)
+
+
+def input_device(model: nn.Module) -> torch.device:
+    """The device a batch for ``model`` belongs on: where accelerate's root hook executes (a
+    dispatched model), else its first parameter's that is not on ``meta``; CPU without parameters."""
+    return _placed(model) or torch.device("cpu")
+
+
+def module_device(model: nn.Module, name: str) -> torch.device:
+    """The device module ``name`` computes on (an offloaded module's weights are on ``meta`` between
+    forwards), else :func:`input_device`: where a module inserted at ``name`` belongs."""
+    return _placed(model.get_submodule(name)) or input_device(model)
 
 
 def offloaded_modules(model: nn.Module) -> list[str]:
@@ -248,10 +236,9 @@ def _shared(model: nn.Module) -> dict[int, Any]:
                 value = getattr(h, attr, None)
                 if value is not None:
                     memo[id(value)] = value
-    for key in ("_widthscope_offload_folder",):
-        holder = model.__dict__.get(key)
-        if holder is not None:
-            memo[id(holder)] = holder
+    holder = model.__dict__.get("_widthscope_offload_folder")
+    if holder is not None:
+        memo[id(holder)] = holder
     return memo
 
 
@@ -264,9 +251,7 @@ def copy_model(model: nn.Module) -> nn.Module:
     by :func:`recompute_blocks` are unwrapped for the copy (the wrapper's closure names the
     original's block) and wrapped again in both models.
     """
-    names = recomputed(model)
-    for name in names:
-        _unwrap(model.get_submodule(name))
+    names = restore_blocks(model)
     try:
         new = copy.deepcopy(model, _shared(model))
     finally:
