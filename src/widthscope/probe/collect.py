@@ -32,6 +32,7 @@ from .. import _args
 from .._io import progress as _progress
 from ..errors import WidthscopeError
 from ..options import POOLS
+from .batches import to_batches
 from .insert import channel_dim
 from .offload import input_device
 from .points import resolve_points
@@ -114,11 +115,9 @@ def batched(x: torch.Tensor, y: torch.Tensor | None = None, *, batch_size: int =
     """Split full tensors into probe batches: ``(x, y)`` pairs, or LM id tensors if ``y`` is None."""
     if batch_size < 1:
         raise WidthscopeError(f"batch_size must be >= 1, got {batch_size}")
-    n = x.shape[0]
-    if y is not None and y.shape[0] != n:
-        raise WidthscopeError(f"x has {n} examples but y has {y.shape[0]}")
-    parts = [slice(i, i + batch_size) for i in range(0, n, batch_size)]
-    return [x[s] if y is None else (x[s], y[s]) for s in parts]
+    if y is not None and y.shape[0] != x.shape[0]:
+        raise WidthscopeError(f"x has {x.shape[0]} examples but y has {y.shape[0]}")
+    return to_batches(x if y is None else (x, y), batch_size)
 
 
 def _accepts(model: nn.Module, kw: str) -> bool:

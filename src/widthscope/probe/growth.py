@@ -66,8 +66,6 @@ def block_input_features(
     insert(model, point, "block", width=width, hidden=width, activation="identity", norm=norm, record=False)
     try:
         blk = block_of(model, point)
-        if blk.style == "conv3x3":  # pragma: no cover - auto style never picks 3x3
-            raise WidthscopeError("block_input_features needs a 1x1/MLP-style block")
         with torch.no_grad():
             blk.w_in.copy_(torch.eye(width, dtype=blk.w_in.dtype))
         return block_features(model, point, data, loss_fn, batch_size=batch_size)
@@ -138,8 +136,6 @@ def point_criteria(
     H = int(hidden) if hidden is not None else N
     # the block that grow_at inserts: same shape, same seeded W_in, so h is *its* hidden layer
     w_in = ResidualBlock(N, H, activation=activation, norm=norm, seed=block_seed).w_in.detach().double()
-    if w_in.dim() == 4:
-        w_in = w_in[:, :, 0, 0]
     act = ACTIVATIONS[activation]
     ha, hb = act(ua @ w_in.T), act(ub @ w_in.T)
     row: dict[str, Any] = {
@@ -223,12 +219,8 @@ def line_search_gain(
     With ``G_a`` the mean train ``W_out`` gradient and ``L_b`` the held-out ranking loss, the step
     ``W_out = −t G_a`` changes ``L_b`` by ``−t s + ½ t² c`` with slope ``s = ⟨∇L_b, G_a⟩`` and
     curvature ``c = G_aᵀ ∇²L_b G_a`` (one Hessian-vector product, by double backward). The best
-    ``t = s/c`` gains ``s²/(2c)``. Unlike ``η⟨G_a, G_b⟩`` this does not grow with the size of the
-    downstream Jacobian (``s ∝ α², c ∝ α⁴`` for a Jacobian scaled by ``α``): it measures how well
-    the block's features can explain the held-out residual, not how loud the gradient is there.
-    Returns ``{"ls_slope", "ls_curvature", "ls_gain"}`` (``ls_gain = 0`` when ``s ≤ 0``; NaN —
-    ranked last, ``null`` in JSON — when ``s > 0`` and ``c ≤ 0``: the quadratic model then bounds
-    nothing, and an estimate that says "unbounded" should not win a ranking).
+    ``t = s/c`` gains ``s²/(2c)``. Returns ``{"ls_slope", "ls_curvature", "ls_gain"}`` (``ls_gain = 0``
+    when ``s ≤ 0``; NaN, ranked last, when ``s > 0`` and ``c ≤ 0``: the quadratic model bounds nothing).
     """
     _, width = point_activation_rms(model, point, index_batch(test, slice(0, 2)), loss_fn, batch_size)
     insert(

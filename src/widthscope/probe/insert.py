@@ -6,18 +6,10 @@ MLP) the module's output ``z`` is replaced by
 * ``kind="bias"``:  ``z + b``                              with ``b = 0`` at insertion;
 * ``kind="block"``: ``z + W_out φ(W_in norm(z))``           with ``W_out = 0`` at insertion,
 
-so the model computes exactly the same function right after :func:`insert`. The bias is
-broadcast over every position: the *channel* dimension is the last one for MLP activations
-``(B, N)`` and sequences ``(B, T, N)``, and dimension 1 for conv feature maps ``(B, C, H, W)``.
-The block acts on the same channel dimension: MLP-style (a linear map per position; for a
-conv map this is exactly a 1×1 convolution) or ``style="conv3x3"`` (two 3×3 convolutions).
-
-The original submodule is wrapped by :class:`Inserted`, which replaces it in the parent, so
-``model.get_submodule(point)`` still resolves (to the wrapper, whose ``inner`` child is the
-original module) and the new parameters have the stable names
-``<point>.widthscope_insert.*``. Every insertion is recorded in
-``model.widthscope_config["insertions"]`` so :func:`apply_insertions` rebuilds them on a
-freshly built model before its weights are loaded.
+so the model computes exactly the same function right after :func:`insert`. Both act on the
+*channel* dimension (:func:`channel_dim`), broadcast over positions. The original submodule is
+wrapped by :class:`Inserted` (new parameters ``<point>.widthscope_insert.*``); each insertion is
+recorded in ``model.widthscope_config["insertions"]`` for :func:`apply_insertions`.
 
 Example::
 
@@ -242,33 +234,26 @@ class Inserted(nn.Module):
             return getattr(inner, name)
 
 
-def _valid_points(model: nn.Module) -> list[str]:
-    pts = getattr(model, "widthscope_points", None)
-    if pts:
-        return list(pts)
-    try:  # the probe engineer's default points
-        return list(insertion_points(model))
-    except Exception:  # noqa: BLE001 - only used to build an error message
-        return [n for n, _ in model.named_modules() if n][:50]
-
-
 def resolve_module(model: nn.Module, point: str) -> nn.Module:
-    if not isinstance(point, str) or not point:
-        raise WidthscopeError(
-            f"insertion point must be a non-empty module path, got {point!r}; "
-            f"valid points: {', '.join(_valid_points(model))}"
-        )
-    try:
-        return model.get_submodule(point)
-    except AttributeError:
-        pass
-    try:  # the probe's message lists valid names, closest first
-        resolve_points(model, [point])
-    except WidthscopeError:
-        raise
-    except Exception:  # noqa: BLE001
-        pass
-    raise WidthscopeError(f"unknown insertion point {point!r}; valid points: {', '.join(_valid_points(model))}")
+    """The module at ``point``; an unknown point's error lists the valid names, closest first."""
+    named = isinstance(point, str) and bool(point)
+    if named:
+        try:
+            return model.get_submodule(point)
+        except AttributeError:
+            pass
+        try:
+            resolve_points(model, [point])  # its message lists valid names, closest first
+        except WidthscopeError:
+            raise
+        except Exception:  # noqa: BLE001 - the message below instead
+            pass
+    try:  # the declared or default points, else the first module names
+        valid = list(getattr(model, "widthscope_points", None) or insertion_points(model))
+    except Exception:  # noqa: BLE001 - only used to build an error message
+        valid = [n for n, _ in model.named_modules() if n][:50]
+    what = "unknown insertion point" if named else "insertion point must be a non-empty module path, got"
+    raise WidthscopeError(f"{what} {point!r}; valid points: {', '.join(valid)}")
 
 
 def _infer_width(module: nn.Module) -> int | None:

@@ -33,7 +33,7 @@ from ..registry import INTERVENTION_KINDS
 from ..stats import certificate, wilson_interval
 from .batches import as_examples, batch_size_of, index_batch, take, to_batches
 from .blocks import block_certificate, block_features, block_gram, block_of, w_out_grad
-from .collect import activation_rms, collect, float_dtype
+from .collect import activation_rms, float_dtype
 from .insert import (
     Inserted,
     ResidualBias,
@@ -64,6 +64,7 @@ from .steps import (
     mean_loss,
     per_example_losses,
     point_activation_rms,
+    point_samples,
 )
 
 __all__ = [
@@ -258,8 +259,7 @@ def measure_bias(x: InterventionInputs) -> Measured:
     if x.reuse.get("train") is not None and x.reuse.get("test") is not None:
         Sa, Sb = x.reuse["train"][: x.M], x.reuse["test"][: x.K]
     else:
-        batches = (to_batches(x.train, x.batch_size), to_batches(x.test, x.batch_size))
-        Sa, Sb = (collect(x.model, b, points=[x.point], loss_fn=x.loss_fn, progress=False)[x.point] for b in batches)
+        Sa, Sb = (point_samples(x.model, x.point, d, x.loss_fn, x.batch_size) for d in (x.train, x.test))
     mu, g = Sa.mean(0), Sb.mean(0)
     align = float(mu @ g)
     step_norm = float(mu.norm()) / math.sqrt(mu.numel())
@@ -361,8 +361,7 @@ def sign_agreement(
             raise WidthscopeError(f"{nm} must be an integer in 1..{pool} (the pool size), got {v!r}")
     if not isinstance(draws, int) or draws < 1:
         raise WidthscopeError(f"draws must be a positive integer, got {draws!r}")
-    Sa = collect(model, to_batches(train, batch_size), points=[point], loss_fn=loss_fn, progress=False)[point]
-    Sb = collect(model, to_batches(test, batch_size), points=[point], loss_fn=loss_fn, progress=False)[point]
+    Sa, Sb = (point_samples(model, point, d, loss_fn, batch_size) for d in (train, test))
     act_rms, _ = point_activation_rms(model, point, train, loss_fn, batch_size)
     if eta is None:
         mu = Sa.mean(0)

@@ -83,26 +83,17 @@ def offloaded_modules(model: nn.Module) -> list[str]:
 
 def _inner_hooks(block: nn.Module) -> bool:
     """Whether a forward (pre-)hook sits on a module strictly inside ``block``."""
-    for m in block.modules():
-        if m is not block and (m._forward_hooks or m._forward_pre_hooks):
-            return True
-    return False
+    return any(m is not block and (m._forward_hooks or m._forward_pre_hooks) for m in block.modules())
 
 
 def _has_cache(kwargs: dict[str, Any]) -> bool:
     return any(kwargs.get(k) is not None for k in _CACHE_KEYS)
 
 
-class _NoModules:
+class _NoModules(contextlib.nullcontext):
     """Stands in for FlopCounterMode's module tracker: every count goes to the total only."""
 
     parents = ("Global",)
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 class TotalFlops(FlopCounterMode):
@@ -150,6 +141,10 @@ def _wrap(block: nn.Module) -> Callable[..., Any]:
     return forward
 
 
+def _wrapped(module: nn.Module) -> bool:
+    return getattr(module.__dict__.get("forward"), _MARK, None) is not None
+
+
 def _unwrap(block: nn.Module) -> None:
     inner, own = getattr(block.__dict__["forward"], _MARK)
     if own:
@@ -167,18 +162,16 @@ def recompute_blocks(model: nn.Module, blocks: Sequence[str] | None = None) -> l
     :func:`restore_blocks` undoes it.
     """
     names = list(blocks) if blocks is not None else main_stack(model)
-    done = []
     for name in names:
         block = model.get_submodule(name)
-        if getattr(block.__dict__.get("forward"), _MARK, None) is None:
+        if not _wrapped(block):
             block.forward = _wrap(block)  # type: ignore[method-assign]
-        done.append(name)
-    return done
+    return names
 
 
 def recomputed(model: nn.Module) -> list[str]:
     """Names of the modules whose forward :func:`recompute_blocks` wrapped."""
-    return [n for n, m in model.named_modules() if getattr(m.__dict__.get("forward"), _MARK, None) is not None]
+    return [n for n, m in model.named_modules() if _wrapped(m)]
 
 
 def restore_blocks(model: nn.Module) -> list[str]:
@@ -206,7 +199,7 @@ def recomputing(model: nn.Module, blocks: Sequence[str] | None = None) -> Iterat
             cfg.use_cache = use_cache  # type: ignore[union-attr]
         for name in names:
             block = model.get_submodule(name)
-            if name not in before and getattr(block.__dict__.get("forward"), _MARK, None) is not None:
+            if name not in before and _wrapped(block):
                 _unwrap(block)
 
 

@@ -10,6 +10,7 @@ anyway. Details: docs/interventions.md §2.
 
 from __future__ import annotations
 
+import contextlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -396,16 +397,32 @@ def check_tolerance(dtype: torch.dtype | None) -> float:
     return min(64 * torch.finfo(dt).eps, 1e-3)
 
 
-def _full_rows(
-    model: nn.Module, point: str, steps: Any, batch: Any, loss_fn: Callable | None, to_dev: Callable, bi: int = 0
+def _chunk_rows(
+    model: nn.Module,
+    point: str,
+    steps: Any,
+    batch: Any,
+    loss_fn: Callable | None,
+    bi: int = 0,
+    p: Plan | None = None,
+    keep: dict[str, Any] | None = None,
 ) -> torch.Tensor:
-    """Per-row losses ``(E·B,)`` of the ``full`` path for one chunk: the batch stacked ``E``
-    times, a forward hook adding ``steps[e]`` to copy ``e`` at ``point``."""
-    h = model.get_submodule(point).register_forward_hook(_step_hook(point, steps))
+    """Per-row losses ``(E·B,)`` of one chunk (on the device) stacked ``E`` times, copy ``e`` with
+    ``steps[e]`` added at ``point``: the whole network (``p`` None) or the ``cached`` path, which
+    replays the outputs of ``p``'s modules (``keep``: recorded earlier, else captured)."""
+    if p is not None and keep is None:
+        keep = capture_outputs(model, point, p, batch, loss_fn)
+    rep = None if p is None else _Replaced(model, point, p, keep or {}, steps)
+    hooked = p is None or not p.point_cached
+    h = model.get_submodule(point).register_forward_hook(_step_hook(point, steps)) if hooked else None
     try:
-        losses, _, _ = run_batch(model, to_dev(cat_batches([batch] * steps.shape[0])), loss_fn, bi)
+        with rep or contextlib.nullcontext():
+            losses, _, _ = run_batch(model, cat_batches([batch] * steps.shape[0]), loss_fn, bi)
+        if rep is not None:
+            rep.verify()
     finally:
-        h.remove()
+        if h is not None:
+            h.remove()
     return losses.detach().to("cpu", torch.float64)
 
 
@@ -416,33 +433,8 @@ def _full_totals(
     E = steps.shape[0]
     totals = torch.zeros(E, dtype=torch.float64)
     for bi, b in enumerate(to_batches(data, per)):
-        totals += _full_rows(model, point, steps, b, loss_fn, to_dev, bi).view(E, -1).sum(1)
+        totals += _chunk_rows(model, point, steps, to_dev(b), loss_fn, bi).view(E, -1).sum(1)
     return totals
-
-
-def _cached_rows(
-    model: nn.Module,
-    point: str,
-    p: Plan,
-    steps: Any,
-    batch: Any,
-    loss_fn: Callable | None,
-    bi: int,
-    keep: dict[str, Any] | None,
-) -> torch.Tensor:
-    """``cached`` path for one chunk (on the device): per-row losses ``(E·B,)`` of the stacked pass;
-    ``keep``: this chunk's planned outputs recorded earlier (:class:`KeptPrefix`), else captured."""
-    if keep is None:
-        keep = capture_outputs(model, point, p, batch, loss_fn)
-    h = None if p.point_cached else model.get_submodule(point).register_forward_hook(_step_hook(point, steps))
-    try:
-        with _Replaced(model, point, p, keep, steps) as rep:
-            losses, _, _ = run_batch(model, cat_batches([batch] * steps.shape[0]), loss_fn, bi)
-        rep.verify()
-    finally:
-        if h is not None:
-            h.remove()
-    return losses.detach().to("cpu", torch.float64)
 
 
 def stacked_totals(
@@ -472,7 +464,7 @@ def stacked_totals(
         return full("requested")
     if batch_size_of(data) < 3:
         return full("fewer than 3 examples")
-    old = _full_rows(model, point, steps[-1:], take(data, 3), loss_fn, to_dev)  # the model's own errors, first
+    old = _chunk_rows(model, point, steps[-1:], to_dev(take(data, 3)), loss_fn)  # the model's own errors, first
     try:
         src = kept if kept is not None and kept.covers(point, batch_size_of(data)) else None
         if src is not None:
@@ -492,7 +484,7 @@ def stacked_totals(
         for bi, b in enumerate(to_batches(data, per)):
             B = batch_size_of(b)
             keep = src.rows(point, start, start + B) if src is not None else None
-            rows = _cached_rows(model, point, p, steps, to_dev(b), loss_fn, bi, keep).view(E, -1)
+            rows = _chunk_rows(model, point, steps, to_dev(b), loss_fn, bi, p, keep).view(E, -1)
             if new.numel() < 3:  # the check: the first 3 examples at the largest step
                 new = torch.cat([new, rows[-1, : 3 - new.numel()]])
                 if new.numel() == 3 and not torch.allclose(new, old, rtol=tol, atol=tol):

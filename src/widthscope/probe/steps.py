@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from ..errors import WidthscopeError
 from .batches import to_batches
-from .collect import float_dtype, run_batch, split_output, to_device
+from .collect import collect, float_dtype, run_batch, split_output, to_device
 from .insert import channel_dim
 from .offload import input_device
 
@@ -38,6 +38,11 @@ def batch_losses(model: nn.Module, data: Any, loss_fn: Callable | None, batch_si
     dev, dt = input_device(model), float_dtype(model)
     for bi, b in enumerate(to_batches(data, batch_size)):
         yield run_batch(model, to_device(b, dev, dt), loss_fn, bi)[0]
+
+
+def point_samples(model: nn.Module, point: str, data: Any, loss_fn: Callable | None, batch_size: int) -> torch.Tensor:
+    """The probe's pooled samples ``(n, d)`` at ``point`` over ``data`` (:func:`~widthscope.probe.collect`)."""
+    return collect(model, to_batches(data, batch_size), points=[point], loss_fn=loss_fn, progress=False)[point]
 
 
 def per_example_losses(
