@@ -326,10 +326,6 @@ def _infer_point_width(model: nn.Module, point: str, target: nn.Module) -> int |
     return None
 
 
-def _has_train_mode_batchnorm(model: nn.Module) -> bool:
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules())
-
-
 def insert(
     model: nn.Module,
     point: str,
@@ -379,7 +375,7 @@ def insert(
     _args.number(fn, "init_scale", init_scale, 0.0, lo_open=True)
     _args.integer(fn, "seed", seed)
     _args.boolean(fn, "record", record)
-    if _has_train_mode_batchnorm(model):
+    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules()):
         raise WidthscopeError(
             "the model is in training mode and has BatchNorm layers, which couple the examples "
             "of a batch (per-example gradients and function preservation need fixed statistics); "
