@@ -316,8 +316,7 @@ def test_stacked_bias_steps_equal_inserted_biases_and_reuse_equals_recompute():
     and activation scale gives the same rows as measuring them again."""
     from widthscope.models import build
     from widthscope.probe import collect
-    from widthscope.probe.interventions import (bias_rows_stacked, insert, intervene, mean_loss,
-                                            remove_insertion, to_batches)
+    from widthscope.probe.interventions import insert, intervene, mean_loss, remove_insertion, to_batches
 
     torch.manual_seed(0)
     lm = build("llama", 32, depth=2, max_seq_len=16).double()
@@ -331,7 +330,7 @@ def test_stacked_bias_steps_equal_inserted_biases_and_reuse_equals_recompute():
         etas = [1e-3, 1e-2, 1e-1, 1.0]
         mu = collect(model, to_batches(tr, 5), points=[point], progress=False)[point].mean(0)
         before = mean_loss(model, te)
-        rows = bias_rows_stacked(model, point, mu, etas, 0.0, te, None, 7, 12, 12, before, 1.0, 1.0)
+        rows = intervene(model, point, to_batches(tr, 5), te, etas=etas, batch_size=7, progress=False)
         insert(model, point, "bias", width=mu.numel(), record=False)
         bias = model.get_submodule(point).widthscope_insert.bias
         for eta, row in zip(etas, rows):

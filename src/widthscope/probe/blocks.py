@@ -1,6 +1,6 @@
 """Block probe maths: the Gram of an inserted block's per-example ``W_out`` gradients without
 forming them (:func:`block_gram`), the features it is built from, the block's certificate and
-its mean ``W_out`` gradient. Re-exported from :mod:`widthscope.probe.interventions`."""
+its mean ``W_out`` gradient."""
 
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ import torch.nn as nn
 
 from ..errors import WidthscopeError
 from ..stats import certificate, cross_moments_from_gram
-from .batches import batch_size_of, to_batches
-from .collect import float_dtype, run_batch, to_device
+from .batches import batch_size_of
 from .insert import Inserted, ResidualBlock, channel_dim
-from .steps import EvalMode, device_of
+from .steps import EvalMode, batch_losses
 
 if TYPE_CHECKING:
     from ..stats.estimators import Estimator
@@ -118,7 +117,6 @@ def block_features(
             "Σ_t q_t h_tᵀ); a 3x3 block has no such form"
         )
 
-    dev = device_of(model)
     state: dict[str, torch.Tensor] = {}
 
     def hook(_m: nn.Module, _i: Any, out: Any) -> Any:
@@ -135,8 +133,7 @@ def block_features(
         for p, _ in flags:
             p.requires_grad_(False)
         with EvalMode(model), torch.enable_grad():
-            for bi, b in enumerate(to_batches(data, batch_size)):
-                losses, _, _ = run_batch(model, to_device(b, dev, float_dtype(model)), loss_fn, bi)
+            for losses in batch_losses(model, data, loss_fn, batch_size):
                 (g,) = torch.autograd.grad(losses.sum(), [state["b"]])
                 dim = channel_dim(g, block.style)
                 B = g.shape[0]
@@ -175,13 +172,9 @@ def block_certificate(
 def w_out_grad(model: nn.Module, point: str, data: Any, loss_fn: Callable | None, batch_size: int) -> torch.Tensor:
     """Mean per-example gradient of ``W_out`` (= gradient of the mean loss), float64."""
     block = block_of(model, point)
-    n = batch_size_of(data)
     total = torch.zeros(block.w_out.shape, dtype=torch.float64)
-
-    dev = device_of(model)
     with EvalMode(model), torch.enable_grad():
-        for bi, b in enumerate(to_batches(data, batch_size)):
-            losses, _, _ = run_batch(model, to_device(b, dev, float_dtype(model)), loss_fn, bi)
+        for losses in batch_losses(model, data, loss_fn, batch_size):
             (g,) = torch.autograd.grad(losses.sum(), [block.w_out])
             total += g.detach().double().cpu()
-    return total / n
+    return total / batch_size_of(data)

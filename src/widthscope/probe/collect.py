@@ -4,7 +4,8 @@ For each example the probe returns ``q = ∂ℓ/∂z`` at an insertion point's o
 (``sum``: the gradient of a zero-initialised shared bias, ``mean``, ``flatten``, ``token``). A
 forward hook adds a zero leaf ``b`` to each hooked output and ``torch.autograd.grad`` is taken
 with respect to those only (parameters frozen, model unchanged); one backward of the summed loss is
-exact while examples do not interact. Details: docs/certify.md §1, docs/maths-alignment.md.
+exact while examples do not interact. The per-example losses: causal-LM and masked-LM losses of
+token batches, the default loss of ``(x, y)`` batches. Details: docs/certify.md §1, docs/maths-alignment.md.
 
 Example::
 
@@ -25,12 +26,14 @@ from typing import Any, Callable, Iterable, Mapping, MutableMapping, Sequence
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .. import _args
 from .._io import progress as _progress
 from ..errors import WidthscopeError
+from ..options import POOLS
+from .batches import to_batches
 from .insert import channel_dim
-from .losses import causal_lm_loss, default_loss, logits_of, masked_lm_loss
 from .offload import input_device
 from .points import resolve_points
 
@@ -45,7 +48,6 @@ __all__ = [
     "coupling_layers",
 ]
 
-POOLS = ("sum", "mean", "flatten", "token")
 TRAIN_MODES = ("eval", "keep")
 
 # Modules whose *training-mode* output for one example depends on the other examples.
@@ -113,13 +115,9 @@ def batched(x: torch.Tensor, y: torch.Tensor | None = None, *, batch_size: int =
     """Split full tensors into probe batches: ``(x, y)`` pairs, or LM id tensors if ``y`` is None."""
     if batch_size < 1:
         raise WidthscopeError(f"batch_size must be >= 1, got {batch_size}")
-    n = x.shape[0]
-    if y is not None and y.shape[0] != n:
-        raise WidthscopeError(f"x has {n} examples but y has {y.shape[0]}")
-    out = []
-    for i in range(0, n, batch_size):
-        out.append(x[i : i + batch_size] if y is None else (x[i : i + batch_size], y[i : i + batch_size]))
-    return out
+    if y is not None and y.shape[0] != x.shape[0]:
+        raise WidthscopeError(f"x has {x.shape[0]} examples but y has {y.shape[0]}")
+    return to_batches(x if y is None else (x, y), batch_size)
 
 
 def _accepts(model: nn.Module, kw: str) -> bool:
@@ -155,6 +153,109 @@ def _shapes(obj: Any) -> str:
     if isinstance(obj, (tuple, list)):
         return "(" + ", ".join(_shapes(v) for v in obj) + ")"
     return type(obj).__name__
+
+
+# ----------------------------------------------------------------------------- per-example losses
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """Half-precision logits in float32 for the cross-entropy."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def logits_of(output: Any) -> torch.Tensor:
+    """The output tensor in what a model returns (a tensor, an HF ``ModelOutput``, a dict or a tuple)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if hasattr(output, "logits") and isinstance(output.logits, torch.Tensor):
+        return output.logits
+    if isinstance(output, Mapping) and isinstance(output.get("logits"), torch.Tensor):
+        return output["logits"]
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    raise WidthscopeError(
+        f"cannot find the model output tensor in a {type(output).__name__}; pass loss_fn=... that takes the raw output"
+    )
+
+
+def causal_lm_loss(
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
+) -> torch.Tensor:
+    r"""Per-sequence causal-LM loss: mean over its predicted tokens of the shifted cross-entropy.
+
+    :math:`\ell_i = \frac{1}{|P_i|}\sum_{t\in P_i} -\log p(x_{i,t+1}\mid x_{i,\le t})` where
+    :math:`P_i` are the positions whose *target* is a real token (``attention_mask == 1`` and,
+    with ``labels``, ``labels != -100``). Returns shape ``(B,)``.
+    """
+    logits = logits_of(logits)
+    if logits.ndim != 3:
+        raise WidthscopeError(f"causal-LM loss expects logits (B, T, V), got shape {tuple(logits.shape)}")
+    targets = (labels if labels is not None else input_ids)[:, 1:]
+    valid = targets != -100
+    if attention_mask is not None:
+        valid = valid & attention_mask[:, 1:].bool()
+    B, T, V = logits.shape
+    ce = F.cross_entropy(_wide(logits[:, :-1].reshape(-1, V)), targets.clamp_min(0).reshape(-1), reduction="none")
+    ce = ce.view(B, T - 1)
+    count = valid.sum(1)
+    if bool((count == 0).any()):
+        i = int((count == 0).nonzero()[0, 0])
+        raise WidthscopeError(
+            f"sequence {i} of the batch has no predicted token (needs >= 2 "
+            "unmasked tokens); drop empty/one-token sequences"
+        )
+    return (ce * valid.to(ce.dtype)).sum(1) / count.to(ce.dtype)
+
+
+def masked_lm_loss(output: Any, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    r"""Per-sequence masked-LM loss: mean cross-entropy over the masked positions.
+
+    ``batch["labels"]`` holds the original token at each masked position and ``-100`` elsewhere
+    (unshifted, as BERT-style models predict the token in place). Returns shape ``(B,)``.
+    """
+    logits = logits_of(output)
+    labels = batch.get("labels") if isinstance(batch, Mapping) else None
+    if labels is None:
+        raise WidthscopeError(
+            "masked-LM batches need 'labels' (-100 where nothing is predicted); "
+            "widthscope's input layer makes them with --task masked-lm"
+        )
+    if logits.ndim != 3 or logits.shape[:2] != labels.shape:
+        raise WidthscopeError(
+            f"masked-LM loss expects logits (B, T, V) matching labels {tuple(labels.shape)}, got {tuple(logits.shape)}"
+        )
+    B, T, V = logits.shape
+    valid = labels != -100
+    count = valid.sum(1)
+    if bool((count == 0).any()):
+        i = int((count == 0).nonzero()[0, 0])
+        raise WidthscopeError(f"sequence {i} of the batch has no masked token to predict")
+    ce = F.cross_entropy(_wide(logits).reshape(-1, V), labels.clamp_min(0).reshape(-1), reduction="none").view(B, T)
+    return (ce * valid.to(ce.dtype)).sum(1) / count.to(ce.dtype)
+
+
+def default_loss(output: Any, y: torch.Tensor) -> torch.Tensor:
+    """Per-example loss for ``(x, y)`` batches.
+
+    Integer ``y``: cross-entropy (averaged over any extra target dims per example).
+    Float ``y``: squared error summed over the outputs, :math:`\\sum_k (f_k - y_k)^2`.
+    """
+    out = logits_of(output)
+    B = out.shape[0]
+    if y.dtype in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
+        ce = F.cross_entropy(_wide(out), y.long(), reduction="none")
+        return ce.reshape(B, -1).mean(1)
+    if y.is_floating_point():
+        if y.shape != out.shape and y.numel() == out.numel():
+            y = y.reshape(out.shape)
+        if y.shape != out.shape:
+            raise WidthscopeError(
+                f"regression targets have shape {tuple(y.shape)} but the model "
+                f"output has shape {tuple(out.shape)}; pass loss_fn=..."
+            )
+        return (out - y.to(out.dtype)).pow(2).reshape(B, -1).sum(1)
+    raise WidthscopeError(f"targets of dtype {y.dtype} are neither class labels nor floats; pass loss_fn=...")
 
 
 def run_batch(
@@ -334,51 +435,22 @@ def collect(
     _args.boolean(fn, "progress", progress)
     _args.dtype(fn, "dtype", dtype, optional=False)
     _args.function(fn, "transform", transform, accepts="a function transform(point, samples) -> samples or None")
-    if pool not in POOLS:
-        raise WidthscopeError(f"unknown pool {pool!r}; choose one of {', '.join(POOLS)}")
-    if train_mode not in TRAIN_MODES:
-        raise WidthscopeError(f"unknown train_mode {train_mode!r}; choose 'eval' or 'keep'")
     names = resolve_points(model, points)
     modules = dict(model.named_modules())
     notes = _mode_notes(model, modules, train_mode)
-
+    probe = _Probe(model, names, loss_fn, pool, dtype, transform)
     modes = {m: m.training for m in model.modules()}
     flags = [(p, p.requires_grad) for p in model.parameters()]
-    device = input_device(model)  # a dispatched model's inputs go where its first block runs
-
-    state: dict[str, tuple[torch.Tensor, nn.Module]] = {}
-    out: dict[str, list[torch.Tensor]] = {n: [] for n in names}
-    sumsq: dict[str, list[torch.Tensor]] = {}
-    widths: dict[str, int] = {}
-    all_losses: list[torch.Tensor] = []
     handles = []
-    n_examples = 0
-    n_batches = 0
     try:
         if train_mode == "eval":
             model.eval()
         for p, _ in flags:
             p.requires_grad_(False)
-        for n in names:
-            handles.append(modules[n].register_forward_hook(_make_hook(n, state, sumsq, widths)))
+        handles = [modules[n].register_forward_hook(probe.hook(n)) for n in names]
         total = len(batches) if hasattr(batches, "__len__") else None  # type: ignore[arg-type]
         for bi, batch in enumerate(_progress(batches, total=total, desc="probe", disable=None if progress else True)):
-            n_examples += _probe_batch(
-                model,
-                batch,
-                bi,
-                names,
-                state,
-                device,
-                loss_fn=loss_fn,
-                pool=pool,
-                dtype=dtype,
-                transform=transform,
-                out=out,
-                all_losses=all_losses,
-            )
-            n_batches += 1
-            state.clear()
+            probe.batch(batch, bi)
     finally:
         for h in handles:
             h.remove()
@@ -386,17 +458,17 @@ def collect(
             p.requires_grad_(flag)
         for m, mode in modes.items():
             m.training = mode
-        state.clear()
-    if n_examples == 0:
+        probe.leaves.clear()
+    if probe.n == 0:
         raise WidthscopeError("no examples: the batches were empty; check the data (n_train/n_test)")
     return ProbeResult(
-        {n: torch.cat(v, 0) for n, v in out.items()},
+        {n: torch.cat(v, 0) for n, v in probe.out.items()},
         notes=notes,
-        n_examples=n_examples,
+        n_examples=probe.n,
         pool=pool,
-        losses=torch.cat(all_losses),
-        act_sq={n: torch.cat(v, 0) for n, v in sumsq.items()},
-        widths=widths,
+        losses=torch.cat(probe.losses),
+        act_sq={n: torch.cat(v, 0) for n, v in probe.sumsq.items()},
+        widths=probe.widths,
     )
 
 
@@ -429,86 +501,87 @@ def _mode_notes(model: nn.Module, modules: dict[str, nn.Module], train_mode: str
     return notes
 
 
-def _make_hook(
-    name: str,
-    state: dict[str, tuple[torch.Tensor, nn.Module]],
-    sumsq: dict[str, list[torch.Tensor]],
-    widths: dict[str, int],
-) -> Callable:
-    """Forward hook at point ``name``: adds a zero leaf ``b`` to its output (kept in ``state``)
-    and records the activations' per-example sum of squares and the point's width."""
+class _Probe:
+    """What :func:`collect` keeps over the batches: each point's zero leaf in the current batch, the
+    pooled gradients, the activations' per-example sums of squares and widths, and the losses."""
 
-    def hook(module: nn.Module, inputs: Any, output: Any) -> Any:
-        if name in state:
+    def __init__(
+        self,
+        model: nn.Module,
+        names: list[str],
+        loss_fn: Callable | None,
+        pool: str,
+        dtype: torch.dtype,
+        transform: Callable[[str, torch.Tensor], torch.Tensor] | None,
+    ):
+        self.model, self.names, self.loss_fn = model, names, loss_fn
+        self.pool, self.dtype, self.transform = pool, dtype, transform
+        self.device = input_device(model)  # a dispatched model's inputs go where its first block runs
+        self.leaves: dict[str, tuple[torch.Tensor, nn.Module]] = {}
+        self.out: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+        self.sumsq: dict[str, list[torch.Tensor]] = {}
+        self.widths: dict[str, int] = {}
+        self.losses: list[torch.Tensor] = []
+        self.n = 0
+
+    def hook(self, name: str) -> Callable:
+        """Forward hook at point ``name``: adds a zero leaf ``b`` to its output and records the
+        activations' per-example sum of squares and the point's width."""
+
+        def hook(module: nn.Module, inputs: Any, output: Any) -> Any:
+            if name in self.leaves:
+                raise WidthscopeError(
+                    f"insertion point {name!r} ran twice in one forward pass (a shared module); "
+                    "its per-example gradient is ambiguous: choose a module that runs once"
+                )
+            z, put = split_output(output, name)
+            # Zero bias of z's shape: d(loss)/d(bias) == d(loss)/dz; a leaf, so later in-place
+            # ops on the output cannot alter it, and it lets grads flow with frozen parameters.
+            b = torch.zeros_like(z, requires_grad=True)
+            self.leaves[name] = (b, module)
+            zd = z.detach()
+            per = zd.double().pow(2).reshape(zd.shape[0], -1)
+            count = torch.full((zd.shape[0],), per.shape[1], dtype=torch.float64)
+            self.sumsq.setdefault(name, []).append(torch.stack([per.sum(1), count], 1).cpu())
+            self.widths[name] = int(zd.shape[channel_dim(zd)]) if zd.ndim > 1 else 1
+            return put(z + b)
+
+        return hook
+
+    def batch(self, batch: Any, bi: int) -> None:
+        """Forward, per-example losses, one backward to the leaves, the pooled gradients kept."""
+        names = self.names
+        self.leaves.clear()
+        batch = to_device(batch, self.device, float_dtype(self.model))
+        with torch.enable_grad():
+            losses, mask, B = run_batch(self.model, batch, self.loss_fn, bi)
+        missing = [n for n in names if n not in self.leaves]
+        if missing:
             raise WidthscopeError(
-                f"insertion point {name!r} ran twice in one forward pass (a shared module); "
-                "its per-example gradient is ambiguous: choose a module that runs once"
+                f"insertion point(s) {', '.join(missing)} did not run in the forward "
+                f"pass of batch {bi}; choose modules on the path to the loss"
             )
-        z, put = split_output(output, name)
-        # Zero bias of z's shape: d(loss)/d(bias) == d(loss)/dz; a leaf, so later in-place
-        # ops on the output cannot alter it, and it lets grads flow with frozen parameters.
-        b = torch.zeros_like(z, requires_grad=True)
-        state[name] = (b, module)
-        zd = z.detach()
-
-        per = zd.double().pow(2).reshape(zd.shape[0], -1)
-        sumsq.setdefault(name, []).append(
-            torch.stack([per.sum(1), torch.full((zd.shape[0],), per.shape[1], dtype=torch.float64)], 1).cpu()
-        )
-        widths[name] = int(zd.shape[channel_dim(zd)]) if zd.ndim > 1 else 1
-        return put(z + b)
-
-    return hook
-
-
-def _probe_batch(
-    model: nn.Module,
-    batch: Any,
-    bi: int,
-    names: list[str],
-    state: dict[str, tuple[torch.Tensor, nn.Module]],
-    device: torch.device,
-    *,
-    loss_fn: Callable | None,
-    pool: str,
-    dtype: torch.dtype,
-    transform: Callable[[str, torch.Tensor], torch.Tensor] | None,
-    out: dict[str, list[torch.Tensor]],
-    all_losses: list[torch.Tensor],
-) -> int:
-    """One batch: forward, per-example losses, one backward to the leaves, pooled gradients
-    appended to ``out`` and the losses to ``all_losses``; returns the batch size."""
-    state.clear()
-    batch = to_device(batch, device, float_dtype(model))
-    with torch.enable_grad():
-        losses, mask, B = run_batch(model, batch, loss_fn, bi)
-    missing = [n for n in names if n not in state]
-    if missing:
-        raise WidthscopeError(
-            f"insertion point(s) {', '.join(missing)} did not run in the forward "
-            f"pass of batch {bi}; choose modules on the path to the loss"
-        )
-    if not isinstance(losses, torch.Tensor) or losses.shape != (B,):
-        raise WidthscopeError(
-            f"loss_fn must return one loss per example, shape ({B},); got "
-            f"{tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__}"
-        )
-    if not losses.requires_grad:
-        raise WidthscopeError(f"the loss of batch {bi} does not depend on the insertion points {', '.join(names)}")
-    leaves = [state[n][0] for n in names]
-    all_losses.append(losses.detach().to("cpu", torch.float64))
-    grads = torch.autograd.grad(losses.sum(), leaves, allow_unused=True)
-    bad_loss = not bool(torch.isfinite(losses.detach()).all())
-    for n, b, g in zip(names, leaves, grads):
-        if g is None:
-            g = torch.zeros_like(b)
-        if not bool(torch.isfinite(g).all()):
+        if not isinstance(losses, torch.Tensor) or losses.shape != (B,):
             raise WidthscopeError(
-                f"non-finite (NaN/Inf) activation gradient at insertion point {n!r} in batch {bi}"
-                f"{' (the loss itself is not finite)' if bad_loss else ''}; check the inputs "
-                "and the model (e.g. run in float32/float64 instead of float16)"
+                f"loss_fn must return one loss per example, shape ({B},); got "
+                f"{tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__}"
             )
-        fdim = _feature_dim(state[n][1], g)
-        pooled = _pool(g.detach(), fdim, pool, mask).to("cpu", dtype)
-        out[n].append(pooled if transform is None else transform(n, pooled))
-    return B
+        if not losses.requires_grad:
+            raise WidthscopeError(f"the loss of batch {bi} does not depend on the insertion points {', '.join(names)}")
+        leaves = [self.leaves[n][0] for n in names]
+        self.losses.append(losses.detach().to("cpu", torch.float64))
+        grads = torch.autograd.grad(losses.sum(), leaves, allow_unused=True)
+        bad_loss = not bool(torch.isfinite(losses.detach()).all())
+        for n, b, g in zip(names, leaves, grads):
+            if g is None:
+                g = torch.zeros_like(b)
+            if not bool(torch.isfinite(g).all()):
+                raise WidthscopeError(
+                    f"non-finite (NaN/Inf) activation gradient at insertion point {n!r} in batch {bi}"
+                    f"{' (the loss itself is not finite)' if bad_loss else ''}; check the inputs "
+                    "and the model (e.g. run in float32/float64 instead of float16)"
+                )
+            pooled = _pool(g.detach(), _feature_dim(self.leaves[n][1], g), self.pool, mask).to("cpu", self.dtype)
+            self.out[n].append(pooled if self.transform is None else self.transform(n, pooled))
+        self.n += B
+        self.leaves.clear()

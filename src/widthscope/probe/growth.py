@@ -28,20 +28,10 @@ import torch.nn as nn
 
 from ..errors import WidthscopeError
 from ..stats import certificate, cross_moments_from_gram, plan
-from .collect import float_dtype, run_batch, to_device
+from .batches import batch_size_of, index_batch
+from .blocks import block_features, block_gram, block_of, w_out_grad
 from .insert import ACTIVATIONS, ResidualBlock, insert, remove_insertion
-from .interventions import (
-    EvalMode,
-    batch_size_of,
-    block_features,
-    block_gram,
-    block_of,
-    device_of,
-    index_batch,
-    point_activation_rms,
-    to_batches,
-    w_out_grad,
-)
+from .steps import EvalMode, batch_losses, point_activation_rms
 from .structure import eager_attention_for
 
 __all__ = [
@@ -53,7 +43,7 @@ __all__ = [
     "block_input_features",
 ]
 
-# criterion name -> (row column ranked on, higher is better); "bias" is the pre-issue-11 ranking.
+# criterion name -> row column ranked on (higher is better)
 CRITERIA: dict[str, str] = {
     "bias": "bias_gain",
     "block": "block_gain",
@@ -72,12 +62,10 @@ def block_input_features(
     Done with :func:`block_features` on a temporary identity block (``W_in = I``, ``φ = id``),
     whose hidden activations are exactly ``norm(z)``; ``W_out = 0`` so nothing downstream changes.
     """
-    _, width = point_activation_rms(model, point, _first(data, 2), loss_fn, batch_size)
+    _, width = point_activation_rms(model, point, index_batch(data, slice(0, 2)), loss_fn, batch_size)
     insert(model, point, "block", width=width, hidden=width, activation="identity", norm=norm, record=False)
     try:
         blk = block_of(model, point)
-        if blk.style == "conv3x3":  # pragma: no cover - auto style never picks 3x3
-            raise WidthscopeError("block_input_features needs a 1x1/MLP-style block")
         with torch.no_grad():
             blk.w_in.copy_(torch.eye(width, dtype=blk.w_in.dtype))
         return block_features(model, point, data, loss_fn, batch_size=batch_size)
@@ -85,22 +73,19 @@ def block_input_features(
         remove_insertion(model, point)
 
 
-def _first(data: Any, n: int) -> Any:
-    return index_batch(data, slice(0, min(n, batch_size_of(data))))
+def _gradmax_matrix(qa: torch.Tensor, ua: torch.Tensor, qb: torch.Tensor, ub: torch.Tensor) -> torch.Tensor:
+    """``sym(S_aᵀ S_b)``, ``S = mean_i Σ_t q_{i,t} u_{i,t}ᵀ`` from one product of the thin factors."""
+    Sa = torch.einsum("itn,itm->nm", qa.double(), ua.double()) / qa.shape[0]
+    Sb = torch.einsum("itn,itm->nm", qb.double(), ub.double()) / qb.shape[0]
+    X = Sa.T @ Sb
+    return 0.5 * (X + X.T)
 
 
 def gradmax_from_factors(
     qa: torch.Tensor, ua: torch.Tensor, qb: torch.Tensor, ub: torch.Tensor, k: int = 1
 ) -> tuple[float, float]:
-    """``(λ_max, Σ top-k λ)`` of ``sym(S_aᵀ S_b)``, ``S = mean_i Σ_t q_{i,t} u_{i,t}ᵀ``.
-
-    ``q*``/``u*``: ``(n, T, N)``/``(n, T, N_in)``. ``S`` comes from one ``(nT × N)ᵀ(nT × N_in)``
-    product (the thin factors), so no per-example matrix is formed.
-    """
-    Sa = torch.einsum("itn,itm->nm", qa.double(), ua.double()) / qa.shape[0]
-    Sb = torch.einsum("itn,itm->nm", qb.double(), ub.double()) / qb.shape[0]
-    X = Sa.T @ Sb
-    ev = torch.linalg.eigvalsh(0.5 * (X + X.T))  # ascending
+    """``(λ_max, Σ top-k λ)`` of ``sym(S_aᵀ S_b)``; ``q*``/``u*``: ``(n, T, N)``/``(n, T, N_in)``."""
+    ev = torch.linalg.eigvalsh(_gradmax_matrix(qa, ua, qb, ub))  # ascending
     k = max(1, min(int(k), ev.numel()))
     return float(ev[-1]), float(ev[-k:].sum())
 
@@ -109,10 +94,7 @@ def gradmax_directions(qa: torch.Tensor, ua: torch.Tensor, qb: torch.Tensor, ub:
     """The ``k`` unit rows GradMax would give ``W_in``: the eigenvectors of ``sym(S_aᵀ S_b)`` of the
     ``k`` largest eigenvalues (``(k, N_in)``, float64, largest first). ``Σ`` of those eigenvalues is
     ``gradmax_k``: a block grown with these rows is the block that ``gradmax_k`` scores."""
-    Sa = torch.einsum("itn,itm->nm", qa.double(), ua.double()) / qa.shape[0]
-    Sb = torch.einsum("itn,itm->nm", qb.double(), ub.double()) / qb.shape[0]
-    X = Sa.T @ Sb
-    _, vec = torch.linalg.eigh(0.5 * (X + X.T))  # ascending eigenvalues, columns = eigenvectors
+    _, vec = torch.linalg.eigh(_gradmax_matrix(qa, ua, qb, ub))  # ascending eigenvalues, columns = eigenvectors
     k = max(1, min(int(k), vec.shape[1]))
     return vec[:, -k:].flip(1).T.contiguous()
 
@@ -154,8 +136,6 @@ def point_criteria(
     H = int(hidden) if hidden is not None else N
     # the block that grow_at inserts: same shape, same seeded W_in, so h is *its* hidden layer
     w_in = ResidualBlock(N, H, activation=activation, norm=norm, seed=block_seed).w_in.detach().double()
-    if w_in.dim() == 4:
-        w_in = w_in[:, :, 0, 0]
     act = ACTIVATIONS[activation]
     ha, hb = act(ua @ w_in.T), act(ub @ w_in.T)
     row: dict[str, Any] = {
@@ -239,14 +219,10 @@ def line_search_gain(
     With ``G_a`` the mean train ``W_out`` gradient and ``L_b`` the held-out ranking loss, the step
     ``W_out = −t G_a`` changes ``L_b`` by ``−t s + ½ t² c`` with slope ``s = ⟨∇L_b, G_a⟩`` and
     curvature ``c = G_aᵀ ∇²L_b G_a`` (one Hessian-vector product, by double backward). The best
-    ``t = s/c`` gains ``s²/(2c)``. Unlike ``η⟨G_a, G_b⟩`` this does not grow with the size of the
-    downstream Jacobian (``s ∝ α², c ∝ α⁴`` for a Jacobian scaled by ``α``): it measures how well
-    the block's features can explain the held-out residual, not how loud the gradient is there.
-    Returns ``{"ls_slope", "ls_curvature", "ls_gain"}`` (``ls_gain = 0`` when ``s ≤ 0``; NaN —
-    ranked last, ``null`` in JSON — when ``s > 0`` and ``c ≤ 0``: the quadratic model then bounds
-    nothing, and an estimate that says "unbounded" should not win a ranking).
+    ``t = s/c`` gains ``s²/(2c)``. Returns ``{"ls_slope", "ls_curvature", "ls_gain"}`` (``ls_gain = 0``
+    when ``s ≤ 0``; NaN, ranked last, when ``s > 0`` and ``c ≤ 0``: the quadratic model bounds nothing).
     """
-    _, width = point_activation_rms(model, point, _first(test, 2), loss_fn, batch_size)
+    _, width = point_activation_rms(model, point, index_batch(test, slice(0, 2)), loss_fn, batch_size)
     insert(
         model,
         point,
@@ -263,15 +239,13 @@ def line_search_gain(
         blk = block_of(model, point)
         G = w_out_grad(model, point, train, loss_fn, batch_size).to(blk.w_out.dtype)
         n = batch_size_of(test)
-        dev = device_of(model)
         s = c = 0.0
         for p, _ in flags:
             p.requires_grad_(False)
         blk.w_out.requires_grad_(True)
         # double backward: fused attention kernels may lack it, the eager one has it
         with EvalMode(model), torch.enable_grad(), eager_attention_for(model):
-            for bi, b in enumerate(to_batches(test, batch_size)):
-                losses, _, _ = run_batch(model, to_device(b, dev, float_dtype(model)), loss_fn, bi)
+            for losses in batch_losses(model, test, loss_fn, batch_size):
                 (g,) = torch.autograd.grad(losses.sum() / n, [blk.w_out], create_graph=True)
                 gv = (g * G).sum()
                 (hv,) = torch.autograd.grad(gv, [blk.w_out])

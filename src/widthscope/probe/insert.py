@@ -6,18 +6,10 @@ MLP) the module's output ``z`` is replaced by
 * ``kind="bias"``:  ``z + b``                              with ``b = 0`` at insertion;
 * ``kind="block"``: ``z + W_out φ(W_in norm(z))``           with ``W_out = 0`` at insertion,
 
-so the model computes exactly the same function right after :func:`insert`. The bias is
-broadcast over every position: the *channel* dimension is the last one for MLP activations
-``(B, N)`` and sequences ``(B, T, N)``, and dimension 1 for conv feature maps ``(B, C, H, W)``.
-The block acts on the same channel dimension: MLP-style (a linear map per position; for a
-conv map this is exactly a 1×1 convolution) or ``style="conv3x3"`` (two 3×3 convolutions).
-
-The original submodule is wrapped by :class:`Inserted`, which replaces it in the parent, so
-``model.get_submodule(point)`` still resolves (to the wrapper, whose ``inner`` child is the
-original module) and the new parameters have the stable names
-``<point>.widthscope_insert.*``. Every insertion is recorded in
-``model.widthscope_config["insertions"]`` so :func:`apply_insertions` rebuilds them on a
-freshly built model before its weights are loaded.
+so the model computes exactly the same function right after :func:`insert`. Both act on the
+*channel* dimension (:func:`channel_dim`), broadcast over positions. The original submodule is
+wrapped by :class:`Inserted` (new parameters ``<point>.widthscope_insert.*``); each insertion is
+recorded in ``model.widthscope_config["insertions"]`` for :func:`apply_insertions`.
 
 Example::
 
@@ -58,7 +50,6 @@ __all__ = [
     "channel_dim",
 ]
 
-KINDS = INTERVENTION_KINDS
 NORMS = ("rms", "layer", "none")
 STYLES = ("auto", "mlp", "conv1x1", "conv3x3")
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -243,33 +234,26 @@ class Inserted(nn.Module):
             return getattr(inner, name)
 
 
-def _valid_points(model: nn.Module) -> list[str]:
-    pts = getattr(model, "widthscope_points", None)
-    if pts:
-        return list(pts)
-    try:  # the probe engineer's default points
-        return list(insertion_points(model))
-    except Exception:  # noqa: BLE001 - only used to build an error message
-        return [n for n, _ in model.named_modules() if n][:50]
-
-
 def resolve_module(model: nn.Module, point: str) -> nn.Module:
-    if not isinstance(point, str) or not point:
-        raise WidthscopeError(
-            f"insertion point must be a non-empty module path, got {point!r}; "
-            f"valid points: {', '.join(_valid_points(model))}"
-        )
-    try:
-        return model.get_submodule(point)
-    except AttributeError:
-        pass
-    try:  # the probe's message lists valid names, closest first
-        resolve_points(model, [point])
-    except WidthscopeError:
-        raise
-    except Exception:  # noqa: BLE001
-        pass
-    raise WidthscopeError(f"unknown insertion point {point!r}; valid points: {', '.join(_valid_points(model))}")
+    """The module at ``point``; an unknown point's error lists the valid names, closest first."""
+    named = isinstance(point, str) and bool(point)
+    if named:
+        try:
+            return model.get_submodule(point)
+        except AttributeError:
+            pass
+        try:
+            resolve_points(model, [point])  # its message lists valid names, closest first
+        except WidthscopeError:
+            raise
+        except Exception:  # noqa: BLE001 - the message below instead
+            pass
+    try:  # the declared or default points, else the first module names
+        valid = list(getattr(model, "widthscope_points", None) or insertion_points(model))
+    except Exception:  # noqa: BLE001 - only used to build an error message
+        valid = [n for n, _ in model.named_modules() if n][:50]
+    what = "unknown insertion point" if named else "insertion point must be a non-empty module path, got"
+    raise WidthscopeError(f"{what} {point!r}; valid points: {', '.join(valid)}")
 
 
 def _infer_width(module: nn.Module) -> int | None:
@@ -342,10 +326,6 @@ def _infer_point_width(model: nn.Module, point: str, target: nn.Module) -> int |
     return None
 
 
-def _has_train_mode_batchnorm(model: nn.Module) -> bool:
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules())
-
-
 def insert(
     model: nn.Module,
     point: str,
@@ -386,7 +366,7 @@ def insert(
     fn = "insert"
     _args.module(fn, "model", model)
     _args.string(fn, "point", point, empty=True, accepts="a module path (str)")  # "": resolve_module lists the points
-    _args.choice(fn, "kind", kind, KINDS)
+    _args.choice(fn, "kind", kind, INTERVENTION_KINDS)
     _args.integer(fn, "width", width, lo=1, optional=True)
     _args.integer(fn, "hidden", hidden, lo=1, optional=True)
     _args.choice(fn, "activation", activation, sorted(ACTIVATIONS))
@@ -395,17 +375,7 @@ def insert(
     _args.number(fn, "init_scale", init_scale, 0.0, lo_open=True)
     _args.integer(fn, "seed", seed)
     _args.boolean(fn, "record", record)
-    if kind not in KINDS:
-        raise WidthscopeError(f"kind={kind!r} is not one of {KINDS}")
-    if norm not in NORMS:
-        raise WidthscopeError(f"norm={norm!r} is not one of {NORMS}")
-    if style not in STYLES:
-        raise WidthscopeError(f"style={style!r} is not one of {STYLES}")
-    if activation not in ACTIVATIONS:
-        raise WidthscopeError(f"activation={activation!r} is not one of {sorted(ACTIVATIONS)}")
-    if not isinstance(init_scale, (int, float)) or not math.isfinite(init_scale) or init_scale <= 0:
-        raise WidthscopeError(f"init_scale must be a positive number, got {init_scale!r}")
-    if _has_train_mode_batchnorm(model):
+    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.modules()):
         raise WidthscopeError(
             "the model is in training mode and has BatchNorm layers, which couple the examples "
             "of a batch (per-example gradients and function preservation need fixed statistics); "
@@ -425,8 +395,6 @@ def insert(
         )
     if kind == "block":
         h = int(hidden) if hidden is not None else n
-        if h <= 0:
-            raise WidthscopeError(f"hidden (block width) must be positive, got {hidden!r}")
         ins: nn.Module = ResidualBlock(
             n, h, activation=activation, norm=norm, style=style, init_scale=float(init_scale), seed=seed
         )
@@ -463,37 +431,6 @@ def insert(
             model.widthscope_config = cfg  # type: ignore[assignment]
         cfg.setdefault("insertions", []).append(dict(spec))
     return model
-
-
-def check_intervene_args(a: Mapping[str, Any]) -> None:
-    """:func:`widthscope.probe.interventions.intervene`'s argument types, from its ``locals()`` at entry
-    (that function's own checks word the bad values of ``kind``/``prefix``/``precision``/``etas``)."""
-    fn = "intervene"
-    _args.module(fn, "model", a["model"])
-    _args.string(fn, "point", a["point"], empty=True, accepts="a module path (str)")
-    _args.batches(fn, "train_batches", a["train_batches"], single=True)
-    _args.batches(fn, "test_batches", a["test_batches"], single=True)
-    _args.numbers_list(fn, "etas", a["etas"], accepts="a list of positive step sizes or None")
-    _args.choice(fn, "kind", a["kind"], KINDS, values=False)
-    _args.function(fn, "loss_fn", a["loss_fn"])
-    _args.integer(fn, "M", a["M"], lo=1, optional=True)
-    _args.integer(fn, "K", a["K"], lo=1, optional=True)
-    _args.integer(fn, "n_etas", a["n_etas"], lo=1)
-    _args.number(
-        fn,
-        "max_rel_step",
-        a["max_rel_step"],
-        1e-4,
-        lo_open=True,
-        accepts="a finite number above 1e-4 (the largest step's RMS entry over the activation's)",
-    )
-    _args.integer(fn, "block_width", a["block_width"], lo=1, optional=True)
-    _args.integer(fn, "seed", a["seed"])
-    _args.integer(fn, "batch_size", a["batch_size"], lo=1)
-    _args.boolean(fn, "progress", a["progress"])
-    _args.mapping(fn, "reuse", a["reuse"])
-    _args.choice(fn, "prefix", a["prefix"], ("auto", "full"), values=False)
-    _args.choice(fn, "precision", a["precision"], ("mark", "float32"), values=False)
 
 
 def _set_submodule(model: nn.Module, path: str, new: nn.Module) -> None:

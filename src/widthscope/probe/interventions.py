@@ -15,9 +15,6 @@ Example::
     >>> rows = intervene(net, "1", [(x[:32], y[:32])], [(x[32:], y[32:])], progress=False)
     >>> abs(rows[0]["retention"] - 1) < 0.01      # smallest η
     True
-
-Re-exported from :mod:`~widthscope.probe.steps`, :mod:`~widthscope.probe.resolution`,
-:mod:`~widthscope.probe.blocks` and :mod:`~widthscope.probe.rows`.
 """
 
 from __future__ import annotations
@@ -29,22 +26,18 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 import torch.nn as nn
 
+from .. import _args
 from .._io import progress as _progress
 from ..errors import WidthscopeError
 from ..registry import INTERVENTION_KINDS
 from ..stats import certificate, wilson_interval
-
-# batch helpers live in .batches (the prefix cache uses them too); re-exported here
-from .batches import as_examples, batch_size_of, cat_batches, index_batch, take, to_batches  # noqa: F401
-from .blocks import as_positions, block_certificate, block_features, block_gram, block_of, w_out_grad  # noqa: F401
-from .collect import activation_rms, collect, float_dtype
-from .insert import (  # noqa: F401
+from .batches import as_examples, batch_size_of, index_batch, take, to_batches
+from .blocks import block_certificate, block_features, block_gram, block_of, w_out_grad
+from .collect import activation_rms, float_dtype
+from .insert import (
     Inserted,
     ResidualBias,
-    ResidualBlock,
     apply_insertions,
-    channel_dim,
-    check_intervene_args,
     insert,
     inserted_parameters,
     inserted_state,
@@ -52,48 +45,37 @@ from .insert import (  # noqa: F401
     remove_insertion,
     resolve_module,
 )
-from .resolution import (  # noqa: F401
-    LOW_PRECISION,
+from .resolution import (
     RESOLUTION_FACTOR,
     dtype_name,
     loss_rounding,
-    mark_precision,
-    per_sample_errors,
     precision_note,
     projected_rounding,
     resolved,
     sample_errors,
     sample_rounding,
-    upcast,
 )
-from .rows import (  # noqa: F401
-    bias_rows_stacked,
-    block_steps,
-    compare_gain,
-    intervention_row,
-    precision_info,
-    stacked_rows,
-    step_rows,
-)
-from .steps import (  # noqa: F401
+from .rows import InterventionInputs, block_steps, precision_info
+from .steps import (
     EvalMode,
     check_etas,
     check_rel_step,
     default_etas,
-    device_of,
     mean_loss,
     per_example_losses,
     point_activation_rms,
+    point_samples,
 )
 
 __all__ = [
-    # insertion (re-exported from widthscope.probe.insert)
+    # insertion (widthscope.probe.insert)
     "insert",
     "remove_insertion",
     "apply_insertions",
     "inserted_state",
     "inserted_parameters",
     "insertion_specs",
+    "block_of",
     # interventions: intervene's steps, and the built-in kinds (widthscope.registry.INTERVENTION_KINDS)
     "intervene",
     "InterventionInputs",
@@ -104,12 +86,15 @@ __all__ = [
     "measure_block",
     "sign_agreement",
     "default_etas",
+    "check_rel_step",
     "block_gram",
     "block_features",
     "block_certificate",
     "mean_loss",
     "per_example_losses",
     "as_examples",
+    "batch_size_of",
+    "index_batch",
     "take",
     "to_batches",
     # precision of the measured loss change (low-precision models)
@@ -117,82 +102,18 @@ __all__ = [
     "sample_rounding",
     "sample_errors",
     "projected_rounding",
-    "upcast",
     "resolved",
     "precision_note",
     "RESOLUTION_FACTOR",
-    "LOW_PRECISION",
 ]
 
 
 @dataclasses.dataclass
-class InterventionInputs:
-    """What every intervention kind measures from (:func:`prepare_inputs`): the examples, the
-    held-out loss before the step and the activation's scale at the point, with ``intervene``'s
-    settings. A kind (:data:`widthscope.registry.INTERVENTION_KINDS`) is ``fn(inputs) -> Measured``."""
-
-    model: nn.Module
-    point: str
-    kind: str
-    train: Any  # the first M train examples, one batch
-    test: Any  # the first K held-out examples, one batch
-    M: int
-    K: int
-    act_rms: float  # RMS entry of the activation at the point (train examples)
-    width: int  # its channel width
-    test_losses: torch.Tensor  # per-example held-out losses before the step, float64 on the CPU
-    loss_fn: Callable | None
-    batch_size: int
-    etas: Sequence[float] | None
-    n_etas: int
-    max_rel_step: float
-    block_width: int | None
-    seed: int
-    progress: bool
-    reuse: dict[str, Any]
-    prefix: str
-    precision: str
-
-    @property
-    def loss_before(self) -> float:
-        return float(self.test_losses.mean())
-
-    def etas_for(self, step_norm: float) -> Sequence[float]:
-        """The given ``etas``, or the default grid for a step whose RMS entry per unit ``η`` is ``step_norm``."""
-        return self.etas or default_etas(step_norm, self.act_rms, self.n_etas, high=self.max_rel_step)
-
-    def stacked_rows(
-        self, steps: Any, etas: Sequence[float], align: float, step_norm: float, mu_norm: float
-    ) -> list[dict[str, Any]]:
-        """One row per ``η``: copy ``e`` of the point's output gets ``steps[e]`` added
-        (:func:`~widthscope.probe.rows.stacked_rows`, this call's prefix and kept prefix)."""
-        return stacked_rows(
-            self.kind,
-            self.model,
-            self.point,
-            steps,
-            etas,
-            align,
-            self.test,
-            self.loss_fn,
-            self.batch_size,
-            self.M,
-            self.K,
-            self.loss_before,
-            self.act_rms,
-            step_norm,
-            mu_norm,
-            self.prefix,
-            self.reuse.get("prefix"),
-        )
-
-
-@dataclasses.dataclass
 class Measured:
-    """What a kind returns: ``rows`` (one per ``η``, :func:`~widthscope.probe.rows.intervention_row`'s
-    fields and ``prefix``), ``steps`` (a function giving the ``E`` steps added at the point, for the
-    float32 re-measure of :func:`assemble_rows`) and, where the kind estimates it, the rounding
-    bound of its predicted alignment (``alignment_bound``; ``alignment`` is ``μ_Mᵀ g_K`` or its like)."""
+    """What a kind returns: ``rows`` (one per ``η``, :meth:`InterventionInputs.row`'s fields and
+    ``prefix``), ``steps`` (a function giving the ``E`` steps added at the point, for the float32
+    re-measure of :func:`assemble_rows`) and, where the kind estimates it, the rounding bound of its
+    predicted alignment (``alignment_bound``; ``alignment`` is ``μ_Mᵀ g_K`` or its like)."""
 
     rows: list[dict[str, Any]]
     steps: Callable[[], Any]
@@ -232,28 +153,8 @@ def intervene(
     resolution. Returns one row per η (``predicted``, ``actual``, ``retention``, ``sign_agrees``, ...).
     Options and row fields: docs/interventions.md §2.
     """
-    check_intervene_args(locals())  # types, before any work
-    inputs = prepare_inputs(
-        model,
-        point,
-        train_batches,
-        test_batches,
-        kind=kind,
-        etas=etas,
-        loss_fn=loss_fn,
-        M=M,
-        K=K,
-        n_etas=n_etas,
-        max_rel_step=max_rel_step,
-        block_width=block_width,
-        seed=seed,
-        batch_size=batch_size,
-        progress=progress,
-        reuse=reuse,
-        prefix=prefix,
-        precision=precision,
-    )
-    return assemble_rows(inputs, INTERVENTION_KINDS.get(kind)(inputs))
+    x = prepare_inputs(**locals())
+    return assemble_rows(x, INTERVENTION_KINDS.get(kind)(x))
 
 
 def prepare_inputs(
@@ -277,9 +178,29 @@ def prepare_inputs(
     prefix: str,
     precision: str,
 ) -> InterventionInputs:
-    """:func:`intervene`'s first step: check the values, take the first ``M``/``K`` examples, the
+    """:func:`intervene`'s first step: check the arguments, take the first ``M``/``K`` examples, the
     activation's RMS at the point and the held-out losses before the step (from ``reuse`` for a
     kind registered with ``reuse_probe=True``, where it has them)."""
+    fn = "intervene"  # the types first, before any work
+    _args.module(fn, "model", model)
+    _args.string(fn, "point", point, empty=True, accepts="a module path (str)")
+    _args.batches(fn, "train_batches", train_batches, single=True)
+    _args.batches(fn, "test_batches", test_batches, single=True)
+    _args.numbers_list(fn, "etas", etas, accepts="a list of positive step sizes or None")
+    _args.choice(fn, "kind", kind, INTERVENTION_KINDS, values=False)
+    _args.function(fn, "loss_fn", loss_fn)
+    _args.integer(fn, "M", M, lo=1, optional=True)
+    _args.integer(fn, "K", K, lo=1, optional=True)
+    _args.integer(fn, "n_etas", n_etas, lo=1)
+    rel = "a finite number above 1e-4 (the largest step's RMS entry over the activation's)"
+    _args.number(fn, "max_rel_step", max_rel_step, 1e-4, lo_open=True, accepts=rel)
+    _args.integer(fn, "block_width", block_width, lo=1, optional=True)
+    _args.integer(fn, "seed", seed)
+    _args.integer(fn, "batch_size", batch_size, lo=1)
+    _args.boolean(fn, "progress", progress)
+    _args.mapping(fn, "reuse", reuse)
+    _args.choice(fn, "prefix", prefix, ("auto", "full"), values=False)
+    _args.choice(fn, "precision", precision, ("mark", "float32"), values=False)
     if kind not in INTERVENTION_KINDS:
         raise WidthscopeError(f"kind must be one of {', '.join(map(repr, INTERVENTION_KINDS))}, got {kind!r}")
     if prefix not in ("auto", "full"):
@@ -338,8 +259,7 @@ def measure_bias(x: InterventionInputs) -> Measured:
     if x.reuse.get("train") is not None and x.reuse.get("test") is not None:
         Sa, Sb = x.reuse["train"][: x.M], x.reuse["test"][: x.K]
     else:
-        batches = (to_batches(x.train, x.batch_size), to_batches(x.test, x.batch_size))
-        Sa, Sb = (collect(x.model, b, points=[x.point], loss_fn=x.loss_fn, progress=False)[x.point] for b in batches)
+        Sa, Sb = (point_samples(x.model, x.point, d, x.loss_fn, x.batch_size) for d in (x.train, x.test))
     mu, g = Sa.mean(0), Sb.mean(0)
     align = float(mu @ g)
     step_norm = float(mu.norm()) / math.sqrt(mu.numel())
@@ -373,24 +293,7 @@ def measure_block(x: InterventionInputs) -> Measured:
         step_norm = float(G_M.norm()) * h_rms * math.sqrt(Hd) / math.sqrt(N)
         etas = x.etas_for(step_norm)
         if x.prefix == "full":
-            rows = step_rows(
-                "block",
-                model,
-                point,
-                block.w_out,
-                G_M,
-                etas,
-                align,
-                x.test,
-                x.loss_fn,
-                x.batch_size,
-                x.M,
-                x.K,
-                x.loss_before,
-                x.act_rms,
-                step_norm,
-                x.progress,
-            )
+            rows = x.step_rows(block.w_out, G_M, etas, align, step_norm)
             for r in rows:
                 r["prefix"] = "full: requested"
     finally:
@@ -406,18 +309,7 @@ def assemble_rows(x: InterventionInputs, measured: Measured) -> list[dict[str, A
     """:func:`intervene`'s last step: each row's dtype and resolution (with ``precision="float32"``,
     the steps below it measured again in float32: :func:`~widthscope.probe.rows.precision_info`),
     then the alignment's rounding bound where the kind gave one."""
-    rows = precision_info(
-        measured.rows,
-        x.model,
-        x.point,
-        measured.steps,
-        x.test,
-        x.loss_fn,
-        x.batch_size,
-        x.K,
-        x.test_losses,
-        x.precision,
-    )
+    rows = precision_info(x, measured.rows, measured.steps)
     if measured.alignment_bound is not None:
         bound = measured.alignment_bound
         for r in rows:
@@ -449,9 +341,7 @@ def sign_agreement(
     fraction of draws with ``μ_Mᵀ g_K ≤ 0`` (empirical misalignment) and ``B_exact``/``B_align``
     (two-population, from the pools).
 
-    ``eta`` default: the step whose RMS entry is 1e-3 of the activation's, for the pool mean
-    (small enough that the first-order term dominates on the small LLaMA models we tried,
-    where retention is already ≈ 0.35 at 1e-2; large enough to stay clear of float32 rounding).
+    ``eta`` default: the step whose RMS entry is 1e-3 of the activation's, for the pool mean.
 
     Returns a dict (``kind="intervention"``, ``probe="sign_agreement"``) with ``agree_rate`` (+95% Wilson ``agree_low``,
     ``agree_high``), ``misaligned_rate``, ``improved_rate`` (actual ``ΔL < 0``), ``b_exact``,
@@ -471,8 +361,7 @@ def sign_agreement(
             raise WidthscopeError(f"{nm} must be an integer in 1..{pool} (the pool size), got {v!r}")
     if not isinstance(draws, int) or draws < 1:
         raise WidthscopeError(f"draws must be a positive integer, got {draws!r}")
-    Sa = collect(model, to_batches(train, batch_size), points=[point], loss_fn=loss_fn, progress=False)[point]
-    Sb = collect(model, to_batches(test, batch_size), points=[point], loss_fn=loss_fn, progress=False)[point]
+    Sa, Sb = (point_samples(model, point, d, loss_fn, batch_size) for d in (train, test))
     act_rms, _ = point_activation_rms(model, point, train, loss_fn, batch_size)
     if eta is None:
         mu = Sa.mean(0)

@@ -53,36 +53,24 @@ _CACHE_KEYS = ("cache", "past_key_values", "past_key_value", "layer_past", "cach
 _RECOMPUTED: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("_RECOMPUTED", default=None)
 
 
-def input_device(model: nn.Module) -> torch.device:
-    """The device a batch for ``model`` belongs on.
-
-    A dispatched model: the execution device of accelerate's root hook (inputs are moved from
-    there to each block's device, and outputs come back to the inputs' device); otherwise the
-    device of the first parameter that is not on ``meta``; CPU for a model without parameters.
-    """
-    hook = getattr(model, "_hf_hook", None)
-    dev = getattr(hook, "execution_device", None)
-    if dev is not None:
-        return torch.device(f"cuda:{dev}" if isinstance(dev, int) else dev)
-    for p in model.parameters():
-        if p.device.type != "meta":
-            return p.device
-    return torch.device("cpu")
-
-
-def module_device(model: nn.Module, name: str) -> torch.device:
-    """The device module ``name`` computes on: the execution device of its accelerate hook (an
-    offloaded module's weights are on ``meta`` between forwards), else its first parameter's
-    that is not on ``meta``, else :func:`input_device`. Where a module inserted at ``name``
-    belongs (:func:`widthscope.probe.insert.insert`)."""
-    module = model.get_submodule(name)
+def _placed(module: nn.Module) -> torch.device | None:
+    """The execution device of ``module``'s accelerate hook, else its first parameter's not on ``meta``."""
     dev = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
     if dev is not None:
         return torch.device(f"cuda:{dev}" if isinstance(dev, int) else dev)
-    for p in module.parameters():
-        if p.device.type != "meta":
-            return p.device
-    return input_device(model)
+    return next((p.device for p in module.parameters() if p.device.type != "meta"), None)
+
+
+def input_device(model: nn.Module) -> torch.device:
+    """The device a batch for ``model`` belongs on: where accelerate's root hook executes (a
+    dispatched model), else its first parameter's that is not on ``meta``; CPU without parameters."""
+    return _placed(model) or torch.device("cpu")
+
+
+def module_device(model: nn.Module, name: str) -> torch.device:
+    """The device module ``name`` computes on (an offloaded module's weights are on ``meta`` between
+    forwards), else :func:`input_device`: where a module inserted at ``name`` belongs."""
+    return _placed(model.get_submodule(name)) or input_device(model)
 
 
 def offloaded_modules(model: nn.Module) -> list[str]:
@@ -95,26 +83,17 @@ def offloaded_modules(model: nn.Module) -> list[str]:
 
 def _inner_hooks(block: nn.Module) -> bool:
     """Whether a forward (pre-)hook sits on a module strictly inside ``block``."""
-    for m in block.modules():
-        if m is not block and (m._forward_hooks or m._forward_pre_hooks):
-            return True
-    return False
+    return any(m is not block and (m._forward_hooks or m._forward_pre_hooks) for m in block.modules())
 
 
 def _has_cache(kwargs: dict[str, Any]) -> bool:
     return any(kwargs.get(k) is not None for k in _CACHE_KEYS)
 
 
-class _NoModules:
+class _NoModules(contextlib.nullcontext):
     """Stands in for FlopCounterMode's module tracker: every count goes to the total only."""
 
     parents = ("Global",)
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 class TotalFlops(FlopCounterMode):
@@ -162,6 +141,10 @@ def _wrap(block: nn.Module) -> Callable[..., Any]:
     return forward
 
 
+def _wrapped(module: nn.Module) -> bool:
+    return getattr(module.__dict__.get("forward"), _MARK, None) is not None
+
+
 def _unwrap(block: nn.Module) -> None:
     inner, own = getattr(block.__dict__["forward"], _MARK)
     if own:
@@ -179,18 +162,16 @@ def recompute_blocks(model: nn.Module, blocks: Sequence[str] | None = None) -> l
     :func:`restore_blocks` undoes it.
     """
     names = list(blocks) if blocks is not None else main_stack(model)
-    done = []
     for name in names:
         block = model.get_submodule(name)
-        if getattr(block.__dict__.get("forward"), _MARK, None) is None:
+        if not _wrapped(block):
             block.forward = _wrap(block)  # type: ignore[method-assign]
-        done.append(name)
-    return done
+    return names
 
 
 def recomputed(model: nn.Module) -> list[str]:
     """Names of the modules whose forward :func:`recompute_blocks` wrapped."""
-    return [n for n, m in model.named_modules() if getattr(m.__dict__.get("forward"), _MARK, None) is not None]
+    return [n for n, m in model.named_modules() if _wrapped(m)]
 
 
 def restore_blocks(model: nn.Module) -> list[str]:
@@ -218,7 +199,7 @@ def recomputing(model: nn.Module, blocks: Sequence[str] | None = None) -> Iterat
             cfg.use_cache = use_cache  # type: ignore[union-attr]
         for name in names:
             block = model.get_submodule(name)
-            if name not in before and getattr(block.__dict__.get("forward"), _MARK, None) is not None:
+            if name not in before and _wrapped(block):
                 _unwrap(block)
 
 
@@ -248,10 +229,9 @@ def _shared(model: nn.Module) -> dict[int, Any]:
                 value = getattr(h, attr, None)
                 if value is not None:
                     memo[id(value)] = value
-    for key in ("_widthscope_offload_folder",):
-        holder = model.__dict__.get(key)
-        if holder is not None:
-            memo[id(holder)] = holder
+    holder = model.__dict__.get("_widthscope_offload_folder")
+    if holder is not None:
+        memo[id(holder)] = holder
     return memo
 
 
@@ -264,9 +244,7 @@ def copy_model(model: nn.Module) -> nn.Module:
     by :func:`recompute_blocks` are unwrapped for the copy (the wrapper's closure names the
     original's block) and wrapped again in both models.
     """
-    names = recomputed(model)
-    for name in names:
-        _unwrap(model.get_submodule(name))
+    names = restore_blocks(model)
     try:
         new = copy.deepcopy(model, _shared(model))
     finally:

@@ -36,7 +36,7 @@ import torch.nn as nn
 
 from .. import _args
 from ..errors import WidthscopeError
-from .structure import main_stack
+from .structure import is_block, main_stack
 
 __all__ = ["insertion_points", "all_points", "resolve_points"]
 
@@ -50,11 +50,6 @@ def _children_names(prefix: str, container: nn.Module) -> list[str]:
     return [f"{prefix}.{c}" if prefix else c for c, _ in container.named_children()]
 
 
-def _is_block(m: nn.Module) -> bool:
-    # A block contains layers of its own (a leaf layer such as Linear is not a block).
-    return any(True for _ in m.children()) and any(True for _ in m.parameters())
-
-
 def _generic_points(model: nn.Module) -> list[str]:
     containers = [
         (n, m) for n, m in model.named_modules() if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2
@@ -63,7 +58,7 @@ def _generic_points(model: nn.Module) -> list[str]:
     chosen: list[str] = []
     for name, m in containers:
         kids = list(m.children())
-        if not all(_is_block(k) for k in kids) or len({type(k) for k in kids}) != 1:
+        if not all(is_block(k) for k in kids) or len({type(k) for k in kids}) != 1:
             continue
         if any(name == c or name.startswith(c + ".") or (c == "" and name) for c in chosen):
             continue  # nested inside a block we already use

@@ -1,16 +1,19 @@
-r"""Held-out losses after ``E`` bias steps at a point, running the network before it once.
+r"""Held-out losses after ``E`` steps at a point, running the network before it once.
 
 :func:`stacked_totals` gives ``Σ_i ℓ_i(z + v_e)`` for every step ``e``: ``full`` runs the whole network
-``E`` times; ``cached`` replays the kept outputs of the modules that finished before ``point`` (exact
-while examples are independent; ``auto`` checks 3 examples against a full forward and falls back with
-the reason). :func:`keep_prefix` records those outputs during a forward the caller runs anyway. The
-plan and capture live in :mod:`~widthscope.probe.prefix_plan` and :mod:`~widthscope.probe.prefix_keep`.
-Details: docs/interventions.md §2.
+``E`` times; ``cached`` plans which outermost modules finish before ``point`` and return batch-major
+tensors (checked on 2 and 3 examples), captures their outputs and replays them in place of their
+``forward`` (exact while examples are independent; ``auto`` checks 3 examples against a full forward and
+falls back with the reason). :func:`keep_prefix` records those outputs during a forward the caller runs
+anyway. Details: docs/interventions.md §2.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+import contextlib
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.nn as nn
@@ -18,97 +21,426 @@ import torch.nn as nn
 from ..errors import WidthscopeError
 from .batches import batch_size_of, cat_batches, take, to_batches
 from .collect import float_dtype, run_batch, split_output
-from .prefix_keep import KeptPrefix, keep_prefix
-from .prefix_plan import FnSteps, Plan, Replaced, Unsupported, add_steps, capture_outputs, plan, plans
+from .insert import channel_dim
+from .steps import EvalMode
 
-__all__ = [
-    "PREFIX_MODES",
-    "FnSteps",
-    "KeptPrefix",
-    "Plan",
-    "Unsupported",
-    "add_steps",
-    "check_tolerance",
-    "keep_prefix",
-    "plan",
-    "plans",
-    "stacked_totals",
-]
+__all__ = ["FnSteps", "KeptPrefix", "capture_outputs", "keep_prefix", "stacked_totals"]
 
-PREFIX_MODES = ("auto", "full")
+
+class _Stop(Exception):
+    """The capture forward reached the end of the point (skips the rest of the network)."""
+
+
+class Unsupported(Exception):
+    """The cached path cannot be used for this model and point; the message says why."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Which modules the stacked pass takes from the capture (``cached``), outermost first in
+    module order, and whether ``point``'s own forward is skipped too (``point_cached``)."""
+
+    cached: tuple[str, ...]
+    point_cached: bool
+
+    def kept(self, point: str) -> tuple[str, ...]:
+        """The modules whose outputs are replayed."""
+        return self.cached + ((point,) if self.point_cached else ())
+
+
+# ----------------------------------------------------------------------------- module outputs
+def _signature(out: Any) -> tuple | None:
+    """Shapes of a tensor / tuple-of-tensors output (None entries kept), or None if unsupported."""
+    if isinstance(out, torch.Tensor):
+        return (tuple(out.shape),) if out.ndim >= 1 else None
+    if isinstance(out, (tuple, list)) and out:
+        parts: list[tuple[int, ...] | None] = []
+        for o in out:
+            if o is not None and not (isinstance(o, torch.Tensor) and o.ndim >= 1):
+                return None
+            parts.append(None if o is None else tuple(o.shape))
+        return tuple(parts) if any(p is not None for p in parts) else None
+    return None
+
+
+def _batch_major(s2: tuple | None, s3: tuple | None) -> bool:
+    """Output signatures on 2 and 3 examples: every tensor's first dim is the batch, the rest fixed."""
+    if s2 is None or s3 is None or len(s2) != len(s3):
+        return False
+    return all(
+        (a is None) == (b is None) and (a is None or (a[0] == 2 and b[0] == 3 and a[1:] == b[1:]))
+        for a, b in zip(s2, s3)
+    )
+
+
+def _map(out: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    if isinstance(out, torch.Tensor):
+        return fn(out)
+    parts = [None if o is None else fn(o) for o in out]
+    return tuple(parts) if isinstance(out, tuple) else parts
+
+
+def _repeat(out: Any, E: int) -> Any:
+    return _map(out, lambda t: t.repeat(E, *([1] * (t.ndim - 1))))
+
+
+class FnSteps:
+    """``E`` steps along a function of the point's output: copy ``e`` of ``z`` becomes
+    ``z + coef[e] · fn(z)`` (the block probe: ``fn(z) = G_M φ(W_in norm(z))``, ``coef = −η``).
+    ``fn`` runs once, on the first copy: the copies are equal before the step. Sliced like the
+    ``(E, N)`` tensor of bias steps (``steps[-1:]``, ``steps.shape[0]``)."""
+
+    def __init__(self, coef: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]):
+        self.coef, self.fn = coef, fn
+        self.shape = tuple(coef.shape)
+
+    def __getitem__(self, idx: Any) -> FnSteps:
+        return FnSteps(self.coef[idx], self.fn)
+
+    def add(self, z: torch.Tensor) -> torch.Tensor:
+        E = self.coef.shape[0]
+        zz = z.view(E, z.shape[0] // E, *z.shape[1:])
+        c = self.coef.to(z.device, z.dtype).view(E, *([1] * z.ndim))
+        return (zz + c * self.fn(zz[0])).view(z.shape)
+
+
+def _add_steps(z: torch.Tensor, steps: torch.Tensor | FnSteps) -> torch.Tensor:
+    """``z`` holds ``E = len(steps)`` stacked copies of a batch; add ``steps[e]`` (a channel
+    vector, broadcast over positions) to copy ``e`` (or what :class:`FnSteps` says)."""
+    if isinstance(steps, FnSteps):
+        return steps.add(z)
+    E = steps.shape[0]
+    c = channel_dim(z)
+    shape = [E, 1] + [1] * (z.ndim - 1)
+    shape[c + 1] = z.shape[c]
+    v = steps.to(z.device, z.dtype).view(shape)
+    return (z.view(E, z.shape[0] // E, *z.shape[1:]) + v).view(z.shape)
+
+
+def _step_hook(point: str, steps: torch.Tensor | FnSteps) -> Callable:
+    """A forward hook (also called with ``None, None, out``) adding the steps to the point's output."""
+
+    def hook(_m: Any, _i: Any, out: Any) -> Any:
+        z, put = split_output(out, point)
+        return put(_add_steps(z, steps))
+
+    return hook
+
+
+# ----------------------------------------------------------------------------- plan / capture
+def _forward(model: nn.Module, batch: Any, loss_fn: Callable | None) -> torch.Tensor | None:
+    """Per-example losses of one batch; None when a capture hook stopped the forward."""
+    try:
+        return run_batch(model, batch, loss_fn, 0)[0]
+    except _Stop:
+        return None
+
+
+def _record(
+    model: nn.Module, points: Sequence[str], batch: Any, loss_fn: Callable | None
+) -> dict[str, tuple[dict[str, tuple[int, tuple | None]], tuple | None]]:
+    """Forward ``batch`` until every point has finished once: for each point that ran, name ->
+    (calls, output signature) of every module that finished before it started, and its own
+    output signature."""
+    modules = dict(model.named_modules())
+    want = set(points)
+    ended: dict[str, tuple[int, tuple | None]] = {}
+    before: dict[str, dict[str, tuple[int, tuple | None]]] = {}
+    out_point: dict[str, tuple | None] = {}
+
+    def pre(name: str) -> Callable:
+        def hook(_m: nn.Module, _a: Any) -> None:
+            before.setdefault(name, dict(ended))
+
+        return hook
+
+    def make(name: str) -> Callable:
+        def hook(_m: nn.Module, _a: Any, out: Any) -> None:
+            if name in want and name in before and name not in out_point:
+                out_point[name] = _signature(out)
+                if len(out_point) == len(want):
+                    raise _Stop
+            ended[name] = (ended.get(name, (0, None))[0] + 1, _signature(out))
+
+        return hook
+
+    handles = [modules[p].register_forward_pre_hook(pre(p)) for p in want]
+    handles += [m.register_forward_hook(make(n)) for n, m in modules.items()]
+    try:
+        _forward(model, batch, loss_fn)
+    finally:
+        for h in handles:
+            h.remove()
+    return {p: (before[p], out_point[p]) for p in points if p in out_point}
+
+
+def _plan_from(model: nn.Module, point: str, r2: tuple, r3: tuple) -> Plan:
+    """The plan of ``point`` from its records on 2 and 3 examples."""
+    (e2, p2), (e3, p3) = r2, r3
+    ok = {n for n in e2 if n in e3 and e2[n][0] == 1 and e3[n][0] == 1 and _batch_major(e2[n][1], e3[n][1])}
+    cached: list[str] = []
+
+    def walk(prefix: str, module: nn.Module) -> None:
+        for child, sub in module.named_children():
+            name = f"{prefix}.{child}" if prefix else child
+            if name == point:
+                continue
+            if name in ok:
+                cached.append(name)
+            elif name in e2 or point.startswith(name + "."):
+                walk(name, sub)  # finished before but not keepable, or an ancestor of the point
+
+    walk("", model)
+    return Plan(tuple(cached), _batch_major(p2, p3))
+
+
+def plans(
+    model: nn.Module, points: Sequence[str], batch2: Any, batch3: Any, loss_fn: Callable | None
+) -> dict[str, Plan]:
+    """The plan of every point that runs, from two forward passes in all (2 and 3 examples)."""
+    r2, r3 = _record(model, points, batch2, loss_fn), _record(model, points, batch3, loss_fn)
+    return {p: _plan_from(model, p, r2[p], r3[p]) for p in points if p in r2 and p in r3}
+
+
+def capture_outputs(model: nn.Module, point: str, p: Plan, batch: Any, loss_fn: Callable | None) -> dict[str, Any]:
+    """Outputs (cloned: later in-place ops must not change them) of the planned modules and the point."""
+    modules = dict(model.named_modules())
+    keep: dict[str, Any] = {}
+
+    def make(name: str) -> Callable:
+        def hook(_m: nn.Module, _a: Any, out: Any) -> None:
+            if name in keep:
+                raise Unsupported(f"{name!r} ran twice before {point!r}")
+            keep[name] = _map(out, lambda t: t.detach().clone())
+            if name == point:
+                raise _Stop
+
+        return hook
+
+    names = list(p.cached) + [point]
+    handles = [modules[n].register_forward_hook(make(n)) for n in names]
+    try:
+        if _forward(model, batch, loss_fn) is not None:
+            raise Unsupported(f"{point!r} did not run in the forward pass")
+    finally:
+        for h in handles:
+            h.remove()
+    missing = [n for n in names if n not in keep]
+    if missing:
+        raise Unsupported(f"{', '.join(missing)} did not run before {point!r} in this batch")
+    return keep
+
+
+class _Replaced:
+    """Within the block: each planned module's ``forward`` returns its kept output repeated
+    ``E`` times, the point's adds the steps; restored on exit. :meth:`verify` then checks that
+    each ran exactly once (a shared module, or a class that bypasses ``forward``, is caught)."""
+
+    def __init__(self, model: nn.Module, point: str, p: Plan, keep: dict[str, Any], steps: Any):
+        E = steps.shape[0]
+        self.modules = dict(model.named_modules())
+        self.calls = dict.fromkeys(p.kept(point), 0)
+        put_steps = _step_hook(point, steps)
+
+        def value(name: str) -> Any:
+            out = _repeat(keep[name], E)
+            return put_steps(None, None, out) if name == point else out
+
+        self.value = value
+        self.saved: list[tuple[nn.Module, bool, Any]] = []
+
+    def _stub(self, name: str) -> Callable:
+        def forward(*_a: Any, **_k: Any) -> Any:
+            self.calls[name] += 1
+            if self.calls[name] > 1:
+                raise Unsupported(f"{name!r} runs more than once in a forward pass (a shared module)")
+            return self.value(name)
+
+        return forward
+
+    def __enter__(self) -> _Replaced:
+        for name in self.calls:
+            m = self.modules[name]
+            self.saved.append((m, "forward" in m.__dict__, m.__dict__.get("forward")))
+            m.forward = self._stub(name)  # instance attribute: nn.Module.__call__ calls it, hooks still run
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for m, had, old in self.saved:
+            if had:
+                m.forward = old
+            else:
+                del m.forward
+        self.saved.clear()
+
+    def verify(self) -> None:
+        skipped = [n for n, c in self.calls.items() if c != 1]
+        if skipped:
+            raise Unsupported(f"{', '.join(skipped)} did not call the replaced forward")
+
+
+# ----------------------------------------------------------------------------- outputs kept from the caller's pass
+class KeptPrefix:
+    """The planned outputs of every point's cached path over the first ``n`` examples, recorded
+    by forward hooks during passes the caller runs anyway (:func:`keep_prefix`).
+
+    ``plans``: point -> :class:`Plan`; ``outputs``: module -> its output over the ``n`` rows
+    (batch-major, as the plan checked); ``reason``: why nothing is usable (``None`` if usable).
+    Recording stops (and frees what it held) once it would exceed ``max_bytes``."""
+
+    def __init__(self, n: int, max_bytes: float):
+        self.n, self.max_bytes = int(n), float(max_bytes)
+        self.plans: dict[str, Plan] = {}
+        self.parts: dict[str, list[Any]] = {}
+        self.count: dict[str, int] = {}
+        self.outputs: dict[str, Any] = {}
+        self.bytes = 0
+        self.reason: str | None = None
+        self.done = False
+
+    def names(self) -> list[str]:
+        """Modules whose outputs some plan takes."""
+        return list(dict.fromkeys(n for point, p in self.plans.items() for n in p.kept(point)))
+
+    def _fail(self, reason: str) -> None:
+        self.reason = self.reason or reason
+        self.parts.clear()
+        self.outputs.clear()
+
+    def hook(self, name: str) -> Callable:
+        def record(_m: nn.Module, _a: Any, out: Any) -> None:
+            got = self.count.get(name, 0)
+            if self.reason is not None or got >= self.n:
+                return
+            if _signature(out) is None:
+                return self._fail(f"{name!r} returned no batch-major tensors")
+            part = _map(out, lambda t: t.detach()[: self.n - got].clone())
+            tensors = [t for t in ((part,) if isinstance(part, torch.Tensor) else part) if t is not None]
+            self.bytes += sum(t.numel() * t.element_size() for t in tensors)
+            if self.bytes > self.max_bytes:
+                return self._fail(f"the kept outputs would exceed {self.max_bytes:.3g} bytes")
+            self.parts.setdefault(name, []).append(part)
+            self.count[name] = got + tensors[0].shape[0]
+
+        return record
+
+    def finish(self) -> None:
+        """Concatenate each module's parts; a module short of ``n`` rows (or ragged) makes it unusable."""
+        self.done = True
+        if self.reason is not None:
+            return
+        for name in self.names():
+            parts = self.parts.get(name, [])
+            if self.count.get(name, 0) != self.n:
+                return self._fail(f"{name!r} ran on {self.count.get(name, 0)} of {self.n} examples")
+            try:
+                if isinstance(parts[0], torch.Tensor):
+                    self.outputs[name] = torch.cat(parts)
+                else:
+                    joined = [None if c[0] is None else torch.cat(c) for c in zip(*parts)]
+                    self.outputs[name] = tuple(joined) if isinstance(parts[0], tuple) else joined
+            except (RuntimeError, TypeError, ValueError) as exc:
+                return self._fail(f"{name!r}'s outputs differ in shape across batches ({type(exc).__name__})")
+        self.parts.clear()
+
+    def covers(self, point: str, n: int) -> bool:
+        """Recorded, usable, planned for ``point`` and at least ``n`` rows."""
+        return self.done and self.reason is None and point in self.plans and n <= self.n
+
+    def rows(self, point: str, start: int, stop: int) -> dict[str, Any]:
+        """The kept outputs of ``point``'s plan for rows ``start:stop`` (as :func:`capture_outputs` gives them)."""
+        return {n: _map(self.outputs[n], lambda t: t[start:stop]) for n in self.plans[point].kept(point)}
+
+
+@contextmanager
+def keep_prefix(
+    model: nn.Module,
+    points: Sequence[str],
+    data: Any,
+    n: int,
+    loss_fn: Callable | None = None,
+    to_dev: Callable[[Any], Any] = lambda b: b,
+    *,
+    max_bytes: float = 2**30,
+) -> Iterator[KeptPrefix]:
+    """Record, during the forward passes run inside the block, what the cached path of every
+    point in ``points`` would capture for the first ``n`` examples of ``data`` (which those passes
+    must run first and in order: certify wraps its held-out probe in it). Plans each point on the
+    first 2 and 3 examples of ``data`` in eval mode before; a point that does not run there is left
+    out (its interventions plan and capture themselves). At most ``max_bytes`` are kept (beyond it
+    nothing). Hand the result to :func:`stacked_totals` (``kept=``) after the block."""
+    kept = KeptPrefix(n, max_bytes)
+    if batch_size_of(data) < 3:
+        kept.reason = "fewer than 3 examples"
+        yield kept
+        return
+    with EvalMode(model), torch.no_grad():
+        try:
+            kept.plans = plans(model, points, to_dev(take(data, 2)), to_dev(take(data, 3)), loss_fn)
+        except WidthscopeError as exc:  # the model's own error: the interventions meet it themselves
+            kept.reason = str(exc).splitlines()[0]
+    modules = dict(model.named_modules())
+    handles = [modules[name].register_forward_hook(kept.hook(name)) for name in kept.names()]
+    try:
+        yield kept
+    finally:
+        for h in handles:
+            h.remove()
+        kept.finish()
 
 
 # ----------------------------------------------------------------------------- stacked losses
-def _chunks(data: Any, per: int) -> Iterator[Any]:
-    yield from to_batches(data, per)
+def check_tolerance(dtype: torch.dtype | None) -> float:
+    """Tolerance of the ``auto`` check on per-row losses (relative and absolute): ``min(64·eps, 1e-3)``
+    of the model's float dtype. The two paths differ only in how rows are batched."""
+    dt = dtype if dtype is not None and dtype.is_floating_point else torch.float32
+    return min(64 * torch.finfo(dt).eps, 1e-3)
 
 
-def _full_totals(
+def _chunk_rows(
     model: nn.Module,
     point: str,
-    steps: torch.Tensor,
-    data: Any,
-    loss_fn: Callable | None,
-    per: int,
-    to_dev: Callable[[Any], Any],
-) -> torch.Tensor:
-    """``full`` path: Σ over examples of the loss in each of the ``E`` stacked copies, float64."""
-    E = steps.shape[0]
-    totals = torch.zeros(E, dtype=torch.float64)
-    for bi, b in enumerate(_chunks(data, per)):
-        totals += _full_rows(model, point, steps, b, loss_fn, to_dev, bi).view(E, -1).sum(1)
-    return totals
-
-
-def _cached_losses(
-    model: nn.Module,
-    point: str,
-    p: Plan,
-    steps: torch.Tensor,
+    steps: Any,
     batch: Any,
     loss_fn: Callable | None,
-    to_dev: Callable[[Any], Any],
-    bi: int,
+    bi: int = 0,
+    p: Plan | None = None,
     keep: dict[str, Any] | None = None,
 ) -> torch.Tensor:
-    """``cached`` path for one chunk: per-row losses ``(E·B,)`` of the stacked pass; ``keep``:
-    the planned outputs of this chunk's rows recorded earlier (:class:`KeptPrefix`), else captured."""
-    E = steps.shape[0]
-    b = to_dev(batch)
-    if keep is None:
-        keep = capture_outputs(model, point, p, b, loss_fn)
-
-    def put_steps(out: Any) -> Any:
-        z, put = split_output(out, point)
-        return put(add_steps(z, steps))
-
-    def hook(_m: nn.Module, _i: Any, out: Any) -> Any:
-        return put_steps(out)
-
-    h = None if p.point_cached else model.get_submodule(point).register_forward_hook(hook)
+    """Per-row losses ``(E·B,)`` of one chunk (on the device) stacked ``E`` times, copy ``e`` with
+    ``steps[e]`` added at ``point``: the whole network (``p`` None) or the ``cached`` path, which
+    replays the outputs of ``p``'s modules (``keep``: recorded earlier, else captured)."""
+    if p is not None and keep is None:
+        keep = capture_outputs(model, point, p, batch, loss_fn)
+    rep = None if p is None else _Replaced(model, point, p, keep or {}, steps)
+    hooked = p is None or not p.point_cached
+    h = model.get_submodule(point).register_forward_hook(_step_hook(point, steps)) if hooked else None
     try:
-        with Replaced(model, point, p, keep, steps, put_steps) as rep:
-            losses, _, _ = run_batch(model, cat_batches([b] * E), loss_fn, bi)
-        rep.verify()
+        with rep or contextlib.nullcontext():
+            losses, _, _ = run_batch(model, cat_batches([batch] * steps.shape[0]), loss_fn, bi)
+        if rep is not None:
+            rep.verify()
     finally:
         if h is not None:
             h.remove()
     return losses.detach().to("cpu", torch.float64)
 
 
-def check_tolerance(dtype: torch.dtype | None) -> float:
-    """Tolerance of the ``auto`` check on per-row losses (relative and absolute):
-    ``min(64·eps, 1e-3)`` of the model's float dtype (float64 1.4e-14, float32 7.6e-6; half
-    precisions 1e-3). The two paths differ only in how rows are batched, which on the CPUs we
-    tried changes no bit; a wrongly kept module moves the largest step's loss by far more."""
-    dt = dtype if dtype is not None and dtype.is_floating_point else torch.float32
-    return min(64 * torch.finfo(dt).eps, 1e-3)
+def _full_totals(
+    model: nn.Module, point: str, steps: Any, data: Any, loss_fn: Callable | None, per: int, to_dev: Callable
+) -> torch.Tensor:
+    """``full`` path: Σ over examples of the loss in each of the ``E`` stacked copies, float64."""
+    E = steps.shape[0]
+    totals = torch.zeros(E, dtype=torch.float64)
+    for bi, b in enumerate(to_batches(data, per)):
+        totals += _chunk_rows(model, point, steps, to_dev(b), loss_fn, bi).view(E, -1).sum(1)
+    return totals
 
 
 def stacked_totals(
     model: nn.Module,
     point: str,
-    steps: torch.Tensor,
+    steps: torch.Tensor | FnSteps,
     data: Any,
     loss_fn: Callable | None,
     per: int,
@@ -120,24 +452,28 @@ def stacked_totals(
     """``Σ_i ℓ_i`` over ``data`` with ``steps[e]`` added at ``point``, for every ``e`` (float64 ``(E,)``),
     and how: ``"cached"`` or ``"full: <reason>"``. ``per`` examples are stacked per pass.
 
-    ``auto`` plans on the first 2 and 3 examples (or takes the plan and the outputs from ``kept``,
-    recorded over the first rows of ``data`` by :func:`keep_prefix`), then requires the cached
-    path's per-row losses of the first 3 examples at the largest step (part of the first chunk's
-    stacked pass) to equal a full forward of them within :func:`check_tolerance`; any failure of
-    the cached path (its check, a replaced module misbehaving, a model error under replacement)
+    ``auto`` plans on the first 2 and 3 examples (or takes the plan and the outputs from ``kept``),
+    then requires the cached path's per-row losses of the first 3 examples at the largest step to
+    equal a full forward of them within :func:`check_tolerance`; any failure of the cached path
     reruns everything on the full path, whose own errors are the model's and propagate."""
+
+    def full(reason: str) -> tuple[torch.Tensor, str]:
+        return _full_totals(model, point, steps, data, loss_fn, per, to_dev), f"full: {reason}"
+
     if mode == "full":
-        return _full_totals(model, point, steps, data, loss_fn, per, to_dev), "full: requested"
+        return full("requested")
     if batch_size_of(data) < 3:
-        return _full_totals(model, point, steps, data, loss_fn, per, to_dev), "full: fewer than 3 examples"
-    old = _full_rows(model, point, steps[-1:], take(data, 3), loss_fn, to_dev)  # the model's own errors, first
+        return full("fewer than 3 examples")
+    old = _chunk_rows(model, point, steps[-1:], to_dev(take(data, 3)), loss_fn)  # the model's own errors, first
     try:
         src = kept if kept is not None and kept.covers(point, batch_size_of(data)) else None
-        p = (
-            src.plans[point]
-            if src is not None
-            else plan(model, point, to_dev(take(data, 2)), to_dev(take(data, 3)), loss_fn)
-        )
+        if src is not None:
+            p = src.plans[point]
+        else:
+            got = plans(model, [point], to_dev(take(data, 2)), to_dev(take(data, 3)), loss_fn)
+            if point not in got:
+                raise Unsupported(f"{point!r} did not run in the forward pass")
+            p = got[point]
         if not p.cached and not p.point_cached:
             raise Unsupported("no module before the point can be kept")
         tol = check_tolerance(float_dtype(model))
@@ -145,45 +481,19 @@ def stacked_totals(
         totals = torch.zeros(E, dtype=torch.float64)
         new = torch.zeros(0, dtype=torch.float64)
         start = 0
-        for bi, b in enumerate(_chunks(data, per)):
+        for bi, b in enumerate(to_batches(data, per)):
             B = batch_size_of(b)
             keep = src.rows(point, start, start + B) if src is not None else None
-            rows = _cached_losses(model, point, p, steps, b, loss_fn, to_dev, bi, keep).view(E, -1)
+            rows = _chunk_rows(model, point, steps, to_dev(b), loss_fn, bi, p, keep).view(E, -1)
             if new.numel() < 3:  # the check: the first 3 examples at the largest step
                 new = torch.cat([new, rows[-1, : 3 - new.numel()]])
                 if new.numel() == 3 and not torch.allclose(new, old, rtol=tol, atol=tol):
                     raise Unsupported(
                         f"the cached path's losses differ from the full forward's by "
-                        f"{float((new - old).abs().max()):.3g} (tolerance {tol:.2g}) on the first 3 "
-                        "examples"
+                        f"{float((new - old).abs().max()):.3g} (tolerance {tol:.2g}) on the first 3 examples"
                     )
             totals += rows.sum(1)
             start += B
         return totals, "cached"
     except (Unsupported, WidthscopeError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return _full_totals(model, point, steps, data, loss_fn, per, to_dev), f"full: {reason}"
-
-
-def _full_rows(
-    model: nn.Module,
-    point: str,
-    steps: torch.Tensor,
-    batch: Any,
-    loss_fn: Callable | None,
-    to_dev: Callable[[Any], Any],
-    bi: int = 0,
-) -> torch.Tensor:
-    """Per-row losses ``(E·B,)`` of the ``full`` path for one chunk: the batch stacked ``E``
-    times, a forward hook adding ``steps[e]`` to copy ``e`` at ``point``."""
-
-    def hook(_m: nn.Module, _i: Any, out: Any) -> Any:
-        z, put = split_output(out, point)
-        return put(add_steps(z, steps))
-
-    h = model.get_submodule(point).register_forward_hook(hook)
-    try:
-        losses, _, _ = run_batch(model, to_dev(cat_batches([batch] * steps.shape[0])), loss_fn, bi)
-    finally:
-        h.remove()
-    return losses.detach().to("cpu", torch.float64)
+        return full(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)

@@ -1,6 +1,6 @@
 """Low-precision resolution of the measured loss change (bfloat16/float16 models): the rounding
 scale of a mean loss, the samples' rounding errors, which steps a summary may use and the
-one-line note naming the others. Re-exported from :mod:`widthscope.probe.interventions`."""
+one-line note naming the others."""
 
 from __future__ import annotations
 
@@ -10,13 +10,12 @@ from typing import Any, Callable, Iterable, Mapping
 import torch
 import torch.nn as nn
 
-from .batches import as_examples, batch_size_of, take, to_batches
-from .collect import collect, float_dtype
-from .steps import EvalMode, per_example_losses
+from .batches import as_examples, batch_size_of, take
+from .collect import float_dtype
+from .steps import EvalMode, per_example_losses, point_samples
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
-# A step is resolved when its predicted change is at least this many rounding scales r (below); the
-# calibration against float64 is in docs/interventions.md.
+# A step is resolved when its predicted change is at least this many rounding scales r (loss_rounding).
 RESOLUTION_FACTOR = 8.0
 
 
@@ -26,8 +25,7 @@ def dtype_name(dt: torch.dtype | None) -> str | None:
 
 class upcast:
     """Context: the model's bfloat16/float16 parameters and buffers cast to float32 in place, and
-    back on exit. ``low → float32 → low`` is exact, so the model is restored bit for bit; memory
-    is that of a float32 copy of those tensors (no second model is kept)."""
+    back on exit (exactly: ``low → float32 → low`` is lossless)."""
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -61,12 +59,8 @@ def loss_rounding(
     .. math::  r = \sqrt{\textstyle\sum_i e_i^2}\,/\,K,\qquad e_i = ℓ_i^{\rm dtype} − ℓ_i^{\rm float32}
 
     with ``ℓ_i^{dtype}`` the per-example losses as the model runs (``losses`` if already measured)
-    and ``ℓ_i^{float32}`` those of the same weights evaluated in float32 (:class:`upcast`). ``r`` is
-    the standard error the rounding adds to a mean of ``K`` such losses when the examples' errors
-    are independent; a measured change ``ΔL = L(step) − L`` carries about that much (see
-    :data:`RESOLUTION_FACTOR`). Returns ``(r, float32 per-example losses)``, or
-    ``(None, None)`` for a float32/float64 model (the reference precision: not measured).
-    Cost: one float32 forward over ``data`` (and one in the dtype when ``losses`` is None).
+    and ``ℓ_i^{float32}`` those of the same weights in float32 (:class:`upcast`). Returns ``(r,
+    float32 per-example losses)``, or ``(None, None)`` for a float32/float64 model.
     """
     if float_dtype(model) not in LOW_PRECISION:
         return None, None
@@ -88,9 +82,9 @@ def per_sample_errors(
     (minus the same weights' samples in float32, :class:`upcast`)."""
     data = as_examples(data)
     sub = take(data, min(n, batch_size_of(data)))
-    low = collect(model, to_batches(sub, batch_size), points=[point], loss_fn=loss_fn, progress=False)[point]
+    low = point_samples(model, point, sub, loss_fn, batch_size)
     with upcast(model):
-        ref = collect(model, to_batches(sub, batch_size), points=[point], loss_fn=loss_fn, progress=False)[point]
+        ref = point_samples(model, point, sub, loss_fn, batch_size)
     return ref, low - ref
 
 
@@ -99,10 +93,7 @@ def sample_rounding(
 ) -> float | None:
     """Largest relative error ``‖s_i − s_i^{float32}‖/‖s_i^{float32}‖`` of the pooled sample vectors
     of the first ``n`` examples of ``data`` at ``point``, the model as it is against the same
-    weights in float32 (:class:`upcast`); None for a float32/float64 model. It is not a small
-    multiple of ``u`` everywhere (a confidently fitted classifier's gradients cancel), so it is
-    measured, not assumed (``sample_rel_error`` of :func:`widthscope.certification.per_point.statistics`,
-    worst-case mode)."""
+    weights in float32 (:class:`upcast`); None for a float32/float64 model."""
     if float_dtype(model) not in LOW_PRECISION:
         return None
     ref, err = per_sample_errors(model, point, data, loss_fn, n, batch_size)
@@ -120,8 +111,7 @@ def sample_errors(
     batch_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Measured rounding errors ``(n, d)`` of the pooled samples of the first ``n`` train and ``n``
-    held-out examples at ``point`` (the model as it is minus the same weights in float32,
-    :class:`upcast`); None for a float32/float64 model. Cost: 4 probes of ``n`` examples."""
+    held-out examples at ``point`` (:func:`per_sample_errors`); None for a float32/float64 model."""
     if float_dtype(model) not in LOW_PRECISION:
         return None
     return (
@@ -132,12 +122,9 @@ def sample_errors(
 
 def projected_rounding(err: torch.Tensor, direction: torch.Tensor) -> float:
     r"""Estimated rounding error of a sample mean along ``direction``: the samples' rounding errors
-    ``δs_i`` (measured on ``n`` of them, :func:`sample_errors`) give ``t_i = δs_i·direction`` and
-    the estimate ``|mean t| + 3·sd(t)/√n`` — the systematic part plus a generous allowance for the
-    random part (it only shrinks from ``n`` to the full sample). For ``A = ā·b̄``:
-    ``δA ≈ projected_rounding(δa, b̄) + projected_rounding(δb, ā)``; for ``‖μ‖²`` twice the one of
-    ``δs`` along ``μ``. Unlike a worst-case bound (every error along ``direction``), this measures
-    what rounding does."""
+    ``δs_i`` (:func:`sample_errors`) give ``t_i = δs_i·direction`` and the estimate
+    ``|mean t| + 3·sd(t)/√n`` (systematic part plus an allowance for the random part). For
+    ``A = ā·b̄``: ``δA ≈ projected_rounding(δa, b̄) + projected_rounding(δb, ā)``."""
     t = err.double() @ direction.double().to(err.device)
     if len(t) < 2:
         return float(t.abs().max()) if len(t) else 0.0

@@ -1,24 +1,20 @@
 """Held-out losses and the step grid of :func:`widthscope.probe.interventions.intervene`: per-example
 and mean losses in eval mode, the activation's RMS entry at a point, and the log-spaced ``η``
-grid relative to it (``rel_step``). Re-exported from :mod:`widthscope.probe.interventions`."""
+grid relative to it (``rel_step``)."""
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.nn as nn
 
 from ..errors import WidthscopeError
 from .batches import to_batches
-from .collect import float_dtype, run_batch, split_output, to_device
+from .collect import collect, float_dtype, run_batch, split_output, to_device
 from .insert import channel_dim
 from .offload import input_device
-
-
-def device_of(model: nn.Module) -> torch.device:
-    return input_device(model)
 
 
 class EvalMode:
@@ -37,17 +33,27 @@ class EvalMode:
             m.training = mode
 
 
+def batch_losses(model: nn.Module, data: Any, loss_fn: Callable | None, batch_size: int) -> Iterator[torch.Tensor]:
+    """Per-example losses of each batch of ``data``, moved to the model's input device and dtype."""
+    dev, dt = input_device(model), float_dtype(model)
+    for bi, b in enumerate(to_batches(data, batch_size)):
+        yield run_batch(model, to_device(b, dev, dt), loss_fn, bi)[0]
+
+
+def point_samples(model: nn.Module, point: str, data: Any, loss_fn: Callable | None, batch_size: int) -> torch.Tensor:
+    """The probe's pooled samples ``(n, d)`` at ``point`` over ``data`` (:func:`~widthscope.probe.collect`)."""
+    return collect(model, to_batches(data, batch_size), points=[point], loss_fn=loss_fn, progress=False)[point]
+
+
 def per_example_losses(
     model: nn.Module, data: Any, loss_fn: Callable | None = None, *, batch_size: int = 64, grad: bool = False
 ) -> torch.Tensor:
     """Per-example losses ``(n,)`` exactly as :func:`widthscope.probe.collect` defines them."""
-    dev = device_of(model)
-    out = []
-    ctx = torch.enable_grad() if grad else torch.no_grad()
-    with ctx:
-        for bi, b in enumerate(to_batches(data, batch_size)):
-            losses, _, _ = run_batch(model, to_device(b, dev, float_dtype(model)), loss_fn, bi)
-            out.append(losses if grad else losses.detach().to("cpu", torch.float64))
+    with torch.enable_grad() if grad else torch.no_grad():
+        out = [
+            losses if grad else losses.detach().to("cpu", torch.float64)
+            for losses in batch_losses(model, data, loss_fn, batch_size)
+        ]
     return torch.cat(out)
 
 

@@ -10,7 +10,12 @@ from torch import nn
 
 from ..errors import WidthscopeError
 
-__all__ = ["main_stack", "eager_attention", "eager_attention_for"]
+__all__ = ["main_stack", "is_block", "eager_attention", "eager_attention_for"]
+
+
+def is_block(m: nn.Module) -> bool:
+    """A module with layers of its own (a leaf layer such as Linear is not a block)."""
+    return any(True for _ in m.children()) and any(True for _ in m.parameters())
 
 
 def main_stack(model: nn.Module) -> list[str]:
@@ -25,7 +30,7 @@ def main_stack(model: nn.Module) -> list[str]:
         kids = list(m.children())
         if len({type(k) for k in kids}) != 1:
             continue
-        if not all(any(True for _ in k.children()) and any(True for _ in k.parameters()) for k in kids):
+        if not all(is_block(k) for k in kids):
             continue
         if best is None or len(kids) > best[0]:
             best = (len(kids), name, m)
