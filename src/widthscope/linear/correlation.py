@@ -34,7 +34,7 @@ from .. import _args
 from .._io import progress as _progress
 from ..errors import WidthscopeError
 from ..probe.structure import eager_attention_for
-from .model import as_param_dtype, first_output, model_output, params_and_buffers, reraise_attention
+from ._core import as_param_dtype, first_output, model_output, params_and_buffers, reraise_attention
 
 __all__ = ["correlation", "correlation_summary", "output_direction", "parse_correlation_name"]
 

@@ -30,7 +30,9 @@ from torch import nn
 from .. import _args
 from .._io import progress as _progress
 from ..errors import WidthscopeError
-from .model import as_param_dtype, first_output, linearize, model_output, ntk, params_and_buffers
+from ._core import as_param_dtype, first_output, model_output, params_and_buffers
+from .empirical import ntk
+from .model import linearize
 from .predict import gd_weights, kernel_predict, spectral
 from .structured import uncovered
 
