@@ -31,7 +31,7 @@ from ._core import (
 from .checks import COUPLED_FIX, as_module, batchnorm_coupling, check_stochastic, without_running_stats
 from .probes import MISSING, cached, peek, session, store, versions
 from .structured import plan as structured_plan
-from .structured_kernel import structured_kernel
+from .structured import structured_kernel
 
 __all__ = ["ntk", "structured_ntk", "METHODS"]
 
