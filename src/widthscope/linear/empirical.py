@@ -169,18 +169,7 @@ def _ntk(model, x1, x2, trace, chunk_size, method, memory_budget, info, diagonal
     try:
         if method == "structured":
             return structured_kernel(
-                model,
-                x1,
-                None if same else x2,
-                plan=P,
-                trace=trace,
-                diagonal=diagonal,
-                batch_size=batch_size or c.get("batch_size"),
-                dtype=dtype,
-                memory_budget=memory_budget,
-                info=info,
-                generic_chunks=(c.get("generic_chunk"), c.get("generic_out_chunk")),
-                reserved=c.get("bytes", 0.0),
+                model, x1, None if same else x2, P, trace, diagonal, batch_size, dtype, memory_budget, info, c
             )
         try:
             K = _explicit_kernel(job, method, c, chunk_size)

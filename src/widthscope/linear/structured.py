@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ..errors import WidthscopeError
-from ._core import as_param_dtype, model_output, ntk_jacobian, ntk_per_example, params_and_buffers
+from ._core import model_output, ntk_jacobian, ntk_per_example, params_and_buffers
 from .checks import batchnorm_coupling
 from .cost import SAFETY
 from .gram import hadamard, mirror_upper, positions, tied_gradients
@@ -482,31 +482,17 @@ def _blocks(n: int, b: int | None) -> list[slice]:
 
 
 def structured_kernel(
-    model: nn.Module,
-    x1: torch.Tensor,
-    x2: torch.Tensor | None,
-    *,
-    plan: Plan,
-    trace: bool = False,
-    diagonal: bool = False,
-    batch_size: int | None = None,
-    dtype: torch.dtype | None = None,
-    memory_budget: float = 2e9,
-    info: dict | None = None,
-    generic_chunks: tuple[int | None, int | None] = (None, None),
-    reserved: float = 0.0,
+    model: nn.Module, x1, x2, P: Plan, trace: bool, diagonal: bool, batch_size, dtype, memory_budget: float, info, est
 ) -> torch.Tensor:
-    """The structured kernel of :func:`widthscope.linear.structured_ntk` (shapes and options there) for the
-    :func:`plan` ``plan`` that :func:`widthscope.linear.ntk` made after checking the inputs; ``generic_chunks``
-    (examples, outputs) size the generic remainder's Jacobian blocks and ``reserved`` is the bytes the cost
-    model already counted, so blocks are kept for reuse only in the rest of ``memory_budget``."""
+    """The kernel of :func:`widthscope.linear.structured_ntk` (shapes and options there) for the plan ``P`` that
+    :func:`widthscope.linear.ntk` made after checking the inputs. ``est``: the cost model's estimate (block size,
+    the generic remainder's chunks; its bytes, so blocks are kept for reuse only in the rest of the budget)."""
     params, buffers = params_and_buffers(model)
-    pdtype = next(iter(params.values())).dtype
-    acc_dtype = dtype or pdtype
+    acc_dtype = dtype or next(iter(params.values())).dtype
     same = x2 is None
-    x1 = as_param_dtype(x1, params)
-    x2 = x1 if x2 is None else as_param_dtype(x2, params)
-    P = plan
+    x2 = x1 if x2 is None else x2
+    batch_size = batch_size or est.get("batch_size")
+    generic_chunks, reserved = (est.get("generic_chunk"), est.get("generic_out_chunk")), est.get("bytes", 0.0)
     if info is not None:
         info.update(method="structured", covered=P.n_covered, uncovered=P.n_generic, generic=list(P.generic))
     mode = ("diagtrace" if trace else "diag") if diagonal else ("trace" if trace else "full")

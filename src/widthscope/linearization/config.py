@@ -36,7 +36,7 @@ from ..linear.correlation import parse_correlation_name
 from ..linear.trainer import LOSSES, OPTIMIZERS
 from ..models import build
 
-__all__ = ["DEFAULTS", "DEMO_CONFIG", "validate_config", "make_cells", "load_toml"]
+__all__ = ["DEFAULTS", "DEMO_CONFIG", "validate_config", "make_cells", "load_toml", "build_mlp"]
 
 
 DEFAULTS: dict[str, Any] = {
@@ -202,7 +202,7 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
 def _check_data_and_model(cfg: Mapping[str, Any]) -> None:
     """The dataset is a classification dataset this package knows, and the MLP builds with the config's
     options (on the ``meta`` device; the input size, known only from the data, is a placeholder)."""
-    d, m = cfg["data"], cfg["model"]
+    d = cfg["data"]
     classification = [n for n in DATASETS if n not in ("text", "prose")]
     _must(
         d["name"] in classification,
@@ -215,13 +215,18 @@ def _check_data_and_model(cfg: Mapping[str, Any]) -> None:
     _must(
         d["root"] is None or isinstance(d["root"], str), f"data.root must be a folder path string (got {d['root']!r})"
     )
-    opts = {k: m[k] for k in ("depth", "activation", "parametrization", "sigma_w")}
     for width in cfg["widths"]:
         try:
             with torch.device("meta"):
-                build("mlp", width, in_dim=4, out_dim=2, **opts)
+                build_mlp(cfg, width, 4, 2)
         except WidthscopeError as exc:
             raise WidthscopeError(f"linearize config: [model] {exc}") from None
+
+
+def build_mlp(cfg: Mapping[str, Any], width: int, in_dim: int, out_dim: int) -> torch.nn.Module:
+    """The sweep's MLP of ``width`` with the config's ``[model]`` options."""
+    opts = {k: cfg["model"][k] for k in ("depth", "activation", "parametrization", "sigma_w")}
+    return build("mlp", width, in_dim=in_dim, out_dim=out_dim, **opts)
 
 
 def _config_hash(cfg: Mapping[str, Any]) -> str:
