@@ -211,15 +211,9 @@ def structured_ntk(
     memory_budget: float = 2e9,
     info: dict | None = None,
 ) -> torch.Tensor:
-    """``Θ`` of shape ``(n1, n2, out, out)`` (outputs flattened) by the structured path
-    (:mod:`widthscope.linear.structured`); ``trace`` → ``(n1, n2)``, the mean of ``Θ_oo`` over ``o``;
-    ``diagonal`` → ``(n1, out, out)``, ``Θ(x_i, x_i)`` only (``x2`` must be ``None``); both → ``(n1,)``.
-    Options as in :func:`ntk` (``batch_size``: examples per block; ``dtype``: the accumulator's and
-    result's dtype, default the parameters'). Parameters the structured path does not cover are added
-    from explicit Jacobians of just those parameters.
-
-    The same as ``ntk(model, x1, x2, method="structured", ...)``, which checks the inputs and makes the
-    :func:`~widthscope.linear.structured.plan`.
+    """``ntk(model, x1, x2, method="structured", ...)``: ``Θ`` from Grams (:mod:`widthscope.linear.structured`),
+    parameters the structured path does not cover added from explicit Jacobians of just those parameters.
+    ``batch_size``: examples per block; ``dtype``: the accumulator's and result's dtype.
 
     Example::
 
@@ -325,7 +319,7 @@ def _choose_method(job: _Job, method: str, info: dict | None, verbose: bool) -> 
     mode = ("diagtrace" if j.trace else "diag") if j.diagonal else ("trace" if j.trace else "full")
     if j.diagonal and method != "structured":
         n2 = 1  # per-chunk diagonal blocks
-    cands = cost.AUTO_METHODS if method == "auto" else (method,)
+    cands: tuple[str, ...] = cost.AUTO_METHODS if method == "auto" else (method,)
     if j.coupled is not None:  # one batch at once: the Jacobian of the whole batch
         cands = tuple(m for m in cands if m not in ("structured", "per_example"))
     n_params = sum(p.numel() for p in j.params.values())
