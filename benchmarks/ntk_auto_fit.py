@@ -1,5 +1,5 @@
 """Measure every NTK method at a set of shapes and fit the seconds per unit of each cost term
-(:data:`widthscope.linear.choose.FIT`).
+(:data:`widthscope.linear.cost.FIT`).
 
 Shapes (:func:`shapes`): the points of ``ntk_auto_grid.py`` whose fastest path took under 1.5 s in its
 run before this fit (where the paths lie close together and the choice is decided), and off-grid shapes (width
@@ -7,7 +7,7 @@ run before this fit (where the paths lie close together and the choice is decide
 candidates that fit) computes the full kernel ``Θ(x, x)`` (float32, one thread) in ``--reps`` interleaved
 rounds, the order rotated; a method whose first round took over ``--drop-factor`` × that round's fastest,
 or whose estimate is over ``--max-seconds``, gets no more rounds (its one time is kept: it still informs the
-fit). Recorded per shape and method: the terms of :func:`widthscope.linear.choose.terms` (from ``info``) and
+fit). Recorded per shape and method: the terms of :func:`widthscope.linear.cost.terms` (from ``info``) and
 the times. (The rows measured before issue 32 also held a ``fwd`` term, a measured forward pass's wall time
 times the calls; the choice has no timed term since, and ``--drop-terms fwd`` removed it from the rows.)
 
@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from ntk_auto_grid import VOCAB, build, grid, key  # noqa: E402
 from widthscope._io import atomic_write_json  # noqa: E402
 from widthscope.linear import ntk  # noqa: E402
-from widthscope.linear.choose import FIT  # noqa: E402
+from widthscope.linear.cost import FIT  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "ntk-auto-fit-cpu.json"
 ORDER = ("per_example", "jacobian", "structured")  # the fit's order: structured uses per_example's

@@ -59,7 +59,7 @@ METHODS = ("structured", "per_example", "jacobian", "products")
 VOCAB = 64
 MISS = 1.25
 # 3: the code committed with the table (the checks' forward passes cached per model and parameter values, the
-# seconds priced by the fitted terms of linear/choose.py). Rev 2: the run before (35 of 41 within 1.25×).
+# seconds priced by the fitted terms of linear/cost.py). Rev 2: the run before (35 of 41 within 1.25×).
 # Rev 4: no timed term in the choice (issue 32; the rows of rev 3 carry its choice under "rechosen").
 # Rev 5: the probe's saved bytes of one example, not of the batch its view x[:1] lies in, and the fit's mem
 # term recounted and refitted so (issue 32). Rev 6: memory planned with the saved activations (they were set to 0)

@@ -1,4 +1,4 @@
-"""``ntk(method="auto")``'s choice (:mod:`widthscope.linear.choose`): the fitted terms price the estimates,
+"""``ntk(method="auto")``'s choice (:mod:`widthscope.linear.cost`): the fitted terms price the estimates,
 the committed coefficients are the fit's, the fitting code recovers known coefficients, and the checks'
 forward passes run once per model and parameter values (auto's fixed overhead) without changing a result."""
 
@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from widthscope.errors import WidthscopeError
-from widthscope.linear import checks, choose, cost, ntk, probes
+from widthscope.linear import checks, cost, ntk, probes
 
 ROOT = Path(__file__).resolve().parents[1]
 F64 = torch.float64
@@ -60,8 +60,8 @@ def test_the_estimates_are_the_fitted_terms():
         if m == "products":  # cost.py's own estimate
             assert "terms" not in c
             continue
-        want = sum(choose.FIT[m][k] * v for k, v in c["terms"].items())
-        want += sum(choose.FIT["per_example"][k] * v for k, v in c.get("generic_terms", {}).items())
+        want = sum(cost.FIT[m][k] * v for k, v in c["terms"].items())
+        want += sum(cost.FIT["per_example"][k] * v for k, v in c.get("generic_terms", {}).items())
         assert c["seconds"] == pytest.approx(want, rel=1e-12) and c["seconds"] > 0
         priced += 1
     assert priced == 3
@@ -75,10 +75,10 @@ def test_the_estimates_are_the_fitted_terms():
 
 def test_the_committed_fit_is_the_fit_run():
     rec = json.loads((ROOT / "benchmarks" / "results" / "ntk-auto-fit-cpu.json").read_text())
-    assert rec["fit"] == choose.FIT
+    assert rec["fit"] == cost.FIT
     for r in rec["rows"].values():  # every measured method carries the terms it was fitted on, and only those
         assert set(r["seconds"]) <= set(r["terms"]) and all(v > 0 for v in r["seconds"].values())
-        assert all(set(t) == set(choose.FIT[m]) for m, t in r["terms"].items())
+        assert all(set(t) == set(cost.FIT[m]) for m, t in r["terms"].items())
     assert "fwd" in rec["dropped_terms"]  # the timed term (issue 32) is in no row and no coefficient
     # the recorded fit is what the fitting code makes of the recorded rows: the same estimates at every recorded
     # shape (a term that contributes nothing may land elsewhere within the optimizer's tolerance)
@@ -94,7 +94,7 @@ def test_the_fit_recovers_coefficients_and_ignores_a_factor_per_shape():
     gen = torch.Generator().manual_seed(1)
     true = {
         m: {k: float(torch.rand(1, generator=gen)) * 10 ** -(i % 3) for i, k in enumerate(c)}
-        for m, c in choose.FIT.items()
+        for m, c in cost.FIT.items()
     }
     rows = {}
     for s in range(40):

@@ -117,7 +117,7 @@ def test_small_budget_chunks_stay_exact(method):
     elif method == "structured":
         budget = 0.5 * roomy["bytes"] / SAFETY
     else:  # the products route's chunks of x1 (its memory choice is tested above)
-        from widthscope.linear.model import ntk_products
+        from widthscope.linear._core import ntk_products
 
         params = {k: v.detach() for k, v in model.named_parameters()}
         assert torch.allclose(ntk_products(model, params, {}, x, x, chunk=4), want, rtol=1e-10, atol=1e-12)

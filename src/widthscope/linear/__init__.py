@@ -10,10 +10,11 @@ Example::
 """
 
 from .correlation import correlation, correlation_summary
+from .empirical import ntk, structured_ntk
 from .kernels import nngp
-from .model import LinearizedModel, linearize, ntk, structured_ntk
+from .model import LinearizedModel, linearize
 from .powerlaw import SlopeFit, fit_slope
-from .structured import kernel_predict
+from .predict import kernel_predict
 from .trainer import function_space_gd, train_side_by_side
 
 __all__ = [

@@ -1,6 +1,5 @@
-"""The core that :mod:`.model` and :mod:`.structured` share: parameters as dicts, a model's output
-tensor, and the explicit-Jacobian and NTK-vector-product kernels (its own module so that neither
-imports the other)."""
+"""What the kernel tools share: parameters as dicts, a model's output tensor, the explicit-Jacobian and
+NTK-vector-product kernels, and the errors of a forward pass that cannot run or differentiate."""
 
 from __future__ import annotations
 
@@ -50,17 +49,22 @@ def as_param_dtype(x: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Te
     return x.to(p0.device)
 
 
+def cannot_run(who: str, x: torch.Tensor, exc: BaseException) -> WidthscopeError:
+    """The error for a forward pass that fails on inputs ``x``."""
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return WidthscopeError(
+        f"{who}: the model cannot run on inputs of shape {tuple(x.shape)} ({type(exc).__name__}: {first}); "
+        "pass inputs shaped like the model's training inputs"
+    )
+
+
 def first_output(model: nn.Module, params, buffers, x: torch.Tensor, who: str) -> torch.Tensor:
     """The model's (flattened) output on ``x``; a failing forward becomes a WidthscopeError."""
     try:
         with torch.no_grad():
             return flat_out(model, params, buffers, x)
     except (RuntimeError, ValueError, IndexError, TypeError) as exc:
-        raise WidthscopeError(
-            f"{who}: the model cannot run on inputs of shape {tuple(x.shape)} "
-            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-            "pass inputs shaped like the model's training inputs"
-        ) from None
+        raise cannot_run(who, x, exc) from None
 
 
 def flat_out(model: nn.Module, params, buffers, x: torch.Tensor) -> torch.Tensor:
@@ -68,20 +72,13 @@ def flat_out(model: nn.Module, params, buffers, x: torch.Tensor) -> torch.Tensor
     return out.reshape(out.shape[0], -1)
 
 
-def ntk_jacobian(model, params, buffers, x1, x2, chunk, same, out_chunk=None):
-    """Σ over parameter blocks of J_b(x1) J_b(x2)ᵀ from Jacobians of ``chunk`` examples × ``out_chunk``
-    outputs at a time; with ``x2 = x1`` only the upper block pairs (mirrored)."""
-
-    def jac(x, o):  # list of (c, oc, p_b) blocks, one per parameter tensor
-        j = jacrev(lambda p: flat_out(model, p, buffers, x)[:, o])(params)
-        return [v.reshape(v.shape[0], v.shape[1], -1) for v in j.values()]
-
-    def contract(ja, jb):
-        return sum(torch.einsum("iap,jbp->ijab", a, b) for a, b in zip(ja, jb))
-
+def _blocks(model, params, buffers, x1, x2, chunk, same, out_chunk, n_out, jac, contract) -> torch.Tensor:
+    """``Σ_b J_b(x1) J_b(x2)ᵀ`` from Jacobian blocks ``jac(x, o)`` of ``chunk`` examples × ``out_chunk`` outputs,
+    ``contract(ja, jb, ci, cj)`` giving the ``(ci, cj, oa, ob)`` block; with ``x2 = x1`` only the upper block
+    pairs (mirrored)."""
     n1, n2 = x1.shape[0], x2.shape[0]
-    O = flat_out(model, params, buffers, x1[:1]).shape[1] if out_chunk else None
-    outs = [slice(a, a + out_chunk) for a in range(0, O, out_chunk)] if out_chunk else [slice(None)]
+    O = (n_out or flat_out(model, params, buffers, x1[:1]).shape[1]) if out_chunk else 0
+    outs = [slice(a, min(a + out_chunk, O)) for a in range(0, O, out_chunk)] if out_chunk else [slice(None)]
     b1 = [(slice(i, min(i + chunk, n1)), o) for i in range(0, n1, chunk) for o in outs]
     b2 = b1 if same else [(slice(j, min(j + chunk, n2)), o) for j in range(0, n2, chunk) for o in outs]
     kept = None if same or len(b2) > 1 else jac(x2[b2[0][0]], b2[0][1])  # x2's one block, kept
@@ -91,74 +88,55 @@ def ntk_jacobian(model, params, buffers, x1, x2, chunk, same, out_chunk=None):
         for bj, (sj, oj) in enumerate(b2):
             if same and bj < bi:
                 continue
-            jb = ja if same and bj == bi else kept if kept is not None else jac((x1 if same else x2)[sj], oj)
-            blk = contract(ja, jb)
-            if K is None:
+            if same and bj == bi:
+                jb = ja
+            else:
+                jb = kept if kept is not None else jac((x1 if same else x2)[sj], oj)
+            blk = contract(ja, jb, si.stop - si.start, sj.stop - sj.start)
+            if K is None:  # all outputs at once: their number comes with the first block
                 O = O or blk.shape[2]
                 K = torch.empty(n1, n2, O, O, dtype=blk.dtype, device=blk.device)
             K[si, sj, oi, oj] = blk
             if same and bj != bi:
                 K[sj, si, oj, oi] = blk.permute(1, 0, 3, 2)
+    assert K is not None  # at least one row
     return K
 
 
-def _per_example_jac(model, params, buffers, x: torch.Tensor, o: slice) -> list[torch.Tensor]:
-    """Per-example Jacobians ``vmap(jacrev(f))`` over the rows of ``x``, outputs ``o``: one ``(c·oc, p_b)``
-    matrix per parameter tensor. Each example is run alone (a batch of one), so a backward pass touches
-    its own example only: ``c·oc`` passes of one example, not ``c·oc`` passes of the whole chunk."""
+def ntk_jacobian(model, params, buffers, x1, x2, chunk, same, out_chunk=None, n_out=None) -> torch.Tensor:
+    """The kernel from ``jacrev`` Jacobians of whole chunks (:func:`_blocks`)."""
 
-    def f(p, xi):
-        return flat_out(model, p, buffers, xi.unsqueeze(0))[0, o]
+    def jac(x, o):  # list of (c, oc, p_b) blocks, one per parameter tensor
+        j = jacrev(lambda p: flat_out(model, p, buffers, x)[:, o])(params)
+        return [v.reshape(v.shape[0], v.shape[1], -1) for v in j.values()]
 
-    with warnings.catch_warnings():  # ops without a batching rule (fused attention) run as a loop: fine
-        warnings.filterwarnings("ignore", message="There is a performance drop")
-        j = vmap(jacrev(f), in_dims=(None, 0))(params, x)
-    return [v.reshape(v.shape[0] * v.shape[1], -1) for v in j.values()]
+    def contract(ja, jb, ci, cj):
+        return sum(torch.einsum("iap,jbp->ijab", a, b) for a, b in zip(ja, jb))
 
-
-def ntk_per_example(model, params, buffers, x1, x2, chunk, same, out_chunk=None, n_out=None):
-    """``Σ_b J_b(x1) J_b(x2)ᵀ`` from per-example Jacobians (:func:`_per_example_jac`) of ``chunk`` examples ×
-    ``out_chunk`` outputs at a time, contracted as one matrix product per parameter tensor (accumulated in
-    place); with ``x2 = x1`` only the upper block pairs (mirrored). Examples must not be batch-coupled."""
-    n1, n2 = x1.shape[0], x2.shape[0]
-    if out_chunk:
-        O = n_out or flat_out(model, params, buffers, x1[:1]).shape[1]
-        outs = [slice(a, min(a + out_chunk, O)) for a in range(0, O, out_chunk)]
-    else:  # all outputs at once: their number comes with the first Jacobian block (no extra forward pass)
-        O, outs = 0, [slice(None)]
-    b1 = [(slice(i, min(i + chunk, n1)), o) for i in range(0, n1, chunk) for o in outs]
-    b2 = b1 if same else [(slice(j, min(j + chunk, n2)), o) for j in range(0, n2, chunk) for o in outs]
-    kept = None if same or len(b2) > 1 else _per_example_jac(model, params, buffers, x2[b2[0][0]], b2[0][1])
-    K = None
-    for bi, (si, oi) in enumerate(b1):
-        ja = _per_example_jac(model, params, buffers, x1[si], oi)
-        for bj, (sj, oj) in enumerate(b2):
-            if same and bj < bi:
-                continue
-            jb = (
-                ja
-                if same and bj == bi
-                else kept
-                if kept is not None
-                else _per_example_jac(model, params, buffers, (x1 if same else x2)[sj], oj)
-            )
-            G = ja[0] @ jb[0].T
-            for a, b in zip(ja[1:], jb[1:]):
-                G.addmm_(a, b.T)
-            if K is None:
-                O = O or G.shape[0] // (si.stop - si.start)
-                K = torch.empty(n1, n2, O, O, dtype=G.dtype, device=G.device)
-            blk = G.view(si.stop - si.start, len(range(O)[oi]), sj.stop - sj.start, len(range(O)[oj]))
-            K[si, sj, oi, oj] = blk.permute(0, 2, 1, 3)
-            if same and bj != bi:
-                K[sj, si, oj, oi] = blk.permute(2, 0, 3, 1)
-    return K
+    return _blocks(model, params, buffers, x1, x2, chunk, same, out_chunk, n_out, jac, contract)
 
 
-def vmap_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` says an operator has no batching rule under ``vmap`` (the per-example route vmaps the
-    forward pass too; ``jacrev`` over a batch vmaps only the backward)."""
-    return isinstance(exc, RuntimeError) and "vmap" in str(exc).lower()
+def ntk_per_example(model, params, buffers, x1, x2, chunk, same, out_chunk=None, n_out=None) -> torch.Tensor:
+    """The kernel from per-example Jacobians ``vmap(jacrev(f))``, each example run alone (a backward pass touches
+    its own example only), contracted as one matrix product per parameter tensor. Examples must not be
+    batch-coupled."""
+
+    def jac(x, o):  # one (c·oc, p_b) matrix per parameter tensor
+        def f(p, xi):
+            return flat_out(model, p, buffers, xi.unsqueeze(0))[0, o]
+
+        with warnings.catch_warnings():  # ops without a batching rule (fused attention) run as a loop: fine
+            warnings.filterwarnings("ignore", message="There is a performance drop")
+            j = vmap(jacrev(f), in_dims=(None, 0))(params, x)
+        return [v.reshape(v.shape[0] * v.shape[1], -1) for v in j.values()]
+
+    def contract(ja, jb, ci, cj):
+        G = ja[0] @ jb[0].T
+        for a, b in zip(ja[1:], jb[1:]):
+            G.addmm_(a, b.T)
+        return G.view(ci, G.shape[0] // ci, cj, G.shape[1] // cj).permute(0, 2, 1, 3)
+
+    return _blocks(model, params, buffers, x1, x2, chunk, same, out_chunk, n_out, jac, contract)
 
 
 def ntk_products(model, params, buffers, x1, x2, chunk=None, coupled=False):
@@ -194,30 +172,16 @@ def forward_ad_ok(model, params, buffers, x: torch.Tensor) -> bool:
         return False
 
 
-ATTENTION_FIX = (
-    'build or load the model with attn_implementation="eager" (e.g. '
-    'AutoModelForCausalLM.from_config(cfg, attn_implementation="eager"), or '
-    'model.set_attn_implementation("eager")): fused scaled-dot-product attention '
-    "kernels have no forward-mode (jvp) derivative"
-)
-
-
-def _is_attention_ad_error(exc: BaseException) -> bool:
-    msg = str(exc).lower()
-    keys = ("scaled_dot_product", "flash", "efficient_attention", "sdpa", "_fused_sdp", "attention")
-    return any(k in msg for k in keys)
-
-
-def _uses_fused_attention(model: nn.Module) -> bool:
-    cfg = getattr(model, "config", None)
-    impl = getattr(cfg, "_attn_implementation", None) if cfg is not None else None
-    return impl is not None and impl != "eager"
-
-
 def reraise_attention(exc: BaseException, model: nn.Module) -> None:
-    if _is_attention_ad_error(exc) or _uses_fused_attention(model):
+    """Say how to fix a forward-mode (jvp) failure inside fused attention; return for any other failure."""
+    keys = ("scaled_dot_product", "flash", "efficient_attention", "sdpa", "_fused_sdp", "attention")
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if any(k in str(exc).lower() for k in keys) or (impl is not None and impl != "eager"):
         raise WidthscopeError(
             f"forward-mode differentiation (jvp) failed inside attention "
             f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); fix: "
-            f"{ATTENTION_FIX}"
+            'build or load the model with attn_implementation="eager" (e.g. '
+            'AutoModelForCausalLM.from_config(cfg, attn_implementation="eager"), or '
+            'model.set_attn_implementation("eager")): fused scaled-dot-product attention '
+            "kernels have no forward-mode (jvp) derivative"
         ) from exc

@@ -1,20 +1,7 @@
 r"""What the kernel tools check before they compute, so that no option or model property is silently
-ignored: random layers, batch-coupled layers, and plain functions ``f(params, x)``.
-
-- **Stochastic layers.** A module that draws random numbers in its forward pass (``nn.Dropout*``,
-  ``nn.AlphaDropout``, ``nn.FeatureAlphaDropout`` with ``p > 0``, ``nn.RReLU``, any module with a
-  positive float attribute whose name contains ``dropout`` — ``nn.MultiheadAttention``, Hugging Face
-  attention — all in training mode) makes every call a different function. :func:`stochastic_modules`
-  lists them; ``ntk``/``nngp``/``linearize`` refuse them. ``ntk``/``nngp`` also run the forward pass
-  twice on (up to) two probe rows and refuse when the outputs differ (random numbers drawn without a
-  module, e.g. ``F.dropout(h, training=True)``).
-- **Batch coupling.** The structured NTK (and any per-example kernel) assumes that example ``i``'s
-  output depends on example ``i`` only. :func:`batchnorm_coupling` names a BatchNorm that uses batch
-  statistics (training mode, or ``track_running_stats=False`` in any mode); :func:`probe_checks` compares
-  the batched forward of two probe rows with their one-row forwards (``h − h.mean(0)`` differs).
-- **Functions.** :class:`FunctionModel` wraps ``f(params, x)`` (a dict or pytree of tensors, as
-  ``torch.func.functional_call`` users write it) into a module whose parameters are the floating
-  tensor leaves of ``params``.
+ignored: random layers (:func:`stochastic_modules`; ``ntk``/``nngp`` also run the forward pass twice),
+batch-coupled examples (:func:`batchnorm_coupling`; :func:`probe_checks` compares batched with one-row
+outputs) and plain functions ``f(params, x)`` (:class:`FunctionModel`).
 
 Example::
 

@@ -34,9 +34,9 @@ from .. import _args
 from .._io import progress as _progress
 from ..errors import WidthscopeError
 from ..probe.structure import eager_attention_for
-from .model import as_param_dtype, first_output, model_output, params_and_buffers, reraise_attention
+from ._core import as_param_dtype, first_output, model_output, params_and_buffers, reraise_attention
 
-__all__ = ["correlation", "correlation_summary", "output_direction", "parse_correlation_name"]
+__all__ = ["correlation", "correlation_summary", "parse_correlation_name"]
 
 MAX_ORDER = 4
 
@@ -70,28 +70,14 @@ def _check_order(D: int, d: int) -> None:
         raise WidthscopeError(f"correlation: need d >= 0 and D + d <= {MAX_ORDER} (got D={D}, d={d})")
 
 
-def output_direction(
-    n_out: int, output: int | str, seed: int, *, dtype=torch.float64, device=None
-) -> tuple[torch.Tensor, str]:
-    """Unit vector ``u`` selecting the scalar ``uᵀF``, and a description for results."""
+def _direction(n_out: int, output: int | str, seed: int) -> torch.Tensor:
+    """Unit vector ``u`` (float64) selecting the scalar ``uᵀF``."""
     if output == "random":
-        gen = torch.Generator().manual_seed(int(seed))
-        u = torch.randn(n_out, generator=gen, dtype=torch.float64)
-        u = u / u.norm()
-        return u.to(dtype=dtype, device=device), f"random unit combination (seed {seed})"
+        u = torch.randn(n_out, generator=torch.Generator().manual_seed(int(seed)), dtype=torch.float64)
+        return u / u.norm()
     if isinstance(output, bool) or not isinstance(output, int) or not (0 <= output < n_out):
         raise WidthscopeError(f"correlation: output={output!r}; use a logit index 0..{n_out - 1} or 'random'")
-    u = torch.zeros(n_out, dtype=dtype, device=device)
-    u[output] = 1.0
-    return u, f"logit {output}"
-
-
-def _scalar_fn(model: nn.Module, buffers, u: torch.Tensor):
-    def f(params, x):  # x: one example with a batch dim of 1
-        out = model_output(functional_call(model, (params, buffers), (x,)))
-        return (out.reshape(-1) * u).sum()
-
-    return f
+    return torch.eye(n_out, dtype=torch.float64)[output]
 
 
 def correlation(
@@ -122,12 +108,6 @@ def correlation(
         _args.integer(fn, "output", output, lo=0, accepts="a logit index (an integer >= 0) or 'random'")
     _args.integer(fn, "seed", seed)
     _check_order(D, d)
-    if not isinstance(x, torch.Tensor) or not isinstance(xs, torch.Tensor):
-        raise WidthscopeError("correlation: x and xs must be tensors")
-    if isinstance(eta, bool) or not isinstance(eta, (int, float)) or not math.isfinite(eta) or eta <= 0:
-        raise WidthscopeError(
-            f"correlation: eta must be a positive learning rate, got {eta!r} (C_{{D,d}} scales as eta^(D/2+d))"
-        )
     if xs.shape[0] != d:
         raise WidthscopeError(
             f"correlation: xs holds {xs.shape[0]} inputs but d={d}; pass exactly "
@@ -148,8 +128,11 @@ def correlation(
     p0 = next(iter(params.values()))
     x, xs = as_param_dtype(x, params), as_param_dtype(xs, params)
     n_out = first_output(model, params, buffers, x, "correlation").numel()
-    u, _ = output_direction(n_out, output, seed, dtype=p0.dtype, device=p0.device)
-    f = _scalar_fn(model, buffers, u)
+    u = _direction(n_out, output, seed).to(dtype=p0.dtype, device=p0.device)
+
+    def f(params, x):  # x: one example with a batch dim of 1
+        return (model_output(functional_call(model, (params, buffers), (x,))).reshape(-1) * u).sum()
+
     try:
         with eager_attention_for(model):  # nested jvp: fused attention kernels have no forward mode
             gs = [grad(f)(params, xs[i : i + 1]) for i in range(d)]

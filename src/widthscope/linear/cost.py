@@ -1,9 +1,10 @@
-r"""Cost model of the NTK methods: FLOPs, time and peak memory from one probe forward pass.
+r"""Cost model of the NTK methods and ``ntk(method="auto")``'s choice.
 
-:func:`measure` counts one example's forward FLOPs (``FlopCounterMode``) and the bytes autograd saves;
-:func:`estimates` turns them, with the parameter count, output size, example counts and the structured
-:class:`~widthscope.linear.structured.Plan`, into each method's seconds and bytes (constants calibrated
-by ``benchmarks/ntk_auto.py --calibrate``). The formulas: docs/performance.md "NTK ``method="auto"``".
+:func:`measure` counts one example's forward FLOPs, saved-for-backward bytes and aten operators;
+:func:`estimates` turns them into each method's chunking, peak bytes and seconds (constants calibrated by
+``benchmarks/ntk_auto.py --calibrate``); :func:`price` replaces the seconds of every fitting estimate by its
+named :func:`terms` (counts, nothing timed) times :data:`FIT`, the seconds per unit fitted by
+``benchmarks/ntk_auto_fit.py``. ``products`` keeps its own estimate. Formulas: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from .gram import explicit_flops, gram_flops, pairs_flops
+
+__all__ = ["Probe", "measure", "estimates", "terms", "price", "choose", "FIT", "AUTO_METHODS", "SAFETY"]
 
 # from benchmarks/ntk_auto.py --calibrate (one thread, float32; see docs/performance.md)
 GEMM_S = 6.8e-11
@@ -32,11 +35,43 @@ SAFETY = 0.85  # plan for this share of memory_budget: allocator slack, temporar
 PE_COPIES = 5
 JAC_COPIES = 5
 
+AUTO_METHODS = ("structured", "per_example", "jacobian", "products")  # what "auto" chooses among
+
+# seconds per unit of each term (:func:`terms`), from benchmarks/ntk_auto_fit.py --fit (docs/performance.md)
+FIT: dict[str, dict[str, float]] = {
+    "per_example": {
+        "fixed": 0.00211,
+        "pass": 2.84e-18,
+        "write": 6.42e-09,
+        "contract": 8.89e-12,
+        "call": 0.00538,
+        "op": 5.89e-05,
+        "mem": 1.61e-10,
+    },
+    "jacobian": {
+        "fixed": 8.87e-10,
+        "pass": 1.77e-11,
+        "write": 7.97e-09,
+        "contract": 1.05e-11,
+        "call": 0.00266,
+        "op": 4.95e-11,
+        "mem": 6.69e-10,
+    },
+    "structured": {
+        "fixed": 8.78e-11,
+        "pass": 1.01e-11,
+        "gram": 1.04e-11,
+        "out": 3.11e-12,
+        "op": 2.8e-05,
+        "block": 0.0014,
+        "mem": 2.09e-09,
+    },
+}
+
 
 @dataclass
 class Probe:
-    """What one forward pass on one example says: FLOPs ``flops``, saved-for-backward bytes ``saved`` and
-    ``ops`` (aten operators dispatched: the fixed cost of one pass that FLOPs do not see)."""
+    """One example's forward pass: FLOPs, saved-for-backward bytes and aten operators dispatched."""
 
     flops: float
     saved: float
@@ -58,9 +93,8 @@ class _OpCount(TorchDispatchMode):
 def measure(fn, x: torch.Tensor, params: dict[str, torch.Tensor]) -> Probe:
     """FLOPs and saved activation bytes of ``fn(x)`` per row of ``x`` (grad enabled, as the kernels run it).
 
-    The pass runs on a standalone copy of ``x``: the saved bytes are counted per storage (a saved view
-    keeps its whole storage alive), and ``x`` may be a view into a larger batch (``x1[:1]``) whose
-    storage must not be counted."""
+    Runs on a standalone copy of ``x``: saved bytes are counted per storage, and ``x`` may be a view into
+    a larger batch whose storage must not be counted."""
     x = x.clone(memory_format=torch.contiguous_format)
     own = {p.untyped_storage().data_ptr() for p in params.values()}
     seen: dict[int, int] = {}
@@ -72,8 +106,7 @@ def measure(fn, x: torch.Tensor, params: dict[str, torch.Tensor]) -> Probe:
                 seen[ptr] = max(seen.get(ptr, 0), t.untyped_storage().nbytes())
         except (RuntimeError, NotImplementedError):
             pass
-        # not ``t`` itself: a graph dropped without a backward pass keeps a tensor packed as itself alive
-        # (a cycle through autograd's C++ the garbage collector cannot see)
+        # not ``t`` itself: a tensor packed as itself stays alive in a cycle the garbage collector cannot see
         return t.detach()
 
     counter, ops = FlopCounterMode(display=False), _OpCount()
@@ -98,14 +131,36 @@ def positions_flops(rule: str, n: int, O: int, T: int, Da: int, Dd: int, mode: s
     return 2.0 * min(forms)
 
 
-def _jacobian(
-    P: float, O: int, n1: int, n2: int, same: bool, pr: Probe, item: int, budget: float, fixed: float
+def _counts(kind: str, P: float, O: int, n1: int, n2: int, same: bool, c: int, oc: int) -> dict[str, float]:
+    """Work of the explicit routes (``kind``: ``"per_example"`` or ``"jacobian"``) in chunks of ``c`` examples
+    × ``oc`` outputs: forward ``examples``, reverse ``passes``, ``contract`` FLOPs (the ``x2=None`` upper
+    pairs only), functorch ``calls`` and chunk ``pairs``. x2's Jacobian rows are recomputed per row chunk
+    when x2 spans several chunks."""
+    rows = n1 if same else n1 + n2
+    oks = math.ceil(O / oc)
+    row_chunks, col_chunks = math.ceil(n1 / c) * oks, math.ceil(n2 / c) * oks
+    pairs = row_chunks * (row_chunks + 1) / 2 if same else row_chunks * col_chunks
+    contract = 2.0 * n1 * n2 * O * O * P * pairs / (row_chunks * col_chunks)
+    recompute = 0 if (same or col_chunks == 1) else row_chunks * n2
+    if kind == "per_example":
+        calls = row_chunks + (0 if same else (col_chunks if col_chunks == 1 else row_chunks * col_chunks))
+        examples, passes = (rows + recompute) * oks, (rows + recompute) * O
+    else:
+        calls, examples, passes = row_chunks + (0 if same else col_chunks), 0, rows * O + recompute * O
+    return {"examples": examples, "passes": passes, "contract": contract, "calls": calls, "pairs": pairs}
+
+
+def _explicit(
+    kind: str, P: float, O: int, n1: int, n2: int, same: bool, pr: Probe, item: int, budget: float, fixed: float
 ) -> dict[str, Any]:
-    """Seconds and bytes of the Jacobian route for ``P`` parameters (``fixed``: bytes already spent)."""
-    per = O * P * item  # one example's Jacobian
-    room = budget - fixed
+    """Chunking, bytes and seconds of the ``"per_example"`` or ``"jacobian"`` route for ``P`` parameters within
+    ``budget`` bytes (``fixed``: bytes already spent). Memory: ``*_COPIES`` Jacobian chunks and the activations
+    of the vmapped passes (the batched Jacobian's run over the whole chunk for each output)."""
+    per_example, room = kind == "per_example", budget - fixed
 
     def need(c: int, oc: int) -> float:
+        if per_example:
+            return PE_COPIES * c * oc * P * item + c * pr.saved * (1 + oc)
         return JAC_COPIES * c * oc * P * item + c * pr.saved * (1 + c * oc)
 
     c = 1
@@ -116,129 +171,64 @@ def _jacobian(
         oc = (oc + 1) // 2
     if need(c, oc) > room:
         return {"fits": False, "bytes": fixed + need(1, 1), "seconds": math.inf, "chunk": 1, "out_chunk": 1}
-    rows = n1 if same else n1 + n2
-    row_chunks, col_chunks = math.ceil(n1 / c) * math.ceil(O / oc), math.ceil(n2 / c) * math.ceil(O / oc)
-    recompute = 0 if (same or col_chunks == 1) else row_chunks * n2 * O  # x2's Jacobian rows again
-    passes = rows * O + recompute
-    pairs = row_chunks * (row_chunks + 1) / 2 if same else row_chunks * col_chunks  # x2=None: upper pairs
-    share = pairs / (row_chunks * col_chunks)
-    calls = row_chunks + (0 if same else col_chunks)
-    t = (
-        passes * 2 * pr.flops * PASS_S * min(c, max(n1, n2))  # each vmapped pass runs over the whole chunk
-        + passes * P * PASS_S  # the Jacobian writes
-        + 2.0 * n1 * n2 * O * O * P * share * GEMM_S * CONTRACT_SLOWER
-        + calls * 3 * pr.ops * OP_S
-        + (calls + pairs) * CALL_S
-    )
-    return {
-        "fits": True,
-        "bytes": fixed + need(c, oc),
-        "seconds": t,
-        "chunk": c,
-        "out_chunk": oc,
-        "flops": passes * 2 * pr.flops + 2.0 * n1 * n2 * O * O * P,
-        "per_example_jacobian": per,
-    }
-
-
-def _per_example(
-    P: float, O: int, n1: int, n2: int, same: bool, pr: Probe, item: int, budget: float, fixed: float
-) -> dict[str, Any]:
-    """Seconds and bytes of the per-example route: ``vmap(jacrev)`` over chunks of ``c`` examples, each example
-    run alone, so ``r·o`` one-example reverse passes (``2F`` and a ``P``-number gradient each) and one forward
-    per example, against ``c·r·o`` for the batched :func:`_jacobian`; the contraction one matrix product per
-    parameter tensor. Memory: ``PE_COPIES`` Jacobian chunks and the ``c·oc`` vmapped passes' activations."""
-    room = budget - fixed
-
-    def need(c: int, oc: int) -> float:
-        return PE_COPIES * c * oc * P * item + c * pr.saved * (1 + oc)
-
-    c = 1
-    while c < max(n1, n2) and need(2 * c, O) <= room:
-        c *= 2
-    oc = O
-    while oc > 1 and need(1, oc) > room:
-        oc = (oc + 1) // 2
-    if need(c, oc) > room:
-        return {"fits": False, "bytes": fixed + need(1, 1), "seconds": math.inf, "chunk": 1, "out_chunk": 1}
-    rows = n1 if same else n1 + n2
-    oks = math.ceil(O / oc)
-    row_chunks, col_chunks = math.ceil(n1 / c) * oks, math.ceil(n2 / c) * oks
-    recompute = 0 if (same or col_chunks == 1) else row_chunks * n2  # x2's Jacobian rows again (examples)
-    examples = rows * oks + recompute * oks  # forward passes (one per example per output chunk)
-    passes = rows * O + recompute * O  # one-example reverse passes
-    pairs = row_chunks * (row_chunks + 1) / 2 if same else row_chunks * col_chunks
-    share = pairs / (row_chunks * col_chunks)
-    calls = row_chunks + (0 if same else (col_chunks if col_chunks == 1 else row_chunks * col_chunks))
-    t = (
-        (examples + 2 * passes) * pr.flops * PE_PASS_S
-        + passes * P * PE_WRITE_S
-        + 2.0 * n1 * n2 * O * O * P * share * GEMM_S
-        + calls * (CALL_S + 3 * pr.ops * OP_S)
-    )
-    return {
-        "fits": True,
-        "bytes": fixed + need(c, oc),
-        "seconds": t,
-        "chunk": c,
-        "out_chunk": oc,
-        "flops": (examples + 2 * passes) * pr.flops + 2.0 * n1 * n2 * O * O * P * share,
-        "per_example_jacobian": O * P * item,
-    }
+    k = _counts(kind, P, O, n1, n2, same, c, oc)
+    if per_example:
+        t = (
+            (k["examples"] + 2 * k["passes"]) * pr.flops * PE_PASS_S
+            + k["passes"] * P * PE_WRITE_S
+            + k["contract"] * GEMM_S
+            + k["calls"] * (CALL_S + 3 * pr.ops * OP_S)
+        )
+        flops = (k["examples"] + 2 * k["passes"]) * pr.flops + k["contract"]
+    else:
+        t = (
+            k["passes"] * 2 * pr.flops * PASS_S * min(c, max(n1, n2))  # each vmapped pass runs the whole chunk
+            + k["passes"] * P * PASS_S  # the Jacobian writes
+            + k["contract"] * GEMM_S * CONTRACT_SLOWER
+            + k["calls"] * 3 * pr.ops * OP_S
+            + (k["calls"] + k["pairs"]) * CALL_S
+        )
+        flops = k["passes"] * 2 * pr.flops + 2.0 * n1 * n2 * O * O * P
+    return {"fits": True, "bytes": fixed + need(c, oc), "seconds": t, "chunk": c, "out_chunk": oc, "flops": flops}
 
 
 def _structured(
-    plan,
-    shapes,
-    P: int,
-    O: int,
-    n1: int,
-    n2: int,
-    same: bool,
-    pr: Probe,
-    item: int,
-    budget: float,
-    result: float,
-    mode: str,
-) -> dict[str, Any]:
+    plan, O: int, n1: int, n2: int, same: bool, pr: Probe, item: int, room: float, result: float, mode: str
+):
     n = n1 if same else max(n1, n2)
-    sig = plan.signal_numel
-    inp = sum(da * t for _, t, da, _ in shapes)
+    inp = sum(da * t for _, t, da, _ in plan.shapes)
 
     def need(b: int) -> float:
         # two blocks' records, each also held once more while captured; the batched backward's gradients;
         # the block accumulator with the Gram product, its weighted copy and the transposed write
-        blocks = 2 * 2 * b * (O * sig + inp) * item
+        blocks = 2 * 2 * b * (O * plan.signal_numel + inp) * item
         grads = b * min(O, 64) * pr.saved + b * pr.saved
         acc = (b * b * O * O if mode == "full" else b * b) * item
         # one chunk of explicit per-example gradients and its scaled copy (gram.positions, max_floats)
-        chunk = 2 * min(2**24, O * b * max((dd * da for _, t, da, dd in shapes if t > 1), default=0)) * item
+        chunk = 2 * min(2**24, O * b * max((dd * da for _, t, da, dd in plan.shapes if t > 1), default=0)) * item
         return blocks + grads + 5 * acc + chunk
 
     b = n
-    while b > 1 and need(b) > budget - result:
+    while b > 1 and need(b) > room - result:
         b = (b + 1) // 2
     gen = None
     if plan.n_generic:
-        gen = _per_example(plan.n_generic, O, n1, n2, same, pr, item, budget, result + need(b))
-    fits = need(b) <= budget - result and (gen is None or gen["fits"])
-    rows = n1 if same else n1 + n2
+        gen = _explicit("per_example", plan.n_generic, O, n1, n2, same, pr, item, room, result + need(b))
     blocks = math.ceil(n / b)
     recapture = 1 if blocks == 1 else blocks / 2 + 1  # x2's blocks recomputed when they are not kept
-    gram = sum(positions_flops(r, n, O, t, da, dd, mode, same) for r, t, da, dd in shapes)
-    gram *= (n1 * n2) / (n * n)
-    passes = rows * (1 + 2 * O) * pr.flops * recapture
+    gram = sum(positions_flops(r, n, O, t, da, dd, mode, same) for r, t, da, dd in plan.shapes) * (n1 * n2) / (n * n)
+    passes = (n1 if same else n1 + n2) * (1 + 2 * O) * pr.flops * recapture
     captures = blocks * recapture * math.ceil(O / 64)  # one forward and a batched backward per 64 outputs
     t = (
         passes * PASS_S
         + gram * GEMM_S
-        + blocks * blocks * CALL_S * max(1, len(shapes)) / 4
+        + blocks * blocks * CALL_S * max(1, len(plan.shapes)) / 4
         + O * CALL_S
         + captures * 3 * pr.ops * OP_S
     )
     out = {
-        "fits": fits,
-        "bytes": result + need(b) + (gen["bytes"] - result - need(b) if gen else 0),
+        "fits": need(b) <= room - result and (gen is None or gen["fits"]),
+        "bytes": gen["bytes"] if gen else result + need(b),
         "seconds": t + (gen["seconds"] if gen else 0.0),
         "batch_size": None if b >= n else b,
         "flops": passes + gram + (gen["flops"] if gen and gen["fits"] else 0.0),
@@ -248,33 +238,22 @@ def _structured(
     return out
 
 
-def _products(P: int, O: int, n1: int, n2: int, pr: Probe, item: int, budget: float, result: float) -> dict:
+def _products(P: int, O: int, n1: int, n2: int, pr: Probe, item: int, room: float, result: float) -> dict:
     def need(c: int) -> float:
         return 3 * P * item + 3 * c * pr.saved + pr.saved
 
     c = n1
-    while c > 1 and need(c) > budget - result:
+    while c > 1 and need(c) > room - result:
         c = (c + 1) // 2
     cols = n2 * O
     chunks = math.ceil(n1 / c)
-    # forward-mode passes: JVP_SLOWER× the reverse passes' cost per FLOP
-    t = (
+    t = (  # forward-mode passes: JVP_SLOWER× the reverse passes' cost per FLOP
         cols * (2 * pr.flops + 3 * n1 * pr.flops) * PASS_S * JVP_SLOWER
         + cols * (1 + chunks) * CALL_S
         + cols * (3 + 3 * chunks) * pr.ops * OP_S
     )
-    return {
-        "fits": need(c) <= budget - result,
-        "bytes": result + need(c),
-        "seconds": t,
-        "chunk": c,
-        "flops": cols * (2 + 3 * n1) * pr.flops,
-    }
-
-
-def layer_shapes(plan) -> list[tuple[str, int, int, int]]:
-    """(rule, positions T, input width D_a, signal width D_δ) of each covered entry."""
-    return list(getattr(plan, "shapes", []))
+    fits = need(c) <= room - result
+    return {"fits": fits, "bytes": result + need(c), "seconds": t, "chunk": c, "flops": cols * (2 + 3 * n1) * pr.flops}
 
 
 def estimates(
@@ -293,23 +272,85 @@ def estimates(
 ) -> dict[str, dict[str, Any]]:
     """Estimated seconds, peak bytes and chunking of each method in ``methods`` (``fits``: within
     ``budget`` bytes, the returned kernel of ``mode`` included)."""
-    O = n_out
-    budget = SAFETY * budget
+    O, room = n_out, SAFETY * budget
     res_n = {"full": n1 * n2 * O * O, "trace": n1 * n2 * O, "diag": n1 * O * O, "diagtrace": n1 * O}[mode]
     result = float(res_n * item)  # the returned kernel
     # the Jacobian and product routes form the full (n1, n2, o, o) blocks first, then reduce (trace)
     full = result + (0.0 if mode in ("full", "diag") else float(n1 * n2 * O * O * item))
     out: dict[str, dict[str, Any]] = {}
     for m in methods:
-        if m == "jacobian":
-            out[m] = _jacobian(n_params, O, n1, n2, same, pr, item, budget, full)
+        if m in ("jacobian", "per_example"):
+            out[m] = _explicit(m, n_params, O, n1, n2, same, pr, item, room, full)
         elif m == "structured" and plan is not None:
-            out[m] = _structured(plan, layer_shapes(plan), n_params, O, n1, n2, same, pr, item, budget, result, mode)
-        elif m == "per_example":
-            out[m] = _per_example(n_params, O, n1, n2, same, pr, item, budget, full)
+            out[m] = _structured(plan, O, n1, n2, same, pr, item, room, result, mode)
         elif m == "products":
-            out[m] = _products(n_params, O, n1, n2, pr, item, budget, full)
+            out[m] = _products(n_params, O, n1, n2, pr, item, room, full)
     return out
+
+
+def terms(
+    method: str, entry: dict, pr: Probe, plan: Any, P: int, O: int, n1: int, n2: int, same: bool, mode: str
+) -> dict[str, float] | None:
+    """The unit terms of ``method``'s estimate ``entry`` (its chunking), ``None`` for ``products``: ``fixed``
+    (one call's set-up), ``pass`` (forward and reverse FLOPs), ``mem`` (their saved bytes), ``write``
+    (Jacobian numbers written), ``contract``/``gram`` (FLOPs), ``call``/``op`` (functorch calls and aten
+    operators dispatched), ``out`` (the structured path's per-output work per block), ``block`` (per layer
+    and block pair)."""
+    F, S, ops = pr.flops, pr.saved, max(pr.ops, 1.0)
+    if method in ("per_example", "jacobian"):
+        c = entry["chunk"]
+        k = _counts(method, P, O, n1, n2, same, c, entry["out_chunk"])
+        run = k["examples"] + 2 * k["passes"] if method == "per_example" else k["passes"] * 2 * min(c, max(n1, n2))
+        calls = k["calls"] + (0 if method == "per_example" else k["pairs"])
+        return {
+            "fixed": 1.0,
+            "pass": run * F,
+            "mem": run * S,
+            "write": k["passes"] * P,
+            "contract": k["contract"],
+            "call": calls,
+            "op": k["calls"] * ops,
+        }
+    if method == "structured":
+        n = n1 if same else max(n1, n2)
+        blocks = math.ceil(n / (entry.get("batch_size") or n))
+        recapture = 1 if blocks == 1 else blocks / 2 + 1
+        gram = sum(positions_flops(r, n, O, t, da, dd, mode, same) for r, t, da, dd in plan.shapes)
+        rows = n1 if same else n1 + n2
+        return {
+            "fixed": 1.0,
+            "pass": rows * (1 + 2 * O) * F * recapture,
+            "mem": rows * (1 + 2 * O) * S * recapture,
+            "gram": gram * (n1 * n2) / (n * n),
+            "out": O * blocks * recapture,
+            "op": blocks * recapture * math.ceil(O / 64) * ops,
+            "block": blocks * blocks * max(1, len(plan.shapes)),
+        }
+    return None
+
+
+def _seconds(method: str, t: dict[str, float]) -> float:
+    return sum(FIT[method].get(k, 0.0) * v for k, v in t.items())
+
+
+def price(costs: dict[str, dict], pr: Probe, plan: Any, P: int, O: int, n1: int, n2: int, same: bool, mode: str):
+    """Replace each fitting estimate's ``seconds`` by its fitted terms' (kept in ``terms``; the structured
+    path's uncovered remainder in ``generic_terms``: the per-example route's)."""
+    for m, c in costs.items():
+        if not c.get("fits") or "flops" not in c or m not in FIT:
+            continue
+        t = terms(m, c, pr, plan, P, O, n1, n2, same, mode)
+        assert t is not None  # every method in FIT has terms
+        c["terms"], s = t, _seconds(m, t)
+        if m == "structured" and plan is not None and plan.n_generic and c.get("generic_chunk"):
+            g = {"chunk": c["generic_chunk"], "out_chunk": c["generic_out_chunk"]}
+            gt = terms("per_example", g, pr, plan, plan.n_generic, O, n1, n2, same, mode)
+            assert gt is not None
+            gt["fixed"] = 0.0  # one call's set-up is the structured path's
+            c["generic_terms"] = gt
+            s += _seconds("per_example", gt)
+        c["seconds"] = s
+    return costs
 
 
 def choose(costs: dict[str, dict[str, Any]], budget: float) -> tuple[str | None, str]:

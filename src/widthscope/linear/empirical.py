@@ -1,11 +1,12 @@
 """The empirical neural tangent kernel ``Θ(x, x') = J(x) J(x')ᵀ`` (all output pairs, shape
-``(n1, n2, out, out)``): argument and model checks, the method choice (:mod:`.choose`) and the kernel
+``(n1, n2, out, out)``): argument and model checks, the method choice (:mod:`.cost`) and the kernel
 routes (:mod:`._core` for Jacobians and products, :mod:`.structured` for Grams)."""
 
 from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -13,24 +14,24 @@ from torch import nn
 
 from .. import _args
 from ..errors import WidthscopeError, WidthscopeTypeError
-from . import checks
+from . import checks, cost
 from ._core import (
     as_param_dtype,
+    cannot_run,
     first_output,
     flat_out,
+    forward_ad_ok,
     model_output,
     ntk_jacobian,
     ntk_per_example,
     ntk_products,
     params_and_buffers,
     reraise_attention,
-    vmap_failure,
 )
 from .checks import COUPLED_FIX, as_module, batchnorm_coupling, check_stochastic, without_running_stats
-from .choose import plan_costs
 from .probes import MISSING, cached, peek, session, store, versions
 from .structured import plan as structured_plan
-from .structured_kernel import structured_kernel
+from .structured import structured_kernel
 
 __all__ = ["ntk", "structured_ntk", "METHODS"]
 
@@ -41,9 +42,8 @@ def _check_model(
     model: nn.Module, params, buffers, x1: torch.Tensor, x2: torch.Tensor, method: str
 ) -> tuple[str | None, nn.Module, dict]:
     """Refuse random layers; say why the examples are batch-coupled (``None``: they are not), refusing a
-    coupled model for the per-example ``"auto"``/``"structured"`` routes (:mod:`.checks`). Returns the
-    reason, the model and the buffers to use: for a coupled model a copy without running-statistics
-    updates and copied buffers, so nothing of the caller's model changes."""
+    coupled model for the per-example routes. Returns the reason, the model and the buffers to use: for a
+    coupled model a copy without running-statistics updates, so nothing of the caller's model changes."""
     check_stochastic(model, "ntk")
     coupled = batchnorm_coupling(model)
     if coupled is not None:
@@ -51,7 +51,7 @@ def _check_model(
         buffers = {k: v.clone() for k, v in buffers.items() if k not in dropped}
     probe = x1[:2] if x2 is x1 else torch.cat([x1[:1], x2[:1]])
     if coupled is None:  # the caller's own model and tensors: a plain call (functional_call costs more here)
-        run = lambda x: _flat_out_plain(model, x)  # noqa: E731
+        run = lambda x: model_output(model(x)).reshape(x.shape[0], -1)  # noqa: E731
     else:
         run = lambda x: flat_out(model, params, buffers, x)  # noqa: E731
     # both checks' forward passes once per model, probe shape and parameter values (probes.py)
@@ -65,11 +65,7 @@ def _check_model(
         else:
             found = seen if isinstance(seen, str) else None
     except (RuntimeError, TypeError, IndexError) as exc:
-        raise WidthscopeError(
-            f"ntk: the model cannot run on inputs of shape {tuple(probe.shape)} "
-            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-            "pass inputs shaped like the model's training inputs"
-        ) from None
+        raise cannot_run("ntk", probe, exc) from None
     if found is not None:
         coupled = f"the examples are coupled: {found}; {COUPLED_FIX}"
     if coupled is not None and method in ("auto", "structured", "per_example"):
@@ -128,9 +124,27 @@ def ntk(
     _args.integer(fn, "batch_size", batch_size, lo=1, optional=True)
     _args.dtype(fn, "dtype", dtype)
     model = as_module(model, params, "ntk")
-    _check_ntk_args(x1, x2, method, diagonal, batch_size, dtype, memory_budget, chunk_size)
+    _check_ntk_args(x1, x2, diagonal, memory_budget, chunk_size)
     with session(model):  # the probe cache's architecture key, computed once for this call
         return _ntk(model, x1, x2, trace, chunk_size, method, memory_budget, info, diagonal, batch_size, dtype, verbose)
+
+
+@dataclass
+class _Job:
+    """One :func:`ntk` call after its checks: the model as run, its inputs and options."""
+
+    model: nn.Module
+    params: dict
+    buffers: dict
+    x1: torch.Tensor
+    x2: torch.Tensor
+    same: bool
+    coupled: str | None
+    n_out: int
+    trace: bool
+    diagonal: bool
+    batch_size: int | None
+    budget: float
 
 
 def _ntk(model, x1, x2, trace, chunk_size, method, memory_budget, info, diagonal, batch_size, dtype, verbose):
@@ -143,59 +157,26 @@ def _ntk(model, x1, x2, trace, chunk_size, method, memory_budget, info, diagonal
     x2 = x1 if x2 is None else as_param_dtype(x2, params)
     coupled, model, buffers = _check_model(model, params, buffers, x1, x2, method)
     _check_coupled(coupled, same, batch_size, diagonal, info)
-    n_params = sum(p.numel() for p in params.values())
     if coupled:
         n_out = first_output(model, params, buffers, x1, "ntk").shape[1]
     else:
         n_out = cached(model, x1, ("n_out", 1), lambda: first_output(model, params, buffers, x1[:1], "ntk").shape[1])
-    itemsize = next(iter(params.values())).element_size()
     chunk_size = _coupled_chunk(coupled, method, chunk_size, x1.shape[0])
+    job = _Job(model, params, buffers, x1, x2, same, coupled, n_out, trace, diagonal, batch_size, memory_budget)
     asked = method
-    method, costs, P = _choose_method(
-        model,
-        params,
-        buffers,
-        x1,
-        x2,
-        same,
-        method,
-        n_params,
-        n_out,
-        itemsize,
-        memory_budget,
-        trace,
-        diagonal,
-        batch_size,
-        coupled,
-        info,
-        verbose,
-    )
+    method, costs, P = _choose_method(job, method, info, verbose)
     c = costs.get(method, {})
     try:
         if method == "structured":
-            K = structured_kernel(
-                model,
-                x1,
-                None if same else x2,
-                plan=P,
-                trace=trace,
-                diagonal=diagonal,
-                batch_size=batch_size or c.get("batch_size"),
-                dtype=dtype,
-                memory_budget=memory_budget,
-                info=info,
-                generic_chunks=(c.get("generic_chunk"), c.get("generic_out_chunk")),
-                reserved=c.get("bytes", 0.0),
+            return structured_kernel(
+                model, x1, None if same else x2, P, trace, diagonal, batch_size, dtype, memory_budget, info, c
             )
-            return K.detach()
         try:
-            K = _explicit_kernel(
-                model, params, buffers, x1, x2, same, method, c, chunk_size, n_out, coupled, diagonal, batch_size
-            )
+            K = _explicit_kernel(job, method, c, chunk_size)
         except RuntimeError as exc:
             # auto falls back on any failure of the vmapped forward (ops without a batching rule, in-place ops on
             # a batch of one: LSTM); a forced per_example says what to pass instead when it is vmap's
-            if method != "per_example" or not (asked == "auto" or vmap_failure(exc)):
+            if method != "per_example" or not (asked == "auto" or "vmap" in str(exc).lower()):
                 raise
             fall = costs.get("jacobian") if asked == "auto" else None
             why = str(exc).splitlines()[0][:160]
@@ -204,14 +185,11 @@ def _ntk(model, x1, x2, trace, chunk_size, method, memory_budget, info, diagonal
                     f"ntk: method='per_example' runs the model under vmap, which fails here ({why}); "
                     "pass method='jacobian' (only the backward pass is vmapped), 'structured' or 'products'"
                 ) from exc
-            # an op without a batching rule in the forward pass (e.g. RReLU): jacrev vmaps only the backward
             if info is not None:
                 info.update(
                     method="jacobian", reason=info.get("reason", "") + f"; per_example failed ({why}): jacobian"
                 )
-            K = _explicit_kernel(
-                model, params, buffers, x1, x2, same, "jacobian", fall, chunk_size, n_out, coupled, diagonal, batch_size
-            )
+            K = _explicit_kernel(job, "jacobian", fall, chunk_size)
     except (RuntimeError, NotImplementedError) as exc:
         reraise_attention(exc, model)
         raise
@@ -233,15 +211,9 @@ def structured_ntk(
     memory_budget: float = 2e9,
     info: dict | None = None,
 ) -> torch.Tensor:
-    """``Θ`` of shape ``(n1, n2, out, out)`` (outputs flattened) by the structured path
-    (:mod:`widthscope.linear.structured`); ``trace`` → ``(n1, n2)``, the mean of ``Θ_oo`` over ``o``;
-    ``diagonal`` → ``(n1, out, out)``, ``Θ(x_i, x_i)`` only (``x2`` must be ``None``); both → ``(n1,)``.
-    Options as in :func:`ntk` (``batch_size``: examples per block; ``dtype``: the accumulator's and
-    result's dtype, default the parameters'). Parameters the structured path does not cover are added
-    from explicit Jacobians of just those parameters.
-
-    The same as ``ntk(model, x1, x2, method="structured", ...)``, which checks the inputs and makes the
-    :func:`~widthscope.linear.structured.plan`.
+    """``ntk(model, x1, x2, method="structured", ...)``: ``Θ`` from Grams (:mod:`widthscope.linear.structured`),
+    parameters the structured path does not cover added from explicit Jacobians of just those parameters.
+    ``batch_size``: examples per block; ``dtype``: the accumulator's and result's dtype.
 
     Example::
 
@@ -268,17 +240,10 @@ def structured_ntk(
     )
 
 
-def _check_ntk_args(x1, x2, method: str, diagonal: bool, batch_size, dtype, memory_budget, chunk_size) -> None:
-    """:func:`ntk`'s argument checks, one clear error each, before any model call."""
-
-    if not isinstance(x1, torch.Tensor) or x1.dim() < 1:
-        raise WidthscopeError("ntk: x1 must be a batched tensor (n1, ...) of inputs")
-    if x2 is not None and (not isinstance(x2, torch.Tensor) or x2.shape[1:] != x1.shape[1:]):
+def _check_ntk_args(x1, x2, diagonal: bool, memory_budget, chunk_size) -> None:
+    """:func:`ntk`'s checks beyond the argument types, one clear error each, before any model call."""
+    if x2 is not None and x2.shape[1:] != x1.shape[1:]:
         raise WidthscopeError(f"ntk: x2 must be a tensor shaped like x1 (n2, {tuple(x1.shape[1:])})")
-    if method not in METHODS:
-        raise WidthscopeError(
-            f"ntk: unknown method {method!r}; use 'auto', 'structured', 'per_example', 'jacobian' or 'products'"
-        )
     if x1.shape[0] == 0 or (x2 is not None and x2.shape[0] == 0):
         raise WidthscopeError(
             f"ntk: no inputs (x1 has {x1.shape[0]} rows"
@@ -287,10 +252,6 @@ def _check_ntk_args(x1, x2, method: str, diagonal: bool, batch_size, dtype, memo
         )
     if diagonal and x2 is not None:
         raise WidthscopeError("ntk: diagonal=True gives Θ(x_i, x_i) of one batch; pass x2=None")
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
-        raise WidthscopeError(f"ntk: batch_size must be a positive integer or None, got {batch_size!r}")
-    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise WidthscopeError(f"ntk: dtype must be a floating torch.dtype (e.g. torch.float64), got {dtype!r}")
     # Wrong types raise the TypeError subclass; the wording (matched by tests) stays.
     bad_type = isinstance(memory_budget, bool) or not isinstance(memory_budget, (int, float))
     if bad_type or not (memory_budget > 0 and not math.isnan(memory_budget)):
@@ -310,15 +271,7 @@ def _check_coupled(coupled: str | None, same: bool, batch_size, diagonal: bool, 
     that need per-example blocks; record the reason in ``info["batch_coupled"]``."""
     if coupled is None:
         return
-    bad = (
-        "x2 is given"
-        if not same
-        else "batch_size is set"
-        if batch_size is not None
-        else "diagonal=True"
-        if diagonal
-        else ""
-    )
+    bad = "x2 is given" if not same else "batch_size is set" if batch_size is not None else "diagonal=True" * diagonal
     if bad:
         raise WidthscopeError(
             f"ntk: {coupled}; the batch-coupled kernel exists only for one batch at once, "
@@ -341,107 +294,108 @@ def _coupled_chunk(coupled: str | None, method: str, chunk_size: int | None, n: 
     return chunk_size
 
 
-def _choose_method(
-    model,
-    params,
-    buffers,
-    x1,
-    x2,
-    same,
-    method,
-    n_params,
-    n_out,
-    itemsize,
-    budget,
-    trace,
-    diagonal,
-    batch_size,
-    coupled,
-    info,
-    verbose,
-) -> tuple[str, dict, Any]:
-    """The structured plan (for ``"auto"``/``"structured"``), the cost estimates and the method they pick;
-    reported in ``info`` and, with ``verbose``, on stderr. Returns (method, costs, plan or None)."""
-    P = None
+def _choose_method(job: _Job, method: str, info: dict | None, verbose: bool) -> tuple[str, dict, Any]:
+    """The structured plan (for ``"auto"``/``"structured"``), every method's estimate (:mod:`.cost`) and the
+    cheapest that fits for ``"auto"`` (else a check that the forced method fits); reported in ``info`` and,
+    with ``verbose``, on stderr. Returns (method, costs, plan or None)."""
+    j, P = job, None
     if method in ("auto", "structured"):
-        try:
-            px = x1[:2] if same else torch.cat([x1[:1], x2[:1]])
-            key = ("plan", px.shape[0])
-            P = peek(model, px, key)
-            if P is MISSING:
-                P = structured_plan(model, px)
-                # a plan holding the model itself (a bare nn.Linear) would keep its weak cache key alive
-                if all(e[1] is not model for e in P.entries):
-                    store(model, px, key, P)
-        except (RuntimeError, NotImplementedError) as exc:
-            reraise_attention(exc, model)
-            raise
-    plan_ = plan_costs(
-        model,
-        params,
-        buffers,
-        x1,
-        x2,
-        same,
-        P,
-        method,
-        n_params,
-        n_out,
-        itemsize,
-        budget,
-        trace,
-        diagonal,
-        batch_size,
-        coupled,
-    )
-    method, costs = plan_["method"], plan_["costs"]
+        px = j.x1[:2] if j.same else torch.cat([j.x1[:1], j.x2[:1]])
+        P = peek(j.model, px, ("plan", px.shape[0]))
+        if P is MISSING:
+            try:
+                P = structured_plan(j.model, px)
+            except (RuntimeError, NotImplementedError) as exc:
+                reraise_attention(exc, j.model)
+                raise
+            # a plan holding the model itself (a bare nn.Linear) would keep its weak cache key alive
+            if all(e[1] is not j.model for e in P.entries):
+                store(j.model, px, ("plan", px.shape[0]), P)
+    px = j.x1 if j.coupled else j.x1[:1]
+    pr = cached(j.model, px, ("measure", px.shape[0]), lambda: _measure(j, px))
+    n1, n2 = j.x1.shape[0], j.x2.shape[0]
+    if j.batch_size is not None:  # blocks of batch_size examples, one pair at a time
+        n1, n2 = min(n1, j.batch_size), min(n2, j.batch_size)
+    mode = ("diagtrace" if j.trace else "diag") if j.diagonal else ("trace" if j.trace else "full")
+    if j.diagonal and method != "structured":
+        n2 = 1  # per-chunk diagonal blocks
+    cands: tuple[str, ...] = cost.AUTO_METHODS if method == "auto" else (method,)
+    if j.coupled is not None:  # one batch at once: the Jacobian of the whole batch
+        cands = tuple(m for m in cands if m not in ("structured", "per_example"))
+    n_params = sum(p.numel() for p in j.params.values())
+    item = next(iter(j.params.values())).element_size()
+    kw = dict(n_params=n_params, n_out=j.n_out, n1=n1, n2=n2, same=j.same)
+    costs = cost.estimates(pr=pr, plan=P, item=item, budget=j.budget, mode=mode, methods=cands, **kw)
+    if P is not None and "structured" in costs and P.n_covered == 0:
+        costs.pop("structured")  # nothing covered: it is the Jacobian route with extra steps
+    if j.coupled is not None and "jacobian" in costs:  # forced whole-batch chunk
+        costs["jacobian"].update(chunk=j.x1.shape[0], out_chunk=j.n_out)
+    cost.price(costs, pr, P, n_params, j.n_out, n1, n2, j.same, mode)
+    if method != "auto":
+        c = costs.get(method)
+        if c is not None and not c["fits"]:
+            raise WidthscopeError(
+                f"ntk: method={method!r} needs about {c['bytes'] / 1e6:.4g} MB at its smallest chunks, more than "
+                f"the {cost.SAFETY:.0%} of memory_budget={j.budget / 1e6:.4g} MB it plans within (the rest is "
+                "the allocator's slack); raise memory_budget or let method='auto' pick one that fits"
+            )
+        reason = f"{method}: asked for"
+    else:
+        best, reason = cost.choose(costs, j.budget)
+        # a jvp is tried only when products would win (a fused TransformerEncoder kernel has no forward-mode AD)
+        if best == "products" and not cached(
+            j.model, j.x1, ("jvp", 1), lambda: forward_ad_ok(j.model, j.params, j.buffers, j.x1[:1])
+        ):
+            costs.pop("products")
+            best, reason = cost.choose(costs, j.budget)
+            reason += "; products: no forward-mode AD through this model"
+        if best is None:
+            raise WidthscopeError(
+                f"ntk: {reason}; raise memory_budget, or pass trace=True, diagonal=True or batch_size to need less"
+            )
+        method = best
     if info is not None:
-        info.update(method=method, reason=plan_["reason"], costs=costs)
+        info.update(method=method, reason=reason, costs=costs)
         if method != "structured":  # nothing on the structured path
-            info.update(covered=0, uncovered=n_params, generic=list(params))
+            info.update(covered=0, uncovered=n_params, generic=list(j.params))
     if verbose:
-        print(f"ntk: method={method!r} ({plan_['reason']})", file=sys.stderr)
+        print(f"ntk: method={method!r} ({reason})", file=sys.stderr)
     return method, costs, P
 
 
-def _flat_out_plain(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    out = model_output(model(x))
-    return out.reshape(out.shape[0], -1)
+def _measure(j: _Job, x: torch.Tensor) -> cost.Probe:
+    """:func:`.cost.measure` of the forward pass on parameters that require grad, as the kernels differentiate
+    it (detached ones would save nothing, and let ``nn.TransformerEncoder`` take its fused inference kernel)."""
+    tracked = {k: v.detach().requires_grad_() for k, v in j.params.items()}
+    return cost.measure(lambda x: flat_out(j.model, tracked, j.buffers, x), x, tracked)
 
 
-def _explicit_kernel(
-    model, params, buffers, x1, x2, same, method, c, chunk_size, n_out, coupled, diagonal, batch_size
-) -> torch.Tensor:
-    """The ``"jacobian"``/``"products"`` kernel ``(n1, n2, out, out)`` (``diagonal``: ``(n1, out, out)``), in
-    blocks of ``batch_size`` examples when given, with the chunks the cost model chose (``c``) unless
-    ``chunk_size`` is set."""
+def _explicit_kernel(j: _Job, method: str, c: dict, chunk_size: int | None) -> torch.Tensor:
+    """The ``"jacobian"``/``"per_example"``/``"products"`` kernel ``(n1, n2, out, out)`` (``diagonal``:
+    ``(n1, out, out)``), in blocks of ``batch_size`` examples when given, with the chunks the cost model
+    chose (``c``) unless ``chunk_size`` is set."""
     out_chunk = None
     if chunk_size is None:
         chunk_size = c.get("chunk", 1)
-        out_chunk = c.get("out_chunk") if c.get("out_chunk", n_out) < n_out else None
+        out_chunk = c.get("out_chunk") if c.get("out_chunk", j.n_out) < j.n_out else None
+    args = (j.model, j.params, j.buffers)
 
     def block(a: torch.Tensor, b: torch.Tensor, same_ab: bool) -> torch.Tensor:
         if method == "jacobian":
-            return ntk_jacobian(model, params, buffers, a, b, chunk_size, same_ab, out_chunk)
+            return ntk_jacobian(*args, a, b, chunk_size, same_ab, out_chunk)
         if method == "per_example":
-            return ntk_per_example(model, params, buffers, a, b, chunk_size, same_ab, out_chunk, n_out)
-        return ntk_products(model, params, buffers, a, b, None if coupled else c.get("chunk"), coupled is not None)
+            return ntk_per_example(*args, a, b, chunk_size, same_ab, out_chunk, j.n_out)
+        return ntk_products(*args, a, b, None if j.coupled else c.get("chunk"), j.coupled is not None)
 
-    if diagonal:  # Θ(x_i, x_i) from per-chunk blocks: the off-diagonal chunks are never formed
-        step = min(chunk_size, batch_size or chunk_size) if method in ("jacobian", "per_example") else 1
-        return torch.cat(
-            [
-                torch.diagonal(block(x1[i : i + step], x1[i : i + step], True), dim1=0, dim2=1).permute(2, 0, 1)
-                for i in range(0, x1.shape[0], step)
-            ]
-        )
-    if batch_size is None:
-        return block(x1, x2, same)
-    b = batch_size
-    return torch.cat(
-        [
-            torch.cat([block(x1[i : i + b], x2[j : j + b], same and i == j) for j in range(0, x2.shape[0], b)], dim=1)
-            for i in range(0, x1.shape[0], b)
-        ],
-        dim=0,
-    )
+    x1, x2, bs = j.x1, j.x2, j.batch_size
+    if j.diagonal:  # Θ(x_i, x_i) from per-chunk blocks: the off-diagonal chunks are never formed
+        step = min(chunk_size, bs or chunk_size) if method in ("jacobian", "per_example") else 1
+        blocks = [block(x1[i : i + step], x1[i : i + step], True) for i in range(0, x1.shape[0], step)]
+        return torch.cat([torch.diagonal(b, dim1=0, dim2=1).permute(2, 0, 1) for b in blocks])
+    if bs is None:
+        return block(x1, x2, j.same)
+    rows = [
+        torch.cat([block(x1[i : i + bs], x2[j2 : j2 + bs], j.same and i == j2) for j2 in range(0, x2.shape[0], bs)], 1)
+        for i in range(0, x1.shape[0], bs)
+    ]
+    return torch.cat(rows, dim=0)

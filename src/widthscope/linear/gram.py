@@ -110,16 +110,7 @@ def pairs_flops(O: int, n1: int, n2: int, T: int, Da: int, Dd: int, mode: str, s
     return n1 * n2 * T * T * Da + half * (n1 * n2 * O * T * T * Dd + main)
 
 
-def _pairs(
-    acc: torch.Tensor,
-    a1: torch.Tensor,
-    d1: torch.Tensor,
-    a2: torch.Tensor,
-    d2: torch.Tensor,
-    scale: float,
-    mode: str,
-    same: bool,
-) -> None:
+def _pairs(acc, a1, d1, a2, d2, scale: float, mode: str, same: bool) -> None:
     """``Θ_{oi,pj} = Σ_t δ_{o,i,t} · Y_{ij,p,t}`` with ``Y_{ij,p,t} = Σ_s M_{ij,ts} δ'_{p,j,s}`` and
     ``M_{ij,ts} = scale·(a_{i,t}·a'_{j,s})``: the position sums taken through the ``T×T`` input Gram of each
     example pair, so no ``(o·n·T)²`` Gram and no ``D_δ×D_a`` gradient is formed. With ``same`` only
@@ -152,17 +143,7 @@ def _pairs(
             acc[:, j0 + 1 : j1, :, i] += G[:, :, 1:].permute(1, 2, 0)
 
 
-def _explicit(
-    acc: torch.Tensor,
-    a1: torch.Tensor,
-    d1: torch.Tensor,
-    a2: torch.Tensor,
-    d2: torch.Tensor,
-    scale: float,
-    mode: str,
-    same: bool,
-    max_numbers: int,
-) -> None:
+def _explicit(acc, a1, d1, a2, d2, scale: float, mode: str, same: bool, max_numbers: int) -> None:
     """The explicit form in chunks of ``D_δ`` (``P_{o,i}[d, :]`` rows): at most ``max_numbers`` gradient
     numbers per batch at once, and the products add up over the chunks (``Σ_F`` splits)."""
     O, n1, _, Dd = d1.shape

@@ -25,9 +25,9 @@ from torch import nn
 from .. import _args
 from ..errors import WidthscopeError
 from . import checks
-from . import model as linear_model  # as_param_dtype, params_and_buffers looked up at call time (tests trip them)
+from ._core import as_param_dtype, flat_out, params_and_buffers
 from .checks import FunctionModel, as_module, batchnorm_coupling, check_stochastic
-from .model import flat_out, ntk
+from .empirical import ntk
 from .rules import multiplier
 from .structured import first_input, out_tensor
 
@@ -81,7 +81,7 @@ def _check(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None) -> None:
     check_stochastic(model, "nngp")
     coupled = batchnorm_coupling(model, jacobian_fix=False)
     if coupled is None:
-        p, b = linear_model.params_and_buffers(model)
+        p, b = params_and_buffers(model)
         probe = x1[:2] if x2 is None else torch.cat([x1[:1], x2[:1]])
         found = checks.probe_checks(lambda x: flat_out(model, p, b, x), probe, "nngp")
         coupled = None if found is None else f"the examples are coupled: {found}"
@@ -98,7 +98,7 @@ def _function_nngp(
     """The readout parameter's NTK ``Θ^W`` of a :class:`FunctionModel` (module docstring)."""
     names = [n for n, _ in model.named_parameters()]
     with torch.no_grad():
-        o = _out_dim(model, x1)
+        o = out_tensor(model(x1[:1])).shape[1]
     if readout is None:
         cands = [n for n, p in model.named_parameters() if p.dim() == 2 and p.shape[0] == o]
         if not cands:
@@ -136,10 +136,6 @@ def _function_nngp(
     return K.contiguous() if dtype is None else K.to(dtype).contiguous()
 
 
-def _out_dim(model: nn.Module, x: torch.Tensor) -> int:
-    return out_tensor(model(x[:1])).shape[1]
-
-
 def nngp(
     model: nn.Module | Callable[..., Any],
     x1: torch.Tensor,
@@ -162,18 +158,18 @@ def nngp(
     _args.string(fn, "readout", readout, optional=True, accepts="a dense layer's name (str) or None")
     _args.dtype(fn, "dtype", dtype)
     model = as_module(model, params, "nngp")
-    if not isinstance(x1, torch.Tensor) or x1.dim() < 1 or x1.shape[0] == 0:
+    if x1.shape[0] == 0:
         raise WidthscopeError("nngp: x1 must be a non-empty batched tensor (n1, ...) of inputs")
-    if x2 is not None and (not isinstance(x2, torch.Tensor) or x2.shape[1:] != x1.shape[1:] or x2.shape[0] == 0):
+    if x2 is not None and (x2.shape[1:] != x1.shape[1:] or x2.shape[0] == 0):
         raise WidthscopeError(f"nngp: x2 must be a non-empty tensor shaped like x1 (n2, {tuple(x1.shape[1:])})")
-    params = {k: v for k, v in model.named_parameters()}
-    x1 = linear_model.as_param_dtype(x1, params)
-    x2 = None if x2 is None else linear_model.as_param_dtype(x2, params)
+    params = dict(model.named_parameters())
+    x1 = as_param_dtype(x1, params)
+    x2 = None if x2 is None else as_param_dtype(x2, params)
     _check(model, x1, x2)
     if isinstance(model, FunctionModel):
         return _function_nngp(model, x1, x2, readout, dtype)
     name, a1, m = _features(model, x1, readout)
-    a2 = a1 if x2 is None else _features(model, linear_model.as_param_dtype(x2, params), name)[1]
+    a2 = a1 if x2 is None else _features(model, x2, name)[1]
     d = a1.shape[-1]
     A1, A2 = a1.reshape(a1.shape[0], -1, d), a2.reshape(a2.shape[0], -1, d)
     n1, T = A1.shape[:2]

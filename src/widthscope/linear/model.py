@@ -1,12 +1,5 @@
-"""Linearized models and the empirical neural tangent kernel.
-
-The linear (first-order Taylor) model of a network ``F(x; θ)`` around ``θ₀`` is
-
-    F_lin(x; θ) = F(x; θ₀) + J(x; θ₀)·(θ − θ₀),      J = ∂F/∂θ,
-
-evaluated with one forward-mode product (``torch.func.jvp``) per call: the Jacobian is never
-formed. The empirical NTK is ``Θ(x, x') = J(x) J(x')ᵀ`` with all output pairs kept,
-shape ``(n1, n2, out, out)``.
+"""The linear (first-order Taylor) model of a network ``F(x; θ)`` around ``θ₀``,
+``F_lin(x; θ) = F(x; θ₀) + J(x; θ₀)·(θ − θ₀)``, evaluated with one ``torch.func.jvp`` per call.
 
 Example::
 
@@ -33,33 +26,10 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from .. import _args
 from ..errors import WidthscopeError
 from ..probe.structure import eager_attention
-from ._core import (  # noqa: F401  (re-exported)
-    ATTENTION_FIX,
-    as_param_dtype,
-    first_output,
-    flat_out,
-    forward_ad_ok,
-    model_output,
-    ntk_jacobian,
-    ntk_per_example,
-    ntk_products,
-    params_and_buffers,
-    reraise_attention,
-)
+from ._core import params_and_buffers, reraise_attention
 from .checks import as_module, check_running_stats, check_stochastic, is_candidate
-from .empirical import METHODS, ntk, structured_ntk  # noqa: F401  (re-exported: the NTK lived here)
 
-__all__ = [
-    "LinearizedModel",
-    "linearize",
-    "ntk",
-    "structured_ntk",
-    "model_output",
-    "params_and_buffers",
-    "as_param_dtype",
-    "first_output",
-    "ATTENTION_FIX",
-]
+__all__ = ["LinearizedModel", "linearize"]
 
 _STOCHASTIC_OPT_IN = (
     ", or pass allow_stochastic=True to linearise each call's random draw (primal and tangent share it)"

@@ -1,14 +1,9 @@
 """Log-log slope fits over widths with a t interval over seeds.
 
-Model: ``log m(n) = c + p·log n``. For every width the seeds are averaged *in log space*
-(a geometric mean: robust to the heavy right tail of deviations), then ``(c, p)`` is the least
-squares line through ``(log n_j, mean_s log m_sj)``. The 95% interval for ``p`` is
-``p ± t_{0.975, k−1} · sd(p_s)/√k`` over the ``k`` seeds' own slopes ``p_s`` (seeds are the
-independent replicates; a seed's offset cancels in its own slope). It replaced a percentile
-bootstrap over seeds, which covers far less than 95% with the 2–5 seeds a sweep has (with two
-seeds it can only return the two seeds' slopes); with 2 seeds ``t = 12.7``.
-Values that are missing, non-finite or ``<= 0`` are ignored (a width with no valid seed is
-dropped from the fit).
+Model: ``log m(n) = c + p·log n``. For every width the seeds are averaged in log space, then
+``(c, p)`` is the least squares line through ``(log n_j, mean_s log m_sj)``. The 95% interval for
+``p`` is ``p ± t_{0.975, k−1} · sd(p_s)/√k`` over the ``k`` seeds' own slopes ``p_s``. Values that
+are missing, non-finite or ``<= 0`` are ignored (a width with no valid seed is dropped).
 
 Example::
 

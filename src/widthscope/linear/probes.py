@@ -1,16 +1,10 @@
-"""A per-model cache of what :func:`widthscope.linear.ntk` learns from probe passes before choosing a method:
-the FLOP/saved-bytes/operator counts (:func:`widthscope.linear.cost.measure`), the structured
-:func:`~widthscope.linear.structured.plan` and whether forward-mode AD runs.
+"""A per-model cache of what :func:`widthscope.linear.ntk` learns from probe passes: the cost counts
+(:func:`widthscope.linear.cost.measure`), the structured plan and whether forward-mode AD runs.
 
-These depend on the model's architecture and the inputs' per-example shape, not on parameter values, and
-cost several forward passes; repeated calls (kernel drift during training) pay them once. The key holds every
-parameter's and buffer's name, shape, dtype, device, ``requires_grad`` and identity, every submodule's
-identity and training flag, and the inputs' per-example shape, dtype and probe rows: changing any of
-them (``.eval()``, ``.double()``, freezing a layer, swapping a submodule) probes again. The correctness
-checks' forward passes (random draws: two identical calls agree; batch coupling: batched against one-row
-outputs) are kept too, keyed also by every parameter's and buffer's version counter (:func:`versions`):
-an in-place update (an optimizer step, ``load_state_dict``) checks again. The module-type checks (dropout
-in training mode, BatchNorm statistics) run on every call. Entries live as long as the model (weak keys).
+The key holds every parameter's and buffer's name, shape, dtype, device, ``requires_grad`` and identity, every
+submodule's identity and training flag, and the inputs' per-example shape, dtype and probe rows: changing any
+of them probes again. The correctness checks are keyed also by the tensors' version counters
+(:func:`versions`), so an in-place update checks again. Entries live as long as the model (weak keys).
 """
 
 from __future__ import annotations

@@ -66,12 +66,10 @@ def rule(m: nn.Module) -> str | None:
         return "mha"
     if multiplier(m) is not None:
         return "dense"
-    if type(m) in (nn.Conv1d, nn.Conv2d):
+    if type(m) in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
         return "conv"
     if type(m) is nn.Embedding:
         return "embedding" if m.max_norm is None and not m.scale_grad_by_freq else None
-    if type(m) is nn.Conv3d:
-        return "conv"
     if type(m) in (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d):
         return "conv_transpose"
     if type(m) is nn.EmbeddingBag:  # max: the gradient picks one row per coordinate, not linear in a closed form

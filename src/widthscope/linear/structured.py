@@ -3,8 +3,9 @@ r"""Structured empirical NTK: the kernel from Grams, never a Jacobian (plus a ge
 A layer ``z = m · a Wᵀ + b`` at positions ``t`` contributes ``m² Σ_{t,s} (δ_{o,t}·δ'_{o',s})(a_t·a'_s)
 + (Σ_t δ_{o,t})·(Σ_s δ'_{o',s})``; one batched backward gives every ``δ_o``. Parameters the rules do not
 cover (:mod:`widthscope.linear.rules`) go through the Jacobian route and the parts are summed;
-:func:`plan` says which is which. Maths and the hybrid rule: docs/linearization.md "Structured NTK
-and kernel options".
+:func:`plan` says which is which, :func:`capture_records` gives each block's records and
+:func:`structured_kernel` combines them into Gram terms (:mod:`.gram`). Maths and the hybrid rule:
+docs/linearization.md "Structured NTK and kernel options".
 
 Example::
 
@@ -27,34 +28,13 @@ import torch
 from torch import nn
 
 from ..errors import WidthscopeError
-from ._core import model_output
+from ._core import model_output, ntk_jacobian, ntk_per_example, params_and_buffers
 from .checks import batchnorm_coupling
-from .predict import kernel_predict
-from .rules import (
-    LinearTaps,
-    bag_input,
-    elementwise_layout,
-    mha_records,
-    mha_taps,
-    multiplier,
-    records,
-    rule,
-    tied_use,
-)
+from .cost import SAFETY
+from .gram import hadamard, mirror_upper, positions, tied_gradients
+from .rules import LinearTaps, bag_gram, bag_input, elementwise_layout, mha_records, mha_taps, records, rule, tied_use
 
-__all__ = ["uncovered", "dense_layers", "kernel_predict", "plan", "Plan"]
-
-
-def dense_layers(model: nn.Module) -> list[tuple[str, nn.Module, float]]:
-    """(name, module, multiplier) of the dense layers with a trainable weight or bias."""
-    out = []
-    for name, m in model.named_modules():
-        mult = multiplier(m)
-        if mult is None:
-            continue
-        if any(p.requires_grad for p in m.parameters(recurse=False)):
-            out.append((name, m, mult))
-    return out
+__all__ = ["uncovered", "plan", "Plan", "structured_kernel"]
 
 
 @dataclass
@@ -452,3 +432,135 @@ def _signals(out: torch.Tensor, zs: list[torch.Tensor], o_chunk: int) -> list[to
         else torch.zeros((O,) + tuple(z.shape), dtype=z.dtype, device=z.device)
         for D, z in zip(deltas, zs)
     ]
+
+
+def _combine(acc: torch.Tensor, r1: list[tuple], r2: list[tuple], mode: str, same: bool) -> None:
+    diag = mode.startswith("diag")
+    for a, b in zip(r1, r2):
+        if a[0] == "tied":  # Σ of every use's per-example gradient, then the product (in row chunks)
+            O, n = a[1][0][2].shape[:2]
+            step = max(1, 2**24 // max(1, O * max(n, b[1][0][2].shape[1]) * math.prod(a[2][1:])))
+            if same:
+                for g in tied_gradients(a[1], a[2], step):
+                    hadamard(acc, g, g, None, mode, same=True)
+            else:
+                for g1, g2 in zip(tied_gradients(a[1], a[2], step), tied_gradients(b[1], b[2], step)):
+                    hadamard(acc, g1, g2, None, mode)
+            continue
+        if a[0] == "vector":
+            hadamard(acc, a[1], b[1], None, mode, same=same)
+        elif a[0] == "bag":
+            hadamard(acc, a[3], b[3], bag_gram(a, b, diag), mode, same=same)
+        elif a[0] == "embed":
+            ids1, d1, ids2, d2 = a[1], a[2], b[1], b[2]
+            uniq, inv = torch.unique(torch.cat([ids1.reshape(-1), ids2.reshape(-1)]), return_inverse=True)
+            oh = nn.functional.one_hot(inv, len(uniq)).to(d1.dtype)
+            A1 = oh[: ids1.numel()].view(ids1.shape[0], ids1.shape[1], -1)
+            A2 = A1 if same else oh[ids1.numel() :].view(ids2.shape[0], ids2.shape[1], -1)
+            positions(acc, A1, d1, A2, d2, 1.0, mode, same=same)
+        else:
+            _, a1, d1, s, w_on, b_on = a
+            a2, d2 = b[1], b[2]
+            if d1.shape[2] == 1 and d2.shape[2] == 1:  # one position: weight and bias share δδ'ᵀ
+                if w_on:
+                    W = s * ((a1[:, 0] * a2[:, 0]).sum(-1) if diag else a1[:, 0] @ a2[:, 0].T)
+                    W = W + 1.0 if b_on else W
+                else:
+                    W = None
+                hadamard(acc, d1[:, :, 0], d2[:, :, 0], W, mode, same=same)
+                continue
+            if w_on:
+                positions(acc, a1, d1, a2, d2, s, mode, same=same)
+            if b_on:
+                s1 = d1.sum(2)
+                hadamard(acc, s1, s1 if same else d2.sum(2), None, mode, same=same)
+
+
+def _blocks(n: int, b: int | None) -> list[slice]:
+    b = n if b is None else b
+    return [slice(i, min(i + b, n)) for i in range(0, n, b)]
+
+
+def structured_kernel(
+    model: nn.Module, x1, x2, P: Plan, trace: bool, diagonal: bool, batch_size, dtype, memory_budget: float, info, est
+) -> torch.Tensor:
+    """The kernel of :func:`widthscope.linear.structured_ntk` (shapes and options there) for the plan ``P`` that
+    :func:`widthscope.linear.ntk` made after checking the inputs. ``est``: the cost model's estimate (block size,
+    the generic remainder's chunks; its bytes, so blocks are kept for reuse only in the rest of the budget)."""
+    params, buffers = params_and_buffers(model)
+    acc_dtype = dtype or next(iter(params.values())).dtype
+    same = x2 is None
+    x2 = x1 if x2 is None else x2
+    batch_size = batch_size or est.get("batch_size")
+    generic_chunks, reserved = (est.get("generic_chunk"), est.get("generic_out_chunk")), est.get("bytes", 0.0)
+    if info is not None:
+        info.update(method="structured", covered=P.n_covered, uncovered=P.n_generic, generic=list(P.generic))
+    mode = ("diagtrace" if trace else "diag") if diagonal else ("trace" if trace else "full")
+    n1, n2 = x1.shape[0], x2.shape[0]
+    b1, b2 = _blocks(n1, batch_size), _blocks(n2, batch_size)
+    with torch.no_grad():
+        O = out_tensor(model(x1[:1])).shape[1]
+    shape = {"full": (n1, n2, O, O), "trace": (n1, n2), "diag": (n1, O, O), "diagtrace": (n1,)}[mode]
+    K = torch.zeros(shape, dtype=acc_dtype, device=x1.device)
+    cache: dict[tuple[int, int], tuple[list[tuple], int]] = {}
+    room = [max(0.0, SAFETY * float(memory_budget) - reserved)]  # what the cost model left for keeping blocks
+
+    def get(which: int, idx: int, s: slice) -> list[tuple]:
+        """Records of a block; kept for reuse (x2's blocks, or x1's when x2 is None) while they fit."""
+        if (which, idx) in cache:
+            return cache[(which, idx)][0]
+        recs = capture_records(model, P, (x1 if which == 1 else x2)[s])[0] if P.entries else []
+        size = sum(t.numel() * t.element_size() for rec in recs for t in rec if isinstance(t, torch.Tensor))
+        reused = (which == 2 and len(b1) > 1) or (which == 1 and same and len(b1) > 1)
+        if reused and size <= room[0]:
+            room[0] -= size
+            cache[(which, idx)] = (recs, size)
+        return recs
+
+    for bi, s1 in enumerate(b1):
+        r1 = get(1, bi, s1)
+        m1 = s1.stop - s1.start
+        if diagonal:
+            acc = torch.zeros((m1, O, O) if mode == "diag" else (m1,), dtype=acc_dtype, device=x1.device)
+            _combine(acc, r1, r1, mode, True)
+            K[s1] = acc
+            continue
+        for bj, s2 in enumerate(b2):
+            if same and bj < bi:
+                continue
+            r2 = r1 if same and bj == bi else get(1 if same else 2, bj, s2)
+            m2 = s2.stop - s2.start
+            acc = torch.zeros((O, m1, O, m2) if mode == "full" else (m1, m2), dtype=acc_dtype, device=x1.device)
+            _combine(acc, r1, r2, mode, same and bj == bi)
+            if mode == "full" and same and bj == bi:
+                mirror_upper(acc)
+            blk = acc.permute(1, 3, 0, 2) if mode == "full" else acc
+            K[s1, s2] = blk
+            if same and bj != bi:
+                K[s2, s1] = blk.permute(1, 0, 3, 2) if mode == "full" else blk.T
+        room[0] += cache.pop((1, bi), ([], 0))[1]  # x1's block bi is not needed again
+    if P.generic:  # the hybrid remainder: per-example Jacobians of just these parameters (chunks as cost.py sized)
+        gp = {k: params[k] for k in P.generic}
+        gb = {**buffers, **{k: v for k, v in params.items() if k not in gp}}
+        per_example = O * sum(v.numel() for v in gp.values()) * gp[P.generic[0]].element_size()
+        chunk = generic_chunks[0] or max(1, int(memory_budget // (2 * per_example)))
+        oc = generic_chunks[1] if generic_chunks[1] and generic_chunks[1] < O else None
+
+        def explicit(a: torch.Tensor, b: torch.Tensor, same_ab: bool) -> torch.Tensor:
+            with warnings.catch_warnings():  # vmapped ops without a batching rule fall back to a loop: fine
+                warnings.filterwarnings("ignore", message="There is a performance drop")
+                try:
+                    return ntk_per_example(model, gp, gb, a, b, chunk, same_ab, oc)
+                except RuntimeError:  # the vmapped forward failed (no batching rule, in-place ops): jacrev vmaps
+                    return ntk_jacobian(model, gp, gb, a, b, chunk, same_ab, oc)
+
+        if diagonal:
+            for s in _blocks(n1, chunk):
+                Kg = torch.diagonal(explicit(x1[s], x1[s], True), dim1=0, dim2=1).permute(2, 0, 1)
+                K[s] += (torch.diagonal(Kg, dim1=1, dim2=2).sum(-1) if trace else Kg).to(acc_dtype)
+        else:
+            Kg = explicit(x1, x2, same)
+            K += (torch.diagonal(Kg, dim1=2, dim2=3).sum(-1) if trace else Kg).to(acc_dtype)
+    if trace:
+        K /= O
+    return K.detach()

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -30,51 +29,40 @@ from torch import nn
 from .. import _args
 from .._io import progress as _progress
 from ..errors import WidthscopeError
-from .model import as_param_dtype, first_output, linearize, model_output, ntk, params_and_buffers
+from ._core import as_param_dtype, first_output, model_output, params_and_buffers
+from .empirical import ntk
+from .model import linearize
 from .predict import gd_weights, kernel_predict, spectral
 from .structured import uncovered
 
-__all__ = ["train_side_by_side", "function_space_gd", "loss_value"]
+__all__ = ["train_side_by_side", "function_space_gd"]
 
 LOSSES = ("mse", "cross_entropy")
-OPTIMIZERS = ("sgd", "adam", "adamw")
+OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
 
 
-def loss_value(out: torch.Tensor, y: torch.Tensor, loss: str) -> torch.Tensor:
-    """Mean loss of a batch (see module docstring for the exact convention)."""
+def _loss(out: torch.Tensor, y: torch.Tensor, loss: str) -> torch.Tensor:
+    """Mean loss of a batch: ``½‖f − y‖²`` per example (``"mse"``) or cross-entropy on class indices."""
     out = out.reshape(out.shape[0], -1)
     if loss == "mse":
         return 0.5 * (out - y.reshape(out.shape).to(out.dtype)).pow(2).sum(-1).mean()
-    if loss == "cross_entropy":
-        return torch.nn.functional.cross_entropy(out, y.long())
-    raise WidthscopeError(f"loss {loss!r}: use one of {', '.join(LOSSES)}")
+    return torch.nn.functional.cross_entropy(out, y.long())
 
 
 def _optimizer(name: str | Callable, params, lr: float) -> torch.optim.Optimizer:
-    if callable(name):
-        return name(params, lr)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr)
-    raise WidthscopeError(
-        f"optimizer {name!r}: use one of {', '.join(OPTIMIZERS)} or a callable (params, lr) -> torch.optim.Optimizer"
-    )
+    return name(params, lr) if callable(name) else OPTIMIZERS[name](params, lr=lr)
 
 
 def _flat(ps) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in ps])
 
 
-def _check_pair(data: Any, what: str) -> tuple[torch.Tensor, torch.Tensor]:
-    if not (isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data)):
-        raise WidthscopeError(f"{what} must be a pair of tensors (X, Y)")
-    X, Y = data
+def _rows(pair: tuple[torch.Tensor, torch.Tensor], what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    X, Y = pair
     if X.shape[0] != Y.shape[0] or X.shape[0] == 0:
         raise WidthscopeError(
-            f"{what}: X and Y need the same non-zero number of rows (got {X.shape[0]} and {Y.shape[0]})"
+            f"train_side_by_side: {what}: X and Y need the same non-zero number of rows "
+            f"(got {X.shape[0]} and {Y.shape[0]})"
         )
     return X, Y
 
@@ -83,25 +71,17 @@ def _targets(Y: torch.Tensor, n_out: int, loss: str, dtype: torch.dtype, what: s
     """Targets checked against the model's ``n_out`` outputs; class indices become one-hot for MSE."""
     N = Y.shape[0]
     integral = not (Y.is_floating_point() or Y.is_complex())
-    if loss == "cross_entropy":
-        if not integral or Y.dim() != 1:
-            raise WidthscopeError(
-                f"{what}: loss 'cross_entropy' needs class indices of shape ({N},), "
-                f"got {Y.dtype} of shape {tuple(Y.shape)}"
-            )
+    if loss == "cross_entropy" and (not integral or Y.dim() != 1):
+        raise WidthscopeError(
+            f"{what}: loss 'cross_entropy' needs class indices of shape ({N},), got {Y.dtype} of shape {tuple(Y.shape)}"
+        )
+    if loss == "cross_entropy" or (integral and Y.dim() == 1 and n_out > 1):  # class indices
         if N and (int(Y.min()) < 0 or int(Y.max()) >= n_out):
             raise WidthscopeError(
                 f"{what}: class indices must lie in 0..{n_out - 1} (the model has "
                 f"{n_out} outputs), got {int(Y.min())}..{int(Y.max())}"
             )
-        return Y.long()
-    if integral and Y.dim() == 1 and n_out > 1:  # class indices: one-hot targets (see docstring)
-        if N and (int(Y.min()) < 0 or int(Y.max()) >= n_out):
-            raise WidthscopeError(
-                f"{what}: class indices must lie in 0..{n_out - 1} (the model has "
-                f"{n_out} outputs), got {int(Y.min())}..{int(Y.max())}"
-            )
-        return torch.nn.functional.one_hot(Y.long(), n_out).to(dtype)
+        return Y.long() if loss == "cross_entropy" else torch.nn.functional.one_hot(Y.long(), n_out).to(dtype)
     if Y.numel() != N * n_out:
         raise WidthscopeError(
             f"{what}: Y has shape {tuple(Y.shape)} but the model gives {n_out} "
@@ -170,96 +150,11 @@ def train_side_by_side(
         _args.boolean(fn, name, flag)
     _args.choice(fn, "linear", linear, ("auto", "weights", "kernel"))
     _args.number(fn, "ridge", ridge, 0.0)
-    X, Y, Xt, Yt, exact, logged = _checked_args(
-        data,
-        test,
-        steps=steps,
-        lr=lr,
-        optimizer=optimizer,
-        batch_size=batch_size,
-        loss=loss,
-        log_every=log_every,
-        log_steps=log_steps,
-        on_nonfinite=on_nonfinite,
-        return_models=return_models,
-        linear=linear,
-        kernel_prediction=kernel_prediction,
-        ridge=ridge,
-    )
-    X, Y, Xt, Yt, probe = _model_tensors(model, X, Y, Xt, Yt, probe, loss)
-    if linear == "auto":
-        linear = "kernel" if exact and not return_models and not uncovered(model) else "weights"
-    run = _start(
-        model,
-        X,
-        Y,
-        Xt,
-        optimizer=optimizer,
-        lr=lr,
-        ridge=ridge,
-        linear=linear,
-        kernel_prediction=kernel_prediction,
-        probe=probe,
-        kernel_drift=kernel_drift,
-    )
-    next_batch = _batches(X.shape[0], batch_size, seed)
-    rows: list[dict[str, Any]] = []
-    for step in _progress(range(steps + 1), desc="side-by-side", disable=not progress):
-        if step in logged:
-            rows.append(_row(run, step, X, Y, Xt, Yt, loss, kernel_prediction))
-        if step == steps:
-            break
-        idx = next_batch()
-        xb, yb = (X, Y) if idx is None else (X[idx], Y[idx])
-        if run.lin is None:
-            stop = _kernel_divergence(run.closed, step, on_nonfinite)
-            if stop is not None:
-                rows.append(stop)
-                return rows
-        stop = _train_step(run, xb, yb, step, loss=loss, lr=lr, on_nonfinite=on_nonfinite)
-        if stop is not None:
-            rows.append(stop)
-            return (rows, run.net, run.lin) if return_models else rows
-    return (rows, run.net, run.lin) if return_models else rows
-
-
-def _checked_args(
-    data,
-    test,
-    *,
-    steps: int,
-    lr: float,
-    optimizer: str | Callable,
-    batch_size: int | None,
-    loss: str,
-    log_every: int,
-    log_steps: Sequence[int] | None,
-    on_nonfinite: str,
-    return_models: bool,
-    linear: str,
-    kernel_prediction: bool,
-    ridge: float,
-):
-    """Set-up, part 1: every argument checked before any work; ``(X, Y, Xt, Yt, exact, logged)``
-    where ``exact`` says the kernel path is exact (full-batch ``sgd`` on ``mse``)."""
-    X, Y = _check_pair(data, "train_side_by_side: data")
-    Xt, Yt = _check_pair(test, "train_side_by_side: test") if test is not None else (X, Y)
-    if loss not in LOSSES:
-        raise WidthscopeError(f"train_side_by_side: loss {loss!r}; use one of {', '.join(LOSSES)}")
-    if steps < 0 or log_every < 1:
-        raise WidthscopeError(
-            f"train_side_by_side: need steps >= 0 and log_every >= 1 (got steps={steps}, log_every={log_every})"
-        )
-    if on_nonfinite not in ("raise", "stop"):
-        raise WidthscopeError("train_side_by_side: on_nonfinite must be 'raise' or 'stop'")
-    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
-        raise WidthscopeError(f"train_side_by_side: lr must be a positive number (got {lr!r})")
-    N = X.shape[0]
-    if batch_size is not None and not (1 <= batch_size <= N):
-        raise WidthscopeError(f"train_side_by_side: batch_size {batch_size} must be in 1..{N} or None")
-    if linear not in ("auto", "weights", "kernel"):
-        raise WidthscopeError(f"train_side_by_side: linear={linear!r}; use 'auto', 'weights' or 'kernel'")
-    exact = batch_size is None and optimizer == "sgd" and loss == "mse"
+    X, Y = _rows(data, "data")
+    Xt, Yt = _rows(test, "test") if test is not None else (X, Y)
+    if batch_size is not None and batch_size > X.shape[0]:
+        raise WidthscopeError(f"train_side_by_side: batch_size {batch_size} must be in 1..{X.shape[0]} or None")
+    exact = batch_size is None and optimizer == "sgd" and loss == "mse"  # the kernel path is exact
     if linear == "kernel" and not exact:
         raise WidthscopeError(
             "train_side_by_side: linear='kernel' is exact only for full-batch 'sgd' on "
@@ -275,16 +170,32 @@ def _checked_args(
             "train_side_by_side: kernel_prediction needs the 'mse' loss (the closed form "
             "is squared-loss gradient descent)"
         )
-    if not (isinstance(ridge, (int, float)) and math.isfinite(ridge) and ridge >= 0):
-        raise WidthscopeError(f"train_side_by_side: ridge must be a number >= 0 (got {ridge!r})")
     logged = set(log_steps) if log_steps is not None else set(range(0, steps + 1, log_every)) | {steps}
     logged = {s for s in logged if 0 <= s <= steps}
-    return X, Y, Xt, Yt, exact, logged
+    X, Y, Xt, Yt, probe = _model_tensors(model, X, Y, Xt, Yt, probe, loss)
+    if linear == "auto":
+        linear = "kernel" if exact and not return_models and not uncovered(model) else "weights"
+    run = _Lockstep(model, X, Y, Xt, probe, optimizer, lr, ridge, linear, kernel_prediction, kernel_drift)
+    next_batch = _batches(X.shape[0], batch_size, seed)
+    rows: list[dict[str, Any]] = []
+    for step in _progress(range(steps + 1), desc="side-by-side", disable=not progress):
+        if step in logged:
+            rows.append(_row(run, step, X, Y, Xt, Yt, loss, kernel_prediction))
+        if step == steps:
+            break
+        idx = next_batch()
+        xb, yb = (X, Y) if idx is None else (X[idx], Y[idx])
+        stop = _kernel_divergence(run.closed, step, on_nonfinite) if run.lin is None else None
+        stop = stop or _train_step(run, xb, yb, step, loss=loss, lr=lr, on_nonfinite=on_nonfinite)
+        if stop is not None:
+            rows.append(stop)
+            break
+    return (rows, run.net, run.lin) if return_models else rows
 
 
 def _model_tensors(model: nn.Module, X, Y, Xt, Yt, probe, loss: str):
-    """Set-up, part 2: inputs in the parameters' dtype, checked finite; targets shaped for the
-    model's output width and ``loss``; ``(X, Y, Xt, Yt, probe)``."""
+    """Inputs in the parameters' dtype, checked finite; targets shaped for the model's output width and
+    ``loss``; ``(X, Y, Xt, Yt, probe)``."""
     params, buffers = params_and_buffers(model)
     if not params:
         raise WidthscopeError("train_side_by_side: the model has no trainable parameters")
@@ -305,59 +216,25 @@ def _model_tensors(model: nn.Module, X, Y, Xt, Yt, probe, loss: str):
     return X, Y, Xt, Yt, probe
 
 
-@dataclass
 class _Lockstep:
-    """What :func:`train_side_by_side` trains and measures: the network copy, its linear model
-    (``lin`` in weight space, or ``closed``, the closed-form kernel path), the start ``θ₀`` and
-    the kernel-drift reference ``K0`` on ``probe``."""
+    """What :func:`train_side_by_side` trains and measures: the network copy, its linear model (``lin`` in
+    weight space, or ``closed``, the closed-form kernel path), the start ``θ₀`` and the kernel-drift
+    reference ``K0`` on ``probe``."""
 
-    linear: str
-    net: nn.Module
-    net_params: list
-    theta0: torch.Tensor
-    theta0_norm: float
-    opt_net: torch.optim.Optimizer
-    closed: Any
-    lin: nn.Module | None
-    opt_lin: torch.optim.Optimizer | None
-    probe: torch.Tensor
-    K0: torch.Tensor | None
-    K0_norm: float
-
-
-def _start(
-    model: nn.Module,
-    X,
-    Y,
-    Xt,
-    *,
-    optimizer: str | Callable,
-    lr: float,
-    ridge: float,
-    linear: str,
-    kernel_prediction: bool,
-    probe,
-    kernel_drift: bool,
-) -> _Lockstep:
-    """Set-up, part 3: the network copy and its optimizer, the weight-space linear model (``linear
-    == "weights"``) or the closed-form kernel path, and the kernel at the start on the probe."""
-    net = copy.deepcopy(model)
-    net_params = [p for p in net.parameters() if p.requires_grad]
-    theta0 = _flat(net_params)
-    theta0_norm = float(theta0.norm()) or 1.0
-    opt_net = _optimizer(optimizer, net_params, lr)
-    closed = (
-        _KernelGD(model, X, Y, Xt, lr, ridge=ridge, limit=kernel_prediction)
-        if linear == "kernel" or kernel_prediction
-        else None
-    )
-    lin = linearize(model) if linear == "weights" else None
-    opt_lin = _optimizer(optimizer, list(lin.parameters()), lr) if lin is not None else None
-    if probe is None:
-        probe = Xt[: min(8, Xt.shape[0])]
-    K0 = ntk(net, probe) if kernel_drift else None
-    K0_norm = float(K0.norm()) if K0 is not None else float("nan")
-    return _Lockstep(linear, net, net_params, theta0, theta0_norm, opt_net, closed, lin, opt_lin, probe, K0, K0_norm)
+    def __init__(self, model, X, Y, Xt, probe, optimizer, lr, ridge, linear, kernel_prediction, kernel_drift):
+        self.linear = linear
+        self.net = copy.deepcopy(model)
+        self.net_params = [p for p in self.net.parameters() if p.requires_grad]
+        self.theta0 = _flat(self.net_params)
+        self.theta0_norm = float(self.theta0.norm()) or 1.0
+        self.opt_net = _optimizer(optimizer, self.net_params, lr)
+        kernel = linear == "kernel" or kernel_prediction
+        self.closed = _KernelGD(model, X, Y, Xt, lr, ridge=ridge, limit=kernel_prediction) if kernel else None
+        self.lin = linearize(model) if linear == "weights" else None
+        self.opt_lin = None if self.lin is None else _optimizer(optimizer, list(self.lin.parameters()), lr)
+        self.probe = Xt[: min(8, Xt.shape[0])] if probe is None else probe
+        self.K0 = ntk(self.net, self.probe) if kernel_drift else None
+        self.K0_norm = float(self.K0.norm()) if self.K0 is not None else float("nan")
 
 
 def _batches(N: int, batch_size: int | None, seed: int) -> Callable[[], torch.Tensor | None]:
@@ -391,12 +268,10 @@ def _row(run: _Lockstep, step: int, X, Y, Xt, Yt, loss: str, kernel_prediction: 
         assert kp is not None  # no weight-space model: the closed form is the linear model
         l_tr, l_te, move_lin = kp["train"], kp["test"], kp["move"]
     row: dict[str, Any] = {"kind": "linearization", "step": step, "linear": run.linear}
-    row["train_loss"] = float(loss_value(f_tr, Y, loss))
-    row["train_loss_lin"] = float(loss_value(l_tr, Y, loss))
-    row["train_gap"] = abs(row["train_loss"] - row["train_loss_lin"])
-    row["test_loss"] = float(loss_value(f_te, Yt, loss))
-    row["test_loss_lin"] = float(loss_value(l_te, Yt, loss))
-    row["test_gap"] = abs(row["test_loss"] - row["test_loss_lin"])
+    for part, f, g, target in (("train", f_tr, l_tr, Y), ("test", f_te, l_te, Yt)):
+        row[f"{part}_loss"] = float(_loss(f, target, loss))
+        row[f"{part}_loss_lin"] = float(_loss(g, target, loss))
+        row[f"{part}_gap"] = abs(row[f"{part}_loss"] - row[f"{part}_loss_lin"])
     dev = (f_te - l_te).double()
     row["dev_rms"] = float(dev.pow(2).mean().sqrt())
     row["dev_mse"] = row["dev_rms"] ** 2
@@ -408,9 +283,9 @@ def _row(run: _Lockstep, step: int, X, Y, Xt, Yt, loss: str, kernel_prediction: 
     ) / run.theta0_norm
     if kernel_prediction:
         assert kp is not None  # kernel_prediction runs the closed form
-        for part, Yp, key in (("train", Y, "train"), ("test", Yt, "test")):
-            row[f"{part}_loss_kernel"] = float(loss_value(kp[key], Yp, loss))
-            row[f"{part}_loss_kernel_inf"] = float(loss_value(kp[key + "_inf"], Yp, loss))
+        for part, target in (("train", Y), ("test", Yt)):
+            row[f"{part}_loss_kernel"] = float(_loss(kp[part], target, loss))
+            row[f"{part}_loss_kernel_inf"] = float(_loss(kp[part + "_inf"], target, loss))
     if run.K0 is not None:
         row["kernel_drift"] = (
             float((ntk(net, run.probe) - run.K0).norm()) / run.K0_norm if run.K0_norm > 0 else float("nan")
@@ -418,15 +293,8 @@ def _row(run: _Lockstep, step: int, X, Y, Xt, Yt, loss: str, kernel_prediction: 
     return row
 
 
-def _kernel_divergence(closed: _KernelGD, step: int, on_nonfinite: str) -> dict[str, Any] | None:
-    """The divergence check of the closed-form path before step ``step + 1``: raise, or the
-    ``diverged`` row (``on_nonfinite="stop"``); ``None`` while it stays finite."""
-    if closed.diverge_step is None or step + 1 < closed.diverge_step:
-        return None
-    msg = (
-        f"the linear model diverges (lr·λ_max(Θ₀)/N = {float(closed.a.max()):.3g} > 2; its loss "
-        f"passes 1e30 at step {step + 1}); lower the learning rate (or its width exponent alpha)"
-    )
+def _diverged(step: int, which: str, msg: str, on_nonfinite: str) -> dict[str, Any]:
+    """Raise ``msg`` (``on_nonfinite="raise"``), or the ``diverged`` row that ends the run."""
     if on_nonfinite == "raise":
         raise WidthscopeError(msg)
     return {
@@ -434,36 +302,38 @@ def _kernel_divergence(closed: _KernelGD, step: int, on_nonfinite: str) -> dict[
         "step": step,
         "diverged": True,
         "diverged_at": step,
-        "diverged_model": "linear model",
+        "diverged_model": which,
         "message": msg,
     }
+
+
+def _kernel_divergence(closed: _KernelGD | None, step: int, on_nonfinite: str) -> dict[str, Any] | None:
+    """The closed-form path's divergence before step ``step + 1`` (:func:`_diverged`); ``None`` while finite."""
+    if closed is None or closed.diverge_step is None or step + 1 < closed.diverge_step:
+        return None
+    msg = (
+        f"the linear model diverges (lr·λ_max(Θ₀)/N = {float(closed.a.max()):.3g} > 2; its loss "
+        f"passes 1e30 at step {step + 1}); lower the learning rate (or its width exponent alpha)"
+    )
+    return _diverged(step, "linear model", msg, on_nonfinite)
 
 
 def _train_step(run: _Lockstep, xb, yb, step: int, *, loss: str, lr: float, on_nonfinite: str) -> dict[str, Any] | None:
     """One optimizer step of the network, then of the weight-space linear model (if any), on the
     batch ``(xb, yb)``; a non-finite loss raises, or returns the ``diverged`` row."""
-    pairs: list[tuple[str, nn.Module, torch.optim.Optimizer]] = [("network", run.net, run.opt_net)]
+    pairs: list[tuple[str, nn.Module, torch.optim.Optimizer | None]] = [("network", run.net, run.opt_net)]
     if run.lin is not None:
-        assert run.opt_lin is not None  # made with lin
         pairs.append(("linear model", run.lin, run.opt_lin))
     for which, m, opt in pairs:
+        assert opt is not None  # made with its model
         opt.zero_grad(set_to_none=True)
-        L = loss_value(model_output(m(xb)), yb, loss)
+        L = _loss(model_output(m(xb)), yb, loss)
         if not torch.isfinite(L):
             msg = (
                 f"non-finite training loss ({float(L.detach())}) of the {which} at step {step} "
                 f"(lr={lr}); lower the learning rate (or its width exponent alpha)"
             )
-            if on_nonfinite == "raise":
-                raise WidthscopeError(msg)
-            return {
-                "kind": "linearization",
-                "step": step,
-                "diverged": True,
-                "diverged_at": step,
-                "diverged_model": which,
-                "message": msg,
-            }
+            return _diverged(step, which, msg, on_nonfinite)
         L.backward()
         opt.step()
     return None

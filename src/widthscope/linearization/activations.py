@@ -1,18 +1,9 @@
 """Activation audit: ``max_x |φ^{(k)}(x)| / (k+1)!`` for ``k = 1..K`` (CLI ``widthscope activations``).
 
-The weak-correlation condition for wide networks needs ``sup_x |φ^{(k)}(x)| ≤ O((k+1)!)``.
-Derivatives are exact: nested autograd in float64 on a uniform grid (``φ`` acts elementwise,
-so ``∂/∂x Σ_i φ^{(k)}(x_i)`` is the next derivative at every grid point at once).
-
-Flags:
-
-- ``non-smooth``: some ``φ^{(k)}`` (``k = 0..K−1``) jumps between neighbouring grid points by
-  more than the mean value theorem allows from ``φ^{(k+1)}`` (``|Δφ^{(k)}| ≤ h·max|φ^{(k+1)}|``,
-  checked with a factor 10 margin). ReLU is caught at ``k = 1``: ``φ'`` jumps from 0 to 1 while
-  autograd's ``φ''`` is 0 everywhere — the kink at 0.
-- ``ratio grows``: the ratio still increases at the end of the table (``r_K > r_{K−1}``).
-- ``non-finite``: some ``φ^{(k)}`` is NaN or infinite on the grid (e.g. ``sqrt`` or ``log`` for
-  ``x < 0``); the ratios are then not meaningful: restrict the range to the domain.
+The weak-correlation condition for wide networks needs ``sup_x |φ^{(k)}(x)| ≤ O((k+1)!)``. Derivatives
+are exact: nested autograd in float64 on a uniform grid. Flags: ``non-smooth`` (some ``φ^{(k)}`` jumps
+between grid points by more than ``10·h·max|φ^{(k+1)}|``: ReLU's kink at ``k = 1``), ``ratio grows``
+(``r_K > r_{K−1}``) and ``non-finite`` (NaN or inf on the grid: restrict the range to the domain).
 
 Example::
 
@@ -21,8 +12,8 @@ Example::
     >>> [r["smooth"] for r in rows]
     [True, False]
 
-Command line (:mod:`widthscope.cli.activations`, settings :class:`ActivationsOptions`, run by
-:func:`run_audit`): ``widthscope activations --names relu,tanh,mypkg.acts:swish --K 6 --json out.json``.
+Command line (:class:`ActivationsOptions`, :func:`run_audit`):
+``widthscope activations --names relu,tanh,mypkg.acts:swish --K 6 --json out.json``.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from ..linear.correlation import parse_correlation_name
 from ..linear.trainer import LOSSES, OPTIMIZERS
 from ..models import build
 
-__all__ = ["DEFAULTS", "DEMO_CONFIG", "validate_config", "make_cells", "load_toml"]
+__all__ = ["DEFAULTS", "DEMO_CONFIG", "validate_config", "make_cells", "load_toml", "build_mlp"]
 
 
 DEFAULTS: dict[str, Any] = {
@@ -99,157 +99,134 @@ def _merge(defaults: Mapping[str, Any], user: Mapping[str, Any], where: str) -> 
     return out
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _count(v: Any, lo: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= lo
+
+
+def _must(ok: bool, text: str) -> None:
+    if not ok:
+        raise WidthscopeError(f"linearize config: {text}")
+
+
 def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """Fill defaults and check the config; raises :class:`WidthscopeError` naming the problem."""
     cfg = _merge(DEFAULTS, config, "")
     w = cfg["widths"]
-    if not isinstance(w, list) or len(w) < 5 or not all(isinstance(v, int) and v > 0 for v in w):
-        raise WidthscopeError(
-            f"linearize config: widths must list at least 5 positive integers "
-            f"(got {w!r}), e.g. widths = [64, 128, 256, 512, 1024]"
-        )
+    _must(
+        isinstance(w, list) and len(w) >= 5 and all(isinstance(v, int) and v > 0 for v in w),
+        f"widths must list at least 5 positive integers (got {w!r}), e.g. widths = [64, 128, 256, 512, 1024]",
+    )
     ratios = [b / a for a, b in zip(w, w[1:])]
-    if any(r <= 1 for r in ratios):
-        raise WidthscopeError(f"linearize config: widths must be strictly increasing (got {w})")
-    if max(ratios) / min(ratios) > 1.5:
-        raise WidthscopeError(
-            f"linearize config: widths must be spaced geometrically (constant "
-            f"ratio; got ratios {[round(r, 3) for r in ratios]}), e.g. doubling"
-        )
+    _must(all(r > 1 for r in ratios), f"widths must be strictly increasing (got {w})")
+    _must(
+        max(ratios) / min(ratios) <= 1.5,
+        f"widths must be spaced geometrically (constant ratio; got ratios {[round(r, 3) for r in ratios]}), "
+        "e.g. doubling",
+    )
     seeds = cfg["seeds"]
-    if (
-        not isinstance(seeds, list)
-        or not seeds
-        or len(set(seeds)) != len(seeds)
-        or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**32 for v in seeds)
-    ):
-        raise WidthscopeError(
-            f"linearize config: seeds must be a non-empty list of distinct whole numbers in "
-            f"0..{2**32 - 1} (got {seeds!r})"
-        )
-    if not isinstance(cfg["name"], str) or not cfg["name"]:
-        raise WidthscopeError(f"linearize config: name must be a non-empty string (got {cfg['name']!r})")
-    tr = cfg["train"]
-    if not tr["alphas"] or not all(isinstance(a, (int, float)) for a in tr["alphas"]):
-        raise WidthscopeError("linearize config: train.alphas must be a non-empty list of numbers")
-
-    def number(v: Any) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-    def count(v: Any, lo: int) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and v >= lo
-
-    if not all(number(a) for a in tr["alphas"]):
-        raise WidthscopeError(f"linearize config: train.alphas must be finite numbers (got {tr['alphas']!r})")
-    if not (number(tr["eta0"]) and tr["eta0"] > 0):
-        raise WidthscopeError(
-            f"linearize config: train.eta0 must be a finite number > 0 (the learning "
-            f"rate is eta0 * width^alpha; got {tr['eta0']!r})"
-        )
-    if tr["optimizer"] not in OPTIMIZERS:
-        raise WidthscopeError(
-            f"linearize config: train.optimizer {tr['optimizer']!r}; use one of {', '.join(OPTIMIZERS)}"
-        )
-    if tr["loss"] not in LOSSES:
-        raise WidthscopeError(f"linearize config: train.loss {tr['loss']!r}; use one of {', '.join(LOSSES)}")
-    if not count(tr["batch_size"], 0):
-        raise WidthscopeError(
-            f"linearize config: train.batch_size must be an integer >= 0 (0 = full batch; got {tr['batch_size']!r})"
-        )
-    if not count(tr["probe"], 1):
-        raise WidthscopeError(
-            f"linearize config: train.probe (kernel-drift inputs) must be an integer >= 1 (got {tr['probe']!r})"
-        )
+    _must(
+        isinstance(seeds, list)
+        and bool(seeds)
+        and len(set(seeds)) == len(seeds)
+        and all(_count(v, 0) and v < 2**32 for v in seeds),
+        f"seeds must be a non-empty list of distinct whole numbers in 0..{2**32 - 1} (got {seeds!r})",
+    )
+    _must(isinstance(cfg["name"], str) and bool(cfg["name"]), f"name must be a non-empty string (got {cfg['name']!r})")
+    tr, c = cfg["train"], cfg["correlations"]
+    _must(
+        bool(tr["alphas"]) and all(isinstance(a, (int, float)) for a in tr["alphas"]),
+        "train.alphas must be a non-empty list of numbers",
+    )
+    _must(all(_number(a) for a in tr["alphas"]), f"train.alphas must be finite numbers (got {tr['alphas']!r})")
+    _must(
+        _number(tr["eta0"]) and tr["eta0"] > 0,
+        f"train.eta0 must be a finite number > 0 (the learning rate is eta0 * width^alpha; got {tr['eta0']!r})",
+    )
+    _must(tr["optimizer"] in OPTIMIZERS, f"train.optimizer {tr['optimizer']!r}; use one of {', '.join(OPTIMIZERS)}")
+    _must(tr["loss"] in LOSSES, f"train.loss {tr['loss']!r}; use one of {', '.join(LOSSES)}")
+    _must(
+        _count(tr["batch_size"], 0),
+        f"train.batch_size must be an integer >= 0 (0 = full batch; got {tr['batch_size']!r})",
+    )
+    _must(_count(tr["probe"], 1), f"train.probe (kernel-drift inputs) must be an integer >= 1 (got {tr['probe']!r})")
     for key in ("n_train", "n_test"):
         v = cfg["data"][key]
-        if v is not None and not count(v, 1):
-            raise WidthscopeError(f"linearize config: data.{key} must be a positive integer (got {v!r})")
-    c = cfg["correlations"]
-    if not isinstance(c["measure"], list):
-        raise WidthscopeError(
-            f'linearize config: correlations.measure must be a list such as ["C02", "C11"] (got {c["measure"]!r})'
-        )
-    if not count(c["n_tuples"], 1):
-        raise WidthscopeError(
-            f"linearize config: correlations.n_tuples must be a positive integer (got {c['n_tuples']!r})"
-        )
-    if not (c["output"] == "random" or count(c["output"], 0)):
-        raise WidthscopeError(
-            f"linearize config: correlations.output must be 'random' or a logit index >= 0 (got {c['output']!r})"
-        )
-    if not count(tr["steps"], 1):
-        raise WidthscopeError(f"linearize config: train.steps must be a positive integer (got {tr['steps']!r})")
+        _must(v is None or _count(v, 1), f"data.{key} must be a positive integer (got {v!r})")
+    _must(
+        isinstance(c["measure"], list),
+        f'correlations.measure must be a list such as ["C02", "C11"] (got {c["measure"]!r})',
+    )
+    _must(_count(c["n_tuples"], 1), f"correlations.n_tuples must be a positive integer (got {c['n_tuples']!r})")
+    _must(
+        c["output"] == "random" or _count(c["output"], 0),
+        f"correlations.output must be 'random' or a logit index >= 0 (got {c['output']!r})",
+    )
+    _must(_count(tr["steps"], 1), f"train.steps must be a positive integer (got {tr['steps']!r})")
     if tr["log_steps"] is None:
-        s = tr["steps"]
-        tr["log_steps"] = sorted({0, *[int(round(s * f)) for f in (0.1, 0.3, 1.0)]})
-    if not isinstance(tr["log_steps"], list) or any(not count(s, 0) or s > tr["steps"] for s in tr["log_steps"]):
-        raise WidthscopeError(f"linearize config: train.log_steps must be integers in 0..steps={tr['steps']}")
-    if tr["linear"] not in ("auto", "weights", "kernel"):
-        raise WidthscopeError(
-            f"linearize config: train.linear must be 'auto', 'weights' or 'kernel' (got {tr['linear']!r})"
-        )
-    if tr["linear"] == "kernel" and (tr["batch_size"] or tr["optimizer"] != "sgd" or tr["loss"] != "mse"):
-        raise WidthscopeError(
-            "linearize config: train.linear = 'kernel' is exact only for full-batch "
-            "(batch_size = 0) 'sgd' on the 'mse' loss; use 'auto' or 'weights'"
-        )
-    if not isinstance(tr["kernel_prediction"], bool):
-        raise WidthscopeError("linearize config: train.kernel_prediction must be true or false")
-    if tr["dtype"] not in ("float32", "float64"):
-        raise WidthscopeError("linearize config: train.dtype must be 'float32' or 'float64'")
-    if cfg["model"]["family"] != "mlp":
-        raise WidthscopeError(
-            "linearize config: model.family must be 'mlp' (the sweep trains fully "
-            "connected networks; use the Python API for other models)"
-        )
+        tr["log_steps"] = sorted({0, *[int(round(tr["steps"] * f)) for f in (0.1, 0.3, 1.0)]})
+    _must(
+        isinstance(tr["log_steps"], list) and all(_count(s, 0) and s <= tr["steps"] for s in tr["log_steps"]),
+        f"train.log_steps must be integers in 0..steps={tr['steps']}",
+    )
+    _must(
+        tr["linear"] in ("auto", "weights", "kernel"),
+        f"train.linear must be 'auto', 'weights' or 'kernel' (got {tr['linear']!r})",
+    )
+    _must(
+        tr["linear"] != "kernel" or not (tr["batch_size"] or tr["optimizer"] != "sgd" or tr["loss"] != "mse"),
+        "train.linear = 'kernel' is exact only for full-batch (batch_size = 0) 'sgd' on the 'mse' loss; "
+        "use 'auto' or 'weights'",
+    )
+    _must(isinstance(tr["kernel_prediction"], bool), "train.kernel_prediction must be true or false")
+    _must(tr["dtype"] in ("float32", "float64"), "train.dtype must be 'float32' or 'float64'")
+    _must(
+        cfg["model"]["family"] == "mlp",
+        "model.family must be 'mlp' (the sweep trains fully connected networks; use the Python API for other models)",
+    )
     _check_data_and_model(cfg)
     fit_steps = cfg["fit"]["steps"] or [tr["log_steps"][-1]]
     bad = [s for s in fit_steps if s not in tr["log_steps"]]
-    if bad:
-        raise WidthscopeError(f"linearize config: fit.steps {bad} are not in train.log_steps {tr['log_steps']}")
+    _must(not bad, f"fit.steps {bad} are not in train.log_steps {tr['log_steps']}")
     cfg["fit"]["steps"] = fit_steps
-    for name in cfg["correlations"]["measure"]:
+    for name in c["measure"]:
         parse_correlation_name(name)
     nonfinite = first_nonfinite(cfg)
-    if nonfinite:
-        raise WidthscopeError(
-            f"linearize config: {nonfinite}: must be a finite number (inf and nan are never meaningful here)"
-        )
+    _must(not nonfinite, f"{nonfinite}: must be a finite number (inf and nan are never meaningful here)")
     return cfg
 
 
 def _check_data_and_model(cfg: Mapping[str, Any]) -> None:
-    """The dataset and the model, before any cell runs or any data loads: the dataset is a
-    classification dataset this package knows, and the MLP builds with the config's options
-    (on the ``meta`` device, so no memory; the input size, known only from the data, is a placeholder)."""
+    """The dataset is a classification dataset this package knows, and the MLP builds with the config's
+    options (on the ``meta`` device; the input size, known only from the data, is a placeholder)."""
     d = cfg["data"]
-    if d["name"] not in DATASETS or d["name"] in ("text", "prose"):
-        raise WidthscopeError(
-            f"linearize config: data.name {d['name']!r} is not a classification dataset; use one "
-            f"of {', '.join(n for n in DATASETS if n not in ('text', 'prose'))}"
-        )
-    if isinstance(d["seed"], bool) or not isinstance(d["seed"], int) or not 0 <= d["seed"] < 2**32:
-        raise WidthscopeError(
-            f"linearize config: data.seed must be a whole number in 0..{2**32 - 1} (got {d['seed']!r})"
-        )
-    if d["root"] is not None and not isinstance(d["root"], str):
-        raise WidthscopeError(f"linearize config: data.root must be a folder path string (got {d['root']!r})")
-    m = cfg["model"]
+    classification = [n for n in DATASETS if n not in ("text", "prose")]
+    _must(
+        d["name"] in classification,
+        f"data.name {d['name']!r} is not a classification dataset; use one of {', '.join(classification)}",
+    )
+    _must(
+        _count(d["seed"], 0) and d["seed"] < 2**32,
+        f"data.seed must be a whole number in 0..{2**32 - 1} (got {d['seed']!r})",
+    )
+    _must(
+        d["root"] is None or isinstance(d["root"], str), f"data.root must be a folder path string (got {d['root']!r})"
+    )
     for width in cfg["widths"]:
         try:
             with torch.device("meta"):
-                build(
-                    "mlp",
-                    width,
-                    in_dim=4,
-                    out_dim=2,
-                    depth=m["depth"],
-                    activation=m["activation"],
-                    parametrization=m["parametrization"],
-                    sigma_w=m["sigma_w"],
-                )
+                build_mlp(cfg, width, 4, 2)
         except WidthscopeError as exc:
             raise WidthscopeError(f"linearize config: [model] {exc}") from None
+
+
+def build_mlp(cfg: Mapping[str, Any], width: int, in_dim: int, out_dim: int) -> torch.nn.Module:
+    """The sweep's MLP of ``width`` with the config's ``[model]`` options."""
+    opts = {k: cfg["model"][k] for k in ("depth", "activation", "parametrization", "sigma_w")}
+    return build("mlp", width, in_dim=in_dim, out_dim=out_dim, **opts)
 
 
 def _config_hash(cfg: Mapping[str, Any]) -> str:

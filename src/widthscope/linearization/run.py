@@ -1,20 +1,12 @@
 """Linearization width sweep: ``widthscope linearize CONFIG.toml [--out DIR] [--shard k/n]`` (:func:`run_file`,
 :func:`run_linearize`).
 
-For every cell ``width × seed × α`` it builds the MLP (``torch.manual_seed(seed)`` before
-``widthscope.models.build``), trains it and its linear model side by side with learning rate
-``η = η₀·n^α`` (batch order also drawn from ``seed``), and records tidy rows
-``kind="linearization"`` (one per logged step). In the cell with the first listed ``α`` it also
-measures the derivative correlations at ``η = η₀`` (rows ``kind="correlation"``). Cells run
-through :func:`widthscope.sweeps.grid.run_grid`: resumable (finished cells are skipped) and
-shardable (``--shard k/n``). When the grid is complete, log-log slopes over width
-(:func:`widthscope.linearization.summary.summarize`) are printed next to the reference slopes and
-written to ``slopes.json``.
-
-The config: :mod:`widthscope.linearization.config`; the slopes: :mod:`widthscope.linearization.summary`.
-The settings of a run are a :class:`LinearizeOptions` (the sweep config and the shard);
-``slopes.json`` records them (``"options"``), and ``widthscope linearize --config slopes.json``
-(or the ``linearize_config.json`` every run writes) repeats the sweep.
+Every cell ``width × seed × α`` builds the MLP (seeded), trains it and its linear model side by side with
+learning rate ``η = η₀·n^α`` and records rows ``kind="linearization"`` (one per logged step); the cells with
+the first ``α`` also measure the derivative correlations at ``η = η₀`` (rows ``kind="correlation"``). Cells
+run through :func:`widthscope.sweeps.grid.run_grid` (resumable, shardable); once the grid is complete the
+slopes over width (:func:`widthscope.linearization.summary.summarize`) are printed and written to
+``slopes.json`` with the :class:`LinearizeOptions` that made them (``--config slopes.json`` repeats the sweep).
 
 Python entry (used by ``widthscope demo``)::
 
@@ -40,10 +32,9 @@ from ..data import describe
 from ..errors import WidthscopeError
 from ..linear.correlation import correlation_summary, parse_correlation_name
 from ..linear.trainer import train_side_by_side
-from ..models import build
 from ..options import Options, option
 from ..sweeps.grid import cell_id, finish_after_ranks, lock_out_dir, parse_shard, run_grid, shard_for_run
-from .config import load_toml, make_cells, validate_config
+from .config import build_mlp, load_toml, make_cells, validate_config
 from .summary import print_slopes, summarize
 
 __all__ = ["LinearizeOptions", "run_cell", "run_sweep", "run_linearize", "run_file"]
@@ -107,19 +98,10 @@ def cell_inputs(cfg: Mapping[str, Any]):
 def run_cell(cfg: Mapping[str, Any], cell: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Train one ``(width, seed, α)`` cell; rows for every logged step (+ correlation rows)."""
     (X, Y), (Xt, Yt), k, words = cell_inputs(cfg)
-    m, tr = cfg["model"], cfg["train"]
+    tr = cfg["train"]
     width, seed, alpha = cell["width"], cell["seed"], cell["alpha"]
     torch.manual_seed(seed)
-    model = build(
-        "mlp",
-        width,
-        in_dim=X.shape[1],
-        out_dim=k,
-        depth=m["depth"],
-        activation=m["activation"],
-        parametrization=m["parametrization"],
-        sigma_w=m["sigma_w"],
-    ).to(getattr(torch, tr["dtype"]))
+    model = build_mlp(cfg, width, X.shape[1], k).to(getattr(torch, tr["dtype"]))
     lr = tr["eta0"] * width**alpha
     rows = train_side_by_side(
         model,
