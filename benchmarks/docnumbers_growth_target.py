@@ -2,7 +2,7 @@
 
 From ``benchmarks/results/grow-target/`` (``comparison.jsonl``, ``summary.json``: written by
 ``OMP_NUM_THREADS=1 python benchmarks/grow_target.py --out benchmarks/results/grow-target``;
-``paper-plan.json``: ``python benchmarks/grow_target.py --plan configs/grow-target-paper.toml``).
+``paper-plan.json``: ``python benchmarks/grow_target.py --paper-plan configs/grow-target-paper.toml``).
 Keys: ``growth_target/table``, ``growth_target/verdict``, ``growth_target/best``,
 ``growth_target/holds``, ``growth_target/continue/<depth|width>``, ``growth_target/<summary field>``,
 ``growth_target/plan_table``, ``growth_target/sustained``.
@@ -145,3 +145,119 @@ def register(dn: Any) -> None:
     @dn.quantity("growth_target/sustained")
     def _sustained() -> str:
         return f"{plan()['sustained_flops']:.1e}".replace("e+", "e")
+
+    @dn.quantity("growth_target/crossover")
+    def _short_crossover() -> str:
+        c = next(r for r in table() if r["run"] == "continue-depth")
+        w = next(r for r in table() if r["run"] == "continue-width")
+        return f"{c['crossover_beyond']} of {len(c['crossover_seeds'])} (depth) and {w['crossover_beyond']} of {len(w['crossover_seeds'])} (width)"
+
+    register_budgets(dn)
+
+
+# ---- the budget study: benchmarks/results/grow-target-<tag>/ (tag t20, t60: tokens per parameter)
+BUDGET_TABLE = (
+    "run",
+    "reached",
+    "speed-up vs scratch",
+    "95% interval",
+    "verdict (≥ 1.3×)",
+    "vs continue-small",
+    "95% interval",
+    "verdict (> 1×)",
+    "final loss",
+)
+
+
+def register_budgets(dn: Any) -> None:
+    def table(tag: str) -> list[dict[str, Any]]:
+        return list(dn.load_rows(f"benchmarks/results/grow-target-{tag}/comparison.jsonl"))
+
+    def summary(tag: str) -> dict[str, Any]:
+        return dn.load_json(f"benchmarks/results/grow-target-{tag}/summary.json")
+
+    def rows(tag: str) -> list[dict[str, Any]]:
+        return list(dn.load_rows(f"benchmarks/results/grow-target-{tag}/results.jsonl"))
+
+    def x(v: Any) -> str:
+        return "–" if v is None else dn.sig(v, 2) + "×"
+
+    def interval(r: dict[str, Any], key: str = "speedup") -> str:
+        if r.get(f"{key}_lo") is None:
+            return "–"
+        return f"{dn.sig(r[f'{key}_lo'], 2)}–{dn.sig(r[f'{key}_hi'], 2)}"
+
+    @dn.pattern(r"growth_budget/(t\d+)/table")
+    def _table(tag: str) -> str:
+        lines = ["| " + " | ".join(BUDGET_TABLE) + " |", "|" + "---|" * len(BUDGET_TABLE)]
+        for r in table(tag):
+            cells = [
+                f"`{r['run']}`",
+                f"{r['reached']}/{r['seeds']}",
+                x(r["speedup"]),
+                interval(r),
+                r["verdict"],
+                x(r["vs_continue"]),
+                interval(r, "vs_continue"),
+                r.get("verdict_continue") or "–",
+                dn.sig(r["final_loss"], 3),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+        return dn.block(lines)
+
+    @dn.pattern(r"growth_budget/(t\d+)/(verdict|crossover|target|tokens|seeds|steps|minutes|params|best)")
+    def _field(tag: str, key: str) -> str:
+        s, t = summary(tag), table(tag)
+        scratch = next(r for r in t if r["run"] == "scratch")
+        if key == "verdict":
+            return s["answer"]["verdict"]
+        if key == "crossover":
+            c = next(r for r in t if r["run"] == "continue-depth")
+            n = len(c["crossover_seeds"])
+            if c["crossover"] is None:
+                return f"beyond B in {c['crossover_beyond']} of {n} seeds"
+            beyond = f"; beyond B in {c['crossover_beyond']} of {n}" if c["crossover_beyond"] else ""
+            return f"{dn.sig(c['crossover'], 2)} B ({interval(c, 'crossover')}{beyond})"
+        if key == "target":
+            return f"{dn.sig(scratch['target_loss'], 3)} ± {dn.sig(scratch['target_se'], 1)}"
+        if key == "tokens":
+            return dn.sig(scratch["tokens_per_param"], 2)
+        if key == "seeds":
+            return str(len(s["seeds"]))
+        if key == "steps":
+            return str(scratch["budget_steps"])
+        if key == "minutes":
+            return dn.sig(s["seconds_cells_total"] / 60, 2)
+        if key == "params":
+            return f"{rows(tag)[0]['target_parameters']:,}"
+        a = s["answer"]
+        best = next(r for r in t if r["run"] == a["best"])
+        return f"`{a['best']}`: {x(best['speedup'])} ({interval(best)}), vs continue-small {x(best['vs_continue'])} ({interval(best, 'vs_continue')})"
+
+    @dn.pattern(r"growth_budget/(t\d+)/planner")
+    def _planner(tag: str) -> str:
+        from widthscope.growth.schedule import growth_pays
+
+        by = {(r["run"], r["seed"]): r for r in rows(tag)}
+        right = n = 0
+        for (run, seed), r in by.items():
+            if run != "continue-depth":
+                continue
+            target = by[("scratch", seed)]["target_loss"]
+            budget = r["budget_flops"]
+            early = [p for p in r["curve"] if p[0] <= 0.25 * budget * (1 + 1e-9)]
+            said = growth_pays(early, budget, target)["decision"]
+            right += said == ("continue" if r["reached"] else "grow")
+            n += 1
+        return f"{right} of {n}"
+
+    @dn.quantity("growth_power/table")
+    def _power() -> str:
+        head = ("seed sd (log)", "true speed-up", "true vs continue", "says holds (≥ 1.3×)", "says holds (> 1×)")
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in dn.load_rows("benchmarks/results/grow_target_power.jsonl"):
+            lines.append(
+                f"| {r['seed_sd_log']} | {r['speedup']}× | {r['vs_continue']}× "
+                f"| {round(100 * r['holds'])}% | {round(100 * r['holds_continue'])}% |"
+            )
+        return dn.block(lines)

@@ -771,7 +771,15 @@ def _target_setting(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
     each distinct model timed in the cell's own loop, one held-out evaluation and growth signal."""
     from .growth.schedule import SCHEDULES  # noqa: PLC0415  start-up time: each command loads only its own pipeline
     from .growth.suite import reproducible  # noqa: PLC0415  start-up time: each command loads only its own pipeline
-    from .growth.target import OPERATORS, CellContext, measure_signal, start_run, target_model, train_until  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+    from .growth.target import (  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+        OPERATORS,
+        CellContext,
+        budget_steps,
+        measure_signal,
+        start_run,
+        target_model,
+        train_until,
+    )
     from .growth.target_plan import meta_llama, meta_step_flops  # noqa: PLC0415  start-up time: each command loads only its own pipeline
     from .train import resolve_device  # noqa: PLC0415  start-up time: each command loads only its own pipeline
 
@@ -788,12 +796,13 @@ def _target_setting(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
         ids = torch.zeros(n, int(cell["seq_len"]), dtype=torch.long, device="meta")
         return saved_bytes(lambda: meta(ids, labels=ids).loss, meta)
 
-    B, cap, evals = int(cell["steps"]) * flops["target"], float(cell["cap"]), int(cell["evals"])
+    steps = budget_steps(cell, params)
+    B, cap, evals = steps * flops["target"], float(cell["cap"]), int(cell["evals"])
     earliest = [
         (s.fractions[0] if s.kind == "fixed" else s.earliest) for s in (SCHEDULES[c] for c in cell["schedules"])
     ]
     # (model, steps, evaluations) of every run of one seed; zero_block's grown model has the target's shape
-    work = [("target", int(cell["steps"]), evals + 1)]
+    work = [("target", steps, evals + 1)]
     work += [
         (k, math.ceil(cap * B * (1 - 1e-12) / flops[k]), math.ceil(cap * evals) + 1) for k in shapes if k != "target"
     ]
@@ -834,7 +843,7 @@ def _target_setting(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
 
         def loop(m: nn.Module) -> Callable[[int], Any]:
             f = ctx.step_flops(m)
-            return lambda k: train_until(ctx, start_run(ctx, copy.deepcopy(m), seed), k * f)
+            return lambda k: train_until(ctx, start_run(ctx, copy.deepcopy(m), seed, k * f), k * f)
 
         step_s = {k: time_loop(loop(m)) for k, m in real.items()}
         eval_s = {k: seconds(ctx.eval_loss, m) for k, m in real.items()}

@@ -58,5 +58,11 @@ def run(args: argparse.Namespace) -> int:
         if a["best"] is not None and a["best_lo"] is not None
         else f"\nreaches the from-scratch loss with >= {a['threshold']}x less compute: {a['verdict']}"
     )
+    for label, f in a.get("crossover", {}).items():
+        if label in a["crossover_beyond"]:
+            where = "beyond B in most seeds: no growth headline"
+        else:
+            where = "-" if f is None else f"{f:.2f} B (mean over the seeds where it lies within B)"
+        print(f"the from-scratch target overtakes {label} at: {where}")
     print(f"results: {out / 'results.jsonl'}, {out / 'comparison.jsonl'}, {out / 'summary.json'}")
     return 0

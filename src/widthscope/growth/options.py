@@ -134,6 +134,7 @@ class GrowBenchOptions(Options):
 # import the benchmark and its data/models: tests/test_grow_target.py checks they agree). The operators
 # are widthscope.registry.GROWTH_OPERATORS' (a light module).
 TARGET_SCHEDULES = (
+    "fixed@0.1",
     "fixed@0.25",
     "fixed@0.5",
     "fixed@0.15+0.35",
@@ -166,6 +167,23 @@ class GrowTargetOptions(Options):
         unit="steps",
         help="training steps of the from-scratch target, which set the budget B (default: the suite's)",
     )
+    tokens_per_param: float | None = option(
+        None,
+        kind="float",
+        lo=0.01,
+        hi=1e6,
+        unit="tokens",
+        flag="--tokens-per-param",
+        help="the budget B in training tokens per parameter of the target (about 20 is compute-optimal; "
+        "default: the suite's, 20 in the full suite); --steps sets B in steps instead",
+    )
+    decay: str | None = option(
+        None,
+        kind="str",
+        choices=("none", "cosine", "linear"),
+        help="learning-rate decay after warm-up, to 0.1 x lr at the end of each run's compute "
+        "(default: the suite's, cosine in the full suite)",
+    )
     operators: tuple[str, ...] | None = option(
         None, kind="strs", help=f"comma-separated growth operators (default all: {','.join(GROWTH_OPERATORS.names())})"
     )
@@ -180,6 +198,8 @@ class GrowTargetOptions(Options):
     )
 
     def check(self) -> None:
+        if self.steps is not None and self.tokens_per_param is not None:
+            raise WidthscopeError("--steps and --tokens-per-param both set the budget: give one")
         if self.quick and self.suite_file is not None:
             raise WidthscopeError("--quick and --suite-file: choose one (the quick suite, or the suites of the file)")
         for name, known in (("operators", GROWTH_OPERATORS.names()), ("schedules", TARGET_SCHEDULES)):

@@ -2,7 +2,8 @@ r"""When to grow: at fixed fractions of a compute budget, or when a signal says 
 
 A :class:`Schedule` (``fixed``, ``plateau``, ``certificate``: ``B_exact`` of the bias step reaches
 ``threshold``, or ``misalignment``) is read at every evaluation (:meth:`Schedule.due`); signals never
-fire before ``earliest`` and are forced at ``latest``. :func:`choose_points` picks where to grow.
+fire before ``earliest`` and are forced at ``latest``. :func:`choose_points` picks where to grow;
+:func:`growth_pays` says from the small model's loss curve whether growing pays at a budget.
 Details: docs/growth.md.
 
 Example::
@@ -20,13 +21,14 @@ import dataclasses
 import math
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch.nn as nn
 
 from ..errors import WidthscopeError
 from ..probe.growth import CRITERIA, block_input_features, point_criteria
 from ..stats import certificate, misalignment
 
-__all__ = ["Schedule", "KINDS", "alignment_signal", "choose_points", "SCHEDULES"]
+__all__ = ["Schedule", "KINDS", "alignment_signal", "choose_points", "SCHEDULES", "fit_curve", "growth_pays"]
 
 KINDS = ("fixed", "plateau", "certificate", "misalignment")
 
@@ -165,6 +167,7 @@ def choose_points(
 SCHEDULES: dict[str, Schedule] = {
     s.name: s
     for s in (
+        Schedule("fixed", fractions=(0.1,)),
         Schedule("fixed", fractions=(0.25,)),
         Schedule("fixed", fractions=(0.5,)),
         Schedule("fixed", fractions=(0.15, 0.35)),
@@ -173,3 +176,67 @@ SCHEDULES: dict[str, Schedule] = {
         Schedule("misalignment", threshold=0.1),
     )
 }
+
+
+def fit_curve(curve: Sequence[Sequence[float]]) -> tuple[float, float, float]:
+    """Least-squares fit ``loss ≈ E + A · C^(-alpha)`` to ``[(compute, loss), ...]`` (points with
+    ``compute > 0``; ``E, A ≥ 0``, ``alpha`` on a grid in [0.02, 3] refined once); ``(E, A, alpha)``.
+
+    >>> E, A, a = fit_curve([[c, 2.0 + 3.0 * c**-0.5] for c in (1, 2, 4, 8, 16, 32)])
+    >>> round(E, 3), round(A, 3), round(a, 3)
+    (2.0, 3.0, 0.5)
+    """
+    pts = np.asarray([(float(c), float(v)) for c, v in curve if float(c) > 0], float)
+    if len(pts) < 3:
+        raise WidthscopeError(f"fit_curve: need at least 3 points with compute > 0, got {len(pts)}")
+    c, y = pts[:, 0] / pts[:, 0].max(), pts[:, 1]  # compute in units of the last point
+
+    def fit(alpha: float) -> tuple[float, float, float]:
+        x = c**-alpha
+        best = (math.inf, 0.0, 0.0)
+        for E, A in _nonnegative_lstsq(x, y):
+            sse = float(((E + A * x - y) ** 2).sum())
+            best = min(best, (sse, E, A))
+        return best
+
+    grid = np.linspace(0.02, 3.0, 150)
+    a0 = min(grid, key=lambda a: fit(float(a))[0])
+    fine = np.linspace(max(0.005, a0 - 0.02), a0 + 0.02, 81)
+    alpha = float(min(fine, key=lambda a: fit(float(a))[0]))
+    _, E, A = fit(alpha)
+    return E, A * float(pts[:, 0].max()) ** alpha, alpha
+
+
+def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> list[tuple[float, float]]:
+    """Candidates for min ||E + A x - y|| with E, A >= 0: the free solution if feasible, else the
+    two boundary fits."""
+    X = np.stack([np.ones_like(x), x], 1)
+    (E, A), *_ = np.linalg.lstsq(X, y, rcond=None)
+    if E >= 0 and A >= 0:
+        return [(float(E), float(A))]
+    a_only = max(0.0, float(x @ y / (x @ x)))
+    return [(max(0.0, float(y.mean())), 0.0), (0.0, a_only)]
+
+
+def growth_pays(curve: Sequence[Sequence[float]], budget: float, target: float) -> dict[str, Any]:
+    """From the small model's held-out ``curve`` so far (``[(FLOPs, loss), ...]``): will it reach
+    ``target`` by ``budget`` FLOPs if continued alone? Fits :func:`fit_curve` and extrapolates.
+    ``decision``: ``"grow"`` where the fitted curve stays above ``target`` at ``budget`` (or its floor
+    ``E`` is above it), ``"continue"`` where the small model is predicted to get there first.
+
+    >>> curve = [[c, 2.0 + 3.0 * c**-0.5] for c in (1, 2, 4, 8)]
+    >>> growth_pays(curve, 100.0, 2.2)["decision"], growth_pays(curve, 1000.0, 2.2)["decision"]
+    ('grow', 'continue')
+    """
+    E, A, alpha = fit_curve(curve)
+    at_budget = E + A * float(budget) ** -alpha
+    reach = None if target <= E or A == 0 else (A / (target - E)) ** (1 / alpha)
+    return {
+        "decision": "grow" if at_budget > target else "continue",
+        "floor": E,
+        "scale": A,
+        "alpha": alpha,
+        "loss_at_budget": at_budget,
+        "reach_flops": reach,
+        "fitted_to": max(float(c) for c, _ in curve),
+    }

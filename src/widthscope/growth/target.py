@@ -23,15 +23,20 @@ evaluations around it; a run that never reaches it is *censored* (``reached`` fa
 The per-seed speed-up is ``F_scratch / F_run`` (both first crossings of the same target on the same
 held-out examples); the judgement over seeds is :func:`widthscope.growth.target_compare.compare`.
 
-All runs of a cell use one torch thread and deterministic algorithms (:func:`reproducible`), AdamW
-(weight decay 0, gradient clipping at norm 1), a linear warm-up then a constant learning rate (no
-decay: a schedule tied to one budget would favour runs of that length).
+The budget: ``steps``, or ``tokens_per_param`` tokens per parameter of the target model (about 20
+is compute-optimal). All runs of a cell use one torch thread and deterministic algorithms
+(:func:`reproducible`), AdamW (weight decay 0, gradient clipping at norm 1), a linear warm-up, then
+``decay``: ``"none"`` (constant), or ``"cosine"`` / ``"linear"`` down to ``final_lr`` × ``lr`` at the
+end of the run's compute (``B`` for scratch, ``cap · B`` for the others; a grown run continues the
+small run's schedule). The target is the from-scratch loss at ``B`` (annealed where ``decay`` is
+set), the mean over ``n_eval`` held-out sequences, with its standard error (``target_se``).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -47,34 +52,64 @@ from .operators import Growth, stack_depth, stack_order, widen, zero_block
 from .schedule import SCHEDULES, Schedule, alignment_signal
 from .suite import reproducible
 
-__all__ = ["TARGET_SUITES", "OPERATORS", "target_cells", "run_target_cell", "model_flops", "reach_flops"]
+__all__ = [
+    "TARGET_SUITES",
+    "OPERATORS",
+    "DECAYS",
+    "target_cells",
+    "run_target_cell",
+    "model_flops",
+    "reach_flops",
+    "budget_steps",
+    "lr_factor",
+]
+
+DECAYS = ("none", "cosine", "linear")
 
 # operator name -> which small model it grows ("depth": fewer layers, "width": narrower): a live view
 # of widthscope.registry.GROWTH_OPERATORS (an operator registered later is in it too)
 OPERATORS: Mapping[str, str] = GROWTH_OPERATORS.mapping("axis")
 _BASE: dict[str, Any] = dict(
-    width=64,
+    width=32,
     depth=4,
     head_dim=16,
     small_depth=2,
-    small_width=32,
-    seq_len=32,
-    batch_size=16,
+    small_width=16,
+    seq_len=64,
+    batch_size=64,
     lr=3e-3,
     warmup=40,
     rewarm=10,
-    steps=240,
+    steps=600,
+    tokens_per_param=20.0,  # about compute-optimal for the target; overrides steps
+    decay="cosine",
+    final_lr=0.1,
     evals=20,
     cap=1.0,
-    n_train=4096,
-    n_eval=128,
+    n_train=32768,
+    n_eval=512,
     n_signal=32,
-    max_bytes=600_000,
+    max_bytes=4_000_000,
     operators=tuple(OPERATORS),  # the built-in operators (registered when this module loads)
-    schedules=("fixed@0.25", "fixed@0.15+0.35", "plateau<0.01", "certificate>0.5"),
+    schedules=("fixed@0.1", "fixed@0.25", "plateau<0.01", "certificate>0.5"),
 )
 TARGET_SUITES: dict[str, dict[str, Any]] = {
     "full": _BASE,
+    # the earlier suite: a fixed 240 steps (0.55 tokens per target parameter), constant learning rate
+    "short": {
+        **_BASE,
+        "width": 64,
+        "small_width": 32,
+        "seq_len": 32,
+        "batch_size": 16,
+        "steps": 240,
+        "tokens_per_param": None,
+        "decay": "none",
+        "n_train": 4096,
+        "n_eval": 128,
+        "max_bytes": 600_000,
+        "schedules": ("fixed@0.25", "fixed@0.15+0.35", "plateau<0.01", "certificate>0.5"),
+    },
     "quick": {
         **_BASE,
         "width": 32,
@@ -86,6 +121,8 @@ TARGET_SUITES: dict[str, dict[str, Any]] = {
         "warmup": 4,
         "rewarm": 2,
         "steps": 24,
+        "tokens_per_param": None,
+        "decay": "none",
         "evals": 8,
         "n_train": 256,
         "n_eval": 32,
@@ -94,7 +131,7 @@ TARGET_SUITES: dict[str, dict[str, Any]] = {
         "schedules": ("fixed@0.25", "fixed@0.15+0.35", "certificate>0.5"),
     },
 }
-TARGET_SEEDS = {"full": (0, 1, 2, 3, 4), "quick": (0, 1)}
+TARGET_SEEDS = {"full": (0, 1, 2, 3, 4), "short": (0, 1, 2, 3, 4), "quick": (0, 1)}
 
 
 def target_cells(suite: str = "full", seeds: Sequence[int] | None = None) -> list[dict[str, Any]]:
@@ -149,6 +186,31 @@ def model_flops(model: nn.Module, batch: torch.Tensor, cache: dict[tuple, int] |
     return flops
 
 
+def budget_steps(cell: Mapping[str, Any], params: int) -> int:
+    """Training steps of the from-scratch budget: ``tokens_per_param`` × the target's ``params``
+    (embeddings included) ÷ the tokens of one step, or ``steps`` where ``tokens_per_param`` is unset."""
+    tpp = cell.get("tokens_per_param")
+    if tpp is None:
+        return int(cell["steps"])
+    return max(1, round(float(tpp) * params / (int(cell["batch_size"]) * int(cell["seq_len"]))))
+
+
+def lr_factor(decay: str, fraction: float, final: float) -> float:
+    """The learning-rate multiplier after warm-up at ``fraction`` of the run's compute.
+
+    >>> lr_factor("cosine", 0.0, 0.1), lr_factor("cosine", 1.0, 0.1), lr_factor("linear", 0.5, 0.0)
+    (1.0, 0.1, 0.5)
+    """
+    x = min(max(fraction, 0.0), 1.0)
+    if decay == "none":
+        return 1.0
+    if decay == "linear":
+        return final + (1 - final) * (1 - x)
+    if decay == "cosine":
+        return final + (1 - final) * 0.5 * (1 + math.cos(math.pi * x))
+    raise WidthscopeError(f"grow-target: decay {decay!r}; choose one of {', '.join(DECAYS)}")
+
+
 def reach_flops(curve: Sequence[Sequence[float]], target: float) -> float | None:
     """FLOPs at which the held-out ``curve`` (``[(flops, loss), ...]``) first reaches ``target``,
     linearly interpolated between the evaluation before and the first one at or below it."""
@@ -180,6 +242,7 @@ class _Run:
     events: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     next_eval: int = 1
     signal_flops: float = 0.0  # part of ``flops`` spent measuring a growth signal
+    horizon: float = 0.0  # the FLOPs at which the learning-rate decay ends
 
     def snapshot(self) -> _Run:
         model = copy.deepcopy(self.model)
@@ -228,22 +291,28 @@ class CellContext:
     def step_flops(self, model: nn.Module) -> int:
         return model_flops(model, self.probe, self.flop_cache)
 
-    def eval_loss(self, model: nn.Module) -> float:
+    def eval_losses(self, model: nn.Module) -> torch.Tensor:
+        """The held-out loss of each evaluation sequence (mean over its predicted tokens)."""
         was = model.training
         model.eval()
+        out = []
         with torch.no_grad():
-            total = 0.0
             for i in range(0, len(self.eval), 64):
                 xb = self.eval[i : i + 64]
-                total += float(model(xb, labels=xb).loss) * len(xb)
+                logits = model(xb).logits[:, :-1].float()
+                ce = nn.functional.cross_entropy(logits.transpose(1, 2), xb[:, 1:], reduction="none")
+                out.append(ce.mean(dim=1))
         model.train(was)
-        return total / len(self.eval)
+        return torch.cat(out).double()
+
+    def eval_loss(self, model: nn.Module) -> float:
+        return float(self.eval_losses(model).mean())
 
 
-def start_run(ctx: CellContext, model: nn.Module, seed: int) -> _Run:
+def start_run(ctx: CellContext, model: nn.Module, seed: int, horizon: float) -> _Run:
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=ctx.cell["lr"], weight_decay=0.0)
-    run = _Run(model, opt, torch.Generator().manual_seed(int(seed)))
+    run = _Run(model, opt, torch.Generator().manual_seed(int(seed)), horizon=horizon)
     loss = ctx.eval_loss(model)
     run.curve.append([0.0, loss])
     run.history.append(loss)
@@ -260,12 +329,13 @@ def train_until(
     ``on_eval(run)`` (returning True stops the run)."""
     cell = ctx.cell
     lr, bs = float(cell["lr"]), int(cell["batch_size"])
+    decay, final = str(cell.get("decay", "none")), float(cell.get("final_lr", 0.1))
     n = len(ctx.train)
     f_step = ctx.step_flops(run.model)
     while run.flops < limit * (1 - 1e-12):
         warm = int(cell["warmup"]) if not run.events else int(cell["rewarm"])
         for g in run.opt.param_groups:
-            g["lr"] = lr * min(1.0, (run.since + 1) / max(warm, 1))
+            g["lr"] = lr * min(1.0, (run.since + 1) / max(warm, 1)) * lr_factor(decay, run.flops / run.horizon, final)
         idx = torch.randint(0, n, (bs,), generator=run.gen)
         xb = ctx.train[idx.to(ctx.train.device)]
         loss = run.model(xb, labels=xb).loss
@@ -407,7 +477,7 @@ def _small_prefix(
     torch.manual_seed(seed + (101 if kind == "depth" else 202))
     width = int(cell["width"]) if kind == "depth" else int(cell["small_width"])
     depth = int(cell["small_depth"]) if kind == "depth" else int(cell["depth"])
-    run = start_run(ctx, target_model(cell, width, depth), seed + 1)
+    run = start_run(ctx, target_model(cell, width, depth), seed + 1, float(cell["cap"]) * ctx.budget)
     snaps: dict[str, tuple[_Run, dict[str, Any]]] = {}
     charged = {s.name: 0.0 for s in schedules}
 
@@ -511,12 +581,21 @@ def _run_target_cell(cell: Mapping[str, Any]) -> list[dict[str, Any]]:
         )
     torch.manual_seed(seed)
     big = target_model(cell, int(cell["width"]), int(cell["depth"]))
-    ctx.budget = float(int(cell["steps"]) * ctx.step_flops(big))
+    params = sum(p.numel() for p in big.parameters())
+    steps = budget_steps(cell, params)
+    ctx.budget = float(steps * ctx.step_flops(big))
     ctx.grid = ctx.budget / int(cell["evals"])
-    scratch = start_run(ctx, big, seed)
+    scratch = start_run(ctx, big, seed, ctx.budget)
     train_until(ctx, scratch, ctx.budget)
-    target = scratch.curve[-1][1]
+    final = ctx.eval_losses(scratch.model)
+    target = float(final.mean())
     ref = reach_flops(scratch.curve, target)
+    budget = {
+        "budget_steps": steps,
+        "target_parameters": params,
+        "tokens_per_param": steps * int(cell["batch_size"]) * int(cell["seq_len"]) / params,
+        "target_se": float(final.std() / math.sqrt(len(final))) if len(final) > 1 else None,
+    }
     rows = [_row(ctx, "scratch", scratch, target, ref, small=None, operator=None, schedule=None)]
     rows[0]["seconds"] = time.perf_counter() - t0
     schedules = [SCHEDULES[s] for s in cell["schedules"]]
@@ -535,5 +614,5 @@ def _run_target_cell(cell: Mapping[str, Any]) -> list[dict[str, Any]]:
                 rows.append(_row(ctx, f"{op}/{s.name}", run, target, ref, small=kind, operator=op, schedule=s.name))
                 rows[-1]["seconds"] = time.perf_counter() - t1
     for r in rows:
-        r["seconds_cell"] = time.perf_counter() - t0
+        r.update(budget, seconds_cell=time.perf_counter() - t0)
     return rows

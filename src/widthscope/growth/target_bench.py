@@ -45,6 +45,7 @@ COLUMNS = (
     "forced",
     "final_loss",
     "verdict",
+    "verdict_continue",
 )
 
 
@@ -68,7 +69,11 @@ def suite_cells(opts: GrowTargetOptions) -> list[dict[str, Any]]:
         cells = target_cells(opts.suite, opts.seeds)
     for c in cells:
         if opts.steps is not None:
-            c["steps"] = opts.steps
+            c["steps"], c["tokens_per_param"] = opts.steps, None
+        if opts.tokens_per_param is not None:
+            c["tokens_per_param"] = opts.tokens_per_param
+        if opts.decay is not None:
+            c["decay"] = opts.decay
         if opts.operators is not None:
             c["operators"] = tuple(opts.operators)
         if opts.schedules is not None:

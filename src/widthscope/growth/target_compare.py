@@ -2,8 +2,10 @@ r"""The judgement of the compute-to-target benchmark (:mod:`widthscope.growth.ta
 
 Per target width and run label, the per-seed speed-up ``s = F_scratch / F_run`` is summarised as a
 geometric mean with its 95% Student-t interval (censored seeds at their bound) and judged against
-``s ≥ 1.3`` (:data:`SPEEDUP`), Holm-adjusted over the table; beside it ``vs_continue`` against the
-small model continued alone. The rules: docs/growth.md.
+``s ≥ 1.3`` (:data:`SPEEDUP`); ``vs_continue`` (the FLOPs ratio against the small model continued
+alone, paired by seed) is judged against ``> 1``; both families are Holm-adjusted together. Each
+continue-small row carries the crossover budget (:func:`crossover`): the fraction of ``B`` from
+which the from-scratch target model is ahead of the small one. The rules: docs/growth.md.
 
 Example::
 
@@ -66,7 +68,7 @@ def holm(ps: Sequence[float]) -> list[float]:
     return adj
 
 
-__all__ = ["SPEEDUP", "compare", "answer"]
+__all__ = ["SPEEDUP", "compare", "answer", "crossover"]
 
 SPEEDUP = 1.3
 
@@ -79,15 +81,36 @@ def _label_order(label: str) -> tuple[int, str]:
     return (2, label)
 
 
+def crossover(big: Sequence[Sequence[float]], small: Sequence[Sequence[float]]) -> float | None:
+    """The FLOPs from which the held-out curve ``big`` (``[(flops, loss), ...]``) stays at or below
+    ``small`` (linearly interpolated at ``big``'s evaluations, linear between them); ``None`` when
+    ``big`` ends above ``small`` or ``small`` does not reach ``big``'s end.
+
+    >>> crossover([[0, 5.0], [2, 3.0], [4, 1.0]], [[0, 5.0], [1, 2.0], [4, 2.0]])
+    3.0
+    """
+    fs, ls = [float(f) for f, _ in small], [float(v) for _, v in small]
+    pts = [(float(f), float(v) - float(np.interp(f, fs, ls))) for f, v in big if f > 0 and f <= fs[-1] * (1 + 1e-9)]
+    if not pts or pts[-1][1] > 0:
+        return None
+    i = len(pts) - 1
+    while i > 0 and pts[i - 1][1] <= 0:
+        i -= 1
+    if i == 0:
+        return pts[0][0]
+    (f0, d0), (f1, d1) = pts[i - 1], pts[i]
+    return f0 + (f1 - f0) * d0 / (d0 - d1)
+
+
 def compare(rows: Sequence[Mapping[str, Any]], *, threshold: float = SPEEDUP) -> list[dict[str, Any]]:
     """One table row per run label (see the module docstring)."""
-    by: dict[tuple[int, str], list[Mapping[str, Any]]] = defaultdict(list)
+    by: dict[tuple[int, int, str], list[Mapping[str, Any]]] = defaultdict(list)
     for r in rows:
         if r.get("kind") == "grow_target":
-            by[(int(r.get("width") or 0), str(r["run"]))].append(r)
+            by[(*_budget(r), str(r["run"]))].append(r)
     table = []
-    for width, label in sorted(by, key=lambda k: (k[0], *_label_order(k[1]))):
-        rs = sorted(by[(width, label)], key=lambda r: int(r["seed"]))
+    for width, steps, label in sorted(by, key=lambda k: (k[0], k[1], *_label_order(k[2]))):
+        rs = sorted(by[(width, steps, label)], key=lambda r: int(r["seed"]))
         s = [float(r["speedup"]) for r in rs if r.get("speedup") is not None and float(r["speedup"]) > 0]
         test = seed_test([math.log(v) for v in s], (math.log(threshold), math.inf))
         grown = [float(r["grown_at"]) for r in rs if r.get("grown_at") is not None]
@@ -96,6 +119,9 @@ def compare(rows: Sequence[Mapping[str, Any]], *, threshold: float = SPEEDUP) ->
             {
                 "kind": "grow_target_compare",
                 "width": width or None,
+                "budget_steps": steps or None,
+                "tokens_per_param": _mean([r.get("tokens_per_param") for r in rs]),
+                "target_se": _mean([r.get("target_se") for r in rs]),
                 "run": label,
                 "small": first.get("small"),
                 "operator": first.get("operator"),
@@ -118,18 +144,32 @@ def compare(rows: Sequence[Mapping[str, Any]], *, threshold: float = SPEEDUP) ->
             }
         )
     _versus_continue(table, by)
+    _crossovers(table, by)
     # a growth label whose every seed reached the target before growing measured the small model only
     for t in table:
         if t.get("operator") and t["seeds"] and t["reached_before_growth"] == t["seeds"]:
             t["verdict"] = "reached before growing"
-    tested = [t for t in table if t["run"] != "scratch" and t["p"] is not None and "verdict" not in t]
-    for t, adj in zip(tested, holm([t["p"] for t in tested])):
-        t["p_holm"] = adj
-        t["verdict"] = t["direction"] if adj <= ALPHA else "not resolved"
+    tests = [(t, "") for t in table if t["run"] != "scratch" and t["p"] is not None and "verdict" not in t]
+    tests += [(t, "_continue") for t in table if t.get("p_continue") is not None and "verdict" not in t]
+    for (t, family), adj in zip(tests, holm([t["p" + family] for t, family in tests])):
+        t["p_holm" + family] = adj
+        t["verdict" + family] = t["direction" + family] if adj <= ALPHA else "not resolved"
     for t in table:
         t.setdefault("p_holm", None)
         t.setdefault("verdict", "reference" if t["run"] == "scratch" else "not resolved")
+        t.setdefault("p_holm_continue", None)
+        t.setdefault("verdict_continue", None if not t.get("operator") else "not resolved")
     return table
+
+
+def _budget(r: Mapping[str, Any]) -> tuple[int, int]:
+    """The comparison's group: the target width and the budget in steps (0 where not recorded)."""
+    return int(r.get("width") or 0), int(r.get("budget_steps") or 0)
+
+
+def _mean(values: Sequence[Any]) -> float | None:
+    v = [float(x) for x in values if x is not None]
+    return sum(v) / len(v) if v else None
 
 
 def _before_growth(r: Mapping[str, Any]) -> bool:
@@ -137,17 +177,20 @@ def _before_growth(r: Mapping[str, Any]) -> bool:
     return bool(r.get("reached")) and bool(events) and float(r["reach_flops"]) <= float(events[0]["flops"])
 
 
-def _versus_continue(table: list[dict[str, Any]], by: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]]) -> None:
+def _versus_continue(
+    table: list[dict[str, Any]], by: Mapping[tuple[int, int, str], Sequence[Mapping[str, Any]]]
+) -> None:
     """Each growth label against its small model continued alone, paired by seed: the ratio
     ``F_continue / F_growth`` of the FLOPs to the target (> 1: growing got there first), geometric
     mean and 95% t interval (``vs_continue``, ``vs_continue_lo``, ``vs_continue_hi``)."""
     for t in table:
-        t.update(vs_continue=None, vs_continue_lo=None, vs_continue_hi=None)
+        t.update(vs_continue=None, vs_continue_lo=None, vs_continue_hi=None, p_continue=None, direction_continue=None)
         if not t.get("operator"):
             continue
-        cont = {int(r["seed"]): r for r in by.get((int(t["width"] or 0), f"continue-{t['small']}"), [])}
+        key = (int(t["width"] or 0), int(t["budget_steps"] or 0))
+        cont = {int(r["seed"]): r for r in by.get((*key, f"continue-{t['small']}"), [])}
         logs = []
-        for r in by[(int(t["width"] or 0), t["run"])]:
+        for r in by[(*key, t["run"])]:
             c = cont.get(int(r["seed"]))
             if c is None or r.get("speedup") is None or c.get("speedup") is None:
                 continue
@@ -158,15 +201,52 @@ def _versus_continue(table: list[dict[str, Any]], by: Mapping[tuple[int, str], S
             t["vs_continue"] = math.exp(test["measured"])
         if test["low"] is not None:
             t["vs_continue_lo"], t["vs_continue_hi"] = math.exp(test["low"]), math.exp(test["high"])
+            t["p_continue"], t["direction_continue"] = test["p"], test["direction"]
+
+
+def _crossovers(table: list[dict[str, Any]], by: Mapping[tuple[int, int, str], Sequence[Mapping[str, Any]]]) -> None:
+    """On each continue-small row: the crossover budget per seed as a fraction of ``B``
+    (``crossover_seeds``, ``None`` where it lies beyond ``B``), their mean with a 95% t interval over
+    the seeds where it lies within ``B``, and ``crossover_beyond``: how many seeds it lies beyond."""
+    for t in table:
+        if not str(t["run"]).startswith("continue-"):
+            continue
+        key = (int(t["width"] or 0), int(t["budget_steps"] or 0))
+        scratch = {int(r["seed"]): r for r in by.get((*key, "scratch"), [])}
+        fractions: list[float | None] = []
+        for r in sorted(by[(*key, t["run"])], key=lambda r: int(r["seed"])):
+            ref = scratch.get(int(r["seed"]))
+            if ref is None or not ref.get("curve") or not r.get("curve"):
+                continue
+            f = crossover(ref["curve"], r["curve"])
+            fractions.append(None if f is None else f / float(ref["budget_flops"]))
+        within = [f for f in fractions if f is not None]
+        test = seed_test(within, (-math.inf, math.inf))
+        t.update(
+            crossover=test["measured"],
+            crossover_lo=test["low"],
+            crossover_hi=test["high"],
+            crossover_seeds=fractions,
+            crossover_beyond=len(fractions) - len(within),
+        )
 
 
 def answer(table: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """ "Does any operator/schedule reach the target with ≥ 1.3× less compute?" from the table:
-    ``yes`` / ``no`` / ``not resolved``, the best growth label and the continue-small baselines."""
+    ``yes`` / ``no`` / ``not resolved``, or ``crossover beyond budget`` where for most seeds the
+    target model is not ahead of the small one at ``B`` (growing cannot pay there: no headline);
+    the best growth label and the continue-small baselines."""
     growth = [t for t in table if t.get("operator") and t["verdict"] != "reached before growing"]
     holds = [t for t in growth if t["verdict"] == "holds"]
     best = max(growth, key=lambda t: t["speedup"] if t["speedup"] is not None else -math.inf, default=None)
-    if holds:
+    beyond = {
+        str(t["small"]): t
+        for t in table
+        if str(t["run"]).startswith("continue-") and 2 * t["crossover_beyond"] > t["seeds"]
+    }
+    if growth and all(str(t["small"]) in beyond for t in growth):
+        verdict = "crossover beyond budget"
+    elif holds:
         verdict = "yes"
     elif growth and all(t["verdict"] == "does not" for t in growth):
         verdict = "no"
@@ -184,4 +264,8 @@ def answer(table: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         # the per-label rule without the correction for testing many labels: lower 95% bound >= 1.3
         "lower_bound_above": [t["run"] for t in growth if t["speedup_lo"] is not None and t["speedup_lo"] >= SPEEDUP],
         "continue": {t["run"]: t["speedup"] for t in table if str(t["run"]).startswith("continue-")},
+        # the fraction of B from which the target model is ahead of the small one (None: beyond B)
+        "crossover": {t["run"]: t.get("crossover") for t in table if str(t["run"]).startswith("continue-")},
+        "crossover_beyond": sorted(f"continue-{k}" for k in beyond),
+        "holds_continue": [t["run"] for t in growth if t.get("verdict_continue") == "holds"],
     }

@@ -33,7 +33,7 @@ from .._io import read_toml
 from ..errors import WidthscopeError
 from ..models import build
 from .schedule import SCHEDULES
-from .target import OPERATORS, TARGET_SUITES, ffn_width
+from .target import DECAYS, OPERATORS, TARGET_SUITES, budget_steps, ffn_width
 
 __all__ = ["read_suite_file", "plan_cost", "meta_step_flops", "meta_llama", "spent_fractions"]
 
@@ -56,11 +56,15 @@ def _check_settings(s: Mapping[str, Any], where: str) -> None:
             f"{where}: width {s['width']} and small_width {s['small_width']} must be multiples of head_dim {hd}, "
             "small_width below width"
         )
-    if not s["small_depth"] < s["depth"] <= 2 * s["small_depth"]:
-        raise WidthscopeError(
-            f"{where}: need small_depth < depth <= 2 * small_depth (stacking copies the small model's layers), "
-            f"got {s['small_depth']} and {s['depth']}"
-        )
+    if not s["small_depth"] < s["depth"]:
+        raise WidthscopeError(f"{where}: need small_depth < depth, got {s['small_depth']} and {s['depth']}")
+    tpp = s["tokens_per_param"]
+    if tpp is not None and (isinstance(tpp, bool) or not isinstance(tpp, (int, float)) or not 0 < tpp < 1e6):
+        raise WidthscopeError(f"{where}: tokens_per_param = {tpp!r} must be a positive number")
+    if s["decay"] not in DECAYS:
+        raise WidthscopeError(f"{where}: decay = {s['decay']!r}; choose one of {', '.join(DECAYS)}")
+    if isinstance(s["final_lr"], bool) or not isinstance(s["final_lr"], (int, float)) or not 0 <= s["final_lr"] <= 1:
+        raise WidthscopeError(f"{where}: final_lr = {s['final_lr']!r} must be a number in [0, 1]")
     bad = [o for o in s["operators"] if o not in OPERATORS] + [c for c in s["schedules"] if c not in SCHEDULES]
     if bad:
         raise WidthscopeError(f"{where}: unknown operator/schedule {bad}; known {list(OPERATORS)}, {list(SCHEDULES)}")
@@ -83,7 +87,10 @@ def read_suite_file(path: str | Path) -> dict[str, Any]:
     device = raw.get("device", "cpu")
     suites = []
     for i, e in enumerate(entries):
-        s = {**TARGET_SUITES["full"], "device": device, **defaults, **e}
+        given = {**defaults, **e}
+        s = {**TARGET_SUITES["full"], "device": device, **given}
+        if "steps" in given and "tokens_per_param" not in given:
+            s["tokens_per_param"] = None  # a suite that gives steps sets its budget in steps
         for key in ("operators", "schedules"):
             s[key] = tuple(s[key])
         _check_settings(s, f"{where} [[suite]] {i + 1}")
@@ -143,7 +150,8 @@ def plan_cost(plan: Mapping[str, Any], fractions: Mapping[str, float]) -> list[d
         f_t, p_t = meta_step_flops(s, s["width"], s["depth"])
         _, p_d = meta_step_flops(s, s["width"], s["small_depth"])
         _, p_w = meta_step_flops(s, s["small_width"], s["depth"])
-        budget = float(s["steps"]) * f_t
+        steps = budget_steps(s, p_t)
+        budget = float(steps) * f_t
         labels = ["scratch"]
         labels += [f"continue-{k}" for k in sorted({OPERATORS[o] for o in s["operators"]})]
         labels += [f"{o}/{c}" for o in s["operators"] for c in s["schedules"]]
@@ -162,8 +170,8 @@ def plan_cost(plan: Mapping[str, Any], fractions: Mapping[str, float]) -> list[d
                 "parameters_small_depth": p_d,
                 "parameters_small_width": p_w,
                 "step_flops": f_t,
-                "steps": s["steps"],
-                "tokens": s["steps"] * s["batch_size"] * s["seq_len"],
+                "steps": steps,
+                "tokens": steps * s["batch_size"] * s["seq_len"],
                 "budget_flops": budget,
                 "runs_per_seed": len(labels),
                 "seeds": n,
