@@ -1084,8 +1084,8 @@ def _alignment_time(cfg: Any, fam: Any, width: float, budget: int) -> float:
     from . import models  # noqa: PLC0415  start-up time: each command loads only its own pipeline
     from .probe.losses import logits_of  # noqa: PLC0415  start-up time: each command loads only its own pipeline
     from .sweeps.cell import cell_monitor, cell_options  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
+    from .sweeps.config import LM_DATASETS  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
     from .sweeps.pools import fill_model_options, load_split, pool_batches, probe_conditions, probe_lengths, probe_pools  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
-    from .sweeps.schema import LM_DATASETS  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
 
     split = load_split(fam, budget, cfg)
     torch.manual_seed(0)

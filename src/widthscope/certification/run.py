@@ -34,7 +34,7 @@ from ..options import CertifyOptions, CertifyRunOptions
 from ..probe import all_points, collect, insertion_points, resolve_points
 from ..probe.interventions import batch_size_of, index_batch, to_batches
 from ..stats import vacuous_rule
-from ..sweeps.certify_rows import training_record
+from ..sweeps.results import training_record
 from ..train import resolve_device, train
 from .per_point import ranking, tables
 from .pipeline import certify_dict, data_description, settings_block

@@ -21,8 +21,7 @@ from .. import data as wdata
 from ..data.spec import InputSpec
 from ..data.text import corpus_chunks, read_corpus, recorded_chunks
 from ..errors import WidthscopeError
-from .config import parse_shift
-from .schema import FamilySpec, SweepConfig
+from .config import FamilySpec, SweepConfig, parse_shift
 
 if TYPE_CHECKING:
     from ..data import Split
@@ -262,5 +261,5 @@ def cell_input_spec(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: str | o
     the same rule); its held-out pool is drawn from the dataset's whole held-out part, where the
     sweep draws from the cell's ``n_test`` subset of it. Written to ``input_spec.json`` beside
     the cell's checkpoint."""
-    fam = next(f for f in cfg.families if f.name == cell["family"])
+    fam = cfg.family(cell["family"])
     return InputSpec(model=str(cell_dir), n_train=fam.n_probe_train, n_test=fam.n_probe_test, seed=cfg.data_seed)
