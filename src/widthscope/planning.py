@@ -46,7 +46,7 @@ import torch.nn as nn
 
 from ._io import format_table, human_size
 from .certification.per_point import statistics
-from .certification.run import device_memory, load_checkpoint, run_device
+from .certification.pipeline import device_memory, load_checkpoint, run_device
 from .data.inputs import resolve
 from .data.published import is_all
 from .errors import WidthscopeError

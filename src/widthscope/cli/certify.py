@@ -1,4 +1,4 @@
-"""``widthscope certify``: the command line of :func:`widthscope.certification.run.run_certify`.
+"""``widthscope certify``: the command line of :func:`widthscope.certification.pipeline.run_certify`.
 
 A thin adapter: the statistics options are generated from :class:`~widthscope.options.CertifyOptions`
 and :class:`~widthscope.options.CertifyRunOptions` (:mod:`widthscope.cli.args`), the input options
@@ -13,7 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ..certification.run import CertifyJob, list_points, run_certify
+from ..certification.pipeline import CertifyJob, list_points, run_certify
 from ..data.corpus import dataset_splits
 from ..data.published import is_all
 from ..data.sources import splits_of

@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .._io import cut_off
+from ..certification.pipeline import training_record
 from ..errors import WidthscopeError
-from ..sweeps.results import certify_rows, training_record
+from ..sweeps.results import certify_rows
 
 __all__ = ["is_certify_json", "load_certify", "rows_from_certify", "series_rows", "describe", "check_suite"]
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO, Any, Mapping, Sequence
 
 from .._io import format_table
+from ..certification.pipeline import training_record
 from ..errors import WidthscopeError
 from ..probe.interventions import resolved
 from ..stats import vacuous_rule
@@ -32,7 +33,6 @@ __all__ = [
     "print_summary",
     "certify_rows",
     "smallest_step",
-    "training_record",
 ]
 
 RECORD = "sweep.json"
@@ -249,28 +249,6 @@ def print_summary(rows: Sequence[Mapping[str, Any]], out_dir: Path, file: IO[str
 
 
 # ----------------------------------------------------------------------------- certify results as rows
-_TRAINING_NAMES = {"steps": ("steps",), "train_loss": ("train_loss", "loss"), "test_loss": ("test_loss",)}
-
-
-def training_record(extra: Any) -> dict[str, Any]:
-    """``{"steps", "train_loss", "test_loss"}`` (those recorded, finite numbers only) from a
-    checkpoint's ``extra`` dict: a sweep's ``extra["train"]`` (:func:`widthscope.train.train`'s
-    result), else top-level ``steps`` / ``train_loss`` (or ``loss``) / ``test_loss``. ``{}`` when none
-    is recorded (an HF model): the report then shows '–'."""
-    if not isinstance(extra, Mapping):
-        return {}
-    out: dict[str, Any] = {}
-    for where in (extra.get("train"), extra):
-        if not isinstance(where, Mapping):
-            continue
-        for key, names in _TRAINING_NAMES.items():
-            for n in names:
-                v = where.get(n)
-                if key not in out and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                    out[key] = v
-    return out
-
-
 def smallest_step(ivs: list[dict[str, Any]]) -> dict[str, Any]:
     """The ``iv_*`` columns a sweep row carries: the smallest step the dtype resolves, where the
     linear prediction is meant to hold (``{}`` when there is none)."""

@@ -17,7 +17,7 @@ commits; e.g. Pythia's ``step1000`` … ``step143000``) to certify each one at::
     M = [16, 32, 64]
     interventions = "none"
 
-Each cell is a :func:`widthscope.certification.run.run_certify` run (:func:`run_suite`), resumable
+Each cell is a :func:`widthscope.certification.pipeline.run_certify` run (:func:`run_suite`), resumable
 like every sweep: ``DIR/cells/<cell_id>.json`` is the cell's certify result plus the grid's
 ``cell``/``rows``. Rows record the model id, the revision, the commit it resolved to and ``step``
 parsed from the revision's name (``step1000`` -> 1000). A cell's id hashes (model, revision) and the
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .._io import format_table, to_jsonable
-from ..certification.run import CertifyJob, run_certify
+from ..certification.pipeline import CertifyJob, run_certify
 from ..data.spec import InputSpec
 from ..errors import WidthscopeError
 from ..hub import resolve_model
