@@ -228,18 +228,12 @@ def _alignment_rows(
             two = stats.certificate(m_two, M=M, K=K, populations="two")
             row: dict[str, Any] = {
                 "kind": "alignment",
-                "model": common["model"],
-                "dataset": common["dataset"],
+                **common,  # model, dataset, n_params, data_description and the training record
                 "point": point,
                 "point_index": pi,
                 "depth_fraction": (pi + 1) / npts,
                 "n_points": npts,
                 "d": int(a.shape[1]),
-                "n_params": common["n_params"],
-                "train_loss": common["train_loss"],
-                "test_loss": common["test_loss"],
-                "test_accuracy": common["test_accuracy"],
-                "steps": common["steps"],
                 "n_probe_train": int(a.shape[0]),
                 "n_probe_test": int(b.shape[0]),
                 "M": M,
@@ -247,7 +241,6 @@ def _alignment_rows(
                 "estimator": opts.estimator,
                 "pool": opts.pool,
                 "probe_notes": "; ".join(getattr(Xa, "notes", [])) or None,
-                "data_description": common["data_description"],
                 **probe_columns,
             }
             for prefix, cert in (("one_", one), ("two_", two)):
@@ -308,17 +301,7 @@ def _intervention_rows(
                         iv_retention=smallest["retention"],
                         iv_sign_agrees=smallest["sign_agrees"],
                     )
-        out += [
-            {
-                **iv,
-                "model": common["model"],
-                "dataset": common["dataset"],
-                "point_index": pi,
-                "n_params": common["n_params"],
-                "data_description": common["data_description"],
-            }
-            for iv in ivs
-        ]
+        out += [{**iv, **common, "point_index": pi} for iv in ivs]
     return out
 
 
