@@ -5,7 +5,7 @@ Checkpoints (trained here, seeded): (a) a widthscope LLaMA (width 64, 4 blocks) 
 steps on byte-level Python stdlib text and saved with :func:`widthscope.checkpoint.save`; (b) a
 transformers ``GPT2LMHeadModel`` (width 64, 4 blocks, byte vocabulary) trained 300 steps on the
 same bytes and saved with ``save_pretrained``. Each is certified as a user would
-(:func:`widthscope.certification.run.run_certify`, what ``widthscope certify`` runs; ``plan_certify`` is what
+(:func:`widthscope.certification.pipeline.run_certify`, what ``widthscope certify`` runs; ``plan_certify`` is what
 ``certify --plan`` prints, and its assumed dtype is recorded) with ``--dtype`` float64, float32,
 bfloat16 and float16 and otherwise identical settings: the same text file (three stdlib modules
 not in the training bytes), pools, seeds, points, ``M = K``, draws and intervention grid.
@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from widthscope import checkpoint, data, models  # noqa: E402
 from widthscope.certification import samples as saved  # noqa: E402
 from widthscope.certification.per_point import statistics  # noqa: E402
-from widthscope.certification.run import CertifyJob, run_certify  # noqa: E402
+from widthscope.certification.pipeline import CertifyJob, run_certify  # noqa: E402
 from widthscope.data.spec import InputSpec  # noqa: E402
 from widthscope.options import CertifyOptions, CertifyRunOptions  # noqa: E402
 from widthscope.planning import plan_certify  # noqa: E402

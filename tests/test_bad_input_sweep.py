@@ -18,7 +18,9 @@ import pytest
 
 import widthscope.cli as cli
 from widthscope.cli import main
-from widthscope.sweeps.grid import LOCK, _held, lock_out_dir
+from widthscope._io import LOCK
+from widthscope._io import lock_held as _held
+from widthscope.sweeps.grid import lock_out_dir
 
 from test_faults import TINY_LIN, TINY_SWEEP
 

@@ -211,7 +211,7 @@ def test_bad_command_line_is_one_line_before_any_work(case, root, tmp_path, caps
 
 
 def test_pools_that_cannot_fit_in_memory_are_refused_before_training(tmp_path, monkeypatch, capsys):
-    import widthscope.certification.run as pl
+    import widthscope.certification.pipeline as pl
 
     monkeypatch.setattr(pl, "_available_memory", lambda: 10_000)
     rc = main(["certify", *FAST, "--out", str(tmp_path / "c.json")])

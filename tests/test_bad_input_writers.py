@@ -26,7 +26,7 @@ from hf_tiny import corpus, save_model, write_text_files
 from test_faults import TINY_SWEEP
 from widthscope import _io
 from widthscope._io import LOCK, append_jsonl, atomic_write_text, hold_lock, lock_held
-from widthscope.certification.run import CertifyJob, _lock
+from widthscope.certification.pipeline import CertifyJob, _lock
 from widthscope.cli import main
 from widthscope.data.spec import InputSpec
 from widthscope.errors import WidthscopeError

@@ -222,7 +222,7 @@ def _same_settings(resumed, full):
 def test_certify_resume_after_the_last_part_records_the_same_settings(tmp_path, monkeypatch, capsys):
     """Killed after every point was finished, before the JSON was written: the result is assembled
     from the parts alone, and still says how its interventions were run."""
-    import widthscope.certification.run as pl
+    import widthscope.certification.pipeline as pl
 
     argv = ["certify", "--train-steps", "5", "--n-train", "48", "--n-test", "48", "--M", "8,16", "--draws", "100",
             "--n-etas", "3", "--max-rel-step", "0.01"]

@@ -193,7 +193,8 @@ SWEEP = {"sweep": {"name": "spec", "seeds": [0], "M": [4], "draws": 20, "interve
 @pytest.fixture(scope="module")
 def cell(tmp_path_factory):
     """One sweep cell trained and saved (as ``widthscope sweep`` does), and its config."""
-    from widthscope.sweeps.alignment import load_config, plan_cells, run_cell
+    from widthscope.sweeps.alignment import load_config, plan_cells
+    from widthscope.sweeps.cell import run_cell
 
     root = tmp_path_factory.mktemp("sweep")
     cfg = load_config(SWEEP, out_dir=root)
@@ -221,11 +222,11 @@ def _same_pools(a, b):
 
 
 def test_sweep_certify_and_python_reach_the_same_pools_through_one_spec(cell, tmp_path):
-    from widthscope.sweeps import alignment
+    from widthscope.sweeps import pools as sweep_pools
 
     cfg, c, ck = cell
     python = InputSpec(model=str(ck), n_train=24, n_test=16, seed=3)
-    from_sweep = alignment.cell_input_spec(cfg, c, ck)
+    from_sweep = sweep_pools.cell_input_spec(cfg, c, ck)
     recorded = InputSpec.from_dict(json.loads((ck / "input_spec.json").read_text())["input_spec"])
     cli = _cli_spec(["--model", str(ck), "--n-train", "24", "--n-test", "16", "--seed", "3"])
     assert python == from_sweep == recorded == cli
@@ -240,8 +241,8 @@ def test_sweep_certify_and_python_reach_the_same_pools_through_one_spec(cell, tm
         _same_pools(pools[0], p)
     # the sweep's own in-domain train pool is the spec's train pool (same fitted examples, same rule)
     fam = cfg.families[0]
-    split = alignment.load_split(fam, int(c["budget"]), cfg)
-    pa, pb, _, _ = alignment.probe_pools(fam, {"name": "in-domain", "data": "digits"}, None, split, cfg)
+    split = sweep_pools.load_split(fam, int(c["budget"]), cfg)
+    pa, pb, _, _ = sweep_pools.probe_pools(fam, {"name": "in-domain", "data": "digits"}, None, split, cfg)
     assert all(torch.equal(u, v) for u, v in zip(pa, pools[0].train))
     assert len(pb[0]) == len(pools[0].test[0]) == 16
 

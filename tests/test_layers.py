@@ -59,7 +59,7 @@ def test_no_import_runs_up_the_layers():
 
 
 def test_the_check_sees_a_climb():
-    assert _layer("widthscope.stats.bounds") < _layer("widthscope.certification.run") < _layer("widthscope.cli.certify")
+    assert _layer("widthscope.stats.bounds") < _layer("widthscope.certification.pipeline") < _layer("widthscope.cli.certify")
     graph = {"widthscope.probe.points": {"widthscope.models.hf", "widthscope.stats"}}
     assert _climbs(graph) == {("widthscope.probe.points", "widthscope.models.hf")}
 

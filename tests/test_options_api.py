@@ -173,7 +173,7 @@ def test_the_public_functions_are_plain_functions_in_either_import_order(first):
     import subprocess
     import sys
 
-    imports = "import widthscope.certification.run, widthscope.growth.bench, widthscope.sweeps.grid"
+    imports = "import widthscope.certification.pipeline, widthscope.growth.bench, widthscope.sweeps.grid"
     code = (f"{imports}\nimport widthscope as ws\n" if first == "packages" else
             f"import widthscope as ws\nws.certify, ws.grow, ws.sweep\n{imports}\n") + (
         "import types, widthscope.api as api\n"

@@ -18,7 +18,8 @@ from widthscope.certification import data_description
 from widthscope.report import alignment, load_results, report
 from widthscope.report.html import data_descriptions, fit_titles
 from widthscope.stats import vacuous_rule
-from widthscope.sweeps.alignment import print_summary, run_sweep, summary_rows
+from widthscope.sweeps.alignment import run_sweep
+from widthscope.sweeps.results import print_summary, summary_rows
 
 
 def _row(probe: str, L: int, seed: int, w: int, d: float, **kw):

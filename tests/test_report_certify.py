@@ -162,7 +162,7 @@ def test_training_steps_and_losses_come_from_what_the_checkpoint_recorded(series
     """Certify's settings["training"] first, else the local checkpoint's config.json extra; '–' only
     when neither records them."""
     from widthscope.report.html import provenance
-    from widthscope.sweeps.certify_rows import training_record
+    from widthscope.certification.pipeline import training_record
 
     assert training_record({"train": {"steps": 40, "train_loss": 0.5, "test_loss": 0.7, "loss": "ce"}}) == {
         "steps": 40, "train_loss": 0.5, "test_loss": 0.7}

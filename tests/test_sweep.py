@@ -15,7 +15,9 @@ import torch
 
 from widthscope.cli import main
 from widthscope.errors import WidthscopeError
-from widthscope.sweeps.alignment import TIMING_COLUMNS, take_examples, load_config, plan_cells, run_sweep
+from widthscope.sweeps.alignment import load_config, plan_cells, run_sweep
+from widthscope.sweeps.config import TIMING_COLUMNS
+from widthscope.sweeps.pools import take_examples
 from widthscope.sweeps.grid import cell_id, load_rows
 
 TINY = """

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from widthscope._io import read_jsonl
-from widthscope.sweeps.alignment import (MONITOR_SUMMARY, MONITOR_TIMING_COLUMNS, TIMING_COLUMNS, load_config,
-                                        monitor_steps, plan_cells, run_sweep)
+from widthscope.sweeps.alignment import load_config, plan_cells, run_sweep
+from widthscope.sweeps.config import MONITOR_SUMMARY, MONITOR_TIMING_COLUMNS, TIMING_COLUMNS, monitor_steps
 from widthscope.sweeps.grid import cell_id
 
 TINY = {
@@ -40,7 +40,7 @@ def _cfg(widths=(8, 16), **monitor):
 
 
 def test_certified_steps_first_and_from():
-    from widthscope.sweeps.alignment import certified_steps
+    from widthscope.sweeps.cell import certified_steps
 
     rows = lambda *bs: [{"step": s, "vacuous": b is None, "b_exact": 1.0 if b is None else b}  # noqa: E731
                         for s, b in zip((0, 3, 7, 20), bs)]

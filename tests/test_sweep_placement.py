@@ -12,10 +12,11 @@ import pytest
 
 import hf_tiny
 from cli_run import one_line, run_cli
-from widthscope.sweeps.alignment import TIMING_COLUMNS, load_config, plan_cells, run_sweep
+from widthscope.sweeps.alignment import load_config, plan_cells, run_sweep
+from widthscope.sweeps.config import TIMING_COLUMNS
 from widthscope.sweeps.grid import load_rows
 from widthscope.sweeps.placement import cell_folder, check_placement
-from widthscope.sweeps.record import read_record
+from widthscope.sweeps.results import read_record
 
 pytest.importorskip("accelerate")
 

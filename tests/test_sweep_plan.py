@@ -18,7 +18,7 @@ from cli_run import one_line, run_cli
 from widthscope import models
 from widthscope.sweeps.alignment import load_config, plan_cells
 from widthscope.sweeps.grid import cell_id
-from widthscope.sweeps.record import read_record
+from widthscope.sweeps.results import read_record
 
 import widthscope.planning  # noqa: F401,E402  (the attribute widthscope.planning is widthscope.stats.plan)
 

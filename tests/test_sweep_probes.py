@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from widthscope import data
-from widthscope.sweeps.alignment import apply_shift, load_config, plan_cells, run_sweep
+from widthscope.sweeps.alignment import load_config, plan_cells, run_sweep
+from widthscope.sweeps.pools import apply_shift
 
 BASE = """
 [sweep]
@@ -61,7 +62,7 @@ def test_conditions_and_lengths_change_probes_not_training(tmp_path):
 
 def test_in_domain_longer_probe_keeps_held_out_text_held_out(tmp_path):
     cfg = _load(tmp_path, PROBES.replace("widths = [16, 32]", "widths = [16]"), "one")
-    from widthscope.sweeps.alignment import load_split, probe_pools
+    from widthscope.sweeps.pools import load_split, probe_pools
 
     fam = cfg.families[0]
     split = load_split(fam, fam.n_train, cfg)
@@ -125,7 +126,7 @@ def test_training_data_is_always_read_in_domain_and_shifts_need_images(tmp_path)
     # prose train pool, in-domain held-out pool: the held-out side is still the recorded held-out text
     cfg = _load(tmp_path, BASE.replace("widths = [16, 32]", "widths = [16]")
                 + 'probes = [{ name = "mixed", data = "prose", test_data = "text", seq_len = [16] }]\n', "mixed")
-    from widthscope.sweeps.alignment import load_split, probe_pools
+    from widthscope.sweeps.pools import load_split, probe_pools
 
     fam = cfg.families[0]
     split = load_split(fam, fam.n_train, cfg)

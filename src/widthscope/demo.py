@@ -281,7 +281,8 @@ def run_demo(
     is skipped, and a :class:`WidthscopeError` raised once the report is written. ``threads``:
     torch's CPU threads meanwhile (``None``: torch's default)."""
     from .report.alignment import summary  # noqa: PLC0415  start-up time: numpy
-    from .sweeps.alignment import load_config, print_summary, run_sweep  # noqa: PLC0415  start-up time: torch
+    from .sweeps.alignment import load_config, run_sweep  # noqa: PLC0415  start-up time: torch
+    from .sweeps.results import print_summary  # noqa: PLC0415  start-up time: torch
 
     opts = DemoOptions(  # checked before any work, recorded in DIR/demo.json
         quick=quick, no_linear=not linear, no_progress=not show_progress, threads=threads

@@ -25,7 +25,7 @@ import torch.nn as nn
 
 from ._io import format_table, human_size
 from .certification.per_point import statistics
-from .certification.run import device_memory, load_checkpoint, run_device
+from .certification.pipeline import device_memory, load_checkpoint, run_device
 from .data.inputs import resolve
 from .data.spec import is_all
 from .errors import WidthscopeError
@@ -988,8 +988,8 @@ def _alignment_time(cfg: Any, fam: Any, width: float, budget: int) -> float:
     from . import models  # noqa: PLC0415  start-up time: each command loads only its own pipeline
     from .probe.collect import logits_of  # noqa: PLC0415  start-up time: each command loads only its own pipeline
     from .sweeps.cell import cell_monitor, cell_options  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
+    from .sweeps.config import LM_DATASETS  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
     from .sweeps.pools import fill_model_options, load_split, pool_batches, probe_conditions, probe_lengths, probe_pools  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
-    from .sweeps.schema import LM_DATASETS  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
 
     split = load_split(fam, budget, cfg)
     torch.manual_seed(0)

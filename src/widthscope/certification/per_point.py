@@ -1,8 +1,5 @@
-"""Per-point statistics, the ranking and the terminal tables of a certify result.
-
-Shared by :mod:`widthscope.certification` (which probes a model) and :mod:`widthscope.samples`
-(``widthscope stats``, which recomputes from saved samples): both import this module, neither
-imports the other's statistics (no import cycle). ``widthscope.certification`` re-exports the names.
+"""Per-point statistics, the ranking and the terminal tables of a certify result, shared by the
+certify pipeline (which probes a model) and ``widthscope stats`` (which recomputes from saved samples).
 """
 
 from __future__ import annotations
@@ -41,28 +38,19 @@ def rounding_bounds(
     rho: float | None = None,
     errors: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> dict[str, Any] | None:
-    r"""How far rounding the samples moves the first-order statistics, for samples from a
-    bfloat16/float16 model (None for any other dtype: the statistics are accumulated in float64
-    from upcast samples, so only the samples' own rounding matters).
+    r"""How far rounding moves the first-order statistics of samples from a bfloat16/float16
+    model (None for any other dtype: the statistics are accumulated in float64 from upcast samples).
 
     **Measured** (``errors``: the rounding errors of a few train and held-out samples,
     :func:`widthscope.probe.interventions.sample_errors`): ``δ(ā·b̄) ≈ δā·b̄ + ā·δb̄`` and
-    ``δ‖μ‖² ≈ 2 δs̄·s̄``, each term estimated by
-    :func:`~widthscope.probe.interventions.projected_rounding` (systematic part + 3 standard errors).
-    This is what certify should use: it flags only what the rounding actually reaches.
-
-    **Worst case** (no ``errors``): with every sample off by at most ``ρ`` of its norm (``rho``;
-    default ``SAMPLE_REL_ERROR · u``, ``u`` the dtype's unit roundoff), ``N1 = Σ‖s_i‖``,
-    ``N2 = Σ‖s_i‖²``, ``P2 = n(n−1)``:
-
-    * ``‖μ‖²`` (unbiased, ``S/P2`` with ``S = ‖Σs‖² − N2``) moves by at most
-      ``(2ρ‖Σs‖N1 + ρ²N1² + (2ρ + ρ²)N2) / P2``; plug-in ``‖s̄‖²`` by ``2ρ‖s̄‖m + ρ²m²``, ``m = N1/n``;
-    * ``aᵀb = ā·b̄`` by at most ``ρ(m_a‖b̄‖ + m_b‖ā‖) + ρ²m_a m_b``.
-
-    Norms of the true samples are bounded from the rounded ones (``‖s‖ ≤ ‖s̃‖/(1−ρ)``, ``‖Σs‖ ≤
-    ‖Σs̃‖ + ρN1``). An estimate whose magnitude is at most its bound is *within rounding of zero*:
-    even its sign is not resolved by the dtype. Returns ``{"dtype", "rho", "bounds": {name: bound},
-    "within_rounding": [names]}`` with names ``mu_sq_train``, ``mu_sq_test``, ``ab``.
+    ``δ‖μ‖² ≈ 2 δs̄·s̄``, each term by :func:`~widthscope.probe.interventions.projected_rounding`.
+    **Worst case** (no ``errors``): every sample off by at most ``ρ`` of its norm (``rho``; default
+    ``SAMPLE_REL_ERROR · u``, ``u`` the unit roundoff); with ``N1 = Σ‖s_i‖``, ``N2 = Σ‖s_i‖²``, the
+    unbiased ``‖μ‖²`` moves by at most ``(2ρ‖Σs‖N1 + ρ²N1² + (2ρ + ρ²)N2) / n(n−1)`` (plug-in:
+    ``2ρ‖s̄‖m + ρ²m²``, ``m = N1/n``) and ``ā·b̄`` by ``ρ(m_a‖b̄‖ + m_b‖ā‖) + ρ²m_a m_b``, norms of the
+    true samples bounded from the rounded ones. An estimate within its bound is *within rounding of
+    zero*: its sign is not resolved. Returns ``{"dtype", "method", "rho", "bounds": {name: bound}, "within_rounding"}``,
+    names ``mu_sq_train``, ``mu_sq_test``, ``ab``.
     """
     dt = _as_dtype(dtype)
     if dt not in _LOW:
@@ -135,17 +123,15 @@ def statistics(
     sample_rel_error: float | dict[str, float] | None = None,
     sample_errors: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """Moments, certificates and misalignment per point from pooled samples (no model needed).
+    """Moments, certificates and misalignment per point from pooled samples (no model needed):
+    the ``points`` rows of a certify result and its notes (``widthscope stats`` reruns this).
 
-    ``train[point]``, ``test[point]``: ``(n, d)`` sample vectors (projected to ``project``
-    dims when ``project`` is set, with ``dims[point]`` the original ``d``). Returns the
-    ``points`` rows of :func:`certify` and its notes. ``widthscope stats`` reruns exactly this
-    on saved samples. ``sample_dtype``: the dtype of the model the samples came from; for
-    bfloat16/float16 each row gets ``rounding`` (:func:`rounding_bounds`: measured from
-    ``sample_errors[point]`` = :func:`widthscope.probe.interventions.sample_errors` where given, else
-    the worst case with ``ρ`` = ``sample_rel_error`` (one number or one per point) or
-    ``SAMPLE_REL_ERROR · u``) and the notes name every first-order statistic whose estimate is
-    within rounding of zero.
+    ``train[point]``, ``test[point]``: ``(n, d)`` sample vectors (projected to ``project`` dims
+    when set, ``dims[point]`` the original ``d``). ``sample_dtype``: the dtype of the model the
+    samples came from; for bfloat16/float16 each row gets ``rounding`` (:func:`rounding_bounds`,
+    measured from ``sample_errors[point]`` where given, else the worst case at ``ρ`` =
+    ``sample_rel_error``, one number or one per point) and the notes name every estimate within
+    rounding of zero.
     """
     results: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -291,22 +277,7 @@ def tables(result: dict[str, Any]) -> str:
         )
         table = format_table(
             rows,
-            [
-                "form",
-                "M",
-                "K",
-                "S",
-                "V",
-                "T",
-                "d_par",
-                "d_2",
-                "d_align",
-                "B_exact",
-                "B_align",
-                "misalign",
-                "low",
-                "high",
-            ],
+            "form M K S V T d_par d_2 d_align B_exact B_align misalign low high".split(),
             title=title,
         )
         if vac:

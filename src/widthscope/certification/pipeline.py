@@ -1,4 +1,5 @@
-r"""Alignment certificates at the insertion points of a trained model (function + CLI).
+r"""The certify pipeline: :func:`certify_dict` certifies the insertion points of a model on
+batches; :func:`run_certify` is a whole ``widthscope certify`` run from a :class:`CertifyJob`.
 
 Per point: probe the per-example activation gradients on train and held-out pools, estimate the
 moments, and for each ``(M, K)`` give both certificate forms and the resampled misalignment; points
@@ -23,17 +24,27 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
+import json
+import math
+import os
+import shutil
 import time
-from typing import Any, Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 import torch.nn as nn
 
-from .. import _args, distributed
-from .._io import to_jsonable
+from .. import _args, _io, data, distributed, models
+from .._io import LOCK, atomic_write_json, hold_lock, human_size, on_interrupt, to_jsonable
 from ..data import describe_name
+from ..data.inputs import load_model, placement_of, resolve
+from ..data.spec import InputSpec, is_all
 from ..errors import WidthscopeError
+from ..models.hf import model_info
 from ..options import (
     DEFAULT_M,
     DEFAULT_MAX_REL_STEP,
@@ -42,13 +53,26 @@ from ..options import (
     INTERVENTION_KINDS,
     INTERVENTIONS,
     CertifyOptions,
+    CertifyRunOptions,
 )
-from ..probe import POOLS, resolve_points
-from ..probe.interventions import check_rel_step, sample_errors
+from ..probe import POOLS, all_points, collect, insertion_points, resolve_points
+from ..probe.collect import float_dtype, to_device
+from ..probe.interventions import (
+    as_examples,
+    batch_size_of,
+    check_rel_step,
+    index_batch,
+    sample_errors,
+    to_batches,
+)
 from ..probe.offload import input_device
+from ..probe.prefix import keep_prefix
+from ..stats import vacuous_rule
+from ..stats.sketch import Projector
+from ..train import resolve_device, train
 from ..validate import sizes_list
-from .per_point import check_pool, precision_notes, rank_value, ranking, statistics, tables  # noqa: F401  (re-exported)
-from .probing import KeepPrefix, count_examples, gather_pools, gather_rows, low_precision, probe_pools
+from .per_point import check_pool, precision_notes, ranking, statistics, tables
+from .samples import save
 
 __all__ = [
     "certify_dict",
@@ -57,6 +81,10 @@ __all__ = [
     "grid_notes",
     "count_examples",
     "gather_rows",
+    "CertifyJob",
+    "run_certify",
+    "list_points",
+    "training_record",
     "DEFAULT_M",
     "DEFAULT_N_ETAS",
     "DEFAULT_MAX_REL_STEP",
@@ -65,13 +93,40 @@ __all__ = [
 
 
 class _Default:
-    """The keyword conveniences of :func:`certify` left out: the value comes from ``options``."""
+    """A keyword of :func:`certify_dict` left out: the value comes from ``options``."""
 
     def __repr__(self) -> str:
         return "<from options>"
 
 
 _D: Any = _Default()
+_FN = "certify"
+# the checks of certify_dict's keywords (their values: CertifyOptions), before any work
+_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "points": lambda v: _args.points(_FN, "points", v),
+    "M": lambda v: (_args.sizes(_FN, "M", v), sizes_list(v, "M")),
+    "K": lambda v: (_args.sizes(_FN, "K", v, optional=True), v is None or sizes_list(v, "K")),
+    "draws": lambda v: _args.integer(_FN, "draws", v, lo=1),
+    "seed": lambda v: _args.integer(_FN, "seed", v),
+    "estimator": lambda v: _args.choice(_FN, "estimator", v, ESTIMATORS),
+    "pool": lambda v: _args.choice(_FN, "pool", v, POOLS),
+    "train_mode": lambda v: _args.choice(_FN, "train_mode", v, ("eval", "keep")),
+    "interventions": lambda v: _args.choice(_FN, "interventions", v, (None, *INTERVENTIONS)),
+    "etas": lambda v: _args.numbers_list(_FN, "etas", v, accepts="a list of positive step sizes or None"),
+    "n_etas": lambda v: _args.integer(_FN, "n_etas", v, lo=1),
+    "max_rel_step": lambda v: _args.number(
+        _FN,
+        "max_rel_step",
+        v,
+        1e-4,
+        lo_open=True,
+        accepts="a finite number above the smallest step 1e-4 (the largest step's RMS entry over the activation's)",
+    ),
+    "project": lambda v: _args.integer(
+        _FN, "project", v, lo=2, optional=True, accepts="an integer k >= 2 (projected dimension) or None"
+    ),
+    "draw_scheme": lambda v: _args.choice(_FN, "draw_scheme", v, ("shared", "per-pair")),
+}
 
 
 def certify_dict(
@@ -108,65 +163,20 @@ def certify_dict(
     :func:`_interventions`, :func:`_result`. Returns ``{"settings", "points", "ranking", "notes",
     "timing"}`` (docs/certify.md).
     """
-    fn = "certify"  # the types, before any work (values: the options dataclass and _resolve)
+    given = {k: v for k, v in locals().items() if k in _CHECKS and v is not _D}  # first: only the parameters
     if options is not None and not isinstance(options, CertifyOptions):
         raise _args.WidthscopeTypeError(
             f"certify(options=...): options must be a CertifyOptions, got {_args.describe(options)}"
         )
-    given = {
-        k: v
-        for k, v in dict(
-            points=points,
-            M=M,
-            K=K,
-            draws=draws,
-            seed=seed,
-            estimator=estimator,
-            pool=pool,
-            train_mode=train_mode,
-            interventions=interventions,
-            etas=etas,
-            n_etas=n_etas,
-            max_rel_step=max_rel_step,
-            project=project,
-            draw_scheme=draw_scheme,
-        ).items()
-        if v is not _D
-    }
-    _args.module(fn, "model", model)
-    _args.batches(fn, "train_batches", train_batches)
-    _args.batches(fn, "test_batches", test_batches)
-    checks: dict[str, Callable[[Any], Any]] = {
-        "points": lambda v: _args.points(fn, "points", v),
-        "M": lambda v: (_args.sizes(fn, "M", v), sizes_list(v, "M")),
-        "K": lambda v: (_args.sizes(fn, "K", v, optional=True), v is None or sizes_list(v, "K")),
-        "draws": lambda v: _args.integer(fn, "draws", v, lo=1),
-        "seed": lambda v: _args.integer(fn, "seed", v),
-        "estimator": lambda v: _args.choice(fn, "estimator", v, ESTIMATORS),
-        "pool": lambda v: _args.choice(fn, "pool", v, POOLS),
-        "train_mode": lambda v: _args.choice(fn, "train_mode", v, ("eval", "keep")),
-        "interventions": lambda v: _args.choice(fn, "interventions", v, (None, *INTERVENTIONS)),
-        "etas": lambda v: _args.numbers_list(fn, "etas", v, accepts="a list of positive step sizes or None"),
-        "n_etas": lambda v: _args.integer(fn, "n_etas", v, lo=1),
-        "max_rel_step": lambda v: _args.number(
-            fn,
-            "max_rel_step",
-            v,
-            1e-4,
-            lo_open=True,
-            accepts="a finite number above the smallest step 1e-4 (the largest step's RMS entry over the activation's)",
-        ),
-        "project": lambda v: _args.integer(
-            fn, "project", v, lo=2, optional=True, accepts="an integer k >= 2 (projected dimension) or None"
-        ),
-        "draw_scheme": lambda v: _args.choice(fn, "draw_scheme", v, ("shared", "per-pair")),
-    }
+    _args.module(_FN, "model", model)
+    _args.batches(_FN, "train_batches", train_batches)
+    _args.batches(_FN, "test_batches", test_batches)
     for key, value in given.items():
-        checks[key](value)
-    _args.function(fn, "loss_fn", loss_fn)
-    _args.boolean(fn, "progress", progress)
-    _args.mapping(fn, "samples_out", samples_out, mutable=True)
-    _args.function(fn, "on_point", on_point)
+        _CHECKS[key](value)
+    _args.function(_FN, "loss_fn", loss_fn)
+    _args.boolean(_FN, "progress", progress)
+    _args.mapping(_FN, "samples_out", samples_out, mutable=True)
+    _args.function(_FN, "on_point", on_point)
     opts = _options(options, given)
     run = _resolve(model, train_batches, test_batches, opts, loss_fn=loss_fn, progress=progress)
     probed = _probe(run)
@@ -177,8 +187,8 @@ def certify_dict(
 
 @dataclasses.dataclass
 class CertifyInputs:
-    """:func:`certify_dict`'s resolved inputs (:func:`_resolve`): the settings, the ``(M, K)``
-    pairs, the points, the batch lists, the world size and the device the inputs go to."""
+    """:func:`_resolve`'s inputs: the settings, the ``(M, K)`` pairs, the points, the batch lists,
+    the world size, the device the inputs go to and the largest intervention step."""
 
     model: nn.Module
     opts: CertifyOptions
@@ -203,21 +213,21 @@ class CertifyInputs:
 
 @dataclasses.dataclass
 class Probed:
-    """The probe step's pools (:func:`_probe`): each rank's samples ``qa``/``qb`` (train, held-out),
-    their projectors, the kept prefix the bias steps reuse, the probe's notes and its seconds."""
+    """:func:`_probe`'s pools: this rank's samples ``qa``/``qb`` (train, held-out), their
+    projectors, the kept prefix the bias steps reuse (or None), the notes and the seconds."""
 
     qa: Any
     qb: Any
-    projectors: Any
-    keep: KeepPrefix
+    projectors: dict[str, Projector]
+    kept: Any
     notes: list[str]
     seconds: float
 
 
 @dataclasses.dataclass
 class PerPoint:
-    """The statistics step (:func:`_statistics`): one row per point (``results``, the interventions
-    are added to them), the samples gathered across ranks, the notes and the seconds."""
+    """:func:`_statistics`' rows (the interventions are added to them), the samples gathered
+    across ranks, the notes and the seconds."""
 
     results: list[dict[str, Any]]
     gathered_a: dict[str, torch.Tensor]
@@ -227,7 +237,7 @@ class PerPoint:
 
 
 def _options(options: CertifyOptions | None, given: dict[str, Any]) -> CertifyOptions:
-    """``options`` (default ``CertifyOptions()``) with the keywords given to :func:`certify`."""
+    """``options`` (default ``CertifyOptions()``) with the keywords given to :func:`certify_dict`."""
     if "interventions" in given and given["interventions"] is None:
         given["interventions"] = "none"
     for key in ("M", "K"):
@@ -240,8 +250,8 @@ def _options(options: CertifyOptions | None, given: dict[str, Any]) -> CertifyOp
 
 
 def settings_block(opts: CertifyOptions, names: Sequence[str], *, world_size: int) -> dict[str, Any]:
-    """The ``settings`` of a certify result: written once, here, so a result assembled from resumed
-    parts records exactly what an uninterrupted run records."""
+    """The ``settings`` of a certify result (one writer, so a result assembled from resumed parts
+    records what an uninterrupted run records)."""
     pairs = opts.pairs
     return {
         "M": [m for m, _ in pairs],
@@ -262,6 +272,28 @@ def settings_block(opts: CertifyOptions, names: Sequence[str], *, world_size: in
     }
 
 
+def count_examples(batches: Sequence[Any]) -> int:
+    n = 0
+    for b in batches:
+        # any Mapping: a tokenizer's BatchEncoding is a UserDict, not a dict
+        x = (
+            (b["input_ids"] if "input_ids" in b else next(iter(b.values())))
+            if isinstance(b, Mapping)
+            else (b[0] if isinstance(b, (tuple, list)) else b)
+        )
+        if isinstance(x, Mapping):
+            x = next(iter(x.values()))
+        n += int(x.shape[0])
+    return n
+
+
+def gather_rows(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if not distributed.is_distributed():
+        return x
+    # nccl gathers CUDA tensors only; gloo is happy with CPU ones.
+    return distributed.all_gather_rows(x.to(device)).to("cpu")
+
+
 def _resolve(
     model: nn.Module,
     train_batches: Iterable[Any],
@@ -271,9 +303,8 @@ def _resolve(
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
     progress: bool = True,
 ) -> CertifyInputs:
-    """Resolve the inputs: the ``(M, K)`` pairs, the points, the batch lists, the world size and
-    the model's device, and check the pools against them — all before any probing (the settings
-    themselves were validated when ``opts`` was made)."""
+    """The points, the batch lists, the world size and the model's device, and the pools checked
+    against them, before any probing (``opts`` was checked when made)."""
     pairs = opts.pairs
     names = resolve_points(model, list(opts.points) if opts.points else None)
     train_list, test_list = list(train_batches), list(test_batches)
@@ -292,53 +323,65 @@ def _resolve(
 
 
 def _probe(run: CertifyInputs) -> Probed:
-    """The probe pools: every point's pooled samples on the train and held-out batches, keeping
-    the prefix the interventions reuse where they will run (:mod:`.probing`)."""
-    opts = run.opts
+    """This rank's shard of the train (*a*) and held-out (*b*) batches probed at every point; with
+    ``project`` each point's samples are projected as they stream. Where the bias interventions
+    will run, the held-out probe also keeps the prefix they reuse (:func:`~widthscope.probe.prefix.keep_prefix`)."""
+    opts, model = run.opts, run.model
     t0 = time.perf_counter()
-    keep = KeepPrefix(
-        run.model,
-        run.names,
-        run.test_list,
-        run.k_max,
-        loss_fn=run.loss_fn,
-        device=run.device,
-        wanted=opts.kind in INTERVENTION_KINDS and opts.project is None and run.W == 1 and opts.train_mode == "eval",
-    )
-    qa, qb, projectors = probe_pools(
-        run.model,
-        run.names,
-        run.train_list,
-        run.test_list,
-        loss_fn=run.loss_fn,
-        pool=opts.pool,
-        train_mode=opts.train_mode,
-        progress=run.progress,
-        project=opts.project,
-        seed=opts.seed,
-        keep=keep,
-    )
+    projectors: dict[str, Projector] = {}
+
+    def project(name: str, x: torch.Tensor) -> torch.Tensor:
+        assert opts.project is not None  # only installed with a projection
+        if name not in projectors:  # same seed on every rank and for train/held-out
+            projectors[name] = Projector(x.shape[1], opts.project, seed=opts.seed)
+        return projectors[name](x)
+
+    def probe(batches: list[Any]) -> Any:
+        return collect(
+            model,
+            distributed.shard(batches),
+            points=run.names,
+            loss_fn=run.loss_fn,
+            pool=opts.pool,
+            train_mode=opts.train_mode,
+            progress=run.progress,
+            transform=project if opts.project else None,
+        )
+
+    qa = probe(run.train_list)
+    first = None
+    if opts.kind in INTERVENTION_KINDS and opts.project is None and run.W == 1 and opts.train_mode == "eval":
+        with contextlib.suppress(WidthscopeError):  # batches that do not pool: the interventions say so
+            first = as_examples(run.test_list[:3])
+    kept = None
+    if first is None:
+        qb = probe(run.test_list)
+    else:
+        dt = float_dtype(model)
+        with keep_prefix(
+            model, run.names, first, run.k_max, run.loss_fn, lambda b: to_device(b, run.device, dt)
+        ) as kept:
+            qb = probe(run.test_list)
     notes = list(dict.fromkeys(qa.notes + qb.notes))
-    return Probed(qa, qb, projectors, keep, notes, time.perf_counter() - t0)
+    return Probed(qa, qb, projectors, kept, notes, time.perf_counter() - t0)
 
 
 def _statistics(run: CertifyInputs, probed: Probed, samples_out: dict[str, Any] | None) -> PerPoint:
-    """The statistics per point: the samples gathered across ranks, for a bfloat16/float16 model
-    their measured rounding, then every point's moments, certificates and misalignment
-    (:func:`~.per_point.statistics`); ``samples_out`` receives the samples."""
-    opts, model = run.opts, run.model
+    """Every rank's samples per point, gathered; for a bfloat16/float16 model their measured
+    rounding; then every point's moments, certificates and misalignment
+    (:func:`~.per_point.statistics`). ``samples_out`` receives the samples."""
+    opts, model, names = run.opts, run.model, run.names
     t0 = time.perf_counter()
-    gathered_a, gathered_b, dims = gather_pools(
-        probed.qa, probed.qb, run.names, run.device, probed.projectors, opts.project
-    )
-    low = low_precision(model)
+    gathered_a = {name: gather_rows(probed.qa[name], run.device) for name in names}
+    gathered_b = {name: gather_rows(probed.qb[name], run.device) for name in names}
+    dims = {n: int(probed.projectors[n].d if opts.project else gathered_a[n].shape[1]) for n in names}
+    low = float_dtype(model)
+    low = low if low in (torch.bfloat16, torch.float16) else None  # the samples and losses round there
     errors = None
-    if (
-        low is not None and opts.project is None and run.W == 1
-    ):  # measured rounding of the samples (4 small probes a point)
+    if low is not None and opts.project is None and run.W == 1:  # measured rounding (4 small probes a point)
         errors = {
             p: e
-            for p in run.names
+            for p in names
             if (e := sample_errors(model, p, run.train_list, run.test_list, run.loss_fn)) is not None
         }
     results, notes = statistics(
@@ -360,8 +403,69 @@ def _statistics(run: CertifyInputs, probed: Probed, samples_out: dict[str, Any] 
     return PerPoint(results, gathered_a, gathered_b, notes, time.perf_counter() - t0)
 
 
+def _interventions(
+    run: CertifyInputs, probed: Probed, per_point: PerPoint, on_point: Callable[[dict[str, Any]], None] | None
+) -> float:
+    """Add each point's ``interventions`` to its row (in place; rank 0 only, every rank holds the
+    same batches) and hand each finished row to ``on_point``; the model's modes are restored. The
+    bias steps reuse the probe's samples, held-out losses, activation scale and kept prefix, so
+    only the loss at each step is new. Returns the seconds taken."""
+    t0 = time.perf_counter()
+    opts, model, results = run.opts, run.model, per_point.results
+    if opts.kind not in INTERVENTION_KINDS:
+        if on_point is not None:
+            for r in results:
+                on_point(r)
+        return time.perf_counter() - t0
+    from ..probe.interventions import intervene  # noqa: PLC0415  call-time lookup: tests replace it there
+
+    qa = probed.qa
+    test_losses = gather_rows(probed.qb.losses[:, None], run.device)[:, 0]  # all ranks' rows, in order
+    was_training = {m: m.training for m in model.modules()}
+    try:
+        if opts.train_mode == "eval":
+            model.eval()
+        for r in results:
+            p = r["point"]
+            reuse = None
+            if not opts.project:
+                reuse = {
+                    "train": per_point.gathered_a[p],
+                    "test": per_point.gathered_b[p],
+                    "test_losses": test_losses,
+                    "act_sq": gather_rows(qa.act_sq[p], run.device) if p in qa.act_sq else None,
+                    "width": qa.widths.get(p),
+                    "prefix": probed.kept,
+                }
+            r["interventions"] = []
+            if distributed.is_main():
+                rows = intervene(
+                    model,
+                    p,
+                    run.train_list,
+                    run.test_list,
+                    etas=opts.etas,
+                    n_etas=opts.n_etas,
+                    max_rel_step=run.max_rel_step,
+                    kind=opts.kind,
+                    loss_fn=run.loss_fn,
+                    M=run.m_max,
+                    K=run.k_max,
+                    seed=opts.seed,
+                    progress=False,
+                    reuse=reuse,
+                )
+                r["interventions"] = to_jsonable(rows)
+            if on_point is not None:
+                on_point(r)
+    finally:
+        for m, mode in was_training.items():
+            m.training = mode
+    return time.perf_counter() - t0
+
+
 def _result(run: CertifyInputs, probed: Probed, per_point: PerPoint, intervene_s: float) -> dict[str, Any]:
-    """Assemble the result: settings, the rows, the ranking, the notes, the timing and the options."""
+    """The result: settings, the rows, the ranking, the notes, the timing and the options."""
     opts, results = run.opts, per_point.results
     notes = probed.notes + per_point.notes
     if opts.etas is None:
@@ -383,8 +487,8 @@ STILL_FIRST_ORDER = 0.5
 
 def grid_notes(results: Sequence[dict[str, Any]], max_rel_step: float) -> list[str]:
     """One note naming the points where the default grid's largest step still gave at least
-    :data:`STILL_FIRST_ORDER` of the predicted loss decrease: there the breakdown of the
-    first-order step lies beyond the grid, which then does not show where it ends."""
+    :data:`STILL_FIRST_ORDER` of the predicted loss decrease: the grid does not show where the
+    first-order step breaks down."""
     held: dict[str, float] = {}
     for r in results:
         rows = [x for x in r.get("interventions") or [] if isinstance(x, dict) and x.get("eta") is not None]
@@ -408,77 +512,6 @@ def grid_notes(results: Sequence[dict[str, Any]], max_rel_step: float) -> list[s
     ]
 
 
-def _interventions(
-    run: CertifyInputs,
-    probed: Probed,
-    per_point: PerPoint,
-    on_point: Callable[[dict[str, Any]], None] | None,
-) -> float:
-    """The interventions: add each point's ``interventions`` to its row (in place), handing each
-    finished row to ``on_point``; the model's modes are restored. The bias steps reuse the probe's
-    samples, held-out losses, activation scale and kept prefix (then only the network after each
-    point runs). Returns the seconds taken."""
-    t0 = time.perf_counter()
-    opts, model, results = run.opts, run.model, per_point.results
-    if opts.kind in INTERVENTION_KINDS:
-        from ..probe.interventions import intervene  # noqa: PLC0415  call-time lookup: tests replace it there
-
-        qa, qb = probed.qa, probed.qb
-        test_losses = gather_rows(qb.losses[:, None], run.device)[:, 0]  # all ranks' rows, in order
-        was_training = {m: m.training for m in model.modules()}
-        try:
-            if opts.train_mode == "eval":
-                model.eval()
-            for r in results:
-                # Rank 0 only: every rank holds the full batch lists, the result is identical.
-                # The bias probe reuses what the probe already measured (its samples, the
-                # held-out losses, the activation scale): only the loss at each step is new.
-                p = r["point"]
-                reuse = (
-                    None
-                    if opts.project
-                    else {
-                        "train": per_point.gathered_a[p],
-                        "test": per_point.gathered_b[p],
-                        "test_losses": test_losses,
-                        "act_sq": gather_rows(qa.act_sq[p], run.device) if p in qa.act_sq else None,
-                        "width": qa.widths.get(p),
-                        "prefix": getattr(probed.keep, "kept", None),
-                    }
-                )
-                r["interventions"] = (
-                    to_jsonable(
-                        intervene(
-                            model,
-                            r["point"],
-                            run.train_list,
-                            run.test_list,
-                            etas=opts.etas,
-                            n_etas=opts.n_etas,
-                            max_rel_step=run.max_rel_step,
-                            kind=opts.kind,
-                            loss_fn=run.loss_fn,
-                            M=run.m_max,
-                            K=run.k_max,
-                            seed=opts.seed,
-                            progress=False,
-                            reuse=reuse,
-                        )
-                    )
-                    if distributed.is_main()
-                    else []
-                )
-                if on_point is not None:
-                    on_point(r)
-        finally:
-            for m, mode in was_training.items():
-                m.training = mode
-    elif on_point is not None:
-        for r in results:
-            on_point(r)
-    return time.perf_counter() - t0
-
-
 def data_description(info: dict[str, Any], data: str | None = None) -> str:
     """The probe pools of a certify run in words (corpus, split rule, sizes) from the inputs' info."""
 
@@ -497,3 +530,359 @@ def data_description(info: dict[str, Any], data: str | None = None) -> str:
     sizes = f"{info.get('n_train', '?')} train-pool / {info.get('n_test', '?')} held-out-pool examples"
     rule = info.get("rule") or info.get("train_pool")
     return f"{words}; {sizes}" + (f" ({rule})" if rule else "")
+
+
+# ----------------------------------------------------------------------------- a whole run
+@dataclasses.dataclass(frozen=True)
+class CertifyJob:
+    """Everything one certify run needs: inputs, statistics, execution, outputs."""
+
+    spec: InputSpec
+    options: CertifyOptions = CertifyOptions()
+    run: CertifyRunOptions = CertifyRunOptions()
+    out: str = "widthscope-results/certify.json"
+    save_samples: str | None = None
+    resume: bool = False
+    protocol: str = "default"
+
+    def record(self) -> dict[str, Any]:
+        """The ``options`` block of the results file: what ``certify --config FILE`` reads back."""
+        return {
+            "certify": self.options.to_dict(),
+            "run": self.run.to_dict(),
+            "inputs": self.spec.to_dict(),
+            "protocol": self.protocol,
+        }
+
+
+def load_checkpoint(spec: InputSpec, seed: int) -> tuple[nn.Module, Any]:
+    """The model as the run loads it, and for the built-in one (untrained: its points and shapes
+    are checked before it trains) its split."""
+    if spec.model != "builtin":
+        model = load_model(
+            spec.model, dtype=spec.dtype, task=spec.task, revision=spec.revision, placement=placement_of(spec)
+        )
+        return model, None
+    split = data.load("digits", seed=seed)
+    torch.manual_seed(seed)
+    model = models.build("mlp", 128, in_dim=int(split.input_shape[-1]), out_dim=split.num_classes, depth=3)
+    model.widthscope_extra = {"dataset": "digits"}  # type: ignore[assignment]
+    return model, split
+
+
+def list_points(spec: InputSpec, *, every_module: bool = False) -> list[str]:
+    """The insertion points of the spec's model (every module path with ``every_module``)."""
+    model, _ = load_checkpoint(spec, spec.seed)
+    return all_points(model) if every_module else insertion_points(model)
+
+
+def run_device(name: str) -> torch.device:
+    """The device the run probes on (``--device``; one GPU per rank under torchrun)."""
+    device = resolve_device(name)
+    if device.type == "cuda" and device.index is None and distributed.is_distributed():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", distributed.rank())))
+    return device
+
+
+def device_memory(device: torch.device | str) -> tuple[int | None, str]:
+    """Free memory of the run's device: CUDA ``mem_get_info``, else ``MemAvailable``."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free), f"free on {device}"
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024, "MemAvailable"
+    except (OSError, ValueError, IndexError):
+        pass
+    return None, "unknown (no /proc/meminfo)"
+
+
+def _available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where there is no such file)."""
+    return device_memory("cpu")[0]
+
+
+def _check_structure(
+    job: CertifyJob, names: Sequence[str], inputs: Any, model: nn.Module, n: tuple[int, int]
+) -> tuple[dict[str, int], int]:
+    """``M``/``K`` against pools read whole (``all``) and ``--project`` against each point's
+    dimension, from one probed example; returns the dimensions and the sample rows per example."""
+    spec, opts = job.spec, job.options
+    needs = (
+        ("n_train", "M", max(m for m, _ in opts.pairs), "train", n[0]),
+        ("n_test", "K", max(k for _, k in opts.pairs), "held-out", n[1]),
+    )
+    for flag, letter, need, pool, size in needs:
+        if is_all(getattr(spec, flag)) and opts.pool != "token" and need > size:
+            raise WidthscopeError(
+                f"{letter}={need} is larger than the {pool} pool of {size} examples "
+                f"(--{flag.replace('_', '-')} all took every one): lower --{letter}"
+            )
+    one = index_batch(inputs.train, slice(0, 1))
+    q = collect(model, [one], points=list(names), loss_fn=inputs.loss_fn, pool=opts.pool, progress=False)
+    dims = {p: int(q[p].shape[1]) for p in names}
+    if opts.project is not None and dims and opts.project >= max(dims.values()):
+        d_max = max(dims.values())
+        raise WidthscopeError(
+            f"--project {opts.project} is not below any point's dimension (the largest is d={d_max}): "
+            f"a projection saves memory only with K < d; use --project < {d_max} or drop it"
+        )
+    return dims, max(1, max(int(q[p].shape[0]) for p in names))
+
+
+def _check_room(job: CertifyJob, dims: dict[str, int], rows: int, n: tuple[int, int]) -> None:
+    """Free space for the outputs (over-estimated: the JSON and its per-point parts at the same
+    time, the samples file) and memory for the samples (float64, every point, both pools)."""
+    opts = job.options
+    per_point = 2500 + 2500 * len(opts.pairs) + (6000 if opts.interventions != "none" else 0)
+    _io.check_space(job.out, 2 * (4000 + len(dims) * per_point), "the results (JSON and its per-point parts)")
+    d = sum(opts.project or v for v in dims.values())
+    if job.save_samples:  # float64 rows, and a header with the settings and each point's intervention rows
+        _io.check_space(job.save_samples, 8 * rows * sum(n) * d + 8000 + 6000 * len(dims), "the samples")
+    need, free = 8 * rows * sum(n) * d, _available_memory()
+    if free is not None and need > free:
+        raise WidthscopeError(
+            f"the samples need about {human_size(need)} of memory ({n[0]} + {n[1]} "
+            f"examples x {rows} row(s) x {d} dimensions over {len(dims)} point(s), float64) but "
+            f"only {human_size(free)} is available: lower --n-train/--n-test, choose fewer --points, "
+            "or add --project"
+        )
+
+
+def _parts_dir(out: str | os.PathLike) -> Path:
+    return Path(str(out) + ".parts")
+
+
+def _lock(job: CertifyJob) -> contextlib.AbstractContextManager[None]:
+    """One run at a time writes ``--out``: a second is refused in one line before any work. The
+    lock file lives in the run's own parts folder (``OUT.parts/.widthscope.lock``), removed with
+    the parts; after a ``kill -9`` it stays, harmless (the kernel released the lock)."""
+    out = str(job.out)
+
+    def refuse(holder: str) -> WidthscopeError:
+        return WidthscopeError(
+            f"--out {out!r} is being written by another certify run ({holder}): wait for it to finish or "
+            "stop it, or choose another --out"
+        )
+
+    return hold_lock(_parts_dir(out) / LOCK, refuse, what="certify run", where=out, tidy=True)
+
+
+class _Parts:
+    """Finished points of a certify run, one atomic JSON file each in ``OUT.parts/``, keyed by
+    a fingerprint of everything that determines them (so ``--resume`` never mixes settings)."""
+
+    def __init__(self, job: CertifyJob, names: Sequence[str], n: tuple[int, int], inputs_info: dict[str, Any]):
+        self.dir = _parts_dir(job.out)
+        spec = {k: v for k, v in job.spec.to_dict().items() if k not in ("given", "cap_pools")}
+        settings = {
+            **spec,
+            **job.options.to_dict(),
+            "batch_size": job.run.batch_size,
+            "train_steps": job.run.train_steps,
+            "protocol": job.protocol,
+            "n_train": n[0],
+            "n_test": n[1],
+            "inputs": inputs_info,
+            "points": list(names),
+        }
+        self.settings = json.loads(json.dumps(settings, default=str))
+        blob = json.dumps(self.settings, sort_keys=True, default=str)
+        self.fingerprint = hashlib.sha256(blob.encode()).hexdigest()[:16]
+        on_interrupt(self.describe)
+
+    def load(self) -> dict[str, dict[str, Any]]:
+        done: dict[str, dict[str, Any]] = {}
+        other: dict[str, Any] | None = None
+        for f in sorted(self.dir.glob("*.json")) if self.dir.is_dir() else []:
+            try:
+                obj = json.loads(f.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue  # a torn file: that point runs again
+            if obj.get("fingerprint") == self.fingerprint:
+                done[obj["row"]["point"]] = obj
+            elif other is None:
+                other = obj.get("settings") or {}
+        if other is not None and not done:  # parts of a run with other settings: say what differs
+            diff = [k for k in self.settings if k in other and other[k] != self.settings[k]]
+            shown = ", ".join(
+                f"{'--' + k.replace('_', '-')} {other[k]} (now {self.settings[k]})"
+                if k not in ("inputs", "points")
+                else f"the {k}"
+                for k in diff[:3]
+            )
+            raise WidthscopeError(
+                f"--resume: {self.dir} holds finished points of a run with other settings "
+                f"({shown or 'recorded by an older version'}): rerun with those settings to continue it, or drop "
+                "--resume to start over (its parts are then replaced)"
+            )
+        return done
+
+    def save(self, row: dict[str, Any], notes: list[str]) -> None:
+        atomic_write_json(
+            self.dir / f"{row['point'].replace('/', '_')}.json",
+            {"fingerprint": self.fingerprint, "settings": self.settings, "row": row, "notes": notes},
+        )
+
+    def describe(self) -> str | None:
+        n = len(list(self.dir.glob("*.json"))) if self.dir.is_dir() else 0
+        return f"{n} finished point(s) in {self.dir} (rerun with --resume to continue)" if n else None
+
+
+_TRAINING_NAMES = {"steps": ("steps",), "train_loss": ("train_loss", "loss"), "test_loss": ("test_loss",)}
+
+
+def training_record(extra: Any) -> dict[str, Any]:
+    """``{"steps", "train_loss", "test_loss"}`` (those recorded, finite numbers only) from a
+    checkpoint's ``extra`` dict: a sweep's ``extra["train"]`` (:func:`widthscope.train.train`'s
+    result), else top-level ``steps`` / ``train_loss`` (or ``loss``) / ``test_loss``. ``{}`` when none
+    is recorded (an HF model): the report then shows '–'."""
+    if not isinstance(extra, Mapping):
+        return {}
+    out: dict[str, Any] = {}
+    for where in (extra.get("train"), extra):
+        if not isinstance(where, Mapping):
+            continue
+        for key, names in _TRAINING_NAMES.items():
+            for n in names:
+                v = where.get(n)
+                if key not in out and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                    out[key] = v
+    return out
+
+
+def _merge(
+    res: dict[str, Any] | None, done: dict[str, dict[str, Any]], names: Sequence[str], opts: CertifyOptions
+) -> dict[str, Any]:
+    """This run's points and the resumed ones, in the points' order, with one ranking."""
+    rows = {r["point"]: r for r in (res["points"] if res else [])}
+    rows.update({p: d["row"] for p, d in done.items() if p not in rows})
+    points = [rows[n] for n in names]
+    for cert in (c[f] for pt in points for c in pt["certificates"] for f in ("one", "two")):
+        vacuous_rule(cert)  # parts finished before the rule read as new ones do
+    if res is None:  # every point was already finished
+        res = {
+            "settings": settings_block(opts, names, world_size=distributed.world_size()),
+            "notes": [],
+            "timing": {"probe_s": 0.0, "stats_s": 0.0, "intervene_s": 0.0},
+        }
+    res["settings"]["points"] = list(names)
+    res["points"] = points
+    res["ranking"] = ranking(points)
+    if done:
+        res["settings"]["resumed_points"] = sorted(done)
+        res["notes"] = list(dict.fromkeys(res["notes"] + [n for d in done.values() for n in d.get("notes", [])]))
+    return res
+
+
+def run_certify(
+    job: CertifyJob, *, notes: Sequence[str] = (), say: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Run ``job``; writes ``job.out`` (and ``job.save_samples``) on rank 0 and returns the result.
+
+    Every check that needs the model's structure (point names, sequence length, ``project``,
+    output sizes, memory) runs before the built-in model trains or anything is probed. Rank 0
+    first takes the lock of ``job.out`` (another run writing it: refused, one line)."""
+    with _lock(job) if distributed.is_main() else contextlib.nullcontext():
+        return _run(job, notes, say)
+
+
+def _run(job: CertifyJob, notes: Sequence[str], say: Callable[[str], None] | None) -> dict[str, Any]:
+    main = distributed.is_main()
+    say = say or (lambda msg: print(msg, flush=True) if main else None)
+    spec, opts = job.spec, job.options
+    device = run_device(job.run.device)
+    model, split = load_checkpoint(spec, opts.seed)
+    names = resolve_points(model, list(opts.points) if opts.points else None)
+    inputs = resolve(spec, model=model, show_progress=main)
+    n_train = batch_size_of(inputs.train) if is_all(spec.n_train) else int(spec.n_train)
+    n_test = batch_size_of(inputs.test) if is_all(spec.n_test) else int(spec.n_test)
+    dims, rows = _check_structure(job, names, inputs, model, (n_train, n_test))
+    parts = _Parts(job, names, (n_train, n_test), inputs.info)
+    done = parts.load() if job.resume else {}
+    if done and job.save_samples:
+        raise WidthscopeError("--save-samples needs every point probed in this run; drop --resume (or --save-samples)")
+    todo = [n for n in names if n not in done]
+    _check_room(job, dims, rows, (n_train, n_test))
+    if split is not None:
+        t0 = time.perf_counter()
+        steps = job.run.train_steps
+        tr = train(model, split, steps=steps, lr=3e-3, batch_size=64, seed=opts.seed, progress=main)
+        acc = tr.get("test_accuracy")
+        say(
+            f"builtin: MLP width 128, depth 3 trained on digits for {steps} steps "
+            f"({time.perf_counter() - t0:.1f}s, held-out accuracy {acc if acc is None else f'{acc:.3f}'})"
+        )
+        if spec.dtype != "auto":
+            model.to(getattr(torch, spec.dtype))
+    if done:
+        say(f"resume: {len(done)} of {len(names)} point(s) already finished in {parts.dir}; probing {len(todo)}")
+    if getattr(model, "hf_device_map", None) is None:  # a dispatched model stays where accelerate put it
+        model.to(device)
+    elif str(device) != "cpu":
+        raise WidthscopeError(
+            f"--device {device} with --device-map: the device map places the model; drop --device (or --device-map)"
+        )
+    samples: dict[str, Any] = {}
+    res = None
+    if todo:  # guarded: a failing rank stops every rank, and rank 0 writes only a complete result
+        bs = job.run.batch_size
+        res = distributed.run_rank_guarded(
+            certify_dict,
+            model,
+            to_batches(inputs.train, bs),
+            to_batches(inputs.test, bs),
+            options=opts.replace(points=tuple(todo)),
+            loss_fn=inputs.loss_fn,
+            progress=main,
+            samples_out=samples,
+            on_point=lambda row: parts.save(row, []) if main else None,
+            what="certify",
+        )
+    res = _merge(res, done, names, opts)
+    info = model_info(model)
+    recorded = spec.to_dict()  # objects in memory are recorded as "<in memory: ...>"
+    res["settings"].update(
+        model=recorded["model"],
+        data=inputs.info.get("dataset") or inputs.data or recorded["train_data"],
+        data_description=data_description(inputs.info, inputs.data or recorded["train_data"]),
+        train_data=recorded["train_data"],
+        test_data=recorded["test_data"],
+        task=inputs.task,
+        protocol=job.protocol,
+        n_train=n_train,
+        n_test=n_test,
+        batch_size=job.run.batch_size,
+        device=str(device),
+        inputs=inputs.info,
+        input_spec=(inputs.spec or spec).to_dict(),
+        **{k: info.get(k) for k in ("architecture", "width", "depth", "dtype", "parameters", "attn_implementation")},
+    )
+    for k in ("n_train_examples", "n_test_examples"):
+        if k in inputs.info:
+            res["settings"][k] = inputs.info[k]
+    trained = training_record(getattr(model, "widthscope_extra", None))
+    if trained:  # the checkpoint's training record (steps, final losses): the report's provenance table
+        res["settings"]["training"] = trained
+    if "placement" in info:  # a dispatched model: where its layers ran (docs/big-models.md)
+        res["settings"]["placement"] = info["placement"]
+    res["notes"] = list(notes) + inputs.notes + res["notes"]
+    res["options"] = job.record()
+    if main:
+        path = atomic_write_json(job.out, res)
+        shutil.rmtree(parts.dir, ignore_errors=True)  # the complete result is on disk: the parts go
+        if job.save_samples:
+            ivs = {r["point"]: r.get("interventions", []) for r in res["points"] if "interventions" in r}
+            meta = {"settings": res["settings"], "notes": res["notes"], "dims": samples["dims"], "interventions": ivs}
+            save(job.save_samples, samples["train"], samples["test"], meta)
+            say(f"samples written to {job.save_samples} (widthscope stats {job.save_samples})")
+        say(tables(res))
+        say(
+            f"\nprobe {res['timing']['probe_s']:.2f}s, statistics {res['timing']['stats_s']:.2f}s; "
+            f"results written to {path}"
+        )
+    distributed.barrier()
+    return res

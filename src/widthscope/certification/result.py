@@ -1,9 +1,8 @@
 """Typed certify results: :class:`CertifyResult` and its :class:`PointCertificate` rows.
 
-The JSON a certify run writes is :meth:`CertifyResult.to_dict` (the format is unchanged: the
-typed classes wrap it, they do not re-shape it), :meth:`CertifyResult.from_dict` reads it back
-(from the Python API or a results file), and :meth:`CertifyResult.to_pandas` gives one row per
-point and ``(M, K)`` pair with the headline numbers.
+The typed classes wrap the JSON a certify run writes (:meth:`CertifyResult.to_dict`) without
+re-shaping it; :meth:`CertifyResult.from_dict` reads it back and :meth:`CertifyResult.to_pandas`
+gives one row per point and ``(M, K)`` pair with the headline numbers.
 
 Example::
 
@@ -58,12 +57,8 @@ class Certificate:
         return cls(
             M=int(c["M"]),
             K=int(c["K"]),
-            d_par=two.get("d_par"),
-            d_2=two.get("d_2"),
-            d_align=two.get("d_align"),
-            b_exact=two.get("b_exact"),
-            b_align=two.get("b_align"),
             misalignment=mis.get("probability"),
+            **{k: two.get(k) for k in _HEADLINE[:-1]},
             raw=c,
         )
 
@@ -176,48 +171,21 @@ class CertifyResult:
 
     def rows(self) -> list[dict[str, Any]]:
         """One flat row per point and ``(M, K)``: the headline numbers (two-population form)."""
-        out = []
-        for p in self.points:
-            for c in p.certificates:
-                out.append(
-                    {
-                        "point": p.point,
-                        "M": c.M,
-                        "K": c.K,
-                        "d": p.d,
-                        "n_train": p.n_train,
-                        "n_test": p.n_test,
-                        "d_par": c.d_par,
-                        "d_2": c.d_2,
-                        "d_align": c.d_align,
-                        "b_exact": c.b_exact,
-                        "b_align": c.b_align,
-                        "misalignment": c.misalignment,
-                    }
-                )
-        return out
+        return [
+            {"point": p.point, "M": c.M, "K": c.K, "d": p.d, "n_train": p.n_train, "n_test": p.n_test}
+            | {k: getattr(c, k) for k in _HEADLINE}
+            for p in self.points
+            for c in p.certificates
+        ]
 
     def to_pandas(self) -> Any:
         """:meth:`rows` as a ``pandas.DataFrame`` (pandas is imported here: an optional dependency)."""
         import pandas as pd
 
-        return pd.DataFrame(
-            self.rows(),
-            columns=[
-                "point",
-                "M",
-                "K",
-                "d",
-                "n_train",
-                "n_test",
-                "d_par",
-                "d_2",
-                "d_align",
-                "b_exact",
-                "b_align",
-                "misalignment",
-            ],
-        )
+        return pd.DataFrame(self.rows(), columns=["point", "M", "K", "d", "n_train", "n_test", *_HEADLINE])
+
+
+_HEADLINE = ("d_par", "d_2", "d_align", "b_exact", "b_align", "misalignment")
 
 
 def _options_from_settings(s: Mapping[str, Any]) -> CertifyOptions | None:

@@ -1,18 +1,13 @@
 """Pooled samples as an artifact, and ``widthscope stats``: certificates without a model.
 
-``widthscope certify --save-samples FILE`` writes the pooled sample vectors of every point
-(safetensors: tensors ``train/<point>`` and ``test/<point>``, float64) with everything that
-produced them in the metadata (the certify settings, notes, the original dimension of each
-point, the intervention rows, which need the model and are carried over as recorded).
-
-``widthscope stats FILE [--estimator] [--M] [--K] [--draws] [--seed] [--out]`` recomputes the
-moments, certificates, misalignment and ranking from those samples with
-:func:`widthscope.certify_tables.statistics` — the code certify runs — so with the saved settings it
-reproduces the certify JSON (timings aside), and with other settings it answers "what if"
-without probing again. ``widthscope stats --train A --test B`` does the same for sample
-matrices saved by other scripts: ``.npy`` (one ``(B, N)`` array: one point, named by
-``--point`` or the file stem), ``.npz`` (one array per point) or ``.pt`` (a tensor or a dict
-of tensors, read with ``weights_only=True``).
+``widthscope certify --save-samples FILE`` writes every point's pooled sample vectors (safetensors:
+``train/<point>`` and ``test/<point>``, float64) with what produced them in the metadata (settings,
+notes, each point's original dimension, the intervention rows). ``widthscope stats FILE`` recomputes
+the certificates from them with :func:`~widthscope.certification.per_point.statistics`, the code
+certify runs (same settings: the same JSON, timings aside; other settings: "what if" without
+probing). ``--train A --test B`` does the same for sample matrices of other scripts: ``.npy`` (one
+point, named by ``--point`` or the file stem), ``.npz`` (one array per point) or ``.pt`` (a tensor
+or a dict of them, read with ``weights_only=True``).
 
 Example::
 
@@ -258,15 +253,8 @@ def recompute(
 ) -> dict[str, Any]:
     """The certify result from samples: saved settings, updated by ``overrides`` (M, K, draws,
     seed, estimator); interventions are the recorded rows (they need the model)."""
-    settings = dict(meta.get("settings") or {})
-    for k, v in overrides.items():
-        if v is not None:
-            settings[k] = v
-    settings.setdefault("draws", 1000)
-    settings.setdefault("seed", 0)
-    settings.setdefault("estimator", "unbiased")
-    settings.setdefault("pool", "sum")
-    settings.setdefault("draw_scheme", "shared")
+    defaults = {"draws": 1000, "seed": 0, "estimator": "unbiased", "pool": "sum", "draw_scheme": "shared"}
+    settings = {**defaults, **(meta.get("settings") or {}), **{k: v for k, v in overrides.items() if v is not None}}
     if settings["estimator"] not in ("unbiased", "plugin"):
         raise WidthscopeError(f"--estimator {settings['estimator']!r}: choose unbiased or plugin")
     Ks = settings.get("K")
@@ -380,16 +368,15 @@ def run_stats(
     strict: bool = False,
     report: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """What ``widthscope stats`` does, from explicit settings: the certify result recomputed from a
-    ``samples`` file (certify --save-samples) or from ``train``/``test`` sample matrices, for the
-    points named by ``point`` (comma list; default every point), written to ``out`` (JSON).
+    """What ``widthscope stats`` does: the certify result recomputed from a ``samples`` file
+    (certify --save-samples) or ``train``/``test`` sample matrices, for the points named by
+    ``point`` (comma list; default every point), written to ``out`` (JSON).
 
     ``M``/``K``/``draws``/``seed``/``estimator``: ``None`` keeps the saved settings (a new ``M``
-    without ``K`` pairs ``K = M``, as certify does). ``strict``: refuse a samples file with damaged
-    optional metadata instead of skipping it with a note. ``report`` is called with the result
-    before it is written (the command line prints its tables there). The settings are checked as a
-    :class:`StatsOptions` before anything is read, and recorded in the result (``"options"``:
-    ``widthscope stats --config RESULT.json`` repeats them)."""
+    without ``K`` pairs ``K = M``). ``strict``: refuse a samples file with damaged optional metadata
+    instead of skipping it with a note. ``report`` gets the result before it is written. The
+    settings are checked as :class:`StatsOptions` before anything is read and recorded in the
+    result (``"options"``: ``widthscope stats --config RESULT.json`` repeats them)."""
     opts = StatsOptions(
         samples=None if samples is None else str(samples),
         train=train,

@@ -1,4 +1,4 @@
-"""``widthscope certify``: the command line of :func:`widthscope.certification.run.run_certify`
+"""``widthscope certify``: the command line of :func:`widthscope.certification.pipeline.run_certify`
 (``--plan``: :func:`widthscope.planning.plan_certify`)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ..certification.run import CertifyJob, list_points, run_certify
+from ..certification.pipeline import CertifyJob, list_points, run_certify
 from ..data.sources import splits_of
 from ..data.spec import InputSpec, is_all
 from ..data.splits import dataset_splits

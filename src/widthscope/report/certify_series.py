@@ -1,7 +1,7 @@
 """A width series from the JSON files of several ``widthscope certify`` runs.
 
 Each certify JSON (one checkpoint) becomes rows in the schema of a sweep's alignment rows
-(:func:`widthscope.sweeps.alignment.run_cell`), so the report's alignment section draws d_align and
+(:func:`widthscope.sweeps.cell.run_cell`), so the report's alignment section draws d_align and
 misalignment against width for a family of real checkpoints without a sweep config::
 
     widthscope certify --model ckpt-256 --out c256.json   # ... one run per checkpoint
@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .._io import cut_off
+from ..certification.pipeline import training_record
 from ..errors import WidthscopeError
-from ..sweeps.certify_rows import certify_rows, training_record
+from ..sweeps.results import certify_rows
 
 __all__ = ["is_certify_json", "load_certify", "rows_from_certify", "series_rows", "describe", "check_suite"]
 

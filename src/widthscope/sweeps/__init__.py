@@ -14,9 +14,10 @@ returns the grid result, resumable: finished cells are not run again).
 
 from __future__ import annotations
 
-from .alignment import load_config, plan_cells, run_sweep, summary_rows
+from .alignment import plan_cells, run_sweep
+from .config import SweepConfig, load_config
 from .grid import GridResult, load_rows, parse_shard, run_grid
-from .schema import SweepConfig
+from .results import summary_rows
 
 __all__ = [
     "load_config",

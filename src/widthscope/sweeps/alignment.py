@@ -1,12 +1,9 @@
 """Alignment width sweeps: train a family of models across widths, certify every insertion point.
 
-Each cell ``family x width x seed (x data budget)`` builds and trains the model, saves the checkpoint,
-probes every insertion point and writes one row per point and ``(M, K)`` (both population forms of
-the certificate and the resampled misalignment). Cells run through
-:func:`widthscope.sweeps.grid.run_grid`: resumable and shardable. The steps live in
-:mod:`~widthscope.sweeps.schema`, :mod:`~widthscope.sweeps.config`, :mod:`~widthscope.sweeps.pools`,
-:mod:`~widthscope.sweeps.cell` and :mod:`~widthscope.sweeps.summary` (all importable from here);
-this module plans, checks and runs the grid. Config and rows: docs/sweeps.md.
+Each cell ``family x width x seed (x data budget)`` trains the model, saves the checkpoint, probes
+every insertion point and writes one row per point and ``(M, K)`` (:mod:`~widthscope.sweeps.cell`);
+cells run through :func:`widthscope.sweeps.grid.run_grid`, resumable and shardable. This module
+plans, checks and runs the grid. Config and rows: docs/sweeps.md.
 
 Example::
 
@@ -35,56 +32,12 @@ from .._io import unwritable
 from ..errors import WidthscopeError, WidthscopeTypeError
 from ..models.dispatch import check_max_memory, check_visible
 from ..train import resolve_device
-from .cell import MONITOR_FILE as MONITOR_FILE
-from .cell import cell_options, certified_steps, run_cell
-from .config import config_where, load_config, monitor_steps
-from .grid import GridResult, claim_out_dir, lock_out_dir, run_grid
-from .pools import apply_shift as apply_shift
-from .pools import cell_input_spec, fill_model_options
-from .pools import load_split as load_split
-from .pools import probe_pools as probe_pools
-from .pools import take_examples as take_examples
-from .schema import (
-    CERT_FIELDS,
-    LM_DATASETS,
-    MONITOR_SUMMARY,
-    MONITOR_TIMING_COLUMNS,
-    TIMING_COLUMNS,
-    FamilySpec,
-    SweepConfig,
-)
-from .schema import CERTIFY_KEYS as CERTIFY_KEYS
-from .schema import ESTIMATORS as ESTIMATORS
-from .schema import EXAMPLE_FAMILY as EXAMPLE_FAMILY
-from .schema import FAMILY_KEYS as FAMILY_KEYS
-from .schema import MONITOR_KEYS as MONITOR_KEYS
-from .schema import OPTIMIZERS as OPTIMIZERS
-from .schema import POOLS as POOLS
-from .schema import PROBE_KEYS as PROBE_KEYS
-from .schema import SCHEDULES as SCHEDULES
-from .schema import SHIFTS as SHIFTS
-from .schema import SWEEP_KEYS as SWEEP_KEYS
-from .schema import TRAIN_KEYS as TRAIN_KEYS
-from .summary import print_summary as print_summary
-from .summary import summary_rows
+from .cell import cell_options, run_cell
+from .config import LM_DATASETS, SweepConfig, config_where, load_config
+from .grid import GridResult, claim_out_dir, run_grid
+from .pools import fill_model_options
 
-__all__ = [
-    "SweepConfig",
-    "FamilySpec",
-    "load_config",
-    "check_structure",
-    "plan_cells",
-    "run_sweep",
-    "run_cell",
-    "cell_input_spec",
-    "summary_rows",
-    "CERT_FIELDS",
-    "TIMING_COLUMNS",
-    "monitor_steps",
-    "MONITOR_SUMMARY",
-    "MONITOR_TIMING_COLUMNS",
-    "certified_steps",
-]
+__all__ = ["load_config", "check_structure", "plan_cells", "run_sweep"]
 
 
 # ----------------------------------------------------------------------------- grid
@@ -156,12 +109,6 @@ def check_structure(cfg: SweepConfig, *, device: bool = True) -> dict[str, list[
     return out
 
 
-def _placement_record(cfg: SweepConfig, cell: Mapping[str, Any]) -> dict[str, Any]:
-    """A cell file's ``placement`` (the family's device_map / max_memory / offload_folder), where set."""
-    fam = next(f for f in cfg.families if f.name == cell["family"])
-    return {"placement": dict(fam.placement)} if fam.placement else {}
-
-
 def run_sweep(
     config: SweepConfig | Mapping[str, Any] | str | os.PathLike,
     out_dir: str | os.PathLike | None = None,
@@ -183,37 +130,22 @@ def run_sweep(
     cfg = config if isinstance(config, SweepConfig) else load_config(config)
     check_structure(cfg)  # before the folder exists: a refused config leaves nothing behind
     out = Path(out_dir if out_dir is not None else cfg.out_dir)
-
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise unwritable(out, exc) from None
-    cells = plan_cells(cfg)
-
-    threads = torch.get_num_threads()
-    if cfg.threads:
-        # Small models gain little from more threads, and spinning OpenMP threads on busy cores
-        # can make a step much slower (docs/sweeps.md), hence the option.
-        torch.set_num_threads(cfg.threads)
-    try:
-        with lock_out_dir(out, shard, "sweep"):
-            claim_out_dir(
-                out,
-                {
-                    "fingerprint": cfg.fingerprint(),
-                    "config": cfg.to_dict(),
-                    "options": cfg.options_record(),
-                    "kind": "alignment",
-                },
-                "a sweep",
-            )
-            return run_grid(
-                cells,
-                lambda c, d: run_cell(cfg, c, d, show_progress=show_progress),
-                out,
-                shard=shard,
-                desc=f"sweep {cfg.name}",
-                record=lambda c: {"options": cell_options(cfg, c).to_dict()} | _placement_record(cfg, c),
-            )
-    finally:
-        torch.set_num_threads(threads)
+    # the thread count: small models gain little from more threads, and OpenMP threads spinning on busy
+    # cores can make a step much slower (docs/sweeps.md)
+    claim = {"fingerprint": cfg.fingerprint(), "config": cfg.to_dict(), "options": cfg.options_record()}
+    with claim_out_dir(out, {**claim, "kind": "alignment"}, "a sweep", shard, cfg.threads):
+        return run_grid(
+            plan_cells(cfg),
+            lambda c, d: run_cell(cfg, c, d, show_progress=show_progress),
+            out,
+            shard=shard,
+            desc=f"sweep {cfg.name}",
+            record=lambda c: (
+                {"options": cell_options(cfg, c).to_dict()}
+                | ({"placement": dict(fam.placement)} if (fam := cfg.family(c["family"])).placement else {})
+            ),
+        )

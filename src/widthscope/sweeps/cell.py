@@ -1,8 +1,7 @@
 """One cell of an alignment sweep: train, save, probe, certify, intervene and (optionally) monitor.
 
-:func:`run_cell` is what :func:`widthscope.sweeps.grid.run_grid` calls per cell; it returns the cell's
-rows (``kind`` ``alignment``, ``intervention`` and, for a monitored family, ``monitor``; the columns
-are in docs/sweeps.md). The monitor's part (:func:`cell_monitor`, :func:`_monitor_rows`) follows it.
+:func:`run_cell` returns the cell's rows (``kind`` ``alignment``, ``intervention`` and, for a
+monitored family, ``monitor``; the columns are in docs/sweeps.md).
 """
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -23,6 +22,7 @@ from ..probe.interventions import resolved
 from ..stats import certified
 from ..stats import certified_steps as steps
 from ..train import train
+from .config import CERT_FIELDS, FamilySpec, SweepConfig
 from .grid import cell_id
 from .placement import place_model, placement_text, release
 from .pools import (
@@ -37,10 +37,6 @@ from .pools import (
     probe_pools,
     probe_words,
 )
-from .schema import CERT_FIELDS, FamilySpec, SweepConfig
-
-if TYPE_CHECKING:
-    from ..monitor import AlignmentMonitor
 
 __all__ = ["run_cell", "cell_options", "certified_steps", "MONITOR_FILE"]
 
@@ -48,7 +44,7 @@ __all__ = ["run_cell", "cell_options", "certified_steps", "MONITOR_FILE"]
 def cell_options(cfg: SweepConfig, cell: Mapping[str, Any]) -> CertifyOptions:
     """The certify options a cell computes with: its family's, the resampling seed the cell's
     seed plus ``certify.seed`` (default 0: the cell's seed). Recorded once in the cell's file."""
-    fam = next(f for f in cfg.families if f.name == cell["family"])
+    fam = cfg.family(cell["family"])
     return fam.certify.replace(seed=int(cell["seed"]) + fam.certify.seed)
 
 
@@ -56,7 +52,7 @@ def run_cell(
     cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: Path, *, show_progress: bool = True
 ) -> list[dict[str, Any]]:
     """Train, save, probe and certify one cell; return its rows (see docs/sweeps.md for columns)."""
-    fam = next(f for f in cfg.families if f.name == cell["family"])
+    fam = cfg.family(cell["family"])
     seed, width, budget = int(cell["seed"]), cell["width"], int(cell["budget"])
     opts = cell_options(cfg, cell)
     split = load_split(fam, budget, cfg)
@@ -115,16 +111,12 @@ def _probe_rows(
         for li, L in enumerate(probe_lengths(fam, cond)):
             t0 = time.perf_counter()
             pa, pb, desc, _ = probe_pools(fam, cond, L, split, cfg)
+            batches = tuple(pool_batches(pool, split.task, fam.probe_batch_size) for pool in (pa, pb))
             Xa, Xb = (
                 probe.collect(
-                    model,
-                    pool_batches(pool, split.task, fam.probe_batch_size),
-                    points=points,
-                    pool=opts.pool,
-                    train_mode=opts.train_mode,
-                    progress=show_progress,
+                    model, b, points=points, pool=opts.pool, train_mode=opts.train_mode, progress=show_progress
                 )
-                for pool in (pa, pb)
+                for b in batches
             )
             probe_s += time.perf_counter() - t0
             t0 = time.perf_counter()
@@ -147,10 +139,6 @@ def _probe_rows(
             # test the first-order prediction of the model, which the probe condition does not change.
             t0 = time.perf_counter()
             if opts.kind is not None and ci == 0 and li == 0:
-                batches = (
-                    pool_batches(pa, split.task, fam.probe_batch_size),
-                    pool_batches(pb, split.task, fam.probe_batch_size),
-                )
                 iv_rows += _intervention_rows(model, opts, points, batches, these, common)
             intervene_s += time.perf_counter() - t0
             rows += these
@@ -234,25 +222,18 @@ def _alignment_rows(
         m_one = stats.moments(a, opts.estimator)
         m_two = stats.cross_moments(a, b, opts.estimator)
         mis_all = stats.misalignment(a, b, pairs=opts.pairs, draws=opts.draws, seed=opts.seed, scheme=opts.draw_scheme)
-        if not isinstance(mis_all, list):  # never: pairs= always gives one result per pair
-            mis_all = [mis_all]
+        assert isinstance(mis_all, list)  # pairs given: one result per pair
         for (M, K), mis in zip(opts.pairs, mis_all):
             one = stats.certificate(m_one, M=M, K=K, populations="one")
             two = stats.certificate(m_two, M=M, K=K, populations="two")
             row: dict[str, Any] = {
                 "kind": "alignment",
-                "model": common["model"],
-                "dataset": common["dataset"],
+                **common,  # model, dataset, n_params, data_description and the training record
                 "point": point,
                 "point_index": pi,
                 "depth_fraction": (pi + 1) / npts,
                 "n_points": npts,
                 "d": int(a.shape[1]),
-                "n_params": common["n_params"],
-                "train_loss": common["train_loss"],
-                "test_loss": common["test_loss"],
-                "test_accuracy": common["test_accuracy"],
-                "steps": common["steps"],
                 "n_probe_train": int(a.shape[0]),
                 "n_probe_test": int(b.shape[0]),
                 "M": M,
@@ -260,7 +241,6 @@ def _alignment_rows(
                 "estimator": opts.estimator,
                 "pool": opts.pool,
                 "probe_notes": "; ".join(getattr(Xa, "notes", [])) or None,
-                "data_description": common["data_description"],
                 **probe_columns,
             }
             for prefix, cert in (("one_", one), ("two_", two)):
@@ -283,7 +263,7 @@ def _intervention_rows(
     model: Any,
     opts: CertifyOptions,
     points: Sequence[str],
-    batches: tuple[list[Any], list[Any]],
+    batches: tuple[list[Any], ...],
     these: list[dict[str, Any]],
     common: Mapping[str, Any],
 ) -> list[dict[str, Any]]:
@@ -321,21 +301,11 @@ def _intervention_rows(
                         iv_retention=smallest["retention"],
                         iv_sign_agrees=smallest["sign_agrees"],
                     )
-        out += [
-            {
-                **iv,
-                "model": common["model"],
-                "dataset": common["dataset"],
-                "point_index": pi,
-                "n_params": common["n_params"],
-                "data_description": common["data_description"],
-            }
-            for iv in ivs
-        ]
+        out += [{**iv, **common, "point_index": pi} for iv in ivs]
     return out
 
 
-MONITOR_FILE = "monitor.jsonl"
+MONITOR_FILE = "monitor.jsonl"  # in the cell's folder
 
 
 def cell_monitor(
@@ -347,12 +317,16 @@ def cell_monitor(
     (in-domain: the same seeded draws, so a monitor pool no larger than certify's is a subset of
     it), appending to ``cell_dir/monitor.jsonl``.
 
-    The cell is being (re)trained from step 0, so rows a killed earlier attempt left there are
-    removed first: the file then holds this training run's rows only, each step once."""
-    m = _monitor_table(fam)
+    The cell is (re)trained from step 0, so rows a killed earlier attempt left there are removed first."""
+    m = fam.monitor
+    assert m is not None  # called for a monitored family only
     path = cell_dir / MONITOR_FILE
     path.unlink(missing_ok=True)
-    cond, L = _monitor_condition(fam)
+    if m["probe"] is None:
+        cond, L = in_domain_condition(fam), m["seq_len"]
+    else:  # the config check made monitor.probe the name of one of the family's probes
+        cond = next(c for c in fam.probes or [] if c["name"] == m["probe"])
+        L = m["seq_len"] or probe_lengths(fam, cond)[0]
     # The pools of that probe condition, drawn by the certify rules at the monitor's sizes.
     sized = dataclasses.replace(fam, n_probe_train=m["n_train"], n_probe_test=m["n_test"])
     pa, pb, _, _ = probe_pools(sized, cond, L, split, cfg)
@@ -393,23 +367,6 @@ def certified_steps(rows: Sequence[Mapping[str, Any]], delta: float) -> tuple[in
     return steps((int(r["step"]), certified(r.get("b_exact"), r.get("vacuous"), delta)) for r in rows)
 
 
-def _monitor_table(fam: FamilySpec) -> dict[str, Any]:
-    """The validated ``monitor`` table of a family the monitor helpers below are only called for."""
-    if fam.monitor is None:
-        raise ValueError(f"family {fam.name!r} has no monitor table")  # a caller's mistake, not a config's
-    return fam.monitor
-
-
-def _monitor_condition(fam: FamilySpec) -> tuple[dict[str, Any], int | None]:
-    """(probe condition, probe length) of the family's monitor (None length: the training length)."""
-    m = _monitor_table(fam)
-    if m["probe"] is None:
-        return in_domain_condition(fam), m["seq_len"]
-    # the config check made monitor.probe the name of one of the family's probes
-    cond = next(c for c in fam.probes or [] if c["name"] == m["probe"])
-    return cond, m["seq_len"] or probe_lengths(fam, cond)[0]
-
-
 def _monitor_rows(
     mon: AlignmentMonitor,
     info: Mapping[str, Any],
@@ -423,7 +380,8 @@ def _monitor_rows(
     certified event); and, on every alignment row, the :data:`MONITOR_SUMMARY` columns of its point
     (``monitor_first_cert_step`` None: never certified at ``delta`` within the probed steps, or
     ``monitor_point`` False: not monitored; ``monitor_cert_from_step``: see :func:`certified_steps`)."""
-    m = _monitor_table(fam)
+    m = fam.monitor
+    assert m is not None
     first = {e["point"]: e for e in mon.events}
     common = {
         "monitor_probe": info["monitor_probe"],

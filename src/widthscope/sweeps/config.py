@@ -1,56 +1,274 @@
-"""Reading and checking a sweep config: :func:`load_config` turns a TOML file (or a parsed dict)
-into a :class:`~widthscope.sweeps.schema.SweepConfig`, every key checked before any cell runs.
+"""A sweep config: its keys, :func:`load_config` (a TOML file or parsed dict checked into a
+:class:`SweepConfig` before any cell runs) and the row columns other code reads.
 
-A bad key names itself, the valid choices and, for a near miss, the key meant; the checks of the
-``train``, ``certify``, ``monitor`` and ``probes`` tables of each ``[[family]]`` are here too, as is
-:func:`monitor_steps` (the optimizer steps a monitor probes). Model structure (insertion points,
-widths a model cannot take) is checked by :func:`widthscope.sweeps.alignment.check_structure`.
+A bad key names itself, the valid choices and, for a near miss, the key meant. Model structure
+(insertion points, widths a model cannot take) is checked by
+:func:`widthscope.sweeps.alignment.check_structure`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
+import json
 import math
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
 
 from .. import data as wdata
-from .._io import first_nonfinite, read_toml
+from .._io import first_nonfinite, read_toml, to_jsonable
 from ..errors import WidthscopeError
 from ..models import FAMILIES
-from ..options import INTERVENTIONS, CertifyOptions
+from ..options import ESTIMATORS, INTERVENTIONS, CertifyOptions
 from ..train import LOSSES
-from .placement import check_placement
-from .schema import (
-    CERTIFY_KEYS,
-    ESTIMATORS,
-    EXAMPLE_FAMILY,
-    FAMILY_KEYS,
-    LM_DATASETS,
-    MONITOR_KEYS,
-    OPTIMIZERS,
-    POOLS,
-    PROBE_KEYS,
-    SCHEDULES,
-    SHIFTS,
-    SWEEP_CERTIFY,
-    SWEEP_CERTIFY_KEYS,
-    SWEEP_KEYS,
-    TRAIN_KEYS,
-    FamilySpec,
-    SweepConfig,
+from .placement import PLACEMENT_KEYS, check_placement
+
+__all__ = [
+    "CERT_FIELDS",
+    "TIMING_COLUMNS",
+    "MONITOR_TIMING_COLUMNS",
+    "MONITOR_SUMMARY",
+    "LM_DATASETS",
+    "FamilySpec",
+    "SweepConfig",
+    "load_config",
+    "monitor_steps",
+    "certify_options",
+]
+
+# Fields of widthscope.stats.Certificate copied into each row, prefixed "one_" / "two_".
+CERT_FIELDS = ("expectation", "variance", "d_par", "d_2", "d_align", "n_eff", "b_exact", "b_align", "vacuous", "reason")
+# Columns that measure time and therefore differ between otherwise identical runs.
+TIMING_COLUMNS = ("train_s", "probe_s", "stats_s", "intervene_s", "cell_seconds")
+MONITOR_TIMING_COLUMNS = ("monitor_s", "monitor_probe_s", "monitor_stats_s")  # of monitored cells only
+# Columns a monitored cell adds to its alignment rows (per point; docs/monitor.md §8).
+MONITOR_SUMMARY = (
+    "monitor_point",
+    "monitor_first_cert_step",
+    "monitor_first_cert_b_exact",
+    "monitor_cert_from_step",
+    "monitor_delta",
+    "monitor_M",
+    "monitor_K",
+    "monitor_steps_total",
+    "monitor_steps",
+    "monitor_n_train",
+    "monitor_n_test",
+    "monitor_probe",
+    "monitor_probe_seq_len",
 )
 
-__all__ = ["load_config", "monitor_steps", "certify_options"]
+SWEEP_KEYS = {
+    "name": "label of the sweep (default: the config file's stem)",
+    "out_dir": "results directory (default: widthscope-results/<name>)",
+    "seeds": "list of seeds; each seeds model init, batch order and resampling (default [0])",
+    "M": "list of training-sample counts M (default [16, 32])",
+    "K": "list of held-out-sample counts K (default: K = M)",
+    "paired": "true: pairs (M[i], K[i]); false: every M with every K (default true)",
+    "draws": "resamples for the empirical misalignment probability (default 1000)",
+    "estimator": "'unbiased' (default) or 'plugin'",
+    "pool": "pooling of token/spatial gradients: 'sum' (default), 'mean', 'flatten'",
+    "budgets": "optional list of training-set sizes n_train; adds a data-budget axis to the grid",
+    "data_seed": "seed of the train/test split, shared by all cells (default 0)",
+    "device": "torch device (default 'cpu')",
+    "threads": "torch CPU threads while the sweep runs (default: torch's choice); 1 avoids "
+    "oversubscription when other jobs share the cores",
+    "interventions": "'bias' (default), 'block' or 'none': a direct zero-init residual intervention "
+    "at every point (rows of kind 'intervention' + iv_* columns on alignment rows)",
+    "etas": "intervention step sizes (default: a log grid scaled to each point)",
+    **PLACEMENT_KEYS,
+}
+FAMILY_KEYS = {
+    "name": "label of this family in results (required)",
+    "model": "model family for widthscope.models.build (default: name): mlp, resnet20, llama, pythia",
+    "widths": "positive, strictly increasing list of widths (required)",
+    "model_options": "table of extra options for widthscope.models.build (depth, activation, ...)",
+    "dataset": "dataset name for widthscope.data.load (required), e.g. digits, text, fashion-mnist",
+    "data_options": "table of extra options for widthscope.data.load (root, seq_len, ...)",
+    "n_train": "training examples (required unless [sweep].budgets is given)",
+    "n_test": "held-out examples (default: n_probe_test)",
+    "train": "table: steps, lr, optimizer, batch_size, warmup, clip, weight_decay, schedule, momentum, "
+    "loss, eval_batch_size, train_eval_examples (options of widthscope.train.train)",
+    "certify": "table: n_probe_train, n_probe_test, batch_size (the sweep's own) and every certify option "
+    "(widthscope.options.CertifyOptions: points, M, K, draws, seed, estimator, pool, draw_scheme, "
+    "train_mode, interventions, etas, n_etas, max_rel_step); a statistics option left out takes [sweep]'s",
+    "monitor": "table: every, count, at, points, n_train, n_test, M, K, delta, probe, seq_len: alignment over "
+    "training (widthscope.monitor at the listed optimizer steps; docs/monitor.md)",
+    "probes": "list of probe conditions {name, data, test_data, data_options, shift, seq_len} (default: one "
+    "'in-domain' condition, the training data's own train/held-out parts); each is a results column "
+    "'probe_set'",
+    "probe_seq_len": "list of probe sequence lengths for text (default: the training length); an axis of the rows",
+    "probe_data": "dataset name of the train probe pool (one probe condition named 'probe'; see probes)",
+    "probe_test_data": "dataset name of the held-out probe pool (default: probe_data's held-out part)",
+    "probe_data_options": "table of options for probe_data/probe_test_data (seq_len, max_bytes, ...)",
+    **{k: f"{v} (overrides [sweep]'s)" for k, v in PLACEMENT_KEYS.items()},
+}
+PROBE_KEYS = ("name", "data", "test_data", "data_options", "shift", "seq_len")
+SHIFTS = ("noise:SIGMA", "contrast:FACTOR", "blur", "classes:A,B,...")
+TRAIN_KEYS = (
+    "steps",
+    "lr",
+    "optimizer",
+    "batch_size",
+    "warmup",
+    "clip",
+    "weight_decay",
+    "schedule",
+    "momentum",
+    "loss",
+    "eval_batch_size",
+    "train_eval_examples",
+)
+# The [family.certify] keys: the sweep's own (probe pool sizes and batch) and every CertifyOptions field.
+SWEEP_CERTIFY_KEYS = ("n_probe_train", "n_probe_test", "batch_size")
+CERTIFY_KEYS = SWEEP_CERTIFY_KEYS + tuple(f.name for f in dataclasses.fields(CertifyOptions))
+MONITOR_KEYS = ("every", "count", "at", "points", "n_train", "n_test", "M", "K", "delta", "probe", "seq_len")
+OPTIMIZERS = ("adamw", "sgd")  # widthscope.train.train
+LM_DATASETS = ("text", "prose")  # byte-level language modelling; every other dataset is classification
+SCHEDULES = ("cosine", "constant")
+EXAMPLE_FAMILY = (
+    '[[family]] name = "mlp", widths = [32, 64], dataset = "digits", n_train = 512, train = { steps = 300, lr = 1e-3 }'
+)
+POOLS = ("sum", "mean", "flatten")  # CertifyOptions' pools but "token": a sweep cell pools per example
+# CertifyOptions' defaults but M = (16, 32) and the sweeps' intervention grid (nine half-decades up to
+# the activation's own size).
+SWEEP_CERTIFY = CertifyOptions(M=(16, 32), n_etas=9, max_rel_step=1.0)
+SWEEP_DICT = SWEEP_CERTIFY.to_dict()
+# CertifyOptions fields the recorded layout of a sweep holds already (M, K as its MK pairs)
+_LEGACY_SWEEP = ("M", "K", "draws", "estimator", "pool", "interventions", "etas", "points")
+
+
+@dataclass
+class FamilySpec:
+    """One validated ``[[family]]`` entry of a sweep config."""
+
+    name: str
+    model: str
+    widths: list[float]
+    dataset: str
+    n_train: int | None
+    n_test: int
+    model_options: dict[str, Any] = field(default_factory=dict)
+    data_options: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+    n_probe_train: int = 128
+    n_probe_test: int = 128
+    probe_batch_size: int = 32
+    certify: CertifyOptions = SWEEP_CERTIFY  # the family's statistics (frozen, so a shared default is safe)
+    probes: list[dict[str, Any]] | None = None
+    probe_seq_len: list[int] | None = None
+    monitor: dict[str, Any] | None = None
+    placement: dict[str, Any] = field(default_factory=dict)  # [sweep]'s device_map/max_memory/offload_folder + its own
+
+    @property
+    def points(self) -> list[str] | None:
+        """``certify.points`` as the config gave them (None: not given; ``[]`` means the defaults too)."""
+        return None if self.certify.points is None else list(self.certify.points)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The family as ``sweep.json`` records it (``points`` for the certify options; ``placement`` where set)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "certify"}
+        d["points"] = self.points
+        if not self.placement:
+            d.pop("placement")
+        return to_jsonable(d)
+
+
+@dataclass
+class SweepConfig:
+    """A validated sweep config: the ``[sweep]`` table and its families."""
+
+    name: str
+    out_dir: str
+    families: list[FamilySpec]
+    seeds: list[int] = field(default_factory=lambda: [0])
+    certify: CertifyOptions = SWEEP_CERTIFY  # [sweep]'s statistics: the base of every family's
+    budgets: list[int] | None = None
+    data_seed: int = 0
+    device: str = "cpu"
+    threads: int | None = None
+    placement: dict[str, Any] = field(default_factory=dict)  # [sweep]'s device_map/max_memory/offload_folder
+
+    @property
+    def MK(self) -> list[tuple[int, int]]:
+        return self.certify.pairs
+
+    @property
+    def draws(self) -> int:
+        return self.certify.draws
+
+    def family(self, name: str) -> FamilySpec:
+        return next(f for f in self.families if f.name == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as ``sweep.json`` records it (``config``); the certify options of each family
+        are :meth:`options_record`."""
+        c = self.certify
+        return to_jsonable(
+            ({"placement": dict(self.placement)} if self.placement else {})
+            | {
+                "name": self.name,
+                "out_dir": self.out_dir,
+                "families": [f.to_dict() for f in self.families],
+                "seeds": list(self.seeds),
+                "MK": [list(mk) for mk in self.MK],
+                "draws": c.draws,
+                "estimator": c.estimator,
+                "pool": c.pool,
+                "budgets": self.budgets,
+                "data_seed": self.data_seed,
+                "device": self.device,
+                "threads": self.threads,
+                "interventions": c.interventions,
+                "etas": None if c.etas is None else list(c.etas),
+            }
+        )
+
+    def options_record(self) -> dict[str, Any]:
+        """The certify options of [sweep] (``sweep``) and of each family (``families``, by name):
+        ``sweep.json``'s ``options``."""
+        return {"sweep": self.certify.to_dict(), "families": {f.name: f.certify.to_dict() for f in self.families}}
+
+    def fingerprint(self) -> str:
+        """Hash of everything that determines results (not where they go, nor the placement).
+
+        A family's certify options enter only where they differ from what [sweep]'s keys and
+        ``points`` give (``certify_changes``), so options at their defaults leave it unchanged."""
+        d = self.to_dict()
+        for key in ("placement", "out_dir", "device", "threads"):
+            d.pop(key, None)
+        for fam, fd in zip(self.families, d.get("families", [])):
+            fd.pop("placement", None)
+            for key in ("probes", "probe_seq_len", "monitor"):
+                if fd.get(key) is None:
+                    fd.pop(key, None)
+            implied = self.certify.replace(points=fam.certify.points).to_dict()
+            changes = {k: v for k, v in fam.certify.to_dict().items() if implied[k] != v}
+            if changes:
+                fd["certify_changes"] = changes
+        extra = {k: v for k, v in self.certify.to_dict().items() if k not in _LEGACY_SWEEP and SWEEP_DICT[k] != v}
+        if extra:
+            d["certify_changes"] = extra
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
 # ----------------------------------------------------------------------------- validation
 def config_where(ctx: str) -> str:
     return f"sweep config {ctx}"
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _ints(v: Any, lo: int, hi: int | None = None) -> bool:
+    """``v`` is a non-empty list of whole numbers in ``lo..hi``."""
+    return isinstance(v, list) and bool(v) and all(_is_int(x) and lo <= x <= (x if hi is None else hi) for x in v)
 
 
 def check_keys(table: Mapping[str, Any], valid: Sequence[str], ctx: str) -> None:
@@ -64,13 +282,13 @@ def check_keys(table: Mapping[str, Any], valid: Sequence[str], ctx: str) -> None
 
 
 def config_int(v: Any, what: str, *, minimum: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+    if not _is_int(v) or v < minimum:
         raise WidthscopeError(f"{what} must be a whole number >= {minimum} (got {v!r})")
     return int(v)
 
 
 def _int_list(v: Any, what: str, *, minimum: int = 1) -> list[int]:
-    if isinstance(v, int) and not isinstance(v, bool):
+    if _is_int(v):
         v = [v]
     if not isinstance(v, list) or not v:
         raise WidthscopeError(f"{what} must be a non-empty list of whole numbers (got {v!r})")
@@ -88,12 +306,11 @@ def config_table(v: Any, what: str) -> dict[str, Any]:
 
 
 def certify_options(base: CertifyOptions, table: Mapping[str, Any], where: str) -> CertifyOptions:
-    """``base`` with the certify options of a config table, validated by :class:`CertifyOptions`
-    with its own message, the flag named as the config key (``where`` + key: ``--draws 0: ...``
-    reads ``sweep config family 'mlp': certify.draws 0: ...``).
+    """``base`` with the certify options of a config table, checked by :class:`CertifyOptions`,
+    its message naming the config key (``where`` + key) instead of the flag.
 
     A sweep cell pools per example and probes unprojected samples: ``pool = "token"`` and
-    ``project`` are refused here, with the command that computes them on a cell's checkpoint."""
+    ``project`` are refused, naming the command that computes them on a cell's checkpoint."""
     known = {f.name for f in dataclasses.fields(CertifyOptions)}
     unknown = [k for k in table if k not in known]
     if unknown:  # the callers checked the keys; a programming error otherwise
@@ -122,111 +339,96 @@ def certify_options(base: CertifyOptions, table: Mapping[str, Any], where: str) 
 
 
 def _family(raw: Any, index: int, sweep_budgets: list[int] | None, sweep_options: CertifyOptions) -> FamilySpec:
-    ctx = f"[[family]] #{index + 1}"
+    where = config_where(f"[[family]] #{index + 1}")
     if not isinstance(raw, Mapping):
-        raise WidthscopeError(f"{config_where(ctx)}: each [[family]] must be a table")
-    check_keys(raw, list(FAMILY_KEYS), ctx)
+        raise WidthscopeError(f"{where}: each [[family]] must be a table")
+    check_keys(raw, list(FAMILY_KEYS), f"[[family]] #{index + 1}")
     for req in ("name", "widths", "dataset"):
         if req not in raw:
-            raise WidthscopeError(f"{config_where(ctx)}: missing required key {req!r} ({FAMILY_KEYS[req]})")
+            raise WidthscopeError(f"{where}: missing required key {req!r} ({FAMILY_KEYS[req]})")
     name = raw["name"]
     if not isinstance(name, str) or not name:
-        raise WidthscopeError(f"{config_where(ctx)}: name must be a non-empty string")
+        raise WidthscopeError(f"{where}: name must be a non-empty string")
     ctx = f"family {name!r}"
+    where = config_where(ctx)
     widths = raw["widths"]
     if (
         not isinstance(widths, list)
         or not widths
         or any(isinstance(w, bool) or not isinstance(w, (int, float)) for w in widths)
     ):
-        raise WidthscopeError(f"{config_where(ctx)}: widths must be a non-empty list of numbers, got {widths!r}")
+        raise WidthscopeError(f"{where}: widths must be a non-empty list of numbers, got {widths!r}")
     if any(not (math.isfinite(w) and w > 0) for w in widths):
-        raise WidthscopeError(f"{config_where(ctx)}: widths must be positive finite numbers, got {widths!r}")
+        raise WidthscopeError(f"{where}: widths must be positive finite numbers, got {widths!r}")
     if any(b <= a for a, b in zip(widths, widths[1:])):
         raise WidthscopeError(
-            f"{config_where(ctx)}: widths must be strictly increasing (sort them and drop duplicates), got {widths!r}"
+            f"{where}: widths must be strictly increasing (sort them and drop duplicates), got {widths!r}"
         )
     train = config_table(raw.get("train"), f"{ctx} train")
     check_keys(train, TRAIN_KEYS, f"{ctx} [family.train]")
     for req in ("steps", "lr"):
         if req not in train:
-            raise WidthscopeError(
-                f"{config_where(ctx)}: train.{req} is required, e.g. train = {{ steps = 300, lr = 1e-3 }}"
-            )
-    _check_train(train, ctx)
+            raise WidthscopeError(f"{where}: train.{req} is required, e.g. train = {{ steps = 300, lr = 1e-3 }}")
+    _check_train(train, where)
     cert = config_table(raw.get("certify"), f"{ctx} certify")
     check_keys(cert, CERTIFY_KEYS, f"{ctx} [family.certify]")
-    n_pa = config_int(cert.get("n_probe_train", 128), f"{config_where(ctx)} certify.n_probe_train", minimum=4)
-    n_pb = config_int(cert.get("n_probe_test", 128), f"{config_where(ctx)} certify.n_probe_test", minimum=4)
-    pbs = config_int(cert.get("batch_size", 32), f"{config_where(ctx)} certify.batch_size")
+    n_pa = config_int(cert.get("n_probe_train", 128), f"{where} certify.n_probe_train", minimum=4)
+    n_pb = config_int(cert.get("n_probe_test", 128), f"{where} certify.n_probe_test", minimum=4)
+    pbs = config_int(cert.get("batch_size", 32), f"{where} certify.batch_size")
     points = cert.get("points")
     if points is not None and (not isinstance(points, list) or not all(isinstance(p, str) for p in points)):
-        raise WidthscopeError(f"{config_where(ctx)}: certify.points must be a list of insertion-point names")
+        raise WidthscopeError(f"{where}: certify.points must be a list of insertion-point names")
     options = certify_options(
-        sweep_options, {k: v for k, v in cert.items() if k not in SWEEP_CERTIFY_KEYS}, f"{config_where(ctx)}: certify."
+        sweep_options, {k: v for k, v in cert.items() if k not in SWEEP_CERTIFY_KEYS}, f"{where}: certify."
     )
     n_train = raw.get("n_train")
     if n_train is None and not sweep_budgets:
-        raise WidthscopeError(f"{config_where(ctx)}: missing n_train (training examples), or give [sweep].budgets")
+        raise WidthscopeError(f"{where}: missing n_train (training examples), or give [sweep].budgets")
     if n_train is not None:
-        n_train = config_int(n_train, f"{config_where(ctx)} n_train")
+        n_train = config_int(n_train, f"{where} n_train")
     for nt in ([n_train] if n_train is not None else []) + list(sweep_budgets or []):
         if nt < n_pa:
             raise WidthscopeError(
-                f"{config_where(ctx)}: certify.n_probe_train={n_pa} exceeds the training set "
+                f"{where}: certify.n_probe_train={n_pa} exceeds the training set "
                 f"size {nt}: probe samples are drawn from the fitted examples; lower "
                 f"n_probe_train or raise n_train/budgets"
             )
-    n_test = config_int(raw.get("n_test", n_pb), f"{config_where(ctx)} n_test")
+    n_test = config_int(raw.get("n_test", n_pb), f"{where} n_test")
     if n_test < n_pb:
-        raise WidthscopeError(f"{config_where(ctx)}: certify.n_probe_test={n_pb} exceeds n_test={n_test}")
+        raise WidthscopeError(f"{where}: certify.n_probe_test={n_pb} exceeds n_test={n_test}")
     model = raw.get("model", name)
     if not isinstance(model, str) or model not in FAMILIES:
         raise WidthscopeError(
-            f"{config_where(ctx)}: model {model!r} is not a model family; valid: {', '.join(FAMILIES)} "
+            f"{where}: model {model!r} is not a model family; valid: {', '.join(FAMILIES)} "
             f"(set model = ... when the family's name is not one)"
         )
-    if not isinstance(raw["dataset"], str) or raw["dataset"] not in wdata.DATASETS:
+    dataset = raw["dataset"]
+    if not isinstance(dataset, str) or dataset not in wdata.DATASETS:
+        raise WidthscopeError(f"{where}: dataset {dataset!r} unknown; valid: {', '.join(wdata.DATASETS)}")
+    if train.get("loss") == "mse" and dataset in LM_DATASETS:
         raise WidthscopeError(
-            f"{config_where(ctx)}: dataset {raw['dataset']!r} unknown; valid: {', '.join(wdata.DATASETS)}"
-        )
-    if train.get("loss") == "mse" and raw["dataset"] in LM_DATASETS:
-        raise WidthscopeError(
-            f"{config_where(ctx)}: train.loss = 'mse' is for classification; {raw['dataset']!r} is "
-            "language modelling: use 'auto'"
+            f"{where}: train.loss = 'mse' is for classification; {dataset!r} is language modelling: use 'auto'"
         )
     probes_raw = raw.get("probes")
-    single = {k: raw[k] for k in ("probe_data", "probe_test_data", "probe_data_options") if k in raw}
-    if single:
+    if any(k in raw for k in ("probe_data", "probe_test_data", "probe_data_options")):
         if probes_raw is not None:
-            raise WidthscopeError(f"{config_where(ctx)}: give probes = [...] or probe_data/probe_test_data, not both")
-        probes_raw = [
-            {
-                "name": "probe",
-                "data": single.get("probe_data", raw["dataset"]),
-                **({"test_data": single["probe_test_data"]} if "probe_test_data" in single else {}),
-                **({"data_options": single["probe_data_options"]} if "probe_data_options" in single else {}),
-            }
-        ]
-    probes = _probes(probes_raw, raw["dataset"], ctx)
+            raise WidthscopeError(f"{where}: give probes = [...] or probe_data/probe_test_data, not both")
+        one = {"name": "probe", "data": raw.get("probe_data", dataset)}
+        for key, to in (("probe_test_data", "test_data"), ("probe_data_options", "data_options")):
+            if key in raw:
+                one[to] = raw[key]
+        probes_raw = [one]
+    probes = _probes(probes_raw, dataset, ctx)
     lens = raw.get("probe_seq_len")
-    if lens is not None:
-        if (
-            not isinstance(lens, list)
-            or not lens
-            or any(isinstance(v, bool) or not isinstance(v, int) or v < 2 for v in lens)
-        ):
-            raise WidthscopeError(
-                f"{config_where(ctx)}: probe_seq_len must be a non-empty list of whole numbers >= 2, got {lens!r}"
-            )
-        lens = list(dict.fromkeys(lens))
+    if lens is not None and not _ints(lens, 2):
+        raise WidthscopeError(f"{where}: probe_seq_len must be a non-empty list of whole numbers >= 2, got {lens!r}")
     return FamilySpec(
         probes=probes,
-        probe_seq_len=lens,
+        probe_seq_len=None if lens is None else list(dict.fromkeys(lens)),
         name=name,
         model=model,
         widths=[w if isinstance(w, int) else float(w) for w in widths],
-        dataset=raw["dataset"],
+        dataset=dataset,
         n_train=n_train,
         n_test=n_test,
         model_options=config_table(raw.get("model_options"), f"{ctx} model_options"),
@@ -239,45 +441,40 @@ def _family(raw: Any, index: int, sweep_budgets: list[int] | None, sweep_options
     )
 
 
-def _number(train: Mapping[str, Any], key: str, ctx: str, *, low: float, strict: bool, also: str = "") -> None:
-    v = train.get(key)
-    if v is None:
-        return
-    ok = (
-        isinstance(v, (int, float))
-        and not isinstance(v, bool)
-        and math.isfinite(v)
-        and (v > low if strict else v >= low)
-    )
-    if not ok:
-        raise WidthscopeError(
-            f"{config_where(ctx)}: train.{key} must be a finite number {'>' if strict else '>='} {low:g}{also}, "
-            f"got {v!r}"
-        )
-
-
-def _check_train(train: Mapping[str, Any], ctx: str) -> None:
+def _check_train(train: Mapping[str, Any], where: str) -> None:
     """Every option of ``widthscope.train.train`` a sweep passes, checked before any cell runs."""
-    config_int(train["steps"], f"{config_where(ctx)} train.steps")
-    _number(train, "lr", ctx, low=0, strict=True)
-    _number(train, "warmup", ctx, low=0, strict=False, also=" (a fraction of steps when < 1, else a number of steps)")
-    _number(train, "clip", ctx, low=0, strict=False, also=" (the gradient-norm cap; 0 = off)")
-    _number(train, "weight_decay", ctx, low=0, strict=False)
-    _number(train, "momentum", ctx, low=0, strict=False)
+    config_int(train["steps"], f"{where} train.steps")
+    numbers = (
+        ("lr", True, ""),
+        ("warmup", False, " (a fraction of steps when < 1, else a number of steps)"),
+        ("clip", False, " (the gradient-norm cap; 0 = off)"),
+        ("weight_decay", False, ""),
+        ("momentum", False, ""),
+    )
+    for key, strict, also in numbers:
+        v = train.get(key)
+        if v is not None and not (
+            isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and math.isfinite(v)
+            and (v > 0 if strict else v >= 0)
+        ):
+            raise WidthscopeError(
+                f"{where}: train.{key} must be a finite number {'>' if strict else '>='} 0{also}, got {v!r}"
+            )
     for key in ("batch_size", "eval_batch_size", "train_eval_examples"):
         if key in train:
-            config_int(train[key], f"{config_where(ctx)} train.{key}")
+            config_int(train[key], f"{where} train.{key}")
     for key, valid in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES), ("loss", LOSSES)):
         if key in train and train[key] not in valid:
-            raise WidthscopeError(f"{config_where(ctx)}: train.{key} {train[key]!r} unknown; valid: {', '.join(valid)}")
+            raise WidthscopeError(f"{where}: train.{key} {train[key]!r} unknown; valid: {', '.join(valid)}")
 
 
 def monitor_steps(steps: int, every: int | str = "log", count: int = 6, at: Sequence[int] | None = None) -> list[int]:
     """The optimizer steps a sweep's monitor probes (0 = before the first step; ``steps`` = the trained model).
 
     ``at``: exactly those. ``every = N``: ``0, N, 2N, ...`` and ``steps``. ``every = "log"``: ``0`` and
-    ``count - 1`` log-spaced steps ``round(steps^(k/(count-2)))``, ``k = 0..count-2`` (so ``1`` and
-    ``steps`` included; repeats merged, so at most ``count`` steps).
+    ``count - 1`` log-spaced steps ``round(steps^(k/(count-2)))``, ``k = 0..count-2`` (repeats merged).
 
     Example::
 
@@ -296,12 +493,10 @@ def monitor_steps(steps: int, every: int | str = "log", count: int = 6, at: Sequ
 def _monitor(
     raw: Any, fam: FamilySpec, MK: Sequence[tuple[int, int]], budgets: Sequence[int] | None
 ) -> dict[str, Any] | None:
-    """The validated ``monitor`` table of one family (None: no monitor), with every default filled in:
-    ``steps`` (the probed optimizer steps), ``points`` (None: the family's certify points), pool sizes
-    ``n_train``/``n_test`` (default: certify's), ``M``/``K`` (default: the largest sweep pair that fits the
-    pools), ``delta``, ``probe`` (None: the training data in-domain; else the name of one of the family's
-    ``probes``) and ``seq_len`` (None: the condition's first probe length, else the training length);
-    the keys as given are kept under ``every``/``count``/``at``."""
+    """The validated ``monitor`` table of one family (None: no monitor) with every default filled
+    in: ``steps`` (the probed optimizer steps), ``points``, pool sizes ``n_train``/``n_test``
+    (default: certify's), ``M``/``K`` (default: the largest sweep pair that fits the pools),
+    ``delta``, ``probe`` (a name of the family's ``probes``; None: in-domain) and ``seq_len``."""
     if raw is None:
         return None
     ctx = f"family {fam.name!r}"
@@ -312,7 +507,7 @@ def _monitor(
     every = mon.get("every", "log")
     if "at" in mon and ("every" in mon or "count" in mon):
         raise WidthscopeError(f"{where}: give at = [steps] or every/count, not both")
-    if every != "log" and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+    if every != "log" and (not _is_int(every) or every < 1):
         raise WidthscopeError(
             f'{where}.every must be a whole number of optimizer steps >= 1 or "log" (log-spaced), got {every!r}'
         )
@@ -322,23 +517,17 @@ def _monitor(
             f'{where}.count sets the number of log-spaced probes: it goes with every = "log", not every = {every!r}'
         )
     at = mon.get("at")
-    if at is not None:
-        if (
-            not isinstance(at, list)
-            or not at
-            or any(isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= steps for v in at)
-        ):
-            raise WidthscopeError(
-                f"{where}.at must be a non-empty list of optimizer steps 0..{steps} (train.steps), got {at!r}"
-            )
+    if at is not None and not _ints(at, 0, steps):
+        raise WidthscopeError(
+            f"{where}.at must be a non-empty list of optimizer steps 0..{steps} (train.steps), got {at!r}"
+        )
     points = mon.get("points")
     if points is not None and (not isinstance(points, list) or not all(isinstance(p, str) for p in points)):
         raise WidthscopeError(f"{where}.points must be a list of insertion-point names, got {points!r}")
     n_tr = config_int(mon.get("n_train", fam.n_probe_train), f"{where}.n_train (train-pool size)", minimum=4)
     n_te = config_int(mon.get("n_test", fam.n_probe_test), f"{where}.n_test (held-out-pool size)", minimum=4)
     # the training-set sizes of the cells: [sweep].budgets, else n_train (which _family required then)
-    sizes = list(budgets) if budgets else [fam.n_train] if fam.n_train is not None else []
-    for nt in sizes:
+    for nt in list(budgets) if budgets else [fam.n_train] if fam.n_train is not None else []:
         if n_tr > nt:
             raise WidthscopeError(
                 f"{where}.n_train={n_tr} exceeds the training set size {nt}: the pool is drawn "
@@ -370,13 +559,12 @@ def _monitor(
             f"({', '.join(map(repr, names)) or 'it has none: give probes = [...] or omit probe'})"
         )
     seq_len = mon.get("seq_len")
-    if seq_len is not None:
-        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
-            raise WidthscopeError(
-                f"{where}.seq_len must be a whole number >= 2 (a probe length in tokens), got {seq_len!r}"
-            )
-        if fam.dataset not in LM_DATASETS:
-            raise WidthscopeError(f"{where}.seq_len is a text probe length; {fam.dataset!r} is not text: omit it")
+    if seq_len is not None and (not _is_int(seq_len) or seq_len < 2):
+        raise WidthscopeError(
+            f"{where}.seq_len must be a whole number >= 2 (a probe length in tokens), got {seq_len!r}"
+        )
+    if seq_len is not None and fam.dataset not in LM_DATASETS:
+        raise WidthscopeError(f"{where}.seq_len is a text probe length; {fam.dataset!r} is not text: omit it")
     delta = mon.get("delta", 0.05)
     if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 < float(delta) < 1.0:
         raise WidthscopeError(
@@ -402,44 +590,37 @@ def _probes(raw: Any, dataset: str, ctx: str) -> list[dict[str, Any]] | None:
     """Validated probe conditions (None: the default single in-domain condition)."""
     if raw is None:
         return None
+    where = config_where(ctx)
     if not isinstance(raw, list) or not raw or not all(isinstance(c, Mapping) for c in raw):
         raise WidthscopeError(
-            f"{config_where(ctx)}: probes must be a list of tables, e.g. "
+            f"{where}: probes must be a list of tables, e.g. "
             "[{name = 'in-domain'}, {name = 'shifted', data = 'prose'}]"
         )
-    out, names = [], set()
-
+    out: list[dict[str, Any]] = []
     for c in raw:
         check_keys(c, list(PROBE_KEYS), f"{ctx} probes")
         name = c.get("name")
-        if not isinstance(name, str) or not name or name in names:
-            raise WidthscopeError(f"{config_where(ctx)}: every probe condition needs a unique name, got {name!r}")
-        names.add(name)
+        if not isinstance(name, str) or not name or name in [o["name"] for o in out]:
+            raise WidthscopeError(f"{where}: every probe condition needs a unique name, got {name!r}")
         for key in ("data", "test_data"):
             v = c.get(key)
             if v is not None and (not isinstance(v, str) or v not in wdata.DATASETS):
                 raise WidthscopeError(
-                    f"{config_where(ctx)}: probes {name!r} {key} must be a dataset name "
-                    f"({', '.join(wdata.DATASETS)}), got {v!r}"
+                    f"{where}: probes {name!r} {key} must be a dataset name ({', '.join(wdata.DATASETS)}), got {v!r}"
                 )
         shift = c.get("shift")
         if shift is not None:
-            parse_shift(shift, f"{config_where(ctx)}: probes {name!r}")
+            parse_shift(shift, f"{where}: probes {name!r}")
         lens = c.get("seq_len")
-        if isinstance(lens, int) and not isinstance(lens, bool):
+        if _is_int(lens):
             lens = [lens]
-        if lens is not None and (
-            not isinstance(lens, list)
-            or not lens
-            or any(isinstance(v, bool) or not isinstance(v, int) or v < 2 for v in lens)
-        ):
+        if lens is not None and not _ints(lens, 2):
             raise WidthscopeError(
-                f"{config_where(ctx)}: probes {name!r} seq_len must be a whole number >= 2 or a list of them, "
-                f"got {lens!r}"
+                f"{where}: probes {name!r} seq_len must be a whole number >= 2 or a list of them, got {lens!r}"
             )
         if (c.get("data") or dataset) == dataset and c.get("data_options"):
             raise WidthscopeError(
-                f"{config_where(ctx)}: probes {name!r} reads the training dataset {dataset!r}: it takes "
+                f"{where}: probes {name!r} reads the training dataset {dataset!r}: it takes "
                 "no data_options (another cut of the training corpus would put trained-on text in "
                 "the held-out pool); use seq_len for other probe lengths"
             )
@@ -461,9 +642,7 @@ def parse_shift(shift: Any, where: str) -> tuple[str, Any]:
         raise WidthscopeError(f"{where}: shift must be a string: one of {', '.join(SHIFTS)}")
     kind, _, arg = shift.partition(":")
     try:
-        if kind == "noise" and math.isfinite(float(arg)) and float(arg) > 0:
-            return kind, float(arg)
-        if kind == "contrast" and math.isfinite(float(arg)) and 0 < float(arg):
+        if kind in ("noise", "contrast") and math.isfinite(float(arg)) and float(arg) > 0:
             return kind, float(arg)
         if kind == "blur" and not arg:
             return kind, None
@@ -475,32 +654,28 @@ def parse_shift(shift: Any, where: str) -> tuple[str, Any]:
 
 
 def _sweep_certify(sw: Mapping[str, Any]) -> CertifyOptions:
-    """[sweep]'s statistics keys (M, K, paired, draws, estimator, pool, interventions, etas) as
-    :class:`CertifyOptions`: the base of every family's certify options."""
+    """[sweep]'s statistics keys as :class:`CertifyOptions`: the base of every family's."""
     Ms = _int_list(sw.get("M", [16, 32]), "[sweep] M", minimum=2)
     Ks = _int_list(sw["K"], "[sweep] K", minimum=2) if "K" in sw else list(Ms)
     paired = sw.get("paired", True)
     if not isinstance(paired, bool):
         raise WidthscopeError("[sweep] paired must be true or false")
-    if paired:
-        if len(Ks) != len(Ms):
-            raise WidthscopeError(
-                f"[sweep] paired = true needs M and K of equal length (got {len(Ms)} and "
-                f"{len(Ks)}); set paired = false for every M with every K"
-            )
-        MK = list(zip(Ms, Ks))
-    else:
-        MK = [(m, k) for m in Ms for k in Ks]
+    if paired and len(Ks) != len(Ms):
+        raise WidthscopeError(
+            f"[sweep] paired = true needs M and K of equal length (got {len(Ms)} and "
+            f"{len(Ks)}); set paired = false for every M with every K"
+        )
+    MK = list(zip(Ms, Ks)) if paired else [(m, k) for m in Ms for k in Ks]
     draws = config_int(sw.get("draws", 1000), "[sweep] draws")
-    estimator = sw.get("estimator", "unbiased")
-    if estimator not in ESTIMATORS:
-        raise WidthscopeError(f"[sweep] estimator {estimator!r} unknown; valid: {', '.join(ESTIMATORS)}")
-    pool = sw.get("pool", "sum")
-    if pool not in POOLS:
-        raise WidthscopeError(f"[sweep] pool {pool!r} unknown; valid: {', '.join(POOLS)}")
-    interventions = sw.get("interventions", "bias")
-    if interventions not in INTERVENTIONS:
-        raise WidthscopeError(f"[sweep] interventions {interventions!r} unknown; valid: {', '.join(INTERVENTIONS)}")
+    table: dict[str, Any] = {}
+    for key, default, valid in (
+        ("estimator", "unbiased", ESTIMATORS),
+        ("pool", "sum", POOLS),
+        ("interventions", "bias", INTERVENTIONS),
+    ):
+        table[key] = sw.get(key, default)
+        if table[key] not in valid:
+            raise WidthscopeError(f"[sweep] {key} {table[key]!r} unknown; valid: {', '.join(valid)}")
     etas = sw.get("etas")
     if etas is not None:
         if (
@@ -511,10 +686,9 @@ def _sweep_certify(sw: Mapping[str, Any]) -> CertifyOptions:
             )
         ):
             raise WidthscopeError(f"[sweep] etas must be a non-empty list of positive finite numbers, got {etas!r}")
-        etas = [float(e) for e in etas]
+        etas = tuple(float(e) for e in etas)
     Ms_, Ks_ = tuple(m for m, _ in MK), tuple(k for _, k in MK)
-    table = {"M": Ms_, "K": None if Ks_ == Ms_ else Ks_, "draws": draws, "estimator": estimator, "pool": pool}
-    table.update(interventions=interventions, etas=tuple(etas) if etas is not None else None)
+    table.update(M=Ms_, K=None if Ks_ == Ms_ else Ks_, draws=draws, etas=etas)
     return certify_options(SWEEP_CERTIFY, table, "sweep config [sweep]: ")
 
 
@@ -554,7 +728,6 @@ def load_config(
     device = sw.get("device", "cpu")
     if not isinstance(device, str):
         raise WidthscopeError("[sweep] device must be a string such as 'cpu' or 'cuda'")
-
     try:
         meta = torch.device(device).type == "meta"
     except (RuntimeError, ValueError) as exc:
@@ -590,7 +763,7 @@ def load_config(
         raise WidthscopeError("[sweep] out_dir must be a non-empty path string")
     return SweepConfig(
         name=name,
-        out_dir=str(out),
+        out_dir=out,
         families=families,
         seeds=seeds,
         certify=options,

@@ -1,15 +1,11 @@
 """Resumable, shardable execution of a grid of independent cells.
 
-Design (why it looks like this): the durable record of a finished cell is one file,
-``cells/<cell_id>.json``, written atomically *after* the cell's work is done, holding all of
-its rows. A cell is therefore either wholly finished or not at all, whatever moment a
-``kill -9`` arrives. The tidy ``results.jsonl`` that users load with pandas is a *view*
-rebuilt atomically from the cell files, so it holds each finished cell exactly once.
-Shards (``k/n``) pick cells by their position in the grid, so several processes or machines
-sharing the results directory (or whose directories are later copied together) cover the
-grid without overlap. While a sweep runs it holds an advisory lock on the results directory
-(:func:`lock_out_dir`), so a second identical run into it is refused instead of redoing every
-cell; the kernel releases the lock when the process ends, however it ends.
+A finished cell is one file, ``cells/<cell_id>.json``, written atomically after its work with all
+its rows, so a cell is wholly finished or not at all whenever a ``kill -9`` comes;
+``results.jsonl`` is a view rebuilt atomically from the cell files. Shards (``k/n``) pick cells by
+their position in the grid, so processes sharing the results folder cover it without overlap. A
+run holds an advisory lock on the folder (:func:`lock_out_dir`), released by the kernel however
+the process ends.
 """
 
 from __future__ import annotations
@@ -23,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import torch
 
 from .. import distributed
 from .._env import environment
@@ -40,7 +38,6 @@ from .._io import (
     unwritable,
     warn_skips,
 )
-from .._io import lock_held as _held  # noqa: F401  (tests/test_bad_input_sweep.py imports it here)
 from ..errors import WidthscopeError
 
 __all__ = [
@@ -54,6 +51,7 @@ __all__ = [
     "lock_out_dir",
     "GridResult",
     "read_cell",
+    "cell_state",
     "new_backup_dir",
     "set_aside",
 ]
@@ -176,6 +174,14 @@ def read_cell(path: str | Path) -> tuple[dict[str, Any] | None, str | None]:
     if not all(isinstance(r, dict) for r in rec["rows"]):
         return None, "not a cell record (its rows are not all JSON objects)"
     return rec, None
+
+
+def cell_state(out_dir: Path, cell: Mapping[str, Any]) -> bool | str:
+    """For a dry run: True for a finished cell, False for one not run, else why it runs again."""
+    path = cell_path(out_dir, cell_id(cell))
+    if not path.exists():
+        return False
+    return "damaged: runs again" if read_cell(path)[1] else True
 
 
 def new_backup_dir(out_dir: str | Path) -> Path:
@@ -322,20 +328,32 @@ def run_grid(
     return result
 
 
-def claim_out_dir(out_dir: Path, record: dict[str, Any], what: str) -> None:
-    """Refuse to mix two runs in one results directory: its ``sweep.json`` must hold no other
-    ``fingerprint`` than ``record``'s (resume needs the same settings); then (re)write ``record``
-    there. ``what`` names the kind of run in the message ("a sweep", "a suite")."""
-    marker = Path(out_dir) / "sweep.json"
-    if marker.exists():
-        try:
-            old = json.loads(marker.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            old = {}
-        if old.get("fingerprint") not in (None, record["fingerprint"]):
-            raise WidthscopeError(
-                f"results directory {str(out_dir)!r} holds {what} with a different config "
-                f"(fingerprint {old.get('fingerprint')} vs {record['fingerprint']}): resuming would mix results. "
-                "Use another --out, or delete that directory to start over"
-            )
-    atomic_write_json(marker, record)
+@contextlib.contextmanager
+def claim_out_dir(
+    out_dir: Path, record: dict[str, Any], what: str, shard: tuple[int, int] = (1, 1), threads: int | None = None
+) -> Iterator[None]:
+    """Hold the lock of ``out_dir`` (:func:`lock_out_dir`), refuse a folder whose ``sweep.json``
+    holds another ``fingerprint`` than ``record``'s (resuming would mix two runs; ``what`` names
+    the kind of run: "a sweep", "a suite"), (re)write ``record`` there, and run at ``threads``
+    torch CPU threads (None: torch's choice)."""
+    saved = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        with lock_out_dir(out_dir, shard, "sweep"):
+            marker = Path(out_dir) / "sweep.json"
+            if marker.exists():
+                try:
+                    old = json.loads(marker.read_text(encoding="utf-8"))
+                except (OSError, json.JSONDecodeError):
+                    old = {}
+                if old.get("fingerprint") not in (None, record["fingerprint"]):
+                    raise WidthscopeError(
+                        f"results directory {str(out_dir)!r} holds {what} with a different config "
+                        f"(fingerprint {old.get('fingerprint')} vs {record['fingerprint']}): resuming would mix "
+                        "results. Use another --out, or delete that directory to start over"
+                    )
+            atomic_write_json(marker, record)
+            yield
+    finally:
+        torch.set_num_threads(saved)

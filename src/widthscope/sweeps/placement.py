@@ -1,16 +1,9 @@
 """Big-model placement in sweeps: ``device_map``, ``max_memory``, ``offload_folder``.
 
-An alignment sweep takes the three keys in ``[sweep]`` (every family) and in a ``[[family]]``
-(each key given there overrides ``[sweep]``'s); a ``[suite]`` takes them as the input options of
-``widthscope certify`` they are. They are checked when the config loads (one line naming the key
-and the fix) and decide only where the weights live while a cell probes, never its numbers: they
-are not part of the sweep's fingerprint, so a sweep resumed with another memory budget reuses
-every finished cell (each cell records the placement it ran with).
-
-An alignment cell trains on ``[sweep].device`` as always; its trained model is then dispatched
-(:func:`widthscope.models.dispatch.dispatch`) for the probe, the certificates and the
-interventions. Offloaded weights go to a folder of their own per cell (``offload_folder/<cell id>``,
-or a temporary folder), so shards running side by side never share one.
+``[sweep]`` sets them for every family, a ``[[family]]`` overrides each one, a ``[suite]`` takes them
+as certify input options. They decide only where the weights live while a cell probes (not part of
+the fingerprint); offloaded weights go to a folder per cell (``offload_folder/<cell id>``, or a
+temporary folder), so shards never share one.
 """
 
 from __future__ import annotations
@@ -23,16 +16,16 @@ from torch import nn
 
 from ..errors import WidthscopeError
 from ..models.dispatch import check_device_map, check_max_memory, dispatch
-from .schema import PLACEMENT_KEYS
 
-__all__ = [
-    "PLACEMENT_KEYS",
-    "check_placement",
-    "place_model",
-    "release",
-    "placement_text",
-    "cell_folder",
-]
+__all__ = ["PLACEMENT_KEYS", "check_placement", "place_model", "release", "placement_text", "cell_folder"]
+
+# [sweep] and [[family]] keys, and [suite]'s input options.
+PLACEMENT_KEYS = {
+    "device_map": "accelerate's placement while a cell probes: auto, balanced, balanced_low_0, sequential "
+    "(docs/big-models.md); training stays on device",
+    "max_memory": "per-device memory for device_map, e.g. 'cpu=2GB,0=10GiB,disk' ('disk' allows disk offload)",
+    "offload_folder": "where disk-offloaded weights go (each cell its own subfolder; default: a temporary folder)",
+}
 
 
 def check_placement(table: Mapping[str, Any], where: str, *, base: Mapping[str, Any] | None = None) -> dict[str, Any]:

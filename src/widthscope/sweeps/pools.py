@@ -1,9 +1,6 @@
-"""The data of a sweep cell: its train/test split, the model options read from it, and the probe
-pools of each probe condition (in-domain, another dataset, a shifted copy, another text length).
-
-The split is loaded once per process for every width and seed (:func:`load_split`); the probe pools
-are seeded samples (:func:`take_examples`), drawn by the same rules for certify (:func:`probe_pools`) and for
-the monitor, so a run is reproducible from its config alone.
+"""The data of a sweep cell: its split (loaded once per process), the model options read from it,
+and the probe pools of each probe condition (in-domain, another dataset, a shifted copy, another
+text length): seeded samples drawn by the same rules for certify and the monitor.
 """
 
 from __future__ import annotations
@@ -11,7 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -21,12 +18,10 @@ from .. import data as wdata
 from ..data.spec import InputSpec
 from ..data.text import corpus_chunks, read_corpus, recorded_chunks
 from ..errors import WidthscopeError
-from .config import parse_shift
-from .schema import FamilySpec, SweepConfig
+from .config import FamilySpec, SweepConfig, parse_shift
 
 if TYPE_CHECKING:
     from ..data import Split
-    from ..data.spec import InputSpec
 
 __all__ = ["apply_shift", "cell_input_spec", "in_domain_condition", "probe_conditions", "probe_lengths"]
 
@@ -76,35 +71,32 @@ def load_split(fam: FamilySpec, budget: int, cfg: SweepConfig) -> Split:
     return _SPLITS[key]
 
 
+# the options a model family reads from the data: (name, from the input shape), the class count's name
+_DATA_OPTIONS: dict[str, tuple[str, Callable[[tuple[int, ...]], int], str]] = {
+    "mlp": ("in_dim", math.prod, "out_dim"),
+    "resnet20": ("in_channels", lambda shape: shape[0], "num_classes"),
+    "llama": ("max_seq_len", lambda shape: shape[-1], "vocab_size"),
+    "pythia": ("max_seq_len", lambda shape: shape[-1], "vocab_size"),
+}
+
+
 def fill_model_options(fam: FamilySpec, split: Any) -> dict[str, Any]:
     """Fill the model's data-dependent options (input size, classes, vocabulary) from the split."""
     opts = dict(fam.model_options)
     shape = tuple(getattr(split, "input_shape", ()) or ())
     ncls = getattr(split, "num_classes", None)
-    if fam.model == "mlp":
+    if fam.model in _DATA_OPTIONS:
+        size, of_shape, classes = _DATA_OPTIONS[fam.model]
         if shape:
-            opts.setdefault("in_dim", int(math.prod(shape)))
+            opts.setdefault(size, int(of_shape(shape)))
         if ncls:
-            opts.setdefault("out_dim", int(ncls))
-    elif fam.model == "resnet20":
-        if shape:
-            opts.setdefault("in_channels", int(shape[0]))
-        if ncls:
-            opts.setdefault("num_classes", int(ncls))
-    elif fam.model in ("llama", "pythia"):
-        if ncls:
-            opts.setdefault("vocab_size", int(ncls))
-        if shape:
-            opts.setdefault("max_seq_len", int(shape[-1]))
+            opts.setdefault(classes, int(ncls))
     return opts
 
 
 def take_examples(pair: Sequence[Any], n: int, seed: int) -> tuple[Any, ...]:
-    """A seeded random subset of ``n`` examples, in their original order.
-
-    Not the first ``n``: splits such as text chunks are ordered by position in the corpus, and
-    the probe pools should be samples of the whole part.
-    """
+    """A seeded random subset of ``n`` examples, in their original order (not the first ``n``:
+    text chunks are ordered by position in the corpus)."""
     total = len(pair[0])
     idx = torch.randperm(total, generator=torch.Generator().manual_seed(int(seed)))[:n].sort().values
     return tuple(t[idx] for t in pair)
@@ -172,12 +164,9 @@ def probe_pools(
     fam: FamilySpec, cond: Mapping[str, Any], L: int | None, split: Any, cfg: SweepConfig
 ) -> tuple[tuple[Any, ...], tuple[Any, ...], str, dict[str, Any] | None]:
     """(train pool, held-out pool, description, corpus byte offsets of the rows or None) of one
-    probe condition at probe length ``L``.
-
-    The training dataset is always read in-domain (:func:`_in_domain`): its train pool is the
-    fitted examples and its held-out pool the held-out part. Another dataset gives its own train
-    part for the train pool (``data``) and its held-out part for the held-out pool (``test_data``,
-    default ``data``). ``shift`` then corrupts both pools (images)."""
+    probe condition at probe length ``L``: the training dataset in-domain (:func:`_in_domain`),
+    another dataset's train part (``data``) and held-out part (``test_data``, default ``data``);
+    ``shift`` then corrupts both pools (images)."""
     seed = cfg.data_seed
     data, test = cond["data"], cond.get("test_data") or cond["data"]
     offsets = None
@@ -255,12 +244,8 @@ def pool_batches(pair: tuple[Any, ...], task: str, batch_size: int) -> list[Any]
 
 def cell_input_spec(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: str | os.PathLike) -> InputSpec:
     """The :class:`~widthscope.data.spec.InputSpec` that probes this cell's saved checkpoint with
-    ``widthscope certify`` / :func:`widthscope.load_inputs`: its recorded dataset and data record,
-    ``n_probe_train`` / ``n_probe_test`` examples, seeds ``data_seed`` / ``data_seed + 1``.
-
-    Its train pool is the sweep's in-domain train pool (a seeded sample of the fitted examples,
-    the same rule); its held-out pool is drawn from the dataset's whole held-out part, where the
-    sweep draws from the cell's ``n_test`` subset of it. Written to ``input_spec.json`` beside
-    the cell's checkpoint."""
-    fam = next(f for f in cfg.families if f.name == cell["family"])
+    ``widthscope certify`` / :func:`widthscope.load_inputs` (``input_spec.json`` beside it): the
+    sweep's in-domain train pool (the same rule); the held-out pool drawn from the dataset's whole
+    held-out part, where the sweep draws from the cell's ``n_test`` subset of it."""
+    fam = cfg.family(cell["family"])
     return InputSpec(model=str(cell_dir), n_train=fam.n_probe_train, n_test=fam.n_probe_test, seed=cfg.data_seed)

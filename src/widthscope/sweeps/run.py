@@ -1,8 +1,7 @@
 """What ``widthscope sweep`` does, from explicit settings: :func:`run_sweep_file`.
 
-Runs (or resumes) an alignment width sweep of a TOML config; see :mod:`widthscope.sweeps.alignment`
-and docs/sweeps.md. The command line (:mod:`widthscope.cli.sweep`) only passes its options here.
-Python::
+Runs (or resumes) an alignment width sweep (:mod:`widthscope.sweeps.alignment`) or a model suite
+(:mod:`widthscope.sweeps.suite`) of a TOML config; see docs/sweeps.md. Python::
 
     from widthscope.sweeps.run import run_sweep_file
     run_sweep_file("configs/demo-mlp.toml", out="/tmp/mlp-sweep", shard="2/4")  # a quarter of the grid
@@ -13,19 +12,18 @@ from __future__ import annotations
 import os
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from .._io import format_table, read_toml
 from ..planning import CellPlan, plan_alignment, print_cell_plans
 from ..validate import check_dir_writable, check_outputs
 from . import alignment as sweep_alignment  # run_sweep looked up at call time (tests replace it)
 from .alignment import check_structure, load_config, plan_cells
-from .grid import GridResult, cell_id, cell_path, finish_after_ranks, read_cell, shard_for_run
+from .config import SweepConfig
+from .grid import GridResult, cell_id, cell_state, finish_after_ranks, shard_for_run
 from .placement import placement_text
-from .record import check_fingerprint, is_record, read_record
-from .schema import SweepConfig
+from .results import check_fingerprint, is_record, print_summary, read_record
 from .suite import SuiteConfig, load_suite, plan_suite, print_suite_plan, run_suite
-from .summary import print_summary
 
 __all__ = ["run_sweep_file", "print_config_plan"]
 
@@ -40,15 +38,13 @@ def run_sweep_file(
     show_progress: bool = True,
     plan: bool = False,
 ) -> GridResult | None:
-    """The sweep of ``config`` in ``out`` (default: its ``[sweep].out_dir``), shard ``shard``
-    (``"k/n"``; default: one shard per ``torchrun`` rank, else the whole grid), at ``threads`` torch
-    CPU threads (default: ``[sweep].threads``). ``config``: a TOML sweep config, or a finished
-    sweep's results folder or its ``sweep.json`` (:mod:`widthscope.sweeps.record`: the recorded
-    config, checked as a TOML is; the same cells). ``dry_run``: print the grid, what is finished
-    and the cost plan (:func:`widthscope.planning.plan_alignment`), run nothing, return ``None``; ``plan``: the
-    same, and time one batch per distinct model to predict the wall time. Otherwise
-    prints its progress lines and (rank 0 under torchrun, once every rank's shard is done) the
-    summary; returns this shard's grid result."""
+    """The sweep of ``config`` in ``out`` (default: its ``out_dir``), shard ``shard`` (``"k/n"``;
+    default: one shard per ``torchrun`` rank, else the whole grid), at ``threads`` torch CPU
+    threads (default: the config's). ``config``: a TOML sweep config, or a finished sweep's results
+    folder or its ``sweep.json`` (:func:`~widthscope.sweeps.results.read_record`: the same cells).
+    ``dry_run``: print the grid, what is finished and the cost plan, run nothing, return ``None``;
+    ``plan``: the same, timing one batch per distinct model to predict the wall time. Otherwise
+    runs this shard, prints the summary (rank 0, once every rank is done) and returns its result."""
     recorded: tuple[str, str] | None = None
     if is_record(config):
         raw, fingerprint, where = read_record(config)
@@ -60,7 +56,10 @@ def run_sweep_file(
         suite = load_suite(raw, stem=stem, out_dir=out)
         if recorded is not None:
             check_fingerprint(suite.fingerprint(), *recorded)
-        return _run_suite_file(suite, shard, dry_run or plan, threads, show_progress, plan)
+        if threads is not None:
+            suite.threads = threads
+        show = partial(print_suite_plan, timed=plan)
+        return _drive("suite", suite, plan_suite(suite), show, run_suite, shard, dry_run or plan, show_progress)
     cfg = load_config(raw if recorded is not None else config, out_dir=out)
     if recorded is not None:
         check_fingerprint(cfg.fingerprint(), *recorded)
@@ -68,15 +67,13 @@ def run_sweep_file(
     if threads is not None:  # checked by widthscope.cli.checks.check_args
         cfg.threads = threads
     printer = partial(_print_plan, timed=plan)
-    return _drive(
-        "sweep", cfg, plan_cells(cfg), printer, sweep_alignment.run_sweep, shard, dry_run or plan, show_progress
-    )
+    run = sweep_alignment.run_sweep
+    return _drive("sweep", cfg, plan_cells(cfg), printer, run, shard, dry_run or plan, show_progress)
 
 
 def print_config_plan(cfg: SweepConfig, *, timed: bool = False) -> list[CellPlan]:
-    """What ``--dry-run`` prints (``timed``: ``--plan``) for a loaded config, its whole grid in one shard:
-    the cells, which are finished in ``cfg.out_dir``, the cost plan. Runs nothing, writes nothing;
-    returns the plan's rows (one per distinct model)."""
+    """What ``--dry-run`` prints (``timed``: ``--plan``) for a loaded config, its whole grid in one
+    shard; runs nothing, writes nothing; returns the plan's rows (one per distinct model)."""
     check_structure(cfg, device=False)
     cells = plan_cells(cfg)
     return _print_plan(cfg, list(enumerate(cells)), len(cells), Path(cfg.out_dir), (1, 1), timed=timed)
@@ -91,23 +88,15 @@ def _print_plan(
     *,
     timed: bool = False,
 ) -> list[CellPlan]:
-    """``--dry-run``: this shard's cells, whether each is finished, the monitor settings, the
-    placement and the cost plan (``timed``: ``--plan``'s predicted wall time too)."""
+    """``--dry-run``: this shard's cells and whether each is finished, the monitor settings, the
+    placement and the cost plan."""
     k, n = shard
-
-    def state(c: Mapping[str, Any]) -> str | bool:
-        path = cell_path(out, cell_id(c))
-        if not path.exists():
-            return False
-        why = read_cell(path)[1]  # a damaged cell file is not a finished cell: the run sets it aside
-        return "damaged: runs again" if why else True
-
     table = [
         {
             "#": i,
-            **{key: c[key] for key in ("family", "width", "seed", "budget")},
+            **{k: c[k] for k in ("family", "width", "seed", "budget")},
             "cell_id": cell_id(c),
-            "done": state(c),
+            "done": cell_state(out, c),
         }
         for i, c in mine
     ]
@@ -128,19 +117,9 @@ def _print_plan(
                 f"monitor ({fam.name}): steps {m['steps']}, (M, K) = ({m['M']}, {m['K']}), pools "
                 f"{m['n_train']} + {m['n_test']}, delta {m['delta']}"
             )
-    costs = plan_alignment(cfg, [c for _, c in mine], lambda c: state(c) is True, timed_run=timed)
+    costs = plan_alignment(cfg, [c for _, c in mine], lambda c: cell_state(out, c) is True, timed_run=timed)
     print_cell_plans(costs, shard, cfg.device)
     return costs
-
-
-def _run_suite_file(
-    cfg: SuiteConfig, shard: str | None, dry_run: bool, threads: int | None, show_progress: bool, plan: bool
-) -> GridResult | None:
-    """:func:`run_sweep_file` of a ``[suite]`` config (:mod:`widthscope.sweeps.suite`)."""
-    if threads is not None:
-        cfg.threads = threads
-    printer = partial(print_suite_plan, timed=plan)
-    return _drive("suite", cfg, plan_suite(cfg), printer, run_suite, shard, dry_run, show_progress)
 
 
 def _drive(
@@ -153,8 +132,8 @@ def _drive(
     dry_run: bool,
     show_progress: bool,
 ) -> GridResult | None:
-    """This rank's shard of ``cells`` (a sweep's or a suite's): the plan with ``dry_run``, else run
-    them and print the summary (rank 0 under torchrun, once every rank's shard is done)."""
+    """This rank's shard of ``cells``: the plan with ``dry_run``, else run them and print the
+    summary (rank 0 under torchrun, once every rank's shard is done)."""
     which = shard_for_run(shard)
     out_path = Path(cfg.out_dir)
     check_dir_writable(out_path)  # before any cell trains: a read-only or file --out is one error line

@@ -17,18 +17,11 @@ commits; e.g. Pythia's ``step1000`` … ``step143000``) to certify each one at::
     M = [16, 32, 64]
     interventions = "none"
 
-``widthscope sweep CONFIG --out DIR`` runs every cell through :func:`widthscope.certification.run.run_certify`
-(:func:`run_suite`), resumable and atomic like every sweep (:func:`widthscope.sweeps.grid.run_grid`):
-``DIR/cells/<cell_id>.json`` is the cell's certify result (``settings``, ``points``, ``options``: a
-file ``widthscope certify --config`` and ``widthscope report`` read) plus the grid's ``cell``/``rows``;
-a finished cell is never redone, a damaged one is set aside and rerun, a killed one resumes point by
-point. Each cell records the id, the revision asked for and the commit it resolved to (its rows:
-``model_id``, ``revision``, ``commit``; the result: ``settings.inputs.hub``), and ``step`` parsed from
-the revision's name (``step1000`` -> 1000; None otherwise) for the over-training page of the report.
-
-A cell's id hashes (model, revision) and the settings that determine its numbers (inputs, certify
-options, batch size), not the lists: revisions or models added to the config later reuse every
-finished cell, while changed settings are refused in the same folder (``sweep.json``).
+Each cell is a :func:`widthscope.certification.pipeline.run_certify` run (:func:`run_suite`), resumable
+like every sweep: ``DIR/cells/<cell_id>.json`` is the cell's certify result plus the grid's
+``cell``/``rows``. Rows record the model id, the revision, the commit it resolved to and ``step``
+parsed from the revision's name (``step1000`` -> 1000). A cell's id hashes (model, revision) and the
+settings that determine its numbers, so models or revisions added later reuse finished cells.
 """
 
 from __future__ import annotations
@@ -44,19 +37,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import torch
-
 from .._io import format_table, to_jsonable
-from ..certification.run import CertifyJob, run_certify
+from ..certification.pipeline import CertifyJob, run_certify
 from ..data.spec import InputSpec
 from ..errors import WidthscopeError
 from ..hub import resolve_model
 from ..options import CertifyOptions, CertifyRunOptions
-from .certify_rows import certify_rows
 from .config import certify_options, check_keys, config_int, config_table
-from .grid import GridResult, cell_id, cell_path, claim_out_dir, lock_out_dir, read_cell, run_grid
-from .placement import cell_folder, placement_text, release
-from .schema import PLACEMENT_KEYS
+from .grid import GridResult, cell_id, cell_path, cell_state, claim_out_dir, run_grid
+from .placement import PLACEMENT_KEYS, cell_folder, placement_text, release
+from .results import certify_rows
 
 __all__ = [
     "SUITE_KEYS",
@@ -117,6 +107,11 @@ class SuiteConfig:
         if cell_key is not None and inputs.get("offload_folder"):
             inputs["offload_folder"] = cell_folder(inputs, cell_key)
         return InputSpec(model=model, revision=revision, seed=self.certify.seed, **inputs)
+
+    @property
+    def placement(self) -> dict[str, Any]:
+        """The input options that only place the weights (not part of the fingerprint)."""
+        return {k: v for k, v in self.inputs.items() if k in PLACEMENT_KEYS}
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -234,9 +229,7 @@ def _rows(cfg: SuiteConfig, cell: Mapping[str, Any], res: Mapping[str, Any], pat
     }
     placed = st.get("placement")
     if placed:  # where the weights went (settings.placement of the certify result)
-        tags["placement"] = placement_text(
-            {k: cfg.inputs[k] for k in PLACEMENT_KEYS if k in cfg.inputs}, placed if isinstance(placed, dict) else None
-        )
+        tags["placement"] = placement_text(cfg.placement, placed if isinstance(placed, dict) else None)
     return certify_rows(res, tags)
 
 
@@ -272,18 +265,12 @@ def run_suite(
         results[cell_id(cell)] = res
         return _rows(cfg, cell, res, cell_path(out, cell_id(cell)))
 
-    threads = torch.get_num_threads()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    try:
-        with lock_out_dir(out, shard, "sweep"):
-            claim_out_dir(out, {"fingerprint": cfg.fingerprint(), "config": cfg.to_dict(), "kind": "suite"}, "a suite")
-            # the cell file is the certify result itself (settings, points, options) plus the grid's rows
-            return run_grid(
-                cells, one, out, shard=shard, desc=f"suite {cfg.name}", record=lambda c: results.pop(cell_id(c))
-            )
-    finally:
-        torch.set_num_threads(threads)
+    claim = {"fingerprint": cfg.fingerprint(), "config": cfg.to_dict(), "kind": "suite"}
+    with claim_out_dir(out, claim, "a suite", shard, cfg.threads):
+        # the cell file is the certify result itself (settings, points, options) plus the grid's rows
+        return run_grid(
+            cells, one, out, shard=shard, desc=f"suite {cfg.name}", record=lambda c: results.pop(cell_id(c))
+        )
 
 
 def parameters(directory: Path) -> int | None:
@@ -330,8 +317,7 @@ def print_suite_plan(
     finished: dict[str, bool] = {}
     directories: dict[str, Path | None] = {}
     for i, c in mine:
-        path = cell_path(out, cell_id(c))
-        done: str | bool = path.exists() and ("damaged: runs again" if read_cell(path)[1] else True)
+        done = cell_state(out, c)
         hub, why = _resolve(c, local_only=True)
         finished[cell_id(c)] = done is True
         directories[cell_id(c)] = Path(hub.directory) if hub is not None and why is None else None
@@ -361,7 +347,7 @@ def print_suite_plan(
             + (f"; {len(flops) - len(known)} cell(s) not cached: not counted" if len(known) < len(flops) else "")
         )
     if cfg.inputs.get("device_map"):
-        print(f"placement: {placement_text({k: cfg.inputs[k] for k in PLACEMENT_KEYS if k in cfg.inputs})}")
+        print(f"placement: {placement_text(cfg.placement)}")
     from ..planning import plan_suite_models, print_cell_plans  # noqa: PLC0415  cycle: widthscope.planning imports the sweeps
 
     costs = plan_suite_models(

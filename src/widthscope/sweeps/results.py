@@ -1,0 +1,313 @@
+"""What a finished sweep leaves, read back: its record (``sweep.json``) as a config again, its
+alignment rows summarised over seeds, and a certify result as sweep rows.
+
+Every sweep writes ``OUT/sweep.json`` (:func:`widthscope.sweeps.grid.claim_out_dir`): the config,
+the certify options (alignment sweeps), the ``fingerprint`` and the ``kind``. :func:`read_record`
+turns it back into the parsed-TOML dict the config loaders check, so ``widthscope sweep --config``
+gets the same cells; :func:`check_fingerprint` refuses a record whose config no longer gives its
+fingerprint. :func:`certify_rows` is shared by the model-suite sweep and the report's width series.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import IO, Any, Mapping, Sequence
+
+from .._io import format_table
+from ..certification.pipeline import training_record
+from ..errors import WidthscopeError
+from ..probe.interventions import resolved
+from ..stats import vacuous_rule
+from .config import CERT_FIELDS
+
+__all__ = [
+    "RECORD",
+    "is_record",
+    "read_record",
+    "check_fingerprint",
+    "summary_rows",
+    "print_summary",
+    "certify_rows",
+    "smallest_step",
+]
+
+RECORD = "sweep.json"
+
+
+# ----------------------------------------------------------------------------- the record
+def is_record(path: str | os.PathLike) -> bool:
+    """A results folder holding ``sweep.json``, or a JSON file (not a TOML config)."""
+    p = Path(path).expanduser()
+    return (p / RECORD).is_file() if p.is_dir() else p.suffix.lower() == ".json"
+
+
+def _drop_none(d: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def _load(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
+    p = Path(path).expanduser()
+    if p.is_dir():
+        p = p / RECORD
+    fix = "pass a finished sweep's results folder or its sweep.json, or a TOML config"
+    try:
+        rec = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise WidthscopeError(f"--config {str(p)!r} not found: {fix}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise WidthscopeError(f"--config {str(p)!r} is not a JSON file ({type(exc).__name__}): {fix}") from None
+    if not isinstance(rec, dict) or not isinstance(rec.get("config"), dict) or "fingerprint" not in rec:
+        raise WidthscopeError(f"--config {str(p)!r} is not a sweep's record (no 'config' and 'fingerprint'): {fix}")
+    return p, rec
+
+
+def _alignment(config: Mapping[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+    """The parsed-TOML form of an alignment sweep's record."""
+    sweep = _drop_none(
+        {
+            "name": config["name"],
+            "out_dir": config["out_dir"],
+            "seeds": config["seeds"],
+            "M": [m for m, _ in config["MK"]],
+            "K": [k for _, k in config["MK"]],
+            "paired": True,
+            "draws": config["draws"],
+            "estimator": config["estimator"],
+            "pool": config["pool"],
+            "budgets": config.get("budgets"),
+            "data_seed": config["data_seed"],
+            "device": config["device"],
+            "threads": config.get("threads"),
+            "interventions": config["interventions"],
+            "etas": config.get("etas"),
+            **(config.get("placement") or {}),
+        }
+    )
+    families = []
+    for f in config["families"]:
+        certify = {
+            "n_probe_train": f["n_probe_train"],
+            "n_probe_test": f["n_probe_test"],
+            "batch_size": f["probe_batch_size"],
+            **_drop_none(options["families"][f["name"]]),
+        }
+        fam = {
+            k: f[k] for k in ("name", "model", "widths", "dataset", "n_test", "model_options", "data_options", "train")
+        }
+        fam.update(_drop_none({"n_train": f.get("n_train"), "probe_seq_len": f.get("probe_seq_len")}))
+        fam["certify"] = certify
+        if f.get("probes") is not None:
+            fam["probes"] = [_drop_none(c) for c in f["probes"]]
+        mon = f.get("monitor")
+        if mon is not None:
+            fam["monitor"] = _drop_none({k: v for k, v in mon.items() if k != "steps"})
+        fam.update(f.get("placement") or {})
+        families.append(fam)
+    return {"sweep": sweep, "family": families}
+
+
+def _suite(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The parsed-TOML form of a suite's record."""
+    revisions = [r for r in config["revisions"] if r is not None]
+    suite = _drop_none(
+        {
+            "name": config["name"],
+            "label": config.get("label"),
+            "out_dir": config["out_dir"],
+            "models": config["models"],
+            "revisions": revisions or None,
+            "batch_size": config["batch_size"],
+            "device": config["device"],
+            "threads": config.get("threads"),
+            "certify": _drop_none(config["certify"]),
+            **config.get("inputs", {}),
+        }
+    )
+    return {"suite": suite}
+
+
+def read_record(path: str | os.PathLike) -> tuple[dict[str, Any], str, str]:
+    """``(parsed-TOML config, recorded fingerprint, file)`` of a results folder or its ``sweep.json``."""
+    p, rec = _load(path)
+    kind = rec.get("kind", "alignment")
+    try:
+        if kind == "suite":
+            raw = _suite(rec["config"])
+        elif kind == "alignment" and isinstance(rec.get("options"), dict):
+            raw = _alignment(rec["config"], rec["options"])
+        else:
+            raise KeyError("options")
+    except (KeyError, TypeError, IndexError) as exc:
+        raise WidthscopeError(
+            f"--config {str(p)!r}: the record lacks {exc} (written by an older widthscope?): run the sweep from its "
+            "TOML config"
+        ) from None
+    return raw, str(rec["fingerprint"]), str(p)
+
+
+def check_fingerprint(fingerprint: str, recorded: str, path: str) -> None:
+    """Refuse a record whose config no longer gives its own fingerprint (the cells would differ)."""
+    if fingerprint != recorded:
+        raise WidthscopeError(
+            f"--config {path!r}: its config gives fingerprint {fingerprint}, the record says {recorded} (edited by "
+            "hand, or written by another widthscope version): run the sweep from its TOML config"
+        )
+
+
+# ----------------------------------------------------------------------------- the summary
+def _mean(xs: Sequence[float | None]) -> float | None:
+    finite = [x for x in xs if x is not None and math.isfinite(x)]
+    return sum(finite) / len(finite) if finite else None
+
+
+def _condition(r: Mapping[str, Any]) -> tuple[Any, Any]:
+    """The probe condition of a row: (probe_set, probe length); (None, None) without probes."""
+    return r.get("probe_set"), r.get("probe_seq_len")
+
+
+def summary_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One line per (probe condition, family, width, point), averaged over seeds, at the largest (M, K).
+
+    Probe conditions (``probe_set``, ``probe_seq_len``) are never averaged together: each line
+    carries its condition in ``probe_set`` / ``probe_seq_len``. ``d_align`` follows the reporting
+    rule of :func:`widthscope.stats.vacuous_rule`: the mean over the seeds whose certificate is not
+    vacuous (``None`` when none is), and ``vacuous`` counts the others, e.g. ``"1/2"``.
+    """
+    rows = [vacuous_rule(vacuous_rule(dict(r), "one_"), "two_") for r in rows if r.get("kind") == "alignment"]
+    if not rows:
+        return []
+    out = []
+    key = lambda r: (_condition(r), r["family"], r.get("budget"), r["width"], r["point_index"])  # noqa: E731
+    keys = sorted(
+        {(*key(r), r["point"]) for r in rows}, key=lambda k: (str(k[0][0]), k[0][1] or 0, k[1], k[2] or 0, k[3], k[4])
+    )
+    for cond, fam, budget, w, pi, point in keys:
+        sel = [r for r in rows if key(r) == (cond, fam, budget, w, pi)]
+        mk = max({(r["M"], r["K"]) for r in sel}, key=lambda t: (t[0] * t[1], t))
+        at = [r for r in sel if (r["M"], r["K"]) == mk]
+        n_vac = sum(bool(r.get("two_vacuous")) for r in at)
+        out.append(
+            {
+                "probe_set": cond[0],
+                "probe_seq_len": cond[1],
+                "family": fam,
+                "width": w,
+                "point": point,
+                "seeds": len({r["seed"] for r in at}),
+                "d_align": _mean([r.get("two_d_align") for r in at]),
+                "vacuous": f"{n_vac}/{len(at)}",
+                "d_align_1pop": _mean([r.get("one_d_align") for r in at]),
+                "M,K": f"{mk[0]},{mk[1]}",
+                "misalign": _mean([r.get("misalignment") for r in at]),
+                "B_exact": _mean([r.get("two_b_exact") for r in at]),
+                "B_align": _mean([r.get("two_b_align") for r in at]),
+                "test_loss": _mean([r.get("test_loss") for r in at]),
+            }
+        )
+    return out
+
+
+def print_summary(rows: Sequence[Mapping[str, Any]], out_dir: Path, file: IO[str] | None = None) -> None:
+    """Print :func:`summary_rows` (one table per probe condition) and where the results are."""
+    file = file or sys.stdout
+    table = summary_rows(rows)
+    cols = [
+        "family",
+        "width",
+        "point",
+        "seeds",
+        "d_align",
+        "vacuous",
+        "d_align_1pop",
+        "M,K",
+        "misalign",
+        "B_exact",
+        "B_align",
+        "test_loss",
+    ]
+    conds = list(dict.fromkeys((r["probe_set"], r["probe_seq_len"]) for r in table)) or [(None, None)]
+    for i, (name, L) in enumerate(conds):
+        sel = [r for r in table if (r["probe_set"], r["probe_seq_len"]) == (name, L)]
+        where = "" if name is None and L is None else f", probe {name}" + (f" (length {L})" if L is not None else "")
+        print(
+            ("\n" if i else "")
+            + format_table(sel, cols, title=f"alignment sweep{where}: two-population form, mean over seeds"),
+            file=file,
+        )
+    if any(not r["vacuous"].startswith("0/") for r in table):
+        print(
+            "vacuous: seeds whose certificate is vacuous (an estimate <= 0): their d_align = min(d_par, d_2) is "
+            "undefined and left out of the mean; '-' when every seed is vacuous",
+            file=file,
+        )
+    print(f"\nresults: {out_dir / 'results.jsonl'}  (pandas.read_json(path, lines=True))", file=file)
+    print(f"report:  widthscope report {out_dir}", file=file)
+
+
+# ----------------------------------------------------------------------------- certify results as rows
+def smallest_step(ivs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``iv_*`` columns a sweep row carries: the smallest step the dtype resolves, where the
+    linear prediction is meant to hold (``{}`` when there is none)."""
+    steps = [
+        iv
+        for iv in resolved(ivs)  # steps below the dtype's resolution are not measurements
+        if isinstance(iv.get("eta"), (int, float)) and iv.get("probe") in ("bias", "block")
+    ]
+    if not steps:
+        return {}
+    s = min(steps, key=lambda r: r["eta"])
+    return {
+        "iv_eta": s["eta"],
+        "iv_predicted": s.get("predicted"),
+        "iv_actual": s.get("actual"),
+        "iv_retention": s.get("retention"),
+        "iv_sign_agrees": s.get("sign_agrees"),
+    }
+
+
+def certify_rows(result: Mapping[str, Any], tags: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Alignment rows (one per point x (M, K)) and intervention rows of one certify result, each
+    carrying ``tags`` (the caller's: ``family``, ``width``, ``seed``, ``source``, ...)."""
+    st: Mapping[str, Any] = result["settings"]
+    points = result["points"]
+    npts = len(points)
+    rows: list[dict[str, Any]] = []
+    for pi, pt in enumerate(points):
+        base = {
+            "kind": "alignment",
+            **tags,
+            "point": pt["point"],
+            "point_index": pi,
+            "depth_fraction": (pi + 1) / npts,
+            "n_points": npts,
+            "d": pt.get("d"),
+            "n_probe_train": pt.get("n_train"),
+            "n_probe_test": pt.get("n_test"),
+            "estimator": st.get("estimator"),
+            "pool": st.get("pool"),
+            **{k: v for k, v in training_record(st.get("training")).items() if tags.get(k) is None},
+        }
+        ivs = [iv for iv in pt.get("interventions") or [] if isinstance(iv, dict)]
+        iv_cols = smallest_step(ivs)
+        for c in pt["certificates"]:
+            row = {**base, "M": int(c["M"]), "K": int(c["K"]), **iv_cols}
+            for prefix in ("one", "two"):
+                cert = c.get(prefix) or {}
+                for f in CERT_FIELDS:
+                    row[f"{prefix}_{f}"] = cert.get(f)
+                vacuous_rule(row, f"{prefix}_")  # files written before the rule read the same way
+            mis = c.get("misalignment") or {}
+            row.update(
+                misalignment=mis.get("probability"),
+                misalignment_low=mis.get("low"),
+                misalignment_high=mis.get("high"),
+                misalignment_draws=mis.get("draws"),
+            )
+            rows.append(row)
+        for iv in ivs:
+            rows.append({**iv, "kind": iv.get("kind", "intervention"), **tags, "point_index": pi})
+    return rows
