@@ -1,10 +1,6 @@
-"""The top of every report page: the findings box (each claim in one plain sentence with its verdict,
-interval and a link to its figure), what the numbers mean, and a table of contents.
-
-The sentences are written from the claims page's rows (:func:`widthscope.report.claims.claims`), so
-the box quotes the same numbers, intervals and Holm-corrected verdicts as the claims table below it.
-Missing numbers read '–', p-values are floored (``p < 1e-6``).
-"""
+"""The top of every report page: the findings box (each claim of :func:`widthscope.report.claims.claims`
+in one plain sentence with its verdict, interval and a link to its figure), what the numbers mean,
+and a table of contents."""
 
 from __future__ import annotations
 
@@ -12,7 +8,8 @@ import html
 import re
 from typing import Any, Mapping, Sequence
 
-from ._fmt import interval, no_nan, num, pval
+from ._fmt import interval, no_nan, num, p_eq
+from ._plot import slugify
 
 __all__ = ["MEANING", "anchor", "claim_sentence", "findings_box", "toc", "seeds_phrase", "SHOWN"]
 
@@ -49,15 +46,11 @@ def anchor(text: str) -> str:
     return re.sub(r"-+", "-", "".join(c if c.isalnum() else "-" for c in str(text))).strip("-").lower() or "x"
 
 
-def _slug(text: str) -> str:  # the PNG names of the alignment section (alignment_figures.slugify)
-    return "".join(c if c.isalnum() else "-" for c in text).strip("-")[:60] or "x"
-
-
 def figure_anchor(c: Mapping[str, Any], figure_ids: Sequence[str]) -> str | None:
     """The id of the figure that shows claim ``c`` (or of its section), when the page has one."""
     suffix = _FIGURE_OF.get(str(c.get("id")))
     if suffix and c.get("group"):
-        want = anchor(f"fig-{_slug(str(c['group']))}-{suffix}")
+        want = anchor(f"fig-{slugify(str(c['group']))}-{suffix}")
         if want in figure_ids:
             return want
     cid = str(c.get("id"))
@@ -83,7 +76,7 @@ def claim_sentence(c: Mapping[str, Any]) -> str:
         if "point_above_bound" in k:
             return (
                 f"{head}: the measured rate is above B_exact in {k['point_above_bound']} of {k['tested']} "
-                f"non-vacuous rows ({k['vacuous']} vacuous rows, bound 1, not counted; p {_p(c.get('p_adjusted'))})."
+                f"non-vacuous rows ({k['vacuous']} vacuous rows, bound 1, not counted; p {p_eq(c.get('p_adjusted'))})."
             )
         return (
             f"{head}: B_align is below B_exact in {k['violations']} of {k['tested']} non-vacuous rows "
@@ -95,25 +88,14 @@ def claim_sentence(c: Mapping[str, Any]) -> str:
     return (
         f"{head}: measured {num(c.get('measured'), '+.3g')} ({c.get('unit', '')}), 95% interval "
         f"{interval(c.get('low'), c.get('high'))} over {c.get('seeds')} seeds; "
-        f"{'Holm ' if c.get('family') else ''}p {_p(p_adj)}."
+        f"{'Holm ' if c.get('family') else ''}p {p_eq(p_adj)}."
     )
-
-
-def _p(p: Any) -> str:
-    s = pval(p)
-    return s if s.startswith("<") or s == "–" else f"= {s}"
 
 
 def _order(found: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The headline claims first (d_align grows, misalignment falls), decided before unresolved."""
     rank = {"d_align_grows": 0, "misalignment_falls_width": 1, "b_exact_bound": 2}
-    return sorted(
-        found,
-        key=lambda c: (
-            rank.get(str(c.get("id")), 3),
-            c.get("verdict") == "not resolved",
-        ),
-    )
+    return sorted(found, key=lambda c: (rank.get(str(c.get("id")), 3), c.get("verdict") == "not resolved"))
 
 
 def findings_box(

@@ -1,15 +1,10 @@
 """Build one self-contained HTML page (inline CSS, PNGs as base64 data URIs) from result rows.
 
-The page is made of *sections*, one per kind of row. A section module exposes
-
-- ``figures(rows, out_dir) -> list[{"title", "png", "caption"}]`` (PNG files it wrote in ``out_dir``),
-- optionally ``tables(rows) -> list[{"title", "html"}]`` (an HTML ``<table>``, already escaped),
-- optionally ``summary(rows) -> list[str]`` (plain-text verdict sentences).
-
-Sections are picked by the rows' ``kind`` (:data:`SECTIONS`); a module is imported only when rows of
-its kinds exist, and a missing module just adds a note, so the report works with whatever parts of
-widthscope are installed. Nothing in the page refers to an outside resource: it can be mailed,
-archived, or opened offline.
+The page is made of *sections*, one per kind of row (:data:`SECTIONS`). A section module exposes
+``figures(rows, out_dir) -> [{"title", "png", "caption"}]`` and optionally ``tables(rows) ->
+[{"title", "html"}]`` (escaped HTML) and ``summary(rows) -> [str]`` (verdict sentences). A module is
+imported only when rows of its kinds exist; a missing or failing one becomes a note. Nothing in the
+page refers to an outside resource.
 
 Example::
 
@@ -29,18 +24,17 @@ import platform
 import re
 import subprocess
 import sys
-import textwrap
 import traceback
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Container, Iterable, Mapping, Sequence
 
 from .._io import atomic_write_text
 from .._version import __version__
 from ._fmt import natural_key, no_nan
 from .findings import anchor, findings_box, seeds_phrase, toc
 
-__all__ = ["SECTIONS", "data_uri", "render_page", "build_report", "collect_sections", "fit_titles"]
+__all__ = ["SECTIONS", "table", "data_uri", "render_page", "build_report", "collect_sections"]
 
 # section title -> (module, kinds of rows it handles)
 SECTIONS: list[tuple[str, str, tuple[str, ...]]] = [
@@ -84,53 +78,19 @@ pre{overflow-x:auto;max-width:100%}
 """
 
 
-def _titles(fig: Any) -> list[tuple[Any, Any]]:
-    """(text, the box it must fit in: its axes, or the figure for a suptitle) of every title."""
-    out = [(t, ax) for ax in fig.axes for t in (ax.title, ax._left_title, ax._right_title) if t.get_text()]
-    if getattr(fig, "_suptitle", None) is not None and fig._suptitle.get_text():
-        out.append((fig._suptitle, fig))
-    return out
+def table(head: Sequence[str], lines: Iterable[Sequence[Any]], *, left: Container[int] = ()) -> str:
+    """An HTML table of escaped text, one header row; the columns numbered in ``left`` align left."""
 
+    def row(tag: str, cells: Sequence[Any]) -> str:
+        return (
+            "<tr>"
+            + "".join(
+                f"<{tag}{' class=l' if i in left else ''}>{html.escape(str(c))}</{tag}>" for i, c in enumerate(cells)
+            )
+            + "</tr>"
+        )
 
-def fit_titles(fig: Any, *, min_size: float = 6.0) -> None:
-    """Wrap (then shrink) every axes title wider than its axes and a suptitle wider than the figure,
-    so no title is clipped or runs into its neighbour's; the layout then makes room for the lines."""
-    if not hasattr(fig.canvas, "get_renderer"):
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-        FigureCanvasAgg(fig)
-    for _ in range(3):  # wrapping changes the layout, which changes the room: settle in a few passes
-        fig.canvas.draw()
-        renderer = fig.canvas.get_renderer()
-        changed = False
-        for t, box in _titles(fig):
-            room = 0.96 * (box.bbox.width if box is fig else box.get_window_extent(renderer).width)
-            while t.get_window_extent(renderer).width > room:
-                text = t.get_text()
-                longest = max(text.split("\n"), key=len)
-                width = max(8, int(len(longest) * room / t.get_window_extent(renderer).width) - 1)
-                wrapped = textwrap.fill(" ".join(text.split()), width=width, break_long_words=False)
-                if wrapped != text and len(wrapped.split("\n")) <= 3:
-                    t.set_text(wrapped)
-                elif t.get_fontsize() > min_size:
-                    t.set_fontsize(max(min_size, t.get_fontsize() * 0.9))
-                else:
-                    break
-                changed = True
-        if not changed:
-            return
-
-
-def save_figure(fig: Any, path: str | Path, title: str, caption: str, *, dpi: int = 110) -> dict[str, str]:
-    """Lay out, save and close a matplotlib figure; return the section entry the page embeds."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fit_titles(fig)
-    fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
-    return {"title": title, "png": str(path), "caption": caption}
+    return "<table>" + row("th", head) + "".join(row("td", ln) for ln in lines) + "</table>"
 
 
 def data_uri(png: str | Path) -> str:
@@ -170,12 +130,9 @@ def collect_sections(
             continue
         sec = {"title": title, "figures": [], "tables": [], "summary": []}
         try:
-            if not hasattr(mod, "summary"):
-                sec["summary"] = []
-            elif found is not None and "found" in inspect.signature(mod.summary).parameters:
-                sec["summary"] = list(mod.summary(sel, found=found))
-            else:
-                sec["summary"] = list(mod.summary(sel))
+            if hasattr(mod, "summary"):
+                quote = found is not None and "found" in inspect.signature(mod.summary).parameters
+                sec["summary"] = list(mod.summary(sel, **({"found": found} if quote else {})))
             sec["figures"] = list(mod.figures(sel, out_dir))
             sec["tables"] = list(mod.tables(sel)) if hasattr(mod, "tables") else []
         except Exception as exc:  # one broken section must not cost the user the whole report
@@ -188,17 +145,11 @@ def collect_sections(
 def versions() -> dict[str, str]:
     """widthscope (and its git commit when run from a checkout), Python, torch, transformers."""
     out = {"widthscope": __version__, "python": platform.python_version()}
+    here = Path(__file__).resolve().parent
     try:
-        here = Path(__file__).resolve().parent
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=here,
-            capture_output=True,
-            text=True,
-            timeout=5,
+        commit, dirty = (
+            subprocess.run(["git", *a], cwd=here, capture_output=True, text=True, timeout=5)
+            for a in (("rev-parse", "--short", "HEAD"), ("status", "--porcelain", "--untracked-files=no"))
         )
         if commit.returncode == 0 and commit.stdout.strip():
             out["git commit"] = commit.stdout.strip() + (" (with local changes)" if dirty.stdout.strip() else "")
@@ -231,6 +182,11 @@ def data_descriptions(rows: Sequence[Mapping[str, Any]], source: str = "") -> li
         except (OSError, ValueError, AttributeError):
             pass
     return got
+
+
+def _mean(rows: Sequence[Mapping[str, Any]], key: str) -> str:
+    vals = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+    return f"{sum(vals) / len(vals):.4g}" if vals else "–"
 
 
 def provenance(rows: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str:
@@ -269,24 +225,19 @@ def provenance(rows: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str
             if r.get("kind") == "alignment" and r.get("width") is not None:
                 groups[(r.get("family") or r.get("model"), r.get("width"))].append(r)
         if groups:
-            parts.append(
-                "<table><tr><th class=l>family</th><th>width</th><th>seeds</th><th>training steps</th>"
-                "<th>final train loss</th><th>final held-out loss</th></tr>"
-            )
-
-            def mean(g: Sequence[Mapping[str, Any]], key: str) -> str:
-                vals = [float(r[key]) for r in g if isinstance(r.get(key), (int, float))]
-                return f"{sum(vals) / len(vals):.4g}" if vals else "–"
-
-            for (fam, width), g in sorted(groups.items(), key=lambda kv: (natural_key(kv[0][0]), float(kv[0][1]))):
-                seeds = sorted({r["seed"] for r in g if r.get("seed") is not None})
-                steps = sorted({r["steps"] for r in g if r.get("steps") is not None})
-                parts.append(
-                    f"<tr><td class=l>{esc(str(fam))}</td><td>{esc(str(width))}</td>"
-                    f"<td>{len(seeds)}</td><td>{esc(', '.join(map(str, steps)) or '–')}</td>"
-                    f"<td>{mean(g, 'train_loss')}</td><td>{mean(g, 'test_loss')}</td></tr>"
+            head = ("family", "width", "seeds", "training steps", "final train loss", "final held-out loss")
+            lines = [
+                (
+                    fam,
+                    width,
+                    len({r["seed"] for r in g if r.get("seed") is not None}),
+                    ", ".join(map(str, sorted({r["steps"] for r in g if r.get("steps") is not None}))) or "–",
+                    _mean(g, "train_loss"),
+                    _mean(g, "test_loss"),
                 )
-            parts.append("</table>")
+                for (fam, width), g in sorted(groups.items(), key=lambda kv: (natural_key(kv[0][0]), float(kv[0][1])))
+            ]
+            parts.append(table(head, lines, left={0}))
         cfg = Path(src) / "sweep.json"
         if cfg.is_file():
             try:

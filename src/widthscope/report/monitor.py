@@ -1,17 +1,11 @@
-"""Report section for ``kind="monitor"`` rows: alignment over training in a width sweep.
+"""Report section for ``kind="monitor"`` rows: alignment over training in a width sweep
+(a sweep family with ``monitor = {...}``, docs/monitor.md §8).
 
-A sweep family with ``monitor = {...}`` (docs/monitor.md §8) records, at chosen optimizer steps
-``s``, the two-population certificate of fixed in-domain pools at chosen points. Per (sweep,
-family, budget) this section draws **small multiples**: one column per width, a row for
-``d_align`` (log y; a gap where the certificate is vacuous) and a row for ``B_exact`` (with the
-certified level ``delta`` dotted), against the optimizer step (symmetric-log x, so step 0 shows).
-Each seed is a thin line; the thick line is the mean over seeds (``d_align``: over the seeds whose
-certificate is not vacuous, the reporting rule of :func:`widthscope.stats.vacuous_rule`); a star
-marks the step at which a seed's point is first certified (``B_exact ≤ delta``). The table gives
-those steps per width, point and seed, the step from which a point stays certified, and the last
-step's values ("never" when no probed step qualifies).
-
-This section describes; it draws no verdict (a claim over these rows belongs on the claims page).
+Per (sweep, family, budget): small multiples, one column per width, ``d_align`` (log y; a gap where
+vacuous) and ``B_exact`` (``delta`` dotted) against the optimizer step (symmetric-log x); thin lines
+per seed, the thick line the mean over seeds, a star where a seed's point is first certified. The
+table gives, per width, point and seed, the first certified step and the step from which it stays
+certified, and the last step's values. It describes; verdicts belong on the claims page.
 
 Example::
 
@@ -29,9 +23,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ._groups import group_label
-from ._legend import legend_outside, thin, thinned_note
-from .alignment import as_number, save_figure, slugify
+from ._fmt import as_number
+from ._plot import figure, legend_outside, save_figure, slugify, thin, thinned_note
+from .alignment import group_label
 
 __all__ = ["figures", "tables", "groups", "certified"]
 
@@ -67,13 +61,9 @@ def _mean(series: Mapping[Any, tuple[list[float], list[float]]]) -> tuple[list[f
     at: dict[float, list[float]] = defaultdict(list)
     for steps, vals in series.values():
         for s, v in zip(steps, vals):
-            at[s].append(v)
+            at[s].extend([] if math.isnan(v) else [v])
     steps = sorted(at)
-    means = []
-    for s in steps:
-        vals = [v for v in at[s] if not math.isnan(v)]
-        means.append(float(np.mean(vals)) if vals else math.nan)
-    return steps, means
+    return steps, [float(np.mean(at[s])) if at[s] else math.nan for s in steps]
 
 
 def certified(rows: Sequence[Mapping[str, Any]]) -> dict[tuple, tuple[int | None, int | None]]:
@@ -116,8 +106,6 @@ def _caption(sel: Sequence[Mapping[str, Any]]) -> str:
 
 def figures(rows: list[dict], out_dir: Path) -> list[dict]:
     """One small-multiples PNG per (sweep, family, budget); see the module docstring."""
-    from matplotlib.figure import Figure  # Agg canvas, no pyplot global state
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     gs = groups(rows)
@@ -127,8 +115,7 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
         widths = sorted({r["width"] for r in sel})
         every_pt = _points(sel)
         pts = thin(every_pt)
-        fig = Figure(figsize=(max(6.0, 3.1 * len(widths)), 5.4), dpi=90, layout="constrained")
-        axes = fig.subplots(2, len(widths), squeeze=False, sharex=True, sharey="row")
+        fig, axes = figure(2, len(widths), w=max(6.0 / len(widths), 3.1), h=2.7, sharex=True, sharey="row")
         first = {k: v[0] for k, v in certified(sel).items()}
         any_d = False
         for j, w in enumerate(widths):
@@ -163,6 +150,7 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
         legend_outside(axes[0, -1], title="insertion point", title_fontsize=7)
         title = f"{labels[key]}: alignment over training"
         p = out_dir / f"{slugify(labels[key])}-monitor.png"
+        fig.suptitle(title, fontsize=11)
         save_figure(fig, p, title)
         cap = _caption(sel) + thinned_note(len(pts), len(every_pt), "insertion points")
         figs.append({"title": title, "png": str(p), "caption": cap})
