@@ -26,7 +26,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ._fmt import as_number, interval, num, p_eq
+from ._fmt import as_number, finite, interval, num, p_eq
 from ._plot import auto_y, colors, figure, legend_outside, log_x, plot_bound, save_figure, slugify, thin, yerr
 from .html import table
 
@@ -169,9 +169,7 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
     figs = []
     for label, sel in _labelled(rows):
         base = out_dir / slugify(label)
-        draws = int(
-            max((d for d in (as_number(r.get("misalignment_draws")) for r in sel) if not math.isnan(d)), default=1)
-        )
+        draws = int(max((r["misalignment_draws"] for r in sel if finite(r.get("misalignment_draws"))), default=1))
         floor = 0.5 / max(draws, 1)  # where a probability of 0 is drawn on the log axes
         figs.append(_fig_d_align(sel, label, Path(f"{base}-d_align.png")))
         figs.append(_fig_misalignment_vs_width(sel, label, Path(f"{base}-misalignment-vs-width.png"), draws, floor))
@@ -189,9 +187,8 @@ def _fig_d_align(sel: Sequence[Mapping[str, Any]], label: str, p: Path) -> dict:
     pts, widths = point_keys(sel), _widths(sel)
     n_seeds = len({r.get("seed") for r in sel})
     fig, axes = figure(1, 2)
-    for ax, form, name in zip(
-        axes[0], ("two", "one"), ("two-population (train vs held-out)", "one-population (train)")
-    ):
+    forms = (("two", "two-population (train vs held-out)"), ("one", "one-population (train)"))
+    for ax, (form, name) in zip(axes[0], forms):
         agg = aggregate(sel, f"{form}_d_align", by=("point_index", "width"))
         for (pi, pname), c in zip(pts, colors(len(pts))):
             ws = [w for w in widths if (pi, w) in agg and not math.isnan(agg[(pi, w)][0])]
@@ -236,27 +233,15 @@ def _fig_misalignment_vs_width(sel: Sequence[Mapping[str, Any]], label: str, p: 
             ax = axes[i, j]
             ws = [w for w in widths if (pi, M, K, w) in agg["misalignment"]]
             e, lo, hi, be, ba = ([agg[c].get((pi, M, K, w), (math.nan,))[0] for w in ws] for c in cols)
-            ax.errorbar(
-                ws,
-                np.maximum(e, floor),
-                yerr=yerr(e, lo, hi),
-                fmt="o-",
-                color="#1f3b57",
-                ms=4,
-                capsize=2,
-                label="empirical Pr(A<=0)",
-            )
+            empirical = dict(fmt="o-", color="#1f3b57", ms=4, capsize=2, label="empirical Pr(A<=0)")
+            ax.errorbar(ws, np.maximum(e, floor), yerr(e, lo, hi), **empirical)
             vacuous["B_exact"] += plot_bound(ax, ws, be, "s--", "#d9822b", floor=floor, label="B_exact")
             vacuous["B_align"] += plot_bound(ax, ws, ba, "^:", "#b03a2e", floor=floor, label="B_align")
             log_x(ax, widths)
-            ax.set_yscale("log")
-            ax.set_ylim(floor * 0.7, 1.3)
+            ax.set(yscale="log", ylim=(floor * 0.7, 1.3), xlabel="width N" if i == len(ppts) - 1 else "")
+            ax.set(ylabel="probability" if j == 0 else "")
             ax.set_title(f"{pname}, M={M}, K={K}", fontsize=9)
             ax.grid(alpha=0.3)
-            if i == len(ppts) - 1:
-                ax.set_xlabel("width N")
-            if j == 0:
-                ax.set_ylabel("probability")
     axes[0, 0].legend(fontsize=7)
     hollow = (
         f" Hollow markers at 1: vacuous bounds (B_exact {vacuous['B_exact']}, B_align {vacuous['B_align']} "
@@ -292,9 +277,7 @@ def _fig_misalignment_vs_mk(sel: Sequence[Mapping[str, Any]], label: str, p: Pat
             ax.plot(ms, [max(agg_e[(pi, m, m, w)][0], floor) for m in ms], "o-", color=c, ms=4, label=f"N={w:g}")
             ax.plot(ms, [max(agg_be.get((pi, m, m, w), (math.nan,))[0], floor) for m in ms], "--", color=c, lw=0.8)
         log_x(ax, paired)
-        ax.set_yscale("log")
-        ax.set_ylim(floor * 0.7, 1.3)
-        ax.set_xlabel("M = K")
+        ax.set(yscale="log", ylim=(floor * 0.7, 1.3), xlabel="M = K")
         ax.set_title(pname, fontsize=9)
         ax.grid(alpha=0.3)
     axes[0, 0].set_ylabel("misalignment probability")
