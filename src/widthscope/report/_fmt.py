@@ -7,8 +7,6 @@ import math
 import re
 from typing import Any, TypeGuard
 
-__all__ = ["MISSING", "P_FLOOR", "finite", "as_number", "num", "pval", "p_eq", "interval", "no_nan", "natural_key"]
-
 MISSING = "–"
 P_FLOOR = 1e-6
 

@@ -12,24 +12,6 @@ from typing import Any, Sequence, TypeVar
 
 import numpy as np
 
-__all__ = [
-    "LEGEND_CAP",
-    "CURVE_CAP",
-    "VACUOUS",
-    "figure",
-    "fit_titles",
-    "save_figure",
-    "slugify",
-    "legend_outside",
-    "thin",
-    "thinned_note",
-    "colors",
-    "log_x",
-    "auto_y",
-    "plot_bound",
-    "yerr",
-]
-
 LEGEND_CAP = 8
 CURVE_CAP = 12
 VACUOUS = 1 - 1e-12  # a bound at least this large says nothing

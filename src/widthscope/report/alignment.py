@@ -30,18 +30,7 @@ from ._fmt import as_number, finite, interval, num, p_eq
 from ._plot import auto_y, colors, figure, legend_outside, log_x, plot_bound, save_figure, slugify, thin, yerr
 from .html import table
 
-__all__ = [
-    "figures",
-    "tables",
-    "summary",
-    "trend",
-    "groups",
-    "group_label",
-    "aggregate",
-    "claim_mk",
-    "d_align_by_point",
-    "point_keys",
-]
+__all__ = ["figures", "tables", "summary", "trend", "groups"]
 
 MAX_PANELS = 4  # insertion points (rows) and (M, K) pairs (columns) of the misalignment figures
 

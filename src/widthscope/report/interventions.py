@@ -24,6 +24,8 @@ from ._plot import figure, legend_outside, save_figure, thin, thinned_note
 
 __all__ = ["figures", "summary"]
 
+_XLABEL = {"rel_step": "step relative to the activation (RMS)", "eta": "η"}
+
 
 def _steps(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [
@@ -110,7 +112,7 @@ def _retention_by_width(groups: dict[str, list[Mapping[str, Any]]], xkey: str, o
         ax.set_title(f"width {w} ({len(curves)} curves)", fontsize=9)
     for ax in list(axes.flat)[len(widths) :]:
         ax.axis("off")
-    fig.supxlabel("step relative to the activation (RMS)" if xkey == "rel_step" else "η", fontsize=9)
+    fig.supxlabel(_XLABEL[xkey], fontsize=9)
     fig.supylabel("retention (clipped)", fontsize=9)
     return save_figure(
         fig,
@@ -158,38 +160,26 @@ def _actual_vs_predicted(groups, steps, every, below, out: Path) -> dict[str, st
     n_bad = 0
     drawn = set(thin(list(groups)))
     for lab, rs in groups.items():
-        xs = [abs(r["predicted"]) for r in rs if r["predicted"] != 0 and r["actual"] != 0]
-        ys = [abs(r["actual"]) for r in rs if r["predicted"] != 0 and r["actual"] != 0]
+        rs = [r for r in rs if r["predicted"] != 0 and r["actual"] != 0]
+        xs, ys = [abs(r["predicted"]) for r in rs], [abs(r["actual"]) for r in rs]
         if not xs:
             continue
         if lab in drawn:
             ax.loglog(xs, ys, "o-", ms=3, lw=1, label=lab, alpha=0.7)
-        bad = [
-            (abs(r["predicted"]), abs(r["actual"]))
-            for r in rs
-            if not r.get("sign_agrees") and r["predicted"] != 0 and r["actual"] != 0
-        ]
+        bad = [(abs(r["predicted"]), abs(r["actual"])) for r in rs if not r.get("sign_agrees")]
         n_bad += len(bad)
         if bad:
             ax.loglog(*zip(*bad), "x", color="red", ms=9, mew=2)
         lo, hi = min(lo, *xs, *ys), max(hi, *xs, *ys)
     if below:
-        ax.loglog(
-            [abs(r["predicted"]) for r in below],
-            [abs(r["actual"]) for r in below],
-            "o",
-            mfc="none",
-            color="0.6",
-            ms=4,
-            label="below the dtype's resolution (left out)",
-        )
-        lo = min(lo, *(abs(r[k]) for r in below for k in ("predicted", "actual")))
+        xs, ys = [abs(r["predicted"]) for r in below], [abs(r["actual"]) for r in below]
+        ax.loglog(xs, ys, "o", mfc="none", color="0.6", ms=4, label="below the dtype's resolution (left out)")
+        lo = min(lo, *xs, *ys)
     if hi > 0 and math.isfinite(lo):
         ax.loglog([lo, hi], [lo, hi], "k--", lw=1, label="actual = predicted")
-    ax.set_xlabel("|predicted ΔL| = η |μ_Mᵀ g_K|")
-    ax.set_ylabel("|actual ΔL|")
-    legend_outside(ax)
+    ax.set(xlabel="|predicted ΔL| = η |μ_Mᵀ g_K|", ylabel="|actual ΔL|")
     ax.set_title("Interventions: actual vs first-order prediction")
+    legend_outside(ax)
     return save_figure(
         fig,
         out / "interventions_actual_vs_predicted.png",
@@ -217,21 +207,12 @@ def _retention(groups, xkey: str, steps, every, out: Path) -> dict[str, str]:
     for lab in drawn:
         rs = sorted((r for r in groups[lab] if finite(r.get("retention"))), key=lambda r: r[xkey])
         if rs:
-            ax.semilogx(
-                [r[xkey] for r in rs],
-                [r["retention"] for r in rs],
-                "o-",
-                ms=3,
-                lw=1,
-                alpha=0.7,
-                label=lab,
-            )
+            ax.semilogx([r[xkey] for r in rs], [r["retention"] for r in rs], "o-", ms=3, lw=1, alpha=0.7, label=lab)
     ax.axhline(1.0, color="k", ls="--", lw=1)
     ax.set_ylim(-0.5, 2.0)  # the interesting region is near 1; large steps leave it quickly
-    ax.set_xlabel("step relative to the activation (RMS)" if xkey == "rel_step" else "η")
-    ax.set_ylabel("retention = actual ΔL / predicted ΔL (clipped)")
-    legend_outside(ax)
+    ax.set(xlabel=_XLABEL[xkey], ylabel="retention = actual ΔL / predicted ΔL (clipped)")
     ax.set_title("Retention of the first-order gain")
+    legend_outside(ax)
     small = [min(rs, key=lambda r: r["eta"]) for rs in groups.values()]
     rets = [r["retention"] for r in small if finite(r.get("retention"))]
     cap = "Retention → 1 as η → 0 when the loss is smooth at the insertion point."
@@ -257,9 +238,8 @@ def _growth_before_after(grown, out: Path) -> dict[str, str]:
     ax.bar([x + w / 2 for x in pos], [r["loss_after"] for r in grown], w, label="after")
     ax.set_xticks(list(pos))
     ax.set_xticklabels([f"{r.get('role')}\n{r.get('point')}" for r in grown], fontsize=7)
-    ax.set_ylabel("held-out loss")
+    ax.set(ylabel="held-out loss", title="Growing a block")
     legend_outside(ax)
-    ax.set_title("Growing a block")
     best = next((r for r in grown if r.get("role") == "best"), grown[0])
     return save_figure(
         fig,
