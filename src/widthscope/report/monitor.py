@@ -15,7 +15,6 @@ Example::
 
 from __future__ import annotations
 
-import html
 import math
 from collections import defaultdict
 from pathlib import Path
@@ -26,6 +25,7 @@ import numpy as np
 from ._fmt import as_number
 from ._plot import figure, legend_outside, save_figure, slugify, thin, thinned_note
 from .alignment import group_label
+from .html import table
 
 __all__ = ["figures", "tables", "groups", "certified"]
 
@@ -159,7 +159,6 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
 
 def tables(rows: list[dict]) -> list[dict]:
     """Per group: width × point, the first certified step of each seed and the last step's values."""
-    esc = html.escape
     gs = groups(rows)
     labels = _labels(gs)
     out = []
@@ -167,39 +166,26 @@ def tables(rows: list[dict]) -> list[dict]:
         cert = certified(sel)
         seeds = sorted({r.get("seed") for r in sel}, key=str)
         last = max(int(r["step"]) for r in sel)
-        delta = sel[0].get("delta")
-        head = (
-            "<table><tr><th>width</th><th class=l>point</th>"
-            + f"<th>first certified step (seed {', '.join(esc(str(s)) for s in seeds)})</th>"
-            + f"<th>certified from step on (seed {', '.join(esc(str(s)) for s in seeds)})</th>"
-            + f"<th>d_align at step {last} (seed mean)</th><th>B_exact at step {last} (seed mean)</th></tr>"
-        )
-        body = []
+        named = ", ".join(map(str, seeds))
+        head = ("width", "point", f"first certified step (seed {named})", f"certified from step on (seed {named})")
+        head += (f"d_align at step {last} (seed mean)", f"B_exact at step {last} (seed mean)")
+        lines = []
         for w in sorted({r["width"] for r in sel}):
             for pname in _points(sel):
                 at_last = [r for r in sel if r["width"] == w and str(r["point"]) == pname and int(r["step"]) == last]
-                d = [as_number(r.get("d_align")) for r in at_last]
-                d = [v for v in d if not math.isnan(v)]
+                d = [v for v in (as_number(r.get("d_align")) for r in at_last) if not math.isnan(v)]
                 b = [as_number(r.get("b_exact")) for r in at_last]
-                cells = "".join(
-                    "<td>"
-                    + ", ".join(
-                        "never" if cert.get((w, pname, s), (None, None))[i] is None else str(cert[(w, pname, s)][i])
-                        for s in seeds
-                    )
-                    + "</td>"
-                    for i in (0, 1)
-                )
-                body.append(
-                    f"<tr><td>{w:g}</td><td class=l>{esc(pname)}</td>{cells}"
-                    f"<td>{f'{np.mean(d):.3g}' if d else '– (vacuous)'}</td>"
-                    f"<td>{f'{np.mean(b):.3g}' if b else '–'}</td></tr>"
+                steps = [cert.get((w, pname, s), (None, None)) for s in seeds]
+                lines.append(
+                    (f"{w:g}", pname)
+                    + tuple(", ".join("never" if c[i] is None else str(c[i]) for c in steps) for i in (0, 1))
+                    + (f"{np.mean(d):.3g}" if d else "– (vacuous)", f"{np.mean(b):.3g}" if b else "–")
                 )
         out.append(
             {
-                "title": f"{labels[key]}: first probed step with B_exact <= delta = {delta}, and the step "
-                f"from which every later probed step is ('never': no probed step)",
-                "html": head + "".join(body) + "</table>",
+                "title": f"{labels[key]}: first probed step with B_exact <= delta = {sel[0].get('delta')}, and the "
+                "step from which every later probed step is ('never': no probed step)",
+                "html": table(head, lines, left={1}),
             }
         )
     return out

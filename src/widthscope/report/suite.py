@@ -14,7 +14,6 @@ Both end with a table of every (width, revision).
 
 from __future__ import annotations
 
-import html
 import math
 import statistics
 from pathlib import Path
@@ -24,7 +23,7 @@ from .._io import atomic_write_text
 from ._fmt import finite
 from ._plot import VACUOUS, auto_y, figure, legend_outside, log_x, plot_bound, save_figure, slugify
 from .certify_series import check_suite
-from .html import render_page
+from .html import render_page, table
 
 __all__ = ["is_suite", "summarize", "write_pages", "PAGES"]
 
@@ -90,20 +89,14 @@ def _fmt(v: Any) -> str:
 
 
 def _table(summary: Sequence[Mapping[str, Any]]) -> str:
-    esc = html.escape
-    head = (
-        "<table><tr><th>width</th><th class=l>revision</th><th>step</th><th class=l>commit</th>"
-        "<th class=l>model</th><th>depth</th><th>points</th><th>vacuous</th><th>M,K</th><th>d_align (median)</th>"
-        "<th>misalignment (median)</th><th>B_exact (median)</th></tr>"
-    )
-    body = [
-        f"<tr><td>{_fmt(s['width'])}</td><td class=l>{esc(s['revision'])}</td><td>{_fmt(s['step'])}</td>"
-        f"<td class=l>{esc((s['commit'] or '–')[:12])}</td><td class=l>{esc(str(s['model_id']))}</td>"
-        f"<td>{_fmt(s.get('depth'))}</td><td>{s['points']}</td><td>{s['vacuous']}</td><td>{s['M']},{s['K']}</td><td>{_fmt(s['d_align'])}</td>"
-        f"<td>{_fmt(s['misalignment'])}</td><td>{_fmt(s['b_exact'])}</td></tr>"
-        for s in summary
-    ]
-    return head + "".join(body) + "</table>"
+    head = ("width", "revision", "step", "commit", "model", "depth", "points", "vacuous", "M,K")
+    head += ("d_align (median)", "misalignment (median)", "B_exact (median)")
+    lines = []
+    for s in summary:
+        cells = [s["width"], s["revision"], s["step"], (s["commit"] or "–")[:12], s["model_id"], s.get("depth")]
+        cells += [s["points"], s["vacuous"], f"{s['M']},{s['K']}", s["d_align"], s["misalignment"], s["b_exact"]]
+        lines.append([_fmt(c) for c in cells])
+    return table(head, lines, left={1, 3, 4})
 
 
 _QUANTITIES = (
