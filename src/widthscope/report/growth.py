@@ -1,15 +1,8 @@
-"""Report section for the growth benchmark (rows ``kind="growth_bench"``, :mod:`widthscope.growth.bench`).
-
-* the practitioner's table: per model, the held-out gain of training the original model for the
-  same FLOPs (``continue``) beside growing at the last block, at the oracle's point (chosen on
-  evaluation split A, scored on B) and at the default criterion's point, grow-then-train-all, and
-  the reproducibility ceiling (Spearman between block seeds), with 95% intervals over model seeds;
-* the criteria table: Spearman, top-1 hit, normalised regret and the gain beside ``continue`` and
-  ``train_all`` per model and overall, ties and NaN counted;
-* figures: normalised regret and Spearman per model and criterion; realised gain per point.
-
-Every sentence and table the docs quote about the growth benchmark is rendered here from the rows
-(``benchmarks/growth_summary.py`` writes and checks them).
+"""Report section for the growth benchmark (rows ``kind="growth_bench"``, :mod:`widthscope.growth.bench`):
+the practitioner's table (growing vs training the original model for the same FLOPs), the criteria
+table (Spearman, top-1 hits, normalised regret, gains; 95% intervals over model seeds), the README
+sentence, and figures of regret, Spearman and realised gain per point. ``benchmarks/growth_summary.py``
+checks the docs' copies against them.
 
 Example::
 
@@ -69,12 +62,6 @@ def _hits(r: Mapping[str, Any]) -> str:
 
 def _cmp(table: Sequence[Mapping[str, Any]], budget: str = "long") -> list[Mapping[str, Any]]:
     return [r for r in table if r.get("kind", "growth_compare") == "growth_compare" and r["budget"] == budget]
-
-
-def _table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    from ..growth.compare import compare  # noqa: PLC0415  start-up time: torch
-
-    return compare(rows)
 
 
 def markdown_table(
@@ -232,7 +219,9 @@ def readme_sentence(
 
 def tables(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """``[{"title", "html"}]``: the criteria table (HTML, escaped)."""
-    md = markdown_table(_table(rows)).strip().splitlines()
+    from ..growth.compare import compare  # noqa: PLC0415  start-up time: torch
+
+    md = markdown_table(compare(rows)).strip().splitlines()
     head = [c.strip() for c in md[0].strip("|").split("|")]
     body = [[c.strip() for c in ln.strip("|").split("|")] for ln in md[2:]]
     return [
@@ -244,19 +233,21 @@ def tables(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    from ..growth.compare import winner  # noqa: PLC0415  start-up time: torch
+    from ..growth.compare import compare, winner  # noqa: PLC0415  start-up time: torch
 
-    table = _table(rows)
-    w = winner(table)
-    return [readme_sentence(table, w, rows).strip().removeprefix("- ")]
+    table = compare(rows)
+    return [readme_sentence(table, winner(table), rows).strip().removeprefix("- ")]
 
 
 def figures(
     rows: Sequence[Mapping[str, Any]], out_dir: str | Path, table: Sequence[Mapping[str, Any]] | None = None
 ) -> list[dict[str, str]]:
+    """Regret and Spearman per model and criterion, and realised gain per point (PNGs in ``out_dir``)."""
+    from ..growth.compare import compare  # noqa: PLC0415  start-up time: torch
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    table = _cmp(list(table) if table is not None else _table(rows))
+    table = _cmp(list(table) if table is not None else compare(rows))
     models = list(dict.fromkeys(r["model"] for r in table if r["model"] != "overall")) + ["overall"]
     crits = [c for c in SHOWN if c not in ("oracle", "ceiling")]
     figs = []
