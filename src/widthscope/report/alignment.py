@@ -28,6 +28,7 @@ import numpy as np
 
 from ._fmt import as_number, finite, interval, num, p_eq
 from ._plot import auto_y, colors, figure, legend_outside, log_x, plot_bound, save_figure, slugify, thin, yerr
+from .claims import claim_mk, claims, group_label, groups
 from .html import table
 
 __all__ = ["figures", "tables", "summary", "trend", "groups"]
@@ -36,39 +37,6 @@ MAX_PANELS = 4  # insertion points (rows) and (M, K) pairs (columns) of the misa
 
 
 # ----------------------------------------------------------------------------- rows
-def groups(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, list[Mapping[str, Any]]]:
-    """Rows split by (sweep, family, budget, probe condition, probe length), in first-seen order, as
-    copies under the reporting rule (a vacuous certificate's d_align is missing): each probe regime
-    gets its own figures, table and verdict (the claims page judges the same groups)."""
-    from ..stats import vacuous_rule  # noqa: PLC0415  start-up time: torch
-
-    out: dict[tuple, list] = {}
-    for r in rows:
-        if r.get("kind", "alignment") == "alignment":
-            key = (
-                r.get("sweep", ""),
-                r.get("family", "?"),
-                r.get("budget"),
-                r.get("probe_set"),
-                r.get("probe_seq_len"),
-            )
-            out.setdefault(key, []).append(vacuous_rule(vacuous_rule(dict(r), "one_"), "two_"))
-    return out
-
-
-def group_label(key: tuple, all_keys: Sequence[tuple]) -> str:
-    """The family, with the sweep, budget and probe added where they tell groups apart."""
-    sweep, fam, budget, probe, plen = key
-    label = str(fam)
-    if len({k[0] for k in all_keys if k[1] == fam}) > 1:
-        label = f"{sweep}/{fam}"
-    if len({k[2] for k in all_keys if k[:2] == key[:2]}) > 1:
-        label += f" (n_train={budget})"
-    if probe is not None and len({(k[3], k[4]) for k in all_keys if k[:3] == key[:3]}) > 1:
-        label += f" · probe {probe}" + (f", length {plen}" if plen is not None else "")
-    return label
-
-
 def _labelled(rows: Iterable[Mapping[str, Any]]) -> list[tuple[str, list[Mapping[str, Any]]]]:
     gs = groups(rows)
     return [(group_label(k, list(gs)), sel) for k, sel in gs.items()]
@@ -111,12 +79,6 @@ def _mk(r: Mapping[str, Any]) -> tuple[int, int]:
 
 def _mk_pairs(rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
     return sorted({_mk(r) for r in rows}, key=lambda t: (t[0] * t[1], t))
-
-
-def claim_mk(rows: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
-    """The (M, K) at which the claims page tests the width trends (the smallest pair); the summary
-    and the table quote their numbers at this pair too."""
-    return min(_mk(r) for r in rows)
 
 
 def _widths(rows: Sequence[Mapping[str, Any]]) -> list[float]:
@@ -401,8 +363,6 @@ def summary(rows: list[dict], found: Sequence[Mapping[str, Any]] | None = None) 
     """Per group: descriptive per-point counts, then the verdict and advice quoted from the claims
     page (``found``: its claims, computed from ``rows`` when not given)."""
     if found is None:
-        from .claims import claims  # noqa: PLC0415  cycle: claims groups rows as this module does
-
         found = claims(rows)
     lines = []
     for label, sel in _labelled(rows):

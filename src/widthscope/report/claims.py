@@ -40,10 +40,12 @@ from scipy import special as _sp
 
 from ._fmt import finite as _ok
 from ._fmt import num, pval
-from .alignment import claim_mk, group_label, groups
 
 __all__ = [
     "claims",
+    "groups",
+    "group_label",
+    "claim_mk",
     "html_table",
     "seed_test",
     "holm",
@@ -81,7 +83,42 @@ SUMMARY = {
 }
 _MONITOR_KINDS = ("row", "monitor")  # the monitor's per-(step, point) rows (a sweep may retag them)
 _CELL = ("family", "width", "seed")
+_REGIME = (("sweep", ""), ("family", "?"), ("budget", None), ("probe_set", None), ("probe_seq_len", None))
 _UNTESTED = dict.fromkeys(("low", "high", "sd", "seeds", "p", "p_holds", "p_not", "direction"))
+
+
+# ----------------------------------------------------------------------------- probe regimes
+def groups(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, list[Mapping[str, Any]]]:
+    """Alignment rows split into probe regimes (sweep, family, budget, probe condition, probe length), in
+    first-seen order, as copies under the reporting rule (a vacuous certificate's d_align is missing):
+    each regime gets its own claims here and its own figures, table and verdict in the alignment section."""
+    from ..stats import vacuous_rule  # noqa: PLC0415  start-up time: torch
+
+    out: dict[tuple, list] = {}
+    for r in rows:
+        if r.get("kind", "alignment") == "alignment":
+            key = tuple(r.get(k, d) for k, d in _REGIME)
+            out.setdefault(key, []).append(vacuous_rule(vacuous_rule(dict(r), "one_"), "two_"))
+    return out
+
+
+def group_label(key: tuple, all_keys: Sequence[tuple]) -> str:
+    """The family, with the sweep, budget and probe added where they tell groups apart."""
+    sweep, fam, budget, probe, plen = key
+    label = str(fam)
+    if len({k[0] for k in all_keys if k[1] == fam}) > 1:
+        label = f"{sweep}/{fam}"
+    if len({k[2] for k in all_keys if k[:2] == key[:2]}) > 1:
+        label += f" (n_train={budget})"
+    if probe is not None and len({(k[3], k[4]) for k in all_keys if k[:3] == key[:3]}) > 1:
+        label += f" · probe {probe}" + (f", length {plen}" if plen is not None else "")
+    return label
+
+
+def claim_mk(rows: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
+    """The (M, K) at which the claims page tests the width trends (the smallest pair); the summary
+    and the table quote their numbers at this pair too."""
+    return min((int(r["M"]), int(r["K"])) for r in rows)
 
 
 # ----------------------------------------------------------------------------- statistics

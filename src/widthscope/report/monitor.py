@@ -24,7 +24,7 @@ import numpy as np
 
 from ._fmt import as_number
 from ._plot import figure, legend_outside, save_figure, slugify, thin, thinned_note
-from .alignment import group_label
+from .claims import group_label
 from .html import table
 
 __all__ = ["figures", "tables", "groups", "certified"]
@@ -167,8 +167,8 @@ def tables(rows: list[dict]) -> list[dict]:
         seeds = sorted({r.get("seed") for r in sel}, key=str)
         last = max(int(r["step"]) for r in sel)
         named = ", ".join(map(str, seeds))
-        head = ("width", "point", f"first certified step (seed {named})", f"certified from step on (seed {named})")
-        head += (f"d_align at step {last} (seed mean)", f"B_exact at step {last} (seed mean)")
+        head = ["width", "point", f"first certified step (seed {named})", f"certified from step on (seed {named})"]
+        head += [f"d_align at step {last} (seed mean)", f"B_exact at step {last} (seed mean)"]
         lines = []
         for w in sorted({r["width"] for r in sel}):
             for pname in _points(sel):

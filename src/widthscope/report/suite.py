@@ -89,8 +89,8 @@ def _fmt(v: Any) -> str:
 
 
 def _table(summary: Sequence[Mapping[str, Any]]) -> str:
-    head = ("width", "revision", "step", "commit", "model", "depth", "points", "vacuous", "M,K")
-    head += ("d_align (median)", "misalignment (median)", "B_exact (median)")
+    head = ["width", "revision", "step", "commit", "model", "depth", "points", "vacuous", "M,K"]
+    head += ["d_align (median)", "misalignment (median)", "B_exact (median)"]
     lines = []
     for s in summary:
         cells = [s["width"], s["revision"], s["step"], (s["commit"] or "–")[:12], s["model_id"], s.get("depth")]
