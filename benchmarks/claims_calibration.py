@@ -131,7 +131,7 @@ def _first_cert(rng, n_seeds: int, slope: float, heavy: bool, mu: float) -> np.n
 
 
 def _monitor_summary_rows(t: np.ndarray) -> list[dict]:
-    from widthscope.report.claims_monitor import SUMMARY
+    from widthscope.report.claims import SUMMARY
 
     return [{"family": "sim", "width": w, "seed": s, SUMMARY["steps_total"]: MON_STEPS, SUMMARY["delta"]: 0.05,
              SUMMARY["first_cert"]: {f"p{p}": (int(t[s, i, p]) if t[s, i, p] >= 0 else None)

@@ -29,7 +29,7 @@ def load_rows(results: Path = RESULTS) -> list[dict]:
 
 
 def _iv(r: dict, m: str, spec: str) -> str:
-    from widthscope.report.growth import _iv as iv
+    from widthscope.report.growth import iv
 
     return iv(r, m, spec)
 

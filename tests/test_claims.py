@@ -335,7 +335,7 @@ def test_the_step_is_where_certification_stays_not_the_first_hit():
     ys = [np.polyfit(np.log([32, 64, 128]), np.log1p([80, 40 + (10 if s == 1 else 0), 20]), 1)[0] for s in range(3)]
     assert c["measured"] == pytest.approx(np.mean(ys), rel=1e-12) and c["verdict"] == "holds"
     # the sweep's summary column monitor_cert_from_step gives the same claim
-    from widthscope.report.claims_monitor import SUMMARY
+    from widthscope.report.claims import SUMMARY
     summ = [{"family": "f", "width": w, "seed": s, SUMMARY["steps"]: list(range(0, 101, 10)), SUMMARY["delta"]: 0.05,
              SUMMARY["first_cert"]: {"a": 0, "b": 0},
              SUMMARY["cert_from"]: {p: back[w] + (10 if s == 1 and w == 64 else 0) for p in ("a", "b")}}
@@ -358,7 +358,7 @@ def test_vacuous_rows_and_missing_bounds_never_count_as_certified():
 
 
 def test_summary_columns_give_the_same_claim_as_the_monitor_rows():
-    from widthscope.report.claims_monitor import SUMMARY
+    from widthscope.report.claims import SUMMARY
 
     rng = np.random.default_rng(4)
     firsts = {(w, s, p): (int(rng.integers(0, 11)) * 10 if rng.random() > 0.2 else None)

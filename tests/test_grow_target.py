@@ -202,7 +202,7 @@ def test_compare_log_t_interval_and_holm():
 def test_statistics_are_the_claims_pages(values, region):
     """The grow-target verdicts use the claims page's test (restated in the pipeline layer)."""
     from widthscope.growth import target_compare as tc
-    from widthscope.report import claims_stats as cs
+    from widthscope.report import claims as cs
 
     a, b = tc.seed_test(values, region), cs.seed_test(values, region)
     for key in ("measured", "low", "high", "p"):

@@ -16,7 +16,8 @@ import widthscope.stats as wstats
 from widthscope import data
 from widthscope.certification import data_description
 from widthscope.report import alignment, load_results, report
-from widthscope.report.html import data_descriptions, fit_titles
+from widthscope.report._plot import fit_titles
+from widthscope.report.html import data_descriptions
 from widthscope.stats import vacuous_rule
 from widthscope.sweeps.alignment import run_sweep
 from widthscope.sweeps.results import print_summary, summary_rows

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from widthscope.report import _legend, interventions as riv, linearization as rlin, monitor as rmon
+from widthscope.report import _plot, interventions as riv, linearization as rlin, monitor as rmon
 
 
 def _capture(monkeypatch, module):
@@ -31,7 +31,7 @@ def _legend_checks(fig):
         if leg is None:
             continue
         n += 1
-        assert len(leg.get_texts()) <= _legend.LEGEND_CAP
+        assert len(leg.get_texts()) <= _plot.LEGEND_CAP
         assert leg.get_window_extent().x0 >= ax.get_window_extent().x1 - 1  # outside, right of the axes
     return n
 
@@ -72,7 +72,7 @@ def test_linearization_many_widths_are_thinned_and_said_so(monkeypatch, tmp_path
     kept = _capture(monkeypatch, rlin)
     rlin.figures(_lin_rows(widths, seeds=(0, 1)), tmp_path)
     fig, _, cap = next(k for k in kept if k[1].startswith("Deviation vs training step"))
-    assert len(fig.axes[0].get_lines()) == _legend.CURVE_CAP
+    assert len(fig.axes[0].get_lines()) == _plot.CURVE_CAP
     assert "12 of 20 widths drawn" in cap
     assert _legend_checks(fig) == 1
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
@@ -100,7 +100,7 @@ def test_intervention_panels_are_thinned_and_legends_capped(monkeypatch, tmp_pat
         ax = fig.axes[0]
         curves = [ln for ln in ax.get_lines() if ln.get_label() and not ln.get_label().startswith("_")]
         curves = [ln for ln in curves if ln.get_label().startswith("layers.")]
-        assert len(curves) == min(n, _legend.CURVE_CAP)
+        assert len(curves) == min(n, _plot.CURVE_CAP)
         assert _legend_checks(fig) == 1
         assert ("12 of 62 curves drawn" in cap) == (n == 62)
 
@@ -135,6 +135,6 @@ def test_monitor_legend_capped_outside_and_points_thinned(monkeypatch, tmp_path)
 
 
 def test_thin_keeps_ends_and_cap():
-    assert _legend.thin(list(range(5))) == list(range(5))
-    t = _legend.thin(list(range(62)))
+    assert _plot.thin(list(range(5))) == list(range(5))
+    t = _plot.thin(list(range(62)))
     assert len(t) == 12 and t[0] == 0 and t[-1] == 61

@@ -28,7 +28,7 @@ from scipy import special as _sp
 ALPHA = 0.05
 
 
-# The claims page's statistics (report.claims_stats.seed_test / holm), restated here because a
+# The claims page's statistics (report.claims.seed_test / holm), restated here because a
 # pipeline may not import the presentation layer; tests/test_grow_target.py checks they agree.
 def seed_test(values: Sequence[float], region: tuple[float, float]) -> dict[str, Any]:
     """Student-t 95% interval of the mean of ``values`` and the p-values of "the mean lies in

@@ -1,20 +1,12 @@
-"""Plots and a self-contained HTML report from results directories (CLI ``widthscope report``,
-:mod:`widthscope.cli.report`).
+"""Plots and a self-contained HTML report from results (CLI ``widthscope report``, :mod:`widthscope.cli.report`).
 
-``widthscope report RESULTS_DIR [RESULTS_DIR ...] [--out DIR] [--open] [--strict]`` reads each
-directory's rows (from its ``cells/`` when that exists, else its ``results.jsonl``), writes PNGs and
-``report.html`` into ``--out`` (default ``RESULTS_DIR/report``) and prints the page's path. Its inputs
-are read-only: nothing is written anywhere but ``--out`` (``widthscope repair`` is the command that
-rewrites a results folder). A damaged line or cell file is skipped and named on stderr and on the
-page; ``--strict`` refuses it instead (one error line, exit 2).
-
-The JSON files of several ``widthscope certify`` runs (e.g. checkpoints of different widths) are
-accepted too, alone or mixed with results directories: they become one width series
-(:mod:`widthscope.report.certify_series`); the default ``--out`` is then ``FIRST_FILE's folder/report``
-and the page's header lists every file with its model, data and width. The folder of a model-suite
-sweep (:mod:`widthscope.sweeps.suite`) also gets ``width-series.html`` and ``over-training.html``
-(:mod:`widthscope.report.suite`). The settings are one :class:`~widthscope.report.options.ReportOptions`,
-recorded in ``OUT/report.json`` (``widthscope report --config OUT/report.json`` starts from them). Python::
+``widthscope report RESULTS_DIR [...] [--out DIR] [--open] [--strict]`` reads each directory's rows
+(its ``cells/``, else its ``results.jsonl``) and writes PNGs and ``report.html`` into ``--out``
+(default ``RESULTS_DIR/report``); nothing else is written. A damaged line or cell file is skipped and
+named on stderr and on the page (``--strict``: refused). The JSON files of several ``widthscope
+certify`` runs become one width series (:mod:`widthscope.report.certify_series`); a model-suite sweep
+also gets the pages of :mod:`widthscope.report.suite`. The settings (:class:`ReportOptions`) are
+recorded in ``OUT/report.json``. Python::
 
     from widthscope.report import report
     page = report(["widthscope-results/demo/llama"], out_dir="/tmp/rep")

@@ -1,14 +1,11 @@
-"""Text formatting shared by every report page: missing values as '–' (never ``nan``), p-values
-floored at :data:`P_FLOOR` (``p < 1e-6``: smaller values only restate the model's tails), and a
-natural sort key so widths and file names sort as numbers (w64 before w128)."""
+"""Numbers as every report page reads and writes them: missing values as '–' (never ``nan``),
+p-values floored at :data:`P_FLOOR`, and a natural sort key (w64 before w128)."""
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Any
-
-__all__ = ["MISSING", "P_FLOOR", "num", "pval", "interval", "no_nan", "natural_key"]
+from typing import Any, TypeGuard
 
 MISSING = "–"
 P_FLOOR = 1e-6
@@ -17,20 +14,36 @@ _NAN = re.compile(r"(?<![\w.])[+-]?nan(?![\w])", re.IGNORECASE)
 _TEXT = re.compile(r"(>)([^<]*)(<)")
 
 
-def _finite(v: Any) -> bool:
+def finite(v: Any) -> TypeGuard[float]:
+    """A finite int or float (not a bool)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def as_number(v: Any) -> float:
+    """``v`` as a float; NaN when missing, not a number or not finite."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return math.nan
+    return f if math.isfinite(f) else math.nan
 
 
 def num(v: Any, spec: str = ".3g") -> str:
     """``v`` formatted with ``spec``; '–' when missing or not finite."""
-    return format(float(v), spec) if _finite(v) else MISSING
+    return format(float(v), spec) if finite(v) else MISSING
 
 
 def pval(p: Any) -> str:
     """'0.012', '< 1e-6' below the floor, '–' when missing."""
-    if not _finite(p):
+    if not finite(p):
         return MISSING
     return "< 1e-6" if p < P_FLOOR else f"{p:.2g}"
+
+
+def p_eq(p: Any) -> str:
+    """'= 0.012', '< 1e-6' or '–': a p-value after 'p '."""
+    s = pval(p)
+    return s if s.startswith("<") or s == MISSING else f"= {s}"
 
 
 def interval(lo: Any, hi: Any, spec: str = ".3g") -> str:

@@ -1,14 +1,11 @@
 """Report section for ``kind="alignment"`` rows (the alignment width sweep).
 
 The claimed mechanism is ``N up => d_align(N) up => Pr(misalignment)(N) down`` with
-``Pr(A <= 0) <= B_exact <= B_align = 1/(1 + n_eff d_align)``. This section shows each link:
-
-- ``d_align`` vs width per insertion point (log x; mean over seeds, band = min..max over seeds),
-- empirical misalignment vs width with ``B_exact`` and ``B_align`` beside it, for each ``(M, K)``,
-- empirical misalignment vs ``M = K`` for each width,
-- a table of the numbers, descriptive counts of the points where each link goes the claimed way,
-  and the verdict and advice quoted from the claims page (``widthscope.report.claims``: the same
-  numbers, the same test, the same Holm correction).
+``Pr(A <= 0) <= B_exact <= B_align = 1/(1 + n_eff d_align)``. Per probe regime (:func:`groups`) the
+section draws d_align vs width per insertion point (mean over seeds, band = min..max), misalignment vs
+width beside B_exact and B_align per (M, K), and misalignment vs ``M = K`` per width; tabulates the
+seed means; and writes descriptive counts followed by the verdict and advice quoted from the claims
+page (:mod:`widthscope.report.claims`: the same numbers, test and Holm correction).
 
 A *trend* over widths ``w_1 < ... < w_n`` of seed-mean values ``v_i`` is "up" when the Spearman
 rank correlation of ``(w_i, v_i)`` is >= 0.5 and ``v_n > v_1``, "down" when <= -0.5 and ``v_n < v_1``,
@@ -18,32 +15,321 @@ Example::
 
     from widthscope.report import alignment
     print("\\n".join(alignment.summary(rows)))
-
-The parts live beside this module, their names re-exported here: ``alignment_rows`` (seed
-aggregation, :func:`trend`), ``alignment_figures`` (:func:`figures`) and ``alignment_tables``
-(:func:`tables`); this module writes the summary.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
 
-from ._fmt import interval, num, pval
-from ._groups import group_label, groups
+import numpy as np
 
-# Re-exported: importable from here (the monitor section takes as_number, save_figure, slugify).
-from .alignment_figures import MAX_MK_PANELS, MAX_POINTS_PANELS, figures, save_figure, slugify  # noqa: F401
-from .alignment_rows import aggregate, as_number, claim_mk, d_align_by_point, mk_pairs, point_keys, trend, width_values  # noqa: F401
-from .alignment_tables import tables
+from ._fmt import as_number, finite, interval, num, p_eq
+from ._plot import auto_y, colors, figure, legend_outside, log_x, plot_bound, save_figure, slugify, thin, yerr
+from .claims import claim_mk, claims, group_label, groups
+from .html import table
 
 __all__ = ["figures", "tables", "summary", "trend", "groups"]
+
+MAX_PANELS = 4  # insertion points (rows) and (M, K) pairs (columns) of the misalignment figures
+
+
+# ----------------------------------------------------------------------------- rows
+def _labelled(rows: Iterable[Mapping[str, Any]]) -> list[tuple[str, list[Mapping[str, Any]]]]:
+    gs = groups(rows)
+    return [(group_label(k, list(gs)), sel) for k, sel in gs.items()]
+
+
+def _ranks(x: Sequence[float]) -> np.ndarray:
+    a = np.asarray(x, dtype=float)
+    ranks = np.empty(len(a))
+    ranks[np.argsort(a, kind="mergesort")] = np.arange(len(a), dtype=float)
+    for v in np.unique(a):  # average ranks of ties
+        ranks[a == v] = ranks[a == v].mean()
+    return ranks
+
+
+def trend(widths: Sequence[float], values: Sequence[float]) -> str:
+    """'up', 'down' or 'flat' for values over increasing widths (NaNs dropped; the rule is in the
+    module docstring)."""
+    pairs = [(w, float(v)) for w, v in zip(widths, values) if not math.isnan(as_number(v))]
+    if len(pairs) < 2:
+        return "flat"
+    rw, rv = _ranks([w for w, _ in pairs]), _ranks([v for _, v in pairs])
+    if rv.std() == 0 or rw.std() == 0:
+        return "flat"
+    rho = float(np.corrcoef(rw, rv)[0, 1])
+    first, last = pairs[0][1], pairs[-1][1]
+    if rho >= 0.5 and last > first:
+        return "up"
+    if rho <= -0.5 and last < first:
+        return "down"
+    return "flat"
+
+
+def point_keys(rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, str]]:
+    return sorted({(int(r.get("point_index", 0)), str(r.get("point"))) for r in rows})
+
+
+def _mk(r: Mapping[str, Any]) -> tuple[int, int]:
+    return int(r["M"]), int(r["K"])
+
+
+def _mk_pairs(rows: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
+    return sorted({_mk(r) for r in rows}, key=lambda t: (t[0] * t[1], t))
+
+
+def _widths(rows: Sequence[Mapping[str, Any]]) -> list[float]:
+    return sorted({r["width"] for r in rows})
+
+
+def aggregate(
+    rows: Sequence[Mapping[str, Any]], col: str, *, by: tuple[str, ...]
+) -> dict[tuple, tuple[float, float, float, int]]:
+    """(mean, min, max, n) over seeds of ``col`` for each value of ``by`` (one value per seed)."""
+    per: dict[tuple, dict[Any, float]] = defaultdict(dict)
+    for r in rows:
+        per[tuple(r.get(b) for b in by)].setdefault(r.get("seed"), as_number(r.get(col)))
+    out = {}
+    for k, d in per.items():
+        vals = np.array([v for v in d.values() if not math.isnan(v)])
+        if len(vals):
+            out[k] = (float(vals.mean()), float(vals.min()), float(vals.max()), len(vals))
+        else:
+            out[k] = (math.nan, math.nan, math.nan, 0)
+    return out
+
+
+def d_align_by_point(rows: Sequence[Mapping[str, Any]], form: str) -> dict[int, tuple[list[float], list[float]]]:
+    """point_index -> (widths, seed-mean d_align); d_align does not depend on (M, K)."""
+    agg = aggregate(rows, f"{form}_d_align", by=("point_index", "width"))
+    out: dict[int, tuple[list, list]] = {}
+    for pi, _ in point_keys(rows):
+        ws = [w for w in _widths(rows) if (pi, w) in agg]
+        out[pi] = (ws, [agg[(pi, w)][0] for w in ws])
+    return out
+
+
+# ----------------------------------------------------------------------------- figures
+def figures(rows: list[dict], out_dir: Path) -> list[dict]:
+    """Per group: d_align vs width, misalignment vs width, misalignment vs M = K (PNGs in ``out_dir``)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figs = []
+    for label, sel in _labelled(rows):
+        base = out_dir / slugify(label)
+        draws = int(max((r["misalignment_draws"] for r in sel if finite(r.get("misalignment_draws"))), default=1))
+        floor = 0.5 / max(draws, 1)  # where a probability of 0 is drawn on the log axes
+        figs.append(_fig_d_align(sel, label, Path(f"{base}-d_align.png")))
+        figs.append(_fig_misalignment_vs_width(sel, label, Path(f"{base}-misalignment-vs-width.png"), draws, floor))
+        figs += _fig_misalignment_vs_mk(sel, label, Path(f"{base}-misalignment-vs-MK.png"), floor)
+    return figs
+
+
+def _save(fig: Any, p: Path, title: str, caption: str) -> dict:
+    fig.suptitle(title, fontsize=11)  # the PNG alone says which regime it shows
+    return save_figure(fig, p, title, caption)
+
+
+def _fig_d_align(sel: Sequence[Mapping[str, Any]], label: str, p: Path) -> dict:
+    """d_align vs width, one line per point, both population forms."""
+    pts, widths = point_keys(sel), _widths(sel)
+    n_seeds = len({r.get("seed") for r in sel})
+    fig, axes = figure(1, 2)
+    forms = (("two", "two-population (train vs held-out)"), ("one", "one-population (train)"))
+    for ax, (form, name) in zip(axes[0], forms):
+        agg = aggregate(sel, f"{form}_d_align", by=("point_index", "width"))
+        for (pi, pname), c in zip(pts, colors(len(pts))):
+            ws = [w for w in widths if (pi, w) in agg and not math.isnan(agg[(pi, w)][0])]
+            if ws:
+                ax.plot(ws, [agg[(pi, w)][0] for w in ws], "o-", color=c, label=pname, ms=4)
+            if ws and n_seeds > 1:
+                lo, hi = [agg[(pi, w)][1] for w in ws], [agg[(pi, w)][2] for w in ws]
+                ax.fill_between(ws, lo, hi, color=c, alpha=0.18, lw=0)
+        log_x(ax, widths)
+        ax.set_xlim(min(widths) / 1.2, max(widths) * 1.2)  # every swept width, drawn or vacuous
+        auto_y(ax, [y for line in ax.lines for y in line.get_ydata()])
+        if not ax.lines:  # say why the panel is empty rather than show bare axes
+            empty = "no d_align to draw: every certificate\nis vacuous (an estimate <= 0)"
+            ax.text(0.5, 0.5, empty, transform=ax.transAxes, ha="center", va="center", fontsize=9, color="#555")
+        ax.set(xlabel="width N", ylabel="d_align")
+        ax.set_title(name, fontsize=10)
+        ax.grid(alpha=0.3)
+    legend_outside(axes[0, 1], title="insertion point", title_fontsize=7)
+    return _save(
+        fig,
+        p,
+        f"{label}: d_align vs width",
+        f"Effective alignment dimension d_align = min(d_par, d_2) at each insertion point "
+        f"(colour: depth), mean over {n_seeds} seed(s); band = min..max over seeds. "
+        f"The mechanism predicts lines that rise with width. A vacuous certificate "
+        f"(an estimate <= 0) has no d_align: it is left out of the mean and band, and a "
+        f"width where every seed is vacuous has no marker.",
+    )
+
+
+def _fig_misalignment_vs_width(sel: Sequence[Mapping[str, Any]], label: str, p: Path, draws: int, floor: float) -> dict:
+    """Empirical misalignment vs width with B_exact and B_align, one panel per (point, (M, K))."""
+    pts, widths = point_keys(sel), _widths(sel)
+    ppts, mks = thin(pts, MAX_PANELS), thin(_mk_pairs(sel), MAX_PANELS)
+    fig, axes = figure(len(ppts), len(mks), w=3.4, h=2.7)
+    by = ("point_index", "M", "K", "width")
+    cols = ("misalignment", "misalignment_low", "misalignment_high", "two_b_exact", "two_b_align")
+    agg = {c: aggregate(sel, c, by=by) for c in cols}
+    vacuous = {"B_exact": 0, "B_align": 0}
+    for i, (pi, pname) in enumerate(ppts):
+        for j, (M, K) in enumerate(mks):
+            ax = axes[i, j]
+            ws = [w for w in widths if (pi, M, K, w) in agg["misalignment"]]
+            e, lo, hi, be, ba = ([agg[c].get((pi, M, K, w), (math.nan,))[0] for w in ws] for c in cols)
+            empirical = dict(fmt="o-", color="#1f3b57", ms=4, capsize=2, label="empirical Pr(A<=0)")
+            ax.errorbar(ws, np.maximum(e, floor), yerr(e, lo, hi), **empirical)
+            vacuous["B_exact"] += plot_bound(ax, ws, be, "s--", "#d9822b", floor=floor, label="B_exact")
+            vacuous["B_align"] += plot_bound(ax, ws, ba, "^:", "#b03a2e", floor=floor, label="B_align")
+            log_x(ax, widths)
+            ax.set(yscale="log", ylim=(floor * 0.7, 1.3), xlabel="width N" if i == len(ppts) - 1 else "")
+            ax.set(ylabel="probability" if j == 0 else "")
+            ax.set_title(f"{pname}, M={M}, K={K}", fontsize=9)
+            ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=7)
+    hollow = (
+        f" Hollow markers at 1: vacuous bounds (B_exact {vacuous['B_exact']}, B_align {vacuous['B_align']} "
+        "panel points), which say nothing and are not drawn as data."
+    )
+    return _save(
+        fig,
+        p,
+        f"{label}: misalignment vs width, with B_exact and B_align",
+        f"Empirical misalignment probability (fraction of {draws} resamples with "
+        f"mu_M.g_K <= 0; bars: mean 95% Wilson interval) beside the two-population "
+        f"bounds B_exact (Cantelli) and B_align = 1/(1 + n_eff d_align), mean over seeds. "
+        f"Log scale; values below {floor:.1g} (including 0) are drawn at {floor:.1g}. "
+        f"Bounds should lie above the empirical values; the mechanism predicts all three "
+        f"fall with width."
+        + (hollow if any(vacuous.values()) else "")
+        + (f" Showing {len(ppts)} of {len(pts)} points." if len(ppts) < len(pts) else ""),
+    )
+
+
+def _fig_misalignment_vs_mk(sel: Sequence[Mapping[str, Any]], label: str, p: Path, floor: float) -> list[dict]:
+    """Misalignment vs M = K for each width; ``[]`` with fewer than two paired sizes."""
+    paired = sorted({M for (M, K) in _mk_pairs(sel) if M == K})
+    if len(paired) < 2:
+        return []
+    widths, ppts = _widths(sel), thin(point_keys(sel), MAX_PANELS)
+    by = ("point_index", "M", "K", "width")
+    agg_e, agg_be = aggregate(sel, "misalignment", by=by), aggregate(sel, "two_b_exact", by=by)
+    fig, axes = figure(1, len(ppts), w=3.6, h=3.0)
+    for ax, (pi, pname) in zip(axes[0], ppts):
+        for w, c in zip(widths, colors(len(widths))):
+            ms = [m for m in paired if (pi, m, m, w) in agg_e]
+            ax.plot(ms, [max(agg_e[(pi, m, m, w)][0], floor) for m in ms], "o-", color=c, ms=4, label=f"N={w:g}")
+            ax.plot(ms, [max(agg_be.get((pi, m, m, w), (math.nan,))[0], floor) for m in ms], "--", color=c, lw=0.8)
+        log_x(ax, paired)
+        ax.set(yscale="log", ylim=(floor * 0.7, 1.3), xlabel="M = K")
+        ax.set_title(pname, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_ylabel("misalignment probability")
+    axes[0, 0].legend(fontsize=7)
+    caption = (
+        "Empirical misalignment (solid, circles) and B_exact (dashed, same colour) as the sample sizes "
+        "M = K grow, one line per width (darker = narrower). Both should fall with M = K at every width."
+    )
+    return [_save(fig, p, f"{label}: misalignment vs M = K", caption)]
+
+
+# ----------------------------------------------------------------------------- table
+_HEAD = ("width", "point", "seeds", "vacuous", "params", "test loss", "d_align (2-pop)", "d_par", "d_2", "limit")
+_SEED_MEANS = (
+    "n_params",
+    "test_loss",
+    "two_d_align",
+    "two_d_par",
+    "two_d_2",
+    "one_d_align",
+    "misalignment",
+    "misalignment_low",
+    "misalignment_high",
+    "two_b_exact",
+    "two_b_align",
+)
+
+
+def _limit(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Which effective dimension is d_align's minimum, per seed: 'd_par', 'd_2', 'd_par/d_2' when
+    seeds differ, '–' when every certificate is vacuous."""
+    got = {
+        "d_par" if r["two_d_par"] <= r["two_d_2"] else "d_2"
+        for r in rows
+        if r.get("two_d_align") is not None and r.get("two_d_par") is not None and r.get("two_d_2") is not None
+    }
+    return "/".join(sorted(got)) or "–"
+
+
+def tables(rows: list[dict]) -> list[dict]:
+    """Per group: one line per (width, point) with seed-mean d_align and the numbers at the claims'
+    (M, K), plus the largest pair's misalignment and B_exact when that pair differs."""
+    out = []
+    by = ("width", "point_index")
+    for label, sel in _labelled(rows):
+        M, K = claim_mk(sel)
+        at = [r for r in sel if _mk(r) == (M, K)]
+        big = _mk_pairs(sel)[-1]
+        big_rows = [r for r in sel if _mk(r) == big] if big != (M, K) else []
+        cols = {c: aggregate(at, c, by=by) for c in _SEED_MEANS}
+        more = [aggregate(big_rows, c, by=by) for c in ("misalignment", "two_b_exact")] if big_rows else []
+        mk = f"M={M},K={K}"
+        head = [*_HEAD, "d_align (1-pop)", f"misalign {mk}", "95% Wilson", f"B_exact {mk}", f"B_align {mk}"]
+        head += [f"misalign M={big[0]},K={big[1]}", f"B_exact M={big[0]},K={big[1]}"] if big_rows else []
+        lines = []
+        for w in _widths(at):
+            for pi, pname in point_keys(at):
+                k = (w, pi)
+                if k not in cols["two_d_align"]:
+                    continue
+
+                g = {c: v.get(k, (math.nan,))[0] for c, v in cols.items()}  # this line's seed means
+                _, lo, hi, n = cols["two_d_align"][k]
+                cell = [r for r in at if (r["width"], r["point_index"]) == k]
+                seeds = len({r.get("seed") for r in cell})
+                n_vac = len({r.get("seed") for r in cell if r.get("two_vacuous") or r.get("two_d_align") is None})
+                line = [
+                    f"{w:g}",
+                    pname,
+                    seeds,
+                    f"{n_vac}/{seeds}",
+                    num(g["n_params"], ",.0f"),
+                    num(g["test_loss"], ".4g"),
+                    num(g["two_d_align"]) + (f" ({num(lo)}–{num(hi)})" if n > 1 else ""),
+                    num(g["two_d_par"]),
+                    num(g["two_d_2"]),
+                    _limit(cell),
+                    num(g["one_d_align"]),
+                    num(g["misalignment"]),
+                    interval(g["misalignment_low"], g["misalignment_high"]),
+                    num(g["two_b_exact"]),
+                    num(g["two_b_align"]),
+                    *(num(v.get(k, (math.nan,))[0]) for v in more),
+                ]
+                lines.append(line)
+        out.append(
+            {
+                "title": f"{label}: numbers at M={M}, K={K}, the (M, K) at which the claims are tested "
+                "(mean over seeds; d_align range over seeds in brackets; vacuous seeds, whose d_align is "
+                "undefined, left out)"
+                + (f"; the largest pair, M={big[0]}, K={big[1]}, in the last two columns" if big_rows else ""),
+                "html": table(head, lines, left={1}),
+            }
+        )
+    return out
 
 
 # ----------------------------------------------------------------------------- summary
 def _shifted(rows: Sequence[Mapping[str, Any]]) -> bool:
     """Whether a group's probe pools come from another distribution than the training data
-    (``probe_in_domain`` on the rows; older rows: a probe set whose description is not in-domain)."""
+    (``probe_in_domain``; older rows: a probe set whose description is not in-domain)."""
     for r in rows:
         if r.get("probe_in_domain") is not None:
             return not r["probe_in_domain"]
@@ -51,9 +337,8 @@ def _shifted(rows: Sequence[Mapping[str, Any]]) -> bool:
 
 
 def _advice(label: str, rows: Sequence[Mapping[str, Any]], seeds: str = "more seeds") -> str:
-    """What to try next, fitting the probe condition: an in-domain probe can add a shifted one; a
-    shifted probe already is one, so its verdict is read beside the in-domain probe's. Longer probe
-    sequences only for sequence models. ``seeds``: the claims page's seeds-needed phrase."""
+    """What to try next, fitting the probe condition (longer probe sequences only for sequence
+    models). ``seeds``: the claims page's seeds-needed phrase."""
     seq = any(r.get("probe_seq_len") is not None or r.get("dataset") in ("text", "prose") for r in rows)
     more = f"{seeds}, larger M and K (more probe examples)"
     longer = " and longer probe sequences" if seq else ""
@@ -70,54 +355,45 @@ def _advice(label: str, rows: Sequence[Mapping[str, Any]], seeds: str = "more se
     )
 
 
-def summary(rows: list[dict], found: Sequence[Mapping[str, Any]] | None = None) -> list[str]:
-    """Auto-written verdict per group: descriptive per-point counts, then the verdict and advice
-    quoted from the claims page (``found``: its claims, computed from ``rows`` when not given)."""
-    if found is None:
-        from .claims import claims  # noqa: PLC0415  start-up time: scipy
+def _named(names: Sequence[str]) -> str:
+    return f" ({', '.join(names)})"
 
+
+def summary(rows: list[dict], found: Sequence[Mapping[str, Any]] | None = None) -> list[str]:
+    """Per group: descriptive per-point counts, then the verdict and advice quoted from the claims
+    page (``found``: its claims, computed from ``rows`` when not given)."""
+    if found is None:
         found = claims(rows)
     lines = []
-    gs = groups(rows)
-    for key, sel in gs.items():
-        label = group_label(key, list(gs))
-        pts = point_keys(sel)
-        widths = width_values(sel)
+    for label, sel in _labelled(rows):
+        pts, widths = point_keys(sel), _widths(sel)
         if len(widths) < 2:
             lines.append(f"{label}: only one width ({widths[0]:g}); no width trend can be judged.")
             continue
-        names = dict(pts)
+        names, n = dict(pts), len(pts)
         trends = {}
         for pi, (ws, vals) in d_align_by_point(sel, "two").items():
             # A point whose certificate is vacuous (d_align missing) at most widths has no trend to judge.
             unusable = sum(1 for v in vals if math.isnan(v) or v <= 0)
             trends[pi] = "vacuous" if unusable * 2 > len(vals) else trend(ws, vals)
-        up = [names[p] for p, t in trends.items() if t == "up"]
-        down = [names[p] for p, t in trends.items() if t == "down"]
-        vac_pts = [names[p] for p, t in trends.items() if t == "vacuous"]
-        n = len(pts)
-        s = f"{label}: d_align (two-population) grows with width at {len(up)}/{n} insertion points" + (
-            f" ({', '.join(up)})" if up and len(up) < n else ""
-        )
-        if down:
-            s += f", falls at {len(down)} ({', '.join(down)})"
-        if vac_pts:
-            s += f", is vacuous (d_align missing) at most widths at {len(vac_pts)} ({', '.join(vac_pts)})"
-        s += (
-            f" over widths {', '.join(f'{w:g}' for w in widths)} (per point, by the seed means: descriptive, "
+        up, down, vac_pts = ([names[p] for p, t in trends.items() if t == want] for want in ("up", "down", "vacuous"))
+        s = f"{label}: d_align (two-population) grows with width at {len(up)}/{n} insertion points"
+        s += _named(up) if up and len(up) < n else ""
+        s += f", falls at {len(down)}{_named(down)}" if down else ""
+        s += f", is vacuous (d_align missing) at most widths at {len(vac_pts)}{_named(vac_pts)}" if vac_pts else ""
+        lines.append(
+            s + f" over widths {', '.join(f'{w:g}' for w in widths)} (per point, by the seed means: descriptive, "
             "not a test; the verdict below is the tested one)."
         )
-        lines.append(s)
         # Is the width trend resolved? Compare the seed range with the change across widths.
         n_seeds = len({r.get("seed") for r in sel})
-        unresolved = 0
         if n_seeds > 1:
             agg = aggregate(sel, "two_d_align", by=("point_index", "width"))
+            unresolved = 0
             for pi, _ in pts:
                 ws = [w for w in widths if (pi, w) in agg]
                 change = abs(agg[(pi, ws[-1])][0] - agg[(pi, ws[0])][0])
-                spread = max(agg[(pi, w)][2] - agg[(pi, w)][1] for w in ws)
-                unresolved += spread > change
+                unresolved += max(agg[(pi, w)][2] - agg[(pi, w)][1] for w in ws) > change
             lines.append(
                 f"Seed-to-seed range of d_align exceeds its change from the narrowest to the widest "
                 f"width at {unresolved}/{n} points ({n_seeds} seeds)"
@@ -125,33 +401,23 @@ def summary(rows: list[dict], found: Sequence[Mapping[str, Any]] | None = None) 
             )
         else:
             lines.append("One seed: the seed-to-seed spread is unknown, so no trend here is resolved; run more seeds.")
-        one = d_align_by_point(sel, "one")
-        one_up = sum(trend(*one[pi]) == "up" for pi, _ in pts)
-        one_down = sum(trend(*one[pi]) == "down" for pi, _ in pts)
+        one = [trend(*v) for v in d_align_by_point(sel, "one").values()]
         lines.append(
-            f"One-population d_align (train samples only) grows at {one_up}/{n} points"
-            + (f", falls at {one_down}" if one_down else "")
+            f"One-population d_align (train samples only) grows at {one.count('up')}/{n} points"
+            + (f", falls at {one.count('down')}" if "down" in one else "")
             + "."
         )
-
         M, K = claim_mk(sel)  # the claims' (M, K): the sentence and the claim quote one pair
-        at = [r for r in sel if (int(r["M"]), int(r["K"])) == (M, K)]
-        agg = aggregate(at, "misalignment", by=("point_index", "width"))
-        mt = {}
+        agg = aggregate([r for r in sel if _mk(r) == (M, K)], "misalignment", by=("point_index", "width"))
+        mt = []
         for pi, _ in pts:
             ws = [w for w in widths if (pi, w) in agg]
             vals = [agg[(pi, w)][0] for w in ws]
-            mt[pi] = "zero" if vals and max(vals) == 0 else trend(ws, vals)
-        falls = sum(t == "down" for t in mt.values())
-        rises = sum(t == "up" for t in mt.values())
-        zero = sum(t == "zero" for t in mt.values())
-        s = f"Empirical misalignment at M={M}, K={K} falls with width at {falls}/{n} points"
-        if rises:
-            s += f", rises at {rises}"
-        if zero:
-            s += f"; it is 0 at every width at {zero} (nothing left to fall)"
+            mt.append("zero" if vals and max(vals) == 0 else trend(ws, vals))
+        s = f"Empirical misalignment at M={M}, K={K} falls with width at {mt.count('down')}/{n} points"
+        s += f", rises at {mt.count('up')}" if "up" in mt else ""
+        s += f"; it is 0 at every width at {mt.count('zero')} (nothing left to fall)" if "zero" in mt else ""
         lines.append(s + ".")
-
         vac = sum(bool(r.get("two_vacuous")) for r in sel)
         if vac:
             lines.append(
@@ -163,21 +429,16 @@ def summary(rows: list[dict], found: Sequence[Mapping[str, Any]] | None = None) 
 
 
 def _fmt_claim(c: Mapping[str, Any]) -> str:
-    """'holds (slope +0.41 [0.1, 0.7] per log width, p = 0.01, Holm p = 0.04, 3 seeds)'."""
+    """'holds (slope +0.41, 95% interval [0.1, 0.7], p = 0.01, Holm p = 0.04, 3 seeds)'."""
     if c.get("measured") is None or c.get("low") is None:
         return f"{c['verdict']} ({c.get('seeds') or 0} seed(s) with a value: no interval)"
     pa = c.get("p_adjusted")
-    p = pval(c.get("p"))
     return (
         f"{c['verdict']} ({c.get('unit', '')} {num(c['measured'], '+.3g')}, 95% interval "
-        f"{interval(c['low'], c['high'])}, p {p if p.startswith('<') else '= ' + p}"
-        + (f", Holm p {_eq(pval(pa))}" if pa is not None else "")
+        f"{interval(c['low'], c['high'])}, p {p_eq(c.get('p'))}"
+        + (f", Holm p {p_eq(pa)}" if pa is not None else "")
         + f", {c['seeds']} seeds)"
     )
-
-
-def _eq(p: str) -> str:
-    return p if p.startswith("<") else "= " + p
 
 
 def _claims_lines(

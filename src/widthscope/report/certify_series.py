@@ -1,31 +1,14 @@
-"""A width series from the JSON files of several ``widthscope certify`` runs.
-
-Each certify JSON (one checkpoint) becomes rows in the schema of a sweep's alignment rows
-(:func:`widthscope.sweeps.cell.run_cell`), so the report's alignment section draws d_align and
-misalignment against width for a family of real checkpoints without a sweep config::
+"""A width series from the JSON files of several ``widthscope certify`` runs::
 
     widthscope certify --model ckpt-256 --out c256.json   # ... one run per checkpoint
     widthscope report c256.json c512.json c1024.json --out report/
 
-Per file and per point x (M, K): ``kind="alignment"``, ``sweep="certify"``,
-``family = settings["architecture"]`` (else ``"certify"``), ``width = settings["width"]`` (else the
-largest point dimension ``d``), ``seed = settings["seed"]``, ``source`` = the file, the two-population
-certificate as ``two_*`` and the one-population one as ``one_*`` (the columns the report plots), and
-``misalignment``/``misalignment_low``/``misalignment_high``/``misalignment_draws``, and the training
-record (``steps``, ``train_loss``, ``test_loss``: certify's ``settings["training"]``, else the local
-checkpoint's ``config.json``; absent only when neither records them). Intervention rows
-in the file are passed on as ``kind="intervention"`` rows tagged the same way.
-
-Points are matched across files by *name* (``point_index`` is renumbered per family so the same
-name is one line, and a name only deeper models have gets its own line); ``depth_fraction`` keeps
-each point's relative position in its own model. Files plotted together (same family) must share
-the (M, K) pairs, estimator and pool, and no two may give the same (width, seed): otherwise the
-figures would compare unlike numbers or silently drop one file, so they are refused.
-
-Example::
-
-    from widthscope.report.certify_series import series_rows
-    rows = series_rows(["c16.json", "c32.json", "c64.json"])
+Each file becomes rows in the schema of a sweep's alignment rows (one per point x (M, K), plus its
+intervention rows): ``sweep="certify"``, ``family`` = the settings' architecture, ``width`` = the
+settings' width (else the largest point dimension), ``seed``, ``source`` = the file, and the training
+record (certify's, else the local checkpoint's ``config.json``). Points are matched across files by
+name. Files of one family must share (M, K) pairs, estimator and pool, and no two may give the same
+(width, seed): otherwise they are refused.
 """
 
 from __future__ import annotations
@@ -40,7 +23,7 @@ from ..certification.pipeline import training_record
 from ..errors import WidthscopeError
 from ..sweeps.results import certify_rows
 
-__all__ = ["is_certify_json", "load_certify", "rows_from_certify", "series_rows", "describe", "check_suite"]
+__all__ = ["is_certify_json", "rows_from_certify", "series_rows", "describe", "check_suite"]
 
 _FIX = (
     "pass the JSON file that `widthscope certify --out FILE` wrote, a sweep results directory, or a results.jsonl file"
@@ -48,8 +31,7 @@ _FIX = (
 
 
 def _read(path: Path) -> Any:
-    """The parsed file; damage is refused, never skipped: the user named this file, and a series
-    missing one width would still plot as if whole."""
+    """The parsed file; damage is refused, never skipped (a series missing one width plots as if whole)."""
     try:
         text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
@@ -90,21 +72,8 @@ def is_certify_json(path: str | os.PathLike) -> bool:
         return False
 
 
-def load_certify(path: str | os.PathLike) -> dict[str, Any]:
-    """The parsed certify result in ``path``; :class:`WidthscopeError` naming the file otherwise."""
-    p = Path(path)
-    obj = _read(p)
-    if not _looks_like_certify(obj):
-        hint = " (a sweep's marker file: pass the folder that holds it)" if p.name == "sweep.json" else ""
-        raise WidthscopeError(
-            f"{str(p)!r} is not a `widthscope certify` result: it lacks 'settings' and "
-            f"'points' with 'certificates'{hint}; {_FIX}"
-        )
-    return obj
-
-
 def _width(settings: Mapping[str, Any], points: Sequence[Mapping[str, Any]]) -> tuple[float, str]:
-    """(width, where it came from); old certify files do not record the width, so fall back to d."""
+    """(width, where it came from): the settings' width, else the largest point dimension d."""
     w = settings.get("width")
     if isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0:
         return w, "settings"
@@ -115,10 +84,8 @@ def _width(settings: Mapping[str, Any], points: Sequence[Mapping[str, Any]]) -> 
 
 
 def _training(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """Training steps and final losses: what certify recorded (``settings["training"]``, from the
-    checkpoint's ``extra``), else what the checkpoint's ``config.json`` records when the model named in
-    the settings is a local widthscope checkpoint (files certified before certify recorded it);
-    ``{}`` when neither records them (an HF model: the report shows '–')."""
+    """Training steps and final losses: certify's ``settings["training"]``, else the ``config.json`` of
+    the local checkpoint the settings name; ``{}`` when neither records them."""
     got = training_record(settings.get("training"))
     if got:
         return got
@@ -134,12 +101,16 @@ def _training(settings: Mapping[str, Any]) -> dict[str, Any]:
     return training_record(obj.get("extra")) if isinstance(obj, dict) else {}
 
 
-def rows_from_certify(path: str | os.PathLike, result: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+def rows_from_certify(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Alignment rows (one per point x (M, K)) plus intervention rows of one certify JSON file."""
     p = Path(path)
-    res = load_certify(p) if result is None else result
+    res = _read(p)
     if not _looks_like_certify(res):
-        raise WidthscopeError(f"{str(p)!r} is not a `widthscope certify` result; {_FIX}")
+        hint = " (a sweep's marker file: pass the folder that holds it)" if p.name == "sweep.json" else ""
+        raise WidthscopeError(
+            f"{str(p)!r} is not a `widthscope certify` result: it lacks 'settings' and "
+            f"'points' with 'certificates'{hint}; {_FIX}"
+        )
     st: Mapping[str, Any] = res["settings"]
     points = res["points"]
     try:

@@ -1,12 +1,23 @@
 """The claims page: one row per published claim, measured from the result rows, never typed in.
 
 Each claim is judged from per-seed values (a slope in ``log width`` or a median ratio) against its
-claimed region by a Student t interval, Holm-corrected over the page; bounds are judged per row
-against the binomial misalignment counts. The rules: docs/sweeps.md "Claims page".
+claimed region by a Student t interval (:func:`seed_test`), Holm-corrected over the page
+(:func:`holm`), with the seeds a decision needs at 80% power (:func:`seeds_needed`); bounds are
+judged per row against the binomial misalignment counts. The rules: docs/sweeps.md "Claims page".
+
+"Wider models certify earlier" reads the alignment monitor's per-(step, point) rows or the sweep's
+summary columns (:data:`SUMMARY`). Per seed, on the steps monitored in every cell of the seed, a
+point's certification step is the earliest from which every step up to the seed's common horizon has
+a non-vacuous ``B_exact <= δ``; a point not certified by then is censored at the horizon (a bias
+toward no effect). The claim's per-seed value is the slope of the median ``log(1 + step)`` on
+``log width``; it holds when the interval lies below 0.
 
 Example::
 
-    >>> from widthscope.report.claims import claims
+    >>> holm([0.01, 0.04, 0.03])
+    [0.03, 0.06, 0.06]
+    >>> seed_test([0.4, 0.5, 0.6], (0.0, float("inf")))["direction"]
+    'holds'
     >>> rows = [{"kind": "alignment", "family": "f", "width": w, "seed": s, "point": "p", "M": 8, "K": 8,
     ...          "two_d_align": 0.1 * w * (1 + 0.01 * s) * (1 + 0.02 * (-1) ** (s + w // 16)),
     ...          "misalignment": 1 / w} for w in (8, 16, 32) for s in range(4)]
@@ -21,43 +32,180 @@ from __future__ import annotations
 import html
 import math
 from collections import defaultdict
-from typing import Any, Mapping, Sequence
+from statistics import median
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 from scipy import special as _sp
 
+from ._fmt import finite as _ok
 from ._fmt import num, pval
-from ._groups import group_label, groups
-from .alignment_rows import claim_mk
-from .claims_stats import ALPHA, MAX_SEEDS, holm, seed_test, seeds_needed
-from .claims_stats import effect as _effect
-from .claims_stats import finite as _ok
-from .claims_stats import slope as _slope
 
 __all__ = [
     "claims",
+    "groups",
+    "group_label",
+    "claim_mk",
     "html_table",
     "seed_test",
     "holm",
     "seeds_needed",
     "deviation_seed_slopes",
     "ALPHA",
+    "MAX_SEEDS",
+    "SUMMARY",
     "RETENTION_BAND",
     "SANITY_BAND",
     "PAPER_REL_STEP",
     "PUBLISHED_TOLERANCE",
 ]
 
+ALPHA = 0.05
+POWER = 0.8
+MAX_SEEDS = 10_000
 RETENTION_BAND = (0.96, 0.99)  # spec §5/§7: "96–99% of the predicted magnitude is retained"
 SANITY_BAND = (0.95, 1.05)  # Taylor: retention = 1 + O(η) at the smallest step
-# The spec says only "small η"; the tool's default step (sign agreement, docs/interventions.md)
-# moves the stream by 1e-3 of its RMS entry, and rows record that relative step as rel_step.
-PAPER_REL_STEP = 1e-3
+PAPER_REL_STEP = 1e-3  # "small η": the default step moves the stream by 1e-3 of its RMS entry (rel_step)
 PAPER_REL_STEP_DECADES = 0.5  # a curve's row counts when |log10(rel_step / 1e-3)| <= this
 PUBLISHED_TOLERANCE = 0.1  # |slope - published| <= 0.1 (log-log slope units) counts as matching
 INF = math.inf
+#: The sweep's monitor summary columns: first certification step (a ``{point: step}`` dict, or a number
+#: on a row with ``point``; None/NaN/negative = never), training length, δ, ``monitored`` (False: a
+#: point the monitor did not probe), the probed steps (the grid, when given) and the step from which
+#: the point stays certified.
+SUMMARY = {
+    "first_cert": "monitor_first_cert_step",
+    "steps_total": "monitor_steps_total",
+    "delta": "monitor_delta",
+    "monitored": "monitor_point",
+    "steps": "monitor_steps",
+    "cert_from": "monitor_cert_from_step",
+}
+_MONITOR_KINDS = ("row", "monitor")  # the monitor's per-(step, point) rows (a sweep may retag them)
+_CELL = ("family", "width", "seed")
+_REGIME = (("sweep", ""), ("family", "?"), ("budget", None), ("probe_set", None), ("probe_seq_len", None))
+_UNTESTED = dict.fromkeys(("low", "high", "sd", "seeds", "p", "p_holds", "p_not", "direction"))
 
 
+# ----------------------------------------------------------------------------- probe regimes
+def groups(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, list[Mapping[str, Any]]]:
+    """Alignment rows split into probe regimes (sweep, family, budget, probe condition, probe length), in
+    first-seen order, as copies under the reporting rule (a vacuous certificate's d_align is missing):
+    each regime gets its own claims here and its own figures, table and verdict in the alignment section."""
+    from ..stats import vacuous_rule  # noqa: PLC0415  start-up time: torch
+
+    out: dict[tuple, list] = {}
+    for r in rows:
+        if r.get("kind", "alignment") == "alignment":
+            key = tuple(r.get(k, d) for k, d in _REGIME)
+            out.setdefault(key, []).append(vacuous_rule(vacuous_rule(dict(r), "one_"), "two_"))
+    return out
+
+
+def group_label(key: tuple, all_keys: Sequence[tuple]) -> str:
+    """The family, with the sweep, budget and probe added where they tell groups apart."""
+    sweep, fam, budget, probe, plen = key
+    label = str(fam)
+    if len({k[0] for k in all_keys if k[1] == fam}) > 1:
+        label = f"{sweep}/{fam}"
+    if len({k[2] for k in all_keys if k[:2] == key[:2]}) > 1:
+        label += f" (n_train={budget})"
+    if probe is not None and len({(k[3], k[4]) for k in all_keys if k[:3] == key[:3]}) > 1:
+        label += f" · probe {probe}" + (f", length {plen}" if plen is not None else "")
+    return label
+
+
+def claim_mk(rows: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
+    """The (M, K) at which the claims page tests the width trends (the smallest pair); the summary
+    and the table quote their numbers at this pair too."""
+    return min((int(r["M"]), int(r["K"])) for r in rows)
+
+
+# ----------------------------------------------------------------------------- statistics
+def _slope(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Least-squares slope of y on x (None with fewer than 2 distinct x)."""
+    if len(set(x)) < 2:
+        return None
+    xa, ya = np.asarray(x, float), np.asarray(y, float)
+    xc = xa - xa.mean()
+    return float(xc @ (ya - ya.mean()) / (xc @ xc))
+
+
+def _one_sided(m: float, se: float, c: float, df: int) -> tuple[float, float]:
+    """(P(T >= t), P(T <= t)) for t = (m - c)/se under θ = c; se = 0 gives 0/1 (or 1/2 at m = c)."""
+    if se > 0:
+        tt = (m - c) / se  # scipy.special: the ufuncs behind scipy.stats.t, without its per-call overhead
+        return float(_sp.stdtr(df, -tt)), float(_sp.stdtr(df, tt))
+    if m == c:
+        return 0.5, 0.5
+    return (0.0, 1.0) if m > c else (1.0, 0.0)
+
+
+def seed_test(values: Sequence[float | None], region: tuple[float, float]) -> dict[str, Any]:
+    """t interval and p-values for "the mean of the per-seed ``values`` lies in ``region = (a, b)``".
+
+    Returns ``measured, low, high, sd, seeds, p_holds, p_not, p, direction`` (``p`` etc. ``None``
+    with fewer than 2 finite values). ``p ≤ α`` iff the ``1 − α`` interval lies inside or outside
+    the region; ``direction`` says which ("holds" / "does not").
+    """
+    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], float)
+    out: dict[str, Any] = {**_UNTESTED, "measured": float(x.mean()) if len(x) else None, "seeds": int(len(x))}
+    if len(x) < 2:
+        return out
+    a, b = region
+    n, m, sd = len(x), float(x.mean()), float(x.std(ddof=1))
+    se, df = sd / math.sqrt(n), n - 1
+    half = float(_sp.stdtrit(df, 1 - ALPHA / 2)) * se
+    above_a, below_a = _one_sided(m, se, a, df) if math.isfinite(a) else (0.0, 1.0)
+    above_b, below_b = _one_sided(m, se, b, df) if math.isfinite(b) else (1.0, 0.0)
+    p_holds = max(above_a, below_b)  # θ > a and θ < b, both shown
+    p_not = min(below_a, above_b)  # θ < a or θ > b shown
+    out.update(low=m - half, high=m + half, sd=sd, p_holds=p_holds, p_not=p_not)
+    out.update(p=min(1.0, 2 * min(p_holds, p_not)), direction="holds" if p_holds <= p_not else "does not")
+    return out
+
+
+def holm(ps: Sequence[float]) -> list[float]:
+    """Holm step-down adjusted p-values (family-wise error control under any dependence)."""
+    m = len(ps)
+    adj, run = [0.0] * m, 0.0
+    for k, i in enumerate(sorted(range(m), key=lambda i: ps[i])):
+        run = max(run, min(1.0, (m - k) * ps[i]))
+        adj[i] = run
+    return adj
+
+
+def seeds_needed(effect: float, sd: float, level: float, power: float = POWER) -> int | None:
+    """Smallest ``n ≥ 2`` whose two-sided level-``level`` t interval excludes a boundary at distance
+    ``effect`` from the mean with probability ``power`` (noncentral t, per-seed SD ``sd``);
+    ``None`` when the effect is 0 or more than :data:`MAX_SEEDS` seeds would be needed."""
+    if not (effect > 0 and sd >= 0) or not math.isfinite(effect):
+        return None
+    if sd == 0:
+        return 2
+
+    def ok(n: int) -> bool:
+        crit = _sp.stdtrit(n - 1, 1 - level / 2)
+        return 1.0 - float(_sp.nctdtr(n - 1, effect * math.sqrt(n) / sd, crit)) >= power
+
+    # The normal approximation is a lower bound on n (t quantiles exceed z): step up from there.
+    n = max(2, math.ceil(((_sp.ndtri(1 - level / 2) + _sp.ndtri(power)) * sd / effect) ** 2))
+    while n <= MAX_SEEDS and not ok(n):
+        n += 1
+    return n if n <= MAX_SEEDS else None
+
+
+def _effect(measured: float | None, region: tuple[float, float]) -> float | None:
+    """Distance from the estimate to the end of the region a decision has to clear."""
+    if measured is None:
+        return None
+    a, b = region
+    if a < measured < b:
+        return min(measured - a, b - measured)
+    return a - measured if measured <= a else measured - b
+
+
+# ----------------------------------------------------------------------------- claims
 def _claim(
     claim: str,
     values: Sequence[float | None],
@@ -80,27 +228,13 @@ def _claim(
         "claim": claim,
         "id": cid,
         "group": group,
-        "measured": t["measured"],
-        "low": t["low"],
-        "high": t["high"],
-        "sd": t["sd"],
-        "seeds": t["seeds"],
+        **t,
         "region": list(region),
         "reference": reference,
-        "p": t["p"],
-        "p_holds": t["p_holds"],
-        "p_not": t["p_not"],
-        "direction": t["direction"],
         "family": family,
         "basis": basis,
         "unit": unit,
     }
-
-
-def _regimes(rows: list[Mapping[str, Any]]) -> list[tuple[str, list[Mapping[str, Any]]]]:
-    """(label, rows) per probe regime, exactly the grouping and labels of the alignment section."""
-    gs = groups(rows)
-    return [(group_label(k, list(gs)), sel) for k, sel in gs.items()]
 
 
 def _per_seed_width(sel, metric: str, M: int, K: int, log: bool) -> tuple[dict[Any, list[tuple[float, float]]], int]:
@@ -115,16 +249,12 @@ def _per_seed_width(sel, metric: str, M: int, K: int, log: bool) -> tuple[dict[A
     out: dict[Any, list[tuple[float, float]]] = {}
     dropped = 0
     for s, ws in acc.items():
-        pts = [(math.log(w), _median(v)) for w, v in sorted(ws.items())]
+        pts = [(math.log(w), float(np.median(v))) for w, v in sorted(ws.items())]
         if log:
             dropped += sum(m <= 0 for _, m in pts)
             pts = [(x, math.log(m)) for x, m in pts if m > 0]
         out[s] = pts
     return out, dropped
-
-
-def _median(v: Sequence[float]) -> float:
-    return float(v[0]) if len(v) == 1 else float(np.median(v))
 
 
 def _seed_slopes(pts: Mapping[Any, list[tuple[float, float]]]) -> list[float | None]:
@@ -133,16 +263,16 @@ def _seed_slopes(pts: Mapping[Any, list[tuple[float, float]]]) -> list[float | N
 
 def _alignment(rows: list[Mapping[str, Any]]) -> list[dict]:
     out = []
-    for label, sel in _regimes(rows):
+    gs = groups(rows)
+    for key, sel in gs.items():  # each probe regime, as the alignment section groups and labels it
+        label = group_label(key, list(gs))
         mks = sorted({(int(r["M"]), int(r["K"])) for r in sel})
         M, K = claim_mk(sel)
         for metric, name in (("two_d_align", "d_align"), ("two_d_par", "d_par"), ("two_d_2", "d_2")):
             pts, dropped = _per_seed_width(sel, metric, M, K, True)
             out.append(
                 _claim(
-                    f"{label}: {name} grows with width"
-                    if name == "d_align"
-                    else f"{label}: {name} grows with width (which limits d_align)",
+                    f"{label}: {name} grows with width" + ("" if name == "d_align" else " (which limits d_align)"),
                     _seed_slopes(pts),
                     (0.0, INF),
                     f"per-seed slope of log {name} (median over points) vs log width at "
@@ -153,14 +283,11 @@ def _alignment(rows: list[Mapping[str, Any]]) -> list[dict]:
                 )
             )
         pts, _ = _per_seed_width(sel, "misalignment", M, K, False)
-        slopes = _seed_slopes(pts)
         flat = all(v == 0 for p in pts.values() for _, v in p)
         out.append(
             _claim(
-                f"{label}: misalignment falls with width at M=K={M}"
-                if M == K
-                else f"{label}: misalignment falls with width at M={M}, K={K}",
-                slopes,
+                f"{label}: misalignment falls with width at " + (f"M=K={M}" if M == K else f"M={M}, K={K}"),
+                _seed_slopes(pts),
                 (-INF, 0.0),
                 "per-seed slope of empirical Pr(A<=0) (median over points) vs log width",
                 "per log width",
@@ -220,7 +347,7 @@ def _bound_claims(label: str, sel) -> list[dict]:
         p_hold.append(float(_sp.bdtr(k, n, b)) if b > 0 else 1.0)
         p_viol.append((float(_sp.bdtrc(k - 1, n, b)) if b > 0 else 0.0) if k > 0 else 1.0)
     m = len(p_hold)
-    t: dict[str, Any] = {"p": None, "p_holds": None, "p_not": None, "direction": None}
+    t: dict[str, Any] = {}
     if m:
         ph, pn = max(p_hold), min(1.0, m * min(p_viol))
         t = {
@@ -231,18 +358,15 @@ def _bound_claims(label: str, sel) -> list[dict]:
             "support_note": "supported: no row significantly above its bound" if pn > ALPHA / 2 else None,
         }
     first = {
+        **_UNTESTED,
+        "region": None,
+        "reference": None,
+        **t,
         "claim": f"{label}: B_exact >= empirical misalignment",
         "id": "b_exact_bound",
         "group": label,
         "measured": (m - over) / m if m else None,
-        "low": None,
-        "high": None,
-        "sd": None,
-        "seeds": None,
-        "region": None,
-        "reference": None,
         "family": True,
-        **t,
         "counts": {
             "tested": m,
             "point_above_bound": over,
@@ -266,24 +390,16 @@ def _bound_claims(label: str, sel) -> list[dict]:
         else:
             checked += 1
             bad += ba < be - 1e-12 * max(1.0, abs(be))
-    verdict = "not resolved" if not checked else ("does not" if bad else "holds")
     second = {
+        **_UNTESTED,
+        "region": None,
+        "reference": None,
         "claim": f"{label}: B_align >= B_exact",
         "id": "b_align_order",
         "group": label,
         "measured": (checked - bad) / checked if checked else None,
-        "low": None,
-        "high": None,
-        "sd": None,
-        "seeds": None,
-        "region": None,
-        "reference": None,
         "family": False,
-        "p": None,
-        "p_holds": None,
-        "p_not": None,
-        "direction": None,
-        "fixed_verdict": verdict,
+        "fixed_verdict": "not resolved" if not checked else ("does not" if bad else "holds"),
         "counts": {"tested": checked, "violations": bad, "vacuous": vac2, "missing": miss2},
         "basis": f"arithmetic on each row (no sampling error, no test): B_align < B_exact in {bad}/{checked} "
         f"non-vacuous rows; {vac2} vacuous (B_align >= 1), {miss2} missing a value",
@@ -455,30 +571,161 @@ def deviation_seed_slopes(rows: Sequence[Mapping[str, Any]], metric: str, alpha:
     return [s for s in (_slope(*zip(*sorted(p))) for p in by.values() if len(p) >= 2) if s is not None]
 
 
-def certify_earlier(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
-    """ "Wider models certify earlier", from monitor rows (:mod:`widthscope.report.claims_monitor`)."""
-    from .claims_monitor import certify_earlier as inputs  # noqa: PLC0415  start-up time: torch
+# ----------------------------------------------------------------------------- wider models certify earlier
+class _Cell:
+    """One (family, width, seed) cell's monitor record: certified steps per point, the steps monitored
+    (None: summary columns without the probed steps), the horizon, δ."""
 
-    return [
-        _claim(
-            c["name"],
-            c["slopes"],
-            (-INF, 0.0),
-            c["basis"],
-            "per log width",
-            cid="certify_earlier",
-            group=c["group"],
-            gate=c["gate"],
+    def __init__(self) -> None:
+        self.certified: dict[str, set[int]] = defaultdict(set)
+        self.points: set[str] = set()
+        self.steps: set[int] | None = set()
+        self.horizon: int | None = None
+        self.deltas: set[float] = set()
+        self.first_only = False  # summary columns: only the first certified step may be known
+
+    def add_row(self, r: Mapping[str, Any], certified: Any) -> None:
+        step, point = int(r["step"]), str(r["point"])
+        self.points.add(point)
+        self.steps.add(step)  # type: ignore[union-attr]
+        self.horizon = step if self.horizon is None else max(self.horizon, step)
+        if _ok(r.get("delta")):
+            self.deltas.add(float(r["delta"]))
+        if certified(r.get("b_exact"), r.get("vacuous"), r.get("delta")):
+            self.certified[point].add(step)
+
+    def add_summary(self, r: Mapping[str, Any]) -> None:
+        v = r[SUMMARY["cert_from"]] if SUMMARY["cert_from"] in r else r[SUMMARY["first_cert"]]
+        per = v if isinstance(v, Mapping) else ({str(r["point"]): v} if r.get("point") is not None else {})
+        self.steps, self.first_only = None, True
+        for p, s in per.items():
+            self.points.add(str(p))
+            if _ok(s) and s >= 0:
+                self.certified[str(p)].add(int(s))
+        steps = r.get(SUMMARY["steps"])
+        if isinstance(steps, (list, tuple)) and steps and all(_ok(x) for x in steps):
+            self.steps, self.horizon = {int(x) for x in steps}, int(max(steps))
+        elif _ok(r.get(SUMMARY["steps_total"])):
+            self.horizon = int(r[SUMMARY["steps_total"]])
+        if _ok(r.get(SUMMARY["delta"])):
+            self.deltas.add(float(r[SUMMARY["delta"]]))
+
+
+def _cells(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, _Cell]:
+    """``{(family, width, seed): _Cell}`` from monitor rows and/or summary columns (the rows win for a
+    cell that has both: they give the grid)."""
+    from ..stats import certified  # noqa: PLC0415  start-up time: torch
+
+    by_rows: dict[tuple, _Cell] = defaultdict(_Cell)
+    by_summary: dict[tuple, _Cell] = defaultdict(_Cell)
+    for r in rows:
+        if not all(r.get(k) is not None for k in _CELL) or not _ok(r.get("width")):
+            continue
+        key = tuple(r[k] for k in _CELL)
+        if r.get("kind") in _MONITOR_KINDS and _ok(r.get("step")) and r.get("point") is not None:
+            by_rows[key].add_row(r, certified)
+        elif (SUMMARY["first_cert"] in r or SUMMARY["cert_from"] in r) and r.get(SUMMARY["monitored"]) is not False:
+            by_summary[key].add_summary(r)
+    return {**{k: v for k, v in by_summary.items() if k not in by_rows}, **by_rows}
+
+
+def _certification_slopes(cells: Mapping[tuple, _Cell]) -> dict[str, dict[str, Any]]:
+    """Per family: per-seed slopes of median log(1 + certification step) on log width (censored at the
+    seed's common horizon) and the counts the claim's basis reports."""
+    from ..stats import certified_steps  # noqa: PLC0415  start-up time: torch
+
+    fams: dict[Any, dict[Any, dict[float, _Cell]]] = defaultdict(lambda: defaultdict(dict))
+    no_horizon: dict[Any, int] = defaultdict(int)
+    for (fam, width, seed), c in cells.items():
+        if c.points and c.horizon is not None:
+            fams[fam][seed][float(width)] = c
+        elif c.points:  # summary columns without the training length: cannot be censored, left out
+            no_horizon[fam] += 1
+    out: dict[str, dict[str, Any]] = {}
+    for fam, seeds in fams.items():
+        slopes: list[float | None] = []
+        ys: list[float] = []
+        deltas: set[float] = set()
+        n_pts = n_cens = 0
+        for ws in seeds.values():
+            if len(ws) < 2:
+                continue
+            horizon = min(c.horizon for c in ws.values() if c.horizon is not None)
+            grids = [c.steps for c in ws.values() if c.steps is not None]
+            grid = set.intersection(*grids) if grids else None
+            pts = []
+            for w, c in sorted(ws.items()):
+                deltas |= c.deltas
+                t = []
+                for p in sorted(c.points):
+                    hit = [s for s in c.certified.get(p, ()) if s <= horizon]
+                    if c.first_only:  # summary: seen at the next common step (if the grid is known)
+                        if grid is not None:
+                            hit = [min(g for g in grid if g >= s) for s in hit if any(g >= s for g in grid)]
+                    else:  # the rows: the earliest step from which it stays certified up to the horizon
+                        seen = [s for s in (grid if grid is not None else c.steps or set()) if s <= horizon]
+                        since = certified_steps((g, g in set(hit)) for g in seen)[1]
+                        hit = [] if since is None else [since]
+                    hit = [s for s in hit if s <= horizon]
+                    n_pts += 1
+                    n_cens += not hit
+                    t.append(math.log1p(min(hit) if hit else horizon))
+                pts.append((math.log(w), float(median(t))))
+            slopes.append(_slope(*zip(*pts)))
+            ys.extend(y for _, y in pts)
+        out[str(fam)] = {
+            "slopes": slopes,
+            "y": ys,
+            "points": n_pts,
+            "censored": n_cens,
+            "deltas": sorted(deltas),
+            "no_horizon": no_horizon.get(fam, 0),
+        }
+    return out
+
+
+def _certify_earlier(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
+    """Per family with monitor records: "wider models certify earlier" (see the module docstring)."""
+    out = []
+    for fam, s in sorted(_certification_slopes(_cells(rows)).items()):
+        d = s["deltas"]
+        gate = None
+        if len(d) > 1:
+            gate = f"cells certify at different δ ({', '.join(f'{v:g}' for v in d)})"
+        elif s["points"] and s["censored"] == s["points"]:
+            gate = "no point certified within training in any cell (all censored)"
+        elif s["y"] and max(s["y"]) - min(s["y"]) == 0:
+            gate = "the same certification step in every cell (nothing to come earlier)"
+        elif len(s["slopes"]) >= 2 and max(s["slopes"]) - min(s["slopes"]) == 0:
+            gate = "every seed gives the same slope (discrete steps: no spread for a t interval)"
+        basis = (
+            f"per-seed slope of log(1 + step from which the point stays certified) (median over points, "
+            f"on the steps monitored in every cell of the seed) vs log width; {s['censored']} of "
+            f"{s['points']} (cell, point) not certified at the last common step, censored there "
+            "(biases toward no effect); holds when the interval lies below 0"
+            + (f"; {s['no_horizon']} cell(s) without a training length left out" if s["no_horizon"] else "")
         )
-        for c in inputs(rows)
-    ]
+        out.append(
+            _claim(
+                f"{fam}: wider models certify earlier (step from which B_exact <= "
+                f"{f'δ={d[0]:g}' if len(d) == 1 else 'δ'} holds)",
+                s["slopes"],
+                (-INF, 0.0),
+                basis,
+                "per log width",
+                cid="certify_earlier",
+                group=fam,
+                gate=gate,
+            )
+        )
+    return out
 
 
+# ----------------------------------------------------------------------------- the page
 def _decide(found: list[dict]) -> None:
     """Holm over the tested claims of the family; verdicts, adjusted p and seeds needed in place."""
     fam = [c for c in found if c["family"] and c["p"] is not None]
-    adj = holm([c["p"] for c in fam])
-    for c, pa in zip(fam, adj):
+    for c, pa in zip(fam, holm([c["p"] for c in fam])):
         c["p_adjusted"] = pa
     level = ALPHA / max(1, len(fam))
     for c in found:
@@ -502,13 +749,13 @@ def claims(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One dict per claim: ``claim, measured, low, high, verdict, basis, unit`` and ``p``,
     ``p_adjusted`` (Holm), ``verdict_uncorrected``, ``seeds``, ``seeds_needed``, ``region``,
     ``reference``, ``family`` (in the Holm family), ``id``, ``group`` (the alignment regime label)
-    and, for bound claims, ``counts``. See the module docstring for the rules."""
+    and, for bound claims, ``counts``."""
     rows = list(rows)
     found = (
         _alignment([r for r in rows if r.get("kind", "alignment") == "alignment" and r.get("M") is not None])
         + _interventions([r for r in rows if r.get("kind") == "intervention"])
         + _linearization(rows)
-        + certify_earlier(rows)
+        + _certify_earlier(rows)
     )
     _decide(found)
     return found
@@ -518,9 +765,6 @@ def html_table(items: Sequence[Mapping[str, Any]]) -> str:
     """The claims as an HTML table (escaped), with a coloured verdict."""
     esc = html.escape
     colour = {"holds": "#3c8d2f", "does not": "#b3261e", "not resolved": "#8a6d00"}
-
-    def f(v: Any) -> str:
-        return num(v)
 
     def needed(c: Mapping[str, Any]) -> str:
         if not c.get("region") or c.get("sd") is None:
@@ -535,8 +779,8 @@ def html_table(items: Sequence[Mapping[str, Any]]) -> str:
     ]
     for c in items:
         parts.append(
-            f"<tr><td class=l>{esc(c['claim'])}</td><td>{f(c['measured'])}</td>"
-            f"<td>[{f(c['low'])}, {f(c['high'])}]</td><td>{f(c.get('seeds'))}</td>"
+            f"<tr><td class=l>{esc(c['claim'])}</td><td>{num(c['measured'])}</td>"
+            f"<td>[{num(c['low'])}, {num(c['high'])}]</td><td>{num(c.get('seeds'))}</td>"
             f"<td>{esc(pval(c.get('p')))}</td><td>{esc(pval(c.get('p_adjusted')))}</td>"
             f'<td class=l style="color:{colour.get(c["verdict"], "#000")};font-weight:bold">'
             f"{esc(c['verdict'])}"

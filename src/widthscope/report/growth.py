@@ -1,15 +1,8 @@
-"""Report section for the growth benchmark (rows ``kind="growth_bench"``, :mod:`widthscope.growth.bench`).
-
-* the practitioner's table: per model, the held-out gain of training the original model for the
-  same FLOPs (``continue``) beside growing at the last block, at the oracle's point (chosen on
-  evaluation split A, scored on B) and at the default criterion's point, grow-then-train-all, and
-  the reproducibility ceiling (Spearman between block seeds), with 95% intervals over model seeds;
-* the criteria table: Spearman, top-1 hit, normalised regret and the gain beside ``continue`` and
-  ``train_all`` per model and overall, ties and NaN counted;
-* figures: normalised regret and Spearman per model and criterion; realised gain per point.
-
-Every sentence and table the docs quote about the growth benchmark is rendered here from the rows
-(``benchmarks/growth_summary.py`` writes and checks them).
+"""Report section for the growth benchmark (rows ``kind="growth_bench"``, :mod:`widthscope.growth.bench`):
+the practitioner's table (growing vs training the original model for the same FLOPs), the criteria
+table (Spearman, top-1 hits, normalised regret, gains; 95% intervals over model seeds), the README
+sentence, and figures of regret, Spearman and realised gain per point. ``benchmarks/growth_summary.py``
+checks the docs' copies against them.
 
 Example::
 
@@ -19,13 +12,15 @@ Example::
 
 from __future__ import annotations
 
-import html
-import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from .._io import atomic_write_text
-from .html import save_figure
+from ._fmt import num
+from ._plot import figure, save_figure, yerr
+from .html import table as html_table
 
 __all__ = [
     "figures",
@@ -36,6 +31,7 @@ __all__ = [
     "practitioner_table",
     "readme_sentence",
     "write_report",
+    "iv",
 ]
 
 SHOWN = (
@@ -53,37 +49,19 @@ SHOWN = (
 )
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _f(v: Any, spec: str = ".3f") -> str:
-    return "–" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, spec)
-
-
-def _iv(r: Mapping[str, Any], m: str, spec: str) -> str:
-    return f"{_f(r.get(m), spec)} [{_f(r.get(m + '_lo'), spec)}, {_f(r.get(m + '_hi'), spec)}]"
+def iv(r: Mapping[str, Any], m: str, spec: str) -> str:
+    """'0.12 [0.05, 0.19]': ``r[m]`` and its 95% interval (``m_lo``, ``m_hi``)."""
+    return f"{num(r.get(m), spec)} [{num(r.get(m + '_lo'), spec)}, {num(r.get(m + '_hi'), spec)}]"
 
 
 def _hits(r: Mapping[str, Any]) -> str:
     if "hit_count" not in r:
         return "–"
-    return f"{r['hit_count']:.0f}/{r['n_seeds']} [{_f(r['hit_lo'], '.2f')}, {_f(r['hit_hi'], '.2f')}]"
+    return f"{r['hit_count']:.0f}/{r['n_seeds']} [{num(r['hit_lo'], '.2f')}, {num(r['hit_hi'], '.2f')}]"
 
 
 def _cmp(table: Sequence[Mapping[str, Any]], budget: str = "long") -> list[Mapping[str, Any]]:
     return [r for r in table if r.get("kind", "growth_compare") == "growth_compare" and r["budget"] == budget]
-
-
-def _table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    from ..growth.compare import compare  # noqa: PLC0415  start-up time: torch
-
-    return compare(rows)
 
 
 def markdown_table(
@@ -102,11 +80,11 @@ def markdown_table(
     ]
     for r in sel:
         c = r["criterion"]
-        sp = "(0)" if c == "random" else ("–" if c in ("last", "middle") else _iv(r, "spearman", ".2f"))
+        sp = "(0)" if c == "random" else ("–" if c in ("last", "middle") else iv(r, "spearman", ".2f"))
         lines.append(
             f"| {r['model']} | {c}{' (baseline)' if r['baseline'] else ''} | {sp} | {_hits(r)} | "
-            f"{_iv(r, 'norm_regret', '.2f')} | {_iv(r, 'gain', '.4f')} | {_iv(r, 'continue', '.4f')} | "
-            f"{_iv(r, 'train_all', '.4f')} | {_iv(r, 'advantage', '.4f')} | {r['n_seeds']} | "
+            f"{iv(r, 'norm_regret', '.2f')} | {iv(r, 'gain', '.4f')} | {iv(r, 'continue', '.4f')} | "
+            f"{iv(r, 'train_all', '.4f')} | {iv(r, 'advantage', '.4f')} | {r['n_seeds']} | "
             f"{r.get('ties', 0)} / {r.get('nan', 0)} |"
         )
     return "\n".join(lines) + "\n"
@@ -133,7 +111,7 @@ def compact_table(table: Sequence[Mapping[str, Any]], budget: str = "long", *, s
         o = by.get(("overall", c))
         if o is None:
             continue
-        sp = "–" if c in ("last", "middle") else "(0)" if c == "random" else _iv(o, "spearman", ".2f")
+        sp = "–" if c in ("last", "middle") else "(0)" if c == "random" else iv(o, "spearman", ".2f")
         beats = (
             " / ".join("yes" if paired[(c, b)]["beats"] else "no" for b in ("random", "last", "middle"))
             if (c, "random") in paired
@@ -142,17 +120,17 @@ def compact_table(table: Sequence[Mapping[str, Any]], budget: str = "long", *, s
         cells = [
             f"**{c}**" if not o["baseline"] else f"{c} (baseline)",
             sp,
-            "–" if c == "ceiling" else _iv(o, "norm_regret", ".2f"),
+            "–" if c == "ceiling" else iv(o, "norm_regret", ".2f"),
             beats,
         ]
         for m in models:
             r = by[(m, c)]
             if c == "ceiling":
-                cells.append(f"ρ {_f(r['spearman'], '.2f')}")
+                cells.append(f"ρ {num(r['spearman'], '.2f')}")
             elif c == "random":
-                cells.append(f"{_f(r['norm_regret'], '.2f')} ({_f(r['hit'], '.2f')})")
+                cells.append(f"{num(r['norm_regret'], '.2f')} ({num(r['hit'], '.2f')})")
             else:
-                cells.append(f"{_f(r['norm_regret'], '.2f')} ({r.get('hit_count', 0):.0f}/{r['n_seeds']})")
+                cells.append(f"{num(r['norm_regret'], '.2f')} ({r.get('hit_count', 0):.0f}/{r['n_seeds']})")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -178,9 +156,9 @@ def practitioner_table(
         ]
         last, orc, dfl, ceil = by[(m, "last")], by[(m, "oracle")], by[(m, default)], by[(m, "ceiling")]
         lines.append(
-            f"| {m} | {sum(base) / len(base):.4f} | {_iv(last, 'continue', '.4f')} | "
-            f"{_iv(last, 'gain', '.4f')} | {_iv(orc, 'gain', '.4f')} | {_iv(dfl, 'gain', '.4f')} | "
-            f"{_iv(last, 'train_all', '.4f')} | {_iv(ceil, 'spearman', '.2f')} | {last['n_seeds']} |"
+            f"| {m} | {sum(base) / len(base):.4f} | {iv(last, 'continue', '.4f')} | "
+            f"{iv(last, 'gain', '.4f')} | {iv(orc, 'gain', '.4f')} | {iv(dfl, 'gain', '.4f')} | "
+            f"{iv(last, 'train_all', '.4f')} | {iv(ceil, 'spearman', '.2f')} | {last['n_seeds']} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -213,16 +191,16 @@ def readme_sentence(
         f"- **Where to grow: {head}.** Grown at every point of {', '.join(nat)} (trained to a plateau; "
         f"{'/'.join(map(str, seeds))} model seeds, {'/'.join(map(str, bseeds))} block seeds, learning rate "
         "chosen per point on a split that does not score), the best point (the oracle: chosen on one evaluation "
-        f"split, scored on another) gains {_f(min(a['advantage'] for a in adv.values()), '+.4f')} to "
-        f"{_f(max(a['advantage'] for a in adv.values()), '+.4f')} nats more than training the original "
+        f"split, scored on another) gains {num(min(a['advantage'] for a in adv.values()), '+.4f')} to "
+        f"{num(max(a['advantage'] for a in adv.values()), '+.4f')} nats more than training the original "
         f"model for the same FLOPs (better with 95% confidence on {', '.join(better) or 'none'}; worse on "
-        f"{', '.join(worse) or 'none'}); growing the last block gains {_iv(o_last, 'advantage', '+.4f')} "
-        f"more, grow-then-train-all {_iv(o_last, 'all_vs_continue', '+.4f')} (mean over models [95%]).",
+        f"{', '.join(worse) or 'none'}); growing the last block gains {iv(o_last, 'advantage', '+.4f')} "
+        f"more, grow-then-train-all {iv(o_last, 'all_vs_continue', '+.4f')} (mean over models [95%]).",
         f"Regrowing with another block seed reproduces the order of the points to Spearman "
-        f"{_iv(ceil, 'spearman', '.2f')}; the oracle's choice on the other split has regret/spread "
-        f"{_iv(o_orc, 'norm_regret', '.2f')}.",
-        f"`grow`'s default `{default['grow_name']}`: regret/spread {_iv(d, 'norm_regret', '.2f')} vs random "
-        f"{_f(by[('overall', 'random')]['norm_regret'], '.2f')} and last block {_iv(o_last, 'norm_regret', '.2f')}"
+        f"{iv(ceil, 'spearman', '.2f')}; the oracle's choice on the other split has regret/spread "
+        f"{iv(o_orc, 'norm_regret', '.2f')}.",
+        f"`grow`'s default `{default['grow_name']}`: regret/spread {iv(d, 'norm_regret', '.2f')} vs random "
+        f"{num(by[('overall', 'random')]['norm_regret'], '.2f')} and last block {iv(o_last, 'norm_regret', '.2f')}"
         + (
             ""
             if default["beats_simple_rules"]
@@ -241,62 +219,55 @@ def readme_sentence(
 
 def tables(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """``[{"title", "html"}]``: the criteria table (HTML, escaped)."""
-    table = _table(rows)
-    md = markdown_table(table).strip().splitlines()
+    from ..growth.compare import compare  # noqa: PLC0415  start-up time: torch
+
+    md = markdown_table(compare(rows)).strip().splitlines()
     head = [c.strip() for c in md[0].strip("|").split("|")]
     body = [[c.strip() for c in ln.strip("|").split("|")] for ln in md[2:]]
-    h = ["<table><thead><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in head) + "</tr></thead><tbody>"]
-    h += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in body]
-    h.append("</tbody></table>")
     return [
         {
             "title": "Growth criteria vs realised gain and the equal-compute baselines (mean [95% over model seeds])",
-            "html": "".join(h),
+            "html": html_table(head, body),
         }
     ]
 
 
 def summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    from ..growth.compare import winner  # noqa: PLC0415  start-up time: torch
+    from ..growth.compare import compare, winner  # noqa: PLC0415  start-up time: torch
 
-    table = _table(rows)
-    w = winner(table)
-    return [readme_sentence(table, w, rows).strip().removeprefix("- ")]
+    table = compare(rows)
+    return [readme_sentence(table, winner(table), rows).strip().removeprefix("- ")]
 
 
 def figures(
     rows: Sequence[Mapping[str, Any]], out_dir: str | Path, table: Sequence[Mapping[str, Any]] | None = None
 ) -> list[dict[str, str]]:
-    import numpy as np  # noqa: PLC0415  start-up time: numpy
+    """Regret and Spearman per model and criterion, and realised gain per point (PNGs in ``out_dir``)."""
+    from ..growth.compare import compare  # noqa: PLC0415  start-up time: torch
 
-    plt = _plt()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    table = _cmp(list(table) if table is not None else _table(rows))
+    table = _cmp(list(table) if table is not None else compare(rows))
     models = list(dict.fromkeys(r["model"] for r in table if r["model"] != "overall")) + ["overall"]
     crits = [c for c in SHOWN if c not in ("oracle", "ceiling")]
     figs = []
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
-    colors = plt.get_cmap("tab10")
+    fig, ((ax0, ax1),) = figure(1, 2, w=6, h=4.2)
     width = 0.8 / len(crits)
-    for metric, ax in zip(("norm_regret", "spearman"), axes):
+    for metric, ax in zip(("norm_regret", "spearman"), (ax0, ax1)):
         for j, c in enumerate(crits):
             if metric == "spearman" and c in ("random", "last", "middle"):
                 continue
             rs = {r["model"]: r for r in table if r["criterion"] == c}
             x = np.arange(len(models)) + (j - len(crits) / 2) * width
-            y = np.array([rs[m][metric] for m in models], dtype=float)
-            lo = np.array([rs[m][f"{metric}_lo"] for m in models], dtype=float)
-            hi = np.array([rs[m][f"{metric}_hi"] for m in models], dtype=float)
-            err = np.nan_to_num(np.vstack([np.clip(y - lo, 0, None), np.clip(hi - y, 0, None)]))
-            ax.bar(x, y, width, color=colors(j), label=c, yerr=err, error_kw={"elinewidth": 0.7})
+            y, lo, hi = ([rs[m][metric + end] for m in models] for end in ("", "_lo", "_hi"))
+            ax.bar(x, y, width, color=f"C{j % 10}", label=c, yerr=yerr(y, lo, hi), error_kw={"elinewidth": 0.7})
         ax.set_xticks(np.arange(len(models)))
         ax.set_xticklabels(models, rotation=30, ha="right", fontsize=8)
         ax.set_ylabel(
             "regret / (best − worst) (lower is better)" if metric == "norm_regret" else "Spearman with realised gain"
         )
         ax.axhline(0, color="k", lw=0.6)
-    axes[0].legend(fontsize=7, ncol=2)
+    ax0.legend(fontsize=7, ncol=2)
     figs.append(
         save_figure(
             fig,
@@ -313,7 +284,7 @@ def figures(
         if r.get("kind") == "growth_bench":
             units.setdefault((r["model"], int(r["seed"])), []).append(r)
     names = list(dict.fromkeys(m for m, _ in units))
-    fig, axes = plt.subplots(1, len(names), figsize=(2.6 * len(names), 3), squeeze=False)
+    fig, axes = figure(1, len(names), w=2.6, h=3)
     for ax, m in zip(axes[0], names):
         for (m2, s), unit in units.items():
             if m2 != m:

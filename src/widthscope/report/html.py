@@ -1,15 +1,12 @@
-"""Build one self-contained HTML page (inline CSS, PNGs as base64 data URIs) from result rows.
+"""Build one self-contained HTML page (inline CSS, PNGs as base64 data URIs) from result rows: the
+findings box (each claim of :func:`widthscope.report.claims.claims` in one sentence, linked to its
+figure), a table of contents, the sections, the claims table and what was measured.
 
-The page is made of *sections*, one per kind of row. A section module exposes
-
-- ``figures(rows, out_dir) -> list[{"title", "png", "caption"}]`` (PNG files it wrote in ``out_dir``),
-- optionally ``tables(rows) -> list[{"title", "html"}]`` (an HTML ``<table>``, already escaped),
-- optionally ``summary(rows) -> list[str]`` (plain-text verdict sentences).
-
-Sections are picked by the rows' ``kind`` (:data:`SECTIONS`); a module is imported only when rows of
-its kinds exist, and a missing module just adds a note, so the report works with whatever parts of
-widthscope are installed. Nothing in the page refers to an outside resource: it can be mailed,
-archived, or opened offline.
+The page is made of *sections*, one per kind of row (:data:`SECTIONS`). A section module exposes
+``figures(rows, out_dir) -> [{"title", "png", "caption"}]`` and optionally ``tables(rows) ->
+[{"title", "html"}]`` (escaped HTML) and ``summary(rows) -> [str]`` (verdict sentences). A module is
+imported only when rows of its kinds exist; a missing or failing one becomes a note. Nothing in the
+page refers to an outside resource.
 
 Example::
 
@@ -29,18 +26,17 @@ import platform
 import re
 import subprocess
 import sys
-import textwrap
 import traceback
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Container, Iterable, Mapping, Sequence
 
 from .._io import atomic_write_text
 from .._version import __version__
-from ._fmt import natural_key, no_nan
-from .findings import anchor, findings_box, seeds_phrase, toc
+from ._fmt import interval, natural_key, no_nan, num, p_eq
+from ._plot import slugify
 
-__all__ = ["SECTIONS", "data_uri", "render_page", "build_report", "collect_sections", "fit_titles"]
+__all__ = ["SECTIONS", "table", "data_uri", "render_page", "build_report", "collect_sections"]
 
 # section title -> (module, kinds of rows it handles)
 SECTIONS: list[tuple[str, str, tuple[str, ...]]] = [
@@ -84,53 +80,170 @@ pre{overflow-x:auto;max-width:100%}
 """
 
 
-def _titles(fig: Any) -> list[tuple[Any, Any]]:
-    """(text, the box it must fit in: its axes, or the figure for a suptitle) of every title."""
-    out = [(t, ax) for ax in fig.axes for t in (ax.title, ax._left_title, ax._right_title) if t.get_text()]
-    if getattr(fig, "_suptitle", None) is not None and fig._suptitle.get_text():
-        out.append((fig._suptitle, fig))
-    return out
+# ----------------------------------------------------------------------------- findings box
+SHOWN = 8  # sentences shown in the box; the rest fold away (the claims table lists every one)
+
+MEANING = (
+    "<b>What these numbers mean.</b> At an insertion point (a layer's output) the model's update "
+    "direction estimated from M training examples and the gradient estimated from K held-out examples "
+    "are <i>aligned</i> when their inner product is positive. <b>d_align</b> (the effective alignment "
+    "dimension) measures how consistently they agree: larger means the held-out gradient is more "
+    "predictable from the training examples. <b>Misalignment</b> is the measured chance that they point "
+    "apart (the fraction of resampled draws with inner product &le; 0). <b>B_exact</b> (Cantelli) and "
+    "<b>B_align</b> = 1/(1 + n_eff&middot;d_align) are certified upper bounds on that chance; a bound of 1 "
+    "is <i>vacuous</i> (it says nothing) and is never counted as support. The width mechanism is: wider "
+    "models &rArr; larger d_align &rArr; lower misalignment. Verdicts: <i>holds</i> / <i>does not</i> "
+    "when the 95% interval over seeds lies inside / outside the claimed region after Holm's correction, "
+    "else <i>not resolved</i>."
+)
+
+_COLOUR = {"holds": "#2d6e23", "does not": "#b3261e", "not resolved": "#8a6d00"}
+_FIGURE_OF = {  # claim id -> the alignment figure (suffix of its PNG) that shows it
+    "d_align_grows": "d_align",
+    "d_par_grows": "d_align",
+    "d_2_grows": "d_align",
+    "misalignment_falls_width": "misalignment-vs-width",
+    "b_exact_bound": "misalignment-vs-width",
+    "b_align_order": "misalignment-vs-width",
+    "misalignment_falls_MK": "misalignment-vs-MK",
+}
 
 
-def fit_titles(fig: Any, *, min_size: float = 6.0) -> None:
-    """Wrap (then shrink) every axes title wider than its axes and a suptitle wider than the figure,
-    so no title is clipped or runs into its neighbour's; the layout then makes room for the lines."""
-    if not hasattr(fig.canvas, "get_renderer"):
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-        FigureCanvasAgg(fig)
-    for _ in range(3):  # wrapping changes the layout, which changes the room: settle in a few passes
-        fig.canvas.draw()
-        renderer = fig.canvas.get_renderer()
-        changed = False
-        for t, box in _titles(fig):
-            room = 0.96 * (box.bbox.width if box is fig else box.get_window_extent(renderer).width)
-            while t.get_window_extent(renderer).width > room:
-                text = t.get_text()
-                longest = max(text.split("\n"), key=len)
-                width = max(8, int(len(longest) * room / t.get_window_extent(renderer).width) - 1)
-                wrapped = textwrap.fill(" ".join(text.split()), width=width, break_long_words=False)
-                if wrapped != text and len(wrapped.split("\n")) <= 3:
-                    t.set_text(wrapped)
-                elif t.get_fontsize() > min_size:
-                    t.set_fontsize(max(min_size, t.get_fontsize() * 0.9))
-                else:
-                    break
-                changed = True
-        if not changed:
-            return
+def anchor(text: str) -> str:
+    """An HTML id from any text (letters, digits and '-')."""
+    return re.sub(r"-+", "-", "".join(c if c.isalnum() else "-" for c in str(text))).strip("-").lower() or "x"
 
 
-def save_figure(fig: Any, path: str | Path, title: str, caption: str, *, dpi: int = 110) -> dict[str, str]:
-    """Lay out, save and close a matplotlib figure; return the section entry the page embeds."""
-    import matplotlib.pyplot as plt
+def figure_anchor(c: Mapping[str, Any], figure_ids: Sequence[str]) -> str | None:
+    """The id of the figure that shows claim ``c`` (or of its section), when the page has one."""
+    suffix = _FIGURE_OF.get(str(c.get("id")))
+    if suffix and c.get("group"):
+        want = anchor(f"fig-{slugify(str(c['group']))}-{suffix}")
+        if want in figure_ids:
+            return want
+    cid = str(c.get("id"))
+    for prefix, sec in (
+        ("retention", "sec-interventions-and-growth"),
+        ("corr_", "sec-linearization"),
+        ("dev_", "sec-linearization"),
+        ("certify_earlier", "sec-alignment-over-training"),
+        ("d_", "sec-alignment-width-sweep"),
+        ("misalignment", "sec-alignment-width-sweep"),
+        ("b_", "sec-alignment-width-sweep"),
+    ):
+        if cid.startswith(prefix) and sec in figure_ids:
+            return sec
+    return None
 
-    fig.tight_layout()
-    fit_titles(fig)
-    fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
-    return {"title": title, "png": str(path), "caption": caption}
+
+def claim_sentence(c: Mapping[str, Any]) -> str:
+    """One plain sentence (text, not HTML): the claim, its verdict and the numbers behind it."""
+    head = str(c["claim"])  # the verdict is the badge beside the sentence
+    if c.get("counts") is not None:  # a bound over rows
+        k = c["counts"]
+        if "point_above_bound" in k:
+            return (
+                f"{head}: the measured rate is above B_exact in {k['point_above_bound']} of {k['tested']} "
+                f"non-vacuous rows ({k['vacuous']} vacuous rows, bound 1, not counted; p {p_eq(c.get('p_adjusted'))})."
+            )
+        return (
+            f"{head}: B_align is below B_exact in {k['violations']} of {k['tested']} non-vacuous rows "
+            f"({k['vacuous']} vacuous, not counted)."
+        )
+    if c.get("low") is None:
+        return f"{head}: {c.get('seeds') or 0} seed(s) with a value, too few for an interval."
+    p_adj = c.get("p_adjusted") if c.get("family") else c.get("p")
+    return (
+        f"{head}: measured {num(c.get('measured'), '+.3g')} ({c.get('unit', '')}), 95% interval "
+        f"{interval(c.get('low'), c.get('high'))} over {c.get('seeds')} seeds; "
+        f"{'Holm ' if c.get('family') else ''}p {p_eq(p_adj)}."
+    )
+
+
+def _order(found: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The headline claims first (d_align grows, misalignment falls), decided before unresolved."""
+    rank = {"d_align_grows": 0, "misalignment_falls_width": 1, "b_exact_bound": 2}
+    return sorted(found, key=lambda c: (rank.get(str(c.get("id")), 3), c.get("verdict") == "not resolved"))
+
+
+def findings_box(
+    found: Sequence[Mapping[str, Any]],
+    figure_ids: Sequence[str] = (),
+    *,
+    lines: Sequence[str] = (),
+    headline: tuple[str, str, str] | None = None,
+) -> str:
+    """The findings box (HTML): a sentence per claim (``found``) or the given plain ``lines``, the
+    headline figure beside them (``(anchor, data uri, title)``), then what the numbers mean."""
+    esc = html.escape
+    items = []
+    for c in _order(found):
+        v = str(c.get("verdict", "not resolved"))
+        target = figure_anchor(c, figure_ids)
+        link = f' <a href="#{target}">figure&nbsp;&darr;</a>' if target else ""
+        items.append(
+            f'<li><span class="badge" style="background:{_COLOUR.get(v, "#555")}">{esc(v)}</span> '
+            f"{esc(no_nan(claim_sentence(c)))}{link}</li>"
+        )
+    items += [f"<li>{esc(no_nan(s))}</li>" for s in lines]  # plain lines (suite pages)
+    if not items:
+        items = ["<li>No claim could be tested from these rows; the sections below show what was measured.</li>"]
+    shown, rest = items[:SHOWN], items[SHOWN:]
+    body = "<ul>" + "".join(shown) + "</ul>"
+    if rest:
+        body += f"<details><summary>{len(rest)} more finding(s)</summary><ul>{''.join(rest)}</ul></details>"
+    fig = ""
+    if headline is not None:
+        target, uri, title = headline
+        fig = (
+            f'<a class="headline" href="#{esc(target)}"><img src="{uri}" alt="{esc(title)}">'
+            f"<span>{esc(title)}</span></a>"
+        )
+    return (
+        '<section id="findings" class="findings"><h2>Findings</h2>'
+        f'<div class="findrow"><div class="findtext">{body}</div>{fig}</div>'
+        f'<p class="meaning">{MEANING}</p></section>'
+    )
+
+
+def toc(entries: Sequence[tuple[str, str]]) -> str:
+    """A table of contents: ``(anchor, title)`` per entry."""
+    esc = html.escape
+    return (
+        '<nav class="toc"><b>Contents</b><ol>'
+        + "".join(f'<li><a href="#{esc(a)}">{esc(t)}</a></li>' for a, t in entries)
+        + "</ol></nav>"
+    )
+
+
+def seeds_phrase(found: Sequence[Mapping[str, Any]]) -> str:
+    """'with 2 seeds t = 12.7, so the interval is wide' from the seed counts the claims actually had."""
+    from scipy import stats  # noqa: PLC0415  start-up time
+
+    ns = sorted({int(c["seeds"]) for c in found if isinstance(c.get("seeds"), int) and c["seeds"] >= 2})
+    if not ns:
+        return "with fewer than 2 seeds no interval exists, so no claim is decided"
+    ts = [float(stats.t.ppf(0.975, n - 1)) for n in ns]
+    if len(ns) == 1:
+        wide = ", so the interval is wide" if ts[0] > 4 else ""
+        return f"with {ns[0]} seeds t = {ts[0]:.3g}{wide}"
+    return f"with {ns[0]}–{ns[-1]} seeds t = {ts[0]:.3g}–{ts[-1]:.3g}"
+
+
+# ----------------------------------------------------------------------------- page
+def table(head: Sequence[str], lines: Iterable[Sequence[Any]], *, left: Container[int] = ()) -> str:
+    """An HTML table of escaped text, one header row; the columns numbered in ``left`` align left."""
+
+    def row(tag: str, cells: Sequence[Any]) -> str:
+        return (
+            "<tr>"
+            + "".join(
+                f"<{tag}{' class=l' if i in left else ''}>{html.escape(str(c))}</{tag}>" for i, c in enumerate(cells)
+            )
+            + "</tr>"
+        )
+
+    return "<table>" + row("th", head) + "".join(row("td", ln) for ln in lines) + "</table>"
 
 
 def data_uri(png: str | Path) -> str:
@@ -170,12 +283,9 @@ def collect_sections(
             continue
         sec = {"title": title, "figures": [], "tables": [], "summary": []}
         try:
-            if not hasattr(mod, "summary"):
-                sec["summary"] = []
-            elif found is not None and "found" in inspect.signature(mod.summary).parameters:
-                sec["summary"] = list(mod.summary(sel, found=found))
-            else:
-                sec["summary"] = list(mod.summary(sel))
+            if hasattr(mod, "summary"):
+                quote = found is not None and "found" in inspect.signature(mod.summary).parameters
+                sec["summary"] = list(mod.summary(sel, **({"found": found} if quote else {})))
             sec["figures"] = list(mod.figures(sel, out_dir))
             sec["tables"] = list(mod.tables(sel)) if hasattr(mod, "tables") else []
         except Exception as exc:  # one broken section must not cost the user the whole report
@@ -188,17 +298,11 @@ def collect_sections(
 def versions() -> dict[str, str]:
     """widthscope (and its git commit when run from a checkout), Python, torch, transformers."""
     out = {"widthscope": __version__, "python": platform.python_version()}
+    here = Path(__file__).resolve().parent
     try:
-        here = Path(__file__).resolve().parent
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=here,
-            capture_output=True,
-            text=True,
-            timeout=5,
+        commit, dirty = (
+            subprocess.run(["git", *a], cwd=here, capture_output=True, text=True, timeout=5)
+            for a in (("rev-parse", "--short", "HEAD"), ("status", "--porcelain", "--untracked-files=no"))
         )
         if commit.returncode == 0 and commit.stdout.strip():
             out["git commit"] = commit.stdout.strip() + (" (with local changes)" if dirty.stdout.strip() else "")
@@ -231,6 +335,11 @@ def data_descriptions(rows: Sequence[Mapping[str, Any]], source: str = "") -> li
         except (OSError, ValueError, AttributeError):
             pass
     return got
+
+
+def _mean(rows: Sequence[Mapping[str, Any]], key: str) -> str:
+    vals = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+    return f"{sum(vals) / len(vals):.4g}" if vals else "–"
 
 
 def provenance(rows: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str:
@@ -269,24 +378,19 @@ def provenance(rows: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str
             if r.get("kind") == "alignment" and r.get("width") is not None:
                 groups[(r.get("family") or r.get("model"), r.get("width"))].append(r)
         if groups:
-            parts.append(
-                "<table><tr><th class=l>family</th><th>width</th><th>seeds</th><th>training steps</th>"
-                "<th>final train loss</th><th>final held-out loss</th></tr>"
-            )
-
-            def mean(g: Sequence[Mapping[str, Any]], key: str) -> str:
-                vals = [float(r[key]) for r in g if isinstance(r.get(key), (int, float))]
-                return f"{sum(vals) / len(vals):.4g}" if vals else "–"
-
-            for (fam, width), g in sorted(groups.items(), key=lambda kv: (natural_key(kv[0][0]), float(kv[0][1]))):
-                seeds = sorted({r["seed"] for r in g if r.get("seed") is not None})
-                steps = sorted({r["steps"] for r in g if r.get("steps") is not None})
-                parts.append(
-                    f"<tr><td class=l>{esc(str(fam))}</td><td>{esc(str(width))}</td>"
-                    f"<td>{len(seeds)}</td><td>{esc(', '.join(map(str, steps)) or '–')}</td>"
-                    f"<td>{mean(g, 'train_loss')}</td><td>{mean(g, 'test_loss')}</td></tr>"
+            head = ("family", "width", "seeds", "training steps", "final train loss", "final held-out loss")
+            lines = [
+                (
+                    fam,
+                    width,
+                    len({r["seed"] for r in g if r.get("seed") is not None}),
+                    ", ".join(map(str, sorted({r["steps"] for r in g if r.get("steps") is not None}))) or "–",
+                    _mean(g, "train_loss"),
+                    _mean(g, "test_loss"),
                 )
-            parts.append("</table>")
+                for (fam, width), g in sorted(groups.items(), key=lambda kv: (natural_key(kv[0][0]), float(kv[0][1])))
+            ]
+            parts.append(table(head, lines, left={0}))
         cfg = Path(src) / "sweep.json"
         if cfg.is_file():
             try:

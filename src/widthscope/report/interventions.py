@@ -1,14 +1,9 @@
 """Report section for interventions and growth (rows of kind ``intervention`` / ``growth``).
 
-Figures:
-
-* actual vs predicted held-out loss change ``|ΔL|`` (log-log, identity line; sign
-  disagreements drawn as red crosses), one colour per point;
-* retention ``ΔL_actual/ΔL_pred`` vs ``η`` (log x), with the ideal value 1;
-* steps whose predicted change is below the model dtype's resolution (``below_resolution``,
-  :func:`widthscope.probe.interventions.intervene`) are drawn grey in the first figure and left out
-  of the retention figures and of every summary sentence, which says how many were left out;
-* held-out loss before and after growing a block, per grown point (best/worst/random).
+Figures: actual vs predicted held-out loss change ``|ΔL|`` (log-log; wrong signs as red crosses),
+retention ``ΔL_actual/ΔL_pred`` vs the step size (per width too when there are many curves), and
+held-out loss before and after growing a block. Steps below the model dtype's resolution
+(``below_resolution``) are drawn grey in the first figure and left out of the rest, which say how many.
 
 Example::
 
@@ -22,24 +17,14 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
+from ._fmt import finite
+from ._plot import figure, legend_outside, save_figure, thin, thinned_note
+
 __all__ = ["figures", "summary"]
 
-
-from ._legend import legend_outside, thin, thinned_note
-from .html import save_figure
-
-
-def _finite(*vals: Any) -> bool:
-    return all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in vals)
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+_XLABEL = {"rel_step": "step relative to the activation (RMS)", "eta": "η"}
 
 
 def _steps(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -48,7 +33,7 @@ def _steps(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
         for r in rows
         if r.get("kind") == "intervention"
         and r.get("probe") in ("bias", "block")
-        and _finite(r.get("predicted"), r.get("actual"), r.get("eta"))
+        and all(finite(r.get(k)) for k in ("predicted", "actual", "eta"))
     ]
 
 
@@ -67,7 +52,7 @@ def _precision_words(steps: Sequence[Mapping[str, Any]]) -> str | None:
     dts = sorted({str(r.get("dtype")) for r in low + redo + zero})
     out = []
     if low:
-        rel: list[float] = [r["rel_step"] for r in low if _finite(r.get("rel_step"))]
+        rel: list[float] = [r["rel_step"] for r in low if finite(r.get("rel_step"))]
         span = f" (rel_step {min(rel):.2g}–{max(rel):.2g})" if rel else ""
         out.append(
             f"{len(low)} of {len(steps)} steps{span} had a predicted change below the resolution of the model's "
@@ -95,20 +80,25 @@ def _label(r: Mapping[str, Any]) -> str:
     return f"{r.get('point')} ({r.get('probe')})" + (f" {tag}" if tag else "")
 
 
-def _retention_by_width(plt: Any, groups: dict[str, list[Mapping[str, Any]]], xkey: str, out: Path) -> dict[str, str]:
+def _curves(steps: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    out: dict[str, list[Mapping[str, Any]]] = {}
+    for r in steps:
+        out.setdefault(_label(r), []).append(r)
+    return out
+
+
+def _retention_by_width(groups: dict[str, list[Mapping[str, Any]]], xkey: str, out: Path) -> dict[str, str]:
     """Small multiples, one panel per width: every curve thin, the median and quartile band bold,
     so 60+ curves stay readable."""
-    import numpy as np  # noqa: PLC0415  start-up time: numpy
-
     by_width: dict[Any, list[list[Mapping[str, Any]]]] = {}
     for rs in groups.values():
         by_width.setdefault(rs[0].get("width"), []).append(sorted(rs, key=lambda r: r[xkey]))
     widths = sorted(by_width, key=lambda w: (w is None, w if w is not None else 0))[:8]
     cols = min(4, len(widths))
     nrows = (len(widths) + cols - 1) // cols
-    fig, axes = plt.subplots(nrows, cols, figsize=(3.2 * cols, 2.8 * nrows), squeeze=False, sharey=True)
+    fig, axes = figure(nrows, cols, w=3.2, h=2.8, sharey=True)
     for ax, w in zip(axes.flat, widths):
-        curves = [c for c in by_width[w] if all(_finite(r.get("retention")) for r in c)]
+        curves = [c for c in by_width[w] if all(finite(r.get("retention")) for r in c)]
         for c in curves:
             ax.semilogx([r[xkey] for r in c], [r["retention"] for r in c], "-", color="0.6", lw=0.6, alpha=0.6)
         n = min((len(c) for c in curves), default=0)
@@ -122,7 +112,7 @@ def _retention_by_width(plt: Any, groups: dict[str, list[Mapping[str, Any]]], xk
         ax.set_title(f"width {w} ({len(curves)} curves)", fontsize=9)
     for ax in list(axes.flat)[len(widths) :]:
         ax.axis("off")
-    fig.supxlabel("step relative to the activation (RMS)" if xkey == "rel_step" else "η", fontsize=9)
+    fig.supxlabel(_XLABEL[xkey], fontsize=9)
     fig.supylabel("retention (clipped)", fontsize=9)
     return save_figure(
         fig,
@@ -143,67 +133,53 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[dict
     kept = {id(r) for r in steps}
     below = [r for r in every if id(r) not in kept and r["predicted"] != 0 and r["actual"] != 0]
     if steps:
-        plt = _plt()
-        groups: dict[str, list[Mapping[str, Any]]] = {}
-        for r in steps:
-            groups.setdefault(_label(r), []).append(r)
-        figs.append(_actual_vs_predicted(plt, groups, steps, every, below, out))
+        groups = _curves(steps)
+        figs.append(_actual_vs_predicted(groups, steps, every, below, out))
         # x: the step relative to the stream (comparable across points and widths) when recorded.
-        xkey = "rel_step" if all(_finite(r.get("rel_step")) for r in steps) else "eta"
+        xkey = "rel_step" if all(finite(r.get("rel_step")) for r in steps) else "eta"
         if len(groups) > 12:
-            figs.append(_retention_by_width(plt, groups, xkey, out))
-        figs.append(_retention(plt, groups, xkey, steps, every, out))
+            figs.append(_retention_by_width(groups, xkey, out))
+        figs.append(_retention(groups, xkey, steps, every, out))
     grown = [
         r
         for r in rows
         if r.get("kind") == "growth"
         and r.get("role") != "candidate"
-        and _finite(r.get("loss_before"), r.get("loss_after"))
+        and finite(r.get("loss_before"))
+        and finite(r.get("loss_after"))
     ]
     if grown:
-        figs.append(_growth_before_after(_plt(), grown, out))
+        figs.append(_growth_before_after(grown, out))
     return figs
 
 
-def _actual_vs_predicted(plt, groups, steps, every, below, out: Path) -> dict[str, str]:
+def _actual_vs_predicted(groups, steps, every, below, out: Path) -> dict[str, str]:
     """|actual| against |predicted| ΔL per point (log-log), wrong signs crossed, unresolved steps grey."""
-    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    fig, ((ax,),) = figure(w=5.5, h=4.5)
     lo, hi = math.inf, 0.0
     n_bad = 0
     drawn = set(thin(list(groups)))
     for lab, rs in groups.items():
-        xs = [abs(r["predicted"]) for r in rs if r["predicted"] != 0 and r["actual"] != 0]
-        ys = [abs(r["actual"]) for r in rs if r["predicted"] != 0 and r["actual"] != 0]
+        rs = [r for r in rs if r["predicted"] != 0 and r["actual"] != 0]
+        xs, ys = [abs(r["predicted"]) for r in rs], [abs(r["actual"]) for r in rs]
         if not xs:
             continue
         if lab in drawn:
             ax.loglog(xs, ys, "o-", ms=3, lw=1, label=lab, alpha=0.7)
-        bad = [
-            (abs(r["predicted"]), abs(r["actual"]))
-            for r in rs
-            if not r.get("sign_agrees") and r["predicted"] != 0 and r["actual"] != 0
-        ]
+        bad = [(abs(r["predicted"]), abs(r["actual"])) for r in rs if not r.get("sign_agrees")]
         n_bad += len(bad)
         if bad:
             ax.loglog(*zip(*bad), "x", color="red", ms=9, mew=2)
         lo, hi = min(lo, *xs, *ys), max(hi, *xs, *ys)
     if below:
-        ax.loglog(
-            [abs(r["predicted"]) for r in below],
-            [abs(r["actual"]) for r in below],
-            "o",
-            mfc="none",
-            color="0.6",
-            ms=4,
-            label="below the dtype's resolution (left out)",
-        )
-        lo = min(lo, *(abs(r[k]) for r in below for k in ("predicted", "actual")))
+        xs, ys = [abs(r["predicted"]) for r in below], [abs(r["actual"]) for r in below]
+        ax.loglog(xs, ys, "o", mfc="none", color="0.6", ms=4, label="below the dtype's resolution (left out)")
+        lo = min(lo, *xs, *ys)
     if hi > 0 and math.isfinite(lo):
         ax.loglog([lo, hi], [lo, hi], "k--", lw=1, label="actual = predicted")
-    ax.set_xlabel("|predicted ΔL| = η |μ_Mᵀ g_K|")
-    ax.set_ylabel("|actual ΔL|")
-    legend_outside(ax)
+    ax.set(xlabel="|predicted ΔL| = η |μ_Mᵀ g_K|", ylabel="|actual ΔL|")
     ax.set_title("Interventions: actual vs first-order prediction")
+    legend_outside(ax)
     return save_figure(
         fig,
         out / "interventions_actual_vs_predicted.png",
@@ -224,30 +200,21 @@ def _actual_vs_predicted(plt, groups, steps, every, below, out: Path) -> dict[st
     )
 
 
-def _retention(plt, groups, xkey: str, steps, every, out: Path) -> dict[str, str]:
+def _retention(groups, xkey: str, steps, every, out: Path) -> dict[str, str]:
     """Retention (actual / predicted ΔL) against the step size, per point."""
-    fig, ax = plt.subplots(figsize=(5.5, 4.0))
+    fig, ((ax,),) = figure(w=5.5, h=4.0)
     drawn = thin(list(groups))
     for lab in drawn:
-        rs = sorted((r for r in groups[lab] if _finite(r.get("retention"))), key=lambda r: r[xkey])
+        rs = sorted((r for r in groups[lab] if finite(r.get("retention"))), key=lambda r: r[xkey])
         if rs:
-            ax.semilogx(
-                [r[xkey] for r in rs],
-                [r["retention"] for r in rs],
-                "o-",
-                ms=3,
-                lw=1,
-                alpha=0.7,
-                label=lab,
-            )
+            ax.semilogx([r[xkey] for r in rs], [r["retention"] for r in rs], "o-", ms=3, lw=1, alpha=0.7, label=lab)
     ax.axhline(1.0, color="k", ls="--", lw=1)
     ax.set_ylim(-0.5, 2.0)  # the interesting region is near 1; large steps leave it quickly
-    ax.set_xlabel("step relative to the activation (RMS)" if xkey == "rel_step" else "η")
-    ax.set_ylabel("retention = actual ΔL / predicted ΔL (clipped)")
-    legend_outside(ax)
+    ax.set(xlabel=_XLABEL[xkey], ylabel="retention = actual ΔL / predicted ΔL (clipped)")
     ax.set_title("Retention of the first-order gain")
+    legend_outside(ax)
     small = [min(rs, key=lambda r: r["eta"]) for rs in groups.values()]
-    rets = [r["retention"] for r in small if _finite(r.get("retention"))]
+    rets = [r["retention"] for r in small if finite(r.get("retention"))]
     cap = "Retention → 1 as η → 0 when the loss is smooth at the insertion point."
     if rets:
         cap += f" At the smallest η: {min(rets):.3f}–{max(rets):.3f}."
@@ -262,18 +229,17 @@ def _retention(plt, groups, xkey: str, steps, every, out: Path) -> dict[str, str
     return save_figure(fig, out / "interventions_retention.png", "Retention vs step size", cap)
 
 
-def _growth_before_after(plt, grown, out: Path) -> dict[str, str]:
+def _growth_before_after(grown, out: Path) -> dict[str, str]:
     """Held-out loss before and after growing a block, per grown row."""
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(grown) + 2), 4.0))
+    fig, ((ax,),) = figure(w=max(4.0, 1.2 * len(grown) + 2), h=4.0)
     pos = range(len(grown))
     w = 0.38
     ax.bar([x - w / 2 for x in pos], [r["loss_before"] for r in grown], w, label="before")
     ax.bar([x + w / 2 for x in pos], [r["loss_after"] for r in grown], w, label="after")
     ax.set_xticks(list(pos))
     ax.set_xticklabels([f"{r.get('role')}\n{r.get('point')}" for r in grown], fontsize=7)
-    ax.set_ylabel("held-out loss")
+    ax.set(ylabel="held-out loss", title="Growing a block")
     legend_outside(ax)
-    ax.set_title("Growing a block")
     best = next((r for r in grown if r.get("role") == "best"), grown[0])
     return save_figure(
         fig,
@@ -299,10 +265,7 @@ def summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             f"first-order prediction −η μ_Mᵀg_K in {agree} of {len(steps)} steps (all step sizes; large "
             "steps leave the first-order regime)."
         )
-        curves: dict[str, list[Mapping[str, Any]]] = {}
-        for r in steps:
-            curves.setdefault(_label(r), []).append(r)
-        smallest = [min(rs, key=lambda r: r["eta"]) for rs in curves.values()]
+        smallest = [min(rs, key=lambda r: r["eta"]) for rs in _curves(steps).values()]
         ok = sum(1 for r in smallest if r.get("sign_agrees"))
         out.append(
             f"Interventions, at the smallest step of each curve: sign right in {ok} of {len(smallest)} "
@@ -316,7 +279,7 @@ def summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
                 f"Sign agreement at {r.get('point')}: {r['draws_below_resolution']} of {r.get('draws')} draws "
                 f"had a predicted change below {r.get('dtype')} resolution and are left out of the rates."
             )
-    signs = [r for r in rows if r.get("probe") == "sign_agreement" and _finite(r.get("agree_rate"))]
+    signs = [r for r in rows if r.get("probe") == "sign_agreement" and finite(r.get("agree_rate"))]
     for r in signs:
         n = (r.get("draws") or 0) - (r.get("draws_below_resolution") or 0)
         out.append(
@@ -328,7 +291,7 @@ def summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     grown = [
         r
         for r in rows
-        if r.get("kind") == "growth" and r.get("role") in ("best", "worst", "random") and _finite(r.get("loss_after"))
+        if r.get("kind") == "growth" and r.get("role") in ("best", "worst", "random") and finite(r.get("loss_after"))
     ]
     best = [r for r in grown if r["role"] == "best"]
     if best and len(grown) > 1:

@@ -15,28 +15,20 @@ Example::
 
 from __future__ import annotations
 
-import html
 import math
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
+from ._fmt import MISSING, finite, interval, num, p_eq
+from ._plot import colors, figure, legend_outside, save_figure, thin, thinned_note, yerr
+from .html import table
+
 __all__ = ["figures", "tables", "summary", "slopes_from_rows", "side_by_side", "slope_text"]
 
-
-from ._fmt import MISSING, interval, num, pval
-from ._legend import legend_outside, thin, thinned_note
-from .html import save_figure
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+_LOSSES = ("test_loss", "test_loss_lin", "test_loss_kernel", "test_loss_kernel_inf")
+_SIDE = tuple(zip(_LOSSES, ("o-", "s--", "x:"), ("network", "linear model", "kernel GD (Θ₀)")))
 
 
 def slopes_from_rows(rows: Sequence[dict]) -> list[dict[str, Any]]:
@@ -56,46 +48,32 @@ def slope_text(s: dict[str, Any]) -> str:
     return f"{num(s.get('slope'))} {interval(s.get('ci_low'), s.get('ci_high'))}"
 
 
-def _gmean_by_width(rows, metric, widths):
-    """Geometric mean over seeds and the min/max, per width (NaN where missing)."""
-    mean, lo, hi = [], [], []
-    for w in widths:
-        v = np.array(
-            [
-                r[metric]
-                for r in rows
-                if r.get("width") == w
-                and isinstance(r.get(metric), (int, float))
-                and r[metric] is not None
-                and r[metric] > 0
-                and math.isfinite(r[metric])
-            ]
-        )
+def _gmean_by_width(rows, metric, widths) -> np.ndarray:
+    """Rows (geometric mean over seeds, min, max) by width (NaN where missing)."""
+    out = np.full((3, len(widths)), np.nan)
+    for i, w in enumerate(widths):
+        v = np.array([r[metric] for r in rows if r.get("width") == w and finite(r.get(metric)) and r[metric] > 0])
         if v.size:
-            lv = np.log(v)
-            mean.append(math.exp(lv.mean()))
-            lo.append(v.min())
-            hi.append(v.max())
-        else:
-            mean.append(np.nan)
-            lo.append(np.nan)
-            hi.append(np.nan)
-    return np.array(mean), np.array(lo), np.array(hi)
+            out[:, i] = math.exp(np.log(v).mean()), v.min(), v.max()
+    return out
 
 
-def _ref_line(ax, widths, anchor, slope, **kw):
-    w = np.asarray(widths, float)
-    ax.plot(w, anchor * (w / w[0]) ** slope, "--", lw=1, **kw)
-
-
-def _yerr(m: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Error-bar lengths, never negative (one seed: lo == m == hi up to rounding; matplotlib refuses < 0)."""
-    return np.nan_to_num(np.vstack([np.clip(m - lo, 0, None), np.clip(hi - m, 0, None)]))
+def _vs_width(ax, rows, metric, widths, color, label, s, ref, fmt):
+    """Geometric mean over seeds (bars: min–max) against width, the slope row ``s`` quoted in the label,
+    and the reference slope ``ref`` dashed from the narrowest width."""
+    m, lo, hi = _gmean_by_width(rows, metric, widths)
+    ok = np.isfinite(m)
+    if not ok.any():
+        return None
+    w, m, lo, hi = np.asarray(widths, float)[ok], m[ok], lo[ok], hi[ok]
+    lab = label + (f": slope {slope_text(s)}" if s else "")
+    ax.errorbar(w, m, yerr(m, lo, hi), fmt=fmt, color=color, ms=4, capsize=2, label=lab)
+    ax.plot(w, m[0] * (w / w[0]) ** ref, "--", lw=1, color=color, alpha=0.6)
+    return w
 
 
 def figures(rows: list[dict], out_dir: Path) -> list[dict]:
     """PNG figures for linearization rows; see the module docstring."""
-    plt = _plt()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     lin = [r for r in rows if r.get("kind") == "linearization" and not r.get("diverged")]
@@ -107,38 +85,28 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
         alphas = sorted({r["alpha"] for r in lin}, reverse=True)
         steps = sorted({r["step"] for r in lin if r["step"] > 0})
         last = steps[-1] if steps else 0
-        figs.append(_fig_deviation_vs_width(plt, lin, slopes, widths, alphas, last, out_dir))
-        figs.append(_fig_deviation_vs_step(plt, lin, widths, alphas[0], steps, out_dir))
-        figs += _fig_side_by_side(plt, lin, widths, alphas[0], out_dir)
-        figs += _fig_slope_vs_alpha(plt, slopes, last, out_dir)
+        figs.append(_fig_deviation_vs_width(lin, slopes, widths, alphas, last, out_dir))
+        figs.append(_fig_deviation_vs_step(lin, widths, alphas[0], steps, out_dir))
+        figs += _fig_side_by_side(lin, widths, alphas[0], out_dir)
+        figs += _fig_slope_vs_alpha(slopes, last, out_dir)
     if corr:
-        figs.append(_fig_correlations_vs_width(plt, corr, slopes, out_dir))
+        figs.append(_fig_correlations_vs_width(corr, slopes, out_dir))
     return figs
 
 
-def _fig_deviation_vs_width(plt, lin, slopes, widths, alphas, last, out_dir: Path) -> dict:
+def _fig_deviation_vs_width(lin, slopes, widths, alphas, last, out_dir: Path) -> dict:
     """1. Deviation vs width at the last logged step, one series per ``α``."""
     from ..linearization.summary import reference_slope  # noqa: PLC0415  start-up time: torch (one slope table)
 
-    colors = plt.cm.viridis(np.linspace(0, 0.9, max(len(alphas), 1)))
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for a, c in zip(alphas, colors):
+    fig, ((ax,),) = figure(w=6.4, h=4.4)
+    for a, c in zip(alphas, colors(len(alphas))):
         sel = [r for r in lin if r["alpha"] == a and r["step"] == last]
-        m, lo, hi = _gmean_by_width(sel, "dev_rms", widths)
-        ok = np.isfinite(m)
-        if not ok.any():
-            continue
-        w = np.asarray(widths, float)[ok]
         s = next((x for x in slopes if x["metric"] == "dev_rms" and x["alpha"] == a and x["step"] == last), None)
-        lab = f"α={a:g}" + (f": slope {slope_text(s)}" if s else "")
-        ax.errorbar(w, m[ok], yerr=_yerr(m[ok], lo[ok], hi[ok]), fmt="o", color=c, ms=4, capsize=2, label=lab)
-        if s:
+        w = _vs_width(ax, sel, "dev_rms", widths, c, f"α={a:g}", s, reference_slope("dev_rms", a)[0], "o")
+        if s and w is not None:
             ax.plot(w, np.exp(s["intercept"]) * w ** s["slope"], "-", color=c, lw=1.2)
-        _ref_line(ax, w, m[ok][0], reference_slope("dev_rms", a)[0], color=c, alpha=0.6)
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("width n")
-    ax.set_ylabel(f"RMS(F − F_lin) on held-out inputs, step {last}")
+    ax.set(yscale="log", xlabel="width n", ylabel=f"RMS(F − F_lin) on held-out inputs, step {last}")
     legend_outside(ax)
     return save_figure(
         fig,
@@ -151,12 +119,11 @@ def _fig_deviation_vs_width(plt, lin, slopes, widths, alphas, last, out_dir: Pat
     )
 
 
-def _fig_deviation_vs_step(plt, lin, widths, a0, steps, out_dir: Path) -> dict:
+def _fig_deviation_vs_step(lin, widths, a0, steps, out_dir: Path) -> dict:
     """2. Deviation vs training step, one line per width, at ``α = a0`` (the largest)."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    fig, ((ax,),) = figure(w=6.4, h=4.4)
     drawn = thin(widths)
-    wc = plt.cm.plasma(np.linspace(0, 0.85, len(drawn)))
-    for w, c in zip(drawn, wc):
+    for w, c in zip(drawn, colors(len(drawn), "plasma", 0.85)):
         xs, ys = [], []
         for st in steps:
             sel = [r for r in lin if r["alpha"] == a0 and r["step"] == st and r["width"] == w]
@@ -166,10 +133,7 @@ def _fig_deviation_vs_step(plt, lin, widths, a0, steps, out_dir: Path) -> dict:
                 ys.append(m[0])
         if xs:
             ax.plot(xs, ys, "o-", color=c, ms=3, label=f"n={w}")
-    ax.set_yscale("log")
-    ax.set_xlabel("training step")
-    ax.set_ylabel("RMS(F − F_lin)")
-    ax.set_title(f"α = {a0:g}")
+    ax.set(yscale="log", xlabel="training step", ylabel="RMS(F − F_lin)", title=f"α = {a0:g}")
     legend_outside(ax)
     return save_figure(
         fig,
@@ -180,23 +144,18 @@ def _fig_deviation_vs_step(plt, lin, widths, a0, steps, out_dir: Path) -> dict:
     )
 
 
-def _fig_side_by_side(plt, lin, widths, a0, out_dir: Path) -> list[dict]:
+def _fig_side_by_side(lin, widths, a0, out_dir: Path) -> list[dict]:
     """3. Network vs linear model vs kernel prediction (held-out loss over training), at ``α = a0``;
     no figure (``[]``) when no row has the kernel prediction."""
     side = [r for r in lin if r["alpha"] == a0 and isinstance(r.get("test_loss_kernel"), (int, float))]
     if not side:
         return []
     shown = widths if len(widths) <= 3 else [widths[0], widths[len(widths) // 2], widths[-1]]
-    fig, axes = plt.subplots(1, len(shown), figsize=(3.4 * len(shown), 3.6), sharey=True, squeeze=False)
+    fig, axes = figure(1, len(shown), w=3.4, h=3.6, sharey=True)
     all_steps = sorted({r["step"] for r in side})
     for ax, w in zip(axes[0], shown):
-        for key, style, lab in (
-            ("test_loss", "o-", "network"),
-            ("test_loss_lin", "s--", "linear model"),
-            ("test_loss_kernel", "x:", "kernel GD (Θ₀)"),
-        ):
-            ys = [_mean(side, w, st, key) for st in all_steps]
-            ax.plot(all_steps, ys, style, ms=4, lw=1.2, label=lab)
+        for key, style, lab in _SIDE:
+            ax.plot(all_steps, [_mean(side, w, st, key) for st in all_steps], style, ms=4, lw=1.2, label=lab)
         inf = _mean(side, w, all_steps[-1], "test_loss_kernel_inf")
         if math.isfinite(inf):
             ax.axhline(inf, color="grey", lw=1, ls="-.", label="kernel regression (t = ∞)")
@@ -216,25 +175,23 @@ def _fig_side_by_side(plt, lin, widths, a0, out_dir: Path) -> list[dict]:
     ]
 
 
-def _fig_slope_vs_alpha(plt, slopes, last, out_dir: Path) -> list[dict]:
+def _fig_slope_vs_alpha(slopes, last, out_dir: Path) -> list[dict]:
     """4. Fitted slope vs ``α`` beside the bound and the published slopes; ``[]`` without slopes."""
     from ..linearization.summary import PUBLISHED, reference_slope  # noqa: PLC0415  start-up time: torch
 
     sl = [x for x in slopes if x["metric"] in ("dev_rms", "dev_mse") and x["step"] == last]
     if not sl:
         return []
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    fig, ((ax,),) = figure(w=6.4, h=4.4)
     for metric, mk, col in (("dev_rms", "o", "C0"), ("dev_mse", "s", "C1")):
         pts = sorted((x for x in sl if x["metric"] == metric), key=lambda x: x["alpha"])
         if not pts:
             continue
-        al = np.array([x["alpha"] for x in pts])
-        sv = np.array([x["slope"] for x in pts])
-        err = np.array([[x["slope"] - x["ci_low"] for x in pts], [x["ci_high"] - x["slope"] for x in pts]])
+        sv = [x["slope"] for x in pts]
         ax.errorbar(
-            al,
+            [x["alpha"] for x in pts],
             sv,
-            yerr=np.nan_to_num(err),
+            yerr=yerr(sv, [x["ci_low"] for x in pts], [x["ci_high"] for x in pts]),
             fmt=mk,
             color=col,
             capsize=3,
@@ -244,8 +201,7 @@ def _fig_slope_vs_alpha(plt, slopes, last, out_dir: Path) -> list[dict]:
     ax.plot(ag, [reference_slope("dev_rms", a)[0] for a in ag], "--", color="C0", lw=1, label="bound α − 1 (deviation)")
     ax.plot(ag, [reference_slope("dev_mse", a)[0] for a in ag], ":", color="C1", lw=1, label="2(α − 1) (its square)")
     ax.plot(list(PUBLISHED), list(PUBLISHED.values()), "x", color="k", label="published (test MSE)")
-    ax.set_xlabel("α  (η = η₀ n^α)")
-    ax.set_ylabel("log-log slope over width")
+    ax.set(xlabel="α  (η = η₀ n^α)", ylabel="log-log slope over width")
     legend_outside(ax)
     return [
         save_figure(
@@ -258,27 +214,19 @@ def _fig_slope_vs_alpha(plt, slopes, last, out_dir: Path) -> list[dict]:
     ]
 
 
-def _fig_correlations_vs_width(plt, corr, slopes, out_dir: Path) -> dict:
+def _fig_correlations_vs_width(corr, slopes, out_dir: Path) -> dict:
     """5. Derivative correlations ``C_{D,d}`` vs width, one series per name."""
     from ..linearization.summary import reference_slope  # noqa: PLC0415  start-up time: torch
 
     widths = sorted({r["width"] for r in corr})
     names = sorted({r["name"] for r in corr})
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for name, c in zip(names, plt.cm.tab10(np.arange(len(names)))):
-        m, lo, hi = _gmean_by_width([r for r in corr if r["name"] == name], "mean", widths)
-        ok = np.isfinite(m)
-        if not ok.any():
-            continue
-        w = np.asarray(widths, float)[ok]
+    fig, ((ax,),) = figure(w=6.4, h=4.4)
+    for i, name in enumerate(names):
         s = next((x for x in slopes if x["metric"] == name), None)
-        lab = name + (f": slope {slope_text(s)}" if s else "")
-        ax.errorbar(w, m[ok], yerr=_yerr(m[ok], lo[ok], hi[ok]), fmt="o-", color=c, ms=4, capsize=2, label=lab)
-        _ref_line(ax, w, m[ok][0], reference_slope(name)[0], color=c, alpha=0.6)
+        sel = [r for r in corr if r["name"] == name]
+        _vs_width(ax, sel, "mean", widths, f"C{i % 10}", name, s, reference_slope(name)[0], "o-")
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("width n")
-    ax.set_ylabel("mean |C_{D,d}| (‖·‖ for D = 1)")
+    ax.set(yscale="log", xlabel="width n", ylabel="mean |C_{D,d}| (‖·‖ for D = 1)")
     legend_outside(ax)
     return save_figure(
         fig,
@@ -290,11 +238,7 @@ def _fig_correlations_vs_width(plt, corr, slopes, out_dir: Path) -> dict:
 
 
 def _mean(rows, width, step, key) -> float:
-    v = [
-        r[key]
-        for r in rows
-        if r["width"] == width and r["step"] == step and isinstance(r.get(key), (int, float)) and math.isfinite(r[key])
-    ]
+    v = [r[key] for r in rows if r["width"] == width and r["step"] == step and finite(r.get(key))]
     return float(np.mean(v)) if v else float("nan")
 
 
@@ -321,10 +265,7 @@ def side_by_side(rows: list[dict]) -> list[dict[str, Any]]:
                     "width": w,
                     "step": last,
                     "seeds": len({r["seed"] for r in sel if r["width"] == w and r["step"] == last}),
-                    **{
-                        k: _mean(sel, w, last, k)
-                        for k in ("test_loss", "test_loss_lin", "test_loss_kernel", "test_loss_kernel_inf")
-                    },
+                    **{k: _mean(sel, w, last, k) for k in _LOSSES},
                 }
             )
     return out
@@ -332,65 +273,28 @@ def side_by_side(rows: list[dict]) -> list[dict[str, Any]]:
 
 def tables(rows: list[dict]) -> list[dict]:
     """The slope table and the side-by-side loss table as HTML."""
-    esc = html.escape
     out = []
+    slopes = slopes_from_rows(rows)
+    if slopes:
+
+        def f(v: Any) -> str:
+            return num(v) if isinstance(v, float) else MISSING if v is None else str(v)
+
+        head = ("metric", "alpha", "step", "slope", "95% CI", "reference", "published", "widths")
+        lines = [
+            (s["metric"], f(s["alpha"]), f(s["step"]), num(s["slope"]), interval(s["ci_low"], s["ci_high"]))
+            + (f(s["reference"]), f(s["published"]), f(s["n_widths"]))
+            for s in slopes
+        ]
+        out.append({"title": "Log-log slopes over width", "html": table(head, lines)})
     side = side_by_side(rows)
     if side:
-        cols = ["alpha", "width", "step", "seeds", "network", "linear model", "kernel GD", "kernel t = ∞"]
-        body = "".join(
-            "<tr>"
-            + "".join(
-                f"<td>{esc(c)}</td>"
-                for c in (
-                    f"{r['alpha']:g}",
-                    str(r["width"]),
-                    str(r["step"]),
-                    str(r["seeds"]),
-                    *(
-                        f"{r[k]:.4g}"
-                        for k in ("test_loss", "test_loss_lin", "test_loss_kernel", "test_loss_kernel_inf")
-                    ),
-                )
-            )
-            + "</tr>"
-            for r in side
-        )
-        head = "<tr>" + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr>"
-        out.append(
-            {"title": "Held-out loss: network, linear model, kernel prediction", "html": f"<table>{head}{body}</table>"}
-        )
-    slopes = slopes_from_rows(rows)
-    if not slopes:
-        return out
-    cols = ["metric", "alpha", "step", "slope", "95% CI", "reference", "published", "widths"]
-
-    def f(v):
-        return (
-            MISSING
-            if v is None or (isinstance(v, float) and not math.isfinite(v))
-            else (f"{v:.3g}" if isinstance(v, float) else str(v))
-        )
-
-    trs = []
-    for s in slopes:
-        cells = [
-            s["metric"],
-            f(s["alpha"]),
-            f(s["step"]),
-            num(s["slope"]),
-            interval(s["ci_low"], s["ci_high"]),
-            f(s["reference"]),
-            f(s["published"]),
-            f(s["n_widths"]),
+        head = ("alpha", "width", "step", "seeds", "network", "linear model", "kernel GD", "kernel t = ∞")
+        lines = [
+            (f"{r['alpha']:g}", r["width"], r["step"], r["seeds"], *(f"{r[k]:.4g}" for k in _LOSSES)) for r in side
         ]
-        trs.append("<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in cells) + "</tr>")
-    head = "<tr>" + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr>"
-    return [{"title": "Log-log slopes over width", "html": f"<table>{head}{''.join(trs)}</table>"}] + out
-
-
-def _p(p: Any) -> str:
-    s = pval(p)
-    return s if s.startswith("<") else "= " + s
+        out.append({"title": "Held-out loss: network, linear model, kernel prediction", "html": table(head, lines)})
+    return out
 
 
 def summary(rows: list[dict], found: Sequence[dict] | None = None) -> list[str]:
@@ -422,9 +326,8 @@ def summary(rows: list[dict], found: Sequence[dict] | None = None) -> list[str]:
         if c.get("low") is None:
             tested = "no per-seed interval (one seed): not resolved"
         else:
-            tested = (
-                f"per-seed t interval [{c['low']:.2f}, {c['high']:.2f}], p {_p(c['p'])} ({how}): {words[c['verdict']]}"
-            )
+            tested = f"per-seed t interval [{c['low']:.2f}, {c['high']:.2f}], p {p_eq(c['p'])} ({how}): "
+            tested += words[c["verdict"]]
         out.append(
             f"α={alpha:g}, step {step}: deviation slope {num(s['slope'])} (t interval over seeds "
             f"{interval(s['ci_low'], s['ci_high'])}) vs reference {ref:.2f}; {tested}."

@@ -1,17 +1,11 @@
-"""Report section for ``kind="monitor"`` rows: alignment over training in a width sweep.
+"""Report section for ``kind="monitor"`` rows: alignment over training in a width sweep
+(a sweep family with ``monitor = {...}``, docs/monitor.md §8).
 
-A sweep family with ``monitor = {...}`` (docs/monitor.md §8) records, at chosen optimizer steps
-``s``, the two-population certificate of fixed in-domain pools at chosen points. Per (sweep,
-family, budget) this section draws **small multiples**: one column per width, a row for
-``d_align`` (log y; a gap where the certificate is vacuous) and a row for ``B_exact`` (with the
-certified level ``delta`` dotted), against the optimizer step (symmetric-log x, so step 0 shows).
-Each seed is a thin line; the thick line is the mean over seeds (``d_align``: over the seeds whose
-certificate is not vacuous, the reporting rule of :func:`widthscope.stats.vacuous_rule`); a star
-marks the step at which a seed's point is first certified (``B_exact ≤ delta``). The table gives
-those steps per width, point and seed, the step from which a point stays certified, and the last
-step's values ("never" when no probed step qualifies).
-
-This section describes; it draws no verdict (a claim over these rows belongs on the claims page).
+Per (sweep, family, budget): small multiples, one column per width, ``d_align`` (log y; a gap where
+vacuous) and ``B_exact`` (``delta`` dotted) against the optimizer step (symmetric-log x); thin lines
+per seed, the thick line the mean over seeds, a star where a seed's point is first certified. The
+table gives, per width, point and seed, the first certified step and the step from which it stays
+certified, and the last step's values. It describes; verdicts belong on the claims page.
 
 Example::
 
@@ -21,7 +15,6 @@ Example::
 
 from __future__ import annotations
 
-import html
 import math
 from collections import defaultdict
 from pathlib import Path
@@ -29,9 +22,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ._groups import group_label
-from ._legend import legend_outside, thin, thinned_note
-from .alignment import as_number, save_figure, slugify
+from ._fmt import as_number
+from ._plot import figure, legend_outside, save_figure, slugify, thin, thinned_note
+from .claims import group_label
+from .html import table
 
 __all__ = ["figures", "tables", "groups", "certified"]
 
@@ -67,13 +61,9 @@ def _mean(series: Mapping[Any, tuple[list[float], list[float]]]) -> tuple[list[f
     at: dict[float, list[float]] = defaultdict(list)
     for steps, vals in series.values():
         for s, v in zip(steps, vals):
-            at[s].append(v)
+            at[s].extend([] if math.isnan(v) else [v])
     steps = sorted(at)
-    means = []
-    for s in steps:
-        vals = [v for v in at[s] if not math.isnan(v)]
-        means.append(float(np.mean(vals)) if vals else math.nan)
-    return steps, means
+    return steps, [float(np.mean(at[s])) if at[s] else math.nan for s in steps]
 
 
 def certified(rows: Sequence[Mapping[str, Any]]) -> dict[tuple, tuple[int | None, int | None]]:
@@ -116,8 +106,6 @@ def _caption(sel: Sequence[Mapping[str, Any]]) -> str:
 
 def figures(rows: list[dict], out_dir: Path) -> list[dict]:
     """One small-multiples PNG per (sweep, family, budget); see the module docstring."""
-    from matplotlib.figure import Figure  # Agg canvas, no pyplot global state
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     gs = groups(rows)
@@ -127,8 +115,7 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
         widths = sorted({r["width"] for r in sel})
         every_pt = _points(sel)
         pts = thin(every_pt)
-        fig = Figure(figsize=(max(6.0, 3.1 * len(widths)), 5.4), dpi=90, layout="constrained")
-        axes = fig.subplots(2, len(widths), squeeze=False, sharex=True, sharey="row")
+        fig, axes = figure(2, len(widths), w=max(6.0 / len(widths), 3.1), h=2.7, sharex=True, sharey="row")
         first = {k: v[0] for k, v in certified(sel).items()}
         any_d = False
         for j, w in enumerate(widths):
@@ -163,6 +150,7 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
         legend_outside(axes[0, -1], title="insertion point", title_fontsize=7)
         title = f"{labels[key]}: alignment over training"
         p = out_dir / f"{slugify(labels[key])}-monitor.png"
+        fig.suptitle(title, fontsize=11)
         save_figure(fig, p, title)
         cap = _caption(sel) + thinned_note(len(pts), len(every_pt), "insertion points")
         figs.append({"title": title, "png": str(p), "caption": cap})
@@ -171,7 +159,6 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
 
 def tables(rows: list[dict]) -> list[dict]:
     """Per group: width × point, the first certified step of each seed and the last step's values."""
-    esc = html.escape
     gs = groups(rows)
     labels = _labels(gs)
     out = []
@@ -179,39 +166,26 @@ def tables(rows: list[dict]) -> list[dict]:
         cert = certified(sel)
         seeds = sorted({r.get("seed") for r in sel}, key=str)
         last = max(int(r["step"]) for r in sel)
-        delta = sel[0].get("delta")
-        head = (
-            "<table><tr><th>width</th><th class=l>point</th>"
-            + f"<th>first certified step (seed {', '.join(esc(str(s)) for s in seeds)})</th>"
-            + f"<th>certified from step on (seed {', '.join(esc(str(s)) for s in seeds)})</th>"
-            + f"<th>d_align at step {last} (seed mean)</th><th>B_exact at step {last} (seed mean)</th></tr>"
-        )
-        body = []
+        named = ", ".join(map(str, seeds))
+        head = ["width", "point", f"first certified step (seed {named})", f"certified from step on (seed {named})"]
+        head += [f"d_align at step {last} (seed mean)", f"B_exact at step {last} (seed mean)"]
+        lines = []
         for w in sorted({r["width"] for r in sel}):
             for pname in _points(sel):
                 at_last = [r for r in sel if r["width"] == w and str(r["point"]) == pname and int(r["step"]) == last]
-                d = [as_number(r.get("d_align")) for r in at_last]
-                d = [v for v in d if not math.isnan(v)]
+                d = [v for v in (as_number(r.get("d_align")) for r in at_last) if not math.isnan(v)]
                 b = [as_number(r.get("b_exact")) for r in at_last]
-                cells = "".join(
-                    "<td>"
-                    + ", ".join(
-                        "never" if cert.get((w, pname, s), (None, None))[i] is None else str(cert[(w, pname, s)][i])
-                        for s in seeds
-                    )
-                    + "</td>"
-                    for i in (0, 1)
-                )
-                body.append(
-                    f"<tr><td>{w:g}</td><td class=l>{esc(pname)}</td>{cells}"
-                    f"<td>{f'{np.mean(d):.3g}' if d else '– (vacuous)'}</td>"
-                    f"<td>{f'{np.mean(b):.3g}' if b else '–'}</td></tr>"
+                steps = [cert.get((w, pname, s), (None, None)) for s in seeds]
+                lines.append(
+                    (f"{w:g}", pname)
+                    + tuple(", ".join("never" if c[i] is None else str(c[i]) for c in steps) for i in (0, 1))
+                    + (f"{np.mean(d):.3g}" if d else "– (vacuous)", f"{np.mean(b):.3g}" if b else "–")
                 )
         out.append(
             {
-                "title": f"{labels[key]}: first probed step with B_exact <= delta = {delta}, and the step "
-                f"from which every later probed step is ('never': no probed step)",
-                "html": head + "".join(body) + "</table>",
+                "title": f"{labels[key]}: first probed step with B_exact <= delta = {sel[0].get('delta')}, and the "
+                "step from which every later probed step is ('never': no probed step)",
+                "html": table(head, lines, left={1}),
             }
         )
     return out

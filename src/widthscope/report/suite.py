@@ -1,36 +1,29 @@
-"""The pages of a model-suite sweep (:mod:`widthscope.sweeps.suite`): a width series and an
-over-training series, beside the main ``report.html``.
+"""The pages of a model-suite sweep (:mod:`widthscope.sweeps.suite`), beside ``report.html``.
 
-The rows of a suite are certify rows (:mod:`widthscope.report.certify_series`, checked there to be
-comparable: the same (M, K) pairs, estimator and pooling within a suite) carrying ``suite``,
-``revision``, ``step`` and ``commit``. Models of one suite differ in depth as well as width (Pythia
-70m has 6 layers, 2.8b has 32), so points are not matched by name across widths: each (width,
-revision) is summarised by the **median over its insertion points** at the suite's largest (M, K)
-— two-population ``d_align`` (over the non-vacuous points; vacuous ones are counted), empirical
-misalignment and ``B_exact``.
+A suite's rows are certify rows (checked comparable by :func:`~widthscope.report.certify_series.check_suite`)
+with ``suite``, ``revision``, ``step`` and ``commit``. Its models differ in depth too, so points are not
+matched across widths: each (width, revision) is summarised by the median over its insertion points
+at the largest (M, K) of d_align (non-vacuous points), misalignment and B_exact.
 
-- ``width-series.html``: those medians against width (log x), one line per revision, **one series per
-  depth** when the models differ in depth (the paper compares widths within a depth; rows carry
-  ``depth``), each with a descriptive finding; a vacuous ``B_exact`` (= 1) is a hollow marker;
-- ``over-training.html``: the same against the revision's training step (parsed from names such
-  as ``step1000``; revisions without one are listed and left out of the figures), one line per
-  model (labelled with its width; two models of one width, such as Pythia 1b and 1.4b, are two lines).
+- ``width-series.html``: the medians against width, one line per revision, one series per depth;
+- ``over-training.html``: against the revision's training step (from names such as ``step1000``;
+  others are listed, not drawn), one line per model.
 
-Both pages end with one table row per (width, revision): width, revision, step, commit, model id,
-depth, points, vacuous points, d_align, misalignment, B_exact.
+Both end with a table of every (width, revision).
 """
 
 from __future__ import annotations
 
-import html
 import math
 import statistics
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .._io import atomic_write_text
+from ._fmt import finite
+from ._plot import VACUOUS, auto_y, figure, legend_outside, log_x, plot_bound, save_figure, slugify
 from .certify_series import check_suite
-from .html import render_page, save_figure
+from .html import render_page, table
 
 __all__ = ["is_suite", "summarize", "write_pages", "PAGES"]
 
@@ -41,12 +34,8 @@ def is_suite(row: Mapping[str, Any]) -> bool:
     return row.get("kind") == "alignment" and row.get("suite") is not None and "revision" in row
 
 
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
-
-
 def _median(vals: Sequence[Any]) -> float | None:
-    xs = [x for x in (_num(v) for v in vals) if x is not None]
+    xs = [float(v) for v in vals if finite(v)]
     return statistics.median(xs) if xs else None
 
 
@@ -100,97 +89,51 @@ def _fmt(v: Any) -> str:
 
 
 def _table(summary: Sequence[Mapping[str, Any]]) -> str:
-    esc = html.escape
-    head = (
-        "<table><tr><th>width</th><th class=l>revision</th><th>step</th><th class=l>commit</th>"
-        "<th class=l>model</th><th>depth</th><th>points</th><th>vacuous</th><th>M,K</th><th>d_align (median)</th>"
-        "<th>misalignment (median)</th><th>B_exact (median)</th></tr>"
-    )
-    body = [
-        f"<tr><td>{_fmt(s['width'])}</td><td class=l>{esc(s['revision'])}</td><td>{_fmt(s['step'])}</td>"
-        f"<td class=l>{esc((s['commit'] or '–')[:12])}</td><td class=l>{esc(str(s['model_id']))}</td>"
-        f"<td>{_fmt(s.get('depth'))}</td><td>{s['points']}</td><td>{s['vacuous']}</td><td>{s['M']},{s['K']}</td><td>{_fmt(s['d_align'])}</td>"
-        f"<td>{_fmt(s['misalignment'])}</td><td>{_fmt(s['b_exact'])}</td></tr>"
-        for s in summary
-    ]
-    return head + "".join(body) + "</table>"
+    head = ["width", "revision", "step", "commit", "model", "depth", "points", "vacuous", "M,K"]
+    head += ["d_align (median)", "misalignment (median)", "B_exact (median)"]
+    lines = []
+    for s in summary:
+        cells = [s["width"], s["revision"], s["step"], (s["commit"] or "–")[:12], s["model_id"], s.get("depth")]
+        cells += [s["points"], s["vacuous"], f"{s['M']},{s['K']}", s["d_align"], s["misalignment"], s["b_exact"]]
+        lines.append([_fmt(c) for c in cells])
+    return table(head, lines, left={1, 3, 4})
 
 
 _QUANTITIES = (
-    ("d_align", "d_align (two-population, median over points)", True),
-    ("misalignment", "empirical misalignment (median over points)", True),
-    ("b_exact", "B_exact (median over points)", True),
+    ("d_align", "d_align (two-population, median over points)"),
+    ("misalignment", "empirical misalignment (median over points)"),
+    ("b_exact", "B_exact (median over points)"),
 )
-
-
-VACUOUS = 1 - 1e-12  # a bound at least this large says nothing (B = 1)
-MAX_LEGEND = 8
 
 
 def _figure(
     summary: Sequence[Mapping[str, Any]], x: str, line: str, out: Path, title: str, caption: str
 ) -> dict[str, str]:
-    """One panel per quantity, one line per ``line`` value against ``x``. A vacuous B_exact (= 1) is
-    drawn as a hollow marker, not as data (the caption counts them); a panel with one point gets
-    plain ticks; the y axis is logarithmic only where the values span more than a decade; at most
-    :data:`MAX_LEGEND` legend entries, outside the panels."""
-    from matplotlib.figure import Figure  # Agg canvas, no pyplot global state
-    from matplotlib.ticker import FixedLocator, NullLocator
-
-    fig = Figure(figsize=(4.2 * len(_QUANTITIES) + 1.6, 3.6))
-    lines = list(dict.fromkeys(s[line] for s in summary))
+    """One panel per quantity, one line per ``line`` value against ``x``; a vacuous B_exact is a
+    hollow marker, counted in the caption."""
+    fig, axes = figure(1, len(_QUANTITIES), w=4.7, h=3.6)
+    xs = sorted({float(s[x]) for s in summary if s[x] is not None})
     vacuous = 0
-    for i, (col, label, logy) in enumerate(_QUANTITIES):
-        ax = fig.add_subplot(1, len(_QUANTITIES), i + 1)
-        for k, name in enumerate(lines):
-            pts = sorted(
-                (float(s[x]), s[col]) for s in summary if s[line] == name and s[x] is not None and s[col] is not None
-            )
-            if not pts:
+    for ax, (col, label) in zip(axes[0], _QUANTITIES):
+        for k, name in enumerate(dict.fromkeys(s[line] for s in summary)):
+            got = sorted((float(s[x]), s[col]) for s in summary if s[line] == name and None not in (s[x], s[col]))
+            if not got:
                 continue
-            colour = f"C{k % 10}"
-            vac = col == "b_exact"
-            real = [p for p in pts if not (vac and p[1] >= VACUOUS)]
-            hollow = [p for p in pts if vac and p[1] >= VACUOUS]
-            vacuous += len(hollow)
-            ax.plot([p[0] for p in real], [p[1] for p in real], "o-", color=colour, label=_fmt(name), ms=5)
-            if hollow:
-                ax.plot([p[0] for p in hollow], [p[1] for p in hollow], "o", mfc="none", color=colour, ms=7)
-        xs = sorted({float(s[x]) for s in summary if s[x] is not None})
-        if xs and min(xs) <= 0:  # step 0 (initialisation): linear near zero
-            ax.set_xscale("symlog", linthresh=1.0)
-        else:
-            ax.set_xscale("log")
-        if 0 < len(xs) <= 8:  # label the measured x values, plainly
-            ax.xaxis.set_major_locator(FixedLocator(xs))
-            ax.xaxis.set_minor_locator(NullLocator())
-            ax.set_xticklabels([_fmt(v) for v in xs], fontsize=7)
-        ys = [float(s[col]) for s in summary if s[col] is not None and float(s[col]) > 0]
-        if logy and ys and max(ys) / min(ys) > 10:
-            ax.set_yscale("log")
-        elif len(set(ys)) == 1:  # one value: a plain tick at it, not six decimals
-            ax.set_yticks([ys[0]])
-            ax.set_yticklabels([f"{ys[0]:.3g}"])
+            px, py = zip(*got)
+            if col == "b_exact":
+                vacuous += plot_bound(ax, px, py, "o-", f"C{k % 10}", ms=5, label=_fmt(name))
+            else:
+                ax.plot(px, py, "o-", color=f"C{k % 10}", ms=5, label=_fmt(name))
+        log_x(ax, xs, labelled=len(xs) <= 8)
+        auto_y(ax, [float(s[col]) for s in summary if s[col] is not None])
         ax.set_xlabel(x)
         ax.set_title(label)
         ax.grid(alpha=0.3)
-    handles, labels = fig.axes[0].get_legend_handles_labels() if fig.axes else ([], [])
-    if handles:  # outside the panels, capped
-        more = len(handles) - MAX_LEGEND
-        fig.axes[-1].legend(
-            handles[:MAX_LEGEND],
-            labels[:MAX_LEGEND],
-            loc="upper left",
-            bbox_to_anchor=(1.02, 1.0),
-            fontsize=7,
-            title=line + (f"\n(first {MAX_LEGEND} of {len(handles)})" if more > 0 else ""),
-            title_fontsize=7,
-        )
+    legend_outside(axes[0, -1], title=line, title_fontsize=7)
     fig.suptitle(title)
     if vacuous:
         caption += f" Hollow markers: {vacuous} vacuous B_exact median(s) (bound 1, no information), not data."
-    entry = save_figure(fig, out, title, caption)
-    return entry
+    return save_figure(fig, out, title, caption)
 
 
 def _page(title: str, sections: list[dict[str, Any]], notes: Sequence[str], findings: Sequence[str] = ()) -> str:
@@ -260,7 +203,7 @@ def write_pages(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[
     width_lines: list[str] = []
     for suite in dict.fromkeys(s["suite"] for s in summary):
         mine = [s for s in summary if s["suite"] == suite]
-        slug = "".join(c if c.isalnum() else "-" for c in suite)
+        slug = slugify(suite)
         cap = (
             f"Each marker: one checkpoint, the median over its insertion points at (M, K) = "
             f"({mine[0]['M']}, {mine[0]['K']}); d_align over the non-vacuous points."
