@@ -67,17 +67,13 @@ DELTAS = (0.1, 0.05, 0.01)
 
 
 # ----------------------------------------------------------------------------- ranking
-def rank_pairs(split: Any) -> tuple[Any, Any]:
-    """(train, test) pooled examples from a Split, a dict, or a (train, test) pair."""
-    if hasattr(split, "train") and hasattr(split, "test"):
-        return tuple(split.train), tuple(split.test)  # type: ignore[return-value]
-    if isinstance(split, dict) and "train" in split and "test" in split:
-        return as_examples(split["train"]), as_examples(split["test"])
-    if isinstance(split, (tuple, list)) and len(split) == 2:
-        return as_examples(split[0]), as_examples(split[1])
-    raise WidthscopeError(
-        "data must be a widthscope.data Split (with .train/.test) or a (train_batches, test_batches) pair"
-    )
+def rank_pairs(data: Any) -> tuple[Any, Any]:
+    """(train, test) pooled examples of ``data`` as :func:`grow` checked it: a Split, a dict or a pair."""
+    if hasattr(data, "train") and hasattr(data, "test"):
+        return tuple(data.train), tuple(data.test)
+    if isinstance(data, dict):
+        return as_examples(data["train"]), as_examples(data["test"])
+    return as_examples(data[0]), as_examples(data[1])
 
 
 def rank_points(
@@ -223,12 +219,14 @@ def grow(
     _args.boolean(fn, "progress", progress)
     _args.function(fn, "loss_fn", loss_fn)
     check_offloaded(model, opts)
-    M, K, lr, seed, bs = opts.M, opts.K, opts.lr, opts.seed, opts.batch_size
+    M, K = opts.M, opts.K
     train, test = rank_pairs(data)
     pools = split_pools(model, train, test, opts, n_train)
     cands = rank_points(model, pools.probe_train, pools.rank_test, opts, loss_fn=loss_fn, show_progress=progress)
     n_eval = pools.n_test - pools.n_rank
     common = {"criterion": opts.criterion, "M": M, "K": K, "n_eval": n_eval}
+    fit: dict[str, Any] = dict(lr=opts.lr, batch_size=opts.batch_size, seed=opts.seed, loss_fn=loss_fn)
+    fit.update(show_progress=progress)
     growth = []
     for role, cand in chosen_points(cands, opts):
         _, res = grow_at(
@@ -239,29 +237,15 @@ def grow(
             probe_train=take(pools.probe_train, min(M, pools.n_train)),
             probe_test=index_batch(pools.rank_test, slice(0, min(K, pools.n_rank))),
             steps=opts.steps,
-            lr=lr,
             block_width=opts.block_width,
             width=cand["width"],
             train_all=opts.train_all,
-            batch_size=bs,
-            seed=seed,
-            loss_fn=loss_fn,
-            show_progress=progress,
+            **fit,
         )
         keys = ("rank", "predicted_gain", "d_align", "score", "p_improve", "b_exact", "b_align")
         growth.append({"kind": "growth", "role": role, **{k: cand[k] for k in keys}, **common, **res})
     if opts.compare:  # is growing better than training the original model for the same compute?
-        res = continue_training(
-            model,
-            train,
-            pools.evaluate,
-            flops=growth[0]["flops"],
-            lr=lr,
-            batch_size=bs,
-            seed=seed,
-            loss_fn=loss_fn,
-            show_progress=progress,
-        )
+        res = continue_training(model, train, pools.evaluate, flops=growth[0]["flops"], **fit)
         growth.append({"kind": "growth", "role": "continue", "rank": None, "predicted_gain": None, **common, **res})
     fields = ("M", "K", "steps", "lr", "train_all", "criterion", "block_width", "seed")
     return {
