@@ -40,7 +40,7 @@ from ..probe.growth import point_criteria
 from ..probe.interventions import batch_size_of, block_of, index_batch, insert, mean_loss
 from ..sweeps.grid import cell_id, finish_after_ranks, run_grid, shard_for_run
 from .block import first_batch, step_flops, train_new_block, trainable
-from .compare import CRITERIA_COLUMNS, compare, random_argmax, seeded_rng, winner
+from .compare import compare, teacher_picks, winner
 from .options import GrowBenchOptions, with_keywords
 from .suite import build_model, cell_data, cells, reproducible, split_held_out, train_to_plateau
 
@@ -282,26 +282,17 @@ def _run_cell(cell: Mapping[str, Any], show: bool) -> list[dict[str, Any]]:
 
 
 # ----------------------------------------------------------------------------- the suite
-def benchmark(
-    out_dir: str | Path,
-    *,
-    suite: str = "full",
-    seeds: Sequence[int] | None = None,
-    M: int = 32,
-    K: int = 32,
-    show: bool = True,
-    shard: tuple[int, int] = (1, 1),
-) -> dict[str, Any]:
+def benchmark(out_dir: Path, opts: GrowBenchOptions, shard: tuple[int, int] = (1, 1)) -> dict[str, Any]:
     """Run (or resume) the suite into ``out_dir``; write ``comparison.jsonl`` and ``summary.json``
     (with ``options``: ``{"grow_bench": ...}``, which ``grow-bench --config summary.json`` repeats).
     ``shard=(k, n)`` runs every ``n``-th cell from the ``k``-th; the comparison is written once
     every cell is finished (``complete`` in the result)."""
-    grid = cells(suite, seeds, M=M, K=K)
-    opts = GrowBenchOptions(quick=suite == "quick", seeds=None if seeds is None else tuple(seeds), M=M, K=K)
+    suite, M, K = opts.suite, opts.M, opts.K
+    grid = cells(suite, opts.seeds, M=M, K=K)
     record = {"grow_bench": opts.to_dict()}
     # every cell file in out_dir is read: cells of another suite/seeds/M/K would be mixed in
     ids = {cell_id(c) for c in grid}
-    foreign = [p.stem for p in (Path(out_dir) / "cells").glob("*.json") if p.stem not in ids]
+    foreign = [p.stem for p in (out_dir / "cells").glob("*.json") if p.stem not in ids]
     if foreign:
         raise WidthscopeError(
             f"{out_dir} holds {len(foreign)} finished cell(s) of another growth benchmark "
@@ -309,7 +300,6 @@ def benchmark(
         )
     t0 = time.perf_counter()
     res = run_grid(grid, lambda c, d: run_cell(c, d, show=False), out_dir, desc=f"grow-bench {suite}", shard=shard)
-    out_dir = Path(out_dir)
     done = {r["cell_id"] for r in res.rows}
     if not ids <= done:
         return {
@@ -333,35 +323,11 @@ def benchmark(
         "seconds_this_call": time.perf_counter() - t0,
         "seconds_cells_total": sum({r["cell_id"]: r["seconds_cell"] for r in res.rows}.values()),
         "winner_long": winner(table, "long"),
-        "teacher_student": _teacher_picks(res.rows),
+        "teacher_student": teacher_picks(res.rows),
         "options": record,
     }
     atomic_write_json(out_dir / "summary.json", summary)
     return {"rows": res.rows, "table": table, "summary": summary, "complete": True, "options": record}
-
-
-def _teacher_picks(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per planted-block seed: the missing point, the realised best and each criterion's pick
-    (ties broken as in :func:`compare`)."""
-    out: dict[str, dict[str, Any]] = {}
-    for m, s in sorted({(str(r["model"]), int(r["seed"])) for r in rows if r.get("answer")}):
-        rs = sorted(
-            [r for r in rows if r.get("answer") and r["model"] == m and int(r["seed"]) == s],
-            key=lambda r: r["point_index"],
-        )
-        pick = {}
-        for n, c in CRITERIA_COLUMNS.items():
-            raw = np.array([float(r[c]) if r.get(c) is not None else math.nan for r in rs])
-            v = np.where(np.isfinite(raw), raw, -np.inf)
-            pick[n] = rs[random_argmax(v, seeded_rng(s, n, "long"))[0]]["point"]
-        out[f"{m} seed {s}"] = {
-            "model": m,
-            "seed": s,
-            "answer": rs[0]["answer"],
-            "best_long": max(rs, key=lambda r: r["gain_long"])["point"],
-            **pick,
-        }
-    return out
 
 
 def bench_out_dir(out: str | Path | None = None, *, quick: bool = False) -> Path:
@@ -383,12 +349,9 @@ def run_bench(
     opts = with_keywords("run_bench", options, GrowBenchOptions, keywords)
     out_dir = bench_out_dir(out, quick=opts.quick)
 
-    def once(part: tuple[int, int] = (1, 1)) -> dict[str, Any]:
-        return benchmark(out_dir, suite=opts.suite, seeds=opts.seeds, M=opts.M, K=opts.K, shard=part)
-
-    res = once(shard_for_run(shard))
+    res = benchmark(out_dir, opts, shard_for_run(shard))
     final: dict[str, Any] = {}
-    if not finish_after_ranks(shard, lambda: final.update(once())):
+    if not finish_after_ranks(shard, lambda: final.update(benchmark(out_dir, opts))):
         if not final:
             return None  # not rank 0
         res = final

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import WidthscopeError
 
-__all__ = ["compare", "winner", "t_interval", "pooled_interval", "wilson", "CRITERIA_COLUMNS", "BASELINES"]
+__all__ = ["compare", "winner", "teacher_picks", "t_interval", "pooled_interval", "wilson", "CRITERIA_COLUMNS"]
 
 # criterion -> row column (higher = grow here); see widthscope.probe.growth. "gradmax" ranks by the
 # sum of the top-k eigenvalues and is scored on the block grown with those k eigenvectors as W_in.
@@ -76,6 +76,16 @@ def _gains(rs: Sequence[Mapping[str, Any]], col: str) -> tuple[np.ndarray, int]:
     return g, int(bad.sum())
 
 
+def _pick(rs: Sequence[Mapping[str, Any]], name: str, seed: int, budget: str) -> tuple[np.ndarray, int, bool, int]:
+    """Criterion ``name`` over the points of one (model, seed) with NaN ranked last, the point it
+    picks (ties drawn by a seeded generator), whether it tied, and how many values were NaN."""
+    raw = _column(rs, CRITERIA_COLUMNS[name])
+    fin = raw[np.isfinite(raw)]
+    v = np.where(np.isfinite(raw), raw, (fin.min() - 1) if len(fin) else 0.0)
+    j, tied = random_argmax(v, seeded_rng(seed, name, budget))
+    return v, j, tied, len(raw) - len(fin)
+
+
 def _unit_scores(rs: list[Mapping[str, Any]], budget: str) -> dict[str, dict[str, float]]:
     """Per criterion and baseline on one (model, seed): Spearman with the realised gain (mean over
     block seeds, evaluation half B), top-1 hit, regret, regret / (best − worst), the gain at the
@@ -103,14 +113,9 @@ def _unit_scores(rs: list[Mapping[str, Any]], budget: str) -> dict[str, dict[str
             "all_vs_continue": float(alls[j] - cont[j]),
         }
 
-    for name, col in CRITERIA_COLUMNS.items():
+    for name in CRITERIA_COLUMNS:
         target = _gains(rs, f"gain_gradmax_{budget}")[0] if name == "gradmax" else g
-        raw = _column(rs, col)
-        nan_c = int((~np.isfinite(raw)).sum())
-        fin = raw[np.isfinite(raw)]
-        # NaN criterion values rank last (e.g. a line search that found no positive curvature)
-        v = np.where(np.isfinite(raw), raw, (fin.min() - 1) if len(fin) else 0.0)
-        j, tied = random_argmax(v, seeded_rng(seed, name, budget))
+        v, j, tied, nan_c = _pick(rs, name, seed, budget)
         rho = _spearman(v, target)
         out[name] = {
             **score(j, target),
@@ -312,3 +317,21 @@ def winner(table: Sequence[Mapping[str, Any]], budget: str = "long") -> dict[str
         "planted_hits": planted,
         "why": why,
     }
+
+
+def teacher_picks(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per planted-block (model, seed): the missing point, the realised best and each criterion's pick."""
+    out: dict[str, dict[str, Any]] = {}
+    for m, s in sorted({(str(r["model"]), int(r["seed"])) for r in rows if r.get("answer")}):
+        rs = sorted(
+            [r for r in rows if r.get("answer") and r["model"] == m and int(r["seed"]) == s],
+            key=lambda r: r["point_index"],
+        )
+        out[f"{m} seed {s}"] = {
+            "model": m,
+            "seed": s,
+            "answer": rs[0]["answer"],
+            "best_long": max(rs, key=lambda r: r["gain_long"])["point"],
+            **{n: rs[_pick(rs, n, s, "long")[1]]["point"] for n in CRITERIA_COLUMNS},
+        }
+    return out
