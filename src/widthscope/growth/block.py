@@ -134,17 +134,8 @@ def continue_training(
     f_step = step_flops(cont, first_batch(train, batch_size), loss_fn)
     steps = max(1, int(round(flops / max(f_step, 1))))
     before = mean_loss(cont, evaluate, loss_fn, batch_size=batch_size)
-    train_new_block(
-        cont,
-        params,
-        train,
-        steps=steps,
-        lr=lr,
-        batch_size=batch_size,
-        seed=seed,
-        loss_fn=loss_fn,
-        show_progress=show_progress,
-    )
+    fit: dict[str, Any] = dict(lr=lr, batch_size=batch_size, seed=seed, loss_fn=loss_fn, show_progress=show_progress)
+    train_new_block(cont, params, train, steps=steps, **fit)
     after = mean_loss(cont, evaluate, loss_fn, batch_size=batch_size)
     return {
         "point": "(none: train the original longer)",
@@ -205,18 +196,8 @@ def grow_at(
         if k in wanted:
             loss_at[str(k)] = mean_loss(grown, evaluate, loss_fn, batch_size=batch_size)
 
-    train_new_block(
-        grown,
-        params,
-        train,
-        steps=steps,
-        lr=lr,
-        batch_size=batch_size,
-        seed=seed,
-        loss_fn=loss_fn,
-        show_progress=show_progress,
-        after_step=after_step,
-    )
+    fit: dict[str, Any] = dict(lr=lr, batch_size=batch_size, seed=seed, loss_fn=loss_fn, show_progress=show_progress)
+    train_new_block(grown, params, train, steps=steps, after_step=after_step, **fit)
     trainable(grown)
     loss_after = mean_loss(grown, evaluate, loss_fn, batch_size=batch_size)
     loss_at[str(steps)] = loss_after

@@ -1,10 +1,8 @@
 r"""Growth decisions: where should a trained model get a new residual block?
 
-:func:`rank_points` gives every candidate point the certificate of a zero-initialised bias and the
-chosen criterion's score; :func:`grow` inserts a zero-output block at the best point (with
-``compare``, also at the worst and a random one, beside training the original for the same FLOPs),
-trains it and reports the held-out loss before and after. :func:`run_grow` is ``widthscope grow``.
-Details: docs/interventions.md §3.
+:func:`rank_points` scores every candidate point; :func:`grow` grows a zero-output block at the best
+one (with ``compare``, also at the worst and a random one, beside training the original for the same
+FLOPs) and reports the held-out loss before and after; :func:`run_grow` is ``widthscope grow``.
 
 Example::
 
@@ -203,13 +201,12 @@ def grow(
 ) -> dict[str, Any]:
     r"""Rank insertion points by ``options.criterion``, grow a block at the best one, train it.
 
-    The settings are a :class:`~widthscope.growth.options.GrowOptions`; keywords named like its fields
-    override them, any other is refused. ``model`` is not modified (growth happens on copies; an
-    offloaded model refuses ``train_all`` and ``compare``). ``data`` is a :class:`widthscope.data.Split`
-    or ``(train_batches, test_batches)``: the first ``n_rank`` held-out examples rank, the rest
-    measure; ``n_train`` examples estimate ``a`` (default ``max(4M, 256)``).
-    Returns ``{"candidates", "growth", "chosen", "rows", "certification", "settings", "options"}``; rows
-    have ``kind="growth"`` and a ``role`` (candidate|best|worst|random|continue).
+    Keywords named like the fields of ``options`` override them. ``model`` is not modified.
+    ``data`` is a :class:`widthscope.data.Split` or ``(train_batches, test_batches)``: ``n_rank``
+    held-out examples rank, the rest measure; ``n_train`` examples estimate ``a`` (default
+    ``max(4M, 256)``). Returns ``{"candidates", "growth", "chosen", "rows", "certification",
+    "settings", "options"}``; rows have ``kind="growth"`` and a ``role``
+    (candidate|best|worst|random|continue).
     """
     fn = "grow"  # the types, before any work
     _args.module(fn, "model", model)

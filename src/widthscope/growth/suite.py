@@ -19,11 +19,16 @@ from ..probe.interventions import batch_size_of, block_of, index_batch, insert, 
 
 __all__ = ["SUITES", "SEEDS", "cells", "reproducible", "teacher_student", "train_to_plateau"]
 
-BLOCK_LRS = (1e-3, 3e-3, 1e-2)  # the block's learning-rate grid (chosen per point on the ranking half)
-CONTINUE_LRS = (3e-4, 1e-3, 3e-3)  # the grid for training all parameters (continue, train-all)
-BLOCK_SEEDS = (0, 1, 2)
-# base training's plateau rule (train_to_plateau)
-_PLATEAU = dict(eval_every=50, patience=3, tol=0.01)
+# every cell's defaults: the learning-rate grids of the block and of training all parameters (each
+# chosen on the ranking half), the block seeds, and base training's plateau rule (train_to_plateau)
+_DEFAULTS = dict(
+    block_lrs=(1e-3, 3e-3, 1e-2),
+    continue_lrs=(3e-4, 1e-3, 3e-3),
+    block_seeds=(0, 1, 2),
+    eval_every=50,
+    patience=3,
+    tol=0.01,
+)
 _LLAMA = dict(
     family="llama",
     data="text",
@@ -127,20 +132,7 @@ def cells(suite: str = "full", seeds: Sequence[int] | None = None, *, M: int = 3
     if suite not in SUITES:
         raise WidthscopeError(f"unknown growth suite {suite!r}; choose one of {', '.join(SUITES)}")
     seeds = SEEDS[suite] if seeds is None else tuple(seeds)
-    return [
-        {
-            "block_lrs": BLOCK_LRS,
-            "continue_lrs": CONTINUE_LRS,
-            "block_seeds": BLOCK_SEEDS,
-            **_PLATEAU,
-            **spec,
-            "seed": int(s),
-            "M": M,
-            "K": K,
-        }
-        for spec in SUITES[suite]
-        for s in seeds
-    ]
+    return [{**_DEFAULTS, **spec, "seed": int(s), "M": M, "K": K} for spec in SUITES[suite] for s in seeds]
 
 
 @contextmanager
