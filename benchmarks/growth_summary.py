@@ -1,7 +1,7 @@
 """The growth benchmark's numbers in the docs, rendered from the committed rows.
 
 Reads ``benchmarks/results/growth/results.jsonl`` (rows ``kind="growth_bench"``), recomputes the
-comparison (:func:`widthscope.growth.bench.compare`) and renders the README growth bullet and the
+comparison (:func:`widthscope.growth.compare.compare`) and renders the README growth bullet and the
 tables of docs/interventions.md §5 (:mod:`widthscope.report.growth`). Each rendered block sits
 between ``<!-- growth-summary:NAME -->`` and ``<!-- /growth-summary:NAME -->`` in its file.
 
@@ -96,7 +96,7 @@ def findings(table: list[dict], rows: list[dict], default: str) -> str:
 
 def blocks(rows: list[dict]) -> dict[str, str]:
     """Every rendered block, by name."""
-    from widthscope.growth.bench import compare, winner
+    from widthscope.growth.compare import compare, winner
     from widthscope.report.growth import compact_table, practitioner_table, readme_sentence
 
     table = compare(rows)

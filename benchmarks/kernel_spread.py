@@ -31,7 +31,8 @@ PATHS = {
 }
 _CELL = """
 import json
-from widthscope.growth.bench import cells, run_cell
+from widthscope.growth.bench import run_cell
+from widthscope.growth.suite import cells
 import torch
 c = next(c for c in cells("full") if c["model"] == "teacher-last" and c["seed"] == 0)
 rows = run_cell(c)

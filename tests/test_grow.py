@@ -193,7 +193,7 @@ def test_checkpoint_data_split_is_the_recorded_one(tmp_path):
     from widthscope.cli.grow import add_arguments
     from widthscope.cli.inputs import spec_from_args
     from widthscope.growth.options import GrowOptions
-    from widthscope.growth.pipeline import _load_inputs
+    from widthscope.growth.pipeline import load_inputs
     from widthscope.models import build
 
     torch.manual_seed(0)
@@ -203,7 +203,7 @@ def test_checkpoint_data_split_is_the_recorded_one(tmp_path):
     add_arguments(parser)
     args = parser.parse_args(["--model", str(tmp_path / "ck")])
     args.seed = GrowOptions().seed  # as cli.grow.run does: the generated flags default to None (given is knowable)
-    split = _load_inputs(spec_from_args(args, "grow"), show=False).split
+    split = load_inputs(spec_from_args(args, "grow"), show=False).split
     assert split.train[0].shape[1] == 16 and split.meta["seed"] == 3
     assert len(split.train[0]) + len(split.test[0]) <= 20000 // 16
 

@@ -121,7 +121,7 @@ def test_to_dict_from_dict_round_trip_through_json():
 # ----------------------------------------------------------------------------- keywords vs options
 @pytest.fixture(scope="module")
 def tiny():
-    from widthscope.growth.bench import teacher_student
+    from widthscope.growth.suite import teacher_student
 
     student, data, _ = teacher_student(0, width=8, depth=3, n_train=64, n_test=32)
     return student, data

@@ -108,7 +108,7 @@ def test_criteria_match_per_example_oracle_sequence_model():
 
 
 def _rows(gains, crit, model="m", seed=0, *, gains_A=None, cont=None, alls=None, seeds=None, answer=None):
-    from widthscope.growth.bench import CRITERIA_COLUMNS
+    from widthscope.growth.compare import CRITERIA_COLUMNS
 
     P = len(gains)
     cont = cont or [0.0] * P
@@ -127,7 +127,7 @@ def _rows(gains, crit, model="m", seed=0, *, gains_A=None, cont=None, alls=None,
 def test_compare_spearman_hit_regret_baselines_and_equal_compute_columns():
     from scipy.stats import spearmanr
 
-    from widthscope.growth.bench import compare
+    from widthscope.growth.compare import compare
 
     g0, c0 = [0.1, 0.4, 0.2, 0.3], [1.0, 3.0, 4.0, 2.0]    # block picks p2 (gain 0.2); best is p1
     g1, c1 = [0.5, 0.1, 0.2, 0.0], [9.0, 1.0, 2.0, 0.0]    # block picks p0 = best
@@ -179,7 +179,7 @@ def test_compare_spearman_hit_regret_baselines_and_equal_compute_columns():
 
 
 def test_ties_are_broken_at_random_by_a_stated_seeded_rule():
-    from widthscope.growth.bench import compare
+    from widthscope.growth.compare import compare
 
     picks = set()
     for seed in range(12):
@@ -199,7 +199,7 @@ def test_intervals_are_calibrated_and_the_default_rule_rarely_calls_a_null_crite
     criterion equal to the gain plus noise is reported."""
     import numpy as np
 
-    from widthscope.growth.bench import compare, pooled_interval, t_interval, wilson, winner
+    from widthscope.growth.compare import compare, pooled_interval, t_interval, wilson, winner
 
     rng = np.random.default_rng(0)
     cover = np.mean([(lambda m, lo, hi: lo <= 0 <= hi)(*t_interval(rng.normal(size=5))) for _ in range(4000)])
@@ -279,7 +279,8 @@ def test_quick_benchmark_end_to_end_resumes_and_teacher_answer(tmp_path, capsys)
 
 _CELL = """
 import json, sys
-from widthscope.growth.bench import cells, run_cell
+from widthscope.growth.bench import run_cell
+from widthscope.growth.suite import cells
 c = [c for c in cells("quick", [0]) if c["model"] == "mlp-32"][0]
 c.update(max_steps=60, eval_every=20, long=8, n_probe=32, M=8, K=8)
 rows = run_cell(c)
@@ -310,7 +311,8 @@ def test_a_committed_cell_reproduces_within_the_spread_across_kernels():
     *this* machine must agree exactly (the test above)."""
     from pathlib import Path
 
-    from widthscope.growth.bench import cells, run_cell
+    from widthscope.growth.bench import run_cell
+    from widthscope.growth.suite import cells
     from widthscope.sweeps.grid import cell_id
 
     bench = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -343,7 +345,7 @@ def test_docs_growth_numbers_are_rendered_from_the_committed_rows():
     assert mod.check() == [], "run python benchmarks/growth_summary.py --write"
     # grow's default is the committed benchmark's rule result
     from widthscope.growth import DEFAULT_CRITERION
-    from widthscope.growth.bench import compare, winner
+    from widthscope.growth.compare import compare, winner
 
     assert winner(compare(mod.load_rows()))["grow_name"] == DEFAULT_CRITERION
     # the check can fail: a changed row changes a rendered block
@@ -353,7 +355,7 @@ def test_docs_growth_numbers_are_rendered_from_the_committed_rows():
 
 def test_grow_recommends_the_missing_block_in_every_seed():
     from widthscope.growth import grow
-    from widthscope.growth.bench import teacher_student
+    from widthscope.growth.suite import teacher_student
 
     for seed in range(3):
         student, data, point = teacher_student(seed, hidden=4, block_seed=0)
@@ -364,7 +366,7 @@ def test_grow_recommends_the_missing_block_in_every_seed():
 def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
     from widthscope.cli import main
     from widthscope.growth import grow
-    from widthscope.growth.bench import cells
+    from widthscope.growth.suite import cells
 
     assert main(["grow-bench", "--quick", "--seeds", "a,b", "--out", str(tmp_path / "x")]) == 2
     assert "--seeds 'a,b'" in capsys.readouterr().err
@@ -461,7 +463,7 @@ def test_gradmax_rows_are_the_top_eigenvectors_the_score_sums():
 
 
 def test_train_to_plateau_stops_by_its_rule_and_keeps_the_best_state():
-    from widthscope.growth.bench import train_to_plateau
+    from widthscope.growth.suite import train_to_plateau
     from widthscope.probe.interventions import mean_loss
 
     torch.manual_seed(0)

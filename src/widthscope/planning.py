@@ -30,11 +30,10 @@ from .data.inputs import resolve
 from .data.spec import is_all
 from .errors import WidthscopeError
 from .growth.block import train_new_block
-from .growth.inputs import builtin_inputs, check_builtin, load_inputs
-from .growth.pipeline import chosen_points, grow_options, split_pools
-from .growth.rank import n_examples, rank_points
+from .growth.options import GrowOptions
+from .growth.pipeline import builtin_inputs, check_builtin, chosen_points, load_inputs, rank_points, split_pools
 from .models.hf import meta_checkpoint
-from .options import CertifyOptions, CertifyRunOptions
+from .options import CertifyOptions, CertifyRunOptions, with_keywords
 from .probe import collect, resolve_points
 from .probe.blocks import block_of
 from .probe.collect import to_device
@@ -386,7 +385,7 @@ def plan_grow(
     few timed steps, nothing written): the model and the data loaded as the run loads them; the
     ranking timed on pools of ``(M, K)``, ``(2M, K)``, ``(M, 2K)`` examples and extrapolated to the
     run's; one block's training loop and one evaluation batch timed and scaled."""
-    opts = grow_options("plan_grow", options, keywords)
+    opts = with_keywords("plan_grow", options, GrowOptions, keywords)
     base_s: float | None = None
     if spec is None:
         model, full, split = builtin_inputs(opts.seed, n_train, n_test)
@@ -462,7 +461,7 @@ class _Growth:
         got = collect(model, [one], points=self.names, loss_fn=loss_fn, progress=False)
         self.widths = {p: int(v.shape[1]) for p, v in got.items()}
         self.runs = len(chosen_points([{"point": p} for p in self.names], opts))
-        self.bs = min(opts.batch_size, n_examples(self.train))
+        self.bs = min(opts.batch_size, batch_size_of(self.train))
         self.at = max(self.names, key=lambda p: self.widths[p])
         self.grown = copy.deepcopy(model)
         insert(self.grown, self.at, "block", width=self.widths[self.at], hidden=opts.block_width, seed=opts.seed)
@@ -634,7 +633,7 @@ def _bench_model(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
     parameter), the cell's training steps counted (runs that stop early at their longest) and,
     with ``time_run``, one step of that loop timed, the criteria at the middle point and one
     held-out evaluation timed, all scaled to the cell and its seeds."""
-    from .growth.cell import fit_block  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+    from .growth.bench import fit_block  # noqa: PLC0415  start-up time: each command loads only its own pipeline
     from .growth.suite import build_model, cell_data, reproducible, split_held_out  # noqa: PLC0415  start-up time: each command loads only its own pipeline
     from .probe.growth import point_criteria  # noqa: PLC0415  start-up time: each command loads only its own pipeline
 

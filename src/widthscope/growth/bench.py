@@ -1,25 +1,21 @@
 r"""Growth benchmark: grow a block at *every* candidate point, judge the criteria against it, and
 judge growth itself against the equal-compute alternatives a practitioner has.
 
-For each model of a suite and each seed (one resumable cell, :func:`widthscope.sweeps.grid.run_grid`,
-run at one thread with deterministic algorithms, :func:`reproducible`):
+One cell (:func:`run_cell`) is a model of the suite (:mod:`widthscope.growth.suite`) at one seed,
+run at one thread with deterministic algorithms:
 
-1. split the held-out pool (seeded permutation) into a *ranking* half and evaluation quarters
-   ``A`` and ``B``; train the model to a plateau on the ranking half (:func:`train_to_plateau`;
-   the planted teacher–student cases use the student as built);
+1. split the held-out pool into a *ranking* half and evaluation quarters ``A`` and ``B``; train
+   the model to a plateau on the ranking half (the planted teacher–student cases use the student);
 2. compute every criterion of :func:`widthscope.probe.growth.point_criteria` at every point;
 3. at every point, grow the block with each learning rate of a grid (block seed 0), keep the one
-   with the lowest ranking-half loss, grow block seeds 1, 2 with it, grow the GradMax block (its
-   ``W_in`` = the top eigenvectors it scores), and grow-then-train-all; in the same FLOPs
-   (:func:`widthscope.growth.step_flops`), train the original model whole (continue training,
-   lr grid chosen on the ranking half). Gains (loss before − after, > 0 is better) on ``B``.
+   with the lowest ranking-half loss, grow the other block seeds with it, grow the GradMax block
+   and grow-then-train-all; in the same FLOPs, train the original model whole (continue training).
+   Gains (loss before − after, > 0 is better) are measured on ``B``.
 
-:func:`compare` turns the rows into Spearman, top-1 hit, regret and the gain beside the
-continue-training and train-all gains per criterion and baseline (random, last, middle, oracle
-chosen on ``A`` and scored on ``B``, the block-seed reproducibility ceiling), per model and overall,
-with intervals over model seeds; :func:`winner` picks ``grow``'s default.
+:func:`benchmark` runs the cells resumably (:func:`widthscope.sweeps.grid.run_grid`) and writes
+the judgement of :mod:`widthscope.growth.compare`.
 
-Command line (:mod:`widthscope.cli.grow_bench`, over :func:`run_bench`)::
+Command line::
 
     widthscope grow-bench --quick --out /tmp/gb         # a few minutes on one core
     widthscope grow-bench --out widthscope-results/growth   # the documented suite (resumable)
@@ -27,6 +23,7 @@ Command line (:mod:`widthscope.cli.grow_bench`, over :func:`run_bench`)::
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import time
@@ -34,95 +31,275 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+import torch
+import torch.nn as nn
 
-from .._io import atomic_write_json, atomic_write_text
+from .._io import atomic_write_json, atomic_write_text, progress
 from ..errors import WidthscopeError
+from ..probe.growth import point_criteria
+from ..probe.interventions import batch_size_of, block_of, index_batch, insert, mean_loss
 from ..sweeps.grid import cell_id, finish_after_ranks, run_grid, shard_for_run
-from .cell import run_cell
-
-# the judgement of the rows lives in grow.compare (the report reads it too); re-exported here
-from .compare import (  # noqa: F401
-    BASELINES,
-    BUDGETS,
-    COST_ORDER,
-    CRITERIA_COLUMNS,
-    GROW_NAME,
-    METRICS,
-    compare,
-    pooled_interval,
-    random_argmax,
-    seeded_rng,
-    t_interval,
-    wilson,
-    winner,
-)
+from .block import first_batch, step_flops, train_new_block, trainable
+from .compare import compare, teacher_picks, winner
 from .options import GrowBenchOptions, with_keywords
+from .suite import build_model, cell_data, cells, reproducible, split_held_out, train_to_plateau
 
-# the suite and one cell live in grow.suite / grow.cell; re-exported here (their names are bench's API)
-from .suite import (  # noqa: F401
-    BLOCK_LRS,
-    BLOCK_SEEDS,
-    CONTINUE_LRS,
-    SEEDS,
-    SUITES,
-    cells,
-    reproducible,
-    teacher_student,
-    train_to_plateau,
-)
-
-__all__ = [
-    "SUITES",
-    "cells",
-    "run_cell",
-    "compare",
-    "winner",
-    "benchmark",
-    "teacher_student",
-    "run_bench",
-    "bench_out_dir",
-    "CRITERIA_COLUMNS",
-    "BASELINES",
-    "GrowBenchOptions",
-    "reproducible",
-    "train_to_plateau",
-    "t_interval",
-    "pooled_interval",
-    "wilson",
-]
+__all__ = ["run_cell", "benchmark", "run_bench", "bench_out_dir", "GrowBenchOptions"]
 
 
-def benchmark(
-    out_dir: str | Path,
+# ----------------------------------------------------------------------------- one cell
+def _grown(
+    model: nn.Module, point: str, width: int, block_seed: int, w_in: torch.Tensor | None = None
+) -> tuple[nn.Module, list[nn.Parameter]]:
+    """A copy of ``model`` with a zero-``W_out`` block at ``point`` (``W_in`` given or seeded) and
+    the block's parameters."""
+    g = copy.deepcopy(model)
+    insert(g, point, "block", width=width, hidden=None if w_in is None else int(w_in.shape[0]), seed=block_seed)
+    blk = block_of(g, point)
+    if w_in is not None:
+        with torch.no_grad():
+            blk.w_in.copy_(w_in.to(blk.w_in.dtype))
+    return g, list(blk.parameters())
+
+
+class _Fit:
+    """A finished training run: the trained copy, its trained parameters, their values after each
+    wanted step count (``None`` after a divergence) and the ranking-half loss there."""
+
+    def __init__(self, model: nn.Module, params: list[nn.Parameter]):
+        self.model, self.params = model, params
+        self.snaps: dict[int, list[torch.Tensor] | None] = {}
+        self.rank: dict[int, float] = {}
+
+    def loss(self, step: int, data: Any) -> float:
+        """Mean loss on ``data`` of the parameters as they were after ``step`` steps (NaN: diverged)."""
+        snap = self.snaps.get(step)
+        if snap is None:
+            return math.nan
+        with torch.no_grad():
+            for p, v in zip(self.params, snap):
+                p.copy_(v)
+        return mean_loss(self.model, data, batch_size=64)
+
+
+def fit_block(
+    model: nn.Module,
+    params: list[nn.Parameter],
+    train: Any,
     *,
-    suite: str = "full",
-    seeds: Sequence[int] | None = None,
-    M: int = 32,
-    K: int = 32,
-    show: bool = True,
-    shard: tuple[int, int] = (1, 1),
-) -> dict[str, Any]:
-    """Run (or resume) the suite into ``out_dir``; write ``comparison.jsonl`` and ``summary.json``
-    (with ``options``: ``{"grow_bench": ...}``, the :class:`~widthscope.growth.options.GrowBenchOptions`
-    of the run, which ``grow-bench --config summary.json`` repeats).
+    steps: int,
+    at: Sequence[int],
+    lr: float,
+    batch_size: int,
+    seed: int,
+    rank: Any = None,
+) -> _Fit:
+    """Train ``params`` (AdamW, eval mode, batches from ``Generator(seed)``) for ``steps``, keeping
+    their values after each step count in ``at`` (and the loss on ``rank`` there, when given). A
+    run that diverges gives NaN losses from then on."""
+    wanted = sorted({int(k) for k in at if 0 < int(k) <= steps})
+    fit = _Fit(model, params)
 
-    ``shard=(k, n)`` runs every ``n``-th cell from the ``k``-th (processes or machines sharing
-    ``out_dir``); the comparison is written once every cell is finished (``complete`` in the result)."""
-    grid = cells(suite, seeds, M=M, K=K)
-    opts = GrowBenchOptions(quick=suite == "quick", seeds=None if seeds is None else tuple(seeds), M=M, K=K)
-    record = {"grow_bench": opts.to_dict()}  # what made it: GrowBenchOptions.from_dict repeats it (--config)
-    # load_rows reads every cell file in out_dir: cells of another suite/seeds/M/K would be mixed in
+    def after(k: int) -> None:
+        if k in wanted:
+            fit.snaps[k] = [p.detach().clone() for p in params]
+            if rank is not None:
+                fit.rank[k] = mean_loss(model, rank, batch_size=64)
+
+    trainable(model, params)
+    try:
+        train_new_block(
+            model,
+            params,
+            train,
+            steps=steps,
+            lr=lr,
+            batch_size=batch_size,
+            seed=seed,
+            loss_fn=None,
+            show_progress=False,
+            after_step=after,
+        )
+    except WidthscopeError:  # diverged
+        for k in wanted:
+            fit.snaps.setdefault(k, None)
+            fit.rank.setdefault(k, math.nan)
+    trainable(model)
+    return fit
+
+
+def _pick_lr(runs: Mapping[float, _Fit], step: int) -> float:
+    """The learning rate with the lowest ranking-half loss at ``step`` (ties: the smaller lr)."""
+
+    def key(lr: float) -> tuple[float, float]:
+        v = runs[lr].rank[step]
+        return (v if math.isfinite(v) else math.inf, lr)
+
+    return min(runs, key=key)
+
+
+def _plateau(
+    cell: Mapping[str, Any], train: Any, sp: Mapping[str, Any], depth: int, seed: int
+) -> tuple[nn.Module, dict[str, Any]]:
+    """A model of the cell built with ``depth`` blocks and trained to a plateau on the ranking half."""
+    torch.manual_seed(seed)
+    model = build_model(cell, depth)
+    rule = {k: cell[k] for k in ("eval_every", "patience", "tol", "max_steps")}
+    info = train_to_plateau(
+        model, train, sp["rank"], lr=cell["base_lr"], batch_size=cell["batch_size"], seed=seed, **rule
+    )
+    return model, info
+
+
+def run_cell(cell: Mapping[str, Any], _cell_dir: Path | None = None, *, show: bool = False) -> list[dict[str, Any]]:
+    """Criteria and realised gains at every point of one (model, seed), with the equal-compute
+    baselines. One row per point (docs/interventions.md §5 lists every column)."""
+    with reproducible(1) as env:
+        rows = _run_cell(cell, show)
+    for r in rows:
+        r.update(env)
+    return rows
+
+
+def _run_cell(cell: Mapping[str, Any], show: bool) -> list[dict[str, Any]]:
+    t0 = time.perf_counter()
+    seed, M, K, bs = int(cell["seed"]), int(cell["M"]), int(cell["K"]), int(cell["batch_size"])
+    train, test, answer, student = cell_data(cell)
+    sp = split_held_out(cell, test)
+    if student is not None:  # the teacher's student as built
+        model, base = student, {"base_steps": 0, "base_plateau": None}
+    else:
+        model, base = _plateau(cell, train, sp, cell.get("depth", 0), seed)
+    n_tr = batch_size_of(train)
+    pick = torch.randperm(n_tr, generator=torch.Generator().manual_seed(seed + 1))[: min(int(cell["n_probe"]), n_tr)]
+    probe = index_batch(train, pick.sort().values)
+    batch = first_batch(train, bs)
+    points = list(model.widthscope_points)  # type: ignore[arg-type]  # a plain attribute (see teacher_student)
+    lrs, clrs, bseeds = tuple(cell["block_lrs"]), tuple(cell["continue_lrs"]), tuple(cell["block_seeds"])
+    long = int(cell["long"])
+    t_base = time.perf_counter() - t0
+    crit = [
+        point_criteria(
+            model,
+            p,
+            probe,
+            sp["rank"],
+            M=M,
+            K=K,
+            eta=float(lrs[len(lrs) // 2]),
+            block_seed=bseeds[0],
+            hidden=None,
+            batch_size=64,
+            gradmax_k=8,
+            keep_gradmax_rows=True,
+        )
+        for p in points
+    ]
+    t_crit = time.perf_counter() - t0 - t_base
+    before = {k: mean_loss(model, d) for k, d in sp.items()}
+    trainable(model)
+    f_orig = step_flops(model, batch)
+    # FLOPs of one block-training step at each point (what growth costs) and of training the grown model whole
+    f_block, f_all = [], []
+    for p, c in zip(points, crit):
+        g, prm = _grown(model, p, c["width"], bseeds[0])
+        trainable(g, prm)
+        f_block.append(step_flops(g, batch))
+        trainable(g)
+        f_all.append(step_flops(g, batch))
+    # equal compute: steps of the alternatives that cost what `long` block steps cost at each point
+    n_cont = [max(1, round(long * fb / f_orig)) for fb in f_block]
+    n_all = [max(1, round(long * fb / fa)) for fb, fa in zip(f_block, f_all)]
+    fit = dict(train=train, steps=long, at=(long,), batch_size=bs, seed=seed)
+    cont_runs = {}
+    for lr in clrs:
+        cont = copy.deepcopy(model)
+        whole = {**fit, "steps": max(n_cont), "at": n_cont}
+        cont_runs[lr] = fit_block(cont, list(cont.parameters()), lr=lr, rank=sp["rank"], **whole)
+    rows = []
+    desc = f"grow-bench {cell['model']} s{seed}"
+    for i, (p, c) in enumerate(progress(list(zip(points, crit)), desc=desc, disable=None if show else True)):
+        # the lr grid with block seed 0 (chosen on the ranking half), the other block seeds at that lr,
+        # the GradMax block, grow-then-train-all, and the continue-training gains for this point's compute
+        gm_rows = c.pop("gradmax_rows")
+        runs = {lr: fit_block(*_grown(model, p, c["width"], bseeds[0]), lr=lr, rank=sp["rank"], **fit) for lr in lrs}
+        lr_b = _pick_lr(runs, long)
+        fits = [runs[lr_b], *(fit_block(*_grown(model, p, c["width"], s), lr=lr_b, **fit) for s in bseeds[1:])]
+        gm = fit_block(*_grown(model, p, c["width"], bseeds[0], w_in=gm_rows), lr=lr_b, **fit)
+        lr_c = _pick_lr(cont_runs, n_cont[i])
+        g, _ = _grown(model, p, c["width"], bseeds[0])
+        ta = fit_block(g, list(g.parameters()), **{**fit, "steps": n_all[i], "at": (n_all[i],)}, lr=lr_c)
+        row = {
+            **{k: v for k, v in c.items() if k not in ("M", "K", "width")},
+            "kind": "growth_bench",
+            "point_width": c["width"],
+            "point_index": i,
+            "n_points": len(points),
+            "answer": answer,
+            "neg_bias_b_exact": -c["bias_b_exact"],
+            "neg_block_b_exact": -c["block_b_exact"],
+            "lr_block": lr_b,
+            "lr_continue": lr_c,
+            "lr_block_rank_loss": {str(k): v.rank[long] for k, v in runs.items()},
+            "flops_orig_step": f_orig,
+            "flops_block_step": f_block[i],
+            "flops_all_step": f_all[i],
+            "steps_continue": n_cont[i],
+            "steps_all": n_all[i],
+            "gradmax_hidden": int(gm_rows.shape[0]),
+            "new_parameters": sum(q.numel() for q in fits[0].params),
+        }
+        for h, tag in (("A", "_A"), ("B", "")):
+            row[f"loss_before{tag}"] = before[h]
+            row[f"gain_long{tag}_seeds"] = [before[h] - f.loss(long, sp[h]) for f in fits]
+            row[f"gain_long{tag}"] = float(np.mean(row[f"gain_long{tag}_seeds"]))
+            row[f"gain_gradmax_long{tag}"] = before[h] - gm.loss(long, sp[h])
+            row[f"gain_continue_long{tag}"] = before[h] - cont_runs[lr_c].loss(n_cont[i], sp[h])
+            row[f"gain_all_long{tag}"] = before[h] - ta.loss(n_all[i], sp[h])
+        row["loss_long"] = before["B"] - row["gain_long"]
+        rows.append(row)
+    scratch = {}
+    if cell.get("scratch"):  # a model of the grown size (one more block) from scratch, by the same plateau rule
+        m, info = _plateau(cell, train, sp, cell["depth"] + 1, seed + 7919)
+        f = step_flops(m, index_batch(train, slice(0, bs)))
+        scratch = {
+            "scratch_loss_B": mean_loss(m, sp["B"]),
+            "scratch_loss_A": mean_loss(m, sp["A"]),
+            "scratch_steps": info["base_steps"],
+            "scratch_flops": info["base_steps"] * f,
+            "scratch_plateau": info["base_plateau"],
+        }
+    for r in rows:
+        r.update(
+            base,
+            **scratch,
+            base_history=base.get("base_history"),
+            seconds_base=t_base,
+            seconds_criteria=t_crit,
+            seconds_cell=time.perf_counter() - t0,
+        )
+    return rows
+
+
+# ----------------------------------------------------------------------------- the suite
+def benchmark(out_dir: Path, opts: GrowBenchOptions, shard: tuple[int, int] = (1, 1)) -> dict[str, Any]:
+    """Run (or resume) the suite into ``out_dir``; write ``comparison.jsonl`` and ``summary.json``
+    (with ``options``: ``{"grow_bench": ...}``, which ``grow-bench --config summary.json`` repeats).
+    ``shard=(k, n)`` runs every ``n``-th cell from the ``k``-th; the comparison is written once
+    every cell is finished (``complete`` in the result)."""
+    suite, M, K = opts.suite, opts.M, opts.K
+    grid = cells(suite, opts.seeds, M=M, K=K)
+    record = {"grow_bench": opts.to_dict()}
+    # every cell file in out_dir is read: cells of another suite/seeds/M/K would be mixed in
     ids = {cell_id(c) for c in grid}
-    foreign = [p.stem for p in (Path(out_dir) / "cells").glob("*.json") if p.stem not in ids]
+    foreign = [p.stem for p in (out_dir / "cells").glob("*.json") if p.stem not in ids]
     if foreign:
         raise WidthscopeError(
             f"{out_dir} holds {len(foreign)} finished cell(s) of another growth benchmark "
             "(suite, seeds, M or K differ); pass a new --out, or the options of that run"
         )
     t0 = time.perf_counter()
-    # one progress line per cell (the grid's bar); the per-point bars inside a cell only with show
     res = run_grid(grid, lambda c, d: run_cell(c, d, show=False), out_dir, desc=f"grow-bench {suite}", shard=shard)
-    out_dir = Path(out_dir)
     done = {r["cell_id"] for r in res.rows}
     if not ids <= done:
         return {
@@ -146,38 +323,13 @@ def benchmark(
         "seconds_this_call": time.perf_counter() - t0,
         "seconds_cells_total": sum({r["cell_id"]: r["seconds_cell"] for r in res.rows}.values()),
         "winner_long": winner(table, "long"),
-        "teacher_student": _teacher_picks(res.rows),
+        "teacher_student": teacher_picks(res.rows),
         "options": record,
     }
     atomic_write_json(out_dir / "summary.json", summary)
     return {"rows": res.rows, "table": table, "summary": summary, "complete": True, "options": record}
 
 
-def _teacher_picks(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per planted-block seed: the missing point, the realised best and each criterion's pick
-    (ties broken as in :func:`compare`)."""
-    out: dict[str, dict[str, Any]] = {}
-    for m, s in sorted({(str(r["model"]), int(r["seed"])) for r in rows if r.get("answer")}):
-        rs = sorted(
-            [r for r in rows if r.get("answer") and r["model"] == m and int(r["seed"]) == s],
-            key=lambda r: r["point_index"],
-        )
-        pick = {}
-        for n, c in CRITERIA_COLUMNS.items():
-            raw = np.array([float(r[c]) if r.get(c) is not None else math.nan for r in rs])
-            v = np.where(np.isfinite(raw), raw, -np.inf)
-            pick[n] = rs[random_argmax(v, seeded_rng(s, n, "long"))[0]]["point"]
-        out[f"{m} seed {s}"] = {
-            "model": m,
-            "seed": s,
-            "answer": rs[0]["answer"],
-            "best_long": max(rs, key=lambda r: r["gain_long"])["point"],
-            **pick,
-        }
-    return out
-
-
-# ----------------------------------------------------------------------------- the command's run
 def bench_out_dir(out: str | Path | None = None, *, quick: bool = False) -> Path:
     """``out``, or the default results folder ``widthscope-results/growth[-quick]``."""
     return Path(out or f"widthscope-results/growth{'-quick' if quick else ''}")
@@ -190,25 +342,16 @@ def run_bench(
     shard: str | None = None,
     **keywords: Any,
 ) -> dict[str, Any] | None:
-    """What ``widthscope grow-bench`` does, from typed settings: :func:`benchmark` of the quick or
-    full suite into ``out`` (default :func:`bench_out_dir`), shard ``shard`` (``"k/n"``; default:
-    one shard per ``torchrun`` rank, else the whole suite). Under torchrun, rank 0 waits for every
-    rank's cells and reruns unsharded (every cell done); the other ranks get ``None``.
-
-    ``options``: a :class:`~widthscope.growth.options.GrowBenchOptions` (default
-    ``GrowBenchOptions()``); keywords named like its fields (``quick``, ``seeds``, ``M``, ``K``)
-    override them; any other keyword is refused, naming it."""
+    """What ``widthscope grow-bench`` does: :func:`benchmark` of the quick or full suite into ``out``
+    (default :func:`bench_out_dir`), shard ``shard`` (``"k/n"``; default: one shard per ``torchrun``
+    rank). Under torchrun, rank 0 waits for every rank's cells and reruns unsharded (every cell
+    done); the other ranks get ``None``. ``options`` with keyword overrides as for ``grow``."""
     opts = with_keywords("run_bench", options, GrowBenchOptions, keywords)
-    which = shard_for_run(shard)
     out_dir = bench_out_dir(out, quick=opts.quick)
 
-    def once(part: tuple[int, int] = (1, 1)) -> dict[str, Any]:
-        return benchmark(out_dir, suite=opts.suite, seeds=opts.seeds, M=opts.M, K=opts.K, shard=part)
-
-    res = once(which)
+    res = benchmark(out_dir, opts, shard_for_run(shard))
     final: dict[str, Any] = {}
-    # under torchrun: wait for every rank's cells, then rank 0 reruns unsharded (all cells done) and reports
-    if not finish_after_ranks(shard, lambda: final.update(once())):
+    if not finish_after_ranks(shard, lambda: final.update(benchmark(out_dir, opts))):
         if not final:
             return None  # not rank 0
         res = final

@@ -2,14 +2,12 @@
 
 :func:`grow_at` inserts a zero-``W_out`` block at a point of a copy of the model, trains it
 (AdamW, eval mode) and measures the held-out loss before and after; :func:`continue_training`
-is the practitioner's baseline, the original model trained whole for the same FLOPs
-(:func:`step_flops`).
+trains the original model whole for the same FLOPs (:func:`step_flops`).
 
-A model dispatched by accelerate (:mod:`widthscope.models.dispatch`) is copied with its placement
-(:func:`widthscope.probe.offload.copy_model`: the hooks copied, the offloaded weights shared and
-read per block, the blocks recomputed in the backward); the new block's parameters live where its
-point runs. Its offloaded weights cannot be trained (accelerate reloads them at every forward), so
-``train_all`` and :func:`continue_training` refuse a model with offloaded modules, before any work.
+A model dispatched by accelerate is copied with its placement
+(:func:`widthscope.probe.offload.copy_model`); the new block lives where its point runs. Offloaded
+weights cannot be trained (accelerate reloads them at every forward), so ``train_all`` and
+:func:`continue_training` refuse a model with offloaded modules, before any work.
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ from .._io import progress
 from ..errors import WidthscopeError
 from ..probe.interventions import (
     EvalMode,
+    batch_size_of,
     block_of,
     index_batch,
     insert,
@@ -31,7 +30,6 @@ from ..probe.interventions import (
     w_out_grad,
 )
 from ..probe.offload import TotalFlops, copy_model, offloaded_modules, recompute_flops
-from .rank import n_examples
 
 __all__ = ["grow_at", "step_flops", "continue_training", "check_trainable", "TRAIN_ALL", "COMPARE"]
 
@@ -43,9 +41,7 @@ COMPARE = ("the 'continue' baseline of --compare (compare=True)", f"drop --compa
 
 def check_trainable(model: nn.Module, what: str, fix: str) -> None:
     """Refuse training every parameter of a model with offloaded modules, in one line: ``what``
-    names the setting that asks for it, ``fix`` the way out. Accelerate loads an offloaded
-    module's weights from its store before each forward and drops them after, so an update to
-    them would be lost (and an optimiser would hold the placeholders on ``meta``)."""
+    names the setting that asks for it, ``fix`` the way out."""
     off = [n for n in offloaded_modules(model) if any(True for _ in model.get_submodule(n).parameters())]
     if off:
         shown = ", ".join(off[:3]) + (f" (+{len(off) - 3} more)" if len(off) > 3 else "")
@@ -53,6 +49,19 @@ def check_trainable(model: nn.Module, what: str, fix: str) -> None:
             f"{what} trains every parameter, but {len(off)} module(s) of the model are offloaded ({shown}): "
             f"accelerate reloads their weights at every forward, so their updates would be lost; {fix}"
         )
+
+
+def trainable(model: nn.Module, params: Sequence[nn.Parameter] | None = None) -> list[nn.Parameter]:
+    """Only ``params`` (default: every parameter) require gradients; returns those that do."""
+    ids = None if params is None else {id(p) for p in params}
+    for p in model.parameters():
+        p.requires_grad_(ids is None or id(p) in ids)
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def first_batch(train: Any, batch_size: int) -> Any:
+    """The first ``batch_size`` examples of ``train`` (what :func:`step_flops` is counted on)."""
+    return index_batch(train, slice(0, min(batch_size, batch_size_of(train))))
 
 
 def train_new_block(
@@ -68,13 +77,11 @@ def train_new_block(
     show_progress: bool,
     after_step: Callable[[int], None] | None = None,
 ) -> None:
-    """AdamW on ``params`` with mini-batches of ``train`` (eval mode: fixed BN stats, no dropout).
-
-    ``after_step(k)`` is called after the ``k``-th step (1-based), e.g. to evaluate a shorter
-    budget on the way: the same run then gives both budgets."""
+    """AdamW on ``params`` with mini-batches of ``train`` (eval mode: fixed BN stats, no dropout);
+    ``after_step(k)`` is called after the ``k``-th step (1-based)."""
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(int(seed))
-    n = n_examples(train)
+    n = batch_size_of(train)
     with EvalMode(model):
         for step in progress(range(steps), desc="grow: train", disable=None if show_progress else True):
             idx = torch.randint(0, n, (min(batch_size, n),), generator=gen)
@@ -91,17 +98,14 @@ def train_new_block(
 
 
 def step_flops(model: nn.Module, batch: Any, loss_fn: Callable | None = None) -> int:
-    """FLOPs of one training step (forward + backward) on ``batch`` of the parameters that currently
-    have ``requires_grad`` (eval mode), as counted by ``torch.utils.flop_counter.FlopCounterMode``
-    (its total, :class:`~widthscope.probe.offload.TotalFlops`: matrix products, convolutions and
-    attention; element-wise work is not counted). Frozen parameters cost no weight gradient, and
-    nothing upstream of the first trainable one is back-propagated, so growing a block late in a
-    network is cheaper than training it all. The forwards an offloaded model's blocks rerun in
-    the backward (:mod:`widthscope.probe.offload`) are not counted: the count is the plain model's."""
+    """FLOPs of one training step (forward + backward, eval mode) on ``batch`` of the parameters
+    that have ``requires_grad``, as ``torch.utils.flop_counter.FlopCounterMode`` totals them
+    (element-wise work is not counted). Frozen parameters cost no weight gradient and nothing
+    upstream of the first trainable one is back-propagated. The forwards an offloaded model's
+    blocks rerun in the backward are not counted."""
     fc = TotalFlops()  # FlopCounterMode's count; its module hooks would defeat the recomputation
-    # an offloaded model's blocks rerun their forward in the backward: not the algorithm's FLOPs
     with EvalMode(model), recompute_flops() as rerun, fc:
-        loss = per_example_losses(model, batch, loss_fn, batch_size=n_examples(batch), grad=True).mean()
+        loss = per_example_losses(model, batch, loss_fn, batch_size=batch_size_of(batch), grad=True).mean()
         if loss.requires_grad:
             loss.backward()
     for p in model.parameters():
@@ -121,30 +125,17 @@ def continue_training(
     loss_fn: Callable | None = None,
     show_progress: bool = False,
 ) -> dict[str, Any]:
-    """The practitioner's baseline of a growth: train *all* parameters of a copy of the original
-    ``model`` (AdamW, the same learning rate and mini-batch order as the block) for as many steps as
-    ``flops`` buys, ``steps = max(1, round(flops / step_flops(original)))``. Returns a row with the
-    held-out loss before/after on ``evaluate``. Refused for a model with offloaded modules
-    (:func:`check_trainable`)."""
+    """Train *all* parameters of a copy of ``model`` (AdamW, the block's learning rate and batch
+    order) for ``max(1, round(flops / step_flops))`` steps; a row with the held-out loss before and
+    after on ``evaluate``. Refused for a model with offloaded modules."""
     check_trainable(model, *COMPARE)
     cont = copy_model(model)
-    for p in cont.parameters():
-        p.requires_grad_(True)
-    probe = index_batch(train, slice(0, min(batch_size, n_examples(train))))
-    f_step = step_flops(cont, probe, loss_fn)
+    params = trainable(cont)
+    f_step = step_flops(cont, first_batch(train, batch_size), loss_fn)
     steps = max(1, int(round(flops / max(f_step, 1))))
     before = mean_loss(cont, evaluate, loss_fn, batch_size=batch_size)
-    train_new_block(
-        cont,
-        list(cont.parameters()),
-        train,
-        steps=steps,
-        lr=lr,
-        batch_size=batch_size,
-        seed=seed,
-        loss_fn=loss_fn,
-        show_progress=show_progress,
-    )
+    fit: dict[str, Any] = dict(lr=lr, batch_size=batch_size, seed=seed, loss_fn=loss_fn, show_progress=show_progress)
+    train_new_block(cont, params, train, steps=steps, **fit)
     after = mean_loss(cont, evaluate, loss_fn, batch_size=batch_size)
     return {
         "point": "(none: train the original longer)",
@@ -184,9 +175,7 @@ def grow_at(
 
     ``eval_steps``: also measure the held-out loss after these step counts (``loss_at``, keyed by
     the step as a string). ``block_seed`` seeds ``W_in`` (default ``seed``, which also orders the
-    mini-batches); ``loss_before`` skips re-measuring the ungrown model. A dispatched model is
-    copied with its placement (see the module docstring); ``train_all`` is refused for a model
-    with offloaded modules.
+    mini-batches); ``loss_before`` skips re-measuring the ungrown model.
     """
     if train_all:
         check_trainable(model, *TRAIN_ALL)
@@ -198,16 +187,8 @@ def grow_at(
     G_M = w_out_grad(grown, point, probe_train, loss_fn, batch_size)
     G_K = w_out_grad(grown, point, probe_test, loss_fn, batch_size)
     new = list(block.parameters())
-    if train_all:
-        params = [p for p in grown.parameters()]
-        for p in params:
-            p.requires_grad_(True)
-    else:
-        ids = {id(p) for p in new}
-        for p in grown.parameters():
-            p.requires_grad_(id(p) in ids)
-        params = new
-    f_step = step_flops(grown, index_batch(train, slice(0, min(batch_size, n_examples(train)))), loss_fn)
+    params = trainable(grown, None if train_all else new)
+    f_step = step_flops(grown, first_batch(train, batch_size), loss_fn)
     loss_at: dict[str, float] = {}
     wanted = {int(k) for k in eval_steps if 0 < int(k) < steps}
 
@@ -215,29 +196,19 @@ def grow_at(
         if k in wanted:
             loss_at[str(k)] = mean_loss(grown, evaluate, loss_fn, batch_size=batch_size)
 
-    train_new_block(
-        grown,
-        params,
-        train,
-        steps=steps,
-        lr=lr,
-        batch_size=batch_size,
-        seed=seed,
-        loss_fn=loss_fn,
-        show_progress=show_progress,
-        after_step=after_step,
-    )
-    for p in grown.parameters():
-        p.requires_grad_(True)
+    fit: dict[str, Any] = dict(lr=lr, batch_size=batch_size, seed=seed, loss_fn=loss_fn, show_progress=show_progress)
+    train_new_block(grown, params, train, steps=steps, after_step=after_step, **fit)
+    trainable(grown)
     loss_after = mean_loss(grown, evaluate, loss_fn, batch_size=batch_size)
     loss_at[str(steps)] = loss_after
+    alignment = float((G_M * G_K).sum())
     return grown, {
         "point": point,
         "loss_before": loss_before,
         "loss_after": loss_after,
         "delta": loss_after - loss_before,
-        "block_alignment": float((G_M * G_K).sum()),
-        "predicted_first_step": -lr * float((G_M * G_K).sum()),
+        "block_alignment": alignment,
+        "predicted_first_step": -lr * alignment,
         "steps": steps,
         "lr": lr,
         "train_all": bool(train_all),

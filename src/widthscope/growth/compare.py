@@ -1,7 +1,6 @@
-r"""The growth benchmark's judgement: from the rows of :mod:`widthscope.grow_bench` (one per model seed and
-point), Spearman, top-1 hit, regret and the realised gain beside the equal-compute baselines, per
-criterion and baseline, with intervals over model seeds (:func:`compare`), and ``grow``'s default
-(:func:`winner`). Pure functions of the rows: the benchmark writes them, the report reads them.
+r"""The growth benchmark's judgement, pure functions of the rows of :mod:`widthscope.growth.bench`:
+Spearman, top-1 hit, regret and the realised gain beside the equal-compute baselines, per criterion
+and baseline, with intervals over model seeds (:func:`compare`), and ``grow``'s default (:func:`winner`).
 """
 
 from __future__ import annotations
@@ -15,19 +14,7 @@ import numpy as np
 
 from ..errors import WidthscopeError
 
-__all__ = [
-    "compare",
-    "winner",
-    "t_interval",
-    "pooled_interval",
-    "wilson",
-    "CRITERIA_COLUMNS",
-    "BASELINES",
-    "COST_ORDER",
-    "GROW_NAME",
-    "BUDGETS",
-    "METRICS",
-]
+__all__ = ["compare", "winner", "teacher_picks", "t_interval", "pooled_interval", "wilson", "CRITERIA_COLUMNS"]
 
 # criterion -> row column (higher = grow here); see widthscope.probe.growth. "gradmax" ranks by the
 # sum of the top-k eigenvalues and is scored on the block grown with those k eigenvectors as W_in.
@@ -45,19 +32,10 @@ BASELINES = ("random", "last", "middle", "oracle", "ceiling")
 # what each criterion costs beyond the model's backward passes, cheapest first (the default rule)
 COST_ORDER = ("bias", "block", "block_d_align", "certified", "gradmax", "line_search")
 # benchmark name -> `grow --criterion` name
-GROW_NAME = {
-    "bias": "bias",
-    "block": "block",
-    "block_d_align": "d_align",
-    "certified": "certified",
-    "gradmax": "gradmax",
-    "line_search": "line_search",
-}
-
+GROW_NAME = {n: "d_align" if n == "block_d_align" else n for n in COST_ORDER}
 BUDGETS = ("long",)  # block-training budgets scored (the cell's `long` steps)
 
 
-# ----------------------------------------------------------------------------- comparison
 def _spearman(x: np.ndarray, y: np.ndarray) -> float:
     """Spearman's ρ: Pearson correlation of the average ranks (NaN when either side is constant)."""
     from scipy.stats import rankdata  # noqa: PLC0415  start-up time: scipy
@@ -84,14 +62,28 @@ def random_argmax(v: np.ndarray, rng: np.random.Generator) -> tuple[int, bool]:
     return int(rng.choice(top)) if len(top) > 1 else int(top[0]), len(top) > 1
 
 
+def _column(rs: Sequence[Mapping[str, Any]], col: str) -> np.ndarray:
+    return np.array([float(r[col]) if r.get(col) is not None else math.nan for r in rs])
+
+
 def _gains(rs: Sequence[Mapping[str, Any]], col: str) -> tuple[np.ndarray, int]:
     """The realised gains of column ``col`` over the points; NaN (every lr diverged) counts as the
     worst point of the unit, and how many there were is returned."""
-    g = np.array([float(r[col]) if r.get(col) is not None else math.nan for r in rs])
+    g = _column(rs, col)
     bad = ~np.isfinite(g)
     if bad.any():
         g[bad] = np.min(g[~bad]) if (~bad).any() else 0.0
     return g, int(bad.sum())
+
+
+def _pick(rs: Sequence[Mapping[str, Any]], name: str, seed: int, budget: str) -> tuple[np.ndarray, int, bool, int]:
+    """Criterion ``name`` over the points of one (model, seed) with NaN ranked last, the point it
+    picks (ties drawn by a seeded generator), whether it tied, and how many values were NaN."""
+    raw = _column(rs, CRITERIA_COLUMNS[name])
+    fin = raw[np.isfinite(raw)]
+    v = np.where(np.isfinite(raw), raw, (fin.min() - 1) if len(fin) else 0.0)
+    j, tied = random_argmax(v, seeded_rng(seed, name, budget))
+    return v, j, tied, len(raw) - len(fin)
 
 
 def _unit_scores(rs: list[Mapping[str, Any]], budget: str) -> dict[str, dict[str, float]]:
@@ -121,14 +113,9 @@ def _unit_scores(rs: list[Mapping[str, Any]], budget: str) -> dict[str, dict[str
             "all_vs_continue": float(alls[j] - cont[j]),
         }
 
-    for name, col in CRITERIA_COLUMNS.items():
+    for name in CRITERIA_COLUMNS:
         target = _gains(rs, f"gain_gradmax_{budget}")[0] if name == "gradmax" else g
-        raw = np.array([float(r[col]) if r.get(col) is not None else math.nan for r in rs])
-        nan_c = int((~np.isfinite(raw)).sum())
-        fin = raw[np.isfinite(raw)]
-        # NaN criterion values rank last (e.g. a line search that found no positive curvature)
-        v = np.where(np.isfinite(raw), raw, (fin.min() - 1) if len(fin) else 0.0)
-        j, tied = random_argmax(v, seeded_rng(seed, name, budget))
+        v, j, tied, nan_c = _pick(rs, name, seed, budget)
         rho = _spearman(v, target)
         out[name] = {
             **score(j, target),
@@ -211,15 +198,13 @@ def compare(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     planted answer; ``hit``: Wilson over the seeds), ``n_seeds``, ``ties``/``nan``/``undefined_spearman``
     counts and ``cost_steps`` (block-training steps the decision costs)."""
     units: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
-    for r in rows:
-        if r.get("kind") == "growth_bench":
-            units.setdefault((str(r["model"]), int(r["seed"])), []).append(r)
-    if not units:
-        raise WidthscopeError("no growth_bench rows to compare; run `widthscope grow-bench` first")
     first: dict[str, Mapping[str, Any]] = {}
     for r in rows:
         if r.get("kind") == "growth_bench":
+            units.setdefault((str(r["model"]), int(r["seed"])), []).append(r)
             first.setdefault(str(r["model"]), r)
+    if not units:
+        raise WidthscopeError("no growth_bench rows to compare; run `widthscope grow-bench` first")
     models = sorted(first, key=lambda m: first[m].get("cell_index", 0))
     natural = [m for m in models if not first[m].get("answer")]
     out: list[dict[str, Any]] = []
@@ -250,16 +235,10 @@ def compare(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                     rec["hit_lo"], rec["hit_hi"] = wilson(sum(hits), len(hits))
                 for cnt in ("ties", "nan", "undefined_spearman"):
                     rec[cnt] = int(sum(d.get(cnt, 0.0) for v in per.values() for d in v))
-                n = {m: int(first[m]["n_points"]) for m in ms}
-                steps = {m: int(first[m][budget]) for m in ms}
-                rec["cost_steps"] = float(
-                    np.mean(
-                        [
-                            steps[m] * (n[m] * len(first[m]["gain_long_seeds"]) if name in ("oracle", "ceiling") else 1)
-                            for m in ms
-                        ]
-                    )
-                )
+                # block-training steps of the decision: the oracle and the ceiling grow every point and seed
+                runs = {m: int(first[m]["n_points"]) * len(first[m]["gain_long_seeds"]) for m in ms}
+                every = name in ("oracle", "ceiling")
+                rec["cost_steps"] = float(np.mean([int(first[m][budget]) * (runs[m] if every else 1) for m in ms]))
                 out.append(rec)
         out.extend(_paired(scores, natural, budget))
     return out
@@ -320,21 +299,39 @@ def winner(table: Sequence[Mapping[str, Any]], budget: str = "long") -> dict[str
             planted[r["criterion"]] += r.get("hit_count", 0.0)
     if beating:
         best = min(beating, key=lambda c: cand[c]["norm_regret"])
-        return {
-            "criterion": best,
-            "grow_name": GROW_NAME[best],
-            "beats_simple_rules": True,
-            "planted_hits": planted,
-            "why": "lowest overall normalised regret among the criteria that beat "
-            "random, last and middle (paired 95% intervals)",
-        }
-    top = max(planted.values()) if planted else 0.0
-    best = next(c for c in COST_ORDER if c in cand and planted[c] == top)
+        why = (
+            "lowest overall normalised regret among the criteria that beat "
+            "random, last and middle (paired 95% intervals)"
+        )
+    else:
+        top = max(planted.values()) if planted else 0.0
+        best = next(c for c in COST_ORDER if c in cand and planted[c] == top)
+        why = (
+            "no criterion beats random, last and middle on the natural models; the cheapest of those "
+            "that find the most planted blocks"
+        )
     return {
         "criterion": best,
         "grow_name": GROW_NAME[best],
-        "beats_simple_rules": False,
+        "beats_simple_rules": bool(beating),
         "planted_hits": planted,
-        "why": "no criterion beats random, last and middle on the natural models; the cheapest of those "
-        "that find the most planted blocks",
+        "why": why,
     }
+
+
+def teacher_picks(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per planted-block (model, seed): the missing point, the realised best and each criterion's pick."""
+    out: dict[str, dict[str, Any]] = {}
+    for m, s in sorted({(str(r["model"]), int(r["seed"])) for r in rows if r.get("answer")}):
+        rs = sorted(
+            [r for r in rows if r.get("answer") and r["model"] == m and int(r["seed"]) == s],
+            key=lambda r: r["point_index"],
+        )
+        out[f"{m} seed {s}"] = {
+            "model": m,
+            "seed": s,
+            "answer": rs[0]["answer"],
+            "best_long": max(rs, key=lambda r: r["gain_long"])["point"],
+            **{n: rs[_pick(rs, n, s, "long")[1]]["point"] for n in CRITERIA_COLUMNS},
+        }
+    return out

@@ -1,10 +1,9 @@
 r"""Growth operators on trained models: a bigger model that starts from the smaller one's weights.
 
-Each works on a copy and returns a :class:`Growth` (the grown model, each parameter's ``sources``,
-whether it is ``exact``ly function-preserving): :func:`zero_block` (a zero-initialised residual block),
-:func:`stack_depth` (copied decoder layers in ``order``, or to ``depth=``/``factor=`` up to any size by
-:func:`stack_order`'s ``layout``; ``mode="zero"`` exact, ``"copy"`` G_stack), :func:`widen` (masked width
-growth, exact); :func:`optimizer_after` resets or keeps AdamW state. Details: docs/growth.md.
+Each works on a copy and returns a :class:`Growth`: :func:`zero_block` (zero-initialised residual
+blocks), :func:`stack_depth` (copied decoder layers, G_stack or its zeroed exact variant),
+:func:`widen` (exact width growth); :func:`optimizer_after` resets or keeps AdamW state after growth.
+Details: docs/growth.md.
 
 Example::
 
@@ -46,11 +45,9 @@ Source = tuple[str, tuple[slice, ...]] | None
 
 @dataclasses.dataclass
 class Growth:
-    """A grown model and where its parameters came from.
-
-    ``sources`` maps every parameter name of ``model`` to ``(old name, slices)`` — the old values sit
-    in ``new[slices]`` — or ``None`` for a parameter that did not exist. ``exact``: the grown model
-    computes the small model's function right after growth (by construction; the tests check it)."""
+    """A grown model and where its parameters came from: ``sources`` maps every parameter name of
+    ``model`` to ``(old name, slices)`` (the old values sit in ``new[slices]``) or ``None`` (new);
+    ``exact``: the grown model computes the small model's function right after growth."""
 
     model: nn.Module
     operator: str
@@ -76,8 +73,8 @@ def _require_llama(fn: str, model: nn.Module) -> None:
         )
 
 
-def _full(p: torch.Tensor) -> tuple[slice, ...]:
-    return tuple(slice(0, n) for n in p.shape)
+def _full(shape: Sequence[int]) -> tuple[slice, ...]:
+    return tuple(slice(0, n) for n in shape)
 
 
 def _count(model: nn.Module) -> int:
@@ -96,7 +93,6 @@ def _set_config(model: Any, **values: Any) -> None:
         cfg.update(values)
 
 
-# ----------------------------------------------------------------------------- zero block
 def zero_block(
     model: nn.Module,
     points: Sequence[str],
@@ -118,17 +114,14 @@ def zero_block(
     sources: dict[str, Source] = {}
     for n, p in grown.named_parameters():
         old = before.get(id(p))
-        sources[n] = None if old is None else (old, _full(p))
+        sources[n] = None if old is None else (old, _full(p.shape))
     return Growth(grown, "zero_block", sources, True, _count(grown) - _count(model), {"points": list(points)})
 
 
-# ----------------------------------------------------------------------------- depth stacking
 def stack_order(n_old: int, depth: int, layout: str = "stack") -> list[int]:
-    """The old layer indices of a ``depth``-layer stack grown from ``n_old`` layers (``depth >= n_old``).
-
-    ``"stack"`` (G_stack): the whole stack ``depth // n_old`` times, then its top ``depth % n_old``
-    layers (``2 → 3``: ``[0, 1, 1]``; ``2 → 8``: ``[0, 1] * 4``); ``"interleave"``: each layer
-    repeated in place, the top ``depth % n_old`` layers once more (``2 → 8``: ``[0, 0, 0, 0, 1, 1, 1, 1]``).
+    """The old layer indices of a ``depth``-layer stack grown from ``n_old`` layers: ``"stack"``
+    (G_stack) repeats the whole stack, then its top ``depth % n_old`` layers; ``"interleave"``
+    repeats each layer in place, the top ``depth % n_old`` layers once more.
 
     >>> stack_order(2, 8), stack_order(3, 5), stack_order(2, 5, "interleave")
     ([0, 1, 0, 1, 0, 1, 0, 1], [0, 1, 2, 1, 2], [0, 0, 1, 1, 1])
@@ -154,11 +147,10 @@ def stack_depth(
     factor: int | None = None,
     layout: str = "stack",
 ) -> Growth:
-    """A copy of a LLaMA-style decoder whose layers are copies of the old ones in ``order`` (old
-    indices; default the whole stack twice, G_stack). ``mode="copy"``: plain copies (the paper's
-    operator, not function-preserving); ``"zero"``: every repeat of a layer has ``o_proj`` and
-    ``down_proj`` zeroed (function-preserving). Instead of ``order``: ``depth`` (the new number of
-    layers) or ``factor`` (``depth = factor × L``) with ``layout`` (:func:`stack_order`)."""
+    """A copy of a LLaMA-style decoder whose layers are copies of the old ones in ``order`` (default
+    the whole stack twice), or :func:`stack_order` to ``depth`` or ``factor × L`` layers.
+    ``mode="copy"``: plain copies (G_stack, not function-preserving); ``"zero"``: every repeat of a
+    layer has ``o_proj`` and ``down_proj`` zeroed (function-preserving)."""
     fn = "stack_depth"
     _require_llama(fn, model)
     _args.choice(fn, "mode", mode, STACK_MODES)
@@ -180,26 +172,26 @@ def stack_depth(
     old_layers = grown.model.layers
     new_layers, seen, zeroed = [], set(), []
     sources: dict[str, Source] = {}
-    names = {n: p for n, p in model.named_parameters()}
+    shapes = {n: p.shape for n, p in model.named_parameters()}
+    outputs = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
     for j, i in enumerate(order):
-        layer = old_layers[i] if i not in seen else copy.deepcopy(old_layers[i])
+        zero = i in seen and mode == "zero"
+        layer = copy.deepcopy(old_layers[i]) if i in seen else old_layers[i]
         layer.self_attn.layer_idx = j  # the key/value cache slot
-        repeat = i in seen
-        if repeat and mode == "zero":
+        if zero:
             with torch.no_grad():
-                layer.self_attn.o_proj.weight.zero_()
-                layer.mlp.down_proj.weight.zero_()
+                for n in outputs:
+                    layer.get_parameter(n).zero_()
             zeroed.append(j)
         seen.add(i)
         new_layers.append(layer)
         for n, _p in layer.named_parameters():
             old = f"model.layers.{i}.{n}"
-            zero = repeat and mode == "zero" and n in ("self_attn.o_proj.weight", "mlp.down_proj.weight")
-            sources[f"model.layers.{j}.{n}"] = None if zero else (old, _full(names[old]))
+            sources[f"model.layers.{j}.{n}"] = None if zero and n in outputs else (old, _full(shapes[old]))
     grown.model.layers = nn.ModuleList(new_layers)
     for n, p in grown.named_parameters():
         if not n.startswith("model.layers."):
-            sources[n] = (n, _full(p))
+            sources[n] = (n, _full(p.shape))
     _set_config(grown, depth=len(order))
     if getattr(grown.config, "layer_types", None) is not None:
         grown.config.layer_types = [grown.config.layer_types[i] for i in order]
@@ -211,13 +203,11 @@ def stack_depth(
     )
 
 
-# ----------------------------------------------------------------------------- width
 def _grow_linear(
     lin: nn.Linear, out_f: int, in_f: int, *, read_new_in: bool, write_new_out: bool, std: float, gen: torch.Generator
 ) -> None:
-    """Enlarge ``lin`` to ``(out_f, in_f)``: old block kept; new input columns random when the map
-    reads new inputs (else zero), new output rows random when they write somewhere new that is
-    read only through a zero map (else zero)."""
+    """Enlarge ``lin`` to ``(out_f, in_f)``, the old block kept: new input columns random when
+    ``read_new_in`` (else zero), new output rows random when ``write_new_out`` (else zero)."""
     old = lin.weight.detach()
     o, i = old.shape
     w = torch.zeros(out_f, in_f, dtype=old.dtype, device=old.device)
@@ -268,10 +258,9 @@ def _widen_sizes(model: nn.Module, width: int | None, ffn: int | None) -> dict[s
 def widen(
     model: nn.Module, width: int | None = None, *, ffn: int | None = None, seed: int = 0, std: float | None = None
 ) -> Growth:
-    """A copy of a LLaMA-style decoder with hidden size ``width`` (default unchanged), MLP size
+    """A function-preserving copy of a LLaMA-style decoder with hidden size ``width``, MLP size
     ``ffn`` (default scaled with the width) and ``width // head_dim`` heads (key/value heads at the
-    same group size), function-preserving (see the module docstring). ``std``: the standard
-    deviation of new reading weights (default the config's ``initializer_range``)."""
+    same group size). ``std``: of the new reading weights (default the config's ``initializer_range``)."""
     fn = "widen"
     _require_llama(fn, model)
     _args.integer(fn, "width", width, lo=2, optional=True)
@@ -306,13 +295,10 @@ def widen(
     wcfg = getattr(grown, "widthscope_config", None)
     if isinstance(wcfg, dict):
         wcfg["rms_eps_scale"] = wcfg.get("rms_eps_scale", 1.0) * n / N
-    sources: dict[str, Source] = {
-        k: (k, tuple(slice(0, d) for d in old_shapes[k])) for k, _ in grown.named_parameters()
-    }
+    sources: dict[str, Source] = {k: (k, _full(old_shapes[k])) for k, _ in grown.named_parameters()}
     return Growth(grown, "widen", sources, True, _count(grown) - _count(model), dict(s, old_width=n))
 
 
-# ----------------------------------------------------------------------------- optimiser state
 def optimizer_after(
     growth: Growth,
     old_model: nn.Module,
@@ -324,9 +310,8 @@ def optimizer_after(
     betas: tuple[float, float] = (0.9, 0.999),
 ) -> torch.optim.AdamW:
     """An AdamW over the grown model's trainable parameters: fresh (``mode="reset"``) or with the
-    old optimiser's moments carried into the slices the old values went to (``"keep"``; new entries
-    zero, new tensors without state). ``old_opt`` must be an AdamW over ``old_model``'s parameters
-    for ``"keep"``."""
+    moments of ``old_opt`` (an AdamW over ``old_model``) carried into the slices the old values went
+    to (``"keep"``; new entries zero, new tensors without state)."""
     fn = "optimizer_after"
     _args.choice(fn, "mode", mode, OPT_STATES)
     params = [p for p in growth.model.parameters() if p.requires_grad]

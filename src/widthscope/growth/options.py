@@ -1,12 +1,6 @@
-"""The settings of ``grow`` and ``grow-bench`` as data: one frozen, typed field per option.
-
-Each field carries its default, range, unit and help once (:func:`widthscope.options.option`);
-the command line (:func:`widthscope.cli.args.add_options`), the validation (when an instance is
-made, before any work) and the ``options`` record of a results file (:meth:`Options.to_dict`,
-read back by :meth:`Options.from_dict` and ``--config``) all come from it. The command line's
-shared table of whole-number options (:data:`widthscope.validate.RANGES`) reads its grow entries
-from these fields, so a bad value gets the same one line from ``grow(...)``, ``GrowOptions(...)``
-and ``widthscope grow``.
+"""The settings of ``grow``, ``grow-bench`` and ``grow-target`` as data: one frozen, typed field per
+option (:func:`widthscope.options.option`), from which the command line, the validation and the
+``options`` record of a results file all come.
 
 Example::
 
@@ -25,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from ..errors import WidthscopeError
 from ..options import MAX_POOL, SEED_MAX, Options, option, with_keywords
@@ -39,13 +34,14 @@ DEFAULT_CRITERION = "line_search"
 GROW_POOLS = (2048, 512)
 
 
+def _seeds(text: str) -> Any:
+    return option(None, kind="ints", lo=0, hi=SEED_MAX, metavar="S1,S2,...", help=text)
+
+
 @dataclasses.dataclass(frozen=True)
 class GrowOptions(Options):
     """The settings of a growth decision (:func:`widthscope.growth.grow`, ``widthscope grow``): which
-    points compete, the certificate's sample sizes, how the new block is trained, what is compared.
-
-    The inputs (model, pools) are not options: a model and data for :func:`~widthscope.growth.grow`,
-    an :class:`~widthscope.data.spec.InputSpec` for :func:`~widthscope.growth.run_grow`."""
+    points compete, the certificate's sample sizes, how the new block is trained, what is compared."""
 
     SHARED_RANGES = True
 
@@ -97,28 +93,13 @@ class GrowOptions(Options):
 @dataclasses.dataclass(frozen=True)
 class GrowBenchOptions(Options):
     """The settings of the growth benchmark (:func:`widthscope.growth.bench.run_bench`,
-    ``widthscope grow-bench``): which suite, which model seeds, the certificates' sample sizes.
-    Where the cells go (``out``) and which shard runs are not settings of what is measured."""
+    ``widthscope grow-bench``): which suite, which model seeds, the certificates' sample sizes."""
 
     quick: bool = option(False, help="the small suite (a few minutes on one core)")
-    seeds: tuple[int, ...] | None = option(
-        None,
-        kind="ints",
-        lo=0,
-        hi=SEED_MAX,
-        metavar="S1,S2,...",
-        help="comma-separated model seeds (default 0,1,2,3,4; 0,1,2 with --quick)",
-    )
-    M: int = option(
-        32,
-        hi=MAX_POOL,  # the lower bound 4 is check()'s: its message is the command's since grow-bench began
-        help="train samples of the certificates (default 32)",
-    )
-    K: int = option(
-        32,
-        hi=MAX_POOL,  # the lower bound 4 is check()'s: its message is the command's since grow-bench began
-        help="held-out samples of the certificates (default 32)",
-    )
+    seeds: tuple[int, ...] | None = _seeds("comma-separated model seeds (default 0,1,2,3,4; 0,1,2 with --quick)")
+    # the lower bound 4 of M and K is check()'s, with its own message
+    M: int = option(32, hi=MAX_POOL, help="train samples of the certificates (default 32)")
+    K: int = option(32, hi=MAX_POOL, help="held-out samples of the certificates (default 32)")
 
     def check(self) -> None:
         for name in ("M", "K"):
@@ -130,9 +111,8 @@ class GrowBenchOptions(Options):
         return "quick" if self.quick else "full"
 
 
-# the grow-target suite's schedules (grow.schedule defines them; repeated here so the options need not
-# import the benchmark and its data/models: tests/test_grow_target.py checks they agree). The operators
-# are widthscope.registry.GROWTH_OPERATORS' (a light module).
+# the grow-target schedules (growth.schedule defines them; repeated so that the options need not import
+# torch: tests/test_grow_target.py checks they agree)
 TARGET_SCHEDULES = (
     "fixed@0.1",
     "fixed@0.25",
@@ -148,17 +128,10 @@ TARGET_SCHEDULES = (
 class GrowTargetOptions(Options):
     """The settings of the compute-to-target benchmark (:func:`widthscope.growth.target_bench.run_target`,
     ``widthscope grow-target``): which suite, seeds, and optionally a subset of its operators and
-    schedules or another budget. Where the rows go (``out``) is not a setting of what is measured."""
+    schedules or another budget."""
 
     quick: bool = option(False, help="the tiny suite (about a minute per seed on one core)")
-    seeds: tuple[int, ...] | None = option(
-        None,
-        kind="ints",
-        lo=0,
-        hi=SEED_MAX,
-        metavar="S1,S2,...",
-        help="comma-separated seeds (default 0,1,2,3,4; 0,1 with --quick)",
-    )
+    seeds: tuple[int, ...] | None = _seeds("comma-separated seeds (default 0,1,2,3,4; 0,1 with --quick)")
     steps: int | None = option(
         None,
         kind="int",

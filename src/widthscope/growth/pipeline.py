@@ -1,10 +1,8 @@
 r"""Growth decisions: where should a trained model get a new residual block?
 
-Each candidate point gets the certificate of a zero-initialised bias (``aᵀb``, ``d_align``,
-``B_exact``/``B_align``, ``predicted_gain = η aᵀb``, the planner's ``M = K``), points are ranked
-(:mod:`widthscope.growth.rank`), and a zero-output block is inserted at the best and trained;
-held-out loss before and after is reported beside its first-order prediction. ``compare=True``
-repeats at the worst and a random point. Training runs in eval mode. Details: docs/interventions.md §3.
+:func:`rank_points` scores every candidate point; :func:`grow` grows a zero-output block at the best
+one (with ``compare``, also at the worst and a random one, beside training the original for the same
+FLOPs) and reports the held-out loss before and after; :func:`run_grow` is ``widthscope grow``.
 
 Example::
 
@@ -20,33 +18,35 @@ Example::
     True
     >>> res["chosen"] in model.widthscope_points, [g["role"] for g in res["growth"]]
     (True, ['best', 'worst', 'continue'])
-
-Command line::
-
-    widthscope grow --model builtin --steps 200 --compare --out grow.json
 """
 
 from __future__ import annotations
 
+import math
 import random
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 import torch.nn as nn
 
 from .. import _args
-from .._io import atomic_write_json
+from .._io import atomic_write_json, check_space
+from ..data import load
+from ..data.inputs import load_model, placement_of, resolve
+from ..data.pools import pick_pool
 from ..data.spec import InputSpec, PoolSize
 from ..errors import WidthscopeError
+from ..models import build
 from ..options import with_keywords
-from ..probe.interventions import index_batch, take
+from ..probe.collect import collect
+from ..probe.growth import CRITERIA, point_criteria
+from ..probe.interventions import as_examples, batch_size_of, index_batch, take, to_batches
 from ..probe.points import resolve_points
+from ..stats import certificate, plan, vacuous_rule
 from ..train import train as train_model
 from ..validate import check_pools
 from .block import COMPARE, TRAIN_ALL, check_trainable, continue_training, grow_at, step_flops
-from .inputs import builtin_inputs, check_builtin, check_out_space, load_inputs
 from .options import DEFAULT_CRITERION, GrowOptions
-from .rank import DELTAS, certification_note, n_examples, rank_pairs, rank_points
 
 __all__ = [
     "grow",
@@ -62,16 +62,114 @@ __all__ = [
     "continue_training",
 ]
 
-_load_inputs = load_inputs  # the name tests and older callers import from here
+DELTAS = (0.1, 0.05, 0.01)
 
 
-def grow_options(fn: str, options: GrowOptions | None, keywords: Mapping[str, Any]) -> GrowOptions:
-    """``options`` (default ``GrowOptions()``) with the keyword conveniences of ``fn`` applied, each
-    validated by the dataclass and named in the error; an unknown keyword is refused with the list
-    of settings (:func:`widthscope.options.with_keywords`)."""
-    return with_keywords(fn, options, GrowOptions, keywords)
+# ----------------------------------------------------------------------------- ranking
+def rank_pairs(data: Any) -> tuple[Any, Any]:
+    """(train, test) pooled examples of ``data`` as :func:`grow` checked it: a Split, a dict or a pair."""
+    if hasattr(data, "train") and hasattr(data, "test"):
+        return tuple(data.train), tuple(data.test)
+    if isinstance(data, dict):
+        return as_examples(data["train"]), as_examples(data["test"])
+    return as_examples(data[0]), as_examples(data[1])
 
 
+def rank_points(
+    model: nn.Module,
+    train: Any,
+    test: Any,
+    options: GrowOptions | None = None,
+    *,
+    loss_fn: Callable | None = None,
+    show_progress: bool = True,
+    **keywords: Any,
+) -> list[dict[str, Any]]:
+    """Certificate, predicted gain and sample-size plan for every candidate point, best first.
+
+    ``train``/``test`` are pooled examples; the settings are ``options`` (keywords named like its
+    fields override them). ``criterion`` (:data:`widthscope.probe.growth.CRITERIA`) picks the column
+    ranked on: ``"bias"`` ranks by ``η aᵀb``, the others add the block's columns of
+    :func:`widthscope.probe.growth.point_criteria` (the block :func:`grow_at` would insert).
+    Every row has ``score``, ``p_improve`` (the ranked certificate's ``1 − B_exact``, 0 when
+    vacuous), ``MK_needed_δ`` (its planner's ``M = K`` for ``B_exact ≤ δ``) and ``rank`` (1 = best).
+    """
+    opts = with_keywords("rank_points", options, GrowOptions, keywords)
+    M, K, eta, criterion, batch_size = opts.M, opts.K, opts.eta_or_lr, opts.criterion, opts.batch_size
+    names = resolve_points(model, opts.points)
+    S_a = collect(model, to_batches(train, batch_size), points=names, loss_fn=loss_fn, progress=show_progress)
+    S_b = collect(model, to_batches(test, batch_size), points=names, loss_fn=loss_fn, progress=show_progress)
+    rows = []
+    for p in names:
+        c = certificate(S_a[p], S_b[p], M=M, K=K)
+        row: dict[str, Any] = {
+            "kind": "growth",
+            "role": "candidate",
+            "point": p,
+            "width": int(S_a[p].shape[1]),
+            "M": M,
+            "K": K,
+            **{k: getattr(c, k) for k in ("expectation", "d_align", "b_exact", "b_align", "vacuous", "reason")},
+            "eta": eta,
+            "predicted_gain": eta * c.expectation,
+        }
+        vacuous_rule(row)  # d_align of a vacuous certificate is missing, as in every row
+        for d in DELTAS:
+            pl = plan(S_a[p], S_b[p], target=d)
+            row[f"MK_exact_{d:g}"], row[f"MK_align_{d:g}"] = pl.equal_exact, pl.equal_align
+        p_improve = 0.0 if c.vacuous or not c.expectation > 0 else 1.0 - c.b_exact
+        row.update(criterion=criterion, score=row["predicted_gain"], p_improve=p_improve)
+        needed = [row[f"MK_exact_{d:g}"] for d in DELTAS]
+        if criterion != "bias":
+            pc = point_criteria(
+                model,
+                p,
+                train,
+                test,
+                M=M,
+                K=K,
+                eta=eta,
+                hidden=opts.block_width,
+                block_seed=opts.seed,
+                loss_fn=loss_fn,
+                batch_size=batch_size,
+                deltas=DELTAS,
+            )
+            row.update({k: v for k, v in pc.items() if k.startswith(("block_", "gradmax", "certified", "ls_"))})
+            row.update(score=pc[CRITERIA[criterion]], p_improve=pc["p_improve"])
+            needed = [pc[f"block_MK_exact_{d:g}"] for d in DELTAS]
+        row.update({f"MK_needed_{d:g}": n for d, n in zip(DELTAS, needed)})
+        rows.append(row)
+
+    def key(r: dict[str, Any]) -> tuple[bool, float]:
+        v = r["score"] if r["score"] is not None and not math.isnan(r["score"]) else -math.inf  # NaN last
+        return (bool(r["vacuous"]) if criterion == "bias" else False, -v)
+
+    order = sorted(rows, key=key)
+    for i, r in enumerate(order, 1):
+        r["rank"] = i
+    return order
+
+
+def certification_note(cands: Sequence[dict[str, Any]], M: int, K: int, delta: float = 0.1) -> str:
+    """One plain line: which points the ranked certificate certifies at ``δ`` (``B_exact ≤ δ``),
+    or, when none is, the smallest ``M = K`` at which the planner says one would be."""
+    ok = [c["point"] for c in cands if c.get("p_improve", 0.0) >= 1.0 - delta]
+    mk = f"M = K = {M}" if M == K else f"M = {M}, K = {K}"
+    if ok:
+        return f"certified at δ = {delta:g} with {mk} (probability of improvement ≥ {1 - delta:g}): {', '.join(ok)}"
+    asked = [c.get(f"MK_needed_{delta:g}") for c in cands]
+    need = [n for n in asked if isinstance(n, int)]
+    tail = (
+        f"collect M = K ≥ {min(need)} to decide"
+        if need
+        else "the planner finds no M = K either: every certificate is vacuous (estimated gain or a "
+        "variance term ≤ 0); rank on more examples (--n-train, --n-test)"
+    )
+    return f"no point is certified at δ = {delta:g} with {mk}; {tail}"
+
+
+# ----------------------------------------------------------------------------- growing
 def _check_data(fn: str, data: Any) -> None:
     parts: tuple[tuple[str, Any], ...]
     if isinstance(data, dict) and "train" in data and "test" in data:
@@ -104,60 +202,31 @@ def grow(
 ) -> dict[str, Any]:
     r"""Rank insertion points by ``options.criterion``, grow a block at the best one, train it.
 
-    The settings are a :class:`~widthscope.growth.options.GrowOptions` (each field's help says what it
-    means); keywords named like its fields override them, any other is refused. ``model`` is not modified
-    (growth happens on copies; an offloaded model refuses ``train_all`` and ``compare``). ``data`` is a
-    :class:`widthscope.data.Split` or ``(train_batches, test_batches)``: the first ``n_rank`` held-out
-    examples rank, the rest measure; ``n_train`` examples estimate ``a`` (default ``max(4M, 256)``).
-    Returns ``{"candidates", "growth", "chosen", "rows", "certification", "settings", "options"}``; rows
-    have ``kind="growth"`` and a ``role`` (candidate|best|worst|random|continue).
+    Keywords named like the fields of ``options`` override them. ``model`` is not modified.
+    ``data`` is a :class:`widthscope.data.Split` or ``(train_batches, test_batches)``: ``n_rank``
+    held-out examples rank, the rest measure; ``n_train`` examples estimate ``a`` (default
+    ``max(4M, 256)``). Returns ``{"candidates", "growth", "chosen", "rows", "certification",
+    "settings", "options"}``; rows have ``kind="growth"`` and a ``role``
+    (candidate|best|worst|random|continue).
     """
     fn = "grow"  # the types, before any work
     _args.module(fn, "model", model)
     _check_data(fn, data)
-    opts = grow_options(fn, options, keywords)
+    opts = with_keywords(fn, options, GrowOptions, keywords)
     _args.integer(fn, "n_train", n_train, lo=1, optional=True)
     _args.boolean(fn, "progress", progress)
     _args.function(fn, "loss_fn", loss_fn)
     check_offloaded(model, opts)
-    M, K, lr, seed = opts.M, opts.K, opts.lr, opts.seed
+    M, K = opts.M, opts.K
     train, test = rank_pairs(data)
-    pools = _split_pools(model, train, test, opts, n_train)
-    probe_train, rank_test = pools.probe_train, pools.rank_test
-    n_train, n_rank, n_te = pools.n_train, pools.n_rank, pools.n_test
-    cands = rank_points(model, probe_train, rank_test, opts, loss_fn=loss_fn, show_progress=progress)
-    common = {"criterion": opts.criterion, "M": M, "K": K, "n_eval": n_te - n_rank}
-    growth = _grow_chosen(model, cands, opts, pools, train, common, loss_fn, progress)
-    return {
-        "chosen": cands[0]["point"],
-        "candidates": cands,
-        "growth": growth,
-        "rows": [*cands, *growth],
-        "certification": certification_note(cands, M, K),
-        "settings": {
-            "M": M,
-            "K": K,
-            "steps": opts.steps,
-            "lr": lr,
-            "eta": opts.eta_or_lr,
-            "train_all": opts.train_all,
-            "criterion": opts.criterion,
-            "n_train": n_train,
-            "n_rank": n_rank,
-            "n_eval": n_te - n_rank,
-            "block_width": opts.block_width,
-            "seed": seed,
-        },
-        "options": {"grow": opts.to_dict()},  # what made it: GrowOptions.from_dict repeats it (grow --config)
-    }
-
-
-def _grow_chosen(model, cands, opts: GrowOptions, pools, train, common, loss_fn, progress) -> list[dict[str, Any]]:
-    """Grow and train at the chosen points (:func:`_chosen`), then, with ``compare``, the original model
-    trained on for the FLOPs the best point's growth used (role ``continue``): the rows of each."""
-    M, K, lr, seed, bs = opts.M, opts.K, opts.lr, opts.seed, opts.batch_size
+    pools = split_pools(model, train, test, opts, n_train)
+    cands = rank_points(model, pools.probe_train, pools.rank_test, opts, loss_fn=loss_fn, show_progress=progress)
+    n_eval = pools.n_test - pools.n_rank
+    common = {"criterion": opts.criterion, "M": M, "K": K, "n_eval": n_eval}
+    fit: dict[str, Any] = dict(lr=opts.lr, batch_size=opts.batch_size, seed=opts.seed, loss_fn=loss_fn)
+    fit.update(show_progress=progress)
     growth = []
-    for role, cand in _chosen(cands, opts):
+    for role, cand in chosen_points(cands, opts):
         _, res = grow_at(
             model,
             cand["point"],
@@ -166,36 +235,37 @@ def _grow_chosen(model, cands, opts: GrowOptions, pools, train, common, loss_fn,
             probe_train=take(pools.probe_train, min(M, pools.n_train)),
             probe_test=index_batch(pools.rank_test, slice(0, min(K, pools.n_rank))),
             steps=opts.steps,
-            lr=lr,
             block_width=opts.block_width,
             width=cand["width"],
             train_all=opts.train_all,
-            batch_size=bs,
-            seed=seed,
-            loss_fn=loss_fn,
-            show_progress=progress,
+            **fit,
         )
         keys = ("rank", "predicted_gain", "d_align", "score", "p_improve", "b_exact", "b_align")
         growth.append({"kind": "growth", "role": role, **{k: cand[k] for k in keys}, **common, **res})
     if opts.compare:  # is growing better than training the original model for the same compute?
-        res = continue_training(
-            model,
-            train,
-            pools.evaluate,
-            flops=growth[0]["flops"],
-            lr=lr,
-            batch_size=bs,
-            seed=seed,
-            loss_fn=loss_fn,
-            show_progress=progress,
-        )
+        res = continue_training(model, train, pools.evaluate, flops=growth[0]["flops"], **fit)
         growth.append({"kind": "growth", "role": "continue", "rank": None, "predicted_gain": None, **common, **res})
-    return growth
+    fields = ("M", "K", "steps", "lr", "train_all", "criterion", "block_width", "seed")
+    return {
+        "chosen": cands[0]["point"],
+        "candidates": cands,
+        "growth": growth,
+        "rows": [*cands, *growth],
+        "certification": certification_note(cands, M, K),
+        "settings": {
+            **{k: getattr(opts, k) for k in fields},
+            "eta": opts.eta_or_lr,
+            "n_train": pools.n_train,
+            "n_rank": pools.n_rank,
+            "n_eval": n_eval,
+        },
+        "options": {"grow": opts.to_dict()},  # what made it: GrowOptions.from_dict repeats it (grow --config)
+    }
 
 
 def check_offloaded(model: nn.Module, opts: GrowOptions) -> None:
-    """Growth on a model with offloaded modules trains the new block only: ``train_all`` and
-    ``compare`` (whose 'continue' baseline trains the whole model) are refused, one line each."""
+    """A model with offloaded modules trains the new block only: ``train_all`` and ``compare``
+    (whose 'continue' baseline trains the whole model) are refused, one line each."""
     if opts.train_all:
         check_trainable(model, *TRAIN_ALL)
     if opts.compare:
@@ -211,12 +281,12 @@ class _Pools(NamedTuple):
     n_test: int
 
 
-def _split_pools(model: nn.Module, train: Any, test: Any, opts: GrowOptions, n_train: int | None) -> _Pools:
+def split_pools(model: nn.Module, train: Any, test: Any, opts: GrowOptions, n_train: int | None = None) -> _Pools:
     """The seeded subsets :func:`grow` ranks on and evaluates on, checked before any work."""
-    n_tr, n_te = n_examples(train), n_examples(test)
+    n_tr, n_te = batch_size_of(train), batch_size_of(test)
     if n_te < 8:
         raise WidthscopeError(
-            f"need at least 8 held-out examples (got {n_te}): half rank the points, half measure the loss"
+            f"need at least 8 held-out examples (got {n_te}, --n-test): half rank the points, half measure the loss"
         )
     n_rank = n_te // 2 if opts.n_rank is None else opts.n_rank
     if not 4 <= n_rank <= n_te - 4:
@@ -225,21 +295,19 @@ def _split_pools(model: nn.Module, train: Any, test: Any, opts: GrowOptions, n_t
     if not 1 <= n_train <= n_tr:
         raise WidthscopeError(f"n_train={n_train}: need between 1 and the {n_tr} training examples given")
     resolve_points(model, opts.points)  # unknown names first: the clearest error
-    # The same rule and message as certify: M/K draw without replacement from their pools.
     check_pools(opts.M, opts.K, n_train, n_rank, test_pool="held-out ranking pool (half of --n-test)")
     seed = int(opts.seed)
     probe_train = index_batch(
         train, torch.randperm(n_tr, generator=torch.Generator().manual_seed(seed + 1))[:n_train].sort().values
     )
-    # A seeded permutation, not the first half: datasets such as text chunks are ordered by
-    # position in the corpus, and ranking and evaluation should see the same distribution.
+    # a seeded permutation, not the first half: data such as text chunks is ordered by position
     perm = torch.randperm(n_te, generator=torch.Generator().manual_seed(seed))
     rank_test = index_batch(test, perm[:n_rank].sort().values)
     evaluate = index_batch(test, perm[n_rank:].sort().values)
     return _Pools(probe_train, rank_test, evaluate, n_train, n_rank, n_te)
 
 
-def _chosen(cands: list[dict[str, Any]], opts: GrowOptions) -> list[tuple[str, dict[str, Any]]]:
+def chosen_points(cands: list[dict[str, Any]], opts: GrowOptions) -> list[tuple[str, dict[str, Any]]]:
     """The points grown: the best; with ``compare`` also the worst and a seeded random other one."""
     chosen = [("best", cands[0])]
     if opts.compare and len(cands) > 1:
@@ -251,6 +319,57 @@ def _chosen(cands: list[dict[str, Any]], opts: GrowOptions) -> list[tuple[str, d
 
 
 # ----------------------------------------------------------------------------- a whole run
+def builtin_inputs(
+    seed: int = 0, n_train: PoolSize | None = None, n_test: PoolSize | None = None
+) -> tuple[nn.Module, Any, Any]:
+    """The built-in MLP *untrained*, its digits split and the pools grow uses: the whole split, or
+    seeded subsets of ``n_train`` / ``n_test`` examples."""
+    split = load("digits", seed=seed)
+    torch.manual_seed(seed)
+    model = build("mlp", 64, in_dim=64, out_dim=10, depth=3, activation="tanh")
+    pools = []
+    for pair, n, s, flag, what in (
+        (split.train, n_train, seed, "--n-train", "train"),
+        (split.test, n_test, seed + 1, "--n-test", "held-out"),
+    ):
+        if n is None:
+            pools.append(tuple(pair))
+            continue
+        where = f"the {what} part of digits"
+        idx = pick_pool(len(pair[0]), n, s, False, "examples", flag, where, fixes="pass a checkpoint with more data")
+        pools.append(tuple(t[idx] for t in pair))
+    return model, split, tuple(pools)
+
+
+def check_builtin(model: nn.Module, pools: Any, opts: GrowOptions, out: str | None) -> None:
+    """grow()'s checks on the pools and points, before the built-in model trains."""
+    split_pools(model, pools[0], pools[1], opts)
+    check_out_space(model, opts.points, out)
+
+
+def check_out_space(model: nn.Module, points: Sequence[str] | str | None, out: str | None) -> None:
+    """Free space for the ``out`` JSON: candidate and growth rows (about 2 KB each, over-estimated)."""
+    if out:
+        check_space(out, 20_000 + 8_000 * len(resolve_points(model, points)))
+
+
+def load_inputs(
+    spec: InputSpec,
+    points: Sequence[str] | str | None = None,
+    show: bool = True,
+    check: Callable[[nn.Module], None] | None = None,
+) -> Any:
+    """Model and pools of ``spec`` through the shared input layer; the points (and ``check``, on
+    the loaded model) are checked before the data is read."""
+    model = load_model(
+        spec.model, dtype=spec.dtype, task=spec.task, revision=spec.revision, placement=placement_of(spec)
+    )
+    resolve_points(model, points)
+    if check is not None:
+        check(model)
+    return resolve(spec, model=model, show_progress=show)
+
+
 def run_grow(
     spec: InputSpec | None = None,
     options: GrowOptions | None = None,
@@ -264,16 +383,13 @@ def run_grow(
     report: Callable[[dict[str, Any]], None] | None = None,
     **keywords: Any,
 ) -> dict[str, Any]:
-    """What ``widthscope grow`` does, from typed settings: load the model and its pools, check
-    them before any training, :func:`grow`, record the inputs, write ``out`` (JSON, atomically).
+    """What ``widthscope grow`` does: load the model and its pools, check them before any training,
+    :func:`grow`, record the inputs, write ``out`` (JSON, atomically).
 
-    ``spec``: the checkpoint and its data (pool sizes as :class:`~widthscope.data.spec.InputSpec`
-    says). ``None``: the built-in MLP, trained 300 steps on digits, with seeded subsets of
-    ``n_train`` / ``n_test`` examples (default: the whole split), cast to ``dtype``.
-    ``options`` (:class:`~widthscope.growth.options.GrowOptions`) with keyword conveniences as for
-    :func:`grow`. ``say`` gets the input layer's notes; ``report`` is called with the result
-    before it is written (the command line prints its tables there)."""
-    opts = grow_options("run_grow", options, keywords)
+    ``spec``: the checkpoint and its data; ``None``: the built-in MLP, trained 300 steps on digits,
+    with seeded subsets of ``n_train`` / ``n_test`` examples, cast to ``dtype``. ``say`` gets the
+    input layer's notes; ``report`` is called with the result before it is written."""
+    opts = with_keywords("run_grow", options, GrowOptions, keywords)
     inputs = None
     if spec is None:
         model, full, split = builtin_inputs(opts.seed, n_train, n_test)
@@ -301,20 +417,10 @@ def run_grow(
             input_spec=inputs.spec.to_dict(),
         )
         placed = getattr(model, "widthscope_dispatch", None)
-        if placed:  # a dispatched model: where its layers ran, as certify records it (docs/big-models.md)
+        if placed:  # a dispatched model: where its layers ran, as certify records it
             res["settings"]["placement"] = placed
     if report is not None:
         report(res)
     if out:
         atomic_write_json(out, res)
     return res
-
-
-def chosen_points(cands: list[dict[str, Any]], opts: GrowOptions) -> list[tuple[str, dict[str, Any]]]:
-    """The points a run grows at (``--plan`` counts them)."""
-    return _chosen(cands, opts)
-
-
-def split_pools(model: nn.Module, train: Any, test: Any, opts: GrowOptions) -> Any:
-    """The ranking and evaluation pools a run splits (``--plan`` splits them the same way)."""
-    return _split_pools(model, train, test, opts, None)

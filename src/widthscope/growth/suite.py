@@ -1,7 +1,5 @@
-"""The growth benchmark's suite and its ingredients: the cells (:func:`cells`: model, seed and every
-setting of one run), the reproducible context a cell runs in, the planted teacher–student cases,
-base training to a plateau, and the data a cell reads with its seeded held-out split.
-"""
+"""The growth benchmark's suite: its cells (:func:`cells`), the reproducible context a cell runs in,
+the planted teacher–student cases, base training to a plateau, and a cell's model and data."""
 
 from __future__ import annotations
 
@@ -19,25 +17,18 @@ from ..errors import WidthscopeError
 from ..models import build
 from ..probe.interventions import batch_size_of, block_of, index_batch, insert, mean_loss, per_example_losses
 
-__all__ = [
-    "SUITES",
-    "SEEDS",
-    "BLOCK_LRS",
-    "CONTINUE_LRS",
-    "BLOCK_SEEDS",
-    "cells",
-    "reproducible",
-    "teacher_student",
-    "train_to_plateau",
-]
+__all__ = ["SUITES", "SEEDS", "cells", "reproducible", "teacher_student", "train_to_plateau"]
 
-BLOCK_LRS = (1e-3, 3e-3, 1e-2)  # the block's learning-rate grid (chosen per point on the ranking half)
-CONTINUE_LRS = (3e-4, 1e-3, 3e-3)  # the grid for training all parameters (continue, train-all)
-BLOCK_SEEDS = (0, 1, 2)
-# base training: AdamW at base_lr (linear warm-up over the first eval), held-out ranking-half loss every
-# `eval_every` steps; stop when the best of the last `patience` evals improves on the best before them
-# by less than `tol` (relative), or at `max_steps`; the best evaluated state is kept.
-_PLATEAU = dict(eval_every=50, patience=3, tol=0.01)
+# every cell's defaults: the learning-rate grids of the block and of training all parameters (each
+# chosen on the ranking half), the block seeds, and base training's plateau rule (train_to_plateau)
+_DEFAULTS = dict(
+    block_lrs=(1e-3, 3e-3, 1e-2),
+    continue_lrs=(3e-4, 1e-3, 3e-3),
+    block_seeds=(0, 1, 2),
+    eval_every=50,
+    patience=3,
+    tol=0.01,
+)
 _LLAMA = dict(
     family="llama",
     data="text",
@@ -141,30 +132,14 @@ def cells(suite: str = "full", seeds: Sequence[int] | None = None, *, M: int = 3
     if suite not in SUITES:
         raise WidthscopeError(f"unknown growth suite {suite!r}; choose one of {', '.join(SUITES)}")
     seeds = SEEDS[suite] if seeds is None else tuple(seeds)
-    return [
-        {
-            "block_lrs": BLOCK_LRS,
-            "continue_lrs": CONTINUE_LRS,
-            "block_seeds": BLOCK_SEEDS,
-            **_PLATEAU,
-            **spec,
-            "seed": int(s),
-            "M": M,
-            "K": K,
-        }
-        for spec in SUITES[suite]
-        for s in seeds
-    ]
+    return [{**_DEFAULTS, **spec, "seed": int(s), "M": M, "K": K} for spec in SUITES[suite] for s in seeds]
 
 
-# ----------------------------------------------------------------------------- reproducibility
 @contextmanager
 def reproducible(threads: int = 1) -> Iterator[dict[str, Any]]:
-    """One torch thread and deterministic algorithms inside; the previous settings restored after.
-
-    Yields what else could make a rerun on another machine differ (recorded in every row): the CPU
-    kernel family torch dispatches to (``torch.backends.cpu.get_cpu_capability()``), the versions
-    of torch, numpy, transformers and Python, and the thread count."""
+    """``threads`` torch threads and deterministic algorithms inside (restored after); yields what
+    else could make a rerun elsewhere differ (:func:`widthscope._env.environment`: the CPU kernel
+    family, the library versions, the thread count)."""
     prev = (
         torch.get_num_threads(),
         torch.are_deterministic_algorithms_enabled(),
@@ -180,7 +155,6 @@ def reproducible(threads: int = 1) -> Iterator[dict[str, Any]]:
         torch.use_deterministic_algorithms(prev[1], warn_only=prev[2])
 
 
-# ----------------------------------------------------------------------------- models
 def teacher_student(
     seed: int,
     *,
@@ -196,16 +170,11 @@ def teacher_student(
     teacher_seed: int | None = None,
     damp: float | None = None,
 ) -> tuple[nn.Module, tuple[Any, Any], str]:
-    """A student MLP that lacks exactly one residual block (at ``blocks.{missing}``) of its teacher.
-
-    The teacher *is* the student plus a block ``z + W* φ(W_in norm(z))`` at that point (hidden width
-    ``hidden``, ``W_in`` from ``teacher_seed``, default ``block_seed``), so a block grown there can
-    imitate it directly, while a block at any other point must act through the student's tanh
-    layers. Targets are the teacher's outputs (regression, per-example squared error). The
-    benchmark gives the teacher a block that the grown block is *not* (another seed and width).
-    ``damp``: the linear maps of ``blocks.1 … blocks.{missing}`` scaled by it (the construction of
-    ``tests/test_grow.py``: changes before the planted last block reach the output only weakly).
-    """
+    """A student MLP that lacks exactly one residual block (at ``blocks.{missing}``) of its teacher:
+    (student, (train, test), point). The teacher is the student plus a block of hidden width
+    ``hidden`` (``W_in`` from ``teacher_seed``, default ``block_seed``) there; targets are its
+    outputs (regression). ``damp`` scales the linear maps of ``blocks.1 … blocks.{missing}``, so
+    changes before the planted block reach the output only weakly."""
     gen = torch.Generator().manual_seed(1000 + int(seed))
     torch.manual_seed(1000 + int(seed))
     student = build("mlp", width, in_dim=in_dim, out_dim=out_dim, depth=depth, activation="tanh").double().eval()
@@ -240,15 +209,10 @@ def train_to_plateau(
     tol: float,
     max_steps: int,
 ) -> dict[str, Any]:
-    """AdamW (weight decay 0, gradient clipping at norm 1, linear warm-up over the first
-    ``eval_every`` steps, then constant ``lr``) on mini-batches drawn with replacement by a dedicated
-    ``torch.Generator(seed)``; the mean loss on ``monitor`` every ``eval_every`` steps.
-
-    Plateau rule: stop once ``min(last patience evals) > (1 − tol) · min(evals before them)`` (the
-    relative held-out improvement over the last ``patience`` evals is below ``tol``), or at
-    ``max_steps``. The best evaluated state is restored (early stopping), so a model that starts to
-    overfit is kept at its best held-out loss. Train mode (BatchNorm batch statistics) while
-    stepping; the model is left in eval mode."""
+    """AdamW (clipping at norm 1, linear warm-up over the first ``eval_every`` steps) on batches
+    drawn by ``Generator(seed)``, in train mode; the loss on ``monitor`` every ``eval_every`` steps.
+    Stops once ``min(last patience evals) > (1 − tol) · min(evals before them)`` or at
+    ``max_steps``; the best evaluated state is restored and the model left in eval mode."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(int(seed))
@@ -302,27 +266,13 @@ def cell_data(cell: Mapping[str, Any]) -> tuple[Any, Any, str | None, nn.Module 
     """(train, test) pooled examples; for the teacher cases also the answer and the student."""
     seed = int(cell["seed"])
     if cell["family"] == "teacher":
-        model, (tr, te), point = teacher_student(
-            seed,
-            width=cell["width"],
-            depth=cell["depth"],
-            missing=cell["missing"],
-            hidden=cell["teacher_hidden"],
-            teacher_seed=cell["teacher_seed"],
-            damp=cell.get("damp"),
-            n_train=cell["n_train"],
-            n_test=cell["n_test"],
-        )
+        sizes = {k: cell[k] for k in ("width", "depth", "missing", "n_train", "n_test")}
+        planted = dict(hidden=cell["teacher_hidden"], teacher_seed=cell["teacher_seed"], damp=cell.get("damp"))
+        model, (tr, te), point = teacher_student(seed, **sizes, **planted)
         return tr, te, point, model
     if cell["data"] == "text":
-        split = load(
-            "text",
-            n_train=cell["n_train"],
-            n_test=cell["n_test"],
-            seed=seed,
-            seq_len=cell["seq_len"],
-            max_bytes=400_000,
-        )
+        sizes = {k: cell[k] for k in ("n_train", "n_test", "seq_len")}
+        split = load("text", seed=seed, max_bytes=400_000, **sizes)
         return split.train[0], split.test[0], None, None  # token ids: the LM loss predicts the sequence itself
     split = load("digits", seed=seed)
     tr, te = tuple(split.train), tuple(split.test)
@@ -332,14 +282,9 @@ def cell_data(cell: Mapping[str, Any]) -> tuple[Any, Any, str | None, nn.Module 
 
 
 def split_held_out(cell: Mapping[str, Any], test: Any) -> dict[str, Any]:
-    """The held-out pool split by a seeded permutation: ``rank`` (half: criteria, base-training
-    plateau, learning-rate choice), ``A`` and ``B`` (a quarter each: the oracle chooses on ``A``;
-    every reported gain is measured on ``B``)."""
+    """The held-out pool split by a seeded permutation: ``rank`` (half: criteria, plateau, learning
+    rates), ``A`` and ``B`` (a quarter each: the oracle chooses on ``A``; gains are measured on ``B``)."""
     n = batch_size_of(test)
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(cell["seed"])))
     a, b = n // 2, n // 2 + n // 4
-    return {
-        "rank": index_batch(test, perm[:a].sort().values),
-        "A": index_batch(test, perm[a:b].sort().values),
-        "B": index_batch(test, perm[b:].sort().values),
-    }
+    return {k: index_batch(test, perm[lo:hi].sort().values) for k, lo, hi in (("rank", 0, a), ("A", a, b), ("B", b, n))}
