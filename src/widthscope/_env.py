@@ -3,10 +3,27 @@ recorded in every sweep and benchmark row (``env_*`` columns), so a mismatch can
 
 from __future__ import annotations
 
+import contextlib
 import platform
-from typing import Any
+from typing import Any, Iterator
 
-__all__ = ["environment"]
+__all__ = ["environment", "torch_threads"]
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """torch's CPU threads set to ``n`` meanwhile, then restored (``None``: left as they are, torch not imported)."""
+    if n is None:
+        yield
+        return
+    import torch  # noqa: PLC0415  start-up time: `widthscope --help` loads no torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def environment() -> dict[str, Any]:

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Protocol, Sequence, Sized
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Sequence, Sized
 
 from .errors import WidthscopeError
 
@@ -131,15 +131,14 @@ def _sibling(path: Path, suffix: str) -> tuple[int, str]:
         raise unwritable(path, exc) from None
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` atomically; an unwritable path raises WidthscopeError naming it."""
+def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
+    """``write(tmp)`` a temporary sibling, then rename it to ``path``; an unwritable path (an
+    ``OSError`` of ``write``) raises WidthscopeError naming it, and no temporary is left."""
     path = Path(path)
     fd, tmp = _sibling(path, ".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        write(tmp)
         os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; results are shared like any file
         os.replace(tmp, path)
     except BaseException as exc:
@@ -149,6 +148,18 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
             raise unwritable(path, exc) from None
         raise
     return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (:func:`atomic_write`)."""
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+
+    return atomic_write(path, write)
 
 
 KEPT_WORK: list[Any] = []
@@ -433,9 +444,12 @@ class Skipped(NamedTuple):
     line: int | None
     why: str
 
+    @property
+    def where(self) -> str:
+        return f"{self.path} line {self.line}" if self.line is not None else self.path
+
     def __str__(self) -> str:
-        where = f"{self.path} line {self.line}" if self.line is not None else self.path
-        return f"{where}: {self.why}, skipped"
+        return f"{self.where}: {self.why}, skipped"
 
 
 def skip_lines(problems: Sequence[Skipped], limit: int = 5) -> list[str]:
@@ -454,10 +468,8 @@ def warn_skips(problems: Sequence[Skipped], prefix: str = "widthscope", limit: i
 
 def refuse_skips(problems: Sequence[Skipped], fix: str) -> Exception:
     """The one error line of ``--strict``: the first skip, how many in all, and ``fix``."""
-    first = problems[0]
-    where = f"{first.path} line {first.line}" if first.line is not None else first.path
     more = f" (and {len(problems) - 1} more damaged line(s)/file(s))" if len(problems) > 1 else ""
-    return WidthscopeError(f"{where}: {first.why}{more}; --strict refuses damaged input: {fix}")
+    return WidthscopeError(f"{problems[0].where}: {problems[0].why}{more}; --strict refuses damaged input: {fix}")
 
 
 def record_skips(found: list[Skipped], problems: list[Skipped] | None) -> None:
@@ -552,22 +564,15 @@ def format_table(
 
 class LogProgress:
     """Progress lines for logs (``sweep demo: 3/8 (38%) 4m10s elapsed, ~6m57s left``) at most every
-    ``interval`` seconds and when a long loop ends; the interface of the tqdm bars we use."""
+    ``$WIDTHSCOPE_PROGRESS_INTERVAL`` seconds (default 30) and when a long loop ends; the interface
+    of the tqdm bars we use."""
 
-    def __init__(
-        self,
-        iterable: Iterable | None = None,
-        *,
-        total: int | None = None,
-        desc: str = "",
-        interval: float | None = None,
-        **_: Any,
-    ) -> None:
+    def __init__(self, iterable: Iterable | None = None, *, total: int | None = None, desc: str = "") -> None:
         self.iterable = iterable
         self.total = total if total is not None else (len(iterable) if isinstance(iterable, Sized) else None)
         self.desc = desc or "progress"
         self.n = 0
-        self.interval = float(os.environ.get("WIDTHSCOPE_PROGRESS_INTERVAL", 30)) if interval is None else interval
+        self.interval = float(os.environ.get("WIDTHSCOPE_PROGRESS_INTERVAL", 30))
         self.t0 = self.last = time.monotonic()
         self.postfix = ""
 
@@ -581,12 +586,9 @@ class LogProgress:
     def _line(self, now: float) -> str:
         el = now - self.t0
         if self.total:
-            left = el / self.n * (self.total - self.n) if self.n else None
-            return (
-                f"{self.desc}: {self.n}/{self.total} ({100 * self.n / self.total:.0f}%) {self._fmt(el)} elapsed"
-                + (f", ~{self._fmt(left)} left" if left is not None else "")
-                + self.postfix
-            )
+            left = f", ~{self._fmt(el / self.n * (self.total - self.n))} left" if self.n else ""
+            done = f"{self.n}/{self.total} ({100 * self.n / self.total:.0f}%)"
+            return f"{self.desc}: {done} {self._fmt(el)} elapsed{left}{self.postfix}"
         return f"{self.desc}: {self.n} done, {self._fmt(el)} elapsed{self.postfix}"
 
     def update(self, k: int = 1) -> None:
@@ -613,24 +615,6 @@ class LogProgress:
         finally:
             self.close()
 
-    def __enter__(self) -> LogProgress:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-class ProgressBar(Protocol):
-    """What :func:`progress` returns: a tqdm bar or a :class:`LogProgress`."""
-
-    def __iter__(self) -> Iterator[Any]: ...
-
-    def update(self, n: int = 1, /) -> object: ...
-
-    def set_postfix(self, **kw: Any) -> object: ...
-
-    def close(self) -> object: ...
-
 
 def progress(
     iterable: Iterable | None = None,
@@ -639,10 +623,9 @@ def progress(
     desc: str = "",
     disable: bool | None = None,
     **kw: Any,
-) -> ProgressBar:
+) -> Any:
     """A tqdm bar on a terminal, periodic lines (:class:`LogProgress`) in a log, nothing when
-    ``disable``. ``WIDTHSCOPE_PROGRESS=1`` forces bars, ``=0`` silences everything;
-    ``WIDTHSCOPE_PROGRESS_INTERVAL``: seconds between log lines (default 30)."""
+    ``disable``. ``WIDTHSCOPE_PROGRESS=1`` forces bars, ``=0`` silences everything."""
     from tqdm.auto import tqdm
 
     env = os.environ.get("WIDTHSCOPE_PROGRESS")

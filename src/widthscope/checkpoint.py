@@ -18,14 +18,13 @@ from __future__ import annotations
 import copy
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 from torch import nn
 
-from ._io import atomic_write_json, current_umask, to_jsonable, unwritable
+from ._io import atomic_write, atomic_write_json, to_jsonable
 from .errors import WidthscopeError
 from .hub import attach, resolve_model
 from .models import build, count_parameters
@@ -87,27 +86,16 @@ def save(model: nn.Module, directory: str | os.PathLike, *, extra: dict | None =
 
     directory = Path(directory)
     tensors, aliases = _dedupe(model.state_dict())
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".model.", suffix=".safetensors.tmp", dir=directory)
-        os.close(fd)
-    except OSError as exc:
-        raise unwritable(directory / "model.safetensors", exc) from None
-    try:
-        save_file(tensors, tmp, metadata={"format": "pt", "widthscope_aliases": json.dumps(aliases)})
-        os.chmod(tmp, 0o666 & ~current_umask())
-        os.replace(tmp, directory / "model.safetensors")
-    except BaseException as exc:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        if isinstance(exc, OSError) or type(exc).__name__ == "SafetensorError":
-            # safetensors reports a full disk as its own error type: one line, not a traceback
-            raise WidthscopeError(
-                f"cannot write {str(directory / 'model.safetensors')!r}: {exc} (disk full or "
-                "not writable?); free space or choose another output directory"
-            ) from None
-        raise
 
+    def write(tmp: str) -> None:
+        try:
+            save_file(tensors, tmp, metadata={"format": "pt", "widthscope_aliases": json.dumps(aliases)})
+        except Exception as exc:  # safetensors reports a full disk as its own error type
+            if type(exc).__name__ != "SafetensorError":
+                raise
+            raise OSError(f"{exc} (disk full?)") from None
+
+    atomic_write(directory / "model.safetensors", write)
     atomic_write_json(
         directory / "config.json",
         {

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import report as wreport  # report, load_results looked up at call time (tests replace them)
+from ._env import torch_threads
 from ._io import atomic_write_json
 from .errors import WidthscopeError
 from .options import Options, option
@@ -180,22 +181,17 @@ def _linear_part(
     if not linear:
         print("  skipped (--no-linear)", file=file)
         return
-    import torch  # noqa: PLC0415  start-up time: torch
-
     from .linearization import config as lconfig  # noqa: PLC0415  start-up time: torch
     from .linearization import run as lsweep  # noqa: PLC0415  start-up time: torch
 
-    sub, t0, n_threads = out / "linearize", time.perf_counter(), torch.get_num_threads()
+    sub, t0 = out / "linearize", time.perf_counter()
     try:
-        if threads:
-            torch.set_num_threads(threads)
-        lsweep.run_sweep(_linear_config(lconfig, quick), sub)
+        with torch_threads(threads or None):
+            lsweep.run_sweep(_linear_config(lconfig, quick), sub)
         parts.append(sub)
         print(f"  ({time.perf_counter() - t0:.0f} s)\n", file=file, flush=True)
     except Exception as exc:
         _failed(failed, "linearization sweep", exc)
-    finally:
-        torch.set_num_threads(n_threads)
 
 
 def _out(out_dir: str | Path | None, quick: bool) -> Path:
@@ -223,8 +219,8 @@ def plan_demo(
     """``widthscope demo --plan``: each part's plan for the settings of :func:`run_demo`
     (``time_run=False``: counted only), and their sum as a :class:`widthscope.planning.Plan` (the
     fixed costs once, then each part's work; finished cells not in it). Nothing is written."""
-    import torch  # noqa: PLC0415  start-up time: torch
-
+    from .planning import FIXED, plan_linearize, since_start, work_s  # noqa: PLC0415  start-up time: torch
+    from .planning import Plan as Sum  # noqa: PLC0415  start-up time: torch
     from .sweeps.alignment import load_config  # noqa: PLC0415  start-up time: torch
     from .sweeps.run import print_config_plan  # noqa: PLC0415  start-up time: torch
 
@@ -232,11 +228,9 @@ def plan_demo(
     file = file or sys.stdout
     out = check_dir_writable(_out(out_dir, quick))  # the run would be refused: the plan says so first
     configs = _configs(quick, threads, _image_dataset())
-    n_threads, n = torch.get_num_threads(), len(configs) + 2
+    n = len(configs) + 2
     parts: list[tuple[str, float | None]] = []
-    if threads:
-        torch.set_num_threads(threads)  # timed as the run runs
-    try:
+    with torch_threads(threads or None):  # timed as the run runs
         for i, raw in enumerate(configs, 1):
             fam = raw["family"][0]
             print(f"[{i}/{n}] alignment sweep: {fam['name']} on {fam['dataset']}", file=file, flush=True)
@@ -249,18 +243,12 @@ def plan_demo(
         print(f"[{n - 1}/{n}] linearization sweep", file=file, flush=True)
         if linear:
             from .linearization import config as lconfig  # noqa: PLC0415  start-up time: torch
-            from .planning import plan_linearize, work_s  # noqa: PLC0415  start-up time: torch
 
             lplan = plan_linearize(_linear_config(lconfig, quick), time_run=time_run)
             print(lplan.table(), file=file, flush=True)
             parts.append(("linearization sweep", work_s(lplan)))
         else:
             print("  skipped (--no-linear)", file=file)
-    finally:
-        torch.set_num_threads(n_threads)
-    from .planning import FIXED, since_start  # noqa: PLC0415  start-up time: torch
-    from .planning import Plan as Sum  # noqa: PLC0415  start-up time: torch
-
     fixed = (f"{FIXED} and imports (measured)", since_start() if time_run else None)
     plan = Sum("demo", "the demo's parts", 0, 0, None, 1, None, parts=(fixed, *parts))
     total = "" if plan.predicted_s is None else f"; predicted {plan.predicted_s:.0f} s with the process's start"

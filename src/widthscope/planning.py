@@ -81,7 +81,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["parts"] = [{"part": n, "seconds": t} for n, t in self.parts]
-        d["counts"] = {n: v for n, v in self.counts}
+        d["counts"] = dict(self.counts)
         d["notes"] = list(self.notes)
         d["predicted_s"] = self.predicted_s
         return d
@@ -913,11 +913,12 @@ def _alignment_plan(cfg: Any, fam: Any, width: float, budget: int, timed_run: bo
         split = load_split(fam, budget, cfg)
     except (WidthscopeError, OSError) as exc:
         return f"data not read ({str(exc)[:200]}): not counted"
+    build = functools.partial(models.build, fam.model, width, **fill_model_options(fam, split))
     try:
         with torch.device("meta"):
-            model = models.build(fam.model, width, **fill_model_options(fam, split))
+            model = build()
     except (RuntimeError, NotImplementedError):  # an init the meta device cannot run: these models are small
-        model = models.build(fam.model, width, **fill_model_options(fam, split))
+        model = build()
     opts = cell_options(cfg, {"family": fam.name, "seed": 0})
     names = resolve_points(model, fam.points or None)
     where = next(p.device for p in model.parameters())
@@ -948,7 +949,7 @@ def _alignment_plan(cfg: Any, fam: Any, width: float, budget: int, timed_run: bo
         if where.type != "meta":
             raise
         torch.manual_seed(0)
-        model, where = models.build(fam.model, width, **fill_model_options(fam, split)), torch.device("cpu")
+        model, where = build(), torch.device("cpu")
         per = count()
     dims = 0
     for shape in shapes.values():

@@ -250,26 +250,18 @@ def check_outputs(inputs: list[tuple[str, str]], outputs: list[tuple[str, str]],
 
 
 def check_pools(
-    M: int | list[int],
-    K: int | list[int],
-    n_train: int,
-    n_test: int,
-    *,
-    train_flag: str = "--n-train",
-    test_flag: str = "--n-test",
-    test_pool: str = "held-out pool",
+    M: int | list[int], K: int | list[int], n_train: int, n_test: int, *, test_pool: str = "held-out pool"
 ) -> None:
     """``M``/``K`` (draws without replacement) must fit the train/held-out pools."""
-    m = max(M) if isinstance(M, (list, tuple)) else M
-    k = max(K) if isinstance(K, (list, tuple)) else K
-    if m > n_train:
-        raise WidthscopeError(
-            f"M={m} is larger than the train pool of {n_train} examples: raise {train_flag} or lower --M"
-        )
-    if k > n_test:
-        raise WidthscopeError(
-            f"K={k} is larger than the {test_pool} of {n_test} examples: raise {test_flag} or lower --K"
-        )
+    for name, size, pool, n, flag in (
+        ("M", M, "train pool", n_train, "--n-train"),
+        ("K", K, test_pool, n_test, "--n-test"),
+    ):
+        v = max(size) if isinstance(size, (list, tuple)) else size
+        if v > n:
+            raise WidthscopeError(
+                f"{name}={v} is larger than the {pool} of {n} examples: raise {flag} or lower --{name}"
+            )
 
 
 # ----------------------------------------------------------------------------- list options

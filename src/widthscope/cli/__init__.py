@@ -14,7 +14,6 @@ import os
 import signal
 import sys
 import threading
-from typing import Callable
 
 from .._version import __version__
 from ..errors import WidthscopeError
@@ -54,40 +53,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
-    parser: argparse.ArgumentParser = _Parser(prog="widthscope", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"widthscope {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    subparsers: dict[str, argparse.ArgumentParser] = {}
-    for name, (_, help_) in COMMANDS.items():
-        subparsers[name] = sub.add_parser(name, help=help_, description=help_)
-    return parser, subparsers
-
-
-def _quiet_offline() -> None:
-    """Library chatter (HF advisory and tokenizer fork warnings) stays off the terminal; whether the
-    hub may be reached stays the user's choice (``HF_HUB_OFFLINE`` is never set here)."""
-    for key, value in (
-        ("TRANSFORMERS_VERBOSITY", "error"),
-        ("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1"),
-        ("TOKENIZERS_PARALLELISM", "false"),
-    ):
-        os.environ.setdefault(key, value)
-
-
 class _Terminated(BaseException):
     """SIGTERM, turned into an exception so the run ends like a Ctrl-C: cleanly, with a message."""
 
 
-def _threads(n: int | None) -> int | None:
-    """Set torch's threads to ``--threads N``; returns the count before (``None``: unchanged)."""
-    if n is None:
-        return None
-    import torch  # noqa: PLC0415  start-up time: `widthscope --help` loads no torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    return before
+def _terminate(signum: int, _frame: object) -> None:
+    raise _Terminated(signum)
 
 
 STOPPED: list[int] = []  # the exit status of a run a signal stopped (read by widthscope.__main__)
@@ -125,9 +96,6 @@ def defer_signal(signum: int, _frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    def _terminate(signum: int, _frame: object) -> None:
-        raise _Terminated(signum)
-
     STOPPED.clear()
     on_main = threading.current_thread() is threading.main_thread()
     previous = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) if on_main else None
@@ -137,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     name = next((a for a in argv if not a.startswith("-")), None)
     try:
-        return _main(argv, name, _terminate if on_main else None)
+        return _main(argv, name, on_main)
     except (KeyboardInterrupt, _Terminated) as exc:  # before the command started (imports, parsing)
         return _stopped(name if name in COMMANDS else None, exc)
     finally:
@@ -147,26 +115,32 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGINT, previous[1])
 
 
-def _imports_done(terminate: Callable[[int, object], None] | None) -> None:
-    """Act on a signal that came while importing; from now on SIGINT/SIGTERM raise at once."""
-    if PENDING_SIGNALS:
-        raise _Terminated(signal.SIGTERM) if signal.SIGTERM in PENDING_SIGNALS else KeyboardInterrupt()
-    if terminate is not None:
-        signal.signal(signal.SIGTERM, terminate)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-def _main(argv: list[str], name: str | None, terminate: Callable[[int, object], None] | None = None) -> int:
+def _main(argv: list[str], name: str | None, on_main: bool) -> int:
     from .._io import KEPT_WORK, kept_work  # noqa: PLC0415  start-up time: `widthscope --help` skips it (_io + checks: +40 ms)
 
     KEPT_WORK.clear()  # what this run keeps, not what an earlier call in this process kept
-    _quiet_offline()
-    parser, subparsers = build_parser()
+    # Library chatter (HF advisory and tokenizer fork warnings) stays off the terminal; whether the
+    # hub may be reached stays the user's choice (HF_HUB_OFFLINE is never set here).
+    for key, value in (
+        ("TRANSFORMERS_VERBOSITY", "error"),
+        ("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1"),
+        ("TOKENIZERS_PARALLELISM", "false"),
+    ):
+        os.environ.setdefault(key, value)
+    parser = _Parser(prog="widthscope", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"widthscope {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    subparsers = {cmd: sub.add_parser(cmd, help=help_, description=help_) for cmd, (_, help_) in COMMANDS.items()}
     # Only the chosen command's module is imported (and only it adds its arguments).
     if name in COMMANDS:
         module = importlib.import_module(COMMANDS[name][0])
         module.add_arguments(subparsers[name])
-    _imports_done(terminate)
+    # The imports are done: act on a signal that came meanwhile; from now on SIGINT/SIGTERM raise at once.
+    if PENDING_SIGNALS:
+        raise _Terminated(signal.SIGTERM) if signal.SIGTERM in PENDING_SIGNALS else KeyboardInterrupt()
+    if on_main:
+        signal.signal(signal.SIGTERM, _terminate)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -176,14 +150,12 @@ def _main(argv: list[str], name: str | None, terminate: Callable[[int, object], 
     checks.CREATED.clear()
     try:
         checks.check_args(args, args.command)  # the shared checks, before the command does any work
-        before = _threads(getattr(args, "threads", None))
-        try:
-            from ..models.dispatch import releasing_memory  # noqa: PLC0415  start-up time: it imports torch
+        from .._env import torch_threads  # noqa: PLC0415  start-up time: `widthscope --help` skips it
+        from ..models.dispatch import releasing_memory  # noqa: PLC0415  start-up time: it imports torch
 
-            with releasing_memory():  # the process is widthscope's: offloaded weights go back to the system
-                return int(module.run(args) or 0)
-        finally:
-            _threads(before)
+        # the process is widthscope's: offloaded weights go back to the system
+        with torch_threads(getattr(args, "threads", None)), releasing_memory():
+            return int(module.run(args) or 0)
     except WidthscopeError as exc:
         _remove_created()
         kept = kept_work()

@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    base = config_options(ActivationsOptions, args.config, "activations", "activations") if args.config else None
+    base = config_options(ActivationsOptions, args.config, "activations")
     opts = ActivationsOptions.from_args(args, base)
     run_audit(opts, json_out=args.json)
     return 0

@@ -109,11 +109,14 @@ def add_config(parser: argparse.ArgumentParser, command: str, *, dest: str = "co
     )
 
 
-def config_options(cls: type[T], path: str, section: str, command: str) -> T:
-    """The ``section`` options recorded in ``path`` (:func:`load_config`), validated by ``cls``;
-    one error line naming ``--config`` when the file holds no such options or a bad one."""
-    block = load_config(path)
-    sub = block.get(section)
+def config_options(cls: type[T], path: str | None, command: str) -> T | None:
+    """The options of ``command`` recorded in ``path`` (:func:`load_config`; ``None``: no
+    ``--config``), validated by ``cls``; one error line naming ``--config`` when the file holds no
+    such options or a bad one."""
+    if path is None:
+        return None
+    section = command.replace("-", "_")
+    sub = load_config(path).get(section)
     if not isinstance(sub, dict):
         raise WidthscopeError(
             f"--config {path!r} records no {command} options: pass a results JSON written by widthscope "

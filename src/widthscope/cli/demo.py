@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
+from .._env import torch_threads
 from ..demo import DemoOptions, plan_demo, run_demo
 from .args import add_config, add_options, add_plan, config_options
 
@@ -25,20 +24,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    base = config_options(DemoOptions, args.config, "demo", "demo") if args.config else None
+    base = config_options(DemoOptions, args.config, "demo")
     opts = DemoOptions.from_args(args, base)
-    if opts.threads is not None and args.threads is None:  # the default (or recorded) count, for the whole run
-        torch.set_num_threads(opts.threads)
-    if args.plan or args.plan_no_time:
-        plan_demo(
-            args.out, quick=opts.quick, linear=not opts.no_linear, threads=opts.threads, time_run=not args.plan_no_time
-        )
-        return 0
-    run_demo(
-        args.out,
-        quick=opts.quick,
-        linear=not opts.no_linear,
-        show_progress=not opts.no_progress,
-        threads=opts.threads,
-    )
+    with torch_threads(opts.threads if args.threads is None else None):  # the default (or recorded) count
+        if args.plan or args.plan_no_time:
+            plan_demo(
+                args.out,
+                quick=opts.quick,
+                linear=not opts.no_linear,
+                threads=opts.threads,
+                time_run=not args.plan_no_time,
+            )
+        else:
+            run_demo(
+                args.out,
+                quick=opts.quick,
+                linear=not opts.no_linear,
+                show_progress=not opts.no_progress,
+                threads=opts.threads,
+            )
     return 0

@@ -72,7 +72,7 @@ def _print_tables(res: dict[str, Any], opts: GrowOptions) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    base = config_options(GrowOptions, args.config, "grow", "grow") if args.config else None
+    base = config_options(GrowOptions, args.config, "grow")
     opts = GrowOptions.from_args(args, base)
     builtin = args.model == "builtin"
     spec = None if builtin else spec_from_args(args, "grow", seed=opts.seed)

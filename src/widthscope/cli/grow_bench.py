@@ -53,7 +53,7 @@ def _seeds(text: str | None) -> tuple[int, ...] | None:
 
 def run(args: argparse.Namespace) -> int:
     _seeds(args.seeds)
-    base = config_options(GrowBenchOptions, args.config, "grow_bench", "grow-bench") if args.config else None
+    base = config_options(GrowBenchOptions, args.config, "grow-bench")
     opts = GrowBenchOptions.from_args(args, base)
     suite = opts.suite
     if args.plan or args.plan_no_time:  # every cell of the suite (a --shard runs a part of them)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
 from .._io import format_table
 from ..growth.options import GrowTargetOptions
 from ..growth.target_bench import COLUMNS, run_target, target_out_dir
@@ -33,10 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    base = config_options(GrowTargetOptions, args.config, "grow_target", "grow-target") if args.config else None
+    base = config_options(GrowTargetOptions, args.config, "grow-target")
     opts = GrowTargetOptions.from_args(args, base)
-    if args.threads is not None:
-        torch.set_num_threads(max(1, int(args.threads)))
     if args.plan or args.plan_no_time:
         print(plan_target(opts, time_run=not args.plan_no_time).table(), flush=True)
         return 0

@@ -8,15 +8,9 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
 from ..errors import WidthscopeError
 from ..linearization.config import load_toml
-from ..linearization.run import (
-    LinearizeOptions,
-    run_file,
-    run_linearize,
-)  # torch loads with the command, before signals act
+from ..linearization.run import LinearizeOptions, run_file, run_linearize
 from ..planning import plan_linearize
 from ..validate import check_path_length
 from .args import add_config, add_options, add_plan, config_options, load_config
@@ -42,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_plan(parser, "one cell of each width")
 
 
-def _recorded(path: str) -> LinearizeOptions:
+def _recorded(path: str) -> LinearizeOptions | None:
     """The options ``--config`` names: a results file's ``"options"``, or a sweep config itself."""
     check_path_length("--config", path)
     block = load_config(path)
@@ -51,12 +45,10 @@ def _recorded(path: str) -> LinearizeOptions:
             return LinearizeOptions(sweep=block)
         except WidthscopeError as exc:
             raise type(exc)(f"--config {path!r}: {exc}") from None
-    return config_options(LinearizeOptions, path, "linearize", "linearize")
+    return config_options(LinearizeOptions, path, "linearize")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.threads:
-        torch.set_num_threads(args.threads)
     if args.config is not None and args.recorded is not None:
         raise WidthscopeError(
             "linearize: give a TOML CONFIG or --config (a recorded run), not both: the sweep comes from one of them"
@@ -66,13 +58,12 @@ def run(args: argparse.Namespace) -> int:
             "linearize: give a TOML CONFIG (see configs/linearize-demo.toml), or --config with the "
             "slopes.json or linearize_config.json of an earlier run"
         )
+    recorded = None if args.recorded is None else LinearizeOptions.from_args(args, _recorded(args.recorded))
     if args.plan or args.plan_no_time:  # the whole sweep's plan (every cell, no shard)
-        sweep = load_toml(args.config) if args.config is not None else _recorded(args.recorded).sweep
+        sweep = load_toml(args.config) if recorded is None else recorded.sweep
         print(plan_linearize(sweep or {}, time_run=not args.plan_no_time).table(), flush=True)
-        return 0
-    if args.config is not None:
+    elif recorded is None:
         run_file(args.config, out=args.out, shard=args.shard)
-        return 0
-    opts = LinearizeOptions.from_args(args, _recorded(args.recorded))
-    run_linearize(opts, out=args.out)
+    else:
+        run_linearize(recorded, out=args.out)
     return 0

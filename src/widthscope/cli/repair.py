@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    base = config_options(RepairOptions, args.config, "repair", "repair") if args.config else None
+    base = config_options(RepairOptions, args.config, "repair")
     opts = RepairOptions.from_args(args, base)
     repair(args.results, dry_run=opts.dry_run)
     return 0

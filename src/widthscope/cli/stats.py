@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # --out writable and --draws >= 1: widthscope.validate (cli.main), before this runs
     int_list(args.M, "--M"), int_list(args.K, "--K")  # the command line's list messages
-    base = config_options(StatsOptions, args.config, "stats", "stats") if args.config else StatsOptions()
+    base = config_options(StatsOptions, args.config, "stats") or StatsOptions()
     base = base.sources(samples=args.samples, train=args.train, test=args.test)
     opts = StatsOptions.from_args(args, base)
 
