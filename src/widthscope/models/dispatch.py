@@ -32,18 +32,9 @@ from ..probe.offload import offloaded_modules, recompute_blocks
 from ..probe.structure import main_stack
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
+# unit -> bytes: "", B; KB..TB (powers of 1000); KiB..TiB (powers of 1024)
+_UNITS = {f"{p}{i}b": base**n for i, base in (("", 1000), ("i", 1024)) for n, p in enumerate("kmgt", 1)}
+_UNITS.update({"": 1, "b": 1})
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _FORM = (
     "DEVICE=SIZE pairs joined by commas, e.g. cpu=2GB,0=10GiB,disk "
@@ -72,10 +63,8 @@ def _device_key(key: Any, where: str) -> str | int:
         k = key.strip().lower()
         if k in ("cpu", "disk", "mps"):
             return k
-        if k.isdigit():
-            return int(k)
-        if k.startswith("cuda:") and k[5:].isdigit():
-            return int(k[5:])
+        if k.removeprefix("cuda:").isdigit():
+            return int(k.removeprefix("cuda:"))
     raise WidthscopeError(f"{where}: unknown device {key!r}; use cpu, disk, a GPU index (0, 1, ...) or cuda:N")
 
 

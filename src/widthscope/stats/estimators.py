@@ -203,8 +203,7 @@ class PrimalMoments:
     _SUMS = ("q2", "q4", "s", "v", "M")  # the summed fields, in the order of to_tensor (after n)
 
     def __init__(self, d: int, *, device: torch.device | str | None = None) -> None:
-        if not isinstance(d, int) or d < 1:
-            raise WidthscopeError(f"PrimalMoments needs a positive integer dimension d, got {d!r}")
+        _args.integer("PrimalMoments", "d", d, lo=1)
         self.d = d
         kw: dict[str, Any] = dict(dtype=torch.float64, device=device)
         self.n = 0

@@ -29,6 +29,7 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
+from .. import _args
 from ..errors import WidthscopeError
 from .estimators import CrossMoments, Moments, PrimalMoments, as_matrix, sums_from_rows, unbiased_from_sums
 
@@ -61,15 +62,9 @@ class Projector:
         dtype: torch.dtype = torch.float64,
         device: torch.device | str | None = None,
     ) -> None:
-        for name, v in (("d", d), ("k", k)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise WidthscopeError(f"Projector: {name} must be a positive integer, got {v!r}")
-        if k < 2:
-            raise WidthscopeError(
-                f"Projector: k={k} is too small; the bias corrections need k >= 2 (use k in the tens to hundreds)"
-            )
-        if kind not in KINDS:
-            raise WidthscopeError(f"Projector: unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
+        _args.integer("Projector", "d", d, lo=1)
+        _args.integer("Projector", "k", k, lo=2, accepts="an integer k >= 2 (bias corrections; use tens to hundreds)")
+        _args.choice("Projector", "kind", kind, KINDS)
         self.d, self.k, self.seed, self.kind = d, k, int(seed), kind
         gen = torch.Generator(device="cpu").manual_seed(int(seed))
         blocks = []
@@ -261,8 +256,7 @@ def out_of_core_moments(X: Any, *, block: int = 2048) -> Moments:
     """
     if getattr(X, "ndim", None) != 2:
         raise WidthscopeError("out_of_core_moments: X must be a 2-D (n, d) array (e.g. a numpy.memmap)")
-    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-        raise WidthscopeError(f"out_of_core_moments: block must be a positive integer, got {block!r}")
+    _args.integer("out_of_core_moments", "block", block, lo=1)
     n, d = int(X.shape[0]), int(X.shape[1])
     if n < 4:
         raise WidthscopeError(f"need at least 4 samples, got n={n}; collect more examples")
