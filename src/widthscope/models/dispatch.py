@@ -22,7 +22,7 @@ import tempfile
 import weakref
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -32,18 +32,9 @@ from ..probe.offload import offloaded_modules, recompute_blocks
 from ..probe.structure import main_stack
 
 DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
+# unit -> bytes: "", B; KB..TB (powers of 1000); KiB..TiB (powers of 1024)
+_UNITS = {f"{p}{i}b": base**n for i, base in (("", 1000), ("i", 1024)) for n, p in enumerate("kmgt", 1)}
+_UNITS.update({"": 1, "b": 1})
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _FORM = (
     "DEVICE=SIZE pairs joined by commas, e.g. cpu=2GB,0=10GiB,disk "
@@ -72,10 +63,8 @@ def _device_key(key: Any, where: str) -> str | int:
         k = key.strip().lower()
         if k in ("cpu", "disk", "mps"):
             return k
-        if k.isdigit():
-            return int(k)
-        if k.startswith("cuda:") and k[5:].isdigit():
-            return int(k[5:])
+        if k.removeprefix("cuda:").isdigit():
+            return int(k.removeprefix("cuda:"))
     raise WidthscopeError(f"{where}: unknown device {key!r}; use cpu, disk, a GPU index (0, 1, ...) or cuda:N")
 
 
@@ -84,22 +73,16 @@ def parse_max_memory(text: str, *, name: str = "--max-memory") -> dict[str | int
     KB..TB, KiB..TiB; ``disk`` alone allows offloading to disk what the other devices cannot hold)."""
     if not isinstance(text, str) or not text.strip():
         raise WidthscopeError(f"{name}: empty; give {_FORM}")
-    out: dict[str | int, int | None] = {}
+    entries: list[tuple[str, str | None]] = []
     for part in text.split(","):
         part = part.strip()
         if not part:
             raise WidthscopeError(f"{name} {text!r}: an empty entry between commas; give {_FORM}")
         key, eq, value = part.partition("=")
-        dev = _device_key(key, f"{name} {text!r}")
-        if dev in out:
-            raise WidthscopeError(f"{name} {text!r}: {key.strip()} is given twice; give each device once")
-        if not eq:
-            if dev != "disk":
-                raise WidthscopeError(f"{name} {text!r}: {part!r} has no size; write {part}=SIZE (e.g. {part}=2GB)")
-            out[dev] = None
-        else:
-            out[dev] = _size(value, f"{name} {key.strip()}")
-    return out
+        if not eq and _device_key(key, name) != "disk":
+            raise WidthscopeError(f"{name} {text!r}: {part!r} has no size; write {part}=SIZE (e.g. {part}=2GB)")
+        entries.append((key.strip(), value if eq else None))
+    return _budget(entries, name)
 
 
 def check_max_memory(value: Any, *, name: str = "max_memory") -> dict[str | int, int | None] | None:
@@ -114,20 +97,25 @@ def check_max_memory(value: Any, *, name: str = "max_memory") -> dict[str | int,
             f"{name} must be None, a text such as 'cpu=2GB,disk' or a dict such as "
             f"{{'cpu': '2GB', 'disk': None}}; got {type(value).__name__} {value!r:.80}"
         )
+    return _budget(value.items(), name)
+
+
+def _budget(entries: Iterable[tuple[Any, Any]], name: str) -> dict[str | int, int | None]:
+    """``{device: bytes}`` of ``(device, size)`` entries; size: bytes, a text such as "2GB", or None for disk."""
     out: dict[str | int, int | None] = {}
-    for key, size in value.items():
+    for key, size in entries:
         dev = _device_key(key, name)
         if dev in out:
             raise WidthscopeError(f"{name}: device {key!r} is given twice; give each device once")
         if size is None and dev == "disk":
             out[dev] = None
         elif isinstance(size, str):
-            out[dev] = _size(size, f"{name}[{key!r}]")
+            out[dev] = _size(size, f"{name} {key}")
         elif isinstance(size, int) and not isinstance(size, bool) and size > 0:
             out[dev] = size
         else:
             raise WidthscopeError(
-                f"{name}[{key!r}] must be a positive number of bytes or a size such as '2GB', got {size!r}"
+                f"{name} {key!r} must be a positive number of bytes or a size such as '2GB', got {size!r}"
             )
     return out
 
@@ -158,21 +146,13 @@ def check_device_map(value: Any, *, name: str = "device_map") -> str | dict[str,
     if value is None or (isinstance(value, str) and value in DEVICE_MAPS):
         return value
     if isinstance(value, Mapping) and value:
-        out: dict[str, str | int] = {}
-        for key, dev in value.items():
+        for key in value:
             if not isinstance(key, str):
                 raise WidthscopeError(f"{name}: keys are module names (str), got {key!r}")
-            d = _device_key(dev, f"{name}[{key!r}]")
-            out[key] = d if isinstance(d, int) or d in ("cpu", "disk", "mps") else str(d)
-        return out
+        return {key: _device_key(dev, f"{name}[{key!r}]") for key, dev in value.items()}
     raise WidthscopeError(
         f"{name} must be None, one of {', '.join(DEVICE_MAPS)}, or a dict {{module name: device}}; got {value!r:.80}"
     )
-
-
-def format_bytes(n: int | None) -> str:
-    """Bytes in words: ``'unlimited'`` for None, else MB with two decimals."""
-    return "unlimited" if n is None else f"{n / 1e6:.2f} MB"
 
 
 def _accelerate_memory(budget: dict[str | int, int | None] | None) -> dict[str | int, int] | None:
@@ -207,7 +187,7 @@ def check_disk(device_map: Mapping[str, Any], budget: dict[str | int, int | None
     offload folder was given (the user did not ask for disk offload)."""
     disk = [n for n, d in device_map.items() if d == "disk"]
     if disk and budget is not None and "disk" not in budget and folder is None:
-        shown = ", ".join(f"{k}={format_bytes(v)}" for k, v in budget.items())
+        shown = ", ".join(f"{k}={'unlimited' if v is None else f'{v / 1e6:.2f} MB'}" for k, v in budget.items())
         raise WidthscopeError(
             f"the model does not fit max_memory ({shown}): {', '.join(disk[:3])}"
             f"{' ...' if len(disk) > 3 else ''} would go to disk; add disk to max_memory "

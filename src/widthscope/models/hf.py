@@ -215,14 +215,13 @@ def load_hf(
     check_model_type(cfg, directory / "config.json")
     if task is not None and task not in TASKS:
         raise WidthscopeError(f"--task {task!r}: choose one of {', '.join(TASKS)}")
-    if task is not None and cfg.get("architectures"):
-        named = hf_task(cfg, str(directory / "config.json"))
-        if named != task:
-            raise WidthscopeError(
-                f"--task {task} but {directory}/config.json names {cfg['architectures'][0]} "
-                f"({named}): its weights belong to that head; drop --task"
-            )
-    task = task or hf_task(cfg, str(directory / "config.json"))
+    named = hf_task(cfg, str(directory / "config.json")) if task is None or cfg.get("architectures") else task
+    if task not in (None, named):
+        raise WidthscopeError(
+            f"--task {task} but {directory}/config.json names {cfg['architectures'][0]} "
+            f"({named}): its weights belong to that head; drop --task"
+        )
+    task = named
     torch_dtype = _dtype(dtype)
     use_safetensors, weights = _weights(directory)
     placement, budget = pretrained_kwargs(device_map, max_memory, offload_folder)
@@ -274,15 +273,7 @@ def load_hf(
     model.eval()
     if not placement:
         model.to(device)
-    model.widthscope_task = task
-    model.widthscope_points = main_stack(model)
-    model.widthscope_hf = {
-        "directory": str(directory),
-        "architecture": type(model).__name__,
-        "model_type": cfg["model_type"],
-        "weights": weights,
-        "dtype_option": dtype,
-    }
+    _mark(model, task, directory, model_type=cfg["model_type"], weights=weights, dtype_option=dtype)
     if placement:  # refuse disk offload the budget did not allow; keep a temporary folder in use
         dmap = getattr(model, "hf_device_map", None) or {}
         disk = "disk" in dmap.values()
@@ -306,27 +297,20 @@ def load_hf(
 def _check_loading(loading: dict[str, Any], directory: Path, cfg: dict[str, Any]) -> None:
     """Refuse weights that do not fit the config (missing keys, shape mismatches), naming the first few:
     freshly initialised weights would give meaningless certificates."""
-    missing = [k for k in loading.get("missing_keys", []) if k]
-    mismatched = sorted(loading.get("mismatched_keys", []) or [], key=str)
-    if missing or mismatched:
-        parts = []
-        if missing:
-            parts.append(
-                f"missing {', '.join(sorted(missing)[:5])}"
-                + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
-            )
-        if mismatched:
 
-            def one(m: Any) -> str:
-                if isinstance(m, (tuple, list)) and len(m) == 3:
-                    return f"{m[0]} {tuple(m[1])} in the file vs {tuple(m[2])} in the config"
-                return str(m[0] if isinstance(m, (tuple, list)) else m)
+    def first(what: str, items: list[str], n: int) -> list[str]:
+        more = f" (+{len(items) - n} more)" if len(items) > n else ""
+        return [f"{what} {', '.join(items[:n])}{more}"] if items else []
 
-            parts.append(
-                "shape mismatch "
-                + ", ".join(one(m) for m in mismatched[:3])
-                + (f" (+{len(mismatched) - 3} more)" if len(mismatched) > 3 else "")
-            )
+    def one(m: Any) -> str:
+        if isinstance(m, (tuple, list)) and len(m) == 3:
+            return f"{m[0]} {tuple(m[1])} in the file vs {tuple(m[2])} in the config"
+        return str(m[0] if isinstance(m, (tuple, list)) else m)
+
+    missing = sorted(k for k in loading.get("missing_keys", []) if k)
+    mismatched = [one(m) for m in sorted(loading.get("mismatched_keys", []) or [], key=str)]
+    parts = first("missing", missing, 5) + first("shape mismatch", mismatched, 3)
+    if parts:
         raise WidthscopeError(
             f"weights in {directory} do not match the {cfg.get('architectures', ['?'])[0]} "
             f"architecture of its config.json: {'; '.join(parts)} (freshly initialised "
@@ -363,7 +347,12 @@ def meta_checkpoint(
     with init_empty_weights(include_buffers=True):
         built = auto_classes()[task].from_config(config, dtype=dt)
     built.eval()
-    built.widthscope_task = task
-    built.widthscope_points = main_stack(built)
-    built.widthscope_hf = {"directory": str(path), "architecture": type(built).__name__}
+    _mark(built, task, path)
     return attach(built, hub)
+
+
+def _mark(model: Any, task: str, directory: Any, **hf: Any) -> None:
+    """Set ``widthscope_task``, ``widthscope_points`` and ``widthscope_hf`` (where the model came from, ``hf``)."""
+    model.widthscope_task = task
+    model.widthscope_points = main_stack(model)
+    model.widthscope_hf = {"directory": str(directory), "architecture": type(model).__name__, **hf}

@@ -16,23 +16,20 @@ Example::
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 from torch import nn
 
 from ..errors import WidthscopeError
 
-NORMS = ("batch", "group", "layer", "none")
-
-
-def make_norm(kind: str, channels: int) -> nn.Module:
-    if kind == "batch":
-        return nn.BatchNorm2d(channels)
-    if kind == "group":
-        return nn.GroupNorm(math.gcd(channels, 8), channels)
-    if kind == "layer":
-        return nn.GroupNorm(1, channels)
-    return nn.Identity()
+_NORMS: dict[str, Callable[[int], nn.Module]] = {
+    "batch": nn.BatchNorm2d,
+    "group": lambda c: nn.GroupNorm(math.gcd(c, 8), c),
+    "layer": lambda c: nn.GroupNorm(1, c),
+    "none": lambda c: nn.Identity(),
+}
+NORMS = tuple(_NORMS)
 
 
 class BasicBlock(nn.Module):
@@ -40,12 +37,12 @@ class BasicBlock(nn.Module):
         super().__init__()
         bias = norm == "none"
         self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=bias)
-        self.norm1 = make_norm(norm, c_out)
+        self.norm1 = _NORMS[norm](c_out)
         self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=bias)
-        self.norm2 = make_norm(norm, c_out)
+        self.norm2 = _NORMS[norm](c_out)
         self.shortcut: nn.Module = nn.Identity()
         if stride != 1 or c_in != c_out:
-            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=bias), make_norm(norm, c_out))
+            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=bias), _NORMS[norm](c_out))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.relu(self.norm1(self.conv1(x)))
@@ -63,7 +60,7 @@ class ResNet20(nn.Module):
         self.in_channels = in_channels
         c1 = channels[0]
         self.conv1 = nn.Conv2d(in_channels, c1, 3, 1, 1, bias=norm == "none")
-        self.norm1 = make_norm(norm, c1)
+        self.norm1 = _NORMS[norm](c1)
         c_prev = c1
         for s, c in enumerate(channels):
             blocks = [BasicBlock(c_prev if b == 0 else c, c, 2 if (s > 0 and b == 0) else 1, norm) for b in range(3)]

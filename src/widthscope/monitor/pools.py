@@ -54,24 +54,6 @@ def count_safe(batches: list[Any]) -> int | None:
         return None
 
 
-def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Copies of every parameter and buffer, keyed ``"parameter <name>"`` / ``"buffer <name>"``."""
-    out = {f"parameter {n}": p.detach().clone() for n, p in model.named_parameters()}
-    out.update({f"buffer {n}": b.detach().clone() for n, b in model.named_buffers()})
-    return out
-
-
-def put_back(model: nn.Module, before: dict[str, torch.Tensor]) -> list[str]:
-    """Copy back every parameter / buffer that differs from its :func:`snapshot`; the names changed."""
-    now = snapshot(model)
-    changed = [k for k in before if not torch.equal(before[k], now[k])]
-    with torch.no_grad():
-        for k in changed:
-            kind, name = k.split(" ", 1)
-            (model.get_parameter(name) if kind == "parameter" else model.get_buffer(name)).copy_(before[k])
-    return changed
-
-
 def dry_probe(
     model: nn.Module,
     pools: Sequence[tuple[list[Any], int, str]],
@@ -88,8 +70,7 @@ def dry_probe(
 
     Returns the probe's notes and the predicted seconds of a whole probe (one batch's time times
     the pool's batch count: the budget's first prediction)."""
-    before = snapshot(model)
-    state = TrainingState(model)
+    state = TrainingState(model, weights=True)
     whole = pool == "token"
     notes: list[str] = []
     predict_s = 0.0
@@ -114,8 +95,7 @@ def dry_probe(
             if whole:
                 check_pool(q[points[0]].shape[0], need, what, f"the {what} pool size", pool)
     finally:
-        state.restore()
-    changed = put_back(model, before)
+        changed = state.restore()
     if changed:
         raise WidthscopeError(
             f"the monitor cannot restore this model exactly: an eval-mode forward pass changes "

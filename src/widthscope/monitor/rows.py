@@ -62,15 +62,8 @@ def certified_event(r: dict[str, Any], delta: float) -> dict[str, Any] | None:
     """The ``kind="certified"`` event of row ``r`` when its point is certified at ``delta``, else None."""
     if not certified(r["b_exact"], r["vacuous"], delta):
         return None
-    return {
-        "kind": "certified",
-        "step": r["step"],
-        "point": r["point"],
-        "delta": delta,
-        "b_exact": r["b_exact"],
-        "M": r["M"],
-        "K": r["K"],
-    }
+    event = {"kind": "certified", "step": r["step"], "point": r["point"], "delta": delta}
+    return event | {k: r[k] for k in ("b_exact", "M", "K")}
 
 
 def metrics(rows: Iterable[dict[str, Any]], prefix: str = "align") -> dict[str, float]:

@@ -18,10 +18,13 @@ class TrainingState:
 
     RNG states (torch CPU, every CUDA device when CUDA is initialised, python ``random``, numpy),
     the ``training`` flag of every module, and per parameter its ``requires_grad`` flag and its
-    ``.grad`` (the tensor object and a copy of its values).
+    ``.grad`` (the tensor object and a copy of its values); ``weights=True``: also a copy of every
+    parameter and buffer, put back where it changed (:meth:`restore` returns their names).
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, *, weights: bool = False) -> None:
+        self.model = model
+        self.weights = _weights(model) if weights else None
         self.torch_rng = torch.get_rng_state()
         self.cuda_rng = (
             torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
@@ -34,7 +37,7 @@ class TrainingState:
             for p in model.parameters()
         ]
 
-    def restore(self) -> None:
+    def restore(self) -> list[str]:
         torch.set_rng_state(self.torch_rng)
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)
@@ -48,6 +51,22 @@ class TrainingState:
                 p.grad = grad
                 if grad is not None and values is not None and not torch.equal(grad, values):
                     grad.copy_(values)
+        if self.weights is None:
+            return []
+        now = _weights(self.model)
+        changed = [k for k in self.weights if not torch.equal(self.weights[k], now[k])]
+        with torch.no_grad():
+            for k in changed:
+                kind, name = k.split(" ", 1)
+                getattr(self.model, f"get_{kind}")(name).copy_(self.weights[k])
+        return changed
+
+
+def _weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of every parameter and buffer, keyed ``"parameter <name>"`` / ``"buffer <name>"``."""
+    out = {f"parameter {n}": p.detach().clone() for n, p in model.named_parameters()}
+    out.update({f"buffer {n}": b.detach().clone() for n, b in model.named_buffers()})
+    return out
 
 
 def _fsdp_classes() -> tuple[type, ...]:

@@ -29,7 +29,7 @@ from typing import Any, Literal
 from .. import _args
 from ..errors import WidthscopeError
 from ..options import ESTIMATORS, Estimator
-from .estimators import METHODS, CrossMoments, Method, Moments, PrimalMoments, cross_moments, moments
+from .estimators import METHODS, CrossMoments, Method, Moments, PrimalMoments, cross_moments, moments, sample_size
 
 Populations = Literal["auto", "one", "two"]
 POPULATIONS = ("auto", "one", "two")
@@ -121,28 +121,18 @@ def _check_inputs(fn: str, train: Any, test: Any, estimator: Any, populations: A
     _args.choice(fn, "method", method, METHODS)
 
 
-def _size(fn: str, name: str, v: Any) -> int:
-    """A sample size ``M``/``K`` of ``fn``: a positive integer."""
-    n = _args.integer(fn, name, v, lo=1, accepts="a positive integer sample size")
-    assert n is not None  # not optional
-    return n
+_NAMES = {"one": ("‖μ‖²", "μᵀΣμ", "μᵀΣμ", "tr(Σ²)"), "two": ("aᵀb", "bᵀΣ_a b", "aᵀΣ_b a", "tr(Σ_aΣ_b)")}
 
 
 def _terms(m: Moments | CrossMoments) -> tuple[float, float, float, float, str, int, int]:
-    """(E, p, q, t, populations, n_train, n_test) with names of p, q, t for messages."""
+    """(E, p, q, t, populations, n_train, n_test); :data:`_NAMES` names E, p, q, t in messages."""
     if isinstance(m, Moments):
         return m.mu_sq, m.mu_sigma_mu, m.mu_sigma_mu, m.tr_sigma_sq, "one", m.n, m.n
     return m.ab, m.b_sigma_a_b, m.a_sigma_b_a, m.tr_sigma_a_sigma_b, "two", m.n_a, m.n_b
 
 
-def _names(pop: str) -> tuple[str, str, str, str]:
-    if pop == "one":
-        return "‖μ‖²", "μᵀΣμ", "μᵀΣμ", "tr(Σ²)"
-    return "aᵀb", "bᵀΣ_a b", "aᵀΣ_b a", "tr(Σ_aΣ_b)"
-
-
 def _vacuous_reason(E: float, p: float, q: float, t: float, pop: str) -> str | None:
-    bad = [f"{nm} = {v:.3g} ≤ 0" for nm, v in zip(_names(pop), (E, p, q, t)) if not v > 0]
+    bad = [f"{nm} = {v:.3g} ≤ 0" for nm, v in zip(_NAMES[pop], (E, p, q, t)) if not v > 0]
     if not bad:
         return None
     return (  # dict.fromkeys: one population lists μᵀΣμ once
@@ -189,13 +179,13 @@ def certificate(
         ('two', False)
     """
     _check_inputs("certificate", train, test, estimator, populations, method)
-    M = _size("certificate", "M", M)
-    K = _size("certificate", "K", K)
+    M = sample_size("certificate", "M", M)
+    K = sample_size("certificate", "K", K)
     m = resolve_moments(train, test, estimator=estimator, populations=populations, method=method)
     E, p, q, t, pop, n_tr, n_te = _terms(m)
     if not all(math.isfinite(x) for x in (E, p, q, t)):
         raise WidthscopeError(
-            f"moment estimates are not finite ({', '.join(_names(pop))} = "
+            f"moment estimates are not finite ({', '.join(_NAMES[pop])} = "
             f"{E}, {p}, {q}, {t}); the sample vectors overflow float64, rescale them"
         )
     n_eff = M * K / (M + K + 1)
@@ -220,34 +210,20 @@ def certificate(
             b_exact = b_align = 1.0
     if not math.isfinite(V):  # p/M + q/K + t/(MK) overflowed: keep the field finite
         V = sys.float_info.max
-    return Certificate(
-        E,
-        V,
-        d_par,
-        d_2,
-        d_align,
-        n_eff,
-        b_exact,
-        b_align,
-        bool(reason),
-        reason,
-        pop,
-        m.estimator,
-        M,
-        K,
-        p,
-        q,
-        t,
-        n_tr,
-        n_te,
-    )
+    bounds = (E, V, d_par, d_2, d_align, n_eff, b_exact, b_align, bool(reason), reason)
+    return Certificate(*bounds, pop, m.estimator, M, K, p, q, t, n_tr, n_te)
+
+
+def _float(v: Any) -> float:
+    """``v`` as a float; NaN for a bool or a non-number."""
+    try:
+        return math.nan if isinstance(v, bool) else float(v)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def _positive(v: Any) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
+    f = _float(v)
     return f if math.isfinite(f) and f > 0 else None
 
 
@@ -408,14 +384,7 @@ def certified(b_exact: Any, vacuous: Any, delta: Any) -> bool:
     """A point is *certified at* ``delta`` when its certificate is not vacuous and ``B_exact ≤ delta``
     (a missing or non-finite bound or level never certifies): the rule of the monitor's ``certified``
     event, the sweep's summary columns and the claims page."""
-
-    def num(v: Any) -> float:
-        try:
-            return math.nan if isinstance(v, bool) else float(v)
-        except (TypeError, ValueError):
-            return math.nan
-
-    b, d = num(b_exact), num(delta)
+    b, d = _float(b_exact), _float(delta)
     return not vacuous and math.isfinite(b) and math.isfinite(d) and b <= d
 
 

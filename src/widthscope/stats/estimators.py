@@ -122,6 +122,13 @@ def as_pair(train: Any, test: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return A, B.to(A.device)
 
 
+def sample_size(fn: str, name: str, v: Any) -> int:
+    """A sample size ``name`` of ``fn`` (``M``, ``K``): a positive integer."""
+    n = _args.integer(fn, name, v, lo=1, accepts="a positive integer sample size")
+    assert n is not None  # not optional
+    return n
+
+
 def _same_d(da: int, db: int) -> None:
     if da != db:
         raise WidthscopeError(
@@ -193,9 +200,10 @@ class PrimalMoments:
         15
     """
 
+    _SUMS = ("q2", "q4", "s", "v", "M")  # the summed fields, in the order of to_tensor (after n)
+
     def __init__(self, d: int, *, device: torch.device | str | None = None) -> None:
-        if not isinstance(d, int) or d < 1:
-            raise WidthscopeError(f"PrimalMoments needs a positive integer dimension d, got {d!r}")
+        _args.integer("PrimalMoments", "d", d, lo=1)
         self.d = d
         kw: dict[str, Any] = dict(dtype=torch.float64, device=device)
         self.n = 0
@@ -228,7 +236,7 @@ class PrimalMoments:
             raise WidthscopeError(f"cannot merge PrimalMoments of dimension {self.d} and {other.d}")
         out = PrimalMoments(self.d, device=self.s.device)
         out.n = self.n + other.n
-        for f in ("s", "M", "v", "q2", "q4"):
+        for f in self._SUMS:
             setattr(out, f, getattr(self, f) + getattr(other, f).to(self.s.device))
         return out
 
@@ -237,7 +245,7 @@ class PrimalMoments:
     def to_tensor(self) -> torch.Tensor:
         """Flat float64 vector ``[n, q₂, q₄, s, v, vec(M)]`` of length ``3 + 2d + d²``."""
         n = torch.tensor([float(self.n)], dtype=torch.float64, device=self.s.device)
-        return torch.cat([n, self.q2.reshape(1), self.q4.reshape(1), self.s, self.v, self.M.reshape(-1)])
+        return torch.cat([n, *(getattr(self, f).reshape(-1) for f in self._SUMS)])
 
     @classmethod
     def from_tensor(cls, t: torch.Tensor, d: int) -> PrimalMoments:
@@ -258,10 +266,8 @@ class PrimalMoments:
             )
         out = cls(d, device=t.device)
         out.n = int(round(n))
-        out.q2, out.q4 = t[1].clone(), t[2].clone()
-        out.s = t[3 : 3 + d].clone()
-        out.v = t[3 + d : 3 + 2 * d].clone()
-        out.M = t[3 + 2 * d :].reshape(d, d).clone()
+        for f, part in zip(cls._SUMS, t[1:].split([1, 1, d, d, d * d])):
+            setattr(out, f, part.reshape(getattr(out, f).shape).clone())
         return out
 
     def sums(self) -> tuple[float, float, float, float]:

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from .. import _args
 from ..errors import WidthscopeError
 from ..options import DRAW_SCHEMES
-from .estimators import as_matrix, as_pair
+from .estimators import as_matrix, as_pair, sample_size
 
 # Elements gathered at once (float64): bounds the memory of a chunk of draws to ~32 MiB.
 _CHUNK_ELEMS = 1 << 22
@@ -82,15 +82,6 @@ def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def _check_int(v: Any, name: str) -> int:
-    if isinstance(v, bool) or not hasattr(v, "__index__"):
-        raise WidthscopeError(f"{name} must be a positive integer, got {v!r}")
-    v = int(v)
-    if v < 1:
-        raise WidthscopeError(f"{name} must be a positive integer, got {v}")
-    return v
-
-
 def _draw_indices(n: int, m: int, draws: int, gen: torch.Generator) -> torch.Tensor:
     """``(draws, m)`` indices, each row a uniform m-subset of ``range(n)`` (without replacement).
 
@@ -105,20 +96,27 @@ def _draw_indices(n: int, m: int, draws: int, gen: torch.Generator) -> torch.Ten
     return torch.cat(out)
 
 
-def _pairs_arg(M, K, pairs) -> tuple[list[tuple[int, int]], bool]:
-    if pairs is not None:
-        if M is not None or K is not None:
-            raise WidthscopeError("pass either M and K or pairs=[(M, K), ...], not both")
-        try:
-            plist = [(_check_int(a, "M"), _check_int(b, "K")) for a, b in pairs]
-        except (TypeError, ValueError) as exc:
-            raise WidthscopeError(f"pairs must be a list of (M, K) integer pairs, got {pairs!r}") from exc
-        if not plist:
-            raise WidthscopeError("pairs is empty: give at least one (M, K)")
-        return plist, True
-    if M is None or K is None:
-        raise WidthscopeError("misalignment needs M and K (or pairs=[(M, K), ...])")
-    return [(_check_int(M, "M"), _check_int(K, "K"))], False
+def _check(
+    fn: str, M: Any, K: Any, draws: Any, seed: Any, pairs: Any, z: Any, scheme: Any
+) -> tuple[list[tuple[int, int]], bool]:
+    """Check the arguments both entry points share; the ``(M, K)`` pairs and whether a list was asked for."""
+    _args.integer(fn, "draws", draws, lo=1)
+    _args.integer(fn, "seed", seed)
+    _args.number(fn, "z", z, 0.0, lo_open=True, accepts="a positive finite quantile (e.g. 1.96)")
+    _args.choice(fn, "scheme", scheme, DRAW_SCHEMES)
+    if pairs is None:
+        if M is None or K is None:
+            raise WidthscopeError("misalignment needs M and K (or pairs=[(M, K), ...])")
+        return [(sample_size(fn, "M", M), sample_size(fn, "K", K))], False
+    if M is not None or K is not None:
+        raise WidthscopeError("pass either M and K or pairs=[(M, K), ...], not both")
+    try:
+        plist = [(sample_size(fn, "M", a), sample_size(fn, "K", b)) for a, b in pairs]
+    except (TypeError, ValueError) as exc:
+        raise WidthscopeError(f"pairs must be a list of (M, K) integer pairs, got {pairs!r}") from exc
+    if not plist:
+        raise WidthscopeError("pairs is empty: give at least one (M, K)")
+    return plist, True
 
 
 def _block_sums_fn(C: torch.Tensor, plist, m_max: int, k_max: int):
@@ -214,11 +212,8 @@ def misalignment_from_gram(
         >>> r.draws, r.M, r.K
         (200, 8, 8)
     """
-    C = as_matrix(C_ab, "C_ab")
-    plist, many = _pairs_arg(M, K, pairs)
-    draws = _check_int(draws, "draws")
-    if isinstance(seed, bool) or not hasattr(seed, "__index__"):
-        raise WidthscopeError(f"seed must be an integer, got {seed!r}")
+    plist, many = _check("misalignment_from_gram", M, K, draws, seed, pairs, z, scheme)
+    C, seed = as_matrix(C_ab, "C_ab"), int(seed)
     na, nb = C.shape
     m_max = max(m for m, _ in plist)
     k_max = max(k for _, k in plist)
@@ -228,16 +223,13 @@ def misalignment_from_gram(
                 f"{name}={size} is larger than the {pool} pool of {n} sample vectors; "
                 f"use {name} ≤ {n} or collect more {kind} examples"
             )
-    if scheme not in DRAW_SCHEMES:
-        raise WidthscopeError(f"draw scheme {scheme!r}: choose {' or '.join(DRAW_SCHEMES)}")
     if scheme == "per-pair":
         out = [
-            _result(int((sums <= 0).sum()), math.fsum(sums.tolist()), m, k, draws, z, int(seed))
-            for (m, k), sums in zip(plist, _per_pair_sums(C, plist, draws, int(seed)))
+            _result(int((sums <= 0).sum()), math.fsum(sums.tolist()), m, k, draws, z, seed)
+            for (m, k), sums in zip(plist, _per_pair_sums(C, plist, draws, seed))
         ]
         return out if many else out[0]
-    gen = torch.Generator(device="cpu")
-    gen.manual_seed(int(seed))
+    gen = torch.Generator(device="cpu").manual_seed(seed)
     I = _draw_indices(na, m_max, draws, gen).to(C.device)
     J = _draw_indices(nb, k_max, draws, gen).to(C.device)
     counts = torch.zeros(len(plist), dtype=torch.long, device=C.device)
@@ -256,7 +248,7 @@ def misalignment_from_gram(
         sums = sums_fn(I[s : s + chunk], J[s : s + chunk])  # (chunk, pairs)
         counts += (sums <= 0).sum(0)
         _add_exact_sums(sums, parts)
-    out = [_result(c, math.fsum(p), m, k, draws, z, int(seed)) for (m, k), c, p in zip(plist, counts.tolist(), parts)]
+    out = [_result(c, math.fsum(p), m, k, draws, z, seed) for (m, k), c, p in zip(plist, counts.tolist(), parts)]
     return out if many else out[0]
 
 
@@ -286,12 +278,6 @@ def misalignment(
     fn = "misalignment"
     _args.tensor(fn, "train", train, ndim=2, arrays=True, accepts="a 2-D (n_a, d) tensor or array of samples")
     _args.tensor(fn, "test", test, ndim=2, arrays=True, accepts="a 2-D (n_b, d) tensor or array of held-out samples")
-    _args.integer(fn, "M", M, lo=1, optional=True)
-    _args.integer(fn, "K", K, lo=1, optional=True)
-    _args.integer(fn, "draws", draws, lo=1)
-    _args.integer(fn, "seed", seed)
-    _args.instance(fn, "pairs", pairs, (list, tuple), "a list of (M, K) integer pairs", optional=True)
-    _args.number(fn, "z", z, 0.0, lo_open=True, accepts="a positive finite quantile (e.g. 1.96)")
-    _args.choice(fn, "scheme", scheme, DRAW_SCHEMES)
+    _check(fn, M, K, draws, seed, pairs, z, scheme)
     A, B = as_pair(train, test)
     return misalignment_from_gram(A @ B.T, M=M, K=K, draws=draws, seed=seed, pairs=pairs, z=z, scheme=scheme)

@@ -19,16 +19,17 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 import torch
 
+from .. import _args
 from ..errors import WidthscopeError
 from .estimators import CrossMoments, Moments, PrimalMoments, as_matrix, sums_from_rows, unbiased_from_sums
 
@@ -61,15 +62,9 @@ class Projector:
         dtype: torch.dtype = torch.float64,
         device: torch.device | str | None = None,
     ) -> None:
-        for name, v in (("d", d), ("k", k)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise WidthscopeError(f"Projector: {name} must be a positive integer, got {v!r}")
-        if k < 2:
-            raise WidthscopeError(
-                f"Projector: k={k} is too small; the bias corrections need k >= 2 (use k in the tens to hundreds)"
-            )
-        if kind not in KINDS:
-            raise WidthscopeError(f"Projector: unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
+        _args.integer("Projector", "d", d, lo=1)
+        _args.integer("Projector", "k", k, lo=2, accepts="an integer k >= 2 (bias corrections; use tens to hundreds)")
+        _args.choice("Projector", "kind", kind, KINDS)
         self.d, self.k, self.seed, self.kind = d, k, int(seed), kind
         gen = torch.Generator(device="cpu").manual_seed(int(seed))
         blocks = []
@@ -97,7 +92,7 @@ class Projector:
         return f"Projector(d={self.d}, k={self.k}, seed={self.seed}, kind={self.kind!r})"
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ProjectedMoments:
     """Estimates from projected samples: ``mu_sq``, ``mu_sigma_mu``, ``tr_sigma_sq`` corrected to be
     unbiased for the *unprojected* moments; ``raw``: the projected-space estimates. :meth:`as_moments`
@@ -117,16 +112,8 @@ class ProjectedMoments:
     kind: str
 
     def as_moments(self) -> Moments:
-        return Moments(
-            self.n,
-            self.d,
-            self.mu_sq,
-            self.mu_sigma_mu,
-            self.tr_sigma_sq,
-            "unbiased",
-            f"projected(k={self.k})",
-            self.tr_sigma,
-        )
+        vals = (self.mu_sq, self.mu_sigma_mu, self.tr_sigma_sq)
+        return Moments(self.n, self.d, *vals, "unbiased", f"projected(k={self.k})", self.tr_sigma)
 
 
 def finalize_projected(pm: PrimalMoments, projector: Projector) -> ProjectedMoments:
@@ -146,20 +133,8 @@ def finalize_projected(pm: PrimalMoments, projector: Projector) -> ProjectedMome
     tm = E1 / p3 - C / p4
     t2 = E2 / p2 - 2 * E1 / p3 + C / p4
     c = (k + 2) * (k - 1) / k**2
-    return ProjectedMoments(
-        n=n,
-        d=projector.d,
-        k=k,
-        mu_sq=raw.mu_sq,
-        mu_sigma_mu=(raw.mu_sigma_mu - tm / k) / c,
-        tr_sigma_sq=(raw.tr_sigma_sq - t2 / k) / c,
-        tr_sigma=raw.tr_sigma,
-        raw=raw,
-        tm=tm,
-        t2=t2,
-        seed=projector.seed,
-        kind=projector.kind,
-    )
+    corrected = (raw.mu_sq, (raw.mu_sigma_mu - tm / k) / c, (raw.tr_sigma_sq - t2 / k) / c, raw.tr_sigma)
+    return ProjectedMoments(n, projector.d, k, *corrected, raw, tm, t2, projector.seed, projector.kind)
 
 
 def correct_projected_cross(cross: CrossMoments, raw_a: Moments, raw_b: Moments, k: int) -> CrossMoments:
@@ -169,16 +144,12 @@ def correct_projected_cross(cross: CrossMoments, raw_a: Moments, raw_b: Moments,
     unbiased :class:`Moments`. Returns ``(v_ab − t_a·m_b/k)/c`` and the like, ``c = (k+2)(k−1)/k²``
     (docs/performance.md §2), unbiased jointly over ``R`` and the samples.
     """
-    c = (k + 2) * (k - 1) / k**2
-    return CrossMoments(
-        n_a=cross.n_a,
-        n_b=cross.n_b,
-        d=cross.d,
-        ab=cross.ab,
-        b_sigma_a_b=(cross.b_sigma_a_b - raw_a.tr_sigma * raw_b.mu_sq / k) / c,
-        a_sigma_b_a=(cross.a_sigma_b_a - raw_b.tr_sigma * raw_a.mu_sq / k) / c,
-        tr_sigma_a_sigma_b=(cross.tr_sigma_a_sigma_b - raw_a.tr_sigma * raw_b.tr_sigma / k) / c,
-        estimator=cross.estimator,
+    c, ta, tb = (k + 2) * (k - 1) / k**2, raw_a.tr_sigma, raw_b.tr_sigma
+    return dataclasses.replace(
+        cross,
+        b_sigma_a_b=(cross.b_sigma_a_b - ta * raw_b.mu_sq / k) / c,
+        a_sigma_b_a=(cross.a_sigma_b_a - tb * raw_a.mu_sq / k) / c,
+        tr_sigma_a_sigma_b=(cross.tr_sigma_a_sigma_b - ta * tb / k) / c,
         method=f"projected(k={k})",
     )
 
@@ -285,8 +256,7 @@ def out_of_core_moments(X: Any, *, block: int = 2048) -> Moments:
     """
     if getattr(X, "ndim", None) != 2:
         raise WidthscopeError("out_of_core_moments: X must be a 2-D (n, d) array (e.g. a numpy.memmap)")
-    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-        raise WidthscopeError(f"out_of_core_moments: block must be a positive integer, got {block!r}")
+    _args.integer("out_of_core_moments", "block", block, lo=1)
     n, d = int(X.shape[0]), int(X.shape[1])
     if n < 4:
         raise WidthscopeError(f"need at least 4 samples, got n={n}; collect more examples")
