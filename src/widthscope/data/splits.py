@@ -183,13 +183,9 @@ def _split_named(name: str, names: list[str], flag: str, path: Path | str) -> st
     raise WidthscopeError(f"{flag} {name!r}: {path} has splits {', '.join(names)}; choose one of them")
 
 
-def default_split(path: str | Path, role: str) -> str | None:
-    """The split a pool reads from a folder with two or more splits given without ``--*-split``:
-    ``train`` for the train pool, ``validation`` (else ``test``) for the held-out pool; None:
-    the whole source (no splits, one split, or none of that name)."""
-    names = dataset_splits(path)
-    if not names or len(names) < 2:
-        return None
+def default_split(names: list[str], role: str) -> str | None:
+    """The split of ``names`` a pool reads when none is named: ``train`` for the train pool,
+    ``validation`` (else ``test``) for the held-out pool; None: none of that name."""
     if role == "train":
         return "train" if "train" in names else None
     return next((n for n in HELD_OUT if n in names), None)
