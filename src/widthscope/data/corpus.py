@@ -27,7 +27,7 @@ import torch
 
 from .._io import progress
 from ..errors import WidthscopeError
-from .sniff import TABULAR, is_dataset_dir, sniff
+from .sniff import TABULAR, is_dataset_dir, precheck, sniff
 from .splits import split_files
 
 __all__ = ["ByteTokenizer", "Sequences", "documents", "sequences"]
@@ -90,13 +90,7 @@ def _rows(path: Path, split: str | None) -> tuple[Iterable[dict[str, Any]], str]
             raise WidthscopeError(f"{path} holds one dataset without splits; --*-split {split!r} does not apply")
         return ds, f"datasets directory {path}"
     builder = TABULAR[path.suffix.lower()]
-    reason = sniff(path) if builder in ("json", "csv") else None
-    if reason is not None:
-        raise WidthscopeError(f"{path} {reason}")
-    if builder == "parquet":
-        with open(path, "rb") as f:
-            if f.read(4) != b"PAR1":
-                raise WidthscopeError(f"{path} is named .parquet but is not a Parquet file (no PAR1 magic bytes)")
+    precheck(path)
     try:
         # CSV: no NA conversion, so a text cell "NA", "null", "None" or "NaN" stays that text (as in .jsonl),
         # and blank lines stay rows (empty documents, counted and skipped like empty rows of a .parquet)

@@ -1,16 +1,7 @@
-r"""The one place that turns an :class:`~widthscope.data.spec.InputSpec` into (model, tokenizer,
+"""The one place that turns an :class:`~widthscope.data.spec.InputSpec` into (model, tokenizer,
 probe pools): :func:`resolve` (``widthscope.load_inputs``). Every check that can fail runs here,
-before the first forward pass: the model loads, the tokenizer's vocabulary fits its embedding,
-every token id is in range, the sequence length fits, the pools have the sizes asked for.
-
-- widthscope checkpoints: the dataset recorded in the checkpoint with its recorded options and
-  split seed, or ``--data NAME`` / a data path; byte-level LMs read text with byte tokens.
-- Hugging Face directories, hub ids ``org/name`` at ``spec.revision`` and hub cache folders
-  (:mod:`widthscope.hub`): the task from ``config.json``; text through the checkpoint's own
-  tokenizer (or ``--tokenizer``), images through its image processor.
-
-The pools themselves: :mod:`widthscope.data.pools`.
-"""
+before the first forward pass: the model loads, the tokenizer fits its embedding, token ids and
+sequence length fit, the pools have the sizes asked for (pools: :mod:`widthscope.data.pools`)."""
 
 from __future__ import annotations
 
@@ -29,7 +20,7 @@ from ..hub import DEFAULT_REVISION, attach, hub_record, resolve_model
 from ..models.hf import max_positions, vocab_size
 from . import DATASETS
 from .corpus import ByteTokenizer
-from .hf_datasets import describe_record, is_hf_ref, parse_ref
+from .hf_datasets import is_hf_ref, parse_ref, record
 from .objects import check_vocabulary, loss_for, model_dir, task_of
 from .pools import image_pools, named_pools, object_pools, refuse_given, text_pools
 from .sources import check_splits_given, describe, is_tokenized_object
@@ -269,7 +260,7 @@ def _record_datasets(spec: InputSpec, info: dict[str, Any]) -> list[str]:
         src = spec.data if spec.data is not None else getattr(spec, field)
         if not is_hf_ref(src):
             continue
-        rec = describe_record(parse_ref(src))
+        rec = record(parse_ref(src))
         recs[role] = {**rec, "split": (info.get(role) or {}).get("split")}
         rev = rec["revision"]
         if rec["offline"] and rev is not None and rev != rec["hash"] and role == "train":

@@ -1,16 +1,7 @@
-r"""Objects a Hugging Face user already holds, turned into probe batches, and what the input layer
-needs to know of a model in memory: its task (:func:`task_of`), whether a tokenizer and token ids fit
-it (:func:`check_vocabulary`, :func:`check_ids`), masked-LM masking (:func:`mask_tokens`).
-
-:func:`batches_from` takes one pool as the user has it (see :data:`DATA_ACCEPTS`) and returns a list
-of batches, the loss of the model's task (None: the probe's default) and a short description. Texts
-are tokenized with truncation to ``seq_len`` and right-padded to the pool's longest (a causal LM
-gets ``labels`` with the padding at ``-100``); a mapping of tensors is cut into batches along dim 0;
-a ``DataLoader`` is drawn once. :func:`pools_from` adds a ``DatasetDict`` (``train`` -> train pool,
-``validation``, else ``test`` -> held-out pool, never re-split). A sequence classifier takes
-``({"input_ids", "attention_mask"}, labels)`` pairs; a masked LM's tokens are masked as the command
-line masks them (seeded: train ``seed``, held-out ``seed + 1``).
-"""
+"""Objects a Hugging Face user already holds as probe batches (:func:`batches_from`, :func:`pools_from`),
+and what the input layer needs to know of a model in memory: its task (:func:`task_of`), whether a
+tokenizer and token ids fit it (:func:`check_vocabulary`, :func:`check_ids`), masked-LM masking
+(:func:`mask_tokens`)."""
 
 from __future__ import annotations
 
@@ -367,10 +358,10 @@ def batches_from(
     fn: str = "certify",
     name: str = "data",
 ) -> tuple[list[Any], Callable[[Any, Any], torch.Tensor] | None, str]:
-    """One pool as the user holds it -> (list of batches, the task's loss or None, description).
-
-    See the module docstring for what ``obj`` may be. ``fn``/``name`` name the argument in the
-    errors (``certify(data=...)``); ``seed`` seeds a masked LM's masking."""
+    """One pool as the user holds it (:data:`DATA_ACCEPTS`) -> (list of batches, the task's loss or
+    None, description). Texts are tokenized (truncated to ``seq_len``, right-padded; a causal LM's
+    ``labels`` are -100 at the padding); a mapping is cut along dim 0; a ``DataLoader`` is drawn once;
+    a masked LM's tokens are masked (seeded by ``seed``). ``fn``/``name`` name the argument in errors."""
     check_tokenizer(tokenizer, fn)
     where = _where(fn, name)
     if tokenizer is not None:  # before any forward: ids past the embedding fail deep inside it

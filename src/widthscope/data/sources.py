@@ -1,13 +1,7 @@
-"""A text source of the input spec, whatever form it has: a path (:mod:`widthscope.data.corpus`),
-a Hugging Face dataset by name (``hf:NAME[:CONFIG][@REVISION]``, :mod:`widthscope.data.hf_datasets`)
-or an object in memory — a ``list[str]`` of documents, a ``datasets.Dataset`` with a text column,
-a ``datasets.DatasetDict`` — read as documents the same way (one per text / row), with the same
-split rules (:func:`choose`: a source with its own splits gives the train pool its ``train``
-split and the held-out pool its ``validation``, else ``test``, split; never pooled and re-split
-unless ``--test-fraction`` asks for it).
-
-Tokenized objects (a ``BatchEncoding``, a mapping of tensors, a ``DataLoader``, a ``Dataset`` with
-``input_ids``) are pools of examples, not documents: :func:`widthscope.data.pools.object_pools`."""
+"""A data source of the input spec, whatever form it has: a path, ``hf:NAME[:CONFIG][@REVISION]`` or
+an object in memory (``list[str]``, ``datasets.Dataset`` / ``DatasetDict``), read as documents
+(:func:`documents_of`) with the same split rules (:func:`choose`); tokenized objects are pools of
+examples (:func:`is_tokenized_object`)."""
 
 from __future__ import annotations
 
