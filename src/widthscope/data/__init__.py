@@ -71,12 +71,7 @@ def describe_name(name: str) -> str:
 
 
 def describe(split: Split) -> str:
-    """What ``split`` is, in words: corpus, how it was cut, the split and its sizes.
-
-    Example: "the Python standard library's own source code (its *.py files), read as bytes:
-    1,000,000 bytes of python stdlib *.py under /usr/lib/python3.12 cut into 64-byte chunks; 2048 train /
-    128 held-out chunks (held-out chunks disjoint from train, split seed 0)".
-    """
+    """What ``split`` is, in words: corpus, how it was cut, the split and its sizes."""
     meta = split.meta or {}
     n_tr, n_te = len(split.train[0]), len(split.test[0])
     if split.task == "lm":

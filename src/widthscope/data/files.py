@@ -59,7 +59,7 @@ def read_idx(path: str | Path) -> np.ndarray:
     return np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims)
 
 
-def _find_idx(root: Path, name: str, dataset: str) -> dict[str, Path]:
+def _find_idx(root: Path, dataset: str) -> dict[str, Path]:
     found, missing = {}, []
     for key, stem in IDX_FILES.items():
         for cand in (root / f"{stem}.gz", root / stem, root / stem.replace("-idx", ".idx")):
@@ -157,7 +157,7 @@ def load_idx(
         if name != "fashion-mnist":
             raise WidthscopeError(f"{name} needs root= the directory with {', '.join(IDX_FILES.values())}(.gz)")
         root = FASHION_ROOT
-    files = _find_idx(Path(root).expanduser(), name, name)
+    files = _find_idx(Path(root).expanduser(), name)
     arrays = {k: read_idx(p) for k, p in files.items()}
     for part in ("train", "test"):
         if arrays[f"{part}_images"].ndim != 3 or len(arrays[f"{part}_images"]) != len(arrays[f"{part}_labels"]):

@@ -29,7 +29,7 @@ from typing import Any, Iterable, Iterator
 
 from ..errors import WidthscopeError
 
-__all__ = ["PREFIX", "HFDatasetRef", "is_hf_ref", "parse_ref", "split_names", "rows", "record"]
+__all__ = ["HFDatasetRef", "is_hf_ref", "parse_ref", "split_names", "rows", "record"]
 
 PREFIX = "hf:"
 _REF = re.compile(

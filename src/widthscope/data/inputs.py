@@ -137,7 +137,7 @@ def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> I
     _check_options_fit(spec, task)
     name = spec.data
     if name is None and spec.train_data is None:
-        name = recorded_data(model).get("dataset") or recorded_name(model)
+        name = recorded_data(model).get("dataset") or _recorded_name(model)
         if name is None:
             what = repr(spec.model) if isinstance(spec.model, str) else f"object {type(spec.model).__name__}"
             raise WidthscopeError(
@@ -172,7 +172,7 @@ def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> I
                 f"the named dataset {name!r} (its own recorded split)",
             )
             train, test, info, notes, split = named_pools(name, spec, model, task)
-            check_seq_len(model, info.get("seq_len"))
+            _check_seq_len(model, info.get("seq_len"))
             offsets = split if isinstance(split, dict) else None
             split = None if offsets is not None else split
             return Inputs(model, task, train, test, None, None, info, notes, split, offsets, data=spec.data or name)
@@ -195,7 +195,7 @@ def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> I
     tok = _tokenizer(spec, model, task, needed=True)
     rec_len = (getattr(model, "widthscope_extra", None) or {}).get("data_options", {}).get("seq_len")
     seq_len = spec.seq_len or rec_len or (64 if task == "lm" else 128)
-    check_seq_len(model, seq_len)
+    _check_seq_len(model, seq_len)
     mode = spec.sequences or ("concatenate" if task in ("causal-lm", "lm") else "per-document")
     if task == "sequence-classification" and mode != "per-document":
         raise WidthscopeError("sequence classification needs --sequences per-document (one labelled text each)")
@@ -396,7 +396,7 @@ def _tokenizer_dir(spec: str, model: nn.Module) -> Path:
 
 
 # ----------------------------------------------------------------------------- checks
-def recorded_name(model: nn.Module) -> str | None:
+def _recorded_name(model: nn.Module) -> str | None:
     for attr in ("widthscope_extra", "widthscope_config"):
         meta = getattr(model, attr, None)
         if isinstance(meta, dict) and isinstance(meta.get("dataset"), str):
@@ -404,7 +404,7 @@ def recorded_name(model: nn.Module) -> str | None:
     return None
 
 
-def check_seq_len(model: nn.Module, seq_len: int | None) -> None:
+def _check_seq_len(model: nn.Module, seq_len: int | None) -> None:
     limit = max_positions(model)
     if seq_len is not None and limit is not None and seq_len > limit:
         raise WidthscopeError(

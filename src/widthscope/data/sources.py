@@ -17,7 +17,6 @@ from .corpus import documents, row_documents
 from .splits import SplitChoice, choose_among, choose_splits, dataset_splits, default_split
 
 __all__ = [
-    "DATA_OBJECTS",
     "is_tokenized_object",
     "is_dataset",
     "is_dataset_dict",
@@ -138,13 +137,9 @@ def choose(
 def check_splits_given(
     data: Any, train_data: Any, test_data: Any, train_split: str | None, test_split: str | None
 ) -> None:
-    """``--train-split``/``--test-split`` name splits of a source that has its own (a ``DatasetDict``
-    directory or object, a folder of split files, ``hf:NAME``): given for a source without splits
-    (a text file, a table, a plain folder, a named dataset, a list of texts) they are refused, before
-    any model loads, never silently ignored. ``--data`` takes both flags; with ``--train-data`` /
-    ``--test-data`` each takes its own. A source that does not exist is left to
-    :func:`widthscope.data.spec.check_source`; a Hugging Face dataset's split names are checked
-    when its pools are chosen."""
+    """Refuse ``--train-split``/``--test-split`` for a source without splits of its own, before any
+    model loads (``--data`` takes both; ``--train-data``/``--test-data`` each its own). Missing sources
+    and ``hf:`` split names are checked elsewhere."""
     if train_split is None and test_split is None:
         return
     tr = ("--train-split",) if train_split is not None else ()

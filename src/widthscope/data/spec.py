@@ -35,6 +35,7 @@ from torch import nn
 from .._args import describe
 from ..errors import WidthscopeError, WidthscopeTypeError
 from ..models.dispatch import DEVICE_MAPS, parse_max_memory
+from ..models.hf import DTYPES, TASKS
 from ..options import SEED_MAX, option
 from . import DATASETS
 from .hf_datasets import is_hf_ref, parse_ref, split_names
@@ -48,8 +49,6 @@ __all__ = [
     "INPUT_DEFAULTS",
     "DTYPES",
     "TASKS",
-    "SEQUENCES",
-    "TRAIN_POOLS",
     "check_source",
     "OPTIONAL_FIELDS",
 ]
@@ -68,8 +67,6 @@ def is_all(n: Any) -> bool:
 Source = Any
 OBJECT_FIELDS = ("model", "tokenizer", "data", "train_data", "test_data")  # may hold objects in memory
 IN_MEMORY = "<in memory: "  # how to_dict records an object
-DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
-TASKS = ("causal-lm", "masked-lm", "sequence-classification", "image-classification")
 SEQUENCES = ("concatenate", "per-document", "truncate")
 EMPTY_DOCS = ("skip", "eos")  # empty/whitespace-only documents: skipped (the published scripts) or an EOS each
 TRAIN_POOLS = ("fitted", "fresh")
@@ -310,7 +307,7 @@ class InputSpec:
                 self.revision,
                 f"applies to Hugging Face hub ids (org/name) and hub cache folders{why}: drop it",
             )
-        given = self.given
+        given: Any = self.given
         if given is None:  # every optional field set
             given = [n for n in OPTIONAL_FIELDS if getattr(self, n) is not None and getattr(self, n) is not False]
         elif not isinstance(given, (list, tuple)) or not all(isinstance(g, str) for g in given):
@@ -370,10 +367,9 @@ class InputSpec:
             raise WidthscopeTypeError(
                 f"InputSpec.from_dict({bad[0]}=...): only {', '.join(OBJECT_FIELDS)} take objects in memory"
             )
-        if isinstance(d, Mapping):
-            d = {**d, **objects}
         if not isinstance(d, Mapping):
             raise WidthscopeError(f"an input spec must be a JSON object (a dict), got {type(d).__name__}")
+        d = {**d, **objects}
         fields = {fl.name for fl in dataclasses.fields(cls)}
         unknown = sorted(set(d) - fields)
         if unknown:
@@ -382,7 +378,7 @@ class InputSpec:
             )
         if "model" not in d:
             raise WidthscopeError("input spec has no 'model': name the checkpoint")
-        return cls(**dict(d))
+        return cls(**d)
 
 
 _META = {f.name: f.metadata for f in dataclasses.fields(InputSpec)}
