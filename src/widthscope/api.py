@@ -16,7 +16,8 @@ from . import _args
 from .certification.pipeline import certify_dict
 from .certification.result import CertifyResult
 from .data.inputs import load_inputs
-from .data.objects import DATA_ACCEPTS, check_tokenizer, is_dataset_dict, pools_from
+from .data.objects import DATA_ACCEPTS, check_tokenizer, pools_from
+from .data.sources import is_dataset_dict
 from .data.spec import InputSpec
 from .errors import WidthscopeTypeError
 from .growth.pipeline import grow
@@ -74,7 +75,7 @@ def certify(
         train, test = to_batches(inputs.train, batch_size), to_batches(inputs.test, batch_size)
         loss_fn = loss_fn or inputs.loss_fn
     else:
-        if test is None and not is_dataset_dict(data):
+        if test is None and not is_dataset_dict(data, iterable=True):
             if not (
                 isinstance(data, (tuple, list))
                 and len(data) == 2

@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 
 from .._io import progress
 from ..errors import WidthscopeError
-from .sniff import TABULAR, is_dataset_dir, sniff
+from .sniff import TABULAR, is_dataset_dir, precheck, sniff
 from .splits import split_files
 
-__all__ = ["ByteTokenizer", "MODES", "Sequences", "documents", "sequences"]
+__all__ = ["ByteTokenizer", "Sequences", "documents", "sequences"]
 
 _PIECE = 1 << 16  # characters of a text file tokenized at once (reading stops between pieces)
 
@@ -90,13 +90,7 @@ def _rows(path: Path, split: str | None) -> tuple[Iterable[dict[str, Any]], str]
             raise WidthscopeError(f"{path} holds one dataset without splits; --*-split {split!r} does not apply")
         return ds, f"datasets directory {path}"
     builder = TABULAR[path.suffix.lower()]
-    reason = sniff(path) if builder in ("json", "csv") else None
-    if reason is not None:
-        raise WidthscopeError(f"{path} {reason}")
-    if builder == "parquet":
-        with open(path, "rb") as f:
-            if f.read(4) != b"PAR1":
-                raise WidthscopeError(f"{path} is named .parquet but is not a Parquet file (no PAR1 magic bytes)")
+    precheck(path)
     try:
         # CSV: no NA conversion, so a text cell "NA", "null", "None" or "NaN" stays that text (as in .jsonl),
         # and blank lines stay rows (empty documents, counted and skipped like empty rows of a .parquet)
@@ -248,24 +242,16 @@ def _table_docs(tables: list[Path], field: str, label_field: str | None) -> Iter
 
 
 # ----------------------------------------------------------------------------- sequences
-MODES = ("concatenate", "per-document", "truncate")
-
-
 class ByteTokenizer:
     """Bytes as tokens (vocabulary 256, no special tokens): widthscope's own byte-level models."""
 
     name = "bytes"
-    eos_token_id = None
-    sep_token_id = None
-    pad_token_id = None
-    mask_token_id = None
-    all_special_ids: list[int] = []
 
     def __len__(self) -> int:
         return 256
 
-    def encode_plain(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+    def __call__(self, text: str, **_: Any) -> dict[str, list[int]]:
+        return {"input_ids": list(text.encode("utf-8"))}
 
 
 @dataclasses.dataclass
@@ -282,12 +268,6 @@ class Sequences:
     dropped_short: int = 0
     unknown: int = 0
     empty_docs: int = 0  # empty or whitespace-only documents read (skipped or kept: see ``empty``)
-
-
-def _encode(tok: Any) -> Callable[[str], list[int]]:
-    if isinstance(tok, ByteTokenizer):
-        return tok.encode_plain
-    return lambda text: tok(text, add_special_tokens=False)["input_ids"]
 
 
 def sequences(
@@ -308,51 +288,32 @@ def sequences(
     Stops at ``limit`` sequences or after ``max_tokens`` tokens were read (``None``: no limit).
     ``empty``: ``"skip"`` empty / whitespace-only documents, or ``"eos"`` keep them.
     """
-    if mode not in MODES:
-        raise WidthscopeError(f"--sequences {mode!r}: choose {', '.join(MODES)}")
-    if empty not in ("skip", "eos"):
-        raise WidthscopeError(f"--empty-docs {empty!r}: choose skip or eos")
     if labels and mode != "per-document":
         raise WidthscopeError("labelled data (sequence classification) needs --sequences per-document")
-
-    encode = _encode(tokenizer)
     sep = getattr(tokenizer, "eos_token_id", None)
     if sep is None:
         sep = getattr(tokenizer, "sep_token_id", None)
-    bar = progress(total=limit, desc=desc, disable=None if show_progress else True, unit="seq")
-    exhausted = True
     pad = getattr(tokenizer, "pad_token_id", None)
-    pad = 0 if pad is None else int(pad)
     unk_id = getattr(tokenizer, "unk_token_id", None)
     if unk_id is not None and unk_id in (sep, getattr(tokenizer, "eos_token_id", None)):
         unk_id = None  # byte-level BPEs name EOS as "unknown"; they have no unknown token
-    cut = _Cut(
-        tokenizer,
-        encode,
-        seq_len=seq_len,
-        limit=limit,
-        max_tokens=max_tokens,
-        labels=labels,
-        sep=sep,
-        pad=pad,
-        unk_id=unk_id,
-        skip=empty == "skip",
-        bar=bar,
+    bar = progress(total=limit, desc=desc, disable=None if show_progress else True, unit="seq")
+    c = _Cut(
+        tokenizer, seq_len, limit, max_tokens, labels, sep, 0 if pad is None else int(pad), unk_id, empty == "skip", bar
     )
-    step = {"concatenate": _cut_concatenate, "truncate": _cut_truncate}.get(mode, _cut_per_document)
+    exhausted = True
     try:
         for doc in docs:
             pieces, y = doc if labels else (doc, None)
-            cut.n_docs += 1
-            if not step(cut, pieces, y):
-                continue  # a document not taken: the limits are checked after the next one
-            if cut.full():
+            c.n_docs += 1
+            taken = c.concatenate(pieces) if mode == "concatenate" else c.document(pieces, y, mode == "truncate")
+            if taken and c.full():  # a document not taken: the limits are checked after the next one
                 exhausted = False
                 break
     finally:
         bar.close()
-    _check_tokenizer(cut)
-    return _assemble(cut, mode, exhausted)
+    _check_tokenizer(c)
+    return _assemble(c, mode, exhausted)
 
 
 @dataclasses.dataclass
@@ -360,7 +321,6 @@ class _Cut:
     """The settings of one :func:`sequences` call, what it has cut so far, and its counters."""
 
     tokenizer: Any
-    encode: Callable[[str], list[int]]
     seq_len: int
     limit: int | None
     max_tokens: int | None
@@ -388,100 +348,72 @@ class _Cut:
             self.max_tokens is not None and self.n_tokens >= self.max_tokens
         )
 
+    def encode(self, text: str, **kw: Any) -> list[int]:
+        return list(self.tokenizer(text, **(kw or {"add_special_tokens": False}))["input_ids"])
 
-def _cut_concatenate(c: _Cut, pieces: Iterable[str], y: Any) -> bool:
-    """One document into the running buffer, then its separator; full chunks become rows."""
-    got, has_text = 0, False
-    for piece in _nonblank_first(pieces) if c.skip else pieces:
-        ids = c.encode(piece)
-        c.n_tokens += len(ids)
-        got += len(ids)
-        has_text = has_text or bool(piece.strip())
-        if c.unk_id is not None:
-            c.n_unk += ids.count(c.unk_id)
-        c.buf.extend(ids)
-        while len(c.buf) >= c.seq_len and (c.limit is None or len(c.rows) < c.limit):
-            c.rows.append(c.buf[: c.seq_len])
-            del c.buf[: c.seq_len]
-            c.bar.update(1)
-        if c.full():
-            break  # a long document: stop inside it
-    c.nonblank += has_text
-    c.empty += has_text and got == 0
-    c.blank_docs += not has_text
-    if c.sep is not None and (has_text or not c.skip):
-        c.buf.append(int(c.sep))
-        if len(c.buf) >= c.seq_len and (c.limit is None or len(c.rows) < c.limit):
-            c.rows.append(c.buf[: c.seq_len])  # the separator completed a chunk
-            del c.buf[: c.seq_len]
-            c.bar.update(1)
-    return True
+    def read(self, ids: list[int]) -> None:
+        self.n_tokens += len(ids)
+        if self.unk_id is not None:
+            self.n_unk += ids.count(self.unk_id)
 
+    def concatenate(self, pieces: Iterable[str]) -> bool:
+        """One document into the running buffer, then its separator; full chunks become rows."""
+        skip = self.skip
+        got, has_text = 0, False
+        for piece in _nonblank_first(pieces) if skip else pieces:
+            ids = self.encode(piece)
+            self.read(ids)
+            got += len(ids)
+            has_text = has_text or bool(piece.strip())
+            self.buf.extend(ids)
+            self._chunks()
+            if self.full():
+                break  # a long document: stop inside it
+        self.nonblank += has_text
+        self.empty += has_text and got == 0
+        self.blank_docs += not has_text
+        if self.sep is not None and (has_text or not skip):
+            self.buf.append(int(self.sep))
+            self._chunks()  # the separator may complete a chunk
+        return True
 
-def _cut_truncate(c: _Cut, pieces: Iterable[str], y: Any) -> bool:
-    """The first ``seq_len`` tokens of one document; False if it is blank or too short."""
-    tokenizer = c.tokenizer
-    text = "".join(pieces)
-    if not text.strip():
-        c.blank_docs += 1
-        return False  # (kept, it would be shorter than seq_len anyway)
-    if isinstance(tokenizer, ByteTokenizer):
-        ids = tokenizer.encode_plain(text)
-    else:
-        ids = tokenizer(text, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
-    c.n_tokens += len(ids)
-    c.nonblank += 1
-    if not isinstance(tokenizer, ByteTokenizer):
-        c.empty += 1 if not c.encode(text[:2000]) else 0
-    if len(ids) < c.seq_len:
-        c.short += 1  # fewer than seq_len tokens: not taken (the published rule)
-        if c.unk_id is not None:
-            c.n_unk += ids.count(c.unk_id)
-        return False
-    if c.unk_id is not None:
-        c.n_unk += ids.count(c.unk_id)
-    c.rows.append(ids[: c.seq_len])
-    c.bar.update(1)
-    return True
+    def _chunks(self) -> None:
+        while len(self.buf) >= self.seq_len and (self.limit is None or len(self.rows) < self.limit):
+            self.rows.append(self.buf[: self.seq_len])
+            del self.buf[: self.seq_len]
+            self.bar.update(1)
 
-
-def _cut_per_document(c: _Cut, pieces: Iterable[str], y: Any) -> bool:
-    """One document as one padded row (with its mask and label); False if it is not taken."""
-    tokenizer, seq_len = c.tokenizer, c.seq_len
-    text = "".join(pieces)
-    if not text.strip():
-        c.blank_docs += 1
-        if c.skip:
+    def document(self, pieces: Iterable[str], y: Any, truncate: bool) -> bool:
+        """One document as one row: ``truncate``: its first ``seq_len`` tokens (shorter ones are
+        not taken), else padded (with its mask and label). False if it is not taken."""
+        text = "".join(pieces)
+        if not text.strip():
+            self.blank_docs += 1
+            if truncate or self.skip:
+                return False
+        else:
+            self.nonblank += 1
+            self.empty += not self.encode(text[:2000])
+        kw = {"truncation": False, "verbose": False} if truncate else {"truncation": True, "max_length": self.seq_len}
+        ids = self.encode(text, add_special_tokens=True, **kw)
+        ids = ids if truncate else ids[: self.seq_len]
+        self.read(ids)
+        if len(ids) < (self.seq_len if truncate else 1 if self.labels else 2):
+            self.short += 1  # too short for the rule, or no token to predict
             return False
-    if isinstance(tokenizer, ByteTokenizer):
-        ids = tokenizer.encode_plain(text)[:seq_len]
-    else:
-        ids = tokenizer(text, add_special_tokens=True, truncation=True, max_length=seq_len)["input_ids"]
-    c.n_tokens += len(ids)
-    if c.unk_id is not None:
-        c.n_unk += ids.count(c.unk_id)
-    if text.strip():
-        c.nonblank += 1
-        plain = len(_encode(tokenizer)(text[:2000])) if not isinstance(tokenizer, ByteTokenizer) else 1
-        c.empty += 1 if plain == 0 else 0
-    if len(ids) < 2 and not c.labels:
-        c.short += 1  # no token to predict
-        return False
-    if not ids:
-        c.short += 1
-        return False
-    c.rows.append(ids + [c.pad] * (seq_len - len(ids)))
-    c.masks.append([1] * len(ids) + [0] * (seq_len - len(ids)))
-    c.ys.append(y)
-    c.bar.update(1)
-    return True
+        ids = ids[: self.seq_len]
+        self.rows.append(ids + [self.pad] * (self.seq_len - len(ids)))
+        self.masks.append([1] * len(ids) + [0] * (self.seq_len - len(ids)))
+        self.ys.append(y)
+        self.bar.update(1)
+        return True
 
 
 def _check_tokenizer(c: _Cut) -> None:
     """Refuse a tokenizer that cannot read the text: most documents gave no tokens, or more
     than 5% of the tokens are its unknown token."""
-    tokenizer, empty, nonblank, n_unk, n_tokens = c.tokenizer, c.empty, c.nonblank, c.n_unk, c.n_tokens
-    name = getattr(tokenizer, "name_or_path", None) or getattr(tokenizer, "name", "?")
+    empty, nonblank, n_unk, n_tokens = c.empty, c.nonblank, c.n_unk, c.n_tokens
+    name = getattr(c.tokenizer, "name_or_path", None) or getattr(c.tokenizer, "name", "?")
     if nonblank and empty > 0.5 * nonblank:
         raise WidthscopeError(
             f"the tokenizer ({name}) turned {empty} of {nonblank} non-empty documents into no "
@@ -497,29 +429,23 @@ def _check_tokenizer(c: _Cut) -> None:
 
 def _assemble(c: _Cut, mode: str, exhausted: bool) -> Sequences:
     """The rows (and masks, labels) as tensors."""
-    seq_len = c.seq_len
-    ids_t = torch.tensor(c.rows, dtype=torch.int64) if c.rows else torch.zeros(0, seq_len, dtype=torch.int64)
-    mask_t = (
-        None
-        if mode != "per-document"
-        else (torch.tensor(c.masks, dtype=torch.int64) if c.masks else torch.zeros(0, seq_len, dtype=torch.int64))
-    )
-    lab_t = None
-    if c.labels:
-        bad = [y for y in c.ys if not isinstance(y, int) or isinstance(y, bool)]
-        if bad:
-            raise WidthscopeError(
-                f"labels must be integer class ids, got {bad[0]!r}: map the label column to 0..num_labels-1 first"
-            )
-        lab_t = torch.tensor(c.ys, dtype=torch.int64)
+
+    def tensor(rows: list[Any]) -> torch.Tensor:
+        return torch.tensor(rows, dtype=torch.int64) if rows else torch.zeros(0, c.seq_len, dtype=torch.int64)
+
+    bad = [y for y in c.ys if not isinstance(y, int) or isinstance(y, bool)] if c.labels else []
+    if bad:
+        raise WidthscopeError(
+            f"labels must be integer class ids, got {bad[0]!r}: map the label column to 0..num_labels-1 first"
+        )
     return Sequences(
-        ids_t,
-        mask_t,
-        lab_t,
+        tensor(c.rows),
+        tensor(c.masks) if mode == "per-document" else None,
+        torch.tensor(c.ys, dtype=torch.int64) if c.labels else None,
         c.n_docs,
         c.n_tokens,
         exhausted,
-        None if mode != "concatenate" else c.sep,
+        c.sep if mode == "concatenate" else None,
         c.short,
         c.n_unk,
         c.blank_docs,

@@ -59,7 +59,7 @@ def read_idx(path: str | Path) -> np.ndarray:
     return np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims)
 
 
-def _find_idx(root: Path, name: str, dataset: str) -> dict[str, Path]:
+def _find_idx(root: Path, dataset: str) -> dict[str, Path]:
     found, missing = {}, []
     for key, stem in IDX_FILES.items():
         for cand in (root / f"{stem}.gz", root / stem, root / stem.replace("-idx", ".idx")):
@@ -82,61 +82,21 @@ def _find_idx(root: Path, name: str, dataset: str) -> dict[str, Path]:
     return found
 
 
-def channel_stats(
-    X: np.ndarray | torch.Tensor, *, weights: torch.Tensor | None = None, scale: float = 1.0, chunk: int = 4096
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel mean and standard deviation of ``(N, C, ...)`` images, in float64.
-
-    Streams over ``chunk`` images so a whole training part (e.g. 50k CIFAR images) never
-    exists as one float tensor. ``weights`` (``(C_out, C)``) maps channels first (grayscale);
-    ``scale`` multiplies the raw values (1/255 for bytes).
-    """
-    n = X.shape[0]
-    if n == 0:
-        raise WidthscopeError(
-            f"per-channel statistics need at least one image; got an empty array of shape {tuple(X.shape)}"
-        )
-    s1: torch.Tensor | None = None
-    s2: torch.Tensor | None = None
-    count = 0
-    for i in range(0, n, chunk):
-        x = torch.tensor(np.asarray(X[i : i + chunk]), dtype=torch.float64) * scale  # copy: may be read-only
-        if weights is not None:
-            x = torch.einsum("oc,nc...->no...", weights.double(), x)
-        dims = [0] + list(range(2, x.dim()))
-        a, b = x.sum(dim=dims), x.square().sum(dim=dims)
-        s1, s2 = (a, b) if s1 is None or s2 is None else (s1 + a, s2 + b)
-        count += x.numel() // x.shape[1]
-    assert s1 is not None and s2 is not None  # n > 0: the loop ran at least once
+def _channel_stats(X: np.ndarray, luma: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and standard deviation (float64) of ``(N, C, H, W)`` byte images scaled to
+    [0, 1] and made grayscale with ``luma``, 4096 images at a time (never one float tensor of all)."""
+    if len(X) == 0:
+        raise WidthscopeError(f"per-channel statistics need at least one image; got an empty array {X.shape}")
+    s1 = s2 = torch.zeros(X.shape[1] if luma is None else 1, dtype=torch.float64)
+    for i in range(0, len(X), 4096):
+        x = torch.tensor(np.asarray(X[i : i + 4096]), dtype=torch.float64) * (1 / 255.0)  # a copy: may be read-only
+        if luma is not None:
+            x = torch.einsum("oc,nchw->nohw", luma.double(), x)
+        s1, s2 = s1 + x.sum(dim=(0, 2, 3)), s2 + x.square().sum(dim=(0, 2, 3))
+    count = len(X) * X.shape[2] * X.shape[3]
     mean = s1 / count
     var = (s2 - count * mean.square()) / max(count - 1, 1)
     return mean, var.clamp_min(0).sqrt().clamp_min(1e-12)
-
-
-def normalize_images(
-    train: torch.Tensor,
-    test: torch.Tensor,
-    stats: tuple[torch.Tensor, torch.Tensor] | None = None,
-    computed_on: str = "train",
-) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """Per-channel zero mean / unit variance for ``(N, C, ...)`` tensors.
-
-    ``stats`` = ``(mean, std)`` per channel; by default computed from ``train``. The loaders
-    pass statistics of the *whole* training part, so every subset of one dataset sees the same
-    input map (a model trained on one subset can be probed on another).
-    """
-    mean, std = stats if stats is not None else channel_stats(train)
-    shape = (1, -1) + (1,) * (train.dim() - 2)
-    m32, s32 = mean.float().view(shape), std.float().view(shape)
-
-    def f(t: torch.Tensor) -> torch.Tensor:
-        return t.float().sub(m32).div_(s32)
-
-    return (
-        f(train),
-        f(test),
-        {"mean": mean.flatten().tolist(), "std": std.flatten().tolist(), "computed_on": computed_on},
-    )
 
 
 def _finish_images(
@@ -155,7 +115,7 @@ def _finish_images(
 ) -> Split:
     """Seeded subsets of ``(N, C, H, W)`` byte images, made grayscale with the ``luma`` weights,
     scaled to [0, 1], normalised with whole-train-part statistics, optionally flattened."""
-    stats = channel_stats(train[0], weights=luma, scale=1 / 255.0) if normalize else None
+    stats = _channel_stats(train[0], luma) if normalize else None
     rng = np.random.default_rng(seed)
     parts = []
     for (X, y), n, part in ((train, n_train, "train"), (test, n_test, "test")):
@@ -169,8 +129,11 @@ def _finish_images(
     (Xtr, ytr), (Xte, yte) = parts
     if luma is not None:
         meta["grayscale"] = "0.299 R + 0.587 G + 0.114 B"
-    if normalize:
-        Xtr, Xte, meta["normalization"] = normalize_images(Xtr, Xte, stats, computed_on="whole train part")
+    if stats is not None:  # per-channel zero mean / unit variance
+        mean, std = stats
+        m, s = mean.float().view(1, -1, 1, 1), std.float().view(1, -1, 1, 1)
+        Xtr, Xte = (Xtr - m) / s, (Xte - m) / s
+        meta["normalization"] = {"mean": mean.tolist(), "std": std.tolist(), "computed_on": "whole train part"}
     shape = tuple(Xtr.shape[1:])
     if flatten:
         Xtr, Xte = Xtr.flatten(1), Xte.flatten(1)
@@ -194,7 +157,7 @@ def load_idx(
         if name != "fashion-mnist":
             raise WidthscopeError(f"{name} needs root= the directory with {', '.join(IDX_FILES.values())}(.gz)")
         root = FASHION_ROOT
-    files = _find_idx(Path(root).expanduser(), name, name)
+    files = _find_idx(Path(root).expanduser(), name)
     arrays = {k: read_idx(p) for k, p in files.items()}
     for part in ("train", "test"):
         if arrays[f"{part}_images"].ndim != 3 or len(arrays[f"{part}_images"]) != len(arrays[f"{part}_labels"]):

@@ -29,7 +29,7 @@ from typing import Any, Iterable, Iterator
 
 from ..errors import WidthscopeError
 
-__all__ = ["PREFIX", "HFDatasetRef", "is_hf_ref", "parse_ref", "split_names", "rows", "record"]
+__all__ = ["HFDatasetRef", "is_hf_ref", "parse_ref", "split_names", "rows", "record"]
 
 PREFIX = "hf:"
 _REF = re.compile(
@@ -228,10 +228,11 @@ def _guarded(ds: Iterable[dict[str, Any]], ref: HFDatasetRef, flag: str) -> Iter
         raise _failure(ref, flag, exc) from None
 
 
-def record(ref: HFDatasetRef, builder: Any, split: str | None = None) -> dict[str, Any]:
-    """What a result records of the dataset: name, configuration, the revision asked for, the hash
-    of the copy read (the commit for a Hub dataset; the cache folder's hash offline) and whether it
-    came from the cache only."""
+def record(ref: HFDatasetRef, builder: Any = None, split: str | None = None) -> dict[str, Any]:
+    """What a result records of the dataset (``builder``: as it opens now): name, configuration, the
+    revision asked for, the hash of the copy read (the commit for a Hub dataset; the cache folder's
+    hash offline) and whether it came from the cache only."""
+    builder = _builder(ref, "--data") if builder is None else builder
     rec = {
         "name": ref.name,
         "config": getattr(builder.config, "name", ref.config),
@@ -242,8 +243,3 @@ def record(ref: HFDatasetRef, builder: Any, split: str | None = None) -> dict[st
     if split is not None:
         rec["split"] = split
     return rec
-
-
-def describe_record(ref: HFDatasetRef, flag: str = "--data") -> dict[str, Any]:
-    """:func:`record` of the dataset as it opens now (no split)."""
-    return record(ref, _builder(ref, flag))

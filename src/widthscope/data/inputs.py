@@ -1,16 +1,7 @@
-r"""The one place that turns an :class:`~widthscope.data.spec.InputSpec` into (model, tokenizer,
+"""The one place that turns an :class:`~widthscope.data.spec.InputSpec` into (model, tokenizer,
 probe pools): :func:`resolve` (``widthscope.load_inputs``). Every check that can fail runs here,
-before the first forward pass: the model loads, the tokenizer's vocabulary fits its embedding,
-every token id is in range, the sequence length fits, the pools have the sizes asked for.
-
-- widthscope checkpoints: the dataset recorded in the checkpoint with its recorded options and
-  split seed, or ``--data NAME`` / a data path; byte-level LMs read text with byte tokens.
-- Hugging Face directories, hub ids ``org/name`` at ``spec.revision`` and hub cache folders
-  (:mod:`widthscope.hub`): the task from ``config.json``; text through the checkpoint's own
-  tokenizer (or ``--tokenizer``), images through its image processor.
-
-The pools themselves: :mod:`widthscope.data.pools`.
-"""
+before the first forward pass: the model loads, the tokenizer fits its embedding, token ids and
+sequence length fit, the pools have the sizes asked for (pools: :mod:`widthscope.data.pools`)."""
 
 from __future__ import annotations
 
@@ -29,7 +20,7 @@ from ..hub import DEFAULT_REVISION, attach, hub_record, resolve_model
 from ..models.hf import max_positions, vocab_size
 from . import DATASETS
 from .corpus import ByteTokenizer
-from .hf_datasets import describe_record, is_hf_ref, parse_ref
+from .hf_datasets import is_hf_ref, parse_ref, record
 from .objects import check_vocabulary, loss_for, model_dir, task_of
 from .pools import image_pools, named_pools, object_pools, refuse_given, text_pools
 from .sources import check_splits_given, describe, is_tokenized_object
@@ -146,7 +137,7 @@ def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> I
     _check_options_fit(spec, task)
     name = spec.data
     if name is None and spec.train_data is None:
-        name = recorded_data(model).get("dataset") or recorded_name(model)
+        name = recorded_data(model).get("dataset") or _recorded_name(model)
         if name is None:
             what = repr(spec.model) if isinstance(spec.model, str) else f"object {type(spec.model).__name__}"
             raise WidthscopeError(
@@ -181,7 +172,7 @@ def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> I
                 f"the named dataset {name!r} (its own recorded split)",
             )
             train, test, info, notes, split = named_pools(name, spec, model, task)
-            check_seq_len(model, info.get("seq_len"))
+            _check_seq_len(model, info.get("seq_len"))
             offsets = split if isinstance(split, dict) else None
             split = None if offsets is not None else split
             return Inputs(model, task, train, test, None, None, info, notes, split, offsets, data=spec.data or name)
@@ -204,7 +195,7 @@ def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> I
     tok = _tokenizer(spec, model, task, needed=True)
     rec_len = (getattr(model, "widthscope_extra", None) or {}).get("data_options", {}).get("seq_len")
     seq_len = spec.seq_len or rec_len or (64 if task == "lm" else 128)
-    check_seq_len(model, seq_len)
+    _check_seq_len(model, seq_len)
     mode = spec.sequences or ("concatenate" if task in ("causal-lm", "lm") else "per-document")
     if task == "sequence-classification" and mode != "per-document":
         raise WidthscopeError("sequence classification needs --sequences per-document (one labelled text each)")
@@ -269,7 +260,7 @@ def _record_datasets(spec: InputSpec, info: dict[str, Any]) -> list[str]:
         src = spec.data if spec.data is not None else getattr(spec, field)
         if not is_hf_ref(src):
             continue
-        rec = describe_record(parse_ref(src))
+        rec = record(parse_ref(src))
         recs[role] = {**rec, "split": (info.get(role) or {}).get("split")}
         rev = rec["revision"]
         if rec["offline"] and rev is not None and rev != rec["hash"] and role == "train":
@@ -405,7 +396,7 @@ def _tokenizer_dir(spec: str, model: nn.Module) -> Path:
 
 
 # ----------------------------------------------------------------------------- checks
-def recorded_name(model: nn.Module) -> str | None:
+def _recorded_name(model: nn.Module) -> str | None:
     for attr in ("widthscope_extra", "widthscope_config"):
         meta = getattr(model, attr, None)
         if isinstance(meta, dict) and isinstance(meta.get("dataset"), str):
@@ -413,7 +404,7 @@ def recorded_name(model: nn.Module) -> str | None:
     return None
 
 
-def check_seq_len(model: nn.Module, seq_len: int | None) -> None:
+def _check_seq_len(model: nn.Module, seq_len: int | None) -> None:
     limit = max_positions(model)
     if seq_len is not None and limit is not None and seq_len > limit:
         raise WidthscopeError(

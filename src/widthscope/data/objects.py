@@ -1,16 +1,7 @@
-r"""Objects a Hugging Face user already holds, turned into probe batches, and what the input layer
-needs to know of a model in memory: its task (:func:`task_of`), whether a tokenizer and token ids fit
-it (:func:`check_vocabulary`, :func:`check_ids`), masked-LM masking (:func:`mask_tokens`).
-
-:func:`batches_from` takes one pool as the user has it (see :data:`DATA_ACCEPTS`) and returns a list
-of batches, the loss of the model's task (None: the probe's default) and a short description. Texts
-are tokenized with truncation to ``seq_len`` and right-padded to the pool's longest (a causal LM
-gets ``labels`` with the padding at ``-100``); a mapping of tensors is cut into batches along dim 0;
-a ``DataLoader`` is drawn once. :func:`pools_from` adds a ``DatasetDict`` (``train`` -> train pool,
-``validation``, else ``test`` -> held-out pool, never re-split). A sequence classifier takes
-``({"input_ids", "attention_mask"}, labels)`` pairs; a masked LM's tokens are masked as the command
-line masks them (seeded: train ``seed``, held-out ``seed + 1``).
-"""
+"""Objects a Hugging Face user already holds as probe batches (:func:`batches_from`, :func:`pools_from`),
+and what the input layer needs to know of a model in memory: its task (:func:`task_of`), whether a
+tokenizer and token ids fit it (:func:`check_vocabulary`, :func:`check_ids`), masked-LM masking
+(:func:`mask_tokens`)."""
 
 from __future__ import annotations
 
@@ -27,8 +18,9 @@ from ..errors import WidthscopeError, WidthscopeTypeError
 from ..models.hf import hf_task, max_positions, vocab_size
 from ..probe.batches import to_batches
 from ..probe.collect import masked_lm_loss
+from .sources import is_dataset, is_dataset_dict, is_texts
 
-__all__ = ["batches_from", "pools_from", "is_object_pool", "task_of", "loss_for", "DATA_ACCEPTS", "TOKENIZER_ACCEPTS"]
+__all__ = ["batches_from", "pools_from", "is_object_pool", "task_of", "loss_for", "DATA_ACCEPTS"]
 
 DATA_ACCEPTS = (
     "a list of texts (list[str], with tokenizer=), a BatchEncoding or mapping of tensors, a "
@@ -36,15 +28,11 @@ DATA_ACCEPTS = (
     "validation/test splits; data only), a DataLoader, or a list of batches ((x, y), LongTensor "
     "ids (B, T), dicts with 'input_ids')"
 )
-TOKENIZER_ACCEPTS = (
-    "a Hugging Face tokenizer object (e.g. transformers.AutoTokenizer.from_pretrained(...)), or None "
-    "when the data is already tokenized"
-)
 LM = ("causal-lm", "lm")
 
 
 # ----------------------------------------------------------------------------- task, tokenizer and loss
-def wrapped_model(model: nn.Module) -> nn.Module | None:
+def _wrapped(model: nn.Module) -> nn.Module | None:
     """The model a wrapper holds, or None (not a wrapper): a PEFT model's base model
     (``get_base_model()``), a ``torch.compile``d module's original (``_orig_mod``)."""
     get = getattr(model, "get_base_model", None)
@@ -62,11 +50,11 @@ def wrapped_model(model: nn.Module) -> nn.Module | None:
 def task_of(model: nn.Module) -> str | None:
     """The model's task: ``widthscope_task`` (models widthscope loaded), a widthscope family
     (``lm`` / ``classification``), or a ``transformers.PreTrainedModel``'s head from its class (else
-    its ``config.architectures``); a wrapper's (PEFT, ``torch.compile``: :func:`wrapped_model`) is
+    its ``config.architectures``); a wrapper's (PEFT, ``torch.compile``) is
     the task of the model it wraps; None for any other ``nn.Module`` (its task is unknown)."""
     for _ in range(8):  # a compiled PEFT model: wrappers around wrappers
         task = _own_task(model)
-        inner = wrapped_model(model) if task is None else None
+        inner = _wrapped(model) if task is None else None
         if inner is None:
             return task
         model = inner
@@ -172,31 +160,13 @@ def loss_for(task: str | None) -> Callable[[Any, Any], torch.Tensor] | None:
 
 
 # ----------------------------------------------------------------------------- helpers
-def _datasets_types() -> tuple[type, ...]:
-    try:
-        import datasets
-    except ImportError:  # pragma: no cover - datasets is optional
-        return ()
-    return (datasets.Dataset, datasets.DatasetDict, datasets.IterableDataset, datasets.IterableDatasetDict)
-
-
-def is_dataset_dict(obj: Any) -> bool:
-    types = _datasets_types()
-    return bool(types) and isinstance(obj, (types[1], types[3]))
-
-
-def _is_dataset(obj: Any) -> bool:
-    types = _datasets_types()
-    return bool(types) and isinstance(obj, (types[0], types[2]))
-
-
 def is_object_pool(obj: Any) -> bool:
     """A pool only :func:`batches_from` reads (texts, a ``datasets.Dataset``), not plain batches."""
-    return _is_texts(obj) or _is_dataset(obj)
+    return _is_texts(obj) or is_dataset(obj, iterable=True)
 
 
 def _is_texts(obj: Any) -> bool:
-    return isinstance(obj, (list, tuple)) and len(obj) > 0 and all(isinstance(t, str) for t in obj)
+    return is_texts(obj) and len(obj) > 0
 
 
 def _where(fn: str, name: str) -> str:
@@ -211,7 +181,9 @@ def check_tokenizer(tokenizer: Any, fn: str = "certify") -> None:
     if isinstance(tokenizer, (str, bytes, nn.Module, torch.Tensor)) or not callable(tokenizer):
         hint = " (a path: load it with AutoTokenizer.from_pretrained(path))" if isinstance(tokenizer, str) else ""
         raise WidthscopeTypeError(
-            f"{fn}(tokenizer=...): tokenizer must be {TOKENIZER_ACCEPTS}, got {describe(tokenizer)}{hint}"
+            f"{fn}(tokenizer=...): tokenizer must be a Hugging Face tokenizer object (e.g. "
+            "transformers.AutoTokenizer.from_pretrained(...)), or None when the data is already tokenized, "
+            f"got {describe(tokenizer)}{hint}"
         )
 
 
@@ -386,15 +358,15 @@ def batches_from(
     fn: str = "certify",
     name: str = "data",
 ) -> tuple[list[Any], Callable[[Any, Any], torch.Tensor] | None, str]:
-    """One pool as the user holds it -> (list of batches, the task's loss or None, description).
-
-    See the module docstring for what ``obj`` may be. ``fn``/``name`` name the argument in the
-    errors (``certify(data=...)``); ``seed`` seeds a masked LM's masking."""
+    """One pool as the user holds it (:data:`DATA_ACCEPTS`) -> (list of batches, the task's loss or
+    None, description). Texts are tokenized (truncated to ``seq_len``, right-padded; a causal LM's
+    ``labels`` are -100 at the padding); a mapping is cut along dim 0; a ``DataLoader`` is drawn once;
+    a masked LM's tokens are masked (seeded by ``seed``). ``fn``/``name`` name the argument in errors."""
     check_tokenizer(tokenizer, fn)
     where = _where(fn, name)
     if tokenizer is not None:  # before any forward: ids past the embedding fail deep inside it
         check_vocabulary(tokenizer, model, f"{fn}(tokenizer=...)")
-    if is_dataset_dict(obj):
+    if is_dataset_dict(obj, iterable=True):
         raise _bad_data(fn, name, obj, " (a DatasetDict gives both pools: pass it alone as data)")
     task = task_of(model)
     loss = loss_for(task)
@@ -413,7 +385,7 @@ def batches_from(
     elif isinstance(obj, Mapping) and not isinstance(obj, torch.Tensor):
         pool = from_mapping(obj, where)
         what = f"{type(obj).__name__} of {next(iter(pool.values())).shape[0]} examples"
-    elif _is_dataset(obj):
+    elif is_dataset(obj, iterable=True):
         if not hasattr(obj, "column_names") or not hasattr(obj, "__len__"):
             raise _bad_data(fn, name, obj, " (an IterableDataset: materialise it, e.g. Dataset.from_list(list(it)))")
         pool, from_text, what = dataset_pool(obj, task, tokenizer, seq_len, text_column, where)
@@ -467,7 +439,7 @@ def pools_from(
     ``DatasetDict`` (``test`` None): its ``train`` split trains, ``validation`` (else ``test``) is
     held out. Returns (train batches, held-out batches, loss or None, a description of each)."""
     info: dict[str, str] = {}
-    if is_dataset_dict(data):
+    if is_dataset_dict(data, iterable=True):
         if test is not None:
             raise WidthscopeTypeError(
                 f"{fn}(test=...): a DatasetDict gives both pools (train and validation/test splits); drop test"
@@ -483,12 +455,7 @@ def pools_from(
         names = ("data['train']", f"data[{held!r}]")
     else:
         tr, te, names = data, test, ("data", "test")
-    train, loss, info["train"] = batches_from(
-        tr, model=model, tokenizer=tokenizer, seq_len=seq_len, batch_size=batch_size,
-        text_column=text_column, seed=seed, fn=fn, name=names[0],
-    )  # fmt: skip
-    held_out, _, info["test"] = batches_from(
-        te, model=model, tokenizer=tokenizer, seq_len=seq_len, batch_size=batch_size,
-        text_column=text_column, seed=seed + 1, fn=fn, name=names[1],
-    )  # fmt: skip
+    kw = dict(model=model, tokenizer=tokenizer, seq_len=seq_len, batch_size=batch_size, text_column=text_column, fn=fn)
+    train, loss, info["train"] = batches_from(tr, seed=seed, name=names[0], **kw)
+    held_out, _, info["test"] = batches_from(te, seed=seed + 1, name=names[1], **kw)
     return train, held_out, loss, info

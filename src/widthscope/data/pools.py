@@ -1,12 +1,7 @@
-"""The two probe pools of :func:`widthscope.data.inputs.resolve`, from text sources (read,
-tokenized and cut into sequences: :func:`text_pools`), ImageFolder directories (:func:`image_pools`),
-widthscope's named datasets with a checkpoint's data record (:func:`named_pools`) and tokenized
-objects in memory (:func:`object_pools`). Each returns ``(train, held-out, info, notes)``.
-
-Pools are seeded subsets (train ``seed``, held-out ``seed + 1``; ``first``: the first ones) of
-what a source gives. One source is cut into both pools by a seeded permutation (``test_fraction``);
-a source with its own splits gives each pool its split (:func:`widthscope.data.sources.choose`).
-"""
+"""The two probe pools of :func:`widthscope.data.inputs.resolve` from text (:func:`text_pools`),
+ImageFolder directories (:func:`image_pools`), named datasets (:func:`named_pools`) and tokenized
+objects (:func:`object_pools`), each ``(train, held-out, info, notes)``: seeded subsets (train
+``seed``, held-out ``seed + 1``) of a source cut by ``test_fraction``, or of its own splits."""
 
 from __future__ import annotations
 
@@ -73,10 +68,10 @@ def pick_pool(
 
 
 def _pick_pools(
-    spec: InputSpec, sizes: tuple[int, int], unit: str, where: tuple[str, str], fixes: tuple[str, str] | None = None
+    spec: InputSpec, sizes: tuple[int, int], unit: str, where: tuple[str, str], fixes: tuple[str, ...] = ()
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The rows of the train pool (seed ``spec.seed``) and the held-out pool (``spec.seed + 1``)."""
-    a, b = (
+    pools = [
         pick_pool(
             sizes[i],
             n,
@@ -91,8 +86,8 @@ def _pick_pools(
         for i, (n, part, flag) in enumerate(
             ((spec.n_train, "train", "--n-train"), (spec.n_test, "held-out", "--n-test"))
         )
-    )
-    return a, b
+    ]
+    return pools[0], pools[1]
 
 
 def refuse_given(spec: InputSpec, dests: tuple[str, ...], what: str) -> None:
@@ -260,6 +255,7 @@ def text_pools(spec: InputSpec, model: nn.Module, task: str, tok: Any, seq_len: 
     notes: list[str] = list(choice.notes) if choice is not None else []
     info: dict[str, Any] = {"split": how}
     one = how not in ("two sources", "dataset splits")  # one corpus (or split) cut into both pools
+    read = (tok, spec, seq_len, mode)
     if one:
         n_tr, n_te, frac = spec.n_train, spec.n_test, spec.test_fraction
         assert frac is not None  # a filled spec (InputSpec.filled) has a test fraction
@@ -267,30 +263,17 @@ def text_pools(spec: InputSpec, model: nn.Module, task: str, tok: Any, seq_len: 
         need = None
         if isinstance(n_tr, int) and isinstance(n_te, int):
             need = max(int((n_tr + 1) / (1 - frac)), int((n_te + 1) / frac)) + 1
-        seqs, info["train"] = _read_text(tr_src, tr_split, tok, spec, seq_len, mode, need, "tokenize", labels, show)
-        info["test"] = info["train"]
-        tr_rows, te_rows, info["rule"] = _cut(int(seqs.ids.shape[0]), spec, "sequences of one corpus")
-        fixes = _text_fixes(seqs, mode, info["train"]["max_tokens"])
-        a, b = _pick_pools(spec, (len(tr_rows), len(te_rows)), "sequences", (describe(tr_src),) * 2, (fixes, fixes))
-        a, b = tr_rows[a], te_rows[b]
-        tr_seqs = te_seqs = seqs
+        tr_seqs, info["train"] = _read_text(tr_src, tr_split, *read, need, "tokenize", labels, show)
+        te_seqs, info["test"] = tr_seqs, info["train"]
+        tr_rows, te_rows, info["rule"] = _cut(int(tr_seqs.ids.shape[0]), spec, "sequences of one corpus")
     else:
-        tr_seqs, info["train"] = _read_text(
-            tr_src, tr_split, tok, spec, seq_len, mode, spec.n_train, "tokenize train", labels, show
-        )
-        te_seqs, info["test"] = _read_text(
-            te_src, te_split, tok, spec, seq_len, mode, spec.n_test, "tokenize held-out", labels, show
-        )
-        a, b = _pick_pools(
-            spec,
-            (int(tr_seqs.ids.shape[0]), int(te_seqs.ids.shape[0])),
-            "sequences",
-            (describe(tr_src), describe(te_src)),
-            (
-                _text_fixes(tr_seqs, mode, info["train"]["max_tokens"]),
-                _text_fixes(te_seqs, mode, info["test"]["max_tokens"]),
-            ),
-        )
+        tr_seqs, info["train"] = _read_text(tr_src, tr_split, *read, spec.n_train, "tokenize train", labels, show)
+        te_seqs, info["test"] = _read_text(te_src, te_split, *read, spec.n_test, "tokenize held-out", labels, show)
+        tr_rows, te_rows = torch.arange(len(tr_seqs.ids)), torch.arange(len(te_seqs.ids))
+    fixes = tuple(_text_fixes(q, mode, info[p]["max_tokens"]) for q, p in ((tr_seqs, "train"), (te_seqs, "test")))
+    where = (describe(tr_src), describe(te_src))
+    a, b = _pick_pools(spec, (len(tr_rows), len(te_rows)), "sequences", where, fixes)
+    a, b = tr_rows[a], te_rows[b]
     check_ids(tr_seqs.ids[a], model, "train")
     check_ids(te_seqs.ids[b], model, "held-out")
     info["heldout_integrity"] = _integrity(

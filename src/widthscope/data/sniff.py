@@ -73,25 +73,21 @@ def sniff(path: Path) -> str | None:
     return None
 
 
-def precheck(path: str | Path, what: str) -> None:
+def precheck(path: str | Path, what: str = "") -> None:
     """The cheap checks of a data path, before any model is loaded: a plain file given as text
     must be text by content; a ``.parquet`` file must carry Parquet's magic bytes."""
     path = Path(path).expanduser()
-    if not path.is_file():
+    if not path.is_file() or path.suffix.lower() in IMAGE_SUFFIXES:
         return
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
+    if path.suffix.lower() == ".parquet":
         with open(path, "rb") as f:
-            if f.read(4) != b"PAR1":
-                raise WidthscopeError(
-                    f"{what} {path} is named .parquet but is not a Parquet file (no PAR1 magic bytes)"
-                )
-        return
-    if suffix in IMAGE_SUFFIXES:
-        return
-    reason = sniff(path)
+            reason = (
+                None if f.read(4) == b"PAR1" else "is named .parquet but is not a Parquet file (no PAR1 magic bytes)"
+            )
+    else:
+        reason = sniff(path)
     if reason is not None:
-        raise WidthscopeError(f"{what} {path} {reason}")
+        raise WidthscopeError(f"{what} {path} {reason}".lstrip())
 
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")

@@ -1,13 +1,7 @@
-"""A text source of the input spec, whatever form it has: a path (:mod:`widthscope.data.corpus`),
-a Hugging Face dataset by name (``hf:NAME[:CONFIG][@REVISION]``, :mod:`widthscope.data.hf_datasets`)
-or an object in memory — a ``list[str]`` of documents, a ``datasets.Dataset`` with a text column,
-a ``datasets.DatasetDict`` — read as documents the same way (one per text / row), with the same
-split rules (:func:`choose`: a source with its own splits gives the train pool its ``train``
-split and the held-out pool its ``validation``, else ``test``, split; never pooled and re-split
-unless ``--test-fraction`` asks for it).
-
-Tokenized objects (a ``BatchEncoding``, a mapping of tensors, a ``DataLoader``, a ``Dataset`` with
-``input_ids``) are pools of examples, not documents: :func:`widthscope.data.pools.object_pools`."""
+"""A data source of the input spec, whatever form it has: a path, ``hf:NAME[:CONFIG][@REVISION]`` or
+an object in memory (``list[str]``, ``datasets.Dataset`` / ``DatasetDict``), read as documents
+(:func:`documents_of`) with the same split rules (:func:`choose`); tokenized objects are pools of
+examples (:func:`is_tokenized_object`)."""
 
 from __future__ import annotations
 
@@ -20,11 +14,13 @@ from torch.utils.data import DataLoader
 from ..errors import WidthscopeError
 from . import DATASETS, hf_datasets
 from .corpus import documents, row_documents
-from .splits import HELD_OUT, SplitChoice, choose_among, choose_splits, dataset_splits, default_split
+from .splits import SplitChoice, choose_among, choose_splits, dataset_splits, default_split
 
 __all__ = [
-    "DATA_OBJECTS",
     "is_tokenized_object",
+    "is_dataset",
+    "is_dataset_dict",
+    "is_texts",
     "describe",
     "splits_of",
     "choose",
@@ -42,25 +38,26 @@ DATA_OBJECTS = (
 )
 
 
-def _datasets_types() -> tuple[type, ...]:
+def _types(iterable: bool) -> tuple[tuple[type, ...], tuple[type, ...]]:
+    """The ``Dataset`` and ``DatasetDict`` types (``iterable``: their streaming forms too)."""
     try:
         import datasets  # optional dependency
     except ImportError:  # pragma: no cover
-        return ()
-    return (datasets.Dataset, datasets.DatasetDict)
+        return (), ()
+    if iterable:
+        return (datasets.Dataset, datasets.IterableDataset), (datasets.DatasetDict, datasets.IterableDatasetDict)
+    return (datasets.Dataset,), (datasets.DatasetDict,)
 
 
-def _is_dataset(obj: Any) -> bool:
-    t = _datasets_types()
-    return bool(t) and isinstance(obj, t[0])
+def is_dataset(obj: Any, iterable: bool = False) -> bool:
+    return isinstance(obj, _types(iterable)[0])
 
 
-def is_dataset_dict(obj: Any) -> bool:
-    t = _datasets_types()
-    return bool(t) and isinstance(obj, t[1])
+def is_dataset_dict(obj: Any, iterable: bool = False) -> bool:
+    return isinstance(obj, _types(iterable)[1])
 
 
-def _is_texts(obj: Any) -> bool:
+def is_texts(obj: Any) -> bool:
     return isinstance(obj, (list, tuple)) and all(isinstance(t, str) for t in obj)
 
 
@@ -73,7 +70,7 @@ def is_tokenized_object(obj: Any, text_field: str | None = None) -> bool:
     ``DatasetDict``) with ``input_ids`` and no ``text_field`` given."""
     if (isinstance(obj, Mapping) and not is_dataset_dict(obj)) or isinstance(obj, DataLoader):
         return True
-    if _is_dataset(obj):
+    if is_dataset(obj):
         return _tokenized_dataset(obj, text_field)
     if is_dataset_dict(obj):
         return any(_tokenized_dataset(ds, text_field) for ds in obj.values())
@@ -82,9 +79,9 @@ def is_tokenized_object(obj: Any, text_field: str | None = None) -> bool:
 
 def check_object(name: str, obj: Any) -> str | None:
     """Why ``obj`` cannot be the spec's data field ``name`` (None: it can)."""
-    if _is_texts(obj):
+    if is_texts(obj):
         return None if len(obj) else "the list of texts is empty"
-    if _is_dataset(obj) or is_dataset_dict(obj) or isinstance(obj, DataLoader):
+    if is_dataset(obj) or is_dataset_dict(obj) or isinstance(obj, DataLoader):
         return None
     if isinstance(obj, Mapping):
         return None if len(obj) else "the mapping is empty: give input_ids (and attention_mask, labels)"
@@ -97,11 +94,11 @@ def describe(src: Any) -> str:
     """The source in words (what messages and results name); a string is itself."""
     if isinstance(src, str):
         return src
-    if _is_texts(src):
+    if is_texts(src):
         return f"<in memory: list of {len(src)} texts>"
     if is_dataset_dict(src):
         return f"<in memory: DatasetDict with splits {', '.join(src)}>"
-    if _is_dataset(src):
+    if is_dataset(src):
         return f"<in memory: Dataset of {len(src)} rows, columns {', '.join(src.column_names or [])}>"
     if isinstance(src, DataLoader):
         return f"<in memory: DataLoader of {len(src)} batches>"
@@ -140,13 +137,9 @@ def choose(
 def check_splits_given(
     data: Any, train_data: Any, test_data: Any, train_split: str | None, test_split: str | None
 ) -> None:
-    """``--train-split``/``--test-split`` name splits of a source that has its own (a ``DatasetDict``
-    directory or object, a folder of split files, ``hf:NAME``): given for a source without splits
-    (a text file, a table, a plain folder, a named dataset, a list of texts) they are refused, before
-    any model loads, never silently ignored. ``--data`` takes both flags; with ``--train-data`` /
-    ``--test-data`` each takes its own. A source that does not exist is left to
-    :func:`widthscope.data.spec.check_source`; a Hugging Face dataset's split names are checked
-    when its pools are chosen."""
+    """Refuse ``--train-split``/``--test-split`` for a source without splits of its own, before any
+    model loads (``--data`` takes both; ``--train-data``/``--test-data`` each its own). Missing sources
+    and ``hf:`` split names are checked elsewhere."""
     if train_split is None and test_split is None:
         return
     tr = ("--train-split",) if train_split is not None else ()
@@ -172,18 +165,12 @@ def check_splits_given(
 
 
 def default_split_of(src: Any, role: str) -> str | None:
-    """:func:`widthscope.data.splits.default_split` for any source (``--train-data`` / ``--test-data``)."""
-    if isinstance(src, str) and not hf_datasets.is_hf_ref(src):
-        return default_split(src, role)
+    """The split ``--train-data`` / ``--test-data`` reads (:func:`widthscope.data.splits.default_split`);
+    None: the whole source (no splits, or a folder with one split)."""
     names = splits_of(src, "--train-data" if role == "train" else "--test-data")
-    if not names:
+    if not names or (len(names) == 1 and isinstance(src, str) and not hf_datasets.is_hf_ref(src)):
         return None
-    if len(names) == 1:
-        return names[0]  # a named dataset or a DatasetDict always reads a split
-
-    if role == "train":
-        return "train" if "train" in names else None
-    return next((n for n in HELD_OUT if n in names), None)
+    return names[0] if len(names) == 1 else default_split(names, role)  # a named dataset or a DatasetDict
 
 
 def same_source(a: Any, b: Any) -> bool:
@@ -217,7 +204,7 @@ def documents_of(
         return row_documents(rows, field, label_field, f"{src} split {split!r}"), f"{desc}, field {field!r}"
     if isinstance(src, str):
         return documents(src, text_field=text_field, split=split, label_field=label_field, skipped=skipped)
-    if _is_texts(src):
+    if is_texts(src):
         if text_field is not None or label_field is not None:
             raise WidthscopeError(
                 "--text-field/--label-field apply to tables and datasets; a list of texts is plain text: "
@@ -230,7 +217,7 @@ def documents_of(
         if split is None or split not in src:
             raise WidthscopeError(f"{describe(src)}: no split {split!r}: choose one with --train-split/--test-split")
         ds, where = src[split], f"DatasetDict split {split!r}"
-    elif _is_dataset(src):
+    elif is_dataset(src):
         if split is not None:
             raise WidthscopeError(f"{describe(src)} has no splits: drop --train-split/--test-split")
         ds, where = src, "Dataset"

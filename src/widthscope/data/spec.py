@@ -35,6 +35,7 @@ from torch import nn
 from .._args import describe
 from ..errors import WidthscopeError, WidthscopeTypeError
 from ..models.dispatch import DEVICE_MAPS, parse_max_memory
+from ..models.hf import DTYPES, TASKS
 from ..options import SEED_MAX, option
 from . import DATASETS
 from .hf_datasets import is_hf_ref, parse_ref, split_names
@@ -48,8 +49,6 @@ __all__ = [
     "INPUT_DEFAULTS",
     "DTYPES",
     "TASKS",
-    "SEQUENCES",
-    "TRAIN_POOLS",
     "check_source",
     "OPTIONAL_FIELDS",
 ]
@@ -68,13 +67,10 @@ def is_all(n: Any) -> bool:
 Source = Any
 OBJECT_FIELDS = ("model", "tokenizer", "data", "train_data", "test_data")  # may hold objects in memory
 IN_MEMORY = "<in memory: "  # how to_dict records an object
-DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
-TASKS = ("causal-lm", "masked-lm", "sequence-classification", "image-classification")
 SEQUENCES = ("concatenate", "per-document", "truncate")
 EMPTY_DOCS = ("skip", "eos")  # empty/whitespace-only documents: skipped (the published scripts) or an EOS each
 TRAIN_POOLS = ("fitted", "fresh")
 WINDOW = 20  # default corpus window: this many times the pool sizes (tokens read per source)
-_PATHS = OBJECT_FIELDS + ("train_split", "test_split", "data_root", "text_field", "label_field")  # text fields
 
 
 def _flag(name: str) -> str:
@@ -286,10 +282,6 @@ class InputSpec:
                 f"applies to checkpoints loaded from files; {what} is used where it is "
                 "(widthscope.models.dispatch.dispatch(model, ...) places a model object)",
             )
-        if self.device_map is not None and self.device_map not in DEVICE_MAPS:
-            raise (_bad if isinstance(self.device_map, str) else _bad_type)(
-                "device_map", self.device_map, f"choose one of {', '.join(DEVICE_MAPS)}"
-            )
         if self.max_memory is not None:
             if self.device_map is None:
                 raise _bad("max_memory", self.max_memory, "needs device_map (e.g. --device-map auto)")
@@ -300,80 +292,27 @@ class InputSpec:
             raise _bad_type("offload_folder", self.offload_folder, "must be a folder path")
 
     def __post_init__(self) -> None:
-        # Each check: a wrong type raises _bad_type (a TypeError too), a bad value _bad.
         self._check_placement()
-        for name in _PATHS:
-            v = getattr(self, name)
-            if name in OBJECT_FIELDS and v is not None and not isinstance(v, str):
-                _check_object(name, v)
-            elif (v is not None or name == "model") and (not isinstance(v, str) or not v):
-                fix = (
-                    "must be a non-empty string (a path or name)"
-                    if name != "model"
-                    else "give a checkpoint directory, a .safetensors file with its config, a Hugging Face hub id "
-                    "(org/name), or 'builtin'"
-                )
-                raise (_bad if isinstance(v, str) else _bad_type)(name, v, fix)
-            elif isinstance(v, str) and v.startswith(IN_MEMORY):
-                raise _bad(
-                    name,
-                    v,
-                    "this spec was recorded from an object in memory: pass the object again, "
-                    f"InputSpec.from_dict(d, {name}=...)",
-                )
-            elif name in ("data", "train_data", "test_data") and isinstance(v, str):
-                if is_hf_ref(v):
-                    parse_ref(v, _flag(name))
-        if self.revision is not None:
-            if not isinstance(self.revision, str) or not self.revision.strip():
-                raise (_bad if isinstance(self.revision, str) else _bad_type)(
-                    "revision", self.revision, "must be a non-empty string (a branch, tag or commit hash)"
-                )
-            if not isinstance(self.model, str) or self.model == "builtin":
-                why = "; the model object is already loaded" if self.model != "builtin" else ", not to --model builtin"
-                raise _bad(
-                    "revision",
-                    self.revision,
-                    f"applies to Hugging Face hub ids (org/name) and hub cache folders{why}: drop it",
-                )
-        for name, choices in _CHOICES:  # the fields' choices (device_map: _check_placement's)
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, str) or v not in choices):
-                raise (_bad if isinstance(v, str) else _bad_type)(name, v, f"choose one of {', '.join(choices)}")
-        for name in ("first", "cap_pools"):
-            if not isinstance(getattr(self, name), bool):
-                raise _bad_type(name, getattr(self, name), "must be True or False")
-        for name in ("n_train", "n_test"):
-            v = getattr(self, name)
-            lo = _META[name]["lo"]
-            if v != "all" and (not _whole(v) or v < lo):
-                raise (_bad if _whole(v) or isinstance(v, str) else _bad_type)(
-                    name,
-                    v,
-                    f"must be a whole number >= {lo} (the unbiased estimators need at least 4 examples) or 'all'",
-                )
-        if not _whole(self.seed) or not 0 <= self.seed <= SEED_MAX:
-            raise (_bad if _whole(self.seed) else _bad_type)(
-                "seed", self.seed, f"must be a whole number in 0..{SEED_MAX}"
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name in OBJECT_FIELDS and v is not None and not isinstance(v, str):
+                _check_object(f.name, v)
+            elif (problem := _problem(f.name, v)) is not None:
+                typed, fix = problem  # a value of the wrong type: _bad_type (a TypeError too)
+                raise (_bad if typed else _bad_type)(f.name, v, fix)
+        if self.revision is not None and (not isinstance(self.model, str) or self.model == "builtin"):
+            why = "; the model object is already loaded" if self.model != "builtin" else ", not to --model builtin"
+            raise _bad(
+                "revision",
+                self.revision,
+                f"applies to Hugging Face hub ids (org/name) and hub cache folders{why}: drop it",
             )
-        for name, lo, what in _RANGES:  # the whole-number fields' lower bounds
-            v = getattr(self, name)
-            if v is not None and (not _whole(v) or v < lo):
-                raise (_bad if _whole(v) else _bad_type)(name, v, f"must be a whole number >= {lo} ({what})")
-        f = self.test_fraction
-        if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < 1):
-            number = isinstance(f, (int, float)) and not isinstance(f, bool)
-            raise (_bad if number else _bad_type)("test_fraction", f, "must be between 0 and 1 (the held-out fraction)")
-        given = self.given
+        given: Any = self.given
         if given is None:  # every optional field set
-            given = tuple(
-                sorted(n for n in OPTIONAL_FIELDS if getattr(self, n) is not None and getattr(self, n) is not False)
-            )
-        elif isinstance(given, (list, tuple)) and all(isinstance(g, str) for g in given):
-            given = tuple(sorted(set(given)))
-        else:
+            given = [n for n in OPTIONAL_FIELDS if getattr(self, n) is not None and getattr(self, n) is not False]
+        elif not isinstance(given, (list, tuple)) or not all(isinstance(g, str) for g in given):
             raise _bad_type("given", given, "must be a list of field names")
-        object.__setattr__(self, "given", given)
+        object.__setattr__(self, "given", tuple(sorted(set(given))))
         unknown = [g for g in given if g not in OPTIONAL_FIELDS]
         if unknown:
             raise _bad("given", unknown[0], f"name optional fields of the spec ({', '.join(OPTIONAL_FIELDS[:5])}, ...)")
@@ -428,10 +367,9 @@ class InputSpec:
             raise WidthscopeTypeError(
                 f"InputSpec.from_dict({bad[0]}=...): only {', '.join(OBJECT_FIELDS)} take objects in memory"
             )
-        if isinstance(d, Mapping):
-            d = {**d, **objects}
         if not isinstance(d, Mapping):
             raise WidthscopeError(f"an input spec must be a JSON object (a dict), got {type(d).__name__}")
+        d = {**d, **objects}
         fields = {fl.name for fl in dataclasses.fields(cls)}
         unknown = sorted(set(d) - fields)
         if unknown:
@@ -440,18 +378,55 @@ class InputSpec:
             )
         if "model" not in d:
             raise WidthscopeError("input spec has no 'model': name the checkpoint")
-        return cls(**dict(d))
+        return cls(**d)
 
 
 _META = {f.name: f.metadata for f in dataclasses.fields(InputSpec)}
 # The optional input fields (those that apply to some kinds of input only): None (False) = not given.
 OPTIONAL_FIELDS = tuple(n for n, m in _META.items() if m.get("applies"))
-_CHOICES = tuple((n, m["choices"]) for n, m in _META.items() if m.get("choices") and n != "device_map")
-_RANGES = tuple((n, m["lo"], m["unit"]) for n, m in _META.items() if m.get("kind") == "int" and m.get("lo") is not None)
 # Values of the options that are None when not given (so "was it given" is knowable): the fields'.
 INPUT_DEFAULTS: dict[str, Any] = {
     f.name: f.metadata["fallback"] for f in dataclasses.fields(InputSpec) if f.metadata.get("fallback") is not None
 }
+
+
+_TEXT = {  # what a text field takes (the rest: a path or name)
+    "model": "give a checkpoint directory, a .safetensors file with its config, a Hugging Face hub id (org/name), "
+    "or 'builtin'",
+    "revision": "must be a non-empty string (a branch, tag or commit hash)",
+}
+
+
+def _problem(name: str, v: Any) -> tuple[bool, str] | None:
+    """Why ``v`` cannot be field ``name`` (whether its type is right, and the fix), or None."""
+    meta = _META[name]
+    kind, lo, choices = meta.get("kind"), meta.get("lo"), meta.get("choices")
+    if name in ("first", "cap_pools"):
+        return None if isinstance(v, bool) else (False, "must be True or False")
+    if name == "seed":
+        return None if _whole(v) and 0 <= v <= SEED_MAX else (_whole(v), f"must be a whole number in 0..{SEED_MAX}")
+    if kind == "pool":
+        fix = f"must be a whole number >= {lo} (the unbiased estimators need at least 4 examples) or 'all'"
+        return None if v == ALL or (_whole(v) and v >= lo) else (_whole(v) or isinstance(v, str), fix)
+    if (v is None and name != "model") or name in ("given", "max_memory", "offload_folder"):
+        return None  # (_check_placement)
+    if kind == "int":
+        return None if _whole(v) and v >= lo else (_whole(v), f"must be a whole number >= {lo} ({meta['unit']})")
+    if kind == "float":
+        number = isinstance(v, (int, float)) and not isinstance(v, bool)
+        return None if number and 0 < v < 1 else (number, "must be between 0 and 1 (the held-out fraction)")
+    if choices:
+        return (
+            None if isinstance(v, str) and v in choices else (isinstance(v, str), f"choose one of {', '.join(choices)}")
+        )
+    if not isinstance(v, str) or not (v.strip() if name == "revision" else v):
+        return isinstance(v, str), _TEXT.get(name, "must be a non-empty string (a path or name)")
+    if v.startswith(IN_MEMORY):
+        why = "this spec was recorded from an object in memory: pass the object again, InputSpec.from_dict(d, "
+        return True, why + f"{name}=...)"
+    if name in ("data", "train_data", "test_data") and is_hf_ref(v):
+        parse_ref(v, _flag(name))
+    return None
 
 
 def _memory(obj: Any) -> str:

@@ -14,8 +14,6 @@ from ..errors import WidthscopeError
 from .sniff import TABULAR, is_dataset_dir
 
 __all__ = [
-    "SPLIT_KEYWORDS",
-    "HELD_OUT",
     "FileSplits",
     "split_files",
     "SplitChoice",
@@ -107,14 +105,9 @@ def _assign(root: Path, files: list[Path]) -> tuple[dict[Path, str], list[str]]:
 
 
 def split_files(path: str | Path) -> FileSplits | None:
-    """The dataset's own splits in a folder of split files, or None (no split names; not a folder
-    of tables or of plain-text split files; a ``save_to_disk`` directory: :func:`dataset_splits`).
-
-    Table files named as the Hub names them: shards ``{split}-00000-of-00001.parquet``, else a
-    split keyword (:data:`SPLIT_KEYWORDS`) as a word of a folder or file name. Plain-text files
-    (``ptb.train.txt``, ``wiki.valid.raw``) count only when every file names one split, one of them
-    ``train``, and there are two or more.
-    """
+    """The dataset's own splits in a folder of tables named as the Hub names them (shards
+    ``{split}-00000-of-00001.parquet``, else a split keyword as a word of a folder or file name), or of
+    plain-text split files (``ptb.train.txt``: each names one split, ``train`` among two or more); else None."""
     root = Path(path).expanduser()
     if not root.is_dir() or is_dataset_dir(root):
         return None
@@ -183,13 +176,9 @@ def _split_named(name: str, names: list[str], flag: str, path: Path | str) -> st
     raise WidthscopeError(f"{flag} {name!r}: {path} has splits {', '.join(names)}; choose one of them")
 
 
-def default_split(path: str | Path, role: str) -> str | None:
-    """The split a pool reads from a folder with two or more splits given without ``--*-split``:
-    ``train`` for the train pool, ``validation`` (else ``test``) for the held-out pool; None:
-    the whole source (no splits, one split, or none of that name)."""
-    names = dataset_splits(path)
-    if not names or len(names) < 2:
-        return None
+def default_split(names: list[str], role: str) -> str | None:
+    """The split of ``names`` a pool reads when none is named: ``train`` for the train pool,
+    ``validation`` (else ``test``) for the held-out pool; None: none of that name."""
     if role == "train":
         return "train" if "train" in names else None
     return next((n for n in HELD_OUT if n in names), None)
@@ -213,12 +202,9 @@ class SplitChoice:
 def choose_splits(
     path: str | Path, train_split: str | None = None, test_split: str | None = None, test_fraction: float | None = None
 ) -> SplitChoice | None:
-    """The splits the pools read from ``--data path`` when it has its own splits; None when it
-    has none (one corpus, split by ``--test-fraction``).
-
-    The train pool reads ``train_split`` (default ``train``), the held-out pool ``test_split``
-    (default ``validation``, else ``test``), never pooled. One split only: the one corpus, split by
-    ``--test-fraction``. ``test_fraction`` given explicitly: both pools are cut from ``train_split``."""
+    """The splits the pools read from ``--data path`` (None: it has none). The train pool reads
+    ``train_split`` (default ``train``), the held-out pool ``test_split`` (default ``validation``, else
+    ``test``); one split only, or ``test_fraction`` given: both pools are cut from one split."""
     root = Path(path).expanduser()
     names = dataset_splits(root)
     if names is None:

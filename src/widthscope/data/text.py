@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..errors import WidthscopeError
-from . import Split, subset
+from . import Split, holdout
 from .corpus import files_under, text_only
 from .sniff import TABULAR, sniff
 
@@ -165,21 +165,9 @@ def load_text(
             f"text: {len(buf)} bytes from {source} make {n_chunks} chunk(s) of "
             f"seq_len={seq_len}; need at least 2 (more text or a smaller seq_len)"
         )
-    tokens = torch.tensor(np.frombuffer(bytes(buf[: n_chunks * seq_len]), dtype=np.uint8).astype(np.int64))
-    chunks = tokens.view(n_chunks, seq_len)
-    rng = np.random.default_rng(seed)
-    perm = rng.permutation(n_chunks)
     n_hold = min(max(1, int(round(test_fraction * n_chunks))), n_chunks - 1)
-    test_idx, train_idx = np.sort(perm[:n_hold]), np.sort(perm[n_hold:])
-    heldout_part = test_idx
-    sub = subset(len(test_idx), n_test, rng, "test")
-    if sub is not None:
-        test_idx = test_idx[sub]
-    sub = subset(len(train_idx), n_train, rng, "train")
-    if sub is not None:
-        train_idx = train_idx[sub]
-    Xtr, Xte = chunks[train_idx].clone(), chunks[test_idx].clone()
-
+    train_idx, test_idx, heldout_part = holdout(n_chunks, n_hold, n_train, n_test, seed)
+    Xtr, Xte = corpus_chunks(buf, seq_len, train_idx), corpus_chunks(buf, seq_len, test_idx)
     meta = {
         "source": source,
         "files": used,
