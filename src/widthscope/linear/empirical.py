@@ -4,9 +4,10 @@ routes (:mod:`._core` for Jacobians and products, :mod:`.structured` for Grams).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
-from dataclasses import dataclass
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -129,7 +130,7 @@ def ntk(
         return _ntk(model, x1, x2, trace, chunk_size, method, memory_budget, info, diagonal, batch_size, dtype, verbose)
 
 
-@dataclass
+@dataclasses.dataclass
 class _Job:
     """One :func:`ntk` call after its checks: the model as run, its inputs and options."""
 
@@ -168,9 +169,10 @@ def _ntk(model, x1, x2, trace, chunk_size, method, memory_budget, info, diagonal
     c = costs.get(method, {})
     try:
         if method == "structured":
-            return structured_kernel(
-                model, x1, None if same else x2, P, trace, diagonal, batch_size, dtype, memory_budget, info, c
+            K = structured_kernel(
+                model, x1, None if same else x2, P, trace, diagonal, batch_size, dtype, memory_budget, c
             )
+            return K + _generic(job, P.generic, c).to(K.dtype) if P.generic else K
         try:
             K = _explicit_kernel(job, method, c, chunk_size)
         except RuntimeError as exc:
@@ -356,7 +358,9 @@ def _choose_method(job: _Job, method: str, info: dict | None, verbose: bool) -> 
         method = best
     if info is not None:
         info.update(method=method, reason=reason, costs=costs)
-        if method != "structured":  # nothing on the structured path
+        if method == "structured":
+            info.update(covered=P.n_covered, uncovered=P.n_generic, generic=list(P.generic))
+        else:  # nothing on the structured path
             info.update(covered=0, uncovered=n_params, generic=list(j.params))
     if verbose:
         print(f"ntk: method={method!r} ({reason})", file=sys.stderr)
@@ -376,8 +380,8 @@ def _explicit_kernel(j: _Job, method: str, c: dict, chunk_size: int | None) -> t
     chose (``c``) unless ``chunk_size`` is set."""
     out_chunk = None
     if chunk_size is None:
-        chunk_size = c.get("chunk", 1)
-        out_chunk = c.get("out_chunk") if c.get("out_chunk", j.n_out) < j.n_out else None
+        chunk_size, oc = c.get("chunk", 1), c.get("out_chunk")
+        out_chunk = oc if oc and oc < j.n_out else None
     args = (j.model, j.params, j.buffers)
 
     def block(a: torch.Tensor, b: torch.Tensor, same_ab: bool) -> torch.Tensor:
@@ -399,3 +403,21 @@ def _explicit_kernel(j: _Job, method: str, c: dict, chunk_size: int | None) -> t
         for i in range(0, x1.shape[0], bs)
     ]
     return torch.cat(rows, dim=0)
+
+
+def _generic(j: _Job, names: list[str], c: dict) -> torch.Tensor:
+    """The structured path's remainder: the explicit kernel of just the parameters ``names`` (per-example
+    Jacobians, else ``jacrev``'s), in the chunks the cost model sized in ``c``; ``trace``: the output mean."""
+    gp = {k: j.params[k] for k in names}
+    rest = {**j.buffers, **{k: v for k, v in j.params.items() if k not in gp}}
+    per_example = j.n_out * sum(v.numel() for v in gp.values()) * gp[names[0]].element_size()
+    sizes = {"chunk": c.get("generic_chunk") or max(1, int(j.budget // (2 * per_example)))}
+    sizes["out_chunk"] = c.get("generic_out_chunk")
+    job = dataclasses.replace(j, params=gp, buffers=rest, batch_size=None)
+    with warnings.catch_warnings():  # vmapped ops without a batching rule fall back to a loop: fine
+        warnings.filterwarnings("ignore", message="There is a performance drop")
+        try:
+            K = _explicit_kernel(job, "per_example", sizes, None)
+        except RuntimeError:  # the vmapped forward failed (no batching rule, in-place ops): jacrev vmaps
+            K = _explicit_kernel(job, "jacobian", sizes, None)
+    return torch.diagonal(K, dim1=-2, dim2=-1).mean(-1) if j.trace else K
