@@ -273,7 +273,7 @@ def estimates(
 
 
 def terms(
-    method: str, entry: dict, pr: Probe, plan: Any, P: int, O: int, n1: int, n2: int, same: bool, mode: str
+    method: str, entry: dict, pr: Probe, plan: Any, P: float, O: int, n1: int, n2: int, same: bool, mode: str
 ) -> dict[str, float] | None:
     """The unit terms of ``method``'s estimate ``entry`` (its chunking), ``None`` for ``products``: ``fixed``
     (one call's set-up), ``pass`` (forward and reverse FLOPs), ``mem`` (their saved bytes), ``write``

@@ -157,12 +157,11 @@ def _ntk(model, x1, x2, trace, chunk_size, method, memory_budget, info, diagonal
     x1 = as_param_dtype(x1, params)
     x2 = x1 if x2 is None else as_param_dtype(x2, params)
     coupled, model, buffers = _check_model(model, params, buffers, x1, x2, method)
-    _check_coupled(coupled, same, batch_size, diagonal, info)
+    chunk_size = _coupled_options(coupled, same, batch_size, diagonal, info, method, chunk_size, x1.shape[0])
     if coupled:
         n_out = first_output(model, params, buffers, x1, "ntk").shape[1]
     else:
         n_out = cached(model, x1, ("n_out", 1), lambda: first_output(model, params, buffers, x1[:1], "ntk").shape[1])
-    chunk_size = _coupled_chunk(coupled, method, chunk_size, x1.shape[0])
     job = _Job(model, params, buffers, x1, x2, same, coupled, n_out, trace, diagonal, batch_size, memory_budget)
     asked = method
     method, costs, P = _choose_method(job, method, info, verbose)
@@ -268,11 +267,12 @@ def _check_ntk_args(x1, x2, diagonal: bool, memory_budget, chunk_size) -> None:
         )
 
 
-def _check_coupled(coupled: str | None, same: bool, batch_size, diagonal: bool, info: dict | None) -> None:
-    """A batch-coupled model (``coupled``: why) has one kernel, of the whole batch ``x1``: refuse the options
-    that need per-example blocks; record the reason in ``info["batch_coupled"]``."""
+def _coupled_options(coupled: str | None, same: bool, batch_size, diagonal: bool, info, method: str, chunk, n: int):
+    """A batch-coupled model (``coupled``: why) has one kernel, of the whole batch ``x1`` of ``n`` rows: refuse the
+    options that need per-example blocks and record the reason in ``info["batch_coupled"]``. Returns the chunk
+    size: the Jacobian route of a coupled model takes the whole batch at once."""
     if coupled is None:
-        return
+        return chunk
     bad = "x2 is given" if not same else "batch_size is set" if batch_size is not None else "diagonal=True" * diagonal
     if bad:
         raise WidthscopeError(
@@ -280,20 +280,14 @@ def _check_coupled(coupled: str | None, same: bool, batch_size, diagonal: bool, 
             f"but {bad}: pass x2=None without batch_size or diagonal (for Θ(x1, x2) pass "
             "torch.cat([x1, x2]) and slice the blocks)"
         )
+    if method == "jacobian" and chunk is not None and chunk < n:
+        raise WidthscopeError(
+            f"ntk: {coupled}; the batch-coupled kernel needs the Jacobian of the whole batch "
+            f"at once: chunk_size={chunk} < {n} rows (pass chunk_size=None)"
+        )
     if info is not None:
         info["batch_coupled"] = coupled
-
-
-def _coupled_chunk(coupled: str | None, method: str, chunk_size: int | None, n: int) -> int | None:
-    """The Jacobian route on a batch-coupled model takes the whole batch of ``n`` rows as one chunk."""
-    if coupled is not None and method == "jacobian":
-        if chunk_size is not None and chunk_size < n:
-            raise WidthscopeError(
-                f"ntk: {coupled}; the batch-coupled kernel needs the Jacobian of the whole batch "
-                f"at once: chunk_size={chunk_size} < {n} rows (pass chunk_size=None)"
-            )
-        return n
-    return chunk_size
+    return n if method == "jacobian" else chunk
 
 
 def _choose_method(job: _Job, method: str, info: dict | None, verbose: bool) -> tuple[str, dict, Any]:
@@ -358,7 +352,7 @@ def _choose_method(job: _Job, method: str, info: dict | None, verbose: bool) -> 
         method = best
     if info is not None:
         info.update(method=method, reason=reason, costs=costs)
-        if method == "structured":
+        if method == "structured" and P is not None:
             info.update(covered=P.n_covered, uncovered=P.n_generic, generic=list(P.generic))
         else:  # nothing on the structured path
             info.update(covered=0, uncovered=n_params, generic=list(j.params))

@@ -202,8 +202,8 @@ def records(kind: str, m: nn.Module, x: Any, delta: torch.Tensor, covered: set[s
         assert isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d))  # rule(): exactly these types
         G = m.groups
         a = _unfold(m, x).chunk(G, dim=2) if w_on else [None] * G  # (n, L, C_in·K), channel-major columns
-        d = delta.reshape(O, n, delta.shape[2], -1).transpose(2, 3).chunk(G, dim=3)  # (o, n, L, C_out)
-        return [("dense", ag, dg, 1.0, w_on, b_on) for ag, dg in zip(a, d)]
+        ds = delta.reshape(O, n, delta.shape[2], -1).transpose(2, 3).chunk(G, dim=3)  # (o, n, L, C_out)
+        return [("dense", ag, dg, 1.0, w_on, b_on) for ag, dg in zip(a, ds)]
     if kind == "embedding":  # covered: the weight
         ids = x.reshape(n, -1)
         d = delta.reshape(O, n, ids.shape[1], -1)
