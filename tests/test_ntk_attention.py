@@ -144,6 +144,25 @@ def test_tied_embedding_and_head_sum_their_gradients():
     assert (sep - _oracle(model, x1, x2)).abs().max() > 1e-3 * sep.abs().max()
 
 
+class TiedOnePosition(nn.Module):
+    """A tied embedding and bias-free head at one position: the head's own entry covers nothing."""
+
+    def __init__(self, V=10, d=4):
+        super().__init__()
+        self.emb = nn.Embedding(V, d)
+        self.head = nn.Linear(d, V, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.emb(ids).squeeze(1)))
+
+
+def test_tied_head_at_one_position_adds_no_bias_term():
+    model = _seeded(TiedOnePosition().double()).eval()
+    g = torch.Generator().manual_seed(5)
+    _modes(model, torch.randint(0, 10, (4, 1), generator=g), torch.randint(0, 10, (3, 1), generator=g))
+
+
 def test_tied_gradients_in_row_chunks_equal_the_brute_force_sum():
     from widthscope.linear.gram import tied_gradients
 

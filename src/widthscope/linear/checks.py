@@ -106,15 +106,15 @@ def batchnorm_coupling(model: nn.Module, jacobian_fix: bool = True) -> str | Non
     return None
 
 
+def _updates_running_stats(m: nn.Module) -> bool:
+    return isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training and m.track_running_stats
+
+
 def without_running_stats(model: nn.Module) -> tuple[nn.Module, set[str]]:
     """A copy of ``model`` (parameters shared, not copied) whose training-mode BatchNorms keep no running
     statistics: the same function (batch statistics either way) without the in-place buffer updates
     that ``torch.func`` transforms refuse. Returns the copy and the names of the dropped buffers."""
-    bns = [
-        (n, m)
-        for n, m in model.named_modules()
-        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training and m.track_running_stats
-    ]
+    bns = [(n, m) for n, m in model.named_modules() if _updates_running_stats(m)]
     if not bns:
         return model, set()
     memo = {id(p): p for p in model.parameters()}
@@ -135,7 +135,7 @@ def check_running_stats(mods: list[tuple[str, nn.Module]], who: str) -> None:
     """Refuse a training-mode BatchNorm that updates running statistics in place (forward-mode
     differentiation, the linear model's jvp, cannot run through in-place updates of its buffers)."""
     for name, m in mods:
-        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training and m.track_running_stats:
+        if _updates_running_stats(m):
             raise WidthscopeError(
                 f"{who}: {type(m).__name__} {name!r} is in training mode and updates its running "
                 "statistics in place on every call, which the linear model's forward-mode "

@@ -35,6 +35,13 @@ SAFETY = 0.85  # plan for this share of memory_budget: allocator slack, temporar
 PE_COPIES = 5
 JAC_COPIES = 5
 
+# the calibrated constants as seconds per unit of each term (:func:`terms`); the structured path adds O·CALL_S
+RATES: dict[str, dict[str, float]] = {
+    "per_example": {"pass": PE_PASS_S, "write": PE_WRITE_S, "contract": GEMM_S, "call": CALL_S, "op": 3 * OP_S},
+    "jacobian": {"pass": PASS_S, "write": PASS_S, "contract": GEMM_S * CONTRACT_SLOWER, "call": CALL_S, "op": 3 * OP_S},
+    "structured": {"pass": PASS_S, "gram": GEMM_S, "block": CALL_S / 4, "op": 3 * OP_S},
+}
+
 AUTO_METHODS = ("structured", "per_example", "jacobian", "products")  # what "auto" chooses among
 
 # seconds per unit of each term (:func:`terms`), from benchmarks/ntk_auto_fit.py --fit (docs/performance.md)
@@ -172,22 +179,10 @@ def _explicit(
     if need(c, oc) > room:
         return {"fits": False, "bytes": fixed + need(1, 1), "seconds": math.inf, "chunk": 1, "out_chunk": 1}
     k = _counts(kind, P, O, n1, n2, same, c, oc)
+    t = _dot(RATES[kind], terms(kind, {"chunk": c, "out_chunk": oc}, pr, None, P, O, n1, n2, same, "full") or {})
     if per_example:
-        t = (
-            (k["examples"] + 2 * k["passes"]) * pr.flops * PE_PASS_S
-            + k["passes"] * P * PE_WRITE_S
-            + k["contract"] * GEMM_S
-            + k["calls"] * (CALL_S + 3 * pr.ops * OP_S)
-        )
         flops = (k["examples"] + 2 * k["passes"]) * pr.flops + k["contract"]
     else:
-        t = (
-            k["passes"] * 2 * pr.flops * PASS_S * min(c, max(n1, n2))  # each vmapped pass runs the whole chunk
-            + k["passes"] * P * PASS_S  # the Jacobian writes
-            + k["contract"] * GEMM_S * CONTRACT_SLOWER
-            + k["calls"] * 3 * pr.ops * OP_S
-            + (k["calls"] + k["pairs"]) * CALL_S
-        )
         flops = k["passes"] * 2 * pr.flops + 2.0 * n1 * n2 * O * O * P
     return {"fits": True, "bytes": fixed + need(c, oc), "seconds": t, "chunk": c, "out_chunk": oc, "flops": flops}
 
@@ -214,24 +209,13 @@ def _structured(
     gen = None
     if plan.n_generic:
         gen = _explicit("per_example", plan.n_generic, O, n1, n2, same, pr, item, room, result + need(b))
-    blocks = math.ceil(n / b)
-    recapture = 1 if blocks == 1 else blocks / 2 + 1  # x2's blocks recomputed when they are not kept
-    gram = sum(positions_flops(r, n, O, t, da, dd, mode, same) for r, t, da, dd in plan.shapes) * (n1 * n2) / (n * n)
-    passes = (n1 if same else n1 + n2) * (1 + 2 * O) * pr.flops * recapture
-    captures = blocks * recapture * math.ceil(O / 64)  # one forward and a batched backward per 64 outputs
-    t = (
-        passes * PASS_S
-        + gram * GEMM_S
-        + blocks * blocks * CALL_S * max(1, len(plan.shapes)) / 4
-        + O * CALL_S
-        + captures * 3 * pr.ops * OP_S
-    )
+    k = terms("structured", {"batch_size": None if b >= n else b}, pr, plan, 0, O, n1, n2, same, mode) or {}
     out = {
         "fits": need(b) <= room - result and (gen is None or gen["fits"]),
         "bytes": gen["bytes"] if gen else result + need(b),
-        "seconds": t + (gen["seconds"] if gen else 0.0),
+        "seconds": _dot(RATES["structured"], k) + O * CALL_S + (gen["seconds"] if gen else 0.0),
         "batch_size": None if b >= n else b,
-        "flops": passes + gram + (gen["flops"] if gen and gen["fits"] else 0.0),
+        "flops": k["pass"] + k["gram"] + (gen["flops"] if gen and gen["fits"] else 0.0),
     }
     if gen is not None:
         out.update(generic_chunk=gen["chunk"], generic_out_chunk=gen["out_chunk"])
@@ -289,7 +273,7 @@ def estimates(
 
 
 def terms(
-    method: str, entry: dict, pr: Probe, plan: Any, P: int, O: int, n1: int, n2: int, same: bool, mode: str
+    method: str, entry: dict, pr: Probe, plan: Any, P: float, O: int, n1: int, n2: int, same: bool, mode: str
 ) -> dict[str, float] | None:
     """The unit terms of ``method``'s estimate ``entry`` (its chunking), ``None`` for ``products``: ``fixed``
     (one call's set-up), ``pass`` (forward and reverse FLOPs), ``mem`` (their saved bytes), ``write``
@@ -329,8 +313,9 @@ def terms(
     return None
 
 
-def _seconds(method: str, t: dict[str, float]) -> float:
-    return sum(FIT[method].get(k, 0.0) * v for k, v in t.items())
+def _dot(rates: dict[str, float], t: dict[str, float]) -> float:
+    """Seconds of the terms ``t`` at ``rates`` (seconds per unit; a term without a rate costs nothing)."""
+    return sum(rates.get(k, 0.0) * v for k, v in t.items())
 
 
 def price(costs: dict[str, dict], pr: Probe, plan: Any, P: int, O: int, n1: int, n2: int, same: bool, mode: str):
@@ -341,14 +326,14 @@ def price(costs: dict[str, dict], pr: Probe, plan: Any, P: int, O: int, n1: int,
             continue
         t = terms(m, c, pr, plan, P, O, n1, n2, same, mode)
         assert t is not None  # every method in FIT has terms
-        c["terms"], s = t, _seconds(m, t)
+        c["terms"], s = t, _dot(FIT[m], t)
         if m == "structured" and plan is not None and plan.n_generic and c.get("generic_chunk"):
             g = {"chunk": c["generic_chunk"], "out_chunk": c["generic_out_chunk"]}
             gt = terms("per_example", g, pr, plan, plan.n_generic, O, n1, n2, same, mode)
             assert gt is not None
             gt["fixed"] = 0.0  # one call's set-up is the structured path's
             c["generic_terms"] = gt
-            s += _seconds("per_example", gt)
+            s += _dot(FIT["per_example"], gt)
         c["seconds"] = s
     return costs
 

@@ -4,9 +4,10 @@ routes (:mod:`._core` for Jacobians and products, :mod:`.structured` for Grams).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
-from dataclasses import dataclass
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -129,7 +130,7 @@ def ntk(
         return _ntk(model, x1, x2, trace, chunk_size, method, memory_budget, info, diagonal, batch_size, dtype, verbose)
 
 
-@dataclass
+@dataclasses.dataclass
 class _Job:
     """One :func:`ntk` call after its checks: the model as run, its inputs and options."""
 
@@ -156,21 +157,21 @@ def _ntk(model, x1, x2, trace, chunk_size, method, memory_budget, info, diagonal
     x1 = as_param_dtype(x1, params)
     x2 = x1 if x2 is None else as_param_dtype(x2, params)
     coupled, model, buffers = _check_model(model, params, buffers, x1, x2, method)
-    _check_coupled(coupled, same, batch_size, diagonal, info)
+    chunk_size = _coupled_options(coupled, same, batch_size, diagonal, info, method, chunk_size, x1.shape[0])
     if coupled:
         n_out = first_output(model, params, buffers, x1, "ntk").shape[1]
     else:
         n_out = cached(model, x1, ("n_out", 1), lambda: first_output(model, params, buffers, x1[:1], "ntk").shape[1])
-    chunk_size = _coupled_chunk(coupled, method, chunk_size, x1.shape[0])
     job = _Job(model, params, buffers, x1, x2, same, coupled, n_out, trace, diagonal, batch_size, memory_budget)
     asked = method
     method, costs, P = _choose_method(job, method, info, verbose)
     c = costs.get(method, {})
     try:
         if method == "structured":
-            return structured_kernel(
-                model, x1, None if same else x2, P, trace, diagonal, batch_size, dtype, memory_budget, info, c
+            K = structured_kernel(
+                model, x1, None if same else x2, P, trace, diagonal, batch_size, dtype, memory_budget, c
             )
+            return K + _generic(job, P.generic, c).to(K.dtype) if P.generic else K
         try:
             K = _explicit_kernel(job, method, c, chunk_size)
         except RuntimeError as exc:
@@ -266,11 +267,12 @@ def _check_ntk_args(x1, x2, diagonal: bool, memory_budget, chunk_size) -> None:
         )
 
 
-def _check_coupled(coupled: str | None, same: bool, batch_size, diagonal: bool, info: dict | None) -> None:
-    """A batch-coupled model (``coupled``: why) has one kernel, of the whole batch ``x1``: refuse the options
-    that need per-example blocks; record the reason in ``info["batch_coupled"]``."""
+def _coupled_options(coupled: str | None, same: bool, batch_size, diagonal: bool, info, method: str, chunk, n: int):
+    """A batch-coupled model (``coupled``: why) has one kernel, of the whole batch ``x1`` of ``n`` rows: refuse the
+    options that need per-example blocks and record the reason in ``info["batch_coupled"]``. Returns the chunk
+    size: the Jacobian route of a coupled model takes the whole batch at once."""
     if coupled is None:
-        return
+        return chunk
     bad = "x2 is given" if not same else "batch_size is set" if batch_size is not None else "diagonal=True" * diagonal
     if bad:
         raise WidthscopeError(
@@ -278,20 +280,14 @@ def _check_coupled(coupled: str | None, same: bool, batch_size, diagonal: bool, 
             f"but {bad}: pass x2=None without batch_size or diagonal (for Θ(x1, x2) pass "
             "torch.cat([x1, x2]) and slice the blocks)"
         )
+    if method == "jacobian" and chunk is not None and chunk < n:
+        raise WidthscopeError(
+            f"ntk: {coupled}; the batch-coupled kernel needs the Jacobian of the whole batch "
+            f"at once: chunk_size={chunk} < {n} rows (pass chunk_size=None)"
+        )
     if info is not None:
         info["batch_coupled"] = coupled
-
-
-def _coupled_chunk(coupled: str | None, method: str, chunk_size: int | None, n: int) -> int | None:
-    """The Jacobian route on a batch-coupled model takes the whole batch of ``n`` rows as one chunk."""
-    if coupled is not None and method == "jacobian":
-        if chunk_size is not None and chunk_size < n:
-            raise WidthscopeError(
-                f"ntk: {coupled}; the batch-coupled kernel needs the Jacobian of the whole batch "
-                f"at once: chunk_size={chunk_size} < {n} rows (pass chunk_size=None)"
-            )
-        return n
-    return chunk_size
+    return n if method == "jacobian" else chunk
 
 
 def _choose_method(job: _Job, method: str, info: dict | None, verbose: bool) -> tuple[str, dict, Any]:
@@ -356,7 +352,9 @@ def _choose_method(job: _Job, method: str, info: dict | None, verbose: bool) -> 
         method = best
     if info is not None:
         info.update(method=method, reason=reason, costs=costs)
-        if method != "structured":  # nothing on the structured path
+        if method == "structured" and P is not None:
+            info.update(covered=P.n_covered, uncovered=P.n_generic, generic=list(P.generic))
+        else:  # nothing on the structured path
             info.update(covered=0, uncovered=n_params, generic=list(j.params))
     if verbose:
         print(f"ntk: method={method!r} ({reason})", file=sys.stderr)
@@ -376,8 +374,8 @@ def _explicit_kernel(j: _Job, method: str, c: dict, chunk_size: int | None) -> t
     chose (``c``) unless ``chunk_size`` is set."""
     out_chunk = None
     if chunk_size is None:
-        chunk_size = c.get("chunk", 1)
-        out_chunk = c.get("out_chunk") if c.get("out_chunk", j.n_out) < j.n_out else None
+        chunk_size, oc = c.get("chunk", 1), c.get("out_chunk")
+        out_chunk = oc if oc and oc < j.n_out else None
     args = (j.model, j.params, j.buffers)
 
     def block(a: torch.Tensor, b: torch.Tensor, same_ab: bool) -> torch.Tensor:
@@ -399,3 +397,21 @@ def _explicit_kernel(j: _Job, method: str, c: dict, chunk_size: int | None) -> t
         for i in range(0, x1.shape[0], bs)
     ]
     return torch.cat(rows, dim=0)
+
+
+def _generic(j: _Job, names: list[str], c: dict) -> torch.Tensor:
+    """The structured path's remainder: the explicit kernel of just the parameters ``names`` (per-example
+    Jacobians, else ``jacrev``'s), in the chunks the cost model sized in ``c``; ``trace``: the output mean."""
+    gp = {k: j.params[k] for k in names}
+    rest = {**j.buffers, **{k: v for k, v in j.params.items() if k not in gp}}
+    per_example = j.n_out * sum(v.numel() for v in gp.values()) * gp[names[0]].element_size()
+    sizes = {"chunk": c.get("generic_chunk") or max(1, int(j.budget // (2 * per_example)))}
+    sizes["out_chunk"] = c.get("generic_out_chunk")
+    job = dataclasses.replace(j, params=gp, buffers=rest, batch_size=None)
+    with warnings.catch_warnings():  # vmapped ops without a batching rule fall back to a loop: fine
+        warnings.filterwarnings("ignore", message="There is a performance drop")
+        try:
+            K = _explicit_kernel(job, "per_example", sizes, None)
+        except RuntimeError:  # the vmapped forward failed (no batching rule, in-place ops): jacrev vmaps
+            K = _explicit_kernel(job, "jacobian", sizes, None)
+    return torch.diagonal(K, dim1=-2, dim2=-1).mean(-1) if j.trace else K

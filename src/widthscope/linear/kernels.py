@@ -31,10 +31,11 @@ from .empirical import ntk
 from .rules import multiplier
 from .structured import first_input, out_tensor
 
-__all__ = ["nngp", "readout"]
+__all__ = ["nngp"]
 
 
 def _features(model: nn.Module, x: torch.Tensor, name: str | None) -> tuple[str, torch.Tensor, float]:
+    """The readout (the dense layer ``name``, else the last one run) on ``x``: its name, input and multiplier."""
     runs: list[tuple[str, torch.Tensor]] = []
     mods = [(n, m) for n, m in model.named_modules() if multiplier(m) is not None and (name is None or n == name)]
     if name is not None and not mods:
@@ -70,11 +71,6 @@ def _features(model: nn.Module, x: torch.Tensor, name: str | None) -> tuple[str,
     mult = multiplier(model.get_submodule(n))
     assert mult is not None  # mods holds dense layers only
     return n, a, mult
-
-
-def readout(model: nn.Module, x: torch.Tensor) -> str:
-    """Name of the last dense layer the forward pass on ``x`` runs (the NNGP readout)."""
-    return _features(model, x, None)[0]
 
 
 def _check(model: nn.Module, x1: torch.Tensor, x2: torch.Tensor | None) -> None:

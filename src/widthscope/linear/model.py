@@ -90,10 +90,6 @@ class LinearizedModel(nn.Module):
         self.train(model.training)
 
     # -- plumbing ---------------------------------------------------------------------------
-    @property
-    def base(self) -> nn.Module:
-        return self._base
-
     def _apply(self, fn, recurse=True):  # keep the unregistered base on the same device/dtype
         super()._apply(fn, recurse)
         self._base._apply(fn, recurse)
@@ -104,15 +100,12 @@ class LinearizedModel(nn.Module):
         self._base.train(mode)
         return self
 
-    def theta(self) -> dict[str, torch.Tensor]:
-        """Current parameters keyed by the original model's names."""
-        return {k: getattr(self, _safe(k)) for k in self._names}
+    def _tensors(self, prefix: str, names: list[str]) -> dict[str, torch.Tensor]:
+        return {k: getattr(self, prefix + _safe(k)) for k in names}
 
     def theta0(self) -> dict[str, torch.Tensor]:
-        return {k: getattr(self, "theta0__" + _safe(k)) for k in self._names}
-
-    def model_buffers(self) -> dict[str, torch.Tensor]:
-        return {k: getattr(self, "buf__" + _safe(k)) for k in self._buffer_names}
+        """The start ``θ₀``, keyed by the original model's names."""
+        return self._tensors("theta0__", self._names)
 
     # -- the linear model -------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -120,7 +113,7 @@ class LinearizedModel(nn.Module):
             if not self._allow_stochastic:
                 check_stochastic(self._base, "linearized model", _STOCHASTIC_OPT_IN, self._stochastic)
             check_running_stats(self._bn, "linearized model")
-        theta, theta0, bufs = self.theta(), self.theta0(), self.model_buffers()
+        theta, theta0, bufs = self._tensors("", self._names), self.theta0(), self._tensors("buf__", self._buffer_names)
         delta = {k: theta[k] - theta0[k] for k in self._names}
 
         spec: list[Any] = []

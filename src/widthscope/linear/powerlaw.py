@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -41,13 +42,6 @@ def _line(logn: np.ndarray, logv: np.ndarray) -> tuple[float, float]:
     return float(p), float(c)
 
 
-def _seed_mean(logs: np.ndarray) -> np.ndarray:
-    cnt = np.isfinite(logs).sum(0)
-    tot = np.where(np.isfinite(logs), logs, 0.0).sum(0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(cnt > 0, tot / np.maximum(cnt, 1), np.nan)
-
-
 def fit_slope(widths: Sequence[float], values_by_seed, *, level: float = 0.95) -> SlopeFit:
     """Fit ``log value = intercept + slope·log width``; ``values_by_seed`` is ``(n_seeds, n_widths)``.
 
@@ -65,7 +59,9 @@ def fit_slope(widths: Sequence[float], values_by_seed, *, level: float = 0.95) -
     with np.errstate(invalid="ignore", divide="ignore"):
         logs = np.where(np.isfinite(v) & (v > 0), np.log(np.where(v > 0, v, 1.0)), np.nan)
     logn = np.log(n)
-    slope, intercept = _line(logn, _seed_mean(logs))
+    with warnings.catch_warnings():  # a width with no valid seed: its mean is NaN (dropped)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        slope, intercept = _line(logn, np.nanmean(logs, axis=0))
     lo = hi = float("nan")
     per = np.array([_line(logn, row)[0] for row in logs])
     per = per[np.isfinite(per)]

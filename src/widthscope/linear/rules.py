@@ -99,8 +99,17 @@ def rule(m: nn.Module) -> str | None:
 
 
 def _affine_fn(m: nn.Module, x: torch.Tensor):
-    names = list(_own_params(m))
-    return names, (lambda *ps: functional_call(m, dict(zip(names, ps)), (x.clone(),)))  # in-place safe
+    """The module's own parameter names, their detached values, and ``f(*params)``: the module on ``x``."""
+    own = _own_params(m)
+    names = list(own)
+    prim = tuple(p.detach() for p in own.values())
+    return names, prim, (lambda *ps: functional_call(m, dict(zip(names, ps)), (x.clone(),)))  # in-place safe
+
+
+def _dz(f, names: list[str], prim: tuple, k: str, t: torch.Tensor) -> torch.Tensor:
+    """The change of ``f``'s output along parameter ``k`` in direction ``t`` (a jvp)."""
+    with torch.no_grad():
+        return jvp(f, prim, tuple(t if n == k else torch.zeros_like(p) for n, p in zip(names, prim)))[1]
 
 
 def _expand(v: torch.Tensor, y: torch.Tensor, layout: str) -> torch.Tensor:
@@ -120,8 +129,7 @@ def elementwise_layout(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> str | 
     Also ``None`` when the module alone on ``x`` does not reproduce its output ``y`` (it read other
     arguments, or overwrote ``x`` in place, so the captured ``x`` is not its input) or cannot be
     differentiated forward."""
-    names, f = _affine_fn(m, x.detach())
-    prim = tuple(v.detach() for v in _own_params(m).values())
+    names, prim, f = _affine_fn(m, x.detach())
     tol = 1e-9 if y.dtype == torch.float64 else 1e-4
     try:
         with torch.no_grad():
@@ -133,7 +141,6 @@ def elementwise_layout(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> str | 
 
 
 def _layout_by_jvp(f, names: list[str], prim: tuple, y: torch.Tensor, tol: float) -> str | None:
-    own = dict(zip(names, prim))
     S = tuple(prim[0].shape)
     cands = []
     if (y.dim() >= len(S) + 1 and tuple(y.shape[y.dim() - len(S) :]) == S) or (prim[0].numel() == 1 and y.dim() >= 1):
@@ -143,12 +150,9 @@ def _layout_by_jvp(f, names: list[str], prim: tuple, y: torch.Tensor, tol: float
     g = torch.Generator().manual_seed(1234)
     for layout in cands:
         ok = True
-        for k in names:
-            u = torch.randn(S, generator=g).to(own[k])
-            ones = torch.ones_like(u)
-            with torch.no_grad():
-                dz_u = jvp(f, prim, tuple(u if n == k else torch.zeros_like(own[n]) for n in names))[1]
-                dz_1 = jvp(f, prim, tuple(ones if n == k else torch.zeros_like(own[n]) for n in names))[1]
+        for k, p in zip(names, prim):
+            u = torch.randn(S, generator=g).to(p)
+            dz_u, dz_1 = _dz(f, names, prim, k, u), _dz(f, names, prim, k, torch.ones_like(u))
             want = dz_1 * _expand(u, y, layout)
             if k == "bias":
                 ok = ok and torch.allclose(dz_1, torch.ones_like(dz_1), rtol=tol, atol=tol)
@@ -174,18 +178,10 @@ def _unfold(m: nn.Conv1d | nn.Conv2d | nn.Conv3d, x: torch.Tensor) -> torch.Tens
     """im2col patches ``(n, L, C_in·K)`` of a Conv1d/2d/3d input, padding as the module pads."""
     mode = "constant" if m.padding_mode == "zeros" else m.padding_mode
     x = nn.functional.pad(x, m._reversed_padding_repeated_twice, mode=mode)
-    if isinstance(m, nn.Conv3d):  # no unfold for 5-D tensors: windows along each spatial dim
-        p = _windows(x, m.kernel_size, m.dilation, m.stride)  # (n, C, L1, L2, L3, K1, K2, K3)
-        return p.permute(0, 2, 3, 4, 1, 5, 6, 7).reshape(x.shape[0], -1, x.shape[1] * math.prod(m.kernel_size))
-    k: tuple[int, ...]
-    d: tuple[int, ...]
-    s: tuple[int, ...]
-    if isinstance(m, nn.Conv1d):
-        x = x.unsqueeze(2)
-        k, d, s = (1, m.kernel_size[0]), (1, m.dilation[0]), (1, m.stride[0])
-    else:
-        k, d, s = m.kernel_size, m.dilation, m.stride
-    return nn.functional.unfold(x, k, dilation=d, stride=s).transpose(1, 2)
+    d = len(m.kernel_size)
+    p = _windows(x, m.kernel_size, m.dilation, m.stride)  # (n, C, L_1..L_d, K_1..K_d)
+    p = p.permute(0, *range(2, 2 + d), 1, *range(2 + d, 2 + 2 * d))
+    return p.reshape(x.shape[0], -1, x.shape[1] * math.prod(m.kernel_size))
 
 
 def records(kind: str, m: nn.Module, x: Any, delta: torch.Tensor, covered: set[str], layout: str | None) -> list[tuple]:
@@ -194,92 +190,65 @@ def records(kind: str, m: nn.Module, x: Any, delta: torch.Tensor, covered: set[s
     ``covered``: which of ``{"weight", "bias"}`` are on the structured path. Records:
     ``("dense", a (n,T,D_a), δ (o,n,T,D_δ), m², w_on, b_on)``, ``("embed", ids (n,T), δ (o,n,T,D))``,
     ``("vector", g (o,n,F))``, ``("bag", ids (n,T), c (n,T), δ (o,n,D))`` (:func:`bag_gram`)."""
+    if not covered:  # a tied weight only: its records are the tie's (tied_use)
+        return []
     O, n = delta.shape[:2]
     w_on, b_on = "weight" in covered, "bias" in covered
     if kind == "dense":
         mult = multiplier(m)
         assert mult is not None  # rule() calls exactly the layers with a multiplier dense
-        a = x.reshape(n, -1, x.shape[-1])
-        d = delta.reshape(O, n, -1, delta.shape[-1])
-        return [("dense", a, d, mult**2, w_on, b_on)]
+        return [("dense", x.reshape(n, -1, x.shape[-1]), delta.reshape(O, n, -1, delta.shape[-1]), mult**2, w_on, b_on)]
     if kind == "conv":
         assert isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d))  # rule(): exactly these types
         G = m.groups
-        patches = _unfold(m, x) if w_on else None  # (n, L, C_in·K), channel-major columns
-        d = delta.reshape(O, n, delta.shape[2], -1).transpose(2, 3)  # (o, n, L, C_out)
-        out = []
-        cin, cout = m.in_channels // G, m.out_channels // G
-        K = patches.shape[2] // m.in_channels if patches is not None else 0
-        for gi in range(G):
-            a = patches[:, :, gi * cin * K : (gi + 1) * cin * K] if patches is not None else None
-            out.append(("dense", a, d[..., gi * cout : (gi + 1) * cout], 1.0, w_on, b_on))
-        return out
-    if kind == "embedding":
+        a = _unfold(m, x).chunk(G, dim=2) if w_on else [None] * G  # (n, L, C_in·K), channel-major columns
+        ds = delta.reshape(O, n, delta.shape[2], -1).transpose(2, 3).chunk(G, dim=3)  # (o, n, L, C_out)
+        return [("dense", ag, dg, 1.0, w_on, b_on) for ag, dg in zip(a, ds)]
+    if kind == "embedding":  # covered: the weight
         ids = x.reshape(n, -1)
         d = delta.reshape(O, n, ids.shape[1], -1)
         if m.padding_idx is not None:
             d = d * (ids != m.padding_idx).to(d.dtype)[None, :, :, None]
-        return [("embed", ids, d)] if w_on else []
+        return [("embed", ids, d)]
     if kind == "conv_transpose":
         assert isinstance(m, nn.modules.conv._ConvTransposeNd)  # rule(): ConvTranspose1d/2d/3d
-        return _conv_transpose_records(m, x, delta, w_on, b_on)
+        out: list[tuple] = []
+        if w_on:  # a dense record per group over input locations (_transposed_windows)
+            a = x.reshape(n, m.in_channels, -1).transpose(1, 2).chunk(m.groups, dim=2)  # (n, L, C_in)
+            w = _transposed_windows(m, x, delta).chunk(m.groups, dim=3)
+            out = [("dense", ag, wg.reshape(O, n, wg.shape[2], -1), 1.0, True, False) for ag, wg in zip(a, w)]
+        return out + ([("vector", delta.reshape(O, n, m.out_channels, -1).sum(3))] if b_on else [])
     if kind == "embedding_bag":
         ids, coef = x
-        return [("bag", ids, coef.to(delta.dtype), delta.reshape(O, n, -1))] if w_on else []
+        return [("bag", ids, coef.to(delta.dtype), delta.reshape(O, n, -1))]
     if kind == "prelu":  # z = max(a, 0) + w·min(a, 0): ∂z/∂w_c = min(a, 0) on channel c (all of a for one w)
         g = delta * x.clamp(max=0)[None].to(delta.dtype)
-        g = (
-            g.reshape(O, n, -1).sum(2, keepdim=True)
-            if m.num_parameters == 1
-            else g.reshape(O, n, x.shape[1], -1).sum(3)
-        )
-        return [("vector", g)] if w_on else []
-    # elementwise
-    own = {k: v.detach() for k, v in _own_params(m).items()}
-    names, f = _affine_fn(m, x.detach())
-    prim = tuple(own[k] for k in names)
-    S = own[names[0]].numel()
+        one = m.num_parameters == 1
+        return [("vector", g.reshape(O, n, -1).sum(2, keepdim=True) if one else g.reshape(O, n, x.shape[1], -1).sum(3))]
+    # elementwise: z = c(x) ⊙ w + b along the layout, c = ∂z/∂w at w = 1
+    names, prim, f = _affine_fn(m, x.detach())
+    S = prim[0].numel()
     gs = []
-    for k in names:
-        if k not in covered:
-            continue
-        with torch.no_grad():
-            c = jvp(f, prim, tuple(torch.ones_like(own[q]) if q == k else torch.zeros_like(own[q]) for q in names))[1]
-        g = delta * c[None]
-        if layout == "last":
-            g = g.reshape(O, n, -1, S).sum(2)
-        else:
-            g = g.reshape(O, n, S, -1).sum(3)
-        gs.append(g)
-    return [("vector", torch.cat(gs, dim=2))] if gs else []
+    for k, p in zip(names, prim):
+        if k in covered:
+            g = delta * _dz(f, names, prim, k, torch.ones_like(p))[None]
+            gs.append(g.reshape(O, n, -1, S).sum(2) if layout == "last" else g.reshape(O, n, S, -1).sum(3))
+    return [("vector", torch.cat(gs, dim=2))]
 
 
-def _conv_transpose_records(
-    m: nn.modules.conv._ConvTransposeNd, x: torch.Tensor, delta: torch.Tensor, w_on: bool, b_on: bool
-) -> list[tuple]:
-    """ConvTranspose records: ``z[y] = Σ_{l,k: y = l·s − p + k·d} x[l] W[k]`` (the adjoint of the conv), so
-    ``∂f/∂W[c_i, c_o, k] = Σ_l x[c_i, l] δ[c_o, l·s − p + k·d]``: a dense record per group over *input*
-    locations ``l`` with ``a_l = x[:, l]`` and the signal's windows ``δ̃_l = δ[:, l·s − p + k·d]`` (zero
-    outside the output) in place of ``δ``; the bias ``Σ_y δ[:, y]`` as a vector record."""
+def _transposed_windows(m: nn.modules.conv._ConvTransposeNd, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """A ConvTranspose is the adjoint of a conv, ``z[y] = Σ_{l,k: y = l·s − p + k·d} x[l] W[k]``, so
+    ``∂f/∂W[c_i, c_o, k] = Σ_l x[c_i, l] δ[c_o, l·s − p + k·d]``: a dense layer over *input* locations ``l``
+    with ``a_l = x[:, l]`` and these windows ``δ̃_l = δ[:, l·s − p + k·d]`` (zero outside the output) in place
+    of ``δ``: ``(o, n, L, C_out, K)``."""
     O, n = delta.shape[:2]
-    G = m.groups
-    cin, cout = m.in_channels // G, m.out_channels // G
-    out: list[tuple] = []
-    if w_on:
-        lin = tuple(x.shape[2:])
-        assert not isinstance(m.padding, str)  # typed on _ConvNd; transposed convs take numbers only
-        pads = [q for p in reversed(m.padding) for q in (p, p)]
-        d = nn.functional.pad(delta.reshape((O * n,) + tuple(delta.shape[2:])), pads)
-        # output_padding / output_size only lengthen the output at the end: the first len(x) windows
-        w = _windows(d, m.kernel_size, m.dilation, m.stride, lin)  # (o·n, C_out, L..., K...)
-        w = w.reshape(O, n, m.out_channels, math.prod(lin), math.prod(m.kernel_size))
-        a = x.reshape(n, m.in_channels, -1).transpose(1, 2)  # (n, L, C_in)
-        for gi in range(G):
-            dg = w[:, :, gi * cout : (gi + 1) * cout].permute(0, 1, 3, 2, 4).reshape(O, n, -1, cout * w.shape[-1])
-            out.append(("dense", a[:, :, gi * cin : (gi + 1) * cin], dg, 1.0, True, False))
-    if b_on:
-        out.append(("vector", delta.reshape(O, n, m.out_channels, -1).sum(3)))
-    return out
+    lin = tuple(x.shape[2:])
+    assert not isinstance(m.padding, str)  # typed on _ConvNd; transposed convs take numbers only
+    pads = [q for p in reversed(m.padding) for q in (p, p)]
+    d = nn.functional.pad(delta.reshape((O * n,) + tuple(delta.shape[2:])), pads)
+    # output_padding / output_size only lengthen the output at the end: the first len(x) windows
+    w = _windows(d, m.kernel_size, m.dilation, m.stride, lin)  # (o·n, C_out, L..., K...)
+    return w.reshape(O, n, m.out_channels, math.prod(lin), -1).transpose(2, 3)
 
 
 def bag_input(m: nn.EmbeddingBag, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ..errors import WidthscopeError
-from ._core import model_output, ntk_jacobian, ntk_per_example, params_and_buffers
+from ._core import model_output, params_and_buffers
 from .checks import batchnorm_coupling
 from .cost import SAFETY
 from .gram import hadamard, mirror_upper, positions, tied_gradients
@@ -147,10 +147,7 @@ def plan(model: nn.Module, x: torch.Tensor) -> Plan:
         for n, m in model.named_modules()
         if (r := rule(m)) is not None and any(p.requires_grad for p in m.parameters(recurse=False))
     ]
-    owners: dict[int, int] = {}
-    for _, m in model.named_modules(remove_duplicate=False):
-        for p in m.parameters(recurse=False):
-            owners[id(p)] = owners.get(id(p), 0) + 1
+    owners = {k: len(v) for k, v in _owner_rules(model).items()}
     probe = x[:2]
     seen: dict[str, list] = {}
 
@@ -161,10 +158,8 @@ def plan(model: nn.Module, x: torch.Tensor) -> Plan:
 
         return f
 
-    mha: dict[str, list] = {n: [] for n, _, r in cands if r == "mha"}
-    out = _forward_hooked(
-        model, probe, [(m, hook(n, r)) for n, m, r in cands], {m: mha[n] for n, m, r in cands if r == "mha"}
-    )
+    mha: dict[nn.Module, list] = {m: [] for _, m, r in cands if r == "mha"}
+    out = _forward_hooked(model, probe, [(m, hook(n, r)) for n, m, r in cands], mha)
     uses = _use_counts(out) if out.grad_fn is not None else {}
     bcast = _broadcast_embeddings(model, probe, out, cands, seen)
     P = Plan()
@@ -176,7 +171,7 @@ def plan(model: nn.Module, x: torch.Tensor) -> Plan:
         if len(calls) != 1:
             continue
         if r == "mha":
-            _plan_mha(P, name, m, mha_taps(m, mha[name], B), uses, owners, covered_ids)
+            _plan_mha(P, name, m, mha_taps(m, mha[m], B), uses, owners, covered_ids)
             continue
         inp, z = calls[0]
         layout = None
@@ -303,6 +298,16 @@ def _entry_shape(r: str, m: nn.Module, inp: torch.Tensor, z: torch.Tensor) -> tu
     return r, max(1, inp[0].numel() // max(1, da)), da, z.shape[-1] if z.dim() > 1 else 1
 
 
+def _owner_rules(model: nn.Module) -> dict[int, list[str | None]]:
+    """Per parameter (by id), the :func:`~widthscope.linear.rules.rule` of each module that registers it."""
+    out: dict[int, list[str | None]] = {}
+    for _, m in model.named_modules(remove_duplicate=False):
+        r = rule(m)
+        for p in m.parameters(recurse=False):
+            out.setdefault(id(p), []).append(r)
+    return out
+
+
 def uncovered(model: nn.Module, x: torch.Tensor | None = None) -> list[str]:
     """Trainable parameters the structured kernel leaves to the generic path (empty: it covers the
     model). With ``x`` (example inputs) this is :func:`plan`'s answer; without, a static check:
@@ -310,82 +315,64 @@ def uncovered(model: nn.Module, x: torch.Tensor | None = None) -> list[str]:
     layer or an embedding (those are tied weights the plan covers when each owner runs once)."""
     if x is not None:
         return plan(model, x).generic
-    owners: dict[int, int] = {}
-    ok: set[int] = set()
-    shared_ok: set[int] = set()  # a dense layer or embedding among several owners (tied weights)
-    for _, m in model.named_modules(remove_duplicate=False):
-        r = rule(m)
-        for p in m.parameters(recurse=False):
-            owners[id(p)] = owners.get(id(p), 0) + 1
-            if r is not None:
-                ok.add(id(p))
-            if r in ("dense", "embedding"):
-                shared_ok.add(id(p))
-    return [
-        n
-        for n, p in model.named_parameters()
-        if p.requires_grad and not ((id(p) in ok and owners[id(p)] == 1) or id(p) in shared_ok)
-    ]
+    owners = _owner_rules(model)
+
+    def covered(rs: list) -> bool:
+        return rs != [None] if len(rs) == 1 else any(r in ("dense", "embedding") for r in rs)
+
+    return [n for n, p in model.named_parameters() if p.requires_grad and not covered(owners[id(p)])]
 
 
 def capture_records(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> tuple[list[tuple], int]:
     """One forward and one (batched) backward pass: every entry's records for the batch ``X``."""
-    store: dict[str, list] = {}
+    store: dict[str, Any] = {}
 
-    def hook(name, r):
+    def hook(name, r, layout):
         def f(_m, args, kwargs, out):
             if name in store:
                 raise WidthscopeError(
                     f"structured NTK: module {name!r} ran twice on these inputs but once on "
                     "the probe (input-dependent control flow); use method='jacobian'"
                 )
-            if layouts[name] == "mha":  # an attention module: its F.linear calls are the taps
+            if r == "mha":  # an attention module: its F.linear calls are the taps
                 store[name] = None
                 return None
             x = _entry_input(r, _m, args, kwargs)
-            if layouts[name] == "broadcast":
+            if layout == "broadcast":
                 x, out = x.expand(N, *x.shape[1:]), out.expand(N, *out.shape[1:]).clone()
-            store[name] = [x, out]
+            store[name] = (x, out)
             return out.clone()  # later in-place ops must not touch the z that δ is taken at
 
         return f
 
     N = X.shape[0]
-    layouts = {e[0]: "mha" if e[2] == "mha" else e[4] for e in P.entries}
-    mha: dict[str, list] = {e[0]: [] for e in P.entries if e[2] == "mha"}
-    out = _forward_hooked(
-        model, X, [(m, hook(n, r)) for n, m, r, *_ in P.entries], {e[1]: mha[e[0]] for e in P.entries if e[2] == "mha"}
-    )
+    mha: dict[nn.Module, list] = {m: [] for _, m, r, *_ in P.entries if r == "mha"}
+    out = _forward_hooked(model, X, [(m, hook(n, r, lay)) for n, m, r, _, lay in P.entries], mha)
     N, O = out.shape
-    taps: dict[str, list[tuple] | None] = {}
-    for nm, m, r, *_ in P.entries:
-        if r == "mha":
+    zs, owner = [], []  # every tensor δ is taken at, and its entry's index
+    for i, (nm, m, r, *_) in enumerate(P.entries):
+        if r == "mha" and nm in store:
             assert isinstance(m, nn.MultiheadAttention)  # rule(): exactly this type
-            taps[nm] = mha_taps(m, mha[nm], N)
-    for nm, _m, r, *_ in P.entries:
-        bad = nm not in store or (
-            taps[nm] is None if r == "mha" else store[nm][1].shape[0] != N or _rows(store[nm][0]) != N
-        )
-        if bad:
+            store[nm] = mha_taps(m, mha[m], N)
+        got = store.get(nm)
+        if got is None or (r != "mha" and (got[1].shape[0] != N or _rows(got[0]) != N)):
             raise WidthscopeError(
                 f"structured NTK: module {nm!r} did not run once on per-example inputs for "
                 f"this batch of {N}; use method='jacobian'"
             )
-    mha_in = {nm: t for nm, t in taps.items() if t is not None}  # every entry's, checked just above
-    zs, owner = [], []  # every tensor δ is taken at, and its entry's index
-    for i, (nm, _m, r, *_) in enumerate(P.entries):
-        for z in [t[3] for t in mha_in[nm]] if r == "mha" else [store[nm][1]]:
+        for z in [t[3] for t in got] if r == "mha" else [got[1]]:
             zs.append(z)
             owner.append(i)
     ds = _signals(out, zs, o_chunk)
     recs: list[tuple] = []
     uses: dict[int, tuple] = {}
+    tied = {i for idx in P.tied for i in idx}
     for i, (nm, m, r, attrs, layout) in enumerate(P.entries):
         d = [dk for dk, k in zip(ds, owner) if k == i]
         recs.extend(
-            mha_records(mha_in[nm], d, attrs) if r == "mha" else records(r, m, store[nm][0], d[0], attrs, layout)
+            mha_records(store[nm], d, attrs) if r == "mha" else records(r, m, store[nm][0], d[0], attrs, layout)
         )
-        if any(i in idx for idx in P.tied):
+        if i in tied:
             uses[i] = tied_use(r, m, store[nm][0], d[0])
     recs.extend(("tied", [uses[i] for i in idx], P.entries[idx[0]][1].weight.shape) for idx in P.tied)
     return recs, O
@@ -440,14 +427,10 @@ def _combine(acc: torch.Tensor, r1: list[tuple], r2: list[tuple], mode: str, sam
         if a[0] == "tied":  # Σ of every use's per-example gradient, then the product (in row chunks)
             O, n = a[1][0][2].shape[:2]
             step = max(1, 2**24 // max(1, O * max(n, b[1][0][2].shape[1]) * math.prod(a[2][1:])))
-            if same:
-                for g in tied_gradients(a[1], a[2], step):
-                    hadamard(acc, g, g, None, mode, same=True)
-            else:
-                for g1, g2 in zip(tied_gradients(a[1], a[2], step), tied_gradients(b[1], b[2], step)):
-                    hadamard(acc, g1, g2, None, mode)
-            continue
-        if a[0] == "vector":
+            gs = tied_gradients(a[1], a[2], step)
+            for g1, g2 in ((g, g) for g in gs) if same else zip(gs, tied_gradients(b[1], b[2], step)):
+                hadamard(acc, g1, g2, None, mode, same=same)
+        elif a[0] == "vector":
             hadamard(acc, a[1], b[1], None, mode, same=same)
         elif a[0] == "bag":
             hadamard(acc, a[3], b[3], bag_gram(a, b, diag), mode, same=same)
@@ -482,19 +465,15 @@ def _blocks(n: int, b: int | None) -> list[slice]:
 
 
 def structured_kernel(
-    model: nn.Module, x1, x2, P: Plan, trace: bool, diagonal: bool, batch_size, dtype, memory_budget: float, info, est
+    model: nn.Module, x1, x2, P: Plan, trace: bool, diagonal: bool, batch_size, dtype, memory_budget: float, est
 ) -> torch.Tensor:
-    """The kernel of :func:`widthscope.linear.structured_ntk` (shapes and options there) for the plan ``P`` that
-    :func:`widthscope.linear.ntk` made after checking the inputs. ``est``: the cost model's estimate (block size,
-    the generic remainder's chunks; its bytes, so blocks are kept for reuse only in the rest of the budget)."""
-    params, buffers = params_and_buffers(model)
-    acc_dtype = dtype or next(iter(params.values())).dtype
+    """The Gram part of :func:`widthscope.linear.structured_ntk` (shapes and options there; the generic remainder
+    is added by :func:`widthscope.linear.ntk`) for the plan ``P``. ``est``: the cost model's estimate (block
+    size; its bytes, so blocks are kept for reuse only in the rest of the budget)."""
+    acc_dtype = dtype or next(iter(params_and_buffers(model)[0].values())).dtype
     same = x2 is None
     x2 = x1 if x2 is None else x2
     batch_size = batch_size or est.get("batch_size")
-    generic_chunks, reserved = (est.get("generic_chunk"), est.get("generic_out_chunk")), est.get("bytes", 0.0)
-    if info is not None:
-        info.update(method="structured", covered=P.n_covered, uncovered=P.n_generic, generic=list(P.generic))
     mode = ("diagtrace" if trace else "diag") if diagonal else ("trace" if trace else "full")
     n1, n2 = x1.shape[0], x2.shape[0]
     b1, b2 = _blocks(n1, batch_size), _blocks(n2, batch_size)
@@ -503,7 +482,7 @@ def structured_kernel(
     shape = {"full": (n1, n2, O, O), "trace": (n1, n2), "diag": (n1, O, O), "diagtrace": (n1,)}[mode]
     K = torch.zeros(shape, dtype=acc_dtype, device=x1.device)
     cache: dict[tuple[int, int], tuple[list[tuple], int]] = {}
-    room = [max(0.0, SAFETY * float(memory_budget) - reserved)]  # what the cost model left for keeping blocks
+    room = [max(0.0, SAFETY * float(memory_budget) - est.get("bytes", 0.0))]  # the cost model's rest, for reuse
 
     def get(which: int, idx: int, s: slice) -> list[tuple]:
         """Records of a block; kept for reuse (x2's blocks, or x1's when x2 is None) while they fit."""
@@ -539,28 +518,6 @@ def structured_kernel(
             if same and bj != bi:
                 K[s2, s1] = blk.permute(1, 0, 3, 2) if mode == "full" else blk.T
         room[0] += cache.pop((1, bi), ([], 0))[1]  # x1's block bi is not needed again
-    if P.generic:  # the hybrid remainder: per-example Jacobians of just these parameters (chunks as cost.py sized)
-        gp = {k: params[k] for k in P.generic}
-        gb = {**buffers, **{k: v for k, v in params.items() if k not in gp}}
-        per_example = O * sum(v.numel() for v in gp.values()) * gp[P.generic[0]].element_size()
-        chunk = generic_chunks[0] or max(1, int(memory_budget // (2 * per_example)))
-        oc = generic_chunks[1] if generic_chunks[1] and generic_chunks[1] < O else None
-
-        def explicit(a: torch.Tensor, b: torch.Tensor, same_ab: bool) -> torch.Tensor:
-            with warnings.catch_warnings():  # vmapped ops without a batching rule fall back to a loop: fine
-                warnings.filterwarnings("ignore", message="There is a performance drop")
-                try:
-                    return ntk_per_example(model, gp, gb, a, b, chunk, same_ab, oc)
-                except RuntimeError:  # the vmapped forward failed (no batching rule, in-place ops): jacrev vmaps
-                    return ntk_jacobian(model, gp, gb, a, b, chunk, same_ab, oc)
-
-        if diagonal:
-            for s in _blocks(n1, chunk):
-                Kg = torch.diagonal(explicit(x1[s], x1[s], True), dim1=0, dim2=1).permute(2, 0, 1)
-                K[s] += (torch.diagonal(Kg, dim1=1, dim2=2).sum(-1) if trace else Kg).to(acc_dtype)
-        else:
-            Kg = explicit(x1, x2, same)
-            K += (torch.diagonal(Kg, dim1=2, dim2=3).sum(-1) if trace else Kg).to(acc_dtype)
     if trace:
         K /= O
     return K.detach()

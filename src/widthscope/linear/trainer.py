@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -176,14 +176,14 @@ def train_side_by_side(
     if linear == "auto":
         linear = "kernel" if exact and not return_models and not uncovered(model) else "weights"
     run = _Lockstep(model, X, Y, Xt, probe, optimizer, lr, ridge, linear, kernel_prediction, kernel_drift)
-    next_batch = _batches(X.shape[0], batch_size, seed)
+    batches = _batches(X.shape[0], batch_size, seed)
     rows: list[dict[str, Any]] = []
     for step in _progress(range(steps + 1), desc="side-by-side", disable=not progress):
         if step in logged:
             rows.append(_row(run, step, X, Y, Xt, Yt, loss, kernel_prediction))
         if step == steps:
             break
-        idx = next_batch()
+        idx = next(batches)
         xb, yb = (X, Y) if idx is None else (X[idx], Y[idx])
         stop = _kernel_divergence(run.closed, step, on_nonfinite) if run.lin is None else None
         stop = stop or _train_step(run, xb, yb, step, loss=loss, lr=lr, on_nonfinite=on_nonfinite)
@@ -237,22 +237,16 @@ class _Lockstep:
         self.K0_norm = float(self.K0.norm()) if self.K0 is not None else float("nan")
 
 
-def _batches(N: int, batch_size: int | None, seed: int) -> Callable[[], torch.Tensor | None]:
+def _batches(N: int, batch_size: int | None, seed: int) -> Iterator[torch.Tensor | None]:
     """The batch indices of each step (``None``: full batch), from a per-epoch permutation of
     ``range(N)`` drawn from ``seed``."""
     gen = torch.Generator().manual_seed(int(seed))
     order: list[int] = []
-
-    def next_batch() -> torch.Tensor | None:
-        nonlocal order
-        if batch_size is None:
-            return None
-        if len(order) < batch_size:
+    while True:
+        if batch_size is not None and len(order) < batch_size:
             order = order + torch.randperm(N, generator=gen).tolist()
-        idx, order = order[:batch_size], order[batch_size:]
-        return torch.tensor(idx)
-
-    return next_batch
+        yield None if batch_size is None else torch.tensor(order[:batch_size])
+        order = order[batch_size or 0 :]
 
 
 def _row(run: _Lockstep, step: int, X, Y, Xt, Yt, loss: str, kernel_prediction: bool) -> dict[str, Any]:
@@ -321,11 +315,9 @@ def _kernel_divergence(closed: _KernelGD | None, step: int, on_nonfinite: str) -
 def _train_step(run: _Lockstep, xb, yb, step: int, *, loss: str, lr: float, on_nonfinite: str) -> dict[str, Any] | None:
     """One optimizer step of the network, then of the weight-space linear model (if any), on the
     batch ``(xb, yb)``; a non-finite loss raises, or returns the ``diverged`` row."""
-    pairs: list[tuple[str, nn.Module, torch.optim.Optimizer | None]] = [("network", run.net, run.opt_net)]
-    if run.lin is not None:
-        pairs.append(("linear model", run.lin, run.opt_lin))
-    for which, m, opt in pairs:
-        assert opt is not None  # made with its model
+    for which, m, opt in (("network", run.net, run.opt_net), ("linear model", run.lin, run.opt_lin)):
+        if m is None or opt is None:  # no weight-space linear model
+            continue
         opt.zero_grad(set_to_none=True)
         L = _loss(model_output(m(xb)), yb, loss)
         if not torch.isfinite(L):
@@ -408,26 +400,15 @@ def function_space_gd(
     and ``"test"`` when ``test`` inputs are given.
     """
     N = X.shape[0]
+    Xa = X if test is None else torch.cat([X, test])  # training rows first, then the held-out ones
     with torch.no_grad():
-        F = model_output(model(X)).reshape(N, -1).clone()
+        F = model_output(model(Xa)).reshape(Xa.shape[0], -1)
     out = F.shape[1]
     Y = Y.reshape(N, out).to(F.dtype)
-    K = ntk(model, X).permute(0, 2, 1, 3).reshape(N * out, N * out)
-    traj = [F.clone()]
-    if test is not None:
-        Nt = test.shape[0]
-        with torch.no_grad():
-            Ft = model_output(model(test)).reshape(Nt, out).clone()
-        Kt = ntk(model, test, X).permute(0, 2, 1, 3).reshape(Nt * out, N * out)
-        traj_t = [Ft.clone()]
+    K = ntk(model, Xa, None if test is None else X).permute(0, 2, 1, 3).reshape(-1, N * out)  # Θ₀(X ∪ X_t, X)
+    traj = [F]
     for _ in range(steps):
-        r = ((F - Y) / N).reshape(-1)
-        if test is not None:
-            Ft = Ft - lr * (Kt @ r).reshape(Nt, out)
-            traj_t.append(Ft.clone())
-        F = F - lr * (K @ r).reshape(N, out)
-        traj.append(F.clone())
-    res = {"train": torch.stack(traj)}
-    if test is not None:
-        res["test"] = torch.stack(traj_t)
-    return res
+        F = F - lr * (K @ ((F[:N] - Y) / N).reshape(-1)).reshape(F.shape)
+        traj.append(F)
+    T = torch.stack(traj)
+    return {"train": T[:, :N]} if test is None else {"train": T[:, :N], "test": T[:, N:]}

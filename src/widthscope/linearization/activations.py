@@ -89,18 +89,16 @@ def derivatives(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, K: 
         raise WidthscopeError(f"activation {name!r} must map a tensor to a tensor of the same shape (elementwise)")
     outs = [y]
     for k in range(K):
-        if not y.requires_grad:  # derivative identically zero from here on (e.g. linear pieces)
-            y = torch.zeros_like(x)
-        else:
+        g = None  # stays None where the derivative is identically zero from here on (e.g. linear pieces)
+        if y.requires_grad:
             try:
-                (y,) = torch.autograd.grad(y.sum(), x, create_graph=True, allow_unused=True)
+                (g,) = torch.autograd.grad(y.sum(), x, create_graph=True, allow_unused=True)
             except RuntimeError as exc:
                 raise WidthscopeError(
                     f"activation {name!r}: autograd cannot form derivative {k + 1} "
                     f"({exc}); it must be differentiable with torch operations"
                 ) from None
-            if y is None:
-                y = torch.zeros_like(x)
+        y = torch.zeros_like(x) if g is None else g
         outs.append(y)
     return [o.detach() for o in outs]
 
@@ -143,13 +141,9 @@ def audit(
         name, fn = resolve(n)
         ders = derivatives(fn, x, K)
         row: dict[str, Any] = {"name": name}
-        ratios = []
         for k in range(1, K + 1):
-            m = float(ders[k].abs().max())
-            row[f"max_{k}"] = m
-            r = m / math.factorial(k + 1)
-            row[f"ratio_{k}"] = r
-            ratios.append(r)
+            row[f"max_{k}"] = float(ders[k].abs().max())
+            row[f"ratio_{k}"] = row[f"max_{k}"] / math.factorial(k + 1)
         bad = [(k, d) for k, d in enumerate(ders) if not bool(torch.isfinite(d).all())]
         row["finite"] = not bad
         if bad:  # NaN/inf (e.g. sqrt or log at x < 0): the table entries are meaningless there
@@ -160,7 +154,7 @@ def audit(
         row["smooth"] = not kinks
         row["kink_order"] = kinks[0][0] if kinks else None
         row["kink_at"] = round(float(x[kinks[0][1]]), 9) + 0.0 if kinks else None
-        row["ratio_grows"] = bool(K >= 2 and ratios[-1] > ratios[-2] * (1 + 1e-9))
+        row["ratio_grows"] = bool(K >= 2 and row[f"ratio_{K}"] > row[f"ratio_{K - 1}"] * (1 + 1e-9))
         flags = []
         if bad:
             flags.append(

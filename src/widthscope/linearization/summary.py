@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -42,17 +42,13 @@ def reference_slope(metric: str, alpha: float | None = None) -> tuple[float, str
     raise KeyError(f"no reference slope for metric {metric!r}")
 
 
-def _where(key: str, value: Any) -> Callable[[dict[str, Any]], bool]:
-    """The row selector ``r[key] == value``."""
-    return lambda r: r[key] == value
-
-
-def _matrix(rows, widths, seeds, select, value):
+def _matrix(rows, widths, seeds, key: str, at: Any, value: str) -> np.ndarray:
+    """``(seeds, widths)`` of ``value`` over the rows with ``r[key] == at`` (NaN where none is finite)."""
     M = np.full((len(seeds), len(widths)), np.nan)
     wi = {w: j for j, w in enumerate(widths)}
     si = {s: i for i, s in enumerate(seeds)}
     for r in rows:
-        if select(r) and r.get("width") in wi and r.get("seed") in si:
+        if r[key] == at and r.get("width") in wi and r.get("seed") in si:
             v = r.get(value)
             if isinstance(v, (int, float)) and math.isfinite(v):
                 M[si[r["seed"]], wi[r["width"]]] = v
@@ -94,23 +90,15 @@ def summarize(rows: list[dict[str, Any]], cfg: Mapping[str, Any]) -> list[dict[s
     for a in [float(x) for x in cfg["train"]["alphas"]]:
         lin = [r for r in rows if r.get("kind") == "linearization" and r.get("alpha") == a and not r.get("diverged")]
         for step in cfg["fit"]["steps"]:
-            sel = _where("step", step)
             for metric in ("dev_rms", "dev_rel", "dev_mse"):
-                add(
-                    metric,
-                    a,
-                    step,
-                    _matrix(lin, widths, seeds, sel, metric),
-                    *reference_slope(metric, a),
-                    PUBLISHED.get(a) if metric == "dev_mse" and step == last else None,
-                )
-        sel = _where("step", last)
+                published = PUBLISHED.get(a) if metric == "dev_mse" and step == last else None
+                M = _matrix(lin, widths, seeds, "step", step, metric)
+                add(metric, a, step, M, *reference_slope(metric, a), published)
         for metric in ("kernel_drift", "test_gap"):
-            add(metric, a, last, _matrix(lin, widths, seeds, sel, metric), *reference_slope(metric, a))
+            add(metric, a, last, _matrix(lin, widths, seeds, "step", last, metric), *reference_slope(metric, a))
     corr = [r for r in rows if r.get("kind") == "correlation"]
     for name in sorted({r["name"] for r in corr}):
-        sel = _where("name", name)
-        add(name, None, None, _matrix(corr, widths, seeds, sel, "mean"), *reference_slope(name))
+        add(name, None, None, _matrix(corr, widths, seeds, "name", name, "mean"), *reference_slope(name))
     return out
 
 
