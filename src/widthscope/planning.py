@@ -36,10 +36,11 @@ from .growth.rank import n_examples, rank_points
 from .models.hf import meta_checkpoint
 from .options import CertifyOptions, CertifyRunOptions
 from .probe import collect, resolve_points
+from .probe.batches import batch_size_of, index_batch, to_batches
 from .probe.blocks import block_of
 from .probe.collect import to_device
 from .probe.insert import insert
-from .probe.interventions import batch_size_of, index_batch, mean_loss, to_batches
+from .probe.steps import mean_loss
 from .train import train as train_model
 
 

@@ -44,8 +44,9 @@ from ..options import (
     CertifyOptions,
 )
 from ..probe import POOLS, resolve_points
-from ..probe.interventions import check_rel_step, sample_errors
 from ..probe.offload import input_device
+from ..probe.resolution import sample_errors
+from ..probe.steps import check_rel_step
 from ..validate import sizes_list
 from .per_point import check_pool, precision_notes, rank_value, ranking, statistics, tables  # noqa: F401  (re-exported)
 from .probing import KeepPrefix, count_examples, gather_pools, gather_rows, low_precision, probe_pools

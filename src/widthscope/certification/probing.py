@@ -17,8 +17,8 @@ import torch.nn as nn
 from .. import distributed
 from ..errors import WidthscopeError
 from ..probe import collect
+from ..probe.batches import as_examples
 from ..probe.collect import float_dtype, to_device
-from ..probe.interventions import as_examples
 from ..probe.prefix import keep_prefix
 from ..stats.sketch import Projector
 

@@ -31,7 +31,7 @@ from ..errors import WidthscopeError
 from ..models.hf import model_info
 from ..options import CertifyOptions, CertifyRunOptions
 from ..probe import all_points, collect, insertion_points, resolve_points
-from ..probe.interventions import batch_size_of, index_batch, to_batches
+from ..probe.batches import batch_size_of, index_batch, to_batches
 from ..stats import vacuous_rule
 from ..sweeps.certify_rows import training_record
 from ..train import resolve_device, train

@@ -18,8 +18,11 @@ import torch.nn as nn
 
 from .._io import progress
 from ..errors import WidthscopeError
+from ..probe.batches import batch_size_of, index_batch
+from ..probe.blocks import block_of
 from ..probe.growth import point_criteria
-from ..probe.interventions import batch_size_of, block_of, index_batch, insert, mean_loss
+from ..probe.insert import insert
+from ..probe.steps import mean_loss
 from .block import step_flops, train_new_block
 from .suite import build_model, cell_data, reproducible, split_held_out, train_to_plateau
 

@@ -39,7 +39,7 @@ from .._io import atomic_write_json
 from ..data.spec import InputSpec, PoolSize
 from ..errors import WidthscopeError
 from ..options import with_keywords
-from ..probe.interventions import index_batch, take
+from ..probe.batches import index_batch, take
 from ..probe.points import resolve_points
 from ..train import train as train_model
 from ..validate import check_pools

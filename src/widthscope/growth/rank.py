@@ -14,9 +14,9 @@ import torch.nn as nn
 
 from ..errors import WidthscopeError
 from ..options import with_keywords
+from ..probe.batches import as_examples, batch_size_of, to_batches
 from ..probe.collect import collect
 from ..probe.growth import CRITERIA, point_criteria
-from ..probe.interventions import as_examples, batch_size_of, to_batches
 from ..probe.points import resolve_points
 from ..stats import certificate, plan, vacuous_rule
 from .options import GrowOptions

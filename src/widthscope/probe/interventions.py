@@ -3,7 +3,8 @@ the alignment statistic predicts?
 
 Bias probe: a zero bias at ``point``, step ``v = −η μ_M``, predicts ``ΔL = −η μ_Mᵀ g_K + O(η²)``, so
 ``retention = ΔL_actual / ΔL_pred → 1``. Block probe: ``z + W_out φ(W_in norm(z))`` with ``W_out = 0``,
-step ``W_out = −η G_M``, predicts ``−η ⟨G_M, G_K⟩_F`` (:func:`block_gram`). Maths: docs/interventions.md §2.
+step ``W_out = −η G_M``, predicts ``−η ⟨G_M, G_K⟩_F`` (:func:`~widthscope.probe.blocks.block_gram`).
+Maths: docs/interventions.md §2.
 
 Example::
 
@@ -31,81 +32,13 @@ from .._io import progress as _progress
 from ..errors import WidthscopeError
 from ..registry import INTERVENTION_KINDS
 from ..stats import certificate, wilson_interval
-from .batches import as_examples, batch_size_of, index_batch, take, to_batches
-from .blocks import block_certificate, block_features, block_gram, block_of, w_out_grad
-from .collect import activation_rms, float_dtype
-from .insert import (
-    Inserted,
-    ResidualBias,
-    apply_insertions,
-    insert,
-    inserted_parameters,
-    inserted_state,
-    insertion_specs,
-    remove_insertion,
-    resolve_module,
-)
-from .resolution import (
-    RESOLUTION_FACTOR,
-    dtype_name,
-    loss_rounding,
-    precision_note,
-    projected_rounding,
-    resolved,
-    sample_errors,
-    sample_rounding,
-)
+from .batches import as_examples, batch_size_of, index_batch, take
+from .blocks import block_features, w_out_grad
+from .collect import EvalMode, activation_rms, float_dtype
+from .insert import Inserted, inserted, resolve_module
+from .resolution import RESOLUTION_FACTOR, dtype_name, loss_rounding, projected_rounding, sample_errors
 from .rows import InterventionInputs, block_steps, precision_info
-from .steps import (
-    EvalMode,
-    check_etas,
-    check_rel_step,
-    default_etas,
-    mean_loss,
-    per_example_losses,
-    point_activation_rms,
-    point_samples,
-)
-
-__all__ = [
-    # insertion (widthscope.probe.insert)
-    "insert",
-    "remove_insertion",
-    "apply_insertions",
-    "inserted_state",
-    "inserted_parameters",
-    "insertion_specs",
-    "block_of",
-    # interventions: intervene's steps, and the built-in kinds (widthscope.registry.INTERVENTION_KINDS)
-    "intervene",
-    "InterventionInputs",
-    "Measured",
-    "prepare_inputs",
-    "assemble_rows",
-    "measure_bias",
-    "measure_block",
-    "sign_agreement",
-    "default_etas",
-    "check_rel_step",
-    "block_gram",
-    "block_features",
-    "block_certificate",
-    "mean_loss",
-    "per_example_losses",
-    "as_examples",
-    "batch_size_of",
-    "index_batch",
-    "take",
-    "to_batches",
-    # precision of the measured loss change (low-precision models)
-    "loss_rounding",
-    "sample_rounding",
-    "sample_errors",
-    "projected_rounding",
-    "resolved",
-    "precision_note",
-    "RESOLUTION_FACTOR",
-]
+from .steps import check_etas, check_rel_step, default_etas, per_example_losses, point_activation_rms, point_samples
 
 
 @dataclasses.dataclass
@@ -187,29 +120,23 @@ def prepare_inputs(
     _args.batches(fn, "train_batches", train_batches, single=True)
     _args.batches(fn, "test_batches", test_batches, single=True)
     _args.numbers_list(fn, "etas", etas, accepts="a list of positive step sizes or None")
-    _args.choice(fn, "kind", kind, INTERVENTION_KINDS, values=False)
+    _args.choice(fn, "kind", kind, INTERVENTION_KINDS)
     _args.function(fn, "loss_fn", loss_fn)
     _args.integer(fn, "M", M, lo=1, optional=True)
     _args.integer(fn, "K", K, lo=1, optional=True)
     _args.integer(fn, "n_etas", n_etas, lo=1)
-    rel = "a finite number above 1e-4 (the largest step's RMS entry over the activation's)"
-    _args.number(fn, "max_rel_step", max_rel_step, 1e-4, lo_open=True, accepts=rel)
+    check_rel_step(max_rel_step, fn)
     _args.integer(fn, "block_width", block_width, lo=1, optional=True)
     _args.integer(fn, "seed", seed)
     _args.integer(fn, "batch_size", batch_size, lo=1)
     _args.boolean(fn, "progress", progress)
     _args.mapping(fn, "reuse", reuse)
     _args.choice(fn, "prefix", prefix, ("auto", "full"), values=False)
-    _args.choice(fn, "precision", precision, ("mark", "float32"), values=False)
-    if kind not in INTERVENTION_KINDS:
-        raise WidthscopeError(f"kind must be one of {', '.join(map(repr, INTERVENTION_KINDS))}, got {kind!r}")
+    _args.choice(fn, "precision", precision, ("mark", "float32"))
     if prefix not in ("auto", "full"):
         raise WidthscopeError(f"prefix must be 'auto' or 'full', got {prefix!r}")
-    if precision not in ("mark", "float32"):
-        raise WidthscopeError(f"precision must be 'mark' or 'float32', got {precision!r}")
     if etas is not None:
         etas = check_etas(etas)
-    max_rel_step = check_rel_step(max_rel_step)
     if isinstance(resolve_module(model, point), Inserted):
         raise WidthscopeError(
             f"point {point!r} already has an insertion; intervene on the model without it (or on another point)"
@@ -228,29 +155,8 @@ def prepare_inputs(
     else:  # = mean_loss, keeping the per-example losses for the precision check
         with EvalMode(model):
             test_losses = per_example_losses(model, test, loss_fn, batch_size=batch_size)
-    return InterventionInputs(
-        model=model,
-        point=point,
-        kind=kind,
-        train=train,
-        test=test,
-        M=M,
-        K=K,
-        act_rms=act_rms,
-        width=width,
-        test_losses=test_losses,
-        loss_fn=loss_fn,
-        batch_size=batch_size,
-        etas=etas,
-        n_etas=n_etas,
-        max_rel_step=max_rel_step,
-        block_width=block_width,
-        seed=seed,
-        progress=progress,
-        reuse=reuse,
-        prefix=prefix,
-        precision=precision,
-    )
+    values = locals()  # every field of InterventionInputs is a name here
+    return InterventionInputs(**{f.name: values[f.name] for f in dataclasses.fields(InterventionInputs)})
 
 
 def measure_bias(x: InterventionInputs) -> Measured:
@@ -280,9 +186,7 @@ def measure_block(x: InterventionInputs) -> Measured:
     block is set to each step; otherwise the same steps are added to the point's output of the
     model without the insertion (stacked, as for the bias)."""
     model, point = x.model, x.point
-    insert(model, point, "block", width=x.width, hidden=x.block_width, seed=x.seed, record=False)
-    try:
-        block = block_of(model, point)
+    with inserted(model, point, "block", width=x.width, hidden=x.block_width, seed=x.seed) as block:
         G_M = w_out_grad(model, point, x.train, x.loss_fn, x.batch_size)
         G_K = w_out_grad(model, point, x.test, x.loss_fn, x.batch_size)
         align = float((G_M * G_K).sum())
@@ -296,8 +200,6 @@ def measure_block(x: InterventionInputs) -> Measured:
             rows = x.step_rows(block.w_out, G_M, etas, align, step_norm)
             for r in rows:
                 r["prefix"] = "full: requested"
-    finally:
-        remove_insertion(model, point)
     if x.prefix != "full":
         # The same steps on the model without the insertion: copy e of the point's output z gets
         # −η_e·G_M φ(W_in norm(z)), the inserted block's output at W_out = −η_e G_M (linear in W_out).
@@ -356,11 +258,8 @@ def sign_agreement(
     train = as_examples(train_batches)
     test = as_examples(test_batches)
     na, nb = batch_size_of(train), batch_size_of(test)
-    for nm, v, pool in (("M", M, na), ("K", K, nb)):
-        if not isinstance(v, int) or v < 1 or v > pool:
-            raise WidthscopeError(f"{nm} must be an integer in 1..{pool} (the pool size), got {v!r}")
-    if not isinstance(draws, int) or draws < 1:
-        raise WidthscopeError(f"draws must be a positive integer, got {draws!r}")
+    for name, value, pool in (("M", M, na), ("K", K, nb), ("draws", draws, None)):
+        _args.integer("sign_agreement", name, value, lo=1, hi=pool)
     Sa, Sb = (point_samples(model, point, d, loss_fn, batch_size) for d in (train, test))
     act_rms, _ = point_activation_rms(model, point, train, loss_fn, batch_size)
     if eta is None:
@@ -372,11 +271,7 @@ def sign_agreement(
     err_sq = None if ref is None else (base - ref).pow(2)
     gen = torch.Generator().manual_seed(int(seed))
     agree = mis = improved = low = 0
-    insert(model, point, "bias", width=Sa.shape[1], record=False)
-    try:
-        wrapper = model.get_submodule(point)
-        assert isinstance(wrapper, Inserted) and isinstance(wrapper.widthscope_insert, ResidualBias)  # just inserted
-        bias = wrapper.widthscope_insert.bias
+    with inserted(model, point, "bias", width=Sa.shape[1]) as ins:
         for _ in _progress(range(draws), desc=f"sign agreement {point}", disable=None if progress else True):
             I = torch.randperm(na, generator=gen)[:M]
             J = torch.randperm(nb, generator=gen)[:K]
@@ -387,14 +282,12 @@ def sign_agreement(
                 low += 1  # the rounding of this draw's loss could carry its whole change
                 continue
             with torch.no_grad():
-                bias.copy_((-eta * mu_M).to(bias.dtype))
+                ins.bias.copy_((-eta * mu_M).to(ins.bias.dtype))
             with EvalMode(model):
                 after = per_example_losses(model, index_batch(test, J), loss_fn, batch_size=batch_size)
             dL = float((after - base[J]).mean())
             improved += dL < 0
             agree += (dL < 0) == (A > 0) and dL != 0
-    finally:
-        remove_insertion(model, point)
     cert = certificate(Sa, Sb, M=M, K=K)
     n = draws - low
     lo, hi = wilson_interval(agree, n) if n else (None, None)

@@ -11,12 +11,11 @@ import torch
 import torch.nn as nn
 
 from .._io import progress as _progress
-from .collect import float_dtype, to_device
+from .collect import EvalMode, float_dtype
 from .insert import ResidualBlock
-from .offload import input_device
 from .prefix import FnSteps, stacked_totals
 from .resolution import loss_rounding, mark_precision, upcast
-from .steps import EvalMode, default_etas, mean_loss
+from .steps import default_etas, mean_loss
 
 
 @dataclasses.dataclass
@@ -67,7 +66,7 @@ class InterventionInputs:
             "eta": eta,
             "predicted": predicted,
             "actual": actual,
-            **compare_gain(predicted, actual),
+            **_gain(predicted, actual),
             "M": self.M,
             "K": self.K,
             "mu_norm": mu_norm,
@@ -85,19 +84,10 @@ class InterventionInputs:
         """One row per ``η``: copy ``e`` of the point's output gets ``steps[e]`` added, all copies in
         one stacked pass per chunk (:func:`~widthscope.probe.prefix.stacked_totals`, with this call's
         ``prefix`` and the kept prefix in ``reuse``)."""
-        dev, dt = input_device(self.model), float_dtype(self.model)
-        per = max(1, self.batch_size // len(etas))  # examples per stacked call: about batch_size rows a call
-        with EvalMode(self.model), torch.no_grad():
+        model, dt, kept = self.model, float_dtype(self.model), self.reuse.get("prefix")
+        with EvalMode(model), torch.no_grad():
             totals, how = stacked_totals(
-                self.model,
-                self.point,
-                steps,
-                self.test,
-                self.loss_fn,
-                per,
-                lambda b: to_device(b, dev, dt),
-                mode=self.prefix,
-                kept=self.reuse.get("prefix"),
+                model, self.point, steps, self.test, self.loss_fn, self.batch_size, dt, mode=self.prefix, kept=kept
             )
         after = totals / self.K
         return [
@@ -134,18 +124,9 @@ def precision_info(x: InterventionInputs, rows: list[dict[str, Any]], steps: Cal
     idx = [i for i, row in enumerate(rows) if row["below_resolution"]]
     if x.precision != "float32" or not idx:
         return rows
-    dev = input_device(model)
     with upcast(model), EvalMode(model), torch.no_grad():
-        totals, _ = stacked_totals(
-            model,
-            x.point,
-            steps()[torch.tensor(idx)],
-            x.test,
-            x.loss_fn,
-            max(1, x.batch_size // len(idx)),
-            lambda b: to_device(b, dev, torch.float32),
-            mode="full",
-        )
+        low = steps()[torch.tensor(idx)]
+        totals, _ = stacked_totals(model, x.point, low, x.test, x.loss_fn, x.batch_size, torch.float32, mode="full")
     assert ref is not None  # rows fall below resolution only for a low-precision model, which has ref
     base = float(ref.mean())
     for j, i in enumerate(idx):
@@ -154,14 +135,14 @@ def precision_info(x: InterventionInputs, rows: list[dict[str, Any]], steps: Cal
         old.update(
             actual_in_dtype=old["actual"],
             actual=actual,
-            **compare_gain(old["predicted"], actual),
+            **_gain(old["predicted"], actual),
             evaluated_in="float32",
             below_resolution=False,
         )
     return rows
 
 
-def compare_gain(predicted: float, actual: float) -> dict[str, Any]:
+def _gain(predicted: float, actual: float) -> dict[str, Any]:
     return {
         "retention": actual / predicted if predicted != 0 else float("nan"),
         "sign_agrees": bool(predicted != 0 and (actual > 0) == (predicted > 0) and actual != 0),

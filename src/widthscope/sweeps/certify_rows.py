@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from ..probe.interventions import resolved
+from ..probe.resolution import resolved
 from ..stats import vacuous_rule
 from .schema import CERT_FIELDS
 
