@@ -12,7 +12,7 @@ import torch.nn as nn
 from ..errors import WidthscopeError
 from ..stats import certificate, cross_moments_from_gram
 from .batches import batch_size_of
-from .collect import EvalMode, frozen, split_output
+from .collect import EvalMode, frozen, hooked, split_output
 from .insert import Inserted, ResidualBlock, channel_dim
 from .steps import batch_losses
 
@@ -126,10 +126,9 @@ def block_features(
         return put(z + state["b"])
 
     qs, hs = [], []
-    handle = wrapper.register_forward_hook(hook)
     block.keep_hidden = True
     try:
-        with EvalMode(model), frozen(model), torch.enable_grad():
+        with hooked([(wrapper, hook)]), EvalMode(model), frozen(model), torch.enable_grad():
             for losses in batch_losses(model, data, loss_fn, batch_size):
                 (g,) = torch.autograd.grad(losses.sum(), [state["b"]])
                 dim = channel_dim(g, block.style)
@@ -139,7 +138,6 @@ def block_features(
                 assert h is not None  # keep_hidden: this forward set it
                 hs.append(h.reshape(B, -1, h.shape[-1]).detach().double().cpu())
     finally:
-        handle.remove()
         block.keep_hidden = False
         block.last_hidden = None
     return torch.cat(qs), torch.cat(hs)

@@ -152,6 +152,19 @@ def frozen(model: nn.Module) -> Iterator[nn.Module]:
             p.requires_grad_(flag)
 
 
+@contextmanager
+def hooked(
+    hooks: Iterable[tuple[nn.Module, Callable]], pre: Iterable[tuple[nn.Module, Callable]] = ()
+) -> Iterator[None]:
+    """Forward hooks (and forward pre-hooks ``pre``) on their modules within the block, removed on exit."""
+    handles = [m.register_forward_pre_hook(h) for m, h in pre] + [m.register_forward_hook(h) for m, h in hooks]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def to_device(obj: Any, device: torch.device, dtype: torch.dtype | None = None) -> Any:
     """Move a batch to ``device``; floating tensors (images, features) also to ``dtype``, so a
     model run in bfloat16 or float64 (``--dtype``) takes the same data. Token ids stay integers."""
@@ -452,17 +465,15 @@ def collect(
     modules = dict(model.named_modules())
     notes = _mode_notes(model, modules, train_mode)
     probe = _Probe(model, names, loss_fn, pool, dtype, transform)
-    handles = [modules[n].register_forward_hook(probe.hook(n)) for n in names]
+    hooks = [(modules[n], probe.hook(n)) for n in names]
     try:
-        with EvalMode(model) if train_mode == "eval" else contextlib.nullcontext(), frozen(model):
+        with EvalMode(model) if train_mode == "eval" else contextlib.nullcontext(), frozen(model), hooked(hooks):
             total = len(batches) if hasattr(batches, "__len__") else None  # type: ignore[arg-type]
             for bi, batch in enumerate(
                 _progress(batches, total=total, desc="probe", disable=None if progress else True)
             ):
                 probe.batch(batch, bi)
     finally:
-        for h in handles:
-            h.remove()
         probe.leaves.clear()
     if probe.n == 0:
         raise WidthscopeError("no examples: the batches were empty; check the data (n_train/n_test)")

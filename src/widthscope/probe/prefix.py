@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from ..errors import WidthscopeError
 from .batches import batch_size_of, cat_batches, take, to_batches
-from .collect import EvalMode, float_dtype, run_batch, split_output, to_device
+from .collect import EvalMode, float_dtype, hooked, run_batch, split_output, to_device
 from .insert import channel_dim
 from .offload import input_device
 
@@ -164,13 +164,8 @@ def _record(
 
         return hook
 
-    handles = [modules[p].register_forward_pre_hook(pre(p)) for p in want]
-    handles += [m.register_forward_hook(make(n)) for n, m in modules.items()]
-    try:
+    with hooked([(m, make(n)) for n, m in modules.items()], pre=[(modules[p], pre(p)) for p in want]):
         _forward(model, batch, loss_fn)
-    finally:
-        for h in handles:
-            h.remove()
     return {p: (before[p], out_point[p]) for p in points if p in out_point}
 
 
@@ -218,13 +213,9 @@ def capture_outputs(model: nn.Module, point: str, p: Plan, batch: Any, loss_fn: 
         return hook
 
     names = list(p.cached) + [point]
-    handles = [modules[n].register_forward_hook(make(n)) for n in names]
-    try:
+    with hooked([(modules[n], make(n)) for n in names]):
         if _forward(model, batch, loss_fn) is not None:
             raise Unsupported(f"{point!r} did not run in the forward pass")
-    finally:
-        for h in handles:
-            h.remove()
     missing = [n for n in names if n not in keep]
     if missing:
         raise Unsupported(f"{', '.join(missing)} did not run before {point!r} in this batch")
@@ -380,12 +371,10 @@ def keep_prefix(
         except WidthscopeError as exc:  # the model's own error: the interventions meet it themselves
             kept.reason = str(exc).splitlines()[0]
     modules = dict(model.named_modules())
-    handles = [modules[name].register_forward_hook(kept.hook(name)) for name in kept.names()]
     try:
-        yield kept
+        with hooked([(modules[name], kept.hook(name)) for name in kept.names()]):
+            yield kept
     finally:
-        for h in handles:
-            h.remove()
         kept.finish()
 
 
@@ -406,16 +395,11 @@ def _chunk_rows(
     if p is not None and keep is None:
         keep = capture_outputs(model, point, p, batch, loss_fn)
     rep = None if p is None else _Replaced(model, point, p, keep or {}, steps)
-    hooked = p is None or not p.point_cached
-    h = model.get_submodule(point).register_forward_hook(_step_hook(point, steps)) if hooked else None
-    try:
-        with rep or contextlib.nullcontext():
-            losses, _, _ = run_batch(model, cat_batches([batch] * steps.shape[0]), loss_fn, bi)
-        if rep is not None:
-            rep.verify()
-    finally:
-        if h is not None:
-            h.remove()
+    hooks = [(model.get_submodule(point), _step_hook(point, steps))] if p is None or not p.point_cached else []
+    with hooked(hooks), rep or contextlib.nullcontext():
+        losses, _, _ = run_batch(model, cat_batches([batch] * steps.shape[0]), loss_fn, bi)
+    if rep is not None:
+        rep.verify()
     return losses.detach().to("cpu", torch.float64)
 
 

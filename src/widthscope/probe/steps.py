@@ -13,7 +13,7 @@ import torch.nn as nn
 from .. import _args
 from ..errors import WidthscopeError
 from .batches import to_batches
-from .collect import EvalMode, collect, float_dtype, run_batch, split_output, to_device
+from .collect import EvalMode, collect, float_dtype, hooked, run_batch, split_output, to_device
 from .insert import channel_dim
 from .offload import input_device
 
@@ -60,12 +60,8 @@ def point_activation_rms(
         acc[1] += z.numel()
         acc[2] = z.shape[channel_dim(z)]
 
-    h = model.get_submodule(point).register_forward_hook(hook)
-    try:
-        with EvalMode(model):
-            per_example_losses(model, data, loss_fn, batch_size=batch_size)
-    finally:
-        h.remove()
+    with hooked([(model.get_submodule(point), hook)]), EvalMode(model):
+        per_example_losses(model, data, loss_fn, batch_size=batch_size)
     return math.sqrt(acc[0] / max(acc[1], 1)), int(acc[2])
 
 
