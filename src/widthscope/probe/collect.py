@@ -430,26 +430,19 @@ def collect(
     """Per-example activation gradients ``q = ∂ℓ/∂z`` at each insertion point, pooled.
 
     Args:
-        model: any ``nn.Module`` (our models, HF ``LlamaForCausalLM``/``GPTNeoXForCausalLM``, ...).
         batches: iterable of ``(x, y)`` pairs, LongTensors of token ids ``(B, T)``, or dicts with
             ``input_ids`` (and optionally ``attention_mask``, ``labels``).
         points: module names (list or comma string); ``None`` -> :func:`insertion_points`.
         loss_fn: ``loss_fn(output, y) -> (B,)`` per-example losses (for LM batches ``y`` is the
             batch). Default: cross-entropy / summed squared error / causal-LM mean token loss.
-        pool: ``"sum"`` | ``"mean"`` | ``"flatten"`` | ``"token"`` (see the module docstring).
-        train_mode: ``"eval"`` runs the whole model in eval mode (BatchNorm uses running
-            statistics, dropout is off) and says so; ``"keep"`` keeps the current modes and
-            refuses BatchNorm in training mode (it couples the examples of a batch).
-        progress: show a progress bar over batches.
+        train_mode: ``"eval"`` runs the whole model in eval mode and says so; ``"keep"`` keeps the
+            current modes and refuses BatchNorm in training mode (it couples the examples of a batch).
         dtype: dtype of the returned samples (accumulated on the CPU).
-        transform: ``transform(point, samples) -> samples`` applied to each batch's pooled
-            ``(B, d)`` samples before they are kept, e.g. a random projection
-            (:class:`widthscope.stats.sketch.Projector`) so memory is ``O(n·k)`` not ``O(n·d)``.
+        transform: ``transform(point, samples) -> samples`` applied to each batch's pooled ``(B, d)``
+            samples before they are kept (e.g. a :class:`widthscope.stats.sketch.Projector`).
 
-    Returns:
-        :class:`ProbeResult`: ``{point: Tensor (n, d)}`` with ``.notes`` and ``.n_examples``.
-        The model's modes and ``requires_grad`` flags are restored; no parameter ``.grad`` is
-        created or changed.
+    Returns a :class:`ProbeResult`. The model's modes and ``requires_grad`` flags are restored; no
+    parameter ``.grad`` is created or changed.
     """
     fn = "collect"
     _args.module(fn, "model", model)

@@ -135,37 +135,21 @@ def point_criteria(
         "n_train": int(qa.shape[0]),
         "n_rank": int(qb.shape[0]),
     }
-    # bias: the sum-pooled sample vector is Σ_t q_t (= probe.collect's default pooling)
+    # bias: the sum-pooled sample vector is Σ_t q_t (= probe.collect's default pooling); block: the
+    # cross Gram of per-example W_out gradients (Gram products only)
     sa, sb = qa.sum(1), qb.sum(1)
-    cb = certificate(sa, sb, M=M, K=K)
-    row.update(
-        bias_expectation=cb.expectation,
-        bias_gain=eta * cb.expectation,
-        bias_d_align=cb.d_align,
-        bias_b_exact=cb.b_exact,
-        bias_b_align=cb.b_align,
-        bias_vacuous=bool(cb.vacuous),
-    )
-    # block: the cross Gram of per-example W_out gradients (Gram products only)
     cm = cross_moments_from_gram(block_gram(qa, ha, qb, hb))
-    ck = certificate(cm, M=M, K=K)
-    row.update(
-        block_expectation=ck.expectation,
-        block_gain=eta * ck.expectation,
-        block_d_align=ck.d_align,
-        block_b_exact=ck.b_exact,
-        block_b_align=ck.b_align,
-        block_vacuous=bool(ck.vacuous),
-        block_reason=ck.reason,
-    )
+    cb, ck = certificate(sa, sb, M=M, K=K), certificate(cm, M=M, K=K)
+    for name, c in (("bias", cb), ("block", ck)):
+        row.update({f"{name}_{k}": getattr(c, k) for k in ("expectation", "d_align", "b_exact", "b_align")})
+        row.update({f"{name}_gain": eta * c.expectation, f"{name}_vacuous": bool(c.vacuous)})
+    row["block_reason"] = ck.reason
     p_right = 1.0 - ck.b_exact if ck.expectation > 0 and math.isfinite(ck.b_exact) else 0.0
     row["p_improve"] = p_right  # Cantelli lower bound on Pr(the M-sample step's held-out sign is right)
     row["certified_gain"] = eta * max(ck.expectation, 0.0) * p_right
     for d in deltas:
-        pl = plan(cm, target=d)
-        row[f"block_MK_exact_{d:g}"] = pl.equal_exact
-        pb = plan(sa, sb, target=d)
-        row[f"bias_MK_exact_{d:g}"] = pb.equal_exact
+        row[f"block_MK_exact_{d:g}"] = plan(cm, target=d).equal_exact
+        row[f"bias_MK_exact_{d:g}"] = plan(sa, sb, target=d).equal_exact
     ev = torch.linalg.eigvalsh(_gradmax_matrix(qa, ua, qb, ub))  # ascending
     k = max(1, min(int(gradmax_k), ev.numel()))
     row.update(gradmax=eta * float(ev[-1]), gradmax_k=eta * float(ev[-k:].sum()), gradmax_kk=min(gradmax_k, N))

@@ -339,26 +339,19 @@ def insert(
 ) -> nn.Module:
     """Add a zero-initialised residual bias or block to the output of ``model.<point>``.
 
-    The model is modified in place (and returned). Right after insertion its outputs are
-    unchanged, because the bias and ``W_out`` start at zero.
+    The model is modified in place (and returned); its outputs are unchanged, because the bias and
+    ``W_out`` start at zero.
 
     Args:
-        point: module path of the insertion point (see ``widthscope.probe.insertion_points``).
         kind: ``"bias"`` (``z + b``) or ``"block"`` (``z + W_out φ(W_in norm(z))``).
         width: channel width ``N`` of the output at ``point``; inferred from the module if
             omitted, and checked against the actual output at every forward.
         hidden: hidden width of the block (default ``N``).
-        activation: ``gelu``, ``relu``, ``tanh``, ``silu`` or ``identity``.
         norm: ``rms``, ``layer`` or ``none`` (normalisation of ``z`` before ``W_in``).
         style: ``auto`` (channel dim 1 for 4-D conv maps, else last), ``mlp`` (last dim),
             ``conv1x1`` (same maps as ``mlp`` on dim 1), ``conv3x3`` (3×3 convolutions).
-        init_scale: ``W_in`` entries have standard deviation ``init_scale/√fan_in``.
-        seed: seed of ``W_in``.
+        init_scale, seed: ``W_in`` entries have standard deviation ``init_scale/√fan_in``, drawn from ``seed``.
         record: append the insertion to ``model.widthscope_config["insertions"]``.
-
-    Raises:
-        WidthscopeError: unknown point (valid names listed), an existing insertion at the
-        point, bad options, or a model in training mode with BatchNorm layers.
     """
     fn = "insert"
     _args.module(fn, "model", model)

@@ -61,7 +61,7 @@ from .steps import (
 
 @dataclasses.dataclass
 class InterventionInputs:
-    """What every intervention kind measures from (:func:`prepare_inputs`):
+    """What every intervention kind measures from (built by :func:`intervene`):
     the examples, the held-out loss before the step and the activation's scale at the point, with
     ``intervene``'s settings. A kind (:data:`widthscope.registry.INTERVENTION_KINDS`) is ``fn(inputs) -> Measured``."""
 
@@ -226,43 +226,17 @@ def intervene(
 ) -> list[dict[str, Any]]:
     r"""Measure the held-out loss change of one first-order step at ``point`` against its prediction.
 
-    :func:`prepare_inputs`, then the kind's measurement (``"bias"``: ``v = −η μ_M``; ``"block"``:
-    ``W_out = −η G_M``; or any kind in :data:`widthscope.registry.INTERVENTION_KINDS`), then
-    :func:`assemble_rows`. ``etas`` default to ``n_etas`` log-spaced steps (:func:`default_etas`);
-    ``reuse`` takes what a probe of the same batches measured; ``prefix="auto"`` runs the network
-    before ``point`` once per chunk (``"full"``: every step in full); ``precision`` marks
-    (``"mark"``) or re-measures in float32 (``"float32"``) low-precision steps below the dtype's
-    resolution. Returns one row per η (``predicted``, ``actual``, ``retention``, ``sign_agrees``, ...).
-    Options and row fields: docs/interventions.md §2.
+    Checks the arguments, takes the first ``M``/``K`` examples, the activation's RMS at the point and
+    the held-out losses before the step (from ``reuse`` for a kind registered with ``reuse_probe=True``,
+    where it has them: an :class:`InterventionInputs`), then runs the kind's measurement (``"bias"``:
+    ``v = −η μ_M``; ``"block"``: ``W_out = −η G_M``; or any kind in
+    :data:`widthscope.registry.INTERVENTION_KINDS`) and :func:`assemble_rows`. ``etas`` default to
+    ``n_etas`` log-spaced steps (:func:`default_etas`); ``reuse`` takes what a probe of the same batches
+    measured; ``prefix="auto"`` runs the network before ``point`` once per chunk (``"full"``: every step
+    in full); ``precision`` marks (``"mark"``) or re-measures in float32 (``"float32"``) low-precision
+    steps below the dtype's resolution. Returns one row per η (``predicted``, ``actual``, ``retention``,
+    ``sign_agrees``, ...). Options and row fields: docs/interventions.md §2.
     """
-    x = prepare_inputs(**locals())
-    return assemble_rows(x, INTERVENTION_KINDS.get(kind)(x))
-
-
-def prepare_inputs(
-    model: nn.Module,
-    point: str,
-    train_batches: Iterable[Any],
-    test_batches: Iterable[Any],
-    *,
-    kind: str,
-    etas: Sequence[float] | None,
-    loss_fn: Callable | None,
-    M: int | None,
-    K: int | None,
-    n_etas: int,
-    max_rel_step: float,
-    block_width: int | None,
-    seed: int,
-    batch_size: int,
-    progress: bool,
-    reuse: Mapping[str, Any] | None,
-    prefix: str,
-    precision: str,
-) -> InterventionInputs:
-    """:func:`intervene`'s first step: check the arguments, take the first ``M``/``K`` examples, the
-    activation's RMS at the point and the held-out losses before the step (from ``reuse`` for a
-    kind registered with ``reuse_probe=True``, where it has them)."""
     fn = "intervene"  # the types first, before any work
     _args.module(fn, "model", model)
     _args.string(fn, "point", point, empty=True, accepts="a module path (str)")
@@ -305,7 +279,8 @@ def prepare_inputs(
         with EvalMode(model):
             test_losses = per_example_losses(model, test, loss_fn, batch_size=batch_size)
     values = locals()  # every field of InterventionInputs is a name here
-    return InterventionInputs(**{f.name: values[f.name] for f in dataclasses.fields(InterventionInputs)})
+    x = InterventionInputs(**{f.name: values[f.name] for f in dataclasses.fields(InterventionInputs)})
+    return assemble_rows(x, INTERVENTION_KINDS.get(kind)(x))
 
 
 def measure_bias(x: InterventionInputs) -> Measured:
