@@ -366,11 +366,8 @@ def _forward_loss(
 
 # ----------------------------------------------------------------------------- pooling
 def _feature_dim(module: nn.Module, z: torch.Tensor) -> int:
-    if z.ndim <= 2:
-        return 1
-    if z.ndim == 3 and not isinstance(module, _CHANNELS_FIRST_1D):
-        return 2  # sequences: (B, T, N)
-    return 1  # conv maps: (B, C, ...)
+    """:func:`channel_dim`, but dim 1 of a 1-D channels-first layer's ``(B, C, L)`` output."""
+    return 1 if z.ndim <= 2 or isinstance(module, _CHANNELS_FIRST_1D) else channel_dim(z)
 
 
 def _pool(q: torch.Tensor, fdim: int, pool: str, mask: torch.Tensor | None) -> torch.Tensor:

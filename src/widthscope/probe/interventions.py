@@ -369,13 +369,11 @@ def sign_agreement(
 
     ``eta`` default: the step whose RMS entry is 1e-3 of the activation's, for the pool mean.
 
-    Returns a dict (``kind="intervention"``, ``probe="sign_agreement"``) with ``agree_rate`` (+95% Wilson ``agree_low``,
-    ``agree_high``), ``misaligned_rate``, ``improved_rate`` (actual ``ΔL < 0``), ``b_exact``,
-    ``b_align``, ``d_align``, ``expectation``, ``draws``, ``M``, ``K``, ``eta``, ``dtype`` and
-    ``draws_below_resolution`` (draws whose ``|η μ_Mᵀ g_K|`` is below the model dtype's resolution on
-    their ``K`` examples, as in :func:`intervene`; always 0 for float32/float64 models).
-    ``agree_rate``, its interval and ``improved_rate`` count only the other draws (None if none
-    is left); ``misaligned_rate`` needs no loss and counts all.
+    Returns a dict (``kind="intervention"``, ``probe="sign_agreement"``): ``agree_rate`` (95% Wilson
+    ``agree_low``, ``agree_high``), ``misaligned_rate``, ``improved_rate`` (actual ``ΔL < 0``), the
+    certificate's numbers and ``draws_below_resolution`` (``|η μ_Mᵀ g_K|`` below the model dtype's
+    resolution on their ``K`` examples, as in :func:`intervene`); ``agree_rate``, its interval and
+    ``improved_rate`` count only the other draws (None if none is left).
     """
     if eta is not None:
         eta = check_etas([eta])[0]

@@ -106,18 +106,25 @@ class TotalFlops(FlopCounterMode):
         self.mod_tracker = _NoModules()  # type: ignore[assignment]
 
 
-@contextmanager
-def _count_into(sink: list[int]) -> Iterator[None]:
+class _CountRecompute:
     """The recomputation's context (``checkpoint(context_fn=...)``): its own FLOP counter, whose
     total goes to ``sink`` (the outer counter counts the same operations too)."""
-    with TotalFlops() as counter:
-        yield
-    sink.append(int(counter.get_total_flops()))
+
+    def __init__(self, sink: list[int]) -> None:
+        self.sink = sink
+        self.counter = TotalFlops()
+
+    def __enter__(self) -> None:
+        self.counter.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.counter.__exit__(*exc)
+        self.sink.append(int(self.counter.get_total_flops()))
 
 
 def _contexts() -> tuple[Any, Any]:
     sink = _RECOMPUTED.get()
-    return contextlib.nullcontext(), (contextlib.nullcontext() if sink is None else _count_into(sink))
+    return contextlib.nullcontext(), (contextlib.nullcontext() if sink is None else _CountRecompute(sink))
 
 
 def _wrap(block: nn.Module) -> Callable[..., Any]:
