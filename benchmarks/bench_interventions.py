@@ -49,7 +49,7 @@ def run(quick: bool = False, widths: tuple[int, ...] | None = None) -> list[dict
     from widthscope.certification.pipeline import DEFAULT_MAX_REL_STEP, DEFAULT_N_ETAS
     from widthscope.models import build
     from widthscope.probe import collect, insertion_points
-    from widthscope.probe.interventions import as_examples, to_batches
+    from widthscope.probe.batches import as_examples, to_batches
     from widthscope.probe.prefix import keep_prefix
 
     sizes = [(64, 64, 64)] if quick else [(128, 64, 256), (256, 128, 256)]

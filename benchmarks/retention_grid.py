@@ -41,7 +41,8 @@ def run(widths: Sequence[int] = (64, 128), steps: int = 600, n: int = 128, seed:
     from widthscope.data import describe, load
     from widthscope.models import build
     from widthscope.probe import insertion_points
-    from widthscope.probe.interventions import intervene, to_batches
+    from widthscope.probe.batches import to_batches
+    from widthscope.probe.interventions import intervene
     from widthscope.train import train
 
     split = load("text", n_train=4096, n_test=512, seed=seed, seq_len=64)

@@ -3,7 +3,7 @@ import torch
 
 from widthscope import checkpoint
 from widthscope.models import build
-from widthscope.probe.interventions import insert
+from widthscope.probe.insert import insert
 
 
 def test_grown_model_round_trip(tmp_path):

@@ -7,7 +7,7 @@ import torch
 
 from widthscope.errors import WidthscopeError
 from widthscope.growth import grow, rank_points
-from widthscope.probe.interventions import insert
+from widthscope.probe.insert import insert
 
 
 def _teacher_task(n_train=384, n_test=256):

@@ -25,7 +25,7 @@ from widthscope.growth import grow
 from widthscope.growth.block import continue_training, grow_at, step_flops
 from widthscope.models.dispatch import dispatch
 from widthscope.models.hf import load_hf
-from widthscope.probe.interventions import index_batch
+from widthscope.probe.batches import index_batch
 from widthscope.probe.offload import copy_model, module_device, offloaded_modules, recomputed, restore_blocks
 from widthscope.probe.structure import main_stack
 

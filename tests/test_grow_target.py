@@ -19,7 +19,7 @@ from widthscope.growth.target import OPERATORS, model_flops, reach_flops
 from widthscope.growth.target_bench import run_target
 from widthscope.growth.target_compare import answer, compare
 from widthscope.models import build
-from widthscope.probe.interventions import insert
+from widthscope.probe.insert import insert
 from widthscope.stats import certificate, misalignment
 
 
@@ -91,7 +91,7 @@ def test_alignment_signal_matches_per_example_oracle():
     assert got == pytest.approx(min(want, 1.0) if math.isfinite(want) else 1.0, rel=1e-6, abs=1e-9)
     # the misalignment signal: the resampled probability from the same samples (same draws and seed);
     # the two gradient sums differ by rounding, so a draw right at zero could flip: two of 500 allowed
-    from widthscope.probe.interventions import remove_insertion
+    from widthscope.probe.insert import remove_insertion
 
     remove_insertion(m, "model.layers.1")
     mis = alignment_signal(m, "model.layers.1", tr, te, kind="misalignment", M=3, K=3, seed=5)

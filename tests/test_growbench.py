@@ -409,7 +409,7 @@ def test_line_search_gain_matches_second_derivative_along_the_line():
 
 def _check_line_search(net, train, test):
     from widthscope.probe.growth import line_search_gain
-    from widthscope.probe.interventions import insert
+    from widthscope.probe.insert import insert
 
     x, y = train
     got = line_search_gain(net, "1", train, test, hidden=7, block_seed=1, batch_size=5)
@@ -464,7 +464,7 @@ def test_gradmax_rows_are_the_top_eigenvectors_the_score_sums():
 
 def test_train_to_plateau_stops_by_its_rule_and_keeps_the_best_state():
     from widthscope.growth.suite import train_to_plateau
-    from widthscope.probe.interventions import mean_loss
+    from widthscope.probe.steps import mean_loss
 
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 3))

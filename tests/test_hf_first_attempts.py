@@ -20,7 +20,7 @@ import torch
 import hf_tiny
 import widthscope as ws
 from widthscope.errors import WidthscopeError, WidthscopeTypeError
-from widthscope.probe.interventions import to_batches
+from widthscope.probe.batches import to_batches
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "huggingface.md"

@@ -258,7 +258,7 @@ def test_load_inputs_is_the_python_entry(cell):
 def test_python_certify_on_the_spec_pools_is_the_cli_result(cell, tmp_path):
     """docs/certify.md: certify_dict() on load_inputs(spec) pools = `widthscope certify` with those options."""
     from widthscope.certification import certify_dict
-    from widthscope.probe.interventions import to_batches
+    from widthscope.probe.batches import to_batches
 
     _, _, ck = cell
     out = tmp_path / "c.json"

@@ -13,9 +13,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from widthscope.errors import WidthscopeError
-from widthscope.probe.interventions import (apply_insertions, block_certificate, block_features,
-                                        block_gram, insert, inserted_parameters, inserted_state,
-                                        intervene, remove_insertion, sign_agreement)
+from widthscope.probe.blocks import block_certificate, block_features, block_gram
+from widthscope.probe.insert import apply_insertions, insert, inserted_parameters, inserted_state, remove_insertion
+from widthscope.probe.interventions import intervene, sign_agreement
 
 
 def _family(name):
@@ -316,7 +316,10 @@ def test_stacked_bias_steps_equal_inserted_biases_and_reuse_equals_recompute():
     and activation scale gives the same rows as measuring them again."""
     from widthscope.models import build
     from widthscope.probe import collect
-    from widthscope.probe.interventions import insert, intervene, mean_loss, remove_insertion, to_batches
+    from widthscope.probe.batches import to_batches
+    from widthscope.probe.insert import insert, remove_insertion
+    from widthscope.probe.interventions import intervene
+    from widthscope.probe.steps import mean_loss
 
     torch.manual_seed(0)
     lm = build("llama", 32, depth=2, max_seq_len=16).double()
@@ -390,7 +393,7 @@ def test_cached_prefix_equals_full_forward(dtype, rtol):
     """prefix='auto' (network before the point run once, only the rest per η) gives the held-out
     loss after every step of the full path (whole network per η) to float rounding, stated
     relative to the loss: |ΔL_auto − ΔL_full| ≤ rtol·|L|; predicted ΔL is the same number."""
-    from widthscope.probe.interventions import to_batches
+    from widthscope.probe.batches import to_batches
 
     for name, model, points, tr, te in _prefix_cases(dtype):
         state = {k: v.clone() for k, v in model.state_dict().items()}
@@ -520,7 +523,7 @@ def test_outputs_kept_from_the_probe_equal_capture_and_full_forward(monkeypatch)
     all points) gives the rows of the per-chunk capture and of the whole network per step, at
     every point from the first to the last: float64, |ΔL_kept − ΔL_other| ≤ 1e-12·|L|."""
     from widthscope.probe import collect
-    from widthscope.probe.interventions import as_examples, to_batches
+    from widthscope.probe.batches import as_examples, to_batches
     from widthscope.probe import prefix
     from widthscope.probe.prefix import keep_prefix
 
@@ -554,7 +557,7 @@ def test_kept_prefix_over_budget_or_short_falls_back_to_capture():
     """Past max_bytes nothing is kept (and the reason says so); a record of fewer rows than K is
     not used; either way the interventions capture per chunk and give the same rows."""
     from widthscope.probe import collect
-    from widthscope.probe.interventions import as_examples, to_batches
+    from widthscope.probe.batches import as_examples, to_batches
     from widthscope.probe.prefix import keep_prefix
 
     name, model, points, tr, te = _kept_cases()[0]
@@ -583,7 +586,7 @@ def test_certify_default_interventions_decade_grid_equal_full_path(monkeypatch):
     (the same floats) and rows."""
     from widthscope.certification import certify_dict
     from widthscope.certification.pipeline import DEFAULT_MAX_REL_STEP, DEFAULT_N_ETAS
-    from widthscope.probe.interventions import to_batches
+    from widthscope.probe.batches import to_batches
 
     assert (DEFAULT_N_ETAS, DEFAULT_MAX_REL_STEP) == (4, 0.1)
     name, model, points, tr, te = _kept_cases()[0]
@@ -622,7 +625,7 @@ def test_block_probe_stacked_equals_inserted_block_per_step(monkeypatch):
     inserted block with W_out = −η G_M, one whole forward per η (prefix="full"), at the first and
     the last point: float64, |ΔL − ΔL_full| ≤ 1e-12·|L|."""
     from widthscope.probe import collect, prefix
-    from widthscope.probe.interventions import as_examples, to_batches
+    from widthscope.probe.batches import as_examples, to_batches
     from widthscope.probe.prefix import keep_prefix
 
     for name, model, points, tr, te in _kept_cases():
@@ -699,7 +702,7 @@ def test_grid_note_when_the_largest_step_is_still_first_order():
     float64 MLP where 0.1 is still first order (note) and the same with explicit etas (no note)."""
     from widthscope.certification import certify_dict
     from widthscope.certification.pipeline import STILL_FIRST_ORDER, grid_notes
-    from widthscope.probe.interventions import to_batches
+    from widthscope.probe.batches import to_batches
 
     def pt(name, pred, act):
         return {"point": name, "interventions": [{"eta": 1e-3, "predicted": pred / 100, "actual": pred / 100},

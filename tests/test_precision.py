@@ -22,15 +22,14 @@ from widthscope import models
 from widthscope.certification.per_point import rounding_bounds, statistics, tables
 from widthscope.probe import collect
 from widthscope.probe.collect import causal_lm_loss
-from widthscope.probe.interventions import (
+from widthscope.probe.interventions import intervene, sign_agreement
+from widthscope.probe.resolution import (
     RESOLUTION_FACTOR,
-    intervene,
     loss_rounding,
     precision_note,
     resolved,
     sample_errors,
     sample_rounding,
-    sign_agreement,
 )
 from widthscope.report.interventions import summary
 

@@ -22,7 +22,7 @@ from .data.spec import InputSpec
 from .errors import WidthscopeTypeError
 from .growth.pipeline import grow
 from .options import CertifyOptions, check_keywords
-from .probe.interventions import to_batches
+from .probe.batches import to_batches
 from .sweeps.alignment import run_sweep as sweep
 
 __all__ = ["certify", "grow", "sweep"]

@@ -29,7 +29,7 @@ from .errors import WidthscopeError
 from .hub import attach, resolve_model
 from .models import build, count_parameters
 from .models.hf import DTYPES, WIDTHSCOPE_FAMILY, auto_classes, check_model_type, hf_task, load_hf
-from .probe.interventions import apply_insertions
+from .probe.insert import apply_insertions
 from .probe.structure import main_stack
 
 FORMAT_VERSION = 1

@@ -35,10 +35,11 @@ from .growth.pipeline import builtin_inputs, check_builtin, chosen_points, load_
 from .models.hf import meta_checkpoint
 from .options import CertifyOptions, CertifyRunOptions, with_keywords
 from .probe import collect, resolve_points
+from .probe.batches import batch_size_of, index_batch, to_batches
 from .probe.blocks import block_of
 from .probe.collect import to_device
 from .probe.insert import insert
-from .probe.interventions import batch_size_of, index_batch, mean_loss, to_batches
+from .probe.steps import mean_loss
 from .train import train as train_model
 
 

@@ -11,7 +11,7 @@ import torch
 from .. import stats
 from .._io import format_table, to_jsonable
 from ..errors import WidthscopeError
-from ..probe.interventions import precision_note, projected_rounding
+from ..probe.resolution import precision_note, projected_rounding
 from ..stats.estimators import Estimator
 from ..stats.sketch import Projector, correct_projected_cross, finalize_projected
 

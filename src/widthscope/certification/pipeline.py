@@ -56,17 +56,12 @@ from ..options import (
     CertifyRunOptions,
 )
 from ..probe import POOLS, all_points, collect, insertion_points, resolve_points
+from ..probe.batches import as_examples, batch_size_of, index_batch, to_batches
 from ..probe.collect import float_dtype, to_device
-from ..probe.interventions import (
-    as_examples,
-    batch_size_of,
-    check_rel_step,
-    index_batch,
-    sample_errors,
-    to_batches,
-)
 from ..probe.offload import input_device
 from ..probe.prefix import keep_prefix
+from ..probe.resolution import sample_errors
+from ..probe.steps import check_rel_step
 from ..stats import vacuous_rule
 from ..stats.sketch import Projector
 from ..train import resolve_device, train

@@ -19,7 +19,7 @@ from .. import data
 from .._io import progress
 from ..checkpoint import recorded_data
 from ..errors import WidthscopeError
-from ..probe.interventions import batch_size_of, index_batch
+from ..probe.batches import batch_size_of, index_batch
 from .corpus import sequences
 from .objects import (
     check_ids,

@@ -36,8 +36,11 @@ import torch.nn as nn
 
 from .._io import atomic_write_json, atomic_write_text, progress
 from ..errors import WidthscopeError
+from ..probe.batches import batch_size_of, index_batch
+from ..probe.blocks import block_of
 from ..probe.growth import point_criteria
-from ..probe.interventions import batch_size_of, block_of, index_batch, insert, mean_loss
+from ..probe.insert import insert
+from ..probe.steps import mean_loss
 from ..sweeps.grid import cell_id, finish_after_ranks, run_grid, shard_for_run
 from .block import first_batch, step_flops, train_new_block, trainable
 from .compare import compare, teacher_picks, winner

@@ -19,17 +19,12 @@ import torch.nn as nn
 
 from .._io import progress
 from ..errors import WidthscopeError
-from ..probe.interventions import (
-    EvalMode,
-    batch_size_of,
-    block_of,
-    index_batch,
-    insert,
-    mean_loss,
-    per_example_losses,
-    w_out_grad,
-)
+from ..probe.batches import batch_size_of, index_batch
+from ..probe.blocks import block_of, w_out_grad
+from ..probe.collect import EvalMode
+from ..probe.insert import insert
 from ..probe.offload import TotalFlops, copy_model, offloaded_modules, recompute_flops
+from ..probe.steps import mean_loss, per_example_losses
 
 __all__ = ["grow_at", "step_flops", "continue_training", "check_trainable", "TRAIN_ALL", "COMPARE"]
 

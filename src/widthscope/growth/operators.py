@@ -31,7 +31,7 @@ import torch.nn as nn
 
 from .. import _args
 from ..errors import WidthscopeError
-from ..probe.interventions import insert
+from ..probe.insert import insert
 
 __all__ = ["Growth", "zero_block", "stack_depth", "stack_order", "widen", "optimizer_after", "is_llama", "OPT_STATES"]
 

@@ -38,9 +38,9 @@ from ..data.spec import InputSpec, PoolSize
 from ..errors import WidthscopeError
 from ..models import build
 from ..options import with_keywords
+from ..probe.batches import as_examples, batch_size_of, index_batch, take, to_batches
 from ..probe.collect import collect
 from ..probe.growth import CRITERIA, point_criteria
-from ..probe.interventions import as_examples, batch_size_of, index_batch, take, to_batches
 from ..probe.points import resolve_points
 from ..stats import certificate, plan, vacuous_rule
 from ..train import train as train_model

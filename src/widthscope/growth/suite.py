@@ -15,7 +15,10 @@ from .._env import environment
 from ..data import load
 from ..errors import WidthscopeError
 from ..models import build
-from ..probe.interventions import batch_size_of, block_of, index_batch, insert, mean_loss, per_example_losses
+from ..probe.batches import batch_size_of, index_batch
+from ..probe.blocks import block_of
+from ..probe.insert import insert
+from ..probe.steps import mean_loss, per_example_losses
 
 __all__ = ["SUITES", "SEEDS", "cells", "reproducible", "teacher_student", "train_to_plateau"]
 

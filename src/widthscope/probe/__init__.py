@@ -2,7 +2,7 @@
 
 * :func:`insertion_points` / :func:`all_points` / :func:`resolve_points` (``points.py``)
 * :func:`collect` -> ``{point: Tensor (n, d)}`` (``collect.py``)
-* :func:`insert` / :func:`intervene` (``interventions.py``).
+* :func:`insert` (``insert.py``) / :func:`intervene` (``interventions.py``).
 
 Example::
 
@@ -19,7 +19,8 @@ Example::
 from __future__ import annotations
 
 from .collect import POOLS, ProbeResult, batched, causal_lm_loss, collect, coupling_layers, default_loss
-from .interventions import insert, intervene
+from .insert import insert
+from .interventions import intervene
 from .points import all_points, insertion_points, resolve_points
 
 __all__ = [

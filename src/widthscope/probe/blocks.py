@@ -12,14 +12,15 @@ import torch.nn as nn
 from ..errors import WidthscopeError
 from ..stats import certificate, cross_moments_from_gram
 from .batches import batch_size_of
+from .collect import EvalMode, frozen, hooked, split_output
 from .insert import Inserted, ResidualBlock, channel_dim
-from .steps import EvalMode, batch_losses
+from .steps import batch_losses
 
 if TYPE_CHECKING:
     from ..stats.estimators import Estimator
 
 
-def as_positions(x: torch.Tensor, name: str) -> torch.Tensor:
+def _positions(x: torch.Tensor, name: str) -> torch.Tensor:
     """``(n, N)`` -> ``(n, 1, N)``; ``(n, T, N)`` kept; ``(n, C, H, W)`` -> ``(n, H·W, C)``."""
     x = torch.as_tensor(x)
     if x.dim() == 2:
@@ -56,10 +57,10 @@ def block_gram(
         >>> torch.allclose(block_gram(q, h), P @ P.T)
         True
     """
-    qa = as_positions(q, "q").double()
-    ha = as_positions(h, "h").double()
-    qb = qa if q2 is None else as_positions(q2, "q2").double()
-    hb = ha if h2 is None else as_positions(h2, "h2").double()
+    qa = _positions(q, "q").double()
+    ha = _positions(h, "h").double()
+    qb = qa if q2 is None else _positions(q2, "q2").double()
+    hb = ha if h2 is None else _positions(h2, "h2").double()
     for qq, hh, nm in ((qa, ha, ""), (qb, hb, "2")):
         if qq.shape[:2] != hh.shape[:2]:
             raise WidthscopeError(
@@ -120,19 +121,14 @@ def block_features(
     state: dict[str, torch.Tensor] = {}
 
     def hook(_m: nn.Module, _i: Any, out: Any) -> Any:
-        z = out[0] if isinstance(out, tuple) else out
-        leaf = torch.zeros_like(z, requires_grad=True)
-        state["b"] = leaf
-        return (z + leaf, *out[1:]) if isinstance(out, tuple) else z + leaf
+        z, put = split_output(out, point)
+        state["b"] = torch.zeros_like(z, requires_grad=True)
+        return put(z + state["b"])
 
     qs, hs = [], []
-    handle = wrapper.register_forward_hook(hook)
     block.keep_hidden = True
-    flags = [(p, p.requires_grad) for p in model.parameters()]
     try:
-        for p, _ in flags:
-            p.requires_grad_(False)
-        with EvalMode(model), torch.enable_grad():
+        with hooked([(wrapper, hook)]), EvalMode(model), frozen(model), torch.enable_grad():
             for losses in batch_losses(model, data, loss_fn, batch_size):
                 (g,) = torch.autograd.grad(losses.sum(), [state["b"]])
                 dim = channel_dim(g, block.style)
@@ -142,11 +138,8 @@ def block_features(
                 assert h is not None  # keep_hidden: this forward set it
                 hs.append(h.reshape(B, -1, h.shape[-1]).detach().double().cpu())
     finally:
-        handle.remove()
         block.keep_hidden = False
         block.last_hidden = None
-        for p, f in flags:
-            p.requires_grad_(f)
     return torch.cat(qs), torch.cat(hs)
 
 

@@ -20,9 +20,11 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import warnings
-from typing import Any, Callable, Iterable, Mapping, MutableMapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 
 import torch
 import torch.nn as nn
@@ -75,29 +77,16 @@ class ProbeResult(dict):
     ``widths``, so interventions need not run those passes again.
     """
 
-    def __init__(
-        self,
-        *args: Any,
-        notes: list[str] | None = None,
-        n_examples: int = 0,
-        pool: str = "sum",
-        losses: torch.Tensor | None = None,
-        act_sq: dict[str, torch.Tensor] | None = None,
-        widths: dict[str, int] | None = None,
-        **kw: Any,
-    ) -> None:
-        super().__init__(*args, **kw)
-        self.notes = list(notes or [])
-        self.n_examples = n_examples
-        self.pool = pool
-        self.losses = losses  # per-example losses (n,), float64: what the forward pass measured
-        self.act_sq = dict(act_sq or {})  # point -> (n, 2): per example Σ z², number of entries
-        self.widths = dict(widths or {})  # point -> channel width of its output
+    notes: list[str]
+    n_examples: int
+    pool: str
+    losses: torch.Tensor  # (n,), float64
+    act_sq: dict[str, torch.Tensor]  # point -> (n, 2): per example Σ z² and the number of entries
+    widths: dict[str, int]  # point -> channel width of its output
 
-    @property
-    def act_rms(self) -> dict[str, tuple[float, int]]:
-        """point -> (RMS entry of its output over all examples, channel width)."""
-        return {p: (activation_rms(v), self.widths.get(p, 0)) for p, v in self.act_sq.items()}
+    def __init__(self, samples: dict[str, torch.Tensor], **info: Any) -> None:
+        super().__init__(samples)
+        self.__dict__.update(info)
 
 
 def activation_rms(act_sq: torch.Tensor, n: int | None = None) -> float:
@@ -131,6 +120,49 @@ def _accepts(model: nn.Module, kw: str) -> bool:
 def float_dtype(model: nn.Module) -> torch.dtype | None:
     """The dtype of the model's floating parameters (inputs are cast to it), or None."""
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+
+
+class EvalMode:
+    """Run the model in eval mode (BatchNorm running statistics, no dropout), then restore."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def __enter__(self) -> nn.Module:
+        self.modes = {m: m.training for m in self.model.modules()}
+        self.model.eval()
+        return self.model
+
+    def __exit__(self, *exc: Any) -> None:
+        for m, mode in self.modes.items():
+            m.training = mode
+
+
+@contextmanager
+def frozen(model: nn.Module) -> Iterator[nn.Module]:
+    """The parameters' ``requires_grad`` off within the block (gradients reach only the leaves a
+    probe adds), restored on exit."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        for p, _ in flags:
+            p.requires_grad_(False)
+        yield model
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+
+
+@contextmanager
+def hooked(
+    hooks: Iterable[tuple[nn.Module, Callable]], pre: Iterable[tuple[nn.Module, Callable]] = ()
+) -> Iterator[None]:
+    """Forward hooks (and forward pre-hooks ``pre``) on their modules within the block, removed on exit."""
+    handles = [m.register_forward_pre_hook(h) for m, h in pre] + [m.register_forward_hook(h) for m, h in hooks]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def to_device(obj: Any, device: torch.device, dtype: torch.dtype | None = None) -> Any:
@@ -195,17 +227,8 @@ def causal_lm_loss(
     valid = targets != -100
     if attention_mask is not None:
         valid = valid & attention_mask[:, 1:].bool()
-    B, T, V = logits.shape
-    ce = F.cross_entropy(_wide(logits[:, :-1].reshape(-1, V)), targets.clamp_min(0).reshape(-1), reduction="none")
-    ce = ce.view(B, T - 1)
-    count = valid.sum(1)
-    if bool((count == 0).any()):
-        i = int((count == 0).nonzero()[0, 0])
-        raise WidthscopeError(
-            f"sequence {i} of the batch has no predicted token (needs >= 2 "
-            "unmasked tokens); drop empty/one-token sequences"
-        )
-    return (ce * valid.to(ce.dtype)).sum(1) / count.to(ce.dtype)
+    what = "predicted token (needs >= 2 unmasked tokens); drop empty/one-token sequences"
+    return _token_mean(logits[:, :-1], targets, valid, what)
 
 
 def masked_lm_loss(output: Any, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -225,13 +248,16 @@ def masked_lm_loss(output: Any, batch: Mapping[str, torch.Tensor]) -> torch.Tens
         raise WidthscopeError(
             f"masked-LM loss expects logits (B, T, V) matching labels {tuple(labels.shape)}, got {tuple(logits.shape)}"
         )
-    B, T, V = logits.shape
-    valid = labels != -100
+    return _token_mean(logits, labels, labels != -100, "masked token to predict")
+
+
+def _token_mean(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, what: str) -> torch.Tensor:
+    """Per sequence, the mean cross-entropy of ``logits`` (B, T, V) against ``targets`` over the ``valid`` tokens."""
     count = valid.sum(1)
     if bool((count == 0).any()):
-        i = int((count == 0).nonzero()[0, 0])
-        raise WidthscopeError(f"sequence {i} of the batch has no masked token to predict")
-    ce = F.cross_entropy(_wide(logits).reshape(-1, V), labels.clamp_min(0).reshape(-1), reduction="none").view(B, T)
+        raise WidthscopeError(f"sequence {int((count == 0).nonzero()[0, 0])} of the batch has no {what}")
+    B, T, V = logits.shape
+    ce = F.cross_entropy(_wide(logits).reshape(-1, V), targets.clamp_min(0).reshape(-1), reduction="none").view(B, T)
     return (ce * valid.to(ce.dtype)).sum(1) / count.to(ce.dtype)
 
 
@@ -340,11 +366,8 @@ def _forward_loss(
 
 # ----------------------------------------------------------------------------- pooling
 def _feature_dim(module: nn.Module, z: torch.Tensor) -> int:
-    if z.ndim <= 2:
-        return 1
-    if z.ndim == 3 and not isinstance(module, _CHANNELS_FIRST_1D):
-        return 2  # sequences: (B, T, N)
-    return 1  # conv maps: (B, C, ...)
+    """:func:`channel_dim`, but dim 1 of a 1-D channels-first layer's ``(B, C, L)`` output."""
+    return 1 if z.ndim <= 2 or isinstance(module, _CHANNELS_FIRST_1D) else channel_dim(z)
 
 
 def _pool(q: torch.Tensor, fdim: int, pool: str, mask: torch.Tensor | None) -> torch.Tensor:
@@ -404,26 +427,19 @@ def collect(
     """Per-example activation gradients ``q = ∂ℓ/∂z`` at each insertion point, pooled.
 
     Args:
-        model: any ``nn.Module`` (our models, HF ``LlamaForCausalLM``/``GPTNeoXForCausalLM``, ...).
         batches: iterable of ``(x, y)`` pairs, LongTensors of token ids ``(B, T)``, or dicts with
             ``input_ids`` (and optionally ``attention_mask``, ``labels``).
         points: module names (list or comma string); ``None`` -> :func:`insertion_points`.
         loss_fn: ``loss_fn(output, y) -> (B,)`` per-example losses (for LM batches ``y`` is the
             batch). Default: cross-entropy / summed squared error / causal-LM mean token loss.
-        pool: ``"sum"`` | ``"mean"`` | ``"flatten"`` | ``"token"`` (see the module docstring).
-        train_mode: ``"eval"`` runs the whole model in eval mode (BatchNorm uses running
-            statistics, dropout is off) and says so; ``"keep"`` keeps the current modes and
-            refuses BatchNorm in training mode (it couples the examples of a batch).
-        progress: show a progress bar over batches.
+        train_mode: ``"eval"`` runs the whole model in eval mode and says so; ``"keep"`` keeps the
+            current modes and refuses BatchNorm in training mode (it couples the examples of a batch).
         dtype: dtype of the returned samples (accumulated on the CPU).
-        transform: ``transform(point, samples) -> samples`` applied to each batch's pooled
-            ``(B, d)`` samples before they are kept, e.g. a random projection
-            (:class:`widthscope.stats.sketch.Projector`) so memory is ``O(n·k)`` not ``O(n·d)``.
+        transform: ``transform(point, samples) -> samples`` applied to each batch's pooled ``(B, d)``
+            samples before they are kept (e.g. a :class:`widthscope.stats.sketch.Projector`).
 
-    Returns:
-        :class:`ProbeResult`: ``{point: Tensor (n, d)}`` with ``.notes`` and ``.n_examples``.
-        The model's modes and ``requires_grad`` flags are restored; no parameter ``.grad`` is
-        created or changed.
+    Returns a :class:`ProbeResult`. The model's modes and ``requires_grad`` flags are restored; no
+    parameter ``.grad`` is created or changed.
     """
     fn = "collect"
     _args.module(fn, "model", model)
@@ -439,25 +455,15 @@ def collect(
     modules = dict(model.named_modules())
     notes = _mode_notes(model, modules, train_mode)
     probe = _Probe(model, names, loss_fn, pool, dtype, transform)
-    modes = {m: m.training for m in model.modules()}
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    handles = []
+    hooks = [(modules[n], probe.hook(n)) for n in names]
     try:
-        if train_mode == "eval":
-            model.eval()
-        for p, _ in flags:
-            p.requires_grad_(False)
-        handles = [modules[n].register_forward_hook(probe.hook(n)) for n in names]
-        total = len(batches) if hasattr(batches, "__len__") else None  # type: ignore[arg-type]
-        for bi, batch in enumerate(_progress(batches, total=total, desc="probe", disable=None if progress else True)):
-            probe.batch(batch, bi)
+        with EvalMode(model) if train_mode == "eval" else contextlib.nullcontext(), frozen(model), hooked(hooks):
+            total = len(batches) if hasattr(batches, "__len__") else None  # type: ignore[arg-type]
+            for bi, batch in enumerate(
+                _progress(batches, total=total, desc="probe", disable=None if progress else True)
+            ):
+                probe.batch(batch, bi)
     finally:
-        for h in handles:
-            h.remove()
-        for p, flag in flags:
-            p.requires_grad_(flag)
-        for m, mode in modes.items():
-            m.training = mode
         probe.leaves.clear()
     if probe.n == 0:
         raise WidthscopeError("no examples: the batches were empty; check the data (n_train/n_test)")

@@ -29,14 +29,14 @@ import torch.nn as nn
 from ..errors import WidthscopeError
 from ..stats import certificate, cross_moments_from_gram, plan
 from .batches import batch_size_of, index_batch
-from .blocks import block_features, block_gram, block_of, w_out_grad
-from .insert import ACTIVATIONS, ResidualBlock, insert, remove_insertion
-from .steps import EvalMode, batch_losses, point_activation_rms
+from .blocks import block_features, block_gram, w_out_grad
+from .collect import EvalMode, frozen
+from .insert import ACTIVATIONS, ResidualBlock, inserted
+from .steps import batch_losses, point_activation_rms
 from .structure import eager_attention_for
 
 __all__ = [
     "point_criteria",
-    "gradmax_from_factors",
     "gradmax_directions",
     "line_search_gain",
     "CRITERIA",
@@ -63,14 +63,10 @@ def block_input_features(
     whose hidden activations are exactly ``norm(z)``; ``W_out = 0`` so nothing downstream changes.
     """
     _, width = point_activation_rms(model, point, index_batch(data, slice(0, 2)), loss_fn, batch_size)
-    insert(model, point, "block", width=width, hidden=width, activation="identity", norm=norm, record=False)
-    try:
-        blk = block_of(model, point)
+    with inserted(model, point, "block", width=width, hidden=width, activation="identity", norm=norm) as blk:
         with torch.no_grad():
             blk.w_in.copy_(torch.eye(width, dtype=blk.w_in.dtype))
         return block_features(model, point, data, loss_fn, batch_size=batch_size)
-    finally:
-        remove_insertion(model, point)
 
 
 def _gradmax_matrix(qa: torch.Tensor, ua: torch.Tensor, qb: torch.Tensor, ub: torch.Tensor) -> torch.Tensor:
@@ -79,15 +75,6 @@ def _gradmax_matrix(qa: torch.Tensor, ua: torch.Tensor, qb: torch.Tensor, ub: to
     Sb = torch.einsum("itn,itm->nm", qb.double(), ub.double()) / qb.shape[0]
     X = Sa.T @ Sb
     return 0.5 * (X + X.T)
-
-
-def gradmax_from_factors(
-    qa: torch.Tensor, ua: torch.Tensor, qb: torch.Tensor, ub: torch.Tensor, k: int = 1
-) -> tuple[float, float]:
-    """``(λ_max, Σ top-k λ)`` of ``sym(S_aᵀ S_b)``; ``q*``/``u*``: ``(n, T, N)``/``(n, T, N_in)``."""
-    ev = torch.linalg.eigvalsh(_gradmax_matrix(qa, ua, qb, ub))  # ascending
-    k = max(1, min(int(k), ev.numel()))
-    return float(ev[-1]), float(ev[-k:].sum())
 
 
 def gradmax_directions(qa: torch.Tensor, ua: torch.Tensor, qb: torch.Tensor, ub: torch.Tensor, k: int) -> torch.Tensor:
@@ -148,39 +135,24 @@ def point_criteria(
         "n_train": int(qa.shape[0]),
         "n_rank": int(qb.shape[0]),
     }
-    # bias: the sum-pooled sample vector is Σ_t q_t (= probe.collect's default pooling)
+    # bias: the sum-pooled sample vector is Σ_t q_t (= probe.collect's default pooling); block: the
+    # cross Gram of per-example W_out gradients (Gram products only)
     sa, sb = qa.sum(1), qb.sum(1)
-    cb = certificate(sa, sb, M=M, K=K)
-    row.update(
-        bias_expectation=cb.expectation,
-        bias_gain=eta * cb.expectation,
-        bias_d_align=cb.d_align,
-        bias_b_exact=cb.b_exact,
-        bias_b_align=cb.b_align,
-        bias_vacuous=bool(cb.vacuous),
-    )
-    # block: the cross Gram of per-example W_out gradients (Gram products only)
     cm = cross_moments_from_gram(block_gram(qa, ha, qb, hb))
-    ck = certificate(cm, M=M, K=K)
-    row.update(
-        block_expectation=ck.expectation,
-        block_gain=eta * ck.expectation,
-        block_d_align=ck.d_align,
-        block_b_exact=ck.b_exact,
-        block_b_align=ck.b_align,
-        block_vacuous=bool(ck.vacuous),
-        block_reason=ck.reason,
-    )
+    cb, ck = certificate(sa, sb, M=M, K=K), certificate(cm, M=M, K=K)
+    for name, c in (("bias", cb), ("block", ck)):
+        row.update({f"{name}_{k}": getattr(c, k) for k in ("expectation", "d_align", "b_exact", "b_align")})
+        row.update({f"{name}_gain": eta * c.expectation, f"{name}_vacuous": bool(c.vacuous)})
+    row["block_reason"] = ck.reason
     p_right = 1.0 - ck.b_exact if ck.expectation > 0 and math.isfinite(ck.b_exact) else 0.0
     row["p_improve"] = p_right  # Cantelli lower bound on Pr(the M-sample step's held-out sign is right)
     row["certified_gain"] = eta * max(ck.expectation, 0.0) * p_right
     for d in deltas:
-        pl = plan(cm, target=d)
-        row[f"block_MK_exact_{d:g}"] = pl.equal_exact
-        pb = plan(sa, sb, target=d)
-        row[f"bias_MK_exact_{d:g}"] = pb.equal_exact
-    g1, gk = gradmax_from_factors(qa, ua, qb, ub, k=gradmax_k)
-    row.update(gradmax=eta * g1, gradmax_k=eta * gk, gradmax_kk=min(gradmax_k, N))
+        row[f"block_MK_exact_{d:g}"] = plan(cm, target=d).equal_exact
+        row[f"bias_MK_exact_{d:g}"] = plan(sa, sb, target=d).equal_exact
+    ev = torch.linalg.eigvalsh(_gradmax_matrix(qa, ua, qb, ub))  # ascending
+    k = max(1, min(int(gradmax_k), ev.numel()))
+    row.update(gradmax=eta * float(ev[-1]), gradmax_k=eta * float(ev[-k:].sum()), gradmax_kk=min(gradmax_k, N))
     if keep_gradmax_rows:
         row["gradmax_rows"] = gradmax_directions(qa, ua, qb, ub, gradmax_k)
     if line_search:  # one more pass with a Hessian-vector product; see line_search_gain
@@ -223,37 +195,19 @@ def line_search_gain(
     when ``s ≤ 0``; NaN, ranked last, when ``s > 0`` and ``c ≤ 0``: the quadratic model bounds nothing).
     """
     _, width = point_activation_rms(model, point, index_batch(test, slice(0, 2)), loss_fn, batch_size)
-    insert(
-        model,
-        point,
-        "block",
-        width=width,
-        hidden=hidden,
-        activation=activation,
-        norm=norm,
-        seed=block_seed,
-        record=False,
-    )
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    try:
-        blk = block_of(model, point)
+    options = {"width": width, "hidden": hidden, "activation": activation, "norm": norm, "seed": block_seed}
+    with inserted(model, point, "block", **options) as blk:
         G = w_out_grad(model, point, train, loss_fn, batch_size).to(blk.w_out.dtype)
         n = batch_size_of(test)
         s = c = 0.0
-        for p, _ in flags:
-            p.requires_grad_(False)
-        blk.w_out.requires_grad_(True)
         # double backward: fused attention kernels may lack it, the eager one has it
-        with EvalMode(model), torch.enable_grad(), eager_attention_for(model):
+        with EvalMode(model), frozen(model), torch.enable_grad(), eager_attention_for(model):
+            blk.w_out.requires_grad_(True)
             for losses in batch_losses(model, test, loss_fn, batch_size):
                 (g,) = torch.autograd.grad(losses.sum() / n, [blk.w_out], create_graph=True)
                 gv = (g * G).sum()
                 (hv,) = torch.autograd.grad(gv, [blk.w_out])
                 s += float(gv.detach())
                 c += float((hv * G).sum())
-    finally:
-        for p, f in flags:
-            p.requires_grad_(f)
-        remove_insertion(model, point)
     gain = 0.0 if s <= 0 else (s * s / (2 * c) if c > 0 else math.nan)
     return {"ls_slope": s, "ls_curvature": c, "ls_gain": gain}

@@ -14,7 +14,7 @@ recorded in ``model.widthscope_config["insertions"]`` for :func:`apply_insertion
 Example::
 
     >>> import torch, torch.nn as nn
-    >>> from widthscope.probe.interventions import insert
+    >>> from widthscope.probe.insert import insert
     >>> m = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 2)).eval()
     >>> x = torch.randn(5, 3); y0 = m(x)
     >>> m = insert(m, "1", kind="block", hidden=16)
@@ -24,8 +24,10 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Any, Callable, Iterable, Mapping
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 import torch.nn as nn
@@ -43,7 +45,7 @@ __all__ = [
     "apply_insertions",
     "inserted_state",
     "inserted_parameters",
-    "insertion_specs",
+    "inserted",
     "Inserted",
     "ResidualBias",
     "ResidualBlock",
@@ -115,8 +117,7 @@ class ResidualBias(nn.Module):
         self.bias = nn.Parameter(torch.zeros(width))
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        dim = channel_dim(z, self.style)
-        _check_width(z, dim, self.width)
+        dim = _width_dim(z, self.style, self.width)
         shape = [1] * z.dim()
         shape[dim] = self.width
         return z + self.bias.view(shape).to(z.dtype)
@@ -164,8 +165,7 @@ class ResidualBlock(nn.Module):
     def delta(self, z: torch.Tensor, w_out: torch.Tensor | None = None) -> torch.Tensor:
         """The block's addition ``W_out φ(W_in norm(z))`` to ``z`` (with ``w_out`` in place of
         ``self.w_out`` if given: the block probe evaluates its step direction with it)."""
-        dim = channel_dim(z, self.style)
-        _check_width(z, dim, self.width)
+        dim = _width_dim(z, self.style, self.width)
         u = self.norm(z, dim) if self.norm is not None else z
         act = ACTIVATIONS[self.activation]
         w_in, w_out = self.w_in.to(z.dtype), (self.w_out if w_out is None else w_out).to(z.dtype)
@@ -180,13 +180,16 @@ class ResidualBlock(nn.Module):
         return (h @ w_out.T).movedim(-1, dim)
 
 
-def _check_width(z: torch.Tensor, dim: int, width: int) -> None:
+def _width_dim(z: torch.Tensor, style: str, width: int) -> int:
+    """:func:`channel_dim`, checked to hold ``width`` channels."""
+    dim = channel_dim(z, style)
     if z.shape[dim] != width:
         raise WidthscopeError(
             f"the output at this insertion point has {z.shape[dim]} channels (shape "
             f"{tuple(z.shape)}, channel dim {dim}) but the insertion was built for width={width}; "
             f"pass width={z.shape[dim]} (or omit width to infer it)"
         )
+    return dim
 
 
 class Inserted(nn.Module):
@@ -241,13 +244,7 @@ def resolve_module(model: nn.Module, point: str) -> nn.Module:
         try:
             return model.get_submodule(point)
         except AttributeError:
-            pass
-        try:
-            resolve_points(model, [point])  # its message lists valid names, closest first
-        except WidthscopeError:
-            raise
-        except Exception:  # noqa: BLE001 - the message below instead
-            pass
+            resolve_points(model, [point])  # raises, listing the valid names closest first
     try:  # the declared or default points, else the first module names
         valid = list(getattr(model, "widthscope_points", None) or insertion_points(model))
     except Exception:  # noqa: BLE001 - only used to build an error message
@@ -342,26 +339,19 @@ def insert(
 ) -> nn.Module:
     """Add a zero-initialised residual bias or block to the output of ``model.<point>``.
 
-    The model is modified in place (and returned). Right after insertion its outputs are
-    unchanged, because the bias and ``W_out`` start at zero.
+    The model is modified in place (and returned); its outputs are unchanged, because the bias and
+    ``W_out`` start at zero.
 
     Args:
-        point: module path of the insertion point (see ``widthscope.probe.insertion_points``).
         kind: ``"bias"`` (``z + b``) or ``"block"`` (``z + W_out φ(W_in norm(z))``).
         width: channel width ``N`` of the output at ``point``; inferred from the module if
             omitted, and checked against the actual output at every forward.
         hidden: hidden width of the block (default ``N``).
-        activation: ``gelu``, ``relu``, ``tanh``, ``silu`` or ``identity``.
         norm: ``rms``, ``layer`` or ``none`` (normalisation of ``z`` before ``W_in``).
         style: ``auto`` (channel dim 1 for 4-D conv maps, else last), ``mlp`` (last dim),
             ``conv1x1`` (same maps as ``mlp`` on dim 1), ``conv3x3`` (3×3 convolutions).
-        init_scale: ``W_in`` entries have standard deviation ``init_scale/√fan_in``.
-        seed: seed of ``W_in``.
+        init_scale, seed: ``W_in`` entries have standard deviation ``init_scale/√fan_in``, drawn from ``seed``.
         record: append the insertion to ``model.widthscope_config["insertions"]``.
-
-    Raises:
-        WidthscopeError: unknown point (valid names listed), an existing insertion at the
-        point, bad options, or a model in training mode with BatchNorm layers.
     """
     fn = "insert"
     _args.module(fn, "model", model)
@@ -385,7 +375,7 @@ def insert(
     if isinstance(target, Inserted):
         raise WidthscopeError(
             f"point {point!r} already has a {target.widthscope_spec['kind']} insertion; remove it "
-            "first with widthscope.probe.interventions.remove_insertion(model, point)"
+            "first with widthscope.probe.insert.remove_insertion(model, point)"
         )
     n = int(width) if width is not None else _infer_point_width(model, point, target)
     if n is None or n <= 0:
@@ -403,9 +393,7 @@ def insert(
         if style == "conv3x3":
             raise WidthscopeError("style='conv3x3' applies to kind='block' only; a bias has no kernel")
         ins = ResidualBias(n, style=style)
-    ref = next(iter(target.parameters()), None)
-    if ref is None:
-        ref = next(iter(model.parameters()), None)
+    ref = next(itertools.chain(target.parameters(), model.parameters()), None)
     if ref is not None:
         # an offloaded point's weights sit on "meta" between forwards: its hook knows where it runs
         ins = ins.to(device=module_device(model, point), dtype=ref.dtype if ref.is_floating_point() else None)
@@ -457,9 +445,14 @@ def remove_insertion(model: nn.Module, point: str) -> nn.Module:
     return model
 
 
-def insertion_specs(model: nn.Module) -> list[dict[str, Any]]:
-    """The insertions present in ``model`` (as recorded), in module order."""
-    return [dict(m.widthscope_spec) for _, m in model.named_modules() if isinstance(m, Inserted)]
+@contextmanager
+def inserted(model: nn.Module, point: str, kind: str, **options: Any) -> Iterator[Any]:
+    """A temporary, unrecorded :func:`insert`: yields the inserted bias or block, removed on exit."""
+    insert(model, point, kind, record=False, **options)
+    try:
+        yield model.get_submodule(point).widthscope_insert
+    finally:
+        remove_insertion(model, point)
 
 
 def apply_insertions(model: nn.Module, config: Mapping[str, Any] | Iterable[Mapping[str, Any]]) -> nn.Module:

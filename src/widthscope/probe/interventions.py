@@ -3,7 +3,10 @@ the alignment statistic predicts?
 
 Bias probe: a zero bias at ``point``, step ``v = −η μ_M``, predicts ``ΔL = −η μ_Mᵀ g_K + O(η²)``, so
 ``retention = ΔL_actual / ΔL_pred → 1``. Block probe: ``z + W_out φ(W_in norm(z))`` with ``W_out = 0``,
-step ``W_out = −η G_M``, predicts ``−η ⟨G_M, G_K⟩_F`` (:func:`block_gram`). Maths: docs/interventions.md §2.
+step ``W_out = −η G_M``, predicts ``−η ⟨G_M, G_K⟩_F`` (:func:`~widthscope.probe.blocks.block_gram`).
+Maths: docs/interventions.md §2. A kind (:data:`widthscope.registry.INTERVENTION_KINDS`) measures from an
+:class:`InterventionInputs`, its steps stacked in one pass (:mod:`widthscope.probe.prefix`) or set one at a time
+through the inserted parameter, and returns a :class:`Measured`.
 
 Example::
 
@@ -31,33 +34,21 @@ from .._io import progress as _progress
 from ..errors import WidthscopeError
 from ..registry import INTERVENTION_KINDS
 from ..stats import certificate, wilson_interval
-from .batches import as_examples, batch_size_of, index_batch, take, to_batches
-from .blocks import block_certificate, block_features, block_gram, block_of, w_out_grad
-from .collect import activation_rms, float_dtype
-from .insert import (
-    Inserted,
-    ResidualBias,
-    apply_insertions,
-    insert,
-    inserted_parameters,
-    inserted_state,
-    insertion_specs,
-    remove_insertion,
-    resolve_module,
-)
+from .batches import as_examples, batch_size_of, index_batch, take
+from .blocks import block_features, w_out_grad
+from .collect import EvalMode, activation_rms, float_dtype
+from .insert import Inserted, ResidualBlock, inserted, resolve_module
+from .prefix import FnSteps, stacked_totals
 from .resolution import (
     RESOLUTION_FACTOR,
     dtype_name,
     loss_rounding,
-    precision_note,
+    mark_precision,
     projected_rounding,
-    resolved,
     sample_errors,
-    sample_rounding,
+    upcast,
 )
-from .rows import InterventionInputs, block_steps, precision_info
 from .steps import (
-    EvalMode,
     check_etas,
     check_rel_step,
     default_etas,
@@ -67,45 +58,136 @@ from .steps import (
     point_samples,
 )
 
-__all__ = [
-    # insertion (widthscope.probe.insert)
-    "insert",
-    "remove_insertion",
-    "apply_insertions",
-    "inserted_state",
-    "inserted_parameters",
-    "insertion_specs",
-    "block_of",
-    # interventions: intervene's steps, and the built-in kinds (widthscope.registry.INTERVENTION_KINDS)
-    "intervene",
-    "InterventionInputs",
-    "Measured",
-    "prepare_inputs",
-    "assemble_rows",
-    "measure_bias",
-    "measure_block",
-    "sign_agreement",
-    "default_etas",
-    "check_rel_step",
-    "block_gram",
-    "block_features",
-    "block_certificate",
-    "mean_loss",
-    "per_example_losses",
-    "as_examples",
-    "batch_size_of",
-    "index_batch",
-    "take",
-    "to_batches",
-    # precision of the measured loss change (low-precision models)
-    "loss_rounding",
-    "sample_rounding",
-    "sample_errors",
-    "projected_rounding",
-    "resolved",
-    "precision_note",
-    "RESOLUTION_FACTOR",
-]
+
+@dataclasses.dataclass
+class InterventionInputs:
+    """What every intervention kind measures from (built by :func:`intervene`):
+    the examples, the held-out loss before the step and the activation's scale at the point, with
+    ``intervene``'s settings. A kind (:data:`widthscope.registry.INTERVENTION_KINDS`) is ``fn(inputs) -> Measured``."""
+
+    model: nn.Module
+    point: str
+    kind: str
+    train: Any  # the first M train examples, one batch
+    test: Any  # the first K held-out examples, one batch
+    M: int
+    K: int
+    act_rms: float  # RMS entry of the activation at the point (train examples)
+    width: int  # its channel width
+    test_losses: torch.Tensor  # per-example held-out losses before the step, float64 on the CPU
+    loss_fn: Callable | None
+    batch_size: int
+    etas: Sequence[float] | None
+    n_etas: int
+    max_rel_step: float
+    block_width: int | None
+    seed: int
+    progress: bool
+    reuse: dict[str, Any]
+    prefix: str
+    precision: str
+
+    @property
+    def loss_before(self) -> float:
+        return float(self.test_losses.mean())
+
+    def etas_for(self, step_norm: float) -> Sequence[float]:
+        """The given ``etas``, or the default grid for a step whose RMS entry per unit ``η`` is ``step_norm``."""
+        return self.etas or default_etas(step_norm, self.act_rms, self.n_etas, high=self.max_rel_step)
+
+    def row(
+        self, eta: float, actual: float, align: float, step_norm: float, mu_norm: float, **extra: Any
+    ) -> dict[str, Any]:
+        """One row: the step ``η``, its predicted ``−η·align`` and ``actual`` held-out loss change."""
+        predicted = -eta * align
+        return {
+            "kind": "intervention",
+            "probe": self.kind,
+            "point": self.point,
+            "eta": eta,
+            "predicted": predicted,
+            "actual": actual,
+            **_gain(predicted, actual),
+            "M": self.M,
+            "K": self.K,
+            "mu_norm": mu_norm,
+            "alignment": align,
+            "loss_before": self.loss_before,
+            "act_rms": self.act_rms,
+            # RMS entry of the change over RMS entry of the activation: comparable across points and widths
+            "rel_step": eta * step_norm / self.act_rms if self.act_rms > 0 else float("nan"),
+            **extra,
+        }
+
+    def stacked_rows(
+        self, steps: Any, etas: Sequence[float], align: float, step_norm: float, mu_norm: float
+    ) -> list[dict[str, Any]]:
+        """One row per ``η``: copy ``e`` of the point's output gets ``steps[e]`` added, all copies in
+        one stacked pass per chunk (:func:`~widthscope.probe.prefix.stacked_totals`, with this call's
+        ``prefix`` and the kept prefix in ``reuse``)."""
+        model, dt, kept = self.model, float_dtype(self.model), self.reuse.get("prefix")
+        with EvalMode(model), torch.no_grad():
+            totals, how = stacked_totals(
+                model, self.point, steps, self.test, self.loss_fn, self.batch_size, dt, mode=self.prefix, kept=kept
+            )
+        after = totals / self.K
+        return [
+            self.row(float(eta), float(after[i]) - self.loss_before, align, step_norm, mu_norm, prefix=how)
+            for i, eta in enumerate(etas)
+        ]
+
+    def step_rows(
+        self, param: torch.Tensor, direction: torch.Tensor, etas: Sequence[float], align: float, step_norm: float
+    ) -> list[dict[str, Any]]:
+        """Set the inserted parameter to ``−η·direction`` for each ``η`` and measure the held-out loss
+        change, one whole forward per ``η``."""
+        rows = []
+        for eta in _progress(etas, desc=f"intervene {self.kind} {self.point}", disable=None if self.progress else True):
+            with torch.no_grad():
+                param.copy_((-eta * direction).to(param.dtype))
+            after = mean_loss(self.model, self.test, self.loss_fn, batch_size=self.batch_size)
+            rows.append(self.row(eta, after - self.loss_before, align, step_norm, float(direction.norm())))
+        return rows
+
+
+def block_steps(block: ResidualBlock, G_M: torch.Tensor, etas: Sequence[float]) -> FnSteps:
+    """The block probe's steps ``−η_e·G_M φ(W_in norm(z))`` (the block's output at ``W_out = −η_e G_M``)."""
+    coef = torch.tensor([-float(e) for e in etas], dtype=torch.float64)
+    return FnSteps(coef, lambda z: block.delta(z, G_M.to(z.device)))
+
+
+def precision_info(x: InterventionInputs, rows: list[dict[str, Any]], steps: Callable[[], Any]) -> list[dict[str, Any]]:
+    """Flag the rows below the model dtype's resolution; with ``precision="float32"`` measure those
+    steps again with the model upcast (the network's full path: kept prefixes are in the dtype)."""
+    model = x.model
+    r, ref = loss_rounding(model, x.test, x.loss_fn, batch_size=x.batch_size, losses=x.test_losses)
+    mark_precision(rows, float_dtype(model), r)
+    idx = [i for i, row in enumerate(rows) if row["below_resolution"]]
+    if x.precision != "float32" or not idx:
+        return rows
+    with upcast(model), EvalMode(model), torch.no_grad():
+        low = steps()[torch.tensor(idx)]
+        totals, _ = stacked_totals(model, x.point, low, x.test, x.loss_fn, x.batch_size, torch.float32, mode="full")
+    assert ref is not None  # rows fall below resolution only for a low-precision model, which has ref
+    base = float(ref.mean())
+    for j, i in enumerate(idx):
+        old = rows[i]
+        actual = float(totals[j]) / x.K - base
+        old.update(
+            actual_in_dtype=old["actual"],
+            actual=actual,
+            **_gain(old["predicted"], actual),
+            evaluated_in="float32",
+            below_resolution=False,
+        )
+    return rows
+
+
+def _gain(predicted: float, actual: float) -> dict[str, Any]:
+    return {
+        "retention": actual / predicted if predicted != 0 else float("nan"),
+        "sign_agrees": bool(predicted != 0 and (actual > 0) == (predicted > 0) and actual != 0),
+    }
 
 
 @dataclasses.dataclass
@@ -144,72 +226,40 @@ def intervene(
 ) -> list[dict[str, Any]]:
     r"""Measure the held-out loss change of one first-order step at ``point`` against its prediction.
 
-    :func:`prepare_inputs`, then the kind's measurement (``"bias"``: ``v = −η μ_M``; ``"block"``:
-    ``W_out = −η G_M``; or any kind in :data:`widthscope.registry.INTERVENTION_KINDS`), then
-    :func:`assemble_rows`. ``etas`` default to ``n_etas`` log-spaced steps (:func:`default_etas`);
-    ``reuse`` takes what a probe of the same batches measured; ``prefix="auto"`` runs the network
-    before ``point`` once per chunk (``"full"``: every step in full); ``precision`` marks
-    (``"mark"``) or re-measures in float32 (``"float32"``) low-precision steps below the dtype's
-    resolution. Returns one row per η (``predicted``, ``actual``, ``retention``, ``sign_agrees``, ...).
-    Options and row fields: docs/interventions.md §2.
+    Checks the arguments, takes the first ``M``/``K`` examples, the activation's RMS at the point and
+    the held-out losses before the step (from ``reuse`` for a kind registered with ``reuse_probe=True``,
+    where it has them: an :class:`InterventionInputs`), then runs the kind's measurement (``"bias"``:
+    ``v = −η μ_M``; ``"block"``: ``W_out = −η G_M``; or any kind in
+    :data:`widthscope.registry.INTERVENTION_KINDS`) and :func:`assemble_rows`. ``etas`` default to
+    ``n_etas`` log-spaced steps (:func:`default_etas`); ``reuse`` takes what a probe of the same batches
+    measured; ``prefix="auto"`` runs the network before ``point`` once per chunk (``"full"``: every step
+    in full); ``precision`` marks (``"mark"``) or re-measures in float32 (``"float32"``) low-precision
+    steps below the dtype's resolution. Returns one row per η (``predicted``, ``actual``, ``retention``,
+    ``sign_agrees``, ...). Options and row fields: docs/interventions.md §2.
     """
-    x = prepare_inputs(**locals())
-    return assemble_rows(x, INTERVENTION_KINDS.get(kind)(x))
-
-
-def prepare_inputs(
-    model: nn.Module,
-    point: str,
-    train_batches: Iterable[Any],
-    test_batches: Iterable[Any],
-    *,
-    kind: str,
-    etas: Sequence[float] | None,
-    loss_fn: Callable | None,
-    M: int | None,
-    K: int | None,
-    n_etas: int,
-    max_rel_step: float,
-    block_width: int | None,
-    seed: int,
-    batch_size: int,
-    progress: bool,
-    reuse: Mapping[str, Any] | None,
-    prefix: str,
-    precision: str,
-) -> InterventionInputs:
-    """:func:`intervene`'s first step: check the arguments, take the first ``M``/``K`` examples, the
-    activation's RMS at the point and the held-out losses before the step (from ``reuse`` for a
-    kind registered with ``reuse_probe=True``, where it has them)."""
     fn = "intervene"  # the types first, before any work
     _args.module(fn, "model", model)
     _args.string(fn, "point", point, empty=True, accepts="a module path (str)")
     _args.batches(fn, "train_batches", train_batches, single=True)
     _args.batches(fn, "test_batches", test_batches, single=True)
     _args.numbers_list(fn, "etas", etas, accepts="a list of positive step sizes or None")
-    _args.choice(fn, "kind", kind, INTERVENTION_KINDS, values=False)
+    _args.choice(fn, "kind", kind, INTERVENTION_KINDS)
     _args.function(fn, "loss_fn", loss_fn)
     _args.integer(fn, "M", M, lo=1, optional=True)
     _args.integer(fn, "K", K, lo=1, optional=True)
     _args.integer(fn, "n_etas", n_etas, lo=1)
-    rel = "a finite number above 1e-4 (the largest step's RMS entry over the activation's)"
-    _args.number(fn, "max_rel_step", max_rel_step, 1e-4, lo_open=True, accepts=rel)
+    check_rel_step(max_rel_step, fn)
     _args.integer(fn, "block_width", block_width, lo=1, optional=True)
     _args.integer(fn, "seed", seed)
     _args.integer(fn, "batch_size", batch_size, lo=1)
     _args.boolean(fn, "progress", progress)
     _args.mapping(fn, "reuse", reuse)
     _args.choice(fn, "prefix", prefix, ("auto", "full"), values=False)
-    _args.choice(fn, "precision", precision, ("mark", "float32"), values=False)
-    if kind not in INTERVENTION_KINDS:
-        raise WidthscopeError(f"kind must be one of {', '.join(map(repr, INTERVENTION_KINDS))}, got {kind!r}")
+    _args.choice(fn, "precision", precision, ("mark", "float32"))
     if prefix not in ("auto", "full"):
         raise WidthscopeError(f"prefix must be 'auto' or 'full', got {prefix!r}")
-    if precision not in ("mark", "float32"):
-        raise WidthscopeError(f"precision must be 'mark' or 'float32', got {precision!r}")
     if etas is not None:
         etas = check_etas(etas)
-    max_rel_step = check_rel_step(max_rel_step)
     if isinstance(resolve_module(model, point), Inserted):
         raise WidthscopeError(
             f"point {point!r} already has an insertion; intervene on the model without it (or on another point)"
@@ -228,29 +278,9 @@ def prepare_inputs(
     else:  # = mean_loss, keeping the per-example losses for the precision check
         with EvalMode(model):
             test_losses = per_example_losses(model, test, loss_fn, batch_size=batch_size)
-    return InterventionInputs(
-        model=model,
-        point=point,
-        kind=kind,
-        train=train,
-        test=test,
-        M=M,
-        K=K,
-        act_rms=act_rms,
-        width=width,
-        test_losses=test_losses,
-        loss_fn=loss_fn,
-        batch_size=batch_size,
-        etas=etas,
-        n_etas=n_etas,
-        max_rel_step=max_rel_step,
-        block_width=block_width,
-        seed=seed,
-        progress=progress,
-        reuse=reuse,
-        prefix=prefix,
-        precision=precision,
-    )
+    values = locals()  # every field of InterventionInputs is a name here
+    x = InterventionInputs(**{f.name: values[f.name] for f in dataclasses.fields(InterventionInputs)})
+    return assemble_rows(x, INTERVENTION_KINDS.get(kind)(x))
 
 
 def measure_bias(x: InterventionInputs) -> Measured:
@@ -280,9 +310,7 @@ def measure_block(x: InterventionInputs) -> Measured:
     block is set to each step; otherwise the same steps are added to the point's output of the
     model without the insertion (stacked, as for the bias)."""
     model, point = x.model, x.point
-    insert(model, point, "block", width=x.width, hidden=x.block_width, seed=x.seed, record=False)
-    try:
-        block = block_of(model, point)
+    with inserted(model, point, "block", width=x.width, hidden=x.block_width, seed=x.seed) as block:
         G_M = w_out_grad(model, point, x.train, x.loss_fn, x.batch_size)
         G_K = w_out_grad(model, point, x.test, x.loss_fn, x.batch_size)
         align = float((G_M * G_K).sum())
@@ -296,8 +324,6 @@ def measure_block(x: InterventionInputs) -> Measured:
             rows = x.step_rows(block.w_out, G_M, etas, align, step_norm)
             for r in rows:
                 r["prefix"] = "full: requested"
-    finally:
-        remove_insertion(model, point)
     if x.prefix != "full":
         # The same steps on the model without the insertion: copy e of the point's output z gets
         # −η_e·G_M φ(W_in norm(z)), the inserted block's output at W_out = −η_e G_M (linear in W_out).
@@ -307,7 +333,7 @@ def measure_block(x: InterventionInputs) -> Measured:
 
 def assemble_rows(x: InterventionInputs, measured: Measured) -> list[dict[str, Any]]:
     """:func:`intervene`'s last step: each row's dtype and resolution (with ``precision="float32"``,
-    the steps below it measured again in float32: :func:`~widthscope.probe.rows.precision_info`),
+    the steps below it measured again in float32: :func:`precision_info`),
     then the alignment's rounding bound where the kind gave one."""
     rows = precision_info(x, measured.rows, measured.steps)
     if measured.alignment_bound is not None:
@@ -343,24 +369,19 @@ def sign_agreement(
 
     ``eta`` default: the step whose RMS entry is 1e-3 of the activation's, for the pool mean.
 
-    Returns a dict (``kind="intervention"``, ``probe="sign_agreement"``) with ``agree_rate`` (+95% Wilson ``agree_low``,
-    ``agree_high``), ``misaligned_rate``, ``improved_rate`` (actual ``ΔL < 0``), ``b_exact``,
-    ``b_align``, ``d_align``, ``expectation``, ``draws``, ``M``, ``K``, ``eta``, ``dtype`` and
-    ``draws_below_resolution`` (draws whose ``|η μ_Mᵀ g_K|`` is below the model dtype's resolution on
-    their ``K`` examples, as in :func:`intervene`; always 0 for float32/float64 models).
-    ``agree_rate``, its interval and ``improved_rate`` count only the other draws (None if none
-    is left); ``misaligned_rate`` needs no loss and counts all.
+    Returns a dict (``kind="intervention"``, ``probe="sign_agreement"``): ``agree_rate`` (95% Wilson
+    ``agree_low``, ``agree_high``), ``misaligned_rate``, ``improved_rate`` (actual ``ΔL < 0``), the
+    certificate's numbers and ``draws_below_resolution`` (``|η μ_Mᵀ g_K|`` below the model dtype's
+    resolution on their ``K`` examples, as in :func:`intervene`); ``agree_rate``, its interval and
+    ``improved_rate`` count only the other draws (None if none is left).
     """
     if eta is not None:
         eta = check_etas([eta])[0]
     train = as_examples(train_batches)
     test = as_examples(test_batches)
     na, nb = batch_size_of(train), batch_size_of(test)
-    for nm, v, pool in (("M", M, na), ("K", K, nb)):
-        if not isinstance(v, int) or v < 1 or v > pool:
-            raise WidthscopeError(f"{nm} must be an integer in 1..{pool} (the pool size), got {v!r}")
-    if not isinstance(draws, int) or draws < 1:
-        raise WidthscopeError(f"draws must be a positive integer, got {draws!r}")
+    for name, value, pool in (("M", M, na), ("K", K, nb), ("draws", draws, None)):
+        _args.integer("sign_agreement", name, value, lo=1, hi=pool)
     Sa, Sb = (point_samples(model, point, d, loss_fn, batch_size) for d in (train, test))
     act_rms, _ = point_activation_rms(model, point, train, loss_fn, batch_size)
     if eta is None:
@@ -372,11 +393,7 @@ def sign_agreement(
     err_sq = None if ref is None else (base - ref).pow(2)
     gen = torch.Generator().manual_seed(int(seed))
     agree = mis = improved = low = 0
-    insert(model, point, "bias", width=Sa.shape[1], record=False)
-    try:
-        wrapper = model.get_submodule(point)
-        assert isinstance(wrapper, Inserted) and isinstance(wrapper.widthscope_insert, ResidualBias)  # just inserted
-        bias = wrapper.widthscope_insert.bias
+    with inserted(model, point, "bias", width=Sa.shape[1]) as ins:
         for _ in _progress(range(draws), desc=f"sign agreement {point}", disable=None if progress else True):
             I = torch.randperm(na, generator=gen)[:M]
             J = torch.randperm(nb, generator=gen)[:K]
@@ -387,14 +404,12 @@ def sign_agreement(
                 low += 1  # the rounding of this draw's loss could carry its whole change
                 continue
             with torch.no_grad():
-                bias.copy_((-eta * mu_M).to(bias.dtype))
+                ins.bias.copy_((-eta * mu_M).to(ins.bias.dtype))
             with EvalMode(model):
                 after = per_example_losses(model, index_batch(test, J), loss_fn, batch_size=batch_size)
             dL = float((after - base[J]).mean())
             improved += dL < 0
             agree += (dL < 0) == (A > 0) and dL != 0
-    finally:
-        remove_insertion(model, point)
     cert = certificate(Sa, Sb, M=M, K=K)
     n = draws - low
     lo, hi = wilson_interval(agree, n) if n else (None, None)

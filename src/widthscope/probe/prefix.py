@@ -13,16 +13,16 @@ from __future__ import annotations
 import contextlib
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 import torch.nn as nn
 
 from ..errors import WidthscopeError
 from .batches import batch_size_of, cat_batches, take, to_batches
-from .collect import float_dtype, run_batch, split_output
+from .collect import EvalMode, float_dtype, hooked, run_batch, split_output, to_device
 from .insert import channel_dim
-from .steps import EvalMode
+from .offload import input_device
 
 __all__ = ["FnSteps", "KeptPrefix", "capture_outputs", "keep_prefix", "stacked_totals"]
 
@@ -164,13 +164,8 @@ def _record(
 
         return hook
 
-    handles = [modules[p].register_forward_pre_hook(pre(p)) for p in want]
-    handles += [m.register_forward_hook(make(n)) for n, m in modules.items()]
-    try:
+    with hooked([(m, make(n)) for n, m in modules.items()], pre=[(modules[p], pre(p)) for p in want]):
         _forward(model, batch, loss_fn)
-    finally:
-        for h in handles:
-            h.remove()
     return {p: (before[p], out_point[p]) for p in points if p in out_point}
 
 
@@ -218,13 +213,9 @@ def capture_outputs(model: nn.Module, point: str, p: Plan, batch: Any, loss_fn: 
         return hook
 
     names = list(p.cached) + [point]
-    handles = [modules[n].register_forward_hook(make(n)) for n in names]
-    try:
+    with hooked([(modules[n], make(n)) for n in names]):
         if _forward(model, batch, loss_fn) is not None:
             raise Unsupported(f"{point!r} did not run in the forward pass")
-    finally:
-        for h in handles:
-            h.remove()
     missing = [n for n in names if n not in keep]
     if missing:
         raise Unsupported(f"{', '.join(missing)} did not run before {point!r} in this batch")
@@ -380,23 +371,14 @@ def keep_prefix(
         except WidthscopeError as exc:  # the model's own error: the interventions meet it themselves
             kept.reason = str(exc).splitlines()[0]
     modules = dict(model.named_modules())
-    handles = [modules[name].register_forward_hook(kept.hook(name)) for name in kept.names()]
     try:
-        yield kept
+        with hooked([(modules[name], kept.hook(name)) for name in kept.names()]):
+            yield kept
     finally:
-        for h in handles:
-            h.remove()
         kept.finish()
 
 
 # ----------------------------------------------------------------------------- stacked losses
-def check_tolerance(dtype: torch.dtype | None) -> float:
-    """Tolerance of the ``auto`` check on per-row losses (relative and absolute): ``min(64·eps, 1e-3)``
-    of the model's float dtype. The two paths differ only in how rows are batched."""
-    dt = dtype if dtype is not None and dtype.is_floating_point else torch.float32
-    return min(64 * torch.finfo(dt).eps, 1e-3)
-
-
 def _chunk_rows(
     model: nn.Module,
     point: str,
@@ -413,27 +395,47 @@ def _chunk_rows(
     if p is not None and keep is None:
         keep = capture_outputs(model, point, p, batch, loss_fn)
     rep = None if p is None else _Replaced(model, point, p, keep or {}, steps)
-    hooked = p is None or not p.point_cached
-    h = model.get_submodule(point).register_forward_hook(_step_hook(point, steps)) if hooked else None
-    try:
-        with rep or contextlib.nullcontext():
-            losses, _, _ = run_batch(model, cat_batches([batch] * steps.shape[0]), loss_fn, bi)
-        if rep is not None:
-            rep.verify()
-    finally:
-        if h is not None:
-            h.remove()
+    hooks = [(model.get_submodule(point), _step_hook(point, steps))] if p is None or not p.point_cached else []
+    with hooked(hooks), rep or contextlib.nullcontext():
+        losses, _, _ = run_batch(model, cat_batches([batch] * steps.shape[0]), loss_fn, bi)
+    if rep is not None:
+        rep.verify()
     return losses.detach().to("cpu", torch.float64)
 
 
-def _full_totals(
-    model: nn.Module, point: str, steps: Any, data: Any, loss_fn: Callable | None, per: int, to_dev: Callable
+def _totals(
+    model: nn.Module,
+    point: str,
+    steps: Any,
+    chunks: Iterable[Any],
+    loss_fn: Callable | None,
+    p: Plan | None = None,
+    kept: KeptPrefix | None = None,
+    first: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``full`` path: Σ over examples of the loss in each of the ``E`` stacked copies, float64."""
+    """Σ over the examples of ``chunks`` (on the device) of the loss in each of the ``E`` stacked
+    copies, float64: the whole network (``p`` None) or ``p``'s cached path, with the outputs from
+    ``kept`` where given; with ``first`` (the full path's losses of the first 3 examples at the
+    largest step) the cached path must match it within ``min(64·eps, 1e-3)`` of the model's dtype."""
     E = steps.shape[0]
     totals = torch.zeros(E, dtype=torch.float64)
-    for bi, b in enumerate(to_batches(data, per)):
-        totals += _chunk_rows(model, point, steps, to_dev(b), loss_fn, bi).view(E, -1).sum(1)
+    new = torch.zeros(0, dtype=torch.float64)
+    dt = float_dtype(model)
+    tol = min(64 * torch.finfo(dt if dt is not None and dt.is_floating_point else torch.float32).eps, 1e-3)
+    start = 0
+    for bi, b in enumerate(chunks):
+        B = batch_size_of(b)
+        keep = kept.rows(point, start, start + B) if kept is not None else None
+        rows = _chunk_rows(model, point, steps, b, loss_fn, bi, p, keep).view(E, -1)
+        if first is not None and new.numel() < 3:
+            new = torch.cat([new, rows[-1, : 3 - new.numel()]])
+            if new.numel() == 3 and not torch.allclose(new, first, rtol=tol, atol=tol):
+                raise Unsupported(
+                    f"the cached path's losses differ from the full forward's by "
+                    f"{float((new - first).abs().max()):.3g} (tolerance {tol:.2g}) on the first 3 examples"
+                )
+        totals += rows.sum(1)
+        start += B
     return totals
 
 
@@ -443,57 +445,44 @@ def stacked_totals(
     steps: torch.Tensor | FnSteps,
     data: Any,
     loss_fn: Callable | None,
-    per: int,
-    to_dev: Callable[[Any], Any],
+    batch_size: int,
+    dtype: torch.dtype | None,
     *,
     mode: str = "auto",
     kept: KeptPrefix | None = None,
 ) -> tuple[torch.Tensor, str]:
     """``Σ_i ℓ_i`` over ``data`` with ``steps[e]`` added at ``point``, for every ``e`` (float64 ``(E,)``),
-    and how: ``"cached"`` or ``"full: <reason>"``. ``per`` examples are stacked per pass.
+    and how: ``"cached"`` or ``"full: <reason>"``. About ``batch_size`` rows a pass; the inputs go to
+    the model's input device in ``dtype``.
 
     ``auto`` plans on the first 2 and 3 examples (or takes the plan and the outputs from ``kept``),
     then requires the cached path's per-row losses of the first 3 examples at the largest step to
-    equal a full forward of them within :func:`check_tolerance`; any failure of the cached path
-    reruns everything on the full path, whose own errors are the model's and propagate."""
+    equal a full forward of them (:func:`_totals`); any failure of the cached path reruns everything
+    on the full path, whose own errors are the model's and propagate."""
+    dev = input_device(model)
+    per = max(1, batch_size // steps.shape[0])
+    chunks = lambda: (to_device(b, dev, dtype) for b in to_batches(data, per))  # moved one at a time
 
     def full(reason: str) -> tuple[torch.Tensor, str]:
-        return _full_totals(model, point, steps, data, loss_fn, per, to_dev), f"full: {reason}"
+        return _totals(model, point, steps, chunks(), loss_fn), f"full: {reason}"
 
     if mode == "full":
         return full("requested")
     if batch_size_of(data) < 3:
         return full("fewer than 3 examples")
-    old = _chunk_rows(model, point, steps[-1:], to_dev(take(data, 3)), loss_fn)  # the model's own errors, first
+    three = [to_device(take(data, n), dev, dtype) for n in (2, 3)]
+    first = _chunk_rows(model, point, steps[-1:], three[1], loss_fn)  # the model's own errors, first
     try:
         src = kept if kept is not None and kept.covers(point, batch_size_of(data)) else None
         if src is not None:
             p = src.plans[point]
         else:
-            got = plans(model, [point], to_dev(take(data, 2)), to_dev(take(data, 3)), loss_fn)
+            got = plans(model, [point], three[0], three[1], loss_fn)
             if point not in got:
                 raise Unsupported(f"{point!r} did not run in the forward pass")
             p = got[point]
         if not p.cached and not p.point_cached:
             raise Unsupported("no module before the point can be kept")
-        tol = check_tolerance(float_dtype(model))
-        E = steps.shape[0]
-        totals = torch.zeros(E, dtype=torch.float64)
-        new = torch.zeros(0, dtype=torch.float64)
-        start = 0
-        for bi, b in enumerate(to_batches(data, per)):
-            B = batch_size_of(b)
-            keep = src.rows(point, start, start + B) if src is not None else None
-            rows = _chunk_rows(model, point, steps, to_dev(b), loss_fn, bi, p, keep).view(E, -1)
-            if new.numel() < 3:  # the check: the first 3 examples at the largest step
-                new = torch.cat([new, rows[-1, : 3 - new.numel()]])
-                if new.numel() == 3 and not torch.allclose(new, old, rtol=tol, atol=tol):
-                    raise Unsupported(
-                        f"the cached path's losses differ from the full forward's by "
-                        f"{float((new - old).abs().max()):.3g} (tolerance {tol:.2g}) on the first 3 examples"
-                    )
-            totals += rows.sum(1)
-            start += B
-        return totals, "cached"
+        return _totals(model, point, steps, chunks(), loss_fn, p, src, first), "cached"
     except (Unsupported, WidthscopeError) as exc:
         return full(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)

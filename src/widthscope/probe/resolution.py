@@ -11,8 +11,8 @@ import torch
 import torch.nn as nn
 
 from .batches import as_examples, batch_size_of, take
-from .collect import float_dtype
-from .steps import EvalMode, per_example_losses, point_samples
+from .collect import EvalMode, float_dtype
+from .steps import per_example_losses, point_samples
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 # A step is resolved when its predicted change is at least this many rounding scales r (loss_rounding).
@@ -75,7 +75,7 @@ def loss_rounding(
     return float((low - ref).pow(2).sum().sqrt()) / max(len(ref), 1), ref
 
 
-def per_sample_errors(
+def _sample_errors(
     model: nn.Module, point: str, data: Any, loss_fn: Callable | None, n: int, batch_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pooled samples of the first ``n`` examples as the model runs, and their rounding errors
@@ -96,7 +96,7 @@ def sample_rounding(
     weights in float32 (:class:`upcast`); None for a float32/float64 model."""
     if float_dtype(model) not in LOW_PRECISION:
         return None
-    ref, err = per_sample_errors(model, point, data, loss_fn, n, batch_size)
+    ref, err = _sample_errors(model, point, data, loss_fn, n, batch_size)
     return float((err.norm(dim=1) / ref.norm(dim=1).clamp_min(torch.finfo(torch.float64).tiny)).max())
 
 
@@ -111,12 +111,12 @@ def sample_errors(
     batch_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Measured rounding errors ``(n, d)`` of the pooled samples of the first ``n`` train and ``n``
-    held-out examples at ``point`` (:func:`per_sample_errors`); None for a float32/float64 model."""
+    held-out examples at ``point`` (:func:`_sample_errors`); None for a float32/float64 model."""
     if float_dtype(model) not in LOW_PRECISION:
         return None
     return (
-        per_sample_errors(model, point, train, loss_fn, n, batch_size)[1],
-        per_sample_errors(model, point, test, loss_fn, n, batch_size)[1],
+        _sample_errors(model, point, train, loss_fn, n, batch_size)[1],
+        _sample_errors(model, point, test, loss_fn, n, batch_size)[1],
     )
 
 

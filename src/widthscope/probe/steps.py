@@ -10,27 +10,12 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.nn as nn
 
+from .. import _args
 from ..errors import WidthscopeError
 from .batches import to_batches
-from .collect import collect, float_dtype, run_batch, split_output, to_device
+from .collect import EvalMode, collect, float_dtype, hooked, run_batch, split_output, to_device
 from .insert import channel_dim
 from .offload import input_device
-
-
-class EvalMode:
-    """Run the model in eval mode (BatchNorm running statistics, no dropout), then restore."""
-
-    def __init__(self, model: nn.Module):
-        self.model = model
-
-    def __enter__(self) -> nn.Module:
-        self.modes = {m: m.training for m in self.model.modules()}
-        self.model.eval()
-        return self.model
-
-    def __exit__(self, *exc: Any) -> None:
-        for m, mode in self.modes.items():
-            m.training = mode
 
 
 def batch_losses(model: nn.Module, data: Any, loss_fn: Callable | None, batch_size: int) -> Iterator[torch.Tensor]:
@@ -75,12 +60,8 @@ def point_activation_rms(
         acc[1] += z.numel()
         acc[2] = z.shape[channel_dim(z)]
 
-    h = model.get_submodule(point).register_forward_hook(hook)
-    try:
-        with EvalMode(model):
-            per_example_losses(model, data, loss_fn, batch_size=batch_size)
-    finally:
-        h.remove()
+    with hooked([(model.get_submodule(point), hook)]), EvalMode(model):
+        per_example_losses(model, data, loss_fn, batch_size=batch_size)
     return math.sqrt(acc[0] / max(acc[1], 1)), int(acc[2])
 
 
@@ -100,28 +81,16 @@ def default_etas(
             "the step direction is zero (all sample gradients vanish), so no η "
             "grid can be chosen; pass etas=[...] or check the loss"
         )
-    if n_etas < 1:
-        raise WidthscopeError(f"n_etas must be >= 1, got {n_etas}")
-    check_rel_step(high, low)
     target = target_norm if target_norm > 0 else step_norm
     a, b = math.log10(low), math.log10(high)
     ratios = [low] if n_etas == 1 else [10.0 ** (a + i * (b - a) / (n_etas - 1)) for i in range(n_etas)]
     return [r * target / step_norm for r in ratios]
 
 
-def check_rel_step(high: Any, low: float = 1e-4) -> float:
-    """``high`` (the largest step of the default grid, relative to the activation) as a float, or
-    one error naming it: a finite number above the smallest step ``low``."""
-    try:
-        h = float(high)
-    except (TypeError, ValueError):
-        h = float("nan")
-    if isinstance(high, bool) or not (math.isfinite(h) and h > low):
-        raise WidthscopeError(
-            f"max_rel_step must be a finite number above the smallest step {low:g} (the largest "
-            f"step's RMS entry over the activation's), got {high!r}"
-        )
-    return h
+def check_rel_step(value: Any, fn: str = "certify") -> float:
+    """``max_rel_step`` (the largest step of the default grid, relative to the activation) as a float."""
+    rel = "a finite number above the smallest step 1e-4 (the largest step's RMS entry over the activation's)"
+    return float(_args.number(fn, "max_rel_step", value, 1e-4, lo_open=True, accepts=rel))  # type: ignore[arg-type]
 
 
 def check_etas(etas: Sequence[float]) -> list[float]:

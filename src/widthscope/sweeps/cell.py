@@ -18,7 +18,7 @@ from .. import data as wdata
 from .._io import atomic_write_json
 from ..monitor import AlignmentMonitor
 from ..options import CertifyOptions
-from ..probe.interventions import resolved
+from ..probe.resolution import resolved
 from ..stats import certified
 from ..stats import certified_steps as steps
 from ..train import train

@@ -20,7 +20,7 @@ from typing import IO, Any, Mapping, Sequence
 from .._io import format_table
 from ..certification.pipeline import training_record
 from ..errors import WidthscopeError
-from ..probe.interventions import resolved
+from ..probe.resolution import resolved
 from ..stats import vacuous_rule
 from .config import CERT_FIELDS
 
