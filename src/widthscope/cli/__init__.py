@@ -115,18 +115,22 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGINT, previous[1])
 
 
-def _main(argv: list[str], name: str | None, on_main: bool) -> int:
-    from .._io import KEPT_WORK, kept_work  # noqa: PLC0415  start-up time: `widthscope --help` skips it (_io + checks: +40 ms)
-
-    KEPT_WORK.clear()  # what this run keeps, not what an earlier call in this process kept
-    # Library chatter (HF advisory and tokenizer fork warnings) stays off the terminal; whether the
-    # hub may be reached stays the user's choice (HF_HUB_OFFLINE is never set here).
+def _quiet_offline() -> None:
+    """Library chatter (HF advisory and tokenizer fork warnings) stays off the terminal; whether the
+    hub may be reached stays the user's choice (``HF_HUB_OFFLINE`` is never set here)."""
     for key, value in (
         ("TRANSFORMERS_VERBOSITY", "error"),
         ("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1"),
         ("TOKENIZERS_PARALLELISM", "false"),
     ):
         os.environ.setdefault(key, value)
+
+
+def _main(argv: list[str], name: str | None, on_main: bool) -> int:
+    from .._io import KEPT_WORK, kept_work  # noqa: PLC0415  start-up time: `widthscope --help` skips it (_io + checks: +40 ms)
+
+    KEPT_WORK.clear()  # what this run keeps, not what an earlier call in this process kept
+    _quiet_offline()
     parser = _Parser(prog="widthscope", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"widthscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
