@@ -228,10 +228,11 @@ def test_demo_records_its_options_and_config_repeats_them(tmp_path, capsys, monk
     import widthscope.report.alignment as report_alignment
     import widthscope.report.claims as report_claims
     import widthscope.sweeps.alignment as sweep_alignment
+    import widthscope.sweeps.results as sweep_results
 
     monkeypatch.setattr(demo_mod, "_image_dataset", lambda: "digits")
     monkeypatch.setattr(sweep_alignment, "run_sweep", lambda cfg, sub, show_progress: types.SimpleNamespace(rows=[]))
-    monkeypatch.setattr(sweep_alignment, "print_summary", lambda rows, sub, file=None: None)
+    monkeypatch.setattr(sweep_results, "print_summary", lambda rows, sub, file=None: None)
     monkeypatch.setattr(report_mod, "report", lambda parts, out, title, notes: out / "report.html")
     monkeypatch.setattr(report_mod, "load_results", lambda parts: [])
     monkeypatch.setattr(report_claims, "claims", lambda rows: [])
