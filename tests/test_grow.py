@@ -129,6 +129,8 @@ def test_cli_builtin_writes_json(tmp_path, capsys):
             or "certified at δ = 0.1 with M = K = 16" in text)
     res = json.loads(out.read_text())
     assert res["settings"]["criterion"] == DEFAULT_CRITERION and res["certification"] in text
+    # the default criterion is labelled unvalidated, in the output and in the JSON
+    assert f"criterion {DEFAULT_CRITERION}: unvalidated" in text and res["criterion_note"] in text
     assert {g["role"] for g in res["growth"]} >= {"best", "worst", "continue"}
     assert "more steps (same FLOPs): held-out loss" in text and "continue" in text
     assert all(r["kind"] == "growth" for r in res["rows"])

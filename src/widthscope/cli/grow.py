@@ -49,6 +49,7 @@ def _print_tables(res: dict[str, Any], opts: GrowOptions) -> None:
         )
     )
     print(res["certification"])
+    print(res["criterion_note"])
     print()
     print(
         format_table(

@@ -66,8 +66,8 @@ class GrowOptions(Options):
         DEFAULT_CRITERION,
         choices=tuple(CRITERIA),
         unknown="unknown growth criterion",
-        help=f"what ranks the points (default {DEFAULT_CRITERION}, the winner of `widthscope grow-bench`; "
-        "bias = the old first-order gain of a bias step)",
+        help=f"what ranks the points (default {DEFAULT_CRITERION}: unvalidated, no criterion beats random, last "
+        "or middle in grow-bench's rows; bias = the old first-order gain of a bias step)",
     )
     n_rank: int | None = option(
         None,

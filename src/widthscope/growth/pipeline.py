@@ -66,6 +66,14 @@ DELTAS = (0.1, 0.05, 0.01)
 
 
 # ----------------------------------------------------------------------------- ranking
+# what the committed grow-bench rows say of every criterion (docs/interventions.md §5)
+CRITERION_NOTE = (
+    "criterion {criterion}: unvalidated; in the committed grow-bench rows no criterion ranks points better than "
+    "random, last or middle, and growing at the best point did not beat training the original model longer "
+    "(docs/interventions.md section 5)"
+)
+
+
 def rank_pairs(data: Any) -> tuple[Any, Any]:
     """(train, test) pooled examples of ``data`` as :func:`grow` checked it: a Split, a dict or a pair."""
     if hasattr(data, "train") and hasattr(data, "test"):
@@ -206,7 +214,7 @@ def grow(
     ``data`` is a :class:`widthscope.data.Split` or ``(train_batches, test_batches)``: ``n_rank``
     held-out examples rank, the rest measure; ``n_train`` examples estimate ``a`` (default
     ``max(4M, 256)``). Returns ``{"candidates", "growth", "chosen", "rows", "certification",
-    "settings", "options"}``; rows have ``kind="growth"`` and a ``role``
+    "criterion_note", "settings", "options"}``; rows have ``kind="growth"`` and a ``role``
     (candidate|best|worst|random|continue).
     """
     fn = "grow"  # the types, before any work
@@ -252,6 +260,7 @@ def grow(
         "growth": growth,
         "rows": [*cands, *growth],
         "certification": certification_note(cands, M, K),
+        "criterion_note": CRITERION_NOTE.format(criterion=opts.criterion),
         "settings": {
             **{k: getattr(opts, k) for k in fields},
             "eta": opts.eta_or_lr,

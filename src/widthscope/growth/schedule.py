@@ -145,7 +145,8 @@ def choose_points(
     K: int = 32,
     eta: float = 1e-3,
 ) -> list[str]:
-    """Where to grow: the ``k`` points of ``points`` that ``criterion`` ranks highest
+    """Where to grow: the ``k`` points of ``points`` that ``criterion`` ranks highest (the default is
+    unvalidated: docs/interventions.md §5)
     (:data:`widthscope.probe.growth.CRITERIA`, the criteria of ``widthscope grow``; ties keep the
     order of ``points``), from ``train`` and held-out ``test`` examples."""
     if criterion not in CRITERIA:
