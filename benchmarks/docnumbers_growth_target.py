@@ -153,6 +153,7 @@ def register(dn: Any) -> None:
         return f"{c['crossover_beyond']} of {len(c['crossover_seeds'])} (depth) and {w['crossover_beyond']} of {len(w['crossover_seeds'])} (width)"
 
     register_budgets(dn)
+    register_summary(dn)
 
 
 # ---- the budget study: benchmarks/results/grow-target-<tag>/ (tag t20, t60: tokens per parameter)
@@ -259,5 +260,63 @@ def register_budgets(dn: Any) -> None:
             lines.append(
                 f"| {r['seed_sd_log']} | {r['speedup']}× | {r['vs_continue']}× "
                 f"| {round(100 * r['holds'])}% | {round(100 * r['holds_continue'])}% |"
+            )
+        return dn.block(lines)
+
+
+# ---- the three budgets side by side: the short suite (grow-target/) and the budget study
+BUDGETS = (("grow-target", "short suite, constant rate"), ("grow-target-t20", "cosine decay"),
+           ("grow-target-t60", "cosine decay"))
+
+
+def register_summary(dn: Any) -> None:
+    def x(v: Any) -> str:
+        return "–" if v is None else dn.sig(v, 2) + "×"
+
+    @dn.quantity("growth_budget/summary")
+    def _summary() -> str:
+        head = (
+            "rows",
+            "tokens per target parameter",
+            "target loss ± SE",
+            "target model ahead of the small one (depth) from",
+            "best growth label",
+            "vs scratch (95%)",
+            "verdict (≥ 1.3×)",
+            "vs continue-small (95%)",
+            "verdict (> 1×)",
+            "answer",
+        )
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for d, what in BUDGETS:
+            table = list(dn.load_rows(f"benchmarks/results/{d}/comparison.jsonl"))
+            rows = list(dn.load_rows(f"benchmarks/results/{d}/results.jsonl"))
+            a = dn.load_json(f"benchmarks/results/{d}/summary.json")["answer"]
+            scratch = [r for r in rows if r["run"] == "scratch"]
+            cell_tokens = [r.get("tokens_per_param") for r in scratch]
+            if cell_tokens[0] is None:  # rows from before the budget was recorded: count it
+                from widthscope.growth.target import TARGET_SUITES
+
+                c = TARGET_SUITES["short"]
+                cell_tokens = [r["steps"] * c["batch_size"] * c["seq_len"] / r["parameters"] for r in scratch]
+            tpp = sum(cell_tokens) / len(cell_tokens)
+            ses = [r.get("target_se") for r in scratch]
+            target = sum(r["target_loss"] for r in scratch) / len(scratch)
+            se = "" if ses[0] is None else f" ± {dn.sig(sum(ses) / len(ses), 1)}"
+            cont = next(r for r in table if r["run"] == "continue-depth")
+            n = len(cont["crossover_seeds"])
+            if cont["crossover"] is None:
+                cross = f"beyond B ({cont['crossover_beyond']}/{n} seeds)"
+            else:
+                cross = f"{dn.sig(cont['crossover'], 2)} B" + (
+                    f" (beyond B in {cont['crossover_beyond']}/{n})" if cont["crossover_beyond"] else ""
+                )
+            best = next(r for r in table if r["run"] == a["best"])
+            lo = lambda r, k: "" if r.get(f"{k}_lo") is None else f" ({dn.sig(r[f'{k}_lo'], 2)}–{dn.sig(r[f'{k}_hi'], 2)})"  # noqa: E731
+            lines.append(
+                f"| `{d}/` ({what}) | {dn.sig(tpp, 2)} | {dn.sig(target, 3)}{se} | {cross} | `{a['best']}` "
+                f"| {x(best['speedup'])}{lo(best, 'speedup')} | {best['verdict']} "
+                f"| {x(best['vs_continue'])}{lo(best, 'vs_continue')} | {best.get('verdict_continue') or '–'} "
+                f"| {a['verdict']} |"
             )
         return dn.block(lines)
