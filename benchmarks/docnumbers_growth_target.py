@@ -154,6 +154,7 @@ def register(dn: Any) -> None:
 
     register_budgets(dn)
     register_summary(dn)
+    register_words(dn)
 
 
 # ---- the budget study: benchmarks/results/grow-target-<tag>/ (tag t20, t60: tokens per parameter)
@@ -320,3 +321,14 @@ def register_summary(dn: Any) -> None:
                 f"| {a['verdict']} |"
             )
         return dn.block(lines)
+
+
+def register_words(dn: Any) -> None:
+    @dn.pattern(r"growth_budget/(t\d+)/tpp")
+    def _tpp(tag: str) -> str:
+        rows = [r for r in dn.load_rows(f"benchmarks/results/grow-target-{tag}/results.jsonl") if r["run"] == "scratch"]
+        return dn.sig(sum(r["tokens_per_param"] for r in rows) / len(rows), 2)
+
+    @dn.quantity("growth_budget/goal")
+    def _goal() -> str:
+        return dn.sig(dn.load_json("benchmarks/results/grow-target-t60/summary.json")["answer"]["threshold"], 2)
