@@ -373,6 +373,8 @@ def test_paper_config_is_runnable_as_cells():
         (["--schedules", "fixed@0.9"], "--schedules"),
         (["--seeds", "x"], "--seeds"),
         (["--steps", "1"], "--steps 1"),
+        (["--steps", "100", "--tokens-per-param", "20"], "--steps and --tokens-per-param both set the budget"),
+        (["--tokens-per-param", "0"], "--tokens-per-param 0"),
         (["--quick", "--suite-file", "configs/grow-target-paper.toml"], "choose one"),
         (["--suite-file", "/nonexistent/s.toml"], "not found"),
     ],
