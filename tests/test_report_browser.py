@@ -1,17 +1,15 @@
 """Every kind of report page rendered in headless Chromium at phone width (400 px): no sideways
 overflow, every image loads, no ``nan`` in the text, and the findings box starts on the first screen.
 
-Pages: the quick demo's (``run_demo(quick=True)``, about 30 s), one of the full demo's shape
-(synthetic alignment rows: two families, 4 widths x 3 seeds x 3 (M, K), some certificates vacuous,
-beside the quick demo's linearization, intervention and monitor rows; the real full demo takes
-minutes), a certify series (three tiny certify files) and a two-depth model suite (synthetic rows).
+Pages: the quick demo's (``run_demo(quick=True)``, about 30 s), the full demo's (its committed rows,
+``benchmarks/results/demo-full/``: the run takes minutes), a certify series (three tiny certify
+files) and a two-depth model suite (synthetic rows).
 ``WIDTHSCOPE_SHOTS=DIR`` also writes a 1400 px screenshot of each page's first screen into DIR
 (how docs/img/report-*.png were made).
 """
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import subprocess
@@ -20,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from widthscope.report import load_results, report
-from widthscope.report.html import build_report
 from widthscope.report.suite import write_pages
 
 CHROMIUM = "/usr/bin/chromium"
@@ -99,31 +96,13 @@ def quick_demo(tmp_path_factory) -> Path:
     return out
 
 
-def full_demo_rows(quick: Path) -> list[dict]:
-    """Rows of the full demo's shape: two alignment families (4 widths, 3 seeds, 3 (M, K) pairs,
-    4 points, some certificates vacuous) and the quick demo's linearization, intervention and
-    monitor rows."""
-    rows = [r for r in load_results([quick / "linearize", quick / "llama"]) if r.get("kind") != "alignment"]
-    for fam, slopes in (("mlp", (1.0, 0.5, 2.0, -1.0)), ("llama", (0.3, 0.2, 0.1, 0.0))):
-        for w in (32, 64, 128, 256):
-            for s in (0, 1, 2):
-                for pi, sl in enumerate(slopes):
-                    d = 3.0 + sl * math.log2(w / 32) + 0.1 * s
-                    for M in (8, 16, 64):
-                        n_eff = M * M / (2 * M + 1)
-                        vac = fam == "llama" and pi == 3 and w <= 64
-                        b_align = 1.0 if vac else 1 / (1 + n_eff * d)
-                        b_exact = 1.0 if vac else 0.7 * b_align
-                        mis = min(0.5, b_exact / 3)
-                        rows.append({
-                            "kind": "alignment", "sweep": "demo", "family": fam, "budget": 512, "width": w,
-                            "seed": s, "point": f"layers.{pi}", "point_index": pi, "M": M, "K": M,
-                            "train_loss": 2.5, "test_loss": 3.0 - 0.1 * math.log2(w), "steps": 300,
-                            "two_d_align": math.nan if vac else d, "two_d_par": d, "two_d_2": 2 * d,
-                            "one_d_align": 1.5 * d, "two_b_exact": b_exact, "two_b_align": b_align,
-                            "two_vacuous": vac, "misalignment": mis, "misalignment_low": mis * 0.5,
-                            "misalignment_high": mis * 1.5, "misalignment_draws": 1000, "source": f"demo/{fam}"})
-    return rows
+FULL_DEMO = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "demo-full"
+
+
+def full_demo_parts() -> list[str]:
+    """The full demo's own rows (``widthscope demo``, committed without the per-example probe data by
+    ``benchmarks/docnumbers.py --compact``): both alignment sweeps, linearization, interventions, monitor."""
+    return [str(FULL_DEMO / part) for part in ("llama", "mlp", "linearize")]
 
 
 def suite_rows() -> list[dict]:
@@ -175,7 +154,8 @@ def test_two_depth_suite_gets_one_width_series_per_depth(tmp_path):
 def test_every_report_kind_reads_on_a_phone(quick_demo, tmp_path):
     pages = [quick_demo / "report" / "report.html"]
     full = tmp_path / "full-demo"
-    pages.append(build_report(full_demo_rows(quick_demo), full, title="widthscope demo (full-demo shape)"))
+    full.mkdir()
+    pages.append(report(full_demo_parts(), full / "report", title="widthscope demo (full)"))
     cert = tmp_path / "certify-series"
     cert.mkdir()
     pages.append(report([str(p) for p in certify_series(cert)], cert / "report"))
