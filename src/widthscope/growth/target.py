@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import json
 import math
 import time
 from pathlib import Path
@@ -39,16 +38,16 @@ import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from .. import _args
-from .._io import atomic_write_json, atomic_write_text, read_toml
+from .._io import atomic_write_json, read_toml
 from ..data import load
 from ..errors import WidthscopeError
 from ..models import build
 from ..registry import GROWTH_OPERATORS
-from ..sweeps.grid import cell_id, run_grid
+from ..sweeps.grid import run_grid
 from .operators import Growth, stack_depth, widen, zero_block
 from .options import GrowTargetOptions, with_keywords
 from .schedule import SCHEDULES, Schedule, alignment_signal
-from .suite import reproducible
+from .suite import own_cells, reproducible, write_table
 from .target_compare import answer, compare
 
 __all__ = [
@@ -766,13 +765,7 @@ def run_target(
     out_dir = target_out_dir(out, quick=opts.quick, suite_file=opts.suite_file)
     grid = suite_cells(opts)
     record = {"grow_target": opts.to_dict()}
-    ids = {cell_id(c) for c in grid}
-    foreign = [p.stem for p in (out_dir / "cells").glob("*.json") if p.stem not in ids]
-    if foreign:
-        raise WidthscopeError(
-            f"{out_dir} holds {len(foreign)} finished cell(s) of another grow-target run (suite, seeds, "
-            "steps, operators or schedules differ); pass a new --out, or the options of that run"
-        )
+    ids = own_cells(out_dir, grid, "grow-target run (suite, seeds, steps, operators or schedules differ)")
     t0 = time.perf_counter()
     res = run_grid(
         grid, run_target_cell, out_dir, desc=f"grow-target {opts.suite}", record=lambda c: {"options": record}
@@ -782,7 +775,7 @@ def run_target(
     if not ids <= done:  # pragma: no cover - run_grid finishes every cell of an unsharded run
         return {"rows": rows, "table": [], "summary": {}, "complete": False}
     table = compare(rows)
-    atomic_write_text(out_dir / "comparison.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in table))
+    write_table(out_dir, table)
     settings = []
     for c in grid:
         s = {k: v for k, v in c.items() if k not in ("seed", "kind", "suite")}
