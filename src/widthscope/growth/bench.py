@@ -1,24 +1,12 @@
-r"""Growth benchmark: grow a block at *every* candidate point, judge the criteria against it, and
-judge growth itself against the equal-compute alternatives a practitioner has.
+r"""Growth benchmark (``widthscope grow-bench``; docs/interventions.md §5): grow a block at *every*
+candidate point of a trained model, and judge the criteria and growth itself against it.
 
-One cell (:func:`run_cell`) is a model of the suite (:mod:`widthscope.growth.suite`) at one seed,
-run at one thread with deterministic algorithms:
-
-1. split the held-out pool into a *ranking* half and evaluation quarters ``A`` and ``B``; train
-   the model to a plateau on the ranking half (the planted teacher–student cases use the student);
-2. compute every criterion of :func:`widthscope.probe.growth.point_criteria` at every point;
-3. at every point, grow the block with each learning rate of a grid (block seed 0), keep the one
-   with the lowest ranking-half loss, grow the other block seeds with it, grow the GradMax block
-   and grow-then-train-all; in the same FLOPs, train the original model whole (continue training).
-   Gains (loss before − after, > 0 is better) are measured on ``B``.
-
-:func:`benchmark` runs the cells resumably (:func:`widthscope.sweeps.grid.run_grid`) and writes
-the judgement of :mod:`widthscope.growth.compare`.
-
-Command line::
-
-    widthscope grow-bench --quick --out /tmp/gb         # a few minutes on one core
-    widthscope grow-bench --out widthscope-results/growth   # the documented suite (resumable)
+One cell (:func:`run_cell`) is a model of the suite (:mod:`widthscope.growth.suite`) at one seed:
+trained to a plateau on the ranking half of the held-out pool, every criterion of
+:func:`widthscope.probe.growth.point_criteria` at every point, then at every point the block grown
+(learning rate chosen on the ranking half, several block seeds, the GradMax block, grow-then-train-all)
+beside training the original model for the same FLOPs; gains are measured on a held-out quarter.
+:func:`benchmark` runs the cells resumably and writes the judgement of :mod:`widthscope.growth.compare`.
 """
 
 from __future__ import annotations

@@ -1,26 +1,16 @@
-r"""``widthscope grow-target``: does training a small model, growing it and training on reach the
-held-out loss of the full-size model trained from scratch with less compute?
+r"""``widthscope grow-target`` (docs/growth.md): does training a small model, growing it and training
+on reach the held-out loss of the full-size model trained from scratch with less compute?
 
 One cell per seed (:func:`run_target_cell`): the target model trained from scratch for the budget
-``B`` (``steps``, or ``tokens_per_param`` tokens per target parameter); its final held-out loss is
-the target. Each small model (``depth``: fewer layers; ``width``: narrower) is trained alone to
-``cap · B``; where a schedule (:mod:`widthscope.growth.schedule`) says grow, its run is snapshotted,
-and each operator (:mod:`widthscope.growth.operators`) grows the snapshot and trains on with a fresh,
-re-warmed AdamW until the target or ``cap · B``. FLOPs are counted by ``FlopCounterMode`` (the small
-model's and the growth signals' included; evaluations are free). "FLOPs to reach" is the first
-crossing of the target on the evaluation grid, interpolated; a run that never reaches it is censored
-at ``cap · B``. The per-seed speed-up ``F_scratch / F_run`` is judged over seeds by
-:mod:`widthscope.growth.target_compare`. Runs use one thread, deterministic algorithms, AdamW (no
-weight decay, clipping at norm 1), a linear warm-up, then ``decay`` to ``final_lr`` × ``lr``.
+``B`` (its final held-out loss is the target); each small model (fewer layers, or narrower) trained
+alone to ``cap · B``, snapshotted where a schedule (:mod:`widthscope.growth.schedule`) says grow; from
+each snapshot, each operator (:mod:`widthscope.growth.operators`) grown and trained on until the
+target or ``cap · B``. FLOPs are counted by ``FlopCounterMode``; the per-seed speed-up
+``F_scratch / F_run`` (first crossings of the target) is judged by :mod:`widthscope.growth.target_compare`.
 
-:func:`run_target` runs the cells resumably (:func:`widthscope.sweeps.grid.run_grid`) and writes
-``comparison.jsonl`` and ``summary.json``. A suite file (:func:`read_suite_file`, e.g.
-``configs/grow-target-paper.toml``: ``device``, ``seeds``, ``sustained_flops``, a ``[defaults]``
-table and one ``[[suite]]`` table per target size, with settings of :data:`TARGET_SUITES`) runs
-other sizes; :func:`plan_cost` predicts its FLOPs and GPU-hours from step FLOPs counted on the
-``meta`` device and the fractions of ``B`` the runs of the CPU suite spent.
-
-    widthscope grow-target --quick --out /tmp/gt
+:func:`run_target` runs the cells resumably and writes ``comparison.jsonl`` and ``summary.json``; a
+suite file (:func:`read_suite_file`, e.g. ``configs/grow-target-paper.toml``) runs other sizes, and
+:func:`plan_cost` predicts its FLOPs and GPU-hours.
 """
 
 from __future__ import annotations
