@@ -24,7 +24,7 @@ from widthscope._io import atomic_write_json, atomic_write_text, read_jsonl
 from widthscope.cli import grow_target
 from widthscope.errors import WidthscopeError
 from widthscope.growth.target_compare import answer, compare
-from widthscope.growth.target_plan import plan_cost, read_suite_file, spent_fractions
+from widthscope.growth.target import plan_cost, read_suite_file, spent_fractions
 
 RESULTS = Path(__file__).resolve().parent / "results" / "grow-target"
 

@@ -15,8 +15,7 @@ from scipy import stats as st
 from widthscope.errors import WidthscopeError
 from widthscope.growth import options as gopts
 from widthscope.growth.schedule import SCHEDULES, Schedule, alignment_signal
-from widthscope.growth.target import OPERATORS, model_flops, reach_flops
-from widthscope.growth.target_bench import run_target
+from widthscope.growth.target import OPERATORS, model_flops, reach_flops, run_target
 from widthscope.growth.target_compare import answer, compare
 from widthscope.models import build
 from widthscope.probe.insert import insert
@@ -314,8 +313,7 @@ steps = 3
 
 
 def test_suite_file_and_plan_cost(tmp_path):
-    from widthscope.growth.target import target_model
-    from widthscope.growth.target_plan import plan_cost, read_suite_file
+    from widthscope.growth.target import plan_cost, read_suite_file, target_model
 
     f = tmp_path / "s.toml"
     f.write_text(_TINY)
@@ -345,7 +343,7 @@ def test_suite_file_and_plan_cost(tmp_path):
     ],
 )
 def test_bad_suite_files(tmp_path, change, match):
-    from widthscope.growth.target_plan import read_suite_file
+    from widthscope.growth.target import read_suite_file
 
     f = tmp_path / "s.toml"
     f.write_text(change + _TINY if change.startswith("bogus") else _TINY + change)
@@ -356,7 +354,7 @@ def test_bad_suite_files(tmp_path, change, match):
 def test_paper_config_is_runnable_as_cells():
     from pathlib import Path
 
-    from widthscope.growth.target_bench import suite_cells
+    from widthscope.growth.target import suite_cells
 
     path = Path(__file__).resolve().parent.parent / "configs" / "grow-target-paper.toml"
     cells = suite_cells(gopts.GrowTargetOptions(suite_file=str(path)))

@@ -65,8 +65,7 @@ def test_the_check_sees_a_climb():
 
 
 # ----------------------------------------------------------------------------- private names
-# Modules that still import a sibling's private name: widthscope.planning runs each command's own loop
-# (the cells' private helpers); target_plan builds the suite's model. May only shrink.
+# Modules that still import a sibling's private name. May only shrink.
 KNOWN_PRIVATE_IMPORTERS: set[str] = set()
 
 

@@ -62,7 +62,7 @@ def test_plan_target_counts_on_meta_and_times_each_model():
 
 def test_plan_target_suite_file_counts_without_the_device(tmp_path):
     """A suite file for a device this machine lacks: counted (meta), not timed, the parameters as plan_cost's."""
-    from widthscope.growth.target_plan import plan_cost, read_suite_file
+    from widthscope.growth.target import plan_cost, read_suite_file
 
     if torch.cuda.is_available():
         pytest.skip("the suite's device is here: the plan would time it")

@@ -776,11 +776,11 @@ def _target_setting(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
         CellContext,
         budget_steps,
         measure_signal,
+        meta_step_flops,
         start_run,
         target_model,
         train_until,
     )
-    from .growth.target_plan import meta_llama, meta_step_flops  # noqa: PLC0415  start-up time: each command loads only its own pipeline
     from .train import resolve_device  # noqa: PLC0415  start-up time: each command loads only its own pipeline
 
     W, D, w, d = (int(cell[k]) for k in ("width", "depth", "small_width", "small_depth"))
@@ -789,7 +789,7 @@ def _target_setting(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
         **{k: s for k, s in (("depth", (W, d)), ("width", (w, D))) if k in {OPERATORS[o] for o in cell["operators"]}},
     }
     flops = {k: meta_step_flops(cell, *s)[0] for k, s in shapes.items()}
-    meta = meta_llama(cell, W, D)
+    meta = target_model(cell, W, D, meta=True)
     params, wbytes = weights(meta)
 
     def count(n: int) -> int:
@@ -863,7 +863,7 @@ def plan_target(options: Any = None, *, time_run: bool = True, **keywords: Any) 
     """The plan of ``widthscope grow-target`` (every cell; nothing trained beyond a few timed steps,
     nothing written): per suite setting :func:`_target_setting`, summed, the fixed costs once."""
     from .growth.options import GrowTargetOptions, with_keywords  # noqa: PLC0415  start-up time: each command loads only its own pipeline
-    from .growth.target_bench import suite_cells  # noqa: PLC0415  start-up time: each command loads only its own pipeline
+    from .growth.target import suite_cells  # noqa: PLC0415  start-up time: each command loads only its own pipeline
 
     opts = with_keywords("plan_target", options, GrowTargetOptions, keywords)
     grid = suite_cells(opts)

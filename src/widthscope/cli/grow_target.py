@@ -1,4 +1,4 @@
-"""``widthscope grow-target``: the command line of :func:`widthscope.growth.target_bench.run_target`
+"""``widthscope grow-target``: the command line of :func:`widthscope.growth.target.run_target`
 (``--plan``: :func:`widthscope.planning.plan_target`); prints the speed-up table and the answer."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import argparse
 
 from .._io import format_table
 from ..growth.options import GrowTargetOptions
-from ..growth.target_bench import COLUMNS, run_target, target_out_dir
+from ..growth.target import COLUMNS, run_target, target_out_dir
 from ..planning import plan_target
 from .args import add_config, add_options, add_plan, config_options
 

@@ -5,8 +5,8 @@
 - ``bench`` (``grow-bench``: grow at every point of the ``suite``) and ``compare`` (its judgement);
 - ``operators``: function-preserving growth (``zero_block``, ``stack_depth``, ``widen``) and the
   optimiser state after it; ``callback``: growing inside a Trainer / Lightning run; ``schedule``: when;
-- ``target``, ``target_compare``, ``target_bench``, ``target_plan``: the compute-to-target benchmark
-  (``widthscope grow-target``).
+- ``target`` (``widthscope grow-target``: the compute-to-target benchmark, its suite files and their
+  cost) and ``target_compare`` (its judgement).
 """
 
 from .options import GrowBenchOptions, GrowTargetOptions

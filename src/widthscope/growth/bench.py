@@ -1,30 +1,17 @@
-r"""Growth benchmark: grow a block at *every* candidate point, judge the criteria against it, and
-judge growth itself against the equal-compute alternatives a practitioner has.
+r"""Growth benchmark (``widthscope grow-bench``; docs/interventions.md §5): grow a block at *every*
+candidate point of a trained model, and judge the criteria and growth itself against it.
 
-One cell (:func:`run_cell`) is a model of the suite (:mod:`widthscope.growth.suite`) at one seed,
-run at one thread with deterministic algorithms:
-
-1. split the held-out pool into a *ranking* half and evaluation quarters ``A`` and ``B``; train
-   the model to a plateau on the ranking half (the planted teacher–student cases use the student);
-2. compute every criterion of :func:`widthscope.probe.growth.point_criteria` at every point;
-3. at every point, grow the block with each learning rate of a grid (block seed 0), keep the one
-   with the lowest ranking-half loss, grow the other block seeds with it, grow the GradMax block
-   and grow-then-train-all; in the same FLOPs, train the original model whole (continue training).
-   Gains (loss before − after, > 0 is better) are measured on ``B``.
-
-:func:`benchmark` runs the cells resumably (:func:`widthscope.sweeps.grid.run_grid`) and writes
-the judgement of :mod:`widthscope.growth.compare`.
-
-Command line::
-
-    widthscope grow-bench --quick --out /tmp/gb         # a few minutes on one core
-    widthscope grow-bench --out widthscope-results/growth   # the documented suite (resumable)
+One cell (:func:`run_cell`) is a model of the suite (:mod:`widthscope.growth.suite`) at one seed:
+trained to a plateau on the ranking half of the held-out pool, every criterion of
+:func:`widthscope.probe.growth.point_criteria` at every point, then at every point the block grown
+(learning rate chosen on the ranking half, several block seeds, the GradMax block, grow-then-train-all)
+beside training the original model for the same FLOPs; gains are measured on a held-out quarter.
+:func:`benchmark` runs the cells resumably and writes the judgement of :mod:`widthscope.growth.compare`.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import math
 import time
 from pathlib import Path
@@ -34,18 +21,18 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .._io import atomic_write_json, atomic_write_text, progress
+from .._io import atomic_write_json, progress
 from ..errors import WidthscopeError
 from ..probe.batches import batch_size_of, index_batch
 from ..probe.blocks import block_of
 from ..probe.growth import point_criteria
 from ..probe.insert import insert
 from ..probe.steps import mean_loss
-from ..sweeps.grid import cell_id, finish_after_ranks, run_grid, shard_for_run
+from ..sweeps.grid import finish_after_ranks, run_grid, shard_for_run
 from .block import first_batch, step_flops, train_new_block, trainable
 from .compare import compare, teacher_picks, winner
 from .options import GrowBenchOptions, with_keywords
-from .suite import build_model, cell_data, cells, reproducible, split_held_out, train_to_plateau
+from .suite import build_model, cell_data, cells, own_cells, reproducible, split_held_out, train_to_plateau, write_table
 
 __all__ = ["run_cell", "benchmark", "run_bench", "bench_out_dir", "GrowBenchOptions"]
 
@@ -293,14 +280,7 @@ def benchmark(out_dir: Path, opts: GrowBenchOptions, shard: tuple[int, int] = (1
     suite, M, K = opts.suite, opts.M, opts.K
     grid = cells(suite, opts.seeds, M=M, K=K)
     record = {"grow_bench": opts.to_dict()}
-    # every cell file in out_dir is read: cells of another suite/seeds/M/K would be mixed in
-    ids = {cell_id(c) for c in grid}
-    foreign = [p.stem for p in (out_dir / "cells").glob("*.json") if p.stem not in ids]
-    if foreign:
-        raise WidthscopeError(
-            f"{out_dir} holds {len(foreign)} finished cell(s) of another growth benchmark "
-            "(suite, seeds, M or K differ); pass a new --out, or the options of that run"
-        )
+    ids = own_cells(out_dir, grid, "growth benchmark (suite, seeds, M or K differ)")
     t0 = time.perf_counter()
     res = run_grid(grid, lambda c, d: run_cell(c, d, show=False), out_dir, desc=f"grow-bench {suite}", shard=shard)
     done = {r["cell_id"] for r in res.rows}
@@ -315,7 +295,7 @@ def benchmark(out_dir: Path, opts: GrowBenchOptions, shard: tuple[int, int] = (1
             "options": record,
         }
     table = compare(res.rows)
-    atomic_write_text(out_dir / "comparison.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in table))
+    write_table(out_dir, table)
     summary = {
         "suite": suite,
         "M": M,

@@ -5,46 +5,20 @@ Usage::
     from widthscope.growth.callback import GrowthCallback
     trainer = Trainer(model=model, args=args, train_dataset=ds,
                       callbacks=[GrowthCallback(grow_at_step=1000, operator="stack_copy", target_depth=8)])
-    trainer.train()                    # 2 layers up to step 1000, then 8 (G_stack: the stack 4 times)
 
-    from widthscope.growth.callback import GrowthLightningCallback
-    pl.Trainer(callbacks=[GrowthLightningCallback(grow_at_step=1000, target_depth=8, model=lit.net)])
-
-**When.** After the optimizer step ``grow_at_step`` (``state.global_step`` / ``trainer.global_step``:
-optimizer steps, so never between the micro-batches of gradient accumulation), or at the first
-optimizer step where ``when(step)`` is true; the model grows once.
-
-**How.** ``operator``: a name of :data:`widthscope.registry.GROWTH_OPERATORS` (``stack_copy``,
-``stack_zero``, ``zero_block``, ``widen``; the grown size is ``target_depth`` or ``target_width``,
-as the operator's axis says), or a callable ``fn(model) -> Growth`` (e.g. ``lambda m:
-stack_depth(m, depth=8, layout="interleave")``). The Trainer holds the model object, so the model
-grows **in place**: the operator grows a copy, then the model takes the copy's submodules,
-parameters, buffers and config (``model.config.num_hidden_layers``, the attention modules'
-``layer_idx`` renumbered 0..depth-1). Every grown parameter whose values are an old parameter's,
-whole and unchanged (the first copy of each layer, the embeddings, norms and head of a depth growth),
-is that **same parameter object** again.
-
-**Optimizer state** (the rule): the old parameters the grown model still holds keep their param
-group and their state (AdamW's moments and step count); the parameters growth created (the copies,
-or the bigger tensors of ``widen``) are added as **new param groups**, one per old group they were
-grown from, with that group's settings (learning rate, weight decay, betas: the Trainer's no-decay
-norms stay without decay), and start with empty state (AdamW: step 0, its own bias correction);
-parameters growth replaced leave the optimizer with their state. A learning-rate scheduler holding
-one base rate and one factor per group (``LambdaLR``, which the Trainer's schedules are, and the
-schedulers with ``base_lrs``) gets the copied group's entries for each new group, so the new
-parameters follow the same schedule. This is not :func:`widthscope.growth.operators.
-optimizer_after`'s ``"keep"`` (the copies start fresh here, there they inherit their original's
-moments) nor its ``"reset"`` (the old parameters keep theirs here).
-
-**Logs** are untouched: the callback writes no log entry and no metric (the Trainer's
-``log_history`` has the same keys with and without it); each growth is recorded in the callback's
-``events`` (step, operator, layers before and after, new parameters) and said in the log (logger
-``widthscope.growth``). Not supported: models sharded or wrapped by the strategy (FSDP, DeepSpeed; a
-DDP wrapper would keep its old parameter buckets).
+The model grows once, after optimizer step ``grow_at_step`` (or the first where ``when(step)``), by
+an ``operator`` of :data:`widthscope.registry.GROWTH_OPERATORS` (to ``target_depth`` or
+``target_width``) or a callable ``fn(model) -> Growth``. It grows **in place**
+(:func:`grow_in_place`): parameters whose values are unchanged stay the same objects. The optimizer
+(:func:`add_to_optimizer`) keeps the old parameters' groups and state; the new ones join new groups
+with their original's group settings, empty state, and the scheduler's entries of that group.
+Nothing is logged as a metric; each growth is in ``events``. The rule in full: docs/growth.md,
+"Growing inside your trainer".
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -239,22 +213,15 @@ def _hf_class() -> type:
     return GrowthCallback
 
 
-def _lightning_base() -> type:
-    try:
-        from lightning.pytorch.callbacks import Callback  # optional: the Lightning extra
-    except ImportError:  # the older package name
-        try:
-            from pytorch_lightning.callbacks import Callback as LegacyCallback  # optional: the Lightning extra
-        except ImportError as exc:
-            raise WidthscopeError(
-                "GrowthLightningCallback needs Lightning: pip install 'widthscope[lightning]'"
-            ) from exc
-        return LegacyCallback
-    return Callback
-
-
 def _lightning_class() -> type:
-    Callback: Any = _lightning_base()
+    for package in ("lightning.pytorch.callbacks", "pytorch_lightning.callbacks"):  # the newer name first
+        try:
+            Callback: Any = importlib.import_module(package).Callback  # optional: the Lightning extra
+            break
+        except ImportError:
+            continue
+    else:
+        raise WidthscopeError("GrowthLightningCallback needs Lightning: pip install 'widthscope[lightning]'")
 
     class GrowthLightningCallback(Callback, Grower):  # type: ignore[misc, valid-type]
         """Grows ``model`` (the network inside the ``LightningModule``, e.g. ``lit.net``; default the
@@ -287,9 +254,11 @@ def _lightning_class() -> type:
     return GrowthLightningCallback
 
 
-_hf_getattr = lazy_class(__name__, "GrowthCallback", _hf_class)
-_pl_getattr = lazy_class(__name__, "GrowthLightningCallback", _lightning_class)
+_LAZY = {
+    name: lazy_class(__name__, name, make)
+    for name, make in (("GrowthCallback", _hf_class), ("GrowthLightningCallback", _lightning_class))
+}
 
 
 def __getattr__(name: str) -> Any:
-    return _pl_getattr(name) if name == "GrowthLightningCallback" else _hf_getattr(name)
+    return _LAZY.get(name, _LAZY["GrowthCallback"])(name)

@@ -52,13 +52,11 @@ def _t_quantile(p: float, df: float) -> float:
     return float(t.ppf(p, df))
 
 
-def seeded_rng(*key: Any) -> np.random.Generator:
-    return np.random.default_rng([zlib.crc32(str(k).encode()) for k in key])
-
-
-def random_argmax(v: np.ndarray, rng: np.random.Generator) -> tuple[int, bool]:
-    """Index of the largest value, ties broken uniformly at random by ``rng``; and whether it tied."""
+def _argmax(v: np.ndarray, *key: Any) -> tuple[int, bool]:
+    """Index of the largest value, ties broken uniformly at random by a generator seeded by ``key``;
+    and whether it tied."""
     top = np.flatnonzero(v == v.max())
+    rng = np.random.default_rng([zlib.crc32(str(k).encode()) for k in key])
     return int(rng.choice(top)) if len(top) > 1 else int(top[0]), len(top) > 1
 
 
@@ -82,7 +80,7 @@ def _pick(rs: Sequence[Mapping[str, Any]], name: str, seed: int, budget: str) ->
     raw = _column(rs, CRITERIA_COLUMNS[name])
     fin = raw[np.isfinite(raw)]
     v = np.where(np.isfinite(raw), raw, (fin.min() - 1) if len(fin) else 0.0)
-    j, tied = random_argmax(v, seeded_rng(seed, name, budget))
+    j, tied = _argmax(v, seed, name, budget)
     return v, j, tied, len(raw) - len(fin)
 
 
@@ -130,7 +128,7 @@ def _unit_scores(rs: list[Mapping[str, Any]], budget: str) -> dict[str, dict[str
     out["random"] = {k: float(np.mean([d[k] for d in per])) for k in per[0]}
     out["random"]["spearman"] = 0.0
     gA, _ = _gains(rs, f"gain_{budget}_A")
-    j, tied = random_argmax(gA, seeded_rng(seed, "oracle", budget))
+    j, tied = _argmax(gA, seed, "oracle", budget)
     out["oracle"] = {**score(j, g), "spearman": _spearman(gA, g), "ties": float(tied)}
     # the reproducibility ceiling: regrowing with another block seed ranks the points this well
     S = np.array([r[f"gain_{budget}_seeds"] for r in rs]).T  # (block seeds, points)

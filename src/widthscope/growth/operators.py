@@ -33,7 +33,7 @@ from .. import _args
 from ..errors import WidthscopeError
 from ..probe.insert import insert
 
-__all__ = ["Growth", "zero_block", "stack_depth", "stack_order", "widen", "optimizer_after", "is_llama", "OPT_STATES"]
+__all__ = ["Growth", "zero_block", "stack_depth", "stack_order", "widen", "optimizer_after", "OPT_STATES"]
 
 OPT_STATES = ("reset", "keep")
 STACK_MODES = ("copy", "zero")
@@ -57,16 +57,11 @@ class Growth:
     detail: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def is_llama(model: nn.Module) -> bool:
-    """A LLaMA-style Hugging Face causal LM (``model.model.layers`` of decoder layers)."""
-    cfg = getattr(model, "config", None)
-    inner = getattr(model, "model", None)
-    return getattr(cfg, "model_type", None) == "llama" and hasattr(inner, "layers")
-
-
 def _require_llama(fn: str, model: nn.Module) -> None:
+    """Refuse all but a LLaMA-style Hugging Face causal LM (``model.model.layers`` of decoder layers)."""
     _args.module(fn, "model", model)
-    if not is_llama(model):
+    cfg, inner = getattr(model, "config", None), getattr(model, "model", None)
+    if getattr(cfg, "model_type", None) != "llama" or not hasattr(inner, "layers"):
         raise WidthscopeError(
             f"{fn}(model=...): needs a LLaMA-style Hugging Face causal LM (LlamaForCausalLM, e.g. "
             f"widthscope.models.build('llama', ...)), got {type(model).__name__}; use zero_block for other models"

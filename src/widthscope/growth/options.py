@@ -126,7 +126,7 @@ TARGET_SCHEDULES = (
 
 @dataclasses.dataclass(frozen=True)
 class GrowTargetOptions(Options):
-    """The settings of the compute-to-target benchmark (:func:`widthscope.growth.target_bench.run_target`,
+    """The settings of the compute-to-target benchmark (:func:`widthscope.growth.target.run_target`,
     ``widthscope grow-target``): which suite, seeds, and optionally a subset of its operators and
     schedules or another budget."""
 

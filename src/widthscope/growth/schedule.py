@@ -28,7 +28,7 @@ from ..errors import WidthscopeError
 from ..probe.growth import CRITERIA, block_input_features, point_criteria
 from ..stats import certificate, misalignment
 
-__all__ = ["Schedule", "KINDS", "alignment_signal", "choose_points", "SCHEDULES", "fit_curve", "growth_pays"]
+__all__ = ["Schedule", "KINDS", "alignment_signal", "choose_points", "SCHEDULES", "growth_pays"]
 
 KINDS = ("fixed", "plateau", "certificate", "misalignment")
 
@@ -179,57 +179,42 @@ SCHEDULES: dict[str, Schedule] = {
 }
 
 
-def fit_curve(curve: Sequence[Sequence[float]]) -> tuple[float, float, float]:
-    """Least-squares fit ``loss ≈ E + A · C^(-alpha)`` to ``[(compute, loss), ...]`` (points with
-    ``compute > 0``; ``E, A ≥ 0``, ``alpha`` on a grid in [0.02, 3] refined once); ``(E, A, alpha)``.
+def growth_pays(curve: Sequence[Sequence[float]], budget: float, target: float) -> dict[str, Any]:
+    """From the small model's held-out ``curve`` so far (``[(FLOPs, loss), ...]``): will it reach
+    ``target`` by ``budget`` FLOPs if continued alone? Fits ``loss ≈ E + A · C^(-alpha)`` by least
+    squares (points with ``C > 0``; ``E, A ≥ 0``; ``alpha`` on a grid in [0.02, 3], refined once) and
+    extrapolates. ``decision``: ``"grow"`` where the fitted curve stays above ``target`` at ``budget``
+    (or its floor ``E`` is above it), ``"continue"`` where the small model is predicted to get there first.
 
-    >>> E, A, a = fit_curve([[c, 2.0 + 3.0 * c**-0.5] for c in (1, 2, 4, 8, 16, 32)])
-    >>> round(E, 3), round(A, 3), round(a, 3)
+    >>> curve = [[c, 2.0 + 3.0 * c**-0.5] for c in (1, 2, 4, 8)]
+    >>> growth_pays(curve, 100.0, 2.2)["decision"], growth_pays(curve, 1000.0, 2.2)["decision"]
+    ('grow', 'continue')
+    >>> fit = growth_pays([[c, 2.0 + 3.0 * c**-0.5] for c in (1, 2, 4, 8, 16, 32)], 10.0, 2.2)
+    >>> round(fit["floor"], 3), round(fit["scale"], 3), round(fit["alpha"], 3)
     (2.0, 3.0, 0.5)
     """
     pts = np.asarray([(float(c), float(v)) for c, v in curve if float(c) > 0], float)
     if len(pts) < 3:
-        raise WidthscopeError(f"fit_curve: need at least 3 points with compute > 0, got {len(pts)}")
+        raise WidthscopeError(f"growth_pays: need at least 3 points with compute > 0, got {len(pts)}")
     c, y = pts[:, 0] / pts[:, 0].max(), pts[:, 1]  # compute in units of the last point
 
     def fit(alpha: float) -> tuple[float, float, float]:
         x = c**-alpha
-        best = (math.inf, 0.0, 0.0)
-        for E, A in _nonnegative_lstsq(x, y):
-            sse = float(((E + A * x - y) ** 2).sum())
-            best = min(best, (sse, E, A))
-        return best
+        (E, A), *_ = np.linalg.lstsq(np.stack([np.ones_like(x), x], 1), y, rcond=None)
+        # the free solution if feasible, else the two boundary fits
+        fits = (
+            [(float(E), float(A))]
+            if E >= 0 and A >= 0
+            else [(max(0.0, float(y.mean())), 0.0), (0.0, max(0.0, float(x @ y / (x @ x))))]
+        )
+        return min([(math.inf, 0.0, 0.0)] + [(float(((e + a * x - y) ** 2).sum()), e, a) for e, a in fits])
 
     grid = np.linspace(0.02, 3.0, 150)
     a0 = min(grid, key=lambda a: fit(float(a))[0])
     fine = np.linspace(max(0.005, a0 - 0.02), a0 + 0.02, 81)
     alpha = float(min(fine, key=lambda a: fit(float(a))[0]))
     _, E, A = fit(alpha)
-    return E, A * float(pts[:, 0].max()) ** alpha, alpha
-
-
-def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> list[tuple[float, float]]:
-    """Candidates for min ||E + A x - y|| with E, A >= 0: the free solution if feasible, else the
-    two boundary fits."""
-    X = np.stack([np.ones_like(x), x], 1)
-    (E, A), *_ = np.linalg.lstsq(X, y, rcond=None)
-    if E >= 0 and A >= 0:
-        return [(float(E), float(A))]
-    a_only = max(0.0, float(x @ y / (x @ x)))
-    return [(max(0.0, float(y.mean())), 0.0), (0.0, a_only)]
-
-
-def growth_pays(curve: Sequence[Sequence[float]], budget: float, target: float) -> dict[str, Any]:
-    """From the small model's held-out ``curve`` so far (``[(FLOPs, loss), ...]``): will it reach
-    ``target`` by ``budget`` FLOPs if continued alone? Fits :func:`fit_curve` and extrapolates.
-    ``decision``: ``"grow"`` where the fitted curve stays above ``target`` at ``budget`` (or its floor
-    ``E`` is above it), ``"continue"`` where the small model is predicted to get there first.
-
-    >>> curve = [[c, 2.0 + 3.0 * c**-0.5] for c in (1, 2, 4, 8)]
-    >>> growth_pays(curve, 100.0, 2.2)["decision"], growth_pays(curve, 1000.0, 2.2)["decision"]
-    ('grow', 'continue')
-    """
-    E, A, alpha = fit_curve(curve)
+    A *= float(pts[:, 0].max()) ** alpha
     at_budget = E + A * float(budget) ** -alpha
     reach = None if target <= E or A == 0 else (A / (target - E)) ** (1 / alpha)
     return {

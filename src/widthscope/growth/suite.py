@@ -4,14 +4,17 @@ the planted teacher–student cases, base training to a plateau, and a cell's mo
 from __future__ import annotations
 
 import copy
+import json
 import math
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 import torch.nn as nn
 
-from .._env import environment
+from .._env import environment, torch_threads
+from .._io import atomic_write_text
 from ..data import load
 from ..errors import WidthscopeError
 from ..models import build
@@ -19,6 +22,7 @@ from ..probe.batches import batch_size_of, index_batch
 from ..probe.blocks import block_of
 from ..probe.insert import insert
 from ..probe.steps import mean_loss, per_example_losses
+from ..sweeps.grid import cell_id
 
 __all__ = ["SUITES", "SEEDS", "cells", "reproducible", "teacher_student", "train_to_plateau"]
 
@@ -141,21 +145,31 @@ def cells(suite: str = "full", seeds: Sequence[int] | None = None, *, M: int = 3
 @contextmanager
 def reproducible(threads: int = 1) -> Iterator[dict[str, Any]]:
     """``threads`` torch threads and deterministic algorithms inside (restored after); yields what
-    else could make a rerun elsewhere differ (:func:`widthscope._env.environment`: the CPU kernel
-    family, the library versions, the thread count)."""
-    prev = (
-        torch.get_num_threads(),
-        torch.are_deterministic_algorithms_enabled(),
-        torch.is_deterministic_algorithms_warn_only_enabled(),
-    )
-    torch.set_num_threads(int(threads))
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    env = environment()
-    try:
-        yield env
-    finally:
-        torch.set_num_threads(prev[0])
-        torch.use_deterministic_algorithms(prev[1], warn_only=prev[2])
+    else could make a rerun elsewhere differ (:func:`widthscope._env.environment`)."""
+    was = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    with torch_threads(int(threads)):
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        try:
+            yield environment()
+        finally:
+            torch.use_deterministic_algorithms(was[0], warn_only=was[1])
+
+
+def own_cells(out_dir: Path, grid: Sequence[Mapping[str, Any]], what: str) -> set[str]:
+    """The ids of ``grid``'s cells; refuses an ``out_dir`` holding finished cells of another run (``what``)."""
+    ids = {cell_id(c) for c in grid}
+    foreign = [p.stem for p in (out_dir / "cells").glob("*.json") if p.stem not in ids]
+    if foreign:
+        raise WidthscopeError(
+            f"{out_dir} holds {len(foreign)} finished cell(s) of another {what}; pass a new --out, or the options "
+            "of that run"
+        )
+    return ids
+
+
+def write_table(out_dir: Path, table: Sequence[Mapping[str, Any]]) -> None:
+    """``out_dir/comparison.jsonl``: one sorted-key JSON line per row of ``table``, written atomically."""
+    atomic_write_text(out_dir / "comparison.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in table))
 
 
 def teacher_student(

@@ -1,64 +1,60 @@
-r"""The compute-to-target benchmark: does training a small model, growing it and training on reach
-the loss of the full-size model trained from scratch with less compute?
+r"""``widthscope grow-target`` (docs/growth.md): does training a small model, growing it and training
+on reach the held-out loss of the full-size model trained from scratch with less compute?
 
-One cell per seed (:func:`run_target_cell`; resumable through :func:`widthscope.sweeps.grid.run_grid`):
+One cell per seed (:func:`run_target_cell`): the target model trained from scratch for the budget
+``B`` (its final held-out loss is the target); each small model (fewer layers, or narrower) trained
+alone to ``cap · B``, snapshotted where a schedule (:mod:`widthscope.growth.schedule`) says grow; from
+each snapshot, each operator (:mod:`widthscope.growth.operators`) grown and trained on until the
+target or ``cap · B``. FLOPs are counted by ``FlopCounterMode``; the per-seed speed-up
+``F_scratch / F_run`` (first crossings of the target) is judged by :mod:`widthscope.growth.target_compare`.
 
-1. **scratch**: the target model (LLaMA-style, e.g. width 64, depth 4) trained from scratch for
-   ``steps`` steps; its budget ``B`` is ``steps`` × the FLOPs of one training step; its held-out loss
-   is evaluated on a fixed FLOP grid (``B / evals``); the *target* is its final held-out loss.
-2. **continue-small** (the practitioner's other baseline), for each small model (``depth``: half the
-   layers; ``width``: half the width): trained alone up to ``cap · B`` FLOPs. The same run is the
-   prefix of every growth run from that small model: its model, AdamW state and batch generator are
-   kept at each evaluation where a schedule (:mod:`widthscope.growth.schedule`) says "grow".
-3. **growth runs**: each operator (:mod:`widthscope.growth.operators`) × schedule, from that snapshot:
-   grow (once, or at each stage of the schedule), train on with a fresh AdamW (re-warmed over
-   ``rewarm`` steps), stop when the held-out loss first reaches the target or at ``cap · B``.
-
-Every run's FLOPs are counted by ``torch.utils.flop_counter.FlopCounterMode`` (matrix products and
-attention: forward and backward of one training step, counted once per model shape and multiplied
-by the steps); the small model's FLOPs before growth count, and so do the signal measurements of
-the certificate schedules. Evaluations are measurement and cost nothing. "FLOPs to reach" is the
-first crossing of the target on the evaluation grid, linearly interpolated between the two
-evaluations around it; a run that never reaches it is *censored* (``reached`` false) at ``cap · B``.
-The per-seed speed-up is ``F_scratch / F_run`` (both first crossings of the same target on the same
-held-out examples); the judgement over seeds is :func:`widthscope.growth.target_compare.compare`.
-
-The budget: ``steps``, or ``tokens_per_param`` tokens per parameter of the target model (about 20
-is compute-optimal). All runs of a cell use one torch thread and deterministic algorithms
-(:func:`reproducible`), AdamW (weight decay 0, gradient clipping at norm 1), a linear warm-up, then
-``decay``: ``"none"`` (constant), or ``"cosine"`` / ``"linear"`` down to ``final_lr`` × ``lr`` at the
-end of the run's compute (``B`` for scratch, ``cap · B`` for the others; a grown run continues the
-small run's schedule). The target is the from-scratch loss at ``B`` (annealed where ``decay`` is
-set), the mean over ``n_eval`` held-out sequences, with its standard error (``target_se``).
+:func:`run_target` runs the cells resumably and writes ``comparison.jsonl`` and ``summary.json``; a
+suite file (:func:`read_suite_file`, e.g. ``configs/grow-target-paper.toml``) runs other sizes, and
+:func:`plan_cost` predicts its FLOPs and GPU-hours.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
 import time
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from .. import _args
+from .._io import atomic_write_json, read_toml
 from ..data import load
 from ..errors import WidthscopeError
 from ..models import build
 from ..registry import GROWTH_OPERATORS
-from .operators import Growth, stack_depth, stack_order, widen, zero_block
+from ..sweeps.grid import run_grid
+from .operators import Growth, stack_depth, widen, zero_block
+from .options import GrowTargetOptions, with_keywords
 from .schedule import SCHEDULES, Schedule, alignment_signal
-from .suite import reproducible
+from .suite import own_cells, reproducible, write_table
+from .target_compare import answer, compare
 
 __all__ = [
     "TARGET_SUITES",
     "OPERATORS",
     "DECAYS",
+    "COLUMNS",
     "target_cells",
     "run_target_cell",
+    "run_target",
+    "target_out_dir",
+    "suite_cells",
+    "read_suite_file",
+    "plan_cost",
+    "spent_fractions",
     "model_flops",
+    "meta_step_flops",
     "reach_flops",
     "budget_steps",
     "lr_factor",
@@ -132,6 +128,24 @@ TARGET_SUITES: dict[str, dict[str, Any]] = {
     },
 }
 TARGET_SEEDS = {"full": (0, 1, 2, 3, 4), "short": (0, 1, 2, 3, 4), "quick": (0, 1)}
+# the columns of the table the command line prints
+COLUMNS = (
+    "run",
+    "reached",
+    "seeds",
+    "speedup",
+    "speedup_lo",
+    "speedup_hi",
+    "vs_continue",
+    "vs_continue_lo",
+    "vs_continue_hi",
+    "reached_before_growth",
+    "grown_at",
+    "forced",
+    "final_loss",
+    "verdict",
+    "verdict_continue",
+)
 
 
 def target_cells(suite: str = "full", seeds: Sequence[int] | None = None) -> list[dict[str, Any]]:
@@ -147,22 +161,22 @@ def ffn_width(width: int) -> int:
     return max(32, 32 * round(8 * width / 3 / 32))  # the rule of models.lm.build_llama
 
 
-def target_model(cell: Mapping[str, Any], width: int, depth: int) -> nn.Module:
-    """LLaMA-style decoder with heads of ``head_dim`` (full multi-head attention, so any width that
-    is a multiple of the head dimension can be grown to)."""
+def target_model(cell: Mapping[str, Any], width: int, depth: int, *, meta: bool = False) -> nn.Module:
+    """The suite's LLaMA-style decoder with full multi-head attention (heads of ``head_dim``), on the
+    cell's device, or on the ``meta`` device with ``meta``."""
     hd = int(cell["head_dim"])
-    heads = width // hd
-    model = build(
-        "llama",
-        width,
-        depth=depth,
-        max_seq_len=cell["seq_len"],
-        heads=heads,
-        kv_heads=heads,
-        head_dim=hd,
-        ffn=ffn_width(width),
-    )
-    return model.to(cell.get("device", "cpu"))
+    with torch.device("meta") if meta else contextlib.nullcontext():
+        model = build(
+            "llama",
+            width,
+            depth=depth,
+            max_seq_len=cell["seq_len"],
+            heads=width // hd,
+            kv_heads=width // hd,
+            head_dim=hd,
+            ffn=ffn_width(width),
+        )
+    return model if meta else model.to(cell.get("device", "cpu"))
 
 
 def _signature(model: nn.Module) -> tuple:
@@ -184,6 +198,14 @@ def model_flops(model: nn.Module, batch: torch.Tensor, cache: dict[tuple, int] |
     if cache is not None:
         cache[key] = flops
     return flops
+
+
+def meta_step_flops(settings: Mapping[str, Any], width: int, depth: int) -> tuple[int, int]:
+    """(FLOPs of one training step, parameters) of the suite's model at ``width`` × ``depth``,
+    counted on the ``meta`` device."""
+    m = target_model(settings, width, depth, meta=True)
+    x = torch.zeros(int(settings["batch_size"]), int(settings["seq_len"]), dtype=torch.long, device="meta")
+    return model_flops(m, x), sum(p.numel() for p in m.parameters())
 
 
 def budget_steps(cell: Mapping[str, Any], params: int) -> int:
@@ -359,32 +381,15 @@ def train_until(
             f_step = ctx.step_flops(run.model)  # on_eval may have grown the model
 
 
-# ----------------------------------------------------------------------------- growth steps
-def _stage_sizes(start: int, end: int, stages: int, multiple: int) -> list[int]:
-    """Sizes after each of ``stages`` growths from ``start`` to ``end`` (evenly, multiples of ``multiple``)."""
-    out = []
-    for k in range(1, stages + 1):
-        v = start + (end - start) * k / stages
-        out.append(int(multiple * round(v / multiple)))
-    out[-1] = end
-    return out
-
-
+# ----------------------------------------------------------------------------- growth operators
 def grow_stack_copy(model: Any, size: int, *, cell: Mapping[str, Any], seed: int) -> Growth:
-    """G_stack to ``size`` layers: the whole stack repeated, then its top ``size mod depth`` layers
-    (``stack_order``; up to ``2 × depth``: the top ``size - depth`` layers copied on top; not
-    function-preserving)."""
-    return stack_depth(model, _stack_order(model, size), mode="copy")
+    """G_stack to ``size`` layers (:func:`~widthscope.growth.operators.stack_order`; not function-preserving)."""
+    return stack_depth(model, depth=size, mode="copy")
 
 
 def grow_stack_zero(model: Any, size: int, *, cell: Mapping[str, Any], seed: int) -> Growth:
     """G_stack with each copy's writing maps zeroed (function-preserving)."""
-    return stack_depth(model, _stack_order(model, size), mode="zero")
-
-
-def _stack_order(model: Any, size: int) -> list[int]:
-    # up to 2d: the top (size - d) layers copied on top; beyond, whole repeats first
-    return stack_order(model.config.num_hidden_layers, size, "stack")
+    return stack_depth(model, depth=size, mode="zero")
 
 
 def grow_zero_block(model: Any, size: int, *, cell: Mapping[str, Any], seed: int) -> Growth:
@@ -403,14 +408,10 @@ def grow_widen(model: Any, size: int, *, cell: Mapping[str, Any], seed: int) -> 
     return widen(model, size, ffn=ffn_width(size), seed=seed)
 
 
-def _grow_once(ctx: CellContext, op: str, model: Any, size: int, seed: int) -> Growth:
-    """Grow ``model`` to ``size`` by the registered operator ``op`` (widthscope.registry.GROWTH_OPERATORS)."""
-    return GROWTH_OPERATORS.get(op)(model, size, cell=ctx.cell, seed=seed)
-
-
 def _grow_run(ctx: CellContext, run: _Run, op: str, size: int, info: dict[str, Any]) -> None:
-    """Grow ``run``'s model in place of the run (fresh AdamW, re-warm-up), recording the event."""
-    g = _grow_once(ctx, op, run.model, size, int(ctx.cell["seed"]) + len(run.events))
+    """Grow ``run``'s model by the registered operator ``op`` (fresh AdamW, re-warm-up), recording the event."""
+    seed = int(ctx.cell["seed"]) + len(run.events)
+    g = GROWTH_OPERATORS.get(op)(run.model, size, cell=ctx.cell, seed=seed)
     run.model = g.model
     run.model.train()
     run.opt = torch.optim.AdamW(run.model.parameters(), lr=ctx.cell["lr"], weight_decay=0.0)
@@ -430,42 +431,33 @@ def _grow_run(ctx: CellContext, run: _Run, op: str, size: int, info: dict[str, A
 
 
 # ----------------------------------------------------------------------------- the cell
-def _signal_cost(ctx: CellContext, model: nn.Module, kind: str) -> int:
-    """FLOPs of one signal measurement (forward and backward of both pools), cached per shape."""
-    key = ("signal", kind, _signature(model))
-    if key not in ctx.flop_cache:
-        fc = FlopCounterMode(display=False)
-        with fc:
-            measure_signal(ctx, model, kind)
-        ctx.flop_cache[key] = int(fc.get_total_flops())
-    return ctx.flop_cache[key]
-
-
 def measure_signal(ctx: CellContext, model: Any, kind: str) -> float:
     point = f"model.layers.{model.config.num_hidden_layers // 2}"
     n = len(ctx.sig_train[0])
     return alignment_signal(model, point, ctx.sig_train, ctx.sig_test, kind=kind, M=n, K=n, seed=int(ctx.cell["seed"]))
 
 
-def _due(ctx: CellContext, sched: Schedule, run: _Run, stage: int, charge: Callable[[float], None]) -> dict[str, Any]:
-    """Whether growth ``stage`` is due on ``run`` now; the signal value (and its FLOPs, charged)."""
+def _due(ctx: CellContext, sched: Schedule, run: _Run, stage: int) -> tuple[dict[str, Any], float]:
+    """Whether growth ``stage`` is due on ``run`` now, with the signal value; and the FLOPs of the
+    signal measurements (forward and backward of both pools, counted once per model shape)."""
     value: list[float] = []
+    cost = 0.0
 
     def measure() -> float:
-        charge(_signal_cost(ctx, run.model, sched.kind))
+        nonlocal cost
+        key = ("signal", sched.kind, _signature(run.model))
+        if key not in ctx.flop_cache:
+            fc = FlopCounterMode(display=False)
+            with fc:
+                measure_signal(ctx, run.model, sched.kind)
+            ctx.flop_cache[key] = int(fc.get_total_flops())
+        cost += ctx.flop_cache[key]
         value.append(measure_signal(ctx, run.model, sched.kind))
         return value[-1]
 
     frac = run.flops / ctx.budget
-    due = sched.due(stage, frac, run.history, measure if sched.kind in ("certificate", "misalignment") else None)
-    return {"due": due, "fraction": frac, "forced": sched.forced(frac), "signal": value[-1] if value else None}
-
-
-def _charge_to(charged: dict[str, float], name: str) -> Callable[[float], None]:
-    def charge(flops: float) -> None:
-        charged[name] += flops
-
-    return charge
+    due = sched.due(stage, frac, run.history, measure if sched.signal else None)
+    return {"due": due, "fraction": frac, "forced": sched.forced(frac), "signal": value[-1] if value else None}, cost
 
 
 def _small_prefix(
@@ -475,9 +467,8 @@ def _small_prefix(
     cell = ctx.cell
     seed = int(cell["seed"])
     torch.manual_seed(seed + (101 if kind == "depth" else 202))
-    width = int(cell["width"]) if kind == "depth" else int(cell["small_width"])
-    depth = int(cell["small_depth"]) if kind == "depth" else int(cell["depth"])
-    run = start_run(ctx, target_model(cell, width, depth), seed + 1, float(cell["cap"]) * ctx.budget)
+    size = {"width": int(cell["width"]), "depth": int(cell["depth"]), kind: int(cell[f"small_{kind}"])}
+    run = start_run(ctx, target_model(cell, size["width"], size["depth"]), seed + 1, float(cell["cap"]) * ctx.budget)
     snaps: dict[str, tuple[_Run, dict[str, Any]]] = {}
     charged = {s.name: 0.0 for s in schedules}
 
@@ -485,7 +476,8 @@ def _small_prefix(
         for s in schedules:
             if s.name in snaps:
                 continue
-            d = _due(ctx, s, r, 0, _charge_to(charged, s.name))
+            d, cost = _due(ctx, s, r, 0)
+            charged[s.name] += cost
             if d["due"]:
                 snap = r.snapshot()
                 snap.flops += charged[s.name]
@@ -499,18 +491,15 @@ def _small_prefix(
 
 def _grown_run(ctx: CellContext, op: str, sched: Schedule, start: tuple[_Run, dict[str, Any]], target: float) -> _Run:
     """Grow the snapshot by ``op`` at the schedule's first stage, train on to the target or the cap,
-    growing again at later stages when due."""
+    growing again at later stages when due (sizes evenly between the small and the target model's)."""
     cell = ctx.cell
-    kind = OPERATORS[op]
-    small, end = (
-        (int(cell["small_depth"]), int(cell["depth"]))
-        if kind == "depth"
-        else (
-            int(cell["small_width"]),
-            int(cell["width"]),
-        )
-    )
-    sizes = _stage_sizes(small, end, sched.stages, 1 if kind == "depth" else int(cell["head_dim"]))
+    axis = OPERATORS[op]
+    small, end = int(cell[f"small_{axis}"]), int(cell[axis])
+    multiple = 1 if axis == "depth" else int(cell["head_dim"])
+    sizes = [
+        int(multiple * round((small + (end - small) * k / sched.stages) / multiple)) for k in range(1, sched.stages)
+    ]
+    sizes.append(end)  # the stages' sizes, evenly between, multiples of ``multiple``
     run = start[0].snapshot()
     _grow_run(ctx, run, op, sizes[0], {**start[1], "flops": run.flops, "step": run.step})
 
@@ -519,12 +508,9 @@ def _grown_run(ctx: CellContext, op: str, sched: Schedule, start: tuple[_Run, di
             return True
         stage = len(r.events)
         if stage < len(sizes) and r.events[-1]["size"] < sizes[stage]:
-
-            def charge(f: float) -> None:
-                r.flops += f
-                r.signal_flops += f
-
-            d = _due(ctx, sched, r, stage, charge)
+            d, cost = _due(ctx, sched, r, stage)
+            r.flops += cost
+            r.signal_flops += cost
             if d["due"]:
                 _grow_run(ctx, r, op, sizes[stage], {**d, "flops": r.flops, "step": r.step})
         return False
@@ -533,13 +519,25 @@ def _grown_run(ctx: CellContext, op: str, sched: Schedule, start: tuple[_Run, di
     return run
 
 
-def _row(ctx: CellContext, label: str, run: _Run, target: float, ref: float | None, **extra: Any) -> dict[str, Any]:
+def _row(
+    ctx: CellContext,
+    label: str,
+    run: _Run,
+    target: float,
+    ref: float | None,
+    t0: float,
+    small: str | None = None,
+    operator: str | None = None,
+    schedule: str | None = None,
+) -> dict[str, Any]:
     reach = reach_flops(run.curve, target)
     cap = float(ctx.cell["cap"]) * ctx.budget
     return {
         "kind": "grow_target",
         "run": label,
-        **extra,
+        "small": small,
+        "operator": operator,
+        "schedule": schedule,
         "target_loss": target,
         "budget_flops": ctx.budget,
         "cap_flops": cap,
@@ -556,29 +554,23 @@ def _row(ctx: CellContext, label: str, run: _Run, target: float, ref: float | No
         "grown_at": run.events[0]["fraction"] if run.events else None,
         "forced": any(e.get("forced") for e in run.events),
         "curve": run.curve,
+        "seconds": time.perf_counter() - t0,
     }
 
 
 def run_target_cell(cell: Mapping[str, Any], _cell_dir: Any = None) -> list[dict[str, Any]]:
     """Every run of one seed (scratch, continue-small, operator × schedule): one row each."""
     with reproducible(1) as env:
-        rows = _run_target_cell(cell)
+        rows = _cell_rows(cell)
     for r in rows:
         r.update(env)
     return rows
 
 
-def _run_target_cell(cell: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _cell_rows(cell: Mapping[str, Any]) -> list[dict[str, Any]]:
     t0 = time.perf_counter()
     ctx = CellContext(cell)
     seed = int(cell["seed"])
-    unknown = [s for s in cell["schedules"] if s not in SCHEDULES] + [
-        o for o in cell["operators"] if o not in OPERATORS
-    ]
-    if unknown:
-        raise WidthscopeError(
-            f"grow-target: unknown schedule/operator {unknown}; known {list(SCHEDULES)}, {list(OPERATORS)}"
-        )
     torch.manual_seed(seed)
     big = target_model(cell, int(cell["width"]), int(cell["depth"]))
     params = sum(p.numel() for p in big.parameters())
@@ -596,8 +588,7 @@ def _run_target_cell(cell: Mapping[str, Any]) -> list[dict[str, Any]]:
         "tokens_per_param": steps * int(cell["batch_size"]) * int(cell["seq_len"]) / params,
         "target_se": float(final.std() / math.sqrt(len(final))) if len(final) > 1 else None,
     }
-    rows = [_row(ctx, "scratch", scratch, target, ref, small=None, operator=None, schedule=None)]
-    rows[0]["seconds"] = time.perf_counter() - t0
+    rows = [_row(ctx, "scratch", scratch, target, ref, t0)]
     schedules = [SCHEDULES[s] for s in cell["schedules"]]
     for kind in ("depth", "width"):
         ops = [o for o in cell["operators"] if OPERATORS[o] == kind]
@@ -605,14 +596,193 @@ def _run_target_cell(cell: Mapping[str, Any]) -> list[dict[str, Any]]:
             continue
         t1 = time.perf_counter()
         cont, snaps = _small_prefix(ctx, kind, schedules)
-        rows.append(_row(ctx, f"continue-{kind}", cont, target, ref, small=kind, operator=None, schedule=None))
-        rows[-1]["seconds"] = time.perf_counter() - t1
+        rows.append(_row(ctx, f"continue-{kind}", cont, target, ref, t1, small=kind))
         for op in ops:
             for s in schedules:
                 t1 = time.perf_counter()
                 run = _grown_run(ctx, op, s, snaps[s.name], target)
-                rows.append(_row(ctx, f"{op}/{s.name}", run, target, ref, small=kind, operator=op, schedule=s.name))
-                rows[-1]["seconds"] = time.perf_counter() - t1
+                rows.append(_row(ctx, f"{op}/{s.name}", run, target, ref, t1, kind, op, s.name))
     for r in rows:
         r.update(budget, seconds_cell=time.perf_counter() - t0)
     return rows
+
+
+# ----------------------------------------------------------------------------- suite files and their cost
+_KNOWN = set(TARGET_SUITES["full"]) | {"device"}
+_TOP = {"device", "seeds", "sustained_flops", "defaults", "suite", "note"}
+_HINT = "see configs/grow-target-paper.toml"
+
+
+def _check_settings(s: Mapping[str, Any], where: str) -> None:
+    unknown = sorted(set(s) - _KNOWN)
+    if unknown:
+        raise WidthscopeError(f"{where}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(_KNOWN))}")
+    for key in ("width", "depth", "head_dim", "small_depth", "small_width", "seq_len", "batch_size", "steps", "evals"):
+        _args.integer(where, key, s[key], lo=1)
+    hd = s["head_dim"]
+    if s["width"] % hd or s["small_width"] % hd or s["small_width"] >= s["width"]:
+        raise WidthscopeError(
+            f"{where}: width {s['width']} and small_width {s['small_width']} must be multiples of head_dim {hd}, "
+            "small_width below width"
+        )
+    if not s["small_depth"] < s["depth"]:
+        raise WidthscopeError(f"{where}: need small_depth < depth, got {s['small_depth']} and {s['depth']}")
+    tpp = s["tokens_per_param"]
+    _args.number(where, "tokens_per_param", tpp, 0, 1e6, lo_open=True, hi_open=True, optional=True)
+    _args.choice(where, "decay", s["decay"], DECAYS)
+    _args.number(where, "final_lr", s["final_lr"], 0, 1)
+    bad = [o for o in s["operators"] if o not in OPERATORS] + [c for c in s["schedules"] if c not in SCHEDULES]
+    if bad:
+        raise WidthscopeError(f"{where}: unknown operator/schedule {bad}; known {list(OPERATORS)}, {list(SCHEDULES)}")
+
+
+def read_suite_file(path: str | Path) -> dict[str, Any]:
+    """``{"suites": [settings, ...], "seeds": (...), "sustained_flops": float | None, "path": str}``
+    from a suite file (see the module docstring); every problem is one line naming the file."""
+    raw = read_toml(path, "grow-target suite file", _HINT)
+    where = f"grow-target suite file {str(path)!r}"
+    extra = sorted(set(raw) - _TOP)
+    if extra:
+        raise WidthscopeError(f"{where}: unknown key(s) {', '.join(extra)}; known: {', '.join(sorted(_TOP))}")
+    entries = raw.get("suite")
+    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
+        raise WidthscopeError(f"{where}: give at least one [[suite]] table; {_HINT}")
+    defaults = raw.get("defaults", {})
+    if not isinstance(defaults, dict):
+        raise WidthscopeError(f"{where}: [defaults] must be a table")
+    suites = []
+    for i, e in enumerate(entries):
+        given = {**defaults, **e}
+        s = {**TARGET_SUITES["full"], "device": raw.get("device", "cpu"), **given}
+        if "steps" in given and "tokens_per_param" not in given:
+            s["tokens_per_param"] = None  # a suite that gives steps sets its budget in steps
+        s["operators"], s["schedules"] = tuple(s["operators"]), tuple(s["schedules"])
+        _check_settings(s, f"{where} [[suite]] {i + 1}")
+        suites.append(s)
+    seeds = raw.get("seeds", [0, 1, 2, 3, 4])
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(v, int) and v >= 0 for v in seeds):
+        raise WidthscopeError(f"{where}: seeds must be a list of whole numbers >= 0")
+    flops = _args.number(where, "sustained_flops", raw.get("sustained_flops"), 0, lo_open=True, optional=True)
+    return {"suites": suites, "seeds": tuple(seeds), "sustained_flops": flops, "path": str(path)}
+
+
+def spent_fractions(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Per run label, the mean over seeds of the FLOPs a run spent as a fraction of its budget ``B``."""
+    acc: dict[str, list[float]] = {}
+    for r in rows:
+        if r.get("kind") == "grow_target":
+            acc.setdefault(str(r["run"]), []).append(float(r["flops"]) / float(r["budget_flops"]))
+    return {k: sum(v) / len(v) for k, v in acc.items()}
+
+
+def plan_cost(plan: Mapping[str, Any], fractions: Mapping[str, float]) -> list[dict[str, Any]]:
+    """One row per suite of ``plan`` (:func:`read_suite_file`): parameters, step FLOPs, budget,
+    tokens, and the FLOPs and GPU-hours of all its seeds, predicted (each run at the fraction of
+    ``B`` it spent in ``fractions``, :func:`spent_fractions` of the CPU suite; a label it lacks at
+    ``cap · B``) and at most (every run to ``cap · B``)."""
+    out = []
+    for s in plan["suites"]:
+        f_t, p_t = meta_step_flops(s, s["width"], s["depth"])
+        steps = budget_steps(s, p_t)
+        budget = float(steps) * f_t
+        labels = ["scratch"]
+        labels += [f"continue-{k}" for k in sorted({OPERATORS[o] for o in s["operators"]})]
+        labels += [f"{o}/{c}" for o in s["operators"] for c in s["schedules"]]
+        cap = float(s["cap"])
+        predicted = sum(fractions.get(lab, 1.0 if lab == "scratch" else cap) for lab in labels) * budget
+        upper = (1.0 + cap * (len(labels) - 1)) * budget
+        n = len(plan["seeds"])
+        sus = plan.get("sustained_flops")
+        out.append(
+            {
+                **{k: s[k] for k in ("width", "depth", "small_width", "small_depth")},
+                "parameters": p_t,
+                "parameters_small_depth": meta_step_flops(s, s["width"], s["small_depth"])[1],
+                "parameters_small_width": meta_step_flops(s, s["small_width"], s["depth"])[1],
+                "step_flops": f_t,
+                "steps": steps,
+                "tokens": steps * s["batch_size"] * s["seq_len"],
+                "budget_flops": budget,
+                "runs_per_seed": len(labels),
+                "seeds": n,
+                "flops_predicted": n * predicted,
+                "flops_upper": n * upper,
+                "gpu_hours_predicted": None if sus is None else n * predicted / sus / 3600,
+                "gpu_hours_upper": None if sus is None else n * upper / sus / 3600,
+            }
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------- the resumable run
+def target_out_dir(out: str | Path | None = None, *, quick: bool = False, suite_file: str | None = None) -> Path:
+    """``out``, or ``widthscope-results/grow-target[-quick | -<suite file stem>]``."""
+    tail = f"-{Path(suite_file).stem}" if suite_file else ("-quick" if quick else "")
+    return Path(out or f"widthscope-results/grow-target{tail}")
+
+
+def suite_cells(opts: GrowTargetOptions) -> list[dict[str, Any]]:
+    """The cells of ``opts``: its suite's or its suite file's, with its overrides."""
+    if opts.suite_file is not None:
+        plan = read_suite_file(opts.suite_file)
+        name = f"file:{Path(opts.suite_file).name}"
+        seeds = plan["seeds"] if opts.seeds is None else opts.seeds
+        cells = [
+            {"kind": "grow_target_cell", "suite": name, **s, "seed": int(seed)}
+            for s in plan["suites"]
+            for seed in seeds
+        ]
+    else:
+        cells = target_cells(opts.suite, opts.seeds)
+    for c in cells:
+        if opts.steps is not None:
+            c["tokens_per_param"] = None
+        for key in ("steps", "tokens_per_param", "decay", "operators", "schedules"):
+            value = getattr(opts, key)
+            if value is not None:
+                c[key] = value
+    return cells
+
+
+def run_target(
+    out: str | Path | None = None, options: GrowTargetOptions | None = None, **keywords: Any
+) -> dict[str, Any]:
+    """Run (or resume) the benchmark into ``out`` (default :func:`target_out_dir`). Keywords named
+    like :class:`~widthscope.growth.options.GrowTargetOptions` fields override ``options``.
+
+    Returns ``rows``, ``table`` (one row per run label), ``summary`` and ``complete``."""
+    opts = with_keywords("run_target", options, GrowTargetOptions, keywords)
+    out_dir = target_out_dir(out, quick=opts.quick, suite_file=opts.suite_file)
+    grid = suite_cells(opts)
+    record = {"grow_target": opts.to_dict()}
+    ids = own_cells(out_dir, grid, "grow-target run (suite, seeds, steps, operators or schedules differ)")
+    t0 = time.perf_counter()
+    res = run_grid(
+        grid, run_target_cell, out_dir, desc=f"grow-target {opts.suite}", record=lambda c: {"options": record}
+    )
+    rows = [r for r in res.rows if r.get("cell_id") in ids]
+    done = {r["cell_id"] for r in rows}
+    if not ids <= done:  # pragma: no cover - run_grid finishes every cell of an unsharded run
+        return {"rows": rows, "table": [], "summary": {}, "complete": False}
+    table = compare(rows)
+    write_table(out_dir, table)
+    settings = []
+    for c in grid:
+        s = {k: v for k, v in c.items() if k not in ("seed", "kind", "suite")}
+        if s not in settings:
+            settings.append(s)
+    summary = {
+        "suite": grid[0]["suite"],
+        "settings": settings,
+        "operators": {o: OPERATORS[o] for o in settings[0]["operators"]},
+        "seeds": sorted({int(c["seed"]) for c in grid}),
+        "answer": answer(table),
+        "budget_flops": sorted({float(r["budget_flops"]) for r in rows if r["run"] == "scratch"}),
+        "seconds_this_call": time.perf_counter() - t0,
+        "seconds_cells_total": sum({r["cell_id"]: r["seconds_cell"] for r in rows}.values()),
+        "ran": len(res.done),
+        "resumed": len(res.skipped),
+        "options": record,
+    }
+    atomic_write_json(out_dir / "summary.json", summary)
+    return {"rows": rows, "table": table, "summary": summary, "complete": True}

@@ -73,14 +73,6 @@ __all__ = ["SPEEDUP", "compare", "answer", "crossover"]
 SPEEDUP = 1.3
 
 
-def _label_order(label: str) -> tuple[int, str]:
-    if label == "scratch":
-        return (0, label)
-    if label.startswith("continue-"):
-        return (1, label)
-    return (2, label)
-
-
 def crossover(big: Sequence[Sequence[float]], small: Sequence[Sequence[float]]) -> float | None:
     """The FLOPs from which the held-out curve ``big`` (``[(flops, loss), ...]``) stays at or below
     ``small`` (linearly interpolated at ``big``'s evaluations, linear between them); ``None`` when
@@ -103,48 +95,60 @@ def crossover(big: Sequence[Sequence[float]], small: Sequence[Sequence[float]]) 
 
 
 def compare(rows: Sequence[Mapping[str, Any]], *, threshold: float = SPEEDUP) -> list[dict[str, Any]]:
-    """One table row per run label (see the module docstring)."""
+    """One table row per target width, budget and run label (see the module docstring)."""
     by: dict[tuple[int, int, str], list[Mapping[str, Any]]] = defaultdict(list)
     for r in rows:
         if r.get("kind") == "grow_target":
-            by[(*_budget(r), str(r["run"]))].append(r)
+            by[(int(r.get("width") or 0), int(r.get("budget_steps") or 0), str(r["run"]))].append(r)
+
+    def order(k: tuple[int, int, str]) -> tuple[int, int, int, str]:  # scratch, continue-small, growth
+        return (k[0], k[1], 0 if k[2] == "scratch" else 1 if k[2].startswith("continue-") else 2, k[2])
+
     table = []
-    for width, steps, label in sorted(by, key=lambda k: (k[0], k[1], *_label_order(k[2]))):
+    for width, steps, label in sorted(by, key=order):
         rs = sorted(by[(width, steps, label)], key=lambda r: int(r["seed"]))
         s = [float(r["speedup"]) for r in rs if r.get("speedup") is not None and float(r["speedup"]) > 0]
         test = seed_test([math.log(v) for v in s], (math.log(threshold), math.inf))
         grown = [float(r["grown_at"]) for r in rs if r.get("grown_at") is not None]
         first = rs[0]
-        table.append(
-            {
-                "kind": "grow_target_compare",
-                "width": width or None,
-                "budget_steps": steps or None,
-                "tokens_per_param": _mean([r.get("tokens_per_param") for r in rs]),
-                "target_se": _mean([r.get("target_se") for r in rs]),
-                "run": label,
-                "small": first.get("small"),
-                "operator": first.get("operator"),
-                "schedule": first.get("schedule"),
-                "seeds": len(rs),
-                "reached": sum(bool(r.get("reached")) for r in rs),
-                "speedup": math.exp(test["measured"]) if test["measured"] is not None else None,
-                "speedup_lo": math.exp(test["low"]) if test["low"] is not None else None,
-                "speedup_hi": math.exp(test["high"]) if test["high"] is not None else None,
-                "speedup_median": float(np.median(s)) if s else None,
-                "speedup_seeds": s,
-                "grown_at": float(np.mean(grown)) if grown else None,
-                "forced": sum(bool(r.get("forced")) for r in rs),
-                "final_loss": float(np.mean([float(r["final_loss"]) for r in rs])),
-                "target_loss": float(np.mean([float(r["target_loss"]) for r in rs])),
-                "p": test["p"],
-                "direction": test["direction"],
-                # the target was reached by the small model before it grew (the growth run inherits it)
-                "reached_before_growth": sum(_before_growth(r) for r in rs),
-            }
-        )
-    _versus_continue(table, by)
-    _crossovers(table, by)
+        t = {
+            "kind": "grow_target_compare",
+            "width": width or None,
+            "budget_steps": steps or None,
+            "tokens_per_param": _mean([r.get("tokens_per_param") for r in rs]),
+            "target_se": _mean([r.get("target_se") for r in rs]),
+            "run": label,
+            "small": first.get("small"),
+            "operator": first.get("operator"),
+            "schedule": first.get("schedule"),
+            "seeds": len(rs),
+            "reached": sum(bool(r.get("reached")) for r in rs),
+            **_geometric(test, "speedup"),
+            "speedup_median": float(np.median(s)) if s else None,
+            "speedup_seeds": s,
+            "grown_at": float(np.mean(grown)) if grown else None,
+            "forced": sum(bool(r.get("forced")) for r in rs),
+            "final_loss": float(np.mean([float(r["final_loss"]) for r in rs])),
+            "target_loss": float(np.mean([float(r["target_loss"]) for r in rs])),
+            "p": test["p"],
+            "direction": test["direction"],
+            # the target was reached by the small model before it grew (the growth run inherits it)
+            "reached_before_growth": sum(_before_growth(r) for r in rs),
+        }
+        # a growth label against its small model continued alone, paired by seed: F_continue / F_growth
+        cont = by.get((width, steps, f"continue-{t['small']}"), []) if t["operator"] else []
+        paired = {int(r["seed"]): r.get("speedup") for r in cont}
+        pairs = [(r.get("speedup"), paired.get(int(r["seed"]))) for r in by[(width, steps, label)]]
+        logs = [
+            math.log(float(a) / float(b))
+            for a, b in pairs
+            if a is not None and b is not None and float(a) > 0 and float(b) > 0
+        ]
+        test = seed_test(logs, (0.0, math.inf))
+        t.update(_geometric(test, "vs_continue"), p_continue=test["p"], direction_continue=test["direction"])
+        if label.startswith("continue-"):
+            t.update(_crossovers(rs, {int(r["seed"]): r for r in by.get((width, steps, "scratch"), [])}))
+        table.append(t)
     # a growth label whose every seed reached the target before growing measured the small model only
     for t in table:
         if t.get("operator") and t["seeds"] and t["reached_before_growth"] == t["seeds"]:
@@ -162,9 +166,10 @@ def compare(rows: Sequence[Mapping[str, Any]], *, threshold: float = SPEEDUP) ->
     return table
 
 
-def _budget(r: Mapping[str, Any]) -> tuple[int, int]:
-    """The comparison's group: the target width and the budget in steps (0 where not recorded)."""
-    return int(r.get("width") or 0), int(r.get("budget_steps") or 0)
+def _geometric(test: Mapping[str, Any], name: str) -> dict[str, float | None]:
+    """``name``, ``name_lo``, ``name_hi``: the mean of a :func:`seed_test` on logs and its interval, exponentiated."""
+    ends = (("", "measured"), ("_lo", "low"), ("_hi", "high"))
+    return {name + tail: None if test[k] is None else math.exp(test[k]) for tail, k in ends}
 
 
 def _mean(values: Sequence[Any]) -> float | None:
@@ -177,58 +182,26 @@ def _before_growth(r: Mapping[str, Any]) -> bool:
     return bool(r.get("reached")) and bool(events) and float(r["reach_flops"]) <= float(events[0]["flops"])
 
 
-def _versus_continue(
-    table: list[dict[str, Any]], by: Mapping[tuple[int, int, str], Sequence[Mapping[str, Any]]]
-) -> None:
-    """Each growth label against its small model continued alone, paired by seed: the ratio
-    ``F_continue / F_growth`` of the FLOPs to the target (> 1: growing got there first), geometric
-    mean and 95% t interval (``vs_continue``, ``vs_continue_lo``, ``vs_continue_hi``)."""
-    for t in table:
-        t.update(vs_continue=None, vs_continue_lo=None, vs_continue_hi=None, p_continue=None, direction_continue=None)
-        if not t.get("operator"):
-            continue
-        key = (int(t["width"] or 0), int(t["budget_steps"] or 0))
-        cont = {int(r["seed"]): r for r in by.get((*key, f"continue-{t['small']}"), [])}
-        logs = []
-        for r in by[(*key, t["run"])]:
-            c = cont.get(int(r["seed"]))
-            if c is None or r.get("speedup") is None or c.get("speedup") is None:
-                continue
-            if float(r["speedup"]) > 0 and float(c["speedup"]) > 0:
-                logs.append(math.log(float(r["speedup"]) / float(c["speedup"])))
-        test = seed_test(logs, (0.0, math.inf))
-        if test["measured"] is not None:
-            t["vs_continue"] = math.exp(test["measured"])
-        if test["low"] is not None:
-            t["vs_continue_lo"], t["vs_continue_hi"] = math.exp(test["low"]), math.exp(test["high"])
-            t["p_continue"], t["direction_continue"] = test["p"], test["direction"]
-
-
-def _crossovers(table: list[dict[str, Any]], by: Mapping[tuple[int, int, str], Sequence[Mapping[str, Any]]]) -> None:
-    """On each continue-small row: the crossover budget per seed as a fraction of ``B``
+def _crossovers(rs: Sequence[Mapping[str, Any]], scratch: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """Of a continue-small label's rows ``rs``: the crossover budget per seed as a fraction of ``B``
     (``crossover_seeds``, ``None`` where it lies beyond ``B``), their mean with a 95% t interval over
     the seeds where it lies within ``B``, and ``crossover_beyond``: how many seeds it lies beyond."""
-    for t in table:
-        if not str(t["run"]).startswith("continue-"):
+    fractions: list[float | None] = []
+    for r in rs:
+        ref = scratch.get(int(r["seed"]))
+        if ref is None or not ref.get("curve") or not r.get("curve"):
             continue
-        key = (int(t["width"] or 0), int(t["budget_steps"] or 0))
-        scratch = {int(r["seed"]): r for r in by.get((*key, "scratch"), [])}
-        fractions: list[float | None] = []
-        for r in sorted(by[(*key, t["run"])], key=lambda r: int(r["seed"])):
-            ref = scratch.get(int(r["seed"]))
-            if ref is None or not ref.get("curve") or not r.get("curve"):
-                continue
-            f = crossover(ref["curve"], r["curve"])
-            fractions.append(None if f is None else f / float(ref["budget_flops"]))
-        within = [f for f in fractions if f is not None]
-        test = seed_test(within, (-math.inf, math.inf))
-        t.update(
-            crossover=test["measured"],
-            crossover_lo=test["low"],
-            crossover_hi=test["high"],
-            crossover_seeds=fractions,
-            crossover_beyond=len(fractions) - len(within),
-        )
+        f = crossover(ref["curve"], r["curve"])
+        fractions.append(None if f is None else f / float(ref["budget_flops"]))
+    within = [f for f in fractions if f is not None]
+    test = seed_test(within, (-math.inf, math.inf))
+    return {
+        "crossover": test["measured"],
+        "crossover_lo": test["low"],
+        "crossover_hi": test["high"],
+        "crossover_seeds": fractions,
+        "crossover_beyond": len(fractions) - len(within),
+    }
 
 
 def answer(table: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
