@@ -63,66 +63,26 @@ MONITOR_SUMMARY = (
     "monitor_probe_seq_len",
 )
 
-SWEEP_KEYS = {
-    "name": "label of the sweep (default: the config file's stem)",
-    "out_dir": "results directory (default: widthscope-results/<name>)",
-    "seeds": "list of seeds; each seeds model init, batch order and resampling (default [0])",
-    "M": "list of training-sample counts M (default [16, 32])",
-    "K": "list of held-out-sample counts K (default: K = M)",
-    "paired": "true: pairs (M[i], K[i]); false: every M with every K (default true)",
-    "draws": "resamples for the empirical misalignment probability (default 1000)",
-    "estimator": "'unbiased' (default) or 'plugin'",
-    "pool": "pooling of token/spatial gradients: 'sum' (default), 'mean', 'flatten'",
-    "budgets": "optional list of training-set sizes n_train; adds a data-budget axis to the grid",
-    "data_seed": "seed of the train/test split, shared by all cells (default 0)",
-    "device": "torch device (default 'cpu')",
-    "threads": "torch CPU threads while the sweep runs (default: torch's choice); 1 avoids "
-    "oversubscription when other jobs share the cores",
-    "interventions": "'bias' (default), 'block' or 'none': a direct zero-init residual intervention "
-    "at every point (rows of kind 'intervention' + iv_* columns on alignment rows)",
-    "etas": "intervention step sizes (default: a log grid scaled to each point)",
-    **PLACEMENT_KEYS,
-}
-FAMILY_KEYS = {
+SWEEP_KEYS = (
+    *"name out_dir seeds M K paired draws estimator pool budgets data_seed device threads interventions etas".split(),
+    *PLACEMENT_KEYS,
+)
+FAMILY_KEYS = (
+    *"name model widths model_options dataset data_options n_train n_test train certify monitor probes".split(),
+    *"probe_seq_len probe_data probe_test_data probe_data_options".split(),
+    *PLACEMENT_KEYS,
+)
+# The required [[family]] keys, as their missing-key message describes them.
+_REQUIRED = {
     "name": "label of this family in results (required)",
-    "model": "model family for widthscope.models.build (default: name): mlp, resnet20, llama, pythia",
     "widths": "positive, strictly increasing list of widths (required)",
-    "model_options": "table of extra options for widthscope.models.build (depth, activation, ...)",
     "dataset": "dataset name for widthscope.data.load (required), e.g. digits, text, fashion-mnist",
-    "data_options": "table of extra options for widthscope.data.load (root, seq_len, ...)",
-    "n_train": "training examples (required unless [sweep].budgets is given)",
-    "n_test": "held-out examples (default: n_probe_test)",
-    "train": "table: steps, lr, optimizer, batch_size, warmup, clip, weight_decay, schedule, momentum, "
-    "loss, eval_batch_size, train_eval_examples (options of widthscope.train.train)",
-    "certify": "table: n_probe_train, n_probe_test, batch_size (the sweep's own) and every certify option "
-    "(widthscope.options.CertifyOptions: points, M, K, draws, seed, estimator, pool, draw_scheme, "
-    "train_mode, interventions, etas, n_etas, max_rel_step); a statistics option left out takes [sweep]'s",
-    "monitor": "table: every, count, at, points, n_train, n_test, M, K, delta, probe, seq_len: alignment over "
-    "training (widthscope.monitor at the listed optimizer steps; docs/monitor.md)",
-    "probes": "list of probe conditions {name, data, test_data, data_options, shift, seq_len} (default: one "
-    "'in-domain' condition, the training data's own train/held-out parts); each is a results column "
-    "'probe_set'",
-    "probe_seq_len": "list of probe sequence lengths for text (default: the training length); an axis of the rows",
-    "probe_data": "dataset name of the train probe pool (one probe condition named 'probe'; see probes)",
-    "probe_test_data": "dataset name of the held-out probe pool (default: probe_data's held-out part)",
-    "probe_data_options": "table of options for probe_data/probe_test_data (seq_len, max_bytes, ...)",
-    **{k: f"{v} (overrides [sweep]'s)" for k, v in PLACEMENT_KEYS.items()},
 }
 PROBE_KEYS = ("name", "data", "test_data", "data_options", "shift", "seq_len")
 SHIFTS = ("noise:SIGMA", "contrast:FACTOR", "blur", "classes:A,B,...")
 TRAIN_KEYS = (
-    "steps",
-    "lr",
-    "optimizer",
-    "batch_size",
-    "warmup",
-    "clip",
-    "weight_decay",
-    "schedule",
-    "momentum",
-    "loss",
-    "eval_batch_size",
-    "train_eval_examples",
+    *"steps lr optimizer batch_size warmup clip weight_decay schedule momentum loss".split(),
+    *"eval_batch_size train_eval_examples".split(),
 )
 # The [family.certify] keys: the sweep's own (probe pool sizes and batch) and every CertifyOptions field.
 SWEEP_CERTIFY_KEYS = ("n_probe_train", "n_probe_test", "batch_size")
@@ -342,10 +302,10 @@ def _family(raw: Any, index: int, sweep_budgets: list[int] | None, sweep_options
     where = config_where(f"[[family]] #{index + 1}")
     if not isinstance(raw, Mapping):
         raise WidthscopeError(f"{where}: each [[family]] must be a table")
-    check_keys(raw, list(FAMILY_KEYS), f"[[family]] #{index + 1}")
-    for req in ("name", "widths", "dataset"):
+    check_keys(raw, FAMILY_KEYS, f"[[family]] #{index + 1}")
+    for req, what in _REQUIRED.items():
         if req not in raw:
-            raise WidthscopeError(f"{where}: missing required key {req!r} ({FAMILY_KEYS[req]})")
+            raise WidthscopeError(f"{where}: missing required key {req!r} ({what})")
     name = raw["name"]
     if not isinstance(name, str) or not name:
         raise WidthscopeError(f"{where}: name must be a non-empty string")
@@ -708,7 +668,7 @@ def load_config(
         stem, what = path.stem, f"sweep config {str(path)!r}"
     check_keys(raw, ["sweep", "family"], "top level")
     sw = config_table(raw.get("sweep"), "[sweep]")
-    check_keys(sw, list(SWEEP_KEYS), "[sweep]")
+    check_keys(sw, SWEEP_KEYS, "[sweep]")
     fams_raw = raw.get("family")
     if isinstance(fams_raw, Mapping):
         fams_raw = [fams_raw]

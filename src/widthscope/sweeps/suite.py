@@ -60,17 +60,7 @@ __all__ = [
     "cost_estimate",
 ]
 
-SUITE_KEYS = {
-    "name": "label of the suite (default: the config file's stem)",
-    "label": "the model series' name in the report (default: name), e.g. 'Pythia (deduped)'",
-    "out_dir": "results directory (default: widthscope-results/<name>)",
-    "models": "list of checkpoints (required): hub ids org/name, hub cache folders models--org--name, or local paths",
-    "revisions": "list of branches, tags or commits each hub model is certified at (default: its main revision)",
-    "batch_size": "probe batch size (default 8)",
-    "device": "torch device (default 'cpu')",
-    "threads": "torch CPU threads while the suite runs (default: torch's choice)",
-    "certify": "table of certify options (widthscope.options.CertifyOptions: M, K, draws, seed, estimator, pool, ...)",
-}
+SUITE_KEYS = ("name", "label", "out_dir", "models", "revisions", "batch_size", "device", "threads", "certify")
 # Every input option of `widthscope certify` but the model, its revision and the seed (certify.seed).
 INPUT_KEYS = tuple(
     f.name for f in dataclasses.fields(InputSpec) if f.name not in ("model", "revision", "given", "seed", "cap_pools")
@@ -142,9 +132,12 @@ def load_suite(raw: Mapping[str, Any], *, stem: str = "suite", out_dir: str | os
     """Check a parsed sweep TOML holding ``[suite]``; every problem is one line naming the key."""
     check_keys(raw, ["suite"], "top level (a [suite] config takes no [sweep] or [[family]])")
     su = config_table(raw.get("suite"), "[suite]")
-    check_keys(su, list(SUITE_KEYS) + list(INPUT_KEYS), "[suite]")
+    check_keys(su, SUITE_KEYS + INPUT_KEYS, "[suite]")
     if "models" not in su:
-        raise WidthscopeError(f"sweep config [suite]: missing required key 'models' ({SUITE_KEYS['models']})")
+        raise WidthscopeError(
+            "sweep config [suite]: missing required key 'models' (list of checkpoints (required): hub ids "
+            "org/name, hub cache folders models--org--name, or local paths)"
+        )
     name = su.get("name", stem)
     if not isinstance(name, str) or not name:
         raise WidthscopeError("sweep config [suite]: name must be a non-empty string")
