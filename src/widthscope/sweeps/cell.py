@@ -363,17 +363,9 @@ def _monitor_rows(
     m = fam.monitor
     assert m is not None
     first = {e["point"]: e for e in mon.events}
-    common = {
-        "monitor_probe": info["monitor_probe"],
-        "monitor_probe_seq_len": info["monitor_probe_seq_len"],
-        "monitor_delta": m["delta"],
-        "monitor_M": m["M"],
-        "monitor_K": m["K"],
-        "monitor_steps_total": int(fam.train["steps"]),
-        "monitor_steps": list(m["steps"]),
-        "monitor_n_train": m["n_train"],
-        "monitor_n_test": m["n_test"],
-    }
+    common = {k: info[k] for k in ("monitor_probe", "monitor_probe_seq_len")}
+    common |= {f"monitor_{k}": m[k] for k in ("delta", "M", "K", "n_train", "n_test")}
+    common |= {"monitor_steps_total": int(fam.train["steps"]), "monitor_steps": list(m["steps"])}
     since = {p: certified_steps([r for r in mon.rows if r["point"] == p], m["delta"])[1] for p in mon.points}
     for r in rows:
         if r.get("kind") == "alignment":

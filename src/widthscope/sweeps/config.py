@@ -189,6 +189,11 @@ class SweepConfig:
             }
         )
 
+    def certify_changes(self, fam: FamilySpec) -> dict[str, Any]:
+        """The certify options of ``fam`` that differ from what [sweep]'s keys and its ``points`` give."""
+        implied = self.certify.replace(points=fam.certify.points).to_dict()
+        return {k: v for k, v in fam.certify.to_dict().items() if implied[k] != v}
+
     def options_record(self) -> dict[str, Any]:
         """The certify options of [sweep] (``sweep``) and of each family (``families``, by name):
         ``sweep.json``'s ``options``."""
@@ -207,8 +212,7 @@ class SweepConfig:
             for key in ("probes", "probe_seq_len", "monitor"):
                 if fd.get(key) is None:
                     fd.pop(key, None)
-            implied = self.certify.replace(points=fam.certify.points).to_dict()
-            changes = {k: v for k, v in fam.certify.to_dict().items() if implied[k] != v}
+            changes = self.certify_changes(fam)
             if changes:
                 fd["certify_changes"] = changes
         extra = {k: v for k, v in self.certify.to_dict().items() if k not in _LEGACY_SWEEP and SWEEP_DICT[k] != v}
@@ -224,6 +228,11 @@ def config_where(ctx: str) -> str:
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v: Any, lo: float = -math.inf) -> bool:
+    """``v`` is a finite number (not a bool) of at least ``lo``."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= lo
 
 
 def _ints(v: Any, lo: int, hi: int | None = None) -> bool:
@@ -271,15 +280,11 @@ def certify_options(base: CertifyOptions, table: Mapping[str, Any], where: str) 
 
     A sweep cell pools per example and probes unprojected samples: ``pool = "token"`` and
     ``project`` are refused, naming the command that computes them on a cell's checkpoint."""
-    known = {f.name for f in dataclasses.fields(CertifyOptions)}
-    unknown = [k for k in table if k not in known]
-    if unknown:  # the callers checked the keys; a programming error otherwise
-        raise ValueError(f"not certify options: {unknown}")
     try:
         opts = base.replace(**table)
     except WidthscopeError as exc:
         msg = str(exc)
-        for name in sorted(known, key=len, reverse=True):
+        for name in sorted((f.name for f in dataclasses.fields(CertifyOptions)), key=len, reverse=True):
             msg = msg.replace(CertifyOptions.flag(name), name)
         raise (type(exc))(f"{where}{msg}") from None
     except TypeError as exc:  # a TOML value of a type the dataclass cannot take at all
@@ -413,12 +418,7 @@ def _check_train(train: Mapping[str, Any], where: str) -> None:
     )
     for key, strict, also in numbers:
         v = train.get(key)
-        if v is not None and not (
-            isinstance(v, (int, float))
-            and not isinstance(v, bool)
-            and math.isfinite(v)
-            and (v > 0 if strict else v >= 0)
-        ):
+        if v is not None and not (_number(v, 0) and (v > 0 or not strict)):
             raise WidthscopeError(
                 f"{where}: train.{key} must be a finite number {'>' if strict else '>='} 0{also}, got {v!r}"
             )
@@ -526,7 +526,7 @@ def _monitor(
     if seq_len is not None and fam.dataset not in LM_DATASETS:
         raise WidthscopeError(f"{where}.seq_len is a text probe length; {fam.dataset!r} is not text: omit it")
     delta = mon.get("delta", 0.05)
-    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 < float(delta) < 1.0:
+    if not (_number(delta) and 0.0 < delta < 1.0):
         raise WidthscopeError(
             f"{where}.delta must be a probability in (0, 1) (the certified level of B_exact), got {delta!r}"
         )
@@ -638,13 +638,7 @@ def _sweep_certify(sw: Mapping[str, Any]) -> CertifyOptions:
             raise WidthscopeError(f"[sweep] {key} {table[key]!r} unknown; valid: {', '.join(valid)}")
     etas = sw.get("etas")
     if etas is not None:
-        if (
-            not isinstance(etas, list)
-            or not etas
-            or not all(
-                isinstance(e, (int, float)) and not isinstance(e, bool) and math.isfinite(e) and e > 0 for e in etas
-            )
-        ):
+        if not isinstance(etas, list) or not etas or not all(_number(e, 0) and e > 0 for e in etas):
             raise WidthscopeError(f"[sweep] etas must be a non-empty list of positive finite numbers, got {etas!r}")
         etas = tuple(float(e) for e in etas)
     Ms_, Ks_ = tuple(m for m, _ in MK), tuple(k for _, k in MK)
