@@ -215,9 +215,7 @@ def ranking(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def rank_value(cert: dict[str, Any]) -> float | None:
-    vals = [v for v in (cert.get("e_dir_train"), cert.get("e_dir_test")) if v is not None]
-    return max(vals) if vals else None
+_TERMS = (("d_par", "d_par"), ("d_2", "d_2"), ("d_align", "d_align"), ("B_exact", "b_exact"), ("B_align", "b_align"))
 
 
 def tables(result: dict[str, Any]) -> str:
@@ -228,19 +226,10 @@ def tables(result: dict[str, Any]) -> str:
         for c in r["certificates"]:
             for form in ("two", "one"):
                 cert = c[form]
-                row = {
-                    "form": form,
-                    "M": c["M"],
-                    "K": c["K"],
-                    "S": cert["expectation"],
-                    "V": rank_value(cert),
-                    "T": cert.get("e_cov"),
-                    "d_par": cert["d_par"],
-                    "d_2": cert["d_2"],
-                    "d_align": cert["d_align"],
-                    "B_exact": cert["b_exact"],
-                    "B_align": cert["b_align"],
-                }
+                dirs = [v for v in (cert.get("e_dir_train"), cert.get("e_dir_test")) if v is not None]
+                row = {"form": form, "M": c["M"], "K": c["K"], "S": cert["expectation"]}
+                row |= {"V": max(dirs) if dirs else None, "T": cert.get("e_cov")}
+                row |= {col: cert[key] for col, key in _TERMS}
                 if form == "two":
                     mis = c["misalignment"]
                     row.update({"misalign": mis["probability"], "low": mis["low"], "high": mis["high"]})

@@ -196,20 +196,7 @@ def print_summary(rows: Sequence[Mapping[str, Any]], out_dir: Path, file: IO[str
     """Print :func:`summary_rows` (one table per probe condition) and where the results are."""
     file = file or sys.stdout
     table = summary_rows(rows)
-    cols = [
-        "family",
-        "width",
-        "point",
-        "seeds",
-        "d_align",
-        "vacuous",
-        "d_align_1pop",
-        "M,K",
-        "misalign",
-        "B_exact",
-        "B_align",
-        "test_loss",
-    ]
+    cols = "family width point seeds d_align vacuous d_align_1pop M,K misalign B_exact B_align test_loss".split()
     conds = list(dict.fromkeys((r["probe_set"], r["probe_seq_len"]) for r in table)) or [(None, None)]
     for i, (name, L) in enumerate(conds):
         sel = [r for r in table if (r["probe_set"], r["probe_seq_len"]) == (name, L)]
