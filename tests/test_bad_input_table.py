@@ -213,12 +213,12 @@ def test_bad_command_line_is_one_line_before_any_work(case, root, tmp_path, caps
 def test_pools_that_cannot_fit_in_memory_are_refused_before_training(tmp_path, monkeypatch, capsys):
     import widthscope.certification.pipeline as pl
 
-    monkeypatch.setattr(pl, "_available_memory", lambda: 10_000)
+    monkeypatch.setattr(pl, "device_memory", lambda device: (10_000, "MemAvailable"))
     rc = main(["certify", *FAST, "--out", str(tmp_path / "c.json")])
     cap = capsys.readouterr()
     assert rc == 2 and "of memory" in cap.err and "only 10.0 KB is available" in cap.err, cap.err
     assert TRAINED not in cap.out and not (tmp_path / "c.json").exists()
-    monkeypatch.setattr(pl, "_available_memory", lambda: None)  # unknown: the run goes ahead
+    monkeypatch.setattr(pl, "device_memory", lambda device: (None, "unknown"))  # unknown: the run goes ahead
     assert main(["certify", *FAST, "--interventions", "none", "--out", str(tmp_path / "c.json")]) == 0
 
 

@@ -58,41 +58,31 @@ def rounding_bounds(
     if errors is not None:
         ea, eb = errors
         avg_a, avg_b = a.mean(0), b.mean(0)
+        method, rho = f"measured on {len(ea)}+{len(eb)} samples", None
         bounds = {
             "mu_sq_train": 2 * projected_rounding(ea, avg_a),
             "mu_sq_test": 2 * projected_rounding(eb, avg_b),
             "ab": projected_rounding(ea, avg_b) + projected_rounding(eb, avg_a),
         }
-        return {
-            "dtype": str(dt).replace("torch.", ""),
-            "method": f"measured on {len(ea)}+{len(eb)} samples",
-            "rho": None,
-            "bounds": bounds,
-            "within_rounding": [],
-        }
-    rho = SAMPLE_REL_ERROR * torch.finfo(dt).eps / 2 if rho is None else float(rho)
+    else:
+        method, rho = "worst case", SAMPLE_REL_ERROR * torch.finfo(dt).eps / 2 if rho is None else float(rho)
 
-    def mu_sq(X: torch.Tensor) -> tuple[float, float]:
-        n = X.shape[0]
-        norms = X.norm(dim=1) / (1 - rho)
-        N1, N2 = float(norms.sum()), float(norms.pow(2).sum())
-        tot = float(X.sum(0).norm()) + rho * N1
-        if estimator == "plugin":
-            m = N1 / n
-            return 2 * rho * (tot / n) * m + rho**2 * m**2, N1 / n
-        return (2 * rho * tot * N1 + rho**2 * N1**2 + (2 * rho + rho**2) * N2) / (n * (n - 1)), N1 / n
+        def mu_sq(X: torch.Tensor) -> tuple[float, float]:
+            n = X.shape[0]
+            norms = X.norm(dim=1) / (1 - rho)
+            N1, N2 = float(norms.sum()), float(norms.pow(2).sum())
+            tot = float(X.sum(0).norm()) + rho * N1
+            if estimator == "plugin":
+                m = N1 / n
+                return 2 * rho * (tot / n) * m + rho**2 * m**2, N1 / n
+            return (2 * rho * tot * N1 + rho**2 * N1**2 + (2 * rho + rho**2) * N2) / (n * (n - 1)), N1 / n
 
-    (ba, ma), (bb, mb) = mu_sq(a), mu_sq(b)
-    mean_a = float(a.mean(0).norm()) + rho * ma
-    mean_b = float(b.mean(0).norm()) + rho * mb
-    bounds = {"mu_sq_train": ba, "mu_sq_test": bb, "ab": rho * (ma * mean_b + mb * mean_a) + rho**2 * ma * mb}
-    return {
-        "dtype": str(dt).replace("torch.", ""),
-        "method": "worst case",
-        "rho": rho,
-        "bounds": bounds,
-        "within_rounding": [],
-    }
+        (ba, ma), (bb, mb) = mu_sq(a), mu_sq(b)
+        mean_a = float(a.mean(0).norm()) + rho * ma
+        mean_b = float(b.mean(0).norm()) + rho * mb
+        bounds = {"mu_sq_train": ba, "mu_sq_test": bb, "ab": rho * (ma * mean_b + mb * mean_a) + rho**2 * ma * mb}
+    dtype_name = str(dt).replace("torch.", "")
+    return {"dtype": dtype_name, "method": method, "rho": rho, "bounds": bounds, "within_rounding": []}
 
 
 def check_pool(n: int, need: int, what: str, flag: str, pool: str) -> None:
@@ -218,25 +208,14 @@ def ranking(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for i, r in enumerate(sorted(results, key=key, reverse=True)):
         two, one = r["certificates"][0]["two"], r["certificates"][0]["one"]
         out.append(
-            {
-                "rank": i + 1,
-                "point": r["point"],
-                "d": r["d"],
-                "d_align": two["d_align"],
-                "d_par": two["d_par"],
-                "d_2": two["d_2"],
-                "expectation": two["expectation"],
-                "vacuous": two["vacuous"],
-                "reason": two["reason"],
-                "d_align_one": one["d_align"],
-            }
+            {"rank": i + 1, "point": r["point"], "d": r["d"]}
+            | {k: two[k] for k in ("d_align", "d_par", "d_2", "expectation", "vacuous", "reason")}
+            | {"d_align_one": one["d_align"]}
         )
     return out
 
 
-def rank_value(cert: dict[str, Any]) -> float | None:
-    vals = [v for v in (cert.get("e_dir_train"), cert.get("e_dir_test")) if v is not None]
-    return max(vals) if vals else None
+_TERMS = (("d_par", "d_par"), ("d_2", "d_2"), ("d_align", "d_align"), ("B_exact", "b_exact"), ("B_align", "b_align"))
 
 
 def tables(result: dict[str, Any]) -> str:
@@ -247,19 +226,10 @@ def tables(result: dict[str, Any]) -> str:
         for c in r["certificates"]:
             for form in ("two", "one"):
                 cert = c[form]
-                row = {
-                    "form": form,
-                    "M": c["M"],
-                    "K": c["K"],
-                    "S": cert["expectation"],
-                    "V": rank_value(cert),
-                    "T": cert.get("e_cov"),
-                    "d_par": cert["d_par"],
-                    "d_2": cert["d_2"],
-                    "d_align": cert["d_align"],
-                    "B_exact": cert["b_exact"],
-                    "B_align": cert["b_align"],
-                }
+                dirs = [v for v in (cert.get("e_dir_train"), cert.get("e_dir_test")) if v is not None]
+                row = {"form": form, "M": c["M"], "K": c["K"], "S": cert["expectation"]}
+                row |= {"V": max(dirs) if dirs else None, "T": cert.get("e_cov")}
+                row |= {col: cert[key] for col, key in _TERMS}
                 if form == "two":
                     mis = c["misalignment"]
                     row.update({"misalign": mis["probability"], "low": mis["low"], "high": mis["high"]})

@@ -595,11 +595,6 @@ def device_memory(device: torch.device | str) -> tuple[int | None, str]:
     return None, "unknown (no /proc/meminfo)"
 
 
-def _available_memory() -> int | None:
-    """MemAvailable of /proc/meminfo in bytes (None where there is no such file)."""
-    return device_memory("cpu")[0]
-
-
 def _check_structure(
     job: CertifyJob, names: Sequence[str], inputs: Any, model: nn.Module, n: tuple[int, int]
 ) -> tuple[dict[str, int], int]:
@@ -637,7 +632,7 @@ def _check_room(job: CertifyJob, dims: dict[str, int], rows: int, n: tuple[int, 
     d = sum(opts.project or v for v in dims.values())
     if job.save_samples:  # float64 rows, and a header with the settings and each point's intervention rows
         _io.check_space(job.save_samples, 8 * rows * sum(n) * d + 8000 + 6000 * len(dims), "the samples")
-    need, free = 8 * rows * sum(n) * d, _available_memory()
+    need, free = 8 * rows * sum(n) * d, device_memory("cpu")[0]
     if free is not None and need > free:
         raise WidthscopeError(
             f"the samples need about {human_size(need)} of memory ({n[0]} + {n[1]} "

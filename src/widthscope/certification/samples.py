@@ -28,7 +28,6 @@ import json
 import os
 import pickle
 import re
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -40,11 +39,9 @@ from .. import _io  # _io.check_space looked up at call time (tests replace it)
 from .._io import (
     Skipped,
     atomic_write_json,
-    current_umask,
     record_skips,
     refuse_skips,
     to_jsonable,
-    unwritable,
     warn_skips,
 )
 from ..errors import WidthscopeError
@@ -63,7 +60,6 @@ def save(
     """Write samples and their metadata atomically (temporary file + rename)."""
     from safetensors.torch import save_file
 
-    path = Path(path)
     tensors = {f"train/{k}": v.detach().to("cpu", torch.float64).contiguous() for k, v in train.items()}
     tensors.update({f"test/{k}": v.detach().to("cpu", torch.float64).contiguous() for k, v in test.items()})
     header = {
@@ -72,18 +68,7 @@ def save(
         **{k: json.dumps(to_jsonable(v)) for k, v in meta.items()},
     }
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        os.close(fd)
-        try:
-            save_file(tensors, tmp, metadata=header)
-            os.chmod(tmp, 0o666 & ~current_umask())
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    except OSError as exc:
-        raise unwritable(path, exc) from None
+        return _io.atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=header))
     except Exception as exc:
         if type(exc).__name__ != "SafetensorError":
             raise
@@ -91,7 +76,6 @@ def save(
         raise WidthscopeError(
             f"cannot write {str(path)!r}: {exc} (disk full or not writable?); free space or choose another path"
         ) from None
-    return path
 
 
 # Metadata that decides the numbers: damaged, the file cannot be used. Any other key (notes,

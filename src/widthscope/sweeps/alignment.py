@@ -3,19 +3,7 @@
 Each cell ``family x width x seed (x data budget)`` trains the model, saves the checkpoint, probes
 every insertion point and writes one row per point and ``(M, K)`` (:mod:`~widthscope.sweeps.cell`);
 cells run through :func:`widthscope.sweeps.grid.run_grid`, resumable and shardable. This module
-plans, checks and runs the grid. Config and rows: docs/sweeps.md.
-
-Example::
-
-    from widthscope.sweeps.alignment import load_config, run_sweep
-    cfg = load_config({
-        "sweep": {"name": "tiny", "seeds": [0], "M": [8], "draws": 200},
-        "family": [{"name": "mlp", "widths": [16, 32], "dataset": "digits",
-                    "n_train": 256, "n_test": 64, "train": {"steps": 50, "lr": 1e-2},
-                    "certify": {"n_probe_train": 32, "n_probe_test": 32}}],
-    })
-    result = run_sweep(cfg, "/tmp/tiny-sweep")
-    print(len(result.rows))   # 2 widths x 2 points x 1 (M, K)
+plans, checks and runs the grid. Config and rows: docs/sweeps.md; an example: :mod:`widthscope.sweeps`.
 """
 
 from __future__ import annotations

@@ -18,11 +18,10 @@ from .. import data as wdata
 from .._io import atomic_write_json
 from ..monitor import AlignmentMonitor
 from ..options import CertifyOptions
-from ..probe.resolution import resolved
 from ..stats import certified
 from ..stats import certified_steps as steps
 from ..train import train
-from .config import CERT_FIELDS, FamilySpec, SweepConfig
+from .config import FamilySpec, SweepConfig
 from .grid import cell_id
 from .placement import place_model, placement_text, release
 from .pools import (
@@ -37,6 +36,7 @@ from .pools import (
     probe_pools,
     probe_words,
 )
+from .results import cert_columns, smallest_step
 
 __all__ = ["run_cell", "cell_options", "certified_steps", "MONITOR_FILE"]
 
@@ -242,20 +242,9 @@ def _alignment_rows(
                 "pool": opts.pool,
                 "probe_notes": "; ".join(getattr(Xa, "notes", [])) or None,
                 **probe_columns,
+                "two_limit": None,  # named by the reporting rule
             }
-            for prefix, cert in (("one_", one), ("two_", two)):
-                for f in CERT_FIELDS:
-                    row[prefix + f] = getattr(cert, f, None)
-            row["two_limit"] = None
-            for prefix in ("one_", "two_"):  # the one reporting rule (None where undefined)
-                stats.vacuous_rule(row, prefix)
-            row.update(
-                misalignment=mis.probability,
-                misalignment_low=mis.low,
-                misalignment_high=mis.high,
-                misalignment_draws=mis.draws,
-            )
-            rows.append(row)
+            rows.append(cert_columns(row, vars(one), vars(two), vars(mis)))
     return rows
 
 
@@ -288,19 +277,10 @@ def _intervention_rows(
             seed=opts.seed,
             progress=False,
         )
-        # the smallest step the dtype resolves (bf16/fp16 steps below it are not measurements)
-        usable = resolved(ivs)
-        if usable:
-            smallest = min(usable, key=lambda r: r["eta"])
-            for r in these:
-                if r["point"] == point:
-                    r.update(
-                        iv_eta=smallest["eta"],
-                        iv_predicted=smallest["predicted"],
-                        iv_actual=smallest["actual"],
-                        iv_retention=smallest["retention"],
-                        iv_sign_agrees=smallest["sign_agrees"],
-                    )
+        iv_cols = smallest_step(ivs)  # the smallest step the dtype resolves
+        for r in these:
+            if r["point"] == point:
+                r.update(iv_cols)
         out += [{**iv, **common, "point_index": pi} for iv in ivs]
     return out
 
@@ -383,17 +363,9 @@ def _monitor_rows(
     m = fam.monitor
     assert m is not None
     first = {e["point"]: e for e in mon.events}
-    common = {
-        "monitor_probe": info["monitor_probe"],
-        "monitor_probe_seq_len": info["monitor_probe_seq_len"],
-        "monitor_delta": m["delta"],
-        "monitor_M": m["M"],
-        "monitor_K": m["K"],
-        "monitor_steps_total": int(fam.train["steps"]),
-        "monitor_steps": list(m["steps"]),
-        "monitor_n_train": m["n_train"],
-        "monitor_n_test": m["n_test"],
-    }
+    common = {k: info[k] for k in ("monitor_probe", "monitor_probe_seq_len")}
+    common |= {f"monitor_{k}": m[k] for k in ("delta", "M", "K", "n_train", "n_test")}
+    common |= {"monitor_steps_total": int(fam.train["steps"]), "monitor_steps": list(m["steps"])}
     since = {p: certified_steps([r for r in mon.rows if r["point"] == p], m["delta"])[1] for p in mon.points}
     for r in rows:
         if r.get("kind") == "alignment":

@@ -63,66 +63,26 @@ MONITOR_SUMMARY = (
     "monitor_probe_seq_len",
 )
 
-SWEEP_KEYS = {
-    "name": "label of the sweep (default: the config file's stem)",
-    "out_dir": "results directory (default: widthscope-results/<name>)",
-    "seeds": "list of seeds; each seeds model init, batch order and resampling (default [0])",
-    "M": "list of training-sample counts M (default [16, 32])",
-    "K": "list of held-out-sample counts K (default: K = M)",
-    "paired": "true: pairs (M[i], K[i]); false: every M with every K (default true)",
-    "draws": "resamples for the empirical misalignment probability (default 1000)",
-    "estimator": "'unbiased' (default) or 'plugin'",
-    "pool": "pooling of token/spatial gradients: 'sum' (default), 'mean', 'flatten'",
-    "budgets": "optional list of training-set sizes n_train; adds a data-budget axis to the grid",
-    "data_seed": "seed of the train/test split, shared by all cells (default 0)",
-    "device": "torch device (default 'cpu')",
-    "threads": "torch CPU threads while the sweep runs (default: torch's choice); 1 avoids "
-    "oversubscription when other jobs share the cores",
-    "interventions": "'bias' (default), 'block' or 'none': a direct zero-init residual intervention "
-    "at every point (rows of kind 'intervention' + iv_* columns on alignment rows)",
-    "etas": "intervention step sizes (default: a log grid scaled to each point)",
-    **PLACEMENT_KEYS,
-}
-FAMILY_KEYS = {
+SWEEP_KEYS = (
+    *"name out_dir seeds M K paired draws estimator pool budgets data_seed device threads interventions etas".split(),
+    *PLACEMENT_KEYS,
+)
+FAMILY_KEYS = (
+    *"name model widths model_options dataset data_options n_train n_test train certify monitor probes".split(),
+    *"probe_seq_len probe_data probe_test_data probe_data_options".split(),
+    *PLACEMENT_KEYS,
+)
+# The required [[family]] keys, as their missing-key message describes them.
+_REQUIRED = {
     "name": "label of this family in results (required)",
-    "model": "model family for widthscope.models.build (default: name): mlp, resnet20, llama, pythia",
     "widths": "positive, strictly increasing list of widths (required)",
-    "model_options": "table of extra options for widthscope.models.build (depth, activation, ...)",
     "dataset": "dataset name for widthscope.data.load (required), e.g. digits, text, fashion-mnist",
-    "data_options": "table of extra options for widthscope.data.load (root, seq_len, ...)",
-    "n_train": "training examples (required unless [sweep].budgets is given)",
-    "n_test": "held-out examples (default: n_probe_test)",
-    "train": "table: steps, lr, optimizer, batch_size, warmup, clip, weight_decay, schedule, momentum, "
-    "loss, eval_batch_size, train_eval_examples (options of widthscope.train.train)",
-    "certify": "table: n_probe_train, n_probe_test, batch_size (the sweep's own) and every certify option "
-    "(widthscope.options.CertifyOptions: points, M, K, draws, seed, estimator, pool, draw_scheme, "
-    "train_mode, interventions, etas, n_etas, max_rel_step); a statistics option left out takes [sweep]'s",
-    "monitor": "table: every, count, at, points, n_train, n_test, M, K, delta, probe, seq_len: alignment over "
-    "training (widthscope.monitor at the listed optimizer steps; docs/monitor.md)",
-    "probes": "list of probe conditions {name, data, test_data, data_options, shift, seq_len} (default: one "
-    "'in-domain' condition, the training data's own train/held-out parts); each is a results column "
-    "'probe_set'",
-    "probe_seq_len": "list of probe sequence lengths for text (default: the training length); an axis of the rows",
-    "probe_data": "dataset name of the train probe pool (one probe condition named 'probe'; see probes)",
-    "probe_test_data": "dataset name of the held-out probe pool (default: probe_data's held-out part)",
-    "probe_data_options": "table of options for probe_data/probe_test_data (seq_len, max_bytes, ...)",
-    **{k: f"{v} (overrides [sweep]'s)" for k, v in PLACEMENT_KEYS.items()},
 }
 PROBE_KEYS = ("name", "data", "test_data", "data_options", "shift", "seq_len")
 SHIFTS = ("noise:SIGMA", "contrast:FACTOR", "blur", "classes:A,B,...")
 TRAIN_KEYS = (
-    "steps",
-    "lr",
-    "optimizer",
-    "batch_size",
-    "warmup",
-    "clip",
-    "weight_decay",
-    "schedule",
-    "momentum",
-    "loss",
-    "eval_batch_size",
-    "train_eval_examples",
+    *"steps lr optimizer batch_size warmup clip weight_decay schedule momentum loss".split(),
+    *"eval_batch_size train_eval_examples".split(),
 )
 # The [family.certify] keys: the sweep's own (probe pool sizes and batch) and every CertifyOptions field.
 SWEEP_CERTIFY_KEYS = ("n_probe_train", "n_probe_test", "batch_size")
@@ -229,6 +189,11 @@ class SweepConfig:
             }
         )
 
+    def certify_changes(self, fam: FamilySpec) -> dict[str, Any]:
+        """The certify options of ``fam`` that differ from what [sweep]'s keys and its ``points`` give."""
+        implied = self.certify.replace(points=fam.certify.points).to_dict()
+        return {k: v for k, v in fam.certify.to_dict().items() if implied[k] != v}
+
     def options_record(self) -> dict[str, Any]:
         """The certify options of [sweep] (``sweep``) and of each family (``families``, by name):
         ``sweep.json``'s ``options``."""
@@ -247,8 +212,7 @@ class SweepConfig:
             for key in ("probes", "probe_seq_len", "monitor"):
                 if fd.get(key) is None:
                     fd.pop(key, None)
-            implied = self.certify.replace(points=fam.certify.points).to_dict()
-            changes = {k: v for k, v in fam.certify.to_dict().items() if implied[k] != v}
+            changes = self.certify_changes(fam)
             if changes:
                 fd["certify_changes"] = changes
         extra = {k: v for k, v in self.certify.to_dict().items() if k not in _LEGACY_SWEEP and SWEEP_DICT[k] != v}
@@ -264,6 +228,11 @@ def config_where(ctx: str) -> str:
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v: Any, lo: float = -math.inf) -> bool:
+    """``v`` is a finite number (not a bool) of at least ``lo``."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= lo
 
 
 def _ints(v: Any, lo: int, hi: int | None = None) -> bool:
@@ -311,15 +280,11 @@ def certify_options(base: CertifyOptions, table: Mapping[str, Any], where: str) 
 
     A sweep cell pools per example and probes unprojected samples: ``pool = "token"`` and
     ``project`` are refused, naming the command that computes them on a cell's checkpoint."""
-    known = {f.name for f in dataclasses.fields(CertifyOptions)}
-    unknown = [k for k in table if k not in known]
-    if unknown:  # the callers checked the keys; a programming error otherwise
-        raise ValueError(f"not certify options: {unknown}")
     try:
         opts = base.replace(**table)
     except WidthscopeError as exc:
         msg = str(exc)
-        for name in sorted(known, key=len, reverse=True):
+        for name in sorted((f.name for f in dataclasses.fields(CertifyOptions)), key=len, reverse=True):
             msg = msg.replace(CertifyOptions.flag(name), name)
         raise (type(exc))(f"{where}{msg}") from None
     except TypeError as exc:  # a TOML value of a type the dataclass cannot take at all
@@ -342,10 +307,10 @@ def _family(raw: Any, index: int, sweep_budgets: list[int] | None, sweep_options
     where = config_where(f"[[family]] #{index + 1}")
     if not isinstance(raw, Mapping):
         raise WidthscopeError(f"{where}: each [[family]] must be a table")
-    check_keys(raw, list(FAMILY_KEYS), f"[[family]] #{index + 1}")
-    for req in ("name", "widths", "dataset"):
+    check_keys(raw, FAMILY_KEYS, f"[[family]] #{index + 1}")
+    for req, what in _REQUIRED.items():
         if req not in raw:
-            raise WidthscopeError(f"{where}: missing required key {req!r} ({FAMILY_KEYS[req]})")
+            raise WidthscopeError(f"{where}: missing required key {req!r} ({what})")
     name = raw["name"]
     if not isinstance(name, str) or not name:
         raise WidthscopeError(f"{where}: name must be a non-empty string")
@@ -453,12 +418,7 @@ def _check_train(train: Mapping[str, Any], where: str) -> None:
     )
     for key, strict, also in numbers:
         v = train.get(key)
-        if v is not None and not (
-            isinstance(v, (int, float))
-            and not isinstance(v, bool)
-            and math.isfinite(v)
-            and (v > 0 if strict else v >= 0)
-        ):
+        if v is not None and not (_number(v, 0) and (v > 0 or not strict)):
             raise WidthscopeError(
                 f"{where}: train.{key} must be a finite number {'>' if strict else '>='} 0{also}, got {v!r}"
             )
@@ -566,7 +526,7 @@ def _monitor(
     if seq_len is not None and fam.dataset not in LM_DATASETS:
         raise WidthscopeError(f"{where}.seq_len is a text probe length; {fam.dataset!r} is not text: omit it")
     delta = mon.get("delta", 0.05)
-    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 < float(delta) < 1.0:
+    if not (_number(delta) and 0.0 < delta < 1.0):
         raise WidthscopeError(
             f"{where}.delta must be a probability in (0, 1) (the certified level of B_exact), got {delta!r}"
         )
@@ -678,13 +638,7 @@ def _sweep_certify(sw: Mapping[str, Any]) -> CertifyOptions:
             raise WidthscopeError(f"[sweep] {key} {table[key]!r} unknown; valid: {', '.join(valid)}")
     etas = sw.get("etas")
     if etas is not None:
-        if (
-            not isinstance(etas, list)
-            or not etas
-            or not all(
-                isinstance(e, (int, float)) and not isinstance(e, bool) and math.isfinite(e) and e > 0 for e in etas
-            )
-        ):
+        if not isinstance(etas, list) or not etas or not all(_number(e, 0) and e > 0 for e in etas):
             raise WidthscopeError(f"[sweep] etas must be a non-empty list of positive finite numbers, got {etas!r}")
         etas = tuple(float(e) for e in etas)
     Ms_, Ks_ = tuple(m for m, _ in MK), tuple(k for _, k in MK)
@@ -708,7 +662,7 @@ def load_config(
         stem, what = path.stem, f"sweep config {str(path)!r}"
     check_keys(raw, ["sweep", "family"], "top level")
     sw = config_table(raw.get("sweep"), "[sweep]")
-    check_keys(sw, list(SWEEP_KEYS), "[sweep]")
+    check_keys(sw, SWEEP_KEYS, "[sweep]")
     fams_raw = raw.get("family")
     if isinstance(fams_raw, Mapping):
         fams_raw = [fams_raw]

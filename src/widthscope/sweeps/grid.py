@@ -20,10 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-import torch
-
 from .. import distributed
-from .._env import environment
+from .._env import environment, torch_threads
 from .._io import (
     LOCK,
     Skipped,
@@ -336,24 +334,18 @@ def claim_out_dir(
     holds another ``fingerprint`` than ``record``'s (resuming would mix two runs; ``what`` names
     the kind of run: "a sweep", "a suite"), (re)write ``record`` there, and run at ``threads``
     torch CPU threads (None: torch's choice)."""
-    saved = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        with lock_out_dir(out_dir, shard, "sweep"):
-            marker = Path(out_dir) / "sweep.json"
-            if marker.exists():
-                try:
-                    old = json.loads(marker.read_text(encoding="utf-8"))
-                except (OSError, json.JSONDecodeError):
-                    old = {}
-                if old.get("fingerprint") not in (None, record["fingerprint"]):
-                    raise WidthscopeError(
-                        f"results directory {str(out_dir)!r} holds {what} with a different config "
-                        f"(fingerprint {old.get('fingerprint')} vs {record['fingerprint']}): resuming would mix "
-                        "results. Use another --out, or delete that directory to start over"
-                    )
-            atomic_write_json(marker, record)
-            yield
-    finally:
-        torch.set_num_threads(saved)
+    with torch_threads(threads), lock_out_dir(out_dir, shard, "sweep"):
+        marker = Path(out_dir) / "sweep.json"
+        if marker.exists():
+            try:
+                old = json.loads(marker.read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError):
+                old = {}
+            if old.get("fingerprint") not in (None, record["fingerprint"]):
+                raise WidthscopeError(
+                    f"results directory {str(out_dir)!r} holds {what} with a different config "
+                    f"(fingerprint {old.get('fingerprint')} vs {record['fingerprint']}): resuming would mix "
+                    "results. Use another --out, or delete that directory to start over"
+                )
+        atomic_write_json(marker, record)
+        yield

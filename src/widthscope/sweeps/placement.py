@@ -20,12 +20,7 @@ from ..models.dispatch import check_device_map, check_max_memory, dispatch
 __all__ = ["PLACEMENT_KEYS", "check_placement", "place_model", "release", "placement_text", "cell_folder"]
 
 # [sweep] and [[family]] keys, and [suite]'s input options.
-PLACEMENT_KEYS = {
-    "device_map": "accelerate's placement while a cell probes: auto, balanced, balanced_low_0, sequential "
-    "(docs/big-models.md); training stays on device",
-    "max_memory": "per-device memory for device_map, e.g. 'cpu=2GB,0=10GiB,disk' ('disk' allows disk offload)",
-    "offload_folder": "where disk-offloaded weights go (each cell its own subfolder; default: a temporary folder)",
-}
+PLACEMENT_KEYS = ("device_map", "max_memory", "offload_folder")
 
 
 def check_placement(table: Mapping[str, Any], where: str, *, base: Mapping[str, Any] | None = None) -> dict[str, Any]:

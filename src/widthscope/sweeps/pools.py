@@ -169,7 +169,6 @@ def probe_pools(
     ``shift`` then corrupts both pools (images)."""
     seed = cfg.data_seed
     data, test = cond["data"], cond.get("test_data") or cond["data"]
-    offsets = None
     inside = _in_domain(fam, L, split, cfg) if fam.dataset in (data, test) else None
     loaded: dict[str, Any] = {}
 
@@ -187,35 +186,19 @@ def probe_pools(
             loaded[name] = got
         return loaded[name]
 
-    # inside is there whenever data or test is the training dataset
-    if data == fam.dataset and inside is not None:
-        pa, offsets_a, desc_a = inside[0], inside[2], "fitted examples"
-    else:
-        o = other(data)
-        pa, offsets_a, desc_a = (
-            take_examples(o.train, min(fam.n_probe_train, len(o.train[0])), seed),
-            None,
-            f"{data} train part",
-        )
-    if test == fam.dataset and inside is not None:
-        pb, offsets_b, desc_b = inside[1], inside[2], "held-out part"
-    else:
-        h = other(test)
-        pb, offsets_b, desc_b = (
-            take_examples(h.test, min(fam.n_probe_test, len(h.test[0])), seed + 1),
-            None,
-            f"{test} held-out part",
-        )
-    if data == test == fam.dataset and inside is not None:
-        desc, offsets = inside[3], inside[2]
-    else:
-        desc = f"{desc_a} / {desc_b}"
-        if offsets_a is not None or offsets_b is not None:
-            offsets = {
-                k: v
-                for k, v in (("train", (offsets_a or {}).get("train")), ("test", (offsets_b or {}).get("test")))
-                if v is not None
-            }
+    def part(name: str, i: int, n: int, seed_: int, words: tuple[str, str]) -> tuple[Any, str]:
+        if inside is not None and name == fam.dataset:
+            return inside[i], words[0]
+        pool = other(name).test if i else other(name).train
+        return take_examples(pool, min(n, len(pool[0])), seed_), f"{name} {words[1]}"
+
+    pa, desc_a = part(data, 0, fam.n_probe_train, seed, ("fitted examples", "train part"))
+    pb, desc_b = part(test, 1, fam.n_probe_test, seed + 1, ("held-out part", "held-out part"))
+    desc, offsets = f"{desc_a} / {desc_b}", None
+    if inside is not None:  # data or test is the training dataset
+        desc = inside[3] if data == test else desc
+        if inside[2] is not None:  # byte offsets of the pools cut from the training corpus
+            offsets = {k: v for k, v in inside[2].items() if (data, test)[k == "test"] == fam.dataset}
     if cond.get("shift"):
         pa = apply_shift(tuple(pa), cond["shift"], tuple(split.input_shape), seed)
         pb = apply_shift(tuple(pb), cond["shift"], tuple(split.input_shape), seed + 1)

@@ -32,10 +32,14 @@ __all__ = [
     "summary_rows",
     "print_summary",
     "certify_rows",
+    "cert_columns",
     "smallest_step",
 ]
 
 RECORD = "sweep.json"
+# the [sweep] keys a record holds as they are (M and K: as its MK pairs)
+_SWEEP_SAVED = ("name", "out_dir", "seeds", "draws", "estimator", "pool", "data_seed", "device", "interventions")
+_MISALIGNMENT = (("", "probability"), ("_low", "low"), ("_high", "high"), ("_draws", "draws"))
 
 
 # ----------------------------------------------------------------------------- the record
@@ -68,24 +72,10 @@ def _load(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
 def _alignment(config: Mapping[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
     """The parsed-TOML form of an alignment sweep's record."""
     sweep = _drop_none(
-        {
-            "name": config["name"],
-            "out_dir": config["out_dir"],
-            "seeds": config["seeds"],
-            "M": [m for m, _ in config["MK"]],
-            "K": [k for _, k in config["MK"]],
-            "paired": True,
-            "draws": config["draws"],
-            "estimator": config["estimator"],
-            "pool": config["pool"],
-            "budgets": config.get("budgets"),
-            "data_seed": config["data_seed"],
-            "device": config["device"],
-            "threads": config.get("threads"),
-            "interventions": config["interventions"],
-            "etas": config.get("etas"),
-            **(config.get("placement") or {}),
-        }
+        {k: config[k] for k in _SWEEP_SAVED}
+        | {k: config.get(k) for k in ("budgets", "threads", "etas")}
+        | {"M": [m for m, _ in config["MK"]], "K": [k for _, k in config["MK"]], "paired": True}
+        | (config.get("placement") or {})
     )
     families = []
     for f in config["families"]:
@@ -114,18 +104,9 @@ def _suite(config: Mapping[str, Any]) -> dict[str, Any]:
     """The parsed-TOML form of a suite's record."""
     revisions = [r for r in config["revisions"] if r is not None]
     suite = _drop_none(
-        {
-            "name": config["name"],
-            "label": config.get("label"),
-            "out_dir": config["out_dir"],
-            "models": config["models"],
-            "revisions": revisions or None,
-            "batch_size": config["batch_size"],
-            "device": config["device"],
-            "threads": config.get("threads"),
-            "certify": _drop_none(config["certify"]),
-            **config.get("inputs", {}),
-        }
+        {k: config[k] for k in ("name", "out_dir", "models", "batch_size", "device")}
+        | {"label": config.get("label"), "threads": config.get("threads"), "revisions": revisions or None}
+        | {"certify": _drop_none(config["certify"]), **config.get("inputs", {})}
     )
     return {"suite": suite}
 
@@ -215,20 +196,7 @@ def print_summary(rows: Sequence[Mapping[str, Any]], out_dir: Path, file: IO[str
     """Print :func:`summary_rows` (one table per probe condition) and where the results are."""
     file = file or sys.stdout
     table = summary_rows(rows)
-    cols = [
-        "family",
-        "width",
-        "point",
-        "seeds",
-        "d_align",
-        "vacuous",
-        "d_align_1pop",
-        "M,K",
-        "misalign",
-        "B_exact",
-        "B_align",
-        "test_loss",
-    ]
+    cols = "family width point seeds d_align vacuous d_align_1pop M,K misalign B_exact B_align test_loss".split()
     conds = list(dict.fromkeys((r["probe_set"], r["probe_seq_len"]) for r in table)) or [(None, None)]
     for i, (name, L) in enumerate(conds):
         sel = [r for r in table if (r["probe_set"], r["probe_seq_len"]) == (name, L)]
@@ -269,6 +237,18 @@ def smallest_step(ivs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def cert_columns(
+    row: dict[str, Any], one: Mapping[str, Any], two: Mapping[str, Any], mis: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``row`` with both certificates' :data:`CERT_FIELDS` (``one_*``, ``two_*``, under the reporting
+    rule of :func:`~widthscope.stats.vacuous_rule`) and the ``misalignment*`` columns."""
+    for prefix, cert in (("one_", one), ("two_", two)):
+        row.update({prefix + f: cert.get(f) for f in CERT_FIELDS})
+        vacuous_rule(row, prefix)  # files written before the rule read the same way
+    row.update({"misalignment" + s: mis.get(k) for s, k in _MISALIGNMENT})
+    return row
+
+
 def certify_rows(result: Mapping[str, Any], tags: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Alignment rows (one per point x (M, K)) and intervention rows of one certify result, each
     carrying ``tags`` (the caller's: ``family``, ``width``, ``seed``, ``source``, ...)."""
@@ -295,19 +275,7 @@ def certify_rows(result: Mapping[str, Any], tags: Mapping[str, Any]) -> list[dic
         iv_cols = smallest_step(ivs)
         for c in pt["certificates"]:
             row = {**base, "M": int(c["M"]), "K": int(c["K"]), **iv_cols}
-            for prefix in ("one", "two"):
-                cert = c.get(prefix) or {}
-                for f in CERT_FIELDS:
-                    row[f"{prefix}_{f}"] = cert.get(f)
-                vacuous_rule(row, f"{prefix}_")  # files written before the rule read the same way
-            mis = c.get("misalignment") or {}
-            row.update(
-                misalignment=mis.get("probability"),
-                misalignment_low=mis.get("low"),
-                misalignment_high=mis.get("high"),
-                misalignment_draws=mis.get("draws"),
-            )
-            rows.append(row)
+            rows.append(cert_columns(row, c.get("one") or {}, c.get("two") or {}, c.get("misalignment") or {}))
         for iv in ivs:
             rows.append({**iv, "kind": iv.get("kind", "intervention"), **tags, "point_index": pi})
     return rows

@@ -105,12 +105,9 @@ def _print_plan(
     for fam in cfg.families:
         if fam.placement:
             print(f"placement ({fam.name}): {placement_text(fam.placement)} (the probe; training on {cfg.device})")
-    for fam in cfg.families:  # a family's certify table that changes [sweep]'s statistics
-        implied = cfg.certify.replace(points=fam.certify.points).to_dict()
-        changed = {k: v for k, v in fam.certify.to_dict().items() if implied[k] != v}
+        changed = cfg.certify_changes(fam)  # a family's certify table that changes [sweep]'s statistics
         if changed:
             print(f"certify options ({fam.name}): {', '.join(f'{k} = {v}' for k, v in changed.items())}")
-    for fam in cfg.families:
         if fam.monitor is not None:
             m = fam.monitor
             print(

@@ -1,21 +1,9 @@
 """A suite of existing checkpoints as a sweep: one ``widthscope certify`` run per (model, revision).
 
 A sweep TOML with a ``[suite]`` table (instead of ``[sweep]`` and ``[[family]]``) names published
-checkpoints — hub ids, hub cache folders or local paths — and the revisions (branches, tags or
-commits; e.g. Pythia's ``step1000`` … ``step143000``) to certify each one at::
-
-    [suite]
-    name = "pythia"
-    models = ["EleutherAI/pythia-70m-deduped", "EleutherAI/pythia-160m-deduped"]
-    revisions = ["step1000", "step143000"]
-    data = "corpus.txt"          # + every other input option of widthscope certify (InputSpec)
-    seq_len = 128
-    n_train = 256
-    n_test = 256
-
-    [suite.certify]              # widthscope.options.CertifyOptions
-    M = [16, 32, 64]
-    interventions = "none"
+checkpoints (hub ids, hub cache folders or local paths), the revisions to certify each one at
+(e.g. Pythia's ``step1000`` … ``step143000``), every input option of ``widthscope certify`` and a
+``[suite.certify]`` table of :class:`~widthscope.options.CertifyOptions` (docs/sweeps.md).
 
 Each cell is a :func:`widthscope.certification.pipeline.run_certify` run (:func:`run_suite`), resumable
 like every sweep: ``DIR/cells/<cell_id>.json`` is the cell's certify result plus the grid's
@@ -44,7 +32,7 @@ from ..errors import WidthscopeError
 from ..hub import resolve_model
 from ..options import CertifyOptions, CertifyRunOptions
 from .config import certify_options, check_keys, config_int, config_table
-from .grid import GridResult, cell_id, cell_path, cell_state, claim_out_dir, run_grid
+from .grid import GridResult, cell_id, cell_path, cell_state, claim_out_dir, run_grid, shard_cells
 from .placement import PLACEMENT_KEYS, cell_folder, placement_text, release
 from .results import certify_rows
 
@@ -57,20 +45,9 @@ __all__ = [
     "step_of",
     "print_suite_plan",
     "parameters",
-    "cost_estimate",
 ]
 
-SUITE_KEYS = {
-    "name": "label of the suite (default: the config file's stem)",
-    "label": "the model series' name in the report (default: name), e.g. 'Pythia (deduped)'",
-    "out_dir": "results directory (default: widthscope-results/<name>)",
-    "models": "list of checkpoints (required): hub ids org/name, hub cache folders models--org--name, or local paths",
-    "revisions": "list of branches, tags or commits each hub model is certified at (default: its main revision)",
-    "batch_size": "probe batch size (default 8)",
-    "device": "torch device (default 'cpu')",
-    "threads": "torch CPU threads while the suite runs (default: torch's choice)",
-    "certify": "table of certify options (widthscope.options.CertifyOptions: M, K, draws, seed, estimator, pool, ...)",
-}
+SUITE_KEYS = ("name", "label", "out_dir", "models", "revisions", "batch_size", "device", "threads", "certify")
 # Every input option of `widthscope certify` but the model, its revision and the seed (certify.seed).
 INPUT_KEYS = tuple(
     f.name for f in dataclasses.fields(InputSpec) if f.name not in ("model", "revision", "given", "seed", "cap_pools")
@@ -142,9 +119,12 @@ def load_suite(raw: Mapping[str, Any], *, stem: str = "suite", out_dir: str | os
     """Check a parsed sweep TOML holding ``[suite]``; every problem is one line naming the key."""
     check_keys(raw, ["suite"], "top level (a [suite] config takes no [sweep] or [[family]])")
     su = config_table(raw.get("suite"), "[suite]")
-    check_keys(su, list(SUITE_KEYS) + list(INPUT_KEYS), "[suite]")
+    check_keys(su, SUITE_KEYS + INPUT_KEYS, "[suite]")
     if "models" not in su:
-        raise WidthscopeError(f"sweep config [suite]: missing required key 'models' ({SUITE_KEYS['models']})")
+        raise WidthscopeError(
+            "sweep config [suite]: missing required key 'models' (list of checkpoints (required): hub ids "
+            "org/name, hub cache folders models--org--name, or local paths)"
+        )
     name = su.get("name", stem)
     if not isinstance(name, str) or not name:
         raise WidthscopeError("sweep config [suite]: name must be a non-empty string")
@@ -241,8 +221,7 @@ def run_suite(
     one error line, not a failure hours in."""
     out = Path(out_dir)
     cells = plan_suite(cfg)
-    k, n = shard
-    for c in (c for i, c in enumerate(cells) if i % n == k - 1):
+    for c in shard_cells(cells, *shard):
         why = _resolve(c, local_only=None)[1]
         if why is not None:
             raise WidthscopeError(why)
@@ -291,16 +270,6 @@ def parameters(directory: Path) -> int | None:
     return total if seen else None
 
 
-def cost_estimate(cfg: SuiteConfig, params: int) -> float | None:
-    """Floating-point operations of one cell, an estimate: ``6 x parameters x probe tokens`` (a
-    forward and a backward pass over the train and held-out pools; the statistics are small
-    beside it). None when the pool sizes or the sequence length are not numbers in the config."""
-    sizes = [cfg.inputs.get("n_train", 256), cfg.inputs.get("n_test", 256), cfg.inputs.get("seq_len")]
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in sizes):
-        return None  # "all", or the model's own sequence length: not known before the data is read
-    return 6.0 * params * (sizes[0] + sizes[1]) * sizes[2]
-
-
 def print_suite_plan(
     cfg: SuiteConfig,
     mine: list[tuple[int, dict[str, Any]]],
@@ -312,6 +281,10 @@ def print_suite_plan(
 ) -> None:
     """``--dry-run``: this shard's cells, the commit each revision resolves to in the local cache
     (nothing is downloaded), and which are finished."""
+    # floating-point operations of a cell: 6 x parameters x probe tokens (a forward and a backward pass
+    # over both pools), known when the pool sizes and the sequence length are numbers in the config
+    sizes = [cfg.inputs.get("n_train", 256), cfg.inputs.get("n_test", 256), cfg.inputs.get("seq_len")]
+    tokens = (sizes[0] + sizes[1]) * sizes[2] if all(type(v) is int for v in sizes) else None
     rows = []
     flops: list[float | None] = []
     finished: dict[str, bool] = {}
@@ -322,7 +295,7 @@ def print_suite_plan(
         finished[cell_id(c)] = done is True
         directories[cell_id(c)] = Path(hub.directory) if hub is not None and why is None else None
         n = parameters(hub.directory) if hub is not None else None
-        flops.append(cost_estimate(cfg, n) if n is not None else None)
+        flops.append(6.0 * n * tokens if n is not None and tokens is not None else None)
         rows.append(
             {
                 "parameters": f"{n:,}" if n is not None else "?",
