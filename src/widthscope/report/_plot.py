@@ -104,10 +104,10 @@ def thin(items: Sequence[T], cap: int = CURVE_CAP) -> list[T]:
 
 
 def thinned_note(drawn: int, total: int, what: str = "curves") -> str:
-    """' 12 of 62 curves drawn (an evenly spaced subset, ...)' or '' when all are drawn."""
+    """' 12 of 62 curves drawn, 50 left out (an evenly spaced subset, ...)' or '' when all are drawn."""
     if drawn >= total:
         return ""
-    return f" {drawn} of {total} {what} drawn (an evenly spaced subset, so the panel stays readable)."
+    return f" {drawn} of {total} {what} drawn, {total - drawn} left out (an evenly spaced subset, for readability)."
 
 
 def colors(n: int, cmap: str = "viridis", top: float = 0.9) -> list[Any]:

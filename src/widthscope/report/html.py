@@ -98,15 +98,16 @@ MEANING = (
 )
 
 _COLOUR = {"holds": "#2d6e23", "does not": "#b3261e", "not resolved": "#8a6d00"}
-_FIGURE_OF = {  # claim id -> the alignment figure (suffix of its PNG) that shows it
-    "d_align_grows": "d_align",
-    "d_par_grows": "d_align",
-    "d_2_grows": "d_align",
-    "misalignment_falls_width": "misalignment-vs-width",
-    "b_exact_bound": "misalignment-vs-width",
-    "b_align_order": "misalignment-vs-width",
-    "misalignment_falls_MK": "misalignment-vs-MK",
-}
+_SHOWN_IN = (  # claim id prefix -> the alignment figure (suffix of its PNG) that shows it, its section
+    ("d_", "d_align", "sec-alignment-width-sweep"),
+    ("misalignment_falls_MK", "misalignment-vs-MK", "sec-alignment-width-sweep"),
+    ("misalignment", "misalignment-vs-width", "sec-alignment-width-sweep"),
+    ("b_", "misalignment-vs-width", "sec-alignment-width-sweep"),
+    ("retention", None, "sec-interventions-and-growth"),
+    ("corr_", None, "sec-linearization"),
+    ("dev_", None, "sec-linearization"),
+    ("certify_earlier", None, "sec-alignment-over-training"),
+)
 
 
 def anchor(text: str) -> str:
@@ -116,23 +117,11 @@ def anchor(text: str) -> str:
 
 def figure_anchor(c: Mapping[str, Any], figure_ids: Sequence[str]) -> str | None:
     """The id of the figure that shows claim ``c`` (or of its section), when the page has one."""
-    suffix = _FIGURE_OF.get(str(c.get("id")))
-    if suffix and c.get("group"):
-        want = anchor(f"fig-{slugify(str(c['group']))}-{suffix}")
-        if want in figure_ids:
-            return want
     cid = str(c.get("id"))
-    for prefix, sec in (
-        ("retention", "sec-interventions-and-growth"),
-        ("corr_", "sec-linearization"),
-        ("dev_", "sec-linearization"),
-        ("certify_earlier", "sec-alignment-over-training"),
-        ("d_", "sec-alignment-width-sweep"),
-        ("misalignment", "sec-alignment-width-sweep"),
-        ("b_", "sec-alignment-width-sweep"),
-    ):
-        if cid.startswith(prefix) and sec in figure_ids:
-            return sec
+    for prefix, suffix, sec in _SHOWN_IN:
+        if cid.startswith(prefix):
+            fig = anchor(f"fig-{slugify(str(c['group']))}-{suffix}") if suffix and c.get("group") else None
+            return fig if fig in figure_ids else sec if sec in figure_ids else None
     return None
 
 
@@ -203,16 +192,6 @@ def findings_box(
         '<section id="findings" class="findings"><h2>Findings</h2>'
         f'<div class="findrow"><div class="findtext">{body}</div>{fig}</div>'
         f'<p class="meaning">{MEANING}</p></section>'
-    )
-
-
-def toc(entries: Sequence[tuple[str, str]]) -> str:
-    """A table of contents: ``(anchor, title)`` per entry."""
-    esc = html.escape
-    return (
-        '<nav class="toc"><b>Contents</b><ol>'
-        + "".join(f'<li><a href="#{esc(a)}">{esc(t)}</a></li>' for a, t in entries)
-        + "</ol></nav>"
     )
 
 
@@ -439,7 +418,9 @@ def render_page(
         f"<title>{esc(title)}</title><style>{CSS}</style></head><body>",
         f"<header><h1>{esc(title)}</h1><p>{esc(subtitle)}</p></header><main>",
         box,
-        toc(entries),
+        '<nav class="toc"><b>Contents</b><ol>'
+        + "".join(f'<li><a href="#{esc(a)}">{esc(t)}</a></li>' for a, t in entries)
+        + "</ol></nav>",
     ]
     for n in notes:
         parts.append(f'<div class="note">{esc(no_nan(n))}</div>')

@@ -93,7 +93,8 @@ def _retention_by_width(groups: dict[str, list[Mapping[str, Any]]], xkey: str, o
     by_width: dict[Any, list[list[Mapping[str, Any]]]] = {}
     for rs in groups.values():
         by_width.setdefault(rs[0].get("width"), []).append(sorted(rs, key=lambda r: r[xkey]))
-    widths = sorted(by_width, key=lambda w: (w is None, w if w is not None else 0))[:8]
+    every = sorted(by_width, key=lambda w: (w is None, w if w is not None else 0))
+    widths = thin(every, 8)
     cols = min(4, len(widths))
     nrows = (len(widths) + cols - 1) // cols
     fig, axes = figure(nrows, cols, w=3.2, h=2.8, sharey=True)
@@ -119,7 +120,7 @@ def _retention_by_width(groups: dict[str, list[Mapping[str, Any]]], xkey: str, o
         out / "interventions_retention_by_width.png",
         "Retention vs step size, per width",
         "One panel per width: each grey line is one model and point; blue: the median and "
-        "interquartile band over them.",
+        "interquartile band over them." + thinned_note(len(widths), len(every), "widths"),
     )
 
 
