@@ -29,16 +29,8 @@ __all__ = ["load_results", "report", "ReportOptions"]
 
 # The row kinds widthscope writes (sweep, linearize, grow-bench, certify series); a row without a kind
 # is an alignment row with M and K.
-ROW_KINDS = (
-    "alignment",
-    "intervention",
-    "correlation",
-    "slope",
-    "linearization",
-    "growth",
-    "growth_bench",
-    "growth_compare",
-    "monitor",
+ROW_KINDS = tuple(
+    "alignment intervention correlation slope linearization growth growth_bench growth_compare monitor".split()
 )
 
 
@@ -91,16 +83,14 @@ def load_results(
     from .certify_series import series_rows  # noqa: PLC0415  start-up time: torch
 
     rows: list[dict[str, Any]] = []
-    # Certify files are read together (at the first one's place): they are checked against each
-    # other as one series.
-    json_done = False
-    is_json = [Path(d).suffix == ".json" and not Path(d).is_dir() for d in dirs]
-    for d, js in zip(dirs, is_json):
+    # Certify files are read together (at the first one's place), checked against each other as one series.
+    jsons = [d for d in dirs if Path(d).suffix == ".json" and not Path(d).is_dir()]
+    pending = jsons
+    for d in dirs:
         p = Path(d)
-        if js:
-            if not json_done:
-                rows.extend(series_rows([e for e, j in zip(dirs, is_json) if j]))
-                json_done = True
+        if d in jsons:
+            rows.extend(series_rows(pending))
+            pending = []
             continue
         if p.is_file() and p.suffix == ".jsonl":
             got = read_jsonl(p, problems)

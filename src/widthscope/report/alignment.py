@@ -10,11 +10,6 @@ page (:mod:`widthscope.report.claims`: the same numbers, test and Holm correctio
 A *trend* over widths ``w_1 < ... < w_n`` of seed-mean values ``v_i`` is "up" when the Spearman
 rank correlation of ``(w_i, v_i)`` is >= 0.5 and ``v_n > v_1``, "down" when <= -0.5 and ``v_n < v_1``,
 otherwise "flat" (with two widths this is just the sign of ``v_2 - v_1``).
-
-Example::
-
-    from widthscope.report import alignment
-    print("\\n".join(alignment.summary(rows)))
 """
 
 from __future__ import annotations
@@ -42,25 +37,15 @@ def _labelled(rows: Iterable[Mapping[str, Any]]) -> list[tuple[str, list[Mapping
     return [(group_label(k, list(gs)), sel) for k, sel in gs.items()]
 
 
-def _ranks(x: Sequence[float]) -> np.ndarray:
-    a = np.asarray(x, dtype=float)
-    ranks = np.empty(len(a))
-    ranks[np.argsort(a, kind="mergesort")] = np.arange(len(a), dtype=float)
-    for v in np.unique(a):  # average ranks of ties
-        ranks[a == v] = ranks[a == v].mean()
-    return ranks
-
-
 def trend(widths: Sequence[float], values: Sequence[float]) -> str:
     """'up', 'down' or 'flat' for values over increasing widths (NaNs dropped; the rule is in the
     module docstring)."""
+    from scipy.stats import spearmanr  # noqa: PLC0415  start-up time: scipy.stats
+
     pairs = [(w, float(v)) for w, v in zip(widths, values) if not math.isnan(as_number(v))]
-    if len(pairs) < 2:
+    if len({w for w, _ in pairs}) < 2 or len({v for _, v in pairs}) < 2:
         return "flat"
-    rw, rv = _ranks([w for w, _ in pairs]), _ranks([v for _, v in pairs])
-    if rv.std() == 0 or rw.std() == 0:
-        return "flat"
-    rho = float(np.corrcoef(rw, rv)[0, 1])
+    rho = float(spearmanr(*zip(*pairs)).statistic)
     first, last = pairs[0][1], pairs[-1][1]
     if rho >= 0.5 and last > first:
         return "up"
@@ -242,18 +227,9 @@ def _fig_misalignment_vs_mk(sel: Sequence[Mapping[str, Any]], label: str, p: Pat
 
 # ----------------------------------------------------------------------------- table
 _HEAD = ("width", "point", "seeds", "vacuous", "params", "test loss", "d_align (2-pop)", "d_par", "d_2", "limit")
-_SEED_MEANS = (
-    "n_params",
-    "test_loss",
-    "two_d_align",
-    "two_d_par",
-    "two_d_2",
-    "one_d_align",
-    "misalignment",
-    "misalignment_low",
-    "misalignment_high",
-    "two_b_exact",
-    "two_b_align",
+_SEED_MEANS = tuple(
+    "n_params test_loss two_d_align two_d_par two_d_2 one_d_align misalignment misalignment_low misalignment_high "
+    "two_b_exact two_b_align".split()
 )
 
 

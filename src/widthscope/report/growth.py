@@ -22,19 +22,7 @@ from ._fmt import num
 from ._plot import figure, save_figure, yerr
 from .html import table as html_table
 
-SHOWN = (
-    "bias",
-    "block",
-    "gradmax",
-    "certified",
-    "line_search",
-    "block_d_align",
-    "random",
-    "last",
-    "middle",
-    "oracle",
-    "ceiling",
-)
+SHOWN = tuple("bias block gradmax certified line_search block_d_align random last middle oracle ceiling".split())
 
 
 def iv(r: Mapping[str, Any], m: str, spec: str) -> str:

@@ -7,11 +7,6 @@ The page is made of *sections*, one per kind of row (:data:`SECTIONS`). A sectio
 [{"title", "html"}]`` (escaped HTML) and ``summary(rows) -> [str]`` (verdict sentences). A module is
 imported only when rows of its kinds exist; a missing or failing one becomes a note. Nothing in the
 page refers to an outside resource.
-
-Example::
-
-    from widthscope.report.html import build_report
-    page = build_report(rows, "/tmp/report", title="my sweep")   # -> /tmp/report/report.html
 """
 
 from __future__ import annotations
@@ -329,29 +324,23 @@ def provenance(rows: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str
     by_source: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for r in rows:
         by_source[str(r.get("source", ""))].append(r)
-    for src in list(sources) or sorted(by_source, key=natural_key):
+    for src in sources:
         rs = by_source.get(src, [])
         kinds = sorted({str(r.get("kind")) for r in rs})
-        probes = list(
-            dict.fromkeys(
-                f"{r['probe_set']}"
-                + (f" (length {r['probe_seq_len']})" if r.get("probe_seq_len") is not None else "")
-                + f": {r.get('probe_description') or r.get('probe_data')}"
-                for r in rs
-                if r.get("probe_set") is not None
-            )
+        data = "; ".join(data_descriptions(rs, src)) or "not recorded in the rows"
+        parts.append(f"<h3>{esc(src)}</h3><p>{len(rs)} rows ({esc(', '.join(kinds))}); data: {esc(data)}</p>")
+        probes = dict.fromkeys(
+            f"{r['probe_set']}"
+            + (f" (length {r['probe_seq_len']})" if r.get("probe_seq_len") is not None else "")
+            + f": {r.get('probe_description') or r.get('probe_data')}"
+            for r in rs
+            if r.get("probe_set") is not None
         )
-        parts.append(
-            f"<h3>{esc(src)}</h3><p>{len(rs)} rows ({esc(', '.join(kinds))}); data: "
-            f"{esc('; '.join(data_descriptions(rs, src)) or 'not recorded in the rows')}</p>"
-            + (
-                "<p>probe conditions (each reported separately, never averaged together):</p><ul>"
-                + "".join(f"<li>{esc(p)}</li>" for p in probes)
-                + "</ul>"
-                if probes
-                else ""
+        if probes:
+            items = "".join(f"<li>{esc(p)}</li>" for p in probes)
+            parts.append(
+                f"<p>probe conditions (each reported separately, never averaged together):</p><ul>{items}</ul>"
             )
-        )
         groups: dict[tuple, list[Mapping[str, Any]]] = defaultdict(list)
         for r in rs:
             if r.get("kind") == "alignment" and r.get("width") is not None:
@@ -391,7 +380,6 @@ def render_page(
     *,
     notes: Sequence[str] = (),
     subtitle: str = "",
-    measured: str = "",
     found: Sequence[Mapping[str, Any]] | None = None,
     findings: Sequence[str] = (),
     after: str = "",
@@ -399,7 +387,7 @@ def render_page(
 ) -> str:
     """The HTML text: header, the findings box (a sentence per claim in ``found``, or the plain
     ``findings`` lines) with what the numbers mean and a table of contents, notes, then each
-    section's verdict, figures (embedded) and tables; ``measured`` and ``after`` (HTML) follow.
+    section's verdict, figures (embedded) and tables; ``after`` (HTML) follows.
     Missing numbers read '–' and every table scrolls inside its own box."""
     esc = html.escape
     fig_ids = [_figure_id(f) for sec in sections for f in sec.get("figures", [])]
@@ -410,7 +398,7 @@ def render_page(
         top = (_figure_id(first), data_uri(first["png"]), str(first["title"]))
     box = findings_box(list(found or []), fig_ids + sec_ids, lines=findings, headline=top)
     entries = [("findings", "Findings")] + [(i, str(sec["title"])) for i, sec in zip(sec_ids, sections)]
-    entries += [(m.group(1), html.unescape(m.group(2))) for m in _SECTION_HEAD.finditer(after + measured)]
+    entries += [(m.group(1), html.unescape(m.group(2))) for m in _SECTION_HEAD.finditer(after)]
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -443,8 +431,6 @@ def render_page(
         parts.append("</section>")
     if after:
         parts.append(scrolling(no_nan(after, markup=True)))
-    if measured:
-        parts.append(scrolling(no_nan(measured, markup=True)))
     parts.append("</main></body></html>")
     return "\n".join(parts) + "\n"
 
@@ -481,11 +467,11 @@ def build_report(
         print(f"widthscope report: claims page failed:\n{traceback.format_exc()}", file=sys.stderr)
         found, notes = [], list(notes) + [f"claims page failed: {type(exc).__name__}: {exc}"]
     sections, more = collect_sections(rows, out_dir, found or None)
+    measured = provenance(rows, sorted({str(r.get("source", "")) for r in rows}, key=natural_key))
     notes = list(notes) + more
     stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     subtitle = f"{len(rows)} rows from {', '.join(sources) or 'memory'} · generated {stamp}"
     page = out_dir / "report.html"
-    measured = provenance(rows, sorted({str(r.get("source", "")) for r in rows}, key=natural_key))
     claims_html = ""
     if found:
         m = found[0].get("family_size", 0)
@@ -506,6 +492,6 @@ def build_report(
         )
     atomic_write_text(
         page,
-        render_page(title, sections, notes=notes, subtitle=subtitle, measured=measured, found=found, after=claims_html),
+        render_page(title, sections, notes=notes, subtitle=subtitle, found=found, after=claims_html + "\n" + measured),
     )
     return page

@@ -4,11 +4,6 @@ Figures: actual vs predicted held-out loss change ``|ΔL|`` (log-log; wrong sign
 retention ``ΔL_actual/ΔL_pred`` vs the step size (per width too when there are many curves), and
 held-out loss before and after growing a block. Steps below the model dtype's resolution
 (``below_resolution``) are drawn grey in the first figure and left out of the rest, which say how many.
-
-Example::
-
-    from widthscope.report.interventions import figures
-    figs = figures(rows, "/tmp/report")   # -> [{"title", "png", "caption"}, ...]
 """
 
 from __future__ import annotations

@@ -5,12 +5,6 @@ vs training step per width, the network, its linear model and the kernel-regress
 side by side (held-out loss vs step, and a table), derivative correlations vs width, and fitted
 slope vs ``α`` next to the theory (``α − 1``) and the published slopes. Slopes are refitted from the rows with
 :func:`widthscope.linear.powerlaw.fit_slope` (seeds averaged in log space, t interval over the seeds' slopes).
-
-Example::
-
-    from widthscope.sweeps.grid import load_rows
-    from widthscope.report.linearization import figures
-    figs = figures(load_rows("runs/linearize-demo", rebuild=False), "runs/linearize-demo/report")
 """
 
 from __future__ import annotations
@@ -35,11 +29,8 @@ def slopes_from_rows(rows: Sequence[dict]) -> list[dict[str, Any]]:
     """Slope rows (as in ``slopes.json``) refitted from result rows alone."""
     from ..linearization.summary import cfg_from_rows, summarize  # noqa: PLC0415  start-up time: torch
 
-    fresh = list(rows)  # a list of their own, as summarize has always been given
-    cfg = cfg_from_rows(fresh)
-    if cfg is None:
-        return []
-    return summarize(fresh, cfg)
+    cfg = cfg_from_rows(list(rows))
+    return [] if cfg is None else summarize(list(rows), cfg)
 
 
 def slope_text(s: dict[str, Any]) -> str:

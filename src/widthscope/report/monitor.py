@@ -6,11 +6,6 @@ vacuous) and ``B_exact`` (``delta`` dotted) against the optimizer step (symmetri
 per seed, the thick line the mean over seeds, a star where a seed's point is first certified. The
 table gives, per width, point and seed, the first certified step and the step from which it stays
 certified, and the last step's values. It describes; verdicts belong on the claims page.
-
-Example::
-
-    from widthscope.report import monitor
-    monitor.figures(rows, "/tmp/report")   # [{"title", "png", "caption"}]
 """
 
 from __future__ import annotations
