@@ -17,13 +17,13 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from ._fmt import as_number, finite, interval, num, p_eq
 from ._plot import auto_y, colors, figure, legend_outside, log_x, plot_bound, save_figure, slugify, thin, yerr
-from .claims import claim_mk, claims, group_label, groups
+from .claims import claim_mk, claims, groups, labelled
 from .html import table
 
 __all__ = ["figures", "tables", "summary", "trend", "groups"]
@@ -32,11 +32,6 @@ MAX_PANELS = 4  # insertion points (rows) and (M, K) pairs (columns) of the misa
 
 
 # ----------------------------------------------------------------------------- rows
-def _labelled(rows: Iterable[Mapping[str, Any]]) -> list[tuple[str, list[Mapping[str, Any]]]]:
-    gs = groups(rows)
-    return [(group_label(k, list(gs)), sel) for k, sel in gs.items()]
-
-
 def trend(widths: Sequence[float], values: Sequence[float]) -> str:
     """'up', 'down' or 'flat' for values over increasing widths (NaNs dropped; the rule is in the
     module docstring)."""
@@ -103,7 +98,7 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     figs = []
-    for label, sel in _labelled(rows):
+    for label, sel in labelled(rows):
         base = out_dir / slugify(label)
         draws = int(max((r["misalignment_draws"] for r in sel if finite(r.get("misalignment_draws"))), default=1))
         floor = 0.5 / max(draws, 1)  # where a probability of 0 is drawn on the log axes
@@ -249,7 +244,7 @@ def tables(rows: list[dict]) -> list[dict]:
     (M, K), plus the largest pair's misalignment and B_exact when that pair differs."""
     out = []
     by = ("width", "point_index")
-    for label, sel in _labelled(rows):
+    for label, sel in labelled(rows):
         M, K = claim_mk(sel)
         at = [r for r in sel if _mk(r) == (M, K)]
         big = _mk_pairs(sel)[-1]
@@ -341,7 +336,7 @@ def summary(rows: list[dict], found: Sequence[Mapping[str, Any]] | None = None) 
     if found is None:
         found = claims(rows)
     lines = []
-    for label, sel in _labelled(rows):
+    for label, sel in labelled(rows):
         pts, widths = point_keys(sel), _widths(sel)
         if len(widths) < 2:
             lines.append(f"{label}: only one width ({widths[0]:g}); no width trend can be judged.")

@@ -70,18 +70,24 @@ _UNTESTED = dict.fromkeys(("low", "high", "sd", "seeds", "p", "p_holds", "p_not"
 
 
 # ----------------------------------------------------------------------------- probe regimes
-def groups(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, list[Mapping[str, Any]]]:
-    """Alignment rows split into probe regimes (sweep, family, budget, probe condition, probe length), in
+def groups(rows: Iterable[Mapping[str, Any]], kind: str = "alignment") -> dict[tuple, list[Mapping[str, Any]]]:
+    """Rows of ``kind`` split into probe regimes (sweep, family, budget, probe condition, probe length), in
     first-seen order, as copies under the reporting rule (a vacuous certificate's d_align is missing):
-    each regime gets its own claims here and its own figures, table and verdict in the alignment section."""
+    each regime gets its own claims here and its own figures, table and verdict in its section."""
     from ..stats import vacuous_rule  # noqa: PLC0415  start-up time: torch
 
     out: dict[tuple, list] = {}
     for r in rows:
-        if r.get("kind", "alignment") == "alignment":
+        if r.get("kind", "alignment") == kind:
             key = tuple(r.get(k, d) for k, d in _REGIME)
             out.setdefault(key, []).append(vacuous_rule(vacuous_rule(dict(r), "one_"), "two_"))
     return out
+
+
+def labelled(rows: Iterable[Mapping[str, Any]], kind: str = "alignment") -> list[tuple[str, list[Mapping[str, Any]]]]:
+    """(label, rows) per probe regime of :func:`groups`."""
+    gs = groups(rows, kind)
+    return [(group_label(k, list(gs)), sel) for k, sel in gs.items()]
 
 
 def group_label(key: tuple, all_keys: Sequence[tuple]) -> str:
@@ -237,9 +243,7 @@ def _seed_slopes(pts: Mapping[Any, list[tuple[float, float]]]) -> list[float | N
 
 def _alignment(rows: list[Mapping[str, Any]]) -> list[dict]:
     out = []
-    gs = groups(rows)
-    for key, sel in gs.items():  # each probe regime, as the alignment section groups and labels it
-        label = group_label(key, list(gs))
+    for label, sel in labelled(rows):  # each probe regime, as the alignment section groups and labels it
         mks = sorted({(int(r["M"]), int(r["K"])) for r in sel})
         M, K = claim_mk(sel)
         for metric, name in (("two_d_align", "d_align"), ("two_d_par", "d_par"), ("two_d_2", "d_2")):
