@@ -260,31 +260,17 @@ def tables(rows: list[dict]) -> list[dict]:
                 k = (w, pi)
                 if k not in cols["two_d_align"]:
                     continue
-
                 g = {c: v.get(k, (math.nan,))[0] for c, v in cols.items()}  # this line's seed means
                 _, lo, hi, n = cols["two_d_align"][k]
                 cell = [r for r in at if (r["width"], r["point_index"]) == k]
                 seeds = len({r.get("seed") for r in cell})
                 n_vac = len({r.get("seed") for r in cell if r.get("two_vacuous") or r.get("two_d_align") is None})
-                line = [
-                    f"{w:g}",
-                    pname,
-                    seeds,
-                    f"{n_vac}/{seeds}",
-                    num(g["n_params"], ",.0f"),
-                    num(g["test_loss"], ".4g"),
-                    num(g["two_d_align"]) + (f" ({num(lo)}–{num(hi)})" if n > 1 else ""),
-                    num(g["two_d_par"]),
-                    num(g["two_d_2"]),
-                    _limit(cell),
-                    num(g["one_d_align"]),
-                    num(g["misalignment"]),
-                    interval(g["misalignment_low"], g["misalignment_high"]),
-                    num(g["two_b_exact"]),
-                    num(g["two_b_align"]),
-                    *(num(v.get(k, (math.nan,))[0]) for v in more),
-                ]
-                lines.append(line)
+                d = num(g["two_d_align"]) + (f" ({num(lo)}–{num(hi)})" if n > 1 else "")
+                line = [f"{w:g}", pname, seeds, f"{n_vac}/{seeds}", num(g["n_params"], ",.0f")]
+                line += [num(g["test_loss"], ".4g"), d, num(g["two_d_par"]), num(g["two_d_2"]), _limit(cell)]
+                line += [num(g["one_d_align"]), num(g["misalignment"])]
+                line += [interval(g["misalignment_low"], g["misalignment_high"]), num(g["two_b_exact"])]
+                lines.append(line + [num(g["two_b_align"]), *(num(v.get(k, (math.nan,))[0]) for v in more)])
         out.append(
             {
                 "title": f"{label}: numbers at M={M}, K={K}, the (M, K) at which the claims are tested "

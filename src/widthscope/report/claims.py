@@ -570,20 +570,20 @@ def _cells(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, _Cell]:
     return {**{k: v for k, v in by_summary.items() if k not in by_rows}, **by_rows}
 
 
-def _certification_slopes(cells: Mapping[tuple, _Cell]) -> dict[str, dict[str, Any]]:
-    """Per family: per-seed slopes of median log(1 + certification step) on log width (censored at the
-    seed's common horizon) and the counts the claim's basis reports."""
+def _certify_earlier(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
+    """Per family with monitor records: "wider models certify earlier" (see the module docstring), from
+    per-seed slopes of median log(1 + certification step) on log width, censored at the seed's common horizon."""
     from ..stats import certified_steps  # noqa: PLC0415  start-up time: torch
 
     fams: dict[Any, dict[Any, dict[float, _Cell]]] = defaultdict(lambda: defaultdict(dict))
     no_horizon: dict[Any, int] = defaultdict(int)
-    for (fam, width, seed), c in cells.items():
+    for (fam, width, seed), c in _cells(rows).items():
         if c.points and c.horizon is not None:
             fams[fam][seed][float(width)] = c
         elif c.points:  # summary columns without the training length: cannot be censored, left out
             no_horizon[fam] += 1
-    out: dict[str, dict[str, Any]] = {}
-    for fam, seeds in fams.items():
+    out = []
+    for fam, seeds in sorted(fams.items(), key=lambda kv: str(kv[0])):
         slopes: list[float | None] = []
         ys: list[float] = []
         deltas: set[float] = set()
@@ -614,48 +614,33 @@ def _certification_slopes(cells: Mapping[tuple, _Cell]) -> dict[str, dict[str, A
                 pts.append((math.log(w), float(median(t))))
             slopes.append(_slope(*zip(*pts)))
             ys.extend(y for _, y in pts)
-        out[str(fam)] = {
-            "slopes": slopes,
-            "y": ys,
-            "points": n_pts,
-            "censored": n_cens,
-            "deltas": sorted(deltas),
-            "no_horizon": no_horizon.get(fam, 0),
-        }
-    return out
-
-
-def _certify_earlier(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
-    """Per family with monitor records: "wider models certify earlier" (see the module docstring)."""
-    out = []
-    for fam, s in sorted(_certification_slopes(_cells(rows)).items()):
-        d = s["deltas"]
+        d = sorted(deltas)
         gate = None
         if len(d) > 1:
             gate = f"cells certify at different δ ({', '.join(f'{v:g}' for v in d)})"
-        elif s["points"] and s["censored"] == s["points"]:
+        elif n_pts and n_cens == n_pts:
             gate = "no point certified within training in any cell (all censored)"
-        elif s["y"] and max(s["y"]) - min(s["y"]) == 0:
+        elif ys and max(ys) - min(ys) == 0:
             gate = "the same certification step in every cell (nothing to come earlier)"
-        elif len(s["slopes"]) >= 2 and max(s["slopes"]) - min(s["slopes"]) == 0:
+        elif len(slopes) >= 2 and max(slopes) - min(slopes) == 0:  # type: ignore[type-var]
             gate = "every seed gives the same slope (discrete steps: no spread for a t interval)"
         basis = (
             f"per-seed slope of log(1 + step from which the point stays certified) (median over points, "
-            f"on the steps monitored in every cell of the seed) vs log width; {s['censored']} of "
-            f"{s['points']} (cell, point) not certified at the last common step, censored there "
+            f"on the steps monitored in every cell of the seed) vs log width; {n_cens} of "
+            f"{n_pts} (cell, point) not certified at the last common step, censored there "
             "(biases toward no effect); holds when the interval lies below 0"
-            + (f"; {s['no_horizon']} cell(s) without a training length left out" if s["no_horizon"] else "")
+            + (f"; {no_horizon[fam]} cell(s) without a training length left out" if no_horizon[fam] else "")
         )
         out.append(
             _claim(
                 f"{fam}: wider models certify earlier (step from which B_exact <= "
                 f"{f'δ={d[0]:g}' if len(d) == 1 else 'δ'} holds)",
-                s["slopes"],
+                slopes,
                 (-INF, 0.0),
                 basis,
                 "per log width",
                 cid="certify_earlier",
-                group=fam,
+                group=str(fam),
                 gate=gate,
             )
         )

@@ -347,17 +347,11 @@ def provenance(rows: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str
                 groups[(r.get("family") or r.get("model"), r.get("width"))].append(r)
         if groups:
             head = ("family", "width", "seeds", "training steps", "final train loss", "final held-out loss")
-            lines = [
-                (
-                    fam,
-                    width,
-                    len({r["seed"] for r in g if r.get("seed") is not None}),
-                    ", ".join(map(str, sorted({r["steps"] for r in g if r.get("steps") is not None}))) or "–",
-                    _mean(g, "train_loss"),
-                    _mean(g, "test_loss"),
-                )
-                for (fam, width), g in sorted(groups.items(), key=lambda kv: (natural_key(kv[0][0]), float(kv[0][1])))
-            ]
+            lines = []
+            for (fam, width), g in sorted(groups.items(), key=lambda kv: (natural_key(kv[0][0]), float(kv[0][1]))):
+                steps = ", ".join(map(str, sorted({r["steps"] for r in g if r.get("steps") is not None}))) or "–"
+                seeds = len({r["seed"] for r in g if r.get("seed") is not None})
+                lines.append((fam, width, seeds, steps, _mean(g, "train_loss"), _mean(g, "test_loss")))
             parts.append(table(head, lines, left={0}))
         cfg = Path(src) / "sweep.json"
         if cfg.is_file():

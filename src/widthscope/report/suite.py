@@ -39,6 +39,9 @@ def _median(vals: Sequence[Any]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+_MEDIANS = (("d_align", "two_d_align"), ("misalignment", "misalignment"), ("b_exact", "two_b_exact"))
+
+
 def summarize(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One dict per (suite, width, revision): the medians over points at the largest (M, K)."""
     sel = [r for r in rows if is_suite(r)]
@@ -52,26 +55,10 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         g = [r for r in sel if key(r) == (suite, width, model, rev)]
         mk = max({(int(r["M"]), int(r["K"])) for r in g}, key=lambda t: (t[0] * t[1], t))
         at = [r for r in g if (int(r["M"]), int(r["K"])) == mk]
-        first = at[0]
-        out.append(
-            {
-                "suite": suite,
-                "width": width,
-                "revision": rev,
-                "step": first.get("step"),
-                "commit": first.get("commit"),
-                "model_id": model,
-                "model": f"{model} (width {_fmt(width)})",
-                "depth": first.get("depth"),
-                "points": len({r["point"] for r in at}),
-                "vacuous": sum(bool(r.get("two_vacuous")) for r in at),
-                "M": mk[0],
-                "K": mk[1],
-                "d_align": _median([r.get("two_d_align") for r in at]),
-                "misalignment": _median([r.get("misalignment") for r in at]),
-                "b_exact": _median([r.get("two_b_exact") for r in at]),
-            }
-        )
+        row = {"suite": suite, "width": width, "revision": rev, "model_id": model, "M": mk[0], "K": mk[1]}
+        row.update({k: at[0].get(k) for k in ("step", "commit", "depth")}, model=f"{model} (width {_fmt(width)})")
+        row.update(points=len({r["point"] for r in at}), vacuous=sum(bool(r.get("two_vacuous")) for r in at))
+        out.append({**row, **{k: _median([r.get(c) for r in at]) for k, c in _MEDIANS}})
     return out
 
 
