@@ -148,14 +148,9 @@ def report(
     strict: bool = False,
     options: ReportOptions | None = None,
 ) -> Path:
-    """Build the report for one or more results directories; return the path of ``report.html``.
-
-    ``notes`` head the page (e.g. which dataset a fallback chose and why). Inputs are only read.
-    Damaged lines and cell files are skipped, logged on stderr and listed on the page; with
-    ``strict`` they are refused (WidthscopeError naming the first). ``options``: the settings as one
-    :class:`ReportOptions` (its ``out``, ``title``, ``strict`` replace the arguments). The rows of a
-    model-suite sweep also get ``width-series.html`` and ``over-training.html`` beside the page
-    (:mod:`widthscope.report.suite`); ``report.json`` records the options and the inputs."""
+    """Build the report for one or more results directories (see the module docstring); return the
+    path of ``report.html``. ``notes`` head the page; ``options`` replaces ``out_dir``, ``title`` and
+    ``strict``; ``strict`` refuses damaged input (WidthscopeError naming the first)."""
     from .certify_series import describe  # noqa: PLC0415  start-up time: torch
     from .suite import write_pages  # noqa: PLC0415  start-up time: torch
 

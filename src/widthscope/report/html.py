@@ -12,6 +12,7 @@ page refers to an outside resource.
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as _dt
 import html
 import importlib
@@ -273,20 +274,16 @@ def versions() -> dict[str, str]:
     """widthscope (and its git commit when run from a checkout), Python, torch, transformers."""
     out = {"widthscope": __version__, "python": platform.python_version()}
     here = Path(__file__).resolve().parent
-    try:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
         commit, dirty = (
             subprocess.run(["git", *a], cwd=here, capture_output=True, text=True, timeout=5)
             for a in (("rev-parse", "--short", "HEAD"), ("status", "--porcelain", "--untracked-files=no"))
         )
         if commit.returncode == 0 and commit.stdout.strip():
             out["git commit"] = commit.stdout.strip() + (" (with local changes)" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        pass
     for mod in ("torch", "transformers", "numpy"):
-        try:
+        with contextlib.suppress(ImportError):
             out[mod] = importlib.import_module(mod).__version__
-        except ImportError:
-            pass
     return out
 
 
@@ -300,14 +297,12 @@ def data_descriptions(rows: Sequence[Mapping[str, Any]], source: str = "") -> li
         got = [describe_name(n) for n in sorted({str(r["dataset"]) for r in rows if r.get("dataset")})]
     cfg = Path(source) / "linearize_config.json" if source else None
     if not got and cfg is not None and cfg.is_file():
-        try:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
             d = json.loads(cfg.read_text(encoding="utf-8")).get("data", {})
             got.append(
                 f"{describe_name(d.get('name'))}: {d.get('n_train', 'all')} train / "
                 f"{d.get('n_test', 'all')} held-out examples (split seed {d.get('seed', 0)})"
             )
-        except (OSError, ValueError, AttributeError):
-            pass
     return got
 
 

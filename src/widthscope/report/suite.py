@@ -123,17 +123,6 @@ def _figure(
     return save_figure(fig, out, title, caption)
 
 
-def _page(title: str, sections: list[dict[str, Any]], notes: Sequence[str], findings: Sequence[str] = ()) -> str:
-    return render_page(
-        title,
-        sections,
-        notes=notes,
-        subtitle="model suite: certify runs of existing checkpoints",
-        findings=findings,
-        headline=False,
-    )
-
-
 def _latest(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The rows of the latest revision (largest step) present at every width, else of the latest one."""
     revs = sorted({s["revision"] for s in rows}, key=lambda r: _step_key(list(rows), r))
@@ -223,12 +212,14 @@ def write_pages(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[
             else []
         )
         step_secs.append({"title": suite, "figures": figs, "tables": [{"title": "checkpoints", "html": _table(mine)}]})
-    pages = [out_dir / PAGES[0], out_dir / PAGES[1]]
-    depth_notes = [n for n in notes if "depths" in n]
-    atomic_write_text(
-        pages[0], _page("widthscope: width series of the model suite", width_secs, depth_notes, width_lines)
-    )
-    atomic_write_text(
-        pages[1], _page("widthscope: over training, per width", step_secs, notes, _training_findings(summary))
-    )
+    pages = [out_dir / p for p in PAGES]
+    for page, title, secs, page_notes, findings in (
+        (pages[0], "width series of the model suite", width_secs, [n for n in notes if "depths" in n], width_lines),
+        (pages[1], "over training, per width", step_secs, notes, _training_findings(summary)),
+    ):
+        subtitle = "model suite: certify runs of existing checkpoints"
+        html = render_page(
+            f"widthscope: {title}", secs, notes=page_notes, subtitle=subtitle, findings=findings, headline=False
+        )
+        atomic_write_text(page, html)
     return pages
