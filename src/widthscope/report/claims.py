@@ -503,11 +503,11 @@ def deviation_seed_slopes(rows: Sequence[Mapping[str, Any]], metric: str, alpha:
     widths left out)."""
     by: dict[Any, list[tuple[float, float]]] = defaultdict(list)
     for r in rows:
-        a, st, v = r.get("alpha"), r.get("step"), r.get(metric)
-        if r.get("kind") != "linearization" or r.get("diverged") or not all(map(_ok, (a, st, v, r.get("width")))):
+        if r.get("kind") != "linearization" or r.get("diverged"):
             continue
-        if float(a) == alpha and int(st) == step and v > 0:
-            by[r.get("seed")].append((math.log(r["width"]), math.log(v)))
+        if all(_ok(r.get(k)) for k in ("alpha", "step", metric, "width")) and r[metric] > 0:
+            if float(r["alpha"]) == alpha and int(r["step"]) == step:
+                by[r.get("seed")].append((math.log(r["width"]), math.log(r[metric])))
     return [s for s in (_slope(*zip(*sorted(p))) for p in by.values() if len(p) >= 2) if s is not None]
 
 
@@ -620,9 +620,9 @@ def _certify_earlier(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
             gate = f"cells certify at different δ ({', '.join(f'{v:g}' for v in d)})"
         elif n_pts and n_cens == n_pts:
             gate = "no point certified within training in any cell (all censored)"
-        elif ys and max(ys) - min(ys) == 0:
+        elif len(set(ys)) == 1:
             gate = "the same certification step in every cell (nothing to come earlier)"
-        elif len(slopes) >= 2 and max(slopes) - min(slopes) == 0:  # type: ignore[type-var]
+        elif len(slopes) >= 2 and len(set(slopes)) == 1:
             gate = "every seed gives the same slope (discrete steps: no spread for a t interval)"
         basis = (
             f"per-seed slope of log(1 + step from which the point stays certified) (median over points, "
