@@ -298,6 +298,9 @@ def test_many_intervention_curves_get_small_multiples_and_labelled_sign_counts(t
     figs = riv.figures(rows, tmp_path)
     names = [Path(f["png"]).name for f in figs]
     assert "interventions_retention_by_width.png" in names  # 32 curves: one panel per width
+    wide = [dict(r, width=r["width"] + k) for r in rows for k in (0, 1, 2)]  # 12 widths: 8 panels at most
+    cap = next(f["caption"] for f in riv.figures(wide, tmp_path) if "retention_by_width" in f["png"])
+    assert "8 of 12 widths drawn, 4 left out" in cap  # the widths left out are said on the page
     text = " ".join(riv.summary(rows))
     assert "per step of the η grid" in text and "96 of 128 steps" in text
     assert "at the smallest step of each curve: sign right in 32 of 32 curves" in text

@@ -29,16 +29,8 @@ __all__ = ["load_results", "report", "ReportOptions"]
 
 # The row kinds widthscope writes (sweep, linearize, grow-bench, certify series); a row without a kind
 # is an alignment row with M and K.
-ROW_KINDS = (
-    "alignment",
-    "intervention",
-    "correlation",
-    "slope",
-    "linearization",
-    "growth",
-    "growth_bench",
-    "growth_compare",
-    "monitor",
+ROW_KINDS = tuple(
+    "alignment intervention correlation slope linearization growth growth_bench growth_compare monitor".split()
 )
 
 
@@ -91,16 +83,14 @@ def load_results(
     from .certify_series import series_rows  # noqa: PLC0415  start-up time: torch
 
     rows: list[dict[str, Any]] = []
-    # Certify files are read together (at the first one's place): they are checked against each
-    # other as one series.
-    json_done = False
-    is_json = [Path(d).suffix == ".json" and not Path(d).is_dir() for d in dirs]
-    for d, js in zip(dirs, is_json):
+    # Certify files are read together (at the first one's place), checked against each other as one series.
+    jsons = [d for d in dirs if Path(d).suffix == ".json" and not Path(d).is_dir()]
+    pending = jsons
+    for d in dirs:
         p = Path(d)
-        if js:
-            if not json_done:
-                rows.extend(series_rows([e for e, j in zip(dirs, is_json) if j]))
-                json_done = True
+        if d in jsons:
+            rows.extend(series_rows(pending))
+            pending = []
             continue
         if p.is_file() and p.suffix == ".jsonl":
             got = read_jsonl(p, problems)
@@ -158,14 +148,9 @@ def report(
     strict: bool = False,
     options: ReportOptions | None = None,
 ) -> Path:
-    """Build the report for one or more results directories; return the path of ``report.html``.
-
-    ``notes`` head the page (e.g. which dataset a fallback chose and why). Inputs are only read.
-    Damaged lines and cell files are skipped, logged on stderr and listed on the page; with
-    ``strict`` they are refused (WidthscopeError naming the first). ``options``: the settings as one
-    :class:`ReportOptions` (its ``out``, ``title``, ``strict`` replace the arguments). The rows of a
-    model-suite sweep also get ``width-series.html`` and ``over-training.html`` beside the page
-    (:mod:`widthscope.report.suite`); ``report.json`` records the options and the inputs."""
+    """Build the report for one or more results directories (see the module docstring); return the
+    path of ``report.html``. ``notes`` head the page; ``options`` replaces ``out_dir``, ``title`` and
+    ``strict``; ``strict`` refuses damaged input (WidthscopeError naming the first)."""
     from .certify_series import describe  # noqa: PLC0415  start-up time: torch
     from .suite import write_pages  # noqa: PLC0415  start-up time: torch
 

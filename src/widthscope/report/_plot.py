@@ -79,20 +79,18 @@ def slugify(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text).strip("-")[:60] or "x"
 
 
-def legend_outside(ax: Any, *, cap: int = LEGEND_CAP, fontsize: float = 7, **kw: Any) -> int:
-    """A legend right of ``ax`` with at most ``cap`` entries: past ``cap``, the first ``cap - 1`` and
-    one '… N more, not listed' line. Returns the number of entries listed (0: no legend drawn)."""
+def legend_outside(ax: Any, **kw: Any) -> None:
+    """A legend right of ``ax`` with at most :data:`LEGEND_CAP` entries: past it, the first ``LEGEND_CAP - 1``
+    and one '… N more, not listed' line."""
     from matplotlib.lines import Line2D  # noqa: PLC0415  start-up time: matplotlib
 
     handles, labels = ax.get_legend_handles_labels()
-    if not handles:
-        return 0
-    keep = cap - 1 if len(handles) > cap else len(handles)
-    if len(handles) > cap:
+    if len(handles) > LEGEND_CAP:
+        keep = LEGEND_CAP - 1
         handles = [*handles[:keep], Line2D([], [], ls="none")]
         labels = [*labels[:keep], f"… {len(labels) - keep} more, not listed"]
-    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=fontsize, **kw)
-    return keep
+    if handles:
+        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=7, **kw)
 
 
 def thin(items: Sequence[T], cap: int = CURVE_CAP) -> list[T]:
@@ -104,10 +102,10 @@ def thin(items: Sequence[T], cap: int = CURVE_CAP) -> list[T]:
 
 
 def thinned_note(drawn: int, total: int, what: str = "curves") -> str:
-    """' 12 of 62 curves drawn (an evenly spaced subset, ...)' or '' when all are drawn."""
+    """' 12 of 62 curves drawn, 50 left out (an evenly spaced subset, ...)' or '' when all are drawn."""
     if drawn >= total:
         return ""
-    return f" {drawn} of {total} {what} drawn (an evenly spaced subset, so the panel stays readable)."
+    return f" {drawn} of {total} {what} drawn, {total - drawn} left out (an evenly spaced subset, for readability)."
 
 
 def colors(n: int, cmap: str = "viridis", top: float = 0.9) -> list[Any]:

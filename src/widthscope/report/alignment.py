@@ -10,11 +10,6 @@ page (:mod:`widthscope.report.claims`: the same numbers, test and Holm correctio
 A *trend* over widths ``w_1 < ... < w_n`` of seed-mean values ``v_i`` is "up" when the Spearman
 rank correlation of ``(w_i, v_i)`` is >= 0.5 and ``v_n > v_1``, "down" when <= -0.5 and ``v_n < v_1``,
 otherwise "flat" (with two widths this is just the sign of ``v_2 - v_1``).
-
-Example::
-
-    from widthscope.report import alignment
-    print("\\n".join(alignment.summary(rows)))
 """
 
 from __future__ import annotations
@@ -22,13 +17,13 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from ._fmt import as_number, finite, interval, num, p_eq
 from ._plot import auto_y, colors, figure, legend_outside, log_x, plot_bound, save_figure, slugify, thin, yerr
-from .claims import claim_mk, claims, group_label, groups
+from .claims import claim_mk, claims, groups, labelled
 from .html import table
 
 __all__ = ["figures", "tables", "summary", "trend", "groups"]
@@ -37,30 +32,15 @@ MAX_PANELS = 4  # insertion points (rows) and (M, K) pairs (columns) of the misa
 
 
 # ----------------------------------------------------------------------------- rows
-def _labelled(rows: Iterable[Mapping[str, Any]]) -> list[tuple[str, list[Mapping[str, Any]]]]:
-    gs = groups(rows)
-    return [(group_label(k, list(gs)), sel) for k, sel in gs.items()]
-
-
-def _ranks(x: Sequence[float]) -> np.ndarray:
-    a = np.asarray(x, dtype=float)
-    ranks = np.empty(len(a))
-    ranks[np.argsort(a, kind="mergesort")] = np.arange(len(a), dtype=float)
-    for v in np.unique(a):  # average ranks of ties
-        ranks[a == v] = ranks[a == v].mean()
-    return ranks
-
-
 def trend(widths: Sequence[float], values: Sequence[float]) -> str:
     """'up', 'down' or 'flat' for values over increasing widths (NaNs dropped; the rule is in the
     module docstring)."""
+    from scipy.stats import spearmanr  # noqa: PLC0415  start-up time: scipy.stats
+
     pairs = [(w, float(v)) for w, v in zip(widths, values) if not math.isnan(as_number(v))]
-    if len(pairs) < 2:
+    if len({w for w, _ in pairs}) < 2 or len({v for _, v in pairs}) < 2:
         return "flat"
-    rw, rv = _ranks([w for w, _ in pairs]), _ranks([v for _, v in pairs])
-    if rv.std() == 0 or rw.std() == 0:
-        return "flat"
-    rho = float(np.corrcoef(rw, rv)[0, 1])
+    rho = float(spearmanr(*zip(*pairs)).statistic)
     first, last = pairs[0][1], pairs[-1][1]
     if rho >= 0.5 and last > first:
         return "up"
@@ -118,7 +98,7 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     figs = []
-    for label, sel in _labelled(rows):
+    for label, sel in labelled(rows):
         base = out_dir / slugify(label)
         draws = int(max((r["misalignment_draws"] for r in sel if finite(r.get("misalignment_draws"))), default=1))
         floor = 0.5 / max(draws, 1)  # where a probability of 0 is drawn on the log axes
@@ -242,18 +222,9 @@ def _fig_misalignment_vs_mk(sel: Sequence[Mapping[str, Any]], label: str, p: Pat
 
 # ----------------------------------------------------------------------------- table
 _HEAD = ("width", "point", "seeds", "vacuous", "params", "test loss", "d_align (2-pop)", "d_par", "d_2", "limit")
-_SEED_MEANS = (
-    "n_params",
-    "test_loss",
-    "two_d_align",
-    "two_d_par",
-    "two_d_2",
-    "one_d_align",
-    "misalignment",
-    "misalignment_low",
-    "misalignment_high",
-    "two_b_exact",
-    "two_b_align",
+_SEED_MEANS = tuple(
+    "n_params test_loss two_d_align two_d_par two_d_2 one_d_align misalignment misalignment_low misalignment_high "
+    "two_b_exact two_b_align".split()
 )
 
 
@@ -273,7 +244,7 @@ def tables(rows: list[dict]) -> list[dict]:
     (M, K), plus the largest pair's misalignment and B_exact when that pair differs."""
     out = []
     by = ("width", "point_index")
-    for label, sel in _labelled(rows):
+    for label, sel in labelled(rows):
         M, K = claim_mk(sel)
         at = [r for r in sel if _mk(r) == (M, K)]
         big = _mk_pairs(sel)[-1]
@@ -289,31 +260,17 @@ def tables(rows: list[dict]) -> list[dict]:
                 k = (w, pi)
                 if k not in cols["two_d_align"]:
                     continue
-
                 g = {c: v.get(k, (math.nan,))[0] for c, v in cols.items()}  # this line's seed means
                 _, lo, hi, n = cols["two_d_align"][k]
                 cell = [r for r in at if (r["width"], r["point_index"]) == k]
                 seeds = len({r.get("seed") for r in cell})
                 n_vac = len({r.get("seed") for r in cell if r.get("two_vacuous") or r.get("two_d_align") is None})
-                line = [
-                    f"{w:g}",
-                    pname,
-                    seeds,
-                    f"{n_vac}/{seeds}",
-                    num(g["n_params"], ",.0f"),
-                    num(g["test_loss"], ".4g"),
-                    num(g["two_d_align"]) + (f" ({num(lo)}–{num(hi)})" if n > 1 else ""),
-                    num(g["two_d_par"]),
-                    num(g["two_d_2"]),
-                    _limit(cell),
-                    num(g["one_d_align"]),
-                    num(g["misalignment"]),
-                    interval(g["misalignment_low"], g["misalignment_high"]),
-                    num(g["two_b_exact"]),
-                    num(g["two_b_align"]),
-                    *(num(v.get(k, (math.nan,))[0]) for v in more),
-                ]
-                lines.append(line)
+                d = num(g["two_d_align"]) + (f" ({num(lo)}–{num(hi)})" if n > 1 else "")
+                line = [f"{w:g}", pname, seeds, f"{n_vac}/{seeds}", num(g["n_params"], ",.0f")]
+                line += [num(g["test_loss"], ".4g"), d, num(g["two_d_par"]), num(g["two_d_2"]), _limit(cell)]
+                line += [num(g["one_d_align"]), num(g["misalignment"])]
+                line += [interval(g["misalignment_low"], g["misalignment_high"]), num(g["two_b_exact"])]
+                lines.append(line + [num(g["two_b_align"]), *(num(v.get(k, (math.nan,))[0]) for v in more)])
         out.append(
             {
                 "title": f"{label}: numbers at M={M}, K={K}, the (M, K) at which the claims are tested "
@@ -365,7 +322,7 @@ def summary(rows: list[dict], found: Sequence[Mapping[str, Any]] | None = None) 
     if found is None:
         found = claims(rows)
     lines = []
-    for label, sel in _labelled(rows):
+    for label, sel in labelled(rows):
         pts, widths = point_keys(sel), _widths(sel)
         if len(widths) < 2:
             lines.append(f"{label}: only one width ({widths[0]:g}); no width trend can be judged.")

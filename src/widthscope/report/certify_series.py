@@ -152,12 +152,16 @@ def describe(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     return out
 
 
-def _group_by_value(files: Mapping[str, Any]) -> str:
-    """'v1: f1, f2; v2: f3' — says which files differ."""
-    by: dict[str, list[str]] = {}
-    for f, v in files.items():
-        by.setdefault(str(v), []).append(f)
-    return "; ".join(f"{v}: {', '.join(fs)}" for v, fs in by.items())
+_SHARED = (  # what files drawn together must share: (what, its value in a row, why)
+    (
+        "(M, K) pairs",
+        lambda r: (r["M"], r["K"]),
+        "the misalignment panels and table would compare widths at different sample sizes; rerun certify "
+        "with the same --M/--K",
+    ),
+    ("estimators", lambda r: r.get("estimator"), "their d_align are not comparable; rerun with the same --estimator"),
+    ("pooling", lambda r: r.get("pool"), "their sample vectors differ; rerun with the same --pool"),
+)
 
 
 def _check_series(
@@ -170,42 +174,25 @@ def _check_series(
         if r.get("kind") == "alignment":
             fams.setdefault(str(r[group]), []).append(r)
     for fam, sel in fams.items():
-        per_file: dict[str, dict[str, Any]] = {}
-        for r in sel:
-            d = per_file.setdefault(
-                r[file_key],
-                {
-                    "mk": set(),
-                    "estimator": r.get("estimator"),
-                    "pool": r.get("pool"),
-                    "key": (r["width"], r.get("seed")),
-                },
-            )
-            d["mk"].add((r["M"], r["K"]))
-        checks = (
-            (
-                "(M, K) pairs",
-                "mk",
-                "the misalignment panels and table would compare widths at different "
-                "sample sizes; rerun certify with the same --M/--K",
-            ),
-            ("estimators", "estimator", "their d_align are not comparable; rerun with the same --estimator"),
-            ("pooling", "pool", "their sample vectors differ; rerun with the same --pool"),
-        )
-        for what, key, why in checks:
-            vals = {f: (sorted(d[key]) if key == "mk" else d[key]) for f, d in per_file.items()}
-            if len({str(v) for v in vals.values()}) > 1:
-                raise WidthscopeError(f"certify files of family {fam!r} mix {what} ({_group_by_value(vals)}): {why}")
+        for what, get, why in _SHARED:
+            per_file: dict[str, set] = {}
+            for r in sel:
+                per_file.setdefault(r[file_key], set()).add(get(r))
+            by_value: dict[str, list[str]] = {}  # 'v1: f1, f2; v2: f3' says which files differ
+            for f, v in per_file.items():
+                by_value.setdefault(", ".join(map(str, sorted(v, key=str))), []).append(f)
+            if len(by_value) > 1:
+                named = "; ".join(f"{v}: {', '.join(fs)}" for v, fs in by_value.items())
+                raise WidthscopeError(f"certify files of family {fam!r} mix {what} ({named}): {why}")
         seen: dict[tuple, str] = {}
-        for f, d in per_file.items() if unique else ():
-            if d["key"] in seen:
-                w, s = d["key"]
+        for r in sel if unique else ():
+            (w, s), f = (r["width"], r.get("seed")), r[file_key]
+            if seen.setdefault((w, s), f) != f:
                 raise WidthscopeError(
-                    f"certify files {seen[d['key']]} and {f} both give family {fam!r} width {w:g} with seed {s}: "
+                    f"certify files {seen[(w, s)]} and {f} both give family {fam!r} width {w:g} with seed {s}: "
                     f"the report keeps one value per (width, seed), so one file would be dropped; certify one "
                     f'with another --seed, or set a distinct "architecture" in its settings'
                 )
-            seen[d["key"]] = f
 
 
 def _renumber_points(rows: list[dict[str, Any]]) -> None:

@@ -29,6 +29,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import math
 from collections import defaultdict
@@ -40,25 +41,6 @@ from scipy import special as _sp
 
 from ._fmt import finite as _ok
 from ._fmt import num, pval
-
-__all__ = [
-    "claims",
-    "groups",
-    "group_label",
-    "claim_mk",
-    "html_table",
-    "seed_test",
-    "holm",
-    "seeds_needed",
-    "deviation_seed_slopes",
-    "ALPHA",
-    "MAX_SEEDS",
-    "SUMMARY",
-    "RETENTION_BAND",
-    "SANITY_BAND",
-    "PAPER_REL_STEP",
-    "PUBLISHED_TOLERANCE",
-]
 
 ALPHA = 0.05
 POWER = 0.8
@@ -88,18 +70,24 @@ _UNTESTED = dict.fromkeys(("low", "high", "sd", "seeds", "p", "p_holds", "p_not"
 
 
 # ----------------------------------------------------------------------------- probe regimes
-def groups(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, list[Mapping[str, Any]]]:
-    """Alignment rows split into probe regimes (sweep, family, budget, probe condition, probe length), in
+def groups(rows: Iterable[Mapping[str, Any]], kind: str = "alignment") -> dict[tuple, list[Mapping[str, Any]]]:
+    """Rows of ``kind`` split into probe regimes (sweep, family, budget, probe condition, probe length), in
     first-seen order, as copies under the reporting rule (a vacuous certificate's d_align is missing):
-    each regime gets its own claims here and its own figures, table and verdict in the alignment section."""
+    each regime gets its own claims here and its own figures, table and verdict in its section."""
     from ..stats import vacuous_rule  # noqa: PLC0415  start-up time: torch
 
     out: dict[tuple, list] = {}
     for r in rows:
-        if r.get("kind", "alignment") == "alignment":
+        if r.get("kind", "alignment") == kind:
             key = tuple(r.get(k, d) for k, d in _REGIME)
             out.setdefault(key, []).append(vacuous_rule(vacuous_rule(dict(r), "one_"), "two_"))
     return out
+
+
+def labelled(rows: Iterable[Mapping[str, Any]], kind: str = "alignment") -> list[tuple[str, list[Mapping[str, Any]]]]:
+    """(label, rows) per probe regime of :func:`groups`."""
+    gs = groups(rows, kind)
+    return [(group_label(k, list(gs)), sel) for k, sel in gs.items()]
 
 
 def group_label(key: tuple, all_keys: Sequence[tuple]) -> str:
@@ -209,32 +197,24 @@ def _effect(measured: float | None, region: tuple[float, float]) -> float | None
 def _claim(
     claim: str,
     values: Sequence[float | None],
-    region: tuple[float, float],
+    region: tuple[float, float] | None,
     basis: str,
     unit: str,
     *,
     cid: str,
-    group: str | None = None,
     family: bool = True,
-    reference: float | None = None,
     gate: str | None = None,
+    **fields: Any,
 ) -> dict[str, Any]:
-    """One claim row from per-seed values; ``gate`` forces "not resolved" with that reason."""
-    t = seed_test(values, region)
+    """One claim row: the t test of per-seed ``values`` against ``region`` (None: a bound over rows,
+    its numbers in ``fields``); ``gate`` forces "not resolved" with that reason."""
+    t = seed_test(values, region) if region is not None else dict(_UNTESTED)
     if gate:
         t.update(p=None, p_holds=None, p_not=None, direction=None)
         basis = f"{basis}; not tested: {gate}"
-    return {
-        "claim": claim,
-        "id": cid,
-        "group": group,
-        **t,
-        "region": list(region),
-        "reference": reference,
-        "family": family,
-        "basis": basis,
-        "unit": unit,
-    }
+    region_ = None if region is None else list(region)
+    out = {"claim": claim, "id": cid, "group": None, "reference": None, "region": region_, "family": family}
+    return {**out, **t, "basis": basis, "unit": unit, **fields}
 
 
 def _per_seed_width(sel, metric: str, M: int, K: int, log: bool) -> tuple[dict[Any, list[tuple[float, float]]], int]:
@@ -263,9 +243,7 @@ def _seed_slopes(pts: Mapping[Any, list[tuple[float, float]]]) -> list[float | N
 
 def _alignment(rows: list[Mapping[str, Any]]) -> list[dict]:
     out = []
-    gs = groups(rows)
-    for key, sel in gs.items():  # each probe regime, as the alignment section groups and labels it
-        label = group_label(key, list(gs))
+    for label, sel in labelled(rows):  # each probe regime, as the alignment section groups and labels it
         mks = sorted({(int(r["M"]), int(r["K"])) for r in sel})
         M, K = claim_mk(sel)
         for metric, name in (("two_d_align", "d_align"), ("two_d_par", "d_par"), ("two_d_2", "d_2")):
@@ -357,79 +335,62 @@ def _bound_claims(label: str, sel) -> list[dict]:
             "direction": "holds" if ph <= pn else "does not",
             "support_note": "supported: no row significantly above its bound" if pn > ALPHA / 2 else None,
         }
-    first = {
-        **_UNTESTED,
-        "region": None,
-        "reference": None,
-        **t,
-        "claim": f"{label}: B_exact >= empirical misalignment",
-        "id": "b_exact_bound",
-        "group": label,
-        "measured": (m - over) / m if m else None,
-        "family": True,
-        "counts": {
-            "tested": m,
-            "point_above_bound": over,
-            "wilson_low_above_bound": wilson_over,
-            "vacuous": vac,
-            "missing": miss,
-        },
-        "basis": f"{m} non-vacuous rows tested against Binomial(draws, B_exact): rate above the bound in "
+    counts = {"tested": m, "point_above_bound": over, "wilson_low_above_bound": wilson_over, "vacuous": vac}
+    first = _claim(
+        f"{label}: B_exact >= empirical misalignment",
+        (),
+        None,
+        f"{m} non-vacuous rows tested against Binomial(draws, B_exact): rate above the bound in "
         f"{over}, Wilson 95% lower end above it in {wilson_over}; {vac} vacuous (B_exact >= 1, "
         f"not support), {miss} missing a bound or a count; holds = every row significantly below "
         "its bound, does not = some row significantly above (Bonferroni over rows)",
-        "unit": "fraction of rows at or below",
-    }
-    vac2 = miss2 = bad = checked = 0
+        "fraction of rows at or below",
+        cid="b_exact_bound",
+        group=label,
+        measured=(m - over) / m if m else None,
+        counts={**counts, "missing": miss},
+        **t,
+    )
+    vac = miss = bad = checked = 0
     for r in sel:
         be, ba = r.get("two_b_exact"), r.get("two_b_align")
         if not (_ok(be) and _ok(ba)):
-            miss2 += 1
+            miss += 1
         elif ba >= 1:
-            vac2 += 1
+            vac += 1
         else:
             checked += 1
             bad += ba < be - 1e-12 * max(1.0, abs(be))
-    second = {
-        **_UNTESTED,
-        "region": None,
-        "reference": None,
-        "claim": f"{label}: B_align >= B_exact",
-        "id": "b_align_order",
-        "group": label,
-        "measured": (checked - bad) / checked if checked else None,
-        "family": False,
-        "fixed_verdict": "not resolved" if not checked else ("does not" if bad else "holds"),
-        "counts": {"tested": checked, "violations": bad, "vacuous": vac2, "missing": miss2},
-        "basis": f"arithmetic on each row (no sampling error, no test): B_align < B_exact in {bad}/{checked} "
-        f"non-vacuous rows; {vac2} vacuous (B_align >= 1), {miss2} missing a value",
-        "unit": "fraction of rows",
-    }
+    second = _claim(
+        f"{label}: B_align >= B_exact",
+        (),
+        None,
+        f"arithmetic on each row (no sampling error, no test): B_align < B_exact in {bad}/{checked} "
+        f"non-vacuous rows; {vac} vacuous (B_align >= 1), {miss} missing a value",
+        "fraction of rows",
+        cid="b_align_order",
+        family=False,
+        group=label,
+        measured=(checked - bad) / checked if checked else None,
+        fixed_verdict="not resolved" if not checked else ("does not" if bad else "holds"),
+        counts={"tested": checked, "violations": bad, "vacuous": vac, "missing": miss},
+    )
     return [first, second]
 
 
 def _pick_paper_step(rs: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-    cand = [
-        r
-        for r in rs
-        if _ok(r.get("rel_step"))
-        and r["rel_step"] > 0
-        and abs(math.log10(r["rel_step"] / PAPER_REL_STEP)) <= PAPER_REL_STEP_DECADES
-    ]
-    return min(cand, key=lambda r: abs(math.log10(r["rel_step"] / PAPER_REL_STEP))) if cand else None
+    """The row whose rel_step is nearest :data:`PAPER_REL_STEP`, if within :data:`PAPER_REL_STEP_DECADES`."""
+    steps = [(r["rel_step"], i) for i, r in enumerate(rs) if _ok(r.get("rel_step")) and r["rel_step"] > 0]
+    d, i = min(((abs(math.log10(x / PAPER_REL_STEP)), i) for x, i in steps), default=(math.inf, -1))
+    return rs[i] if d <= PAPER_REL_STEP_DECADES else None
 
 
 def _interventions(rows: list[Mapping[str, Any]]) -> list[dict]:
     curves: dict[tuple, list[Mapping[str, Any]]] = defaultdict(list)
     for r in rows:
         # steps below the model dtype's resolution are not measurements (probe.interventions.resolved)
-        if (
-            r.get("probe") in ("bias", "block")
-            and _ok(r.get("retention"))
-            and _ok(r.get("eta"))
-            and not r.get("below_resolution")
-            and not r.get("alignment_within_rounding")
-        ):
+        resolved = not r.get("below_resolution") and not r.get("alignment_within_rounding")
+        if r.get("probe") in ("bias", "block") and _ok(r.get("retention")) and _ok(r.get("eta")) and resolved:
             curves[(r.get("family"), r.get("width"), r.get("seed"), r.get("point"), r.get("probe"))].append(r)
     if not curves:
         return []
@@ -477,13 +438,8 @@ def _linearization(rows: list[Mapping[str, Any]]) -> list[dict]:
     out = []
     corr: dict[tuple, dict[Any, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        if (
-            r.get("kind") == "correlation"
-            and _ok(r.get("rms"))
-            and r["rms"] > 0
-            and _ok(r.get("width"))
-            and int(r.get("D", 0)) + int(r.get("d", 0)) >= 2
-        ):
+        ok = r.get("kind") == "correlation" and all(map(_ok, (r.get("rms"), r.get("width"))))
+        if ok and r["rms"] > 0 and int(r.get("D", 0)) + int(r.get("d", 0)) >= 2:
             corr[(r.get("name"), r.get("alpha"))][r.get("seed")].append((math.log(r["width"]), math.log(r["rms"])))
     for (name, alpha), seeds in sorted(corr.items(), key=lambda kv: str(kv[0])):
         ref, note = reference_slope(str(name))
@@ -518,32 +474,24 @@ def _linearization(rows: list[Mapping[str, Any]]) -> list[dict]:
                 reference=ref,
             )
         )
-        slopes = deviation_seed_slopes(lin, "dev_mse", alpha, last)
         pub = PUBLISHED.get(alpha)
-        if pub is None:
-            out.append(
-                _claim(
-                    f"deviation slope at α={alpha:g}",
-                    slopes,
-                    (-INF, INF),
-                    f"slope of log dev_mse at step {last} vs log width",
-                    "log-log slope",
-                    cid=f"dev_mse_{alpha:g}",
-                    gate="no published slope at this α",
-                )
-            )
-            continue
         out.append(
             _claim(
-                f"deviation slope at α={alpha:g} matches the published {pub} (±{tol:g})",
-                slopes,
-                (pub - tol, pub + tol),
-                f"per-seed slope of log dev_mse at step {last} vs log width; "
-                f"equivalence test: holds when the interval lies inside {pub} ± {tol:g}, does not when "
-                "it lies outside",
+                f"deviation slope at α={alpha:g}"
+                + (f" matches the published {pub} (±{tol:g})" if pub is not None else ""),
+                deviation_seed_slopes(lin, "dev_mse", alpha, last),
+                (-INF, INF) if pub is None else (pub - tol, pub + tol),
+                f"per-seed slope of log dev_mse at step {last} vs log width"
+                + (
+                    f"; equivalence test: holds when the interval lies inside {pub} ± {tol:g}, does not when "
+                    "it lies outside"
+                    if pub is not None
+                    else ""
+                ),
                 "log-log slope",
                 cid=f"dev_mse_{alpha:g}",
                 reference=pub,
+                gate="no published slope at this α" if pub is None else None,
             )
         )
     return out
@@ -555,34 +503,27 @@ def deviation_seed_slopes(rows: Sequence[Mapping[str, Any]], metric: str, alpha:
     widths left out)."""
     by: dict[Any, list[tuple[float, float]]] = defaultdict(list)
     for r in rows:
-        v = r.get(metric)
-        if (
-            r.get("kind") == "linearization"
-            and not r.get("diverged")
-            and _ok(r.get("alpha"))
-            and float(r["alpha"]) == alpha
-            and _ok(r.get("step"))
-            and int(r["step"]) == step
-            and _ok(v)
-            and v > 0
-            and _ok(r.get("width"))
-        ):
-            by[r.get("seed")].append((math.log(r["width"]), math.log(v)))
+        if r.get("kind") != "linearization" or r.get("diverged"):
+            continue
+        if all(_ok(r.get(k)) for k in ("alpha", "step", metric, "width")) and r[metric] > 0:
+            if float(r["alpha"]) == alpha and int(r["step"]) == step:
+                by[r.get("seed")].append((math.log(r["width"]), math.log(r[metric])))
     return [s for s in (_slope(*zip(*sorted(p))) for p in by.values() if len(p) >= 2) if s is not None]
 
 
 # ----------------------------------------------------------------------------- wider models certify earlier
+@dataclasses.dataclass
 class _Cell:
     """One (family, width, seed) cell's monitor record: certified steps per point, the steps monitored
-    (None: summary columns without the probed steps), the horizon, δ."""
+    (None: summary columns without the probed steps), the horizon, δ; ``first_only``: summary
+    columns, where only the first certified step may be known."""
 
-    def __init__(self) -> None:
-        self.certified: dict[str, set[int]] = defaultdict(set)
-        self.points: set[str] = set()
-        self.steps: set[int] | None = set()
-        self.horizon: int | None = None
-        self.deltas: set[float] = set()
-        self.first_only = False  # summary columns: only the first certified step may be known
+    certified: dict[str, set[int]] = dataclasses.field(default_factory=lambda: defaultdict(set))
+    points: set[str] = dataclasses.field(default_factory=set)
+    steps: set[int] | None = dataclasses.field(default_factory=set)
+    horizon: int | None = None
+    deltas: set[float] = dataclasses.field(default_factory=set)
+    first_only: bool = False
 
     def add_row(self, r: Mapping[str, Any], certified: Any) -> None:
         step, point = int(r["step"]), str(r["point"])
@@ -629,20 +570,20 @@ def _cells(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, _Cell]:
     return {**{k: v for k, v in by_summary.items() if k not in by_rows}, **by_rows}
 
 
-def _certification_slopes(cells: Mapping[tuple, _Cell]) -> dict[str, dict[str, Any]]:
-    """Per family: per-seed slopes of median log(1 + certification step) on log width (censored at the
-    seed's common horizon) and the counts the claim's basis reports."""
+def _certify_earlier(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
+    """Per family with monitor records: "wider models certify earlier" (see the module docstring), from
+    per-seed slopes of median log(1 + certification step) on log width, censored at the seed's common horizon."""
     from ..stats import certified_steps  # noqa: PLC0415  start-up time: torch
 
     fams: dict[Any, dict[Any, dict[float, _Cell]]] = defaultdict(lambda: defaultdict(dict))
     no_horizon: dict[Any, int] = defaultdict(int)
-    for (fam, width, seed), c in cells.items():
+    for (fam, width, seed), c in _cells(rows).items():
         if c.points and c.horizon is not None:
             fams[fam][seed][float(width)] = c
         elif c.points:  # summary columns without the training length: cannot be censored, left out
             no_horizon[fam] += 1
-    out: dict[str, dict[str, Any]] = {}
-    for fam, seeds in fams.items():
+    out = []
+    for fam, seeds in sorted(fams.items(), key=lambda kv: str(kv[0])):
         slopes: list[float | None] = []
         ys: list[float] = []
         deltas: set[float] = set()
@@ -673,48 +614,33 @@ def _certification_slopes(cells: Mapping[tuple, _Cell]) -> dict[str, dict[str, A
                 pts.append((math.log(w), float(median(t))))
             slopes.append(_slope(*zip(*pts)))
             ys.extend(y for _, y in pts)
-        out[str(fam)] = {
-            "slopes": slopes,
-            "y": ys,
-            "points": n_pts,
-            "censored": n_cens,
-            "deltas": sorted(deltas),
-            "no_horizon": no_horizon.get(fam, 0),
-        }
-    return out
-
-
-def _certify_earlier(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
-    """Per family with monitor records: "wider models certify earlier" (see the module docstring)."""
-    out = []
-    for fam, s in sorted(_certification_slopes(_cells(rows)).items()):
-        d = s["deltas"]
+        d = sorted(deltas)
         gate = None
         if len(d) > 1:
             gate = f"cells certify at different δ ({', '.join(f'{v:g}' for v in d)})"
-        elif s["points"] and s["censored"] == s["points"]:
+        elif n_pts and n_cens == n_pts:
             gate = "no point certified within training in any cell (all censored)"
-        elif s["y"] and max(s["y"]) - min(s["y"]) == 0:
+        elif len(set(ys)) == 1:
             gate = "the same certification step in every cell (nothing to come earlier)"
-        elif len(s["slopes"]) >= 2 and max(s["slopes"]) - min(s["slopes"]) == 0:
+        elif len(slopes) >= 2 and len(set(slopes)) == 1:
             gate = "every seed gives the same slope (discrete steps: no spread for a t interval)"
         basis = (
             f"per-seed slope of log(1 + step from which the point stays certified) (median over points, "
-            f"on the steps monitored in every cell of the seed) vs log width; {s['censored']} of "
-            f"{s['points']} (cell, point) not certified at the last common step, censored there "
+            f"on the steps monitored in every cell of the seed) vs log width; {n_cens} of "
+            f"{n_pts} (cell, point) not certified at the last common step, censored there "
             "(biases toward no effect); holds when the interval lies below 0"
-            + (f"; {s['no_horizon']} cell(s) without a training length left out" if s["no_horizon"] else "")
+            + (f"; {no_horizon[fam]} cell(s) without a training length left out" if no_horizon[fam] else "")
         )
         out.append(
             _claim(
                 f"{fam}: wider models certify earlier (step from which B_exact <= "
                 f"{f'δ={d[0]:g}' if len(d) == 1 else 'δ'} holds)",
-                s["slopes"],
+                slopes,
                 (-INF, 0.0),
                 basis,
                 "per log width",
                 cid="certify_earlier",
-                group=fam,
+                group=str(fam),
                 gate=gate,
             )
         )

@@ -22,31 +22,7 @@ from ._fmt import num
 from ._plot import figure, save_figure, yerr
 from .html import table as html_table
 
-__all__ = [
-    "figures",
-    "tables",
-    "summary",
-    "markdown_table",
-    "compact_table",
-    "practitioner_table",
-    "readme_sentence",
-    "write_report",
-    "iv",
-]
-
-SHOWN = (
-    "bias",
-    "block",
-    "gradmax",
-    "certified",
-    "line_search",
-    "block_d_align",
-    "random",
-    "last",
-    "middle",
-    "oracle",
-    "ceiling",
-)
+SHOWN = tuple("bias block gradmax certified line_search block_d_align random last middle oracle ceiling".split())
 
 
 def iv(r: Mapping[str, Any], m: str, spec: str) -> str:
@@ -60,69 +36,55 @@ def _hits(r: Mapping[str, Any]) -> str:
     return f"{r['hit_count']:.0f}/{r['n_seeds']} [{num(r['hit_lo'], '.2f')}, {num(r['hit_hi'], '.2f')}]"
 
 
-def _cmp(table: Sequence[Mapping[str, Any]], budget: str = "long") -> list[Mapping[str, Any]]:
-    return [r for r in table if r.get("kind", "growth_compare") == "growth_compare" and r["budget"] == budget]
+def _cmp(table: Sequence[Mapping[str, Any]]) -> tuple[dict[tuple, Mapping[str, Any]], list[str]]:
+    """The long-budget comparison rows by (model, criterion), and the models (without "overall")."""
+    sel = [r for r in table if r.get("kind", "growth_compare") == "growth_compare" and r["budget"] == "long"]
+    models = list(dict.fromkeys(r["model"] for r in sel if r["model"] != "overall"))
+    return {(r["model"], r["criterion"]): r for r in sel}, models
 
 
-def markdown_table(
-    table: Sequence[Mapping[str, Any]],
-    budget: str = "long",
-    *,
-    models: Sequence[str] | None = None,
-    shown: Sequence[str] = SHOWN,
-) -> str:
-    """One row per (model, criterion): ``mean [95% interval]`` over model seeds of every metric."""
-    sel = [r for r in _cmp(table, budget) if r["criterion"] in shown and (models is None or r["model"] in models)]
-    lines = [
-        "| model | criterion | Spearman | top-1 hits [Wilson] | regret / (best − worst) | gain at pick (nats) | "
-        "continue, same FLOPs | grow + train all, same FLOPs | gain − continue | seeds | ties / NaN |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in sel:
-        c = r["criterion"]
+def _md(head: Sequence[str], lines: Sequence[Sequence[Any]]) -> str:
+    """A markdown table: the header row, its rule, one row per line."""
+    rows = ["| " + " | ".join(map(str, r)) + " |" for r in (head, *lines)]
+    return "\n".join([rows[0], "|" + "---|" * len(head), *rows[1:]]) + "\n"
+
+
+def _criteria(table: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[Any]]]:
+    """(header, lines): per (model, criterion), ``mean [95% interval]`` over model seeds of every metric."""
+    head = ["model", "criterion", "Spearman", "top-1 hits [Wilson]", "regret / (best − worst)"]
+    head += ["gain at pick (nats)", "continue, same FLOPs", "grow + train all, same FLOPs", "gain − continue"]
+    lines = []
+    for (m, c), r in _cmp(table)[0].items():
+        if c not in SHOWN:
+            continue
         sp = "(0)" if c == "random" else ("–" if c in ("last", "middle") else iv(r, "spearman", ".2f"))
         lines.append(
-            f"| {r['model']} | {c}{' (baseline)' if r['baseline'] else ''} | {sp} | {_hits(r)} | "
-            f"{iv(r, 'norm_regret', '.2f')} | {iv(r, 'gain', '.4f')} | {iv(r, 'continue', '.4f')} | "
-            f"{iv(r, 'train_all', '.4f')} | {iv(r, 'advantage', '.4f')} | {r['n_seeds']} | "
-            f"{r.get('ties', 0)} / {r.get('nan', 0)} |"
+            [m, c + (" (baseline)" if r["baseline"] else ""), sp, _hits(r), iv(r, "norm_regret", ".2f")]
+            + [iv(r, k, ".4f") for k in ("gain", "continue", "train_all", "advantage")]
+            + [r["n_seeds"], f"{r.get('ties', 0)} / {r.get('nan', 0)}"]
         )
-    return "\n".join(lines) + "\n"
+    return head + ["seeds", "ties / NaN"], lines
 
 
-def compact_table(table: Sequence[Mapping[str, Any]], budget: str = "long", *, shown: Sequence[str] = SHOWN) -> str:
+def compact_table(table: Sequence[Mapping[str, Any]]) -> str:
     """One markdown row per criterion: overall Spearman and normalised regret [95%], whether it beats
     random/last/middle (paired intervals), then per model ``regret/spread (hits)``."""
-    sel = _cmp(table, budget)
-    models = list(dict.fromkeys(r["model"] for r in sel if r["model"] != "overall"))
-    by = {(r["model"], r["criterion"]): r for r in sel}
+    by, models = _cmp(table)
     paired = {
-        (r["criterion"], r["versus"]): r for r in table if r.get("kind") == "growth_paired" and r["budget"] == budget
+        (r["criterion"], r["versus"]): r for r in table if r.get("kind") == "growth_paired" and r["budget"] == "long"
     }
-    head = [
-        "criterion",
-        "Spearman (natural models)",
-        "regret/spread (natural)",
-        "beats random / last / middle",
-        *models,
-    ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for c in shown:
+    head = ["criterion", "Spearman (natural models)", "regret/spread (natural)", "beats random / last / middle"]
+    lines = []
+    for c in SHOWN:
         o = by.get(("overall", c))
         if o is None:
             continue
         sp = "–" if c in ("last", "middle") else "(0)" if c == "random" else iv(o, "spearman", ".2f")
-        beats = (
-            " / ".join("yes" if paired[(c, b)]["beats"] else "no" for b in ("random", "last", "middle"))
-            if (c, "random") in paired
-            else "–"
-        )
-        cells = [
-            f"**{c}**" if not o["baseline"] else f"{c} (baseline)",
-            sp,
-            "–" if c == "ceiling" else iv(o, "norm_regret", ".2f"),
-            beats,
-        ]
+        beats = "–"
+        if (c, "random") in paired:
+            beats = " / ".join("yes" if paired[(c, b)]["beats"] else "no" for b in ("random", "last", "middle"))
+        cells = [f"**{c}**" if not o["baseline"] else f"{c} (baseline)", sp]
+        cells += ["–" if c == "ceiling" else iv(o, "norm_regret", ".2f"), beats]
         for m in models:
             r = by[(m, c)]
             if c == "ceiling":
@@ -131,47 +93,37 @@ def compact_table(table: Sequence[Mapping[str, Any]], budget: str = "long", *, s
                 cells.append(f"{num(r['norm_regret'], '.2f')} ({num(r['hit'], '.2f')})")
             else:
                 cells.append(f"{num(r['norm_regret'], '.2f')} ({r.get('hit_count', 0):.0f}/{r['n_seeds']})")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        lines.append(cells)
+    return _md(head + models, lines)
 
 
-def practitioner_table(
-    table: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]], default: str, budget: str = "long"
-) -> str:
+def practitioner_table(table: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]], default: str) -> str:
     """Per model: is growing better than training longer? Gains (nats, evaluation half B, mean over
     model seeds [95% t interval]) at the same FLOPs."""
-    by = {(r["model"], r["criterion"]): r for r in _cmp(table, budget)}
-    models = list(dict.fromkeys(r["model"] for r in _cmp(table, budget) if r["model"] != "overall"))
-    lines = [
-        "| model | base held-out loss | continue training (same FLOPs) | grow last block | grow at oracle "
-        "point (A→B) | grow at `" + default + "` pick | grow last + train all | reproducibility ceiling ρ "
-        "(block seeds) | seeds |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    by, models = _cmp(table)
+    head = ["model", "base held-out loss", "continue training (same FLOPs)", "grow last block"]
+    head += ["grow at oracle point (A→B)", f"grow at `{default}` pick", "grow last + train all"]
+    lines = []
     for m in models:
-        base = [
-            r["loss_before"]
-            for r in rows
-            if r.get("kind") == "growth_bench" and r["model"] == m and r["point_index"] == 0
-        ]
+        bench = [r for r in rows if r.get("kind") == "growth_bench" and r["model"] == m]
+        base = [r["loss_before"] for r in bench if r["point_index"] == 0]
         last, orc, dfl, ceil = by[(m, "last")], by[(m, "oracle")], by[(m, default)], by[(m, "ceiling")]
         lines.append(
-            f"| {m} | {sum(base) / len(base):.4f} | {iv(last, 'continue', '.4f')} | "
-            f"{iv(last, 'gain', '.4f')} | {iv(orc, 'gain', '.4f')} | {iv(dfl, 'gain', '.4f')} | "
-            f"{iv(last, 'train_all', '.4f')} | {iv(ceil, 'spearman', '.2f')} | {last['n_seeds']} |"
+            [m, f"{sum(base) / len(base):.4f}", iv(last, "continue", ".4f"), iv(last, "gain", ".4f")]
+            + [iv(orc, "gain", ".4f"), iv(dfl, "gain", ".4f"), iv(last, "train_all", ".4f")]
+            + [iv(ceil, "spearman", ".2f"), last["n_seeds"]]
         )
-    return "\n".join(lines) + "\n"
+    return _md(head + ["reproducibility ceiling ρ (block seeds)", "seeds"], lines)
 
 
 def readme_sentence(
     table: Sequence[Mapping[str, Any]],
     default: Mapping[str, Any],
     rows: Sequence[Mapping[str, Any]],
-    budget: str = "long",
 ) -> str:
     """The README's growth bullet; every number and every verdict word from ``table``/``rows``
     (a verdict "better"/"worse" only where the 95% interval over model seeds excludes 0)."""
-    by = {(r["model"], r["criterion"]): r for r in _cmp(table, budget)}
+    by, _ = _cmp(table)
     models = [m for (m, c) in by if c == "last" and m != "overall"]
     nat = [m for m in models if not by[(m, "last")]["known_answer"]]
     planted = [m for m in models if by[(m, "last")]["known_answer"]]
@@ -221,13 +173,10 @@ def tables(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """``[{"title", "html"}]``: the criteria table (HTML, escaped)."""
     from ..growth.compare import compare  # noqa: PLC0415  start-up time: torch
 
-    md = markdown_table(compare(rows)).strip().splitlines()
-    head = [c.strip() for c in md[0].strip("|").split("|")]
-    body = [[c.strip() for c in ln.strip("|").split("|")] for ln in md[2:]]
     return [
         {
             "title": "Growth criteria vs realised gain and the equal-compute baselines (mean [95% over model seeds])",
-            "html": html_table(head, body),
+            "html": html_table(*_criteria(compare(rows))),
         }
     ]
 
@@ -247,8 +196,8 @@ def figures(
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    table = _cmp(list(table) if table is not None else compare(rows))
-    models = list(dict.fromkeys(r["model"] for r in table if r["model"] != "overall")) + ["overall"]
+    by, models = _cmp(list(table) if table is not None else compare(rows))
+    models += ["overall"]
     crits = [c for c in SHOWN if c not in ("oracle", "ceiling")]
     figs = []
     fig, ((ax0, ax1),) = figure(1, 2, w=6, h=4.2)
@@ -257,9 +206,8 @@ def figures(
         for j, c in enumerate(crits):
             if metric == "spearman" and c in ("random", "last", "middle"):
                 continue
-            rs = {r["model"]: r for r in table if r["criterion"] == c}
             x = np.arange(len(models)) + (j - len(crits) / 2) * width
-            y, lo, hi = ([rs[m][metric + end] for m in models] for end in ("", "_lo", "_hi"))
+            y, lo, hi = ([by[(m, c)][metric + end] for m in models] for end in ("", "_lo", "_hi"))
             ax.bar(x, y, width, color=f"C{j % 10}", label=c, yerr=yerr(y, lo, hi), error_kw={"elinewidth": 0.7})
         ax.set_xticks(np.arange(len(models)))
         ax.set_xticklabels(models, rotation=30, ha="right", fontsize=8)
@@ -322,7 +270,7 @@ def write_report(
     text = (
         f"# Growth benchmark\n\n{readme_sentence(table, w, rows)}\n## Growing vs training longer\n\n"
         f"{practitioner_table(table, rows, w['criterion'])}\n## Criteria\n\n{compact_table(table)}\n"
-        f"{markdown_table(table)}"
+        f"{_md(*_criteria(table))}"
     )
     paths = [atomic_write_text(out_dir / "comparison.md", text)]
     paths += [Path(f["png"]) for f in figures(rows, out_dir, table)]

@@ -7,16 +7,12 @@ The page is made of *sections*, one per kind of row (:data:`SECTIONS`). A sectio
 [{"title", "html"}]`` (escaped HTML) and ``summary(rows) -> [str]`` (verdict sentences). A module is
 imported only when rows of its kinds exist; a missing or failing one becomes a note. Nothing in the
 page refers to an outside resource.
-
-Example::
-
-    from widthscope.report.html import build_report
-    page = build_report(rows, "/tmp/report", title="my sweep")   # -> /tmp/report/report.html
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as _dt
 import html
 import importlib
@@ -98,15 +94,16 @@ MEANING = (
 )
 
 _COLOUR = {"holds": "#2d6e23", "does not": "#b3261e", "not resolved": "#8a6d00"}
-_FIGURE_OF = {  # claim id -> the alignment figure (suffix of its PNG) that shows it
-    "d_align_grows": "d_align",
-    "d_par_grows": "d_align",
-    "d_2_grows": "d_align",
-    "misalignment_falls_width": "misalignment-vs-width",
-    "b_exact_bound": "misalignment-vs-width",
-    "b_align_order": "misalignment-vs-width",
-    "misalignment_falls_MK": "misalignment-vs-MK",
-}
+_SHOWN_IN = (  # claim id prefix -> the alignment figure (suffix of its PNG) that shows it, its section
+    ("d_", "d_align", "sec-alignment-width-sweep"),
+    ("misalignment_falls_MK", "misalignment-vs-MK", "sec-alignment-width-sweep"),
+    ("misalignment", "misalignment-vs-width", "sec-alignment-width-sweep"),
+    ("b_", "misalignment-vs-width", "sec-alignment-width-sweep"),
+    ("retention", None, "sec-interventions-and-growth"),
+    ("corr_", None, "sec-linearization"),
+    ("dev_", None, "sec-linearization"),
+    ("certify_earlier", None, "sec-alignment-over-training"),
+)
 
 
 def anchor(text: str) -> str:
@@ -116,23 +113,11 @@ def anchor(text: str) -> str:
 
 def figure_anchor(c: Mapping[str, Any], figure_ids: Sequence[str]) -> str | None:
     """The id of the figure that shows claim ``c`` (or of its section), when the page has one."""
-    suffix = _FIGURE_OF.get(str(c.get("id")))
-    if suffix and c.get("group"):
-        want = anchor(f"fig-{slugify(str(c['group']))}-{suffix}")
-        if want in figure_ids:
-            return want
     cid = str(c.get("id"))
-    for prefix, sec in (
-        ("retention", "sec-interventions-and-growth"),
-        ("corr_", "sec-linearization"),
-        ("dev_", "sec-linearization"),
-        ("certify_earlier", "sec-alignment-over-training"),
-        ("d_", "sec-alignment-width-sweep"),
-        ("misalignment", "sec-alignment-width-sweep"),
-        ("b_", "sec-alignment-width-sweep"),
-    ):
-        if cid.startswith(prefix) and sec in figure_ids:
-            return sec
+    for prefix, suffix, sec in _SHOWN_IN:
+        if cid.startswith(prefix):
+            fig = anchor(f"fig-{slugify(str(c['group']))}-{suffix}") if suffix and c.get("group") else None
+            return fig if fig in figure_ids else sec if sec in figure_ids else None
     return None
 
 
@@ -203,16 +188,6 @@ def findings_box(
         '<section id="findings" class="findings"><h2>Findings</h2>'
         f'<div class="findrow"><div class="findtext">{body}</div>{fig}</div>'
         f'<p class="meaning">{MEANING}</p></section>'
-    )
-
-
-def toc(entries: Sequence[tuple[str, str]]) -> str:
-    """A table of contents: ``(anchor, title)`` per entry."""
-    esc = html.escape
-    return (
-        '<nav class="toc"><b>Contents</b><ol>'
-        + "".join(f'<li><a href="#{esc(a)}">{esc(t)}</a></li>' for a, t in entries)
-        + "</ol></nav>"
     )
 
 
@@ -299,20 +274,16 @@ def versions() -> dict[str, str]:
     """widthscope (and its git commit when run from a checkout), Python, torch, transformers."""
     out = {"widthscope": __version__, "python": platform.python_version()}
     here = Path(__file__).resolve().parent
-    try:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
         commit, dirty = (
             subprocess.run(["git", *a], cwd=here, capture_output=True, text=True, timeout=5)
             for a in (("rev-parse", "--short", "HEAD"), ("status", "--porcelain", "--untracked-files=no"))
         )
         if commit.returncode == 0 and commit.stdout.strip():
             out["git commit"] = commit.stdout.strip() + (" (with local changes)" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        pass
     for mod in ("torch", "transformers", "numpy"):
-        try:
+        with contextlib.suppress(ImportError):
             out[mod] = importlib.import_module(mod).__version__
-        except ImportError:
-            pass
     return out
 
 
@@ -326,14 +297,12 @@ def data_descriptions(rows: Sequence[Mapping[str, Any]], source: str = "") -> li
         got = [describe_name(n) for n in sorted({str(r["dataset"]) for r in rows if r.get("dataset")})]
     cfg = Path(source) / "linearize_config.json" if source else None
     if not got and cfg is not None and cfg.is_file():
-        try:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
             d = json.loads(cfg.read_text(encoding="utf-8")).get("data", {})
             got.append(
                 f"{describe_name(d.get('name'))}: {d.get('n_train', 'all')} train / "
                 f"{d.get('n_test', 'all')} held-out examples (split seed {d.get('seed', 0)})"
             )
-        except (OSError, ValueError, AttributeError):
-            pass
     return got
 
 
@@ -350,46 +319,34 @@ def provenance(rows: Sequence[Mapping[str, Any]], sources: Sequence[str]) -> str
     by_source: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for r in rows:
         by_source[str(r.get("source", ""))].append(r)
-    for src in list(sources) or sorted(by_source, key=natural_key):
+    for src in sources:
         rs = by_source.get(src, [])
         kinds = sorted({str(r.get("kind")) for r in rs})
-        probes = list(
-            dict.fromkeys(
-                f"{r['probe_set']}"
-                + (f" (length {r['probe_seq_len']})" if r.get("probe_seq_len") is not None else "")
-                + f": {r.get('probe_description') or r.get('probe_data')}"
-                for r in rs
-                if r.get("probe_set") is not None
-            )
+        data = "; ".join(data_descriptions(rs, src)) or "not recorded in the rows"
+        parts.append(f"<h3>{esc(src)}</h3><p>{len(rs)} rows ({esc(', '.join(kinds))}); data: {esc(data)}</p>")
+        probes = dict.fromkeys(
+            f"{r['probe_set']}"
+            + (f" (length {r['probe_seq_len']})" if r.get("probe_seq_len") is not None else "")
+            + f": {r.get('probe_description') or r.get('probe_data')}"
+            for r in rs
+            if r.get("probe_set") is not None
         )
-        parts.append(
-            f"<h3>{esc(src)}</h3><p>{len(rs)} rows ({esc(', '.join(kinds))}); data: "
-            f"{esc('; '.join(data_descriptions(rs, src)) or 'not recorded in the rows')}</p>"
-            + (
-                "<p>probe conditions (each reported separately, never averaged together):</p><ul>"
-                + "".join(f"<li>{esc(p)}</li>" for p in probes)
-                + "</ul>"
-                if probes
-                else ""
+        if probes:
+            items = "".join(f"<li>{esc(p)}</li>" for p in probes)
+            parts.append(
+                f"<p>probe conditions (each reported separately, never averaged together):</p><ul>{items}</ul>"
             )
-        )
         groups: dict[tuple, list[Mapping[str, Any]]] = defaultdict(list)
         for r in rs:
             if r.get("kind") == "alignment" and r.get("width") is not None:
                 groups[(r.get("family") or r.get("model"), r.get("width"))].append(r)
         if groups:
             head = ("family", "width", "seeds", "training steps", "final train loss", "final held-out loss")
-            lines = [
-                (
-                    fam,
-                    width,
-                    len({r["seed"] for r in g if r.get("seed") is not None}),
-                    ", ".join(map(str, sorted({r["steps"] for r in g if r.get("steps") is not None}))) or "–",
-                    _mean(g, "train_loss"),
-                    _mean(g, "test_loss"),
-                )
-                for (fam, width), g in sorted(groups.items(), key=lambda kv: (natural_key(kv[0][0]), float(kv[0][1])))
-            ]
+            lines = []
+            for (fam, width), g in sorted(groups.items(), key=lambda kv: (natural_key(kv[0][0]), float(kv[0][1]))):
+                steps = ", ".join(map(str, sorted({r["steps"] for r in g if r.get("steps") is not None}))) or "–"
+                seeds = len({r["seed"] for r in g if r.get("seed") is not None})
+                lines.append((fam, width, seeds, steps, _mean(g, "train_loss"), _mean(g, "test_loss")))
             parts.append(table(head, lines, left={0}))
         cfg = Path(src) / "sweep.json"
         if cfg.is_file():
@@ -412,7 +369,6 @@ def render_page(
     *,
     notes: Sequence[str] = (),
     subtitle: str = "",
-    measured: str = "",
     found: Sequence[Mapping[str, Any]] | None = None,
     findings: Sequence[str] = (),
     after: str = "",
@@ -420,7 +376,7 @@ def render_page(
 ) -> str:
     """The HTML text: header, the findings box (a sentence per claim in ``found``, or the plain
     ``findings`` lines) with what the numbers mean and a table of contents, notes, then each
-    section's verdict, figures (embedded) and tables; ``measured`` and ``after`` (HTML) follow.
+    section's verdict, figures (embedded) and tables; ``after`` (HTML) follows.
     Missing numbers read '–' and every table scrolls inside its own box."""
     esc = html.escape
     fig_ids = [_figure_id(f) for sec in sections for f in sec.get("figures", [])]
@@ -431,7 +387,7 @@ def render_page(
         top = (_figure_id(first), data_uri(first["png"]), str(first["title"]))
     box = findings_box(list(found or []), fig_ids + sec_ids, lines=findings, headline=top)
     entries = [("findings", "Findings")] + [(i, str(sec["title"])) for i, sec in zip(sec_ids, sections)]
-    entries += [(m.group(1), html.unescape(m.group(2))) for m in _SECTION_HEAD.finditer(after + measured)]
+    entries += [(m.group(1), html.unescape(m.group(2))) for m in _SECTION_HEAD.finditer(after)]
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -439,7 +395,9 @@ def render_page(
         f"<title>{esc(title)}</title><style>{CSS}</style></head><body>",
         f"<header><h1>{esc(title)}</h1><p>{esc(subtitle)}</p></header><main>",
         box,
-        toc(entries),
+        '<nav class="toc"><b>Contents</b><ol>'
+        + "".join(f'<li><a href="#{esc(a)}">{esc(t)}</a></li>' for a, t in entries)
+        + "</ol></nav>",
     ]
     for n in notes:
         parts.append(f'<div class="note">{esc(no_nan(n))}</div>')
@@ -462,8 +420,6 @@ def render_page(
         parts.append("</section>")
     if after:
         parts.append(scrolling(no_nan(after, markup=True)))
-    if measured:
-        parts.append(scrolling(no_nan(measured, markup=True)))
     parts.append("</main></body></html>")
     return "\n".join(parts) + "\n"
 
@@ -500,11 +456,11 @@ def build_report(
         print(f"widthscope report: claims page failed:\n{traceback.format_exc()}", file=sys.stderr)
         found, notes = [], list(notes) + [f"claims page failed: {type(exc).__name__}: {exc}"]
     sections, more = collect_sections(rows, out_dir, found or None)
+    measured = provenance(rows, sorted({str(r.get("source", "")) for r in rows}, key=natural_key))
     notes = list(notes) + more
     stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     subtitle = f"{len(rows)} rows from {', '.join(sources) or 'memory'} · generated {stamp}"
     page = out_dir / "report.html"
-    measured = provenance(rows, sorted({str(r.get("source", "")) for r in rows}, key=natural_key))
     claims_html = ""
     if found:
         m = found[0].get("family_size", 0)
@@ -525,6 +481,6 @@ def build_report(
         )
     atomic_write_text(
         page,
-        render_page(title, sections, notes=notes, subtitle=subtitle, measured=measured, found=found, after=claims_html),
+        render_page(title, sections, notes=notes, subtitle=subtitle, found=found, after=claims_html + "\n" + measured),
     )
     return page

@@ -4,11 +4,6 @@ Figures: actual vs predicted held-out loss change ``|ΔL|`` (log-log; wrong sign
 retention ``ΔL_actual/ΔL_pred`` vs the step size (per width too when there are many curves), and
 held-out loss before and after growing a block. Steps below the model dtype's resolution
 (``below_resolution``) are drawn grey in the first figure and left out of the rest, which say how many.
-
-Example::
-
-    from widthscope.report.interventions import figures
-    figs = figures(rows, "/tmp/report")   # -> [{"title", "png", "caption"}, ...]
 """
 
 from __future__ import annotations
@@ -93,7 +88,8 @@ def _retention_by_width(groups: dict[str, list[Mapping[str, Any]]], xkey: str, o
     by_width: dict[Any, list[list[Mapping[str, Any]]]] = {}
     for rs in groups.values():
         by_width.setdefault(rs[0].get("width"), []).append(sorted(rs, key=lambda r: r[xkey]))
-    widths = sorted(by_width, key=lambda w: (w is None, w if w is not None else 0))[:8]
+    every = sorted(by_width, key=lambda w: (w is None, w if w is not None else 0))
+    widths = thin(every, 8)
     cols = min(4, len(widths))
     nrows = (len(widths) + cols - 1) // cols
     fig, axes = figure(nrows, cols, w=3.2, h=2.8, sharey=True)
@@ -119,7 +115,7 @@ def _retention_by_width(groups: dict[str, list[Mapping[str, Any]]], xkey: str, o
         out / "interventions_retention_by_width.png",
         "Retention vs step size, per width",
         "One panel per width: each grey line is one model and point; blue: the median and "
-        "interquartile band over them.",
+        "interquartile band over them." + thinned_note(len(widths), len(every), "widths"),
     )
 
 

@@ -5,12 +5,6 @@ vs training step per width, the network, its linear model and the kernel-regress
 side by side (held-out loss vs step, and a table), derivative correlations vs width, and fitted
 slope vs ``α`` next to the theory (``α − 1``) and the published slopes. Slopes are refitted from the rows with
 :func:`widthscope.linear.powerlaw.fit_slope` (seeds averaged in log space, t interval over the seeds' slopes).
-
-Example::
-
-    from widthscope.sweeps.grid import load_rows
-    from widthscope.report.linearization import figures
-    figs = figures(load_rows("runs/linearize-demo", rebuild=False), "runs/linearize-demo/report")
 """
 
 from __future__ import annotations
@@ -35,11 +29,8 @@ def slopes_from_rows(rows: Sequence[dict]) -> list[dict[str, Any]]:
     """Slope rows (as in ``slopes.json``) refitted from result rows alone."""
     from ..linearization.summary import cfg_from_rows, summarize  # noqa: PLC0415  start-up time: torch
 
-    fresh = list(rows)  # a list of their own, as summarize has always been given
-    cfg = cfg_from_rows(fresh)
-    if cfg is None:
-        return []
-    return summarize(fresh, cfg)
+    cfg = cfg_from_rows(list(rows))
+    return [] if cfg is None else summarize(list(rows), cfg)
 
 
 def slope_text(s: dict[str, Any]) -> str:
@@ -124,15 +115,10 @@ def _fig_deviation_vs_step(lin, widths, a0, steps, out_dir: Path) -> dict:
     fig, ((ax,),) = figure(w=6.4, h=4.4)
     drawn = thin(widths)
     for w, c in zip(drawn, colors(len(drawn), "plasma", 0.85)):
-        xs, ys = [], []
-        for st in steps:
-            sel = [r for r in lin if r["alpha"] == a0 and r["step"] == st and r["width"] == w]
-            m, _, _ = _gmean_by_width(sel, "dev_rms", [w])
-            if np.isfinite(m[0]):
-                xs.append(st)
-                ys.append(m[0])
-        if xs:
-            ax.plot(xs, ys, "o-", color=c, ms=3, label=f"n={w}")
+        sel = [r for r in lin if r["alpha"] == a0 and r["width"] == w]
+        gm = [(st, _gmean_by_width([r for r in sel if r["step"] == st], "dev_rms", [w])[0, 0]) for st in steps]
+        if pts := [(st, m) for st, m in gm if np.isfinite(m)]:
+            ax.plot(*zip(*pts), "o-", color=c, ms=3, label=f"n={w}")
     ax.set(yscale="log", xlabel="training step", ylabel="RMS(F − F_lin)", title=f"α = {a0:g}")
     legend_outside(ax)
     return save_figure(
@@ -183,20 +169,11 @@ def _fig_slope_vs_alpha(slopes, last, out_dir: Path) -> list[dict]:
     if not sl:
         return []
     fig, ((ax,),) = figure(w=6.4, h=4.4)
-    for metric, mk, col in (("dev_rms", "o", "C0"), ("dev_mse", "s", "C1")):
+    for metric, mk, col, what in (("dev_rms", "o", "C0", "RMS"), ("dev_mse", "s", "C1", "MSE")):
         pts = sorted((x for x in sl if x["metric"] == metric), key=lambda x: x["alpha"])
-        if not pts:
-            continue
-        sv = [x["slope"] for x in pts]
-        ax.errorbar(
-            [x["alpha"] for x in pts],
-            sv,
-            yerr=yerr(sv, [x["ci_low"] for x in pts], [x["ci_high"] for x in pts]),
-            fmt=mk,
-            color=col,
-            capsize=3,
-            label=f"measured ({'RMS' if metric == 'dev_rms' else 'MSE'} of F − F_lin)",
-        )
+        al, sv, lo, hi = ([x[k] for x in pts] for k in ("alpha", "slope", "ci_low", "ci_high"))
+        if pts:
+            ax.errorbar(al, sv, yerr(sv, lo, hi), fmt=mk, color=col, capsize=3, label=f"measured ({what} of F − F_lin)")
     ag = np.linspace(-1, 0, 11)
     ax.plot(ag, [reference_slope("dev_rms", a)[0] for a in ag], "--", color="C0", lw=1, label="bound α − 1 (deviation)")
     ax.plot(ag, [reference_slope("dev_mse", a)[0] for a in ag], ":", color="C1", lw=1, label="2(α − 1) (its square)")

@@ -6,11 +6,6 @@ vacuous) and ``B_exact`` (``delta`` dotted) against the optimizer step (symmetri
 per seed, the thick line the mean over seeds, a star where a seed's point is first certified. The
 table gives, per width, point and seed, the first certified step and the step from which it stays
 certified, and the last step's values. It describes; verdicts belong on the claims page.
-
-Example::
-
-    from widthscope.report import monitor
-    monitor.figures(rows, "/tmp/report")   # [{"title", "png", "caption"}]
 """
 
 from __future__ import annotations
@@ -24,24 +19,10 @@ import numpy as np
 
 from ._fmt import as_number
 from ._plot import figure, legend_outside, save_figure, slugify, thin, thinned_note
-from .claims import group_label
+from .claims import labelled
 from .html import table
 
-__all__ = ["figures", "tables", "groups", "certified"]
-
-
-def groups(rows: Sequence[Mapping[str, Any]]) -> dict[tuple, list[Mapping[str, Any]]]:
-    """Monitor rows by (sweep, family, budget), in first-seen order."""
-    out: dict[tuple, list[Mapping[str, Any]]] = {}
-    for r in rows:
-        if r.get("kind") == "monitor":
-            out.setdefault((r.get("sweep", ""), r.get("family", "?"), r.get("budget")), []).append(r)
-    return out
-
-
-def _labels(gs: Mapping[tuple, Any]) -> dict[tuple, str]:
-    keys = [(*k, None, None) for k in gs]
-    return {k: group_label((*k, None, None), keys) for k in gs}
+__all__ = ["figures", "tables", "certified"]
 
 
 def _points(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -108,10 +89,8 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
     """One small-multiples PNG per (sweep, family, budget); see the module docstring."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    gs = groups(rows)
-    labels = _labels(gs)
     figs = []
-    for key, sel in gs.items():
+    for label, sel in labelled(rows, "monitor"):
         widths = sorted({r["width"] for r in sel})
         every_pt = _points(sel)
         pts = thin(every_pt)
@@ -148,8 +127,8 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
         axes[0, 0].set_ylabel("d_align (two-population)")
         axes[1, 0].set_ylabel("B_exact")
         legend_outside(axes[0, -1], title="insertion point", title_fontsize=7)
-        title = f"{labels[key]}: alignment over training"
-        p = out_dir / f"{slugify(labels[key])}-monitor.png"
+        title = f"{label}: alignment over training"
+        p = out_dir / f"{slugify(label)}-monitor.png"
         fig.suptitle(title, fontsize=11)
         save_figure(fig, p, title)
         cap = _caption(sel) + thinned_note(len(pts), len(every_pt), "insertion points")
@@ -159,10 +138,8 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
 
 def tables(rows: list[dict]) -> list[dict]:
     """Per group: width × point, the first certified step of each seed and the last step's values."""
-    gs = groups(rows)
-    labels = _labels(gs)
     out = []
-    for key, sel in gs.items():
+    for label, sel in labelled(rows, "monitor"):
         cert = certified(sel)
         seeds = sorted({r.get("seed") for r in sel}, key=str)
         last = max(int(r["step"]) for r in sel)
@@ -183,7 +160,7 @@ def tables(rows: list[dict]) -> list[dict]:
                 )
         out.append(
             {
-                "title": f"{labels[key]}: first probed step with B_exact <= delta = {sel[0].get('delta')}, and the "
+                "title": f"{label}: first probed step with B_exact <= delta = {sel[0].get('delta')}, and the "
                 "step from which every later probed step is ('never': no probed step)",
                 "html": table(head, lines, left={1}),
             }

@@ -39,6 +39,9 @@ def _median(vals: Sequence[Any]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+_MEDIANS = (("d_align", "two_d_align"), ("misalignment", "misalignment"), ("b_exact", "two_b_exact"))
+
+
 def summarize(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One dict per (suite, width, revision): the medians over points at the largest (M, K)."""
     sel = [r for r in rows if is_suite(r)]
@@ -52,26 +55,10 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         g = [r for r in sel if key(r) == (suite, width, model, rev)]
         mk = max({(int(r["M"]), int(r["K"])) for r in g}, key=lambda t: (t[0] * t[1], t))
         at = [r for r in g if (int(r["M"]), int(r["K"])) == mk]
-        first = at[0]
-        out.append(
-            {
-                "suite": suite,
-                "width": width,
-                "revision": rev,
-                "step": first.get("step"),
-                "commit": first.get("commit"),
-                "model_id": model,
-                "model": f"{model} (width {_fmt(width)})",
-                "depth": first.get("depth"),
-                "points": len({r["point"] for r in at}),
-                "vacuous": sum(bool(r.get("two_vacuous")) for r in at),
-                "M": mk[0],
-                "K": mk[1],
-                "d_align": _median([r.get("two_d_align") for r in at]),
-                "misalignment": _median([r.get("misalignment") for r in at]),
-                "b_exact": _median([r.get("two_b_exact") for r in at]),
-            }
-        )
+        row = {"suite": suite, "width": width, "revision": rev, "model_id": model, "M": mk[0], "K": mk[1]}
+        row.update({k: at[0].get(k) for k in ("step", "commit", "depth")}, model=f"{model} (width {_fmt(width)})")
+        row.update(points=len({r["point"] for r in at}), vacuous=sum(bool(r.get("two_vacuous")) for r in at))
+        out.append({**row, **{k: _median([r.get(c) for r in at]) for k, c in _MEDIANS}})
     return out
 
 
@@ -134,17 +121,6 @@ def _figure(
     if vacuous:
         caption += f" Hollow markers: {vacuous} vacuous B_exact median(s) (bound 1, no information), not data."
     return save_figure(fig, out, title, caption)
-
-
-def _page(title: str, sections: list[dict[str, Any]], notes: Sequence[str], findings: Sequence[str] = ()) -> str:
-    return render_page(
-        title,
-        sections,
-        notes=notes,
-        subtitle="model suite: certify runs of existing checkpoints",
-        findings=findings,
-        headline=False,
-    )
 
 
 def _latest(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -236,12 +212,14 @@ def write_pages(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[
             else []
         )
         step_secs.append({"title": suite, "figures": figs, "tables": [{"title": "checkpoints", "html": _table(mine)}]})
-    pages = [out_dir / PAGES[0], out_dir / PAGES[1]]
-    depth_notes = [n for n in notes if "depths" in n]
-    atomic_write_text(
-        pages[0], _page("widthscope: width series of the model suite", width_secs, depth_notes, width_lines)
-    )
-    atomic_write_text(
-        pages[1], _page("widthscope: over training, per width", step_secs, notes, _training_findings(summary))
-    )
+    pages = [out_dir / p for p in PAGES]
+    for page, title, secs, page_notes, findings in (
+        (pages[0], "width series of the model suite", width_secs, [n for n in notes if "depths" in n], width_lines),
+        (pages[1], "over training, per width", step_secs, notes, _training_findings(summary)),
+    ):
+        subtitle = "model suite: certify runs of existing checkpoints"
+        html = render_page(
+            f"widthscope: {title}", secs, notes=page_notes, subtitle=subtitle, findings=findings, headline=False
+        )
+        atomic_write_text(page, html)
     return pages
