@@ -158,17 +158,7 @@ def register(dn: Any) -> None:
 
 
 # ---- the budget study: benchmarks/results/grow-target-<tag>/ (tag t20, t60: tokens per parameter)
-BUDGET_TABLE = (
-    "run",
-    "reached",
-    "speed-up vs scratch",
-    "95% interval",
-    "verdict (≥ 1.3×)",
-    "vs continue-small",
-    "95% interval",
-    "verdict (> 1×)",
-    "final loss",
-)
+BUDGET_TABLE = (*TABLE[:7], "verdict (> 1×)", TABLE[-1])
 
 
 def register_budgets(dn: Any) -> None:
