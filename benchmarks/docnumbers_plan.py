@@ -29,6 +29,7 @@ def _verdict(dn: Any, v: list[float], target: float) -> str:
 
 
 def register(dn: Any) -> None:
+    register_suites(dn)
     def rows() -> tuple[dict[str, Any], ...]:
         return dn.load_rows(WHOLE_RESULT)
 
@@ -63,3 +64,22 @@ def register(dn: Any) -> None:
             f"peak RSS {dn.span(min(m), max(m), lambda u: _x(dn, u))} ({_verdict(dn, m, TIME_TARGET)})"
         )
 
+
+
+SUITES_RESULT = "benchmarks/results/plan_suites.jsonl"
+
+
+def register_suites(dn: Any) -> None:
+    @dn.quantity("plan/suites_table")
+    def _suites() -> str:
+        lines = [
+            "| command | predicted time | measured | measured / predicted | predicted peak RSS | measured | measured / predicted |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in dn.load_rows(SUITES_RESULT):
+            lines.append(
+                f"| `{r['command']}` | {dn.sig(r['predicted_s'], 3)} s | {dn.sig(r['measured_s'], 3)} s "
+                f"| {_x(dn, r['time_ratio'])} | {dn.sig(r['predicted_rss_mib'], 3)} MiB "
+                f"| {dn.sig(r['measured_rss_mib'], 3)} MiB | {_x(dn, r['rss_ratio'])} |"
+            )
+        return dn.block(lines)

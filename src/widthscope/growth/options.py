@@ -95,7 +95,7 @@ class GrowBenchOptions(Options):
     """The settings of the growth benchmark (:func:`widthscope.growth.bench.run_bench`,
     ``widthscope grow-bench``): which suite, which model seeds, the certificates' sample sizes."""
 
-    quick: bool = option(False, help="the small suite (a few minutes on one core)")
+    quick: bool = option(False, help="the small suite (under a minute on one core: docs/big-models.md)")
     seeds: tuple[int, ...] | None = _seeds("comma-separated model seeds (default 0,1,2,3,4; 0,1,2 with --quick)")
     # the lower bound 4 of M and K is check()'s, with its own message
     M: int = option(32, hi=MAX_POOL, help="train samples of the certificates (default 32)")
@@ -130,7 +130,7 @@ class GrowTargetOptions(Options):
     ``widthscope grow-target``): which suite, seeds, and optionally a subset of its operators and
     schedules or another budget."""
 
-    quick: bool = option(False, help="the tiny suite (about a minute per seed on one core)")
+    quick: bool = option(False, help="the tiny suite (seconds per seed on one core: docs/big-models.md)")
     seeds: tuple[int, ...] | None = _seeds("comma-separated seeds (default 0,1,2,3,4; 0,1 with --quick)")
     steps: int | None = option(
         None,
