@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import tempfile
-import time
 from pathlib import Path
 
-from plan_whole_process import ROOT, _cli, _env, _plan_row, _size
+from plan_whole_process import ROOT, plan_and_run
 
 COMMANDS = {
     "grow-target --quick": ["grow-target", "--quick", "--seeds", "0"],
@@ -24,35 +22,9 @@ COMMANDS = {
 }
 
 
-def _last(out: str, what: str) -> str:
-    return _plan_row("\n".join(reversed(out.splitlines())), what)
-
-
 def measure(name: str, argv: list[str], work: Path) -> dict[str, object]:
-    t0 = time.perf_counter()
-    plan = subprocess.run(_cli([*argv, "--plan"]), env=_env(), capture_output=True, text=True, check=True)
-    plan_s = time.perf_counter() - t0
-    predicted_s = float(_last(plan.stdout, "predicted wall time (whole process)").split()[0])
-    rss = _size(_last(plan.stdout, "predicted peak memory (whole process, RSS)"))
     out = work / name.split()[0]
-    run = subprocess.run(
-        ["/usr/bin/time", "-v", *_cli([*argv, "--out", str(out)])], env=_env(), capture_output=True, text=True
-    )
-    if run.returncode:
-        raise RuntimeError(run.stderr[-3000:])
-    parts = [float(p) for p in _plan_row(run.stderr, "Elapsed (wall clock) time (h:mm:ss or m:ss):").split(":")]
-    measured_s = sum(p * 60**i for i, p in enumerate(reversed(parts)))
-    measured_rss = int(_plan_row(run.stderr, "Maximum resident set size (kbytes):")) * 1024
-    return {
-        "command": name,
-        "predicted_s": round(predicted_s, 2),
-        "measured_s": round(measured_s, 2),
-        "time_ratio": round(measured_s / predicted_s, 2),
-        "predicted_rss_mib": round(rss / 2**20, 1),
-        "measured_rss_mib": round(measured_rss / 2**20, 1),
-        "rss_ratio": round(measured_rss / rss, 2),
-        "plan_s": round(plan_s, 2),
-    }
+    return {"command": name, **plan_and_run([*argv, "--plan"], [*argv, "--out", str(out)], last=True)}
 
 
 def main() -> None:

@@ -108,28 +108,24 @@ def _plan_row(out: str, what: str) -> str:
     raise ValueError(f"{what!r} not in the plan:\n{out}")
 
 
-def measure(command: str, model: Path, data: Path, work: Path) -> dict[str, object]:
-    base = [command, "--model", str(model), "--data", str(data), *COMMANDS[command]]
+def plan_and_run(plan_argv: list[str], run_argv: list[str], last: bool = False) -> dict[str, object]:
+    """``plan_argv`` (a ``--plan``) and then ``run_argv`` under ``/usr/bin/time -v``: predicted and
+    measured wall time and peak RSS with their ratios (``last``: the plan's last total, for plans
+    that print one per part)."""
     t0 = time.perf_counter()
-    plan = subprocess.run(_cli([*base, "--plan"]), env=_env(), capture_output=True, text=True, check=True)
+    plan = subprocess.run(_cli(plan_argv), env=_env(), capture_output=True, text=True, check=True)
     plan_s = time.perf_counter() - t0
-    secs = _plan_row(plan.stdout, "predicted wall time (whole process)").split()[0]
-    rss = _size(_plan_row(plan.stdout, "predicted peak memory (whole process, RSS)"))
-    out = work / f"{model.name}-{command}.json"
-    run = subprocess.run(
-        ["/usr/bin/time", "-v", *_cli([*base, "--out", str(out)])], env=_env(), capture_output=True, text=True
-    )
+    text = "\n".join(reversed(plan.stdout.splitlines())) if last else plan.stdout
+    predicted_s = float(_plan_row(text, "predicted wall time (whole process)").split()[0])
+    rss = _size(_plan_row(text, "predicted peak memory (whole process, RSS)"))
+    run = subprocess.run(["/usr/bin/time", "-v", *_cli(run_argv)], env=_env(), capture_output=True, text=True)
     if run.returncode:
         raise RuntimeError(run.stderr[-3000:])
     wall = _plan_row(run.stderr, "Elapsed (wall clock) time (h:mm:ss or m:ss):")
     parts = [float(p) for p in wall.split(":")]
     measured_s = sum(p * 60**i for i, p in enumerate(reversed(parts)))
     measured_rss = int(_plan_row(run.stderr, "Maximum resident set size (kbytes):")) * 1024
-    predicted_s = float(secs)
     return {
-        "model": model.name,
-        "command": command,
-        "args": COMMANDS[command],
         "predicted_s": round(predicted_s, 2),
         "measured_s": round(measured_s, 2),
         "time_ratio": round(measured_s / predicted_s, 2),
@@ -137,6 +133,17 @@ def measure(command: str, model: Path, data: Path, work: Path) -> dict[str, obje
         "measured_rss_mib": round(measured_rss / 2**20, 1),
         "rss_ratio": round(measured_rss / rss, 2),
         "plan_s": round(plan_s, 2),
+    }
+
+
+def measure(command: str, model: Path, data: Path, work: Path) -> dict[str, object]:
+    base = [command, "--model", str(model), "--data", str(data), *COMMANDS[command]]
+    out = work / f"{model.name}-{command}.json"
+    return {
+        "model": model.name,
+        "command": command,
+        "args": COMMANDS[command],
+        **plan_and_run([*base, "--plan"], [*base, "--out", str(out)]),
     }
 
 
