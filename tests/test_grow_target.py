@@ -478,3 +478,50 @@ def test_crossover_budget_and_no_headline_beyond_it():
     cont = {r["run"]: r for r in table}["continue-depth"]
     assert cont["crossover"] == pytest.approx(0.5) and cont["crossover_beyond"] == 0
     assert answer(table)["verdict"] == "yes"
+
+
+def test_growth_pays_fit_matches_a_general_least_squares_fit():
+    """The grid-and-refine fit reaches the residual of scipy's nonlinear least squares on noisy curves
+    (to 0.5%), and its decision follows its own extrapolation."""
+    from scipy.optimize import curve_fit
+
+    from widthscope.growth.schedule import growth_pays
+
+    rng = np.random.default_rng(1)
+    c = np.geomspace(1e3, 1e6, 15)
+    for E, A, a in ((1.5, 40.0, 0.4), (0.8, 5.0, 0.2), (2.0, 300.0, 0.7)):
+        y = E + A * c**-a + rng.normal(0, 0.003, len(c))
+        got = growth_pays(list(zip(c, y)), 1e7, E + 0.01)
+        mine = float(((got["floor"] + got["scale"] * c ** -got["alpha"] - y) ** 2).sum())
+        (e, s, al), _ = curve_fit(lambda x, e, s, al: e + s * x**-al, c, y, p0=(E, A, a), maxfev=20000)
+        ref = float(((e + s * c**-al - y) ** 2).sum())
+        assert mine <= ref * 1.005 + 1e-12
+        at = got["floor"] + got["scale"] * 1e7 ** -got["alpha"]
+        assert got["loss_at_budget"] == pytest.approx(at, rel=1e-12)
+        assert got["decision"] == ("grow" if at > E + 0.01 else "continue")
+
+
+@pytest.mark.parametrize(
+    "curve,budget,target,match",
+    [
+        ([[1, 2.0], [2, 1.9]], 10.0, 1.0, "at least 3 points"),
+        ([[1, 2.0], [2, float("nan")], [4, 1.8]], 10.0, 1.0, "finite"),
+        ([[1, 2.0], [2, -1.0], [4, 1.8]], 10.0, 1.0, "losses >= 0"),
+        ([[1, 2.0, 3.0], [2, 1.9, 3.0], [4, 1.8, 3.0]], 10.0, 1.0, "pairs"),
+        ([[1, 2.0], [2, 1.9], [4, 1.8]], 0.0, 1.0, "budget"),
+        ([[1, 2.0], [2, 1.9], [4, 1.8]], 10.0, float("inf"), "target"),
+    ],
+)
+def test_growth_pays_refuses_curves_it_would_misread(curve, budget, target, match):
+    from widthscope.growth.schedule import growth_pays
+
+    with pytest.raises(WidthscopeError, match=match):
+        growth_pays(curve, budget, target)
+
+
+def test_a_cell_with_an_unknown_operator_is_one_error_before_any_data():
+    from widthscope.growth.target import run_target_cell, target_cells
+
+    cell = {**target_cells("quick", seeds=(0,))[0], "operators": ("stack_cpy",)}
+    with pytest.raises(WidthscopeError, match="unknown operator/schedule"):
+        run_target_cell(cell)

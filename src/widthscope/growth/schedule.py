@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch.nn as nn
 
+from .. import _args
 from ..errors import WidthscopeError
 from ..probe.growth import CRITERIA, block_input_features, point_criteria
 from ..stats import certificate, misalignment
@@ -193,7 +194,16 @@ def growth_pays(curve: Sequence[Sequence[float]], budget: float, target: float) 
     >>> round(fit["floor"], 3), round(fit["scale"], 3), round(fit["alpha"], 3)
     (2.0, 3.0, 0.5)
     """
-    pts = np.asarray([(float(c), float(v)) for c, v in curve if float(c) > 0], float)
+    fn = "growth_pays"
+    _args.number(fn, "budget", budget, 0.0, lo_open=True)
+    _args.number(fn, "target", target, 0.0)
+    try:
+        raw = np.asarray([(float(c), float(v)) for c, v in curve], float).reshape(-1, 2)
+    except (TypeError, ValueError) as exc:
+        raise WidthscopeError(f"{fn}: curve must be a list of (FLOPs, loss) pairs of numbers ({exc})") from None
+    if not np.isfinite(raw).all() or (raw < 0).any():
+        raise WidthscopeError(f"{fn}: curve must hold finite FLOPs and losses >= 0 (a diverged run cannot be fitted)")
+    pts = raw[raw[:, 0] > 0]
     if len(pts) < 3:
         raise WidthscopeError(f"growth_pays: need at least 3 points with compute > 0, got {len(pts)}")
     c, y = pts[:, 0] / pts[:, 0].max(), pts[:, 1]  # compute in units of the last point
@@ -224,5 +234,5 @@ def growth_pays(curve: Sequence[Sequence[float]], budget: float, target: float) 
         "alpha": alpha,
         "loss_at_budget": at_budget,
         "reach_flops": reach,
-        "fitted_to": max(float(c) for c, _ in curve),
+        "fitted_to": float(pts[:, 0].max()),
     }

@@ -569,6 +569,8 @@ def run_target_cell(cell: Mapping[str, Any], _cell_dir: Any = None) -> list[dict
 
 def _cell_rows(cell: Mapping[str, Any]) -> list[dict[str, Any]]:
     t0 = time.perf_counter()
+    # a cell built by hand is checked like a suite file's settings, before any data is read
+    _check_settings({k: v for k, v in cell.items() if k not in ("kind", "suite", "seed")}, "grow-target cell")
     ctx = CellContext(cell)
     seed = int(cell["seed"])
     torch.manual_seed(seed)
