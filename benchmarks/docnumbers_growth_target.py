@@ -26,6 +26,29 @@ TABLE = (
 )
 
 
+def _x(dn: Any, v: Any) -> str:
+    return "–" if v is None else dn.sig(v, 2) + "×"
+
+
+def _interval(dn: Any, r: dict[str, Any], key: str = "speedup") -> str:
+    if r.get(f"{key}_lo") is None:
+        return "–"
+    return f"{dn.sig(r[f'{key}_lo'], 2)}–{dn.sig(r[f'{key}_hi'], 2)}"
+
+
+def _label_cells(dn: Any, r: dict[str, Any]) -> list[str]:
+    """The columns every comparison table starts with: run, reached, speed-up and vs continue-small."""
+    return [
+        f"`{r['run']}`",
+        f"{r['reached']}/{r['seeds']}",
+        _x(dn, r["speedup"]),
+        _interval(dn, r),
+        r["verdict"],
+        _x(dn, r["vs_continue"]),
+        _interval(dn, r, "vs_continue"),
+    ]
+
+
 def register(dn: Any) -> None:
     def table() -> list[dict[str, Any]]:
         return list(dn.load_rows(f"{DIR}/comparison.jsonl"))
@@ -34,12 +57,10 @@ def register(dn: Any) -> None:
         return dn.load_json(f"{DIR}/summary.json")
 
     def x(v: Any) -> str:
-        return "–" if v is None else dn.sig(v, 2) + "×"
+        return _x(dn, v)
 
     def interval(r: dict[str, Any], key: str = "speedup") -> str:
-        if r[f"{key}_lo"] is None:
-            return "–"
-        return f"{dn.sig(r[f'{key}_lo'], 2)}–{dn.sig(r[f'{key}_hi'], 2)}"
+        return _interval(dn, r, key)
 
     @dn.quantity("growth_target/table")
     def _table() -> str:
@@ -50,23 +71,8 @@ def register(dn: Any) -> None:
                 grown += f" ({r['forced']} forced)"
             if r["reached_before_growth"]:
                 grown += f"; {r['reached_before_growth']} reached before growing"
-            lines.append(
-                "| "
-                + " | ".join(
-                    [
-                        f"`{r['run']}`",
-                        f"{r['reached']}/{r['seeds']}",
-                        x(r["speedup"]),
-                        interval(r),
-                        r["verdict"],
-                        x(r["vs_continue"]),
-                        interval(r, "vs_continue"),
-                        grown,
-                        dn.sig(r["final_loss"], 3),
-                    ]
-                )
-                + " |"
-            )
+            cells = [*_label_cells(dn, r), grown, dn.sig(r["final_loss"], 3)]
+            lines.append("| " + " | ".join(cells) + " |")
         return dn.block(lines)
 
     @dn.quantity("growth_target/verdict")
@@ -172,28 +178,16 @@ def register_budgets(dn: Any) -> None:
         return list(dn.load_rows(f"benchmarks/results/grow-target-{tag}/results.jsonl"))
 
     def x(v: Any) -> str:
-        return "–" if v is None else dn.sig(v, 2) + "×"
+        return _x(dn, v)
 
     def interval(r: dict[str, Any], key: str = "speedup") -> str:
-        if r.get(f"{key}_lo") is None:
-            return "–"
-        return f"{dn.sig(r[f'{key}_lo'], 2)}–{dn.sig(r[f'{key}_hi'], 2)}"
+        return _interval(dn, r, key)
 
     @dn.pattern(r"growth_budget/(t\d+)/table")
     def _table(tag: str) -> str:
         lines = ["| " + " | ".join(BUDGET_TABLE) + " |", "|" + "---|" * len(BUDGET_TABLE)]
         for r in table(tag):
-            cells = [
-                f"`{r['run']}`",
-                f"{r['reached']}/{r['seeds']}",
-                x(r["speedup"]),
-                interval(r),
-                r["verdict"],
-                x(r["vs_continue"]),
-                interval(r, "vs_continue"),
-                r.get("verdict_continue") or "–",
-                dn.sig(r["final_loss"], 3),
-            ]
+            cells = [*_label_cells(dn, r), r.get("verdict_continue") or "–", dn.sig(r["final_loss"], 3)]
             lines.append("| " + " | ".join(cells) + " |")
         return dn.block(lines)
 
@@ -262,7 +256,10 @@ BUDGETS = (("grow-target", "short suite, constant rate"), ("grow-target-t20", "c
 
 def register_summary(dn: Any) -> None:
     def x(v: Any) -> str:
-        return "–" if v is None else dn.sig(v, 2) + "×"
+        return _x(dn, v)
+
+    def lo(r: dict[str, Any], key: str) -> str:
+        return "" if r.get(f"{key}_lo") is None else f" ({_interval(dn, r, key)})"
 
     @dn.quantity("growth_budget/summary")
     def _summary() -> str:
@@ -303,7 +300,6 @@ def register_summary(dn: Any) -> None:
                     f" (beyond B in {cont['crossover_beyond']}/{n})" if cont["crossover_beyond"] else ""
                 )
             best = next(r for r in table if r["run"] == a["best"])
-            lo = lambda r, k: "" if r.get(f"{k}_lo") is None else f" ({dn.sig(r[f'{k}_lo'], 2)}–{dn.sig(r[f'{k}_hi'], 2)})"  # noqa: E731
             lines.append(
                 f"| `{d}/` ({what}) | {dn.sig(tpp, 2)} | {dn.sig(target, 3)}{se} | {cross} | `{a['best']}` "
                 f"| {x(best['speedup'])}{lo(best, 'speedup')} | {best['verdict']} "
