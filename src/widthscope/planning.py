@@ -1,10 +1,6 @@
-"""``--plan``: what a run will cost, as the whole process will cost it (every command).
-
-Each plan counts the model's parameters and weight bytes (on the meta device under ``--plan-no-time``)
-and the bytes autograd saves per example (so the largest batch that fits), times one batch or step
-and scales it to the run, and adds the fixed costs (process start, imports, loading). The suite
-commands sum per-model plans. Nothing a plan does writes a file.
-"""
+"""``--plan``: a run's whole-process cost: parameters and weight bytes (meta device under ``--plan-no-time``),
+bytes saved per example and the largest batch that fits, one batch or step timed and scaled, and the fixed
+costs (process start, imports, loading). The suite commands sum per-model plans. Nothing is written."""
 
 from __future__ import annotations
 
@@ -61,9 +57,8 @@ def _size(v: int | None, unknown: Any = None) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """A run's cost. ``parts``: (name, seconds) the whole process spends, the fixed costs first
-    (``None``: not timed); ``counts``: (name, value) shown as counted; ``peak_bytes``: the whole
-    process's predicted peak resident memory; ``predicted_s``: the parts' sum."""
+    """A run's cost. ``parts``: (name, seconds or ``None``) the whole process spends, the fixed costs
+    first; ``counts``: (name, value) counted; ``peak_bytes``: the whole process's predicted peak RSS."""
 
     command: str
     model: str
@@ -107,13 +102,12 @@ class Plan:
             ("predicted wall time (whole process)", _sec(self.predicted_s) if self.timed else "not predicted"),
             ("predicted peak memory (whole process, RSS)", _size(self.peak_bytes)),
         ]
-        table = format_table(
-            [{"what": k, "plan": v} for k, v in rows], ["what", "plan"], title=f"cost plan: {self.command}"
-        )
+        table = format_table([{"what": k, "plan": v} for k, v in rows], title=f"cost plan: {self.command}")
         return table + "".join(f"\nnote: {n}" for n in self.notes)
 
 
 FIXED = "process start"  # the name every fixed part starts with
+READY = f"{FIXED}, imports, loading the model and the data (measured)"
 COUNTED = "no time predicted (--plan-no-time): counted, not timed"
 NO_TIME = f"{COUNTED}; memory = the process now + the weights + a batch"
 PLATEAU = "runs that stop early (to a plateau, to a target) are counted at their longest: time is an upper bound"
@@ -121,9 +115,7 @@ PLATEAU = "runs that stop early (to a plateau, to a target) are counted at their
 
 def work_s(plan: Plan) -> float | None:
     """The seconds of ``plan``'s work: its parts less the fixed ones; ``None`` when not timed."""
-    if not plan.timed:
-        return None
-    return sum(t or 0.0 for n, t in plan.parts if not n.startswith(FIXED))
+    return sum(t or 0.0 for n, t in plan.parts if not n.startswith(FIXED)) if plan.timed else None
 
 
 # ----------------------------------------------------------------------------- the pieces
@@ -175,8 +167,7 @@ def _nbytes(x: Any) -> int:
 
 def weights(model: nn.Module) -> tuple[int, int]:
     """(parameters, weight bytes) of ``model`` (meta or real), each parameter once."""
-    params = list(model.parameters())
-    return sum(p.numel() for p in params), _nbytes(params)
+    return sum(p.numel() for p in model.parameters()), _nbytes(list(model.parameters()))
 
 
 def saved_bytes(fn: Callable[[], Any], model: nn.Module | None = None) -> int:
@@ -202,8 +193,7 @@ def saved_bytes(fn: Callable[[], Any], model: nn.Module | None = None) -> int:
 
 
 def per_example(count: Callable[[int], int]) -> int:
-    """Bytes per example from ``count(n)`` at n = 1 and 2 (the difference: what does not grow with
-    the batch drops out), at least a sixteenth of ``count(1)``."""
+    """Bytes per example: ``count(2) - count(1)``, at least a sixteenth of ``count(1)``."""
     one, two = count(1), count(2)
     return max(two - one, one // 16, 0)
 
@@ -245,10 +235,6 @@ def _dt(model: nn.Module) -> str:
     return str(next(model.parameters()).dtype).removeprefix("torch.")
 
 
-def _fixed(ready_s: float) -> list[tuple[str, float | None]]:
-    return [(f"{FIXED}, imports, loading the model and the data (measured)", ready_s)]
-
-
 def _memory(device: Any) -> tuple[int | None, tuple[str, Any]]:
     """The free memory of ``device`` and its row of a plan's counts."""
     free, source = device_memory(device)
@@ -269,8 +255,7 @@ def _interventions(opts: Any) -> tuple[int, int]:
 
 
 def time_statistics(options: Any, n: tuple[int, int], d: int, rows: int) -> float:
-    """Seconds of one point's statistics on random samples: ``n`` (train, held-out) examples of
-    ``rows`` rows of width ``d``."""
+    """Seconds of one point's statistics on random samples of ``n`` (train, held-out) x ``rows`` rows of width ``d``."""
     return _statistics(options, n, d, rows)[0]
 
 
@@ -288,9 +273,9 @@ def _statistics(options: Any, n: tuple[int, int], d: int, rows: int) -> tuple[fl
 
 # ----------------------------------------------------------------------------- certify --plan
 def plan_certify(spec: Any, options: Any = None, run_options: Any = None, *, time_run: bool = True) -> Plan:
-    """The plan of ``widthscope certify`` with these settings: the model and the data loaded as the
-    run loads them (without ``time_run`` a checkpoint on the meta device); timed: one probed batch,
-    one point's statistics and one intervention forward, scaled to the run."""
+    """The plan of ``widthscope certify``: the model (without ``time_run`` a checkpoint on the meta device)
+    and the data loaded as the run loads them; one probed batch, one point's statistics and one
+    intervention forward timed and scaled to the run."""
     options, run_options = options or CertifyOptions(), run_options or CertifyRunOptions()
     device = run_device(run_options.device)
     meta = None if time_run else meta_checkpoint(spec.model, spec.revision, spec.task, spec.dtype)
@@ -300,11 +285,9 @@ def plan_certify(spec: Any, options: Any = None, run_options: Any = None, *, tim
     inputs = resolve(spec, model=model, show_progress=False)
     ready = (since_start(), peak_so_far())
     names = resolve_points(model, list(options.points) if options.points else None)
-    n = (
-        batch_size_of(inputs.train) if is_all(spec.n_train) else int(spec.n_train),
-        batch_size_of(inputs.test) if is_all(spec.n_test) else int(spec.n_test),
-    )
-    bs = run_options.batch_size
+    data = ((inputs.train, spec.n_train), (inputs.test, spec.n_test))
+    n = [batch_size_of(x) if is_all(k) else int(k) for x, k in data]
+    bs, notes = run_options.batch_size, []
     if meta is None and getattr(model, "hf_device_map", None) is None:
         model.to(device)
     first = next(model.parameters())
@@ -313,11 +296,9 @@ def plan_certify(spec: Any, options: Any = None, run_options: Any = None, *, tim
         return collect(model, [batch], points=names, loss_fn=inputs.loss_fn, pool=options.pool, progress=False)
 
     def count(k: int) -> int:
-        return saved_bytes(
-            lambda: probe(to_device(index_batch(inputs.train, slice(0, k)), first.device, first.dtype)), model
-        )
+        batch = to_device(index_batch(inputs.train, slice(0, k)), first.device, first.dtype)
+        return saved_bytes(lambda: probe(batch), model)
 
-    notes: list[str] = []
     try:
         per: int | None = per_example(count)
     except Exception as exc:  # noqa: BLE001  a model the meta device cannot run: said, not counted
@@ -338,15 +319,13 @@ def plan_certify(spec: Any, options: Any = None, run_options: Any = None, *, tim
     with RssPeak() as probe_peak:
         probed = probe(batch)
         batch_s = timed(lambda: probe(batch)) * bs / rows
-    per_row = _nbytes(probed) / max(1, rows)  # per example
-    samples = int(per_row * (n[0] + n[1]))
+    per_row = _nbytes(probed) / max(1, rows)
+    samples = int(per_row * sum(n))
     width = {p: int(v.shape[-1]) for p, v in probed.items()}
     point_rows = max(1, round(per_row / 8 / max(1, sum(width.values()))))
-    stats_s, stats_peak, one_point = _statistics(options, n, max(width.values()), point_rows)
-    parts = _fixed(ready[0]) + [
-        (f"probe: one batch of {bs} x {batches} batches", batch_s * (n[0] + n[1] + 1) / bs),
-        (f"statistics: one point x {len(names)}", stats_s * len(names)),
-    ]
+    stats_s, stats_peak, one_point = _statistics(options, (n[0], n[1]), max(width.values()), point_rows)
+    parts = [(READY, ready[0]), (f"probe: one batch of {bs} x {batches} batches", batch_s * (sum(n) + 1) / bs)]
+    parts.append((f"statistics: one point x {len(names)}", stats_s * len(names)))
     steps, k_max = _interventions(options)
     if steps:
         cached = options.kind == "bias" and options.project is None and options.train_mode == "eval"
@@ -361,11 +340,12 @@ def plan_certify(spec: Any, options: Any = None, run_options: Any = None, *, tim
     )
     if spec.model == "builtin":
         notes.append("the built-in model's training is in the fixed part (the plan trains it as the run does)")
+    peak = int(max(ready[1], probe_peak.peak + samples, stats_peak + samples - one_point))
     return plan(
         _fits(free, probe_peak.peak + samples, per),
         parts=tuple(parts),
         counts=tuple(counts),
-        peak_bytes=int(max(ready[1], probe_peak.peak + samples, stats_peak + samples - one_point)),
+        peak_bytes=peak,
         notes=tuple(notes),
         sample_bytes=samples,
     )
@@ -407,9 +387,8 @@ def plan_grow(
     pools = split_pools(model, train, split[1], opts)
     names = resolve_points(model, opts.points)
     one = index_batch(pools.probe_train, slice(0, 1))
-    widths = {
-        p: int(v.shape[1]) for p, v in collect(model, [one], points=names, loss_fn=loss_fn, progress=False).items()
-    }
+    got = collect(model, [one], points=names, loss_fn=loss_fn, progress=False)
+    widths = {p: int(v.shape[1]) for p, v in got.items()}
     runs = len(chosen_points([{"point": p} for p in names], opts))
     bs = min(opts.batch_size, batch_size_of(train))
     at = max(names, key=lambda p: widths[p])  # the block grown at the widest point
@@ -419,31 +398,25 @@ def plan_grow(
     def fresh() -> tuple[nn.Module, list[nn.Parameter]]:
         m = copy.deepcopy(grown)
         ps = list((m if opts.train_all else block_of(m, at)).parameters())
-        ids = {id(p) for p in ps}
         for p in m.parameters():
-            p.requires_grad_(id(p) in ids)
+            p.requires_grad_(any(p is q for q in ps))
         return m, ps
 
-    def fit(m: nn.Module, ps: list[nn.Parameter], data: Any, steps: int, size: int) -> None:
-        train_new_block(
-            m, ps, data, steps=steps, lr=opts.lr, batch_size=size, seed=opts.seed, loss_fn=loss_fn, show_progress=False
-        )
+    fit = functools.partial(train_new_block, lr=opts.lr, seed=opts.seed, loss_fn=loss_fn, show_progress=False)
 
     def count(k: int) -> int:  # the bytes one training step on k examples saves
         m, ps = fresh()
-        return saved_bytes(lambda: fit(m, ps, index_batch(train, slice(0, k)), 1, k), m)
+        return saved_bytes(lambda: fit(m, ps, index_batch(train, slice(0, k)), steps=1, batch_size=k), m)
 
     params, wbytes = weights(model)
     free, memory = _memory("cpu")
     n_tr, n_rk = pools.n_train, pools.n_rank
     sample_bytes = 8 * (n_tr + n_rk) * sum(widths.values())
+    blocks = f"{runs} x {opts.steps} steps (batch {bs})" + (" + the continue baseline" if opts.compare else "")
     counts = (
         ("insertion points", len(names)),
         ("ranking pools", f"{n_tr} train + {n_rk} held-out examples"),
-        (
-            "blocks grown",
-            f"{runs} x {opts.steps} steps (batch {bs})" + (" + the continue baseline" if opts.compare else ""),
-        ),
+        ("blocks grown", blocks),
         ("ranking samples (float64, every point)", human_size(sample_bytes)),
         memory,
     )
@@ -452,7 +425,7 @@ def plan_grow(
     if not time_run:
         held = peak_so_far()
         return plan(_fits(free, held, per), peak_bytes=held + sample_bytes + 4 * wbytes + per * bs, notes=(NO_TIME,))
-    parts = _fixed(ready[0])
+    parts = [(READY, ready[0])]
     if base_s is not None:
         parts.append(("the built-in model's base training (300 steps)", base_s))
 
@@ -473,19 +446,16 @@ def plan_grow(
     (a0, b0), small = sizes[0], sum(sizes[0])
     c_a = (times[1] - times[0]) / (sizes[1][0] - a0) if sizes[1][0] > a0 else times[0] / small
     c_b = (times[2] - times[0]) / (sizes[2][1] - b0) if sizes[2][1] > b0 else times[0] / small
-    at_run = max(0.0, times[0] + max(0.0, c_a) * (n_tr - a0) + max(0.0, c_b) * (n_rk - b0))
+    ranking_s = max(0.0, times[0] + max(0.0, c_a) * (n_tr - a0) + max(0.0, c_b) * (n_rk - b0)) * len(names) / len(ends)
     with RssPeak() as grow_peak:
-        f, step = time_loop(lambda k: fit(*fresh(), train, k, opts.batch_size))
+        f, step = time_loop(lambda k: fit(*fresh(), train, steps=k, batch_size=opts.batch_size))
     # the held-out evaluations: one batch timed, counted as the run evaluates
     n_eval = pools.n_test - pools.n_rank
     evaluate = index_batch(pools.evaluate, slice(0, min(bs, n_eval)))
     eval_s = timed(lambda: mean_loss(model, evaluate, loss_fn, batch_size=bs))
     evals = runs + (1 if opts.compare else 0)
     parts += [
-        (
-            f"ranking {len(names)} points (timed at 2 points on small pools, extrapolated)",
-            at_run * len(names) / len(ends),
-        ),
+        (f"ranking {len(names)} points (timed at 2 points on small pools, extrapolated)", ranking_s),
         (f"growing: {runs} x {opts.steps} steps", runs * (f + opts.steps * step)),
         ("held-out evaluations", eval_s * (2 * evals * -(-n_eval // bs) + evals * -(-(opts.M + opts.K) // bs))),
     ]
@@ -505,7 +475,7 @@ def plan_linearize(config: Any, *, time_run: bool = True) -> Plan:
     """The plan of ``widthscope linearize`` (every cell, no shard): the data loaded as the run loads it;
     the widest network's weights and the bytes a training step saves per example, twice (the network
     and its linearization); with ``time_run`` one whole cell run per width, times that width's cells."""
-    from .linearization.config import make_cells, validate_config  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
+    from .linearization.config import build_mlp, make_cells, validate_config  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
     from .linearization.run import cell_inputs, run_cell  # noqa: PLC0415  start-up time: each command loads only its own pipeline
 
     cfg = validate_config(config)
@@ -515,12 +485,20 @@ def plan_linearize(config: Any, *, time_run: bool = True) -> Plan:
     tr = cfg["train"]
     bs = int(tr["batch_size"]) or int(X.shape[0])
     widths = sorted({int(c["width"]) for c in cells})
-    net = _mlp(cfg, widths[-1], X, k).to(getattr(torch, tr["dtype"]))
+    torch.manual_seed(0)
+    net = build_mlp(cfg, widths[-1], X.shape[1], k).to(getattr(torch, tr["dtype"]))
     params, wbytes = weights(net)
 
     def loss(n: int) -> Any:
         out = net(X[:n])
         return ((out - Y[:n]) ** 2).sum() if tr["loss"] == "mse" else nn.functional.cross_entropy(out, Y[:n])
+
+    def correlations(w: int) -> None:  # a cell's derivative correlations, on a fresh model of width w
+        torch.manual_seed(0)
+        model, c = build_mlp(cfg, w, X.shape[1], k).to(X.dtype), cfg["correlations"]
+        for name in c["measure"]:
+            D, d = parse_correlation_name(name)
+            correlation_summary(model, X, D=D, d=d, n_tuples=c["n_tuples"], eta=tr["eta0"], output=c["output"])
 
     per = 2 * per_example(lambda n: saved_bytes(lambda: loss(n), net))  # the network and its linearization
     free, memory = _memory("cpu")
@@ -535,18 +513,16 @@ def plan_linearize(config: Any, *, time_run: bool = True) -> Plan:
     plan = functools.partial(
         Plan, "linearize", label, params, 2 * wbytes, per, bs, counts=counts, dtype=str(tr["dtype"])
     )
-    plan = functools.partial(plan, examples=int(X.shape[0]))
     if not time_run:
         held = peak_so_far()  # + two models, each with its gradient and optimizer state
-        return plan(_fits(free, held, per), peak_bytes=held + 8 * wbytes + per * bs, notes=(COUNTED,))
-    parts, peak = _fixed(ready[0]), ready[1]
+        return plan(_fits(free, held, per), peak_bytes=held + 8 * wbytes + per * bs, notes=(COUNTED,), examples=len(X))
+    parts, peak = [(READY, ready[0])], ready[1]
     for w in widths:
         these = [c for c in cells if int(c["width"]) == w]
         corr = sum(1 for c in these if c["correlations"])
         with RssPeak() as p:
             cell_s = seconds(run_cell, cfg, {**these[0], "correlations": False})
-            # the derivative correlations: timed once, on the untrained model (the same cost)
-            corr_s = seconds(_correlations, cfg, w, X, k) if corr else 0.0
+            corr_s = seconds(correlations, w) if corr else 0.0  # timed once, untrained: the same cost
         peak = max(peak, p.peak)
         what = f"width {w}: one cell x {len(these)}" + (f" + the correlations x {corr}" if corr else "")
         parts.append((what, cell_s * len(these) + corr_s * corr))
@@ -554,23 +530,7 @@ def plan_linearize(config: Any, *, time_run: bool = True) -> Plan:
         "time = since the process started (imports, the data) + one cell timed per width x its cells; peak = measured",
         "steps are an upper bound: a diverging cell stops early",
     )
-    return plan(_fits(free, peak, per), parts=tuple(parts), peak_bytes=int(peak), notes=notes)
-
-
-def _mlp(cfg: Any, width: int, X: torch.Tensor, k: int) -> nn.Module:
-    """A linearize cell's network of ``width`` (seed 0)."""
-    torch.manual_seed(0)
-    kw = {key: cfg["model"][key] for key in ("depth", "activation", "parametrization", "sigma_w")}
-    return models.build("mlp", width, in_dim=X.shape[1], out_dim=k, **kw)
-
-
-def _correlations(cfg: Any, width: int, X: torch.Tensor, k: int) -> None:
-    """The derivative correlations a linearize cell measures, on a fresh model of ``width``."""
-    c = cfg["correlations"]
-    model = _mlp(cfg, width, X, k).to(X.dtype)
-    for name in c["measure"]:
-        D, d = parse_correlation_name(name)
-        correlation_summary(model, X, D=D, d=d, n_tuples=c["n_tuples"], eta=cfg["train"]["eta0"], output=c["output"])
+    return plan(_fits(free, peak, per), parts=tuple(parts), peak_bytes=int(peak), notes=notes, examples=len(X))
 
 
 # ----------------------------------------------------------------------------- grow-bench, grow-target --plan
@@ -587,10 +547,8 @@ def plan_bench(options: Any = None, *, time_run: bool = True, **keywords: Any) -
 
 
 def _bench_model(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
-    """One model of the growth suite as its cell builds it (untrained): weights, bytes per example of
-    a training step, the cell's training steps counted (at their longest) and, with ``time_run``, one
-    step of the cell's loop, the criteria at the middle point and the held-out evaluations timed,
-    scaled to the cell and its seeds."""
+    """One model of the growth suite as its cell builds it (untrained), its training steps counted at their
+    longest; timed: a step of the cell's loop, the criteria at the middle point, the held-out evaluations."""
     from .growth.bench import fit_block  # noqa: PLC0415  start-up time: each command loads only its own pipeline
     from .growth.suite import build_model, cell_data, reproducible, split_held_out  # noqa: PLC0415  start-up time: each command loads only its own pipeline
 
@@ -604,19 +562,18 @@ def _bench_model(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
     bs = min(int(cell["batch_size"]), batch_size_of(train))
     params, wbytes = weights(model)
 
+    lr = float(cell["continue_lrs"][0])
+
     def loop(k: int, data: Any = train, size: int = bs) -> None:
         m = copy.deepcopy(model)
-        fit_block(
-            m, list(m.parameters()), data, steps=k, at=(), lr=float(cell["continue_lrs"][0]), batch_size=size, seed=seed
-        )
+        fit_block(m, list(m.parameters()), data, steps=k, at=(), lr=lr, batch_size=size, seed=seed)
 
     per = per_example(lambda n: saved_bytes(lambda: loop(1, index_batch(train, slice(0, n)), n), model))
     P, long = len(points), int(cell["long"])
     lrs, clrs, seeds = len(cell["block_lrs"]), len(cell["continue_lrs"]), len(cell["block_seeds"])
     plateau = int(cell["max_steps"]) if int(cell["max_steps"]) > 0 and cell["family"] != "teacher" else 0
     scratch = int(cell["max_steps"]) if cell.get("scratch") else 0
-    # (steps, runs): base, the blocks (every point, each lr and block seed), GradMax, continue (each lr),
-    # train-all, scratch
+    # (steps, runs): base, blocks (each point, lr, block seed), GradMax, continue (each lr), train-all, scratch
     trainings = [(plateau, int(plateau > 0)), (long * P * (lrs + seeds - 1), P * (lrs + seeds - 1)), (long * P, P)]
     trainings += [(long * clrs, clrs), (long * P, P), (scratch, int(scratch > 0))]
     steps, n_runs = sum(s for s, _ in trainings), sum(r for _, r in trainings)
@@ -659,35 +616,24 @@ def plan_target(options: Any = None, *, time_run: bool = True, **keywords: Any) 
 
 
 def _target_setting(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
-    """One setting of the compute-to-target suite: its models counted on the meta device (weights,
-    bytes per example, step FLOPs: the budget), each run's steps (growth runs at their longest, to
-    ``cap x B``), and with ``time_run`` (where the suite's device is here) one step of each model
-    timed in the cell's own loop, one held-out evaluation and growth signal."""
+    """One setting of the compute-to-target suite: its models counted on the meta device, each run's steps
+    (growth runs to ``cap x B``); timed where its device is here: a step of each model, an evaluation, a signal."""
+    from .growth import target as gt  # noqa: PLC0415  start-up time: each command loads only its own pipeline
     from .growth.schedule import SCHEDULES  # noqa: PLC0415  start-up time: each command loads only its own pipeline
     from .growth.suite import reproducible  # noqa: PLC0415  start-up time: each command loads only its own pipeline
-    from .growth.target import (  # noqa: PLC0415  start-up time: each command loads only its own pipeline
-        OPERATORS,
-        CellContext,
-        budget_steps,
-        measure_signal,
-        meta_step_flops,
-        start_run,
-        target_model,
-        train_until,
-    )
 
     W, D, w, d = (int(cell[k]) for k in ("width", "depth", "small_width", "small_depth"))
-    grown = {OPERATORS[o] for o in cell["operators"]}
+    grown = {gt.OPERATORS[o] for o in cell["operators"]}
     shapes = {"target": (W, D), **{k: s for k, s in (("depth", (W, d)), ("width", (w, D))) if k in grown}}
-    flops = {k: meta_step_flops(cell, *s)[0] for k, s in shapes.items()}
-    meta = target_model(cell, W, D, meta=True)
+    flops = {k: gt.meta_step_flops(cell, *s)[0] for k, s in shapes.items()}
+    meta = gt.target_model(cell, W, D, meta=True)
     params, wbytes = weights(meta)
 
     def count(n: int) -> int:
         ids = torch.zeros(n, int(cell["seq_len"]), dtype=torch.long, device="meta")
         return saved_bytes(lambda: meta(ids, labels=ids).loss, meta)
 
-    steps = budget_steps(cell, params)
+    steps = gt.budget_steps(cell, params)
     B, cap, evals = steps * flops["target"], float(cell["cap"]), int(cell["evals"])
     schedules = [SCHEDULES[c] for c in cell["schedules"]]
     earliest = [s.fractions[0] if s.kind == "fixed" else s.earliest for s in schedules]
@@ -715,21 +661,21 @@ def _target_setting(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
         return out
     seed = int(cell["seed"])
     with reproducible(1), RssPeak() as peak:
-        ctx, load_s = clocked(CellContext, cell)
+        ctx, load_s = clocked(gt.CellContext, cell)
         ctx.grid = math.inf  # no evaluation inside the timed loops but the last
         real: dict[str, nn.Module] = {}
         for k, s in shapes.items():
             torch.manual_seed(seed)
-            real[k] = target_model(cell, *s)
+            real[k] = gt.target_model(cell, *s)
 
         def loop(m: nn.Module) -> Callable[[int], Any]:
             f = ctx.step_flops(m)
-            return lambda k: train_until(ctx, start_run(ctx, copy.deepcopy(m), seed, k * f), k * f)
+            return lambda k: gt.train_until(ctx, gt.start_run(ctx, copy.deepcopy(m), seed, k * f), k * f)
 
         step_s = {k: time_loop(loop(m)) for k, m in real.items()}
         eval_s = {k: seconds(ctx.eval_loss, m) for k, m in real.items()}
         kinds = {s.kind for s in schedules} & {"certificate", "misalignment"}
-        signal = sum(seconds(measure_signal, ctx, real[k], kd) for k in real if k != "target" for kd in kinds)
+        signal = sum(seconds(gt.measure_signal, ctx, real[k], kd) for k in real if k != "target" for kd in kinds)
     train_s = sum(steps * step_s[k][1] + step_s[k][0] + n_eval * eval_s[k] for k, steps, n_eval in work)
     out.update(peak=peak.peak, train_s=train_s * runs, other="growth signals, data")
     out.update(other_s=(signal * math.ceil(cap * evals) + load_s) * runs)
@@ -746,16 +692,14 @@ def _suite_plan(
     for g in got:
         row = f"{g['params']:,} parameters, {human_size(g['wbytes'])}; {g['steps']:,} training steps per cell"
         counts.append((g["name"], f"{row} x {g['runs']} cell(s)" + (f"; {g['note']}" if g.get("note") else "")))
-    per = max(g["per"] for g in got)
-    bs = max(g["bs"] for g in got)
+    per, bs = max(g["per"] for g in got), max(g["bs"] for g in got)
     counts.append(memory)
     plan = functools.partial(Plan, command, what, big["params"], big["wbytes"], per, bs, counts=tuple(counts))
-    plan = functools.partial(plan, dtype=big["dtype"])
     if not time_run or any("train_s" not in g for g in got):
         held = peak_so_far()
         peak = held + max(4 * g["wbytes"] + g["per"] * g["bs"] + g["data_bytes"] for g in got)
         note = COUNTED if not time_run else "not timed: " + "; ".join(g["note"] for g in got if "train_s" not in g)
-        return plan(_fits(free, held, per), peak_bytes=peak, notes=(note, PLATEAU))
+        return plan(_fits(free, held, per), peak_bytes=peak, notes=(note, PLATEAU), dtype=big["dtype"])
     parts: list[tuple[str, float | None]] = [(f"{FIXED} and imports (measured)", ready[0])]
     for g in got:
         parts.append((f"{g['name']}: training, {g['steps']:,} steps x {g['runs']} cell(s)", g["train_s"]))
@@ -765,7 +709,9 @@ def _suite_plan(
         "time = since the process started + per model one training step timed x the steps of its cells "
         "+ the rest timed once; peak = measured while they ran"
     )
-    return plan(_fits(free, peak, per), parts=tuple(parts), peak_bytes=int(peak), notes=(note, PLATEAU))
+    return plan(
+        _fits(free, peak, per), parts=tuple(parts), peak_bytes=int(peak), notes=(note, PLATEAU), dtype=big["dtype"]
+    )
 
 
 # ----------------------------------------------------------------------------- sweep --dry-run / --plan
@@ -820,13 +766,7 @@ def _alignment_plan(cfg: Any, fam: Any, width: float, budget: int, timed_run: bo
     except (WidthscopeError, OSError) as exc:
         return f"data not read ({str(exc)[:200]}): not counted"
     build = functools.partial(models.build, fam.model, width, **fill_model_options(fam, split))
-    try:
-        with torch.device("meta"):
-            model = build()
-    except (RuntimeError, NotImplementedError):  # an init the meta device cannot run: these models are small
-        model = build()
     opts = cell_options(cfg, {"family": fam.name, "seed": 0})
-    names = resolve_points(model, fam.points or None)
     shapes: dict[str, torch.Size] = {}  # each point's output
 
     def seen(name: str) -> Callable[..., None]:
@@ -835,8 +775,8 @@ def _alignment_plan(cfg: Any, fam: Any, width: float, budget: int, timed_run: bo
 
         return hook
 
-    def count() -> int:  # the probe's forward (per-example losses, the points on the path): what its backward keeps
-        where = next(model.parameters()).device
+    def count(model: nn.Module) -> int:  # the probe's forward (per-example losses, the points on its path)
+        where, names = next(model.parameters()).device, resolve_points(model, fam.points or None)
 
         def batch(n: int) -> Any:
             X, y = split.train[0][:n].to(where), split.train[1][:n].to(where)
@@ -849,14 +789,14 @@ def _alignment_plan(cfg: Any, fam: Any, width: float, budget: int, timed_run: bo
             for h in hooks:
                 h.remove()
 
-    try:
-        per = count()
-    except (RuntimeError, NotImplementedError, WidthscopeError):  # a forward the meta device cannot run
-        if next(model.parameters()).device.type != "meta":
-            raise
+    try:  # on the meta device where the model's init and forward run there
+        with torch.device("meta"):
+            model = build()
+        per = count(model)
+    except (RuntimeError, NotImplementedError, WidthscopeError):  # these models are small: built for real
         torch.manual_seed(0)
         model = build()
-        per = count()
+        per = count(model)
     dims = 0
     for shape in shapes.values():
         z = torch.empty(shape, device="meta")
@@ -864,20 +804,11 @@ def _alignment_plan(cfg: Any, fam: Any, width: float, budget: int, timed_run: bo
     conditions = sum(len(probe_lengths(fam, c)) for c in probe_conditions(fam))
     examples = (fam.n_probe_train + fam.n_probe_test) * conditions
     params, wbytes = weights(model)
-    samples = 8 * dims * examples
-    free, _ = device_memory(cfg.device)
-    return Plan(
-        "sweep",
-        f"{fam.name} @ {width}",
-        params,
-        wbytes,
-        per,
-        fam.probe_batch_size,
-        _fits(free, wbytes + samples, per),
-        parts=(("one cell", _alignment_time(cfg, fam, split, build, opts, budget)),) if timed_run else (),
-        dtype=_dt(model),
-        examples=examples,
-        sample_bytes=samples,
+    samples, free = 8 * dims * examples, device_memory(cfg.device)[0]
+    parts = (("one cell", _alignment_time(cfg, fam, split, build, opts, budget)),) if timed_run else ()
+    plan = functools.partial(Plan, "sweep", f"{fam.name} @ {width}", params, wbytes, per, fam.probe_batch_size)
+    return plan(
+        _fits(free, wbytes + samples, per), parts=parts, dtype=_dt(model), examples=examples, sample_bytes=samples
     )
 
 
@@ -947,19 +878,15 @@ def plan_suite_models(
     groups: dict[tuple[str, str], list[tuple[Any, Any]]] = {}
     for c in cells:
         where = directory(c)
-        cfg_file = where / "config.json" if where is not None else None
-        key = (
-            hashlib.sha256(cfg_file.read_bytes()).hexdigest()
-            if cfg_file is not None and cfg_file.is_file()
-            else f"missing {c['model']} {c['revision']}"
-        )
+        found = where is not None and (where / "config.json").is_file()
+        key = hashlib.sha256((where / "config.json").read_bytes()).hexdigest() if found else f"missing {c['revision']}"
         groups.setdefault((c["model"], key), []).append((c, where))
     run = CertifyRunOptions(batch_size=cfg.batch_size, device=cfg.device)
     out = []
     for (model, key), these in groups.items():
         (cell, where), left = these[0], sum(1 for c, _ in these if not done(c))
         label = f"{model} @ {', '.join(sorted({str(c['revision'] or 'default') for c, _ in these}))}"
-        if where is None or key.startswith("missing"):
+        if key.startswith("missing"):
             out.append(CellPlan(label, len(these), left, note="not cached: not counted"))
             continue
         # the local snapshot itself: no hub call, and the revision's own files
