@@ -256,19 +256,10 @@ def _interventions(opts: Any) -> tuple[int, int]:
 
 def time_statistics(options: Any, n: tuple[int, int], d: int, rows: int) -> float:
     """Seconds of one point's statistics on random samples of ``n`` (train, held-out) x ``rows`` rows of width ``d``."""
-    return _statistics(options, n, d, rows)[0]
-
-
-def _statistics(options: Any, n: tuple[int, int], d: int, rows: int) -> tuple[float, int, int]:
-    """(seconds, peak RSS while they ran, the bytes of their samples) of one point's statistics."""
     g = torch.Generator().manual_seed(0)
-    width = options.project or d
-    a = {"p": torch.randn(n[0] * rows, width, generator=g, dtype=torch.float64)}
-    b = {"p": torch.randn(n[1] * rows, width, generator=g, dtype=torch.float64)}
+    a, b = ({"p": torch.randn(k * rows, options.project or d, generator=g, dtype=torch.float64)} for k in n)
     keys = ("pairs", "draws", "seed", "estimator", "pool", "project", "draw_scheme")
-    with RssPeak() as peak:
-        t = seconds(lambda: statistics(a, b, **{k: getattr(options, k) for k in keys}, dims={"p": d}))
-    return t, peak.peak, _nbytes([a["p"], b["p"]])
+    return seconds(lambda: statistics(a, b, **{k: getattr(options, k) for k in keys}, dims={"p": d}))
 
 
 # ----------------------------------------------------------------------------- certify --plan
@@ -323,7 +314,9 @@ def plan_certify(spec: Any, options: Any = None, run_options: Any = None, *, tim
     samples = int(per_row * sum(n))
     width = {p: int(v.shape[-1]) for p, v in probed.items()}
     point_rows = max(1, round(per_row / 8 / max(1, sum(width.values()))))
-    stats_s, stats_peak, one_point = _statistics(options, (n[0], n[1]), max(width.values()), point_rows)
+    with RssPeak() as stats_peak:  # one point's samples: float64, of the width the statistics see
+        stats_s = time_statistics(options, (n[0], n[1]), max(width.values()), point_rows)
+    one_point = 8 * sum(n) * point_rows * (options.project or max(width.values()))
     parts = [(READY, ready[0]), (f"probe: one batch of {bs} x {batches} batches", batch_s * (sum(n) + 1) / bs)]
     parts.append((f"statistics: one point x {len(names)}", stats_s * len(names)))
     steps, k_max = _interventions(options)
@@ -340,7 +333,7 @@ def plan_certify(spec: Any, options: Any = None, run_options: Any = None, *, tim
     )
     if spec.model == "builtin":
         notes.append("the built-in model's training is in the fixed part (the plan trains it as the run does)")
-    peak = int(max(ready[1], probe_peak.peak + samples, stats_peak + samples - one_point))
+    peak = int(max(ready[1], probe_peak.peak + samples, stats_peak.peak + samples - one_point))
     return plan(
         _fits(free, probe_peak.peak + samples, per),
         parts=tuple(parts),
@@ -561,7 +554,6 @@ def _bench_model(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
     points = list(model.widthscope_points)  # type: ignore[arg-type]
     bs = min(int(cell["batch_size"]), batch_size_of(train))
     params, wbytes = weights(model)
-
     lr = float(cell["continue_lrs"][0])
 
     def loop(k: int, data: Any = train, size: int = bs) -> None:
@@ -694,12 +686,12 @@ def _suite_plan(
         counts.append((g["name"], f"{row} x {g['runs']} cell(s)" + (f"; {g['note']}" if g.get("note") else "")))
     per, bs = max(g["per"] for g in got), max(g["bs"] for g in got)
     counts.append(memory)
-    plan = functools.partial(Plan, command, what, big["params"], big["wbytes"], per, bs, counts=tuple(counts))
+    plan = functools.partial(Plan, command, what, big["params"], big["wbytes"], per, bs, dtype=big["dtype"])
     if not time_run or any("train_s" not in g for g in got):
         held = peak_so_far()
         peak = held + max(4 * g["wbytes"] + g["per"] * g["bs"] + g["data_bytes"] for g in got)
         note = COUNTED if not time_run else "not timed: " + "; ".join(g["note"] for g in got if "train_s" not in g)
-        return plan(_fits(free, held, per), peak_bytes=peak, notes=(note, PLATEAU), dtype=big["dtype"])
+        return plan(_fits(free, held, per), peak_bytes=peak, notes=(note, PLATEAU), counts=tuple(counts))
     parts: list[tuple[str, float | None]] = [(f"{FIXED} and imports (measured)", ready[0])]
     for g in got:
         parts.append((f"{g['name']}: training, {g['steps']:,} steps x {g['runs']} cell(s)", g["train_s"]))
@@ -710,7 +702,7 @@ def _suite_plan(
         "+ the rest timed once; peak = measured while they ran"
     )
     return plan(
-        _fits(free, peak, per), parts=tuple(parts), peak_bytes=int(peak), notes=(note, PLATEAU), dtype=big["dtype"]
+        _fits(free, peak, per), counts=tuple(counts), parts=tuple(parts), peak_bytes=int(peak), notes=(note, PLATEAU)
     )
 
 
@@ -755,9 +747,8 @@ def plan_alignment(cfg: Any, cells: Any, done: Callable[[Any], bool], *, timed_r
 
 
 def _alignment_plan(cfg: Any, fam: Any, width: float, budget: int, timed_run: bool) -> Plan | str:
-    """One cell of an alignment family at ``width`` (a note where it cannot be counted): the model
-    built on the meta device where it can be (weights; the probe's saved bytes per example and its
-    points' widths, counted); with ``timed_run`` :func:`_alignment_time`."""
+    """One cell of an alignment family at ``width`` counted on the meta device where the model runs there
+    (a note where it cannot be counted); with ``timed_run`` :func:`_alignment_time`."""
     from .sweeps.cell import cell_options  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
     from .sweeps.pools import fill_model_options, load_split, probe_conditions, probe_lengths  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
 
