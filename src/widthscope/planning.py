@@ -264,9 +264,8 @@ def time_statistics(options: Any, n: tuple[int, int], d: int, rows: int) -> floa
 
 # ----------------------------------------------------------------------------- certify --plan
 def plan_certify(spec: Any, options: Any = None, run_options: Any = None, *, time_run: bool = True) -> Plan:
-    """The plan of ``widthscope certify``: the model (without ``time_run`` a checkpoint on the meta device)
-    and the data loaded as the run loads them; one probed batch, one point's statistics and one
-    intervention forward timed and scaled to the run."""
+    """The plan of ``widthscope certify``: the model (meta device without ``time_run``) and data loaded as the run
+    does; one probed batch, one point's statistics and one intervention forward timed and scaled to the run."""
     options, run_options = options or CertifyOptions(), run_options or CertifyRunOptions()
     device = run_device(run_options.device)
     meta = None if time_run else meta_checkpoint(spec.model, spec.revision, spec.task, spec.dtype)
@@ -355,9 +354,8 @@ def plan_grow(
     time_run: bool = True,
     **keywords: Any,
 ) -> Plan:
-    """The plan of ``run_grow(spec, options, n_train=, n_test=, dtype=)``: the model and the data
-    loaded as the run loads them; timed: the ranking on pools of ``(M, K)``, ``(2M, K)``, ``(M, 2K)``
-    examples extrapolated to the run's, one block's training loop and one evaluation batch, scaled."""
+    """The plan of ``run_grow(spec, options, n_train=, n_test=, dtype=)``: the ranking timed on pools of ``(M, K)``,
+    ``(2M, K)``, ``(M, 2K)`` and extrapolated, one block's training loop and one evaluation batch timed and scaled."""
     opts = with_keywords("plan_grow", options, GrowOptions, keywords)
     base_s: float | None = None
     if spec is None:
@@ -465,9 +463,8 @@ def plan_grow(
 
 # ----------------------------------------------------------------------------- linearize --plan
 def plan_linearize(config: Any, *, time_run: bool = True) -> Plan:
-    """The plan of ``widthscope linearize`` (every cell, no shard): the data loaded as the run loads it;
-    the widest network's weights and the bytes a training step saves per example, twice (the network
-    and its linearization); with ``time_run`` one whole cell run per width, times that width's cells."""
+    """The plan of ``widthscope linearize`` (every cell): the widest network counted twice (it and its
+    linearization); with ``time_run`` one whole cell run per width, times that width's cells."""
     from .linearization.config import build_mlp, make_cells, validate_config  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
     from .linearization.run import cell_inputs, run_cell  # noqa: PLC0415  start-up time: each command loads only its own pipeline
 
@@ -804,10 +801,9 @@ def _alignment_plan(cfg: Any, fam: Any, width: float, budget: int, timed_run: bo
 
 
 def _alignment_time(cfg: Any, fam: Any, split: Any, build: Callable[[], nn.Module], opts: Any, budget: int) -> float:
-    """One cell's seconds on a model built for real on ``[sweep].device``, as the cell spends them:
-    one training step x steps; per probe condition and length one probed batch x the pools' batches
-    and each point's statistics (timed once per sample shape); one forward per example x the
-    interventions' example-forwards; with a ``monitor`` table one monitor probe x its steps."""
+    """One cell's seconds on ``[sweep].device``: a training step x steps; per probe condition and length a probed
+    batch x the pools' batches and each point's statistics (once per sample shape); a forward per example x the
+    interventions' example-forwards; with a ``monitor`` table a monitor probe x its steps."""
     from .sweeps.cell import cell_monitor  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
     from .sweeps.config import LM_DATASETS  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
     from .sweeps.pools import pool_batches, probe_conditions, probe_lengths, probe_pools  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
@@ -863,9 +859,8 @@ def _alignment_time(cfg: Any, fam: Any, split: Any, build: Callable[[], nn.Modul
 def plan_suite_models(
     cfg: Any, cells: Any, done: Callable[[Any], bool], directory: Callable[[Any], Any], *, timed_run: bool = False
 ) -> list[CellPlan]:
-    """One :class:`CellPlan` per distinct checkpoint architecture of a suite's ``cells`` (keyed by its
-    ``config.json``; ``directory``: a cell's local snapshot, None when not cached): one cell's
-    :func:`plan_certify` (``timed_run``: the weights loaded and a batch timed)."""
+    """One :class:`CellPlan` per distinct ``config.json`` of a suite's ``cells`` (``directory``: a cell's local
+    snapshot or None): one cell's :func:`plan_certify` (``timed_run``: the weights loaded, a batch timed)."""
     groups: dict[tuple[str, str], list[tuple[Any, Any]]] = {}
     for c in cells:
         where = directory(c)
