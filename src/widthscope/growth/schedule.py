@@ -1,10 +1,5 @@
-r"""When to grow: at fixed fractions of a compute budget, or when a signal says so.
-
-A :class:`Schedule` (``fixed``, ``plateau``, ``certificate``: ``B_exact`` of the bias step reaches
-``threshold``, or ``misalignment``) is read at every evaluation (:meth:`Schedule.due`); signals never
-fire before ``earliest`` and are forced at ``latest``. :func:`choose_points` picks where to grow;
-:func:`growth_pays` says from the small model's loss curve whether growing pays at a budget.
-Details: docs/growth.md.
+r"""When to grow (:class:`Schedule`: at fixed fractions of the budget, or when a signal fires), where
+(:func:`choose_points`), and whether it pays (:func:`growth_pays`). Details: docs/growth.md.
 
 Example::
 
@@ -36,8 +31,9 @@ KINDS = ("fixed", "plateau", "certificate", "misalignment")
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:
-    """When to grow (see the module docstring). ``name`` labels the rows (default the kind and its
-    numbers)."""
+    """When to grow: ``fixed`` at ``fractions`` of the budget; ``plateau``, ``certificate``
+    (``B_exact`` of the bias step) or ``misalignment`` when the signal reaches ``threshold``, never
+    before ``earliest`` and forced at ``latest``."""
 
     kind: str
     fractions: tuple[float, ...] = ()
@@ -87,9 +83,8 @@ class Schedule:
         history: Sequence[float],
         measure: Callable[[], float] | None = None,
     ) -> bool:
-        """Whether growth ``stage`` (0-based) is due now: ``fraction`` of the budget spent, held-out
-        losses ``history`` since the last growth (or the start), ``measure()`` the signal value
-        (certificate ``B_exact`` or misalignment probability; called only when needed)."""
+        """Whether growth ``stage`` (0-based) is due at ``fraction`` of the budget, given the held-out
+        losses ``history`` since the last growth; ``measure()`` gives the signal, called only if needed."""
         if stage >= self.stages:
             return False
         if self.kind == "fixed":
@@ -114,9 +109,8 @@ class Schedule:
 def alignment_signal(
     model: nn.Module, point: str, train: Any, test: Any, *, kind: str, M: int, K: int, seed: int = 0
 ) -> float:
-    """The signal value at ``point``: ``B_exact`` of the bias-step certificate (``kind="certificate"``)
-    or the misalignment probability (``"misalignment"``), from the position-pooled activation
-    gradients of ``train`` (``M`` used) and held-out ``test`` (``K`` used) examples."""
+    """``B_exact`` of the bias-step certificate (``kind="certificate"``) or the misalignment
+    probability at ``point``, from position-pooled activation gradients of ``train`` and ``test``."""
     was = model.training
     model.eval()
     try:
@@ -146,10 +140,8 @@ def choose_points(
     K: int = 32,
     eta: float = 1e-3,
 ) -> list[str]:
-    """Where to grow: the ``k`` points of ``points`` that ``criterion`` ranks highest (the default is
-    unvalidated: docs/interventions.md §5)
-    (:data:`widthscope.probe.growth.CRITERIA`, the criteria of ``widthscope grow``; ties keep the
-    order of ``points``), from ``train`` and held-out ``test`` examples."""
+    """The ``k`` points of ``points`` that ``criterion`` (:data:`widthscope.probe.growth.CRITERIA`)
+    ranks highest; ties keep the order of ``points``."""
     if criterion not in CRITERIA:
         raise WidthscopeError(f"choose_points(criterion={criterion!r}): choose one of {', '.join(CRITERIA)}")
     if not 1 <= k <= len(points):
@@ -165,7 +157,6 @@ def choose_points(
     return [points[i] for i in order[:k]]
 
 
-# the benchmark's schedules (grow.target): fixed points, a two-stage growth and the two signals
 SCHEDULES: dict[str, Schedule] = {
     s.name: s
     for s in (
@@ -181,11 +172,9 @@ SCHEDULES: dict[str, Schedule] = {
 
 
 def growth_pays(curve: Sequence[Sequence[float]], budget: float, target: float) -> dict[str, Any]:
-    """From the small model's held-out ``curve`` so far (``[(FLOPs, loss), ...]``): will it reach
-    ``target`` by ``budget`` FLOPs if continued alone? Fits ``loss ≈ E + A · C^(-alpha)`` by least
-    squares (points with ``C > 0``; ``E, A ≥ 0``; ``alpha`` on a grid in [0.02, 3], refined once) and
-    extrapolates. ``decision``: ``"grow"`` where the fitted curve stays above ``target`` at ``budget``
-    (or its floor ``E`` is above it), ``"continue"`` where the small model is predicted to get there first.
+    """Will the small model's held-out ``curve`` (``[(FLOPs, loss), ...]``) reach ``target`` by
+    ``budget`` if continued alone? Fits ``loss ≈ E + A · C^(-alpha)`` (``E, A ≥ 0``, ``alpha`` on a
+    grid, refined once) and says ``"grow"`` if the fit stays above ``target`` at ``budget``, else ``"continue"``.
 
     >>> curve = [[c, 2.0 + 3.0 * c**-0.5] for c in (1, 2, 4, 8)]
     >>> growth_pays(curve, 100.0, 2.2)["decision"], growth_pays(curve, 1000.0, 2.2)["decision"]
@@ -211,7 +200,6 @@ def growth_pays(curve: Sequence[Sequence[float]], budget: float, target: float) 
     def fit(alpha: float) -> tuple[float, float, float]:
         x = c**-alpha
         (E, A), *_ = np.linalg.lstsq(np.stack([np.ones_like(x), x], 1), y, rcond=None)
-        # the free solution if feasible, else the two boundary fits
         fits = (
             [(float(E), float(A))]
             if E >= 0 and A >= 0
