@@ -143,23 +143,8 @@ def _run_cell(cell: Mapping[str, Any], show: bool) -> list[dict[str, Any]]:
     lrs, clrs, bseeds = tuple(cell["block_lrs"]), tuple(cell["continue_lrs"]), tuple(cell["block_seeds"])
     long = int(cell["long"])
     t_base = time.perf_counter() - t0
-    crit = [
-        point_criteria(
-            model,
-            p,
-            probe,
-            sp["rank"],
-            M=M,
-            K=K,
-            eta=float(lrs[len(lrs) // 2]),
-            block_seed=bseeds[0],
-            hidden=None,
-            batch_size=64,
-            gradmax_k=8,
-            keep_gradmax_rows=True,
-        )
-        for p in points
-    ]
+    kw = dict(eta=float(lrs[len(lrs) // 2]), block_seed=bseeds[0], hidden=None, batch_size=64, gradmax_k=8)
+    crit = [point_criteria(model, p, probe, sp["rank"], M=M, K=K, keep_gradmax_rows=True, **kw) for p in points]
     t_crit = time.perf_counter() - t0 - t_base
     before = {k: mean_loss(model, d) for k, d in sp.items()}
     trainable(model)

@@ -173,10 +173,7 @@ class Grower:
 
 
 def _hf_class() -> type:
-    try:
-        from transformers import TrainerCallback  # optional: the Hugging Face extra
-    except ImportError as exc:  # pragma: no cover - transformers is a core dependency
-        raise WidthscopeError("GrowthCallback needs transformers: pip install 'widthscope[hf]'") from exc
+    from transformers import TrainerCallback  # heavy: imported when the class is first asked for
 
     class GrowthCallback(TrainerCallback, Grower):  # type: ignore[misc, valid-type]
         """Grows the Trainer's model after an optimizer step (``on_step_end``)."""

@@ -120,22 +120,11 @@ TARGET_SUITES: dict[str, dict[str, Any]] = {
     },
 }
 TARGET_SEEDS = {"full": (0, 1, 2, 3, 4), "short": (0, 1, 2, 3, 4), "quick": (0, 1)}
+_ENDS = ("", "_lo", "_hi")
 COLUMNS = (
-    "run",
-    "reached",
-    "seeds",
-    "speedup",
-    "speedup_lo",
-    "speedup_hi",
-    "vs_continue",
-    "vs_continue_lo",
-    "vs_continue_hi",
-    "reached_before_growth",
-    "grown_at",
-    "forced",
-    "final_loss",
-    "verdict",
-    "verdict_continue",
+    *("run", "reached", "seeds"),
+    *(f"{name}{end}" for name in ("speedup", "vs_continue") for end in _ENDS),
+    *("reached_before_growth", "grown_at", "forced", "final_loss", "verdict", "verdict_continue"),
 )
 
 
@@ -321,11 +310,10 @@ class CellContext:
 def start_run(ctx: CellContext, model: nn.Module, seed: int, horizon: float) -> _Run:
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=ctx.cell["lr"], weight_decay=0.0)
-    run = _Run(model, opt, torch.Generator().manual_seed(int(seed)), horizon=horizon)
     loss = ctx.eval_loss(model)
-    run.curve.append([0.0, loss])
-    run.history.append(loss)
-    return run
+    return _Run(
+        model, opt, torch.Generator().manual_seed(int(seed)), curve=[[0.0, loss]], history=[loss], horizon=horizon
+    )
 
 
 def train_until(
@@ -498,25 +486,13 @@ def _grown_run(ctx: CellContext, op: str, sched: Schedule, start: tuple[_Run, di
     return run
 
 
-def _row(
-    ctx: CellContext,
-    label: str,
-    run: _Run,
-    target: float,
-    ref: float | None,
-    t0: float,
-    small: str | None = None,
-    operator: str | None = None,
-    schedule: str | None = None,
-) -> dict[str, Any]:
-    reach = reach_flops(run.curve, target)
+def _row(ctx: CellContext, r: _Run, target: float, ref: float | None, t0: float, **labels: Any) -> dict[str, Any]:
+    """The result row of run ``r``, labelled by ``run`` (and ``small``, ``operator``, ``schedule``)."""
+    reach = reach_flops(r.curve, target)
     cap = float(ctx.cell["cap"]) * ctx.budget
     return {
         "kind": "grow_target",
-        "run": label,
-        "small": small,
-        "operator": operator,
-        "schedule": schedule,
+        **{k: labels.get(k) for k in ("run", "small", "operator", "schedule")},
         "target_loss": target,
         "budget_flops": ctx.budget,
         "cap_flops": cap,
@@ -524,15 +500,15 @@ def _row(
         "reach_flops": reach,
         # censored: the speed-up is at most F_scratch / (cap · B), entered at that bound
         "speedup": None if ref is None else ref / (reach if reach is not None else cap),
-        "final_loss": run.curve[-1][1],
-        "flops": run.flops,
-        "signal_flops": run.signal_flops,
-        "steps": run.step,
-        "parameters": sum(p.numel() for p in run.model.parameters()),
-        "events": run.events,
-        "grown_at": run.events[0]["fraction"] if run.events else None,
-        "forced": any(e.get("forced") for e in run.events),
-        "curve": run.curve,
+        "final_loss": r.curve[-1][1],
+        "flops": r.flops,
+        "signal_flops": r.signal_flops,
+        "steps": r.step,
+        "parameters": sum(p.numel() for p in r.model.parameters()),
+        "events": r.events,
+        "grown_at": r.events[0]["fraction"] if r.events else None,
+        "forced": any(e.get("forced") for e in r.events),
+        "curve": r.curve,
         "seconds": time.perf_counter() - t0,
     }
 
@@ -568,7 +544,7 @@ def _cell_rows(cell: Mapping[str, Any]) -> list[dict[str, Any]]:
         "tokens_per_param": steps * int(cell["batch_size"]) * int(cell["seq_len"]) / params,
         "target_se": float(final.std() / math.sqrt(len(final))) if len(final) > 1 else None,
     }
-    rows = [_row(ctx, "scratch", scratch, target, ref, t0)]
+    rows = [_row(ctx, scratch, target, ref, t0, run="scratch")]
     schedules = [SCHEDULES[s] for s in cell["schedules"]]
     for kind in ("depth", "width"):
         ops = [o for o in cell["operators"] if OPERATORS[o] == kind]
@@ -576,12 +552,13 @@ def _cell_rows(cell: Mapping[str, Any]) -> list[dict[str, Any]]:
             continue
         t1 = time.perf_counter()
         cont, snaps = _small_prefix(ctx, kind, schedules)
-        rows.append(_row(ctx, f"continue-{kind}", cont, target, ref, t1, small=kind))
+        rows.append(_row(ctx, cont, target, ref, t1, run=f"continue-{kind}", small=kind))
         for op in ops:
             for s in schedules:
                 t1 = time.perf_counter()
                 run = _grown_run(ctx, op, s, snaps[s.name], target)
-                rows.append(_row(ctx, f"{op}/{s.name}", run, target, ref, t1, kind, op, s.name))
+                labels = dict(run=f"{op}/{s.name}", small=kind, operator=op, schedule=s.name)
+                rows.append(_row(ctx, run, target, ref, t1, **labels))
     for r in rows:
         r.update(budget, seconds_cell=time.perf_counter() - t0)
     return rows

@@ -99,7 +99,7 @@ def compare(rows: Sequence[Mapping[str, Any]], *, threshold: float = SPEEDUP) ->
     table = []
     for width, steps, label in sorted(by, key=order):
         rs = sorted(by[(width, steps, label)], key=lambda r: int(r["seed"]))
-        s = [float(r["speedup"]) for r in rs if r.get("speedup") is not None and float(r["speedup"]) > 0]
+        s = [float(r["speedup"]) for r in rs if _positive(r.get("speedup"))]
         test = seed_test([math.log(v) for v in s], (math.log(threshold), math.inf))
         grown = [float(r["grown_at"]) for r in rs if r.get("grown_at") is not None]
         first = rs[0]
@@ -130,20 +130,14 @@ def compare(rows: Sequence[Mapping[str, Any]], *, threshold: float = SPEEDUP) ->
         cont = by.get((width, steps, f"continue-{t['small']}"), []) if t["operator"] else []
         paired = {int(r["seed"]): r.get("speedup") for r in cont}
         pairs = [(r.get("speedup"), paired.get(int(r["seed"]))) for r in by[(width, steps, label)]]
-        logs = [
-            math.log(float(a) / float(b))
-            for a, b in pairs
-            if a is not None and b is not None and float(a) > 0 and float(b) > 0
-        ]
+        logs = [math.log(float(a) / float(b)) for a, b in pairs if _positive(a) and _positive(b)]
         test = seed_test(logs, (0.0, math.inf))
         t.update(_geometric(test, "vs_continue"), p_continue=test["p"], direction_continue=test["direction"])
         if label.startswith("continue-"):
             t.update(_crossovers(rs, {int(r["seed"]): r for r in by.get((width, steps, "scratch"), [])}))
-        table.append(t)
-    # a growth label whose every seed reached the target before growing measured the small model only
-    for t in table:
-        if t.get("operator") and t["seeds"] and t["reached_before_growth"] == t["seeds"]:
+        if t["operator"] and t["reached_before_growth"] == t["seeds"]:  # measured the small model only
             t["verdict"] = "reached before growing"
+        table.append(t)
     tests = [(t, "") for t in table if t["run"] != "scratch" and t["p"] is not None and "verdict" not in t]
     tests += [(t, "_continue") for t in table if t.get("p_continue") is not None and "verdict" not in t]
     for (t, family), adj in zip(tests, holm([t["p" + family] for t, family in tests])):
@@ -161,6 +155,10 @@ def _geometric(test: Mapping[str, Any], name: str) -> dict[str, float | None]:
     """``name``, ``name_lo``, ``name_hi``: the mean of a :func:`seed_test` on logs and its interval, exponentiated."""
     ends = (("", "measured"), ("_lo", "low"), ("_hi", "high"))
     return {name + tail: None if test[k] is None else math.exp(test[k]) for tail, k in ends}
+
+
+def _positive(x: Any) -> bool:
+    return x is not None and float(x) > 0
 
 
 def _mean(values: Sequence[Any]) -> float | None:
