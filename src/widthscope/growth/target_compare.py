@@ -129,7 +129,9 @@ def compare(rows: Sequence[Mapping[str, Any]], *, threshold: float = SPEEDUP) ->
         # a growth label against its small model continued alone, paired by seed: F_continue / F_growth
         cont = by.get((width, steps, f"continue-{t['small']}"), []) if t["operator"] else []
         paired = {int(r["seed"]): r.get("speedup") for r in cont}
-        pairs = [(r.get("speedup"), paired.get(int(r["seed"]))) for r in by[(width, steps, label)]]
+        pairs: list[tuple[Any, Any]] = [
+            (r.get("speedup"), paired.get(int(r["seed"]))) for r in by[(width, steps, label)]
+        ]
         logs = [math.log(float(a) / float(b)) for a, b in pairs if _positive(a) and _positive(b)]
         test = seed_test(logs, (0.0, math.inf))
         t.update(_geometric(test, "vs_continue"), p_continue=test["p"], direction_continue=test["direction"])
