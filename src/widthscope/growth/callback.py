@@ -141,7 +141,7 @@ class Grower:
             return False
         return step == self.grow_at_step if self.when is None else bool(self.when(step))
 
-    def grow(self, model: nn.Module, optimizer: Any, scheduler: Any, step: int) -> dict[str, Any]:
+    def grow(self, model: Any, optimizer: Any, scheduler: Any, step: int) -> dict[str, Any]:
         """Grow ``model`` in place and update ``optimizer`` and ``scheduler``."""
         if model is None or optimizer is None:
             raise WidthscopeError("growth: the callback got no model or no optimizer at the growth step")
@@ -178,20 +178,11 @@ def _hf_class() -> type:
     class GrowthCallback(TrainerCallback, Grower):  # type: ignore[misc, valid-type]
         """Grows the Trainer's model after an optimizer step (``on_step_end``)."""
 
-        def on_step_end(
-            self,
-            args: Any,
-            state: Any,
-            control: Any,
-            model: Any = None,
-            optimizer: Any = None,
-            lr_scheduler: Any = None,
-            **kw: Any,
-        ) -> Any:
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
             if self.due(int(state.global_step)):
                 if getattr(args, "fsdp", None) or getattr(args, "deepspeed", None):
                     raise WidthscopeError("GrowthCallback cannot grow a model sharded by FSDP or DeepSpeed")
-                self.grow(model, optimizer, lr_scheduler, int(state.global_step))
+                self.grow(kw.get("model"), kw.get("optimizer"), kw.get("lr_scheduler"), int(state.global_step))
             return control
 
     return GrowthCallback

@@ -98,6 +98,9 @@ def rank_points(
     names = resolve_points(model, opts.points)
     S_a = collect(model, to_batches(train, batch_size), points=names, loss_fn=loss_fn, progress=show_progress)
     S_b = collect(model, to_batches(test, batch_size), points=names, loss_fn=loss_fn, progress=show_progress)
+    block: dict[str, Any] = dict(
+        hidden=opts.block_width, block_seed=opts.seed, loss_fn=loss_fn, batch_size=batch_size, deltas=DELTAS
+    )
     rows = []
     for p in names:
         c = certificate(S_a[p], S_b[p], M=M, K=K)
@@ -120,20 +123,7 @@ def rank_points(
         row.update(criterion=criterion, score=row["predicted_gain"], p_improve=p_improve)
         needed = [row[f"MK_exact_{d:g}"] for d in DELTAS]
         if criterion != "bias":
-            pc = point_criteria(
-                model,
-                p,
-                train,
-                test,
-                M=M,
-                K=K,
-                eta=eta,
-                hidden=opts.block_width,
-                block_seed=opts.seed,
-                loss_fn=loss_fn,
-                batch_size=batch_size,
-                deltas=DELTAS,
-            )
+            pc = point_criteria(model, p, train, test, M=M, K=K, eta=eta, **block)
             row.update({k: v for k, v in pc.items() if k.startswith(("block_", "gradmax", "certified", "ls_"))})
             row.update(score=pc[CRITERIA[criterion]], p_improve=pc["p_improve"])
             needed = [pc[f"block_MK_exact_{d:g}"] for d in DELTAS]
@@ -220,21 +210,14 @@ def grow(
     common = {"criterion": opts.criterion, "M": M, "K": K, "n_eval": n_eval}
     fit: dict[str, Any] = dict(lr=opts.lr, batch_size=opts.batch_size, seed=opts.seed, loss_fn=loss_fn)
     fit.update(show_progress=progress)
+    probes = dict(
+        probe_train=take(pools.probe_train, min(M, pools.n_train)),
+        probe_test=index_batch(pools.rank_test, slice(0, min(K, pools.n_rank))),
+    )
+    block: dict[str, Any] = dict(steps=opts.steps, block_width=opts.block_width, train_all=opts.train_all, **probes)
     growth = []
     for role, cand in chosen_points(cands, opts):
-        _, res = grow_at(
-            model,
-            cand["point"],
-            train,
-            pools.evaluate,
-            probe_train=take(pools.probe_train, min(M, pools.n_train)),
-            probe_test=index_batch(pools.rank_test, slice(0, min(K, pools.n_rank))),
-            steps=opts.steps,
-            block_width=opts.block_width,
-            width=cand["width"],
-            train_all=opts.train_all,
-            **fit,
-        )
+        _, res = grow_at(model, cand["point"], train, pools.evaluate, width=cand["width"], **block, **fit)
         keys = ("rank", "predicted_gain", "d_align", "score", "p_improve", "b_exact", "b_align")
         growth.append({"kind": "growth", "role": role, **{k: cand[k] for k in keys}, **common, **res})
     if opts.compare:
