@@ -93,14 +93,13 @@ def add_to_optimizer(
     new: dict[int, list[nn.Parameter]] = {}
     for p in model.parameters():
         if p.requires_grad and id(p) not in have:
-            q = origin.get(id(p))
-            new.setdefault(group_of.get(id(q), 0) if q is not None else 0, []).append(p)
+            new.setdefault(group_of.get(id(origin.get(id(p))), 0), []).append(p)
     sched = _unwrap(scheduler, "scheduler", torch.optim.lr_scheduler.LRScheduler)
     for k in sorted(new):
         settings = {key: v for key, v in opt.param_groups[k].items() if key != "params"}
         opt.add_param_group({**settings, "params": new[k]})
         for attr in ("base_lrs", "lr_lambdas", "_last_lr"):
-            values = getattr(sched, attr, None) if sched is not None else None
+            values = getattr(sched, attr, None)
             if isinstance(values, list) and len(values) == len(opt.param_groups) - 1:
                 values.append(values[k])
     return sum(p.numel() for ps in new.values() for p in ps)
@@ -133,7 +132,7 @@ class Grower:
                 )
             _args.integer(fn, f"target_{axis}", size, lo=1)
         self.grow_at_step, self.operator, self.when, self.seed = grow_at_step, operator, when, int(seed)
-        self.target_depth, self.target_width = target_depth, target_width
+        self.size = target_depth if target_depth is not None else target_width
         self.events: list[dict[str, Any]] = []
 
     def due(self, step: int) -> bool:
@@ -150,9 +149,8 @@ class Grower:
         if callable(self.operator):
             g = self.operator(model)
         else:
-            size = self.target_depth if self.target_depth is not None else self.target_width
             cell = {"width": getattr(cfg, "hidden_size", None)}
-            g = GROWTH_OPERATORS.get(self.operator)(model, size, cell=cell, seed=self.seed)
+            g = GROWTH_OPERATORS.get(self.operator)(model, self.size, cell=cell, seed=self.seed)
         if not isinstance(g, Growth):
             raise WidthscopeError(f"growth: the operator returned a {type(g).__name__}, not a Growth")
         if getattr(model, "training", False):

@@ -42,7 +42,6 @@ class Schedule:
     earliest: float = 0.05
     latest: float = 0.75
     stages: int = 1
-    label: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -66,8 +65,6 @@ class Schedule:
 
     @property
     def name(self) -> str:
-        if self.label:
-            return self.label
         if self.kind == "fixed":
             return "fixed@" + "+".join(f"{f:g}" for f in self.fractions)
         return f"{self.kind}>{self.threshold:g}" if self.kind != "plateau" else f"plateau<{self.threshold:g}"
