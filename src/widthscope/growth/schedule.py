@@ -21,6 +21,7 @@ import torch.nn as nn
 
 from .. import _args
 from ..errors import WidthscopeError
+from ..probe.collect import EvalMode
 from ..probe.growth import CRITERIA, block_input_features, point_criteria
 from ..stats import certificate, misalignment
 
@@ -108,13 +109,9 @@ def alignment_signal(
 ) -> float:
     """``B_exact`` of the bias-step certificate (``kind="certificate"``) or the misalignment
     probability at ``point``, from position-pooled activation gradients of ``train`` and ``test``."""
-    was = model.training
-    model.eval()
-    try:
+    with EvalMode(model):
         qa, _ = block_input_features(model, point, train, None, batch_size=64)
         qb, _ = block_input_features(model, point, test, None, batch_size=64)
-    finally:
-        model.train(was)
     sa, sb = qa.sum(1).double(), qb.sum(1).double()
     if kind == "certificate":
         c = certificate(sa, sb, M=M, K=K)

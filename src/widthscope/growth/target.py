@@ -26,6 +26,7 @@ from .._io import atomic_write_json, read_toml
 from ..data import load
 from ..errors import WidthscopeError
 from ..models import build
+from ..probe.collect import EvalMode
 from ..registry import GROWTH_OPERATORS
 from ..sweeps.grid import run_grid
 from .operators import Growth, stack_depth, widen, zero_block
@@ -54,7 +55,13 @@ __all__ = [
     "lr_factor",
 ]
 
-DECAYS = ("none", "cosine", "linear")
+# the learning-rate multiplier at fraction x of the run's compute, ending at `final`
+_DECAYS: dict[str, Callable[[float, float], float]] = {
+    "none": lambda x, final: 1.0,
+    "cosine": lambda x, final: final + (1 - final) * 0.5 * (1 + math.cos(math.pi * x)),
+    "linear": lambda x, final: final + (1 - final) * (1 - x),
+}
+DECAYS = tuple(_DECAYS)
 
 # operator name -> the axis it grows ("depth" or "width"): a live view of GROWTH_OPERATORS
 OPERATORS: Mapping[str, str] = GROWTH_OPERATORS.mapping("axis")
@@ -203,14 +210,7 @@ def lr_factor(decay: str, fraction: float, final: float) -> float:
     >>> lr_factor("cosine", 0.0, 0.1), lr_factor("cosine", 1.0, 0.1), lr_factor("linear", 0.5, 0.0)
     (1.0, 0.1, 0.5)
     """
-    x = min(max(fraction, 0.0), 1.0)
-    if decay == "none":
-        return 1.0
-    if decay == "linear":
-        return final + (1 - final) * (1 - x)
-    if decay == "cosine":
-        return final + (1 - final) * 0.5 * (1 + math.cos(math.pi * x))
-    raise WidthscopeError(f"grow-target: decay {decay!r}; choose one of {', '.join(DECAYS)}")
+    return _DECAYS[decay](min(max(fraction, 0.0), 1.0), final)
 
 
 def reach_flops(curve: Sequence[Sequence[float]], target: float) -> float | None:
@@ -291,16 +291,13 @@ class CellContext:
 
     def eval_losses(self, model: nn.Module) -> torch.Tensor:
         """The held-out loss of each evaluation sequence."""
-        was = model.training
-        model.eval()
         out = []
-        with torch.no_grad():
+        with EvalMode(model), torch.no_grad():
             for i in range(0, len(self.eval), 64):
                 xb = self.eval[i : i + 64]
                 logits = model(xb).logits[:, :-1].float()
                 ce = nn.functional.cross_entropy(logits.transpose(1, 2), xb[:, 1:], reduction="none")
                 out.append(ce.mean(dim=1))
-        model.train(was)
         return torch.cat(out).double()
 
     def eval_loss(self, model: nn.Module) -> float:
