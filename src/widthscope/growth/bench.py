@@ -266,11 +266,7 @@ def bench_out_dir(out: str | Path | None = None, *, quick: bool = False) -> Path
 
 
 def run_bench(
-    out: str | Path | None = None,
-    options: GrowBenchOptions | None = None,
-    *,
-    shard: str | None = None,
-    **keywords: Any,
+    out: str | Path | None = None, options: GrowBenchOptions | None = None, *, shard: str | None = None, **keywords: Any
 ) -> dict[str, Any] | None:
     """``widthscope grow-bench``: :func:`benchmark` into ``out``, shard ``"k/n"`` (default one per
     ``torchrun`` rank; rank 0 then finishes unsharded, the other ranks get ``None``)."""

@@ -82,12 +82,7 @@ def _set_config(model: Any, **values: Any) -> None:
 
 
 def zero_block(
-    model: nn.Module,
-    points: Sequence[str],
-    *,
-    hidden: int | None = None,
-    seed: int = 0,
-    activation: str = "gelu",
+    model: nn.Module, points: Sequence[str], *, hidden: int | None = None, seed: int = 0, activation: str = "gelu"
 ) -> Growth:
     """A copy of ``model`` with a zero-``W_out`` residual block at each of ``points`` (seed ``seed + i``)."""
     fn = "zero_block"

@@ -48,15 +48,12 @@ from .options import DEFAULT_CRITERION, GrowOptions
 __all__ = [
     "grow",
     "rank_points",
-    "grow_at",
     "run_grow",
     "builtin_inputs",
-    "DELTAS",
     "DEFAULT_CRITERION",
     "GrowOptions",
     "certification_note",
     "step_flops",
-    "continue_training",
 ]
 
 DELTAS = (0.1, 0.05, 0.01)

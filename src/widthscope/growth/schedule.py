@@ -75,11 +75,7 @@ class Schedule:
         return self.kind != "fixed"
 
     def due(
-        self,
-        stage: int,
-        fraction: float,
-        history: Sequence[float],
-        measure: Callable[[], float] | None = None,
+        self, stage: int, fraction: float, history: Sequence[float], measure: Callable[[], float] | None = None
     ) -> bool:
         """Whether growth ``stage`` (0-based) is due at ``fraction`` of the budget, given the held-out
         losses ``history`` since the last growth; ``measure()`` gives the signal, called only if needed."""

@@ -38,7 +38,6 @@ from .target_compare import answer, compare
 __all__ = [
     "TARGET_SUITES",
     "OPERATORS",
-    "DECAYS",
     "COLUMNS",
     "target_cells",
     "run_target_cell",
@@ -52,7 +51,6 @@ __all__ = [
     "meta_step_flops",
     "reach_flops",
     "budget_steps",
-    "lr_factor",
 ]
 
 # the learning-rate multiplier at fraction x of the run's compute, ending at `final`
@@ -313,12 +311,7 @@ def start_run(ctx: CellContext, model: nn.Module, seed: int, horizon: float) -> 
     )
 
 
-def train_until(
-    ctx: CellContext,
-    run: _Run,
-    limit: float,
-    on_eval: Callable[[_Run], bool] | None = None,
-) -> None:
+def train_until(ctx: CellContext, run: _Run, limit: float, on_eval: Callable[[_Run], bool] | None = None) -> None:
     """Train until ``run.flops`` reaches ``limit``, evaluating at each grid point; ``on_eval(run)``
     returning True stops the run."""
     cell = ctx.cell
