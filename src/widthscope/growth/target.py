@@ -263,19 +263,12 @@ class CellContext:
 
     def __init__(self, cell: Mapping[str, Any]):
         self.cell = cell
-        seed = int(cell["seed"])
-        split = load(
-            "text",
-            n_train=int(cell["n_train"]),
-            n_test=int(cell["n_eval"]) + 2 * int(cell["n_signal"]),
-            seed=seed,
-            seq_len=int(cell["seq_len"]),
-            max_bytes=int(cell["max_bytes"]),
-        )
+        ns, ne = int(cell["n_signal"]), int(cell["n_eval"])
+        sizes: dict[str, Any] = {k: int(cell[k]) for k in ("n_train", "seed", "seq_len", "max_bytes")}
+        split = load("text", n_test=ne + 2 * ns, **sizes)
         device = torch.device(cell.get("device", "cpu"))
         self.train = split.train[0].to(device)
         test = split.test[0].to(device)
-        ns, ne = int(cell["n_signal"]), int(cell["n_eval"])
         self.eval = test[:ne]
         self.sig_train = (self.train[:ns], self.train[:ns])
         self.sig_test = (test[ne : ne + ns],) * 2
