@@ -216,15 +216,9 @@ def _run_cell(cell: Mapping[str, Any], show: bool) -> list[dict[str, Any]]:
             "scratch_flops": info["base_steps"] * f,
             "scratch_plateau": info["base_plateau"],
         }
+    times = dict(seconds_base=t_base, seconds_criteria=t_crit, seconds_cell=time.perf_counter() - t0)
     for r in rows:
-        r.update(
-            base,
-            **scratch,
-            base_history=base.get("base_history"),
-            seconds_base=t_base,
-            seconds_criteria=t_crit,
-            seconds_cell=time.perf_counter() - t0,
-        )
+        r.update(base, **scratch, base_history=base.get("base_history"), **times)
     return rows
 
 

@@ -178,8 +178,6 @@ def teacher_student(
     block_seed: int = 0,
     n_train: int = 512,
     n_test: int = 256,
-    in_dim: int = 8,
-    out_dim: int = 4,
     teacher_seed: int | None = None,
     damp: float | None = None,
 ) -> tuple[nn.Module, tuple[Any, Any], str]:
@@ -188,7 +186,7 @@ def teacher_student(
     ``blocks.1 … blocks.{missing}``."""
     gen = torch.Generator().manual_seed(1000 + int(seed))
     torch.manual_seed(1000 + int(seed))
-    student = build("mlp", width, in_dim=in_dim, out_dim=out_dim, depth=depth, activation="tanh").double().eval()
+    student = build("mlp", width, in_dim=8, out_dim=4, depth=depth, activation="tanh").double().eval()
     if damp is not None:
         with torch.no_grad():
             for i in range(1, missing + 1):
@@ -200,7 +198,7 @@ def teacher_student(
     with torch.no_grad():
         w = block_of(teacher, point).w_out
         w.copy_(torch.randn(w.shape, generator=gen, dtype=w.dtype) * 0.6)
-    x = torch.randn(n_train + n_test, in_dim, generator=gen, dtype=torch.float64)
+    x = torch.randn(n_train + n_test, 8, generator=gen, dtype=torch.float64)
     with torch.no_grad():
         y = teacher(x)
     return student, ((x[:n_train], y[:n_train]), (x[n_train:], y[n_train:])), point
