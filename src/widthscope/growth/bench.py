@@ -1,12 +1,6 @@
-r"""Growth benchmark (``widthscope grow-bench``; docs/interventions.md §5): grow a block at *every*
-candidate point of a trained model, and judge the criteria and growth itself against it.
-
-One cell (:func:`run_cell`) is a model of the suite (:mod:`widthscope.growth.suite`) at one seed:
-trained to a plateau on the ranking half of the held-out pool, every criterion of
-:func:`widthscope.probe.growth.point_criteria` at every point, then at every point the block grown
-(learning rate chosen on the ranking half, several block seeds, the GradMax block, grow-then-train-all)
-beside training the original model for the same FLOPs; gains are measured on a held-out quarter.
-:func:`benchmark` runs the cells resumably and writes the judgement of :mod:`widthscope.growth.compare`.
+r"""Growth benchmark (``widthscope grow-bench``; docs/interventions.md §5): grow a block at every
+point of a trained model, beside training the original for the same FLOPs, and judge the criteria
+(:mod:`widthscope.growth.compare`) against the realised gains.
 """
 
 from __future__ import annotations
@@ -37,12 +31,10 @@ from .suite import build_model, cell_data, cells, own_cells, reproducible, split
 __all__ = ["run_cell", "benchmark", "run_bench", "bench_out_dir", "GrowBenchOptions"]
 
 
-# ----------------------------------------------------------------------------- one cell
 def _grown(
     model: nn.Module, point: str, width: int, block_seed: int, w_in: torch.Tensor | None = None
 ) -> tuple[nn.Module, list[nn.Parameter]]:
-    """A copy of ``model`` with a zero-``W_out`` block at ``point`` (``W_in`` given or seeded) and
-    the block's parameters."""
+    """A copy of ``model`` with a block at ``point`` (``W_in`` given or seeded), and its parameters."""
     g = copy.deepcopy(model)
     insert(g, point, "block", width=width, hidden=None if w_in is None else int(w_in.shape[0]), seed=block_seed)
     blk = block_of(g, point)
@@ -53,8 +45,8 @@ def _grown(
 
 
 class _Fit:
-    """A finished training run: the trained copy, its trained parameters, their values after each
-    wanted step count (``None`` after a divergence) and the ranking-half loss there."""
+    """A finished training run: its parameters' values after each wanted step (``None``: diverged)
+    and the ranking-half loss there."""
 
     def __init__(self, model: nn.Module, params: list[nn.Parameter]):
         self.model, self.params = model, params
@@ -84,9 +76,8 @@ def fit_block(
     seed: int,
     rank: Any = None,
 ) -> _Fit:
-    """Train ``params`` (AdamW, eval mode, batches from ``Generator(seed)``) for ``steps``, keeping
-    their values after each step count in ``at`` (and the loss on ``rank`` there, when given). A
-    run that diverges gives NaN losses from then on."""
+    """Train ``params`` for ``steps``, keeping their values (and the loss on ``rank``) after each
+    step count in ``at``; a diverged run gives NaN losses."""
     wanted = sorted({int(k) for k in at if 0 < int(k) <= steps})
     fit = _Fit(model, params)
 
@@ -97,19 +88,9 @@ def fit_block(
                 fit.rank[k] = mean_loss(model, rank, batch_size=64)
 
     trainable(model, params)
+    opts: dict[str, Any] = dict(steps=steps, lr=lr, batch_size=batch_size, seed=seed, loss_fn=None)
     try:
-        train_new_block(
-            model,
-            params,
-            train,
-            steps=steps,
-            lr=lr,
-            batch_size=batch_size,
-            seed=seed,
-            loss_fn=None,
-            show_progress=False,
-            after_step=after,
-        )
+        train_new_block(model, params, train, show_progress=False, after_step=after, **opts)
     except WidthscopeError:  # diverged
         for k in wanted:
             fit.snaps.setdefault(k, None)
@@ -120,18 +101,13 @@ def fit_block(
 
 def _pick_lr(runs: Mapping[float, _Fit], step: int) -> float:
     """The learning rate with the lowest ranking-half loss at ``step`` (ties: the smaller lr)."""
-
-    def key(lr: float) -> tuple[float, float]:
-        v = runs[lr].rank[step]
-        return (v if math.isfinite(v) else math.inf, lr)
-
-    return min(runs, key=key)
+    return min(runs, key=lambda lr: (v if math.isfinite(v := runs[lr].rank[step]) else math.inf, lr))
 
 
 def _plateau(
     cell: Mapping[str, Any], train: Any, sp: Mapping[str, Any], depth: int, seed: int
 ) -> tuple[nn.Module, dict[str, Any]]:
-    """A model of the cell built with ``depth`` blocks and trained to a plateau on the ranking half."""
+    """A model of the cell with ``depth`` blocks, trained to a plateau on the ranking half."""
     torch.manual_seed(seed)
     model = build_model(cell, depth)
     rule = {k: cell[k] for k in ("eval_every", "patience", "tol", "max_steps")}
@@ -142,8 +118,7 @@ def _plateau(
 
 
 def run_cell(cell: Mapping[str, Any], _cell_dir: Path | None = None, *, show: bool = False) -> list[dict[str, Any]]:
-    """Criteria and realised gains at every point of one (model, seed), with the equal-compute
-    baselines. One row per point (docs/interventions.md §5 lists every column)."""
+    """Criteria and realised gains at every point of one (model, seed), one row per point."""
     with reproducible(1) as env:
         rows = _run_cell(cell, show)
     for r in rows:
@@ -156,7 +131,7 @@ def _run_cell(cell: Mapping[str, Any], show: bool) -> list[dict[str, Any]]:
     seed, M, K, bs = int(cell["seed"]), int(cell["M"]), int(cell["K"]), int(cell["batch_size"])
     train, test, answer, student = cell_data(cell)
     sp = split_held_out(cell, test)
-    if student is not None:  # the teacher's student as built
+    if student is not None:
         model, base = student, {"base_steps": 0, "base_plateau": None}
     else:
         model, base = _plateau(cell, train, sp, cell.get("depth", 0), seed)
@@ -164,33 +139,17 @@ def _run_cell(cell: Mapping[str, Any], show: bool) -> list[dict[str, Any]]:
     pick = torch.randperm(n_tr, generator=torch.Generator().manual_seed(seed + 1))[: min(int(cell["n_probe"]), n_tr)]
     probe = index_batch(train, pick.sort().values)
     batch = first_batch(train, bs)
-    points = list(model.widthscope_points)  # type: ignore[arg-type]  # a plain attribute (see teacher_student)
+    points = list(model.widthscope_points)  # type: ignore[arg-type]
     lrs, clrs, bseeds = tuple(cell["block_lrs"]), tuple(cell["continue_lrs"]), tuple(cell["block_seeds"])
     long = int(cell["long"])
     t_base = time.perf_counter() - t0
-    crit = [
-        point_criteria(
-            model,
-            p,
-            probe,
-            sp["rank"],
-            M=M,
-            K=K,
-            eta=float(lrs[len(lrs) // 2]),
-            block_seed=bseeds[0],
-            hidden=None,
-            batch_size=64,
-            gradmax_k=8,
-            keep_gradmax_rows=True,
-        )
-        for p in points
-    ]
+    kw = dict(eta=float(lrs[len(lrs) // 2]), block_seed=bseeds[0], hidden=None, batch_size=64, gradmax_k=8)
+    crit = [point_criteria(model, p, probe, sp["rank"], M=M, K=K, keep_gradmax_rows=True, **kw) for p in points]
     t_crit = time.perf_counter() - t0 - t_base
     before = {k: mean_loss(model, d) for k, d in sp.items()}
     trainable(model)
     f_orig = step_flops(model, batch)
-    # FLOPs of one block-training step at each point (what growth costs) and of training the grown model whole
-    f_block, f_all = [], []
+    f_block, f_all = [], []  # a step training the block, and the grown model whole
     for p, c in zip(points, crit):
         g, prm = _grown(model, p, c["width"], bseeds[0])
         trainable(g, prm)
@@ -209,8 +168,6 @@ def _run_cell(cell: Mapping[str, Any], show: bool) -> list[dict[str, Any]]:
     rows = []
     desc = f"grow-bench {cell['model']} s{seed}"
     for i, (p, c) in enumerate(progress(list(zip(points, crit)), desc=desc, disable=None if show else True)):
-        # the lr grid with block seed 0 (chosen on the ranking half), the other block seeds at that lr,
-        # the GradMax block, grow-then-train-all, and the continue-training gains for this point's compute
         gm_rows = c.pop("gradmax_rows")
         runs = {lr: fit_block(*_grown(model, p, c["width"], bseeds[0]), lr=lr, rank=sp["rank"], **fit) for lr in lrs}
         lr_b = _pick_lr(runs, long)
@@ -249,7 +206,7 @@ def _run_cell(cell: Mapping[str, Any], show: bool) -> list[dict[str, Any]]:
         row["loss_long"] = before["B"] - row["gain_long"]
         rows.append(row)
     scratch = {}
-    if cell.get("scratch"):  # a model of the grown size (one more block) from scratch, by the same plateau rule
+    if cell.get("scratch"):  # the grown size from scratch, by the same plateau rule
         m, info = _plateau(cell, train, sp, cell["depth"] + 1, seed + 7919)
         f = step_flops(m, index_batch(train, slice(0, bs)))
         scratch = {
@@ -259,24 +216,15 @@ def _run_cell(cell: Mapping[str, Any], show: bool) -> list[dict[str, Any]]:
             "scratch_flops": info["base_steps"] * f,
             "scratch_plateau": info["base_plateau"],
         }
+    times = dict(seconds_base=t_base, seconds_criteria=t_crit, seconds_cell=time.perf_counter() - t0)
     for r in rows:
-        r.update(
-            base,
-            **scratch,
-            base_history=base.get("base_history"),
-            seconds_base=t_base,
-            seconds_criteria=t_crit,
-            seconds_cell=time.perf_counter() - t0,
-        )
+        r.update(base, **scratch, base_history=base.get("base_history"), **times)
     return rows
 
 
-# ----------------------------------------------------------------------------- the suite
 def benchmark(out_dir: Path, opts: GrowBenchOptions, shard: tuple[int, int] = (1, 1)) -> dict[str, Any]:
-    """Run (or resume) the suite into ``out_dir``; write ``comparison.jsonl`` and ``summary.json``
-    (with ``options``: ``{"grow_bench": ...}``, which ``grow-bench --config summary.json`` repeats).
-    ``shard=(k, n)`` runs every ``n``-th cell from the ``k``-th; the comparison is written once
-    every cell is finished (``complete`` in the result)."""
+    """Run (or resume) shard ``(k, n)`` of the suite into ``out_dir``; once every cell is finished,
+    write ``comparison.jsonl`` and ``summary.json``."""
     suite, M, K = opts.suite, opts.M, opts.K
     grid = cells(suite, opts.seeds, M=M, K=K)
     record = {"grow_bench": opts.to_dict()}
@@ -284,16 +232,9 @@ def benchmark(out_dir: Path, opts: GrowBenchOptions, shard: tuple[int, int] = (1
     t0 = time.perf_counter()
     res = run_grid(grid, lambda c, d: run_cell(c, d, show=False), out_dir, desc=f"grow-bench {suite}", shard=shard)
     done = {r["cell_id"] for r in res.rows}
+    out = {"rows": res.rows, "options": record}
     if not ids <= done:
-        return {
-            "rows": res.rows,
-            "table": [],
-            "summary": {},
-            "complete": False,
-            "finished": len(done & ids),
-            "cells": len(ids),
-            "options": record,
-        }
+        return {**out, "table": [], "summary": {}, "complete": False, "finished": len(done & ids), "cells": len(ids)}
     table = compare(res.rows)
     write_table(out_dir, table)
     summary = {
@@ -310,28 +251,21 @@ def benchmark(out_dir: Path, opts: GrowBenchOptions, shard: tuple[int, int] = (1
         "options": record,
     }
     atomic_write_json(out_dir / "summary.json", summary)
-    return {"rows": res.rows, "table": table, "summary": summary, "complete": True, "options": record}
+    return {**out, "table": table, "summary": summary, "complete": True}
 
 
 def bench_out_dir(out: str | Path | None = None, *, quick: bool = False) -> Path:
-    """``out``, or the default results folder ``widthscope-results/growth[-quick]``."""
+    """``out``, or ``widthscope-results/growth[-quick]``."""
     return Path(out or f"widthscope-results/growth{'-quick' if quick else ''}")
 
 
 def run_bench(
-    out: str | Path | None = None,
-    options: GrowBenchOptions | None = None,
-    *,
-    shard: str | None = None,
-    **keywords: Any,
+    out: str | Path | None = None, options: GrowBenchOptions | None = None, *, shard: str | None = None, **keywords: Any
 ) -> dict[str, Any] | None:
-    """What ``widthscope grow-bench`` does: :func:`benchmark` of the quick or full suite into ``out``
-    (default :func:`bench_out_dir`), shard ``shard`` (``"k/n"``; default: one shard per ``torchrun``
-    rank). Under torchrun, rank 0 waits for every rank's cells and reruns unsharded (every cell
-    done); the other ranks get ``None``. ``options`` with keyword overrides as for ``grow``."""
+    """``widthscope grow-bench``: :func:`benchmark` into ``out``, shard ``"k/n"`` (default one per
+    ``torchrun`` rank; rank 0 then finishes unsharded, the other ranks get ``None``)."""
     opts = with_keywords("run_bench", options, GrowBenchOptions, keywords)
     out_dir = bench_out_dir(out, quick=opts.quick)
-
     res = benchmark(out_dir, opts, shard_for_run(shard))
     final: dict[str, Any] = {}
     if not finish_after_ranks(shard, lambda: final.update(benchmark(out_dir, opts))):

@@ -1,13 +1,6 @@
-"""Growing a block and its baseline (the second step of :func:`widthscope.growth.grow`).
-
-:func:`grow_at` inserts a zero-``W_out`` block at a point of a copy of the model, trains it
-(AdamW, eval mode) and measures the held-out loss before and after; :func:`continue_training`
-trains the original model whole for the same FLOPs (:func:`step_flops`).
-
-A model dispatched by accelerate is copied with its placement
-(:func:`widthscope.probe.offload.copy_model`); the new block lives where its point runs. Offloaded
-weights cannot be trained (accelerate reloads them at every forward), so ``train_all`` and
-:func:`continue_training` refuse a model with offloaded modules, before any work.
+"""Growing one block (:func:`grow_at`) and its baseline, training the original model whole for the
+same FLOPs (:func:`continue_training`, :func:`step_flops`). Offloaded weights cannot be trained
+(accelerate reloads them at every forward), so training every parameter refuses them.
 """
 
 from __future__ import annotations
@@ -35,8 +28,7 @@ COMPARE = ("the 'continue' baseline of --compare (compare=True)", f"drop --compa
 
 
 def check_trainable(model: nn.Module, what: str, fix: str) -> None:
-    """Refuse training every parameter of a model with offloaded modules, in one line: ``what``
-    names the setting that asks for it, ``fix`` the way out."""
+    """Refuse training every parameter of a model with offloaded modules (``what`` asks for it)."""
     off = [n for n in offloaded_modules(model) if any(True for _ in model.get_submodule(n).parameters())]
     if off:
         shown = ", ".join(off[:3]) + (f" (+{len(off) - 3} more)" if len(off) > 3 else "")
@@ -72,8 +64,7 @@ def train_new_block(
     show_progress: bool,
     after_step: Callable[[int], None] | None = None,
 ) -> None:
-    """AdamW on ``params`` with mini-batches of ``train`` (eval mode: fixed BN stats, no dropout);
-    ``after_step(k)`` is called after the ``k``-th step (1-based)."""
+    """AdamW on ``params`` with mini-batches of ``train`` in eval mode; ``after_step(k)`` after step ``k`` (1-based)."""
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(int(seed))
     n = batch_size_of(train)
@@ -93,12 +84,9 @@ def train_new_block(
 
 
 def step_flops(model: nn.Module, batch: Any, loss_fn: Callable | None = None) -> int:
-    """FLOPs of one training step (forward + backward, eval mode) on ``batch`` of the parameters
-    that have ``requires_grad``, as ``torch.utils.flop_counter.FlopCounterMode`` totals them
-    (element-wise work is not counted). Frozen parameters cost no weight gradient and nothing
-    upstream of the first trainable one is back-propagated. The forwards an offloaded model's
-    blocks rerun in the backward are not counted."""
-    fc = TotalFlops()  # FlopCounterMode's count; its module hooks would defeat the recomputation
+    """FLOPs of one training step (forward + backward, eval mode) on ``batch`` of the parameters that
+    require grad, by ``FlopCounterMode`` (recomputed forwards of an offloaded model not counted)."""
+    fc = TotalFlops()
     with EvalMode(model), recompute_flops() as rerun, fc:
         loss = per_example_losses(model, batch, loss_fn, batch_size=batch_size_of(batch), grad=True).mean()
         if loss.requires_grad:
@@ -120,9 +108,8 @@ def continue_training(
     loss_fn: Callable | None = None,
     show_progress: bool = False,
 ) -> dict[str, Any]:
-    """Train *all* parameters of a copy of ``model`` (AdamW, the block's learning rate and batch
-    order) for ``max(1, round(flops / step_flops))`` steps; a row with the held-out loss before and
-    after on ``evaluate``. Refused for a model with offloaded modules."""
+    """Train all parameters of a copy of ``model`` for ``flops`` worth of steps; a row with the loss
+    on ``evaluate`` before and after."""
     check_trainable(model, *COMPARE)
     cont = copy_model(model)
     params = trainable(cont)
@@ -162,40 +149,25 @@ def grow_at(
     seed: int = 0,
     loss_fn: Callable | None = None,
     show_progress: bool = True,
-    eval_steps: Sequence[int] = (),
-    block_seed: int | None = None,
     loss_before: float | None = None,
 ) -> tuple[nn.Module, dict[str, Any]]:
-    """Insert a block at ``point`` of a *copy* of ``model``, train it, measure held-out loss.
-
-    ``eval_steps``: also measure the held-out loss after these step counts (``loss_at``, keyed by
-    the step as a string). ``block_seed`` seeds ``W_in`` (default ``seed``, which also orders the
-    mini-batches); ``loss_before`` skips re-measuring the ungrown model.
-    """
+    """Insert a block at ``point`` of a copy of ``model``, train it, measure the held-out loss."""
     if train_all:
         check_trainable(model, *TRAIN_ALL)
     grown = copy_model(model)
     if loss_before is None:
         loss_before = mean_loss(grown, evaluate, loss_fn, batch_size=batch_size)
-    insert(grown, point, "block", width=width, hidden=block_width, seed=seed if block_seed is None else block_seed)
+    insert(grown, point, "block", width=width, hidden=block_width, seed=seed)
     block = block_of(grown, point)
     G_M = w_out_grad(grown, point, probe_train, loss_fn, batch_size)
     G_K = w_out_grad(grown, point, probe_test, loss_fn, batch_size)
     new = list(block.parameters())
     params = trainable(grown, None if train_all else new)
     f_step = step_flops(grown, first_batch(train, batch_size), loss_fn)
-    loss_at: dict[str, float] = {}
-    wanted = {int(k) for k in eval_steps if 0 < int(k) < steps}
-
-    def after_step(k: int) -> None:
-        if k in wanted:
-            loss_at[str(k)] = mean_loss(grown, evaluate, loss_fn, batch_size=batch_size)
-
     fit: dict[str, Any] = dict(lr=lr, batch_size=batch_size, seed=seed, loss_fn=loss_fn, show_progress=show_progress)
-    train_new_block(grown, params, train, steps=steps, after_step=after_step, **fit)
+    train_new_block(grown, params, train, steps=steps, **fit)
     trainable(grown)
     loss_after = mean_loss(grown, evaluate, loss_fn, batch_size=batch_size)
-    loss_at[str(steps)] = loss_after
     alignment = float((G_M * G_K).sum())
     return grown, {
         "point": point,
@@ -209,6 +181,6 @@ def grow_at(
         "train_all": bool(train_all),
         "block_width": block.hidden,
         "new_parameters": sum(p.numel() for p in new),
-        "loss_at": loss_at,
+        "loss_at": {str(steps): loss_after},
         "flops": steps * f_step,
     }

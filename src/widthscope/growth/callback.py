@@ -6,14 +6,9 @@ Usage::
     trainer = Trainer(model=model, args=args, train_dataset=ds,
                       callbacks=[GrowthCallback(grow_at_step=1000, operator="stack_copy", target_depth=8)])
 
-The model grows once, after optimizer step ``grow_at_step`` (or the first where ``when(step)``), by
-an ``operator`` of :data:`widthscope.registry.GROWTH_OPERATORS` (to ``target_depth`` or
-``target_width``) or a callable ``fn(model) -> Growth``. It grows **in place**
-(:func:`grow_in_place`): parameters whose values are unchanged stay the same objects. The optimizer
-(:func:`add_to_optimizer`) keeps the old parameters' groups and state; the new ones join new groups
-with their original's group settings, empty state, and the scheduler's entries of that group.
-Nothing is logged as a metric; each growth is in ``events``. The rule in full: docs/growth.md,
-"Growing inside your trainer".
+The model grows once, in place (:func:`grow_in_place`), after step ``grow_at_step`` (or the first
+where ``when(step)``), by a registered operator or a callable ``fn(model) -> Growth``; the optimizer
+keeps its state and gains the new parameters (:func:`add_to_optimizer`). Rule: docs/growth.md.
 """
 
 from __future__ import annotations
@@ -42,19 +37,15 @@ if TYPE_CHECKING:  # built on first use by the module __getattr__ below
 
 
 def _unwrap(obj: Any, attr: str, base: type) -> Any:
-    """The torch object under a wrapper (accelerate's ``AcceleratedOptimizer.optimizer``,
-    ``AcceleratedScheduler.scheduler``)."""
+    """The torch object under a wrapper (e.g. accelerate's ``AcceleratedOptimizer.optimizer``)."""
     while obj is not None and not isinstance(obj, base) and hasattr(obj, attr):
         obj = getattr(obj, attr)
     return obj
 
 
 def grow_in_place(model: nn.Module, growth: Growth) -> dict[int, nn.Parameter | None]:
-    """Make ``model`` the grown model of ``growth`` (grown from ``model``): it takes the grown
-    model's submodules, parameters, buffers and plain attributes (the config), with every parameter
-    whose values are an old parameter's, whole and unchanged, replaced by that old parameter object
-    (ties kept). Returns the parameters new to ``model`` (by ``id``) with the old parameter each
-    was grown from (``None``: a new tensor)."""
+    """Make ``model`` the grown model of ``growth``, keeping the old parameter objects whose values
+    are unchanged. Returns the new parameters (by ``id``) with the old one each grew from, or ``None``."""
     grown = growth.model
     old = dict(model.named_parameters())
     reuse: dict[int, nn.Parameter] = {}
@@ -85,12 +76,9 @@ def grow_in_place(model: nn.Module, growth: Growth) -> dict[int, nn.Parameter | 
 def add_to_optimizer(
     model: nn.Module, optimizer: Any, scheduler: Any = None, origin: dict[int, nn.Parameter | None] | None = None
 ) -> int:
-    """The optimizer-state rule (module docstring): drop the parameters ``model`` no longer holds,
-    and add its trainable parameters the optimizer lacks as new groups: a parameter grown from an old
-    one (``origin``, from :func:`grow_in_place`) joins a new group with the settings of its
-    original's group (e.g. the Trainer's weight-decay and no-decay groups), any other one a group
-    with the first group's settings; empty state. ``scheduler`` gets each new group's base rate and
-    factor from the group it copies. Returns the number of parameter entries added."""
+    """Drop the parameters ``model`` no longer holds and add its new trainable ones in new groups
+    with the settings (and ``scheduler`` entries) of their ``origin``'s group, else the first
+    group's; returns the number of entries added."""
     opt = _unwrap(optimizer, "optimizer", torch.optim.Optimizer)
     if not isinstance(opt, torch.optim.Optimizer):
         raise WidthscopeError(f"growth: cannot update a {type(optimizer).__name__}; a torch.optim.Optimizer is needed")
@@ -105,21 +93,20 @@ def add_to_optimizer(
     new: dict[int, list[nn.Parameter]] = {}
     for p in model.parameters():
         if p.requires_grad and id(p) not in have:
-            q = origin.get(id(p))
-            new.setdefault(group_of.get(id(q), 0) if q is not None else 0, []).append(p)
+            new.setdefault(group_of.get(id(origin.get(id(p))), 0), []).append(p)
     sched = _unwrap(scheduler, "scheduler", torch.optim.lr_scheduler.LRScheduler)
     for k in sorted(new):
         settings = {key: v for key, v in opt.param_groups[k].items() if key != "params"}
         opt.add_param_group({**settings, "params": new[k]})
         for attr in ("base_lrs", "lr_lambdas", "_last_lr"):
-            values = getattr(sched, attr, None) if sched is not None else None
+            values = getattr(sched, attr, None)
             if isinstance(values, list) and len(values) == len(opt.param_groups) - 1:
                 values.append(values[k])
     return sum(p.numel() for ps in new.values() for p in ps)
 
 
 class Grower:
-    """When and how to grow, shared by both callbacks (see the module docstring)."""
+    """When and how to grow, shared by both callbacks."""
 
     def __init__(
         self,
@@ -145,7 +132,7 @@ class Grower:
                 )
             _args.integer(fn, f"target_{axis}", size, lo=1)
         self.grow_at_step, self.operator, self.when, self.seed = grow_at_step, operator, when, int(seed)
-        self.target_depth, self.target_width = target_depth, target_width
+        self.size = target_depth if target_depth is not None else target_width
         self.events: list[dict[str, Any]] = []
 
     def due(self, step: int) -> bool:
@@ -153,8 +140,8 @@ class Grower:
             return False
         return step == self.grow_at_step if self.when is None else bool(self.when(step))
 
-    def grow(self, model: nn.Module, optimizer: Any, scheduler: Any, step: int) -> dict[str, Any]:
-        """Grow ``model`` in place and update ``optimizer`` (and ``scheduler``) by the rule."""
+    def grow(self, model: Any, optimizer: Any, scheduler: Any, step: int) -> dict[str, Any]:
+        """Grow ``model`` in place and update ``optimizer`` and ``scheduler``."""
         if model is None or optimizer is None:
             raise WidthscopeError("growth: the callback got no model or no optimizer at the growth step")
         cfg: Any = getattr(model, "config", None)
@@ -162,9 +149,8 @@ class Grower:
         if callable(self.operator):
             g = self.operator(model)
         else:
-            size = self.target_depth if self.target_depth is not None else self.target_width
             cell = {"width": getattr(cfg, "hidden_size", None)}
-            g = GROWTH_OPERATORS.get(self.operator)(model, size, cell=cell, seed=self.seed)
+            g = GROWTH_OPERATORS.get(self.operator)(model, self.size, cell=cell, seed=self.seed)
         if not isinstance(g, Growth):
             raise WidthscopeError(f"growth: the operator returned a {type(g).__name__}, not a Growth")
         if getattr(model, "training", False):
@@ -185,29 +171,16 @@ class Grower:
 
 
 def _hf_class() -> type:
-    try:
-        from transformers import TrainerCallback  # optional: the Hugging Face extra
-    except ImportError as exc:  # pragma: no cover - transformers is a core dependency
-        raise WidthscopeError("GrowthCallback needs transformers: pip install 'widthscope[hf]'") from exc
+    from transformers import TrainerCallback  # heavy: imported when the class is first asked for
 
     class GrowthCallback(TrainerCallback, Grower):  # type: ignore[misc, valid-type]
-        """Grows the Trainer's model in place after an optimizer step (``on_step_end``) and adds the
-        new parameters to its optimizer (module docstring); writes no log entry."""
+        """Grows the Trainer's model after an optimizer step (``on_step_end``)."""
 
-        def on_step_end(
-            self,
-            args: Any,
-            state: Any,
-            control: Any,
-            model: Any = None,
-            optimizer: Any = None,
-            lr_scheduler: Any = None,
-            **kw: Any,
-        ) -> Any:
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
             if self.due(int(state.global_step)):
                 if getattr(args, "fsdp", None) or getattr(args, "deepspeed", None):
                     raise WidthscopeError("GrowthCallback cannot grow a model sharded by FSDP or DeepSpeed")
-                self.grow(model, optimizer, lr_scheduler, int(state.global_step))
+                self.grow(kw.get("model"), kw.get("optimizer"), kw.get("lr_scheduler"), int(state.global_step))
             return control
 
     return GrowthCallback
@@ -224,10 +197,8 @@ def _lightning_class() -> type:
         raise WidthscopeError("GrowthLightningCallback needs Lightning: pip install 'widthscope[lightning]'")
 
     class GrowthLightningCallback(Callback, Grower):  # type: ignore[misc, valid-type]
-        """Grows ``model`` (the network inside the ``LightningModule``, e.g. ``lit.net``; default the
-        module itself) in place after an optimizer step (``on_train_batch_end``) and adds the new
-        parameters to ``trainer.optimizers[0]`` (its scheduler: the first ``lr_scheduler_configs``
-        entry) by the rule of the module docstring; logs nothing."""
+        """Grows ``model`` (a network inside the ``LightningModule``, default the module) after an
+        optimizer step (``on_train_batch_end``), updating ``trainer.optimizers[0]``."""
 
         def __init__(self, grow_at_step: int | None = None, *a: Any, model: Any = None, **kw: Any) -> None:
             Callback.__init__(self)

@@ -1,7 +1,5 @@
-r"""The growth benchmark's judgement, pure functions of the rows of :mod:`widthscope.growth.bench`:
-Spearman, top-1 hit, regret and the realised gain beside the equal-compute baselines, per criterion
-and baseline, with intervals over model seeds (:func:`compare`), and ``grow``'s default (:func:`winner`).
-"""
+r"""The growth benchmark's judgement of the rows of :mod:`widthscope.growth.bench`: per criterion and
+baseline, with intervals over model seeds (:func:`compare`), and ``grow``'s default (:func:`winner`)."""
 
 from __future__ import annotations
 
@@ -16,8 +14,7 @@ from ..errors import WidthscopeError
 
 __all__ = ["compare", "winner", "teacher_picks", "t_interval", "pooled_interval", "wilson", "CRITERIA_COLUMNS"]
 
-# criterion -> row column (higher = grow here); see widthscope.probe.growth. "gradmax" ranks by the
-# sum of the top-k eigenvalues and is scored on the block grown with those k eigenvectors as W_in.
+# criterion -> row column (higher = grow here); "gradmax" is scored on the GradMax block
 CRITERIA_COLUMNS: dict[str, str] = {
     "bias": "bias_gain",
     "block": "block_gain",
@@ -53,8 +50,7 @@ def _t_quantile(p: float, df: float) -> float:
 
 
 def _argmax(v: np.ndarray, *key: Any) -> tuple[int, bool]:
-    """Index of the largest value, ties broken uniformly at random by a generator seeded by ``key``;
-    and whether it tied."""
+    """Index of the largest value (ties drawn by a generator seeded by ``key``), and whether it tied."""
     top = np.flatnonzero(v == v.max())
     rng = np.random.default_rng([zlib.crc32(str(k).encode()) for k in key])
     return int(rng.choice(top)) if len(top) > 1 else int(top[0]), len(top) > 1
@@ -65,8 +61,7 @@ def _column(rs: Sequence[Mapping[str, Any]], col: str) -> np.ndarray:
 
 
 def _gains(rs: Sequence[Mapping[str, Any]], col: str) -> tuple[np.ndarray, int]:
-    """The realised gains of column ``col`` over the points; NaN (every lr diverged) counts as the
-    worst point of the unit, and how many there were is returned."""
+    """The gains of column ``col``, NaN (diverged) set to the worst finite one, and the NaN count."""
     g = _column(rs, col)
     bad = ~np.isfinite(g)
     if bad.any():
@@ -75,8 +70,7 @@ def _gains(rs: Sequence[Mapping[str, Any]], col: str) -> tuple[np.ndarray, int]:
 
 
 def _pick(rs: Sequence[Mapping[str, Any]], name: str, seed: int, budget: str) -> tuple[np.ndarray, int, bool, int]:
-    """Criterion ``name`` over the points of one (model, seed) with NaN ranked last, the point it
-    picks (ties drawn by a seeded generator), whether it tied, and how many values were NaN."""
+    """Criterion ``name`` over the points (NaN last), the point it picks, whether it tied, the NaN count."""
     raw = _column(rs, CRITERIA_COLUMNS[name])
     fin = raw[np.isfinite(raw)]
     v = np.where(np.isfinite(raw), raw, (fin.min() - 1) if len(fin) else 0.0)
@@ -85,10 +79,8 @@ def _pick(rs: Sequence[Mapping[str, Any]], name: str, seed: int, budget: str) ->
 
 
 def _unit_scores(rs: list[Mapping[str, Any]], budget: str) -> dict[str, dict[str, float]]:
-    """Per criterion and baseline on one (model, seed): Spearman with the realised gain (mean over
-    block seeds, evaluation half B), top-1 hit, regret, regret / (best − worst), the gain at the
-    chosen point beside training the original model (``continue``) and grow-then-train-all
-    (``train_all``) at the same FLOPs, ``advantage`` = gain − continue, and counts of ties/NaN."""
+    """Per criterion and baseline on one (model, seed): Spearman with the realised gain, top-1 hit,
+    regret (also normalised), the gains beside the equal-compute baselines, ties/NaN counts."""
     rs = sorted(rs, key=lambda r: r["point_index"])
     seed = int(rs[0]["seed"])
     g, nan_g = _gains(rs, f"gain_{budget}")
@@ -130,7 +122,7 @@ def _unit_scores(rs: list[Mapping[str, Any]], budget: str) -> dict[str, dict[str
     gA, _ = _gains(rs, f"gain_{budget}_A")
     j, tied = _argmax(gA, seed, "oracle", budget)
     out["oracle"] = {**score(j, g), "spearman": _spearman(gA, g), "ties": float(tied)}
-    # the reproducibility ceiling: regrowing with another block seed ranks the points this well
+    # the ceiling: how well regrowing with another block seed ranks the points
     S = np.array([r[f"gain_{budget}_seeds"] for r in rs]).T  # (block seeds, points)
     pairs = [_spearman(S[a], S[b]) for a in range(len(S)) for b in range(a + 1, len(S))]
     out["ceiling"] = {
@@ -141,8 +133,7 @@ def _unit_scores(rs: list[Mapping[str, Any]], budget: str) -> dict[str, dict[str
 
 
 def t_interval(x: Sequence[float] | np.ndarray, level: float = 0.95) -> tuple[float, float, float]:
-    """Mean and Student-t interval over independent model seeds (NaN entries are not silently
-    dropped: any NaN makes the result NaN). Fewer than 2 values: NaN bounds."""
+    """Mean and Student-t interval (any NaN gives NaN; fewer than 2 values give NaN bounds)."""
     a = np.asarray(x, dtype=float)
     if len(a) == 0 or np.isnan(a).any():
         return (math.nan,) * 3
@@ -154,8 +145,7 @@ def t_interval(x: Sequence[float] | np.ndarray, level: float = 0.95) -> tuple[fl
 
 
 def pooled_interval(groups: Sequence[Sequence[float]], level: float = 0.95) -> tuple[float, float, float]:
-    """Mean over groups (models) of the group means, with a Welch–Satterthwaite t interval: the
-    models' seeds are independent, so ``Var = Σ_m s_m²/n_m / G²``."""
+    """Mean of the group means with a Welch–Satterthwaite t interval, ``Var = Σ_m s_m²/n_m / G²``."""
     gs = [np.asarray(g, dtype=float) for g in groups]
     if not gs or any(len(g) == 0 or np.isnan(g).any() for g in gs):
         return (math.nan,) * 3
@@ -190,11 +180,9 @@ METRICS = ("spearman", "hit", "regret", "norm_regret", "gain", "continue", "trai
 
 
 def compare(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Rows ``kind="growth_compare"``: per model (and ``model="overall"``), budget and criterion or
-    baseline: the means over model seeds of :func:`_unit_scores`' metrics with 95% intervals
-    (``*_lo``/``*_hi``: Student t over seeds; overall: Welch–Satterthwaite over the models with no
-    planted answer; ``hit``: Wilson over the seeds), ``n_seeds``, ``ties``/``nan``/``undefined_spearman``
-    counts and ``cost_steps`` (block-training steps the decision costs)."""
+    """Rows ``kind="growth_compare"`` per model (and ``"overall"``: the natural models), budget and
+    criterion or baseline: the metrics' means over seeds with 95% intervals (``hit``: Wilson), counts
+    and ``cost_steps``; then the :func:`_paired` rows."""
     units: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
     first: dict[str, Mapping[str, Any]] = {}
     for r in rows:
@@ -224,7 +212,7 @@ def compare(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 for metric in METRICS:
                     groups = [[d.get(metric, math.nan) for d in v] for v in per.values()]
                     m_, lo, hi = pooled_interval(groups)
-                    if metric in _RANGE:  # a bound outside the metric's range says nothing more than the range
+                    if metric in _RANGE:
                         lo, hi = max(lo, _RANGE[metric][0]), min(hi, _RANGE[metric][1])
                     rec[metric], rec[f"{metric}_lo"], rec[f"{metric}_hi"] = m_, lo, hi
                 hits = [d["hit"] for v in per.values() for d in v]
@@ -245,9 +233,8 @@ def compare(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def _paired(
     scores: Mapping[tuple[str, int], Mapping[str, Mapping[str, float]]], natural: Sequence[str], budget: str
 ) -> list[dict[str, Any]]:
-    """``kind="growth_paired"``: per criterion, the overall normalised-regret difference
-    (baseline − criterion, > 0: the criterion is better) against random, last and middle, paired
-    over (model, seed), with the Welch t interval. ``beats`` = the interval's lower end > 0."""
+    """``kind="growth_paired"``: per criterion, normalised regret of random, last and middle minus
+    its own, paired over (model, seed), with the Welch t interval; ``beats``: its lower end > 0."""
     out = []
     for name in CRITERIA_COLUMNS:
         for base in ("random", "last", "middle"):
@@ -272,28 +259,16 @@ def _paired(
 
 
 def winner(table: Sequence[Mapping[str, Any]], budget: str = "long") -> dict[str, Any]:
-    """The default criterion and why. A criterion *beats the simple rules* when its overall
-    normalised regret is lower than that of random, last and middle with paired 95% intervals
-    excluding 0; the best such one wins. When none does, the cheapest criterion (:data:`COST_ORDER`)
-    among those finding the most planted blocks wins, and ``beats_simple_rules`` is False."""
+    """The default criterion and why: the lowest overall normalised regret among the criteria that
+    beat random, last and middle (paired); if none does, the cheapest (:data:`COST_ORDER`) of those
+    finding the most planted blocks."""
     paired = [r for r in table if r.get("kind") == "growth_paired" and r["budget"] == budget]
-    cand = {
-        r["criterion"]: r
-        for r in table
-        if r.get("kind") == "growth_compare"
-        and r["model"] == "overall"
-        and r["budget"] == budget
-        and r["criterion"] in COST_ORDER
-    }
+    rows = [r for r in table if r.get("kind") == "growth_compare" and r["budget"] == budget]
+    cand = {r["criterion"]: r for r in rows if r["model"] == "overall" and r["criterion"] in COST_ORDER}
     beating = [c for c in cand if all(r["beats"] for r in paired if r["criterion"] == c)]
     planted: dict[str, float] = {c: 0.0 for c in cand}
-    for r in table:
-        if (
-            r.get("kind") == "growth_compare"
-            and r.get("known_answer")
-            and r["budget"] == budget
-            and r["criterion"] in cand
-        ):
+    for r in rows:
+        if r.get("known_answer") and r["criterion"] in cand:
             planted[r["criterion"]] += r.get("hit_count", 0.0)
     if beating:
         best = min(beating, key=lambda c: cand[c]["norm_regret"])
@@ -318,7 +293,7 @@ def winner(table: Sequence[Mapping[str, Any]], budget: str = "long") -> dict[str
 
 
 def teacher_picks(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per planted-block (model, seed): the missing point, the realised best and each criterion's pick."""
+    """Per planted-block (model, seed): the answer, the realised best and each criterion's pick."""
     out: dict[str, dict[str, Any]] = {}
     for m, s in sorted({(str(r["model"]), int(r["seed"])) for r in rows if r.get("answer")}):
         rs = sorted(

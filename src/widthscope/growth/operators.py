@@ -1,9 +1,5 @@
-r"""Growth operators on trained models: a bigger model that starts from the smaller one's weights.
-
-Each works on a copy and returns a :class:`Growth`: :func:`zero_block` (zero-initialised residual
-blocks), :func:`stack_depth` (copied decoder layers, G_stack or its zeroed exact variant),
-:func:`widen` (exact width growth); :func:`optimizer_after` resets or keeps AdamW state after growth.
-Details: docs/growth.md.
+r"""Growth operators: a bigger copy of a trained model that starts from its weights (:class:`Growth`),
+and the optimiser after growth (:func:`optimizer_after`). Details: docs/growth.md.
 
 Example::
 
@@ -45,9 +41,8 @@ Source = tuple[str, tuple[slice, ...]] | None
 
 @dataclasses.dataclass
 class Growth:
-    """A grown model and where its parameters came from: ``sources`` maps every parameter name of
-    ``model`` to ``(old name, slices)`` (the old values sit in ``new[slices]``) or ``None`` (new);
-    ``exact``: the grown model computes the small model's function right after growth."""
+    """A grown model; ``sources`` maps each parameter name to ``(old name, slices)`` (the old values
+    sit in ``new[slices]``) or ``None`` (new); ``exact``: the function is unchanged by growth."""
 
     model: nn.Module
     operator: str
@@ -58,7 +53,6 @@ class Growth:
 
 
 def _require_llama(fn: str, model: nn.Module) -> None:
-    """Refuse all but a LLaMA-style Hugging Face causal LM (``model.model.layers`` of decoder layers)."""
     _args.module(fn, "model", model)
     cfg, inner = getattr(model, "config", None), getattr(model, "model", None)
     if getattr(cfg, "model_type", None) != "llama" or not hasattr(inner, "layers"):
@@ -77,7 +71,6 @@ def _count(model: nn.Module) -> int:
 
 
 def _set_config(model: Any, **values: Any) -> None:
-    """The sizes in the HF config (shared by every module) and in ``widthscope_config``."""
     hf = {"width": "hidden_size", "depth": "num_hidden_layers", "ffn": "intermediate_size"}
     hf.update(heads="num_attention_heads", kv_heads="num_key_value_heads")
     for key, value in values.items():
@@ -89,15 +82,9 @@ def _set_config(model: Any, **values: Any) -> None:
 
 
 def zero_block(
-    model: nn.Module,
-    points: Sequence[str],
-    *,
-    hidden: int | None = None,
-    seed: int = 0,
-    activation: str = "gelu",
+    model: nn.Module, points: Sequence[str], *, hidden: int | None = None, seed: int = 0, activation: str = "gelu"
 ) -> Growth:
-    """A copy of ``model`` with the project's zero-``W_out`` residual block at each of ``points``
-    (:func:`widthscope.probe.interventions.insert`; block seed ``seed + i`` at the ``i``-th point)."""
+    """A copy of ``model`` with a zero-``W_out`` residual block at each of ``points`` (seed ``seed + i``)."""
     fn = "zero_block"
     _args.module(fn, "model", model)
     if isinstance(points, str) or not points:
@@ -115,8 +102,7 @@ def zero_block(
 
 def stack_order(n_old: int, depth: int, layout: str = "stack") -> list[int]:
     """The old layer indices of a ``depth``-layer stack grown from ``n_old`` layers: ``"stack"``
-    (G_stack) repeats the whole stack, then its top ``depth % n_old`` layers; ``"interleave"``
-    repeats each layer in place, the top ``depth % n_old`` layers once more.
+    repeats the whole stack, ``"interleave"`` each layer in place (the top ``depth % n_old`` once more).
 
     >>> stack_order(2, 8), stack_order(3, 5), stack_order(2, 5, "interleave")
     ([0, 1, 0, 1, 0, 1, 0, 1], [0, 1, 2, 1, 2], [0, 0, 1, 1, 1])
@@ -142,15 +128,13 @@ def stack_depth(
     factor: int | None = None,
     layout: str = "stack",
 ) -> Growth:
-    """A copy of a LLaMA-style decoder whose layers are copies of the old ones in ``order`` (default
-    the whole stack twice), or :func:`stack_order` to ``depth`` or ``factor × L`` layers.
-    ``mode="copy"``: plain copies (G_stack, not function-preserving); ``"zero"``: every repeat of a
-    layer has ``o_proj`` and ``down_proj`` zeroed (function-preserving)."""
+    """A copy of a LLaMA-style decoder whose layers are the old ones in ``order`` (default
+    :func:`stack_order` to ``depth``, ``factor × L`` or twice the layers). ``mode="zero"`` zeroes
+    ``o_proj`` and ``down_proj`` of every repeat (function-preserving), ``"copy"`` does not."""
     fn = "stack_depth"
     _require_llama(fn, model)
     _args.choice(fn, "mode", mode, STACK_MODES)
-    small: Any = model  # a LlamaForCausalLM (checked above): its submodules are read by name
-    n_old = len(small.model.layers)
+    n_old = len(model.model.layers)  # type: ignore[union-attr, arg-type]
     if sum(x is not None for x in (order, depth, factor)) > 1:
         raise WidthscopeError(f"{fn}: give one of order=, depth= or factor=, not several")
     if factor is not None:
@@ -190,7 +174,6 @@ def stack_depth(
     _set_config(grown, depth=len(order))
     if getattr(grown.config, "layer_types", None) is not None:
         grown.config.layer_types = [grown.config.layer_types[i] for i in order]
-    # widthscope_points: a plain attribute read by the probes (block outputs)
     grown.widthscope_points = [f"model.layers.{j}" for j in range(len(order))]
     exact = mode == "zero" or order == list(range(n_old))
     return Growth(
@@ -201,8 +184,7 @@ def stack_depth(
 def _grow_linear(
     lin: nn.Linear, out_f: int, in_f: int, *, read_new_in: bool, write_new_out: bool, std: float, gen: torch.Generator
 ) -> None:
-    """Enlarge ``lin`` to ``(out_f, in_f)``, the old block kept: new input columns random when
-    ``read_new_in`` (else zero), new output rows random when ``write_new_out`` (else zero)."""
+    """Enlarge ``lin`` to ``(out_f, in_f)`` keeping the old block; new columns/rows random if asked, else zero."""
     old = lin.weight.detach()
     o, i = old.shape
     w = torch.zeros(out_f, in_f, dtype=old.dtype, device=old.device)
@@ -216,8 +198,8 @@ def _grow_linear(
 
 
 def _grow_norm(norm: Any, n_new: int) -> None:
-    """RMSNorm over ``n_new`` channels whose old channels give the same output when the new ones are
-    zero: weights × √(N_old/N_new), ε × N_old/N_new (new weights: the mean of the scaled old ones)."""
+    """RMSNorm over ``n_new`` channels, unchanged on the old ones while the new are zero: weights ×
+    √(N_old/N_new), ε × N_old/N_new."""
     old = norm.weight.detach()
     r = old.shape[0] / n_new
     w = torch.empty(n_new, dtype=old.dtype, device=old.device)
@@ -254,8 +236,7 @@ def widen(
     model: nn.Module, width: int | None = None, *, ffn: int | None = None, seed: int = 0, std: float | None = None
 ) -> Growth:
     """A function-preserving copy of a LLaMA-style decoder with hidden size ``width``, MLP size
-    ``ffn`` (default scaled with the width) and ``width // head_dim`` heads (key/value heads at the
-    same group size). ``std``: of the new reading weights (default the config's ``initializer_range``)."""
+    ``ffn`` (default scaled with it) and ``width // head_dim`` heads; ``std``: of the new reading weights."""
     fn = "widen"
     _require_llama(fn, model)
     _args.integer(fn, "width", width, lo=2, optional=True)
@@ -304,9 +285,8 @@ def optimizer_after(
     weight_decay: float = 0.0,
     betas: tuple[float, float] = (0.9, 0.999),
 ) -> torch.optim.AdamW:
-    """An AdamW over the grown model's trainable parameters: fresh (``mode="reset"``) or with the
-    moments of ``old_opt`` (an AdamW over ``old_model``) carried into the slices the old values went
-    to (``"keep"``; new entries zero, new tensors without state)."""
+    """An AdamW over the grown model: fresh (``mode="reset"``) or with ``old_opt``'s moments carried
+    into the slices the old values went to (``"keep"``)."""
     fn = "optimizer_after"
     _args.choice(fn, "mode", mode, OPT_STATES)
     params = [p for p in growth.model.parameters() if p.requires_grad]

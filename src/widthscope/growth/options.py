@@ -1,6 +1,5 @@
-"""The settings of ``grow``, ``grow-bench`` and ``grow-target`` as data: one frozen, typed field per
-option (:func:`widthscope.options.option`), from which the command line, the validation and the
-``options`` record of a results file all come.
+"""The settings of ``grow``, ``grow-bench`` and ``grow-target``: one typed field per option
+(:func:`widthscope.options.option`).
 
 Example::
 
@@ -28,9 +27,8 @@ from ..registry import GROWTH_OPERATORS
 
 __all__ = ["GrowOptions", "GrowBenchOptions", "GrowTargetOptions", "DEFAULT_CRITERION", "GROW_POOLS", "with_keywords"]
 
-# Chosen from the growth benchmark (docs/interventions.md §5, `widthscope grow-bench`).
 DEFAULT_CRITERION = "line_search"
-# A checkpoint's pool sizes when not given (train, held-out): upper bounds, capped at what the data has.
+# a checkpoint's (train, held-out) pool sizes when not given, capped at what the data has
 GROW_POOLS = (2048, 512)
 
 
@@ -40,8 +38,7 @@ def _seeds(text: str) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class GrowOptions(Options):
-    """The settings of a growth decision (:func:`widthscope.growth.grow`, ``widthscope grow``): which
-    points compete, the certificate's sample sizes, how the new block is trained, what is compared."""
+    """The settings of a growth decision (:func:`widthscope.growth.grow`, ``widthscope grow``)."""
 
     SHARED_RANGES = True
 
@@ -92,12 +89,10 @@ class GrowOptions(Options):
 
 @dataclasses.dataclass(frozen=True)
 class GrowBenchOptions(Options):
-    """The settings of the growth benchmark (:func:`widthscope.growth.bench.run_bench`,
-    ``widthscope grow-bench``): which suite, which model seeds, the certificates' sample sizes."""
+    """The settings of the growth benchmark (``widthscope grow-bench``)."""
 
     quick: bool = option(False, help="the small suite (under a minute on one core: docs/big-models.md)")
     seeds: tuple[int, ...] | None = _seeds("comma-separated model seeds (default 0,1,2,3,4; 0,1,2 with --quick)")
-    # the lower bound 4 of M and K is check()'s, with its own message
     M: int = option(32, hi=MAX_POOL, help="train samples of the certificates (default 32)")
     K: int = option(32, hi=MAX_POOL, help="held-out samples of the certificates (default 32)")
 
@@ -111,8 +106,7 @@ class GrowBenchOptions(Options):
         return "quick" if self.quick else "full"
 
 
-# the grow-target schedules (growth.schedule defines them; repeated so that the options need not import
-# torch: tests/test_grow_target.py checks they agree)
+# growth.schedule.SCHEDULES' names, without importing torch
 TARGET_SCHEDULES = (
     "fixed@0.1",
     "fixed@0.25",
@@ -126,9 +120,7 @@ TARGET_SCHEDULES = (
 
 @dataclasses.dataclass(frozen=True)
 class GrowTargetOptions(Options):
-    """The settings of the compute-to-target benchmark (:func:`widthscope.growth.target.run_target`,
-    ``widthscope grow-target``): which suite, seeds, and optionally a subset of its operators and
-    schedules or another budget."""
+    """The settings of the compute-to-target benchmark (``widthscope grow-target``)."""
 
     quick: bool = option(False, help="the tiny suite (seconds per seed on one core: docs/big-models.md)")
     seeds: tuple[int, ...] | None = _seeds("comma-separated seeds (default 0,1,2,3,4; 0,1 with --quick)")

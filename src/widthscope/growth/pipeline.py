@@ -1,8 +1,5 @@
-r"""Growth decisions: where should a trained model get a new residual block?
-
-:func:`rank_points` scores every candidate point; :func:`grow` grows a zero-output block at the best
-one (with ``compare``, also at the worst and a random one, beside training the original for the same
-FLOPs) and reports the held-out loss before and after; :func:`run_grow` is ``widthscope grow``.
+r"""Growth decisions: where should a trained model get a new residual block? :func:`rank_points`
+scores the points, :func:`grow` grows at the best one, :func:`run_grow` is ``widthscope grow``.
 
 Example::
 
@@ -51,21 +48,17 @@ from .options import DEFAULT_CRITERION, GrowOptions
 __all__ = [
     "grow",
     "rank_points",
-    "grow_at",
     "run_grow",
     "builtin_inputs",
-    "DELTAS",
     "DEFAULT_CRITERION",
     "GrowOptions",
     "certification_note",
     "step_flops",
-    "continue_training",
 ]
 
 DELTAS = (0.1, 0.05, 0.01)
 
 
-# ----------------------------------------------------------------------------- ranking
 # what the committed grow-bench rows say of every criterion (docs/interventions.md §5)
 CRITERION_NOTE = (
     "criterion {criterion}: unvalidated; in the committed grow-bench rows no criterion ranks points better than "
@@ -93,20 +86,18 @@ def rank_points(
     show_progress: bool = True,
     **keywords: Any,
 ) -> list[dict[str, Any]]:
-    """Certificate, predicted gain and sample-size plan for every candidate point, best first.
-
-    ``train``/``test`` are pooled examples; the settings are ``options`` (keywords named like its
-    fields override them). ``criterion`` (:data:`widthscope.probe.growth.CRITERIA`) picks the column
-    ranked on: ``"bias"`` ranks by ``η aᵀb``, the others add the block's columns of
-    :func:`widthscope.probe.growth.point_criteria` (the block :func:`grow_at` would insert).
-    Every row has ``score``, ``p_improve`` (the ranked certificate's ``1 − B_exact``, 0 when
-    vacuous), ``MK_needed_δ`` (its planner's ``M = K`` for ``B_exact ≤ δ``) and ``rank`` (1 = best).
-    """
+    """Certificate, predicted gain and sample-size plan for every candidate point, best first by
+    ``options.criterion`` (``"bias"``: ``η aᵀb``; the others: the block's columns of
+    :func:`widthscope.probe.growth.point_criteria`). Rows carry ``score``, ``p_improve``
+    (``1 − B_exact``, 0 when vacuous), ``MK_needed_δ`` and ``rank``."""
     opts = with_keywords("rank_points", options, GrowOptions, keywords)
     M, K, eta, criterion, batch_size = opts.M, opts.K, opts.eta_or_lr, opts.criterion, opts.batch_size
     names = resolve_points(model, opts.points)
     S_a = collect(model, to_batches(train, batch_size), points=names, loss_fn=loss_fn, progress=show_progress)
     S_b = collect(model, to_batches(test, batch_size), points=names, loss_fn=loss_fn, progress=show_progress)
+    block: dict[str, Any] = dict(
+        hidden=opts.block_width, block_seed=opts.seed, loss_fn=loss_fn, batch_size=batch_size, deltas=DELTAS
+    )
     rows = []
     for p in names:
         c = certificate(S_a[p], S_b[p], M=M, K=K)
@@ -121,7 +112,7 @@ def rank_points(
             "eta": eta,
             "predicted_gain": eta * c.expectation,
         }
-        vacuous_rule(row)  # d_align of a vacuous certificate is missing, as in every row
+        vacuous_rule(row)
         for d in DELTAS:
             pl = plan(S_a[p], S_b[p], target=d)
             row[f"MK_exact_{d:g}"], row[f"MK_align_{d:g}"] = pl.equal_exact, pl.equal_align
@@ -129,20 +120,7 @@ def rank_points(
         row.update(criterion=criterion, score=row["predicted_gain"], p_improve=p_improve)
         needed = [row[f"MK_exact_{d:g}"] for d in DELTAS]
         if criterion != "bias":
-            pc = point_criteria(
-                model,
-                p,
-                train,
-                test,
-                M=M,
-                K=K,
-                eta=eta,
-                hidden=opts.block_width,
-                block_seed=opts.seed,
-                loss_fn=loss_fn,
-                batch_size=batch_size,
-                deltas=DELTAS,
-            )
+            pc = point_criteria(model, p, train, test, M=M, K=K, eta=eta, **block)
             row.update({k: v for k, v in pc.items() if k.startswith(("block_", "gradmax", "certified", "ls_"))})
             row.update(score=pc[CRITERIA[criterion]], p_improve=pc["p_improve"])
             needed = [pc[f"block_MK_exact_{d:g}"] for d in DELTAS]
@@ -160,8 +138,7 @@ def rank_points(
 
 
 def certification_note(cands: Sequence[dict[str, Any]], M: int, K: int, delta: float = 0.1) -> str:
-    """One plain line: which points the ranked certificate certifies at ``δ`` (``B_exact ≤ δ``),
-    or, when none is, the smallest ``M = K`` at which the planner says one would be."""
+    """Which points are certified at ``δ`` (``B_exact ≤ δ``), or else the ``M = K`` that would certify one."""
     ok = [c["point"] for c in cands if c.get("p_improve", 0.0) >= 1.0 - delta]
     mk = f"M = K = {M}" if M == K else f"M = {M}, K = {K}"
     if ok:
@@ -177,7 +154,6 @@ def certification_note(cands: Sequence[dict[str, Any]], M: int, K: int, delta: f
     return f"no point is certified at δ = {delta:g} with {mk}; {tail}"
 
 
-# ----------------------------------------------------------------------------- growing
 def _check_data(fn: str, data: Any) -> None:
     parts: tuple[tuple[str, Any], ...]
     if isinstance(data, dict) and "train" in data and "test" in data:
@@ -210,14 +186,12 @@ def grow(
 ) -> dict[str, Any]:
     r"""Rank insertion points by ``options.criterion``, grow a block at the best one, train it.
 
-    Keywords named like the fields of ``options`` override them. ``model`` is not modified.
-    ``data`` is a :class:`widthscope.data.Split` or ``(train_batches, test_batches)``: ``n_rank``
-    held-out examples rank, the rest measure; ``n_train`` examples estimate ``a`` (default
-    ``max(4M, 256)``). Returns ``{"candidates", "growth", "chosen", "rows", "certification",
-    "criterion_note", "settings", "options"}``; rows have ``kind="growth"`` and a ``role``
-    (candidate|best|worst|random|continue).
+    ``data``: a :class:`widthscope.data.Split` or ``(train_batches, test_batches)``; ``n_rank``
+    held-out examples rank, the rest measure; ``n_train`` (default ``max(4M, 256)``) estimate ``a``.
+    ``model`` is not modified; keywords override ``options``' fields. Rows have ``kind="growth"``
+    and a ``role`` (candidate|best|worst|random|continue).
     """
-    fn = "grow"  # the types, before any work
+    fn = "grow"
     _args.module(fn, "model", model)
     _check_data(fn, data)
     opts = with_keywords(fn, options, GrowOptions, keywords)
@@ -233,24 +207,17 @@ def grow(
     common = {"criterion": opts.criterion, "M": M, "K": K, "n_eval": n_eval}
     fit: dict[str, Any] = dict(lr=opts.lr, batch_size=opts.batch_size, seed=opts.seed, loss_fn=loss_fn)
     fit.update(show_progress=progress)
+    probes = dict(
+        probe_train=take(pools.probe_train, min(M, pools.n_train)),
+        probe_test=index_batch(pools.rank_test, slice(0, min(K, pools.n_rank))),
+    )
+    block: dict[str, Any] = dict(steps=opts.steps, block_width=opts.block_width, train_all=opts.train_all, **probes)
     growth = []
     for role, cand in chosen_points(cands, opts):
-        _, res = grow_at(
-            model,
-            cand["point"],
-            train,
-            pools.evaluate,
-            probe_train=take(pools.probe_train, min(M, pools.n_train)),
-            probe_test=index_batch(pools.rank_test, slice(0, min(K, pools.n_rank))),
-            steps=opts.steps,
-            block_width=opts.block_width,
-            width=cand["width"],
-            train_all=opts.train_all,
-            **fit,
-        )
+        _, res = grow_at(model, cand["point"], train, pools.evaluate, width=cand["width"], **block, **fit)
         keys = ("rank", "predicted_gain", "d_align", "score", "p_improve", "b_exact", "b_align")
         growth.append({"kind": "growth", "role": role, **{k: cand[k] for k in keys}, **common, **res})
-    if opts.compare:  # is growing better than training the original model for the same compute?
+    if opts.compare:
         res = continue_training(model, train, pools.evaluate, flops=growth[0]["flops"], **fit)
         growth.append({"kind": "growth", "role": "continue", "rank": None, "predicted_gain": None, **common, **res})
     fields = ("M", "K", "steps", "lr", "train_all", "criterion", "block_width", "seed")
@@ -268,13 +235,12 @@ def grow(
             "n_rank": pools.n_rank,
             "n_eval": n_eval,
         },
-        "options": {"grow": opts.to_dict()},  # what made it: GrowOptions.from_dict repeats it (grow --config)
+        "options": {"grow": opts.to_dict()},
     }
 
 
 def check_offloaded(model: nn.Module, opts: GrowOptions) -> None:
-    """A model with offloaded modules trains the new block only: ``train_all`` and ``compare``
-    (whose 'continue' baseline trains the whole model) are refused, one line each."""
+    """Refuse ``train_all`` and ``compare`` (which train every parameter) on an offloaded model."""
     if opts.train_all:
         check_trainable(model, *TRAIN_ALL)
     if opts.compare:
@@ -291,7 +257,7 @@ class _Pools(NamedTuple):
 
 
 def split_pools(model: nn.Module, train: Any, test: Any, opts: GrowOptions, n_train: int | None = None) -> _Pools:
-    """The seeded subsets :func:`grow` ranks on and evaluates on, checked before any work."""
+    """The seeded subsets :func:`grow` ranks and evaluates on, checked before any work."""
     n_tr, n_te = batch_size_of(train), batch_size_of(test)
     if n_te < 8:
         raise WidthscopeError(
@@ -303,13 +269,12 @@ def split_pools(model: nn.Module, train: Any, test: Any, opts: GrowOptions, n_tr
     n_train = min(n_tr, max(4 * opts.M, 256)) if n_train is None else int(n_train)
     if not 1 <= n_train <= n_tr:
         raise WidthscopeError(f"n_train={n_train}: need between 1 and the {n_tr} training examples given")
-    resolve_points(model, opts.points)  # unknown names first: the clearest error
+    resolve_points(model, opts.points)
     check_pools(opts.M, opts.K, n_train, n_rank, test_pool="held-out ranking pool (half of --n-test)")
     seed = int(opts.seed)
     probe_train = index_batch(
         train, torch.randperm(n_tr, generator=torch.Generator().manual_seed(seed + 1))[:n_train].sort().values
     )
-    # a seeded permutation, not the first half: data such as text chunks is ordered by position
     perm = torch.randperm(n_te, generator=torch.Generator().manual_seed(seed))
     rank_test = index_batch(test, perm[:n_rank].sort().values)
     evaluate = index_batch(test, perm[n_rank:].sort().values)
@@ -327,12 +292,11 @@ def chosen_points(cands: list[dict[str, Any]], opts: GrowOptions) -> list[tuple[
     return chosen
 
 
-# ----------------------------------------------------------------------------- a whole run
 def builtin_inputs(
     seed: int = 0, n_train: PoolSize | None = None, n_test: PoolSize | None = None
 ) -> tuple[nn.Module, Any, Any]:
-    """The built-in MLP *untrained*, its digits split and the pools grow uses: the whole split, or
-    seeded subsets of ``n_train`` / ``n_test`` examples."""
+    """The built-in MLP (untrained), its digits split and the pools: seeded subsets of ``n_train`` /
+    ``n_test`` examples, or the whole split."""
     split = load("digits", seed=seed)
     torch.manual_seed(seed)
     model = build("mlp", 64, in_dim=64, out_dim=10, depth=3, activation="tanh")
@@ -357,7 +321,7 @@ def check_builtin(model: nn.Module, pools: Any, opts: GrowOptions, out: str | No
 
 
 def check_out_space(model: nn.Module, points: Sequence[str] | str | None, out: str | None) -> None:
-    """Free space for the ``out`` JSON: candidate and growth rows (about 2 KB each, over-estimated)."""
+    """Free space for the ``out`` JSON."""
     if out:
         check_space(out, 20_000 + 8_000 * len(resolve_points(model, points)))
 
@@ -368,8 +332,7 @@ def load_inputs(
     show: bool = True,
     check: Callable[[nn.Module], None] | None = None,
 ) -> Any:
-    """Model and pools of ``spec`` through the shared input layer; the points (and ``check``, on
-    the loaded model) are checked before the data is read."""
+    """Model and pools of ``spec``; the points and ``check(model)`` run before the data is read."""
     model = load_model(
         spec.model, dtype=spec.dtype, task=spec.task, revision=spec.revision, placement=placement_of(spec)
     )
@@ -392,12 +355,9 @@ def run_grow(
     report: Callable[[dict[str, Any]], None] | None = None,
     **keywords: Any,
 ) -> dict[str, Any]:
-    """What ``widthscope grow`` does: load the model and its pools, check them before any training,
-    :func:`grow`, record the inputs, write ``out`` (JSON, atomically).
-
-    ``spec``: the checkpoint and its data; ``None``: the built-in MLP, trained 300 steps on digits,
-    with seeded subsets of ``n_train`` / ``n_test`` examples, cast to ``dtype``. ``say`` gets the
-    input layer's notes; ``report`` is called with the result before it is written."""
+    """``widthscope grow``: load and check the model and pools of ``spec`` (``None``: the built-in MLP
+    trained 300 steps on digits, cast to ``dtype``), :func:`grow`, write ``out`` (JSON). ``say`` gets
+    the input notes; ``report`` the result before it is written."""
     opts = with_keywords("run_grow", options, GrowOptions, keywords)
     inputs = None
     if spec is None:
@@ -426,7 +386,7 @@ def run_grow(
             input_spec=inputs.spec.to_dict(),
         )
         placed = getattr(model, "widthscope_dispatch", None)
-        if placed:  # a dispatched model: where its layers ran, as certify records it
+        if placed:
             res["settings"]["placement"] = placed
     if report is not None:
         report(res)

@@ -1,10 +1,5 @@
-r"""When to grow: at fixed fractions of a compute budget, or when a signal says so.
-
-A :class:`Schedule` (``fixed``, ``plateau``, ``certificate``: ``B_exact`` of the bias step reaches
-``threshold``, or ``misalignment``) is read at every evaluation (:meth:`Schedule.due`); signals never
-fire before ``earliest`` and are forced at ``latest``. :func:`choose_points` picks where to grow;
-:func:`growth_pays` says from the small model's loss curve whether growing pays at a budget.
-Details: docs/growth.md.
+r"""When to grow (:class:`Schedule`: at fixed fractions of the budget, or when a signal fires), where
+(:func:`choose_points`), and whether it pays (:func:`growth_pays`). Details: docs/growth.md.
 
 Example::
 
@@ -26,6 +21,7 @@ import torch.nn as nn
 
 from .. import _args
 from ..errors import WidthscopeError
+from ..probe.collect import EvalMode
 from ..probe.growth import CRITERIA, block_input_features, point_criteria
 from ..stats import certificate, misalignment
 
@@ -36,8 +32,9 @@ KINDS = ("fixed", "plateau", "certificate", "misalignment")
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:
-    """When to grow (see the module docstring). ``name`` labels the rows (default the kind and its
-    numbers)."""
+    """When to grow: ``fixed`` at ``fractions`` of the budget; ``plateau``, ``certificate``
+    (``B_exact`` of the bias step) or ``misalignment`` when the signal reaches ``threshold``, never
+    before ``earliest`` and forced at ``latest``."""
 
     kind: str
     fractions: tuple[float, ...] = ()
@@ -46,7 +43,6 @@ class Schedule:
     earliest: float = 0.05
     latest: float = 0.75
     stages: int = 1
-    label: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -70,8 +66,6 @@ class Schedule:
 
     @property
     def name(self) -> str:
-        if self.label:
-            return self.label
         if self.kind == "fixed":
             return "fixed@" + "+".join(f"{f:g}" for f in self.fractions)
         return f"{self.kind}>{self.threshold:g}" if self.kind != "plateau" else f"plateau<{self.threshold:g}"
@@ -81,15 +75,10 @@ class Schedule:
         return self.kind != "fixed"
 
     def due(
-        self,
-        stage: int,
-        fraction: float,
-        history: Sequence[float],
-        measure: Callable[[], float] | None = None,
+        self, stage: int, fraction: float, history: Sequence[float], measure: Callable[[], float] | None = None
     ) -> bool:
-        """Whether growth ``stage`` (0-based) is due now: ``fraction`` of the budget spent, held-out
-        losses ``history`` since the last growth (or the start), ``measure()`` the signal value
-        (certificate ``B_exact`` or misalignment probability; called only when needed)."""
+        """Whether growth ``stage`` (0-based) is due at ``fraction`` of the budget, given the held-out
+        losses ``history`` since the last growth; ``measure()`` gives the signal, called only if needed."""
         if stage >= self.stages:
             return False
         if self.kind == "fixed":
@@ -114,16 +103,11 @@ class Schedule:
 def alignment_signal(
     model: nn.Module, point: str, train: Any, test: Any, *, kind: str, M: int, K: int, seed: int = 0
 ) -> float:
-    """The signal value at ``point``: ``B_exact`` of the bias-step certificate (``kind="certificate"``)
-    or the misalignment probability (``"misalignment"``), from the position-pooled activation
-    gradients of ``train`` (``M`` used) and held-out ``test`` (``K`` used) examples."""
-    was = model.training
-    model.eval()
-    try:
+    """``B_exact`` of the bias-step certificate (``kind="certificate"``) or the misalignment
+    probability at ``point``, from position-pooled activation gradients of ``train`` and ``test``."""
+    with EvalMode(model):
         qa, _ = block_input_features(model, point, train, None, batch_size=64)
         qb, _ = block_input_features(model, point, test, None, batch_size=64)
-    finally:
-        model.train(was)
     sa, sb = qa.sum(1).double(), qb.sum(1).double()
     if kind == "certificate":
         c = certificate(sa, sb, M=M, K=K)
@@ -146,10 +130,8 @@ def choose_points(
     K: int = 32,
     eta: float = 1e-3,
 ) -> list[str]:
-    """Where to grow: the ``k`` points of ``points`` that ``criterion`` ranks highest (the default is
-    unvalidated: docs/interventions.md §5)
-    (:data:`widthscope.probe.growth.CRITERIA`, the criteria of ``widthscope grow``; ties keep the
-    order of ``points``), from ``train`` and held-out ``test`` examples."""
+    """The ``k`` points of ``points`` that ``criterion`` (:data:`widthscope.probe.growth.CRITERIA`)
+    ranks highest; ties keep the order of ``points``."""
     if criterion not in CRITERIA:
         raise WidthscopeError(f"choose_points(criterion={criterion!r}): choose one of {', '.join(CRITERIA)}")
     if not 1 <= k <= len(points):
@@ -165,7 +147,6 @@ def choose_points(
     return [points[i] for i in order[:k]]
 
 
-# the benchmark's schedules (grow.target): fixed points, a two-stage growth and the two signals
 SCHEDULES: dict[str, Schedule] = {
     s.name: s
     for s in (
@@ -181,11 +162,9 @@ SCHEDULES: dict[str, Schedule] = {
 
 
 def growth_pays(curve: Sequence[Sequence[float]], budget: float, target: float) -> dict[str, Any]:
-    """From the small model's held-out ``curve`` so far (``[(FLOPs, loss), ...]``): will it reach
-    ``target`` by ``budget`` FLOPs if continued alone? Fits ``loss ≈ E + A · C^(-alpha)`` by least
-    squares (points with ``C > 0``; ``E, A ≥ 0``; ``alpha`` on a grid in [0.02, 3], refined once) and
-    extrapolates. ``decision``: ``"grow"`` where the fitted curve stays above ``target`` at ``budget``
-    (or its floor ``E`` is above it), ``"continue"`` where the small model is predicted to get there first.
+    """Will the small model's held-out ``curve`` (``[(FLOPs, loss), ...]``) reach ``target`` by
+    ``budget`` if continued alone? Fits ``loss ≈ E + A · C^(-alpha)`` (``E, A ≥ 0``, ``alpha`` on a
+    grid, refined once) and says ``"grow"`` if the fit stays above ``target`` at ``budget``, else ``"continue"``.
 
     >>> curve = [[c, 2.0 + 3.0 * c**-0.5] for c in (1, 2, 4, 8)]
     >>> growth_pays(curve, 100.0, 2.2)["decision"], growth_pays(curve, 1000.0, 2.2)["decision"]
@@ -211,7 +190,6 @@ def growth_pays(curve: Sequence[Sequence[float]], budget: float, target: float) 
     def fit(alpha: float) -> tuple[float, float, float]:
         x = c**-alpha
         (E, A), *_ = np.linalg.lstsq(np.stack([np.ones_like(x), x], 1), y, rcond=None)
-        # the free solution if feasible, else the two boundary fits
         fits = (
             [(float(E), float(A))]
             if E >= 0 and A >= 0

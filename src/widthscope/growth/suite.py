@@ -1,5 +1,4 @@
-"""The growth benchmark's suite: its cells (:func:`cells`), the reproducible context a cell runs in,
-the planted teacher–student cases, base training to a plateau, and a cell's model and data."""
+"""The growth benchmark's suite (:func:`cells`), the context a cell runs in, and its models and data."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ from ..sweeps.grid import cell_id
 
 __all__ = ["SUITES", "SEEDS", "cells", "reproducible", "teacher_student", "train_to_plateau"]
 
-# every cell's defaults: the learning-rate grids of the block and of training all parameters (each
-# chosen on the ranking half), the block seeds, and base training's plateau rule (train_to_plateau)
+# every cell's defaults: the learning-rate grids (block, all parameters), block seeds, plateau rule
 _DEFAULTS = dict(
     block_lrs=(1e-3, 3e-3, 1e-2),
     continue_lrs=(3e-4, 1e-3, 3e-3),
@@ -77,8 +75,7 @@ _RESNET = dict(
     scratch=False,
     block_lrs=(3e-4, 1e-3, 3e-3),
 )
-# planted blocks: the grown block (width = point width, W_in seed 0) is never the teacher's block
-# (W_in seed 7, hidden 8 / seed 5, hidden 16), so no criterion is handed the answer
+# planted blocks: the teacher's block is never the grown one (other seed and width)
 _TEACHER = dict(
     family="teacher",
     width=24,
@@ -144,8 +141,7 @@ def cells(suite: str = "full", seeds: Sequence[int] | None = None, *, M: int = 3
 
 @contextmanager
 def reproducible(threads: int = 1) -> Iterator[dict[str, Any]]:
-    """``threads`` torch threads and deterministic algorithms inside (restored after); yields what
-    else could make a rerun elsewhere differ (:func:`widthscope._env.environment`)."""
+    """``threads`` torch threads and deterministic algorithms inside; yields :func:`widthscope._env.environment`."""
     was = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     with torch_threads(int(threads)):
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -156,7 +152,7 @@ def reproducible(threads: int = 1) -> Iterator[dict[str, Any]]:
 
 
 def own_cells(out_dir: Path, grid: Sequence[Mapping[str, Any]], what: str) -> set[str]:
-    """The ids of ``grid``'s cells; refuses an ``out_dir`` holding finished cells of another run (``what``)."""
+    """The ids of ``grid``'s cells; refuses an ``out_dir`` holding cells of another run (``what``)."""
     ids = {cell_id(c) for c in grid}
     foreign = [p.stem for p in (out_dir / "cells").glob("*.json") if p.stem not in ids]
     if foreign:
@@ -168,7 +164,7 @@ def own_cells(out_dir: Path, grid: Sequence[Mapping[str, Any]], what: str) -> se
 
 
 def write_table(out_dir: Path, table: Sequence[Mapping[str, Any]]) -> None:
-    """``out_dir/comparison.jsonl``: one sorted-key JSON line per row of ``table``, written atomically."""
+    """``out_dir/comparison.jsonl``: one JSON line per row of ``table``."""
     atomic_write_text(out_dir / "comparison.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in table))
 
 
@@ -182,24 +178,19 @@ def teacher_student(
     block_seed: int = 0,
     n_train: int = 512,
     n_test: int = 256,
-    in_dim: int = 8,
-    out_dim: int = 4,
     teacher_seed: int | None = None,
     damp: float | None = None,
 ) -> tuple[nn.Module, tuple[Any, Any], str]:
-    """A student MLP that lacks exactly one residual block (at ``blocks.{missing}``) of its teacher:
-    (student, (train, test), point). The teacher is the student plus a block of hidden width
-    ``hidden`` (``W_in`` from ``teacher_seed``, default ``block_seed``) there; targets are its
-    outputs (regression). ``damp`` scales the linear maps of ``blocks.1 … blocks.{missing}``, so
-    changes before the planted block reach the output only weakly."""
+    """(student, (train, test), point): a student MLP lacking one residual block of its teacher at
+    ``blocks.{missing}``; targets are the teacher's outputs. ``damp`` scales the linear maps of
+    ``blocks.1 … blocks.{missing}``."""
     gen = torch.Generator().manual_seed(1000 + int(seed))
     torch.manual_seed(1000 + int(seed))
-    student = build("mlp", width, in_dim=in_dim, out_dim=out_dim, depth=depth, activation="tanh").double().eval()
+    student = build("mlp", width, in_dim=8, out_dim=4, depth=depth, activation="tanh").double().eval()
     if damp is not None:
         with torch.no_grad():
             for i in range(1, missing + 1):
                 student.get_parameter(f"blocks.{i}.linear.weight").mul_(damp)
-    # widthscope_config/_points: plain attributes build() sets; nn.Module.__getattr__ is typed Tensor | Module
     teacher = build(**student.widthscope_config).double().eval()  # type: ignore[arg-type]
     teacher.load_state_dict(student.state_dict())
     point = f"blocks.{missing}"
@@ -207,7 +198,7 @@ def teacher_student(
     with torch.no_grad():
         w = block_of(teacher, point).w_out
         w.copy_(torch.randn(w.shape, generator=gen, dtype=w.dtype) * 0.6)
-    x = torch.randn(n_train + n_test, in_dim, generator=gen, dtype=torch.float64)
+    x = torch.randn(n_train + n_test, 8, generator=gen, dtype=torch.float64)
     with torch.no_grad():
         y = teacher(x)
     return student, ((x[:n_train], y[:n_train]), (x[n_train:], y[n_train:])), point
@@ -226,10 +217,8 @@ def train_to_plateau(
     tol: float,
     max_steps: int,
 ) -> dict[str, Any]:
-    """AdamW (clipping at norm 1, linear warm-up over the first ``eval_every`` steps) on batches
-    drawn by ``Generator(seed)``, in train mode; the loss on ``monitor`` every ``eval_every`` steps.
-    Stops once ``min(last patience evals) > (1 − tol) · min(evals before them)`` or at
-    ``max_steps``; the best evaluated state is restored and the model left in eval mode."""
+    """AdamW (clipped, warm-up over ``eval_every`` steps) until ``min(last patience evals on monitor)
+    > (1 − tol) · min(evals before them)`` or ``max_steps``; restores the best state, eval mode."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(int(seed))
@@ -241,12 +230,8 @@ def train_to_plateau(
         for _ in range(min(eval_every, max_steps - step)):
             for g in opt.param_groups:
                 g["lr"] = lr * min(1.0, (step + 1) / eval_every)
-            loss = per_example_losses(
-                model,
-                index_batch(train, torch.randint(0, n, (min(batch_size, n),), generator=gen)),
-                batch_size=batch_size,
-                grad=True,
-            ).mean()
+            idx = torch.randint(0, n, (min(batch_size, n),), generator=gen)
+            loss = per_example_losses(model, index_batch(train, idx), batch_size=batch_size, grad=True).mean()
             if not torch.isfinite(loss):
                 raise WidthscopeError(f"base training diverged at step {step} (loss {float(loss)}); lower base_lr")
             opt.zero_grad(set_to_none=True)
@@ -290,17 +275,17 @@ def cell_data(cell: Mapping[str, Any]) -> tuple[Any, Any, str | None, nn.Module 
     if cell["data"] == "text":
         sizes = {k: cell[k] for k in ("n_train", "n_test", "seq_len")}
         split = load("text", seed=seed, max_bytes=400_000, **sizes)
-        return split.train[0], split.test[0], None, None  # token ids: the LM loss predicts the sequence itself
+        return split.train[0], split.test[0], None, None  # token ids only
     split = load("digits", seed=seed)
     tr, te = tuple(split.train), tuple(split.test)
-    if cell["data"] == "digits-images":  # 8×8 grey images for the ResNet
+    if cell["data"] == "digits-images":
         tr, te = (tr[0].view(-1, 1, 8, 8), tr[1]), (te[0].view(-1, 1, 8, 8), te[1])
     return tr, te, None, None
 
 
 def split_held_out(cell: Mapping[str, Any], test: Any) -> dict[str, Any]:
-    """The held-out pool split by a seeded permutation: ``rank`` (half: criteria, plateau, learning
-    rates), ``A`` and ``B`` (a quarter each: the oracle chooses on ``A``; gains are measured on ``B``)."""
+    """The held-out pool, seeded: ``rank`` (half: criteria, plateau, learning rates), ``A`` (oracle)
+    and ``B`` (gains) a quarter each."""
     n = batch_size_of(test)
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(cell["seed"])))
     a, b = n // 2, n // 2 + n // 4

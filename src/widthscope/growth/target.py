@@ -1,16 +1,10 @@
-r"""``widthscope grow-target`` (docs/growth.md): does training a small model, growing it and training
-on reach the held-out loss of the full-size model trained from scratch with less compute?
+r"""``widthscope grow-target`` (docs/growth.md): does growing a small model reach the held-out loss of
+the full-size model trained from scratch for the budget ``B`` with less compute (FLOPs)?
 
-One cell per seed (:func:`run_target_cell`): the target model trained from scratch for the budget
-``B`` (its final held-out loss is the target); each small model (fewer layers, or narrower) trained
-alone to ``cap · B``, snapshotted where a schedule (:mod:`widthscope.growth.schedule`) says grow; from
-each snapshot, each operator (:mod:`widthscope.growth.operators`) grown and trained on until the
-target or ``cap · B``. FLOPs are counted by ``FlopCounterMode``; the per-seed speed-up
-``F_scratch / F_run`` (first crossings of the target) is judged by :mod:`widthscope.growth.target_compare`.
-
-:func:`run_target` runs the cells resumably and writes ``comparison.jsonl`` and ``summary.json``; a
-suite file (:func:`read_suite_file`, e.g. ``configs/grow-target-paper.toml``) runs other sizes, and
-:func:`plan_cost` predicts its FLOPs and GPU-hours.
+One cell per seed (:func:`run_target_cell`): the scratch run, each small model continued alone, and
+each operator grown from the small model where each schedule says, all to the target or ``cap · B``.
+:func:`run_target` runs the cells resumably; :func:`read_suite_file` and :func:`plan_cost` read and
+price other suites.
 """
 
 from __future__ import annotations
@@ -32,6 +26,7 @@ from .._io import atomic_write_json, read_toml
 from ..data import load
 from ..errors import WidthscopeError
 from ..models import build
+from ..probe.collect import EvalMode
 from ..registry import GROWTH_OPERATORS
 from ..sweeps.grid import run_grid
 from .operators import Growth, stack_depth, widen, zero_block
@@ -43,7 +38,6 @@ from .target_compare import answer, compare
 __all__ = [
     "TARGET_SUITES",
     "OPERATORS",
-    "DECAYS",
     "COLUMNS",
     "target_cells",
     "run_target_cell",
@@ -57,13 +51,17 @@ __all__ = [
     "meta_step_flops",
     "reach_flops",
     "budget_steps",
-    "lr_factor",
 ]
 
-DECAYS = ("none", "cosine", "linear")
+# the learning-rate multiplier at fraction x of the run's compute, ending at `final`
+_DECAYS: dict[str, Callable[[float, float], float]] = {
+    "none": lambda x, final: 1.0,
+    "cosine": lambda x, final: final + (1 - final) * 0.5 * (1 + math.cos(math.pi * x)),
+    "linear": lambda x, final: final + (1 - final) * (1 - x),
+}
+DECAYS = tuple(_DECAYS)
 
-# operator name -> which small model it grows ("depth": fewer layers, "width": narrower): a live view
-# of widthscope.registry.GROWTH_OPERATORS (an operator registered later is in it too)
+# operator name -> the axis it grows ("depth" or "width"): a live view of GROWTH_OPERATORS
 OPERATORS: Mapping[str, str] = GROWTH_OPERATORS.mapping("axis")
 _BASE: dict[str, Any] = dict(
     width=32,
@@ -77,7 +75,7 @@ _BASE: dict[str, Any] = dict(
     warmup=40,
     rewarm=10,
     steps=600,
-    tokens_per_param=20.0,  # about compute-optimal for the target; overrides steps
+    tokens_per_param=20.0,  # overrides steps
     decay="cosine",
     final_lr=0.1,
     evals=20,
@@ -86,12 +84,11 @@ _BASE: dict[str, Any] = dict(
     n_eval=512,
     n_signal=32,
     max_bytes=4_000_000,
-    operators=tuple(OPERATORS),  # the built-in operators (registered when this module loads)
+    operators=tuple(OPERATORS),
     schedules=("fixed@0.1", "fixed@0.25", "plateau<0.01", "certificate>0.5"),
 )
 TARGET_SUITES: dict[str, dict[str, Any]] = {
     "full": _BASE,
-    # the earlier suite: a fixed 240 steps (0.55 tokens per target parameter), constant learning rate
     "short": {
         **_BASE,
         "width": 64,
@@ -128,23 +125,11 @@ TARGET_SUITES: dict[str, dict[str, Any]] = {
     },
 }
 TARGET_SEEDS = {"full": (0, 1, 2, 3, 4), "short": (0, 1, 2, 3, 4), "quick": (0, 1)}
-# the columns of the table the command line prints
+_ENDS = ("", "_lo", "_hi")
 COLUMNS = (
-    "run",
-    "reached",
-    "seeds",
-    "speedup",
-    "speedup_lo",
-    "speedup_hi",
-    "vs_continue",
-    "vs_continue_lo",
-    "vs_continue_hi",
-    "reached_before_growth",
-    "grown_at",
-    "forced",
-    "final_loss",
-    "verdict",
-    "verdict_continue",
+    *("run", "reached", "seeds"),
+    *(f"{name}{end}" for name in ("speedup", "vs_continue") for end in _ENDS),
+    *("reached_before_growth", "grown_at", "forced", "final_loss", "verdict", "verdict_continue"),
 )
 
 
@@ -156,14 +141,12 @@ def target_cells(suite: str = "full", seeds: Sequence[int] | None = None) -> lis
     return [{"kind": "grow_target_cell", "suite": suite, **TARGET_SUITES[suite], "seed": s} for s in seeds]
 
 
-# ----------------------------------------------------------------------------- models and FLOPs
 def ffn_width(width: int) -> int:
     return max(32, 32 * round(8 * width / 3 / 32))  # the rule of models.lm.build_llama
 
 
 def target_model(cell: Mapping[str, Any], width: int, depth: int, *, meta: bool = False) -> nn.Module:
-    """The suite's LLaMA-style decoder with full multi-head attention (heads of ``head_dim``), on the
-    cell's device, or on the ``meta`` device with ``meta``."""
+    """The suite's LLaMA-style decoder (full multi-head attention) on the cell's device or ``meta``."""
     hd = int(cell["head_dim"])
     with torch.device("meta") if meta else contextlib.nullcontext():
         model = build(
@@ -183,34 +166,36 @@ def _signature(model: nn.Module) -> tuple:
     return tuple((n, tuple(p.shape)) for n, p in model.named_parameters())
 
 
+def _counted(cache: dict[tuple, int], key: tuple, work: Callable[[], Any]) -> int:
+    """The FLOPs of ``work()`` by ``FlopCounterMode``, counted once per ``key``."""
+    if key not in cache:
+        fc = FlopCounterMode(display=False)
+        with fc:
+            work()
+        cache[key] = int(fc.get_total_flops())
+    return cache[key]
+
+
 def model_flops(model: nn.Module, batch: torch.Tensor, cache: dict[tuple, int] | None = None) -> int:
-    """FLOPs of one training step (forward and backward of the LM loss on ``batch``) of every
-    parameter, by ``FlopCounterMode``; cached per model shape in ``cache``."""
-    key = (_signature(model), tuple(batch.shape))
-    if cache is not None and key in cache:
-        return cache[key]
-    fc = FlopCounterMode(display=False)
-    with fc:
-        loss = model(batch, labels=batch).loss
-        loss.backward()
-    model.zero_grad(set_to_none=True)
-    flops = int(fc.get_total_flops())
-    if cache is not None:
-        cache[key] = flops
-    return flops
+    """FLOPs of one training step (forward and backward of the LM loss on ``batch``), cached per
+    model shape in ``cache``."""
+
+    def step() -> None:
+        model(batch, labels=batch).loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    return _counted({} if cache is None else cache, (_signature(model), tuple(batch.shape)), step)
 
 
 def meta_step_flops(settings: Mapping[str, Any], width: int, depth: int) -> tuple[int, int]:
-    """(FLOPs of one training step, parameters) of the suite's model at ``width`` × ``depth``,
-    counted on the ``meta`` device."""
+    """(FLOPs of one training step, parameters) of the suite's model, counted on ``meta``."""
     m = target_model(settings, width, depth, meta=True)
     x = torch.zeros(int(settings["batch_size"]), int(settings["seq_len"]), dtype=torch.long, device="meta")
     return model_flops(m, x), sum(p.numel() for p in m.parameters())
 
 
 def budget_steps(cell: Mapping[str, Any], params: int) -> int:
-    """Training steps of the from-scratch budget: ``tokens_per_param`` × the target's ``params``
-    (embeddings included) ÷ the tokens of one step, or ``steps`` where ``tokens_per_param`` is unset."""
+    """Steps of the budget: ``tokens_per_param`` × ``params`` ÷ tokens per step, else ``steps``."""
     tpp = cell.get("tokens_per_param")
     if tpp is None:
         return int(cell["steps"])
@@ -223,19 +208,11 @@ def lr_factor(decay: str, fraction: float, final: float) -> float:
     >>> lr_factor("cosine", 0.0, 0.1), lr_factor("cosine", 1.0, 0.1), lr_factor("linear", 0.5, 0.0)
     (1.0, 0.1, 0.5)
     """
-    x = min(max(fraction, 0.0), 1.0)
-    if decay == "none":
-        return 1.0
-    if decay == "linear":
-        return final + (1 - final) * (1 - x)
-    if decay == "cosine":
-        return final + (1 - final) * 0.5 * (1 + math.cos(math.pi * x))
-    raise WidthscopeError(f"grow-target: decay {decay!r}; choose one of {', '.join(DECAYS)}")
+    return _DECAYS[decay](min(max(fraction, 0.0), 1.0), final)
 
 
 def reach_flops(curve: Sequence[Sequence[float]], target: float) -> float | None:
-    """FLOPs at which the held-out ``curve`` (``[(flops, loss), ...]``) first reaches ``target``,
-    linearly interpolated between the evaluation before and the first one at or below it."""
+    """FLOPs at which ``curve`` (``[(flops, loss), ...]``) first reaches ``target``, interpolated linearly."""
     prev = None
     for f, loss in curve:
         if loss <= target:
@@ -247,11 +224,9 @@ def reach_flops(curve: Sequence[Sequence[float]], target: float) -> float | None
     return None
 
 
-# ----------------------------------------------------------------------------- a training run
 @dataclasses.dataclass
 class _Run:
-    """A run in progress: model, optimiser, batch generator, FLOPs spent, the held-out curve since
-    the start and since the last growth, the growth events."""
+    """A run in progress: model, optimiser, batch generator, FLOPs, held-out curve and growth events."""
 
     model: nn.Module
     opt: torch.optim.Optimizer
@@ -260,7 +235,7 @@ class _Run:
     step: int = 0
     since: int = 0  # steps since the start or the last growth (warm-up)
     curve: list[list[float]] = dataclasses.field(default_factory=list)
-    history: list[float] = dataclasses.field(default_factory=list)
+    history: list[float] = dataclasses.field(default_factory=list)  # losses since the last growth
     events: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     next_eval: int = 1
     signal_flops: float = 0.0  # part of ``flops`` spent measuring a growth signal
@@ -288,23 +263,15 @@ class CellContext:
 
     def __init__(self, cell: Mapping[str, Any]):
         self.cell = cell
-        seed = int(cell["seed"])
-        split = load(
-            "text",
-            n_train=int(cell["n_train"]),
-            n_test=int(cell["n_eval"]) + 2 * int(cell["n_signal"]),
-            seed=seed,
-            seq_len=int(cell["seq_len"]),
-            max_bytes=int(cell["max_bytes"]),
-        )
+        ns, ne = int(cell["n_signal"]), int(cell["n_eval"])
+        sizes: dict[str, Any] = {k: int(cell[k]) for k in ("n_train", "seed", "seq_len", "max_bytes")}
+        split = load("text", n_test=ne + 2 * ns, **sizes)
         device = torch.device(cell.get("device", "cpu"))
         self.train = split.train[0].to(device)
         test = split.test[0].to(device)
-        ns = int(cell["n_signal"])
-        # held-out examples: the evaluation set, and a disjoint pair of pools for the signals
-        self.eval = test[: int(cell["n_eval"])]
+        self.eval = test[:ne]
         self.sig_train = (self.train[:ns], self.train[:ns])
-        self.sig_test = (test[int(cell["n_eval"]) : int(cell["n_eval"]) + ns],) * 2
+        self.sig_test = (test[ne : ne + ns],) * 2
         self.flop_cache: dict[tuple, int] = {}
         self.probe = self.train[: int(cell["batch_size"])]
         self.budget = 0.0  # B: set by the scratch run
@@ -314,17 +281,14 @@ class CellContext:
         return model_flops(model, self.probe, self.flop_cache)
 
     def eval_losses(self, model: nn.Module) -> torch.Tensor:
-        """The held-out loss of each evaluation sequence (mean over its predicted tokens)."""
-        was = model.training
-        model.eval()
+        """The held-out loss of each evaluation sequence."""
         out = []
-        with torch.no_grad():
+        with EvalMode(model), torch.no_grad():
             for i in range(0, len(self.eval), 64):
                 xb = self.eval[i : i + 64]
                 logits = model(xb).logits[:, :-1].float()
                 ce = nn.functional.cross_entropy(logits.transpose(1, 2), xb[:, 1:], reduction="none")
                 out.append(ce.mean(dim=1))
-        model.train(was)
         return torch.cat(out).double()
 
     def eval_loss(self, model: nn.Module) -> float:
@@ -334,21 +298,15 @@ class CellContext:
 def start_run(ctx: CellContext, model: nn.Module, seed: int, horizon: float) -> _Run:
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=ctx.cell["lr"], weight_decay=0.0)
-    run = _Run(model, opt, torch.Generator().manual_seed(int(seed)), horizon=horizon)
     loss = ctx.eval_loss(model)
-    run.curve.append([0.0, loss])
-    run.history.append(loss)
-    return run
+    return _Run(
+        model, opt, torch.Generator().manual_seed(int(seed)), curve=[[0.0, loss]], history=[loss], horizon=horizon
+    )
 
 
-def train_until(
-    ctx: CellContext,
-    run: _Run,
-    limit: float,
-    on_eval: Callable[[_Run], bool] | None = None,
-) -> None:
-    """Train until ``run.flops`` reaches ``limit``; at each grid point evaluate and call
-    ``on_eval(run)`` (returning True stops the run)."""
+def train_until(ctx: CellContext, run: _Run, limit: float, on_eval: Callable[[_Run], bool] | None = None) -> None:
+    """Train until ``run.flops`` reaches ``limit``, evaluating at each grid point; ``on_eval(run)``
+    returning True stops the run."""
     cell = ctx.cell
     lr, bs = float(cell["lr"]), int(cell["batch_size"])
     decay, final = str(cell.get("decay", "none")), float(cell.get("final_lr", 0.1))
@@ -381,9 +339,8 @@ def train_until(
             f_step = ctx.step_flops(run.model)  # on_eval may have grown the model
 
 
-# ----------------------------------------------------------------------------- growth operators
 def grow_stack_copy(model: Any, size: int, *, cell: Mapping[str, Any], seed: int) -> Growth:
-    """G_stack to ``size`` layers (:func:`~widthscope.growth.operators.stack_order`; not function-preserving)."""
+    """G_stack to ``size`` layers (not function-preserving)."""
     return stack_depth(model, depth=size, mode="copy")
 
 
@@ -396,7 +353,7 @@ def grow_zero_block(model: Any, size: int, *, cell: Mapping[str, Any], seed: int
     """Zero-initialised residual blocks at the top free block outputs, up to ``size`` blocks deep."""
     have = [p for p in model.widthscope_points if not hasattr(model.get_submodule(p), "widthscope_insert")]
     new = size - model.widthscope_config.get("blocks", 0) - model.config.num_hidden_layers
-    points = list(reversed(have))[:new]  # the top free block outputs
+    points = list(reversed(have))[:new]
     g = zero_block(model, points, hidden=ffn_width(int(cell["width"])), seed=seed)
     grown: Any = g.model
     grown.widthscope_config["blocks"] = model.widthscope_config.get("blocks", 0) + len(points)
@@ -409,7 +366,7 @@ def grow_widen(model: Any, size: int, *, cell: Mapping[str, Any], seed: int) -> 
 
 
 def _grow_run(ctx: CellContext, run: _Run, op: str, size: int, info: dict[str, Any]) -> None:
-    """Grow ``run``'s model by the registered operator ``op`` (fresh AdamW, re-warm-up), recording the event."""
+    """Grow ``run``'s model by operator ``op`` (fresh AdamW, re-warm-up), recording the event."""
     seed = int(ctx.cell["seed"]) + len(run.events)
     g = GROWTH_OPERATORS.get(op)(run.model, size, cell=ctx.cell, seed=seed)
     run.model = g.model
@@ -430,7 +387,6 @@ def _grow_run(ctx: CellContext, run: _Run, op: str, size: int, info: dict[str, A
     )
 
 
-# ----------------------------------------------------------------------------- the cell
 def measure_signal(ctx: CellContext, model: Any, kind: str) -> float:
     point = f"model.layers.{model.config.num_hidden_layers // 2}"
     n = len(ctx.sig_train[0])
@@ -438,20 +394,15 @@ def measure_signal(ctx: CellContext, model: Any, kind: str) -> float:
 
 
 def _due(ctx: CellContext, sched: Schedule, run: _Run, stage: int) -> tuple[dict[str, Any], float]:
-    """Whether growth ``stage`` is due on ``run`` now, with the signal value; and the FLOPs of the
-    signal measurements (forward and backward of both pools, counted once per model shape)."""
+    """Whether growth ``stage`` is due on ``run`` now, with the signal value; and the FLOPs the
+    signal measurements cost."""
     value: list[float] = []
     cost = 0.0
 
     def measure() -> float:
         nonlocal cost
         key = ("signal", sched.kind, _signature(run.model))
-        if key not in ctx.flop_cache:
-            fc = FlopCounterMode(display=False)
-            with fc:
-                measure_signal(ctx, run.model, sched.kind)
-            ctx.flop_cache[key] = int(fc.get_total_flops())
-        cost += ctx.flop_cache[key]
+        cost += _counted(ctx.flop_cache, key, lambda: measure_signal(ctx, run.model, sched.kind))
         value.append(measure_signal(ctx, run.model, sched.kind))
         return value[-1]
 
@@ -490,16 +441,15 @@ def _small_prefix(
 
 
 def _grown_run(ctx: CellContext, op: str, sched: Schedule, start: tuple[_Run, dict[str, Any]], target: float) -> _Run:
-    """Grow the snapshot by ``op`` at the schedule's first stage, train on to the target or the cap,
-    growing again at later stages when due (sizes evenly between the small and the target model's)."""
+    """Grow the snapshot by ``op``, train on to the target or the cap, growing again at later stages
+    when due (sizes evenly between the small and the target model's)."""
     cell = ctx.cell
     axis = OPERATORS[op]
     small, end = int(cell[f"small_{axis}"]), int(cell[axis])
     multiple = 1 if axis == "depth" else int(cell["head_dim"])
     sizes = [
         int(multiple * round((small + (end - small) * k / sched.stages) / multiple)) for k in range(1, sched.stages)
-    ]
-    sizes.append(end)  # the stages' sizes, evenly between, multiples of ``multiple``
+    ] + [end]
     run = start[0].snapshot()
     _grow_run(ctx, run, op, sizes[0], {**start[1], "flops": run.flops, "step": run.step})
 
@@ -519,25 +469,13 @@ def _grown_run(ctx: CellContext, op: str, sched: Schedule, start: tuple[_Run, di
     return run
 
 
-def _row(
-    ctx: CellContext,
-    label: str,
-    run: _Run,
-    target: float,
-    ref: float | None,
-    t0: float,
-    small: str | None = None,
-    operator: str | None = None,
-    schedule: str | None = None,
-) -> dict[str, Any]:
-    reach = reach_flops(run.curve, target)
+def _row(ctx: CellContext, r: _Run, target: float, ref: float | None, t0: float, **labels: Any) -> dict[str, Any]:
+    """The result row of run ``r``, labelled by ``run`` (and ``small``, ``operator``, ``schedule``)."""
+    reach = reach_flops(r.curve, target)
     cap = float(ctx.cell["cap"]) * ctx.budget
     return {
         "kind": "grow_target",
-        "run": label,
-        "small": small,
-        "operator": operator,
-        "schedule": schedule,
+        **{k: labels.get(k) for k in ("run", "small", "operator", "schedule")},
         "target_loss": target,
         "budget_flops": ctx.budget,
         "cap_flops": cap,
@@ -545,15 +483,15 @@ def _row(
         "reach_flops": reach,
         # censored: the speed-up is at most F_scratch / (cap · B), entered at that bound
         "speedup": None if ref is None else ref / (reach if reach is not None else cap),
-        "final_loss": run.curve[-1][1],
-        "flops": run.flops,
-        "signal_flops": run.signal_flops,
-        "steps": run.step,
-        "parameters": sum(p.numel() for p in run.model.parameters()),
-        "events": run.events,
-        "grown_at": run.events[0]["fraction"] if run.events else None,
-        "forced": any(e.get("forced") for e in run.events),
-        "curve": run.curve,
+        "final_loss": r.curve[-1][1],
+        "flops": r.flops,
+        "signal_flops": r.signal_flops,
+        "steps": r.step,
+        "parameters": sum(p.numel() for p in r.model.parameters()),
+        "events": r.events,
+        "grown_at": r.events[0]["fraction"] if r.events else None,
+        "forced": any(e.get("forced") for e in r.events),
+        "curve": r.curve,
         "seconds": time.perf_counter() - t0,
     }
 
@@ -569,7 +507,6 @@ def run_target_cell(cell: Mapping[str, Any], _cell_dir: Any = None) -> list[dict
 
 def _cell_rows(cell: Mapping[str, Any]) -> list[dict[str, Any]]:
     t0 = time.perf_counter()
-    # a cell built by hand is checked like a suite file's settings, before any data is read
     _check_settings({k: v for k, v in cell.items() if k not in ("kind", "suite", "seed")}, "grow-target cell")
     ctx = CellContext(cell)
     seed = int(cell["seed"])
@@ -590,7 +527,7 @@ def _cell_rows(cell: Mapping[str, Any]) -> list[dict[str, Any]]:
         "tokens_per_param": steps * int(cell["batch_size"]) * int(cell["seq_len"]) / params,
         "target_se": float(final.std() / math.sqrt(len(final))) if len(final) > 1 else None,
     }
-    rows = [_row(ctx, "scratch", scratch, target, ref, t0)]
+    rows = [_row(ctx, scratch, target, ref, t0, run="scratch")]
     schedules = [SCHEDULES[s] for s in cell["schedules"]]
     for kind in ("depth", "width"):
         ops = [o for o in cell["operators"] if OPERATORS[o] == kind]
@@ -598,18 +535,18 @@ def _cell_rows(cell: Mapping[str, Any]) -> list[dict[str, Any]]:
             continue
         t1 = time.perf_counter()
         cont, snaps = _small_prefix(ctx, kind, schedules)
-        rows.append(_row(ctx, f"continue-{kind}", cont, target, ref, t1, small=kind))
+        rows.append(_row(ctx, cont, target, ref, t1, run=f"continue-{kind}", small=kind))
         for op in ops:
             for s in schedules:
                 t1 = time.perf_counter()
                 run = _grown_run(ctx, op, s, snaps[s.name], target)
-                rows.append(_row(ctx, f"{op}/{s.name}", run, target, ref, t1, kind, op, s.name))
+                labels = dict(run=f"{op}/{s.name}", small=kind, operator=op, schedule=s.name)
+                rows.append(_row(ctx, run, target, ref, t1, **labels))
     for r in rows:
         r.update(budget, seconds_cell=time.perf_counter() - t0)
     return rows
 
 
-# ----------------------------------------------------------------------------- suite files and their cost
 _KNOWN = set(TARGET_SUITES["full"]) | {"device"}
 _TOP = {"device", "seeds", "sustained_flops", "defaults", "suite", "note"}
 _HINT = "see configs/grow-target-paper.toml"
@@ -639,8 +576,8 @@ def _check_settings(s: Mapping[str, Any], where: str) -> None:
 
 
 def read_suite_file(path: str | Path) -> dict[str, Any]:
-    """``{"suites": [settings, ...], "seeds": (...), "sustained_flops": float | None, "path": str}``
-    from a suite file (see the module docstring); every problem is one line naming the file."""
+    """``{"suites": [settings, ...], "seeds", "sustained_flops", "path"}`` from a suite file; every
+    problem is one line naming the file."""
     raw = read_toml(path, "grow-target suite file", _HINT)
     where = f"grow-target suite file {str(path)!r}"
     extra = sorted(set(raw) - _TOP)
@@ -669,7 +606,7 @@ def read_suite_file(path: str | Path) -> dict[str, Any]:
 
 
 def spent_fractions(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """Per run label, the mean over seeds of the FLOPs a run spent as a fraction of its budget ``B``."""
+    """Per run label, the mean over seeds of the FLOPs spent as a fraction of ``B``."""
     acc: dict[str, list[float]] = {}
     for r in rows:
         if r.get("kind") == "grow_target":
@@ -678,10 +615,8 @@ def spent_fractions(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
 
 
 def plan_cost(plan: Mapping[str, Any], fractions: Mapping[str, float]) -> list[dict[str, Any]]:
-    """One row per suite of ``plan`` (:func:`read_suite_file`): parameters, step FLOPs, budget,
-    tokens, and the FLOPs and GPU-hours of all its seeds, predicted (each run at the fraction of
-    ``B`` it spent in ``fractions``, :func:`spent_fractions` of the CPU suite; a label it lacks at
-    ``cap · B``) and at most (every run to ``cap · B``)."""
+    """One row per suite of ``plan``: sizes, budget, and the FLOPs and GPU-hours of all its seeds,
+    predicted (each run at its fraction of ``B`` in ``fractions``, else ``cap · B``) and at most."""
     out = []
     for s in plan["suites"]:
         f_t, p_t = meta_step_flops(s, s["width"], s["depth"])
@@ -716,7 +651,6 @@ def plan_cost(plan: Mapping[str, Any], fractions: Mapping[str, float]) -> list[d
     return out
 
 
-# ----------------------------------------------------------------------------- the resumable run
 def target_out_dir(out: str | Path | None = None, *, quick: bool = False, suite_file: str | None = None) -> Path:
     """``out``, or ``widthscope-results/grow-target[-quick | -<suite file stem>]``."""
     tail = f"-{Path(suite_file).stem}" if suite_file else ("-quick" if quick else "")
@@ -749,10 +683,8 @@ def suite_cells(opts: GrowTargetOptions) -> list[dict[str, Any]]:
 def run_target(
     out: str | Path | None = None, options: GrowTargetOptions | None = None, **keywords: Any
 ) -> dict[str, Any]:
-    """Run (or resume) the benchmark into ``out`` (default :func:`target_out_dir`). Keywords named
-    like :class:`~widthscope.growth.options.GrowTargetOptions` fields override ``options``.
-
-    Returns ``rows``, ``table`` (one row per run label), ``summary`` and ``complete``."""
+    """Run (or resume) the benchmark into ``out``; keywords override ``options``' fields. Returns
+    ``rows``, ``table`` (one row per run label), ``summary`` and ``complete``."""
     opts = with_keywords("run_target", options, GrowTargetOptions, keywords)
     out_dir = target_out_dir(out, quick=opts.quick, suite_file=opts.suite_file)
     grid = suite_cells(opts)
@@ -763,9 +695,6 @@ def run_target(
         grid, run_target_cell, out_dir, desc=f"grow-target {opts.suite}", record=lambda c: {"options": record}
     )
     rows = [r for r in res.rows if r.get("cell_id") in ids]
-    done = {r["cell_id"] for r in rows}
-    if not ids <= done:  # pragma: no cover - run_grid finishes every cell of an unsharded run
-        return {"rows": rows, "table": [], "summary": {}, "complete": False}
     table = compare(rows)
     write_table(out_dir, table)
     settings = []

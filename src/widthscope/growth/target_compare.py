@@ -1,11 +1,6 @@
-r"""The judgement of the compute-to-target benchmark (:mod:`widthscope.growth.target`).
-
-Per target width and run label, the per-seed speed-up ``s = F_scratch / F_run`` is summarised as a
-geometric mean with its 95% Student-t interval (censored seeds at their bound) and judged against
-``s ≥ 1.3`` (:data:`SPEEDUP`); ``vs_continue`` (the FLOPs ratio against the small model continued
-alone, paired by seed) is judged against ``> 1``; both families are Holm-adjusted together. Each
-continue-small row carries the crossover budget (:func:`crossover`): the fraction of ``B`` from
-which the from-scratch target model is ahead of the small one. The rules: docs/growth.md.
+r"""The judgement of the compute-to-target benchmark (:mod:`widthscope.growth.target`): per run label,
+the geometric mean speed-up ``F_scratch / F_run`` over seeds against :data:`SPEEDUP`, and against
+the small model continued alone, Holm-adjusted together. The rules: docs/growth.md.
 
 Example::
 
@@ -28,12 +23,10 @@ from scipy import special as _sp
 ALPHA = 0.05
 
 
-# The claims page's statistics (report.claims.seed_test / holm), restated here because a
-# pipeline may not import the presentation layer; tests/test_grow_target.py checks they agree.
+# report.claims' statistics, restated: a pipeline may not import the presentation layer
 def seed_test(values: Sequence[float], region: tuple[float, float]) -> dict[str, Any]:
-    """Student-t 95% interval of the mean of ``values`` and the p-values of "the mean lies in
-    ``region``" (``p_holds``) and of "it lies outside" (``p_not``): an intersection-union test at
-    each finite end; ``p = min(1, 2 min(p_holds, p_not))``; ``None`` fields with fewer than 2 values."""
+    """Student-t 95% interval of the mean of ``values`` and the p-value of "the mean lies in
+    ``region``" or outside it, ``p = min(1, 2 min(p_holds, p_not))``; ``None`` with fewer than 2 values."""
     x = np.asarray([v for v in values if math.isfinite(v)], float)
     out: dict[str, Any] = dict(measured=float(x.mean()) if len(x) else None, low=None, high=None, p=None)
     out["direction"] = None
@@ -59,7 +52,7 @@ def seed_test(values: Sequence[float], region: tuple[float, float]) -> dict[str,
 
 
 def holm(ps: Sequence[float]) -> list[float]:
-    """Holm step-down adjusted p-values (family-wise error control under any dependence)."""
+    """Holm step-down adjusted p-values."""
     order = sorted(range(len(ps)), key=lambda i: ps[i])
     adj, run = [0.0] * len(ps), 0.0
     for k, i in enumerate(order):
@@ -74,9 +67,8 @@ SPEEDUP = 1.3
 
 
 def crossover(big: Sequence[Sequence[float]], small: Sequence[Sequence[float]]) -> float | None:
-    """The FLOPs from which the held-out curve ``big`` (``[(flops, loss), ...]``) stays at or below
-    ``small`` (linearly interpolated at ``big``'s evaluations, linear between them); ``None`` when
-    ``big`` ends above ``small`` or ``small`` does not reach ``big``'s end.
+    """The FLOPs from which the curve ``big`` (``[(flops, loss), ...]``) stays at or below ``small``
+    (interpolated linearly); ``None`` when it ends above ``small`` or ``small`` ends first.
 
     >>> crossover([[0, 5.0], [2, 3.0], [4, 1.0]], [[0, 5.0], [1, 2.0], [4, 2.0]])
     3.0
@@ -95,7 +87,7 @@ def crossover(big: Sequence[Sequence[float]], small: Sequence[Sequence[float]]) 
 
 
 def compare(rows: Sequence[Mapping[str, Any]], *, threshold: float = SPEEDUP) -> list[dict[str, Any]]:
-    """One table row per target width, budget and run label (see the module docstring)."""
+    """One table row per target width, budget and run label."""
     by: dict[tuple[int, int, str], list[Mapping[str, Any]]] = defaultdict(list)
     for r in rows:
         if r.get("kind") == "grow_target":
@@ -107,7 +99,7 @@ def compare(rows: Sequence[Mapping[str, Any]], *, threshold: float = SPEEDUP) ->
     table = []
     for width, steps, label in sorted(by, key=order):
         rs = sorted(by[(width, steps, label)], key=lambda r: int(r["seed"]))
-        s = [float(r["speedup"]) for r in rs if r.get("speedup") is not None and float(r["speedup"]) > 0]
+        s = [float(r["speedup"]) for r in rs if _positive(r.get("speedup"))]
         test = seed_test([math.log(v) for v in s], (math.log(threshold), math.inf))
         grown = [float(r["grown_at"]) for r in rs if r.get("grown_at") is not None]
         first = rs[0]
@@ -132,27 +124,22 @@ def compare(rows: Sequence[Mapping[str, Any]], *, threshold: float = SPEEDUP) ->
             "target_loss": float(np.mean([float(r["target_loss"]) for r in rs])),
             "p": test["p"],
             "direction": test["direction"],
-            # the target was reached by the small model before it grew (the growth run inherits it)
             "reached_before_growth": sum(_before_growth(r) for r in rs),
         }
         # a growth label against its small model continued alone, paired by seed: F_continue / F_growth
         cont = by.get((width, steps, f"continue-{t['small']}"), []) if t["operator"] else []
         paired = {int(r["seed"]): r.get("speedup") for r in cont}
-        pairs = [(r.get("speedup"), paired.get(int(r["seed"]))) for r in by[(width, steps, label)]]
-        logs = [
-            math.log(float(a) / float(b))
-            for a, b in pairs
-            if a is not None and b is not None and float(a) > 0 and float(b) > 0
+        pairs: list[tuple[Any, Any]] = [
+            (r.get("speedup"), paired.get(int(r["seed"]))) for r in by[(width, steps, label)]
         ]
+        logs = [math.log(float(a) / float(b)) for a, b in pairs if _positive(a) and _positive(b)]
         test = seed_test(logs, (0.0, math.inf))
         t.update(_geometric(test, "vs_continue"), p_continue=test["p"], direction_continue=test["direction"])
         if label.startswith("continue-"):
             t.update(_crossovers(rs, {int(r["seed"]): r for r in by.get((width, steps, "scratch"), [])}))
-        table.append(t)
-    # a growth label whose every seed reached the target before growing measured the small model only
-    for t in table:
-        if t.get("operator") and t["seeds"] and t["reached_before_growth"] == t["seeds"]:
+        if t["operator"] and t["reached_before_growth"] == t["seeds"]:  # measured the small model only
             t["verdict"] = "reached before growing"
+        table.append(t)
     tests = [(t, "") for t in table if t["run"] != "scratch" and t["p"] is not None and "verdict" not in t]
     tests += [(t, "_continue") for t in table if t.get("p_continue") is not None and "verdict" not in t]
     for (t, family), adj in zip(tests, holm([t["p" + family] for t, family in tests])):
@@ -172,6 +159,10 @@ def _geometric(test: Mapping[str, Any], name: str) -> dict[str, float | None]:
     return {name + tail: None if test[k] is None else math.exp(test[k]) for tail, k in ends}
 
 
+def _positive(x: Any) -> bool:
+    return x is not None and float(x) > 0
+
+
 def _mean(values: Sequence[Any]) -> float | None:
     v = [float(x) for x in values if x is not None]
     return sum(v) / len(v) if v else None
@@ -183,9 +174,8 @@ def _before_growth(r: Mapping[str, Any]) -> bool:
 
 
 def _crossovers(rs: Sequence[Mapping[str, Any]], scratch: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
-    """Of a continue-small label's rows ``rs``: the crossover budget per seed as a fraction of ``B``
-    (``crossover_seeds``, ``None`` where it lies beyond ``B``), their mean with a 95% t interval over
-    the seeds where it lies within ``B``, and ``crossover_beyond``: how many seeds it lies beyond."""
+    """Of a continue-small label's rows: the crossover per seed as a fraction of ``B`` (``None``
+    beyond ``B``), the mean and t interval of those within, and how many lie beyond."""
     fractions: list[float | None] = []
     for r in rs:
         ref = scratch.get(int(r["seed"]))
@@ -205,10 +195,8 @@ def _crossovers(rs: Sequence[Mapping[str, Any]], scratch: Mapping[int, Mapping[s
 
 
 def answer(table: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """ "Does any operator/schedule reach the target with ≥ 1.3× less compute?" from the table:
-    ``yes`` / ``no`` / ``not resolved``, or ``crossover beyond budget`` where for most seeds the
-    target model is not ahead of the small one at ``B`` (growing cannot pay there: no headline);
-    the best growth label and the continue-small baselines."""
+    """ "Does any operator/schedule reach the target with ≥ 1.3× less compute?": ``yes``, ``no``,
+    ``not resolved`` or ``crossover beyond budget``; the best growth label and the baselines."""
     growth = [t for t in table if t.get("operator") and t["verdict"] != "reached before growing"]
     holds = [t for t in growth if t["verdict"] == "holds"]
     best = max(growth, key=lambda t: t["speedup"] if t["speedup"] is not None else -math.inf, default=None)
@@ -234,10 +222,8 @@ def answer(table: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "best_lo": None if best is None else best["speedup_lo"],
         "best_hi": None if best is None else best["speedup_hi"],
         "does_not": [t["run"] for t in growth if t["verdict"] == "does not"],
-        # the per-label rule without the correction for testing many labels: lower 95% bound >= 1.3
         "lower_bound_above": [t["run"] for t in growth if t["speedup_lo"] is not None and t["speedup_lo"] >= SPEEDUP],
         "continue": {t["run"]: t["speedup"] for t in table if str(t["run"]).startswith("continue-")},
-        # the fraction of B from which the target model is ahead of the small one (None: beyond B)
         "crossover": {t["run"]: t.get("crossover") for t in table if str(t["run"]).startswith("continue-")},
         "crossover_beyond": sorted(f"continue-{k}" for k in beyond),
         "holds_continue": [t["run"] for t in growth if t.get("verdict_continue") == "holds"],
