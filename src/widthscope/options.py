@@ -25,7 +25,7 @@ import dataclasses
 import difflib
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, Callable, ClassVar, Literal, TypeVar
 
 from .errors import WidthscopeError, WidthscopeTypeError
 from .registry import INTERVENTION_KINDS as _INTERVENTION_REGISTRY
@@ -129,6 +129,15 @@ def with_keywords(
     return base
 
 
+def num_list(text: str, flag: str, cast: Callable[[str], Any]) -> list:
+    """``"16,32,64"`` -> ``[16, 32, 64]`` (empty items dropped), one error line naming ``flag``."""
+    words = "whole numbers, e.g. 16,32,64" if cast is int else "numbers, e.g. 1e-3,1e-2"
+    try:
+        return [cast(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise WidthscopeTypeError(f"{flag} {text!r}: expected comma-separated {words}") from None
+
+
 SHARED: list[type[Options]] = []  # the classes of the shared range table, in import order
 
 
@@ -197,20 +206,14 @@ class Options:
         if kind in ("ints", "floats"):
             items = [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else value
             if isinstance(items, str):
-                cast = int if kind == "ints" else float
-                words = "whole numbers, e.g. 16,32,64" if kind == "ints" else "numbers, e.g. 1e-3,1e-2"
-                try:
-                    items = [cast(v) for v in items.split(",") if v.strip()]
-                except ValueError:
-                    raise WidthscopeTypeError(f"{flag} {value!r}: expected comma-separated {words}") from None
+                items = num_list(items, flag, int if kind == "ints" else float)
             try:
                 seq = list(items)
             except TypeError:
                 raise WidthscopeTypeError(f"{flag} {value!r}: expected a list of numbers") from None
             if not seq:
                 raise WidthscopeError(f"{flag} is empty; give comma-separated numbers")
-            number = "int" if kind == "ints" else "float"
-            return tuple(self._number(flag, number, v, lo, hi, tail, listed=True) for v in seq)
+            return tuple(self._number(flag, kind[:-1], v, lo, hi, tail, listed=True) for v in seq)
         above = meta.get("above")
         if kind == "float" and above is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
             if not (math.isfinite(value) and value > above[0]):
@@ -351,15 +354,9 @@ class InterventionOptions(Options):
 
     def check(self) -> None:
         if self.etas is not None:
-            if any(e <= 0 for e in self.etas):
-                raise WidthscopeError(
-                    f"--etas {','.join(map(str, self.etas))!r}: step sizes must be positive finite numbers"
-                )
-            if len(self.etas) > MAX_ETAS:
-                raise WidthscopeError(
-                    f"--etas: {len(self.etas)} step sizes; at most {MAX_ETAS} (each one evaluates "
-                    "the held-out pool at every point)"
-                )
+            from .validate import float_list  # noqa: PLC0415  cycle: validate reads the options' bounds
+
+            float_list(",".join(map(str, self.etas)), "--etas")
 
     @property
     def kind(self) -> str | None:
@@ -425,27 +422,21 @@ class CertifyOptions(InterventionOptions):
 
     def check(self) -> None:
         super().check()
-        if self.K is not None and len(self.K) not in (1, len(self.M)):
-            raise WidthscopeError(
-                f"K has {len(self.K)} values but M has {len(self.M)}: give one K, or one per M "
-                "(pairs (M[i], K[i])), or none for K = M"
-            )
+        from .validate import pairs_of  # noqa: PLC0415  cycle: validate reads the options' bounds
+
+        pairs_of(self.M, self.K)  # K: one value, or one per M
         if self.project is not None and self.estimator != "unbiased":
             raise WidthscopeError(
                 f"--project corrects the unbiased estimators only, not --estimator "
                 f"{self.estimator}: add --estimator unbiased, or drop --project"
             )
-        if isinstance(self.points, str):
-            object.__setattr__(self, "points", tuple(p.strip() for p in self.points.split(",") if p.strip()))
 
     @property
     def pairs(self) -> list[tuple[int, int]]:
         """The ``(M, K)`` pairs the certificates are computed at."""
-        if self.K is None:
-            return [(m, m) for m in self.M]
-        if len(self.K) == 1:
-            return [(m, self.K[0]) for m in self.M]
-        return list(zip(self.M, self.K))
+        from .validate import pairs_of  # noqa: PLC0415  cycle: validate reads the options' bounds
+
+        return pairs_of(self.M, self.K)
 
     @classmethod
     def published(cls, **changes: Any) -> CertifyOptions:

@@ -21,12 +21,12 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ._io import missing_parents, remove_empty, unwritable
 from .errors import WidthscopeError
 from .hub import local_directory
-from .options import MAX_ETAS, MAX_POOL, SHARED
+from .options import MAX_ETAS, MAX_POOL, SHARED, num_list
 
 _THREADS = ("threads", 1, 4096, "threads")  # a setting of the process, declared here
 
@@ -265,31 +265,15 @@ def check_pools(
 
 
 # ----------------------------------------------------------------------------- list options
-# Comma lists of the command line (--M 16,32 --K 8) and the (M, K) pairs they make: shared by
-# certify, stats (widthscope.certification.samples) and grow-bench, so the same bad list gets the same line.
-def num_list(text: str | None, flag: str, cast: Callable[[str], Any]) -> list | None:
-    """``"16,32,64"`` -> ``[16, 32, 64]`` (``None`` stays ``None``), with a clear error."""
+# Step sizes and (M, K) pairs: one rule and message for the options, the command line and the pipelines.
+def float_list(text: str | None, flag: str) -> list[float] | None:
+    """Step sizes ``"1e-3,1e-2"``: positive, finite, at most :data:`~widthscope.options.MAX_ETAS`."""
     if text is None:
         return None
-    kind = "whole numbers, e.g. 16,32,64" if cast is int else "numbers, e.g. 1e-3,1e-2"
-    try:
-        vals = [cast(v) for v in str(text).split(",") if v.strip()]
-    except ValueError:
-        raise WidthscopeError(f"{flag} {text!r}: expected comma-separated {kind}") from None
-    if not vals:
-        raise WidthscopeError(f"{flag} is empty; give comma-separated {kind}")
-    return vals
-
-
-def int_list(text: str | None, flag: str) -> list[int] | None:
-    return num_list(text, flag, int)
-
-
-def float_list(text: str | None, flag: str) -> list[float] | None:
     vals = num_list(text, flag, float)
-    if vals is not None and any(not (v > 0 and math.isfinite(v)) for v in vals):
+    if any(not (v > 0 and math.isfinite(v)) for v in vals):
         raise WidthscopeError(f"{flag} {text!r}: step sizes must be positive finite numbers")
-    if vals is not None and len(vals) > MAX_ETAS:
+    if len(vals) > MAX_ETAS:
         raise WidthscopeError(
             f"{flag}: {len(vals)} step sizes; at most {MAX_ETAS} (each one evaluates the held-out pool at every point)"
         )

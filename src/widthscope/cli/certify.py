@@ -15,7 +15,7 @@ from ..data.splits import dataset_splits
 from ..errors import WidthscopeError
 from ..options import PROTOCOLS, CertifyOptions, CertifyRunOptions, InterventionOptions
 from ..planning import plan_certify
-from ..validate import check_pools, float_list, int_list, pairs_of
+from ..validate import check_pools, float_list
 from .args import add_options, add_plan, load_config
 from .inputs import add_arguments as add_inputs
 from .inputs import spec_from_args
@@ -189,9 +189,7 @@ def _spec(args: argparse.Namespace, recorded: InputSpec | None, preset: dict[str
 def run(args: argparse.Namespace) -> int:
     # Seeds, sizes, devices, data paths and outputs were checked by cli.checks.check_args (cli.main).
     preset, notes = input_preset(args)
-    # the command line's list messages (the dataclass checks the same values again)
-    pairs_of(int_list(args.M, "--M") or [1], int_list(args.K, "--K"))
-    float_list(args.etas, "--etas")
+    float_list(args.etas, "--etas")  # before the options' range check, which names no step sizes
     base, run_base, recorded = _bases(args)
     opts = CertifyOptions.from_args(args, base)  # --points too (a field of the Python API's)
     _check_combinations(args, opts, CertifyOptions.given(args), preset)

@@ -8,7 +8,6 @@ from typing import Any
 
 from ..certification.per_point import tables
 from ..certification.samples import StatsOptions, run_stats
-from ..validate import int_list
 from .args import add_config, add_options, config_options
 
 
@@ -26,8 +25,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # --out writable and --draws >= 1: widthscope.validate (cli.main), before this runs
-    int_list(args.M, "--M"), int_list(args.K, "--K")  # the command line's list messages
     base = config_options(StatsOptions, args.config, "stats") or StatsOptions()
     base = base.sources(samples=args.samples, train=args.train, test=args.test)
     opts = StatsOptions.from_args(args, base)
