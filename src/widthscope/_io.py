@@ -1,9 +1,5 @@
-"""Small I/O helpers shared by every long-running command: finished work is never lost.
-
-Files are written to a temporary sibling and renamed into place; JSONL rows are appended with one
-``write`` + ``fsync`` each, so a ``kill -9`` leaves at worst a torn last line, which
-:func:`read_jsonl` skips and names.
-"""
+"""I/O helpers of the long-running commands: atomic writes, durable JSONL appends (a torn last line is
+skipped and named by :func:`read_jsonl`), the results' lock, tables and progress lines."""
 
 from __future__ import annotations
 
@@ -338,13 +334,9 @@ def hold_lock(
     where: str | os.PathLike | None = None,
     tidy: bool = False,
 ) -> Iterator[None]:
-    """Hold an advisory ``flock`` on the lock file ``path`` while a run writes what it guards.
-
-    Unsharded, ``path`` is locked exclusively; a shard ``k/n`` locks it shared and ``PATH.k-of-n``
-    exclusively. A lock another process holds raises ``refuse(holder)`` at once (``pid N``, with the
-    shards). The holder writes its pid into its file; the kernel drops the lock when it dies. A file
-    system without locks: a note on stderr (naming ``where`` and ``what``), and the run goes ahead.
-    ``tidy``: on leaving, remove the lock files and folders this call created."""
+    """Hold an advisory ``flock`` on ``path`` (a shard ``k/n``: ``path`` shared and ``PATH.k-of-n``
+    exclusive), with our pid written in it; a held lock raises ``refuse(holder)``; a file system
+    without locks: a note on stderr. ``tidy``: remove the lock files and folders this call created."""
     import fcntl  # noqa: PLC0415  start-up time: `widthscope --help` imports this module
 
     path = Path(path)

@@ -43,15 +43,11 @@ def _dedupe(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], di
     aliases: dict[str, str] = {}
     by_key: dict[tuple, str] = {}
     for name, t in state.items():
-        key = (
-            (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
-            if t.numel()
-            else None
-        )
-        if key is not None and key in by_key:
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        if t.numel() and key in by_key:
             aliases[name] = by_key[key]
             continue
-        if key is not None:
+        if t.numel():
             by_key[key] = name
         kept[name] = t.detach().cpu().contiguous()
     return kept, aliases
@@ -178,24 +174,17 @@ def _fill(model: nn.Module, state: dict[str, torch.Tensor], aliases: dict[str, s
         for n in names:
             if n not in state and present:
                 state[n] = state[present[0]]
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
     wrong = sorted(k for k in set(own) & set(state) if tuple(own[k].shape) != tuple(state[k].shape))
-    if missing or unexpected or wrong:
-
-        def show(xs: list[str]) -> str:
-            return ", ".join(xs[:5]) + (f" (+{len(xs) - 5} more)" if len(xs) > 5 else "")
-
-        parts = []
-        if missing:
-            parts.append(f"missing {show(missing)}")
-        if unexpected:
-            parts.append(f"unexpected {show(unexpected)}")
-        if wrong:
-            parts.append(
-                "shape mismatch "
-                + ", ".join(f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in wrong[:5])
-            )
+    parts = [
+        f"{label} {', '.join(xs[:5])}" + (f" (+{len(xs) - 5} more)" if len(xs) > 5 else "")
+        for label, xs in (("missing", sorted(set(own) - set(state))), ("unexpected", sorted(set(state) - set(own))))
+        if xs
+    ]
+    if wrong:
+        parts.append(
+            "shape mismatch " + ", ".join(f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in wrong[:5])
+        )
+    if parts:
         raise WidthscopeError(
             f"weights in {where} do not match the architecture in its config.json: " + "; ".join(parts)
         )
@@ -263,13 +252,9 @@ def load(
     revision: str | None = None,
     placement: Mapping[str, Any] | None = None,
 ) -> nn.Module:
-    """Load a checkpoint in eval mode (a hub id at ``revision``: :func:`widthscope.hub.resolve_model`).
-
-    The model carries ``widthscope_points``, ``widthscope_extra`` (the ``extra`` given to
-    :func:`save`), for HF checkpoints ``widthscope_task`` and ``widthscope_hf``, from the hub
-    ``widthscope_hub``. ``dtype``: ``auto`` (the checkpoint's) or a torch dtype name; ``task``
-    overrides the HF task; ``placement``: ``device_map`` / ``max_memory`` / ``offload_folder`` of a
-    Hugging Face directory (:func:`widthscope.models.hf.load_hf`)."""
+    """Load a checkpoint (or hub id at ``revision``) in eval mode. ``dtype``: ``auto`` (the checkpoint's)
+    or a torch dtype name; ``task`` overrides the HF task; ``placement``: ``device_map`` /
+    ``max_memory`` / ``offload_folder`` of a Hugging Face directory."""
     path, hub = resolve_model(str(Path(path)), revision, flag="checkpoint")
     if not path.exists():
         raise WidthscopeError(f"checkpoint {str(path)!r} does not exist")

@@ -1,13 +1,6 @@
-"""``widthscope demo``: the main job, end to end, on built-in data (resumable; ``quick``: seconds).
-
-1. an alignment width sweep of LLaMA-style decoders on byte-level text (the Python sources);
-2. the same for ReLU MLPs on Fashion-MNIST (``/usr/share/datasets/fashion-mnist``), else digits;
-3. the linearization width sweep (:mod:`widthscope.linearization.run`);
-4. the HTML report over all of them; ``DIR/demo.json`` records the options, the parts and the failures.
-
-The sweep configs (:data:`DEMO_LLAMA`, :data:`DEMO_MLP`) are those of ``configs/demo-*.toml``,
-embedded so the demo runs from an installed package.
-"""
+"""``widthscope demo``: alignment width sweeps of LLaMA decoders on byte text and ReLU MLPs on
+Fashion-MNIST (else digits), the linearization sweep, then the HTML report (resumable; ``quick``:
+seconds). :data:`DEMO_LLAMA` and :data:`DEMO_MLP` are ``configs/demo-*.toml``, embedded."""
 
 from __future__ import annotations
 

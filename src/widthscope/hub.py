@@ -205,11 +205,8 @@ def _snapshot(
 def resolve_model(
     model: str, revision: str | None = None, *, flag: str = "--model", local_only: bool | None = None
 ) -> tuple[Path, HubModel | None]:
-    """The local directory (or file) ``model`` names, and where it came from on the hub.
-
-    An existing path wins (a hub cache folder: the snapshot of ``revision``); else an ``org/name`` id
-    resolves through the hub cache; anything else comes back as a path that does not exist.
-    ``local_only``: never download (default: :func:`offline`)."""
+    """The local path ``model`` names (a hub cache folder or ``org/name`` id: the snapshot of
+    ``revision``), and its hub record; ``local_only``: never download (default: :func:`offline`)."""
     _check_revision(revision)
     path = Path(model).expanduser()
     if path.exists():

@@ -66,14 +66,10 @@ def option(
     applies: str | None = None,
     unknown: str | None = None,
 ) -> Any:
-    """A dataclass field with everything the command line, validation and the docs need.
-
-    ``kind``: ``int``, ``float``, ``bool`` (a switch), ``str``, ``strs``, ``ints`` / ``floats``
-    (comma lists, kept as tuples); None: the default's type. ``lo``/``hi``: the inclusive range (of
-    every entry of a list). ``cli=False``: Python only. ``above=(bound, words)``: an exclusive lower
-    bound of a float. ``positive``: a positive finite float. ``fallback``: what ``None`` (not given)
-    stands for. ``applies``: the group of input kinds the option fits
-    (:data:`widthscope.validate.GROUPS`). ``unknown``: what a value outside ``choices`` is called."""
+    """A dataclass field with what the command line, validation and the docs need. ``kind``: ``int``,
+    ``float``, ``bool``, ``str``, ``strs``, ``ints``/``floats`` (comma lists; None: the default's type);
+    ``lo``/``hi``: inclusive range; ``above=(bound, words)``: exclusive lower bound; ``fallback``: what
+    ``None`` stands for; ``applies``: a :data:`widthscope.validate.GROUPS` name."""
     if kind is None:
         kind = {bool: "bool", int: "int", float: "float", tuple: "ints"}.get(type(default), "str")
     meta = {k: v for k, v in locals().items() if k != "default"}
@@ -136,6 +132,16 @@ def num_list(text: str, flag: str, cast: Callable[[str], Any]) -> list:
         return [cast(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise WidthscopeTypeError(f"{flag} {text!r}: expected comma-separated {words}") from None
+
+
+def check_steps(flag: str, text: str, steps: Sequence[float]) -> None:
+    """Intervention step sizes: positive, finite, at most :data:`MAX_ETAS`."""
+    if any(not (v > 0 and math.isfinite(v)) for v in steps):
+        raise WidthscopeError(f"{flag} {text!r}: step sizes must be positive finite numbers")
+    if len(steps) > MAX_ETAS:
+        raise WidthscopeError(
+            f"{flag}: {len(steps)} step sizes; at most {MAX_ETAS} (each one evaluates the held-out pool at every point)"
+        )
 
 
 SHARED: list[type[Options]] = []  # the classes of the shared range table, in import order
@@ -354,9 +360,7 @@ class InterventionOptions(Options):
 
     def check(self) -> None:
         if self.etas is not None:
-            from .validate import float_list  # noqa: PLC0415  cycle: validate reads the options' bounds
-
-            float_list(",".join(map(str, self.etas)), "--etas")
+            check_steps("--etas", ",".join(map(str, self.etas)), self.etas)
 
     @property
     def kind(self) -> str | None:
@@ -366,10 +370,8 @@ class InterventionOptions(Options):
 
 @dataclasses.dataclass(frozen=True)
 class CertifyOptions(InterventionOptions):
-    """The settings of a certify run (the inputs are an :class:`~widthscope.data.spec.InputSpec`).
-
-    ``M``/``K``: sample sizes of the certificates (``K=None``: ``K = M``; one ``K`` for every
-    ``M``; or one per ``M``), drawn without replacement from the train / held-out pools."""
+    """The settings of a certify run; ``M``/``K``: the certificates' sample sizes (``K=None``: ``K = M``;
+    one ``K`` for every ``M``; or one per ``M``)."""
 
     SHARED_RANGES = True
 
@@ -422,9 +424,11 @@ class CertifyOptions(InterventionOptions):
 
     def check(self) -> None:
         super().check()
-        from .validate import pairs_of  # noqa: PLC0415  cycle: validate reads the options' bounds
-
-        pairs_of(self.M, self.K)  # K: one value, or one per M
+        if self.K is not None and len(self.K) not in (1, len(self.M)):
+            raise WidthscopeError(
+                f"K has {len(self.K)} values but M has {len(self.M)}: give one K, or one per M "
+                "(pairs (M[i], K[i])), or none for K = M"
+            )
         if self.project is not None and self.estimator != "unbiased":
             raise WidthscopeError(
                 f"--project corrects the unbiased estimators only, not --estimator "
@@ -434,9 +438,8 @@ class CertifyOptions(InterventionOptions):
     @property
     def pairs(self) -> list[tuple[int, int]]:
         """The ``(M, K)`` pairs the certificates are computed at."""
-        from .validate import pairs_of  # noqa: PLC0415  cycle: validate reads the options' bounds
-
-        return pairs_of(self.M, self.K)
+        Ks = self.M if self.K is None else self.K * len(self.M) if len(self.K) == 1 else self.K
+        return list(zip(self.M, Ks))
 
     @classmethod
     def published(cls, **changes: Any) -> CertifyOptions:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import tempfile
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 from ._io import missing_parents, remove_empty, unwritable
 from .errors import WidthscopeError
 from .hub import local_directory
-from .options import MAX_ETAS, MAX_POOL, SHARED, num_list
+from .options import MAX_POOL, SHARED
 
 _THREADS = ("threads", 1, 4096, "threads")  # a setting of the process, declared here
 
@@ -113,10 +112,8 @@ def _input_options() -> dict[str, frozenset[str]]:
 
 
 def input_kind(model: str | None, task: str | None = None, revision: str | None = None) -> str | None:
-    """The :data:`KINDS` entry of ``--model`` from its ``config.json`` alone (no weights read);
-    None when it cannot tell (the loader then gives its own error). A hub id ``org/name`` (at
-    ``revision``, default main) or hub cache folder is read from its cached snapshot, never
-    downloaded (not cached: None)."""
+    """The :data:`KINDS` entry of ``--model`` from its ``config.json`` alone (a hub id: its cached
+    snapshot, never downloaded); None when it cannot tell."""
     if model is None:
         return None
     if model == "builtin":
@@ -221,10 +218,8 @@ def _inside(child: Path, parent: Path) -> bool:
 
 
 def check_outputs(inputs: list[tuple[str, str]], outputs: list[tuple[str, str]], command: str) -> None:
-    """Outputs never collide and inputs are never written: refuse, before any work, two outputs
-    that resolve to the same file (after ``realpath``), an output that is one of the inputs, and an
-    output inside an input folder (a model directory, a results folder). ``inputs``/``outputs``:
-    ``(flag, path)`` pairs; an input that does not exist (a dataset name, ``builtin``) is skipped."""
+    """Refuse two outputs that are the same file, an output that is an input, and an output inside an
+    input folder; ``inputs``/``outputs``: ``(flag, path)`` pairs (inputs that do not exist are skipped)."""
     ins = [(f, p, _real(p)) for f, p in inputs if os.path.exists(os.path.expanduser(p))]
     outs = [(f, p, _real(p)) for f, p in outputs]
     for i, (fa, pa, ra) in enumerate(outs):
@@ -265,21 +260,7 @@ def check_pools(
 
 
 # ----------------------------------------------------------------------------- list options
-# Step sizes and (M, K) pairs: one rule and message for the options, the command line and the pipelines.
-def float_list(text: str | None, flag: str) -> list[float] | None:
-    """Step sizes ``"1e-3,1e-2"``: positive, finite, at most :data:`~widthscope.options.MAX_ETAS`."""
-    if text is None:
-        return None
-    vals = num_list(text, flag, float)
-    if any(not (v > 0 and math.isfinite(v)) for v in vals):
-        raise WidthscopeError(f"{flag} {text!r}: step sizes must be positive finite numbers")
-    if len(vals) > MAX_ETAS:
-        raise WidthscopeError(
-            f"{flag}: {len(vals)} step sizes; at most {MAX_ETAS} (each one evaluates the held-out pool at every point)"
-        )
-    return vals
-
-
+# The (M, K) pairs of the pipelines' sample sizes.
 def sizes_list(values: Any, name: str) -> list[int]:
     if isinstance(values, (int,)) and not isinstance(values, bool):
         values = [values]

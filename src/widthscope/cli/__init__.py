@@ -1,9 +1,7 @@
 """The ``widthscope`` command line.
 
-Each subcommand is a module of this package with ``add_arguments(parser)`` and ``run(args) -> int``,
-building typed settings for a namespace-free pipeline. This file imports only the chosen command's
-module, applies the shared checks (:mod:`widthscope.cli.checks`) and turns every user error into
-one line with exit status 2.
+Each subcommand is a module with ``add_arguments(parser)`` and ``run(args) -> int``; only the chosen
+one is imported, the shared checks run first, and every user error is one line with exit status 2.
 """
 
 from __future__ import annotations

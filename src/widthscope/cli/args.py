@@ -1,9 +1,5 @@
-"""The command line generated from the options dataclasses (:mod:`widthscope.options`).
-
-Every generated argument defaults to ``None``, so which options the user gave is knowable;
-``XOptions.from_args(args, base)`` builds the dataclass from them over a base (a preset, or the
-options a results file recorded, ``--config``). The namespace is never changed.
-"""
+"""The command line generated from the options dataclasses: every argument defaults to ``None``, so
+``XOptions.from_args(args, base)`` knows which were given (``base``: a preset or ``--config``'s)."""
 
 from __future__ import annotations
 

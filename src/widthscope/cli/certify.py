@@ -13,9 +13,9 @@ from ..data.sources import splits_of
 from ..data.spec import InputSpec, is_all
 from ..data.splits import dataset_splits
 from ..errors import WidthscopeError
-from ..options import PROTOCOLS, CertifyOptions, CertifyRunOptions, InterventionOptions
+from ..options import PROTOCOLS, CertifyOptions, CertifyRunOptions, InterventionOptions, check_steps, num_list
 from ..planning import plan_certify
-from ..validate import check_pools, float_list
+from ..validate import check_pools
 from .args import add_options, add_plan, load_config
 from .inputs import add_arguments as add_inputs
 from .inputs import spec_from_args
@@ -189,7 +189,8 @@ def _spec(args: argparse.Namespace, recorded: InputSpec | None, preset: dict[str
 def run(args: argparse.Namespace) -> int:
     # Seeds, sizes, devices, data paths and outputs were checked by cli.checks.check_args (cli.main).
     preset, notes = input_preset(args)
-    float_list(args.etas, "--etas")  # before the options' range check, which names no step sizes
+    if args.etas is not None:  # before the options' range check, which names no step sizes
+        check_steps("--etas", args.etas, num_list(args.etas, "--etas", float))
     base, run_base, recorded = _bases(args)
     opts = CertifyOptions.from_args(args, base)  # --points too (a field of the Python API's)
     _check_combinations(args, opts, CertifyOptions.given(args), preset)

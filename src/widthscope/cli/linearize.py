@@ -1,8 +1,5 @@
-"""``widthscope linearize``: the command line of :func:`widthscope.linearization.run.run_linearize`.
-
-The sweep comes from the TOML file ``CONFIG`` or, to repeat a run, from ``--config FILE`` (a
-finished run's ``slopes.json`` or ``linearize_config.json``); flags given override the recorded ones.
-"""
+"""``widthscope linearize``: the command line of :func:`widthscope.linearization.run.run_linearize`
+(the sweep: a TOML ``CONFIG``, or ``--config`` a finished run's ``slopes.json``/``linearize_config.json``)."""
 
 from __future__ import annotations
 
