@@ -135,7 +135,9 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     os.close(fd)
     try:
         write(tmp)
-        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; results are shared like any file
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are shared like any file
         os.replace(tmp, path)
     except BaseException as exc:
         if os.path.exists(tmp):
@@ -171,13 +173,9 @@ def kept_work() -> list[str]:
     """The registered descriptions of finished work on disk."""
     out = []
     for fn in KEPT_WORK:
-        try:
-            msg = fn()
-        except Exception:  # a description must never hide the interruption itself
-            msg = None
-        if msg:
-            out.append(msg)
-    return out
+        with contextlib.suppress(Exception):  # a description must never hide the interruption itself
+            out.append(fn())
+    return [msg for msg in out if msg]
 
 
 def missing_parents(path: Path) -> list[Path]:
@@ -193,10 +191,8 @@ def missing_parents(path: Path) -> list[Path]:
 def remove_empty(folders: Iterable[Path]) -> None:
     """Remove the given folders (deepest first) where they are still empty."""
     for p in folders:
-        try:
+        with contextlib.suppress(OSError):  # not empty (or gone)
             p.rmdir()
-        except OSError:  # not empty (or gone)
-            continue
 
 
 def human_size(n: float) -> str:
@@ -239,12 +235,6 @@ def check_writable(path: str | os.PathLike, need_bytes: int = 0, what: str = "th
     finally:
         remove_empty(created)
     return path
-
-
-def current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:

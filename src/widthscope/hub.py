@@ -79,10 +79,8 @@ def is_hub_id(text: str) -> bool:
     """``org/name`` as the hub spells repository ids (letters, digits, ``-_.``; no ``--``/``..``)."""
     if not isinstance(text, str) or text.count("/") != 1 or text.startswith((".", "/", "~")):
         return False
-    try:
-        from huggingface_hub.utils import validate_repo_id
-    except ImportError:  # pragma: no cover - transformers depends on huggingface_hub
-        return False
+    from huggingface_hub.utils import validate_repo_id
+
     try:
         validate_repo_id(text)
     except ValueError:  # HFValidationError

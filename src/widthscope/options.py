@@ -172,15 +172,11 @@ class Options:
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            meta = f.metadata
-            if "kind" not in meta:
-                continue
             value = getattr(self, f.name)
-            if value is None:
-                continue
-            norm = self._normalise(f.name, meta, value)
-            if norm is not value:
-                object.__setattr__(self, f.name, norm)
+            if "kind" in f.metadata and value is not None:
+                norm = self._normalise(f.name, f.metadata, value)
+                if norm is not value:
+                    object.__setattr__(self, f.name, norm)
         self.check()
 
     def _normalise(self, name: str, meta: Mapping[str, Any], value: Any) -> Any:
@@ -245,11 +241,8 @@ class Options:
                     f"{flag} {v!r}: expected {'whole numbers' if kind == 'int' else 'numbers'}"
                 ) from None
         whole = "a whole number" if kind == "int" else "a finite number"
-        ok_type = (
-            (isinstance(v, int) and not isinstance(v, bool))
-            if kind == "int"
-            else (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
-        )
+        real = isinstance(v, (int, float)) and not isinstance(v, bool)
+        ok_type = real and (isinstance(v, int) if kind == "int" else math.isfinite(v))
         rng = (
             f" in {_fmt(lo)}..{_fmt(hi)}"
             if lo is not None and hi is not None

@@ -15,7 +15,7 @@ from ..data.splits import dataset_splits
 from ..errors import WidthscopeError
 from ..options import PROTOCOLS, CertifyOptions, CertifyRunOptions, InterventionOptions, check_steps, num_list
 from ..planning import plan_certify
-from ..validate import check_pools
+from ..validate import check_pools, flag_name, pairs_of
 from .args import add_options, add_plan, load_config
 from .inputs import add_arguments as add_inputs
 from .inputs import spec_from_args
@@ -121,20 +121,19 @@ def _check_combinations(
     """Refuse options that mean nothing together (after --protocol filled the rest)."""
     words = " (--protocol published)" if args.protocol == "published" else ""
     none_run = opts.interventions == "none"
-    if "n_etas" in given and "etas" in given:
-        raise WidthscopeError(
-            "--n-etas sets the size of the default step grid, --etas replaces that grid: drop one of them"
-        )
-    if "max_rel_step" in given and "etas" in given:
-        raise WidthscopeError(
-            "--max-rel-step sets the largest step of the default grid, --etas replaces that grid: drop one of them"
-        )
-    for flag, what in (
-        ("--max-rel-step", "the largest intervention step"),
-        ("--etas", "the step sizes of the interventions"),
-        ("--n-etas", "the number of intervention steps"),
+    for dest, what in (
+        ("n_etas", "the size of the default step grid"),
+        ("max_rel_step", "the largest step of the default grid"),
     ):
-        if flag[2:].replace("-", "_") in given and none_run:
+        if dest in given and "etas" in given:
+            raise WidthscopeError(f"{flag_name(dest)} sets {what}, --etas replaces that grid: drop one of them")
+    for dest, what in (
+        ("max_rel_step", "the largest intervention step"),
+        ("etas", "the step sizes of the interventions"),
+        ("n_etas", "the number of intervention steps"),
+    ):
+        if dest in given and none_run:
+            flag = flag_name(dest)
             raise WidthscopeError(
                 f"{flag} sets {what}, but none run{words}: add --interventions bias (or block), or drop {flag}"
             )
@@ -189,7 +188,9 @@ def _spec(args: argparse.Namespace, recorded: InputSpec | None, preset: dict[str
 def run(args: argparse.Namespace) -> int:
     # Seeds, sizes, devices, data paths and outputs were checked by cli.checks.check_args (cli.main).
     preset, notes = input_preset(args)
-    if args.etas is not None:  # before the options' range check, which names no step sizes
+    # the command line's messages for sizes and step sizes (the options check the same values again)
+    pairs_of(num_list(args.M or "1", "--M", int), None if args.K is None else num_list(args.K, "--K", int))
+    if args.etas is not None:
         check_steps("--etas", args.etas, num_list(args.etas, "--etas", float))
     base, run_base, recorded = _bases(args)
     opts = CertifyOptions.from_args(args, base)  # --points too (a field of the Python API's)
