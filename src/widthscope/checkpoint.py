@@ -53,13 +53,6 @@ def _dedupe(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], di
     return kept, aliases
 
 
-def _dtype_of(model: nn.Module) -> str:
-    for p in model.parameters():
-        if p.is_floating_point():
-            return str(p.dtype).removeprefix("torch.")
-    return "float32"
-
-
 def save(model: nn.Module, directory: str | os.PathLike, *, extra: dict | None = None) -> Path:
     """Write ``model`` (built by :func:`widthscope.models.build`) to ``directory``; returns it."""
     from safetensors.torch import save_file
@@ -97,7 +90,7 @@ def save(model: nn.Module, directory: str | os.PathLike, *, extra: dict | None =
         {
             "widthscope_format": FORMAT_VERSION,
             "model": config,
-            "dtype": _dtype_of(model),
+            "dtype": next((str(p.dtype)[6:] for p in model.parameters() if p.is_floating_point()), "float32"),
             "parameters": count_parameters(model),
             "extra": extra or {},
         },

@@ -118,15 +118,6 @@ def _check_revision(revision: str | None) -> None:
         raise WidthscopeError(f"--revision {revision!r}: a branch, tag or commit hash, not a path")
 
 
-def _has_safetensors(directory: Path) -> bool:
-    return (directory / "model.safetensors").is_file() or (directory / "model.safetensors.index.json").is_file()
-
-
-def _refs(folder: Path) -> list[str]:
-    refs = folder / "refs"
-    return sorted(str(p.relative_to(refs)) for p in refs.rglob("*") if p.is_file()) if refs.is_dir() else []
-
-
 def _snapshot(
     repo_id: str, revision: str | None, *, cache: Path, local_only: bool, flag: str, folder: Path | None = None
 ) -> Path:
@@ -146,7 +137,9 @@ def _snapshot(
                 repo_id, revision=rev, cache_dir=str(cache), local_files_only=local_only, allow_patterns=ALLOW
             )
         )
-        if not local_only and not _has_safetensors(path):
+        if not local_only and not any(
+            (path / f).is_file() for f in ("model.safetensors", "model.safetensors.index.json")
+        ):
             path = Path(
                 huggingface_hub.snapshot_download(repo_id, revision=rev, cache_dir=str(cache), allow_patterns=ALLOW_BIN)
             )
@@ -155,7 +148,7 @@ def _snapshot(
         if partial and Path(partial).is_dir():  # IncompleteSnapshotError: the loaders name the file they miss
             return Path(partial)
         if folder is not None:
-            refs = _refs(folder)
+            refs = sorted(str(p.relative_to(folder / "refs")) for p in (folder / "refs").rglob("*") if p.is_file())
             raise WidthscopeError(
                 f"{flag} {str(folder)!r}: this hub cache folder has no snapshot for revision "
                 f"{rev!r} (its refs: {', '.join(refs) or 'none'}; or give a commit hash "

@@ -125,6 +125,17 @@ def with_keywords(
     return base
 
 
+def flag_name(name: str) -> str:
+    """The command-line flag of an argparse dest: ``n_train`` -> ``--n-train``."""
+    return "--" + name.replace("_", "-")
+
+
+def given(args: Any, dest: str) -> bool:
+    """Was ``dest`` given on the command line (its argument defaults to ``None``, a switch to ``False``)?"""
+    v = getattr(args, dest, None)
+    return v is not None and v is not False
+
+
 def num_list(text: str, flag: str, cast: Callable[[str], Any]) -> list:
     """``"16,32,64"`` -> ``[16, 32, 64]`` (empty items dropped), one error line naming ``flag``."""
     words = "whole numbers, e.g. 16,32,64" if cast is int else "numbers, e.g. 1e-3,1e-2"
@@ -168,7 +179,7 @@ class Options:
     @classmethod
     def flag(cls, name: str) -> str:
         f = {f.name: f for f in dataclasses.fields(cls)}[name]
-        return f.metadata.get("flag") or "--" + name.replace("_", "-")
+        return f.metadata.get("flag") or flag_name(name)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -292,11 +303,7 @@ class Options:
     def given(cls, args: Any) -> set[str]:
         """The fields of ``cls`` set in ``args`` (a parsed command line: the generated arguments
         default to ``None``, switches to ``False``)."""
-        return {
-            f.name
-            for f in dataclasses.fields(cls)
-            if getattr(args, f.name, None) is not None and getattr(args, f.name) is not False
-        }
+        return {f.name for f in dataclasses.fields(cls) if given(args, f.name)}
 
     @classmethod
     def from_args(cls: type[T], args: Any, base: T | None = None) -> T:

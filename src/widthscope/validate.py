@@ -153,10 +153,6 @@ def group_words(kinds: frozenset[str]) -> str:
     return names
 
 
-def flag_name(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def check_dir_writable(path: str | os.PathLike, flag: str = "--out") -> Path:
     """``path`` is (or can be made) a directory we can write into; folders created for the probe are
     removed again. ``flag`` names the option (or config key) the path came from."""
@@ -213,10 +209,6 @@ def _real(path: str) -> Path:
     return Path(os.path.realpath(os.path.expanduser(path)))
 
 
-def _inside(child: Path, parent: Path) -> bool:
-    return child == parent or parent in child.parents
-
-
 def check_outputs(inputs: list[tuple[str, str]], outputs: list[tuple[str, str]], command: str) -> None:
     """Refuse two outputs that are the same file, an output that is an input, and an output inside an
     input folder; ``inputs``/``outputs``: ``(flag, path)`` pairs (inputs that do not exist are skipped)."""
@@ -237,7 +229,8 @@ def check_outputs(inputs: list[tuple[str, str]], outputs: list[tuple[str, str]],
                     f"{fo} {po!r} is the input {fi} {pi!r}: widthscope never writes into its "
                     f"inputs; give {fo} another path"
                 )
-            if ri.is_dir() and _inside(ro, ri) and not (command == "report" and ro == ri / "report"):
+            inside = ro == ri or ri in ro.parents
+            if ri.is_dir() and inside and not (command == "report" and ro == ri / "report"):
                 raise WidthscopeError(
                     f"{fo} {po!r} lies inside the input {fi} {pi!r}: widthscope never writes "
                     f"into its inputs; give {fo} a path outside it"

@@ -53,6 +53,10 @@ def argument(f: dataclasses.Field, default: Any) -> dict[str, Any]:
     return kw
 
 
+def add_threads(parser: ArgumentAdder, help: str = "torch CPU threads") -> None:
+    parser.add_argument("--threads", type=int, default=None, metavar="N", help=help)
+
+
 PLAN_HELP = (
     "print what the whole run will cost (parameters and weights, bytes per example, the largest batch that fits; "
     "the predicted wall time and peak memory of the whole process after timing {timed}) and exit: nothing is "

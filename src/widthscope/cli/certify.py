@@ -13,9 +13,18 @@ from ..data.sources import splits_of
 from ..data.spec import InputSpec, is_all
 from ..data.splits import dataset_splits
 from ..errors import WidthscopeError
-from ..options import PROTOCOLS, CertifyOptions, CertifyRunOptions, InterventionOptions, check_steps, num_list
+from ..options import (
+    PROTOCOLS,
+    CertifyOptions,
+    CertifyRunOptions,
+    InterventionOptions,
+    check_steps,
+    flag_name,
+    given,
+    num_list,
+)
 from ..planning import plan_certify
-from ..validate import check_pools, flag_name, pairs_of
+from ..validate import check_pools, pairs_of
 from .args import add_options, add_plan, load_config
 from .inputs import add_arguments as add_inputs
 from .inputs import spec_from_args
@@ -97,7 +106,7 @@ def input_preset(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
     for key, value in INPUT_PRESETS[args.protocol].items():
         if key == "n_test" and value == "all" and not _two_sources(args):
             value = INPUT_PRESETS["default"]["n_test"]  # one corpus to split: never read all of it by default
-        if getattr(args, key, None) is None or getattr(args, key) is False:
+        if not given(args, key):
             preset[key] = value
     if args.protocol != "published":
         return preset, []
@@ -116,7 +125,7 @@ def input_preset(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
 
 
 def _check_combinations(
-    args: argparse.Namespace, opts: CertifyOptions, given: set[str], preset: dict[str, Any]
+    args: argparse.Namespace, opts: CertifyOptions, named: set[str], preset: dict[str, Any]
 ) -> None:
     """Refuse options that mean nothing together (after --protocol filled the rest)."""
     words = " (--protocol published)" if args.protocol == "published" else ""
@@ -125,14 +134,14 @@ def _check_combinations(
         ("n_etas", "the size of the default step grid"),
         ("max_rel_step", "the largest step of the default grid"),
     ):
-        if dest in given and "etas" in given:
+        if dest in named and "etas" in named:
             raise WidthscopeError(f"{flag_name(dest)} sets {what}, --etas replaces that grid: drop one of them")
     for dest, what in (
         ("max_rel_step", "the largest intervention step"),
         ("etas", "the step sizes of the interventions"),
         ("n_etas", "the number of intervention steps"),
     ):
-        if dest in given and none_run:
+        if dest in named and none_run:
             flag = flag_name(dest)
             raise WidthscopeError(
                 f"{flag} sets {what}, but none run{words}: add --interventions bias (or block), or drop {flag}"

@@ -23,7 +23,7 @@ from pathlib import Path
 from .. import validate
 from .._io import check_writable, missing_parents
 from ..errors import WidthscopeError
-from ..options import SEED_MAX
+from ..options import SEED_MAX, flag_name, given
 from ..validate import (
     INPUT_PATHS,
     KINDS,
@@ -32,19 +32,12 @@ from ..validate import (
     check_dir_writable,
     check_outputs,
     check_path_length,
-    flag_name,
     group_words,
     input_kind,
 )
 
 # Output folders check_args created; widthscope.cli removes those still empty when a command fails.
 CREATED: list[Path] = []
-
-
-def given(args: argparse.Namespace, dest: str) -> bool:
-    """Was ``dest`` given on the command line (its argument defaults to ``None``, a switch to ``False``)?"""
-    v = getattr(args, dest, None)
-    return v is not None and v is not False
 
 
 def check_applies(args: argparse.Namespace, command: str, kind: str | None = None) -> None:
@@ -85,20 +78,14 @@ PLAN_EXCLUDES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _check_plan(args: argparse.Namespace, command: str) -> None:
-    if not (given(args, "plan") or given(args, "plan_no_time")):
-        return
-    plan = "--plan" if given(args, "plan") else "--plan-no-time"
-    for dest in PLAN_EXCLUDES.get(command, ()):
+def check_args(args: argparse.Namespace, command: str) -> None:
+    """The shared checks; raises :class:`WidthscopeError` with one line naming the option."""
+    plan = next((flag_name(d) for d in ("plan", "plan_no_time") if given(args, d)), None)
+    for dest in PLAN_EXCLUDES.get(command, ()) if plan else ():
         if given(args, dest):
             raise WidthscopeError(
                 f"{plan} prints the cost plan and exits, so {flag_name(dest)} would do nothing: drop one of them"
             )
-
-
-def check_args(args: argparse.Namespace, command: str) -> None:
-    """The shared checks; raises :class:`WidthscopeError` with one line naming the option."""
-    _check_plan(args, command)
     if isinstance(getattr(args, "shard", None), str):
         from ..sweeps.grid import parse_shard  # noqa: PLC0415  start-up time: torch
 

@@ -10,7 +10,7 @@ from ..growth.bench import bench_out_dir, run_bench
 from ..growth.options import GrowBenchOptions
 from ..planning import plan_bench
 from ..report.growth import write_report
-from .args import add_config, add_options, add_plan, config_options
+from .args import add_config, add_options, add_plan, add_threads, config_options
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "'options'); options given here override them",
     )
     p.add_argument("--no-report", action="store_true", help="skip the table/plot (PNG) of the comparison")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    add_threads(p)
     p.add_argument(
         "--shard",
         default=None,

@@ -9,7 +9,7 @@ from .._io import format_table
 from ..growth.options import GrowTargetOptions
 from ..growth.target import COLUMNS, run_target, target_out_dir
 from ..planning import plan_target
-from .args import add_config, add_options, add_plan, config_options
+from .args import add_config, add_options, add_plan, add_threads, config_options
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         what="repeat a run: the options recorded in a grow-target summary.json (its 'options'); "
         "options given here override them",
     )
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (each cell runs at one)")
+    add_threads(p, "torch CPU threads (each cell runs at one)")
     add_plan(p, "one training step of each distinct model")
 
 

@@ -11,8 +11,8 @@ from typing import Any
 from ..data.spec import ALL, INPUT_DEFAULTS, OPTIONAL_FIELDS, InputSpec
 from ..errors import WidthscopeError
 from ..growth.options import GROW_POOLS
-from .args import argument
-from .checks import given
+from ..options import flag_name, given
+from .args import add_threads, argument
 
 # --help groups: which input option is listed under "model" and "probe pools" (the rest: "data")
 MODEL_OPTIONS = ("revision", "device_map", "max_memory", "offload_folder", "task", "dtype", "tokenizer")
@@ -40,19 +40,13 @@ def add_arguments(
         if "kind" not in m or not m["cli"]:
             continue
         g = groups["model" if name in MODEL_OPTIONS else "probe pools" if name in POOL_OPTIONS else "data"]
-        g.add_argument("--" + name.replace("_", "-"), **argument(fields[name], fields[name].default))
+        g.add_argument(flag_name(name), **argument(fields[name], fields[name].default))
         if name == "text_field":
             g.add_argument("--text-column", dest="text_field", help=argparse.SUPPRESS)
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        metavar="N",
-        help="torch CPU threads (default: torch's choice; 1 is best on a busy machine)",
-    )
+    add_threads(p, "torch CPU threads (default: torch's choice; 1 is best on a busy machine)")
     for name, default, words in (("n_train", n_train, n_train_help), ("n_test", n_test, n_test_help)):
         groups["probe pools"].add_argument(
-            "--" + name.replace("_", "-"),
+            flag_name(name),
             type=pool_size,
             default=default,
             help=f"{meta[name]['help']} (default {default if default is not None else words})",

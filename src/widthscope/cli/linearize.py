@@ -10,7 +10,7 @@ from ..linearization.config import load_toml
 from ..linearization.run import LinearizeOptions, run_file, run_linearize
 from ..planning import plan_linearize
 from ..validate import check_path_length
-from .args import add_config, add_options, add_plan, config_options, load_config
+from .args import add_config, add_options, add_plan, add_threads, config_options, load_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", default=None, help="results directory (default runs/<config name>)")
     add_options(parser, LinearizeOptions)
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    add_threads(parser)
     add_plan(parser, "one cell of each width")
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..certification.per_point import tables
 from ..certification.samples import StatsOptions, run_stats
-from .args import add_config, add_options, config_options
+from .args import add_config, add_options, add_threads, config_options
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_options(p, StatsOptions)
     p.add_argument("--out", default=None, help="JSON output path (default: print the tables only)")
-    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
+    add_threads(p)
 
 
 def run(args: argparse.Namespace) -> int:
