@@ -104,13 +104,9 @@ def model_or_function(fn: str, value: Any) -> Any:
 
 # ----------------------------------------------------------------------------- tensors
 def _ndim_text(ndim: int | tuple[int, ...] | None, min_ndim: int | None) -> str:
-    if isinstance(ndim, int):
-        return f"{ndim}-D "
-    if isinstance(ndim, tuple):
-        return " or ".join(f"{n}-D" for n in ndim) + " "
-    if min_ndim:
-        return f"batched (at least {min_ndim}-D) "
-    return ""
+    if ndim is not None:
+        return " or ".join(f"{n}-D" for n in ((ndim,) if isinstance(ndim, int) else ndim)) + " "
+    return f"batched (at least {min_ndim}-D) " if min_ndim else ""
 
 
 def tensor(
@@ -133,10 +129,8 @@ def tensor(
         f"a {_ndim_text(ndim, min_ndim)}{'floating ' if floating else ''}tensor" + (" or array" if arrays else ""),
         optional,
     )
-    array_like = (
-        arrays
-        and not isinstance(value, (str, bytes))
-        and (isinstance(value, (list, tuple)) or (hasattr(value, "__array__") and hasattr(value, "shape")))
+    array_like = arrays and (
+        isinstance(value, (list, tuple)) or hasattr(value, "__array__") and hasattr(value, "shape")
     )
     if not isinstance(value, torch.Tensor) and not array_like:
         raise wrong_type(fn, name, what, value)
@@ -211,8 +205,7 @@ def number(
     optional: bool = False,
     accepts: str | None = None,
 ) -> float | None:
-    """A real number (not ``bool``, not NaN; finite unless ``finite=False``) in the range
-    (``lo_open``/``hi_open``: strict bounds)."""
+    """A real number (not ``bool`` or NaN; finite unless ``finite=False``) in the range."""
     if value is None and optional:
         return None
     if accepts is None:

@@ -37,8 +37,7 @@ def to_jsonable(obj: Any) -> Any:
 
 
 def first_nonfinite(obj: Any, where: str = "") -> str | None:
-    """Dotted name of the first non-finite float in a parsed config (``"family[1].train.lr = inf"``),
-    else ``None``."""
+    """Dotted name of the first non-finite float in a parsed config, else ``None``."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return f"{where} = {obj}"
     items = (
@@ -57,8 +56,7 @@ def first_nonfinite(obj: Any, where: str = "") -> str | None:
 
 
 def read_toml(path: str | os.PathLike, what: str, hint: str) -> dict[str, Any]:
-    """Parse the TOML file ``path``; every way it can fail is one line naming ``what`` (e.g.
-    ``"sweep config"``) and ``hint`` (where a valid one is found)."""
+    """Parse the TOML file ``path``; every failure is one line naming ``what`` and ``hint``."""
     if sys.version_info >= (3, 11):
         import tomllib  # noqa: PLC0415  start-up time: `widthscope --help` imports this module
     else:  # pragma: no cover - Python 3.10
@@ -128,8 +126,7 @@ def _sibling(path: Path, suffix: str) -> tuple[int, str]:
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
-    """``write(tmp)`` a temporary sibling, then rename it to ``path``; an unwritable path (an
-    ``OSError`` of ``write``) raises WidthscopeError naming it, and no temporary is left."""
+    """``write(tmp)`` a temporary sibling, then rename it to ``path`` (no temporary left on failure)."""
     path = Path(path)
     fd, tmp = _sibling(path, ".tmp")
     os.close(fd)
@@ -164,8 +161,7 @@ KEPT_WORK: list[Any] = []
 
 
 def on_interrupt(describe: Any) -> None:
-    """Register ``describe() -> str | None``: the finished work on disk, named when a run is
-    interrupted or fails writing."""
+    """Register ``describe() -> str | None``: the finished work on disk, named if a run is stopped."""
     KEPT_WORK.append(describe)
 
 
@@ -222,8 +218,7 @@ def check_space(path: str | os.PathLike, need_bytes: int, what: str = "the resul
 
 
 def check_writable(path: str | os.PathLike, need_bytes: int = 0, what: str = "the results") -> Path:
-    """Fail now, before any work, if ``path`` cannot be written (or has too little free space for
-    ``need_bytes``); folders created for the probe are removed again."""
+    """Fail now if ``path`` cannot be written (or lacks ``need_bytes`` of free space)."""
     path = Path(path)
     created = missing_parents(path)
     try:
@@ -481,8 +476,7 @@ _JSON_TYPE = {list: "array", str: "string", int: "number", float: "number", bool
 
 
 def read_jsonl(path: str | os.PathLike, problems: list[Skipped] | None = None) -> list[dict[str, Any]]:
-    """Rows of a JSONL file (a missing file has none). A damaged line is skipped and named, with its
-    line number and why (:func:`record_skips`); an unreadable file raises WidthscopeError."""
+    """Rows of a JSONL file (none if missing); damaged lines are skipped and named."""
     path = Path(path)
     if not path.exists():
         return []
@@ -606,8 +600,7 @@ def progress(
     disable: bool | None = None,
     **kw: Any,
 ) -> Any:
-    """A tqdm bar on a terminal, periodic lines (:class:`LogProgress`) in a log, nothing when
-    ``disable``. ``WIDTHSCOPE_PROGRESS=1`` forces bars, ``=0`` silences everything."""
+    """A tqdm bar on a terminal, :class:`LogProgress` lines in a log (``WIDTHSCOPE_PROGRESS=0/1``)."""
     from tqdm.auto import tqdm
 
     env = os.environ.get("WIDTHSCOPE_PROGRESS")

@@ -81,8 +81,7 @@ def certify(
                     f"{_args.describe(data)}"
                 )
             data, test = data
-        seed = int(getattr(options, "seed", 0) or 0) if options is not None else 0
-        seed = int(keywords.get("seed", seed))
+        seed = int(keywords.get("seed", getattr(options, "seed", 0) or 0))
         train, test, task_loss, info = pools_from(
             data,
             test,

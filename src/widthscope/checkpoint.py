@@ -311,8 +311,7 @@ def _load_local(
 
 
 def recorded_data(model: nn.Module) -> dict[str, Any]:
-    """What a loaded checkpoint recorded about its training data: ``{"dataset", "options", "seed"}``
-    (those recorded), so a held-out split is the one the model never trained on."""
+    """What a loaded checkpoint recorded about its training data (dataset, options, seed)."""
     extra = getattr(model, "widthscope_extra", None)
     if not isinstance(extra, dict):
         return {}

@@ -73,8 +73,7 @@ DEMO_LLAMA: dict[str, Any] = {
                 "train_eval_examples": 256,
             },
             "certify": {"n_probe_train": 128, "n_probe_test": 128, "batch_size": 32},
-            # Both regimes: held-out text of the training corpus, and another distribution (English
-            # prose shipped with Python) at a longer probe length, as the published measurements do.
+            # held-out text of the corpus, and English prose at a longer probe length
             "probes": [{"name": "in-domain"}, {"name": "shifted", "data": "prose", "seq_len": [256]}],
             # Alignment over training: the shifted pools at the training length, 6 log-spaced steps.
             "monitor": {
@@ -190,9 +189,7 @@ def plan_demo(
     time_run: bool = True,
     file=None,
 ) -> Plan:
-    """``widthscope demo --plan``: each part's plan for the settings of :func:`run_demo`
-    (``time_run=False``: counted only), and their sum as a :class:`widthscope.planning.Plan` (the
-    fixed costs once, then each part's work; finished cells not in it). Nothing is written."""
+    """``widthscope demo --plan``: each part's plan and their sum (nothing is written)."""
     from .planning import FIXED, plan_linearize, since_start, work_s  # noqa: PLC0415  start-up time: torch
     from .planning import Plan as Sum  # noqa: PLC0415  start-up time: torch
     from .sweeps.alignment import load_config  # noqa: PLC0415  start-up time: torch
@@ -240,9 +237,7 @@ def run_demo(
     threads: int | None = 1,
     file=None,
 ) -> Path:
-    """Run every demo part into ``out_dir`` and write the report; return its path. A part that fails
-    is skipped, and a :class:`WidthscopeError` raised once the report is written. ``threads``:
-    torch's CPU threads meanwhile (``None``: torch's default)."""
+    """Run every demo part into ``out_dir`` and write the report; a failed part raises at the end."""
     from .report.alignment import summary  # noqa: PLC0415  start-up time: numpy
     from .sweeps.alignment import load_config, run_sweep  # noqa: PLC0415  start-up time: torch
     from .sweeps.results import print_summary  # noqa: PLC0415  start-up time: torch

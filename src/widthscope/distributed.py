@@ -223,8 +223,7 @@ def merge_cross_gram(Xa: torch.Tensor, Xb: torch.Tensor) -> torch.Tensor:
 
 
 def distributed_misalignment(Xa: torch.Tensor, Xb: torch.Tensor, **kwargs: Any) -> Any:
-    """:func:`widthscope.stats.misalignment_from_gram` on the merged cross-Gram, drawn on rank 0
-    and broadcast (the single-process draws)."""
+    """:func:`widthscope.stats.misalignment_from_gram` on the merged cross-Gram, drawn on rank 0."""
     C = merge_cross_gram(Xa, Xb)
     out = misalignment_from_gram(C, **kwargs) if is_main() else None
     return broadcast_object(out)

@@ -41,8 +41,7 @@ _TRUE = {"1", "ON", "YES", "TRUE"}
 
 @dataclasses.dataclass(frozen=True)
 class HubModel:
-    """Where a hub model came from: ``repo_id``, the ``revision`` asked for (None: unknown), the
-    ``commit`` it resolved to and the local snapshot ``directory``."""
+    """Where a hub model came from: repo, revision asked for, commit and local snapshot."""
 
     repo_id: str
     revision: str | None
@@ -66,8 +65,7 @@ def offline() -> bool:
 
 
 def cache_dir() -> Path:
-    """The hub cache ``huggingface_hub`` uses (``HF_HUB_CACHE``, else ``HF_HOME/hub``, else
-    ``~/.cache/huggingface/hub``), read from the environment now."""
+    """The hub cache ``huggingface_hub`` uses, read from the environment now."""
     hub = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
     if not hub:
         home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")

@@ -38,8 +38,7 @@ DEFAULT_N_ETAS = 4  # the decades 1e-4 .. 1e-1 of the activation's RMS (docs/int
 DEFAULT_MAX_REL_STEP = 0.1
 ESTIMATORS = ("unbiased", "plugin")
 POOLS = ("sum", "mean", "flatten", "token")
-# what widthscope.probe.insert adds at a point and intervene measures: the built-in names of
-# widthscope.registry.INTERVENTION_KINDS (the one list of the kinds)
+# the built-in intervention kinds (widthscope.registry.INTERVENTION_KINDS)
 INTERVENTION_KINDS = _INTERVENTION_REGISTRY.names()
 INTERVENTIONS = (*INTERVENTION_KINDS, "none")
 DRAW_SCHEMES = ("shared", "per-pair")
@@ -86,8 +85,7 @@ def check_keywords(
     words: str = "unknown setting {key!r}",
     hints: Mapping[str, str] | None = None,
 ) -> None:
-    """Refuse the first keyword of ``fn`` that is neither a field of ``cls`` nor in ``also``, naming
-    the closest one and the settings there are (``words``: the refusal; ``hints``: known fixes)."""
+    """Refuse the first keyword of ``fn`` that is neither a field of ``cls`` nor in ``also``, with a hint."""
     names = [f.name for f in dataclasses.fields(cls)]
     known = [*names, *also]
     for key in keywords:
@@ -110,9 +108,7 @@ def with_keywords(
     also: Sequence[str] = (),
     words: str = "unknown setting {key!r}",
 ) -> T:
-    """``options`` (default ``cls()``) with the keywords of the Python function ``fn`` applied one by
-    one, each validated (``grow(steps=...): --steps 0: must be ...``); ``also``: ``fn``'s other
-    parameters, named when a keyword is unknown."""
+    """``options`` (default ``cls()``) with ``fn``'s keywords applied one by one, each validated."""
     if options is not None and not isinstance(options, cls):
         raise WidthscopeTypeError(f"{fn}(options=...): options must be a {cls.__name__}, got {type(options).__name__}")
     check_keywords(fn, cls, keywords, also=also, words=words)
@@ -301,8 +297,7 @@ class Options:
 
     @classmethod
     def given(cls, args: Any) -> set[str]:
-        """The fields of ``cls`` set in ``args`` (a parsed command line: the generated arguments
-        default to ``None``, switches to ``False``)."""
+        """The fields of ``cls`` given in the parsed command line ``args``."""
         return {f.name for f in dataclasses.fields(cls) if given(args, f.name)}
 
     @classmethod
@@ -323,8 +318,7 @@ class Options:
 
 @dataclasses.dataclass(frozen=True)
 class InterventionOptions(Options):
-    """Direct zero-init residual interventions at every point: predicted vs actual held-out loss
-    change over a grid of steps (docs/interventions.md)."""
+    """Zero-init residual interventions at every point: predicted vs actual held-out loss change."""
 
     interventions: str = option(
         "bias",
@@ -443,16 +437,13 @@ class CertifyOptions(InterventionOptions):
 
     @classmethod
     def published(cls, **changes: Any) -> CertifyOptions:
-        """The published scripts' protocol: plug-in estimators, the summed (bias-gradient) sample
-        vector, M = K in {16..128}, R = 1000 draws with the flip script's per-pair subsets, no
-        interventions (the input side: concatenated chunks, first chunks, every held-out chunk)."""
+        """The published scripts' protocol (plug-in estimators, sum pooling, M = K, per-pair draws)."""
         return cls(**{**PROTOCOLS["published"], **changes})
 
 
 @dataclasses.dataclass(frozen=True)
 class CertifyRunOptions(Options):
-    """How a certify run executes (not what it measures): probe batches, device, the built-in
-    model's training."""
+    """How a certify run executes: probe batches, device, the built-in model's training."""
 
     SHARED_RANGES = True
 
@@ -463,8 +454,7 @@ class CertifyRunOptions(Options):
     )
 
 
-# The certify settings of each --protocol (the input settings of the published protocol live with
-# the inputs: data.spec). Options the user gives explicitly override a preset.
+# The certify settings of each --protocol (its input settings: data.spec); options given override them.
 PROTOCOLS: dict[str, dict[str, Any]] = {
     "published": {
         "estimator": "plugin",

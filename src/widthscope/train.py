@@ -125,8 +125,7 @@ def evaluate(
     loss: str = "ce",
     device: str | torch.device = "cpu",
 ) -> dict[str, float]:
-    """``{"loss", "accuracy"}`` (no accuracy for ``task="lm"``) over ``pair``, in eval mode (the
-    model's mode is restored)."""
+    """``{"loss", "accuracy"}`` (no accuracy for ``task="lm"``) over ``pair``, in eval mode."""
     was_training = model.training
     model.eval()
     total, correct, n = 0.0, 0, 0
@@ -201,8 +200,7 @@ def _optimizer(name: str, params: list, lr: float, weight_decay: float, momentum
 
 
 def _final_eval(model, split, task, eval_batch_size, loss_kind, device, steps, seed, train_eval_examples):
-    """The final train (a seeded subset of ``train_eval_examples``) and test evaluations, and the
-    number of training examples evaluated; a non-finite loss is an error."""
+    """The final train (a seeded subset) and test evaluations, and how many train examples."""
     train_pair = split.train
     if train_eval_examples is not None and len(train_pair[0]) > train_eval_examples:
         idx = torch.randperm(len(train_pair[0]), generator=torch.Generator().manual_seed(seed))[:train_eval_examples]

@@ -84,8 +84,7 @@ _HF = frozenset(k for k in KINDS if k.startswith("hf-"))
 _HF_TEXT = _HF - {"hf-image-classification"}
 _TEXT = _HF_TEXT | {"widthscope-lm"}
 _WS = frozenset({"widthscope-classifier", "widthscope-lm"})
-# The groups of input kinds an InputSpec field may apply to (``applies=``); given for any other kind,
-# the option is refused. Options without a group apply to every kind.
+# The groups of input kinds an InputSpec field may apply to (``applies=``); refused for any other kind.
 GROUPS: dict[str, frozenset[str]] = {
     "all": _ALL,
     "checkpoints": _CKPT,
@@ -96,8 +95,7 @@ GROUPS: dict[str, frozenset[str]] = {
     "hf_sequence_classifiers": frozenset({"hf-sequence-classification"}),
     "splittable": _TEXT | {"hf-image-classification"},
 }
-# What a command changes of its input options' groups (certify: --first for every kind, and its
-# --train-steps, a CertifyRunOptions field, for the built-in model only).
+# A command's own changes to the input options' groups.
 _COMMAND_APPLIES: dict[str, dict[str, frozenset[str]]] = {
     "certify": {"first": _ALL, "train_steps": frozenset({"builtin"})},
     "grow": {},
@@ -154,8 +152,7 @@ def group_words(kinds: frozenset[str]) -> str:
 
 
 def check_dir_writable(path: str | os.PathLike, flag: str = "--out") -> Path:
-    """``path`` is (or can be made) a directory we can write into; folders created for the probe are
-    removed again. ``flag`` names the option (or config key) the path came from."""
+    """``path`` is (or can be made) a directory we can write into; ``flag`` names its option."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise WidthscopeError(f"cannot write into {str(p)!r}: it is a file, not a directory; choose another {flag}")
@@ -174,8 +171,7 @@ def check_dir_writable(path: str | os.PathLike, flag: str = "--out") -> Path:
 
 
 # ----------------------------------------------------------------------------- paths: length, collisions
-# The options that name files a command reads, and those it writes (argparse dests). A path option
-# not given, or an input that is a name rather than a path ("builtin", "digits"), is skipped.
+# The options that name files a command reads, and those it writes (argparse dests).
 INPUT_PATHS = (
     "model",
     "tokenizer",

@@ -84,8 +84,7 @@ def _remove_created() -> None:
     CREATED.clear()
 
 
-# Signals that arrived while modules were importing, acted on once the imports are done (raised
-# inside an import, a KeyboardInterrupt can be swallowed by a library's `try: import` fallback).
+# Signals that arrived while modules imported (a library's `try: import` could swallow them), acted on after.
 PENDING_SIGNALS: list[int] = []
 
 
@@ -114,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _quiet_offline() -> None:
-    """Library chatter (HF advisory and tokenizer fork warnings) stays off the terminal; whether the
-    hub may be reached stays the user's choice (``HF_HUB_OFFLINE`` is never set here)."""
+    """Library chatter stays off the terminal (``HF_HUB_OFFLINE`` is never set here)."""
     for key, value in (
         ("TRANSFORMERS_VERBOSITY", "error"),
         ("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1"),

@@ -76,8 +76,7 @@ def add_plan(
 
 
 def load_config(path: str, section: str = "options") -> dict[str, Any]:
-    """The recorded options of a results file (``certify --out`` JSON: its ``options`` block) or a
-    JSON file of options, for ``--config FILE``: one error line for anything else."""
+    """The ``options`` block of a results JSON (or a JSON file of options) for ``--config FILE``."""
     p = Path(path).expanduser()
     try:
         obj = json.loads(p.read_text(encoding="utf-8"))
@@ -96,8 +95,7 @@ def load_config(path: str, section: str = "options") -> dict[str, Any]:
 
 
 def add_config(parser: argparse.ArgumentParser, command: str, *, dest: str = "config", what: str = "") -> None:
-    """``--config FILE``: the base options of the run (a results JSON this command wrote, or a JSON
-    file of options); options given on the command line override them."""
+    """``--config FILE``: the run's base options; options given on the command line override them."""
     parser.add_argument(
         "--config",
         dest=dest,
@@ -110,9 +108,7 @@ def add_config(parser: argparse.ArgumentParser, command: str, *, dest: str = "co
 
 
 def config_options(cls: type[T], path: str | None, command: str) -> T | None:
-    """The options of ``command`` recorded in ``path`` (:func:`load_config`; ``None``: no
-    ``--config``), validated by ``cls``; one error line naming ``--config`` when the file holds no
-    such options or a bad one."""
+    """The options of ``command`` recorded in ``path`` (``None``: no ``--config``), validated by ``cls``."""
     if path is None:
         return None
     section = command.replace("-", "_")

@@ -29,8 +29,7 @@ from .args import add_options, add_plan, load_config
 from .inputs import add_arguments as add_inputs
 from .inputs import spec_from_args
 
-# The input side of each --protocol (the statistics side is options.PROTOCOLS / CertifyOptions.published):
-# the published scripts read concatenated chunks, the first ones of each source, every held-out chunk.
+# The input side of each --protocol (the statistics side: options.PROTOCOLS).
 INPUT_PRESETS: dict[str, dict[str, Any]] = {
     "published": {"sequences": "concatenate", "first": True, "n_test": "all", "empty_docs": "skip"},
     "default": {"n_test": 256},
@@ -160,8 +159,7 @@ def _check_combinations(
 
 # ----------------------------------------------------------------------------- the command
 def _bases(args: argparse.Namespace) -> tuple[CertifyOptions, CertifyRunOptions, InputSpec | None]:
-    """The options every field not given on the command line takes: ``--config``'s recorded ones,
-    else the ``--protocol`` preset's."""
+    """The base options: ``--config``'s recorded ones, else the ``--protocol`` preset's."""
     if args.config is None:
         base = CertifyOptions.published() if args.protocol == "published" else CertifyOptions()
         return base, CertifyRunOptions(), None
@@ -195,7 +193,6 @@ def _spec(args: argparse.Namespace, recorded: InputSpec | None, preset: dict[str
 
 
 def run(args: argparse.Namespace) -> int:
-    # Seeds, sizes, devices, data paths and outputs were checked by cli.checks.check_args (cli.main).
     preset, notes = input_preset(args)
     # the command line's messages for sizes and step sizes (the options check the same values again)
     pairs_of(num_list(args.M or "1", "--M", int), None if args.K is None else num_list(args.K, "--K", int))

@@ -41,8 +41,7 @@ CREATED: list[Path] = []
 
 
 def check_applies(args: argparse.Namespace, command: str, kind: str | None = None) -> None:
-    """Refuse (one line) every option of :data:`~widthscope.validate.APPLIES` given for an input
-    kind it does not fit."""
+    """Refuse every option of :data:`~widthscope.validate.APPLIES` given for a kind it does not fit."""
     table = validate.APPLIES.get(command)
     if table is None:
         return

@@ -48,12 +48,11 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     a = res["summary"]["answer"]
-    print(
-        f"\nreaches the from-scratch loss with >= {a['threshold']}x less compute: {a['verdict']} "
-        f"(best {a['best']}: {a['best_speedup']:.3g}x [{a['best_lo']:.3g}, {a['best_hi']:.3g}])"
-        if a["best"] is not None and a["best_lo"] is not None
-        else f"\nreaches the from-scratch loss with >= {a['threshold']}x less compute: {a['verdict']}"
+    best = a["best"] is not None and a["best_lo"] is not None
+    best_words = (
+        f" (best {a['best']}: {a['best_speedup']:.3g}x [{a['best_lo']:.3g}, {a['best_hi']:.3g}])" if best else ""
     )
+    print(f"\nreaches the from-scratch loss with >= {a['threshold']}x less compute: {a['verdict']}{best_words}")
     for label, f in a.get("crossover", {}).items():
         if label in a["crossover_beyond"]:
             where = "beyond B in most seeds: no growth headline"
