@@ -77,12 +77,9 @@ def init_from_env(backend: str | None = None, *, timeout_s: float | None = None)
 
 
 def is_distributed() -> bool:
-    if not dist.is_available():
+    if not dist.is_available() or not (dist.is_initialized() or launched_by_torchrun()):
         return False
-    if not dist.is_initialized():
-        # lazy join: a command that did not call init_from_env() before its first collective
-        if not launched_by_torchrun():
-            return False
+    if not dist.is_initialized():  # lazy join: a command that did not call init_from_env() first
         init_from_env()
     return dist.get_world_size() > 1
 
@@ -258,7 +255,7 @@ def distributed_ntk(
 
 # ----------------------------------------------------------------------------- failure handling
 @contextmanager
-def rank_guard(what: str = "job", *, timeout_s: float | None = None) -> Iterator[None]:
+def rank_guard(what: str = "job") -> Iterator[None]:
     """Run a block on every rank; leave it only if every rank finished it without error (each posts
     ``ok`` or its error to the rendezvous store; a failed or silent peer raises :class:`RankFailure`).
 
@@ -287,7 +284,7 @@ def rank_guard(what: str = "job", *, timeout_s: float | None = None) -> Iterator
         traceback.print_exc()
         raise
     store.set(key + str(r), "ok")
-    timeout = datetime.timedelta(seconds=float(timeout_s or DEFAULT_TIMEOUT_S))
+    timeout = datetime.timedelta(seconds=DEFAULT_TIMEOUT_S)
     deadline = datetime.datetime.now() + timeout
     pending = [p for p in range(W) if p != r]
     failures: list[str] = []
@@ -313,9 +310,7 @@ def rank_guard(what: str = "job", *, timeout_s: float | None = None) -> Iterator
         )
 
 
-def run_rank_guarded(
-    fn: Callable[..., T], *args: Any, what: str | None = None, timeout_s: float | None = None, **kwargs: Any
-) -> T:
+def run_rank_guarded(fn: Callable[..., T], *args: Any, what: str | None = None, **kwargs: Any) -> T:
     """``fn(*args, **kwargs)`` under :func:`rank_guard`: its result only if all ranks succeeded.
 
     Example::
@@ -323,5 +318,5 @@ def run_rank_guarded(
         >>> run_rank_guarded(sum, [1, 2, 3])
         6
     """
-    with rank_guard(what or str(getattr(fn, "__name__", "job")), timeout_s=timeout_s):
+    with rank_guard(what or str(getattr(fn, "__name__", "job"))):
         return fn(*args, **kwargs)

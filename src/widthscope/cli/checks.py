@@ -40,18 +40,14 @@ from ..validate import (
 CREATED: list[Path] = []
 
 
-def check_applies(args: argparse.Namespace, command: str, kind: str | None = None) -> None:
+def check_applies(args: argparse.Namespace, command: str) -> None:
     """Refuse every option of :data:`~widthscope.validate.APPLIES` given for a kind it does not fit."""
     table = validate.APPLIES.get(command)
     if table is None:
         return
-    kind = kind or input_kind(
-        getattr(args, "model", None), getattr(args, "task", None), revision=getattr(args, "revision", None)
-    )
-    if kind is None:
-        return
+    kind = input_kind(getattr(args, "model", None), getattr(args, "task", None), getattr(args, "revision", None))
     for dest, kinds in table.items():
-        if kind not in kinds and given(args, dest):
+        if kind is not None and kind not in kinds and given(args, dest):
             raise WidthscopeError(
                 f"{flag_name(dest)} applies to {group_words(kinds)} only; --model {args.model} is "
                 f"{KINDS[kind]}: drop {flag_name(dest)}"
@@ -124,8 +120,7 @@ def check_args(args: argparse.Namespace, command: str) -> None:
         from ..models.dispatch import check_max_memory, check_visible  # noqa: PLC0415  start-up time: torch
 
         check_visible(check_max_memory(max_memory, name="--max-memory"), name="--max-memory", text=max_memory)
-    if command in validate.APPLIES:
-        check_applies(args, command)
+    check_applies(args, command)
     srcs = [getattr(args, k, None) for k in ("data", "train_data", "test_data", "train_split", "test_split")]
     if srcs[3] is not None or srcs[4] is not None:  # --*-split only for a source with splits, before any work
         from ..data.sources import check_splits_given  # noqa: PLC0415  start-up time: torch
