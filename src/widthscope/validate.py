@@ -112,11 +112,8 @@ def _input_options() -> dict[str, frozenset[str]]:
 def input_kind(model: str | None, task: str | None = None, revision: str | None = None) -> str | None:
     """The :data:`KINDS` entry of ``--model`` from its ``config.json`` alone (a hub id: its cached
     snapshot, never downloaded); None when it cannot tell."""
-    if model is None:
-        return None
-    if model == "builtin":
-        return "builtin"
-
+    if model is None or model == "builtin":
+        return model
     p = local_directory(model, revision)
     if p is None:
         return None
