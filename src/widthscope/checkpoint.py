@@ -142,11 +142,8 @@ def _read_torch(file: Path) -> dict[str, torch.Tensor]:
             f"{file} could not be read as a PyTorch state dict with weights_only=True ({exc}); "
             "only plain tensors are loaded, never pickled code — re-save it as safetensors"
         ) from None
-    if isinstance(obj, dict):
-        for key in ("state_dict", "model", "model_state_dict"):
-            if isinstance(obj.get(key), dict):
-                obj = obj[key]
-                break
+    if isinstance(obj, dict):  # a training checkpoint: its model's state dict
+        obj = next((obj[k] for k in ("state_dict", "model", "model_state_dict") if isinstance(obj.get(k), dict)), obj)
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise WidthscopeError(f"{file} does not hold a state dict (a mapping of names to tensors)")
     return obj

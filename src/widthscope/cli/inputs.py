@@ -76,10 +76,9 @@ def spec_from_args(
             "its config, or 'builtin')"
         )
     if command == "grow":
-        n_tr, n_te = values.get("n_train"), values.get("n_test")
-        values["cap_pools"] = n_tr is None or n_te is None
-        values["n_train"] = GROW_POOLS[0] if n_tr is None else n_tr
-        values["n_test"] = GROW_POOLS[1] if n_te is None else n_te
+        values["cap_pools"] = values.get("n_train") is None or values.get("n_test") is None
+        for key, default in zip(("n_train", "n_test"), GROW_POOLS):
+            values[key] = default if values.get(key) is None else values[key]
     values["given"] = given_now
     for k in INPUT_DEFAULTS:  # a default is the spec's (InputSpec.filled): "not given" stays None
         if k not in given_now:
