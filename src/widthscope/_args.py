@@ -18,8 +18,9 @@ import math
 import numbers
 import operator
 from collections.abc import Mapping
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, cast
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -103,13 +104,9 @@ def model_or_function(fn: str, value: Any) -> Any:
 
 # ----------------------------------------------------------------------------- tensors
 def _ndim_text(ndim: int | tuple[int, ...] | None, min_ndim: int | None) -> str:
-    if isinstance(ndim, int):
-        return f"{ndim}-D "
-    if isinstance(ndim, tuple):
-        return " or ".join(f"{n}-D" for n in ndim) + " "
-    if min_ndim:
-        return f"batched (at least {min_ndim}-D) "
-    return ""
+    if ndim is not None:
+        return " or ".join(f"{n}-D" for n in ((ndim,) if isinstance(ndim, int) else ndim)) + " "
+    return f"batched (at least {min_ndim}-D) " if min_ndim else ""
 
 
 def tensor(
@@ -132,10 +129,8 @@ def tensor(
         f"a {_ndim_text(ndim, min_ndim)}{'floating ' if floating else ''}tensor" + (" or array" if arrays else ""),
         optional,
     )
-    array_like = (
-        arrays
-        and not isinstance(value, (str, bytes))
-        and (isinstance(value, (list, tuple)) or (hasattr(value, "__array__") and hasattr(value, "shape")))
+    array_like = arrays and (
+        isinstance(value, (list, tuple)) or hasattr(value, "__array__") and hasattr(value, "shape")
     )
     if not isinstance(value, torch.Tensor) and not array_like:
         raise wrong_type(fn, name, what, value)
@@ -210,8 +205,7 @@ def number(
     optional: bool = False,
     accepts: str | None = None,
 ) -> float | None:
-    """A real number (not ``bool``, not NaN; finite unless ``finite=False``) in the range
-    (``lo_open``/``hi_open``: strict bounds)."""
+    """A real number (not ``bool`` or NaN; finite unless ``finite=False``) in the range."""
     if value is None and optional:
         return None
     if accepts is None:
@@ -321,37 +315,41 @@ def not_a_collection(value: Any) -> bool:
     )
 
 
+def _collection(
+    fn: str,
+    name: str,
+    value: Any,
+    accepts: str,
+    ok: Callable[[Any], bool],
+    checked: tuple[type, ...] = (list, tuple),
+    vectors: bool = False,
+) -> Any:
+    """A collection (not a mapping; ``vectors``: or a 1-D tensor) whose items, in ``checked`` containers,
+    pass ``ok`` (a generator is not spent)."""
+    one_d = vectors and isinstance(value, torch.Tensor) and value.ndim == 1
+    if (not_a_collection(value) and not one_d) or isinstance(value, Mapping):
+        raise wrong_type(fn, name, accepts, value)
+    if isinstance(value, checked):
+        for i, v in enumerate(cast(Iterable[Any], value)):
+            if not ok(v):
+                raise WidthscopeTypeError(f"{message(fn, name, accepts, value)}; item {i} is {describe(v)}")
+    return value
+
+
 def points(fn: str, name: str, value: Any) -> Any:
     """Insertion points: ``None``, a module name or comma-separated names, or an iterable of names."""
-    accepts = "None (the default points), a module name, a comma-separated string or a list of module names"
     if value is None or isinstance(value, str):
         return value
-    if not_a_collection(value) or isinstance(value, Mapping):
-        raise wrong_type(fn, name, accepts, value)
-    if isinstance(value, (list, tuple)):
-        for i, p in enumerate(value):
-            if not isinstance(p, str):
-                raise WidthscopeTypeError(f"{message(fn, name, accepts, value)}; item {i} is {describe(p)}")
-    return value
+    accepts = "None (the default points), a module name, a comma-separated string or a list of module names"
+    return _collection(fn, name, value, accepts, lambda p: isinstance(p, str))
 
 
 def sizes(fn: str, name: str, value: Any, *, optional: bool = False) -> Any:
     """A sample size or a list of them (``certify``'s ``M``/``K``), whole numbers."""
-    if value is None and optional:
-        return None
-    accepts = _or_none("a positive integer or a list of them (e.g. [16, 32, 64])", optional)
-    if _is_int(value):
+    if (value is None and optional) or _is_int(value):
         return value
-    if not_a_collection(value) and not (isinstance(value, torch.Tensor) and value.ndim == 1):
-        raise wrong_type(fn, name, accepts, value)
-    if isinstance(value, Mapping):
-        raise wrong_type(fn, name, accepts, value)
-    # Items of containers only: a generator is not spent here.
-    if (isinstance(value, (list, tuple, range, torch.Tensor)) or hasattr(value, "__array__")) and not all(
-        _is_int(v) for v in value
-    ):
-        raise wrong_type(fn, name, accepts, value)
-    return value
+    accepts = _or_none("a positive integer or a list of them (e.g. [16, 32, 64])", optional)
+    return _collection(fn, name, value, accepts, _is_int, (list, tuple, range, torch.Tensor, np.ndarray), True)
 
 
 def tensor_pair(fn: str, name: str, value: Any, *, optional: bool = False) -> Any:
@@ -364,33 +362,23 @@ def tensor_pair(fn: str, name: str, value: Any, *, optional: bool = False) -> An
 
 
 def int_list(fn: str, name: str, value: Any, *, optional: bool = True, accepts: str | None = None) -> Any:
-    """An iterable of whole numbers (containers checked item by item; a generator is not spent)."""
+    """An iterable of whole numbers."""
     if value is None and optional:
         return None
     accepts = accepts or _or_none("a list of integers", optional)
-    if not_a_collection(value) or isinstance(value, Mapping):
-        raise wrong_type(fn, name, accepts, value)
-    if isinstance(value, (list, tuple, range, set, frozenset)):
-        for v in value:
-            if not _is_int(v):
-                raise WidthscopeTypeError(f"{message(fn, name, accepts, value)}; an item is {describe(v)}")
-    return value
+    return _collection(fn, name, value, accepts, _is_int, (list, tuple, range, set, frozenset))
 
 
 def numbers_list(fn: str, name: str, value: Any, *, optional: bool = True, accepts: str | None = None) -> Any:
-    """A list (or tuple) of real numbers."""
+    """A list (or tuple, or 1-D tensor) of real numbers."""
     if value is None and optional:
         return None
     accepts = accepts or _or_none("a list of numbers", optional)
-    if (not_a_collection(value) and not (isinstance(value, torch.Tensor) and value.ndim == 1)) or isinstance(
-        value, Mapping
-    ):
-        raise wrong_type(fn, name, accepts, value)
-    if isinstance(value, (list, tuple)):  # (arrays and tensors hold numbers)
-        for i, v in enumerate(value):
-            if isinstance(v, bool) or not isinstance(v, (numbers.Real, torch.Tensor)):
-                raise WidthscopeTypeError(f"{message(fn, name, accepts, value)}; item {i} is {describe(v)}")
-    return value
+
+    def real(v: Any) -> bool:
+        return not isinstance(v, bool) and isinstance(v, (numbers.Real, torch.Tensor))
+
+    return _collection(fn, name, value, accepts, real, vectors=True)
 
 
 # ----------------------------------------------------------------------------- batches

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import platform
+from importlib.metadata import version
 from typing import Any, Iterator
 
 __all__ = ["environment", "torch_threads"]
@@ -27,22 +28,15 @@ def torch_threads(n: int | None) -> Iterator[None]:
 
 
 def environment() -> dict[str, Any]:
-    """``env_*`` fields: the CPU kernel family torch dispatches to (reduction order, hence the last
-    bits, depends on it), library versions, the thread count and deterministic-algorithms mode."""
+    """``env_*`` fields: torch's CPU kernel family, library versions, threads, determinism."""
     import numpy as np  # noqa: PLC0415  start-up time: numpy
     import torch  # noqa: PLC0415  start-up time: torch
 
-    try:
-        import transformers
-
-        tv = transformers.__version__
-    except ImportError:  # pragma: no cover - a dependency
-        tv = None
     return {
         "env_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "env_torch": torch.__version__,
         "env_numpy": np.__version__,
-        "env_transformers": tv,
+        "env_transformers": version("transformers"),
         "env_python": platform.python_version(),
         "env_threads": torch.get_num_threads(),
         "env_deterministic": torch.are_deterministic_algorithms_enabled(),

@@ -1,9 +1,5 @@
-"""Small I/O helpers shared by every long-running command: finished work is never lost.
-
-Files are written to a temporary sibling and renamed into place; JSONL rows are appended with one
-``write`` + ``fsync`` each, so a ``kill -9`` leaves at worst a torn last line, which
-:func:`read_jsonl` skips and names.
-"""
+"""I/O helpers of the long-running commands: atomic writes, durable JSONL appends (a torn last line is
+skipped and named by :func:`read_jsonl`), the results' lock, tables and progress lines."""
 
 from __future__ import annotations
 
@@ -41,8 +37,7 @@ def to_jsonable(obj: Any) -> Any:
 
 
 def first_nonfinite(obj: Any, where: str = "") -> str | None:
-    """Dotted name of the first non-finite float in a parsed config (``"family[1].train.lr = inf"``),
-    else ``None``."""
+    """Dotted name of the first non-finite float in a parsed config, else ``None``."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return f"{where} = {obj}"
     items = (
@@ -61,8 +56,7 @@ def first_nonfinite(obj: Any, where: str = "") -> str | None:
 
 
 def read_toml(path: str | os.PathLike, what: str, hint: str) -> dict[str, Any]:
-    """Parse the TOML file ``path``; every way it can fail is one line naming ``what`` (e.g.
-    ``"sweep config"``) and ``hint`` (where a valid one is found)."""
+    """Parse the TOML file ``path``; every failure is one line naming ``what`` and ``hint``."""
     if sys.version_info >= (3, 11):
         import tomllib  # noqa: PLC0415  start-up time: `widthscope --help` imports this module
     else:  # pragma: no cover - Python 3.10
@@ -132,14 +126,15 @@ def _sibling(path: Path, suffix: str) -> tuple[int, str]:
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
-    """``write(tmp)`` a temporary sibling, then rename it to ``path``; an unwritable path (an
-    ``OSError`` of ``write``) raises WidthscopeError naming it, and no temporary is left."""
+    """``write(tmp)`` a temporary sibling, then rename it to ``path`` (no temporary left on failure)."""
     path = Path(path)
     fd, tmp = _sibling(path, ".tmp")
     os.close(fd)
     try:
         write(tmp)
-        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; results are shared like any file
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are shared like any file
         os.replace(tmp, path)
     except BaseException as exc:
         if os.path.exists(tmp):
@@ -166,8 +161,7 @@ KEPT_WORK: list[Any] = []
 
 
 def on_interrupt(describe: Any) -> None:
-    """Register ``describe() -> str | None``: the finished work on disk, named when a run is
-    interrupted or fails writing."""
+    """Register ``describe() -> str | None``: the finished work on disk, named if a run is stopped."""
     KEPT_WORK.append(describe)
 
 
@@ -175,13 +169,9 @@ def kept_work() -> list[str]:
     """The registered descriptions of finished work on disk."""
     out = []
     for fn in KEPT_WORK:
-        try:
-            msg = fn()
-        except Exception:  # a description must never hide the interruption itself
-            msg = None
-        if msg:
-            out.append(msg)
-    return out
+        with contextlib.suppress(Exception):  # a description must never hide the interruption itself
+            out.append(fn())
+    return [msg for msg in out if msg]
 
 
 def missing_parents(path: Path) -> list[Path]:
@@ -197,10 +187,8 @@ def missing_parents(path: Path) -> list[Path]:
 def remove_empty(folders: Iterable[Path]) -> None:
     """Remove the given folders (deepest first) where they are still empty."""
     for p in folders:
-        try:
+        with contextlib.suppress(OSError):  # not empty (or gone)
             p.rmdir()
-        except OSError:  # not empty (or gone)
-            continue
 
 
 def human_size(n: float) -> str:
@@ -230,8 +218,7 @@ def check_space(path: str | os.PathLike, need_bytes: int, what: str = "the resul
 
 
 def check_writable(path: str | os.PathLike, need_bytes: int = 0, what: str = "the results") -> Path:
-    """Fail now, before any work, if ``path`` cannot be written (or has too little free space for
-    ``need_bytes``); folders created for the probe are removed again."""
+    """Fail now if ``path`` cannot be written (or lacks ``need_bytes`` of free space)."""
     path = Path(path)
     created = missing_parents(path)
     try:
@@ -243,12 +230,6 @@ def check_writable(path: str | os.PathLike, need_bytes: int = 0, what: str = "th
     finally:
         remove_empty(created)
     return path
-
-
-def current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
@@ -338,13 +319,9 @@ def hold_lock(
     where: str | os.PathLike | None = None,
     tidy: bool = False,
 ) -> Iterator[None]:
-    """Hold an advisory ``flock`` on the lock file ``path`` while a run writes what it guards.
-
-    Unsharded, ``path`` is locked exclusively; a shard ``k/n`` locks it shared and ``PATH.k-of-n``
-    exclusively. A lock another process holds raises ``refuse(holder)`` at once (``pid N``, with the
-    shards). The holder writes its pid into its file; the kernel drops the lock when it dies. A file
-    system without locks: a note on stderr (naming ``where`` and ``what``), and the run goes ahead.
-    ``tidy``: on leaving, remove the lock files and folders this call created."""
+    """Hold an advisory ``flock`` on ``path`` (a shard ``k/n``: ``path`` shared and ``PATH.k-of-n``
+    exclusive), with our pid written in it; a held lock raises ``refuse(holder)``; a file system
+    without locks: a note on stderr. ``tidy``: remove the lock files and folders this call created."""
     import fcntl  # noqa: PLC0415  start-up time: `widthscope --help` imports this module
 
     path = Path(path)
@@ -499,8 +476,7 @@ _JSON_TYPE = {list: "array", str: "string", int: "number", float: "number", bool
 
 
 def read_jsonl(path: str | os.PathLike, problems: list[Skipped] | None = None) -> list[dict[str, Any]]:
-    """Rows of a JSONL file (a missing file has none). A damaged line is skipped and named, with its
-    line number and why (:func:`record_skips`); an unreadable file raises WidthscopeError."""
+    """Rows of a JSONL file (none if missing); damaged lines are skipped and named."""
     path = Path(path)
     if not path.exists():
         return []
@@ -624,8 +600,7 @@ def progress(
     disable: bool | None = None,
     **kw: Any,
 ) -> Any:
-    """A tqdm bar on a terminal, periodic lines (:class:`LogProgress`) in a log, nothing when
-    ``disable``. ``WIDTHSCOPE_PROGRESS=1`` forces bars, ``=0`` silences everything."""
+    """A tqdm bar on a terminal, :class:`LogProgress` lines in a log (``WIDTHSCOPE_PROGRESS=0/1``)."""
     from tqdm.auto import tqdm
 
     env = os.environ.get("WIDTHSCOPE_PROGRESS")

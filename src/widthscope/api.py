@@ -1,8 +1,5 @@
-"""The public functions ``ws.certify`` (-> :class:`~widthscope.certification.result.CertifyResult`),
-``ws.grow`` (:mod:`widthscope.growth.pipeline`) and ``ws.sweep``
-(:func:`widthscope.sweeps.alignment.run_sweep`); their pipelines live in the packages
-``widthscope.certification``, ``widthscope.growth`` and ``widthscope.sweeps``.
-"""
+"""The public functions ``ws.certify``, ``ws.grow`` and ``ws.sweep`` (pipelines: the packages
+``widthscope.certification``, ``widthscope.growth`` and ``widthscope.sweeps``)."""
 
 from __future__ import annotations
 
@@ -46,15 +43,10 @@ def certify(
     text_column: str | None = None,
     **keywords: Any,
 ) -> CertifyResult:
-    """Certify every insertion point of ``model`` on ``data``; returns a :class:`CertifyResult`.
-
-    ``data``: the train pool with ``test`` the held-out one, each as the user holds it
-    (:mod:`widthscope.data.objects`: texts with ``tokenizer``, a mapping of tensors, a
-    ``datasets.Dataset``, a ``DataLoader``, a list of batches); or a pair ``(train, test)``; or a
-    ``datasets.DatasetDict``; or an :class:`~widthscope.data.spec.InputSpec` (pools built by
-    :func:`widthscope.load_inputs`). ``options`` and the keywords (``M=``, ``draws=``, ... as
-    :func:`widthscope.certification.certify_dict` takes them, overriding its fields) set the statistics.
-    """
+    """Certify every insertion point of ``model``; returns a :class:`CertifyResult`. ``data``: the train
+    pool (with ``test``; any :mod:`widthscope.data.objects` form), a pair ``(train, test)``, a
+    ``DatasetDict`` or an :class:`~widthscope.data.spec.InputSpec`; ``options`` and keywords
+    (``M=``, ``draws=``, ...) set the statistics."""
     _args.module("certify", "model", model)
     check_keywords("certify", CertifyOptions, keywords, also=_ALSO, words="not a setting of certify", hints=_HINTS)
     check_tokenizer(tokenizer, "certify")
@@ -89,8 +81,7 @@ def certify(
                     f"{_args.describe(data)}"
                 )
             data, test = data
-        seed = int(getattr(options, "seed", 0) or 0) if options is not None else 0
-        seed = int(keywords.get("seed", seed))
+        seed = int(keywords.get("seed", getattr(options, "seed", 0) or 0))
         train, test, task_loss, info = pools_from(
             data,
             test,

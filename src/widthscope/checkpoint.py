@@ -43,25 +43,14 @@ def _dedupe(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], di
     aliases: dict[str, str] = {}
     by_key: dict[tuple, str] = {}
     for name, t in state.items():
-        key = (
-            (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
-            if t.numel()
-            else None
-        )
-        if key is not None and key in by_key:
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        if t.numel() and key in by_key:
             aliases[name] = by_key[key]
             continue
-        if key is not None:
+        if t.numel():
             by_key[key] = name
         kept[name] = t.detach().cpu().contiguous()
     return kept, aliases
-
-
-def _dtype_of(model: nn.Module) -> str:
-    for p in model.parameters():
-        if p.is_floating_point():
-            return str(p.dtype).removeprefix("torch.")
-    return "float32"
 
 
 def save(model: nn.Module, directory: str | os.PathLike, *, extra: dict | None = None) -> Path:
@@ -101,7 +90,7 @@ def save(model: nn.Module, directory: str | os.PathLike, *, extra: dict | None =
         {
             "widthscope_format": FORMAT_VERSION,
             "model": config,
-            "dtype": _dtype_of(model),
+            "dtype": next((str(p.dtype)[6:] for p in model.parameters() if p.is_floating_point()), "float32"),
             "parameters": count_parameters(model),
             "extra": extra or {},
         },
@@ -153,11 +142,8 @@ def _read_torch(file: Path) -> dict[str, torch.Tensor]:
             f"{file} could not be read as a PyTorch state dict with weights_only=True ({exc}); "
             "only plain tensors are loaded, never pickled code — re-save it as safetensors"
         ) from None
-    if isinstance(obj, dict):
-        for key in ("state_dict", "model", "model_state_dict"):
-            if isinstance(obj.get(key), dict):
-                obj = obj[key]
-                break
+    if isinstance(obj, dict):  # a training checkpoint: its model's state dict
+        obj = next((obj[k] for k in ("state_dict", "model", "model_state_dict") if isinstance(obj.get(k), dict)), obj)
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise WidthscopeError(f"{file} does not hold a state dict (a mapping of names to tensors)")
     return obj
@@ -178,24 +164,17 @@ def _fill(model: nn.Module, state: dict[str, torch.Tensor], aliases: dict[str, s
         for n in names:
             if n not in state and present:
                 state[n] = state[present[0]]
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
     wrong = sorted(k for k in set(own) & set(state) if tuple(own[k].shape) != tuple(state[k].shape))
-    if missing or unexpected or wrong:
-
-        def show(xs: list[str]) -> str:
-            return ", ".join(xs[:5]) + (f" (+{len(xs) - 5} more)" if len(xs) > 5 else "")
-
-        parts = []
-        if missing:
-            parts.append(f"missing {show(missing)}")
-        if unexpected:
-            parts.append(f"unexpected {show(unexpected)}")
-        if wrong:
-            parts.append(
-                "shape mismatch "
-                + ", ".join(f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in wrong[:5])
-            )
+    parts = [
+        f"{label} {', '.join(xs[:5])}" + (f" (+{len(xs) - 5} more)" if len(xs) > 5 else "")
+        for label, xs in (("missing", sorted(set(own) - set(state))), ("unexpected", sorted(set(state) - set(own))))
+        if xs
+    ]
+    if wrong:
+        parts.append(
+            "shape mismatch " + ", ".join(f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in wrong[:5])
+        )
+    if parts:
         raise WidthscopeError(
             f"weights in {where} do not match the architecture in its config.json: " + "; ".join(parts)
         )
@@ -263,13 +242,9 @@ def load(
     revision: str | None = None,
     placement: Mapping[str, Any] | None = None,
 ) -> nn.Module:
-    """Load a checkpoint in eval mode (a hub id at ``revision``: :func:`widthscope.hub.resolve_model`).
-
-    The model carries ``widthscope_points``, ``widthscope_extra`` (the ``extra`` given to
-    :func:`save`), for HF checkpoints ``widthscope_task`` and ``widthscope_hf``, from the hub
-    ``widthscope_hub``. ``dtype``: ``auto`` (the checkpoint's) or a torch dtype name; ``task``
-    overrides the HF task; ``placement``: ``device_map`` / ``max_memory`` / ``offload_folder`` of a
-    Hugging Face directory (:func:`widthscope.models.hf.load_hf`)."""
+    """Load a checkpoint (or hub id at ``revision``) in eval mode. ``dtype``: ``auto`` (the checkpoint's)
+    or a torch dtype name; ``task`` overrides the HF task; ``placement``: ``device_map`` /
+    ``max_memory`` / ``offload_folder`` of a Hugging Face directory."""
     path, hub = resolve_model(str(Path(path)), revision, flag="checkpoint")
     if not path.exists():
         raise WidthscopeError(f"checkpoint {str(path)!r} does not exist")
@@ -333,8 +308,7 @@ def _load_local(
 
 
 def recorded_data(model: nn.Module) -> dict[str, Any]:
-    """What a loaded checkpoint recorded about its training data: ``{"dataset", "options", "seed"}``
-    (those recorded), so a held-out split is the one the model never trained on."""
+    """What a loaded checkpoint recorded about its training data (dataset, options, seed)."""
     extra = getattr(model, "widthscope_extra", None)
     if not isinstance(extra, dict):
         return {}

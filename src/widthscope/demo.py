@@ -1,19 +1,13 @@
-"""``widthscope demo``: the main job, end to end, on built-in data (resumable; ``quick``: seconds).
-
-1. an alignment width sweep of LLaMA-style decoders on byte-level text (the Python sources);
-2. the same for ReLU MLPs on Fashion-MNIST (``/usr/share/datasets/fashion-mnist``), else digits;
-3. the linearization width sweep (:mod:`widthscope.linearization.run`);
-4. the HTML report over all of them; ``DIR/demo.json`` records the options, the parts and the failures.
-
-The sweep configs (:data:`DEMO_LLAMA`, :data:`DEMO_MLP`) are those of ``configs/demo-*.toml``,
-embedded so the demo runs from an installed package.
-"""
+"""``widthscope demo``: alignment width sweeps of LLaMA decoders on byte text and ReLU MLPs on
+Fashion-MNIST (else digits), the linearization sweep, then the HTML report (resumable; ``quick``:
+seconds). :data:`DEMO_LLAMA` and :data:`DEMO_MLP` are ``configs/demo-*.toml``, embedded."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
 import dataclasses
+import functools
 import sys
 import time
 import traceback
@@ -79,8 +73,7 @@ DEMO_LLAMA: dict[str, Any] = {
                 "train_eval_examples": 256,
             },
             "certify": {"n_probe_train": 128, "n_probe_test": 128, "batch_size": 32},
-            # Both regimes: held-out text of the training corpus, and another distribution (English
-            # prose shipped with Python) at a longer probe length, as the published measurements do.
+            # held-out text of the corpus, and English prose at a longer probe length
             "probes": [{"name": "in-domain"}, {"name": "shifted", "data": "prose", "seq_len": [256]}],
             # Alignment over training: the shifted pools at the training length, 6 log-spaced steps.
             "monitor": {
@@ -174,26 +167,6 @@ def _failed(failed: list[str], part: str, exc: Exception) -> None:
         traceback.print_exc()
 
 
-def _linear_part(
-    out: Path, *, linear: bool, quick: bool, threads: int | None, parts: list[Path], failed: list[str], file: Any
-) -> None:
-    """The linearization sweep into ``out/linearize`` (appended to ``parts``, or its failure to ``failed``)."""
-    if not linear:
-        print("  skipped (--no-linear)", file=file)
-        return
-    from .linearization import config as lconfig  # noqa: PLC0415  start-up time: torch
-    from .linearization import run as lsweep  # noqa: PLC0415  start-up time: torch
-
-    sub, t0 = out / "linearize", time.perf_counter()
-    try:
-        with torch_threads(threads or None):
-            lsweep.run_sweep(_linear_config(lconfig, quick), sub)
-        parts.append(sub)
-        print(f"  ({time.perf_counter() - t0:.0f} s)\n", file=file, flush=True)
-    except Exception as exc:
-        _failed(failed, "linearization sweep", exc)
-
-
 def _out(out_dir: str | Path | None, quick: bool) -> Path:
     return Path(out_dir or ("widthscope-results/demo-quick" if quick else "widthscope-results/demo"))
 
@@ -216,9 +189,7 @@ def plan_demo(
     time_run: bool = True,
     file=None,
 ) -> Plan:
-    """``widthscope demo --plan``: each part's plan for the settings of :func:`run_demo`
-    (``time_run=False``: counted only), and their sum as a :class:`widthscope.planning.Plan` (the
-    fixed costs once, then each part's work; finished cells not in it). Nothing is written."""
+    """``widthscope demo --plan``: each part's plan and their sum (nothing is written)."""
     from .planning import FIXED, plan_linearize, since_start, work_s  # noqa: PLC0415  start-up time: torch
     from .planning import Plan as Sum  # noqa: PLC0415  start-up time: torch
     from .sweeps.alignment import load_config  # noqa: PLC0415  start-up time: torch
@@ -226,6 +197,7 @@ def plan_demo(
 
     DemoOptions(quick=quick, no_linear=not linear, threads=threads)  # checked as the run checks them
     file = file or sys.stdout
+    say = functools.partial(print, file=file, flush=True)
     out = check_dir_writable(_out(out_dir, quick))  # the run would be refused: the plan says so first
     configs = _configs(quick, threads, _image_dataset())
     n = len(configs) + 2
@@ -233,26 +205,26 @@ def plan_demo(
     with torch_threads(threads or None):  # timed as the run runs
         for i, raw in enumerate(configs, 1):
             fam = raw["family"][0]
-            print(f"[{i}/{n}] alignment sweep: {fam['name']} on {fam['dataset']}", file=file, flush=True)
+            say(f"[{i}/{n}] alignment sweep: {fam['name']} on {fam['dataset']}")
             with contextlib.redirect_stdout(file):
                 costs = print_config_plan(load_config(raw, out_dir=out / fam["name"]), timed=time_run)
             left = [c for c in costs if c.left]
             untimed = not time_run or any(c.cell_s is None for c in left)
             parts.append((f"{fam['name']} sweep", None if untimed else sum((c.cell_s or 0.0) * c.left for c in left)))
-            print(file=file)
-        print(f"[{n - 1}/{n}] linearization sweep", file=file, flush=True)
+            say()
+        say(f"[{n - 1}/{n}] linearization sweep")
         if linear:
             from .linearization import config as lconfig  # noqa: PLC0415  start-up time: torch
 
             lplan = plan_linearize(_linear_config(lconfig, quick), time_run=time_run)
-            print(lplan.table(), file=file, flush=True)
+            say(lplan.table())
             parts.append(("linearization sweep", work_s(lplan)))
         else:
-            print("  skipped (--no-linear)", file=file)
+            say("  skipped (--no-linear)")
     fixed = (f"{FIXED} and imports (measured)", since_start() if time_run else None)
     plan = Sum("demo", "the demo's parts", 0, 0, None, 1, None, parts=(fixed, *parts))
     total = "" if plan.predicted_s is None else f"; predicted {plan.predicted_s:.0f} s with the process's start"
-    print(f"[{n}/{n}] report: not planned (seconds){total}", file=file, flush=True)
+    say(f"[{n}/{n}] report: not planned (seconds){total}")
     return plan
 
 
@@ -265,9 +237,7 @@ def run_demo(
     threads: int | None = 1,
     file=None,
 ) -> Path:
-    """Run every demo part into ``out_dir`` and write the report; return its path. A part that fails
-    is skipped, and a :class:`WidthscopeError` raised once the report is written. ``threads``:
-    torch's CPU threads meanwhile (``None``: torch's default)."""
+    """Run every demo part into ``out_dir`` and write the report; a failed part raises at the end."""
     from .report.alignment import summary  # noqa: PLC0415  start-up time: numpy
     from .sweeps.alignment import load_config, run_sweep  # noqa: PLC0415  start-up time: torch
     from .sweeps.results import print_summary  # noqa: PLC0415  start-up time: torch
@@ -283,14 +253,13 @@ def run_demo(
     image_ds = _image_dataset()  # once: the configs and the report's note both follow it
     configs = _configs(quick, threads, image_ds)
     n_parts = len(configs) + 1
+    say = functools.partial(print, file=file, flush=True)
     for i, raw in enumerate(configs, 1):
         fam = raw["family"][0]
         sub = out / fam["name"]
-        print(
+        say(
             f"[{i}/{n_parts + 1}] alignment sweep: {fam['name']} on {fam['dataset']}, widths "
-            f"{fam['widths']}, seeds {raw['sweep']['seeds']} -> {sub}",
-            file=file,
-            flush=True,
+            f"{fam['widths']}, seeds {raw['sweep']['seeds']} -> {sub}"
         )
         t0 = time.perf_counter()
         try:
@@ -300,12 +269,25 @@ def run_demo(
             continue
         parts.append(sub)
         print_summary(res.rows, sub, file=file)
-        print(f"  ({time.perf_counter() - t0:.0f} s)\n", file=file, flush=True)
+        say(f"  ({time.perf_counter() - t0:.0f} s)\n")
 
-    print(f"[{n_parts}/{n_parts + 1}] linearization sweep", file=file, flush=True)
-    _linear_part(out, linear=linear, quick=quick, threads=threads, parts=parts, failed=failed, file=file)
+    say(f"[{n_parts}/{n_parts + 1}] linearization sweep")
+    if not linear:
+        say("  skipped (--no-linear)")
+    else:
+        from .linearization import config as lconfig  # noqa: PLC0415  start-up time: torch
+        from .linearization import run as lsweep  # noqa: PLC0415  start-up time: torch
 
-    print(f"[{n_parts + 1}/{n_parts + 1}] report", file=file, flush=True)
+        sub, t0 = out / "linearize", time.perf_counter()
+        try:
+            with torch_threads(threads or None):
+                lsweep.run_sweep(_linear_config(lconfig, quick), sub)
+            parts.append(sub)
+            say(f"  ({time.perf_counter() - t0:.0f} s)\n")
+        except Exception as exc:
+            _failed(failed, "linearization sweep", exc)
+
+    say(f"[{n_parts + 1}/{n_parts + 1}] report")
     if not parts:
         raise WidthscopeError("every demo part failed: " + "; ".join(failed))
     notes = (
@@ -325,9 +307,7 @@ def run_demo(
     rows = wreport.load_results(parts)  # the page's claims (all rows): the console verdict quotes the page
     for line in summary([r for r in rows if r.get("kind") == "alignment"], found=claims(rows)):
         print("  " + line, file=file)
-    print(
-        f"\nreport: {page}\n(open it in a browser; total {time.perf_counter() - t_start:.0f} s)", file=file, flush=True
-    )
+    say(f"\nreport: {page}\n(open it in a browser; total {time.perf_counter() - t_start:.0f} s)")
     if failed:
         raise WidthscopeError("demo finished with failures (report written to " + str(page) + "): " + "; ".join(failed))
     return page

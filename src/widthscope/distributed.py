@@ -1,10 +1,6 @@
-"""Merging statistics across ``torch.distributed`` ranks; every function is a no-op in one process.
-
-Under ``torchrun`` each rank handles a contiguous shard of the examples (:func:`shard`), and the
-results merge exactly: primal moments by one ``all_reduce(SUM)``, Gram forms by gathering the rows
-in rank order (:func:`all_gather_rows`: the original example order, so seeded draws and kernels are
-the single-process ones). :func:`run_rank_guarded` fails the whole job when any rank fails, so rank
-0 writes only after every rank succeeded. Launch::
+"""Merging statistics across ``torch.distributed`` ranks (each a contiguous shard, :func:`shard`);
+every function is a no-op in one process. The merges are exact (rows gathered in rank order);
+:func:`run_rank_guarded` fails the whole job when any rank fails. Launch::
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 -m widthscope certify ...
 
@@ -57,9 +53,8 @@ def launched_by_torchrun() -> bool:
 
 
 def init_from_env(backend: str | None = None, *, timeout_s: float | None = None) -> bool:
-    """Join the ``torchrun`` process group (a no-op outside one, or when joined); returns
-    ``is_distributed()``. ``backend=None``: ``nccl`` with CUDA (``cuda:LOCAL_RANK``), else ``gloo``.
-    ``timeout_s`` bounds every collective (default ``$WIDTHSCOPE_DIST_TIMEOUT`` or 1800 s).
+    """Join the ``torchrun`` process group (a no-op outside one); returns ``is_distributed()``.
+    ``backend=None``: ``nccl`` with CUDA, else ``gloo``; ``timeout_s`` bounds every collective.
 
     Example::
 
@@ -82,12 +77,9 @@ def init_from_env(backend: str | None = None, *, timeout_s: float | None = None)
 
 
 def is_distributed() -> bool:
-    if not dist.is_available():
+    if not dist.is_available() or not (dist.is_initialized() or launched_by_torchrun()):
         return False
-    if not dist.is_initialized():
-        # lazy join: a command that did not call init_from_env() before its first collective
-        if not launched_by_torchrun():
-            return False
+    if not dist.is_initialized():  # lazy join: a command that did not call init_from_env() first
         init_from_env()
     return dist.get_world_size() > 1
 
@@ -228,8 +220,7 @@ def merge_cross_gram(Xa: torch.Tensor, Xb: torch.Tensor) -> torch.Tensor:
 
 
 def distributed_misalignment(Xa: torch.Tensor, Xb: torch.Tensor, **kwargs: Any) -> Any:
-    """:func:`widthscope.stats.misalignment_from_gram` on the merged cross-Gram, drawn on rank 0
-    and broadcast (the single-process draws)."""
+    """:func:`widthscope.stats.misalignment_from_gram` on the merged cross-Gram, drawn on rank 0."""
     C = merge_cross_gram(Xa, Xb)
     out = misalignment_from_gram(C, **kwargs) if is_main() else None
     return broadcast_object(out)
@@ -264,12 +255,9 @@ def distributed_ntk(
 
 # ----------------------------------------------------------------------------- failure handling
 @contextmanager
-def rank_guard(what: str = "job", *, timeout_s: float | None = None) -> Iterator[None]:
-    """Run a block on every rank; leave it only if every rank finished it without error.
-
-    Each rank posts ``ok`` or its error to the rendezvous store and waits for all posts. A rank that
-    raised prints ``rank r failed during <what>: ...`` and re-raises at once; ranks that see a failed
-    or silent peer raise :class:`RankFailure` naming it.
+def rank_guard(what: str = "job") -> Iterator[None]:
+    """Run a block on every rank; leave it only if every rank finished it without error (each posts
+    ``ok`` or its error to the rendezvous store; a failed or silent peer raises :class:`RankFailure`).
 
     Example::
 
@@ -296,31 +284,24 @@ def rank_guard(what: str = "job", *, timeout_s: float | None = None) -> Iterator
         traceback.print_exc()
         raise
     store.set(key + str(r), "ok")
-    timeout = datetime.timedelta(seconds=float(timeout_s or DEFAULT_TIMEOUT_S))
-    # poll every peer's status with short waits: stop at the first failure
+    timeout = datetime.timedelta(seconds=DEFAULT_TIMEOUT_S)
     deadline = datetime.datetime.now() + timeout
     pending = [p for p in range(W) if p != r]
     failures: list[str] = []
-    while pending:
-        still = []
-        for p in pending:
+    while pending and not failures:  # poll every peer with short waits: stop at the first failure
+        for p in list(pending):
             try:
                 store.wait([key + str(p)], datetime.timedelta(seconds=0.2))
             except Exception:  # not posted yet (timeout) - keep waiting
-                still.append(p)
                 continue
-            status = store.get(key + str(p)).decode()
-            if status != "ok":
+            pending.remove(p)
+            if (status := store.get(key + str(p)).decode()) != "ok":
                 failures.append(f"rank {p} {status}")
-        pending = still
-        if failures:
-            break
-        if pending and datetime.datetime.now() > deadline:
-            failures += [
+        if pending and not failures and datetime.datetime.now() > deadline:
+            failures = [
                 f"rank {p} did not finish {what} within {timeout.total_seconds():.0f} s (killed or hung?)"
                 for p in pending
             ]
-            break
     if failures:
         raise RankFailure(
             f"distributed {what} failed on {len(failures)} rank(s): "
@@ -329,9 +310,7 @@ def rank_guard(what: str = "job", *, timeout_s: float | None = None) -> Iterator
         )
 
 
-def run_rank_guarded(
-    fn: Callable[..., T], *args: Any, what: str | None = None, timeout_s: float | None = None, **kwargs: Any
-) -> T:
+def run_rank_guarded(fn: Callable[..., T], *args: Any, what: str | None = None, **kwargs: Any) -> T:
     """``fn(*args, **kwargs)`` under :func:`rank_guard`: its result only if all ranks succeeded.
 
     Example::
@@ -339,5 +318,5 @@ def run_rank_guarded(
         >>> run_rank_guarded(sum, [1, 2, 3])
         6
     """
-    with rank_guard(what or str(getattr(fn, "__name__", "job")), timeout_s=timeout_s):
+    with rank_guard(what or str(getattr(fn, "__name__", "job"))):
         return fn(*args, **kwargs)

@@ -41,8 +41,7 @@ _TRUE = {"1", "ON", "YES", "TRUE"}
 
 @dataclasses.dataclass(frozen=True)
 class HubModel:
-    """Where a hub model came from: ``repo_id``, the ``revision`` asked for (None: unknown), the
-    ``commit`` it resolved to and the local snapshot ``directory``."""
+    """Where a hub model came from: repo, revision asked for, commit and local snapshot."""
 
     repo_id: str
     revision: str | None
@@ -66,8 +65,7 @@ def offline() -> bool:
 
 
 def cache_dir() -> Path:
-    """The hub cache ``huggingface_hub`` uses (``HF_HUB_CACHE``, else ``HF_HOME/hub``, else
-    ``~/.cache/huggingface/hub``), read from the environment now."""
+    """The hub cache ``huggingface_hub`` uses, read from the environment now."""
     hub = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
     if not hub:
         home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
@@ -79,10 +77,8 @@ def is_hub_id(text: str) -> bool:
     """``org/name`` as the hub spells repository ids (letters, digits, ``-_.``; no ``--``/``..``)."""
     if not isinstance(text, str) or text.count("/") != 1 or text.startswith((".", "/", "~")):
         return False
-    try:
-        from huggingface_hub.utils import validate_repo_id
-    except ImportError:  # pragma: no cover - transformers depends on huggingface_hub
-        return False
+    from huggingface_hub.utils import validate_repo_id
+
     try:
         validate_repo_id(text)
     except ValueError:  # HFValidationError
@@ -120,15 +116,6 @@ def _check_revision(revision: str | None) -> None:
         raise WidthscopeError(f"--revision {revision!r}: a branch, tag or commit hash, not a path")
 
 
-def _has_safetensors(directory: Path) -> bool:
-    return (directory / "model.safetensors").is_file() or (directory / "model.safetensors.index.json").is_file()
-
-
-def _refs(folder: Path) -> list[str]:
-    refs = folder / "refs"
-    return sorted(str(p.relative_to(refs)) for p in refs.rglob("*") if p.is_file()) if refs.is_dir() else []
-
-
 def _snapshot(
     repo_id: str, revision: str | None, *, cache: Path, local_only: bool, flag: str, folder: Path | None = None
 ) -> Path:
@@ -148,7 +135,9 @@ def _snapshot(
                 repo_id, revision=rev, cache_dir=str(cache), local_files_only=local_only, allow_patterns=ALLOW
             )
         )
-        if not local_only and not _has_safetensors(path):
+        if not local_only and not any(
+            (path / f).is_file() for f in ("model.safetensors", "model.safetensors.index.json")
+        ):
             path = Path(
                 huggingface_hub.snapshot_download(repo_id, revision=rev, cache_dir=str(cache), allow_patterns=ALLOW_BIN)
             )
@@ -157,7 +146,7 @@ def _snapshot(
         if partial and Path(partial).is_dir():  # IncompleteSnapshotError: the loaders name the file they miss
             return Path(partial)
         if folder is not None:
-            refs = _refs(folder)
+            refs = sorted(str(p.relative_to(folder / "refs")) for p in (folder / "refs").rglob("*") if p.is_file())
             raise WidthscopeError(
                 f"{flag} {str(folder)!r}: this hub cache folder has no snapshot for revision "
                 f"{rev!r} (its refs: {', '.join(refs) or 'none'}; or give a commit hash "
@@ -205,11 +194,8 @@ def _snapshot(
 def resolve_model(
     model: str, revision: str | None = None, *, flag: str = "--model", local_only: bool | None = None
 ) -> tuple[Path, HubModel | None]:
-    """The local directory (or file) ``model`` names, and where it came from on the hub.
-
-    An existing path wins (a hub cache folder: the snapshot of ``revision``); else an ``org/name`` id
-    resolves through the hub cache; anything else comes back as a path that does not exist.
-    ``local_only``: never download (default: :func:`offline`)."""
+    """The local path ``model`` names (a hub cache folder or ``org/name`` id: the snapshot of
+    ``revision``), and its hub record; ``local_only``: never download (default: :func:`offline`)."""
     _check_revision(revision)
     path = Path(model).expanduser()
     if path.exists():

@@ -25,7 +25,7 @@ import dataclasses
 import difflib
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, Callable, ClassVar, Literal, TypeVar
 
 from .errors import WidthscopeError, WidthscopeTypeError
 from .registry import INTERVENTION_KINDS as _INTERVENTION_REGISTRY
@@ -38,8 +38,7 @@ DEFAULT_N_ETAS = 4  # the decades 1e-4 .. 1e-1 of the activation's RMS (docs/int
 DEFAULT_MAX_REL_STEP = 0.1
 ESTIMATORS = ("unbiased", "plugin")
 POOLS = ("sum", "mean", "flatten", "token")
-# what widthscope.probe.insert adds at a point and intervene measures: the built-in names of
-# widthscope.registry.INTERVENTION_KINDS (the one list of the kinds)
+# the built-in intervention kinds (widthscope.registry.INTERVENTION_KINDS)
 INTERVENTION_KINDS = _INTERVENTION_REGISTRY.names()
 INTERVENTIONS = (*INTERVENTION_KINDS, "none")
 DRAW_SCHEMES = ("shared", "per-pair")
@@ -66,14 +65,10 @@ def option(
     applies: str | None = None,
     unknown: str | None = None,
 ) -> Any:
-    """A dataclass field with everything the command line, validation and the docs need.
-
-    ``kind``: ``int``, ``float``, ``bool`` (a switch), ``str``, ``strs``, ``ints`` / ``floats``
-    (comma lists, kept as tuples); None: the default's type. ``lo``/``hi``: the inclusive range (of
-    every entry of a list). ``cli=False``: Python only. ``above=(bound, words)``: an exclusive lower
-    bound of a float. ``positive``: a positive finite float. ``fallback``: what ``None`` (not given)
-    stands for. ``applies``: the group of input kinds the option fits
-    (:data:`widthscope.validate.GROUPS`). ``unknown``: what a value outside ``choices`` is called."""
+    """A dataclass field with what the command line, validation and the docs need. ``kind``: ``int``,
+    ``float``, ``bool``, ``str``, ``strs``, ``ints``/``floats`` (comma lists; None: the default's type);
+    ``lo``/``hi``: inclusive range; ``above=(bound, words)``: exclusive lower bound; ``fallback``: what
+    ``None`` stands for; ``applies``: a :data:`widthscope.validate.GROUPS` name."""
     if kind is None:
         kind = {bool: "bool", int: "int", float: "float", tuple: "ints"}.get(type(default), "str")
     meta = {k: v for k, v in locals().items() if k != "default"}
@@ -90,8 +85,7 @@ def check_keywords(
     words: str = "unknown setting {key!r}",
     hints: Mapping[str, str] | None = None,
 ) -> None:
-    """Refuse the first keyword of ``fn`` that is neither a field of ``cls`` nor in ``also``, naming
-    the closest one and the settings there are (``words``: the refusal; ``hints``: known fixes)."""
+    """Refuse the first keyword of ``fn`` that is neither a field of ``cls`` nor in ``also``, with a hint."""
     names = [f.name for f in dataclasses.fields(cls)]
     known = [*names, *also]
     for key in keywords:
@@ -114,9 +108,7 @@ def with_keywords(
     also: Sequence[str] = (),
     words: str = "unknown setting {key!r}",
 ) -> T:
-    """``options`` (default ``cls()``) with the keywords of the Python function ``fn`` applied one by
-    one, each validated (``grow(steps=...): --steps 0: must be ...``); ``also``: ``fn``'s other
-    parameters, named when a keyword is unknown."""
+    """``options`` (default ``cls()``) with ``fn``'s keywords applied one by one, each validated."""
     if options is not None and not isinstance(options, cls):
         raise WidthscopeTypeError(f"{fn}(options=...): options must be a {cls.__name__}, got {type(options).__name__}")
     check_keywords(fn, cls, keywords, also=also, words=words)
@@ -127,6 +119,36 @@ def with_keywords(
         except WidthscopeError as exc:
             raise type(exc)(f"{fn}({key}=...): {exc}") from None
     return base
+
+
+def flag_name(name: str) -> str:
+    """The command-line flag of an argparse dest: ``n_train`` -> ``--n-train``."""
+    return "--" + name.replace("_", "-")
+
+
+def given(args: Any, dest: str) -> bool:
+    """Was ``dest`` given on the command line (its argument defaults to ``None``, a switch to ``False``)?"""
+    v = getattr(args, dest, None)
+    return v is not None and v is not False
+
+
+def num_list(text: str, flag: str, cast: Callable[[str], Any]) -> list:
+    """``"16,32,64"`` -> ``[16, 32, 64]`` (empty items dropped), one error line naming ``flag``."""
+    words = "whole numbers, e.g. 16,32,64" if cast is int else "numbers, e.g. 1e-3,1e-2"
+    try:
+        return [cast(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise WidthscopeTypeError(f"{flag} {text!r}: expected comma-separated {words}") from None
+
+
+def check_steps(flag: str, text: str, steps: Sequence[float]) -> None:
+    """Intervention step sizes: positive, finite, at most :data:`MAX_ETAS`."""
+    if any(not (v > 0 and math.isfinite(v)) for v in steps):
+        raise WidthscopeError(f"{flag} {text!r}: step sizes must be positive finite numbers")
+    if len(steps) > MAX_ETAS:
+        raise WidthscopeError(
+            f"{flag}: {len(steps)} step sizes; at most {MAX_ETAS} (each one evaluates the held-out pool at every point)"
+        )
 
 
 SHARED: list[type[Options]] = []  # the classes of the shared range table, in import order
@@ -153,19 +175,15 @@ class Options:
     @classmethod
     def flag(cls, name: str) -> str:
         f = {f.name: f for f in dataclasses.fields(cls)}[name]
-        return f.metadata.get("flag") or "--" + name.replace("_", "-")
+        return f.metadata.get("flag") or flag_name(name)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            meta = f.metadata
-            if "kind" not in meta:
-                continue
             value = getattr(self, f.name)
-            if value is None:
-                continue
-            norm = self._normalise(f.name, meta, value)
-            if norm is not value:
-                object.__setattr__(self, f.name, norm)
+            if "kind" in f.metadata and value is not None:
+                norm = self._normalise(f.name, f.metadata, value)
+                if norm is not value:
+                    object.__setattr__(self, f.name, norm)
         self.check()
 
     def _normalise(self, name: str, meta: Mapping[str, Any], value: Any) -> Any:
@@ -197,20 +215,14 @@ class Options:
         if kind in ("ints", "floats"):
             items = [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else value
             if isinstance(items, str):
-                cast = int if kind == "ints" else float
-                words = "whole numbers, e.g. 16,32,64" if kind == "ints" else "numbers, e.g. 1e-3,1e-2"
-                try:
-                    items = [cast(v) for v in items.split(",") if v.strip()]
-                except ValueError:
-                    raise WidthscopeTypeError(f"{flag} {value!r}: expected comma-separated {words}") from None
+                items = num_list(items, flag, int if kind == "ints" else float)
             try:
                 seq = list(items)
             except TypeError:
                 raise WidthscopeTypeError(f"{flag} {value!r}: expected a list of numbers") from None
             if not seq:
                 raise WidthscopeError(f"{flag} is empty; give comma-separated numbers")
-            number = "int" if kind == "ints" else "float"
-            return tuple(self._number(flag, number, v, lo, hi, tail, listed=True) for v in seq)
+            return tuple(self._number(flag, kind[:-1], v, lo, hi, tail, listed=True) for v in seq)
         above = meta.get("above")
         if kind == "float" and above is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
             if not (math.isfinite(value) and value > above[0]):
@@ -236,11 +248,8 @@ class Options:
                     f"{flag} {v!r}: expected {'whole numbers' if kind == 'int' else 'numbers'}"
                 ) from None
         whole = "a whole number" if kind == "int" else "a finite number"
-        ok_type = (
-            (isinstance(v, int) and not isinstance(v, bool))
-            if kind == "int"
-            else (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
-        )
+        real = isinstance(v, (int, float)) and not isinstance(v, bool)
+        ok_type = real and (isinstance(v, int) if kind == "int" else math.isfinite(v))
         rng = (
             f" in {_fmt(lo)}..{_fmt(hi)}"
             if lo is not None and hi is not None
@@ -288,13 +297,8 @@ class Options:
 
     @classmethod
     def given(cls, args: Any) -> set[str]:
-        """The fields of ``cls`` set in ``args`` (a parsed command line: the generated arguments
-        default to ``None``, switches to ``False``)."""
-        return {
-            f.name
-            for f in dataclasses.fields(cls)
-            if getattr(args, f.name, None) is not None and getattr(args, f.name) is not False
-        }
+        """The fields of ``cls`` given in the parsed command line ``args``."""
+        return {f.name for f in dataclasses.fields(cls) if given(args, f.name)}
 
     @classmethod
     def from_args(cls: type[T], args: Any, base: T | None = None) -> T:
@@ -314,8 +318,7 @@ class Options:
 
 @dataclasses.dataclass(frozen=True)
 class InterventionOptions(Options):
-    """Direct zero-init residual interventions at every point: predicted vs actual held-out loss
-    change over a grid of steps (docs/interventions.md)."""
+    """Zero-init residual interventions at every point: predicted vs actual held-out loss change."""
 
     interventions: str = option(
         "bias",
@@ -351,15 +354,7 @@ class InterventionOptions(Options):
 
     def check(self) -> None:
         if self.etas is not None:
-            if any(e <= 0 for e in self.etas):
-                raise WidthscopeError(
-                    f"--etas {','.join(map(str, self.etas))!r}: step sizes must be positive finite numbers"
-                )
-            if len(self.etas) > MAX_ETAS:
-                raise WidthscopeError(
-                    f"--etas: {len(self.etas)} step sizes; at most {MAX_ETAS} (each one evaluates "
-                    "the held-out pool at every point)"
-                )
+            check_steps("--etas", ",".join(map(str, self.etas)), self.etas)
 
     @property
     def kind(self) -> str | None:
@@ -369,10 +364,8 @@ class InterventionOptions(Options):
 
 @dataclasses.dataclass(frozen=True)
 class CertifyOptions(InterventionOptions):
-    """The settings of a certify run (the inputs are an :class:`~widthscope.data.spec.InputSpec`).
-
-    ``M``/``K``: sample sizes of the certificates (``K=None``: ``K = M``; one ``K`` for every
-    ``M``; or one per ``M``), drawn without replacement from the train / held-out pools."""
+    """The settings of a certify run; ``M``/``K``: the certificates' sample sizes (``K=None``: ``K = M``;
+    one ``K`` for every ``M``; or one per ``M``)."""
 
     SHARED_RANGES = True
 
@@ -435,30 +428,22 @@ class CertifyOptions(InterventionOptions):
                 f"--project corrects the unbiased estimators only, not --estimator "
                 f"{self.estimator}: add --estimator unbiased, or drop --project"
             )
-        if isinstance(self.points, str):
-            object.__setattr__(self, "points", tuple(p.strip() for p in self.points.split(",") if p.strip()))
 
     @property
     def pairs(self) -> list[tuple[int, int]]:
         """The ``(M, K)`` pairs the certificates are computed at."""
-        if self.K is None:
-            return [(m, m) for m in self.M]
-        if len(self.K) == 1:
-            return [(m, self.K[0]) for m in self.M]
-        return list(zip(self.M, self.K))
+        Ks = self.M if self.K is None else self.K * len(self.M) if len(self.K) == 1 else self.K
+        return list(zip(self.M, Ks))
 
     @classmethod
     def published(cls, **changes: Any) -> CertifyOptions:
-        """The published scripts' protocol: plug-in estimators, the summed (bias-gradient) sample
-        vector, M = K in {16..128}, R = 1000 draws with the flip script's per-pair subsets, no
-        interventions (the input side: concatenated chunks, first chunks, every held-out chunk)."""
+        """The published scripts' protocol (plug-in estimators, sum pooling, M = K, per-pair draws)."""
         return cls(**{**PROTOCOLS["published"], **changes})
 
 
 @dataclasses.dataclass(frozen=True)
 class CertifyRunOptions(Options):
-    """How a certify run executes (not what it measures): probe batches, device, the built-in
-    model's training."""
+    """How a certify run executes: probe batches, device, the built-in model's training."""
 
     SHARED_RANGES = True
 
@@ -469,8 +454,7 @@ class CertifyRunOptions(Options):
     )
 
 
-# The certify settings of each --protocol (the input settings of the published protocol live with
-# the inputs: data.spec). Options the user gives explicitly override a preset.
+# The certify settings of each --protocol (its input settings: data.spec); options given override them.
 PROTOCOLS: dict[str, dict[str, Any]] = {
     "published": {
         "estimator": "plugin",

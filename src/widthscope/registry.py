@@ -1,18 +1,7 @@
-"""The extension points: small registries, name -> callable (docs/architecture.md, "Extending").
-
-- :data:`GROWTH_OPERATORS`: how ``widthscope grow-target`` grows a model, ``fn(model, size, *, cell,
-  seed) -> widthscope.growth.operators.Growth`` (``size``: the grown depth or width, as ``axis`` says).
-- :data:`INTERVENTION_KINDS`: what :func:`widthscope.probe.interventions.intervene` measures,
-  ``fn(inputs) -> Measured``; ``reuse_probe=True``: it may reuse a probe's scale and losses.
-
-Built-in entries are import paths (``"module:function"``) loaded on first use, so this module imports
-nothing heavy. A new entry::
-
-    from widthscope.registry import GROWTH_OPERATORS
-
-    @GROWTH_OPERATORS.register("my_op", axis="depth")
-    def my_op(model, size, *, cell, seed): ...
-"""
+"""Extension points, name -> callable (docs/architecture.md, "Extending"): :data:`GROWTH_OPERATORS`
+(``fn(model, size, *, cell, seed) -> Growth``, with ``axis``) and :data:`INTERVENTION_KINDS`
+(``fn(inputs) -> Measured``, with ``reuse_probe``). Built-ins are ``"module:function"`` paths, imported
+on first use; ``@GROWTH_OPERATORS.register("my_op", axis="depth")`` adds one."""
 
 from __future__ import annotations
 

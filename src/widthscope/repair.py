@@ -1,10 +1,5 @@
-"""``widthscope repair DIR``: rebuild a results folder's ``results.jsonl``, losing nothing.
-
-Damaged ``cells/*.json`` files are moved into ``DIR/backup/<date-time>/cells/``, the old
-``results.jsonl`` is copied there, then ``results.jsonl`` is rewritten atomically from the readable
-cells (without ``cells/``: from its own readable lines). A folder with nothing to repair is left
-untouched; ``dry_run`` writes nothing. It holds the sweep's lock on the folder.
-"""
+"""``widthscope repair DIR``: rebuild ``results.jsonl`` from the readable cells (else its readable
+lines), after moving damaged cells and the old file into ``DIR/backup/<date-time>/``."""
 
 from __future__ import annotations
 

@@ -110,12 +110,9 @@ def _forward(
     """(per-example losses, logits) of one batch."""
     if task == "lm":
         x = batch.to(device)
-        out = model(x)
-        return per_example_loss(out, x, task), None
-    x, y = batch
-    x, y = x.to(device), y.to(device)
-    out = model(x)
-    return per_example_loss(out, y, task, loss=loss), logits_of(out)
+        return per_example_loss(model(x), x, task), None
+    out = model(batch[0].to(device))
+    return per_example_loss(out, batch[1].to(device), task, loss=loss), logits_of(out)
 
 
 @torch.no_grad()
@@ -128,8 +125,7 @@ def evaluate(
     loss: str = "ce",
     device: str | torch.device = "cpu",
 ) -> dict[str, float]:
-    """``{"loss", "accuracy"}`` (no accuracy for ``task="lm"``) over ``pair``, in eval mode (the
-    model's mode is restored)."""
+    """``{"loss", "accuracy"}`` (no accuracy for ``task="lm"``) over ``pair``, in eval mode."""
     was_training = model.training
     model.eval()
     total, correct, n = 0.0, 0, 0
@@ -204,8 +200,7 @@ def _optimizer(name: str, params: list, lr: float, weight_decay: float, momentum
 
 
 def _final_eval(model, split, task, eval_batch_size, loss_kind, device, steps, seed, train_eval_examples):
-    """The final train (a seeded subset of ``train_eval_examples``) and test evaluations, and the
-    number of training examples evaluated; a non-finite loss is an error."""
+    """The final train (a seeded subset) and test evaluations, and how many train examples."""
     train_pair = split.train
     if train_eval_examples is not None and len(train_pair[0]) > train_eval_examples:
         idx = torch.randperm(len(train_pair[0]), generator=torch.Generator().manual_seed(seed))[:train_eval_examples]
@@ -244,23 +239,15 @@ def train(
     progress: bool = True,
     on_step: Callable[[nn.Module, int], Any] | None = None,
 ) -> dict[str, Any]:
-    """Train ``model`` in place on ``split.train`` for ``steps`` optimizer steps.
-
-    ``warmup``: a fraction of ``steps`` when < 1, else steps. ``clip``: the max gradient norm
-    (None/0: off). ``seed`` fixes the batch order. ``loss``: ``"auto"``/``"ce"`` or ``"mse"``.
-    ``on_step(model, s)`` runs before the first step (``s = 0``) and after every step, and must leave
-    the training state as it found it. ``train_eval_examples`` caps the final train evaluation.
-
-    Returns ``{"train_loss", "test_loss", "train_accuracy", "test_accuracy" (classification),
-    "steps", "seconds", "history", ...}`` (final losses: full passes in eval mode; ``history``: one
-    row per logged step). A non-finite loss raises :class:`WidthscopeError` naming the step.
-    """
+    """Train ``model`` in place on ``split.train`` for ``steps`` steps; returns the final losses
+    (and accuracies), ``steps``, ``seconds`` and ``history``. ``warmup``: a fraction of ``steps`` when
+    < 1, else steps; ``clip``: max gradient norm (None/0: off); ``on_step(model, s)`` runs before the
+    first step and after each; a non-finite loss raises :class:`WidthscopeError`."""
     _check_train(split, steps, lr, warmup, batch_size, loss, schedule)
     device = resolve_device(device)
     task = split.task
     loss_kind = "mse" if loss == "mse" else "ce"
-    warmup_steps = int(round(warmup * steps)) if warmup < 1 else int(warmup)
-    warmup_steps = max(0, min(warmup_steps, steps))
+    warmup_steps = max(0, min(int(round(warmup * steps)) if warmup < 1 else int(warmup), steps))
     params = [p for p in model.parameters() if p.requires_grad]
     opt = _optimizer(optimizer, params, lr, weight_decay, momentum)
 
@@ -326,7 +313,6 @@ def train(
         "train_eval_examples": n_train_eval,
     }
     if task != "lm":
-        result["train_accuracy"] = ev_train["accuracy"]
-        result["test_accuracy"] = ev_test["accuracy"]
+        result.update(train_accuracy=ev_train["accuracy"], test_accuracy=ev_test["accuracy"])
     model.eval()
     return result

@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ._io import missing_parents, remove_empty, unwritable
 from .errors import WidthscopeError
 from .hub import local_directory
-from .options import MAX_ETAS, MAX_POOL, SHARED
+from .options import MAX_POOL, SHARED
 
 _THREADS = ("threads", 1, 4096, "threads")  # a setting of the process, declared here
 
@@ -85,8 +84,7 @@ _HF = frozenset(k for k in KINDS if k.startswith("hf-"))
 _HF_TEXT = _HF - {"hf-image-classification"}
 _TEXT = _HF_TEXT | {"widthscope-lm"}
 _WS = frozenset({"widthscope-classifier", "widthscope-lm"})
-# The groups of input kinds an InputSpec field may apply to (``applies=``); given for any other kind,
-# the option is refused. Options without a group apply to every kind.
+# The groups of input kinds an InputSpec field may apply to (``applies=``); refused for any other kind.
 GROUPS: dict[str, frozenset[str]] = {
     "all": _ALL,
     "checkpoints": _CKPT,
@@ -97,8 +95,7 @@ GROUPS: dict[str, frozenset[str]] = {
     "hf_sequence_classifiers": frozenset({"hf-sequence-classification"}),
     "splittable": _TEXT | {"hf-image-classification"},
 }
-# What a command changes of its input options' groups (certify: --first for every kind, and its
-# --train-steps, a CertifyRunOptions field, for the built-in model only).
+# A command's own changes to the input options' groups.
 _COMMAND_APPLIES: dict[str, dict[str, frozenset[str]]] = {
     "certify": {"first": _ALL, "train_steps": frozenset({"builtin"})},
     "grow": {},
@@ -113,15 +110,10 @@ def _input_options() -> dict[str, frozenset[str]]:
 
 
 def input_kind(model: str | None, task: str | None = None, revision: str | None = None) -> str | None:
-    """The :data:`KINDS` entry of ``--model`` from its ``config.json`` alone (no weights read);
-    None when it cannot tell (the loader then gives its own error). A hub id ``org/name`` (at
-    ``revision``, default main) or hub cache folder is read from its cached snapshot, never
-    downloaded (not cached: None)."""
-    if model is None:
-        return None
-    if model == "builtin":
-        return "builtin"
-
+    """The :data:`KINDS` entry of ``--model`` from its ``config.json`` alone (a hub id: its cached
+    snapshot, never downloaded); None when it cannot tell."""
+    if model is None or model == "builtin":
+        return model
     p = local_directory(model, revision)
     if p is None:
         return None
@@ -156,13 +148,8 @@ def group_words(kinds: frozenset[str]) -> str:
     return names
 
 
-def flag_name(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def check_dir_writable(path: str | os.PathLike, flag: str = "--out") -> Path:
-    """``path`` is (or can be made) a directory we can write into; folders created for the probe are
-    removed again. ``flag`` names the option (or config key) the path came from."""
+    """``path`` is (or can be made) a directory we can write into; ``flag`` names its option."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise WidthscopeError(f"cannot write into {str(p)!r}: it is a file, not a directory; choose another {flag}")
@@ -181,8 +168,7 @@ def check_dir_writable(path: str | os.PathLike, flag: str = "--out") -> Path:
 
 
 # ----------------------------------------------------------------------------- paths: length, collisions
-# The options that name files a command reads, and those it writes (argparse dests). A path option
-# not given, or an input that is a name rather than a path ("builtin", "digits"), is skipped.
+# The options that name files a command reads, and those it writes (argparse dests).
 INPUT_PATHS = (
     "model",
     "tokenizer",
@@ -216,15 +202,9 @@ def _real(path: str) -> Path:
     return Path(os.path.realpath(os.path.expanduser(path)))
 
 
-def _inside(child: Path, parent: Path) -> bool:
-    return child == parent or parent in child.parents
-
-
 def check_outputs(inputs: list[tuple[str, str]], outputs: list[tuple[str, str]], command: str) -> None:
-    """Outputs never collide and inputs are never written: refuse, before any work, two outputs
-    that resolve to the same file (after ``realpath``), an output that is one of the inputs, and an
-    output inside an input folder (a model directory, a results folder). ``inputs``/``outputs``:
-    ``(flag, path)`` pairs; an input that does not exist (a dataset name, ``builtin``) is skipped."""
+    """Refuse two outputs that are the same file, an output that is an input, and an output inside an
+    input folder; ``inputs``/``outputs``: ``(flag, path)`` pairs (inputs that do not exist are skipped)."""
     ins = [(f, p, _real(p)) for f, p in inputs if os.path.exists(os.path.expanduser(p))]
     outs = [(f, p, _real(p)) for f, p in outputs]
     for i, (fa, pa, ra) in enumerate(outs):
@@ -242,7 +222,8 @@ def check_outputs(inputs: list[tuple[str, str]], outputs: list[tuple[str, str]],
                     f"{fo} {po!r} is the input {fi} {pi!r}: widthscope never writes into its "
                     f"inputs; give {fo} another path"
                 )
-            if ri.is_dir() and _inside(ro, ri) and not (command == "report" and ro == ri / "report"):
+            inside = ro == ri or ri in ro.parents
+            if ri.is_dir() and inside and not (command == "report" and ro == ri / "report"):
                 raise WidthscopeError(
                     f"{fo} {po!r} lies inside the input {fi} {pi!r}: widthscope never writes "
                     f"into its inputs; give {fo} a path outside it"
@@ -265,37 +246,7 @@ def check_pools(
 
 
 # ----------------------------------------------------------------------------- list options
-# Comma lists of the command line (--M 16,32 --K 8) and the (M, K) pairs they make: shared by
-# certify, stats (widthscope.certification.samples) and grow-bench, so the same bad list gets the same line.
-def num_list(text: str | None, flag: str, cast: Callable[[str], Any]) -> list | None:
-    """``"16,32,64"`` -> ``[16, 32, 64]`` (``None`` stays ``None``), with a clear error."""
-    if text is None:
-        return None
-    kind = "whole numbers, e.g. 16,32,64" if cast is int else "numbers, e.g. 1e-3,1e-2"
-    try:
-        vals = [cast(v) for v in str(text).split(",") if v.strip()]
-    except ValueError:
-        raise WidthscopeError(f"{flag} {text!r}: expected comma-separated {kind}") from None
-    if not vals:
-        raise WidthscopeError(f"{flag} is empty; give comma-separated {kind}")
-    return vals
-
-
-def int_list(text: str | None, flag: str) -> list[int] | None:
-    return num_list(text, flag, int)
-
-
-def float_list(text: str | None, flag: str) -> list[float] | None:
-    vals = num_list(text, flag, float)
-    if vals is not None and any(not (v > 0 and math.isfinite(v)) for v in vals):
-        raise WidthscopeError(f"{flag} {text!r}: step sizes must be positive finite numbers")
-    if vals is not None and len(vals) > MAX_ETAS:
-        raise WidthscopeError(
-            f"{flag}: {len(vals)} step sizes; at most {MAX_ETAS} (each one evaluates the held-out pool at every point)"
-        )
-    return vals
-
-
+# The (M, K) pairs of the pipelines' sample sizes.
 def sizes_list(values: Any, name: str) -> list[int]:
     if isinstance(values, (int,)) and not isinstance(values, bool):
         values = [values]

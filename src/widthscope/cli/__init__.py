@@ -1,9 +1,7 @@
 """The ``widthscope`` command line.
 
-Each subcommand is a module of this package with ``add_arguments(parser)`` and ``run(args) -> int``,
-building typed settings for a namespace-free pipeline. This file imports only the chosen command's
-module, applies the shared checks (:mod:`widthscope.cli.checks`) and turns every user error into
-one line with exit status 2.
+Each subcommand is a module with ``add_arguments(parser)`` and ``run(args) -> int``; only the chosen
+one is imported, the shared checks run first, and every user error is one line with exit status 2.
 """
 
 from __future__ import annotations
@@ -86,8 +84,7 @@ def _remove_created() -> None:
     CREATED.clear()
 
 
-# Signals that arrived while modules were importing, acted on once the imports are done (raised
-# inside an import, a KeyboardInterrupt can be swallowed by a library's `try: import` fallback).
+# Signals that arrived while modules imported (a library's `try: import` could swallow them), acted on after.
 PENDING_SIGNALS: list[int] = []
 
 
@@ -116,8 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _quiet_offline() -> None:
-    """Library chatter (HF advisory and tokenizer fork warnings) stays off the terminal; whether the
-    hub may be reached stays the user's choice (``HF_HUB_OFFLINE`` is never set here)."""
+    """Library chatter stays off the terminal (``HF_HUB_OFFLINE`` is never set here)."""
     for key, value in (
         ("TRANSFORMERS_VERBOSITY", "error"),
         ("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1"),

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 
 from ..linearization.activations import ActivationsOptions, run_audit
-from .args import add_config, add_options, config_options
+from .args import add_config, add_options, add_threads, config_options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config(parser, "activations")
     add_options(parser, ActivationsOptions)
-    parser.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
+    add_threads(parser)
     parser.add_argument(
         "--json", default=None, metavar="PATH", help="also write the table as JSON (with the options that made it)"
     )

@@ -1,9 +1,5 @@
-"""The command line generated from the options dataclasses (:mod:`widthscope.options`).
-
-Every generated argument defaults to ``None``, so which options the user gave is knowable;
-``XOptions.from_args(args, base)`` builds the dataclass from them over a base (a preset, or the
-options a results file recorded, ``--config``). The namespace is never changed.
-"""
+"""The command line generated from the options dataclasses: every argument defaults to ``None``, so
+``XOptions.from_args(args, base)`` knows which were given (``base``: a preset or ``--config``'s)."""
 
 from __future__ import annotations
 
@@ -57,6 +53,10 @@ def argument(f: dataclasses.Field, default: Any) -> dict[str, Any]:
     return kw
 
 
+def add_threads(parser: ArgumentAdder, help: str = "torch CPU threads") -> None:
+    parser.add_argument("--threads", type=int, default=None, metavar="N", help=help)
+
+
 PLAN_HELP = (
     "print what the whole run will cost (parameters and weights, bytes per example, the largest batch that fits; "
     "the predicted wall time and peak memory of the whole process after timing {timed}) and exit: nothing is "
@@ -76,8 +76,7 @@ def add_plan(
 
 
 def load_config(path: str, section: str = "options") -> dict[str, Any]:
-    """The recorded options of a results file (``certify --out`` JSON: its ``options`` block) or a
-    JSON file of options, for ``--config FILE``: one error line for anything else."""
+    """The ``options`` block of a results JSON (or a JSON file of options) for ``--config FILE``."""
     p = Path(path).expanduser()
     try:
         obj = json.loads(p.read_text(encoding="utf-8"))
@@ -96,8 +95,7 @@ def load_config(path: str, section: str = "options") -> dict[str, Any]:
 
 
 def add_config(parser: argparse.ArgumentParser, command: str, *, dest: str = "config", what: str = "") -> None:
-    """``--config FILE``: the base options of the run (a results JSON this command wrote, or a JSON
-    file of options); options given on the command line override them."""
+    """``--config FILE``: the run's base options; options given on the command line override them."""
     parser.add_argument(
         "--config",
         dest=dest,
@@ -110,9 +108,7 @@ def add_config(parser: argparse.ArgumentParser, command: str, *, dest: str = "co
 
 
 def config_options(cls: type[T], path: str | None, command: str) -> T | None:
-    """The options of ``command`` recorded in ``path`` (:func:`load_config`; ``None``: no
-    ``--config``), validated by ``cls``; one error line naming ``--config`` when the file holds no
-    such options or a bad one."""
+    """The options of ``command`` recorded in ``path`` (``None``: no ``--config``), validated by ``cls``."""
     if path is None:
         return None
     section = command.replace("-", "_")

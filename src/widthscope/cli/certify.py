@@ -13,15 +13,23 @@ from ..data.sources import splits_of
 from ..data.spec import InputSpec, is_all
 from ..data.splits import dataset_splits
 from ..errors import WidthscopeError
-from ..options import PROTOCOLS, CertifyOptions, CertifyRunOptions, InterventionOptions
+from ..options import (
+    PROTOCOLS,
+    CertifyOptions,
+    CertifyRunOptions,
+    InterventionOptions,
+    check_steps,
+    flag_name,
+    given,
+    num_list,
+)
 from ..planning import plan_certify
-from ..validate import check_pools, float_list, int_list, pairs_of
+from ..validate import check_pools, pairs_of
 from .args import add_options, add_plan, load_config
 from .inputs import add_arguments as add_inputs
 from .inputs import spec_from_args
 
-# The input side of each --protocol (the statistics side is options.PROTOCOLS / CertifyOptions.published):
-# the published scripts read concatenated chunks, the first ones of each source, every held-out chunk.
+# The input side of each --protocol (the statistics side: options.PROTOCOLS).
 INPUT_PRESETS: dict[str, dict[str, Any]] = {
     "published": {"sequences": "concatenate", "first": True, "n_test": "all", "empty_docs": "skip"},
     "default": {"n_test": 256},
@@ -97,7 +105,7 @@ def input_preset(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
     for key, value in INPUT_PRESETS[args.protocol].items():
         if key == "n_test" and value == "all" and not _two_sources(args):
             value = INPUT_PRESETS["default"]["n_test"]  # one corpus to split: never read all of it by default
-        if getattr(args, key, None) is None or getattr(args, key) is False:
+        if not given(args, key):
             preset[key] = value
     if args.protocol != "published":
         return preset, []
@@ -116,25 +124,24 @@ def input_preset(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
 
 
 def _check_combinations(
-    args: argparse.Namespace, opts: CertifyOptions, given: set[str], preset: dict[str, Any]
+    args: argparse.Namespace, opts: CertifyOptions, named: set[str], preset: dict[str, Any]
 ) -> None:
     """Refuse options that mean nothing together (after --protocol filled the rest)."""
     words = " (--protocol published)" if args.protocol == "published" else ""
     none_run = opts.interventions == "none"
-    if "n_etas" in given and "etas" in given:
-        raise WidthscopeError(
-            "--n-etas sets the size of the default step grid, --etas replaces that grid: drop one of them"
-        )
-    if "max_rel_step" in given and "etas" in given:
-        raise WidthscopeError(
-            "--max-rel-step sets the largest step of the default grid, --etas replaces that grid: drop one of them"
-        )
-    for flag, what in (
-        ("--max-rel-step", "the largest intervention step"),
-        ("--etas", "the step sizes of the interventions"),
-        ("--n-etas", "the number of intervention steps"),
+    for dest, what in (
+        ("n_etas", "the size of the default step grid"),
+        ("max_rel_step", "the largest step of the default grid"),
     ):
-        if flag[2:].replace("-", "_") in given and none_run:
+        if dest in named and "etas" in named:
+            raise WidthscopeError(f"{flag_name(dest)} sets {what}, --etas replaces that grid: drop one of them")
+    for dest, what in (
+        ("max_rel_step", "the largest intervention step"),
+        ("etas", "the step sizes of the interventions"),
+        ("n_etas", "the number of intervention steps"),
+    ):
+        if dest in named and none_run:
+            flag = flag_name(dest)
             raise WidthscopeError(
                 f"{flag} sets {what}, but none run{words}: add --interventions bias (or block), or drop {flag}"
             )
@@ -152,8 +159,7 @@ def _check_combinations(
 
 # ----------------------------------------------------------------------------- the command
 def _bases(args: argparse.Namespace) -> tuple[CertifyOptions, CertifyRunOptions, InputSpec | None]:
-    """The options every field not given on the command line takes: ``--config``'s recorded ones,
-    else the ``--protocol`` preset's."""
+    """The base options: ``--config``'s recorded ones, else the ``--protocol`` preset's."""
     if args.config is None:
         base = CertifyOptions.published() if args.protocol == "published" else CertifyOptions()
         return base, CertifyRunOptions(), None
@@ -187,11 +193,11 @@ def _spec(args: argparse.Namespace, recorded: InputSpec | None, preset: dict[str
 
 
 def run(args: argparse.Namespace) -> int:
-    # Seeds, sizes, devices, data paths and outputs were checked by cli.checks.check_args (cli.main).
     preset, notes = input_preset(args)
-    # the command line's list messages (the dataclass checks the same values again)
-    pairs_of(int_list(args.M, "--M") or [1], int_list(args.K, "--K"))
-    float_list(args.etas, "--etas")
+    # the command line's messages for sizes and step sizes (the options check the same values again)
+    pairs_of(num_list(args.M or "1", "--M", int), None if args.K is None else num_list(args.K, "--K", int))
+    if args.etas is not None:
+        check_steps("--etas", args.etas, num_list(args.etas, "--etas", float))
     base, run_base, recorded = _bases(args)
     opts = CertifyOptions.from_args(args, base)  # --points too (a field of the Python API's)
     _check_combinations(args, opts, CertifyOptions.given(args), preset)

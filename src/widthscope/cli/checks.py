@@ -23,7 +23,7 @@ from pathlib import Path
 from .. import validate
 from .._io import check_writable, missing_parents
 from ..errors import WidthscopeError
-from ..options import SEED_MAX
+from ..options import SEED_MAX, flag_name, given
 from ..validate import (
     INPUT_PATHS,
     KINDS,
@@ -32,7 +32,6 @@ from ..validate import (
     check_dir_writable,
     check_outputs,
     check_path_length,
-    flag_name,
     group_words,
     input_kind,
 )
@@ -41,25 +40,14 @@ from ..validate import (
 CREATED: list[Path] = []
 
 
-def given(args: argparse.Namespace, dest: str) -> bool:
-    """Was ``dest`` given on the command line (its argument defaults to ``None``, a switch to ``False``)?"""
-    v = getattr(args, dest, None)
-    return v is not None and v is not False
-
-
-def check_applies(args: argparse.Namespace, command: str, kind: str | None = None) -> None:
-    """Refuse (one line) every option of :data:`~widthscope.validate.APPLIES` given for an input
-    kind it does not fit."""
+def check_applies(args: argparse.Namespace, command: str) -> None:
+    """Refuse every option of :data:`~widthscope.validate.APPLIES` given for a kind it does not fit."""
     table = validate.APPLIES.get(command)
     if table is None:
         return
-    kind = kind or input_kind(
-        getattr(args, "model", None), getattr(args, "task", None), revision=getattr(args, "revision", None)
-    )
-    if kind is None:
-        return
+    kind = input_kind(getattr(args, "model", None), getattr(args, "task", None), getattr(args, "revision", None))
     for dest, kinds in table.items():
-        if kind not in kinds and given(args, dest):
+        if kind is not None and kind not in kinds and given(args, dest):
             raise WidthscopeError(
                 f"{flag_name(dest)} applies to {group_words(kinds)} only; --model {args.model} is "
                 f"{KINDS[kind]}: drop {flag_name(dest)}"
@@ -85,20 +73,14 @@ PLAN_EXCLUDES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _check_plan(args: argparse.Namespace, command: str) -> None:
-    if not (given(args, "plan") or given(args, "plan_no_time")):
-        return
-    plan = "--plan" if given(args, "plan") else "--plan-no-time"
-    for dest in PLAN_EXCLUDES.get(command, ()):
+def check_args(args: argparse.Namespace, command: str) -> None:
+    """The shared checks; raises :class:`WidthscopeError` with one line naming the option."""
+    plan = next((flag_name(d) for d in ("plan", "plan_no_time") if given(args, d)), None)
+    for dest in PLAN_EXCLUDES.get(command, ()) if plan else ():
         if given(args, dest):
             raise WidthscopeError(
                 f"{plan} prints the cost plan and exits, so {flag_name(dest)} would do nothing: drop one of them"
             )
-
-
-def check_args(args: argparse.Namespace, command: str) -> None:
-    """The shared checks; raises :class:`WidthscopeError` with one line naming the option."""
-    _check_plan(args, command)
     if isinstance(getattr(args, "shard", None), str):
         from ..sweeps.grid import parse_shard  # noqa: PLC0415  start-up time: torch
 
@@ -138,8 +120,7 @@ def check_args(args: argparse.Namespace, command: str) -> None:
         from ..models.dispatch import check_max_memory, check_visible  # noqa: PLC0415  start-up time: torch
 
         check_visible(check_max_memory(max_memory, name="--max-memory"), name="--max-memory", text=max_memory)
-    if command in validate.APPLIES:
-        check_applies(args, command)
+    check_applies(args, command)
     srcs = [getattr(args, k, None) for k in ("data", "train_data", "test_data", "train_split", "test_split")]
     if srcs[3] is not None or srcs[4] is not None:  # --*-split only for a source with splits, before any work
         from ..data.sources import check_splits_given  # noqa: PLC0415  start-up time: torch

@@ -6,13 +6,11 @@ from __future__ import annotations
 import argparse
 
 from .._io import format_table
-from ..errors import WidthscopeError
 from ..growth.bench import bench_out_dir, run_bench
 from ..growth.options import GrowBenchOptions
 from ..planning import plan_bench
 from ..report.growth import write_report
-from ..validate import int_list
-from .args import add_config, add_options, add_plan, config_options
+from .args import add_config, add_options, add_plan, add_threads, config_options
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "'options'); options given here override them",
     )
     p.add_argument("--no-report", action="store_true", help="skip the table/plot (PNG) of the comparison")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    add_threads(p)
     p.add_argument(
         "--shard",
         default=None,
@@ -41,18 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_plan(p, "one training step of each model")
 
 
-def _seeds(text: str | None) -> tuple[int, ...] | None:
-    """``--seeds`` read with the command line's list messages (the dataclass checks them again)."""
-    if text is None:
-        return None
-    seeds = tuple(int_list(text, "--seeds") or ())  # a list: text is not None
-    if any(s < 0 for s in seeds):
-        raise WidthscopeError(f"--seeds {text!r}: give at least one seed >= 0, e.g. 0,1,2")
-    return seeds
-
-
 def run(args: argparse.Namespace) -> int:
-    _seeds(args.seeds)
     base = config_options(GrowBenchOptions, args.config, "grow-bench")
     opts = GrowBenchOptions.from_args(args, base)
     suite = opts.suite

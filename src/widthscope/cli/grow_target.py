@@ -9,7 +9,7 @@ from .._io import format_table
 from ..growth.options import GrowTargetOptions
 from ..growth.target import COLUMNS, run_target, target_out_dir
 from ..planning import plan_target
-from .args import add_config, add_options, add_plan, config_options
+from .args import add_config, add_options, add_plan, add_threads, config_options
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         what="repeat a run: the options recorded in a grow-target summary.json (its 'options'); "
         "options given here override them",
     )
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (each cell runs at one)")
+    add_threads(p, "torch CPU threads (each cell runs at one)")
     add_plan(p, "one training step of each distinct model")
 
 
@@ -48,12 +48,11 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     a = res["summary"]["answer"]
-    print(
-        f"\nreaches the from-scratch loss with >= {a['threshold']}x less compute: {a['verdict']} "
-        f"(best {a['best']}: {a['best_speedup']:.3g}x [{a['best_lo']:.3g}, {a['best_hi']:.3g}])"
-        if a["best"] is not None and a["best_lo"] is not None
-        else f"\nreaches the from-scratch loss with >= {a['threshold']}x less compute: {a['verdict']}"
+    best = a["best"] is not None and a["best_lo"] is not None
+    best_words = (
+        f" (best {a['best']}: {a['best_speedup']:.3g}x [{a['best_lo']:.3g}, {a['best_hi']:.3g}])" if best else ""
     )
+    print(f"\nreaches the from-scratch loss with >= {a['threshold']}x less compute: {a['verdict']}{best_words}")
     for label, f in a.get("crossover", {}).items():
         if label in a["crossover_beyond"]:
             where = "beyond B in most seeds: no growth headline"

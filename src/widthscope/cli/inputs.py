@@ -11,8 +11,8 @@ from typing import Any
 from ..data.spec import ALL, INPUT_DEFAULTS, OPTIONAL_FIELDS, InputSpec
 from ..errors import WidthscopeError
 from ..growth.options import GROW_POOLS
-from .args import argument
-from .checks import given
+from ..options import flag_name, given
+from .args import add_threads, argument
 
 # --help groups: which input option is listed under "model" and "probe pools" (the rest: "data")
 MODEL_OPTIONS = ("revision", "device_map", "max_memory", "offload_folder", "task", "dtype", "tokenizer")
@@ -40,19 +40,13 @@ def add_arguments(
         if "kind" not in m or not m["cli"]:
             continue
         g = groups["model" if name in MODEL_OPTIONS else "probe pools" if name in POOL_OPTIONS else "data"]
-        g.add_argument("--" + name.replace("_", "-"), **argument(fields[name], fields[name].default))
+        g.add_argument(flag_name(name), **argument(fields[name], fields[name].default))
         if name == "text_field":
             g.add_argument("--text-column", dest="text_field", help=argparse.SUPPRESS)
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        metavar="N",
-        help="torch CPU threads (default: torch's choice; 1 is best on a busy machine)",
-    )
+    add_threads(p, "torch CPU threads (default: torch's choice; 1 is best on a busy machine)")
     for name, default, words in (("n_train", n_train, n_train_help), ("n_test", n_test, n_test_help)):
         groups["probe pools"].add_argument(
-            "--" + name.replace("_", "-"),
+            flag_name(name),
             type=pool_size,
             default=default,
             help=f"{meta[name]['help']} (default {default if default is not None else words})",
@@ -82,10 +76,9 @@ def spec_from_args(
             "its config, or 'builtin')"
         )
     if command == "grow":
-        n_tr, n_te = values.get("n_train"), values.get("n_test")
-        values["cap_pools"] = n_tr is None or n_te is None
-        values["n_train"] = GROW_POOLS[0] if n_tr is None else n_tr
-        values["n_test"] = GROW_POOLS[1] if n_te is None else n_te
+        values["cap_pools"] = values.get("n_train") is None or values.get("n_test") is None
+        for key, default in zip(("n_train", "n_test"), GROW_POOLS):
+            values[key] = default if values.get(key) is None else values[key]
     values["given"] = given_now
     for k in INPUT_DEFAULTS:  # a default is the spec's (InputSpec.filled): "not given" stays None
         if k not in given_now:

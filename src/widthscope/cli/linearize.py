@@ -1,8 +1,5 @@
-"""``widthscope linearize``: the command line of :func:`widthscope.linearization.run.run_linearize`.
-
-The sweep comes from the TOML file ``CONFIG`` or, to repeat a run, from ``--config FILE`` (a
-finished run's ``slopes.json`` or ``linearize_config.json``); flags given override the recorded ones.
-"""
+"""``widthscope linearize``: the command line of :func:`widthscope.linearization.run.run_linearize`
+(the sweep: a TOML ``CONFIG``, or ``--config`` a finished run's ``slopes.json``/``linearize_config.json``)."""
 
 from __future__ import annotations
 
@@ -13,7 +10,7 @@ from ..linearization.config import load_toml
 from ..linearization.run import LinearizeOptions, run_file, run_linearize
 from ..planning import plan_linearize
 from ..validate import check_path_length
-from .args import add_config, add_options, add_plan, config_options, load_config
+from .args import add_config, add_options, add_plan, add_threads, config_options, load_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", default=None, help="results directory (default runs/<config name>)")
     add_options(parser, LinearizeOptions)
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    add_threads(parser)
     add_plan(parser, "one cell of each width")
 
 

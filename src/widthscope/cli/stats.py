@@ -8,8 +8,7 @@ from typing import Any
 
 from ..certification.per_point import tables
 from ..certification.samples import StatsOptions, run_stats
-from ..validate import int_list
-from .args import add_config, add_options, config_options
+from .args import add_config, add_options, add_threads, config_options
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,12 +21,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_options(p, StatsOptions)
     p.add_argument("--out", default=None, help="JSON output path (default: print the tables only)")
-    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads")
+    add_threads(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    # --out writable and --draws >= 1: widthscope.validate (cli.main), before this runs
-    int_list(args.M, "--M"), int_list(args.K, "--K")  # the command line's list messages
     base = config_options(StatsOptions, args.config, "stats") or StatsOptions()
     base = base.sources(samples=args.samples, train=args.train, test=args.test)
     opts = StatsOptions.from_args(args, base)

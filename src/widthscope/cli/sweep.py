@@ -7,6 +7,7 @@ import argparse
 
 from ..errors import WidthscopeError
 from ..sweeps.run import run_sweep_file
+from .args import add_threads
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,13 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="--dry-run, and time one cell's parts per distinct model (a suite's weights are loaded) to predict "
         "the wall time per cell and in total, with the process's fixed costs",
     )
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        metavar="N",
-        help="torch CPU threads (overrides [sweep].threads); 1 is best on busy machines",
-    )
+    add_threads(parser, "torch CPU threads (overrides [sweep].threads); 1 is best on busy machines")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars inside cells")
 
 
