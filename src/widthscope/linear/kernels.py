@@ -1,9 +1,7 @@
 r"""The empirical NNGP (last-layer feature) kernel ``K(x, x') = m² φ(x)·φ(x')``.
 
-``φ`` is the input of the last dense readout the forward pass runs (``m`` its multiplier); a readout
-at positions gives ``(n1, n2, T, T)``. For a function ``f(params, x)`` the readout is a parameter
-(``readout=`` its key) and the kernel is that parameter's NTK, checked to be a readout applied once.
-Dropout in training mode and batch-coupled models are refused. Maths: docs/linearization.md.
+``φ`` is the input of the last dense readout run (``m`` its multiplier); for a function ``f(params, x)`` the
+kernel is the readout parameter's NTK, checked to be a readout applied once. Maths: docs/linearization.md.
 
 Example::
 
@@ -141,10 +139,8 @@ def nngp(
     dtype: torch.dtype | None = None,
     params: Any = None,
 ) -> torch.Tensor:
-    """``m² φ(x1)·φ(x2)`` (module docstring): ``(n1, n2)``, or ``(n1, n2, T, T)`` for a readout applied at
-    ``T`` positions. ``readout``: a dense layer's name (default: the last one run; for a function
-    ``f(params, x)`` with ``params=``, a key of ``params``); ``dtype``: of the result (the product runs
-    in the model's dtype)."""
+    """``m² φ(x1)·φ(x2)``: ``(n1, n2)``, or ``(n1, n2, T, T)`` for a readout at ``T`` positions. ``readout``: a dense
+    layer's name (default: the last one run), or for a function a key of ``params``; ``dtype``: the result's."""
     fn = "nngp"
     _args.model_or_function(fn, model)
     _args.tensor(fn, "x1", x1, min_ndim=1, accepts="a non-empty batched tensor (n1, ...) of inputs")

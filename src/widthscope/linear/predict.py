@@ -1,5 +1,4 @@
-"""Closed-form kernel-regression predictions of squared-loss gradient descent with a fixed kernel
-(re-exported by :mod:`widthscope.linear.structured`)."""
+"""Closed-form predictions of squared-loss gradient descent with a fixed kernel."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ __all__ = ["kernel_predict", "spectral", "gd_weights"]
 
 
 def spectral(K: torch.Tensor, r0: torch.Tensor, lr: float, N: int):
-    """``Θ = V diag(λ) Vᵀ`` (``λ`` clamped at 0), ``a = (η/N) λ`` and ``c = Vᵀ r0``: the eigenbasis in
-    which GD with the fixed kernel is diagonal. Returns ``(λ, V, a, c)``."""
+    """``(λ, V, a, c)``: ``Θ = V diag(λ) Vᵀ`` (``λ`` clamped at 0), ``a = (η/N) λ``, ``c = Vᵀ r0``."""
     lam, V = torch.linalg.eigh((K + K.T) / 2)
     lam = lam.clamp_min(0)
     return lam, V, (lr / N) * lam, V.T @ r0
@@ -29,7 +27,7 @@ def gd_weights(a: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _check_args(lr: float, steps, t, ridge: float) -> None:
-    """One-line errors for the scalar options, before any work (``bool`` is no number here)."""
+    """One-line errors for the scalar options (``bool`` is no number here)."""
 
     def num(v) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -67,13 +65,9 @@ def kernel_predict(
     f0_train: torch.Tensor | None = None,
     f0_test: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    r"""Closed-form outputs of squared-loss gradient descent with a fixed kernel, optionally ridge-regularised.
-
-    With ``A = (η/N) Θ(X, X)``: ``f_s − y = (I − A)^s (f_0 − y)`` on the training inputs, the matching
-    test outputs, gradient flow (``t``), ``steps = inf``/``t = inf`` limits and ridge ``λ`` (kernel ridge
-    regression at ``t = ∞``; neural-tangents' ``gradient_descent_mse`` with absolute ``diag_reg``).
-    ``K_train``: ``(N, N, o, o)`` or ``(N·o, N·o)``; ``K_test``: ``(M, N, o, o)`` or ``(M·o, N·o)``;
-    ``y_train``, ``f0_*``: ``(N, o)`` / ``(M, o)``. Returns ``{"train", "test"}``. Maths: docs/linearization.md.
+    r"""Outputs of squared-loss GD with a fixed kernel: ``f_s − y = (I − (η/N) Θ)^s (f_0 − y)`` after ``steps``, or
+    gradient flow to time ``t`` (``inf``: the limit), with ``ridge`` added to the kernel's diagonal. Kernels
+    ``(N, N, o, o)`` / ``(N·o, N·o)``; returns ``{"train", "test"}``. Maths: docs/linearization.md.
 
     Example::
 

@@ -113,19 +113,10 @@ def train_side_by_side(
     kernel_prediction: bool = False,
     ridge: float = 0.0,
 ) -> Any:
-    """Train ``model`` (a copy) and ``linearize(model)`` in lockstep; one dict per logged step.
-
-    ``data = (X, Y)``; ``batch_size=None`` is full-batch gradient descent, otherwise batches
-    come from a per-epoch permutation drawn from ``seed`` (identical for both models).
-    Logged steps: 0, every ``log_every``-th, and ``steps``; or exactly ``log_steps``.
-    ``test`` (held-out pair) is where the function deviation is measured (``data`` when
-    absent); ``probe`` (inputs) is the kernel-drift probe set, default the first 8 held-out
-    inputs. A non-finite loss at step ``s``: ``on_nonfinite="raise"`` raises
-    :class:`WidthscopeError` naming ``s``; ``"stop"`` appends a row with ``diverged=True`` and
-    ``diverged_at=s`` and stops. ``return_models=True`` returns ``(rows, net, lin)``.
-    ``linear`` (``"auto"``, ``"weights"``, ``"kernel"``) and ``kernel_prediction`` (with
-    ``ridge`` for its limit) are described in the module docstring.
-    """
+    """Train ``model`` (a copy) and ``linearize(model)`` in lockstep on ``data = (X, Y)``; one dict per
+    logged step (0, every ``log_every``-th and ``steps``, or ``log_steps``). ``batch_size=None``: full batch;
+    ``test``: where the deviation is measured; ``probe``: kernel-drift inputs (first 8 of ``test``);
+    ``on_nonfinite="stop"``: a ``diverged`` row ends the run; ``return_models``: ``(rows, net, lin)``."""
     fn = "train_side_by_side"
     _args.module(fn, "model", model)
     _args.tensor_pair(fn, "data", data)
@@ -194,8 +185,7 @@ def train_side_by_side(
 
 
 def _model_tensors(model: nn.Module, X, Y, Xt, Yt, probe, loss: str):
-    """Inputs in the parameters' dtype, checked finite; targets shaped for the model's output width and
-    ``loss``; ``(X, Y, Xt, Yt, probe)``."""
+    """Inputs in the parameters' dtype, checked finite; targets shaped for the model and ``loss``."""
     params, buffers = params_and_buffers(model)
     if not params:
         raise WidthscopeError("train_side_by_side: the model has no trainable parameters")
@@ -217,9 +207,8 @@ def _model_tensors(model: nn.Module, X, Y, Xt, Yt, probe, loss: str):
 
 
 class _Lockstep:
-    """What :func:`train_side_by_side` trains and measures: the network copy, its linear model (``lin`` in
-    weight space, or ``closed``, the closed-form kernel path), the start ``θ₀`` and the kernel-drift
-    reference ``K0`` on ``probe``."""
+    """The network copy, its linear model (``lin``, or the closed form ``closed``), ``θ₀`` and the kernel ``K0``
+    on ``probe``."""
 
     def __init__(self, model, X, Y, Xt, probe, optimizer, lr, ridge, linear, kernel_prediction, kernel_drift):
         self.linear = linear
@@ -229,7 +218,7 @@ class _Lockstep:
         self.theta0_norm = float(self.theta0.norm()) or 1.0
         self.opt_net = _optimizer(optimizer, self.net_params, lr)
         kernel = linear == "kernel" or kernel_prediction
-        self.closed = _KernelGD(model, X, Y, Xt, lr, ridge=ridge, limit=kernel_prediction) if kernel else None
+        self.closed = _KernelGD(model, X, Y, Xt, lr, ridge, kernel_prediction) if kernel else None
         self.lin = linearize(model) if linear == "weights" else None
         self.opt_lin = None if self.lin is None else _optimizer(optimizer, list(self.lin.parameters()), lr)
         self.probe = Xt[: min(8, Xt.shape[0])] if probe is None else probe
@@ -238,8 +227,7 @@ class _Lockstep:
 
 
 def _batches(N: int, batch_size: int | None, seed: int) -> Iterator[torch.Tensor | None]:
-    """The batch indices of each step (``None``: full batch), from a per-epoch permutation of
-    ``range(N)`` drawn from ``seed``."""
+    """The batch indices of each step (``None``: full batch), from per-epoch permutations drawn from ``seed``."""
     gen = torch.Generator().manual_seed(int(seed))
     order: list[int] = []
     while True:
@@ -250,8 +238,7 @@ def _batches(N: int, batch_size: int | None, seed: int) -> Iterator[torch.Tensor
 
 
 def _row(run: _Lockstep, step: int, X, Y, Xt, Yt, loss: str, kernel_prediction: bool) -> dict[str, Any]:
-    """The logged row of ``step``: losses of both models, their gap, the held-out deviation
-    ``F − F_lin``, parameter movement and kernel drift."""
+    """The logged row of ``step``: losses of both models, their gap, ``F − F_lin``, parameter move, kernel drift."""
     net, lin, closed = run.net, run.lin, run.closed
     with torch.no_grad():
         f_tr, f_te = model_output(net(X)), model_output(net(Xt))
@@ -313,8 +300,8 @@ def _kernel_divergence(closed: _KernelGD | None, step: int, on_nonfinite: str) -
 
 
 def _train_step(run: _Lockstep, xb, yb, step: int, *, loss: str, lr: float, on_nonfinite: str) -> dict[str, Any] | None:
-    """One optimizer step of the network, then of the weight-space linear model (if any), on the
-    batch ``(xb, yb)``; a non-finite loss raises, or returns the ``diverged`` row."""
+    """One optimizer step of the network, then of the weight-space linear model (if any); a non-finite loss
+    raises, or returns the ``diverged`` row."""
     for which, m, opt in (("network", run.net, run.opt_net), ("linear model", run.lin, run.opt_lin)):
         if m is None or opt is None:  # no weight-space linear model
             continue
@@ -332,28 +319,13 @@ def _train_step(run: _Lockstep, xb, yb, step: int, *, loss: str, lr: float, on_n
 
 
 class _KernelGD:
-    r"""Full-batch GD on ``(1/2N)Σ‖f − y‖²`` with the frozen kernel ``Θ₀``, in closed form.
+    r"""Full-batch GD on ``(1/2N)Σ‖f − y‖²`` with the frozen kernel ``Θ₀``, in closed form (float64).
 
-    ``A = (η/N) Θ₀(X, X) = V diag(a) Vᵀ`` and ``c = Vᵀ(f_0 − y)``: after ``s`` steps the training
-    outputs are ``y + V (1 − a)^s c``, the test outputs ``g_0 − (η/N) Θ₀(X_t, X) V (w_s ⊙ c)`` with
-    ``w_s = (1 − (1 − a)^s)/a`` (``s`` where ``a = 0``), and the linear model's weights moved
-    ``θ_s − θ₀ = −(η/N) J(X)ᵀ V (w_s ⊙ c)``, of squared norm ``(η/N)² Σ λ (w_s c)²`` (``λ`` the
-    eigenvalues of ``Θ₀(X, X)``). One eigendecomposition serves every step (float64 throughout).
-    ``limit=True`` adds the ``t = ∞`` outputs (``*_inf``): gradient flow's limit, the minimum-norm
-    kernel interpolant, or kernel ridge regression with ``ridge > 0``.
-    """
+    With ``(η/N) Θ₀(X, X) = V diag(a) Vᵀ``, ``c = Vᵀ(f_0 − y)`` and ``w_s = (1 − (1 − a)^s)/a``: train outputs
+    ``y + V (1 − a)^s c``, test outputs ``g_0 − (η/N) Θ₀(X_t, X) V (w_s ⊙ c)``, weight move ``(η/N)² Σ λ (w_s c)²``
+    squared. ``limit``: also the ``t = ∞`` outputs (``*_inf``, kernel ridge regression with ``ridge``)."""
 
-    def __init__(
-        self,
-        model: nn.Module,
-        X: torch.Tensor,
-        Y: torch.Tensor,
-        Xt: torch.Tensor,
-        lr: float,
-        *,
-        ridge: float = 0.0,
-        limit: bool = False,
-    ):
+    def __init__(self, model: nn.Module, X, Y, Xt, lr: float, ridge: float, limit: bool):
         N, Nt = X.shape[0], Xt.shape[0]
         with torch.no_grad():
             self.f0 = model_output(model(X)).reshape(N, -1).double()
@@ -366,8 +338,7 @@ class _KernelGD:
         self.lam, self.V, self.a, self.c = spectral(Ktr, self.f0.reshape(-1) - self.y, lr, N)
         self.KteV = Kte @ self.V
         self.scale, self.shape, self.tshape = lr / N, (N, o), (Nt, o)
-        # GD on the linear model diverges iff some a > 2; its loss passes 1e30 (where the weight-space
-        # run would overflow) at this step, which the training loop reports like a non-finite loss.
+        # GD diverges iff some a > 2; the step where its loss passes 1e30 is reported like a non-finite loss
         grow = (1 - self.a).abs().max()
         c_max = float(self.c.abs().max()) or 1.0
         self.diverge_step = math.ceil(math.log(1e15 / c_max) / math.log(float(grow))) if float(grow) > 1 else None
@@ -391,14 +362,9 @@ class _KernelGD:
 def function_space_gd(
     model: nn.Module, X: torch.Tensor, Y: torch.Tensor, *, steps: int, lr: float, test: torch.Tensor | None = None
 ) -> dict[str, torch.Tensor]:
-    """Frozen-kernel recursion ``F_{s+1} = F_s − η Θ₀ ∇_F L`` for full-batch GD on the MSE loss.
+    """Frozen-kernel recursion ``F_{s+1} = F_s − (η/N) Θ₀(·, X)(F_s − Y)`` of full-batch GD on the MSE loss.
 
-    With ``L = (1/2N) Σ‖F(x_i) − y_i‖²`` the gradient is ``∇_F L = (F − Y)/N``, so on the training
-    inputs ``F_{s+1} = F_s − (η/N) Θ₀(X, X)(F_s − Y)`` and on held-out inputs
-    ``F^t_{s+1} = F^t_s − (η/N) Θ₀(X_t, X)(F_s − Y)``. Equal (up to rounding) to the outputs of the
-    weight-space linear model trained by full-batch GD. Returns ``{"train": (steps+1, N, out)}``
-    and ``"test"`` when ``test`` inputs are given.
-    """
+    Returns ``{"train": (steps+1, N, out)}``, and ``"test"`` (the same on ``test`` inputs) when given."""
     N = X.shape[0]
     Xa = X if test is None else torch.cat([X, test])  # training rows first, then the held-out ones
     with torch.no_grad():

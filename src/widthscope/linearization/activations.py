@@ -119,7 +119,7 @@ def _kinks(ders: Sequence[torch.Tensor], h: float) -> list[tuple[int, int]]:
 
 
 def check_grid(K: int, lo: float, hi: float, grid: int) -> None:
-    """The derivative order and the grid :func:`audit` takes, checked before any work."""
+    """Check the derivative order and the grid of :func:`audit`."""
     if not 1 <= K <= MAX_K:
         raise WidthscopeError(
             f"activations: --K {K}: must be a whole number in 1..{MAX_K} (each order nests one more "
@@ -201,8 +201,8 @@ class ActivationsOptions(Options):
 
 
 def run_audit(options: ActivationsOptions, *, json_out: str | None = None, file: Any = None) -> list[dict[str, Any]]:
-    """What ``widthscope activations`` does: the audit of ``options``, its table printed, and with
-    ``json_out`` the rows written as JSON with the options that made them (``"options"``)."""
+    """What ``widthscope activations`` does: the audit's table printed, and with ``json_out`` its rows and
+    options written as JSON."""
     lo, hi = options.range
     if json_out:  # room for the table (about 2 numbers per order and name), before computing it
         check_space(json_out, 2000 + len(options.names) * (2 * options.K + 10) * 80)
