@@ -211,12 +211,9 @@ class FunctionModel(nn.Module):
         for name, v in zip(_leaf_names(params, leaves), leaves):
             if isinstance(v, torch.Tensor) and v.is_floating_point():
                 self.register_parameter(name, nn.Parameter(v.detach(), requires_grad=True))
-                self._slots.append(("attr", name))
             elif isinstance(v, torch.Tensor):
                 self.register_buffer(name, v.detach())
-                self._slots.append(("attr", name))
-            else:
-                self._slots.append(("const", v))
+            self._slots.append(("attr", name) if isinstance(v, torch.Tensor) else ("const", v))
 
     def pytree(self) -> Any:
         """The ``params`` pytree built from this module's current parameters and buffers."""

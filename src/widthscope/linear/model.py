@@ -81,7 +81,6 @@ class LinearizedModel(nn.Module):
             self.register_buffer("buf__" + _safe(k), v.clone())
         self.train(model.training)
 
-    # -- plumbing ---------------------------------------------------------------------------
     def _apply(self, fn, recurse=True):  # keep the unregistered base on the same device/dtype
         super()._apply(fn, recurse)
         self._base._apply(fn, recurse)
@@ -99,7 +98,6 @@ class LinearizedModel(nn.Module):
         """The start ``θ₀``, keyed by the original model's names."""
         return self._tensors("theta0__", self._names)
 
-    # -- the linear model -------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not self._allow_stochastic:  # lin.train() may have switched random layers on
             check_stochastic(self._base, "linearized model", _STOCHASTIC_OPT_IN, self._stochastic)

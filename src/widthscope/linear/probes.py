@@ -67,14 +67,12 @@ def cached(model: nn.Module, x: torch.Tensor, extra: tuple, compute: Callable[[]
 
 def peek(model: nn.Module, x: torch.Tensor, extra: tuple) -> Any:
     """What :func:`store` (or :func:`cached`) recorded under this key, else :data:`MISSING`."""
-    return _CACHE.get(model, {}).get(_key(model, x, extra), MISSING) if _weakrefable(model) else MISSING
+    return _CACHE.get(model, {}).get(_key(model, x, extra), MISSING)
 
 
 def store(model: nn.Module, x: torch.Tensor, extra: tuple, value: Any, *, latest: bool = False) -> None:
     """Record ``value`` under the key of :func:`cached`; ``latest``: drop the entries whose key differs only in
     ``extra``'s last item (stale :func:`versions`)."""
-    if not _weakrefable(model):
-        return
     per_model = _CACHE.setdefault(model, {})
     key = _key(model, x, extra)
     if latest:
@@ -83,14 +81,6 @@ def store(model: nn.Module, x: torch.Tensor, extra: tuple, value: Any, *, latest
     if len(per_model) >= MAX_ENTRIES:
         per_model.pop(next(iter(per_model)))
     per_model[key] = value
-
-
-def _weakrefable(model: nn.Module) -> bool:
-    try:
-        weakref.ref(model)
-        return True
-    except TypeError:
-        return False
 
 
 def clear(model: nn.Module | None = None) -> None:

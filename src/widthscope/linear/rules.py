@@ -176,7 +176,7 @@ def _unfold(m: nn.Conv1d | nn.Conv2d | nn.Conv3d, x: torch.Tensor) -> torch.Tens
     return p.reshape(x.shape[0], -1, x.shape[1] * math.prod(m.kernel_size))
 
 
-def records(kind: str, m: nn.Module, x: Any, delta: torch.Tensor, covered: set[str], layout: str | None) -> list[tuple]:
+def records(kind: str, m: Any, x: Any, delta: torch.Tensor, covered: set[str], layout: str | None) -> list[tuple]:
     """Records of one module from its input ``x`` ``(n, ...)``, signals ``delta`` ``(o, n, ...)`` and ``covered``
     attributes: ``("dense", a (n,T,D_a), δ (o,n,T,D_δ), m², w_on, b_on)``, ``("embed", ids (n,T), δ (o,n,T,D))``,
     ``("vector", g (o,n,F))``, ``("bag", ids (n,T), c (n,T), δ (o,n,D))``."""
@@ -189,7 +189,6 @@ def records(kind: str, m: nn.Module, x: Any, delta: torch.Tensor, covered: set[s
         assert mult is not None  # rule() calls exactly the layers with a multiplier dense
         return [("dense", x.reshape(n, -1, x.shape[-1]), delta.reshape(O, n, -1, delta.shape[-1]), mult**2, w_on, b_on)]
     if kind == "conv":
-        assert isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d))  # rule(): exactly these types
         G = m.groups
         a = _unfold(m, x).chunk(G, dim=2) if w_on else [None] * G  # (n, L, C_in·K), channel-major columns
         ds = delta.reshape(O, n, delta.shape[2], -1).transpose(2, 3).chunk(G, dim=3)  # (o, n, L, C_out)
@@ -201,7 +200,6 @@ def records(kind: str, m: nn.Module, x: Any, delta: torch.Tensor, covered: set[s
             d = d * (ids != m.padding_idx).to(d.dtype)[None, :, :, None]
         return [("embed", ids, d)]
     if kind == "conv_transpose":
-        assert isinstance(m, nn.modules.conv._ConvTransposeNd)  # rule(): ConvTranspose1d/2d/3d
         out: list[tuple] = []
         if w_on:  # a dense record per group over input locations (_transposed_windows)
             a = x.reshape(n, m.in_channels, -1).transpose(1, 2).chunk(m.groups, dim=2)  # (n, L, C_in)

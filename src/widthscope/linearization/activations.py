@@ -74,7 +74,7 @@ def resolve(name: str | Callable) -> tuple[str, Callable[[torch.Tensor], torch.T
 
 def derivatives(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, K: int) -> list[torch.Tensor]:
     """``[φ(x), φ'(x), …, φ^{(K)}(x)]`` by nested autograd (``fn`` must act elementwise)."""
-    x = x.detach().to(torch.float64).requires_grad_(True)
+    x = x.detach().double().requires_grad_(True)
     name = getattr(fn, "__name__", repr(fn))
     try:
         with warnings.catch_warnings():
@@ -146,31 +146,25 @@ def audit(
             row[f"ratio_{k}"] = row[f"max_{k}"] / math.factorial(k + 1)
         bad = [(k, d) for k, d in enumerate(ders) if not bool(torch.isfinite(d).all())]
         row["finite"] = not bad
+        flags = []
         if bad:  # NaN/inf (e.g. sqrt or log at x < 0): the table entries are meaningless there
             k_bad, d_bad = bad[0]
             row["nonfinite_order"] = k_bad
-            row["nonfinite_at"] = float(x[(~torch.isfinite(d_bad)).nonzero()[0, 0]]) + 0.0
+            row["nonfinite_at"] = at = float(x[(~torch.isfinite(d_bad)).nonzero()[0, 0]]) + 0.0
+            flags.append(f"non-finite: phi^({k_bad}) at x={at:.3g} (restrict --range to the domain)")
         kinks = _kinks(ders, h)
         row["smooth"] = not kinks
         row["kink_order"] = kinks[0][0] if kinks else None
         row["kink_at"] = round(float(x[kinks[0][1]]), 9) + 0.0 if kinks else None
-        row["ratio_grows"] = bool(K >= 2 and row[f"ratio_{K}"] > row[f"ratio_{K - 1}"] * (1 + 1e-9))
-        flags = []
-        if bad:
-            flags.append(
-                f"non-finite: phi^({row['nonfinite_order']}) at x={row['nonfinite_at']:.3g} "
-                "(restrict --range to the domain)"
-            )
         if kinks:
             flags.append(f"non-smooth: phi^({kinks[0][0]}) jumps near x={row['kink_at']:.3g}")
-        if row["ratio_grows"]:
-            flags.append("ratio grows")
+        row["ratio_grows"] = bool(K >= 2 and row[f"ratio_{K}"] > row[f"ratio_{K - 1}"] * (1 + 1e-9))
+        flags += ["ratio grows"] if row["ratio_grows"] else []
         row["flags"] = "; ".join(flags) or "ok"
         rows.append(row)
     return rows
 
 
-# ----------------------------------------------------------------------------- the command
 @dataclasses.dataclass(frozen=True)
 class ActivationsOptions(Options):
     """The settings of an activation audit (``widthscope activations``; :func:`run_audit`)."""
