@@ -92,9 +92,7 @@ def kernel_predict(
     o = y_train.reshape(N, -1).shape[1]
 
     def flat(K: torch.Tensor, rows: int) -> torch.Tensor:
-        if K.dim() == 4:
-            return K.permute(0, 2, 1, 3).reshape(rows * o, N * o).double()
-        return K.double()
+        return (K.permute(0, 2, 1, 3).reshape(rows * o, N * o) if K.dim() == 4 else K).double()
 
     if tuple(K_train.shape) not in ((N, N, o, o), (N * o, N * o)):
         raise WidthscopeError(

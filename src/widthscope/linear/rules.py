@@ -241,8 +241,7 @@ def bag_input(m: nn.EmbeddingBag, args: tuple, kwargs: dict) -> tuple[torch.Tens
     r"""An ``nn.EmbeddingBag`` call as padded bags ``(ids (B, T), c (B, T))``, ``z_b = Σ_t c_{b,t} W[ids_{b,t}]``
     (``c``: the per-sample weight or ``1/|bag|``, 0 on padding); ``None`` for calls of other forms."""
     names = ("input", "offsets", "per_sample_weights")
-    got = {k: (args[i] if i < len(args) else kwargs.get(k)) for i, k in enumerate(names)}
-    inp, offsets, psw = got["input"], got["offsets"], got["per_sample_weights"]
+    inp, offsets, psw = (args[i] if i < len(args) else kwargs.get(k) for i, k in enumerate(names))
     if not isinstance(inp, torch.Tensor) or inp.dim() not in (1, 2):
         return None
     inp = inp.detach()

@@ -202,14 +202,10 @@ def plan(model: nn.Module, x: torch.Tensor) -> Plan:
             P.tied.append(idx)
             covered_ids.add(id(p))
             P.shapes.append(("tied", 1, 0, p.numel()))
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        if id(p) in covered_ids:
-            P.n_covered += p.numel()
-        else:
-            P.generic.append(name)
-            P.n_generic += p.numel()
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    P.generic = [n for n, p in trainable if id(p) not in covered_ids]
+    P.n_covered = sum(p.numel() for _, p in trainable if id(p) in covered_ids)
+    P.n_generic = sum(p.numel() for _, p in trainable if id(p) not in covered_ids)
     return P
 
 

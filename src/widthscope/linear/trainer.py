@@ -1,10 +1,8 @@
 """Train a network and its linear model side by side, and the frozen-kernel recursion.
 
-Both start from ``θ₀`` with the same optimizer, learning rate and batches, so every difference is
-non-linearity. Each step's row logs losses of both, ``dev_rms``/``dev_rel``/``dev_mse`` (``F − F_lin``
-on held-out inputs), ``param_move`` and ``kernel_drift``; ``kernel_prediction=True`` adds the frozen-kernel
-GD prediction. ``linear="weights"`` trains ``F_lin`` by ``jvp``, ``"kernel"`` uses the closed-form
-recursion (full-batch SGD on MSE), ``"auto"`` picks. Columns and maths: docs/linearization.md.
+Both start from ``θ₀`` with the same optimizer, learning rate and batches. ``linear="weights"`` trains ``F_lin``
+by ``jvp``, ``"kernel"`` by the closed-form recursion (full-batch SGD on MSE), ``"auto"`` picks;
+``kernel_prediction`` adds the frozen-kernel GD prediction. Columns and maths: docs/linearization.md.
 
 Example::
 

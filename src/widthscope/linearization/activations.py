@@ -11,9 +11,6 @@ Example::
     >>> rows = audit(["tanh", "relu"], K=4)
     >>> [r["smooth"] for r in rows]
     [True, False]
-
-Command line (:class:`ActivationsOptions`, :func:`run_audit`):
-``widthscope activations --names relu,tanh,mypkg.acts:swish --K 6 --json out.json``.
 """
 
 from __future__ import annotations

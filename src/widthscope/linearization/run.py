@@ -115,14 +115,8 @@ def run_cell(cfg: Mapping[str, Any], cell: Mapping[str, Any]) -> list[dict[str, 
             s = correlation_summary(
                 model, X, D=D, d=d, n_tuples=c["n_tuples"], eta=tr["eta0"], output=c["output"], seed=seed
             )
-            rows.append(
-                {
-                    "kind": "correlation",
-                    "name": f"C{D}{d}",
-                    "data_description": words,
-                    **{k2: v for k2, v in s.items() if k2 != "values"},
-                }
-            )
+            s.pop("values")
+            rows.append({"kind": "correlation", "name": f"C{D}{d}", "data_description": words, **s})
     return rows
 
 

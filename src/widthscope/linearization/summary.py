@@ -60,7 +60,6 @@ def summarize(rows: list[dict[str, Any]], cfg: Mapping[str, Any]) -> list[dict[s
             return
         w = np.asarray(widths, float)[ok]
         fit = fit_slope(w, M[:, ok])
-        diverged = int((~np.isfinite(M)).sum())
         out.append(
             {
                 "kind": "slope",
@@ -76,7 +75,7 @@ def summarize(rows: list[dict[str, Any]], cfg: Mapping[str, Any]) -> list[dict[s
                 "published": published,
                 "n_widths": int(ok.sum()),
                 "n_seeds": len(seeds),
-                "missing": diverged,
+                "missing": int((~np.isfinite(M)).sum()),
             }
         )
 
