@@ -15,7 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from .gram import explicit_flops, gram_flops, pairs_flops
+from .gram import form_flops
 
 __all__ = ["Probe", "measure", "estimates", "terms", "price", "choose", "FIT", "AUTO_METHODS", "SAFETY"]
 
@@ -127,10 +127,7 @@ def positions_flops(rule: str, n: int, O: int, T: int, Da: int, Dd: int, mode: s
             2.0 * (O * n) ** 2 * Dd / (O if mode != "full" else 1) * (0.56 if same and mode == "full" else 1)
             + 2.0 * n * n * Da
         )
-    forms = [explicit_flops(O, n, n, T, Da, Dd, mode, same), pairs_flops(O, n, n, T, Da, Dd, mode, same)]
-    if not mode.startswith("diag"):
-        forms.append(gram_flops(O, n, n, T, Da, Dd, mode))
-    return 2.0 * min(forms)
+    return 2.0 * min(form_flops(O, n, n, T, Da, Dd, mode, same).values())
 
 
 def _counts(kind: str, P: float, O: int, n1: int, n2: int, same: bool, c: int, oc: int) -> dict[str, float]:

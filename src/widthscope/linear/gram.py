@@ -77,28 +77,23 @@ def mirror_upper(acc: torch.Tensor) -> None:
         acc[o, :, :o] = acc[:o, :, o].permute(2, 0, 1)
 
 
-def explicit_flops(O: int, n1: int, n2: int, T: int, Da: int, Dd: int, mode: str, same: bool) -> float:
-    """Multiply-adds of the explicit form: the per-example gradients and their products."""
+def form_flops(O: int, n1: int, n2: int, T: int, Da: int, Dd: int, mode: str, same: bool) -> dict[str, float]:
+    """Multiply-adds of each form of :func:`positions`: ``explicit`` (per-example gradients and their products),
+    ``pairs`` (:func:`_pairs`) and, outside the diag modes, ``gram`` (a Gram number written and summed counts 32)."""
     form = O * (n1 + (0 if same else n2)) * T * Dd * Da
     if mode.startswith("diag"):
-        return form + O * O * n1 * Dd * Da / (O if mode == "diagtrace" else 1)
+        per = O if mode == "diagtrace" else 1
+        return {
+            "explicit": form + O * O * n1 * Dd * Da / per,
+            "pairs": n1 * T * T * Da + n1 * O * T * T * Dd + n1 * O * O * T * Dd / per,
+        }
     prod = (O * n1) * (O * n2) * Dd * Da / (O if mode == "trace" else 1)
-    return form + prod * (0.56 if same and mode == "full" and O > 1 else 1.0)
-
-
-def gram_flops(O: int, n1: int, n2: int, T: int, Da: int, Dd: int, mode: str) -> float:
-    """Multiply-adds of the position-Gram form (each ``(o·n·T)²`` Gram number written and summed counts 32)."""
-    f = 1 if mode == "full" else O
-    return (O * n1 * T) * (O * n2 * T) * (Dd + 32) / f + (n1 * T) * (n2 * T) * Da
-
-
-def pairs_flops(O: int, n1: int, n2: int, T: int, Da: int, Dd: int, mode: str, same: bool) -> float:
-    """Multiply-adds of the pair form (:func:`_pairs`)."""
-    if mode.startswith("diag"):
-        return n1 * T * T * Da + n1 * O * T * T * Dd + n1 * O * O * T * Dd / (O if mode == "diagtrace" else 1)
-    half = 0.5 if same else 1.0
     main = (O * n1) * (O * n2) * T * Dd / (O if mode == "trace" else 1)
-    return n1 * n2 * T * T * Da + half * (n1 * n2 * O * T * T * Dd + main)
+    return {
+        "explicit": form + prod * (0.56 if same and mode == "full" and O > 1 else 1.0),
+        "pairs": n1 * n2 * T * T * Da + (0.5 if same else 1.0) * (n1 * n2 * O * T * T * Dd + main),
+        "gram": (O * n1 * T) * (O * n2 * T) * (Dd + 32) / (1 if mode == "full" else O) + (n1 * T) * (n2 * T) * Da,
+    }
 
 
 def _pairs(acc, a1, d1, a2, d2, scale: float, mode: str, same: bool) -> None:
@@ -172,12 +167,7 @@ def positions(
         return
     T = max(T1, T2)
     if method == "auto":
-        costs = {
-            "explicit": explicit_flops(O, n1, n2, T, Da, Dd, mode, same),
-            "pairs": pairs_flops(O, n1, n2, T, Da, Dd, mode, same),
-        }
-        if not diag:
-            costs["gram"] = gram_flops(O, n1, n2, T, Da, Dd, mode)
+        costs = form_flops(O, n1, n2, T, Da, Dd, mode, same)
         method = min(costs, key=costs.__getitem__)
     if method == "pairs":
         _pairs(acc, a1, d1, a2, d2, scale, mode, same)
