@@ -28,14 +28,8 @@ DEFAULTS: dict[str, Any] = {
     "widths": None,
     "seeds": [0, 1, 2, 3, 4],
     "model": {"family": "mlp", "depth": 2, "activation": "relu", "parametrization": "ntk", "sigma_w": 1.0},
-    "data": {
-        "name": "digits",
-        "n_train": 256,
-        "n_test": 256,
-        "seed": 0,
-        "root": None,
-        "options": {},
-    },  # options: passed to widthscope.data.load
+    # options: passed to widthscope.data.load
+    "data": {"name": "digits", "n_train": 256, "n_test": 256, "seed": 0, "root": None, "options": {}},
     "train": {
         "eta0": 0.1,
         "alphas": [0.0, -0.5, -1.0],
