@@ -66,9 +66,14 @@ def first_output(model: nn.Module, params, buffers, x: torch.Tensor, who: str) -
         raise cannot_run(who, x, exc) from None
 
 
+def out_tensor(out: Any) -> torch.Tensor:
+    """:func:`model_output` flattened to ``(batch, outputs)``."""
+    o = model_output(out)
+    return o.reshape(o.shape[0], -1)
+
+
 def flat_out(model: nn.Module, params, buffers, x: torch.Tensor) -> torch.Tensor:
-    out = model_output(functional_call(model, (params, buffers), (x,)))
-    return out.reshape(out.shape[0], -1)
+    return out_tensor(functional_call(model, (params, buffers), (x,)))
 
 
 def _blocks(model, params, buffers, x1, x2, chunk, same, out_chunk, n_out, jac, contract) -> torch.Tensor:

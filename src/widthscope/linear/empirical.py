@@ -22,10 +22,10 @@ from ._core import (
     first_output,
     flat_out,
     forward_ad_ok,
-    model_output,
     ntk_jacobian,
     ntk_per_example,
     ntk_products,
+    out_tensor,
     params_and_buffers,
     reraise_attention,
 )
@@ -51,7 +51,7 @@ def _check_model(
         buffers = {k: v.clone() for k, v in buffers.items() if k not in dropped}
     probe = x1[:2] if x2 is x1 else torch.cat([x1[:1], x2[:1]])
     if coupled is None:  # the caller's own model and tensors: a plain call (functional_call costs more here)
-        run = lambda x: model_output(model(x)).reshape(x.shape[0], -1)  # noqa: E731
+        run = lambda x: out_tensor(model(x))  # noqa: E731
     else:
         run = lambda x: flat_out(model, params, buffers, x)  # noqa: E731
     # both checks' forward passes once per model, probe shape and parameter values (probes.py)

@@ -23,11 +23,11 @@ from torch import nn
 from .. import _args
 from ..errors import WidthscopeError
 from . import checks
-from ._core import as_param_dtype, flat_out, params_and_buffers
+from ._core import as_param_dtype, flat_out, out_tensor, params_and_buffers
 from .checks import FunctionModel, as_module, batchnorm_coupling, check_stochastic
 from .empirical import ntk
 from .rules import multiplier
-from .structured import first_input, out_tensor
+from .structured import first_input
 
 __all__ = ["nngp"]
 

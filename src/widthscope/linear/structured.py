@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..errors import WidthscopeError
-from ._core import model_output, params_and_buffers
+from ._core import out_tensor, params_and_buffers
 from .checks import batchnorm_coupling
 from .cost import SAFETY
 from .gram import hadamard, mirror_upper, positions, tied_gradients
@@ -71,11 +71,6 @@ def _rows(inp: Any) -> int | None:
     """Leading (batch) size of a captured input, ``None`` when it has none."""
     t = inp[0] if isinstance(inp, tuple) else inp
     return t.shape[0] if isinstance(t, torch.Tensor) and t.dim() >= 1 else None
-
-
-def out_tensor(out: Any) -> torch.Tensor:
-    o = model_output(out)
-    return o.reshape(o.shape[0], -1)
 
 
 def _use_counts(root: torch.Tensor) -> dict[int, int]:

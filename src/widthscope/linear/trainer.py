@@ -27,7 +27,7 @@ from torch import nn
 from .. import _args
 from .._io import progress as _progress
 from ..errors import WidthscopeError, WidthscopeTypeError
-from ._core import as_param_dtype, first_output, model_output, params_and_buffers
+from ._core import as_param_dtype, first_output, model_output, out_tensor, params_and_buffers
 from .empirical import ntk
 from .model import linearize
 from .structured import uncovered
@@ -325,8 +325,7 @@ class _KernelGD:
     def __init__(self, model: nn.Module, X, Y, Xt, lr: float, ridge: float, limit: bool):
         N, Nt = X.shape[0], Xt.shape[0]
         with torch.no_grad():
-            self.f0 = model_output(model(X)).reshape(N, -1).double()
-            self.g0 = model_output(model(Xt)).reshape(Nt, -1).double()
+            self.f0, self.g0 = out_tensor(model(X)).double(), out_tensor(model(Xt)).double()
         o = self.f0.shape[1]
         K = ntk(model, torch.cat([X, Xt]), X, dtype=torch.float64)  # Θ₀(X ∪ X_t, X), float64 Grams
         K = K.permute(0, 2, 1, 3).reshape((N + Nt) * o, N * o)
@@ -365,7 +364,7 @@ def function_space_gd(
     N = X.shape[0]
     Xa = X if test is None else torch.cat([X, test])  # training rows first, then the held-out ones
     with torch.no_grad():
-        F = model_output(model(Xa)).reshape(Xa.shape[0], -1)
+        F = out_tensor(model(Xa))
     out = F.shape[1]
     Y = Y.reshape(N, out).to(F.dtype)
     K = ntk(model, Xa, None if test is None else X).permute(0, 2, 1, 3).reshape(-1, N * out)  # Θ₀(X ∪ X_t, X)
