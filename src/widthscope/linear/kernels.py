@@ -163,9 +163,7 @@ def nngp(
     name, a1, m = _features(model, x1, readout)
     a2 = a1 if x2 is None else _features(model, x2, name)[1]
     d = a1.shape[-1]
-    A1, A2 = a1.reshape(a1.shape[0], -1, d), a2.reshape(a2.shape[0], -1, d)
-    n1, T = A1.shape[:2]
-    n2 = A2.shape[0]
-    K = (A1.reshape(n1 * T, d) @ A2.reshape(n2 * T, d).T).view(n1, T, n2, T).permute(0, 2, 1, 3) * (m**2)
+    n1, n2, T = a1.shape[0], a2.shape[0], a1[0].numel() // d
+    K = (a1.reshape(-1, d) @ a2.reshape(-1, d).T).view(n1, T, n2, T).permute(0, 2, 1, 3) * (m**2)
     K = K[:, :, 0, 0] if T == 1 else K
     return K.contiguous() if dtype is None else K.to(dtype).contiguous()
