@@ -83,8 +83,6 @@ def _use_counts(root: torch.Tensor) -> dict[int, int]:
             continue
         seen.add(node)
         for nxt, _ in node.next_functions:
-            if nxt is None:
-                continue
             var = getattr(nxt, "variable", None)
             if var is not None:
                 counts[id(var)] = counts.get(id(var), 0) + 1
