@@ -5,7 +5,6 @@ slopes (:func:`reference_slope`) and the published ones (:data:`PUBLISHED`).
 from __future__ import annotations
 
 import math
-import sys
 from typing import Any, Mapping
 
 import numpy as np
@@ -112,7 +111,6 @@ def cfg_from_rows(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def print_slopes(slopes, file=None) -> None:
-    file = file or sys.stdout
     table = [
         {
             "metric": s["metric"],
@@ -126,11 +124,5 @@ def print_slopes(slopes, file=None) -> None:
         }
         for s in slopes
     ]
-    print(
-        format_table(
-            table,
-            floatfmt=".3g",
-            title="log-log slopes over width (seeds averaged in log space; 95% t interval over the seeds' slopes)",
-        ),
-        file=file,
-    )
+    title = "log-log slopes over width (seeds averaged in log space; 95% t interval over the seeds' slopes)"
+    print(format_table(table, floatfmt=".3g", title=title), file=file)
