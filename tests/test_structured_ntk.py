@@ -372,7 +372,7 @@ def test_bad_kernel_options_raise_widthscope_errors():
         nngp(nn.Sequential(nn.Conv1d(1, 1, 1)).double(), torch.randn(2, 1, 3, dtype=torch.float64))
 def test_kernel_predictions_equal_the_function_space_recursion():
     from widthscope.linear import function_space_gd
-    from widthscope.linear.predict import kernel_predict
+    from widthscope.linear.trainer import kernel_predict
 
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(3, 32), nn.Tanh(), nn.Linear(32, 2)).double()

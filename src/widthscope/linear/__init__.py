@@ -14,8 +14,7 @@ from .empirical import ntk, structured_ntk
 from .kernels import nngp
 from .model import LinearizedModel, linearize
 from .powerlaw import SlopeFit, fit_slope
-from .predict import kernel_predict
-from .trainer import function_space_gd, train_side_by_side
+from .trainer import function_space_gd, kernel_predict, train_side_by_side
 
 __all__ = [
     "LinearizedModel",

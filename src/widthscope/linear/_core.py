@@ -1,5 +1,5 @@
-"""What the kernel tools share: parameters as dicts, a model's output tensor, the explicit-Jacobian and
-NTK-vector-product kernels, and the errors of a forward pass that cannot run or differentiate."""
+"""What the kernel tools share: parameters as dicts, a model's output tensor, the Jacobian and NTK-vector
+product kernels, and the errors of a forward pass that cannot run or differentiate."""
 
 from __future__ import annotations
 
@@ -14,10 +14,9 @@ from ..errors import WidthscopeError
 
 
 def params_and_buffers(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Detached copies-free views: trainable parameters (requires_grad) and everything else."""
+    """Detached views: trainable parameters, and buffers with the frozen parameters."""
     params = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
     buffers = {k: v.detach() for k, v in model.named_buffers()}
-    # Frozen parameters are constants of the linearization: pass them like buffers.
     buffers.update({k: v.detach() for k, v in model.named_parameters() if not v.requires_grad})
     return params, buffers
 
@@ -40,7 +39,7 @@ def model_output(out: Any) -> torch.Tensor:
 
 
 def as_param_dtype(x: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Floating inputs in the parameters' dtype and device (float32 data with a float64 model)."""
+    """Floating inputs in the parameters' dtype and device."""
     p0 = next(iter(params.values()), None)
     if p0 is None or not isinstance(x, torch.Tensor):
         return x
@@ -67,15 +66,19 @@ def first_output(model: nn.Module, params, buffers, x: torch.Tensor, who: str) -
         raise cannot_run(who, x, exc) from None
 
 
+def out_tensor(out: Any) -> torch.Tensor:
+    """:func:`model_output` flattened to ``(batch, outputs)``."""
+    o = model_output(out)
+    return o.reshape(o.shape[0], -1)
+
+
 def flat_out(model: nn.Module, params, buffers, x: torch.Tensor) -> torch.Tensor:
-    out = model_output(functional_call(model, (params, buffers), (x,)))
-    return out.reshape(out.shape[0], -1)
+    return out_tensor(functional_call(model, (params, buffers), (x,)))
 
 
 def _blocks(model, params, buffers, x1, x2, chunk, same, out_chunk, n_out, jac, contract) -> torch.Tensor:
     """``Σ_b J_b(x1) J_b(x2)ᵀ`` from Jacobian blocks ``jac(x, o)`` of ``chunk`` examples × ``out_chunk`` outputs,
-    ``contract(ja, jb, ci, cj)`` giving the ``(ci, cj, oa, ob)`` block; with ``x2 = x1`` only the upper block
-    pairs (mirrored)."""
+    contracted by ``contract(ja, jb, ci, cj)``; with ``same`` only the upper block pairs (mirrored)."""
     n1, n2 = x1.shape[0], x2.shape[0]
     O = (n_out or flat_out(model, params, buffers, x1[:1]).shape[1]) if out_chunk else 0
     outs = [slice(a, min(a + out_chunk, O)) for a in range(0, O, out_chunk)] if out_chunk else [slice(None)]
@@ -117,9 +120,8 @@ def ntk_jacobian(model, params, buffers, x1, x2, chunk, same, out_chunk=None, n_
 
 
 def ntk_per_example(model, params, buffers, x1, x2, chunk, same, out_chunk=None, n_out=None) -> torch.Tensor:
-    """The kernel from per-example Jacobians ``vmap(jacrev(f))``, each example run alone (a backward pass touches
-    its own example only), contracted as one matrix product per parameter tensor. Examples must not be
-    batch-coupled."""
+    """The kernel from per-example Jacobians ``vmap(jacrev(f))``, each example run alone (not batch-coupled),
+    contracted as one matrix product per parameter tensor."""
 
     def jac(x, o):  # one (c·oc, p_b) matrix per parameter tensor
         def f(p, xi):
@@ -140,8 +142,8 @@ def ntk_per_example(model, params, buffers, x1, x2, chunk, same, out_chunk=None,
 
 
 def ntk_products(model, params, buffers, x1, x2, chunk=None, coupled=False):
-    """NTK-vector products: column (j, b) of Θ is jvp at x1 along g = J(x2_j)ᵀ e_b; the jvp over ``chunk``
-    rows of x1 at a time, the vjp on row j alone (on all of x2 when the examples are ``coupled``)."""
+    """NTK-vector products: column (j, b) of Θ is the jvp at x1 (``chunk`` rows at a time) along ``J(x2_j)ᵀ e_b``
+    (the vjp on all of x2 when the examples are ``coupled``)."""
     n1, n2 = x1.shape[0], x2.shape[0]
     chunk = chunk or n1
     cols = None

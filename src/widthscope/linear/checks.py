@@ -1,7 +1,5 @@
-r"""What the kernel tools check before they compute, so that no option or model property is silently
-ignored: random layers (:func:`stochastic_modules`; ``ntk``/``nngp`` also run the forward pass twice),
-batch-coupled examples (:func:`batchnorm_coupling`; :func:`probe_checks` compares batched with one-row
-outputs) and plain functions ``f(params, x)`` (:class:`FunctionModel`).
+r"""What the kernel tools check before they compute: random layers, batch-coupled examples, and plain
+functions ``f(params, x)`` as modules (:class:`FunctionModel`).
 
 Example::
 
@@ -111,9 +109,8 @@ def _updates_running_stats(m: nn.Module) -> bool:
 
 
 def without_running_stats(model: nn.Module) -> tuple[nn.Module, set[str]]:
-    """A copy of ``model`` (parameters shared, not copied) whose training-mode BatchNorms keep no running
-    statistics: the same function (batch statistics either way) without the in-place buffer updates
-    that ``torch.func`` transforms refuse. Returns the copy and the names of the dropped buffers."""
+    """A copy of ``model`` (parameters shared) whose training-mode BatchNorms keep no running statistics (the
+    same function, without the in-place updates ``torch.func`` refuses), and the dropped buffers' names."""
     bns = [(n, m) for n, m in model.named_modules() if _updates_running_stats(m)]
     if not bns:
         return model, set()
@@ -132,8 +129,7 @@ def without_running_stats(model: nn.Module) -> tuple[nn.Module, set[str]]:
 
 
 def check_running_stats(mods: list[tuple[str, nn.Module]], who: str) -> None:
-    """Refuse a training-mode BatchNorm that updates running statistics in place (forward-mode
-    differentiation, the linear model's jvp, cannot run through in-place updates of its buffers)."""
+    """Refuse a training-mode BatchNorm that updates running statistics in place (the jvp cannot)."""
     for name, m in mods:
         if _updates_running_stats(m):
             raise WidthscopeError(
@@ -150,9 +146,8 @@ def _tol(t: torch.Tensor) -> float:
 
 
 def probe_checks(run: Callable[[Any], torch.Tensor], probe: Any, who: str, *, coupling: bool = True) -> str | None:
-    """Run ``run`` (inputs → flattened outputs ``(n, out)``, no grad) on the probe rows: raise when two
-    identical calls differ (random numbers); return why the examples are coupled when the batched
-    outputs differ from the one-row outputs (``None``: they agree), relative tolerance ``1e4·eps``."""
+    """Run ``run`` (inputs → ``(n, out)``) on the probe rows: raise when two identical calls differ; return why
+    the examples are coupled when batched and one-row outputs differ (``None``: they agree)."""
     with torch.no_grad():
         a, b = run(probe), run(probe)
         scale = float(a.abs().max()) if a.numel() else 0.0
@@ -200,10 +195,8 @@ class _Shared:
 
 
 class FunctionModel(nn.Module):
-    """``f(params, x)`` as a module: the floating tensor leaves of ``params`` (a dict or pytree) are its
-    parameters (named by the dict's keys with ``.`` → ``__``, else ``p0, p1, …``), other tensor leaves
-    buffers, other leaves constants; ``forward(x, ...)`` calls ``f`` with the pytree rebuilt from them.
-    The tensors are shared, not copied (``linearize`` copies them)."""
+    """``f(params, x)`` as a module: the floating tensor leaves of ``params`` are its parameters (named by the
+    dict's keys, ``.`` → ``__``, else ``p0, p1, …``), other tensors buffers, other leaves constants (shared)."""
 
     def __init__(self, f: Callable[..., Any], params: Any):
         super().__init__()
@@ -218,12 +211,9 @@ class FunctionModel(nn.Module):
         for name, v in zip(_leaf_names(params, leaves), leaves):
             if isinstance(v, torch.Tensor) and v.is_floating_point():
                 self.register_parameter(name, nn.Parameter(v.detach(), requires_grad=True))
-                self._slots.append(("attr", name))
             elif isinstance(v, torch.Tensor):
                 self.register_buffer(name, v.detach())
-                self._slots.append(("attr", name))
-            else:
-                self._slots.append(("const", v))
+            self._slots.append(("attr", name) if isinstance(v, torch.Tensor) else ("const", v))
 
     def pytree(self) -> Any:
         """The ``params`` pytree built from this module's current parameters and buffers."""

@@ -4,13 +4,9 @@ With learning rate ``η``, training inputs ``x_1..x_d`` and ``g_i = ∇_θF(x_i;
 
     C_{D,d}(x; x_1..x_d) = η^{D/2+d} / (D! d!) · ∇^{D+d}F(x; θ₀)[g_1, …, g_d, ·, …, ·]
 
-The ``d`` contractions are nested jvps: ``h_0(θ) = F(x; θ)``,
-``h_k(θ) = jvp(h_{k-1}, θ, g_k)`` so that ``h_d(θ₀) = ∂^d/∂t_1…∂t_d F(x; θ₀ + Σ t_k g_k)``.
-``D = 0`` returns that scalar; ``D = 1`` returns ``∇_θ h_d(θ₀)`` (reverse mode over the nested
-jvps), a flattened parameter vector (report ``‖·‖₂``). No finite differences and no explicit
-Hessians. ``C_{0,1}`` is ``η·Θ(x, x_1)``. For a vector output ``F`` the scalar is either one
-logit (``output=k``) or a fixed random unit combination ``uᵀF`` (``output="random"``, ``u``
-drawn from ``seed``); the results say which.
+The ``d`` contractions are nested jvps ``h_k(θ) = jvp(h_{k-1}, θ, g_k)``, ``h_0 = F(x; ·)``; ``D = 0`` gives
+``h_d(θ₀)``, ``D = 1`` the gradient ``∇_θ h_d(θ₀)`` (flattened). The scalar ``F`` is one logit (``output=k``)
+or a random unit combination ``uᵀF`` (``output="random"``, ``u`` from ``seed``).
 
 Example::
 
@@ -91,12 +87,8 @@ def correlation(
     output: int | str = 0,
     seed: int = 0,
 ) -> torch.Tensor:
-    """Exact ``C_{D,d}(x; x_1..x_d)`` at the model's current parameters ``θ₀``.
-
-    ``x``: one input, shape ``S`` or ``(1, *S)``; ``xs``: the ``d`` inputs stacked, ``(d, *S)``
-    (for ``d = 0`` pass an empty ``(0, *S)`` tensor). Returns a 0-dim tensor for ``D = 0``
-    and a flattened ``(P,)`` vector (parameters in ``named_parameters`` order) for ``D = 1``.
-    """
+    """Exact ``C_{D,d}(x; x_1..x_d)`` at the current ``θ₀``: a 0-dim tensor (``D = 0``) or a ``(P,)`` vector
+    (``D = 1``). ``x``: one input, ``S`` or ``(1, *S)``; ``xs``: the ``d`` inputs stacked, ``(d, *S)``."""
     fn = "correlation"
     _args.module(fn, "model", model)
     _args.tensor(fn, "x", x, accepts="a tensor (one input, shape S or (1, *S))")
@@ -167,13 +159,8 @@ def correlation_summary(
     seed: int = 0,
     progress: bool = False,
 ) -> dict[str, Any]:
-    """Size of ``C_{D,d}`` over ``n_tuples`` random input tuples ``(x, x_1..x_d)`` from ``data``.
-
-    ``data`` is a tensor ``(n, ...)`` of inputs or an ``(X, Y)`` pair. Tuple indices are drawn
-    without replacement within a tuple when ``n > d``. Returns ``mean`` (mean ``|C|``, or mean
-    ``‖C‖₂`` for ``D = 1``), ``rms``, ``sem`` (standard error of ``mean``), ``n_tuples``, ``D``,
-    ``d``, ``eta``, ``output`` (which scalar output was used) and ``values``.
-    """
+    """Size of ``C_{D,d}`` (``|C|``, or ``‖C‖₂`` for ``D = 1``) over ``n_tuples`` random input tuples from
+    ``data`` (inputs ``(n, ...)`` or an ``(X, Y)`` pair): ``mean``, ``rms``, ``sem``, ``values`` and the settings."""
     _check_order(D, d)
     X = data[0] if isinstance(data, (tuple, list)) else data
     if not isinstance(X, torch.Tensor) or X.dim() < 1:

@@ -1,10 +1,8 @@
 r"""Cost model of the NTK methods and ``ntk(method="auto")``'s choice.
 
-:func:`measure` counts one example's forward FLOPs, saved-for-backward bytes and aten operators;
-:func:`estimates` turns them into each method's chunking, peak bytes and seconds (constants calibrated by
-``benchmarks/ntk_auto.py --calibrate``); :func:`price` replaces the seconds of every fitting estimate by its
-named :func:`terms` (counts, nothing timed) times :data:`FIT`, the seconds per unit fitted by
-``benchmarks/ntk_auto_fit.py``. ``products`` keeps its own estimate. Formulas: docs/performance.md.
+:func:`measure` counts one example's forward FLOPs, saved bytes and aten operators; :func:`estimates` gives each
+method's chunking, peak bytes and seconds; :func:`price` reprices them as :func:`terms` times :data:`FIT`.
+Formulas: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from .gram import explicit_flops, gram_flops, pairs_flops
+from .gram import form_flops
 
 __all__ = ["Probe", "measure", "estimates", "terms", "price", "choose", "FIT", "AUTO_METHODS", "SAFETY"]
 
@@ -98,10 +96,7 @@ class _OpCount(TorchDispatchMode):
 
 
 def measure(fn, x: torch.Tensor, params: dict[str, torch.Tensor]) -> Probe:
-    """FLOPs and saved activation bytes of ``fn(x)`` per row of ``x`` (grad enabled, as the kernels run it).
-
-    Runs on a standalone copy of ``x``: saved bytes are counted per storage, and ``x`` may be a view into
-    a larger batch whose storage must not be counted."""
+    """FLOPs, saved activation bytes (per storage, on a copy of ``x``) and operators of ``fn(x)`` per row of ``x``."""
     x = x.clone(memory_format=torch.contiguous_format)
     own = {p.untyped_storage().data_ptr() for p in params.values()}
     seen: dict[int, int] = {}
@@ -132,17 +127,12 @@ def positions_flops(rule: str, n: int, O: int, T: int, Da: int, Dd: int, mode: s
             2.0 * (O * n) ** 2 * Dd / (O if mode != "full" else 1) * (0.56 if same and mode == "full" else 1)
             + 2.0 * n * n * Da
         )
-    forms = [explicit_flops(O, n, n, T, Da, Dd, mode, same), pairs_flops(O, n, n, T, Da, Dd, mode, same)]
-    if not mode.startswith("diag"):
-        forms.append(gram_flops(O, n, n, T, Da, Dd, mode))
-    return 2.0 * min(forms)
+    return 2.0 * min(form_flops(O, n, n, T, Da, Dd, mode, same).values())
 
 
 def _counts(kind: str, P: float, O: int, n1: int, n2: int, same: bool, c: int, oc: int) -> dict[str, float]:
-    """Work of the explicit routes (``kind``: ``"per_example"`` or ``"jacobian"``) in chunks of ``c`` examples
-    × ``oc`` outputs: forward ``examples``, reverse ``passes``, ``contract`` FLOPs (the ``x2=None`` upper
-    pairs only), functorch ``calls`` and chunk ``pairs``. x2's Jacobian rows are recomputed per row chunk
-    when x2 spans several chunks."""
+    """Work of the ``"per_example"``/``"jacobian"`` route in chunks of ``c`` examples × ``oc`` outputs: forward
+    ``examples``, reverse ``passes``, ``contract`` FLOPs, functorch ``calls`` and chunk ``pairs``."""
     rows = n1 if same else n1 + n2
     oks = math.ceil(O / oc)
     row_chunks, col_chunks = math.ceil(n1 / c) * oks, math.ceil(n2 / c) * oks
@@ -160,9 +150,8 @@ def _counts(kind: str, P: float, O: int, n1: int, n2: int, same: bool, c: int, o
 def _explicit(
     kind: str, P: float, O: int, n1: int, n2: int, same: bool, pr: Probe, item: int, budget: float, fixed: float
 ) -> dict[str, Any]:
-    """Chunking, bytes and seconds of the ``"per_example"`` or ``"jacobian"`` route for ``P`` parameters within
-    ``budget`` bytes (``fixed``: bytes already spent). Memory: ``*_COPIES`` Jacobian chunks and the activations
-    of the vmapped passes (the batched Jacobian's run over the whole chunk for each output)."""
+    """Chunking, bytes and seconds of the ``"per_example"``/``"jacobian"`` route for ``P`` parameters within
+    ``budget`` bytes (``fixed``: already spent): ``*_COPIES`` Jacobian chunks and the vmapped activations."""
     per_example, room = kind == "per_example", budget - fixed
 
     def need(c: int, oc: int) -> float:
@@ -254,8 +243,7 @@ def estimates(
     mode: str,
     methods: tuple[str, ...],
 ) -> dict[str, dict[str, Any]]:
-    """Estimated seconds, peak bytes and chunking of each method in ``methods`` (``fits``: within
-    ``budget`` bytes, the returned kernel of ``mode`` included)."""
+    """Seconds, peak bytes and chunking of each method in ``methods`` (``fits``: within ``budget``)."""
     O, room = n_out, SAFETY * budget
     res_n = {"full": n1 * n2 * O * O, "trace": n1 * n2 * O, "diag": n1 * O * O, "diagtrace": n1 * O}[mode]
     result = float(res_n * item)  # the returned kernel
@@ -275,11 +263,7 @@ def estimates(
 def terms(
     method: str, entry: dict, pr: Probe, plan: Any, P: float, O: int, n1: int, n2: int, same: bool, mode: str
 ) -> dict[str, float] | None:
-    """The unit terms of ``method``'s estimate ``entry`` (its chunking), ``None`` for ``products``: ``fixed``
-    (one call's set-up), ``pass`` (forward and reverse FLOPs), ``mem`` (their saved bytes), ``write``
-    (Jacobian numbers written), ``contract``/``gram`` (FLOPs), ``call``/``op`` (functorch calls and aten
-    operators dispatched), ``out`` (the structured path's per-output work per block), ``block`` (per layer
-    and block pair)."""
+    """The unit terms (counts) of ``method``'s estimate ``entry`` (its chunking); ``None`` for ``products``."""
     F, S, ops = pr.flops, pr.saved, max(pr.ops, 1.0)
     if method in ("per_example", "jacobian"):
         c = entry["chunk"]
@@ -319,8 +303,8 @@ def _dot(rates: dict[str, float], t: dict[str, float]) -> float:
 
 
 def price(costs: dict[str, dict], pr: Probe, plan: Any, P: int, O: int, n1: int, n2: int, same: bool, mode: str):
-    """Replace each fitting estimate's ``seconds`` by its fitted terms' (kept in ``terms``; the structured
-    path's uncovered remainder in ``generic_terms``: the per-example route's)."""
+    """Replace each fitting estimate's ``seconds`` by its fitted terms' (``terms``; ``generic_terms``: the
+    structured path's per-example remainder)."""
     for m, c in costs.items():
         if not c.get("fits") or "flops" not in c or m not in FIT:
             continue

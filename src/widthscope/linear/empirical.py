@@ -22,10 +22,10 @@ from ._core import (
     first_output,
     flat_out,
     forward_ad_ok,
-    model_output,
     ntk_jacobian,
     ntk_per_example,
     ntk_products,
+    out_tensor,
     params_and_buffers,
     reraise_attention,
 )
@@ -42,9 +42,8 @@ METHODS = ("auto", "structured", "per_example", "jacobian", "products")
 def _check_model(
     model: nn.Module, params, buffers, x1: torch.Tensor, x2: torch.Tensor, method: str
 ) -> tuple[str | None, nn.Module, dict]:
-    """Refuse random layers; say why the examples are batch-coupled (``None``: they are not), refusing a
-    coupled model for the per-example routes. Returns the reason, the model and the buffers to use: for a
-    coupled model a copy without running-statistics updates, so nothing of the caller's model changes."""
+    """Refuse random layers, and batch-coupled examples for the per-example routes. Returns why the examples
+    are coupled (``None``), and the model and buffers to use (for a coupled model, a copy without updates)."""
     check_stochastic(model, "ntk")
     coupled = batchnorm_coupling(model)
     if coupled is not None:
@@ -52,7 +51,7 @@ def _check_model(
         buffers = {k: v.clone() for k, v in buffers.items() if k not in dropped}
     probe = x1[:2] if x2 is x1 else torch.cat([x1[:1], x2[:1]])
     if coupled is None:  # the caller's own model and tensors: a plain call (functional_call costs more here)
-        run = lambda x: model_output(model(x)).reshape(x.shape[0], -1)  # noqa: E731
+        run = lambda x: out_tensor(model(x))  # noqa: E731
     else:
         run = lambda x: flat_out(model, params, buffers, x)  # noqa: E731
     # both checks' forward passes once per model, probe shape and parameter values (probes.py)
@@ -95,11 +94,9 @@ def ntk(
 ) -> torch.Tensor:
     r"""Empirical NTK ``Θ_{ab}(x, x') = Σ_θ ∂f_a(x)/∂θ · ∂f_b(x')/∂θ``, shape ``(n1, n2, out, out)``.
 
-    ``trace=True`` gives the logit-averaged ``(n1, n2)`` kernel, ``diagonal=True`` only ``Θ(x_i, x_i)``;
-    ``method`` is ``"auto"`` (fastest that fits ``memory_budget``), ``"structured"``, ``"per_example"``,
-    ``"jacobian"`` or ``"products"``; ``info={}`` receives the choice and its costs. ``model`` may also be a
-    function ``f(params, x)`` with ``params=``. Options, costs and refusals: docs/linearization.md
-    "The NTK memory trade-off".
+    ``trace``: the logit-averaged ``(n1, n2)`` kernel; ``diagonal``: only ``Θ(x_i, x_i)``; ``method``: one of
+    :data:`METHODS` (``"auto"``: fastest within ``memory_budget``); ``info={}`` receives the choice and its costs.
+    Options: docs/linearization.md "The NTK memory trade-off".
 
     Example::
 
@@ -212,9 +209,7 @@ def structured_ntk(
     memory_budget: float = 2e9,
     info: dict | None = None,
 ) -> torch.Tensor:
-    """``ntk(model, x1, x2, method="structured", ...)``: ``Θ`` from Grams (:mod:`widthscope.linear.structured`),
-    parameters the structured path does not cover added from explicit Jacobians of just those parameters.
-    ``batch_size``: examples per block; ``dtype``: the accumulator's and result's dtype.
+    """``ntk(model, x1, x2, method="structured", ...)``: ``Θ`` from Grams, uncovered parameters by Jacobians.
 
     Example::
 
@@ -242,7 +237,7 @@ def structured_ntk(
 
 
 def _check_ntk_args(x1, x2, diagonal: bool, memory_budget, chunk_size) -> None:
-    """:func:`ntk`'s checks beyond the argument types, one clear error each, before any model call."""
+    """:func:`ntk`'s checks beyond the argument types, before any model call."""
     if x2 is not None and x2.shape[1:] != x1.shape[1:]:
         raise WidthscopeError(f"ntk: x2 must be a tensor shaped like x1 (n2, {tuple(x1.shape[1:])})")
     if x1.shape[0] == 0 or (x2 is not None and x2.shape[0] == 0):
@@ -253,7 +248,6 @@ def _check_ntk_args(x1, x2, diagonal: bool, memory_budget, chunk_size) -> None:
         )
     if diagonal and x2 is not None:
         raise WidthscopeError("ntk: diagonal=True gives Θ(x_i, x_i) of one batch; pass x2=None")
-    # Wrong types raise the TypeError subclass; the wording (matched by tests) stays.
     bad_type = isinstance(memory_budget, bool) or not isinstance(memory_budget, (int, float))
     if bad_type or not (memory_budget > 0 and not math.isnan(memory_budget)):
         raise (WidthscopeTypeError if bad_type else WidthscopeError)(
@@ -268,9 +262,8 @@ def _check_ntk_args(x1, x2, diagonal: bool, memory_budget, chunk_size) -> None:
 
 
 def _coupled_options(coupled: str | None, same: bool, batch_size, diagonal: bool, info, method: str, chunk, n: int):
-    """A batch-coupled model (``coupled``: why) has one kernel, of the whole batch ``x1`` of ``n`` rows: refuse the
-    options that need per-example blocks and record the reason in ``info["batch_coupled"]``. Returns the chunk
-    size: the Jacobian route of a coupled model takes the whole batch at once."""
+    """A batch-coupled model has one kernel, of the whole batch: refuse per-example options, record why in
+    ``info["batch_coupled"]``, and return the chunk size (the Jacobian route takes all ``n`` rows at once)."""
     if coupled is None:
         return chunk
     bad = "x2 is given" if not same else "batch_size is set" if batch_size is not None else "diagonal=True" * diagonal
@@ -291,9 +284,8 @@ def _coupled_options(coupled: str | None, same: bool, batch_size, diagonal: bool
 
 
 def _choose_method(job: _Job, method: str, info: dict | None, verbose: bool) -> tuple[str, dict, Any]:
-    """The structured plan (for ``"auto"``/``"structured"``), every method's estimate (:mod:`.cost`) and the
-    cheapest that fits for ``"auto"`` (else a check that the forced method fits); reported in ``info`` and,
-    with ``verbose``, on stderr. Returns (method, costs, plan or None)."""
+    """(method, costs, plan or None): the cheapest method that fits for ``"auto"`` (else the forced one, checked
+    to fit), reported in ``info`` and, with ``verbose``, on stderr."""
     j, P = job, None
     if method in ("auto", "structured"):
         px = j.x1[:2] if j.same else torch.cat([j.x1[:1], j.x2[:1]])
@@ -362,16 +354,14 @@ def _choose_method(job: _Job, method: str, info: dict | None, verbose: bool) -> 
 
 
 def _measure(j: _Job, x: torch.Tensor) -> cost.Probe:
-    """:func:`.cost.measure` of the forward pass on parameters that require grad, as the kernels differentiate
-    it (detached ones would save nothing, and let ``nn.TransformerEncoder`` take its fused inference kernel)."""
+    """:func:`.cost.measure` of the forward pass on parameters that require grad, as the kernels run it."""
     tracked = {k: v.detach().requires_grad_() for k, v in j.params.items()}
     return cost.measure(lambda x: flat_out(j.model, tracked, j.buffers, x), x, tracked)
 
 
 def _explicit_kernel(j: _Job, method: str, c: dict, chunk_size: int | None) -> torch.Tensor:
-    """The ``"jacobian"``/``"per_example"``/``"products"`` kernel ``(n1, n2, out, out)`` (``diagonal``:
-    ``(n1, out, out)``), in blocks of ``batch_size`` examples when given, with the chunks the cost model
-    chose (``c``) unless ``chunk_size`` is set."""
+    """The ``"jacobian"``/``"per_example"``/``"products"`` kernel, in blocks of ``batch_size`` examples, with the
+    cost model's chunks ``c`` unless ``chunk_size`` is set."""
     out_chunk = None
     if chunk_size is None:
         chunk_size, oc = c.get("chunk", 1), c.get("out_chunk")
@@ -400,8 +390,7 @@ def _explicit_kernel(j: _Job, method: str, c: dict, chunk_size: int | None) -> t
 
 
 def _generic(j: _Job, names: list[str], c: dict) -> torch.Tensor:
-    """The structured path's remainder: the explicit kernel of just the parameters ``names`` (per-example
-    Jacobians, else ``jacrev``'s), in the chunks the cost model sized in ``c``; ``trace``: the output mean."""
+    """The structured path's remainder: the explicit kernel of just the parameters ``names``."""
     gp = {k: j.params[k] for k in names}
     rest = {**j.buffers, **{k: v for k, v in j.params.items() if k not in gp}}
     per_example = j.n_out * sum(v.numel() for v in gp.values()) * gp[names[0]].element_size()

@@ -1,10 +1,8 @@
 r"""Gram contractions of the structured NTK, in the three kernel shapes.
 
-Each covered parameter adds a *Hadamard* term (explicit per-example gradients weighted by an
-example-pair matrix) or a *positions* term (a layer applied at positions, contracted by whichever of
-``"gram"``, ``"explicit"``, ``"pairs"`` costs fewer flops). Accumulator shapes (``mode``): ``"full"``
+Each covered parameter adds a :func:`hadamard` term (per-example gradients weighted by an example-pair
+matrix) or a :func:`positions` term (a layer applied at positions). Accumulator shapes (``mode``): ``"full"``
 ``(o, n1, o, n2)``, ``"trace"`` ``(n1, n2)``, ``"diag"`` ``(n, o, o)``, ``"diagtrace"`` ``(n,)``.
-Formulas and costs: docs/linearization.md "Structured NTK and kernel options".
 
 Example::
 
@@ -24,18 +22,14 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["hadamard", "positions", "mirror_upper", "tied_gradients", "MODES"]
-
-MODES = ("full", "trace", "diag", "diagtrace")
+__all__ = ["hadamard", "positions", "mirror_upper", "tied_gradients"]
 
 
 def hadamard(
     acc: torch.Tensor, g1: torch.Tensor, g2: torch.Tensor, W: torch.Tensor | None, mode: str, *, same: bool = False
 ) -> None:
-    """``acc += W ⊙ Σ_F g1 g2ᵀ`` in ``mode`` (module docstring); ``g``: ``(o, n, F)``; ``W``: ``(n1, n2)``
-    (``(n,)`` in the diag modes) or ``None`` (all ones). ``same``: ``g1 is g2`` and ``W`` symmetric,
-    so the full mode forms and adds only the ``o ≤ p`` blocks (half the flops); the caller must then
-    call :func:`mirror_upper` once after all terms (the other terms may add all blocks)."""
+    """``acc += W ⊙ Σ_F g1 g2ᵀ``; ``g``: ``(o, n, F)``; ``W``: ``(n1, n2)`` (``(n,)`` in the diag modes) or ``None``.
+    ``same`` (``g1 is g2``, ``W`` symmetric): the full mode adds only the ``o ≤ p`` blocks, for :func:`mirror_upper`."""
     O, n1, F = g1.shape
     n2 = g2.shape[1]
     if mode == "full":
@@ -63,8 +57,8 @@ SYM_ROWS = 128  # diagonal blocks of at most this many rows are formed whole
 
 
 def _upper(acc: torch.Tensor, flat: torch.Tensor, n: int, Wb: torch.Tensor | None, lo: int, hi: int) -> None:
-    """``acc[o, :, p] += W ⊙ g_o g_pᵀ`` for ``lo ≤ o ≤ p < hi`` (and some ``p < o`` inside small diagonal
-    blocks), by halving: the two diagonal halves recursively and the off-diagonal one as one square GEMM."""
+    """``acc[o, :, p] += W ⊙ g_o g_pᵀ`` for ``lo ≤ o ≤ p < hi`` (and some ``p < o`` in small diagonal blocks), by
+    halving: the diagonal halves recursively, the off-diagonal one as one GEMM."""
     if hi - lo == 1 or (hi - lo) * n <= SYM_ROWS:
         rows = flat[lo * n : hi * n]
         blk = (rows @ rows.T).view(hi - lo, n, hi - lo, n)
@@ -83,38 +77,28 @@ def mirror_upper(acc: torch.Tensor) -> None:
         acc[o, :, :o] = acc[:o, :, o].permute(2, 0, 1)
 
 
-def explicit_flops(O: int, n1: int, n2: int, T: int, Da: int, Dd: int, mode: str, same: bool) -> float:
-    """Multiply-adds of the explicit form: the per-example gradients ``P`` and their products (the
-    symmetric full product by halving, :func:`_upper`, is counted as 0.56× the full one)."""
+def form_flops(O: int, n1: int, n2: int, T: int, Da: int, Dd: int, mode: str, same: bool) -> dict[str, float]:
+    """Multiply-adds of each form of :func:`positions`: ``explicit`` (per-example gradients and their products),
+    ``pairs`` (:func:`_pairs`) and, outside the diag modes, ``gram`` (a Gram number written and summed counts 32)."""
     form = O * (n1 + (0 if same else n2)) * T * Dd * Da
     if mode.startswith("diag"):
-        return form + O * O * n1 * Dd * Da / (O if mode == "diagtrace" else 1)
+        per = O if mode == "diagtrace" else 1
+        return {
+            "explicit": form + O * O * n1 * Dd * Da / per,
+            "pairs": n1 * T * T * Da + n1 * O * T * T * Dd + n1 * O * O * T * Dd / per,
+        }
     prod = (O * n1) * (O * n2) * Dd * Da / (O if mode == "trace" else 1)
-    return form + prod * (0.56 if same and mode == "full" and O > 1 else 1.0)
-
-
-def gram_flops(O: int, n1: int, n2: int, T: int, Da: int, Dd: int, mode: str) -> float:
-    """Multiply-adds of the position-Gram form; the ``(o·n·T)²`` Grams are written, weighted and summed
-    (memory-bound), counted as 32 multiply-adds a number besides the ``D_δ`` of the product."""
-    f = 1 if mode == "full" else O
-    return (O * n1 * T) * (O * n2 * T) * (Dd + 32) / f + (n1 * T) * (n2 * T) * Da
-
-
-def pairs_flops(O: int, n1: int, n2: int, T: int, Da: int, Dd: int, mode: str, same: bool) -> float:
-    """Multiply-adds of the pair form (:func:`_pairs`): the input Grams ``M_ij``, ``Y = M_ij δ'_j`` and the
-    contraction with ``δ_i`` over positions and features (the ``j ≥ i`` half with ``x2=None``)."""
-    if mode.startswith("diag"):
-        return n1 * T * T * Da + n1 * O * T * T * Dd + n1 * O * O * T * Dd / (O if mode == "diagtrace" else 1)
-    half = 0.5 if same else 1.0
     main = (O * n1) * (O * n2) * T * Dd / (O if mode == "trace" else 1)
-    return n1 * n2 * T * T * Da + half * (n1 * n2 * O * T * T * Dd + main)
+    return {
+        "explicit": form + prod * (0.56 if same and mode == "full" and O > 1 else 1.0),
+        "pairs": n1 * n2 * T * T * Da + (0.5 if same else 1.0) * (n1 * n2 * O * T * T * Dd + main),
+        "gram": (O * n1 * T) * (O * n2 * T) * (Dd + 32) / (1 if mode == "full" else O) + (n1 * T) * (n2 * T) * Da,
+    }
 
 
 def _pairs(acc, a1, d1, a2, d2, scale: float, mode: str, same: bool) -> None:
     """``Θ_{oi,pj} = Σ_t δ_{o,i,t} · Y_{ij,p,t}`` with ``Y_{ij,p,t} = Σ_s M_{ij,ts} δ'_{p,j,s}`` and
-    ``M_{ij,ts} = scale·(a_{i,t}·a'_{j,s})``: the position sums taken through the ``T×T`` input Gram of each
-    example pair, so no ``(o·n·T)²`` Gram and no ``D_δ×D_a`` gradient is formed. With ``same`` only
-    ``j ≥ i`` is computed and the ``j > i`` blocks are also added transposed (this term is then complete)."""
+    ``M_{ij,ts} = scale·(a_{i,t}·a'_{j,s})``; with ``same`` only ``j ≥ i``, the ``j > i`` blocks added transposed."""
     O, n1, T1, Dd = d1.shape
     n2, T2 = d2.shape[1], d2.shape[2]
     M = (a1.reshape(n1 * T1, -1) @ a2.reshape(n2 * T2, -1).T).view(n1, T1, n2, T2).permute(0, 2, 1, 3) * scale
@@ -144,8 +128,7 @@ def _pairs(acc, a1, d1, a2, d2, scale: float, mode: str, same: bool) -> None:
 
 
 def _explicit(acc, a1, d1, a2, d2, scale: float, mode: str, same: bool, max_numbers: int) -> None:
-    """The explicit form in chunks of ``D_δ`` (``P_{o,i}[d, :]`` rows): at most ``max_numbers`` gradient
-    numbers per batch at once, and the products add up over the chunks (``Σ_F`` splits)."""
+    """The explicit form in chunks of ``D_δ``, at most ``max_numbers`` gradient numbers at once."""
     O, n1, _, Dd = d1.shape
     Da = a1.shape[2]
     step = max(1, min(Dd, max_numbers // max(1, O * max(n1, d2.shape[1]) * Da)))
@@ -173,30 +156,18 @@ def positions(
     method: str = "auto",
     max_floats: int = 2**24,
 ) -> None:
-    """``acc += scale · Σ_{t,s} (δ_t·δ'_s)(a_t·a'_s)``; ``a``: ``(n, T, D_a)``, ``d``: ``(o, n, T, D_δ)``.
-
-    ``method``: ``"gram"``, ``"explicit"`` or ``"auto"`` (fewer multiply-adds, :func:`explicit_flops` against
-    :func:`gram_flops`; the diag modes always use ``"explicit"``). ``max_floats`` bounds the numbers held at
-    once: the position-Gram chunk of the full mode, and the explicit gradients (formed in chunks of
-    ``D_δ``, so the symmetric product is kept at any size)."""
+    """``acc += scale · Σ_{t,s} (δ_t·δ'_s)(a_t·a'_s)``; ``a``: ``(n, T, D_a)``, ``d``: ``(o, n, T, D_δ)``. ``method``:
+    ``"gram"``, ``"explicit"``, ``"pairs"`` or ``"auto"`` (fewest multiply-adds); ``max_floats``: numbers held."""
     O, n1, T1, Dd = d1.shape
     n2, T2, Da = d2.shape[1], d2.shape[2], a2.shape[2]
     diag = mode.startswith("diag")
     if T1 == 1 and T2 == 1:
-        if diag:
-            W = scale * (a1[:, 0] * a2[:, 0]).sum(-1)
-        else:
-            W = scale * (a1[:, 0] @ a2[:, 0].T)
+        W = scale * ((a1[:, 0] * a2[:, 0]).sum(-1) if diag else a1[:, 0] @ a2[:, 0].T)
         hadamard(acc, d1[:, :, 0], d2[:, :, 0], W, mode, same=same)
         return
     T = max(T1, T2)
     if method == "auto":
-        costs = {
-            "explicit": explicit_flops(O, n1, n2, T, Da, Dd, mode, same),
-            "pairs": pairs_flops(O, n1, n2, T, Da, Dd, mode, same),
-        }
-        if not diag:
-            costs["gram"] = gram_flops(O, n1, n2, T, Da, Dd, mode)
+        costs = form_flops(O, n1, n2, T, Da, Dd, mode, same)
         method = min(costs, key=costs.__getitem__)
     if method == "pairs":
         _pairs(acc, a1, d1, a2, d2, scale, mode, same)
@@ -219,10 +190,8 @@ def positions(
 
 
 def tied_gradients(uses: list[tuple], shape: tuple[int, ...], step: int):
-    """The per-example gradients ``(o, n, rows·C)`` of one weight of ``shape`` (``rows`` first) shared by
-    several modules, in chunks of ``step`` rows: the sum over its ``uses``
-    (:func:`widthscope.linear.rules.tied_use`), so the kernel gets ``⟨Σ_u g_u, Σ_u g'_u⟩`` — the cross
-    terms between the uses included."""
+    """The per-example gradients ``(o, n, rows·C)`` of a weight of ``shape`` shared by several modules, summed
+    over its ``uses`` (:func:`widthscope.linear.rules.tied_use`), in chunks of ``step`` rows."""
     R = shape[0]
     for r0 in range(0, R, step):
         r1 = min(R, r0 + step)

@@ -1,9 +1,7 @@
 r"""The empirical NNGP (last-layer feature) kernel ``K(x, x') = m² φ(x)·φ(x')``.
 
-``φ`` is the input of the last dense readout the forward pass runs (``m`` its multiplier); a readout
-at positions gives ``(n1, n2, T, T)``. For a function ``f(params, x)`` the readout is a parameter
-(``readout=`` its key) and the kernel is that parameter's NTK, checked to be a readout applied once.
-Dropout in training mode and batch-coupled models are refused. Maths: docs/linearization.md.
+``φ`` is the input of the last dense readout run (``m`` its multiplier); for a function ``f(params, x)`` the
+kernel is the readout parameter's NTK, checked to be a readout applied once. Maths: docs/linearization.md.
 
 Example::
 
@@ -25,11 +23,11 @@ from torch import nn
 from .. import _args
 from ..errors import WidthscopeError
 from . import checks
-from ._core import as_param_dtype, flat_out, params_and_buffers
+from ._core import as_param_dtype, flat_out, out_tensor, params_and_buffers
 from .checks import FunctionModel, as_module, batchnorm_coupling, check_stochastic
 from .empirical import ntk
 from .rules import multiplier
-from .structured import first_input, out_tensor
+from .structured import first_input
 
 __all__ = ["nngp"]
 
@@ -141,10 +139,8 @@ def nngp(
     dtype: torch.dtype | None = None,
     params: Any = None,
 ) -> torch.Tensor:
-    """``m² φ(x1)·φ(x2)`` (module docstring): ``(n1, n2)``, or ``(n1, n2, T, T)`` for a readout applied at
-    ``T`` positions. ``readout``: a dense layer's name (default: the last one run; for a function
-    ``f(params, x)`` with ``params=``, a key of ``params``); ``dtype``: of the result (the product runs
-    in the model's dtype)."""
+    """``m² φ(x1)·φ(x2)``: ``(n1, n2)``, or ``(n1, n2, T, T)`` for a readout at ``T`` positions. ``readout``: a dense
+    layer's name (default: the last one run), or for a function a key of ``params``; ``dtype``: the result's."""
     fn = "nngp"
     _args.model_or_function(fn, model)
     _args.tensor(fn, "x1", x1, min_ndim=1, accepts="a non-empty batched tensor (n1, ...) of inputs")
@@ -167,9 +163,7 @@ def nngp(
     name, a1, m = _features(model, x1, readout)
     a2 = a1 if x2 is None else _features(model, x2, name)[1]
     d = a1.shape[-1]
-    A1, A2 = a1.reshape(a1.shape[0], -1, d), a2.reshape(a2.shape[0], -1, d)
-    n1, T = A1.shape[:2]
-    n2 = A2.shape[0]
-    K = (A1.reshape(n1 * T, d) @ A2.reshape(n2 * T, d).T).view(n1, T, n2, T).permute(0, 2, 1, 3) * (m**2)
+    n1, n2, T = a1.shape[0], a2.shape[0], a1[0].numel() // d
+    K = (a1.reshape(-1, d) @ a2.reshape(-1, d).T).view(n1, T, n2, T).permute(0, 2, 1, 3) * (m**2)
     K = K[:, :, 0, 0] if T == 1 else K
     return K.contiguous() if dtype is None else K.to(dtype).contiguous()

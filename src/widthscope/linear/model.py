@@ -37,19 +37,14 @@ _STOCHASTIC_OPT_IN = (
 
 
 def _safe(name: str) -> str:
-    # nn.Module attribute names may not contain dots.
-    return name.replace(".", "__")
+    return name.replace(".", "__")  # module attribute names have no dots
 
 
 class LinearizedModel(nn.Module):
     """``F_lin(x; θ) = F(x; θ₀) + jvp(F(x; ·), θ₀, θ − θ₀)``, trainable like any module.
 
-    Parameters are fresh copies of the model's trainable parameters (initially ``θ₀``),
-    named like the originals with dots replaced by ``__``; ``θ₀`` and the model's buffers are
-    buffers of this module. The wrapped model is *not* a registered submodule, so
-    ``parameters()`` yields exactly the linear model's ``θ``; ``.to()``/``.double()`` still
-    move it. Gradients with respect to ``θ`` flow through the jvp (reverse-over-forward).
-    """
+    Its parameters ``θ`` start as copies of the model's (dots in names → ``__``); ``θ₀`` and the model's
+    buffers are buffers. The wrapped model is not a registered submodule, so ``parameters()`` is ``θ``."""
 
     _base: nn.Module  # the wrapped model, set with object.__setattr__ (unregistered)
 
@@ -60,12 +55,9 @@ class LinearizedModel(nn.Module):
             check_stochastic(model, "linearize", _STOCHASTIC_OPT_IN)
         check_running_stats(list(model.named_modules()), "linearize")
 
-        # A private copy, so switching it to eager attention (jvp needs it) leaves the caller's
-        # model and its kernels alone; eager and fused attention are the same function.
+        # a private copy in eager attention (jvp needs it); only its structure is used, so its storage is freed
         base = eager_attention(copy.deepcopy(model))
         for p in base.parameters():
-            # Only the module structure is needed: every call passes θ₀ (or the frozen values)
-            # through functional_call, so the copy's own storage is freed (saves one copy of θ).
             p.requires_grad_(False)
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
         object.__setattr__(self, "_base", base)  # unregistered on purpose (see docstring)
@@ -89,7 +81,6 @@ class LinearizedModel(nn.Module):
             self.register_buffer("buf__" + _safe(k), v.clone())
         self.train(model.training)
 
-    # -- plumbing ---------------------------------------------------------------------------
     def _apply(self, fn, recurse=True):  # keep the unregistered base on the same device/dtype
         super()._apply(fn, recurse)
         self._base._apply(fn, recurse)
@@ -107,12 +98,10 @@ class LinearizedModel(nn.Module):
         """The start ``θ₀``, keyed by the original model's names."""
         return self._tensors("theta0__", self._names)
 
-    # -- the linear model -------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        if (self._stochastic and not self._allow_stochastic) or self._bn:  # lin.train() may have switched them on
-            if not self._allow_stochastic:
-                check_stochastic(self._base, "linearized model", _STOCHASTIC_OPT_IN, self._stochastic)
-            check_running_stats(self._bn, "linearized model")
+        if not self._allow_stochastic:  # lin.train() may have switched random layers on
+            check_stochastic(self._base, "linearized model", _STOCHASTIC_OPT_IN, self._stochastic)
+        check_running_stats(self._bn, "linearized model")
         theta, theta0, bufs = self._tensors("", self._names), self.theta0(), self._tensors("buf__", self._buffer_names)
         delta = {k: theta[k] - theta0[k] for k in self._names}
 
@@ -139,17 +128,9 @@ class LinearizedModel(nn.Module):
 def linearize(
     model: nn.Module | Callable[..., Any], *, params: Any = None, allow_stochastic: bool = False
 ) -> LinearizedModel:
-    """Return the linear model of ``model`` around its current parameters ``θ₀``.
-
-    ``F_lin(x; θ) = F(x; θ₀) + ∇_θF(x; θ₀)·(θ − θ₀)``, computed with ``torch.func.jvp``.
-    ``model`` itself is not modified (a copy is wrapped). Train the result with any torch
-    optimizer over ``lin.parameters()``.
-
-    ``model`` may be a function ``f(params, x)`` with ``params=`` a dict or pytree of tensors
-    (``θ₀``; :class:`widthscope.linear.checks.FunctionModel`); the result is called as ``lin(x)``.
-    A model with dropout (or another random layer) in training mode is refused: each call would
-    linearise a different random network. ``allow_stochastic=True`` accepts it (every call then
-    linearises that call's random draw; the primal and tangent share it).
+    """The linear model ``F(x; θ₀) + ∇_θF(x; θ₀)·(θ − θ₀)`` of ``model`` (a copy; or a function ``f(params, x)``
+    with ``params=``) around its current parameters. Random layers in training mode are refused unless
+    ``allow_stochastic=True`` (each call then linearises its own random draw).
 
     Example::
 

@@ -43,11 +43,8 @@ def _line(logn: np.ndarray, logv: np.ndarray) -> tuple[float, float]:
 
 
 def fit_slope(widths: Sequence[float], values_by_seed, *, level: float = 0.95) -> SlopeFit:
-    """Fit ``log value = intercept + slope·log width``; ``values_by_seed`` is ``(n_seeds, n_widths)``.
-
-    Returns ``SlopeFit(slope, intercept, ci_low, ci_high)`` (a named tuple); the interval is
-    NaN with fewer than two seeds.
-    """
+    """Fit ``log value = intercept + slope·log width`` to ``values_by_seed`` ``(n_seeds, n_widths)``; the interval
+    is NaN with fewer than two seeds."""
     n = np.asarray(widths, dtype=float).reshape(-1)
     v = np.asarray(values_by_seed, dtype=float)
     if v.ndim == 1:

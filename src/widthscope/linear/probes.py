@@ -1,11 +1,6 @@
-"""A per-model cache of what :func:`widthscope.linear.ntk` learns from probe passes: the cost counts
-(:func:`widthscope.linear.cost.measure`), the structured plan and whether forward-mode AD runs.
-
-The key holds every parameter's and buffer's name, shape, dtype, device, ``requires_grad`` and identity, every
-submodule's identity and training flag, and the inputs' per-example shape, dtype and probe rows: changing any
-of them probes again. The correctness checks are keyed also by the tensors' version counters
-(:func:`versions`), so an in-place update checks again. Entries live as long as the model (weak keys).
-"""
+"""A per-model cache (weak keys) of what :func:`widthscope.linear.ntk` learns from probe passes, keyed by
+the model's parameters, buffers and submodules (names, shapes, dtypes, identities, modes) and the inputs'
+per-example shape and dtype; the correctness checks also by the tensors' version counters."""
 
 from __future__ import annotations
 
@@ -36,8 +31,7 @@ def _arch(model: nn.Module) -> tuple:
 
 
 def versions(model: nn.Module) -> tuple:
-    """Every parameter's and buffer's in-place version counter (``-1`` where a tensor has none: inference
-    tensors), so a cached check is redone after the values change in place."""
+    """Every parameter's and buffer's in-place version counter (``-1`` for inference tensors)."""
     out = []
     for t in (*model.parameters(), *model.buffers()):
         try:
@@ -63,8 +57,7 @@ def session(model: nn.Module) -> Iterator[None]:
 
 
 def cached(model: nn.Module, x: torch.Tensor, extra: tuple, compute: Callable[[], Any]) -> Any:
-    """``compute()``, or what it returned for the same model architecture, inputs ``x`` (per-example shape and
-    dtype) and ``extra`` (the probe's name and rows) before."""
+    """``compute()``, or what it returned before for the same model, inputs ``x`` and ``extra`` (probe name, rows)."""
     value = peek(model, x, extra)
     if value is MISSING:
         value = compute()
@@ -74,16 +67,12 @@ def cached(model: nn.Module, x: torch.Tensor, extra: tuple, compute: Callable[[]
 
 def peek(model: nn.Module, x: torch.Tensor, extra: tuple) -> Any:
     """What :func:`store` (or :func:`cached`) recorded under this key, else :data:`MISSING`."""
-    per_model = _CACHE.get(model) if _weakrefable(model) else None
-    return MISSING if per_model is None else per_model.get(_key(model, x, extra), MISSING)
+    return _CACHE.get(model, {}).get(_key(model, x, extra), MISSING)
 
 
 def store(model: nn.Module, x: torch.Tensor, extra: tuple, value: Any, *, latest: bool = False) -> None:
     """Record ``value`` under the key of :func:`cached`; ``latest``: drop the entries whose key differs only in
-    ``extra``'s last item (a check keyed by :func:`versions`: a training loop would otherwise fill the cache
-    with stale versions and evict the probes)."""
-    if not _weakrefable(model):
-        return
+    ``extra``'s last item (stale :func:`versions`)."""
     per_model = _CACHE.setdefault(model, {})
     key = _key(model, x, extra)
     if latest:
@@ -92,14 +81,6 @@ def store(model: nn.Module, x: torch.Tensor, extra: tuple, value: Any, *, latest
     if len(per_model) >= MAX_ENTRIES:
         per_model.pop(next(iter(per_model)))
     per_model[key] = value
-
-
-def _weakrefable(model: nn.Module) -> bool:
-    try:
-        weakref.ref(model)
-        return True
-    except TypeError:
-        return False
 
 
 def clear(model: nn.Module | None = None) -> None:

@@ -1,9 +1,5 @@
-r"""Which modules the structured NTK covers, and the per-example gradient records each one gives.
-
-:func:`rule` names a module's rule (dense, conv, conv_transpose, embedding, embedding_bag, prelu,
-elementwise, or ``None`` for the generic Jacobian path); :func:`records` turns a module's captured
-input and back-propagated signals into the records :mod:`widthscope.linear.gram` contracts. The
-per-module formulas and what stays generic: docs/linearization.md "Structured NTK and kernel options".
+r"""Which modules the structured NTK covers (:func:`rule`), and the records (:func:`records`) each gives from
+its captured input and back-propagated signals. Formulas: docs/linearization.md.
 
 Example::
 
@@ -60,8 +56,7 @@ def _own_params(m: nn.Module) -> dict[str, nn.Parameter]:
 
 
 def rule(m: nn.Module) -> str | None:
-    """``"dense"``, ``"conv"``, ``"conv_transpose"``, ``"embedding"``, ``"embedding_bag"``, ``"prelu"``,
-    ``"elementwise"`` (to be checked), ``"mha"`` or ``None``."""
+    """The module's rule (``"dense"``, ``"conv"``, ``"mha"``, …; ``"elementwise"`` to be checked) or ``None``."""
     if isinstance(m, nn.MultiheadAttention):
         return "mha"
     if multiplier(m) is not None:
@@ -124,11 +119,8 @@ def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
 
 
 def elementwise_layout(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> str | None:
-    """``"last"``/``"channel"`` when ``z = c(x) ⊙ w + b`` holds on ``x`` (checked by jvps), else ``None``.
-
-    Also ``None`` when the module alone on ``x`` does not reproduce its output ``y`` (it read other
-    arguments, or overwrote ``x`` in place, so the captured ``x`` is not its input) or cannot be
-    differentiated forward."""
+    """``"last"``/``"channel"`` when ``z = c(x) ⊙ w + b`` holds on ``x`` (checked by jvps), else ``None`` (also
+    when the module alone on ``x`` does not reproduce ``y``, or has no forward derivative)."""
     names, prim, f = _affine_fn(m, x.detach())
     tol = 1e-9 if y.dtype == torch.float64 else 1e-4
     try:
@@ -184,12 +176,10 @@ def _unfold(m: nn.Conv1d | nn.Conv2d | nn.Conv3d, x: torch.Tensor) -> torch.Tens
     return p.reshape(x.shape[0], -1, x.shape[1] * math.prod(m.kernel_size))
 
 
-def records(kind: str, m: nn.Module, x: Any, delta: torch.Tensor, covered: set[str], layout: str | None) -> list[tuple]:
-    """Records of one module from its input ``x`` (``(n, ...)``) and signals ``delta`` (``(o, n, ...)``).
-
-    ``covered``: which of ``{"weight", "bias"}`` are on the structured path. Records:
-    ``("dense", a (n,T,D_a), δ (o,n,T,D_δ), m², w_on, b_on)``, ``("embed", ids (n,T), δ (o,n,T,D))``,
-    ``("vector", g (o,n,F))``, ``("bag", ids (n,T), c (n,T), δ (o,n,D))`` (:func:`bag_gram`)."""
+def records(kind: str, m: Any, x: Any, delta: torch.Tensor, covered: set[str], layout: str | None) -> list[tuple]:
+    """Records of one module from its input ``x`` ``(n, ...)``, signals ``delta`` ``(o, n, ...)`` and ``covered``
+    attributes: ``("dense", a (n,T,D_a), δ (o,n,T,D_δ), m², w_on, b_on)``, ``("embed", ids (n,T), δ (o,n,T,D))``,
+    ``("vector", g (o,n,F))``, ``("bag", ids (n,T), c (n,T), δ (o,n,D))``."""
     if not covered:  # a tied weight only: its records are the tie's (tied_use)
         return []
     O, n = delta.shape[:2]
@@ -199,7 +189,6 @@ def records(kind: str, m: nn.Module, x: Any, delta: torch.Tensor, covered: set[s
         assert mult is not None  # rule() calls exactly the layers with a multiplier dense
         return [("dense", x.reshape(n, -1, x.shape[-1]), delta.reshape(O, n, -1, delta.shape[-1]), mult**2, w_on, b_on)]
     if kind == "conv":
-        assert isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d))  # rule(): exactly these types
         G = m.groups
         a = _unfold(m, x).chunk(G, dim=2) if w_on else [None] * G  # (n, L, C_in·K), channel-major columns
         ds = delta.reshape(O, n, delta.shape[2], -1).transpose(2, 3).chunk(G, dim=3)  # (o, n, L, C_out)
@@ -211,7 +200,6 @@ def records(kind: str, m: nn.Module, x: Any, delta: torch.Tensor, covered: set[s
             d = d * (ids != m.padding_idx).to(d.dtype)[None, :, :, None]
         return [("embed", ids, d)]
     if kind == "conv_transpose":
-        assert isinstance(m, nn.modules.conv._ConvTransposeNd)  # rule(): ConvTranspose1d/2d/3d
         out: list[tuple] = []
         if w_on:  # a dense record per group over input locations (_transposed_windows)
             a = x.reshape(n, m.in_channels, -1).transpose(1, 2).chunk(m.groups, dim=2)  # (n, L, C_in)
@@ -237,10 +225,8 @@ def records(kind: str, m: nn.Module, x: Any, delta: torch.Tensor, covered: set[s
 
 
 def _transposed_windows(m: nn.modules.conv._ConvTransposeNd, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-    """A ConvTranspose is the adjoint of a conv, ``z[y] = Σ_{l,k: y = l·s − p + k·d} x[l] W[k]``, so
-    ``∂f/∂W[c_i, c_o, k] = Σ_l x[c_i, l] δ[c_o, l·s − p + k·d]``: a dense layer over *input* locations ``l``
-    with ``a_l = x[:, l]`` and these windows ``δ̃_l = δ[:, l·s − p + k·d]`` (zero outside the output) in place
-    of ``δ``: ``(o, n, L, C_out, K)``."""
+    """``∂f/∂W[c_i, c_o, k] = Σ_l x[c_i, l] δ[c_o, l·s − p + k·d]``: a ConvTranspose is a dense layer over input
+    locations ``l`` with the signal windows ``δ[:, l·s − p + k·d]`` (zero outside), ``(o, n, L, C_out, K)``."""
     O, n = delta.shape[:2]
     lin = tuple(x.shape[2:])
     assert not isinstance(m.padding, str)  # typed on _ConvNd; transposed convs take numbers only
@@ -252,15 +238,10 @@ def _transposed_windows(m: nn.modules.conv._ConvTransposeNd, x: torch.Tensor, de
 
 
 def bag_input(m: nn.EmbeddingBag, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
-    r"""An ``nn.EmbeddingBag`` call as padded bags: ``(ids (B, T), c (B, T))`` with ``z_b = Σ_t c_{b,t} W[ids_{b,t}]``.
-
-    ``c`` is the per-sample weight (mode ``sum``; 1 without) or ``1/|bag|`` (mode ``mean``; the bag's
-    size without ``padding_idx`` entries), 0 on ``padding_idx`` and on the padding of short bags. Bags
-    are the rows of a 2-D input, or the ``offsets`` slices of a 1-D one (``include_last_offset`` as the
-    module reads it). ``None`` when the call is not of these forms."""
+    r"""An ``nn.EmbeddingBag`` call as padded bags ``(ids (B, T), c (B, T))``, ``z_b = Σ_t c_{b,t} W[ids_{b,t}]``
+    (``c``: the per-sample weight or ``1/|bag|``, 0 on padding); ``None`` for calls of other forms."""
     names = ("input", "offsets", "per_sample_weights")
-    got = {k: (args[i] if i < len(args) else kwargs.get(k)) for i, k in enumerate(names)}
-    inp, offsets, psw = got["input"], got["offsets"], got["per_sample_weights"]
+    inp, offsets, psw = (args[i] if i < len(args) else kwargs.get(k) for i, k in enumerate(names))
     if not isinstance(inp, torch.Tensor) or inp.dim() not in (1, 2):
         return None
     inp = inp.detach()
@@ -291,8 +272,7 @@ def bag_input(m: nn.EmbeddingBag, args: tuple, kwargs: dict) -> tuple[torch.Tens
 
 def bag_gram(r1: tuple, r2: tuple, diag: bool) -> torch.Tensor:
     r"""The example-pair weights ``W_{ij} = Σ_{t,s} [id_{it} = id'_{js}] c_{it} c'_{js} = h_i·h'_j`` of two bag
-    records (``h_i``: bag ``i``'s histogram of ``c`` over the ids the two batches share); the weight term of
-    an EmbeddingBag is then ``W_{ij} (δ_i·δ'_j)`` (``W_{ii}`` only when ``diag``)."""
+    records (``h``: histograms of ``c`` over the shared ids; ``W_{ii}`` only when ``diag``)."""
     ids1, c1, ids2, c2 = r1[1], r1[2], r2[1], r2[2]
     inv = torch.unique(torch.cat([ids1.reshape(-1), ids2.reshape(-1)]), return_inverse=True)[1]
     U = int(inv.max()) + 1 if inv.numel() else 1
@@ -308,8 +288,7 @@ def _with_globals(fn, g: dict):
 
 
 def _tapped_mha(calls: list):
-    """``F.multi_head_attention_forward`` — torch's own code, unchanged — with its ``linear`` (and that of the
-    in-projection helpers it calls) recording ``(input, weight, bias, output)`` in ``calls``."""
+    """torch's ``F.multi_head_attention_forward`` with its ``linear`` calls recorded in ``calls``."""
     F = nn.functional
     g = dict(vars(F))
 
@@ -326,9 +305,8 @@ def _tapped_mha(calls: list):
 
 
 class LinearTaps(TorchFunctionMode):
-    """While active, ``F.multi_head_attention_forward`` (what ``nn.MultiheadAttention`` runs off its fused fast
-    path, which autograd-enabled calls never take) runs with its in- and out-projection ``F.linear`` calls
-    recorded in ``calls`` as ``(input, weight, bias, output)``: the signals are taken at those outputs."""
+    """While active, ``F.multi_head_attention_forward`` records its ``F.linear`` calls in ``calls`` as
+    ``(input, weight, bias, output)``."""
 
     def __init__(self, calls: list):
         super().__init__()
@@ -362,10 +340,7 @@ def _partitions(parts: list[torch.Tensor], p: torch.Tensor) -> bool:
 
 def mha_taps(m: nn.MultiheadAttention, calls: list, n: int) -> list[tuple] | None:
     """``(weight name, bias name, a (n, L, D_a), z)`` per ``F.linear`` call of one ``nn.MultiheadAttention``
-    forward on ``n`` examples, or ``None`` when a call does not fit (a weight that is not the module's, a
-    packed parameter whose slices do not tile it, an input that is not batched). ``F.multi_head_attention_forward``
-    works sequence-first: the in-projections see ``(L, n, E)``, the out-projection ``(L·n, E)`` rows in
-    ``(position, example)`` order (for ``batch_first`` too: the module transposes first)."""
+    forward on ``n`` examples (sequence-first inputs), or ``None`` when a call does not fit."""
     params = dict(m.named_parameters())
     used: dict[str, list[torch.Tensor]] = {}
     out = []
@@ -390,8 +365,7 @@ def mha_taps(m: nn.MultiheadAttention, calls: list, n: int) -> list[tuple] | Non
 
 def mha_records(taps: list[tuple], deltas: list[torch.Tensor], covered: set[str]) -> list[tuple]:
     """Dense records of the projections of one ``nn.MultiheadAttention`` (``taps`` from :func:`mha_taps`,
-    ``deltas[k]``: ``(o, *z_k.shape)``): each projection (or slice of the packed one) is ``z = a Wᵀ + b``
-    at the positions, and disjoint slices of a parameter add up to its kernel term."""
+    ``deltas[k]``: ``(o, *z_k.shape)``)."""
     recs = []
     for (kw, kb, a, _z), d in zip(taps, deltas):
         n, L = a.shape[:2]
@@ -403,11 +377,8 @@ def mha_records(taps: list[tuple], deltas: list[torch.Tensor], covered: set[str]
 
 
 def tied_use(kind: str, m: nn.Module, x: Any, delta: torch.Tensor) -> tuple:
-    """One use of a weight that several modules share (a tied input embedding and LM head), as what its
-    per-example gradient is built from (:func:`widthscope.linear.gram.tied_gradients`):
-    ``("linear", a, δ, m)`` (``z = m·a Wᵀ``: ``∂f/∂W = m Σ_t δ_t a_tᵀ``), ``("conv1d", a, δ, 1)``
-    (transformers' ``Conv1D``, ``W`` is ``(in, out)``: ``Σ_t a_t δ_tᵀ``) or ``("embed", ids, δ, 1)``
-    (``∂f/∂W_v = Σ_t [id_t = v] δ_t``, ``padding_idx`` positions dropped)."""
+    """One use of a weight several modules share, for :func:`widthscope.linear.gram.tied_gradients`:
+    ``("linear", a, δ, m)``, ``("conv1d", a, δ, 1)`` (``W`` is ``(in, out)``) or ``("embed", ids, δ, 1)``."""
     O, n = delta.shape[:2]
     if kind == "embedding":
         rec = records(kind, m, x, delta, {"weight"}, None)[0]

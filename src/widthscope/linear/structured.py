@@ -1,11 +1,8 @@
 r"""Structured empirical NTK: the kernel from Grams, never a Jacobian (plus a generic remainder).
 
 A layer ``z = m · a Wᵀ + b`` at positions ``t`` contributes ``m² Σ_{t,s} (δ_{o,t}·δ'_{o',s})(a_t·a'_s)
-+ (Σ_t δ_{o,t})·(Σ_s δ'_{o',s})``; one batched backward gives every ``δ_o``. Parameters the rules do not
-cover (:mod:`widthscope.linear.rules`) go through the Jacobian route and the parts are summed;
-:func:`plan` says which is which, :func:`capture_records` gives each block's records and
-:func:`structured_kernel` combines them into Gram terms (:mod:`.gram`). Maths and the hybrid rule:
-docs/linearization.md "Structured NTK and kernel options".
++ (Σ_t δ_{o,t})·(Σ_s δ'_{o',s})``; one batched backward gives every ``δ_o``. Parameters no rule covers
+(:func:`plan`'s ``generic``) go through the Jacobian route. Maths: docs/linearization.md.
 
 Example::
 
@@ -28,7 +25,7 @@ import torch
 from torch import nn
 
 from ..errors import WidthscopeError
-from ._core import model_output, params_and_buffers
+from ._core import out_tensor, params_and_buffers
 from .checks import batchnorm_coupling
 from .cost import SAFETY
 from .gram import hadamard, mirror_upper, positions, tied_gradients
@@ -39,9 +36,8 @@ __all__ = ["uncovered", "plan", "Plan", "structured_kernel"]
 
 @dataclass
 class Plan:
-    """What goes where: ``entries`` (name, module, rule, covered attrs, elementwise layout) on the
-    structured path; ``tied``: per weight shared by several covered modules (``"weight"`` of each), the
-    indices of those entries; ``generic`` parameter names on the Jacobian path; parameter counts."""
+    """``entries`` (name, module, rule, covered attrs, layout) on the structured path, ``generic`` parameter
+    names on the Jacobian path, ``tied`` (per shared weight, its entries' indices) and the cost model's sizes."""
 
     entries: list[tuple[str, nn.Module, str, set, str | None]] = field(default_factory=list)
     generic: list[str] = field(default_factory=list)
@@ -59,17 +55,15 @@ def first_input(args: tuple, kwargs: dict) -> Any:
 
 
 def _entry_input(r: str, m: nn.Module, args: tuple, kwargs: dict) -> Any:
-    """What :func:`~widthscope.linear.rules.records` reads of a call: the first input tensor (detached; a
-    copy for elementwise modules), or an EmbeddingBag's padded ``(ids, coefficients)``
-    (:func:`~widthscope.linear.rules.bag_input`)."""
+    """What :func:`~widthscope.linear.rules.records` reads of a call: the first input tensor (detached), or an
+    EmbeddingBag's padded ``(ids, coefficients)``."""
     if r == "embedding_bag":
         assert isinstance(m, nn.EmbeddingBag)  # rule(): exactly this type
         return bag_input(m, args, kwargs)
     x = first_input(args, kwargs)
     if not isinstance(x, torch.Tensor):
         return x
-    # elementwise records recompute the module from x: a copy, as autograd need not keep x (tanh(x)·t keeps
-    # tanh(x)) and so would not catch a later in-place write to it; the other rules' ops keep x themselves
+    # elementwise records recompute the module from x: a copy, safe from later in-place writes
     return x.detach().clone() if r == "elementwise" else x.detach()
 
 
@@ -77,11 +71,6 @@ def _rows(inp: Any) -> int | None:
     """Leading (batch) size of a captured input, ``None`` when it has none."""
     t = inp[0] if isinstance(inp, tuple) else inp
     return t.shape[0] if isinstance(t, torch.Tensor) and t.dim() >= 1 else None
-
-
-def out_tensor(out: Any) -> torch.Tensor:
-    o = model_output(out)
-    return o.reshape(o.shape[0], -1)
 
 
 def _use_counts(root: torch.Tensor) -> dict[int, int]:
@@ -94,8 +83,6 @@ def _use_counts(root: torch.Tensor) -> dict[int, int]:
             continue
         seen.add(node)
         for nxt, _ in node.next_functions:
-            if nxt is None:
-                continue
             var = getattr(nxt, "variable", None)
             if var is not None:
                 counts[id(var)] = counts.get(id(var), 0) + 1
@@ -105,9 +92,8 @@ def _use_counts(root: torch.Tensor) -> dict[int, int]:
 
 
 def _forward_hooked(model: nn.Module, x: torch.Tensor, hooks: list, taps: dict | None = None) -> torch.Tensor:
-    """``model(x)`` with grad enabled and forward hooks ``(module, fn(m, args, kwargs, out))`` in place
-    for this one call; the output tensor (``.logits`` etc. unwrapped). ``taps``: module → list that collects
-    its ``F.linear`` calls (:class:`~widthscope.linear.rules.LinearTaps` around that module's forward)."""
+    """``model(x)``'s output tensor with grad enabled and forward hooks ``(module, fn)`` in place for this call;
+    ``taps``: module → list that collects its ``F.linear`` calls (:class:`~widthscope.linear.rules.LinearTaps`)."""
     handles = [m.register_forward_hook(fn, with_kwargs=True) for m, fn in hooks]
     wrapped = []
     for m, calls in (taps or {}).items():
@@ -134,8 +120,7 @@ def _tapped(forward, calls: list):
 
 
 def plan(model: nn.Module, x: torch.Tensor) -> Plan:
-    """Split the trainable parameters into the structured and the generic path, from one probe
-    forward pass on (up to two rows of) ``x``."""
+    """Split the trainable parameters into the structured and the generic path, from one probe pass on ``x[:2]``."""
     coupled = batchnorm_coupling(model)
     if coupled is not None:
         raise WidthscopeError(
@@ -210,23 +195,18 @@ def plan(model: nn.Module, x: torch.Tensor) -> Plan:
             P.tied.append(idx)
             covered_ids.add(id(p))
             P.shapes.append(("tied", 1, 0, p.numel()))
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        if id(p) in covered_ids:
-            P.n_covered += p.numel()
-        else:
-            P.generic.append(name)
-            P.n_generic += p.numel()
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    P.generic = [n for n, p in trainable if id(p) not in covered_ids]
+    P.n_covered = sum(p.numel() for _, p in trainable if id(p) in covered_ids)
+    P.n_generic = sum(p.numel() for _, p in trainable if id(p) not in covered_ids)
     return P
 
 
 def _broadcast_embeddings(
     model: nn.Module, probe: torch.Tensor, out: torch.Tensor, cands: list, seen: dict
 ) -> set[str]:
-    """Embeddings looked up once for the whole batch (ids of leading size 1, GPT-2's positions) whose output,
-    expanded to one copy per example, gives the same model output: their names. With one copy per example
-    the back-propagated signal is per example, and the layer is an ordinary embedding of the expanded ids."""
+    """Names of the embeddings looked up once for the whole batch (GPT-2's positions) whose output, expanded to
+    one copy per example, gives the same model output: per example from there."""
     B = probe.shape[0]
     names = {
         n: m
@@ -253,8 +233,7 @@ def _broadcast_embeddings(
 
 
 def _plan_mha(P: Plan, name: str, m: nn.Module, taps: list | None, uses: dict, owners: dict, covered: set) -> None:
-    """An ``nn.MultiheadAttention`` entry: its own and its ``out_proj``'s parameters that the probe's
-    ``F.linear`` calls use exactly once each (``taps``: :func:`~widthscope.linear.rules.mha_taps`)."""
+    """An ``nn.MultiheadAttention`` entry: the parameters its ``F.linear`` calls (``taps``) use exactly once."""
     if not taps:
         return
     params = dict(m.named_parameters())
@@ -273,24 +252,18 @@ def _plan_mha(P: Plan, name: str, m: nn.Module, taps: list | None, uses: dict, o
         P.shapes.append(("dense", a.shape[1], a.shape[2], z.shape[-1]))
 
 
-def _entry_shape(r: str, m: nn.Module, inp: torch.Tensor, z: torch.Tensor) -> tuple[str, int, int, int]:
+def _entry_shape(r: str, m: Any, inp: torch.Tensor, z: torch.Tensor) -> tuple[str, int, int, int]:
     """(rule, positions T, input width D_a, signal width D_δ) of one example, for :mod:`.cost`."""
-    # the module types are rule()'s for each rule
     if r == "conv":
-        assert isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d))
         k = math.prod(m.kernel_size) * m.in_channels // m.groups
         return r, z[0].numel() // m.out_channels, k, m.out_channels
     if r == "embedding":
-        assert isinstance(m, nn.Embedding)
         return r, inp[0].numel(), min(m.num_embeddings, 2 * inp[0].numel()), m.embedding_dim
     if r == "conv_transpose":  # positions: input locations; D_δ: the signal window C_out/groups · K, all groups
-        assert isinstance(m, nn.modules.conv._ConvTransposeNd)
         return r, inp[0, 0].numel(), m.in_channels // m.groups, m.out_channels * math.prod(m.kernel_size)
     if r == "embedding_bag":  # one position; D_a: the bag histograms over the ids both batches share
-        assert isinstance(m, nn.EmbeddingBag)
         return r, 1, min(m.num_embeddings, 2 * inp[0].shape[1]), m.embedding_dim
     if r == "prelu":
-        assert isinstance(m, nn.PReLU)
         return r, 1, 0, m.num_parameters
     if r == "elementwise":
         return r, 1, 0, sum(p.numel() for p in m.parameters(recurse=False))
@@ -309,10 +282,8 @@ def _owner_rules(model: nn.Module) -> dict[int, list[str | None]]:
 
 
 def uncovered(model: nn.Module, x: torch.Tensor | None = None) -> list[str]:
-    """Trainable parameters the structured kernel leaves to the generic path (empty: it covers the
-    model). With ``x`` (example inputs) this is :func:`plan`'s answer; without, a static check:
-    parameters of modules no rule covers, or registered in more than one module none of which is a dense
-    layer or an embedding (those are tied weights the plan covers when each owner runs once)."""
+    """Trainable parameters the structured kernel leaves to the generic path: :func:`plan`'s with inputs ``x``;
+    without, those of modules no rule covers, or shared by modules none of which is dense or an embedding."""
     if x is not None:
         return plan(model, x).generic
     owners = _owner_rules(model)
@@ -323,7 +294,7 @@ def uncovered(model: nn.Module, x: torch.Tensor | None = None) -> list[str]:
     return [n for n, p in model.named_parameters() if p.requires_grad and not covered(owners[id(p)])]
 
 
-def capture_records(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> tuple[list[tuple], int]:
+def capture_records(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 64) -> list[tuple]:
     """One forward and one (batched) backward pass: every entry's records for the batch ``X``."""
     store: dict[str, Any] = {}
 
@@ -348,7 +319,7 @@ def capture_records(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 6
     N = X.shape[0]
     mha: dict[nn.Module, list] = {m: [] for _, m, r, *_ in P.entries if r == "mha"}
     out = _forward_hooked(model, X, [(m, hook(n, r, lay)) for n, m, r, _, lay in P.entries], mha)
-    N, O = out.shape
+    N = out.shape[0]
     zs, owner = [], []  # every tensor δ is taken at, and its entry's index
     for i, (nm, m, r, *_) in enumerate(P.entries):
         if r == "mha" and nm in store:
@@ -375,12 +346,12 @@ def capture_records(model: nn.Module, P: Plan, X: torch.Tensor, o_chunk: int = 6
         if i in tied:
             uses[i] = tied_use(r, m, store[nm][0], d[0])
     recs.extend(("tied", [uses[i] for i in idx], P.entries[idx[0]][1].weight.shape) for idx in P.tied)
-    return recs, O
+    return recs
 
 
 def _signals(out: torch.Tensor, zs: list[torch.Tensor], o_chunk: int) -> list[torch.Tensor]:
-    """``δ = ∂out_o/∂z`` ``(o, *z.shape)`` for every ``z`` in ``zs``: batched backward passes over chunks of
-    ``o_chunk`` output components (zeros where ``z`` does not reach the output)."""
+    """``δ = ∂out_o/∂z`` ``(o, *z.shape)`` for every ``z`` in ``zs``, by batched backward passes over chunks of
+    ``o_chunk`` outputs (zeros where ``z`` does not reach the output)."""
     N, O = out.shape
     live = [i for i, z in enumerate(zs) if z.requires_grad]
     deltas: list[list[torch.Tensor]] = [[] for _ in zs]
@@ -467,9 +438,8 @@ def _blocks(n: int, b: int | None) -> list[slice]:
 def structured_kernel(
     model: nn.Module, x1, x2, P: Plan, trace: bool, diagonal: bool, batch_size, dtype, memory_budget: float, est
 ) -> torch.Tensor:
-    """The Gram part of :func:`widthscope.linear.structured_ntk` (shapes and options there; the generic remainder
-    is added by :func:`widthscope.linear.ntk`) for the plan ``P``. ``est``: the cost model's estimate (block
-    size; its bytes, so blocks are kept for reuse only in the rest of the budget)."""
+    """The Gram part of :func:`widthscope.linear.structured_ntk` for the plan ``P``; ``est``: the cost model's
+    estimate (block size, and bytes: blocks are kept for reuse in the rest of the budget)."""
     acc_dtype = dtype or next(iter(params_and_buffers(model)[0].values())).dtype
     same = x2 is None
     x2 = x1 if x2 is None else x2
@@ -488,7 +458,7 @@ def structured_kernel(
         """Records of a block; kept for reuse (x2's blocks, or x1's when x2 is None) while they fit."""
         if (which, idx) in cache:
             return cache[(which, idx)][0]
-        recs = capture_records(model, P, (x1 if which == 1 else x2)[s])[0] if P.entries else []
+        recs = capture_records(model, P, (x1 if which == 1 else x2)[s]) if P.entries else []
         size = sum(t.numel() * t.element_size() for rec in recs for t in rec if isinstance(t, torch.Tensor))
         reused = (which == 2 and len(b1) > 1) or (which == 1 and same and len(b1) > 1)
         if reused and size <= room[0]:

@@ -1,10 +1,8 @@
-"""Train a network and its linear model side by side, and the frozen-kernel recursion.
+"""Train a network and its linear model side by side; frozen-kernel GD in closed form (:func:`kernel_predict`).
 
-Both start from ``θ₀`` with the same optimizer, learning rate and batches, so every difference is
-non-linearity. Each step's row logs losses of both, ``dev_rms``/``dev_rel``/``dev_mse`` (``F − F_lin``
-on held-out inputs), ``param_move`` and ``kernel_drift``; ``kernel_prediction=True`` adds the frozen-kernel
-GD prediction. ``linear="weights"`` trains ``F_lin`` by ``jvp``, ``"kernel"`` uses the closed-form
-recursion (full-batch SGD on MSE), ``"auto"`` picks. Columns and maths: docs/linearization.md.
+Both start from ``θ₀`` with the same optimizer, learning rate and batches. ``linear="weights"`` trains ``F_lin``
+by ``jvp``, ``"kernel"`` by the closed-form recursion (full-batch SGD on MSE), ``"auto"`` picks;
+``kernel_prediction`` adds the frozen-kernel GD prediction. Columns and maths: docs/linearization.md.
 
 Example::
 
@@ -28,14 +26,13 @@ from torch import nn
 
 from .. import _args
 from .._io import progress as _progress
-from ..errors import WidthscopeError
-from ._core import as_param_dtype, first_output, model_output, params_and_buffers
+from ..errors import WidthscopeError, WidthscopeTypeError
+from ._core import as_param_dtype, first_output, model_output, out_tensor, params_and_buffers
 from .empirical import ntk
 from .model import linearize
-from .predict import gd_weights, kernel_predict, spectral
 from .structured import uncovered
 
-__all__ = ["train_side_by_side", "function_space_gd"]
+__all__ = ["train_side_by_side", "function_space_gd", "kernel_predict"]
 
 LOSSES = ("mse", "cross_entropy")
 OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
@@ -113,19 +110,10 @@ def train_side_by_side(
     kernel_prediction: bool = False,
     ridge: float = 0.0,
 ) -> Any:
-    """Train ``model`` (a copy) and ``linearize(model)`` in lockstep; one dict per logged step.
-
-    ``data = (X, Y)``; ``batch_size=None`` is full-batch gradient descent, otherwise batches
-    come from a per-epoch permutation drawn from ``seed`` (identical for both models).
-    Logged steps: 0, every ``log_every``-th, and ``steps``; or exactly ``log_steps``.
-    ``test`` (held-out pair) is where the function deviation is measured (``data`` when
-    absent); ``probe`` (inputs) is the kernel-drift probe set, default the first 8 held-out
-    inputs. A non-finite loss at step ``s``: ``on_nonfinite="raise"`` raises
-    :class:`WidthscopeError` naming ``s``; ``"stop"`` appends a row with ``diverged=True`` and
-    ``diverged_at=s`` and stops. ``return_models=True`` returns ``(rows, net, lin)``.
-    ``linear`` (``"auto"``, ``"weights"``, ``"kernel"``) and ``kernel_prediction`` (with
-    ``ridge`` for its limit) are described in the module docstring.
-    """
+    """Train ``model`` (a copy) and ``linearize(model)`` in lockstep on ``data = (X, Y)``; one dict per
+    logged step (0, every ``log_every``-th and ``steps``, or ``log_steps``). ``batch_size=None``: full batch;
+    ``test``: where the deviation is measured; ``probe``: kernel-drift inputs (first 8 of ``test``);
+    ``on_nonfinite="stop"``: a ``diverged`` row ends the run; ``return_models``: ``(rows, net, lin)``."""
     fn = "train_side_by_side"
     _args.module(fn, "model", model)
     _args.tensor_pair(fn, "data", data)
@@ -194,8 +182,7 @@ def train_side_by_side(
 
 
 def _model_tensors(model: nn.Module, X, Y, Xt, Yt, probe, loss: str):
-    """Inputs in the parameters' dtype, checked finite; targets shaped for the model's output width and
-    ``loss``; ``(X, Y, Xt, Yt, probe)``."""
+    """Inputs in the parameters' dtype, checked finite; targets shaped for the model and ``loss``."""
     params, buffers = params_and_buffers(model)
     if not params:
         raise WidthscopeError("train_side_by_side: the model has no trainable parameters")
@@ -217,9 +204,8 @@ def _model_tensors(model: nn.Module, X, Y, Xt, Yt, probe, loss: str):
 
 
 class _Lockstep:
-    """What :func:`train_side_by_side` trains and measures: the network copy, its linear model (``lin`` in
-    weight space, or ``closed``, the closed-form kernel path), the start ``θ₀`` and the kernel-drift
-    reference ``K0`` on ``probe``."""
+    """The network copy, its linear model (``lin``, or the closed form ``closed``), ``θ₀`` and the kernel ``K0``
+    on ``probe``."""
 
     def __init__(self, model, X, Y, Xt, probe, optimizer, lr, ridge, linear, kernel_prediction, kernel_drift):
         self.linear = linear
@@ -229,7 +215,7 @@ class _Lockstep:
         self.theta0_norm = float(self.theta0.norm()) or 1.0
         self.opt_net = _optimizer(optimizer, self.net_params, lr)
         kernel = linear == "kernel" or kernel_prediction
-        self.closed = _KernelGD(model, X, Y, Xt, lr, ridge=ridge, limit=kernel_prediction) if kernel else None
+        self.closed = _KernelGD(model, X, Y, Xt, lr, ridge, kernel_prediction) if kernel else None
         self.lin = linearize(model) if linear == "weights" else None
         self.opt_lin = None if self.lin is None else _optimizer(optimizer, list(self.lin.parameters()), lr)
         self.probe = Xt[: min(8, Xt.shape[0])] if probe is None else probe
@@ -238,8 +224,7 @@ class _Lockstep:
 
 
 def _batches(N: int, batch_size: int | None, seed: int) -> Iterator[torch.Tensor | None]:
-    """The batch indices of each step (``None``: full batch), from a per-epoch permutation of
-    ``range(N)`` drawn from ``seed``."""
+    """The batch indices of each step (``None``: full batch), from per-epoch permutations drawn from ``seed``."""
     gen = torch.Generator().manual_seed(int(seed))
     order: list[int] = []
     while True:
@@ -250,8 +235,7 @@ def _batches(N: int, batch_size: int | None, seed: int) -> Iterator[torch.Tensor
 
 
 def _row(run: _Lockstep, step: int, X, Y, Xt, Yt, loss: str, kernel_prediction: bool) -> dict[str, Any]:
-    """The logged row of ``step``: losses of both models, their gap, the held-out deviation
-    ``F − F_lin``, parameter movement and kernel drift."""
+    """The logged row of ``step``: losses of both models, their gap, ``F − F_lin``, parameter move, kernel drift."""
     net, lin, closed = run.net, run.lin, run.closed
     with torch.no_grad():
         f_tr, f_te = model_output(net(X)), model_output(net(Xt))
@@ -313,8 +297,8 @@ def _kernel_divergence(closed: _KernelGD | None, step: int, on_nonfinite: str) -
 
 
 def _train_step(run: _Lockstep, xb, yb, step: int, *, loss: str, lr: float, on_nonfinite: str) -> dict[str, Any] | None:
-    """One optimizer step of the network, then of the weight-space linear model (if any), on the
-    batch ``(xb, yb)``; a non-finite loss raises, or returns the ``diverged`` row."""
+    """One optimizer step of the network, then of the weight-space linear model (if any); a non-finite loss
+    raises, or returns the ``diverged`` row."""
     for which, m, opt in (("network", run.net, run.opt_net), ("linear model", run.lin, run.opt_lin)):
         if m is None or opt is None:  # no weight-space linear model
             continue
@@ -332,32 +316,16 @@ def _train_step(run: _Lockstep, xb, yb, step: int, *, loss: str, lr: float, on_n
 
 
 class _KernelGD:
-    r"""Full-batch GD on ``(1/2N)Σ‖f − y‖²`` with the frozen kernel ``Θ₀``, in closed form.
+    r"""Full-batch GD on ``(1/2N)Σ‖f − y‖²`` with the frozen kernel ``Θ₀``, in closed form (float64).
 
-    ``A = (η/N) Θ₀(X, X) = V diag(a) Vᵀ`` and ``c = Vᵀ(f_0 − y)``: after ``s`` steps the training
-    outputs are ``y + V (1 − a)^s c``, the test outputs ``g_0 − (η/N) Θ₀(X_t, X) V (w_s ⊙ c)`` with
-    ``w_s = (1 − (1 − a)^s)/a`` (``s`` where ``a = 0``), and the linear model's weights moved
-    ``θ_s − θ₀ = −(η/N) J(X)ᵀ V (w_s ⊙ c)``, of squared norm ``(η/N)² Σ λ (w_s c)²`` (``λ`` the
-    eigenvalues of ``Θ₀(X, X)``). One eigendecomposition serves every step (float64 throughout).
-    ``limit=True`` adds the ``t = ∞`` outputs (``*_inf``): gradient flow's limit, the minimum-norm
-    kernel interpolant, or kernel ridge regression with ``ridge > 0``.
-    """
+    With ``(η/N) Θ₀(X, X) = V diag(a) Vᵀ``, ``c = Vᵀ(f_0 − y)`` and ``w_s = (1 − (1 − a)^s)/a``: train outputs
+    ``y + V (1 − a)^s c``, test outputs ``g_0 − (η/N) Θ₀(X_t, X) V (w_s ⊙ c)``, weight move ``(η/N)² Σ λ (w_s c)²``
+    squared. ``limit``: also the ``t = ∞`` outputs (``*_inf``, kernel ridge regression with ``ridge``)."""
 
-    def __init__(
-        self,
-        model: nn.Module,
-        X: torch.Tensor,
-        Y: torch.Tensor,
-        Xt: torch.Tensor,
-        lr: float,
-        *,
-        ridge: float = 0.0,
-        limit: bool = False,
-    ):
+    def __init__(self, model: nn.Module, X, Y, Xt, lr: float, ridge: float, limit: bool):
         N, Nt = X.shape[0], Xt.shape[0]
         with torch.no_grad():
-            self.f0 = model_output(model(X)).reshape(N, -1).double()
-            self.g0 = model_output(model(Xt)).reshape(Nt, -1).double()
+            self.f0, self.g0 = out_tensor(model(X)).double(), out_tensor(model(Xt)).double()
         o = self.f0.shape[1]
         K = ntk(model, torch.cat([X, Xt]), X, dtype=torch.float64)  # Θ₀(X ∪ X_t, X), float64 Grams
         K = K.permute(0, 2, 1, 3).reshape((N + Nt) * o, N * o)
@@ -366,8 +334,7 @@ class _KernelGD:
         self.lam, self.V, self.a, self.c = spectral(Ktr, self.f0.reshape(-1) - self.y, lr, N)
         self.KteV = Kte @ self.V
         self.scale, self.shape, self.tshape = lr / N, (N, o), (Nt, o)
-        # GD on the linear model diverges iff some a > 2; its loss passes 1e30 (where the weight-space
-        # run would overflow) at this step, which the training loop reports like a non-finite loss.
+        # GD diverges iff some a > 2; the step where its loss passes 1e30 is reported like a non-finite loss
         grow = (1 - self.a).abs().max()
         c_max = float(self.c.abs().max()) or 1.0
         self.diverge_step = math.ceil(math.log(1e15 / c_max) / math.log(float(grow))) if float(grow) > 1 else None
@@ -391,18 +358,13 @@ class _KernelGD:
 def function_space_gd(
     model: nn.Module, X: torch.Tensor, Y: torch.Tensor, *, steps: int, lr: float, test: torch.Tensor | None = None
 ) -> dict[str, torch.Tensor]:
-    """Frozen-kernel recursion ``F_{s+1} = F_s − η Θ₀ ∇_F L`` for full-batch GD on the MSE loss.
+    """Frozen-kernel recursion ``F_{s+1} = F_s − (η/N) Θ₀(·, X)(F_s − Y)`` of full-batch GD on the MSE loss.
 
-    With ``L = (1/2N) Σ‖F(x_i) − y_i‖²`` the gradient is ``∇_F L = (F − Y)/N``, so on the training
-    inputs ``F_{s+1} = F_s − (η/N) Θ₀(X, X)(F_s − Y)`` and on held-out inputs
-    ``F^t_{s+1} = F^t_s − (η/N) Θ₀(X_t, X)(F_s − Y)``. Equal (up to rounding) to the outputs of the
-    weight-space linear model trained by full-batch GD. Returns ``{"train": (steps+1, N, out)}``
-    and ``"test"`` when ``test`` inputs are given.
-    """
+    Returns ``{"train": (steps+1, N, out)}``, and ``"test"`` (the same on ``test`` inputs) when given."""
     N = X.shape[0]
     Xa = X if test is None else torch.cat([X, test])  # training rows first, then the held-out ones
     with torch.no_grad():
-        F = model_output(model(Xa)).reshape(Xa.shape[0], -1)
+        F = out_tensor(model(Xa))
     out = F.shape[1]
     Y = Y.reshape(N, out).to(F.dtype)
     K = ntk(model, Xa, None if test is None else X).permute(0, 2, 1, 3).reshape(-1, N * out)  # Θ₀(X ∪ X_t, X)
@@ -412,3 +374,137 @@ def function_space_gd(
         traj.append(F)
     T = torch.stack(traj)
     return {"train": T[:, :N]} if test is None else {"train": T[:, :N], "test": T[:, N:]}
+
+
+def spectral(K: torch.Tensor, r0: torch.Tensor, lr: float, N: int):
+    """``(λ, V, a, c)``: ``Θ = V diag(λ) Vᵀ`` (``λ`` clamped at 0), ``a = (η/N) λ``, ``c = Vᵀ r0``."""
+    lam, V = torch.linalg.eigh((K + K.T) / 2)
+    lam = lam.clamp_min(0)
+    return lam, V, (lr / N) * lam, V.T @ r0
+
+
+def gd_weights(a: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """After ``s`` GD steps: ``decay = (1 − a)^s`` and ``w = Σ_{r<s} (1 − a)^r = (1 − decay)/a``
+    (``s`` where ``a = 0``)."""
+    decay = (1 - a) ** s
+    return decay, torch.where(a.abs() > 1e-300, (1 - decay) / a.clamp_min(1e-300), torch.full_like(a, float(s)))
+
+
+def _check_args(lr: float, steps, t, ridge: float) -> None:
+    """One-line errors for the scalar options (``bool`` is no number here)."""
+
+    def num(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    def error(v, text: str) -> WidthscopeError:  # a wrong type is also a TypeError; the wording stays
+        return (WidthscopeError if num(v) else WidthscopeTypeError)(f"kernel_predict: {text}, got {_args.describe(v)}")
+
+    if (steps is None) == (t is None):
+        raise WidthscopeError("kernel_predict: give exactly one of steps (discrete GD) or t (gradient flow)")
+    if not (num(lr) and math.isfinite(lr) and lr > 0):
+        raise error(lr, "lr must be a positive finite number")
+    if not (num(ridge) and math.isfinite(ridge) and ridge >= 0):
+        raise error(
+            ridge,
+            "ridge must be a finite number >= 0 (an absolute amount added to the kernel's diagonal); "
+            "pass ridge=0 for plain gradient descent",
+        )
+    if steps is not None and not (num(steps) and steps >= 0 and (math.isinf(steps) or float(steps).is_integer())):
+        raise error(
+            steps, "steps must be a whole number >= 0 or float('inf') (for a fractional time use t=, gradient flow)"
+        )
+    if t is not None and not (num(t) and t >= 0 and not math.isnan(t)):
+        raise error(t, "t must be a number >= 0 or float('inf')")
+
+
+def kernel_predict(
+    K_train: torch.Tensor,
+    y_train: torch.Tensor,
+    *,
+    lr: float,
+    steps: int | float | None = None,
+    t: float | None = None,
+    ridge: float = 0.0,
+    K_test: torch.Tensor | None = None,
+    f0_train: torch.Tensor | None = None,
+    f0_test: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    r"""Outputs of squared-loss GD with a fixed kernel: ``f_s − y = (I − (η/N) Θ)^s (f_0 − y)`` after ``steps``, or
+    gradient flow to time ``t`` (``inf``: the limit), with ``ridge`` added to the kernel's diagonal. Kernels
+    ``(N, N, o, o)`` / ``(N·o, N·o)``; returns ``{"train", "test"}``. Maths: docs/linearization.md.
+
+    Example::
+
+        >>> import torch
+        >>> K = torch.eye(3, dtype=torch.float64)[:, :, None, None] * 2.0
+        >>> y = torch.ones(3, 1, dtype=torch.float64)
+        >>> kernel_predict(K, y, lr=0.5, steps=float("inf"))["train"].flatten().tolist()
+        [1.0, 1.0, 1.0]
+        >>> kernel_predict(K, y, lr=0.5, t=float("inf"), ridge=2.0)["train"].flatten().tolist()  # 2/(2+2)
+        [0.5, 0.5, 0.5]
+    """
+    fn = "kernel_predict"
+    _args.tensor(fn, "K_train", K_train, ndim=(2, 4), accepts="an (N, N, o, o) or (N·o, N·o) kernel tensor")
+    _args.tensor(fn, "y_train", y_train, min_ndim=1, accepts="an (N, o) tensor of targets")
+    _args.tensor(
+        fn, "K_test", K_test, ndim=(2, 4), optional=True, accepts="an (M, N, o, o) or (M·o, N·o) kernel tensor or None"
+    )
+    _args.tensor(fn, "f0_train", f0_train, optional=True, accepts="an (N, o) tensor of initial outputs or None")
+    _args.tensor(fn, "f0_test", f0_test, optional=True, accepts="an (M, o) tensor of initial outputs or None")
+    _check_args(lr, steps, t, ridge)
+    N = y_train.shape[0]
+    o = y_train.reshape(N, -1).shape[1]
+
+    def flat(K: torch.Tensor, rows: int) -> torch.Tensor:
+        return (K.permute(0, 2, 1, 3).reshape(rows * o, N * o) if K.dim() == 4 else K).double()
+
+    if tuple(K_train.shape) not in ((N, N, o, o), (N * o, N * o)):
+        raise WidthscopeError(
+            f"kernel_predict: K_train has shape {tuple(K_train.shape)}; for y_train of shape "
+            f"({N}, {o}) it must be ({N}, {N}, {o}, {o}) or ({N * o}, {N * o})"
+        )
+    if K_test is not None and not (
+        (K_test.dim() == 4 and tuple(K_test.shape[1:]) == (N, o, o))
+        or (K_test.dim() == 2 and K_test.shape[1] == N * o and K_test.shape[0] % o == 0)
+    ):
+        raise WidthscopeError(
+            f"kernel_predict: K_test has shape {tuple(K_test.shape)}; it must be (M, {N}, {o}, {o}) or (M·{o}, {N * o})"
+        )
+    Kf = flat(K_train, N)
+    y = y_train.reshape(-1).double()
+    f0 = torch.zeros_like(y) if f0_train is None else f0_train.reshape(-1).double()
+    r0 = f0 - y
+    limit = (steps is not None and math.isinf(steps)) or (t is not None and math.isinf(t))
+    if limit and ridge > 0:
+        if steps is not None:  # discrete GD on L_λ converges iff (η/N)(λ_max + λ) < 2
+            lam_max = float(torch.linalg.eigvalsh((Kf + Kf.T) / 2).max().clamp_min(0))
+            if lr / N * (lam_max + ridge) >= 2:
+                raise WidthscopeError(
+                    "kernel_predict: lr is too large for GD to converge "
+                    "(η (λ_max + ridge) / N >= 2); lower lr or use t= (gradient flow)"
+                )
+        coef = torch.linalg.solve(Kf + ridge * torch.eye(len(Kf), dtype=Kf.dtype), r0)  # Θ⁻¹-like weights
+        train = f0 - Kf @ coef
+    else:
+        _, V, a, c = spectral(Kf, r0, lr, N)
+        ar = a + (lr / N) * ridge  # the regularised rates: eigenvalues of B = (η/N)(Θ + λI)
+        if limit:
+            if steps is not None and bool((a >= 2).any()):
+                raise WidthscopeError("kernel_predict: lr is too large for GD to converge (η λ_max / N >= 2)")
+            w = torch.where(a > 1e-12 * a.max().clamp_min(1e-300), 1.0 / a.clamp_min(1e-300), torch.zeros_like(a))
+            decay = torch.where(a > 1e-12 * a.max().clamp_min(1e-300), torch.zeros_like(a), torch.ones_like(a))
+        elif steps is not None:
+            decay, w = gd_weights(ar, int(steps))
+        else:
+            assert t is not None  # _check_args: exactly one of steps and t
+            decay = torch.exp(-float(t) * ar)
+            w = torch.where(ar > 1e-300, (1 - decay) / ar.clamp_min(1e-300), torch.full_like(ar, float(t)))
+        # f − f_0 = −Θ C (f_0 − y); without ridge a·w = 1 − decay, so f = y + V decay c exactly
+        train = y + V @ (decay * c) if ridge == 0 else f0 - V @ (a * w * c)
+        coef = (lr / N) * (V @ (w * c))  # f_test = f0_test − Θ_t · coef
+    out = {"train": train.reshape(N, o)}
+    if K_test is not None:
+        M = K_test.shape[0] if K_test.dim() == 4 else K_test.shape[0] // o
+        g0 = torch.zeros(M * o, dtype=torch.float64) if f0_test is None else f0_test.reshape(-1).double()
+        out["test"] = (g0 - flat(K_test, M) @ coef).reshape(M, o)
+    return out

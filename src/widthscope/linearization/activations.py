@@ -11,9 +11,6 @@ Example::
     >>> rows = audit(["tanh", "relu"], K=4)
     >>> [r["smooth"] for r in rows]
     [True, False]
-
-Command line (:class:`ActivationsOptions`, :func:`run_audit`):
-``widthscope activations --names relu,tanh,mypkg.acts:swish --K 6 --json out.json``.
 """
 
 from __future__ import annotations
@@ -74,7 +71,7 @@ def resolve(name: str | Callable) -> tuple[str, Callable[[torch.Tensor], torch.T
 
 def derivatives(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, K: int) -> list[torch.Tensor]:
     """``[φ(x), φ'(x), …, φ^{(K)}(x)]`` by nested autograd (``fn`` must act elementwise)."""
-    x = x.detach().to(torch.float64).requires_grad_(True)
+    x = x.detach().double().requires_grad_(True)
     name = getattr(fn, "__name__", repr(fn))
     try:
         with warnings.catch_warnings():
@@ -119,7 +116,7 @@ def _kinks(ders: Sequence[torch.Tensor], h: float) -> list[tuple[int, int]]:
 
 
 def check_grid(K: int, lo: float, hi: float, grid: int) -> None:
-    """The derivative order and the grid :func:`audit` takes, checked before any work."""
+    """Check the derivative order and the grid of :func:`audit`."""
     if not 1 <= K <= MAX_K:
         raise WidthscopeError(
             f"activations: --K {K}: must be a whole number in 1..{MAX_K} (each order nests one more "
@@ -146,31 +143,25 @@ def audit(
             row[f"ratio_{k}"] = row[f"max_{k}"] / math.factorial(k + 1)
         bad = [(k, d) for k, d in enumerate(ders) if not bool(torch.isfinite(d).all())]
         row["finite"] = not bad
+        flags = []
         if bad:  # NaN/inf (e.g. sqrt or log at x < 0): the table entries are meaningless there
             k_bad, d_bad = bad[0]
             row["nonfinite_order"] = k_bad
-            row["nonfinite_at"] = float(x[(~torch.isfinite(d_bad)).nonzero()[0, 0]]) + 0.0
+            row["nonfinite_at"] = at = float(x[(~torch.isfinite(d_bad)).nonzero()[0, 0]]) + 0.0
+            flags.append(f"non-finite: phi^({k_bad}) at x={at:.3g} (restrict --range to the domain)")
         kinks = _kinks(ders, h)
         row["smooth"] = not kinks
         row["kink_order"] = kinks[0][0] if kinks else None
         row["kink_at"] = round(float(x[kinks[0][1]]), 9) + 0.0 if kinks else None
-        row["ratio_grows"] = bool(K >= 2 and row[f"ratio_{K}"] > row[f"ratio_{K - 1}"] * (1 + 1e-9))
-        flags = []
-        if bad:
-            flags.append(
-                f"non-finite: phi^({row['nonfinite_order']}) at x={row['nonfinite_at']:.3g} "
-                "(restrict --range to the domain)"
-            )
         if kinks:
             flags.append(f"non-smooth: phi^({kinks[0][0]}) jumps near x={row['kink_at']:.3g}")
-        if row["ratio_grows"]:
-            flags.append("ratio grows")
+        row["ratio_grows"] = bool(K >= 2 and row[f"ratio_{K}"] > row[f"ratio_{K - 1}"] * (1 + 1e-9))
+        flags += ["ratio grows"] if row["ratio_grows"] else []
         row["flags"] = "; ".join(flags) or "ok"
         rows.append(row)
     return rows
 
 
-# ----------------------------------------------------------------------------- the command
 @dataclasses.dataclass(frozen=True)
 class ActivationsOptions(Options):
     """The settings of an activation audit (``widthscope activations``; :func:`run_audit`)."""
@@ -201,8 +192,8 @@ class ActivationsOptions(Options):
 
 
 def run_audit(options: ActivationsOptions, *, json_out: str | None = None, file: Any = None) -> list[dict[str, Any]]:
-    """What ``widthscope activations`` does: the audit of ``options``, its table printed, and with
-    ``json_out`` the rows written as JSON with the options that made them (``"options"``)."""
+    """What ``widthscope activations`` does: the audit's table printed, and with ``json_out`` its rows and
+    options written as JSON."""
     lo, hi = options.range
     if json_out:  # room for the table (about 2 numbers per order and name), before computing it
         check_space(json_out, 2000 + len(options.names) * (2 * options.K + 10) * 80)

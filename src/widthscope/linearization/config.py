@@ -1,22 +1,6 @@
-"""The config of the linearization width sweep (``widthscope linearize CONFIG.toml``): defaults,
-checks, cells.
-
-Config (TOML; every key except ``widths`` has a default, see :data:`DEFAULTS`)::
-
-    widths = [64, 128, 256, 512, 1024]     # >= 5, increasing, geometric
-    seeds = [0, 1, 2, 3, 4]
-    [model]   depth = 2, activation = "relu", parametrization = "ntk", sigma_w = 1.0
-    [data]    name = "digits", n_train = 256, n_test = 256, seed = 0, root = (loader default)
-    [data.options] grayscale = true        # extra loader options (cifar10 grayscale)
-    [train]   eta0 = 0.1, alphas = [0.0, -0.5, -1.0], steps = 100, log_steps = [0, 10, 100],
-              batch_size = 0 (0 = full batch), optimizer = "sgd", loss = "mse", probe = 8,
-              dtype = "float32", linear = "auto" (closed-form kernel GD where exact, see
-              train_side_by_side), kernel_prediction = true (MSE: *_loss_kernel(_inf) columns)
-    [correlations] measure = ["C02", "C11"], n_tuples = 16, output = "random"
-    [fit]     steps = [10, 100]            # deviation slopes at these logged steps
-
-:func:`validate_config` fills the defaults and checks every key (one line naming the key), the
-dataset and the model (built on the ``meta`` device) before any cell runs.
+"""The config of the linearization width sweep (``widthscope linearize CONFIG.toml``): defaults
+(:data:`DEFAULTS`; only ``widths`` is required), checks (:func:`validate_config`, one line naming the key,
+before any cell runs) and cells. Keys: docs/linearization.md.
 """
 
 from __future__ import annotations
@@ -44,14 +28,8 @@ DEFAULTS: dict[str, Any] = {
     "widths": None,
     "seeds": [0, 1, 2, 3, 4],
     "model": {"family": "mlp", "depth": 2, "activation": "relu", "parametrization": "ntk", "sigma_w": 1.0},
-    "data": {
-        "name": "digits",
-        "n_train": 256,
-        "n_test": 256,
-        "seed": 0,
-        "root": None,
-        "options": {},
-    },  # options: passed to widthscope.data.load, e.g. {grayscale = true}
+    # options: passed to widthscope.data.load
+    "data": {"name": "digits", "n_train": 256, "n_test": 256, "seed": 0, "root": None, "options": {}},
     "train": {
         "eta0": 0.1,
         "alphas": [0.0, -0.5, -1.0],
@@ -112,6 +90,10 @@ def _must(ok: bool, text: str) -> None:
         raise WidthscopeError(f"linearize config: {text}")
 
 
+def _must_count(key: str, v: Any, lo: int, what: str) -> None:
+    _must(_count(v, lo), f"{key} must be {what} (got {v!r})")
+
+
 def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """Fill defaults and check the config; raises :class:`WidthscopeError` naming the problem."""
     cfg = _merge(DEFAULTS, config, "")
@@ -148,24 +130,21 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
     )
     _must(tr["optimizer"] in OPTIMIZERS, f"train.optimizer {tr['optimizer']!r}; use one of {', '.join(OPTIMIZERS)}")
     _must(tr["loss"] in LOSSES, f"train.loss {tr['loss']!r}; use one of {', '.join(LOSSES)}")
-    _must(
-        _count(tr["batch_size"], 0),
-        f"train.batch_size must be an integer >= 0 (0 = full batch; got {tr['batch_size']!r})",
-    )
-    _must(_count(tr["probe"], 1), f"train.probe (kernel-drift inputs) must be an integer >= 1 (got {tr['probe']!r})")
+    _must_count("train.batch_size", tr["batch_size"], 0, "an integer >= 0 (0 = full batch)")
+    _must_count("train.probe", tr["probe"], 1, "an integer >= 1 (kernel-drift inputs)")
     for key in ("n_train", "n_test"):
-        v = cfg["data"][key]
-        _must(v is None or _count(v, 1), f"data.{key} must be a positive integer (got {v!r})")
+        if cfg["data"][key] is not None:
+            _must_count(f"data.{key}", cfg["data"][key], 1, "a positive integer")
     _must(
         isinstance(c["measure"], list),
         f'correlations.measure must be a list such as ["C02", "C11"] (got {c["measure"]!r})',
     )
-    _must(_count(c["n_tuples"], 1), f"correlations.n_tuples must be a positive integer (got {c['n_tuples']!r})")
+    _must_count("correlations.n_tuples", c["n_tuples"], 1, "a positive integer")
     _must(
         c["output"] == "random" or _count(c["output"], 0),
         f"correlations.output must be 'random' or a logit index >= 0 (got {c['output']!r})",
     )
-    _must(_count(tr["steps"], 1), f"train.steps must be a positive integer (got {tr['steps']!r})")
+    _must_count("train.steps", tr["steps"], 1, "a positive integer")
     if tr["log_steps"] is None:
         tr["log_steps"] = sorted({0, *[int(round(tr["steps"] * f)) for f in (0.1, 0.3, 1.0)]})
     _must(
@@ -200,8 +179,7 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _check_data_and_model(cfg: Mapping[str, Any]) -> None:
-    """The dataset is a classification dataset this package knows, and the MLP builds with the config's
-    options (on the ``meta`` device; the input size, known only from the data, is a placeholder)."""
+    """The dataset is a known classification dataset, and the MLP builds (on the ``meta`` device)."""
     d = cfg["data"]
     classification = [n for n in DATASETS if n not in ("text", "prose")]
     _must(

@@ -1,19 +1,8 @@
-"""Linearization width sweep: ``widthscope linearize CONFIG.toml [--out DIR] [--shard k/n]`` (:func:`run_file`,
-:func:`run_linearize`).
+"""Linearization width sweep: ``widthscope linearize CONFIG.toml [--out DIR] [--shard k/n]``.
 
-Every cell ``width × seed × α`` builds the MLP (seeded), trains it and its linear model side by side with
-learning rate ``η = η₀·n^α`` and records rows ``kind="linearization"`` (one per logged step); the cells with
-the first ``α`` also measure the derivative correlations at ``η = η₀`` (rows ``kind="correlation"``). Cells
-run through :func:`widthscope.sweeps.grid.run_grid` (resumable, shardable); once the grid is complete the
-slopes over width (:func:`widthscope.linearization.summary.summarize`) are printed and written to
-``slopes.json`` with the :class:`LinearizeOptions` that made them (``--config slopes.json`` repeats the sweep).
-
-Python entry (used by ``widthscope demo``)::
-
-    >>> from widthscope.linearization.run import run_sweep
-    >>> from widthscope.linearization.config import DEMO_CONFIG
-    >>> result = run_sweep(DEMO_CONFIG, "runs/linearize-demo")          # doctest: +SKIP
-    >>> result["slopes"][0]["slope"]                                    # doctest: +SKIP
+Every cell ``width × seed × α`` trains the seeded MLP and its linear model side by side at ``η = η₀·n^α``
+(rows ``kind="linearization"``); the first ``α``'s cells also measure the derivative correlations (rows
+``kind="correlation"``). Once the grid is complete the slopes over width are written to ``slopes.json``.
 """
 
 from __future__ import annotations
@@ -42,11 +31,8 @@ __all__ = ["LinearizeOptions", "run_cell", "run_sweep", "run_linearize", "run_fi
 
 @dataclasses.dataclass(frozen=True)
 class LinearizeOptions(Options):
-    """The settings of a linearization sweep (``widthscope linearize``; :func:`run_linearize`).
-
-    ``sweep``: the sweep config, the TOML's tables as a dict (:func:`~widthscope.linearization.config.validate_config`
-    fills the defaults and checks it when the options are made); ``shard``: ``"k/n"`` (default:
-    one shard per ``torchrun`` rank, else the whole grid)."""
+    """The settings of a linearization sweep (``widthscope linearize``; :func:`run_linearize`): ``sweep``, the
+    config's tables (checked by :func:`~widthscope.linearization.config.validate_config`), and ``shard``."""
 
     shard: str | None = option(
         None, kind="str", metavar="k/n", help="run shard k of n (k/n); cells are split round-robin"
@@ -129,24 +115,16 @@ def run_cell(cfg: Mapping[str, Any], cell: Mapping[str, Any]) -> list[dict[str, 
             s = correlation_summary(
                 model, X, D=D, d=d, n_tuples=c["n_tuples"], eta=tr["eta0"], output=c["output"], seed=seed
             )
-            rows.append(
-                {
-                    "kind": "correlation",
-                    "name": f"C{D}{d}",
-                    "data_description": words,
-                    **{k2: v for k2, v in s.items() if k2 != "values"},
-                }
-            )
+            s.pop("values")
+            rows.append({"kind": "correlation", "name": f"C{D}{d}", "data_description": words, **s})
     return rows
 
 
 def run_sweep(
     config: Mapping[str, Any], out_dir: str | Path, shard: tuple[int, int] = (1, 1), *, quiet: bool = False
 ) -> dict[str, Any]:
-    """Run (or resume) the sweep in ``out_dir``; returns ``{"rows", "slopes", "complete", "out_dir"}``.
-
-    ``slopes`` is empty until every cell of the grid is finished (all shards).
-    """
+    """Run (or resume) the sweep in ``out_dir``: ``{"rows", "slopes", "complete", "out_dir"}`` (``slopes`` empty
+    until every cell of every shard is finished)."""
     cfg = validate_config(config)
     out_dir = Path(out_dir)
     try:
@@ -183,10 +161,8 @@ def run_sweep(
 
 
 def run_linearize(options: LinearizeOptions, *, out: str | Path | None = None) -> dict[str, Any]:
-    """What ``widthscope linearize`` does: the sweep of ``options`` in ``out`` (default
-    ``runs/<config name>``), this process's shard (``options.shard``; default: one shard per
-    ``torchrun`` rank, else the whole grid). Under ``torchrun``, rank 0 fits the slopes once every
-    rank's cells are in. Returns :func:`run_sweep`'s result for this process's shard."""
+    """What ``widthscope linearize`` does: this process's shard (default: one per ``torchrun`` rank) of the sweep
+    in ``out`` (default ``runs/<config name>``); :func:`run_sweep`'s result."""
     sweep = options.sweep
     if sweep is None:
         raise WidthscopeError(
@@ -201,8 +177,7 @@ def run_linearize(options: LinearizeOptions, *, out: str | Path | None = None) -
 
 
 def run_file(config_path: str, *, out: str | None = None, shard: str | None = None) -> dict[str, Any]:
-    """:func:`run_linearize` of a TOML config file; ``out`` defaults to ``runs/<config name>``
-    (the file's stem when the config names none)."""
+    """:func:`run_linearize` of a TOML config file (``out`` default: ``runs/<config name or file stem>``)."""
     config = load_toml(config_path)
     out_dir = out or str(Path("runs") / str(config.get("name", Path(config_path).stem)))
     return run_linearize(LinearizeOptions(sweep=config, shard=shard), out=out_dir)

@@ -1,12 +1,10 @@
-"""The summary of a linearization width sweep: log-log slopes over width next to the theory's
-reference slopes (:func:`reference_slope`, the one table the sweep, the report's figures and the
-claims read) and the published ones (:data:`PUBLISHED`). Pure functions of result rows.
+"""The summary of a linearization width sweep: log-log slopes over width next to the theory's reference
+slopes (:func:`reference_slope`) and the published ones (:data:`PUBLISHED`).
 """
 
 from __future__ import annotations
 
 import math
-import sys
 from typing import Any, Mapping
 
 import numpy as np
@@ -22,12 +20,7 @@ PUBLISHED: dict[float, float] = {0.0: -1.14, -0.25: -1.14, -0.5: -1.30, -0.75: -
 
 
 def reference_slope(metric: str, alpha: float | None = None) -> tuple[float, str]:
-    """The theory's slope of ``log metric`` vs ``log n`` (linearization spec §3) and what it is.
-
-    The one table of reference slopes: the sweep summary, the report's figures and the claims
-    page all read it. Deviation at ``η = η₀ n^α``: ``α − 1`` (its square ``dev_mse``: ``2(α − 1)``);
-    kernel drift ``α − 1/2`` (a heuristic); correlations ``C_{D,d}``: ``−1/2``.
-    """
+    """The theory's slope of ``log metric`` vs ``log n`` at ``η = η₀ n^α``, and what it is."""
     a = 0.0 if alpha is None else float(alpha)
     if metric in ("dev_rms", "dev_rel"):
         return a - 1, "bound O(n^alpha/n) on F - F_lin" + (", relative to RMS F" if metric == "dev_rel" else "")
@@ -66,7 +59,6 @@ def summarize(rows: list[dict[str, Any]], cfg: Mapping[str, Any]) -> list[dict[s
             return
         w = np.asarray(widths, float)[ok]
         fit = fit_slope(w, M[:, ok])
-        diverged = int((~np.isfinite(M)).sum())
         out.append(
             {
                 "kind": "slope",
@@ -82,7 +74,7 @@ def summarize(rows: list[dict[str, Any]], cfg: Mapping[str, Any]) -> list[dict[s
                 "published": published,
                 "n_widths": int(ok.sum()),
                 "n_seeds": len(seeds),
-                "missing": diverged,
+                "missing": int((~np.isfinite(M)).sum()),
             }
         )
 
@@ -119,7 +111,6 @@ def cfg_from_rows(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def print_slopes(slopes, file=None) -> None:
-    file = file or sys.stdout
     table = [
         {
             "metric": s["metric"],
@@ -133,11 +124,5 @@ def print_slopes(slopes, file=None) -> None:
         }
         for s in slopes
     ]
-    print(
-        format_table(
-            table,
-            floatfmt=".3g",
-            title="log-log slopes over width (seeds averaged in log space; 95% t interval over the seeds' slopes)",
-        ),
-        file=file,
-    )
+    title = "log-log slopes over width (seeds averaged in log space; 95% t interval over the seeds' slopes)"
+    print(format_table(table, floatfmt=".3g", title=title), file=file)
