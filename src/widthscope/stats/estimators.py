@@ -1,9 +1,7 @@
 """Unbiased and plug-in estimates of the moments the alignment certificate needs.
 
-One population: ``‖μ‖²``, ``μᵀΣμ``, ``tr(Σ²)``; two independent populations: ``aᵀb``, ``bᵀΣ_a b``,
-``aᵀΣ_b a``, ``tr(Σ_a Σ_b)``. Each from the Gram (dual, ``O(n²d)``) or from mergeable moments
-(primal, :class:`PrimalMoments`, ``O(nd²)``); ``method="auto"`` picks the cheaper. Derivations:
-docs/statistics.md §1–3.
+One population: ``‖μ‖²``, ``μᵀΣμ``, ``tr(Σ²)``; two: ``aᵀb``, ``bᵀΣ_a b``, ``aᵀΣ_b a``, ``tr(Σ_a Σ_b)``;
+from the Gram (dual) or from mergeable moments (primal). Derivations: docs/statistics.md §1–3.
 
 Example::
 
@@ -68,11 +66,7 @@ class CrossMoments:
 
 # ----------------------------------------------------------------------------- input checks
 def as_matrix(X: Any, name: str = "X", *, d: int | None = None) -> torch.Tensor:
-    """Validate ``X`` as a finite ``(n, d)`` array/tensor and return it as float64.
-
-    Raises :class:`WidthscopeError` for the wrong rank, no rows or columns, a dimension
-    different from ``d``, or NaN/Inf entries (naming the offending rows).
-    """
+    """``X`` checked to be a finite, non-empty ``(n, d)`` array/tensor, as float64."""
     if isinstance(X, torch.Tensor):
         t = X.detach()
     else:
@@ -157,10 +151,7 @@ def sums_from_rows(fro: Any, rows: Any, sq: Any) -> tuple[Any, Any, Any, Any]:
 
 
 def gram_sums(G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Distinct-index sums ``(S, A, B, C)`` of a symmetric Gram ``G`` (shape ``(..., n, n)``).
-
-    For users who already have a Gram (e.g. the block probe's product of Grams).
-    """
+    """Distinct-index sums ``(S, A, B, C)`` of a symmetric Gram ``G`` (shape ``(..., n, n)``)."""
     G = G.to(torch.float64)
     return sums_from_rows((G * G).sum((-2, -1)), G.sum(-1), G.diagonal(dim1=-2, dim2=-1))
 
@@ -185,10 +176,7 @@ def _cross_unbiased(na: int, nb: int, T: Any, Q: Any, R: Any, Rp: Any) -> tuple[
 
 # ----------------------------------------------------------------------------- primal accumulator
 class PrimalMoments:
-    """Mergeable moments ``n, Σx, Σxxᵀ, Σ‖x‖²x, Σ‖x‖², Σ‖x‖⁴`` (float64, ``O(d²)`` memory).
-
-    Update with batches, merge shards with ``+``, ship across processes as one flat tensor
-    (:meth:`to_tensor` / :meth:`from_tensor`, sum with ``all_reduce``), then :meth:`finalize`.
+    """Mergeable moments ``n, Σx, Σxxᵀ, Σ‖x‖²x, Σ‖x‖², Σ‖x‖⁴`` (float64); merge with ``+``.
 
     Example::
 
@@ -320,10 +308,8 @@ def _dual_moments(X: torch.Tensor, estimator: str) -> Moments:
 
 
 def moments(X: Any, estimator: Estimator = "unbiased", method: Method = "auto") -> Moments:
-    """Estimate ``‖μ‖², μᵀΣμ, tr(Σ²)`` from the rows of ``X`` (``(n, d)``, ``n ≥ 4``).
-
-    ``method="auto"`` uses the dual (Gram) form when ``n ≤ d`` and the primal form otherwise;
-    ``"dual"``/``"primal"`` force one. Accumulation is float64.
+    """Estimate ``‖μ‖², μᵀΣμ, tr(Σ²)`` from the rows of ``X`` (``n ≥ 4``); ``method="auto"`` takes the
+    dual (Gram) form when ``n ≤ d``.
 
     Example::
 
@@ -342,10 +328,7 @@ def moments(X: Any, estimator: Estimator = "unbiased", method: Method = "auto") 
 
 
 def moments_from_gram(G: Any, estimator: Estimator = "unbiased") -> Moments:
-    """Same estimates from a precomputed ``(n, n)`` Gram matrix ``G_ij = ⟨x_i, x_j⟩``.
-
-    The inner product may be any one (e.g. the block probe's elementwise product of the
-    gradient and hidden-activation Grams); ``d`` is reported as 0 (unknown).
+    """Same estimates from a precomputed ``(n, n)`` Gram ``G_ij = ⟨x_i, x_j⟩`` (``d`` reported as 0).
 
     Example::
 
@@ -406,11 +389,8 @@ def _cross_from_primal(pa: PrimalMoments, pb: PrimalMoments, estimator: str) -> 
 
 
 def cross_moments(Xa: Any, Xb: Any, estimator: Estimator = "unbiased", method: Method = "auto") -> CrossMoments:
-    """Two-population estimates from train rows ``Xa`` and independent held-out rows ``Xb``.
-
-    Either argument pair may also be two :class:`PrimalMoments` (merged shards). ``"auto"``
-    uses the cross-Gram when ``n_a n_b d ≤ (n_a + n_b) d²``, else the primal moments.
-    Needs ``n_a, n_b ≥ 2``.
+    """Two-population estimates from train rows ``Xa`` and independent held-out rows ``Xb`` (or two
+    :class:`PrimalMoments`); ``"auto"`` uses the cross-Gram when ``n_a n_b ≤ (n_a + n_b) d``.
 
     Example::
 
