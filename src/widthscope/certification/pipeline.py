@@ -54,7 +54,7 @@ from ..options import (
 )
 from ..probe import POOLS, all_points, collect, insertion_points, resolve_points
 from ..probe.batches import as_examples, batch_size_of, index_batch, to_batches
-from ..probe.collect import float_dtype, to_device
+from ..probe.collect import EvalMode, float_dtype, to_device
 from ..probe.offload import input_device
 from ..probe.prefix import keep_prefix
 from ..probe.resolution import sample_errors
@@ -106,14 +106,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "interventions": lambda v: _args.choice(_FN, "interventions", v, (None, *INTERVENTIONS)),
     "etas": lambda v: _args.numbers_list(_FN, "etas", v, accepts="a list of positive step sizes or None"),
     "n_etas": lambda v: _args.integer(_FN, "n_etas", v, lo=1),
-    "max_rel_step": lambda v: _args.number(
-        _FN,
-        "max_rel_step",
-        v,
-        1e-4,
-        lo_open=True,
-        accepts="a finite number above the smallest step 1e-4 (the largest step's RMS entry over the activation's)",
-    ),
+    "max_rel_step": lambda v: check_rel_step(v, _FN),
     "project": lambda v: _args.integer(
         _FN, "project", v, lo=2, optional=True, accepts="an integer k >= 2 (projected dimension) or None"
     ),
@@ -375,17 +368,15 @@ def _interventions(
     ``on_point``; the model's modes are restored. The bias steps reuse the probe's samples,
     held-out losses, activation scale and kept prefix."""
     opts, model = run.opts, run.model
+    on_point = on_point or (lambda row: None)
     if opts.kind not in INTERVENTION_KINDS:
-        for r in results if on_point is not None else ():
+        for r in results:
             on_point(r)
         return
     from ..probe.interventions import intervene  # noqa: PLC0415  call-time lookup: tests replace it there
 
     test_losses = gather_rows(qb.losses[:, None], run.device)[:, 0]  # all ranks' rows, in order
-    was_training = {m: m.training for m in model.modules()}
-    try:
-        if opts.train_mode == "eval":
-            model.eval()
+    with EvalMode(model) if opts.train_mode == "eval" else contextlib.nullcontext():
         for r in results:
             p = r["point"]
             reuse = None
@@ -417,11 +408,7 @@ def _interventions(
                     reuse=reuse,
                 )
                 r["interventions"] = to_jsonable(rows)
-            if on_point is not None:
-                on_point(r)
-    finally:
-        for m, mode in was_training.items():
-            m.training = mode
+            on_point(r)
 
 
 # The largest default step "still first order": it gave at least this share of the predicted decrease.
@@ -789,9 +776,7 @@ def _run(job: CertifyJob, notes: Sequence[str], say: Callable[[str], None] | Non
         input_spec=(inputs.spec or spec).to_dict(),
         **{k: info.get(k) for k in ("architecture", "width", "depth", "dtype", "parameters", "attn_implementation")},
     )
-    for k in ("n_train_examples", "n_test_examples"):
-        if k in inputs.info:
-            res["settings"][k] = inputs.info[k]
+    res["settings"].update({k: inputs.info[k] for k in ("n_train_examples", "n_test_examples") if k in inputs.info})
     trained = training_record(getattr(model, "widthscope_extra", None))
     if trained:  # the checkpoint's training record (steps, final losses): the report's provenance table
         res["settings"]["training"] = trained
