@@ -228,7 +228,7 @@ def settings_block(opts: CertifyOptions, names: Sequence[str], *, world_size: in
         "interventions": opts.kind,
         "project": opts.project,
         "draw_scheme": opts.draw_scheme,
-        "etas": None if grid else [float(e) for e in opts.etas],
+        "etas": None if opts.etas is None else [float(e) for e in opts.etas],
         "n_etas": opts.n_etas if grid else None,
         "max_rel_step": opts.max_rel_step if grid else None,
     }

@@ -107,11 +107,12 @@ def load(
             f"{path} is a safetensors file but not widthscope samples (no format "
             f"{FORMAT!r} in its metadata): write one with certify --save-samples"
         )
+
+    def damaged(why: str) -> WidthscopeError:
+        return WidthscopeError(f"samples file {path}: {why}; the file is damaged: {_REWRITE}")
+
     if "points" not in header:
-        raise WidthscopeError(
-            f"samples file {path}: its metadata has no 'points' (which points the tensors "
-            f"are); the file is damaged: {_REWRITE}"
-        )
+        raise damaged("its metadata has no 'points' (which points the tensors are)")
     meta: dict[str, Any] = {}
     found = []
     for k, v in header.items():
@@ -122,27 +123,18 @@ def load(
         except json.JSONDecodeError as exc:
             why = f"metadata {k!r} is not JSON ({exc.msg} at char {exc.pos})"
             if k in _ESSENTIAL:
-                raise WidthscopeError(f"samples file {path}: {why}; the file is damaged: {_REWRITE}") from None
+                raise damaged(why) from None
             found.append(Skipped(str(path), None, why))
     points = meta.pop("points")
     if not (isinstance(points, list) and points and all(isinstance(p, str) for p in points)):
-        raise WidthscopeError(
-            f"samples file {path}: metadata 'points' is not a list of point names "
-            f"(got {str(points)[:60]}); the file is damaged: {_REWRITE}"
-        )
+        raise damaged(f"metadata 'points' is not a list of point names (got {str(points)[:60]})")
     for p in points:
         for split in ("train", "test"):
             t = tensors.get(f"{split}/{p}")
             if t is None:
-                raise WidthscopeError(
-                    f"samples file {path}: point {p!r} has no {split!r} tensor "
-                    f"('{split}/{p}' is missing); the file is damaged: {_REWRITE}"
-                )
+                raise damaged(f"point {p!r} has no {split!r} tensor ('{split}/{p}' is missing)")
             if t.ndim != 2 or not t.is_floating_point():
-                raise WidthscopeError(
-                    f"samples file {path}: tensor '{split}/{p}' has shape {tuple(t.shape)} "
-                    f"{t.dtype}, not a (B, N) float matrix; the file is damaged: {_REWRITE}"
-                )
+                raise damaged(f"tensor '{split}/{p}' has shape {tuple(t.shape)} {t.dtype}, not a (B, N) float matrix")
     record_skips(found, problems)
     return ({p: tensors[f"train/{p}"] for p in points}, {p: tensors[f"test/{p}"] for p in points}, meta)
 

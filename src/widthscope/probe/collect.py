@@ -286,36 +286,27 @@ def run_batch(
 def _forward_loss(
     model: nn.Module, batch: Any, loss_fn: Callable | None, bi: int
 ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-    mask = None
     if isinstance(batch, Mapping) or (isinstance(batch, torch.Tensor) and not batch.is_floating_point()):
         # Causal LM: LongTensor ids, or {"input_ids", optional "attention_mask", "labels"}.
+        mask = labels = None
         if isinstance(batch, Mapping):
             if "input_ids" not in batch:
                 raise WidthscopeError(f"batch {bi} is a dict without 'input_ids' (keys: {sorted(batch)})")
-            ids = batch["input_ids"]
-            mask = batch.get("attention_mask")
-            labels = batch.get("labels")
-        else:
-            ids, labels = batch, None
+            mask, labels = batch.get("attention_mask"), batch.get("labels")
+        ids = batch["input_ids"] if isinstance(batch, Mapping) else batch
         if ids.ndim != 2:
             raise WidthscopeError(f"batch {bi}: input_ids must be (B, T), got shape {tuple(ids.shape)}")
         kwargs = {}
-        if mask is not None:
-            if _accepts(model, "attention_mask"):
-                kwargs["attention_mask"] = mask
-            else:
-                # Without a mask argument only right padding is exact for a causal model.
-                m = mask.bool()
-                if bool((m[:, 1:] & ~m[:, :-1]).any()):
-                    raise WidthscopeError(
-                        f"batch {bi}: {type(model).__name__}.forward takes no attention_mask and the "
-                        "padding is not on the right; pad sequences on the right"
-                    )
+        if mask is not None and _accepts(model, "attention_mask"):
+            kwargs["attention_mask"] = mask
+        elif mask is not None and bool((mask.bool()[:, 1:] & ~mask.bool()[:, :-1]).any()):
+            # without a mask argument only right padding is exact for a causal model
+            raise WidthscopeError(
+                f"batch {bi}: {type(model).__name__}.forward takes no attention_mask and the "
+                "padding is not on the right; pad sequences on the right"
+            )
         output = model(ids, **kwargs)
-        if loss_fn is not None:
-            losses = loss_fn(output, batch)
-        else:
-            losses = causal_lm_loss(logits_of(output), ids, mask, labels)
+        losses = loss_fn(output, batch) if loss_fn is not None else causal_lm_loss(logits_of(output), ids, mask, labels)
         return losses, mask, ids.shape[0]
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
         x, y = batch
