@@ -461,7 +461,6 @@ def data_description(info: dict[str, Any], data: str | None = None) -> str:
     return f"{words}; {sizes}" + (f" ({rule})" if rule else "")
 
 
-# ----------------------------------------------------------------------------- a whole run
 @dataclasses.dataclass(frozen=True)
 class CertifyJob:
     """Everything one certify run needs: inputs, statistics, execution, outputs."""

@@ -272,7 +272,6 @@ def _select(
     return {w: train[w] for w in wanted}, {w: test[w] for w in wanted}, meta
 
 
-# ----------------------------------------------------------------------------- a whole run
 @dataclasses.dataclass(frozen=True)
 class StatsOptions(Options):
     """The settings of ``widthscope stats`` (:func:`run_stats`); ``None`` keeps what the samples file saved."""

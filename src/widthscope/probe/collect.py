@@ -113,19 +113,14 @@ def float_dtype(model: nn.Module) -> torch.dtype | None:
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
 
 
-class EvalMode:
-    """Run the model in eval mode (BatchNorm running statistics, no dropout), then restore."""
-
-    def __init__(self, model: nn.Module):
-        self.model = model
-
-    def __enter__(self) -> nn.Module:
-        self.modes = {m: m.training for m in self.model.modules()}
-        self.model.eval()
-        return self.model
-
-    def __exit__(self, *exc: Any) -> None:
-        for m, mode in self.modes.items():
+@contextmanager
+def EvalMode(model: nn.Module) -> Iterator[nn.Module]:
+    """Run the model in eval mode (BatchNorm running statistics, no dropout), then restore its modes."""
+    modes = {m: m.training for m in model.modules()}
+    try:
+        yield model.eval()
+    finally:
+        for m, mode in modes.items():
             m.training = mode
 
 
@@ -176,7 +171,6 @@ def _shapes(obj: Any) -> str:
     return type(obj).__name__
 
 
-# ----------------------------------------------------------------------------- per-example losses
 def _wide(x: torch.Tensor) -> torch.Tensor:
     """Half-precision logits in float32 for the cross-entropy."""
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
@@ -333,7 +327,6 @@ def _forward_loss(
     )
 
 
-# ----------------------------------------------------------------------------- pooling
 def _feature_dim(module: nn.Module, z: torch.Tensor) -> int:
     """:func:`channel_dim`, but dim 1 of a 1-D channels-first layer's ``(B, C, L)`` output."""
     return 1 if z.ndim <= 2 or isinstance(module, _CHANNELS_FIRST_1D) else channel_dim(z)
@@ -380,7 +373,6 @@ def split_output(output: Any, name: str) -> tuple[torch.Tensor, Callable[[torch.
     )
 
 
-# ----------------------------------------------------------------------------- collect
 def collect(
     model: nn.Module,
     batches: Iterable[Any],

@@ -318,7 +318,6 @@ def assemble_rows(x: InterventionInputs, measured: Measured) -> list[dict[str, A
     return rows
 
 
-# ----------------------------------------------------------------------------- sign agreement
 def sign_agreement(
     model: nn.Module,
     point: str,

@@ -99,24 +99,20 @@ class TotalFlops(FlopCounterMode):
         self.mod_tracker = _NoModules()  # type: ignore[assignment]
 
 
-class _CountRecompute:
+@contextmanager
+def _count_recompute(sink: list[int]) -> Iterator[None]:
     """The recomputation's context: its own FLOP counter, whose total goes to ``sink``."""
-
-    def __init__(self, sink: list[int]) -> None:
-        self.sink = sink
-        self.counter = TotalFlops()
-
-    def __enter__(self) -> None:
-        self.counter.__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.counter.__exit__(*exc)
-        self.sink.append(int(self.counter.get_total_flops()))
+    counter = TotalFlops()
+    try:
+        with counter:
+            yield
+    finally:  # also when the recomputation stops early (by an exception)
+        sink.append(int(counter.get_total_flops()))
 
 
 def _contexts() -> tuple[Any, Any]:
     sink = _RECOMPUTED.get()
-    return contextlib.nullcontext(), (contextlib.nullcontext() if sink is None else _CountRecompute(sink))
+    return contextlib.nullcontext(), (contextlib.nullcontext() if sink is None else _count_recompute(sink))
 
 
 def _wrap(block: nn.Module) -> Callable[..., Any]:

@@ -42,7 +42,6 @@ class Plan:
         return self.cached + ((point,) if self.point_cached else ())
 
 
-# ----------------------------------------------------------------------------- module outputs
 def _signature(out: Any) -> tuple | None:
     """Shapes of a tensor / tuple-of-tensors output (None entries kept), or None if unsupported."""
     if isinstance(out, torch.Tensor):
@@ -118,7 +117,6 @@ def _step_hook(point: str, steps: torch.Tensor | FnSteps) -> Callable:
     return hook
 
 
-# ----------------------------------------------------------------------------- plan / capture
 def _forward(model: nn.Module, batch: Any, loss_fn: Callable | None) -> torch.Tensor | None:
     """Per-example losses of one batch; None when a capture hook stopped the forward."""
     try:
@@ -259,7 +257,6 @@ class _Replaced:
             raise Unsupported(f"{', '.join(skipped)} did not call the replaced forward")
 
 
-# ----------------------------------------------------------------------------- outputs kept from the caller's pass
 class KeptPrefix:
     """The planned outputs (``outputs``: module -> first ``n`` rows) of every point's cached path,
     recorded during passes the caller runs anyway; ``reason`` says why they are unusable (or None)."""
@@ -359,7 +356,6 @@ def keep_prefix(
         kept.finish()
 
 
-# ----------------------------------------------------------------------------- stacked losses
 def _chunk_rows(
     model: nn.Module,
     point: str,

@@ -5,7 +5,8 @@ one-line note naming the others."""
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Mapping
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 import torch.nn as nn
@@ -23,26 +24,17 @@ def dtype_name(dt: torch.dtype | None) -> str | None:
     return None if dt is None else str(dt).replace("torch.", "")
 
 
-class upcast:
-    """Context: the model's bfloat16/float16 parameters and buffers in float32, restored (losslessly) on exit."""
-
-    def __init__(self, model: nn.Module):
-        self.model = model
-        self.saved: list[tuple[torch.Tensor, torch.dtype]] = []
-
-    def __enter__(self) -> nn.Module:
-        seen: set[int] = set()
-        for t in [*self.model.parameters(), *self.model.buffers()]:
-            if id(t) not in seen and t.dtype in LOW_PRECISION:
-                seen.add(id(t))
-                self.saved.append((t, t.dtype))
-                t.data = t.data.float()
-        return self.model
-
-    def __exit__(self, *exc: Any) -> None:
-        for t, dt in self.saved:
+@contextmanager
+def upcast(model: nn.Module) -> Iterator[nn.Module]:
+    """The model's bfloat16/float16 parameters and buffers in float32 within the block, restored on exit."""
+    saved = {id(t): (t, t.dtype) for t in [*model.parameters(), *model.buffers()] if t.dtype in LOW_PRECISION}
+    for t, _ in saved.values():
+        t.data = t.data.float()
+    try:
+        yield model
+    finally:
+        for t, dt in saved.values():
             t.data = t.data.to(dt)
-        self.saved = []
 
 
 def loss_rounding(

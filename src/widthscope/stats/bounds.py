@@ -240,7 +240,6 @@ def vacuous_rule(fields: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return fields
 
 
-# ----------------------------------------------------------------------------- planner
 @dataclass(frozen=True)
 class Plan:
     """Smallest sample sizes meeting ``target`` (``None`` when unreachable; see ``notes``): ``M`` at

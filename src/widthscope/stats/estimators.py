@@ -64,7 +64,6 @@ class CrossMoments:
     method: str
 
 
-# ----------------------------------------------------------------------------- input checks
 def as_matrix(X: Any, name: str = "X", *, d: int | None = None) -> torch.Tensor:
     """``X`` checked to be a finite, non-empty ``(n, d)`` array/tensor, as float64."""
     if isinstance(X, torch.Tensor):
@@ -140,7 +139,6 @@ def _check_n(n: int, need: int = 4, name: str = "X") -> None:
         raise WidthscopeError(f"need at least {need} samples, got n={n} in {name}; collect more examples")
 
 
-# ----------------------------------------------------------------------------- sums -> estimates
 def sums_from_rows(fro: Any, rows: Any, sq: Any) -> tuple[Any, Any, Any, Any]:
     """Distinct-index sums ``(S, A, B, C)`` from ``‖G‖_F²``, the row sums of ``G`` and its diagonal."""
     A = fro - (sq * sq).sum(-1)
@@ -174,7 +172,6 @@ def _cross_unbiased(na: int, nb: int, T: Any, Q: Any, R: Any, Rp: Any) -> tuple[
     return T / (na * nb), row - both, col - both, Q / (na * nb) - row - col + both
 
 
-# ----------------------------------------------------------------------------- primal accumulator
 class PrimalMoments:
     """Mergeable moments ``n, Σx, Σxxᵀ, Σ‖x‖²x, Σ‖x‖², Σ‖x‖⁴`` (float64); merge with ``+``.
 
@@ -284,7 +281,6 @@ class PrimalMoments:
         return f"PrimalMoments(d={self.d}, n={self.n})"
 
 
-# ----------------------------------------------------------------------------- one population
 def _dual_moments(X: torch.Tensor, estimator: str) -> Moments:
     n, d = X.shape
     sq = (X * X).sum(1)
@@ -353,7 +349,6 @@ def moments_from_gram(G: Any, estimator: Estimator = "unbiased") -> Moments:
     return Moments(n, 0, *vals, estimator, "dual", tr_sigma)
 
 
-# ----------------------------------------------------------------------------- two populations
 def _cross_from_gram(C: torch.Tensor, d: int, estimator: str) -> CrossMoments:
     na, nb = C.shape
     if estimator == "plugin":

@@ -181,7 +181,6 @@ def projected_moments(
     return finalize_projected(pm, proj)
 
 
-# ----------------------------------------------------------------------------- out-of-core dual form
 def spill_rows(blocks: Iterable[Any], path: Any, *, d: int | None = None) -> Any:
     """Write streamed ``(b, d)`` row blocks to a float64 ``.npy`` file (atomically); returns it memory-mapped.
 
