@@ -210,51 +210,37 @@ def capture_outputs(model: nn.Module, point: str, p: Plan, batch: Any, loss_fn: 
     return keep
 
 
-class _Replaced:
+@contextmanager
+def _replaced(model: nn.Module, point: str, p: Plan, keep: dict[str, Any], steps: Any) -> Iterator[dict[str, int]]:
     """Within the block each planned module's ``forward`` returns its kept output repeated ``E``
-    times (the point's with the steps added); :meth:`verify` checks each ran exactly once."""
+    times (the point's with the steps added); yields each module's number of calls."""
+    E = steps.shape[0]
+    put_steps = _step_hook(point, steps)
+    calls = dict.fromkeys(p.kept(point), 0)
+    saved: list[tuple[nn.Module, bool, Any]] = []
 
-    def __init__(self, model: nn.Module, point: str, p: Plan, keep: dict[str, Any], steps: Any):
-        E = steps.shape[0]
-        self.modules = dict(model.named_modules())
-        self.calls = dict.fromkeys(p.kept(point), 0)
-        put_steps = _step_hook(point, steps)
-
-        def value(name: str) -> Any:
+    def stub(name: str) -> Callable:
+        def forward(*_a: Any, **_k: Any) -> Any:
+            calls[name] += 1
+            if calls[name] > 1:
+                raise Unsupported(f"{name!r} runs more than once in a forward pass (a shared module)")
             out = _repeat(keep[name], E)
             return put_steps(None, None, out) if name == point else out
 
-        self.value = value
-        self.saved: list[tuple[nn.Module, bool, Any]] = []
-
-    def _stub(self, name: str) -> Callable:
-        def forward(*_a: Any, **_k: Any) -> Any:
-            self.calls[name] += 1
-            if self.calls[name] > 1:
-                raise Unsupported(f"{name!r} runs more than once in a forward pass (a shared module)")
-            return self.value(name)
-
         return forward
 
-    def __enter__(self) -> _Replaced:
-        for name in self.calls:
-            m = self.modules[name]
-            self.saved.append((m, "forward" in m.__dict__, m.__dict__.get("forward")))
-            m.forward = self._stub(name)  # instance attribute: nn.Module.__call__ calls it, hooks still run
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for m, had, old in self.saved:
+    try:
+        for name in calls:
+            m = model.get_submodule(name)
+            saved.append((m, "forward" in m.__dict__, m.__dict__.get("forward")))
+            m.forward = stub(name)  # instance attribute: nn.Module.__call__ calls it, hooks still run
+        yield calls
+    finally:
+        for m, had, old in saved:
             if had:
                 m.forward = old
             else:
                 del m.forward
-        self.saved.clear()
-
-    def verify(self) -> None:
-        skipped = [n for n, c in self.calls.items() if c != 1]
-        if skipped:
-            raise Unsupported(f"{', '.join(skipped)} did not call the replaced forward")
 
 
 class KeptPrefix:
@@ -370,12 +356,15 @@ def _chunk_rows(
     the whole network (``p`` None) or ``p``'s cached path (outputs from ``keep``, else captured)."""
     if p is not None and keep is None:
         keep = capture_outputs(model, point, p, batch, loss_fn)
-    rep = None if p is None else _Replaced(model, point, p, keep or {}, steps)
     hooks = [(model.get_submodule(point), _step_hook(point, steps))] if p is None or not p.point_cached else []
-    with hooked(hooks), rep or contextlib.nullcontext():
+    replace: contextlib.AbstractContextManager[dict[str, int]] = (
+        contextlib.nullcontext({}) if p is None else _replaced(model, point, p, keep or {}, steps)
+    )
+    with hooked(hooks), replace as calls:
         losses, _, _ = run_batch(model, cat_batches([batch] * steps.shape[0]), loss_fn, bi)
-    if rep is not None:
-        rep.verify()
+    skipped = [n for n, c in calls.items() if c != 1]
+    if skipped:
+        raise Unsupported(f"{', '.join(skipped)} did not call the replaced forward")
     return losses.detach().to("cpu", torch.float64)
 
 
