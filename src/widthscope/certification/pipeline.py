@@ -657,15 +657,11 @@ _TRAINING_NAMES = {"steps": ("steps",), "train_loss": ("train_loss", "loss"), "t
 def training_record(extra: Any) -> dict[str, Any]:
     """The finite ``steps`` / ``train_loss`` (or ``loss``) / ``test_loss`` recorded in a checkpoint's
     ``extra`` dict, from ``extra["train"]`` first, else its top level; ``{}`` when none is."""
-    if not isinstance(extra, Mapping):
-        return {}
     out: dict[str, Any] = {}
-    for where in (extra.get("train"), extra):
-        if not isinstance(where, Mapping):
-            continue
+    sources = (extra.get("train"), extra) if isinstance(extra, Mapping) else ()
+    for where in [w for w in sources if isinstance(w, Mapping)]:
         for key, names in _TRAINING_NAMES.items():
-            for n in names:
-                v = where.get(n)
+            for v in (where.get(n) for n in names):
                 if key not in out and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
                     out[key] = v
     return out

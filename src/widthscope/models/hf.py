@@ -167,11 +167,8 @@ def model_info(model: nn.Module) -> dict[str, Any]:
             ("width", ("hidden_size", "n_embd", "d_model", "dim")),
             ("depth", ("num_hidden_layers", "n_layer", "num_layers")),
         ):
-            for n in names:
-                v = getattr(text, n, None)
-                if isinstance(v, int):
-                    info[key] = v
-                    break
+            found = [v for n in names if isinstance(v := getattr(text, n, None), int)]
+            info.update({key: found[0]} if found else {})
         info["model_type"] = getattr(cfg, "model_type", None)
         info["attn_implementation"] = getattr(cfg, "_attn_implementation", None)
     else:

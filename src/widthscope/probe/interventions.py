@@ -390,10 +390,7 @@ def sign_agreement(
         "improved_rate": improved / n if n else None,
         "dtype": dtype_name(float_dtype(model)),
         "draws_below_resolution": low,
-        "b_exact": cert.b_exact,
-        "b_align": cert.b_align,
-        "d_align": cert.d_align,
-        "expectation": cert.expectation,
+        **{k: getattr(cert, k) for k in ("b_exact", "b_align", "d_align", "expectation")},
         "n_train": na,
         "n_test": nb,
     }
