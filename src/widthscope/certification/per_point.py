@@ -1,6 +1,4 @@
-"""Per-point statistics, the ranking and the terminal tables of a certify result, shared by the
-certify pipeline (which probes a model) and ``widthscope stats`` (which recomputes from saved samples).
-"""
+"""Per-point statistics, the ranking and the terminal tables of a certify result (certify and ``widthscope stats``)."""
 
 from __future__ import annotations
 
@@ -17,9 +15,7 @@ from ..stats.sketch import Projector, correct_projected_cross, finalize_projecte
 
 __all__ = ["statistics", "ranking", "tables", "rounding_bounds", "precision_notes", "SAMPLE_REL_ERROR"]
 
-# Default relative error of one sample vector from a bfloat16/float16 model, in units of the dtype's
-# unit roundoff u (the tolerance of tests/test_lowprec.py); a confidently fitted classifier can exceed
-# it: pass the measured value (widthscope.probe.interventions.sample_rounding) where the model is at hand.
+# default relative error of one sample vector from a bfloat16/float16 model, in units of the unit roundoff
 SAMPLE_REL_ERROR = 4.0
 _LOW = (torch.bfloat16, torch.float16)
 
@@ -38,19 +34,10 @@ def rounding_bounds(
     rho: float | None = None,
     errors: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> dict[str, Any] | None:
-    r"""How far rounding moves the first-order statistics of samples from a bfloat16/float16
-    model (None for any other dtype: the statistics are accumulated in float64 from upcast samples).
-
-    **Measured** (``errors``: the rounding errors of a few train and held-out samples,
-    :func:`widthscope.probe.interventions.sample_errors`): ``δ(ā·b̄) ≈ δā·b̄ + ā·δb̄`` and
-    ``δ‖μ‖² ≈ 2 δs̄·s̄``, each term by :func:`~widthscope.probe.interventions.projected_rounding`.
-    **Worst case** (no ``errors``): every sample off by at most ``ρ`` of its norm (``rho``; default
-    ``SAMPLE_REL_ERROR · u``, ``u`` the unit roundoff); with ``N1 = Σ‖s_i‖``, ``N2 = Σ‖s_i‖²``, the
-    unbiased ``‖μ‖²`` moves by at most ``(2ρ‖Σs‖N1 + ρ²N1² + (2ρ + ρ²)N2) / n(n−1)`` (plug-in:
-    ``2ρ‖s̄‖m + ρ²m²``, ``m = N1/n``) and ``ā·b̄`` by ``ρ(m_a‖b̄‖ + m_b‖ā‖) + ρ²m_a m_b``, norms of the
-    true samples bounded from the rounded ones. An estimate within its bound is *within rounding of
-    zero*: its sign is not resolved. Returns ``{"dtype", "method", "rho", "bounds": {name: bound}, "within_rounding"}``,
-    names ``mu_sq_train``, ``mu_sq_test``, ``ab``.
+    r"""How far rounding moves the first-order statistics of samples from a bfloat16/float16 model
+    (None for other dtypes): measured from ``errors`` (``δ(ā·b̄) ≈ δā·b̄ + ā·δb̄``, ``δ‖μ‖² ≈ 2 δs̄·s̄``), else
+    the worst case of samples off by ``ρ`` of their norm: with ``N1 = Σ‖s_i‖``, ``N2 = Σ‖s_i‖²``, ``m = N1/n``,
+    ``δ‖μ‖² ≤ (2ρ‖Σs‖N1 + ρ²N1² + (2ρ + ρ²)N2) / n(n−1)`` and ``δ(ā·b̄) ≤ ρ(m_a‖b̄‖ + m_b‖ā‖) + ρ²m_a m_b``.
     """
     dt = _as_dtype(dtype)
     if dt not in _LOW:
@@ -113,21 +100,13 @@ def statistics(
     sample_rel_error: float | dict[str, float] | None = None,
     sample_errors: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """Moments, certificates and misalignment per point from pooled samples (no model needed):
-    the ``points`` rows of a certify result and its notes (``widthscope stats`` reruns this).
-
-    ``train[point]``, ``test[point]``: ``(n, d)`` sample vectors (projected to ``project`` dims
-    when set, ``dims[point]`` the original ``d``). ``sample_dtype``: the dtype of the model the
-    samples came from; for bfloat16/float16 each row gets ``rounding`` (:func:`rounding_bounds`,
-    measured from ``sample_errors[point]`` where given, else the worst case at ``ρ`` =
-    ``sample_rel_error``, one number or one per point) and the notes name every estimate within
-    rounding of zero.
-    """
+    """The ``points`` rows of a certify result (moments, certificates, misalignment) and its notes from
+    pooled ``(n, d)`` samples (projected to ``project`` dims from ``dims[point]``); for a bfloat16/float16
+    ``sample_dtype`` each row gets its ``rounding`` (:func:`rounding_bounds`)."""
     results: list[dict[str, Any]] = []
     notes: list[str] = []
     for name in train:
-        # Fresh contiguous float64 copies: the same memory layout whether the samples come from
-        # the probe or from a file, so the sums (and every digit of the result) agree.
+        # fresh contiguous copies: the same sums whether the samples come from the probe or a file
         a, b = train[name].to(torch.float64).contiguous().clone(), test[name].to(torch.float64).contiguous().clone()
         check_pool(a.shape[0], max(m for m, _ in pairs), "train", "n_train", pool)
         check_pool(b.shape[0], max(k for _, k in pairs), "held-out", "n_test", pool)
@@ -164,7 +143,6 @@ def statistics(
         for (m, k), mis in zip(pairs, mis_all):
             one = stats.certificate(mom_a, M=m, K=k, estimator=estimator, populations="one")
             two = stats.certificate(cross, M=m, K=k, estimator=estimator, populations="two")
-            # The reporting rule: d_align of a vacuous certificate is missing, never a number.
             certs.append(
                 {
                     "M": m,
@@ -200,7 +178,6 @@ def ranking(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Points by two-population ``d_align`` at the first ``(M, K)``: certified first."""
 
     def key(r: dict[str, Any]) -> tuple[bool, float]:
-        # Certified points first; vacuous ones (d_align missing) keep their order after them.
         two = r["certificates"][0]["two"]
         return (not two["vacuous"], float(two["d_align"] or 0.0))
 
@@ -305,7 +282,6 @@ def _precision_cell(x: dict[str, Any]) -> str:
 
 
 def precision_notes(results: Sequence[dict[str, Any]]) -> list[str]:
-    """One note for a certify result's intervention steps below the model dtype's resolution (or
-    re-measured in float32), naming them; empty when there are none (float32/float64 models)."""
+    """A note naming the intervention steps below the model dtype's resolution (or re-measured in float32)."""
     note = precision_note([x for r in results for x in (r.get("interventions") or []) if isinstance(x, dict)])
     return [note] if note else []

@@ -1,10 +1,7 @@
 r"""The certify pipeline: :func:`certify_dict` certifies the insertion points of a model on
 batches; :func:`run_certify` is a whole ``widthscope certify`` run from a :class:`CertifyJob`.
 
-Per point: probe the per-example activation gradients on train and held-out pools, estimate the
-moments, and for each ``(M, K)`` give both certificate forms and the resampled misalignment; points
-are ranked by the two-population ``d_align``. Under ``torchrun`` each rank probes a shard and rank 0
-writes. Maths: docs/certify.md, docs/maths-alignment.md.
+Under ``torchrun`` each rank probes a shard and rank 0 writes. Maths: docs/certify.md.
 
 Example::
 
@@ -57,7 +54,7 @@ from ..options import (
 )
 from ..probe import POOLS, all_points, collect, insertion_points, resolve_points
 from ..probe.batches import as_examples, batch_size_of, index_batch, to_batches
-from ..probe.collect import float_dtype, to_device
+from ..probe.collect import EvalMode, float_dtype, to_device
 from ..probe.offload import input_device
 from ..probe.prefix import keep_prefix
 from ..probe.resolution import sample_errors
@@ -109,14 +106,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "interventions": lambda v: _args.choice(_FN, "interventions", v, (None, *INTERVENTIONS)),
     "etas": lambda v: _args.numbers_list(_FN, "etas", v, accepts="a list of positive step sizes or None"),
     "n_etas": lambda v: _args.integer(_FN, "n_etas", v, lo=1),
-    "max_rel_step": lambda v: _args.number(
-        _FN,
-        "max_rel_step",
-        v,
-        1e-4,
-        lo_open=True,
-        accepts="a finite number above the smallest step 1e-4 (the largest step's RMS entry over the activation's)",
-    ),
+    "max_rel_step": lambda v: check_rel_step(v, _FN),
     "project": lambda v: _args.integer(
         _FN, "project", v, lo=2, optional=True, accepts="an integer k >= 2 (projected dimension) or None"
     ),
@@ -149,14 +139,10 @@ def certify_dict(
     on_point: Callable[[dict[str, Any]], None] | None = None,
     draw_scheme: str = _D,
 ) -> dict[str, Any]:
-    """Certify every insertion point of ``model``; returns a JSON-able dict.
+    """Certify every insertion point of ``model``; returns the results file's dict (docs/certify.md).
 
-    The settings are a :class:`~widthscope.options.CertifyOptions` (``options``; each field's help says
-    what it means); keywords override its fields. ``train_batches`` / ``test_batches`` are as for
-    :func:`widthscope.probe.collect`; ``samples_out`` receives the pooled samples, ``on_point`` each
-    finished point's row. Steps: :func:`_resolve`, :func:`_probe`, :func:`_statistics`,
-    :func:`_interventions`, :func:`_result`. Returns ``{"settings", "points", "ranking", "notes",
-    "timing"}`` (docs/certify.md).
+    Settings come from ``options`` (a :class:`~widthscope.options.CertifyOptions`), overridden by the
+    keywords; ``samples_out`` receives the pooled samples, ``on_point`` each finished point's row.
     """
     given = {k: v for k, v in locals().items() if k in _CHECKS and v is not _D}  # first: only the parameters
     if options is not None and not isinstance(options, CertifyOptions):
@@ -172,24 +158,35 @@ def certify_dict(
     _args.boolean(_FN, "progress", progress)
     _args.mapping(_FN, "samples_out", samples_out, mutable=True)
     _args.function(_FN, "on_point", on_point)
-    opts = _options(options, given)
-    run = _resolve(model, train_batches, test_batches, opts, loss_fn=loss_fn, progress=progress)
-    probed = _probe(run)
-    per_point = _statistics(run, probed, samples_out)
-    intervene_s = _interventions(run, probed, per_point, on_point)
-    return _result(run, probed, per_point, intervene_s)
+    run = _resolve(model, train_batches, test_batches, _options(options, given), loss_fn, progress)
+    opts = run.opts
+    t0 = time.perf_counter()
+    qa, qb, projectors, kept = _probe(run)
+    t1 = time.perf_counter()
+    results, stat_notes, gathered = _statistics(run, qa, qb, projectors, samples_out)
+    t2 = time.perf_counter()
+    _interventions(run, qa, qb, kept, gathered, results, on_point)
+    notes = list(dict.fromkeys(qa.notes + qb.notes)) + stat_notes
+    if opts.etas is None:
+        notes += grid_notes(results, run.max_rel_step)
+    return {
+        "settings": settings_block(opts, run.names, world_size=run.W),
+        "points": results,
+        "ranking": ranking(results),
+        "notes": notes + precision_notes(results),
+        "timing": {"probe_s": t1 - t0, "stats_s": t2 - t1, "intervene_s": time.perf_counter() - t2},
+        "options": {"certify": opts.to_dict()},  # what made it: CertifyOptions.from_dict repeats it
+    }
 
 
 @dataclasses.dataclass
-class CertifyInputs:
-    """:func:`_resolve`'s inputs: the settings, the ``(M, K)`` pairs, the points, the batch lists,
-    the world size, the device the inputs go to and the largest intervention step."""
+class _Run:
+    """One :func:`certify_dict` call's settings and batches, checked before any probing."""
 
     model: nn.Module
     opts: CertifyOptions
     loss_fn: Callable[[Any, Any], torch.Tensor] | None
     progress: bool
-    pairs: list[tuple[int, int]]
     names: list[str]
     train_list: list[Any]
     test_list: list[Any]
@@ -199,36 +196,11 @@ class CertifyInputs:
 
     @property
     def m_max(self) -> int:
-        return max(m for m, _ in self.pairs)
+        return max(m for m, _ in self.opts.pairs)
 
     @property
     def k_max(self) -> int:
-        return max(k for _, k in self.pairs)
-
-
-@dataclasses.dataclass
-class Probed:
-    """:func:`_probe`'s pools: this rank's samples ``qa``/``qb`` (train, held-out), their
-    projectors, the kept prefix the bias steps reuse (or None), the notes and the seconds."""
-
-    qa: Any
-    qb: Any
-    projectors: dict[str, Projector]
-    kept: Any
-    notes: list[str]
-    seconds: float
-
-
-@dataclasses.dataclass
-class PerPoint:
-    """:func:`_statistics`' rows (the interventions are added to them), the samples gathered
-    across ranks, the notes and the seconds."""
-
-    results: list[dict[str, Any]]
-    gathered_a: dict[str, torch.Tensor]
-    gathered_b: dict[str, torch.Tensor]
-    notes: list[str]
-    seconds: float
+        return max(k for _, k in self.opts.pairs)
 
 
 def _options(options: CertifyOptions | None, given: dict[str, Any]) -> CertifyOptions:
@@ -245,25 +217,20 @@ def _options(options: CertifyOptions | None, given: dict[str, Any]) -> CertifyOp
 
 
 def settings_block(opts: CertifyOptions, names: Sequence[str], *, world_size: int) -> dict[str, Any]:
-    """The ``settings`` of a certify result (one writer, so a result assembled from resumed parts
-    records what an uninterrupted run records)."""
-    pairs = opts.pairs
+    """The ``settings`` of a certify result (also of one assembled from resumed parts)."""
+    pairs, grid = opts.pairs, opts.etas is None
     return {
         "M": [m for m, _ in pairs],
         "K": [k for _, k in pairs],
-        "draws": opts.draws,
-        "seed": opts.seed,
-        "estimator": opts.estimator,
-        "pool": opts.pool,
-        "train_mode": opts.train_mode,
+        **{k: getattr(opts, k) for k in ("draws", "seed", "estimator", "pool", "train_mode")},
         "points": list(names),
         "world_size": world_size,
         "interventions": opts.kind,
         "project": opts.project,
         "draw_scheme": opts.draw_scheme,
         "etas": None if opts.etas is None else [float(e) for e in opts.etas],
-        "n_etas": None if opts.etas is not None else opts.n_etas,
-        "max_rel_step": None if opts.etas is not None else opts.max_rel_step,
+        "n_etas": opts.n_etas if grid else None,
+        "max_rel_step": opts.max_rel_step if grid else None,
     }
 
 
@@ -294,13 +261,10 @@ def _resolve(
     train_batches: Iterable[Any],
     test_batches: Iterable[Any],
     opts: CertifyOptions,
-    *,
-    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
-    progress: bool = True,
-) -> CertifyInputs:
-    """The points, the batch lists, the world size and the model's device, and the pools checked
-    against them, before any probing (``opts`` was checked when made)."""
-    pairs = opts.pairs
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None,
+    progress: bool,
+) -> _Run:
+    """The points, the batch lists, the world size and the input device; the pools checked against them."""
     names = resolve_points(model, list(opts.points) if opts.points else None)
     train_list, test_list = list(train_batches), list(test_batches)
     W = distributed.world_size()
@@ -309,20 +273,18 @@ def _resolve(
             raise WidthscopeError(
                 f"{len(lst)} {what} batch(es) for {W} ranks: every rank needs one; lower the batch size or raise {flag}"
             )
+    run = _Run(model, opts, loss_fn, progress, names, train_list, test_list, W, input_device(model), 0.0)
     if opts.pool != "token":  # cheap early check, before any probing
-        check_pool(count_examples(train_list), max(m for m, _ in pairs), "train", "n_train", opts.pool)
-        check_pool(count_examples(test_list), max(k for _, k in pairs), "held-out", "n_test", opts.pool)
-    device = input_device(model)  # a dispatched model's inputs go where its first block runs
-    max_rel_step = check_rel_step(opts.max_rel_step)
-    return CertifyInputs(model, opts, loss_fn, progress, pairs, names, train_list, test_list, W, device, max_rel_step)
+        check_pool(count_examples(train_list), run.m_max, "train", "n_train", opts.pool)
+        check_pool(count_examples(test_list), run.k_max, "held-out", "n_test", opts.pool)
+    run.max_rel_step = check_rel_step(opts.max_rel_step)
+    return run
 
 
-def _probe(run: CertifyInputs) -> Probed:
-    """This rank's shard of the train (*a*) and held-out (*b*) batches probed at every point; with
-    ``project`` each point's samples are projected as they stream. Where the bias interventions
-    will run, the held-out probe also keeps the prefix they reuse (:func:`~widthscope.probe.prefix.keep_prefix`)."""
+def _probe(run: _Run) -> tuple[Any, Any, dict[str, Projector], Any]:
+    """This rank's shard of the train and held-out batches probed at every point (projected as they
+    stream with ``project``), the projectors, and the prefix the bias interventions reuse (or None)."""
     opts, model = run.opts, run.model
-    t0 = time.perf_counter()
     projectors: dict[str, Projector] = {}
 
     def project(name: str, x: torch.Tensor) -> torch.Tensor:
@@ -348,41 +310,36 @@ def _probe(run: CertifyInputs) -> Probed:
     if opts.kind in INTERVENTION_KINDS and opts.project is None and run.W == 1 and opts.train_mode == "eval":
         with contextlib.suppress(WidthscopeError):  # batches that do not pool: the interventions say so
             first = as_examples(run.test_list[:3])
-    kept = None
     if first is None:
+        return qa, probe(run.test_list), projectors, None
+    dt = float_dtype(model)
+    with keep_prefix(model, run.names, first, run.k_max, run.loss_fn, lambda b: to_device(b, run.device, dt)) as kept:
         qb = probe(run.test_list)
-    else:
-        dt = float_dtype(model)
-        with keep_prefix(
-            model, run.names, first, run.k_max, run.loss_fn, lambda b: to_device(b, run.device, dt)
-        ) as kept:
-            qb = probe(run.test_list)
-    notes = list(dict.fromkeys(qa.notes + qb.notes))
-    return Probed(qa, qb, projectors, kept, notes, time.perf_counter() - t0)
+    return qa, qb, projectors, kept
 
 
-def _statistics(run: CertifyInputs, probed: Probed, samples_out: dict[str, Any] | None) -> PerPoint:
-    """Every rank's samples per point, gathered; for a bfloat16/float16 model their measured
-    rounding; then every point's moments, certificates and misalignment
-    (:func:`~.per_point.statistics`). ``samples_out`` receives the samples."""
-    opts, model, names = run.opts, run.model, run.names
-    t0 = time.perf_counter()
-    gathered_a = {name: gather_rows(probed.qa[name], run.device) for name in names}
-    gathered_b = {name: gather_rows(probed.qb[name], run.device) for name in names}
-    dims = {n: int(probed.projectors[n].d if opts.project else gathered_a[n].shape[1]) for n in names}
-    low = float_dtype(model)
+def _statistics(
+    run: _Run, qa: Any, qb: Any, projectors: dict[str, Projector], samples_out: dict[str, Any] | None
+) -> tuple[list[dict[str, Any]], list[str], tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]:
+    """Every point's moments, certificates and misalignment from all ranks' samples (with a
+    bfloat16/float16 model's measured rounding); returns the rows, the notes and the samples."""
+    opts, names = run.opts, run.names
+    a = {name: gather_rows(qa[name], run.device) for name in names}
+    b = {name: gather_rows(qb[name], run.device) for name in names}
+    dims = {n: int(projectors[n].d if opts.project else a[n].shape[1]) for n in names}
+    low = float_dtype(run.model)
     low = low if low in (torch.bfloat16, torch.float16) else None  # the samples and losses round there
     errors = None
     if low is not None and opts.project is None and run.W == 1:  # measured rounding (4 small probes a point)
         errors = {
             p: e
             for p in names
-            if (e := sample_errors(model, p, run.train_list, run.test_list, run.loss_fn)) is not None
+            if (e := sample_errors(run.model, p, run.train_list, run.test_list, run.loss_fn)) is not None
         }
     results, notes = statistics(
-        gathered_a,
-        gathered_b,
-        pairs=run.pairs,
+        a,
+        b,
+        pairs=opts.pairs,
         draws=opts.draws,
         seed=opts.seed,
         estimator=opts.estimator,
@@ -394,43 +351,43 @@ def _statistics(run: CertifyInputs, probed: Probed, samples_out: dict[str, Any] 
         sample_errors=errors or None,
     )
     if samples_out is not None:
-        samples_out.update(train=gathered_a, test=gathered_b, dims=dims)
-    return PerPoint(results, gathered_a, gathered_b, notes, time.perf_counter() - t0)
+        samples_out.update(train=a, test=b, dims=dims)
+    return results, notes, (a, b)
 
 
 def _interventions(
-    run: CertifyInputs, probed: Probed, per_point: PerPoint, on_point: Callable[[dict[str, Any]], None] | None
-) -> float:
-    """Add each point's ``interventions`` to its row (in place; rank 0 only, every rank holds the
-    same batches) and hand each finished row to ``on_point``; the model's modes are restored. The
-    bias steps reuse the probe's samples, held-out losses, activation scale and kept prefix, so
-    only the loss at each step is new. Returns the seconds taken."""
-    t0 = time.perf_counter()
-    opts, model, results = run.opts, run.model, per_point.results
+    run: _Run,
+    qa: Any,
+    qb: Any,
+    kept: Any,
+    gathered: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]],
+    results: list[dict[str, Any]],
+    on_point: Callable[[dict[str, Any]], None] | None,
+) -> None:
+    """Add each point's ``interventions`` to its row (rank 0 computes them) and hand each row to
+    ``on_point``; the model's modes are restored. The bias steps reuse the probe's samples,
+    held-out losses, activation scale and kept prefix."""
+    opts, model = run.opts, run.model
+    on_point = on_point or (lambda row: None)
     if opts.kind not in INTERVENTION_KINDS:
-        if on_point is not None:
-            for r in results:
-                on_point(r)
-        return time.perf_counter() - t0
+        for r in results:
+            on_point(r)
+        return
     from ..probe.interventions import intervene  # noqa: PLC0415  call-time lookup: tests replace it there
 
-    qa = probed.qa
-    test_losses = gather_rows(probed.qb.losses[:, None], run.device)[:, 0]  # all ranks' rows, in order
-    was_training = {m: m.training for m in model.modules()}
-    try:
-        if opts.train_mode == "eval":
-            model.eval()
+    test_losses = gather_rows(qb.losses[:, None], run.device)[:, 0]  # all ranks' rows, in order
+    with EvalMode(model) if opts.train_mode == "eval" else contextlib.nullcontext():
         for r in results:
             p = r["point"]
             reuse = None
             if not opts.project:
                 reuse = {
-                    "train": per_point.gathered_a[p],
-                    "test": per_point.gathered_b[p],
+                    "train": gathered[0][p],
+                    "test": gathered[1][p],
                     "test_losses": test_losses,
                     "act_sq": gather_rows(qa.act_sq[p], run.device) if p in qa.act_sq else None,
                     "width": qa.widths.get(p),
-                    "prefix": probed.kept,
+                    "prefix": kept,
                 }
             r["interventions"] = []
             if distributed.is_main():
@@ -451,29 +408,7 @@ def _interventions(
                     reuse=reuse,
                 )
                 r["interventions"] = to_jsonable(rows)
-            if on_point is not None:
-                on_point(r)
-    finally:
-        for m, mode in was_training.items():
-            m.training = mode
-    return time.perf_counter() - t0
-
-
-def _result(run: CertifyInputs, probed: Probed, per_point: PerPoint, intervene_s: float) -> dict[str, Any]:
-    """The result: settings, the rows, the ranking, the notes, the timing and the options."""
-    opts, results = run.opts, per_point.results
-    notes = probed.notes + per_point.notes
-    if opts.etas is None:
-        notes += grid_notes(results, run.max_rel_step)
-    notes += precision_notes(results)
-    return {
-        "settings": settings_block(opts, run.names, world_size=run.W),
-        "points": results,
-        "ranking": ranking(results),
-        "notes": notes,
-        "timing": {"probe_s": probed.seconds, "stats_s": per_point.seconds, "intervene_s": intervene_s},
-        "options": {"certify": opts.to_dict()},  # what made it: CertifyOptions.from_dict repeats it
-    }
+            on_point(r)
 
 
 # The largest default step "still first order": it gave at least this share of the predicted decrease.
@@ -481,9 +416,8 @@ STILL_FIRST_ORDER = 0.5
 
 
 def grid_notes(results: Sequence[dict[str, Any]], max_rel_step: float) -> list[str]:
-    """One note naming the points where the default grid's largest step still gave at least
-    :data:`STILL_FIRST_ORDER` of the predicted loss decrease: the grid does not show where the
-    first-order step breaks down."""
+    """A note naming the points where the default grid's largest step still gave at least
+    :data:`STILL_FIRST_ORDER` of the predicted loss decrease."""
     held: dict[str, float] = {}
     for r in results:
         rows = [x for x in r.get("interventions") or [] if isinstance(x, dict) and x.get("eta") is not None]
@@ -527,7 +461,6 @@ def data_description(info: dict[str, Any], data: str | None = None) -> str:
     return f"{words}; {sizes}" + (f" ({rule})" if rule else "")
 
 
-# ----------------------------------------------------------------------------- a whole run
 @dataclasses.dataclass(frozen=True)
 class CertifyJob:
     """Everything one certify run needs: inputs, statistics, execution, outputs."""
@@ -551,8 +484,7 @@ class CertifyJob:
 
 
 def load_checkpoint(spec: InputSpec, seed: int) -> tuple[nn.Module, Any]:
-    """The model as the run loads it, and for the built-in one (untrained: its points and shapes
-    are checked before it trains) its split."""
+    """The model as the run loads it, and the built-in (untrained) model's data split or None."""
     if spec.model != "builtin":
         model = load_model(
             spec.model, dtype=spec.dtype, task=spec.task, revision=spec.revision, placement=placement_of(spec)
@@ -572,7 +504,7 @@ def list_points(spec: InputSpec, *, every_module: bool = False) -> list[str]:
 
 
 def run_device(name: str) -> torch.device:
-    """The device the run probes on (``--device``; one GPU per rank under torchrun)."""
+    """The ``--device`` the run probes on (one GPU per rank under torchrun)."""
     device = resolve_device(name)
     if device.type == "cuda" and device.index is None and distributed.is_distributed():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", distributed.rank())))
@@ -598,8 +530,8 @@ def device_memory(device: torch.device | str) -> tuple[int | None, str]:
 def _check_structure(
     job: CertifyJob, names: Sequence[str], inputs: Any, model: nn.Module, n: tuple[int, int]
 ) -> tuple[dict[str, int], int]:
-    """``M``/``K`` against pools read whole (``all``) and ``--project`` against each point's
-    dimension, from one probed example; returns the dimensions and the sample rows per example."""
+    """Check ``M``/``K`` against pools read whole and ``--project`` against the points' dimensions
+    (one probed example); returns the dimensions and the sample rows per example."""
     spec, opts = job.spec, job.options
     needs = (
         ("n_train", "M", max(m for m, _ in opts.pairs), "train", n[0]),
@@ -624,8 +556,7 @@ def _check_structure(
 
 
 def _check_room(job: CertifyJob, dims: dict[str, int], rows: int, n: tuple[int, int]) -> None:
-    """Free space for the outputs (over-estimated: the JSON and its per-point parts at the same
-    time, the samples file) and memory for the samples (float64, every point, both pools)."""
+    """Check the free space for the outputs and the memory for the float64 samples (over-estimated)."""
     opts = job.options
     per_point = 2500 + 2500 * len(opts.pairs) + (6000 if opts.interventions != "none" else 0)
     _io.check_space(job.out, 2 * (4000 + len(dims) * per_point), "the results (JSON and its per-point parts)")
@@ -647,9 +578,7 @@ def _parts_dir(out: str | os.PathLike) -> Path:
 
 
 def _lock(job: CertifyJob) -> contextlib.AbstractContextManager[None]:
-    """One run at a time writes ``--out``: a second is refused in one line before any work. The
-    lock file lives in the run's own parts folder (``OUT.parts/.widthscope.lock``), removed with
-    the parts; after a ``kill -9`` it stays, harmless (the kernel released the lock)."""
+    """The lock of ``--out`` (``OUT.parts/.widthscope.lock``): a second run is refused before any work."""
     out = str(job.out)
 
     def refuse(holder: str) -> WidthscopeError:
@@ -662,8 +591,8 @@ def _lock(job: CertifyJob) -> contextlib.AbstractContextManager[None]:
 
 
 class _Parts:
-    """Finished points of a certify run, one atomic JSON file each in ``OUT.parts/``, keyed by
-    a fingerprint of everything that determines them (so ``--resume`` never mixes settings)."""
+    """Finished points of a certify run, one JSON file each in ``OUT.parts/``, keyed by a
+    fingerprint of the settings (so ``--resume`` never mixes settings)."""
 
     def __init__(self, job: CertifyJob, names: Sequence[str], n: tuple[int, int], inputs_info: dict[str, Any]):
         self.dir = _parts_dir(job.out)
@@ -726,19 +655,13 @@ _TRAINING_NAMES = {"steps": ("steps",), "train_loss": ("train_loss", "loss"), "t
 
 
 def training_record(extra: Any) -> dict[str, Any]:
-    """``{"steps", "train_loss", "test_loss"}`` (those recorded, finite numbers only) from a
-    checkpoint's ``extra`` dict: a sweep's ``extra["train"]`` (:func:`widthscope.train.train`'s
-    result), else top-level ``steps`` / ``train_loss`` (or ``loss``) / ``test_loss``. ``{}`` when none
-    is recorded (an HF model): the report then shows '–'."""
-    if not isinstance(extra, Mapping):
-        return {}
+    """The finite ``steps`` / ``train_loss`` (or ``loss``) / ``test_loss`` recorded in a checkpoint's
+    ``extra`` dict, from ``extra["train"]`` first, else its top level; ``{}`` when none is."""
     out: dict[str, Any] = {}
-    for where in (extra.get("train"), extra):
-        if not isinstance(where, Mapping):
-            continue
+    sources = (extra.get("train"), extra) if isinstance(extra, Mapping) else ()
+    for where in [w for w in sources if isinstance(w, Mapping)]:
         for key, names in _TRAINING_NAMES.items():
-            for n in names:
-                v = where.get(n)
+            for v in (where.get(n) for n in names):
                 if key not in out and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
                     out[key] = v
     return out
@@ -771,11 +694,8 @@ def _merge(
 def run_certify(
     job: CertifyJob, *, notes: Sequence[str] = (), say: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
-    """Run ``job``; writes ``job.out`` (and ``job.save_samples``) on rank 0 and returns the result.
-
-    Every check that needs the model's structure (point names, sequence length, ``project``,
-    output sizes, memory) runs before the built-in model trains or anything is probed. Rank 0
-    first takes the lock of ``job.out`` (another run writing it: refused, one line)."""
+    """Run ``job``; rank 0 holds the lock of ``job.out``, writes it (and ``job.save_samples``).
+    Every check that needs the model's structure runs before the built-in model trains."""
     with _lock(job) if distributed.is_main() else contextlib.nullcontext():
         return _run(job, notes, say)
 
@@ -851,9 +771,7 @@ def _run(job: CertifyJob, notes: Sequence[str], say: Callable[[str], None] | Non
         input_spec=(inputs.spec or spec).to_dict(),
         **{k: info.get(k) for k in ("architecture", "width", "depth", "dtype", "parameters", "attn_implementation")},
     )
-    for k in ("n_train_examples", "n_test_examples"):
-        if k in inputs.info:
-            res["settings"][k] = inputs.info[k]
+    res["settings"].update({k: inputs.info[k] for k in ("n_train_examples", "n_test_examples") if k in inputs.info})
     trained = training_record(getattr(model, "widthscope_extra", None))
     if trained:  # the checkpoint's training record (steps, final losses): the report's provenance table
         res["settings"]["training"] = trained

@@ -1,8 +1,6 @@
 """Typed certify results: :class:`CertifyResult` and its :class:`PointCertificate` rows.
 
-The typed classes wrap the JSON a certify run writes (:meth:`CertifyResult.to_dict`) without
-re-shaping it; :meth:`CertifyResult.from_dict` reads it back and :meth:`CertifyResult.to_pandas`
-gives one row per point and ``(M, K)`` pair with the headline numbers.
+They wrap the JSON a certify run writes without re-shaping it (:meth:`CertifyResult.to_dict`, ``from_dict``).
 
 Example::
 
@@ -112,9 +110,8 @@ class PointCertificate:
 
 @dataclasses.dataclass(frozen=True)
 class CertifyResult:
-    """A certify run's result: settings, one :class:`PointCertificate` per point, the ranking
-    (largest two-population ``d_align`` first), notes, timing and the options that made it
-    (``None`` for a result written before results recorded them, whose settings do not say)."""
+    """A certify run's result: settings, one :class:`PointCertificate` per point, the ranking, notes,
+    timing and the options that made it (``None`` where the result did not record them)."""
 
     settings: Mapping[str, Any]
     points: tuple[PointCertificate, ...]

@@ -1,13 +1,8 @@
 """Pooled samples as an artifact, and ``widthscope stats``: certificates without a model.
 
-``widthscope certify --save-samples FILE`` writes every point's pooled sample vectors (safetensors:
-``train/<point>`` and ``test/<point>``, float64) with what produced them in the metadata (settings,
-notes, each point's original dimension, the intervention rows). ``widthscope stats FILE`` recomputes
-the certificates from them with :func:`~widthscope.certification.per_point.statistics`, the code
-certify runs (same settings: the same JSON, timings aside; other settings: "what if" without
-probing). ``--train A --test B`` does the same for sample matrices of other scripts: ``.npy`` (one
-point, named by ``--point`` or the file stem), ``.npz`` (one array per point) or ``.pt`` (a tensor
-or a dict of them, read with ``weights_only=True``).
+``certify --save-samples FILE`` writes every point's pooled samples (safetensors ``train/<point>``,
+``test/<point>``, float64) with their settings in the metadata; ``widthscope stats`` recomputes the
+certificates from such a file, or from ``.npy``/``.npz``/``.pt`` sample matrices.
 
 Example::
 
@@ -78,8 +73,7 @@ def save(
         ) from None
 
 
-# Metadata that decides the numbers: damaged, the file cannot be used. Any other key (notes,
-# recorded interventions) is skipped with a note when damaged (refused under --strict).
+# metadata that decides the numbers: damaged, the file cannot be used (other keys are skipped with a note)
 _ESSENTIAL = ("points", "settings", "dims")
 _REWRITE = "write it again with certify --save-samples"
 
@@ -87,12 +81,8 @@ _REWRITE = "write it again with certify --save-samples"
 def load(
     path: str | os.PathLike, problems: list | None = None
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
-    """(train, test, meta) of a file written by :func:`save`.
-
-    A damaged file (not safetensors, metadata ``points``/``settings``/``dims`` not JSON, a point's
-    tensor missing) raises WidthscopeError naming the file and the problem. Other metadata that is
-    not JSON is skipped: appended to ``problems`` (a list of :class:`widthscope._io.Skipped`) when
-    given, else logged on stderr."""
+    """(train, test, meta) of a file written by :func:`save`; damaged optional metadata is skipped
+    (appended to ``problems`` when given, else logged)."""
     from safetensors import safe_open
 
     path = Path(path)
@@ -117,11 +107,12 @@ def load(
             f"{path} is a safetensors file but not widthscope samples (no format "
             f"{FORMAT!r} in its metadata): write one with certify --save-samples"
         )
+
+    def damaged(why: str) -> WidthscopeError:
+        return WidthscopeError(f"samples file {path}: {why}; the file is damaged: {_REWRITE}")
+
     if "points" not in header:
-        raise WidthscopeError(
-            f"samples file {path}: its metadata has no 'points' (which points the tensors "
-            f"are); the file is damaged: {_REWRITE}"
-        )
+        raise damaged("its metadata has no 'points' (which points the tensors are)")
     meta: dict[str, Any] = {}
     found = []
     for k, v in header.items():
@@ -132,27 +123,18 @@ def load(
         except json.JSONDecodeError as exc:
             why = f"metadata {k!r} is not JSON ({exc.msg} at char {exc.pos})"
             if k in _ESSENTIAL:
-                raise WidthscopeError(f"samples file {path}: {why}; the file is damaged: {_REWRITE}") from None
+                raise damaged(why) from None
             found.append(Skipped(str(path), None, why))
     points = meta.pop("points")
     if not (isinstance(points, list) and points and all(isinstance(p, str) for p in points)):
-        raise WidthscopeError(
-            f"samples file {path}: metadata 'points' is not a list of point names "
-            f"(got {str(points)[:60]}); the file is damaged: {_REWRITE}"
-        )
+        raise damaged(f"metadata 'points' is not a list of point names (got {str(points)[:60]})")
     for p in points:
         for split in ("train", "test"):
             t = tensors.get(f"{split}/{p}")
             if t is None:
-                raise WidthscopeError(
-                    f"samples file {path}: point {p!r} has no {split!r} tensor "
-                    f"('{split}/{p}' is missing); the file is damaged: {_REWRITE}"
-                )
+                raise damaged(f"point {p!r} has no {split!r} tensor ('{split}/{p}' is missing)")
             if t.ndim != 2 or not t.is_floating_point():
-                raise WidthscopeError(
-                    f"samples file {path}: tensor '{split}/{p}' has shape {tuple(t.shape)} "
-                    f"{t.dtype}, not a (B, N) float matrix; the file is damaged: {_REWRITE}"
-                )
+                raise damaged(f"tensor '{split}/{p}' has shape {tuple(t.shape)} {t.dtype}, not a (B, N) float matrix")
     record_skips(found, problems)
     return ({p: tensors[f"train/{p}"] for p in points}, {p: tensors[f"test/{p}"] for p in points}, meta)
 
@@ -290,12 +272,9 @@ def _select(
     return {w: train[w] for w in wanted}, {w: test[w] for w in wanted}, meta
 
 
-# ----------------------------------------------------------------------------- a whole run
 @dataclasses.dataclass(frozen=True)
 class StatsOptions(Options):
-    """The settings of ``widthscope stats`` (:func:`run_stats`): where the samples come from (a
-    ``samples`` file, or ``train``/``test`` matrices), which points, and the statistics' settings;
-    ``None`` keeps what the samples file saved (else certify's defaults)."""
+    """The settings of ``widthscope stats`` (:func:`run_stats`); ``None`` keeps what the samples file saved."""
 
     samples: str | None = option(None, cli=False, help="a samples file written by certify --save-samples")
     train: str | None = option(None, kind="str", help="train sample matrices (.npy/.npz/.pt), with --test")
@@ -330,8 +309,7 @@ class StatsOptions(Options):
             raise WidthscopeError("give a samples file or --train/--test matrices, not both")
 
     def sources(self, **given: Any) -> StatsOptions:
-        """These options with the sources ``given`` (``samples``/``train``/``test``) replacing all of
-        the recorded ones: a run's own files, over a ``--config`` of another."""
+        """These options with the sources ``given`` replacing all the recorded ones."""
         if not any(v is not None for v in given.values()):
             return self
         return self.replace(**{"samples": None, "train": None, "test": None, **given})
@@ -352,15 +330,8 @@ def run_stats(
     strict: bool = False,
     report: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """What ``widthscope stats`` does: the certify result recomputed from a ``samples`` file
-    (certify --save-samples) or ``train``/``test`` sample matrices, for the points named by
-    ``point`` (comma list; default every point), written to ``out`` (JSON).
-
-    ``M``/``K``/``draws``/``seed``/``estimator``: ``None`` keeps the saved settings (a new ``M``
-    without ``K`` pairs ``K = M``). ``strict``: refuse a samples file with damaged optional metadata
-    instead of skipping it with a note. ``report`` gets the result before it is written. The
-    settings are checked as :class:`StatsOptions` before anything is read and recorded in the
-    result (``"options"``: ``widthscope stats --config RESULT.json`` repeats them)."""
+    """``widthscope stats``: the certify result recomputed from a ``samples`` file or ``train``/``test``
+    matrices (settings as :class:`StatsOptions`), handed to ``report`` and written to ``out``."""
     opts = StatsOptions(
         samples=None if samples is None else str(samples),
         train=train,

@@ -1,14 +1,7 @@
 """Width-controlled model families: ``mlp``, ``resnet20``, ``llama``, ``pythia``.
 
-:func:`build` returns an ``nn.Module`` carrying
-
-- ``model.widthscope_config``: a JSON-able dict with ``family``, ``width`` and every option, so
-  ``build(**model.widthscope_config)`` rebuilds the same architecture (fresh weights);
-- ``model.widthscope_points``: the insertion points (module paths of block outputs), each
-  resolvable with ``model.get_submodule(name)``.
-
-Initialisation draws from torch's global RNG (``torch.manual_seed(s)`` before ``build`` makes it
-deterministic). Options and parameter counts of each family: docs/models-data.md.
+:func:`build` returns an ``nn.Module`` with ``widthscope_config`` (``build(**config)`` rebuilds the
+architecture) and ``widthscope_points`` (its insertion points). Options: docs/models-data.md.
 
 Example::
 

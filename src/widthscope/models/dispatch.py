@@ -1,7 +1,6 @@
 """Models larger than one device: accelerate's big-model dispatch, ready for the probe.
 
-Checks of ``device_map`` / ``max_memory``, :func:`dispatch` of a model in memory, the keywords of
-``from_pretrained`` and :func:`finish` after it, and glibc's mmap threshold. Details: docs/big-models.md.
+Details: docs/big-models.md.
 
 Example::
 
@@ -69,8 +68,7 @@ def _device_key(key: Any, where: str) -> str | int:
 
 
 def parse_max_memory(text: str, *, name: str = "--max-memory") -> dict[str | int, int | None]:
-    """``"cpu=2MB,0=10GiB,disk"`` -> ``{"cpu": 2000000, 0: 10737418240, "disk": None}`` (units: B,
-    KB..TB, KiB..TiB; ``disk`` alone allows offloading to disk what the other devices cannot hold)."""
+    """``{device: bytes}`` of a text such as ``"cpu=2MB,0=10GiB,disk"`` (``disk`` alone: offload allowed)."""
     if not isinstance(text, str) or not text.strip():
         raise WidthscopeError(f"{name}: empty; give {_FORM}")
     entries: list[tuple[str, str | None]] = []
@@ -86,8 +84,7 @@ def parse_max_memory(text: str, *, name: str = "--max-memory") -> dict[str | int
 
 
 def check_max_memory(value: Any, *, name: str = "max_memory") -> dict[str | int, int | None] | None:
-    """``None``, the text of :func:`parse_max_memory`, or a dict ``{device: bytes or "2GB"}``
-    (``"disk": None`` allows disk offload) -> ``{device: bytes}``."""
+    """``{device: bytes}`` (or None) of None, a :func:`parse_max_memory` text or a dict ``{device: size}``."""
     if value is None:
         return None
     if isinstance(value, str):
@@ -101,7 +98,7 @@ def check_max_memory(value: Any, *, name: str = "max_memory") -> dict[str | int,
 
 
 def _budget(entries: Iterable[tuple[Any, Any]], name: str) -> dict[str | int, int | None]:
-    """``{device: bytes}`` of ``(device, size)`` entries; size: bytes, a text such as "2GB", or None for disk."""
+    """``{device: bytes}`` of ``(device, size)`` entries (size None: disk)."""
     out: dict[str | int, int | None] = {}
     for key, size in entries:
         dev = _device_key(key, name)
@@ -121,9 +118,7 @@ def _budget(entries: Iterable[tuple[Any, Any]], name: str) -> dict[str | int, in
 
 
 def check_visible(budget: Mapping[str | int, int | None] | None, *, name: str = "max_memory", text: Any = None) -> None:
-    """Refuse a ``budget`` (:func:`check_max_memory`'s) naming a device this machine does not show:
-    a GPU index past the visible ones, ``mps`` without MPS. ``name`` and ``text`` (the value as
-    given) open the message."""
+    """Refuse a ``budget`` naming a GPU or ``mps`` this machine does not show."""
     if not budget:
         return
     what = name if text is None else f"{name} {text!r}"
@@ -163,9 +158,7 @@ def _accelerate_memory(budget: dict[str | int, int | None] | None) -> dict[str |
 
 
 class OffloadFolder:
-    """A temporary offload folder, removed when this object is collected. A model with modules on
-    disk keeps it (``model._widthscope_offload_folder``), and so do its copies
-    (:func:`widthscope.probe.offload.copy_model`): the folder goes with the last model reading it."""
+    """A temporary offload folder, removed when this object (kept by the models reading it) is collected."""
 
     def __init__(self) -> None:
         self.path = tempfile.mkdtemp(prefix="widthscope-offload-")
@@ -173,8 +166,7 @@ class OffloadFolder:
 
 
 def make_offload_folder(given: str | Path | None, temporary: bool = True) -> tuple[str | None, OffloadFolder | None]:
-    """``(path, temporary folder)``: ``given`` (created if missing), else a new :class:`OffloadFolder`
-    when ``temporary``, else no folder."""
+    """``(path, temporary folder)``: ``given`` (created), else a new :class:`OffloadFolder` if ``temporary``."""
     if given is not None:
         Path(given).mkdir(parents=True, exist_ok=True)
         return str(given), None
@@ -183,8 +175,7 @@ def make_offload_folder(given: str | Path | None, temporary: bool = True) -> tup
 
 
 def check_disk(device_map: Mapping[str, Any], budget: dict[str | int, int | None] | None, folder: Any) -> None:
-    """Refuse a map that offloads to disk when the budget names devices but not ``disk`` and no
-    offload folder was given (the user did not ask for disk offload)."""
+    """Refuse a map that offloads to disk when neither the budget's ``disk`` nor a folder asked for it."""
     disk = [n for n, d in device_map.items() if d == "disk"]
     if disk and budget is not None and "disk" not in budget and folder is None:
         shown = ", ".join(f"{k}={'unlimited' if v is None else f'{v / 1e6:.2f} MB'}" for k, v in budget.items())
@@ -196,8 +187,7 @@ def check_disk(device_map: Mapping[str, Any], budget: dict[str | int, int | None
 
 
 def _no_split(model: nn.Module) -> list[str]:
-    """Module classes accelerate must keep whole on one device: the model's own list
-    (``_no_split_modules``), else the class of the blocks of its main stack."""
+    """Module classes accelerate keeps whole: ``_no_split_modules``, else the main stack's block classes."""
     named = getattr(model, "_no_split_modules", None)
     if named:
         return list(named)
@@ -235,13 +225,8 @@ def dispatch(
     offload_folder: str | Path | None = None,
     release_memory: bool | None = None,
 ) -> nn.Module:
-    """Dispatch a model already in memory over devices / disk; returns it, ready for the probe.
-
-    ``device_map``: one of :data:`DEVICE_MAPS` or a dict ``{module name: device}``. ``max_memory``:
-    ``{device: size}`` or its text (:func:`parse_max_memory`); ``disk`` must be named (or
-    ``offload_folder`` given) for modules to go to disk. ``offload_folder``: where offloaded weights
-    are written (default: a temporary folder removed with the model). ``release_memory``: see :func:`finish`.
-    """
+    """Dispatch a model in memory over devices / disk (``device_map``: one of :data:`DEVICE_MAPS` or
+    ``{module name: device}``); ``offload_folder`` defaults to a temporary one. Returns the model."""
     import accelerate  # optional dependency (the "hf" extra)
     from accelerate.utils import get_balanced_memory, get_max_memory
 
@@ -296,12 +281,8 @@ _RELEASE: contextvars.ContextVar[bool] = contextvars.ContextVar("_RELEASE", defa
 
 
 def fix_mmap_threshold() -> bool:
-    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD` (as ``MALLOC_MMAP_THRESHOLD_=65536``
-    would), so offloaded weights dropped after each forward go back to the system; True if it did.
-
-    Process-wide, for the rest of the process; a no-op off glibc or when the environment already
-    sets the threshold. Why: docs/big-models.md.
-    """
+    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD` for the rest of the process, so dropped
+    offloaded weights go back to the system; True if it did (not off glibc or when the environment sets it)."""
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") or platform.libc_ver()[0] != "glibc":
         return False
     try:
@@ -315,8 +296,7 @@ def fix_mmap_threshold() -> bool:
 
 
 def mmap_threshold() -> int | None:
-    """The fixed mmap threshold in effect as far as widthscope knows: the environment's
-    ``MALLOC_MMAP_THRESHOLD_``, else the one :func:`fix_mmap_threshold` set; None: glibc's default."""
+    """The environment's ``MALLOC_MMAP_THRESHOLD_``, else the one :func:`fix_mmap_threshold` set, else None."""
     env = os.environ.get("MALLOC_MMAP_THRESHOLD_", "").strip()
     if env.isdigit():
         return int(env)
@@ -325,8 +305,7 @@ def mmap_threshold() -> int | None:
 
 @contextmanager
 def releasing_memory(allow: bool = True) -> Iterator[None]:
-    """Within the block, :func:`finish` fixes glibc's mmap threshold for an offloaded model whose
-    ``release_memory`` is None (the command line runs each command within it)."""
+    """Within the block :func:`finish` fixes the mmap threshold for offloaded models by default."""
     token = _RELEASE.set(bool(allow))
     try:
         yield
@@ -341,10 +320,9 @@ def finish(
     *,
     release_memory: bool | None = None,
 ) -> nn.Module:
-    """After the dispatch: with offloaded modules, make the main stack's blocks recompute in the
-    backward, switch the key/value cache off and (``release_memory``; None: within
-    :func:`releasing_memory`) :func:`fix_mmap_threshold`; record the placement in
-    ``widthscope_dispatch`` (and ``widthscope_hf`` if present)."""
+    """After the dispatch: with offloaded modules, recompute the main stack's blocks in the backward,
+    switch the key/value cache off and (``release_memory``) fix the mmap threshold; record the
+    placement in ``widthscope_dispatch`` (and ``widthscope_hf``)."""
     dmap = dict(getattr(model, "hf_device_map", None) or {})
     offloaded = offloaded_modules(model)
     blocks: list[str] = []

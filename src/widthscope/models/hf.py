@@ -1,9 +1,7 @@
 """Any local Hugging Face checkpoint, through the ``transformers`` Auto classes.
 
-:func:`load_hf` picks the task (causal-lm, masked-lm, sequence- or image-classification) from
-``config.json``'s architecture, resolves hub ids through :mod:`widthscope.hub`, and loads with
-``local_files_only=True``, never ``trust_remote_code``; :func:`main_stack` finds the insertion points
-(the largest ``nn.ModuleList`` of same-class blocks). Tasks, losses and safety: docs/certify.md §6.
+:func:`load_hf` picks the task from ``config.json``'s architecture and loads local files only, never
+with ``trust_remote_code``. Tasks, losses and safety: docs/certify.md §6.
 
 Example::
 
@@ -169,11 +167,8 @@ def model_info(model: nn.Module) -> dict[str, Any]:
             ("width", ("hidden_size", "n_embd", "d_model", "dim")),
             ("depth", ("num_hidden_layers", "n_layer", "num_layers")),
         ):
-            for n in names:
-                v = getattr(text, n, None)
-                if isinstance(v, int):
-                    info[key] = v
-                    break
+            found = [v for n in names if isinstance(v := getattr(text, n, None), int)]
+            info.update({key: found[0]} if found else {})
         info["model_type"] = getattr(cfg, "model_type", None)
         info["attn_implementation"] = getattr(cfg, "_attn_implementation", None)
     else:
@@ -202,13 +197,9 @@ def load_hf(
     max_memory: str | dict[Any, Any] | None = None,
     offload_folder: str | Path | None = None,
 ) -> nn.Module:
-    """Load the checkpoint in ``directory`` (eval mode) with the Auto class of its task.
-
-    ``directory`` may also be a hub id ``org/name`` (at ``revision``) or a hub cache folder, resolved
-    by :func:`widthscope.hub.resolve_model`. The model carries ``widthscope_task``,
-    ``widthscope_points`` (:func:`main_stack`), ``widthscope_hf`` (where it came from) and, for a hub
-    model, ``widthscope_hub``. ``device_map``, ``max_memory``, ``offload_folder``: accelerate's
-    big-model loading instead of ``device`` (:func:`widthscope.models.dispatch.dispatch`).
+    """Load the checkpoint in ``directory`` (or a hub id / cache folder) in eval mode with the Auto class
+    of its task, marked with ``widthscope_task``, ``widthscope_points`` and ``widthscope_hf``;
+    ``device_map``/``max_memory``/``offload_folder`` load it with accelerate instead of onto ``device``.
     """
     directory, hub = resolve_model(str(directory), revision)
     cfg = _read_cfg(directory)
@@ -253,8 +244,7 @@ def load_hf(
                 use_safetensors=use_safetensors,
                 weights_only=True,
                 dtype=torch_dtype,
-                # load what fits and report the rest (refused below with the names and shapes),
-                # rather than transformers' table and a hint about an option the user never set
+                # mismatches are refused below, in one line
                 ignore_mismatched_sizes=True,
                 output_loading_info=True,
                 **placement,
@@ -295,8 +285,7 @@ def load_hf(
 
 
 def _check_loading(loading: dict[str, Any], directory: Path, cfg: dict[str, Any]) -> None:
-    """Refuse weights that do not fit the config (missing keys, shape mismatches), naming the first few:
-    freshly initialised weights would give meaningless certificates."""
+    """Refuse weights that do not fit the config (missing keys, shape mismatches), naming the first few."""
 
     def first(what: str, items: list[str], n: int) -> list[str]:
         more = f" (+{len(items) - n} more)" if len(items) > n else ""
@@ -322,8 +311,7 @@ def meta_checkpoint(
     model: Any, revision: str | None = None, task: str | None = None, dtype: str = "auto"
 ) -> nn.Module | None:
     """A Hugging Face checkpoint's architecture on the meta device, as :func:`load_hf` would build it
-    (accelerate's ``init_empty_weights``: no weight read; ``dtype`` "auto": its config's); ``None``
-    where ``model`` is no Hugging Face checkpoint directory (``--plan-no-time`` counts it)."""
+    (no weight read); ``None`` where ``model`` is no Hugging Face checkpoint directory."""
     if not isinstance(model, str) or model == "builtin":
         return None
     path, hub = resolve_model(model, revision)

@@ -1,8 +1,7 @@
 """Decoder-only language models from Hugging Face ``transformers`` configs (no hub access).
 
-``llama`` (``LlamaForCausalLM``) and ``pythia`` (``GPTNeoXForCausalLM``, presets ``"70m"`` ...) of
-hidden size ``N`` = width, with eager attention so forward-mode AD (jvp) works through it. Derived
-sizes (``heads``, ``kv_heads``, ``head_dim``, ``ffn``) and the presets: docs/models-data.md.
+``llama`` and ``pythia`` of hidden size = width, with eager attention (jvp works through it).
+Derived sizes and the presets: docs/models-data.md.
 
 Example::
 
@@ -52,8 +51,7 @@ def _check_sizes(family: str, width: Any, depth: int) -> int:
 
 
 def _check_ids(module: nn.Module, args: tuple, kwargs: dict) -> None:
-    """Forward pre-hook: token ids must be integers in ``[0, vocab_size)`` (one clear error
-    instead of an embedding-lookup traceback, e.g. when image features reach a language model)."""
+    """Forward pre-hook refusing token ids that are not integers in ``[0, vocab_size)``."""
     ids = args[0] if args else kwargs.get("input_ids")
     if ids is None or not hasattr(ids, "dtype"):
         return

@@ -1,8 +1,7 @@
 """Fully connected networks in standard, NTK and μP parametrisation.
 
-Every layer is a :class:`ScaledLinear`, ``y = multiplier · (x wᵀ) + b`` with ``w ~ N(0, init_std²)``;
-the parametrisations differ in how ``init_std`` and ``multiplier`` depend on the fan-in (table in
-docs/models-data.md). The multiplier is in the forward pass, so derivatives (NTK, jvp) see it.
+Every layer is a :class:`ScaledLinear`; the parametrisations differ in how ``init_std`` and
+``multiplier`` depend on the fan-in (table in docs/models-data.md).
 
 Example::
 
@@ -89,11 +88,7 @@ class Block(nn.Module):
 
 
 class MLP(nn.Module):
-    """``depth`` hidden layers of ``width`` units, then a linear read-out.
-
-    Inputs ``(B, in_dim)`` or anything ``(B, ...)`` whose trailing dims multiply to ``in_dim``
-    (images are flattened).
-    """
+    """``depth`` hidden layers of ``width`` units, then a linear read-out (inputs are flattened)."""
 
     def __init__(
         self,

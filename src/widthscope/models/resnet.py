@@ -1,8 +1,7 @@
 """ResNet-20 for 32×32 images (He et al. 2016, CIFAR variant) with a width multiplier.
 
-Three stages of three basic blocks with ``max(1, round(16·k·2^s))`` channels for width ``k``
-(stride 1, 2, 2; projection shortcuts where the shape changes); ``norm`` in :data:`NORMS`.
-Insertion points: the nine block outputs ``layer1.0`` … ``layer3.2``. Details: docs/models-data.md.
+Three stages of three basic blocks with ``max(1, round(16·k·2^s))`` channels for width ``k``;
+insertion points: the nine block outputs. Details: docs/models-data.md.
 
 Example::
 

@@ -39,16 +39,8 @@ def block_gram(
 
     .. math::  ⟨P_i, P'_j⟩_F = Σ_{t,s} (q_{i,t}·q'_{j,s})(h_{i,t}·h'_{j,s})
 
-    For single-position inputs (``(n, N)``) this is ``(q q'ᵀ) ⊙ (h h'ᵀ)``.
-
-    Args:
-        q: activation gradients at the block output, ``(n, N)``, ``(n, T, N)`` or ``(n, C, H, W)``.
-        h: hidden activations of the block, ``(n, N_h)``, ``(n, T, N_h)`` or ``(n, N_h, H, W)``.
-        q2, h2: a second population for the cross-Gram ``(n, n2)`` (default: ``q, h``).
-        method: ``"gram"`` (position Grams, ``O(n² T² (N + N_h))``), ``"explicit"``
-            (materialise ``P_i``, ``O(n T N N_h + n² N N_h)``) or ``"auto"`` (the cheaper).
-
-    Returns: ``(n, n2)`` float64 Gram.
+    ``q2, h2``: a second population for the cross-Gram; ``method``: position Grams (``"gram"``),
+    materialised ``P_i`` (``"explicit"``) or the cheaper (``"auto"``). Returns a float64 Gram.
 
     Example::
 
@@ -105,11 +97,8 @@ def block_of(model: nn.Module, point: str) -> ResidualBlock:
 def block_features(
     model: nn.Module, point: str, data: Any, loss_fn: Callable | None = None, *, batch_size: int = 64
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-example ``q = ∂ℓ/∂(block output)`` ``(n, T, N)`` and block hidden ``h`` ``(n, T, N_h)``.
-
-    The model must have an MLP-style block inserted at ``point``. Runs in eval mode, one
-    batched backward of the summed per-example losses per batch (exact, see ``collect``).
-    """
+    """Per-example ``q = ∂ℓ/∂(block output)`` ``(n, T, N)`` and hidden ``h`` ``(n, T, N_h)`` of the
+    MLP-style block inserted at ``point`` (eval mode)."""
     wrapper = model.get_submodule(point)
     block = block_of(model, point)
     if block.style == "conv3x3":

@@ -1,11 +1,8 @@
 r"""Per-example activation gradients at insertion points, from one backward per batch.
 
-For each example the probe returns ``q = ∂ℓ/∂z`` at an insertion point's output ``z``, pooled
-(``sum``: the gradient of a zero-initialised shared bias, ``mean``, ``flatten``, ``token``). A
-forward hook adds a zero leaf ``b`` to each hooked output and ``torch.autograd.grad`` is taken
-with respect to those only (parameters frozen, model unchanged); one backward of the summed loss is
-exact while examples do not interact. The per-example losses: causal-LM and masked-LM losses of
-token batches, the default loss of ``(x, y)`` batches. Details: docs/certify.md §1, docs/maths-alignment.md.
+For each example ``q = ∂ℓ/∂z`` at an insertion point's output ``z``, pooled over positions: a forward
+hook adds a zero leaf to each output and one backward of the summed loss reaches only those leaves
+(exact while examples do not interact). Details: docs/certify.md §1.
 
 Example::
 
@@ -68,14 +65,8 @@ _CHANNELS_FIRST_1D = (
 
 
 class ProbeResult(dict):
-    """``{point: Tensor (n, d)}`` plus what the caller should know about the run.
-
-    Attributes: ``notes`` (list of sentences, e.g. that BatchNorm ran in eval mode),
-    ``n_examples`` (examples seen; with ``pool="token"`` rows are positions), ``pool``,
-    ``losses`` (per-example losses of the forward pass), ``act_sq`` (point -> per-example sum of
-    squared output entries and their count, for :func:`activation_rms` over any subset) and
-    ``widths``, so interventions need not run those passes again.
-    """
+    """``{point: Tensor (n, d)}`` with the run's ``notes``, ``n_examples``, ``pool``, per-example
+    ``losses``, ``act_sq`` and ``widths`` (which interventions reuse)."""
 
     notes: list[str]
     n_examples: int
@@ -122,26 +113,20 @@ def float_dtype(model: nn.Module) -> torch.dtype | None:
     return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
 
 
-class EvalMode:
-    """Run the model in eval mode (BatchNorm running statistics, no dropout), then restore."""
-
-    def __init__(self, model: nn.Module):
-        self.model = model
-
-    def __enter__(self) -> nn.Module:
-        self.modes = {m: m.training for m in self.model.modules()}
-        self.model.eval()
-        return self.model
-
-    def __exit__(self, *exc: Any) -> None:
-        for m, mode in self.modes.items():
+@contextmanager
+def EvalMode(model: nn.Module) -> Iterator[nn.Module]:
+    """Run the model in eval mode (BatchNorm running statistics, no dropout), then restore its modes."""
+    modes = {m: m.training for m in model.modules()}
+    try:
+        yield model.eval()
+    finally:
+        for m, mode in modes.items():
             m.training = mode
 
 
 @contextmanager
 def frozen(model: nn.Module) -> Iterator[nn.Module]:
-    """The parameters' ``requires_grad`` off within the block (gradients reach only the leaves a
-    probe adds), restored on exit."""
+    """The parameters' ``requires_grad`` off within the block, restored on exit."""
     flags = [(p, p.requires_grad) for p in model.parameters()]
     try:
         for p, _ in flags:
@@ -166,8 +151,7 @@ def hooked(
 
 
 def to_device(obj: Any, device: torch.device, dtype: torch.dtype | None = None) -> Any:
-    """Move a batch to ``device``; floating tensors (images, features) also to ``dtype``, so a
-    model run in bfloat16 or float64 (``--dtype``) takes the same data. Token ids stay integers."""
+    """Move a batch to ``device``, its floating tensors also to ``dtype`` (token ids stay integers)."""
     if isinstance(obj, torch.Tensor):
         return obj.to(device, dtype) if dtype is not None and obj.is_floating_point() else obj.to(device)
     if isinstance(obj, Mapping):
@@ -187,7 +171,6 @@ def _shapes(obj: Any) -> str:
     return type(obj).__name__
 
 
-# ----------------------------------------------------------------------------- per-example losses
 def _wide(x: torch.Tensor) -> torch.Tensor:
     """Half-precision logits in float32 for the cross-entropy."""
     return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
@@ -214,11 +197,9 @@ def causal_lm_loss(
     attention_mask: torch.Tensor | None = None,
     labels: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    r"""Per-sequence causal-LM loss: mean over its predicted tokens of the shifted cross-entropy.
+    r"""Per-sequence causal-LM loss ``(B,)``, over the positions ``P_i`` whose target is a real token:
 
-    :math:`\ell_i = \frac{1}{|P_i|}\sum_{t\in P_i} -\log p(x_{i,t+1}\mid x_{i,\le t})` where
-    :math:`P_i` are the positions whose *target* is a real token (``attention_mask == 1`` and,
-    with ``labels``, ``labels != -100``). Returns shape ``(B,)``.
+    :math:`\ell_i = \frac{1}{|P_i|}\sum_{t\in P_i} -\log p(x_{i,t+1}\mid x_{i,\le t})`
     """
     logits = logits_of(logits)
     if logits.ndim != 3:
@@ -232,11 +213,8 @@ def causal_lm_loss(
 
 
 def masked_lm_loss(output: Any, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    r"""Per-sequence masked-LM loss: mean cross-entropy over the masked positions.
-
-    ``batch["labels"]`` holds the original token at each masked position and ``-100`` elsewhere
-    (unshifted, as BERT-style models predict the token in place). Returns shape ``(B,)``.
-    """
+    """Per-sequence masked-LM loss ``(B,)``: mean cross-entropy over the positions where
+    ``batch["labels"]`` is not -100 (unshifted)."""
     logits = logits_of(output)
     labels = batch.get("labels") if isinstance(batch, Mapping) else None
     if labels is None:
@@ -262,11 +240,8 @@ def _token_mean(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor
 
 
 def default_loss(output: Any, y: torch.Tensor) -> torch.Tensor:
-    """Per-example loss for ``(x, y)`` batches.
-
-    Integer ``y``: cross-entropy (averaged over any extra target dims per example).
-    Float ``y``: squared error summed over the outputs, :math:`\\sum_k (f_k - y_k)^2`.
-    """
+    """Per-example loss for ``(x, y)`` batches: cross-entropy for integer ``y`` (averaged over extra
+    target dims), else the summed squared error :math:`\\sum_k (f_k - y_k)^2`."""
     out = logits_of(output)
     B = out.shape[0]
     if y.dtype in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
@@ -287,11 +262,8 @@ def default_loss(output: Any, y: torch.Tensor) -> torch.Tensor:
 def run_batch(
     model: nn.Module, batch: Any, loss_fn: Callable | None, bi: int
 ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-    """Forward one batch; returns (per-example losses (B,), attention mask or None, B).
-
-    A torch error inside the model or the loss (wrong input size, class index out of range,
-    x/y batch mismatch) becomes one WidthscopeError naming the batch and its shapes.
-    """
+    """Forward one batch; returns (per-example losses (B,), attention mask or None, B). A torch
+    error in the model or the loss becomes one WidthscopeError naming the batch and its shapes."""
     try:
         return _forward_loss(model, batch, loss_fn, bi)
     except WidthscopeError:
@@ -308,36 +280,27 @@ def run_batch(
 def _forward_loss(
     model: nn.Module, batch: Any, loss_fn: Callable | None, bi: int
 ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-    mask = None
     if isinstance(batch, Mapping) or (isinstance(batch, torch.Tensor) and not batch.is_floating_point()):
         # Causal LM: LongTensor ids, or {"input_ids", optional "attention_mask", "labels"}.
+        mask = labels = None
         if isinstance(batch, Mapping):
             if "input_ids" not in batch:
                 raise WidthscopeError(f"batch {bi} is a dict without 'input_ids' (keys: {sorted(batch)})")
-            ids = batch["input_ids"]
-            mask = batch.get("attention_mask")
-            labels = batch.get("labels")
-        else:
-            ids, labels = batch, None
+            mask, labels = batch.get("attention_mask"), batch.get("labels")
+        ids = batch["input_ids"] if isinstance(batch, Mapping) else batch
         if ids.ndim != 2:
             raise WidthscopeError(f"batch {bi}: input_ids must be (B, T), got shape {tuple(ids.shape)}")
         kwargs = {}
-        if mask is not None:
-            if _accepts(model, "attention_mask"):
-                kwargs["attention_mask"] = mask
-            else:
-                # Without a mask argument only right padding is exact for a causal model.
-                m = mask.bool()
-                if bool((m[:, 1:] & ~m[:, :-1]).any()):
-                    raise WidthscopeError(
-                        f"batch {bi}: {type(model).__name__}.forward takes no attention_mask and the "
-                        "padding is not on the right; pad sequences on the right"
-                    )
+        if mask is not None and _accepts(model, "attention_mask"):
+            kwargs["attention_mask"] = mask
+        elif mask is not None and bool((mask.bool()[:, 1:] & ~mask.bool()[:, :-1]).any()):
+            # without a mask argument only right padding is exact for a causal model
+            raise WidthscopeError(
+                f"batch {bi}: {type(model).__name__}.forward takes no attention_mask and the "
+                "padding is not on the right; pad sequences on the right"
+            )
         output = model(ids, **kwargs)
-        if loss_fn is not None:
-            losses = loss_fn(output, batch)
-        else:
-            losses = causal_lm_loss(logits_of(output), ids, mask, labels)
+        losses = loss_fn(output, batch) if loss_fn is not None else causal_lm_loss(logits_of(output), ids, mask, labels)
         return losses, mask, ids.shape[0]
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
         x, y = batch
@@ -364,7 +327,6 @@ def _forward_loss(
     )
 
 
-# ----------------------------------------------------------------------------- pooling
 def _feature_dim(module: nn.Module, z: torch.Tensor) -> int:
     """:func:`channel_dim`, but dim 1 of a 1-D channels-first layer's ``(B, C, L)`` output."""
     return 1 if z.ndim <= 2 or isinstance(module, _CHANNELS_FIRST_1D) else channel_dim(z)
@@ -411,7 +373,6 @@ def split_output(output: Any, name: str) -> tuple[torch.Tensor, Callable[[torch.
     )
 
 
-# ----------------------------------------------------------------------------- collect
 def collect(
     model: nn.Module,
     batches: Iterable[Any],
@@ -426,20 +387,10 @@ def collect(
 ) -> ProbeResult:
     """Per-example activation gradients ``q = ∂ℓ/∂z`` at each insertion point, pooled.
 
-    Args:
-        batches: iterable of ``(x, y)`` pairs, LongTensors of token ids ``(B, T)``, or dicts with
-            ``input_ids`` (and optionally ``attention_mask``, ``labels``).
-        points: module names (list or comma string); ``None`` -> :func:`insertion_points`.
-        loss_fn: ``loss_fn(output, y) -> (B,)`` per-example losses (for LM batches ``y`` is the
-            batch). Default: cross-entropy / summed squared error / causal-LM mean token loss.
-        train_mode: ``"eval"`` runs the whole model in eval mode and says so; ``"keep"`` keeps the
-            current modes and refuses BatchNorm in training mode (it couples the examples of a batch).
-        dtype: dtype of the returned samples (accumulated on the CPU).
-        transform: ``transform(point, samples) -> samples`` applied to each batch's pooled ``(B, d)``
-            samples before they are kept (e.g. a :class:`widthscope.stats.sketch.Projector`).
-
-    Returns a :class:`ProbeResult`. The model's modes and ``requires_grad`` flags are restored; no
-    parameter ``.grad`` is created or changed.
+    ``batches``: ``(x, y)`` pairs, token-id LongTensors ``(B, T)`` or dicts with ``input_ids``;
+    ``loss_fn(output, y) -> (B,)`` (for LM batches ``y`` is the batch); ``train_mode="keep"`` keeps
+    the modules' modes (refusing training-mode BatchNorm); ``transform(point, samples)`` maps each
+    batch's pooled samples before they are kept. The model is left unchanged.
     """
     fn = "collect"
     _args.module(fn, "model", model)
@@ -479,8 +430,8 @@ def collect(
 
 
 def _mode_notes(model: nn.Module, modules: dict[str, nn.Module], train_mode: str) -> list[str]:
-    """Refuse batch-coupling layers under ``train_mode='keep'``; under ``'eval'`` the notes
-    (and a warning) saying which BatchNorm / dropout layers run in eval mode."""
+    """Refuse training-mode BatchNorm under ``train_mode='keep'``; under ``'eval'`` the notes saying
+    which BatchNorm / dropout layers run in eval mode."""
     notes: list[str] = []
     coupling = [n for n in coupling_layers(model) if modules[n].training]
     dropouts = [
@@ -508,8 +459,8 @@ def _mode_notes(model: nn.Module, modules: dict[str, nn.Module], train_mode: str
 
 
 class _Probe:
-    """What :func:`collect` keeps over the batches: each point's zero leaf in the current batch, the
-    pooled gradients, the activations' per-example sums of squares and widths, and the losses."""
+    """What :func:`collect` keeps over the batches: the current batch's leaves, the pooled
+    gradients, the activations' sums of squares and widths, and the losses."""
 
     def __init__(
         self,
@@ -531,8 +482,7 @@ class _Probe:
         self.n = 0
 
     def hook(self, name: str) -> Callable:
-        """Forward hook at point ``name``: adds a zero leaf ``b`` to its output and records the
-        activations' per-example sum of squares and the point's width."""
+        """Forward hook at ``name``: adds a zero leaf to the output, records its sums of squares and width."""
 
         def hook(module: nn.Module, inputs: Any, output: Any) -> Any:
             if name in self.leaves:
@@ -541,8 +491,7 @@ class _Probe:
                     "its per-example gradient is ambiguous: choose a module that runs once"
                 )
             z, put = split_output(output, name)
-            # Zero bias of z's shape: d(loss)/d(bias) == d(loss)/dz; a leaf, so later in-place
-            # ops on the output cannot alter it, and it lets grads flow with frozen parameters.
+            # a leaf: later in-place ops on the output cannot alter it
             b = torch.zeros_like(z, requires_grad=True)
             self.leaves[name] = (b, module)
             zd = z.detach()

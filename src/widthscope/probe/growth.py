@@ -1,10 +1,7 @@
 r"""Growth criteria: what each candidate point promises *before* a block is grown there.
 
-Each is a first-order held-out loss decrease from train means ``a`` and held-out means ``b``:
-``bias_gain = η aᵀb``; ``block_gain = η ⟨G_a, G_b⟩_F`` of a zero-output block; ``gradmax`` (``λ_max`` of
-``sym(S_aᵀS_b)``, GradMax's input map; ``gradmax_k``: top ``k``); ``certified_gain = block_gain·(1 −
-B_exact)``; ``ls_gain = s²/(2c)`` of a line search along the block's train gradient
-(:func:`line_search_gain`). Details: docs/interventions.md §3.
+``bias_gain = η aᵀb``; ``block_gain = η ⟨G_a, G_b⟩_F``; ``gradmax = η λ_max(sym(S_aᵀS_b))``;
+``certified_gain = block_gain·(1 − B_exact)``; ``ls_gain = s²/(2c)``. Details: docs/interventions.md §3.
 
 Example::
 
@@ -57,11 +54,8 @@ CRITERIA: dict[str, str] = {
 def block_input_features(
     model: nn.Module, point: str, data: Any, loss_fn: Callable | None = None, *, batch_size: int = 64, norm: str = "rms"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``q`` (activation gradients at ``point``) and ``u = norm(z)`` (block input), both ``(n, T, N)``.
-
-    Done with :func:`block_features` on a temporary identity block (``W_in = I``, ``φ = id``),
-    whose hidden activations are exactly ``norm(z)``; ``W_out = 0`` so nothing downstream changes.
-    """
+    """``q`` (activation gradients at ``point``) and ``u = norm(z)`` (block input), both ``(n, T, N)``,
+    from a temporary identity block (``W_in = I``, ``φ = id``)."""
     _, width = point_activation_rms(model, point, index_batch(data, slice(0, 2)), loss_fn, batch_size)
     with inserted(model, point, "block", width=width, hidden=width, activation="identity", norm=norm) as blk:
         with torch.no_grad():
@@ -78,9 +72,8 @@ def _gradmax_matrix(qa: torch.Tensor, ua: torch.Tensor, qb: torch.Tensor, ub: to
 
 
 def gradmax_directions(qa: torch.Tensor, ua: torch.Tensor, qb: torch.Tensor, ub: torch.Tensor, k: int) -> torch.Tensor:
-    """The ``k`` unit rows GradMax would give ``W_in``: the eigenvectors of ``sym(S_aᵀ S_b)`` of the
-    ``k`` largest eigenvalues (``(k, N_in)``, float64, largest first). ``Σ`` of those eigenvalues is
-    ``gradmax_k``: a block grown with these rows is the block that ``gradmax_k`` scores."""
+    """The ``k`` unit rows GradMax would give ``W_in``: the top-``k`` eigenvectors of ``sym(S_aᵀ S_b)``
+    (``(k, N_in)``, largest first), whose eigenvalues sum to ``gradmax_k``."""
     _, vec = torch.linalg.eigh(_gradmax_matrix(qa, ua, qb, ub))  # ascending eigenvalues, columns = eigenvectors
     k = max(1, min(int(k), vec.shape[1]))
     return vec[:, -k:].flip(1).T.contiguous()
@@ -106,14 +99,9 @@ def point_criteria(
     line_search: bool = True,
     keep_gradmax_rows: bool = False,
 ) -> dict[str, Any]:
-    """Every growth criterion at ``point`` from pooled ``train`` / held-out ranking ``test`` examples.
-
-    ``hidden``, ``activation``, ``norm``, ``block_seed`` describe the block that would be grown
-    (``W_in`` is rebuilt from the same seed, so ``block_gain`` is that block's). One batched
-    backward per batch and population; the model is left unchanged.
-    Returns a flat dict (JSON-able floats; certificates' ``b_exact``, ``d_align``, plans);
-    ``keep_gradmax_rows`` adds ``gradmax_rows``, the ``(gradmax_k, N)`` tensor of
-    :func:`gradmax_directions` (not JSON: pop it before writing).
+    """Every growth criterion at ``point`` from ``train`` / held-out ``test`` examples, as a flat dict,
+    for the block ``hidden``/``activation``/``norm``/``block_seed`` describes; ``keep_gradmax_rows``
+    adds the (not JSON-able) :func:`gradmax_directions`. The model is left unchanged.
     """
     if activation not in ACTIVATIONS:
         raise WidthscopeError(f"activation={activation!r} is not one of {sorted(ACTIVATIONS)}")
@@ -186,13 +174,9 @@ def line_search_gain(
     loss_fn: Callable | None = None,
     batch_size: int = 64,
 ) -> dict[str, float]:
-    r"""Second-order held-out gain of the best step along the block's train gradient.
-
-    With ``G_a`` the mean train ``W_out`` gradient and ``L_b`` the held-out ranking loss, the step
-    ``W_out = −t G_a`` changes ``L_b`` by ``−t s + ½ t² c`` with slope ``s = ⟨∇L_b, G_a⟩`` and
-    curvature ``c = G_aᵀ ∇²L_b G_a`` (one Hessian-vector product, by double backward). The best
-    ``t = s/c`` gains ``s²/(2c)``. Returns ``{"ls_slope", "ls_curvature", "ls_gain"}`` (``ls_gain = 0``
-    when ``s ≤ 0``; NaN, ranked last, when ``s > 0`` and ``c ≤ 0``: the quadratic model bounds nothing).
+    r"""Second-order held-out gain of the best step ``W_out = −t G_a`` along the block's train gradient:
+    ``L_b`` changes by ``−t s + ½ t² c`` (``s = ⟨∇L_b, G_a⟩``, ``c = G_aᵀ ∇²L_b G_a``), so ``ls_gain = s²/(2c)``
+    (0 when ``s ≤ 0``; NaN when ``c ≤ 0``).
     """
     _, width = point_activation_rms(model, point, index_batch(test, slice(0, 2)), loss_fn, batch_size)
     options = {"width": width, "hidden": hidden, "activation": activation, "norm": norm, "seed": block_seed}

@@ -1,15 +1,9 @@
 """Function-preserving residual insertions at an insertion point.
 
-At the module path ``point`` (e.g. ``"model.layers.3"`` of a HF decoder, ``"blocks.1"`` of an
-MLP) the module's output ``z`` is replaced by
-
-* ``kind="bias"``:  ``z + b``                              with ``b = 0`` at insertion;
-* ``kind="block"``: ``z + W_out φ(W_in norm(z))``           with ``W_out = 0`` at insertion,
-
-so the model computes exactly the same function right after :func:`insert`. Both act on the
-*channel* dimension (:func:`channel_dim`), broadcast over positions. The original submodule is
-wrapped by :class:`Inserted` (new parameters ``<point>.widthscope_insert.*``); each insertion is
-recorded in ``model.widthscope_config["insertions"]`` for :func:`apply_insertions`.
+The output ``z`` of the module at ``point`` becomes ``z + b`` (``kind="bias"``, ``b = 0``) or
+``z + W_out φ(W_in norm(z))`` (``kind="block"``, ``W_out = 0``) on the channel dimension, so the
+model's function is unchanged at insertion. Insertions are recorded in
+``model.widthscope_config["insertions"]`` for :func:`apply_insertions`.
 
 Example::
 
@@ -64,12 +58,8 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 def channel_dim(z: torch.Tensor, style: str = "auto") -> int:
-    """The dimension a residual insertion acts on.
-
-    ``auto``: the last dim for ``(B, N)`` and ``(B, T, N)`` outputs, dim 1 for conv maps
-    ``(B, C, H, W[, D])`` (the same convention as ``widthscope.probe.collect``'s pooling).
-    ``conv1x1`` forces dim 1, ``conv3x3`` needs a 4-D map, ``mlp`` forces the last dim.
-    """
+    """The dimension a residual insertion acts on: ``auto`` takes dim 1 of 4-D and larger conv
+    maps, else the last; ``conv1x1``/``conv3x3`` force dim 1, ``mlp`` the last."""
     if style == "conv3x3" and z.dim() != 4:
         raise WidthscopeError(
             f"style='conv3x3' needs a (batch, channels, height, width) output, got shape "
@@ -126,10 +116,8 @@ class ResidualBias(nn.Module):
 class ResidualBlock(nn.Module):
     """``z ↦ z + W_out φ(W_in norm(z))`` on the channel dimension, ``W_out = 0`` at insertion.
 
-    ``W_in`` has i.i.d. ``N(0, init_scale²/N)`` entries (per-position fan-in ``N``; ``9N`` for
-    3×3), drawn from a generator seeded by ``seed`` so a recorded insertion is reproducible.
-    The hidden activations ``h = φ(W_in norm(z))`` of the last forward are kept in
-    ``self.last_hidden`` when ``self.keep_hidden`` is set (used by the block probe).
+    ``W_in`` is ``N(0, init_scale²/fan_in)`` from ``seed``; with ``keep_hidden`` the last forward's
+    ``φ(W_in norm(z))`` is kept in ``last_hidden``.
     """
 
     def __init__(
@@ -163,8 +151,7 @@ class ResidualBlock(nn.Module):
         return z + self.delta(z)
 
     def delta(self, z: torch.Tensor, w_out: torch.Tensor | None = None) -> torch.Tensor:
-        """The block's addition ``W_out φ(W_in norm(z))`` to ``z`` (with ``w_out`` in place of
-        ``self.w_out`` if given: the block probe evaluates its step direction with it)."""
+        """``W_out φ(W_in norm(z))``, with ``w_out`` in place of ``self.w_out`` if given."""
         dim = _width_dim(z, self.style, self.width)
         u = self.norm(z, dim) if self.norm is not None else z
         act = ACTIVATIONS[self.activation]
@@ -193,13 +180,8 @@ def _width_dim(z: torch.Tensor, style: str, width: int) -> int:
 
 
 class Inserted(nn.Module):
-    """Wrapper that adds a residual insertion to the output of ``inner``.
-
-    Tensor outputs, and tuple outputs whose first element is the hidden state (older HF
-    decoder layers return ``(hidden, attn, ...)``), are supported; anything else raises.
-    Attribute lookups that fail on the wrapper fall through to ``inner`` so code that reads
-    e.g. ``layer.attention_type`` keeps working.
-    """
+    """Adds a residual insertion to ``inner``'s output (a tensor or a tuple starting with one);
+    attributes missing on the wrapper are looked up on ``inner``."""
 
     def __init__(self, inner: nn.Module, insertion: nn.Module, spec: Mapping[str, Any]):
         super().__init__()
@@ -301,9 +283,8 @@ def _keeps_width(m: nn.Module) -> bool:
 
 
 def _infer_point_width(model: nn.Module, point: str, target: nn.Module) -> int | None:
-    """Width at ``point``: from the module itself, else (for an activation, dropout or identity
-    inside a ``Sequential``) from the nearest preceding sibling whose output width is known.
-    Checked against the real output at every forward."""
+    """Width at ``point``: the module's own, else (a width-keeping module in a ``Sequential``)
+    the nearest preceding sibling's."""
     w = _infer_width(target)
     if w is not None:
         return w
@@ -337,21 +318,10 @@ def insert(
     seed: int = 0,
     record: bool = True,
 ) -> nn.Module:
-    """Add a zero-initialised residual bias or block to the output of ``model.<point>``.
-
-    The model is modified in place (and returned); its outputs are unchanged, because the bias and
-    ``W_out`` start at zero.
-
-    Args:
-        kind: ``"bias"`` (``z + b``) or ``"block"`` (``z + W_out φ(W_in norm(z))``).
-        width: channel width ``N`` of the output at ``point``; inferred from the module if
-            omitted, and checked against the actual output at every forward.
-        hidden: hidden width of the block (default ``N``).
-        norm: ``rms``, ``layer`` or ``none`` (normalisation of ``z`` before ``W_in``).
-        style: ``auto`` (channel dim 1 for 4-D conv maps, else last), ``mlp`` (last dim),
-            ``conv1x1`` (same maps as ``mlp`` on dim 1), ``conv3x3`` (3×3 convolutions).
-        init_scale, seed: ``W_in`` entries have standard deviation ``init_scale/√fan_in``, drawn from ``seed``.
-        record: append the insertion to ``model.widthscope_config["insertions"]``.
+    """Add a zero-initialised residual bias or block to the output of ``model.<point>``, in place
+    (the outputs are unchanged). ``width`` is inferred if omitted; ``hidden`` defaults to it;
+    ``style`` is as for :func:`channel_dim` (``conv3x3``: 3×3 convolutions); ``record`` appends the
+    insertion to ``model.widthscope_config["insertions"]``.
     """
     fn = "insert"
     _args.module(fn, "model", model)
@@ -456,12 +426,8 @@ def inserted(model: nn.Module, point: str, kind: str, **options: Any) -> Iterato
 
 
 def apply_insertions(model: nn.Module, config: Mapping[str, Any] | Iterable[Mapping[str, Any]]) -> nn.Module:
-    """Re-create recorded insertions on a freshly built model (call *before* loading weights).
-
-    ``config`` is a model config dict with an ``"insertions"`` list (as saved in
-    ``config.json``) or the list itself. The new parameters start at their insertion values
-    (zero bias / ``W_out``) and take their trained values from the state dict loaded next.
-    """
+    """Re-create recorded insertions (``config["insertions"]`` or the list itself) on a freshly
+    built model, before its weights are loaded."""
     specs = config.get("insertions", []) if isinstance(config, Mapping) else list(config)
     for spec in specs or []:
         spec = dict(spec)

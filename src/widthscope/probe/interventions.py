@@ -1,12 +1,8 @@
 r"""Direct residual interventions: does one first-order step at an insertion point do what
 the alignment statistic predicts?
 
-Bias probe: a zero bias at ``point``, step ``v = −η μ_M``, predicts ``ΔL = −η μ_Mᵀ g_K + O(η²)``, so
-``retention = ΔL_actual / ΔL_pred → 1``. Block probe: ``z + W_out φ(W_in norm(z))`` with ``W_out = 0``,
-step ``W_out = −η G_M``, predicts ``−η ⟨G_M, G_K⟩_F`` (:func:`~widthscope.probe.blocks.block_gram`).
-Maths: docs/interventions.md §2. A kind (:data:`widthscope.registry.INTERVENTION_KINDS`) measures from an
-:class:`InterventionInputs`, its steps stacked in one pass (:mod:`widthscope.probe.prefix`) or set one at a time
-through the inserted parameter, and returns a :class:`Measured`.
+Bias probe: step ``v = −η μ_M`` predicts ``ΔL = −η μ_Mᵀ g_K + O(η²)``, so ``retention = ΔL_actual / ΔL_pred → 1``.
+Block probe: step ``W_out = −η G_M`` predicts ``−η ⟨G_M, G_K⟩_F``. Maths: docs/interventions.md §2.
 
 Example::
 
@@ -61,9 +57,8 @@ from .steps import (
 
 @dataclasses.dataclass
 class InterventionInputs:
-    """What every intervention kind measures from (built by :func:`intervene`):
-    the examples, the held-out loss before the step and the activation's scale at the point, with
-    ``intervene``'s settings. A kind (:data:`widthscope.registry.INTERVENTION_KINDS`) is ``fn(inputs) -> Measured``."""
+    """What an intervention kind (``fn(inputs) -> Measured``) measures from: the examples, the
+    held-out losses before the step, the activation's scale at the point and :func:`intervene`'s settings."""
 
     model: nn.Module
     point: str
@@ -122,9 +117,7 @@ class InterventionInputs:
     def stacked_rows(
         self, steps: Any, etas: Sequence[float], align: float, step_norm: float, mu_norm: float
     ) -> list[dict[str, Any]]:
-        """One row per ``η``: copy ``e`` of the point's output gets ``steps[e]`` added, all copies in
-        one stacked pass per chunk (:func:`~widthscope.probe.prefix.stacked_totals`, with this call's
-        ``prefix`` and the kept prefix in ``reuse``)."""
+        """One row per ``η``, copy ``e`` of the point's output getting ``steps[e]``, in one stacked pass."""
         model, dt, kept = self.model, float_dtype(self.model), self.reuse.get("prefix")
         with EvalMode(model), torch.no_grad():
             totals, how = stacked_totals(
@@ -139,8 +132,7 @@ class InterventionInputs:
     def step_rows(
         self, param: torch.Tensor, direction: torch.Tensor, etas: Sequence[float], align: float, step_norm: float
     ) -> list[dict[str, Any]]:
-        """Set the inserted parameter to ``−η·direction`` for each ``η`` and measure the held-out loss
-        change, one whole forward per ``η``."""
+        """One row per ``η``, the inserted parameter set to ``−η·direction`` (one forward each)."""
         rows = []
         for eta in _progress(etas, desc=f"intervene {self.kind} {self.point}", disable=None if self.progress else True):
             with torch.no_grad():
@@ -158,7 +150,7 @@ def block_steps(block: ResidualBlock, G_M: torch.Tensor, etas: Sequence[float]) 
 
 def precision_info(x: InterventionInputs, rows: list[dict[str, Any]], steps: Callable[[], Any]) -> list[dict[str, Any]]:
     """Flag the rows below the model dtype's resolution; with ``precision="float32"`` measure those
-    steps again with the model upcast (the network's full path: kept prefixes are in the dtype)."""
+    steps again with the model upcast."""
     model = x.model
     r, ref = loss_rounding(model, x.test, x.loss_fn, batch_size=x.batch_size, losses=x.test_losses)
     mark_precision(rows, float_dtype(model), r)
@@ -192,10 +184,8 @@ def _gain(predicted: float, actual: float) -> dict[str, Any]:
 
 @dataclasses.dataclass
 class Measured:
-    """What a kind returns: ``rows`` (one per ``η``, :meth:`InterventionInputs.row`'s fields and
-    ``prefix``), ``steps`` (a function giving the ``E`` steps added at the point, for the float32
-    re-measure of :func:`assemble_rows`) and, where the kind estimates it, the rounding bound of its
-    predicted alignment (``alignment_bound``; ``alignment`` is ``μ_Mᵀ g_K`` or its like)."""
+    """What a kind returns: one row per ``η``, a function giving its steps (for the float32
+    re-measure), the alignment and, where estimated, its rounding bound."""
 
     rows: list[dict[str, Any]]
     steps: Callable[[], Any]
@@ -224,18 +214,10 @@ def intervene(
     prefix: str = "auto",
     precision: str = "mark",
 ) -> list[dict[str, Any]]:
-    r"""Measure the held-out loss change of one first-order step at ``point`` against its prediction.
-
-    Checks the arguments, takes the first ``M``/``K`` examples, the activation's RMS at the point and
-    the held-out losses before the step (from ``reuse`` for a kind registered with ``reuse_probe=True``,
-    where it has them: an :class:`InterventionInputs`), then runs the kind's measurement (``"bias"``:
-    ``v = −η μ_M``; ``"block"``: ``W_out = −η G_M``; or any kind in
-    :data:`widthscope.registry.INTERVENTION_KINDS`) and :func:`assemble_rows`. ``etas`` default to
-    ``n_etas`` log-spaced steps (:func:`default_etas`); ``reuse`` takes what a probe of the same batches
-    measured; ``prefix="auto"`` runs the network before ``point`` once per chunk (``"full"``: every step
-    in full); ``precision`` marks (``"mark"``) or re-measures in float32 (``"float32"``) low-precision
-    steps below the dtype's resolution. Returns one row per η (``predicted``, ``actual``, ``retention``,
-    ``sign_agrees``, ...). Options and row fields: docs/interventions.md §2.
+    """Measure the held-out loss change of first-order steps at ``point`` against their prediction,
+    on the first ``M``/``K`` examples; one row per η. ``reuse`` takes what a probe of the same batches
+    measured; ``prefix="full"`` runs every step in full; ``precision="float32"`` re-measures steps
+    below the dtype's resolution. Options and row fields: docs/interventions.md §2.
     """
     fn = "intervene"  # the types first, before any work
     _args.module(fn, "model", model)
@@ -284,8 +266,7 @@ def intervene(
 
 
 def measure_bias(x: InterventionInputs) -> Measured:
-    """The bias probe (kind ``"bias"``): ``v = −η μ_M`` at the point, predicted ``−η μ_Mᵀ g_K``, all
-    ``η`` in one stacked pass; for a bfloat16/float16 model, the rounding bound of ``μ_Mᵀ g_K``."""
+    """The bias probe: ``v = −η μ_M``, predicted ``−η μ_Mᵀ g_K`` (with its rounding bound in low precision)."""
     if x.reuse.get("train") is not None and x.reuse.get("test") is not None:
         Sa, Sb = x.reuse["train"][: x.M], x.reuse["test"][: x.K]
     else:
@@ -305,10 +286,7 @@ def measure_bias(x: InterventionInputs) -> Measured:
 
 
 def measure_block(x: InterventionInputs) -> Measured:
-    """The block probe (kind ``"block"``): a zero-``W_out`` block of width ``block_width`` at the
-    point, ``W_out = −η G_M``, predicted ``−η⟨G_M, G_K⟩_F``. With ``prefix="full"`` the inserted
-    block is set to each step; otherwise the same steps are added to the point's output of the
-    model without the insertion (stacked, as for the bias)."""
+    """The block probe: ``W_out = −η G_M`` in a zero-``W_out`` block, predicted ``−η⟨G_M, G_K⟩_F``."""
     model, point = x.model, x.point
     with inserted(model, point, "block", width=x.width, hidden=x.block_width, seed=x.seed) as block:
         G_M = w_out_grad(model, point, x.train, x.loss_fn, x.batch_size)
@@ -325,16 +303,13 @@ def measure_block(x: InterventionInputs) -> Measured:
             for r in rows:
                 r["prefix"] = "full: requested"
     if x.prefix != "full":
-        # The same steps on the model without the insertion: copy e of the point's output z gets
-        # −η_e·G_M φ(W_in norm(z)), the inserted block's output at W_out = −η_e G_M (linear in W_out).
+        # the same steps on the model without the insertion (the block is linear in W_out)
         rows = x.stacked_rows(block_steps(block, G_M, etas), etas, align, step_norm, float(G_M.norm()))
     return Measured(rows, lambda: block_steps(block, G_M, etas), align)
 
 
 def assemble_rows(x: InterventionInputs, measured: Measured) -> list[dict[str, Any]]:
-    """:func:`intervene`'s last step: each row's dtype and resolution (with ``precision="float32"``,
-    the steps below it measured again in float32: :func:`precision_info`),
-    then the alignment's rounding bound where the kind gave one."""
+    """The rows with their precision (:func:`precision_info`) and the alignment's rounding bound."""
     rows = precision_info(x, measured.rows, measured.steps)
     if measured.alignment_bound is not None:
         bound = measured.alignment_bound
@@ -343,7 +318,6 @@ def assemble_rows(x: InterventionInputs, measured: Measured) -> list[dict[str, A
     return rows
 
 
-# ----------------------------------------------------------------------------- sign agreement
 def sign_agreement(
     model: nn.Module,
     point: str,
@@ -359,21 +333,9 @@ def sign_agreement(
     batch_size: int = 64,
     progress: bool = True,
 ) -> dict[str, Any]:
-    r"""How often the bias probe's predicted sign of ``ΔL`` is right, over random ``(M, K)`` draws.
-
-    Each draw picks ``M`` train and ``K`` held-out examples without replacement from the
-    pools, steps ``v = −η μ_M`` and measures ``ΔL`` on those ``K`` examples. The predicted sign
-    is that of ``−μ_Mᵀ g_K``. Reported beside the certificate for the same ``(M, K)``: the
-    fraction of draws with ``μ_Mᵀ g_K ≤ 0`` (empirical misalignment) and ``B_exact``/``B_align``
-    (two-population, from the pools).
-
-    ``eta`` default: the step whose RMS entry is 1e-3 of the activation's, for the pool mean.
-
-    Returns a dict (``kind="intervention"``, ``probe="sign_agreement"``): ``agree_rate`` (95% Wilson
-    ``agree_low``, ``agree_high``), ``misaligned_rate``, ``improved_rate`` (actual ``ΔL < 0``), the
-    certificate's numbers and ``draws_below_resolution`` (``|η μ_Mᵀ g_K|`` below the model dtype's
-    resolution on their ``K`` examples, as in :func:`intervene`); ``agree_rate``, its interval and
-    ``improved_rate`` count only the other draws (None if none is left).
+    r"""How often the bias probe's predicted sign of ``ΔL`` (that of ``−μ_Mᵀ g_K``) is right over
+    random ``(M, K)`` draws, beside the empirical misalignment and the certificate. Draws whose change
+    is below the dtype's resolution are counted apart (``draws_below_resolution``).
     """
     if eta is not None:
         eta = check_etas([eta])[0]
@@ -428,10 +390,7 @@ def sign_agreement(
         "improved_rate": improved / n if n else None,
         "dtype": dtype_name(float_dtype(model)),
         "draws_below_resolution": low,
-        "b_exact": cert.b_exact,
-        "b_align": cert.b_align,
-        "d_align": cert.d_align,
-        "expectation": cert.expectation,
+        **{k: getattr(cert, k) for k in ("b_exact", "b_align", "d_align", "expectation")},
         "n_train": na,
         "n_test": nb,
     }

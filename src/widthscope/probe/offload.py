@@ -1,10 +1,7 @@
 r"""Probing a model dispatched over devices or offloaded to disk (accelerate's big-model hooks).
 
-:func:`input_device` says where the inputs go; :func:`recompute_blocks` makes each main-stack block a
-non-reentrant ``torch.utils.checkpoint`` so the backward reloads one offloaded block at a time (peak:
-the resident part plus one block; gradients unchanged); :func:`copy_model` copies such a model keeping
-its placement; :func:`recompute_flops` leaves the recomputation out of FLOP counts.
-Details: docs/big-models.md "How the probe keeps to the budget".
+:func:`recompute_blocks` makes each main-stack block a non-reentrant checkpoint, so the backward
+reloads one offloaded block at a time. Details: docs/big-models.md.
 
 Example::
 
@@ -62,20 +59,17 @@ def _placed(module: nn.Module) -> torch.device | None:
 
 
 def input_device(model: nn.Module) -> torch.device:
-    """The device a batch for ``model`` belongs on: where accelerate's root hook executes (a
-    dispatched model), else its first parameter's that is not on ``meta``; CPU without parameters."""
+    """The device a batch for ``model`` belongs on (:func:`_placed`, else the CPU)."""
     return _placed(model) or torch.device("cpu")
 
 
 def module_device(model: nn.Module, name: str) -> torch.device:
-    """The device module ``name`` computes on (an offloaded module's weights are on ``meta`` between
-    forwards), else :func:`input_device`: where a module inserted at ``name`` belongs."""
+    """The device module ``name`` computes on, else :func:`input_device`."""
     return _placed(model.get_submodule(name)) or input_device(model)
 
 
 def offloaded_modules(model: nn.Module) -> list[str]:
-    """Names in the model's device map (``hf_device_map``) whose weights live off the execution
-    devices: on ``"disk"``, or on ``"cpu"`` while the model executes on an accelerator."""
+    """Names in ``hf_device_map`` on ``"disk"``, or on ``"cpu"`` while the model executes on an accelerator."""
     dmap = getattr(model, "hf_device_map", None) or {}
     main = input_device(model).type
     return [n for n, d in dmap.items() if d == "disk" or (d == "cpu" and main != "cpu")]
@@ -97,34 +91,28 @@ class _NoModules(contextlib.nullcontext):
 
 
 class TotalFlops(FlopCounterMode):
-    """``FlopCounterMode``'s total (``get_total_flops``, the same count) without its per-module
-    breakdown, whose module hooks hold the tensors of a checkpointed block for the backward (an
-    offloaded model then keeps most of its weights during a counted step)."""
+    """``FlopCounterMode``'s total without its per-module hooks (which would hold a checkpointed
+    block's tensors for the backward)."""
 
     def __init__(self) -> None:
         super().__init__(display=False)
         self.mod_tracker = _NoModules()  # type: ignore[assignment]
 
 
-class _CountRecompute:
-    """The recomputation's context (``checkpoint(context_fn=...)``): its own FLOP counter, whose
-    total goes to ``sink`` (the outer counter counts the same operations too)."""
-
-    def __init__(self, sink: list[int]) -> None:
-        self.sink = sink
-        self.counter = TotalFlops()
-
-    def __enter__(self) -> None:
-        self.counter.__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.counter.__exit__(*exc)
-        self.sink.append(int(self.counter.get_total_flops()))
+@contextmanager
+def _count_recompute(sink: list[int]) -> Iterator[None]:
+    """The recomputation's context: its own FLOP counter, whose total goes to ``sink``."""
+    counter = TotalFlops()
+    try:
+        with counter:
+            yield
+    finally:  # also when the recomputation stops early (by an exception)
+        sink.append(int(counter.get_total_flops()))
 
 
 def _contexts() -> tuple[Any, Any]:
     sink = _RECOMPUTED.get()
-    return contextlib.nullcontext(), (contextlib.nullcontext() if sink is None else _CountRecompute(sink))
+    return contextlib.nullcontext(), (contextlib.nullcontext() if sink is None else _count_recompute(sink))
 
 
 def _wrap(block: nn.Module) -> Callable[..., Any]:
@@ -154,13 +142,8 @@ def _unwrap(block: nn.Module) -> None:
 
 
 def recompute_blocks(model: nn.Module, blocks: Sequence[str] | None = None) -> list[str]:
-    """Make each block a checkpoint (see the module docstring); returns the blocks wrapped.
-
-    ``blocks``: module names (default: the main stack, :func:`~widthscope.probe.structure.main_stack`).
-    The wrapper is the module's ``forward`` instance attribute, around whatever ``forward`` was
-    (accelerate's hooked one included); blocks already wrapped are left as they are.
-    :func:`restore_blocks` undoes it.
-    """
+    """Make each of ``blocks`` (default: the main stack) a checkpoint, wrapping its ``forward``
+    instance attribute; returns the blocks. :func:`restore_blocks` undoes it."""
     names = list(blocks) if blocks is not None else main_stack(model)
     for name in names:
         block = model.get_submodule(name)
@@ -205,10 +188,8 @@ def recomputing(model: nn.Module, blocks: Sequence[str] | None = None) -> Iterat
 
 @contextmanager
 def recompute_flops() -> Iterator[list[int]]:
-    """Within the block, each recomputation of a wrapped block (in a backward) counts its FLOPs
-    with a counter of its own (:class:`TotalFlops`) and appends the total to the yielded list: an
-    outer counter counts them too, and subtracting their sum gives the FLOPs of the plain
-    forward and backward (what :func:`widthscope.growth.block.step_flops` reports)."""
+    """Within the block, each recomputation of a wrapped block appends its FLOPs to the yielded
+    list (an outer counter counts them too: subtract their sum)."""
     sink: list[int] = []
     token = _RECOMPUTED.set(sink)
     try:
@@ -218,9 +199,8 @@ def recompute_flops() -> Iterator[list[int]]:
 
 
 def _shared(model: nn.Module) -> dict[int, Any]:
-    """What a copy of ``model`` shares with it (a ``deepcopy`` memo): accelerate's stores of the
-    offloaded weights (read at each forward, never trained) and the maps of tied weights loaded,
-    and a temporary offload folder's owner (removed when neither model uses it any more)."""
+    """A ``deepcopy`` memo of what a copy shares with ``model``: accelerate's offloaded-weight stores
+    and tied-weight maps, and the temporary offload folder's owner."""
     memo: dict[int, Any] = {}
     for m in model.modules():
         hook = getattr(m, "_hf_hook", None)
@@ -236,14 +216,8 @@ def _shared(model: nn.Module) -> dict[int, Any]:
 
 
 def copy_model(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` (``copy.deepcopy``) that keeps a dispatched model's placement.
-
-    Accelerate's hooks are copied with the modules, so the copy computes where the original does;
-    the offloaded weights are shared, not copied (:func:`_shared`: they stay on disk or in the
-    CPU store and are loaded per block); the resident weights are copied. Blocks made checkpoints
-    by :func:`recompute_blocks` are unwrapped for the copy (the wrapper's closure names the
-    original's block) and wrapped again in both models.
-    """
+    """A ``deepcopy`` of ``model`` that keeps a dispatched model's placement, sharing the offloaded
+    weights; recomputed blocks are wrapped again in both models."""
     names = restore_blocks(model)
     try:
         new = copy.deepcopy(model, _shared(model))

@@ -1,22 +1,9 @@
 """Insertion points: which module outputs the probe differentiates the loss with respect to.
 
-An *insertion point* is the name of a submodule (as in ``model.named_modules()``); the probe
-looks at that module's output ``z``. The default points are the *block outputs* (the
-residual stream after each block), because that is where a function-preserving residual
-expansion (a zero-initialised bias or block) would be inserted.
-
-Rules, in order:
-
-1. ``model.widthscope_points`` if the model declares it (every ``widthscope.models`` model does);
-2. Hugging Face models (``transformers.PreTrainedModel``): the blocks of the main stack, found
-   from the module tree (:func:`widthscope.probe.structure.main_stack`: the largest ``nn.ModuleList``
-   of same-class blocks, e.g. ``model.layers.{i}``, ``transformer.h.{i}``, ``encoder.layer.{i}``);
-3. generic: the children of every ``nn.ModuleList``/``nn.Sequential`` whose children are
-   *blocks* of one class (modules that themselves contain layers), outermost containers
-   only, in forward-definition order (a ResNet's ``layer1.0 ... layer3.2``; a transformer's
-   ``blocks.0 ...``);
-4. otherwise the longest ``nn.Sequential``/``nn.ModuleList`` of plain layers (an MLP): every
-   child except the last (the last child's output is the model output, not an interior point).
+An insertion point is a submodule name; the default points are the block outputs, in order of
+preference: ``model.widthscope_points``; a Hugging Face model's main stack; the children of the
+outermost containers of same-class blocks; else every child but the last of the longest
+``nn.Sequential``/``nn.ModuleList`` of layers.
 
 Example::
 
@@ -54,7 +41,7 @@ def _generic_points(model: nn.Module) -> list[str]:
     containers = [
         (n, m) for n, m in model.named_modules() if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2
     ]
-    # Rule 3: homogeneous containers of blocks, outermost only.
+    # homogeneous containers of blocks, outermost only
     chosen: list[str] = []
     for name, m in containers:
         kids = list(m.children())
@@ -65,7 +52,7 @@ def _generic_points(model: nn.Module) -> list[str]:
         chosen.append(name)
     if chosen:
         return [p for c in chosen for p in _children_names(c, dict(model.named_modules())[c])]
-    # Rule 4: the longest container of layers (an MLP), minus its output layer.
+    # else the longest container of layers (an MLP), minus its output layer
     if containers:
         name, m = max(containers, key=lambda nm: len(nm[1]))
         return _children_names(name, m)[:-1]
@@ -113,11 +100,7 @@ def _unknown_message(bad: str, valid: list[str], limit: int = 12, defaults: list
 
 
 def resolve_points(model: nn.Module, points: str | Iterable[str] | None) -> list[str]:
-    """Validate ``points`` (a list, or a comma-separated string; ``None`` -> defaults).
-
-    Raises :class:`WidthscopeError` for an unknown name, listing the valid names with the
-    closest matches first.
-    """
+    """``points`` (a list or a comma string; ``None``: the defaults) checked to name submodules."""
     if points is None:
         return insertion_points(model)
     if isinstance(points, str):

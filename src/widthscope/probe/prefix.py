@@ -1,11 +1,7 @@
 r"""Held-out losses after ``E`` steps at a point, running the network before it once.
 
-:func:`stacked_totals` gives ``Σ_i ℓ_i(z + v_e)`` for every step ``e``: ``full`` runs the whole network
-``E`` times; ``cached`` plans which outermost modules finish before ``point`` and return batch-major
-tensors (checked on 2 and 3 examples), captures their outputs and replays them in place of their
-``forward`` (exact while examples are independent; ``auto`` checks 3 examples against a full forward and
-falls back with the reason). :func:`keep_prefix` records those outputs during a forward the caller runs
-anyway. Details: docs/interventions.md §2.
+:func:`stacked_totals` gives ``Σ_i ℓ_i(z + v_e)`` for every step ``e``, replaying the outputs of the
+modules that finish before the point (or running the whole network). Details: docs/interventions.md §2.
 """
 
 from __future__ import annotations
@@ -37,18 +33,15 @@ class Unsupported(Exception):
 
 @dataclass(frozen=True)
 class Plan:
-    """Which modules the stacked pass takes from the capture (``cached``), outermost first in
-    module order, and whether ``point``'s own forward is skipped too (``point_cached``)."""
+    """The modules whose outputs the stacked pass replays, outermost first, and whether the point's too."""
 
     cached: tuple[str, ...]
     point_cached: bool
 
     def kept(self, point: str) -> tuple[str, ...]:
-        """The modules whose outputs are replayed."""
         return self.cached + ((point,) if self.point_cached else ())
 
 
-# ----------------------------------------------------------------------------- module outputs
 def _signature(out: Any) -> tuple | None:
     """Shapes of a tensor / tuple-of-tensors output (None entries kept), or None if unsupported."""
     if isinstance(out, torch.Tensor):
@@ -86,9 +79,7 @@ def _repeat(out: Any, E: int) -> Any:
 
 class FnSteps:
     """``E`` steps along a function of the point's output: copy ``e`` of ``z`` becomes
-    ``z + coef[e] · fn(z)`` (the block probe: ``fn(z) = G_M φ(W_in norm(z))``, ``coef = −η``).
-    ``fn`` runs once, on the first copy: the copies are equal before the step. Sliced like the
-    ``(E, N)`` tensor of bias steps (``steps[-1:]``, ``steps.shape[0]``)."""
+    ``z + coef[e] · fn(z)``; ``fn`` runs once, on the first copy. Sliced like an ``(E, N)`` tensor."""
 
     def __init__(self, coef: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]):
         self.coef, self.fn = coef, fn
@@ -105,8 +96,7 @@ class FnSteps:
 
 
 def _add_steps(z: torch.Tensor, steps: torch.Tensor | FnSteps) -> torch.Tensor:
-    """``z`` holds ``E = len(steps)`` stacked copies of a batch; add ``steps[e]`` (a channel
-    vector, broadcast over positions) to copy ``e`` (or what :class:`FnSteps` says)."""
+    """Add ``steps[e]`` (a channel vector) to copy ``e`` of the ``E`` stacked copies in ``z``."""
     if isinstance(steps, FnSteps):
         return steps.add(z)
     E = steps.shape[0]
@@ -127,7 +117,6 @@ def _step_hook(point: str, steps: torch.Tensor | FnSteps) -> Callable:
     return hook
 
 
-# ----------------------------------------------------------------------------- plan / capture
 def _forward(model: nn.Module, batch: Any, loss_fn: Callable | None) -> torch.Tensor | None:
     """Per-example losses of one batch; None when a capture hook stopped the forward."""
     try:
@@ -139,9 +128,8 @@ def _forward(model: nn.Module, batch: Any, loss_fn: Callable | None) -> torch.Te
 def _record(
     model: nn.Module, points: Sequence[str], batch: Any, loss_fn: Callable | None
 ) -> dict[str, tuple[dict[str, tuple[int, tuple | None]], tuple | None]]:
-    """Forward ``batch`` until every point has finished once: for each point that ran, name ->
-    (calls, output signature) of every module that finished before it started, and its own
-    output signature."""
+    """Forward ``batch`` until every point has run: per point, the (calls, output signature) of each
+    module that finished before it started, and its own output signature."""
     modules = dict(model.named_modules())
     want = set(points)
     ended: dict[str, tuple[int, tuple | None]] = {}
@@ -222,62 +210,42 @@ def capture_outputs(model: nn.Module, point: str, p: Plan, batch: Any, loss_fn: 
     return keep
 
 
-class _Replaced:
-    """Within the block: each planned module's ``forward`` returns its kept output repeated
-    ``E`` times, the point's adds the steps; restored on exit. :meth:`verify` then checks that
-    each ran exactly once (a shared module, or a class that bypasses ``forward``, is caught)."""
+@contextmanager
+def _replaced(model: nn.Module, point: str, p: Plan, keep: dict[str, Any], steps: Any) -> Iterator[dict[str, int]]:
+    """Within the block each planned module's ``forward`` returns its kept output repeated ``E``
+    times (the point's with the steps added); yields each module's number of calls."""
+    E = steps.shape[0]
+    put_steps = _step_hook(point, steps)
+    calls = dict.fromkeys(p.kept(point), 0)
+    saved: list[tuple[nn.Module, bool, Any]] = []
 
-    def __init__(self, model: nn.Module, point: str, p: Plan, keep: dict[str, Any], steps: Any):
-        E = steps.shape[0]
-        self.modules = dict(model.named_modules())
-        self.calls = dict.fromkeys(p.kept(point), 0)
-        put_steps = _step_hook(point, steps)
-
-        def value(name: str) -> Any:
+    def stub(name: str) -> Callable:
+        def forward(*_a: Any, **_k: Any) -> Any:
+            calls[name] += 1
+            if calls[name] > 1:
+                raise Unsupported(f"{name!r} runs more than once in a forward pass (a shared module)")
             out = _repeat(keep[name], E)
             return put_steps(None, None, out) if name == point else out
 
-        self.value = value
-        self.saved: list[tuple[nn.Module, bool, Any]] = []
-
-    def _stub(self, name: str) -> Callable:
-        def forward(*_a: Any, **_k: Any) -> Any:
-            self.calls[name] += 1
-            if self.calls[name] > 1:
-                raise Unsupported(f"{name!r} runs more than once in a forward pass (a shared module)")
-            return self.value(name)
-
         return forward
 
-    def __enter__(self) -> _Replaced:
-        for name in self.calls:
-            m = self.modules[name]
-            self.saved.append((m, "forward" in m.__dict__, m.__dict__.get("forward")))
-            m.forward = self._stub(name)  # instance attribute: nn.Module.__call__ calls it, hooks still run
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for m, had, old in self.saved:
+    try:
+        for name in calls:
+            m = model.get_submodule(name)
+            saved.append((m, "forward" in m.__dict__, m.__dict__.get("forward")))
+            m.forward = stub(name)  # instance attribute: nn.Module.__call__ calls it, hooks still run
+        yield calls
+    finally:
+        for m, had, old in saved:
             if had:
                 m.forward = old
             else:
                 del m.forward
-        self.saved.clear()
-
-    def verify(self) -> None:
-        skipped = [n for n, c in self.calls.items() if c != 1]
-        if skipped:
-            raise Unsupported(f"{', '.join(skipped)} did not call the replaced forward")
 
 
-# ----------------------------------------------------------------------------- outputs kept from the caller's pass
 class KeptPrefix:
-    """The planned outputs of every point's cached path over the first ``n`` examples, recorded
-    by forward hooks during passes the caller runs anyway (:func:`keep_prefix`).
-
-    ``plans``: point -> :class:`Plan`; ``outputs``: module -> its output over the ``n`` rows
-    (batch-major, as the plan checked); ``reason``: why nothing is usable (``None`` if usable).
-    Recording stops (and frees what it held) once it would exceed ``max_bytes``."""
+    """The planned outputs (``outputs``: module -> first ``n`` rows) of every point's cached path,
+    recorded during passes the caller runs anyway; ``reason`` says why they are unusable (or None)."""
 
     def __init__(self, n: int, max_bytes: float):
         self.n, self.max_bytes = int(n), float(max_bytes)
@@ -290,7 +258,6 @@ class KeptPrefix:
         self.done = False
 
     def names(self) -> list[str]:
-        """Modules whose outputs some plan takes."""
         return list(dict.fromkeys(n for point, p in self.plans.items() for n in p.kept(point)))
 
     def _fail(self, reason: str) -> None:
@@ -354,12 +321,9 @@ def keep_prefix(
     *,
     max_bytes: float = 2**30,
 ) -> Iterator[KeptPrefix]:
-    """Record, during the forward passes run inside the block, what the cached path of every
-    point in ``points`` would capture for the first ``n`` examples of ``data`` (which those passes
-    must run first and in order: certify wraps its held-out probe in it). Plans each point on the
-    first 2 and 3 examples of ``data`` in eval mode before; a point that does not run there is left
-    out (its interventions plan and capture themselves). At most ``max_bytes`` are kept (beyond it
-    nothing). Hand the result to :func:`stacked_totals` (``kept=``) after the block."""
+    """Record, during the forward passes inside the block (which must start with ``data``), what
+    every point's cached path would capture for the first ``n`` examples (at most ``max_bytes``).
+    The result goes to :func:`stacked_totals` (``kept=``)."""
     kept = KeptPrefix(n, max_bytes)
     if batch_size_of(data) < 3:
         kept.reason = "fewer than 3 examples"
@@ -378,7 +342,6 @@ def keep_prefix(
         kept.finish()
 
 
-# ----------------------------------------------------------------------------- stacked losses
 def _chunk_rows(
     model: nn.Module,
     point: str,
@@ -389,17 +352,19 @@ def _chunk_rows(
     p: Plan | None = None,
     keep: dict[str, Any] | None = None,
 ) -> torch.Tensor:
-    """Per-row losses ``(E·B,)`` of one chunk (on the device) stacked ``E`` times, copy ``e`` with
-    ``steps[e]`` added at ``point``: the whole network (``p`` None) or the ``cached`` path, which
-    replays the outputs of ``p``'s modules (``keep``: recorded earlier, else captured)."""
+    """Per-row losses ``(E·B,)`` of one chunk stacked ``E`` times with ``steps[e]`` added at ``point``:
+    the whole network (``p`` None) or ``p``'s cached path (outputs from ``keep``, else captured)."""
     if p is not None and keep is None:
         keep = capture_outputs(model, point, p, batch, loss_fn)
-    rep = None if p is None else _Replaced(model, point, p, keep or {}, steps)
     hooks = [(model.get_submodule(point), _step_hook(point, steps))] if p is None or not p.point_cached else []
-    with hooked(hooks), rep or contextlib.nullcontext():
+    replace: contextlib.AbstractContextManager[dict[str, int]] = (
+        contextlib.nullcontext({}) if p is None else _replaced(model, point, p, keep or {}, steps)
+    )
+    with hooked(hooks), replace as calls:
         losses, _, _ = run_batch(model, cat_batches([batch] * steps.shape[0]), loss_fn, bi)
-    if rep is not None:
-        rep.verify()
+    skipped = [n for n, c in calls.items() if c != 1]
+    if skipped:
+        raise Unsupported(f"{', '.join(skipped)} did not call the replaced forward")
     return losses.detach().to("cpu", torch.float64)
 
 
@@ -413,10 +378,8 @@ def _totals(
     kept: KeptPrefix | None = None,
     first: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Σ over the examples of ``chunks`` (on the device) of the loss in each of the ``E`` stacked
-    copies, float64: the whole network (``p`` None) or ``p``'s cached path, with the outputs from
-    ``kept`` where given; with ``first`` (the full path's losses of the first 3 examples at the
-    largest step) the cached path must match it within ``min(64·eps, 1e-3)`` of the model's dtype."""
+    """The float64 loss sums of ``chunks`` in each of the ``E`` stacked copies (as :func:`_chunk_rows`);
+    the cached path's first 3 losses at the largest step must match ``first`` within ``min(64·eps, 1e-3)``."""
     E = steps.shape[0]
     totals = torch.zeros(E, dtype=torch.float64)
     new = torch.zeros(0, dtype=torch.float64)
@@ -451,14 +414,9 @@ def stacked_totals(
     mode: str = "auto",
     kept: KeptPrefix | None = None,
 ) -> tuple[torch.Tensor, str]:
-    """``Σ_i ℓ_i`` over ``data`` with ``steps[e]`` added at ``point``, for every ``e`` (float64 ``(E,)``),
-    and how: ``"cached"`` or ``"full: <reason>"``. About ``batch_size`` rows a pass; the inputs go to
-    the model's input device in ``dtype``.
-
-    ``auto`` plans on the first 2 and 3 examples (or takes the plan and the outputs from ``kept``),
-    then requires the cached path's per-row losses of the first 3 examples at the largest step to
-    equal a full forward of them (:func:`_totals`); any failure of the cached path reruns everything
-    on the full path, whose own errors are the model's and propagate."""
+    """``Σ_i ℓ_i`` over ``data`` with ``steps[e]`` added at ``point`` for every ``e`` (float64 ``(E,)``),
+    and how: ``"cached"`` or ``"full: <reason>"``. ``auto`` falls back to the full path when the
+    cached one fails or differs from a full forward on the first 3 examples."""
     dev = input_device(model)
     per = max(1, batch_size // steps.shape[0])
     chunks = lambda: (to_device(b, dev, dtype) for b in to_batches(data, per))  # moved one at a time

@@ -5,7 +5,8 @@ one-line note naming the others."""
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Mapping
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 import torch.nn as nn
@@ -23,27 +24,17 @@ def dtype_name(dt: torch.dtype | None) -> str | None:
     return None if dt is None else str(dt).replace("torch.", "")
 
 
-class upcast:
-    """Context: the model's bfloat16/float16 parameters and buffers cast to float32 in place, and
-    back on exit (exactly: ``low → float32 → low`` is lossless)."""
-
-    def __init__(self, model: nn.Module):
-        self.model = model
-        self.saved: list[tuple[torch.Tensor, torch.dtype]] = []
-
-    def __enter__(self) -> nn.Module:
-        seen: set[int] = set()
-        for t in [*self.model.parameters(), *self.model.buffers()]:
-            if id(t) not in seen and t.dtype in LOW_PRECISION:
-                seen.add(id(t))
-                self.saved.append((t, t.dtype))
-                t.data = t.data.float()
-        return self.model
-
-    def __exit__(self, *exc: Any) -> None:
-        for t, dt in self.saved:
+@contextmanager
+def upcast(model: nn.Module) -> Iterator[nn.Module]:
+    """The model's bfloat16/float16 parameters and buffers in float32 within the block, restored on exit."""
+    saved = {id(t): (t, t.dtype) for t in [*model.parameters(), *model.buffers()] if t.dtype in LOW_PRECISION}
+    for t, _ in saved.values():
+        t.data = t.data.float()
+    try:
+        yield model
+    finally:
+        for t, dt in saved.values():
             t.data = t.data.to(dt)
-        self.saved = []
 
 
 def loss_rounding(
@@ -58,9 +49,7 @@ def loss_rounding(
 
     .. math::  r = \sqrt{\textstyle\sum_i e_i^2}\,/\,K,\qquad e_i = ℓ_i^{\rm dtype} − ℓ_i^{\rm float32}
 
-    with ``ℓ_i^{dtype}`` the per-example losses as the model runs (``losses`` if already measured)
-    and ``ℓ_i^{float32}`` those of the same weights in float32 (:class:`upcast`). Returns ``(r,
-    float32 per-example losses)``, or ``(None, None)`` for a float32/float64 model.
+    Returns ``(r, float32 per-example losses)``, or ``(None, None)`` for a float32/float64 model.
     """
     if float_dtype(model) not in LOW_PRECISION:
         return None, None
@@ -78,8 +67,7 @@ def loss_rounding(
 def _sample_errors(
     model: nn.Module, point: str, data: Any, loss_fn: Callable | None, n: int, batch_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pooled samples of the first ``n`` examples as the model runs, and their rounding errors
-    (minus the same weights' samples in float32, :class:`upcast`)."""
+    """Float32 pooled samples of the first ``n`` examples, and the model's rounding errors of them."""
     data = as_examples(data)
     sub = take(data, min(n, batch_size_of(data)))
     low = point_samples(model, point, sub, loss_fn, batch_size)
@@ -91,9 +79,8 @@ def _sample_errors(
 def sample_rounding(
     model: nn.Module, point: str, data: Any, loss_fn: Callable | None = None, *, n: int = 8, batch_size: int = 64
 ) -> float | None:
-    """Largest relative error ``‖s_i − s_i^{float32}‖/‖s_i^{float32}‖`` of the pooled sample vectors
-    of the first ``n`` examples of ``data`` at ``point``, the model as it is against the same
-    weights in float32 (:class:`upcast`); None for a float32/float64 model."""
+    """Largest relative error ``‖s_i − s_i^{float32}‖/‖s_i^{float32}‖`` of the first ``n`` pooled samples
+    at ``point``; None for a float32/float64 model."""
     if float_dtype(model) not in LOW_PRECISION:
         return None
     ref, err = _sample_errors(model, point, data, loss_fn, n, batch_size)
@@ -110,8 +97,8 @@ def sample_errors(
     n: int = 16,
     batch_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Measured rounding errors ``(n, d)`` of the pooled samples of the first ``n`` train and ``n``
-    held-out examples at ``point`` (:func:`_sample_errors`); None for a float32/float64 model."""
+    """Rounding errors ``(n, d)`` of the first ``n`` train and held-out pooled samples at ``point``;
+    None for a float32/float64 model."""
     if float_dtype(model) not in LOW_PRECISION:
         return None
     return (
@@ -121,10 +108,8 @@ def sample_errors(
 
 
 def projected_rounding(err: torch.Tensor, direction: torch.Tensor) -> float:
-    r"""Estimated rounding error of a sample mean along ``direction``: the samples' rounding errors
-    ``δs_i`` (:func:`sample_errors`) give ``t_i = δs_i·direction`` and the estimate
-    ``|mean t| + 3·sd(t)/√n`` (systematic part plus an allowance for the random part). For
-    ``A = ā·b̄``: ``δA ≈ projected_rounding(δa, b̄) + projected_rounding(δb, ā)``."""
+    r"""Rounding error of a sample mean along ``direction``: ``|mean t| + 3·sd(t)/√n`` with
+    ``t_i = δs_i·direction``."""
     t = err.double() @ direction.double().to(err.device)
     if len(t) < 2:
         return float(t.abs().max()) if len(t) else 0.0
@@ -132,14 +117,12 @@ def projected_rounding(err: torch.Tensor, direction: torch.Tensor) -> float:
 
 
 def resolved(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The rows a retention or sign summary may use: not ``below_resolution`` and not from an
-    alignment whose sign the samples' rounding leaves open (``alignment_within_rounding``)."""
+    """The rows a summary may use: neither ``below_resolution`` nor ``alignment_within_rounding``."""
     return [r for r in rows if not r.get("below_resolution") and not r.get("alignment_within_rounding")]
 
 
 def precision_note(rows: Iterable[Mapping[str, Any]], where: str = "") -> str | None:
-    """One line naming the steps below the model dtype's resolution (or re-measured in float32),
-    or None when there are none. ``where`` names the point(s) when the rows do not."""
+    """One line naming the steps below the model dtype's resolution (or re-measured in float32), or None."""
     rows = [r for r in rows if r.get("kind") == "intervention" and r.get("probe") in ("bias", "block")]
     low = [r for r in rows if r.get("below_resolution")]
     redo = [r for r in rows if r.get("evaluated_in") and r.get("dtype") and r["evaluated_in"] != r["dtype"]]

@@ -1,6 +1,4 @@
-"""Held-out losses and the step grid of :func:`widthscope.probe.interventions.intervene`: per-example
-and mean losses in eval mode, the activation's RMS entry at a point, and the log-spaced ``η``
-grid relative to it (``rel_step``)."""
+"""Held-out losses, the activation's RMS entry at a point and the ``η`` grid of the interventions."""
 
 from __future__ import annotations
 
@@ -68,13 +66,8 @@ def point_activation_rms(
 def default_etas(
     step_norm: float, target_norm: float, n_etas: int = 9, *, low: float = 1e-4, high: float = 1.0
 ) -> list[float]:
-    """Log-spaced ``η`` so that ``η · step_norm`` spans ``[low, high] · target_norm``.
-
-    For the bias probe ``step_norm = ‖μ_M‖/√N`` (RMS entry of the step direction) and
-    ``target_norm`` = RMS entry of the activation at the point, so the smallest step moves the
-    stream by 1e-4 of its typical size and the largest by ``high`` of it. The relative steps are
-    ``10^(log10 low + i·(log10 high − log10 low)/(n − 1))``: a decade is the same float on every
-    grid that contains it (``1e-3`` on the 9 half-decades up to 1 and on the 4 decades up to 0.1).
+    """Log-spaced ``η`` so that ``η · step_norm`` spans ``[low, high] · target_norm``: relative steps
+    ``10^(log10 low + i·(log10 high − log10 low)/(n − 1))``.
     """
     if not (step_norm > 0 and math.isfinite(step_norm)):
         raise WidthscopeError(

@@ -1,10 +1,9 @@
-"""Structure of a module tree that the maths needs and any model has: the main stack of repeated
-blocks (the default insertion points) and eager attention for forward-mode AD (fused attention
-kernels have no jvp). No I/O; :mod:`widthscope.models.hf` re-exports these for checkpoint code."""
+"""The main stack of repeated blocks of a module tree, and eager attention for forward-mode AD."""
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Iterator
 
 from torch import nn
 
@@ -19,20 +18,12 @@ def is_block(m: nn.Module) -> bool:
 
 
 def main_stack(model: nn.Module) -> list[str]:
-    """Block outputs of the main stack: the largest ``nn.ModuleList`` of same-class blocks.
-
-    Ties go to the outermost (first in module order). Raises when the model has none.
-    """
+    """Block outputs of the main stack: the largest (then outermost) ``nn.ModuleList`` of same-class blocks."""
     best: tuple[int, str, nn.Module] | None = None
     for name, m in model.named_modules():
-        if not isinstance(m, nn.ModuleList) or len(m) < 1:
-            continue
         kids = list(m.children())
-        if len({type(k) for k in kids}) != 1:
-            continue
-        if not all(is_block(k) for k in kids):
-            continue
-        if best is None or len(kids) > best[0]:
+        stack = isinstance(m, nn.ModuleList) and len({type(k) for k in kids}) == 1 and all(map(is_block, kids))
+        if stack and (best is None or len(kids) > best[0]):
             best = (len(kids), name, m)
     if best is None:
         raise WidthscopeError(
@@ -52,25 +43,16 @@ def eager_attention(model: nn.Module) -> nn.Module:
     return model
 
 
-class eager_attention_for:  # noqa: N801 - used like a function: ``with eager_attention_for(model):``
-    """Run ``model`` with eager attention inside the block, then restore its implementation.
-
-    Eager and fused attention compute the same function (to rounding); only forward-mode AD
-    needs the eager one, so reverse-mode code keeps the checkpoint's kernels.
-    """
-
-    def __init__(self, model: nn.Module):
-        self.model = model
-        self.before: str | None = None
-
-    def __enter__(self) -> nn.Module:
-        cfg = getattr(self.model, "config", None)
-        self.before = getattr(cfg, "_attn_implementation", None)
-        if self.before not in (None, "eager"):
-            eager_attention(self.model)
-        return self.model
-
-    def __exit__(self, *exc: Any) -> None:
-        setter = getattr(self.model, "set_attn_implementation", None)
-        if self.before not in (None, "eager") and callable(setter):  # eager_attention switched only then
-            setter(self.before)
+@contextmanager
+def eager_attention_for(model: nn.Module) -> Iterator[nn.Module]:
+    """Run ``model`` with eager attention inside the block, then restore its implementation."""
+    before = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    switch = before not in (None, "eager")
+    if switch:
+        eager_attention(model)
+    try:
+        yield model
+    finally:
+        setter = getattr(model, "set_attn_implementation", None)
+        if switch and callable(setter):
+            setter(before)

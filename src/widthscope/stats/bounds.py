@@ -37,11 +37,8 @@ POPULATIONS = ("auto", "one", "two")
 
 @dataclass(frozen=True)
 class Certificate:
-    """Certificate for one ``(M, K)``; every field is a finite python number or a string.
-
-    ``e_dir_train`` / ``e_dir_test`` / ``e_cov`` are the raw estimates ``p = bᵀΣ_a b``,
-    ``q = aᵀΣ_b a``, ``t = tr(Σ_aΣ_b)`` (one population: ``μᵀΣμ, μᵀΣμ, tr(Σ²)``).
-    """
+    """Certificate for one ``(M, K)``; ``e_dir_train`` / ``e_dir_test`` / ``e_cov`` are the raw
+    estimates ``p = bᵀΣ_a b``, ``q = aᵀΣ_b a``, ``t = tr(Σ_aΣ_b)`` (one population: ``μᵀΣμ, μᵀΣμ, tr(Σ²)``)."""
 
     expectation: float
     variance: float
@@ -72,13 +69,8 @@ def resolve_moments(
     populations: Populations = "auto",
     method: Method = "auto",
 ) -> Moments | CrossMoments:
-    """Turn the accepted inputs into :class:`Moments` (one population) or :class:`CrossMoments`.
-
-    ``train`` may be an ``(n, d)`` matrix, :class:`PrimalMoments`, or precomputed
-    :class:`Moments`/:class:`CrossMoments`; ``test`` an ``(n, d)`` matrix, :class:`PrimalMoments`
-    or ``None``. ``populations="auto"`` is two-population exactly when held-out data (or
-    CrossMoments) is given; ``"one"`` uses the train samples only.
-    """
+    """:class:`Moments` (one population) or :class:`CrossMoments` of the inputs :func:`certificate`
+    takes; ``populations="auto"`` is two-population exactly when held-out data (or CrossMoments) is given."""
     if populations not in POPULATIONS:
         raise WidthscopeError(f"unknown populations {populations!r}; choose auto, one or two")
     if isinstance(train, (Moments, CrossMoments)):
@@ -161,13 +153,8 @@ def certificate(
 ) -> Certificate:
     """Alignment certificate for ``M`` train and ``K`` held-out samples.
 
-    ``train``/``test``: ``(n, d)`` sample matrices (numpy or torch), :class:`PrimalMoments`, or
-    (``train`` only) precomputed :class:`Moments` / :class:`CrossMoments`, so a whole ``(M, K)``
-    grid costs one moment computation. ``populations="auto"``: two-population form when
-    ``test`` (or CrossMoments) is given, else one. ``estimator`` (``"unbiased"`` or
-    ``"plugin"``) and ``method`` apply only when the moments are computed here; precomputed
-    moments keep their own (reported in ``Certificate.estimator``). See the module docstring
-    for the maths.
+    ``train``/``test``: ``(n, d)`` sample matrices, :class:`PrimalMoments`, or (``train`` only)
+    precomputed :class:`Moments` / :class:`CrossMoments`, which keep their own estimator.
 
     Example::
 
@@ -195,8 +182,7 @@ def certificate(
     b_exact = b_align = 1.0
     E2 = E * E
     if E > 0 and E2 > 0 and math.isfinite(E2):
-        # Per term: each effective dimension is reported when its own estimates are positive,
-        # so a failed covariance term does not hide a well-defined directional one.
+        # each effective dimension is reported when its own estimates are positive
         dims = [E2 / max(p, q) if p > 0 and q > 0 else math.nan, E2 / t if t > 0 else math.nan]
         d_par, d_2 = (d if math.isfinite(d) else 0.0 for d in dims)
         d_align = min((d for d in dims if math.isfinite(d)), default=0.0)
@@ -228,15 +214,9 @@ def _positive(v: Any) -> float | None:
 
 
 def vacuous_rule(fields: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Apply the reporting rule for vacuous certificates to ``fields`` in place; return it.
-
-    ``fields`` holds certificate columns named ``{prefix}d_par``, ``{prefix}d_2``,
-    ``{prefix}d_align``, ``{prefix}vacuous`` (a sweep row with ``prefix="two_"``, or a certify
-    JSON certificate with ``prefix=""``; absent columns are left absent). Afterwards ``d_par`` /
-    ``d_2`` are ``None`` unless positive; ``d_align`` is ``None`` when the certificate is vacuous or a term is ``None``
-    (``d_align = min(d_par, d_2)`` is undefined then), else unchanged; ``{prefix}limit``, when
-    present, names the smaller term or is ``None``. Idempotent, so presenters can apply it to rows
-    written before the rule existed.
+    """Apply the reporting rule for vacuous certificates to the ``{prefix}d_par`` / ``d_2`` /
+    ``d_align`` / ``vacuous`` / ``limit`` columns present in ``fields`` (in place, idempotent): the
+    terms are ``None`` unless positive, ``d_align`` also when vacuous or a term is ``None``.
 
     Example::
 
@@ -260,16 +240,10 @@ def vacuous_rule(fields: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return fields
 
 
-# ----------------------------------------------------------------------------- planner
 @dataclass(frozen=True)
 class Plan:
-    """Smallest sample sizes meeting ``target`` (``None`` when unreachable; see ``notes``).
-
-    ``exact_M`` / ``align_M``: smallest ``M`` with ``B_exact`` / ``B_align ≤ target`` at the
-    given ``K`` (``None`` if ``K`` was not given or the bound cannot get there);
-    ``exact_limit`` / ``align_limit``: the bound as ``M → ∞`` at that ``K``.
-    ``equal_exact`` / ``equal_align``: smallest ``M = K`` meeting the target.
-    """
+    """Smallest sample sizes meeting ``target`` (``None`` when unreachable; see ``notes``): ``M`` at
+    the given ``K`` (``exact_M``, ``align_M``; ``*_limit``: the bound as ``M → ∞``), and ``M = K``."""
 
     target: float
     K: int | None
@@ -315,12 +289,8 @@ def plan(
     populations: Populations = "auto",
     method: Method = "auto",
 ) -> Plan:
-    """Smallest ``M`` (at a fixed ``K``, and with ``M = K``) so that each bound is ≤ ``target``.
-
-    Inputs as for :func:`certificate`. The search evaluates exactly the certificate's own
-    formulas (doubling then bisection on integers), so ``M − 1`` fails and ``M`` passes.
-    At fixed ``K``, ``B_exact → (q/K)/(q/K + E²)`` and ``B_align → 1/(1 + K d_align)`` as
-    ``M → ∞``; if that limit is above the target the answer is ``None`` and ``notes`` says so.
+    """Smallest ``M`` (at a fixed ``K``, and with ``M = K``) so that each bound is ≤ ``target``,
+    searched on the certificate's own formulas. Inputs as for :func:`certificate`.
 
     Example::
 
@@ -381,17 +351,14 @@ def plan(
 
 
 def certified(b_exact: Any, vacuous: Any, delta: Any) -> bool:
-    """A point is *certified at* ``delta`` when its certificate is not vacuous and ``B_exact ≤ delta``
-    (a missing or non-finite bound or level never certifies): the rule of the monitor's ``certified``
-    event, the sweep's summary columns and the claims page."""
+    """Certified at ``delta``: not vacuous and a finite ``B_exact ≤ delta``."""
     b, d = _float(b_exact), _float(delta)
     return not vacuous and math.isfinite(b) and math.isfinite(d) and b <= d
 
 
 def certified_steps(flags: Any) -> tuple[int | None, int | None]:
-    """``(first, since)`` over ``(step, certified)`` pairs (any order): ``first`` = the first certified
-    step; ``since`` = the earliest step from which every later step is certified. None: no such step
-    (``since``: the last step is not certified).
+    """``(first, since)`` over ``(step, certified)`` pairs: the first certified step, and the step
+    from which every later one is certified (None: no such step).
 
     Example::
 

@@ -1,9 +1,7 @@
 """Unbiased and plug-in estimates of the moments the alignment certificate needs.
 
-One population: ``‖μ‖²``, ``μᵀΣμ``, ``tr(Σ²)``; two independent populations: ``aᵀb``, ``bᵀΣ_a b``,
-``aᵀΣ_b a``, ``tr(Σ_a Σ_b)``. Each from the Gram (dual, ``O(n²d)``) or from mergeable moments
-(primal, :class:`PrimalMoments`, ``O(nd²)``); ``method="auto"`` picks the cheaper. Derivations:
-docs/statistics.md §1–3.
+One population: ``‖μ‖²``, ``μᵀΣμ``, ``tr(Σ²)``; two: ``aᵀb``, ``bᵀΣ_a b``, ``aᵀΣ_b a``, ``tr(Σ_a Σ_b)``;
+from the Gram (dual) or from mergeable moments (primal). Derivations: docs/statistics.md §1–3.
 
 Example::
 
@@ -66,13 +64,8 @@ class CrossMoments:
     method: str
 
 
-# ----------------------------------------------------------------------------- input checks
 def as_matrix(X: Any, name: str = "X", *, d: int | None = None) -> torch.Tensor:
-    """Validate ``X`` as a finite ``(n, d)`` array/tensor and return it as float64.
-
-    Raises :class:`WidthscopeError` for the wrong rank, no rows or columns, a dimension
-    different from ``d``, or NaN/Inf entries (naming the offending rows).
-    """
+    """``X`` checked to be a finite, non-empty ``(n, d)`` array/tensor, as float64."""
     if isinstance(X, torch.Tensor):
         t = X.detach()
     else:
@@ -146,7 +139,6 @@ def _check_n(n: int, need: int = 4, name: str = "X") -> None:
         raise WidthscopeError(f"need at least {need} samples, got n={n} in {name}; collect more examples")
 
 
-# ----------------------------------------------------------------------------- sums -> estimates
 def sums_from_rows(fro: Any, rows: Any, sq: Any) -> tuple[Any, Any, Any, Any]:
     """Distinct-index sums ``(S, A, B, C)`` from ``‖G‖_F²``, the row sums of ``G`` and its diagonal."""
     A = fro - (sq * sq).sum(-1)
@@ -157,10 +149,7 @@ def sums_from_rows(fro: Any, rows: Any, sq: Any) -> tuple[Any, Any, Any, Any]:
 
 
 def gram_sums(G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Distinct-index sums ``(S, A, B, C)`` of a symmetric Gram ``G`` (shape ``(..., n, n)``).
-
-    For users who already have a Gram (e.g. the block probe's product of Grams).
-    """
+    """Distinct-index sums ``(S, A, B, C)`` of a symmetric Gram ``G`` (shape ``(..., n, n)``)."""
     G = G.to(torch.float64)
     return sums_from_rows((G * G).sum((-2, -1)), G.sum(-1), G.diagonal(dim1=-2, dim2=-1))
 
@@ -183,12 +172,8 @@ def _cross_unbiased(na: int, nb: int, T: Any, Q: Any, R: Any, Rp: Any) -> tuple[
     return T / (na * nb), row - both, col - both, Q / (na * nb) - row - col + both
 
 
-# ----------------------------------------------------------------------------- primal accumulator
 class PrimalMoments:
-    """Mergeable moments ``n, Σx, Σxxᵀ, Σ‖x‖²x, Σ‖x‖², Σ‖x‖⁴`` (float64, ``O(d²)`` memory).
-
-    Update with batches, merge shards with ``+``, ship across processes as one flat tensor
-    (:meth:`to_tensor` / :meth:`from_tensor`, sum with ``all_reduce``), then :meth:`finalize`.
+    """Mergeable moments ``n, Σx, Σxxᵀ, Σ‖x‖²x, Σ‖x‖², Σ‖x‖⁴`` (float64); merge with ``+``.
 
     Example::
 
@@ -296,7 +281,6 @@ class PrimalMoments:
         return f"PrimalMoments(d={self.d}, n={self.n})"
 
 
-# ----------------------------------------------------------------------------- one population
 def _dual_moments(X: torch.Tensor, estimator: str) -> Moments:
     n, d = X.shape
     sq = (X * X).sum(1)
@@ -320,10 +304,8 @@ def _dual_moments(X: torch.Tensor, estimator: str) -> Moments:
 
 
 def moments(X: Any, estimator: Estimator = "unbiased", method: Method = "auto") -> Moments:
-    """Estimate ``‖μ‖², μᵀΣμ, tr(Σ²)`` from the rows of ``X`` (``(n, d)``, ``n ≥ 4``).
-
-    ``method="auto"`` uses the dual (Gram) form when ``n ≤ d`` and the primal form otherwise;
-    ``"dual"``/``"primal"`` force one. Accumulation is float64.
+    """Estimate ``‖μ‖², μᵀΣμ, tr(Σ²)`` from the rows of ``X`` (``n ≥ 4``); ``method="auto"`` takes the
+    dual (Gram) form when ``n ≤ d``.
 
     Example::
 
@@ -342,10 +324,7 @@ def moments(X: Any, estimator: Estimator = "unbiased", method: Method = "auto") 
 
 
 def moments_from_gram(G: Any, estimator: Estimator = "unbiased") -> Moments:
-    """Same estimates from a precomputed ``(n, n)`` Gram matrix ``G_ij = ⟨x_i, x_j⟩``.
-
-    The inner product may be any one (e.g. the block probe's elementwise product of the
-    gradient and hidden-activation Grams); ``d`` is reported as 0 (unknown).
+    """Same estimates from a precomputed ``(n, n)`` Gram ``G_ij = ⟨x_i, x_j⟩`` (``d`` reported as 0).
 
     Example::
 
@@ -370,7 +349,6 @@ def moments_from_gram(G: Any, estimator: Estimator = "unbiased") -> Moments:
     return Moments(n, 0, *vals, estimator, "dual", tr_sigma)
 
 
-# ----------------------------------------------------------------------------- two populations
 def _cross_from_gram(C: torch.Tensor, d: int, estimator: str) -> CrossMoments:
     na, nb = C.shape
     if estimator == "plugin":
@@ -406,11 +384,8 @@ def _cross_from_primal(pa: PrimalMoments, pb: PrimalMoments, estimator: str) -> 
 
 
 def cross_moments(Xa: Any, Xb: Any, estimator: Estimator = "unbiased", method: Method = "auto") -> CrossMoments:
-    """Two-population estimates from train rows ``Xa`` and independent held-out rows ``Xb``.
-
-    Either argument pair may also be two :class:`PrimalMoments` (merged shards). ``"auto"``
-    uses the cross-Gram when ``n_a n_b d ≤ (n_a + n_b) d²``, else the primal moments.
-    Needs ``n_a, n_b ≥ 2``.
+    """Two-population estimates from train rows ``Xa`` and independent held-out rows ``Xb`` (or two
+    :class:`PrimalMoments`); ``"auto"`` uses the cross-Gram when ``n_a n_b ≤ (n_a + n_b) d``.
 
     Example::
 

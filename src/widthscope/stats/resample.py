@@ -1,8 +1,7 @@
 """Empirical misalignment probability by resampling, with a Wilson interval.
 
-Each of ``R`` draws takes ``M`` train and ``K`` held-out sample vectors without replacement and
-records whether ``μ_Mᵀ g_K ≤ 0``: the mean of an ``M×K`` sub-block of the cross-Gram, formed once.
-Several ``(M, K)`` pairs share the draws' subsets. Routes, schemes and determinism: docs/statistics.md §6.
+Each draw takes ``M`` train and ``K`` held-out sample vectors without replacement and records
+whether ``μ_Mᵀ g_K ≤ 0`` (the mean of an ``M×K`` sub-block of the cross-Gram). Details: docs/statistics.md §6.
 
 Example::
 
@@ -40,10 +39,7 @@ _GATHER_COST = 32
 
 @dataclass(frozen=True)
 class Misalignment:
-    """Fraction of draws with ``μ_Mᵀ g_K ≤ 0`` and its Wilson interval ``[low, high]``.
-
-    ``mean_alignment`` is the average of ``μ_Mᵀ g_K`` over the draws (an estimate of aᵀb).
-    """
+    """Fraction of draws with ``μ_Mᵀ g_K ≤ 0``, its Wilson interval and the mean ``μ_Mᵀ g_K``."""
 
     probability: float
     low: float
@@ -83,11 +79,8 @@ def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 def _draw_indices(n: int, m: int, draws: int, gen: torch.Generator) -> torch.Tensor:
-    """``(draws, m)`` indices, each row a uniform m-subset of ``range(n)`` (without replacement).
-
-    The ``m`` largest of ``n`` i.i.d. uniform keys; taking the first ``m' < m`` columns gives a
-    uniform ``m'``-subset too (``topk`` returns them in key order).
-    """
+    """``(draws, m)`` indices, each row a uniform m-subset of ``range(n)`` whose first ``m'`` columns
+    are a uniform ``m'``-subset too (the top keys, in key order)."""
     chunk = max(1, _CHUNK_ELEMS // max(n, 1))
     out = []
     for start in range(0, draws, chunk):
@@ -157,15 +150,14 @@ def _row_sums_fn(C: torch.Tensor, plist, m_values: list[int], k_max: int):
 
 
 def _add_exact_sums(sums: torch.Tensor, parts: list[list[float]], slab: int = 1 << 16) -> None:
-    """Append to ``parts[i]`` the correctly rounded (``math.fsum``) sum of each slab of column ``i``:
-    unlike a tensor ``sum(0)``, it does not depend on the other pairs' columns or the CPU."""
+    """Append to ``parts[i]`` the correctly rounded sum of each slab of column ``i`` (CPU-independent)."""
     cols = sums.detach().to("cpu", torch.float64).T.contiguous().numpy()
     for i, col in enumerate(cols):
         parts[i].extend(math.fsum(memoryview(col[s : s + slab])) for s in range(0, col.shape[0], slab))
 
 
 def _per_pair_sums(C: torch.Tensor, plist: list[tuple[int, int]], draws: int, seed: int) -> list[torch.Tensor]:
-    """Block sums ``Σ_{I×J} C`` of the published script's draws (module docstring), one per pair."""
+    """Block sums ``Σ_{I×J} C`` of fresh draws per pair, drawn as the published flip script draws them."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     na, nb = C.shape
     out = []
@@ -197,12 +189,8 @@ def misalignment_from_gram(
     z: float = 1.96,
     scheme: str = "shared",
 ) -> Misalignment | list[Misalignment]:
-    """Misalignment probability from a precomputed cross-Gram ``C_ab[i, j] = x_i·y_j``.
-
-    Give ``M`` and ``K`` (returns one :class:`Misalignment`) or ``pairs=[(M, K), ...]``
-    (returns a list, sharing the random subsets). Seeded with a private ``torch.Generator``:
-    the same ``seed`` gives the same draws and results. ``scheme="per-pair"``: fresh subsets per
-    pair, drawn as the published flip script draws them (module docstring).
+    """Misalignment probability from a cross-Gram ``C_ab[i, j] = x_i·y_j``: one :class:`Misalignment`
+    for ``M`` and ``K``, a list for ``pairs`` (sharing the subsets unless ``scheme="per-pair"``).
 
     Example::
 
@@ -234,7 +222,7 @@ def misalignment_from_gram(
     J = _draw_indices(nb, k_max, draws, gen).to(C.device)
     counts = torch.zeros(len(plist), dtype=torch.long, device=C.device)
     m_values = sorted({m for m, _ in plist})
-    # Two exact ways to get the block sums (module docstring); pick the cheaper.
+    # two exact ways to get the block sums: pick the cheaper
     rows_cost = sum(m_values) * nb
     block_cost = _GATHER_COST * m_max * k_max
     if rows_cost <= block_cost:
@@ -264,9 +252,7 @@ def misalignment(
     z: float = 1.96,
     scheme: str = "shared",
 ) -> Misalignment | list[Misalignment]:
-    """Misalignment probability from train ``(n_a, d)`` and held-out ``(n_b, d)`` sample vectors.
-
-    Forms the cross-Gram once in float64, then calls :func:`misalignment_from_gram`.
+    """:func:`misalignment_from_gram` of the float64 cross-Gram of train and held-out sample vectors.
 
     Example::
 

@@ -1,8 +1,6 @@
 """Memory-bound statistics: a seeded random projection ``y = Rᵀx`` of the sample vectors as they stream.
 
-Memory ``O(dk + k²)`` whatever ``n`` and ``d``; ``kind="gaussian"`` or ``"sparse"`` (Achlioptas).
-``‖μ‖²`` is unbiased as projected; ``μᵀΣμ`` and ``tr(Σ²)`` are corrected to be unbiased over ``R``
-and the samples. Maths: docs/performance.md §2.
+``μᵀΣμ`` and ``tr(Σ²)`` are corrected to be unbiased over ``R`` and the samples. Maths: docs/performance.md §2.
 
 Example::
 
@@ -38,10 +36,8 @@ _ROWS = 4096  # rows of R generated at once (bounded memory for the generator's 
 
 
 class Projector:
-    """Seeded random projection ``x ↦ Rᵀx``: ``P(X) = X @ R`` for ``X`` of shape ``(b, d)``.
-
-    ``R`` (``d×k``, float64 by default) is generated once from ``seed`` on the CPU, so the same
-    ``(d, k, seed, kind)`` gives the same ``R`` on every process; apply it to row blocks as they stream.
+    """Seeded random projection ``P(X) = X @ R``; ``R`` (``d×k``) is generated on the CPU from ``seed``,
+    the same on every process.
 
     Example::
 
@@ -94,9 +90,8 @@ class Projector:
 
 @dataclasses.dataclass(frozen=True)
 class ProjectedMoments:
-    """Estimates from projected samples: ``mu_sq``, ``mu_sigma_mu``, ``tr_sigma_sq`` corrected to be
-    unbiased for the *unprojected* moments; ``raw``: the projected-space estimates. :meth:`as_moments`
-    gives a :class:`Moments` for :func:`widthscope.stats.certificate`."""
+    """Estimates from projected samples, corrected to be unbiased for the unprojected moments
+    (``raw``: the projected-space ones)."""
 
     n: int
     d: int
@@ -138,12 +133,8 @@ def finalize_projected(pm: PrimalMoments, projector: Projector) -> ProjectedMome
 
 
 def correct_projected_cross(cross: CrossMoments, raw_a: Moments, raw_b: Moments, k: int) -> CrossMoments:
-    """Two-population estimates for the *unprojected* populations from projected samples.
-
-    ``cross``: the projected-space cross estimates; ``raw_a``, ``raw_b``: each population's projected
-    unbiased :class:`Moments`. Returns ``(v_ab − t_a·m_b/k)/c`` and the like, ``c = (k+2)(k−1)/k²``
-    (docs/performance.md §2), unbiased jointly over ``R`` and the samples.
-    """
+    """Two-population estimates for the unprojected populations from the projected ones:
+    ``(v_ab − t_a·m_b/k)/c`` and the like, ``c = (k+2)(k−1)/k²``."""
     c, ta, tb = (k + 2) * (k - 1) / k**2, raw_a.tr_sigma, raw_b.tr_sigma
     return dataclasses.replace(
         cross,
@@ -157,12 +148,8 @@ def correct_projected_cross(cross: CrossMoments, raw_a: Moments, raw_b: Moments,
 def projected_moments(
     X: Any | Iterable[Any], *, k: int, seed: int = 0, kind: str = "gaussian", d: int | None = None
 ) -> ProjectedMoments:
-    """Bias-corrected ``‖μ‖², μᵀΣμ, tr(Σ²)`` from samples projected to ``k`` dimensions.
-
-    ``X`` is an ``(n, d)`` matrix or an iterable of ``(b, d)`` row blocks (streamed: only one
-    block and the ``O(dk + k²)`` state are in memory). The accumulator is a
-    :class:`PrimalMoments` of dimension ``k``, so shards merge exactly (``+`` or
-    :func:`widthscope.distributed.all_reduce_moments`) before :func:`finalize_projected`.
+    """Bias-corrected ``‖μ‖², μᵀΣμ, tr(Σ²)`` from an ``(n, d)`` matrix or streamed ``(b, d)`` row
+    blocks projected to ``k`` dimensions.
 
     Example::
 
@@ -194,10 +181,8 @@ def projected_moments(
     return finalize_projected(pm, proj)
 
 
-# ----------------------------------------------------------------------------- out-of-core dual form
 def spill_rows(blocks: Iterable[Any], path: Any, *, d: int | None = None) -> Any:
-    """Write streamed ``(b, d)`` row blocks to a float64 ``.npy`` file and return it memory-mapped
-    (for :func:`out_of_core_moments`). Written under a temporary name and renamed when complete.
+    """Write streamed ``(b, d)`` row blocks to a float64 ``.npy`` file (atomically); returns it memory-mapped.
 
     Example::
 
@@ -240,11 +225,8 @@ def spill_rows(blocks: Iterable[Any], path: Any, *, d: int | None = None) -> Any
 
 
 def out_of_core_moments(X: Any, *, block: int = 2048) -> Moments:
-    """Unbiased dual-form :class:`Moments` of an ``(n, d)`` array too large for memory.
-
-    ``X`` (e.g. a ``numpy.memmap`` from :func:`spill_rows`) is read ``block`` rows at a time; only
-    ``‖G‖_F²``, the row sums and the diagonal of ``G = XXᵀ`` are kept, from ``(block × block)`` tiles.
-    Same numbers as :func:`widthscope.stats.moments` (``method="dual"``).
+    """Unbiased dual-form :class:`Moments` of an ``(n, d)`` array too large for memory, read in
+    ``(block × block)`` tiles of ``G = XXᵀ``.
 
     Example::
 
