@@ -1,9 +1,6 @@
-r"""Text corpora a researcher already has, read as documents, tokenized, cut into sequences.
-
-:func:`documents` reads ``.txt``, directories of text files, ``.jsonl``/``.json``, ``.csv``/``.parquet``
-(streamed), ``datasets.save_to_disk`` folders and folders of split files, refusing binary files;
-:func:`sequences` cuts documents into ``concatenate``d chunks, one padded ``per-document`` sequence
-each, or documents ``truncate``d to ``seq_len``. Formats, splits and modes: docs/certify.md §6.
+r"""Text corpora read as documents (:func:`documents`: text files and folders, tables, ``datasets``
+folders, folders of split files; binary files refused) and cut into sequences (:func:`sequences`).
+Formats, splits and modes: docs/certify.md §6.
 
 Example::
 
@@ -62,8 +59,7 @@ def _column_text(row: dict[str, Any], field: str, where: str, i: int) -> str:
 
 
 def _rows(path: Path, split: str | None) -> tuple[Iterable[dict[str, Any]], str]:
-    """Rows of a tabular file or a save_to_disk directory, lazily, through ``datasets`` (local
-    files need no network; the user's HF_*_OFFLINE settings are theirs, never set here)."""
+    """Rows of a tabular file or a save_to_disk directory, lazily, through ``datasets``."""
     try:
         import datasets
     except ImportError:  # pragma: no cover - a dependency
@@ -92,8 +88,7 @@ def _rows(path: Path, split: str | None) -> tuple[Iterable[dict[str, Any]], str]
     builder = TABULAR[path.suffix.lower()]
     precheck(path)
     try:
-        # CSV: no NA conversion, so a text cell "NA", "null", "None" or "NaN" stays that text (as in .jsonl),
-        # and blank lines stay rows (empty documents, counted and skipped like empty rows of a .parquet)
+        # CSV: "NA"/"null"/... cells stay text and blank lines stay rows (empty documents)
         na = {"keep_default_na": False, "na_filter": False, "skip_blank_lines": False} if builder == "csv" else {}
         ds = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True, **na)
     except Exception as exc:
@@ -123,12 +118,8 @@ def documents(
     label_field: str | None = None,
     skipped: list[str] | None = None,
 ) -> tuple[Iterator[Any], str]:
-    """Documents of ``path`` (see the module docstring) and a description of the source.
-
-    Each document is an iterator of text pieces (a long file streams in pieces), or with
-    ``label_field`` a ``(pieces, label)`` pair. ``skipped`` collects ``"file: reason"`` for
-    binary files skipped in a directory.
-    """
+    """Documents of ``path`` and a description of the source. A document is an iterator of text
+    pieces (with ``label_field``: a ``(pieces, label)`` pair); ``skipped`` collects skipped binary files."""
     path = Path(path).expanduser()
     if not path.exists():
         raise WidthscopeError(
@@ -165,7 +156,8 @@ def documents(
     field = text_field or "text"
     if tables:  # a folder of .jsonl/.csv/... files: the records of each, in path order
         src = where or f"{len(tables)} {tables[0].suffix} files under {path}"
-        return _table_docs(tables, field, label_field), f"{src}, field {field!r}"
+        docs = (d for t in tables for d in documents(t, text_field=field, label_field=label_field)[0])
+        return docs, f"{src}, field {field!r}"
     if tabular:
         rows, source = _rows(path, split)
         return row_documents(rows, field, label_field, str(path)), f"{source}, field {field!r}"
@@ -225,20 +217,13 @@ def row_documents(rows: Any, field: str, label_field: str | None, where: str) ->
 
 
 def _table_files(files: list[Path], path: Path) -> list[Path]:
-    """The files of a folder that holds only tables (.jsonl/.json/.csv/.parquet), read record by
-    record; [] otherwise (a folder with any other file is a text folder: code corpora hold .json)."""
+    """The files of a folder that holds only tables, else [] (any other file makes it a text folder)."""
     if not files or any(p.suffix.lower() not in TABULAR for p in files):
         return []
     kinds = {TABULAR[p.suffix.lower()] for p in files}
     if len(kinds) > 1:
         raise WidthscopeError(f"{path} mixes table formats ({', '.join(sorted(kinds))}): keep one format per folder")
     return files
-
-
-def _table_docs(tables: list[Path], field: str, label_field: str | None) -> Iterator[Any]:
-    for t in tables:
-        docs, _ = documents(t, text_field=field, label_field=label_field)
-        yield from docs
 
 
 # ----------------------------------------------------------------------------- sequences
@@ -283,11 +268,8 @@ def sequences(
     desc: str = "tokenize",
     empty: str = "skip",
 ) -> Sequences:
-    """Cut documents into sequences of ``seq_len`` tokens (see the module docstring).
-
-    Stops at ``limit`` sequences or after ``max_tokens`` tokens were read (``None``: no limit).
-    ``empty``: ``"skip"`` empty / whitespace-only documents, or ``"eos"`` keep them.
-    """
+    """Cut documents into ``seq_len``-token sequences, up to ``limit`` sequences or ``max_tokens`` tokens
+    read; ``empty``: ``"skip"`` empty / whitespace-only documents, or ``"eos"`` keep them."""
     if labels and mode != "per-document":
         raise WidthscopeError("labelled data (sequence classification) needs --sequences per-document")
     sep = getattr(tokenizer, "eos_token_id", None)
@@ -410,8 +392,7 @@ class _Cut:
 
 
 def _check_tokenizer(c: _Cut) -> None:
-    """Refuse a tokenizer that cannot read the text: most documents gave no tokens, or more
-    than 5% of the tokens are its unknown token."""
+    """Refuse a tokenizer that turned most documents into no tokens, or >5% of tokens into unknown."""
     empty, nonblank, n_unk, n_tokens = c.empty, c.nonblank, c.n_unk, c.n_tokens
     name = getattr(c.tokenizer, "name_or_path", None) or getattr(c.tokenizer, "name", "?")
     if nonblank and empty > 0.5 * nonblank:
@@ -453,15 +434,11 @@ def _assemble(c: _Cut, mode: str, exhausted: bool) -> Sequences:
 
 
 def _nonblank_first(pieces: Iterable[str]) -> Iterator[str]:
-    """The pieces of a document, holding back leading whitespace-only pieces until text follows
-    (a document that is whitespace throughout yields nothing: it is skipped whole)."""
-    seen, pending = False, []
-    for piece in pieces:
-        if not seen and not piece.strip():
-            pending.append(piece)
-            continue
-        if not seen:
-            yield from pending
-            pending.clear()
-            seen = True
-        yield piece
+    """The pieces of a document once text follows its leading whitespace (blank throughout: nothing)."""
+    it, head = iter(pieces), []
+    for piece in it:
+        head.append(piece)
+        if piece.strip():
+            yield from head
+            yield from it
+            return

@@ -1,12 +1,6 @@
-r"""Hugging Face datasets by name: ``--data hf:NAME[:CONFIG][@REVISION]``.
-
-The ``hf:`` prefix keeps a dataset reference apart from local paths and widthscope's own dataset
-names. ``NAME`` is the Hub's id, ``CONFIG`` its configuration (default: the only or default one),
-``REVISION`` a branch, tag or commit. The data comes through ``datasets`` in the user's datasets
-cache: :func:`datasets.load_dataset_builder`, then ``as_streaming_dataset(split)`` where a prefix
-suffices, or ``download_and_prepare()`` + ``as_dataset(split)`` for a whole split.
-``HF_DATASETS_OFFLINE=1`` / ``HF_HUB_OFFLINE=1`` read the cache only (widthscope never sets them);
-a dataset missing there is one line naming the command that fetches it. No dataset scripts run.
+r"""Hugging Face datasets by name: ``--data hf:NAME[:CONFIG][@REVISION]`` (Hub id, configuration,
+branch/tag/commit), read through ``datasets``' builder from the user's cache: streamed where a prefix
+suffices, prepared for a whole split. No dataset scripts run.
 
 Example::
 
@@ -40,8 +34,7 @@ SYNTAX = "hf:NAME[:CONFIG][@REVISION] (e.g. hf:Salesforce/wikitext:wikitext-2-ra
 
 @dataclasses.dataclass(frozen=True)
 class HFDatasetRef:
-    """A Hugging Face dataset by name: ``name`` (``org/name``), ``config`` and ``revision`` (None:
-    the default configuration, ``main``)."""
+    """A Hugging Face dataset: ``name`` (``org/name``), ``config`` and ``revision`` (None: the default)."""
 
     name: str
     config: str | None = None
@@ -56,7 +49,7 @@ class HFDatasetRef:
         )
 
     def fetch_command(self) -> str:
-        """The command that puts this dataset into the datasets cache (where there is a network)."""
+        """The command that puts this dataset into the datasets cache."""
         args = [repr(self.name)] + ([repr(self.config)] if self.config else [])
         rev = f", revision={self.revision!r}" if self.revision else ""
         return f'python -c "import datasets; datasets.load_dataset({", ".join(args)}{rev})"'
@@ -106,8 +99,7 @@ def _cache_dir() -> str:
 
 
 def _failure(ref: HFDatasetRef, flag: str, exc: Exception) -> WidthscopeError:
-    """One line for a dataset that could not be opened: not cached while offline, no such dataset
-    or configuration, unreachable hub."""
+    """One line for a dataset that could not be opened (not cached offline, not found, no such config)."""
     text = str(exc).strip()
     first = (text.splitlines() or [type(exc).__name__])[0][:200]
     what = f"{flag} {str(ref)!r}: the Hugging Face dataset {ref.name}" + (
@@ -139,8 +131,7 @@ _REACHED: set[str] = set()  # Hub endpoints that answered (asked once per proces
 
 
 def _cached(ref: HFDatasetRef) -> bool:
-    """Whether the datasets cache holds a copy of the dataset: what ``datasets`` falls back to when
-    the Hub cannot be reached (its own lookup; True when it cannot tell)."""
+    """Whether the datasets cache holds a copy of the dataset (``datasets``' own lookup; True if unknown)."""
     try:
         from datasets.load import CachedDatasetModuleFactory
     except ImportError:  # pragma: no cover - another datasets version: it decides
@@ -153,10 +144,8 @@ def _cached(ref: HFDatasetRef) -> bool:
 
 
 def _check_reachable(ref: HFDatasetRef, flag: str) -> None:
-    """A dataset that is not cached while the Hub cannot be reached is one line at once: asked
-    directly, ``datasets`` retries with backoff (a minute and more of retry lines) before it fails.
-    One request to the Hub's endpoint (``HF_ENDPOINT``), no retries, within ``HF_HUB_ETAG_TIMEOUT``;
-    a cached dataset is read as ``datasets`` reads it (never offline unless the user says so)."""
+    """Refuse at once a dataset that is not cached while the Hub cannot be reached (``datasets`` would
+    retry with backoff): one request to ``HF_ENDPOINT`` within ``HF_HUB_ETAG_TIMEOUT``."""
     import datasets
     from huggingface_hub import constants
     from huggingface_hub.utils import get_session
@@ -188,8 +177,7 @@ def _builder(ref: HFDatasetRef, flag: str) -> Any:
 
 
 def split_names(ref: HFDatasetRef, flag: str = "--data") -> list[str]:
-    """The dataset's own splits (``train``, ``validation``, ...), from its info (the cache's, or
-    the Hub's); opening it is the check that it is there, before any model loads."""
+    """The dataset's own splits (``train``, ``validation``, ...), from its info."""
     b = _builder(ref, flag)
     splits = getattr(b.info, "splits", None)
     if splits:
@@ -229,9 +217,8 @@ def _guarded(ds: Iterable[dict[str, Any]], ref: HFDatasetRef, flag: str) -> Iter
 
 
 def record(ref: HFDatasetRef, builder: Any = None, split: str | None = None) -> dict[str, Any]:
-    """What a result records of the dataset (``builder``: as it opens now): name, configuration, the
-    revision asked for, the hash of the copy read (the commit for a Hub dataset; the cache folder's
-    hash offline) and whether it came from the cache only."""
+    """What a result records of the dataset: name, configuration, revision asked for, hash of the copy
+    read and whether it came from the cache only."""
     builder = _builder(ref, "--data") if builder is None else builder
     rec = {
         "name": ref.name,

@@ -1,6 +1,5 @@
-"""The two probe pools of :func:`widthscope.data.inputs.resolve` from text (:func:`text_pools`),
-ImageFolder directories (:func:`image_pools`), named datasets (:func:`named_pools`) and tokenized
-objects (:func:`object_pools`), each ``(train, held-out, info, notes)``: seeded subsets (train
+"""The two probe pools of :func:`widthscope.data.inputs.resolve` from text, ImageFolder directories,
+named datasets and tokenized objects, each ``(train, held-out, info, notes)``: seeded subsets (train
 ``seed``, held-out ``seed + 1``) of a source cut by ``test_fraction``, or of its own splits."""
 
 from __future__ import annotations
@@ -53,7 +52,7 @@ def pick_pool(
     fixes: str = "give more data",
 ) -> torch.Tensor:
     """``n`` of ``n_total`` items (seeded, sorted; or the first ``n``; ``"all"``: every item);
-    ``cap``: take what there is. ``fixes``: what else helps when there are too few."""
+    ``cap``: take what there is."""
     if n == "all":
         return torch.arange(n_total)
     k = min(n, n_total) if cap else n
@@ -71,23 +70,13 @@ def _pick_pools(
     spec: InputSpec, sizes: tuple[int, int], unit: str, where: tuple[str, str], fixes: tuple[str, ...] = ()
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The rows of the train pool (seed ``spec.seed``) and the held-out pool (``spec.seed + 1``)."""
-    pools = [
-        pick_pool(
-            sizes[i],
-            n,
-            spec.seed + i,
-            spec.first,
-            f"{part} {unit}",
-            flag,
-            where[i],
-            spec.cap_pools,
-            fixes[i] if fixes else f"give more {unit}",
-        )  # fmt: skip
-        for i, (n, part, flag) in enumerate(
-            ((spec.n_train, "train", "--n-train"), (spec.n_test, "held-out", "--n-test"))
-        )
-    ]
-    return pools[0], pools[1]
+    fixes = fixes or (f"give more {unit}",) * 2
+    parts = (("train", "--n-train", spec.n_train), ("held-out", "--n-test", spec.n_test))
+    a, b = (
+        pick_pool(sizes[i], n, spec.seed + i, spec.first, f"{p} {unit}", f, where[i], spec.cap_pools, fixes[i])
+        for i, (p, f, n) in enumerate(parts)
+    )
+    return a, b
 
 
 def refuse_given(spec: InputSpec, dests: tuple[str, ...], what: str) -> None:
@@ -99,8 +88,7 @@ def refuse_given(spec: InputSpec, dests: tuple[str, ...], what: str) -> None:
 
 
 def _sources(spec: InputSpec) -> tuple[Any, str | None, Any, str | None, str, Any]:
-    """(train source, its split, held-out source, its split, how, the SplitChoice of a ``--data``
-    source with its own splits or None) from ``--data`` or ``--train-data`` / ``--test-data``."""
+    """(train source, its split, held-out source, its split, how, the ``--data`` SplitChoice or None)."""
     if (spec.train_data is None) != (spec.test_data is None):
         raise WidthscopeError(
             "give --train-data and --test-data together (the train pool from one, the held-out "
@@ -133,8 +121,8 @@ def _sources(spec: InputSpec) -> tuple[Any, str | None, Any, str | None, str, An
 
 
 def _cut(n: int, spec: InputSpec, what: str, first: bool = True) -> tuple[torch.Tensor, torch.Tensor, str]:
-    """One source's ``n`` rows cut into train and held-out rows by a seeded permutation (with
-    ``spec.first`` and ``first``: the first part trains, the next is held out), and the rule in words."""
+    """``n`` rows cut into train and held-out rows by a seeded permutation (``spec.first`` and
+    ``first``: in order), and the rule in words."""
     frac = spec.test_fraction
     assert frac is not None  # a filled spec (InputSpec.filled) has a test fraction
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(spec.seed)))
@@ -171,7 +159,7 @@ def _text_fixes(seqs: Any, mode: str, max_tokens: int | None) -> str:
 
 
 def _empty_note(info: dict[str, Any], what: str) -> str | None:
-    """One line naming the empty / whitespace-only documents of a source and what became of them."""
+    """One line naming a source's empty / whitespace-only documents and what became of them."""
     n = info.get("empty_documents") or 0
     if not n:
         return None
@@ -202,8 +190,8 @@ def _read_text(
     src: Any, split: str | None, tok: Any, spec: InputSpec, seq_len: int, mode: str, n: PoolSize | None, desc: str,
     labels: bool, show: bool,
 ) -> tuple[Any, dict[str, Any]]:  # fmt: skip
-    """One source read and cut into sequences: enough for ``n`` of them (``None``/``"all"``: the
-    whole source, or ``max_tokens`` of it; random pools read ``WINDOW`` times the pool's tokens)."""
+    """One source cut into enough sequences for ``n`` (``None``/``"all"``: the whole source, or
+    ``max_tokens`` of it; random pools read ``WINDOW`` times the pool's tokens)."""
     if n is None or n == "all":
         limit, max_tokens = None, spec.max_tokens
     elif spec.first:

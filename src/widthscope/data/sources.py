@@ -1,7 +1,5 @@
-"""A data source of the input spec, whatever form it has: a path, ``hf:NAME[:CONFIG][@REVISION]`` or
-an object in memory (``list[str]``, ``datasets.Dataset`` / ``DatasetDict``), read as documents
-(:func:`documents_of`) with the same split rules (:func:`choose`); tokenized objects are pools of
-examples (:func:`is_tokenized_object`)."""
+"""A data source of the input spec in any form (a path, ``hf:NAME``, texts or datasets in memory), read
+as documents (:func:`documents_of`) with the same split rules (:func:`choose`)."""
 
 from __future__ import annotations
 
@@ -15,21 +13,6 @@ from ..errors import WidthscopeError
 from . import DATASETS, hf_datasets
 from .corpus import documents, row_documents
 from .splits import SplitChoice, choose_among, choose_splits, dataset_splits, default_split
-
-__all__ = [
-    "is_tokenized_object",
-    "is_dataset",
-    "is_dataset_dict",
-    "is_texts",
-    "describe",
-    "splits_of",
-    "choose",
-    "default_split_of",
-    "documents_of",
-    "same_source",
-    "check_object",
-    "check_splits_given",
-]
 
 DATA_OBJECTS = (
     "a list of texts (list[str]: one document each), a datasets.Dataset (a text column, or tokenized "
@@ -137,9 +120,7 @@ def choose(
 def check_splits_given(
     data: Any, train_data: Any, test_data: Any, train_split: str | None, test_split: str | None
 ) -> None:
-    """Refuse ``--train-split``/``--test-split`` for a source without splits of its own, before any
-    model loads (``--data`` takes both; ``--train-data``/``--test-data`` each its own). Missing sources
-    and ``hf:`` split names are checked elsewhere."""
+    """Refuse ``--train-split``/``--test-split`` for a source without splits of its own."""
     if train_split is None and test_split is None:
         return
     tr = ("--train-split",) if train_split is not None else ()
@@ -165,8 +146,7 @@ def check_splits_given(
 
 
 def default_split_of(src: Any, role: str) -> str | None:
-    """The split ``--train-data`` / ``--test-data`` reads (:func:`widthscope.data.splits.default_split`);
-    None: the whole source (no splits, or a folder with one split)."""
+    """The split ``--train-data`` / ``--test-data`` reads (None: the whole source)."""
     names = splits_of(src, "--train-data" if role == "train" else "--test-data")
     if not names or (len(names) == 1 and isinstance(src, str) and not hf_datasets.is_hf_ref(src)):
         return None
@@ -192,9 +172,8 @@ def documents_of(
     skipped: list[str],
     whole: bool,
 ) -> tuple[Iterator[Any], str]:
-    """Documents of any text source, and a description (see :func:`widthscope.data.corpus.documents`).
-    ``whole``: the whole source is read (a Hugging Face split is then prepared in the cache, not
-    streamed)."""
+    """Documents of any text source and a description (``whole``: a Hugging Face split is prepared,
+    not streamed)."""
     field = text_field or "text"
     if hf_datasets.is_hf_ref(src):
         ref = hf_datasets.parse_ref(src)

@@ -1,10 +1,7 @@
-r"""The typed input spec: everything the input layer needs to build (model, tokenizer, probe pools).
-
-:class:`InputSpec` is what :func:`widthscope.data.inputs.resolve` takes, from the command line, a sweep
-cell or Python; it is validated when made and recorded in every results file (``to_dict`` /
-``from_dict``). Fields mean what the command-line options of the same name mean; ``None`` is "not
-given"; objects in memory (a model, tokenizer, texts, datasets, a ``DataLoader``) go in the same
-fields. Details: docs/certify.md §3, docs/huggingface.md §6 and §9.
+r"""The typed input spec (:class:`InputSpec`): what :func:`widthscope.data.inputs.resolve` builds the
+model, tokenizer and probe pools from; validated when made, recorded in every results file. Fields
+mean what the command-line options of the same name mean; ``None`` is "not given". Details:
+docs/certify.md §3, docs/huggingface.md §6 and §9.
 
 Example (a tiny widthscope classifier checkpoint, probed on its recorded digits split)::
 
@@ -43,15 +40,7 @@ from .sniff import precheck
 from .sources import check_object
 from .sources import describe as describe_source
 
-__all__ = [
-    "InputSpec",
-    "PoolSize",
-    "INPUT_DEFAULTS",
-    "DTYPES",
-    "TASKS",
-    "check_source",
-    "OPTIONAL_FIELDS",
-]
+__all__ = ["InputSpec", "PoolSize", "INPUT_DEFAULTS", "DTYPES", "TASKS", "check_source", "OPTIONAL_FIELDS"]
 
 PoolSize = int | Literal["all"]  # a whole number >= 4, or "all"
 ALL = "all"
@@ -62,9 +51,7 @@ def is_all(n: Any) -> bool:
     return isinstance(n, str) and n == ALL
 
 
-# A data field: a path, a dataset name, hf:NAME[:CONFIG][@REVISION], or an object in memory
-# (list[str], datasets.Dataset/DatasetDict, BatchEncoding/Mapping of tensors, DataLoader).
-Source = Any
+Source = Any  # a path, a dataset name, hf:NAME[:CONFIG][@REVISION], or an object in memory
 OBJECT_FIELDS = ("model", "tokenizer", "data", "train_data", "test_data")  # may hold objects in memory
 IN_MEMORY = "<in memory: "  # how to_dict records an object
 SEQUENCES = ("concatenate", "per-document", "truncate")
@@ -269,8 +256,7 @@ class InputSpec:
     given: tuple[str, ...] | None = None
 
     def _check_placement(self) -> None:
-        """``device_map`` / ``max_memory`` / ``offload_folder``: parsed once here (one error line),
-        for checkpoints loaded from files only."""
+        """``device_map`` / ``max_memory`` / ``offload_folder``: for checkpoints loaded from files only."""
         placed = [n for n in ("device_map", "max_memory", "offload_folder") if getattr(self, n) is not None]
         if not placed:
             return
@@ -353,15 +339,18 @@ class InputSpec:
         """JSON-able (the fields; ``given`` as a list; an object in memory as ``"<in memory: ...>"``)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         for name in self.objects():
-            d[name] = describe_source(d[name]) if name in ("data", "train_data", "test_data") else _memory(d[name])
+            d[name] = (
+                describe_source(d[name])
+                if name in ("data", "train_data", "test_data")
+                else f"{IN_MEMORY}{type(d[name]).__name__}>"
+            )
         d["given"] = list(d["given"])
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], **objects: Any) -> InputSpec:
-        """The spec recorded by :meth:`to_dict` (e.g. a certify result's ``settings.input_spec``);
-        ``objects`` (``model=``, ``tokenizer=``, ``data=``, ...) put back the objects a spec made
-        in memory recorded as ``"<in memory: ...>"``."""
+        """The spec recorded by :meth:`to_dict`; ``objects`` (``model=``, ``data=``, ...) put back the
+        objects recorded as ``"<in memory: ...>"``."""
         bad = sorted(set(objects) - set(OBJECT_FIELDS))
         if bad:
             raise WidthscopeTypeError(
@@ -429,13 +418,8 @@ def _problem(name: str, v: Any) -> tuple[bool, str] | None:
     return None
 
 
-def _memory(obj: Any) -> str:
-    return f"{IN_MEMORY}{type(obj).__name__}>"
-
-
 def _check_object(name: str, v: Any) -> None:
-    """An object in memory in a field that takes one: the right kind, or one line naming the field
-    and what it accepts."""
+    """An object in memory of the kind field ``name`` takes, or one line naming what it accepts."""
     if name == "model":
         if not isinstance(v, nn.Module):
             raise _bad_type(
@@ -461,9 +445,8 @@ def _check_object(name: str, v: Any) -> None:
 
 
 def check_source(flag: str, value: Any) -> None:
-    """A data source is a dataset name, ``hf:NAME[:CONFIG][@REVISION]`` (opened here: it must be
-    reachable or cached), an existing path or an object in memory (checked when the spec was made);
-    a binary file given as text is refused here, before any model loads."""
+    """A data source is a dataset name, a reachable or cached ``hf:`` dataset, an existing path that is
+    not a binary file given as text, or an object in memory (checked when the spec was made)."""
     if not isinstance(value, str) or value in DATASETS:
         return
 

@@ -1,7 +1,5 @@
-"""A dataset's own splits: folders of split files named the way the Hugging Face Hub names them
-(:func:`split_files`), ``DatasetDict`` directories (:func:`dataset_splits`), and which split each
-probe pool reads (:func:`choose_splits`: train -> the train pool; validation, else test -> the
-held-out pool; never pooled and re-split unless asked for)."""
+"""A dataset's own splits (folders of split files named as the Hub names them, ``DatasetDict``
+directories) and which split each probe pool reads (:func:`choose_splits`)."""
 
 from __future__ import annotations
 
@@ -12,16 +10,6 @@ from pathlib import Path
 
 from ..errors import WidthscopeError
 from .sniff import TABULAR, is_dataset_dir
-
-__all__ = [
-    "FileSplits",
-    "split_files",
-    "SplitChoice",
-    "choose_splits",
-    "choose_among",
-    "dataset_splits",
-    "default_split",
-]
 
 # The Hub's split names (``datasets.data_files.SPLIT_KEYWORDS``): a word of a file or folder name.
 SPLIT_KEYWORDS: dict[str, tuple[str, ...]] = {
@@ -42,9 +30,8 @@ TEXT_SPLIT_SUFFIXES = (".txt", ".raw", ".tokens")  # plain-text split files: ptb
 
 @dataclasses.dataclass(frozen=True)
 class FileSplits:
-    """A folder of split files: ``splits`` (split -> its files, in path order), the data files
-    named for no split (``unassigned``), metadata files never read (``ignored``), and whether
-    the files are tables or plain text (``kind``)."""
+    """A folder of split files: split -> its files, the files named for no split, metadata files
+    never read, and ``kind`` (tables or plain text)."""
 
     root: Path
     splits: dict[str, list[Path]]
@@ -81,9 +68,8 @@ def _words(name: str) -> set[str]:
 
 
 def _assign(root: Path, files: list[Path]) -> tuple[dict[Path, str], list[str]]:
-    """Each file's split from its name, as the Hub assigns them: ``{split}-NNNNN-of-NNNNN``
-    shards first; else a split keyword in the folder names, else in the file names. Also the
-    files named for two splits (``train_test.csv``: the caller refuses them)."""
+    """Each file's split from its name as the Hub assigns them (shards, else a split keyword in the
+    folder names, else in the file names), and the files named for two splits."""
     shards = {p: m.group("split") for p in files if (m := _SHARD.match(p.name))}
     if shards:
         return shards, []
@@ -105,9 +91,8 @@ def _assign(root: Path, files: list[Path]) -> tuple[dict[Path, str], list[str]]:
 
 
 def split_files(path: str | Path) -> FileSplits | None:
-    """The dataset's own splits in a folder of tables named as the Hub names them (shards
-    ``{split}-00000-of-00001.parquet``, else a split keyword as a word of a folder or file name), or of
-    plain-text split files (``ptb.train.txt``: each names one split, ``train`` among two or more); else None."""
+    """The splits of a folder of tables named as the Hub names them, or of plain-text split files
+    (``ptb.train.txt``: ``train`` among two or more); else None."""
     root = Path(path).expanduser()
     if not root.is_dir() or is_dataset_dir(root):
         return None
@@ -146,8 +131,7 @@ def split_files(path: str | Path) -> FileSplits | None:
 
 
 def dataset_splits(path: str | Path) -> list[str] | None:
-    """The split names of a folder that has its own splits — a ``DatasetDict`` directory
-    (``dataset_dict.json``) or a folder of split files (:func:`split_files`) — else None."""
+    """The split names of a ``DatasetDict`` directory or a folder of split files, else None."""
     root = Path(path).expanduser()
     if is_dataset_dir(root):
         if not (root / "dataset_dict.json").is_file():
@@ -177,8 +161,7 @@ def _split_named(name: str, names: list[str], flag: str, path: Path | str) -> st
 
 
 def default_split(names: list[str], role: str) -> str | None:
-    """The split of ``names`` a pool reads when none is named: ``train`` for the train pool,
-    ``validation`` (else ``test``) for the held-out pool; None: none of that name."""
+    """The split a pool reads when none is named: ``train``, or ``validation`` (else ``test``)."""
     if role == "train":
         return "train" if "train" in names else None
     return next((n for n in HELD_OUT if n in names), None)
@@ -186,11 +169,8 @@ def default_split(names: list[str], role: str) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class SplitChoice:
-    """Which split of a folder with splits each pool reads (:func:`choose_splits`).
-
-    ``train``: the train pool's split (None: the whole folder); ``test``: the held-out pool's
-    split, or None when the held-out pool is cut from the train pool's corpus (``how`` ``one
-    split`` or ``re-split on request``); ``integrity`` for ``heldout_integrity``; ``notes``."""
+    """Which split each pool reads (None: the whole folder; ``test`` None: the held-out pool is cut from
+    the train pool's corpus)."""
 
     train: str | None
     test: str | None
@@ -202,9 +182,8 @@ class SplitChoice:
 def choose_splits(
     path: str | Path, train_split: str | None = None, test_split: str | None = None, test_fraction: float | None = None
 ) -> SplitChoice | None:
-    """The splits the pools read from ``--data path`` (None: it has none). The train pool reads
-    ``train_split`` (default ``train``), the held-out pool ``test_split`` (default ``validation``, else
-    ``test``); one split only, or ``test_fraction`` given: both pools are cut from one split."""
+    """The splits the pools read from ``--data path`` (None: it has none); with one split only, or
+    ``test_fraction`` given, both pools are cut from one split."""
     root = Path(path).expanduser()
     names = dataset_splits(root)
     if names is None:
@@ -222,9 +201,7 @@ def choose_among(
     test_split: str | None = None,
     test_fraction: float | None = None,
 ) -> SplitChoice:
-    """:func:`choose_splits` for a source whose split ``names`` are known (a folder's, a Hugging
-    Face dataset's, a ``DatasetDict`` object's); ``root`` names the source in the messages, ``fs``
-    the folder of split files (None: whole splits)."""
+    """:func:`choose_splits` for a source whose split ``names`` are known (``fs``: its split files)."""
     tr = None if train_split is None else _split_named(train_split, names, "--train-split", root)
     te = None if test_split is None else _split_named(test_split, names, "--test-split", root)
     files = (lambda s: f" ({fs.names(fs.splits[s])})") if fs is not None else (lambda s: "")
