@@ -251,7 +251,6 @@ class Sequences:
     exhausted: bool
     separator: int | None
     dropped_short: int = 0
-    unknown: int = 0
     empty_docs: int = 0  # empty or whitespace-only documents read (skipped or kept: see ``empty``)
 
 
@@ -272,12 +271,11 @@ def sequences(
     read; ``empty``: ``"skip"`` empty / whitespace-only documents, or ``"eos"`` keep them."""
     if labels and mode != "per-document":
         raise WidthscopeError("labelled data (sequence classification) needs --sequences per-document")
-    sep = getattr(tokenizer, "eos_token_id", None)
-    if sep is None:
-        sep = getattr(tokenizer, "sep_token_id", None)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    sep = eos if eos is not None else getattr(tokenizer, "sep_token_id", None)
     pad = getattr(tokenizer, "pad_token_id", None)
     unk_id = getattr(tokenizer, "unk_token_id", None)
-    if unk_id is not None and unk_id in (sep, getattr(tokenizer, "eos_token_id", None)):
+    if unk_id == sep:
         unk_id = None  # byte-level BPEs name EOS as "unknown"; they have no unknown token
     bar = progress(total=limit, desc=desc, disable=None if show_progress else True, unit="seq")
     c = _Cut(
@@ -428,7 +426,6 @@ def _assemble(c: _Cut, mode: str, exhausted: bool) -> Sequences:
         exhausted,
         c.sep if mode == "concatenate" else None,
         c.short,
-        c.n_unk,
         c.blank_docs,
     )
 

@@ -1,7 +1,5 @@
-"""Image datasets from their standard file formats: IDX (MNIST, Fashion-MNIST) and the
-CIFAR python-pickle batches (read with a restricted unpickler that can only rebuild numpy
-arrays, so a tampered file cannot run code).
-"""
+"""Image datasets from their standard file formats: IDX (MNIST, Fashion-MNIST) and the CIFAR
+python-pickle batches (read with an unpickler that can only rebuild numpy arrays)."""
 
 from __future__ import annotations
 
@@ -24,19 +22,11 @@ IDX_FILES = {
     "test_images": "t10k-images-idx3-ubyte",
     "test_labels": "t10k-labels-idx1-ubyte",
 }
-IDX_DTYPES: dict[int, type[np.generic] | str] = {
-    0x08: np.uint8,
-    0x09: np.int8,
-    0x0B: ">i2",
-    0x0C: ">i4",
-    0x0D: ">f4",
-    0x0E: ">f8",
-}
+IDX_DTYPES = {0x08: "u1", 0x09: "i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
 def read_idx(path: str | Path) -> np.ndarray:
-    """Parse an IDX file (optionally gzipped): magic ``00 00 <type> <ndim>``, big-endian
-    uint32 dims, then the data in C order."""
+    """Parse an IDX file (optionally gzipped): magic ``00 00 <type> <ndim>``, big-endian uint32 dims, data."""
     path = Path(path)
     raw = path.read_bytes()
     if raw[:2] == b"\x1f\x8b":
@@ -84,7 +74,7 @@ def _find_idx(root: Path, dataset: str) -> dict[str, Path]:
 
 def _channel_stats(X: np.ndarray, luma: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel mean and standard deviation (float64) of ``(N, C, H, W)`` byte images scaled to
-    [0, 1] and made grayscale with ``luma``, 4096 images at a time (never one float tensor of all)."""
+    [0, 1] and made grayscale with ``luma``, 4096 images at a time."""
     if len(X) == 0:
         raise WidthscopeError(f"per-channel statistics need at least one image; got an empty array {X.shape}")
     s1 = s2 = torch.zeros(X.shape[1] if luma is None else 1, dtype=torch.float64)
@@ -152,7 +142,7 @@ def load_idx(
     grayscale: bool = True,
     normalize: bool = True,
 ) -> Split:
-    """MNIST / Fashion-MNIST. ``grayscale`` is accepted for symmetry (the images are grayscale)."""
+    """MNIST / Fashion-MNIST (``grayscale`` is accepted for symmetry: the images are grayscale)."""
     if root is None:
         if name != "fashion-mnist":
             raise WidthscopeError(f"{name} needs root= the directory with {', '.join(IDX_FILES.values())}(.gz)")
@@ -175,9 +165,6 @@ def load_idx(
     return _finish_images(name, train, test, n_train, n_test, seed, 10, meta, flatten=flatten, normalize=normalize)
 
 
-# ---------------------------------------------------------------------------------------------
-# CIFAR
-
 # Everything a CIFAR batch pickle legitimately references: numpy array reconstruction.
 _ALLOWED = {
     ("numpy.core.multiarray", "_reconstruct"),
@@ -190,7 +177,7 @@ _ALLOWED = {
 
 
 def _latin1_encode(text: str, encoding: str = "utf-8") -> bytes:
-    # Protocol-2 pickles written by Python 3 spell bytes as _codecs.encode(str, "latin1").
+    """``_codecs.encode(str, "latin1")``: how protocol-2 pickles written by Python 3 spell bytes."""
     if encoding not in ("latin1", "latin-1"):
         raise pickle.UnpicklingError(f"refusing _codecs.encode with encoding {encoding!r}")
     return text.encode("latin1")
@@ -280,16 +267,7 @@ def load_cifar(
     }
     luma = torch.tensor([[0.299, 0.587, 0.114]]) if grayscale else None  # ITU-R BT.601 RGB -> gray
     num_classes = 10 if name == "cifar10" else (100 if labels == "fine" else 20)
+    train, test = _read_cifar(train_files, key), _read_cifar(test_files, key)
     return _finish_images(
-        name,
-        _read_cifar(train_files, key),
-        _read_cifar(test_files, key),
-        n_train,
-        n_test,
-        seed,
-        num_classes,
-        meta,
-        flatten=flatten,
-        normalize=normalize,
-        luma=luma,
+        name, train, test, n_train, n_test, seed, num_classes, meta, flatten=flatten, normalize=normalize, luma=luma
     )

@@ -56,10 +56,8 @@ def _check_sources(spec: InputSpec) -> None:
 
 
 def resolve(spec: InputSpec, *, model: nn.Module | None = None, show_progress: bool = True) -> Inputs:
-    """Load ``spec.model`` (unless ``model`` is given) and build both probe pools; see the module docstring.
-
-    ``spec`` is an :class:`~widthscope.data.spec.InputSpec` (validated when made); the result
-    carries it (``Inputs.spec``) for the results file."""
+    """Load ``spec.model`` (unless ``model`` is given) and build both probe pools; the result carries
+    ``spec`` (``Inputs.spec``) for the results file."""
     if not isinstance(spec, InputSpec):
         raise WidthscopeTypeError(
             f"load_inputs(spec=...) (resolve) takes an InputSpec, got {_args.describe(spec)}: "

@@ -180,8 +180,6 @@ def _bad_data(fn: str, name: str, value: Any, hint: str = "") -> WidthscopeTypeE
 
 
 def _tensor(v: Any, key: str, where: str) -> torch.Tensor:
-    if isinstance(v, torch.Tensor):
-        return v
     try:
         return torch.as_tensor(v)
     except (ValueError, TypeError, RuntimeError):
@@ -192,12 +190,8 @@ def _tensor(v: Any, key: str, where: str) -> torch.Tensor:
 
 
 def _pad_right(rows: Sequence[Sequence[int]], value: int) -> torch.Tensor:
-    T = max(len(r) for r in rows)
-    out = torch.full((len(rows), T), int(value), dtype=torch.int64)
-    for i, r in enumerate(rows):
-        if len(r):
-            out[i, : len(r)] = torch.as_tensor(list(r), dtype=torch.int64)
-    return out
+    rows_t = [torch.as_tensor(list(r), dtype=torch.int64) for r in rows]
+    return torch.nn.utils.rnn.pad_sequence(rows_t, batch_first=True, padding_value=int(value))
 
 
 def pad_id_of(tokenizer: Any) -> int:

@@ -216,12 +216,8 @@ def _read_text(
         "empty_documents": seqs.empty_docs,
         "empty_rule": empty,
     }
-    if split is not None:
-        info["split"] = split
-    if skipped:
-        info["skipped"] = skipped[:20]
-    if seqs.dropped_short:
-        info["dropped_short_documents"] = seqs.dropped_short
+    optional = {"split": split, "skipped": skipped[:20], "dropped_short_documents": seqs.dropped_short}
+    info.update({k: v for k, v in optional.items() if v})
     return seqs, info
 
 
@@ -412,10 +408,8 @@ def image_pools(spec: InputSpec, model: nn.Module, show: bool) -> Pools:
 def named_pools(
     name: str, spec: InputSpec, model: nn.Module, task: str
 ) -> tuple[Any, Any, dict[str, Any], list[str], Any]:
-    """Our own named datasets (digits, fashion-mnist, text, ...) with the checkpoint's recorded
-    options, split seed and data record where it has one (the held-out pool only from held-out
-    data, the train pool from the examples the model was fitted on); the last item is the
-    :class:`~widthscope.data.Split`, or a byte model's corpus offsets of each pool row."""
+    """Pools of our own named datasets with the checkpoint's recorded options, split seed and data
+    record; the last item is the :class:`~widthscope.data.Split` or a byte model's corpus offsets."""
     rec_all = recorded_data(model)
     same = spec.data is None or (spec.data == rec_all.get("dataset") and spec.data_root is None)
     rec = rec_all if same else {}
@@ -564,8 +558,7 @@ def _text_from_record(
 
 # ----------------------------------------------------------------------------- tokenized objects
 def _join(batches: list[Any], pad_id: int, where: str) -> Any:
-    """The batches of a ``DataLoader`` as one pool: dicts key by key (2-D tensors right-padded to
-    the longest), ``(x, y)`` pairs part by part, tensors along dim 0."""
+    """The batches of a ``DataLoader`` as one pool (2-D tensors of dicts right-padded to the longest)."""
     first = batches[0]
     if isinstance(first, Mapping):
         keys = list(first)
@@ -626,10 +619,8 @@ def _ready(raw: Any, task: str, tok: Any, seed: int, model: nn.Module, where: st
 
 
 def object_pools(spec: InputSpec, model: nn.Module, task: str, tok: Any) -> Pools:
-    """Both pools from tokenized objects (a ``BatchEncoding`` or mapping of tensors, a
-    ``DataLoader``, a ``Dataset`` with ``input_ids``, a ``DatasetDict``): examples already, so the
-    text options do not apply; a masked LM's tokens are masked and a classifier's labels split off
-    as :mod:`widthscope.data.objects` does for ``ws.certify``."""
+    """Both pools from tokenized objects (mappings of tensors, a ``DataLoader``, tokenized datasets),
+    prepared for the task as :mod:`widthscope.data.objects` does for ``ws.certify``."""
     given = [d for d in ("seq_len", "sequences", "max_tokens", "empty_docs", "label_field") if spec.is_given(d)]
     if given:
         raise WidthscopeError(

@@ -90,7 +90,6 @@ class InputSpec:
             "a Hugging Face directory (any causal LM, masked LM, sequence or image classifier), a "
             "Hugging Face hub id org/name or hub cache folder models--org--name (read from the hub "
             "cache; downloaded unless HF_HUB_OFFLINE=1); 'builtin' trains a small MLP on digits",
-            kind="str",
             cli=False,  # required or defaulted per command: cli.inputs adds it
         ).metadata
     )
@@ -98,12 +97,10 @@ class InputSpec:
     revision: str | None = option(
         help="branch, tag or commit of a hub --model (default main); the tokenizer comes from the same "
         "revision; results record the id, this revision and the commit it resolved to",
-        kind="str",
         metavar="REV",
     )
     task: str | None = option(
         help="the HF checkpoint's task when its config.json names no architecture",
-        kind="str",
         choices=TASKS,
         applies="hf",
     )
@@ -116,23 +113,19 @@ class InputSpec:
     device_map: str | None = option(
         help="spread a Hugging Face --model over the devices and memory of --max-memory (accelerate's "
         "big-model dispatch; layers that fit nowhere go to disk and are reloaded block by block)",
-        kind="str",
         choices=DEVICE_MAPS,
     )
     max_memory: str | None = option(  # widthscope.models.dispatch.parse_max_memory
         help="per-device memory for --device-map, e.g. cpu=2GB,0=10GiB,disk ('disk' allows offloading "
         "the rest to disk)",
-        kind="str",
         metavar="DEV=SIZE,...",
     )
     offload_folder: str | None = option(
         help="where disk-offloaded weights go (default: a temporary folder, removed afterwards)",
-        kind="str",
         metavar="DIR",
     )
     tokenizer: Any = option(  # a path/hub id, "bytes", or a tokenizer object
         help="tokenizer directory (default: the checkpoint's own), or 'bytes' for byte-level ids",
-        kind="str",
         applies="text",
     )
     data: Source = option(
@@ -141,40 +134,33 @@ class InputSpec:
         "(from the datasets cache; streamed where only a prefix is needed), or an ImageFolder directory; a "
         "source with its own splits gives train -> train pool, validation (else test) -> held-out pool, "
         "anything else is split by --test-fraction (default: the checkpoint's recorded dataset)",
-        kind="str",
         applies="checkpoints",
     )
     train_data: Source = option(
-        help="the train pool's own file/directory/hf:NAME (with --test-data)", kind="str", applies="two_sources"
+        help="the train pool's own file/directory/hf:NAME (with --test-data)", applies="two_sources"
     )
     test_data: Source = option(
-        help="the held-out pool's own file/directory/hf:NAME (with --train-data)", kind="str", applies="two_sources"
+        help="the held-out pool's own file/directory/hf:NAME (with --train-data)", applies="two_sources"
     )
     train_split: str | None = option(
         help="split of a dataset with splits (a DatasetDict directory, a folder of split files, hf:NAME) "
         "for the train pool (default train)",
-        kind="str",
         applies="text",
     )
     test_split: str | None = option(
         help="split of a dataset with splits (a DatasetDict directory, a folder of split files, hf:NAME) "
         "for the held-out pool (default validation, else test)",
-        kind="str",
         applies="text",
     )
-    data_root: str | None = option(
-        help="root folder of a named image dataset's files", kind="str", applies="widthscope"
-    )
+    data_root: str | None = option(help="root folder of a named image dataset's files", applies="widthscope")
     text_field: str | None = option(
         help="text field/column of .jsonl/.json/.csv/.parquet/datasets/hf: data (default text); --text-column "
         "is the same",
-        kind="str",
         fallback="text",
         applies="text",
     )
     label_field: str | None = option(
         help="label column for sequence classification (default label)",
-        kind="str",
         fallback="label",
         applies="hf_sequence_classifiers",
     )
@@ -191,14 +177,12 @@ class InputSpec:
         "for causal LMs); per-document: one padded sequence per document (default otherwise); "
         "truncate: each document with at least --seq-len tokens, cut to --seq-len (shorter ones "
         "skipped: the alignment script without --concatenate)",
-        kind="str",
         choices=SEQUENCES,
         applies="text",
     )
     empty_docs: str | None = option(
         help="empty or whitespace-only documents: skip them before tokenizing (default; the published "
         "scripts' rule) or eos (kept: each adds its EOS separator to concatenated chunks)",
-        kind="str",
         choices=EMPTY_DOCS,
         fallback="skip",
         applies="text",
@@ -219,7 +203,6 @@ class InputSpec:
     train_pool: str | None = option(
         help="widthscope checkpoints: draw the train pool from the examples the model was fitted on "
         "(default, from its data record) or a fresh sample of the train part",
-        kind="str",
         choices=TRAIN_POOLS,
         fallback="fitted",
         applies="widthscope",
