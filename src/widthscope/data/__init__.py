@@ -143,8 +143,7 @@ def load(
 
 
 def record(split: Split) -> dict[str, Any]:
-    """What a checkpoint records of its data (JSON-able): text as fitted and held-out byte ranges
-    with the corpus' SHA-256 (valid at any sequence length); else the fitted example indices."""
+    """What a checkpoint records of its data: text byte ranges with the corpus' SHA-256, else fitted indices."""
     meta = split.meta
     if split.name in ("text", "prose"):
         from .text import spans  # noqa: PLC0415  cycle: widthscope.data.text imports widthscope.data
@@ -165,8 +164,7 @@ def record(split: Split) -> dict[str, Any]:
 def batches(
     pair: Pair, batch_size: int, *, shuffle: bool = False, seed: int = 0, lm: bool | None = None
 ) -> Iterator[Any]:
-    """One pass over ``pair = (X, y)`` in batches: ``(x, y)``, or the ``(B, T)`` tokens alone for
-    language modelling (``lm=None``: ``y`` shares ``X``'s integer storage). ``shuffle`` is seeded."""
+    """One seeded pass over ``(X, y)`` in batches: ``(x, y)``, or the tokens alone for language modelling."""
     X, y = pair
     if batch_size < 1:
         raise WidthscopeError(f"batch_size must be >= 1, got {batch_size}")
@@ -196,8 +194,7 @@ def subset(n_total: int, n: int | None, rng: np.random.Generator, what: str) -> 
 def holdout(
     n: int, n_hold: int, n_train: int | None, n_test: int | None, seed: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A seeded permutation of ``range(n)`` cut into ``n_hold`` held-out items and the train part,
-    then seeded subsets of each: (train indices, test indices, the whole held-out part), sorted."""
+    """Seeded (train indices, test indices, whole held-out part) of ``range(n)`` with ``n_hold`` held out."""
     rng = np.random.default_rng(seed)
     perm = rng.permutation(n)
     test_idx, train_idx = np.sort(perm[:n_hold]), np.sort(perm[n_hold:])

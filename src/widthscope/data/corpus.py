@@ -60,12 +60,8 @@ def _column_text(row: dict[str, Any], field: str, where: str, i: int) -> str:
 
 def _rows(path: Path, split: str | None) -> tuple[Iterable[dict[str, Any]], str]:
     """Rows of a tabular file or a save_to_disk directory, lazily, through ``datasets``."""
-    try:
-        import datasets
-    except ImportError:  # pragma: no cover - a dependency
-        raise WidthscopeError(
-            "reading .jsonl/.csv/.parquet needs the 'datasets' package: pip install datasets"
-        ) from None
+    import datasets
+
     datasets.disable_progress_bars()
     if path.is_dir():
         try:
@@ -118,8 +114,7 @@ def documents(
     label_field: str | None = None,
     skipped: list[str] | None = None,
 ) -> tuple[Iterator[Any], str]:
-    """Documents of ``path`` and a description of the source. A document is an iterator of text
-    pieces (with ``label_field``: a ``(pieces, label)`` pair); ``skipped`` collects skipped binary files."""
+    """Documents of ``path`` (iterators of text pieces, or ``(pieces, label)``) and the source in words."""
     path = Path(path).expanduser()
     if not path.exists():
         raise WidthscopeError(
@@ -191,14 +186,9 @@ def files_under(path: Path) -> list[Path]:
 
 def text_only(files: list[Path], root: Path) -> tuple[list[Path], list[str]]:
     """The ``files`` that are text by content, and ``"file: why"`` for the others."""
-    good, skipped = [], []
-    for p in files:
-        reason = sniff(p)
-        if reason is None:
-            good.append(p)
-        else:
-            skipped.append(f"{p.relative_to(root)}: {reason.split(':')[0]}")
-    return good, skipped
+    why = {p: sniff(p) for p in files}
+    skipped = [f"{p.relative_to(root)}: {r.split(':')[0]}" for p, r in why.items() if r is not None]
+    return [p for p in files if why[p] is None], skipped
 
 
 def row_documents(rows: Any, field: str, label_field: str | None, where: str) -> Iterator[Any]:
@@ -267,8 +257,7 @@ def sequences(
     desc: str = "tokenize",
     empty: str = "skip",
 ) -> Sequences:
-    """Cut documents into ``seq_len``-token sequences, up to ``limit`` sequences or ``max_tokens`` tokens
-    read; ``empty``: ``"skip"`` empty / whitespace-only documents, or ``"eos"`` keep them."""
+    """Cut documents into ``seq_len``-token sequences, up to ``limit`` sequences or ``max_tokens`` tokens."""
     if labels and mode != "per-document":
         raise WidthscopeError("labelled data (sequence classification) needs --sequences per-document")
     eos = getattr(tokenizer, "eos_token_id", None)
@@ -364,8 +353,7 @@ class _Cut:
             self.bar.update(1)
 
     def document(self, pieces: Iterable[str], y: Any, truncate: bool) -> bool:
-        """One document as one row: ``truncate``: its first ``seq_len`` tokens (shorter ones are
-        not taken), else padded (with its mask and label). False if it is not taken."""
+        """One document as one row (``truncate``: its first ``seq_len`` tokens, else padded); False: not taken."""
         text = "".join(pieces)
         if not text.strip():
             self.blank_docs += 1

@@ -73,8 +73,7 @@ def _find_idx(root: Path, dataset: str) -> dict[str, Path]:
 
 
 def _channel_stats(X: np.ndarray, luma: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel mean and standard deviation (float64) of ``(N, C, H, W)`` byte images scaled to
-    [0, 1] and made grayscale with ``luma``, 4096 images at a time."""
+    """Per-channel float64 mean and std of ``(N, C, H, W)`` byte images in [0, 1], 4096 at a time."""
     if len(X) == 0:
         raise WidthscopeError(f"per-channel statistics need at least one image; got an empty array {X.shape}")
     s1 = s2 = torch.zeros(X.shape[1] if luma is None else 1, dtype=torch.float64)
@@ -103,8 +102,7 @@ def _finish_images(
     normalize: bool,
     luma: torch.Tensor | None = None,
 ) -> Split:
-    """Seeded subsets of ``(N, C, H, W)`` byte images, made grayscale with the ``luma`` weights,
-    scaled to [0, 1], normalised with whole-train-part statistics, optionally flattened."""
+    """Seeded subsets of ``(N, C, H, W)`` byte images: grayscale (``luma``), in [0, 1], normalised, flattened."""
     stats = _channel_stats(train[0], luma) if normalize else None
     rng = np.random.default_rng(seed)
     parts = []

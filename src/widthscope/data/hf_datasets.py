@@ -144,8 +144,7 @@ def _cached(ref: HFDatasetRef) -> bool:
 
 
 def _check_reachable(ref: HFDatasetRef, flag: str) -> None:
-    """Refuse at once a dataset that is not cached while the Hub cannot be reached (``datasets`` would
-    retry with backoff): one request to ``HF_ENDPOINT`` within ``HF_HUB_ETAG_TIMEOUT``."""
+    """Refuse at once a dataset neither cached nor reachable (``datasets`` would retry with backoff)."""
     import datasets
     from huggingface_hub import constants
     from huggingface_hub.utils import get_session
@@ -217,8 +216,7 @@ def _guarded(ds: Iterable[dict[str, Any]], ref: HFDatasetRef, flag: str) -> Iter
 
 
 def record(ref: HFDatasetRef, builder: Any = None, split: str | None = None) -> dict[str, Any]:
-    """What a result records of the dataset: name, configuration, revision asked for, hash of the copy
-    read and whether it came from the cache only."""
+    """What a result records of the dataset: name, config, revision, hash read, cache only or not."""
     builder = _builder(ref, "--data") if builder is None else builder
     rec = {
         "name": ref.name,

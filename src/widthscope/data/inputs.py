@@ -29,8 +29,7 @@ __all__ = ["Inputs", "InputSpec", "resolve", "load_inputs", "load_model", "load_
 
 @dataclasses.dataclass
 class Inputs:
-    """A loaded model, its task and its two probe pools; ``info`` (JSON-able) says where the data came
-    from and how it was cut."""
+    """A loaded model, its task, its two probe pools, and ``info`` on where the data came from."""
 
     model: nn.Module
     task: str
@@ -239,8 +238,7 @@ def _tokenizer(spec: InputSpec, model: nn.Module, task: str, *, needed: bool) ->
 
 
 def _record_datasets(spec: InputSpec, info: dict[str, Any]) -> list[str]:
-    """A Hugging Face dataset's record in ``info["hf_dataset"]``; a note when offline reading could not
-    honour a revision."""
+    """Hugging Face datasets' records in ``info``; a note when offline reading cannot honour a revision."""
     recs, notes = {}, []
     for role, field in (("train", "train_data"), ("test", "test_data")):
         src = spec.data if spec.data is not None else getattr(spec, field)
@@ -297,8 +295,7 @@ def load_model(
     revision: str | None = None,
     placement: Mapping[str, Any] | None = None,
 ) -> nn.Module:
-    """A checkpoint (local, hub id ``org/name`` at ``revision``, or hub cache folder) on the CPU in eval
-    mode; a model object as it is."""
+    """A checkpoint (local, hub id at ``revision``, hub cache folder) on the CPU in eval mode."""
     if isinstance(path, nn.Module):
         if dtype != "auto":
             raise WidthscopeError(
@@ -367,8 +364,7 @@ def load_tokenizer(spec: str | None, model: nn.Module, task: str) -> Any:
 
 
 def _tokenizer_dir(spec: str, model: nn.Module) -> Path:
-    """``--tokenizer``'s directory: a local path, or a hub id at the model's commit when it is the model's
-    own repository, else at ``main``."""
+    """``--tokenizer``'s directory: a path, or a hub id (at the model's commit if it is the model's repo)."""
     rec = hub_record(model) or {}
     same = rec.get("repo_id") == spec and not Path(spec).expanduser().exists()
     return resolve_model(spec, rec.get("commit") if same else None, flag="--tokenizer")[0]

@@ -44,8 +44,7 @@ def _wrapped(model: nn.Module) -> nn.Module | None:
 
 
 def task_of(model: nn.Module) -> str | None:
-    """The model's task: widthscope's (``widthscope_task``, its family), a ``PreTrainedModel``'s head, or
-    the task of the model a wrapper holds; None for any other ``nn.Module``."""
+    """The model's task (widthscope's, a ``PreTrainedModel``'s head, a wrapped model's), or None."""
     for _ in range(8):  # a compiled PEFT model: wrappers around wrappers
         task = _own_task(model)
         inner = _wrapped(model) if task is None else None
@@ -415,8 +414,7 @@ def pools_from(
     seed: int = 0,
     fn: str = "certify",
 ) -> tuple[list[Any], list[Any], Callable[[Any, Any], torch.Tensor] | None, dict[str, str]]:
-    """Both pools from ``data`` and ``test``, or from a ``DatasetDict``'s ``train`` and ``validation``
-    (else ``test``) splits: (train batches, held-out batches, loss or None, descriptions)."""
+    """Both pools from ``data`` and ``test``, or a ``DatasetDict``'s train and validation/test splits."""
     info: dict[str, str] = {}
     if is_dataset_dict(data, iterable=True):
         if test is not None:

@@ -51,8 +51,7 @@ def pick_pool(
     cap: bool = False,
     fixes: str = "give more data",
 ) -> torch.Tensor:
-    """``n`` of ``n_total`` items (seeded, sorted; or the first ``n``; ``"all"``: every item);
-    ``cap``: take what there is."""
+    """``n`` of ``n_total`` items (seeded and sorted, or the first; ``cap``: take what there is)."""
     if n == "all":
         return torch.arange(n_total)
     k = min(n, n_total) if cap else n
@@ -121,8 +120,7 @@ def _sources(spec: InputSpec) -> tuple[Any, str | None, Any, str | None, str, An
 
 
 def _cut(n: int, spec: InputSpec, what: str, first: bool = True) -> tuple[torch.Tensor, torch.Tensor, str]:
-    """``n`` rows cut into train and held-out rows by a seeded permutation (``spec.first`` and
-    ``first``: in order), and the rule in words."""
+    """``n`` rows cut into train and held-out rows (seeded, or in order), and the rule in words."""
     frac = spec.test_fraction
     assert frac is not None  # a filled spec (InputSpec.filled) has a test fraction
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(spec.seed)))
@@ -190,8 +188,7 @@ def _read_text(
     src: Any, split: str | None, tok: Any, spec: InputSpec, seq_len: int, mode: str, n: PoolSize | None, desc: str,
     labels: bool, show: bool,
 ) -> tuple[Any, dict[str, Any]]:  # fmt: skip
-    """One source cut into enough sequences for ``n`` (``None``/``"all"``: the whole source, or
-    ``max_tokens`` of it; random pools read ``WINDOW`` times the pool's tokens)."""
+    """One source cut into enough sequences for a pool of ``n`` (None or ``"all"``: the whole source)."""
     if n is None or n == "all":
         limit, max_tokens = None, spec.max_tokens
     elif spec.first:
@@ -619,8 +616,7 @@ def _ready(raw: Any, task: str, tok: Any, seed: int, model: nn.Module, where: st
 
 
 def object_pools(spec: InputSpec, model: nn.Module, task: str, tok: Any) -> Pools:
-    """Both pools from tokenized objects (mappings of tensors, a ``DataLoader``, tokenized datasets),
-    prepared for the task as :mod:`widthscope.data.objects` does for ``ws.certify``."""
+    """Both pools from tokenized objects, prepared for the task as for ``ws.certify``."""
     given = [d for d in ("seq_len", "sequences", "max_tokens", "empty_docs", "label_field") if spec.is_given(d)]
     if given:
         raise WidthscopeError(

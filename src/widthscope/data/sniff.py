@@ -74,8 +74,7 @@ def sniff(path: Path) -> str | None:
 
 
 def precheck(path: str | Path, what: str = "") -> None:
-    """The cheap checks of a data path, before any model is loaded: a plain file given as text
-    must be text by content; a ``.parquet`` file must carry Parquet's magic bytes."""
+    """Refuse a plain file given as text that is not text, or a ``.parquet`` file that is not Parquet."""
     path = Path(path).expanduser()
     if not path.is_file() or path.suffix.lower() in IMAGE_SUFFIXES:
         return

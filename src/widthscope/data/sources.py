@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 from ..errors import WidthscopeError
 from . import DATASETS, hf_datasets
 from .corpus import documents, row_documents
-from .splits import SplitChoice, choose_among, choose_splits, dataset_splits, default_split
+from .splits import HELD_OUT, SplitChoice, choose_among, choose_splits, dataset_splits
 
 DATA_OBJECTS = (
     "a list of texts (list[str]: one document each), a datasets.Dataset (a text column, or tokenized "
@@ -23,10 +23,8 @@ DATA_OBJECTS = (
 
 def _types(iterable: bool) -> tuple[tuple[type, ...], tuple[type, ...]]:
     """The ``Dataset`` and ``DatasetDict`` types (``iterable``: their streaming forms too)."""
-    try:
-        import datasets  # optional dependency
-    except ImportError:  # pragma: no cover
-        return (), ()
+    import datasets
+
     if iterable:
         return (datasets.Dataset, datasets.IterableDataset), (datasets.DatasetDict, datasets.IterableDatasetDict)
     return (datasets.Dataset,), (datasets.DatasetDict,)
@@ -49,8 +47,7 @@ def _tokenized_dataset(ds: Any, text_field: str | None) -> bool:
 
 
 def is_tokenized_object(obj: Any, text_field: str | None = None) -> bool:
-    """A pool of tokenized examples: a mapping of tensors, a ``DataLoader``, a ``Dataset`` (or
-    ``DatasetDict``) with ``input_ids`` and no ``text_field`` given."""
+    """A mapping of tensors, a ``DataLoader``, or a dataset with ``input_ids`` (and no ``text_field``)."""
     if (isinstance(obj, Mapping) and not is_dataset_dict(obj)) or isinstance(obj, DataLoader):
         return True
     if is_dataset(obj):
@@ -150,7 +147,11 @@ def default_split_of(src: Any, role: str) -> str | None:
     names = splits_of(src, "--train-data" if role == "train" else "--test-data")
     if not names or (len(names) == 1 and isinstance(src, str) and not hf_datasets.is_hf_ref(src)):
         return None
-    return names[0] if len(names) == 1 else default_split(names, role)  # a named dataset or a DatasetDict
+    if len(names) == 1:  # a named dataset or a DatasetDict
+        return names[0]
+    if role == "train":
+        return "train" if "train" in names else None
+    return next((n for n in HELD_OUT if n in names), None)
 
 
 def same_source(a: Any, b: Any) -> bool:
@@ -172,8 +173,7 @@ def documents_of(
     skipped: list[str],
     whole: bool,
 ) -> tuple[Iterator[Any], str]:
-    """Documents of any text source and a description (``whole``: a Hugging Face split is prepared,
-    not streamed)."""
+    """Documents of any text source, and the source in words (``whole``: prepare, not stream)."""
     field = text_field or "text"
     if hf_datasets.is_hf_ref(src):
         ref = hf_datasets.parse_ref(src)

@@ -93,7 +93,6 @@ class InputSpec:
             cli=False,  # required or defaulted per command: cli.inputs adds it
         ).metadata
     )
-    # hub ids (and hub cache folders): branch, tag or commit; None = main
     revision: str | None = option(
         help="branch, tag or commit of a hub --model (default main); the tokenizer comes from the same "
         "revision; results record the id, this revision and the commit it resolved to",
@@ -109,7 +108,6 @@ class InputSpec:
         help="model dtype (auto: the checkpoint's); statistics always accumulate in float64",
         choices=DTYPES,
     )
-    # big models (docs/big-models.md): accelerate's placement of a Hugging Face checkpoint
     device_map: str | None = option(
         help="spread a Hugging Face --model over the devices and memory of --max-memory (accelerate's "
         "big-model dispatch; layers that fit nowhere go to disk and are reloaded block by block)",
@@ -234,8 +232,7 @@ class InputSpec:
     )
     seed: int = 0  # the command's options hold it (CertifyOptions.seed, GrowOptions.seed)
     cap_pools: bool = False  # the pool sizes are upper bounds: take what the data has
-    # the fields set explicitly (an option that does not fit the model is refused only when given);
-    # left out: every optional field that is not None/False. Made a sorted tuple when the spec is made.
+    # the fields set explicitly (None: every optional field that is not None/False)
     given: tuple[str, ...] | None = None
 
     def _check_placement(self) -> None:
@@ -332,8 +329,7 @@ class InputSpec:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], **objects: Any) -> InputSpec:
-        """The spec recorded by :meth:`to_dict`; ``objects`` (``model=``, ``data=``, ...) put back the
-        objects recorded as ``"<in memory: ...>"``."""
+        """The spec :meth:`to_dict` recorded, with ``objects`` put back for the ``<in memory: ...>`` fields."""
         bad = sorted(set(objects) - set(OBJECT_FIELDS))
         if bad:
             raise WidthscopeTypeError(
@@ -354,9 +350,7 @@ class InputSpec:
 
 
 _META = {f.name: f.metadata for f in dataclasses.fields(InputSpec)}
-# The optional input fields (those that apply to some kinds of input only): None (False) = not given.
 OPTIONAL_FIELDS = tuple(n for n, m in _META.items() if m.get("applies"))
-# Values of the options that are None when not given (so "was it given" is knowable): the fields'.
 INPUT_DEFAULTS: dict[str, Any] = {
     f.name: f.metadata["fallback"] for f in dataclasses.fields(InputSpec) if f.metadata.get("fallback") is not None
 }
@@ -428,8 +422,7 @@ def _check_object(name: str, v: Any) -> None:
 
 
 def check_source(flag: str, value: Any) -> None:
-    """A data source is a dataset name, a reachable or cached ``hf:`` dataset, an existing path that is
-    not a binary file given as text, or an object in memory (checked when the spec was made)."""
+    """A data source is a dataset name, a reachable ``hf:`` dataset, a path (text if given as text), or an object."""
     if not isinstance(value, str) or value in DATASETS:
         return
 

@@ -30,8 +30,7 @@ TEXT_SPLIT_SUFFIXES = (".txt", ".raw", ".tokens")  # plain-text split files: ptb
 
 @dataclasses.dataclass(frozen=True)
 class FileSplits:
-    """A folder of split files: split -> its files, the files named for no split, metadata files
-    never read, and ``kind`` (tables or plain text)."""
+    """A folder of split files: each split's files, unassigned and ignored files, and ``kind``."""
 
     root: Path
     splits: dict[str, list[Path]]
@@ -68,8 +67,7 @@ def _words(name: str) -> set[str]:
 
 
 def _assign(root: Path, files: list[Path]) -> tuple[dict[Path, str], list[str]]:
-    """Each file's split from its name as the Hub assigns them (shards, else a split keyword in the
-    folder names, else in the file names), and the files named for two splits."""
+    """Each file's split as the Hub assigns them from names, and the files named for two splits."""
     shards = {p: m.group("split") for p in files if (m := _SHARD.match(p.name))}
     if shards:
         return shards, []
@@ -91,8 +89,7 @@ def _assign(root: Path, files: list[Path]) -> tuple[dict[Path, str], list[str]]:
 
 
 def split_files(path: str | Path) -> FileSplits | None:
-    """The splits of a folder of tables named as the Hub names them, or of plain-text split files
-    (``ptb.train.txt``: ``train`` among two or more); else None."""
+    """The splits of a folder of tables or plain-text files named as the Hub names them, else None."""
     root = Path(path).expanduser()
     if not root.is_dir() or is_dataset_dir(root):
         return None
@@ -160,17 +157,9 @@ def _split_named(name: str, names: list[str], flag: str, path: Path | str) -> st
     raise WidthscopeError(f"{flag} {name!r}: {path} has splits {', '.join(names)}; choose one of them")
 
 
-def default_split(names: list[str], role: str) -> str | None:
-    """The split a pool reads when none is named: ``train``, or ``validation`` (else ``test``)."""
-    if role == "train":
-        return "train" if "train" in names else None
-    return next((n for n in HELD_OUT if n in names), None)
-
-
 @dataclasses.dataclass(frozen=True)
 class SplitChoice:
-    """Which split each pool reads (None: the whole folder; ``test`` None: the held-out pool is cut from
-    the train pool's corpus)."""
+    """Which split each pool reads (None: the whole source; ``test`` None: cut from the train split)."""
 
     train: str | None
     test: str | None
@@ -182,8 +171,7 @@ class SplitChoice:
 def choose_splits(
     path: str | Path, train_split: str | None = None, test_split: str | None = None, test_fraction: float | None = None
 ) -> SplitChoice | None:
-    """The splits the pools read from ``--data path`` (None: it has none); with one split only, or
-    ``test_fraction`` given, both pools are cut from one split."""
+    """The splits the pools read from ``--data path`` (None: it has no splits)."""
     root = Path(path).expanduser()
     names = dataset_splits(root)
     if names is None:

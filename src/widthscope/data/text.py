@@ -106,8 +106,7 @@ def chunks_within(n_bytes: int, seq_len: int, ranges: list[list[int]]) -> np.nda
 
 
 def recorded_chunks(record: dict, n_bytes: int, seq_len: int, part: str) -> np.ndarray:
-    """Chunks inside a data record's ``"fitted"`` or ``"heldout"`` byte ranges, or (``"train"``) outside
-    the held-out ones."""
+    """Chunks inside a record's ``fitted`` or ``heldout`` byte ranges, or (``train``) outside the held-out ones."""
     if part in ("fitted", "heldout"):
         return chunks_within(n_bytes, seq_len, record[part])
     if part != "train":
