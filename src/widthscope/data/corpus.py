@@ -327,9 +327,8 @@ class _Cut:
 
     def concatenate(self, pieces: Iterable[str]) -> bool:
         """One document into the running buffer, then its separator; full chunks become rows."""
-        skip = self.skip
         got, has_text = 0, False
-        for piece in _nonblank_first(pieces) if skip else pieces:
+        for piece in _nonblank_first(pieces) if self.skip else pieces:
             ids = self.encode(piece)
             self.read(ids)
             got += len(ids)
@@ -341,7 +340,7 @@ class _Cut:
         self.nonblank += has_text
         self.empty += has_text and got == 0
         self.blank_docs += not has_text
-        if self.sep is not None and (has_text or not skip):
+        if self.sep is not None and (has_text or not self.skip):
             self.buf.append(int(self.sep))
             self._chunks()  # the separator may complete a chunk
         return True
@@ -387,7 +386,7 @@ def _check_tokenizer(c: _Cut) -> None:
             "tokens at all: it cannot read this text (wrong tokenizer?); pass the matching one "
             "with --tokenizer"
         )
-    if c.unk_id is not None and n_tokens and n_unk > 0.05 * n_tokens:
+    if n_unk > 0.05 * n_tokens:
         raise WidthscopeError(
             f"the tokenizer ({name}) maps {n_unk} of {n_tokens} tokens ({n_unk / n_tokens:.0%}) "
             "to its unknown token: it does not cover this text (wrong tokenizer or language?)"

@@ -86,20 +86,10 @@ def _quiet() -> Iterator[Any]:
             datasets.enable_progress_bars()
 
 
-def _offline() -> bool:
-    import datasets
-
-    return bool(datasets.config.HF_HUB_OFFLINE)
-
-
-def _cache_dir() -> str:
-    import datasets
-
-    return str(datasets.config.HF_DATASETS_CACHE)
-
-
 def _failure(ref: HFDatasetRef, flag: str, exc: Exception) -> WidthscopeError:
     """One line for a dataset that could not be opened (not cached offline, not found, no such config)."""
+    import datasets
+
     text = str(exc).strip()
     first = (text.splitlines() or [type(exc).__name__])[0][:200]
     what = f"{flag} {str(ref)!r}: the Hugging Face dataset {ref.name}" + (
@@ -111,9 +101,10 @@ def _failure(ref: HFDatasetRef, flag: str, exc: Exception) -> WidthscopeError:
             f"{what} is cached, but not that configuration (cached: {avail}): name one as "
             f"hf:{ref.name}:CONFIG, or fetch it with `{ref.fetch_command()}`"
         )
-    if _offline():
+    if datasets.config.HF_HUB_OFFLINE:
         return WidthscopeError(
-            f"{what} is not in the datasets cache {_cache_dir()} (HF_DATASETS_OFFLINE or HF_HUB_OFFLINE is set, "
+            f"{what} is not in the datasets cache {datasets.config.HF_DATASETS_CACHE} (HF_DATASETS_OFFLINE or "
+            "HF_HUB_OFFLINE is set, "
             f"so nothing is downloaded): fetch it with `{ref.fetch_command()}` where there is a network, "
             "or unset HF_DATASETS_OFFLINE and HF_HUB_OFFLINE"
         )
@@ -158,7 +149,7 @@ def _check_reachable(ref: HFDatasetRef, flag: str) -> None:
         why = (str(exc).strip().splitlines() or [""])[0][:120]
         raise WidthscopeError(
             f"{flag} {str(ref)!r}: the Hugging Face dataset {ref.name} is not in the datasets cache "
-            f"{_cache_dir()} and the Hub at {endpoint} cannot be reached ({type(exc).__name__}"
+            f"{datasets.config.HF_DATASETS_CACHE} and the Hub at {endpoint} cannot be reached ({type(exc).__name__}"
             f"{': ' + why if why else ''}): check the connection (HF_ENDPOINT, proxy settings), or fetch it "
             f"with `{ref.fetch_command()}` where there is a network"
         ) from None
@@ -167,7 +158,7 @@ def _check_reachable(ref: HFDatasetRef, flag: str) -> None:
 
 def _builder(ref: HFDatasetRef, flag: str) -> Any:
     with _quiet() as datasets:
-        if not _offline():
+        if not datasets.config.HF_HUB_OFFLINE:
             _check_reachable(ref, flag)
         try:
             return datasets.load_dataset_builder(ref.name, ref.config, revision=ref.revision)
@@ -217,13 +208,15 @@ def _guarded(ds: Iterable[dict[str, Any]], ref: HFDatasetRef, flag: str) -> Iter
 
 def record(ref: HFDatasetRef, builder: Any = None, split: str | None = None) -> dict[str, Any]:
     """What a result records of the dataset: name, config, revision, hash read, cache only or not."""
+    import datasets
+
     builder = _builder(ref, "--data") if builder is None else builder
     rec = {
         "name": ref.name,
         "config": getattr(builder.config, "name", ref.config),
         "revision": ref.revision,
         "hash": getattr(builder, "hash", None),
-        "offline": _offline(),
+        "offline": bool(datasets.config.HF_HUB_OFFLINE),
     }
     if split is not None:
         rec["split"] = split

@@ -125,8 +125,9 @@ def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> I
     _check_options_fit(spec, task)
     name = spec.data
     if name is None and spec.train_data is None:
-        name = recorded_data(model).get("dataset") or _recorded_name(model)
-        if name is None:
+        config = getattr(model, "widthscope_config", None)
+        name = recorded_data(model).get("dataset") or (config.get("dataset") if isinstance(config, dict) else None)
+        if not isinstance(name, str):
             what = repr(spec.model) if isinstance(spec.model, str) else f"object {type(spec.model).__name__}"
             raise WidthscopeError(
                 f"the model {what} does not record its dataset: pass --data (InputSpec(data=...): a "
@@ -368,14 +369,6 @@ def _tokenizer_dir(spec: str, model: nn.Module) -> Path:
     rec = hub_record(model) or {}
     same = rec.get("repo_id") == spec and not Path(spec).expanduser().exists()
     return resolve_model(spec, rec.get("commit") if same else None, flag="--tokenizer")[0]
-
-
-def _recorded_name(model: nn.Module) -> str | None:
-    for attr in ("widthscope_extra", "widthscope_config"):
-        meta = getattr(model, attr, None)
-        if isinstance(meta, dict) and isinstance(meta.get("dataset"), str):
-            return meta["dataset"]
-    return None
 
 
 def _check_seq_len(model: nn.Module, seq_len: int | None) -> None:

@@ -310,20 +310,13 @@ class InputSpec:
     def __hash__(self) -> int:
         return hash(self._key())
 
-    def objects(self) -> dict[str, Any]:
-        """The fields that hold objects in memory (``{}``: a spec of paths and names only)."""
-        return {n: getattr(self, n) for n in OBJECT_FIELDS if not isinstance(getattr(self, n), (str, type(None)))}
-
     # ------------------------------------------------------------------------- JSON
     def to_dict(self) -> dict[str, Any]:
         """JSON-able (the fields; ``given`` as a list; an object in memory as ``"<in memory: ...>"``)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for name in self.objects():
-            d[name] = (
-                describe_source(d[name])
-                if name in ("data", "train_data", "test_data")
-                else f"{IN_MEMORY}{type(d[name]).__name__}>"
-            )
+        for name in OBJECT_FIELDS:  # objects in memory
+            if not isinstance(d[name], (str, type(None))):
+                d[name] = describe_source(d[name]) if "data" in name else f"{IN_MEMORY}{type(d[name]).__name__}>"
         d["given"] = list(d["given"])
         return d
 
@@ -398,26 +391,17 @@ def _problem(name: str, v: Any) -> tuple[bool, str] | None:
 def _check_object(name: str, v: Any) -> None:
     """An object in memory of the kind field ``name`` takes, or one line naming what it accepts."""
     if name == "model":
-        if not isinstance(v, nn.Module):
-            raise _bad_type(
-                "model",
-                v,
-                "give a checkpoint path, a Hugging Face hub id (org/name), 'builtin', or a model object "
-                "(a torch.nn.Module, e.g. a transformers PreTrainedModel)",
-            )
-        return
-    if name == "tokenizer":
-        if isinstance(v, (bytes, nn.Module)) or not callable(v) or hasattr(v, "__array__"):
-            raise _bad_type(
-                "tokenizer",
-                v,
-                "give a tokenizer directory or hub id, 'bytes', or a Hugging Face tokenizer object "
-                "(transformers.AutoTokenizer.from_pretrained(...))",
-            )
-        return
-
-    why = check_object(name, v)
-    if why is not None:
+        ok = isinstance(v, nn.Module)
+        why = "give a checkpoint path, a Hugging Face hub id (org/name), 'builtin', or a model object "
+        why += "(a torch.nn.Module, e.g. a transformers PreTrainedModel)"
+    elif name == "tokenizer":
+        ok = not isinstance(v, (bytes, nn.Module)) and callable(v) and not hasattr(v, "__array__")
+        why = "give a tokenizer directory or hub id, 'bytes', or a Hugging Face tokenizer object "
+        why += "(transformers.AutoTokenizer.from_pretrained(...))"
+    else:
+        problem = check_object(name, v)
+        ok, why = problem is None, problem or ""
+    if not ok:
         raise _bad_type(name, v, why)
 
 
