@@ -24,7 +24,7 @@ import torch
 
 from .._io import progress
 from ..errors import WidthscopeError
-from .sniff import TABULAR, is_dataset_dir, precheck, sniff
+from .sniff import TABULAR, files_under, is_dataset_dir, precheck, sniff, text_only
 from .splits import split_files
 
 __all__ = ["ByteTokenizer", "Sequences", "documents", "sequences"]
@@ -170,25 +170,6 @@ def documents(
             "a directory of text files, or at a .jsonl/.csv/.parquet file"
         )
     return (_text_pieces(p) for p in good), where or f"{len(good)} text files under {path}"
-
-
-def files_under(path: Path) -> list[Path]:
-    """The files under ``path`` in path order, hidden ones left out."""
-    return sorted(
-        (
-            p
-            for p in path.rglob("*")
-            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
-        ),
-        key=lambda p: p.relative_to(path).as_posix(),
-    )
-
-
-def text_only(files: list[Path], root: Path) -> tuple[list[Path], list[str]]:
-    """The ``files`` that are text by content, and ``"file: why"`` for the others."""
-    why = {p: sniff(p) for p in files}
-    skipped = [f"{p.relative_to(root)}: {r.split(':')[0]}" for p, r in why.items() if r is not None]
-    return [p for p in files if why[p] is None], skipped
 
 
 def row_documents(rows: Any, field: str, label_field: str | None, where: str) -> Iterator[Any]:

@@ -326,7 +326,6 @@ def dataset_pool(
     return pool, True, f"datasets.Dataset of {len(ds)} texts (column {col!r})"
 
 
-# ----------------------------------------------------------------------------- public
 def batches_from(
     obj: Any,
     *,
@@ -361,7 +360,7 @@ def batches_from(
                 f"a widthscope model); {type(model).__name__} is neither: pass tokenized batches"
             )
         pool, from_text, what = _tokenize(obj, tokenizer, seq_len, where), True, f"{len(obj)} texts"
-    elif isinstance(obj, Mapping) and not isinstance(obj, torch.Tensor):
+    elif isinstance(obj, Mapping):
         pool = from_mapping(obj, where)
         what = f"{type(obj).__name__} of {next(iter(pool.values())).shape[0]} examples"
     elif is_dataset(obj, iterable=True):
@@ -371,11 +370,8 @@ def batches_from(
     if pool is not None:
         if "input_ids" in pool:
             check_positions(model, pool["input_ids"], where)
-        return (
-            to_batches(prepare_objects(pool, task, tokenizer, seed, where, from_text=from_text), batch_size),
-            loss,
-            what,
-        )
+        batches = to_batches(prepare_objects(pool, task, tokenizer, seed, where, from_text=from_text), batch_size)
+        return batches, loss, what
     if isinstance(obj, DataLoader):
         out = []
         for b in obj:  # drawn once: the pool stays fixed

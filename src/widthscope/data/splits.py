@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from ..errors import WidthscopeError
-from .sniff import TABULAR, is_dataset_dir
+from .sniff import TABULAR, files_under, is_dataset_dir
 
 # The Hub's split names (``datasets.data_files.SPLIT_KEYWORDS``): a word of a file or folder name.
 SPLIT_KEYWORDS: dict[str, tuple[str, ...]] = {
@@ -94,9 +94,7 @@ def split_files(path: str | Path) -> FileSplits | None:
     if not root.is_dir() or is_dataset_dir(root):
         return None
     data, ignored, suffixes = [], [], set()
-    for p in root.rglob("*"):  # stop at the first file that is neither a table nor plain text
-        if not p.is_file() or any(part.startswith(".") for part in p.relative_to(root).parts):
-            continue
+    for p in files_under(root):
         if p.name.lower() in _METADATA:
             ignored.append(p)
             continue
@@ -108,9 +106,6 @@ def split_files(path: str | Path) -> FileSplits | None:
     kind = "table" if suffixes and suffixes <= set(TABULAR) else "text"
     if not data or (kind == "text" and not suffixes <= set(TEXT_SPLIT_SUFFIXES)):
         return None
-    order = lambda p: p.relative_to(root).as_posix()  # noqa: E731
-    data.sort(key=order)
-    ignored.sort(key=order)
     assigned, twice = _assign(root, data)
     if twice and kind == "table":
         raise WidthscopeError(

@@ -15,8 +15,7 @@ import torch
 
 from ..errors import WidthscopeError
 from . import Split, holdout
-from .corpus import files_under, text_only
-from .sniff import TABULAR, sniff
+from .sniff import TABULAR, files_under, sniff, text_only
 
 
 def _files(root: str | None) -> tuple[list[Path], str, list[str]]:
