@@ -106,15 +106,7 @@ def load(
     **options: Any,
 ) -> Split:
     """Load dataset ``name`` from local files; ``n_train`` / ``n_test``: seeded subsets (None: all).
-
-    - images (``fashion-mnist``, ``mnist``, ``cifar10``, ``cifar100``): ``flatten=False``,
-      ``grayscale=False`` (CIFAR: ITU-R 601 luma), ``normalize=True`` (per-channel zero mean, unit
-      variance, statistics from the *train* part); ``cifar100``: ``labels="fine"|"coarse"``.
-    - ``digits``: ``normalize=True`` (global, from train), ``test_fraction=0.2``.
-    - ``mnist1d``: none (the package's default generator arguments and split).
-    - ``text``: ``seq_len=64``, ``max_bytes=2_000_000``, ``test_fraction=0.1``.
-    - ``prose``: the same options, on English prose shipped with Python.
-    """
+    Options per dataset (``flatten``, ``normalize``, ``seq_len``, ...): docs/models-data.md."""
     if name not in DATASETS:
         raise WidthscopeError(f"unknown dataset {name!r}; available: {', '.join(DATASETS)}")
     for key, v in (("n_train", n_train), ("n_test", n_test)):

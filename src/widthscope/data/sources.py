@@ -42,19 +42,12 @@ def is_texts(obj: Any) -> bool:
     return isinstance(obj, (list, tuple)) and all(isinstance(t, str) for t in obj)
 
 
-def _tokenized_dataset(ds: Any, text_field: str | None) -> bool:
-    return "input_ids" in (ds.column_names or []) and text_field is None
-
-
 def is_tokenized_object(obj: Any, text_field: str | None = None) -> bool:
     """A mapping of tensors, a ``DataLoader``, or a dataset with ``input_ids`` (and no ``text_field``)."""
     if (isinstance(obj, Mapping) and not is_dataset_dict(obj)) or isinstance(obj, DataLoader):
         return True
-    if is_dataset(obj):
-        return _tokenized_dataset(obj, text_field)
-    if is_dataset_dict(obj):
-        return any(_tokenized_dataset(ds, text_field) for ds in obj.values())
-    return False
+    parts = [obj] if is_dataset(obj) else list(obj.values()) if is_dataset_dict(obj) else []
+    return text_field is None and any("input_ids" in (ds.column_names or []) for ds in parts)
 
 
 def check_object(name: str, obj: Any) -> str | None:
@@ -118,8 +111,6 @@ def check_splits_given(
     data: Any, train_data: Any, test_data: Any, train_split: str | None, test_split: str | None
 ) -> None:
     """Refuse ``--train-split``/``--test-split`` for a source without splits of its own."""
-    if train_split is None and test_split is None:
-        return
     tr = ("--train-split",) if train_split is not None else ()
     te = ("--test-split",) if test_split is not None else ()
     if train_data is None and test_data is None:
@@ -196,12 +187,10 @@ def documents_of(
         if split is None or split not in src:
             raise WidthscopeError(f"{describe(src)}: no split {split!r}: choose one with --train-split/--test-split")
         ds, where = src[split], f"DatasetDict split {split!r}"
-    elif is_dataset(src):
+    else:  # a Dataset: the spec refuses other objects
         if split is not None:
             raise WidthscopeError(f"{describe(src)} has no splits: drop --train-split/--test-split")
         ds, where = src, "Dataset"
-    else:  # pragma: no cover - the spec refuses other types when made
-        raise WidthscopeError(f"{describe(src)}: not a text source")
     cols = list(ds.column_names or [])
     if field not in cols:
         raise WidthscopeError(
