@@ -67,28 +67,17 @@ def describe_name(name: str) -> str:
 def describe(split: Split) -> str:
     """What ``split`` is, in words: corpus, how it was cut, the split and its sizes."""
     meta = split.meta or {}
-    n_tr, n_te = len(split.train[0]), len(split.test[0])
-    if split.task == "lm":
-        src = str(meta.get("source", ""))
-        words = (
-            describe_name(split.name)
-            if split.name == "prose" or src.startswith("python stdlib")
-            else f"byte-level text ({src})"
-        )
-        cut = (
-            f"{int(meta.get('bytes', 0)):,} bytes"
-            + (f" of {src}" if src.startswith("python stdlib") else "")
-            + f" cut into {int(split.input_shape[-1])}-byte chunks"
-        )
-        return (
-            f"{words}: {cut}; {n_tr} train / {n_te} held-out chunks (disjoint chunk sets, split seed "
-            f"{meta.get('seed', '?')})"
-        )
-    shape = "x".join(str(int(v)) for v in split.input_shape)
-    return (
-        f"{describe_name(split.name)}: {n_tr} train / {n_te} held-out examples (disjoint parts, split "
-        f"seed {meta.get('seed', '?')}; inputs {shape})"
-    )
+    n_tr, n_te, seed = len(split.train[0]), len(split.test[0]), meta.get("seed", "?")
+    if split.task != "lm":
+        shape = "x".join(str(int(v)) for v in split.input_shape)
+        parts = f"{n_tr} train / {n_te} held-out examples (disjoint parts, split seed {seed}; inputs {shape})"
+        return f"{describe_name(split.name)}: {parts}"
+    src = str(meta.get("source", ""))
+    stdlib = src.startswith("python stdlib")
+    words = describe_name(split.name) if split.name == "prose" or stdlib else f"byte-level text ({src})"
+    cut = f"{int(meta.get('bytes', 0)):,} bytes" + (f" of {src}" if stdlib else "")
+    cut += f" cut into {int(split.input_shape[-1])}-byte chunks"
+    return f"{words}: {cut}; {n_tr} train / {n_te} held-out chunks (disjoint chunk sets, split seed {seed})"
 
 
 def available() -> list[str]:

@@ -169,21 +169,6 @@ def _empty_note(info: dict[str, Any], what: str) -> str | None:
     return f"{what}: {n} of {info.get('documents_read')} documents read were empty or whitespace-only: {fate}"
 
 
-def _documents(src: Any, split: str | None, spec: InputSpec, labels: bool, skipped: list[str], whole: bool) -> Any:
-    if src == "prose":  # Python's own English prose, one document per help topic (and the license)
-        docs = [topics.topics[k] for k in sorted(topics.topics)]
-        lic = prose()[0].decode("utf-8")[len("\n\n".join(docs)) :].strip()
-        return (iter([d]) for d in docs + ([lic] if lic else [])), "English prose shipped with Python"
-    return documents_of(
-        src,
-        split=split,
-        text_field=spec.text_field if spec.is_given("text_field") else None,
-        label_field=spec.label_field if labels else None,
-        skipped=skipped,
-        whole=whole,
-    )
-
-
 def _read_text(
     src: Any, split: str | None, tok: Any, spec: InputSpec, seq_len: int, mode: str, n: PoolSize | None, desc: str,
     labels: bool, show: bool,
@@ -196,7 +181,17 @@ def _read_text(
     else:
         limit, max_tokens = None, spec.max_tokens if spec.max_tokens is not None else WINDOW * n * seq_len
     skipped: list[str] = []
-    docs, source = _documents(src, split, spec, labels, skipped, limit is None and max_tokens is None)
+    if src == "prose":  # Python's own English prose, one document per help topic (and the license)
+        texts = [topics.topics[k] for k in sorted(topics.topics)]
+        lic = prose()[0].decode("utf-8")[len("\n\n".join(texts)) :].strip()
+        docs: Any = (iter([d]) for d in texts + ([lic] if lic else []))
+        source = "English prose shipped with Python"
+    else:
+        text_field = spec.text_field if spec.is_given("text_field") else None
+        label_field, whole = spec.label_field if labels else None, limit is None and max_tokens is None
+        docs, source = documents_of(
+            src, split=split, text_field=text_field, label_field=label_field, skipped=skipped, whole=whole
+        )
     empty = spec.empty_docs or "skip"
     seqs = sequences(
         docs, tok, seq_len=seq_len, mode=mode, limit=limit, max_tokens=max_tokens, labels=labels,

@@ -30,21 +30,14 @@ TEXT_SPLIT_SUFFIXES = (".txt", ".raw", ".tokens")  # plain-text split files: ptb
 
 @dataclasses.dataclass(frozen=True)
 class FileSplits:
-    """A folder of split files: each split's files, unassigned and ignored files, and ``kind``."""
+    """A folder of split files: each split's files, unassigned and ignored files, ``kind`` and all files."""
 
     root: Path
     splits: dict[str, list[Path]]
     unassigned: list[Path]
     ignored: list[Path]
     kind: str  # "table" | "text"
-
-    @property
-    def files(self) -> list[Path]:
-        """Every data file (all splits and the unassigned ones), in path order."""
-        return sorted(
-            [p for ps in self.splits.values() for p in ps] + self.unassigned,
-            key=lambda p: p.relative_to(self.root).as_posix(),
-        )
+    files: list[Path]  # every data file (all splits and the unassigned ones), in path order
 
     def names(self, files: list[Path], most: int = 3) -> str:
         rel = [p.relative_to(self.root).as_posix() for p in files]
@@ -119,7 +112,7 @@ def split_files(path: str | Path) -> FileSplits | None:
         return None
     if kind == "text" and (twice or unassigned or "train" not in splits or len(splits) < 2):
         return None  # a folder of text files whose names only happen to hold a split word: one corpus
-    return FileSplits(root, splits, unassigned, ignored, kind)
+    return FileSplits(root, splits, unassigned, ignored, kind, data)
 
 
 def dataset_splits(path: str | Path) -> list[str] | None:
