@@ -18,10 +18,9 @@ from ..hub import DEFAULT_REVISION, attach, hub_record, resolve_model
 from ..models.hf import max_positions, vocab_size
 from . import DATASETS
 from .corpus import ByteTokenizer
-from .hf_datasets import is_hf_ref, parse_ref, record
 from .objects import check_vocabulary, loss_for, model_dir, task_of
 from .pools import image_pools, named_pools, object_pools, refuse_given, text_pools
-from .sources import check_splits_given, describe, is_tokenized_object
+from .sources import check_splits_given, describe, is_hf_ref, is_tokenized_object, parse_ref, record
 from .spec import TASKS, InputSpec, check_source
 
 __all__ = ["Inputs", "InputSpec", "resolve", "load_inputs", "load_model", "load_tokenizer"]

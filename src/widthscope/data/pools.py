@@ -601,9 +601,8 @@ def _whole(obj: Any, split: str | None, task: str, tok: Any, where: str) -> tupl
 def _ready(raw: Any, task: str, tok: Any, seed: int, model: nn.Module, where: str) -> Any:
     """Raw examples made into what the task's batches hold (masking, labels split off), checked."""
     pool = prepare_objects(raw, task, tok, seed, where, from_text=False) if isinstance(raw, dict) else raw
-    ids = pool.get("input_ids") if isinstance(pool, dict) else None
-    if isinstance(pool, tuple) and isinstance(pool[0], dict):
-        ids = pool[0].get("input_ids")
+    x = pool[0] if isinstance(pool, tuple) else pool
+    ids = x.get("input_ids") if isinstance(x, dict) else None
     if isinstance(ids, torch.Tensor):
         check_positions(model, ids, where)
         check_ids(ids, model, where)

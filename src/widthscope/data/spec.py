@@ -35,9 +35,8 @@ from ..models.dispatch import DEVICE_MAPS, parse_max_memory
 from ..models.hf import DTYPES, TASKS
 from ..options import SEED_MAX, option
 from . import DATASETS
-from .hf_datasets import is_hf_ref, parse_ref, split_names
 from .sniff import precheck
-from .sources import check_object
+from .sources import check_object, is_hf_ref, parse_ref, split_names
 from .sources import describe as describe_source
 
 __all__ = ["InputSpec", "PoolSize", "INPUT_DEFAULTS", "DTYPES", "TASKS", "check_source", "OPTIONAL_FIELDS"]
