@@ -50,14 +50,9 @@ def read_idx(path: str | Path) -> np.ndarray:
 
 
 def _find_idx(root: Path, dataset: str) -> dict[str, Path]:
-    found, missing = {}, []
-    for key, stem in IDX_FILES.items():
-        for cand in (root / f"{stem}.gz", root / stem, root / stem.replace("-idx", ".idx")):
-            if cand.is_file():
-                found[key] = cand
-                break
-        else:
-            missing.append(stem)
+    cands = {k: (root / f"{s}.gz", root / s, root / s.replace("-idx", ".idx")) for k, s in IDX_FILES.items()}
+    found = {k: p for k, ps in cands.items() if (p := next((c for c in ps if c.is_file()), None)) is not None}
+    missing = [s for k, s in IDX_FILES.items() if k not in found]
     if missing:
         how = (
             "install the Debian/Ubuntu package: apt-get install dataset-fashion-mnist (files go to "
@@ -146,20 +141,20 @@ def load_idx(
             raise WidthscopeError(f"{name} needs root= the directory with {', '.join(IDX_FILES.values())}(.gz)")
         root = FASHION_ROOT
     files = _find_idx(Path(root).expanduser(), name)
-    arrays = {k: read_idx(p) for k, p in files.items()}
+    parts = []
     for part in ("train", "test"):
-        if arrays[f"{part}_images"].ndim != 3 or len(arrays[f"{part}_images"]) != len(arrays[f"{part}_labels"]):
+        X, y = read_idx(files[f"{part}_images"]), read_idx(files[f"{part}_labels"])
+        if X.ndim != 3 or len(X) != len(y):
             raise WidthscopeError(
-                f"{name}: {part} images {arrays[f'{part}_images'].shape} and labels "
-                f"{arrays[f'{part}_labels'].shape} do not match (expected (n, H, W) and (n,))"
+                f"{name}: {part} images {X.shape} and labels {y.shape} do not match (expected (n, H, W) and (n,))"
             )
+        parts.append((X[:, None], y))
     meta: dict[str, Any] = {
         "source": {k: str(p) for k, p in files.items()},
         "seed": seed,
         "split_rule": "official split: train-* files for train, t10k-* files for test",
     }
-    train = arrays["train_images"][:, None], arrays["train_labels"]
-    test = arrays["test_images"][:, None], arrays["test_labels"]
+    train, test = parts
     return _finish_images(name, train, test, n_train, n_test, seed, 10, meta, flatten=flatten, normalize=normalize)
 
 
