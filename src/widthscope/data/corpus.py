@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -83,27 +83,28 @@ def _rows(path: Path, split: str | None) -> tuple[Iterable[dict[str, Any]], str]
         return ds, f"datasets directory {path}"
     builder = TABULAR[path.suffix.lower()]
     precheck(path)
+
+    def fail(exc: Exception) -> WidthscopeError:
+        first = str(exc).splitlines()[0][:200] if str(exc) else ""
+        return WidthscopeError(f"{path} could not be read as {builder} ({type(exc).__name__}: {first})")
+
     try:
         # CSV: "NA"/"null"/... cells stay text and blank lines stay rows (empty documents)
         na = {"keep_default_na": False, "na_filter": False, "skip_blank_lines": False} if builder == "csv" else {}
         ds = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True, **na)
     except Exception as exc:
-        raise WidthscopeError(
-            f"{path} could not be read as {builder} ({type(exc).__name__}: {str(exc)[:200]})"
-        ) from None
+        raise fail(exc) from None
+    return guarded(ds, fail), f"{builder} file {path}"
 
-    def rows() -> Iterator[dict[str, Any]]:
-        try:
-            yield from ds
-        except WidthscopeError:
-            raise
-        except Exception as exc:  # parse errors surface while streaming
-            raise WidthscopeError(
-                f"{path} could not be read as {builder} ({type(exc).__name__}: "
-                f"{str(exc).splitlines()[0][:200] if str(exc) else ''})"
-            ) from None
 
-    return rows(), f"{builder} file {path}"
+def guarded(rows: Iterable[Any], fail: Callable[[Exception], WidthscopeError]) -> Iterator[Any]:
+    """``rows``, with an error raised while streaming them as ``fail(exc)`` (one line)."""
+    try:
+        yield from rows
+    except WidthscopeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - read errors surface while streaming
+        raise fail(exc) from None
 
 
 def documents(

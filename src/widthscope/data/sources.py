@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 
 from ..errors import WidthscopeError
 from . import DATASETS
-from .corpus import documents, row_documents
+from .corpus import documents, guarded, row_documents
 from .splits import HELD_OUT, SplitChoice, choose_among, choose_splits, dataset_splits
 
 PREFIX = "hf:"
@@ -200,16 +200,7 @@ def rows(ref: HFDatasetRef, split: str, *, whole: bool, flag: str = "--data") ->
     rec = record(ref, b, split)
     how = "whole split" if whole else "streamed"
     desc = f"Hugging Face dataset {ref} split {split!r} ({how}; config {rec['config']}, hash {rec['hash']})"
-    return _guarded(ds, ref, flag), desc
-
-
-def _guarded(ds: Iterable[dict[str, Any]], ref: HFDatasetRef, flag: str) -> Iterator[dict[str, Any]]:
-    try:
-        yield from ds
-    except WidthscopeError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - read errors surface while streaming
-        raise _failure(ref, flag, exc) from None
+    return guarded(ds, lambda exc: _failure(ref, flag, exc)), desc
 
 
 def record(ref: HFDatasetRef, builder: Any = None, split: str | None = None) -> dict[str, Any]:
