@@ -465,12 +465,11 @@ def named_pools(
             pool_rule = f"a seeded sample of the {len(fitted)} examples the model was fitted on"
     where = (f"the training part of {name}", f"the held-out part of {name}")
     a, b = _pick_pools(spec, (len(train_pair[0]), len(split.test[0])), "examples", where)
-    if split.task == "lm":
-        train, test = train_pair[0][a], split.test[0][b]
+    train, test = tuple(t[a] for t in train_pair), tuple(t[b] for t in split.test)
+    if split.task == "lm":  # the tokens alone
+        train, test = train[0], test[0]
         check_ids(train, model, "train")
         check_ids(test, model, "held-out")
-    else:
-        train, test = (train_pair[0][a], train_pair[1][a]), (split.test[0][b], split.test[1][b])
     if integrity.startswith("unverified"):
         notes.append(f"held-out integrity {integrity}")
     skipped = split.meta.get("skipped_files") or []
