@@ -1,11 +1,6 @@
-"""Offline datasets: ``fashion-mnist``, ``mnist``, ``cifar10``, ``cifar100``, ``mnist1d``,
-``digits``, ``text``. Nothing is downloaded; file layouts are in ``docs/models-data.md``.
-
-:func:`load` returns a :class:`Split` whose train and test parts are disjoint by
-construction and whose ``meta`` records how (index lists into the source, or the rule).
-Classification inputs are float32, labels int64. Text is byte-level: ``X`` is ``(n, T)`` int64
-in ``[0, 256)`` and ``y`` *is* ``X`` (the same tensor), since the causal-LM loss is computed from
-the tokens themselves.
+"""Offline datasets (:data:`DATASETS`; file layouts in ``docs/models-data.md``): :func:`load` returns
+a :class:`Split` with disjoint train and test parts and ``meta`` saying how they were cut. Text is
+byte-level: ``X`` is ``(n, T)`` int64 in ``[0, 256)`` and ``y`` *is* ``X``.
 
 Example::
 
@@ -52,7 +47,6 @@ class Split:
         )
 
 
-# Each dataset in the words a reader of a report needs (corpus, content, classes).
 DATASETS: dict[str, str] = {
     "fashion-mnist": "Fashion-MNIST (Zalando clothing images, 28x28 grayscale, 10 classes)",
     "mnist": "MNIST (handwritten digits, 28x28 grayscale, 10 classes)",
@@ -73,28 +67,17 @@ def describe_name(name: str) -> str:
 def describe(split: Split) -> str:
     """What ``split`` is, in words: corpus, how it was cut, the split and its sizes."""
     meta = split.meta or {}
-    n_tr, n_te = len(split.train[0]), len(split.test[0])
-    if split.task == "lm":
-        src = str(meta.get("source", ""))
-        words = (
-            describe_name(split.name)
-            if split.name == "prose" or src.startswith("python stdlib")
-            else f"byte-level text ({src})"
-        )
-        cut = (
-            f"{int(meta.get('bytes', 0)):,} bytes"
-            + (f" of {src}" if src.startswith("python stdlib") else "")
-            + f" cut into {int(split.input_shape[-1])}-byte chunks"
-        )
-        return (
-            f"{words}: {cut}; {n_tr} train / {n_te} held-out chunks (disjoint chunk sets, split seed "
-            f"{meta.get('seed', '?')})"
-        )
-    shape = "x".join(str(int(v)) for v in split.input_shape)
-    return (
-        f"{describe_name(split.name)}: {n_tr} train / {n_te} held-out examples (disjoint parts, split "
-        f"seed {meta.get('seed', '?')}; inputs {shape})"
-    )
+    n_tr, n_te, seed = len(split.train[0]), len(split.test[0]), meta.get("seed", "?")
+    if split.task != "lm":
+        shape = "x".join(str(int(v)) for v in split.input_shape)
+        parts = f"{n_tr} train / {n_te} held-out examples (disjoint parts, split seed {seed}; inputs {shape})"
+        return f"{describe_name(split.name)}: {parts}"
+    src = str(meta.get("source", ""))
+    stdlib = src.startswith("python stdlib")
+    words = describe_name(split.name) if split.name == "prose" or stdlib else f"byte-level text ({src})"
+    cut = f"{int(meta.get('bytes', 0)):,} bytes" + (f" of {src}" if stdlib else "")
+    cut += f" cut into {int(split.input_shape[-1])}-byte chunks"
+    return f"{words}: {cut}; {n_tr} train / {n_te} held-out chunks (disjoint chunk sets, split seed {seed})"
 
 
 def available() -> list[str]:
@@ -111,20 +94,8 @@ def load(
     seed: int = 0,
     **options: Any,
 ) -> Split:
-    """Load dataset ``name`` from local files.
-
-    ``n_train`` / ``n_test`` take a seeded random subset (``seed``) of the respective part;
-    ``None`` keeps everything. Options per dataset:
-
-    - images (``fashion-mnist``, ``mnist``, ``cifar10``, ``cifar100``): ``flatten=False``,
-      ``grayscale=False`` (CIFAR: ITU-R 601 luma), ``normalize=True`` (per-channel zero mean, unit
-      variance, statistics from the *train* part); ``cifar100``: ``labels="fine"|"coarse"``.
-    - ``digits``: ``normalize=True`` (global, from train), ``test_fraction=0.2``.
-    - ``mnist1d``: none (the package's default generator arguments and split).
-    - ``text``: ``seq_len=64``, ``max_bytes=2_000_000``, ``test_fraction=0.1``.
-    - ``prose``: the same options, on English prose shipped with Python (a shifted corpus for
-      models trained on ``text``).
-    """
+    """Load dataset ``name`` from local files; ``n_train`` / ``n_test``: seeded subsets (None: all).
+    Options per dataset (``flatten``, ``normalize``, ``seq_len``, ...): docs/models-data.md."""
     if name not in DATASETS:
         raise WidthscopeError(f"unknown dataset {name!r}; available: {', '.join(DATASETS)}")
     for key, v in (("n_train", n_train), ("n_test", n_test)):
@@ -153,13 +124,7 @@ def load(
 
 
 def record(split: Split) -> dict[str, Any]:
-    """What a checkpoint must remember about the data it was fitted on (JSON-able).
-
-    Text: the held-out part and the fitted chunks as *byte ranges* of the corpus, with the
-    corpus' SHA-256 — valid at any later sequence length, so a probe at another length can draw
-    held-out text only from held-out bytes and train text only from fitted bytes. Other
-    datasets: the fitted examples' indices (``None``: the whole train part), split by example.
-    """
+    """What a checkpoint records of its data: text byte ranges with the corpus' SHA-256, else fitted indices."""
     meta = split.meta
     if split.name in ("text", "prose"):
         from .text import spans  # noqa: PLC0415  cycle: widthscope.data.text imports widthscope.data
@@ -180,19 +145,13 @@ def record(split: Split) -> dict[str, Any]:
 def batches(
     pair: Pair, batch_size: int, *, shuffle: bool = False, seed: int = 0, lm: bool | None = None
 ) -> Iterator[Any]:
-    """Iterate over one pass of ``pair = (X, y)`` in batches of ``batch_size`` (last may be short).
-
-    Yields ``(x, y)`` for classification and the ``(B, T)`` int64 tensor alone for language
-    modelling (``lm=None`` infers it: ``y`` is ``X`` or a view of the same integer tensor, as
-    :func:`load` returns for ``text``).
-    ``shuffle`` uses a private generator seeded with ``seed`` (the global RNG is untouched).
-    """
+    """One seeded pass over ``(X, y)`` in batches: ``(x, y)``, or the tokens alone for language modelling."""
     X, y = pair
     if batch_size < 1:
         raise WidthscopeError(f"batch_size must be >= 1, got {batch_size}")
     if len(X) != len(y):
         raise WidthscopeError(f"inputs and targets differ in length ({len(X)} vs {len(y)})")
-    if lm is None:  # the same tensor (or views of it, e.g. after slicing both) means tokens
+    if lm is None:
         lm = y is X or (
             not X.is_floating_point() and X.dim() == 2 and y.shape == X.shape and y.data_ptr() == X.data_ptr()
         )
@@ -200,10 +159,6 @@ def batches(
     for start in range(0, len(X), batch_size):
         idx = slice(start, start + batch_size) if order is None else order[start : start + batch_size]
         yield X[idx] if lm else (X[idx], y[idx])
-
-
-# ---------------------------------------------------------------------------------------------
-# helpers shared by the loaders
 
 
 def subset(n_total: int, n: int | None, rng: np.random.Generator, what: str) -> np.ndarray | None:
@@ -220,8 +175,7 @@ def subset(n_total: int, n: int | None, rng: np.random.Generator, what: str) -> 
 def holdout(
     n: int, n_hold: int, n_train: int | None, n_test: int | None, seed: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A seeded permutation of ``range(n)`` cut into ``n_hold`` held-out items and the train part,
-    then seeded subsets of each: (train indices, test indices, the whole held-out part), sorted."""
+    """Seeded (train indices, test indices, whole held-out part) of ``range(n)`` with ``n_hold`` held out."""
     rng = np.random.default_rng(seed)
     perm = rng.permutation(n)
     test_idx, train_idx = np.sort(perm[:n_hold]), np.sort(perm[n_hold:])
@@ -273,19 +227,15 @@ def _mnist1d(n_train: int | None, n_test: int | None, seed: int) -> Split:
             np.random.set_state(np_state)
     d = _MNIST1D_CACHE["data"]
     rng = np.random.default_rng(seed)
-    tr = subset(len(d["y"]), n_train, rng, "train")
-    te = subset(len(d["y_test"]), n_test, rng, "test")
-    Xtr, ytr = torch.tensor(d["x"], dtype=torch.float32), torch.tensor(d["y"], dtype=torch.int64)
-    Xte, yte = torch.tensor(d["x_test"], dtype=torch.float32), torch.tensor(d["y_test"], dtype=torch.int64)
-    if tr is not None:
-        Xtr, ytr = Xtr[tr], ytr[tr]
-    if te is not None:
-        Xte, yte = Xte[te], yte[te]
-    meta = {
+    meta: dict[str, Any] = {
         "source": "mnist1d.data.make_dataset(get_dataset_args()) (generator seed 42)",
         "seed": seed,
         "split_rule": "the package's split: first 4000 generated examples train, last 1000 test",
-        "train_indices": None if tr is None else tr.tolist(),
-        "test_indices": None if te is None else te.tolist(),
     }
-    return Split((Xtr, ytr), (Xte, yte), "classification", 10, (40,), "mnist1d", meta)
+    parts = []
+    for part, n, sfx in (("train", n_train, ""), ("test", n_test, "_test")):
+        idx = subset(len(d["y" + sfx]), n, rng, part)
+        meta[f"{part}_indices"] = None if idx is None else idx.tolist()
+        X, y = torch.tensor(d["x" + sfx], dtype=torch.float32), torch.tensor(d["y" + sfx], dtype=torch.int64)
+        parts.append((X, y) if idx is None else (X[idx], y[idx]))
+    return Split(parts[0], parts[1], "classification", 10, (40,), "mnist1d", meta)

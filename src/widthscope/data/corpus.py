@@ -1,9 +1,6 @@
-r"""Text corpora a researcher already has, read as documents, tokenized, cut into sequences.
-
-:func:`documents` reads ``.txt``, directories of text files, ``.jsonl``/``.json``, ``.csv``/``.parquet``
-(streamed), ``datasets.save_to_disk`` folders and folders of split files, refusing binary files;
-:func:`sequences` cuts documents into ``concatenate``d chunks, one padded ``per-document`` sequence
-each, or documents ``truncate``d to ``seq_len``. Formats, splits and modes: docs/certify.md §6.
+r"""Text corpora read as documents (:func:`documents`: text files and folders, tables, ``datasets``
+folders, folders of split files; binary files refused) and cut into sequences (:func:`sequences`).
+Formats, splits and modes: docs/certify.md §6.
 
 Example::
 
@@ -21,13 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
 from .._io import progress
 from ..errors import WidthscopeError
-from .sniff import TABULAR, is_dataset_dir, precheck, sniff
+from .sniff import TABULAR, files_under, is_dataset_dir, precheck, sniff, text_only
 from .splits import split_files
 
 __all__ = ["ByteTokenizer", "Sequences", "documents", "sequences"]
@@ -62,14 +59,9 @@ def _column_text(row: dict[str, Any], field: str, where: str, i: int) -> str:
 
 
 def _rows(path: Path, split: str | None) -> tuple[Iterable[dict[str, Any]], str]:
-    """Rows of a tabular file or a save_to_disk directory, lazily, through ``datasets`` (local
-    files need no network; the user's HF_*_OFFLINE settings are theirs, never set here)."""
-    try:
-        import datasets
-    except ImportError:  # pragma: no cover - a dependency
-        raise WidthscopeError(
-            "reading .jsonl/.csv/.parquet needs the 'datasets' package: pip install datasets"
-        ) from None
+    """Rows of a tabular file or a save_to_disk directory, lazily, through ``datasets``."""
+    import datasets
+
     datasets.disable_progress_bars()
     if path.is_dir():
         try:
@@ -91,28 +83,28 @@ def _rows(path: Path, split: str | None) -> tuple[Iterable[dict[str, Any]], str]
         return ds, f"datasets directory {path}"
     builder = TABULAR[path.suffix.lower()]
     precheck(path)
+
+    def fail(exc: Exception) -> WidthscopeError:
+        first = str(exc).splitlines()[0][:200] if str(exc) else ""
+        return WidthscopeError(f"{path} could not be read as {builder} ({type(exc).__name__}: {first})")
+
     try:
-        # CSV: no NA conversion, so a text cell "NA", "null", "None" or "NaN" stays that text (as in .jsonl),
-        # and blank lines stay rows (empty documents, counted and skipped like empty rows of a .parquet)
+        # CSV: "NA"/"null"/... cells stay text and blank lines stay rows (empty documents)
         na = {"keep_default_na": False, "na_filter": False, "skip_blank_lines": False} if builder == "csv" else {}
         ds = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True, **na)
     except Exception as exc:
-        raise WidthscopeError(
-            f"{path} could not be read as {builder} ({type(exc).__name__}: {str(exc)[:200]})"
-        ) from None
+        raise fail(exc) from None
+    return guarded(ds, fail), f"{builder} file {path}"
 
-    def rows() -> Iterator[dict[str, Any]]:
-        try:
-            yield from ds
-        except WidthscopeError:
-            raise
-        except Exception as exc:  # parse errors surface while streaming
-            raise WidthscopeError(
-                f"{path} could not be read as {builder} ({type(exc).__name__}: "
-                f"{str(exc).splitlines()[0][:200] if str(exc) else ''})"
-            ) from None
 
-    return rows(), f"{builder} file {path}"
+def guarded(rows: Iterable[Any], fail: Callable[[Exception], WidthscopeError]) -> Iterator[Any]:
+    """``rows``, with an error raised while streaming them as ``fail(exc)`` (one line)."""
+    try:
+        yield from rows
+    except WidthscopeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - read errors surface while streaming
+        raise fail(exc) from None
 
 
 def documents(
@@ -123,12 +115,7 @@ def documents(
     label_field: str | None = None,
     skipped: list[str] | None = None,
 ) -> tuple[Iterator[Any], str]:
-    """Documents of ``path`` (see the module docstring) and a description of the source.
-
-    Each document is an iterator of text pieces (a long file streams in pieces), or with
-    ``label_field`` a ``(pieces, label)`` pair. ``skipped`` collects ``"file: reason"`` for
-    binary files skipped in a directory.
-    """
+    """Documents of ``path`` (iterators of text pieces, or ``(pieces, label)``) and the source in words."""
     path = Path(path).expanduser()
     if not path.exists():
         raise WidthscopeError(
@@ -165,7 +152,8 @@ def documents(
     field = text_field or "text"
     if tables:  # a folder of .jsonl/.csv/... files: the records of each, in path order
         src = where or f"{len(tables)} {tables[0].suffix} files under {path}"
-        return _table_docs(tables, field, label_field), f"{src}, field {field!r}"
+        docs = (d for t in tables for d in documents(t, text_field=field, label_field=label_field)[0])
+        return docs, f"{src}, field {field!r}"
     if tabular:
         rows, source = _rows(path, split)
         return row_documents(rows, field, label_field, str(path)), f"{source}, field {field!r}"
@@ -185,30 +173,6 @@ def documents(
     return (_text_pieces(p) for p in good), where or f"{len(good)} text files under {path}"
 
 
-def files_under(path: Path) -> list[Path]:
-    """The files under ``path`` in path order, hidden ones left out."""
-    return sorted(
-        (
-            p
-            for p in path.rglob("*")
-            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
-        ),
-        key=lambda p: p.relative_to(path).as_posix(),
-    )
-
-
-def text_only(files: list[Path], root: Path) -> tuple[list[Path], list[str]]:
-    """The ``files`` that are text by content, and ``"file: why"`` for the others."""
-    good, skipped = [], []
-    for p in files:
-        reason = sniff(p)
-        if reason is None:
-            good.append(p)
-        else:
-            skipped.append(f"{p.relative_to(root)}: {reason.split(':')[0]}")
-    return good, skipped
-
-
 def row_documents(rows: Any, field: str, label_field: str | None, where: str) -> Iterator[Any]:
     """Rows (dicts) as documents: the ``field`` text (with its label when asked)."""
     for i, row in enumerate(rows):
@@ -225,20 +189,13 @@ def row_documents(rows: Any, field: str, label_field: str | None, where: str) ->
 
 
 def _table_files(files: list[Path], path: Path) -> list[Path]:
-    """The files of a folder that holds only tables (.jsonl/.json/.csv/.parquet), read record by
-    record; [] otherwise (a folder with any other file is a text folder: code corpora hold .json)."""
+    """The files of a folder that holds only tables, else [] (any other file makes it a text folder)."""
     if not files or any(p.suffix.lower() not in TABULAR for p in files):
         return []
     kinds = {TABULAR[p.suffix.lower()] for p in files}
     if len(kinds) > 1:
         raise WidthscopeError(f"{path} mixes table formats ({', '.join(sorted(kinds))}): keep one format per folder")
     return files
-
-
-def _table_docs(tables: list[Path], field: str, label_field: str | None) -> Iterator[Any]:
-    for t in tables:
-        docs, _ = documents(t, text_field=field, label_field=label_field)
-        yield from docs
 
 
 # ----------------------------------------------------------------------------- sequences
@@ -266,7 +223,6 @@ class Sequences:
     exhausted: bool
     separator: int | None
     dropped_short: int = 0
-    unknown: int = 0
     empty_docs: int = 0  # empty or whitespace-only documents read (skipped or kept: see ``empty``)
 
 
@@ -283,19 +239,14 @@ def sequences(
     desc: str = "tokenize",
     empty: str = "skip",
 ) -> Sequences:
-    """Cut documents into sequences of ``seq_len`` tokens (see the module docstring).
-
-    Stops at ``limit`` sequences or after ``max_tokens`` tokens were read (``None``: no limit).
-    ``empty``: ``"skip"`` empty / whitespace-only documents, or ``"eos"`` keep them.
-    """
+    """Cut documents into ``seq_len``-token sequences, up to ``limit`` sequences or ``max_tokens`` tokens."""
     if labels and mode != "per-document":
         raise WidthscopeError("labelled data (sequence classification) needs --sequences per-document")
-    sep = getattr(tokenizer, "eos_token_id", None)
-    if sep is None:
-        sep = getattr(tokenizer, "sep_token_id", None)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    sep = eos if eos is not None else getattr(tokenizer, "sep_token_id", None)
     pad = getattr(tokenizer, "pad_token_id", None)
     unk_id = getattr(tokenizer, "unk_token_id", None)
-    if unk_id is not None and unk_id in (sep, getattr(tokenizer, "eos_token_id", None)):
+    if unk_id == sep:
         unk_id = None  # byte-level BPEs name EOS as "unknown"; they have no unknown token
     bar = progress(total=limit, desc=desc, disable=None if show_progress else True, unit="seq")
     c = _Cut(
@@ -358,9 +309,8 @@ class _Cut:
 
     def concatenate(self, pieces: Iterable[str]) -> bool:
         """One document into the running buffer, then its separator; full chunks become rows."""
-        skip = self.skip
         got, has_text = 0, False
-        for piece in _nonblank_first(pieces) if skip else pieces:
+        for piece in _nonblank_first(pieces) if self.skip else pieces:
             ids = self.encode(piece)
             self.read(ids)
             got += len(ids)
@@ -372,7 +322,7 @@ class _Cut:
         self.nonblank += has_text
         self.empty += has_text and got == 0
         self.blank_docs += not has_text
-        if self.sep is not None and (has_text or not skip):
+        if self.sep is not None and (has_text or not self.skip):
             self.buf.append(int(self.sep))
             self._chunks()  # the separator may complete a chunk
         return True
@@ -384,8 +334,7 @@ class _Cut:
             self.bar.update(1)
 
     def document(self, pieces: Iterable[str], y: Any, truncate: bool) -> bool:
-        """One document as one row: ``truncate``: its first ``seq_len`` tokens (shorter ones are
-        not taken), else padded (with its mask and label). False if it is not taken."""
+        """One document as one row (``truncate``: its first ``seq_len`` tokens, else padded); False: not taken."""
         text = "".join(pieces)
         if not text.strip():
             self.blank_docs += 1
@@ -410,8 +359,7 @@ class _Cut:
 
 
 def _check_tokenizer(c: _Cut) -> None:
-    """Refuse a tokenizer that cannot read the text: most documents gave no tokens, or more
-    than 5% of the tokens are its unknown token."""
+    """Refuse a tokenizer that turned most documents into no tokens, or >5% of tokens into unknown."""
     empty, nonblank, n_unk, n_tokens = c.empty, c.nonblank, c.n_unk, c.n_tokens
     name = getattr(c.tokenizer, "name_or_path", None) or getattr(c.tokenizer, "name", "?")
     if nonblank and empty > 0.5 * nonblank:
@@ -420,7 +368,7 @@ def _check_tokenizer(c: _Cut) -> None:
             "tokens at all: it cannot read this text (wrong tokenizer?); pass the matching one "
             "with --tokenizer"
         )
-    if c.unk_id is not None and n_tokens and n_unk > 0.05 * n_tokens:
+    if n_unk > 0.05 * n_tokens:
         raise WidthscopeError(
             f"the tokenizer ({name}) maps {n_unk} of {n_tokens} tokens ({n_unk / n_tokens:.0%}) "
             "to its unknown token: it does not cover this text (wrong tokenizer or language?)"
@@ -447,21 +395,16 @@ def _assemble(c: _Cut, mode: str, exhausted: bool) -> Sequences:
         exhausted,
         c.sep if mode == "concatenate" else None,
         c.short,
-        c.n_unk,
         c.blank_docs,
     )
 
 
 def _nonblank_first(pieces: Iterable[str]) -> Iterator[str]:
-    """The pieces of a document, holding back leading whitespace-only pieces until text follows
-    (a document that is whitespace throughout yields nothing: it is skipped whole)."""
-    seen, pending = False, []
-    for piece in pieces:
-        if not seen and not piece.strip():
-            pending.append(piece)
-            continue
-        if not seen:
-            yield from pending
-            pending.clear()
-            seen = True
-        yield piece
+    """The pieces of a document once text follows its leading whitespace (blank throughout: nothing)."""
+    it, head = iter(pieces), []
+    for piece in it:
+        head.append(piece)
+        if piece.strip():
+            yield from head
+            yield from it
+            return

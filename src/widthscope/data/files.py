@@ -1,7 +1,5 @@
-"""Image datasets from their standard file formats: IDX (MNIST, Fashion-MNIST) and the
-CIFAR python-pickle batches (read with a restricted unpickler that can only rebuild numpy
-arrays, so a tampered file cannot run code).
-"""
+"""Image datasets from their standard file formats: IDX (MNIST, Fashion-MNIST) and the CIFAR
+python-pickle batches (read with an unpickler that can only rebuild numpy arrays)."""
 
 from __future__ import annotations
 
@@ -24,19 +22,11 @@ IDX_FILES = {
     "test_images": "t10k-images-idx3-ubyte",
     "test_labels": "t10k-labels-idx1-ubyte",
 }
-IDX_DTYPES: dict[int, type[np.generic] | str] = {
-    0x08: np.uint8,
-    0x09: np.int8,
-    0x0B: ">i2",
-    0x0C: ">i4",
-    0x0D: ">f4",
-    0x0E: ">f8",
-}
+IDX_DTYPES = {0x08: "u1", 0x09: "i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
 def read_idx(path: str | Path) -> np.ndarray:
-    """Parse an IDX file (optionally gzipped): magic ``00 00 <type> <ndim>``, big-endian
-    uint32 dims, then the data in C order."""
+    """Parse an IDX file (optionally gzipped): magic ``00 00 <type> <ndim>``, big-endian uint32 dims, data."""
     path = Path(path)
     raw = path.read_bytes()
     if raw[:2] == b"\x1f\x8b":
@@ -60,14 +50,9 @@ def read_idx(path: str | Path) -> np.ndarray:
 
 
 def _find_idx(root: Path, dataset: str) -> dict[str, Path]:
-    found, missing = {}, []
-    for key, stem in IDX_FILES.items():
-        for cand in (root / f"{stem}.gz", root / stem, root / stem.replace("-idx", ".idx")):
-            if cand.is_file():
-                found[key] = cand
-                break
-        else:
-            missing.append(stem)
+    cands = {k: (root / f"{s}.gz", root / s, root / s.replace("-idx", ".idx")) for k, s in IDX_FILES.items()}
+    found = {k: p for k, ps in cands.items() if (p := next((c for c in ps if c.is_file()), None)) is not None}
+    missing = [s for k, s in IDX_FILES.items() if k not in found]
     if missing:
         how = (
             "install the Debian/Ubuntu package: apt-get install dataset-fashion-mnist (files go to "
@@ -83,8 +68,7 @@ def _find_idx(root: Path, dataset: str) -> dict[str, Path]:
 
 
 def _channel_stats(X: np.ndarray, luma: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel mean and standard deviation (float64) of ``(N, C, H, W)`` byte images scaled to
-    [0, 1] and made grayscale with ``luma``, 4096 images at a time (never one float tensor of all)."""
+    """Per-channel float64 mean and std of ``(N, C, H, W)`` byte images in [0, 1], 4096 at a time."""
     if len(X) == 0:
         raise WidthscopeError(f"per-channel statistics need at least one image; got an empty array {X.shape}")
     s1 = s2 = torch.zeros(X.shape[1] if luma is None else 1, dtype=torch.float64)
@@ -113,8 +97,7 @@ def _finish_images(
     normalize: bool,
     luma: torch.Tensor | None = None,
 ) -> Split:
-    """Seeded subsets of ``(N, C, H, W)`` byte images, made grayscale with the ``luma`` weights,
-    scaled to [0, 1], normalised with whole-train-part statistics, optionally flattened."""
+    """Seeded subsets of ``(N, C, H, W)`` byte images: grayscale (``luma``), in [0, 1], normalised, flattened."""
     stats = _channel_stats(train[0], luma) if normalize else None
     rng = np.random.default_rng(seed)
     parts = []
@@ -152,31 +135,28 @@ def load_idx(
     grayscale: bool = True,
     normalize: bool = True,
 ) -> Split:
-    """MNIST / Fashion-MNIST. ``grayscale`` is accepted for symmetry (the images are grayscale)."""
+    """MNIST / Fashion-MNIST (``grayscale`` is accepted for symmetry: the images are grayscale)."""
     if root is None:
         if name != "fashion-mnist":
             raise WidthscopeError(f"{name} needs root= the directory with {', '.join(IDX_FILES.values())}(.gz)")
         root = FASHION_ROOT
     files = _find_idx(Path(root).expanduser(), name)
-    arrays = {k: read_idx(p) for k, p in files.items()}
+    parts = []
     for part in ("train", "test"):
-        if arrays[f"{part}_images"].ndim != 3 or len(arrays[f"{part}_images"]) != len(arrays[f"{part}_labels"]):
+        X, y = read_idx(files[f"{part}_images"]), read_idx(files[f"{part}_labels"])
+        if X.ndim != 3 or len(X) != len(y):
             raise WidthscopeError(
-                f"{name}: {part} images {arrays[f'{part}_images'].shape} and labels "
-                f"{arrays[f'{part}_labels'].shape} do not match (expected (n, H, W) and (n,))"
+                f"{name}: {part} images {X.shape} and labels {y.shape} do not match (expected (n, H, W) and (n,))"
             )
+        parts.append((X[:, None], y))
     meta: dict[str, Any] = {
         "source": {k: str(p) for k, p in files.items()},
         "seed": seed,
         "split_rule": "official split: train-* files for train, t10k-* files for test",
     }
-    train = arrays["train_images"][:, None], arrays["train_labels"]
-    test = arrays["test_images"][:, None], arrays["test_labels"]
+    train, test = parts
     return _finish_images(name, train, test, n_train, n_test, seed, 10, meta, flatten=flatten, normalize=normalize)
 
-
-# ---------------------------------------------------------------------------------------------
-# CIFAR
 
 # Everything a CIFAR batch pickle legitimately references: numpy array reconstruction.
 _ALLOWED = {
@@ -190,7 +170,7 @@ _ALLOWED = {
 
 
 def _latin1_encode(text: str, encoding: str = "utf-8") -> bytes:
-    # Protocol-2 pickles written by Python 3 spell bytes as _codecs.encode(str, "latin1").
+    """``_codecs.encode(str, "latin1")``: how protocol-2 pickles written by Python 3 spell bytes."""
     if encoding not in ("latin1", "latin-1"):
         raise pickle.UnpicklingError(f"refusing _codecs.encode with encoding {encoding!r}")
     return text.encode("latin1")
@@ -280,16 +260,7 @@ def load_cifar(
     }
     luma = torch.tensor([[0.299, 0.587, 0.114]]) if grayscale else None  # ITU-R BT.601 RGB -> gray
     num_classes = 10 if name == "cifar10" else (100 if labels == "fine" else 20)
+    train, test = _read_cifar(train_files, key), _read_cifar(test_files, key)
     return _finish_images(
-        name,
-        _read_cifar(train_files, key),
-        _read_cifar(test_files, key),
-        n_train,
-        n_test,
-        seed,
-        num_classes,
-        meta,
-        flatten=flatten,
-        normalize=normalize,
-        luma=luma,
+        name, train, test, n_train, n_test, seed, num_classes, meta, flatten=flatten, normalize=normalize, luma=luma
     )

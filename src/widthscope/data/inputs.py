@@ -1,7 +1,5 @@
-"""The one place that turns an :class:`~widthscope.data.spec.InputSpec` into (model, tokenizer,
-probe pools): :func:`resolve` (``widthscope.load_inputs``). Every check that can fail runs here,
-before the first forward pass: the model loads, the tokenizer fits its embedding, token ids and
-sequence length fit, the pools have the sizes asked for (pools: :mod:`widthscope.data.pools`)."""
+"""The one place that turns an :class:`~widthscope.data.spec.InputSpec` into (model, tokenizer, probe
+pools): :func:`resolve` (``widthscope.load_inputs``), with every check before the first forward pass."""
 
 from __future__ import annotations
 
@@ -20,10 +18,9 @@ from ..hub import DEFAULT_REVISION, attach, hub_record, resolve_model
 from ..models.hf import max_positions, vocab_size
 from . import DATASETS
 from .corpus import ByteTokenizer
-from .hf_datasets import is_hf_ref, parse_ref, record
 from .objects import check_vocabulary, loss_for, model_dir, task_of
 from .pools import image_pools, named_pools, object_pools, refuse_given, text_pools
-from .sources import check_splits_given, describe, is_tokenized_object
+from .sources import check_splits_given, describe, is_hf_ref, is_tokenized_object, parse_ref, record
 from .spec import TASKS, InputSpec, check_source
 
 __all__ = ["Inputs", "InputSpec", "resolve", "load_inputs", "load_model", "load_tokenizer"]
@@ -31,12 +28,7 @@ __all__ = ["Inputs", "InputSpec", "resolve", "load_inputs", "load_model", "load_
 
 @dataclasses.dataclass
 class Inputs:
-    """A loaded model and its two probe pools (pooled examples, batch-shaped).
-
-    ``task``: ``causal-lm`` | ``masked-lm`` | ``sequence-classification`` |
-    ``image-classification`` (HF) or ``lm`` / ``classification`` (widthscope families).
-    ``info`` is JSON-able: where the data came from and how it was cut.
-    """
+    """A loaded model, its task, its two probe pools, and ``info`` on where the data came from."""
 
     model: nn.Module
     task: str
@@ -52,10 +44,8 @@ class Inputs:
     data: str | None = None  # the --data the pools came from (the recorded dataset when none was given)
 
 
-# ----------------------------------------------------------------------------- resolve
 def _check_sources(spec: InputSpec) -> None:
-    """The data sources exist (and are text where text is expected), and ``--*-split`` is given only
-    for sources with splits, before any model loads."""
+    """The data sources exist (text where text is expected), ``--*-split`` only for sources with splits."""
     for name in ("data", "train_data", "test_data"):
         v = getattr(spec, name)
         if v is not None:
@@ -64,10 +54,8 @@ def _check_sources(spec: InputSpec) -> None:
 
 
 def resolve(spec: InputSpec, *, model: nn.Module | None = None, show_progress: bool = True) -> Inputs:
-    """Load ``spec.model`` (unless ``model`` is given) and build both probe pools; see the module docstring.
-
-    ``spec`` is an :class:`~widthscope.data.spec.InputSpec` (validated when made); the result
-    carries it (``Inputs.spec``) for the results file."""
+    """Load ``spec.model`` (unless ``model`` is given) and build both probe pools; the result carries
+    ``spec`` (``Inputs.spec``) for the results file."""
     if not isinstance(spec, InputSpec):
         raise WidthscopeTypeError(
             f"load_inputs(spec=...) (resolve) takes an InputSpec, got {_args.describe(spec)}: "
@@ -103,8 +91,7 @@ load_inputs = resolve  # the public name (``widthscope.load_inputs``)
 
 
 def _check_revision_of(model: nn.Module, spec: InputSpec) -> None:
-    """A model loaded beforehand from the spec's hub id must be the revision the spec asks for
-    (one line naming both, never probing other weights than the results record)."""
+    """A model loaded beforehand from the spec's hub id must be the revision the spec asks for."""
     assert isinstance(spec.model, str)  # (a model object in the spec is the model itself)
 
     rec = hub_record(model)
@@ -137,8 +124,9 @@ def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> I
     _check_options_fit(spec, task)
     name = spec.data
     if name is None and spec.train_data is None:
-        name = recorded_data(model).get("dataset") or _recorded_name(model)
-        if name is None:
+        config = getattr(model, "widthscope_config", None)
+        name = recorded_data(model).get("dataset") or (config.get("dataset") if isinstance(config, dict) else None)
+        if not isinstance(name, str):
             what = repr(spec.model) if isinstance(spec.model, str) else f"object {type(spec.model).__name__}"
             raise WidthscopeError(
                 f"the model {what} does not record its dataset: pass --data (InputSpec(data=...): a "
@@ -157,8 +145,7 @@ def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> I
                 "normalisation would feed it other inputs)"
             )
         if name in ("text", "prose") and task in ("causal-lm", "masked-lm"):
-            # The built-in corpora (Python's standard library, its English prose) through the
-            # model's own tokenizer, never as byte ids.
+            # the built-in corpora through the model's own tokenizer, never as byte ids
             name = str(Path(sysconfig.get_paths()["stdlib"])) if name == "text" else "prose"
             spec = dataclasses.replace(spec, data=name)
         else:
@@ -208,8 +195,7 @@ def _resolve(spec: InputSpec, model: nn.Module | None, show_progress: bool) -> I
 
 
 def _task(model: nn.Module, spec: InputSpec) -> str:
-    """The model's task (:func:`widthscope.data.objects.task_of`); a model object of no known kind
-    takes ``spec.task``, never an assumed one."""
+    """The model's task; a model object of no known kind takes ``spec.task``, never an assumed one."""
     t = task_of(model)
     if t is not None:
         return t
@@ -236,8 +222,7 @@ def _tokenized(spec: InputSpec) -> bool:
 
 
 def _tokenizer(spec: InputSpec, model: nn.Module, task: str, *, needed: bool) -> Any:
-    """The spec's tokenizer object, the one its path names, or the model's own (None when the data
-    are tokenized and nothing needs one); its vocabulary fits the model's embedding."""
+    """The spec's tokenizer object, the one its path names, or the model's own (None: not needed)."""
     tok = spec.tokenizer
     if tok is None or isinstance(tok, str):
         if tok is None and not needed:
@@ -253,8 +238,7 @@ def _tokenizer(spec: InputSpec, model: nn.Module, task: str, *, needed: bool) ->
 
 
 def _record_datasets(spec: InputSpec, info: dict[str, Any]) -> list[str]:
-    """A Hugging Face dataset's reference (name, config, the revision asked for, the hash read, the
-    split of each pool) in ``info["hf_dataset"]``; a note when offline reading could not honour a revision."""
+    """Hugging Face datasets' records in ``info``; a note when offline reading cannot honour a revision."""
     recs, notes = {}, []
     for role, field in (("train", "train_data"), ("test", "test_data")):
         src = spec.data if spec.data is not None else getattr(spec, field)
@@ -279,7 +263,6 @@ def _check_options_fit(spec: InputSpec, task: str) -> None:
         raise WidthscopeError(
             f"--task {spec.task} but this model is a {task} model (its task is fixed by the model): drop --task"
         )
-    # given by the user (a --protocol preset's text settings simply do not apply to other models)
     text_only = [
         "--" + d.replace("_", "-") for d in ("tokenizer", "seq_len", "sequences", "max_tokens") if spec.is_given(d)
     ]
@@ -297,10 +280,8 @@ def _check_options_fit(spec: InputSpec, task: str) -> None:
         raise WidthscopeError(f"--text-field applies to text models; this is a {task} model: drop --text-field")
 
 
-# ----------------------------------------------------------------------------- model
 def placement_of(spec: Any) -> dict[str, Any] | None:
-    """An :class:`~widthscope.data.spec.InputSpec`'s big-model placement (``device_map``,
-    ``max_memory``, ``offload_folder``) as :func:`widthscope.models.hf.load_hf` takes it, or None."""
+    """An input spec's big-model placement as :func:`widthscope.models.hf.load_hf` takes it, or None."""
     keys = ("device_map", "max_memory", "offload_folder")
     given = {k: getattr(spec, k, None) for k in keys if getattr(spec, k, None) is not None}
     return given or None
@@ -314,10 +295,7 @@ def load_model(
     revision: str | None = None,
     placement: Mapping[str, Any] | None = None,
 ) -> nn.Module:
-    """A checkpoint (widthscope or Hugging Face) on the CPU in eval mode, with a clear error.
-
-    ``path``: a local checkpoint, a hub id ``org/name`` at ``revision`` (default ``main``) or a hub
-    cache folder (:mod:`widthscope.hub`). A model object is returned as it is."""
+    """A checkpoint (local, hub id at ``revision``, hub cache folder) on the CPU in eval mode."""
     if isinstance(path, nn.Module):
         if dtype != "auto":
             raise WidthscopeError(
@@ -336,14 +314,12 @@ def load_model(
     return attach(checkpoint.load(str(p), dtype=dtype, task=task, placement=placement), hub)
 
 
-# ----------------------------------------------------------------------------- tokenizer
 def load_tokenizer(spec: str | None, model: nn.Module, task: str) -> Any:
     """``bytes`` -> :class:`ByteTokenizer`; a path -> ``AutoTokenizer``; None -> the model's own."""
     if spec == "bytes":
         return ByteTokenizer()
 
     V = vocab_size(model)
-    # Byte ids only where the embedding has room for them: never suggest what would be refused.
     or_bytes = (
         " (or --tokenizer bytes for byte-level ids)"
         if V is None or V >= len(ByteTokenizer())
@@ -388,20 +364,10 @@ def load_tokenizer(spec: str | None, model: nn.Module, task: str) -> Any:
 
 
 def _tokenizer_dir(spec: str, model: nn.Module) -> Path:
-    """``--tokenizer``'s directory: a local path, or a hub id (or cache folder) resolved like
-    ``--model``: at the model's commit when it is the model's own repository, else at ``main``."""
+    """``--tokenizer``'s directory: a path, or a hub id (at the model's commit if it is the model's repo)."""
     rec = hub_record(model) or {}
     same = rec.get("repo_id") == spec and not Path(spec).expanduser().exists()
     return resolve_model(spec, rec.get("commit") if same else None, flag="--tokenizer")[0]
-
-
-# ----------------------------------------------------------------------------- checks
-def _recorded_name(model: nn.Module) -> str | None:
-    for attr in ("widthscope_extra", "widthscope_config"):
-        meta = getattr(model, attr, None)
-        if isinstance(meta, dict) and isinstance(meta.get("dataset"), str):
-            return meta["dataset"]
-    return None
 
 
 def _check_seq_len(model: nn.Module, seq_len: int | None) -> None:

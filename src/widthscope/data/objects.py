@@ -1,7 +1,5 @@
 """Objects a Hugging Face user already holds as probe batches (:func:`batches_from`, :func:`pools_from`),
-and what the input layer needs to know of a model in memory: its task (:func:`task_of`), whether a
-tokenizer and token ids fit it (:func:`check_vocabulary`, :func:`check_ids`), masked-LM masking
-(:func:`mask_tokens`)."""
+and what the input layer needs to know of a model in memory (task, vocabulary, masking)."""
 
 from __future__ import annotations
 
@@ -31,10 +29,8 @@ DATA_ACCEPTS = (
 LM = ("causal-lm", "lm")
 
 
-# ----------------------------------------------------------------------------- task, tokenizer and loss
 def _wrapped(model: nn.Module) -> nn.Module | None:
-    """The model a wrapper holds, or None (not a wrapper): a PEFT model's base model
-    (``get_base_model()``), a ``torch.compile``d module's original (``_orig_mod``)."""
+    """The model a PEFT or ``torch.compile`` wrapper holds, or None (not a wrapper)."""
     get = getattr(model, "get_base_model", None)
     if callable(get):
         try:
@@ -48,10 +44,7 @@ def _wrapped(model: nn.Module) -> nn.Module | None:
 
 
 def task_of(model: nn.Module) -> str | None:
-    """The model's task: ``widthscope_task`` (models widthscope loaded), a widthscope family
-    (``lm`` / ``classification``), or a ``transformers.PreTrainedModel``'s head from its class (else
-    its ``config.architectures``); a wrapper's (PEFT, ``torch.compile``) is
-    the task of the model it wraps; None for any other ``nn.Module`` (its task is unknown)."""
+    """The model's task (widthscope's, a ``PreTrainedModel``'s head, a wrapped model's), or None."""
     for _ in range(8):  # a compiled PEFT model: wrappers around wrappers
         task = _own_task(model)
         inner = _wrapped(model) if task is None else None
@@ -105,8 +98,7 @@ def tokenizer_name(tok: Any) -> str:
 
 
 def check_vocabulary(tok: Any, model: nn.Module, where: str | None = None) -> None:
-    """The tokenizer must not produce ids the model's embedding does not have. ``where`` names the
-    Python argument (``certify(tokenizer=...)``); None: the command line's ``--tokenizer``."""
+    """The tokenizer must not produce ids past the model's embedding (``where``: the Python argument)."""
     V = vocab_size(model)
     if V is None:
         return
@@ -125,11 +117,9 @@ def check_vocabulary(tok: Any, model: nn.Module, where: str | None = None) -> No
 def mask_tokens(
     ids: torch.Tensor, attention: torch.Tensor, tok: Any, *, rate: float = 0.15, seed: int = 0
 ) -> tuple[dict[str, torch.Tensor], int]:
-    """Masked-LM examples: ``rate`` of each sequence's ordinary tokens (at least one) replaced by
-    the mask token (seeded); ``labels`` hold the originals there and ``-100`` elsewhere.
-
-    Returns the batch dict and the number of sequences dropped for having no ordinary token.
-    """
+    """Masked-LM examples: ``rate`` of each sequence's ordinary tokens (at least one) replaced by the
+    mask token (seeded), ``labels`` the originals there and -100 elsewhere; and the number of
+    sequences dropped for having no ordinary token."""
     mask_id = getattr(tok, "mask_token_id", None)
     if mask_id is None:
         raise WidthscopeError(
@@ -154,12 +144,9 @@ def mask_tokens(
 
 def loss_for(task: str | None) -> Callable[[Any, Any], torch.Tensor] | None:
     """The loss the command line uses for ``task`` (None: the probe's default for the batch)."""
-    if task == "masked-lm":
-        return masked_lm_loss
-    return None
+    return masked_lm_loss if task == "masked-lm" else None
 
 
-# ----------------------------------------------------------------------------- helpers
 def is_object_pool(obj: Any) -> bool:
     """A pool only :func:`batches_from` reads (texts, a ``datasets.Dataset``), not plain batches."""
     return _is_texts(obj) or is_dataset(obj, iterable=True)
@@ -192,8 +179,6 @@ def _bad_data(fn: str, name: str, value: Any, hint: str = "") -> WidthscopeTypeE
 
 
 def _tensor(v: Any, key: str, where: str) -> torch.Tensor:
-    if isinstance(v, torch.Tensor):
-        return v
     try:
         return torch.as_tensor(v)
     except (ValueError, TypeError, RuntimeError):
@@ -204,12 +189,8 @@ def _tensor(v: Any, key: str, where: str) -> torch.Tensor:
 
 
 def _pad_right(rows: Sequence[Sequence[int]], value: int) -> torch.Tensor:
-    T = max(len(r) for r in rows)
-    out = torch.full((len(rows), T), int(value), dtype=torch.int64)
-    for i, r in enumerate(rows):
-        if len(r):
-            out[i, : len(r)] = torch.as_tensor(list(r), dtype=torch.int64)
-    return out
+    rows_t = [torch.as_tensor(list(r), dtype=torch.int64) for r in rows]
+    return torch.nn.utils.rnn.pad_sequence(rows_t, batch_first=True, padding_value=int(value))
 
 
 def pad_id_of(tokenizer: Any) -> int:
@@ -345,7 +326,6 @@ def dataset_pool(
     return pool, True, f"datasets.Dataset of {len(ds)} texts (column {col!r})"
 
 
-# ----------------------------------------------------------------------------- public
 def batches_from(
     obj: Any,
     *,
@@ -358,10 +338,8 @@ def batches_from(
     fn: str = "certify",
     name: str = "data",
 ) -> tuple[list[Any], Callable[[Any, Any], torch.Tensor] | None, str]:
-    """One pool as the user holds it (:data:`DATA_ACCEPTS`) -> (list of batches, the task's loss or
-    None, description). Texts are tokenized (truncated to ``seq_len``, right-padded; a causal LM's
-    ``labels`` are -100 at the padding); a mapping is cut along dim 0; a ``DataLoader`` is drawn once;
-    a masked LM's tokens are masked (seeded by ``seed``). ``fn``/``name`` name the argument in errors."""
+    """One pool as the user holds it (:data:`DATA_ACCEPTS`) -> (batches, the task's loss or None,
+    description): texts tokenized and right-padded, a ``DataLoader`` drawn once, masked-LM tokens masked."""
     check_tokenizer(tokenizer, fn)
     where = _where(fn, name)
     if tokenizer is not None:  # before any forward: ids past the embedding fail deep inside it
@@ -382,7 +360,7 @@ def batches_from(
                 f"a widthscope model); {type(model).__name__} is neither: pass tokenized batches"
             )
         pool, from_text, what = _tokenize(obj, tokenizer, seq_len, where), True, f"{len(obj)} texts"
-    elif isinstance(obj, Mapping) and not isinstance(obj, torch.Tensor):
+    elif isinstance(obj, Mapping):
         pool = from_mapping(obj, where)
         what = f"{type(obj).__name__} of {next(iter(pool.values())).shape[0]} examples"
     elif is_dataset(obj, iterable=True):
@@ -392,11 +370,8 @@ def batches_from(
     if pool is not None:
         if "input_ids" in pool:
             check_positions(model, pool["input_ids"], where)
-        return (
-            to_batches(prepare_objects(pool, task, tokenizer, seed, where, from_text=from_text), batch_size),
-            loss,
-            what,
-        )
+        batches = to_batches(prepare_objects(pool, task, tokenizer, seed, where, from_text=from_text), batch_size)
+        return batches, loss, what
     if isinstance(obj, DataLoader):
         out = []
         for b in obj:  # drawn once: the pool stays fixed
@@ -435,9 +410,7 @@ def pools_from(
     seed: int = 0,
     fn: str = "certify",
 ) -> tuple[list[Any], list[Any], Callable[[Any, Any], torch.Tensor] | None, dict[str, str]]:
-    """Both pools: ``data`` the train pool and ``test`` the held-out one, or ``data`` a
-    ``DatasetDict`` (``test`` None): its ``train`` split trains, ``validation`` (else ``test``) is
-    held out. Returns (train batches, held-out batches, loss or None, a description of each)."""
+    """Both pools from ``data`` and ``test``, or a ``DatasetDict``'s train and validation/test splits."""
     info: dict[str, str] = {}
     if is_dataset_dict(data, iterable=True):
         if test is not None:

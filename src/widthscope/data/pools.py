@@ -1,6 +1,5 @@
-"""The two probe pools of :func:`widthscope.data.inputs.resolve` from text (:func:`text_pools`),
-ImageFolder directories (:func:`image_pools`), named datasets (:func:`named_pools`) and tokenized
-objects (:func:`object_pools`), each ``(train, held-out, info, notes)``: seeded subsets (train
+"""The two probe pools of :func:`widthscope.data.inputs.resolve` from text, ImageFolder directories,
+named datasets and tokenized objects, each ``(train, held-out, info, notes)``: seeded subsets (train
 ``seed``, held-out ``seed + 1``) of a source cut by ``test_fraction``, or of its own splits."""
 
 from __future__ import annotations
@@ -52,8 +51,7 @@ def pick_pool(
     cap: bool = False,
     fixes: str = "give more data",
 ) -> torch.Tensor:
-    """``n`` of ``n_total`` items (seeded, sorted; or the first ``n``; ``"all"``: every item);
-    ``cap``: take what there is. ``fixes``: what else helps when there are too few."""
+    """``n`` of ``n_total`` items (seeded and sorted, or the first; ``cap``: take what there is)."""
     if n == "all":
         return torch.arange(n_total)
     k = min(n, n_total) if cap else n
@@ -71,23 +69,13 @@ def _pick_pools(
     spec: InputSpec, sizes: tuple[int, int], unit: str, where: tuple[str, str], fixes: tuple[str, ...] = ()
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The rows of the train pool (seed ``spec.seed``) and the held-out pool (``spec.seed + 1``)."""
-    pools = [
-        pick_pool(
-            sizes[i],
-            n,
-            spec.seed + i,
-            spec.first,
-            f"{part} {unit}",
-            flag,
-            where[i],
-            spec.cap_pools,
-            fixes[i] if fixes else f"give more {unit}",
-        )  # fmt: skip
-        for i, (n, part, flag) in enumerate(
-            ((spec.n_train, "train", "--n-train"), (spec.n_test, "held-out", "--n-test"))
-        )
-    ]
-    return pools[0], pools[1]
+    fixes = fixes or (f"give more {unit}",) * 2
+    parts = (("train", "--n-train", spec.n_train), ("held-out", "--n-test", spec.n_test))
+    a, b = (
+        pick_pool(sizes[i], n, spec.seed + i, spec.first, f"{p} {unit}", f, where[i], spec.cap_pools, fixes[i])
+        for i, (p, f, n) in enumerate(parts)
+    )
+    return a, b
 
 
 def refuse_given(spec: InputSpec, dests: tuple[str, ...], what: str) -> None:
@@ -99,8 +87,7 @@ def refuse_given(spec: InputSpec, dests: tuple[str, ...], what: str) -> None:
 
 
 def _sources(spec: InputSpec) -> tuple[Any, str | None, Any, str | None, str, Any]:
-    """(train source, its split, held-out source, its split, how, the SplitChoice of a ``--data``
-    source with its own splits or None) from ``--data`` or ``--train-data`` / ``--test-data``."""
+    """(train source, its split, held-out source, its split, how, the ``--data`` SplitChoice or None)."""
     if (spec.train_data is None) != (spec.test_data is None):
         raise WidthscopeError(
             "give --train-data and --test-data together (the train pool from one, the held-out "
@@ -133,8 +120,7 @@ def _sources(spec: InputSpec) -> tuple[Any, str | None, Any, str | None, str, An
 
 
 def _cut(n: int, spec: InputSpec, what: str, first: bool = True) -> tuple[torch.Tensor, torch.Tensor, str]:
-    """One source's ``n`` rows cut into train and held-out rows by a seeded permutation (with
-    ``spec.first`` and ``first``: the first part trains, the next is held out), and the rule in words."""
+    """``n`` rows cut into train and held-out rows (seeded, or in order), and the rule in words."""
     frac = spec.test_fraction
     assert frac is not None  # a filled spec (InputSpec.filled) has a test fraction
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(spec.seed)))
@@ -171,7 +157,7 @@ def _text_fixes(seqs: Any, mode: str, max_tokens: int | None) -> str:
 
 
 def _empty_note(info: dict[str, Any], what: str) -> str | None:
-    """One line naming the empty / whitespace-only documents of a source and what became of them."""
+    """One line naming a source's empty / whitespace-only documents and what became of them."""
     n = info.get("empty_documents") or 0
     if not n:
         return None
@@ -183,27 +169,11 @@ def _empty_note(info: dict[str, Any], what: str) -> str | None:
     return f"{what}: {n} of {info.get('documents_read')} documents read were empty or whitespace-only: {fate}"
 
 
-def _documents(src: Any, split: str | None, spec: InputSpec, labels: bool, skipped: list[str], whole: bool) -> Any:
-    if src == "prose":  # Python's own English prose, one document per help topic (and the license)
-        docs = [topics.topics[k] for k in sorted(topics.topics)]
-        lic = prose()[0].decode("utf-8")[len("\n\n".join(docs)) :].strip()
-        return (iter([d]) for d in docs + ([lic] if lic else [])), "English prose shipped with Python"
-    return documents_of(
-        src,
-        split=split,
-        text_field=spec.text_field if spec.is_given("text_field") else None,
-        label_field=spec.label_field if labels else None,
-        skipped=skipped,
-        whole=whole,
-    )
-
-
 def _read_text(
     src: Any, split: str | None, tok: Any, spec: InputSpec, seq_len: int, mode: str, n: PoolSize | None, desc: str,
     labels: bool, show: bool,
 ) -> tuple[Any, dict[str, Any]]:  # fmt: skip
-    """One source read and cut into sequences: enough for ``n`` of them (``None``/``"all"``: the
-    whole source, or ``max_tokens`` of it; random pools read ``WINDOW`` times the pool's tokens)."""
+    """One source cut into enough sequences for a pool of ``n`` (None or ``"all"``: the whole source)."""
     if n is None or n == "all":
         limit, max_tokens = None, spec.max_tokens
     elif spec.first:
@@ -211,7 +181,17 @@ def _read_text(
     else:
         limit, max_tokens = None, spec.max_tokens if spec.max_tokens is not None else WINDOW * n * seq_len
     skipped: list[str] = []
-    docs, source = _documents(src, split, spec, labels, skipped, limit is None and max_tokens is None)
+    if src == "prose":  # Python's own English prose, one document per help topic (and the license)
+        texts = [topics.topics[k] for k in sorted(topics.topics)]
+        lic = prose()[0].decode("utf-8")[len("\n\n".join(texts)) :].strip()
+        docs: Any = (iter([d]) for d in texts + ([lic] if lic else []))
+        source = "English prose shipped with Python"
+    else:
+        text_field = spec.text_field if spec.is_given("text_field") else None
+        label_field, whole = spec.label_field if labels else None, limit is None and max_tokens is None
+        docs, source = documents_of(
+            src, split=split, text_field=text_field, label_field=label_field, skipped=skipped, whole=whole
+        )
     empty = spec.empty_docs or "skip"
     seqs = sequences(
         docs, tok, seq_len=seq_len, mode=mode, limit=limit, max_tokens=max_tokens, labels=labels,
@@ -228,12 +208,8 @@ def _read_text(
         "empty_documents": seqs.empty_docs,
         "empty_rule": empty,
     }
-    if split is not None:
-        info["split"] = split
-    if skipped:
-        info["skipped"] = skipped[:20]
-    if seqs.dropped_short:
-        info["dropped_short_documents"] = seqs.dropped_short
+    optional = {"split": split, "skipped": skipped[:20], "dropped_short_documents": seqs.dropped_short}
+    info.update({k: v for k, v in optional.items() if v})
     return seqs, info
 
 
@@ -424,10 +400,8 @@ def image_pools(spec: InputSpec, model: nn.Module, show: bool) -> Pools:
 def named_pools(
     name: str, spec: InputSpec, model: nn.Module, task: str
 ) -> tuple[Any, Any, dict[str, Any], list[str], Any]:
-    """Our own named datasets (digits, fashion-mnist, text, ...) with the checkpoint's recorded
-    options, split seed and data record where it has one (the held-out pool only from held-out
-    data, the train pool from the examples the model was fitted on); the last item is the
-    :class:`~widthscope.data.Split`, or a byte model's corpus offsets of each pool row."""
+    """Pools of our own named datasets with the checkpoint's recorded options, split seed and data
+    record; the last item is the :class:`~widthscope.data.Split` or a byte model's corpus offsets."""
     rec_all = recorded_data(model)
     same = spec.data is None or (spec.data == rec_all.get("dataset") and spec.data_root is None)
     rec = rec_all if same else {}
@@ -491,12 +465,11 @@ def named_pools(
             pool_rule = f"a seeded sample of the {len(fitted)} examples the model was fitted on"
     where = (f"the training part of {name}", f"the held-out part of {name}")
     a, b = _pick_pools(spec, (len(train_pair[0]), len(split.test[0])), "examples", where)
-    if split.task == "lm":
-        train, test = train_pair[0][a], split.test[0][b]
+    train, test = tuple(t[a] for t in train_pair), tuple(t[b] for t in split.test)
+    if split.task == "lm":  # the tokens alone
+        train, test = train[0], test[0]
         check_ids(train, model, "train")
         check_ids(test, model, "held-out")
-    else:
-        train, test = (train_pair[0][a], train_pair[1][a]), (split.test[0][b], split.test[1][b])
     if integrity.startswith("unverified"):
         notes.append(f"held-out integrity {integrity}")
     skipped = split.meta.get("skipped_files") or []
@@ -576,8 +549,7 @@ def _text_from_record(
 
 # ----------------------------------------------------------------------------- tokenized objects
 def _join(batches: list[Any], pad_id: int, where: str) -> Any:
-    """The batches of a ``DataLoader`` as one pool: dicts key by key (2-D tensors right-padded to
-    the longest), ``(x, y)`` pairs part by part, tensors along dim 0."""
+    """The batches of a ``DataLoader`` as one pool (2-D tensors of dicts right-padded to the longest)."""
     first = batches[0]
     if isinstance(first, Mapping):
         keys = list(first)
@@ -628,9 +600,8 @@ def _whole(obj: Any, split: str | None, task: str, tok: Any, where: str) -> tupl
 def _ready(raw: Any, task: str, tok: Any, seed: int, model: nn.Module, where: str) -> Any:
     """Raw examples made into what the task's batches hold (masking, labels split off), checked."""
     pool = prepare_objects(raw, task, tok, seed, where, from_text=False) if isinstance(raw, dict) else raw
-    ids = pool.get("input_ids") if isinstance(pool, dict) else None
-    if isinstance(pool, tuple) and isinstance(pool[0], dict):
-        ids = pool[0].get("input_ids")
+    x = pool[0] if isinstance(pool, tuple) else pool
+    ids = x.get("input_ids") if isinstance(x, dict) else None
     if isinstance(ids, torch.Tensor):
         check_positions(model, ids, where)
         check_ids(ids, model, where)
@@ -638,10 +609,7 @@ def _ready(raw: Any, task: str, tok: Any, seed: int, model: nn.Module, where: st
 
 
 def object_pools(spec: InputSpec, model: nn.Module, task: str, tok: Any) -> Pools:
-    """Both pools from tokenized objects (a ``BatchEncoding`` or mapping of tensors, a
-    ``DataLoader``, a ``Dataset`` with ``input_ids``, a ``DatasetDict``): examples already, so the
-    text options do not apply; a masked LM's tokens are masked and a classifier's labels split off
-    as :mod:`widthscope.data.objects` does for ``ws.certify``."""
+    """Both pools from tokenized objects, prepared for the task as for ``ws.certify``."""
     given = [d for d in ("seq_len", "sequences", "max_tokens", "empty_docs", "label_field") if spec.is_given(d)]
     if given:
         raise WidthscopeError(

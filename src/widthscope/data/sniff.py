@@ -1,6 +1,6 @@
-"""Is a file text? Magic bytes of binary formats, byte-order marks of UTF-16/32, NUL bytes and
-invalid UTF-8 (:func:`sniff`); the cheap checks of a data path before any model loads
-(:func:`precheck`); which directories ``datasets`` wrote (:func:`is_dataset_dir`)."""
+"""Is a file text (:func:`sniff`: magic bytes, byte-order marks, NUL bytes, invalid UTF-8)? Also the
+cheap checks of a data path before any model loads (:func:`precheck`), ``datasets`` directories and
+the text files of a folder."""
 
 from __future__ import annotations
 
@@ -8,7 +8,16 @@ from pathlib import Path
 
 from ..errors import WidthscopeError
 
-__all__ = ["TABULAR", "IMAGE_SUFFIXES", "sniff", "precheck", "unicode_bom", "is_dataset_dir"]
+__all__ = [
+    "TABULAR",
+    "IMAGE_SUFFIXES",
+    "sniff",
+    "precheck",
+    "unicode_bom",
+    "is_dataset_dir",
+    "files_under",
+    "text_only",
+]
 
 TABULAR = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
 _MAGIC: list[tuple[bytes, str, str]] = [  # (prefix, format, fix)
@@ -74,8 +83,7 @@ def sniff(path: Path) -> str | None:
 
 
 def precheck(path: str | Path, what: str = "") -> None:
-    """The cheap checks of a data path, before any model is loaded: a plain file given as text
-    must be text by content; a ``.parquet`` file must carry Parquet's magic bytes."""
+    """Refuse a plain file given as text that is not text, or a ``.parquet`` file that is not Parquet."""
     path = Path(path).expanduser()
     if not path.is_file() or path.suffix.lower() in IMAGE_SUFFIXES:
         return
@@ -99,3 +107,22 @@ def is_dataset_dir(path: Path) -> bool:
         (path / "dataset_dict.json").is_file()
         or ((path / "state.json").is_file() and (path / "dataset_info.json").is_file())
     )
+
+
+def files_under(path: Path) -> list[Path]:
+    """The files under ``path`` in path order, hidden ones left out."""
+    return sorted(
+        (
+            p
+            for p in path.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        ),
+        key=lambda p: p.relative_to(path).as_posix(),
+    )
+
+
+def text_only(files: list[Path], root: Path) -> tuple[list[Path], list[str]]:
+    """The ``files`` that are text by content, and ``"file: why"`` for the others."""
+    why = {p: sniff(p) for p in files}
+    skipped = [f"{p.relative_to(root)}: {r.split(':')[0]}" for p, r in why.items() if r is not None]
+    return [p for p in files if why[p] is None], skipped

@@ -1,10 +1,7 @@
-r"""The typed input spec: everything the input layer needs to build (model, tokenizer, probe pools).
-
-:class:`InputSpec` is what :func:`widthscope.data.inputs.resolve` takes, from the command line, a sweep
-cell or Python; it is validated when made and recorded in every results file (``to_dict`` /
-``from_dict``). Fields mean what the command-line options of the same name mean; ``None`` is "not
-given"; objects in memory (a model, tokenizer, texts, datasets, a ``DataLoader``) go in the same
-fields. Details: docs/certify.md §3, docs/huggingface.md §6 and §9.
+r"""The typed input spec (:class:`InputSpec`): what :func:`widthscope.data.inputs.resolve` builds the
+model, tokenizer and probe pools from; validated when made, recorded in every results file. Fields
+mean what the command-line options of the same name mean; ``None`` is "not given". Details:
+docs/certify.md §3, docs/huggingface.md §6 and §9.
 
 Example (a tiny widthscope classifier checkpoint, probed on its recorded digits split)::
 
@@ -38,20 +35,11 @@ from ..models.dispatch import DEVICE_MAPS, parse_max_memory
 from ..models.hf import DTYPES, TASKS
 from ..options import SEED_MAX, option
 from . import DATASETS
-from .hf_datasets import is_hf_ref, parse_ref, split_names
 from .sniff import precheck
-from .sources import check_object
+from .sources import check_object, is_hf_ref, parse_ref, split_names
 from .sources import describe as describe_source
 
-__all__ = [
-    "InputSpec",
-    "PoolSize",
-    "INPUT_DEFAULTS",
-    "DTYPES",
-    "TASKS",
-    "check_source",
-    "OPTIONAL_FIELDS",
-]
+__all__ = ["InputSpec", "PoolSize", "INPUT_DEFAULTS", "DTYPES", "TASKS", "check_source", "OPTIONAL_FIELDS"]
 
 PoolSize = int | Literal["all"]  # a whole number >= 4, or "all"
 ALL = "all"
@@ -62,9 +50,7 @@ def is_all(n: Any) -> bool:
     return isinstance(n, str) and n == ALL
 
 
-# A data field: a path, a dataset name, hf:NAME[:CONFIG][@REVISION], or an object in memory
-# (list[str], datasets.Dataset/DatasetDict, BatchEncoding/Mapping of tensors, DataLoader).
-Source = Any
+Source = Any  # a path, a dataset name, hf:NAME[:CONFIG][@REVISION], or an object in memory
 OBJECT_FIELDS = ("model", "tokenizer", "data", "train_data", "test_data")  # may hold objects in memory
 IN_MEMORY = "<in memory: "  # how to_dict records an object
 SEQUENCES = ("concatenate", "per-document", "truncate")
@@ -103,20 +89,16 @@ class InputSpec:
             "a Hugging Face directory (any causal LM, masked LM, sequence or image classifier), a "
             "Hugging Face hub id org/name or hub cache folder models--org--name (read from the hub "
             "cache; downloaded unless HF_HUB_OFFLINE=1); 'builtin' trains a small MLP on digits",
-            kind="str",
             cli=False,  # required or defaulted per command: cli.inputs adds it
         ).metadata
     )
-    # hub ids (and hub cache folders): branch, tag or commit; None = main
     revision: str | None = option(
         help="branch, tag or commit of a hub --model (default main); the tokenizer comes from the same "
         "revision; results record the id, this revision and the commit it resolved to",
-        kind="str",
         metavar="REV",
     )
     task: str | None = option(
         help="the HF checkpoint's task when its config.json names no architecture",
-        kind="str",
         choices=TASKS,
         applies="hf",
     )
@@ -125,27 +107,22 @@ class InputSpec:
         help="model dtype (auto: the checkpoint's); statistics always accumulate in float64",
         choices=DTYPES,
     )
-    # big models (docs/big-models.md): accelerate's placement of a Hugging Face checkpoint
     device_map: str | None = option(
         help="spread a Hugging Face --model over the devices and memory of --max-memory (accelerate's "
         "big-model dispatch; layers that fit nowhere go to disk and are reloaded block by block)",
-        kind="str",
         choices=DEVICE_MAPS,
     )
     max_memory: str | None = option(  # widthscope.models.dispatch.parse_max_memory
         help="per-device memory for --device-map, e.g. cpu=2GB,0=10GiB,disk ('disk' allows offloading "
         "the rest to disk)",
-        kind="str",
         metavar="DEV=SIZE,...",
     )
     offload_folder: str | None = option(
         help="where disk-offloaded weights go (default: a temporary folder, removed afterwards)",
-        kind="str",
         metavar="DIR",
     )
     tokenizer: Any = option(  # a path/hub id, "bytes", or a tokenizer object
         help="tokenizer directory (default: the checkpoint's own), or 'bytes' for byte-level ids",
-        kind="str",
         applies="text",
     )
     data: Source = option(
@@ -154,40 +131,33 @@ class InputSpec:
         "(from the datasets cache; streamed where only a prefix is needed), or an ImageFolder directory; a "
         "source with its own splits gives train -> train pool, validation (else test) -> held-out pool, "
         "anything else is split by --test-fraction (default: the checkpoint's recorded dataset)",
-        kind="str",
         applies="checkpoints",
     )
     train_data: Source = option(
-        help="the train pool's own file/directory/hf:NAME (with --test-data)", kind="str", applies="two_sources"
+        help="the train pool's own file/directory/hf:NAME (with --test-data)", applies="two_sources"
     )
     test_data: Source = option(
-        help="the held-out pool's own file/directory/hf:NAME (with --train-data)", kind="str", applies="two_sources"
+        help="the held-out pool's own file/directory/hf:NAME (with --train-data)", applies="two_sources"
     )
     train_split: str | None = option(
         help="split of a dataset with splits (a DatasetDict directory, a folder of split files, hf:NAME) "
         "for the train pool (default train)",
-        kind="str",
         applies="text",
     )
     test_split: str | None = option(
         help="split of a dataset with splits (a DatasetDict directory, a folder of split files, hf:NAME) "
         "for the held-out pool (default validation, else test)",
-        kind="str",
         applies="text",
     )
-    data_root: str | None = option(
-        help="root folder of a named image dataset's files", kind="str", applies="widthscope"
-    )
+    data_root: str | None = option(help="root folder of a named image dataset's files", applies="widthscope")
     text_field: str | None = option(
         help="text field/column of .jsonl/.json/.csv/.parquet/datasets/hf: data (default text); --text-column "
         "is the same",
-        kind="str",
         fallback="text",
         applies="text",
     )
     label_field: str | None = option(
         help="label column for sequence classification (default label)",
-        kind="str",
         fallback="label",
         applies="hf_sequence_classifiers",
     )
@@ -204,14 +174,12 @@ class InputSpec:
         "for causal LMs); per-document: one padded sequence per document (default otherwise); "
         "truncate: each document with at least --seq-len tokens, cut to --seq-len (shorter ones "
         "skipped: the alignment script without --concatenate)",
-        kind="str",
         choices=SEQUENCES,
         applies="text",
     )
     empty_docs: str | None = option(
         help="empty or whitespace-only documents: skip them before tokenizing (default; the published "
         "scripts' rule) or eos (kept: each adds its EOS separator to concatenated chunks)",
-        kind="str",
         choices=EMPTY_DOCS,
         fallback="skip",
         applies="text",
@@ -232,7 +200,6 @@ class InputSpec:
     train_pool: str | None = option(
         help="widthscope checkpoints: draw the train pool from the examples the model was fitted on "
         "(default, from its data record) or a fresh sample of the train part",
-        kind="str",
         choices=TRAIN_POOLS,
         fallback="fitted",
         applies="widthscope",
@@ -264,13 +231,11 @@ class InputSpec:
     )
     seed: int = 0  # the command's options hold it (CertifyOptions.seed, GrowOptions.seed)
     cap_pools: bool = False  # the pool sizes are upper bounds: take what the data has
-    # the fields set explicitly (an option that does not fit the model is refused only when given);
-    # left out: every optional field that is not None/False. Made a sorted tuple when the spec is made.
+    # the fields set explicitly (None: every optional field that is not None/False)
     given: tuple[str, ...] | None = None
 
     def _check_placement(self) -> None:
-        """``device_map`` / ``max_memory`` / ``offload_folder``: parsed once here (one error line),
-        for checkpoints loaded from files only."""
+        """``device_map`` / ``max_memory`` / ``offload_folder``: for checkpoints loaded from files only."""
         placed = [n for n in ("device_map", "max_memory", "offload_folder") if getattr(self, n) is not None]
         if not placed:
             return
@@ -344,24 +309,19 @@ class InputSpec:
     def __hash__(self) -> int:
         return hash(self._key())
 
-    def objects(self) -> dict[str, Any]:
-        """The fields that hold objects in memory (``{}``: a spec of paths and names only)."""
-        return {n: getattr(self, n) for n in OBJECT_FIELDS if not isinstance(getattr(self, n), (str, type(None)))}
-
     # ------------------------------------------------------------------------- JSON
     def to_dict(self) -> dict[str, Any]:
         """JSON-able (the fields; ``given`` as a list; an object in memory as ``"<in memory: ...>"``)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for name in self.objects():
-            d[name] = describe_source(d[name]) if name in ("data", "train_data", "test_data") else _memory(d[name])
+        for name in OBJECT_FIELDS:  # objects in memory
+            if not isinstance(d[name], (str, type(None))):
+                d[name] = describe_source(d[name]) if "data" in name else f"{IN_MEMORY}{type(d[name]).__name__}>"
         d["given"] = list(d["given"])
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], **objects: Any) -> InputSpec:
-        """The spec recorded by :meth:`to_dict` (e.g. a certify result's ``settings.input_spec``);
-        ``objects`` (``model=``, ``tokenizer=``, ``data=``, ...) put back the objects a spec made
-        in memory recorded as ``"<in memory: ...>"``."""
+        """The spec :meth:`to_dict` recorded, with ``objects`` put back for the ``<in memory: ...>`` fields."""
         bad = sorted(set(objects) - set(OBJECT_FIELDS))
         if bad:
             raise WidthscopeTypeError(
@@ -382,9 +342,7 @@ class InputSpec:
 
 
 _META = {f.name: f.metadata for f in dataclasses.fields(InputSpec)}
-# The optional input fields (those that apply to some kinds of input only): None (False) = not given.
 OPTIONAL_FIELDS = tuple(n for n, m in _META.items() if m.get("applies"))
-# Values of the options that are None when not given (so "was it given" is knowable): the fields'.
 INPUT_DEFAULTS: dict[str, Any] = {
     f.name: f.metadata["fallback"] for f in dataclasses.fields(InputSpec) if f.metadata.get("fallback") is not None
 }
@@ -429,41 +387,25 @@ def _problem(name: str, v: Any) -> tuple[bool, str] | None:
     return None
 
 
-def _memory(obj: Any) -> str:
-    return f"{IN_MEMORY}{type(obj).__name__}>"
-
-
 def _check_object(name: str, v: Any) -> None:
-    """An object in memory in a field that takes one: the right kind, or one line naming the field
-    and what it accepts."""
+    """An object in memory of the kind field ``name`` takes, or one line naming what it accepts."""
     if name == "model":
-        if not isinstance(v, nn.Module):
-            raise _bad_type(
-                "model",
-                v,
-                "give a checkpoint path, a Hugging Face hub id (org/name), 'builtin', or a model object "
-                "(a torch.nn.Module, e.g. a transformers PreTrainedModel)",
-            )
-        return
-    if name == "tokenizer":
-        if isinstance(v, (bytes, nn.Module)) or not callable(v) or hasattr(v, "__array__"):
-            raise _bad_type(
-                "tokenizer",
-                v,
-                "give a tokenizer directory or hub id, 'bytes', or a Hugging Face tokenizer object "
-                "(transformers.AutoTokenizer.from_pretrained(...))",
-            )
-        return
-
-    why = check_object(name, v)
-    if why is not None:
+        ok = isinstance(v, nn.Module)
+        why = "give a checkpoint path, a Hugging Face hub id (org/name), 'builtin', or a model object "
+        why += "(a torch.nn.Module, e.g. a transformers PreTrainedModel)"
+    elif name == "tokenizer":
+        ok = not isinstance(v, (bytes, nn.Module)) and callable(v) and not hasattr(v, "__array__")
+        why = "give a tokenizer directory or hub id, 'bytes', or a Hugging Face tokenizer object "
+        why += "(transformers.AutoTokenizer.from_pretrained(...))"
+    else:
+        problem = check_object(name, v)
+        ok, why = problem is None, problem or ""
+    if not ok:
         raise _bad_type(name, v, why)
 
 
 def check_source(flag: str, value: Any) -> None:
-    """A data source is a dataset name, ``hf:NAME[:CONFIG][@REVISION]`` (opened here: it must be
-    reachable or cached), an existing path or an object in memory (checked when the spec was made);
-    a binary file given as text is refused here, before any model loads."""
+    """A data source is a dataset name, a reachable ``hf:`` dataset, a path (text if given as text), or an object."""
     if not isinstance(value, str) or value in DATASETS:
         return
 

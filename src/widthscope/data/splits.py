@@ -1,7 +1,5 @@
-"""A dataset's own splits: folders of split files named the way the Hugging Face Hub names them
-(:func:`split_files`), ``DatasetDict`` directories (:func:`dataset_splits`), and which split each
-probe pool reads (:func:`choose_splits`: train -> the train pool; validation, else test -> the
-held-out pool; never pooled and re-split unless asked for)."""
+"""A dataset's own splits (folders of split files named as the Hub names them, ``DatasetDict``
+directories) and which split each probe pool reads (:func:`choose_splits`)."""
 
 from __future__ import annotations
 
@@ -11,17 +9,7 @@ import re
 from pathlib import Path
 
 from ..errors import WidthscopeError
-from .sniff import TABULAR, is_dataset_dir
-
-__all__ = [
-    "FileSplits",
-    "split_files",
-    "SplitChoice",
-    "choose_splits",
-    "choose_among",
-    "dataset_splits",
-    "default_split",
-]
+from .sniff import TABULAR, files_under, is_dataset_dir
 
 # The Hub's split names (``datasets.data_files.SPLIT_KEYWORDS``): a word of a file or folder name.
 SPLIT_KEYWORDS: dict[str, tuple[str, ...]] = {
@@ -42,23 +30,14 @@ TEXT_SPLIT_SUFFIXES = (".txt", ".raw", ".tokens")  # plain-text split files: ptb
 
 @dataclasses.dataclass(frozen=True)
 class FileSplits:
-    """A folder of split files: ``splits`` (split -> its files, in path order), the data files
-    named for no split (``unassigned``), metadata files never read (``ignored``), and whether
-    the files are tables or plain text (``kind``)."""
+    """A folder of split files: each split's files, unassigned and ignored files, ``kind`` and all files."""
 
     root: Path
     splits: dict[str, list[Path]]
     unassigned: list[Path]
     ignored: list[Path]
     kind: str  # "table" | "text"
-
-    @property
-    def files(self) -> list[Path]:
-        """Every data file (all splits and the unassigned ones), in path order."""
-        return sorted(
-            [p for ps in self.splits.values() for p in ps] + self.unassigned,
-            key=lambda p: p.relative_to(self.root).as_posix(),
-        )
+    files: list[Path]  # every data file (all splits and the unassigned ones), in path order
 
     def names(self, files: list[Path], most: int = 3) -> str:
         rel = [p.relative_to(self.root).as_posix() for p in files]
@@ -81,9 +60,7 @@ def _words(name: str) -> set[str]:
 
 
 def _assign(root: Path, files: list[Path]) -> tuple[dict[Path, str], list[str]]:
-    """Each file's split from its name, as the Hub assigns them: ``{split}-NNNNN-of-NNNNN``
-    shards first; else a split keyword in the folder names, else in the file names. Also the
-    files named for two splits (``train_test.csv``: the caller refuses them)."""
+    """Each file's split as the Hub assigns them from names, and the files named for two splits."""
     shards = {p: m.group("split") for p in files if (m := _SHARD.match(p.name))}
     if shards:
         return shards, []
@@ -105,16 +82,12 @@ def _assign(root: Path, files: list[Path]) -> tuple[dict[Path, str], list[str]]:
 
 
 def split_files(path: str | Path) -> FileSplits | None:
-    """The dataset's own splits in a folder of tables named as the Hub names them (shards
-    ``{split}-00000-of-00001.parquet``, else a split keyword as a word of a folder or file name), or of
-    plain-text split files (``ptb.train.txt``: each names one split, ``train`` among two or more); else None."""
+    """The splits of a folder of tables or plain-text files named as the Hub names them, else None."""
     root = Path(path).expanduser()
     if not root.is_dir() or is_dataset_dir(root):
         return None
     data, ignored, suffixes = [], [], set()
-    for p in root.rglob("*"):  # stop at the first file that is neither a table nor plain text
-        if not p.is_file() or any(part.startswith(".") for part in p.relative_to(root).parts):
-            continue
+    for p in files_under(root):
         if p.name.lower() in _METADATA:
             ignored.append(p)
             continue
@@ -126,9 +99,6 @@ def split_files(path: str | Path) -> FileSplits | None:
     kind = "table" if suffixes and suffixes <= set(TABULAR) else "text"
     if not data or (kind == "text" and not suffixes <= set(TEXT_SPLIT_SUFFIXES)):
         return None
-    order = lambda p: p.relative_to(root).as_posix()  # noqa: E731
-    data.sort(key=order)
-    ignored.sort(key=order)
     assigned, twice = _assign(root, data)
     if twice and kind == "table":
         raise WidthscopeError(
@@ -142,12 +112,11 @@ def split_files(path: str | Path) -> FileSplits | None:
         return None
     if kind == "text" and (twice or unassigned or "train" not in splits or len(splits) < 2):
         return None  # a folder of text files whose names only happen to hold a split word: one corpus
-    return FileSplits(root, splits, unassigned, ignored, kind)
+    return FileSplits(root, splits, unassigned, ignored, kind, data)
 
 
 def dataset_splits(path: str | Path) -> list[str] | None:
-    """The split names of a folder that has its own splits — a ``DatasetDict`` directory
-    (``dataset_dict.json``) or a folder of split files (:func:`split_files`) — else None."""
+    """The split names of a ``DatasetDict`` directory or a folder of split files, else None."""
     root = Path(path).expanduser()
     if is_dataset_dir(root):
         if not (root / "dataset_dict.json").is_file():
@@ -176,21 +145,9 @@ def _split_named(name: str, names: list[str], flag: str, path: Path | str) -> st
     raise WidthscopeError(f"{flag} {name!r}: {path} has splits {', '.join(names)}; choose one of them")
 
 
-def default_split(names: list[str], role: str) -> str | None:
-    """The split of ``names`` a pool reads when none is named: ``train`` for the train pool,
-    ``validation`` (else ``test``) for the held-out pool; None: none of that name."""
-    if role == "train":
-        return "train" if "train" in names else None
-    return next((n for n in HELD_OUT if n in names), None)
-
-
 @dataclasses.dataclass(frozen=True)
 class SplitChoice:
-    """Which split of a folder with splits each pool reads (:func:`choose_splits`).
-
-    ``train``: the train pool's split (None: the whole folder); ``test``: the held-out pool's
-    split, or None when the held-out pool is cut from the train pool's corpus (``how`` ``one
-    split`` or ``re-split on request``); ``integrity`` for ``heldout_integrity``; ``notes``."""
+    """Which split each pool reads (None: the whole source; ``test`` None: cut from the train split)."""
 
     train: str | None
     test: str | None
@@ -202,9 +159,7 @@ class SplitChoice:
 def choose_splits(
     path: str | Path, train_split: str | None = None, test_split: str | None = None, test_fraction: float | None = None
 ) -> SplitChoice | None:
-    """The splits the pools read from ``--data path`` (None: it has none). The train pool reads
-    ``train_split`` (default ``train``), the held-out pool ``test_split`` (default ``validation``, else
-    ``test``); one split only, or ``test_fraction`` given: both pools are cut from one split."""
+    """The splits the pools read from ``--data path`` (None: it has no splits)."""
     root = Path(path).expanduser()
     names = dataset_splits(root)
     if names is None:
@@ -222,9 +177,7 @@ def choose_among(
     test_split: str | None = None,
     test_fraction: float | None = None,
 ) -> SplitChoice:
-    """:func:`choose_splits` for a source whose split ``names`` are known (a folder's, a Hugging
-    Face dataset's, a ``DatasetDict`` object's); ``root`` names the source in the messages, ``fs``
-    the folder of split files (None: whole splits)."""
+    """:func:`choose_splits` for a source whose split ``names`` are known (``fs``: its split files)."""
     tr = None if train_split is None else _split_named(train_split, names, "--train-split", root)
     te = None if test_split is None else _split_named(test_split, names, "--test-split", root)
     files = (lambda s: f" ({fs.names(fs.splits[s])})") if fs is not None else (lambda s: "")

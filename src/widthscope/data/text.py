@@ -1,13 +1,6 @@
-"""Byte-level text: files -> fixed-length sequences of byte tokens (vocabulary 256).
-
-The corpus is the files' bytes concatenated in sorted path order (in a directory, the files that
-are text by content; the others listed in ``meta["skipped_files"]``), cut into chunks of
-``seq_len`` bytes (tail dropped). A seeded permutation holds out ``round(test_fraction · chunks)``
-chunks; ``meta`` records both chunk-index lists (chunk ``i`` = bytes ``[i·seq_len, (i+1)·seq_len)``)
-and the corpus' SHA-256, from which :func:`widthscope.data.record` makes byte ranges valid at any
-later sequence length (:func:`chunks_within`). Default corpus: the ``.py`` files of Python's
-standard library (no site/dist-packages), read until ``max_bytes``.
-"""
+"""Byte-level text: the files' bytes concatenated in sorted path order (default: Python's standard
+library ``.py`` files), cut into ``seq_len``-byte chunks (chunk ``i`` = bytes ``[i·L, (i+1)·L)``), of
+which a seeded permutation holds out ``round(test_fraction · chunks)``."""
 
 from __future__ import annotations
 
@@ -22,8 +15,7 @@ import torch
 
 from ..errors import WidthscopeError
 from . import Split, holdout
-from .corpus import files_under, text_only
-from .sniff import TABULAR, sniff
+from .sniff import TABULAR, files_under, sniff, text_only
 
 
 def _files(root: str | None) -> tuple[list[Path], str, list[str]]:
@@ -62,8 +54,7 @@ def _files(root: str | None) -> tuple[list[Path], str, list[str]]:
 
 
 def prose() -> tuple[bytes, list[str]]:
-    """English prose shipped with Python itself: the ``pydoc_data.topics`` help texts (sorted by
-    topic) and the interpreter's LICENSE.txt — a corpus unlike source code, present everywhere."""
+    """English prose shipped with Python: the ``pydoc_data.topics`` help texts and LICENSE.txt."""
     parts = [topics.topics[k] for k in sorted(topics.topics)]
     used = ["pydoc_data.topics"]
     lic = Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt"
@@ -74,8 +65,7 @@ def prose() -> tuple[bytes, list[str]]:
 
 
 def read_corpus(root: str | None, max_bytes: int, corpus: str = "text") -> tuple[bytes, list[str], str, list[str]]:
-    """The corpus bytes (files concatenated in sorted order, up to ``max_bytes``), the files used,
-    a description and the files skipped. ``corpus="prose"``: :func:`prose` instead of files."""
+    """The corpus bytes (up to ``max_bytes``), the files used, a description and the files skipped."""
     if corpus == "prose":
         buf, used = prose()
         return buf[:max_bytes], used, "English prose shipped with Python (pydoc_data.topics, LICENSE.txt)", []
@@ -103,8 +93,7 @@ def spans(indices: Iterable[int], seq_len: int) -> list[list[int]]:
 
 
 def chunks_within(n_bytes: int, seq_len: int, ranges: list[list[int]]) -> np.ndarray:
-    """Indices of the chunks of length ``seq_len`` (chunk j = [j·L, (j+1)·L)) lying wholly
-    inside one of the sorted, disjoint byte ``ranges``."""
+    """Indices of the ``seq_len`` chunks lying wholly inside one of the sorted, disjoint byte ``ranges``."""
     starts = np.arange(n_bytes // seq_len, dtype=np.int64) * seq_len
     if not ranges or not len(starts):
         return np.zeros(0, dtype=np.int64)
@@ -116,8 +105,7 @@ def chunks_within(n_bytes: int, seq_len: int, ranges: list[list[int]]) -> np.nda
 
 
 def recorded_chunks(record: dict, n_bytes: int, seq_len: int, part: str) -> np.ndarray:
-    """Chunks of length ``seq_len`` wholly inside a data record's ``"fitted"`` or ``"heldout"``
-    byte ranges, or (``"train"``) anywhere outside the held-out ones (:func:`widthscope.data.record`)."""
+    """Chunks inside a record's ``fitted`` or ``heldout`` byte ranges, or (``train``) outside the held-out ones."""
     if part in ("fitted", "heldout"):
         return chunks_within(n_bytes, seq_len, record[part])
     if part != "train":
