@@ -1046,8 +1046,6 @@ def _alignment_time(cfg: Any, fam: Any, width: float, budget: int) -> float:
 def plan_alignment(cfg: Any, cells: Any, done: Callable[[Any], bool], *, timed_run: bool = False) -> list[CellPlan]:
     """One :class:`CellPlan` per distinct (family, width) of an alignment sweep's ``cells``
     (``done``: a finished cell); ``timed_run`` (``sweep --plan``): each with one cell's seconds."""
-    from .sweeps.config import config_where  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
-
     groups: dict[tuple[str, float], list[Any]] = {}
     for c in cells:
         groups.setdefault((c["family"], c["width"]), []).append(c)
@@ -1057,7 +1055,7 @@ def plan_alignment(cfg: Any, cells: Any, done: Callable[[Any], bool], *, timed_r
         try:
             got = _alignment_plan(cfg, fam, width, int(these[0]["budget"]), timed_run)
         except WidthscopeError as exc:
-            raise WidthscopeError(f"{config_where(f'family {name!r}')} at width {width}: {exc}") from None
+            raise WidthscopeError(f"sweep config family {name!r} at width {width}: {exc}") from None
         left = sum(1 for c in these if not done(c))
         label = f"{name} @ {width}"
         plan, note = (got, None) if isinstance(got, Plan) else (None, got)

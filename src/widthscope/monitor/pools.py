@@ -1,5 +1,4 @@
-"""The monitor's fixed pools, materialised once (:func:`as_batches`), and the dry probe at construction
-(:func:`dry_probe`): bad data or points fail before training; a probe that changes the model is refused."""
+"""The monitor's fixed pools (:func:`as_batches`) and the dry probe at construction (:func:`dry_probe`)."""
 
 from __future__ import annotations
 
@@ -23,7 +22,6 @@ def as_batches(pool: Any, what: str, batch_size: int) -> list[Any]:
             )
         return batched(pool, batch_size=batch_size)
     if isinstance(pool, tuple) and len(pool) == 2 and all(isinstance(t, torch.Tensor) for t in pool):
-        # A tuple of two tensors is the whole pool (X, Y); a list is batches.
         if pool[0].ndim < 1 or pool[1].ndim < 1 or pool[0].shape[0] != pool[1].shape[0]:
             raise WidthscopeError(
                 f"the {what} pool (X, Y) has {tuple(pool[0].shape)} inputs but "
@@ -31,7 +29,6 @@ def as_batches(pool: Any, what: str, batch_size: int) -> list[Any]:
             )
         return batched(pool[0], pool[1], batch_size=batch_size)
     if isinstance(pool, Mapping) and isinstance(pool.get("input_ids"), torch.Tensor):
-        # {"input_ids": (n, T), "attention_mask": ..., "labels": ...}: the whole pool, split along dim 0.
         n = pool["input_ids"].shape[0]
         return [{k: v[i : i + batch_size] for k, v in pool.items()} for i in range(0, n, batch_size)]
     try:
@@ -63,13 +60,9 @@ def dry_probe(
     pool: str,
     clock: Callable[[], float],
 ) -> tuple[list[str], float]:
-    """One probe of one batch per pool ``(batches, M or K, "train" / "held-out")``: bad data or points
-    fail now, and a model whose probe changes a parameter or buffer (which the monitor could not
-    undo) is refused, put back first. With ``pool="token"`` the sample count is known only after
-    probing, so the whole pools are probed and checked against their sizes.
-
-    Returns the probe's notes and the predicted seconds of a whole probe (one batch's time times
-    the pool's batch count: the budget's first prediction)."""
+    """Probe one batch per pool ``(batches, M or K, "train" / "held-out")`` (``pool="token"``: the whole
+    pools, checked against their sizes), refusing a model whose probe changes a parameter or buffer.
+    Returns the probe's notes and the predicted seconds of a whole probe."""
     state = TrainingState(model, weights=True)
     whole = pool == "token"
     notes: list[str] = []
@@ -106,8 +99,7 @@ def dry_probe(
 
 
 def _no_forward(model: nn.Module, exc: Exception) -> None:
-    """Refuse, with the fix, a model without ``forward()`` (torch: 'Module [X] is missing the
-    required "forward" function'); any other error is left to the caller."""
+    """Refuse, with the fix, a model without ``forward()``; any other error is left to the caller."""
     cause = exc if isinstance(exc, NotImplementedError) else exc.__cause__
     if not isinstance(cause, NotImplementedError) or '"forward"' not in str(cause):
         return

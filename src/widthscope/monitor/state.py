@@ -1,5 +1,4 @@
-"""The monitor's restore guarantee (:class:`TrainingState`) and the models a probe refuses
-(:func:`check_not_fsdp`: FSDP-sharded models, whose parameters are split across ranks)."""
+"""The monitor's restore guarantee (:class:`TrainingState`) and its refusal of FSDP-sharded models."""
 
 from __future__ import annotations
 
@@ -14,13 +13,9 @@ from ..errors import WidthscopeError
 
 
 class TrainingState:
-    """Everything a probe could disturb, captured once and put back exactly by :meth:`restore`.
-
-    RNG states (torch CPU, every CUDA device when CUDA is initialised, python ``random``, numpy),
-    the ``training`` flag of every module, and per parameter its ``requires_grad`` flag and its
-    ``.grad`` (the tensor object and a copy of its values); ``weights=True``: also a copy of every
-    parameter and buffer, put back where it changed (:meth:`restore` returns their names).
-    """
+    """Everything a probe could disturb (RNG states, ``training`` flags, ``requires_grad`` and ``.grad``;
+    ``weights=True``: every parameter and buffer), put back exactly by :meth:`restore`, which returns
+    the names of the weights it put back."""
 
     def __init__(self, model: nn.Module, *, weights: bool = False) -> None:
         self.model = model
@@ -72,13 +67,10 @@ def _weights(model: nn.Module) -> dict[str, torch.Tensor]:
 def _fsdp_classes() -> tuple[type, ...]:
     try:
         import torch.distributed.fsdp as fsdp  # noqa: PLC0415  optional: torch builds without distributed
-    except ImportError:  # a torch build without distributed: nothing can be sharded
+    except ImportError:
         return ()
-    return tuple(
-        c
-        for c in (getattr(fsdp, "FullyShardedDataParallel", None), getattr(fsdp, "FSDPModule", None))
-        if isinstance(c, type)
-    )
+    found = (getattr(fsdp, name, None) for name in ("FullyShardedDataParallel", "FSDPModule"))
+    return tuple(c for c in found if isinstance(c, type))
 
 
 FSDP_FIX = (
@@ -88,8 +80,7 @@ FSDP_FIX = (
 
 
 def check_not_fsdp(model: Any, where: str = "the monitor") -> None:
-    """Refuse (one line) a model with any FSDP-sharded module: FSDP1 ``FullyShardedDataParallel``
-    or FSDP2 ``fully_shard`` (the ``FSDPModule`` mixin)."""
+    """Refuse a model with any FSDP-sharded module (FSDP1 ``FullyShardedDataParallel``, FSDP2 ``fully_shard``)."""
     classes = _fsdp_classes()
     if not classes or not isinstance(model, nn.Module):
         return
