@@ -5,6 +5,6 @@ one row per ``(step, point)``. A plain loop calls ``monitor.step(model, step)``;
 
 from .core import AlignmentMonitor, log_steps
 from .options import MonitorOptions
-from .state import TrainingState
+from .pools import TrainingState
 
 __all__ = ["AlignmentMonitor", "MonitorOptions", "TrainingState", "log_steps"]

@@ -25,9 +25,8 @@ from ..options import with_keywords
 from ..probe import collect, resolve_points
 from ..probe.offload import input_device
 from .options import MonitorOptions
-from .pools import as_batches, count_safe, dry_probe
+from .pools import TrainingState, as_batches, check_not_fsdp, count_safe, dry_probe, unwrap
 from .rows import certified_event, make_row, metrics
-from .state import TrainingState, check_not_fsdp, unwrap
 
 _log = logging.getLogger("widthscope.monitor")
 
@@ -304,21 +303,13 @@ class AlignmentMonitor:
         if not distributed.is_main():
             return
         assert self.budget is not None
-        train_s, reserve = self._train_s(now), self._reserve_s(step)
+        train_s, reserve, pct = self._train_s(now), self._reserve_s(step), f"{100 * self.budget:.3g}%"
+        last = f" + the last step's ~{reserve:.3g} s" if reserve else ""
+        hint = "; pass budget=math.inf, or every=/at= without a budget, to probe every planned step"
         _log.warning(
-            "alignment monitor: skipped the probe planned at step %d: the monitor would exceed its "
-            "budget of %.3g%% of training time (monitor %.3g s + next probe ~%.3g s%s > %.3g%% of %.3g s "
-            "of training)%s",
-            step,
-            100 * self.budget,
-            self.spent_s,
-            self._predict_s,
-            f" + the last step's ~{reserve:.3g} s" if reserve else "",
-            100 * self.budget,
-            train_s,
-            ""
-            if len(self.skipped) > 1
-            else "; pass budget=math.inf, or every=/at= without a budget, to probe every planned step",
+            f"alignment monitor: skipped the probe planned at step {step}: the monitor would exceed its budget of "
+            f"{pct} of training time (monitor {self.spent_s:.3g} s + next probe ~{self._predict_s:.3g} s{last} > "
+            f"{pct} of {train_s:.3g} s of training){'' if len(self.skipped) > 1 else hint}"
         )
         if self._writes:
             row = {"kind": "skipped", "step": step, "reason": "budget", "budget": self.budget}
@@ -329,10 +320,9 @@ class AlignmentMonitor:
         probed = sorted({int(r["step"]) for r in self.rows})
 
         def steps(xs: Sequence[int]) -> str:
-            return (
-                ", ".join(map(str, xs))
-                if len(xs) <= 12
-                else f"{', '.join(map(str, xs[:6]))}, ..., {', '.join(map(str, xs[-3:]))} ({len(xs)} steps)"
+            short = len(xs) <= 12
+            return ", ".join(map(str, xs if short else [*xs[:6], "...", *xs[-3:]])) + (
+                "" if short else f" ({len(xs)} steps)"
             )
 
         budget = "" if self.budget is None or math.isinf(self.budget) else f" (budget {100 * self.budget:.3g}%)"

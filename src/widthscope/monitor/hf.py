@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import WidthscopeError
 from .core import AlignmentMonitor, monitor_from
 from .options import MonitorOptions
+from .pools import FSDP_FIX, check_not_fsdp
 from .rows import lazy_class
-from .state import FSDP_FIX, check_not_fsdp
 
 __all__ = ["AlignmentCallback", "attach"]
 
@@ -31,18 +31,13 @@ if TYPE_CHECKING:  # built on first use by the module __getattr__ below
     AlignmentCallback: type
 
 
-def _base() -> type:
+def _make_class() -> type:
     try:
         from transformers import TrainerCallback
     except ImportError as exc:  # pragma: no cover
         raise WidthscopeError("widthscope.monitor.hf needs transformers: pip install 'widthscope[hf]'") from exc
-    return TrainerCallback
 
-
-def _make_class() -> type:
-    base = _base()
-
-    class AlignmentCallback(base):  # type: ignore[misc, valid-type]
+    class AlignmentCallback(TrainerCallback):  # type: ignore[misc, valid-type]
         """Probes ``monitor.step(model, state.global_step)`` after optimizer steps; logs the rows as extra entries.
         Give a ``monitor``, or ``train=``, ``test=``, ``options=`` / keywords to build one on ``model``
         (default: ``trainer.model``)."""

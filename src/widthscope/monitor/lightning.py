@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import WidthscopeError
 from .core import AlignmentMonitor, monitor_from
 from .options import MonitorOptions
+from .pools import FSDP_FIX, check_not_fsdp
 from .rows import lazy_class
-from .state import FSDP_FIX, check_not_fsdp
 
 __all__ = ["AlignmentCallback"]
 
@@ -29,22 +29,18 @@ if TYPE_CHECKING:  # built on first use by the module __getattr__ below
     AlignmentCallback: type
 
 
-def _base() -> type:
+def _make_class() -> type:
     try:
         from lightning.pytorch.callbacks import Callback
     except ImportError:  # the older package name
         try:
-            from pytorch_lightning.callbacks import Callback as LegacyCallback
+            from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]
         except ImportError as exc:
             raise WidthscopeError(
                 "widthscope.monitor.lightning needs Lightning: pip install 'widthscope[lightning]'"
             ) from exc
-        return LegacyCallback
-    return Callback
 
-
-def _make_class() -> type:
-    class AlignmentCallback(_base()):  # type: ignore[misc]
+    class AlignmentCallback(Callback):  # type: ignore[misc]
         """Probe after the optimizer steps the monitor's schedule picks; write the rows to the loggers.
         Give a ``monitor``, or ``model=`` (e.g. ``lit.net``), ``train=``, ``test=``, ``options=`` / keywords."""
 

@@ -97,11 +97,10 @@ def _probe_rows(
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """The alignment and intervention rows of a trained cell model; the seconds of probe, statistics, interventions."""
     points = list(opts.points or ()) or probe.insertion_points(model)
-    conditions = probe_conditions(fam)
     rows: list[dict[str, Any]] = []
     iv_rows: list[dict[str, Any]] = []
     secs = dict.fromkeys(("probe_s", "stats_s", "intervene_s"), 0.0)
-    for ci, cond in enumerate(conditions):
+    for ci, cond in enumerate(probe_conditions(fam)):
         for li, L in enumerate(probe_lengths(fam, cond)):
             t0 = time.perf_counter()
             pa, pb, desc, _ = probe_pools(fam, cond, L, split, cfg)
@@ -110,19 +109,12 @@ def _probe_rows(
             Xa, Xb = (probe.collect(model, b, **kw) for b in batches)
             secs["probe_s"] += time.perf_counter() - t0
             t0 = time.perf_counter()
-            words = (
-                {
-                    "probe_set": cond["name"],
-                    "probe_data": desc,
-                    "probe_seq_len": probe_len(pa, split),
-                    "probe_description": probe_words(cond, pa, pb, split),
-                    "probe_in_domain": (
-                        cond["data"] == (cond.get("test_data") or cond["data"]) == fam.dataset and not cond.get("shift")
-                    ),
-                }
-                if fam.probes is not None or fam.probe_seq_len is not None
-                else {}
-            )
+            words: dict[str, Any] = {}
+            if fam.probes is not None or fam.probe_seq_len is not None:
+                in_domain = cond["data"] == (cond.get("test_data") or cond["data"]) == fam.dataset
+                words = {"probe_set": cond["name"], "probe_data": desc, "probe_seq_len": probe_len(pa, split)}
+                words |= {"probe_description": probe_words(cond, pa, pb, split)}
+                words |= {"probe_in_domain": in_domain and not cond.get("shift")}
             these = _alignment_rows(opts, points, Xa, Xb, {**common, **trained}, words)
             secs["stats_s"] += time.perf_counter() - t0
             # interventions test the model's first-order prediction: on the first condition and length only
@@ -245,23 +237,12 @@ def _intervention_rows(
     the smallest resolved step on ``these`` rows."""
     from ..probe.interventions import intervene  # noqa: PLC0415  call-time lookup: tests replace it there
 
-    m_max, k_max = max(m for m, _ in opts.pairs), max(k for _, k in opts.pairs)
+    kw = {k: getattr(opts, k) for k in ("n_etas", "max_rel_step", "seed")}
+    kw |= {"M": max(m for m, _ in opts.pairs), "K": max(k for _, k in opts.pairs), "kind": opts.kind or "bias"}
     out: list[dict[str, Any]] = []
     for pi, point in enumerate(points):
-        ivs = intervene(
-            model,
-            point,
-            batches[0],
-            batches[1],
-            etas=None if opts.etas is None else list(opts.etas),
-            kind=opts.kind or "bias",
-            n_etas=opts.n_etas,
-            max_rel_step=opts.max_rel_step,
-            M=m_max,
-            K=k_max,
-            seed=opts.seed,
-            progress=False,
-        )
+        etas = None if opts.etas is None else list(opts.etas)
+        ivs = intervene(model, point, batches[0], batches[1], etas=etas, progress=False, **kw)
         iv_cols = smallest_step(ivs)
         for r in these:
             if r["point"] == point:
@@ -291,19 +272,13 @@ def cell_monitor(
     sized = dataclasses.replace(fam, n_probe_train=m["n_train"], n_probe_test=m["n_test"])
     pa, pb, _, _ = probe_pools(sized, cond, L, split, cfg)
     model.to(cfg.device)  # train() would move it anyway; the monitor's dry probe runs where training will
-    mon = AlignmentMonitor(
-        model,
-        pool_batches(pa, split.task, fam.probe_batch_size),
-        pool_batches(pb, split.task, fam.probe_batch_size),
-        points=m["points"] or fam.points or None,
-        M=m["M"],
-        K=m["K"],
-        at=m["steps"],
-        delta=m["delta"],
-        **{k: getattr(opts, k) for k in ("draws", "seed", "estimator", "pool")},
-        out=path,
-        progress=False,
-    )
+    settings = {k: getattr(opts, k) for k in ("draws", "seed", "estimator", "pool")} | {
+        "points": m["points"] or fam.points or None,
+        "at": m["steps"],
+        **{k: m[k] for k in ("M", "K", "delta")},
+    }
+    a, b = (pool_batches(pool, split.task, fam.probe_batch_size) for pool in (pa, pb))
+    mon = AlignmentMonitor(model, a, b, out=path, progress=False, **settings)
     return mon, {
         "monitor_probe": cond["name"],
         "monitor_probe_seq_len": probe_len(pa, split),

@@ -149,7 +149,7 @@ def summary_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """
     rows = [vacuous_rule(vacuous_rule(dict(r), "one_"), "two_") for r in rows if r.get("kind") == "alignment"]
     out = []
-    key = lambda r: (  # noqa: E731
+    key = lambda r: (
         (r.get("probe_set"), r.get("probe_seq_len")),
         r["family"],
         r.get("budget"),

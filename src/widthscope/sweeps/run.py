@@ -40,31 +40,25 @@ def run_sweep_file(
     (default: its ``out_dir``), shard ``"k/n"`` (default: one per ``torchrun`` rank), at ``threads``.
     ``dry_run``: print the grid and the cost plan, run nothing, return None; ``plan``: the same, timing
     one batch per distinct model. Otherwise run this shard, print the summary and return its result."""
-    recorded: tuple[str, str] | None = None
-    if is_record(config):
-        raw, fingerprint, where = read_record(config)
-        recorded, stem = (fingerprint, where), "sweep"
-    else:
+    recorded = read_record(config) if is_record(config) else None
+    if recorded is None:
         raw = read_toml(Path(config), "sweep config", "examples in configs/, reference in docs/sweeps.md")
-        stem = Path(config).stem
+    else:
+        raw = recorded[0]
+    cfg: SweepConfig | SuiteConfig
     if "suite" in raw:
-        suite = load_suite(raw, stem=stem, out_dir=out)
-        if recorded is not None:
-            check_fingerprint(suite.fingerprint(), *recorded)
-        if threads is not None:
-            suite.threads = threads
-        show = partial(print_suite_plan, timed=plan)
-        return _drive("suite", suite, plan_suite(suite), show, run_suite, shard, dry_run or plan, show_progress)
-    cfg = load_config(raw if recorded is not None else config, out_dir=out)
+        cfg = load_suite(raw, stem="sweep" if recorded else Path(config).stem, out_dir=out)
+    else:
+        cfg = load_config(raw if recorded else config, out_dir=out)
     if recorded is not None:
-        check_fingerprint(cfg.fingerprint(), *recorded)
-    check_structure(cfg, device=not dry_run)
+        check_fingerprint(cfg.fingerprint(), *recorded[1:])
     if threads is not None:
         cfg.threads = threads
-    printer = partial(_print_plan, timed=plan)
-    return _drive(
-        "sweep", cfg, plan_cells(cfg), printer, sweep_alignment.run_sweep, shard, dry_run or plan, show_progress
-    )
+    go = (shard, dry_run or plan, show_progress)
+    if isinstance(cfg, SuiteConfig):
+        return _drive("suite", cfg, plan_suite(cfg), partial(print_suite_plan, timed=plan), run_suite, *go)
+    check_structure(cfg, device=not dry_run)
+    return _drive("sweep", cfg, plan_cells(cfg), partial(_print_plan, timed=plan), sweep_alignment.run_sweep, *go)
 
 
 def print_config_plan(cfg: SweepConfig, *, timed: bool = False) -> list[CellPlan]:

@@ -117,11 +117,10 @@ def load_suite(raw: Mapping[str, Any], *, stem: str = "suite", out_dir: str | os
             "org/name, hub cache folders models--org--name, or local paths)"
         )
     name = su.get("name", stem)
-    if not isinstance(name, str) or not name:
-        raise WidthscopeError("sweep config [suite]: name must be a non-empty string")
     label = su.get("label", name)
-    if not isinstance(label, str) or not label:
-        raise WidthscopeError("sweep config [suite]: label must be a non-empty string")
+    for key, v in (("name", name), ("label", label)):
+        if not isinstance(v, str) or not v:
+            raise WidthscopeError(f"sweep config [suite]: {key} must be a non-empty string")
     models = _names(su["models"], "models")
     revisions: list[str | None] = list(_names(su.get("revisions"), "revisions", optional=True)) or [None]
     cert_keys = [f.name for f in dataclasses.fields(CertifyOptions)]
@@ -272,13 +271,10 @@ def print_suite_plan(
     tokens = (sizes[0] + sizes[1]) * sizes[2] if all(type(v) is int for v in sizes) else None
     rows = []
     flops: list[float | None] = []
-    finished: dict[str, bool] = {}
-    directories: dict[str, Path | None] = {}
+    hubs = {cell_id(c): _resolve(c, local_only=True)[0] for _, c in mine}
+    done = {cell_id(c): cell_state(out, c) for _, c in mine}
     for i, c in mine:
-        done = cell_state(out, c)
-        hub = _resolve(c, local_only=True)[0]
-        finished[cell_id(c)] = done is True
-        directories[cell_id(c)] = Path(hub.directory) if hub is not None else None
+        hub = hubs[cell_id(c)]
         n = parameters(hub.directory) if hub is not None else None
         flops.append(6.0 * n * tokens if n is not None and tokens is not None else None)
         rows.append(
@@ -290,7 +286,7 @@ def print_suite_plan(
                 "step": step_of(c["revision"]),
                 "commit": hub.commit[:12] if hub is not None else "not cached",
                 "cell_id": cell_id(c),
-                "done": done,
+                "done": done[cell_id(c)],
             }
         )
     k, n = shard
@@ -309,6 +305,10 @@ def print_suite_plan(
     from ..planning import plan_suite_models, print_cell_plans  # noqa: PLC0415  cycle: widthscope.planning imports the sweeps
 
     costs = plan_suite_models(
-        cfg, [c for _, c in mine], lambda c: finished[cell_id(c)], lambda c: directories[cell_id(c)], timed_run=timed
+        cfg,
+        [c for _, c in mine],
+        lambda c: done[cell_id(c)] is True,
+        lambda c: None if (hub := hubs[cell_id(c)]) is None else Path(hub.directory),
+        timed_run=timed,
     )
     print_cell_plans(costs, shard, cfg.device)
