@@ -297,9 +297,8 @@ def _family(raw: Any, index: int, sweep_budgets: list[int] | None, sweep_options
     n_train = raw.get("n_train")
     if n_train is None and not sweep_budgets:
         raise WidthscopeError(f"{where}: missing n_train (training examples), or give [sweep].budgets")
-    if n_train is not None:
-        n_train = config_int(n_train, f"{where} n_train")
-    for nt in ([n_train] if n_train is not None else []) + list(sweep_budgets or []):
+    n_train = None if n_train is None else config_int(n_train, f"{where} n_train")
+    for nt in [n for n in (n_train, *(sweep_budgets or ())) if n is not None]:
         if nt < n_pa:
             raise WidthscopeError(
                 f"{where}: certify.n_probe_train={n_pa} exceeds the training set "

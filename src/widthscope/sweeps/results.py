@@ -75,16 +75,12 @@ def _alignment(config: Mapping[str, Any], options: Mapping[str, Any]) -> dict[st
     )
     families = []
     for f in config["families"]:
-        certify = {
-            "n_probe_train": f["n_probe_train"],
-            "n_probe_test": f["n_probe_test"],
-            "batch_size": f["probe_batch_size"],
-            **_drop_none(options["families"][f["name"]]),
-        }
+        certify = {"n_probe_train": f["n_probe_train"], "n_probe_test": f["n_probe_test"]}
+        certify |= {"batch_size": f["probe_batch_size"], **_drop_none(options["families"][f["name"]])}
         fam = {
             k: f[k] for k in ("name", "model", "widths", "dataset", "n_test", "model_options", "data_options", "train")
         }
-        fam.update(_drop_none({"n_train": f.get("n_train"), "probe_seq_len": f.get("probe_seq_len")}))
+        fam |= _drop_none({"n_train": f.get("n_train"), "probe_seq_len": f.get("probe_seq_len")})
         fam["certify"] = certify
         if f.get("probes") is not None:
             fam["probes"] = [_drop_none(c) for c in f["probes"]]
