@@ -132,17 +132,10 @@ class AlignmentMonitor:
     ) -> tuple[Any, Any, Any]:
         """Object pools (texts, a ``datasets.Dataset``) as batches, and the task's loss when none is given."""
         pools = []
+        kw: dict[str, Any] = dict(model=model, tokenizer=tokenizer, batch_size=opts.batch_size, fn="AlignmentMonitor")
         for name, obj, off in (("train", train, 0), ("test", test, 1)):
             if is_object_pool(obj):
-                obj, task_loss, _ = batches_from(
-                    obj,
-                    model=model,
-                    tokenizer=tokenizer,
-                    batch_size=opts.batch_size,
-                    seed=opts.seed + off,
-                    fn="AlignmentMonitor",
-                    name=name,
-                )
+                obj, task_loss, _ = batches_from(obj, seed=opts.seed + off, name=name, **kw)
                 loss_fn = loss_fn or task_loss
             pools.append(obj)
         return pools[0], pools[1], loss_fn
@@ -155,11 +148,10 @@ class AlignmentMonitor:
             b = as_batches(test, "held-out", batch_size)
         finally:
             state.restore()
-        if self.pool != "token":
-            check_pool(count_examples(a), self.M, "train", "the train pool size", self.pool)
-            check_pool(count_examples(b), self.K, "held-out", "the held-out pool size", self.pool)
         W = distributed.world_size()
-        for what, lst in (("train", a), ("held-out", b)):
+        for what, lst, need in (("train", a, self.M), ("held-out", b, self.K)):
+            if self.pool != "token":
+                check_pool(count_examples(lst), need, what, f"the {what} pool size", self.pool)
             if len(lst) < W:
                 raise WidthscopeError(
                     f"the {what} pool has {len(lst)} batch(es) for {W} ranks: every rank "
