@@ -3,6 +3,7 @@ probe condition (in-domain, another dataset, a shifted copy, another text length
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -163,21 +164,17 @@ def probe_pools(
     seed = cfg.data_seed
     data, test = cond["data"], cond.get("test_data") or cond["data"]
     inside = _in_domain(fam, L, split, cfg) if fam.dataset in (data, test) else None
-    loaded: dict[str, Any] = {}
 
+    @functools.cache
     def other(name: str) -> Any:
-        if name not in loaded:
-            opts = dict(cond.get("data_options", {}))
-            if L is not None:
-                opts["seq_len"] = L
-            got = wdata.load(name, seed=seed, **opts)
-            if got.task != split.task or (split.task == "lm" and got.num_classes != split.num_classes):
-                raise WidthscopeError(
-                    f"family {fam.name!r}: probe {cond['name']!r} data {name!r} does not fit the "
-                    f"model trained on {fam.dataset!r}"
-                )
-            loaded[name] = got
-        return loaded[name]
+        opts = dict(cond.get("data_options", {})) | ({} if L is None else {"seq_len": L})
+        got = wdata.load(name, seed=seed, **opts)
+        if got.task != split.task or (split.task == "lm" and got.num_classes != split.num_classes):
+            raise WidthscopeError(
+                f"family {fam.name!r}: probe {cond['name']!r} data {name!r} does not fit the "
+                f"model trained on {fam.dataset!r}"
+            )
+        return got
 
     def part(name: str, i: int, n: int, seed_: int, words: tuple[str, str]) -> tuple[Any, str]:
         if inside is not None and name == fam.dataset:
