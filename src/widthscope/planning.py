@@ -724,10 +724,8 @@ class CellPlan:
 
 
 def plan_alignment(cfg: Any, cells: Any, done: Callable[[Any], bool], *, timed_run: bool = False) -> list[CellPlan]:
-    """One :class:`CellPlan` per distinct (family, width) of an alignment sweep's ``cells`` (``done``:
-    a finished cell); ``timed_run`` (``sweep --plan``): each with one cell's seconds."""
-    from .sweeps.config import config_where  # noqa: PLC0415  cycle: widthscope.sweeps imports this module
-
+    """One :class:`CellPlan` per distinct (family, width) of an alignment sweep's ``cells``
+    (``done``: a finished cell); ``timed_run`` (``sweep --plan``): each with one cell's seconds."""
     groups: dict[tuple[str, float], list[Any]] = {}
     for c in cells:
         groups.setdefault((c["family"], c["width"]), []).append(c)
@@ -737,7 +735,7 @@ def plan_alignment(cfg: Any, cells: Any, done: Callable[[Any], bool], *, timed_r
         try:
             got = _alignment_plan(cfg, fam, width, int(these[0]["budget"]), timed_run)
         except WidthscopeError as exc:
-            raise WidthscopeError(f"{config_where(f'family {name!r}')} at width {width}: {exc}") from None
+            raise WidthscopeError(f"sweep config family {name!r} at width {width}: {exc}") from None
         plan, note = (got, None) if isinstance(got, Plan) else (None, got)
         out.append(CellPlan(f"{name} @ {width}", len(these), sum(1 for c in these if not done(c)), plan, note))
     return out

@@ -1,11 +1,6 @@
-"""The alignment monitor: certify fixed pools at chosen optimizer steps, leaving training untouched.
-
-At a monitored step the monitor probes a *fixed* train and held-out pool (drawn at construction) in
-eval mode and computes what ``certify`` does (:func:`widthscope.certification.statistics`) per point,
-restoring the training state exactly (:mod:`.state`). Steps: ``every=N``, ``at=[...]`` or log-spaced
-under a time ``budget``; the run's first and last steps (:meth:`AlignmentMonitor.bounds`) are always
-probed. FSDP-sharded models are refused. Schedule, budget rule and rows: docs/monitor.md.
-"""
+"""The alignment monitor: certify fixed pools at chosen optimizer steps, restoring the training state
+exactly. Steps: ``every=N``, ``at=[...]`` or log-spaced under a time ``budget``, plus the run's first and
+last; schedule, budget rule and rows: docs/monitor.md."""
 
 from __future__ import annotations
 
@@ -26,12 +21,12 @@ from .._io import append_jsonl, read_jsonl, to_jsonable
 from ..certification import check_pool, count_examples, gather_rows, statistics
 from ..data.objects import batches_from, check_tokenizer, is_object_pool
 from ..errors import WidthscopeError
+from ..options import with_keywords
 from ..probe import collect, resolve_points
 from ..probe.offload import input_device
-from .options import MonitorOptions, monitor_options
-from .pools import as_batches, count_safe, dry_probe
+from .options import MonitorOptions
+from .pools import TrainingState, as_batches, check_not_fsdp, count_safe, dry_probe, unwrap
 from .rows import certified_event, make_row, metrics
-from .state import TrainingState, check_not_fsdp, unwrap
 
 _log = logging.getLogger("widthscope.monitor")
 
@@ -52,7 +47,6 @@ def log_steps(limit: int, per_octave: int = 2) -> list[int]:
 
 
 def check_step(v: Any, name: str, low: int) -> int:
-    """A step number: a whole number (not bool) ``>= low``."""
     try:
         n = None if isinstance(v, bool) else operator.index(v)
     except TypeError:
@@ -65,12 +59,10 @@ def check_step(v: Any, name: str, low: int) -> int:
 class AlignmentMonitor:
     """Certificates of fixed train and held-out pools at chosen optimizer steps of a training run.
 
-    ``train``/``test`` are the fixed pools (tensors, token ids, dicts, probe batches, a ``BatchEncoding``,
-    or texts/a ``datasets.Dataset`` with ``tokenizer=``), drawn once at construction. Settings are a
-    :class:`~widthscope.monitor.options.MonitorOptions` (``options``; keywords override its fields, an
-    unknown one is refused). ``out``: a JSONL file, appended and read back to resume (rank 0 writes under
-    ``torch.distributed``; every rank calls :meth:`step` at the same steps). ``clock``: the budget's time
-    source. Rows (``kind="row"``) and ``certified`` events: docs/monitor.md.
+    ``train``/``test``: the pools (tensors, token ids, dicts, batches, or texts / a ``datasets.Dataset``
+    with ``tokenizer=``), drawn once. ``options``: a :class:`MonitorOptions` (keywords override its
+    fields). ``out``: a JSONL file, appended and read back to resume (rank 0 writes). ``clock``: the
+    budget's time source.
     """
 
     metrics = staticmethod(metrics)
@@ -89,9 +81,10 @@ class AlignmentMonitor:
         tokenizer: Any = None,
         **keywords: Any,
     ) -> None:
-        fn = "AlignmentMonitor"  # every argument checked before any work
+        fn = "AlignmentMonitor"
         _args.module(fn, "model", model)
-        opts = monitor_options(options, keywords, fn)
+        also = ("loss_fn", "out", "progress", "clock", "tokenizer")  # objects of the run, not options
+        opts = with_keywords(fn, options, MonitorOptions, keywords, also=also, words="unknown keyword argument {key!r}")
         check_tokenizer(tokenizer, fn)
         train, test, loss_fn = self._object_pools(model, train, test, opts, loss_fn, tokenizer)
         _args.batches(fn, "train", train, single=True)
@@ -113,17 +106,15 @@ class AlignmentMonitor:
         self.model = model
         self.rows: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
-        self._certified: set[str] = set()
         self._done: set[int] = set()
         self.out = None if out is None else Path(out)
-        self.skipped: list[int] = []  # planned steps left out to keep within the budget
-        self.forced: set[int] = set()  # the run's first and last steps (bounds): probed whatever the schedule
+        self.skipped: list[int] = []  # planned steps the budget left out
+        self.forced: set[int] = set()  # the run's first and last steps (bounds)
         self._last: int | None = None
-        self.spent_s = 0.0  # seconds in probes (for the budget)
+        self.spent_s = 0.0  # seconds in probes
         self._t_first: float | None = None
         self._probed = False
         self._clock = clock
-        # what the probe said once (e.g. BatchNorm ran in eval mode); the budget's first prediction
         self.notes, self._predict_s = dry_probe(
             model,
             ((self.train, self.M, "train"), (self.test, self.K, "held-out")),
@@ -135,41 +126,32 @@ class AlignmentMonitor:
         if self.out is not None:
             self._open(self.out)
 
-    # ------------------------------------------------------------------ construction steps
     @staticmethod
     def _object_pools(
         model: nn.Module, train: Any, test: Any, opts: MonitorOptions, loss_fn: Any, tokenizer: Any
     ) -> tuple[Any, Any, Any]:
-        """Texts or a ``datasets.Dataset`` tokenized / cut into batches (and the task's loss when none is given)."""
+        """Object pools (texts, a ``datasets.Dataset``) as batches, and the task's loss when none is given."""
         pools = []
+        kw: dict[str, Any] = dict(model=model, tokenizer=tokenizer, batch_size=opts.batch_size, fn="AlignmentMonitor")
         for name, obj, off in (("train", train, 0), ("test", test, 1)):
             if is_object_pool(obj):
-                obj, task_loss, _ = batches_from(
-                    obj,
-                    model=model,
-                    tokenizer=tokenizer,
-                    batch_size=opts.batch_size,
-                    seed=opts.seed + off,
-                    fn="AlignmentMonitor",
-                    name=name,
-                )
+                obj, task_loss, _ = batches_from(obj, seed=opts.seed + off, name=name, **kw)
                 loss_fn = loss_fn or task_loss
             pools.append(obj)
         return pools[0], pools[1], loss_fn
 
     def _fixed_pools(self, model: nn.Module, train: Any, test: Any, batch_size: int) -> tuple[list[Any], list[Any]]:
         """The pools as fixed lists of batches, checked against ``M`` / ``K`` and the ranks."""
-        state = TrainingState(model)  # drawing a shuffling DataLoader uses the torch RNG: undo it
+        state = TrainingState(model)  # a shuffling DataLoader uses the torch RNG
         try:
             a = as_batches(train, "train", batch_size)
             b = as_batches(test, "held-out", batch_size)
         finally:
             state.restore()
-        if self.pool != "token":
-            check_pool(count_examples(a), self.M, "train", "the train pool size", self.pool)
-            check_pool(count_examples(b), self.K, "held-out", "the held-out pool size", self.pool)
         W = distributed.world_size()
-        for what, lst in (("train", a), ("held-out", b)):
+        for what, lst, need in (("train", a, self.M), ("held-out", b, self.K)):
+            if self.pool != "token":
+                check_pool(count_examples(lst), need, what, f"the {what} pool size", self.pool)
             if len(lst) < W:
                 raise WidthscopeError(
                     f"the {what} pool has {len(lst)} batch(es) for {W} ranks: every rank "
@@ -179,13 +161,10 @@ class AlignmentMonitor:
 
     @property
     def _writes(self) -> bool:
-        # Under torch.distributed every rank computes the same rows; rank 0 alone writes them.
         return self.out is not None and distributed.is_main()
 
-    # ------------------------------------------------------------------ settings / resume
     def settings(self) -> dict[str, Any]:
-        """The ``settings`` line of the ``out=`` file: the settings in force, and (``"options"``) the
-        :class:`MonitorOptions` they came from (``MonitorOptions.from_dict`` reads it back)."""
+        """The ``settings`` line of the ``out=`` file: the settings in force and the ``options``."""
         same = ("M", "K", "every", "at", "delta", "draws", "seed", "estimator", "pool")
         return {
             "kind": "settings",
@@ -219,17 +198,11 @@ class AlignmentMonitor:
                 self._done.add(int(r["step"]))
             elif r.get("kind") == "certified":
                 self.events.append(r)
-                self._certified.add(r["point"])
 
-    # ------------------------------------------------------------------ the plain loop
     def step(self, model: nn.Module | None = None, step: int = 0, *, final: bool = False) -> list[dict[str, Any]]:
-        """Plain-loop adapter: call after each optimizer step with the number of steps done.
-
-        Probes when :meth:`should_probe` says so and returns that step's rows (else ``[]``).
-        ``final=True``: the run ends at this step (e.g. stopped early), so it is probed (once)
-        whatever the schedule and the budget, as the last step given to :meth:`bounds` is.
-        A planned probe the budget skips is listed in :attr:`skipped` and said in the log.
-        """
+        """Call after each optimizer step with the number of steps done: probes when the schedule and the
+        budget allow and returns that step's rows (else ``[]``). ``final=True``: the run ends here, so it
+        is probed whatever the schedule and the budget."""
         step = check_step(step, "step", 0)
         now = self._clock()
         if self._t_first is None:
@@ -242,7 +215,6 @@ class AlignmentMonitor:
             return []
         return self.probe(self.model if model is None else model, step)
 
-    # ------------------------------------------------------------------ the probe
     def probe(self, model: nn.Module, step: int) -> list[dict[str, Any]]:
         """Probe now (whatever the schedule), record and return the rows of ``step``."""
         check_not_fsdp(model)
@@ -254,23 +226,15 @@ class AlignmentMonitor:
             common: dict[str, Any] = dict(
                 points=self.points, loss_fn=self.loss_fn, pool=self.pool, train_mode="eval", progress=self.progress
             )
-            with warnings.catch_warnings():  # said once, by the dry probe at construction
+            with warnings.catch_warnings():  # said once by the dry probe
                 warnings.simplefilter("ignore", UserWarning)
                 qa = collect(model, distributed.shard(self.train), **common)
                 qb = collect(model, distributed.shard(self.test), **common)
-            # Each rank probed its contiguous share; the gathered rows are in pool order.
             ga, gb = ({n: gather_rows(q[n], input_device(model)) for n in self.points} for q in (qa, qb))
             probe_s = time.perf_counter() - t0
             t0 = time.perf_counter()
-            results, _ = statistics(
-                ga,
-                gb,
-                pairs=[(self.M, self.K)],
-                draws=self.draws,
-                seed=self.seed,
-                estimator=self.estimator,
-                pool=self.pool,
-            )
+            stat = {k: getattr(self, k) for k in ("draws", "seed", "estimator", "pool")}
+            results, _ = statistics(ga, gb, pairs=[(self.M, self.K)], **stat)
             rows = [make_row(r, step, self.M, self.K, self.delta) for r in results]
             stats_s = time.perf_counter() - t0
         finally:
@@ -281,21 +245,17 @@ class AlignmentMonitor:
         self.rows.extend(rows)
         self._done.add(step)
         if self._writes:
-            assert self.out is not None  # (_writes: there is an out= file)
-            append_jsonl(self.out, new)
+            append_jsonl(self.out, new)  # type: ignore[arg-type]  # _writes: there is an out= file
         cost = self._clock() - t_start
-        # The next probe is predicted to cost the most any probe has (the dry probe's guess is dropped).
+        # the next probe costs the most any probe has (the dry probe's guess dropped)
         self._predict_s = cost if not self._probed else max(self._predict_s, cost)
         self._probed = True
         self.spent_s += cost
         return new
 
-    # ------------------------------------------------------------------ the schedule and the budget
     def bounds(self, first: int, last: int | None) -> None:
-        """The run's first and last optimizer steps (``last=None``: not known): both are probed
-        whatever the schedule (``every=``, ``at=`` or the default) and the budget, and the budget
-        keeps room for the last one. The Trainer and Lightning callbacks call it at train start; a
-        plain loop may call it before training."""
+        """The run's first and last optimizer steps (``last=None``: not known): both are probed whatever
+        the schedule and the budget, which keeps room for the last one."""
         first = check_step(first, "first", 0)
         self._last = None if last is None else check_step(last, "last", first)
         self.forced = {first} if self._last is None else {first, self._last}
@@ -316,7 +276,7 @@ class AlignmentMonitor:
         return max(0.0, now - (self._t_first if self._t_first is not None else now) - self.spent_s)
 
     def _reserve_s(self, step: int) -> float:
-        """The last step's probe, predicted, while it is still to come after ``step``."""
+        """The last step's predicted probe, while it is still to come after ``step``."""
         last = self._last
         return self._predict_s if last is not None and last > step and last not in self._done else 0.0
 
@@ -329,50 +289,32 @@ class AlignmentMonitor:
 
     def _skip(self, step: int, now: float) -> None:
         """Record, log and (``out=``) write that the budget skipped the probe planned at ``step``."""
-        if self.skipped and self.skipped[-1] == step:  # called again at the same step: said once
+        if self.skipped and self.skipped[-1] == step:
             return
         self.skipped.append(step)
         if not distributed.is_main():
             return
-        assert self.budget is not None  # (only a budget skips)
-        train_s, reserve = self._train_s(now), self._reserve_s(step)
+        assert self.budget is not None
+        train_s, reserve, pct = self._train_s(now), self._reserve_s(step), f"{100 * self.budget:.3g}%"
+        last = f" + the last step's ~{reserve:.3g} s" if reserve else ""
+        hint = "; pass budget=math.inf, or every=/at= without a budget, to probe every planned step"
         _log.warning(
-            "alignment monitor: skipped the probe planned at step %d: the monitor would exceed its "
-            "budget of %.3g%% of training time (monitor %.3g s + next probe ~%.3g s%s > %.3g%% of %.3g s "
-            "of training)%s",
-            step,
-            100 * self.budget,
-            self.spent_s,
-            self._predict_s,
-            f" + the last step's ~{reserve:.3g} s" if reserve else "",
-            100 * self.budget,
-            train_s,
-            ""
-            if len(self.skipped) > 1
-            else "; pass budget=math.inf, or every=/at= without a budget, to probe every planned step",
+            f"alignment monitor: skipped the probe planned at step {step}: the monitor would exceed its budget of "
+            f"{pct} of training time (monitor {self.spent_s:.3g} s + next probe ~{self._predict_s:.3g} s{last} > "
+            f"{pct} of {train_s:.3g} s of training){'' if len(self.skipped) > 1 else hint}"
         )
         if self._writes:
-            assert self.out is not None
-            row = {
-                "kind": "skipped",
-                "step": step,
-                "reason": "budget",
-                "budget": self.budget,
-                "monitor_s": self.spent_s,
-                "train_s": train_s,
-            }
-            append_jsonl(self.out, [row])
+            row = {"kind": "skipped", "step": step, "reason": "budget", "budget": self.budget}
+            append_jsonl(self.out, [row | {"monitor_s": self.spent_s, "train_s": train_s}])  # type: ignore[arg-type]
 
     def summary(self) -> str:
-        """One line: the probed steps, the planned steps the budget skipped, the monitor's time and
-        its share of the training time so far."""
+        """One line: the probed steps, the steps the budget skipped, the monitor's time and share."""
         probed = sorted({int(r["step"]) for r in self.rows})
 
         def steps(xs: Sequence[int]) -> str:
-            return (
-                ", ".join(map(str, xs))
-                if len(xs) <= 12
-                else f"{', '.join(map(str, xs[:6]))}, ..., {', '.join(map(str, xs[-3:]))} ({len(xs)} steps)"
+            short = len(xs) <= 12
+            return ", ".join(map(str, xs if short else [*xs[:6], "...", *xs[-3:]])) + (
+                "" if short else f" ({len(xs)} steps)"
             )
 
         budget = "" if self.budget is None or math.isinf(self.budget) else f" (budget {100 * self.budget:.3g}%)"
@@ -384,11 +326,9 @@ class AlignmentMonitor:
         )
 
     def _events(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        out = []
-        for r in rows:
-            if r["point"] not in self._certified and (e := certified_event(r, self.delta)) is not None:
-                self._certified.add(r["point"])
-                out.append(e)
+        """The ``certified`` events of ``rows`` (one per point) whose point has none yet."""
+        seen = {e["point"] for e in self.events}
+        out = [e for r in rows if r["point"] not in seen and (e := certified_event(r, self.delta)) is not None]
         self.events.extend(out)
         return out
 
@@ -402,8 +342,7 @@ def monitor_from(
     keywords: dict[str, Any],
     where: str,
 ) -> AlignmentMonitor:
-    """The callbacks' monitor: ``monitor`` itself, or one built here from ``model``, the pools,
-    ``options`` and keyword arguments (exactly one of the two ways)."""
+    """The callbacks' monitor: ``monitor``, or one built from ``model``, the pools, ``options`` and keywords."""
     built = train is not None or test is not None or options is not None or bool(keywords)
     if monitor is not None:
         if not isinstance(monitor, AlignmentMonitor):

@@ -7,9 +7,8 @@ Usage::
     attach(trainer, monitor)          # adds the callback and hands it the trainer
     trainer.train()
 
-At a probed step (``state.global_step``, the run's first and last included) the values are an *extra*
-entry of ``state.log_history`` handed to every callback's ``on_log`` (the logging integrations); the
-Trainer's own entries and ``control.should_log`` are left as they were. Details: docs/monitor.md §2.
+At a probed step the values are an extra entry of ``state.log_history`` handed to every callback's
+``on_log``; the Trainer's own entries are left as they were. Details: docs/monitor.md §2.
 """
 
 from __future__ import annotations
@@ -21,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import WidthscopeError
 from .core import AlignmentMonitor, monitor_from
 from .options import MonitorOptions
+from .pools import FSDP_FIX, check_not_fsdp
 from .rows import lazy_class
-from .state import FSDP_FIX, check_not_fsdp
 
 __all__ = ["AlignmentCallback", "attach"]
 
@@ -32,22 +31,16 @@ if TYPE_CHECKING:  # built on first use by the module __getattr__ below
     AlignmentCallback: type
 
 
-def _base() -> type:
+def _make_class() -> type:
     try:
         from transformers import TrainerCallback
-    except ImportError as exc:  # pragma: no cover - transformers is a core dependency
+    except ImportError as exc:  # pragma: no cover
         raise WidthscopeError("widthscope.monitor.hf needs transformers: pip install 'widthscope[hf]'") from exc
-    return TrainerCallback
 
-
-def _make_class() -> type:
-    base = _base()
-
-    class AlignmentCallback(base):  # type: ignore[misc, valid-type]
+    class AlignmentCallback(TrainerCallback):  # type: ignore[misc, valid-type]
         """Probes ``monitor.step(model, state.global_step)`` after optimizer steps; logs the rows as extra entries.
-
-        Give a ``monitor``, or ``train=``, ``test=`` and ``options=`` (a :class:`MonitorOptions`; its
-        fields also as keyword arguments) to build one on ``model`` (default: ``trainer.model``)."""
+        Give a ``monitor``, or ``train=``, ``test=``, ``options=`` / keywords to build one on ``model``
+        (default: ``trainer.model``)."""
 
         def __init__(
             self,
@@ -67,14 +60,12 @@ def _make_class() -> type:
             self._warned = False
 
         def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> Any:
-            # The first hook that sees the prepared model: refuse FSDP before the first update.
             _check_trainer(args, self.trainer, model)
             step, last = int(state.global_step), int(getattr(state, "max_steps", 0) or 0)
             self.monitor.bounds(step, last if last >= step and last > 0 else None)
             return self._probe(args, state, control, model)  # the first step: before any update
 
         def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> Any:
-            # The last step (max_steps) is in the monitor's bounds; a run stopped before it ends here.
             return self._probe(args, state, control, model, final=bool(control.should_training_stop))
 
         def on_epoch_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> Any:
@@ -89,7 +80,6 @@ def _make_class() -> type:
             return control
 
         def _probe(self, args: Any, state: Any, control: Any, model: Any, final: bool = False) -> Any:
-            # Every rank probes (its share of the pools; the samples are gathered), one logs.
             rows = self.monitor.step(
                 model if model is not None else self.monitor.model, int(state.global_step), final=final
             )
@@ -98,8 +88,8 @@ def _make_class() -> type:
             return control
 
         def _log_entry(self, args: Any, state: Any, control: Any, metrics: dict[str, float]) -> Any:
-            """Append the monitor's own entry and hand it to every callback's ``on_log``, leaving the
-            Trainer's pending log (``control.should_log``) and its loss accounting as they were."""
+            """Append the monitor's own entry and hand it to every callback's ``on_log``, leaving
+            ``control.should_log`` as it was."""
             logs: dict[str, Any] = dict(metrics)
             if state.epoch is not None:
                 logs["epoch"] = state.epoch
@@ -116,7 +106,7 @@ def _make_class() -> type:
                     self._warned = True
                 return control
             should_log = control.should_log
-            out = handler.on_log(args, state, control, logs=logs)  # (it sets control.should_log = False)
+            out = handler.on_log(args, state, control, logs=logs)  # it sets control.should_log = False
             control = out if out is not None else control
             control.should_log = should_log
             return control
@@ -128,7 +118,7 @@ __getattr__ = lazy_class(__name__, "AlignmentCallback", _make_class)
 
 
 def _check_trainer(args: Any, trainer: Any, model: Any) -> None:
-    """Refuse a Trainer configured for FSDP (``args.fsdp`` / accelerate's FSDP plugin) or an FSDP model."""
+    """Refuse a Trainer configured for FSDP or an FSDP model."""
     fsdp = getattr(args, "fsdp", None)
     if fsdp or getattr(trainer, "is_fsdp_enabled", False) is True:
         raise WidthscopeError(
@@ -148,8 +138,8 @@ def attach(
     options: MonitorOptions | None = None,
     **keywords: Any,
 ) -> Any:
-    """Add an :class:`AlignmentCallback` holding ``trainer`` to it; returns the callback. Without a
-    ``monitor`` one is built on ``trainer.model`` from ``train``, ``test``, ``options`` and keywords."""
+    """Add an :class:`AlignmentCallback` holding ``trainer`` to it (without a ``monitor``, one is built on
+    ``trainer.model``); returns the callback."""
     cb = __getattr__("AlignmentCallback")(
         monitor, trainer=trainer, prefix=prefix, train=train, test=test, options=options, **keywords
     )

@@ -5,10 +5,8 @@ Usage::
     monitor = AlignmentMonitor(lit.net, train_pool, test_pool, points=["2"], every=50)  # the network
     trainer = lightning.Trainer(callbacks=[AlignmentCallback(monitor)], ...)
 
-The monitor probes the ``LightningModule`` or a network it holds (checked at train start), once per
-optimizer step that its schedule picks (``trainer.global_step``, the run's first and last included),
-and the values go to every logger with ``logger.log_metrics(metrics, step=global_step)`` (not
-``log_dict``, which re-sends stale values). Details: docs/monitor.md §3.
+The monitor probes the ``LightningModule`` or a network it holds at the optimizer steps its schedule
+picks; the values go to every logger's ``log_metrics``. Details: docs/monitor.md §3.
 """
 
 from __future__ import annotations
@@ -20,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import WidthscopeError
 from .core import AlignmentMonitor, monitor_from
 from .options import MonitorOptions
+from .pools import FSDP_FIX, check_not_fsdp
 from .rows import lazy_class
-from .state import FSDP_FIX, check_not_fsdp
 
 __all__ = ["AlignmentCallback"]
 
@@ -31,26 +29,20 @@ if TYPE_CHECKING:  # built on first use by the module __getattr__ below
     AlignmentCallback: type
 
 
-def _base() -> type:
+def _make_class() -> type:
     try:
         from lightning.pytorch.callbacks import Callback
     except ImportError:  # the older package name
         try:
-            from pytorch_lightning.callbacks import Callback as LegacyCallback
+            from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]
         except ImportError as exc:
             raise WidthscopeError(
                 "widthscope.monitor.lightning needs Lightning: pip install 'widthscope[lightning]'"
             ) from exc
-        return LegacyCallback
-    return Callback
 
-
-def _make_class() -> type:
-    class AlignmentCallback(_base()):  # type: ignore[misc]
+    class AlignmentCallback(Callback):  # type: ignore[misc]
         """Probe after the optimizer steps the monitor's schedule picks; write the rows to the loggers.
-
-        Give a ``monitor``, or ``model=`` (the network probed, e.g. ``lit.net``), ``train=``, ``test=``
-        and ``options=`` (a :class:`MonitorOptions`; its fields also as keyword arguments) to build one."""
+        Give a ``monitor``, or ``model=`` (e.g. ``lit.net``), ``train=``, ``test=``, ``options=`` / keywords."""
 
         def __init__(
             self,
@@ -69,7 +61,6 @@ def _make_class() -> type:
             self._seen: int | None = None  # the last global_step handled (micro-batches repeat it)
 
         def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-            # Before the strategy wraps the module: refuse FSDP before any training.
             _check_strategy(trainer)
 
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -86,13 +77,11 @@ def _make_class() -> type:
                 self._step(trainer, pl_module, step)
 
         def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-            # The step the run ended at (stopped early: EarlyStopping, trainer.should_stop) is probed too.
             self._step(trainer, pl_module, int(trainer.global_step), final=True)
             if trainer.is_global_zero:
                 (_log.warning if self.monitor.skipped else _log.info)(self.monitor.summary())
 
         def _step(self, trainer: Any, pl_module: Any, step: int, final: bool = False) -> None:
-            # Every rank probes its share of the pools; the gathered rows are equal on all ranks.
             self._seen = step
             rows = self.monitor.step(_network(self.monitor, pl_module), step, final=final)
             if rows and trainer.is_global_zero:
@@ -119,7 +108,6 @@ def _network(monitor: AlignmentMonitor, pl_module: Any) -> Any:
     net = monitor.model
     if net is pl_module or any(m is net for m in pl_module.modules()):
         return net
-
     raise WidthscopeError(
         f"the alignment monitor was built on a {type(net).__name__} that is not part of the "
         f"{type(pl_module).__name__} being trained; build it on the module being trained or on "

@@ -1,9 +1,6 @@
-"""The monitor's settings as one frozen typed dataclass: :class:`MonitorOptions`.
-
-The statistical fields are made from :class:`widthscope.options.CertifyOptions`' own declarations
-(except that ``M`` and ``K`` are one size each); the schedule (``every``, ``at``, ``budget``), ``delta``
-and ``batch_size`` are the monitor's own. Objects of the run (``loss_fn``, ``out``, ...) are keyword
-arguments of :class:`~widthscope.monitor.AlignmentMonitor`, not options.
+"""The monitor's settings: :class:`MonitorOptions` (the statistics declared as in
+:class:`widthscope.options.CertifyOptions`, ``M`` and ``K`` one size each; the schedule, ``delta`` and
+``batch_size`` its own).
 
 Example::
 
@@ -30,27 +27,22 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import WidthscopeError, WidthscopeTypeError
-from ..options import CertifyOptions, Estimator, Options, option, with_keywords
+from ..options import CertifyOptions, Estimator, Options, option
 
 #: Time-share cap of the default log-spaced schedule (monitor time / training time).
 DEFAULT_BUDGET = 0.05
-
-#: Keyword arguments of :class:`~widthscope.monitor.AlignmentMonitor` that are objects of the run, not options.
-RUNTIME_KEYWORDS = ("loss_fn", "out", "progress", "clock", "tokenizer")
-
 _BUDGET_ACCEPTS = "a share of training time > 0 (e.g. 0.05 for 5%), math.inf or None"
 
 
 def _certify_field(name: str, default: Any = dataclasses.MISSING, **changes: Any) -> Any:
-    """The field ``name`` of :class:`CertifyOptions` (its metadata: help, unit, range, choices, kind),
-    with the monitor's ``default`` and metadata ``changes`` where the monitor differs."""
+    """The field ``name`` of :class:`CertifyOptions` with the monitor's ``default`` and metadata ``changes``."""
     src = {f.name: f for f in dataclasses.fields(CertifyOptions)}[name]
     meta = {**src.metadata, **changes}
     return dataclasses.field(default=src.default if default is dataclasses.MISSING else default, metadata=meta)
 
 
 def _whole(v: Any) -> Any:
-    """A numpy / 0-D tensor integer as a python ``int`` (``bool`` and everything else unchanged)."""
+    """A numpy / 0-D tensor integer as a python ``int`` (anything else unchanged)."""
     if isinstance(v, (bool, int, float, str)) or v is None:
         return v
     try:
@@ -63,7 +55,6 @@ def _whole(v: Any) -> Any:
 class MonitorOptions(Options):
     """What an :class:`~widthscope.monitor.AlignmentMonitor` measures and when (messages name the keyword)."""
 
-    # ---- the statistics: certify's fields (one declaration; see the module docstring)
     points: tuple[str, ...] | None = _certify_field("points")
     M: int = _certify_field(
         "M",
@@ -84,7 +75,6 @@ class MonitorOptions(Options):
     seed: int = _certify_field("seed")
     estimator: Estimator = _certify_field("estimator")
     pool: str = _certify_field("pool")
-    # ---- the schedule and the monitor's own settings
     every: int | None = option(
         None,
         kind="int",
@@ -137,27 +127,20 @@ class MonitorOptions(Options):
         if not 0.0 < self.delta < 1.0:
             raise WidthscopeError(f"delta {self.delta:g}: must be a probability in (0, 1), both ends excluded")
 
-    # ------------------------------------------------------------------ derived
     @property
     def K_or_M(self) -> int:
         """The held-out size in force (``K``, or ``M`` when ``K`` is None)."""
         return self.M if self.K is None else self.K
 
     @property
-    def default_schedule(self) -> bool:
-        """Neither ``every`` nor ``at``: the log-spaced steps."""
-        return self.every is None and self.at is None
-
-    @property
     def budget_in_force(self) -> float | None:
-        """The cap in force: ``budget``, or :data:`DEFAULT_BUDGET` for the default schedule (None: no cap)."""
+        """The cap in force: ``budget``, or :data:`DEFAULT_BUDGET` for the log-spaced default (None: no cap)."""
         if self.budget is None:
-            return DEFAULT_BUDGET if self.default_schedule else None
+            return DEFAULT_BUDGET if self.every is None and self.at is None else None
         return self.budget
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field, JSON-ready: ``budget=math.inf`` is written ``"inf"`` (JSON has no infinity and
-        ``null`` means the default), which :meth:`from_dict` reads back."""
+        """Every field, JSON-ready (``budget=math.inf`` written ``"inf"``, which :meth:`from_dict` reads back)."""
         out = super().to_dict()
         if out["budget"] is not None and math.isinf(out["budget"]):
             out["budget"] = "inf"
@@ -174,11 +157,3 @@ def _budget(v: Any) -> float:
     if math.isnan(v) or v <= 0:
         raise WidthscopeError(f"budget must be {_BUDGET_ACCEPTS}, got {v!r}")
     return float(v)
-
-
-def monitor_options(options: MonitorOptions | None, keywords: Mapping[str, Any], fn: str) -> MonitorOptions:
-    """``options`` (default: the defaults) with the option ``keywords`` applied on top; an unknown
-    keyword is refused with the close names."""
-    return with_keywords(
-        fn, options, MonitorOptions, keywords, also=RUNTIME_KEYWORDS, words="unknown keyword argument {key!r}"
-    )

@@ -1,9 +1,5 @@
-"""Monitor rows over training as one PNG: ``d_align``, ``b_exact`` and the empirical misalignment.
-
-One line per insertion point against the optimizer step (symmetric-log x axis, so step 0
-shows; log y for ``d_align``). A vacuous row has no ``d_align`` (the reporting rule): that panel leaves a gap there,
-never a number; its ``b_exact`` is 1. The misalignment panel shades the 95 % Wilson interval
-and draws ``b_exact`` dashed beside it (same ``(M, K)``), and a dotted line marks ``delta``.
+"""Monitor rows over training as one PNG: ``d_align`` (a vacuous row leaves a gap), ``b_exact`` and the
+empirical misalignment with its 95 % Wilson interval, one line per point against the optimizer step.
 
 Example::
 
@@ -70,8 +66,8 @@ def plot(rows: Iterable[dict[str, Any]] | str | Path, out: str | Path) -> Path:
             ax.axhline(delta, color="grey", linestyle=":", linewidth=1)
     if any(v == v for s in data.values() for v in s["d_align"]):  # d_align > 0 wherever defined
         ax_d.set_yscale("log")
-    ax_b.set_ylim(0, 1.02)
-    ax_m.set_ylim(0, 1.02)
+    for ax in (ax_b, ax_m):
+        ax.set_ylim(0, 1.02)
     ax_d.legend(fontsize=8)
     ax_m.legend(fontsize=7)
     out = Path(out)

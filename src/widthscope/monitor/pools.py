@@ -1,17 +1,18 @@
-"""The monitor's fixed pools, materialised once (:func:`as_batches`), and the dry probe at construction
-(:func:`dry_probe`): bad data or points fail before training; a probe that changes the model is refused."""
+"""What the monitor probes and leaves untouched: its fixed pools (:func:`as_batches`), the dry probe at
+construction (:func:`dry_probe`), the exact restore (:class:`TrainingState`) and the FSDP refusal."""
 
 from __future__ import annotations
 
+import random
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 import torch.nn as nn
 
 from ..certification import check_pool, count_examples
 from ..errors import WidthscopeError
 from ..probe import batched, collect
-from .state import TrainingState
 
 
 def as_batches(pool: Any, what: str, batch_size: int) -> list[Any]:
@@ -23,7 +24,6 @@ def as_batches(pool: Any, what: str, batch_size: int) -> list[Any]:
             )
         return batched(pool, batch_size=batch_size)
     if isinstance(pool, tuple) and len(pool) == 2 and all(isinstance(t, torch.Tensor) for t in pool):
-        # A tuple of two tensors is the whole pool (X, Y); a list is batches.
         if pool[0].ndim < 1 or pool[1].ndim < 1 or pool[0].shape[0] != pool[1].shape[0]:
             raise WidthscopeError(
                 f"the {what} pool (X, Y) has {tuple(pool[0].shape)} inputs but "
@@ -31,7 +31,6 @@ def as_batches(pool: Any, what: str, batch_size: int) -> list[Any]:
             )
         return batched(pool[0], pool[1], batch_size=batch_size)
     if isinstance(pool, Mapping) and isinstance(pool.get("input_ids"), torch.Tensor):
-        # {"input_ids": (n, T), "attention_mask": ..., "labels": ...}: the whole pool, split along dim 0.
         n = pool["input_ids"].shape[0]
         return [{k: v[i : i + batch_size] for k, v in pool.items()} for i in range(0, n, batch_size)]
     try:
@@ -63,13 +62,9 @@ def dry_probe(
     pool: str,
     clock: Callable[[], float],
 ) -> tuple[list[str], float]:
-    """One probe of one batch per pool ``(batches, M or K, "train" / "held-out")``: bad data or points
-    fail now, and a model whose probe changes a parameter or buffer (which the monitor could not
-    undo) is refused, put back first. With ``pool="token"`` the sample count is known only after
-    probing, so the whole pools are probed and checked against their sizes.
-
-    Returns the probe's notes and the predicted seconds of a whole probe (one batch's time times
-    the pool's batch count: the budget's first prediction)."""
+    """Probe one batch per pool ``(batches, M or K, "train" / "held-out")`` (``pool="token"``: the whole
+    pools, checked against their sizes), refusing a model whose probe changes a parameter or buffer.
+    Returns the probe's notes and the predicted seconds of a whole probe."""
     state = TrainingState(model, weights=True)
     whole = pool == "token"
     notes: list[str] = []
@@ -106,8 +101,7 @@ def dry_probe(
 
 
 def _no_forward(model: nn.Module, exc: Exception) -> None:
-    """Refuse, with the fix, a model without ``forward()`` (torch: 'Module [X] is missing the
-    required "forward" function'); any other error is left to the caller."""
+    """Refuse, with the fix, a model without ``forward()``; any other error is left to the caller."""
     cause = exc if isinstance(exc, NotImplementedError) else exc.__cause__
     if not isinstance(cause, NotImplementedError) or '"forward"' not in str(cause):
         return
@@ -116,3 +110,92 @@ def _no_forward(model: nn.Module, exc: Exception) -> None:
         f"({cause}); build the monitor on the network it wraps, e.g. AlignmentMonitor(module.net, "
         "...) with points named inside it (the Lightning callback probes that network)"
     ) from exc
+
+
+class TrainingState:
+    """Everything a probe could disturb (RNG states, ``training`` flags, ``requires_grad`` and ``.grad``;
+    ``weights=True``: every parameter and buffer), put back exactly by :meth:`restore`, which returns
+    the names of the weights it put back."""
+
+    def __init__(self, model: nn.Module, *, weights: bool = False) -> None:
+        self.model = model
+        self.weights = _weights(model) if weights else None
+        self.torch_rng = torch.get_rng_state()
+        self.cuda_rng = (
+            torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        )
+        self.py_rng = random.getstate()
+        self.np_rng = np.random.get_state()
+        self.modes = [(m, m.training) for m in model.modules()]
+        self.params = [
+            (p, p.requires_grad, p.grad, None if p.grad is None else p.grad.detach().clone())
+            for p in model.parameters()
+        ]
+
+    def restore(self) -> list[str]:
+        torch.set_rng_state(self.torch_rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+        random.setstate(self.py_rng)
+        np.random.set_state(self.np_rng)
+        for m, mode in self.modes:
+            m.training = mode
+        with torch.no_grad():
+            for p, flag, grad, values in self.params:
+                p.requires_grad_(flag)
+                p.grad = grad
+                if grad is not None and values is not None and not torch.equal(grad, values):
+                    grad.copy_(values)
+        if self.weights is None:
+            return []
+        now = _weights(self.model)
+        changed = [k for k in self.weights if not torch.equal(self.weights[k], now[k])]
+        with torch.no_grad():
+            for k in changed:
+                kind, name = k.split(" ", 1)
+                getattr(self.model, f"get_{kind}")(name).copy_(self.weights[k])
+        return changed
+
+
+def _weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of every parameter and buffer, keyed ``"parameter <name>"`` / ``"buffer <name>"``."""
+    out = {f"parameter {n}": p.detach().clone() for n, p in model.named_parameters()}
+    out.update({f"buffer {n}": b.detach().clone() for n, b in model.named_buffers()})
+    return out
+
+
+def _fsdp_classes() -> tuple[type, ...]:
+    try:
+        import torch.distributed.fsdp as fsdp  # noqa: PLC0415  optional: torch builds without distributed
+    except ImportError:
+        return ()
+    found = (getattr(fsdp, name, None) for name in ("FullyShardedDataParallel", "FSDPModule"))
+    return tuple(c for c in found if isinstance(c, type))
+
+
+FSDP_FIX = (
+    "probe it unsharded: monitor a DDP (or single-process) run, or save a full state dict at the steps "
+    "you want and run widthscope certify on those checkpoints"
+)
+
+
+def check_not_fsdp(model: Any, where: str = "the monitor") -> None:
+    """Refuse a model with any FSDP-sharded module (FSDP1 ``FullyShardedDataParallel``, FSDP2 ``fully_shard``)."""
+    classes = _fsdp_classes()
+    if not classes or not isinstance(model, nn.Module):
+        return
+    for name, m in model.named_modules():
+        if isinstance(m, classes):
+            fsdp1 = type(m).__name__ == "FullyShardedDataParallel"
+            kind = "FullyShardedDataParallel (FSDP1)" if fsdp1 else "fully_shard (FSDP2)"
+            raise WidthscopeError(
+                f"{where} cannot probe an FSDP-sharded model ({name or 'the model'} is wrapped by "
+                f"{kind}: its parameters are split across ranks); {FSDP_FIX}"
+            )
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside DistributedDataParallel / DataParallel (the probe needs no wrapper)."""
+    if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        return model.module
+    return model

@@ -32,9 +32,8 @@ _TWO = ("populations", "d_par", "d_2", "d_align", "vacuous", "reason", "b_exact"
 
 
 def make_row(r: dict[str, Any], step: int, M: int, K: int, delta: float) -> dict[str, Any]:
-    """The ``kind="row"`` row of one point from its :func:`widthscope.certification.statistics` result at
-    ``(M, K)``: the two-population certificate, the one-population ``d_align``, the misalignment and
-    the planner's ``M = K`` for ``delta``; the vacuous rule applied."""
+    """The ``kind="row"`` row of one point's :func:`widthscope.certification.statistics` result: the
+    two-population certificate, the one-population ``d_align``, the misalignment and the planner's ``M = K``."""
     c = r["certificates"][0]
     two, one, mis = c["two"], c["one"], c["misalignment"]
     p = plan(CrossMoments(**r["cross_moments"]), target=delta)
@@ -47,9 +46,7 @@ def make_row(r: dict[str, Any], step: int, M: int, K: int, delta: float) -> dict
         **{k: r[k] for k in ("n_train", "n_test", "d")},
         **{k: two[k] for k in _TWO},
         "d_align_one": one["d_align"],
-        "misalignment": mis["probability"],
-        "misalignment_low": mis["low"],
-        "misalignment_high": mis["high"],
+        **{f"misalignment{s}": mis[k] for s, k in (("", "probability"), ("_low", "low"), ("_high", "high"))},
         "draws": mis["draws"],
         "delta": delta,
         "plan_M_exact": p.equal_exact,
@@ -81,9 +78,8 @@ def metrics(rows: Iterable[dict[str, Any]], prefix: str = "align") -> dict[str, 
 
 
 def lazy_class(module: str, name: str, make: Callable[[], type]) -> Callable[[str], Any]:
-    """A module ``__getattr__`` that builds class ``name`` with ``make()`` on first use, so the
-    framework it subclasses is imported only then (importing the module, e.g. for doctests,
-    never needs the framework)."""
+    """A module ``__getattr__`` that builds class ``name`` with ``make()`` on first use (so the framework
+    it subclasses is imported only then)."""
     cache: dict[str, type] = {}
 
     def getattr_(attr: str) -> Any:

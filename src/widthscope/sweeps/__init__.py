@@ -1,15 +1,8 @@
-"""Width sweeps.
-
-``grid`` is the resumable, shardable cell runner shared by every sweep; ``alignment`` is the
-alignment width sweep behind ``widthscope sweep`` (``run``: :func:`~widthscope.sweeps.run.run_sweep_file`;
-its command line is :mod:`widthscope.cli.sweep`). Example::
+"""Width sweeps: ``grid`` (the resumable, shardable cell runner every sweep shares) and the alignment
+width sweep behind ``widthscope sweep`` and ``ws.sweep(config, out_dir)``. Example::
 
     from widthscope.sweeps import load_config, run_sweep
     result = run_sweep(load_config("configs/demo-mlp.toml"), "/tmp/demo-mlp")
-
-The public function is ``ws.sweep(config, out_dir)`` (:func:`widthscope.api.sweep`, this package's
-:func:`run_sweep`; ``config``: a :class:`SweepConfig`, a dict as parsed from TOML, or a TOML path;
-returns the grid result, resumable: finished cells are not run again).
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
-"""Alignment width sweeps: train a family of models across widths, certify every insertion point.
-
-Each cell ``family x width x seed (x data budget)`` trains the model, saves the checkpoint, probes
-every insertion point and writes one row per point and ``(M, K)`` (:mod:`~widthscope.sweeps.cell`);
-cells run through :func:`widthscope.sweeps.grid.run_grid`, resumable and shardable. This module
-plans, checks and runs the grid. Config and rows: docs/sweeps.md; an example: :mod:`widthscope.sweeps`.
-"""
+"""Alignment width sweeps: plan, check and run the grid of cells ``family x budget x width x seed``
+(each one :func:`~widthscope.sweeps.cell.run_cell`) through :func:`widthscope.sweeps.grid.run_grid`."""
 
 from __future__ import annotations
 
 import os
 import types
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import torch
 
@@ -21,41 +16,29 @@ from ..errors import WidthscopeError, WidthscopeTypeError
 from ..models.dispatch import check_max_memory, check_visible
 from ..train import resolve_device
 from .cell import cell_options, run_cell
-from .config import LM_DATASETS, SweepConfig, config_where, load_config
+from .config import LM_DATASETS, SweepConfig, load_config
 from .grid import GridResult, claim_out_dir, run_grid
 from .pools import fill_model_options
 
 __all__ = ["load_config", "check_structure", "plan_cells", "run_sweep"]
 
 
-# ----------------------------------------------------------------------------- grid
 def plan_cells(cfg: SweepConfig) -> list[dict[str, Any]]:
-    """The grid, in a fixed order: family, then budget, then width, then seed.
-
-    Each cell carries the config fingerprint, so changing the config never reuses old cells.
-    """
+    """The grid in order family, budget, width, seed; each cell carries the config's fingerprint."""
     fp = cfg.fingerprint()
-    cells = []
-    for fam in cfg.families:
-        budgets: Sequence[int | None] = cfg.budgets or [fam.n_train]  # n_train is set when budgets are not
-        for budget in budgets:
-            for w in fam.widths:
-                for s in cfg.seeds:
-                    cells.append(
-                        {"sweep": cfg.name, "family": fam.name, "width": w, "seed": s, "budget": budget, "config": fp}
-                    )
-    return cells
+    return [
+        {"sweep": cfg.name, "family": fam.name, "width": w, "seed": s, "budget": budget, "config": fp}
+        for fam in cfg.families
+        for budget in cfg.budgets or [fam.n_train]  # type: ignore[list-item]  # n_train is set without budgets
+        for w in fam.widths
+        for s in cfg.seeds
+    ]
 
 
 def check_structure(cfg: SweepConfig, *, device: bool = True) -> dict[str, list[str]]:
-    """What only the model can tell, checked before any cell trains or any data loads: every
-    family builds with its ``model_options`` (on the ``meta`` device, no memory, no data; the
-    data-dependent sizes get placeholders, which change no module names), its ``certify.points``
-    exist in that structure, and (``device``) ``[sweep].device`` and the GPUs a ``max_memory`` names are
-    available here.
-
-    Returns ``{family name: insertion points}``.
-    """
+    """Before any cell trains: every family's model builds at every width (on the ``meta`` device, data
+    sizes as placeholders) and has its ``points``; with ``device``, ``[sweep].device`` and the GPUs a
+    ``max_memory`` names exist here. Returns ``{family name: insertion points}``."""
     if device:
         try:
             resolve_device(cfg.device)
@@ -64,7 +47,7 @@ def check_structure(cfg: SweepConfig, *, device: bool = True) -> dict[str, list[
             raise WidthscopeError(
                 f"[sweep] {msg}; set device = 'cpu' (or a device this machine has) in [sweep]"
             ) from None
-        for fam in cfg.families:  # a max_memory naming a GPU this machine lacks: now, not after the first cell trains
+        for fam in cfg.families:
             mem = fam.placement.get("max_memory")
             where = f"sweep config family {fam.name!r} max_memory"
             check_visible(check_max_memory(mem, name=where), name=where, text=mem if isinstance(mem, str) else None)
@@ -73,8 +56,8 @@ def check_structure(cfg: SweepConfig, *, device: bool = True) -> dict[str, list[
         lm = fam.dataset in LM_DATASETS
         fake = types.SimpleNamespace(input_shape=(16,) if lm else (3, 8, 8), num_classes=256 if lm else 10)
         opts = fill_model_options(fam, fake)
-        where = config_where(f"family {fam.name!r}")
-        for width in fam.widths:  # every cell's model: e.g. a width the attention heads do not divide
+        where = f"sweep config family {fam.name!r}"
+        for width in fam.widths:
             try:
                 try:
                     with torch.device("meta"):
@@ -86,7 +69,7 @@ def check_structure(cfg: SweepConfig, *, device: bool = True) -> dict[str, list[
                     f"{where}: model {fam.model!r} at width {width} with model_options {fam.model_options}: {exc}"
                 ) from None
             try:
-                out[fam.name] = probe.resolve_points(model, fam.points or None)  # [] means the defaults, as in run_cell
+                out[fam.name] = probe.resolve_points(model, fam.points or None)
             except WidthscopeError as exc:
                 raise WidthscopeError(f"{where} certify.points: {exc}") from None
             if fam.monitor is not None and fam.monitor["points"]:
@@ -104,10 +87,8 @@ def run_sweep(
     *,
     show_progress: bool = True,
 ) -> GridResult:
-    """Run (or resume) the sweep's unfinished cells of this shard; return the grid result.
-
-    ``config`` is a :class:`SweepConfig`, a dict as parsed from TOML, or a TOML path.
-    """
+    """Run (or resume) this shard's unfinished cells of ``config`` (a :class:`SweepConfig`, a parsed-TOML
+    dict or a TOML path); return the grid result."""
     if not isinstance(config, (SweepConfig, Mapping, str, os.PathLike)):
         raise WidthscopeTypeError(
             f"sweep(config=...): expected a SweepConfig, a dict as parsed from TOML or a TOML path, "
@@ -122,8 +103,6 @@ def run_sweep(
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise unwritable(out, exc) from None
-    # the thread count: small models gain little from more threads, and OpenMP threads spinning on busy
-    # cores can make a step much slower (docs/sweeps.md)
     claim = {"fingerprint": cfg.fingerprint(), "config": cfg.to_dict(), "options": cfg.options_record()}
     with claim_out_dir(out, {**claim, "kind": "alignment"}, "a sweep", shard, cfg.threads):
         return run_grid(

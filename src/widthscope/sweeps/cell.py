@@ -42,8 +42,7 @@ __all__ = ["run_cell", "cell_options", "certified_steps", "MONITOR_FILE"]
 
 
 def cell_options(cfg: SweepConfig, cell: Mapping[str, Any]) -> CertifyOptions:
-    """The certify options a cell computes with: its family's, the resampling seed the cell's
-    seed plus ``certify.seed`` (default 0: the cell's seed). Recorded once in the cell's file."""
+    """The family's certify options, resampling seed = the cell's seed + ``certify.seed``."""
     fam = cfg.family(cell["family"])
     return fam.certify.replace(seed=int(cell["seed"]) + fam.certify.seed)
 
@@ -58,15 +57,12 @@ def run_cell(
     split = load_split(fam, budget, cfg)
     torch.manual_seed(seed)
     model = models.build(fam.model, width, **fill_model_options(fam, split))
-    n_params = int(models.count_parameters(model))
-    mon, mon_info = (
-        cell_monitor(cfg, fam, split, model, opts, Path(cell_dir)) if fam.monitor is not None else (None, {})
-    )
-    tr, train_s, monitor_s = _train(cfg, fam, cell, Path(cell_dir), split, model, mon, show_progress)
+    mon, mon_info = cell_monitor(cfg, fam, split, model, opts, cell_dir) if fam.monitor is not None else (None, {})
+    tr, train_s, monitor_s = _train(cfg, fam, cell, cell_dir, split, model, mon, show_progress)
     common: dict[str, Any] = {
         "model": fam.model,
         "dataset": fam.dataset,
-        "n_params": n_params,
+        "n_params": int(models.count_parameters(model)),
         "data_description": "trained on " + wdata.describe(split),
     }
     trained = {k: tr.get(k) for k in ("train_loss", "test_loss", "test_accuracy", "steps")}
@@ -77,12 +73,11 @@ def run_cell(
         rows, seconds = _probe_rows(cfg, fam, split, model, opts, common, trained, show_progress)
     finally:
         release(fam.placement, key)
-    probe_s, stats_s, intervene_s = seconds
     if mon is not None:
-        rows += _monitor_rows(mon, mon_info, fam, rows, n_params, common["data_description"])
+        rows += _monitor_rows(mon, mon_info, fam, rows, common)
     text = placement_text(fam.placement, placed)
     for r in rows:
-        r.update(train_s=train_s, probe_s=probe_s, stats_s=stats_s, intervene_s=intervene_s)
+        r.update(train_s=train_s, **seconds)
         if text is not None:
             r["placement"] = text
         if mon is not None:
@@ -99,51 +94,37 @@ def _probe_rows(
     common: Mapping[str, Any],
     trained: Mapping[str, Any],
     show_progress: bool,
-) -> tuple[list[dict[str, Any]], tuple[float, float, float]]:
-    """The alignment and intervention rows of a trained cell model, and the seconds of its probe,
-    statistics and interventions."""
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """The alignment and intervention rows of a trained cell model; the seconds of probe, statistics, interventions."""
     points = list(opts.points or ()) or probe.insertion_points(model)
-    conditions = probe_conditions(fam)
     rows: list[dict[str, Any]] = []
     iv_rows: list[dict[str, Any]] = []
-    probe_s = stats_s = intervene_s = 0.0
-    for ci, cond in enumerate(conditions):
+    secs = dict.fromkeys(("probe_s", "stats_s", "intervene_s"), 0.0)
+    for ci, cond in enumerate(probe_conditions(fam)):
         for li, L in enumerate(probe_lengths(fam, cond)):
             t0 = time.perf_counter()
             pa, pb, desc, _ = probe_pools(fam, cond, L, split, cfg)
             batches = tuple(pool_batches(pool, split.task, fam.probe_batch_size) for pool in (pa, pb))
-            Xa, Xb = (
-                probe.collect(
-                    model, b, points=points, pool=opts.pool, train_mode=opts.train_mode, progress=show_progress
-                )
-                for b in batches
-            )
-            probe_s += time.perf_counter() - t0
+            kw: dict[str, Any] = dict(points=points, pool=opts.pool, train_mode=opts.train_mode, progress=show_progress)
+            Xa, Xb = (probe.collect(model, b, **kw) for b in batches)
+            secs["probe_s"] += time.perf_counter() - t0
             t0 = time.perf_counter()
-            words = (
-                {
-                    "probe_set": cond["name"],
-                    "probe_data": desc,
-                    "probe_seq_len": probe_len(pa, split),
-                    "probe_description": probe_words(cond, pa, pb, split),
-                    "probe_in_domain": (
-                        cond["data"] == (cond.get("test_data") or cond["data"]) == fam.dataset and not cond.get("shift")
-                    ),
-                }
-                if fam.probes is not None or fam.probe_seq_len is not None
-                else {}
-            )
+            words: dict[str, Any] = {}
+            if fam.probes is not None or fam.probe_seq_len is not None:
+                in_domain = cond["data"] == (cond.get("test_data") or cond["data"]) == fam.dataset
+                words = {"probe_set": cond["name"], "probe_data": desc, "probe_seq_len": probe_len(pa, split)}
+                words |= {"probe_description": probe_words(cond, pa, pb, split)}
+                words |= {"probe_in_domain": in_domain and not cond.get("shift")}
             these = _alignment_rows(opts, points, Xa, Xb, {**common, **trained}, words)
-            stats_s += time.perf_counter() - t0
-            # Direct interventions (spec §5), on the first probe condition and length only: they
-            # test the first-order prediction of the model, which the probe condition does not change.
+            secs["stats_s"] += time.perf_counter() - t0
+            # interventions test the model's first-order prediction: on the first condition and length only
             t0 = time.perf_counter()
             if opts.kind is not None and ci == 0 and li == 0:
                 iv_rows += _intervention_rows(model, opts, points, batches, these, common)
-            intervene_s += time.perf_counter() - t0
+            secs["intervene_s"] += time.perf_counter() - t0
             rows += these
     rows += iv_rows
-    return rows, (probe_s, stats_s, intervene_s)
+    return rows, secs
 
 
 def _train(
@@ -160,11 +141,10 @@ def _train(
     certify inputs; returns (training record, training seconds, monitor seconds)."""
     monitor_s = 0.0
 
-    def on_step(m: Any, step: int) -> None:  # given to train() only when there is a monitor
+    def on_step(m: Any, step: int) -> None:
         nonlocal monitor_s
         t = time.perf_counter()
-        if mon is not None:
-            mon.step(m, step)
+        mon.step(m, step)  # type: ignore[union-attr]  # given to train() only with a monitor
         monitor_s += time.perf_counter() - t
 
     t0 = time.perf_counter()
@@ -187,9 +167,7 @@ def _train(
             "dataset": fam.dataset,
             "data_options": dict(fam.data_options),
             "data_seed": cfg.data_seed,
-            # held-out byte ranges / fitted examples: any later
-            # probe draws its pools from them (no leak)
-            "data_record": wdata.record(split),
+            "data_record": wdata.record(split),  # fitted / held-out parts: later probes draw from them
             "train": {k: v for k, v in tr.items() if k != "history"},
         },
     )
@@ -213,8 +191,7 @@ def _alignment_rows(
     probe_columns: Mapping[str, Any],
 ) -> list[dict[str, Any]]:
     """One ``kind="alignment"`` row per point and (M, K): both certificate forms and the empirical
-    misalignment, from the moments and cross-Gram computed once per point; ``probe_columns`` (the
-    probe condition, where the family has probes) follow the probe setup."""
+    misalignment; ``probe_columns`` describe the probe condition."""
     npts = len(points)
     rows: list[dict[str, Any]] = []
     for pi, point in enumerate(points):
@@ -228,7 +205,7 @@ def _alignment_rows(
             two = stats.certificate(m_two, M=M, K=K, populations="two")
             row: dict[str, Any] = {
                 "kind": "alignment",
-                **common,  # model, dataset, n_params, data_description and the training record
+                **common,
                 "point": point,
                 "point_index": pi,
                 "depth_fraction": (pi + 1) / npts,
@@ -256,28 +233,17 @@ def _intervention_rows(
     these: list[dict[str, Any]],
     common: Mapping[str, Any],
 ) -> list[dict[str, Any]]:
-    """The ``kind="intervention"`` rows of every point (its step grid, on the largest M train and K
-    held-out examples), and the ``iv_*`` columns of the smallest resolved step on ``these`` rows."""
+    """The ``kind="intervention"`` rows of every point (at the largest M and K), and the ``iv_*`` columns of
+    the smallest resolved step on ``these`` rows."""
     from ..probe.interventions import intervene  # noqa: PLC0415  call-time lookup: tests replace it there
 
-    m_max, k_max = max(m for m, _ in opts.pairs), max(k for _, k in opts.pairs)
+    kw = {k: getattr(opts, k) for k in ("n_etas", "max_rel_step", "seed")}
+    kw |= {"M": max(m for m, _ in opts.pairs), "K": max(k for _, k in opts.pairs), "kind": opts.kind or "bias"}
     out: list[dict[str, Any]] = []
     for pi, point in enumerate(points):
-        ivs = intervene(
-            model,
-            point,
-            batches[0],
-            batches[1],
-            etas=None if opts.etas is None else list(opts.etas),
-            kind=opts.kind or "bias",
-            n_etas=opts.n_etas,
-            max_rel_step=opts.max_rel_step,
-            M=m_max,
-            K=k_max,
-            seed=opts.seed,
-            progress=False,
-        )
-        iv_cols = smallest_step(ivs)  # the smallest step the dtype resolves
+        etas = None if opts.etas is None else list(opts.etas)
+        ivs = intervene(model, point, batches[0], batches[1], etas=etas, progress=False, **kw)
+        iv_cols = smallest_step(ivs)
         for r in these:
             if r["point"] == point:
                 r.update(iv_cols)
@@ -291,42 +257,28 @@ MONITOR_FILE = "monitor.jsonl"  # in the cell's folder
 def cell_monitor(
     cfg: SweepConfig, fam: FamilySpec, split: Any, model: Any, opts: CertifyOptions, cell_dir: Path
 ) -> tuple[AlignmentMonitor, dict[str, Any]]:
-    """The cell's :class:`~widthscope.monitor.AlignmentMonitor` and its probe condition in words
-    (``monitor_probe``, ``monitor_probe_seq_len``, ``monitor_probe_description``): pools of
-    ``monitor.n_train`` / ``monitor.n_test`` examples of the condition drawn by the certify rules
-    (in-domain: the same seeded draws, so a monitor pool no larger than certify's is a subset of
-    it), appending to ``cell_dir/monitor.jsonl``.
-
-    The cell is (re)trained from step 0, so rows a killed earlier attempt left there are removed first."""
+    """The cell's :class:`~widthscope.monitor.AlignmentMonitor` (pools of the monitor's sizes drawn by the
+    certify rules, rows in ``cell_dir/monitor.jsonl``, emptied first: the cell trains from step 0) and its
+    probe condition in words (``monitor_probe``, ``monitor_probe_seq_len``, ``monitor_probe_description``)."""
     m = fam.monitor
-    assert m is not None  # called for a monitored family only
+    assert m is not None
     path = cell_dir / MONITOR_FILE
     path.unlink(missing_ok=True)
     if m["probe"] is None:
         cond, L = in_domain_condition(fam), m["seq_len"]
-    else:  # the config check made monitor.probe the name of one of the family's probes
+    else:
         cond = next(c for c in fam.probes or [] if c["name"] == m["probe"])
         L = m["seq_len"] or probe_lengths(fam, cond)[0]
-    # The pools of that probe condition, drawn by the certify rules at the monitor's sizes.
     sized = dataclasses.replace(fam, n_probe_train=m["n_train"], n_probe_test=m["n_test"])
     pa, pb, _, _ = probe_pools(sized, cond, L, split, cfg)
     model.to(cfg.device)  # train() would move it anyway; the monitor's dry probe runs where training will
-    mon = AlignmentMonitor(
-        model,
-        pool_batches(pa, split.task, fam.probe_batch_size),
-        pool_batches(pb, split.task, fam.probe_batch_size),
-        points=m["points"] or fam.points or None,
-        M=m["M"],
-        K=m["K"],
-        at=m["steps"],
-        delta=m["delta"],
-        draws=opts.draws,
-        seed=opts.seed,
-        estimator=opts.estimator,
-        pool=opts.pool,
-        out=path,
-        progress=False,
-    )
+    settings = {k: getattr(opts, k) for k in ("draws", "seed", "estimator", "pool")} | {
+        "points": m["points"] or fam.points or None,
+        "at": m["steps"],
+        **{k: m[k] for k in ("M", "K", "delta")},
+    }
+    a, b = (pool_batches(pool, split.task, fam.probe_batch_size) for pool in (pa, pb))
+    mon = AlignmentMonitor(model, a, b, out=path, progress=False, **settings)
     return mon, {
         "monitor_probe": cond["name"],
         "monitor_probe_seq_len": probe_len(pa, split),
@@ -352,26 +304,23 @@ def _monitor_rows(
     info: Mapping[str, Any],
     fam: FamilySpec,
     rows: list[dict[str, Any]],
-    n_params: int,
-    data_words: str,
+    common: Mapping[str, Any],
 ) -> list[dict[str, Any]]:
-    """The cell's ``kind="monitor"`` rows (one per probed step and point: the monitor's rows, their
-    timings renamed ``monitor_probe_s``/``monitor_stats_s``, ``first_certified`` on the row of a point's
-    certified event); and, on every alignment row, the :data:`MONITOR_SUMMARY` columns of its point
-    (``monitor_first_cert_step`` None: never certified at ``delta`` within the probed steps, or
-    ``monitor_point`` False: not monitored; ``monitor_cert_from_step``: see :func:`certified_steps`)."""
+    """The cell's ``kind="monitor"`` rows (the monitor's, timings renamed ``monitor_probe_s`` /
+    ``monitor_stats_s``, ``first_certified`` on a point's certified step); adds the
+    :data:`MONITOR_SUMMARY` columns of its point to every alignment row."""
     m = fam.monitor
     assert m is not None
     first = {e["point"]: e for e in mon.events}
-    common = {k: info[k] for k in ("monitor_probe", "monitor_probe_seq_len")}
-    common |= {f"monitor_{k}": m[k] for k in ("delta", "M", "K", "n_train", "n_test")}
-    common |= {"monitor_steps_total": int(fam.train["steps"]), "monitor_steps": list(m["steps"])}
+    summary = {k: info[k] for k in ("monitor_probe", "monitor_probe_seq_len")}
+    summary |= {f"monitor_{k}": m[k] for k in ("delta", "M", "K", "n_train", "n_test")}
+    summary |= {"monitor_steps_total": int(fam.train["steps"]), "monitor_steps": list(m["steps"])}
     since = {p: certified_steps([r for r in mon.rows if r["point"] == p], m["delta"])[1] for p in mon.points}
     for r in rows:
         if r.get("kind") == "alignment":
             e = first.get(r["point"])
             r.update(
-                common,
+                summary,
                 monitor_point=r["point"] in mon.points,
                 monitor_first_cert_step=None if e is None else int(e["step"]),
                 monitor_first_cert_b_exact=None if e is None else e["b_exact"],
@@ -383,10 +332,7 @@ def _monitor_rows(
         e = first.get(r["point"])
         row.update(
             kind="monitor",
-            model=fam.model,
-            dataset=fam.dataset,
-            n_params=n_params,
-            data_description=data_words,
+            **common,
             monitor_probe_s=r["probe_s"],
             monitor_stats_s=r["stats_s"],
             first_certified=e is not None and int(e["step"]) == int(r["step"]),

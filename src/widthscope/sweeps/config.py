@@ -1,10 +1,5 @@
-"""A sweep config: its keys, :func:`load_config` (a TOML file or parsed dict checked into a
-:class:`SweepConfig` before any cell runs) and the row columns other code reads.
-
-A bad key names itself, the valid choices and, for a near miss, the key meant. Model structure
-(insertion points, widths a model cannot take) is checked by
-:func:`widthscope.sweeps.alignment.check_structure`.
-"""
+"""A sweep config: its keys, :func:`load_config` (TOML or parsed dict -> :class:`SweepConfig`, every
+bad key named with the valid choices) and the row columns other code reads."""
 
 from __future__ import annotations
 
@@ -47,20 +42,10 @@ CERT_FIELDS = ("expectation", "variance", "d_par", "d_2", "d_align", "n_eff", "b
 TIMING_COLUMNS = ("train_s", "probe_s", "stats_s", "intervene_s", "cell_seconds")
 MONITOR_TIMING_COLUMNS = ("monitor_s", "monitor_probe_s", "monitor_stats_s")  # of monitored cells only
 # Columns a monitored cell adds to its alignment rows (per point; docs/monitor.md §8).
-MONITOR_SUMMARY = (
-    "monitor_point",
-    "monitor_first_cert_step",
-    "monitor_first_cert_b_exact",
-    "monitor_cert_from_step",
-    "monitor_delta",
-    "monitor_M",
-    "monitor_K",
-    "monitor_steps_total",
-    "monitor_steps",
-    "monitor_n_train",
-    "monitor_n_test",
-    "monitor_probe",
-    "monitor_probe_seq_len",
+MONITOR_SUMMARY = tuple(
+    f"monitor_{k}"
+    for k in "point first_cert_step first_cert_b_exact cert_from_step delta M K steps_total steps n_train n_test "
+    "probe probe_seq_len".split()
 )
 
 SWEEP_KEYS = (
@@ -166,27 +151,13 @@ class SweepConfig:
         return next(f for f in self.families if f.name == name)
 
     def to_dict(self) -> dict[str, Any]:
-        """The config as ``sweep.json`` records it (``config``); the certify options of each family
-        are :meth:`options_record`."""
+        """The config as ``sweep.json`` records it (the families' certify options: :meth:`options_record`)."""
         c = self.certify
         return to_jsonable(
             ({"placement": dict(self.placement)} if self.placement else {})
-            | {
-                "name": self.name,
-                "out_dir": self.out_dir,
-                "families": [f.to_dict() for f in self.families],
-                "seeds": list(self.seeds),
-                "MK": [list(mk) for mk in self.MK],
-                "draws": c.draws,
-                "estimator": c.estimator,
-                "pool": c.pool,
-                "budgets": self.budgets,
-                "data_seed": self.data_seed,
-                "device": self.device,
-                "threads": self.threads,
-                "interventions": c.interventions,
-                "etas": None if c.etas is None else list(c.etas),
-            }
+            | {k: getattr(self, k) for k in ("name", "out_dir", "seeds", "budgets", "data_seed", "device", "threads")}
+            | {k: getattr(c, k) for k in ("draws", "estimator", "pool", "interventions", "etas")}
+            | {"families": [f.to_dict() for f in self.families], "MK": [list(mk) for mk in self.MK]}
         )
 
     def certify_changes(self, fam: FamilySpec) -> dict[str, Any]:
@@ -195,37 +166,28 @@ class SweepConfig:
         return {k: v for k, v in fam.certify.to_dict().items() if implied[k] != v}
 
     def options_record(self) -> dict[str, Any]:
-        """The certify options of [sweep] (``sweep``) and of each family (``families``, by name):
-        ``sweep.json``'s ``options``."""
+        """``sweep.json``'s ``options``: the certify options of [sweep] and of each family."""
         return {"sweep": self.certify.to_dict(), "families": {f.name: f.certify.to_dict() for f in self.families}}
 
     def fingerprint(self) -> str:
-        """Hash of everything that determines results (not where they go, nor the placement).
-
-        A family's certify options enter only where they differ from what [sweep]'s keys and
-        ``points`` give (``certify_changes``), so options at their defaults leave it unchanged."""
+        """Hash of everything that determines results (not where they go, nor the placement); certify
+        options enter only where they differ from the defaults (``certify_changes``)."""
         d = self.to_dict()
         for key in ("placement", "out_dir", "device", "threads"):
             d.pop(key, None)
-        for fam, fd in zip(self.families, d.get("families", [])):
+        for fam, fd in zip(self.families, d["families"]):
             fd.pop("placement", None)
             for key in ("probes", "probe_seq_len", "monitor"):
-                if fd.get(key) is None:
-                    fd.pop(key, None)
-            changes = self.certify_changes(fam)
-            if changes:
+                if fd[key] is None:
+                    del fd[key]
+            if changes := self.certify_changes(fam):
                 fd["certify_changes"] = changes
-        extra = {k: v for k, v in self.certify.to_dict().items() if k not in _LEGACY_SWEEP and SWEEP_DICT[k] != v}
-        if extra:
+        if extra := {k: v for k, v in self.certify.to_dict().items() if k not in _LEGACY_SWEEP and SWEEP_DICT[k] != v}:
             d["certify_changes"] = extra
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
 # ----------------------------------------------------------------------------- validation
-def config_where(ctx: str) -> str:
-    return f"sweep config {ctx}"
-
-
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -241,13 +203,10 @@ def _ints(v: Any, lo: int, hi: int | None = None) -> bool:
 
 
 def check_keys(table: Mapping[str, Any], valid: Sequence[str], ctx: str) -> None:
-    unknown = [k for k in table if k not in valid]
-    if unknown:
-        hints = []
-        for k in unknown:
-            close = difflib.get_close_matches(k, list(valid), n=1)
-            hints.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise WidthscopeError(f"{config_where(ctx)}: unknown key(s) {', '.join(hints)}; valid keys: {', '.join(valid)}")
+    if unknown := [k for k in table if k not in valid]:
+        close = {k: difflib.get_close_matches(k, list(valid), n=1) for k in unknown}
+        hints = [f"{k!r}" + (f" (did you mean {c[0]!r}?)" if c else "") for k, c in close.items()]
+        raise WidthscopeError(f"sweep config {ctx}: unknown key(s) {', '.join(hints)}; valid keys: {', '.join(valid)}")
 
 
 def config_int(v: Any, what: str, *, minimum: int = 1) -> int:
@@ -264,22 +223,20 @@ def _int_list(v: Any, what: str, *, minimum: int = 1) -> list[int]:
     return [config_int(x, f"{what} entries", minimum=minimum) for x in v]
 
 
-def config_table(v: Any, what: str) -> dict[str, Any]:
-    if v is None:
-        return {}
-    if not isinstance(v, Mapping):
+def config_table(v: Any, what: str, valid: Sequence[str] | None = None, ctx: str | None = None) -> dict[str, Any]:
+    """A config table (None: empty), its keys checked against ``valid`` when given (named as ``ctx``)."""
+    if v is not None and not isinstance(v, Mapping):
         raise WidthscopeError(
             f"{what} must be a table (e.g. {what.split()[-1]} = {{ key = value }}), got {type(v).__name__}"
         )
-    return dict(v)
+    if v is not None and valid is not None:
+        check_keys(v, valid, ctx or what)
+    return dict(v or {})
 
 
 def certify_options(base: CertifyOptions, table: Mapping[str, Any], where: str) -> CertifyOptions:
-    """``base`` with the certify options of a config table, checked by :class:`CertifyOptions`,
-    its message naming the config key (``where`` + key) instead of the flag.
-
-    A sweep cell pools per example and probes unprojected samples: ``pool = "token"`` and
-    ``project`` are refused, naming the command that computes them on a cell's checkpoint."""
+    """``base`` with a config table's certify options, checked, messages naming ``where`` + key; refuses
+    ``pool = "token"`` and ``project`` (a sweep cell pools per example and keeps samples whole)."""
     try:
         opts = base.replace(**table)
     except WidthscopeError as exc:
@@ -304,7 +261,7 @@ def certify_options(base: CertifyOptions, table: Mapping[str, Any], where: str) 
 
 
 def _family(raw: Any, index: int, sweep_budgets: list[int] | None, sweep_options: CertifyOptions) -> FamilySpec:
-    where = config_where(f"[[family]] #{index + 1}")
+    where = f"sweep config [[family]] #{index + 1}"
     if not isinstance(raw, Mapping):
         raise WidthscopeError(f"{where}: each [[family]] must be a table")
     check_keys(raw, FAMILY_KEYS, f"[[family]] #{index + 1}")
@@ -315,13 +272,9 @@ def _family(raw: Any, index: int, sweep_budgets: list[int] | None, sweep_options
     if not isinstance(name, str) or not name:
         raise WidthscopeError(f"{where}: name must be a non-empty string")
     ctx = f"family {name!r}"
-    where = config_where(ctx)
+    where = f"sweep config {ctx}"
     widths = raw["widths"]
-    if (
-        not isinstance(widths, list)
-        or not widths
-        or any(isinstance(w, bool) or not isinstance(w, (int, float)) for w in widths)
-    ):
+    if not isinstance(widths, list) or not widths or not all(_number(w) or isinstance(w, float) for w in widths):
         raise WidthscopeError(f"{where}: widths must be a non-empty list of numbers, got {widths!r}")
     if any(not (math.isfinite(w) and w > 0) for w in widths):
         raise WidthscopeError(f"{where}: widths must be positive finite numbers, got {widths!r}")
@@ -329,14 +282,9 @@ def _family(raw: Any, index: int, sweep_budgets: list[int] | None, sweep_options
         raise WidthscopeError(
             f"{where}: widths must be strictly increasing (sort them and drop duplicates), got {widths!r}"
         )
-    train = config_table(raw.get("train"), f"{ctx} train")
-    check_keys(train, TRAIN_KEYS, f"{ctx} [family.train]")
-    for req in ("steps", "lr"):
-        if req not in train:
-            raise WidthscopeError(f"{where}: train.{req} is required, e.g. train = {{ steps = 300, lr = 1e-3 }}")
+    train = config_table(raw.get("train"), f"{ctx} train", TRAIN_KEYS, f"{ctx} [family.train]")
     _check_train(train, where)
-    cert = config_table(raw.get("certify"), f"{ctx} certify")
-    check_keys(cert, CERTIFY_KEYS, f"{ctx} [family.certify]")
+    cert = config_table(raw.get("certify"), f"{ctx} certify", CERTIFY_KEYS, f"{ctx} [family.certify]")
     n_pa = config_int(cert.get("n_probe_train", 128), f"{where} certify.n_probe_train", minimum=4)
     n_pb = config_int(cert.get("n_probe_test", 128), f"{where} certify.n_probe_test", minimum=4)
     pbs = config_int(cert.get("batch_size", 32), f"{where} certify.batch_size")
@@ -349,9 +297,8 @@ def _family(raw: Any, index: int, sweep_budgets: list[int] | None, sweep_options
     n_train = raw.get("n_train")
     if n_train is None and not sweep_budgets:
         raise WidthscopeError(f"{where}: missing n_train (training examples), or give [sweep].budgets")
-    if n_train is not None:
-        n_train = config_int(n_train, f"{where} n_train")
-    for nt in ([n_train] if n_train is not None else []) + list(sweep_budgets or []):
+    n_train = None if n_train is None else config_int(n_train, f"{where} n_train")
+    for nt in [n for n in (n_train, *(sweep_budgets or ())) if n is not None]:
         if nt < n_pa:
             raise WidthscopeError(
                 f"{where}: certify.n_probe_train={n_pa} exceeds the training set "
@@ -408,6 +355,9 @@ def _family(raw: Any, index: int, sweep_budgets: list[int] | None, sweep_options
 
 def _check_train(train: Mapping[str, Any], where: str) -> None:
     """Every option of ``widthscope.train.train`` a sweep passes, checked before any cell runs."""
+    for req in ("steps", "lr"):
+        if req not in train:
+            raise WidthscopeError(f"{where}: train.{req} is required, e.g. train = {{ steps = 300, lr = 1e-3 }}")
     config_int(train["steps"], f"{where} train.steps")
     numbers = (
         ("lr", True, ""),
@@ -460,9 +410,8 @@ def _monitor(
     if raw is None:
         return None
     ctx = f"family {fam.name!r}"
-    where = f"{config_where(ctx)}: monitor"
-    mon = config_table(raw, f"{ctx} monitor")
-    check_keys(mon, MONITOR_KEYS, f"{ctx} [family.monitor]")
+    where = f"sweep config {ctx}: monitor"
+    mon = config_table(raw, f"{ctx} monitor", MONITOR_KEYS, f"{ctx} [family.monitor]")
     steps = int(fam.train["steps"])
     every = mon.get("every", "log")
     if "at" in mon and ("every" in mon or "count" in mon):
@@ -550,7 +499,7 @@ def _probes(raw: Any, dataset: str, ctx: str) -> list[dict[str, Any]] | None:
     """Validated probe conditions (None: the default single in-domain condition)."""
     if raw is None:
         return None
-    where = config_where(ctx)
+    where = f"sweep config {ctx}"
     if not isinstance(raw, list) or not raw or not all(isinstance(c, Mapping) for c in raw):
         raise WidthscopeError(
             f"{where}: probes must be a list of tables, e.g. "
@@ -558,7 +507,7 @@ def _probes(raw: Any, dataset: str, ctx: str) -> list[dict[str, Any]] | None:
         )
     out: list[dict[str, Any]] = []
     for c in raw:
-        check_keys(c, list(PROBE_KEYS), f"{ctx} probes")
+        check_keys(c, PROBE_KEYS, f"{ctx} probes")
         name = c.get("name")
         if not isinstance(name, str) or not name or name in [o["name"] for o in out]:
             raise WidthscopeError(f"{where}: every probe condition needs a unique name, got {name!r}")
@@ -584,16 +533,8 @@ def _probes(raw: Any, dataset: str, ctx: str) -> list[dict[str, Any]] | None:
                 "no data_options (another cut of the training corpus would put trained-on text in "
                 "the held-out pool); use seq_len for other probe lengths"
             )
-        out.append(
-            {
-                "name": name,
-                "data": c.get("data") or dataset,
-                "test_data": c.get("test_data"),
-                "data_options": config_table(c.get("data_options"), f"{ctx} probes {name!r} data_options"),
-                "shift": shift,
-                "seq_len": lens,
-            }
-        )
+        out.append(dict({k: c.get(k) for k in PROBE_KEYS}, data=c.get("data") or dataset, seq_len=lens))
+        out[-1]["data_options"] = config_table(c.get("data_options"), f"{ctx} probes {name!r} data_options")
     return out
 
 
@@ -661,8 +602,7 @@ def load_config(
         raw = read_toml(path, "sweep config", "examples in configs/, reference in docs/sweeps.md")
         stem, what = path.stem, f"sweep config {str(path)!r}"
     check_keys(raw, ["sweep", "family"], "top level")
-    sw = config_table(raw.get("sweep"), "[sweep]")
-    check_keys(sw, SWEEP_KEYS, "[sweep]")
+    sw = config_table(raw.get("sweep"), "[sweep]", SWEEP_KEYS)
     fams_raw = raw.get("family")
     if isinstance(fams_raw, Mapping):
         fams_raw = [fams_raw]

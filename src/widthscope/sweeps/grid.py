@@ -1,11 +1,8 @@
 """Resumable, shardable execution of a grid of independent cells.
 
-A finished cell is one file, ``cells/<cell_id>.json``, written atomically after its work with all
-its rows, so a cell is wholly finished or not at all whenever a ``kill -9`` comes;
-``results.jsonl`` is a view rebuilt atomically from the cell files. Shards (``k/n``) pick cells by
-their position in the grid, so processes sharing the results folder cover it without overlap. A
-run holds an advisory lock on the folder (:func:`lock_out_dir`), released by the kernel however
-the process ends.
+A finished cell is one file, ``cells/<cell_id>.json``, written atomically with all its rows;
+``results.jsonl`` is a view rebuilt atomically from them. Shard ``k/n`` takes cells ``k-1, k-1+n, ...``
+of the grid; a run holds an advisory lock on the folder (:func:`lock_out_dir`).
 """
 
 from __future__ import annotations
@@ -79,8 +76,7 @@ def parse_shard(text: str | None) -> tuple[int, int]:
 
 
 def shard_for_run(text: str | None) -> tuple[int, int]:
-    """The shard a sweep process runs: ``--shard`` when given; otherwise, under ``torchrun``
-    with ``W`` processes, rank ``r`` runs shard ``r+1/W`` (else the whole grid)."""
+    """``--shard`` when given; else, under ``torchrun`` with ``W`` ranks, rank ``r`` runs shard ``r+1/W``."""
     if text is not None:
         return parse_shard(text)
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
@@ -90,12 +86,10 @@ def shard_for_run(text: str | None) -> tuple[int, int]:
 
 
 def finish_after_ranks(shard_text: str | None, finish: Callable[[], Any]) -> bool:
-    """Under ``torchrun`` (no explicit ``--shard``): wait for every rank's shard, then call
-    ``finish()`` on rank 0 (e.g. rerun the sweep unsharded: it finds every cell done and writes
-    the summary / fits). Returns True when this process should print the summary itself."""
+    """Under ``torchrun`` (no ``--shard``): wait for every rank, then call ``finish()`` on rank 0 and
+    return False; otherwise return True (this process prints the summary itself)."""
     if shard_text is not None or int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
         return True
-
     distributed.init_from_env(timeout_s=float(os.environ.get("WIDTHSCOPE_DIST_TIMEOUT", 7 * 24 * 3600)))
     distributed.barrier()
     if distributed.is_main():
@@ -106,14 +100,8 @@ def finish_after_ranks(shard_text: str | None, finish: Callable[[], Any]) -> boo
 
 @contextlib.contextmanager
 def lock_out_dir(out_dir: str | os.PathLike, shard: tuple[int, int] = (1, 1), what: str = "sweep") -> Iterator[None]:
-    """Hold an advisory ``flock`` on ``out_dir`` while a run writes into it (:func:`widthscope._io.hold_lock`).
-
-    An unsharded run locks ``OUT/.widthscope.lock`` exclusively; a shard ``k/n`` locks it shared
-    (other shards may run beside it) and ``OUT/.widthscope.lock.k-of-n`` exclusively. So a second
-    identical run, or an unsharded run beside any shard, is refused with one line naming the
-    holder's pid, while shards of one grid (``--shard``, torchrun ranks) share the folder. The
-    kernel drops the locks when the process dies (even by ``kill -9``): a stale lock file is harmless.
-    """
+    """Hold an advisory ``flock`` on ``out_dir`` while a run writes into it (:func:`widthscope._io.hold_lock`):
+    shared by the shards of one grid, exclusive otherwise; a second run is refused naming the holder."""
     out_dir = Path(out_dir)
 
     def refuse(holder: str) -> WidthscopeError:
@@ -193,8 +181,7 @@ def new_backup_dir(out_dir: str | Path) -> Path:
 
 
 def set_aside(out_dir: str | Path, paths: Sequence[Path], backup: Path) -> list[Path]:
-    """Move ``paths`` (inside ``out_dir``) to the same place under ``backup``; return the new paths.
-    A rename on the same file system: nothing is copied, nothing deleted."""
+    """Move ``paths`` (inside ``out_dir``) to the same place under ``backup``; return the new paths."""
     out_dir = Path(out_dir)
     moved = []
     for p in paths:
@@ -211,13 +198,9 @@ def set_aside(out_dir: str | Path, paths: Sequence[Path], backup: Path) -> list[
 def load_rows(
     out_dir: str | Path, *, rebuild: bool = True, problems: list[Skipped] | None = None
 ) -> list[dict[str, Any]]:
-    """All rows of all finished cells in ``out_dir``, in a stable order.
-
-    With ``rebuild`` (default; what a sweep does) also rewrites ``results.jsonl`` atomically from
-    the cells; readers such as ``widthscope report`` pass ``rebuild=False`` and write nothing. A
-    damaged cell file is skipped and named: appended to ``problems`` when given, else logged on
-    stderr (``widthscope repair`` sets such files aside with a backup).
-    """
+    """All rows of all finished cells in ``out_dir``, in a stable order; ``rebuild``: also rewrite
+    ``results.jsonl`` atomically. A damaged cell file is skipped and named (in ``problems`` when given,
+    else on stderr)."""
     out_dir = Path(out_dir)
     rows: list[dict[str, Any]] = []
     found: list[Skipped] = []
@@ -225,8 +208,8 @@ def load_rows(
         rec, why = read_cell(p)
         if rec is None:
             found.append(Skipped(str(p), None, str(why)))
-            continue
-        rows.extend(rec["rows"])
+        else:
+            rows.extend(rec["rows"])
     rows.sort(key=lambda r: (r.get("cell_index", 0), r.get("row_index", 0)))
     record_skips(found, problems)
     if rebuild and (out_dir / "cells").exists():
@@ -241,18 +224,12 @@ def run_grid(
     *,
     shard: tuple[int, int] = (1, 1),
     desc: str = "cells",
-    on_cell: Callable[[Mapping[str, Any], list[dict[str, Any]]], None] | None = None,
     record: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
 ) -> GridResult:
-    """Run ``fn(cell, cell_dir) -> rows`` for every unfinished cell of this shard.
-
-    ``record(cell)``: more top-level entries of the cell's file, recorded once beside its rows
-    (e.g. the cell's ``options``); they never replace ``cell``, ``cell_id`` or ``rows``.
-
-    Each row gets ``cell_id``, ``cell_index``, ``row_index``, the cell's parameters and the
-    ``env_*`` fields of :func:`widthscope._env.environment` (row keys win on a clash). ``cell_dir`` is a
-    per-cell scratch folder for checkpoints.
-    """
+    """Run ``fn(cell, cell_dir) -> rows`` for every unfinished cell of this shard (``cell_dir``: its
+    scratch folder). Each row gets ``cell_id``, ``cell_index``, ``row_index``, the cell's parameters and
+    the ``env_*`` fields of :func:`widthscope._env.environment` (row keys win); ``record(cell)``: more
+    top-level entries of the cell's file (never ``cell``, ``cell_id``, ``rows``)."""
     out_dir = Path(out_dir)
     try:
         (out_dir / "cells").mkdir(parents=True, exist_ok=True)
@@ -267,21 +244,22 @@ def run_grid(
 
     on_interrupt(finished)
     k, n = shard
-    indexed = [(i, c) for i, c in enumerate(cells) if i % n == k - 1]
     result = GridResult(out_dir=out_dir)
     todo = []
     damaged: list[tuple[Path, str]] = []
-    for i, c in indexed:
+    for i, c in enumerate(cells):
+        if i % n != k - 1:
+            continue
         cid = cell_id(c)
         path = cell_path(out_dir, cid)
-        if path.exists():
-            why = read_cell(path)[1]
-            if why is None:
-                result.skipped.append(cid)
-                continue
+        why = read_cell(path)[1] if path.exists() else ""
+        if why is None:
+            result.skipped.append(cid)
+            continue
+        if why:
             damaged.append((path, why))
         todo.append((i, c, cid))
-    if damaged:  # its rows are lost: keep the file for inspection and compute the cell again
+    if damaged:  # keep the file for inspection and compute the cell again
         moved = set_aside(out_dir, [p for p, _ in damaged], new_backup_dir(out_dir))
         for (path, why), dest in zip(damaged, moved):
             print(
@@ -298,22 +276,16 @@ def run_grid(
             raise unwritable(cell_dir, exc) from None
         rows = fn(c, cell_dir)
         elapsed = time.perf_counter() - t0
-        env = environment()  # what else could differ on another machine (a cell's own env_* win)
-        full = []
-        for j, r in enumerate(rows):
-            row = {**env, **to_jsonable(dict(c)), **to_jsonable(r)}
-            row.update(cell_id=cid, cell_index=i, row_index=j)
-            row.setdefault("cell_seconds", elapsed)
-            full.append(row)
-        extra = {
-            k: v for k, v in (record(c) if record is not None else {}).items() if k not in ("cell", "cell_id", "rows")
-        }
+        env = environment()
+        full = [
+            {"cell_seconds": elapsed, **env, **to_jsonable(dict(c)), **to_jsonable(r)}
+            | {"cell_id": cid, "cell_index": i, "row_index": j}
+            for j, r in enumerate(rows)
+        ]
+        extra = {k: v for k, v in (record(c) if record else {}).items() if k not in ("cell", "cell_id", "rows")}
         atomic_write_json(cell_path(out_dir, cid), {"cell": c, "cell_id": cid, **to_jsonable(extra), "rows": full})
-        # results.jsonl stays a valid view of the finished cells after any interruption (damage: said below)
-        load_rows(out_dir, problems=[])
+        load_rows(out_dir, problems=[])  # results.jsonl stays a valid view (damage: said below)
         result.done.append(cid)
-        if on_cell is not None:
-            on_cell(c, full)
     result.rows = load_rows(out_dir, problems=result.problems)
     if result.problems:  # cells outside this run's shard or grid: their own run sets them aside
         warn_skips(result.problems)
@@ -330,10 +302,8 @@ def run_grid(
 def claim_out_dir(
     out_dir: Path, record: dict[str, Any], what: str, shard: tuple[int, int] = (1, 1), threads: int | None = None
 ) -> Iterator[None]:
-    """Hold the lock of ``out_dir`` (:func:`lock_out_dir`), refuse a folder whose ``sweep.json``
-    holds another ``fingerprint`` than ``record``'s (resuming would mix two runs; ``what`` names
-    the kind of run: "a sweep", "a suite"), (re)write ``record`` there, and run at ``threads``
-    torch CPU threads (None: torch's choice)."""
+    """Hold the lock of ``out_dir``, refuse a folder whose ``sweep.json`` holds another ``fingerprint``
+    (``what``: "a sweep", "a suite"), (re)write ``record`` there, and run at ``threads`` torch CPU threads."""
     with torch_threads(threads), lock_out_dir(out_dir, shard, "sweep"):
         marker = Path(out_dir) / "sweep.json"
         if marker.exists():

@@ -1,10 +1,6 @@
-"""Big-model placement in sweeps: ``device_map``, ``max_memory``, ``offload_folder``.
-
-``[sweep]`` sets them for every family, a ``[[family]]`` overrides each one, a ``[suite]`` takes them
-as certify input options. They decide only where the weights live while a cell probes (not part of
-the fingerprint); offloaded weights go to a folder per cell (``offload_folder/<cell id>``, or a
-temporary folder), so shards never share one.
-"""
+"""Big-model placement in sweeps: ``device_map``, ``max_memory``, ``offload_folder`` (from ``[sweep]``,
+overridden per ``[[family]]``, or ``[suite]`` input options): where the weights live while a cell
+probes; offloaded weights go to a folder per cell (``offload_folder/<cell id>``)."""
 
 from __future__ import annotations
 
@@ -24,8 +20,7 @@ PLACEMENT_KEYS = ("device_map", "max_memory", "offload_folder")
 
 
 def check_placement(table: Mapping[str, Any], where: str, *, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The placement keys of ``table`` over ``base`` (the ``[sweep]`` ones), checked: one
-    :class:`WidthscopeError` line naming ``where`` + key and the fix. Returns only the keys set."""
+    """The placement keys of ``table`` over ``base`` (the ``[sweep]`` ones), checked; only the keys set."""
     out = {k: v for k, v in dict(base or {}).items() if v is not None}
     out.update({k: table[k] for k in PLACEMENT_KEYS if k in table})
     dmap = out.get("device_map")
@@ -56,8 +51,7 @@ def cell_folder(placement: Mapping[str, Any], cell_key: str) -> str | None:
 
 
 def place_model(model: nn.Module, placement: Mapping[str, Any], cell_key: str) -> dict[str, Any]:
-    """Dispatch a trained cell model in place for its probe; returns the record of where it went
-    (``widthscope.models.dispatch.finish``'s, the folder left out: it is removed after the cell)."""
+    """Dispatch a trained cell model in place for its probe; returns where it went (the folder left out)."""
     model.to("cpu")  # accelerate moves each module from here to its device; disk modules are written out
     folder = cell_folder(placement, cell_key)
     try:

@@ -1,10 +1,9 @@
-"""The data of a sweep cell: its split (loaded once per process), the model options read from it,
-and the probe pools of each probe condition (in-domain, another dataset, a shifted copy, another
-text length): seeded samples drawn by the same rules for certify and the monitor.
-"""
+"""The data of a sweep cell: its split, the model options read from it, and the seeded probe pools of each
+probe condition (in-domain, another dataset, a shifted copy, another text length)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -27,10 +26,8 @@ __all__ = ["apply_shift", "cell_input_spec", "in_domain_condition", "probe_condi
 
 
 def apply_shift(pair: tuple[Any, Any], shift: str | None, input_shape: tuple[int, ...], seed: int) -> tuple[Any, Any]:
-    """A fixed, documented corruption of image inputs: ``noise:σ`` adds seeded Gaussian noise of
-    standard deviation σ (inputs are standardised), ``contrast:c`` scales every input about its
-    own mean by ``c``, ``blur`` averages each pixel with its 3×3 neighbourhood, ``classes:a,b``
-    keeps only those classes (a class-subset shift)."""
+    """Corrupt image inputs: ``noise:σ`` adds seeded Gaussian noise, ``contrast:c`` scales each input about
+    its mean by ``c``, ``blur`` averages each pixel's 3×3 neighbourhood, ``classes:a,b`` keeps those classes."""
     if shift is None:
         return pair
     kind, arg = parse_shift(shift, "shift")
@@ -61,10 +58,10 @@ _SPLITS: dict[str, Split] = {}
 
 
 def load_split(fam: FamilySpec, budget: int, cfg: SweepConfig) -> Split:
-    """Load (and memoise per process) the dataset; every width and seed sees the same split."""
+    """The dataset split (memoised: every width and seed sees the same one)."""
     key = json.dumps([fam.dataset, fam.data_options, budget, fam.n_test, cfg.data_seed], sort_keys=True, default=str)
     if key not in _SPLITS:
-        _SPLITS.clear()  # one split at a time keeps memory flat on long multi-family sweeps
+        _SPLITS.clear()  # one split at a time keeps memory flat
         _SPLITS[key] = wdata.load(
             fam.dataset, n_train=budget, n_test=fam.n_test, seed=cfg.data_seed, **fam.data_options
         )
@@ -81,10 +78,10 @@ _DATA_OPTIONS: dict[str, tuple[str, Callable[[tuple[int, ...]], int], str]] = {
 
 
 def fill_model_options(fam: FamilySpec, split: Any) -> dict[str, Any]:
-    """Fill the model's data-dependent options (input size, classes, vocabulary) from the split."""
+    """The model options with its data-dependent ones (input size, classes, vocabulary) from the split."""
     opts = dict(fam.model_options)
-    shape = tuple(getattr(split, "input_shape", ()) or ())
-    ncls = getattr(split, "num_classes", None)
+    shape = tuple(split.input_shape or ())
+    ncls = split.num_classes
     if fam.model in _DATA_OPTIONS:
         size, of_shape, classes = _DATA_OPTIONS[fam.model]
         if shape:
@@ -95,8 +92,7 @@ def fill_model_options(fam: FamilySpec, split: Any) -> dict[str, Any]:
 
 
 def take_examples(pair: Sequence[Any], n: int, seed: int) -> tuple[Any, ...]:
-    """A seeded random subset of ``n`` examples, in their original order (not the first ``n``:
-    text chunks are ordered by position in the corpus)."""
+    """A seeded random subset of ``n`` examples, in their original order."""
     total = len(pair[0])
     idx = torch.randperm(total, generator=torch.Generator().manual_seed(int(seed)))[:n].sort().values
     return tuple(t[idx] for t in pair)
@@ -126,9 +122,8 @@ def probe_len(pair: Sequence[Any], split: Any) -> int | None:
 def _in_domain(
     fam: FamilySpec, L: int | None, split: Any, cfg: SweepConfig
 ) -> tuple[tuple[Any, ...], tuple[Any, ...], dict[str, Any] | None, str]:
-    """Both pools from the training data: fitted examples and the held-out part. At a text
-    length other than the training one, the corpus is re-cut at ``L`` inside the recorded fitted /
-    held-out byte ranges, so no held-out probe chunk was trained on."""
+    """Both pools from the training data (fitted examples, held-out part); at another text length ``L`` the
+    corpus re-cut inside the recorded fitted / held-out byte ranges."""
     seed = cfg.data_seed
     train_len = int(split.input_shape[-1]) if split.task == "lm" else None
     if L is None or L == train_len:
@@ -163,28 +158,23 @@ def _in_domain(
 def probe_pools(
     fam: FamilySpec, cond: Mapping[str, Any], L: int | None, split: Any, cfg: SweepConfig
 ) -> tuple[tuple[Any, ...], tuple[Any, ...], str, dict[str, Any] | None]:
-    """(train pool, held-out pool, description, corpus byte offsets of the rows or None) of one
-    probe condition at probe length ``L``: the training dataset in-domain (:func:`_in_domain`),
-    another dataset's train part (``data``) and held-out part (``test_data``, default ``data``);
-    ``shift`` then corrupts both pools (images)."""
+    """(train pool, held-out pool, description, corpus byte offsets or None) of one probe condition at
+    length ``L``: ``data``'s train part and ``test_data``'s held-out part (the training dataset: in-domain),
+    then ``shift`` applied."""
     seed = cfg.data_seed
     data, test = cond["data"], cond.get("test_data") or cond["data"]
     inside = _in_domain(fam, L, split, cfg) if fam.dataset in (data, test) else None
-    loaded: dict[str, Any] = {}
 
+    @functools.cache
     def other(name: str) -> Any:
-        if name not in loaded:
-            opts = dict(cond.get("data_options", {}))
-            if L is not None:
-                opts["seq_len"] = L
-            got = wdata.load(name, seed=seed, **opts)
-            if got.task != split.task or (split.task == "lm" and got.num_classes != split.num_classes):
-                raise WidthscopeError(
-                    f"family {fam.name!r}: probe {cond['name']!r} data {name!r} does not fit the "
-                    f"model trained on {fam.dataset!r}"
-                )
-            loaded[name] = got
-        return loaded[name]
+        opts = dict(cond.get("data_options", {})) | ({} if L is None else {"seq_len": L})
+        got = wdata.load(name, seed=seed, **opts)
+        if got.task != split.task or (split.task == "lm" and got.num_classes != split.num_classes):
+            raise WidthscopeError(
+                f"family {fam.name!r}: probe {cond['name']!r} data {name!r} does not fit the "
+                f"model trained on {fam.dataset!r}"
+            )
+        return got
 
     def part(name: str, i: int, n: int, seed_: int, words: tuple[str, str]) -> tuple[Any, str]:
         if inside is not None and name == fam.dataset:
@@ -221,14 +211,11 @@ def probe_words(cond: Mapping[str, Any], pa: Sequence[Any], pb: Sequence[Any], s
 
 
 def pool_batches(pair: tuple[Any, ...], task: str, batch_size: int) -> list[Any]:
-    # Explicit lm flag: slicing breaks the ``y is X`` identity batches() would infer it from.
     return list(wdata.batches(pair, batch_size, shuffle=False, lm=(task == "lm")))
 
 
 def cell_input_spec(cfg: SweepConfig, cell: Mapping[str, Any], cell_dir: str | os.PathLike) -> InputSpec:
-    """The :class:`~widthscope.data.spec.InputSpec` that probes this cell's saved checkpoint with
-    ``widthscope certify`` / :func:`widthscope.load_inputs` (``input_spec.json`` beside it): the
-    sweep's in-domain train pool (the same rule); the held-out pool drawn from the dataset's whole
-    held-out part, where the sweep draws from the cell's ``n_test`` subset of it."""
+    """The :class:`~widthscope.data.spec.InputSpec` that probes this cell's checkpoint with ``widthscope certify``
+    (the sweep's train pool; the held-out pool from the whole held-out part)."""
     fam = cfg.family(cell["family"])
     return InputSpec(model=str(cell_dir), n_train=fam.n_probe_train, n_test=fam.n_probe_test, seed=cfg.data_seed)

@@ -1,11 +1,6 @@
-"""What a finished sweep leaves, read back: its record (``sweep.json``) as a config again, its
-alignment rows summarised over seeds, and a certify result as sweep rows.
-
-Every sweep writes ``OUT/sweep.json`` (:func:`widthscope.sweeps.grid.claim_out_dir`): the config,
-the certify options (alignment sweeps), the ``fingerprint`` and the ``kind``. :func:`read_record`
-turns it back into the parsed-TOML dict the config loaders check, so ``widthscope sweep --config``
-gets the same cells; :func:`check_fingerprint` refuses a record whose config no longer gives its
-fingerprint. :func:`certify_rows` is shared by the model-suite sweep and the report's width series.
+"""What a finished sweep leaves, read back: its record (``sweep.json``) as a parsed-TOML config again
+(:func:`read_record`, so ``widthscope sweep --config`` gets the same cells), its alignment rows
+summarised over seeds, and a certify result as sweep rows (:func:`certify_rows`).
 """
 
 from __future__ import annotations
@@ -39,6 +34,7 @@ __all__ = [
 RECORD = "sweep.json"
 # the [sweep] keys a record holds as they are (M and K: as its MK pairs)
 _SWEEP_SAVED = ("name", "out_dir", "seeds", "draws", "estimator", "pool", "data_seed", "device", "interventions")
+_MEANS = (("misalign", "misalignment"), ("B_exact", "two_b_exact"), ("B_align", "two_b_align"), ("test_loss",) * 2)
 _MISALIGNMENT = (("", "probability"), ("_low", "low"), ("_high", "high"), ("_draws", "draws"))
 
 
@@ -79,16 +75,12 @@ def _alignment(config: Mapping[str, Any], options: Mapping[str, Any]) -> dict[st
     )
     families = []
     for f in config["families"]:
-        certify = {
-            "n_probe_train": f["n_probe_train"],
-            "n_probe_test": f["n_probe_test"],
-            "batch_size": f["probe_batch_size"],
-            **_drop_none(options["families"][f["name"]]),
-        }
+        certify = {"n_probe_train": f["n_probe_train"], "n_probe_test": f["n_probe_test"]}
+        certify |= {"batch_size": f["probe_batch_size"], **_drop_none(options["families"][f["name"]])}
         fam = {
             k: f[k] for k in ("name", "model", "widths", "dataset", "n_test", "model_options", "data_options", "train")
         }
-        fam.update(_drop_none({"n_train": f.get("n_train"), "probe_seq_len": f.get("probe_seq_len")}))
+        fam |= _drop_none({"n_train": f.get("n_train"), "probe_seq_len": f.get("probe_seq_len")})
         fam["certify"] = certify
         if f.get("probes") is not None:
             fam["probes"] = [_drop_none(c) for c in f["probes"]]
@@ -145,24 +137,21 @@ def _mean(xs: Sequence[float | None]) -> float | None:
     return sum(finite) / len(finite) if finite else None
 
 
-def _condition(r: Mapping[str, Any]) -> tuple[Any, Any]:
-    """The probe condition of a row: (probe_set, probe length); (None, None) without probes."""
-    return r.get("probe_set"), r.get("probe_seq_len")
-
-
 def summary_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One line per (probe condition, family, width, point), averaged over seeds, at the largest (M, K).
 
-    Probe conditions (``probe_set``, ``probe_seq_len``) are never averaged together: each line
-    carries its condition in ``probe_set`` / ``probe_seq_len``. ``d_align`` follows the reporting
-    rule of :func:`widthscope.stats.vacuous_rule`: the mean over the seeds whose certificate is not
-    vacuous (``None`` when none is), and ``vacuous`` counts the others, e.g. ``"1/2"``.
+    ``d_align`` is the mean over the seeds whose certificate is not vacuous (:func:`widthscope.stats.vacuous_rule`),
+    ``vacuous`` counts the others, e.g. ``"1/2"``.
     """
     rows = [vacuous_rule(vacuous_rule(dict(r), "one_"), "two_") for r in rows if r.get("kind") == "alignment"]
-    if not rows:
-        return []
     out = []
-    key = lambda r: (_condition(r), r["family"], r.get("budget"), r["width"], r["point_index"])  # noqa: E731
+    key = lambda r: (
+        (r.get("probe_set"), r.get("probe_seq_len")),
+        r["family"],
+        r.get("budget"),
+        r["width"],
+        r["point_index"],
+    )
     keys = sorted(
         {(*key(r), r["point"]) for r in rows}, key=lambda k: (str(k[0][0]), k[0][1] or 0, k[1], k[2] or 0, k[3], k[4])
     )
@@ -171,24 +160,12 @@ def summary_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         mk = max({(r["M"], r["K"]) for r in sel}, key=lambda t: (t[0] * t[1], t))
         at = [r for r in sel if (r["M"], r["K"]) == mk]
         n_vac = sum(bool(r.get("two_vacuous")) for r in at)
-        out.append(
-            {
-                "probe_set": cond[0],
-                "probe_seq_len": cond[1],
-                "family": fam,
-                "width": w,
-                "point": point,
-                "seeds": len({r["seed"] for r in at}),
-                "d_align": _mean([r.get("two_d_align") for r in at]),
-                "vacuous": f"{n_vac}/{len(at)}",
-                "d_align_1pop": _mean([r.get("one_d_align") for r in at]),
-                "M,K": f"{mk[0]},{mk[1]}",
-                "misalign": _mean([r.get("misalignment") for r in at]),
-                "B_exact": _mean([r.get("two_b_exact") for r in at]),
-                "B_align": _mean([r.get("two_b_align") for r in at]),
-                "test_loss": _mean([r.get("test_loss") for r in at]),
-            }
-        )
+        line = {"probe_set": cond[0], "probe_seq_len": cond[1], "family": fam, "width": w, "point": point}
+        line |= {"seeds": len({r["seed"] for r in at}), "d_align": _mean([r.get("two_d_align") for r in at])}
+        line |= {"vacuous": f"{n_vac}/{len(at)}", "d_align_1pop": _mean([r.get("one_d_align") for r in at])}
+        line["M,K"] = f"{mk[0]},{mk[1]}"
+        line |= {name: _mean([r.get(col) for r in at]) for name, col in _MEANS}
+        out.append(line)
     return out
 
 
@@ -218,33 +195,24 @@ def print_summary(rows: Sequence[Mapping[str, Any]], out_dir: Path, file: IO[str
 
 # ----------------------------------------------------------------------------- certify results as rows
 def smallest_step(ivs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The ``iv_*`` columns a sweep row carries: the smallest step the dtype resolves, where the
-    linear prediction is meant to hold (``{}`` when there is none)."""
+    """The ``iv_*`` columns of the smallest step the dtype resolves (``{}`` when there is none)."""
     steps = [
-        iv
-        for iv in resolved(ivs)  # steps below the dtype's resolution are not measurements
-        if isinstance(iv.get("eta"), (int, float)) and iv.get("probe") in ("bias", "block")
+        iv for iv in resolved(ivs) if isinstance(iv.get("eta"), (int, float)) and iv.get("probe") in ("bias", "block")
     ]
     if not steps:
         return {}
     s = min(steps, key=lambda r: r["eta"])
-    return {
-        "iv_eta": s["eta"],
-        "iv_predicted": s.get("predicted"),
-        "iv_actual": s.get("actual"),
-        "iv_retention": s.get("retention"),
-        "iv_sign_agrees": s.get("sign_agrees"),
-    }
+    return {"iv_eta": s["eta"]} | {f"iv_{k}": s.get(k) for k in ("predicted", "actual", "retention", "sign_agrees")}
 
 
 def cert_columns(
     row: dict[str, Any], one: Mapping[str, Any], two: Mapping[str, Any], mis: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """``row`` with both certificates' :data:`CERT_FIELDS` (``one_*``, ``two_*``, under the reporting
-    rule of :func:`~widthscope.stats.vacuous_rule`) and the ``misalignment*`` columns."""
+    """``row`` with both certificates' :data:`CERT_FIELDS` (``one_*``, ``two_*``, the vacuous rule applied)
+    and the ``misalignment*`` columns."""
     for prefix, cert in (("one_", one), ("two_", two)):
         row.update({prefix + f: cert.get(f) for f in CERT_FIELDS})
-        vacuous_rule(row, prefix)  # files written before the rule read the same way
+        vacuous_rule(row, prefix)
     row.update({"misalignment" + s: mis.get(k) for s, k in _MISALIGNMENT})
     return row
 

@@ -1,7 +1,5 @@
-"""What ``widthscope sweep`` does, from explicit settings: :func:`run_sweep_file`.
-
-Runs (or resumes) an alignment width sweep (:mod:`widthscope.sweeps.alignment`) or a model suite
-(:mod:`widthscope.sweeps.suite`) of a TOML config; see docs/sweeps.md. Python::
+"""What ``widthscope sweep`` does: :func:`run_sweep_file` runs (or resumes) the alignment sweep or model
+suite of a TOML config, or plans it. Python::
 
     from widthscope.sweeps.run import run_sweep_file
     run_sweep_file("configs/demo-mlp.toml", out="/tmp/mlp-sweep", shard="2/4")  # a quarter of the grid
@@ -38,42 +36,33 @@ def run_sweep_file(
     show_progress: bool = True,
     plan: bool = False,
 ) -> GridResult | None:
-    """The sweep of ``config`` in ``out`` (default: its ``out_dir``), shard ``shard`` (``"k/n"``;
-    default: one shard per ``torchrun`` rank, else the whole grid), at ``threads`` torch CPU
-    threads (default: the config's). ``config``: a TOML sweep config, or a finished sweep's results
-    folder or its ``sweep.json`` (:func:`~widthscope.sweeps.results.read_record`: the same cells).
-    ``dry_run``: print the grid, what is finished and the cost plan, run nothing, return ``None``;
-    ``plan``: the same, timing one batch per distinct model to predict the wall time. Otherwise
-    runs this shard, prints the summary (rank 0, once every rank is done) and returns its result."""
-    recorded: tuple[str, str] | None = None
-    if is_record(config):
-        raw, fingerprint, where = read_record(config)
-        recorded, stem = (fingerprint, where), "sweep"
-    else:
+    """The sweep of ``config`` (a TOML config, or a finished sweep's folder or ``sweep.json``) in ``out``
+    (default: its ``out_dir``), shard ``"k/n"`` (default: one per ``torchrun`` rank), at ``threads``.
+    ``dry_run``: print the grid and the cost plan, run nothing, return None; ``plan``: the same, timing
+    one batch per distinct model. Otherwise run this shard, print the summary and return its result."""
+    recorded = read_record(config) if is_record(config) else None
+    if recorded is None:
         raw = read_toml(Path(config), "sweep config", "examples in configs/, reference in docs/sweeps.md")
-        stem = Path(config).stem
+    else:
+        raw = recorded[0]
+    cfg: SweepConfig | SuiteConfig
     if "suite" in raw:
-        suite = load_suite(raw, stem=stem, out_dir=out)
-        if recorded is not None:
-            check_fingerprint(suite.fingerprint(), *recorded)
-        if threads is not None:
-            suite.threads = threads
-        show = partial(print_suite_plan, timed=plan)
-        return _drive("suite", suite, plan_suite(suite), show, run_suite, shard, dry_run or plan, show_progress)
-    cfg = load_config(raw if recorded is not None else config, out_dir=out)
+        cfg = load_suite(raw, stem="sweep" if recorded else Path(config).stem, out_dir=out)
+    else:
+        cfg = load_config(raw if recorded else config, out_dir=out)
     if recorded is not None:
-        check_fingerprint(cfg.fingerprint(), *recorded)
-    check_structure(cfg, device=not dry_run)  # every cell's model and points, before any work
-    if threads is not None:  # checked by widthscope.cli.checks.check_args
+        check_fingerprint(cfg.fingerprint(), *recorded[1:])
+    if threads is not None:
         cfg.threads = threads
-    printer = partial(_print_plan, timed=plan)
-    run = sweep_alignment.run_sweep
-    return _drive("sweep", cfg, plan_cells(cfg), printer, run, shard, dry_run or plan, show_progress)
+    go = (shard, dry_run or plan, show_progress)
+    if isinstance(cfg, SuiteConfig):
+        return _drive("suite", cfg, plan_suite(cfg), partial(print_suite_plan, timed=plan), run_suite, *go)
+    check_structure(cfg, device=not dry_run)
+    return _drive("sweep", cfg, plan_cells(cfg), partial(_print_plan, timed=plan), sweep_alignment.run_sweep, *go)
 
 
 def print_config_plan(cfg: SweepConfig, *, timed: bool = False) -> list[CellPlan]:
-    """What ``--dry-run`` prints (``timed``: ``--plan``) for a loaded config, its whole grid in one
-    shard; runs nothing, writes nothing; returns the plan's rows (one per distinct model)."""
+    """Print what ``--dry-run`` (``timed``: ``--plan``) prints for the whole grid; returns the plan's rows."""
     check_structure(cfg, device=False)
     cells = plan_cells(cfg)
     return _print_plan(cfg, list(enumerate(cells)), len(cells), Path(cfg.out_dir), (1, 1), timed=timed)
@@ -88,8 +77,7 @@ def _print_plan(
     *,
     timed: bool = False,
 ) -> list[CellPlan]:
-    """``--dry-run``: this shard's cells and whether each is finished, the monitor settings, the
-    placement and the cost plan."""
+    """``--dry-run``: this shard's cells, which are finished, the families' settings and the cost plan."""
     k, n = shard
     table = [
         {
@@ -105,8 +93,7 @@ def _print_plan(
     for fam in cfg.families:
         if fam.placement:
             print(f"placement ({fam.name}): {placement_text(fam.placement)} (the probe; training on {cfg.device})")
-        changed = cfg.certify_changes(fam)  # a family's certify table that changes [sweep]'s statistics
-        if changed:
+        if changed := cfg.certify_changes(fam):
             print(f"certify options ({fam.name}): {', '.join(f'{k} = {v}' for k, v in changed.items())}")
         if fam.monitor is not None:
             m = fam.monitor
@@ -129,11 +116,10 @@ def _drive(
     dry_run: bool,
     show_progress: bool,
 ) -> GridResult | None:
-    """This rank's shard of ``cells``: the plan with ``dry_run``, else run them and print the
-    summary (rank 0 under torchrun, once every rank's shard is done)."""
+    """This rank's shard of ``cells``: the plan with ``dry_run``, else run them and print the summary."""
     which = shard_for_run(shard)
     out_path = Path(cfg.out_dir)
-    check_dir_writable(out_path)  # before any cell trains: a read-only or file --out is one error line
+    check_dir_writable(out_path)
     _check_offload_folders(cfg, out_path)
     k, n = which
     mine = [(i, c) for i, c in enumerate(cells) if i % n == k - 1]
@@ -153,8 +139,7 @@ def _drive(
 
 
 def _check_offload_folders(cfg: SweepConfig | SuiteConfig, out: Path) -> None:
-    """An ``offload_folder`` is an output: refused, before any cell runs, when it is the results
-    folder, or a local model or data path the sweep reads, or lies inside one of those folders."""
+    """Refuse an ``offload_folder`` that is (or lies inside) the results folder or a model or data path read."""
     if isinstance(cfg, SuiteConfig):
         folders = [("[suite] offload_folder", cfg.inputs.get("offload_folder"))]
         inputs = [("[suite] model", m) for m in cfg.models]
@@ -166,6 +151,5 @@ def _check_offload_folders(cfg: SweepConfig | SuiteConfig, out: Path) -> None:
         inputs = [(flag, v) for flag, v in inputs if isinstance(v, str)]
     for flag, folder in folders:
         if folder:
-            # the results folder as one more output: the two may not be one folder
             check_outputs(inputs, [(flag, str(folder)), ("results folder (--out)", str(out))], "sweep")
-            check_dir_writable(folder, flag)  # a file or a read-only place: one line before any cell
+            check_dir_writable(folder, flag)

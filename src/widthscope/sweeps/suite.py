@@ -1,15 +1,9 @@
 """A suite of existing checkpoints as a sweep: one ``widthscope certify`` run per (model, revision).
 
-A sweep TOML with a ``[suite]`` table (instead of ``[sweep]`` and ``[[family]]``) names published
-checkpoints (hub ids, hub cache folders or local paths), the revisions to certify each one at
-(e.g. Pythia's ``step1000`` … ``step143000``), every input option of ``widthscope certify`` and a
-``[suite.certify]`` table of :class:`~widthscope.options.CertifyOptions` (docs/sweeps.md).
-
-Each cell is a :func:`widthscope.certification.pipeline.run_certify` run (:func:`run_suite`), resumable
-like every sweep: ``DIR/cells/<cell_id>.json`` is the cell's certify result plus the grid's
-``cell``/``rows``. Rows record the model id, the revision, the commit it resolved to and ``step``
-parsed from the revision's name (``step1000`` -> 1000). A cell's id hashes (model, revision) and the
-settings that determine its numbers, so models or revisions added later reuse finished cells.
+A ``[suite]`` table names checkpoints (hub ids, hub cache folders, local paths), their revisions, the
+input options of ``widthscope certify`` and a ``[suite.certify]`` table (docs/sweeps.md). A cell's id
+hashes (model, revision) and the settings that determine its numbers, so cells added later reuse
+finished ones; rows carry the commit and ``step`` parsed from the revision's name.
 """
 
 from __future__ import annotations
@@ -56,8 +50,7 @@ _STEP = re.compile(r"^(?:step|global_step|checkpoint-)(\d+)$")
 
 
 def step_of(revision: str | None) -> int | None:
-    """The training step a revision's name gives (``step1000``, ``global_step1000``,
-    ``checkpoint-1000``); None for any other name (``main``, a tag, a commit)."""
+    """The step a revision's name gives (``step1000``, ``global_step1000``, ``checkpoint-1000``), else None."""
     m = _STEP.match(revision or "")
     return int(m.group(1)) if m else None
 
@@ -78,8 +71,7 @@ class SuiteConfig:
     threads: int | None = None
 
     def spec(self, model: str, revision: str | None, cell_key: str | None = None) -> InputSpec:
-        """The :class:`~widthscope.data.spec.InputSpec` of one cell (validated when made); with
-        ``cell_key``, ``offload_folder`` is the cell's own subfolder (shards never share one)."""
+        """The :class:`~widthscope.data.spec.InputSpec` of one cell; with ``cell_key``, its own offload folder."""
         inputs = dict(self.inputs)
         if cell_key is not None and inputs.get("offload_folder"):
             inputs["offload_folder"] = cell_folder(inputs, cell_key)
@@ -96,8 +88,8 @@ class SuiteConfig:
         return to_jsonable(d)
 
     def fingerprint(self) -> str:
-        """Hash of the settings that determine a cell's numbers (not which cells, nor where)."""
-        inputs = {k: v for k, v in self.inputs.items() if k not in PLACEMENT_KEYS}  # placement changes no number
+        """Hash of the settings that determine a cell's numbers (not which cells, nor where, nor placement)."""
+        inputs = {k: v for k, v in self.inputs.items() if k not in PLACEMENT_KEYS}
         d = {"inputs": inputs, "certify": self.certify.to_dict(), "batch_size": self.batch_size}
         return hashlib.sha256(json.dumps(to_jsonable(d), sort_keys=True).encode()).hexdigest()[:12]
 
@@ -118,23 +110,21 @@ def _names(v: Any, what: str, *, optional: bool = False) -> list[str]:
 def load_suite(raw: Mapping[str, Any], *, stem: str = "suite", out_dir: str | os.PathLike | None = None) -> SuiteConfig:
     """Check a parsed sweep TOML holding ``[suite]``; every problem is one line naming the key."""
     check_keys(raw, ["suite"], "top level (a [suite] config takes no [sweep] or [[family]])")
-    su = config_table(raw.get("suite"), "[suite]")
-    check_keys(su, SUITE_KEYS + INPUT_KEYS, "[suite]")
+    su = config_table(raw.get("suite"), "[suite]", SUITE_KEYS + INPUT_KEYS)
     if "models" not in su:
         raise WidthscopeError(
             "sweep config [suite]: missing required key 'models' (list of checkpoints (required): hub ids "
             "org/name, hub cache folders models--org--name, or local paths)"
         )
     name = su.get("name", stem)
-    if not isinstance(name, str) or not name:
-        raise WidthscopeError("sweep config [suite]: name must be a non-empty string")
     label = su.get("label", name)
-    if not isinstance(label, str) or not label:
-        raise WidthscopeError("sweep config [suite]: label must be a non-empty string")
+    for key, v in (("name", name), ("label", label)):
+        if not isinstance(v, str) or not v:
+            raise WidthscopeError(f"sweep config [suite]: {key} must be a non-empty string")
     models = _names(su["models"], "models")
     revisions: list[str | None] = list(_names(su.get("revisions"), "revisions", optional=True)) or [None]
-    cert = config_table(su.get("certify"), "[suite] certify")
-    check_keys(cert, [f.name for f in dataclasses.fields(CertifyOptions)], "[suite.certify]")
+    cert_keys = [f.name for f in dataclasses.fields(CertifyOptions)]
+    cert = config_table(su.get("certify"), "[suite] certify", cert_keys, "[suite.certify]")
     device = su.get("device", "cpu")
     if not isinstance(device, str) or not device:
         raise WidthscopeError("sweep config [suite] device must be a string such as 'cpu' or 'cuda'")
@@ -216,14 +206,12 @@ def _rows(cfg: SuiteConfig, cell: Mapping[str, Any], res: Mapping[str, Any], pat
 def run_suite(
     cfg: SuiteConfig, out_dir: str | os.PathLike, shard: tuple[int, int] = (1, 1), *, show_progress: bool = True
 ) -> GridResult:
-    """Certify this shard's unfinished cells into ``out_dir``; every cell's model is resolved (its
-    files downloaded unless ``HF_HUB_OFFLINE``) before the first one runs, so a missing revision is
-    one error line, not a failure hours in."""
+    """Certify this shard's unfinished cells into ``out_dir``, every cell's model resolved (downloaded
+    unless ``HF_HUB_OFFLINE``) before the first one runs."""
     out = Path(out_dir)
     cells = plan_suite(cfg)
     for c in shard_cells(cells, *shard):
-        why = _resolve(c, local_only=None)[1]
-        if why is not None:
+        if (why := _resolve(c, local_only=None)[1]) is not None:
             raise WidthscopeError(why)
     run = CertifyRunOptions(batch_size=cfg.batch_size, device=cfg.device)
     results: dict[str, dict[str, Any]] = {}
@@ -245,16 +233,14 @@ def run_suite(
         return _rows(cfg, cell, res, cell_path(out, cell_id(cell)))
 
     claim = {"fingerprint": cfg.fingerprint(), "config": cfg.to_dict(), "kind": "suite"}
-    with claim_out_dir(out, claim, "a suite", shard, cfg.threads):
-        # the cell file is the certify result itself (settings, points, options) plus the grid's rows
+    with claim_out_dir(out, claim, "a suite", shard, cfg.threads):  # cell file: the certify result + rows
         return run_grid(
             cells, one, out, shard=shard, desc=f"suite {cfg.name}", record=lambda c: results.pop(cell_id(c))
         )
 
 
 def parameters(directory: Path) -> int | None:
-    """Parameters of a checkpoint folder, from its safetensors headers alone (no weights read);
-    None when it holds no safetensors file."""
+    """Parameters of a checkpoint folder from its safetensors headers (None: no or a damaged file)."""
     total, seen = 0, False
     for f in sorted(Path(directory).glob("*.safetensors")):
         try:
@@ -280,20 +266,15 @@ def print_suite_plan(
     timed: bool = False,
 ) -> None:
     """``--dry-run``: this shard's cells, the commit each revision resolves to in the local cache
-    (nothing is downloaded), and which are finished."""
-    # floating-point operations of a cell: 6 x parameters x probe tokens (a forward and a backward pass
-    # over both pools), known when the pool sizes and the sequence length are numbers in the config
+    (nothing is downloaded), which are finished, and the compute (6 x parameters x probe tokens)."""
     sizes = [cfg.inputs.get("n_train", 256), cfg.inputs.get("n_test", 256), cfg.inputs.get("seq_len")]
     tokens = (sizes[0] + sizes[1]) * sizes[2] if all(type(v) is int for v in sizes) else None
     rows = []
     flops: list[float | None] = []
-    finished: dict[str, bool] = {}
-    directories: dict[str, Path | None] = {}
+    hubs = {cell_id(c): _resolve(c, local_only=True)[0] for _, c in mine}
+    done = {cell_id(c): cell_state(out, c) for _, c in mine}
     for i, c in mine:
-        done = cell_state(out, c)
-        hub, why = _resolve(c, local_only=True)
-        finished[cell_id(c)] = done is True
-        directories[cell_id(c)] = Path(hub.directory) if hub is not None and why is None else None
+        hub = hubs[cell_id(c)]
         n = parameters(hub.directory) if hub is not None else None
         flops.append(6.0 * n * tokens if n is not None and tokens is not None else None)
         rows.append(
@@ -303,9 +284,9 @@ def print_suite_plan(
                 "model": c["model"],
                 "revision": c["revision"] or "(default)",
                 "step": step_of(c["revision"]),
-                "commit": (hub.commit[:12] if hub is not None else "not cached") if why is None else "not cached",
+                "commit": hub.commit[:12] if hub is not None else "not cached",
                 "cell_id": cell_id(c),
-                "done": done,
+                "done": done[cell_id(c)],
             }
         )
     k, n = shard
@@ -324,6 +305,10 @@ def print_suite_plan(
     from ..planning import plan_suite_models, print_cell_plans  # noqa: PLC0415  cycle: widthscope.planning imports the sweeps
 
     costs = plan_suite_models(
-        cfg, [c for _, c in mine], lambda c: finished[cell_id(c)], lambda c: directories[cell_id(c)], timed_run=timed
+        cfg,
+        [c for _, c in mine],
+        lambda c: done[cell_id(c)] is True,
+        lambda c: None if (hub := hubs[cell_id(c)]) is None else Path(hub.directory),
+        timed_run=timed,
     )
     print_cell_plans(costs, shard, cfg.device)
