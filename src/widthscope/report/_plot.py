@@ -1,7 +1,6 @@
-"""Figure conventions shared by every report section: Agg figures without pyplot state, titles that
-fit, legends outside the axes with at most :data:`LEGEND_CAP` entries, at most :data:`CURVE_CAP`
-curves per panel (an evenly spaced subset, said in the caption), log axes labelled at the measured
-values, and vacuous bounds drawn hollow at 1 rather than as data."""
+"""Figure conventions of every report section: Agg figures, titles that fit, legends outside the axes
+(at most :data:`LEGEND_CAP` entries), at most :data:`CURVE_CAP` curves per panel, log axes labelled at
+the values, vacuous bounds drawn hollow at 1."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""Report section for ``kind="alignment"`` rows (the alignment width sweep).
-
-The claimed mechanism is ``N up => d_align(N) up => Pr(misalignment)(N) down`` with
-``Pr(A <= 0) <= B_exact <= B_align = 1/(1 + n_eff d_align)``. Per probe regime (:func:`groups`) the
-section draws d_align vs width per insertion point (mean over seeds, band = min..max), misalignment vs
-width beside B_exact and B_align per (M, K), and misalignment vs ``M = K`` per width; tabulates the
-seed means; and writes descriptive counts followed by the verdict and advice quoted from the claims
-page (:mod:`widthscope.report.claims`: the same numbers, test and Holm correction).
-
-A *trend* over widths ``w_1 < ... < w_n`` of seed-mean values ``v_i`` is "up" when the Spearman
-rank correlation of ``(w_i, v_i)`` is >= 0.5 and ``v_n > v_1``, "down" when <= -0.5 and ``v_n < v_1``,
-otherwise "flat" (with two widths this is just the sign of ``v_2 - v_1``).
-"""
+"""Report section for ``kind="alignment"`` rows (the alignment width sweep): per probe regime, d_align
+vs width per insertion point, misalignment vs width beside B_exact and B_align, misalignment vs
+``M = K``, a table of seed means, and counts followed by the claims page's verdict and advice."""
 
 from __future__ import annotations
 
@@ -33,8 +23,8 @@ MAX_PANELS = 4  # insertion points (rows) and (M, K) pairs (columns) of the misa
 
 # ----------------------------------------------------------------------------- rows
 def trend(widths: Sequence[float], values: Sequence[float]) -> str:
-    """'up', 'down' or 'flat' for values over increasing widths (NaNs dropped; the rule is in the
-    module docstring)."""
+    """'up' when the Spearman correlation of (width, value) is >= 0.5 and the last value exceeds the
+    first, 'down' for the mirror case, else 'flat' (NaNs dropped)."""
     from scipy.stats import spearmanr  # noqa: PLC0415  start-up time: scipy.stats
 
     pairs = [(w, float(v)) for w, v in zip(widths, values) if not math.isnan(as_number(v))]

@@ -1,14 +1,6 @@
-"""Report section for the growth benchmark (rows ``kind="growth_bench"``, :mod:`widthscope.growth.bench`):
-the practitioner's table (growing vs training the original model for the same FLOPs), the criteria
-table (Spearman, top-1 hits, normalised regret, gains; 95% intervals over model seeds), the README
-sentence, and figures of regret, Spearman and realised gain per point. ``benchmarks/growth_summary.py``
-checks the docs' copies against them.
-
-Example::
-
-    from widthscope.report.growth import write_report
-    write_report(rows, table, "/tmp/gb")    # -> [comparison.md, growth_regret.png, growth_gains.png]
-"""
+"""Report section for the growth benchmark (``kind="growth_bench"``, :mod:`widthscope.growth.bench`):
+the practitioner's table, the criteria table, the README sentence and figures of regret, Spearman and
+realised gain per point (``benchmarks/growth_summary.py`` checks the docs' copies against them)."""
 
 from __future__ import annotations
 
@@ -18,7 +10,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .._io import atomic_write_text
-from ._fmt import num
+from ._fmt import interval, num
 from ._plot import figure, save_figure, yerr
 from .html import table as html_table
 
@@ -27,13 +19,13 @@ SHOWN = tuple("bias block gradmax certified line_search block_d_align random las
 
 def iv(r: Mapping[str, Any], m: str, spec: str) -> str:
     """'0.12 [0.05, 0.19]': ``r[m]`` and its 95% interval (``m_lo``, ``m_hi``)."""
-    return f"{num(r.get(m), spec)} [{num(r.get(m + '_lo'), spec)}, {num(r.get(m + '_hi'), spec)}]"
+    return f"{num(r.get(m), spec)} {interval(r.get(m + '_lo'), r.get(m + '_hi'), spec)}"
 
 
 def _hits(r: Mapping[str, Any]) -> str:
     if "hit_count" not in r:
         return "–"
-    return f"{r['hit_count']:.0f}/{r['n_seeds']} [{num(r['hit_lo'], '.2f')}, {num(r['hit_hi'], '.2f')}]"
+    return f"{r['hit_count']:.0f}/{r['n_seeds']} {interval(r['hit_lo'], r['hit_hi'], '.2f')}"
 
 
 def _cmp(table: Sequence[Mapping[str, Any]]) -> tuple[dict[tuple, Mapping[str, Any]], list[str]]:

@@ -1,11 +1,6 @@
-"""Report section for linearization sweeps (rows ``kind="linearization"`` / ``"correlation"``).
-
-Figures: deviation ``F − F_lin`` vs width (log-log, fitted line and reference slope), deviation
-vs training step per width, the network, its linear model and the kernel-regression prediction
-side by side (held-out loss vs step, and a table), derivative correlations vs width, and fitted
-slope vs ``α`` next to the theory (``α − 1``) and the published slopes. Slopes are refitted from the rows with
-:func:`widthscope.linear.powerlaw.fit_slope` (seeds averaged in log space, t interval over the seeds' slopes).
-"""
+"""Report section for linearization sweeps (``kind`` ``linearization`` / ``correlation``): deviation
+``F − F_lin`` vs width and vs step, network / linear model / kernel prediction side by side,
+derivative correlations vs width and fitted slope vs ``α``, with slopes refitted from the rows."""
 
 from __future__ import annotations
 
@@ -278,7 +273,7 @@ def summary(rows: list[dict], found: Sequence[dict] | None = None) -> list[str]:
     """One sentence per deviation slope against the bound ``α − 1``. The verdict is the claims
     page's (``found``; computed from ``rows`` when not given): at the last step its Holm-corrected
     verdict, at other fit steps the same per-seed t test, uncorrected (and said so)."""
-    from .claims import ALPHA, claims, deviation_seed_slopes, seed_test  # noqa: PLC0415  start-up time: scipy
+    from .claims import claims, deviation_seed_slopes, seed_test, verdict  # noqa: PLC0415  start-up time: scipy
 
     if found is None:
         found = claims(rows)
@@ -298,7 +293,7 @@ def summary(rows: list[dict], found: Sequence[dict] | None = None) -> list[str]:
             how = "claims page, Holm-corrected"
         else:
             c = {**seed_test(deviation_seed_slopes(rows, "dev_rms", alpha, step), (-math.inf, ref))}
-            c["verdict"] = c["direction"] if c["p"] is not None and c["p"] <= ALPHA else "not resolved"
+            c["verdict"] = verdict(c, c["p"])
             how = "same test, not corrected across claims"
         if c.get("low") is None:
             tested = "no per-seed interval (one seed): not resolved"
