@@ -66,8 +66,11 @@ def fit_titles(fig: Any, *, min_size: float = 6.0) -> None:
             return
 
 
-def save_figure(fig: Any, path: str | Path, title: str, caption: str = "") -> dict[str, str]:
-    """Fit the titles and save the figure; return the section entry the page embeds."""
+def save_figure(fig: Any, path: str | Path, title: str, caption: str = "", *, suptitle: bool = False) -> dict[str, str]:
+    """Fit the titles (``suptitle``: ``title`` heads the figure too) and save the figure; return the
+    section entry the page embeds."""
+    if suptitle:
+        fig.suptitle(title, fontsize=11)
     fit_titles(fig)
     fig.savefig(path)
     return {"title": title, "png": str(path), "caption": caption}

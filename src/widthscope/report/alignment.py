@@ -64,22 +64,18 @@ def aggregate(
         per[tuple(r.get(b) for b in by)].setdefault(r.get("seed"), as_number(r.get(col)))
     out = {}
     for k, d in per.items():
-        vals = np.array([v for v in d.values() if not math.isnan(v)])
-        if len(vals):
-            out[k] = (float(vals.mean()), float(vals.min()), float(vals.max()), len(vals))
-        else:
-            out[k] = (math.nan, math.nan, math.nan, 0)
+        v = np.array([v for v in d.values() if not math.isnan(v)])
+        out[k] = (
+            (float(v.mean()), float(v.min()), float(v.max()), len(v)) if len(v) else (math.nan, math.nan, math.nan, 0)
+        )
     return out
 
 
 def d_align_by_point(rows: Sequence[Mapping[str, Any]], form: str) -> dict[int, tuple[list[float], list[float]]]:
     """point_index -> (widths, seed-mean d_align); d_align does not depend on (M, K)."""
     agg = aggregate(rows, f"{form}_d_align", by=("point_index", "width"))
-    out: dict[int, tuple[list, list]] = {}
-    for pi, _ in point_keys(rows):
-        ws = [w for w in _widths(rows) if (pi, w) in agg]
-        out[pi] = (ws, [agg[(pi, w)][0] for w in ws])
-    return out
+    at = {pi: [w for w in _widths(rows) if (pi, w) in agg] for pi, _ in point_keys(rows)}
+    return {pi: (ws, [agg[(pi, w)][0] for w in ws]) for pi, ws in at.items()}
 
 
 # ----------------------------------------------------------------------------- figures
@@ -96,11 +92,6 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
         figs.append(_fig_misalignment_vs_width(sel, label, Path(f"{base}-misalignment-vs-width.png"), draws, floor))
         figs += _fig_misalignment_vs_mk(sel, label, Path(f"{base}-misalignment-vs-MK.png"), floor)
     return figs
-
-
-def _save(fig: Any, p: Path, title: str, caption: str) -> dict:
-    fig.suptitle(title, fontsize=11)  # the PNG alone says which regime it shows
-    return save_figure(fig, p, title, caption)
 
 
 def _fig_d_align(sel: Sequence[Mapping[str, Any]], label: str, p: Path) -> dict:
@@ -128,7 +119,7 @@ def _fig_d_align(sel: Sequence[Mapping[str, Any]], label: str, p: Path) -> dict:
         ax.set_title(name, fontsize=10)
         ax.grid(alpha=0.3)
     legend_outside(axes[0, 1], title="insertion point", title_fontsize=7)
-    return _save(
+    return save_figure(
         fig,
         p,
         f"{label}: d_align vs width",
@@ -137,6 +128,7 @@ def _fig_d_align(sel: Sequence[Mapping[str, Any]], label: str, p: Path) -> dict:
         f"The mechanism predicts lines that rise with width. A vacuous certificate "
         f"(an estimate <= 0) has no d_align: it is left out of the mean and band, and a "
         f"width where every seed is vacuous has no marker.",
+        suptitle=True,
     )
 
 
@@ -168,7 +160,7 @@ def _fig_misalignment_vs_width(sel: Sequence[Mapping[str, Any]], label: str, p: 
         f" Hollow markers at 1: vacuous bounds (B_exact {vacuous['B_exact']}, B_align {vacuous['B_align']} "
         "panel points), which say nothing and are not drawn as data."
     )
-    return _save(
+    return save_figure(
         fig,
         p,
         f"{label}: misalignment vs width, with B_exact and B_align",
@@ -180,6 +172,7 @@ def _fig_misalignment_vs_width(sel: Sequence[Mapping[str, Any]], label: str, p: 
         f"fall with width."
         + (hollow if any(vacuous.values()) else "")
         + (f" Showing {len(ppts)} of {len(pts)} points." if len(ppts) < len(pts) else ""),
+        suptitle=True,
     )
 
 
@@ -207,7 +200,7 @@ def _fig_misalignment_vs_mk(sel: Sequence[Mapping[str, Any]], label: str, p: Pat
         "Empirical misalignment (solid, circles) and B_exact (dashed, same colour) as the sample sizes "
         "M = K grow, one line per width (darker = narrower). Both should fall with M = K at every width."
     )
-    return [_save(fig, p, f"{label}: misalignment vs M = K", caption)]
+    return [save_figure(fig, p, f"{label}: misalignment vs M = K", caption, suptitle=True)]
 
 
 # ----------------------------------------------------------------------------- table

@@ -194,7 +194,8 @@ def figures(
     figs = []
     fig, ((ax0, ax1),) = figure(1, 2, w=6, h=4.2)
     width = 0.8 / len(crits)
-    for metric, ax in zip(("norm_regret", "spearman"), (ax0, ax1)):
+    ylabels = ("regret / (best − worst) (lower is better)", "Spearman with realised gain")
+    for metric, ax, ylabel in zip(("norm_regret", "spearman"), (ax0, ax1), ylabels):
         for j, c in enumerate(crits):
             if metric == "spearman" and c in ("random", "last", "middle"):
                 continue
@@ -203,9 +204,7 @@ def figures(
             ax.bar(x, y, width, color=f"C{j % 10}", label=c, yerr=yerr(y, lo, hi), error_kw={"elinewidth": 0.7})
         ax.set_xticks(np.arange(len(models)))
         ax.set_xticklabels(models, rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel(
-            "regret / (best − worst) (lower is better)" if metric == "norm_regret" else "Spearman with realised gain"
-        )
+        ax.set_ylabel(ylabel)
         ax.axhline(0, color="k", lw=0.6)
     ax0.legend(fontsize=7, ncol=2)
     figs.append(
@@ -219,20 +218,15 @@ def figures(
             "interval over model seeds.",
         )
     )
-    units: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
+    units: dict[str, dict[int, list[Mapping[str, Any]]]] = {}
     for r in rows:
         if r.get("kind") == "growth_bench":
-            units.setdefault((r["model"], int(r["seed"])), []).append(r)
-    names = list(dict.fromkeys(m for m, _ in units))
-    fig, axes = figure(1, len(names), w=2.6, h=3)
-    for ax, m in zip(axes[0], names):
-        for (m2, s), unit in units.items():
-            if m2 != m:
-                continue
+            units.setdefault(r["model"], {}).setdefault(int(r["seed"]), []).append(r)
+    fig, axes = figure(1, len(units), w=2.6, h=3)
+    for ax, (m, seeds) in zip(axes[0], units.items()):
+        for s, unit in seeds.items():
             seq = sorted(unit, key=lambda r: r["point_index"])
-            (line,) = ax.plot(
-                [r["point_index"] for r in seq], [r["gain_long"] for r in seq], "o-", ms=3, lw=1, label=f"s{s}"
-            )
+            (line,) = ax.plot(*zip(*((r["point_index"], r["gain_long"]) for r in seq)), "o-", ms=3, lw=1, label=f"s{s}")
             ax.axhline(seq[-1]["gain_continue_long"], color=line.get_color(), ls=":", lw=0.8)
         ax.set_title(m, fontsize=9)
         ax.set_xlabel("point index (last = last block)", fontsize=8)

@@ -128,7 +128,7 @@ def _fig_deviation_vs_step(lin, widths, a0, steps, out_dir: Path) -> dict:
 def _fig_side_by_side(lin, widths, a0, out_dir: Path) -> list[dict]:
     """3. Network vs linear model vs kernel prediction (held-out loss over training), at ``α = a0``;
     no figure (``[]``) when no row has the kernel prediction."""
-    side = [r for r in lin if r["alpha"] == a0 and isinstance(r.get("test_loss_kernel"), (int, float))]
+    side = [r for r in _with_kernel(lin) if r["alpha"] == a0]
     if not side:
         return []
     shown = widths if len(widths) <= 3 else [widths[0], widths[len(widths) // 2], widths[-1]]
@@ -214,32 +214,24 @@ def _mean(rows, width, step, key) -> float:
     return float(np.mean(v)) if v else float("nan")
 
 
+def _with_kernel(rows: Sequence[dict]) -> list[dict]:
+    """Linearization rows (not diverged) that carry the kernel prediction."""
+    lin = [r for r in rows if r.get("kind") == "linearization" and not r.get("diverged")]
+    return [r for r in lin if isinstance(r.get("test_loss_kernel"), (int, float))]
+
+
 def side_by_side(rows: list[dict]) -> list[dict[str, Any]]:
     """Per ``(α, width)`` at the last logged step: held-out loss of the network, the linear model,
     the kernel GD prediction and the kernel-regression limit (means over seeds)."""
-    lin = [
-        r
-        for r in rows
-        if r.get("kind") == "linearization"
-        and not r.get("diverged")
-        and isinstance(r.get("test_loss_kernel"), (int, float))
-    ]
-    if not lin:
-        return []
-    last = max(r["step"] for r in lin)
+    lin = _with_kernel(rows)
+    last = max((r["step"] for r in lin), default=None)
     out = []
     for a in sorted({r["alpha"] for r in lin}, reverse=True):
         sel = [r for r in lin if r["alpha"] == a]
         for w in sorted({r["width"] for r in sel}):
-            out.append(
-                {
-                    "alpha": a,
-                    "width": w,
-                    "step": last,
-                    "seeds": len({r["seed"] for r in sel if r["width"] == w and r["step"] == last}),
-                    **{k: _mean(sel, w, last, k) for k in _LOSSES},
-                }
-            )
+            seeds = len({r["seed"] for r in sel if r["width"] == w and r["step"] == last})
+            row = {"alpha": a, "width": w, "step": last, "seeds": seeds}
+            out.append({**row, **{k: _mean(sel, w, last, k) for k in _LOSSES}})
     return out
 
 
@@ -292,7 +284,7 @@ def summary(rows: list[dict], found: Sequence[dict] | None = None) -> list[str]:
         if c is not None and f"step {step})" in c["claim"]:
             how = "claims page, Holm-corrected"
         else:
-            c = {**seed_test(deviation_seed_slopes(rows, "dev_rms", alpha, step), (-math.inf, ref))}
+            c = seed_test(deviation_seed_slopes(rows, "dev_rms", alpha, step), (-math.inf, ref))
             c["verdict"] = verdict(c, c["p"])
             how = "same test, not corrected across claims"
         if c.get("low") is None:
