@@ -214,12 +214,8 @@ _SEED_MEANS = tuple(
 def _limit(rows: Sequence[Mapping[str, Any]]) -> str:
     """Which effective dimension is d_align's minimum, per seed: 'd_par', 'd_2', 'd_par/d_2' when
     seeds differ, '–' when every certificate is vacuous."""
-    got = {
-        "d_par" if r["two_d_par"] <= r["two_d_2"] else "d_2"
-        for r in rows
-        if r.get("two_d_align") is not None and r.get("two_d_par") is not None and r.get("two_d_2") is not None
-    }
-    return "/".join(sorted(got)) or "–"
+    ok = [r for r in rows if all(r.get(k) is not None for k in ("two_d_align", "two_d_par", "two_d_2"))]
+    return "/".join(sorted({"d_par" if r["two_d_par"] <= r["two_d_2"] else "d_2" for r in ok})) or "–"
 
 
 def tables(rows: list[dict]) -> list[dict]:
@@ -276,7 +272,7 @@ def _shifted(rows: Sequence[Mapping[str, Any]]) -> bool:
     return any(r.get("probe_set") is not None and "in-domain" not in str(r.get("probe_data") or "") for r in rows)
 
 
-def _advice(label: str, rows: Sequence[Mapping[str, Any]], seeds: str = "more seeds") -> str:
+def _advice(label: str, rows: Sequence[Mapping[str, Any]], seeds: str) -> str:
     """What to try next, fitting the probe condition (longer probe sequences only for sequence
     models). ``seeds``: the claims page's seeds-needed phrase."""
     seq = any(r.get("probe_seq_len") is not None or r.get("dataset") in ("text", "prose") for r in rows)

@@ -606,15 +606,16 @@ def _certify_earlier(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
             slopes.append(_slope(*zip(*pts)))
             ys.extend(y for _, y in pts)
         d = sorted(deltas)
-        gate = None
-        if len(d) > 1:
-            gate = f"cells certify at different δ ({', '.join(f'{v:g}' for v in d)})"
-        elif n_pts and n_cens == n_pts:
-            gate = "no point certified within training in any cell (all censored)"
-        elif len(set(ys)) == 1:
-            gate = "the same certification step in every cell (nothing to come earlier)"
-        elif len(slopes) >= 2 and len(set(slopes)) == 1:
-            gate = "every seed gives the same slope (discrete steps: no spread for a t interval)"
+        gates = (
+            (len(d) > 1, f"cells certify at different δ ({', '.join(f'{v:g}' for v in d)})"),
+            (n_pts and n_cens == n_pts, "no point certified within training in any cell (all censored)"),
+            (len(set(ys)) == 1, "the same certification step in every cell (nothing to come earlier)"),
+            (
+                len(slopes) >= 2 and len(set(slopes)) == 1,
+                "every seed gives the same slope (discrete steps: no spread for a t interval)",
+            ),
+        )
+        gate = next((why for hit, why in gates if hit), None)
         basis = (
             f"per-seed slope of log(1 + step from which the point stays certified) (median over points, "
             f"on the steps monitored in every cell of the seed) vs log width; {n_cens} of "

@@ -121,9 +121,12 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
         axes[0, 0].set_ylabel("d_align (two-population)")
         axes[1, 0].set_ylabel("B_exact")
         legend_outside(axes[0, -1], title="insertion point", title_fontsize=7)
+        title = f"{label}: alignment over training"
+        p = out_dir / f"{slugify(label)}-monitor.png"
+        fig.suptitle(title, fontsize=11)
+        save_figure(fig, p, title)
         cap = _caption(sel) + thinned_note(len(pts), len(every_pt), "insertion points")
-        png = out_dir / f"{slugify(label)}-monitor.png"
-        figs.append(save_figure(fig, png, f"{label}: alignment over training", cap, suptitle=True))
+        figs.append({"title": title, "png": str(p), "caption": cap})
     return figs
 
 
