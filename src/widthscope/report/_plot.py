@@ -19,8 +19,7 @@ T = TypeVar("T")
 
 
 def figure(nrows: int = 1, ncols: int = 1, w: float = 4.2, h: float = 3.2, **kw: Any) -> tuple[Any, Any]:
-    """A constrained-layout figure on an Agg canvas (no pyplot state) and its 2-D array of axes;
-    ``w``, ``h``: the size of one panel in inches."""
+    """A constrained-layout Agg figure and its 2-D array of axes; ``w``, ``h``: one panel's inches."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415  start-up time: matplotlib
     from matplotlib.figure import Figure  # noqa: PLC0415  start-up time: matplotlib
 
@@ -38,8 +37,7 @@ def _titles(fig: Any) -> list[tuple[Any, Any]]:
 
 
 def fit_titles(fig: Any, *, min_size: float = 6.0) -> None:
-    """Wrap (then shrink) every axes title wider than its axes and a suptitle wider than the figure,
-    so no title is clipped or runs into its neighbour's."""
+    """Wrap (then shrink) every title wider than its axes, and a suptitle wider than the figure."""
     if not hasattr(fig.canvas, "get_renderer"):
         from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415  start-up time: matplotlib
 
@@ -118,8 +116,7 @@ def colors(n: int, cmap: str = "viridis", top: float = 0.9) -> list[Any]:
 
 
 def log_x(ax: Any, xs: Sequence[float], *, labelled: bool = True) -> None:
-    """Log x axis (symmetric-log when a value is <= 0), labelled exactly at ``xs`` when ``labelled``
-    (matplotlib's minor labels collide)."""
+    """Log x axis (symmetric-log when a value is <= 0), labelled exactly at ``xs`` when ``labelled``."""
     from matplotlib.ticker import FixedLocator, NullLocator  # noqa: PLC0415  start-up time: matplotlib
 
     if len(xs) and min(xs) <= 0:

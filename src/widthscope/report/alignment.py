@@ -219,8 +219,7 @@ def _limit(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def tables(rows: list[dict]) -> list[dict]:
-    """Per group: one line per (width, point) with seed-mean d_align and the numbers at the claims'
-    (M, K), plus the largest pair's misalignment and B_exact when that pair differs."""
+    """Per group: the seed means of each (width, point) at the claims' (M, K) and the largest pair."""
     out = []
     by = ("width", "point_index")
     for label, sel in labelled(rows):
@@ -264,8 +263,7 @@ def tables(rows: list[dict]) -> list[dict]:
 
 # ----------------------------------------------------------------------------- summary
 def _shifted(rows: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether a group's probe pools come from another distribution than the training data
-    (``probe_in_domain``; older rows: a probe set whose description is not in-domain)."""
+    """Whether the probe pools are out of domain (older rows: a probe set not described in-domain)."""
     for r in rows:
         if r.get("probe_in_domain") is not None:
             return not r["probe_in_domain"]
@@ -273,8 +271,7 @@ def _shifted(rows: Sequence[Mapping[str, Any]]) -> bool:
 
 
 def _advice(label: str, rows: Sequence[Mapping[str, Any]], seeds: str) -> str:
-    """What to try next, fitting the probe condition (longer probe sequences only for sequence
-    models). ``seeds``: the claims page's seeds-needed phrase."""
+    """What to try next, fitting the probe condition; ``seeds``: the claims page's seeds-needed phrase."""
     seq = any(r.get("probe_seq_len") is not None or r.get("dataset") in ("text", "prose") for r in rows)
     more = f"{seeds}, larger M and K (more probe examples)"
     longer = " and longer probe sequences" if seq else ""
@@ -296,8 +293,7 @@ def _named(names: Sequence[str]) -> str:
 
 
 def summary(rows: list[dict], found: Sequence[Mapping[str, Any]] | None = None) -> list[str]:
-    """Per group: descriptive per-point counts, then the verdict and advice quoted from the claims
-    page (``found``: its claims, computed from ``rows`` when not given)."""
+    """Per group: descriptive per-point counts, then the verdict and advice of the claims ``found``."""
     if found is None:
         found = claims(rows)
     lines = []

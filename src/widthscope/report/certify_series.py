@@ -166,8 +166,7 @@ _SHARED = (  # what files drawn together must share: (what, its value in a row, 
 def _check_series(
     rows: Sequence[Mapping[str, Any]], *, group: str = "family", file_key: str = "source", unique: bool = True
 ) -> None:
-    """Files plotted together (one ``group``) share (M, K) pairs, estimator and pooling; with
-    ``unique``, no two give the same (width, seed)."""
+    """Files of one ``group`` share (M, K) pairs, estimator and pooling (``unique``: and no (width, seed))."""
     fams: dict[str, list[Mapping[str, Any]]] = {}
     for r in rows:
         if r.get("kind") == "alignment":

@@ -487,9 +487,8 @@ def _linearization(rows: list[Mapping[str, Any]]) -> list[dict]:
 
 
 def deviation_seed_slopes(rows: Sequence[Mapping[str, Any]], metric: str, alpha: float, step: int) -> list[float]:
-    """Per-seed least-squares slopes of ``log metric`` vs ``log width`` for linearization rows at
-    ``(alpha, step)`` (positive finite values of cells that did not diverge; seeds with fewer than 2
-    widths left out)."""
+    """Per-seed slopes of ``log metric`` vs ``log width`` of the undiverged linearization rows at
+    ``(alpha, step)`` (seeds with fewer than 2 widths left out)."""
     by: dict[Any, list[tuple[float, float]]] = defaultdict(list)
     for r in rows:
         if r.get("kind") != "linearization" or r.get("diverged"):
@@ -503,9 +502,8 @@ def deviation_seed_slopes(rows: Sequence[Mapping[str, Any]], metric: str, alpha:
 # ----------------------------------------------------------------------------- wider models certify earlier
 @dataclasses.dataclass
 class _Cell:
-    """One (family, width, seed) cell's monitor record: certified steps per point, the steps monitored
-    (None: summary columns without the probed steps), the horizon, δ; ``first_only``: summary
-    columns, where only the first certified step may be known."""
+    """One (family, width, seed) cell's monitor record (``steps`` None: not known; ``first_only``:
+    summary columns, where only the first certified step may be known)."""
 
     certified: dict[str, set[int]] = dataclasses.field(default_factory=lambda: defaultdict(set))
     points: set[str] = dataclasses.field(default_factory=set)
@@ -542,8 +540,7 @@ class _Cell:
 
 
 def _cells(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, _Cell]:
-    """``{(family, width, seed): _Cell}`` from monitor rows and/or summary columns (the rows win for a
-    cell that has both: they give the grid)."""
+    """``{(family, width, seed): _Cell}`` from monitor rows, else summary columns."""
     from ..stats import certified  # noqa: PLC0415  start-up time: torch
 
     by_rows: dict[tuple, _Cell] = defaultdict(_Cell)
@@ -667,10 +664,8 @@ def _decide(found: list[dict]) -> None:
 
 
 def claims(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One dict per claim: ``claim, measured, low, high, verdict, basis, unit`` and ``p``,
-    ``p_adjusted`` (Holm), ``verdict_uncorrected``, ``seeds``, ``seeds_needed``, ``region``,
-    ``reference``, ``family`` (in the Holm family), ``id``, ``group`` (the alignment regime label)
-    and, for bound claims, ``counts``."""
+    """One dict per claim (``claim``, ``id``, ``group``, ``measured``, ``low``, ``high``, ``p``,
+    ``p_adjusted``, ``verdict``, ``seeds_needed``, ``basis``, ...; bound claims: ``counts``)."""
     rows = list(rows)
     found = (
         _alignment([r for r in rows if r.get("kind", "alignment") == "alignment" and r.get("M") is not None])

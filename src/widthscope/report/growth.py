@@ -90,8 +90,7 @@ def compact_table(table: Sequence[Mapping[str, Any]]) -> str:
 
 
 def practitioner_table(table: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]], default: str) -> str:
-    """Per model: is growing better than training longer? Gains (nats, evaluation half B, mean over
-    model seeds [95% t interval]) at the same FLOPs."""
+    """Per model: gains of growing vs training longer at the same FLOPs (mean over model seeds [95%])."""
     by, models = _cmp(table)
     head = ["model", "base held-out loss", "continue training (same FLOPs)", "grow last block"]
     head += ["grow at oracle point (A→B)", f"grow at `{default}` pick", "grow last + train all"]

@@ -276,8 +276,7 @@ def versions() -> dict[str, str]:
 
 
 def data_descriptions(rows: Sequence[Mapping[str, Any]], source: str = "") -> list[str]:
-    """What data one source's rows measured, in words: their ``data_description``, else their dataset
-    names, else the linearization config's data."""
+    """What data one source's rows measured, in words (else their dataset names, or its config's data)."""
     from ..data import describe_name  # noqa: PLC0415  start-up time: torch
 
     got = list(dict.fromkeys(str(r["data_description"]) for r in rows if r.get("data_description")))
@@ -367,10 +366,8 @@ def render_page(
     esc = html.escape
     fig_ids = [_figure_id(f) for sec in sections for f in sec.get("figures", [])]
     sec_ids = ["sec-" + anchor(sec["title"]) for sec in sections]
-    top = None
-    first = next((f for sec in sections for f in sec.get("figures", [])), None)
-    if first is not None and headline:
-        top = (_figure_id(first), data_uri(first["png"]), str(first["title"]))
+    first = next((f for sec in sections for f in sec.get("figures", [])), None) if headline else None
+    top = None if first is None else (_figure_id(first), data_uri(first["png"]), str(first["title"]))
     box = findings_box(list(found or []), fig_ids + sec_ids, lines=findings, headline=top)
     entries = [("findings", "Findings")] + [(i, str(sec["title"])) for i, sec in zip(sec_ids, sections)]
     entries += [(m.group(1), html.unescape(m.group(2))) for m in _SECTION_HEAD.finditer(after)]

@@ -79,8 +79,7 @@ def _curves(steps: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, A
 
 
 def _retention_by_width(groups: dict[str, list[Mapping[str, Any]]], xkey: str, out: Path) -> dict[str, str]:
-    """Small multiples, one panel per width: every curve thin, the median and quartile band bold,
-    so 60+ curves stay readable."""
+    """One panel per width: every curve thin, the median and quartile band bold."""
     by_width: dict[Any, list[list[Mapping[str, Any]]]] = {}
     for rs in groups.values():
         by_width.setdefault(rs[0].get("width"), []).append(sorted(rs, key=lambda r: r[xkey]))

@@ -29,8 +29,7 @@ def slopes_from_rows(rows: Sequence[dict]) -> list[dict[str, Any]]:
 
 
 def slope_text(s: dict[str, Any]) -> str:
-    """'-0.512 [-0.6, -0.43]': a slope row's value and 95% interval, formatted one way for the
-    table, the figure legends and the summary, so the three never disagree (e.g. about 0)."""
+    """'-0.512 [-0.6, -0.43]': a slope row's value and 95% interval, as the legends and summary quote it."""
     return f"{num(s.get('slope'))} {interval(s.get('ci_low'), s.get('ci_high'))}"
 
 
@@ -126,8 +125,7 @@ def _fig_deviation_vs_step(lin, widths, a0, steps, out_dir: Path) -> dict:
 
 
 def _fig_side_by_side(lin, widths, a0, out_dir: Path) -> list[dict]:
-    """3. Network vs linear model vs kernel prediction (held-out loss over training), at ``α = a0``;
-    no figure (``[]``) when no row has the kernel prediction."""
+    """3. Network vs linear model vs kernel prediction (held-out loss over training) at ``α = a0``."""
     side = [r for r in _with_kernel(lin) if r["alpha"] == a0]
     if not side:
         return []
@@ -262,9 +260,8 @@ def tables(rows: list[dict]) -> list[dict]:
 
 
 def summary(rows: list[dict], found: Sequence[dict] | None = None) -> list[str]:
-    """One sentence per deviation slope against the bound ``α − 1``. The verdict is the claims
-    page's (``found``; computed from ``rows`` when not given): at the last step its Holm-corrected
-    verdict, at other fit steps the same per-seed t test, uncorrected (and said so)."""
+    """One sentence per deviation slope against the bound ``α − 1``: the claims page's verdict at the
+    last step, the same t test uncorrected at other steps."""
     from .claims import claims, deviation_seed_slopes, seed_test, verdict  # noqa: PLC0415  start-up time: scipy
 
     if found is None:

@@ -42,9 +42,7 @@ def _mean(series: Mapping[Any, tuple[list[float], list[float]]]) -> tuple[list[f
 
 
 def certified(rows: Sequence[Mapping[str, Any]]) -> dict[tuple, tuple[int | None, int | None]]:
-    """``(width, point, seed) -> (first, from)``: the first probed step with a non-vacuous
-    ``B_exact ≤ delta`` and the step from which it stays so (None: never;
-    :func:`widthscope.sweeps.cell.certified_steps`)."""
+    """``(width, point, seed) -> (first, from)`` of :func:`widthscope.sweeps.cell.certified_steps`."""
     from ..sweeps.cell import certified_steps  # noqa: PLC0415  start-up time: torch
 
     per: dict[tuple, list[Mapping[str, Any]]] = defaultdict(list)

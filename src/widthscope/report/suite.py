@@ -158,8 +158,7 @@ def _training_findings(summary: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def write_pages(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[Path]:
-    """Write ``width-series.html`` and ``over-training.html`` (and their PNGs) into ``out_dir``;
-    return their paths ([] when there are no suite rows)."""
+    """Write the two pages (and their PNGs) into ``out_dir``; return their paths ([] without suite rows)."""
     sel = [dict(r) for r in rows if is_suite(r)]
     if not sel:
         return []
