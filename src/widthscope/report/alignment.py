@@ -21,7 +21,6 @@ __all__ = ["figures", "tables", "summary", "trend", "groups"]
 MAX_PANELS = 4  # insertion points (rows) and (M, K) pairs (columns) of the misalignment figures
 
 
-# ----------------------------------------------------------------------------- rows
 def trend(widths: Sequence[float], values: Sequence[float]) -> str:
     """'up' when the Spearman correlation of (width, value) is >= 0.5 and the last value exceeds the
     first, 'down' for the mirror case, else 'flat' (NaNs dropped)."""
@@ -78,7 +77,6 @@ def d_align_by_point(rows: Sequence[Mapping[str, Any]], form: str) -> dict[int, 
     return {pi: (ws, [agg[(pi, w)][0] for w in ws]) for pi, ws in at.items()}
 
 
-# ----------------------------------------------------------------------------- figures
 def figures(rows: list[dict], out_dir: Path) -> list[dict]:
     """Per group: d_align vs width, misalignment vs width, misalignment vs M = K (PNGs in ``out_dir``)."""
     out_dir = Path(out_dir)
@@ -203,7 +201,6 @@ def _fig_misalignment_vs_mk(sel: Sequence[Mapping[str, Any]], label: str, p: Pat
     return [save_figure(fig, p, f"{label}: misalignment vs M = K", caption, suptitle=True)]
 
 
-# ----------------------------------------------------------------------------- table
 _HEAD = ("width", "point", "seeds", "vacuous", "params", "test loss", "d_align (2-pop)", "d_par", "d_2", "limit")
 _SEED_MEANS = tuple(
     "n_params test_loss two_d_align two_d_par two_d_2 one_d_align misalignment misalignment_low misalignment_high "
@@ -261,7 +258,6 @@ def tables(rows: list[dict]) -> list[dict]:
     return out
 
 
-# ----------------------------------------------------------------------------- summary
 def _shifted(rows: Sequence[Mapping[str, Any]]) -> bool:
     """Whether the probe pools are out of domain (older rows: a probe set not described in-domain)."""
     for r in rows:

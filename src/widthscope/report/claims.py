@@ -60,7 +60,6 @@ _REGIME = (("sweep", ""), ("family", "?"), ("budget", None), ("probe_set", None)
 _UNTESTED = dict.fromkeys(("low", "high", "sd", "seeds", "p", "p_holds", "p_not", "direction"))
 
 
-# ----------------------------------------------------------------------------- probe regimes
 def groups(rows: Iterable[Mapping[str, Any]], kind: str = "alignment") -> dict[tuple, list[Mapping[str, Any]]]:
     """Copies of the rows of ``kind`` under the vacuous rule, split into probe regimes (sweep, family,
     budget, probe condition, probe length) in first-seen order."""
@@ -98,7 +97,6 @@ def claim_mk(rows: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
     return min((int(r["M"]), int(r["K"])) for r in rows)
 
 
-# ----------------------------------------------------------------------------- statistics
 def _slope(x: Sequence[float], y: Sequence[float]) -> float | None:
     """Least-squares slope of y on x (None with fewer than 2 distinct x)."""
     if len(set(x)) < 2:
@@ -178,7 +176,6 @@ def _effect(measured: float | None, region: tuple[float, float]) -> float | None
     return a - measured if measured <= a else measured - b
 
 
-# ----------------------------------------------------------------------------- claims
 def _claim(
     claim: str,
     values: Sequence[float | None],
@@ -499,7 +496,6 @@ def deviation_seed_slopes(rows: Sequence[Mapping[str, Any]], metric: str, alpha:
     return [s for s in (_slope(*zip(*sorted(p))) for p in by.values() if len(p) >= 2) if s is not None]
 
 
-# ----------------------------------------------------------------------------- wider models certify earlier
 @dataclasses.dataclass
 class _Cell:
     """One (family, width, seed) cell's monitor record (``steps`` None: not known; ``first_only``:
@@ -636,7 +632,6 @@ def _certify_earlier(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
     return out
 
 
-# ----------------------------------------------------------------------------- the page
 def verdict(c: Mapping[str, Any], p: float | None) -> str:
     """The claim's direction when ``p <= ALPHA``, else "not resolved"."""
     return c["direction"] if p is not None and p <= ALPHA else "not resolved"

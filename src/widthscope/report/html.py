@@ -69,7 +69,6 @@ pre{overflow-x:auto;max-width:100%}
 """
 
 
-# ----------------------------------------------------------------------------- findings box
 SHOWN = 8  # sentences shown in the box; the rest fold away (the claims table lists every one)
 
 MEANING = (
@@ -198,7 +197,6 @@ def seeds_phrase(found: Sequence[Mapping[str, Any]]) -> str:
     return f"with {ns[0]}–{ns[-1]} seeds t = {ts[0]:.3g}–{ts[-1]:.3g}"
 
 
-# ----------------------------------------------------------------------------- page
 def table(head: Sequence[str], lines: Iterable[Sequence[Any]], *, left: Container[int] = ()) -> str:
     """An HTML table of escaped text, one header row; the columns numbered in ``left`` align left."""
 
