@@ -263,11 +263,8 @@ def _alignment(rows: list[Mapping[str, Any]]) -> list[dict]:
 
 def _mk_claim(label: str, sel, mks) -> dict:
     acc: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
-    for r in sel:
-        if _ok(r.get("misalignment")):
-            acc[(r.get("seed"), r.get("width"), r.get("point"))].append(
-                (math.log(int(r["M"])), float(r["misalignment"]))
-            )
+    for r in (r for r in sel if _ok(r.get("misalignment"))):
+        acc[(r.get("seed"), r.get("width"), r.get("point"))].append((math.log(int(r["M"])), float(r["misalignment"])))
     per_seed: dict[Any, list[float]] = defaultdict(list)
     flat = True
     for (s, _, _), v in acc.items():
