@@ -1,12 +1,8 @@
 """Plots and a self-contained HTML report from results (CLI ``widthscope report``, :mod:`widthscope.cli.report`).
 
-``widthscope report RESULTS_DIR [...] [--out DIR] [--open] [--strict]`` reads each directory's rows
-(its ``cells/``, else its ``results.jsonl``) and writes PNGs and ``report.html`` into ``--out``
-(default ``RESULTS_DIR/report``); nothing else is written. A damaged line or cell file is skipped and
-named on stderr and on the page (``--strict``: refused). The JSON files of several ``widthscope
-certify`` runs become one width series (:mod:`widthscope.report.certify_series`); a model-suite sweep
-also gets the pages of :mod:`widthscope.report.suite`. The settings (:class:`ReportOptions`) are
-recorded in ``OUT/report.json``. Python::
+:func:`report` reads each results directory (its ``cells/``, else its ``results.jsonl``) or certify
+JSON file and writes PNGs, ``report.html`` (plus the pages of :mod:`widthscope.report.suite` for a
+model suite) and the settings (``report.json``) into its out folder. Python::
 
     from widthscope.report import report
     page = report(["widthscope-results/demo/llama"], out_dir="/tmp/rep")
@@ -27,8 +23,7 @@ from .options import RECORD, ReportOptions
 __all__ = ["load_results", "report", "ReportOptions"]
 
 
-# The row kinds widthscope writes (sweep, linearize, grow-bench, certify series); a row without a kind
-# is an alignment row with M and K.
+# The row kinds widthscope writes; a row without a kind is an alignment row with M and K.
 ROW_KINDS = tuple(
     "alignment intervention correlation slope linearization growth growth_bench growth_compare monitor".split()
 )
@@ -74,11 +69,9 @@ def _held_by_damaged(p: Path, found: Sequence[Skipped]) -> str | None:
 def load_results(
     dirs: Sequence[str | os.PathLike], notes: list[str] | None = None, problems: list[Skipped] | None = None
 ) -> list[dict[str, Any]]:
-    """Rows of every results directory, ``.jsonl`` file or certify ``.json`` file given; each row gets ``source``.
-
-    Rows widthscope did not write are refused (a source with none) or left out with a line in ``notes``.
-    Nothing is written: a damaged line or cell file is skipped and appended to ``problems`` (when
-    given, else logged on stderr); a damaged certify file is refused."""
+    """Rows (each with ``source``) of every results directory, ``.jsonl`` or certify ``.json`` file given.
+    Foreign rows are left out with a line in ``notes``; a damaged line or cell file is skipped into
+    ``problems`` (else logged on stderr); a damaged certify file is refused. Nothing is written."""
     from ..sweeps.grid import load_rows  # noqa: PLC0415  start-up time: torch
     from .certify_series import series_rows  # noqa: PLC0415  start-up time: torch
 
@@ -148,9 +141,9 @@ def report(
     strict: bool = False,
     options: ReportOptions | None = None,
 ) -> Path:
-    """Build the report for one or more results directories (see the module docstring); return the
-    path of ``report.html``. ``notes`` head the page; ``options`` replaces ``out_dir``, ``title`` and
-    ``strict``; ``strict`` refuses damaged input (WidthscopeError naming the first)."""
+    """Build the report of one or more results (see the module docstring); return ``report.html``'s path.
+    ``notes`` head the page; ``strict`` refuses damaged input; ``options`` replaces ``out_dir``, ``title``
+    and ``strict``."""
     from .certify_series import describe  # noqa: PLC0415  start-up time: torch
     from .suite import write_pages  # noqa: PLC0415  start-up time: torch
 
@@ -186,7 +179,6 @@ def report(
     out = Path(out_dir) if out_dir is not None else (first.parent if first.is_file() else first) / "report"
     if title is None:
         title = "widthscope report: " + ", ".join(Path(d).name for d in dirs)
-    # figures and the self-contained page
     _io.check_space(out / "report.html", 2_000_000 + 10_000 * len(rows), "the report (figures and page)")
     named = describe(rows)  # certify files: which model/data/width each one is
     page = build_report(rows, out, title=title, sources=[named.get(str(Path(d)), str(d)) for d in dirs], notes=notes)

@@ -1,7 +1,6 @@
-"""Figure conventions shared by every report section: Agg figures without pyplot state, titles that
-fit, legends outside the axes with at most :data:`LEGEND_CAP` entries, at most :data:`CURVE_CAP`
-curves per panel (an evenly spaced subset, said in the caption), log axes labelled at the measured
-values, and vacuous bounds drawn hollow at 1 rather than as data."""
+"""Figure conventions of every report section: Agg figures, titles that fit, legends outside the axes
+(at most :data:`LEGEND_CAP` entries), at most :data:`CURVE_CAP` curves per panel, log axes labelled at
+the values, vacuous bounds drawn hollow at 1."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ T = TypeVar("T")
 
 
 def figure(nrows: int = 1, ncols: int = 1, w: float = 4.2, h: float = 3.2, **kw: Any) -> tuple[Any, Any]:
-    """A constrained-layout figure on an Agg canvas (no pyplot state) and its 2-D array of axes;
-    ``w``, ``h``: the size of one panel in inches."""
+    """A constrained-layout Agg figure and its 2-D array of axes; ``w``, ``h``: one panel's inches."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415  start-up time: matplotlib
     from matplotlib.figure import Figure  # noqa: PLC0415  start-up time: matplotlib
 
@@ -39,8 +37,7 @@ def _titles(fig: Any) -> list[tuple[Any, Any]]:
 
 
 def fit_titles(fig: Any, *, min_size: float = 6.0) -> None:
-    """Wrap (then shrink) every axes title wider than its axes and a suptitle wider than the figure,
-    so no title is clipped or runs into its neighbour's."""
+    """Wrap (then shrink) every title wider than its axes, and a suptitle wider than the figure."""
     if not hasattr(fig.canvas, "get_renderer"):
         from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415  start-up time: matplotlib
 
@@ -67,8 +64,11 @@ def fit_titles(fig: Any, *, min_size: float = 6.0) -> None:
             return
 
 
-def save_figure(fig: Any, path: str | Path, title: str, caption: str = "") -> dict[str, str]:
-    """Fit the titles and save the figure; return the section entry the page embeds."""
+def save_figure(fig: Any, path: str | Path, title: str, caption: str = "", *, suptitle: bool = False) -> dict[str, str]:
+    """Fit the titles (``suptitle``: ``title`` heads the figure too) and save the figure; return the
+    section entry the page embeds."""
+    if suptitle:
+        fig.suptitle(title, fontsize=11)
     fit_titles(fig)
     fig.savefig(path)
     return {"title": title, "png": str(path), "caption": caption}
@@ -116,8 +116,7 @@ def colors(n: int, cmap: str = "viridis", top: float = 0.9) -> list[Any]:
 
 
 def log_x(ax: Any, xs: Sequence[float], *, labelled: bool = True) -> None:
-    """Log x axis (symmetric-log when a value is <= 0), labelled exactly at ``xs`` when ``labelled``
-    (matplotlib's minor labels collide)."""
+    """Log x axis (symmetric-log when a value is <= 0), labelled exactly at ``xs`` when ``labelled``."""
     from matplotlib.ticker import FixedLocator, NullLocator  # noqa: PLC0415  start-up time: matplotlib
 
     if len(xs) and min(xs) <= 0:

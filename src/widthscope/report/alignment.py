@@ -1,16 +1,6 @@
-"""Report section for ``kind="alignment"`` rows (the alignment width sweep).
-
-The claimed mechanism is ``N up => d_align(N) up => Pr(misalignment)(N) down`` with
-``Pr(A <= 0) <= B_exact <= B_align = 1/(1 + n_eff d_align)``. Per probe regime (:func:`groups`) the
-section draws d_align vs width per insertion point (mean over seeds, band = min..max), misalignment vs
-width beside B_exact and B_align per (M, K), and misalignment vs ``M = K`` per width; tabulates the
-seed means; and writes descriptive counts followed by the verdict and advice quoted from the claims
-page (:mod:`widthscope.report.claims`: the same numbers, test and Holm correction).
-
-A *trend* over widths ``w_1 < ... < w_n`` of seed-mean values ``v_i`` is "up" when the Spearman
-rank correlation of ``(w_i, v_i)`` is >= 0.5 and ``v_n > v_1``, "down" when <= -0.5 and ``v_n < v_1``,
-otherwise "flat" (with two widths this is just the sign of ``v_2 - v_1``).
-"""
+"""Report section for ``kind="alignment"`` rows (the alignment width sweep): per probe regime, d_align
+vs width per insertion point, misalignment vs width beside B_exact and B_align, misalignment vs
+``M = K``, a table of seed means, and counts followed by the claims page's verdict and advice."""
 
 from __future__ import annotations
 
@@ -31,10 +21,9 @@ __all__ = ["figures", "tables", "summary", "trend", "groups"]
 MAX_PANELS = 4  # insertion points (rows) and (M, K) pairs (columns) of the misalignment figures
 
 
-# ----------------------------------------------------------------------------- rows
 def trend(widths: Sequence[float], values: Sequence[float]) -> str:
-    """'up', 'down' or 'flat' for values over increasing widths (NaNs dropped; the rule is in the
-    module docstring)."""
+    """'up' when the Spearman correlation of (width, value) is >= 0.5 and the last value exceeds the
+    first, 'down' for the mirror case, else 'flat' (NaNs dropped)."""
     from scipy.stats import spearmanr  # noqa: PLC0415  start-up time: scipy.stats
 
     pairs = [(w, float(v)) for w, v in zip(widths, values) if not math.isnan(as_number(v))]
@@ -74,25 +63,20 @@ def aggregate(
         per[tuple(r.get(b) for b in by)].setdefault(r.get("seed"), as_number(r.get(col)))
     out = {}
     for k, d in per.items():
-        vals = np.array([v for v in d.values() if not math.isnan(v)])
-        if len(vals):
-            out[k] = (float(vals.mean()), float(vals.min()), float(vals.max()), len(vals))
-        else:
-            out[k] = (math.nan, math.nan, math.nan, 0)
+        v = np.array([v for v in d.values() if not math.isnan(v)])
+        out[k] = (
+            (float(v.mean()), float(v.min()), float(v.max()), len(v)) if len(v) else (math.nan, math.nan, math.nan, 0)
+        )
     return out
 
 
 def d_align_by_point(rows: Sequence[Mapping[str, Any]], form: str) -> dict[int, tuple[list[float], list[float]]]:
     """point_index -> (widths, seed-mean d_align); d_align does not depend on (M, K)."""
     agg = aggregate(rows, f"{form}_d_align", by=("point_index", "width"))
-    out: dict[int, tuple[list, list]] = {}
-    for pi, _ in point_keys(rows):
-        ws = [w for w in _widths(rows) if (pi, w) in agg]
-        out[pi] = (ws, [agg[(pi, w)][0] for w in ws])
-    return out
+    at = {pi: [w for w in _widths(rows) if (pi, w) in agg] for pi, _ in point_keys(rows)}
+    return {pi: (ws, [agg[(pi, w)][0] for w in ws]) for pi, ws in at.items()}
 
 
-# ----------------------------------------------------------------------------- figures
 def figures(rows: list[dict], out_dir: Path) -> list[dict]:
     """Per group: d_align vs width, misalignment vs width, misalignment vs M = K (PNGs in ``out_dir``)."""
     out_dir = Path(out_dir)
@@ -106,11 +90,6 @@ def figures(rows: list[dict], out_dir: Path) -> list[dict]:
         figs.append(_fig_misalignment_vs_width(sel, label, Path(f"{base}-misalignment-vs-width.png"), draws, floor))
         figs += _fig_misalignment_vs_mk(sel, label, Path(f"{base}-misalignment-vs-MK.png"), floor)
     return figs
-
-
-def _save(fig: Any, p: Path, title: str, caption: str) -> dict:
-    fig.suptitle(title, fontsize=11)  # the PNG alone says which regime it shows
-    return save_figure(fig, p, title, caption)
 
 
 def _fig_d_align(sel: Sequence[Mapping[str, Any]], label: str, p: Path) -> dict:
@@ -138,7 +117,7 @@ def _fig_d_align(sel: Sequence[Mapping[str, Any]], label: str, p: Path) -> dict:
         ax.set_title(name, fontsize=10)
         ax.grid(alpha=0.3)
     legend_outside(axes[0, 1], title="insertion point", title_fontsize=7)
-    return _save(
+    return save_figure(
         fig,
         p,
         f"{label}: d_align vs width",
@@ -147,6 +126,7 @@ def _fig_d_align(sel: Sequence[Mapping[str, Any]], label: str, p: Path) -> dict:
         f"The mechanism predicts lines that rise with width. A vacuous certificate "
         f"(an estimate <= 0) has no d_align: it is left out of the mean and band, and a "
         f"width where every seed is vacuous has no marker.",
+        suptitle=True,
     )
 
 
@@ -178,7 +158,7 @@ def _fig_misalignment_vs_width(sel: Sequence[Mapping[str, Any]], label: str, p: 
         f" Hollow markers at 1: vacuous bounds (B_exact {vacuous['B_exact']}, B_align {vacuous['B_align']} "
         "panel points), which say nothing and are not drawn as data."
     )
-    return _save(
+    return save_figure(
         fig,
         p,
         f"{label}: misalignment vs width, with B_exact and B_align",
@@ -190,6 +170,7 @@ def _fig_misalignment_vs_width(sel: Sequence[Mapping[str, Any]], label: str, p: 
         f"fall with width."
         + (hollow if any(vacuous.values()) else "")
         + (f" Showing {len(ppts)} of {len(pts)} points." if len(ppts) < len(pts) else ""),
+        suptitle=True,
     )
 
 
@@ -217,10 +198,9 @@ def _fig_misalignment_vs_mk(sel: Sequence[Mapping[str, Any]], label: str, p: Pat
         "Empirical misalignment (solid, circles) and B_exact (dashed, same colour) as the sample sizes "
         "M = K grow, one line per width (darker = narrower). Both should fall with M = K at every width."
     )
-    return [_save(fig, p, f"{label}: misalignment vs M = K", caption)]
+    return [save_figure(fig, p, f"{label}: misalignment vs M = K", caption, suptitle=True)]
 
 
-# ----------------------------------------------------------------------------- table
 _HEAD = ("width", "point", "seeds", "vacuous", "params", "test loss", "d_align (2-pop)", "d_par", "d_2", "limit")
 _SEED_MEANS = tuple(
     "n_params test_loss two_d_align two_d_par two_d_2 one_d_align misalignment misalignment_low misalignment_high "
@@ -231,17 +211,12 @@ _SEED_MEANS = tuple(
 def _limit(rows: Sequence[Mapping[str, Any]]) -> str:
     """Which effective dimension is d_align's minimum, per seed: 'd_par', 'd_2', 'd_par/d_2' when
     seeds differ, '–' when every certificate is vacuous."""
-    got = {
-        "d_par" if r["two_d_par"] <= r["two_d_2"] else "d_2"
-        for r in rows
-        if r.get("two_d_align") is not None and r.get("two_d_par") is not None and r.get("two_d_2") is not None
-    }
-    return "/".join(sorted(got)) or "–"
+    ok = [r for r in rows if all(r.get(k) is not None for k in ("two_d_align", "two_d_par", "two_d_2"))]
+    return "/".join(sorted({"d_par" if r["two_d_par"] <= r["two_d_2"] else "d_2" for r in ok})) or "–"
 
 
 def tables(rows: list[dict]) -> list[dict]:
-    """Per group: one line per (width, point) with seed-mean d_align and the numbers at the claims'
-    (M, K), plus the largest pair's misalignment and B_exact when that pair differs."""
+    """Per group: the seed means of each (width, point) at the claims' (M, K) and the largest pair."""
     out = []
     by = ("width", "point_index")
     for label, sel in labelled(rows):
@@ -283,19 +258,16 @@ def tables(rows: list[dict]) -> list[dict]:
     return out
 
 
-# ----------------------------------------------------------------------------- summary
 def _shifted(rows: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether a group's probe pools come from another distribution than the training data
-    (``probe_in_domain``; older rows: a probe set whose description is not in-domain)."""
+    """Whether the probe pools are out of domain (older rows: a probe set not described in-domain)."""
     for r in rows:
         if r.get("probe_in_domain") is not None:
             return not r["probe_in_domain"]
     return any(r.get("probe_set") is not None and "in-domain" not in str(r.get("probe_data") or "") for r in rows)
 
 
-def _advice(label: str, rows: Sequence[Mapping[str, Any]], seeds: str = "more seeds") -> str:
-    """What to try next, fitting the probe condition (longer probe sequences only for sequence
-    models). ``seeds``: the claims page's seeds-needed phrase."""
+def _advice(label: str, rows: Sequence[Mapping[str, Any]], seeds: str) -> str:
+    """What to try next, fitting the probe condition; ``seeds``: the claims page's seeds-needed phrase."""
     seq = any(r.get("probe_seq_len") is not None or r.get("dataset") in ("text", "prose") for r in rows)
     more = f"{seeds}, larger M and K (more probe examples)"
     longer = " and longer probe sequences" if seq else ""
@@ -317,8 +289,7 @@ def _named(names: Sequence[str]) -> str:
 
 
 def summary(rows: list[dict], found: Sequence[Mapping[str, Any]] | None = None) -> list[str]:
-    """Per group: descriptive per-point counts, then the verdict and advice quoted from the claims
-    page (``found``: its claims, computed from ``rows`` when not given)."""
+    """Per group: descriptive per-point counts, then the verdict and advice of the claims ``found``."""
     if found is None:
         found = claims(rows)
     lines = []

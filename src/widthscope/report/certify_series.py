@@ -1,15 +1,10 @@
-"""A width series from the JSON files of several ``widthscope certify`` runs::
+"""A width series from the JSON files of several ``widthscope certify`` runs
+(``widthscope report c256.json c512.json --out report/``).
 
-    widthscope certify --model ckpt-256 --out c256.json   # ... one run per checkpoint
-    widthscope report c256.json c512.json c1024.json --out report/
-
-Each file becomes rows in the schema of a sweep's alignment rows (one per point x (M, K), plus its
-intervention rows): ``sweep="certify"``, ``family`` = the settings' architecture, ``width`` = the
-settings' width (else the largest point dimension), ``seed``, ``source`` = the file, and the training
-record (certify's, else the local checkpoint's ``config.json``). Points are matched across files by
-name. Files of one family must share (M, K) pairs, estimator and pool, and no two may give the same
-(width, seed): otherwise they are refused.
-"""
+Each file becomes alignment and intervention rows as a sweep writes them, tagged ``sweep="certify"``,
+``family`` (the architecture), ``width`` (the settings', else the largest point dimension), ``seed``,
+``source`` and the training record. Points are matched across files by name; files of one family must
+share (M, K) pairs, estimator and pool, and give distinct (width, seed)."""
 
 from __future__ import annotations
 
@@ -32,25 +27,29 @@ _FIX = (
 
 def _read(path: Path) -> Any:
     """The parsed file; damage is refused, never skipped (a series missing one width plots as if whole)."""
+
+    def refuse(why: str) -> WidthscopeError:
+        return WidthscopeError(f"{str(path)!r} {why} {_FIX}")
+
     try:
         text = path.read_bytes().decode("utf-8")
     except FileNotFoundError:
-        raise WidthscopeError(f"{str(path)!r} does not exist: {_FIX}") from None
+        raise refuse("does not exist:") from None
     except UnicodeDecodeError:
-        raise WidthscopeError(f"{str(path)!r} is not UTF-8 text (a binary or damaged file?): {_FIX}") from None
+        raise refuse("is not UTF-8 text (a binary or damaged file?):") from None
     except OSError as exc:
-        raise WidthscopeError(f"{str(path)!r} cannot be read ({exc.strerror or exc}): {_FIX}") from None
+        raise refuse(f"cannot be read ({exc.strerror or exc}):") from None
     if not text.strip():
-        raise WidthscopeError(f"{str(path)!r} is empty (an interrupted write?): rerun certify, or {_FIX}")
+        raise refuse("is empty (an interrupted write?): rerun certify, or")
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         if cut_off(text, exc):
-            raise WidthscopeError(
-                f"{str(path)!r} is truncated: its JSON stops after {len(text.rstrip())} "
-                f"characters (an interrupted copy or write?); rerun certify, or {_FIX}"
+            raise refuse(
+                f"is truncated: its JSON stops after {len(text.rstrip())} characters (an interrupted copy or "
+                "write?); rerun certify, or"
             ) from None
-        raise WidthscopeError(f"{str(path)!r} is not readable JSON ({exc}): {_FIX}") from None
+        raise refuse(f"is not readable JSON ({exc}):") from None
 
 
 def _looks_like_certify(obj: Any) -> bool:
@@ -84,8 +83,8 @@ def _width(settings: Mapping[str, Any], points: Sequence[Mapping[str, Any]]) -> 
 
 
 def _training(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """Training steps and final losses: certify's ``settings["training"]``, else the ``config.json`` of
-    the local checkpoint the settings name; ``{}`` when neither records them."""
+    """Training steps and final losses: certify's ``settings["training"]``, else those in the named local
+    checkpoint's ``config.json``, else ``{}``."""
     got = training_record(settings.get("training"))
     if got:
         return got
@@ -167,8 +166,7 @@ _SHARED = (  # what files drawn together must share: (what, its value in a row, 
 def _check_series(
     rows: Sequence[Mapping[str, Any]], *, group: str = "family", file_key: str = "source", unique: bool = True
 ) -> None:
-    """Files plotted together (one ``group``) share (M, K) pairs, estimator and pooling; with
-    ``unique``, no two give the same (width, seed)."""
+    """Files of one ``group`` share (M, K) pairs, estimator and pooling (``unique``: and no (width, seed))."""
     fams: dict[str, list[Mapping[str, Any]]] = {}
     for r in rows:
         if r.get("kind") == "alignment":
@@ -219,8 +217,6 @@ def series_rows(paths: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
 
 
 def check_suite(rows: Sequence[Mapping[str, Any]]) -> None:
-    """The certify runs of a model-suite sweep (:mod:`widthscope.sweeps.suite`: one per model and
-    revision, rows with ``suite`` and ``certify_json``) drawn together share (M, K) pairs, estimator
-    and pooling (a suite's config gives them one set of options; this guards folders copied
-    together). Two models of one width (Pythia 1b and 1.4b) are both kept: no uniqueness check."""
+    """The certify runs of a model-suite sweep (:mod:`widthscope.sweeps.suite`) share (M, K) pairs,
+    estimator and pooling; two models of one width are both kept."""
     _check_series([r for r in rows if r.get("suite") is not None], group="suite", file_key="certify_json", unique=False)

@@ -1,16 +1,9 @@
 """The claims page: one row per published claim, measured from the result rows, never typed in.
 
-Each claim is judged from per-seed values (a slope in ``log width`` or a median ratio) against its
-claimed region by a Student t interval (:func:`seed_test`), Holm-corrected over the page
-(:func:`holm`), with the seeds a decision needs at 80% power (:func:`seeds_needed`); bounds are
-judged per row against the binomial misalignment counts. The rules: docs/sweeps.md "Claims page".
-
-"Wider models certify earlier" reads the alignment monitor's per-(step, point) rows or the sweep's
-summary columns (:data:`SUMMARY`). Per seed, on the steps monitored in every cell of the seed, a
-point's certification step is the earliest from which every step up to the seed's common horizon has
-a non-vacuous ``B_exact <= δ``; a point not certified by then is censored at the horizon (a bias
-toward no effect). The claim's per-seed value is the slope of the median ``log(1 + step)`` on
-``log width``; it holds when the interval lies below 0.
+Per-seed values (a slope in ``log width`` or a median ratio) are judged against the claimed region by
+a Student t interval (:func:`seed_test`), Holm-corrected over the page (:func:`holm`), with the seeds
+a decision needs at 80% power (:func:`seeds_needed`); bounds are judged per row against binomial
+counts. The rules: docs/sweeps.md "Claims page".
 
 Example::
 
@@ -51,10 +44,8 @@ PAPER_REL_STEP = 1e-3  # "small η": the default step moves the stream by 1e-3 o
 PAPER_REL_STEP_DECADES = 0.5  # a curve's row counts when |log10(rel_step / 1e-3)| <= this
 PUBLISHED_TOLERANCE = 0.1  # |slope - published| <= 0.1 (log-log slope units) counts as matching
 INF = math.inf
-#: The sweep's monitor summary columns: first certification step (a ``{point: step}`` dict, or a number
-#: on a row with ``point``; None/NaN/negative = never), training length, δ, ``monitored`` (False: a
-#: point the monitor did not probe), the probed steps (the grid, when given) and the step from which
-#: the point stays certified.
+#: The sweep's monitor summary columns (a step is a ``{point: step}`` dict, or a number on a row with
+#: ``point``; None/NaN/negative = never; ``monitored`` False: a point the monitor did not probe).
 SUMMARY = {
     "first_cert": "monitor_first_cert_step",
     "steps_total": "monitor_steps_total",
@@ -69,11 +60,9 @@ _REGIME = (("sweep", ""), ("family", "?"), ("budget", None), ("probe_set", None)
 _UNTESTED = dict.fromkeys(("low", "high", "sd", "seeds", "p", "p_holds", "p_not", "direction"))
 
 
-# ----------------------------------------------------------------------------- probe regimes
 def groups(rows: Iterable[Mapping[str, Any]], kind: str = "alignment") -> dict[tuple, list[Mapping[str, Any]]]:
-    """Rows of ``kind`` split into probe regimes (sweep, family, budget, probe condition, probe length), in
-    first-seen order, as copies under the reporting rule (a vacuous certificate's d_align is missing):
-    each regime gets its own claims here and its own figures, table and verdict in its section."""
+    """Copies of the rows of ``kind`` under the vacuous rule, split into probe regimes (sweep, family,
+    budget, probe condition, probe length) in first-seen order."""
     from ..stats import vacuous_rule  # noqa: PLC0415  start-up time: torch
 
     out: dict[tuple, list] = {}
@@ -104,12 +93,10 @@ def group_label(key: tuple, all_keys: Sequence[tuple]) -> str:
 
 
 def claim_mk(rows: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
-    """The (M, K) at which the claims page tests the width trends (the smallest pair); the summary
-    and the table quote their numbers at this pair too."""
+    """The (M, K) at which the width trends are tested: the smallest pair."""
     return min((int(r["M"]), int(r["K"])) for r in rows)
 
 
-# ----------------------------------------------------------------------------- statistics
 def _slope(x: Sequence[float], y: Sequence[float]) -> float | None:
     """Least-squares slope of y on x (None with fewer than 2 distinct x)."""
     if len(set(x)) < 2:
@@ -130,12 +117,9 @@ def _one_sided(m: float, se: float, c: float, df: int) -> tuple[float, float]:
 
 
 def seed_test(values: Sequence[float | None], region: tuple[float, float]) -> dict[str, Any]:
-    """t interval and p-values for "the mean of the per-seed ``values`` lies in ``region = (a, b)``".
-
-    Returns ``measured, low, high, sd, seeds, p_holds, p_not, p, direction`` (``p`` etc. ``None``
-    with fewer than 2 finite values). ``p ≤ α`` iff the ``1 − α`` interval lies inside or outside
-    the region; ``direction`` says which ("holds" / "does not").
-    """
+    """t interval and p-values for "the mean of the per-seed ``values`` lies in ``region = (a, b)``":
+    ``p ≤ α`` iff the ``1 − α`` interval lies inside or outside it, ``direction`` says which ("holds" /
+    "does not"); ``p`` etc. are ``None`` with fewer than 2 finite values."""
     x = np.asarray([v for v in values if v is not None and math.isfinite(v)], float)
     out: dict[str, Any] = {**_UNTESTED, "measured": float(x.mean()) if len(x) else None, "seeds": int(len(x))}
     if len(x) < 2:
@@ -164,9 +148,8 @@ def holm(ps: Sequence[float]) -> list[float]:
 
 
 def seeds_needed(effect: float, sd: float, level: float, power: float = POWER) -> int | None:
-    """Smallest ``n ≥ 2`` whose two-sided level-``level`` t interval excludes a boundary at distance
-    ``effect`` from the mean with probability ``power`` (noncentral t, per-seed SD ``sd``);
-    ``None`` when the effect is 0 or more than :data:`MAX_SEEDS` seeds would be needed."""
+    """Smallest ``n ≥ 2`` whose level-``level`` t interval excludes a boundary ``effect`` away with
+    probability ``power`` (noncentral t); ``None`` for no effect or more than :data:`MAX_SEEDS`."""
     if not (effect > 0 and sd >= 0) or not math.isfinite(effect):
         return None
     if sd == 0:
@@ -193,7 +176,6 @@ def _effect(measured: float | None, region: tuple[float, float]) -> float | None
     return a - measured if measured <= a else measured - b
 
 
-# ----------------------------------------------------------------------------- claims
 def _claim(
     claim: str,
     values: Sequence[float | None],
@@ -218,9 +200,8 @@ def _claim(
 
 
 def _per_seed_width(sel, metric: str, M: int, K: int, log: bool) -> tuple[dict[Any, list[tuple[float, float]]], int]:
-    """Per seed: (log width, median over points of the metric, or its log) for one (M, K), and the
-    number of (seed, width) cells left out because that median is <= 0 (log only: vacuous). The
-    median is over *all* points, zeros included, so vacuous points cannot bias the slope."""
+    """Per seed: (log width, median over all points of the metric, or its log) at (M, K), and how many
+    (seed, width) medians <= 0 (vacuous) ``log`` left out."""
     acc: dict[Any, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in sel:
         v = r.get(metric)
@@ -282,11 +263,8 @@ def _alignment(rows: list[Mapping[str, Any]]) -> list[dict]:
 
 def _mk_claim(label: str, sel, mks) -> dict:
     acc: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
-    for r in sel:
-        if _ok(r.get("misalignment")):
-            acc[(r.get("seed"), r.get("width"), r.get("point"))].append(
-                (math.log(int(r["M"])), float(r["misalignment"]))
-            )
+    for r in (r for r in sel if _ok(r.get("misalignment"))):
+        acc[(r.get("seed"), r.get("width"), r.get("point"))].append((math.log(int(r["M"])), float(r["misalignment"])))
     per_seed: dict[Any, list[float]] = defaultdict(list)
     flat = True
     for (s, _, _), v in acc.items():
@@ -430,6 +408,14 @@ def _interventions(rows: list[Mapping[str, Any]]) -> list[dict]:
     ]
 
 
+def _below(claim: str, values: Sequence[float | None], what: str, ref: float, note: str, cid: str) -> dict:
+    """A slope claim that holds when its interval lies below the reference slope ``ref``."""
+    basis = (
+        f"per-seed slope of log {what} vs log width; reference {ref:g} ({note}); holds when the interval lies below it"
+    )
+    return _claim(claim, values, (-INF, ref), basis, "log-log slope", cid=cid, reference=ref)
+
+
 def _linearization(rows: list[Mapping[str, Any]]) -> list[dict]:
     if not any(r.get("kind") in ("correlation", "linearization") for r in rows):
         return []
@@ -444,15 +430,13 @@ def _linearization(rows: list[Mapping[str, Any]]) -> list[dict]:
     for (name, alpha), seeds in sorted(corr.items(), key=lambda kv: str(kv[0])):
         ref, note = reference_slope(str(name))
         out.append(
-            _claim(
+            _below(
                 f"{name} decays with width at least like n^{ref:g}" + (f" (α={alpha:g})" if _ok(alpha) else ""),
                 [_slope(*zip(*sorted(p))) for p in seeds.values() if len(p) >= 2],
-                (-INF, ref),
-                f"per-seed slope of log RMS {name} vs log width; reference {ref:g} ({note}); holds when "
-                "the interval lies below it",
-                "log-log slope",
-                cid=f"corr_{name}",
-                reference=ref,
+                f"RMS {name}",
+                ref,
+                note,
+                f"corr_{name}",
             )
         )
     lin = [r for r in rows if r.get("kind") == "linearization" and _ok(r.get("step"))]
@@ -463,44 +447,42 @@ def _linearization(rows: list[Mapping[str, Any]]) -> list[dict]:
     for alpha in sorted({float(r["alpha"]) for r in lin if _ok(r.get("alpha"))}):
         ref, note = reference_slope("dev_rms", alpha)
         out.append(
-            _claim(
+            _below(
                 f"deviation falls with width at least like n^{ref:g} at α={alpha:g} (dev_rms, step {last})",
                 deviation_seed_slopes(lin, "dev_rms", alpha, last),
-                (-INF, ref),
-                f"per-seed slope of log dev_rms at step {last} vs log width; reference {ref:g} ({note}); "
-                "holds when the interval lies below it",
-                "log-log slope",
-                cid=f"dev_rms_{alpha:g}",
-                reference=ref,
+                f"dev_rms at step {last}",
+                ref,
+                note,
+                f"dev_rms_{alpha:g}",
             )
         )
         pub = PUBLISHED.get(alpha)
+        basis = f"per-seed slope of log dev_mse at step {last} vs log width"
+        if pub is None:
+            claim, region, gate = f"deviation slope at α={alpha:g}", (-INF, INF), "no published slope at this α"
+        else:
+            claim, gate = f"deviation slope at α={alpha:g} matches the published {pub} (±{tol:g})", None
+            region = (pub - tol, pub + tol)
+            basis += f"; equivalence test: holds when the interval lies inside {pub} ± {tol:g}, does not when it "
+            basis += "lies outside"
         out.append(
             _claim(
-                f"deviation slope at α={alpha:g}"
-                + (f" matches the published {pub} (±{tol:g})" if pub is not None else ""),
+                claim,
                 deviation_seed_slopes(lin, "dev_mse", alpha, last),
-                (-INF, INF) if pub is None else (pub - tol, pub + tol),
-                f"per-seed slope of log dev_mse at step {last} vs log width"
-                + (
-                    f"; equivalence test: holds when the interval lies inside {pub} ± {tol:g}, does not when "
-                    "it lies outside"
-                    if pub is not None
-                    else ""
-                ),
+                region,
+                basis,
                 "log-log slope",
                 cid=f"dev_mse_{alpha:g}",
                 reference=pub,
-                gate="no published slope at this α" if pub is None else None,
+                gate=gate,
             )
         )
     return out
 
 
 def deviation_seed_slopes(rows: Sequence[Mapping[str, Any]], metric: str, alpha: float, step: int) -> list[float]:
-    """Per-seed least-squares slopes of ``log metric`` vs ``log width`` for linearization rows at
-    ``(alpha, step)`` (positive finite values of cells that did not diverge; seeds with fewer than 2
-    widths left out)."""
+    """Per-seed slopes of ``log metric`` vs ``log width`` of the undiverged linearization rows at
+    ``(alpha, step)`` (seeds with fewer than 2 widths left out)."""
     by: dict[Any, list[tuple[float, float]]] = defaultdict(list)
     for r in rows:
         if r.get("kind") != "linearization" or r.get("diverged"):
@@ -511,12 +493,10 @@ def deviation_seed_slopes(rows: Sequence[Mapping[str, Any]], metric: str, alpha:
     return [s for s in (_slope(*zip(*sorted(p))) for p in by.values() if len(p) >= 2) if s is not None]
 
 
-# ----------------------------------------------------------------------------- wider models certify earlier
 @dataclasses.dataclass
 class _Cell:
-    """One (family, width, seed) cell's monitor record: certified steps per point, the steps monitored
-    (None: summary columns without the probed steps), the horizon, δ; ``first_only``: summary
-    columns, where only the first certified step may be known."""
+    """One (family, width, seed) cell's monitor record (``steps`` None: not known; ``first_only``:
+    summary columns, where only the first certified step may be known)."""
 
     certified: dict[str, set[int]] = dataclasses.field(default_factory=lambda: defaultdict(set))
     points: set[str] = dataclasses.field(default_factory=set)
@@ -553,8 +533,7 @@ class _Cell:
 
 
 def _cells(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, _Cell]:
-    """``{(family, width, seed): _Cell}`` from monitor rows and/or summary columns (the rows win for a
-    cell that has both: they give the grid)."""
+    """``{(family, width, seed): _Cell}`` from monitor rows, else summary columns."""
     from ..stats import certified  # noqa: PLC0415  start-up time: torch
 
     by_rows: dict[tuple, _Cell] = defaultdict(_Cell)
@@ -571,8 +550,10 @@ def _cells(rows: Iterable[Mapping[str, Any]]) -> dict[tuple, _Cell]:
 
 
 def _certify_earlier(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
-    """Per family with monitor records: "wider models certify earlier" (see the module docstring), from
-    per-seed slopes of median log(1 + certification step) on log width, censored at the seed's common horizon."""
+    """Per family with monitor records, "wider models certify earlier": per seed, on the steps monitored
+    in every cell, a point's step is the earliest from which ``B_exact <= δ`` (non-vacuous) holds up to
+    the seed's common horizon (censored there); the value is the slope of the median ``log(1 + step)``
+    on ``log width``, and the claim holds when the interval lies below 0."""
     from ..stats import certified_steps  # noqa: PLC0415  start-up time: torch
 
     fams: dict[Any, dict[Any, dict[float, _Cell]]] = defaultdict(lambda: defaultdict(dict))
@@ -615,15 +596,16 @@ def _certify_earlier(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
             slopes.append(_slope(*zip(*pts)))
             ys.extend(y for _, y in pts)
         d = sorted(deltas)
-        gate = None
-        if len(d) > 1:
-            gate = f"cells certify at different δ ({', '.join(f'{v:g}' for v in d)})"
-        elif n_pts and n_cens == n_pts:
-            gate = "no point certified within training in any cell (all censored)"
-        elif len(set(ys)) == 1:
-            gate = "the same certification step in every cell (nothing to come earlier)"
-        elif len(slopes) >= 2 and len(set(slopes)) == 1:
-            gate = "every seed gives the same slope (discrete steps: no spread for a t interval)"
+        gates = (
+            (len(d) > 1, f"cells certify at different δ ({', '.join(f'{v:g}' for v in d)})"),
+            (n_pts and n_cens == n_pts, "no point certified within training in any cell (all censored)"),
+            (len(set(ys)) == 1, "the same certification step in every cell (nothing to come earlier)"),
+            (
+                len(slopes) >= 2 and len(set(slopes)) == 1,
+                "every seed gives the same slope (discrete steps: no spread for a t interval)",
+            ),
+        )
+        gate = next((why for hit, why in gates if hit), None)
         basis = (
             f"per-seed slope of log(1 + step from which the point stays certified) (median over points, "
             f"on the steps monitored in every cell of the seed) vs log width; {n_cens} of "
@@ -647,7 +629,11 @@ def _certify_earlier(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
     return out
 
 
-# ----------------------------------------------------------------------------- the page
+def verdict(c: Mapping[str, Any], p: float | None) -> str:
+    """The claim's direction when ``p <= ALPHA``, else "not resolved"."""
+    return c["direction"] if p is not None and p <= ALPHA else "not resolved"
+
+
 def _decide(found: list[dict]) -> None:
     """Holm over the tested claims of the family; verdicts, adjusted p and seeds needed in place."""
     fam = [c for c in found if c["family"] and c["p"] is not None]
@@ -661,10 +647,8 @@ def _decide(found: list[dict]) -> None:
             c["verdict"] = c["verdict_uncorrected"] = c.pop("fixed_verdict")
             c["seeds_needed"] = None
             continue
-        decided = c["p"] is not None and c["p"] <= ALPHA
-        c["verdict_uncorrected"] = c["direction"] if decided else "not resolved"
-        p_use = c["p_adjusted"] if c["family"] else c["p"]
-        c["verdict"] = c["direction"] if p_use is not None and p_use <= ALPHA else "not resolved"
+        c["verdict_uncorrected"] = verdict(c, c["p"])
+        c["verdict"] = verdict(c, c["p_adjusted"] if c["family"] else c["p"])
         if c["verdict"] != "not resolved":
             c.pop("support_note", None)
         eff = _effect(c["measured"], tuple(c["region"])) if c.get("region") and c["sd"] is not None else None
@@ -672,10 +656,8 @@ def _decide(found: list[dict]) -> None:
 
 
 def claims(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One dict per claim: ``claim, measured, low, high, verdict, basis, unit`` and ``p``,
-    ``p_adjusted`` (Holm), ``verdict_uncorrected``, ``seeds``, ``seeds_needed``, ``region``,
-    ``reference``, ``family`` (in the Holm family), ``id``, ``group`` (the alignment regime label)
-    and, for bound claims, ``counts``."""
+    """One dict per claim (``claim``, ``id``, ``group``, ``measured``, ``low``, ``high``, ``p``,
+    ``p_adjusted``, ``verdict``, ``seeds_needed``, ``basis``, ...; bound claims: ``counts``)."""
     rows = list(rows)
     found = (
         _alignment([r for r in rows if r.get("kind", "alignment") == "alignment" and r.get("M") is not None])

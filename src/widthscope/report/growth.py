@@ -1,14 +1,6 @@
-"""Report section for the growth benchmark (rows ``kind="growth_bench"``, :mod:`widthscope.growth.bench`):
-the practitioner's table (growing vs training the original model for the same FLOPs), the criteria
-table (Spearman, top-1 hits, normalised regret, gains; 95% intervals over model seeds), the README
-sentence, and figures of regret, Spearman and realised gain per point. ``benchmarks/growth_summary.py``
-checks the docs' copies against them.
-
-Example::
-
-    from widthscope.report.growth import write_report
-    write_report(rows, table, "/tmp/gb")    # -> [comparison.md, growth_regret.png, growth_gains.png]
-"""
+"""Report section for the growth benchmark (``kind="growth_bench"``, :mod:`widthscope.growth.bench`):
+the practitioner's table, the criteria table, the README sentence and figures of regret, Spearman and
+realised gain per point (``benchmarks/growth_summary.py`` checks the docs' copies against them)."""
 
 from __future__ import annotations
 
@@ -18,7 +10,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .._io import atomic_write_text
-from ._fmt import num
+from ._fmt import interval, num
 from ._plot import figure, save_figure, yerr
 from .html import table as html_table
 
@@ -27,13 +19,13 @@ SHOWN = tuple("bias block gradmax certified line_search block_d_align random las
 
 def iv(r: Mapping[str, Any], m: str, spec: str) -> str:
     """'0.12 [0.05, 0.19]': ``r[m]`` and its 95% interval (``m_lo``, ``m_hi``)."""
-    return f"{num(r.get(m), spec)} [{num(r.get(m + '_lo'), spec)}, {num(r.get(m + '_hi'), spec)}]"
+    return f"{num(r.get(m), spec)} {interval(r.get(m + '_lo'), r.get(m + '_hi'), spec)}"
 
 
 def _hits(r: Mapping[str, Any]) -> str:
     if "hit_count" not in r:
         return "–"
-    return f"{r['hit_count']:.0f}/{r['n_seeds']} [{num(r['hit_lo'], '.2f')}, {num(r['hit_hi'], '.2f')}]"
+    return f"{r['hit_count']:.0f}/{r['n_seeds']} {interval(r['hit_lo'], r['hit_hi'], '.2f')}"
 
 
 def _cmp(table: Sequence[Mapping[str, Any]]) -> tuple[dict[tuple, Mapping[str, Any]], list[str]]:
@@ -98,8 +90,7 @@ def compact_table(table: Sequence[Mapping[str, Any]]) -> str:
 
 
 def practitioner_table(table: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]], default: str) -> str:
-    """Per model: is growing better than training longer? Gains (nats, evaluation half B, mean over
-    model seeds [95% t interval]) at the same FLOPs."""
+    """Per model: gains of growing vs training longer at the same FLOPs (mean over model seeds [95%])."""
     by, models = _cmp(table)
     head = ["model", "base held-out loss", "continue training (same FLOPs)", "grow last block"]
     head += ["grow at oracle point (A→B)", f"grow at `{default}` pick", "grow last + train all"]
@@ -199,10 +190,10 @@ def figures(
     by, models = _cmp(list(table) if table is not None else compare(rows))
     models += ["overall"]
     crits = [c for c in SHOWN if c not in ("oracle", "ceiling")]
-    figs = []
     fig, ((ax0, ax1),) = figure(1, 2, w=6, h=4.2)
     width = 0.8 / len(crits)
-    for metric, ax in zip(("norm_regret", "spearman"), (ax0, ax1)):
+    ylabels = ("regret / (best − worst) (lower is better)", "Spearman with realised gain")
+    for metric, ax, ylabel in zip(("norm_regret", "spearman"), (ax0, ax1), ylabels):
         for j, c in enumerate(crits):
             if metric == "spearman" and c in ("random", "last", "middle"):
                 continue
@@ -211,52 +202,41 @@ def figures(
             ax.bar(x, y, width, color=f"C{j % 10}", label=c, yerr=yerr(y, lo, hi), error_kw={"elinewidth": 0.7})
         ax.set_xticks(np.arange(len(models)))
         ax.set_xticklabels(models, rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel(
-            "regret / (best − worst) (lower is better)" if metric == "norm_regret" else "Spearman with realised gain"
-        )
+        ax.set_ylabel(ylabel)
         ax.axhline(0, color="k", lw=0.6)
     ax0.legend(fontsize=7, ncol=2)
-    figs.append(
-        save_figure(
-            fig,
-            out_dir / "growth_regret.png",
-            "Growth criteria: regret and rank correlation",
-            "Regret = best realised held-out gain minus the gain at the point the criterion picks, "
-            "divided by best minus worst gain (0 = best point, 1 = worst); bars: mean over model "
-            "seeds (overall: mean over the models without a planted answer), whiskers: 95% t "
-            "interval over model seeds.",
-        )
+    regret = save_figure(
+        fig,
+        out_dir / "growth_regret.png",
+        "Growth criteria: regret and rank correlation",
+        "Regret = best realised held-out gain minus the gain at the point the criterion picks, "
+        "divided by best minus worst gain (0 = best point, 1 = worst); bars: mean over model "
+        "seeds (overall: mean over the models without a planted answer), whiskers: 95% t "
+        "interval over model seeds.",
     )
-    units: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
+    units: dict[str, dict[int, list[Mapping[str, Any]]]] = {}
     for r in rows:
         if r.get("kind") == "growth_bench":
-            units.setdefault((r["model"], int(r["seed"])), []).append(r)
-    names = list(dict.fromkeys(m for m, _ in units))
-    fig, axes = figure(1, len(names), w=2.6, h=3)
-    for ax, m in zip(axes[0], names):
-        for (m2, s), unit in units.items():
-            if m2 != m:
-                continue
+            units.setdefault(r["model"], {}).setdefault(int(r["seed"]), []).append(r)
+    fig, axes = figure(1, len(units), w=2.6, h=3)
+    for ax, (m, seeds) in zip(axes[0], units.items()):
+        for s, unit in seeds.items():
             seq = sorted(unit, key=lambda r: r["point_index"])
-            (line,) = ax.plot(
-                [r["point_index"] for r in seq], [r["gain_long"] for r in seq], "o-", ms=3, lw=1, label=f"s{s}"
-            )
+            (line,) = ax.plot(*zip(*((r["point_index"], r["gain_long"]) for r in seq)), "o-", ms=3, lw=1, label=f"s{s}")
             ax.axhline(seq[-1]["gain_continue_long"], color=line.get_color(), ls=":", lw=0.8)
         ax.set_title(m, fontsize=9)
         ax.set_xlabel("point index (last = last block)", fontsize=8)
     axes[0][0].set_ylabel("realised gain (nats)")
     axes[0][0].legend(fontsize=7)
-    figs.append(
-        save_figure(
-            fig,
-            out_dir / "growth_gains.png",
-            "Realised gain per point",
-            "Held-out loss decrease after the block-training budget, per point and model seed (mean "
-            "over 3 block seeds); dotted: training the original model for the FLOPs of growing at the "
-            "last block.",
-        )
+    gains = save_figure(
+        fig,
+        out_dir / "growth_gains.png",
+        "Realised gain per point",
+        "Held-out loss decrease after the block-training budget, per point and model seed (mean "
+        "over 3 block seeds); dotted: training the original model for the FLOPs of growing at the "
+        "last block.",
     )
-    return figs
+    return [regret, gains]
 
 
 def write_report(

@@ -1,13 +1,6 @@
-"""Build one self-contained HTML page (inline CSS, PNGs as base64 data URIs) from result rows: the
-findings box (each claim of :func:`widthscope.report.claims.claims` in one sentence, linked to its
-figure), a table of contents, the sections, the claims table and what was measured.
-
-The page is made of *sections*, one per kind of row (:data:`SECTIONS`). A section module exposes
-``figures(rows, out_dir) -> [{"title", "png", "caption"}]`` and optionally ``tables(rows) ->
-[{"title", "html"}]`` (escaped HTML) and ``summary(rows) -> [str]`` (verdict sentences). A module is
-imported only when rows of its kinds exist; a missing or failing one becomes a note. Nothing in the
-page refers to an outside resource.
-"""
+"""One self-contained HTML page (inline CSS, PNGs as data URIs) from result rows: the findings box,
+contents, one section per row kind (:data:`SECTIONS`: a module with ``figures(rows, out_dir)`` and
+optionally ``tables(rows)`` and ``summary(rows)``), the claims table and what was measured."""
 
 from __future__ import annotations
 
@@ -34,7 +27,7 @@ from ._plot import slugify
 
 __all__ = ["SECTIONS", "table", "data_uri", "render_page", "build_report", "collect_sections"]
 
-# section title -> (module, kinds of rows it handles)
+# (section title, module, kinds of rows it handles); a module is imported only when its rows exist
 SECTIONS: list[tuple[str, str, tuple[str, ...]]] = [
     ("Alignment width sweep", "widthscope.report.alignment", ("alignment",)),
     ("Alignment over training", "widthscope.report.monitor", ("monitor",)),
@@ -76,7 +69,6 @@ pre{overflow-x:auto;max-width:100%}
 """
 
 
-# ----------------------------------------------------------------------------- findings box
 SHOWN = 8  # sentences shown in the box; the rest fold away (the claims table lists every one)
 
 MEANING = (
@@ -158,8 +150,8 @@ def findings_box(
     lines: Sequence[str] = (),
     headline: tuple[str, str, str] | None = None,
 ) -> str:
-    """The findings box (HTML): a sentence per claim (``found``) or the given plain ``lines``, the
-    headline figure beside them (``(anchor, data uri, title)``), then what the numbers mean."""
+    """The findings box (HTML): a sentence per claim or plain ``lines``, the headline figure
+    ``(anchor, data uri, title)`` beside them, then what the numbers mean."""
     esc = html.escape
     items = []
     for c in _order(found):
@@ -205,18 +197,12 @@ def seeds_phrase(found: Sequence[Mapping[str, Any]]) -> str:
     return f"with {ns[0]}–{ns[-1]} seeds t = {ts[0]:.3g}–{ts[-1]:.3g}"
 
 
-# ----------------------------------------------------------------------------- page
 def table(head: Sequence[str], lines: Iterable[Sequence[Any]], *, left: Container[int] = ()) -> str:
     """An HTML table of escaped text, one header row; the columns numbered in ``left`` align left."""
 
     def row(tag: str, cells: Sequence[Any]) -> str:
-        return (
-            "<tr>"
-            + "".join(
-                f"<{tag}{' class=l' if i in left else ''}>{html.escape(str(c))}</{tag}>" for i, c in enumerate(cells)
-            )
-            + "</tr>"
-        )
+        tds = (f"<{tag}{' class=l' if i in left else ''}>{html.escape(str(c))}</{tag}>" for i, c in enumerate(cells))
+        return "<tr>" + "".join(tds) + "</tr>"
 
     return "<table>" + row("th", head) + "".join(row("td", ln) for ln in lines) + "</table>"
 
@@ -232,8 +218,8 @@ def data_uri(png: str | Path) -> str:
 def collect_sections(
     rows: Sequence[Mapping[str, Any]], out_dir: str | Path, found: Sequence[Mapping[str, Any]] | None = None
 ) -> tuple[list[dict], list[str]]:
-    """Run every section whose kinds occur in ``rows``; return (sections, notes). ``found`` (the
-    page's claims) goes to a section whose ``summary`` takes it, so its verdicts quote the page."""
+    """Run every section whose kinds occur in ``rows``; return (sections, notes). A failing or missing
+    section module becomes a note; ``found`` goes to a ``summary`` that takes it."""
     out_dir = Path(out_dir)
     kinds = sorted({str(r.get("kind")) for r in rows})
     known = {k for _, _, ks in SECTIONS for k in ks}
@@ -288,8 +274,7 @@ def versions() -> dict[str, str]:
 
 
 def data_descriptions(rows: Sequence[Mapping[str, Any]], source: str = "") -> list[str]:
-    """What data one source's rows measured, in words: the rows' ``data_description`` values, else
-    (rows written before that column) the dataset names in words, or the linearization config's data."""
+    """What data one source's rows measured, in words (else their dataset names, or its config's data)."""
     from ..data import describe_name  # noqa: PLC0415  start-up time: torch
 
     got = list(dict.fromkeys(str(r["data_description"]) for r in rows if r.get("data_description")))
@@ -374,17 +359,13 @@ def render_page(
     after: str = "",
     headline: bool = True,
 ) -> str:
-    """The HTML text: header, the findings box (a sentence per claim in ``found``, or the plain
-    ``findings`` lines) with what the numbers mean and a table of contents, notes, then each
-    section's verdict, figures (embedded) and tables; ``after`` (HTML) follows.
-    Missing numbers read '–' and every table scrolls inside its own box."""
+    """The HTML text: header, findings box (claims ``found`` or plain ``findings``), contents, notes,
+    then each section's verdict, figures and tables; ``after`` (HTML) follows."""
     esc = html.escape
     fig_ids = [_figure_id(f) for sec in sections for f in sec.get("figures", [])]
     sec_ids = ["sec-" + anchor(sec["title"]) for sec in sections]
-    top = None
-    first = next((f for sec in sections for f in sec.get("figures", [])), None)
-    if first is not None and headline:
-        top = (_figure_id(first), data_uri(first["png"]), str(first["title"]))
+    first = next((f for sec in sections for f in sec.get("figures", [])), None) if headline else None
+    top = None if first is None else (_figure_id(first), data_uri(first["png"]), str(first["title"]))
     box = findings_box(list(found or []), fig_ids + sec_ids, lines=findings, headline=top)
     entries = [("findings", "Findings")] + [(i, str(sec["title"])) for i, sec in zip(sec_ids, sections)]
     entries += [(m.group(1), html.unescape(m.group(2))) for m in _SECTION_HEAD.finditer(after)]
@@ -428,8 +409,7 @@ _SECTION_HEAD = re.compile(r'<section id="([^"]+)"><h2>([^<]+)</h2>')
 
 
 def scrolling(markup: str) -> str:
-    """Every ``<table>`` in ``markup`` inside a box that scrolls sideways (a wide table must not
-    widen the page on a phone)."""
+    """Every ``<table>`` in ``markup`` inside a box that scrolls sideways."""
     return re.sub(r"<table\b", '<div class="tscroll"><table', markup).replace("</table>", "</table></div>")
 
 
@@ -441,11 +421,7 @@ def build_report(
     sources: Sequence[str] = (),
     notes: Sequence[str] = (),
 ) -> Path:
-    """Write the PNGs and ``report.html`` into ``out_dir``; return the page's path.
-
-    ``notes`` (e.g. the demo's "digits, because Fashion-MNIST is not installed") head the page,
-    followed by what was measured (versions, data, config, training, final losses per source).
-    """
+    """Write the PNGs and ``report.html`` (``notes`` at its head) into ``out_dir``; return its path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     from .claims import ALPHA, claims, html_table  # noqa: PLC0415  start-up time: scipy

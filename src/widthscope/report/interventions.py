@@ -1,10 +1,6 @@
-"""Report section for interventions and growth (rows of kind ``intervention`` / ``growth``).
-
-Figures: actual vs predicted held-out loss change ``|ΔL|`` (log-log; wrong signs as red crosses),
-retention ``ΔL_actual/ΔL_pred`` vs the step size (per width too when there are many curves), and
-held-out loss before and after growing a block. Steps below the model dtype's resolution
-(``below_resolution``) are drawn grey in the first figure and left out of the rest, which say how many.
-"""
+"""Report section for interventions and growth (``kind`` ``intervention`` / ``growth``): actual vs
+predicted ``|ΔL|``, retention vs step size, held-out loss before and after growing a block. Steps below
+the dtype's resolution are drawn grey in the first figure and left out of the rest."""
 
 from __future__ import annotations
 
@@ -83,8 +79,7 @@ def _curves(steps: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, A
 
 
 def _retention_by_width(groups: dict[str, list[Mapping[str, Any]]], xkey: str, out: Path) -> dict[str, str]:
-    """Small multiples, one panel per width: every curve thin, the median and quartile band bold,
-    so 60+ curves stay readable."""
+    """One panel per width: every curve thin, the median and quartile band bold."""
     by_width: dict[Any, list[list[Mapping[str, Any]]]] = {}
     for rs in groups.values():
         by_width.setdefault(rs[0].get("width"), []).append(sorted(rs, key=lambda r: r[xkey]))
@@ -136,14 +131,8 @@ def figures(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[dict
         if len(groups) > 12:
             figs.append(_retention_by_width(groups, xkey, out))
         figs.append(_retention(groups, xkey, steps, every, out))
-    grown = [
-        r
-        for r in rows
-        if r.get("kind") == "growth"
-        and r.get("role") != "candidate"
-        and finite(r.get("loss_before"))
-        and finite(r.get("loss_after"))
-    ]
+    grown = [r for r in rows if r.get("kind") == "growth" and r.get("role") != "candidate"]
+    grown = [r for r in grown if finite(r.get("loss_before")) and finite(r.get("loss_after"))]
     if grown:
         figs.append(_growth_before_after(grown, out))
     return figs
@@ -284,11 +273,8 @@ def summary(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             f"sign was {r['agree_rate']:.3f}; empirical misalignment "
             f"{r.get('misaligned_rate', float('nan')):.3f} vs B_exact {r.get('b_exact', float('nan')):.3f}."
         )
-    grown = [
-        r
-        for r in rows
-        if r.get("kind") == "growth" and r.get("role") in ("best", "worst", "random") and finite(r.get("loss_after"))
-    ]
+    grown = [r for r in rows if r.get("kind") == "growth" and r.get("role") in ("best", "worst", "random")]
+    grown = [r for r in grown if finite(r.get("loss_after"))]
     best = [r for r in grown if r["role"] == "best"]
     if best and len(grown) > 1:
         b = best[0]

@@ -1,11 +1,6 @@
-"""Report section for linearization sweeps (rows ``kind="linearization"`` / ``"correlation"``).
-
-Figures: deviation ``F − F_lin`` vs width (log-log, fitted line and reference slope), deviation
-vs training step per width, the network, its linear model and the kernel-regression prediction
-side by side (held-out loss vs step, and a table), derivative correlations vs width, and fitted
-slope vs ``α`` next to the theory (``α − 1``) and the published slopes. Slopes are refitted from the rows with
-:func:`widthscope.linear.powerlaw.fit_slope` (seeds averaged in log space, t interval over the seeds' slopes).
-"""
+"""Report section for linearization sweeps (``kind`` ``linearization`` / ``correlation``): deviation
+``F − F_lin`` vs width and vs step, network / linear model / kernel prediction side by side,
+derivative correlations vs width and fitted slope vs ``α``, with slopes refitted from the rows."""
 
 from __future__ import annotations
 
@@ -34,8 +29,7 @@ def slopes_from_rows(rows: Sequence[dict]) -> list[dict[str, Any]]:
 
 
 def slope_text(s: dict[str, Any]) -> str:
-    """'-0.512 [-0.6, -0.43]': a slope row's value and 95% interval, formatted one way for the
-    table, the figure legends and the summary, so the three never disagree (e.g. about 0)."""
+    """'-0.512 [-0.6, -0.43]': a slope row's value and 95% interval, as the legends and summary quote it."""
     return f"{num(s.get('slope'))} {interval(s.get('ci_low'), s.get('ci_high'))}"
 
 
@@ -131,9 +125,8 @@ def _fig_deviation_vs_step(lin, widths, a0, steps, out_dir: Path) -> dict:
 
 
 def _fig_side_by_side(lin, widths, a0, out_dir: Path) -> list[dict]:
-    """3. Network vs linear model vs kernel prediction (held-out loss over training), at ``α = a0``;
-    no figure (``[]``) when no row has the kernel prediction."""
-    side = [r for r in lin if r["alpha"] == a0 and isinstance(r.get("test_loss_kernel"), (int, float))]
+    """3. Network vs linear model vs kernel prediction (held-out loss over training) at ``α = a0``."""
+    side = [r for r in _with_kernel(lin) if r["alpha"] == a0]
     if not side:
         return []
     shown = widths if len(widths) <= 3 else [widths[0], widths[len(widths) // 2], widths[-1]]
@@ -219,32 +212,24 @@ def _mean(rows, width, step, key) -> float:
     return float(np.mean(v)) if v else float("nan")
 
 
+def _with_kernel(rows: Sequence[dict]) -> list[dict]:
+    """Linearization rows (not diverged) that carry the kernel prediction."""
+    lin = [r for r in rows if r.get("kind") == "linearization" and not r.get("diverged")]
+    return [r for r in lin if isinstance(r.get("test_loss_kernel"), (int, float))]
+
+
 def side_by_side(rows: list[dict]) -> list[dict[str, Any]]:
     """Per ``(α, width)`` at the last logged step: held-out loss of the network, the linear model,
     the kernel GD prediction and the kernel-regression limit (means over seeds)."""
-    lin = [
-        r
-        for r in rows
-        if r.get("kind") == "linearization"
-        and not r.get("diverged")
-        and isinstance(r.get("test_loss_kernel"), (int, float))
-    ]
-    if not lin:
-        return []
-    last = max(r["step"] for r in lin)
+    lin = _with_kernel(rows)
+    last = max((r["step"] for r in lin), default=None)
     out = []
     for a in sorted({r["alpha"] for r in lin}, reverse=True):
         sel = [r for r in lin if r["alpha"] == a]
         for w in sorted({r["width"] for r in sel}):
-            out.append(
-                {
-                    "alpha": a,
-                    "width": w,
-                    "step": last,
-                    "seeds": len({r["seed"] for r in sel if r["width"] == w and r["step"] == last}),
-                    **{k: _mean(sel, w, last, k) for k in _LOSSES},
-                }
-            )
+            seeds = len({r["seed"] for r in sel if r["width"] == w and r["step"] == last})
+            row = {"alpha": a, "width": w, "step": last, "seeds": seeds}
+            out.append({**row, **{k: _mean(sel, w, last, k) for k in _LOSSES}})
     return out
 
 
@@ -275,10 +260,9 @@ def tables(rows: list[dict]) -> list[dict]:
 
 
 def summary(rows: list[dict], found: Sequence[dict] | None = None) -> list[str]:
-    """One sentence per deviation slope against the bound ``α − 1``. The verdict is the claims
-    page's (``found``; computed from ``rows`` when not given): at the last step its Holm-corrected
-    verdict, at other fit steps the same per-seed t test, uncorrected (and said so)."""
-    from .claims import ALPHA, claims, deviation_seed_slopes, seed_test  # noqa: PLC0415  start-up time: scipy
+    """One sentence per deviation slope against the bound ``α − 1``: the claims page's verdict at the
+    last step, the same t test uncorrected at other steps."""
+    from .claims import claims, deviation_seed_slopes, seed_test, verdict  # noqa: PLC0415  start-up time: scipy
 
     if found is None:
         found = claims(rows)
@@ -297,8 +281,8 @@ def summary(rows: list[dict], found: Sequence[dict] | None = None) -> list[str]:
         if c is not None and f"step {step})" in c["claim"]:
             how = "claims page, Holm-corrected"
         else:
-            c = {**seed_test(deviation_seed_slopes(rows, "dev_rms", alpha, step), (-math.inf, ref))}
-            c["verdict"] = c["direction"] if c["p"] is not None and c["p"] <= ALPHA else "not resolved"
+            c = seed_test(deviation_seed_slopes(rows, "dev_rms", alpha, step), (-math.inf, ref))
+            c["verdict"] = verdict(c, c["p"])
             how = "same test, not corrected across claims"
         if c.get("low") is None:
             tested = "no per-seed interval (one seed): not resolved"

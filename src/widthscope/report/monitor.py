@@ -1,12 +1,6 @@
-"""Report section for ``kind="monitor"`` rows: alignment over training in a width sweep
-(a sweep family with ``monitor = {...}``, docs/monitor.md §8).
-
-Per (sweep, family, budget): small multiples, one column per width, ``d_align`` (log y; a gap where
-vacuous) and ``B_exact`` (``delta`` dotted) against the optimizer step (symmetric-log x); thin lines
-per seed, the thick line the mean over seeds, a star where a seed's point is first certified. The
-table gives, per width, point and seed, the first certified step and the step from which it stays
-certified, and the last step's values. It describes; verdicts belong on the claims page.
-"""
+"""Report section for ``kind="monitor"`` rows (alignment over training, docs/monitor.md §8): per
+regime, ``d_align`` and ``B_exact`` against the step, one column per width, and a table of the first
+certified step per seed. It describes; verdicts belong on the claims page."""
 
 from __future__ import annotations
 
@@ -48,9 +42,7 @@ def _mean(series: Mapping[Any, tuple[list[float], list[float]]]) -> tuple[list[f
 
 
 def certified(rows: Sequence[Mapping[str, Any]]) -> dict[tuple, tuple[int | None, int | None]]:
-    """``(width, point, seed) -> (first, from)``: the first probed step with a non-vacuous
-    ``B_exact ≤ delta`` and the step from which it stays so (None: never;
-    :func:`widthscope.sweeps.cell.certified_steps`)."""
+    """``(width, point, seed) -> (first, from)`` of :func:`widthscope.sweeps.cell.certified_steps`."""
     from ..sweeps.cell import certified_steps  # noqa: PLC0415  start-up time: torch
 
     per: dict[tuple, list[Mapping[str, Any]]] = defaultdict(list)

@@ -1,9 +1,5 @@
-"""The settings of ``widthscope report`` as data: :class:`ReportOptions`.
-
-One field per option (default, help, flag), as every command's options are
-(:mod:`widthscope.options`): the command line is generated from it
-(:func:`widthscope.cli.args.add_options`), a report records it in ``OUT/report.json`` and
-``widthscope report --config OUT/report.json`` reads it back (flags given override it).
+"""The settings of ``widthscope report`` (:class:`ReportOptions`): the command line is generated from
+them, a report records them in ``OUT/report.json`` and ``--config`` reads them back.
 
 Example::
 

@@ -1,16 +1,7 @@
-"""The pages of a model-suite sweep (:mod:`widthscope.sweeps.suite`), beside ``report.html``.
-
-A suite's rows are certify rows (checked comparable by :func:`~widthscope.report.certify_series.check_suite`)
-with ``suite``, ``revision``, ``step`` and ``commit``. Its models differ in depth too, so points are not
-matched across widths: each (width, revision) is summarised by the median over its insertion points
-at the largest (M, K) of d_align (non-vacuous points), misalignment and B_exact.
-
-- ``width-series.html``: the medians against width, one line per revision, one series per depth;
-- ``over-training.html``: against the revision's training step (from names such as ``step1000``;
-  others are listed, not drawn), one line per model.
-
-Both end with a table of every (width, revision).
-"""
+"""The pages of a model-suite sweep (:mod:`widthscope.sweeps.suite`) beside ``report.html``:
+``width-series.html`` (against width, one series per depth) and ``over-training.html`` (against the
+revision's training step). Each (width, revision) is summarised by medians over its points at the
+largest (M, K) of d_align, misalignment and B_exact; both pages end with a table of them."""
 
 from __future__ import annotations
 
@@ -167,8 +158,7 @@ def _training_findings(summary: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def write_pages(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[Path]:
-    """Write ``width-series.html`` and ``over-training.html`` (and their PNGs) into ``out_dir``;
-    return their paths ([] when there are no suite rows)."""
+    """Write the two pages (and their PNGs) into ``out_dir``; return their paths ([] without suite rows)."""
     sel = [dict(r) for r in rows if is_suite(r)]
     if not sel:
         return []
@@ -206,11 +196,8 @@ def write_pages(rows: Sequence[Mapping[str, Any]], out_dir: str | Path) -> list[
                 f"{suite}: revision(s) {', '.join(unstepped)} name no training step (e.g. step1000): "
                 "in the table, not in the figures"
             )
-        figs = (
-            [_figure(stepped, "step", "model", out_dir / f"suite-{slug}-steps.png", f"{suite}: over training", cap)]
-            if stepped
-            else []
-        )
+        png = out_dir / f"suite-{slug}-steps.png"
+        figs = [_figure(stepped, "step", "model", png, f"{suite}: over training", cap)] if stepped else []
         step_secs.append({"title": suite, "figures": figs, "tables": [{"title": "checkpoints", "html": _table(mine)}]})
     pages = [out_dir / p for p in PAGES]
     for page, title, secs, page_notes, findings in (
