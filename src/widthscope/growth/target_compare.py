@@ -18,48 +18,8 @@ from collections import defaultdict
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from scipy import special as _sp
 
-ALPHA = 0.05
-
-
-# report.claims' statistics, restated: a pipeline may not import the presentation layer
-def seed_test(values: Sequence[float], region: tuple[float, float]) -> dict[str, Any]:
-    """Student-t 95% interval of the mean of ``values`` and the p-value of "the mean lies in
-    ``region``" or outside it, ``p = min(1, 2 min(p_holds, p_not))``; ``None`` with fewer than 2 values."""
-    x = np.asarray([v for v in values if math.isfinite(v)], float)
-    out: dict[str, Any] = dict(measured=float(x.mean()) if len(x) else None, low=None, high=None, p=None)
-    out["direction"] = None
-    if len(x) < 2:
-        return out
-    n, m, sd = len(x), float(x.mean()), float(x.std(ddof=1))
-    se, df = sd / math.sqrt(n), n - 1
-
-    def sides(c: float) -> tuple[float, float]:  # (P(T >= t), P(T <= t)) under mean = c
-        if se > 0:
-            tt = (m - c) / se
-            return float(_sp.stdtr(df, -tt)), float(_sp.stdtr(df, tt))
-        return (0.5, 0.5) if m == c else ((0.0, 1.0) if m > c else (1.0, 0.0))
-
-    a, b = region
-    above_a, below_a = sides(a) if math.isfinite(a) else (0.0, 1.0)
-    above_b, below_b = sides(b) if math.isfinite(b) else (1.0, 0.0)
-    p_holds, p_not = max(above_a, below_b), min(below_a, above_b)
-    half = float(_sp.stdtrit(df, 1 - ALPHA / 2)) * se
-    out.update(low=m - half, high=m + half, p=min(1.0, 2 * min(p_holds, p_not)))
-    out["direction"] = "holds" if p_holds <= p_not else "does not"
-    return out
-
-
-def holm(ps: Sequence[float]) -> list[float]:
-    """Holm step-down adjusted p-values."""
-    order = sorted(range(len(ps)), key=lambda i: ps[i])
-    adj, run = [0.0] * len(ps), 0.0
-    for k, i in enumerate(order):
-        run = max(run, min(1.0, (len(ps) - k) * ps[i]))
-        adj[i] = run
-    return adj
-
+from ..stats.seeds import ALPHA, holm, seed_test
 
 __all__ = ["SPEEDUP", "compare", "answer", "crossover"]
 
