@@ -105,10 +105,8 @@ TARGET_SUITES: dict[str, dict[str, Any]] = {
     },
     "quick": {
         **_BASE,
-        "width": 32,
         "depth": 2,
         "small_depth": 1,
-        "small_width": 16,
         "seq_len": 16,
         "batch_size": 8,
         "warmup": 4,

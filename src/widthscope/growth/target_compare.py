@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from ..stats.seeds import ALPHA, holm, seed_test
 __all__ = ["SPEEDUP", "compare", "answer", "crossover"]
 
 SPEEDUP = 1.3
+_BEST = {"best": "run", "best_speedup": "speedup", "best_lo": "speedup_lo", "best_hi": "speedup_hi"}
 
 
 def crossover(big: Sequence[Sequence[float]], small: Sequence[Sequence[float]]) -> float | None:
@@ -75,7 +76,7 @@ def compare(rows: Sequence[Mapping[str, Any]], *, threshold: float = SPEEDUP) ->
             "schedule": first.get("schedule"),
             "seeds": len(rs),
             "reached": sum(bool(r.get("reached")) for r in rs),
-            **_geometric(test, "speedup"),
+            **_ends(test, "speedup"),
             "speedup_median": float(np.median(s)) if s else None,
             "speedup_seeds": s,
             "grown_at": float(np.mean(grown)) if grown else None,
@@ -94,7 +95,7 @@ def compare(rows: Sequence[Mapping[str, Any]], *, threshold: float = SPEEDUP) ->
         ]
         logs = [math.log(float(a) / float(b)) for a, b in pairs if _positive(a) and _positive(b)]
         test = seed_test(logs, (0.0, math.inf))
-        t.update(_geometric(test, "vs_continue"), p_continue=test["p"], direction_continue=test["direction"])
+        t.update(_ends(test, "vs_continue"), p_continue=test["p"], direction_continue=test["direction"])
         if label.startswith("continue-"):
             t.update(_crossovers(rs, {int(r["seed"]): r for r in by.get((width, steps, "scratch"), [])}))
         if t["operator"] and t["reached_before_growth"] == t["seeds"]:  # measured the small model only
@@ -113,10 +114,10 @@ def compare(rows: Sequence[Mapping[str, Any]], *, threshold: float = SPEEDUP) ->
     return table
 
 
-def _geometric(test: Mapping[str, Any], name: str) -> dict[str, float | None]:
-    """``name``, ``name_lo``, ``name_hi``: the mean of a :func:`seed_test` on logs and its interval, exponentiated."""
+def _ends(test: Mapping[str, Any], name: str, f: Callable[[float], float] = math.exp) -> dict[str, float | None]:
+    """``name``, ``name_lo``, ``name_hi``: ``f`` of the mean of a :func:`seed_test` and of its interval's ends."""
     ends = (("", "measured"), ("_lo", "low"), ("_hi", "high"))
-    return {name + tail: None if test[k] is None else math.exp(test[k]) for tail, k in ends}
+    return {name + tail: None if test[k] is None else f(test[k]) for tail, k in ends}
 
 
 def _positive(x: Any) -> bool:
@@ -144,14 +145,8 @@ def _crossovers(rs: Sequence[Mapping[str, Any]], scratch: Mapping[int, Mapping[s
         f = crossover(ref["curve"], r["curve"])
         fractions.append(None if f is None else f / float(ref["budget_flops"]))
     within = [f for f in fractions if f is not None]
-    test = seed_test(within, (-math.inf, math.inf))
-    return {
-        "crossover": test["measured"],
-        "crossover_lo": test["low"],
-        "crossover_hi": test["high"],
-        "crossover_seeds": fractions,
-        "crossover_beyond": len(fractions) - len(within),
-    }
+    ends = _ends(seed_test(within, (-math.inf, math.inf)), "crossover", float)
+    return {**ends, "crossover_seeds": fractions, "crossover_beyond": len(fractions) - len(within)}
 
 
 def answer(table: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -177,10 +172,7 @@ def answer(table: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "verdict": verdict,
         "threshold": SPEEDUP,
         "holds": [t["run"] for t in holds],
-        "best": None if best is None else best["run"],
-        "best_speedup": None if best is None else best["speedup"],
-        "best_lo": None if best is None else best["speedup_lo"],
-        "best_hi": None if best is None else best["speedup_hi"],
+        **{k: None if best is None else best[v] for k, v in _BEST.items()},
         "does_not": [t["run"] for t in growth if t["verdict"] == "does not"],
         "lower_bound_above": [t["run"] for t in growth if t["speedup_lo"] is not None and t["speedup_lo"] >= SPEEDUP],
         "continue": {t["run"]: t["speedup"] for t in table if str(t["run"]).startswith("continue-")},
