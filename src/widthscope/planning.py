@@ -27,7 +27,7 @@ from .certification.pipeline import device_memory, load_checkpoint, run_device
 from .data.inputs import resolve
 from .data.spec import is_all
 from .errors import WidthscopeError
-from .growth.block import train_new_block
+from .growth.block import train_new_block, trainable
 from .growth.options import GrowBenchOptions, GrowOptions, GrowTargetOptions
 from .growth.pipeline import builtin_inputs, check_builtin, chosen_points, load_inputs, rank_points, split_pools
 from .linear.correlation import correlation_summary, parse_correlation_name
@@ -388,10 +388,7 @@ def plan_grow(
 
     def fresh() -> tuple[nn.Module, list[nn.Parameter]]:
         m = copy.deepcopy(grown)
-        ps = list((m if opts.train_all else block_of(m, at)).parameters())
-        for p in m.parameters():
-            p.requires_grad_(any(p is q for q in ps))
-        return m, ps
+        return m, trainable(m, None if opts.train_all else list(block_of(m, at).parameters()))
 
     fit = functools.partial(train_new_block, lr=opts.lr, seed=opts.seed, loss_fn=loss_fn, show_progress=False)
 
@@ -420,20 +417,19 @@ def plan_grow(
     if base_s is not None:
         parts.append(("the built-in model's base training (300 steps)", base_s))
 
-    def rank(a: int, b: int, points: list[str]) -> None:
-        train_pool, test_pool = index_batch(pools.probe_train, slice(0, a)), index_batch(pools.rank_test, slice(0, b))
-        rank_points(
-            model, train_pool, test_pool, opts.replace(points=tuple(points)), loss_fn=loss_fn, show_progress=False
-        )
-
     # the ranking: timed at the first and the last point on pools of (M, K), (2M, K), (M, 2K), fitted in
     # train and held-out examples and extrapolated to the run's pools and points
     ends = sorted({names[0], names[-1]}, key=names.index)
+
+    def rank(a: int, b: int) -> None:
+        ab = index_batch(pools.probe_train, slice(0, a)), index_batch(pools.rank_test, slice(0, b))
+        rank_points(model, *ab, opts.replace(points=tuple(ends)), loss_fn=loss_fn, show_progress=False)
+
     m_, k_ = max(opts.M, 4), max(opts.K, 4)
     sizes = [(min(n_tr, m_), min(n_rk, k_)), (min(n_tr, 2 * m_), min(n_rk, k_)), (min(n_tr, m_), min(n_rk, 2 * k_))]
     with RssPeak() as rank_peak:
-        rank(*sizes[0], ends)  # warm-up
-        times = [seconds(rank, a, b, ends) for a, b in sizes]
+        rank(*sizes[0])  # warm-up
+        times = [seconds(rank, a, b) for a, b in sizes]
     (a0, b0), small = sizes[0], sum(sizes[0])
     c_a = (times[1] - times[0]) / (sizes[1][0] - a0) if sizes[1][0] > a0 else times[0] / small
     c_b = (times[2] - times[0]) / (sizes[2][1] - b0) if sizes[2][1] > b0 else times[0] / small
@@ -562,10 +558,9 @@ def _bench_model(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
     lrs, clrs, seeds = len(cell["block_lrs"]), len(cell["continue_lrs"]), len(cell["block_seeds"])
     plateau = int(cell["max_steps"]) if int(cell["max_steps"]) > 0 and cell["family"] != "teacher" else 0
     scratch = int(cell["max_steps"]) if cell.get("scratch") else 0
-    # (steps, runs): base, blocks (each point, lr, block seed), GradMax, continue (each lr), train-all, scratch
-    trainings = [(plateau, int(plateau > 0)), (long * P * (lrs + seeds - 1), P * (lrs + seeds - 1)), (long * P, P)]
-    trainings += [(long * clrs, clrs), (long * P, P), (scratch, int(scratch > 0))]
-    steps, n_runs = sum(s for s, _ in trainings), sum(r for _, r in trainings)
+    # (steps, runs): the base; per point each block lr and other block seed, GradMax, train-all; each continue lr
+    trainings = [(plateau, int(plateau > 0)), (long, P * (lrs + seeds + 1) + clrs), (scratch, int(scratch > 0))]
+    steps, n_runs = sum(s * r for s, r in trainings), sum(r for _, r in trainings)
     out: dict[str, Any] = dict(name=str(cell["model"]), params=params, wbytes=wbytes, per=per, bs=bs, runs=runs)
     out.update(steps=steps, data_bytes=_nbytes((train, test)), dtype=_dt(model))
     if not time_run:
@@ -757,11 +752,8 @@ def _alignment_plan(cfg: Any, fam: Any, width: float, budget: int, timed_run: bo
     opts = cell_options(cfg, {"family": fam.name, "seed": 0})
     shapes: dict[str, torch.Size] = {}  # each point's output
 
-    def seen(name: str) -> Callable[..., None]:
-        def hook(_m: nn.Module, _i: Any, out: Any) -> None:
-            shapes.setdefault(name, (out[0] if isinstance(out, tuple) else out).shape)
-
-        return hook
+    def seen(name: str, _m: nn.Module, _i: Any, out: Any) -> None:
+        shapes.setdefault(name, (out[0] if isinstance(out, tuple) else out).shape)
 
     def count(model: nn.Module) -> int:  # the probe's forward (per-example losses, the points on its path)
         where, names = next(model.parameters()).device, resolve_points(model, fam.points or None)
@@ -770,7 +762,7 @@ def _alignment_plan(cfg: Any, fam: Any, width: float, budget: int, timed_run: bo
             X, y = split.train[0][:n].to(where), split.train[1][:n].to(where)
             return X if split.task == "lm" else (X, y)
 
-        hooks = [model.get_submodule(n).register_forward_hook(seen(n)) for n in names]
+        hooks = [model.get_submodule(n).register_forward_hook(functools.partial(seen, n)) for n in names]
         try:
             return per_example(lambda n: saved_bytes(lambda: run_batch(model, batch(n), None, 0), model))
         finally:
@@ -830,7 +822,7 @@ def _alignment_time(cfg: Any, fam: Any, split: Any, build: Callable[[], nn.Modul
     model.eval()
     points = resolve_points(model, list(opts.points) if opts.points else None)
     forward: float | None = None
-    stats: dict[tuple[int, int, int, int], float] = {}
+    stats_s = functools.cache(lambda na, nb, d, rows: time_statistics(opts, (na, nb), d, rows))
     kw: dict[str, Any] = dict(points=points, pool=opts.pool, train_mode=opts.train_mode, progress=False)
     for cond in probe_conditions(fam):
         for L in probe_lengths(fam, cond):
@@ -842,10 +834,7 @@ def _alignment_time(cfg: Any, fam: Any, split: Any, build: Callable[[], nn.Modul
             if forward is None:  # the interventions run on the first condition and length
                 forward = timed(functools.partial(mean_loss, model, one[0], None, batch_size=rows)) / rows
             for p in points:
-                key = (len(pa[0]), len(pb[0]), int(got[p].shape[1]), max(1, got[p].shape[0] // rows))
-                if key not in stats:
-                    stats[key] = time_statistics(opts, key[:2], key[2], key[3])
-                total += stats[key]
+                total += stats_s(len(pa[0]), len(pb[0]), int(got[p].shape[1]), max(1, got[p].shape[0] // rows))
     steps, k_max = _interventions(opts)
     total += (forward or 0.0) * len(points) * steps * k_max
     if fam.monitor is not None:
