@@ -695,11 +695,8 @@ def run_target(
     rows = [r for r in res.rows if r.get("cell_id") in ids]
     table = compare(rows)
     write_table(out_dir, table)
-    settings = []
-    for c in grid:
-        s = {k: v for k, v in c.items() if k not in ("seed", "kind", "suite")}
-        if s not in settings:
-            settings.append(s)
+    every = [{k: v for k, v in c.items() if k not in ("seed", "kind", "suite")} for c in grid]
+    settings = [s for i, s in enumerate(every) if s not in every[:i]]
     summary = {
         "suite": grid[0]["suite"],
         "settings": settings,
