@@ -241,11 +241,6 @@ def _memory(device: Any) -> tuple[int | None, tuple[str, Any]]:
     return free, (f"memory ({source})", _size(free))
 
 
-def _firsts(keys: list[Any]) -> list[tuple[int, int]]:
-    """(index, count) of each distinct key's first item, in order (keys compared with ``==``)."""
-    return [(i, keys.count(k)) for i, k in enumerate(keys) if k not in keys[:i]]
-
-
 def _interventions(opts: Any) -> tuple[int, int]:
     """(steps, the largest K) of a certification's interventions ((0, 0): none run)."""
     steps = len(opts.etas) if opts.etas is not None else opts.n_etas
@@ -527,9 +522,8 @@ def plan_bench(options: Any = None, *, time_run: bool = True, **keywords: Any) -
 
     opts = with_keywords("plan_bench", options, GrowBenchOptions, keywords)
     grid = cells(opts.suite, opts.seeds, M=opts.M, K=opts.K)
-    ready = (since_start(), peak_so_far())
-    got = [_bench_model(grid[i], n, time_run) for i, n in _firsts([str(c["model"]) for c in grid])]
-    return _suite_plan("grow-bench", f"growth suite {opts.suite!r}", len(grid), got, ready, time_run)
+    keys = [str(c["model"]) for c in grid]
+    return _suite_plan("grow-bench", f"growth suite {opts.suite!r}", grid, keys, _bench_model, time_run)
 
 
 def _bench_model(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
@@ -594,9 +588,8 @@ def plan_target(options: Any = None, *, time_run: bool = True, **keywords: Any) 
     opts = with_keywords("plan_target", options, GrowTargetOptions, keywords)
     grid = suite_cells(opts)
     settings = [{k: v for k, v in c.items() if k not in ("seed", "kind")} for c in grid]
-    ready = (since_start(), peak_so_far())
-    got = [_target_setting(grid[i], n, time_run) for i, n in _firsts(settings)]
-    return _suite_plan("grow-target", f"compute-to-target suite {grid[0]['suite']!r}", len(grid), got, ready, time_run)
+    what = f"compute-to-target suite {grid[0]['suite']!r}"
+    return _suite_plan("grow-target", what, grid, settings, _target_setting, time_run)
 
 
 def _target_setting(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
@@ -667,12 +660,15 @@ def _target_setting(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
 
 
 def _suite_plan(
-    command: str, what: str, cells: int, got: list[dict[str, Any]], ready: tuple[float, int], time_run: bool
+    command: str, what: str, grid: list[Any], keys: list[Any], one: Callable[..., dict[str, Any]], time_run: bool
 ) -> Plan:
-    """A suite's plan: its models' counts and (timed) parts summed, the fixed costs once."""
+    """A suite's plan: ``one(cell, cells, time_run)`` for the first cell of each distinct key, summed, the fixed
+    costs once."""
+    ready = (since_start(), peak_so_far())
+    got = [one(grid[i], keys.count(k), time_run) for i, k in enumerate(keys) if k not in keys[:i]]
     big = max(got, key=lambda g: g["wbytes"])
     free, memory = _memory(got[0].get("device", "cpu"))
-    counts: list[tuple[str, Any]] = [("cells", cells)]
+    counts: list[tuple[str, Any]] = [("cells", len(grid))]
     for g in got:
         row = f"{g['params']:,} parameters, {human_size(g['wbytes'])}; {g['steps']:,} training steps per cell"
         counts.append((g["name"], f"{row} x {g['runs']} cell(s)" + (f"; {g['note']}" if g.get("note") else "")))
