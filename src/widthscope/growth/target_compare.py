@@ -47,7 +47,7 @@ def crossover(big: Sequence[Sequence[float]], small: Sequence[Sequence[float]]) 
     return f0 + (f1 - f0) * d0 / (d0 - d1)
 
 
-def compare(rows: Sequence[Mapping[str, Any]], *, threshold: float = SPEEDUP) -> list[dict[str, Any]]:
+def compare(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One table row per target width, budget and run label."""
     by: dict[tuple[int, int, str], list[Mapping[str, Any]]] = defaultdict(list)
     for r in rows:
@@ -61,7 +61,7 @@ def compare(rows: Sequence[Mapping[str, Any]], *, threshold: float = SPEEDUP) ->
     for width, steps, label in sorted(by, key=order):
         rs = sorted(by[(width, steps, label)], key=lambda r: int(r["seed"]))
         s = [float(r["speedup"]) for r in rs if _positive(r.get("speedup"))]
-        test = seed_test([math.log(v) for v in s], (math.log(threshold), math.inf))
+        test = seed_test([math.log(v) for v in s], (math.log(SPEEDUP), math.inf))
         grown = [float(r["grown_at"]) for r in rs if r.get("grown_at") is not None]
         first = rs[0]
         t = {
