@@ -497,13 +497,10 @@ def _row(ctx: CellContext, r: _Run, target: float, ref: float | None, t0: float,
 def run_target_cell(cell: Mapping[str, Any], _cell_dir: Any = None) -> list[dict[str, Any]]:
     """Every run of one seed (scratch, continue-small, operator × schedule): one row each."""
     with reproducible(1) as env:
-        rows = _cell_rows(cell)
-    for r in rows:
-        r.update(env)
-    return rows
+        return _cell_rows(cell, env)
 
 
-def _cell_rows(cell: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _cell_rows(cell: Mapping[str, Any], env: Mapping[str, Any]) -> list[dict[str, Any]]:
     t0 = time.perf_counter()
     _check_settings({k: v for k, v in cell.items() if k not in ("kind", "suite", "seed")}, "grow-target cell")
     ctx = CellContext(cell)
@@ -541,7 +538,7 @@ def _cell_rows(cell: Mapping[str, Any]) -> list[dict[str, Any]]:
                 labels = dict(run=f"{op}/{s.name}", small=kind, operator=op, schedule=s.name)
                 rows.append(_row(ctx, run, target, ref, t1, **labels))
     for r in rows:
-        r.update(budget, seconds_cell=time.perf_counter() - t0)
+        r.update(budget, seconds_cell=time.perf_counter() - t0, **env)
     return rows
 
 
