@@ -214,7 +214,7 @@ def reach_flops(curve: Sequence[Sequence[float]], target: float) -> float | None
     prev = None
     for f, loss in curve:
         if loss <= target:
-            if prev is None or prev[1] <= loss:
+            if prev is None:
                 return float(f)
             pf, pl = prev
             return float(pf + (f - pf) * (pl - target) / (pl - loss))
@@ -371,7 +371,7 @@ def _grow_run(ctx: CellContext, run: _Run, op: str, size: int, info: dict[str, A
     run.model.train()
     run.opt = torch.optim.AdamW(run.model.parameters(), lr=ctx.cell["lr"], weight_decay=0.0)
     run.since = 0
-    run.history = [run.history[-1]] if run.history else []
+    run.history = run.history[-1:]
     run.events.append(
         {
             **info,
