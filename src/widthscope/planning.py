@@ -27,7 +27,7 @@ from .certification.pipeline import device_memory, load_checkpoint, run_device
 from .data.inputs import resolve
 from .data.spec import is_all
 from .errors import WidthscopeError
-from .growth.block import train_new_block
+from .growth.block import train_new_block, trainable
 from .growth.options import GrowBenchOptions, GrowOptions, GrowTargetOptions
 from .growth.pipeline import builtin_inputs, check_builtin, chosen_points, load_inputs, rank_points, split_pools
 from .linear.correlation import correlation_summary, parse_correlation_name
@@ -241,11 +241,6 @@ def _memory(device: Any) -> tuple[int | None, tuple[str, Any]]:
     return free, (f"memory ({source})", _size(free))
 
 
-def _firsts(keys: list[Any]) -> list[tuple[int, int]]:
-    """(index, count) of each distinct key's first item, in order (keys compared with ``==``)."""
-    return [(i, keys.count(k)) for i, k in enumerate(keys) if k not in keys[:i]]
-
-
 def _interventions(opts: Any) -> tuple[int, int]:
     """(steps, the largest K) of a certification's interventions ((0, 0): none run)."""
     steps = len(opts.etas) if opts.etas is not None else opts.n_etas
@@ -388,10 +383,7 @@ def plan_grow(
 
     def fresh() -> tuple[nn.Module, list[nn.Parameter]]:
         m = copy.deepcopy(grown)
-        ps = list((m if opts.train_all else block_of(m, at)).parameters())
-        for p in m.parameters():
-            p.requires_grad_(any(p is q for q in ps))
-        return m, ps
+        return m, trainable(m, None if opts.train_all else list(block_of(m, at).parameters()))
 
     fit = functools.partial(train_new_block, lr=opts.lr, seed=opts.seed, loss_fn=loss_fn, show_progress=False)
 
@@ -420,20 +412,19 @@ def plan_grow(
     if base_s is not None:
         parts.append(("the built-in model's base training (300 steps)", base_s))
 
-    def rank(a: int, b: int, points: list[str]) -> None:
-        train_pool, test_pool = index_batch(pools.probe_train, slice(0, a)), index_batch(pools.rank_test, slice(0, b))
-        rank_points(
-            model, train_pool, test_pool, opts.replace(points=tuple(points)), loss_fn=loss_fn, show_progress=False
-        )
-
     # the ranking: timed at the first and the last point on pools of (M, K), (2M, K), (M, 2K), fitted in
     # train and held-out examples and extrapolated to the run's pools and points
     ends = sorted({names[0], names[-1]}, key=names.index)
+
+    def rank(a: int, b: int) -> None:
+        ab = index_batch(pools.probe_train, slice(0, a)), index_batch(pools.rank_test, slice(0, b))
+        rank_points(model, *ab, opts.replace(points=tuple(ends)), loss_fn=loss_fn, show_progress=False)
+
     m_, k_ = max(opts.M, 4), max(opts.K, 4)
     sizes = [(min(n_tr, m_), min(n_rk, k_)), (min(n_tr, 2 * m_), min(n_rk, k_)), (min(n_tr, m_), min(n_rk, 2 * k_))]
     with RssPeak() as rank_peak:
-        rank(*sizes[0], ends)  # warm-up
-        times = [seconds(rank, a, b, ends) for a, b in sizes]
+        rank(*sizes[0])  # warm-up
+        times = [seconds(rank, a, b) for a, b in sizes]
     (a0, b0), small = sizes[0], sum(sizes[0])
     c_a = (times[1] - times[0]) / (sizes[1][0] - a0) if sizes[1][0] > a0 else times[0] / small
     c_b = (times[2] - times[0]) / (sizes[2][1] - b0) if sizes[2][1] > b0 else times[0] / small
@@ -531,9 +522,8 @@ def plan_bench(options: Any = None, *, time_run: bool = True, **keywords: Any) -
 
     opts = with_keywords("plan_bench", options, GrowBenchOptions, keywords)
     grid = cells(opts.suite, opts.seeds, M=opts.M, K=opts.K)
-    ready = (since_start(), peak_so_far())
-    got = [_bench_model(grid[i], n, time_run) for i, n in _firsts([str(c["model"]) for c in grid])]
-    return _suite_plan("grow-bench", f"growth suite {opts.suite!r}", len(grid), got, ready, time_run)
+    keys = [str(c["model"]) for c in grid]
+    return _suite_plan("grow-bench", f"growth suite {opts.suite!r}", grid, keys, _bench_model, time_run)
 
 
 def _bench_model(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
@@ -562,10 +552,9 @@ def _bench_model(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
     lrs, clrs, seeds = len(cell["block_lrs"]), len(cell["continue_lrs"]), len(cell["block_seeds"])
     plateau = int(cell["max_steps"]) if int(cell["max_steps"]) > 0 and cell["family"] != "teacher" else 0
     scratch = int(cell["max_steps"]) if cell.get("scratch") else 0
-    # (steps, runs): base, blocks (each point, lr, block seed), GradMax, continue (each lr), train-all, scratch
-    trainings = [(plateau, int(plateau > 0)), (long * P * (lrs + seeds - 1), P * (lrs + seeds - 1)), (long * P, P)]
-    trainings += [(long * clrs, clrs), (long * P, P), (scratch, int(scratch > 0))]
-    steps, n_runs = sum(s for s, _ in trainings), sum(r for _, r in trainings)
+    # (steps, runs): the base; per point each block lr and other block seed, GradMax, train-all; each continue lr
+    trainings = [(plateau, int(plateau > 0)), (long, P * (lrs + seeds + 1) + clrs), (scratch, int(scratch > 0))]
+    steps, n_runs = sum(s * r for s, r in trainings), sum(r for _, r in trainings)
     out: dict[str, Any] = dict(name=str(cell["model"]), params=params, wbytes=wbytes, per=per, bs=bs, runs=runs)
     out.update(steps=steps, data_bytes=_nbytes((train, test)), dtype=_dt(model))
     if not time_run:
@@ -599,9 +588,8 @@ def plan_target(options: Any = None, *, time_run: bool = True, **keywords: Any) 
     opts = with_keywords("plan_target", options, GrowTargetOptions, keywords)
     grid = suite_cells(opts)
     settings = [{k: v for k, v in c.items() if k not in ("seed", "kind")} for c in grid]
-    ready = (since_start(), peak_so_far())
-    got = [_target_setting(grid[i], n, time_run) for i, n in _firsts(settings)]
-    return _suite_plan("grow-target", f"compute-to-target suite {grid[0]['suite']!r}", len(grid), got, ready, time_run)
+    what = f"compute-to-target suite {grid[0]['suite']!r}"
+    return _suite_plan("grow-target", what, grid, settings, _target_setting, time_run)
 
 
 def _target_setting(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
@@ -672,12 +660,15 @@ def _target_setting(cell: Any, runs: int, time_run: bool) -> dict[str, Any]:
 
 
 def _suite_plan(
-    command: str, what: str, cells: int, got: list[dict[str, Any]], ready: tuple[float, int], time_run: bool
+    command: str, what: str, grid: list[Any], keys: list[Any], one: Callable[..., dict[str, Any]], time_run: bool
 ) -> Plan:
-    """A suite's plan: its models' counts and (timed) parts summed, the fixed costs once."""
+    """A suite's plan: ``one(cell, cells, time_run)`` for the first cell of each distinct key, summed, the fixed
+    costs once."""
+    ready = (since_start(), peak_so_far())
+    got = [one(grid[i], keys.count(k), time_run) for i, k in enumerate(keys) if k not in keys[:i]]
     big = max(got, key=lambda g: g["wbytes"])
     free, memory = _memory(got[0].get("device", "cpu"))
-    counts: list[tuple[str, Any]] = [("cells", cells)]
+    counts: list[tuple[str, Any]] = [("cells", len(grid))]
     for g in got:
         row = f"{g['params']:,} parameters, {human_size(g['wbytes'])}; {g['steps']:,} training steps per cell"
         counts.append((g["name"], f"{row} x {g['runs']} cell(s)" + (f"; {g['note']}" if g.get("note") else "")))
@@ -755,11 +746,8 @@ def _alignment_plan(cfg: Any, fam: Any, width: float, budget: int, timed_run: bo
     opts = cell_options(cfg, {"family": fam.name, "seed": 0})
     shapes: dict[str, torch.Size] = {}  # each point's output
 
-    def seen(name: str) -> Callable[..., None]:
-        def hook(_m: nn.Module, _i: Any, out: Any) -> None:
-            shapes.setdefault(name, (out[0] if isinstance(out, tuple) else out).shape)
-
-        return hook
+    def seen(name: str, _m: nn.Module, _i: Any, out: Any) -> None:
+        shapes.setdefault(name, (out[0] if isinstance(out, tuple) else out).shape)
 
     def count(model: nn.Module) -> int:  # the probe's forward (per-example losses, the points on its path)
         where, names = next(model.parameters()).device, resolve_points(model, fam.points or None)
@@ -768,7 +756,7 @@ def _alignment_plan(cfg: Any, fam: Any, width: float, budget: int, timed_run: bo
             X, y = split.train[0][:n].to(where), split.train[1][:n].to(where)
             return X if split.task == "lm" else (X, y)
 
-        hooks = [model.get_submodule(n).register_forward_hook(seen(n)) for n in names]
+        hooks = [model.get_submodule(n).register_forward_hook(functools.partial(seen, n)) for n in names]
         try:
             return per_example(lambda n: saved_bytes(lambda: run_batch(model, batch(n), None, 0), model))
         finally:
@@ -828,7 +816,7 @@ def _alignment_time(cfg: Any, fam: Any, split: Any, build: Callable[[], nn.Modul
     model.eval()
     points = resolve_points(model, list(opts.points) if opts.points else None)
     forward: float | None = None
-    stats: dict[tuple[int, int, int, int], float] = {}
+    stats_s = functools.cache(lambda na, nb, d, rows: time_statistics(opts, (na, nb), d, rows))
     kw: dict[str, Any] = dict(points=points, pool=opts.pool, train_mode=opts.train_mode, progress=False)
     for cond in probe_conditions(fam):
         for L in probe_lengths(fam, cond):
@@ -840,10 +828,7 @@ def _alignment_time(cfg: Any, fam: Any, split: Any, build: Callable[[], nn.Modul
             if forward is None:  # the interventions run on the first condition and length
                 forward = timed(functools.partial(mean_loss, model, one[0], None, batch_size=rows)) / rows
             for p in points:
-                key = (len(pa[0]), len(pb[0]), int(got[p].shape[1]), max(1, got[p].shape[0] // rows))
-                if key not in stats:
-                    stats[key] = time_statistics(opts, key[:2], key[2], key[3])
-                total += stats[key]
+                total += stats_s(len(pa[0]), len(pb[0]), int(got[p].shape[1]), max(1, got[p].shape[0] // rows))
     steps, k_max = _interventions(opts)
     total += (forward or 0.0) * len(points) * steps * k_max
     if fam.monitor is not None:

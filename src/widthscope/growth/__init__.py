@@ -9,8 +9,9 @@
   cost) and ``target_compare`` (its judgement).
 """
 
-from .options import GrowBenchOptions, GrowTargetOptions
-from .pipeline import *  # noqa: F403  (the public API of the pipeline)
-from .pipeline import __all__ as _main_all
+from .block import step_flops
+from .options import DEFAULT_CRITERION, GrowBenchOptions, GrowOptions, GrowTargetOptions
+from .pipeline import builtin_inputs, certification_note, grow, rank_points, run_grow
 
-__all__ = [*_main_all, "GrowBenchOptions", "GrowTargetOptions"]
+__all__ = ["grow", "rank_points", "run_grow", "builtin_inputs", "certification_note", "step_flops"]
+__all__ += ["DEFAULT_CRITERION", "GrowOptions", "GrowBenchOptions", "GrowTargetOptions"]

@@ -120,13 +120,10 @@ def _plateau(
 def run_cell(cell: Mapping[str, Any], _cell_dir: Path | None = None, *, show: bool = False) -> list[dict[str, Any]]:
     """Criteria and realised gains at every point of one (model, seed), one row per point."""
     with reproducible(1) as env:
-        rows = _run_cell(cell, show)
-    for r in rows:
-        r.update(env)
-    return rows
+        return _run_cell(cell, show, env)
 
 
-def _run_cell(cell: Mapping[str, Any], show: bool) -> list[dict[str, Any]]:
+def _run_cell(cell: Mapping[str, Any], show: bool, env: Mapping[str, Any]) -> list[dict[str, Any]]:
     t0 = time.perf_counter()
     seed, M, K, bs = int(cell["seed"]), int(cell["M"]), int(cell["K"]), int(cell["batch_size"])
     train, test, answer, student = cell_data(cell)
@@ -218,7 +215,7 @@ def _run_cell(cell: Mapping[str, Any], show: bool) -> list[dict[str, Any]]:
         }
     times = dict(seconds_base=t_base, seconds_criteria=t_crit, seconds_cell=time.perf_counter() - t0)
     for r in rows:
-        r.update(base, **scratch, base_history=base.get("base_history"), **times)
+        r.update(base, **scratch, base_history=base.get("base_history"), **times, **env)
     return rows
 
 

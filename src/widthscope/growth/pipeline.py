@@ -42,19 +42,10 @@ from ..probe.points import resolve_points
 from ..stats import certificate, plan, vacuous_rule
 from ..train import train as train_model
 from ..validate import check_pools
-from .block import COMPARE, TRAIN_ALL, check_trainable, continue_training, grow_at, step_flops
-from .options import DEFAULT_CRITERION, GrowOptions
+from .block import COMPARE, TRAIN_ALL, check_trainable, continue_training, grow_at
+from .options import GrowOptions
 
-__all__ = [
-    "grow",
-    "rank_points",
-    "run_grow",
-    "builtin_inputs",
-    "DEFAULT_CRITERION",
-    "GrowOptions",
-    "certification_note",
-    "step_flops",
-]
+__all__ = ["grow", "rank_points", "run_grow", "builtin_inputs", "certification_note"]
 
 DELTAS = (0.1, 0.05, 0.01)
 

@@ -97,7 +97,6 @@ _TEACHER_LAST = {
     **_TEACHER,
     "model": "teacher-last",
     "depth": 3,
-    "missing": 2,
     "teacher_hidden": 16,
     "teacher_seed": 5,
     "damp": 0.3,

@@ -105,10 +105,8 @@ TARGET_SUITES: dict[str, dict[str, Any]] = {
     },
     "quick": {
         **_BASE,
-        "width": 32,
         "depth": 2,
         "small_depth": 1,
-        "small_width": 16,
         "seq_len": 16,
         "batch_size": 8,
         "warmup": 4,
@@ -216,7 +214,7 @@ def reach_flops(curve: Sequence[Sequence[float]], target: float) -> float | None
     prev = None
     for f, loss in curve:
         if loss <= target:
-            if prev is None or prev[1] <= loss:
+            if prev is None:
                 return float(f)
             pf, pl = prev
             return float(pf + (f - pf) * (pl - target) / (pl - loss))
@@ -373,7 +371,7 @@ def _grow_run(ctx: CellContext, run: _Run, op: str, size: int, info: dict[str, A
     run.model.train()
     run.opt = torch.optim.AdamW(run.model.parameters(), lr=ctx.cell["lr"], weight_decay=0.0)
     run.since = 0
-    run.history = [run.history[-1]] if run.history else []
+    run.history = run.history[-1:]
     run.events.append(
         {
             **info,
@@ -499,13 +497,10 @@ def _row(ctx: CellContext, r: _Run, target: float, ref: float | None, t0: float,
 def run_target_cell(cell: Mapping[str, Any], _cell_dir: Any = None) -> list[dict[str, Any]]:
     """Every run of one seed (scratch, continue-small, operator × schedule): one row each."""
     with reproducible(1) as env:
-        rows = _cell_rows(cell)
-    for r in rows:
-        r.update(env)
-    return rows
+        return _cell_rows(cell, env)
 
 
-def _cell_rows(cell: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _cell_rows(cell: Mapping[str, Any], env: Mapping[str, Any]) -> list[dict[str, Any]]:
     t0 = time.perf_counter()
     _check_settings({k: v for k, v in cell.items() if k not in ("kind", "suite", "seed")}, "grow-target cell")
     ctx = CellContext(cell)
@@ -543,7 +538,7 @@ def _cell_rows(cell: Mapping[str, Any]) -> list[dict[str, Any]]:
                 labels = dict(run=f"{op}/{s.name}", small=kind, operator=op, schedule=s.name)
                 rows.append(_row(ctx, run, target, ref, t1, **labels))
     for r in rows:
-        r.update(budget, seconds_cell=time.perf_counter() - t0)
+        r.update(budget, seconds_cell=time.perf_counter() - t0, **env)
     return rows
 
 
@@ -697,11 +692,8 @@ def run_target(
     rows = [r for r in res.rows if r.get("cell_id") in ids]
     table = compare(rows)
     write_table(out_dir, table)
-    settings = []
-    for c in grid:
-        s = {k: v for k, v in c.items() if k not in ("seed", "kind", "suite")}
-        if s not in settings:
-            settings.append(s)
+    every = [{k: v for k, v in c.items() if k not in ("seed", "kind", "suite")} for c in grid]
+    settings = [s for i, s in enumerate(every) if s not in every[:i]]
     summary = {
         "suite": grid[0]["suite"],
         "settings": settings,

@@ -15,55 +15,16 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
-from scipy import special as _sp
 
-ALPHA = 0.05
-
-
-# report.claims' statistics, restated: a pipeline may not import the presentation layer
-def seed_test(values: Sequence[float], region: tuple[float, float]) -> dict[str, Any]:
-    """Student-t 95% interval of the mean of ``values`` and the p-value of "the mean lies in
-    ``region``" or outside it, ``p = min(1, 2 min(p_holds, p_not))``; ``None`` with fewer than 2 values."""
-    x = np.asarray([v for v in values if math.isfinite(v)], float)
-    out: dict[str, Any] = dict(measured=float(x.mean()) if len(x) else None, low=None, high=None, p=None)
-    out["direction"] = None
-    if len(x) < 2:
-        return out
-    n, m, sd = len(x), float(x.mean()), float(x.std(ddof=1))
-    se, df = sd / math.sqrt(n), n - 1
-
-    def sides(c: float) -> tuple[float, float]:  # (P(T >= t), P(T <= t)) under mean = c
-        if se > 0:
-            tt = (m - c) / se
-            return float(_sp.stdtr(df, -tt)), float(_sp.stdtr(df, tt))
-        return (0.5, 0.5) if m == c else ((0.0, 1.0) if m > c else (1.0, 0.0))
-
-    a, b = region
-    above_a, below_a = sides(a) if math.isfinite(a) else (0.0, 1.0)
-    above_b, below_b = sides(b) if math.isfinite(b) else (1.0, 0.0)
-    p_holds, p_not = max(above_a, below_b), min(below_a, above_b)
-    half = float(_sp.stdtrit(df, 1 - ALPHA / 2)) * se
-    out.update(low=m - half, high=m + half, p=min(1.0, 2 * min(p_holds, p_not)))
-    out["direction"] = "holds" if p_holds <= p_not else "does not"
-    return out
-
-
-def holm(ps: Sequence[float]) -> list[float]:
-    """Holm step-down adjusted p-values."""
-    order = sorted(range(len(ps)), key=lambda i: ps[i])
-    adj, run = [0.0] * len(ps), 0.0
-    for k, i in enumerate(order):
-        run = max(run, min(1.0, (len(ps) - k) * ps[i]))
-        adj[i] = run
-    return adj
-
+from ..stats.seeds import ALPHA, holm, seed_test
 
 __all__ = ["SPEEDUP", "compare", "answer", "crossover"]
 
 SPEEDUP = 1.3
+_BEST = {"best": "run", "best_speedup": "speedup", "best_lo": "speedup_lo", "best_hi": "speedup_hi"}
 
 
 def crossover(big: Sequence[Sequence[float]], small: Sequence[Sequence[float]]) -> float | None:
@@ -86,7 +47,7 @@ def crossover(big: Sequence[Sequence[float]], small: Sequence[Sequence[float]]) 
     return f0 + (f1 - f0) * d0 / (d0 - d1)
 
 
-def compare(rows: Sequence[Mapping[str, Any]], *, threshold: float = SPEEDUP) -> list[dict[str, Any]]:
+def compare(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One table row per target width, budget and run label."""
     by: dict[tuple[int, int, str], list[Mapping[str, Any]]] = defaultdict(list)
     for r in rows:
@@ -100,7 +61,7 @@ def compare(rows: Sequence[Mapping[str, Any]], *, threshold: float = SPEEDUP) ->
     for width, steps, label in sorted(by, key=order):
         rs = sorted(by[(width, steps, label)], key=lambda r: int(r["seed"]))
         s = [float(r["speedup"]) for r in rs if _positive(r.get("speedup"))]
-        test = seed_test([math.log(v) for v in s], (math.log(threshold), math.inf))
+        test = seed_test([math.log(v) for v in s], (math.log(SPEEDUP), math.inf))
         grown = [float(r["grown_at"]) for r in rs if r.get("grown_at") is not None]
         first = rs[0]
         t = {
@@ -115,7 +76,7 @@ def compare(rows: Sequence[Mapping[str, Any]], *, threshold: float = SPEEDUP) ->
             "schedule": first.get("schedule"),
             "seeds": len(rs),
             "reached": sum(bool(r.get("reached")) for r in rs),
-            **_geometric(test, "speedup"),
+            **_ends(test, "speedup"),
             "speedup_median": float(np.median(s)) if s else None,
             "speedup_seeds": s,
             "grown_at": float(np.mean(grown)) if grown else None,
@@ -134,7 +95,7 @@ def compare(rows: Sequence[Mapping[str, Any]], *, threshold: float = SPEEDUP) ->
         ]
         logs = [math.log(float(a) / float(b)) for a, b in pairs if _positive(a) and _positive(b)]
         test = seed_test(logs, (0.0, math.inf))
-        t.update(_geometric(test, "vs_continue"), p_continue=test["p"], direction_continue=test["direction"])
+        t.update(_ends(test, "vs_continue"), p_continue=test["p"], direction_continue=test["direction"])
         if label.startswith("continue-"):
             t.update(_crossovers(rs, {int(r["seed"]): r for r in by.get((width, steps, "scratch"), [])}))
         if t["operator"] and t["reached_before_growth"] == t["seeds"]:  # measured the small model only
@@ -153,10 +114,10 @@ def compare(rows: Sequence[Mapping[str, Any]], *, threshold: float = SPEEDUP) ->
     return table
 
 
-def _geometric(test: Mapping[str, Any], name: str) -> dict[str, float | None]:
-    """``name``, ``name_lo``, ``name_hi``: the mean of a :func:`seed_test` on logs and its interval, exponentiated."""
+def _ends(test: Mapping[str, Any], name: str, f: Callable[[float], float] = math.exp) -> dict[str, float | None]:
+    """``name``, ``name_lo``, ``name_hi``: ``f`` of the mean of a :func:`seed_test` and of its interval's ends."""
     ends = (("", "measured"), ("_lo", "low"), ("_hi", "high"))
-    return {name + tail: None if test[k] is None else math.exp(test[k]) for tail, k in ends}
+    return {name + tail: None if test[k] is None else f(test[k]) for tail, k in ends}
 
 
 def _positive(x: Any) -> bool:
@@ -184,14 +145,8 @@ def _crossovers(rs: Sequence[Mapping[str, Any]], scratch: Mapping[int, Mapping[s
         f = crossover(ref["curve"], r["curve"])
         fractions.append(None if f is None else f / float(ref["budget_flops"]))
     within = [f for f in fractions if f is not None]
-    test = seed_test(within, (-math.inf, math.inf))
-    return {
-        "crossover": test["measured"],
-        "crossover_lo": test["low"],
-        "crossover_hi": test["high"],
-        "crossover_seeds": fractions,
-        "crossover_beyond": len(fractions) - len(within),
-    }
+    ends = _ends(seed_test(within, (-math.inf, math.inf)), "crossover", float)
+    return {**ends, "crossover_seeds": fractions, "crossover_beyond": len(fractions) - len(within)}
 
 
 def answer(table: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -217,10 +172,7 @@ def answer(table: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "verdict": verdict,
         "threshold": SPEEDUP,
         "holds": [t["run"] for t in holds],
-        "best": None if best is None else best["run"],
-        "best_speedup": None if best is None else best["speedup"],
-        "best_lo": None if best is None else best["speedup_lo"],
-        "best_hi": None if best is None else best["speedup_hi"],
+        **{k: None if best is None else best[v] for k, v in _BEST.items()},
         "does_not": [t["run"] for t in growth if t["verdict"] == "does not"],
         "lower_bound_above": [t["run"] for t in growth if t["speedup_lo"] is not None and t["speedup_lo"] >= SPEEDUP],
         "continue": {t["run"]: t["speedup"] for t in table if str(t["run"]).startswith("continue-")},

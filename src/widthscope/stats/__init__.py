@@ -2,7 +2,7 @@
 
 Pure tensor code with float64 accumulation and no knowledge of models: ``estimators`` (one- and
 two-population moments), ``bounds`` (certificate, planner), ``resample`` (empirical misalignment),
-``sketch`` (random projection, out-of-core). Maths: docs/statistics.md.
+``sketch`` (random projection, out-of-core), ``seeds`` (per-seed t test, Holm). Maths: docs/statistics.md.
 
 Example::
 
