@@ -222,7 +222,12 @@ class Options:
                 raise WidthscopeTypeError(f"{flag} {value!r}: expected a list of numbers") from None
             if not seq:
                 raise WidthscopeError(f"{flag} is empty; give comma-separated numbers")
-            return tuple(self._number(flag, kind[:-1], v, lo, hi, tail, listed=True) for v in seq)
+            try:
+                return tuple(self._number(flag, kind[:-1], v, lo, hi, tail, listed=True) for v in seq)
+            except WidthscopeError as exc:  # text from the command line: name all of it, as typed
+                if not isinstance(value, str):
+                    raise
+                raise type(exc)(f"{flag} {value!r}: {str(exc).split(': ', 1)[1]}") from None
         above = meta.get("above")
         if kind == "float" and above is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
             if not (math.isfinite(value) and value > above[0]):
