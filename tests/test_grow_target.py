@@ -199,9 +199,12 @@ def test_compare_log_t_interval_and_holm():
 @pytest.mark.parametrize("values", [[0.1, 0.3, 0.2], [1.0, 1.1], [-0.2, 0.4, 0.1, 0.5, 0.3], [0.3, 0.3]])
 @pytest.mark.parametrize("region", [(math.log(1.3), math.inf), (0.0, math.inf), (-1.0, 0.25)])
 def test_statistics_are_the_claims_pages(values, region):
-    """The grow-target verdicts use the claims page's test (widthscope.stats.seeds)."""
-    from widthscope.stats import seeds as tc
+    """The grow-target verdicts and the claims page use one test (widthscope.stats.seeds)."""
+    from widthscope.growth import target_compare
     from widthscope.report import claims as cs
+    from widthscope.stats import seeds as tc
+
+    assert cs.seed_test is tc.seed_test is target_compare.seed_test and cs.holm is tc.holm is target_compare.holm
 
     a, b = tc.seed_test(values, region), cs.seed_test(values, region)
     for key in ("measured", "low", "high", "p"):

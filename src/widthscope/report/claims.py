@@ -32,10 +32,10 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 from scipy import special as _sp
 
+from ..stats.seeds import ALPHA, UNTESTED, holm, seed_test
 from ._fmt import finite as _ok
 from ._fmt import num, pval
 
-ALPHA = 0.05
 POWER = 0.8
 MAX_SEEDS = 10_000
 RETENTION_BAND = (0.96, 0.99)  # spec §5/§7: "96–99% of the predicted magnitude is retained"
@@ -57,7 +57,6 @@ SUMMARY = {
 _MONITOR_KINDS = ("row", "monitor")  # the monitor's per-(step, point) rows (a sweep may retag them)
 _CELL = ("family", "width", "seed")
 _REGIME = (("sweep", ""), ("family", "?"), ("budget", None), ("probe_set", None), ("probe_seq_len", None))
-_UNTESTED = dict.fromkeys(("low", "high", "sd", "seeds", "p", "p_holds", "p_not", "direction"))
 
 
 def groups(rows: Iterable[Mapping[str, Any]], kind: str = "alignment") -> dict[tuple, list[Mapping[str, Any]]]:
@@ -106,47 +105,6 @@ def _slope(x: Sequence[float], y: Sequence[float]) -> float | None:
     return float(xc @ (ya - ya.mean()) / (xc @ xc))
 
 
-def _one_sided(m: float, se: float, c: float, df: int) -> tuple[float, float]:
-    """(P(T >= t), P(T <= t)) for t = (m - c)/se under θ = c; se = 0 gives 0/1 (or 1/2 at m = c)."""
-    if se > 0:
-        tt = (m - c) / se  # scipy.special: the ufuncs behind scipy.stats.t, without its per-call overhead
-        return float(_sp.stdtr(df, -tt)), float(_sp.stdtr(df, tt))
-    if m == c:
-        return 0.5, 0.5
-    return (0.0, 1.0) if m > c else (1.0, 0.0)
-
-
-def seed_test(values: Sequence[float | None], region: tuple[float, float]) -> dict[str, Any]:
-    """t interval and p-values for "the mean of the per-seed ``values`` lies in ``region = (a, b)``":
-    ``p ≤ α`` iff the ``1 − α`` interval lies inside or outside it, ``direction`` says which ("holds" /
-    "does not"); ``p`` etc. are ``None`` with fewer than 2 finite values."""
-    x = np.asarray([v for v in values if v is not None and math.isfinite(v)], float)
-    out: dict[str, Any] = {**_UNTESTED, "measured": float(x.mean()) if len(x) else None, "seeds": int(len(x))}
-    if len(x) < 2:
-        return out
-    a, b = region
-    n, m, sd = len(x), float(x.mean()), float(x.std(ddof=1))
-    se, df = sd / math.sqrt(n), n - 1
-    half = float(_sp.stdtrit(df, 1 - ALPHA / 2)) * se
-    above_a, below_a = _one_sided(m, se, a, df) if math.isfinite(a) else (0.0, 1.0)
-    above_b, below_b = _one_sided(m, se, b, df) if math.isfinite(b) else (1.0, 0.0)
-    p_holds = max(above_a, below_b)  # θ > a and θ < b, both shown
-    p_not = min(below_a, above_b)  # θ < a or θ > b shown
-    out.update(low=m - half, high=m + half, sd=sd, p_holds=p_holds, p_not=p_not)
-    out.update(p=min(1.0, 2 * min(p_holds, p_not)), direction="holds" if p_holds <= p_not else "does not")
-    return out
-
-
-def holm(ps: Sequence[float]) -> list[float]:
-    """Holm step-down adjusted p-values (family-wise error control under any dependence)."""
-    m = len(ps)
-    adj, run = [0.0] * m, 0.0
-    for k, i in enumerate(sorted(range(m), key=lambda i: ps[i])):
-        run = max(run, min(1.0, (m - k) * ps[i]))
-        adj[i] = run
-    return adj
-
-
 def seeds_needed(effect: float, sd: float, level: float, power: float = POWER) -> int | None:
     """Smallest ``n ≥ 2`` whose level-``level`` t interval excludes a boundary ``effect`` away with
     probability ``power`` (noncentral t); ``None`` for no effect or more than :data:`MAX_SEEDS`."""
@@ -190,7 +148,7 @@ def _claim(
 ) -> dict[str, Any]:
     """One claim row: the t test of per-seed ``values`` against ``region`` (None: a bound over rows,
     its numbers in ``fields``); ``gate`` forces "not resolved" with that reason."""
-    t = seed_test(values, region) if region is not None else dict(_UNTESTED)
+    t = seed_test(values, region) if region is not None else dict(UNTESTED)
     if gate:
         t.update(p=None, p_holds=None, p_not=None, direction=None)
         basis = f"{basis}; not tested: {gate}"
