@@ -18,11 +18,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from ._io import missing_parents, remove_empty, unwritable
+from ._io import check_writable
 from .errors import WidthscopeError
 from .hub import local_directory
 from .options import MAX_POOL, SHARED
@@ -153,17 +152,10 @@ def check_dir_writable(path: str | os.PathLike, flag: str = "--out") -> Path:
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise WidthscopeError(f"cannot write into {str(p)!r}: it is a file, not a directory; choose another {flag}")
-    created = missing_parents(p / "x")
     try:
-        p.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".widthscope-", suffix=".probe", dir=p)
-        os.close(fd)
-        os.unlink(tmp)
-    except OSError as exc:
-        err = unwritable(p / "…", exc)
+        check_writable(p / "…")
+    except WidthscopeError as err:
         raise WidthscopeError(err if flag == "--out" else f"{flag}: {err}") from None
-    finally:
-        remove_empty(created)
     return p
 
 
