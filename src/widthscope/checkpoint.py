@@ -182,11 +182,9 @@ def _fill(model: nn.Module, state: dict[str, torch.Tensor], aliases: dict[str, s
 
 
 def _find_weights(directory: Path) -> Path:
-    for name in ("model.safetensors", "pytorch_model.bin", "model.pt", "model.pth"):
+    for name in ("model.safetensors", "pytorch_model.bin", "model.pt", "model.pth", "model.safetensors.index.json"):
         if (directory / name).is_file():
             return directory / name
-    if (directory / "model.safetensors.index.json").is_file():
-        return directory / "model.safetensors.index.json"
     raise WidthscopeError(
         f"no weights in {directory}: expected model.safetensors (or a sharded "
         "model.safetensors.index.json, or pytorch_model.bin / model.pt)"
