@@ -535,9 +535,8 @@ def format_table(
 
 
 class LogProgress:
-    """Progress lines for logs (``sweep demo: 3/8 (38%) 4m10s elapsed, ~6m57s left``) at most every
-    ``$WIDTHSCOPE_PROGRESS_INTERVAL`` seconds (default 30) and when a long loop ends; the interface
-    of the tqdm bars we use."""
+    """tqdm's interface as log lines (``sweep demo: 3/8 (38%) 4m10s elapsed, ~6m57s left``), at most every
+    ``$WIDTHSCOPE_PROGRESS_INTERVAL`` seconds (default 30) and when a long loop ends."""
 
     def __init__(self, iterable: Iterable | None = None, *, total: int | None = None, desc: str = "") -> None:
         self.iterable = iterable

@@ -1,8 +1,7 @@
 """Save and load models without executing code from the checkpoint (docs/models-data.md).
 
-Our format: a directory with ``model.safetensors`` (tied tensors stored once) and ``config.json``
-(the architecture, rebuilt by :func:`widthscope.models.build`). :func:`load` also takes hub ids,
-Hugging Face directories, and weight files (``.safetensors``, ``.pt``) with a ``config.json`` beside them.
+Our format: ``model.safetensors`` and ``config.json`` (rebuilt by :func:`widthscope.models.build`); :func:`load`
+also takes hub ids, Hugging Face directories and weight files with a ``config.json`` beside them.
 
 Example::
 

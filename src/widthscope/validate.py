@@ -1,8 +1,5 @@
-"""The rules of the checks every command shares, namespace-free (applied by
-:func:`widthscope.cli.checks.check_args` before any work): whole-number ranges (:data:`RANGES`),
-positive numbers (:data:`POSITIVE`) and which option fits which model (:data:`APPLIES`), all read
-off the fields that declare the options; path lengths, output collisions and writable outputs;
-``M``/``K`` against the pools (:func:`check_pools`).
+"""The rules of the checks every command shares (applied by :func:`widthscope.cli.checks.check_args`):
+ranges and fit read off the options' fields (:data:`RANGES`, :data:`APPLIES`), paths, ``M``/``K`` vs the pools.
 
 Example::
 
@@ -40,9 +37,8 @@ def _int_rows(fields: Any, kinds: tuple[str, ...], skip: set[str]) -> list[tuple
 
 
 def __getattr__(name: str) -> Any:
-    """``RANGES``, ``POSITIVE``, ``INPUT_OPTIONS`` and ``APPLIES`` (per command), read off the fields
-    of :class:`~widthscope.data.spec.InputSpec` and of the options classes with ``SHARED_RANGES``
-    imported so far (not kept: a class imported later adds its rows)."""
+    """``RANGES``, ``POSITIVE``, ``INPUT_OPTIONS`` and ``APPLIES`` (per command), read off the fields of
+    :class:`~widthscope.data.spec.InputSpec` and of the options classes with ``SHARED_RANGES`` imported so far."""
     if name == "INPUT_OPTIONS":
         return _input_options()
     if name == "APPLIES":

@@ -1,8 +1,7 @@
 """Train a network and its linear model side by side; frozen-kernel GD in closed form (:func:`kernel_predict`).
 
-Both start from ``θ₀`` with the same optimizer, learning rate and batches. ``linear="weights"`` trains ``F_lin``
-by ``jvp``, ``"kernel"`` by the closed-form recursion (full-batch SGD on MSE), ``"auto"`` picks;
-``kernel_prediction`` adds the frozen-kernel GD prediction. Columns and maths: docs/linearization.md.
+Both start from ``θ₀`` with the same optimizer, learning rate and batches; ``F_lin`` trains by ``jvp`` or, for
+full-batch SGD on MSE, in closed form. Columns and maths: docs/linearization.md.
 
 Example::
 
@@ -358,9 +357,8 @@ class _KernelGD:
 def function_space_gd(
     model: nn.Module, X: torch.Tensor, Y: torch.Tensor, *, steps: int, lr: float, test: torch.Tensor | None = None
 ) -> dict[str, torch.Tensor]:
-    """Frozen-kernel recursion ``F_{s+1} = F_s − (η/N) Θ₀(·, X)(F_s − Y)`` of full-batch GD on the MSE loss.
-
-    Returns ``{"train": (steps+1, N, out)}``, and ``"test"`` (the same on ``test`` inputs) when given."""
+    """Frozen-kernel recursion ``F_{s+1} = F_s − (η/N) Θ₀(·, X)(F_s − Y)`` of full-batch GD on the MSE loss:
+    ``{"train": (steps+1, N, out)}``, and ``"test"`` (the same on ``test`` inputs) when given."""
     N = X.shape[0]
     Xa = X if test is None else torch.cat([X, test])  # training rows first, then the held-out ones
     with torch.no_grad():
