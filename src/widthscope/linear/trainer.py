@@ -26,7 +26,8 @@ from torch import nn
 from .. import _args
 from .._io import progress as _progress
 from ..errors import WidthscopeError, WidthscopeTypeError
-from ._core import as_param_dtype, first_output, model_output, out_tensor, params_and_buffers
+from ..probe.collect import logits_of
+from ._core import as_param_dtype, first_output, out_tensor, params_and_buffers
 from .empirical import ntk
 from .model import linearize
 from .structured import uncovered
@@ -237,9 +238,9 @@ def _row(run: _Lockstep, step: int, X, Y, Xt, Yt, loss: str, kernel_prediction: 
     """The logged row of ``step``: losses of both models, their gap, ``F − F_lin``, parameter move, kernel drift."""
     net, lin, closed = run.net, run.lin, run.closed
     with torch.no_grad():
-        f_tr, f_te = model_output(net(X)), model_output(net(Xt))
+        f_tr, f_te = logits_of(net(X)), logits_of(net(Xt))
         if lin is not None:
-            l_tr, l_te = model_output(lin(X)), model_output(lin(Xt))
+            l_tr, l_te = logits_of(lin(X)), logits_of(lin(Xt))
     kp = closed.at(step) if closed is not None else None
     if lin is None:
         assert kp is not None  # no weight-space model: the closed form is the linear model
@@ -302,7 +303,7 @@ def _train_step(run: _Lockstep, xb, yb, step: int, *, loss: str, lr: float, on_n
         if m is None or opt is None:  # no weight-space linear model
             continue
         opt.zero_grad(set_to_none=True)
-        L = _loss(model_output(m(xb)), yb, loss)
+        L = _loss(logits_of(m(xb)), yb, loss)
         if not torch.isfinite(L):
             msg = (
                 f"non-finite training loss ({float(L.detach())}) of the {which} at step {step} "
