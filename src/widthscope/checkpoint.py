@@ -245,12 +245,6 @@ def load(
     path, hub = resolve_model(str(Path(path)), revision, flag="checkpoint")
     if not path.exists():
         raise WidthscopeError(f"checkpoint {str(path)!r} does not exist")
-    return attach(_load_local(path, device=device, dtype=dtype, task=task, placement=placement), hub)
-
-
-def _load_local(
-    path: Path, *, device: str | torch.device, dtype: str, task: str | None, placement: Mapping[str, Any] | None = None
-) -> nn.Module:
     if path.is_dir():
         weights = _find_weights(path)
     elif path.suffix in WEIGHT_SUFFIXES:
@@ -286,7 +280,7 @@ def _load_local(
         recorded = cfg.get("dtype", "float32")
     elif "model_type" in cfg:
         if path.is_dir():  # any architecture transformers knows, through its Auto class
-            return load_hf(path, task=task, dtype=dtype, device=device, **(placement or {}))
+            return attach(load_hf(path, task=task, dtype=dtype, device=device, **(placement or {})), hub)
         model = _hf_from_file(path.parent, cfg, task)
         recorded = cfg.get("dtype") or cfg.get("torch_dtype")
     else:
@@ -301,7 +295,7 @@ def _load_local(
     _fill(model, state, aliases, weights)
     model.to(device)
     model.eval()
-    return model
+    return attach(model, hub)
 
 
 def recorded_data(model: nn.Module) -> dict[str, Any]:
