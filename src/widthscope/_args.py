@@ -1,8 +1,5 @@
-"""Argument checks for the public Python API, run at the top of each public function.
-
-A wrong argument gets one line naming ``function(param=...)``, what it accepts and what it got,
-before any work: a wrong type raises :class:`~widthscope.errors.WidthscopeTypeError`, a bad value
-:class:`~widthscope.errors.WidthscopeError`. Each checker returns the value.
+"""Argument checks of the public Python API: one line naming ``function(param=...)``, what it accepts and
+what it got (a wrong type: :class:`~widthscope.errors.WidthscopeTypeError`); each checker returns the value.
 
 Example::
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import json
 import math
 import os
@@ -62,37 +63,37 @@ def read_toml(path: str | os.PathLike, what: str, hint: str) -> dict[str, Any]:
     else:  # pragma: no cover - Python 3.10
         import tomli as tomllib  # noqa: PLC0415  start-up time: `widthscope --help` imports this module
     p = Path(path)
+
+    def error(why: str) -> WidthscopeError:
+        return WidthscopeError(f"{what} {str(p)!r} {why}")
+
+    def binary(why: str) -> WidthscopeError:
+        return error(f"is not a text file ({why}; a binary file?): pass a TOML file; {hint}")
+
     if p.is_dir():
         found = sorted(q.name for q in p.glob("*.toml"))[:3]
-        raise WidthscopeError(
-            f"{what} {str(p)!r} is a directory, not a TOML file: pass the file itself"
-            + (f" (it holds {', '.join(found)})" if found else "")
-            + f"; {hint}"
-        )
+        held = f" (it holds {', '.join(found)})" if found else ""
+        raise error(f"is a directory, not a TOML file: pass the file itself{held}; {hint}")
     if not p.exists():
-        raise WidthscopeError(f"{what} {str(p)!r} not found: pass a TOML file; {hint}")
+        raise error(f"not found: pass a TOML file; {hint}")
     try:
         raw = p.read_bytes()
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
-            raise WidthscopeError(
-                f"{what} {str(p)!r} is UTF-16 or UTF-32 text (it starts with a byte-order mark): "
-                f"save it as UTF-8 (e.g. iconv -t UTF-8); {hint}"
+            raise error(
+                f"is UTF-16 or UTF-32 text (it starts with a byte-order mark): save it as UTF-8 "
+                f"(e.g. iconv -t UTF-8); {hint}"
             ) from None
-        raise WidthscopeError(
-            f"{what} {str(p)!r} is not a text file (not UTF-8; a binary file?): pass a TOML file; {hint}"
-        ) from None
+        raise binary("not UTF-8") from None
     except OSError as exc:
-        raise WidthscopeError(f"{what} {str(p)!r} cannot be read ({exc.strerror or exc}); {hint}") from None
+        raise error(f"cannot be read ({exc.strerror or exc}); {hint}") from None
     if "\x00" in text:
-        raise WidthscopeError(
-            f"{what} {str(p)!r} is not a text file (it holds NUL bytes; a binary file?): pass a TOML file; {hint}"
-        )
+        raise binary("it holds NUL bytes")
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise WidthscopeError(f"{what} {str(p)!r} is not valid TOML: {' '.join(str(exc).split())}") from None
+        raise error(f"is not valid TOML: {' '.join(str(exc).split())}") from None
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)  # a full disk, a used-up quota
@@ -171,17 +172,12 @@ def kept_work() -> list[str]:
     for fn in KEPT_WORK:
         with contextlib.suppress(Exception):  # a description must never hide the interruption itself
             out.append(fn())
-    return [msg for msg in out if msg]
+    return list(filter(None, out))
 
 
 def missing_parents(path: Path) -> list[Path]:
     """The folders above ``path`` that do not exist yet, deepest first."""
-    out = []
-    for p in path.parents:
-        if p.exists():
-            break
-        out.append(p)
-    return out
+    return list(itertools.takewhile(lambda p: not p.exists(), path.parents))
 
 
 def remove_empty(folders: Iterable[Path]) -> None:
@@ -539,9 +535,8 @@ def format_table(
 
 
 class LogProgress:
-    """Progress lines for logs (``sweep demo: 3/8 (38%) 4m10s elapsed, ~6m57s left``) at most every
-    ``$WIDTHSCOPE_PROGRESS_INTERVAL`` seconds (default 30) and when a long loop ends; the interface
-    of the tqdm bars we use."""
+    """tqdm's interface as log lines (``sweep demo: 3/8 (38%) 4m10s elapsed, ~6m57s left``), at most every
+    ``$WIDTHSCOPE_PROGRESS_INTERVAL`` seconds (default 30) and when a long loop ends."""
 
     def __init__(self, iterable: Iterable | None = None, *, total: int | None = None, desc: str = "") -> None:
         self.iterable = iterable

@@ -1,8 +1,7 @@
 """Save and load models without executing code from the checkpoint (docs/models-data.md).
 
-Our format: a directory with ``model.safetensors`` (tied tensors stored once) and ``config.json``
-(the architecture, rebuilt by :func:`widthscope.models.build`). :func:`load` also takes hub ids,
-Hugging Face directories, and weight files (``.safetensors``, ``.pt``) with a ``config.json`` beside them.
+Our format: ``model.safetensors`` and ``config.json`` (rebuilt by :func:`widthscope.models.build`); :func:`load`
+also takes hub ids, Hugging Face directories and weight files with a ``config.json`` beside them.
 
 Example::
 
@@ -182,11 +181,9 @@ def _fill(model: nn.Module, state: dict[str, torch.Tensor], aliases: dict[str, s
 
 
 def _find_weights(directory: Path) -> Path:
-    for name in ("model.safetensors", "pytorch_model.bin", "model.pt", "model.pth"):
+    for name in ("model.safetensors", "pytorch_model.bin", "model.pt", "model.pth", "model.safetensors.index.json"):
         if (directory / name).is_file():
             return directory / name
-    if (directory / "model.safetensors.index.json").is_file():
-        return directory / "model.safetensors.index.json"
     raise WidthscopeError(
         f"no weights in {directory}: expected model.safetensors (or a sharded "
         "model.safetensors.index.json, or pytorch_model.bin / model.pt)"
@@ -248,12 +245,6 @@ def load(
     path, hub = resolve_model(str(Path(path)), revision, flag="checkpoint")
     if not path.exists():
         raise WidthscopeError(f"checkpoint {str(path)!r} does not exist")
-    return attach(_load_local(path, device=device, dtype=dtype, task=task, placement=placement), hub)
-
-
-def _load_local(
-    path: Path, *, device: str | torch.device, dtype: str, task: str | None, placement: Mapping[str, Any] | None = None
-) -> nn.Module:
     if path.is_dir():
         weights = _find_weights(path)
     elif path.suffix in WEIGHT_SUFFIXES:
@@ -289,7 +280,7 @@ def _load_local(
         recorded = cfg.get("dtype", "float32")
     elif "model_type" in cfg:
         if path.is_dir():  # any architecture transformers knows, through its Auto class
-            return load_hf(path, task=task, dtype=dtype, device=device, **(placement or {}))
+            return attach(load_hf(path, task=task, dtype=dtype, device=device, **(placement or {})), hub)
         model = _hf_from_file(path.parent, cfg, task)
         recorded = cfg.get("dtype") or cfg.get("torch_dtype")
     else:
@@ -304,7 +295,7 @@ def _load_local(
     _fill(model, state, aliases, weights)
     model.to(device)
     model.eval()
-    return model
+    return attach(model, hub)
 
 
 def recorded_data(model: nn.Module) -> dict[str, Any]:

@@ -123,9 +123,14 @@ def _image_dataset() -> str:
         return "digits"
 
 
-def demo_configs(quick: bool = False, image_dataset: str | None = None) -> list[dict[str, Any]]:
-    """The alignment sweep configs the demo runs (deep copies; ``quick`` shrinks them to seconds)."""
+def demo_configs(
+    quick: bool = False, image_dataset: str | None = None, threads: int | None = None
+) -> list[dict[str, Any]]:
+    """The alignment sweep configs the demo runs (deep copies; ``quick`` shrinks them to seconds; ``threads``:
+    torch threads, ``None``: as configured)."""
     llama, mlp = copy.deepcopy(DEMO_LLAMA), copy.deepcopy(DEMO_MLP)
+    for cfg in (llama, mlp) if threads else ():
+        cfg["sweep"]["threads"] = threads
     ds = image_dataset or _image_dataset()
     if ds != "fashion-mnist":
         fam = mlp["family"][0]
@@ -148,8 +153,10 @@ def demo_configs(quick: bool = False, image_dataset: str | None = None) -> list[
     return [llama, mlp]
 
 
-def _linear_config(module: Any, quick: bool) -> dict[str, Any]:
-    cfg = copy.deepcopy(module.DEMO_CONFIG)
+def _linear_config(quick: bool) -> dict[str, Any]:
+    from .linearization.config import DEMO_CONFIG  # noqa: PLC0415  start-up time: torch
+
+    cfg = copy.deepcopy(DEMO_CONFIG)
     if quick:  # the smallest grid the linearization sweep accepts (>= 5 geometric widths)
         cfg.update(name=f"{cfg.get('name', 'linearize')}-quick", widths=[4, 8, 16, 32, 64], seeds=[0])
         cfg["data"] = {**cfg.get("data", {}), "n_train": 32, "n_test": 32}
@@ -171,15 +178,6 @@ def _out(out_dir: str | Path | None, quick: bool) -> Path:
     return Path(out_dir or ("widthscope-results/demo-quick" if quick else "widthscope-results/demo"))
 
 
-def _configs(quick: bool, threads: int | None, image_dataset: str) -> list[dict[str, Any]]:
-    """The alignment sweeps' configs, at ``threads`` torch threads (``None``: as configured)."""
-    configs = demo_configs(quick, image_dataset=image_dataset)
-    if threads:
-        for raw in configs:
-            raw["sweep"]["threads"] = threads
-    return configs
-
-
 def plan_demo(
     out_dir: str | Path | None = None,
     *,
@@ -199,7 +197,7 @@ def plan_demo(
     file = file or sys.stdout
     say = functools.partial(print, file=file, flush=True)
     out = check_dir_writable(_out(out_dir, quick))  # the run would be refused: the plan says so first
-    configs = _configs(quick, threads, _image_dataset())
+    configs = demo_configs(quick, _image_dataset(), threads)
     n = len(configs) + 2
     parts: list[tuple[str, float | None]] = []
     with torch_threads(threads or None):  # timed as the run runs
@@ -214,9 +212,7 @@ def plan_demo(
             say()
         say(f"[{n - 1}/{n}] linearization sweep")
         if linear:
-            from .linearization import config as lconfig  # noqa: PLC0415  start-up time: torch
-
-            lplan = plan_linearize(_linear_config(lconfig, quick), time_run=time_run)
+            lplan = plan_linearize(_linear_config(quick), time_run=time_run)
             say(lplan.table())
             parts.append(("linearization sweep", work_s(lplan)))
         else:
@@ -251,7 +247,7 @@ def run_demo(
     failed: list[str] = []
     t_start = time.perf_counter()
     image_ds = _image_dataset()  # once: the configs and the report's note both follow it
-    configs = _configs(quick, threads, image_ds)
+    configs = demo_configs(quick, image_ds, threads)
     n_parts = len(configs) + 1
     say = functools.partial(print, file=file, flush=True)
     for i, raw in enumerate(configs, 1):
@@ -275,13 +271,12 @@ def run_demo(
     if not linear:
         say("  skipped (--no-linear)")
     else:
-        from .linearization import config as lconfig  # noqa: PLC0415  start-up time: torch
         from .linearization import run as lsweep  # noqa: PLC0415  start-up time: torch
 
         sub, t0 = out / "linearize", time.perf_counter()
         try:
             with torch_threads(threads or None):
-                lsweep.run_sweep(_linear_config(lconfig, quick), sub)
+                lsweep.run_sweep(_linear_config(quick), sub)
             parts.append(sub)
             say(f"  ({time.perf_counter() - t0:.0f} s)\n")
         except Exception as exc:
@@ -290,15 +285,13 @@ def run_demo(
     say(f"[{n_parts + 1}/{n_parts + 1}] report")
     if not parts:
         raise WidthscopeError("every demo part failed: " + "; ".join(failed))
-    notes = (
-        []
-        if image_ds == "fashion-mnist"
-        else [
+    notes = [f"part failed: {f}" for f in failed]
+    if image_ds != "fashion-mnist":
+        notes.insert(
+            0,
             f"MLP part: {image_ds}, because Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist "
-            "puts it in /usr/share/datasets/fashion-mnist)"
-        ]
-    )
-    notes += [f"part failed: {f}" for f in failed]
+            "puts it in /usr/share/datasets/fashion-mnist)",
+        )
     page = wreport.report(parts, out / "report", title="widthscope demo" + (" (quick)" if quick else ""), notes=notes)
     record = {"options": {"demo": opts.to_dict()}, "report": str(page), "parts": [str(p) for p in parts]}
     atomic_write_json(out / "demo.json", {**record, "failed": failed})

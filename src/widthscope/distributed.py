@@ -16,11 +16,11 @@ Example (single process: every call is the identity)::
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import sys
 import traceback
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
@@ -147,8 +147,7 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
 
 # ----------------------------------------------------------------------------- statistics
 def all_reduce_moments(pm: Any) -> Any:
-    """Exact merge of every rank's :class:`~widthscope.stats.PrimalMoments` (SUM of all fields),
-    identical on every rank.
+    """Exact merge (a SUM) of every rank's :class:`~widthscope.stats.PrimalMoments`, on every rank.
 
     Example::
 
@@ -175,9 +174,8 @@ def all_reduce_moments(pm: Any) -> Any:
 
 
 def gather_or_reduce(X: torch.Tensor, estimator: Estimator = "unbiased", method: Method = "auto") -> Any:
-    """:class:`~widthscope.stats.Moments` of the rows of ``X`` on all ranks together: the dual form
-    (gathered rows) when the total ``n <= d``, else the primal one (one ``all_reduce``);
-    ``method`` forces one.
+    """:class:`~widthscope.stats.Moments` of the rows of ``X`` on all ranks: dual (gathered rows) when the total
+    ``n <= d``, else primal (one ``all_reduce``); ``method`` forces one.
 
     Example::
 
@@ -202,8 +200,7 @@ def gather_or_reduce(X: torch.Tensor, estimator: Estimator = "unbiased", method:
 
 
 def merge_cross_gram(Xa: torch.Tensor, Xb: torch.Tensor) -> torch.Tensor:
-    """The full cross-Gram ``C_ab = X_a X_bᵀ`` from row shards: each rank multiplies its rows by
-    the gathered held-out rows, the blocks are gathered in rank order.
+    """The full cross-Gram ``C_ab = X_a X_bᵀ`` from row shards (each rank's rows times all held-out rows).
 
     Example::
 
@@ -229,8 +226,7 @@ def distributed_misalignment(Xa: torch.Tensor, Xb: torch.Tensor, **kwargs: Any) 
 def distributed_ntk(
     model: torch.nn.Module, x1: torch.Tensor, x2: torch.Tensor | None = None, **kwargs: Any
 ) -> torch.Tensor:
-    """Empirical NTK :func:`widthscope.linear.ntk` with the rows of the full ``x1`` split across
-    ranks and gathered in order (the single-process kernel on every rank); ``kwargs`` go to ``ntk``.
+    """:func:`widthscope.linear.ntk` with the rows of ``x1`` split across ranks and gathered in order.
 
     Example::
 
@@ -254,10 +250,10 @@ def distributed_ntk(
 
 
 # ----------------------------------------------------------------------------- failure handling
-@contextmanager
+@contextlib.contextmanager
 def rank_guard(what: str = "job") -> Iterator[None]:
-    """Run a block on every rank; leave it only if every rank finished it without error (each posts
-    ``ok`` or its error to the rendezvous store; a failed or silent peer raises :class:`RankFailure`).
+    """Leave the block only if every rank finished it (each posts ``ok`` or its error to the rendezvous store;
+    a failed or silent peer raises :class:`RankFailure`).
 
     Example::
 
@@ -276,10 +272,8 @@ def rank_guard(what: str = "job") -> Iterator[None]:
         yield
     except BaseException as exc:
         msg = f"{type(exc).__name__}: {exc}"
-        try:
+        with contextlib.suppress(Exception):  # the store itself may be gone; the exit code still tells torchrun
             store.set(key + str(r), "failed: " + msg)
-        except Exception:  # the store itself may be gone; the exit code still tells torchrun
-            pass
         print(f"widthscope: rank {r} failed during {what}: {msg}", file=sys.stderr, flush=True)
         traceback.print_exc()
         raise

@@ -1,9 +1,5 @@
-"""Options as data: one frozen, typed dataclass per command's settings.
-
-Each setting is one field made by :func:`option` (default, help, unit, range or choices, flag);
-validation (:meth:`Options.__post_init__`, the command line's one-line messages), the command line
-(:func:`widthscope.cli.args.add_options`) and the results file's record (:meth:`Options.to_dict`,
-:meth:`Options.from_dict`) are derived from it. Presets are instances (``CertifyOptions.published()``).
+"""Options as data: one frozen dataclass per command; each field (:func:`option`) carries what validation,
+the command line (:func:`widthscope.cli.args.add_options`) and the records (:meth:`Options.to_dict`) need.
 
 Example::
 

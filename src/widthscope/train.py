@@ -33,6 +33,7 @@ from torch import nn
 from ._io import progress as _progress
 from .data import Split, batches
 from .errors import WidthscopeError
+from .probe.collect import logits_of
 
 LOSSES = ("auto", "ce", "mse")
 
@@ -65,20 +66,6 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         if backend is None or not getattr(backend, "is_available", lambda: False)():
             raise WidthscopeError(f"device {str(dev)!r} is not available here; use --device cpu")
     return dev
-
-
-def logits_of(output: Any) -> torch.Tensor:
-    """The logits tensor of a model output (plain tensor, HF ``ModelOutput``, or tuple)."""
-    if isinstance(output, torch.Tensor):
-        return output
-    logits = getattr(output, "logits", None)
-    if logits is None and isinstance(output, dict):
-        logits = output.get("logits")
-    if logits is None and isinstance(output, (tuple, list)) and output:
-        logits = output[0]
-    if not isinstance(logits, torch.Tensor):
-        raise WidthscopeError(f"cannot find logits in model output of type {type(output).__name__}")
-    return logits
 
 
 def per_example_loss(output: Any, target: torch.Tensor, task: str, *, loss: str = "ce") -> torch.Tensor:

@@ -1,8 +1,5 @@
-"""The rules of the checks every command shares, namespace-free (applied by
-:func:`widthscope.cli.checks.check_args` before any work): whole-number ranges (:data:`RANGES`),
-positive numbers (:data:`POSITIVE`) and which option fits which model (:data:`APPLIES`), all read
-off the fields that declare the options; path lengths, output collisions and writable outputs;
-``M``/``K`` against the pools (:func:`check_pools`).
+"""The rules of the checks every command shares (applied by :func:`widthscope.cli.checks.check_args`):
+ranges and fit read off the options' fields (:data:`RANGES`, :data:`APPLIES`), paths, ``M``/``K`` vs the pools.
 
 Example::
 
@@ -18,11 +15,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from ._io import missing_parents, remove_empty, unwritable
+from ._io import check_writable
 from .errors import WidthscopeError
 from .hub import local_directory
 from .options import MAX_POOL, SHARED
@@ -41,9 +37,8 @@ def _int_rows(fields: Any, kinds: tuple[str, ...], skip: set[str]) -> list[tuple
 
 
 def __getattr__(name: str) -> Any:
-    """``RANGES``, ``POSITIVE``, ``INPUT_OPTIONS`` and ``APPLIES`` (per command), read off the fields
-    of :class:`~widthscope.data.spec.InputSpec` and of the options classes with ``SHARED_RANGES``
-    imported so far (not kept: a class imported later adds its rows)."""
+    """``RANGES``, ``POSITIVE``, ``INPUT_OPTIONS`` and ``APPLIES`` (per command), read off the fields of
+    :class:`~widthscope.data.spec.InputSpec` and of the options classes with ``SHARED_RANGES`` imported so far."""
     if name == "INPUT_OPTIONS":
         return _input_options()
     if name == "APPLIES":
@@ -153,17 +148,10 @@ def check_dir_writable(path: str | os.PathLike, flag: str = "--out") -> Path:
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise WidthscopeError(f"cannot write into {str(p)!r}: it is a file, not a directory; choose another {flag}")
-    created = missing_parents(p / "x")
     try:
-        p.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".widthscope-", suffix=".probe", dir=p)
-        os.close(fd)
-        os.unlink(tmp)
-    except OSError as exc:
-        err = unwritable(p / "…", exc)
+        check_writable(p / "…")
+    except WidthscopeError as err:
         raise WidthscopeError(err if flag == "--out" else f"{flag}: {err}") from None
-    finally:
-        remove_empty(created)
     return p
 
 

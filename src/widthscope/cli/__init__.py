@@ -1,7 +1,7 @@
 """The ``widthscope`` command line.
 
-Each subcommand is a module with ``add_arguments(parser)`` and ``run(args) -> int``; only the chosen
-one is imported, the shared checks run first, and every user error is one line with exit status 2.
+Each subcommand is a module with ``add_arguments(parser)`` and ``run(args) -> int`` (only the chosen one is
+imported); every user error is one line with exit status 2.
 """
 
 from __future__ import annotations

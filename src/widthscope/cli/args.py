@@ -23,9 +23,8 @@ class ArgumentAdder(Protocol):
 
 
 def add_options(parser: ArgumentAdder, cls: type[Options], *, skip: Iterable[str] = ()) -> None:
-    """One argument per command-line field of ``cls`` (not those in ``skip``). A list field named
-    in the class's ``NARGS`` (``{"range": ("LO", "HI")}``) takes that many values after one flag
-    (``--range -5 5``) instead of a comma list."""
+    """One argument per command-line field of ``cls`` (not those in ``skip``); a list field in ``cls.NARGS``
+    (``{"range": ("LO", "HI")}``) takes that many values after one flag (``--range -5 5``)."""
     skip = set(skip)
     nargs: dict[str, tuple[str, ...]] = getattr(cls, "NARGS", {})
     for f in dataclasses.fields(cls):

@@ -1,7 +1,5 @@
-"""The shared checks of every command's parsed options, before any work (:func:`check_args`).
-
-The rules are the options' fields (:data:`widthscope.validate.RANGES`) and :mod:`widthscope.validate`'s;
-this module only reads the namespace: which options were given, their values, the paths.
+"""The shared checks of every command's parsed options, before any work (:func:`check_args`); the rules are
+:mod:`widthscope.validate`'s, this module reads the namespace.
 
 Example::
 

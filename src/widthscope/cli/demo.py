@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from .._env import torch_threads
 from ..demo import DemoOptions, plan_demo, run_demo
@@ -27,20 +28,9 @@ def run(args: argparse.Namespace) -> int:
     base = config_options(DemoOptions, args.config, "demo")
     opts = DemoOptions.from_args(args, base)
     with torch_threads(opts.threads if args.threads is None else None):  # the default (or recorded) count
+        kw: dict[str, Any] = dict(quick=opts.quick, linear=not opts.no_linear, threads=opts.threads)
         if args.plan or args.plan_no_time:
-            plan_demo(
-                args.out,
-                quick=opts.quick,
-                linear=not opts.no_linear,
-                threads=opts.threads,
-                time_run=not args.plan_no_time,
-            )
+            plan_demo(args.out, time_run=not args.plan_no_time, **kw)
         else:
-            run_demo(
-                args.out,
-                quick=opts.quick,
-                linear=not opts.no_linear,
-                show_progress=not opts.no_progress,
-                threads=opts.threads,
-            )
+            run_demo(args.out, show_progress=not opts.no_progress, **kw)
     return 0

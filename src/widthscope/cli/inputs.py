@@ -29,9 +29,8 @@ def add_arguments(
     n_train_help: str = "",
     n_test_help: str = "",
 ) -> None:
-    """The input options every command shares, one argument per field of
-    :class:`~widthscope.data.spec.InputSpec` (its default: ``None`` but for ``--model`` and the
-    pools, the command's own; ``n_*_help``: a default computed later)."""
+    """One argument per field of :class:`~widthscope.data.spec.InputSpec` (default ``None``, but ``--model``'s
+    and the pools' are the command's; ``n_*_help``: a default computed later)."""
     fields = {f.name: f for f in dataclasses.fields(InputSpec)}
     meta = {name: f.metadata for name, f in fields.items()}
     groups = {title: p.add_argument_group(title) for title in ("model", "data", "probe pools")}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from ..certification.per_point import tables
 from ..certification.samples import StatsOptions, run_stats
@@ -28,23 +27,13 @@ def run(args: argparse.Namespace) -> int:
     base = config_options(StatsOptions, args.config, "stats") or StatsOptions()
     base = base.sources(samples=args.samples, train=args.train, test=args.test)
     opts = StatsOptions.from_args(args, base)
-
-    def report(res: dict[str, Any]) -> None:
-        print(tables(res))
-
     run_stats(
         opts.samples,
-        train=opts.train,
-        test=opts.test,
-        point=opts.point,
         M=None if opts.M is None else list(opts.M),
         K=None if opts.K is None else list(opts.K),
-        draws=opts.draws,
-        seed=opts.seed,
-        estimator=opts.estimator,
         out=args.out,
-        strict=opts.strict,
-        report=report,
+        report=lambda res: print(tables(res)),
+        **{k: getattr(opts, k) for k in ("train", "test", "point", "draws", "seed", "estimator", "strict")},
     )
     if args.out:
         print(f"\nwrote {Path(args.out)}")  # as atomic_write_json names it

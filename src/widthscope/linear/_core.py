@@ -11,6 +11,7 @@ from torch import nn
 from torch.func import functional_call, jacrev, jvp, vjp, vmap
 
 from ..errors import WidthscopeError
+from ..probe.collect import logits_of
 
 
 def params_and_buffers(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -19,23 +20,6 @@ def params_and_buffers(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[
     buffers = {k: v.detach() for k, v in model.named_buffers()}
     buffers.update({k: v.detach() for k, v in model.named_parameters() if not v.requires_grad})
     return params, buffers
-
-
-def model_output(out: Any) -> torch.Tensor:
-    """The tensor a model's call returns: itself, ``.logits`` (HF) or the first element."""
-    if isinstance(out, torch.Tensor):
-        return out
-    logits = getattr(out, "logits", None)
-    if isinstance(logits, torch.Tensor):
-        return logits
-    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
-        return out[0]
-    if isinstance(out, dict) and "logits" in out:
-        return out["logits"]
-    raise WidthscopeError(
-        f"model returned {type(out).__name__}; expected a tensor or an object with "
-        "a .logits tensor (wrap the model so that it returns its output tensor)"
-    )
 
 
 def as_param_dtype(x: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -67,8 +51,8 @@ def first_output(model: nn.Module, params, buffers, x: torch.Tensor, who: str) -
 
 
 def out_tensor(out: Any) -> torch.Tensor:
-    """:func:`model_output` flattened to ``(batch, outputs)``."""
-    o = model_output(out)
+    """:func:`~widthscope.probe.collect.logits_of` flattened to ``(batch, outputs)``."""
+    o = logits_of(out)
     return o.reshape(o.shape[0], -1)
 
 

@@ -29,8 +29,9 @@ from torch.func import functional_call, grad, jvp
 from .. import _args
 from .._io import progress as _progress
 from ..errors import WidthscopeError
+from ..probe.collect import logits_of
 from ..probe.structure import eager_attention_for
-from ._core import as_param_dtype, first_output, model_output, params_and_buffers, reraise_attention
+from ._core import as_param_dtype, first_output, params_and_buffers, reraise_attention
 
 __all__ = ["correlation", "correlation_summary", "parse_correlation_name"]
 
@@ -123,7 +124,7 @@ def correlation(
     u = _direction(n_out, output, seed).to(dtype=p0.dtype, device=p0.device)
 
     def f(params, x):  # x: one example with a batch dim of 1
-        return (model_output(functional_call(model, (params, buffers), (x,))).reshape(-1) * u).sum()
+        return (logits_of(functional_call(model, (params, buffers), (x,))).reshape(-1) * u).sum()
 
     try:
         with eager_attention_for(model):  # nested jvp: fused attention kernels have no forward mode

@@ -43,34 +43,16 @@ RATES: dict[str, dict[str, float]] = {
 AUTO_METHODS = ("structured", "per_example", "jacobian", "products")  # what "auto" chooses among
 
 # seconds per unit of each term (:func:`terms`), from benchmarks/ntk_auto_fit.py --fit (docs/performance.md)
+_EXPLICIT_TERMS = ("fixed", "pass", "write", "contract", "call", "op", "mem")
 FIT: dict[str, dict[str, float]] = {
-    "per_example": {
-        "fixed": 0.00211,
-        "pass": 2.84e-18,
-        "write": 6.42e-09,
-        "contract": 8.89e-12,
-        "call": 0.00538,
-        "op": 5.89e-05,
-        "mem": 1.61e-10,
-    },
-    "jacobian": {
-        "fixed": 8.87e-10,
-        "pass": 1.77e-11,
-        "write": 7.97e-09,
-        "contract": 1.05e-11,
-        "call": 0.00266,
-        "op": 4.95e-11,
-        "mem": 6.69e-10,
-    },
-    "structured": {
-        "fixed": 8.78e-11,
-        "pass": 1.01e-11,
-        "gram": 1.04e-11,
-        "out": 3.11e-12,
-        "op": 2.8e-05,
-        "block": 0.0014,
-        "mem": 2.09e-09,
-    },
+    "per_example": dict(zip(_EXPLICIT_TERMS, (0.00211, 2.84e-18, 6.42e-09, 8.89e-12, 0.00538, 5.89e-05, 1.61e-10))),
+    "jacobian": dict(zip(_EXPLICIT_TERMS, (8.87e-10, 1.77e-11, 7.97e-09, 1.05e-11, 0.00266, 4.95e-11, 6.69e-10))),
+    "structured": dict(
+        zip(
+            ("fixed", "pass", "gram", "out", "op", "block", "mem"),
+            (8.78e-11, 1.01e-11, 1.04e-11, 3.11e-12, 2.8e-05, 0.0014, 2.09e-09),
+        )
+    ),
 }
 
 

@@ -222,18 +222,8 @@ def structured_ntk(
         >>> info["method"], info["uncovered"]
         ('structured', 0)
     """
-    return ntk(
-        model,
-        x1,
-        x2,
-        method="structured",
-        trace=trace,
-        diagonal=diagonal,
-        batch_size=batch_size,
-        dtype=dtype,
-        memory_budget=memory_budget,
-        info=info,
-    )
+    kw: dict[str, Any] = dict(trace=trace, diagonal=diagonal, batch_size=batch_size, dtype=dtype, info=info)
+    return ntk(model, x1, x2, method="structured", memory_budget=memory_budget, **kw)
 
 
 def _check_ntk_args(x1, x2, diagonal: bool, memory_budget, chunk_size) -> None:

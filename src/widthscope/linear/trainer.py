@@ -1,8 +1,7 @@
 """Train a network and its linear model side by side; frozen-kernel GD in closed form (:func:`kernel_predict`).
 
-Both start from ``θ₀`` with the same optimizer, learning rate and batches. ``linear="weights"`` trains ``F_lin``
-by ``jvp``, ``"kernel"`` by the closed-form recursion (full-batch SGD on MSE), ``"auto"`` picks;
-``kernel_prediction`` adds the frozen-kernel GD prediction. Columns and maths: docs/linearization.md.
+Both start from ``θ₀`` with the same optimizer, learning rate and batches; ``F_lin`` trains by ``jvp`` or, for
+full-batch SGD on MSE, in closed form. Columns and maths: docs/linearization.md.
 
 Example::
 
@@ -27,7 +26,8 @@ from torch import nn
 from .. import _args
 from .._io import progress as _progress
 from ..errors import WidthscopeError, WidthscopeTypeError
-from ._core import as_param_dtype, first_output, model_output, out_tensor, params_and_buffers
+from ..probe.collect import logits_of
+from ._core import as_param_dtype, first_output, out_tensor, params_and_buffers
 from .empirical import ntk
 from .model import linearize
 from .structured import uncovered
@@ -238,9 +238,9 @@ def _row(run: _Lockstep, step: int, X, Y, Xt, Yt, loss: str, kernel_prediction: 
     """The logged row of ``step``: losses of both models, their gap, ``F − F_lin``, parameter move, kernel drift."""
     net, lin, closed = run.net, run.lin, run.closed
     with torch.no_grad():
-        f_tr, f_te = model_output(net(X)), model_output(net(Xt))
+        f_tr, f_te = logits_of(net(X)), logits_of(net(Xt))
         if lin is not None:
-            l_tr, l_te = model_output(lin(X)), model_output(lin(Xt))
+            l_tr, l_te = logits_of(lin(X)), logits_of(lin(Xt))
     kp = closed.at(step) if closed is not None else None
     if lin is None:
         assert kp is not None  # no weight-space model: the closed form is the linear model
@@ -303,7 +303,7 @@ def _train_step(run: _Lockstep, xb, yb, step: int, *, loss: str, lr: float, on_n
         if m is None or opt is None:  # no weight-space linear model
             continue
         opt.zero_grad(set_to_none=True)
-        L = _loss(model_output(m(xb)), yb, loss)
+        L = _loss(logits_of(m(xb)), yb, loss)
         if not torch.isfinite(L):
             msg = (
                 f"non-finite training loss ({float(L.detach())}) of the {which} at step {step} "
@@ -358,9 +358,8 @@ class _KernelGD:
 def function_space_gd(
     model: nn.Module, X: torch.Tensor, Y: torch.Tensor, *, steps: int, lr: float, test: torch.Tensor | None = None
 ) -> dict[str, torch.Tensor]:
-    """Frozen-kernel recursion ``F_{s+1} = F_s − (η/N) Θ₀(·, X)(F_s − Y)`` of full-batch GD on the MSE loss.
-
-    Returns ``{"train": (steps+1, N, out)}``, and ``"test"`` (the same on ``test`` inputs) when given."""
+    """Frozen-kernel recursion ``F_{s+1} = F_s − (η/N) Θ₀(·, X)(F_s − Y)`` of full-batch GD on the MSE loss:
+    ``{"train": (steps+1, N, out)}``, and ``"test"`` (the same on ``test`` inputs) when given."""
     N = X.shape[0]
     Xa = X if test is None else torch.cat([X, test])  # training rows first, then the held-out ones
     with torch.no_grad():

@@ -94,16 +94,13 @@ def run_cell(cfg: Mapping[str, Any], cell: Mapping[str, Any]) -> list[dict[str, 
         (X, Y),
         steps=tr["steps"],
         lr=lr,
-        optimizer=tr["optimizer"],
         batch_size=tr["batch_size"] or None,
-        loss=tr["loss"],
         test=(Xt, Yt),
         probe=Xt[: tr["probe"]],
-        log_steps=tr["log_steps"],
         seed=seed,
         on_nonfinite="stop",
-        linear=tr["linear"],
         kernel_prediction=tr["kernel_prediction"] and tr["loss"] == "mse",
+        **{k: tr[k] for k in ("optimizer", "loss", "log_steps", "linear")},
     )
     for r in rows:
         r["lr"] = lr

@@ -59,24 +59,11 @@ def summarize(rows: list[dict[str, Any]], cfg: Mapping[str, Any]) -> list[dict[s
             return
         w = np.asarray(widths, float)[ok]
         fit = fit_slope(w, M[:, ok])
-        out.append(
-            {
-                "kind": "slope",
-                "metric": metric,
-                "alpha": alpha,
-                "step": step,
-                "slope": fit.slope,
-                "ci_low": fit.ci_low,
-                "ci_high": fit.ci_high,
-                "intercept": fit.intercept,
-                "reference": reference,
-                "reference_note": ref_note,
-                "published": published,
-                "n_widths": int(ok.sum()),
-                "n_seeds": len(seeds),
-                "missing": int((~np.isfinite(M)).sum()),
-            }
-        )
+        head = {"kind": "slope", "metric": metric, "alpha": alpha, "step": step}
+        fitted = {"slope": fit.slope, "ci_low": fit.ci_low, "ci_high": fit.ci_high, "intercept": fit.intercept}
+        refs = {"reference": reference, "reference_note": ref_note, "published": published}
+        counts = {"n_widths": int(ok.sum()), "n_seeds": len(seeds), "missing": int((~np.isfinite(M)).sum())}
+        out.append(head | fitted | refs | counts)
 
     last = cfg["train"]["log_steps"][-1]
     for a in [float(x) for x in cfg["train"]["alphas"]]:
@@ -112,16 +99,9 @@ def cfg_from_rows(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def print_slopes(slopes, file=None) -> None:
     table = [
-        {
-            "metric": s["metric"],
-            "alpha": s["alpha"],
-            "step": s["step"],
-            "slope": s["slope"],
-            "95% CI": f"[{s['ci_low']:.3g}, {s['ci_high']:.3g}]",
-            "reference": s["reference"],
-            "published": s["published"],
-            "widths": s["n_widths"],
-        }
+        {k: s[k] for k in ("metric", "alpha", "step", "slope")}
+        | {"95% CI": f"[{s['ci_low']:.3g}, {s['ci_high']:.3g}]", "reference": s["reference"]}
+        | {"published": s["published"], "widths": s["n_widths"]}
         for s in slopes
     ]
     title = "log-log slopes over width (seeds averaged in log space; 95% t interval over the seeds' slopes)"
