@@ -7,12 +7,13 @@ matrix) or a :func:`positions` term (a layer applied at positions). Accumulator 
 Example::
 
     >>> import torch
-    >>> g1, g2 = torch.randn(2, 4, 5), torch.randn(2, 3, 5)   # (o, n, F)
-    >>> acc = torch.zeros(2, 4, 2, 3)
+    >>> gen = torch.Generator().manual_seed(0)
+    >>> g1, g2 = (torch.randn(2, n, 5, generator=gen, dtype=torch.float64) for n in (4, 3))  # (o, n, F)
+    >>> acc = torch.zeros(2, 4, 2, 3, dtype=torch.float64)
     >>> hadamard(acc, g1, g2, None, "full")
     >>> bool(torch.allclose(acc.permute(1, 3, 0, 2), torch.einsum("oiF,pjF->ijop", g1, g2)))
     True
-    >>> sym = torch.zeros(2, 4, 2, 4)
+    >>> sym = torch.zeros(2, 4, 2, 4, dtype=torch.float64)
     >>> hadamard(sym, g1, g1, None, "full", same=True); mirror_upper(sym)
     >>> bool(torch.allclose(sym.permute(1, 3, 0, 2), torch.einsum("oiF,pjF->ijop", g1, g1)))
     True
