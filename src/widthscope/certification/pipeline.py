@@ -139,10 +139,9 @@ def certify_dict(
     on_point: Callable[[dict[str, Any]], None] | None = None,
     draw_scheme: str = _D,
 ) -> dict[str, Any]:
-    """Certify every insertion point of ``model``; returns the results file's dict (docs/certify.md).
+    """Certify every insertion point of ``model``: the results file's dict (docs/certify.md).
 
-    Settings come from ``options`` (a :class:`~widthscope.options.CertifyOptions`), overridden by the
-    keywords; ``samples_out`` receives the pooled samples, ``on_point`` each finished point's row.
+    Keywords override ``options``; ``samples_out`` receives the pooled samples, ``on_point`` each finished row.
     """
     given = {k: v for k, v in locals().items() if k in _CHECKS and v is not _D}  # first: only the parameters
     if options is not None and not isinstance(options, CertifyOptions):
@@ -250,10 +249,7 @@ def count_examples(batches: Sequence[Any]) -> int:
 
 
 def gather_rows(x: torch.Tensor, device: torch.device) -> torch.Tensor:
-    if not distributed.is_distributed():
-        return x
-    # nccl gathers CUDA tensors only; gloo is happy with CPU ones.
-    return distributed.all_gather_rows(x.to(device)).to("cpu")
+    return distributed.all_gather_rows(x.to(device)).to("cpu") if distributed.is_distributed() else x
 
 
 def _resolve(
@@ -282,8 +278,7 @@ def _resolve(
 
 
 def _probe(run: _Run) -> tuple[Any, Any, dict[str, Projector], Any]:
-    """This rank's shard of the train and held-out batches probed at every point (projected as they
-    stream with ``project``), the projectors, and the prefix the bias interventions reuse (or None)."""
+    """This rank's shard probed at every point (projected with ``project``), the projectors and the kept prefix."""
     opts, model = run.opts, run.model
     projectors: dict[str, Projector] = {}
 
@@ -321,8 +316,7 @@ def _probe(run: _Run) -> tuple[Any, Any, dict[str, Projector], Any]:
 def _statistics(
     run: _Run, qa: Any, qb: Any, projectors: dict[str, Projector], samples_out: dict[str, Any] | None
 ) -> tuple[list[dict[str, Any]], list[str], tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]:
-    """Every point's moments, certificates and misalignment from all ranks' samples (with a
-    bfloat16/float16 model's measured rounding); returns the rows, the notes and the samples."""
+    """Every point's statistics from all ranks' samples: the rows, the notes and the gathered samples."""
     opts, names = run.opts, run.names
     a = {name: gather_rows(qa[name], run.device) for name in names}
     b = {name: gather_rows(qb[name], run.device) for name in names}
@@ -364,9 +358,7 @@ def _interventions(
     results: list[dict[str, Any]],
     on_point: Callable[[dict[str, Any]], None] | None,
 ) -> None:
-    """Add each point's ``interventions`` to its row (rank 0 computes them) and hand each row to
-    ``on_point``; the model's modes are restored. The bias steps reuse the probe's samples,
-    held-out losses, activation scale and kept prefix."""
+    """Add each point's ``interventions`` (rank 0 computes them) and hand each row to ``on_point``."""
     opts, model = run.opts, run.model
     on_point = on_point or (lambda row: None)
     if opts.kind not in INTERVENTION_KINDS:
@@ -411,13 +403,11 @@ def _interventions(
             on_point(r)
 
 
-# The largest default step "still first order": it gave at least this share of the predicted decrease.
-STILL_FIRST_ORDER = 0.5
+STILL_FIRST_ORDER = 0.5  # share of the predicted decrease that makes the grid's largest step "still first order"
 
 
 def grid_notes(results: Sequence[dict[str, Any]], max_rel_step: float) -> list[str]:
-    """A note naming the points where the default grid's largest step still gave at least
-    :data:`STILL_FIRST_ORDER` of the predicted loss decrease."""
+    """A note naming the points where the default grid's largest step was still first order."""
     held: dict[str, float] = {}
     for r in results:
         rows = [x for x in r.get("interventions") or [] if isinstance(x, dict) and x.get("eta") is not None]
@@ -530,8 +520,7 @@ def device_memory(device: torch.device | str) -> tuple[int | None, str]:
 def _check_structure(
     job: CertifyJob, names: Sequence[str], inputs: Any, model: nn.Module, n: tuple[int, int]
 ) -> tuple[dict[str, int], int]:
-    """Check ``M``/``K`` against pools read whole and ``--project`` against the points' dimensions
-    (one probed example); returns the dimensions and the sample rows per example."""
+    """Check ``M``/``K`` and ``--project`` against the pools and dimensions: (dimensions, sample rows per example)."""
     spec, opts = job.spec, job.options
     needs = (
         ("n_train", "M", max(m for m, _ in opts.pairs), "train", n[0]),
@@ -591,8 +580,7 @@ def _lock(job: CertifyJob) -> contextlib.AbstractContextManager[None]:
 
 
 class _Parts:
-    """Finished points of a certify run, one JSON file each in ``OUT.parts/``, keyed by a
-    fingerprint of the settings (so ``--resume`` never mixes settings)."""
+    """Finished points, one JSON file each in ``OUT.parts/``, keyed by a fingerprint of the settings."""
 
     def __init__(self, job: CertifyJob, names: Sequence[str], n: tuple[int, int], inputs_info: dict[str, Any]):
         self.dir = _parts_dir(job.out)
@@ -655,8 +643,7 @@ _TRAINING_NAMES = {"steps": ("steps",), "train_loss": ("train_loss", "loss"), "t
 
 
 def training_record(extra: Any) -> dict[str, Any]:
-    """The finite ``steps`` / ``train_loss`` (or ``loss``) / ``test_loss`` recorded in a checkpoint's
-    ``extra`` dict, from ``extra["train"]`` first, else its top level; ``{}`` when none is."""
+    """The finite steps / train_loss (or loss) / test_loss of ``extra["train"]``, else of ``extra``."""
     out: dict[str, Any] = {}
     sources = (extra.get("train"), extra) if isinstance(extra, Mapping) else ()
     for where in [w for w in sources if isinstance(w, Mapping)]:
@@ -694,8 +681,7 @@ def _merge(
 def run_certify(
     job: CertifyJob, *, notes: Sequence[str] = (), say: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
-    """Run ``job``; rank 0 holds the lock of ``job.out``, writes it (and ``job.save_samples``).
-    Every check that needs the model's structure runs before the built-in model trains."""
+    """Run ``job``; rank 0 holds the lock of ``job.out`` and writes it (and ``job.save_samples``)."""
     with _lock(job) if distributed.is_main() else contextlib.nullcontext():
         return _run(job, notes, say)
 
@@ -772,8 +758,7 @@ def _run(job: CertifyJob, notes: Sequence[str], say: Callable[[str], None] | Non
         **{k: info.get(k) for k in ("architecture", "width", "depth", "dtype", "parameters", "attn_implementation")},
     )
     res["settings"].update({k: inputs.info[k] for k in ("n_train_examples", "n_test_examples") if k in inputs.info})
-    trained = training_record(getattr(model, "widthscope_extra", None))
-    if trained:  # the checkpoint's training record (steps, final losses): the report's provenance table
+    if trained := training_record(getattr(model, "widthscope_extra", None)):
         res["settings"]["training"] = trained
     if "placement" in info:  # a dispatched model: where its layers ran (docs/big-models.md)
         res["settings"]["placement"] = info["placement"]

@@ -65,8 +65,7 @@ _CHANNELS_FIRST_1D = (
 
 
 class ProbeResult(dict):
-    """``{point: Tensor (n, d)}`` with the run's ``notes``, ``n_examples``, ``pool``, per-example
-    ``losses``, ``act_sq`` and ``widths`` (which interventions reuse)."""
+    """``{point: Tensor (n, d)}`` with the run's notes, n_examples, pool, losses, act_sq and widths."""
 
     notes: list[str]
     n_examples: int
@@ -213,8 +212,7 @@ def causal_lm_loss(
 
 
 def masked_lm_loss(output: Any, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """Per-sequence masked-LM loss ``(B,)``: mean cross-entropy over the positions where
-    ``batch["labels"]`` is not -100 (unshifted)."""
+    """Per-sequence masked-LM loss ``(B,)`` over the positions where ``batch["labels"]`` is not -100."""
     logits = logits_of(output)
     labels = batch.get("labels") if isinstance(batch, Mapping) else None
     if labels is None:
@@ -262,8 +260,7 @@ def default_loss(output: Any, y: torch.Tensor) -> torch.Tensor:
 def run_batch(
     model: nn.Module, batch: Any, loss_fn: Callable | None, bi: int
 ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-    """Forward one batch; returns (per-example losses (B,), attention mask or None, B). A torch
-    error in the model or the loss becomes one WidthscopeError naming the batch and its shapes."""
+    """Forward one batch: (per-example losses (B,), attention mask or None, B); torch errors become WidthscopeError."""
     try:
         return _forward_loss(model, batch, loss_fn, bi)
     except WidthscopeError:
@@ -282,12 +279,11 @@ def _forward_loss(
 ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
     if isinstance(batch, Mapping) or (isinstance(batch, torch.Tensor) and not batch.is_floating_point()):
         # Causal LM: LongTensor ids, or {"input_ids", optional "attention_mask", "labels"}.
-        mask = labels = None
-        if isinstance(batch, Mapping):
-            if "input_ids" not in batch:
-                raise WidthscopeError(f"batch {bi} is a dict without 'input_ids' (keys: {sorted(batch)})")
-            mask, labels = batch.get("attention_mask"), batch.get("labels")
-        ids = batch["input_ids"] if isinstance(batch, Mapping) else batch
+        if isinstance(batch, Mapping) and "input_ids" not in batch:
+            raise WidthscopeError(f"batch {bi} is a dict without 'input_ids' (keys: {sorted(batch)})")
+        is_map = isinstance(batch, Mapping)
+        ids = batch["input_ids"] if is_map else batch
+        mask, labels = (batch.get("attention_mask"), batch.get("labels")) if is_map else (None, None)
         if ids.ndim != 2:
             raise WidthscopeError(f"batch {bi}: input_ids must be (B, T), got shape {tuple(ids.shape)}")
         kwargs = {}
@@ -387,10 +383,8 @@ def collect(
 ) -> ProbeResult:
     """Per-example activation gradients ``q = ∂ℓ/∂z`` at each insertion point, pooled.
 
-    ``batches``: ``(x, y)`` pairs, token-id LongTensors ``(B, T)`` or dicts with ``input_ids``;
-    ``loss_fn(output, y) -> (B,)`` (for LM batches ``y`` is the batch); ``train_mode="keep"`` keeps
-    the modules' modes (refusing training-mode BatchNorm); ``transform(point, samples)`` maps each
-    batch's pooled samples before they are kept. The model is left unchanged.
+    ``loss_fn(output, y) -> (B,)`` (``y`` is the batch for LM batches); ``train_mode="keep"`` keeps the
+    modules' modes; ``transform(point, samples)`` maps each batch's pooled samples before they are kept.
     """
     fn = "collect"
     _args.module(fn, "model", model)
@@ -430,8 +424,7 @@ def collect(
 
 
 def _mode_notes(model: nn.Module, modules: dict[str, nn.Module], train_mode: str) -> list[str]:
-    """Refuse training-mode BatchNorm under ``train_mode='keep'``; under ``'eval'`` the notes saying
-    which BatchNorm / dropout layers run in eval mode."""
+    """Refuse training-mode BatchNorm under ``'keep'``; under ``'eval'``, notes on the layers switched to eval."""
     notes: list[str] = []
     coupling = [n for n in coupling_layers(model) if modules[n].training]
     dropouts = [
@@ -459,8 +452,7 @@ def _mode_notes(model: nn.Module, modules: dict[str, nn.Module], train_mode: str
 
 
 class _Probe:
-    """What :func:`collect` keeps over the batches: the current batch's leaves, the pooled
-    gradients, the activations' sums of squares and widths, and the losses."""
+    """The state of one :func:`collect`: the batch's leaves, pooled gradients, activation sums of squares, losses."""
 
     def __init__(
         self,
@@ -491,8 +483,7 @@ class _Probe:
                     "its per-example gradient is ambiguous: choose a module that runs once"
                 )
             z, put = split_output(output, name)
-            # a leaf: later in-place ops on the output cannot alter it
-            b = torch.zeros_like(z, requires_grad=True)
+            b = torch.zeros_like(z, requires_grad=True)  # a leaf: later in-place ops cannot alter it
             self.leaves[name] = (b, module)
             zd = z.detach()
             per = zd.double().pow(2).reshape(zd.shape[0], -1)
@@ -528,8 +519,7 @@ class _Probe:
         grads = torch.autograd.grad(losses.sum(), leaves, allow_unused=True)
         bad_loss = not bool(torch.isfinite(losses.detach()).all())
         for n, b, g in zip(names, leaves, grads):
-            if g is None:
-                g = torch.zeros_like(b)
+            g = torch.zeros_like(b) if g is None else g
             if not bool(torch.isfinite(g).all()):
                 raise WidthscopeError(
                     f"non-finite (NaN/Inf) activation gradient at insertion point {n!r} in batch {bi}"

@@ -116,8 +116,7 @@ class ResidualBias(nn.Module):
 class ResidualBlock(nn.Module):
     """``z ↦ z + W_out φ(W_in norm(z))`` on the channel dimension, ``W_out = 0`` at insertion.
 
-    ``W_in`` is ``N(0, init_scale²/fan_in)`` from ``seed``; with ``keep_hidden`` the last forward's
-    ``φ(W_in norm(z))`` is kept in ``last_hidden``.
+    ``W_in ~ N(0, init_scale²/fan_in)`` from ``seed``; ``keep_hidden`` keeps ``φ(W_in norm(z))`` in ``last_hidden``.
     """
 
     def __init__(
@@ -156,15 +155,11 @@ class ResidualBlock(nn.Module):
         u = self.norm(z, dim) if self.norm is not None else z
         act = ACTIVATIONS[self.activation]
         w_in, w_out = self.w_in.to(z.dtype), (self.w_out if w_out is None else w_out).to(z.dtype)
-        if self.style == "conv3x3":
-            h = act(F.conv2d(u, w_in, padding=1))
-            if self.keep_hidden:
-                self.last_hidden = h
-            return F.conv2d(h, w_out, padding=1)
-        h = act(u.movedim(dim, -1) @ w_in.T)  # (..., hidden), channel last
+        conv = self.style == "conv3x3"
+        h = act(F.conv2d(u, w_in, padding=1) if conv else u.movedim(dim, -1) @ w_in.T)  # mlp: channel last
         if self.keep_hidden:
             self.last_hidden = h
-        return (h @ w_out.T).movedim(-1, dim)
+        return F.conv2d(h, w_out, padding=1) if conv else (h @ w_out.T).movedim(-1, dim)
 
 
 def _width_dim(z: torch.Tensor, style: str, width: int) -> int:
@@ -180,8 +175,7 @@ def _width_dim(z: torch.Tensor, style: str, width: int) -> int:
 
 
 class Inserted(nn.Module):
-    """Adds a residual insertion to ``inner``'s output (a tensor or a tuple starting with one);
-    attributes missing on the wrapper are looked up on ``inner``."""
+    """Adds a residual insertion to ``inner``'s output; attributes missing here are looked up on ``inner``."""
 
     def __init__(self, inner: nn.Module, insertion: nn.Module, spec: Mapping[str, Any]):
         super().__init__()
@@ -283,8 +277,7 @@ def _keeps_width(m: nn.Module) -> bool:
 
 
 def _infer_point_width(model: nn.Module, point: str, target: nn.Module) -> int | None:
-    """Width at ``point``: the module's own, else (a width-keeping module in a ``Sequential``)
-    the nearest preceding sibling's."""
+    """Width at ``point``: the module's own, else (width-keeping, in a ``Sequential``) the previous sibling's."""
     w = _infer_width(target)
     if w is not None:
         return w
@@ -318,10 +311,10 @@ def insert(
     seed: int = 0,
     record: bool = True,
 ) -> nn.Module:
-    """Add a zero-initialised residual bias or block to the output of ``model.<point>``, in place
-    (the outputs are unchanged). ``width`` is inferred if omitted; ``hidden`` defaults to it;
-    ``style`` is as for :func:`channel_dim` (``conv3x3``: 3×3 convolutions); ``record`` appends the
-    insertion to ``model.widthscope_config["insertions"]``.
+    """Add a zero-initialised residual bias or block to the output of ``model.<point>``, in place.
+
+    ``width`` is inferred if omitted, ``hidden`` defaults to it; ``style`` as for :func:`channel_dim`;
+    ``record`` appends the insertion to ``model.widthscope_config["insertions"]``.
     """
     fn = "insert"
     _args.module(fn, "model", model)
@@ -385,7 +378,6 @@ def insert(
         cfg = getattr(model, "widthscope_config", None)
         if not isinstance(cfg, dict):
             cfg = {}
-            # a plain attribute: nn.Module.__setattr__ is typed for Tensor | Module values only
             model.widthscope_config = cfg  # type: ignore[assignment]
         cfg.setdefault("insertions", []).append(dict(spec))
     return model
@@ -426,8 +418,7 @@ def inserted(model: nn.Module, point: str, kind: str, **options: Any) -> Iterato
 
 
 def apply_insertions(model: nn.Module, config: Mapping[str, Any] | Iterable[Mapping[str, Any]]) -> nn.Module:
-    """Re-create recorded insertions (``config["insertions"]`` or the list itself) on a freshly
-    built model, before its weights are loaded."""
+    """Re-create recorded insertions (``config["insertions"]`` or the list) on a freshly built model."""
     specs = config.get("insertions", []) if isinstance(config, Mapping) else list(config)
     for spec in specs or []:
         spec = dict(spec)

@@ -57,8 +57,7 @@ from .steps import (
 
 @dataclasses.dataclass
 class InterventionInputs:
-    """What an intervention kind (``fn(inputs) -> Measured``) measures from: the examples, the
-    held-out losses before the step, the activation's scale at the point and :func:`intervene`'s settings."""
+    """What an intervention kind (``fn(inputs) -> Measured``) measures from, with :func:`intervene`'s settings."""
 
     model: nn.Module
     point: str
@@ -149,8 +148,7 @@ def block_steps(block: ResidualBlock, G_M: torch.Tensor, etas: Sequence[float]) 
 
 
 def precision_info(x: InterventionInputs, rows: list[dict[str, Any]], steps: Callable[[], Any]) -> list[dict[str, Any]]:
-    """Flag the rows below the model dtype's resolution; with ``precision="float32"`` measure those
-    steps again with the model upcast."""
+    """Flag the rows below the dtype's resolution; ``precision="float32"`` re-measures them upcast."""
     model = x.model
     r, ref = loss_rounding(model, x.test, x.loss_fn, batch_size=x.batch_size, losses=x.test_losses)
     mark_precision(rows, float_dtype(model), r)
@@ -184,8 +182,7 @@ def _gain(predicted: float, actual: float) -> dict[str, Any]:
 
 @dataclasses.dataclass
 class Measured:
-    """What a kind returns: one row per ``η``, a function giving its steps (for the float32
-    re-measure), the alignment and, where estimated, its rounding bound."""
+    """A kind's rows (one per ``η``), its steps (for the float32 re-measure), alignment and rounding bound."""
 
     rows: list[dict[str, Any]]
     steps: Callable[[], Any]
@@ -214,10 +211,8 @@ def intervene(
     prefix: str = "auto",
     precision: str = "mark",
 ) -> list[dict[str, Any]]:
-    """Measure the held-out loss change of first-order steps at ``point`` against their prediction,
-    on the first ``M``/``K`` examples; one row per η. ``reuse`` takes what a probe of the same batches
-    measured; ``prefix="full"`` runs every step in full; ``precision="float32"`` re-measures steps
-    below the dtype's resolution. Options and row fields: docs/interventions.md §2.
+    """The held-out loss change of first-order steps at ``point`` against their prediction, one row per η,
+    on the first ``M``/``K`` examples; ``reuse`` takes a probe of the same batches. Options: docs/interventions.md §2.
     """
     fn = "intervene"  # the types first, before any work
     _args.module(fn, "model", model)
@@ -333,10 +328,8 @@ def sign_agreement(
     batch_size: int = 64,
     progress: bool = True,
 ) -> dict[str, Any]:
-    r"""How often the bias probe's predicted sign of ``ΔL`` (that of ``−μ_Mᵀ g_K``) is right over
-    random ``(M, K)`` draws, beside the empirical misalignment and the certificate. Draws whose change
-    is below the dtype's resolution are counted apart (``draws_below_resolution``).
-    """
+    r"""How often the bias probe's predicted sign of ``ΔL`` (that of ``−μ_Mᵀ g_K``) is right over random
+    ``(M, K)`` draws, beside the misalignment and the certificate (draws below resolution counted apart)."""
     if eta is not None:
         eta = check_etas([eta])[0]
     train = as_examples(train_batches)
