@@ -100,9 +100,8 @@ def statistics(
     sample_rel_error: float | dict[str, float] | None = None,
     sample_errors: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """The ``points`` rows of a certify result (moments, certificates, misalignment) and its notes from
-    pooled ``(n, d)`` samples (projected to ``project`` dims from ``dims[point]``); for a bfloat16/float16
-    ``sample_dtype`` each row gets its ``rounding`` (:func:`rounding_bounds`)."""
+    """The ``points`` rows of a certify result and its notes from pooled ``(n, d)`` samples (a
+    bfloat16/float16 ``sample_dtype`` adds each row's ``rounding``)."""
     results: list[dict[str, Any]] = []
     notes: list[str] = []
     for name in train:
@@ -112,13 +111,11 @@ def statistics(
         check_pool(b.shape[0], max(k for _, k in pairs), "held-out", "n_test", pool)
         if project:
             P = Projector(int((dims or {})[name]), project, seed=seed)
-            pa = finalize_projected(stats.PrimalMoments(P.k).update(a), P)
-            pb = finalize_projected(stats.PrimalMoments(P.k).update(b), P)
+            pa, pb = (finalize_projected(stats.PrimalMoments(P.k).update(x), P) for x in (a, b))
             mom_a, mom_b = pa.as_moments(), pb.as_moments()
             cross = correct_projected_cross(stats.cross_moments(a, b, "unbiased"), pa.raw, pb.raw, P.k)
         else:
-            mom_a = stats.moments(a, estimator)
-            mom_b = stats.moments(b, estimator)
+            mom_a, mom_b = stats.moments(a, estimator), stats.moments(b, estimator)
             cross = stats.cross_moments(a, b, estimator)
         rho = sample_rel_error.get(name) if isinstance(sample_rel_error, dict) else sample_rel_error
         rounding = rounding_bounds(a, b, sample_dtype, estimator, rho, (sample_errors or {}).get(name))

@@ -330,20 +330,8 @@ def _statistics(
             for p in names
             if (e := sample_errors(run.model, p, run.train_list, run.test_list, run.loss_fn)) is not None
         }
-    results, notes = statistics(
-        a,
-        b,
-        pairs=opts.pairs,
-        draws=opts.draws,
-        seed=opts.seed,
-        estimator=opts.estimator,
-        pool=opts.pool,
-        project=opts.project,
-        dims=dims,
-        draw_scheme=opts.draw_scheme,
-        sample_dtype=low,
-        sample_errors=errors or None,
-    )
+    same = {k: getattr(opts, k) for k in ("pairs", "draws", "seed", "estimator", "pool", "project", "draw_scheme")}
+    results, notes = statistics(a, b, **same, dims=dims, sample_dtype=low, sample_errors=errors or None)
     if samples_out is not None:
         samples_out.update(train=a, test=b, dims=dims)
     return results, notes, (a, b)
@@ -388,14 +376,11 @@ def _interventions(
                     p,
                     run.train_list,
                     run.test_list,
-                    etas=opts.etas,
-                    n_etas=opts.n_etas,
+                    **{k: getattr(opts, k) for k in ("etas", "n_etas", "kind", "seed")},
                     max_rel_step=run.max_rel_step,
-                    kind=opts.kind,
                     loss_fn=run.loss_fn,
                     M=run.m_max,
                     K=run.k_max,
-                    seed=opts.seed,
                     progress=False,
                     reuse=reuse,
                 )

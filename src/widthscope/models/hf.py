@@ -197,10 +197,8 @@ def load_hf(
     max_memory: str | dict[Any, Any] | None = None,
     offload_folder: str | Path | None = None,
 ) -> nn.Module:
-    """Load the checkpoint in ``directory`` (or a hub id / cache folder) in eval mode with the Auto class
-    of its task, marked with ``widthscope_task``, ``widthscope_points`` and ``widthscope_hf``;
-    ``device_map``/``max_memory``/``offload_folder`` load it with accelerate instead of onto ``device``.
-    """
+    """Load the checkpoint in ``directory`` (or a hub id) in eval mode with its task's Auto class, marked
+    (:func:`_mark`); ``device_map``/``max_memory``/``offload_folder`` place it with accelerate."""
     directory, hub = resolve_model(str(directory), revision)
     cfg = _read_cfg(directory)
     check_model_type(cfg, directory / "config.json")
@@ -310,8 +308,7 @@ def _check_loading(loading: dict[str, Any], directory: Path, cfg: dict[str, Any]
 def meta_checkpoint(
     model: Any, revision: str | None = None, task: str | None = None, dtype: str = "auto"
 ) -> nn.Module | None:
-    """A Hugging Face checkpoint's architecture on the meta device, as :func:`load_hf` would build it
-    (no weight read); ``None`` where ``model`` is no Hugging Face checkpoint directory."""
+    """A Hugging Face checkpoint's architecture on the meta device (no weight read), else ``None``."""
     if not isinstance(model, str) or model == "builtin":
         return None
     path, hub = resolve_model(model, revision)

@@ -279,11 +279,12 @@ def _forward_loss(
 ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
     if isinstance(batch, Mapping) or (isinstance(batch, torch.Tensor) and not batch.is_floating_point()):
         # Causal LM: LongTensor ids, or {"input_ids", optional "attention_mask", "labels"}.
-        if isinstance(batch, Mapping) and "input_ids" not in batch:
-            raise WidthscopeError(f"batch {bi} is a dict without 'input_ids' (keys: {sorted(batch)})")
-        is_map = isinstance(batch, Mapping)
-        ids = batch["input_ids"] if is_map else batch
-        mask, labels = (batch.get("attention_mask"), batch.get("labels")) if is_map else (None, None)
+        mask = labels = None
+        if isinstance(batch, Mapping):
+            if "input_ids" not in batch:
+                raise WidthscopeError(f"batch {bi} is a dict without 'input_ids' (keys: {sorted(batch)})")
+            mask, labels = batch.get("attention_mask"), batch.get("labels")
+        ids = batch["input_ids"] if isinstance(batch, Mapping) else batch
         if ids.ndim != 2:
             raise WidthscopeError(f"batch {bi}: input_ids must be (B, T), got shape {tuple(ids.shape)}")
         kwargs = {}
