@@ -727,11 +727,9 @@ def _run(job: CertifyJob, notes: Sequence[str], say: Callable[[str], None] | Non
     info = model_info(model)
     recorded = spec.to_dict()  # objects in memory are recorded as "<in memory: ...>"
     res["settings"].update(
-        model=recorded["model"],
+        **{k: recorded[k] for k in ("model", "train_data", "test_data")},
         data=inputs.info.get("dataset") or inputs.data or recorded["train_data"],
         data_description=data_description(inputs.info, inputs.data or recorded["train_data"]),
-        train_data=recorded["train_data"],
-        test_data=recorded["test_data"],
         task=inputs.task,
         protocol=job.protocol,
         n_train=n_train,

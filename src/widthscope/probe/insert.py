@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
 from contextlib import contextmanager
@@ -340,37 +341,29 @@ def insert(
             f"point {point!r} already has a {target.widthscope_spec['kind']} insertion; remove it "
             "first with widthscope.probe.insert.remove_insertion(model, point)"
         )
-    n = int(width) if width is not None else _infer_point_width(model, point, target)
-    if n is None or n <= 0:
+    width = int(width) if width is not None else _infer_point_width(model, point, target)
+    if width is None or width <= 0:
         raise WidthscopeError(
             f"cannot infer the output width of point {point!r} ({type(target).__name__}); "
             "pass width=<channels of its output>"
         )
+    init_scale, seed = float(init_scale), int(seed)
     if kind == "block":
-        h = int(hidden) if hidden is not None else n
+        hidden = int(hidden) if hidden is not None else width
         ins: nn.Module = ResidualBlock(
-            n, h, activation=activation, norm=norm, style=style, init_scale=float(init_scale), seed=seed
+            width, hidden, activation=activation, norm=norm, style=style, init_scale=init_scale, seed=seed
         )
     else:
-        h = None
+        hidden = None
         if style == "conv3x3":
             raise WidthscopeError("style='conv3x3' applies to kind='block' only; a bias has no kernel")
-        ins = ResidualBias(n, style=style)
+        ins = ResidualBias(width, style=style)
     ref = next(itertools.chain(target.parameters(), model.parameters()), None)
     if ref is not None:
         # an offloaded point's weights sit on "meta" between forwards: its hook knows where it runs
         ins = ins.to(device=module_device(model, point), dtype=ref.dtype if ref.is_floating_point() else None)
-    spec = {
-        "point": point,
-        "kind": kind,
-        "width": n,
-        "hidden": h,
-        "activation": activation,
-        "norm": norm,
-        "style": style,
-        "init_scale": float(init_scale),
-        "seed": int(seed),
-    }
+    values = locals()  # the recorded spec: every option but model and record, in signature order
+    spec = {k: values[k] for k in inspect.signature(insert).parameters if k not in ("model", "record")}
     wrapper = Inserted(target, ins, spec)
     wrapper.train(target.training)
     _set_submodule(model, point, wrapper)
