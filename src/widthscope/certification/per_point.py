@@ -20,12 +20,6 @@ SAMPLE_REL_ERROR = 4.0
 _LOW = (torch.bfloat16, torch.float16)
 
 
-def _as_dtype(dtype: Any) -> torch.dtype | None:
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    return getattr(torch, str(dtype).replace("torch.", ""), None)
-
-
 def rounding_bounds(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -39,7 +33,7 @@ def rounding_bounds(
     the worst case of samples off by ``ρ`` of their norm: with ``N1 = Σ‖s_i‖``, ``N2 = Σ‖s_i‖²``, ``m = N1/n``,
     ``δ‖μ‖² ≤ (2ρ‖Σs‖N1 + ρ²N1² + (2ρ + ρ²)N2) / n(n−1)`` and ``δ(ā·b̄) ≤ ρ(m_a‖b̄‖ + m_b‖ā‖) + ρ²m_a m_b``.
     """
-    dt = _as_dtype(dtype)
+    dt = getattr(torch, str(dtype).replace("torch.", ""), None)  # a torch.dtype, its name or None
     if dt not in _LOW:
         return None
     if errors is not None:

@@ -30,6 +30,7 @@ from ..hub import attach, resolve_model
 from ..probe.structure import main_stack
 from . import count_parameters
 from .dispatch import check_disk, finish, make_offload_folder, pretrained_kwargs
+from .lm import family_config
 
 _HEADS = {  # task -> its head in transformers' names: AutoModelFor<Head>, MODEL_FOR_<HEAD>_MAPPING_NAMES
     "causal-lm": ("CausalLM", "CAUSAL_LM"),
@@ -271,14 +272,7 @@ def load_hf(
         finish(model, budget, folder if disk else None)
     family = WIDTHSCOPE_FAMILY.get(cfg["model_type"])
     if family is not None and task == "causal-lm":
-        # Our llama/pythia families are these HF classes: keep them rebuildable (grow, save).
-        c = model.config
-        model.widthscope_config = {
-            "family": family,
-            "width": c.hidden_size,
-            "depth": c.num_hidden_layers,
-            "hf_config": c.to_dict(),
-        }
+        model.widthscope_config = family_config(family, model.config)  # rebuildable (grow, save)
     return attach(model, hub)
 
 

@@ -88,8 +88,12 @@ def _from_hf(config_cls: Any, model_cls: Any, family: str, layers_path: str, hf_
     """Rebuild a model from its own Hugging Face config dict (eager attention: jvp needs it)."""
     cfg = config_cls.from_dict(dict(hf_config))
     cfg._attn_implementation = "eager"
-    config = {"family": family, "width": cfg.hidden_size, "depth": cfg.num_hidden_layers, "hf_config": cfg.to_dict()}
-    return _model(model_cls, cfg, config, layers_path)
+    return _model(model_cls, cfg, family_config(family, cfg), layers_path)
+
+
+def family_config(family: str, cfg: Any) -> dict[str, Any]:
+    """The ``widthscope_config`` of a llama/pythia model with the transformers config ``cfg``."""
+    return {"family": family, "width": cfg.hidden_size, "depth": cfg.num_hidden_layers, "hf_config": cfg.to_dict()}
 
 
 def _recorded(family: str, builder: Any, values: dict[str, Any]) -> dict[str, Any]:

@@ -324,12 +324,9 @@ def _forward_loss(
     )
 
 
-def _feature_dim(module: nn.Module, z: torch.Tensor) -> int:
-    """:func:`channel_dim`, but dim 1 of a 1-D channels-first layer's ``(B, C, L)`` output."""
-    return 1 if z.ndim <= 2 or isinstance(module, _CHANNELS_FIRST_1D) else channel_dim(z)
-
-
-def _pool(q: torch.Tensor, fdim: int, pool: str, mask: torch.Tensor | None) -> torch.Tensor:
+def _pool(q: torch.Tensor, module: nn.Module, pool: str, mask: torch.Tensor | None) -> torch.Tensor:
+    """Pool ``module``'s output gradient per example (a 1-D channels-first layer's features are dim 1)."""
+    fdim = 1 if q.ndim <= 2 or isinstance(module, _CHANNELS_FIRST_1D) else channel_dim(q)
     B = q.shape[0]
     if q.ndim == 1:
         q = q.unsqueeze(1)
@@ -527,7 +524,7 @@ class _Probe:
                     f"{' (the loss itself is not finite)' if bad_loss else ''}; check the inputs "
                     "and the model (e.g. run in float32/float64 instead of float16)"
                 )
-            pooled = _pool(g.detach(), _feature_dim(self.leaves[n][1], g), self.pool, mask).to("cpu", self.dtype)
+            pooled = _pool(g.detach(), self.leaves[n][1], self.pool, mask).to("cpu", self.dtype)
             self.out[n].append(pooled if self.transform is None else self.transform(n, pooled))
         self.n += B
         self.leaves.clear()

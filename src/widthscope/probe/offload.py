@@ -80,10 +80,6 @@ def _inner_hooks(block: nn.Module) -> bool:
     return any(m is not block and (m._forward_hooks or m._forward_pre_hooks) for m in block.modules())
 
 
-def _has_cache(kwargs: dict[str, Any]) -> bool:
-    return any(kwargs.get(k) is not None for k in _CACHE_KEYS)
-
-
 class _NoModules(contextlib.nullcontext):
     """Stands in for FlopCounterMode's module tracker: every count goes to the total only."""
 
@@ -120,7 +116,7 @@ def _wrap(block: nn.Module) -> Callable[..., Any]:
 
     @functools.wraps(inner)
     def forward(*args: Any, **kwargs: Any) -> Any:
-        if not torch.is_grad_enabled() or _has_cache(kwargs) or _inner_hooks(block):
+        if not torch.is_grad_enabled() or any(kwargs.get(k) is not None for k in _CACHE_KEYS) or _inner_hooks(block):
             return inner(*args, **kwargs)
         return checkpoint(inner, *args, use_reentrant=False, context_fn=_contexts, **kwargs)
 

@@ -73,10 +73,6 @@ def _map(out: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     return tuple(parts) if isinstance(out, tuple) else parts
 
 
-def _repeat(out: Any, E: int) -> Any:
-    return _map(out, lambda t: t.repeat(E, *([1] * (t.ndim - 1))))
-
-
 class FnSteps:
     """``E`` steps ``z + coef[e] · fn(z)`` (``fn`` run once, on copy 0); sliced like an ``(E, N)`` tensor."""
 
@@ -221,7 +217,7 @@ def _replaced(model: nn.Module, point: str, p: Plan, keep: dict[str, Any], steps
             calls[name] += 1
             if calls[name] > 1:
                 raise Unsupported(f"{name!r} runs more than once in a forward pass (a shared module)")
-            out = _repeat(keep[name], E)
+            out = _map(keep[name], lambda t: t.repeat(E, *([1] * (t.ndim - 1))))
             return put_steps(None, None, out) if name == point else out
 
         return forward
