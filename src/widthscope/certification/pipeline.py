@@ -42,17 +42,8 @@ from ..data.inputs import load_model, placement_of, resolve
 from ..data.spec import InputSpec, is_all
 from ..errors import WidthscopeError
 from ..models.hf import model_info
-from ..options import (
-    DEFAULT_M,
-    DEFAULT_MAX_REL_STEP,
-    DEFAULT_N_ETAS,
-    ESTIMATORS,
-    INTERVENTION_KINDS,
-    INTERVENTIONS,
-    CertifyOptions,
-    CertifyRunOptions,
-)
-from ..probe import POOLS, all_points, collect, insertion_points, resolve_points
+from ..options import ESTIMATORS, INTERVENTION_KINDS, INTERVENTIONS, POOLS, CertifyOptions, CertifyRunOptions
+from ..probe import all_points, collect, insertion_points, resolve_points
 from ..probe.batches import as_examples, batch_size_of, index_batch, to_batches
 from ..probe.collect import EvalMode, float_dtype, to_device
 from ..probe.offload import input_device
@@ -77,10 +68,6 @@ __all__ = [
     "run_certify",
     "list_points",
     "training_record",
-    "DEFAULT_M",
-    "DEFAULT_N_ETAS",
-    "DEFAULT_MAX_REL_STEP",
-    "ESTIMATORS",
 ]
 
 

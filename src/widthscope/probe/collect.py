@@ -43,7 +43,6 @@ __all__ = [
     "causal_lm_loss",
     "masked_lm_loss",
     "default_loss",
-    "POOLS",
     "coupling_layers",
 ]
 
