@@ -221,18 +221,7 @@ def settings_block(opts: CertifyOptions, names: Sequence[str], *, world_size: in
 
 
 def count_examples(batches: Sequence[Any]) -> int:
-    n = 0
-    for b in batches:
-        # any Mapping: a tokenizer's BatchEncoding is a UserDict, not a dict
-        x = (
-            (b["input_ids"] if "input_ids" in b else next(iter(b.values())))
-            if isinstance(b, Mapping)
-            else (b[0] if isinstance(b, (tuple, list)) else b)
-        )
-        if isinstance(x, Mapping):
-            x = next(iter(x.values()))
-        n += int(x.shape[0])
-    return n
+    return sum(int(batch_size_of(b)) for b in batches)
 
 
 def gather_rows(x: torch.Tensor, device: torch.device) -> torch.Tensor:

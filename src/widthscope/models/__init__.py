@@ -56,7 +56,6 @@ def build(family: str, width: int | float | None = None, **options: Any) -> nn.M
         raise WidthscopeError(
             f"bad option for model family {family!r}: {exc}; see help(widthscope.models.build)"
         ) from None
-    # plain attributes: nn.Module.__setattr__ is typed for Tensor | Module values only
     model.widthscope_config = config  # type: ignore[assignment]
     model.widthscope_points = points  # type: ignore[assignment]
     return model

@@ -222,8 +222,7 @@ def load_hf(
             f"device_map needs safetensors weights; {directory} has {weights}: convert it "
             "(model.save_pretrained(DIR) writes safetensors)"
         )
-    # a safetensors checkpoint's offloaded weights are read from its own files, converted ones written
-    # to the folder: the one given, else (disk allowed: no budget, or disk in it) a temporary one
+    # converted weights offload to the folder given, else (disk allowed) a temporary one
     allowed = budget is None or "disk" in budget
     folder, temp = make_offload_folder(offload_folder, allowed) if placement else (None, None)
     auto = auto_classes()[task]
@@ -243,8 +242,7 @@ def load_hf(
                 use_safetensors=use_safetensors,
                 weights_only=True,
                 dtype=torch_dtype,
-                # mismatches are refused below, in one line
-                ignore_mismatched_sizes=True,
+                ignore_mismatched_sizes=True,  # refused below, in one line
                 output_loading_info=True,
                 **placement,
                 **({"offload_folder": folder} if folder is not None else {}),

@@ -139,7 +139,6 @@ def _scales(parametrization: str, kind: str, n_in: int, width: int, sigma_w: flo
         return sigma_w / math.sqrt(n_in), 1.0
     if parametrization == "ntk":
         return 1.0, sigma_w / math.sqrt(n_in)
-    # mup
     if kind == "input":
         return 1.0 / math.sqrt(width), sigma_w * math.sqrt(width / n_in)
     if kind == "hidden":

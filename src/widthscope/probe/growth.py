@@ -119,8 +119,7 @@ def point_criteria(
         "n_train": int(qa.shape[0]),
         "n_rank": int(qb.shape[0]),
     }
-    # bias: the sum-pooled sample vector is Σ_t q_t (= probe.collect's default pooling); block: the
-    # cross Gram of per-example W_out gradients (Gram products only)
+    # bias: sum-pooled samples Σ_t q_t (collect's default); block: cross-Gram of per-example W_out gradients
     sa, sb = qa.sum(1), qb.sum(1)
     cm = cross_moments_from_gram(block_gram(qa, ha, qb, hb))
     cb, ck = certificate(sa, sb, M=M, K=K), certificate(cm, M=M, K=K)
