@@ -154,7 +154,7 @@ def certify_dict(
     _interventions(run, qa, qb, kept, gathered, results, on_point)
     notes = list(dict.fromkeys(qa.notes + qb.notes)) + stat_notes
     if opts.etas is None:
-        notes += grid_notes(results, run.max_rel_step)
+        notes += grid_notes(results, opts.max_rel_step)
     return {
         "settings": settings_block(opts, run.names, world_size=run.W),
         "points": results,
@@ -178,7 +178,6 @@ class _Run:
     test_list: list[Any]
     W: int
     device: torch.device
-    max_rel_step: float
 
     @property
     def m_max(self) -> int:
@@ -245,11 +244,10 @@ def _resolve(
             raise WidthscopeError(
                 f"{len(lst)} {what} batch(es) for {W} ranks: every rank needs one; lower the batch size or raise {flag}"
             )
-    run = _Run(model, opts, loss_fn, progress, names, train_list, test_list, W, input_device(model), 0.0)
+    run = _Run(model, opts, loss_fn, progress, names, train_list, test_list, W, input_device(model))
     if opts.pool != "token":  # cheap early check, before any probing
         check_pool(count_examples(train_list), run.m_max, "train", "n_train", opts.pool)
         check_pool(count_examples(test_list), run.k_max, "held-out", "n_test", opts.pool)
-    run.max_rel_step = check_rel_step(opts.max_rel_step)
     return run
 
 
@@ -352,8 +350,7 @@ def _interventions(
                     p,
                     run.train_list,
                     run.test_list,
-                    **{k: getattr(opts, k) for k in ("etas", "n_etas", "kind", "seed")},
-                    max_rel_step=run.max_rel_step,
+                    **{k: getattr(opts, k) for k in ("etas", "n_etas", "max_rel_step", "kind", "seed")},
                     loss_fn=run.loss_fn,
                     M=run.m_max,
                     K=run.k_max,

@@ -49,16 +49,6 @@ def auto_classes() -> dict[str, Any]:
     return {task: getattr(tf, f"AutoModelFor{head}") for task, (head, _) in _HEADS.items()}
 
 
-def _task_names() -> dict[str, set[str]]:
-    from transformers.models.auto import modeling_auto as ma
-
-    out: dict[str, set[str]] = {}
-    for task, (_, head) in _HEADS.items():
-        mapping = getattr(ma, f"MODEL_FOR_{head}_MAPPING_NAMES")
-        out[task] = {n for v in mapping.values() for n in (v if isinstance(v, (tuple, list)) else [v])}
-    return out
-
-
 def hf_task(cfg: dict[str, Any], where: str = "config.json") -> str:
     """The task of an HF config dict, from the architecture class it names."""
     archs = cfg.get("architectures") or []
@@ -67,12 +57,14 @@ def hf_task(cfg: dict[str, Any], where: str = "config.json") -> str:
             f"{where} names no architecture ('architectures' is empty): pass --task "
             f"({', '.join(TASKS)}) to say which head the weights belong to"
         )
-    arch = archs[0]
-    for task, names in _task_names().items():
-        if arch in names:
+    from transformers.models.auto import modeling_auto as ma
+
+    for task, (_, head) in _HEADS.items():
+        mapping = getattr(ma, f"MODEL_FOR_{head}_MAPPING_NAMES")  # architecture names, one or a tuple per type
+        if any(archs[0] == v or (isinstance(v, (tuple, list)) and archs[0] in v) for v in mapping.values()):
             return task
     raise WidthscopeError(
-        f"{where}: architecture {arch!r} is not a causal LM, masked LM, sequence "
+        f"{where}: architecture {archs[0]!r} is not a causal LM, masked LM, sequence "
         f"classifier or image classifier that transformers knows; supported tasks: "
         f"{', '.join(TASKS)}"
     )
@@ -104,12 +96,6 @@ def check_model_type(cfg: dict[str, Any], where: Path) -> None:
             f"{transformers.__version__} (models that need trust_remote_code are never "
             "loaded); upgrade transformers or convert the checkpoint"
         )
-
-
-def _dtype(name: str) -> Any:
-    if name not in DTYPES:
-        raise WidthscopeError(f"--dtype {name!r}: choose one of {', '.join(DTYPES)}")
-    return "auto" if name == "auto" else getattr(torch, name)
 
 
 def _weights(directory: Path) -> tuple[bool, str]:
@@ -212,7 +198,8 @@ def load_hf(
             f"({named}): its weights belong to that head; drop --task"
         )
     task = named
-    torch_dtype = _dtype(dtype)
+    if dtype not in DTYPES:
+        raise WidthscopeError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     use_safetensors, weights = _weights(directory)
     placement, budget = pretrained_kwargs(device_map, max_memory, offload_folder)
     if placement and str(device) != "cpu":
@@ -241,7 +228,7 @@ def load_hf(
                 trust_remote_code=False,
                 use_safetensors=use_safetensors,
                 weights_only=True,
-                dtype=torch_dtype,
+                dtype="auto" if dtype == "auto" else getattr(torch, dtype),
                 ignore_mismatched_sizes=True,  # refused below, in one line
                 output_loading_info=True,
                 **placement,

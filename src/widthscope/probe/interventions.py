@@ -332,8 +332,7 @@ def sign_agreement(
     ``(M, K)`` draws, beside the misalignment and the certificate (draws below resolution counted apart)."""
     if eta is not None:
         eta = check_etas([eta])[0]
-    train = as_examples(train_batches)
-    test = as_examples(test_batches)
+    train, test = as_examples(train_batches), as_examples(test_batches)
     na, nb = batch_size_of(train), batch_size_of(test)
     for name, value, pool in (("M", M, na), ("K", K, nb), ("draws", draws, None)):
         _args.integer("sign_agreement", name, value, lo=1, hi=pool)
