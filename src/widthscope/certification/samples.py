@@ -1,8 +1,7 @@
 """Pooled samples as an artifact, and ``widthscope stats``: certificates without a model.
 
-``certify --save-samples FILE`` writes every point's pooled samples (safetensors ``train/<point>``,
-``test/<point>``, float64) with their settings in the metadata; ``widthscope stats`` recomputes the
-certificates from such a file, or from ``.npy``/``.npz``/``.pt`` sample matrices.
+``certify --save-samples FILE`` writes safetensors ``train/<point>``, ``test/<point>`` (float64) with the
+settings as metadata; ``widthscope stats`` recomputes certificates from it or from ``.npy``/``.npz``/``.pt``.
 
 Example::
 

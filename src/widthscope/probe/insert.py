@@ -1,9 +1,7 @@
 """Function-preserving residual insertions at an insertion point.
 
-The output ``z`` of the module at ``point`` becomes ``z + b`` (``kind="bias"``, ``b = 0``) or
-``z + W_out φ(W_in norm(z))`` (``kind="block"``, ``W_out = 0``) on the channel dimension, so the
-model's function is unchanged at insertion. Insertions are recorded in
-``model.widthscope_config["insertions"]`` for :func:`apply_insertions`.
+The output ``z`` at ``point`` becomes ``z + b`` (``b = 0``) or ``z + W_out φ(W_in norm(z))`` (``W_out = 0``)
+on the channel dimension; records in ``model.widthscope_config["insertions"]`` feed :func:`apply_insertions`.
 
 Example::
 

@@ -306,8 +306,7 @@ def measure_block(x: InterventionInputs) -> Measured:
 def assemble_rows(x: InterventionInputs, measured: Measured) -> list[dict[str, Any]]:
     """The rows with their precision (:func:`precision_info`) and the alignment's rounding bound."""
     rows = precision_info(x, measured.rows, measured.steps)
-    if measured.alignment_bound is not None:
-        bound = measured.alignment_bound
+    if (bound := measured.alignment_bound) is not None:
         for r in rows:
             r.update(alignment_bound=bound, alignment_within_rounding=abs(measured.alignment) <= bound)
     return rows
