@@ -162,13 +162,10 @@ def model_info(model: nn.Module) -> dict[str, Any]:
         wc = getattr(model, "widthscope_config", None) or {}
         info.update({k: wc[k] for k in ("width", "depth") if k in wc})
         info["architecture"] = wc.get("family", info["architecture"])
-    try:
-        info["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
-    except StopIteration:
-        pass
+    if (first := next(model.parameters(), None)) is not None:
+        info["dtype"] = str(first.dtype).removeprefix("torch.")
     info["parameters"] = count_parameters(model)
-    placed = getattr(model, "widthscope_dispatch", None)
-    if placed:  # accelerate's placement (device map, budget, what went to disk): docs/big-models.md
+    if placed := getattr(model, "widthscope_dispatch", None):  # accelerate's placement: docs/big-models.md
         info["placement"] = placed
     return info
 
