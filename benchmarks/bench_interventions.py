@@ -46,7 +46,7 @@ def _interventions(model, points, tr, te, qa, qb, M, K, prefix, kept, n_etas, to
 
 
 def run(quick: bool = False, widths: tuple[int, ...] | None = None) -> list[dict[str, Any]]:
-    from widthscope.certification.pipeline import DEFAULT_MAX_REL_STEP, DEFAULT_N_ETAS
+    from widthscope.options import DEFAULT_MAX_REL_STEP, DEFAULT_N_ETAS
     from widthscope.models import build
     from widthscope.probe import collect, insertion_points
     from widthscope.probe.batches import as_examples, to_batches

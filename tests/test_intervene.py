@@ -585,7 +585,7 @@ def test_certify_default_interventions_decade_grid_equal_full_path(monkeypatch):
     n_etas=9, max_rel_step=1 gives the half-decades up to 1, its decades being the same steps
     (the same floats) and rows."""
     from widthscope.certification import certify_dict
-    from widthscope.certification.pipeline import DEFAULT_MAX_REL_STEP, DEFAULT_N_ETAS
+    from widthscope.options import DEFAULT_MAX_REL_STEP, DEFAULT_N_ETAS
     from widthscope.probe.batches import to_batches
 
     assert (DEFAULT_N_ETAS, DEFAULT_MAX_REL_STEP) == (4, 0.1)
@@ -668,7 +668,7 @@ def test_committed_retention_grid_supports_certify_stopping_at_0_1():
     step of 1 only repeats: the rows must show that, on the 9 half-decades up to 1."""
     import json
 
-    from widthscope.certification.pipeline import DEFAULT_MAX_REL_STEP
+    from widthscope.options import DEFAULT_MAX_REL_STEP
 
     root, mod = _retention_grid_module()
     data = json.loads((root / "benchmarks" / "results" / "retention-grid.json").read_text())

@@ -20,12 +20,6 @@ SAMPLE_REL_ERROR = 4.0
 _LOW = (torch.bfloat16, torch.float16)
 
 
-def _as_dtype(dtype: Any) -> torch.dtype | None:
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    return getattr(torch, str(dtype).replace("torch.", ""), None)
-
-
 def rounding_bounds(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -39,7 +33,7 @@ def rounding_bounds(
     the worst case of samples off by ``ρ`` of their norm: with ``N1 = Σ‖s_i‖``, ``N2 = Σ‖s_i‖²``, ``m = N1/n``,
     ``δ‖μ‖² ≤ (2ρ‖Σs‖N1 + ρ²N1² + (2ρ + ρ²)N2) / n(n−1)`` and ``δ(ā·b̄) ≤ ρ(m_a‖b̄‖ + m_b‖ā‖) + ρ²m_a m_b``.
     """
-    dt = _as_dtype(dtype)
+    dt = getattr(torch, str(dtype).replace("torch.", ""), None)  # a torch.dtype, its name or None
     if dt not in _LOW:
         return None
     if errors is not None:
@@ -100,9 +94,8 @@ def statistics(
     sample_rel_error: float | dict[str, float] | None = None,
     sample_errors: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """The ``points`` rows of a certify result (moments, certificates, misalignment) and its notes from
-    pooled ``(n, d)`` samples (projected to ``project`` dims from ``dims[point]``); for a bfloat16/float16
-    ``sample_dtype`` each row gets its ``rounding`` (:func:`rounding_bounds`)."""
+    """The ``points`` rows of a certify result and its notes from pooled ``(n, d)`` samples (a
+    bfloat16/float16 ``sample_dtype`` adds each row's ``rounding``)."""
     results: list[dict[str, Any]] = []
     notes: list[str] = []
     for name in train:
@@ -112,13 +105,11 @@ def statistics(
         check_pool(b.shape[0], max(k for _, k in pairs), "held-out", "n_test", pool)
         if project:
             P = Projector(int((dims or {})[name]), project, seed=seed)
-            pa = finalize_projected(stats.PrimalMoments(P.k).update(a), P)
-            pb = finalize_projected(stats.PrimalMoments(P.k).update(b), P)
+            pa, pb = (finalize_projected(stats.PrimalMoments(P.k).update(x), P) for x in (a, b))
             mom_a, mom_b = pa.as_moments(), pb.as_moments()
             cross = correct_projected_cross(stats.cross_moments(a, b, "unbiased"), pa.raw, pb.raw, P.k)
         else:
-            mom_a = stats.moments(a, estimator)
-            mom_b = stats.moments(b, estimator)
+            mom_a, mom_b = stats.moments(a, estimator), stats.moments(b, estimator)
             cross = stats.cross_moments(a, b, estimator)
         rho = sample_rel_error.get(name) if isinstance(sample_rel_error, dict) else sample_rel_error
         rounding = rounding_bounds(a, b, sample_dtype, estimator, rho, (sample_errors or {}).get(name))

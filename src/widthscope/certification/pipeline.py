@@ -42,17 +42,8 @@ from ..data.inputs import load_model, placement_of, resolve
 from ..data.spec import InputSpec, is_all
 from ..errors import WidthscopeError
 from ..models.hf import model_info
-from ..options import (
-    DEFAULT_M,
-    DEFAULT_MAX_REL_STEP,
-    DEFAULT_N_ETAS,
-    ESTIMATORS,
-    INTERVENTION_KINDS,
-    INTERVENTIONS,
-    CertifyOptions,
-    CertifyRunOptions,
-)
-from ..probe import POOLS, all_points, collect, insertion_points, resolve_points
+from ..options import ESTIMATORS, INTERVENTION_KINDS, INTERVENTIONS, POOLS, CertifyOptions, CertifyRunOptions
+from ..probe import all_points, collect, insertion_points, resolve_points
 from ..probe.batches import as_examples, batch_size_of, index_batch, to_batches
 from ..probe.collect import EvalMode, float_dtype, to_device
 from ..probe.offload import input_device
@@ -77,10 +68,6 @@ __all__ = [
     "run_certify",
     "list_points",
     "training_record",
-    "DEFAULT_M",
-    "DEFAULT_N_ETAS",
-    "DEFAULT_MAX_REL_STEP",
-    "ESTIMATORS",
 ]
 
 
@@ -139,10 +126,9 @@ def certify_dict(
     on_point: Callable[[dict[str, Any]], None] | None = None,
     draw_scheme: str = _D,
 ) -> dict[str, Any]:
-    """Certify every insertion point of ``model``; returns the results file's dict (docs/certify.md).
+    """Certify every insertion point of ``model``: the results file's dict (docs/certify.md).
 
-    Settings come from ``options`` (a :class:`~widthscope.options.CertifyOptions`), overridden by the
-    keywords; ``samples_out`` receives the pooled samples, ``on_point`` each finished point's row.
+    Keywords override ``options``; ``samples_out`` receives the pooled samples, ``on_point`` each finished row.
     """
     given = {k: v for k, v in locals().items() if k in _CHECKS and v is not _D}  # first: only the parameters
     if options is not None and not isinstance(options, CertifyOptions):
@@ -168,7 +154,7 @@ def certify_dict(
     _interventions(run, qa, qb, kept, gathered, results, on_point)
     notes = list(dict.fromkeys(qa.notes + qb.notes)) + stat_notes
     if opts.etas is None:
-        notes += grid_notes(results, run.max_rel_step)
+        notes += grid_notes(results, opts.max_rel_step)
     return {
         "settings": settings_block(opts, run.names, world_size=run.W),
         "points": results,
@@ -192,7 +178,6 @@ class _Run:
     test_list: list[Any]
     W: int
     device: torch.device
-    max_rel_step: float
 
     @property
     def m_max(self) -> int:
@@ -235,25 +220,11 @@ def settings_block(opts: CertifyOptions, names: Sequence[str], *, world_size: in
 
 
 def count_examples(batches: Sequence[Any]) -> int:
-    n = 0
-    for b in batches:
-        # any Mapping: a tokenizer's BatchEncoding is a UserDict, not a dict
-        x = (
-            (b["input_ids"] if "input_ids" in b else next(iter(b.values())))
-            if isinstance(b, Mapping)
-            else (b[0] if isinstance(b, (tuple, list)) else b)
-        )
-        if isinstance(x, Mapping):
-            x = next(iter(x.values()))
-        n += int(x.shape[0])
-    return n
+    return sum(int(batch_size_of(b)) for b in batches)
 
 
 def gather_rows(x: torch.Tensor, device: torch.device) -> torch.Tensor:
-    if not distributed.is_distributed():
-        return x
-    # nccl gathers CUDA tensors only; gloo is happy with CPU ones.
-    return distributed.all_gather_rows(x.to(device)).to("cpu")
+    return distributed.all_gather_rows(x.to(device)).to("cpu") if distributed.is_distributed() else x
 
 
 def _resolve(
@@ -273,17 +244,15 @@ def _resolve(
             raise WidthscopeError(
                 f"{len(lst)} {what} batch(es) for {W} ranks: every rank needs one; lower the batch size or raise {flag}"
             )
-    run = _Run(model, opts, loss_fn, progress, names, train_list, test_list, W, input_device(model), 0.0)
+    run = _Run(model, opts, loss_fn, progress, names, train_list, test_list, W, input_device(model))
     if opts.pool != "token":  # cheap early check, before any probing
         check_pool(count_examples(train_list), run.m_max, "train", "n_train", opts.pool)
         check_pool(count_examples(test_list), run.k_max, "held-out", "n_test", opts.pool)
-    run.max_rel_step = check_rel_step(opts.max_rel_step)
     return run
 
 
 def _probe(run: _Run) -> tuple[Any, Any, dict[str, Projector], Any]:
-    """This rank's shard of the train and held-out batches probed at every point (projected as they
-    stream with ``project``), the projectors, and the prefix the bias interventions reuse (or None)."""
+    """This rank's shard probed at every point (projected with ``project``), the projectors and the kept prefix."""
     opts, model = run.opts, run.model
     projectors: dict[str, Projector] = {}
 
@@ -321,8 +290,7 @@ def _probe(run: _Run) -> tuple[Any, Any, dict[str, Projector], Any]:
 def _statistics(
     run: _Run, qa: Any, qb: Any, projectors: dict[str, Projector], samples_out: dict[str, Any] | None
 ) -> tuple[list[dict[str, Any]], list[str], tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]]:
-    """Every point's moments, certificates and misalignment from all ranks' samples (with a
-    bfloat16/float16 model's measured rounding); returns the rows, the notes and the samples."""
+    """Every point's statistics from all ranks' samples: the rows, the notes and the gathered samples."""
     opts, names = run.opts, run.names
     a = {name: gather_rows(qa[name], run.device) for name in names}
     b = {name: gather_rows(qb[name], run.device) for name in names}
@@ -336,20 +304,8 @@ def _statistics(
             for p in names
             if (e := sample_errors(run.model, p, run.train_list, run.test_list, run.loss_fn)) is not None
         }
-    results, notes = statistics(
-        a,
-        b,
-        pairs=opts.pairs,
-        draws=opts.draws,
-        seed=opts.seed,
-        estimator=opts.estimator,
-        pool=opts.pool,
-        project=opts.project,
-        dims=dims,
-        draw_scheme=opts.draw_scheme,
-        sample_dtype=low,
-        sample_errors=errors or None,
-    )
+    same = {k: getattr(opts, k) for k in ("pairs", "draws", "seed", "estimator", "pool", "project", "draw_scheme")}
+    results, notes = statistics(a, b, **same, dims=dims, sample_dtype=low, sample_errors=errors or None)
     if samples_out is not None:
         samples_out.update(train=a, test=b, dims=dims)
     return results, notes, (a, b)
@@ -364,9 +320,7 @@ def _interventions(
     results: list[dict[str, Any]],
     on_point: Callable[[dict[str, Any]], None] | None,
 ) -> None:
-    """Add each point's ``interventions`` to its row (rank 0 computes them) and hand each row to
-    ``on_point``; the model's modes are restored. The bias steps reuse the probe's samples,
-    held-out losses, activation scale and kept prefix."""
+    """Add each point's ``interventions`` (rank 0 computes them) and hand each row to ``on_point``."""
     opts, model = run.opts, run.model
     on_point = on_point or (lambda row: None)
     if opts.kind not in INTERVENTION_KINDS:
@@ -396,14 +350,10 @@ def _interventions(
                     p,
                     run.train_list,
                     run.test_list,
-                    etas=opts.etas,
-                    n_etas=opts.n_etas,
-                    max_rel_step=run.max_rel_step,
-                    kind=opts.kind,
+                    **{k: getattr(opts, k) for k in ("etas", "n_etas", "max_rel_step", "kind", "seed")},
                     loss_fn=run.loss_fn,
                     M=run.m_max,
                     K=run.k_max,
-                    seed=opts.seed,
                     progress=False,
                     reuse=reuse,
                 )
@@ -411,13 +361,11 @@ def _interventions(
             on_point(r)
 
 
-# The largest default step "still first order": it gave at least this share of the predicted decrease.
-STILL_FIRST_ORDER = 0.5
+STILL_FIRST_ORDER = 0.5  # share of the predicted decrease that makes the grid's largest step "still first order"
 
 
 def grid_notes(results: Sequence[dict[str, Any]], max_rel_step: float) -> list[str]:
-    """A note naming the points where the default grid's largest step still gave at least
-    :data:`STILL_FIRST_ORDER` of the predicted loss decrease."""
+    """A note naming the points where the default grid's largest step was still first order."""
     held: dict[str, float] = {}
     for r in results:
         rows = [x for x in r.get("interventions") or [] if isinstance(x, dict) and x.get("eta") is not None]
@@ -530,8 +478,7 @@ def device_memory(device: torch.device | str) -> tuple[int | None, str]:
 def _check_structure(
     job: CertifyJob, names: Sequence[str], inputs: Any, model: nn.Module, n: tuple[int, int]
 ) -> tuple[dict[str, int], int]:
-    """Check ``M``/``K`` against pools read whole and ``--project`` against the points' dimensions
-    (one probed example); returns the dimensions and the sample rows per example."""
+    """Check ``M``/``K`` and ``--project`` against the pools and dimensions: (dimensions, sample rows per example)."""
     spec, opts = job.spec, job.options
     needs = (
         ("n_train", "M", max(m for m, _ in opts.pairs), "train", n[0]),
@@ -591,8 +538,7 @@ def _lock(job: CertifyJob) -> contextlib.AbstractContextManager[None]:
 
 
 class _Parts:
-    """Finished points of a certify run, one JSON file each in ``OUT.parts/``, keyed by a
-    fingerprint of the settings (so ``--resume`` never mixes settings)."""
+    """Finished points, one JSON file each in ``OUT.parts/``, keyed by a fingerprint of the settings."""
 
     def __init__(self, job: CertifyJob, names: Sequence[str], n: tuple[int, int], inputs_info: dict[str, Any]):
         self.dir = _parts_dir(job.out)
@@ -655,8 +601,7 @@ _TRAINING_NAMES = {"steps": ("steps",), "train_loss": ("train_loss", "loss"), "t
 
 
 def training_record(extra: Any) -> dict[str, Any]:
-    """The finite ``steps`` / ``train_loss`` (or ``loss``) / ``test_loss`` recorded in a checkpoint's
-    ``extra`` dict, from ``extra["train"]`` first, else its top level; ``{}`` when none is."""
+    """The finite steps / train_loss (or loss) / test_loss of ``extra["train"]``, else of ``extra``."""
     out: dict[str, Any] = {}
     sources = (extra.get("train"), extra) if isinstance(extra, Mapping) else ()
     for where in [w for w in sources if isinstance(w, Mapping)]:
@@ -694,8 +639,7 @@ def _merge(
 def run_certify(
     job: CertifyJob, *, notes: Sequence[str] = (), say: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
-    """Run ``job``; rank 0 holds the lock of ``job.out``, writes it (and ``job.save_samples``).
-    Every check that needs the model's structure runs before the built-in model trains."""
+    """Run ``job``; rank 0 holds the lock of ``job.out`` and writes it (and ``job.save_samples``)."""
     with _lock(job) if distributed.is_main() else contextlib.nullcontext():
         return _run(job, notes, say)
 
@@ -756,11 +700,9 @@ def _run(job: CertifyJob, notes: Sequence[str], say: Callable[[str], None] | Non
     info = model_info(model)
     recorded = spec.to_dict()  # objects in memory are recorded as "<in memory: ...>"
     res["settings"].update(
-        model=recorded["model"],
+        **{k: recorded[k] for k in ("model", "train_data", "test_data")},
         data=inputs.info.get("dataset") or inputs.data or recorded["train_data"],
         data_description=data_description(inputs.info, inputs.data or recorded["train_data"]),
-        train_data=recorded["train_data"],
-        test_data=recorded["test_data"],
         task=inputs.task,
         protocol=job.protocol,
         n_train=n_train,
@@ -772,8 +714,7 @@ def _run(job: CertifyJob, notes: Sequence[str], say: Callable[[str], None] | Non
         **{k: info.get(k) for k in ("architecture", "width", "depth", "dtype", "parameters", "attn_implementation")},
     )
     res["settings"].update({k: inputs.info[k] for k in ("n_train_examples", "n_test_examples") if k in inputs.info})
-    trained = training_record(getattr(model, "widthscope_extra", None))
-    if trained:  # the checkpoint's training record (steps, final losses): the report's provenance table
+    if trained := training_record(getattr(model, "widthscope_extra", None)):
         res["settings"]["training"] = trained
     if "placement" in info:  # a dispatched model: where its layers ran (docs/big-models.md)
         res["settings"]["placement"] = info["placement"]

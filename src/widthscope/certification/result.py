@@ -35,8 +35,7 @@ __all__ = ["CertifyResult", "PointCertificate", "Certificate"]
 
 @dataclasses.dataclass(frozen=True)
 class Certificate:
-    """One ``(M, K)`` certificate of one point: the two-population form's headline numbers and
-    the empirical misalignment (``raw`` keeps the whole record, both forms)."""
+    """One ``(M, K)`` certificate: the two-population headline numbers and misalignment (``raw``: all)."""
 
     M: int
     K: int
@@ -63,8 +62,7 @@ class Certificate:
 
 @dataclasses.dataclass(frozen=True)
 class PointCertificate:
-    """The statistics of one insertion point: dimension, pool sizes, moments, certificates per
-    ``(M, K)``, and the interventions (predicted vs actual held-out loss change per step)."""
+    """One insertion point's statistics: dimension, pool sizes, moments, certificates, interventions."""
 
     point: str
     d: int
@@ -110,8 +108,7 @@ class PointCertificate:
 
 @dataclasses.dataclass(frozen=True)
 class CertifyResult:
-    """A certify run's result: settings, one :class:`PointCertificate` per point, the ranking, notes,
-    timing and the options that made it (``None`` where the result did not record them)."""
+    """A certify run's result: settings, one :class:`PointCertificate` per point, ranking, notes, timing, options."""
 
     settings: Mapping[str, Any]
     points: tuple[PointCertificate, ...]
@@ -186,8 +183,7 @@ _HEADLINE = ("d_par", "d_2", "d_align", "b_exact", "b_align", "misalignment")
 
 
 def _options_from_settings(s: Mapping[str, Any]) -> CertifyOptions | None:
-    """Options of a result written before results recorded them, from its ``settings``; None
-    where they do not determine valid options (never a default that did not make the result)."""
+    """Options of an older result from its ``settings``; None where they do not determine valid options."""
     keys = {f.name for f in dataclasses.fields(CertifyOptions)}
     known = {k: v for k, v in s.items() if k in keys and v is not None and k not in ("points", "interventions")}
     known["interventions"] = s.get("interventions") or "none"

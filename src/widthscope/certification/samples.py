@@ -1,8 +1,7 @@
 """Pooled samples as an artifact, and ``widthscope stats``: certificates without a model.
 
-``certify --save-samples FILE`` writes every point's pooled samples (safetensors ``train/<point>``,
-``test/<point>``, float64) with their settings in the metadata; ``widthscope stats`` recomputes the
-certificates from such a file, or from ``.npy``/``.npz``/``.pt`` sample matrices.
+``certify --save-samples FILE`` writes safetensors ``train/<point>``, ``test/<point>`` (float64) with the
+settings as metadata; ``widthscope stats`` recomputes certificates from it or from ``.npy``/``.npz``/``.pt``.
 
 Example::
 
@@ -31,14 +30,7 @@ import numpy as np
 import torch
 
 from .. import _io  # _io.check_space looked up at call time (tests replace it)
-from .._io import (
-    Skipped,
-    atomic_write_json,
-    record_skips,
-    refuse_skips,
-    to_jsonable,
-    warn_skips,
-)
+from .._io import Skipped, atomic_write_json, record_skips, refuse_skips, to_jsonable, warn_skips
 from ..errors import WidthscopeError
 from ..options import ESTIMATORS, MAX_POOL, Estimator, Options, option
 from ..validate import pairs_of
@@ -81,8 +73,7 @@ _REWRITE = "write it again with certify --save-samples"
 def load(
     path: str | os.PathLike, problems: list | None = None
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
-    """(train, test, meta) of a file written by :func:`save`; damaged optional metadata is skipped
-    (appended to ``problems`` when given, else logged)."""
+    """(train, test, meta) of a :func:`save` file; damaged optional metadata is skipped (into ``problems``)."""
     from safetensors import safe_open
 
     path = Path(path)
@@ -217,8 +208,7 @@ def load_matrices(
 def recompute(
     train: dict[str, torch.Tensor], test: dict[str, torch.Tensor], meta: dict[str, Any], **overrides: Any
 ) -> dict[str, Any]:
-    """The certify result from samples: saved settings, updated by ``overrides`` (M, K, draws,
-    seed, estimator); interventions are the recorded rows (they need the model)."""
+    """The certify result from samples, with the saved settings updated by ``overrides``."""
     defaults = {"draws": 1000, "seed": 0, "estimator": "unbiased", "pool": "sum", "draw_scheme": "shared"}
     settings = {**defaults, **(meta.get("settings") or {}), **{k: v for k, v in overrides.items() if v is not None}}
     if settings["estimator"] not in ("unbiased", "plugin"):
@@ -330,8 +320,7 @@ def run_stats(
     strict: bool = False,
     report: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """``widthscope stats``: the certify result recomputed from a ``samples`` file or ``train``/``test``
-    matrices (settings as :class:`StatsOptions`), handed to ``report`` and written to ``out``."""
+    """``widthscope stats``: the result recomputed from a samples file or matrices, reported and written to ``out``."""
     opts = StatsOptions(
         samples=None if samples is None else str(samples),
         train=train,

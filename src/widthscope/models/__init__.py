@@ -37,9 +37,8 @@ __all__ = ["FAMILIES", "build", "count_parameters", "describe"]
 
 
 def build(family: str, width: int | float | None = None, **options: Any) -> nn.Module:
-    """Build a model of ``family`` at ``width``: hidden units (``mlp``, which also needs ``in_dim`` and
-    ``out_dim``), channel multiplier (``resnet20``) or hidden size (``llama``, ``pythia``); ``options``
-    are the family builder's keywords (:mod:`.mlp`, :mod:`.resnet`, :mod:`.lm`)."""
+    """Build a model of ``family`` at ``width`` (hidden units, channel multiplier or hidden size) with the
+    family builder's keyword ``options``."""
     if family not in FAMILIES:
         raise WidthscopeError(f"unknown model family {family!r}; valid: {', '.join(FAMILIES)}")
     if family == "mlp":
@@ -57,7 +56,6 @@ def build(family: str, width: int | float | None = None, **options: Any) -> nn.M
         raise WidthscopeError(
             f"bad option for model family {family!r}: {exc}; see help(widthscope.models.build)"
         ) from None
-    # plain attributes: nn.Module.__setattr__ is typed for Tensor | Module values only
     model.widthscope_config = config  # type: ignore[assignment]
     model.widthscope_points = points  # type: ignore[assignment]
     return model

@@ -225,8 +225,7 @@ def dispatch(
     offload_folder: str | Path | None = None,
     release_memory: bool | None = None,
 ) -> nn.Module:
-    """Dispatch a model in memory over devices / disk (``device_map``: one of :data:`DEVICE_MAPS` or
-    ``{module name: device}``); ``offload_folder`` defaults to a temporary one. Returns the model."""
+    """Dispatch a model in memory over devices / disk; ``offload_folder`` defaults to a temporary one."""
     import accelerate  # optional dependency (the "hf" extra)
     from accelerate.utils import get_balanced_memory, get_max_memory
 
@@ -281,8 +280,7 @@ _RELEASE: contextvars.ContextVar[bool] = contextvars.ContextVar("_RELEASE", defa
 
 
 def fix_mmap_threshold() -> bool:
-    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD` for the rest of the process, so dropped
-    offloaded weights go back to the system; True if it did (not off glibc or when the environment sets it)."""
+    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD` so dropped offloaded weights are freed; True if it did."""
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") or platform.libc_ver()[0] != "glibc":
         return False
     try:
@@ -320,9 +318,8 @@ def finish(
     *,
     release_memory: bool | None = None,
 ) -> nn.Module:
-    """After the dispatch: with offloaded modules, recompute the main stack's blocks in the backward,
-    switch the key/value cache off and (``release_memory``) fix the mmap threshold; record the
-    placement in ``widthscope_dispatch`` (and ``widthscope_hf``)."""
+    """After the dispatch: with offloaded modules, recompute blocks, drop the key/value cache and (``release_memory``)
+    fix the mmap threshold; record the placement in ``widthscope_dispatch`` (and ``widthscope_hf``)."""
     dmap = dict(getattr(model, "hf_device_map", None) or {})
     offloaded = offloaded_modules(model)
     blocks: list[str] = []

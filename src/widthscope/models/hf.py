@@ -30,6 +30,7 @@ from ..hub import attach, resolve_model
 from ..probe.structure import main_stack
 from . import count_parameters
 from .dispatch import check_disk, finish, make_offload_folder, pretrained_kwargs
+from .lm import family_config
 
 _HEADS = {  # task -> its head in transformers' names: AutoModelFor<Head>, MODEL_FOR_<HEAD>_MAPPING_NAMES
     "causal-lm": ("CausalLM", "CAUSAL_LM"),
@@ -48,16 +49,6 @@ def auto_classes() -> dict[str, Any]:
     return {task: getattr(tf, f"AutoModelFor{head}") for task, (head, _) in _HEADS.items()}
 
 
-def _task_names() -> dict[str, set[str]]:
-    from transformers.models.auto import modeling_auto as ma
-
-    out: dict[str, set[str]] = {}
-    for task, (_, head) in _HEADS.items():
-        mapping = getattr(ma, f"MODEL_FOR_{head}_MAPPING_NAMES")
-        out[task] = {n for v in mapping.values() for n in (v if isinstance(v, (tuple, list)) else [v])}
-    return out
-
-
 def hf_task(cfg: dict[str, Any], where: str = "config.json") -> str:
     """The task of an HF config dict, from the architecture class it names."""
     archs = cfg.get("architectures") or []
@@ -66,12 +57,14 @@ def hf_task(cfg: dict[str, Any], where: str = "config.json") -> str:
             f"{where} names no architecture ('architectures' is empty): pass --task "
             f"({', '.join(TASKS)}) to say which head the weights belong to"
         )
-    arch = archs[0]
-    for task, names in _task_names().items():
-        if arch in names:
+    from transformers.models.auto import modeling_auto as ma
+
+    for task, (_, head) in _HEADS.items():
+        mapping = getattr(ma, f"MODEL_FOR_{head}_MAPPING_NAMES")  # architecture names, one or a tuple per type
+        if any(archs[0] == v or (isinstance(v, (tuple, list)) and archs[0] in v) for v in mapping.values()):
             return task
     raise WidthscopeError(
-        f"{where}: architecture {arch!r} is not a causal LM, masked LM, sequence "
+        f"{where}: architecture {archs[0]!r} is not a causal LM, masked LM, sequence "
         f"classifier or image classifier that transformers knows; supported tasks: "
         f"{', '.join(TASKS)}"
     )
@@ -103,12 +96,6 @@ def check_model_type(cfg: dict[str, Any], where: Path) -> None:
             f"{transformers.__version__} (models that need trust_remote_code are never "
             "loaded); upgrade transformers or convert the checkpoint"
         )
-
-
-def _dtype(name: str) -> Any:
-    if name not in DTYPES:
-        raise WidthscopeError(f"--dtype {name!r}: choose one of {', '.join(DTYPES)}")
-    return "auto" if name == "auto" else getattr(torch, name)
 
 
 def _weights(directory: Path) -> tuple[bool, str]:
@@ -175,13 +162,10 @@ def model_info(model: nn.Module) -> dict[str, Any]:
         wc = getattr(model, "widthscope_config", None) or {}
         info.update({k: wc[k] for k in ("width", "depth") if k in wc})
         info["architecture"] = wc.get("family", info["architecture"])
-    try:
-        info["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
-    except StopIteration:
-        pass
+    if (first := next(model.parameters(), None)) is not None:
+        info["dtype"] = str(first.dtype).removeprefix("torch.")
     info["parameters"] = count_parameters(model)
-    placed = getattr(model, "widthscope_dispatch", None)
-    if placed:  # accelerate's placement (device map, budget, what went to disk): docs/big-models.md
+    if placed := getattr(model, "widthscope_dispatch", None):  # accelerate's placement: docs/big-models.md
         info["placement"] = placed
     return info
 
@@ -197,10 +181,8 @@ def load_hf(
     max_memory: str | dict[Any, Any] | None = None,
     offload_folder: str | Path | None = None,
 ) -> nn.Module:
-    """Load the checkpoint in ``directory`` (or a hub id / cache folder) in eval mode with the Auto class
-    of its task, marked with ``widthscope_task``, ``widthscope_points`` and ``widthscope_hf``;
-    ``device_map``/``max_memory``/``offload_folder`` load it with accelerate instead of onto ``device``.
-    """
+    """Load the checkpoint in ``directory`` (or a hub id) in eval mode with its task's Auto class, marked
+    (:func:`_mark`); ``device_map``/``max_memory``/``offload_folder`` place it with accelerate."""
     directory, hub = resolve_model(str(directory), revision)
     cfg = _read_cfg(directory)
     check_model_type(cfg, directory / "config.json")
@@ -213,7 +195,8 @@ def load_hf(
             f"({named}): its weights belong to that head; drop --task"
         )
     task = named
-    torch_dtype = _dtype(dtype)
+    if dtype not in DTYPES:
+        raise WidthscopeError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     use_safetensors, weights = _weights(directory)
     placement, budget = pretrained_kwargs(device_map, max_memory, offload_folder)
     if placement and str(device) != "cpu":
@@ -223,8 +206,7 @@ def load_hf(
             f"device_map needs safetensors weights; {directory} has {weights}: convert it "
             "(model.save_pretrained(DIR) writes safetensors)"
         )
-    # a safetensors checkpoint's offloaded weights are read from its own files, converted ones written
-    # to the folder: the one given, else (disk allowed: no budget, or disk in it) a temporary one
+    # converted weights offload to the folder given, else (disk allowed) a temporary one
     allowed = budget is None or "disk" in budget
     folder, temp = make_offload_folder(offload_folder, allowed) if placement else (None, None)
     auto = auto_classes()[task]
@@ -243,9 +225,8 @@ def load_hf(
                 trust_remote_code=False,
                 use_safetensors=use_safetensors,
                 weights_only=True,
-                dtype=torch_dtype,
-                # mismatches are refused below, in one line
-                ignore_mismatched_sizes=True,
+                dtype="auto" if dtype == "auto" else getattr(torch, dtype),
+                ignore_mismatched_sizes=True,  # refused below, in one line
                 output_loading_info=True,
                 **placement,
                 **({"offload_folder": folder} if folder is not None else {}),
@@ -273,14 +254,7 @@ def load_hf(
         finish(model, budget, folder if disk else None)
     family = WIDTHSCOPE_FAMILY.get(cfg["model_type"])
     if family is not None and task == "causal-lm":
-        # Our llama/pythia families are these HF classes: keep them rebuildable (grow, save).
-        c = model.config
-        model.widthscope_config = {
-            "family": family,
-            "width": c.hidden_size,
-            "depth": c.num_hidden_layers,
-            "hf_config": c.to_dict(),
-        }
+        model.widthscope_config = family_config(family, model.config)  # rebuildable (grow, save)
     return attach(model, hub)
 
 
@@ -310,8 +284,7 @@ def _check_loading(loading: dict[str, Any], directory: Path, cfg: dict[str, Any]
 def meta_checkpoint(
     model: Any, revision: str | None = None, task: str | None = None, dtype: str = "auto"
 ) -> nn.Module | None:
-    """A Hugging Face checkpoint's architecture on the meta device, as :func:`load_hf` would build it
-    (no weight read); ``None`` where ``model`` is no Hugging Face checkpoint directory."""
+    """A Hugging Face checkpoint's architecture on the meta device (no weight read), else ``None``."""
     if not isinstance(model, str) or model == "builtin":
         return None
     path, hub = resolve_model(model, revision)

@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -87,8 +88,17 @@ def _from_hf(config_cls: Any, model_cls: Any, family: str, layers_path: str, hf_
     """Rebuild a model from its own Hugging Face config dict (eager attention: jvp needs it)."""
     cfg = config_cls.from_dict(dict(hf_config))
     cfg._attn_implementation = "eager"
-    config = {"family": family, "width": cfg.hidden_size, "depth": cfg.num_hidden_layers, "hf_config": cfg.to_dict()}
-    return _model(model_cls, cfg, config, layers_path)
+    return _model(model_cls, cfg, family_config(family, cfg), layers_path)
+
+
+def family_config(family: str, cfg: Any) -> dict[str, Any]:
+    """The ``widthscope_config`` of a llama/pythia model with the transformers config ``cfg``."""
+    return {"family": family, "width": cfg.hidden_size, "depth": cfg.num_hidden_layers, "hf_config": cfg.to_dict()}
+
+
+def _recorded(family: str, builder: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """The ``widthscope_config`` of a built model: ``family`` and the builder's options from its ``locals()``."""
+    return {"family": family} | {k: values[k] for k in inspect.signature(builder).parameters if k != "hf_config"}
 
 
 def _build(config_cls: Any, model_cls: Any, layers_path: str, config: dict, **fixed: Any) -> Any:
@@ -123,20 +133,7 @@ def build_llama(
     if heads % kv_heads:
         raise WidthscopeError(f"llama: heads={heads} must be a multiple of kv_heads={kv_heads}")
     ffn = ffn or max(32, 32 * round(8 * width / 3 / 32))
-    config = dict(
-        family="llama",
-        width=width,
-        depth=depth,
-        vocab_size=vocab_size,
-        max_seq_len=max_seq_len,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        ffn=ffn,
-        rope_theta=rope_theta,
-        rms_norm_eps=rms_norm_eps,
-        initializer_range=initializer_range,
-    )
+    config = _recorded("llama", build_llama, locals())
     fixed = dict(tie_word_embeddings=False, attention_bias=False, mlp_bias=False)
     return _build(LlamaConfig, LlamaForCausalLM, "model.layers", config, **fixed)
 
@@ -175,18 +172,7 @@ def build_pythia(
             heads -= 1
     if width % heads:
         raise WidthscopeError(f"pythia: width {width} must be divisible by heads={heads}")
-    config = dict(
-        family="pythia",
-        width=width,
-        depth=depth,
-        preset=preset,
-        vocab_size=vocab_size,
-        max_seq_len=max_seq_len,
-        heads=heads,
-        ffn=ffn or 4 * width,
-        rotary_pct=rotary_pct,
-        layer_norm_eps=layer_norm_eps,
-        initializer_range=initializer_range,
-    )
+    ffn = ffn or 4 * width
+    config = _recorded("pythia", build_pythia, locals())
     fixed = dict(use_parallel_residual=True, tie_word_embeddings=False)
     return _build(GPTNeoXConfig, GPTNeoXForCausalLM, "gpt_neox.layers", config, **fixed)

@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Callable
 
@@ -138,7 +139,6 @@ def _scales(parametrization: str, kind: str, n_in: int, width: int, sigma_w: flo
         return sigma_w / math.sqrt(n_in), 1.0
     if parametrization == "ntk":
         return 1.0, sigma_w / math.sqrt(n_in)
-    # mup
     if kind == "input":
         return 1.0 / math.sqrt(width), sigma_w * math.sqrt(width / n_in)
     if kind == "hidden":
@@ -173,17 +173,8 @@ def build_mlp(
             raise WidthscopeError(f"mlp option {name} must be a positive integer, got {v!r}")
     if not (sigma_w > 0):
         raise WidthscopeError(f"mlp option sigma_w must be > 0, got {sigma_w!r}")
-    config: dict[str, Any] = dict(
-        family="mlp",
-        width=width,
-        in_dim=in_dim,
-        out_dim=out_dim,
-        depth=depth,
-        activation=act_name,
-        parametrization=parametrization,
-        sigma_w=float(sigma_w),
-        bias=bool(bias),
-        sigma_b=float(sigma_b),
-    )
+    activation, sigma_w, bias, sigma_b = act_name, float(sigma_w), bool(bias), float(sigma_b)
+    values = locals()  # the recorded options: every parameter, in signature order
+    config: dict[str, Any] = {"family": "mlp"} | {k: values[k] for k in inspect.signature(build_mlp).parameters}
     model = MLP(act=Activation(fn, act_name), **{k: v for k, v in config.items() if k not in ("family", "activation")})
     return model, config, [f"blocks.{i}" for i in range(depth)]

@@ -18,7 +18,7 @@ Example::
 
 from __future__ import annotations
 
-from .collect import POOLS, ProbeResult, batched, causal_lm_loss, collect, coupling_layers, default_loss
+from .collect import ProbeResult, batched, causal_lm_loss, collect, coupling_layers, default_loss
 from .insert import insert
 from .interventions import intervene
 from .points import all_points, insertion_points, resolve_points
@@ -33,7 +33,6 @@ __all__ = [
     "causal_lm_loss",
     "default_loss",
     "coupling_layers",
-    "POOLS",
     "insert",
     "intervene",
 ]

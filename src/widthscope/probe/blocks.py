@@ -1,6 +1,4 @@
-"""Block probe maths: the Gram of an inserted block's per-example ``W_out`` gradients without
-forming them (:func:`block_gram`), the features it is built from, the block's certificate and
-its mean ``W_out`` gradient."""
+"""Block probe maths: the Gram of an inserted block's per-example ``W_out`` gradients, its features and certificate."""
 
 from __future__ import annotations
 
@@ -97,8 +95,7 @@ def block_of(model: nn.Module, point: str) -> ResidualBlock:
 def block_features(
     model: nn.Module, point: str, data: Any, loss_fn: Callable | None = None, *, batch_size: int = 64
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-example ``q = ∂ℓ/∂(block output)`` ``(n, T, N)`` and hidden ``h`` ``(n, T, N_h)`` of the
-    MLP-style block inserted at ``point`` (eval mode)."""
+    """Per-example ``q = ∂ℓ/∂(block output)`` and hidden ``h`` of the block inserted at ``point``."""
     wrapper = model.get_submodule(point)
     block = block_of(model, point)
     if block.style == "conv3x3":
@@ -147,8 +144,7 @@ def block_certificate(
     """Two-population certificate of an inserted block's ``W_out`` step, from Gram products only."""
     qa, ha = block_features(model, point, train, loss_fn, batch_size=batch_size)
     qb, hb = block_features(model, point, test, loss_fn, batch_size=batch_size)
-    C = block_gram(qa, ha, qb, hb)
-    return certificate(cross_moments_from_gram(C, estimator), M=M, K=K, estimator=estimator)
+    return certificate(cross_moments_from_gram(block_gram(qa, ha, qb, hb), estimator), M=M, K=K, estimator=estimator)
 
 
 def w_out_grad(model: nn.Module, point: str, data: Any, loss_fn: Callable | None, batch_size: int) -> torch.Tensor:

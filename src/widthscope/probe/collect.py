@@ -43,7 +43,6 @@ __all__ = [
     "causal_lm_loss",
     "masked_lm_loss",
     "default_loss",
-    "POOLS",
     "coupling_layers",
 ]
 
@@ -65,8 +64,7 @@ _CHANNELS_FIRST_1D = (
 
 
 class ProbeResult(dict):
-    """``{point: Tensor (n, d)}`` with the run's ``notes``, ``n_examples``, ``pool``, per-example
-    ``losses``, ``act_sq`` and ``widths`` (which interventions reuse)."""
+    """``{point: Tensor (n, d)}`` with the run's notes, n_examples, pool, losses, act_sq and widths."""
 
     notes: list[str]
     n_examples: int
@@ -213,8 +211,7 @@ def causal_lm_loss(
 
 
 def masked_lm_loss(output: Any, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """Per-sequence masked-LM loss ``(B,)``: mean cross-entropy over the positions where
-    ``batch["labels"]`` is not -100 (unshifted)."""
+    """Per-sequence masked-LM loss ``(B,)`` over the positions where ``batch["labels"]`` is not -100."""
     logits = logits_of(output)
     labels = batch.get("labels") if isinstance(batch, Mapping) else None
     if labels is None:
@@ -262,8 +259,7 @@ def default_loss(output: Any, y: torch.Tensor) -> torch.Tensor:
 def run_batch(
     model: nn.Module, batch: Any, loss_fn: Callable | None, bi: int
 ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-    """Forward one batch; returns (per-example losses (B,), attention mask or None, B). A torch
-    error in the model or the loss becomes one WidthscopeError naming the batch and its shapes."""
+    """Forward one batch: (per-example losses (B,), attention mask or None, B); torch errors become WidthscopeError."""
     try:
         return _forward_loss(model, batch, loss_fn, bi)
     except WidthscopeError:
@@ -327,12 +323,9 @@ def _forward_loss(
     )
 
 
-def _feature_dim(module: nn.Module, z: torch.Tensor) -> int:
-    """:func:`channel_dim`, but dim 1 of a 1-D channels-first layer's ``(B, C, L)`` output."""
-    return 1 if z.ndim <= 2 or isinstance(module, _CHANNELS_FIRST_1D) else channel_dim(z)
-
-
-def _pool(q: torch.Tensor, fdim: int, pool: str, mask: torch.Tensor | None) -> torch.Tensor:
+def _pool(q: torch.Tensor, module: nn.Module, pool: str, mask: torch.Tensor | None) -> torch.Tensor:
+    """Pool ``module``'s output gradient per example (a 1-D channels-first layer's features are dim 1)."""
+    fdim = 1 if q.ndim <= 2 or isinstance(module, _CHANNELS_FIRST_1D) else channel_dim(q)
     B = q.shape[0]
     if q.ndim == 1:
         q = q.unsqueeze(1)
@@ -387,10 +380,8 @@ def collect(
 ) -> ProbeResult:
     """Per-example activation gradients ``q = ∂ℓ/∂z`` at each insertion point, pooled.
 
-    ``batches``: ``(x, y)`` pairs, token-id LongTensors ``(B, T)`` or dicts with ``input_ids``;
-    ``loss_fn(output, y) -> (B,)`` (for LM batches ``y`` is the batch); ``train_mode="keep"`` keeps
-    the modules' modes (refusing training-mode BatchNorm); ``transform(point, samples)`` maps each
-    batch's pooled samples before they are kept. The model is left unchanged.
+    ``loss_fn(output, y) -> (B,)`` (``y`` is the batch for LM batches); ``train_mode="keep"`` keeps the
+    modules' modes; ``transform(point, samples)`` maps each batch's pooled samples before they are kept.
     """
     fn = "collect"
     _args.module(fn, "model", model)
@@ -430,8 +421,7 @@ def collect(
 
 
 def _mode_notes(model: nn.Module, modules: dict[str, nn.Module], train_mode: str) -> list[str]:
-    """Refuse training-mode BatchNorm under ``train_mode='keep'``; under ``'eval'`` the notes saying
-    which BatchNorm / dropout layers run in eval mode."""
+    """Refuse training-mode BatchNorm under ``'keep'``; under ``'eval'``, notes on the layers switched to eval."""
     notes: list[str] = []
     coupling = [n for n in coupling_layers(model) if modules[n].training]
     dropouts = [
@@ -459,8 +449,7 @@ def _mode_notes(model: nn.Module, modules: dict[str, nn.Module], train_mode: str
 
 
 class _Probe:
-    """What :func:`collect` keeps over the batches: the current batch's leaves, the pooled
-    gradients, the activations' sums of squares and widths, and the losses."""
+    """The state of one :func:`collect`: the batch's leaves, pooled gradients, activation sums of squares, losses."""
 
     def __init__(
         self,
@@ -491,8 +480,7 @@ class _Probe:
                     "its per-example gradient is ambiguous: choose a module that runs once"
                 )
             z, put = split_output(output, name)
-            # a leaf: later in-place ops on the output cannot alter it
-            b = torch.zeros_like(z, requires_grad=True)
+            b = torch.zeros_like(z, requires_grad=True)  # a leaf: later in-place ops cannot alter it
             self.leaves[name] = (b, module)
             zd = z.detach()
             per = zd.double().pow(2).reshape(zd.shape[0], -1)
@@ -528,15 +516,14 @@ class _Probe:
         grads = torch.autograd.grad(losses.sum(), leaves, allow_unused=True)
         bad_loss = not bool(torch.isfinite(losses.detach()).all())
         for n, b, g in zip(names, leaves, grads):
-            if g is None:
-                g = torch.zeros_like(b)
+            g = torch.zeros_like(b) if g is None else g
             if not bool(torch.isfinite(g).all()):
                 raise WidthscopeError(
                     f"non-finite (NaN/Inf) activation gradient at insertion point {n!r} in batch {bi}"
                     f"{' (the loss itself is not finite)' if bad_loss else ''}; check the inputs "
                     "and the model (e.g. run in float32/float64 instead of float16)"
                 )
-            pooled = _pool(g.detach(), _feature_dim(self.leaves[n][1], g), self.pool, mask).to("cpu", self.dtype)
+            pooled = _pool(g.detach(), self.leaves[n][1], self.pool, mask).to("cpu", self.dtype)
             self.out[n].append(pooled if self.transform is None else self.transform(n, pooled))
         self.n += B
         self.leaves.clear()

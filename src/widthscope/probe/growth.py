@@ -54,8 +54,7 @@ CRITERIA: dict[str, str] = {
 def block_input_features(
     model: nn.Module, point: str, data: Any, loss_fn: Callable | None = None, *, batch_size: int = 64, norm: str = "rms"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``q`` (activation gradients at ``point``) and ``u = norm(z)`` (block input), both ``(n, T, N)``,
-    from a temporary identity block (``W_in = I``, ``φ = id``)."""
+    """``q`` (activation gradients) and ``u = norm(z)`` (block input) at ``point``, ``(n, T, N)`` each."""
     _, width = point_activation_rms(model, point, index_batch(data, slice(0, 2)), loss_fn, batch_size)
     with inserted(model, point, "block", width=width, hidden=width, activation="identity", norm=norm) as blk:
         with torch.no_grad():
@@ -72,8 +71,7 @@ def _gradmax_matrix(qa: torch.Tensor, ua: torch.Tensor, qb: torch.Tensor, ub: to
 
 
 def gradmax_directions(qa: torch.Tensor, ua: torch.Tensor, qb: torch.Tensor, ub: torch.Tensor, k: int) -> torch.Tensor:
-    """The ``k`` unit rows GradMax would give ``W_in``: the top-``k`` eigenvectors of ``sym(S_aᵀ S_b)``
-    (``(k, N_in)``, largest first), whose eigenvalues sum to ``gradmax_k``."""
+    """GradMax's ``k`` unit rows of ``W_in``: the top-``k`` eigenvectors of ``sym(S_aᵀ S_b)``, ``(k, N_in)``."""
     _, vec = torch.linalg.eigh(_gradmax_matrix(qa, ua, qb, ub))  # ascending eigenvalues, columns = eigenvectors
     k = max(1, min(int(k), vec.shape[1]))
     return vec[:, -k:].flip(1).T.contiguous()
@@ -99,10 +97,8 @@ def point_criteria(
     line_search: bool = True,
     keep_gradmax_rows: bool = False,
 ) -> dict[str, Any]:
-    """Every growth criterion at ``point`` from ``train`` / held-out ``test`` examples, as a flat dict,
-    for the block ``hidden``/``activation``/``norm``/``block_seed`` describes; ``keep_gradmax_rows``
-    adds the (not JSON-able) :func:`gradmax_directions`. The model is left unchanged.
-    """
+    """Every growth criterion at ``point`` for the described block, as a flat dict; ``keep_gradmax_rows``
+    adds the (not JSON-able) :func:`gradmax_directions`."""
     if activation not in ACTIVATIONS:
         raise WidthscopeError(f"activation={activation!r} is not one of {sorted(ACTIVATIONS)}")
     qa, ua = block_input_features(model, point, train, loss_fn, batch_size=batch_size, norm=norm)
@@ -123,8 +119,7 @@ def point_criteria(
         "n_train": int(qa.shape[0]),
         "n_rank": int(qb.shape[0]),
     }
-    # bias: the sum-pooled sample vector is Σ_t q_t (= probe.collect's default pooling); block: the
-    # cross Gram of per-example W_out gradients (Gram products only)
+    # bias: sum-pooled samples Σ_t q_t (collect's default); block: cross-Gram of per-example W_out gradients
     sa, sb = qa.sum(1), qb.sum(1)
     cm = cross_moments_from_gram(block_gram(qa, ha, qb, hb))
     cb, ck = certificate(sa, sb, M=M, K=K), certificate(cm, M=M, K=K)
@@ -143,21 +138,9 @@ def point_criteria(
     row.update(gradmax=eta * float(ev[-1]), gradmax_k=eta * float(ev[-k:].sum()), gradmax_kk=min(gradmax_k, N))
     if keep_gradmax_rows:
         row["gradmax_rows"] = gradmax_directions(qa, ua, qb, ub, gradmax_k)
-    if line_search:  # one more pass with a Hessian-vector product; see line_search_gain
-        row.update(
-            line_search_gain(
-                model,
-                point,
-                train,
-                test,
-                hidden=H,
-                activation=activation,
-                norm=norm,
-                block_seed=block_seed,
-                loss_fn=loss_fn,
-                batch_size=batch_size,
-            )
-        )
+    if line_search:  # one more pass with a Hessian-vector product
+        block: dict[str, Any] = {"hidden": H, "activation": activation, "norm": norm, "block_seed": block_seed}
+        row.update(line_search_gain(model, point, train, test, **block, loss_fn=loss_fn, batch_size=batch_size))
     return row
 
 

@@ -1,9 +1,7 @@
 """Function-preserving residual insertions at an insertion point.
 
-The output ``z`` of the module at ``point`` becomes ``z + b`` (``kind="bias"``, ``b = 0``) or
-``z + W_out φ(W_in norm(z))`` (``kind="block"``, ``W_out = 0``) on the channel dimension, so the
-model's function is unchanged at insertion. Insertions are recorded in
-``model.widthscope_config["insertions"]`` for :func:`apply_insertions`.
+The output ``z`` at ``point`` becomes ``z + b`` (``b = 0``) or ``z + W_out φ(W_in norm(z))`` (``W_out = 0``)
+on the channel dimension; records in ``model.widthscope_config["insertions"]`` feed :func:`apply_insertions`.
 
 Example::
 
@@ -18,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
 from contextlib import contextmanager
@@ -116,8 +115,7 @@ class ResidualBias(nn.Module):
 class ResidualBlock(nn.Module):
     """``z ↦ z + W_out φ(W_in norm(z))`` on the channel dimension, ``W_out = 0`` at insertion.
 
-    ``W_in`` is ``N(0, init_scale²/fan_in)`` from ``seed``; with ``keep_hidden`` the last forward's
-    ``φ(W_in norm(z))`` is kept in ``last_hidden``.
+    ``W_in ~ N(0, init_scale²/fan_in)`` from ``seed``; ``keep_hidden`` keeps ``φ(W_in norm(z))`` in ``last_hidden``.
     """
 
     def __init__(
@@ -156,15 +154,11 @@ class ResidualBlock(nn.Module):
         u = self.norm(z, dim) if self.norm is not None else z
         act = ACTIVATIONS[self.activation]
         w_in, w_out = self.w_in.to(z.dtype), (self.w_out if w_out is None else w_out).to(z.dtype)
-        if self.style == "conv3x3":
-            h = act(F.conv2d(u, w_in, padding=1))
-            if self.keep_hidden:
-                self.last_hidden = h
-            return F.conv2d(h, w_out, padding=1)
-        h = act(u.movedim(dim, -1) @ w_in.T)  # (..., hidden), channel last
+        conv = self.style == "conv3x3"
+        h = act(F.conv2d(u, w_in, padding=1) if conv else u.movedim(dim, -1) @ w_in.T)  # mlp: channel last
         if self.keep_hidden:
             self.last_hidden = h
-        return (h @ w_out.T).movedim(-1, dim)
+        return F.conv2d(h, w_out, padding=1) if conv else (h @ w_out.T).movedim(-1, dim)
 
 
 def _width_dim(z: torch.Tensor, style: str, width: int) -> int:
@@ -180,8 +174,7 @@ def _width_dim(z: torch.Tensor, style: str, width: int) -> int:
 
 
 class Inserted(nn.Module):
-    """Adds a residual insertion to ``inner``'s output (a tensor or a tuple starting with one);
-    attributes missing on the wrapper are looked up on ``inner``."""
+    """Adds a residual insertion to ``inner``'s output; attributes missing here are looked up on ``inner``."""
 
     def __init__(self, inner: nn.Module, insertion: nn.Module, spec: Mapping[str, Any]):
         super().__init__()
@@ -283,8 +276,7 @@ def _keeps_width(m: nn.Module) -> bool:
 
 
 def _infer_point_width(model: nn.Module, point: str, target: nn.Module) -> int | None:
-    """Width at ``point``: the module's own, else (a width-keeping module in a ``Sequential``)
-    the nearest preceding sibling's."""
+    """Width at ``point``: the module's own, else (width-keeping, in a ``Sequential``) the previous sibling's."""
     w = _infer_width(target)
     if w is not None:
         return w
@@ -318,10 +310,10 @@ def insert(
     seed: int = 0,
     record: bool = True,
 ) -> nn.Module:
-    """Add a zero-initialised residual bias or block to the output of ``model.<point>``, in place
-    (the outputs are unchanged). ``width`` is inferred if omitted; ``hidden`` defaults to it;
-    ``style`` is as for :func:`channel_dim` (``conv3x3``: 3×3 convolutions); ``record`` appends the
-    insertion to ``model.widthscope_config["insertions"]``.
+    """Add a zero-initialised residual bias or block to the output of ``model.<point>``, in place.
+
+    ``width`` is inferred if omitted, ``hidden`` defaults to it; ``style`` as for :func:`channel_dim`;
+    ``record`` appends the insertion to ``model.widthscope_config["insertions"]``.
     """
     fn = "insert"
     _args.module(fn, "model", model)
@@ -347,37 +339,29 @@ def insert(
             f"point {point!r} already has a {target.widthscope_spec['kind']} insertion; remove it "
             "first with widthscope.probe.insert.remove_insertion(model, point)"
         )
-    n = int(width) if width is not None else _infer_point_width(model, point, target)
-    if n is None or n <= 0:
+    width = int(width) if width is not None else _infer_point_width(model, point, target)
+    if width is None or width <= 0:
         raise WidthscopeError(
             f"cannot infer the output width of point {point!r} ({type(target).__name__}); "
             "pass width=<channels of its output>"
         )
+    init_scale, seed = float(init_scale), int(seed)
     if kind == "block":
-        h = int(hidden) if hidden is not None else n
+        hidden = int(hidden) if hidden is not None else width
         ins: nn.Module = ResidualBlock(
-            n, h, activation=activation, norm=norm, style=style, init_scale=float(init_scale), seed=seed
+            width, hidden, activation=activation, norm=norm, style=style, init_scale=init_scale, seed=seed
         )
     else:
-        h = None
+        hidden = None
         if style == "conv3x3":
             raise WidthscopeError("style='conv3x3' applies to kind='block' only; a bias has no kernel")
-        ins = ResidualBias(n, style=style)
+        ins = ResidualBias(width, style=style)
     ref = next(itertools.chain(target.parameters(), model.parameters()), None)
     if ref is not None:
         # an offloaded point's weights sit on "meta" between forwards: its hook knows where it runs
         ins = ins.to(device=module_device(model, point), dtype=ref.dtype if ref.is_floating_point() else None)
-    spec = {
-        "point": point,
-        "kind": kind,
-        "width": n,
-        "hidden": h,
-        "activation": activation,
-        "norm": norm,
-        "style": style,
-        "init_scale": float(init_scale),
-        "seed": int(seed),
-    }
+    values = locals()  # the recorded spec: every option but model and record, in signature order
+    spec = {k: values[k] for k in inspect.signature(insert).parameters if k not in ("model", "record")}
     wrapper = Inserted(target, ins, spec)
     wrapper.train(target.training)
     _set_submodule(model, point, wrapper)
@@ -385,7 +369,6 @@ def insert(
         cfg = getattr(model, "widthscope_config", None)
         if not isinstance(cfg, dict):
             cfg = {}
-            # a plain attribute: nn.Module.__setattr__ is typed for Tensor | Module values only
             model.widthscope_config = cfg  # type: ignore[assignment]
         cfg.setdefault("insertions", []).append(dict(spec))
     return model
@@ -426,8 +409,7 @@ def inserted(model: nn.Module, point: str, kind: str, **options: Any) -> Iterato
 
 
 def apply_insertions(model: nn.Module, config: Mapping[str, Any] | Iterable[Mapping[str, Any]]) -> nn.Module:
-    """Re-create recorded insertions (``config["insertions"]`` or the list itself) on a freshly
-    built model, before its weights are loaded."""
+    """Re-create recorded insertions (``config["insertions"]`` or the list) on a freshly built model."""
     specs = config.get("insertions", []) if isinstance(config, Mapping) else list(config)
     for spec in specs or []:
         spec = dict(spec)

@@ -57,8 +57,7 @@ from .steps import (
 
 @dataclasses.dataclass
 class InterventionInputs:
-    """What an intervention kind (``fn(inputs) -> Measured``) measures from: the examples, the
-    held-out losses before the step, the activation's scale at the point and :func:`intervene`'s settings."""
+    """What an intervention kind (``fn(inputs) -> Measured``) measures from, with :func:`intervene`'s settings."""
 
     model: nn.Module
     point: str
@@ -149,8 +148,7 @@ def block_steps(block: ResidualBlock, G_M: torch.Tensor, etas: Sequence[float]) 
 
 
 def precision_info(x: InterventionInputs, rows: list[dict[str, Any]], steps: Callable[[], Any]) -> list[dict[str, Any]]:
-    """Flag the rows below the model dtype's resolution; with ``precision="float32"`` measure those
-    steps again with the model upcast."""
+    """Flag the rows below the dtype's resolution; ``precision="float32"`` re-measures them upcast."""
     model = x.model
     r, ref = loss_rounding(model, x.test, x.loss_fn, batch_size=x.batch_size, losses=x.test_losses)
     mark_precision(rows, float_dtype(model), r)
@@ -184,8 +182,7 @@ def _gain(predicted: float, actual: float) -> dict[str, Any]:
 
 @dataclasses.dataclass
 class Measured:
-    """What a kind returns: one row per ``η``, a function giving its steps (for the float32
-    re-measure), the alignment and, where estimated, its rounding bound."""
+    """A kind's rows (one per ``η``), its steps (for the float32 re-measure), alignment and rounding bound."""
 
     rows: list[dict[str, Any]]
     steps: Callable[[], Any]
@@ -214,10 +211,8 @@ def intervene(
     prefix: str = "auto",
     precision: str = "mark",
 ) -> list[dict[str, Any]]:
-    """Measure the held-out loss change of first-order steps at ``point`` against their prediction,
-    on the first ``M``/``K`` examples; one row per η. ``reuse`` takes what a probe of the same batches
-    measured; ``prefix="full"`` runs every step in full; ``precision="float32"`` re-measures steps
-    below the dtype's resolution. Options and row fields: docs/interventions.md §2.
+    """The held-out loss change of first-order steps at ``point`` against their prediction, one row per η,
+    on the first ``M``/``K`` examples; ``reuse`` takes a probe of the same batches. Options: docs/interventions.md §2.
     """
     fn = "intervene"  # the types first, before any work
     _args.module(fn, "model", model)
@@ -227,13 +222,10 @@ def intervene(
     _args.numbers_list(fn, "etas", etas, accepts="a list of positive step sizes or None")
     _args.choice(fn, "kind", kind, INTERVENTION_KINDS)
     _args.function(fn, "loss_fn", loss_fn)
-    _args.integer(fn, "M", M, lo=1, optional=True)
-    _args.integer(fn, "K", K, lo=1, optional=True)
-    _args.integer(fn, "n_etas", n_etas, lo=1)
+    for name, value in dict(M=M, K=K, n_etas=n_etas, block_width=block_width, batch_size=batch_size).items():
+        _args.integer(fn, name, value, lo=1, optional=name in ("M", "K", "block_width"))
     check_rel_step(max_rel_step, fn)
-    _args.integer(fn, "block_width", block_width, lo=1, optional=True)
     _args.integer(fn, "seed", seed)
-    _args.integer(fn, "batch_size", batch_size, lo=1)
     _args.boolean(fn, "progress", progress)
     _args.mapping(fn, "reuse", reuse)
     _args.choice(fn, "prefix", prefix, ("auto", "full"), values=False)
@@ -311,8 +303,7 @@ def measure_block(x: InterventionInputs) -> Measured:
 def assemble_rows(x: InterventionInputs, measured: Measured) -> list[dict[str, Any]]:
     """The rows with their precision (:func:`precision_info`) and the alignment's rounding bound."""
     rows = precision_info(x, measured.rows, measured.steps)
-    if measured.alignment_bound is not None:
-        bound = measured.alignment_bound
+    if (bound := measured.alignment_bound) is not None:
         for r in rows:
             r.update(alignment_bound=bound, alignment_within_rounding=abs(measured.alignment) <= bound)
     return rows
@@ -333,14 +324,11 @@ def sign_agreement(
     batch_size: int = 64,
     progress: bool = True,
 ) -> dict[str, Any]:
-    r"""How often the bias probe's predicted sign of ``ΔL`` (that of ``−μ_Mᵀ g_K``) is right over
-    random ``(M, K)`` draws, beside the empirical misalignment and the certificate. Draws whose change
-    is below the dtype's resolution are counted apart (``draws_below_resolution``).
-    """
+    r"""How often the bias probe's predicted sign of ``ΔL`` (that of ``−μ_Mᵀ g_K``) is right over random
+    ``(M, K)`` draws, beside the misalignment and the certificate (draws below resolution counted apart)."""
     if eta is not None:
         eta = check_etas([eta])[0]
-    train = as_examples(train_batches)
-    test = as_examples(test_batches)
+    train, test = as_examples(train_batches), as_examples(test_batches)
     na, nb = batch_size_of(train), batch_size_of(test)
     for name, value, pool in (("M", M, na), ("K", K, nb), ("draws", draws, None)):
         _args.integer("sign_agreement", name, value, lo=1, hi=pool)

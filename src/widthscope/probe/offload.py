@@ -80,10 +80,6 @@ def _inner_hooks(block: nn.Module) -> bool:
     return any(m is not block and (m._forward_hooks or m._forward_pre_hooks) for m in block.modules())
 
 
-def _has_cache(kwargs: dict[str, Any]) -> bool:
-    return any(kwargs.get(k) is not None for k in _CACHE_KEYS)
-
-
 class _NoModules(contextlib.nullcontext):
     """Stands in for FlopCounterMode's module tracker: every count goes to the total only."""
 
@@ -91,8 +87,7 @@ class _NoModules(contextlib.nullcontext):
 
 
 class TotalFlops(FlopCounterMode):
-    """``FlopCounterMode``'s total without its per-module hooks (which would hold a checkpointed
-    block's tensors for the backward)."""
+    """``FlopCounterMode``'s total without its per-module hooks (they hold checkpointed tensors)."""
 
     def __init__(self) -> None:
         super().__init__(display=False)
@@ -121,7 +116,7 @@ def _wrap(block: nn.Module) -> Callable[..., Any]:
 
     @functools.wraps(inner)
     def forward(*args: Any, **kwargs: Any) -> Any:
-        if not torch.is_grad_enabled() or _has_cache(kwargs) or _inner_hooks(block):
+        if not torch.is_grad_enabled() or any(kwargs.get(k) is not None for k in _CACHE_KEYS) or _inner_hooks(block):
             return inner(*args, **kwargs)
         return checkpoint(inner, *args, use_reentrant=False, context_fn=_contexts, **kwargs)
 
@@ -142,8 +137,7 @@ def _unwrap(block: nn.Module) -> None:
 
 
 def recompute_blocks(model: nn.Module, blocks: Sequence[str] | None = None) -> list[str]:
-    """Make each of ``blocks`` (default: the main stack) a checkpoint, wrapping its ``forward``
-    instance attribute; returns the blocks. :func:`restore_blocks` undoes it."""
+    """Make each of ``blocks`` (default: the main stack) a checkpoint; :func:`restore_blocks` undoes it."""
     names = list(blocks) if blocks is not None else main_stack(model)
     for name in names:
         block = model.get_submodule(name)
@@ -167,8 +161,7 @@ def restore_blocks(model: nn.Module) -> list[str]:
 
 @contextmanager
 def recomputing(model: nn.Module, blocks: Sequence[str] | None = None) -> Iterator[list[str]]:
-    """Within the block, the model's blocks are checkpoints (:func:`recompute_blocks`) and a
-    transformers model builds no key/value cache; both restored on exit."""
+    """Within the block, :func:`recompute_blocks` and no key/value cache; both restored on exit."""
     before = set(recomputed(model))
     cfg = getattr(model, "config", None)
     use_cache = getattr(cfg, "use_cache", None)
@@ -188,8 +181,7 @@ def recomputing(model: nn.Module, blocks: Sequence[str] | None = None) -> Iterat
 
 @contextmanager
 def recompute_flops() -> Iterator[list[int]]:
-    """Within the block, each recomputation of a wrapped block appends its FLOPs to the yielded
-    list (an outer counter counts them too: subtract their sum)."""
+    """Within the block, each recomputation of a wrapped block appends its FLOPs to the yielded list."""
     sink: list[int] = []
     token = _RECOMPUTED.set(sink)
     try:
@@ -199,8 +191,7 @@ def recompute_flops() -> Iterator[list[int]]:
 
 
 def _shared(model: nn.Module) -> dict[int, Any]:
-    """A ``deepcopy`` memo of what a copy shares with ``model``: accelerate's offloaded-weight stores
-    and tied-weight maps, and the temporary offload folder's owner."""
+    """A ``deepcopy`` memo of what a copy shares with ``model`` (offloaded weights, tied maps, offload folder)."""
     memo: dict[int, Any] = {}
     for m in model.modules():
         hook = getattr(m, "_hf_hook", None)
@@ -216,8 +207,7 @@ def _shared(model: nn.Module) -> dict[int, Any]:
 
 
 def copy_model(model: nn.Module) -> nn.Module:
-    """A ``deepcopy`` of ``model`` that keeps a dispatched model's placement, sharing the offloaded
-    weights; recomputed blocks are wrapped again in both models."""
+    """A ``deepcopy`` of ``model`` keeping a dispatched model's placement and sharing its offloaded weights."""
     names = restore_blocks(model)
     try:
         new = copy.deepcopy(model, _shared(model))

@@ -73,13 +73,8 @@ def _map(out: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     return tuple(parts) if isinstance(out, tuple) else parts
 
 
-def _repeat(out: Any, E: int) -> Any:
-    return _map(out, lambda t: t.repeat(E, *([1] * (t.ndim - 1))))
-
-
 class FnSteps:
-    """``E`` steps along a function of the point's output: copy ``e`` of ``z`` becomes
-    ``z + coef[e] · fn(z)``; ``fn`` runs once, on the first copy. Sliced like an ``(E, N)`` tensor."""
+    """``E`` steps ``z + coef[e] · fn(z)`` (``fn`` run once, on copy 0); sliced like an ``(E, N)`` tensor."""
 
     def __init__(self, coef: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]):
         self.coef, self.fn = coef, fn
@@ -128,8 +123,7 @@ def _forward(model: nn.Module, batch: Any, loss_fn: Callable | None) -> torch.Te
 def _record(
     model: nn.Module, points: Sequence[str], batch: Any, loss_fn: Callable | None
 ) -> dict[str, tuple[dict[str, tuple[int, tuple | None]], tuple | None]]:
-    """Forward ``batch`` until every point has run: per point, the (calls, output signature) of each
-    module that finished before it started, and its own output signature."""
+    """Per point: (calls, output signature) of each module finished before it started, and its own signature."""
     modules = dict(model.named_modules())
     want = set(points)
     ended: dict[str, tuple[int, tuple | None]] = {}
@@ -212,8 +206,7 @@ def capture_outputs(model: nn.Module, point: str, p: Plan, batch: Any, loss_fn: 
 
 @contextmanager
 def _replaced(model: nn.Module, point: str, p: Plan, keep: dict[str, Any], steps: Any) -> Iterator[dict[str, int]]:
-    """Within the block each planned module's ``forward`` returns its kept output repeated ``E``
-    times (the point's with the steps added); yields each module's number of calls."""
+    """Planned modules return their kept outputs repeated ``E`` times (the point's stepped); yields call counts."""
     E = steps.shape[0]
     put_steps = _step_hook(point, steps)
     calls = dict.fromkeys(p.kept(point), 0)
@@ -224,7 +217,7 @@ def _replaced(model: nn.Module, point: str, p: Plan, keep: dict[str, Any], steps
             calls[name] += 1
             if calls[name] > 1:
                 raise Unsupported(f"{name!r} runs more than once in a forward pass (a shared module)")
-            out = _repeat(keep[name], E)
+            out = _map(keep[name], lambda t: t.repeat(E, *([1] * (t.ndim - 1))))
             return put_steps(None, None, out) if name == point else out
 
         return forward
@@ -244,8 +237,7 @@ def _replaced(model: nn.Module, point: str, p: Plan, keep: dict[str, Any], steps
 
 
 class KeptPrefix:
-    """The planned outputs (``outputs``: module -> first ``n`` rows) of every point's cached path,
-    recorded during passes the caller runs anyway; ``reason`` says why they are unusable (or None)."""
+    """The first ``n`` rows of every point's planned outputs, recorded in passes the caller runs anyway."""
 
     def __init__(self, n: int, max_bytes: float):
         self.n, self.max_bytes = int(n), float(max_bytes)
@@ -321,9 +313,8 @@ def keep_prefix(
     *,
     max_bytes: float = 2**30,
 ) -> Iterator[KeptPrefix]:
-    """Record, during the forward passes inside the block (which must start with ``data``), what
-    every point's cached path would capture for the first ``n`` examples (at most ``max_bytes``).
-    The result goes to :func:`stacked_totals` (``kept=``)."""
+    """Record what every point's cached path captures for the first ``n`` examples of ``data`` during
+    the forward passes inside the block (at most ``max_bytes``), for :func:`stacked_totals`."""
     kept = KeptPrefix(n, max_bytes)
     if batch_size_of(data) < 3:
         kept.reason = "fewer than 3 examples"
@@ -352,8 +343,7 @@ def _chunk_rows(
     p: Plan | None = None,
     keep: dict[str, Any] | None = None,
 ) -> torch.Tensor:
-    """Per-row losses ``(E·B,)`` of one chunk stacked ``E`` times with ``steps[e]`` added at ``point``:
-    the whole network (``p`` None) or ``p``'s cached path (outputs from ``keep``, else captured)."""
+    """Per-row losses ``(E·B,)`` of a chunk stacked ``E`` times, ``steps[e]`` added at ``point`` (``p``: cached)."""
     if p is not None and keep is None:
         keep = capture_outputs(model, point, p, batch, loss_fn)
     hooks = [(model.get_submodule(point), _step_hook(point, steps))] if p is None or not p.point_cached else []
@@ -378,8 +368,7 @@ def _totals(
     kept: KeptPrefix | None = None,
     first: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The float64 loss sums of ``chunks`` in each of the ``E`` stacked copies (as :func:`_chunk_rows`);
-    the cached path's first 3 losses at the largest step must match ``first`` within ``min(64·eps, 1e-3)``."""
+    """The float64 loss sums of ``chunks`` per stacked copy; the first 3 losses must match ``first``."""
     E = steps.shape[0]
     totals = torch.zeros(E, dtype=torch.float64)
     new = torch.zeros(0, dtype=torch.float64)
@@ -414,9 +403,8 @@ def stacked_totals(
     mode: str = "auto",
     kept: KeptPrefix | None = None,
 ) -> tuple[torch.Tensor, str]:
-    """``Σ_i ℓ_i`` over ``data`` with ``steps[e]`` added at ``point`` for every ``e`` (float64 ``(E,)``),
-    and how: ``"cached"`` or ``"full: <reason>"``. ``auto`` falls back to the full path when the
-    cached one fails or differs from a full forward on the first 3 examples."""
+    """``Σ_i ℓ_i`` over ``data`` with ``steps[e]`` added at ``point`` (float64 ``(E,)``), and ``"cached"`` or
+    ``"full: <reason>"`` (``auto`` falls back to full when the cached path fails or differs)."""
     dev = input_device(model)
     per = max(1, batch_size // steps.shape[0])
     chunks = lambda: (to_device(b, dev, dtype) for b in to_batches(data, per))  # moved one at a time

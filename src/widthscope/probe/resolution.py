@@ -1,6 +1,4 @@
-"""Low-precision resolution of the measured loss change (bfloat16/float16 models): the rounding
-scale of a mean loss, the samples' rounding errors, which steps a summary may use and the
-one-line note naming the others."""
+"""Low-precision (bfloat16/float16) resolution: rounding scales of losses and samples, and which steps are resolved."""
 
 from __future__ import annotations
 
@@ -54,14 +52,10 @@ def loss_rounding(
     if float_dtype(model) not in LOW_PRECISION:
         return None, None
     with EvalMode(model):
-        low = (
-            losses.double().cpu()
-            if losses is not None
-            else per_example_losses(model, data, loss_fn, batch_size=batch_size)
-        )
+        low = per_example_losses(model, data, loss_fn, batch_size=batch_size) if losses is None else losses.double()
         with upcast(model):
             ref = per_example_losses(model, data, loss_fn, batch_size=batch_size)
-    return float((low - ref).pow(2).sum().sqrt()) / max(len(ref), 1), ref
+    return float((low.cpu() - ref).pow(2).sum().sqrt()) / max(len(ref), 1), ref
 
 
 def _sample_errors(
@@ -79,8 +73,7 @@ def _sample_errors(
 def sample_rounding(
     model: nn.Module, point: str, data: Any, loss_fn: Callable | None = None, *, n: int = 8, batch_size: int = 64
 ) -> float | None:
-    """Largest relative error ``‖s_i − s_i^{float32}‖/‖s_i^{float32}‖`` of the first ``n`` pooled samples
-    at ``point``; None for a float32/float64 model."""
+    """Largest ``‖s_i − s_i^{float32}‖/‖s_i^{float32}‖`` of the first ``n`` samples; None for float32/64."""
     if float_dtype(model) not in LOW_PRECISION:
         return None
     ref, err = _sample_errors(model, point, data, loss_fn, n, batch_size)
@@ -97,14 +90,11 @@ def sample_errors(
     n: int = 16,
     batch_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Rounding errors ``(n, d)`` of the first ``n`` train and held-out pooled samples at ``point``;
-    None for a float32/float64 model."""
+    """Rounding errors ``(n, d)`` of the first ``n`` train and held-out samples; None for float32/64."""
     if float_dtype(model) not in LOW_PRECISION:
         return None
-    return (
-        _sample_errors(model, point, train, loss_fn, n, batch_size)[1],
-        _sample_errors(model, point, test, loss_fn, n, batch_size)[1],
-    )
+    ea, eb = (_sample_errors(model, point, d, loss_fn, n, batch_size)[1] for d in (train, test))
+    return ea, eb
 
 
 def projected_rounding(err: torch.Tensor, direction: torch.Tensor) -> float:

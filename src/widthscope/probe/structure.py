@@ -35,8 +35,7 @@ def main_stack(model: nn.Module) -> list[str]:
 
 
 def eager_attention(model: nn.Module) -> nn.Module:
-    """Switch a transformers model to eager attention (forward-mode AD cannot go through fused
-    kernels); no-op for other modules. Returns the model."""
+    """Switch a transformers model to eager attention (forward-mode AD cannot go through fused kernels)."""
     setter = getattr(model, "set_attn_implementation", None)
     if callable(setter) and getattr(getattr(model, "config", None), "_attn_implementation", "eager") != "eager":
         setter("eager")

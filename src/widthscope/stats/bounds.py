@@ -69,8 +69,7 @@ def resolve_moments(
     populations: Populations = "auto",
     method: Method = "auto",
 ) -> Moments | CrossMoments:
-    """:class:`Moments` (one population) or :class:`CrossMoments` of the inputs :func:`certificate`
-    takes; ``populations="auto"`` is two-population exactly when held-out data (or CrossMoments) is given."""
+    """The (cross) moments of :func:`certificate`'s inputs; ``"auto"``: two populations when held-out data is given."""
     if populations not in POPULATIONS:
         raise WidthscopeError(f"unknown populations {populations!r}; choose auto, one or two")
     if isinstance(train, (Moments, CrossMoments)):

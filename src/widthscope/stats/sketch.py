@@ -36,8 +36,7 @@ _ROWS = 4096  # rows of R generated at once (bounded memory for the generator's 
 
 
 class Projector:
-    """Seeded random projection ``P(X) = X @ R``; ``R`` (``d×k``) is generated on the CPU from ``seed``,
-    the same on every process.
+    """Seeded random projection ``P(X) = X @ R``; ``R`` (``d×k``) is generated on the CPU from ``seed``.
 
     Example::
 
@@ -90,8 +89,7 @@ class Projector:
 
 @dataclasses.dataclass(frozen=True)
 class ProjectedMoments:
-    """Estimates from projected samples, corrected to be unbiased for the unprojected moments
-    (``raw``: the projected-space ones)."""
+    """Projected-sample estimates corrected to be unbiased for the unprojected moments (``raw``: uncorrected)."""
 
     n: int
     d: int
@@ -148,8 +146,7 @@ def correct_projected_cross(cross: CrossMoments, raw_a: Moments, raw_b: Moments,
 def projected_moments(
     X: Any | Iterable[Any], *, k: int, seed: int = 0, kind: str = "gaussian", d: int | None = None
 ) -> ProjectedMoments:
-    """Bias-corrected ``‖μ‖², μᵀΣμ, tr(Σ²)`` from an ``(n, d)`` matrix or streamed ``(b, d)`` row
-    blocks projected to ``k`` dimensions.
+    """Bias-corrected ``‖μ‖², μᵀΣμ, tr(Σ²)`` of an ``(n, d)`` matrix or ``(b, d)`` row blocks projected to ``k`` dims.
 
     Example::
 
@@ -172,7 +169,6 @@ def projected_moments(
                 raise WidthscopeError("projected_moments: no row blocks given")
             first = as_matrix(first, "X block")
             d = first.shape[1]
-
             blocks = itertools.chain([first], blocks)
     proj = Projector(int(d), k, seed, kind=kind)
     pm = PrimalMoments(k)
@@ -197,9 +193,8 @@ def spill_rows(blocks: Iterable[Any], path: Any, *, d: int | None = None) -> Any
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        raw = open(tmp, "wb")
         n = 0
-        with raw:
+        with open(tmp, "wb") as raw:
             for block in blocks:
                 b = as_matrix(block, "row block", d=d).numpy()
                 d = b.shape[1]
@@ -225,8 +220,7 @@ def spill_rows(blocks: Iterable[Any], path: Any, *, d: int | None = None) -> Any
 
 
 def out_of_core_moments(X: Any, *, block: int = 2048) -> Moments:
-    """Unbiased dual-form :class:`Moments` of an ``(n, d)`` array too large for memory, read in
-    ``(block × block)`` tiles of ``G = XXᵀ``.
+    """Unbiased dual-form :class:`Moments` of an ``(n, d)`` array too large for memory, by tiles of ``G = XXᵀ``.
 
     Example::
 
