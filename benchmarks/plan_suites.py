@@ -19,6 +19,8 @@ COMMANDS = {
     "grow-target --quick": ["grow-target", "--quick", "--seeds", "0"],
     "grow-bench --quick": ["grow-bench", "--quick"],
     "linearize configs/linearize-demo.toml": ["linearize", str(ROOT / "configs" / "linearize-demo.toml")],
+    "sweep configs/demo-mlp.toml": ["sweep", str(ROOT / "configs" / "demo-mlp.toml")],
+    "demo --quick": ["demo", "--quick"],
 }
 
 

@@ -70,6 +70,8 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     assert "<h2>Alignment over training</h2>" in html and "llama: alignment over training" in html
     assert "probe shifted: English prose shipped with Python" in html
     assert (out / "report" / "llama-monitor.png").is_file()
+    # the plan's count of the report's figures (demo --plan times one and multiplies)
+    assert len(list((out / "report").glob("*.png"))) == demo.report_figures(demo.demo_configs(True, "digits", 1), True)
     for part in ("llama", "mlp"):
         assert (out / part / "results.jsonl").exists()
     # resumable: a second run redoes no cell (the cell files are untouched)
@@ -83,7 +85,7 @@ def test_quick_demo_end_to_end(tmp_path, capsys):
     files = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
     assert main(["demo", "--quick", "--out", str(out), "--plan-no-time"]) == 0
     text = capsys.readouterr().out
-    assert "[1/4] alignment sweep: llama" in text and "[4/4] report: not planned" in text
+    assert "[1/4] alignment sweep: llama" in text and "[4/4] report: 17 figures" in text
     assert text.count("total over the 0 unfinished cell(s)") == 2 and "linearization sweep" in text
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == files
 
@@ -93,14 +95,20 @@ def test_demo_plan_predicts_each_part_and_writes_nothing(tmp_path, capsys):
     plan = demo.plan_demo(out, quick=True, time_run=True)
     assert not out.exists()
     # the process's fixed costs once, then each part's work (the sweeps' and linearize's, without theirs)
-    assert [name for name, _ in plan.parts][1:] == ["llama sweep", "mlp sweep", "linearization sweep"]
+    assert [name for name, _ in plan.parts][1:] == ["llama sweep", "mlp sweep", "linearization sweep", "report"]
     assert plan.parts[0][0].startswith("process start") and all(t is not None and t > 0 for _, t in plan.parts)
     assert plan.predicted_s == pytest.approx(sum(t for _, t in plan.parts if t is not None))
     assert plan.to_dict()["parts"][3] == {"part": "linearization sweep", "seconds": plan.parts[3][1]}
     text = capsys.readouterr().out
-    assert text.count("predicted wall time") == 3 and "[4/4] report: not planned (seconds); predicted" in text
+    # each sweep: its cells' time and the whole-process totals; linearize's table; the demo's totals last
+    assert text.count("predicted wall time") == 6 and "[4/4] report: 17 figures, " in text
+    total, peak = text.rstrip().splitlines()[-2:]
+    assert total.split()[:5] == ["predicted", "wall", "time", "(whole", "process)"]
+    assert float(total.split()[5]) == pytest.approx(plan.predicted_s, rel=5e-3)
+    assert peak.split()[:6] == ["predicted", "peak", "memory", "(whole", "process,", "RSS)"] and plan.peak_bytes > 0
     counted = demo.plan_demo(out, quick=True, time_run=False, linear=False)
     assert [t for _, t in counted.parts] == [None, None, None] and counted.predicted_s is None
+    assert demo.report_figures(demo.demo_configs(True, "digits", 1), linear=False) == 12
     assert "skipped (--no-linear)" in capsys.readouterr().out and not out.exists()
     (tmp_path / "a-file").write_text("x")
     with pytest.raises(demo.WidthscopeError, match="it is a file, not a directory"):

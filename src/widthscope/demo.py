@@ -9,6 +9,7 @@ import copy
 import dataclasses
 import functools
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -178,6 +179,13 @@ def _out(out_dir: str | Path | None, quick: bool) -> Path:
     return Path(out_dir or ("widthscope-results/demo-quick" if quick else "widthscope-results/demo"))
 
 
+def report_figures(configs: list[dict[str, Any]], linear: bool) -> int:
+    """The PNGs the demo's report draws: per alignment sweep 3 per probe condition (d_align, misalignment
+    against (M, K) and against width) and 1 for a monitor; 2 for the interventions; 5 for the linearization."""
+    per_sweep = [3 * len(f.get("probes") or [{}]) + ("monitor" in f) for c in configs for f in c["family"]]
+    return sum(per_sweep) + 2 * bool(configs) + 5 * linear
+
+
 def plan_demo(
     out_dir: str | Path | None = None,
     *,
@@ -188,8 +196,16 @@ def plan_demo(
     file=None,
 ) -> Plan:
     """``widthscope demo --plan``: each part's plan and their sum (nothing is written)."""
-    from .planning import FIXED, plan_linearize, since_start, work_s  # noqa: PLC0415  start-up time: torch
+    from .planning import (  # noqa: PLC0415  start-up time: torch
+        FIXED,
+        peak_so_far,
+        plan_linearize,
+        since_start,
+        whole_process,
+        work_s,
+    )
     from .planning import Plan as Sum  # noqa: PLC0415  start-up time: torch
+    from .report.html import figure_seconds  # noqa: PLC0415  start-up time: matplotlib
     from .sweeps.alignment import load_config  # noqa: PLC0415  start-up time: torch
     from .sweeps.run import print_config_plan  # noqa: PLC0415  start-up time: torch
 
@@ -217,10 +233,18 @@ def plan_demo(
             parts.append(("linearization sweep", work_s(lplan)))
         else:
             say("  skipped (--no-linear)")
+        if time_run:  # the report: its figures, each timed as drawn, saved and embedded
+            with tempfile.TemporaryDirectory() as tmp:
+                first, each = figure_seconds(tmp)
+            parts.append(("report", first + (report_figures(configs, linear) - 1) * each))
     fixed = (f"{FIXED} and imports (measured)", since_start() if time_run else None)
-    plan = Sum("demo", "the demo's parts", 0, 0, None, 1, None, parts=(fixed, *parts))
-    total = "" if plan.predicted_s is None else f"; predicted {plan.predicted_s:.0f} s with the process's start"
-    say(f"[{n}/{n}] report: not planned (seconds){total}")
+    # the parts run one after the other in one process: the peak is this process's, which ran a cell of each
+    plan = Sum("demo", "the demo's parts", 0, 0, None, 1, None, parts=(fixed, *parts), peak_bytes=peak_so_far())
+    say(
+        f"[{n}/{n}] report: {report_figures(configs, linear)} figures"
+        + (f", {parts[-1][1]:.3g} s\n" if time_run else "\n")
+    )
+    say(whole_process(plan.predicted_s, plan.peak_bytes, "cost plan: the whole demo (its parts + the process's start)"))
     return plan
 
 

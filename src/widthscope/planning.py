@@ -106,6 +106,15 @@ class Plan:
         return table + "".join(f"\nnote: {n}" for n in self.notes)
 
 
+def whole_process(seconds: float | None, peak: int | None, title: str) -> str:
+    """The two totals of a plan made of parts (a sweep's cells, the demo's parts), as :meth:`Plan.table` ends."""
+    rows = [
+        ("predicted wall time (whole process)", "not predicted" if seconds is None else _sec(seconds)),
+        ("predicted peak memory (whole process, RSS)", _size(peak, "-")),
+    ]
+    return format_table([{"what": k, "plan": v} for k, v in rows], title=title)
+
+
 FIXED = "process start"  # the name every fixed part starts with
 READY = f"{FIXED}, imports, loading the model and the data (measured)"
 COUNTED = "no time predicted (--plan-no-time): counted, not timed"
@@ -906,10 +915,12 @@ def print_cell_plans(rows: Any, shard: tuple[int, int], device: str, file: Any =
         + (f"; {unknown} cell(s) not counted" if unknown else ""),
         file=file,
     )
+    whole = None
     if timed_run:
         work = sum((r.cell_s or 0.0) * r.left for r in rows)
         untimed = sum(r.left for r in rows if r.cell_s is None)
         fixed = since_start()
+        whole = None if untimed else work + fixed
         print(
             f"predicted wall time of the {left} unfinished cell(s) on this machine: {_sec(work + fixed)} (the process "
             f"so far, {_sec(fixed)}, + one cell per model timed x its cells"
@@ -917,3 +928,7 @@ def print_cell_plans(rows: Any, shard: tuple[int, int], device: str, file: Any =
             + ")",
             file=file,
         )
+    # the run holds what this process holds now (its imports, the data) + the largest cell, or more
+    # where this plan already ran a cell per model
+    peak = max(peak_so_far(), psutil.Process().memory_info().rss + held)
+    print(whole_process(whole, peak, f"cost plan: the {left} unfinished cell(s)"), file=file)

@@ -15,6 +15,7 @@ import platform
 import re
 import subprocess
 import sys
+import time
 import traceback
 from collections import defaultdict
 from pathlib import Path
@@ -23,9 +24,9 @@ from typing import Any, Container, Iterable, Mapping, Sequence
 from .._io import atomic_write_text
 from .._version import __version__
 from ._fmt import interval, natural_key, no_nan, num, p_eq
-from ._plot import slugify
+from ._plot import figure, save_figure, slugify
 
-__all__ = ["SECTIONS", "table", "data_uri", "render_page", "build_report", "collect_sections"]
+__all__ = ["SECTIONS", "table", "data_uri", "render_page", "build_report", "collect_sections", "figure_seconds"]
 
 # (section title, module, kinds of rows it handles); a module is imported only when its rows exist
 SECTIONS: list[tuple[str, str, tuple[str, ...]]] = [
@@ -460,3 +461,23 @@ def build_report(
         render_page(title, sections, notes=notes, subtitle=subtitle, found=found, after=claims_html + "\n" + measured),
     )
     return page
+
+
+def figure_seconds(out_dir: str | Path, repeats: int = 3) -> tuple[float, float]:
+    """(the first, the median of the next ``repeats``) seconds to draw, save and embed one figure of the
+    report's size (five curves with error bars on a log axis); the first pays matplotlib's import."""
+    times = []
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        fig, ax = figure(1, 2)
+        for k in range(5):
+            for a in ax[0]:
+                a.errorbar([8, 16, 32, 64, 128], [k + j * 0.1 for j in range(5)], yerr=0.1, marker="o", label=f"{k}")
+                a.set_xscale("log")
+                a.legend()
+        path = Path(out_dir) / f"timed-{i}.png"
+        save_figure(fig, path, "a timed figure", suptitle=True)
+        data_uri(path)
+        times.append(time.perf_counter() - t0)
+    rest = sorted(times[1:])
+    return times[0], rest[len(rest) // 2]
