@@ -66,7 +66,7 @@ def setup():
     out = {}
     for p in POINTS:
         reuse = {"train": qa[p], "test": qb[p]}
-        rl = intervene(lo, p, train, test, n_etas=13, reuse=reuse, progress=False)
+        rl = intervene(lo, p, train, test, n_etas=25, reuse=reuse, progress=False)
         rr = intervene(ref, p, train, test, etas=[r["eta"] for r in rl], reuse=reuse, progress=False)
         out[p] = (rl, rr)
     return model, lo, ref, train, test, out
