@@ -226,12 +226,18 @@ def timed(fn: Callable[[], Any], repeats: int = 2) -> float:
 
 def time_loop(run: Callable[[int], Any], small: int = 2, large: int = 6, min_s: float = 0.2) -> tuple[float, float]:
     """``(fixed_s, step_s)`` of a training loop ``run(steps)``: timed at ``small`` and ``large`` steps
-    after a warm-up step (``large`` raised until it takes ``min_s``), the step the slope."""
+    after a warm-up step (``large`` raised until it takes ``min_s``), the step the slope; loops under a
+    second are timed three times and the fastest kept, so one pause cannot zero or double the slope."""
     run(1)
     got = [seconds(run, small), seconds(run, large)]
     if got[1] < min_s:
         large = min(50 * large, max(large + 1, math.ceil(large * min_s / max(got[1], 1e-6))))
         got[1] = seconds(run, large)
+    if got[1] < 1.0:
+        got = [
+            min(got[0], *(seconds(run, small) for _ in range(2))),
+            min(got[1], *(seconds(run, large) for _ in range(2))),
+        ]
     step = max(0.0, (got[1] - got[0]) / (large - small))
     return max(0.0, got[0] - small * step), step
 
