@@ -218,12 +218,8 @@ class Options:
                 raise WidthscopeTypeError(f"{flag} {value!r}: expected a list of numbers") from None
             if not seq:
                 raise WidthscopeError(f"{flag} is empty; give comma-separated numbers")
-            try:
-                return tuple(self._number(flag, kind[:-1], v, lo, hi, tail, listed=True) for v in seq)
-            except WidthscopeError as exc:  # text from the command line: name all of it, as typed
-                if not isinstance(value, str):
-                    raise
-                raise type(exc)(f"{flag} {value!r}: {str(exc).split(': ', 1)[1]}") from None
+            shown = repr(value) if isinstance(value, str) else None  # command-line text: named as typed
+            return tuple(self._number(flag, kind[:-1], v, lo, hi, tail, listed=True, shown=shown) for v in seq)
         above = meta.get("above")
         if kind == "float" and above is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
             if not (math.isfinite(value) and value > above[0]):
@@ -239,8 +235,16 @@ class Options:
 
     @staticmethod
     def _number(
-        flag: str, kind: str, v: Any, lo: float | None, hi: float | None, tail: str, listed: bool = False
+        flag: str,
+        kind: str,
+        v: Any,
+        lo: float | None,
+        hi: float | None,
+        tail: str,
+        listed: bool = False,
+        shown: str | None = None,
     ) -> Any:
+        """``v`` checked against its kind and range; an error names ``shown`` (the typed text) or ``v``."""
         if isinstance(v, str) and listed:  # an entry of a list given as text (a config file)
             try:
                 v = int(v) if kind == "int" else float(v)
@@ -262,9 +266,11 @@ class Options:
         )
         what = "every entry " if listed else ""
         if not ok_type and not (kind == "float" and isinstance(v, float)):  # nan/inf: a float, a bad value
-            raise WidthscopeTypeError(f"{flag} {v!r}: {what}must be {whole}{rng}{tail}, not {type(v).__name__}")
+            raise WidthscopeTypeError(
+                f"{flag} {shown or repr(v)}: {what}must be {whole}{rng}{tail}, not {type(v).__name__}"
+            )
         if not ok_type or (lo is not None and v < lo) or (hi is not None and v > hi):
-            raise WidthscopeError(f"{flag} {v}: {what}must be {whole}{rng}{tail}")
+            raise WidthscopeError(f"{flag} {shown or v}: {what}must be {whole}{rng}{tail}")
         return float(v) if kind == "float" else v
 
     def check(self) -> None:

@@ -99,20 +99,23 @@ class Plan:
             ("largest batch that fits", self.max_batch),
             *self.counts,
             *((f"time: {n}", _sec(t)) for n, t in self.parts),
-            ("predicted wall time (whole process)", _sec(self.predicted_s) if self.timed else "not predicted"),
-            ("predicted peak memory (whole process, RSS)", _size(self.peak_bytes)),
+            *_totals(self.predicted_s, self.peak_bytes),
         ]
         table = format_table([{"what": k, "plan": v} for k, v in rows], title=f"cost plan: {self.command}")
         return table + "".join(f"\nnote: {n}" for n in self.notes)
 
 
-def whole_process(seconds: float | None, peak: int | None, title: str) -> str:
-    """The two totals of a plan made of parts (a sweep's cells, the demo's parts), as :meth:`Plan.table` ends."""
-    rows = [
+def _totals(seconds: float | None, peak: int | None) -> list[tuple[str, Any]]:
+    """The two rows every plan ends with: what ``/usr/bin/time -v`` reports for the whole process."""
+    return [
         ("predicted wall time (whole process)", "not predicted" if seconds is None else _sec(seconds)),
-        ("predicted peak memory (whole process, RSS)", _size(peak, "-")),
+        ("predicted peak memory (whole process, RSS)", _size(peak)),
     ]
-    return format_table([{"what": k, "plan": v} for k, v in rows], title=title)
+
+
+def whole_process(seconds: float | None, peak: int | None, title: str) -> str:
+    """The totals of a plan made of parts (a sweep's cells, the demo's parts), as :meth:`Plan.table` ends."""
+    return format_table([{"what": k, "plan": v} for k, v in _totals(seconds, peak)], title=title)
 
 
 FIXED = "process start"  # the name every fixed part starts with
@@ -233,11 +236,8 @@ def time_loop(run: Callable[[int], Any], small: int = 2, large: int = 6, min_s: 
     if got[1] < min_s:
         large = min(50 * large, max(large + 1, math.ceil(large * min_s / max(got[1], 1e-6))))
         got[1] = seconds(run, large)
-    if got[1] < 1.0:
-        got = [
-            min(got[0], *(seconds(run, small) for _ in range(2))),
-            min(got[1], *(seconds(run, large) for _ in range(2))),
-        ]
+    if got[1] < 1.0:  # cheap: twice more each, the fastest kept
+        got = [min([t, seconds(run, n), seconds(run, n)]) for t, n in zip(got, (small, large))]
     step = max(0.0, (got[1] - got[0]) / (large - small))
     return max(0.0, got[0] - small * step), step
 
